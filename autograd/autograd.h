@@ -1,0 +1,66 @@
+/*  autograd.h: the local autograd engine and a few differentiable basics.
+
+    backward() walks the graph recorded by operations (see function.h) from
+    one or more roots, in dependency order: a node runs once every node that
+    feeds it a gradient has run, and receives the sum of those gradients.
+    Leaf gradients go to an accumulate hook: by default into the leaf's .grad
+    (tensor_accumulate_grad); distributed autograd installs its own to keep
+    gradients per context.
+
+    Without retain_graph the tensors saved by the graph are released as each
+    node runs, and a second backward through the same nodes fails with a
+    clear error, as in PyTorch. */
+#ifndef ZDIST_AUTOGRAD_H
+#define ZDIST_AUTOGRAD_H
+
+#include "autograd/function.h"
+#include "autograd/tensor.h"
+
+/*  ---- grad mode (per thread) ---- */
+
+/*  Enables or disables recording on the calling thread; returns the previous
+    setting so that callers can restore it (PyTorch's no_grad()). */
+bool autograd_set_grad_enabled(bool enabled);
+bool autograd_is_grad_enabled(void);
+
+/*  ---- the engine ---- */
+
+/*  Receives a leaf's gradient. Return 0, or -1 with error_set(). */
+typedef int (autograd_accumulate_fn)(void *arg, tensor_t *leaf, tensor_t *grad);
+
+/*  A starting point of a backward pass: either a tensor with the gradient of
+    the objective with respect to it (NULL grad = ones, for a scalar), or a
+    node with the gradients of all its outputs (distributed autograd starts
+    from send functions that way). Borrowed. */
+typedef struct {
+    tensor_t *tensor;
+    tensor_t *grad;
+    autograd_node_t *node;
+    tensor_t *const *node_grads;
+} autograd_root_t;
+
+typedef struct {
+    bool retain_graph;
+    autograd_accumulate_fn *accumulate;   /* NULL: into .grad */
+    void *accumulate_arg;
+} autograd_options_t;
+
+/*  Runs the backward pass from the given roots on the calling thread.
+    Returns 0, or -1 with error_last() naming the failing node. */
+int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_options_t *opts);
+
+/*  PyTorch's tensor.backward(grad, retain_graph): gradient defaults to ones
+    for a one-element tensor (else it is required). */
+int autograd_backward(tensor_t *root, tensor_t *grad, bool retain_graph);
+
+/*  ---- differentiable basics (float32), each: 0 and *out, or -1 ----
+    Shapes must match exactly (no broadcasting), except where noted. */
+int tensor_add(tensor_t *a, tensor_t *b, tensor_t **out);
+int tensor_sub(tensor_t *a, tensor_t *b, tensor_t **out);
+int tensor_mul(tensor_t *a, tensor_t *b, tensor_t **out);
+int tensor_scale(tensor_t *a, float s, tensor_t **out);      /* a * s */
+int tensor_sum(tensor_t *a, tensor_t **out);                 /* scalar, shape () */
+int tensor_mean(tensor_t *a, tensor_t **out);                /* scalar, shape () */
+int tensor_matmul(tensor_t *a, tensor_t *b, tensor_t **out); /* (m,k)x(k,n) */
+
+#endif

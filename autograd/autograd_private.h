@@ -1,0 +1,59 @@
+/*  autograd_private.h: the structures behind tensor_t and autograd_node_t,
+    shared by tensor.c, node.c and engine.c only. */
+#ifndef ZDIST_AUTOGRAD_PRIVATE_H
+#define ZDIST_AUTOGRAD_PRIVATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "autograd/function.h"
+#include "autograd/tensor.h"
+
+typedef struct {
+    atomic_int refcount;
+    void *data;
+    size_t bytes;
+    tensor_release_fn *release;   /* NULL: data came from tensor_alloc */
+    void *release_arg;
+} tensor_storage_t;
+
+struct tensor {
+    atomic_int refcount;
+    tensor_dtype_t dtype;
+    int ndim;
+    int64_t shape[TENSOR_MAX_DIMS];
+    int64_t numel;
+    tensor_storage_t *storage;
+    size_t offset;                /* bytes into storage */
+    uint64_t id;
+
+    /* autograd */
+    bool requires_grad;
+    autograd_node_t *grad_fn;     /* owned reference; NULL for leaves */
+    int output_nr;
+    pthread_mutex_t grad_lock;    /* guards grad */
+    tensor_t *grad;
+    char *name;
+};
+
+struct autograd_node {
+    atomic_int refcount;
+    const autograd_node_ops_t *ops;
+    uint64_t seq;                 /* creation order: later nodes run first */
+    int n_inputs;
+    int n_outputs;
+    int outputs_set;
+    autograd_edge_t *edges;       /* n_inputs */
+    int64_t *out_dims;            /* n_outputs * TENSOR_MAX_DIMS */
+    int *out_ndim;
+    tensor_t *saved[AUTOGRAD_MAX_SAVED];
+    void *ctx;
+    bool has_state;               /* saved tensors or ctx were recorded */
+    bool released;                /* saved tensors freed by a backward pass */
+    pthread_mutex_t lock;         /* guards released/saved during a run */
+};
+
+/*  Frees the saved tensors and private state of n (idempotent). */
+void autograd_node_release_saved(autograd_node_t *n);
+
+#endif

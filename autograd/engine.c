@@ -1,0 +1,371 @@
+/*  engine.c: the local backward pass.
+
+    Two phases. First a walk from the roots finds every node that can receive
+    a gradient and counts, for each, how many edges lead into it. Then nodes
+    run as their count drops to zero, each with the sum of the gradients its
+    consumers sent; so a node shared by several paths runs once, after all of
+    them, exactly as PyTorch's engine does. */
+#include "autograd/autograd_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+
+static _Thread_local bool grad_disabled;
+
+bool autograd_set_grad_enabled(bool enabled)
+{
+    bool prev = !grad_disabled;
+    grad_disabled = !enabled;
+    return prev;
+}
+
+bool autograd_is_grad_enabled(void)
+{
+    return !grad_disabled;
+}
+
+/*  Per-node state of one run, in a pointer-keyed open-addressing table. */
+typedef struct {
+    autograd_node_t *node;
+    int deps;
+    tensor_t **grads;     /* n_outputs buffered input gradients */
+} task_entry_t;
+
+typedef struct {
+    task_entry_t *slots;
+    size_t cap;           /* power of two */
+    size_t used;
+} task_map_t;
+
+static size_t ptr_hash(const void *p)
+{
+    uintptr_t x = (uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x;
+}
+
+static task_entry_t *map_find(task_map_t *m, autograd_node_t *n)
+{
+    size_t i = ptr_hash(n) & (m->cap - 1);
+    while (m->slots[i].node && m->slots[i].node != n)
+        i = (i + 1) & (m->cap - 1);
+    return &m->slots[i];
+}
+
+static int map_grow(task_map_t *m)
+{
+    task_map_t bigger = {calloc(m->cap * 2, sizeof(task_entry_t)), m->cap * 2, m->used};
+    if (!bigger.slots)
+        return error_set("autograd: out of memory");
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].node)
+            *map_find(&bigger, m->slots[i].node) = m->slots[i];
+    free(m->slots);
+    *m = bigger;
+    return 0;
+}
+
+/*  Entry for n, created when absent (*created tells which). */
+static task_entry_t *map_get(task_map_t *m, autograd_node_t *n, bool *created)
+{
+    task_entry_t *e = map_find(m, n);
+    *created = e->node == NULL;
+    if (*created) {
+        /* Grow only when inserting: callers hold entry pointers across
+           look-ups of nodes that are already present. */
+        if ((m->used + 1) * 2 > m->cap) {
+            if (map_grow(m) < 0)
+                return NULL;
+            e = map_find(m, n);
+        }
+        e->grads = calloc((size_t)(n->n_outputs > 0 ? n->n_outputs : 1), sizeof(tensor_t *));
+        if (!e->grads) {
+            error_set("autograd: out of memory");
+            return NULL;
+        }
+        e->node = n;
+        e->deps = 0;
+        m->used++;
+    }
+    return e;
+}
+
+static void map_free(task_map_t *m)
+{
+    for (size_t i = 0; i < m->cap; i++) {
+        task_entry_t *e = &m->slots[i];
+        if (!e->node)
+            continue;
+        for (int k = 0; k < e->node->n_outputs; k++)
+            tensor_unref(e->grads[k]);
+        free(e->grads);
+    }
+    free(m->slots);
+}
+
+typedef struct {
+    autograd_node_t **items;
+    size_t len, cap;
+} node_stack_t;
+
+static int stack_push(node_stack_t *s, autograd_node_t *n)
+{
+    if (s->len == s->cap) {
+        size_t ncap = s->cap ? s->cap * 2 : 64;
+        autograd_node_t **ni = realloc(s->items, ncap * sizeof *ni);
+        if (!ni)
+            return error_set("autograd: out of memory");
+        s->items = ni;
+        s->cap = ncap;
+    }
+    s->items[s->len++] = n;
+    return 0;
+}
+
+/*  Adds g into *slot, taking a reference; sums in place only into a buffer
+    nobody else can see. */
+static int grad_add(tensor_t **slot, tensor_t *g)
+{
+    if (!*slot) {
+        *slot = tensor_ref(g);
+        return 0;
+    }
+    tensor_t *acc = *slot;
+    if (acc->numel != g->numel)
+        return error_set("autograd: gradients of %lld and %lld elements meet at one tensor",
+                         (long long)acc->numel, (long long)g->numel);
+    bool exclusive = atomic_load(&acc->refcount) == 1 &&
+                     atomic_load(&acc->storage->refcount) == 1 && !acc->storage->release;
+    if (!exclusive) {
+        tensor_t *copy = tensor_clone(acc);
+        if (!copy)
+            return -1;
+        tensor_unref(acc);
+        *slot = acc = copy;
+    }
+    float *d = tensor_data(acc);
+    const float *s = tensor_data(g);
+    for (int64_t i = 0; i < acc->numel; i++)
+        d[i] += s[i];
+    return 0;
+}
+
+static int default_accumulate(void *arg, tensor_t *leaf, tensor_t *grad)
+{
+    (void)arg;
+    return tensor_accumulate_grad(leaf, grad);
+}
+
+static int leaf_accumulate(const autograd_options_t *o, tensor_t *leaf, tensor_t *grad)
+{
+    if (grad->numel != leaf->numel)
+        return error_set("autograd: gradient of %lld elements for a leaf of %lld",
+                         (long long)grad->numel, (long long)leaf->numel);
+    autograd_accumulate_fn *fn = o->accumulate ? o->accumulate : default_accumulate;
+    return fn(o->accumulate_arg, leaf, grad);
+}
+
+/*  Walks the graph below every root and counts dependencies. */
+static int count_dependencies(task_map_t *map, autograd_node_t *const *starts, int n_starts)
+{
+    node_stack_t todo = {0};
+    int rc = 0;
+    for (int i = 0; i < n_starts && rc == 0; i++) {
+        bool created;
+        task_entry_t *e = map_get(map, starts[i], &created);
+        if (!e)
+            rc = -1;
+        else if (created)
+            rc = stack_push(&todo, starts[i]);
+    }
+    while (rc == 0 && todo.len > 0) {
+        autograd_node_t *n = todo.items[--todo.len];
+        for (int j = 0; j < n->n_inputs && rc == 0; j++) {
+            autograd_node_t *next = n->edges[j].node;
+            if (!next)
+                continue;
+            bool created;
+            task_entry_t *e = map_get(map, next, &created);
+            if (!e) {
+                rc = -1;
+                break;
+            }
+            e->deps++;
+            if (created)
+                rc = stack_push(&todo, next);
+        }
+    }
+    free(todo.items);
+    return rc;
+}
+
+static tensor_t *zeros_for_output(autograd_node_t *n, int i)
+{
+    int ndim;
+    const int64_t *shape = autograd_node_output_shape(n, i, &ndim);
+    return tensor_new(TENSOR_F32, ndim, shape);
+}
+
+static int run_node(task_map_t *map, task_entry_t *e, node_stack_t *ready,
+                    const autograd_options_t *o)
+{
+    autograd_node_t *n = e->node;
+    int rc = 0;
+    if (n->released && n->has_state)
+        return error_set("autograd: trying to backward through %s a second time; the graph's "
+                         "saved tensors were freed by the first backward (pass retain_graph)",
+                         n->ops->name);
+    for (int i = 0; i < n->n_outputs; i++)
+        if (!e->grads[i] && !(e->grads[i] = zeros_for_output(n, i)))
+            return -1;
+    tensor_t **gin = calloc((size_t)(n->n_inputs > 0 ? n->n_inputs : 1), sizeof *gin);
+    if (!gin)
+        return error_set("autograd: out of memory");
+    if (n->ops->backward(n, e->grads, gin) < 0) {
+        rc = error_wrap("autograd: %s failed", n->ops->name);
+        goto done;
+    }
+    for (int j = 0; j < n->n_inputs && rc == 0; j++) {
+        const autograd_edge_t *edge = &n->edges[j];
+        if (!gin[j])
+            continue;
+        if (edge->leaf) {
+            rc = leaf_accumulate(o, edge->leaf, gin[j]);
+        } else if (edge->node) {
+            bool created;
+            task_entry_t *next = map_get(map, edge->node, &created);
+            if (!next) {
+                rc = -1;
+                break;
+            }
+            rc = grad_add(&next->grads[edge->output_nr], gin[j]);
+            if (rc == 0 && --next->deps == 0)
+                rc = stack_push(ready, edge->node);
+        }
+    }
+    /* An edge whose backward produced nothing still has to count down. */
+    for (int j = 0; j < n->n_inputs && rc == 0; j++) {
+        const autograd_edge_t *edge = &n->edges[j];
+        if (gin[j] || !edge->node)
+            continue;
+        bool created;
+        task_entry_t *next = map_get(map, edge->node, &created);
+        if (!next)
+            rc = -1;
+        else if (--next->deps == 0)
+            rc = stack_push(ready, edge->node);
+    }
+done:
+    for (int j = 0; j < n->n_inputs; j++)
+        tensor_unref(gin[j]);
+    free(gin);
+    for (int i = 0; i < n->n_outputs; i++)
+        tensor_unref_p(&e->grads[i]);
+    if (!o->retain_graph)
+        autograd_node_release_saved(n);
+    return rc;
+}
+
+int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_options_t *opts)
+{
+    autograd_options_t o = opts ? *opts : (autograd_options_t){0};
+    task_map_t map = {calloc(64, sizeof(task_entry_t)), 64, 0};
+    node_stack_t ready = {0};
+    autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
+    int n_starts = 0, rc = 0;
+    tensor_t *ones = NULL;
+    if (!map.slots || !starts) {
+        rc = error_set("autograd: out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n_roots; i++) {
+        const autograd_root_t *r = &roots[i];
+        if (r->node) {
+            starts[n_starts++] = r->node;
+            continue;
+        }
+        if (!r->tensor->requires_grad) {
+            rc = error_set("autograd: element %d of the roots does not require grad and has "
+                           "no grad_fn", i);
+            goto out;
+        }
+        if (!r->grad && r->tensor->numel != 1) {
+            rc = error_set("autograd: grad can be implicitly created only for scalar outputs "
+                           "(root %d has %lld elements)", i, (long long)r->tensor->numel);
+            goto out;
+        }
+        if (r->grad && r->grad->numel != r->tensor->numel) {
+            rc = error_set("autograd: root %d has %lld elements but its gradient %lld", i,
+                           (long long)r->tensor->numel, (long long)r->grad->numel);
+            goto out;
+        }
+        if (r->tensor->grad_fn)
+            starts[n_starts++] = r->tensor->grad_fn;
+    }
+    if ((rc = count_dependencies(&map, starts, n_starts)) < 0)
+        goto out;
+
+    /* Seed the roots' gradients. */
+    for (int i = 0; i < n_roots && rc == 0; i++) {
+        const autograd_root_t *r = &roots[i];
+        bool created;
+        if (r->node) {
+            task_entry_t *e = map_get(&map, r->node, &created);
+            for (int k = 0; e && k < r->node->n_outputs && rc == 0; k++)
+                if (r->node_grads && r->node_grads[k])
+                    rc = grad_add(&e->grads[k], r->node_grads[k]);
+            continue;
+        }
+        tensor_t *g = r->grad;
+        if (!g) {
+            if (!ones) {
+                ones = tensor_empty(TENSOR_F32, r->tensor->ndim, r->tensor->shape);
+                if (!ones) {
+                    rc = -1;
+                    break;
+                }
+                tensor_fill_(ones, 1.0f);
+            }
+            g = ones;
+        }
+        if (!r->tensor->grad_fn) {
+            rc = leaf_accumulate(&o, r->tensor, g);
+            continue;
+        }
+        task_entry_t *e = map_get(&map, r->tensor->grad_fn, &created);
+        rc = e ? grad_add(&e->grads[r->tensor->output_nr], g) : -1;
+    }
+    for (int i = 0; i < n_starts && rc == 0; i++) {
+        bool created;
+        task_entry_t *e = map_get(&map, starts[i], &created);
+        if (e->deps == 0) {
+            e->deps = -1;   /* queued: a root listed twice must run once */
+            rc = stack_push(&ready, starts[i]);
+        }
+    }
+    while (rc == 0 && ready.len > 0) {
+        autograd_node_t *n = ready.items[--ready.len];
+        bool created;
+        task_entry_t *e = map_get(&map, n, &created);
+        rc = e ? run_node(&map, e, &ready, &o) : -1;
+    }
+out:
+    tensor_unref(ones);
+    free(ready.items);
+    free(starts);
+    if (map.slots)
+        map_free(&map);
+    return rc;
+}
+
+int autograd_backward(tensor_t *root, tensor_t *grad, bool retain_graph)
+{
+    autograd_root_t r = {.tensor = root, .grad = grad};
+    autograd_options_t o = {.retain_graph = retain_graph};
+    return autograd_run(&r, 1, &o);
+}

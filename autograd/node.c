@@ -1,0 +1,180 @@
+/*  node.c: graph nodes recorded by differentiable operations. */
+#include "autograd/autograd_private.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+
+static atomic_uint_fast64_t next_seq = 1;
+
+int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *const *inputs,
+                      int n_outputs, autograd_node_t **out)
+{
+    *out = NULL;
+    if (!autograd_is_grad_enabled())
+        return 0;
+    bool any = false;
+    for (int j = 0; j < n_inputs; j++)
+        if (inputs[j] && inputs[j]->requires_grad)
+            any = true;
+    if (!any && n_inputs > 0)
+        return 0;
+
+    autograd_node_t *n = calloc(1, sizeof *n);
+    if (!n)
+        return error_set("%s: out of memory", ops->name);
+    n->edges = calloc((size_t)(n_inputs > 0 ? n_inputs : 1), sizeof *n->edges);
+    n->out_dims = calloc((size_t)(n_outputs > 0 ? n_outputs : 1) * TENSOR_MAX_DIMS,
+                         sizeof *n->out_dims);
+    n->out_ndim = calloc((size_t)(n_outputs > 0 ? n_outputs : 1), sizeof *n->out_ndim);
+    if (!n->edges || !n->out_dims || !n->out_ndim) {
+        free(n->edges);
+        free(n->out_dims);
+        free(n->out_ndim);
+        free(n);
+        return error_set("%s: out of memory", ops->name);
+    }
+    atomic_init(&n->refcount, 1);
+    pthread_mutex_init(&n->lock, NULL);
+    n->ops = ops;
+    n->seq = atomic_fetch_add(&next_seq, 1);
+    n->n_inputs = n_inputs;
+    n->n_outputs = n_outputs;
+    for (int j = 0; j < n_inputs; j++) {
+        tensor_t *x = inputs[j];
+        if (!x || !x->requires_grad)
+            continue;
+        if (x->grad_fn) {
+            n->edges[j].node = autograd_node_ref(x->grad_fn);
+            n->edges[j].output_nr = x->output_nr;
+        } else {
+            n->edges[j].leaf = tensor_ref(x);
+        }
+    }
+    *out = n;
+    return 0;
+}
+
+autograd_node_t *autograd_node_ref(autograd_node_t *n)
+{
+    if (n)
+        atomic_fetch_add(&n->refcount, 1);
+    return n;
+}
+
+void autograd_node_release_saved(autograd_node_t *n)
+{
+    pthread_mutex_lock(&n->lock);
+    for (int i = 0; i < AUTOGRAD_MAX_SAVED; i++)
+        tensor_unref_p(&n->saved[i]);
+    if (n->ops->release && n->ctx)
+        n->ops->release(n);
+    n->ctx = NULL;
+    n->released = true;
+    pthread_mutex_unlock(&n->lock);
+}
+
+/*  Long chains (an RNN unrolled for 10,000 steps) would overflow the stack if
+    freeing recursed through edges, so nodes whose count drops to zero go on
+    an explicit work list. */
+void autograd_node_unref(autograd_node_t *n)
+{
+    autograd_node_t *stack_buf[64];
+    autograd_node_t **stack = stack_buf;
+    size_t cap = 64, top = 0;
+    if (!n || atomic_fetch_sub(&n->refcount, 1) != 1)
+        return;
+    stack[top++] = n;
+    while (top > 0) {
+        autograd_node_t *m = stack[--top];
+        for (int j = 0; j < m->n_inputs; j++) {
+            tensor_unref(m->edges[j].leaf);
+            autograd_node_t *next = m->edges[j].node;
+            if (!next || atomic_fetch_sub(&next->refcount, 1) != 1)
+                continue;
+            if (top == cap) {
+                size_t ncap = cap * 2;
+                autograd_node_t **ns = malloc(ncap * sizeof *ns);
+                if (!ns) {
+                    /* Out of memory while freeing: leaking beats crashing. */
+                    continue;
+                }
+                memcpy(ns, stack, top * sizeof *ns);
+                if (stack != stack_buf)
+                    free(stack);
+                stack = ns;
+                cap = ncap;
+            }
+            stack[top++] = next;
+        }
+        autograd_node_release_saved(m);
+        pthread_mutex_destroy(&m->lock);
+        free(m->edges);
+        free(m->out_dims);
+        free(m->out_ndim);
+        free(m);
+    }
+    if (stack != stack_buf)
+        free(stack);
+}
+
+void autograd_node_save(autograd_node_t *n, int i, tensor_t *t)
+{
+    if (i < 0 || i >= AUTOGRAD_MAX_SAVED)
+        return;
+    tensor_unref(n->saved[i]);
+    n->saved[i] = tensor_ref(t);
+    n->has_state = true;
+}
+
+tensor_t *autograd_node_saved(const autograd_node_t *n, int i)
+{
+    return i >= 0 && i < AUTOGRAD_MAX_SAVED ? n->saved[i] : NULL;
+}
+
+void autograd_node_set_ctx(autograd_node_t *n, void *ctx)
+{
+    n->ctx = ctx;
+    n->has_state = true;
+}
+void *autograd_node_ctx(const autograd_node_t *n) { return n->ctx; }
+
+void autograd_node_set_output(autograd_node_t *n, tensor_t *out)
+{
+    int i = n->outputs_set++;
+    if (i < n->n_outputs) {
+        n->out_ndim[i] = out->ndim;
+        memcpy(n->out_dims + (size_t)i * TENSOR_MAX_DIMS, out->shape,
+               sizeof(int64_t) * (size_t)out->ndim);
+    }
+    autograd_node_unref(out->grad_fn);
+    out->grad_fn = autograd_node_ref(n);
+    out->output_nr = i;
+    out->requires_grad = true;
+}
+
+bool autograd_node_needs_grad(const autograd_node_t *n, int j)
+{
+    return j >= 0 && j < n->n_inputs && (n->edges[j].node || n->edges[j].leaf);
+}
+
+int autograd_node_n_inputs(const autograd_node_t *n) { return n->n_inputs; }
+int autograd_node_n_outputs(const autograd_node_t *n) { return n->n_outputs; }
+const char *autograd_node_name(const autograd_node_t *n) { return n->ops->name; }
+
+const autograd_edge_t *autograd_node_edge(const autograd_node_t *n, int j)
+{
+    return j >= 0 && j < n->n_inputs ? &n->edges[j] : NULL;
+}
+
+const int64_t *autograd_node_output_shape(const autograd_node_t *n, int i, int *ndim)
+{
+    if (i < 0 || i >= n->n_outputs) {
+        *ndim = 0;
+        return NULL;
+    }
+    *ndim = n->out_ndim[i];
+    return n->out_dims + (size_t)i * TENSOR_MAX_DIMS;
+}

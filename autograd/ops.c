@@ -1,0 +1,284 @@
+/*  ops.c: elementwise arithmetic, reductions and matmul with gradients. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+
+static int check_f32(const char *op, const tensor_t *t)
+{
+    if (tensor_dtype(t) != TENSOR_F32)
+        return error_set("%s: expected float32, got %s", op, tensor_dtype_name(tensor_dtype(t)));
+    return 0;
+}
+
+static int check_same(const char *op, const tensor_t *a, const tensor_t *b)
+{
+    if (check_f32(op, a) < 0 || check_f32(op, b) < 0)
+        return -1;
+    if (!tensor_same_shape(a, b)) {
+        char sa[96], sb[96];
+        return error_set("%s: shapes %s and %s differ", op, tensor_shape_str(a, sa, sizeof sa),
+                         tensor_shape_str(b, sb, sizeof sb));
+    }
+    return 0;
+}
+
+/*  Records node ops over inputs for output y, saving up to two tensors.
+    On failure frees y. */
+static int record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
+                  tensor_t *save0, tensor_t *save1, void *ctx)
+{
+    autograd_node_t *n;
+    if (autograd_node_new(ops, n_in, in, 1, &n) < 0) {
+        free(ctx);
+        tensor_unref(y);
+        return -1;
+    }
+    if (!n) {
+        free(ctx);
+        return 0;
+    }
+    if (save0)
+        autograd_node_save(n, 0, save0);
+    if (save1)
+        autograd_node_save(n, 1, save1);
+    if (ctx)
+        autograd_node_set_ctx(n, ctx);
+    autograd_node_set_output(n, y);
+    autograd_node_unref(n);
+    return 0;
+}
+
+static void free_ctx(autograd_node_t *n)
+{
+    free(autograd_node_ctx(n));
+}
+
+/* ---- add / sub ---- */
+
+static int add_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    float sign = *(float *)autograd_node_ctx(n);
+    if (autograd_node_needs_grad(n, 0))
+        gin[0] = tensor_ref(gout[0]);
+    if (autograd_node_needs_grad(n, 1)) {
+        if (sign == 1.0f) {
+            gin[1] = tensor_ref(gout[0]);
+        } else {
+            gin[1] = tensor_clone(gout[0]);
+            if (!gin[1])
+                return -1;
+            float *d = tensor_data(gin[1]);
+            for (int64_t i = 0; i < tensor_numel(gin[1]); i++)
+                d[i] = -d[i];
+        }
+    }
+    return 0;
+}
+
+static const autograd_node_ops_t add_ops = {"AddBackward", add_backward, free_ctx};
+
+static int add_sub(tensor_t *a, tensor_t *b, float sign, tensor_t **out)
+{
+    *out = NULL;
+    if (check_same(sign > 0 ? "add" : "sub", a, b) < 0)
+        return -1;
+    tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(a), tensor_shape(a));
+    if (!y)
+        return -1;
+    const float *pa = tensor_data(a), *pb = tensor_data(b);
+    float *py = tensor_data(y);
+    for (int64_t i = 0; i < tensor_numel(a); i++)
+        py[i] = pa[i] + sign * pb[i];
+    float *ctx = malloc(sizeof *ctx);
+    if (!ctx) {
+        tensor_unref(y);
+        return error_set("add: out of memory");
+    }
+    *ctx = sign;
+    tensor_t *in[2] = {a, b};
+    if (record(&add_ops, 2, in, y, NULL, NULL, ctx) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}
+
+int tensor_add(tensor_t *a, tensor_t *b, tensor_t **out) { return add_sub(a, b, 1.0f, out); }
+int tensor_sub(tensor_t *a, tensor_t *b, tensor_t **out) { return add_sub(a, b, -1.0f, out); }
+
+/* ---- mul ---- */
+
+static int mul_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    for (int j = 0; j < 2; j++) {
+        if (!autograd_node_needs_grad(n, j))
+            continue;
+        tensor_t *other = autograd_node_saved(n, 1 - j);
+        gin[j] = tensor_empty(TENSOR_F32, tensor_ndim(other), tensor_shape(other));
+        if (!gin[j])
+            return -1;
+        const float *g = tensor_data(gout[0]), *o = tensor_data(other);
+        float *d = tensor_data(gin[j]);
+        for (int64_t i = 0; i < tensor_numel(other); i++)
+            d[i] = g[i] * o[i];
+    }
+    return 0;
+}
+
+static const autograd_node_ops_t mul_ops = {"MulBackward", mul_backward, NULL};
+
+int tensor_mul(tensor_t *a, tensor_t *b, tensor_t **out)
+{
+    *out = NULL;
+    if (check_same("mul", a, b) < 0)
+        return -1;
+    tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(a), tensor_shape(a));
+    if (!y)
+        return -1;
+    const float *pa = tensor_data(a), *pb = tensor_data(b);
+    float *py = tensor_data(y);
+    for (int64_t i = 0; i < tensor_numel(a); i++)
+        py[i] = pa[i] * pb[i];
+    tensor_t *in[2] = {a, b};
+    if (record(&mul_ops, 2, in, y, a, b, NULL) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}
+
+/* ---- scale ---- */
+
+static int scale_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    float s = *(float *)autograd_node_ctx(n);
+    gin[0] = tensor_clone(gout[0]);
+    if (!gin[0])
+        return -1;
+    float *d = tensor_data(gin[0]);
+    for (int64_t i = 0; i < tensor_numel(gin[0]); i++)
+        d[i] *= s;
+    return 0;
+}
+
+static const autograd_node_ops_t scale_ops = {"MulScalarBackward", scale_backward, free_ctx};
+
+int tensor_scale(tensor_t *a, float s, tensor_t **out)
+{
+    *out = NULL;
+    if (check_f32("scale", a) < 0)
+        return -1;
+    tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(a), tensor_shape(a));
+    float *ctx = malloc(sizeof *ctx);
+    if (!y || !ctx) {
+        tensor_unref(y);
+        free(ctx);
+        return error_set("scale: out of memory");
+    }
+    const float *pa = tensor_data(a);
+    float *py = tensor_data(y);
+    for (int64_t i = 0; i < tensor_numel(a); i++)
+        py[i] = pa[i] * s;
+    *ctx = s;
+    if (record(&scale_ops, 1, &a, y, NULL, NULL, ctx) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}
+
+/* ---- sum / mean ---- */
+
+static int sum_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    const int64_t *in = autograd_node_ctx(n);   /* factor bits, ndim, dims */
+    float factor;
+    memcpy(&factor, &in[0], sizeof factor);
+    gin[0] = tensor_empty(TENSOR_F32, (int)in[1], in + 2);
+    if (!gin[0])
+        return -1;
+    tensor_fill_(gin[0], tensor_data(gout[0])[0] * factor);
+    return 0;
+}
+
+static const autograd_node_ops_t sum_ops = {"SumBackward", sum_backward, free_ctx};
+
+static int reduce(tensor_t *a, bool mean, tensor_t **out)
+{
+    *out = NULL;
+    if (check_f32(mean ? "mean" : "sum", a) < 0)
+        return -1;
+    tensor_t *y = tensor_new(TENSOR_F32, 0, NULL);
+    int64_t *ctx = calloc(TENSOR_MAX_DIMS + 2, sizeof *ctx);
+    if (!y || !ctx) {
+        tensor_unref(y);
+        free(ctx);
+        return error_set("sum: out of memory");
+    }
+    double acc = 0;
+    const float *pa = tensor_data(a);
+    for (int64_t i = 0; i < tensor_numel(a); i++)
+        acc += pa[i];
+    float factor = mean && tensor_numel(a) ? 1.0f / (float)tensor_numel(a) : 1.0f;
+    tensor_data(y)[0] = (float)(mean && tensor_numel(a) ? acc / (double)tensor_numel(a) : acc);
+    memcpy(&ctx[0], &factor, sizeof factor);
+    ctx[1] = tensor_ndim(a);
+    memcpy(ctx + 2, tensor_shape(a), sizeof(int64_t) * (size_t)tensor_ndim(a));
+    if (record(&sum_ops, 1, &a, y, NULL, NULL, ctx) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}
+
+int tensor_sum(tensor_t *a, tensor_t **out) { return reduce(a, false, out); }
+int tensor_mean(tensor_t *a, tensor_t **out) { return reduce(a, true, out); }
+
+/* ---- matmul ---- */
+
+static int matmul_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    tensor_t *a = autograd_node_saved(n, 0), *b = autograd_node_saved(n, 1);
+    int m = (int)tensor_size(a, 0), k = (int)tensor_size(a, 1), nn = (int)tensor_size(b, 1);
+    const float *g = tensor_data(gout[0]);
+    if (autograd_node_needs_grad(n, 0)) {   /* dA = dY B^T */
+        if (!(gin[0] = tensor_empty(TENSOR_F32, 2, tensor_shape(a))))
+            return -1;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, k, nn, 1.0f, g, nn,
+                    tensor_data(b), nn, 0.0f, tensor_data(gin[0]), k);
+    }
+    if (autograd_node_needs_grad(n, 1)) {   /* dB = A^T dY */
+        if (!(gin[1] = tensor_empty(TENSOR_F32, 2, tensor_shape(b))))
+            return -1;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, nn, m, 1.0f, tensor_data(a), k,
+                    g, nn, 0.0f, tensor_data(gin[1]), nn);
+    }
+    return 0;
+}
+
+static const autograd_node_ops_t matmul_ops = {"MmBackward", matmul_backward, NULL};
+
+int tensor_matmul(tensor_t *a, tensor_t *b, tensor_t **out)
+{
+    *out = NULL;
+    if (check_f32("matmul", a) < 0 || check_f32("matmul", b) < 0)
+        return -1;
+    if (tensor_ndim(a) != 2 || tensor_ndim(b) != 2 || tensor_size(a, 1) != tensor_size(b, 0)) {
+        char sa[96], sb[96];
+        return error_set("matmul: cannot multiply %s by %s", tensor_shape_str(a, sa, sizeof sa),
+                         tensor_shape_str(b, sb, sizeof sb));
+    }
+    int m = (int)tensor_size(a, 0), k = (int)tensor_size(a, 1), nn = (int)tensor_size(b, 1);
+    tensor_t *y = tensor_empty(TENSOR_F32, 2, (int64_t[]){m, nn});
+    if (!y)
+        return -1;
+    if (m && nn)
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, nn, k, 1.0f, tensor_data(a), k,
+                    tensor_data(b), nn, 0.0f, tensor_data(y), nn);
+    if (k == 0)
+        tensor_zero_(y);
+    tensor_t *in[2] = {a, b};
+    if (record(&matmul_ops, 2, in, y, a, b, NULL) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}

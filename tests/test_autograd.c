@@ -1,0 +1,181 @@
+/*  Local autograd engine: recording, dependency order, accumulation, modes. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <pthread.h>
+#include <math.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+
+static tensor_t *leaf(int64_t n, const float *v)
+{
+    tensor_t *t = tensor_from_data(TENSOR_F32, 1, &n, v);
+    assert_non_null(t);
+    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    return t;
+}
+
+static void test_shared_node_runs_once_with_summed_gradient(void **state)
+{
+    (void)state;
+    int64_t before = tensor_live_count();
+    tensor_t *x = leaf(3, (float[]){1, 2, 3});
+    tensor_t *y, *z, *w, *s;
+    /* y = x*x; z = y + y; w = z * x; s = sum(w) = sum(2 x^3): ds/dx = 6 x^2 */
+    assert_int_equal(tensor_mul(x, x, &y), 0);
+    assert_int_equal(tensor_add(y, y, &z), 0);
+    assert_int_equal(tensor_mul(z, x, &w), 0);
+    assert_int_equal(tensor_sum(w, &s), 0);
+    assert_float_equal(tensor_data(s)[0], 2 * (1 + 8 + 27), 1e-5);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *g = tensor_grad(x);
+    assert_non_null(g);
+    assert_float_equal(tensor_data(g)[0], 6, 1e-5);
+    assert_float_equal(tensor_data(g)[1], 24, 1e-5);
+    assert_float_equal(tensor_data(g)[2], 54, 1e-5);
+    /* The graph was freed: a second backward is refused with a reason. */
+    assert_int_equal(autograd_backward(s, NULL, false), -1);
+    assert_non_null(strstr(error_last(), "second time"));
+    tensor_unref(g);
+    tensor_unref(s);
+    tensor_unref(w);
+    tensor_unref(z);
+    tensor_unref(y);
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), before);
+}
+
+static void test_retain_graph_accumulates(void **state)
+{
+    (void)state;
+    tensor_t *x = leaf(2, (float[]){3, -1});
+    tensor_t *y, *s;
+    assert_int_equal(tensor_mul(x, x, &y), 0);
+    assert_int_equal(tensor_mean(y, &s), 0);
+    assert_int_equal(autograd_backward(s, NULL, true), 0);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *g = tensor_grad(x);
+    assert_float_equal(tensor_data(g)[0], 2 * 3.0f, 1e-5);   /* 2 * (2x/2) */
+    assert_float_equal(tensor_data(g)[1], -2.0f, 1e-5);
+    tensor_unref(g);
+    tensor_unref(s);
+    tensor_unref(y);
+    tensor_unref(x);
+}
+
+static void test_no_grad_records_nothing(void **state)
+{
+    (void)state;
+    tensor_t *x = leaf(2, (float[]){1, 2});
+    bool prev = autograd_set_grad_enabled(false);
+    tensor_t *y;
+    assert_int_equal(tensor_scale(x, 2.0f, &y), 0);
+    autograd_set_grad_enabled(prev);
+    assert_false(tensor_requires_grad(y));
+    assert_null(tensor_grad_fn(y));
+    assert_int_equal(autograd_backward(y, NULL, false), -1);
+    tensor_unref(y);
+    tensor_unref(x);
+}
+
+static void test_matmul_and_reshape(void **state)
+{
+    (void)state;
+    tensor_t *a = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    tensor_t *b = tensor_from_data(TENSOR_F32, 1, (int64_t[]){6}, (float[]){1, 0, -1, 2, 1, 0});
+    tensor_set_requires_grad(a, true);
+    tensor_set_requires_grad(b, true);
+    tensor_t *b2, *y, *s;
+    assert_int_equal(tensor_reshape(b, 2, (int64_t[]){3, -1}, &b2), 0);
+    assert_int_equal(tensor_size(b2, 1), 2);
+    assert_int_equal(tensor_matmul(a, b2, &y), 0);
+    /* y = [[1*1+2*-1+3*1, 1*0+2*2+3*0],[4-5+6, 0+10+0]] */
+    assert_float_equal(tensor_data(y)[0], 2, 1e-6);
+    assert_float_equal(tensor_data(y)[3], 10, 1e-6);
+    assert_int_equal(tensor_sum(y, &s), 0);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *ga = tensor_grad(a), *gb = tensor_grad(b);
+    /* dA = 1 B^T: each row = row sums of B2 = [1, 1, 1] */
+    assert_float_equal(tensor_data(ga)[0], 1, 1e-6);
+    assert_float_equal(tensor_data(ga)[1], 1, 1e-6);
+    /* dB2 = A^T 1: [5,5],[7,7],[9,9] */
+    assert_int_equal(tensor_ndim(gb), 1);
+    assert_float_equal(tensor_data(gb)[0], 5, 1e-6);
+    assert_float_equal(tensor_data(gb)[5], 9, 1e-6);
+    tensor_unref(ga);
+    tensor_unref(gb);
+    tensor_unref(s);
+    tensor_unref(y);
+    tensor_unref(b2);
+    tensor_unref(a);
+    tensor_unref(b);
+}
+
+/*  A parameter server builds separate graphs over shared parameters on many
+    threads: the shared leaf must collect every contribution. */
+#define THREADS 4
+#define ROUNDS 200
+static tensor_t *shared_w;
+
+static void *worker(void *arg)
+{
+    (void)arg;
+    for (int r = 0; r < ROUNDS; r++) {
+        tensor_t *y, *s;
+        if (tensor_scale(shared_w, 1.0f, &y) < 0 || tensor_sum(y, &s) < 0)
+            return (void *)1;
+        if (autograd_backward(s, NULL, false) < 0)
+            return (void *)1;
+        tensor_unref(s);
+        tensor_unref(y);
+    }
+    return NULL;
+}
+
+static void test_threads_share_parameters(void **state)
+{
+    (void)state;
+    shared_w = leaf(4, (float[]){1, 2, 3, 4});
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        pthread_create(&th[i], NULL, worker, NULL);
+    for (int i = 0; i < THREADS; i++) {
+        void *rv;
+        pthread_join(th[i], &rv);
+        assert_null(rv);
+    }
+    tensor_t *g = tensor_grad(shared_w);
+    for (int i = 0; i < 4; i++)
+        assert_float_equal(tensor_data(g)[i], THREADS * ROUNDS, 1e-3);
+    tensor_unref(g);
+    tensor_unref(shared_w);
+}
+
+static void test_bad_shapes_are_errors(void **state)
+{
+    (void)state;
+    tensor_t *a = tensor_zeros1(3), *b = tensor_zeros1(4), *y = NULL;
+    assert_int_equal(tensor_add(a, b, &y), -1);
+    assert_null(y);
+    assert_non_null(strstr(error_last(), "(3) and (4)"));
+    assert_int_equal(tensor_reshape(a, 1, (int64_t[]){5}, &y), -1);
+    assert_null(tensor_new(TENSOR_F32, 1, (int64_t[]){-2}));
+    tensor_unref(a);
+    tensor_unref(b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_shared_node_runs_once_with_summed_gradient),
+        cmocka_unit_test(test_retain_graph_accumulates),
+        cmocka_unit_test(test_no_grad_records_nothing),
+        cmocka_unit_test(test_matmul_and_reshape),
+        cmocka_unit_test(test_threads_share_parameters),
+        cmocka_unit_test(test_bad_shapes_are_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs, on Debian, every package the build, the tests and the default data
+# need. Quick when everything is already there: apt is only run for what is
+# missing.
+set -euo pipefail
+pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
+      libcmocka-dev zlib1g-dev dataset-fashion-mnist clang libclang-rt-14-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "installing: ${missing[*]}"
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO=sudo
+$SUDO apt-get update
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends "${missing[@]}"

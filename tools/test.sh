@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs what is missing, then builds and runs every test twice: a normal
+# (Release) build and an AddressSanitizer + UndefinedBehaviorSanitizer build.
+# Warnings are errors in both.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/install_deps.sh
+jobs=$(nproc)
+for kind in release sanitize; do
+  dir=build-test-$kind
+  flags=(-DCMAKE_BUILD_TYPE=Release -DZDIST_WERROR=ON)
+  [ $kind = sanitize ] && flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_SANITIZE=ON)
+  echo "=== $kind build ==="
+  cmake -S . -B "$dir" "${flags[@]}" > /dev/null
+  cmake --build "$dir" -j "$jobs"
+  echo "=== $kind tests ==="
+  # Leak checking is on (ASan's default on Linux); OpenBLAS's thread pool is
+  # kept to one thread so its lazily created workers do not look like leaks.
+  (cd "$dir" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2} ctest -j "$jobs" --output-on-failure --timeout 900)
+done
+echo "all tests passed in both builds"
