@@ -1,0 +1,87 @@
+/*  value.h: the values an RPC carries (SPEC R10).
+
+    An rpc_value_t is a small tagged union: none, int64, double, string,
+    bytes, tensor, RRef, or a list of values. Values own what they hold:
+    strings and bytes are copied in, tensors and RRefs hold one reference.
+    A list owns its items. Values are immutable once built and may be
+    shared between threads by reference counting (rpc_value_ref/unref).
+
+    Arguments of a call are one list value; a result is any value. */
+#ifndef ZDIST_RPC_VALUE_H
+#define ZDIST_RPC_VALUE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "autograd/tensor.h"
+
+typedef enum {
+    RPC_NONE = 0,
+    RPC_INT = 1,
+    RPC_FLOAT = 2,
+    RPC_STRING = 3,
+    RPC_BYTES = 4,
+    RPC_TENSOR = 5,
+    RPC_RREF = 6,
+    RPC_LIST = 7,
+} rpc_value_kind_t;
+
+typedef struct rpc_value rpc_value_t;
+typedef struct rpc_rref rpc_rref_t;   /* defined by the RPC agent (rpc/rref.h) */
+
+/*  Constructors: each returns a new value with one reference (caller
+    unrefs), or NULL when out of memory (error_last() says so).
+    rpc_value_tensor / rpc_value_rref take their own reference to t / r. */
+rpc_value_t *rpc_value_none(void);
+rpc_value_t *rpc_value_int(int64_t v);
+rpc_value_t *rpc_value_float(double v);
+rpc_value_t *rpc_value_string(const char *s);
+rpc_value_t *rpc_value_bytes(const void *data, size_t len);
+rpc_value_t *rpc_value_tensor(tensor_t *t);
+rpc_value_t *rpc_value_rref(rpc_rref_t *r);
+
+/*  An empty list with room for `capacity` items (it grows as needed). */
+rpc_value_t *rpc_value_list(size_t capacity);
+
+/*  Appends item to list, taking over the caller's reference to item (so
+    `rpc_list_append(l, rpc_value_int(3))` leaks nothing). Returns 0, or -1
+    (item is then released) when out of memory or l is not a list. */
+int rpc_list_append(rpc_value_t *list, rpc_value_t *item);
+
+/*  A list built from a printf-like spec, for short calls:
+      'i' int64_t, 'f' double, 's' const char *, 't' tensor_t *,
+      'r' rpc_rref_t *, 'n' none, 'v' rpc_value_t * (reference taken over).
+    rpc_args("ti", x, (int64_t)3). Returns NULL on error. */
+rpc_value_t *rpc_args(const char *spec, ...);
+
+rpc_value_t *rpc_value_ref(rpc_value_t *v);
+void rpc_value_unref(rpc_value_t *v);
+
+rpc_value_kind_t rpc_value_kind(const rpc_value_t *v);
+const char *rpc_value_kind_name(rpc_value_kind_t kind);
+
+/*  Accessors; each returns 0 and fills *out, or -1 with a clear error when
+    v is of another kind ("expected tensor, got string"). Borrowed results:
+    valid while v is alive. */
+int rpc_value_get_int(const rpc_value_t *v, int64_t *out);
+int rpc_value_get_float(const rpc_value_t *v, double *out);   /* ints convert */
+int rpc_value_get_string(const rpc_value_t *v, const char **out);
+int rpc_value_get_bytes(const rpc_value_t *v, const void **data, size_t *len);
+int rpc_value_get_tensor(const rpc_value_t *v, tensor_t **out);
+int rpc_value_get_rref(const rpc_value_t *v, rpc_rref_t **out);
+
+/*  List access: length (0 for a non-list) and item i (borrowed, NULL when out
+    of range). */
+size_t rpc_list_len(const rpc_value_t *v);
+rpc_value_t *rpc_list_get(const rpc_value_t *v, size_t i);
+
+/*  Typed access to list item i, for handlers unpacking their arguments:
+    fails with "argument i: expected tensor, got int" style errors. */
+int rpc_arg_int(const rpc_value_t *args, size_t i, int64_t *out);
+int rpc_arg_float(const rpc_value_t *args, size_t i, double *out);
+int rpc_arg_string(const rpc_value_t *args, size_t i, const char **out);
+int rpc_arg_tensor(const rpc_value_t *args, size_t i, tensor_t **out);
+int rpc_arg_rref(const rpc_value_t *args, size_t i, rpc_rref_t **out);
+
+#endif
