@@ -49,6 +49,32 @@ typedef struct {
     Returns 0, or -1 with error_last() naming the failing node. */
 int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_options_t *opts);
 
+/*  ---- tasks: a backward pass fed from outside ----
+
+    Distributed autograd receives the gradients of a process's send
+    functions in separate messages, possibly on several threads. A task
+    counts dependencies once over everything reachable from all its start
+    nodes; each feed adds the gradients of one start node and runs whatever
+    became ready, on the calling thread, under the task's lock. */
+typedef struct autograd_task autograd_task_t;
+
+/*  A task over the graph below starts (borrowed; the task keeps its own
+    references to every node it reaches). NULL on out of memory. */
+autograd_task_t *autograd_task_new(autograd_node_t *const *starts, int n_starts,
+                                   const autograd_options_t *opts);
+
+/*  Gives start node `node` the gradients of its outputs (grads[k] may be
+    NULL: zeros) and runs every node that became ready. Returns 0, or -1 when
+    a node failed (the task is then poisoned) or node is not a start. */
+int autograd_task_feed(autograd_task_t *t, autograd_node_t *node, tensor_t *const *grads);
+
+/*  Runs the nodes that hold some gradients but still wait for producers
+    that will never run (a send function whose output was not used), as if
+    the missing gradients were zeros; sets *ran to how many ran. */
+int autograd_task_flush(autograd_task_t *t, int *ran);
+
+void autograd_task_free(autograd_task_t *t);
+
 /*  PyTorch's tensor.backward(grad, retain_graph): gradient defaults to ones
     for a one-element tensor (else it is required). */
 int autograd_backward(tensor_t *root, tensor_t *grad, bool retain_graph);

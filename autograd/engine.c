@@ -27,10 +27,13 @@ bool autograd_is_grad_enabled(void)
     return !grad_disabled;
 }
 
-/*  Per-node state of one run, in a pointer-keyed open-addressing table. */
+/*  Per-node state of one task, in a pointer-keyed open-addressing table. */
 typedef struct {
     autograd_node_t *node;
-    int deps;
+    int deps;             /* edges from not-yet-run nodes of the task */
+    bool start;           /* runs only once fed from outside */
+    bool fed;
+    bool done;
     tensor_t **grads;     /* n_outputs buffered input gradients */
 } task_entry_t;
 
@@ -70,28 +73,34 @@ static int map_grow(task_map_t *m)
     return 0;
 }
 
-/*  Entry for n, created when absent (*created tells which). */
+/*  Entry for n, or NULL when n is not part of the task. */
+static task_entry_t *map_lookup(task_map_t *m, autograd_node_t *n)
+{
+    task_entry_t *e = map_find(m, n);
+    return e->node ? e : NULL;
+}
+
+/*  Entry for n, created when absent (*created tells which). Grows the table
+    only when inserting, so entry pointers stay valid across look-ups of
+    nodes that are already present. */
 static task_entry_t *map_get(task_map_t *m, autograd_node_t *n, bool *created)
 {
     task_entry_t *e = map_find(m, n);
     *created = e->node == NULL;
-    if (*created) {
-        /* Grow only when inserting: callers hold entry pointers across
-           look-ups of nodes that are already present. */
-        if ((m->used + 1) * 2 > m->cap) {
-            if (map_grow(m) < 0)
-                return NULL;
-            e = map_find(m, n);
-        }
-        e->grads = calloc((size_t)(n->n_outputs > 0 ? n->n_outputs : 1), sizeof(tensor_t *));
-        if (!e->grads) {
-            error_set("autograd: out of memory");
+    if (!*created)
+        return e;
+    if ((m->used + 1) * 2 > m->cap) {
+        if (map_grow(m) < 0)
             return NULL;
-        }
-        e->node = n;
-        e->deps = 0;
-        m->used++;
+        e = map_find(m, n);
     }
+    e->grads = calloc((size_t)(n->n_outputs > 0 ? n->n_outputs : 1), sizeof(tensor_t *));
+    if (!e->grads) {
+        error_set("autograd: out of memory");
+        return NULL;
+    }
+    e->node = autograd_node_ref(n);
+    m->used++;
     return e;
 }
 
@@ -104,6 +113,7 @@ static void map_free(task_map_t *m)
         for (int k = 0; k < e->node->n_outputs; k++)
             tensor_unref(e->grads[k]);
         free(e->grads);
+        autograd_node_unref(e->node);
     }
     free(m->slots);
 }
@@ -170,7 +180,15 @@ static int leaf_accumulate(const autograd_options_t *o, tensor_t *leaf, tensor_t
     return fn(o->accumulate_arg, leaf, grad);
 }
 
-/*  Walks the graph below every root and counts dependencies. */
+struct autograd_task {
+    pthread_mutex_t lock;
+    autograd_options_t opts;
+    task_map_t map;
+    node_stack_t ready;
+    int error;            /* a failed node poisons the task */
+};
+
+/*  Walks the graph below the start nodes and counts dependencies. */
 static int count_dependencies(task_map_t *map, autograd_node_t *const *starts, int n_starts)
 {
     node_stack_t todo = {0};
@@ -178,9 +196,12 @@ static int count_dependencies(task_map_t *map, autograd_node_t *const *starts, i
     for (int i = 0; i < n_starts && rc == 0; i++) {
         bool created;
         task_entry_t *e = map_get(map, starts[i], &created);
-        if (!e)
+        if (!e) {
             rc = -1;
-        else if (created)
+            break;
+        }
+        e->start = true;
+        if (created)
             rc = stack_push(&todo, starts[i]);
     }
     while (rc == 0 && todo.len > 0) {
@@ -211,11 +232,27 @@ static tensor_t *zeros_for_output(autograd_node_t *n, int i)
     return tensor_new(TENSOR_F32, ndim, shape);
 }
 
-static int run_node(task_map_t *map, task_entry_t *e, node_stack_t *ready,
-                    const autograd_options_t *o)
+static bool entry_ready(const task_entry_t *e)
+{
+    return !e->done && e->deps == 0 && (!e->start || e->fed);
+}
+
+/*  One fewer pending producer for the node behind edge. */
+static int edge_done(autograd_task_t *t, autograd_node_t *node)
+{
+    task_entry_t *next = map_lookup(&t->map, node);
+    if (!next)
+        return error_set("autograd: internal error: %s is not part of the task", node->ops->name);
+    next->deps--;
+    return entry_ready(next) ? stack_push(&t->ready, node) : 0;
+}
+
+static int run_node(autograd_task_t *t, task_entry_t *e)
 {
     autograd_node_t *n = e->node;
+    const autograd_options_t *o = &t->opts;
     int rc = 0;
+    e->done = true;
     if (n->released && n->has_state)
         return error_set("autograd: trying to backward through %s a second time; the graph's "
                          "saved tensors were freed by the first backward (pass retain_graph)",
@@ -232,33 +269,15 @@ static int run_node(task_map_t *map, task_entry_t *e, node_stack_t *ready,
     }
     for (int j = 0; j < n->n_inputs && rc == 0; j++) {
         const autograd_edge_t *edge = &n->edges[j];
-        if (!gin[j])
-            continue;
-        if (edge->leaf) {
+        if (edge->leaf && gin[j]) {
             rc = leaf_accumulate(o, edge->leaf, gin[j]);
         } else if (edge->node) {
-            bool created;
-            task_entry_t *next = map_get(map, edge->node, &created);
-            if (!next) {
-                rc = -1;
-                break;
-            }
-            rc = grad_add(&next->grads[edge->output_nr], gin[j]);
-            if (rc == 0 && --next->deps == 0)
-                rc = stack_push(ready, edge->node);
+            task_entry_t *next = map_lookup(&t->map, edge->node);
+            if (gin[j] && next)
+                rc = grad_add(&next->grads[edge->output_nr], gin[j]);
+            if (rc == 0)
+                rc = edge_done(t, edge->node);
         }
-    }
-    /* An edge whose backward produced nothing still has to count down. */
-    for (int j = 0; j < n->n_inputs && rc == 0; j++) {
-        const autograd_edge_t *edge = &n->edges[j];
-        if (gin[j] || !edge->node)
-            continue;
-        bool created;
-        task_entry_t *next = map_get(map, edge->node, &created);
-        if (!next)
-            rc = -1;
-        else if (--next->deps == 0)
-            rc = stack_push(ready, edge->node);
     }
 done:
     for (int j = 0; j < n->n_inputs; j++)
@@ -271,18 +290,124 @@ done:
     return rc;
 }
 
+static int drain(autograd_task_t *t)
+{
+    while (t->error == 0 && t->ready.len > 0) {
+        autograd_node_t *n = t->ready.items[--t->ready.len];
+        task_entry_t *e = map_lookup(&t->map, n);
+        if (e && !e->done && run_node(t, e) < 0)
+            t->error = -1;
+    }
+    return t->error;
+}
+
+autograd_task_t *autograd_task_new(autograd_node_t *const *starts, int n_starts,
+                                   const autograd_options_t *opts)
+{
+    autograd_task_t *t = calloc(1, sizeof *t);
+    if (!t) {
+        error_set("autograd: out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&t->lock, NULL);
+    if (opts)
+        t->opts = *opts;
+    t->map.cap = 64;
+    t->map.slots = calloc(t->map.cap, sizeof(task_entry_t));
+    if (!t->map.slots || count_dependencies(&t->map, starts, n_starts) < 0) {
+        if (!t->map.slots)
+            error_set("autograd: out of memory");
+        autograd_task_free(t);
+        return NULL;
+    }
+    return t;
+}
+
+static int feed_locked(autograd_task_t *t, autograd_node_t *node, tensor_t *const *grads)
+{
+    task_entry_t *e = map_lookup(&t->map, node);
+    if (!e || !e->start)
+        return error_set("autograd: %s was not given as a start of this backward pass",
+                         node->ops->name);
+    if (e->done)
+        return error_set("autograd: %s already ran in this backward pass", node->ops->name);
+    for (int k = 0; k < node->n_outputs; k++)
+        if (grads && grads[k] && grad_add(&e->grads[k], grads[k]) < 0)
+            return -1;
+    e->fed = true;
+    if (entry_ready(e) && stack_push(&t->ready, node) < 0)
+        return -1;
+    return 0;
+}
+
+int autograd_task_feed(autograd_task_t *t, autograd_node_t *node, tensor_t *const *grads)
+{
+    pthread_mutex_lock(&t->lock);
+    int rc = t->error ? error_set("autograd: the backward pass already failed") : 0;
+    if (rc == 0 && (rc = feed_locked(t, node, grads)) == 0)
+        rc = drain(t);
+    pthread_mutex_unlock(&t->lock);
+    return rc;
+}
+
+/*  The not-yet-run node holding gradients with the highest sequence number:
+    creation order is a topological order, so running it first never runs a
+    node before one that could still feed it. */
+static task_entry_t *flush_candidate(autograd_task_t *t)
+{
+    task_entry_t *best = NULL;
+    for (size_t i = 0; i < t->map.cap; i++) {
+        task_entry_t *e = &t->map.slots[i];
+        if (!e->node || e->done || (e->start && !e->fed))
+            continue;
+        bool has = e->fed;
+        for (int k = 0; k < e->node->n_outputs && !has; k++)
+            has = e->grads[k] != NULL;
+        if (has && (!best || e->node->seq > best->node->seq))
+            best = e;
+    }
+    return best;
+}
+
+int autograd_task_flush(autograd_task_t *t, int *ran)
+{
+    int count = 0;
+    pthread_mutex_lock(&t->lock);
+    task_entry_t *e;
+    while (t->error == 0 && (e = flush_candidate(t)) != NULL) {
+        if (run_node(t, e) < 0)
+            t->error = -1;
+        else
+            drain(t);
+        count++;
+    }
+    int rc = t->error;
+    pthread_mutex_unlock(&t->lock);
+    if (ran)
+        *ran = count;
+    return rc;
+}
+
+void autograd_task_free(autograd_task_t *t)
+{
+    if (!t)
+        return;
+    if (t->map.slots)
+        map_free(&t->map);
+    free(t->ready.items);
+    pthread_mutex_destroy(&t->lock);
+    free(t);
+}
+
 int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_options_t *opts)
 {
     autograd_options_t o = opts ? *opts : (autograd_options_t){0};
-    task_map_t map = {calloc(64, sizeof(task_entry_t)), 64, 0};
-    node_stack_t ready = {0};
     autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
-    int n_starts = 0, rc = 0;
     tensor_t *ones = NULL;
-    if (!map.slots || !starts) {
-        rc = error_set("autograd: out of memory");
-        goto out;
-    }
+    autograd_task_t *t = NULL;
+    int n_starts = 0, rc = 0;
+    if (!starts)
+        return error_set("autograd: out of memory");
     for (int i = 0; i < n_roots; i++) {
         const autograd_root_t *r = &roots[i];
         if (r->node) {
@@ -307,59 +432,45 @@ int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_optio
         if (r->tensor->grad_fn)
             starts[n_starts++] = r->tensor->grad_fn;
     }
-    if ((rc = count_dependencies(&map, starts, n_starts)) < 0)
+    if (!(t = autograd_task_new(starts, n_starts, &o))) {
+        rc = -1;
         goto out;
-
-    /* Seed the roots' gradients. */
+    }
+    /* Seed every root before running anything: two roots may share nodes. */
     for (int i = 0; i < n_roots && rc == 0; i++) {
         const autograd_root_t *r = &roots[i];
-        bool created;
         if (r->node) {
-            task_entry_t *e = map_get(&map, r->node, &created);
-            for (int k = 0; e && k < r->node->n_outputs && rc == 0; k++)
-                if (r->node_grads && r->node_grads[k])
-                    rc = grad_add(&e->grads[k], r->node_grads[k]);
+            rc = feed_locked(t, r->node, r->node_grads);
             continue;
         }
         tensor_t *g = r->grad;
         if (!g) {
-            if (!ones) {
-                ones = tensor_empty(TENSOR_F32, r->tensor->ndim, r->tensor->shape);
-                if (!ones) {
-                    rc = -1;
-                    break;
-                }
-                tensor_fill_(ones, 1.0f);
+            if (!ones && !(ones = tensor_empty(TENSOR_F32, r->tensor->ndim, r->tensor->shape))) {
+                rc = -1;
+                break;
             }
+            tensor_fill_(ones, 1.0f);
             g = ones;
         }
         if (!r->tensor->grad_fn) {
             rc = leaf_accumulate(&o, r->tensor, g);
             continue;
         }
-        task_entry_t *e = map_get(&map, r->tensor->grad_fn, &created);
-        rc = e ? grad_add(&e->grads[r->tensor->output_nr], g) : -1;
-    }
-    for (int i = 0; i < n_starts && rc == 0; i++) {
-        bool created;
-        task_entry_t *e = map_get(&map, starts[i], &created);
-        if (e->deps == 0) {
-            e->deps = -1;   /* queued: a root listed twice must run once */
-            rc = stack_push(&ready, starts[i]);
+        autograd_node_t *n = r->tensor->grad_fn;
+        task_entry_t *e = map_lookup(&t->map, n);
+        rc = grad_add(&e->grads[r->tensor->output_nr], g);
+        if (rc == 0 && !e->fed) {
+            e->fed = true;
+            if (entry_ready(e))
+                rc = stack_push(&t->ready, n);
         }
     }
-    while (rc == 0 && ready.len > 0) {
-        autograd_node_t *n = ready.items[--ready.len];
-        bool created;
-        task_entry_t *e = map_get(&map, n, &created);
-        rc = e ? run_node(&map, e, &ready, &o) : -1;
-    }
+    if (rc == 0)
+        rc = drain(t);
 out:
     tensor_unref(ones);
-    free(ready.items);
+    autograd_task_free(t);
     free(starts);
-    if (map.slots)
-        map_free(&map);
     return rc;
 }
 

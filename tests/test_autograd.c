@@ -167,6 +167,74 @@ static void test_bad_shapes_are_errors(void **state)
     tensor_unref(b);
 }
 
+/*  A stand-in for distributed autograd's send function: a start node whose
+    gradients come from outside. */
+static int identity_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    (void)n;
+    gin[0] = tensor_ref(gout[0]);
+    return 0;
+}
+
+static const autograd_node_ops_t send_ops = {"SendBackward", identity_backward, NULL};
+
+static autograd_node_t *send_over(tensor_t *t)
+{
+    autograd_node_t *n;
+    assert_int_equal(autograd_node_new(&send_ops, 1, &t, 1, &n), 0);
+    assert_non_null(n);
+    return n;
+}
+
+static void test_task_waits_for_every_start_then_flush(void **state)
+{
+    (void)state;
+    tensor_t *x = leaf(2, (float[]){1, 3});
+    tensor_t *a, *b;
+    assert_int_equal(tensor_scale(x, 2.0f, &a), 0);   /* a = 2x */
+    assert_int_equal(tensor_mul(a, a, &b), 0);        /* b = a^2 */
+    autograd_node_t *s1 = send_over(a), *s2 = send_over(b);
+    autograd_node_t *starts[2] = {s1, s2};
+    tensor_t *g1 = tensor_from_data(TENSOR_F32, 1, (int64_t[]){2}, (float[]){1, 1});
+    tensor_t *g2 = tensor_from_data(TENSOR_F32, 1, (int64_t[]){2}, (float[]){1, 2});
+
+    autograd_options_t keep = {.retain_graph = true};
+    autograd_task_t *t = autograd_task_new(starts, 2, &keep);
+    assert_non_null(t);
+    assert_int_equal(autograd_task_feed(t, s1, &g1), 0);
+    tensor_t *g = tensor_grad(x);
+    assert_null(g);                    /* the scale node still waits for b's branch */
+    assert_int_equal(autograd_task_feed(t, s2, &g2), 0);
+    g = tensor_grad(x);
+    /* dx = 2 * (g1 + g2 * 2a) = 2 * (1 + 1*4, 1 + 2*12) */
+    assert_float_equal(tensor_data(g)[0], 10, 1e-5);
+    assert_float_equal(tensor_data(g)[1], 50, 1e-5);
+    assert_int_equal(autograd_task_feed(t, s1, &g1), -1);   /* each start runs once */
+    tensor_unref(g);
+    autograd_task_free(t);
+    tensor_clear_grad(x);
+
+    /* Only s1 ever receives a gradient: flushing runs the rest with zeros. */
+    t = autograd_task_new(starts, 2, NULL);
+    assert_int_equal(autograd_task_feed(t, s1, &g1), 0);
+    int ran = 0;
+    assert_int_equal(autograd_task_flush(t, &ran), 0);
+    assert_int_equal(ran, 1);
+    g = tensor_grad(x);
+    assert_float_equal(tensor_data(g)[0], 2, 1e-5);
+    assert_float_equal(tensor_data(g)[1], 2, 1e-5);
+    tensor_unref(g);
+    autograd_task_free(t);
+
+    autograd_node_unref(s1);
+    autograd_node_unref(s2);
+    tensor_unref(g1);
+    tensor_unref(g2);
+    tensor_unref(b);
+    tensor_unref(a);
+    tensor_unref(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -176,6 +244,7 @@ int main(void)
         cmocka_unit_test(test_matmul_and_reshape),
         cmocka_unit_test(test_threads_share_parameters),
         cmocka_unit_test(test_bad_shapes_are_errors),
+        cmocka_unit_test(test_task_waits_for_every_start_then_flush),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
