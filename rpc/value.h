@@ -51,8 +51,10 @@ int rpc_list_append(rpc_value_t *list, rpc_value_t *item);
 
 /*  A list built from a printf-like spec, for short calls:
       'i' int64_t, 'f' double, 's' const char *, 't' tensor_t *,
-      'r' rpc_rref_t *, 'n' none, 'v' rpc_value_t * (reference taken over).
-    rpc_args("ti", x, (int64_t)3). Returns NULL on error. */
+      'r' rpc_rref_t *, 'n' none, 'v' rpc_value_t * (reference taken over),
+      'b' const void *, size_t (bytes).
+    rpc_args("ti", x, (int64_t)3). Returns NULL on error; the 'v' values are
+    released then too (unless the spec itself holds an unknown letter). */
 rpc_value_t *rpc_args(const char *spec, ...);
 
 rpc_value_t *rpc_value_ref(rpc_value_t *v);
@@ -83,5 +85,16 @@ int rpc_arg_float(const rpc_value_t *args, size_t i, double *out);
 int rpc_arg_string(const rpc_value_t *args, size_t i, const char **out);
 int rpc_arg_tensor(const rpc_value_t *args, size_t i, tensor_t **out);
 int rpc_arg_rref(const rpc_value_t *args, size_t i, rpc_rref_t **out);
+int rpc_arg_bytes(const rpc_value_t *args, size_t i, const void **data, size_t *len);
+
+/*  Deep comparison: same kinds, same contents. Tensors compare by dtype,
+    shape and bytes; floats bit for bit (NaN equals itself, -0.0 differs from
+    0.0); RRefs by identity. NULL equals only NULL. */
+bool rpc_value_equal(const rpc_value_t *a, const rpc_value_t *b);
+
+/*  A one-line description for logs and test failures, truncated with "..."
+    to fit: [1, 2.5, "hi", bytes(3), tensor float32 (2, 3), rref@0x.., none].
+    Returns buf. */
+char *rpc_value_format(const rpc_value_t *v, char *buf, size_t size);
 
 #endif

@@ -1,0 +1,476 @@
+/*  future.c: futures with timed waits, callbacks, wait-all and wait-any.
+
+    Completion publishes the result under the future's lock and then runs the
+    callbacks outside it, in the order they were added. wait_all / wait_any
+    do not poll: they register a callback on each pending future that signals
+    one shared waiter, and unregister it when they leave. */
+#include "rpc/future.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/error.h"
+
+typedef struct callback {
+    rpc_future_cb *cb;
+    void (*drop)(void *arg);   /* if the future dies before running cb */
+    void *arg;
+    struct callback *next;
+} callback_t;
+
+struct rpc_future {
+    atomic_int refcount;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    atomic_bool done;          /* set (release) after value/error are written */
+    rpc_value_t *value;
+    char *error;               /* NULL while pending or after a value */
+    callback_t *callbacks;     /* pending callbacks, in order */
+    callback_t **tail;
+};
+
+static char oom_error[] = "out of memory";
+
+/* ---- monotonic deadlines ---- */
+
+typedef struct {
+    bool forever;
+    struct timespec at;        /* CLOCK_MONOTONIC */
+} deadline_t;
+
+static deadline_t deadline_in(int64_t timeout_ms)
+{
+    deadline_t d = {timeout_ms < 0, {0, 0}};
+    if (d.forever)
+        return d;
+    /* Beyond a century "later" is as good as never, and cannot overflow. */
+    if (timeout_ms > (int64_t)100 * 365 * 24 * 3600 * 1000)
+        timeout_ms = (int64_t)100 * 365 * 24 * 3600 * 1000;
+    clock_gettime(CLOCK_MONOTONIC, &d.at);
+    d.at.tv_sec += (time_t)(timeout_ms / 1000);
+    d.at.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (d.at.tv_nsec >= 1000000000L) {
+        d.at.tv_sec++;
+        d.at.tv_nsec -= 1000000000L;
+    }
+    return d;
+}
+
+/* Waits on cond until signalled or the deadline; false once it has passed. */
+static bool cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *lock, const deadline_t *d)
+{
+    if (d->forever) {
+        pthread_cond_wait(cond, lock);
+        return true;
+    }
+    return pthread_cond_timedwait(cond, lock, &d->at) != ETIMEDOUT;
+}
+
+static int cond_init_monotonic(pthread_cond_t *cond)
+{
+    pthread_condattr_t attr;
+    if (pthread_condattr_init(&attr) != 0)
+        return -1;
+    int rc = pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (rc == 0)
+        rc = pthread_cond_init(cond, &attr);
+    pthread_condattr_destroy(&attr);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---- futures ---- */
+
+rpc_future_t *rpc_future_new(void)
+{
+    rpc_future_t *f = calloc(1, sizeof *f);
+    if (!f) {
+        error_set("rpc future: out of memory");
+        return NULL;
+    }
+    if (cond_init_monotonic(&f->cond) < 0) {
+        free(f);
+        error_set("rpc future: cannot create a condition variable");
+        return NULL;
+    }
+    pthread_mutex_init(&f->lock, NULL);
+    atomic_init(&f->refcount, 1);
+    atomic_init(&f->done, false);
+    f->tail = &f->callbacks;
+    return f;
+}
+
+rpc_future_t *rpc_future_ref(rpc_future_t *f)
+{
+    if (f)
+        atomic_fetch_add_explicit(&f->refcount, 1, memory_order_relaxed);
+    return f;
+}
+
+void rpc_future_unref(rpc_future_t *f)
+{
+    if (!f || atomic_fetch_sub_explicit(&f->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    /* Never completed: its callbacks will never run, but internal ones own
+       references that must go. */
+    callback_t *c = f->callbacks;
+    while (c) {
+        callback_t *next = c->next;
+        if (c->drop)
+            c->drop(c->arg);
+        free(c);
+        c = next;
+    }
+    rpc_value_unref(f->value);
+    if (f->error != oom_error)
+        free(f->error);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    free(f);
+}
+
+/* Publishes the result (value or error, ownership taken) and runs callbacks.
+   Returns -1 and gives nothing back when f was already complete. */
+static int future_complete(rpc_future_t *f, rpc_value_t *value, char *error)
+{
+    pthread_mutex_lock(&f->lock);
+    if (atomic_load_explicit(&f->done, memory_order_relaxed)) {
+        pthread_mutex_unlock(&f->lock);
+        return error_set("rpc future: already completed");
+    }
+    f->value = value;
+    f->error = error;
+    atomic_store_explicit(&f->done, true, memory_order_release);
+    callback_t *c = f->callbacks;
+    f->callbacks = NULL;
+    f->tail = &f->callbacks;
+    pthread_cond_broadcast(&f->cond);
+    /* A callback may drop the last outside reference to f. */
+    rpc_future_ref(f);
+    pthread_mutex_unlock(&f->lock);
+    while (c) {
+        callback_t *next = c->next;
+        c->cb(f, c->arg);
+        free(c);
+        c = next;
+    }
+    rpc_future_unref(f);
+    return 0;
+}
+
+int rpc_future_set_value(rpc_future_t *f, rpc_value_t *value)
+{
+    if (!f)
+        return error_set("rpc_future_set_value: NULL future");
+    if (rpc_future_done(f))   /* cheap early refusal; future_complete decides */
+        return error_set("rpc future: already completed");
+    rpc_value_t *v = value ? rpc_value_ref(value) : rpc_value_none();
+    if (!v)
+        return future_complete(f, NULL, oom_error);
+    if (future_complete(f, v, NULL) < 0) {
+        rpc_value_unref(v);
+        return -1;
+    }
+    return 0;
+}
+
+/* A malloc'ed copy of the formatted text (never empty: that would read as
+   "no error"), or oom_error. */
+static char *format_error(const char *fmt, va_list ap)
+{
+    if (!fmt || !fmt[0])
+        fmt = "unknown error";
+    va_list ap2;
+    va_copy(ap2, ap);
+    int n = vsnprintf(NULL, 0, fmt, ap2);
+    va_end(ap2);
+    char *text = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (!text)
+        return oom_error;
+    vsnprintf(text, (size_t)n + 1, fmt, ap);
+    if (!text[0]) {
+        free(text);
+        text = strdup("unknown error");
+    }
+    return text ? text : oom_error;
+}
+
+int rpc_future_set_error(rpc_future_t *f, const char *fmt, ...)
+{
+    if (!f)
+        return error_set("rpc_future_set_error: NULL future");
+    if (rpc_future_done(f))
+        return error_set("rpc future: already completed");
+    va_list ap;
+    va_start(ap, fmt);
+    char *text = format_error(fmt, ap);
+    va_end(ap);
+    if (future_complete(f, NULL, text) < 0) {
+        if (text != oom_error)
+            free(text);
+        return -1;
+    }
+    return 0;
+}
+
+bool rpc_future_done(const rpc_future_t *f)
+{
+    return f && atomic_load_explicit(&((rpc_future_t *)f)->done, memory_order_acquire);
+}
+
+rpc_value_t *rpc_future_value(const rpc_future_t *f)
+{
+    return rpc_future_done(f) ? f->value : NULL;
+}
+
+const char *rpc_future_error(const rpc_future_t *f)
+{
+    return rpc_future_done(f) && f->error ? f->error : "";
+}
+
+/* The outcome of a completed future as a return code (error text set). */
+static int future_result(const rpc_future_t *f)
+{
+    if (f->error)
+        return error_set("%s", f->error);
+    return 0;
+}
+
+int rpc_future_wait(rpc_future_t *f, int64_t timeout_ms)
+{
+    if (!f)
+        return error_set("rpc_future_wait: NULL future");
+    if (rpc_future_done(f))
+        return future_result(f);
+    deadline_t d = deadline_in(timeout_ms);
+    pthread_mutex_lock(&f->lock);
+    while (!atomic_load_explicit(&f->done, memory_order_relaxed))
+        if (!cond_wait_until(&f->cond, &f->lock, &d) &&
+            !atomic_load_explicit(&f->done, memory_order_relaxed)) {
+            pthread_mutex_unlock(&f->lock);
+            return error_set("timed out after %" PRId64 " ms", timeout_ms);
+        }
+    pthread_mutex_unlock(&f->lock);
+    return future_result(f);
+}
+
+/* Adds a callback; runs it at once (outside the lock) when f is complete. */
+static int future_add(rpc_future_t *f, rpc_future_cb *cb, void (*drop)(void *), void *arg,
+                      callback_t **added)
+{
+    if (added)
+        *added = NULL;
+    if (rpc_future_done(f)) {
+        cb(f, arg);
+        return 0;
+    }
+    callback_t *c = malloc(sizeof *c);
+    if (!c)
+        return error_set("rpc_future_then: out of memory");
+    c->cb = cb;
+    c->drop = drop;
+    c->arg = arg;
+    c->next = NULL;
+    pthread_mutex_lock(&f->lock);
+    if (atomic_load_explicit(&f->done, memory_order_relaxed)) {
+        pthread_mutex_unlock(&f->lock);
+        free(c);
+        cb(f, arg);
+        return 0;
+    }
+    *f->tail = c;
+    f->tail = &c->next;
+    pthread_mutex_unlock(&f->lock);
+    if (added)
+        *added = c;
+    return 0;
+}
+
+/* Takes c out of f's pending callbacks. False when completion already took it
+   (it has run or is about to run). */
+static bool future_remove(rpc_future_t *f, callback_t *c)
+{
+    bool found = false;
+    pthread_mutex_lock(&f->lock);
+    for (callback_t **p = &f->callbacks; *p; p = &(*p)->next)
+        if (*p == c) {
+            *p = c->next;
+            if (f->tail == &c->next)
+                f->tail = p;
+            found = true;
+            break;
+        }
+    pthread_mutex_unlock(&f->lock);
+    if (found)
+        free(c);
+    return found;
+}
+
+int rpc_future_then(rpc_future_t *f, rpc_future_cb *cb, void *arg)
+{
+    if (!f || !cb)
+        return error_set("rpc_future_then: NULL %s", f ? "callback" : "future");
+    return future_add(f, cb, NULL, arg, NULL);
+}
+
+/* ---- waiting for several futures ---- */
+
+/* Shared by one wait_all/wait_any call and the callbacks it registered; each
+   holds a reference, since a callback may run after the call has returned. */
+typedef struct {
+    atomic_int refcount;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    callback_t **added;        /* per future: registered callback or NULL */
+} waiter_t;
+
+static void waiter_unref(void *arg)
+{
+    waiter_t *w = arg;
+    if (atomic_fetch_sub_explicit(&w->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    pthread_cond_destroy(&w->cond);
+    pthread_mutex_destroy(&w->lock);
+    free(w->added);
+    free(w);
+}
+
+static void waiter_signal(rpc_future_t *f, void *arg)
+{
+    (void)f;
+    waiter_t *w = arg;
+    /* Locking orders the signal after the waiter's check of the futures. */
+    pthread_mutex_lock(&w->lock);
+    pthread_cond_broadcast(&w->cond);
+    pthread_mutex_unlock(&w->lock);
+    waiter_unref(w);
+}
+
+/* Unregisters from every future; callbacks already taken by a completion
+   keep their reference and drop it when they run. */
+static void waiter_leave(waiter_t *w, rpc_future_t *const *fs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (w->added[i] && future_remove(fs[i], w->added[i]))
+            waiter_unref(w);
+    waiter_unref(w);
+}
+
+static waiter_t *waiter_join(rpc_future_t *const *fs, int n)
+{
+    waiter_t *w = calloc(1, sizeof *w);
+    if (w)
+        w->added = calloc((size_t)n, sizeof *w->added);
+    if (!w || !w->added || cond_init_monotonic(&w->cond) < 0) {
+        if (w)
+            free(w->added);
+        free(w);
+        error_set("rpc future: out of memory for a waiter");
+        return NULL;
+    }
+    pthread_mutex_init(&w->lock, NULL);
+    atomic_init(&w->refcount, 1);
+    for (int i = 0; i < n; i++) {
+        if (rpc_future_done(fs[i]))
+            continue;
+        atomic_fetch_add(&w->refcount, 1);
+        if (future_add(fs[i], waiter_signal, waiter_unref, w, &w->added[i]) < 0) {
+            waiter_unref(w);
+            waiter_leave(w, fs, i);
+            return NULL;
+        }
+    }
+    return w;
+}
+
+static int check_array(const char *fn, rpc_future_t *const *fs, int n)
+{
+    if (n < 0 || (n > 0 && !fs))
+        return error_set("%s: bad array of %d futures", fn, n);
+    for (int i = 0; i < n; i++)
+        if (!fs[i])
+            return error_set("%s: future %d is NULL", fn, i);
+    return 0;
+}
+
+/* wait_all's verdict so far: 1 all done with values, -1 a failure (error set),
+   0 still waiting. */
+static int all_state(rpc_future_t *const *fs, int n, int *n_done)
+{
+    *n_done = 0;
+    for (int i = 0; i < n; i++) {
+        if (!rpc_future_done(fs[i]))
+            continue;
+        if (fs[i]->error)
+            return future_result(fs[i]);
+        (*n_done)++;
+    }
+    return *n_done == n ? 1 : 0;
+}
+
+int rpc_future_wait_all(rpc_future_t *const *fs, int n, int64_t timeout_ms)
+{
+    if (check_array("rpc_future_wait_all", fs, n) < 0)
+        return -1;
+    int n_done;
+    int state = all_state(fs, n, &n_done);
+    if (state != 0)
+        return state > 0 ? 0 : -1;
+    deadline_t d = deadline_in(timeout_ms);
+    waiter_t *w = waiter_join(fs, n);
+    if (!w)
+        return -1;
+    pthread_mutex_lock(&w->lock);
+    while ((state = all_state(fs, n, &n_done)) == 0)
+        if (!cond_wait_until(&w->cond, &w->lock, &d) &&
+            (state = all_state(fs, n, &n_done)) == 0) {
+            error_set("timed out after %" PRId64 " ms (%d of %d futures done)", timeout_ms,
+                      n_done, n);
+            state = -1;
+            break;
+        }
+    pthread_mutex_unlock(&w->lock);
+    waiter_leave(w, fs, n);
+    return state > 0 ? 0 : -1;
+}
+
+static int first_done(rpc_future_t *const *fs, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (rpc_future_done(fs[i]))
+            return i;
+    return -1;
+}
+
+int rpc_future_wait_any(rpc_future_t *const *fs, int n, int64_t timeout_ms, int *index)
+{
+    if (check_array("rpc_future_wait_any", fs, n) < 0)
+        return -1;
+    if (n == 0)
+        return error_set("rpc_future_wait_any: no futures");
+    int i = first_done(fs, n);
+    if (i < 0) {
+        deadline_t d = deadline_in(timeout_ms);
+        waiter_t *w = waiter_join(fs, n);
+        if (!w)
+            return -1;
+        pthread_mutex_lock(&w->lock);
+        while ((i = first_done(fs, n)) < 0)
+            if (!cond_wait_until(&w->cond, &w->lock, &d) && (i = first_done(fs, n)) < 0)
+                break;
+        pthread_mutex_unlock(&w->lock);
+        waiter_leave(w, fs, n);
+        if (i < 0)
+            return error_set("timed out after %" PRId64 " ms (none of %d futures done)",
+                             timeout_ms, n);
+    }
+    if (index)
+        *index = i;
+    return 0;
+}

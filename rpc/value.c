@@ -1,0 +1,604 @@
+/*  value.c: the tagged values an RPC carries. */
+#include "rpc/value.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/error.h"
+#include "rpc/codec.h"
+
+struct rpc_value {
+    atomic_int refcount;
+    rpc_value_kind_t kind;
+    union {
+        int64_t i;
+        double f;
+        struct {
+            char *data;     /* strings keep a terminating NUL past len */
+            size_t len;
+        } s;
+        tensor_t *t;
+        rpc_rref_t *r;
+        struct {
+            rpc_value_t **items;
+            size_t len, cap;
+        } list;
+    } u;
+};
+
+/* Atomic so that an agent starting while other threads build values is not a
+   data race; the hooks never change while RRefs are alive. */
+static _Atomic(rpc_rref_hook_fn *) rref_ref_hook;
+static _Atomic(rpc_rref_hook_fn *) rref_unref_hook;
+
+void rpc_value_set_rref_hooks(rpc_rref_hook_fn *ref, rpc_rref_hook_fn *unref)
+{
+    atomic_store(&rref_ref_hook, ref);
+    atomic_store(&rref_unref_hook, unref);
+}
+
+static void rref_unref(rpc_rref_t *r)
+{
+    rpc_rref_hook_fn *fn = atomic_load(&rref_unref_hook);
+    if (fn && r)
+        fn(r);
+}
+
+static rpc_value_t *value_new(rpc_value_kind_t kind)
+{
+    rpc_value_t *v = calloc(1, sizeof *v);
+    if (!v) {
+        error_set("rpc value: out of memory");
+        return NULL;
+    }
+    atomic_init(&v->refcount, 1);
+    v->kind = kind;
+    return v;
+}
+
+rpc_value_t *rpc_value_none(void)
+{
+    return value_new(RPC_NONE);
+}
+
+rpc_value_t *rpc_value_int(int64_t i)
+{
+    rpc_value_t *v = value_new(RPC_INT);
+    if (v)
+        v->u.i = i;
+    return v;
+}
+
+rpc_value_t *rpc_value_float(double f)
+{
+    rpc_value_t *v = value_new(RPC_FLOAT);
+    if (v)
+        v->u.f = f;
+    return v;
+}
+
+static rpc_value_t *value_blob(rpc_value_kind_t kind, const void *data, size_t len)
+{
+    if (len == SIZE_MAX) {
+        error_set("rpc value: %s too long", rpc_value_kind_name(kind));
+        return NULL;
+    }
+    rpc_value_t *v = value_new(kind);
+    if (!v)
+        return NULL;
+    v->u.s.data = malloc(len + 1);
+    if (!v->u.s.data) {
+        free(v);
+        error_set("rpc value: out of memory for a %zu-byte %s", len,
+                  rpc_value_kind_name(kind));
+        return NULL;
+    }
+    if (len)
+        memcpy(v->u.s.data, data, len);
+    v->u.s.data[len] = '\0';
+    v->u.s.len = len;
+    return v;
+}
+
+rpc_value_t *rpc_value_string(const char *s)
+{
+    if (!s) {
+        error_set("rpc_value_string: NULL string");
+        return NULL;
+    }
+    return value_blob(RPC_STRING, s, strlen(s));
+}
+
+rpc_value_t *rpc_value_string_len(const char *s, size_t len)
+{
+    if (!s && len) {
+        error_set("rpc_value_string: NULL string of %zu bytes", len);
+        return NULL;
+    }
+    if (len && memchr(s, 0, len)) {
+        error_set("rpc_value_string: NUL byte inside a string");
+        return NULL;
+    }
+    return value_blob(RPC_STRING, s, len);
+}
+
+rpc_value_t *rpc_value_bytes(const void *data, size_t len)
+{
+    if (!data && len) {
+        error_set("rpc_value_bytes: NULL data for %zu bytes", len);
+        return NULL;
+    }
+    return value_blob(RPC_BYTES, data, len);
+}
+
+rpc_value_t *rpc_value_tensor(tensor_t *t)
+{
+    if (!t) {
+        error_set("rpc_value_tensor: NULL tensor");
+        return NULL;
+    }
+    rpc_value_t *v = value_new(RPC_TENSOR);
+    if (v)
+        v->u.t = tensor_ref(t);
+    return v;
+}
+
+rpc_value_t *rpc_value_rref_adopt(rpc_rref_t *r)
+{
+    if (!r) {
+        error_set("rpc_value_rref: NULL RRef");
+        return NULL;
+    }
+    rpc_value_t *v = value_new(RPC_RREF);
+    if (!v) {
+        rref_unref(r);
+        return NULL;
+    }
+    v->u.r = r;
+    return v;
+}
+
+rpc_value_t *rpc_value_rref(rpc_rref_t *r)
+{
+    if (!r) {
+        error_set("rpc_value_rref: NULL RRef");
+        return NULL;
+    }
+    rpc_rref_hook_fn *fn = atomic_load(&rref_ref_hook);
+    if (fn)
+        fn(r);
+    return rpc_value_rref_adopt(r);
+}
+
+rpc_value_t *rpc_value_list(size_t capacity)
+{
+    rpc_value_t *v = value_new(RPC_LIST);
+    if (!v)
+        return NULL;
+    if (capacity > SIZE_MAX / sizeof(rpc_value_t *))
+        capacity = 0;   /* absurd hint: grow on demand instead */
+    if (capacity) {
+        v->u.list.items = malloc(capacity * sizeof(rpc_value_t *));
+        if (!v->u.list.items) {
+            free(v);
+            error_set("rpc value: out of memory for a list of %zu", capacity);
+            return NULL;
+        }
+        v->u.list.cap = capacity;
+    }
+    return v;
+}
+
+int rpc_list_append(rpc_value_t *list, rpc_value_t *item)
+{
+    if (!item) {
+        /* Typically a failed constructor: keep its error text. */
+        return error_wrap("rpc_list_append: NULL item");
+    }
+    if (!list || list->kind != RPC_LIST) {
+        rpc_value_unref(item);
+        return error_set("rpc_list_append: expected list, got %s",
+                         list ? rpc_value_kind_name(list->kind) : "NULL");
+    }
+    if (item == list) {
+        rpc_value_unref(item);
+        return error_set("rpc_list_append: a list cannot contain itself");
+    }
+    if (list->u.list.len == list->u.list.cap) {
+        size_t cap = list->u.list.cap ? list->u.list.cap * 2 : 4;
+        rpc_value_t **items = NULL;
+        if (cap <= SIZE_MAX / sizeof *items)
+            items = realloc(list->u.list.items, cap * sizeof *items);
+        if (!items) {
+            rpc_value_unref(item);
+            return error_set("rpc_list_append: out of memory");
+        }
+        list->u.list.items = items;
+        list->u.list.cap = cap;
+    }
+    list->u.list.items[list->u.list.len++] = item;
+    return 0;
+}
+
+static rpc_value_t *args_item(char c, va_list *ap)
+{
+    switch (c) {
+    case 'i': return rpc_value_int(va_arg(*ap, int64_t));
+    case 'f': return rpc_value_float(va_arg(*ap, double));
+    case 's': return rpc_value_string(va_arg(*ap, const char *));
+    case 't': return rpc_value_tensor(va_arg(*ap, tensor_t *));
+    case 'r': return rpc_value_rref(va_arg(*ap, rpc_rref_t *));
+    case 'n': return rpc_value_none();
+    case 'b': {
+        const void *data = va_arg(*ap, const void *);
+        return rpc_value_bytes(data, va_arg(*ap, size_t));
+    }
+    case 'v': {
+        rpc_value_t *v = va_arg(*ap, rpc_value_t *);
+        if (!v)
+            error_set("NULL value");
+        return v;
+    }
+    }
+    return NULL;
+}
+
+/* Consumes one argument without building anything, so that an earlier error
+   text survives; only 'v' values need releasing. */
+static void args_skip(char c, va_list *ap)
+{
+    switch (c) {
+    case 'i': (void)va_arg(*ap, int64_t); break;
+    case 'f': (void)va_arg(*ap, double); break;
+    case 's': (void)va_arg(*ap, const char *); break;
+    case 't': (void)va_arg(*ap, tensor_t *); break;
+    case 'r': (void)va_arg(*ap, rpc_rref_t *); break;
+    case 'b': (void)va_arg(*ap, const void *); (void)va_arg(*ap, size_t); break;
+    case 'v': rpc_value_unref(va_arg(*ap, rpc_value_t *)); break;
+    }
+}
+
+rpc_value_t *rpc_args(const char *spec, ...)
+{
+    if (!spec) {
+        error_set("rpc_args: NULL spec");
+        return NULL;
+    }
+    /* Check the spec first: with an unknown letter the types of the varargs
+       are unknown, so nothing can be consumed safely. */
+    size_t n = strlen(spec);
+    for (size_t i = 0; i < n; i++)
+        if (!strchr("ifstrnbv", spec[i])) {
+            error_set("rpc_args: unknown letter '%c' in spec \"%s\"", spec[i], spec);
+            return NULL;
+        }
+    rpc_value_t *list = rpc_value_list(n);
+    va_list ap;
+    va_start(ap, spec);
+    /* After a failure keep walking so that every 'v' value is released. */
+    int failed = list ? -1 : 0;
+    for (size_t i = 0; i < n; i++) {
+        if (failed >= 0) {
+            args_skip(spec[i], &ap);
+            continue;
+        }
+        rpc_value_t *item = args_item(spec[i], &ap);
+        if (!item) {
+            error_wrap("rpc_args: argument %zu ('%c')", i, spec[i]);
+            failed = (int)i;
+            continue;
+        }
+        list->u.list.items[list->u.list.len++] = item;   /* capacity n: no growth */
+    }
+    va_end(ap);
+    if (failed >= 0) {
+        rpc_value_unref(list);
+        return NULL;
+    }
+    return list;
+}
+
+rpc_value_t *rpc_value_ref(rpc_value_t *v)
+{
+    if (v)
+        atomic_fetch_add_explicit(&v->refcount, 1, memory_order_relaxed);
+    return v;
+}
+
+void rpc_value_unref(rpc_value_t *v)
+{
+    if (!v || atomic_fetch_sub_explicit(&v->refcount, 1, memory_order_acq_rel) != 1)
+        return;
+    switch (v->kind) {
+    case RPC_STRING:
+    case RPC_BYTES:
+        free(v->u.s.data);
+        break;
+    case RPC_TENSOR:
+        tensor_unref(v->u.t);
+        break;
+    case RPC_RREF:
+        rref_unref(v->u.r);
+        break;
+    case RPC_LIST:
+        for (size_t i = 0; i < v->u.list.len; i++)
+            rpc_value_unref(v->u.list.items[i]);
+        free(v->u.list.items);
+        break;
+    default:
+        break;
+    }
+    free(v);
+}
+
+rpc_value_kind_t rpc_value_kind(const rpc_value_t *v)
+{
+    return v ? v->kind : RPC_NONE;
+}
+
+const char *rpc_value_kind_name(rpc_value_kind_t kind)
+{
+    switch (kind) {
+    case RPC_NONE: return "none";
+    case RPC_INT: return "int";
+    case RPC_FLOAT: return "float";
+    case RPC_STRING: return "string";
+    case RPC_BYTES: return "bytes";
+    case RPC_TENSOR: return "tensor";
+    case RPC_RREF: return "rref";
+    case RPC_LIST: return "list";
+    }
+    return "?";
+}
+
+static int expect(const rpc_value_t *v, rpc_value_kind_t kind)
+{
+    if (!v)
+        return error_set("expected %s, got NULL", rpc_value_kind_name(kind));
+    if (v->kind != kind)
+        return error_set("expected %s, got %s", rpc_value_kind_name(kind),
+                         rpc_value_kind_name(v->kind));
+    return 0;
+}
+
+int rpc_value_get_int(const rpc_value_t *v, int64_t *out)
+{
+    if (expect(v, RPC_INT) < 0)
+        return -1;
+    *out = v->u.i;
+    return 0;
+}
+
+int rpc_value_get_float(const rpc_value_t *v, double *out)
+{
+    if (v && v->kind == RPC_INT) {
+        *out = (double)v->u.i;
+        return 0;
+    }
+    if (expect(v, RPC_FLOAT) < 0)
+        return -1;
+    *out = v->u.f;
+    return 0;
+}
+
+int rpc_value_get_string(const rpc_value_t *v, const char **out)
+{
+    if (expect(v, RPC_STRING) < 0)
+        return -1;
+    *out = v->u.s.data;
+    return 0;
+}
+
+int rpc_value_get_bytes(const rpc_value_t *v, const void **data, size_t *len)
+{
+    if (expect(v, RPC_BYTES) < 0)
+        return -1;
+    *data = v->u.s.data;
+    *len = v->u.s.len;
+    return 0;
+}
+
+int rpc_value_get_tensor(const rpc_value_t *v, tensor_t **out)
+{
+    if (expect(v, RPC_TENSOR) < 0)
+        return -1;
+    *out = v->u.t;
+    return 0;
+}
+
+int rpc_value_get_rref(const rpc_value_t *v, rpc_rref_t **out)
+{
+    if (expect(v, RPC_RREF) < 0)
+        return -1;
+    *out = v->u.r;
+    return 0;
+}
+
+size_t rpc_list_len(const rpc_value_t *v)
+{
+    return v && v->kind == RPC_LIST ? v->u.list.len : 0;
+}
+
+rpc_value_t *rpc_list_get(const rpc_value_t *v, size_t i)
+{
+    return v && v->kind == RPC_LIST && i < v->u.list.len ? v->u.list.items[i] : NULL;
+}
+
+static const rpc_value_t *arg(const rpc_value_t *args, size_t i)
+{
+    if (!args || args->kind != RPC_LIST) {
+        error_set("arguments: expected list, got %s",
+                  args ? rpc_value_kind_name(args->kind) : "NULL");
+        return NULL;
+    }
+    if (i >= args->u.list.len) {
+        error_set("argument %zu missing (%zu given)", i, args->u.list.len);
+        return NULL;
+    }
+    return args->u.list.items[i];
+}
+
+/* Typed argument access: the accessor's error gets the argument's index. */
+#define ARG_ACCESS(get, ...)                                  \
+    do {                                                      \
+        const rpc_value_t *a = arg(args, i);                  \
+        if (!a)                                               \
+            return -1;                                        \
+        if (get(a, __VA_ARGS__) < 0)                          \
+            return error_wrap("argument %zu", i);             \
+        return 0;                                             \
+    } while (0)
+
+int rpc_arg_int(const rpc_value_t *args, size_t i, int64_t *out)
+{
+    ARG_ACCESS(rpc_value_get_int, out);
+}
+
+int rpc_arg_float(const rpc_value_t *args, size_t i, double *out)
+{
+    ARG_ACCESS(rpc_value_get_float, out);
+}
+
+int rpc_arg_string(const rpc_value_t *args, size_t i, const char **out)
+{
+    ARG_ACCESS(rpc_value_get_string, out);
+}
+
+int rpc_arg_tensor(const rpc_value_t *args, size_t i, tensor_t **out)
+{
+    ARG_ACCESS(rpc_value_get_tensor, out);
+}
+
+int rpc_arg_rref(const rpc_value_t *args, size_t i, rpc_rref_t **out)
+{
+    ARG_ACCESS(rpc_value_get_rref, out);
+}
+
+int rpc_arg_bytes(const rpc_value_t *args, size_t i, const void **data, size_t *len)
+{
+    ARG_ACCESS(rpc_value_get_bytes, data, len);
+}
+
+static bool tensor_equal(const tensor_t *a, const tensor_t *b)
+{
+    if (a == b)
+        return true;
+    return tensor_dtype(a) == tensor_dtype(b) && tensor_same_shape(a, b) &&
+           memcmp(tensor_raw(a), tensor_raw(b), tensor_nbytes(a)) == 0;
+}
+
+bool rpc_value_equal(const rpc_value_t *a, const rpc_value_t *b)
+{
+    if (a == b)
+        return true;
+    if (!a || !b || a->kind != b->kind)
+        return false;
+    switch (a->kind) {
+    case RPC_NONE: return true;
+    case RPC_INT: return a->u.i == b->u.i;
+    case RPC_FLOAT: return memcmp(&a->u.f, &b->u.f, sizeof a->u.f) == 0;
+    case RPC_STRING:
+    case RPC_BYTES:
+        return a->u.s.len == b->u.s.len && memcmp(a->u.s.data, b->u.s.data, a->u.s.len) == 0;
+    case RPC_TENSOR: return tensor_equal(a->u.t, b->u.t);
+    case RPC_RREF: return a->u.r == b->u.r;
+    case RPC_LIST:
+        if (a->u.list.len != b->u.list.len)
+            return false;
+        for (size_t i = 0; i < a->u.list.len; i++)
+            if (!rpc_value_equal(a->u.list.items[i], b->u.list.items[i]))
+                return false;
+        return true;
+    }
+    return false;
+}
+
+/* A bounded appender: writes what fits, remembers whether anything did not. */
+typedef struct {
+    char *buf;
+    size_t size, len;
+    bool full;
+} fmt_t;
+
+static void fmt_add(fmt_t *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void fmt_add(fmt_t *f, const char *fmt, ...)
+{
+    if (f->full)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(f->buf + f->len, f->size - f->len, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= f->size - f->len) {
+        f->full = true;
+        f->len = f->size - 1;
+    } else {
+        f->len += (size_t)n;
+    }
+}
+
+static void fmt_value(fmt_t *f, const rpc_value_t *v, int depth)
+{
+    char shape[128];
+    if (!v) {
+        fmt_add(f, "NULL");
+        return;
+    }
+    switch (v->kind) {
+    case RPC_NONE: fmt_add(f, "none"); break;
+    case RPC_INT: fmt_add(f, "%" PRId64, v->u.i); break;
+    case RPC_FLOAT: fmt_add(f, "%.17g", v->u.f); break;
+    case RPC_STRING:
+        fmt_add(f, "\"");
+        for (size_t i = 0; i < v->u.s.len && !f->full; i++) {
+            unsigned char c = (unsigned char)v->u.s.data[i];
+            if (c == '"' || c == '\\')
+                fmt_add(f, "\\%c", c);
+            else if (c < 0x20 || c >= 0x7f)
+                fmt_add(f, "\\x%02x", c);
+            else
+                fmt_add(f, "%c", c);
+        }
+        fmt_add(f, "\"");
+        break;
+    case RPC_BYTES: fmt_add(f, "bytes(%zu)", v->u.s.len); break;
+    case RPC_TENSOR:
+        fmt_add(f, "tensor %s %s", tensor_dtype_name(tensor_dtype(v->u.t)),
+                tensor_shape_str(v->u.t, shape, sizeof shape));
+        break;
+    case RPC_RREF: fmt_add(f, "rref@%p", (void *)v->u.r); break;
+    case RPC_LIST:
+        if (depth >= RPC_CODEC_MAX_DEPTH) {
+            fmt_add(f, "[...]");
+            break;
+        }
+        fmt_add(f, "[");
+        for (size_t i = 0; i < v->u.list.len && !f->full; i++) {
+            if (i)
+                fmt_add(f, ", ");
+            fmt_value(f, v->u.list.items[i], depth + 1);
+        }
+        fmt_add(f, "]");
+        break;
+    }
+}
+
+char *rpc_value_format(const rpc_value_t *v, char *buf, size_t size)
+{
+    if (!buf || size == 0)
+        return buf;
+    fmt_t f = {buf, size, 0, false};
+    buf[0] = '\0';
+    fmt_value(&f, v, 0);
+    if (f.full) {
+        size_t dots = size > 4 ? 3 : size - 1;
+        memset(buf + size - 1 - dots, '.', dots);
+        buf[size - 1] = '\0';
+    }
+    return buf;
+}
