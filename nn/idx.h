@@ -1,0 +1,37 @@
+/*  idx.h: reading and writing IDX files (the MNIST file format), plain or gzip.
+
+    Layout (../shared/golden/README.md): bytes 00 00, an element type byte
+    (0x08 uint8, 0x0D float32), a byte ndims, ndims big-endian u32 dimensions
+    (outermost first), then the elements row-major, big-endian. A file is
+    exactly 4 + 4*ndims + count*elemsize bytes: anything shorter or longer is
+    an error.
+
+    A file starting with the gzip magic (1f 8b) is decompressed on the fly,
+    whatever its name; any other file is read as it is.
+
+    Error texts name the file and what is wrong with it ("idx: <path>: ..."). */
+#ifndef ZDIST_IDX_H
+#define ZDIST_IDX_H
+
+#include "autograd/tensor.h"
+
+#define IDX_TYPE_U8  0x08
+#define IDX_TYPE_F32 0x0D
+
+/*  Reads an IDX file (plain or gzip). uint8 data becomes a TENSOR_U8 tensor,
+    float32 data a TENSOR_F32 tensor, both with the file's shape. Other
+    element types, a bad magic, 0 or more than 8 dimensions, dimensions
+    whose product overflows, and a size that disagrees with the dimensions
+    (truncated or trailing data) are refused. Returns 0 and sets *out (the
+    caller owns the reference), or -1 with *out NULL and error_last() set. */
+int idx_load(const char *path, tensor_t **out);
+
+/*  Writes t (TENSOR_U8 or TENSOR_F32, 1 to 8 dimensions, each < 2^32) as an
+    IDX file: gzip-compressed when path ends in ".gz", plain otherwise.
+    Returns 0, or -1 with error_last() set (a partial file may remain). */
+int idx_save(const char *path, const tensor_t *t);
+
+/*  idx_save for float32 tensors only (refuses any other dtype). */
+int idx_save_f32(const char *path, const tensor_t *t);
+
+#endif

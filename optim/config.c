@@ -1,0 +1,283 @@
+/*  config.c: hyper-parameters: defaults, checks, text form. */
+#include <ctype.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "autograd/error.h"
+#include "optim/optim_private.h"
+
+#define K_SGD (1u << OPTIM_SGD)
+#define K_ADAM (1u << OPTIM_ADAM | 1u << OPTIM_ADAMW)
+#define K_ADAGRAD (1u << OPTIM_ADAGRAD)
+#define K_RMSPROP (1u << OPTIM_RMSPROP)
+#define K_ALL (K_SGD | K_ADAM | K_ADAGRAD | K_RMSPROP)
+
+/*  Every field with the kinds that read it, in the order the text form
+    lists them. */
+static const struct {
+    const char *key;
+    size_t offset;
+    bool is_bool;
+    unsigned kinds;
+} fields[] = {
+    { "lr", offsetof(optim_config_t, lr), false, K_ALL },
+    { "alpha", offsetof(optim_config_t, alpha), false, K_RMSPROP },
+    { "beta1", offsetof(optim_config_t, beta1), false, K_ADAM },
+    { "beta2", offsetof(optim_config_t, beta2), false, K_ADAM },
+    { "lr_decay", offsetof(optim_config_t, lr_decay), false, K_ADAGRAD },
+    { "momentum", offsetof(optim_config_t, momentum), false, K_SGD | K_RMSPROP },
+    { "dampening", offsetof(optim_config_t, dampening), false, K_SGD },
+    { "eps", offsetof(optim_config_t, eps), false, K_ADAM | K_ADAGRAD | K_RMSPROP },
+    { "weight_decay", offsetof(optim_config_t, weight_decay), false, K_ALL },
+    { "initial_accumulator_value", offsetof(optim_config_t, initial_accumulator_value), false,
+      K_ADAGRAD },
+    { "nesterov", offsetof(optim_config_t, nesterov), true, K_SGD },
+    { "amsgrad", offsetof(optim_config_t, amsgrad), true, K_ADAM },
+    { "centered", offsetof(optim_config_t, centered), true, K_RMSPROP },
+    { "maximize", offsetof(optim_config_t, maximize), true, K_ALL },
+};
+#define N_FIELDS (sizeof fields / sizeof fields[0])
+
+static const char *const kind_names[] = { NULL, "sgd", "adam", "adamw", "adagrad", "rmsprop" };
+static const char *const class_names[] = { NULL, "SGD", "Adam", "AdamW", "Adagrad", "RMSprop" };
+
+static bool valid_kind(optim_kind_t kind)
+{
+    return kind >= OPTIM_SGD && kind <= OPTIM_RMSPROP;
+}
+
+const char *optim_kind_name(optim_kind_t kind)
+{
+    return valid_kind(kind) ? kind_names[kind] : "?";
+}
+
+int optim_kind_from_name(const char *name, optim_kind_t *kind)
+{
+    for (int k = OPTIM_SGD; k <= OPTIM_RMSPROP; k++)
+        if (strcasecmp(name, kind_names[k]) == 0) {
+            *kind = (optim_kind_t)k;
+            return 0;
+        }
+    return error_set("optimizer: unknown kind '%s' (sgd, adam, adamw, adagrad, rmsprop)", name);
+}
+
+optim_config_t optim_defaults(optim_kind_t kind)
+{
+    optim_config_t c = { .kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+                         .alpha = 0.99 };
+    switch (kind) {
+    case OPTIM_SGD:
+        c.lr = NAN;
+        break;
+    case OPTIM_ADAMW:
+        c.weight_decay = 1e-2;
+        break;
+    case OPTIM_ADAGRAD:
+        c.lr = 1e-2;
+        c.eps = 1e-10;
+        break;
+    case OPTIM_RMSPROP:
+        c.lr = 1e-2;
+        break;
+    default:
+        break;
+    }
+    return c;
+}
+
+optim_config_t optim_sgd_defaults(double lr)
+{
+    optim_config_t c = optim_defaults(OPTIM_SGD);
+    c.lr = lr;
+    return c;
+}
+
+optim_config_t optim_adam_defaults(void) { return optim_defaults(OPTIM_ADAM); }
+optim_config_t optim_adamw_defaults(void) { return optim_defaults(OPTIM_ADAMW); }
+optim_config_t optim_adagrad_defaults(void) { return optim_defaults(OPTIM_ADAGRAD); }
+optim_config_t optim_rmsprop_defaults(void) { return optim_defaults(OPTIM_RMSPROP); }
+
+/*  The shortest text that reads back as exactly v. */
+static const char *shortest(double v, char *buf, size_t size)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, size, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v)
+            break;
+    }
+    return buf;
+}
+
+/*  The same with ".0" on whole numbers, as Python prints floats (PyTorch's
+    messages show them that way). */
+static const char *py_float(double v, char *buf, size_t size)
+{
+    shortest(v, buf, size);
+    if (isfinite(v) && !strpbrk(buf, ".e"))
+        strncat(buf, ".0", size - strlen(buf) - 1);
+    return buf;
+}
+
+/*  "not 0 <= v" as Python writes it: NaN fails too. */
+static bool nonneg(double v)
+{
+    return v >= 0.0;
+}
+
+int optim_config_check(const optim_config_t *c)
+{
+    char s[40];
+    if (!valid_kind(c->kind))
+        return error_set("optimizer: unknown kind %d", (int)c->kind);
+    const char *k = class_names[c->kind];
+    if (c->kind == OPTIM_SGD && isnan(c->lr))
+        return error_set("SGD: lr is required (PyTorch's SGD has no default learning rate)");
+    if (!nonneg(c->lr))
+        return error_set("%s: Invalid learning rate: %s", k, py_float(c->lr, s, sizeof s));
+    if (!nonneg(c->weight_decay))
+        return error_set("%s: Invalid weight_decay value: %s", k,
+                         py_float(c->weight_decay, s, sizeof s));
+    if (c->kind != OPTIM_SGD && !nonneg(c->eps))
+        return error_set("%s: Invalid epsilon value: %s", k, py_float(c->eps, s, sizeof s));
+    switch (c->kind) {
+    case OPTIM_SGD:
+        if (!nonneg(c->momentum))
+            return error_set("SGD: Invalid momentum value: %s", py_float(c->momentum, s, sizeof s));
+        if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
+            return error_set("SGD: Nesterov momentum requires a momentum and zero dampening");
+        break;
+    case OPTIM_ADAM:
+    case OPTIM_ADAMW:
+        if (!(c->beta1 >= 0.0 && c->beta1 < 1.0))
+            return error_set("%s: Invalid beta parameter at index 0: %s", k,
+                             py_float(c->beta1, s, sizeof s));
+        if (!(c->beta2 >= 0.0 && c->beta2 < 1.0))
+            return error_set("%s: Invalid beta parameter at index 1: %s", k,
+                             py_float(c->beta2, s, sizeof s));
+        break;
+    case OPTIM_ADAGRAD:
+        if (!nonneg(c->lr_decay))
+            return error_set("Adagrad: Invalid lr_decay value: %s",
+                             py_float(c->lr_decay, s, sizeof s));
+        if (!nonneg(c->initial_accumulator_value))
+            return error_set("Adagrad: Invalid initial_accumulator_value value: %s",
+                             py_float(c->initial_accumulator_value, s, sizeof s));
+        break;
+    case OPTIM_RMSPROP:
+        if (!nonneg(c->momentum))
+            return error_set("RMSprop: Invalid momentum value: %s",
+                             py_float(c->momentum, s, sizeof s));
+        if (!nonneg(c->alpha))
+            return error_set("RMSprop: Invalid alpha value: %s", py_float(c->alpha, s, sizeof s));
+        break;
+    }
+    return 0;
+}
+
+int optim_config_format(const optim_config_t *c, char *buf, size_t size)
+{
+    if (!valid_kind(c->kind))
+        return error_set("optimizer: unknown kind %d", (int)c->kind);
+    char num[40];
+    int n = snprintf(buf, size, "%s", kind_names[c->kind]);
+    if (n < 0)
+        return error_set("optimizer: cannot format the config");
+    size_t off = (size_t)n;
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        if (!(fields[i].kinds & 1u << c->kind))
+            continue;
+        char *dst = off < size ? buf + off : NULL;
+        size_t room = off < size ? size - off : 0;
+        const char *field = (const char *)c + fields[i].offset;
+        if (fields[i].is_bool)
+            n = snprintf(dst, room, " %s=%d", fields[i].key, *(const bool *)field ? 1 : 0);
+        else
+            n = snprintf(dst, room, " %s=%s", fields[i].key,
+                         shortest(*(const double *)field, num, sizeof num));
+        if (n < 0)
+            return error_set("optimizer: cannot format the config");
+        off += (size_t)n;
+    }
+    return (int)off;
+}
+
+static int parse_pair(optim_config_t *c, const char *tok, size_t len)
+{
+    const char *eq = memchr(tok, '=', len);
+    if (!eq)
+        return error_set("optimizer config: '%.*s' is not key=value", (int)len, tok);
+    size_t klen = (size_t)(eq - tok);
+    char value[64];
+    size_t vlen = len - klen - 1;
+    if (vlen == 0 || vlen >= sizeof value)
+        return error_set("optimizer config: bad value in '%.*s'", (int)len, tok);
+    memcpy(value, eq + 1, vlen);
+    value[vlen] = '\0';
+    for (size_t i = 0; i < N_FIELDS; i++) {
+        if (strlen(fields[i].key) != klen || memcmp(fields[i].key, tok, klen) != 0)
+            continue;
+        if (!(fields[i].kinds & 1u << c->kind))
+            return error_set("optimizer config: %s has no '%s'", class_names[c->kind],
+                             fields[i].key);
+        char *field = (char *)c + fields[i].offset;
+        if (fields[i].is_bool) {
+            bool v;
+            if (!strcmp(value, "1") || !strcasecmp(value, "true"))
+                v = true;
+            else if (!strcmp(value, "0") || !strcasecmp(value, "false"))
+                v = false;
+            else
+                return error_set("optimizer config: %s=%s is not a boolean (0, 1, true, "
+                                 "false)", fields[i].key, value);
+            *(bool *)field = v;
+        } else {
+            char *end;
+            double v = strtod(value, &end);
+            if (*end)
+                return error_set("optimizer config: %s=%s is not a number", fields[i].key,
+                                 value);
+            *(double *)field = v;
+        }
+        return 0;
+    }
+    return error_set("optimizer config: unknown key '%.*s'", (int)klen, tok);
+}
+
+int optim_config_parse(const char *text, optim_config_t *cfg)
+{
+    const char *p = text;
+    optim_config_t c;
+    bool have_kind = false;
+    while (*p) {
+        while (isspace((unsigned char)*p))
+            p++;
+        size_t len = 0;
+        while (p[len] && !isspace((unsigned char)p[len]))
+            len++;
+        if (len == 0)
+            break;
+        if (!have_kind) {
+            char name[16];
+            if (len >= sizeof name)
+                return error_set("optimizer config: unknown kind '%.*s'", (int)len, p);
+            memcpy(name, p, len);
+            name[len] = '\0';
+            optim_kind_t kind = OPTIM_SGD;
+            if (optim_kind_from_name(name, &kind) < 0)
+                return -1;
+            c = optim_defaults(kind);
+            have_kind = true;
+        } else if (parse_pair(&c, p, len) < 0) {
+            return -1;
+        }
+        p += len;
+    }
+    if (!have_kind)
+        return error_set("optimizer config: empty text (expected '<kind> key=value ...')");
+    *cfg = c;
+    return 0;
+}

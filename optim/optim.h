@@ -1,0 +1,155 @@
+/*  optim.h: local optimizers with PyTorch 1.13's update rules and defaults.
+
+    SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW (with
+    AMSGrad), Adagrad and RMSprop (centered, momentum), all with maximize.
+    An optimizer is created over an array of float32 leaf parameters and
+    keeps per-parameter state (momentum buffers, moment estimates, step
+    counts), created at a parameter's first step as PyTorch does. A step
+    updates the parameters in place, element by element, without recording
+    anything for autograd.
+
+    The hyper-parameters are one plain value, optim_config_t (kind plus
+    numbers, no pointers), which can be copied, compared, and sent to
+    another process as text (optim_config_format / optim_config_parse): a
+    DistributedOptimizer creates one local optimizer per owner from it.
+
+    Thread safety: every function taking an optim_t locks the optimizer, so
+    two threads may step the same optimizer (their steps run one after the
+    other). The parameters' contents are not locked: a forward pass reading
+    them during a step sees a mix of old and new values, as in PyTorch. */
+#ifndef ZDIST_OPTIM_H
+#define ZDIST_OPTIM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "autograd/tensor.h"
+
+typedef enum {
+    OPTIM_SGD = 1,
+    OPTIM_ADAM,
+    OPTIM_ADAMW,
+    OPTIM_ADAGRAD,
+    OPTIM_RMSPROP,
+} optim_kind_t;
+
+/*  Hyper-parameters. Each kind reads only its own fields (listed with
+    PyTorch's defaults); the others are ignored.
+
+      SGD:     lr (required), momentum 0, dampening 0, weight_decay 0,
+               nesterov false, maximize false
+      Adam:    lr 1e-3, beta1 0.9, beta2 0.999, eps 1e-8, weight_decay 0
+               (L2: added to the gradient), amsgrad false, maximize false
+      AdamW:   as Adam but weight_decay 1e-2, decoupled: p *= 1 - lr*wd
+      Adagrad: lr 1e-2, lr_decay 0, weight_decay 0,
+               initial_accumulator_value 0, eps 1e-10, maximize false
+      RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0,
+               centered false, maximize false */
+typedef struct {
+    optim_kind_t kind;
+    double lr;
+    double momentum;
+    double dampening;
+    double weight_decay;
+    double beta1, beta2;
+    double eps;
+    double lr_decay;
+    double initial_accumulator_value;
+    double alpha;
+    bool nesterov;
+    bool amsgrad;
+    bool centered;
+    bool maximize;
+} optim_config_t;
+
+typedef struct optim optim_t;
+
+/*  Defaults per kind. SGD has no default learning rate in PyTorch, so it
+    takes one. */
+optim_config_t optim_sgd_defaults(double lr);
+optim_config_t optim_adam_defaults(void);
+optim_config_t optim_adamw_defaults(void);
+optim_config_t optim_adagrad_defaults(void);
+optim_config_t optim_rmsprop_defaults(void);
+
+/*  Defaults of any kind; for SGD lr is NaN ("required"), which
+    optim_config_check refuses until set. */
+optim_config_t optim_defaults(optim_kind_t kind);
+
+/*  "sgd", "adam", "adamw", "adagrad", "rmsprop"; "?" for anything else. */
+const char *optim_kind_name(optim_kind_t kind);
+
+/*  The kind named (case-insensitive: "SGD", "Adam", "AdamW", "Adagrad",
+    "RMSprop"). Returns 0, or -1 for an unknown name. */
+int optim_kind_from_name(const char *name, optim_kind_t *kind);
+
+/*  Checks hyper-parameters as PyTorch's constructors do ("Invalid learning
+    rate: -0.1", "Nesterov momentum requires a momentum and zero
+    dampening", "Invalid beta parameter at index 0: 1", ...). Returns 0, or
+    -1 with error_last() set. */
+int optim_config_check(const optim_config_t *cfg);
+
+/*  Text form: the kind and every field the kind uses, as key=value with
+    enough digits to read back the same doubles, e.g.
+    "sgd lr=0.03 momentum=0.9 dampening=0 weight_decay=0.0001 nesterov=0
+    maximize=0". Returns the length it needed (as snprintf), or -1. */
+int optim_config_format(const optim_config_t *cfg, char *buf, size_t size);
+
+/*  Parses "<kind> [key=value ...]": the kind's defaults, overridden by the
+    pairs given (booleans as 0/1/true/false). Unknown keys, keys of another
+    kind, and malformed numbers are errors. Does not check ranges (see
+    optim_config_check). Returns 0, or -1. */
+int optim_config_parse(const char *text, optim_config_t *cfg);
+
+/*  New optimizer over n float32 leaf parameters (taking a reference on
+    each). Refuses invalid hyper-parameters, an empty list, non-float32,
+    non-leaf or repeated parameters. Returns NULL on failure. */
+optim_t *optim_new(const optim_config_t *cfg, int n, tensor_t *const *params);
+
+/*  Frees the optimizer and drops its parameter references (NULL-safe). */
+void optim_free(optim_t *opt);
+
+/*  One step with explicit gradients: grads[i] is the gradient of params[i]
+    (same shape, float32), or NULL to leave that parameter (and its state)
+    untouched, as PyTorch skips parameters without .grad. All gradients are
+    checked before anything changes: on -1 no parameter moved. */
+int optim_step(optim_t *opt, tensor_t *const *grads);
+
+/*  optim_step with each parameter's own .grad (tensor_grad()). */
+int optim_step_grad(optim_t *opt);
+
+/*  Resets the parameters' .grad: drops it when set_to_none (PyTorch 2's
+    default), else fills it with zeros (PyTorch 1.13's default; such a
+    parameter is still stepped, with a zero gradient). */
+void optim_zero_grad(optim_t *opt, bool set_to_none);
+
+/*  Accessors. The config is a copy; optim_param returns a borrowed tensor. */
+optim_config_t optim_config(optim_t *opt);
+int optim_n_params(const optim_t *opt);
+tensor_t *optim_param(const optim_t *opt, int i);
+
+/*  Changes the learning rate for later steps (for schedules). Returns 0, or
+    -1 for a negative or NaN lr. */
+int optim_set_lr(optim_t *opt, double lr);
+
+/*  ---- state (to checkpoint an optimizer and resume) ----
+    The state is a list of named tensors, as PyTorch's state_dict()["state"]:
+    "<i>.<slot>" for parameter i, slots momentum_buffer (SGD, RMSprop),
+    exp_avg, exp_avg_sq, max_exp_avg_sq (Adam, AdamW), sum (Adagrad),
+    square_avg, grad_avg (RMSprop), and "<i>.step" (int64, shape (1)) for
+    the kinds that count steps. Parameters not stepped yet have no entry. */
+
+/*  Copies the state out: *names (n strings) and *tensors (n new tensors),
+    to release with optim_state_free(). Returns 0, or -1. */
+int optim_state_export(optim_t *opt, int *n, char ***names, tensor_t ***tensors);
+
+/*  Replaces the whole state with the given entries (copied), which must be
+    exactly what optim_state_export of an optimizer of the same kind,
+    flags and parameter shapes produces. All or nothing. Returns 0, or -1
+    with error_last() naming the entry. */
+int optim_state_import(optim_t *opt, int n, const char *const *names,
+                       tensor_t *const *tensors);
+
+void optim_state_free(int n, char **names, tensor_t **tensors);
+
+#endif
