@@ -1,0 +1,177 @@
+/*  blas.c: the GEMM used by every layer, and the choice of OpenBLAS kernels.
+
+    OpenBLAS 0.3.21 (Debian 12) picks its kernels by CPU model number at
+    load time; CPUs newer than the release (Emerald Rapids, for one) fall back
+    to the generic SSE3 "Prescott" kernels, four times slower than the
+    AVX-512 ones the CPU can run. OpenBLAS lets OPENBLAS_CORETYPE override
+    the choice, but only before it loads; so when that variable is unset and
+    the generic kernels were chosen on a CPU with AVX-512 (or AVX2), a
+    constructor here redoes OpenBLAS's own initialisation
+    (gotoblas_dynamic_quit/init, exported by DYNAMIC_ARCH builds) with the
+    variable set. It runs before main(), when no BLAS call can be in flight.
+    Builds without those symbols are left alone. */
+#include "nn/nn_private.h"
+
+#include <cblas.h>
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "autograd/error.h"
+#include "nn/nn.h"
+
+typedef char *(corename_fn)(void);
+typedef void (dynamic_fn)(void);
+
+static corename_fn *lookup_corename(void)
+{
+    corename_fn *fn;
+    *(void **)&fn = dlsym(RTLD_DEFAULT, "openblas_get_corename");
+    return fn;
+}
+
+static const char *better_coretype(void)
+{
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512cd"))
+        return "SkylakeX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return "Haswell";
+    return NULL;
+}
+
+__attribute__((constructor)) static void choose_blas_kernels(void)
+{
+    if (getenv("OPENBLAS_CORETYPE"))
+        return;
+    corename_fn *corename = lookup_corename();
+    dynamic_fn *quit, *init;
+    *(void **)&quit = dlsym(RTLD_DEFAULT, "gotoblas_dynamic_quit");
+    *(void **)&init = dlsym(RTLD_DEFAULT, "gotoblas_dynamic_init");
+    if (!corename || !quit || !init)
+        return;
+    const char *now = corename();
+    const char *want = better_coretype();
+    if (!now || strcasecmp(now, "Prescott") != 0 || !want)
+        return;
+    setenv("OPENBLAS_CORETYPE", want, 1);
+    quit();
+    init();
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
+const char *nn_blas_corename(void)
+{
+    corename_fn *corename = lookup_corename();
+    const char *name = corename ? corename() : NULL;
+    return name ? name : "unknown";
+}
+
+/*  Plain loops for tiny products, arranged so the innermost loop runs over
+    contiguous memory of C and B. */
+static void small_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
+                       int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    for (int i = 0; i < m; i++) {
+        float *ci = c + (size_t)i * ldc;
+        if (beta == 0.0f)
+            memset(ci, 0, sizeof(float) * (size_t)n);
+        else if (beta != 1.0f)
+            for (int j = 0; j < n; j++)
+                ci[j] *= beta;
+        if (!tb) {
+            for (int p = 0; p < k; p++) {
+                float av = alpha * (ta ? a[(size_t)p * lda + i] : a[(size_t)i * lda + p]);
+                const float *bp = b + (size_t)p * ldb;
+                for (int j = 0; j < n; j++)
+                    ci[j] += av * bp[j];
+            }
+        } else {
+            for (int j = 0; j < n; j++) {
+                const float *bj = b + (size_t)j * ldb;
+                float acc = 0.0f;
+                if (!ta) {
+                    const float *ai = a + (size_t)i * lda;
+                    for (int p = 0; p < k; p++)
+                        acc += ai[p] * bj[p];
+                } else {
+                    for (int p = 0; p < k; p++)
+                        acc += a[(size_t)p * lda + i] * bj[p];
+                }
+                ci[j] += alpha * acc;
+            }
+        }
+    }
+}
+
+void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+              int lda, const float *b, int ldb, float beta, float *c, int ldc)
+{
+    if (m <= 0 || n <= 0)
+        return;
+    if (k <= 0) {
+        small_gemm(false, false, m, n, 0, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    if ((int64_t)m * n * k <= 4096) {
+        small_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
+                ldc);
+}
+
+/*  ---- small shared helpers ---- */
+
+int nn_check_f32(const char *what, const tensor_t *t)
+{
+    if (!t)
+        return error_set("%s is NULL", what);
+    if (tensor_dtype(t) != TENSOR_F32)
+        return error_set("%s: expected float32, got %s", what,
+                         tensor_dtype_name(tensor_dtype(t)));
+    return 0;
+}
+
+int nn_check_ndim(const char *what, const tensor_t *t, int ndim)
+{
+    if (tensor_ndim(t) != ndim) {
+        char s[96];
+        return error_set("%s: expected %d dimensions, got shape %s", what, ndim,
+                         tensor_shape_str(t, s, sizeof s));
+    }
+    return 0;
+}
+
+void nn_free_ctx(autograd_node_t *n)
+{
+    free(autograd_node_ctx(n));
+}
+
+int nn_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
+              tensor_t *s0, tensor_t *s1, tensor_t *s2, void *ctx)
+{
+    autograd_node_t *n;
+    if (autograd_node_new(ops, n_in, in, 1, &n) < 0) {
+        free(ctx);
+        tensor_unref(y);
+        return -1;
+    }
+    if (!n) {
+        free(ctx);
+        return 0;
+    }
+    tensor_t *saved[3] = {s0, s1, s2};
+    for (int i = 0; i < 3; i++)
+        if (saved[i])
+            autograd_node_save(n, i, saved[i]);
+    if (ctx)
+        autograd_node_set_ctx(n, ctx);
+    autograd_node_set_output(n, y);
+    autograd_node_unref(n);
+    return 0;
+}

@@ -1,0 +1,85 @@
+/*  model.h: the two models of the programs, with named parameters.
+
+    "net"     the parameter-server tutorial Net (SPEC P2):
+              conv1 (1->32, 3x3) -> relu -> conv2 (32->64, 3x3) -> max_pool 2
+              -> dropout2d 0.25 -> flatten -> fc1 (9216->128) -> relu
+              -> dropout 0.5 -> fc2 (128->10) -> log_softmax
+    "convnet" the small ConvNet (SPEC Y2):
+              conv1 (1->3, 3x3) -> max_pool 3 -> relu -> flatten (192)
+              -> fc (192->10) -> log_softmax
+
+    Both take x (N,1,28,28) float32 and give log-probabilities (N,10).
+    Parameters are leaf tensors that require grad, named and ordered as
+    PyTorch's named_parameters() ("conv1.weight", "conv1.bias", ...), and
+    initialised like PyTorch's defaults from the constructor's seed.
+
+    A model starts in training mode (dropout active), like PyTorch.
+    Forward passes may run concurrently on one model from several threads
+    (each draws its own dropout masks); switching mode or freeing must not
+    race with them. */
+#ifndef ZDIST_NN_MODEL_H
+#define ZDIST_NN_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "autograd/tensor.h"
+
+typedef struct nn_model nn_model_t;
+
+/*  New models; NULL (error_last()) when out of memory. The seed fixes the
+    initial parameters and the stream of dropout masks. Free with
+    nn_model_free(). */
+nn_model_t *nn_net_new(uint64_t seed);
+nn_model_t *nn_convnet_new(uint64_t seed);
+
+/*  A model by name ("net" or "convnet"); NULL with a message naming the
+    known models otherwise. */
+nn_model_t *nn_model_new(const char *name, uint64_t seed);
+
+/*  Frees the model and drops its parameters (tensors still referenced
+    elsewhere live on). NULL-safe. */
+void nn_model_free(nn_model_t *m);
+
+/*  "net" or "convnet". Borrowed. */
+const char *nn_model_name(const nn_model_t *m);
+
+/*  Training mode (dropout on) or evaluation mode (dropout is the
+    identity); returns the previous mode. */
+bool nn_model_train(nn_model_t *m, bool training);
+bool nn_model_is_training(const nn_model_t *m);
+
+/*  Re-seeds the dropout masks (reproducible training runs). */
+void nn_model_seed_dropout(nn_model_t *m, uint64_t seed);
+
+/*  Forward pass: x (N,1,28,28) gives log-probabilities (N,10), recorded by
+    autograd when grad mode is on. 0 and *logprobs (new reference), or -1. */
+int nn_model_forward(nn_model_t *m, tensor_t *x, tensor_t **logprobs);
+
+/*  The Net in two stages, so that it can be split between processes:
+    forward_conv is conv1 .. flatten, x (N,1,28,28) -> flat (N,9216);
+    forward_fc is fc1 .. log_softmax, flat (N,9216) -> (N,10).
+    nn_model_forward of a "net" is exactly their composition. Both fail on a
+    model that is not a "net". */
+int nn_net_forward_conv(nn_model_t *m, tensor_t *x, tensor_t **flat);
+int nn_net_forward_fc(nn_model_t *m, tensor_t *flat, tensor_t **logprobs);
+
+/*  Parameters, in PyTorch's order. nn_model_param and nn_model_find_param
+    return borrowed tensors (valid while the model lives; take a reference
+    to keep one longer); NULL with error_last() for a bad index or an
+    unknown name. */
+int nn_model_n_params(const nn_model_t *m);
+tensor_t *nn_model_param(const nn_model_t *m, int i);
+const char *nn_model_param_name(const nn_model_t *m, int i);
+tensor_t *nn_model_find_param(const nn_model_t *m, const char *name);
+
+/*  Index of the parameter called name, or -1 (with error_last()). */
+int nn_model_param_index(const nn_model_t *m, const char *name);
+
+/*  Total number of parameter elements. */
+int64_t nn_model_numel(const nn_model_t *m);
+
+/*  Drops every parameter's .grad (zero_grad(set_to_none=True)). */
+void nn_model_zero_grad(nn_model_t *m);
+
+#endif

@@ -1,0 +1,607 @@
+/*  nn models: the "net" and "convnet" golden cases (activations, log-probs,
+    loss, every parameter gradient, one SGD step), the two-stage Net, train
+    and eval modes, parameter names and shapes, initialisation. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "nn/model.h"
+#include "nn/nn.h"
+
+/* ---- golden cases: a minimal test-only reader (IDX + manifest) ---- */
+
+#define MAX_ENTRIES 256
+
+typedef struct {
+    char role[16], name[128], file[128];
+} golden_entry_t;
+
+typedef struct {
+    char dir[1024], kind[64], attrs[600];
+    int n;
+    golden_entry_t e[MAX_ENTRIES];
+} golden_case_t;
+
+static const char *golden_root(void)
+{
+    const char *d = getenv("ZDIST_GOLDEN_DIR");
+    return d && *d ? d : "/work/shared/golden";
+}
+
+static bool golden_load(const char *dir, golden_case_t *c)
+{
+    char path[1100], line[512];
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strncmp(line, "# kind: ", 8) == 0)
+            snprintf(c->kind, sizeof c->kind, "%.63s", line + 8);
+        else if (strncmp(line, "# attrs:", 8) == 0)
+            snprintf(c->attrs, sizeof c->attrs, " %s ", line + 8);
+        else if (line[0] && line[0] != '#' && c->n < MAX_ENTRIES) {
+            golden_entry_t *e = &c->e[c->n];
+            if (sscanf(line, "%15s %127s %127s", e->role, e->name, e->file) == 3)
+                c->n++;
+        }
+    }
+    fclose(f);
+    return c->kind[0] != 0;
+}
+
+/*  Every case folder under the golden root whose manifest has this kind. */
+static int golden_list(const char *kind, golden_case_t **out)
+{
+    DIR *d = opendir(golden_root());
+    assert_non_null(d);
+    struct dirent *de;
+    int n = 0;
+    golden_case_t *cases = NULL;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", golden_root(), de->d_name);
+        golden_case_t *c = malloc(sizeof *c);
+        assert_non_null(c);
+        if (golden_load(dir, c) && strcmp(c->kind, kind) == 0) {
+            cases = realloc(cases, sizeof *cases * (size_t)(n + 1));
+            assert_non_null(cases);
+            cases[n++] = *c;
+        }
+        free(c);
+    }
+    closedir(d);
+    *out = cases;
+    return n;
+}
+
+static double golden_attr(const golden_case_t *c, const char *key, double dflt)
+{
+    char pat[80];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(c->attrs, pat);
+    return p ? atof(p + strlen(pat)) : dflt;
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static tensor_t *idx_read(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    unsigned char h[4 + 4 * 8];
+    assert_int_equal(fread(h, 1, 4, f), 4);
+    int type = h[2], nd = h[3];
+    assert_true(nd >= 1 && nd <= 8);
+    assert_int_equal(fread(h + 4, 4, (size_t)nd, f), (size_t)nd);
+    int64_t shape[8], count = 1;
+    for (int i = 0; i < nd; i++)
+        count *= shape[i] = be32(h + 4 + 4 * i);
+    tensor_t *t;
+    if (type == 0x0D) {
+        t = tensor_empty(TENSOR_F32, nd, shape);
+        unsigned char *raw = malloc((size_t)count * 4 + 1);
+        assert_int_equal(fread(raw, 4, (size_t)count, f), (size_t)count);
+        for (int64_t i = 0; i < count; i++) {
+            uint32_t v = be32(raw + 4 * i);
+            memcpy(tensor_data(t) + i, &v, 4);
+        }
+        free(raw);
+    } else {
+        assert_int_equal(type, 0x08);
+        t = tensor_empty(TENSOR_U8, nd, shape);
+        assert_int_equal(fread(tensor_raw(t), 1, (size_t)count, f), (size_t)count);
+    }
+    fclose(f);
+    return t;
+}
+
+/*  The tensor with this role and name, or NULL when the case has none. */
+static tensor_t *golden_get(const golden_case_t *c, const char *role, const char *name)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->e[i].role, role) == 0 && strcmp(c->e[i].name, name) == 0) {
+            char path[1300];
+            snprintf(path, sizeof path, "%s/%s", c->dir, c->e[i].file);
+            return idx_read(path);
+        }
+    }
+    return NULL;
+}
+
+static tensor_t *golden_need(const golden_case_t *c, const char *role, const char *name)
+{
+    tensor_t *t = golden_get(c, role, name);
+    if (!t)
+        fail_msg("%s: no %s %s", c->dir, role, name);
+    return t;
+}
+
+/*  |a - e| <= 1e-5 + 1e-4 |e| everywhere, same shape. */
+static void assert_close(const char *what, const golden_case_t *c, tensor_t *a, tensor_t *e)
+{
+    char sa[96], se[96];
+    assert_non_null(a);
+    if (tensor_numel(a) != tensor_numel(e))
+        fail_msg("%s %s: shape %s, expected %s", c->dir, what, tensor_shape_str(a, sa, 96),
+                 tensor_shape_str(e, se, 96));
+    const float *pa = tensor_data(a), *pe = tensor_data(e);
+    for (int64_t i = 0; i < tensor_numel(e); i++)
+        if (!(fabsf(pa[i] - pe[i]) <= 1e-5f + 1e-4f * fabsf(pe[i])))
+            fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i,
+                     (double)pa[i], (double)pe[i]);
+}
+
+/*  "fc1.weight[rows=0,15,117,127]" -> base name and the row list. */
+static int parse_rows(const char *entry, char *base, size_t size, int64_t *rows, int max)
+{
+    const char *br = strstr(entry, "[rows=");
+    if (!br) {
+        snprintf(base, size, "%s", entry);
+        return 0;
+    }
+    snprintf(base, size, "%.*s", (int)(br - entry), entry);
+    int n = 0;
+    const char *p = br + 6;
+    while (*p && *p != ']' && n < max) {
+        rows[n++] = strtoll(p, (char **)&p, 10);
+        if (*p == ',')
+            p++;
+    }
+    return n;
+}
+
+/*  The given rows of t (dim 0), as a new tensor. */
+static tensor_t *take_rows(tensor_t *t, const int64_t *rows, int n)
+{
+    int64_t shape[8];
+    memcpy(shape, tensor_shape(t), sizeof(int64_t) * (size_t)tensor_ndim(t));
+    int64_t row = tensor_numel(t) / shape[0];
+    shape[0] = n;
+    tensor_t *r = tensor_empty(TENSOR_F32, tensor_ndim(t), shape);
+    for (int i = 0; i < n; i++) {
+        assert_in_range(rows[i], 0, tensor_size(t, 0) - 1);
+        memcpy(tensor_data(r) + i * row, tensor_data(t) + rows[i] * row,
+               sizeof(float) * (size_t)row);
+    }
+    return r;
+}
+
+static tensor_t *as_i64(tensor_t *t8)
+{
+    tensor_t *t = tensor_empty(TENSOR_I64, 1, tensor_shape(t8));
+    for (int64_t i = 0; i < tensor_numel(t8); i++)
+        tensor_data_i64(t)[i] = ((uint8_t *)tensor_raw(t8))[i];
+    return t;
+}
+
+/*  Copies every golden param into the model (names must all exist). */
+static void load_params(const golden_case_t *c, nn_model_t *m)
+{
+    int loaded = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->e[i].role, "param") != 0)
+            continue;
+        tensor_t *p = nn_model_find_param(m, c->e[i].name);
+        if (!p)
+            fail_msg("%s: %s", c->dir, error_last());
+        tensor_t *v = golden_need(c, "param", c->e[i].name);
+        assert_true(tensor_same_shape(p, v));
+        assert_int_equal(tensor_copy_(p, v), 0);
+        tensor_unref(v);
+        loaded++;
+    }
+    assert_int_equal(loaded, nn_model_n_params(m));
+}
+
+/*  Compares every `grad` entry with the model's gradients (row subsets
+    included). */
+static void check_grads(const golden_case_t *c, nn_model_t *m)
+{
+    int checked = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->e[i].role, "grad") != 0)
+            continue;
+        char base[128];
+        int64_t rows[64];
+        int nrows = parse_rows(c->e[i].name, base, sizeof base, rows, 64);
+        tensor_t *p = nn_model_find_param(m, base);
+        if (!p)
+            fail_msg("%s: %s", c->dir, error_last());
+        tensor_t *g = tensor_grad(p);
+        if (!g)
+            fail_msg("%s: no gradient for %s", c->dir, base);
+        tensor_t *e = golden_need(c, "grad", c->e[i].name);
+        tensor_t *sel = nrows ? take_rows(g, rows, nrows) : tensor_ref(g);
+        assert_close(c->e[i].name, c, sel, e);
+        tensor_unref(sel);
+        tensor_unref(e);
+        tensor_unref(g);
+        checked++;
+    }
+    assert_int_equal(checked, nn_model_n_params(m));
+}
+
+static void check_output(const golden_case_t *c, const char *name, tensor_t *actual)
+{
+    tensor_t *e = golden_need(c, "output", name);
+    assert_close(name, c, actual, e);
+    tensor_unref(e);
+}
+
+/*  The activations the README defines for each kind, recomputed from the
+    ops on the loaded parameters. */
+static void check_activations(const golden_case_t *c, nn_model_t *m, tensor_t *x)
+{
+    tensor_t *a = NULL, *b = NULL, *f = NULL;
+    if (strcmp(c->kind, "net") == 0) {
+        assert_int_equal(nn_net_forward_conv(m, x, &f), 0);
+        check_output(c, "act.flatten", f);
+        assert_int_equal(nn_linear(f, nn_model_find_param(m, "fc1.weight"),
+                                   nn_model_find_param(m, "fc1.bias"), &a), 0);
+        check_output(c, "act.fc1", a);
+        assert_int_equal(nn_relu(a, &b), 0);
+        tensor_unref(a);
+        assert_int_equal(nn_linear(b, nn_model_find_param(m, "fc2.weight"),
+                                   nn_model_find_param(m, "fc2.bias"), &a), 0);
+        check_output(c, "act.fc2", a);
+    } else {
+        tensor_t *conv, *pool;
+        assert_int_equal(nn_conv2d(x, nn_model_find_param(m, "conv1.weight"),
+                                   nn_model_find_param(m, "conv1.bias"), 1, 0, &conv), 0);
+        check_output(c, "act.conv1", conv);
+        assert_int_equal(nn_max_pool2d(conv, 3, 3, &pool), 0);
+        assert_int_equal(nn_relu(pool, &b), 0);
+        assert_int_equal(nn_flatten(b, &f), 0);
+        check_output(c, "act.flatten", f);
+        assert_int_equal(nn_linear(f, nn_model_find_param(m, "fc.weight"),
+                                   nn_model_find_param(m, "fc.bias"), &a), 0);
+        check_output(c, "act.fc", a);
+        tensor_unref(pool);
+        tensor_unref(conv);
+    }
+    tensor_unref(a);
+    tensor_unref(b);
+    tensor_unref(f);
+}
+
+static void run_model_case(const golden_case_t *c)
+{
+    int64_t live = tensor_live_count();
+    nn_model_t *m = nn_model_new(c->kind, 1);
+    assert_non_null(m);
+    load_params(c, m);
+    nn_model_train(m, false);
+    tensor_t *x = golden_need(c, "input", "x");
+    tensor_t *t8 = golden_need(c, "input", "target"), *target = as_i64(t8);
+    assert_int_equal(tensor_size(x, 0), (int64_t)golden_attr(c, "batch", tensor_size(x, 0)));
+
+    bool prev = autograd_set_grad_enabled(false);
+    check_activations(c, m, x);
+    autograd_set_grad_enabled(prev);
+
+    tensor_t *lp, *loss, *loss1;
+    assert_int_equal(nn_model_forward(m, x, &lp), 0);
+    check_output(c, "logprobs", lp);
+    assert_int_equal(nn_nll_loss(lp, target, &loss), 0);
+    assert_int_equal(tensor_reshape(loss, 1, (int64_t[]){1}, &loss1), 0);
+    check_output(c, "loss", loss1);
+    assert_int_equal(autograd_backward(loss, NULL, false), 0);
+    check_grads(c, m);
+
+    /* One plain SGD step with the gradients just computed; the loss at the
+       new parameters must match PyTorch's after the same step. */
+    float lr = (float)golden_attr(c, "sgd_lr", 0.0);
+    tensor_t *after = golden_get(c, "output", "loss.after_sgd");
+    if (after && lr > 0) {
+        for (int i = 0; i < nn_model_n_params(m); i++) {
+            tensor_t *p = nn_model_param(m, i), *g = tensor_grad(p);
+            for (int64_t k = 0; k < tensor_numel(p); k++)
+                tensor_data(p)[k] -= lr * tensor_data(g)[k];
+            tensor_unref(g);
+        }
+        tensor_t *lp2, *l2, *l21;
+        prev = autograd_set_grad_enabled(false);
+        assert_int_equal(nn_model_forward(m, x, &lp2), 0);
+        autograd_set_grad_enabled(prev);
+        assert_int_equal(nn_nll_loss(lp2, t8, &l2), 0);
+        assert_int_equal(tensor_reshape(l2, 1, (int64_t[]){1}, &l21), 0);
+        assert_close("loss.after_sgd", c, l21, after);
+        tensor_unref(l21);
+        tensor_unref(l2);
+        tensor_unref(lp2);
+    }
+    tensor_unref(after);
+    tensor_unref(loss1);
+    tensor_unref(loss);
+    tensor_unref(lp);
+    tensor_unref(target);
+    tensor_unref(t8);
+    tensor_unref(x);
+    nn_model_free(m);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void run_kind(const char *kind)
+{
+    golden_case_t *cases;
+    int n = golden_list(kind, &cases);
+    if (n == 0)
+        fail_msg("no golden case of kind %s under %s", kind, golden_root());
+    for (int i = 0; i < n; i++)
+        run_model_case(&cases[i]);
+    free(cases);
+}
+
+static void test_golden_net(void **s) { (void)s; run_kind("net"); }
+static void test_golden_convnet(void **s) { (void)s; run_kind("convnet"); }
+
+/* ---- structure ---- */
+
+typedef struct {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+} param_spec_t;
+
+static void check_params(nn_model_t *m, const param_spec_t *spec, int n)
+{
+    assert_int_equal(nn_model_n_params(m), n);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        tensor_t *p = nn_model_param(m, i);
+        assert_string_equal(nn_model_param_name(m, i), spec[i].name);
+        assert_ptr_equal(nn_model_find_param(m, spec[i].name), p);
+        assert_int_equal(nn_model_param_index(m, spec[i].name), i);
+        assert_int_equal(tensor_ndim(p), spec[i].ndim);
+        for (int d = 0; d < spec[i].ndim; d++)
+            assert_int_equal(tensor_size(p, d), spec[i].shape[d]);
+        assert_true(tensor_requires_grad(p));
+        assert_true(tensor_is_leaf(p));
+        total += tensor_numel(p);
+    }
+    assert_int_equal(nn_model_numel(m), total);
+    assert_null(nn_model_param(m, n));
+    assert_null(nn_model_param(m, -1));
+    assert_null(nn_model_find_param(m, "fc3.weight"));
+    assert_non_null(strstr(error_last(), "fc3.weight"));
+}
+
+static void test_named_parameters(void **state)
+{
+    (void)state;
+    static const param_spec_t net[] = {
+        {"conv1.weight", 4, {32, 1, 3, 3}}, {"conv1.bias", 1, {32}},
+        {"conv2.weight", 4, {64, 32, 3, 3}}, {"conv2.bias", 1, {64}},
+        {"fc1.weight", 2, {128, 9216}}, {"fc1.bias", 1, {128}},
+        {"fc2.weight", 2, {10, 128}}, {"fc2.bias", 1, {10}},
+    };
+    static const param_spec_t convnet[] = {
+        {"conv1.weight", 4, {3, 1, 3, 3}}, {"conv1.bias", 1, {3}},
+        {"fc.weight", 2, {10, 192}}, {"fc.bias", 1, {10}},
+    };
+    int64_t live = tensor_live_count();
+    nn_model_t *m = nn_net_new(3);
+    assert_string_equal(nn_model_name(m), "net");
+    check_params(m, net, 8);
+    assert_int_equal(nn_model_numel(m), 1199882);
+    nn_model_free(m);
+    m = nn_model_new("convnet", 3);
+    assert_string_equal(nn_model_name(m), "convnet");
+    check_params(m, convnet, 4);
+    tensor_t *flat;
+    tensor_t *x = tensor_zeros4(1, 1, 28, 28);
+    assert_int_equal(nn_net_forward_conv(m, x, &flat), -1);
+    assert_non_null(strstr(error_last(), "not a net"));
+    nn_model_free(m);
+    assert_null(nn_model_new("resnet", 1));
+    assert_non_null(strstr(error_last(), "resnet"));
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_bad_input_is_refused(void **state)
+{
+    (void)state;
+    nn_model_t *m = nn_net_new(1);
+    tensor_t *x = tensor_zeros4(2, 1, 27, 28), *out;
+    assert_int_equal(nn_model_forward(m, x, &out), -1);
+    assert_null(out);
+    assert_non_null(strstr(error_last(), "(2, 1, 27, 28)"));
+    tensor_t *flat = tensor_zeros2(2, 100);
+    assert_int_equal(nn_net_forward_fc(m, flat, &out), -1);
+    assert_non_null(strstr(error_last(), "9216"));
+    tensor_unref(flat);
+    tensor_unref(x);
+    nn_model_free(m);
+}
+
+/* ---- modes ---- */
+
+static tensor_t *random_images(int n, uint64_t seed)
+{
+    nn_rng_t rng;
+    nn_rng_seed(&rng, seed);
+    tensor_t *x = tensor_empty(TENSOR_F32, 4, (int64_t[]){n, 1, 28, 28});
+    for (int64_t i = 0; i < tensor_numel(x); i++)
+        tensor_data(x)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+    return x;
+}
+
+static bool same(tensor_t *a, tensor_t *b)
+{
+    return memcmp(tensor_data(a), tensor_data(b), tensor_nbytes(a)) == 0;
+}
+
+static void test_train_and_eval_modes(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    bool prev = autograd_set_grad_enabled(false);
+    tensor_t *x = random_images(3, 5), *e1, *e2, *t1, *t2, *t3, *flat, *two;
+    nn_model_t *m = nn_net_new(9);
+    assert_true(nn_model_is_training(m));          /* as in PyTorch */
+    assert_true(nn_model_train(m, false));
+    assert_false(nn_model_is_training(m));
+    assert_int_equal(nn_model_forward(m, x, &e1), 0);
+    assert_int_equal(nn_model_forward(m, x, &e2), 0);
+    assert_true(same(e1, e2));                      /* eval: deterministic */
+    /* the two stages compose to the whole */
+    assert_int_equal(nn_net_forward_conv(m, x, &flat), 0);
+    assert_int_equal(nn_net_forward_fc(m, flat, &two), 0);
+    assert_true(same(e1, two));
+
+    nn_model_train(m, true);
+    nn_model_seed_dropout(m, 77);
+    assert_int_equal(nn_model_forward(m, x, &t1), 0);
+    assert_int_equal(nn_model_forward(m, x, &t2), 0);
+    nn_model_seed_dropout(m, 77);
+    assert_int_equal(nn_model_forward(m, x, &t3), 0);
+    assert_false(same(t1, e1));                     /* dropout is active */
+    assert_false(same(t1, t2));                     /* fresh masks each pass */
+    assert_true(same(t1, t3));                      /* reproducible by seed */
+    tensor_t *objs[] = {x, e1, e2, t1, t2, t3, flat, two};
+    for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
+        tensor_unref(objs[i]);
+    nn_model_free(m);
+
+    /* the convnet has no dropout: both modes agree */
+    m = nn_convnet_new(9);
+    x = random_images(2, 6);
+    assert_int_equal(nn_model_forward(m, x, &t1), 0);
+    nn_model_train(m, false);
+    assert_int_equal(nn_model_forward(m, x, &e1), 0);
+    assert_true(same(t1, e1));
+    tensor_unref(t1);
+    tensor_unref(e1);
+    tensor_unref(x);
+    nn_model_free(m);
+    autograd_set_grad_enabled(prev);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_training_step_records_graph(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    nn_model_t *m = nn_net_new(4);
+    tensor_t *x = random_images(2, 8), *lp, *loss;
+    tensor_t *t = tensor_from_data(TENSOR_I64, 1, (int64_t[]){2}, (int64_t[]){3, 7});
+    assert_int_equal(nn_model_forward(m, x, &lp), 0);
+    assert_non_null(tensor_grad_fn(lp));
+    assert_int_equal(nn_cross_entropy(lp, t, &loss), 0);
+    assert_int_equal(autograd_backward(loss, NULL, false), 0);
+    for (int i = 0; i < nn_model_n_params(m); i++) {
+        tensor_t *g = tensor_grad(nn_model_param(m, i));
+        assert_non_null(g);
+        tensor_unref(g);
+    }
+    nn_model_zero_grad(m);
+    for (int i = 0; i < nn_model_n_params(m); i++)
+        assert_null(tensor_grad(nn_model_param(m, i)));
+    tensor_unref(loss);
+    tensor_unref(lp);
+    tensor_unref(t);
+    tensor_unref(x);
+    nn_model_free(m);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+/* ---- initialisation ---- */
+
+static void check_init_stats(nn_model_t *m)
+{
+    for (int i = 0; i < nn_model_n_params(m); i++) {
+        tensor_t *p = nn_model_param(m, i);
+        /* a bias takes the bound of the weight before it */
+        tensor_t *w = nn_model_param(m, i & ~1);
+        double fan_in = (double)tensor_numel(w) / (double)tensor_size(w, 0);
+        double bound = 1.0 / sqrt(fan_in);
+        double sum = 0, sq = 0, mx = 0;
+        const float *d = tensor_data(p);
+        int64_t n = tensor_numel(p);
+        for (int64_t k = 0; k < n; k++) {
+            sum += d[k];
+            sq += (double)d[k] * d[k];
+            mx = fmax(mx, fabs(d[k]));
+        }
+        if (mx > bound)
+            fail_msg("%s: |value| %g above the bound %g", nn_model_param_name(m, i), mx, bound);
+        if (n >= 1000) {
+            /* uniform(-b, b): mean 0, variance b^2/3, largest value near b */
+            double mean = sum / (double)n, var = sq / (double)n - mean * mean;
+            double se = bound / sqrt(3.0 * (double)n);
+            assert_true(fabs(mean) < 5 * se);
+            assert_true(fabs(var / (bound * bound / 3.0) - 1.0) < 10.0 / sqrt((double)n));
+            assert_true(mx > 0.99 * bound);
+        }
+    }
+}
+
+static void test_init(void **state)
+{
+    (void)state;
+    nn_model_t *a = nn_net_new(123), *b = nn_net_new(123), *c = nn_net_new(124);
+    check_init_stats(a);
+    for (int i = 0; i < nn_model_n_params(a); i++) {
+        assert_true(same(nn_model_param(a, i), nn_model_param(b, i)));
+        assert_false(same(nn_model_param(a, i), nn_model_param(c, i)));
+    }
+    nn_model_t *d = nn_convnet_new(5);
+    check_init_stats(d);
+    nn_model_free(d);
+    nn_model_free(c);
+    nn_model_free(b);
+    nn_model_free(a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_net),
+        cmocka_unit_test(test_golden_convnet),
+        cmocka_unit_test(test_named_parameters),
+        cmocka_unit_test(test_bad_input_is_refused),
+        cmocka_unit_test(test_train_and_eval_modes),
+        cmocka_unit_test(test_training_step_records_graph),
+        cmocka_unit_test(test_init),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,546 @@
+/*  nn ops: every single-op golden case (forward and every gradient against
+    PyTorch), error reporting, dropout semantics, argmax/accuracy, the
+    random generator. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "nn/nn.h"
+#include "nn/rng.h"
+
+/* ---- golden cases: a minimal test-only reader (IDX + manifest) ---- */
+
+#define MAX_ENTRIES 256
+
+typedef struct {
+    char role[16], name[128], file[128];
+} golden_entry_t;
+
+typedef struct {
+    char dir[1024], kind[64], attrs[600];
+    int n;
+    golden_entry_t e[MAX_ENTRIES];
+} golden_case_t;
+
+static const char *golden_root(void)
+{
+    const char *d = getenv("ZDIST_GOLDEN_DIR");
+    return d && *d ? d : "/work/shared/golden";
+}
+
+static bool golden_load(const char *dir, golden_case_t *c)
+{
+    char path[1100], line[512];
+    memset(c, 0, sizeof *c);
+    snprintf(c->dir, sizeof c->dir, "%s", dir);
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        if (strncmp(line, "# kind: ", 8) == 0)
+            snprintf(c->kind, sizeof c->kind, "%.63s", line + 8);
+        else if (strncmp(line, "# attrs:", 8) == 0)
+            snprintf(c->attrs, sizeof c->attrs, " %s ", line + 8);
+        else if (line[0] && line[0] != '#' && c->n < MAX_ENTRIES) {
+            golden_entry_t *e = &c->e[c->n];
+            if (sscanf(line, "%15s %127s %127s", e->role, e->name, e->file) == 3)
+                c->n++;
+        }
+    }
+    fclose(f);
+    return c->kind[0] != 0;
+}
+
+/*  Every case folder under the golden root whose manifest has this kind. */
+static int golden_list(const char *kind, golden_case_t **out)
+{
+    DIR *d = opendir(golden_root());
+    assert_non_null(d);
+    struct dirent *de;
+    int n = 0;
+    golden_case_t *cases = NULL;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.')
+            continue;
+        char dir[1024];
+        snprintf(dir, sizeof dir, "%s/%s", golden_root(), de->d_name);
+        golden_case_t *c = malloc(sizeof *c);
+        assert_non_null(c);
+        if (golden_load(dir, c) && strcmp(c->kind, kind) == 0) {
+            cases = realloc(cases, sizeof *cases * (size_t)(n + 1));
+            assert_non_null(cases);
+            cases[n++] = *c;
+        }
+        free(c);
+    }
+    closedir(d);
+    *out = cases;
+    return n;
+}
+
+static double golden_attr(const golden_case_t *c, const char *key, double dflt)
+{
+    char pat[80];
+    snprintf(pat, sizeof pat, " %s=", key);
+    const char *p = strstr(c->attrs, pat);
+    return p ? atof(p + strlen(pat)) : dflt;
+}
+
+static uint32_t be32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+static tensor_t *idx_read(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s", path);
+    unsigned char h[4 + 4 * 8];
+    assert_int_equal(fread(h, 1, 4, f), 4);
+    int type = h[2], nd = h[3];
+    assert_true(nd >= 1 && nd <= 8);
+    assert_int_equal(fread(h + 4, 4, (size_t)nd, f), (size_t)nd);
+    int64_t shape[8], count = 1;
+    for (int i = 0; i < nd; i++)
+        count *= shape[i] = be32(h + 4 + 4 * i);
+    tensor_t *t;
+    if (type == 0x0D) {
+        t = tensor_empty(TENSOR_F32, nd, shape);
+        unsigned char *raw = malloc((size_t)count * 4 + 1);
+        assert_int_equal(fread(raw, 4, (size_t)count, f), (size_t)count);
+        for (int64_t i = 0; i < count; i++) {
+            uint32_t v = be32(raw + 4 * i);
+            memcpy(tensor_data(t) + i, &v, 4);
+        }
+        free(raw);
+    } else {
+        assert_int_equal(type, 0x08);
+        t = tensor_empty(TENSOR_U8, nd, shape);
+        assert_int_equal(fread(tensor_raw(t), 1, (size_t)count, f), (size_t)count);
+    }
+    fclose(f);
+    return t;
+}
+
+/*  The tensor with this role and name, or NULL when the case has none. */
+static tensor_t *golden_get(const golden_case_t *c, const char *role, const char *name)
+{
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->e[i].role, role) == 0 && strcmp(c->e[i].name, name) == 0) {
+            char path[1300];
+            snprintf(path, sizeof path, "%s/%s", c->dir, c->e[i].file);
+            return idx_read(path);
+        }
+    }
+    return NULL;
+}
+
+static tensor_t *golden_need(const golden_case_t *c, const char *role, const char *name)
+{
+    tensor_t *t = golden_get(c, role, name);
+    if (!t)
+        fail_msg("%s: no %s %s", c->dir, role, name);
+    return t;
+}
+
+/*  |a - e| <= 1e-5 + 1e-4 |e| everywhere, same shape. */
+static void assert_close(const char *what, const golden_case_t *c, tensor_t *a, tensor_t *e)
+{
+    char sa[96], se[96];
+    assert_non_null(a);
+    if (tensor_numel(a) != tensor_numel(e))
+        fail_msg("%s %s: shape %s, expected %s", c->dir, what, tensor_shape_str(a, sa, 96),
+                 tensor_shape_str(e, se, 96));
+    const float *pa = tensor_data(a), *pe = tensor_data(e);
+    for (int64_t i = 0; i < tensor_numel(e); i++)
+        if (!(fabsf(pa[i] - pe[i]) <= 1e-5f + 1e-4f * fabsf(pe[i])))
+            fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i,
+                     (double)pa[i], (double)pe[i]);
+}
+
+static void assert_grad(const char *what, const golden_case_t *c, tensor_t *leaf)
+{
+    tensor_t *e = golden_need(c, "grad", what);
+    tensor_t *g = tensor_grad(leaf);
+    if (!g)
+        fail_msg("%s: no gradient for %s", c->dir, what);
+    assert_close(what, c, g, e);
+    tensor_unref(g);
+    tensor_unref(e);
+}
+
+static tensor_t *leaf_from(const golden_case_t *c, const char *role, const char *name)
+{
+    tensor_t *t = golden_need(c, role, name);
+    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    return t;
+}
+
+/*  Shared shape of the single-op checks: y = op(x [, weight, bias]), then
+    backward with dy; the op itself is passed as a callback. */
+typedef int (op_fn)(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b,
+                    tensor_t **y);
+
+static void run_kind(const char *kind, op_fn *op, bool has_params)
+{
+    golden_case_t *cases;
+    int n = golden_list(kind, &cases);
+    if (n == 0)
+        fail_msg("no golden case of kind %s under %s", kind, golden_root());
+    for (int i = 0; i < n; i++) {
+        const golden_case_t *c = &cases[i];
+        int64_t live = tensor_live_count();
+        tensor_t *x = leaf_from(c, "input", "x");
+        tensor_t *w = has_params ? leaf_from(c, "param", "weight") : NULL;
+        tensor_t *b = has_params ? golden_get(c, "param", "bias") : NULL;
+        if (b)
+            assert_int_equal(tensor_set_requires_grad(b, true), 0);
+        tensor_t *dy = golden_need(c, "input", "dy");
+        tensor_t *ey = golden_need(c, "output", "y");
+        tensor_t *y = NULL;
+        if (op(c, x, w, b, &y) < 0)
+            fail_msg("%s: %s", c->dir, error_last());
+        assert_close("y", c, y, ey);
+        if (autograd_backward(y, dy, false) < 0)
+            fail_msg("%s: backward: %s", c->dir, error_last());
+        assert_grad("x", c, x);
+        if (w)
+            assert_grad("weight", c, w);
+        if (b)
+            assert_grad("bias", c, b);
+        tensor_unref(y);
+        tensor_unref(ey);
+        tensor_unref(dy);
+        tensor_unref(b);
+        tensor_unref(w);
+        tensor_unref(x);
+        assert_int_equal(tensor_live_count(), live);
+    }
+    free(cases);
+}
+
+static int op_conv(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+{
+    assert_int_equal((int)golden_attr(c, "dilation", 1), 1);
+    assert_int_equal((int)golden_attr(c, "groups", 1), 1);
+    return nn_conv2d(x, w, b, (int)golden_attr(c, "stride", 1), (int)golden_attr(c, "padding", 0),
+                     y);
+}
+
+static int op_pool(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+{
+    (void)w, (void)b;
+    int k = (int)golden_attr(c, "kernel_size", 0);
+    assert_int_equal((int)golden_attr(c, "padding", 0), 0);
+    assert_int_equal((int)golden_attr(c, "ceil_mode", 0), 0);
+    return nn_max_pool2d(x, k, (int)golden_attr(c, "stride", k), y);
+}
+
+static int op_linear(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+{
+    (void)c;
+    return nn_linear(x, w, b, y);
+}
+
+static int op_relu(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+{
+    (void)c, (void)w, (void)b;
+    return nn_relu(x, y);
+}
+
+static int op_log_softmax(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b,
+                          tensor_t **y)
+{
+    (void)w, (void)b;
+    return nn_log_softmax(x, (int)golden_attr(c, "dim", 1), y);
+}
+
+/*  The golden loss is stored as a 1-element 1-D tensor; ours is a scalar
+    of the same element, so reshape for the comparison. Targets come as
+    uint8: run with them as int64 (the usual dtype). */
+static int op_nll(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+{
+    (void)w, (void)b;
+    tensor_t *t8 = golden_need(c, "input", "target");
+    tensor_t *t64 = tensor_empty(TENSOR_I64, 1, tensor_shape(t8));
+    for (int64_t i = 0; i < tensor_numel(t8); i++)
+        tensor_data_i64(t64)[i] = ((uint8_t *)tensor_raw(t8))[i];
+    tensor_t *loss;
+    int rc = nn_nll_loss(x, t64, &loss);
+    assert_int_equal(rc, 0);
+    assert_int_equal(tensor_ndim(loss), 0);
+    /* uint8 targets give the same value */
+    tensor_t *loss8;
+    assert_int_equal(nn_nll_loss(x, t8, &loss8), 0);
+    assert_true(tensor_data(loss8)[0] == tensor_data(loss)[0]);
+    tensor_unref(loss8);
+    rc = tensor_reshape(loss, 1, (int64_t[]){1}, y);
+    tensor_unref(loss);
+    tensor_unref(t64);
+    tensor_unref(t8);
+    return rc;
+}
+
+static void test_golden_conv2d(void **s) { (void)s; run_kind("conv2d", op_conv, true); }
+static void test_golden_max_pool2d(void **s) { (void)s; run_kind("max_pool2d", op_pool, false); }
+static void test_golden_linear(void **s) { (void)s; run_kind("linear", op_linear, true); }
+static void test_golden_relu(void **s) { (void)s; run_kind("relu", op_relu, false); }
+static void test_golden_log_softmax(void **s)
+{
+    (void)s;
+    run_kind("log_softmax", op_log_softmax, false);
+}
+static void test_golden_nll_loss(void **s) { (void)s; run_kind("nll_loss", op_nll, false); }
+
+/* ---- errors ---- */
+
+static void expect_error(int rc, tensor_t *out, const char *needle)
+{
+    assert_int_equal(rc, -1);
+    assert_null(out);
+    if (!strstr(error_last(), needle))
+        fail_msg("error '%s' does not mention '%s'", error_last(), needle);
+}
+
+static void test_errors_are_reported(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    tensor_t *x = tensor_zeros4(2, 3, 5, 5), *w = tensor_zeros4(4, 2, 3, 3);
+    tensor_t *w3 = tensor_zeros4(4, 3, 3, 3), *b5 = tensor_zeros1(5), *out = NULL;
+    expect_error(nn_conv2d(x, w, NULL, 1, 0, &out), out, "channels");
+    expect_error(nn_conv2d(x, w3, b5, 1, 0, &out), out, "bias");
+    expect_error(nn_conv2d(x, w3, NULL, 0, 0, &out), out, "stride");
+    tensor_t *big = tensor_zeros4(1, 3, 7, 7);
+    expect_error(nn_conv2d(x, big, NULL, 1, 0, &out), out, "larger");
+    tensor_t *flat = tensor_zeros2(2, 75);
+    expect_error(nn_conv2d(flat, w3, NULL, 1, 0, &out), out, "dimensions");
+    expect_error(nn_max_pool2d(x, 6, 0, &out), out, "larger");
+    expect_error(nn_max_pool2d(flat, 2, 0, &out), out, "dimensions");
+    tensor_t *lw = tensor_zeros2(3, 74);
+    expect_error(nn_linear(flat, lw, NULL, &out), out, "75");
+    expect_error(nn_dropout(flat, 1.5f, true, NULL, &out), out, "probability");
+    expect_error(nn_dropout(flat, 0.5f, true, NULL, &out), out, "generator");
+    expect_error(nn_log_softmax(flat, 0, &out), out, "dim");
+    tensor_t *i8 = tensor_new(TENSOR_U8, 1, (int64_t[]){2});
+    expect_error(nn_relu(i8, &out), out, "float32");
+
+    /* nll_loss names the sample and the class count on a bad target */
+    tensor_t *lp = tensor_zeros2(3, 4);
+    tensor_t *t = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
+    tensor_data_i64(t)[1] = 4;
+    expect_error(nn_nll_loss(lp, t, &out), out, "target[1] = 4 is out of range for 4 classes");
+    tensor_data_i64(t)[1] = -1;
+    expect_error(nn_cross_entropy(lp, t, &out), out, "out of range");
+    assert_int_equal(nn_accuracy(lp, t), -1);
+    tensor_t *t2 = tensor_new(TENSOR_I64, 1, (int64_t[]){2});
+    expect_error(nn_nll_loss(lp, t2, &out), out, "does not match");
+    tensor_t *tf = tensor_zeros1(3);
+    expect_error(nn_nll_loss(lp, tf, &out), out, "int64");
+    expect_error(nn_flatten(tf, &out), out, "2 dimensions");
+
+    tensor_t *objs[] = {x, w, w3, b5, big, flat, lw, i8, lp, t, t2, tf};
+    for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
+        tensor_unref(objs[i]);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+/* ---- dropout ---- */
+
+static tensor_t *ramp(int ndim, const int64_t *shape)
+{
+    tensor_t *t = tensor_empty(TENSOR_F32, ndim, shape);
+    for (int64_t i = 0; i < tensor_numel(t); i++)
+        tensor_data(t)[i] = 1.0f + (float)(i % 97) * 0.01f;
+    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    return t;
+}
+
+static void test_dropout(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    tensor_t *x = ramp(2, (int64_t[]){100, 200}), *y, *y2;
+    nn_rng_t rng, rng2;
+    /* evaluation: the input itself */
+    assert_int_equal(nn_dropout(x, 0.5f, false, NULL, &y), 0);
+    assert_ptr_equal(y, x);
+    tensor_unref(y);
+
+    nn_rng_seed(&rng, 7);
+    assert_int_equal(nn_dropout(x, 0.3f, true, &rng, &y), 0);
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < tensor_numel(x); i++) {
+        float v = tensor_data(y)[i], xv = tensor_data(x)[i];
+        if (v == 0.0f)
+            zeros++;
+        else
+            assert_float_equal(v, xv / 0.7f, 1e-6);
+    }
+    /* 20000 draws at p = 0.3: 6000 +- 65 (1 sigma) */
+    assert_in_range(zeros, 5700, 6300);
+    /* the gradient is the same mask */
+    tensor_t *s;
+    assert_int_equal(tensor_sum(y, &s), 0);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *g = tensor_grad(x);
+    for (int64_t i = 0; i < tensor_numel(x); i++)
+        assert_float_equal(tensor_data(g)[i], tensor_data(y)[i] == 0.0f ? 0.0f : 1.0f / 0.7f,
+                           1e-6);
+    /* same seed, same mask */
+    nn_rng_seed(&rng2, 7);
+    assert_int_equal(nn_dropout(x, 0.3f, true, &rng2, &y2), 0);
+    assert_memory_equal(tensor_data(y), tensor_data(y2), tensor_nbytes(y));
+    tensor_unref(y2);
+    /* p = 1 drops everything */
+    assert_int_equal(nn_dropout(x, 1.0f, true, &rng, &y2), 0);
+    for (int64_t i = 0; i < tensor_numel(x); i++)
+        assert_true(tensor_data(y2)[i] == 0.0f);
+    tensor_unref(y2);
+    tensor_unref(g);
+    tensor_unref(s);
+    tensor_unref(y);
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_dropout2d_zeroes_channels(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    tensor_t *x = ramp(4, (int64_t[]){8, 50, 3, 5}), *y;
+    nn_rng_t rng;
+    nn_rng_seed(&rng, 11);
+    assert_int_equal(nn_dropout2d(x, 0.25f, true, &rng, &y), 0);
+    int dropped = 0;
+    for (int p = 0; p < 8 * 50; p++) {
+        const float *yp = tensor_data(y) + p * 15, *xp = tensor_data(x) + p * 15;
+        bool zero = yp[0] == 0.0f;
+        dropped += zero;
+        for (int i = 0; i < 15; i++)
+            assert_float_equal(yp[i], zero ? 0.0f : xp[i] / 0.75f, 1e-6);
+    }
+    assert_in_range(dropped, 70, 130);    /* 100 +- 8.7 */
+    tensor_unref(y);
+    assert_int_equal(nn_dropout2d(x, 0.25f, false, &rng, &y), 0);
+    assert_ptr_equal(y, x);
+    tensor_unref(y);
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+/* ---- flatten, argmax, accuracy ---- */
+
+static void test_flatten_is_a_view(void **state)
+{
+    (void)state;
+    tensor_t *x = tensor_zeros4(3, 2, 4, 5), *f;
+    assert_int_equal(nn_flatten(x, &f), 0);
+    assert_int_equal(tensor_ndim(f), 2);
+    assert_int_equal(tensor_size(f, 0), 3);
+    assert_int_equal(tensor_size(f, 1), 40);
+    assert_ptr_equal(tensor_data(f), tensor_data(x));
+    tensor_unref(f);
+    tensor_unref(x);
+}
+
+static void test_argmax_accuracy(void **state)
+{
+    (void)state;
+    float v[] = {0.1f, 0.9f, 0.0f, /**/ 5, -1, 2, /**/ -3, -2, -1, /**/ 1, 1, 0};
+    tensor_t *x = tensor_from_data(TENSOR_F32, 2, (int64_t[]){4, 3}, v), *am;
+    assert_int_equal(nn_argmax(x, &am), 0);
+    assert_int_equal(tensor_dtype(am), TENSOR_I64);
+    int64_t expect[] = {1, 0, 2, 0};   /* ties: the first */
+    assert_memory_equal(tensor_data_i64(am), expect, sizeof expect);
+    tensor_t *t = tensor_from_data(TENSOR_I64, 1, (int64_t[]){4}, (int64_t[]){1, 2, 2, 0});
+    assert_int_equal(nn_accuracy(x, t), 3);
+    tensor_unref(t);
+    tensor_unref(am);
+    tensor_unref(x);
+}
+
+/* ---- the generator ---- */
+
+static void test_rng(void **state)
+{
+    (void)state;
+    nn_rng_t a, b;
+    nn_rng_seed(&a, 42);
+    nn_rng_seed(&b, 42);
+    for (int i = 0; i < 100; i++)
+        assert_true(nn_rng_u64(&a) == nn_rng_u64(&b));
+    nn_rng_seed(&b, 43);
+    assert_true(nn_rng_u64(&a) != nn_rng_u64(&b));
+
+    double sum = 0, sq = 0;
+    const int n = 200000;
+    for (int i = 0; i < n; i++) {
+        float u = nn_rng_uniform(&a);
+        assert_true(u >= 0.0f && u < 1.0f);
+        sum += u;
+        float r = nn_rng_uniform_range(&a, -2.0f, 3.0f);
+        assert_true(r >= -2.0f && r < 3.0f);
+    }
+    assert_true(fabs(sum / n - 0.5) < 0.005);
+    sum = 0;
+    for (int i = 0; i < n; i++) {
+        double z = nn_rng_normal(&a, 1.0f, 2.0f);
+        sum += z;
+        sq += z * z;
+    }
+    double mean = sum / n, var = sq / n - mean * mean;
+    assert_true(fabs(mean - 1.0) < 0.03);
+    assert_true(fabs(var - 4.0) < 0.08);
+
+    int64_t perm[1000];
+    int seen[1000] = {0};
+    nn_rng_permutation(&a, perm, 1000);
+    int moved = 0;
+    for (int i = 0; i < 1000; i++) {
+        assert_in_range(perm[i], 0, 999);
+        seen[perm[i]]++;
+        moved += perm[i] != i;
+    }
+    for (int i = 0; i < 1000; i++)
+        assert_int_equal(seen[i], 1);
+    assert_true(moved > 900);
+    for (int i = 0; i < 1000; i++)
+        assert_true(nn_rng_below(&a, 7) < 7);
+    assert_true(nn_rng_below(&a, 0) == 0);
+
+    /* jumped copies are different streams */
+    b = a;
+    nn_rng_jump(&b);
+    assert_true(nn_rng_u64(&a) != nn_rng_u64(&b));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_conv2d),
+        cmocka_unit_test(test_golden_max_pool2d),
+        cmocka_unit_test(test_golden_linear),
+        cmocka_unit_test(test_golden_relu),
+        cmocka_unit_test(test_golden_log_softmax),
+        cmocka_unit_test(test_golden_nll_loss),
+        cmocka_unit_test(test_errors_are_reported),
+        cmocka_unit_test(test_dropout),
+        cmocka_unit_test(test_dropout2d_zeroes_channels),
+        cmocka_unit_test(test_flatten_is_a_view),
+        cmocka_unit_test(test_argmax_accuracy),
+        cmocka_unit_test(test_rng),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
