@@ -29,7 +29,7 @@ static const char *type_name(int type)
 
 /*  The reason zlib gives for the stream's state, or NULL when all is well.
     A gzip stream that stops early leaves Z_BUF_ERROR after a short read. */
-static const char *gz_problem(gzFile gz)
+static const char *gz_problem(gzFile gz, const char *path)
 {
     int errnum = Z_OK;
     const char *msg = gzerror(gz, &errnum);
@@ -39,7 +39,15 @@ static const char *gz_problem(gzFile gz)
         return strerror(errno);
     if (errnum == Z_BUF_ERROR)
         return "gzip data ends unexpectedly (truncated .gz file)";
-    return msg && *msg ? msg : "gzip error";
+    if (!msg || !*msg)
+        return "corrupt gzip data";
+    /* zlib's text starts with the path, which our message already has. */
+    size_t len = strlen(path);
+    if (strncmp(msg, path, len) == 0 && strncmp(msg + len, ": ", 2) == 0)
+        msg += len + 2;
+    static _Thread_local char text[256];
+    snprintf(text, sizeof text, "corrupt gzip data (%s)", msg);
+    return text;
 }
 
 /*  Reads up to want bytes; *got says how many came. -1 on a read or
@@ -53,14 +61,14 @@ static int read_full(gzFile gz, const char *path, void *buf, size_t want, size_t
             n = 1u << 30;
         int r = gzread(gz, (char *)buf + *got, (unsigned)n);
         if (r < 0) {
-            const char *why = gz_problem(gz);
+            const char *why = gz_problem(gz, path);
             return error_set("idx: %s: %s", path, why ? why : "read error");
         }
         if (r == 0)
             break;
         *got += (size_t)r;
     }
-    const char *why = gz_problem(gz);
+    const char *why = gz_problem(gz, path);
     if (why)
         return error_set("idx: %s: %s", path, why);
     return 0;
@@ -308,7 +316,7 @@ int idx_save(const char *path, const tensor_t *t)
             ok = gzwrite(gz, buf, 4 * k) == (int)(4 * k);
         }
     }
-    const char *why = ok ? NULL : gz_problem(gz);
+    const char *why = ok ? NULL : gz_problem(gz, path);
     char saved[256];
     snprintf(saved, sizeof saved, "%s", why ? why : "write error");
     if (gzclose(gz) != Z_OK && ok) {
