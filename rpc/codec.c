@@ -324,7 +324,7 @@ static int decode_tensor(reader_t *r, rpc_value_t **out)
     if (index >= r->n_frames)
         return 0;   /* counted; the frame count check reports it */
     rpc_frame_t *fr = &r->frames[index];
-    if (numel > (int64_t)(SIZE_MAX / es) || (size_t)numel * es != fr->size)
+    if ((uint64_t)numel > SIZE_MAX / es || (size_t)numel * es != fr->size)
         return error_set("codec: tensor %d declares %lld bytes but its frame has %zu", index,
                          (long long)numel * (long long)es, fr->size);
     if (fr->size && !fr->data)
