@@ -498,7 +498,7 @@ static void test_random_byte_flips(void **state)
     rpc_value_t *v = sample(&e, &model);
     uint8_t *buf = malloc(e.meta_len);
     int accepted = 0, rejected = 0;
-    for (int iter = 0; iter < 20000; iter++) {
+    for (int iter = 0; iter < 50000; iter++) {
         memcpy(buf, e.meta, e.meta_len);
         int flips = 1 + (int)(next_rand() % 3);
         for (int k = 0; k < flips; k++) {
@@ -702,6 +702,21 @@ static void test_depth_and_size_bombs(void **state)
     memcpy(bomb + 2, huge, sizeof huge);
     memset(bomb + 2 + sizeof huge, 0, 1000);
     expect_reject(bomb, 2 + sizeof huge + 1000, &none, 0, "list length at byte 2 declares");
+
+    /* more parts than any sane value: 2^22 + 1 nones in one list */
+    size_t n_nodes = (1u << 22) + 1;
+    uint8_t *many = calloc(1 + 1 + 4 + n_nodes, 1);
+    const uint8_t list_head[] = {1, 7, 0x81, 0x80, 0x80, 0x02};   /* varint 2^22 + 1 */
+    memcpy(many, list_head, sizeof list_head);
+    expect_reject(many, sizeof list_head + n_nodes, &none, 0, "codec: more than 4194304 values");
+
+    /* 4097 tensor descriptors (uint8 scalars) */
+    const uint8_t tlist[] = {1, 7, 0x81, 0x20};   /* varint 4097 */
+    memcpy(many, tlist, sizeof tlist);
+    for (size_t i = 0; i < 4097; i++)
+        memcpy(many + sizeof tlist + 4 * i, (uint8_t[]){5, 3, 0, 0}, 4);
+    expect_reject(many, sizeof tlist + 4 * 4097, &none, 0, "codec: more than 4096 tensors");
+    free(many);
 
     /* a meta longer than the limit is refused without being read */
     assert_int_equal(rpc_value_decode(bomb, (size_t)RPC_CODEC_MAX_META + 1, NULL, 0, NULL, 0,
