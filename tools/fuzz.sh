@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# Builds a libFuzzer target with clang (ASan + UBSan) in its own build
+# directory and runs it for a while, starting from a small generated seed
+# corpus. Exits non-zero when the fuzzer finds a crash, a leak or a failed
+# check; the input that did it is left in <build>/artifacts/.
+#
+#   tools/fuzz.sh [seconds] [target]      defaults: 60 fuzz_codec
+#
+# Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel
+# fuzzing processes; unset: one, in the foreground), FUZZ_ARGS (extra
+# libFuzzer flags). FUZZ_CODEC_VERBOSE=1 makes fuzz_codec print what each
+# input decodes to: `FUZZ_CODEC_VERBOSE=1 build-fuzz/tools/fuzz_codec FILE`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-60}
+target=${2:-fuzz_codec}
+build=${FUZZ_BUILD_DIR:-build-fuzz}
+
+command -v clang > /dev/null || { echo "fuzz.sh: clang not found (Debian: clang, libclang-rt-14-dev)"; exit 1; }
+cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DZDIST_FUZZ=ON > /dev/null
+cmake --build "$build" --target "$target" -j "$(nproc)"
+
+# Seeds: one valid input per value kind, in the layout fuzz_codec.c
+# describes. seed NAME FLAGS META [FRAME...], bytes in hex; the frame count
+# and sizes are filled in.
+seeds="$build/seeds-$target"
+corpus="$build/corpus-$target"
+mkdir -p "$seeds" "$corpus" "$build/artifacts"
+bytes() { for h in "$@"; do printf "\\x$h"; done; }
+seed() {
+  local name=$1 flags=$2 meta=$3 f n
+  shift 3
+  {
+    bytes "$(printf '%02x' $((flags | $#)))"
+    for f in "$@"; do
+      n=$(wc -w <<< "$f")
+      bytes "$(printf '%02x' $((n & 255)))" "$(printf '%02x' $((n >> 8)))"
+    done
+    # shellcheck disable=SC2086
+    bytes $meta
+    # shellcheck disable=SC2086
+    for f in "$@"; do bytes $f; done
+  } > "$seeds/$name"
+}
+if [ "$target" = fuzz_codec ]; then
+  f32_1_2="00 00 80 3f 00 00 00 40"
+  seed none        0 "01 00"
+  seed ints        0 "01 07 03 01 02 00 03 02 61 62"
+  seed float       0 "01 02 00 00 00 00 00 00 f8 3f"
+  seed bytes       0 "01 04 03 00 01 ff"
+  seed tensor_f32  0 "01 05 01 00 01 02" "$f32_1_2"
+  seed grad_2d     0 "01 05 01 01 02 01 02" "$f32_1_2"
+  # [u8 (3), [int64 (2)], "A"] with frames at odd addresses
+  seed mixed_odd   16 "01 07 03 05 03 00 01 03 07 01 05 02 00 01 02 03 01 41" "01 02 03" \
+                   "01 00 00 00 00 00 00 00 ff ff ff ff ff ff ff ff"
+  seed lent_scalar 32 "01 05 01 00 00" "00 00 80 3f"
+  seed empty       0 "01 05 01 00 02 00 05" ""
+  seed rref        0 "01 07 02 06 $(seq -s ' ' 11 50) 00"
+fi
+
+echo "fuzzing $target for ${seconds}s (corpus $corpus, seeds $seeds)"
+# shellcheck disable=SC2086
+"$build/tools/$target" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
+    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/" \
+    ${FUZZ_JOBS:+-jobs=$FUZZ_JOBS -workers=$FUZZ_JOBS} ${FUZZ_ARGS:-} "$corpus" "$seeds"
