@@ -1,0 +1,852 @@
+/*  Local optimizers: PyTorch's numbers from ../shared/golden (SGD, momentum,
+    Adam on the net and convnet parameters), a double-precision reference of
+    PyTorch's documented algorithms for every other option, argument checks,
+    skipped parameters, .grad handling, the text form of configs, state
+    export/import, and concurrent steps. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <dirent.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "nn/idx.h"
+#include "optim/optim.h"
+
+#define RTOL 1e-4
+#define ATOL 1e-5
+
+/*  ---- golden cases ---- */
+
+#define MAX_ENTRIES 256
+#define MAX_ROWS 64
+
+typedef struct {
+    char role[16];
+    char name[128];
+    char file[256];
+    int n_rows;                 /* 0: the whole tensor */
+    int64_t rows[MAX_ROWS];
+} gentry_t;
+
+typedef struct {
+    char dir[600];
+    char kind[64];
+    char attrs[1024];
+    int n;
+    gentry_t e[MAX_ENTRIES];
+} gcase_t;
+
+static const char *golden_dir(void)
+{
+    const char *d = getenv("ZDIST_GOLDEN_DIR");
+    return d && *d ? d : "/work/shared/golden";
+}
+
+/*  "fc1.weight[rows=0,15]" -> name "fc1.weight", rows {0, 15}. */
+static void parse_name(const char *text, gentry_t *e)
+{
+    const char *br = strstr(text, "[rows=");
+    size_t len = br ? (size_t)(br - text) : strlen(text);
+    assert_true(len < sizeof e->name);
+    memcpy(e->name, text, len);
+    e->name[len] = '\0';
+    e->n_rows = 0;
+    if (!br)
+        return;
+    const char *p = br + 6;
+    while (*p && *p != ']') {
+        char *end;
+        assert_true(e->n_rows < MAX_ROWS);
+        e->rows[e->n_rows++] = strtoll(p, &end, 10);
+        assert_true(end != p);
+        p = *end == ',' ? end + 1 : end;
+    }
+    assert_int_equal(*p, ']');
+}
+
+/*  Reads dir/manifest.txt; false when dir is not a case folder. */
+static bool gcase_read(const char *dir, gcase_t *c)
+{
+    memset(c, 0, sizeof *c);
+    if ((size_t)snprintf(c->dir, sizeof c->dir, "%s", dir) >= sizeof c->dir)
+        return false;
+    char path[800], line[1200];
+    snprintf(path, sizeof path, "%s/manifest.txt", dir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = '\0';
+        if (strncmp(line, "# kind: ", 8) == 0) {
+            snprintf(c->kind, sizeof c->kind, "%.63s", line + 8);
+        } else if (strncmp(line, "# attrs:", 8) == 0) {
+            snprintf(c->attrs, sizeof c->attrs, "%.1000s", line + 8);
+        } else if (line[0] && line[0] != '#') {
+            assert_true(c->n < MAX_ENTRIES);
+            gentry_t *e = &c->e[c->n++];
+            char name[600];
+            if (sscanf(line, "%15s %599s %255s", e->role, name, e->file) != 3)
+                fail_msg("%s: bad manifest line '%s'", path, line);
+            parse_name(name, e);
+        }
+    }
+    fclose(f);
+    return true;
+}
+
+/*  The attribute's value; fails the test when it is absent. */
+static double gattr(const gcase_t *c, const char *key)
+{
+    size_t klen = strlen(key);
+    for (const char *p = c->attrs; (p = strstr(p, key)); p += klen)
+        if ((p == c->attrs || p[-1] == ' ') && p[klen] == '=')
+            return strtod(p + klen + 1, NULL);
+    fail_msg("%s: no attribute %s", c->dir, key);
+    return 0;
+}
+
+static const gentry_t *gfind(const gcase_t *c, const char *role, const char *name)
+{
+    for (int i = 0; i < c->n; i++)
+        if (strcmp(c->e[i].role, role) == 0 && strcmp(c->e[i].name, name) == 0)
+            return &c->e[i];
+    return NULL;
+}
+
+static tensor_t *gload(const gcase_t *c, const gentry_t *e)
+{
+    char path[1000];
+    snprintf(path, sizeof path, "%s/%s", c->dir, e->file);
+    tensor_t *t;
+    if (idx_load(path, &t) < 0)
+        fail_msg("%s", error_last());
+    return t;
+}
+
+/*  Compares the rows of `full` listed in e (all of it when e has no rows)
+    with `stored`; returns the largest |a-e| / (atol + rtol |e|). */
+static double compare(const tensor_t *full, const tensor_t *stored, const gentry_t *e,
+                      const char *what)
+{
+    int64_t row = tensor_ndim(full) ? tensor_numel(full) / tensor_size(full, 0) : 1;
+    int64_t n_rows = e->n_rows ? e->n_rows : tensor_numel(full) / row;
+    assert_int_equal(tensor_numel(stored), n_rows * row);
+    double worst = 0;
+    for (int64_t r = 0; r < n_rows; r++) {
+        int64_t src = e->n_rows ? e->rows[r] : r;
+        const float *a = tensor_data(full) + src * row, *x = tensor_data(stored) + r * row;
+        for (int64_t i = 0; i < row; i++) {
+            double ratio = fabs((double)a[i] - x[i]) / (ATOL + RTOL * fabs((double)x[i]));
+            if (ratio > 1)
+                fail_msg("%s: row %lld element %lld: %.9g, PyTorch %.9g", what,
+                         (long long)src, (long long)i, a[i], x[i]);
+            worst = ratio > worst ? ratio : worst;
+        }
+    }
+    return worst;
+}
+
+/*  Steps a copy of the case's parameters `steps` times with the stored
+    gradients and checks "<prefix>.step<k>.<param>" after each step. */
+static double golden_run(const gcase_t *c, const optim_config_t *cfg, const char *prefix,
+                         int steps, int *checked)
+{
+    tensor_t *params[32], *grads[32];
+    const gentry_t *pe[32];
+    int np = 0;
+    for (int i = 0; i < c->n; i++) {
+        if (strcmp(c->e[i].role, "param") != 0)
+            continue;
+        assert_true(np < 32);
+        pe[np] = &c->e[i];
+        params[np] = gload(c, &c->e[i]);
+        const gentry_t *ge = gfind(c, "grad", c->e[i].name);
+        assert_non_null(ge);
+        tensor_t *g = gload(c, ge);
+        /* A gradient stored for some rows only goes into those rows of a
+           full-size gradient: every rule is elementwise. */
+        grads[np] = tensor_new(TENSOR_F32, tensor_ndim(params[np]), tensor_shape(params[np]));
+        int64_t row = tensor_numel(params[np]) / tensor_size(params[np], 0);
+        int64_t n_rows = ge->n_rows ? ge->n_rows : tensor_size(params[np], 0);
+        assert_int_equal(tensor_numel(g), n_rows * row);
+        for (int64_t r = 0; r < n_rows; r++)
+            memcpy(tensor_data(grads[np]) + (ge->n_rows ? ge->rows[r] : r) * row,
+                   tensor_data(g) + r * row, (size_t)row * sizeof(float));
+        tensor_unref(g);
+        np++;
+    }
+    assert_true(np > 0);
+    optim_t *opt = optim_new(cfg, np, params);
+    if (!opt)
+        fail_msg("%s", error_last());
+    double worst = 0;
+    for (int s = 1; s <= steps; s++) {
+        assert_int_equal(optim_step(opt, grads), 0);
+        for (int i = 0; i < np; i++) {
+            char name[200], what[900];
+            snprintf(name, sizeof name, "%s.step%d.%s", prefix, s, pe[i]->name);
+            const gentry_t *oe = gfind(c, "output", name);
+            if (!oe)
+                fail_msg("%s: no output %s", c->dir, name);
+            snprintf(what, sizeof what, "%s %s", c->dir, name);
+            tensor_t *expect = gload(c, oe);
+            double w = compare(params[i], expect, oe, what);
+            worst = w > worst ? w : worst;
+            (*checked)++;
+            tensor_unref(expect);
+        }
+    }
+    optim_free(opt);
+    for (int i = 0; i < np; i++) {
+        tensor_unref(params[i]);
+        tensor_unref(grads[i]);
+    }
+    return worst;
+}
+
+static void test_golden_net_and_convnet(void **state)
+{
+    (void)state;
+    DIR *d = opendir(golden_dir());
+    if (!d)
+        skip();
+    static gcase_t c;
+    int cases = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char dir[700];
+        snprintf(dir, sizeof dir, "%s/%s", golden_dir(), de->d_name);
+        if (de->d_name[0] == '.' || !gcase_read(dir, &c))
+            continue;
+        if (strcmp(c.kind, "net") != 0 && strcmp(c.kind, "convnet") != 0)
+            continue;
+        int checked = 0;
+        optim_config_t sgd = optim_sgd_defaults(gattr(&c, "sgd_lr"));
+        optim_config_t mom = sgd;
+        mom.momentum = gattr(&c, "momentum");
+        mom.weight_decay = gattr(&c, "weight_decay");
+        optim_config_t adam = optim_adam_defaults();
+        adam.lr = gattr(&c, "adam_lr");
+        adam.beta1 = gattr(&c, "adam_beta1");
+        adam.beta2 = gattr(&c, "adam_beta2");
+        adam.eps = gattr(&c, "adam_eps");
+        double w1 = golden_run(&c, &sgd, "sgd", 1, &checked);
+        double w2 = golden_run(&c, &mom, "momentum", 2, &checked);
+        double w3 = golden_run(&c, &adam, "adam", 2, &checked);
+        print_message("%s (%s): %d tensors match; worst error %.2g (sgd), %.2g (momentum), "
+                      "%.2g (adam) of the tolerance\n", de->d_name, c.kind, checked, w1, w2, w3);
+        assert_true(checked >= 5 * 4);
+        cases++;
+    }
+    closedir(d);
+    assert_true(cases > 0);
+}
+
+/*  ---- a double-precision reference of PyTorch's documented algorithms ---- */
+
+#define RN 9
+
+typedef struct {
+    int step;
+    bool started;
+    double buf[RN], m[RN], v[RN], vmax[RN], sum[RN], sq[RN], gavg[RN];
+} ref_t;
+
+static void ref_init(const optim_config_t *c, ref_t *r)
+{
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < RN; i++)
+        r->sum[i] = c->initial_accumulator_value;
+}
+
+static void ref_step(const optim_config_t *c, double *p, const double *grad, ref_t *r)
+{
+    r->step++;
+    int t = r->step;
+    for (int i = 0; i < RN; i++) {
+        double g = c->maximize ? -grad[i] : grad[i];
+        if (c->kind == OPTIM_ADAMW)
+            p[i] *= 1 - c->lr * c->weight_decay;
+        else if (c->weight_decay != 0)
+            g += c->weight_decay * p[i];
+        switch (c->kind) {
+        case OPTIM_SGD:
+            if (c->momentum != 0) {
+                r->buf[i] = t > 1 ? c->momentum * r->buf[i] + (1 - c->dampening) * g : g;
+                g = c->nesterov ? g + c->momentum * r->buf[i] : r->buf[i];
+            }
+            p[i] -= c->lr * g;
+            break;
+        case OPTIM_ADAM:
+        case OPTIM_ADAMW: {
+            r->m[i] = c->beta1 * r->m[i] + (1 - c->beta1) * g;
+            r->v[i] = c->beta2 * r->v[i] + (1 - c->beta2) * g * g;
+            r->vmax[i] = fmax(r->vmax[i], r->v[i]);
+            double v = c->amsgrad ? r->vmax[i] : r->v[i];
+            double denom = sqrt(v) / sqrt(1 - pow(c->beta2, t)) + c->eps;
+            p[i] -= c->lr / (1 - pow(c->beta1, t)) * r->m[i] / denom;
+            break;
+        }
+        case OPTIM_ADAGRAD: {
+            double clr = c->lr / (1 + (t - 1) * c->lr_decay);
+            r->sum[i] += g * g;
+            p[i] -= clr * g / (sqrt(r->sum[i]) + c->eps);
+            break;
+        }
+        case OPTIM_RMSPROP: {
+            r->sq[i] = c->alpha * r->sq[i] + (1 - c->alpha) * g * g;
+            double v = r->sq[i];
+            if (c->centered) {
+                r->gavg[i] = c->alpha * r->gavg[i] + (1 - c->alpha) * g;
+                v -= r->gavg[i] * r->gavg[i];
+            }
+            double step = g / (sqrt(v) + c->eps);
+            if (c->momentum > 0) {
+                r->buf[i] = c->momentum * r->buf[i] + step;
+                step = r->buf[i];
+            }
+            p[i] -= c->lr * step;
+            break;
+        }
+        }
+    }
+}
+
+/*  Gradients that change sign and size from step to step (step 2 is small,
+    so AMSGrad's maximum differs from v). */
+static double grad_at(int step, int i)
+{
+    double scale = step == 2 ? 0.05 : 1.0 + 0.5 * step;
+    return scale * sin(1.3 * i + 0.7 * step + 0.1) + 0.01 * (i - 4);
+}
+
+static double param_at(int i)
+{
+    return 0.8 * cos(0.9 * i) - 0.2;
+}
+
+/*  Runs cfg for 3 steps against the reference; the parameters must move. */
+static void check_against_reference(const char *label, optim_config_t cfg)
+{
+    if (optim_config_check(&cfg) < 0)
+        fail_msg("%s: %s", label, error_last());
+    int64_t n = RN;
+    tensor_t *p = tensor_zeros1(n), *g = tensor_zeros1(n);
+    double ref[RN];
+    for (int i = 0; i < RN; i++)
+        tensor_data(p)[i] = (float)(ref[i] = param_at(i));
+    ref_t r;
+    ref_init(&cfg, &r);
+    optim_t *opt = optim_new(&cfg, 1, &p);
+    assert_non_null(opt);
+    double moved = 0;
+    for (int s = 1; s <= 3; s++) {
+        double gd[RN];
+        for (int i = 0; i < RN; i++)
+            tensor_data(g)[i] = (float)(gd[i] = grad_at(s, i));
+        assert_int_equal(optim_step(opt, &g), 0);
+        ref_step(&cfg, ref, gd, &r);
+        for (int i = 0; i < RN; i++) {
+            double a = tensor_data(p)[i];
+            if (fabs(a - ref[i]) > ATOL + RTOL * fabs(ref[i]))
+                fail_msg("%s: step %d element %d: %.9g, reference %.9g", label, s, i, a, ref[i]);
+            moved = fmax(moved, fabs(ref[i] - param_at(i)));
+        }
+    }
+    if (moved < 1e-3)
+        fail_msg("%s: parameters barely moved (%g): a weak test", label, moved);
+    optim_free(opt);
+    tensor_unref(p);
+    tensor_unref(g);
+}
+
+static void test_against_reference(void **state)
+{
+    (void)state;
+    optim_config_t c;
+
+    c = optim_sgd_defaults(0.1);
+    check_against_reference("sgd", c);
+    c.weight_decay = 0.05;
+    check_against_reference("sgd weight decay", c);
+    c.momentum = 0.9;
+    check_against_reference("sgd momentum", c);
+    c.dampening = 0.3;
+    check_against_reference("sgd dampening", c);
+    c.dampening = 0;
+    c.nesterov = true;
+    check_against_reference("sgd nesterov", c);
+    c.maximize = true;
+    check_against_reference("sgd nesterov maximize", c);
+
+    c = optim_adam_defaults();
+    c.lr = 0.05;
+    check_against_reference("adam", c);
+    c.amsgrad = true;
+    check_against_reference("adam amsgrad", c);
+    c.weight_decay = 0.1;
+    c.beta1 = 0.8;
+    c.beta2 = 0.9;
+    c.eps = 1e-3;
+    check_against_reference("adam amsgrad weight decay", c);
+    c.maximize = true;
+    check_against_reference("adam maximize", c);
+
+    c = optim_adamw_defaults();
+    c.lr = 0.05;
+    check_against_reference("adamw", c);
+    c.weight_decay = 0.5;
+    c.amsgrad = true;
+    check_against_reference("adamw amsgrad", c);
+
+    c = optim_adagrad_defaults();
+    c.lr = 0.1;
+    check_against_reference("adagrad", c);
+    c.lr_decay = 0.2;
+    c.weight_decay = 0.05;
+    c.initial_accumulator_value = 0.3;
+    c.eps = 1e-4;
+    check_against_reference("adagrad decay, accumulator", c);
+
+    c = optim_rmsprop_defaults();
+    check_against_reference("rmsprop", c);
+    c.centered = true;
+    check_against_reference("rmsprop centered", c);
+    c.momentum = 0.6;
+    check_against_reference("rmsprop centered momentum", c);
+    c.centered = false;
+    c.weight_decay = 0.02;
+    c.alpha = 0.9;
+    check_against_reference("rmsprop momentum weight decay", c);
+    c.maximize = true;
+    check_against_reference("rmsprop maximize", c);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    optim_config_t c = optim_sgd_defaults(0.5);
+    assert_int_equal(c.kind, OPTIM_SGD);
+    assert_true(c.lr == 0.5 && c.momentum == 0 && c.dampening == 0 && c.weight_decay == 0);
+    assert_false(c.nesterov || c.maximize);
+    c = optim_adam_defaults();
+    assert_true(c.lr == 1e-3 && c.beta1 == 0.9 && c.beta2 == 0.999 && c.eps == 1e-8);
+    assert_true(c.weight_decay == 0 && !c.amsgrad);
+    c = optim_adamw_defaults();
+    assert_true(c.kind == OPTIM_ADAMW && c.lr == 1e-3 && c.weight_decay == 1e-2);
+    c = optim_adagrad_defaults();
+    assert_true(c.lr == 1e-2 && c.lr_decay == 0 && c.initial_accumulator_value == 0);
+    assert_true(c.eps == 1e-10 && c.weight_decay == 0);
+    c = optim_rmsprop_defaults();
+    assert_true(c.lr == 1e-2 && c.alpha == 0.99 && c.eps == 1e-8 && c.momentum == 0);
+    assert_false(c.centered);
+    c = optim_defaults(OPTIM_SGD);
+    assert_int_equal(optim_config_check(&c), -1);
+    assert_non_null(strstr(error_last(), "lr is required"));
+}
+
+static void expect_invalid(optim_config_t c, const char *msg)
+{
+    tensor_t *p = tensor_zeros1(2);
+    assert_int_equal(optim_config_check(&c), -1);
+    assert_null(optim_new(&c, 1, &p));
+    if (!strstr(error_last(), msg))
+        fail_msg("error '%s' lacks '%s'", error_last(), msg);
+    tensor_unref(p);
+}
+
+static void test_invalid_hyper_parameters(void **state)
+{
+    (void)state;
+    optim_config_t c = optim_sgd_defaults(-0.1);
+    expect_invalid(c, "SGD: Invalid learning rate: -0.1");
+    c = optim_sgd_defaults(0.1);
+    c.nesterov = true;
+    expect_invalid(c, "Nesterov momentum requires a momentum and zero dampening");
+    c.momentum = 0.9;
+    c.dampening = 0.1;
+    expect_invalid(c, "Nesterov momentum requires a momentum and zero dampening");
+    c = optim_sgd_defaults(0.1);
+    c.momentum = -1;
+    expect_invalid(c, "Invalid momentum value: -1.0");
+    c = optim_sgd_defaults(NAN);
+    expect_invalid(c, "lr is required");
+    c = optim_adam_defaults();
+    c.beta1 = 1.0;
+    expect_invalid(c, "Adam: Invalid beta parameter at index 0: 1.0");
+    c = optim_adamw_defaults();
+    c.beta2 = -0.5;
+    expect_invalid(c, "AdamW: Invalid beta parameter at index 1: -0.5");
+    c = optim_adam_defaults();
+    c.eps = -1e-8;
+    expect_invalid(c, "Invalid epsilon value: -1e-08");
+    c.eps = 1e-8;
+    c.weight_decay = -0.01;
+    expect_invalid(c, "Invalid weight_decay value: -0.01");
+    c = optim_adagrad_defaults();
+    c.lr_decay = -1;
+    expect_invalid(c, "Adagrad: Invalid lr_decay value: -1.0");
+    c = optim_adagrad_defaults();
+    c.initial_accumulator_value = -0.5;
+    expect_invalid(c, "Invalid initial_accumulator_value value: -0.5");
+    c = optim_rmsprop_defaults();
+    c.alpha = -0.1;
+    expect_invalid(c, "RMSprop: Invalid alpha value: -0.1");
+    c = optim_rmsprop_defaults();
+    c.momentum = -0.1;
+    expect_invalid(c, "RMSprop: Invalid momentum value: -0.1");
+    c.kind = (optim_kind_t)42;
+    expect_invalid(c, "unknown kind 42");
+}
+
+static void test_invalid_parameters(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    optim_config_t c = optim_sgd_defaults(0.1);
+    tensor_t *a = tensor_zeros1(3), *b = tensor_zeros1(3);
+    tensor_t *i64 = tensor_new(TENSOR_I64, 1, (int64_t[]){ 3 });
+    assert_null(optim_new(&c, 0, NULL));
+    assert_non_null(strstr(error_last(), "optimizer got an empty parameter list"));
+    assert_null(optim_new(&c, 2, (tensor_t *[]){ a, a }));
+    assert_non_null(strstr(error_last(), "parameter 1 is the same tensor as parameter 0"));
+    assert_null(optim_new(&c, 2, (tensor_t *[]){ a, i64 }));
+    assert_non_null(strstr(error_last(), "parameter 1 is int64"));
+    assert_int_equal(tensor_set_requires_grad(a, true), 0);
+    tensor_t *y;
+    assert_int_equal(tensor_scale(a, 2.0f, &y), 0);
+    assert_null(optim_new(&c, 2, (tensor_t *[]){ b, y }));
+    assert_non_null(strstr(error_last(), "can't optimize a non-leaf tensor (parameter 1)"));
+
+    /* A gradient of the wrong shape: refused before anything moves. */
+    tensor_fill_(a, 1.0f);
+    tensor_fill_(b, 1.0f);
+    tensor_set_name(b, "fc.bias");
+    optim_t *opt = optim_new(&c, 2, (tensor_t *[]){ a, b });
+    tensor_t *g3 = tensor_zeros1(3), *g4 = tensor_zeros1(4);
+    tensor_fill_(g3, 1.0f);
+    assert_int_equal(optim_step(opt, (tensor_t *[]){ g3, g4 }), -1);
+    assert_non_null(strstr(error_last(), "gradient of parameter 1 ('fc.bias') is float32 (4)"));
+    assert_float_equal(tensor_data(a)[0], 1.0f, 0);
+    assert_int_equal(optim_step(opt, (tensor_t *[]){ g3, i64 }), -1);
+    assert_non_null(strstr(error_last(), "is int64 (3)"));
+    optim_free(opt);
+    tensor_unref(g3);
+    tensor_unref(g4);
+    tensor_unref(y);
+    tensor_unref(a);
+    tensor_unref(b);
+    tensor_unref(i64);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+/*  A parameter without a gradient is skipped: it and its state stay as
+    they are, so its own step count (Adam's bias correction) starts later. */
+static void test_skipped_parameters(void **state)
+{
+    (void)state;
+    optim_config_t c = optim_adam_defaults();
+    c.lr = 0.1;
+    tensor_t *p[2] = { tensor_zeros1(RN), tensor_zeros1(RN) };
+    tensor_t *g = tensor_zeros1(RN);
+    double ref0[RN], ref1[RN], gd[RN];
+    for (int i = 0; i < RN; i++) {
+        tensor_data(p[0])[i] = tensor_data(p[1])[i] = (float)param_at(i);
+        ref0[i] = ref1[i] = param_at(i);
+        tensor_data(g)[i] = (float)(gd[i] = grad_at(1, i));
+    }
+    ref_t r0, r1;
+    ref_init(&c, &r0);
+    ref_init(&c, &r1);
+    optim_t *opt = optim_new(&c, 2, p);
+    assert_int_equal(optim_step(opt, (tensor_t *[]){ g, NULL }), 0);
+    ref_step(&c, ref0, gd, &r0);
+    for (int i = 0; i < RN; i++)
+        assert_float_equal(tensor_data(p[1])[i], (float)param_at(i), 0);
+    assert_int_equal(optim_step(opt, (tensor_t *[]){ g, g }), 0);
+    ref_step(&c, ref0, gd, &r0);
+    ref_step(&c, ref1, gd, &r1);
+    for (int i = 0; i < RN; i++) {
+        assert_true(fabs(tensor_data(p[0])[i] - ref0[i]) <= ATOL + RTOL * fabs(ref0[i]));
+        assert_true(fabs(tensor_data(p[1])[i] - ref1[i]) <= ATOL + RTOL * fabs(ref1[i]));
+    }
+    /* The two parameters differ: one had two steps, the other one. */
+    assert_true(fabs(ref0[0] - ref1[0]) > 1e-3);
+    optim_free(opt);
+    tensor_unref(p[0]);
+    tensor_unref(p[1]);
+    tensor_unref(g);
+}
+
+static void test_grad_field_and_zero_grad(void **state)
+{
+    (void)state;
+    optim_config_t c = optim_sgd_defaults(0.5);
+    c.weight_decay = 0.5;
+    tensor_t *p = tensor_zeros1(2), *q = tensor_zeros1(2), *g = tensor_zeros1(2);
+    tensor_fill_(p, 1.0f);
+    tensor_fill_(q, 1.0f);
+    tensor_fill_(g, 2.0f);
+    assert_int_equal(tensor_set_requires_grad(p, true), 0);
+    assert_int_equal(tensor_set_requires_grad(q, true), 0);
+    assert_int_equal(tensor_accumulate_grad(p, g), 0);
+    optim_t *opt = optim_new(&c, 2, (tensor_t *[]){ p, q });
+    /* p: 1 - 0.5 * (2 + 0.5 * 1) = -0.25; q has no .grad: untouched. */
+    assert_int_equal(optim_step_grad(opt), 0);
+    assert_float_equal(tensor_data(p)[0], -0.25f, 1e-7);
+    assert_float_equal(tensor_data(q)[0], 1.0f, 0);
+    /* zero_grad keeping zeros (PyTorch 1.13's default): p is still stepped,
+       by weight decay alone: -0.25 - 0.5 * 0.5 * -0.25 = -0.1875. */
+    optim_zero_grad(opt, false);
+    tensor_t *z = tensor_grad(p);
+    assert_non_null(z);
+    assert_float_equal(tensor_data(z)[1], 0.0f, 0);
+    tensor_unref(z);
+    assert_int_equal(optim_step_grad(opt), 0);
+    assert_float_equal(tensor_data(p)[0], -0.1875f, 1e-7);
+    /* zero_grad(set_to_none): nothing to step. */
+    optim_zero_grad(opt, true);
+    assert_null(tensor_grad(p));
+    assert_int_equal(optim_step_grad(opt), 0);
+    assert_float_equal(tensor_data(p)[0], -0.1875f, 0);
+    /* Steps are not recorded by autograd: p stays a leaf. */
+    assert_true(tensor_is_leaf(p));
+    assert_null(tensor_grad_fn(p));
+
+    assert_int_equal(optim_set_lr(opt, -1), -1);
+    assert_int_equal(optim_set_lr(opt, 0.25), 0);
+    assert_true(optim_config(opt).lr == 0.25);
+    assert_int_equal(optim_n_params(opt), 2);
+    assert_ptr_equal(optim_param(opt, 1), q);
+    assert_null(optim_param(opt, 2));
+    optim_free(opt);
+    tensor_unref(p);
+    tensor_unref(q);
+    tensor_unref(g);
+}
+
+/*  Field by field: the struct has padding. */
+static bool config_equal(const optim_config_t *a, const optim_config_t *b)
+{
+    return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum
+        && a->dampening == b->dampening && a->weight_decay == b->weight_decay
+        && a->beta1 == b->beta1 && a->beta2 == b->beta2 && a->eps == b->eps
+        && a->lr_decay == b->lr_decay
+        && a->initial_accumulator_value == b->initial_accumulator_value
+        && a->alpha == b->alpha && a->nesterov == b->nesterov && a->amsgrad == b->amsgrad
+        && a->centered == b->centered && a->maximize == b->maximize;
+}
+
+static void test_config_text(void **state)
+{
+    (void)state;
+    optim_config_t all[5] = { optim_sgd_defaults(0.03), optim_adam_defaults(),
+                              optim_adamw_defaults(), optim_adagrad_defaults(),
+                              optim_rmsprop_defaults() };
+    all[0].momentum = 0.9;
+    all[0].weight_decay = 1e-4;
+    all[0].nesterov = true;
+    all[1].amsgrad = true;
+    all[1].beta2 = 0.99;
+    all[3].lr_decay = 1.0 / 3.0;
+    all[4].centered = true;
+    char buf[512];
+    int n = optim_config_format(&all[0], buf, sizeof buf);
+    assert_string_equal(buf, "sgd lr=0.03 momentum=0.9 dampening=0 weight_decay=0.0001 "
+                             "nesterov=1 maximize=0");
+    assert_int_equal(n, (int)strlen(buf));
+    for (int k = 0; k < 5; k++) {
+        n = optim_config_format(&all[k], buf, sizeof buf);
+        assert_int_equal(n, (int)strlen(buf));
+        optim_config_t back;
+        if (optim_config_parse(buf, &back) < 0)
+            fail_msg("%s: %s", buf, error_last());
+        assert_true(config_equal(&back, &all[k]));
+    }
+    /* Too small a buffer: snprintf's contract. */
+    char small[8];
+    assert_int_equal(optim_config_format(&all[1], small, sizeof small),
+                     optim_config_format(&all[1], NULL, 0));
+    assert_string_equal(small, "adam lr");
+
+    optim_config_t c;
+    assert_int_equal(optim_config_parse("  RMSprop   momentum=0.5 centered=true ", &c), 0);
+    assert_int_equal(c.kind, OPTIM_RMSPROP);
+    assert_true(c.momentum == 0.5 && c.centered && c.lr == 1e-2 && c.alpha == 0.99);
+    assert_int_equal(optim_config_parse("sgd", &c), 0);
+    assert_int_equal(optim_config_check(&c), -1);
+    assert_int_equal(optim_config_parse("adam momentum=0.9", &c), -1);
+    assert_non_null(strstr(error_last(), "Adam has no 'momentum'"));
+    assert_int_equal(optim_config_parse("adam lr=fast", &c), -1);
+    assert_non_null(strstr(error_last(), "lr=fast is not a number"));
+    assert_int_equal(optim_config_parse("adam foo=1", &c), -1);
+    assert_non_null(strstr(error_last(), "unknown key 'foo'"));
+    assert_int_equal(optim_config_parse("adam amsgrad=maybe", &c), -1);
+    assert_int_equal(optim_config_parse("lbfgs", &c), -1);
+    assert_non_null(strstr(error_last(), "unknown kind 'lbfgs'"));
+    assert_int_equal(optim_config_parse("", &c), -1);
+    optim_kind_t k;
+    assert_int_equal(optim_kind_from_name("AdamW", &k), 0);
+    assert_int_equal(k, OPTIM_ADAMW);
+    assert_string_equal(optim_kind_name(OPTIM_ADAGRAD), "adagrad");
+}
+
+/*  Export after two steps, import into a fresh optimizer over copies of the
+    parameters: both continue identically. */
+static void check_resume(optim_config_t c)
+{
+    int64_t live = tensor_live_count();
+    tensor_t *p = tensor_zeros2(3, 3), *g = tensor_zeros2(3, 3);
+    for (int i = 0; i < 9; i++)
+        tensor_data(p)[i] = (float)param_at(i);
+    optim_t *a = optim_new(&c, 1, &p);
+    for (int s = 1; s <= 2; s++) {
+        for (int i = 0; i < 9; i++)
+            tensor_data(g)[i] = (float)grad_at(s, i);
+        assert_int_equal(optim_step(a, &g), 0);
+    }
+    int n;
+    char **names;
+    tensor_t **ts;
+    assert_int_equal(optim_state_export(a, &n, &names, &ts), 0);
+    tensor_t *q = tensor_clone(p);
+    optim_t *b = optim_new(&c, 1, &q);
+    assert_int_equal(optim_state_import(b, n, (const char *const *)names, ts), 0);
+    for (int i = 0; i < 9; i++)
+        tensor_data(g)[i] = (float)grad_at(3, i);
+    assert_int_equal(optim_step(a, &g), 0);
+    assert_int_equal(optim_step(b, &g), 0);
+    assert_memory_equal(tensor_data(p), tensor_data(q), 9 * sizeof(float));
+    optim_state_free(n, names, ts);
+    optim_free(a);
+    optim_free(b);
+    tensor_unref(p);
+    tensor_unref(q);
+    tensor_unref(g);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_state_export_import(void **state)
+{
+    (void)state;
+    optim_config_t c = optim_sgd_defaults(0.1);
+    c.momentum = 0.9;
+    check_resume(c);
+    c = optim_adam_defaults();
+    c.amsgrad = true;
+    check_resume(c);
+    check_resume(optim_adamw_defaults());
+    check_resume(optim_adagrad_defaults());
+    c = optim_rmsprop_defaults();
+    c.centered = true;
+    c.momentum = 0.5;
+    check_resume(c);
+
+    /* The names are PyTorch's state keys. */
+    c = optim_adam_defaults();
+    tensor_t *p0 = tensor_zeros1(2), *p = tensor_zeros1(4), *g = tensor_zeros1(4);
+    tensor_fill_(g, 0.5f);
+    optim_t *o = optim_new(&c, 2, (tensor_t *[]){ p0, p });
+    int n;
+    char **names;
+    tensor_t **ts;
+    assert_int_equal(optim_state_export(o, &n, &names, &ts), 0);
+    assert_int_equal(n, 0);
+    optim_state_free(n, names, ts);
+    assert_int_equal(optim_step(o, (tensor_t *[]){ NULL, g }), 0);
+    assert_int_equal(optim_state_export(o, &n, &names, &ts), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(names[0], "1.exp_avg");
+    assert_string_equal(names[1], "1.exp_avg_sq");
+    assert_string_equal(names[2], "1.step");
+    assert_int_equal(tensor_data_i64(ts[2])[0], 1);
+
+    /* Broken states are refused whole. */
+    const char *bad_names[3] = { "1.exp_avg", "1.exp_avg_sq", "1.max_exp_avg_sq" };
+    assert_int_equal(optim_state_import(o, 3, bad_names, ts), -1);
+    assert_non_null(strstr(error_last(), "no state 'max_exp_avg_sq'"));
+    assert_int_equal(optim_state_import(o, 2, (const char *const *)names, ts), -1);
+    assert_non_null(strstr(error_last(), "parameter 1 has some state but no '1.step'"));
+    const char *far[1] = { "7.exp_avg" };
+    assert_int_equal(optim_state_import(o, 1, far, ts), -1);
+    assert_non_null(strstr(error_last(), "index below 2"));
+    tensor_t *wrong = tensor_zeros1(5);
+    assert_int_equal(optim_state_import(o, 3, (const char *const *)names,
+                                        (tensor_t *[]){ wrong, ts[1], ts[2] }), -1);
+    assert_non_null(strstr(error_last(), "'1.exp_avg' is float32 (5), the parameter float32 (4)"));
+    tensor_unref(wrong);
+    /* An empty state is a fresh start. */
+    assert_int_equal(optim_state_import(o, 0, NULL, NULL), 0);
+    optim_state_free(n, names, ts);
+    assert_int_equal(optim_state_export(o, &n, &names, &ts), 0);
+    assert_int_equal(n, 0);
+    optim_state_free(n, names, ts);
+    optim_free(o);
+    tensor_unref(p0);
+    tensor_unref(p);
+    tensor_unref(g);
+}
+
+/*  Several threads stepping one optimizer: steps are serialised, none is
+    lost. With lr 0.5 and gradient 1 every value stays exact. */
+#define THREADS 4
+#define ROUNDS 200
+
+static optim_t *shared_opt;
+static tensor_t *shared_grad;
+
+static void *stepper(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < ROUNDS; i++)
+        if (optim_step(shared_opt, &shared_grad) < 0)
+            return (void *)1;
+    return NULL;
+}
+
+static void test_concurrent_steps(void **state)
+{
+    (void)state;
+    optim_config_t c = optim_sgd_defaults(0.5);
+    tensor_t *p = tensor_zeros1(1000);
+    shared_grad = tensor_zeros1(1000);
+    tensor_fill_(shared_grad, 1.0f);
+    shared_opt = optim_new(&c, 1, &p);
+    pthread_t th[THREADS];
+    for (int i = 0; i < THREADS; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, stepper, NULL), 0);
+    for (int i = 0; i < THREADS; i++) {
+        void *rc;
+        pthread_join(th[i], &rc);
+        assert_null(rc);
+    }
+    for (int i = 0; i < 1000; i++)
+        assert_float_equal(tensor_data(p)[i], -0.5f * THREADS * ROUNDS, 0);
+    optim_free(shared_opt);
+    tensor_unref(shared_grad);
+    tensor_unref(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_golden_net_and_convnet),
+        cmocka_unit_test(test_against_reference),
+        cmocka_unit_test(test_defaults),
+        cmocka_unit_test(test_invalid_hyper_parameters),
+        cmocka_unit_test(test_invalid_parameters),
+        cmocka_unit_test(test_skipped_parameters),
+        cmocka_unit_test(test_grad_field_and_zero_grad),
+        cmocka_unit_test(test_config_text),
+        cmocka_unit_test(test_state_export_import),
+        cmocka_unit_test(test_concurrent_steps),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
