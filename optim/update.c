@@ -17,15 +17,17 @@ static void sgd(const optim_config_t *c, float *p, const float *g, int64_t n,
 {
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
     const float one_minus_damp = (float)(1.0 - c->dampening), neg_lr = (float)-c->lr;
+    const bool maximize = c->maximize, decay = c->weight_decay != 0;
+    const bool momentum = c->momentum != 0, nesterov = c->nesterov, started = st->started;
     float *buf = slot(st, 0);
     for (int64_t i = 0; i < n; i++) {
-        float d = c->maximize ? -g[i] : g[i];
-        if (c->weight_decay != 0)
+        float d = maximize ? -g[i] : g[i];
+        if (decay)
             d = d + wd * p[i];
-        if (c->momentum != 0) {
+        if (momentum) {
             /* The buffer starts as a copy of the first gradient, not zero. */
-            buf[i] = st->started ? buf[i] * mom + one_minus_damp * d : d;
-            d = c->nesterov ? d + mom * buf[i] : buf[i];
+            buf[i] = started ? buf[i] * mom + one_minus_damp * d : d;
+            d = nesterov ? d + mom * buf[i] : buf[i];
         }
         p[i] = p[i] + neg_lr * d;
     }
@@ -42,17 +44,19 @@ static void adam(const optim_config_t *c, float *p, const float *g, int64_t n,
     const float wd = (float)c->weight_decay, decay = (float)(1.0 - c->lr * c->weight_decay);
     const float neg_step_size = (float)-(c->lr / bc1), bc2_sqrt = (float)sqrt(bc2);
     const float eps = (float)c->eps;
+    const bool maximize = c->maximize, l2 = !decoupled && c->weight_decay != 0;
+    const bool amsgrad = c->amsgrad;
     float *m = slot(st, 0), *v = slot(st, 1), *vmax = slot(st, 2);
     for (int64_t i = 0; i < n; i++) {
-        float gi = c->maximize ? -g[i] : g[i];
+        float gi = maximize ? -g[i] : g[i];
         if (decoupled)
             p[i] = p[i] * decay;
-        else if (c->weight_decay != 0)
+        else if (l2)
             gi = gi + wd * p[i];
         m[i] = m[i] * b1 + one_minus_b1 * gi;
         v[i] = v[i] * b2 + one_minus_b2 * gi * gi;
         float vv = v[i];
-        if (c->amsgrad) {
+        if (amsgrad) {
             vmax[i] = vmax[i] > v[i] ? vmax[i] : v[i];
             vv = vmax[i];
         }
@@ -67,10 +71,11 @@ static void adagrad(const optim_config_t *c, float *p, const float *g, int64_t n
 {
     const float wd = (float)c->weight_decay, eps = (float)c->eps;
     const float neg_clr = (float)-(c->lr / (1.0 + (double)(st->step - 1) * c->lr_decay));
+    const bool maximize = c->maximize, l2 = c->weight_decay != 0;
     float *sum = slot(st, 0);
     for (int64_t i = 0; i < n; i++) {
-        float gi = c->maximize ? -g[i] : g[i];
-        if (c->weight_decay != 0)
+        float gi = maximize ? -g[i] : g[i];
+        if (l2)
             gi = gi + wd * p[i];
         sum[i] = sum[i] + gi * gi;
         float std = sqrtf(sum[i]) + eps;
@@ -84,21 +89,23 @@ static void rmsprop(const optim_config_t *c, float *p, const float *g, int64_t n
     const float wd = (float)c->weight_decay, eps = (float)c->eps;
     const float alpha = (float)c->alpha, one_minus_alpha = (float)(1.0 - c->alpha);
     const float mom = (float)c->momentum, neg_lr = (float)-c->lr;
+    const bool maximize = c->maximize, l2 = c->weight_decay != 0;
+    const bool centered = c->centered, momentum = c->momentum > 0;
     float *sq = slot(st, 0), *buf = slot(st, 1), *gavg = slot(st, 2);
     for (int64_t i = 0; i < n; i++) {
-        float gi = c->maximize ? -g[i] : g[i];
-        if (c->weight_decay != 0)
+        float gi = maximize ? -g[i] : g[i];
+        if (l2)
             gi = gi + wd * p[i];
         sq[i] = sq[i] * alpha + one_minus_alpha * gi * gi;
         float avg;
-        if (c->centered) {
+        if (centered) {
             gavg[i] = gavg[i] * alpha + one_minus_alpha * gi;
             avg = sqrtf(sq[i] + -1.0f * gavg[i] * gavg[i]);
         } else {
             avg = sqrtf(sq[i]);
         }
         avg = avg + eps;
-        if (c->momentum > 0) {
+        if (momentum) {
             buf[i] = buf[i] * mom + gi / avg;
             p[i] = p[i] + neg_lr * buf[i];
         } else {
