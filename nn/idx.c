@@ -245,7 +245,8 @@ int idx_load(const char *path, tensor_t **out)
     strcat(what, type == IDX_TYPE_U8 ? " uint8" : " float32");
     /* A plain file's length is known up front: say exactly how it differs. */
     size_t header = 4 + 4 * (size_t)ndim;
-    if (gzdirect(gz) && (uint64_t)st.st_size != header + (uint64_t)bytes) {
+    if (S_ISREG(st.st_mode) && gzdirect(gz)
+        && (uint64_t)st.st_size != header + (uint64_t)bytes) {
         gzclose(gz);
         if ((uint64_t)st.st_size < header + (uint64_t)bytes)
             return error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "

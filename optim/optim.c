@@ -174,6 +174,8 @@ static int step_locked(optim_t *o, tensor_t *const *grads)
 
 int optim_step(optim_t *o, tensor_t *const *grads)
 {
+    if (!grads)
+        return error_set("optimizer step: no gradient array");
     pthread_mutex_lock(&o->lock);
     int rc = step_locked(o, grads);
     pthread_mutex_unlock(&o->lock);
