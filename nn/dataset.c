@@ -28,6 +28,8 @@ int dataset_find_file(const char *dir, dataset_split_t split, const char *kind, 
                       size_t size)
 {
     const char *prefix = split == DATASET_TEST ? "t10k" : "train";
+    if (strcmp(kind, "images") != 0 && strcmp(kind, "labels") != 0)
+        return error_set("dataset: unknown file kind '%s' (images or labels)", kind);
     const char *idx = strcmp(kind, "labels") == 0 ? "idx1" : "idx3";
     /* Plain before gzip: both hold the same data and plain reads faster. */
     static const char *const patterns[] = {
