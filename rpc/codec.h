@@ -57,7 +57,13 @@ rpc_value_t *rpc_value_string_len(const char *s, size_t len);
 /*  A value serialised for the wire: one metadata blob (the value tree with
     tensors replaced by descriptors) plus the tensors, in order, to be sent
     as separate frames without copying: frame i is tensor_raw(tensors[i]),
-    tensor_nbytes(tensors[i]) bytes. */
+    tensor_nbytes(tensors[i]) bytes. A sender hands each frame to ZeroMQ with
+    zmq_msg_init_data and a free function that drops a tensor_ref taken for
+    it, since the transport may still read the memory after send returns
+    (like PyTorch, the caller must not modify a tensor it has just sent).
+    The receiver decodes with requires_grad set on float tensors that had it
+    on the sender (flag bit 0); attaching autograd recv functions is the
+    distributed autograd layer's business. */
 typedef struct {
     uint8_t *meta;          /* owned (free()) */
     size_t meta_len;

@@ -1,10 +1,8 @@
 /*  value.c: the tagged values an RPC carries. */
 #include "rpc/value.h"
 
-#include <inttypes.h>
 #include <stdarg.h>
 #include <stdatomic.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -481,124 +479,4 @@ int rpc_arg_rref(const rpc_value_t *args, size_t i, rpc_rref_t **out)
 int rpc_arg_bytes(const rpc_value_t *args, size_t i, const void **data, size_t *len)
 {
     ARG_ACCESS(rpc_value_get_bytes, data, len);
-}
-
-static bool tensor_equal(const tensor_t *a, const tensor_t *b)
-{
-    if (a == b)
-        return true;
-    return tensor_dtype(a) == tensor_dtype(b) && tensor_same_shape(a, b) &&
-           memcmp(tensor_raw(a), tensor_raw(b), tensor_nbytes(a)) == 0;
-}
-
-bool rpc_value_equal(const rpc_value_t *a, const rpc_value_t *b)
-{
-    if (a == b)
-        return true;
-    if (!a || !b || a->kind != b->kind)
-        return false;
-    switch (a->kind) {
-    case RPC_NONE: return true;
-    case RPC_INT: return a->u.i == b->u.i;
-    case RPC_FLOAT: return memcmp(&a->u.f, &b->u.f, sizeof a->u.f) == 0;
-    case RPC_STRING:
-    case RPC_BYTES:
-        return a->u.s.len == b->u.s.len && memcmp(a->u.s.data, b->u.s.data, a->u.s.len) == 0;
-    case RPC_TENSOR: return tensor_equal(a->u.t, b->u.t);
-    case RPC_RREF: return a->u.r == b->u.r;
-    case RPC_LIST:
-        if (a->u.list.len != b->u.list.len)
-            return false;
-        for (size_t i = 0; i < a->u.list.len; i++)
-            if (!rpc_value_equal(a->u.list.items[i], b->u.list.items[i]))
-                return false;
-        return true;
-    }
-    return false;
-}
-
-/* A bounded appender: writes what fits, remembers whether anything did not. */
-typedef struct {
-    char *buf;
-    size_t size, len;
-    bool full;
-} fmt_t;
-
-static void fmt_add(fmt_t *f, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void fmt_add(fmt_t *f, const char *fmt, ...)
-{
-    if (f->full)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(f->buf + f->len, f->size - f->len, fmt, ap);
-    va_end(ap);
-    if (n < 0 || (size_t)n >= f->size - f->len) {
-        f->full = true;
-        f->len = f->size - 1;
-    } else {
-        f->len += (size_t)n;
-    }
-}
-
-static void fmt_value(fmt_t *f, const rpc_value_t *v, int depth)
-{
-    char shape[128];
-    if (!v) {
-        fmt_add(f, "NULL");
-        return;
-    }
-    switch (v->kind) {
-    case RPC_NONE: fmt_add(f, "none"); break;
-    case RPC_INT: fmt_add(f, "%" PRId64, v->u.i); break;
-    case RPC_FLOAT: fmt_add(f, "%.17g", v->u.f); break;
-    case RPC_STRING:
-        fmt_add(f, "\"");
-        for (size_t i = 0; i < v->u.s.len && !f->full; i++) {
-            unsigned char c = (unsigned char)v->u.s.data[i];
-            if (c == '"' || c == '\\')
-                fmt_add(f, "\\%c", c);
-            else if (c < 0x20 || c >= 0x7f)
-                fmt_add(f, "\\x%02x", c);
-            else
-                fmt_add(f, "%c", c);
-        }
-        fmt_add(f, "\"");
-        break;
-    case RPC_BYTES: fmt_add(f, "bytes(%zu)", v->u.s.len); break;
-    case RPC_TENSOR:
-        fmt_add(f, "tensor %s %s", tensor_dtype_name(tensor_dtype(v->u.t)),
-                tensor_shape_str(v->u.t, shape, sizeof shape));
-        break;
-    case RPC_RREF: fmt_add(f, "rref@%p", (void *)v->u.r); break;
-    case RPC_LIST:
-        if (depth >= RPC_CODEC_MAX_DEPTH) {
-            fmt_add(f, "[...]");
-            break;
-        }
-        fmt_add(f, "[");
-        for (size_t i = 0; i < v->u.list.len && !f->full; i++) {
-            if (i)
-                fmt_add(f, ", ");
-            fmt_value(f, v->u.list.items[i], depth + 1);
-        }
-        fmt_add(f, "]");
-        break;
-    }
-}
-
-char *rpc_value_format(const rpc_value_t *v, char *buf, size_t size)
-{
-    if (!buf || size == 0)
-        return buf;
-    fmt_t f = {buf, size, 0, false};
-    buf[0] = '\0';
-    fmt_value(&f, v, 0);
-    if (f.full) {
-        size_t dots = size > 4 ? 3 : size - 1;
-        memset(buf + size - 1 - dots, '.', dots);
-        buf[size - 1] = '\0';
-    }
-    return buf;
 }
