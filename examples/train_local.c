@@ -1,0 +1,160 @@
+/*  train_local: the parameter-server tutorial's Net (or the small ConvNet)
+    trained in one process: the baseline that rpc_ps is compared against.
+
+        train_local [--data_dir=DIR] [--epochs=1] [--batch_size=32] [--lr=0.03]
+                    [--seed=1] [--max_batches=0] [--log_interval=100]
+                    [--model=net|convnet] [--save=CKPT] [--load=CKPT]
+
+    Prints the loss every --log_interval batches, then the test accuracy
+    (dropout off) and the time taken. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "examples/flags.h"
+#include "examples/train_common.h"
+#include "nn/checkpoint.h"
+#include "nn/dataset.h"
+#include "nn/model.h"
+#include "nn/nn.h"
+#include "optim/optim.h"
+
+typedef struct {
+    const char *data_dir;
+    int64_t epochs, batch_size, seed, max_batches, log_interval;
+    double lr;
+    const char *model, *save, *load;
+    bool no_dropout;
+} options_t;
+
+static int train_batch(nn_model_t *m, optim_t *opt, tensor_t *x, tensor_t *y, float *loss_out)
+{
+    tensor_t *logprobs = NULL, *loss = NULL;
+    int rc = -1;
+    if (nn_model_forward(m, x, &logprobs) < 0 || nn_nll_loss(logprobs, y, &loss) < 0)
+        goto out;
+    optim_zero_grad(opt, true);
+    if (autograd_backward(loss, NULL, false) < 0 || optim_step_grad(opt) < 0)
+        goto out;
+    *loss_out = tensor_data(loss)[0];
+    rc = 0;
+out:
+    tensor_unref(loss);
+    tensor_unref(logprobs);
+    return rc;
+}
+
+static int run(const options_t *o)
+{
+    char dir[1024];
+    dataset_t *train = NULL, *test = NULL;
+    nn_model_t *m = NULL;
+    optim_t *opt = NULL;
+    int64_t *order = NULL;
+    int rc = -1;
+
+    if (o->data_dir) {
+        snprintf(dir, sizeof dir, "%s", o->data_dir);
+    } else if (dataset_find_dir(dir, sizeof dir) < 0) {
+        goto out;
+    }
+    if (dataset_load(dir, DATASET_TRAIN, &train) < 0 || dataset_load(dir, DATASET_TEST, &test) < 0)
+        goto out;
+    printf("data: %s (%lld training, %lld test images)\n", dir, (long long)dataset_size(train),
+           (long long)dataset_size(test));
+    if (!(m = nn_model_new(o->model, (uint64_t)o->seed)))
+        goto out;
+    if (o->load && train_checkpoint_load(m, o->load) < 0)
+        goto out;
+    optim_config_t cfg = optim_sgd_defaults(o->lr);
+    tensor_t *params[16];
+    int np = nn_model_n_params(m);
+    for (int i = 0; i < np; i++)
+        params[i] = nn_model_param(m, i);
+    if (!(opt = optim_new(&cfg, np, params)))
+        goto out;
+    nn_model_train(m, !o->no_dropout);
+
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t nb = dataset_num_batches(train, o->batch_size), done = 0;
+    for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
+        free(order);
+        if (!(order = dataset_order(train, (uint64_t)(o->seed + epoch)))) {
+            error_set("out of memory");
+            goto out;
+        }
+        for (int64_t b = 0; b < nb; b++) {
+            if (o->max_batches > 0 && done >= o->max_batches)
+                break;
+            tensor_t *x, *y;
+            float loss;
+            if (dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
+                goto out;
+            int brc = train_batch(m, opt, x, y, &loss);
+            tensor_unref(x);
+            tensor_unref(y);
+            if (brc < 0)
+                goto out;
+            done++;
+            if (o->log_interval > 0 && b % o->log_interval == 0)
+                printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch, (long long)b, loss);
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    printf("trained %lld batches in %.1f s (%.0f samples/s)\n", (long long)done, secs,
+           (double)done * (double)o->batch_size / secs);
+    if (o->save) {
+        if (train_checkpoint_save(m, o->save) < 0)
+            goto out;
+        printf("saved checkpoint %s\n", o->save);
+    }
+    double acc;
+    if (train_evaluate(m, test, &acc) < 0)
+        goto out;
+    printf("Test accuracy: %.2f %%\n", 100.0 * acc);
+    rc = 0;
+out:
+    if (rc < 0)
+        fprintf(stderr, "train_local: %s\n", error_last());
+    free(order);
+    optim_free(opt);
+    nn_model_free(m);
+    dataset_free(train);
+    dataset_free(test);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {.data_dir = NULL, .epochs = 1, .batch_size = 32, .seed = 1,
+                   .max_batches = 0, .log_interval = 100, .lr = 0.03, .model = "net"};
+    const flag_t flags[] = {
+        {"data_dir", FLAG_STRING, &o.data_dir,
+         "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
+        {"epochs", FLAG_INT, &o.epochs, "passes over the training set"},
+        {"batch_size", FLAG_INT, &o.batch_size, "samples per batch"},
+        {"lr", FLAG_DOUBLE, &o.lr, "SGD learning rate"},
+        {"seed", FLAG_INT, &o.seed, "seed of the initial weights, shuffling and dropout"},
+        {"max_batches", FLAG_INT, &o.max_batches, "stop after this many batches (0: no limit)"},
+        {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"model", FLAG_STRING, &o.model, "net (the tutorial's) or convnet"},
+        {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
+        {"save", FLAG_STRING, &o.save, "write the trained parameters to this checkpoint"},
+        {"load", FLAG_STRING, &o.load, "start from the parameters in this checkpoint"},
+    };
+    int n = (int)(sizeof flags / sizeof flags[0]);
+    int pr = flags_parse(argc, argv, flags, n, "Trains a model in one process.");
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    if (o.epochs < 1 || o.batch_size < 1 || o.lr <= 0 || o.max_batches < 0) {
+        fprintf(stderr, "train_local: --epochs and --batch_size must be >= 1, --lr > 0, "
+                        "--max_batches >= 0\n");
+        return 2;
+    }
+    return run(&o) == 0 ? 0 : 1;
+}

@@ -1,0 +1,239 @@
+/*  golden_check: checks one case folder of ../shared/golden against this
+    project's ops, models and optimizers.
+
+        golden_check [--quiet] CASE_DIR
+
+    Prints one line per tensor of the manifest (inputs are only read) and a
+    summary; exits 0 only when every output and gradient matches within the
+    tolerances of the golden README (rtol, atol; read from README.md in the
+    case folder or its parent, else 1e-4 and 1e-5). The case kind and
+    attributes come from the manifest, never from the folder's name, so new
+    folders of known kinds need no code change. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "tools/golden_check.h"
+#include "tools/golden_manifest.h"
+
+/*  ---- computed tensors, by "role:name" ---- */
+
+void results_put(results_t *r, const char *role, const char *name, tensor_t *t)
+{
+    if (!t || r->n == RESULTS_MAX)
+        return;
+    snprintf(r->key[r->n], sizeof r->key[0], "%s:%s", role, name);
+    r->value[r->n++] = tensor_ref(t);
+}
+
+static tensor_t *results_get(const results_t *r, const char *role, const char *name)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s:%s", role, name);
+    for (int i = r->n - 1; i >= 0; i--)
+        if (!strcmp(r->key[i], key))
+            return r->value[i];
+    return NULL;
+}
+
+static void results_clear(results_t *r)
+{
+    for (int i = 0; i < r->n; i++)
+        tensor_unref(r->value[i]);
+    r->n = 0;
+}
+
+/*  A leaf copy of a golden tensor that requires grad, so the golden data is
+    never touched by a backward pass. */
+tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name)
+{
+    tensor_t *t = golden_tensor(c, role, name);
+    if (!t) {
+        error_set("golden: the case has no %s \"%s\"", role, name);
+        return NULL;
+    }
+    tensor_t *copy = tensor_clone(t);
+    if (copy && tensor_dtype(copy) == TENSOR_F32 && tensor_set_requires_grad(copy, true) < 0)
+        tensor_unref_p(&copy);
+    return copy;
+}
+
+/*  Records the gradient of each leaf under its name. */
+void results_put_grads(results_t *r, int n, tensor_t *const *leaves, const char *const *names)
+{
+    for (int i = 0; i < n; i++) {
+        if (!leaves[i])
+            continue;
+        tensor_t *g = tensor_grad(leaves[i]);
+        results_put(r, "grad", names[i], g);
+        tensor_unref(g);
+    }
+}
+
+/*  ---- tolerances ---- */
+
+static void read_tolerances(const char *dir, double *rtol, double *atol)
+{
+    *rtol = 1e-4;
+    *atol = 1e-5;
+    const char *candidates[] = {"%s/README.md", "%s/../README.md"};
+    for (int i = 0; i < 2; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, candidates[i], dir);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            continue;
+        char line[512];
+        bool found = false;
+        while (fgets(line, sizeof line, f)) {
+            char *p = strstr(line, "rtol = "), *q = strstr(line, "atol = ");
+            if (p && q) {
+                *rtol = strtod(p + 7, NULL);
+                *atol = strtod(q + 7, NULL);
+                found = true;
+                break;
+            }
+        }
+        fclose(f);
+        if (found)
+            return;
+    }
+}
+
+/*  ---- comparison ---- */
+
+typedef struct {
+    int checked, passed, failed;
+} tally_t;
+
+static void compare_entry(const golden_entry_t *e, const tensor_t *actual, double rtol,
+                          double atol, bool quiet, tally_t *tally)
+{
+    char shape[96];
+    const char *rows = e->n_rows ? " (rows)" : "";
+    tally->checked++;
+    if (!actual) {
+        printf("FAIL %-6s %-40s not computed%s%s\n", e->role, e->name, error_last()[0] ? ": " : "",
+               error_last());
+        tally->failed++;
+        return;
+    }
+    int64_t row_len = tensor_ndim(actual) ? tensor_numel(actual) / tensor_size(actual, 0) : 1;
+    int64_t want = e->n_rows ? e->n_rows * row_len : tensor_numel(actual);
+    if (tensor_numel(e->value) != want) {
+        printf("FAIL %-6s %-40s expected %lld elements%s, computed %lld %s\n", e->role, e->name,
+               (long long)tensor_numel(e->value), rows, (long long)want,
+               tensor_shape_str(actual, shape, sizeof shape));
+        tally->failed++;
+        return;
+    }
+    const float *a = tensor_data(actual), *x = tensor_data(e->value);
+    double worst = 0;
+    int64_t worst_i = 0;
+    for (int64_t i = 0; i < want; i++) {
+        int64_t src = e->n_rows ? e->rows[i / row_len] * row_len + i % row_len : i;
+        if (e->n_rows && e->rows[i / row_len] >= tensor_size(actual, 0)) {
+            worst = INFINITY;
+            break;
+        }
+        double err = fabs((double)a[src] - (double)x[i]) / (atol + rtol * fabs((double)x[i]));
+        if (!(err <= worst)) {   /* also catches NaN */
+            worst = isnan(err) ? INFINITY : err;
+            worst_i = i;
+        }
+    }
+    bool ok = worst <= 1.0;
+    if (!ok || !quiet)
+        printf("%s %-6s %-40s %s%s used %.3f of the tolerance%s\n", ok ? "ok  " : "FAIL", e->role,
+               e->name, tensor_shape_str(e->value, shape, sizeof shape), rows, worst,
+               ok ? "" : " (worst element below)");
+    if (!ok)
+        printf("     element %lld: expected %.8g\n", (long long)worst_i, (double)x[worst_i]);
+    if (ok)
+        tally->passed++;
+    else
+        tally->failed++;
+}
+
+/*  ---- kinds ---- */
+
+typedef int (kind_fn)(golden_case_t *c, results_t *r);
+
+static const struct {
+    const char *kind;
+    kind_fn *run;
+} kinds[] = {
+    {"conv2d", golden_run_conv2d},
+    {"max_pool2d", golden_run_max_pool2d},
+    {"linear", golden_run_linear},
+    {"relu", golden_run_relu},
+    {"log_softmax", golden_run_log_softmax},
+    {"nll_loss", golden_run_nll_loss},
+    {"net", golden_run_net},
+    {"convnet", golden_run_convnet},
+};
+
+int golden_check_dir(const char *dir, bool quiet)
+{
+    golden_case_t *c = golden_case_load(dir);
+    if (!c) {
+        printf("FAIL %s: %s\n", dir, error_last());
+        return -1;
+    }
+    double rtol, atol;
+    read_tolerances(dir, &rtol, &atol);
+    kind_fn *run = NULL;
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (!strcmp(kinds[i].kind, c->kind))
+            run = kinds[i].run;
+    results_t *r = calloc(1, sizeof *r);
+    tally_t tally = {0};
+    int rc = 0;
+    if (!run) {
+        printf("FAIL %s: unknown case kind \"%s\"\n", dir, c->kind);
+        rc = -1;
+    } else if (!r) {
+        printf("FAIL %s: out of memory\n", dir);
+        rc = -1;
+    } else {
+        error_clear();
+        if (run(c, r) < 0)
+            printf("FAIL %s: %s\n", dir, error_last());
+        for (int i = 0; i < c->n; i++) {
+            golden_entry_t *e = &c->entries[i];
+            if (!strcmp(e->role, "output") || !strcmp(e->role, "grad"))
+                compare_entry(e, results_get(r, e->role, e->name), rtol, atol, quiet, &tally);
+        }
+        printf("%s: kind %s, %d tensors checked, %d passed, %d failed (rtol %g, atol %g)\n",
+               dir, c->kind, tally.checked, tally.passed, tally.failed, rtol, atol);
+        rc = tally.failed || tally.checked == 0 ? -1 : 0;
+    }
+    if (r)
+        results_clear(r);
+    free(r);
+    golden_case_free(c);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    bool quiet = false;
+    int first = 1;
+    if (argc > 1 && !strcmp(argv[1], "--quiet")) {
+        quiet = true;
+        first = 2;
+    }
+    if (first >= argc) {
+        fprintf(stderr, "usage: %s [--quiet] CASE_DIR...\n", argv[0]);
+        return 2;
+    }
+    int failed = 0;
+    for (int i = first; i < argc; i++)
+        if (golden_check_dir(argv[i], quiet) < 0)
+            failed++;
+    return failed ? 1 : 0;
+}

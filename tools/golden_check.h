@@ -1,0 +1,43 @@
+/*  golden_check.h: pieces shared by the golden-case checker's files. */
+#ifndef ZDIST_GOLDEN_CHECK_H
+#define ZDIST_GOLDEN_CHECK_H
+
+#include <stdbool.h>
+
+#include "tools/golden_manifest.h"
+
+#define RESULTS_MAX 512
+
+/*  What the checker computed, keyed "role:name" like the manifest. */
+typedef struct {
+    int n;
+    char key[RESULTS_MAX][160];
+    tensor_t *value[RESULTS_MAX];
+} results_t;
+
+/*  Stores a reference to t under role:name (a NULL t is ignored). */
+void results_put(results_t *r, const char *role, const char *name, tensor_t *t);
+
+/*  Stores the .grad of each non-NULL leaf under "grad:<names[i]>". */
+void results_put_grads(results_t *r, int n, tensor_t *const *leaves, const char *const *names);
+
+/*  A float copy of the case's tensor role/name that requires grad (uint8
+    tensors are copied as they are); NULL with an error when absent. */
+tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name);
+
+/*  One function per case kind: computes the outputs and gradients the
+    manifest can list. Returns -1 when something could not be computed (the
+    missing tensors are then reported one by one). */
+int golden_run_conv2d(golden_case_t *c, results_t *r);
+int golden_run_max_pool2d(golden_case_t *c, results_t *r);
+int golden_run_linear(golden_case_t *c, results_t *r);
+int golden_run_relu(golden_case_t *c, results_t *r);
+int golden_run_log_softmax(golden_case_t *c, results_t *r);
+int golden_run_nll_loss(golden_case_t *c, results_t *r);
+int golden_run_net(golden_case_t *c, results_t *r);
+int golden_run_convnet(golden_case_t *c, results_t *r);
+
+/*  Checks one case folder, printing a line per tensor; 0 when all match. */
+int golden_check_dir(const char *dir, bool quiet);
+
+#endif
