@@ -23,6 +23,15 @@
 bool autograd_set_grad_enabled(bool enabled);
 bool autograd_is_grad_enabled(void);
 
+/*  ---- node order ----
+    Nodes are numbered in creation order by a process-wide counter. Across
+    processes the numbers form a Lamport clock when every message carries
+    the sender's autograd_seq_current() and the receiver calls
+    autograd_seq_observe() with it: a node created after receiving a
+    message then numbers higher than every node its sender had made. */
+uint64_t autograd_seq_current(void);
+void autograd_seq_observe(uint64_t remote_seq);
+
 /*  ---- the engine ---- */
 
 /*  Receives a leaf's gradient. Return 0, or -1 with error_set(). */
@@ -68,9 +77,21 @@ autograd_task_t *autograd_task_new(autograd_node_t *const *starts, int n_starts,
     a node failed (the task is then poisoned) or node is not a start. */
 int autograd_task_feed(autograd_task_t *t, autograd_node_t *node, tensor_t *const *grads);
 
-/*  Runs the nodes that hold some gradients but still wait for producers
-    that will never run (a send function whose output was not used), as if
-    the missing gradients were zeros; sets *ran to how many ran. */
+/*  Nodes that hold some gradients but still wait for producers that have
+    not run: returns how many, and the highest sequence number among them
+    in *max_seq (0 when none). After a distributed pass has quiesced, such
+    nodes wait for send functions whose outputs were never used. */
+int autograd_task_pending(autograd_task_t *t, uint64_t *max_seq);
+
+/*  Runs the pending node with the highest sequence number as if its
+    missing gradients were zeros, then everything that became ready.
+    Returns 1 when a node ran, 0 when none was pending, -1 on failure.
+    Sequence numbers follow creation order (and, across processes, the
+    Lamport order of autograd_seq_observe), so the highest pending node can
+    never receive more gradients from another pending node. */
+int autograd_task_flush_one(autograd_task_t *t);
+
+/*  autograd_task_flush_one until nothing is pending; *ran counts them. */
 int autograd_task_flush(autograd_task_t *t, int *ran);
 
 void autograd_task_free(autograd_task_t *t);

@@ -350,12 +350,12 @@ int autograd_task_feed(autograd_task_t *t, autograd_node_t *node, tensor_t *cons
     return rc;
 }
 
-/*  The not-yet-run node holding gradients with the highest sequence number:
-    creation order is a topological order, so running it first never runs a
-    node before one that could still feed it. */
-static task_entry_t *flush_candidate(autograd_task_t *t)
+/*  The not-yet-run node holding gradients with the highest sequence number,
+    and how many such nodes there are. */
+static task_entry_t *pending_max(autograd_task_t *t, int *count)
 {
     task_entry_t *best = NULL;
+    *count = 0;
     for (size_t i = 0; i < t->map.cap; i++) {
         task_entry_t *e = &t->map.slots[i];
         if (!e->node || e->done || (e->start && !e->fed))
@@ -363,26 +363,47 @@ static task_entry_t *flush_candidate(autograd_task_t *t)
         bool has = e->fed;
         for (int k = 0; k < e->node->n_outputs && !has; k++)
             has = e->grads[k] != NULL;
-        if (has && (!best || e->node->seq > best->node->seq))
+        if (!has)
+            continue;
+        (*count)++;
+        if (!best || e->node->seq > best->node->seq)
             best = e;
     }
     return best;
 }
 
-int autograd_task_flush(autograd_task_t *t, int *ran)
+int autograd_task_pending(autograd_task_t *t, uint64_t *max_seq)
 {
-    int count = 0;
     pthread_mutex_lock(&t->lock);
-    task_entry_t *e;
-    while (t->error == 0 && (e = flush_candidate(t)) != NULL) {
+    int count;
+    task_entry_t *e = pending_max(t, &count);
+    if (max_seq)
+        *max_seq = e ? e->node->seq : 0;
+    pthread_mutex_unlock(&t->lock);
+    return count;
+}
+
+int autograd_task_flush_one(autograd_task_t *t)
+{
+    pthread_mutex_lock(&t->lock);
+    int count, rc = t->error;
+    task_entry_t *e = rc == 0 ? pending_max(t, &count) : NULL;
+    if (e) {
         if (run_node(t, e) < 0)
             t->error = -1;
         else
             drain(t);
-        count++;
+        rc = t->error;
     }
-    int rc = t->error;
     pthread_mutex_unlock(&t->lock);
+    return rc < 0 ? -1 : e != NULL;
+}
+
+int autograd_task_flush(autograd_task_t *t, int *ran)
+{
+    int count = 0, rc;
+    while ((rc = autograd_task_flush_one(t)) > 0)
+        count++;
     if (ran)
         *ran = count;
     return rc;

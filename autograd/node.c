@@ -9,6 +9,18 @@
 
 static atomic_uint_fast64_t next_seq = 1;
 
+uint64_t autograd_seq_current(void)
+{
+    return atomic_load(&next_seq);
+}
+
+void autograd_seq_observe(uint64_t remote_seq)
+{
+    uint_fast64_t cur = atomic_load(&next_seq);
+    while (cur <= remote_seq && !atomic_compare_exchange_weak(&next_seq, &cur, remote_seq + 1))
+        ;
+}
+
 int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *const *inputs,
                       int n_outputs, autograd_node_t **out)
 {
