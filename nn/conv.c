@@ -38,6 +38,37 @@ static void valid_range(const conv_geom_t *g, int kj, int *lo, int *hi)
     *hi = h;
 }
 
+/*  Row helpers with restrict pointers, so that the compiler vectorises
+    them without run-time alias checks. */
+static inline void copy_row(float *restrict dst, const float *restrict src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+static inline void add_row(float *restrict dst, const float *restrict src, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] += src[i];
+}
+
+/*  Sum in 16 independent lanes (vectorisable; float addition order is
+    otherwise fixed by the language). */
+static inline float sum_row(const float *restrict d, int n)
+{
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++)
+            acc[k] += d[i + k];
+    float total = 0.0f;
+    for (; i < n; i++)
+        total += d[i];
+    for (int k = 0; k < 16; k++)
+        total += acc[k];
+    return total;
+}
+
 static void im2col(const conv_geom_t *g, const float *x, float *col)
 {
     const int P = g->Ho * g->Wo;
@@ -60,7 +91,7 @@ static void im2col(const conv_geom_t *g, const float *x, float *col)
                     for (int ow = 0; ow < lo; ow++)
                         dst[ow] = 0.0f;
                     if (g->stride == 1) {
-                        memcpy(dst + lo, src + lo + off, sizeof(float) * (size_t)(hi - lo));
+                        copy_row(dst + lo, src + lo + off, hi - lo);
                     } else {
                         for (int ow = lo; ow < hi; ow++)
                             dst[ow] = src[ow * g->stride + off];
@@ -92,8 +123,7 @@ static void col2im(const conv_geom_t *g, const float *dcol, float *dx)
                     float *dst = xc + (size_t)ih * g->W + off;
                     const float *src = row + (size_t)oh * g->Wo;
                     if (g->stride == 1) {
-                        for (int ow = lo; ow < hi; ow++)
-                            dst[ow] += src[ow];
+                        add_row(dst + lo, src + lo, hi - lo);
                     } else {
                         for (int ow = lo; ow < hi; ow++)
                             dst[ow * g->stride] += src[ow];
@@ -116,72 +146,148 @@ typedef struct {
     int N, O;
 } conv_ctx_t;
 
+/*  One backward pass, split by samples: chunk c handles its own samples
+    with its own col buffer and its own partial dW and db, summed in chunk
+    order afterwards (so the result does not depend on thread timing). */
+typedef struct {
+    const conv_geom_t *g;
+    int N, O, n_chunks;
+    const float *x, *w, *dy;
+    float *dx;            /* NULL: no input gradient */
+    float **dw_part;      /* per chunk, O x K; NULL: no weight gradient */
+    float *db_part;       /* n_chunks x O; NULL: no bias gradient */
+} conv_bwd_job_t;
+
+static void conv_bwd_chunk(void *arg, int c, float *col)
+{
+    const conv_bwd_job_t *j = arg;
+    const conv_geom_t *g = j->g;
+    const int O = j->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw, CHW = g->C * g->H * g->W;
+    const bool pointwise = is_pointwise(g);
+    int64_t lo, hi;
+    nn_chunk_range(j->N, j->n_chunks, c, &lo, &hi);
+    if (j->dw_part && lo == hi)
+        memset(j->dw_part[c], 0, sizeof(float) * (size_t)O * K);
+    if (j->db_part)
+        memset(j->db_part + (size_t)c * O, 0, sizeof(float) * (size_t)O);
+    for (int64_t s = lo; s < hi; s++) {
+        const float *dys = j->dy + (size_t)s * O * P;
+        const float *xs = j->x + (size_t)s * CHW;
+        if (j->dw_part) {
+            if (!pointwise)
+                im2col(g, xs, col);
+            nn_sgemm(false, true, O, K, P, 1.0f, dys, P, pointwise ? xs : col, P,
+                     s == lo ? 0.0f : 1.0f, j->dw_part[c], K);
+        }
+        if (j->db_part) {
+            float *db = j->db_part + (size_t)c * O;
+            for (int o = 0; o < O; o++)
+                db[o] += sum_row(dys + (size_t)o * P, P);
+        }
+        if (j->dx) {
+            float *dxs = j->dx + (size_t)s * CHW;
+            if (pointwise) {
+                nn_sgemm(true, false, K, P, O, 1.0f, j->w, K, dys, P, 0.0f, dxs, P);
+            } else {
+                nn_sgemm(true, false, K, P, O, 1.0f, j->w, K, dys, P, 0.0f, col, P);
+                memset(dxs, 0, sizeof(float) * (size_t)CHW);
+                col2im(g, col, dxs);
+            }
+        }
+    }
+}
+
 static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
 {
     const conv_ctx_t *ctx = autograd_node_ctx(n);
     const conv_geom_t *g = &ctx->g;
     tensor_t *x = autograd_node_saved(n, 0), *w = autograd_node_saved(n, 1);
-    const int N = ctx->N, O = ctx->O, P = g->Ho * g->Wo;
-    const int K = g->C * g->kh * g->kw, HW = g->H * g->W;
+    const int O = ctx->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw;
     const bool need_x = autograd_node_needs_grad(n, 0);
     const bool need_w = autograd_node_needs_grad(n, 1);
     const bool need_b = autograd_node_needs_grad(n, 2);
-    const float *dy = tensor_data(gout[0]);
-    const bool pointwise = is_pointwise(g);
-    float *col = NULL;
+    int chunks = nn_parallel_chunks();
+    if (chunks > ctx->N)
+        chunks = ctx->N > 0 ? ctx->N : 1;
+    conv_bwd_job_t job = {
+        .g = g, .N = ctx->N, .O = O, .n_chunks = chunks,
+        .x = tensor_data(x), .w = tensor_data(w), .dy = tensor_data(gout[0]),
+    };
+    float *parts[NN_MAX_CHUNKS] = {0};
+    int rc = -1;
 
-    if (need_x && !(gin[0] = tensor_new(TENSOR_F32, 4, tensor_shape(x))))
-        return -1;
+    if (need_x && !(gin[0] = tensor_empty(TENSOR_F32, 4, tensor_shape(x))))
+        goto out;
     if (need_w && !(gin[1] = tensor_empty(TENSOR_F32, 4, tensor_shape(w))))
-        return -1;
+        goto out;
     if (need_b && !(gin[2] = tensor_empty(TENSOR_F32, 1, (int64_t[]){O})))
-        return -1;
-    if (!pointwise && (need_x || need_w)) {
-        col = malloc(sizeof(float) * ((size_t)K * P + 1));
-        if (!col)
-            return error_set("conv2d backward: out of memory for a %d x %d buffer", K, P);
+        goto out;
+    if (need_w) {
+        parts[0] = tensor_data(gin[1]);
+        for (int c = 1; c < chunks; c++)
+            if (!(parts[c] = malloc(sizeof(float) * (size_t)O * K)))
+                goto oom;
+        job.dw_part = parts;
     }
-    if (need_w && N == 0)
-        tensor_zero_(gin[1]);
-    for (int s = 0; s < N; s++) {
-        const float *dys = dy + (size_t)s * O * P;
-        if (need_w) {
-            const float *xs = tensor_data(x) + (size_t)s * g->C * HW;
-            if (!pointwise)
-                im2col(g, xs, col);
-            nn_sgemm(false, true, O, K, P, 1.0f, dys, P, pointwise ? xs : col, P,
-                     s == 0 ? 0.0f : 1.0f, tensor_data(gin[1]), K);
-        }
-        if (need_x) {
-            float *dxs = tensor_data(gin[0]) + (size_t)s * g->C * HW;
-            if (pointwise) {
-                nn_sgemm(true, false, K, P, O, 1.0f, tensor_data(w), K, dys, P, 0.0f, dxs, P);
-            } else {
-                nn_sgemm(true, false, K, P, O, 1.0f, tensor_data(w), K, dys, P, 0.0f, col, P);
-                col2im(g, col, dxs);
-            }
-        }
-    }
-    free(col);
+    if (need_b && !(job.db_part = malloc(sizeof(float) * (size_t)chunks * O)))
+        goto oom;
+    job.dx = need_x ? tensor_data(gin[0]) : NULL;
+    size_t scratch = !is_pointwise(g) && (need_x || need_w) ? (size_t)K * P : 0;
+    if (nn_parallel_run(chunks, scratch, conv_bwd_chunk, &job) < 0)
+        goto out;
+    for (int c = 1; need_w && c < chunks; c++)
+        for (size_t i = 0; i < (size_t)O * K; i++)
+            parts[0][i] += parts[c][i];
     if (need_b) {
         float *db = tensor_data(gin[2]);
         for (int o = 0; o < O; o++) {
-            double acc = 0.0;
-            for (int s = 0; s < N; s++) {
-                const float *d = dy + ((size_t)s * O + o) * P;
-                float part = 0.0f;
-                for (int p = 0; p < P; p++)
-                    part += d[p];
-                acc += part;
-            }
-            db[o] = (float)acc;
+            float acc = 0.0f;
+            for (int c = 0; c < chunks; c++)
+                acc += job.db_part[(size_t)c * O + o];
+            db[o] = acc;
         }
     }
-    return 0;
+    rc = 0;
+    goto out;
+oom:
+    error_set("conv2d backward: out of memory");
+out:
+    for (int c = 1; c < chunks; c++)
+        free(parts[c]);
+    free(job.db_part);
+    return rc;
 }
 
 static const autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward,
                                               nn_free_ctx};
+
+typedef struct {
+    const conv_geom_t *g;
+    int N, O, n_chunks;
+    const float *x, *w, *b;
+    float *y;
+} conv_fwd_job_t;
+
+static void conv_fwd_chunk(void *arg, int c, float *col)
+{
+    const conv_fwd_job_t *j = arg;
+    const conv_geom_t *g = j->g;
+    const int O = j->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw;
+    int64_t lo, hi;
+    nn_chunk_range(j->N, j->n_chunks, c, &lo, &hi);
+    for (int64_t s = lo; s < hi; s++) {
+        const float *xs = j->x + (size_t)s * g->C * g->H * g->W;
+        float *ys = j->y + (size_t)s * O * P;
+        if (col)
+            im2col(g, xs, col);
+        if (j->b)
+            for (int o = 0; o < O; o++)
+                for (int p = 0; p < P; p++)
+                    ys[(size_t)o * P + p] = j->b[o];
+        nn_sgemm(false, false, O, P, K, 1.0f, j->w, K, col ? col : xs, P, j->b ? 1.0f : 0.0f,
+                 ys, P);
+    }
+}
 
 int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
               tensor_t **out)
@@ -225,29 +331,26 @@ int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int pad
     if ((int64_t)K * P > INT32_MAX || (int64_t)O * P > INT32_MAX)
         return error_set("conv2d: input %s with weight %s is too large", sx, sw);
 
+    int chunks = nn_parallel_chunks();
+    if (chunks > N)
+        chunks = N > 0 ? N : 1;
     tensor_t *y = tensor_empty(TENSOR_F32, 4, (int64_t[]){N, O, g.Ho, g.Wo});
     conv_ctx_t *ctx = malloc(sizeof *ctx);
-    float *col = is_pointwise(&g) ? NULL : malloc(sizeof(float) * ((size_t)K * P + 1));
-    if (!y || !ctx || (!is_pointwise(&g) && !col)) {
+    if (!y || !ctx) {
         tensor_unref(y);
         free(ctx);
-        free(col);
         return error_set("conv2d: out of memory");
     }
-    const float *wd = tensor_data(weight), *bd = bias ? tensor_data(bias) : NULL;
-    for (int s = 0; s < N; s++) {
-        const float *xsamp = tensor_data(x) + (size_t)s * g.C * g.H * g.W;
-        float *ys = tensor_data(y) + (size_t)s * O * P;
-        if (col)
-            im2col(&g, xsamp, col);
-        if (bd)
-            for (int o = 0; o < O; o++)
-                for (int p = 0; p < P; p++)
-                    ys[(size_t)o * P + p] = bd[o];
-        nn_sgemm(false, false, O, P, K, 1.0f, wd, K, col ? col : xsamp, P, bd ? 1.0f : 0.0f,
-                 ys, P);
+    conv_fwd_job_t job = {
+        .g = &g, .N = N, .O = O, .n_chunks = chunks, .x = tensor_data(x),
+        .w = tensor_data(weight), .b = bias ? tensor_data(bias) : NULL, .y = tensor_data(y),
+    };
+    size_t scratch = is_pointwise(&g) ? 0 : (size_t)K * P;
+    if (nn_parallel_run(chunks, scratch, conv_fwd_chunk, &job) < 0) {
+        tensor_unref(y);
+        free(ctx);
+        return error_wrap("conv2d");
     }
-    free(col);
     ctx->g = g;
     ctx->N = N;
     ctx->O = O;

@@ -8,7 +8,61 @@
 #include "nn/nn.h"
 #include "nn/nn_private.h"
 
+/*  Elementwise work below this many elements runs on the calling thread:
+    waking the pool costs more than it saves. */
+#define PARALLEL_MIN_ELEMS (1 << 16)
+
+static int elem_chunks(int64_t n)
+{
+    return n >= PARALLEL_MIN_ELEMS ? nn_parallel_chunks() : 1;
+}
+
 /* ---- linear ---- */
+
+/*  Linear layers split by blocks of columns of the result (features), so
+    each chunk writes its own part of the output and nothing is reduced. */
+typedef struct {
+    int which;            /* 0: y = x W^T, 1: dx = dy W, 2: dW = dy^T x */
+    int rows, in_f, out_f, n_chunks;
+    const float *x, *w, *dy;
+    float *out;
+} linear_job_t;
+
+static void linear_chunk(void *arg, int c, float *scratch)
+{
+    const linear_job_t *j = arg;
+    (void)scratch;
+    int64_t lo, hi;
+    switch (j->which) {
+    case 0:
+        nn_chunk_range(j->out_f, j->n_chunks, c, &lo, &hi);
+        nn_sgemm(false, true, j->rows, (int)(hi - lo), j->in_f, 1.0f, j->x, j->in_f,
+                 j->w + lo * j->in_f, j->in_f, 1.0f, j->out + lo, j->out_f);
+        break;
+    case 1:
+        nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
+        nn_sgemm(false, false, j->rows, (int)(hi - lo), j->out_f, 1.0f, j->dy, j->out_f,
+                 j->w + lo, j->in_f, 0.0f, j->out + lo, j->in_f);
+        break;
+    default:
+        nn_chunk_range(j->out_f, j->n_chunks, c, &lo, &hi);
+        nn_sgemm(true, false, (int)(hi - lo), j->in_f, j->rows, 1.0f, j->dy + lo, j->out_f,
+                 j->x, j->in_f, 0.0f, j->out + lo * j->in_f, j->in_f);
+        break;
+    }
+}
+
+/*  One chunk for small products; otherwise one per thread, if each gets
+    a block of at least 16 features. */
+static int linear_run(linear_job_t *j)
+{
+    int64_t flops = (int64_t)j->rows * j->in_f * j->out_f;
+    int span = j->which == 1 ? j->in_f : j->out_f;
+    j->n_chunks = flops >= (1 << 20) ? nn_parallel_chunks() : 1;
+    while (j->n_chunks > 1 && span / j->n_chunks < 16)
+        j->n_chunks--;
+    return nn_parallel_run(j->n_chunks, 0, linear_chunk, j);
+}
 
 static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
 {
@@ -16,17 +70,23 @@ static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t *
     const int out_f = (int)tensor_size(w, 0), in_f = (int)tensor_size(w, 1);
     const int rows = in_f ? (int)(tensor_numel(x) / in_f) : 0;
     const float *dy = tensor_data(gout[0]);
+    linear_job_t job = {.rows = rows, .in_f = in_f, .out_f = out_f, .x = tensor_data(x),
+                        .w = tensor_data(w), .dy = dy};
     if (autograd_node_needs_grad(n, 0)) {          /* dx = dy W */
         if (!(gin[0] = tensor_empty(TENSOR_F32, tensor_ndim(x), tensor_shape(x))))
             return -1;
-        nn_sgemm(false, false, rows, in_f, out_f, 1.0f, dy, out_f, tensor_data(w), in_f, 0.0f,
-                 tensor_data(gin[0]), in_f);
+        job.which = 1;
+        job.out = tensor_data(gin[0]);
+        if (linear_run(&job) < 0)
+            return -1;
     }
     if (autograd_node_needs_grad(n, 1)) {          /* dW = dy^T x */
         if (!(gin[1] = tensor_empty(TENSOR_F32, 2, tensor_shape(w))))
             return -1;
-        nn_sgemm(true, false, out_f, in_f, rows, 1.0f, dy, out_f, tensor_data(x), in_f, 0.0f,
-                 tensor_data(gin[1]), in_f);
+        job.which = 2;
+        job.out = tensor_data(gin[1]);
+        if (linear_run(&job) < 0)
+            return -1;
     }
     if (autograd_node_needs_grad(n, 2)) {          /* db = column sums of dy */
         if (!(gin[2] = tensor_new(TENSOR_F32, 1, (int64_t[]){out_f})))
@@ -65,7 +125,7 @@ int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out)
     int64_t shape[TENSOR_MAX_DIMS];
     memcpy(shape, tensor_shape(x), sizeof(int64_t) * (size_t)tensor_ndim(x));
     shape[tensor_ndim(x) - 1] = out_f;
-    tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(x), shape);
+    tensor_t *y = (bias ? tensor_empty : tensor_new)(TENSOR_F32, tensor_ndim(x), shape);
     if (!y)
         return -1;
     float *yd = tensor_data(y);
@@ -74,8 +134,12 @@ int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out)
         for (int64_t r = 0; r < rows; r++)
             memcpy(yd + r * out_f, b, sizeof(float) * (size_t)out_f);
     }
-    nn_sgemm(false, true, (int)rows, (int)out_f, (int)in_f, 1.0f, tensor_data(x), (int)in_f,
-             tensor_data(weight), (int)in_f, bias ? 1.0f : 0.0f, yd, (int)out_f);
+    linear_job_t job = {.which = 0, .rows = (int)rows, .in_f = (int)in_f, .out_f = (int)out_f,
+                        .x = tensor_data(x), .w = tensor_data(weight), .out = yd};
+    if (linear_run(&job) < 0) {
+        tensor_unref(y);
+        return -1;
+    }
     tensor_t *in[3] = {x, weight, bias};
     if (nn_record(&linear_ops, 3, in, y, x, weight, NULL, NULL) < 0)
         return -1;
@@ -85,16 +149,48 @@ int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out)
 
 /* ---- relu ---- */
 
+typedef struct {
+    int64_t n;
+    int n_chunks;
+    const float *a, *b;   /* forward: x; backward: y and dy */
+    float *out;
+} elem_job_t;
+
+static void relu_chunk(void *arg, int c, float *scratch)
+{
+    const elem_job_t *j = arg;
+    (void)scratch;
+    int64_t lo, hi;
+    nn_chunk_range(j->n, j->n_chunks, c, &lo, &hi);
+    const float *restrict x = j->a;
+    float *restrict y = j->out;
+    for (int64_t i = lo; i < hi; i++)
+        y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void relu_backward_chunk(void *arg, int c, float *scratch)
+{
+    const elem_job_t *j = arg;
+    (void)scratch;
+    int64_t lo, hi;
+    nn_chunk_range(j->n, j->n_chunks, c, &lo, &hi);
+    const float *restrict y = j->a, *restrict dy = j->b;
+    float *restrict dx = j->out;
+    for (int64_t i = lo; i < hi; i++) {
+        float d = dy[i];      /* loaded unconditionally: the loop vectorises */
+        dx[i] = y[i] > 0.0f ? d : 0.0f;
+    }
+}
+
 static int relu_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
 {
     tensor_t *y = autograd_node_saved(n, 0);
     if (!(gin[0] = tensor_empty(TENSOR_F32, tensor_ndim(y), tensor_shape(y))))
         return -1;
-    const float *yd = tensor_data(y), *dy = tensor_data(gout[0]);
-    float *dx = tensor_data(gin[0]);
-    for (int64_t i = 0; i < tensor_numel(y); i++)
-        dx[i] = yd[i] > 0.0f ? dy[i] : 0.0f;
-    return 0;
+    elem_job_t job = {.n = tensor_numel(y), .a = tensor_data(y), .b = tensor_data(gout[0]),
+                      .out = tensor_data(gin[0])};
+    job.n_chunks = elem_chunks(job.n);
+    return nn_parallel_run(job.n_chunks, 0, relu_backward_chunk, &job);
 }
 
 static const autograd_node_ops_t relu_ops = {"ReluBackward", relu_backward, NULL};
@@ -107,10 +203,12 @@ int nn_relu(tensor_t *x, tensor_t **out)
     tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(x), tensor_shape(x));
     if (!y)
         return -1;
-    const float *xd = tensor_data(x);
-    float *yd = tensor_data(y);
-    for (int64_t i = 0; i < tensor_numel(x); i++)
-        yd[i] = xd[i] > 0.0f ? xd[i] : 0.0f;
+    elem_job_t job = {.n = tensor_numel(x), .a = tensor_data(x), .out = tensor_data(y)};
+    job.n_chunks = elem_chunks(job.n);
+    if (nn_parallel_run(job.n_chunks, 0, relu_chunk, &job) < 0) {
+        tensor_unref(y);
+        return -1;
+    }
     if (nn_record(&relu_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
@@ -121,28 +219,118 @@ int nn_relu(tensor_t *x, tensor_t **out)
 
 typedef struct {
     int64_t shape[4];     /* input (N,C,H,W) */
-    int64_t n_out;        /* N*C*Ho*Wo */
+    int kernel, stride;
+    int64_t Ho, Wo;
     int32_t argmax[];     /* per output: index inside its input plane */
 } pool_ctx_t;
 
-static int pool_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+typedef struct {
+    const pool_ctx_t *ctx;
+    int64_t planes;
+    int n_chunks;
+    const float *in;      /* forward: x; backward: dy */
+    float *out;           /* forward: y; backward: dx */
+    int32_t *argmax;
+} pool_job_t;
+
+/*  The winner of a window: the first maximum, NaN winning (as PyTorch). */
+static inline void pool_take(const float *xp, int64_t idx, float *best, int64_t *best_i)
 {
-    const pool_ctx_t *ctx = autograd_node_ctx(n);
-    if (!(gin[0] = tensor_new(TENSOR_F32, 4, ctx->shape)))
-        return -1;
-    const int64_t planes = ctx->shape[0] * ctx->shape[1];
-    const int64_t hw = ctx->shape[2] * ctx->shape[3];
-    const int64_t per = planes ? ctx->n_out / planes : 0;
-    const float *dy = tensor_data(gout[0]);
-    float *dx = tensor_data(gin[0]);
-    for (int64_t p = 0; p < planes; p++) {
-        float *dxp = dx + p * hw;
-        const float *dyp = dy + p * per;
+    float v = xp[idx];
+    if (v > *best || isnan(v)) {
+        *best = v;
+        *best_i = idx;
+    }
+}
+
+/*  One output row of 2x2/2 pooling, branch-free so it vectorises:
+    candidates in PyTorch's order (row-major in the window), a later one
+    winning only when strictly larger, or NaN. */
+static void pool_row_2x2(const float *restrict r0, int64_t W, int32_t base,
+                         float *restrict y, int32_t *restrict am, int Wo)
+{
+    const float *restrict r1 = r0 + W;
+    for (int ow = 0; ow < Wo; ow++) {
+        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+        int32_t i = base + 2 * ow;
+        float best = a;
+        int32_t bi = i;
+        bool t = b > best || b != b;
+        best = t ? b : best;
+        bi = t ? i + 1 : bi;
+        t = c > best || c != c;
+        best = t ? c : best;
+        bi = t ? i + (int32_t)W : bi;
+        t = d > best || d != d;
+        best = t ? d : best;
+        bi = t ? i + (int32_t)W + 1 : bi;
+        y[ow] = best;
+        am[ow] = bi;
+    }
+}
+
+static void pool_plane(const pool_ctx_t *ctx, const float *xp, float *yp, int32_t *am)
+{
+    const int64_t W = ctx->shape[3], Ho = ctx->Ho, Wo = ctx->Wo;
+    const int k = ctx->kernel, s = ctx->stride;
+    if (k == 2 && s == 2) {
+        for (int64_t oh = 0; oh < Ho; oh++)
+            pool_row_2x2(xp + 2 * oh * W, W, (int32_t)(2 * oh * W), yp + oh * Wo,
+                         am + oh * Wo, (int)Wo);
+        return;
+    }
+    for (int64_t oh = 0; oh < Ho; oh++) {
+        for (int64_t ow = 0; ow < Wo; ow++) {
+            int64_t h0 = oh * s, w0 = ow * s, best_i = h0 * W + w0;
+            float best = xp[best_i];
+            for (int64_t i = h0; i < h0 + k; i++)
+                for (int64_t jj = w0; jj < w0 + k; jj++)
+                    pool_take(xp, i * W + jj, &best, &best_i);
+            yp[oh * Wo + ow] = best;
+            am[oh * Wo + ow] = (int32_t)best_i;
+        }
+    }
+}
+
+static void pool_chunk(void *arg, int c, float *scratch)
+{
+    const pool_job_t *j = arg;
+    const pool_ctx_t *ctx = j->ctx;
+    (void)scratch;
+    const int64_t hw = ctx->shape[2] * ctx->shape[3], per = ctx->Ho * ctx->Wo;
+    int64_t lo, hi;
+    nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
+    for (int64_t p = lo; p < hi; p++)
+        pool_plane(ctx, j->in + p * hw, j->out + p * per, j->argmax + p * per);
+}
+
+static void pool_backward_chunk(void *arg, int c, float *scratch)
+{
+    const pool_job_t *j = arg;
+    const pool_ctx_t *ctx = j->ctx;
+    (void)scratch;
+    const int64_t hw = ctx->shape[2] * ctx->shape[3], per = ctx->Ho * ctx->Wo;
+    int64_t lo, hi;
+    nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
+    memset(j->out + lo * hw, 0, sizeof(float) * (size_t)((hi - lo) * hw));
+    for (int64_t p = lo; p < hi; p++) {
+        float *dxp = j->out + p * hw;
+        const float *dyp = j->in + p * per;
         const int32_t *am = ctx->argmax + p * per;
         for (int64_t i = 0; i < per; i++)
             dxp[am[i]] += dyp[i];
     }
-    return 0;
+}
+
+static int pool_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    const pool_ctx_t *ctx = autograd_node_ctx(n);
+    if (!(gin[0] = tensor_empty(TENSOR_F32, 4, ctx->shape)))
+        return -1;
+    pool_job_t job = {.ctx = ctx, .planes = ctx->shape[0] * ctx->shape[1],
+                      .in = tensor_data(gout[0]), .out = tensor_data(gin[0])};
+    job.n_chunks = elem_chunks(tensor_numel(gin[0]));
+    return nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
 }
 
 static const autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward, nn_free_ctx};
@@ -164,8 +352,7 @@ int nn_max_pool2d(tensor_t *x, int kernel, int stride, tensor_t **out)
         return error_set("max_pool2d: kernel %d larger than input %s", kernel, sx);
     if (s[2] * s[3] > INT32_MAX)
         return error_set("max_pool2d: input planes of %s too large", sx);
-    const int64_t H = s[2], W = s[3];
-    const int64_t Ho = (H - kernel) / stride + 1, Wo = (W - kernel) / stride + 1;
+    const int64_t Ho = (s[2] - kernel) / stride + 1, Wo = (s[3] - kernel) / stride + 1;
     const int64_t planes = s[0] * s[1], per = Ho * Wo;
     tensor_t *y = tensor_empty(TENSOR_F32, 4, (int64_t[]){s[0], s[1], Ho, Wo});
     pool_ctx_t *ctx = malloc(sizeof *ctx + sizeof(int32_t) * (size_t)(planes * per));
@@ -175,32 +362,17 @@ int nn_max_pool2d(tensor_t *x, int kernel, int stride, tensor_t **out)
         return error_set("max_pool2d: out of memory");
     }
     memcpy(ctx->shape, s, sizeof ctx->shape);
-    ctx->n_out = planes * per;
-    const float *xd = tensor_data(x);
-    float *yd = tensor_data(y);
-    for (int64_t p = 0; p < planes; p++) {
-        const float *xp = xd + p * H * W;
-        float *yp = yd + p * per;
-        int32_t *am = ctx->argmax + p * per;
-        for (int64_t oh = 0; oh < Ho; oh++) {
-            for (int64_t ow = 0; ow < Wo; ow++) {
-                int64_t h0 = oh * stride, w0 = ow * stride;
-                int64_t best_i = h0 * W + w0;
-                float best = xp[best_i];
-                for (int64_t i = h0; i < h0 + kernel; i++) {
-                    for (int64_t j = w0; j < w0 + kernel; j++) {
-                        float v = xp[i * W + j];
-                        /* NaN wins and sticks, as in PyTorch */
-                        if (v > best || (isnan(v) && !isnan(best))) {
-                            best = v;
-                            best_i = i * W + j;
-                        }
-                    }
-                }
-                yp[oh * Wo + ow] = best;
-                am[oh * Wo + ow] = (int32_t)best_i;
-            }
-        }
+    ctx->kernel = kernel;
+    ctx->stride = stride;
+    ctx->Ho = Ho;
+    ctx->Wo = Wo;
+    pool_job_t job = {.ctx = ctx, .planes = planes, .in = tensor_data(x),
+                      .out = tensor_data(y), .argmax = ctx->argmax};
+    job.n_chunks = elem_chunks(tensor_numel(x));
+    if (nn_parallel_run(job.n_chunks, 0, pool_chunk, &job) < 0) {
+        tensor_unref(y);
+        free(ctx);
+        return -1;
     }
     if (nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
@@ -223,7 +395,8 @@ static int dropout_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t 
         return -1;
     const float *dy = tensor_data(g);
     float *dx = tensor_data(gin[0]);
-    const int64_t per = ctx->per, groups = per ? tensor_numel(g) / per : 0;
+    const int64_t numel = tensor_numel(g);
+    const int64_t per = ctx->per, groups = per ? numel / per : 0;
     for (int64_t k = 0; k < groups; k++) {
         const float m = ctx->mask[k];
         for (int64_t i = k * per; i < (k + 1) * per; i++)

@@ -31,4 +31,31 @@ void nn_free_ctx(autograd_node_t *n);
 void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
               int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
+/*  ---- parallel chunks (parallel.c) ---- */
+
+/*  The pool never has more threads than this. */
+#define NN_MAX_CHUNKS 16
+
+/*  Work on chunk `chunk`; `scratch` holds the scratch_floats floats asked
+    for (private to this call, contents undefined), or is NULL. */
+typedef void (nn_chunk_fn)(void *arg, int chunk, float *scratch);
+
+/*  How many threads the pool has (OpenBLAS's thread count, so
+    OPENBLAS_NUM_THREADS sets both): split heavy work into this many
+    chunks, light work into one. */
+int nn_parallel_chunks(void);
+
+/*  Runs fn(arg, c, scratch) for every c in [0, n_chunks), on the pool's
+    threads when it is free (OpenBLAS single-threaded meanwhile), else one
+    after the other on the calling thread. Returns when all chunks have run:
+    0, or -1 (error_set) when scratch memory ran out (then no chunk ran). */
+int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg);
+
+/*  [*lo, *hi): chunk c of n_chunks over n items, contiguous and balanced. */
+static inline void nn_chunk_range(int64_t n, int n_chunks, int c, int64_t *lo, int64_t *hi)
+{
+    *lo = n * c / n_chunks;
+    *hi = n * (c + 1) / n_chunks;
+}
+
 #endif

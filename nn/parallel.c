@@ -1,0 +1,171 @@
+/*  parallel.c: a small pool of threads for the layers' heavy loops.
+
+    Layers split their work into chunks (a convolution: contiguous runs of
+    samples; a linear layer: blocks of output features), one per thread;
+    each chunk calls single-threaded GEMMs. On two cores this beat letting
+    OpenBLAS split every per-sample GEMM between its own threads, spreads the
+    non-GEMM work too, and keeps OpenBLAS's idle threads (which poll with
+    sched_yield for a while after each threaded call) off the CPUs. While a
+    job runs, OpenBLAS is switched to one thread (openblas_set_num_threads,
+    a plain counter in its pthread build) and switched back after.
+
+    One caller at a time owns the pool. A concurrent caller (two RPC
+    handlers running forwards, say) runs its chunks itself, one after the
+    other, with the same partition (and OpenBLAS's own threading), so
+    results never depend on who got the pool. */
+#include <cblas.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "autograd/error.h"
+#include "nn/nn_private.h"
+
+/*  How long an idle helper polls for the next job before sleeping: jobs of
+    one training step follow each other within microseconds. */
+#define SPIN_NS 200000
+
+static struct {
+    pthread_once_t once;
+    int n;                        /* threads, the caller included */
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    atomic_uint_fast64_t generation;   /* bumped for each job */
+    atomic_int running;           /* helpers still working on the job */
+    int sleepers;                 /* helpers waiting on `wake` */
+    nn_chunk_fn *fn;
+    void *arg;
+    int n_chunks;
+    atomic_int next;              /* next chunk to take */
+    atomic_flag busy;             /* set while a caller owns the pool */
+    float *scratch[NN_MAX_CHUNKS];
+    size_t scratch_cap[NN_MAX_CHUNKS];
+    size_t scratch_floats;        /* of the current job */
+} pool = {.once = PTHREAD_ONCE_INIT, .busy = ATOMIC_FLAG_INIT};
+
+static uint64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/*  Takes chunks until none is left; `slot` picks the scratch buffer. */
+static void run_chunks(int slot)
+{
+    int c;
+    float *scratch = pool.scratch_floats ? pool.scratch[slot] : NULL;
+    while ((c = atomic_fetch_add(&pool.next, 1)) < pool.n_chunks)
+        pool.fn(pool.arg, c, scratch);
+}
+
+static void *helper(void *p)
+{
+    int slot = (int)(intptr_t)p;
+    uint64_t seen = 0;
+    for (;;) {
+        uint64_t t0 = now_ns();
+        int spins = 0;
+        while (atomic_load(&pool.generation) == seen) {
+            _mm_pause();
+            if (++spins % 256 == 0 && now_ns() - t0 > SPIN_NS) {
+                pthread_mutex_lock(&pool.lock);
+                pool.sleepers++;
+                while (atomic_load(&pool.generation) == seen)
+                    pthread_cond_wait(&pool.wake, &pool.lock);
+                pool.sleepers--;
+                pthread_mutex_unlock(&pool.lock);
+            }
+        }
+        seen = atomic_load(&pool.generation);
+        run_chunks(slot);
+        atomic_fetch_sub(&pool.running, 1);
+    }
+    return NULL;
+}
+
+static void pool_init(void)
+{
+    int n = openblas_get_num_threads();
+    pool.n = n < 1 ? 1 : n > NN_MAX_CHUNKS ? NN_MAX_CHUNKS : n;
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    for (int i = 1; i < pool.n; i++) {
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        int rc = pthread_create(&t, &attr, helper, (void *)(intptr_t)i);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) {
+            pool.n = i;           /* run with the threads we got */
+            break;
+        }
+    }
+}
+
+int nn_parallel_chunks(void)
+{
+    pthread_once(&pool.once, pool_init);
+    return pool.n;
+}
+
+/*  Serial fallback: one scratch buffer, reused by every chunk. */
+static int run_serial(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
+{
+    float *scratch = NULL;
+    if (scratch_floats && !(scratch = malloc(sizeof(float) * scratch_floats)))
+        return error_set("out of memory for %zu floats of scratch", scratch_floats);
+    for (int c = 0; c < n_chunks; c++)
+        fn(arg, c, scratch);
+    free(scratch);
+    return 0;
+}
+
+static int grow_scratch(int slots, size_t floats)
+{
+    for (int i = 0; i < slots; i++) {
+        if (pool.scratch_cap[i] >= floats)
+            continue;
+        float *p = realloc(pool.scratch[i], sizeof(float) * floats);
+        if (!p)
+            return error_set("out of memory for %zu floats of scratch", floats);
+        pool.scratch[i] = p;
+        pool.scratch_cap[i] = floats;
+    }
+    return 0;
+}
+
+int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
+{
+    pthread_once(&pool.once, pool_init);
+    if (n_chunks <= 1 || pool.n == 1 || atomic_flag_test_and_set(&pool.busy))
+        return run_serial(n_chunks, scratch_floats, fn, arg);
+    if (grow_scratch(pool.n, scratch_floats) < 0) {
+        atomic_flag_clear(&pool.busy);
+        return -1;
+    }
+    int blas_threads = openblas_get_num_threads();
+    if (blas_threads > 1)
+        openblas_set_num_threads(1);
+    pool.fn = fn;
+    pool.arg = arg;
+    pool.n_chunks = n_chunks;
+    pool.scratch_floats = scratch_floats;
+    atomic_store(&pool.next, 0);
+    atomic_store(&pool.running, pool.n - 1);
+    pthread_mutex_lock(&pool.lock);
+    atomic_fetch_add(&pool.generation, 1);
+    if (pool.sleepers)
+        pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    run_chunks(0);
+    while (atomic_load(&pool.running) > 0)
+        _mm_pause();
+    if (blas_threads > 1)
+        openblas_set_num_threads(blas_threads);
+    atomic_flag_clear(&pool.busy);
+    return 0;
+}
