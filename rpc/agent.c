@@ -1,0 +1,473 @@
+/*  agent.c: rpc_init / rpc_shutdown, the running agent, worker info. */
+#include "rpc/agent.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autograd/error.h"
+#include "rpc/rref.h"
+
+/*  The running agent. Users are counted outside the agent so that a thread
+    can announce itself before it even reads the pointer. */
+static _Atomic(agent_t *) g_agent;
+static atomic_int g_users;
+static atomic_uint g_gen;
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+agent_t *agent_acquire(void)
+{
+    atomic_fetch_add(&g_users, 1);
+    agent_t *a = atomic_load(&g_agent);
+    if (a && !atomic_load(&a->closing))
+        return a;
+    atomic_fetch_sub(&g_users, 1);
+    error_set("RPC is not running (call rpc_init first, and not after rpc_shutdown)");
+    return NULL;
+}
+
+agent_t *agent_try_acquire(void)
+{
+    atomic_fetch_add(&g_users, 1);
+    agent_t *a = atomic_load(&g_agent);
+    if (a && !atomic_load(&a->closing))
+        return a;
+    atomic_fetch_sub(&g_users, 1);
+    return NULL;
+}
+
+void agent_release(agent_t *a)
+{
+    if (a)
+        atomic_fetch_sub(&g_users, 1);
+}
+
+uint64_t agent_new_id(agent_t *a)
+{
+    uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
+    return (uint64_t)a->rank << 48 | n;
+}
+
+int64_t agent_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+void agent_log(agent_t *a, const char *fmt, ...)
+{
+    /* At most 20 lines a second: a peer sending garbage must not turn into
+       a flood of output. */
+    int64_t window = agent_now_ns() / 1000000000;
+    int64_t seen = atomic_load(&a->log_window);
+    if (window != seen && atomic_compare_exchange_strong(&a->log_window, &seen, window))
+        atomic_store(&a->log_budget, 20);
+    if (atomic_fetch_sub(&a->log_budget, 1) <= 0)
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "zdist rpc [%s/%d]: %s\n", a->name, a->rank, line);
+}
+
+int64_t agent_timeout(agent_t *a, int64_t timeout_ms)
+{
+    return timeout_ms < 0 ? a->timeout_ms : timeout_ms;
+}
+
+int agent_check_rank(agent_t *a, int rank, const char *api)
+{
+    if (rank < 0 || rank >= a->world)
+        return error_set("%s: no worker with rank %d (world size %d)", api, rank, a->world);
+    return 0;
+}
+
+/* ---- options and the environment ---- */
+
+rpc_options_t rpc_options_default(void)
+{
+    rpc_options_t o = {
+        .rpc_timeout_ms = 60000,
+        .num_worker_threads = 16,
+        .init_timeout_ms = 300000,
+        .master_addr = NULL,
+        .master_port = 0,
+        .listen_addr = NULL,
+    };
+    return o;
+}
+
+/* Reads an integer environment variable: 1 when set and valid, 0 when
+   unset, -1 (error set) when set to something else. */
+static int env_int(const char *var, long lo, long hi, long *out)
+{
+    const char *s = getenv(var);
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return error_set("rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
+    *out = v;
+    return 1;
+}
+
+static bool name_ok(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+/* The IP this process should bind and advertise: the one the kernel would
+   use to reach the master (a UDP "connect" sends nothing). */
+static int pick_listen_ip(const char *master, int port, char *ip, size_t size)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
+    int rc = getaddrinfo(master, NULL, &hints, &res);
+    if (rc != 0)
+        return error_set("rpc_init: cannot resolve master address \"%s\": %s", master,
+                         gai_strerror(rc));
+    struct sockaddr_in to = *(struct sockaddr_in *)res->ai_addr;
+    freeaddrinfo(res);
+    to.sin_port = htons((uint16_t)port);
+    if ((ntohl(to.sin_addr.s_addr) >> 24) == 127 || to.sin_addr.s_addr == INADDR_ANY) {
+        snprintf(ip, size, "127.0.0.1");
+        return 0;
+    }
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&to, sizeof to) < 0 ||
+        getsockname(fd, (struct sockaddr *)&me, &len) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return error_set("rpc_init: no route to master %s: %s", master, strerror(e));
+    }
+    close(fd);
+    inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)size);
+    return 0;
+}
+
+typedef struct {
+    char name[RPC_MAX_NAME + 1];
+    int rank, world;
+    rpc_options_t o;
+    char master[256];
+    int port;
+} init_params_t;
+
+static int init_params(const char *name, int rank, int world, const rpc_options_t *opts,
+                       init_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->o = opts ? *opts : rpc_options_default();
+    long v;
+    int rc;
+    if (rank < 0) {
+        if ((rc = env_int("RANK", 0, RPC_WIRE_MAX_RANK, &v)) < 0)
+            return -1;
+        if (rc == 0)
+            return error_set("rpc_init: no rank given and RANK is not set");
+        rank = (int)v;
+    }
+    if (world <= 0) {
+        if ((rc = env_int("WORLD_SIZE", 1, RPC_WIRE_MAX_RANK + 1, &v)) < 0)
+            return -1;
+        if (rc == 0)
+            return error_set("rpc_init: no world size given and WORLD_SIZE is not set");
+        world = (int)v;
+    }
+    if (world > RPC_WIRE_MAX_RANK + 1)
+        return error_set("rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
+    if (rank >= world)
+        return error_set("rpc_init: rank %d is outside the world of size %d", rank, world);
+    p->rank = rank;
+    p->world = world;
+    if (name)
+        snprintf(p->name, sizeof p->name, "%s", name);
+    else
+        snprintf(p->name, sizeof p->name, "worker%d", rank);
+    if (!name_ok(name ? name : p->name, RPC_MAX_NAME))
+        return error_set("rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
+                         "no spaces)", name, RPC_MAX_NAME);
+    const char *addr = p->o.master_addr ? p->o.master_addr : getenv("MASTER_ADDR");
+    if (!addr || !*addr)
+        return error_set("rpc_init: no master address: set options.master_addr or "
+                         "MASTER_ADDR");
+    if (strlen(addr) >= sizeof p->master)
+        return error_set("rpc_init: master address too long");
+    snprintf(p->master, sizeof p->master, "%s", addr);
+    p->port = p->o.master_port;
+    if (p->port == 0) {
+        if ((rc = env_int("MASTER_PORT", 1, 65535, &v)) < 0)
+            return -1;
+        if (rc == 0)
+            return error_set("rpc_init: no master port: set options.master_port or "
+                             "MASTER_PORT");
+        p->port = (int)v;
+    }
+    if (p->port < 1 || p->port > 65535)
+        return error_set("rpc_init: master port %d is not in [1, 65535]", p->port);
+    if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
+        return error_set("rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
+    if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
+        return error_set("rpc_init: negative timeout");
+    return 0;
+}
+
+static void publish_identity(agent_t *a);
+
+/* ---- lifecycle ---- */
+
+static void agent_free(agent_t *a)
+{
+    if (!a)
+        return;
+    if (a->peers) {
+        for (int i = 0; i < a->world; i++) {
+            pthread_mutex_destroy(&a->peers[i].lock);
+            metrics_destroy(&a->peers[i].m);
+        }
+        free(a->peers);
+    }
+    free(a->buckets);
+    pthread_mutex_destroy(&a->pending_lock);
+    pthread_mutex_destroy(&a->barrier_lock);
+    free(a);
+}
+
+static agent_t *agent_new(const init_params_t *p)
+{
+    agent_t *a = calloc(1, sizeof *a);
+    if (!a) {
+        error_set("rpc_init: out of memory");
+        return NULL;
+    }
+    snprintf(a->name, sizeof a->name, "%s", p->name);
+    a->rank = p->rank;
+    a->world = p->world;
+    a->timeout_ms = p->o.rpc_timeout_ms;
+    a->n_threads = p->o.num_worker_threads;
+    a->gen = atomic_fetch_add(&g_gen, 1) + 1;
+    a->wake_fd = -1;
+    atomic_init(&a->next_id, 1);
+    atomic_init(&a->log_budget, 20);
+    pthread_mutex_init(&a->pending_lock, NULL);
+    pthread_mutex_init(&a->barrier_lock, NULL);
+    a->n_buckets = 1024;
+    a->buckets = calloc(a->n_buckets, sizeof *a->buckets);
+    a->peers = calloc((size_t)a->world, sizeof *a->peers);
+    if (!a->buckets || !a->peers) {
+        free(a->buckets);
+        free(a->peers);
+        a->buckets = NULL;
+        a->peers = NULL;
+        agent_free(a);
+        error_set("rpc_init: out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < a->world; i++) {
+        a->peers[i].rank = i;
+        pthread_mutex_init(&a->peers[i].lock, NULL);
+        metrics_init(&a->peers[i].m);
+    }
+    snprintf(a->peers[a->rank].name, sizeof a->peers[a->rank].name, "%s", a->name);
+    return a;
+}
+
+/* Stops everything the agent started, in an order where nothing can touch
+   what is already gone: no new users, no incoming messages, no pending
+   call left waiting, no pool thread, then the sockets. */
+static void agent_teardown(agent_t *a, bool graceful)
+{
+    atomic_store(&a->closing, true);
+    while (atomic_load(&g_users) > 0) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    transport_stop_io(a);
+    call_fail_peer(a, -1, "RPC shut down");
+    if (a->pool)
+        pool_destroy(a->pool);
+    a->pool = NULL;
+    call_fail_peer(a, -1, "RPC shut down");
+    shutdown_abort_barrier(a);
+    atomic_store(&g_agent, NULL);
+    rref_ctx_free(a);
+    transport_close(a, graceful);
+    agent_free(a);
+}
+
+int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *opts)
+{
+    init_params_t p;
+    if (init_params(name, rank, world_size, opts, &p) < 0)
+        return -1;
+    pthread_mutex_lock(&g_init_lock);
+    if (atomic_load(&g_agent)) {
+        pthread_mutex_unlock(&g_init_lock);
+        return error_set("rpc_init: RPC is already running (call rpc_shutdown first)");
+    }
+    int64_t deadline = p.o.init_timeout_ms
+                           ? agent_now_ns() + p.o.init_timeout_ms * 1000000
+                           : INT64_MAX;
+    char ip[64];
+    if (p.o.listen_addr)
+        snprintf(ip, sizeof ip, "%s", p.o.listen_addr);
+    else if (pick_listen_ip(p.master, p.port, ip, sizeof ip) < 0)
+        goto fail_unlocked;
+    agent_t *a = agent_new(&p);
+    if (!a)
+        goto fail_unlocked;
+    if (transport_bind(a, ip) < 0 || rref_ctx_new(a) < 0 || serve_register_internal() < 0 ||
+        !(a->pool = pool_new(a->n_threads)) ||
+        rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
+        error_wrap("rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        agent_teardown(a, false);
+        goto fail_unlocked;
+    }
+    rpc_value_set_rref_hooks(rref_value_ref_hook, rref_value_unref_hook);
+    /* Published before the I/O thread starts: handlers may call out. */
+    atomic_store(&g_agent, a);
+    if (transport_connect(a, deadline) < 0) {
+        error_wrap("rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        agent_teardown(a, false);
+        goto fail_unlocked;
+    }
+    publish_identity(a);
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
+fail_unlocked:
+    pthread_mutex_unlock(&g_init_lock);
+    return -1;
+}
+
+int rpc_shutdown(bool graceful, int64_t timeout_ms)
+{
+    pthread_mutex_lock(&g_init_lock);
+    agent_t *a = atomic_load(&g_agent);
+    if (!a || atomic_load(&a->closing)) {
+        pthread_mutex_unlock(&g_init_lock);
+        return error_set("rpc_shutdown: RPC is not running");
+    }
+    int rc = graceful ? shutdown_graceful(a, timeout_ms) : 0;
+    char saved[1024] = "";
+    if (rc < 0)
+        snprintf(saved, sizeof saved, "%s", error_last());
+    publish_identity(NULL);
+    agent_teardown(a, graceful);
+    pthread_mutex_unlock(&g_init_lock);
+    if (rc < 0)
+        return error_set("%s", saved);
+    return 0;
+}
+
+bool rpc_is_running(void)
+{
+    agent_t *a = atomic_load(&g_agent);
+    return a && !atomic_load(&a->closing);
+}
+
+/* ---- worker info ---- */
+
+static void fill_info(const peer_t *p, rpc_worker_info_t *out)
+{
+    snprintf(out->name, sizeof out->name, "%s", p->name);
+    out->rank = p->rank;
+    snprintf(out->endpoint, sizeof out->endpoint, "%s", p->endpoint);
+}
+
+int rpc_get_worker_info(const char *name, rpc_worker_info_t *out)
+{
+    agent_t *a = agent_acquire();
+    if (!a)
+        return -1;
+    int rc = -1;
+    if (!out) {
+        error_set("rpc_get_worker_info: NULL output");
+    } else if (!name) {
+        fill_info(&a->peers[a->rank], out);
+        rc = 0;
+    } else {
+        for (int i = 0; i < a->world; i++)
+            if (strcmp(a->peers[i].name, name) == 0) {
+                fill_info(&a->peers[i], out);
+                rc = 0;
+                break;
+            }
+        if (rc < 0)
+            error_set("rpc_get_worker_info: no worker called \"%s\"", name);
+    }
+    agent_release(a);
+    return rc;
+}
+
+int rpc_get_worker_info_by_rank(int rank, rpc_worker_info_t *out)
+{
+    agent_t *a = agent_acquire();
+    if (!a)
+        return -1;
+    int rc = -1;
+    if (!out)
+        error_set("rpc_get_worker_info_by_rank: NULL output");
+    else if (agent_check_rank(a, rank, "rpc_get_worker_info_by_rank") == 0) {
+        fill_info(&a->peers[rank], out);
+        rc = 0;
+    }
+    agent_release(a);
+    return rc;
+}
+
+int rpc_worker(const char *name)
+{
+    rpc_worker_info_t info;
+    if (rpc_get_worker_info(name, &info) < 0)
+        return -1;
+    return info.rank;
+}
+
+/* Read without taking the agent: these never fail and never set errors. */
+static atomic_int g_rank = -1, g_world = -1;
+static char g_name[RPC_MAX_NAME + 1];
+
+static void publish_identity(agent_t *a)
+{
+    if (a)
+        snprintf(g_name, sizeof g_name, "%s", a->name);
+    else
+        g_name[0] = 0;
+    atomic_store(&g_rank, a ? a->rank : -1);
+    atomic_store(&g_world, a ? a->world : -1);
+}
+
+int rpc_rank(void)
+{
+    return atomic_load(&g_rank);
+}
+
+int rpc_world_size(void)
+{
+    return atomic_load(&g_world);
+}
+
+const char *rpc_name(void)
+{
+    return g_name;
+}

@@ -1,0 +1,237 @@
+/*  agent.h: state shared by the files of the RPC agent (private to rpc/).
+
+    Files: agent.c (init, shutdown, worker info), rendezvous.c, transport.c
+    (sockets, the I/O thread), call.c (outgoing calls and their pending
+    table), serve.c (registry and incoming calls), pool.c, rref.c and
+    rref_api.c (remote references), metrics.c.
+
+    Sockets. One ROUTER per process, bound, receives everything and is
+    touched only by the I/O thread. One DEALER per peer (identity = our
+    rank, see wire.h) sends everything to that peer's ROUTER: requests and
+    the replies to the peer's requests. It never receives, so any thread
+    may send on it while holding the peer's lock; that is what keeps the
+    call path free of hand-offs between our threads. */
+#ifndef ZDIST_RPC_AGENT_H
+#define ZDIST_RPC_AGENT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rpc/codec.h"
+#include "rpc/rpc.h"
+#include "rpc/wire.h"
+
+typedef struct pool pool_t;
+typedef struct pending pending_t;
+typedef struct rref_ctx rref_ctx_t;
+
+#define RPC_LAT_BUCKETS 448     /* 16 per octave from 1 us: up to 2^28 us */
+
+typedef struct {
+    atomic_int_fast64_t calls_sent, calls_served, errors;
+    atomic_int_fast64_t bytes_sent, bytes_received;
+    atomic_int_fast64_t in_flight, serving;
+    pthread_mutex_t lock;                   /* guards the latency fields */
+    int64_t lat_count;
+    double lat_sum_us;
+    uint32_t lat_hist[RPC_LAT_BUCKETS];
+} peer_metrics_t;
+
+typedef struct {
+    char name[RPC_MAX_NAME + 1];
+    int rank;
+    char endpoint[RPC_MAX_ENDPOINT + 1];
+    void *sock;                 /* DEALER to the peer's ROUTER */
+    pthread_mutex_t lock;       /* serialises use of sock */
+    void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
+    atomic_bool lost;           /* the connection dropped since init */
+    peer_metrics_t m;
+} peer_t;
+
+typedef struct agent {
+    char name[RPC_MAX_NAME + 1];
+    int rank, world;
+    int64_t timeout_ms;             /* default call timeout, 0 = none */
+    int n_threads;
+    unsigned gen;                   /* distinguishes successive inits */
+
+    void *ctx;                      /* ZeroMQ context */
+    void *router;
+    int wake_fd;                    /* eventfd that wakes the I/O thread */
+    peer_t *peers;                  /* world entries */
+
+    pthread_t io_thread;
+    bool io_started;
+    atomic_bool io_stop;
+    atomic_bool closing;            /* no new calls */
+
+    pool_t *pool;
+
+    pthread_mutex_t pending_lock;
+    pending_t **buckets;
+    size_t n_buckets;
+    int64_t n_pending;
+    int64_t earliest_ns;                    /* no pending deadline before this */
+    atomic_int_fast64_t user_in_flight;     /* non-internal outgoing calls */
+    atomic_int_fast64_t serving;            /* incoming calls not answered yet */
+    atomic_uint_fast64_t next_id;
+
+    rref_ctx_t *rrefs;
+    rpc_rref_codec_t rref_codec;
+
+    rpc_hooks_t hooks;
+    bool has_hooks;
+
+    pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
+    struct barrier_round *barrier;
+
+    atomic_int log_budget;          /* rate limit of agent_log */
+    atomic_int_fast64_t log_window;
+} agent_t;
+
+/*  ---- agent.c ---- */
+
+/*  The running agent with one more user, or NULL ("RPC is not running"
+    error). Every public entry point brackets its use of the agent with
+    agent_acquire/agent_release, so shutdown can wait for them. */
+agent_t *agent_acquire(void);
+void agent_release(agent_t *a);
+/*  Same without setting an error (for release paths). */
+agent_t *agent_try_acquire(void);
+
+/*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
+uint64_t agent_new_id(agent_t *a);
+
+/*  Monotonic clock in ns. */
+int64_t agent_now_ns(void);
+
+/*  Logs one line to stderr, "zdist rpc [name/rank]: ...", rate limited. */
+void agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*  Effective timeout of a call: timeout_ms < 0 gives the default. */
+int64_t agent_timeout(agent_t *a, int64_t timeout_ms);
+
+/*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7"). */
+int agent_check_rank(agent_t *a, int rank, const char *api);
+
+/*  ---- rendezvous.c ---- */
+
+/*  Registers with the master at addr:port (hosting it on rank 0) and fills
+    a->peers[*].name/endpoint. a->name/rank/world and our own endpoint in
+    a->peers[a->rank] are set. 0, or -1. */
+int rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
+
+/*  ---- transport.c ---- */
+
+/*  Roles of threads, for guards and for the pool's compensation. */
+typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
+thread_role_t transport_thread_role(void);
+void transport_set_thread_role(thread_role_t role);
+
+/*  Creates the context and binds the ROUTER on listen_ip (port chosen by the
+    OS); fills a->peers[a->rank].endpoint. */
+int transport_bind(agent_t *a, const char *listen_ip);
+
+/*  Creates and connects the DEALERs to every peer, starts the I/O thread,
+    then makes sure every peer is reachable (HELLO) before deadline_ns. */
+int transport_connect(agent_t *a, int64_t deadline_ns);
+
+/*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
+    to rank dst. Any thread. 0, or -1 ("peer unreachable"). */
+int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *tensors,
+                   int n_tensors);
+
+/*  Sends an ERROR answer to request id of rank dst. */
+void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
+
+/*  Stops the I/O thread and closes every socket and the context. */
+void transport_stop_io(agent_t *a);
+void transport_close(agent_t *a, bool graceful);
+
+/*  ---- call.c: outgoing requests ---- */
+
+typedef struct {
+    uint8_t type;               /* CALL, REMOTE, RREF_FETCH or a control type */
+    uint16_t flags;             /* RPC_WIRE_F_* */
+    const char *fn;             /* CALL/REMOTE */
+    const char *api;            /* "rpc_sync", ... for error texts */
+    rpc_value_t *args;          /* CALL/REMOTE, borrowed, NULL = none */
+    uint64_t a, b;              /* header fields */
+    int64_t timeout_ms;         /* < 0 default */
+    bool hooked;                /* run the hooks (user-visible requests) */
+    uint64_t *id_out;           /* if set, receives the request id */
+} call_req_t;
+
+/*  Sends a request and returns the future of its answer (a new reference),
+    or NULL when it could not be sent (error set). */
+rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req);
+
+/*  Sends a request and waits for its answer (not on the I/O thread):
+    0 and *result (new reference), or -1 with the request's error. */
+int call_sync(const call_req_t *req, int to, rpc_value_t **result);
+
+/*  Handles a REPLY / ERROR (I/O thread); consumes frames. */
+void call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
+
+/*  Fails the pending calls whose deadline has passed (I/O thread). */
+void call_expire(agent_t *a, int64_t now_ns);
+
+/*  Fails pending calls to peer (or every one with peer < 0) with text. */
+void call_fail_peer(agent_t *a, int peer, const char *text);
+
+/*  Fails request id now if still pending (a waiter that timed out). */
+void call_timeout_now(agent_t *a, uint64_t id);
+
+/*  Waits for f; a pool thread lets the pool compensate meanwhile. */
+int call_wait(rpc_future_t *f, int64_t timeout_ms);
+
+/*  ---- serve.c: incoming requests ---- */
+
+/*  Handles CALL / REMOTE / RREF_FETCH (I/O thread); consumes frames. */
+void serve_request(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
+
+/*  Registers the agent's own functions (shutdown barrier). */
+int serve_register_internal(void);
+
+/*  ---- pool.c ---- */
+
+typedef void (pool_fn)(void *arg);
+
+pool_t *pool_new(int n_threads);
+/*  Queues fn(arg); drop(arg) runs instead if the pool is destroyed first.
+    0, or -1 (out of memory, stopping: drop has run). */
+int pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg);
+/*  Bracket a blocking wait on a pool thread (no-op on other threads). */
+void pool_block_begin(void);
+void pool_block_end(void);
+/*  Stops taking work, drops queued tasks, joins every thread. */
+void pool_destroy(pool_t *p);
+
+/*  ---- rref.c ---- */
+
+int rref_ctx_new(agent_t *a);
+void rref_ctx_free(agent_t *a);
+/*  Control messages from peers (I/O thread): answer with a REPLY or ERROR. */
+void rref_handle_control(agent_t *a, const rpc_wire_header_t *h);
+/*  Periodic work: placeholder expiry (I/O thread). */
+void rref_tick(agent_t *a, int64_t now_ns);
+
+/*  ---- shutdown.c ---- */
+
+int shutdown_graceful(agent_t *a, int64_t timeout_ms);
+/*  Rank 0, I/O thread: fails barrier rounds that cannot complete. */
+void shutdown_tick(agent_t *a, int64_t now_ns);
+/*  Teardown: fails the barrier rounds still open. */
+void shutdown_abort_barrier(agent_t *a);
+/*  The barrier's handler on rank 0 (registered by serve_register_internal). */
+rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void *arg);
+
+/*  ---- metrics.c ---- */
+
+void metrics_init(peer_metrics_t *m);
+void metrics_destroy(peer_metrics_t *m);
+void metrics_latency(peer_metrics_t *m, int64_t ns);
+
+#endif

@@ -1,0 +1,443 @@
+/*  call.c: outgoing requests, their pending table, rpc_sync / rpc_async.
+
+    A request gets a future and an entry in the pending table (keyed by its
+    64-bit id) before it is sent; the I/O thread takes the entry out when
+    the answer arrives, or when its deadline passes, and completes the
+    future. A caller blocked in rpc_sync waits on that future: the only
+    thread hand-off of a round trip on the caller's side. */
+#include "rpc/agent.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/error.h"
+#include "rpc/rref.h"
+
+struct pending {
+    uint64_t id;
+    int dst;
+    uint8_t type;
+    bool internal;
+    bool hooked;                /* on_send_request ran: on_recv_reply is due */
+    char fn[RPC_MAX_FUNCTION + 1];
+    const char *api;
+    rpc_future_t *future;
+    int64_t start_ns;
+    int64_t deadline_ns;        /* INT64_MAX: none */
+    int64_t timeout_ms;
+    void *hook_state;
+    pending_t *next;
+};
+
+/* ---- the table ---- */
+
+static size_t bucket_of(agent_t *a, uint64_t id)
+{
+    return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> 32) & (a->n_buckets - 1);
+}
+
+static void pending_insert(agent_t *a, pending_t *p)
+{
+    pthread_mutex_lock(&a->pending_lock);
+    size_t b = bucket_of(a, p->id);
+    p->next = a->buckets[b];
+    a->buckets[b] = p;
+    a->n_pending++;
+    if (p->deadline_ns < a->earliest_ns || a->n_pending == 1)
+        a->earliest_ns = p->deadline_ns;
+    pthread_mutex_unlock(&a->pending_lock);
+}
+
+static pending_t *pending_take(agent_t *a, uint64_t id)
+{
+    pthread_mutex_lock(&a->pending_lock);
+    pending_t **pp = &a->buckets[bucket_of(a, id)];
+    while (*pp && (*pp)->id != id)
+        pp = &(*pp)->next;
+    pending_t *p = *pp;
+    if (p) {
+        *pp = p->next;
+        a->n_pending--;
+    }
+    pthread_mutex_unlock(&a->pending_lock);
+    return p;
+}
+
+/* Takes every entry matching (peer, or all with peer < 0; or only expired
+   ones with now >= 0) out of the table, as a list. */
+static pending_t *pending_take_many(agent_t *a, int peer, int64_t now)
+{
+    pending_t *out = NULL;
+    pthread_mutex_lock(&a->pending_lock);
+    if (now >= 0 && (a->n_pending == 0 || now < a->earliest_ns)) {
+        pthread_mutex_unlock(&a->pending_lock);
+        return NULL;
+    }
+    int64_t earliest = INT64_MAX;
+    for (size_t b = 0; b < a->n_buckets; b++) {
+        pending_t **pp = &a->buckets[b];
+        while (*pp) {
+            pending_t *p = *pp;
+            bool take = now >= 0 ? p->deadline_ns <= now : (peer < 0 || p->dst == peer);
+            if (take) {
+                *pp = p->next;
+                a->n_pending--;
+                p->next = out;
+                out = p;
+            } else {
+                if (p->deadline_ns < earliest)
+                    earliest = p->deadline_ns;
+                pp = &p->next;
+            }
+        }
+    }
+    a->earliest_ns = earliest;
+    pthread_mutex_unlock(&a->pending_lock);
+    return out;
+}
+
+/* ---- completion ---- */
+
+static void pending_free(pending_t *p)
+{
+    rpc_future_unref(p->future);
+    free(p);
+}
+
+static rpc_call_kind_t kind_of(int type)
+{
+    return type == RPC_MSG_REMOTE ? RPC_KIND_REMOTE
+           : type == RPC_MSG_RREF_FETCH ? RPC_KIND_FETCH : RPC_KIND_CALL;
+}
+
+/* Completes p with value (borrowed) or the failure detail, runs the reply
+   hook (with the answer's extra bytes), counts, and frees p. */
+static void pending_finish(agent_t *a, pending_t *p, rpc_value_t *value, const char *detail,
+                           const void *extra, size_t extra_len)
+{
+    peer_t *peer = &a->peers[p->dst];
+    rpc_value_t *v = value ? rpc_value_ref(value) : NULL;
+    char text[512];
+    if (p->hooked && a->hooks.on_recv_reply) {
+        rpc_hook_msg_t m = {p->dst, p->fn, kind_of(p->type), p->id};
+        bool had_value = v != NULL;
+        if (a->hooks.on_recv_reply(a->hooks.arg, &m, p->hook_state, extra, extra_len, &v) < 0
+            && had_value) {
+            snprintf(text, sizeof text, "reply hook failed: %s", error_last());
+            detail = text;
+            rpc_value_unref(v);
+            v = NULL;
+        }
+    }
+    if (!p->internal) {
+        atomic_fetch_sub_explicit(&peer->m.in_flight, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&a->user_in_flight, 1, memory_order_relaxed);
+    }
+    if (v) {
+        if (!p->internal)
+            metrics_latency(&peer->m, agent_now_ns() - p->start_ns);
+        rpc_future_set_value(p->future, v);
+        rpc_value_unref(v);
+    } else {
+        if (!p->internal)
+            atomic_fetch_add_explicit(&peer->m.errors, 1, memory_order_relaxed);
+        rpc_future_set_error(p->future, "%s to \"%s\" (rank %d) calling \"%s\": %s", p->api,
+                             peer->name, p->dst, p->fn, detail ? detail : "failed");
+    }
+    pending_free(p);
+}
+
+/* ---- sending ---- */
+
+static bool fn_name_ok(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > RPC_MAX_FUNCTION)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+static rpc_value_t *empty_args(void)
+{
+    static _Atomic(rpc_value_t *) empty;
+    rpc_value_t *v = atomic_load(&empty);
+    if (v)
+        return v;
+    rpc_value_t *n = rpc_value_list(0);
+    if (!n)
+        return NULL;
+    if (!atomic_compare_exchange_strong(&empty, &v, n)) {
+        rpc_value_unref(n);
+        return v;
+    }
+    return n;
+}
+
+static const char *type_fn_name(const call_req_t *req)
+{
+    if (req->fn)
+        return req->fn;
+    return req->type == RPC_MSG_RREF_FETCH ? "__to_here" : rpc_wire_type_name(req->type);
+}
+
+rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
+{
+    if (agent_check_rank(a, to, req->api) < 0)
+        return NULL;
+    if (atomic_load(&a->closing))
+        return error_set("%s: RPC is shutting down", req->api), NULL;
+    bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
+    if (has_value && !fn_name_ok(req->fn))
+        return error_set("%s to \"%s\" (rank %d): bad function name \"%s\"", req->api,
+                         a->peers[to].name, to, req->fn ? req->fn : "(null)"), NULL;
+    if (req->args && rpc_value_kind(req->args) != RPC_LIST)
+        return error_set("%s to \"%s\" (rank %d) calling \"%s\": arguments must be a list, "
+                         "not %s", req->api, a->peers[to].name, to, req->fn,
+                         rpc_value_kind_name(rpc_value_kind(req->args))), NULL;
+    pending_t *p = calloc(1, sizeof *p);
+    rpc_future_t *f = rpc_future_new();
+    if (!p || !f) {
+        free(p);
+        rpc_future_unref(f);
+        return error_set("%s: out of memory", req->api), NULL;
+    }
+    p->id = agent_new_id(a);
+    p->dst = to;
+    p->type = req->type;
+    p->internal = !req->hooked;
+    p->api = req->api;
+    snprintf(p->fn, sizeof p->fn, "%s", type_fn_name(req));
+    p->future = f;
+    p->timeout_ms = agent_timeout(a, req->timeout_ms);
+    p->start_ns = agent_now_ns();
+    p->deadline_ns = p->timeout_ms ? p->start_ns + p->timeout_ms * 1000000 : INT64_MAX;
+    if (req->id_out)
+        *req->id_out = p->id;
+    rpc_future_ref(f);   /* the caller's */
+    peer_t *peer = &a->peers[to];
+    if (!p->internal) {
+        atomic_fetch_add_explicit(&peer->m.calls_sent, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&peer->m.in_flight, 1, memory_order_relaxed);
+        atomic_fetch_add_explicit(&a->user_in_flight, 1, memory_order_relaxed);
+    }
+
+    rpc_value_t *args = NULL;
+    if (has_value)
+        args = rpc_value_ref(req->args ? req->args : empty_args());
+    rpc_bytes_t extra = {NULL, 0};
+    char detail[512] = "";
+    if (req->hooked && a->has_hooks && a->hooks.on_send_request) {
+        rpc_hook_msg_t m = {to, p->fn, kind_of(req->type), p->id};
+        if (a->hooks.on_send_request(a->hooks.arg, &m, &args, &extra, &p->hook_state) < 0) {
+            snprintf(detail, sizeof detail, "request hook failed: %s", error_last());
+            goto fail;
+        }
+        p->hooked = true;
+    }
+    if (extra.len > RPC_WIRE_MAX_EXTRA) {
+        snprintf(detail, sizeof detail, "%zu bytes of hook metadata", extra.len);
+        goto fail;
+    }
+    rref_txn_t txn;
+    rref_txn_init(&txn, a);
+    rpc_encoded_t enc = {0};
+    if (has_value) {
+        rpc_rref_codec_t codec = rref_txn_codec(&txn);
+        if (rpc_value_encode(args, &codec, to, &enc) < 0) {
+            snprintf(detail, sizeof detail, "cannot send the arguments: %s", error_last());
+            rref_txn_rollback(&txn);
+            goto fail;
+        }
+    }
+    rpc_wire_header_t h = {
+        .type = req->type, .flags = req->flags | (req->hooked ? 0 : RPC_WIRE_F_INTERNAL),
+        .id = p->id, .a = req->a, .b = req->b,
+        .timeout_ms = p->timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)p->timeout_ms,
+        .fn = req->fn, .fn_len = has_value ? strlen(req->fn) : 0,
+        .extra = extra.data, .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len,
+    };
+    /* In the table before the first byte leaves: the answer may come back
+       before transport_send returns. */
+    pending_insert(a, p);
+    int rc = transport_send(a, to, &h, enc.tensors, enc.n_tensors);
+    rpc_encoded_clear(&enc);
+    free(extra.data);
+    rpc_value_unref(args);
+    if (rc == 0) {
+        rref_txn_commit(&txn);
+        return f;
+    }
+    rref_txn_rollback(&txn);
+    snprintf(detail, sizeof detail, "%s", error_last());
+    p = pending_take(a, h.id);
+    if (p)
+        pending_finish(a, p, NULL, detail, NULL, 0);
+    return f;   /* failed: the error is in the future */
+fail:
+    free(extra.data);
+    rpc_value_unref(args);
+    pending_finish(a, p, NULL, detail, NULL, 0);
+    return f;
+}
+
+/* ---- answers and expiry (I/O thread) ---- */
+
+void call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
+{
+    pending_t *p = pending_take(a, h->id);
+    if (p && p->dst != h->src) {
+        agent_log(a, "dropped an answer to request %" PRIx64 " from rank %d: it was sent to "
+                  "rank %d", h->id, h->src, p->dst);
+        pending_insert(a, p);
+        p = NULL;
+        if (h->type == RPC_MSG_ERROR)
+            return;
+    }
+    if (h->type == RPC_MSG_ERROR) {
+        for (int i = 0; i < n; i++)
+            frames[i].release(frames[i].data, frames[i].release_arg);
+        if (!p)
+            return;
+        char *text = malloc(h->meta_len + 64);
+        if (text) {
+            memcpy(text, "remote error: ", 14);
+            memcpy(text + 14, h->meta, h->meta_len);
+            text[14 + h->meta_len] = 0;
+        }
+        pending_finish(a, p, NULL, text ? text : "remote error", h->extra, h->extra_len);
+        free(text);
+        return;
+    }
+    /* Decoded even when nobody waits any more (a late answer), so that the
+       RRefs inside follow their protocol and nothing leaks. */
+    rpc_value_t *v = NULL;
+    int rc = rpc_value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src, &v);
+    if (!p) {
+        rpc_value_unref(v);
+        return;
+    }
+    if (rc < 0) {
+        char text[512];
+        snprintf(text, sizeof text, "bad reply: %s", error_last());
+        agent_log(a, "%s", text);
+        pending_finish(a, p, NULL, text, h->extra, h->extra_len);
+        return;
+    }
+    pending_finish(a, p, v, NULL, h->extra, h->extra_len);
+    rpc_value_unref(v);
+}
+
+static void finish_list(agent_t *a, pending_t *list, const char *detail)
+{
+    while (list) {
+        pending_t *next = list->next;
+        char text[256];
+        if (!detail)
+            snprintf(text, sizeof text, "timed out after %" PRId64 " ms", list->timeout_ms);
+        pending_finish(a, list, NULL, detail ? detail : text, NULL, 0);
+        list = next;
+    }
+}
+
+void call_expire(agent_t *a, int64_t now_ns)
+{
+    finish_list(a, pending_take_many(a, -1, now_ns), NULL);
+}
+
+void call_fail_peer(agent_t *a, int peer, const char *text)
+{
+    finish_list(a, pending_take_many(a, peer, -1), text);
+}
+
+void call_timeout_now(agent_t *a, uint64_t id)
+{
+    pending_t *p = pending_take(a, id);
+    if (p)
+        finish_list(a, p, NULL);
+}
+
+int call_wait(rpc_future_t *f, int64_t timeout_ms)
+{
+    if (rpc_future_done(f))
+        return rpc_future_wait(f, 0);
+    pool_block_begin();
+    int rc = rpc_future_wait(f, timeout_ms);
+    pool_block_end();
+    return rc;
+}
+
+/* ---- public calls ---- */
+
+/* Waits for a request's future like rpc_sync does: the waiter enforces the
+   timeout itself (the I/O thread checks deadlines only every few ms). */
+static int wait_answer(rpc_future_t *f, uint64_t id, int64_t timeout_ms)
+{
+    int rc = call_wait(f, timeout_ms ? timeout_ms : -1);
+    if (rc < 0 && !rpc_future_done(f)) {
+        agent_t *a = agent_acquire();
+        if (a) {
+            call_timeout_now(a, id);
+            agent_release(a);
+        }
+        rc = call_wait(f, -1);
+    }
+    return rc;
+}
+
+int call_sync(const call_req_t *req, int to, rpc_value_t **result)
+{
+    if (result)
+        *result = NULL;
+    if (transport_thread_role() == ROLE_IO)
+        return error_set("%s: called on the RPC I/O thread (in a future callback or an "
+                         "inline handler), where it would wait forever: use rpc_async", req->api);
+    agent_t *a = agent_acquire();
+    if (!a)
+        return error_wrap("%s", req->api);
+    uint64_t id = 0;
+    call_req_t r = *req;
+    r.id_out = &id;
+    int64_t timeout = agent_timeout(a, req->timeout_ms);
+    rpc_future_t *f = call_start(a, to, &r);
+    agent_release(a);
+    if (!f)
+        return -1;
+    int rc = wait_answer(f, id, timeout);
+    if (rc == 0 && result)
+        *result = rpc_value_ref(rpc_future_value(f));
+    rpc_future_unref(f);
+    return rc;
+}
+
+int rpc_sync(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms,
+             rpc_value_t **result)
+{
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "rpc_sync", .args = args,
+                      .timeout_ms = timeout_ms, .hooked = true};
+    return call_sync(&req, to, result);
+}
+
+rpc_future_t *rpc_async(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms)
+{
+    agent_t *a = agent_acquire();
+    if (!a) {
+        error_wrap("rpc_async");
+        return NULL;
+    }
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "rpc_async", .args = args,
+                      .timeout_ms = timeout_ms, .hooked = true};
+    rpc_future_t *f = call_start(a, to, &req);
+    agent_release(a);
+    return f;
+}
+
+int rpc_wait(rpc_future_t *f, int64_t timeout_ms)
+{
+    if (!f)
+        return error_set("rpc_wait: NULL future");
+    return call_wait(f, timeout_ms);
+}

@@ -1,0 +1,324 @@
+/*  rpc.h: the RPC agent: named workers calling each other's registered
+    functions over ZeroMQ, with futures and remote references (SPEC R1-R13),
+    in the image of torch.distributed.rpc.
+
+    A world is world_size processes with ranks 0..world_size-1 and unique
+    names. Each process registers the functions it serves by name
+    (rpc_register), then calls rpc_init; rank 0 hosts the rendezvous at
+    master_addr:master_port. After init any process may call any other:
+
+        rpc_value_t *r;
+        rpc_sync(rpc_worker("ps"), "add", rpc_args("ii", 2, 3), -1, &r);
+
+    Values (rpc/value.h) carry none, ints, floats, strings, bytes, tensors
+    (sent and received without copies), RRefs and lists. Arguments are one
+    list value, borrowed by every call below.
+
+    Threads. One I/O thread per process receives every message, completes
+    futures of outgoing calls (so rpc_future_then callbacks run on it: they
+    must not block) and runs RPC_FN_INLINE handlers. Other handlers run on
+    a pool of num_worker_threads threads. Any thread may call any function
+    here; messages are sent directly by the calling thread. When a pool
+    thread blocks in rpc_sync / rpc_rref_to_here / rpc_wait, the pool starts
+    another thread, so nested calls (a handler calling other processes,
+    which call back, ...) never deadlock; async handlers (returning a
+    future) do not even hold a thread while they wait.
+
+    Timeouts (ms): < 0 means the default of rpc_options_t.rpc_timeout_ms,
+    0 means none, as in PyTorch.
+
+    Errors name the peer and the function:
+        rpc_sync to "worker1" (rank 1) calling "divide": remote error: ...
+    and the process keeps serving. Everything returns 0 / a pointer on
+    success and -1 / NULL on failure, with error_last() (autograd/error.h)
+    saying why.
+
+    Design notes, wire format and protocol details: docs/rpc.md and
+    rpc/wire.h. */
+#ifndef ZDIST_RPC_H
+#define ZDIST_RPC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "rpc/future.h"
+#include "rpc/value.h"
+
+#define RPC_MAX_NAME 127          /* worker names: 1..127 bytes, printable, no spaces */
+#define RPC_MAX_FUNCTION 255      /* function names: 1..255 bytes, printable, no spaces */
+#define RPC_MAX_ENDPOINT 127
+#define RPC_TIMEOUT_DEFAULT (-1)
+
+/*  ---- init and shutdown (R1, R8) ---- */
+
+typedef struct {
+    int64_t rpc_timeout_ms;     /* default call timeout; 0 = none (60000) */
+    int num_worker_threads;     /* pool threads running handlers (16) */
+    int64_t init_timeout_ms;    /* rendezvous limit; 0 = none (300000) */
+    const char *master_addr;    /* rendezvous host; NULL: $MASTER_ADDR */
+    int master_port;            /* rendezvous port; 0: $MASTER_PORT */
+    const char *listen_addr;    /* IP this process binds and advertises; NULL: the
+                                   address that routes to master_addr (127.0.0.1
+                                   when the master is on this machine) */
+} rpc_options_t;
+
+/*  PyTorch's defaults (above). */
+rpc_options_t rpc_options_default(void);
+
+/*  Joins the world. rank < 0 takes $RANK, world_size <= 0 takes
+    $WORLD_SIZE, a NULL name becomes "worker<rank>"; opts may be NULL (the
+    defaults; master address and port then come from the environment).
+    Rank 0 hosts the rendezvous: every process binds its own endpoint and
+    registers; when all world_size have registered each gets the table of
+    names, ranks and endpoints, connects to every peer, and returns.
+    Register functions before calling this: a peer may call them as soon as
+    its own init returns. Fails (every process involved, within
+    init_timeout_ms) on a duplicate rank or name, a rank outside the world,
+    world sizes that differ, or a master that never answers. */
+int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *opts);
+
+/*  Leaves the world. Graceful: waits until every worker has called
+    rpc_shutdown, then until no call or RRef message is outstanding
+    anywhere, then closes. Not graceful: fails every pending call at once and
+    closes. Handlers still running are waited for. timeout_ms bounds the
+    graceful part (< 0: the default call timeout, 0: none); when a peer has
+    died, it closes anyway after the timeout and returns -1 naming the peer.
+    Afterwards every call fails with "RPC is not running"; rpc_init may be
+    called again. */
+int rpc_shutdown(bool graceful, int64_t timeout_ms);
+
+/*  True between a successful rpc_init and rpc_shutdown. */
+bool rpc_is_running(void);
+
+/*  ---- worker info (R7) ---- */
+
+typedef struct {
+    char name[RPC_MAX_NAME + 1];
+    int rank;
+    char endpoint[RPC_MAX_ENDPOINT + 1];   /* "tcp://127.0.0.1:41873" */
+} rpc_worker_info_t;
+
+/*  Info of the worker called name (NULL: this process). 0, or -1. */
+int rpc_get_worker_info(const char *name, rpc_worker_info_t *out);
+int rpc_get_worker_info_by_rank(int rank, rpc_worker_info_t *out);
+
+/*  The rank of the worker called name, or -1 (with an error) when unknown:
+    rpc_sync(rpc_worker("ps"), ...) reads like PyTorch's rpc_sync("ps", ...). */
+int rpc_worker(const char *name);
+
+/*  This process's rank, the world size (-1 when not running), and this
+    process's name ("" when not running). */
+int rpc_rank(void);
+int rpc_world_size(void);
+const char *rpc_name(void);
+
+/*  ---- serving functions (R2, R11) ---- */
+
+/*  What a handler knows about the call it serves. Opaque; valid until the
+    handler returns (for async handlers: until their future completes). */
+typedef struct rpc_call rpc_call_t;
+
+int rpc_call_caller_rank(const rpc_call_t *call);
+const char *rpc_call_caller_name(const rpc_call_t *call);
+const char *rpc_call_function(const rpc_call_t *call);
+
+/*  A synchronous handler: returns the result (a new reference, which the
+    agent drops after sending it), or NULL with error_set() to answer with
+    an error. args is the argument list, borrowed. */
+typedef rpc_value_t *(rpc_handler_fn)(rpc_call_t *call, rpc_value_t *args, void *arg);
+
+/*  An asynchronous handler (PyTorch's @rpc.functions.async_execution):
+    returns a future (a new reference) that completes later, for instance
+    from the callback of a nested rpc_async; the reply is sent when it
+    completes, and no thread is held meanwhile. NULL + error_set() answers
+    with an error at once. */
+typedef rpc_future_t *(rpc_async_handler_fn)(rpc_call_t *call, rpc_value_t *args, void *arg);
+
+/*  Run the handler on the I/O thread instead of the pool: saves two thread
+    hand-offs per call, for handlers that return quickly and never block
+    (no rpc_sync, no locks held long). */
+#define RPC_FN_INLINE 0x1u
+
+typedef struct {
+    rpc_handler_fn *fn;               /* exactly one of fn and async_fn */
+    rpc_async_handler_fn *async_fn;
+    void *arg;                        /* passed to the handler */
+    unsigned flags;                   /* RPC_FN_* */
+} rpc_function_t;
+
+/*  Registers (or replaces) the function called name in this process.
+    Names starting with "__" are reserved for modules built on the agent
+    (distributed autograd). 0, or -1 on a bad name or out of memory. */
+int rpc_register_function(const char *name, const rpc_function_t *f);
+
+/*  Shorthands: a pool handler, an async handler, an inline handler. */
+int rpc_register(const char *name, rpc_handler_fn *fn, void *arg);
+int rpc_register_async(const char *name, rpc_async_handler_fn *fn, void *arg);
+int rpc_register_inline(const char *name, rpc_handler_fn *fn, void *arg);
+
+/*  Forgets name; returns -1 if it was not registered. */
+int rpc_unregister(const char *name);
+
+/*  ---- calling (R2, R3, R9) ---- */
+
+/*  Calls fn on worker `to` with args (borrowed; NULL = no arguments) and
+    waits. Returns 0 and *result (a new reference), or -1 with an error that
+    names the peer and fn: remote failure (with the remote text), unknown
+    function, timeout, unreachable peer. Not allowed on the I/O thread (in
+    a future callback or an inline handler): use rpc_async there. */
+int rpc_sync(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms,
+             rpc_value_t **result);
+
+/*  Like rpc_sync without waiting: returns a future (a new reference) that
+    completes with the result or the error; NULL only when the call could
+    not be made at all (not running, bad rank). */
+rpc_future_t *rpc_async(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms);
+
+/*  rpc_future_wait that lets the pool start another thread while a pool
+    thread waits (see Threads above); same results. */
+int rpc_wait(rpc_future_t *f, int64_t timeout_ms);
+
+/*  ---- remote references (R4, R5, R6) ---- */
+
+/*  Defined in rpc/rref.h; rpc_rref_t comes from rpc/value.h. */
+
+/*  Runs fn(args) on worker `to`, keeping the result there, and returns an
+    RRef to it at once (a new reference; release with rpc_rref_unref). The
+    owner creates the value asynchronously; errors of fn (or a creation
+    timeout) come back from to_here. args' tensors must not be modified
+    until rpc_rref_confirmed_by_owner(). NULL only when the call could not
+    be made at all. */
+rpc_rref_t *rpc_remote(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms);
+
+/*  An RRef owned by this process holding value (reference taken):
+    PyTorch's RRef(value), for handing out local objects. NULL when not
+    running or out of memory. */
+rpc_rref_t *rpc_rref_new(rpc_value_t *value);
+
+/*  A copy of the RRef's value fetched from its owner (the value itself,
+    shared, on the owner): 0 and *value (new reference), or -1 (creation
+    failed, timeout, owner unreachable). */
+int rpc_rref_to_here(rpc_rref_t *r, int64_t timeout_ms, rpc_value_t **value);
+
+/*  The value, on the owner only (waits for its creation up to the default
+    timeout). 0 and *value (new reference), or -1 (not the owner, failed). */
+int rpc_rref_local_value(rpc_rref_t *r, rpc_value_t **value);
+
+int rpc_rref_owner(const rpc_rref_t *r);
+const char *rpc_rref_owner_name(const rpc_rref_t *r);
+bool rpc_rref_is_owner(const rpc_rref_t *r);
+
+/*  True once the owner knows of this reference (always on the owner). */
+bool rpc_rref_confirmed_by_owner(const rpc_rref_t *r);
+
+/*  Calls the registered function `method` at the RRef's owner with the
+    RRef's value as first argument followed by args (PyTorch's
+    rref.rpc_sync().method(*args)): synchronously, asynchronously, or
+    keeping the result at the owner. Same results as rpc_sync / rpc_async /
+    rpc_remote. */
+int rpc_rref_rpc_sync(rpc_rref_t *r, const char *method, rpc_value_t *args,
+                      int64_t timeout_ms, rpc_value_t **result);
+rpc_future_t *rpc_rref_rpc_async(rpc_rref_t *r, const char *method, rpc_value_t *args,
+                                 int64_t timeout_ms);
+rpc_rref_t *rpc_rref_remote(rpc_rref_t *r, const char *method, rpc_value_t *args,
+                            int64_t timeout_ms);
+
+/*  Reference counting of RRef handles. The last rpc_rref_unref of a user's
+    handle tells the owner (after the owner has confirmed it); the owner
+    frees the value when no user anywhere and no local handle holds it.
+    Values holding an RRef hold a reference too. Both NULL-safe. */
+rpc_rref_t *rpc_rref_ref(rpc_rref_t *r);
+void rpc_rref_unref(rpc_rref_t *r);
+
+/*  Waits until this process has no RRef message in flight: every deletion
+    and fork notification it sent was acknowledged and every RRef it
+    forked was confirmed. 0, or -1 on timeout. */
+int rpc_rref_drain(int64_t timeout_ms);
+
+/*  Number of values this process holds as an owner (live OwnerRRefs). */
+int64_t rpc_debug_owner_rrefs(void);
+
+/*  ---- hooks for modules built on the agent (distributed autograd) ----
+
+    One set of hooks per process, installed before rpc_init. Extra bytes
+    travel in the header frame next to the value. For every request (CALL,
+    REMOTE, RREF_FETCH) and its reply:
+
+      caller: on_send_request (calling thread) ... on_recv_reply (I/O thread)
+      callee: on_recv_request (thread running the handler, before it),
+              on_handler_return (same thread, right after the handler),
+              on_send_reply (thread completing the reply)
+
+    on_recv_reply is called exactly once for every on_send_request that
+    returned 0, with result NULL when the call failed, so it can release
+    its state. on_send_reply is called exactly once for every
+    on_recv_request that returned 0 (result NULL for an error reply).
+    Any hook may be NULL. A hook returning -1 (error_set) fails the call. */
+
+typedef enum {
+    RPC_KIND_CALL = 0,      /* rpc_sync / rpc_async */
+    RPC_KIND_REMOTE = 1,    /* rpc_remote: the reply carries none */
+    RPC_KIND_FETCH = 2,     /* to_here: the request carries none */
+} rpc_call_kind_t;
+
+typedef struct {
+    int peer;               /* the other side's rank */
+    const char *function;   /* "__to_here" for fetches */
+    rpc_call_kind_t kind;
+    uint64_t request_id;
+} rpc_hook_msg_t;
+
+typedef struct {
+    void *data;             /* malloc'ed; the agent frees it */
+    size_t len;
+} rpc_bytes_t;
+
+typedef struct {
+    /* May replace *args (unref the old value, store a new reference), set
+       *extra and a per-call *state handed back to on_recv_reply. */
+    int (*on_send_request)(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
+                           rpc_bytes_t *extra, void **state);
+    /* May replace *args; may keep state with rpc_call_set_hook_state. */
+    int (*on_recv_request)(void *arg, rpc_call_t *call, const void *extra, size_t len,
+                           rpc_value_t **args);
+    void (*on_handler_return)(void *arg, rpc_call_t *call);
+    /* May replace *result (NULL for an error reply) and set *extra. */
+    int (*on_send_reply)(void *arg, rpc_call_t *call, rpc_value_t **result,
+                         rpc_bytes_t *extra);
+    /* May replace *result (NULL when the call failed). */
+    int (*on_recv_reply)(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
+                         size_t len, rpc_value_t **result);
+    void *arg;
+} rpc_hooks_t;
+
+/*  Installs hooks (copied; NULL removes them). Only while not running. */
+int rpc_set_hooks(const rpc_hooks_t *hooks);
+
+/*  Per-call state of the callee-side hooks. */
+void rpc_call_set_hook_state(rpc_call_t *call, void *state);
+void *rpc_call_hook_state(const rpc_call_t *call);
+rpc_call_kind_t rpc_call_kind(const rpc_call_t *call);
+
+/*  ---- metrics (R12) ---- */
+
+typedef struct {
+    int64_t calls_sent;         /* CALL, REMOTE and FETCH requests to the peer */
+    int64_t calls_served;       /* requests from the peer answered */
+    int64_t errors;             /* calls to the peer that failed */
+    int64_t bytes_sent;         /* all frames, both directions of traffic */
+    int64_t bytes_received;
+    int64_t in_flight;          /* calls to the peer awaiting their reply */
+    int64_t serving;            /* calls from the peer being run here */
+    double latency_mean_us;     /* round trip of calls to the peer */
+    double latency_p50_us;      /* percentiles: within ~6% (log histogram) */
+    double latency_p99_us;
+} rpc_metrics_t;
+
+/*  Counters for one peer (peer < 0: all peers together). 0, or -1. */
+int rpc_metrics_get(int peer, rpc_metrics_t *out);
+
+/*  One line per peer, human readable. */
+void rpc_metrics_print(FILE *f);
+
+#endif

@@ -1,0 +1,93 @@
+/*  rref.h: remote references inside the agent (private to rpc/).
+
+    Protocol (BACKGROUND B, PyTorch's rref.md). One OwnerRRef (an owner
+    entry holding the value) on the owner; any number of UserRRefs
+    elsewhere, each a distinct fork with a globally unique fork id
+    (creator rank << 48 | counter). The owner keeps the set of forks it
+    knows; it frees the value when that set is empty and no local handle
+    holds it. Guarantees:
+      G1  the owner hears of every user's deletion: the last unref of a user
+          handle sends RREF_USER_DELETE, retried until acknowledged;
+      G2  a parent is not deleted before the owner has confirmed its child:
+          forking an RRef into a message keeps a reference to the parent in
+          pending_children until the child sends RREF_CHILD_ACCEPT, which it
+          does only after the owner acknowledged its RREF_FORK_REQUEST; a
+          user handle keeps itself alive (pending_users) until confirmed.
+    The owner forking its own RRef registers the fork at once (no message).
+    Control messages are idempotent, so retrying them is safe.
+
+    Wire form of an RRef inside a value (RPC_RREF_WIRE_SIZE = 40 bytes,
+    little-endian): rref_id u64, fork_id u64, owner u16, parent u16, then
+    20 zero bytes. parent is the sender; fork_id was made by the sender. */
+#ifndef ZDIST_RPC_RREF_H
+#define ZDIST_RPC_RREF_H
+
+#include "rpc/agent.h"
+
+struct rpc_rref {
+    atomic_int refs;
+    unsigned gen;               /* the agent generation it belongs to */
+    uint64_t rref_id;
+    uint64_t fork_id;           /* users: this handle's fork; owners: 0 */
+    int owner;
+    bool is_owner;
+    atomic_bool confirmed;      /* the owner knows of this fork */
+    atomic_bool deleted;        /* the delete was sent (users) */
+    rpc_future_t *value;        /* owners: completes with the value */
+    char *error;                /* users: creation failed (under the ctx lock) */
+};
+
+/*  Records forks made while encoding one message, so that a message that is
+    never sent can take them back. */
+typedef struct {
+    agent_t *a;
+    struct txn_item *items;
+    int n, cap;
+} rref_txn_t;
+
+void rref_txn_init(rref_txn_t *t, agent_t *a);
+/*  A codec that encodes RRefs through t (and decodes as a->rref_codec). */
+rpc_rref_codec_t rref_txn_codec(rref_txn_t *t);
+void rref_txn_commit(rref_txn_t *t);
+void rref_txn_rollback(rref_txn_t *t);
+
+/*  Decoding RRefs from rank src: the codec callback installed as
+    a->rref_codec (arg = the agent). */
+int rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, rpc_rref_t **out);
+
+/*  rpc_value_set_rref_hooks callbacks. */
+void rref_value_ref_hook(rpc_rref_t *r);
+void rref_value_unref_hook(rpc_rref_t *r);
+
+/*  Owner side of REMOTE: registers the caller's fork (fork_id 0: created by
+    this process for itself) on entry rref_id and returns the entry's value
+    future (a new reference) to be completed with the result, or NULL when
+    the id is bad (error set). */
+rpc_future_t *rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src);
+
+/*  Owner side of RREF_FETCH / deref-first: the value future of rref_id (a
+    new reference), creating a placeholder that expires after timeout_ms
+    when the REMOTE creating it has not arrived; NULL on a bad id. */
+rpc_future_t *rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
+
+/*  A user handle for a REMOTE about to be sent to owner (pending until
+    rref_user_created), or the owner handle when owner is this process. */
+rpc_rref_t *rref_new_for_remote(agent_t *a, int owner);
+
+/*  The REMOTE's answer arrived (error NULL) or the call failed. */
+void rref_user_created(agent_t *a, rpc_rref_t *r, const char *error);
+
+/*  Outstanding RRef work of this process: control messages in flight,
+    pending users, pending children. */
+int64_t rref_outstanding(agent_t *a);
+
+/*  Copies a user's creation error ("" when none) into buf. */
+void rref_user_error(agent_t *a, rpc_rref_t *r, char *buf, size_t size);
+
+/*  Number of owner entries (values held for RRefs). */
+int64_t rref_owner_count(agent_t *a);
+
+/*  A new owner entry holding value and its local handle (rpc_rref_new). */
+rpc_rref_t *rref_new_local(agent_t *a, rpc_value_t *value);
+
+#endif

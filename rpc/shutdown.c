@@ -1,0 +1,220 @@
+/*  shutdown.c: graceful shutdown (SPEC R8).
+
+    Rounds of a barrier hosted by rank 0, each carrying every process's
+    count of outstanding work (its calls in flight, the calls it is serving,
+    its RRef messages in flight): round 0 returns once every worker has
+    called rpc_shutdown; the rounds repeat until one sums to zero, so that
+    nobody closes while anybody may still send to it (the same loop as
+    PyTorch's agent join). Before each round a process waits for its own
+    work to drain. Everything is bounded by the shutdown timeout, and rank 0
+    fails a round early, naming the missing workers, when one of them has
+    lost its connection or the round's time is up. */
+#include "rpc/agent.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/error.h"
+#include "rpc/rref.h"
+
+typedef struct barrier_round {
+    int64_t round;
+    int arrived;
+    int64_t total;
+    bool *seen;
+    int64_t deadline_ns;        /* INT64_MAX: none */
+    rpc_future_t *done;
+    struct barrier_round *next;
+} barrier_round_t;
+
+static void round_free(barrier_round_t *r)
+{
+    rpc_future_unref(r->done);
+    free(r->seen);
+    free(r);
+}
+
+/* Names the workers that have not arrived, for an error text. */
+static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < a->world && n + 64 < size; i++)
+        if (!r->seen[i])
+            n += (size_t)snprintf(buf + n, size - n, "%s\"%s\" (rank %d)%s", n ? ", " : "",
+                                  a->peers[i].name, i,
+                                  atomic_load(&a->peers[i].lost) ? " unreachable" : "");
+}
+
+rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)arg;
+    agent_t *a = agent_acquire();
+    if (!a)
+        return NULL;
+    int64_t round, count;
+    int src = rpc_call_caller_rank(call);
+    rpc_future_t *f = NULL;
+    if (a->rank != 0) {
+        error_set("shutdown barrier: rank %d is not the host", a->rank);
+        goto out;
+    }
+    int64_t timeout_ms;
+    if (rpc_arg_int(args, 0, &round) < 0 || rpc_arg_int(args, 1, &count) < 0 ||
+        rpc_arg_int(args, 2, &timeout_ms) < 0)
+        goto out;
+    pthread_mutex_lock(&a->barrier_lock);
+    barrier_round_t *r = a->barrier;
+    while (r && r->round != round)
+        r = r->next;
+    if (!r) {
+        r = calloc(1, sizeof *r);
+        if (r)
+            r->seen = calloc((size_t)a->world, sizeof *r->seen);
+        if (r && r->seen)
+            r->done = rpc_future_new();
+        if (!r || !r->seen || !r->done) {
+            if (r)
+                round_free(r);
+            pthread_mutex_unlock(&a->barrier_lock);
+            error_set("shutdown barrier: out of memory");
+            goto out;
+        }
+        r->round = round;
+        /* Shorter than the callers' own timeout, so that they get this
+           round's error, which names the missing workers. */
+        r->deadline_ns = timeout_ms > 0 ? agent_now_ns() + timeout_ms * 750000 : INT64_MAX;
+        r->next = a->barrier;
+        a->barrier = r;
+    }
+    if (!r->seen[src]) {
+        r->seen[src] = true;
+        r->arrived++;
+        r->total += count;
+    }
+    f = rpc_future_ref(r->done);
+    bool complete = r->arrived == a->world;
+    int64_t total = r->total;
+    if (complete) {
+        barrier_round_t **pp = &a->barrier;
+        while (*pp != r)
+            pp = &(*pp)->next;
+        *pp = r->next;
+    }
+    pthread_mutex_unlock(&a->barrier_lock);
+    if (complete) {
+        rpc_value_t *v = rpc_value_int(total);
+        if (v)
+            rpc_future_set_value(r->done, v);
+        else
+            rpc_future_set_error(r->done, "out of memory");
+        rpc_value_unref(v);
+        round_free(r);
+    }
+out:
+    agent_release(a);
+    return f;
+}
+
+/* Rank 0, I/O thread: fails rounds that cannot complete any more. */
+void shutdown_tick(agent_t *a, int64_t now_ns)
+{
+    if (a->rank != 0)
+        return;
+    barrier_round_t *failed = NULL;
+    pthread_mutex_lock(&a->barrier_lock);
+    barrier_round_t **pp = &a->barrier;
+    while (*pp) {
+        barrier_round_t *r = *pp;
+        bool lost = false;
+        for (int i = 0; i < a->world; i++)
+            lost |= !r->seen[i] && atomic_load(&a->peers[i].lost);
+        if (lost || now_ns >= r->deadline_ns) {
+            *pp = r->next;
+            r->next = failed;
+            failed = r;
+        } else {
+            pp = &r->next;
+        }
+    }
+    pthread_mutex_unlock(&a->barrier_lock);
+    while (failed) {
+        barrier_round_t *next = failed->next;
+        char missing[1024];
+        missing_text(a, failed, missing, sizeof missing);
+        rpc_future_set_error(failed->done, "shutdown barrier: %d of %d workers arrived; "
+                             "missing %s", failed->arrived, a->world, missing);
+        round_free(failed);
+        failed = next;
+    }
+}
+
+/* Teardown: whoever still waits at a barrier gets an error. */
+void shutdown_abort_barrier(agent_t *a)
+{
+    pthread_mutex_lock(&a->barrier_lock);
+    barrier_round_t *r = a->barrier;
+    a->barrier = NULL;
+    pthread_mutex_unlock(&a->barrier_lock);
+    while (r) {
+        barrier_round_t *next = r->next;
+        rpc_future_set_error(r->done, "shutdown barrier: rank 0 shut down");
+        round_free(r);
+        r = next;
+    }
+}
+
+static int64_t outstanding(agent_t *a)
+{
+    int64_t n = atomic_load(&a->user_in_flight) + rref_outstanding(a);
+    for (int i = 0; i < a->world; i++)
+        n += atomic_load(&a->peers[i].m.serving);
+    return n;
+}
+
+/* Waits until this process's own work is done, or the deadline. */
+static int drain_local(agent_t *a, int64_t deadline_ns)
+{
+    while (outstanding(a) > 0) {
+        if (agent_now_ns() >= deadline_ns) {
+            return error_set("%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
+                             " RRef messages outstanding at the deadline",
+                             (int64_t)atomic_load(&a->user_in_flight),
+                             outstanding(a) - atomic_load(&a->user_in_flight) -
+                                 rref_outstanding(a),
+                             rref_outstanding(a));
+        }
+        struct timespec ts = {0, 500000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+int shutdown_graceful(agent_t *a, int64_t timeout_ms)
+{
+    int64_t t = agent_timeout(a, timeout_ms);
+    int64_t deadline = t ? agent_now_ns() + t * 1000000 : INT64_MAX;
+    for (int64_t round = 0;; round++) {
+        if (drain_local(a, deadline) < 0)
+            return error_wrap("rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
+        int64_t left = deadline == INT64_MAX ? 0 : (deadline - agent_now_ns()) / 1000000;
+        if (deadline != INT64_MAX && left < 1)
+            left = 1;
+        rpc_value_t *args = rpc_args("iii", round, outstanding(a), left);
+        call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = "rpc_shutdown",
+                          .args = args, .timeout_ms = left, .hooked = false};
+        rpc_value_t *total = NULL;
+        int rc = args ? call_sync(&req, 0, &total) : -1;
+        rpc_value_unref(args);
+        int64_t sum = -1;
+        if (rc == 0 && rpc_value_get_int(total, &sum) < 0)
+            rc = -1;
+        rpc_value_unref(total);
+        if (rc < 0)
+            return error_wrap("rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
+        if (sum == 0)
+            return 0;
+    }
+}

@@ -1,0 +1,490 @@
+/*  transport.c: sockets, sending, and the I/O thread that receives.
+
+    Sending (any thread): the header frame is built in a ZeroMQ message,
+    tensors follow as zmq_msg_init_data frames whose free callback drops the
+    tensor reference, so tensor memory goes to the kernel without a copy.
+    Sends never block: the DEALERs have ZMQ_IMMEDIATE set, so a peer without
+    a live connection makes the send fail at once ("unreachable") instead of
+    queueing forever.
+
+    Receiving (I/O thread): every frame after the header is kept in its own
+    heap-allocated zmq_msg_t that becomes the storage of the decoded tensor
+    (released when the tensor dies). Everything is validated before use:
+    routing id, header (wire.h), sender and receiver ranks, frame count;
+    the value decoder checks the rest. A bad message is logged and dropped,
+    or answered with an ERROR when it names a request we can answer. */
+#include "rpc/agent.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "autograd/error.h"
+
+#define IO_TICK_MS 20
+#define RECV_BATCH 256
+
+static __thread thread_role_t tls_role;
+
+thread_role_t transport_thread_role(void)
+{
+    return tls_role;
+}
+
+void transport_set_thread_role(thread_role_t role)
+{
+    tls_role = role;
+}
+
+/* ---- setup ---- */
+
+static void set_int(void *sock, int opt, int value)
+{
+    zmq_setsockopt(sock, opt, &value, sizeof value);
+}
+
+int transport_bind(agent_t *a, const char *listen_ip)
+{
+    a->ctx = zmq_ctx_new();
+    if (!a->ctx)
+        return error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+    zmq_ctx_set(a->ctx, ZMQ_BLOCKY, 0);
+    int max_sockets = 2 * a->world + 64;
+    if (max_sockets > 1023)
+        zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, max_sockets);
+    a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
+    if (!a->router)
+        return error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
+    set_int(a->router, ZMQ_LINGER, 0);
+    set_int(a->router, ZMQ_RCVHWM, 0);
+    set_int(a->router, ZMQ_ROUTER_HANDOVER, 1);
+    set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
+    char ep[RPC_MAX_ENDPOINT + 1];
+    snprintf(ep, sizeof ep, "tcp://%s:*", listen_ip);
+    if (zmq_bind(a->router, ep) < 0)
+        return error_set("cannot listen at %s: %s", ep, zmq_strerror(errno));
+    size_t len = sizeof a->peers[a->rank].endpoint;
+    if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, a->peers[a->rank].endpoint, &len) < 0)
+        return error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
+    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->wake_fd < 0)
+        return error_set("cannot create an eventfd: %s", strerror(errno));
+    return 0;
+}
+
+static int open_peer(agent_t *a, peer_t *p)
+{
+    p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    if (!p->sock)
+        return error_set("cannot create a socket for peer \"%s\": %s", p->name,
+                         zmq_strerror(errno));
+    uint8_t id[RPC_WIRE_ID_LEN];
+    rpc_wire_identity(a->rank, id);
+    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, id, sizeof id);
+    set_int(p->sock, ZMQ_LINGER, 0);
+    set_int(p->sock, ZMQ_SNDHWM, 0);
+    set_int(p->sock, ZMQ_IMMEDIATE, 1);
+    set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
+    set_int(p->sock, ZMQ_HEARTBEAT_IVL, 5000);
+    set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, 30000);
+    char mon[96];
+    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d", a->gen, p->rank);
+    if (zmq_socket_monitor(p->sock, mon, ZMQ_EVENT_DISCONNECTED) == 0) {
+        p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
+        if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
+            zmq_close(p->monitor);
+            p->monitor = NULL;
+        }
+    }
+    if (zmq_connect(p->sock, p->endpoint) < 0)
+        return error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
+                         p->endpoint, zmq_strerror(errno));
+    return 0;
+}
+
+static void *io_main(void *arg);
+
+int transport_connect(agent_t *a, int64_t deadline_ns)
+{
+    for (int i = 0; i < a->world; i++)
+        if (open_peer(a, &a->peers[i]) < 0)
+            return -1;
+    if (pthread_create(&a->io_thread, NULL, io_main, a) != 0)
+        return error_set("cannot start the I/O thread");
+    a->io_started = true;
+    /* A blocking send with ZMQ_IMMEDIATE returns once the connection is up:
+       after this loop every peer is known to be reachable. */
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - agent_now_ns()) / 1000000;
+        if (deadline_ns != INT64_MAX && left < 1)
+            left = 1;
+        rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = i};
+        uint8_t buf[RPC_WIRE_FIXED];
+        rpc_wire_write(&h, buf);
+        pthread_mutex_lock(&p->lock);
+        set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
+        int rc = zmq_send(p->sock, buf, sizeof buf, 0);
+        set_int(p->sock, ZMQ_SNDTIMEO, -1);
+        pthread_mutex_unlock(&p->lock);
+        if (rc < 0)
+            return error_set("peer \"%s\" (rank %d) at %s is unreachable", p->name, p->rank,
+                             p->endpoint);
+    }
+    return 0;
+}
+
+void transport_stop_io(agent_t *a)
+{
+    if (!a->io_started)
+        return;
+    atomic_store(&a->io_stop, true);
+    uint64_t one = 1;
+    if (write(a->wake_fd, &one, sizeof one) < 0) {
+        /* The eventfd cannot be full; the tick wakes the thread anyway. */
+    }
+    pthread_join(a->io_thread, NULL);
+    a->io_started = false;
+}
+
+void transport_close(agent_t *a, bool graceful)
+{
+    for (int i = 0; a->peers && i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        if (p->sock) {
+            zmq_socket_monitor(p->sock, NULL, 0);
+            /* Graceful: let the last answers reach their destination. */
+            set_int(p->sock, ZMQ_LINGER, graceful ? 2000 : 0);
+            zmq_close(p->sock);
+            p->sock = NULL;
+        }
+        if (p->monitor) {
+            zmq_close(p->monitor);
+            p->monitor = NULL;
+        }
+    }
+    if (a->router)
+        zmq_close(a->router);
+    a->router = NULL;
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    a->wake_fd = -1;
+    if (a->ctx)
+        zmq_ctx_term(a->ctx);
+    a->ctx = NULL;
+}
+
+/* ---- sending ---- */
+
+static void tensor_frame_free(void *data, void *hint)
+{
+    (void)data;
+    tensor_unref(hint);
+}
+
+/* Sends one frame; on a full or missing pipe, lets the socket process its
+   pending commands (a reconnection may be waiting) and tries once more. */
+static int send_frame(void *sock, zmq_msg_t *m, int flags)
+{
+    if (zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0)
+        return 0;
+    if (errno != EAGAIN)
+        return -1;
+    int events;
+    size_t len = sizeof events;
+    zmq_getsockopt(sock, ZMQ_EVENTS, &events, &len);
+    return zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0 ? 0 : -1;
+}
+
+int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *tensors,
+                   int n_tensors)
+{
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    h->n_tensors = (uint32_t)n_tensors;
+    size_t size = rpc_wire_size(h);
+    zmq_msg_t m;
+    if (zmq_msg_init_size(&m, size) < 0)
+        return error_set("out of memory for a message to \"%s\"", p->name);
+    rpc_wire_write(h, zmq_msg_data(&m));
+    int64_t bytes = (int64_t)size;
+    int rc = 0;
+    pthread_mutex_lock(&p->lock);
+    if (!p->sock || send_frame(p->sock, &m, n_tensors ? ZMQ_SNDMORE : 0) < 0) {
+        rc = -1;
+        zmq_msg_close(&m);
+    }
+    for (int i = 0; rc == 0 && i < n_tensors; i++) {
+        size_t nb = tensor_nbytes(tensors[i]);
+        if (nb == 0)
+            zmq_msg_init(&m);
+        else if (zmq_msg_init_data(&m, tensor_raw(tensors[i]), nb, tensor_frame_free,
+                                   tensor_ref(tensors[i])) < 0) {
+            tensor_unref(tensors[i]);
+            zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
+        }
+        /* Once the first frame is queued the rest of the message follows:
+           ZeroMQ applies its limits per message, not per frame. */
+        if (send_frame(p->sock, &m, i + 1 < n_tensors ? ZMQ_SNDMORE : 0) < 0) {
+            zmq_msg_close(&m);
+            rc = -1;
+        }
+        bytes += (int64_t)nb;
+    }
+    pthread_mutex_unlock(&p->lock);
+    if (rc < 0)
+        return error_set("peer unreachable (no connection to %s)", p->endpoint);
+    atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
+    return 0;
+}
+
+void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
+{
+    size_t len = strlen(text);
+    if (len == 0) {
+        text = "unknown error";
+        len = strlen(text);
+    }
+    if (len > 65536)
+        len = 65536;   /* an error text, not a payload */
+    rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text,
+                           .meta_len = len};
+    if (transport_send(a, dst, &h, NULL, 0) < 0)
+        agent_log(a, "cannot answer request %llx of rank %d: %s", (unsigned long long)id, dst,
+                  error_last());
+}
+
+/* ---- receiving ---- */
+
+static void frame_release(void *data, void *arg)
+{
+    (void)data;
+    zmq_msg_close(arg);
+    free(arg);
+}
+
+static void release_frames(rpc_frame_t *frames, int n)
+{
+    for (int i = 0; i < n; i++)
+        frames[i].release(frames[i].data, frames[i].release_arg);
+}
+
+/* Reads the rest of a multipart message into frames (grown as needed); the
+   frames past RPC_CODEC_MAX_TENSORS are read and dropped. Returns the
+   count, or -1 when too many arrived (all released). */
+static int recv_frames(agent_t *a, rpc_frame_t **frames, int *cap, int64_t *bytes)
+{
+    int n = 0;
+    bool too_many = false;
+    int more = 1;
+    while (more) {
+        zmq_msg_t *m = malloc(sizeof *m);
+        zmq_msg_t scratch;
+        if (!m || too_many)
+            m = (free(m), &scratch);
+        zmq_msg_init(m);
+        if (zmq_msg_recv(m, a->router, 0) < 0) {
+            zmq_msg_close(m);
+            if (m != &scratch)
+                free(m);
+            break;
+        }
+        more = zmq_msg_more(m);
+        *bytes += (int64_t)zmq_msg_size(m);
+        if (m == &scratch || n >= RPC_CODEC_MAX_TENSORS) {
+            too_many = true;
+            zmq_msg_close(m);
+            if (m != &scratch)
+                free(m);
+            continue;
+        }
+        if (n == *cap) {
+            int ncap = *cap ? 2 * *cap : 8;
+            rpc_frame_t *nf = realloc(*frames, (size_t)ncap * sizeof *nf);
+            if (!nf) {
+                too_many = true;
+                zmq_msg_close(m);
+                free(m);
+                continue;
+            }
+            *frames = nf;
+            *cap = ncap;
+        }
+        (*frames)[n++] = (rpc_frame_t){zmq_msg_data(m), zmq_msg_size(m), frame_release, m};
+    }
+    if (too_many) {
+        release_frames(*frames, n);
+        return -1;
+    }
+    return n;
+}
+
+static bool is_request(int type)
+{
+    return type == RPC_MSG_CALL || type == RPC_MSG_REMOTE || type == RPC_MSG_RREF_FETCH ||
+           type == RPC_MSG_RREF_USER_DELETE || type == RPC_MSG_RREF_FORK_REQUEST ||
+           type == RPC_MSG_RREF_CHILD_ACCEPT;
+}
+
+static void dispatch(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
+{
+    switch (h->type) {
+    case RPC_MSG_HELLO:
+        release_frames(frames, n);
+        break;
+    case RPC_MSG_REPLY:
+    case RPC_MSG_ERROR:
+        call_handle_answer(a, h, frames, n);
+        break;
+    case RPC_MSG_CALL:
+    case RPC_MSG_REMOTE:
+    case RPC_MSG_RREF_FETCH:
+        serve_request(a, h, frames, n);
+        break;
+    default:
+        release_frames(frames, n);
+        rref_handle_control(a, h);
+        break;
+    }
+}
+
+/* Receives and handles one message. 1 when one was there, 0 when none. */
+static int recv_one(agent_t *a, rpc_frame_t **frames, int *cap)
+{
+    zmq_msg_t id, hm;
+    zmq_msg_init(&id);
+    if (zmq_msg_recv(&id, a->router, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&id);
+        return 0;
+    }
+    int src = rpc_wire_identity_rank(zmq_msg_data(&id), zmq_msg_size(&id));
+    bool more = zmq_msg_more(&id);
+    zmq_msg_close(&id);
+    if (!more) {
+        agent_log(a, "dropped an empty message from routing id of rank %d", src);
+        return 1;
+    }
+    zmq_msg_init(&hm);
+    if (zmq_msg_recv(&hm, a->router, 0) < 0) {
+        zmq_msg_close(&hm);
+        return 1;
+    }
+    int64_t bytes = (int64_t)zmq_msg_size(&hm);
+    int n = zmq_msg_more(&hm) ? recv_frames(a, frames, cap, &bytes) : 0;
+    if (src < 0 || src >= a->world) {
+        agent_log(a, "dropped a message from an unknown sender (routing id not a rank)");
+        goto drop;
+    }
+    atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
+    rpc_wire_header_t h;
+    if (n < 0) {
+        error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
+    } else if (rpc_wire_parse(zmq_msg_data(&hm), zmq_msg_size(&hm), &h) < 0) {
+        /* error set */
+    } else if (h.src != src) {
+        error_set("header says rank %d but the connection is rank %d's", h.src, src);
+    } else if (h.dst != a->rank) {
+        error_set("message for rank %d delivered to rank %d", h.dst, a->rank);
+    } else if (h.n_tensors != (uint32_t)n) {
+        error_set("header announces %u tensor frames but %d arrived", h.n_tensors, n);
+    } else {
+        dispatch(a, &h, *frames, n);
+        zmq_msg_close(&hm);
+        return 1;
+    }
+    agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name, src,
+              error_last());
+    /* Answer a request we can identify, so its caller does not wait for
+       its timeout. */
+    if (n >= 0 && zmq_msg_size(&hm) >= RPC_WIRE_FIXED) {
+        const uint8_t *p = zmq_msg_data(&hm);
+        uint64_t rid = 0;
+        for (int i = 7; i >= 0; i--)
+            rid = rid << 8 | p[16 + i];
+        if (p[0] == 'Z' && p[1] == 'D' && is_request(p[3]) && rid != 0) {
+            char text[512];
+            snprintf(text, sizeof text, "bad message: %s", error_last());
+            transport_send_error(a, src, rid, text);
+        }
+    }
+drop:
+    if (n > 0)
+        release_frames(*frames, n);
+    zmq_msg_close(&hm);
+    return 1;
+}
+
+static void handle_monitor(agent_t *a, peer_t *p)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    bool event = zmq_msg_recv(&m, p->monitor, ZMQ_DONTWAIT) >= 0;
+    bool more = event && zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    while (more) {
+        zmq_msg_init(&m);
+        more = zmq_msg_recv(&m, p->monitor, 0) >= 0 && zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    if (!event || atomic_load(&a->closing))
+        return;
+    atomic_store(&p->lost, true);
+    char text[256];
+    snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
+    call_fail_peer(a, p->rank, text);
+}
+
+static void *io_main(void *arg)
+{
+    agent_t *a = arg;
+    transport_set_thread_role(ROLE_IO);
+    int n_items = 2 + a->world;
+    zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
+    int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
+    rpc_frame_t *frames = NULL;
+    int cap = 0;
+    if (!items || !item_peer) {
+        agent_log(a, "I/O thread: out of memory");
+        free(items);
+        free(item_peer);
+        return NULL;
+    }
+    items[0] = (zmq_pollitem_t){a->router, 0, ZMQ_POLLIN, 0};
+    items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
+    n_items = 2;
+    for (int i = 0; i < a->world; i++)
+        if (a->peers[i].monitor) {
+            item_peer[n_items] = i;
+            items[n_items++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
+        }
+    while (!atomic_load(&a->io_stop)) {
+        int rc = zmq_poll(items, n_items, IO_TICK_MS);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
+            uint64_t v;
+            if (read(a->wake_fd, &v, sizeof v) < 0) {
+                /* spurious: nothing to drain */
+            }
+        }
+        if (atomic_load(&a->io_stop))
+            break;
+        for (int k = 0; k < RECV_BATCH && recv_one(a, &frames, &cap); k++) {
+        }
+        for (int i = 2; rc > 0 && i < n_items; i++)
+            if (items[i].revents & ZMQ_POLLIN)
+                handle_monitor(a, &a->peers[item_peer[i]]);
+        int64_t now = agent_now_ns();
+        call_expire(a, now);
+        rref_tick(a, now);
+        shutdown_tick(a, now);
+    }
+    free(frames);
+    free(items);
+    free(item_peer);
+    return NULL;
+}

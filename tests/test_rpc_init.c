@@ -1,0 +1,221 @@
+/*  RPC init, rendezvous and worker info (SPEC R1, R7), with real processes
+    over loopback. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+
+#include "test_rpc_world.h"
+
+/* ---- a world comes together ---- */
+
+static int world_info(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    rpc_options_t o = world_options(port);
+    char name[32];
+    snprintf(name, sizeof name, "node-%c", 'a' + rank);
+    WCHECK(rpc_init(name, rank, world, &o) == 0);
+    WCHECK(rpc_is_running());
+    WCHECK(rpc_rank() == rank);
+    WCHECK(rpc_world_size() == world);
+    WCHECK(strcmp(rpc_name(), name) == 0);
+    for (int r = 0; r < world; r++) {
+        rpc_worker_info_t by_rank, by_name;
+        char other[32];
+        snprintf(other, sizeof other, "node-%c", 'a' + r);
+        WCHECK(rpc_get_worker_info_by_rank(r, &by_rank) == 0);
+        WCHECK(strcmp(by_rank.name, other) == 0 && by_rank.rank == r);
+        WCHECK(strncmp(by_rank.endpoint, "tcp://127.0.0.1:", 16) == 0);
+        WCHECK(rpc_get_worker_info(other, &by_name) == 0);
+        WCHECK(by_name.rank == r && strcmp(by_name.endpoint, by_rank.endpoint) == 0);
+        WCHECK(rpc_worker(other) == r);
+    }
+    rpc_worker_info_t me;
+    WCHECK(rpc_get_worker_info(NULL, &me) == 0 && me.rank == rank);
+    WCHECK(rpc_get_worker_info("nobody", &me) == -1);
+    WCHECK(strstr(error_last(), "nobody") != NULL);
+    WCHECK(rpc_worker("nobody") == -1);
+    WCHECK(rpc_get_worker_info_by_rank(world, &me) == -1);
+    WCHECK(strstr(error_last(), "rank 3") != NULL);
+    WCHECK(rpc_init(name, rank, world, &o) == -1);   /* already running */
+    WCHECK(strstr(error_last(), "already running") != NULL);
+    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(!rpc_is_running());
+    WCHECK(rpc_rank() == -1 && rpc_world_size() == -1);
+    WCHECK(rpc_get_worker_info_by_rank(0, &me) == -1);
+    WCHECK(strstr(error_last(), "not running") != NULL);
+    WCHECK(rpc_shutdown(true, 1000) == -1);
+    return 0;
+}
+
+static void test_world_of_three_knows_everyone(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(3, 60, world_info, NULL), 0);
+}
+
+/* ---- the environment fills what the caller leaves unset ---- */
+
+static int world_env(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    char buf[32];
+    snprintf(buf, sizeof buf, "%d", port);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", buf, 1);
+    snprintf(buf, sizeof buf, "%d", rank);
+    setenv("RANK", buf, 1);
+    snprintf(buf, sizeof buf, "%d", world);
+    setenv("WORLD_SIZE", buf, 1);
+    WCHECK(rpc_init(NULL, -1, 0, NULL) == 0);
+    WCHECK(rpc_rank() == rank && rpc_world_size() == world);
+    snprintf(buf, sizeof buf, "worker%d", rank);
+    WCHECK(strcmp(rpc_name(), buf) == 0);
+    WCHECK(rpc_worker("worker0") == 0 && rpc_worker("worker1") == 1);
+    WCHECK(rpc_shutdown(true, 10000) == 0);
+    /* Bad values are named. */
+    setenv("MASTER_PORT", "port", 1);
+    WCHECK(rpc_init(NULL, -1, 0, NULL) == -1);
+    WCHECK(strstr(error_last(), "MASTER_PORT") != NULL);
+    unsetenv("MASTER_ADDR");
+    WCHECK(rpc_init(NULL, -1, 0, NULL) == -1);
+    WCHECK(strstr(error_last(), "MASTER_ADDR") != NULL);
+    return 0;
+}
+
+static void test_environment_variables_are_the_defaults(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_env, NULL), 0);
+}
+
+/* ---- misconfigured worlds fail everywhere, quickly, with a reason ---- */
+
+typedef struct {
+    int ranks[4];
+    int worlds[4];
+    const char *names[4];
+    const char *expect;         /* in every failing process's error */
+    bool must_fail[4];
+} bad_world_t;
+
+static int world_bad(int index, int world, int port, void *arg)
+{
+    (void)world;
+    const bad_world_t *b = arg;
+    rpc_options_t o = world_options(port);
+    o.init_timeout_ms = 3000;
+    int64_t start = world_now_ms();
+    int rc = rpc_init(b->names[index], b->ranks[index], b->worlds[index], &o);
+    int64_t took = world_now_ms() - start;
+    if (rc == 0) {
+        WCHECK(!b->must_fail[index]);
+        rpc_shutdown(false, 0);
+        return 0;
+    }
+    WCHECK(took < 4000);
+    if (b->must_fail[index] && !strstr(error_last(), b->expect)) {
+        fprintf(stderr, "[%d] unexpected error: %s\n", index, error_last());
+        return 1;
+    }
+    return 0;
+}
+
+static void test_duplicate_rank_fails_everyone(void **state)
+{
+    (void)state;
+    bad_world_t b = {{0, 1, 1}, {3, 3, 3}, {"a", "b", "c"}, "rank 1 claimed twice",
+                     {true, true, true}};
+    assert_int_equal(run_world(3, 60, world_bad, &b), 0);
+}
+
+static void test_duplicate_name_fails_everyone(void **state)
+{
+    (void)state;
+    bad_world_t b = {{0, 1, 2}, {3, 3, 3}, {"a", "same", "same"}, "name \"same\" used twice",
+                     {true, true, true}};
+    assert_int_equal(run_world(3, 60, world_bad, &b), 0);
+}
+
+static void test_world_size_mismatch_fails_everyone(void **state)
+{
+    (void)state;
+    bad_world_t b = {{0, 1}, {2, 3}, {"a", "b"}, "world size mismatch", {true, true}};
+    assert_int_equal(run_world(2, 60, world_bad, &b), 0);
+}
+
+static void test_rank_outside_world(void **state)
+{
+    (void)state;
+    /* The bad process refuses at once; the master gives up at its timeout
+       and says who is missing. */
+    bad_world_t b = {{0, 5}, {2, 2}, {"a", "b"}, "", {true, true}};
+    int status[2];
+    assert_int_equal(run_world_status(2, 60, world_bad, &b, status), 0);
+    rpc_options_t o = world_options(world_free_port());
+    assert_int_equal(rpc_init("b", 5, 2, &o), -1);
+    assert_non_null(strstr(error_last(), "rank 5 is outside the world of size 2"));
+}
+
+static int world_no_master(int rank, int world, int port, void *arg)
+{
+    (void)rank;
+    (void)world;
+    (void)arg;
+    rpc_options_t o = world_options(port);   /* nobody listens there */
+    o.init_timeout_ms = 500;
+    int64_t start = world_now_ms();
+    WCHECK(rpc_init("lonely", 1, 2, &o) == -1);
+    int64_t took = world_now_ms() - start;
+    WCHECK(took >= 450 && took < 2000);
+    WCHECK(strstr(error_last(), "no answer from the master") != NULL);
+    WCHECK(strstr(error_last(), "lonely") != NULL);
+    /* A master whose workers never come says which ranks are missing. */
+    o.master_port = world_free_port();
+    WCHECK(rpc_init("boss", 0, 3, &o) == -1);
+    WCHECK(strstr(error_last(), "missing ranks 1, 2") != NULL);
+    return 0;
+}
+
+static void test_master_that_never_answers(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(1, 60, world_no_master, NULL), 0);
+}
+
+/* ---- init again after shutdown ---- */
+
+static int world_twice(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    for (int round = 0; round < 2; round++) {
+        /* Same master port both times: rank 0 binds it again. */
+        rpc_options_t o = world_options(port);
+        WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+        WCHECK(rpc_world_size() == world);
+        WCHECK(rpc_shutdown(true, 10000) == 0);
+    }
+    return 0;
+}
+
+static void test_init_again_after_shutdown(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_twice, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_world_of_three_knows_everyone),
+        cmocka_unit_test(test_environment_variables_are_the_defaults),
+        cmocka_unit_test(test_duplicate_rank_fails_everyone),
+        cmocka_unit_test(test_duplicate_name_fails_everyone),
+        cmocka_unit_test(test_world_size_mismatch_fails_everyone),
+        cmocka_unit_test(test_rank_outside_world),
+        cmocka_unit_test(test_master_that_never_answers),
+        cmocka_unit_test(test_init_again_after_shutdown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

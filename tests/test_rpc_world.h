@@ -1,0 +1,143 @@
+/*  test_rpc_world.h: running a world of real processes for the RPC tests.
+
+    run_world() forks one child per rank before any ZeroMQ context exists in
+    the parent; each child runs fn and exits with its result (through exit(),
+    so that LeakSanitizer checks every child). The parent waits for all with
+    a deadline and kills the rest when it passes: no test can hang. cmocka
+    asserts must not be used in children (they would jump back into the
+    parent's test runner inside the child): use WCHECK, which prints and
+    makes fn return 1. */
+#ifndef ZDIST_TEST_RPC_WORLD_H
+#define ZDIST_TEST_RPC_WORLD_H
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autograd/error.h"
+#include "rpc/rpc.h"
+
+#define WCHECK(cond)                                                                        \
+    do {                                                                                    \
+        if (!(cond)) {                                                                      \
+            fprintf(stderr, "[rank %d] %s:%d: check failed: %s (last error: %s)\n",         \
+                    rpc_rank(), __FILE__, __LINE__, #cond, error_last());                   \
+            return 1;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+typedef int (world_fn)(int rank, int world, int port, void *arg);
+
+/* A TCP port that was free a moment ago (the OS picked it). */
+static inline int world_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) < 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &len) < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static inline int64_t world_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Options for a test world on loopback. */
+static inline rpc_options_t world_options(int port)
+{
+    rpc_options_t o = rpc_options_default();
+    o.master_addr = "127.0.0.1";
+    o.master_port = port;
+    o.init_timeout_ms = 10000;
+    o.rpc_timeout_ms = 10000;
+    return o;
+}
+
+/* Runs fn in `world` processes; fills status[r] (exit code, or -1 when killed
+   or timed out) when status is not NULL. Returns 0 when every child exited
+   0 within timeout_s. */
+static inline int run_world_status(int world, int timeout_s, world_fn *fn, void *arg,
+                                   int *status)
+{
+    int port = world_free_port();
+    pid_t pids[64];
+    if (port < 0 || world > 64)
+        return -1;
+    fflush(stdout);
+    fflush(stderr);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            int rc = fn(r, world, port, arg);
+            fflush(stdout);
+            fflush(stderr);
+            exit(rc);
+        }
+    }
+    int64_t deadline = world_now_ms() + timeout_s * 1000;
+    int left = world, failed = 0;
+    int codes[64];
+    for (int r = 0; r < world; r++)
+        codes[r] = -2;
+    while (left > 0) {
+        for (int r = 0; r < world; r++) {
+            if (codes[r] != -2)
+                continue;
+            int st;
+            pid_t p = waitpid(pids[r], &st, WNOHANG);
+            if (p == pids[r]) {
+                codes[r] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+                if (codes[r] != 0)
+                    fprintf(stderr, "world: rank %d ended with %s %d\n", r,
+                            WIFEXITED(st) ? "status" : "signal",
+                            WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
+                left--;
+            }
+        }
+        if (left == 0)
+            break;
+        if (world_now_ms() > deadline) {
+            for (int r = 0; r < world; r++)
+                if (codes[r] == -2) {
+                    fprintf(stderr, "world: rank %d did not finish in %d s: killed\n", r,
+                            timeout_s);
+                    kill(pids[r], SIGKILL);
+                    waitpid(pids[r], NULL, 0);
+                    codes[r] = -1;
+                }
+            break;
+        }
+        struct timespec ts = {0, 2000000};   /* polling the children, not waiting for them */
+        nanosleep(&ts, NULL);
+    }
+    for (int r = 0; r < world; r++) {
+        if (status)
+            status[r] = codes[r];
+        failed |= codes[r] != 0;
+    }
+    return failed ? -1 : 0;
+}
+
+static inline int run_world(int world, int timeout_s, world_fn *fn, void *arg)
+{
+    return run_world_status(world, timeout_s, fn, arg, NULL);
+}
+
+#endif
