@@ -39,9 +39,10 @@ static int step(nn_model_t *m, tensor_t *x, tensor_t *target, float lr)
     tensor_unref(lp);
     for (int i = 0; rc == 0 && i < nn_model_n_params(m); i++) {
         tensor_t *p = nn_model_param(m, i), *g = tensor_grad(p);
-        float *pd = tensor_data(p);
-        const float *gd = tensor_data(g);
-        for (int64_t k = 0; k < tensor_numel(p); k++)
+        float *restrict pd = tensor_data(p);
+        const float *restrict gd = tensor_data(g);
+        const int64_t n = tensor_numel(p);
+        for (int64_t k = 0; k < n; k++)
             pd[k] -= lr * gd[k];
         tensor_unref(g);
     }

@@ -1,4 +1,5 @@
-/*  blas.c: the GEMM used by every layer, and the choice of OpenBLAS kernels.
+/*  blas.c: the GEMM used by every layer, and the process set-up the layers
+    rely on: the choice of OpenBLAS kernels and glibc's allocator policy.
 
     OpenBLAS 0.3.21 (Debian 12) picks its kernels by CPU model number at
     load time; CPUs newer than the release (Emerald Rapids, for one) fall back
@@ -9,11 +10,20 @@
     constructor here redoes OpenBLAS's own initialisation
     (gotoblas_dynamic_quit/init, exported by DYNAMIC_ARCH builds) with the
     variable set. It runs before main(), when no BLAS call can be in flight.
-    Builds without those symbols are left alone. */
+    Builds without those symbols are left alone.
+
+    Allocator: a training step allocates and frees tensors of several MB.
+    glibc serves those with mmap, or trims its heap after the frees, so each
+    step touches fresh pages: the page faults (and the kernel zeroing the
+    pages) cost about 30% of a Net training step here. The same constructor
+    keeps such blocks in the heap instead (mallopt: mmap above 32 MB only,
+    trim above 128 MB of free heap top), unless the user set glibc's own
+    MALLOC_*_ or GLIBC_TUNABLES variables. */
 #include "nn/nn_private.h"
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -43,7 +53,16 @@ static const char *better_coretype(void)
     return NULL;
 }
 
-__attribute__((constructor)) static void choose_blas_kernels(void)
+static void keep_big_blocks(void)
+{
+    if (getenv("GLIBC_TUNABLES") || getenv("MALLOC_MMAP_THRESHOLD_") ||
+        getenv("MALLOC_TRIM_THRESHOLD_"))
+        return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 128 << 20);
+}
+
+static void choose_blas_kernels(void)
 {
     if (getenv("OPENBLAS_CORETYPE"))
         return;
@@ -61,6 +80,12 @@ __attribute__((constructor)) static void choose_blas_kernels(void)
     quit();
     init();
     unsetenv("OPENBLAS_CORETYPE");
+}
+
+__attribute__((constructor)) static void nn_setup(void)
+{
+    keep_big_blocks();
+    choose_blas_kernels();
 }
 
 const char *nn_blas_corename(void)

@@ -1,4 +1,5 @@
-/*  conv.c: 2-D convolution as im2col + GEMM, one sample at a time.
+/*  conv.c: 2-D convolution as im2col + GEMM, one sample at a time, with an
+    optional fused relu or max pool after it.
 
     Per sample, the input patches are unfolded into a (C*kH*kW) x (Ho*Wo)
     matrix `col`, so that the output is one GEMM, weight (O x C*kH*kW) by
@@ -6,7 +7,12 @@
     unfolds again (cheaper than keeping every sample's col alive) for the
     weight gradient dW += dY_n col^T, and folds W^T dY_n back onto the input
     (col2im) for the input gradient. One sample's col stays within L2, which
-    measured faster here than one GEMM over the whole batch. */
+    measured faster here than one GEMM over the whole batch. The batch is
+    split into one run of samples per thread (parallel.c).
+
+    The fused forms keep the convolution's own output in per-thread scratch
+    (relu: in the output itself) and never store it for the whole batch;
+    their backward rebuilds the convolution's output gradient per sample. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -38,17 +44,29 @@ static void valid_range(const conv_geom_t *g, int kj, int *lo, int *hi)
     *hi = h;
 }
 
-/*  Row helpers with restrict pointers, so that the compiler vectorises
-    them without run-time alias checks. */
+/*  Rows of a few dozen floats: copied and added 8 at a time through a
+    vector type (GCC/Clang extension), so no memcpy call per row. */
+typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
+
+/*  GCC would turn this loop back into a memmove call per row. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("no-tree-loop-distribute-patterns")))
+#endif
 static inline void copy_row(float *restrict dst, const float *restrict src, int n)
 {
-    for (int i = 0; i < n; i++)
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        *(v8f *)(dst + i) = *(const v8f *)(src + i);
+    for (; i < n; i++)
         dst[i] = src[i];
 }
 
 static inline void add_row(float *restrict dst, const float *restrict src, int n)
 {
-    for (int i = 0; i < n; i++)
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        *(v8f *)(dst + i) += *(const v8f *)(src + i);
+    for (; i < n; i++)
         dst[i] += src[i];
 }
 
@@ -141,37 +159,137 @@ static bool is_pointwise(const conv_geom_t *g)
     return g->kh == 1 && g->kw == 1 && g->stride == 1 && g->padding == 0;
 }
 
+typedef enum { EPI_NONE, EPI_RELU, EPI_POOL } epilogue_t;
+
 typedef struct {
     conv_geom_t g;
     int N, O;
+    epilogue_t epi;
+    int pool_k, pool_s, Hp, Wp;   /* EPI_POOL: window, stride, pooled plane */
+    int32_t *argmax;              /* EPI_POOL: N*O*Hp*Wp winners in the conv plane */
 } conv_ctx_t;
 
-/*  One backward pass, split by samples: chunk c handles its own samples
-    with its own col buffer and its own partial dW and db, summed in chunk
-    order afterwards (so the result does not depend on thread timing). */
+static void conv_release(autograd_node_t *n)
+{
+    conv_ctx_t *ctx = autograd_node_ctx(n);
+    if (ctx)
+        free(ctx->argmax);
+    free(ctx);
+}
+
+/*  Floats of the layer's output per sample (after the epilogue). */
+static int64_t out_per_sample(const conv_ctx_t *c)
+{
+    return (int64_t)c->O * (c->epi == EPI_POOL ? c->Hp * c->Wp : c->g.Ho * c->g.Wo);
+}
+
+/* ---- forward ---- */
+
 typedef struct {
-    const conv_geom_t *g;
-    int N, O, n_chunks;
-    const float *x, *w, *dy;
+    const conv_ctx_t *ctx;
+    int n_chunks;
+    const float *x, *w, *b;
+    float *y;
+} conv_fwd_job_t;
+
+/*  scratch: col (K*P, unless pointwise), then the conv output (O*P) when
+    pooling. */
+static void conv_fwd_chunk(void *arg, int c, float *scratch)
+{
+    const conv_fwd_job_t *j = arg;
+    const conv_ctx_t *ctx = j->ctx;
+    const conv_geom_t *g = &ctx->g;
+    const int O = ctx->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw;
+    const bool pointwise = is_pointwise(g);
+    float *col = pointwise ? NULL : scratch;
+    float *conv_out = pointwise ? scratch : scratch + (size_t)K * P;
+    const int64_t per_out = out_per_sample(ctx);
+    int64_t lo, hi;
+    nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
+    for (int64_t s = lo; s < hi; s++) {
+        const float *xs = j->x + (size_t)s * g->C * g->H * g->W;
+        float *ys = j->y + s * per_out;
+        float *dst = ctx->epi == EPI_POOL ? conv_out : ys;
+        if (col)
+            im2col(g, xs, col);
+        if (j->b)
+            for (int o = 0; o < O; o++)
+                for (int p = 0; p < P; p++)
+                    dst[(size_t)o * P + p] = j->b[o];
+        nn_sgemm(false, false, O, P, K, 1.0f, j->w, K, col ? col : xs, P, j->b ? 1.0f : 0.0f,
+                 dst, P);
+        if (ctx->epi == EPI_RELU) {
+            for (size_t i = 0; i < (size_t)O * P; i++)
+                dst[i] = dst[i] > 0.0f ? dst[i] : 0.0f;
+        } else if (ctx->epi == EPI_POOL) {
+            const int pp = ctx->Hp * ctx->Wp;
+            for (int o = 0; o < O; o++)
+                nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, ctx->pool_k, ctx->pool_s,
+                              ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
+        }
+    }
+}
+
+/* ---- backward ---- */
+
+/*  One backward pass, split by samples: chunk c handles its own samples
+    with its own partial dW and db, summed in chunk order afterwards (so the
+    result does not depend on thread timing). */
+typedef struct {
+    const conv_ctx_t *ctx;
+    int n_chunks;
+    const float *x, *dy;
+    const float *y;       /* EPI_RELU: the layer's output */
+    const float *wt;      /* weight transposed, K x O (W^T dY runs faster as NN) */
     float *dx;            /* NULL: no input gradient */
     float **dw_part;      /* per chunk, O x K; NULL: no weight gradient */
     float *db_part;       /* n_chunks x O; NULL: no bias gradient */
 } conv_bwd_job_t;
 
-static void conv_bwd_chunk(void *arg, int c, float *col)
+/*  The gradient of the convolution's own output for sample s: dy itself,
+    or rebuilt in buf through the relu or the pool. */
+static const float *conv_out_grad(const conv_bwd_job_t *j, int64_t s, float *buf)
+{
+    const conv_ctx_t *ctx = j->ctx;
+    const int O = ctx->O, P = ctx->g.Ho * ctx->g.Wo;
+    const float *dys = j->dy + s * out_per_sample(ctx);
+    if (ctx->epi == EPI_NONE)
+        return dys;
+    if (ctx->epi == EPI_RELU) {
+        const float *restrict ys = j->y + (size_t)s * O * P;
+        float *restrict d = buf;
+        for (size_t i = 0; i < (size_t)O * P; i++) {
+            float v = dys[i];
+            d[i] = ys[i] > 0.0f ? v : 0.0f;
+        }
+        return buf;
+    }
+    const int pp = ctx->Hp * ctx->Wp;
+    for (int o = 0; o < O; o++)
+        nn_pool_plane_backward(dys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp, ctx->g.Ho,
+                               ctx->g.Wo, ctx->pool_k, ctx->pool_s, buf + (size_t)o * P);
+    return buf;
+}
+
+/*  scratch: col (K*P), then the conv output gradient (O*P) with an
+    epilogue. */
+static void conv_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
-    const conv_geom_t *g = j->g;
-    const int O = j->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw, CHW = g->C * g->H * g->W;
+    const conv_ctx_t *ctx = j->ctx;
+    const conv_geom_t *g = &ctx->g;
+    const int O = ctx->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw, CHW = g->C * g->H * g->W;
     const bool pointwise = is_pointwise(g);
+    float *col = pointwise ? NULL : scratch;
+    float *dyc_buf = pointwise ? scratch : scratch + (size_t)K * P;
     int64_t lo, hi;
-    nn_chunk_range(j->N, j->n_chunks, c, &lo, &hi);
+    nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
     if (j->dw_part && lo == hi)
         memset(j->dw_part[c], 0, sizeof(float) * (size_t)O * K);
     if (j->db_part)
         memset(j->db_part + (size_t)c * O, 0, sizeof(float) * (size_t)O);
     for (int64_t s = lo; s < hi; s++) {
-        const float *dys = j->dy + (size_t)s * O * P;
+        const float *dys = conv_out_grad(j, s, dyc_buf);
         const float *xs = j->x + (size_t)s * CHW;
         if (j->dw_part) {
             if (!pointwise)
@@ -187,9 +305,9 @@ static void conv_bwd_chunk(void *arg, int c, float *col)
         if (j->dx) {
             float *dxs = j->dx + (size_t)s * CHW;
             if (pointwise) {
-                nn_sgemm(true, false, K, P, O, 1.0f, j->w, K, dys, P, 0.0f, dxs, P);
+                nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, dxs, P);
             } else {
-                nn_sgemm(true, false, K, P, O, 1.0f, j->w, K, dys, P, 0.0f, col, P);
+                nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, col, P);
                 memset(dxs, 0, sizeof(float) * (size_t)CHW);
                 col2im(g, col, dxs);
             }
@@ -197,23 +315,34 @@ static void conv_bwd_chunk(void *arg, int c, float *col)
     }
 }
 
+static size_t scratch_floats(const conv_ctx_t *ctx)
+{
+    const conv_geom_t *g = &ctx->g;
+    size_t P = (size_t)g->Ho * g->Wo, K = (size_t)g->C * g->kh * g->kw;
+    return (is_pointwise(g) ? 0 : K * P) + (ctx->epi != EPI_NONE ? (size_t)ctx->O * P : 0);
+}
+
+/*  Chunks: one per thread, but never more than samples. */
+static int conv_chunks(int N)
+{
+    int chunks = nn_parallel_chunks();
+    return chunks > N ? (N > 0 ? N : 1) : chunks;
+}
+
 static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
 {
     const conv_ctx_t *ctx = autograd_node_ctx(n);
-    const conv_geom_t *g = &ctx->g;
     tensor_t *x = autograd_node_saved(n, 0), *w = autograd_node_saved(n, 1);
-    const int O = ctx->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw;
+    const int O = ctx->O, K = ctx->g.C * ctx->g.kh * ctx->g.kw;
     const bool need_x = autograd_node_needs_grad(n, 0);
     const bool need_w = autograd_node_needs_grad(n, 1);
     const bool need_b = autograd_node_needs_grad(n, 2);
-    int chunks = nn_parallel_chunks();
-    if (chunks > ctx->N)
-        chunks = ctx->N > 0 ? ctx->N : 1;
+    const int chunks = conv_chunks(ctx->N);
     conv_bwd_job_t job = {
-        .g = g, .N = ctx->N, .O = O, .n_chunks = chunks,
-        .x = tensor_data(x), .w = tensor_data(w), .dy = tensor_data(gout[0]),
+        .ctx = ctx, .n_chunks = chunks, .x = tensor_data(x), .dy = tensor_data(gout[0]),
+        .y = ctx->epi == EPI_RELU ? tensor_data(autograd_node_saved(n, 2)) : NULL,
     };
-    float *parts[NN_MAX_CHUNKS] = {0};
+    float *parts[NN_MAX_CHUNKS] = {0}, *wt = NULL;
     int rc = -1;
 
     if (need_x && !(gin[0] = tensor_empty(TENSOR_F32, 4, tensor_shape(x))))
@@ -231,9 +360,17 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     }
     if (need_b && !(job.db_part = malloc(sizeof(float) * (size_t)chunks * O)))
         goto oom;
-    job.dx = need_x ? tensor_data(gin[0]) : NULL;
-    size_t scratch = !is_pointwise(g) && (need_x || need_w) ? (size_t)K * P : 0;
-    if (nn_parallel_run(chunks, scratch, conv_bwd_chunk, &job) < 0)
+    if (need_x) {
+        if (!(wt = malloc(sizeof(float) * ((size_t)K * O + 1))))
+            goto oom;
+        const float *wd = tensor_data(w);
+        for (int o = 0; o < O; o++)
+            for (int k = 0; k < K; k++)
+                wt[(size_t)k * O + o] = wd[(size_t)o * K + k];
+        job.wt = wt;
+        job.dx = tensor_data(gin[0]);
+    }
+    if (nn_parallel_run(chunks, scratch_floats(ctx), conv_bwd_chunk, &job) < 0)
         goto out;
     for (int c = 1; need_w && c < chunks; c++)
         for (size_t i = 0; i < (size_t)O * K; i++)
@@ -255,108 +392,158 @@ out:
     for (int c = 1; c < chunks; c++)
         free(parts[c]);
     free(job.db_part);
+    free(wt);
     return rc;
 }
 
 static const autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward,
-                                              nn_free_ctx};
+                                              conv_release};
 
-typedef struct {
-    const conv_geom_t *g;
-    int N, O, n_chunks;
-    const float *x, *w, *b;
-    float *y;
-} conv_fwd_job_t;
+/* ---- entry points ---- */
 
-static void conv_fwd_chunk(void *arg, int c, float *col)
+/*  Checks the arguments and fills ctx->g, N, O. */
+static int conv_setup(const char *op, tensor_t *x, tensor_t *weight, tensor_t *bias, int stride,
+                      int padding, conv_ctx_t *ctx)
 {
-    const conv_fwd_job_t *j = arg;
-    const conv_geom_t *g = j->g;
-    const int O = j->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw;
-    int64_t lo, hi;
-    nn_chunk_range(j->N, j->n_chunks, c, &lo, &hi);
-    for (int64_t s = lo; s < hi; s++) {
-        const float *xs = j->x + (size_t)s * g->C * g->H * g->W;
-        float *ys = j->y + (size_t)s * O * P;
-        if (col)
-            im2col(g, xs, col);
-        if (j->b)
-            for (int o = 0; o < O; o++)
-                for (int p = 0; p < P; p++)
-                    ys[(size_t)o * P + p] = j->b[o];
-        nn_sgemm(false, false, O, P, K, 1.0f, j->w, K, col ? col : xs, P, j->b ? 1.0f : 0.0f,
-                 ys, P);
-    }
-}
-
-int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
-              tensor_t **out)
-{
-    *out = NULL;
-    if (nn_check_f32("conv2d: input", x) < 0 || nn_check_f32("conv2d: weight", weight) < 0 ||
-        nn_check_ndim("conv2d: input", x, 4) < 0 ||
+    char sx[96], sw[96];
+    if (nn_check_f32("conv2d: input", x) < 0 || nn_check_ndim("conv2d: input", x, 4) < 0 ||
+        nn_check_f32("conv2d: weight", weight) < 0 ||
         nn_check_ndim("conv2d: weight", weight, 4) < 0)
         return -1;
     if (bias && (nn_check_f32("conv2d: bias", bias) < 0 ||
                  nn_check_ndim("conv2d: bias", bias, 1) < 0))
         return -1;
-    char sx[96], sw[96];
     tensor_shape_str(x, sx, sizeof sx);
     tensor_shape_str(weight, sw, sizeof sw);
     if (stride < 1 || padding < 0)
-        return error_set("conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
+        return error_set("%s: stride %d must be >= 1 and padding %d >= 0", op, stride, padding);
     const int64_t *xs = tensor_shape(x), *ws = tensor_shape(weight);
     if (xs[1] != ws[1])
-        return error_set("conv2d: input %s has %lld channels but weight %s expects %lld", sx,
+        return error_set("%s: input %s has %lld channels but weight %s expects %lld", op, sx,
                          (long long)xs[1], sw, (long long)ws[1]);
     if (bias && tensor_size(bias, 0) != ws[0])
-        return error_set("conv2d: bias has %lld entries for %lld output channels",
+        return error_set("%s: bias has %lld entries for %lld output channels", op,
                          (long long)tensor_size(bias, 0), (long long)ws[0]);
     for (int d = 0; d < 4; d++)
         if (xs[d] > INT32_MAX / 4 || ws[d] > INT32_MAX / 4)
-            return error_set("conv2d: shapes %s, %s too large", sx, sw);
+            return error_set("%s: shapes %s, %s too large", op, sx, sw);
     if (ws[0] < 1 || ws[2] < 1 || ws[3] < 1)
-        return error_set("conv2d: empty weight %s", sw);
+        return error_set("%s: empty weight %s", op, sw);
     int64_t hp = xs[2] + 2 * (int64_t)padding, wp = xs[3] + 2 * (int64_t)padding;
     if (hp < ws[2] || wp < ws[3])
-        return error_set("conv2d: kernel %lldx%lld larger than the padded input %lldx%lld "
-                         "(input %s, padding %d)", (long long)ws[2], (long long)ws[3],
+        return error_set("%s: kernel %lldx%lld larger than the padded input %lldx%lld "
+                         "(input %s, padding %d)", op, (long long)ws[2], (long long)ws[3],
                          (long long)hp, (long long)wp, sx, padding);
-    conv_geom_t g = {
+    ctx->g = (conv_geom_t){
         .C = (int)xs[1], .H = (int)xs[2], .W = (int)xs[3],
         .kh = (int)ws[2], .kw = (int)ws[3], .stride = stride, .padding = padding,
         .Ho = (int)((hp - ws[2]) / stride + 1), .Wo = (int)((wp - ws[3]) / stride + 1),
     };
-    const int N = (int)xs[0], O = (int)ws[0], P = g.Ho * g.Wo, K = g.C * g.kh * g.kw;
-    if ((int64_t)K * P > INT32_MAX || (int64_t)O * P > INT32_MAX)
-        return error_set("conv2d: input %s with weight %s is too large", sx, sw);
+    ctx->N = (int)xs[0];
+    ctx->O = (int)ws[0];
+    int64_t P = (int64_t)ctx->g.Ho * ctx->g.Wo, K = xs[1] * ws[2] * ws[3];
+    if (K * P > INT32_MAX || ctx->O * P > INT32_MAX)
+        return error_set("%s: input %s with weight %s is too large", op, sx, sw);
+    return 0;
+}
 
-    int chunks = nn_parallel_chunks();
-    if (chunks > N)
-        chunks = N > 0 ? N : 1;
-    tensor_t *y = tensor_empty(TENSOR_F32, 4, (int64_t[]){N, O, g.Ho, g.Wo});
-    conv_ctx_t *ctx = malloc(sizeof *ctx);
-    if (!y || !ctx) {
+/*  Runs the forward pass described by ctx (owned: freed on failure, else
+    handed to the node) and records it. */
+static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bias,
+                    tensor_t **out)
+{
+    int64_t shape[4] = {ctx->N, ctx->O, ctx->g.Ho, ctx->g.Wo};
+    if (ctx->epi == EPI_POOL) {
+        shape[2] = ctx->Hp;
+        shape[3] = ctx->Wp;
+        ctx->argmax = malloc(sizeof(int32_t) * ((size_t)ctx->N * ctx->O * ctx->Hp * ctx->Wp + 1));
+    }
+    tensor_t *y = tensor_empty(TENSOR_F32, 4, shape);
+    if (!y || (ctx->epi == EPI_POOL && !ctx->argmax)) {
         tensor_unref(y);
+        free(ctx->argmax);
         free(ctx);
         return error_set("conv2d: out of memory");
     }
     conv_fwd_job_t job = {
-        .g = &g, .N = N, .O = O, .n_chunks = chunks, .x = tensor_data(x),
+        .ctx = ctx, .n_chunks = conv_chunks(ctx->N), .x = tensor_data(x),
         .w = tensor_data(weight), .b = bias ? tensor_data(bias) : NULL, .y = tensor_data(y),
     };
-    size_t scratch = is_pointwise(&g) ? 0 : (size_t)K * P;
-    if (nn_parallel_run(chunks, scratch, conv_fwd_chunk, &job) < 0) {
+    if (nn_parallel_run(job.n_chunks, scratch_floats(ctx), conv_fwd_chunk, &job) < 0) {
         tensor_unref(y);
+        free(ctx->argmax);
         free(ctx);
         return error_wrap("conv2d");
     }
-    ctx->g = g;
-    ctx->N = N;
-    ctx->O = O;
     tensor_t *in[3] = {x, weight, bias};
-    if (nn_record(&conv_ops, 3, in, y, x, weight, NULL, ctx) < 0)
+    autograd_node_t *n;
+    if (autograd_node_new(&conv_ops, 3, in, 1, &n) < 0) {
+        tensor_unref(y);
+        free(ctx->argmax);
+        free(ctx);
         return -1;
+    }
+    if (n) {
+        autograd_node_save(n, 0, x);
+        autograd_node_save(n, 1, weight);
+        if (ctx->epi == EPI_RELU)
+            autograd_node_save(n, 2, y);
+        autograd_node_set_ctx(n, ctx);
+        autograd_node_set_output(n, y);
+        autograd_node_unref(n);
+    } else {
+        free(ctx->argmax);
+        free(ctx);
+    }
     *out = y;
     return 0;
+}
+
+static int conv_entry(const char *op, tensor_t *x, tensor_t *weight, tensor_t *bias,
+                      int stride, int padding, epilogue_t epi, int pool_k, int pool_s,
+                      tensor_t **out)
+{
+    *out = NULL;
+    conv_ctx_t *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return error_set("%s: out of memory", op);
+    if (conv_setup(op, x, weight, bias, stride, padding, ctx) < 0) {
+        free(ctx);
+        return -1;
+    }
+    ctx->epi = epi;
+    if (epi == EPI_POOL) {
+        if (pool_s == 0)
+            pool_s = pool_k;
+        if (pool_k < 1 || pool_s < 1 || ctx->g.Ho < pool_k || ctx->g.Wo < pool_k) {
+            error_set("%s: pool kernel %d, stride %d do not fit the %dx%d convolution output",
+                      op, pool_k, pool_s, ctx->g.Ho, ctx->g.Wo);
+            free(ctx);
+            return -1;
+        }
+        ctx->pool_k = pool_k;
+        ctx->pool_s = pool_s;
+        ctx->Hp = (ctx->g.Ho - pool_k) / pool_s + 1;
+        ctx->Wp = (ctx->g.Wo - pool_k) / pool_s + 1;
+    }
+    return conv_run(ctx, x, weight, bias, out);
+}
+
+int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
+              tensor_t **out)
+{
+    return conv_entry("conv2d", x, weight, bias, stride, padding, EPI_NONE, 0, 0, out);
+}
+
+int nn_conv2d_relu(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
+                   tensor_t **out)
+{
+    return conv_entry("conv2d_relu", x, weight, bias, stride, padding, EPI_RELU, 0, 0, out);
+}
+
+int nn_conv2d_max_pool2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride,
+                         int padding, int pool_kernel, int pool_stride, tensor_t **out)
+{
+    return conv_entry("conv2d_max_pool2d", x, weight, bias, stride, padding, EPI_POOL,
+                      pool_kernel, pool_stride, out);
 }

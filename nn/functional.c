@@ -1,4 +1,4 @@
-/*  functional.c: linear, relu, max_pool2d, dropout, dropout2d, flatten. */
+/*  functional.c: linear, relu, dropout, dropout2d, flatten. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,15 +7,6 @@
 #include "autograd/error.h"
 #include "nn/nn.h"
 #include "nn/nn_private.h"
-
-/*  Elementwise work below this many elements runs on the calling thread:
-    waking the pool costs more than it saves. */
-#define PARALLEL_MIN_ELEMS (1 << 16)
-
-static int elem_chunks(int64_t n)
-{
-    return n >= PARALLEL_MIN_ELEMS ? nn_parallel_chunks() : 1;
-}
 
 /* ---- linear ---- */
 
@@ -189,7 +180,7 @@ static int relu_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
         return -1;
     elem_job_t job = {.n = tensor_numel(y), .a = tensor_data(y), .b = tensor_data(gout[0]),
                       .out = tensor_data(gin[0])};
-    job.n_chunks = elem_chunks(job.n);
+    job.n_chunks = nn_elem_chunks(job.n);
     return nn_parallel_run(job.n_chunks, 0, relu_backward_chunk, &job);
 }
 
@@ -204,177 +195,12 @@ int nn_relu(tensor_t *x, tensor_t **out)
     if (!y)
         return -1;
     elem_job_t job = {.n = tensor_numel(x), .a = tensor_data(x), .out = tensor_data(y)};
-    job.n_chunks = elem_chunks(job.n);
+    job.n_chunks = nn_elem_chunks(job.n);
     if (nn_parallel_run(job.n_chunks, 0, relu_chunk, &job) < 0) {
         tensor_unref(y);
         return -1;
     }
     if (nn_record(&relu_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
-        return -1;
-    *out = y;
-    return 0;
-}
-
-/* ---- max_pool2d ---- */
-
-typedef struct {
-    int64_t shape[4];     /* input (N,C,H,W) */
-    int kernel, stride;
-    int64_t Ho, Wo;
-    int32_t argmax[];     /* per output: index inside its input plane */
-} pool_ctx_t;
-
-typedef struct {
-    const pool_ctx_t *ctx;
-    int64_t planes;
-    int n_chunks;
-    const float *in;      /* forward: x; backward: dy */
-    float *out;           /* forward: y; backward: dx */
-    int32_t *argmax;
-} pool_job_t;
-
-/*  The winner of a window: the first maximum, NaN winning (as PyTorch). */
-static inline void pool_take(const float *xp, int64_t idx, float *best, int64_t *best_i)
-{
-    float v = xp[idx];
-    if (v > *best || isnan(v)) {
-        *best = v;
-        *best_i = idx;
-    }
-}
-
-/*  One output row of 2x2/2 pooling, branch-free so it vectorises:
-    candidates in PyTorch's order (row-major in the window), a later one
-    winning only when strictly larger, or NaN. */
-static void pool_row_2x2(const float *restrict r0, int64_t W, int32_t base,
-                         float *restrict y, int32_t *restrict am, int Wo)
-{
-    const float *restrict r1 = r0 + W;
-    for (int ow = 0; ow < Wo; ow++) {
-        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
-        int32_t i = base + 2 * ow;
-        float best = a;
-        int32_t bi = i;
-        bool t = b > best || b != b;
-        best = t ? b : best;
-        bi = t ? i + 1 : bi;
-        t = c > best || c != c;
-        best = t ? c : best;
-        bi = t ? i + (int32_t)W : bi;
-        t = d > best || d != d;
-        best = t ? d : best;
-        bi = t ? i + (int32_t)W + 1 : bi;
-        y[ow] = best;
-        am[ow] = bi;
-    }
-}
-
-static void pool_plane(const pool_ctx_t *ctx, const float *xp, float *yp, int32_t *am)
-{
-    const int64_t W = ctx->shape[3], Ho = ctx->Ho, Wo = ctx->Wo;
-    const int k = ctx->kernel, s = ctx->stride;
-    if (k == 2 && s == 2) {
-        for (int64_t oh = 0; oh < Ho; oh++)
-            pool_row_2x2(xp + 2 * oh * W, W, (int32_t)(2 * oh * W), yp + oh * Wo,
-                         am + oh * Wo, (int)Wo);
-        return;
-    }
-    for (int64_t oh = 0; oh < Ho; oh++) {
-        for (int64_t ow = 0; ow < Wo; ow++) {
-            int64_t h0 = oh * s, w0 = ow * s, best_i = h0 * W + w0;
-            float best = xp[best_i];
-            for (int64_t i = h0; i < h0 + k; i++)
-                for (int64_t jj = w0; jj < w0 + k; jj++)
-                    pool_take(xp, i * W + jj, &best, &best_i);
-            yp[oh * Wo + ow] = best;
-            am[oh * Wo + ow] = (int32_t)best_i;
-        }
-    }
-}
-
-static void pool_chunk(void *arg, int c, float *scratch)
-{
-    const pool_job_t *j = arg;
-    const pool_ctx_t *ctx = j->ctx;
-    (void)scratch;
-    const int64_t hw = ctx->shape[2] * ctx->shape[3], per = ctx->Ho * ctx->Wo;
-    int64_t lo, hi;
-    nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
-    for (int64_t p = lo; p < hi; p++)
-        pool_plane(ctx, j->in + p * hw, j->out + p * per, j->argmax + p * per);
-}
-
-static void pool_backward_chunk(void *arg, int c, float *scratch)
-{
-    const pool_job_t *j = arg;
-    const pool_ctx_t *ctx = j->ctx;
-    (void)scratch;
-    const int64_t hw = ctx->shape[2] * ctx->shape[3], per = ctx->Ho * ctx->Wo;
-    int64_t lo, hi;
-    nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
-    memset(j->out + lo * hw, 0, sizeof(float) * (size_t)((hi - lo) * hw));
-    for (int64_t p = lo; p < hi; p++) {
-        float *dxp = j->out + p * hw;
-        const float *dyp = j->in + p * per;
-        const int32_t *am = ctx->argmax + p * per;
-        for (int64_t i = 0; i < per; i++)
-            dxp[am[i]] += dyp[i];
-    }
-}
-
-static int pool_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
-{
-    const pool_ctx_t *ctx = autograd_node_ctx(n);
-    if (!(gin[0] = tensor_empty(TENSOR_F32, 4, ctx->shape)))
-        return -1;
-    pool_job_t job = {.ctx = ctx, .planes = ctx->shape[0] * ctx->shape[1],
-                      .in = tensor_data(gout[0]), .out = tensor_data(gin[0])};
-    job.n_chunks = elem_chunks(tensor_numel(gin[0]));
-    return nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
-}
-
-static const autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward, nn_free_ctx};
-
-int nn_max_pool2d(tensor_t *x, int kernel, int stride, tensor_t **out)
-{
-    *out = NULL;
-    if (nn_check_f32("max_pool2d: input", x) < 0 ||
-        nn_check_ndim("max_pool2d: input", x, 4) < 0)
-        return -1;
-    if (stride == 0)
-        stride = kernel;
-    char sx[96];
-    tensor_shape_str(x, sx, sizeof sx);
-    if (kernel < 1 || stride < 1)
-        return error_set("max_pool2d: kernel %d and stride %d must be >= 1", kernel, stride);
-    const int64_t *s = tensor_shape(x);
-    if (s[2] < kernel || s[3] < kernel)
-        return error_set("max_pool2d: kernel %d larger than input %s", kernel, sx);
-    if (s[2] * s[3] > INT32_MAX)
-        return error_set("max_pool2d: input planes of %s too large", sx);
-    const int64_t Ho = (s[2] - kernel) / stride + 1, Wo = (s[3] - kernel) / stride + 1;
-    const int64_t planes = s[0] * s[1], per = Ho * Wo;
-    tensor_t *y = tensor_empty(TENSOR_F32, 4, (int64_t[]){s[0], s[1], Ho, Wo});
-    pool_ctx_t *ctx = malloc(sizeof *ctx + sizeof(int32_t) * (size_t)(planes * per));
-    if (!y || !ctx) {
-        tensor_unref(y);
-        free(ctx);
-        return error_set("max_pool2d: out of memory");
-    }
-    memcpy(ctx->shape, s, sizeof ctx->shape);
-    ctx->kernel = kernel;
-    ctx->stride = stride;
-    ctx->Ho = Ho;
-    ctx->Wo = Wo;
-    pool_job_t job = {.ctx = ctx, .planes = planes, .in = tensor_data(x),
-                      .out = tensor_data(y), .argmax = ctx->argmax};
-    job.n_chunks = elem_chunks(tensor_numel(x));
-    if (nn_parallel_run(job.n_chunks, 0, pool_chunk, &job) < 0) {
-        tensor_unref(y);
-        free(ctx);
-        return -1;
-    }
-    if (nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;

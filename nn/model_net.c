@@ -51,10 +51,9 @@ int nn_net_forward_conv(nn_model_t *m, tensor_t *x, tensor_t **flat)
         nn_model_dropout_rng(m, &rng);
     tensor_t **p = m->params;
     tensor_t *h = tensor_ref(x);
-    STEP(nn_conv2d(h, p[CONV1_W], p[CONV1_B], 1, 0, &next));
-    STEP(nn_relu(h, &next));
-    STEP(nn_conv2d(h, p[CONV2_W], p[CONV2_B], 1, 0, &next));
-    STEP(nn_max_pool2d(h, 2, 2, &next));
+    /* conv1 -> relu and conv2 -> max_pool 2, each as one fused op */
+    STEP(nn_conv2d_relu(h, p[CONV1_W], p[CONV1_B], 1, 0, &next));
+    STEP(nn_conv2d_max_pool2d(h, p[CONV2_W], p[CONV2_B], 1, 0, 2, 2, &next));
     STEP(nn_dropout2d(h, 0.25f, training, &rng, &next));
     STEP(nn_flatten(h, &next));
     *flat = h;
@@ -136,8 +135,7 @@ static int convnet_forward(nn_model_t *m, tensor_t *x, tensor_t **out)
         return -1;
     tensor_t **p = m->params;
     tensor_t *h = tensor_ref(x);
-    STEP(nn_conv2d(h, p[0], p[1], 1, 0, &next));
-    STEP(nn_max_pool2d(h, 3, 3, &next));
+    STEP(nn_conv2d_max_pool2d(h, p[0], p[1], 1, 0, 3, 3, &next));
     STEP(nn_relu(h, &next));
     STEP(nn_flatten(h, &next));
     STEP(nn_linear(h, p[2], p[3], &next));

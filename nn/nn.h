@@ -28,6 +28,15 @@
 int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
               tensor_t **out);
 
+/*  Fused forms, for less memory traffic: the same numbers as
+    nn_relu(nn_conv2d(...)) and nn_max_pool2d(nn_conv2d(...), pool_kernel,
+    pool_stride), without storing the convolution's own output for the
+    batch. pool_stride 0 means pool_kernel. */
+int nn_conv2d_relu(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
+                   tensor_t **out);
+int nn_conv2d_max_pool2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride,
+                         int padding, int pool_kernel, int pool_stride, tensor_t **out);
+
 /*  y = x weight^T + bias: x (..., in), weight (out, in), bias (out) or NULL,
     gives (..., out). */
 int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out);
@@ -86,7 +95,11 @@ int nn_init_uniform(tensor_t *t, float lo, float hi, nn_rng_t *rng);
     non-NULL, bias uniform in the same bound. Weight is drawn first. */
 int nn_init_default(tensor_t *weight, tensor_t *bias, nn_rng_t *rng);
 
-/*  ---- the BLAS underneath ---- */
+/*  ---- the process set-up ----
+    Linking this library also keeps large freed blocks in glibc's heap
+    instead of returning them to the system after each training step (see
+    nn/blas.c; skipped when MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_
+    or GLIBC_TUNABLES is set). */
 
 /*  Name of the OpenBLAS kernel set in use ("SkylakeX", "Haswell", ...).
     OpenBLAS 0.3.21 does not recognise some recent CPUs and falls back to

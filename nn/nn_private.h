@@ -51,11 +51,34 @@ int nn_parallel_chunks(void);
     0, or -1 (error_set) when scratch memory ran out (then no chunk ran). */
 int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg);
 
+/*  Chunks for elementwise work over n elements: below 64K elements one
+    (waking the pool costs more than it saves), else one per thread. */
+static inline int nn_elem_chunks(int64_t n)
+{
+    return n >= (1 << 16) ? nn_parallel_chunks() : 1;
+}
+
 /*  [*lo, *hi): chunk c of n_chunks over n items, contiguous and balanced. */
 static inline void nn_chunk_range(int64_t n, int n_chunks, int c, int64_t *lo, int64_t *hi)
 {
     *lo = n * c / n_chunks;
     *hi = n * (c + 1) / n_chunks;
 }
+
+/*  ---- max pooling of one plane (pool.c) ---- */
+
+/*  Pools an H x W plane with k x k windows moved by s (floor mode) into
+    y (Ho x Wo), Ho = (H-k)/s+1, Wo = (W-k)/s+1, writing to argmax each
+    winner's index in the plane (the first maximum; NaN wins). */
+void nn_pool_plane(const float *x, int H, int W, int k, int s, float *y, int32_t *argmax);
+
+/*  Fails (error_set, naming op) unless kernel and stride are >= 1 and a
+    window fits in x's (N,C,H,W) planes. */
+int nn_pool_check(const char *op, const tensor_t *x, int kernel, int stride);
+
+/*  dx (H x W, any contents) = the gradient of pooling: dy (Ho x Wo) sent to
+    the argmax of each window, zero elsewhere. */
+void nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
+                            float *dx);
 
 #endif

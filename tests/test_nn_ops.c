@@ -471,6 +471,88 @@ static void test_argmax_accuracy(void **state)
     tensor_unref(x);
 }
 
+/* ---- fused convolutions: the numbers of the composition ---- */
+
+static tensor_t *rand_leaf(nn_rng_t *rng, int ndim, const int64_t *shape, float scale)
+{
+    tensor_t *t = tensor_empty(TENSOR_F32, ndim, shape);
+    for (int64_t i = 0; i < tensor_numel(t); i++)
+        tensor_data(t)[i] = nn_rng_normal(rng, 0.0f, scale);
+    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    return t;
+}
+
+static void assert_same_values(const char *what, tensor_t *a, tensor_t *b)
+{
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_true(tensor_same_shape(a, b));
+    for (int64_t i = 0; i < tensor_numel(a); i++) {
+        float x = tensor_data(a)[i], y = tensor_data(b)[i];
+        if (!(fabsf(x - y) <= 1e-6f + 1e-5f * fabsf(y)))
+            fail_msg("%s[%lld]: fused %.9g, composed %.9g", what, (long long)i, (double)x,
+                     (double)y);
+    }
+}
+
+/*  Runs `fused` and the composition on the same leaves, backward from the
+    same upstream gradient, and compares outputs and every gradient. */
+static void check_fused(int N, int C, int H, int W, int O, int k, int stride, int padding,
+                        int pool_k, int pool_s)
+{
+    int64_t live = tensor_live_count();
+    nn_rng_t rng;
+    nn_rng_seed(&rng, (uint64_t)(N * 1000 + H * 10 + pool_k));
+    tensor_t *x = rand_leaf(&rng, 4, (int64_t[]){N, C, H, W}, 1.0f);
+    tensor_t *w = rand_leaf(&rng, 4, (int64_t[]){O, C, k, k}, 0.5f);
+    tensor_t *b = rand_leaf(&rng, 1, (int64_t[]){O}, 0.5f);
+    tensor_t *yf, *c, *yc, *g[2][3];
+    if (pool_k)
+        assert_int_equal(nn_conv2d_max_pool2d(x, w, b, stride, padding, pool_k, pool_s, &yf), 0);
+    else
+        assert_int_equal(nn_conv2d_relu(x, w, b, stride, padding, &yf), 0);
+    assert_int_equal(nn_conv2d(x, w, b, stride, padding, &c), 0);
+    if (pool_k)
+        assert_int_equal(nn_max_pool2d(c, pool_k, pool_s, &yc), 0);
+    else
+        assert_int_equal(nn_relu(c, &yc), 0);
+    assert_same_values("output", yf, yc);
+    tensor_t *dy = rand_leaf(&rng, 4, tensor_shape(yf), 1.0f);
+    tensor_t *ys[2] = {yf, yc}, *leaves[3] = {x, w, b};
+    for (int v = 0; v < 2; v++) {
+        assert_int_equal(autograd_backward(ys[v], dy, false), 0);
+        for (int i = 0; i < 3; i++) {
+            g[v][i] = tensor_grad(leaves[i]);
+            tensor_clear_grad(leaves[i]);
+        }
+    }
+    assert_same_values("grad x", g[0][0], g[1][0]);
+    assert_same_values("grad weight", g[0][1], g[1][1]);
+    assert_same_values("grad bias", g[0][2], g[1][2]);
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < 3; i++)
+            tensor_unref(g[v][i]);
+    tensor_t *objs[] = {x, w, b, yf, c, yc, dy};
+    for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
+        tensor_unref(objs[i]);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_fused_conv_matches_composition(void **state)
+{
+    (void)state;
+    check_fused(4, 3, 12, 12, 5, 3, 1, 0, 0, 0);      /* conv + relu */
+    check_fused(3, 2, 9, 7, 4, 3, 2, 1, 0, 0);
+    check_fused(5, 3, 14, 14, 6, 3, 1, 0, 2, 2);      /* the Net's conv2 + pool 2 */
+    check_fused(4, 1, 28, 28, 3, 3, 1, 0, 3, 3);      /* the ConvNet's conv1 + pool 3 */
+    check_fused(2, 2, 11, 10, 3, 2, 1, 1, 3, 2);      /* overlapping windows */
+    check_fused(1, 2, 6, 6, 2, 1, 1, 0, 2, 0);        /* pointwise kernel */
+    tensor_t *x = tensor_zeros4(1, 1, 4, 4), *w = tensor_zeros4(1, 1, 3, 3), *out = NULL;
+    expect_error(nn_conv2d_max_pool2d(x, w, NULL, 1, 0, 3, 3, &out), out, "pool kernel 3");
+    tensor_unref(w);
+    tensor_unref(x);
+}
+
 /* ---- the generator ---- */
 
 static void test_rng(void **state)
@@ -536,6 +618,7 @@ int main(void)
         cmocka_unit_test(test_golden_log_softmax),
         cmocka_unit_test(test_golden_nll_loss),
         cmocka_unit_test(test_errors_are_reported),
+        cmocka_unit_test(test_fused_conv_matches_composition),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_dropout2d_zeroes_channels),
         cmocka_unit_test(test_flatten_is_a_view),

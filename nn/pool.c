@@ -1,0 +1,181 @@
+/*  pool.c: max pooling (PyTorch's max_pool2d, no padding, floor mode). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "nn/nn.h"
+#include "nn/nn_private.h"
+
+/*  One output row of 2x2/2 pooling, branch-free so that it vectorises:
+    candidates in PyTorch's order (row-major in the window), a later one
+    winning only when strictly larger, or NaN. */
+static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *restrict y,
+                         int32_t *restrict am, int Wo)
+{
+    const float *restrict r1 = r0 + W;
+    for (int ow = 0; ow < Wo; ow++) {
+        float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
+        int32_t i = base + 2 * ow;
+        float best = a;
+        int32_t bi = i;
+        bool t = b > best || b != b;
+        best = t ? b : best;
+        bi = t ? i + 1 : bi;
+        t = c > best || c != c;
+        best = t ? c : best;
+        bi = t ? i + W : bi;
+        t = d > best || d != d;
+        best = t ? d : best;
+        bi = t ? i + W + 1 : bi;
+        y[ow] = best;
+        am[ow] = bi;
+    }
+}
+
+void nn_pool_plane(const float *x, int H, int W, int k, int s, float *y, int32_t *argmax)
+{
+    const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
+    if (k == 2 && s == 2) {
+        for (int oh = 0; oh < Ho; oh++)
+            pool_row_2x2(x + 2 * oh * W, W, 2 * oh * W, y + oh * Wo, argmax + oh * Wo, Wo);
+        return;
+    }
+    /* Any window: running maxima over the window's rows, one output row at
+       a time, so the inner loops run along contiguous memory. */
+    for (int oh = 0; oh < Ho; oh++) {
+        float *yr = y + oh * Wo;
+        int32_t *ar = argmax + oh * Wo;
+        for (int i = 0; i < k; i++) {
+            const float *xr = x + (oh * s + i) * W;
+            for (int j = 0; j < k; j++) {
+                for (int ow = 0; ow < Wo; ow++) {
+                    int32_t idx = (oh * s + i) * W + ow * s + j;
+                    float v = xr[ow * s + j];
+                    bool first = i == 0 && j == 0;
+                    bool t = first || v > yr[ow] || v != v;
+                    yr[ow] = t ? v : yr[ow];
+                    ar[ow] = t ? idx : ar[ow];
+                }
+            }
+        }
+    }
+}
+
+void nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
+                            float *dx)
+{
+    const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
+    memset(dx, 0, sizeof(float) * (size_t)H * W);
+    for (int i = 0; i < Ho * Wo; i++)
+        dx[argmax[i]] += dy[i];
+}
+
+/* ---- the op ---- */
+
+typedef struct {
+    int64_t shape[4];     /* input (N,C,H,W) */
+    int kernel, stride;
+    int32_t argmax[];     /* per output: index inside its input plane */
+} pool_ctx_t;
+
+typedef struct {
+    const pool_ctx_t *ctx;
+    int64_t planes;
+    int n_chunks;
+    const float *in;      /* forward: x; backward: dy */
+    float *out;           /* forward: y; backward: dx */
+    int32_t *argmax;
+} pool_job_t;
+
+static void pool_chunk(void *arg, int c, float *scratch)
+{
+    const pool_job_t *j = arg;
+    const pool_ctx_t *ctx = j->ctx;
+    (void)scratch;
+    const int H = (int)ctx->shape[2], W = (int)ctx->shape[3], k = ctx->kernel, s = ctx->stride;
+    const int64_t per = (int64_t)((H - k) / s + 1) * ((W - k) / s + 1);
+    int64_t lo, hi;
+    nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
+    for (int64_t p = lo; p < hi; p++)
+        nn_pool_plane(j->in + p * H * W, H, W, k, s, j->out + p * per, j->argmax + p * per);
+}
+
+static void pool_backward_chunk(void *arg, int c, float *scratch)
+{
+    const pool_job_t *j = arg;
+    const pool_ctx_t *ctx = j->ctx;
+    (void)scratch;
+    const int H = (int)ctx->shape[2], W = (int)ctx->shape[3], k = ctx->kernel, s = ctx->stride;
+    const int64_t per = (int64_t)((H - k) / s + 1) * ((W - k) / s + 1);
+    int64_t lo, hi;
+    nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
+    for (int64_t p = lo; p < hi; p++)
+        nn_pool_plane_backward(j->in + p * per, ctx->argmax + p * per, H, W, k, s,
+                               j->out + p * H * W);
+}
+
+static int pool_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    const pool_ctx_t *ctx = autograd_node_ctx(n);
+    if (!(gin[0] = tensor_empty(TENSOR_F32, 4, ctx->shape)))
+        return -1;
+    pool_job_t job = {.ctx = ctx, .planes = ctx->shape[0] * ctx->shape[1],
+                      .in = tensor_data(gout[0]), .out = tensor_data(gin[0])};
+    job.n_chunks = nn_elem_chunks(tensor_numel(gin[0]));
+    return nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
+}
+
+static const autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward, nn_free_ctx};
+
+int nn_pool_check(const char *op, const tensor_t *x, int kernel, int stride)
+{
+    char sx[96];
+    if (kernel < 1 || stride < 1)
+        return error_set("%s: kernel %d and stride %d must be >= 1", op, kernel, stride);
+    if (tensor_size(x, 2) < kernel || tensor_size(x, 3) < kernel)
+        return error_set("%s: kernel %d larger than input %s", op, kernel,
+                         tensor_shape_str(x, sx, sizeof sx));
+    if (tensor_size(x, 2) * tensor_size(x, 3) > INT32_MAX)
+        return error_set("%s: input planes of %s too large", op,
+                         tensor_shape_str(x, sx, sizeof sx));
+    return 0;
+}
+
+int nn_max_pool2d(tensor_t *x, int kernel, int stride, tensor_t **out)
+{
+    *out = NULL;
+    if (nn_check_f32("max_pool2d: input", x) < 0 ||
+        nn_check_ndim("max_pool2d: input", x, 4) < 0)
+        return -1;
+    if (stride == 0)
+        stride = kernel;
+    if (nn_pool_check("max_pool2d", x, kernel, stride) < 0)
+        return -1;
+    const int64_t *s = tensor_shape(x);
+    const int64_t Ho = (s[2] - kernel) / stride + 1, Wo = (s[3] - kernel) / stride + 1;
+    const int64_t planes = s[0] * s[1], per = Ho * Wo;
+    tensor_t *y = tensor_empty(TENSOR_F32, 4, (int64_t[]){s[0], s[1], Ho, Wo});
+    pool_ctx_t *ctx = malloc(sizeof *ctx + sizeof(int32_t) * (size_t)(planes * per));
+    if (!y || !ctx) {
+        tensor_unref(y);
+        free(ctx);
+        return error_set("max_pool2d: out of memory");
+    }
+    memcpy(ctx->shape, s, sizeof ctx->shape);
+    ctx->kernel = kernel;
+    ctx->stride = stride;
+    pool_job_t job = {.ctx = ctx, .planes = planes, .in = tensor_data(x),
+                      .out = tensor_data(y), .argmax = ctx->argmax};
+    job.n_chunks = nn_elem_chunks(tensor_numel(x));
+    if (nn_parallel_run(job.n_chunks, 0, pool_chunk, &job) < 0) {
+        tensor_unref(y);
+        free(ctx);
+        return -1;
+    }
+    if (nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}
