@@ -344,14 +344,20 @@ int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *op
         goto fail_unlocked;
     }
     rpc_value_set_rref_hooks(rref_value_ref_hook, rref_value_unref_hook);
-    /* Published before the I/O thread starts: handlers may call out. */
+    /* Published before the I/O thread starts: peers that finished their
+       init may call us already, and handlers may call out. */
     atomic_store(&g_agent, a);
-    if (transport_connect(a, deadline) < 0) {
+    publish_identity(a);
+    /* The init barrier: when rpc_init returns, every peer is connected to
+       every other and may be called. */
+    int64_t sum;
+    if (transport_connect(a, deadline) < 0 ||
+        barrier_all(-1, 0, deadline, "rpc_init", &sum) < 0) {
         error_wrap("rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        publish_identity(NULL);
         agent_teardown(a, false);
         goto fail_unlocked;
     }
-    publish_identity(a);
     pthread_mutex_unlock(&g_init_lock);
     return 0;
 fail_unlocked:

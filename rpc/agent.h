@@ -221,6 +221,11 @@ void rref_tick(agent_t *a, int64_t now_ns);
 /*  ---- shutdown.c ---- */
 
 int shutdown_graceful(agent_t *a, int64_t timeout_ms);
+/*  One round of the barrier hosted by rank 0: returns once every worker has
+    entered round `round`, with *sum the total of their counts. Round -1 is
+    init's. 0, or -1 (timeout, rank 0 unreachable, a worker lost). */
+int barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
+                int64_t *sum);
 /*  Rank 0, I/O thread: fails barrier rounds that cannot complete. */
 void shutdown_tick(agent_t *a, int64_t now_ns);
 /*  Teardown: fails the barrier rounds still open. */

@@ -192,27 +192,32 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
     return 0;
 }
 
+int barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
+                int64_t *sum)
+{
+    int64_t left = deadline_ns == INT64_MAX ? 0 : (deadline_ns - agent_now_ns()) / 1000000;
+    if (deadline_ns != INT64_MAX && left < 1)
+        left = 1;
+    rpc_value_t *args = rpc_args("iii", round, count, left);
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = api, .args = args,
+                      .timeout_ms = left, .hooked = false};
+    rpc_value_t *total = NULL;
+    int rc = args ? call_sync(&req, 0, &total) : -1;
+    rpc_value_unref(args);
+    if (rc == 0 && rpc_value_get_int(total, sum) < 0)
+        rc = -1;
+    rpc_value_unref(total);
+    return rc;
+}
+
 int shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
     int64_t t = agent_timeout(a, timeout_ms);
     int64_t deadline = t ? agent_now_ns() + t * 1000000 : INT64_MAX;
     for (int64_t round = 0;; round++) {
-        if (drain_local(a, deadline) < 0)
-            return error_wrap("rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
-        int64_t left = deadline == INT64_MAX ? 0 : (deadline - agent_now_ns()) / 1000000;
-        if (deadline != INT64_MAX && left < 1)
-            left = 1;
-        rpc_value_t *args = rpc_args("iii", round, outstanding(a), left);
-        call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = "rpc_shutdown",
-                          .args = args, .timeout_ms = left, .hooked = false};
-        rpc_value_t *total = NULL;
-        int rc = args ? call_sync(&req, 0, &total) : -1;
-        rpc_value_unref(args);
         int64_t sum = -1;
-        if (rc == 0 && rpc_value_get_int(total, &sum) < 0)
-            rc = -1;
-        rpc_value_unref(total);
-        if (rc < 0)
+        if (drain_local(a, deadline) < 0 ||
+            barrier_all(round, outstanding(a), deadline, "rpc_shutdown", &sum) < 0)
             return error_wrap("rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
         if (sum == 0)
             return 0;

@@ -412,12 +412,13 @@ static void test_timeouts(void **state)
 /* ---- a peer that died ---- */
 
 static rpc_future_t *ready;
+static int64_t victim_pid;
 
 static rpc_value_t *h_ready(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call;
-    (void)args;
     (void)arg;
+    rpc_arg_int(args, 0, &victim_pid);
     rpc_future_set_value(ready, NULL);
     return rpc_value_none();
 }
@@ -430,13 +431,15 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
     WCHECK(start(rank, world, port, 10000) == 0);
     rpc_value_t *r;
     if (rank == 2) {
-        WCHECK(rpc_sync(0, "ready", NULL, -1, &r) == 0);
-        rpc_value_unref(r);
-        _exit(0);   /* dies without a word */
+        rpc_value_t *args = rpc_args("i", (int64_t)getpid());
+        WCHECK(rpc_sync(0, "ready", args, -1, &r) == 0);
+        for (;;)
+            pause();   /* until rank 0 kills it */
     }
     if (rank == 0) {
-        /* Wait for the peer's last message, then call it. */
+        /* Kill the peer, then call it. */
         WCHECK(rpc_wait(ready, 10000) == 0);
+        WCHECK(kill((pid_t)victim_pid, SIGKILL) == 0);
         int64_t t0 = world_now_ms();
         rpc_value_t *args = rpc_args("ii", (int64_t)1, (int64_t)2);
         int rc = rpc_sync(2, "add", args, 3000, &r);
@@ -464,7 +467,11 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
 static void test_dead_peer(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(3, 60, world_dead_peer, NULL), 0);
+    int status[3];
+    run_world_status(3, 60, world_dead_peer, NULL, status);
+    assert_int_equal(status[0], 0);
+    assert_int_equal(status[1], 0);
+    assert_int_equal(status[2], -1);   /* killed */
 }
 
 int main(void)

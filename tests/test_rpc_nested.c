@@ -1,0 +1,179 @@
+/*  Nested calls never deadlock (SPEC R11): chains of calls through four
+    processes with two worker threads each and 64 concurrent callers, both
+    with handlers that block in rpc_sync and with async handlers. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <pthread.h>
+
+#include "test_rpc_world.h"
+
+#define WORLD 4
+#define CALLERS 64
+#define DEPTH 7   /* 8 handlers: around the ring twice, back through the caller */
+
+/* Sum of the ranks of the handlers a chain of `depth` starting at rank
+   `first` runs on. */
+static int64_t expected_sum(int first, int depth)
+{
+    int64_t s = 0;
+    for (int k = 0; k <= depth; k++)
+        s += (first + k) % WORLD;
+    return s;
+}
+
+/* Blocking: holds its pool thread while the next hop runs. */
+static rpc_value_t *h_chain(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t depth;
+    if (rpc_arg_int(args, 0, &depth) < 0)
+        return NULL;
+    if (depth == 0)
+        return rpc_value_int(rpc_rank());
+    rpc_value_t *next = rpc_args("i", depth - 1), *r = NULL;
+    int rc = rpc_sync((rpc_rank() + 1) % WORLD, "chain", next, -1, &r);
+    rpc_value_unref(next);
+    int64_t sum;
+    if (rc < 0 || rpc_value_get_int(r, &sum) < 0) {
+        rpc_value_unref(r);
+        return NULL;
+    }
+    rpc_value_unref(r);
+    return rpc_value_int(sum + rpc_rank());
+}
+
+/* Async: returns at once; the reply goes out when the next hop answers. */
+static void chain_next_done(rpc_future_t *f, void *arg)
+{
+    rpc_future_t *out = arg;
+    int64_t sum;
+    if (rpc_future_value(f) && rpc_value_get_int(rpc_future_value(f), &sum) == 0) {
+        rpc_value_t *v = rpc_value_int(sum + rpc_rank());
+        rpc_future_set_value(out, v);
+        rpc_value_unref(v);
+    } else {
+        rpc_future_set_error(out, "next hop: %s", rpc_future_error(f));
+    }
+    rpc_future_unref(out);
+}
+
+static rpc_future_t *h_chain_async(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t depth;
+    if (rpc_arg_int(args, 0, &depth) < 0)
+        return NULL;
+    rpc_future_t *out = rpc_future_new();
+    if (depth == 0) {
+        rpc_value_t *v = rpc_value_int(rpc_rank());
+        rpc_future_set_value(out, v);
+        rpc_value_unref(v);
+        return out;
+    }
+    rpc_value_t *next = rpc_args("i", depth - 1);
+    rpc_future_t *inner = rpc_async((rpc_rank() + 1) % WORLD, "chain_async", next, -1);
+    rpc_value_unref(next);
+    if (!inner) {
+        rpc_future_unref(out);
+        return NULL;
+    }
+    rpc_future_then(inner, chain_next_done, rpc_future_ref(out));
+    rpc_future_unref(inner);
+    return out;
+}
+
+/* An inline handler must not wait: rpc_sync refuses on the I/O thread. */
+static rpc_value_t *h_bad_inline(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_value_t *r;
+    if (rpc_sync(0, "chain", NULL, -1, &r) == 0) {
+        rpc_value_unref(r);
+        return rpc_value_string("rpc_sync worked on the I/O thread");
+    }
+    return rpc_value_string(error_last());
+}
+
+typedef struct {
+    const char *fn;
+    int index;
+    int failed;
+} caller_t;
+
+static void *caller_main(void *arg)
+{
+    caller_t *c = arg;
+    int first = 1 + c->index % (WORLD - 1);
+    rpc_value_t *args = rpc_args("i", (int64_t)DEPTH), *r = NULL;
+    int64_t sum = -1;
+    if (rpc_sync(first, c->fn, args, 30000, &r) < 0 || rpc_value_get_int(r, &sum) < 0 ||
+        sum != expected_sum(first, DEPTH)) {
+        fprintf(stderr, "caller %d via %s: sum %lld, expected %lld (%s)\n", c->index, c->fn,
+                (long long)sum, (long long)expected_sum(first, DEPTH), error_last());
+        c->failed = 1;
+    }
+    rpc_value_unref(r);
+    rpc_value_unref(args);
+    return NULL;
+}
+
+static int run_callers(const char *fn)
+{
+    pthread_t threads[CALLERS];
+    caller_t callers[CALLERS];
+    for (int i = 0; i < CALLERS; i++) {
+        callers[i] = (caller_t){fn, i, 0};
+        if (pthread_create(&threads[i], NULL, caller_main, &callers[i]) != 0)
+            return -1;
+    }
+    int failed = 0;
+    for (int i = 0; i < CALLERS; i++) {
+        pthread_join(threads[i], NULL);
+        failed += callers[i].failed;
+    }
+    return failed ? -1 : 0;
+}
+
+static int world_nested(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(rpc_register("chain", h_chain, NULL) == 0);
+    WCHECK(rpc_register_async("chain_async", h_chain_async, NULL) == 0);
+    WCHECK(rpc_register_inline("bad_inline", h_bad_inline, NULL) == 0);
+    rpc_options_t o = world_options(port);
+    o.num_worker_threads = 2;
+    o.rpc_timeout_ms = 30000;
+    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    if (rank == 0) {
+        WCHECK(run_callers("chain_async") == 0);
+        WCHECK(run_callers("chain") == 0);
+        rpc_value_t *r;
+        const char *s;
+        WCHECK(rpc_sync(1, "bad_inline", NULL, -1, &r) == 0);
+        WCHECK(rpc_value_get_string(r, &s) == 0);
+        WCHECK(strstr(s, "I/O thread") != NULL);
+        rpc_value_unref(r);
+    }
+    WCHECK(rpc_shutdown(true, 30000) == 0);
+    return 0;
+}
+
+static void test_nested_chains_through_four_processes(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(WORLD, 120, world_nested, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_nested_chains_through_four_processes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
