@@ -14,7 +14,7 @@
 #define GOLDEN_MAX_ROWS 64
 
 typedef struct {
-    char role[16];          /* input, param, output, grad */
+    char role[32];          /* input, param, output, grad */
     char name[128];         /* without the [rows=...] suffix */
     int n_rows;             /* 0: the whole tensor */
     int64_t rows[GOLDEN_MAX_ROWS];

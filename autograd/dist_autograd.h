@@ -1,0 +1,117 @@
+/*  dist_autograd.h: distributed autograd over the RPC layer (SPEC A2-A6),
+    in the image of torch.distributed.autograd.
+
+        dist_autograd_init();               // once, before rpc_init
+        rpc_init(...);
+        int64_t ctx;
+        dist_autograd_context_begin(&ctx);
+        rpc_sync(...)   // tensors that require grad record send/recv functions
+        ...loss...
+        dist_autograd_backward(ctx, &loss, 1, false);
+        dist_autograd_get_gradient(ctx, param, &g);   // on any process
+        dist_autograd_context_end(ctx);     // frees it on every process
+
+    Recording. Under a context (the calling thread's current one), every RPC
+    carries the context id. When its arguments hold tensors that require
+    grad, the sender records a send function over them and the receiver a
+    receive function that becomes their history; when the reply holds such
+    tensors, the same happens in the other direction. Handlers run with the
+    caller's context as their current one, so nested calls are recorded
+    too. Both sides remember each other as participants of the context.
+
+    Backward. The process that calls backward runs its local graph from the
+    roots; a receive function reached sends its gradients to the process
+    that sent the tensors, which continues from the matching send function,
+    and so on. A process answers a gradient message only when the work that
+    message set off, including everything it sent further, is done; so
+    backward returns exactly when the whole distributed pass has finished.
+    Gradients of a process's leaves go to the context's map, never to
+    .grad, so concurrent contexts over the same parameters stay apart.
+    If some RPC's output was never used by the loss, its send function gets
+    no gradient; the nodes that wait for it are found once the pass has
+    quiesced and are run with zeros for the missing part, in the order of a
+    Lamport clock carried by every message, so no gradient is lost or
+    counted twice and nothing hangs.
+
+    Errors anywhere reach the caller of backward, naming the failing
+    process. Gradient messages are bounded by the RPC timeout. */
+#ifndef ZDIST_DIST_AUTOGRAD_H
+#define ZDIST_DIST_AUTOGRAD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "autograd/tensor.h"
+
+/*  Installs the RPC hooks and internal functions of distributed autograd.
+    Call once per process before rpc_init (the hooks cannot change while
+    RPC runs). Returns 0, or -1. Idempotent. */
+int dist_autograd_init(void);
+
+/*  ---- contexts (A2, A6) ---- */
+
+/*  Starts a context and makes it the calling thread's current one. Its id
+    is unique across the world: the rank in the high 16 bits, a counter
+    below. Fails when the thread already has a current context or RPC is
+    not running. */
+int dist_autograd_context_begin(int64_t *context_id);
+
+/*  Ends a context: releases it here and on every process that took part
+    (each passes the release on to the peers it knows; duplicates are
+    ignored; failed sends are retried), and waits until all have released
+    it, up to timeout_ms (< 0: the RPC default). Clears the thread's current
+    context if it was this one. Returns 0, or -1 naming the processes that
+    did not confirm (the local context is freed regardless). */
+int dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
+
+/*  The calling thread's current context id, or -1. */
+int64_t dist_autograd_current_context(void);
+
+/*  Makes context_id the calling thread's current context (-1: none), for
+    threads that work on behalf of a context begun elsewhere. Returns 0, or
+    -1 when the id is not a live context here. */
+int dist_autograd_set_current_context(int64_t context_id);
+
+/*  True when a context with that id lives in this process. */
+bool dist_autograd_context_exists(int64_t context_id);
+
+/*  Number of live contexts in this process. */
+int64_t dist_autograd_num_contexts(void);
+
+/*  ---- backward (A4) ---- */
+
+/*  Runs the distributed backward pass of context_id from the given roots
+    (scalars of this process, gradient 1) and returns when every process
+    has finished its part. retain_graph keeps the graphs for another
+    backward in the same context. Returns 0, or -1 with the error of the
+    failing process ("backward on worker \"ps\" (rank 0): ..."). */
+int dist_autograd_backward(int64_t context_id, tensor_t *const *roots, int n_roots,
+                           bool retain_graph);
+
+/*  ---- gradients (A5) ---- */
+
+/*  The gradient this process accumulated for tensor t in the context: 0 and
+    *grad (a new reference, or NULL when t got none), or -1 for an unknown
+    context. */
+int dist_autograd_get_gradient(int64_t context_id, tensor_t *t, tensor_t **grad);
+
+/*  This process's whole map: *n entries, *tensors[i] -> *grads[i] (new
+    arrays of new references; free with dist_autograd_gradients_free).
+    Returns 0, or -1 for an unknown context. */
+int dist_autograd_get_gradients(int64_t context_id, int *n, tensor_t ***tensors,
+                                tensor_t ***grads);
+void dist_autograd_gradients_free(int n, tensor_t **tensors, tensor_t **grads);
+
+/*  ---- counters ---- */
+
+typedef struct {
+    int64_t contexts;             /* live contexts */
+    int64_t backward_passes;      /* gradient messages being processed */
+    int64_t send_functions;       /* recorded, over all live contexts */
+    int64_t recv_functions;
+    int64_t flushed_nodes;        /* nodes run with missing gradients as zeros */
+} dist_autograd_stats_t;
+
+void dist_autograd_stats(dist_autograd_stats_t *out);
+
+#endif

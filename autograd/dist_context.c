@@ -1,0 +1,340 @@
+/*  dist_context.c: the registry of distributed autograd contexts, their
+    tables of send/receive functions, participants and gradients. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/dist_private.h"
+#include "autograd/error.h"
+
+#define BUCKETS 64   /* contexts live for one iteration: few at a time */
+
+typedef struct entry {
+    dist_context_t *ctx;
+    struct entry *next;
+} entry_t;
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static entry_t *buckets[BUCKETS];
+static int64_t live_contexts;
+static atomic_uint_fast64_t id_counter = 1;
+
+_Thread_local int64_t dist_current_ctx = -1;
+atomic_int_fast64_t dist_stat_sends, dist_stat_recvs, dist_stat_passes, dist_stat_flushed;
+
+uint64_t dist_next_id(void)
+{
+    uint64_t rank = (uint64_t)(rpc_rank() < 0 ? 0 : rpc_rank()) & 0xffff;
+    return rank << 48 | (atomic_fetch_add(&id_counter, 1) & 0xffffffffffffULL);
+}
+
+static size_t bucket_of(int64_t id)
+{
+    uint64_t x = (uint64_t)id * 0x9e3779b97f4a7c15ULL;
+    return (size_t)(x >> 58) % BUCKETS;
+}
+
+static dist_context_t *context_new(int64_t id)
+{
+    dist_context_t *c = calloc(1, sizeof *c);
+    if (!c) {
+        error_set("dist_autograd: out of memory");
+        return NULL;
+    }
+    atomic_init(&c->refs, 1);
+    c->id = id;
+    c->last_query = -1;
+    pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->grad_lock, NULL);
+    pthread_mutex_init(&c->pass_lock, NULL);
+    return c;
+}
+
+static void free_fns(dist_fn_t *fns, int n, atomic_int_fast64_t *stat)
+{
+    for (int i = 0; i < n; i++)
+        autograd_node_unref(fns[i].node);
+    atomic_fetch_sub(stat, n);
+    free(fns);
+}
+
+void dist_context_unref(dist_context_t *c)
+{
+    if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    autograd_task_free(c->task);
+    free_fns(c->sends, c->n_sends, &dist_stat_sends);
+    free_fns(c->recvs, c->n_recvs, &dist_stat_recvs);
+    for (int i = 0; i < c->n_grads; i++) {
+        tensor_unref(c->grads[i].tensor);
+        tensor_unref(c->grads[i].grad);
+    }
+    free(c->grads);
+    free(c->peers);
+    pthread_mutex_destroy(&c->lock);
+    pthread_mutex_destroy(&c->grad_lock);
+    pthread_mutex_destroy(&c->pass_lock);
+    free(c);
+}
+
+static dist_context_t *find_locked(int64_t id)
+{
+    for (entry_t *e = buckets[bucket_of(id)]; e; e = e->next)
+        if (e->ctx->id == id)
+            return e->ctx;
+    return NULL;
+}
+
+dist_context_t *dist_context_get(int64_t id)
+{
+    pthread_mutex_lock(&registry_lock);
+    dist_context_t *c = find_locked(id);
+    if (c)
+        atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_unlock(&registry_lock);
+    return c;
+}
+
+dist_context_t *dist_context_get_or_create(int64_t id)
+{
+    pthread_mutex_lock(&registry_lock);
+    dist_context_t *c = find_locked(id);
+    if (!c) {
+        entry_t *e = malloc(sizeof *e);
+        c = e ? context_new(id) : NULL;
+        if (!c) {
+            free(e);
+            pthread_mutex_unlock(&registry_lock);
+            error_set("dist_autograd: out of memory");
+            return NULL;
+        }
+        e->ctx = c;   /* the registry's reference */
+        e->next = buckets[bucket_of(id)];
+        buckets[bucket_of(id)] = e;
+        live_contexts++;
+    }
+    atomic_fetch_add(&c->refs, 1);
+    pthread_mutex_unlock(&registry_lock);
+    return c;
+}
+
+dist_context_t *dist_context_remove(int64_t id)
+{
+    dist_context_t *c = NULL;
+    pthread_mutex_lock(&registry_lock);
+    for (entry_t **p = &buckets[bucket_of(id)]; *p; p = &(*p)->next) {
+        if ((*p)->ctx->id == id) {
+            entry_t *e = *p;
+            c = e->ctx;
+            *p = e->next;
+            free(e);
+            live_contexts--;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&registry_lock);
+    return c;
+}
+
+int64_t dist_autograd_num_contexts(void)
+{
+    pthread_mutex_lock(&registry_lock);
+    int64_t n = live_contexts;
+    pthread_mutex_unlock(&registry_lock);
+    return n;
+}
+
+bool dist_autograd_context_exists(int64_t id)
+{
+    dist_context_t *c = dist_context_get(id);
+    dist_context_unref(c);
+    return c != NULL;
+}
+
+/*  Grows *items (of size elem) to hold one more; 0 or -1. */
+static int reserve(void **items, int n, int *cap, size_t elem)
+{
+    if (n < *cap)
+        return 0;
+    int ncap = *cap ? *cap * 2 : 8;
+    void *p = realloc(*items, (size_t)ncap * elem);
+    if (!p)
+        return error_set("dist_autograd: out of memory");
+    *items = p;
+    *cap = ncap;
+    return 0;
+}
+
+int dist_context_add_peer(dist_context_t *c, int peer)
+{
+    int rc = 0;
+    pthread_mutex_lock(&c->lock);
+    bool known = false;
+    for (int i = 0; i < c->n_peers && !known; i++)
+        known = c->peers[i] == peer;
+    if (!known && (rc = reserve((void **)&c->peers, c->n_peers, &c->cap_peers, sizeof(int))) == 0)
+        c->peers[c->n_peers++] = peer;
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+int dist_context_peers(dist_context_t *c, int **peers, int *n)
+{
+    pthread_mutex_lock(&c->lock);
+    *n = c->n_peers;
+    *peers = malloc(sizeof(int) * (size_t)(c->n_peers ? c->n_peers : 1));
+    if (*peers)
+        memcpy(*peers, c->peers, sizeof(int) * (size_t)c->n_peers);
+    pthread_mutex_unlock(&c->lock);
+    return *peers ? 0 : error_set("dist_autograd: out of memory");
+}
+
+int dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, autograd_node_t *node,
+                        int peer)
+{
+    pthread_mutex_lock(&c->lock);
+    dist_fn_t **fns = send ? &c->sends : &c->recvs;
+    int *n = send ? &c->n_sends : &c->n_recvs;
+    int rc = reserve((void **)fns, *n, send ? &c->cap_sends : &c->cap_recvs, sizeof(dist_fn_t));
+    if (rc == 0) {
+        (*fns)[(*n)++] = (dist_fn_t){msg_id, autograd_node_ref(node), peer};
+        atomic_fetch_add(send ? &dist_stat_sends : &dist_stat_recvs, 1);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return rc;
+}
+
+autograd_node_t *dist_context_find_send(dist_context_t *c, uint64_t msg_id)
+{
+    autograd_node_t *node = NULL;
+    pthread_mutex_lock(&c->lock);
+    for (int i = c->n_sends - 1; i >= 0 && !node; i--)
+        if (c->sends[i].msg_id == msg_id)
+            node = c->sends[i].node;
+    pthread_mutex_unlock(&c->lock);
+    return node;
+}
+
+int dist_context_accumulate(void *arg, tensor_t *leaf, tensor_t *grad)
+{
+    dist_context_t *c = arg;
+    int rc = 0;
+    pthread_mutex_lock(&c->grad_lock);
+    dist_grad_t *slot = NULL;
+    for (int i = 0; i < c->n_grads && !slot; i++)
+        if (c->grads[i].tensor == leaf)
+            slot = &c->grads[i];
+    if (slot) {
+        float *d = tensor_data(slot->grad);
+        const float *s = tensor_data(grad);
+        for (int64_t i = 0; i < tensor_numel(grad); i++)
+            d[i] += s[i];
+    } else if ((rc = reserve((void **)&c->grads, c->n_grads, &c->cap_grads,
+                             sizeof(dist_grad_t))) == 0) {
+        /* A private copy with the leaf's shape: the incoming buffer may be
+           shared with the graph, and later gradients are summed into it. */
+        tensor_t *g = tensor_empty(TENSOR_F32, tensor_ndim(leaf), tensor_shape(leaf));
+        if (!g) {
+            rc = -1;
+        } else {
+            memcpy(tensor_data(g), tensor_data(grad), tensor_nbytes(g));
+            c->grads[c->n_grads++] = (dist_grad_t){tensor_ref(leaf), g};
+        }
+    }
+    pthread_mutex_unlock(&c->grad_lock);
+    return rc;
+}
+
+int dist_autograd_get_gradient(int64_t context_id, tensor_t *t, tensor_t **grad)
+{
+    *grad = NULL;
+    dist_context_t *c = dist_context_get(context_id);
+    if (!c)
+        return error_set("dist_autograd: no context %lld in this process", (long long)context_id);
+    pthread_mutex_lock(&c->grad_lock);
+    for (int i = 0; i < c->n_grads && !*grad; i++)
+        if (c->grads[i].tensor == t)
+            *grad = tensor_ref(c->grads[i].grad);
+    pthread_mutex_unlock(&c->grad_lock);
+    dist_context_unref(c);
+    return 0;
+}
+
+int dist_autograd_get_gradients(int64_t context_id, int *n, tensor_t ***tensors,
+                                tensor_t ***grads)
+{
+    *n = 0;
+    *tensors = *grads = NULL;
+    dist_context_t *c = dist_context_get(context_id);
+    if (!c)
+        return error_set("dist_autograd: no context %lld in this process", (long long)context_id);
+    int rc = 0;
+    pthread_mutex_lock(&c->grad_lock);
+    size_t size = sizeof(tensor_t *) * (size_t)(c->n_grads ? c->n_grads : 1);
+    *tensors = malloc(size);
+    *grads = malloc(size);
+    if (!*tensors || !*grads) {
+        free(*tensors);
+        free(*grads);
+        *tensors = *grads = NULL;
+        rc = error_set("dist_autograd: out of memory");
+    } else {
+        for (int i = 0; i < c->n_grads; i++) {
+            (*tensors)[i] = tensor_ref(c->grads[i].tensor);
+            (*grads)[i] = tensor_ref(c->grads[i].grad);
+        }
+        *n = c->n_grads;
+    }
+    pthread_mutex_unlock(&c->grad_lock);
+    dist_context_unref(c);
+    return rc;
+}
+
+void dist_autograd_gradients_free(int n, tensor_t **tensors, tensor_t **grads)
+{
+    for (int i = 0; i < n; i++) {
+        tensor_unref(tensors ? tensors[i] : NULL);
+        tensor_unref(grads ? grads[i] : NULL);
+    }
+    free(tensors);
+    free(grads);
+}
+
+int64_t dist_autograd_current_context(void)
+{
+    return dist_current_ctx;
+}
+
+int dist_autograd_set_current_context(int64_t context_id)
+{
+    if (context_id != -1 && !dist_autograd_context_exists(context_id))
+        return error_set("dist_autograd: no context %lld in this process",
+                         (long long)context_id);
+    dist_current_ctx = context_id;
+    return 0;
+}
+
+int dist_autograd_context_begin(int64_t *context_id)
+{
+    if (dist_current_ctx != -1)
+        return error_set("dist_autograd: this thread already has context %lld; end it before "
+                         "beginning another", (long long)dist_current_ctx);
+    if (!rpc_is_running())
+        return error_set("dist_autograd: RPC is not running (call rpc_init first)");
+    int64_t id = (int64_t)dist_next_id();
+    dist_context_t *c = dist_context_get_or_create(id);
+    if (!c)
+        return -1;
+    dist_context_unref(c);
+    dist_current_ctx = id;
+    *context_id = id;
+    return 0;
+}
+
+void dist_autograd_stats(dist_autograd_stats_t *out)
+{
+    out->contexts = dist_autograd_num_contexts();
+    out->backward_passes = atomic_load(&dist_stat_passes);
+    out->send_functions = atomic_load(&dist_stat_sends);
+    out->recv_functions = atomic_load(&dist_stat_recvs);
+    out->flushed_nodes = atomic_load(&dist_stat_flushed);
+}

@@ -1,0 +1,115 @@
+/*  dist_private.h: contexts and their tables, shared by the files of
+    distributed autograd (dist_context.c, dist_record.c, dist_engine.c). */
+#ifndef ZDIST_DIST_PRIVATE_H
+#define ZDIST_DIST_PRIVATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "autograd/autograd.h"
+#include "autograd/dist_autograd.h"
+#include "rpc/rpc.h"
+
+/*  A recorded send or receive function: the node, the message id it was
+    recorded under, and the peer on the other end. */
+typedef struct {
+    uint64_t msg_id;
+    autograd_node_t *node;
+    int peer;
+} dist_fn_t;
+
+typedef struct {
+    tensor_t *tensor;          /* the leaf (a reference) */
+    tensor_t *grad;            /* owned, summed in place */
+} dist_grad_t;
+
+typedef struct dist_context {
+    atomic_int refs;
+    int64_t id;
+
+    /* `lock` guards the tables below; held only briefly (it is taken on the
+       I/O thread when a reply records a receive function). */
+    pthread_mutex_t lock;
+    dist_fn_t *sends;
+    int n_sends, cap_sends;
+    dist_fn_t *recvs;
+    int n_recvs, cap_recvs;
+    int *peers;                /* ranks that took part with this process */
+    int n_peers, cap_peers;
+    int64_t last_query;        /* dedup of flooded pending queries */
+
+    /* `grad_lock` guards the gradient map. */
+    pthread_mutex_t grad_lock;
+    dist_grad_t *grads;
+    int n_grads, cap_grads;
+
+    /* `pass_lock` serialises the backward work of this context here: the
+       task of the current pass and everything it runs. */
+    pthread_mutex_t pass_lock;
+    int64_t pass_id;           /* 0: no pass yet */
+    autograd_task_t *task;
+} dist_context_t;
+
+/*  What a receive function needs to send its gradients back. */
+typedef struct {
+    int64_t ctx_id;
+    uint64_t msg_id;
+    int peer;
+} dist_recv_info_t;
+
+/*  The two node kinds (dist_engine.c). */
+extern const autograd_node_ops_t dist_send_ops, dist_recv_ops;
+
+/*  ---- registry (dist_context.c) ---- */
+
+/*  The context with that id (a new reference), or NULL. */
+dist_context_t *dist_context_get(int64_t id);
+
+/*  The context with that id, created when absent (a new reference). */
+dist_context_t *dist_context_get_or_create(int64_t id);
+
+/*  Removes the context from the registry (its memory goes with the last
+    reference). Returns it (the registry's reference, now the caller's), or
+    NULL when absent. */
+dist_context_t *dist_context_remove(int64_t id);
+
+void dist_context_unref(dist_context_t *c);
+
+/*  Records peer as a participant (idempotent). 0, or -1. */
+int dist_context_add_peer(dist_context_t *c, int peer);
+
+/*  Copies of the participant list (caller frees *peers). 0, or -1. */
+int dist_context_peers(dist_context_t *c, int **peers, int *n);
+
+/*  Adds a send / receive function (the context takes a node reference). */
+int dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, autograd_node_t *node,
+                        int peer);
+
+/*  The send function recorded under msg_id (borrowed; valid while the
+    context lives), or NULL. */
+autograd_node_t *dist_context_find_send(dist_context_t *c, uint64_t msg_id);
+
+/*  The accumulate hook of the engine: adds grad into the context's map. */
+int dist_context_accumulate(void *arg, tensor_t *leaf, tensor_t *grad);
+
+/*  Globally unique 64-bit ids: rank << 48 | counter. */
+uint64_t dist_next_id(void);
+
+/*  The calling thread's current context id (-1: none). */
+extern _Thread_local int64_t dist_current_ctx;
+
+/*  Counters behind dist_autograd_stats(). */
+extern atomic_int_fast64_t dist_stat_sends, dist_stat_recvs, dist_stat_passes,
+    dist_stat_flushed;
+
+/*  ---- recording (dist_record.c) ---- */
+
+/*  The RPC hooks that record send/receive functions. */
+rpc_hooks_t dist_record_hooks(void);
+
+/*  ---- backward (dist_engine.c) ---- */
+
+/*  Registers the internal functions ("__dist_*"). 0, or -1. */
+int dist_engine_register(void);
+
+#endif

@@ -1,0 +1,149 @@
+#include "tests/support/world.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "rpc/rpc.h"
+
+int world_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+int world_fail(const world_t *w, const char *fmt, ...)
+{
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "rank %d: %s\n", w->rank, buf);
+    return -1;
+}
+
+int64_t world_rss_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long long size = 0, rss = 0;
+    if (!f)
+        return -1;
+    if (fscanf(f, "%lld %lld", &size, &rss) != 2)
+        rss = -1;
+    fclose(f);
+    return rss < 0 ? -1 : (int64_t)rss * sysconf(_SC_PAGESIZE);
+}
+
+static int child(const world_options_t *o, int rank, int port)
+{
+    world_t w = {o->world_size, rank, o->arg};
+    if (o->dist_autograd && dist_autograd_init() < 0)
+        return world_fail(&w, "dist_autograd_init: %s", error_last()), 1;
+    if (o->setup && o->setup(&w) < 0)
+        return world_fail(&w, "setup failed: %s", error_last()), 1;
+    rpc_options_t opts = rpc_options_default();
+    opts.master_addr = "127.0.0.1";
+    opts.master_port = port;
+    opts.init_timeout_ms = 30000;
+    if (o->rpc_timeout_ms)
+        opts.rpc_timeout_ms = o->rpc_timeout_ms;
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", rank);
+    if (rpc_init(name, rank, o->world_size, &opts) < 0)
+        return world_fail(&w, "rpc_init: %s", error_last()), 1;
+    int rc = o->fn(&w);
+    if (rc != 0)
+        fprintf(stderr, "rank %d: failed (last error: %s)\n", rank, error_last());
+    if (rpc_is_running() && rpc_shutdown(true, 30000) < 0) {
+        fprintf(stderr, "rank %d: shutdown: %s\n", rank, error_last());
+        rc = rc ? rc : 1;
+    }
+    return rc ? 1 : 0;
+}
+
+int world_run(const world_options_t *o)
+{
+    int n = o->world_size, timeout = o->timeout_s > 0 ? o->timeout_s : 60;
+    pid_t pids[16];
+    int status[16];
+    bool done[16] = {0};
+    if (n < 1 || n > 16)
+        return -1;
+    int port = world_free_port();
+    if (port < 0)
+        return -1;
+    sigset_t set, old;
+    sigemptyset(&set);
+    sigaddset(&set, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &set, &old);
+    fflush(NULL);
+    for (int r = 0; r < n; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            sigprocmask(SIG_SETMASK, &old, NULL);
+            /* exit(), not _exit(): LeakSanitizer checks the child at exit. */
+            exit(child(o, r, port));
+        }
+    }
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    int left = n;
+    while (left > 0) {
+        for (int r = 0; r < n; r++) {
+            if (done[r] || pids[r] <= 0)
+                continue;
+            if (waitpid(pids[r], &status[r], WNOHANG) == pids[r]) {
+                done[r] = true;
+                left--;
+            }
+        }
+        if (left == 0)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        double waited = (double)(now.tv_sec - start.tv_sec) +
+                        (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
+        if (waited >= timeout)
+            break;
+        /* Sleep until a child changes state (or the deadline). */
+        double rest = timeout - waited;
+        struct timespec ts = {(time_t)rest, (long)((rest - (double)(time_t)rest) * 1e9)};
+        sigtimedwait(&set, NULL, &ts);
+    }
+    int rc = 0;
+    for (int r = 0; r < n; r++) {
+        if (!done[r]) {
+            fprintf(stderr, "world: rank %d did not finish within %d s: killed\n", r, timeout);
+            kill(pids[r], SIGKILL);
+            waitpid(pids[r], &status[r], 0);
+            rc = -1;
+            continue;
+        }
+        int want = o->expect_exit[r];
+        int got = WIFEXITED(status[r]) ? WEXITSTATUS(status[r]) : 128 + WTERMSIG(status[r]);
+        if (got != want) {
+            fprintf(stderr, "world: rank %d exited with %d (expected %d)\n", r, got, want);
+            rc = -1;
+        }
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
