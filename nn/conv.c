@@ -322,10 +322,16 @@ static size_t scratch_floats(const conv_ctx_t *ctx)
     return (is_pointwise(g) ? 0 : K * P) + (ctx->epi != EPI_NONE ? (size_t)ctx->O * P : 0);
 }
 
-/*  Chunks: one per thread, but never more than samples. */
-static int conv_chunks(int N)
+/*  The forward pass takes one sample per chunk; the backward pass, which
+    keeps a partial weight gradient per chunk, a few chunks per thread.
+    Threads take chunks as they come, so one slowed down (by another
+    process, say) does not hold the other up. */
+#define BWD_CHUNKS_PER_THREAD 4
+#define MAX_BWD_CHUNKS (BWD_CHUNKS_PER_THREAD * NN_MAX_THREADS)
+
+static int conv_chunks(int N, bool backward)
 {
-    int chunks = nn_parallel_chunks();
+    int chunks = backward ? BWD_CHUNKS_PER_THREAD * nn_parallel_chunks() : N;
     return chunks > N ? (N > 0 ? N : 1) : chunks;
 }
 
@@ -337,12 +343,12 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     const bool need_x = autograd_node_needs_grad(n, 0);
     const bool need_w = autograd_node_needs_grad(n, 1);
     const bool need_b = autograd_node_needs_grad(n, 2);
-    const int chunks = conv_chunks(ctx->N);
+    const int chunks = conv_chunks(ctx->N, true);
     conv_bwd_job_t job = {
         .ctx = ctx, .n_chunks = chunks, .x = tensor_data(x), .dy = tensor_data(gout[0]),
         .y = ctx->epi == EPI_RELU ? tensor_data(autograd_node_saved(n, 2)) : NULL,
     };
-    float *parts[NN_MAX_CHUNKS] = {0}, *wt = NULL;
+    float *parts[MAX_BWD_CHUNKS] = {0}, *wt = NULL;
     int rc = -1;
 
     if (need_x && !(gin[0] = tensor_empty(TENSOR_F32, 4, tensor_shape(x))))
@@ -466,7 +472,7 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
         return error_set("conv2d: out of memory");
     }
     conv_fwd_job_t job = {
-        .ctx = ctx, .n_chunks = conv_chunks(ctx->N), .x = tensor_data(x),
+        .ctx = ctx, .n_chunks = conv_chunks(ctx->N, false), .x = tensor_data(x),
         .w = tensor_data(weight), .b = bias ? tensor_data(bias) : NULL, .y = tensor_data(y),
     };
     if (nn_parallel_run(job.n_chunks, scratch_floats(ctx), conv_fwd_chunk, &job) < 0) {
@@ -486,9 +492,12 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
     if (n) {
         autograd_node_save(n, 0, x);
         autograd_node_save(n, 1, weight);
-        if (ctx->epi == EPI_RELU)
-            autograd_node_save(n, 2, y);
         autograd_node_set_ctx(n, ctx);
+        if (ctx->epi == EPI_RELU && nn_save(n, 2, y, y) < 0) {
+            autograd_node_unref(n);     /* frees ctx through conv_release */
+            tensor_unref(y);
+            return -1;
+        }
         autograd_node_set_output(n, y);
         autograd_node_unref(n);
     } else {

@@ -28,7 +28,7 @@
 #define SPIN_NS 200000
 
 static struct {
-    pthread_once_t once;
+    atomic_int ready;             /* the threads below exist */
     int n;                        /* threads, the caller included */
     pthread_mutex_t lock;
     pthread_cond_t wake;
@@ -40,10 +40,12 @@ static struct {
     int n_chunks;
     atomic_int next;              /* next chunk to take */
     atomic_flag busy;             /* set while a caller owns the pool */
-    float *scratch[NN_MAX_CHUNKS];
-    size_t scratch_cap[NN_MAX_CHUNKS];
+    float *scratch[NN_MAX_THREADS];
+    size_t scratch_cap[NN_MAX_THREADS];
     size_t scratch_floats;        /* of the current job */
-} pool = {.once = PTHREAD_ONCE_INIT, .busy = ATOMIC_FLAG_INIT};
+} pool = {.busy = ATOMIC_FLAG_INIT};
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t now_ns(void)
 {
@@ -86,10 +88,26 @@ static void *helper(void *p)
     return NULL;
 }
 
+/*  A forked child has none of the helpers: start over, lazily. */
+static void after_fork_in_child(void)
+{
+    pthread_mutex_init(&init_lock, NULL);
+    atomic_store(&pool.ready, 0);
+    atomic_store(&pool.generation, 0);     /* new helpers start from 0 */
+    atomic_flag_clear(&pool.busy);
+    atomic_store(&pool.running, 0);
+    pool.sleepers = 0;
+}
+
 static void pool_init(void)
 {
+    static bool atfork_done;
+    if (!atfork_done) {
+        pthread_atfork(NULL, NULL, after_fork_in_child);
+        atfork_done = true;
+    }
     int n = openblas_get_num_threads();
-    pool.n = n < 1 ? 1 : n > NN_MAX_CHUNKS ? NN_MAX_CHUNKS : n;
+    pool.n = n < 1 ? 1 : n > NN_MAX_THREADS ? NN_MAX_THREADS : n;
     pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
     for (int i = 1; i < pool.n; i++) {
@@ -106,9 +124,21 @@ static void pool_init(void)
     }
 }
 
+static void ensure_pool(void)
+{
+    if (atomic_load(&pool.ready))
+        return;
+    pthread_mutex_lock(&init_lock);
+    if (!atomic_load(&pool.ready)) {
+        pool_init();
+        atomic_store(&pool.ready, 1);
+    }
+    pthread_mutex_unlock(&init_lock);
+}
+
 int nn_parallel_chunks(void)
 {
-    pthread_once(&pool.once, pool_init);
+    ensure_pool();
     return pool.n;
 }
 
@@ -140,7 +170,7 @@ static int grow_scratch(int slots, size_t floats)
 
 int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
 {
-    pthread_once(&pool.once, pool_init);
+    ensure_pool();
     if (n_chunks <= 1 || pool.n == 1 || atomic_flag_test_and_set(&pool.busy))
         return run_serial(n_chunks, scratch_floats, fn, arg);
     if (grow_scratch(pool.n, scratch_floats) < 0) {

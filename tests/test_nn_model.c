@@ -7,9 +7,12 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "autograd/autograd.h"
 #include "autograd/error.h"
@@ -544,6 +547,86 @@ static void test_training_step_records_graph(void **state)
     assert_int_equal(tensor_live_count(), live);
 }
 
+/* ---- threads and processes ---- */
+
+static bool close_enough(tensor_t *a, tensor_t *b)
+{
+    for (int64_t i = 0; i < tensor_numel(a); i++) {
+        float x = tensor_data(a)[i], y = tensor_data(b)[i];
+        if (!(fabsf(x - y) <= 1e-6f + 1e-5f * fabsf(y)))
+            return false;
+    }
+    return tensor_same_shape(a, b);
+}
+
+typedef struct {
+    nn_model_t *m;
+    tensor_t *x, *expect;
+    int mismatches;
+} fwd_arg_t;
+
+static void *forward_loop(void *p)
+{
+    fwd_arg_t *a = p;
+    for (int i = 0; i < 6; i++) {
+        tensor_t *lp;
+        if (nn_model_forward(a->m, a->x, &lp) < 0 || !close_enough(lp, a->expect))
+            a->mismatches++;
+        tensor_unref(lp);
+    }
+    return NULL;
+}
+
+/*  Forwards from several threads at once on one model: whoever does not
+    get the thread pool runs on its own, with the same results. */
+static void test_concurrent_forwards(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    nn_model_t *m = nn_net_new(12);
+    nn_model_train(m, false);
+    tensor_t *x = random_images(4, 13), *expect;
+    assert_int_equal(nn_model_forward(m, x, &expect), 0);
+    fwd_arg_t args[3];
+    pthread_t t[3];
+    for (int i = 0; i < 3; i++) {
+        args[i] = (fwd_arg_t){m, x, expect, 0};
+        assert_int_equal(pthread_create(&t[i], NULL, forward_loop, &args[i]), 0);
+    }
+    for (int i = 0; i < 3; i++) {
+        pthread_join(t[i], NULL);
+        assert_int_equal(args[i].mismatches, 0);
+    }
+    tensor_unref(expect);
+    tensor_unref(x);
+    nn_model_free(m);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+/*  A child forked after the thread pool started gets a working pool. */
+static void test_forward_after_fork(void **state)
+{
+    (void)state;
+    nn_model_t *m = nn_net_new(14);
+    nn_model_train(m, false);
+    tensor_t *x = random_images(4, 15), *expect;
+    assert_int_equal(nn_model_forward(m, x, &expect), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        tensor_t *lp;
+        int ok = nn_model_forward(m, x, &lp) == 0 && close_enough(lp, expect);
+        _exit(ok ? 0 : 1);
+    }
+    int status;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    tensor_unref(expect);
+    tensor_unref(x);
+    nn_model_free(m);
+}
+
 /* ---- initialisation ---- */
 
 static void check_init_stats(nn_model_t *m)
@@ -602,6 +685,8 @@ int main(void)
         cmocka_unit_test(test_train_and_eval_modes),
         cmocka_unit_test(test_training_step_records_graph),
         cmocka_unit_test(test_init),
+        cmocka_unit_test(test_concurrent_forwards),
+        cmocka_unit_test(test_forward_after_fork),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

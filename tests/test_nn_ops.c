@@ -553,6 +553,30 @@ static void test_fused_conv_matches_composition(void **state)
     tensor_unref(x);
 }
 
+/*  Ops that keep their own output for the backward pass must not keep the
+    graph alive when no backward pass comes (a reference cycle). */
+static void test_forward_only_frees_graph(void **state)
+{
+    (void)state;
+    int64_t live = tensor_live_count();
+    nn_rng_t rng;
+    nn_rng_seed(&rng, 5);
+    tensor_t *x = rand_leaf(&rng, 4, (int64_t[]){2, 3, 6, 6}, 1.0f);
+    tensor_t *w = rand_leaf(&rng, 4, (int64_t[]){4, 3, 3, 3}, 1.0f);
+    tensor_t *y, *f, *l;
+    assert_int_equal(nn_relu(x, &y), 0);
+    tensor_unref(y);
+    assert_int_equal(nn_conv2d_relu(x, w, NULL, 1, 1, &y), 0);
+    assert_int_equal(nn_flatten(y, &f), 0);
+    assert_int_equal(nn_log_softmax(f, 1, &l), 0);
+    tensor_unref(l);
+    tensor_unref(f);
+    tensor_unref(y);
+    tensor_unref(w);
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), live);
+}
+
 /* ---- the generator ---- */
 
 static void test_rng(void **state)
@@ -619,6 +643,7 @@ int main(void)
         cmocka_unit_test(test_golden_nll_loss),
         cmocka_unit_test(test_errors_are_reported),
         cmocka_unit_test(test_fused_conv_matches_composition),
+        cmocka_unit_test(test_forward_only_frees_graph),
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_dropout2d_zeroes_channels),
         cmocka_unit_test(test_flatten_is_a_view),
