@@ -13,10 +13,14 @@ typedef struct {
     int n;
     char key[RESULTS_MAX][160];
     tensor_t *value[RESULTS_MAX];
+    bool subset[RESULTS_MAX];      /* already holds just the manifest's rows */
 } results_t;
 
 /*  Stores a reference to t under role:name (a NULL t is ignored). */
 void results_put(results_t *r, const char *role, const char *name, tensor_t *t);
+
+/*  Same, for a tensor computed on the manifest's row subset only. */
+void results_put_subset(results_t *r, const char *role, const char *name, tensor_t *t);
 
 /*  Stores the .grad of each non-NULL leaf under "grad:<names[i]>". */
 void results_put_grads(results_t *r, int n, tensor_t *const *leaves, const char *const *names);

@@ -156,7 +156,11 @@ static int optimizer_outputs(golden_case_t *c, results_t *r, const params_t *ps,
             char name[160];
             snprintf(name, sizeof name, "%s.step%d.%s", prefix, s, ps->names[i]);
             tensor_t *snapshot = tensor_clone(p[i]);
-            results_put(r, "output", name, snapshot);
+            golden_entry_t *ge = golden_find(c, "grad", ps->names[i]);
+            if (ge && ge->n_rows)
+                results_put_subset(r, "output", name, snapshot);
+            else
+                results_put(r, "output", name, snapshot);
             tensor_unref(snapshot);
         }
     }
