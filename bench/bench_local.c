@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "autograd/autograd.h"
@@ -25,6 +26,15 @@ static double now(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*  CPU seconds used by the process so far (all threads). */
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 static int step(nn_model_t *m, tensor_t *x, tensor_t *target, float lr)
@@ -56,8 +66,11 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/*  Median samples/s over ROUNDS rounds of about seconds/ROUNDS each. */
-static double bench_model(const char *name, int batch, double seconds, double *ms_per_step)
+/*  Median samples/s over ROUNDS rounds of about seconds/ROUNDS each; also
+    the CPU time per step (all threads), which other load on the machine
+    disturbs less than the wall-clock rate. */
+static double bench_model(const char *name, int batch, double seconds, double *ms_per_step,
+                          double *cpu_ms_per_step)
 {
     nn_model_t *m = nn_model_new(name, 1);
     if (!m)
@@ -82,12 +95,14 @@ static double bench_model(const char *name, int batch, double seconds, double *m
         warm++;
     }
     int per_round = (int)(warm / (now() - t0) * seconds / ROUNDS) + 1;
+    double cpu0 = cpu_seconds();
     for (int r = 0; r < ROUNDS; r++) {
         t0 = now();
         for (int i = 0; i < per_round; i++)
             step(m, x, t, 0.01f);
         rate[r] = (double)per_round * batch / (now() - t0);
     }
+    *cpu_ms_per_step = 1e3 * (cpu_seconds() - cpu0) / (ROUNDS * per_round);
     qsort(rate, ROUNDS, sizeof *rate, cmp_double);
     *ms_per_step = 1e3 * batch / rate[ROUNDS / 2];
     tensor_unref(t);
@@ -124,13 +139,13 @@ int main(int argc, char **argv)
     /* fwd + bwd floating-point work per sample, for the GFLOP/s column */
     const double mflop[] = {71.6, 0.25};
     if (!csv)
-        printf("training step, batch %d, OpenBLAS kernels %s\n%-8s %10s %14s %10s\n", batch,
-               nn_blas_corename(), "model", "ms/step", "samples/s", "GFLOP/s");
+        printf("training step, batch %d, OpenBLAS kernels %s\n%-8s %10s %10s %14s %10s\n",
+               batch, nn_blas_corename(), "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
     for (int i = 0; i < 2; i++) {
         if (only && strcmp(only, models[i]) != 0)
             continue;
-        double ms;
-        double r = bench_model(models[i], batch, seconds, &ms);
+        double ms, cpu_ms;
+        double r = bench_model(models[i], batch, seconds, &ms, &cpu_ms);
         if (r < 0) {
             fprintf(stderr, "bench_local: %s\n", error_last());
             return 1;
@@ -138,7 +153,8 @@ int main(int argc, char **argv)
         if (csv)
             printf("local_%s_samples_per_s,%.0f,samples/s\n", models[i], r);
         else
-            printf("%-8s %10.3f %14.0f %10.1f\n", models[i], ms, r, r * mflop[i] * 1e-3);
+            printf("%-8s %10.3f %10.3f %14.0f %10.1f\n", models[i], ms, cpu_ms, r,
+                   r * mflop[i] * 1e-3);
     }
     return 0;
 }

@@ -2,12 +2,62 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "autograd/autograd.h"
 #include "autograd/error.h"
 #include "nn/nn.h"
 #include "nn/nn_private.h"
 
+#ifdef __AVX512F__
+/*  Later candidates win when strictly larger, or NaN. */
+static inline __mmask16 wins(__m512 v, __m512 best)
+{
+    return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+/*  One output row of 2x2/2 pooling, 16 outputs at a time: the even and odd
+    columns of both input rows are split apart with permutes, then compared
+    in PyTorch's order (row-major in the window). */
+static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *restrict y,
+                         int32_t *restrict am, int Wo)
+{
+    const float *restrict r1 = r0 + W;
+    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
+                                          2, 0);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    const __m512i step = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
+                                          2, 0);
+    for (int ow = 0; ow < Wo; ow += 16) {
+        int n = Wo - ow < 16 ? Wo - ow : 16;          /* outputs in this block */
+        int m_in = 2 * n;                             /* input columns read */
+        __mmask16 lo = (__mmask16)(m_in >= 16 ? 0xffff : (1u << m_in) - 1);
+        __mmask16 hi = (__mmask16)(m_in <= 16 ? 0 : (1u << (m_in - 16)) - 1);
+        __mmask16 out = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
+        const float *a = r0 + 2 * ow, *b = r1 + 2 * ow;
+        __m512 a0 = _mm512_maskz_loadu_ps(lo, a), a1 = _mm512_maskz_loadu_ps(hi, a + 16);
+        __m512 b0 = _mm512_maskz_loadu_ps(lo, b), b1 = _mm512_maskz_loadu_ps(hi, b + 16);
+        __m512 best = _mm512_permutex2var_ps(a0, even, a1);
+        __m512i idx = _mm512_add_epi32(_mm512_set1_epi32(base + 2 * ow), step);
+        __m512 v = _mm512_permutex2var_ps(a0, odd, a1);
+        __mmask16 t = wins(v, best);
+        best = _mm512_mask_mov_ps(best, t, v);
+        __m512i bi = _mm512_mask_add_epi32(idx, t, idx, _mm512_set1_epi32(1));
+        v = _mm512_permutex2var_ps(b0, even, b1);
+        t = wins(v, best);
+        best = _mm512_mask_mov_ps(best, t, v);
+        bi = _mm512_mask_add_epi32(bi, t, idx, _mm512_set1_epi32(W));
+        v = _mm512_permutex2var_ps(b0, odd, b1);
+        t = wins(v, best);
+        best = _mm512_mask_mov_ps(best, t, v);
+        bi = _mm512_mask_add_epi32(bi, t, idx, _mm512_set1_epi32(W + 1));
+        _mm512_mask_storeu_ps(y + ow, out, best);
+        _mm512_mask_storeu_epi32(am + ow, out, bi);
+    }
+}
+#else
 /*  One output row of 2x2/2 pooling, branch-free so that it vectorises:
     candidates in PyTorch's order (row-major in the window), a later one
     winning only when strictly larger, or NaN. */
@@ -33,6 +83,7 @@ static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *r
         am[ow] = bi;
     }
 }
+#endif
 
 void nn_pool_plane(const float *x, int H, int W, int k, int s, float *y, int32_t *argmax)
 {
