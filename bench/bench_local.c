@@ -127,7 +127,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME]\n",
+                    argv[0]);
             return 2;
         }
     }

@@ -7,99 +7,20 @@
     unfolds again (cheaper than keeping every sample's col alive) for the
     weight gradient dW += dY_n col^T, and folds W^T dY_n back onto the input
     (col2im) for the input gradient. One sample's col stays within L2, which
-    measured faster here than one GEMM over the whole batch. The batch is
-    split into one run of samples per thread (parallel.c).
+    measured faster here than one GEMM over the whole batch. Samples are
+    spread over the pool's threads (parallel.c); the unfolding itself is in
+    conv_unfold.c.
 
     The fused forms keep the convolution's own output in per-thread scratch
     (relu: in the output itself) and never store it for the whole batch;
     their backward rebuilds the convolution's output gradient per sample. */
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 #include "autograd/autograd.h"
 #include "autograd/error.h"
 #include "nn/nn.h"
 #include "nn/nn_private.h"
-
-typedef struct {
-    int C, H, W;          /* input plane */
-    int kh, kw;
-    int stride, padding;
-    int Ho, Wo;
-} conv_geom_t;
-
-/*  Output columns ow whose input column ow*stride - padding + kj lies in
-    [0, W): [*lo, *hi). */
-static void valid_range(const conv_geom_t *g, int kj, int *lo, int *hi)
-{
-    int off = kj - g->padding;          /* iw = ow*stride + off */
-    int l = off >= 0 ? 0 : (-off + g->stride - 1) / g->stride;
-    int last = g->W - 1 - off;          /* need ow*stride <= last */
-    int h = last < 0 ? 0 : last / g->stride + 1;
-    if (h > g->Wo)
-        h = g->Wo;
-    if (l > h)
-        l = h;
-    *lo = l;
-    *hi = h;
-}
-
-/*  Rows of a few dozen floats (one output row of the convolution):
-    copied and added a vector at a time, the last partial vector under a
-    mask with AVX-512; no memcpy call per row. */
-#ifdef __AVX512F__
-static inline void copy_row(float *restrict dst, const float *restrict src, int n)
-{
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_loadu_ps(src + i));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
-    }
-}
-
-static inline void add_row(float *restrict dst, const float *restrict src, int n)
-{
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i),
-                                                _mm512_loadu_ps(src + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i),
-                                 _mm512_maskz_loadu_ps(m, src + i));
-        _mm512_mask_storeu_ps(dst + i, m, v);
-    }
-}
-#else
-typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
-
-/*  GCC would turn this loop back into a memmove call per row. */
-#if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("no-tree-loop-distribute-patterns")))
-#endif
-static inline void copy_row(float *restrict dst, const float *restrict src, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        *(v8f *)(dst + i) = *(const v8f *)(src + i);
-    for (; i < n; i++)
-        dst[i] = src[i];
-}
-
-static inline void add_row(float *restrict dst, const float *restrict src, int n)
-{
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        *(v8f *)(dst + i) += *(const v8f *)(src + i);
-    for (; i < n; i++)
-        dst[i] += src[i];
-}
-#endif
 
 /*  Sum in 16 independent lanes (vectorisable; float addition order is
     otherwise fixed by the language). */
@@ -118,74 +39,9 @@ static inline float sum_row(const float *restrict d, int n)
     return total;
 }
 
-static void im2col(const conv_geom_t *g, const float *x, float *col)
-{
-    const int P = g->Ho * g->Wo;
-    for (int c = 0; c < g->C; c++) {
-        const float *xc = x + (size_t)c * g->H * g->W;
-        for (int ki = 0; ki < g->kh; ki++) {
-            for (int kj = 0; kj < g->kw; kj++) {
-                float *row = col + ((size_t)(c * g->kh + ki) * g->kw + kj) * P;
-                int lo, hi;
-                valid_range(g, kj, &lo, &hi);
-                int off = kj - g->padding;
-                for (int oh = 0; oh < g->Ho; oh++) {
-                    float *dst = row + (size_t)oh * g->Wo;
-                    int ih = oh * g->stride - g->padding + ki;
-                    if (ih < 0 || ih >= g->H) {
-                        memset(dst, 0, sizeof(float) * (size_t)g->Wo);
-                        continue;
-                    }
-                    const float *src = xc + (size_t)ih * g->W;
-                    for (int ow = 0; ow < lo; ow++)
-                        dst[ow] = 0.0f;
-                    if (g->stride == 1) {
-                        copy_row(dst + lo, src + lo + off, hi - lo);
-                    } else {
-                        for (int ow = lo; ow < hi; ow++)
-                            dst[ow] = src[ow * g->stride + off];
-                    }
-                    for (int ow = hi; ow < g->Wo; ow++)
-                        dst[ow] = 0.0f;
-                }
-            }
-        }
-    }
-}
-
-/*  dx (C,H,W) += fold(dcol); dx must be initialised by the caller. */
-static void col2im(const conv_geom_t *g, const float *dcol, float *dx)
-{
-    const int P = g->Ho * g->Wo;
-    for (int c = 0; c < g->C; c++) {
-        float *xc = dx + (size_t)c * g->H * g->W;
-        for (int ki = 0; ki < g->kh; ki++) {
-            for (int kj = 0; kj < g->kw; kj++) {
-                const float *row = dcol + ((size_t)(c * g->kh + ki) * g->kw + kj) * P;
-                int lo, hi;
-                valid_range(g, kj, &lo, &hi);
-                int off = kj - g->padding;
-                for (int oh = 0; oh < g->Ho; oh++) {
-                    int ih = oh * g->stride - g->padding + ki;
-                    if (ih < 0 || ih >= g->H)
-                        continue;
-                    float *dst = xc + (size_t)ih * g->W + off;
-                    const float *src = row + (size_t)oh * g->Wo;
-                    if (g->stride == 1) {
-                        add_row(dst + lo, src + lo, hi - lo);
-                    } else {
-                        for (int ow = lo; ow < hi; ow++)
-                            dst[ow * g->stride] += src[ow];
-                    }
-                }
-            }
-        }
-    }
-}
-
 /*  A 1x1 kernel with stride 1 and no padding needs no unfolding: the
     sample itself is the col matrix. */
-static bool is_pointwise(const conv_geom_t *g)
+static bool is_pointwise(const nn_conv_geom_t *g)
 {
     return g->kh == 1 && g->kw == 1 && g->stride == 1 && g->padding == 0;
 }
@@ -193,7 +49,7 @@ static bool is_pointwise(const conv_geom_t *g)
 typedef enum { EPI_NONE, EPI_RELU, EPI_POOL } epilogue_t;
 
 typedef struct {
-    conv_geom_t g;
+    nn_conv_geom_t g;
     int N, O;
     epilogue_t epi;
     int pool_k, pool_s, Hp, Wp;   /* EPI_POOL: window, stride, pooled plane */
@@ -229,7 +85,7 @@ static void conv_fwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_fwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
-    const conv_geom_t *g = &ctx->g;
+    const nn_conv_geom_t *g = &ctx->g;
     const int O = ctx->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw;
     const bool pointwise = is_pointwise(g);
     float *col = pointwise ? NULL : scratch;
@@ -242,7 +98,7 @@ static void conv_fwd_chunk(void *arg, int c, float *scratch)
         float *ys = j->y + s * per_out;
         float *dst = ctx->epi == EPI_POOL ? conv_out : ys;
         if (col)
-            im2col(g, xs, col);
+            nn_im2col(g, xs, col);
         if (j->b)
             for (int o = 0; o < O; o++)
                 for (int p = 0; p < P; p++)
@@ -308,7 +164,7 @@ static void conv_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
-    const conv_geom_t *g = &ctx->g;
+    const nn_conv_geom_t *g = &ctx->g;
     const int O = ctx->O, P = g->Ho * g->Wo, K = g->C * g->kh * g->kw, CHW = g->C * g->H * g->W;
     const bool pointwise = is_pointwise(g);
     float *col = pointwise ? NULL : scratch;
@@ -324,7 +180,7 @@ static void conv_bwd_chunk(void *arg, int c, float *scratch)
         const float *xs = j->x + (size_t)s * CHW;
         if (j->dw_part) {
             if (!pointwise)
-                im2col(g, xs, col);
+                nn_im2col(g, xs, col);
             nn_sgemm(false, true, O, K, P, 1.0f, dys, P, pointwise ? xs : col, P,
                      s == lo ? 0.0f : 1.0f, j->dw_part[c], K);
         }
@@ -340,7 +196,7 @@ static void conv_bwd_chunk(void *arg, int c, float *scratch)
             } else {
                 nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, col, P);
                 memset(dxs, 0, sizeof(float) * (size_t)CHW);
-                col2im(g, col, dxs);
+                nn_col2im(g, col, dxs);
             }
         }
     }
@@ -348,7 +204,7 @@ static void conv_bwd_chunk(void *arg, int c, float *scratch)
 
 static size_t scratch_floats(const conv_ctx_t *ctx)
 {
-    const conv_geom_t *g = &ctx->g;
+    const nn_conv_geom_t *g = &ctx->g;
     size_t P = (size_t)g->Ho * g->Wo, K = (size_t)g->C * g->kh * g->kw;
     return (is_pointwise(g) ? 0 : K * P) + (ctx->epi != EPI_NONE ? (size_t)ctx->O * P : 0);
 }
@@ -471,7 +327,7 @@ static int conv_setup(const char *op, tensor_t *x, tensor_t *weight, tensor_t *b
         return error_set("%s: kernel %lldx%lld larger than the padded input %lldx%lld "
                          "(input %s, padding %d)", op, (long long)ws[2], (long long)ws[3],
                          (long long)hp, (long long)wp, sx, padding);
-    ctx->g = (conv_geom_t){
+    ctx->g = (nn_conv_geom_t){
         .C = (int)xs[1], .H = (int)xs[2], .W = (int)xs[3],
         .kh = (int)ws[2], .kw = (int)ws[3], .stride = stride, .padding = padding,
         .Ho = (int)((hp - ws[2]) / stride + 1), .Wo = (int)((wp - ws[3]) / stride + 1),

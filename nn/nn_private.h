@@ -70,6 +70,23 @@ static inline void nn_chunk_range(int64_t n, int n_chunks, int c, int64_t *lo, i
     *hi = n * (c + 1) / n_chunks;
 }
 
+/*  ---- convolution geometry and unfolding (conv_unfold.c) ---- */
+
+typedef struct {
+    int C, H, W;          /* input plane */
+    int kh, kw;
+    int stride, padding;
+    int Ho, Wo;
+} nn_conv_geom_t;
+
+/*  Unfolds one sample x (C,H,W) into col (C*kh*kw rows, Ho*Wo columns),
+    zeros where a patch covers padding. */
+void nn_im2col(const nn_conv_geom_t *g, const float *x, float *col);
+
+/*  dx (C,H,W) += the fold of dcol (the shape im2col makes): each column's
+    entries go back to the input pixels they came from. */
+void nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
+
 /*  ---- max pooling of one plane (pool.c) ---- */
 
 /*  Pools an H x W plane with k x k windows moved by s (floor mode) into

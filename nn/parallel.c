@@ -1,8 +1,8 @@
 /*  parallel.c: a small pool of threads for the layers' heavy loops.
 
-    Layers split their work into chunks (a convolution: contiguous runs of
-    samples; a linear layer: blocks of output features), one per thread;
-    each chunk calls single-threaded GEMMs. On two cores this beat letting
+    Layers split their work into chunks (a convolution: samples, or runs of
+    samples; a linear layer: blocks of output features) that the threads
+    take as they come; each chunk calls single-threaded GEMMs. On two cores this beat letting
     OpenBLAS split every per-sample GEMM between its own threads, spreads the
     non-GEMM work too, and keeps OpenBLAS's idle threads (which poll with
     sched_yield for a while after each threaded call) off the CPUs. While a
