@@ -110,4 +110,11 @@ int tensor_sum(tensor_t *a, tensor_t **out);                 /* scalar, shape ()
 int tensor_mean(tensor_t *a, tensor_t **out);                /* scalar, shape () */
 int tensor_matmul(tensor_t *a, tensor_t *b, tensor_t **out); /* (m,k)x(k,n) */
 
+/*  A copy of a's data whose gradient flows back to a (PyTorch's clone()):
+    later in-place changes of a do not reach what the graph saved. */
+int tensor_copy(tensor_t *a, tensor_t **out);
+
+/*  Concatenation of n tensors along dim (the other sizes must agree). */
+int tensor_cat(tensor_t *const *ts, int n, int dim, tensor_t **out);
+
 #endif

@@ -282,3 +282,137 @@ int tensor_matmul(tensor_t *a, tensor_t *b, tensor_t **out)
     *out = y;
     return 0;
 }
+
+/* ---- copy ---- */
+
+static int copy_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    (void)n;
+    gin[0] = tensor_ref(gout[0]);
+    return 0;
+}
+
+static const autograd_node_ops_t copy_ops = {"CloneBackward", copy_backward, NULL};
+
+int tensor_copy(tensor_t *a, tensor_t **out)
+{
+    *out = NULL;
+    if (check_f32("copy", a) < 0)
+        return -1;
+    tensor_t *y = tensor_clone(a);
+    if (!y)
+        return -1;
+    if (record(&copy_ops, 1, &a, y, NULL, NULL, NULL) < 0)
+        return -1;
+    *out = y;
+    return 0;
+}
+
+/* ---- cat ---- */
+
+/*  A tensor viewed as (outer, size along dim, inner). */
+static void split_dims(const tensor_t *t, int dim, int64_t *outer, int64_t *inner)
+{
+    *outer = *inner = 1;
+    for (int d = 0; d < dim; d++)
+        *outer *= tensor_size(t, d);
+    for (int d = dim + 1; d < tensor_ndim(t); d++)
+        *inner *= tensor_size(t, d);
+}
+
+typedef struct {
+    int dim;
+    int n;
+    int64_t sizes[];   /* each input's size along dim */
+} cat_ctx_t;
+
+static int cat_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    const cat_ctx_t *c = autograd_node_ctx(n);
+    int64_t outer, inner, total = tensor_size(gout[0], c->dim), offset = 0;
+    split_dims(gout[0], c->dim, &outer, &inner);
+    for (int j = 0; j < c->n; j++) {
+        int64_t sz = c->sizes[j];
+        if (autograd_node_needs_grad(n, j)) {
+            int64_t shape[TENSOR_MAX_DIMS];
+            memcpy(shape, tensor_shape(gout[0]), sizeof(int64_t) * (size_t)tensor_ndim(gout[0]));
+            shape[c->dim] = sz;
+            if (!(gin[j] = tensor_empty(TENSOR_F32, tensor_ndim(gout[0]), shape)))
+                return -1;
+            const float *g = tensor_data(gout[0]);
+            float *d = tensor_data(gin[j]);
+            for (int64_t o = 0; o < outer; o++)
+                memcpy(d + o * sz * inner, g + (o * total + offset) * inner,
+                       sizeof(float) * (size_t)(sz * inner));
+        }
+        offset += sz;
+    }
+    return 0;
+}
+
+static const autograd_node_ops_t cat_ops = {"CatBackward", cat_backward, free_ctx};
+
+int tensor_cat(tensor_t *const *ts, int n, int dim, tensor_t **out)
+{
+    *out = NULL;
+    if (n < 1)
+        return error_set("cat: no tensors");
+    int ndim = tensor_ndim(ts[0]);
+    if (dim < 0)
+        dim += ndim;
+    if (dim < 0 || dim >= ndim)
+        return error_set("cat: dimension %d out of range for %d-D tensors", dim, ndim);
+    int64_t shape[TENSOR_MAX_DIMS], total = 0;
+    memcpy(shape, tensor_shape(ts[0]), sizeof(int64_t) * (size_t)ndim);
+    for (int j = 0; j < n; j++) {
+        if (check_f32("cat", ts[j]) < 0)
+            return -1;
+        bool ok = tensor_ndim(ts[j]) == ndim;
+        for (int d = 0; ok && d < ndim; d++)
+            ok = d == dim || tensor_size(ts[j], d) == shape[d];
+        if (!ok) {
+            char sa[96], sb[96];
+            return error_set("cat: tensor %d has shape %s, which does not fit %s along %d", j,
+                             tensor_shape_str(ts[j], sa, sizeof sa),
+                             tensor_shape_str(ts[0], sb, sizeof sb), dim);
+        }
+        total += tensor_size(ts[j], dim);
+    }
+    shape[dim] = total;
+    tensor_t *y = tensor_empty(TENSOR_F32, ndim, shape);
+    cat_ctx_t *c = malloc(sizeof *c + sizeof(int64_t) * (size_t)n);
+    if (!y || !c) {
+        tensor_unref(y);
+        free(c);
+        return error_set("cat: out of memory");
+    }
+    c->dim = dim;
+    c->n = n;
+    int64_t outer, inner, offset = 0;
+    split_dims(y, dim, &outer, &inner);
+    for (int j = 0; j < n; j++) {
+        int64_t sz = tensor_size(ts[j], dim);
+        c->sizes[j] = sz;
+        const float *s = tensor_data(ts[j]);
+        float *d = tensor_data(y);
+        for (int64_t o = 0; o < outer; o++)
+            memcpy(d + (o * total + offset) * inner, s + o * sz * inner,
+                   sizeof(float) * (size_t)(sz * inner));
+        offset += sz;
+    }
+    autograd_node_t *node;
+    if (autograd_node_new(&cat_ops, n, ts, 1, &node) < 0) {
+        free(c);
+        tensor_unref(y);
+        return -1;
+    }
+    if (node) {
+        autograd_node_set_ctx(node, c);
+        autograd_node_set_output(node, y);
+        autograd_node_unref(node);
+    } else {
+        free(c);
+    }
+    *out = y;
+    return 0;
+}

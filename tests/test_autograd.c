@@ -235,6 +235,39 @@ static void test_task_waits_for_every_start_then_flush(void **state)
     tensor_unref(x);
 }
 
+static void test_copy_and_cat(void **state)
+{
+    (void)state;
+    tensor_t *a = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 1}, (float[]){1, 2});
+    tensor_t *b = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 2}, (float[]){3, 4, 5, 6});
+    tensor_set_requires_grad(a, true);
+    tensor_set_requires_grad(b, true);
+    tensor_t *ac, *cat, *w, *prod, *s;
+    assert_int_equal(tensor_copy(a, &ac), 0);
+    tensor_data(a)[0] = 100;   /* the copy does not see later changes */
+    tensor_t *parts[2] = {ac, b};
+    assert_int_equal(tensor_cat(parts, 2, 1, &cat), 0);
+    assert_int_equal(tensor_size(cat, 1), 3);
+    float expect[6] = {1, 3, 4, 2, 5, 6};
+    for (int i = 0; i < 6; i++)
+        assert_float_equal(tensor_data(cat)[i], expect[i], 0);
+    w = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    assert_int_equal(tensor_mul(cat, w, &prod), 0);
+    assert_int_equal(tensor_sum(prod, &s), 0);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *ga = tensor_grad(a), *gb = tensor_grad(b);
+    assert_float_equal(tensor_data(ga)[0], 1, 0);
+    assert_float_equal(tensor_data(ga)[1], 4, 0);
+    assert_float_equal(tensor_data(gb)[0], 2, 0);
+    assert_float_equal(tensor_data(gb)[3], 6, 0);
+    tensor_t *bad = tensor_zeros1(3);
+    tensor_t *mixed[2] = {a, bad}, *y = NULL;
+    assert_int_equal(tensor_cat(mixed, 2, 1, &y), -1);
+    tensor_t *all[] = {a, b, ac, cat, w, prod, s, ga, gb, bad};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tensor_unref(all[i]);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -245,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_threads_share_parameters),
         cmocka_unit_test(test_bad_shapes_are_errors),
         cmocka_unit_test(test_task_waits_for_every_start_then_flush),
+        cmocka_unit_test(test_copy_and_cat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
