@@ -10,6 +10,16 @@
 
 /* ---- linear ---- */
 
+/*  Rows of a (..., in) input: the product of its leading dimensions (even
+    when in is 0). */
+static int64_t leading_rows(const tensor_t *x)
+{
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < tensor_ndim(x); d++)
+        rows *= tensor_size(x, d);
+    return rows;
+}
+
 /*  Linear layers split by blocks of columns of the result (features), so
     each chunk writes its own part of the output and nothing is reduced. */
 typedef struct {
@@ -59,7 +69,7 @@ static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t *
 {
     tensor_t *x = autograd_node_saved(n, 0), *w = autograd_node_saved(n, 1);
     const int out_f = (int)tensor_size(w, 0), in_f = (int)tensor_size(w, 1);
-    const int rows = in_f ? (int)(tensor_numel(x) / in_f) : 0;
+    const int rows = (int)leading_rows(x);
     const float *dy = tensor_data(gout[0]);
     linear_job_t job = {.rows = rows, .in_f = in_f, .out_f = out_f, .x = tensor_data(x),
                         .w = tensor_data(w), .dy = dy};
@@ -110,7 +120,7 @@ int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out)
     if (bias && tensor_size(bias, 0) != out_f)
         return error_set("linear: bias has %lld entries for %lld outputs",
                          (long long)tensor_size(bias, 0), (long long)out_f);
-    const int64_t rows = in_f ? tensor_numel(x) / in_f : 0;
+    const int64_t rows = leading_rows(x);
     if (rows > INT32_MAX || in_f > INT32_MAX || out_f > INT32_MAX)
         return error_set("linear: input %s too large", tensor_shape_str(x, sx, sizeof sx));
     int64_t shape[TENSOR_MAX_DIMS];

@@ -455,6 +455,28 @@ static void test_flatten_is_a_view(void **state)
     tensor_unref(x);
 }
 
+/*  No input features: y is the bias on every row (and 0 without one). */
+static void test_linear_without_features(void **state)
+{
+    (void)state;
+    tensor_t *x = tensor_zeros2(3, 0), *w = tensor_zeros2(2, 0), *y;
+    tensor_t *b = tensor_from_data(TENSOR_F32, 1, (int64_t[]){2}, (float[]){1.5f, -2.0f});
+    assert_int_equal(nn_linear(x, w, b, &y), 0);
+    assert_int_equal(tensor_size(y, 0), 3);
+    for (int r = 0; r < 3; r++) {
+        assert_float_equal(tensor_data(y)[2 * r], 1.5f, 0);
+        assert_float_equal(tensor_data(y)[2 * r + 1], -2.0f, 0);
+    }
+    tensor_unref(y);
+    assert_int_equal(nn_linear(x, w, NULL, &y), 0);
+    for (int i = 0; i < 6; i++)
+        assert_float_equal(tensor_data(y)[i], 0.0f, 0);
+    tensor_unref(y);
+    tensor_unref(b);
+    tensor_unref(w);
+    tensor_unref(x);
+}
+
 static void test_argmax_accuracy(void **state)
 {
     (void)state;
@@ -647,6 +669,7 @@ int main(void)
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_dropout2d_zeroes_channels),
         cmocka_unit_test(test_flatten_is_a_view),
+        cmocka_unit_test(test_linear_without_features),
         cmocka_unit_test(test_argmax_accuracy),
         cmocka_unit_test(test_rng),
     };
