@@ -1,0 +1,445 @@
+/*  ps_net.c: the sharded parameter server of rpc_ps (see ps_net.h). */
+#include "examples/ps_net.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/autograd.h"
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "nn/model.h"
+#include "nn/nn.h"
+#include "optim/dist_optim.h"
+#include "rpc/rpc.h"
+
+#define FC1_IN 9216
+#define FC1_OUT 128
+#define MAX_PARAMS 8
+
+/*  This process's slice of the Net: parameters by PyTorch name; fc1 rows
+    [fc1_first, fc1_first + fc1_count). */
+static struct {
+    int shard, num_shards;
+    bool dropout;
+    int n;
+    char names[MAX_PARAMS][32];
+    tensor_t *params[MAX_PARAMS];
+    int fc1_first, fc1_count;
+    pthread_mutex_t rng_lock;
+    nn_rng_t rng;
+
+    /* shard 0: throughput book-keeping */
+    pthread_mutex_t stats_lock;
+    int started, finished;
+    struct timespec first_start, last_finish;
+    int64_t samples;
+} ps;
+
+static tensor_t *param(const char *name)
+{
+    for (int i = 0; i < ps.n; i++)
+        if (!strcmp(ps.names[i], name))
+            return ps.params[i];
+    return NULL;
+}
+
+void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count)
+{
+    /* Bytes per fc1 row: 9216 weights + 1 bias. Shard 0 also holds the
+       convolutions and fc2; give it that much fewer rows. */
+    const double row = FC1_IN + 1;
+    const double fixed = 32 * 9 + 32 + 64 * 32 * 9 + 64 + 10 * FC1_OUT + 10;
+    double share = (FC1_OUT * row + fixed) / num_shards;
+    int rows0 = num_shards == 1 ? FC1_OUT : (int)((share - fixed) / row + 0.5);
+    if (rows0 < 0)
+        rows0 = 0;
+    int rest = FC1_OUT - rows0, others = num_shards - 1;
+    if (shard == 0) {
+        *first = 0;
+        *count = rows0;
+        return;
+    }
+    int base = rest / others, extra = rest % others;
+    *first = rows0 + (shard - 1) * base + (shard - 1 < extra ? shard - 1 : extra);
+    *count = base + (shard - 1 < extra ? 1 : 0);
+}
+
+static int add_param(const char *name, tensor_t *t)
+{
+    if (!t)
+        return -1;
+    snprintf(ps.names[ps.n], sizeof ps.names[0], "%s", name);
+    tensor_set_name(t, name);
+    if (tensor_set_requires_grad(t, true) < 0)
+        return -1;
+    ps.params[ps.n++] = t;
+    return 0;
+}
+
+/*  Rows [first, first+count) of a (rows, cols) tensor as a new leaf. */
+static tensor_t *rows_of(tensor_t *t, int first, int count)
+{
+    int64_t cols = tensor_ndim(t) > 1 ? tensor_size(t, 1) : 1;
+    int64_t shape[2] = {count, cols};
+    tensor_t *r = tensor_empty(TENSOR_F32, tensor_ndim(t), shape);
+    if (r)
+        memcpy(tensor_data(r), tensor_data(t) + (int64_t)first * cols,
+               sizeof(float) * (size_t)(count * cols));
+    return r;
+}
+
+/*  Private copies of the named parameters, recorded so that gradients flow
+    back to the shared ones, taken while no step is writing them. */
+static int snapshot(const char *const *names, int n, tensor_t **out)
+{
+    int rc = 0;
+    memset(out, 0, sizeof *out * (size_t)n);
+    dist_optim_read_lock();
+    for (int i = 0; i < n && rc == 0; i++) {
+        tensor_t *p = param(names[i]);
+        rc = p ? tensor_copy(p, &out[i]) : error_set("no parameter %s on this shard", names[i]);
+    }
+    dist_optim_read_unlock();
+    if (rc < 0)
+        for (int i = 0; i < n; i++)
+            tensor_unref_p(&out[i]);
+    return rc;
+}
+
+static int dropout(tensor_t *x, float p, bool training, bool channels, tensor_t **out)
+{
+    if (!training || !ps.dropout) {
+        *out = tensor_ref(x);
+        return 0;
+    }
+    pthread_mutex_lock(&ps.rng_lock);
+    int rc = channels ? nn_dropout2d(x, p, true, &ps.rng, out) : nn_dropout(x, p, true, &ps.rng, out);
+    pthread_mutex_unlock(&ps.rng_lock);
+    return rc;
+}
+
+/*  relu(flat fc1_slice^T + b) then dropout: this shard's part of fc1. */
+static int fc1_part(tensor_t *flat, bool training, tensor_t **out)
+{
+    static const char *const names[] = {"fc1.weight", "fc1.bias"};
+    tensor_t *p[2], *l = NULL, *r = NULL;
+    *out = NULL;
+    if (ps.fc1_count == 0)
+        return error_set("this shard holds no rows of fc1");
+    if (snapshot(names, 2, p) < 0)
+        return -1;
+    int rc = nn_linear(flat, p[0], p[1], &l);
+    if (rc == 0)
+        rc = nn_relu(l, &r);
+    if (rc == 0)
+        rc = dropout(r, 0.5f, training, false, out);
+    tensor_unref(l);
+    tensor_unref(r);
+    tensor_unref(p[0]);
+    tensor_unref(p[1]);
+    return rc;
+}
+
+/*  Shard 0: the whole forward pass. */
+static int forward(tensor_t *x, bool training, tensor_t **out)
+{
+    static const char *const names[] = {"conv1.weight", "conv1.bias", "conv2.weight",
+                                        "conv2.bias",   "fc2.weight", "fc2.bias"};
+    tensor_t *p[6], *h1 = NULL, *h2 = NULL, *h3 = NULL, *flat = NULL, *h = NULL, *f2 = NULL;
+    tensor_t *parts[64] = {0};
+    rpc_future_t *fs[64] = {0};
+    int S = ps.num_shards, rc;
+    *out = NULL;
+    if (snapshot(names, 6, p) < 0)
+        return -1;
+    rc = nn_conv2d_relu(x, p[0], p[1], 1, 0, &h1);
+    if (rc == 0)
+        rc = nn_conv2d_max_pool2d(h1, p[2], p[3], 1, 0, 2, 2, &h2);
+    if (rc == 0)
+        rc = dropout(h2, 0.25f, training, true, &h3);
+    if (rc == 0)
+        rc = nn_flatten(h3, &flat);
+    /* The other shards compute their rows of fc1 while this one does its own. */
+    for (int s = 1; rc == 0 && s < S; s++) {
+        rpc_value_t *args = rpc_args("ti", flat, (int64_t)training);
+        fs[s] = args ? rpc_async(s, "ps_fc1_part", args, RPC_TIMEOUT_DEFAULT) : NULL;
+        rpc_value_unref(args);
+        if (!fs[s])
+            rc = -1;
+    }
+    if (rc == 0 && ps.fc1_count > 0)
+        rc = fc1_part(flat, training, &parts[0]);
+    int n_parts = ps.fc1_count > 0 ? 1 : 0;
+    for (int s = 1; s < S; s++) {
+        if (!fs[s])
+            continue;
+        tensor_t *t;
+        if (rc == 0 && (rpc_wait(fs[s], -1) < 0 ||
+                        rpc_value_get_tensor(rpc_future_value(fs[s]), &t) < 0))
+            rc = -1;
+        else if (rc == 0)
+            parts[n_parts++] = tensor_ref(t);
+        rpc_future_unref(fs[s]);
+    }
+    if (rc == 0)
+        rc = n_parts == 1 ? (h = tensor_ref(parts[0]), 0) : tensor_cat(parts, n_parts, 1, &h);
+    if (rc == 0)
+        rc = nn_linear(h, p[4], p[5], &f2);
+    if (rc == 0)
+        rc = nn_log_softmax(f2, 1, out);
+    tensor_t *all[] = {h1, h2, h3, flat, h, f2, p[0], p[1], p[2], p[3], p[4], p[5]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tensor_unref(all[i]);
+    for (int i = 0; i < n_parts; i++)
+        tensor_unref(parts[i]);
+    return rc;
+}
+
+/*  ---- RPC functions ---- */
+
+static rpc_value_t *tensor_result(int rc, tensor_t *t)
+{
+    rpc_value_t *v = rc == 0 ? rpc_value_tensor(t) : NULL;
+    tensor_unref(t);
+    return v;
+}
+
+static rpc_value_t *fn_get_parameter_server(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return rpc_value_string("ParameterServer");
+}
+
+/*  ps_forward(server, x, training): no graph is recorded for evaluation. */
+static rpc_value_t *fn_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    tensor_t *x, *out = NULL;
+    int64_t training;
+    if (rpc_arg_tensor(args, 1, &x) < 0 || rpc_arg_int(args, 2, &training) < 0)
+        return NULL;
+    bool prev = autograd_set_grad_enabled(training != 0);
+    int rc = forward(x, training != 0, &out);
+    autograd_set_grad_enabled(prev);
+    return tensor_result(rc, out);
+}
+
+static rpc_value_t *fn_fc1_part(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    tensor_t *flat, *out = NULL;
+    int64_t training;
+    if (rpc_arg_tensor(args, 0, &flat) < 0 || rpc_arg_int(args, 1, &training) < 0)
+        return NULL;
+    bool prev = autograd_set_grad_enabled(training != 0);
+    int rc = fc1_part(flat, training != 0, &out);
+    autograd_set_grad_enabled(prev);
+    return tensor_result(rc, out);
+}
+
+/*  RRefs to this shard's parameters, owned here. */
+static int append_local_rrefs(rpc_value_t *list)
+{
+    for (int i = 0; i < ps.n; i++) {
+        rpc_value_t *tv = rpc_value_tensor(ps.params[i]);
+        rpc_rref_t *r = tv ? rpc_rref_new(tv) : NULL;
+        rpc_value_unref(tv);
+        if (!r || rpc_list_append(list, rpc_value_rref(r)) < 0) {
+            rpc_rref_unref(r);
+            return -1;
+        }
+        rpc_rref_unref(r);
+    }
+    return 0;
+}
+
+static rpc_value_t *fn_local_param_rrefs(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    rpc_value_t *list = rpc_value_list((size_t)ps.n);
+    if (list && append_local_rrefs(list) < 0) {
+        rpc_value_unref(list);
+        return NULL;
+    }
+    return list;
+}
+
+/*  Appends every item of the list returned by fn(args) on each other shard. */
+static int gather_from_shards(rpc_value_t *list, const char *fn, rpc_value_t *args)
+{
+    for (int s = 1; s < ps.num_shards; s++) {
+        rpc_value_t *r;
+        if (rpc_sync(s, fn, args, RPC_TIMEOUT_DEFAULT, &r) < 0)
+            return -1;
+        for (size_t i = 0; i < rpc_list_len(r); i++)
+            if (rpc_list_append(list, rpc_value_ref(rpc_list_get(r, i))) < 0) {
+                rpc_value_unref(r);
+                return -1;
+            }
+        rpc_value_unref(r);
+    }
+    return 0;
+}
+
+static rpc_value_t *fn_get_param_rrefs(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    rpc_value_t *list = fn_local_param_rrefs(call, args, arg);
+    if (list && gather_from_shards(list, "ps_local_param_rrefs", NULL) < 0) {
+        rpc_value_unref(list);
+        return NULL;
+    }
+    return list;
+}
+
+static rpc_value_t *fn_local_dist_gradients(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t cid;
+    size_t at = rpc_list_len(args) == 2 ? 1 : 0;   /* (server, cid) or (cid) */
+    if (rpc_arg_int(args, at, &cid) < 0)
+        return NULL;
+    rpc_value_t *list = rpc_value_list((size_t)ps.n);
+    for (int i = 0; list && i < ps.n; i++) {
+        tensor_t *g;
+        if (dist_autograd_get_gradient(cid, ps.params[i], &g) < 0) {
+            rpc_value_unref(list);
+            return NULL;
+        }
+        if (g && rpc_list_append(list, rpc_args("st", ps.names[i], g)) < 0)
+            rpc_value_unref(list), list = NULL;
+        tensor_unref(g);
+    }
+    return list;
+}
+
+static rpc_value_t *fn_get_dist_gradients(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    int64_t cid;
+    if (rpc_arg_int(args, 1, &cid) < 0)
+        return NULL;
+    rpc_value_t *list = fn_local_dist_gradients(call, args, arg);
+    rpc_value_t *cargs = rpc_args("i", cid);
+    if (list && (!cargs || gather_from_shards(list, "ps_local_dist_gradients", cargs) < 0)) {
+        rpc_value_unref(list);
+        list = NULL;
+    }
+    rpc_value_unref(cargs);
+    return list;
+}
+
+static rpc_value_t *fn_trainer_started(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pthread_mutex_lock(&ps.stats_lock);
+    if (ps.started++ == 0)
+        ps.first_start = now;
+    pthread_mutex_unlock(&ps.stats_lock);
+    return rpc_value_none();
+}
+
+static rpc_value_t *fn_trainer_finished(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t samples;
+    if (rpc_arg_int(args, 1, &samples) < 0)
+        return NULL;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    pthread_mutex_lock(&ps.stats_lock);
+    ps.finished++;
+    ps.samples += samples;
+    ps.last_finish = now;
+    pthread_mutex_unlock(&ps.stats_lock);
+    return rpc_value_none();
+}
+
+void ps_net_throughput(int64_t *samples, double *seconds)
+{
+    pthread_mutex_lock(&ps.stats_lock);
+    *samples = ps.samples;
+    *seconds = ps.finished ? (double)(ps.last_finish.tv_sec - ps.first_start.tv_sec) +
+                                 (double)(ps.last_finish.tv_nsec - ps.first_start.tv_nsec) * 1e-9
+                           : 0.0;
+    pthread_mutex_unlock(&ps.stats_lock);
+}
+
+int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout, FILE *out)
+{
+    if (num_shards < 1 || num_shards > 64 || shard < 0 || shard >= num_shards)
+        return error_set("ps_net: shard %d of %d", shard, num_shards);
+    nn_model_t *net = nn_net_new(seed);
+    if (!net)
+        return -1;
+    ps.shard = shard;
+    ps.num_shards = num_shards;
+    ps.dropout = use_dropout;
+    pthread_mutex_init(&ps.rng_lock, NULL);
+    pthread_mutex_init(&ps.stats_lock, NULL);
+    nn_rng_seed(&ps.rng, seed * 1000003u + (uint64_t)shard);
+    ps_net_fc1_rows(shard, num_shards, &ps.fc1_first, &ps.fc1_count);
+    int rc = 0;
+    if (shard == 0) {
+        const char *own[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"};
+        for (int i = 0; i < 4 && rc == 0; i++)
+            rc = add_param(own[i], tensor_clone(nn_model_find_param(net, own[i])));
+    }
+    if (rc == 0 && ps.fc1_count > 0) {
+        rc = add_param("fc1.weight", rows_of(nn_model_find_param(net, "fc1.weight"),
+                                             ps.fc1_first, ps.fc1_count));
+        if (rc == 0)
+            rc = add_param("fc1.bias", rows_of(nn_model_find_param(net, "fc1.bias"),
+                                               ps.fc1_first, ps.fc1_count));
+    }
+    if (rc == 0 && shard == 0) {
+        const char *own[] = {"fc2.weight", "fc2.bias"};
+        for (int i = 0; i < 2 && rc == 0; i++)
+            rc = add_param(own[i], tensor_clone(nn_model_find_param(net, own[i])));
+    }
+    nn_model_free(net);
+    if (rc < 0)
+        return -1;
+
+    int64_t numel = 0;
+    for (int i = 0; i < ps.n; i++)
+        numel += tensor_numel(ps.params[i]);
+    fprintf(out, "parameter server shard %d of %d: %lld parameters (%.2f MB): ", shard, num_shards,
+            (long long)numel, (double)numel * 4 / 1e6);
+    for (int i = 0; i < ps.n; i++) {
+        char buf[64];
+        fprintf(out, "%s%s %s", i ? ", " : "", ps.names[i],
+                tensor_shape_str(ps.params[i], buf, sizeof buf));
+    }
+    if (ps.fc1_count > 0)
+        fprintf(out, " (fc1 rows %d-%d)", ps.fc1_first, ps.fc1_first + ps.fc1_count - 1);
+    fprintf(out, "\n");
+
+    struct {
+        const char *name;
+        rpc_handler_fn *fn;
+    } fns[] = {
+        {"get_parameter_server", fn_get_parameter_server},
+        {"ps_forward", fn_forward},
+        {"ps_fc1_part", fn_fc1_part},
+        {"ps_get_param_rrefs", fn_get_param_rrefs},
+        {"ps_local_param_rrefs", fn_local_param_rrefs},
+        {"ps_get_dist_gradients", fn_get_dist_gradients},
+        {"ps_local_dist_gradients", fn_local_dist_gradients},
+        {"ps_trainer_started", fn_trainer_started},
+        {"ps_trainer_finished", fn_trainer_finished},
+    };
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
+        if (rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
+            return -1;
+    return 0;
+}
+
+void ps_net_free(void)
+{
+    for (int i = 0; i < ps.n; i++)
+        tensor_unref_p(&ps.params[i]);
+    ps.n = 0;
+}

@@ -1,0 +1,51 @@
+/*  ps_net.h: the parameter server of the PyTorch tutorial "Implementing a
+    Parameter Server Using Distributed RPC Framework", holding the tutorial
+    Net, optionally split over several server processes (shards).
+
+    Layout with S shards (ranks 0..S-1): shard 0 holds conv1, conv2 and
+    fc2; fc1 (96 % of the bytes) is split by output rows over all shards,
+    shard 0 taking fewer rows so that every shard holds about the same
+    number of bytes. Every shard builds the whole Net from the same seed
+    and keeps its slice, so S does not change the initial weights.
+
+    A trainer sends a batch to shard 0 (through an RRef to the server, as
+    the tutorial does); shard 0 runs the convolutions, sends the features
+    to the other shards for their rows of fc1, concatenates the parts and
+    finishes with fc2 and log_softmax. Every step is recorded by
+    distributed autograd, so the trainer's backward reaches every shard.
+
+    Concurrent trainers: each forward works on a private copy of the
+    parameters taken under dist_optim_read_lock() (a step of another
+    trainer never changes what a running backward uses), and gradients
+    flow back to the shared parameters through that copy. A trainer's
+    gradients are therefore exact for the weights its forward saw, and
+    updates from several trainers interleave whole: asynchronous SGD with
+    a staleness of at most the number of trainers. */
+#ifndef ZDIST_EXAMPLES_PS_NET_H
+#define ZDIST_EXAMPLES_PS_NET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/*  Creates this process's shard (shard = its rank < num_shards) from the
+    Net built with seed, and registers the server's functions:
+      get_parameter_server()            -> the value an RRef to the server holds
+      ps_forward(server, x, training)   -> log-probabilities (shard 0)
+      ps_get_param_rrefs(server)        -> RRefs to every parameter slice
+      ps_get_dist_gradients(server, cid)-> [[name, grad], ...] of all shards
+      ps_trainer_started(server) / ps_trainer_finished(server, samples)
+    Call before rpc_init. Prints the split to out. Returns 0, or -1. */
+int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, FILE *out);
+
+/*  How many fc1 rows shard s of S holds, and the first one. */
+void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);
+
+/*  On shard 0 after the world finished: total samples and seconds from the
+    first trainer's start to the last trainer's end (0 when none). */
+void ps_net_throughput(int64_t *samples, double *seconds);
+
+/*  Frees the shard's state (after rpc_shutdown). */
+void ps_net_free(void);
+
+#endif

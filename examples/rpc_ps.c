@@ -1,0 +1,333 @@
+/*  rpc_ps: the PyTorch tutorial "Implementing a Parameter Server Using
+    Distributed RPC Framework", on this framework.
+
+        ./rpc_ps --world_size=4 --rank=0                       the server
+        ./rpc_ps --world_size=4 --rank=N --master_addr=HOST    trainer N
+
+    With --num_servers=S, ranks 0..S-1 are parameter-server shards (see
+    ps_net.h) and the others trainers. Each trainer gets an RRef to the
+    server, builds a DistributedOptimizer (SGD) over the server's parameter
+    RRefs, and for every batch: a distributed autograd context, the forward
+    pass on the server, nll loss, distributed backward, the check that the
+    server holds gradients for the context, and an optimizer step. Then it
+    prints its test accuracy (dropout off). The servers leave only after
+    every trainer has finished (graceful shutdown). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/autograd.h"
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "examples/flags.h"
+#include "examples/ps_net.h"
+#include "nn/dataset.h"
+#include "nn/nn.h"
+#include "optim/dist_optim.h"
+#include "rpc/rpc.h"
+
+typedef struct {
+    int64_t world_size, rank, master_port, num_gpus, num_servers;
+    const char *master_addr, *data_dir;
+    int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples;
+    double lr;
+    bool no_dropout;
+} options_t;
+
+#define EVAL_BATCH 500
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/*  The result of server.method(args) as a tensor (a new reference). */
+static int call_tensor(rpc_rref_t *ps, const char *method, rpc_value_t *args, tensor_t **out)
+{
+    rpc_value_t *r;
+    *out = NULL;
+    int rc = rpc_rref_rpc_sync(ps, method, args, RPC_TIMEOUT_DEFAULT, &r);
+    rpc_value_unref(args);
+    if (rc < 0)
+        return -1;
+    tensor_t *t;
+    rc = rpc_value_get_tensor(r, &t);
+    if (rc == 0)
+        *out = tensor_ref(t);
+    rpc_value_unref(r);
+    return rc;
+}
+
+static int call_none(rpc_rref_t *ps, const char *method, rpc_value_t *args)
+{
+    rpc_value_t *r = NULL;
+    int rc = args ? rpc_rref_rpc_sync(ps, method, args, RPC_TIMEOUT_DEFAULT, &r) : -1;
+    rpc_value_unref(args);
+    rpc_value_unref(r);
+    return rc;
+}
+
+/*  One batch: the tutorial's loop body. */
+static int train_batch(rpc_rref_t *ps, dist_optim_t *opt, tensor_t *x, tensor_t *y, float *loss_out)
+{
+    int64_t cid;
+    tensor_t *out = NULL, *loss = NULL;
+    rpc_value_t *grads = NULL;
+    if (dist_autograd_context_begin(&cid) < 0)
+        return -1;
+    int rc = call_tensor(ps, "ps_forward", rpc_args("ti", x, (int64_t)1), &out);
+    if (rc == 0)
+        rc = nn_nll_loss(out, y, &loss);
+    if (rc == 0)
+        rc = dist_autograd_backward(cid, &loss, 1, false);
+    if (rc == 0) {
+        /* The tutorial's check: the server holds gradients for this context. */
+        rpc_value_t *a = rpc_args("i", cid);
+        rc = a ? rpc_rref_rpc_sync(ps, "ps_get_dist_gradients", a, RPC_TIMEOUT_DEFAULT, &grads)
+               : -1;
+        rpc_value_unref(a);
+        if (rc == 0 && rpc_list_len(grads) == 0)
+            rc = error_set("the server has no gradients for context %lld", (long long)cid);
+    }
+    if (rc == 0)
+        rc = dist_optim_step(opt, cid);
+    if (rc == 0)
+        *loss_out = tensor_data(loss)[0];
+    rpc_value_unref(grads);
+    tensor_unref(loss);
+    tensor_unref(out);
+    if (dist_autograd_context_end(cid, -1) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
+static int evaluate(rpc_rref_t *ps, const dataset_t *test, int64_t limit, double *acc)
+{
+    int64_t n = dataset_size(test), correct = 0;
+    if (limit > 0 && limit < n)
+        n = limit;
+    for (int64_t start = 0; start < n; start += EVAL_BATCH) {
+        tensor_t *x, *y, *out;
+        int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
+        if (dataset_batch(test, NULL, start, bs, &x, &y) < 0)
+            return -1;
+        int rc = call_tensor(ps, "ps_forward", rpc_args("ti", x, (int64_t)0), &out);
+        int64_t c = rc == 0 ? nn_accuracy(out, y) : -1;
+        tensor_unref(out);
+        tensor_unref(x);
+        tensor_unref(y);
+        if (c < 0)
+            return -1;
+        correct += c;
+    }
+    *acc = n ? (double)correct / (double)n : 0;
+    return 0;
+}
+
+static int run_trainer(const options_t *o)
+{
+    char dir[1024];
+    dataset_t *train = NULL, *test = NULL;
+    rpc_rref_t *ps = NULL;
+    rpc_value_t *param_list = NULL;
+    dist_optim_t *opt = NULL;
+    int64_t *order = NULL, done = 0;
+    int trainer = (int)(o->rank - o->num_servers), rc = -1;
+    double t0 = 0, t1 = 0;
+
+    if (o->data_dir)
+        snprintf(dir, sizeof dir, "%s", o->data_dir);
+    else if (dataset_find_dir(dir, sizeof dir) < 0)
+        goto out;
+    if (dataset_load(dir, DATASET_TRAIN, &train) < 0 || dataset_load(dir, DATASET_TEST, &test) < 0)
+        goto out;
+    if (!(ps = rpc_remote(0, "get_parameter_server", NULL, RPC_TIMEOUT_DEFAULT)))
+        goto out;
+    if (rpc_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, RPC_TIMEOUT_DEFAULT, &param_list) < 0)
+        goto out;
+    int n = (int)rpc_list_len(param_list);
+    rpc_rref_t *params[64];
+    for (int i = 0; i < n && i < 64; i++)
+        if (rpc_arg_rref(param_list, (size_t)i, &params[i]) < 0)
+            goto out;
+    optim_config_t cfg = optim_sgd_defaults(o->lr);
+    if (dist_optim_new(&cfg, params, n, &opt) < 0)
+        goto out;
+    if (call_none(ps, "ps_trainer_started", rpc_args("")) < 0)
+        goto out;
+    t0 = now_s();
+    int64_t nb = dataset_num_batches(train, o->batch_size);
+    for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
+        free(order);
+        /* The first trainer shuffles as train_local does with the same seed. */
+        if (!(order = dataset_order(train, (uint64_t)(o->seed + epoch + 1000 * trainer)))) {
+            error_set("out of memory");
+            goto out;
+        }
+        for (int64_t b = 0; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
+            tensor_t *x, *y;
+            float loss = 0;
+            if (dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
+                goto out;
+            int brc = train_batch(ps, opt, x, y, &loss);
+            tensor_unref(x);
+            tensor_unref(y);
+            if (brc < 0)
+                goto out;
+            if (o->log_interval > 0 && b % o->log_interval == 0)
+                printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->rank,
+                       (long long)b, loss);
+            done++;
+        }
+    }
+    t1 = now_s();
+    if (call_none(ps, "ps_trainer_finished", rpc_args("i", done * o->batch_size)) < 0)
+        goto out;
+    printf("Training complete!\nGetting accuracy....\n");
+    double acc;
+    if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+        goto out;
+    printf("Rank %lld test accuracy %.2f %%\n", (long long)o->rank, 100 * acc);
+    printf("Rank %lld throughput %.0f samples/s\n", (long long)o->rank,
+           (double)(done * o->batch_size) / (t1 - t0));
+    rc = 0;
+out:
+    if (rc < 0)
+        fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->rank, error_last());
+    free(order);
+    dist_optim_free(opt);
+    rpc_value_unref(param_list);
+    rpc_rref_unref(ps);
+    dataset_free(train);
+    dataset_free(test);
+    return rc;
+}
+
+static int check_options(const options_t *o)
+{
+    if (o->num_gpus != 0) {
+        fprintf(stderr, "rpc_ps: --num_gpus=%lld: this build is CPU-only; use --num_gpus=0\n",
+                (long long)o->num_gpus);
+        return -1;
+    }
+    if (o->world_size < 2 || o->num_servers < 1 || o->num_servers >= o->world_size) {
+        fprintf(stderr, "rpc_ps: --world_size=%lld with --num_servers=%lld leaves no trainer "
+                        "(need world_size > num_servers >= 1)\n",
+                (long long)o->world_size, (long long)o->num_servers);
+        return -1;
+    }
+    if (o->rank < 0 || o->rank >= o->world_size) {
+        fprintf(stderr, "rpc_ps: --rank=%lld is outside the world of %lld processes\n",
+                (long long)o->rank, (long long)o->world_size);
+        return -1;
+    }
+    if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0 || o->master_port < 1 ||
+        o->master_port > 65535) {
+        fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0, "
+                        "--master_port in 1..65535\n");
+        return -1;
+    }
+    if (o->data_dir && o->rank >= o->num_servers) {
+        char path[2048];
+        if (dataset_find_file(o->data_dir, DATASET_TRAIN, "images", path, sizeof path) < 0) {
+            fprintf(stderr, "rpc_ps: %s\n", error_last());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    options_t o = {.world_size = 4, .rank = -1, .master_port = 29500, .num_servers = 1,
+                   .master_addr = "localhost", .batch_size = 32, .epochs = 1, .seed = 1,
+                   .log_interval = 5, .lr = 0.03};
+    const char *env;
+    if ((env = getenv("RANK")))
+        o.rank = atoll(env);
+    if ((env = getenv("WORLD_SIZE")))
+        o.world_size = atoll(env);
+    if ((env = getenv("MASTER_ADDR")))
+        o.master_addr = env;
+    if ((env = getenv("MASTER_PORT")))
+        o.master_port = atoll(env);
+    const flag_t flags[] = {
+        {"world_size", FLAG_INT, &o.world_size, "processes in the world: servers + trainers"},
+        {"rank", FLAG_INT, &o.rank, "this process: 0..num_servers-1 serve, the others train"},
+        {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
+        {"master_addr", FLAG_STRING, &o.master_addr, "host of rank 0"},
+        {"master_port", FLAG_INT, &o.master_port, "rendezvous port on rank 0"},
+        {"num_servers", FLAG_INT, &o.num_servers, "parameter-server shards"},
+        {"data_dir", FLAG_STRING, &o.data_dir,
+         "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
+        {"batch_size", FLAG_INT, &o.batch_size, "samples per batch"},
+        {"lr", FLAG_DOUBLE, &o.lr, "SGD learning rate"},
+        {"epochs", FLAG_INT, &o.epochs, "passes over the training set"},
+        {"max_batches", FLAG_INT, &o.max_batches, "stop each trainer after N batches (0: none)"},
+        {"seed", FLAG_INT, &o.seed, "seed of the weights, shuffling and dropout"},
+        {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
+        {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
+    };
+    int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
+                         "The parameter-server tutorial: rank 0 serves, the others train.");
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    if (o.rank < 0) {
+        fprintf(stderr, "rpc_ps: --rank is required (or the RANK environment variable)\n");
+        return 2;
+    }
+    if (check_options(&o) < 0)
+        return 2;
+
+    bool server = o.rank < o.num_servers;
+    char name[64];
+    if (server && o.rank == 0)
+        snprintf(name, sizeof name, "parameter_server");
+    else if (server)
+        snprintf(name, sizeof name, "parameter_server_%lld", (long long)o.rank);
+    else
+        snprintf(name, sizeof name, "trainer_%lld", (long long)o.rank);
+
+    if (dist_autograd_init() < 0 || dist_optim_init() < 0)
+        goto fail;
+    if (server && ps_net_serve((int)o.rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
+                               stdout) < 0)
+        goto fail;
+    rpc_options_t ro = rpc_options_default();
+    ro.master_addr = o.master_addr;
+    ro.master_port = (int)o.master_port;
+    if (server)
+        printf("PS master initializing RPC\n");
+    fflush(stdout);
+    if (rpc_init(name, (int)o.rank, (int)o.world_size, &ro) < 0)
+        goto fail;
+    if (server)
+        printf("RPC initialized! Running parameter server...\n");
+    int rc = server ? 0 : run_trainer(&o);
+    fflush(stdout);
+    /* The servers wait here until every trainer is done: no limit, since
+       training takes as long as it takes; a dead trainer is detected by the
+       RPC layer and ends the wait with an error. */
+    if (rpc_shutdown(true, server ? 0 : -1) < 0) {
+        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, error_last());
+        rc = -1;
+    }
+    if (server && o.rank == 0) {
+        int64_t samples;
+        double secs;
+        ps_net_throughput(&samples, &secs);
+        if (secs > 0)
+            printf("aggregate throughput %.0f samples/s (%lld samples in %.2f s)\n",
+                   (double)samples / secs, (long long)samples, secs);
+    }
+    if (server)
+        ps_net_free();
+    return rc == 0 ? 0 : 1;
+fail:
+    fprintf(stderr, "rpc_ps %s: %s\n", name, error_last());
+    return 1;
+}
