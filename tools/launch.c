@@ -1,0 +1,464 @@
+/*  launch: starts a whole local world of one program, like torchrun for the
+    programs of this project (SPEC P6):
+
+        launch --nproc=4 [--master_port=P] -- prog [prog flags]
+
+    Rank R runs "prog [prog flags] --rank=R --world_size=N --master_addr=A
+    --master_port=P" (the flags are left out with --no_rank_flags) with RANK,
+    WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and LOCAL_WORLD_SIZE set.
+    Every line a process writes is relayed with a "[rank R] " prefix, stdout
+    to stdout and stderr to stderr. When one process fails the others are
+    stopped (SIGTERM, then SIGKILL after --grace_s) and launch exits with the
+    first failure's status (128+signal for a signal).
+
+    This file: flags, finding the program, starting the ranks. Each rank
+    leads its own process group, so that stopping it also stops whatever it
+    started, and gets PR_SET_PDEATHSIG(SIGKILL), so that killing launch with
+    SIGKILL kills the ranks. launch_world.c runs the world. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "tools/launch.h"
+
+extern char **environ;
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: launch --nproc=N [flags] [--] program [program flags]\n"
+        "Starts ranks 0..N-1 of program on this machine, relays their output with a\n"
+        "\"[rank R] \" prefix, and stops all of them when one fails.\n"
+        "Each rank gets \"--rank=R --world_size=N --master_addr=A --master_port=P\" after\n"
+        "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and\n"
+        "LOCAL_WORLD_SIZE in its environment.\n\n"
+        "flags:\n"
+        "  --nproc=N          number of processes, 1..%d (required)\n"
+        "  --master_addr=A    rendezvous address (default: 127.0.0.1)\n"
+        "  --master_port=P    rendezvous port (default: a free port)\n"
+        "  --no_rank_flags    pass the rank only through the environment\n"
+        "  --grace_s=S        time between SIGTERM and SIGKILL when stopping (default: 5)\n"
+        "  --timeout_s=S      stop the world after S seconds; 0: never (default: 0)\n"
+        "  --help             this text\n\n"
+        "exit status: 0 when every process exits 0; else the first failure's status\n"
+        "(128+signal for a process killed by a signal), 130/143 when launch is\n"
+        "interrupted by SIGINT/SIGTERM, 124 on timeout, 2 for bad flags.\n",
+        MAX_PROCS);
+}
+
+static int bad_flag(const char *fmt, const char *a, const char *b)
+{
+    fprintf(stderr, "launch: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, " (launch --help lists the flags)\n");
+    return -1;
+}
+
+static int parse_int(const char *name, const char *v, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (end == v || *end || errno || x < lo || x > hi) {
+        fprintf(stderr, "launch: --%s expects an integer in %ld..%ld, got \"%s\"\n", name, lo,
+                hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+static int parse_seconds(const char *name, const char *v, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || *end || errno || !isfinite(x) || x < 0 || x > 1e7) {
+        fprintf(stderr, "launch: --%s expects a number of seconds >= 0, got \"%s\"\n", name, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+/*  Flags come first, as "--name=value" or "--name value"; the program starts
+    after "--" or at the first argument that is not a flag. Returns 0, 1 for
+    --help, -1 on a bad flag (message printed). */
+static int parse_flags(launch_t *L, int argc, char **argv)
+{
+    static const char *const valued[] = {"nproc", "master_addr", "master_port", "grace_s",
+                                         "timeout_s"};
+    int i = 1;
+    while (i < argc) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--")) {
+            i++;
+            break;
+        }
+        if (a[0] != '-')
+            break;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return 1;
+        if (strncmp(a, "--", 2) != 0)
+            return bad_flag("unknown flag %s%s", a, "");
+        const char *name = a + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        char key[32];
+        if (len >= sizeof key)
+            return bad_flag("unknown flag %s%s", a, "");
+        memcpy(key, name, len);
+        key[len] = '\0';
+        if (!strcmp(key, "no_rank_flags")) {
+            if (eq)
+                return bad_flag("--%s takes no value, got \"%s\"", key, eq + 1);
+            L->rank_flags = false;
+            i++;
+            continue;
+        }
+        bool known = false;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known = known || !strcmp(key, valued[k]);
+        if (!known)
+            return bad_flag("unknown flag --%s%s", key, "");
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (i + 1 >= argc)
+                return bad_flag("--%s needs a value%s", key, "");
+            v = argv[++i];
+        }
+        i++;
+        int rc = 0;
+        if (!strcmp(key, "nproc"))
+            rc = parse_int(key, v, 1, MAX_PROCS, &L->nproc);
+        else if (!strcmp(key, "master_port"))
+            rc = parse_int(key, v, 1, 65535, &L->master_port);
+        else if (!strcmp(key, "grace_s"))
+            rc = parse_seconds(key, v, &L->grace_s);
+        else if (!strcmp(key, "timeout_s"))
+            rc = parse_seconds(key, v, &L->timeout_s);
+        else if (!*v)
+            rc = bad_flag("--%s needs a non-empty value%s", key, "");
+        else
+            L->master_addr = v;
+        if (rc < 0)
+            return -1;
+    }
+    if (L->nproc == 0)
+        return bad_flag("--nproc=N is required%s%s", "", "");
+    if (i >= argc)
+        return bad_flag("no program to run: launch --nproc=N [flags] -- program%s%s", "", "");
+    L->prog_argv = argv + i;
+    L->prog_argc = argc - i;
+    return 0;
+}
+
+static bool is_executable_file(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode) && access(path, X_OK) == 0;
+}
+
+/*  Resolves the program as execvp would, so that a missing one is reported
+    once, up front, instead of by every rank. */
+static int find_program(launch_t *L)
+{
+    const char *name = L->prog_argv[0];
+    if (strchr(name, '/')) {
+        if (is_executable_file(name) && (L->prog_path = strdup(name)))
+            return 0;
+        fprintf(stderr, "launch: cannot run \"%s\": %s\n", name,
+                access(name, F_OK) ? strerror(errno) : "not an executable file");
+        return -1;
+    }
+    const char *path = getenv("PATH");
+    if (!path || !*path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t n = strcspn(path, ":");
+        char *cand = NULL;
+        if (asprintf(&cand, "%.*s/%s", (int)n, n ? path : ".", name) < 0)
+            break;
+        if (is_executable_file(cand)) {
+            L->prog_path = cand;
+            return 0;
+        }
+        free(cand);
+        path += n + (path[n] == ':');
+    }
+    fprintf(stderr, "launch: cannot run \"%s\": not found in PATH\n", name);
+    return -1;
+}
+
+/*  A port nobody listens on now: bind port 0 and ask which one we got. Rank 0
+    binds it a moment later (the same small race as torchrun's). */
+static int pick_port(const char *addr)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
+        inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+    socklen_t sl = sizeof sa;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+        port = ntohs(sa.sin_port);
+    else
+        fprintf(stderr, "launch: cannot pick a free port on %s: %s\n", addr, strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/*  ---- starting ---- */
+
+static char *str_printf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static char *str_printf(const char *fmt, ...)
+{
+    char *s;
+    va_list ap;
+    va_start(ap, fmt);
+    int rc = vasprintf(&s, fmt, ap);
+    va_end(ap);
+    return rc < 0 ? NULL : s;
+}
+
+/*  The variables a rank gets; the inherited ones of the same names go. */
+enum { NVARS = 6 };
+static const char *const rank_vars[NVARS] = {"RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                             "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+
+static bool is_rank_var(const char *entry)
+{
+    for (int j = 0; j < NVARS; j++) {
+        size_t n = strlen(rank_vars[j]);
+        if (!strncmp(entry, rank_vars[j], n) && entry[n] == '=')
+            return true;
+    }
+    return false;
+}
+
+/*  Returns the environment of a rank: inherited entries (not copied), then
+    NVARS allocated ones, then NULL; NULL when out of memory. *nkept tells
+    where the allocated ones start. */
+static char **rank_env(launch_t *L, int rank, size_t *nkept)
+{
+    size_t n = 0, k = 0;
+    while (environ[n])
+        n++;
+    char **env = calloc(n + NVARS + 1, sizeof *env);
+    if (!env)
+        return NULL;
+    for (size_t i = 0; i < n; i++)
+        if (!is_rank_var(environ[i]))
+            env[k++] = environ[i];
+    *nkept = k;
+    const int values[NVARS] = {rank, L->nproc, 0, L->master_port, rank, L->nproc};
+    bool ok = true;
+    for (int j = 0; j < NVARS; j++) {
+        env[k] = j == 2 ? str_printf("%s=%s", rank_vars[j], L->master_addr)
+                        : str_printf("%s=%d", rank_vars[j], values[j]);
+        ok = ok && env[k++];
+    }
+    if (!ok) {
+        for (size_t i = *nkept; i < k; i++)
+            free(env[i]);
+        free(env);
+        return NULL;
+    }
+    return env;
+}
+
+static void free_rank_env(char **env, size_t nkept)
+{
+    for (size_t i = nkept; i < nkept + NVARS; i++)
+        free(env[i]);
+    free(env);
+}
+
+/*  The program's argv with the rank flags appended (allocated: those four
+    strings and the array); NULL when out of memory. */
+static char **rank_argv(launch_t *L, int rank)
+{
+    char **argv = calloc(L->prog_argc + 5, sizeof *argv);
+    if (!argv)
+        return NULL;
+    for (int i = 0; i < L->prog_argc; i++)
+        argv[i] = L->prog_argv[i];
+    if (L->rank_flags) {
+        char **a = argv + L->prog_argc;
+        a[0] = str_printf("--rank=%d", rank);
+        a[1] = str_printf("--world_size=%d", L->nproc);
+        a[2] = str_printf("--master_addr=%s", L->master_addr);
+        a[3] = str_printf("--master_port=%d", L->master_port);
+        if (!a[0] || !a[1] || !a[2] || !a[3]) {
+            for (int i = 0; i < 4; i++)
+                free(a[i]);
+            free(argv);
+            return NULL;
+        }
+    }
+    return argv;
+}
+
+static void free_rank_argv(launch_t *L, char **argv)
+{
+    for (int i = L->prog_argc; argv[i]; i++)
+        free(argv[i]);
+    free(argv);
+}
+
+/*  In the child between fork and exec: only async-signal-safe calls. */
+static void exec_child(launch_t *L, pid_t parent, int out_w, int err_w, int devnull,
+                       char **argv, char **env)
+{
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent)   /* launch died before the line above */
+        _exit(128 + SIGKILL);
+    if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+        dup2(err_w, STDERR_FILENO) < 0)
+        _exit(127);
+    signal(SIGPIPE, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &L->orig_mask, NULL);
+    execve(L->prog_path, argv, env);
+    const char *msg = "launch: exec failed: ";
+    const char *why = strerror(errno);
+    struct iovec iov[4] = {{(void *)msg, strlen(msg)}, {L->prog_path, strlen(L->prog_path)},
+                           {": ", 2}, {(void *)why, strlen(why)}};
+    if (writev(STDERR_FILENO, iov, 4) >= 0)
+        (void)!write(STDERR_FILENO, "\n", 1);
+    _exit(127);
+}
+
+static int start_rank(launch_t *L, int rank, int devnull)
+{
+    proc_t *p = &L->procs[rank];
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    size_t nkept = 0;
+    char **argv = rank_argv(L, rank), **env = rank_env(L, rank, &nkept);
+    pid_t pid = -1;
+    if (argv && env && pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0) {
+        pid_t parent = getpid();
+        pid = fork();
+        if (pid == 0)
+            exec_child(L, parent, out[1], err[1], devnull, argv, env);
+    }
+    int saved = errno;
+    if (argv)
+        free_rank_argv(L, argv);
+    if (env)
+        free_rank_env(env, nkept);
+    if (out[1] >= 0)
+        close(out[1]);
+    if (err[1] >= 0)
+        close(err[1]);
+    if (pid < 0) {
+        fprintf(stderr, "launch: cannot start rank %d: %s\n", rank, strerror(saved));
+        if (out[0] >= 0)
+            close(out[0]);
+        if (err[0] >= 0)
+            close(err[0]);
+        return -1;
+    }
+    setpgid(pid, pid);   /* also here: signals may be sent before the child runs */
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    p->pid = pid;
+    p->alive = true;
+    p->streams[0] = (stream_t){.fd = out[0], .out = STDOUT_FILENO};
+    p->streams[1] = (stream_t){.fd = err[0], .out = STDERR_FILENO};
+    L->started++;
+    L->alive++;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static launch_t launch = {.master_addr = "127.0.0.1", .rank_flags = true, .grace_s = 5,
+                              .exit_code = -1, .sigfd = -1};
+    launch_t *L = &launch;
+    int rc = parse_flags(L, argc, argv);
+    if (rc == 1) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc < 0 || find_program(L) < 0)
+        return EXIT_USAGE;
+
+    /* fds 0-2 must be taken, or a pipe could land there and be closed by
+       the child's dup2 dance. */
+    int devnull;
+    while ((devnull = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && devnull <= 2)
+        fcntl(devnull, F_SETFD, 0);
+    if (devnull < 0) {
+        fprintf(stderr, "launch: /dev/null: %s\n", strerror(errno));
+        return 1;
+    }
+    if (L->master_port == 0 && (L->master_port = pick_port(L->master_addr)) < 0)
+        return 1;
+
+    /* Signals arrive through the signalfd; SIGCHLD must not be ignored (that
+       would reap children behind our back). */
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGCHLD);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    signal(SIGCHLD, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGPIPE, SIG_IGN);
+    sigprocmask(SIG_BLOCK, &mask, &L->orig_mask);
+    L->sigfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (L->sigfd < 0 || prctl(PR_SET_CHILD_SUBREAPER, 1) < 0) {
+        fprintf(stderr, "launch: signalfd/subreaper: %s\n", strerror(errno));
+        return 1;
+    }
+
+    L->start = launch_now();
+    for (int r = 0; r < L->nproc; r++) {
+        if (start_rank(L, r, devnull) < 0) {
+            L->exit_code = 1;
+            launch_stop(L, SIGTERM);
+            break;
+        }
+    }
+    close(devnull);
+    if (L->started == L->nproc) {
+        char pids[MAX_PROCS * 12] = "";
+        size_t len = 0;
+        for (int r = 0; r < L->started; r++)
+            len += snprintf(pids + len, sizeof pids - len, " %d", (int)L->procs[r].pid);
+        fprintf(stderr, "launch: started %d %s of %s, master %s:%d, pids%s\n", L->nproc,
+                launch_processes(L->nproc), L->prog_argv[0], L->master_addr, L->master_port,
+                pids);
+    }
+    launch_run(L);
+    close(L->sigfd);
+    free(L->prog_path);
+    double took = launch_now() - L->start;
+    if (L->exit_code < 0) {
+        fprintf(stderr, "launch: %d %s finished in %.1f s\n", L->nproc,
+                launch_processes(L->nproc), took);
+        return 0;
+    }
+    fprintf(stderr, "launch: stopped after %.1f s; exit status %d\n", took, L->exit_code);
+    return L->exit_code;
+}
+

@@ -1,0 +1,75 @@
+/*  launch.h: what tools/launch.c (flags, starting the ranks) and
+    tools/launch_world.c (relaying output, stopping, reaping) share. Private
+    to the launch program. */
+#ifndef ZDIST_TOOLS_LAUNCH_H
+#define ZDIST_TOOLS_LAUNCH_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <sys/types.h>
+
+#define MAX_PROCS 64
+#define READ_CHUNK 65536
+#define LINE_MAX_BYTES (1 << 20)    /* longer lines are relayed in pieces this long */
+#define DRAIN_MAX_BYTES (16 << 20)  /* read at most this much from a dead rank's pipe */
+#define KILL_WAIT_S 5.0             /* how long SIGKILLed processes get to disappear */
+#define EXIT_USAGE 2
+#define EXIT_TIMEOUT 124            /* as timeout(1) */
+
+typedef struct {
+    int fd;             /* read end of the child's pipe; -1 once closed */
+    int out;            /* where its lines go: STDOUT_FILENO or STDERR_FILENO */
+    char *buf;          /* the current partial line */
+    size_t len, cap;
+} stream_t;
+
+typedef struct {
+    pid_t pid;          /* 0: not started */
+    bool alive;         /* started and not yet reaped */
+    stream_t streams[2];
+} proc_t;
+
+typedef enum { RUNNING, STOPPING, KILLING } phase_t;
+
+typedef struct {
+    /* flags */
+    int nproc;
+    const char *master_addr;
+    int master_port;
+    bool rank_flags;
+    double grace_s, timeout_s;
+    char **prog_argv;   /* program and its flags (points into main's argv) */
+    int prog_argc;
+    char *prog_path;    /* the program's resolved path */
+    /* state */
+    proc_t procs[MAX_PROCS];
+    int started, alive; /* ranks started; started and not yet reaped */
+    int sigfd;
+    sigset_t orig_mask;
+    double start;
+    phase_t phase;
+    double deadline;    /* end of the STOPPING / KILLING phase */
+    int stop_sig;       /* what STOPPING began with (SIGTERM, or a forwarded signal) */
+    bool leftovers;     /* every rank is gone but processes they started are not */
+    int exit_code;      /* -1 until the first failure, signal or timeout sets it */
+    bool out_dead[3];   /* writing to launch's stdout/stderr failed: drop lines */
+} launch_t;
+
+/*  "process" or "processes" for n. */
+const char *launch_processes(int n);
+
+/*  Seconds on the monotonic clock. */
+double launch_now(void);
+
+/*  Starts stopping the world: sig (SIGTERM, or a signal launch received and
+    forwards) to every running rank's process group, SIGKILL --grace_s
+    later; SIGKILL at once when sig is SIGKILL or --grace_s is 0. */
+void launch_stop(launch_t *L, int sig);
+
+/*  Runs the world until every rank and everything they started is reaped
+    (or has not died KILL_WAIT_S after SIGKILL): relays output, reports the
+    first failure, stops the others. Closes every stream before returning. */
+void launch_run(launch_t *L);
+
+#endif
