@@ -137,7 +137,13 @@ void autograd_node_save(autograd_node_t *n, int i, tensor_t *t)
     if (i < 0 || i >= AUTOGRAD_MAX_SAVED)
         return;
     tensor_unref(n->saved[i]);
-    n->saved[i] = tensor_ref(t);
+    /* An op that saves its own output (exp, relu) would make the output own
+       the node and the node own the output: keep a view without history
+       instead, sharing the data, so the cycle never forms. */
+    if (t && t->grad_fn == n)
+        n->saved[i] = tensor_detach(t);
+    else
+        n->saved[i] = tensor_ref(t);
     n->has_state = true;
 }
 
@@ -160,6 +166,12 @@ void autograd_node_set_output(autograd_node_t *n, tensor_t *out)
         n->out_ndim[i] = out->ndim;
         memcpy(n->out_dims + (size_t)i * TENSOR_MAX_DIMS, out->shape,
                sizeof(int64_t) * (size_t)out->ndim);
+    }
+    for (int k = 0; k < AUTOGRAD_MAX_SAVED; k++) {
+        if (n->saved[k] == out) {   /* saved before it became the output: no cycle */
+            n->saved[k] = tensor_detach(out);
+            tensor_unref(out);
+        }
     }
     autograd_node_unref(out->grad_fn);
     out->grad_fn = autograd_node_ref(n);

@@ -268,6 +268,34 @@ static void test_copy_and_cat(void **state)
         tensor_unref(all[i]);
 }
 
+/*  An op that saves its own output must not keep itself alive. */
+static int square_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    tensor_t *y = autograd_node_saved(n, 0);
+    gin[0] = tensor_clone(gout[0]);
+    tensor_data(gin[0])[0] *= 2 * tensor_data(y)[0];
+    return 0;
+}
+
+static const autograd_node_ops_t square_ops = {"SquareBackward", square_backward, NULL};
+
+static void test_saving_the_output_frees_without_backward(void **state)
+{
+    (void)state;
+    int64_t before = tensor_live_count();
+    tensor_t *x = leaf(1, (float[]){3});
+    tensor_t *y = tensor_clone(x);
+    autograd_node_t *n;
+    assert_int_equal(autograd_node_new(&square_ops, 1, &x, 1, &n), 0);
+    autograd_node_save(n, 0, y);   /* saved before becoming the output */
+    autograd_node_set_output(n, y);
+    autograd_node_save(n, 1, y);   /* and after */
+    autograd_node_unref(n);
+    tensor_unref(y);
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), before);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -279,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_bad_shapes_are_errors),
         cmocka_unit_test(test_task_waits_for_every_start_then_flush),
         cmocka_unit_test(test_copy_and_cat),
+        cmocka_unit_test(test_saving_the_output_frees_without_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
