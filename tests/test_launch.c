@@ -308,7 +308,7 @@ static void test_long_lines_are_never_mixed(void **state)
 }
 
 /*  Ranks 0 and 2 would run for minutes (rank 2 also started a child of its
-    own); rank 1 exits 3 once they run. */
+    own); rank 1 exits 3 once they run, right after much output. */
 static void test_failure_stops_the_others(void **state)
 {
     fixture_t *f = *state;
@@ -316,6 +316,8 @@ static void test_failure_stops_the_others(void **state)
                     "if [ \"$RANK\" = 1 ]; then\n"
                     "    exec 3<>$d/ready\n"
                     "    read a <&3; read b <&3\n"
+                    "    i=0\n"
+                    "    while [ $i -lt 3000 ]; do echo \"last words $i\"; i=$((i + 1)); done >&2\n"
                     "    echo 'rank 1 gives up' >&2\n"
                     "    exit 3\n"
                     "fi\n"
@@ -326,15 +328,18 @@ static void test_failure_stops_the_others(void **state)
     const char *args[] = {"--nproc=3", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 3);
     char want[128];
-    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 3\n",
+    snprintf(want, sizeof want, "launch: rank 1 exited with status 3 (pid %d)\n",
              (int)read_pid(f, "pid.1"));
     assert_contains(err, want);
-    assert_contains(err, "[rank 1] rank 1 gives up\n");
+    /* all it wrote comes before the report of its exit */
+    const char *last = strstr(err, "[rank 1] rank 1 gives up\n");
+    assert_non_null(last);
+    assert_true(last < strstr(err, want));
     assert_contains(err, "launch: stopping the other 2 processes\n");
     assert_contains(err, "exit status 3\n");
     /* the others were stopped, not reported as failures of their own */
-    assert_null(strstr(err, "rank 0 (pid"));
-    assert_null(strstr(err, "rank 2 (pid"));
+    assert_null(strstr(err, "launch: rank 0 "));
+    assert_null(strstr(err, "launch: rank 2 "));
     assert_gone(f, (const char *const[]){"pid.0", "pid.1", "pid.2", "child.2", NULL});
     free(out);
     free(err);
@@ -355,7 +360,7 @@ static void test_signal_death_is_128_plus_signal(void **state)
     const char *args[] = {"--nproc=3", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 137);
     char want[128];
-    snprintf(want, sizeof want, "launch: rank 0 (pid %d) killed by signal 9 (SIGKILL)\n",
+    snprintf(want, sizeof want, "launch: rank 0 killed by signal 9 (SIGKILL, pid %d)\n",
              (int)read_pid(f, "pid.0"));
     assert_contains(err, want);
     assert_gone(f, (const char *const[]){"pid.0", "pid.1", "pid.2", NULL});
@@ -380,8 +385,7 @@ static void test_sigterm_ignored_gets_sigkill_after_grace(void **state)
     char *out, *err;
     const char *args[] = {"--nproc=3", "--grace_s=0.5", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 1);
-    assert_contains(err, "launch: rank 0 (pid ");
-    assert_contains(err, "exited with status 1\n");
+    assert_contains(err, "launch: rank 0 exited with status 1 (pid ");
     assert_contains(err, "launch: rank 1 still running 0.5 s after SIGTERM; sending SIGKILL\n");
     assert_null(strstr(err, "rank 2 still running"));
     assert_gone(f, (const char *const[]){"pid.0", "pid.1", "pid.2", NULL});
@@ -462,7 +466,7 @@ static void test_exec_failure_is_a_failure(void **state)
     const char *args[] = {"--nproc=1", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 127);
     assert_contains(err, "[rank 0] launch: exec failed: ");
-    assert_contains(err, "launch: rank 0 (pid ");
+    assert_contains(err, "launch: rank 0 exited with status 127 (pid ");
     free(out);
     free(err);
 }

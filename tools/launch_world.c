@@ -207,14 +207,15 @@ static void on_exit_status(launch_t *L, int rank, int status)
     if (L->phase != RUNNING || code == 0)
         return;   /* after a stop began, exits are the stop's doing */
     if (WIFEXITED(status))
-        fprintf(stderr, "launch: rank %d (pid %d) exited with status %d\n", rank, (int)p->pid,
-                code);
+        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n", rank, code,
+                (int)p->pid);
     else
-        fprintf(stderr, "launch: rank %d (pid %d) killed by signal %d (%s)\n", rank,
-                (int)p->pid, WTERMSIG(status), sig_name(WTERMSIG(status)));
+        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n", rank,
+                WTERMSIG(status), sig_name(WTERMSIG(status)), (int)p->pid);
     L->exit_code = code;
     if (L->alive > 0) {
-        fprintf(stderr, "launch: stopping the other %d %s\n", L->alive, launch_processes(L->alive));
+        fprintf(stderr, "launch: stopping the other %d %s\n", L->alive,
+                launch_processes(L->alive));
         launch_stop(L, SIGTERM);
     }
 }
@@ -334,7 +335,6 @@ static void loop(launch_t *L)
         }
     }
 }
-
 
 void launch_run(launch_t *L)
 {
