@@ -441,6 +441,52 @@ static void test_sigkill_to_launch_kills_the_ranks(void **state)
     }
 }
 
+/*  SIGINT is forwarded as it is, so that programs can wind down their own
+    way: here each rank stops its background sleep and exits 0. */
+static void test_sigint_is_forwarded(void **state)
+{
+    fixture_t *f = *state;
+    write_script(f, "trap 'echo \"rank $RANK got INT\"; kill $child; exit 0' INT\n"
+                    "sleep 300 &\n"
+                    "child=$!\n"
+                    "echo $child > $d/child.$RANK\n"
+                    "echo $RANK > $d/ready\n"
+                    "wait $child\n");
+    int ready = open(f->fifo, O_RDWR | O_CLOEXEC);
+    assert_true(ready >= 0);
+    const char *args[] = {"--nproc=2", "--no_rank_flags", f->script, NULL};
+    pid_t pid = spawn_launch(f, args);
+    wait_ready(ready, 2);
+    close(ready);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    assert_int_equal(wait_launch(pid), 130);
+    char *out = slurp(f->out), *err = slurp(f->err);
+    assert_contains(out, "[rank 0] rank 0 got INT\n");
+    assert_contains(out, "[rank 1] rank 1 got INT\n");
+    assert_contains(err, "launch: received SIGINT; stopping 2 processes\n");
+    assert_null(strstr(err, "SIGKILL"));
+    assert_gone(f, (const char *const[]){"child.0", "child.1", NULL});
+    free(out);
+    free(err);
+}
+
+/*  Ranks that exit 0 but leave a process running: the world is over, so
+    launch stops what they left and still exits 0. */
+static void test_processes_left_behind_are_stopped(void **state)
+{
+    fixture_t *f = *state;
+    write_script(f, "sleep 300 &\n"
+                    "echo $! > $d/child.$RANK\n");
+    char *out, *err;
+    const char *args[] = {"--nproc=2", "--no_rank_flags", f->script, NULL};
+    assert_int_equal(run_launch(f, args, &out, &err), 0);
+    assert_contains(err, "launch: stopping processes the world left behind\n");
+    assert_contains(err, "launch: 2 processes finished in ");
+    assert_gone(f, (const char *const[]){"child.0", "child.1", NULL});
+    free(out);
+    free(err);
+}
+
 static void test_timeout_stops_the_world(void **state)
 {
     fixture_t *f = *state;
@@ -529,6 +575,9 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_sigterm_to_launch_stops_the_world, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_sigkill_to_launch_kills_the_ranks, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_sigint_is_forwarded, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_processes_left_behind_are_stopped, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_timeout_stops_the_world, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failure_is_a_failure, setup, teardown),
