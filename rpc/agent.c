@@ -92,6 +92,27 @@ int agent_check_rank(agent_t *a, int rank, const char *api)
     return 0;
 }
 
+/* ---- hooks ---- */
+
+static rpc_hooks_t g_hooks;
+static bool g_has_hooks;
+
+int rpc_set_hooks(const rpc_hooks_t *hooks)
+{
+    pthread_mutex_lock(&g_init_lock);
+    if (atomic_load(&g_agent)) {
+        pthread_mutex_unlock(&g_init_lock);
+        return error_set("rpc_set_hooks: only while RPC is not running");
+    }
+    g_has_hooks = hooks != NULL;
+    if (hooks)
+        g_hooks = *hooks;
+    else
+        memset(&g_hooks, 0, sizeof g_hooks);
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
+}
+
 /* ---- options and the environment ---- */
 
 rpc_options_t rpc_options_default(void)
@@ -336,6 +357,8 @@ int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *op
     agent_t *a = agent_new(&p);
     if (!a)
         goto fail_unlocked;
+    a->hooks = g_hooks;
+    a->has_hooks = g_has_hooks;
     if (transport_bind(a, ip) < 0 || rref_ctx_new(a) < 0 || serve_register_internal() < 0 ||
         !(a->pool = pool_new(a->n_threads)) ||
         rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {

@@ -46,7 +46,8 @@ typedef struct {
     void *sock;                 /* DEALER to the peer's ROUTER */
     pthread_mutex_t lock;       /* serialises use of sock */
     void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
-    atomic_bool lost;           /* the connection dropped since init */
+    atomic_bool lost;           /* the connection is down */
+    int64_t fail_at_ns;         /* I/O thread: when to fail calls to it (0: no) */
     peer_metrics_t m;
 } peer_t;
 

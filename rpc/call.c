@@ -230,9 +230,10 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
         args = rpc_value_ref(req->args ? req->args : empty_args());
     rpc_bytes_t extra = {NULL, 0};
     char detail[512] = "";
-    if (req->hooked && a->has_hooks && a->hooks.on_send_request) {
+    if (req->hooked && a->has_hooks) {
         rpc_hook_msg_t m = {to, p->fn, kind_of(req->type), p->id};
-        if (a->hooks.on_send_request(a->hooks.arg, &m, &args, &extra, &p->hook_state) < 0) {
+        if (a->hooks.on_send_request &&
+            a->hooks.on_send_request(a->hooks.arg, &m, &args, &extra, &p->hook_state) < 0) {
             snprintf(detail, sizeof detail, "request hook failed: %s", error_last());
             goto fail;
         }

@@ -380,8 +380,9 @@ static void run_call(void *arg)
             return;
         }
     }
-    if (!c->internal && a->has_hooks && a->hooks.on_recv_request) {
-        if (a->hooks.on_recv_request(a->hooks.arg, c, c->extra, c->extra_len, &c->args) < 0) {
+    if (!c->internal && a->has_hooks) {
+        if (a->hooks.on_recv_request &&
+            a->hooks.on_recv_request(a->hooks.arg, c, c->extra, c->extra_len, &c->args) < 0) {
             snprintf(text, sizeof text, "request hook failed: %s", error_last());
             finish_error(c, text);
             return;

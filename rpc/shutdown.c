@@ -128,10 +128,17 @@ void shutdown_tick(agent_t *a, int64_t now_ns)
     barrier_round_t **pp = &a->barrier;
     while (*pp) {
         barrier_round_t *r = *pp;
-        bool lost = false;
+        /* Early only when everyone still reachable is here: the living
+           keep their barrier among themselves until the timeout. */
+        bool lost = false, waiting_for_living = false;
         for (int i = 0; i < a->world; i++)
-            lost |= !r->seen[i] && atomic_load(&a->peers[i].lost);
-        if (lost || now_ns >= r->deadline_ns) {
+            if (!r->seen[i]) {
+                if (atomic_load(&a->peers[i].lost))
+                    lost = true;
+                else
+                    waiting_for_living = true;
+            }
+        if ((lost && !waiting_for_living) || now_ns >= r->deadline_ns) {
             *pp = r->next;
             r->next = failed;
             failed = r;

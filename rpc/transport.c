@@ -92,7 +92,8 @@ static int open_peer(agent_t *a, peer_t *p)
     set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, 30000);
     char mon[96];
     snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d", a->gen, p->rank);
-    if (zmq_socket_monitor(p->sock, mon, ZMQ_EVENT_DISCONNECTED) == 0) {
+    if (zmq_socket_monitor(p->sock, mon,
+                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
         p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
         if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
             zmq_close(p->monitor);
@@ -418,24 +419,50 @@ drop:
     return 1;
 }
 
-static void handle_monitor(agent_t *a, peer_t *p)
+/* A peer's connection went down (or came back). Calls waiting for that
+   peer fail LOST_GRACE_MS later rather than at their timeout: the grace
+   lets answers already on their way (over the peer's own connection to
+   us) arrive first. */
+#define LOST_GRACE_MS 200
+
+static void handle_monitor(peer_t *p)
 {
     zmq_msg_t m;
     zmq_msg_init(&m);
-    bool event = zmq_msg_recv(&m, p->monitor, ZMQ_DONTWAIT) >= 0;
-    bool more = event && zmq_msg_more(&m);
+    if (zmq_msg_recv(&m, p->monitor, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    uint16_t event = 0;
+    if (zmq_msg_size(&m) >= 2)
+        memcpy(&event, zmq_msg_data(&m), 2);
+    bool more = zmq_msg_more(&m);
     zmq_msg_close(&m);
-    while (more) {
+    while (more) {   /* the endpoint */
         zmq_msg_init(&m);
         more = zmq_msg_recv(&m, p->monitor, 0) >= 0 && zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
-    if (!event || atomic_load(&a->closing))
-        return;
-    atomic_store(&p->lost, true);
-    char text[256];
-    snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
-    call_fail_peer(a, p->rank, text);
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        atomic_store(&p->lost, false);
+        p->fail_at_ns = 0;
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+        atomic_store(&p->lost, true);
+        p->fail_at_ns = agent_now_ns() + LOST_GRACE_MS * 1000000LL;
+    }
+}
+
+static void fail_lost_peers(agent_t *a, int64_t now)
+{
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        if (!p->fail_at_ns || now < p->fail_at_ns || atomic_load(&a->closing))
+            continue;
+        p->fail_at_ns = 0;
+        char text[256];
+        snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
+        call_fail_peer(a, i, text);
+    }
 }
 
 static void *io_main(void *arg)
@@ -477,8 +504,9 @@ static void *io_main(void *arg)
         }
         for (int i = 2; rc > 0 && i < n_items; i++)
             if (items[i].revents & ZMQ_POLLIN)
-                handle_monitor(a, &a->peers[item_peer[i]]);
+                handle_monitor(&a->peers[item_peer[i]]);
         int64_t now = agent_now_ns();
+        fail_lost_peers(a, now);
         call_expire(a, now);
         rref_tick(a, now);
         shutdown_tick(a, now);

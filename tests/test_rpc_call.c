@@ -271,6 +271,12 @@ static int world_futures(int rank, int world, int port, void *arg)
         WCHECK(rpc_future_wait_any(two, 2, 10000, &index) == 0 && index == 1);
         WCHECK(!rpc_future_done(two[0]));
         rpc_value_t *r;
+        int64_t n = 0;
+        while (n < 1) {   /* until the hold arrived at rank 1 */
+            WCHECK(rpc_sync(1, "n_held", NULL, -1, &r) == 0);
+            rpc_value_get_int(r, &n);
+            rpc_value_unref(r);
+        }
         WCHECK(rpc_sync(1, "release", NULL, -1, &r) == 0);
         rpc_value_unref(r);
         WCHECK(rpc_wait(two[0], 10000) == 0);
@@ -411,8 +417,17 @@ static void test_timeouts(void **state)
 
 /* ---- a peer that died ---- */
 
-static rpc_future_t *ready;
+static rpc_future_t *ready, *finished;
 static int64_t victim_pid;
+
+static rpc_value_t *h_finished(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_future_set_value(finished, NULL);
+    return rpc_value_none();
+}
 
 static rpc_value_t *h_ready(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
@@ -427,7 +442,9 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
 {
     (void)arg;
     ready = rpc_future_new();
+    finished = rpc_future_new();
     WCHECK(rpc_register_inline("ready", h_ready, NULL) == 0);
+    WCHECK(rpc_register_inline("finished", h_finished, NULL) == 0);
     WCHECK(start(rank, world, port, 10000) == 0);
     rpc_value_t *r;
     if (rank == 2) {
@@ -453,7 +470,11 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
         WCHECK(rpc_sync(1, "add", args, -1, &r) == 0);
         rpc_value_unref(r);
         rpc_value_unref(args);
+        WCHECK(rpc_sync(1, "finished", NULL, -1, &r) == 0);
+        rpc_value_unref(r);
     }
+    if (rank == 1)
+        WCHECK(rpc_wait(finished, 10000) == 0);
     /* Shutdown returns anyway, with an error naming the dead one. */
     int64_t t0 = world_now_ms();
     WCHECK(rpc_shutdown(true, 1000) == -1);
@@ -461,6 +482,7 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
     WCHECK(strstr(error_last(), "\"w2\" (rank 2)") != NULL);
     WCHECK(!rpc_is_running());
     rpc_future_unref(ready);
+    rpc_future_unref(finished);
     return 0;
 }
 

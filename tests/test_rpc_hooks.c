@@ -1,0 +1,334 @@
+/*  The hooks that distributed autograd will use, exercised with a fake:
+    a thread-local "context id" travels with requests and replies as extra
+    bytes, is current on the handler's thread (so nested calls carry it on),
+    every send and receive is recorded on both sides, and results can be
+    replaced on arrival. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "test_rpc_world.h"
+
+static __thread int64_t current_ctx;
+
+/* Events seen by this process: [kind][direction] */
+enum { SEND_REQ, RECV_REQ, SEND_REP, RECV_REP, RETURNED, N_EVENTS };
+static atomic_int events[3][N_EVENTS];
+static atomic_int states_live;
+
+typedef struct {
+    int64_t ctx;
+    uint64_t request_id;
+} fake_state_t;
+
+static int put_ctx(rpc_bytes_t *extra, int64_t ctx)
+{
+    extra->data = malloc(sizeof ctx);
+    if (!extra->data)
+        return -1;
+    memcpy(extra->data, &ctx, sizeof ctx);
+    extra->len = sizeof ctx;
+    return 0;
+}
+
+static int get_ctx(const void *extra, size_t len, int64_t *ctx)
+{
+    if (len != sizeof *ctx)
+        return error_set("fake hook: %zu extra bytes", len);
+    memcpy(ctx, extra, sizeof *ctx);
+    return 0;
+}
+
+static int on_send_request(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
+                           rpc_bytes_t *extra, void **state)
+{
+    (void)arg;
+    if (strcmp(m->function, "forbidden") == 0)
+        return error_set("the fake hook refuses \"forbidden\"");
+    atomic_fetch_add(&events[m->kind][SEND_REQ], 1);
+    if (current_ctx == 0)
+        return 0;
+    fake_state_t *s = malloc(sizeof *s);
+    if (!s || put_ctx(extra, current_ctx) < 0) {
+        free(s);
+        return error_set("fake hook: out of memory");
+    }
+    s->ctx = current_ctx;
+    s->request_id = m->request_id;
+    *state = s;
+    atomic_fetch_add(&states_live, 1);
+    /* Replace the arguments by a copy: the callee must see the copy. */
+    if (*args) {
+        rpc_value_t *copy = rpc_value_list(rpc_list_len(*args));
+        for (size_t i = 0; i < rpc_list_len(*args); i++)
+            rpc_list_append(copy, rpc_value_ref(rpc_list_get(*args, i)));
+        rpc_value_unref(*args);
+        *args = copy;
+    }
+    return 0;
+}
+
+typedef struct {
+    int64_t ctx;
+    int64_t saved;
+} callee_state_t;
+
+static int on_recv_request(void *arg, rpc_call_t *call, const void *extra, size_t len,
+                           rpc_value_t **args)
+{
+    (void)arg;
+    (void)args;
+    atomic_fetch_add(&events[rpc_call_kind(call)][RECV_REQ], 1);
+    if (len == 0)
+        return 0;
+    callee_state_t *s = malloc(sizeof *s);
+    if (!s || get_ctx(extra, len, &s->ctx) < 0) {
+        free(s);
+        return -1;
+    }
+    s->saved = current_ctx;
+    current_ctx = s->ctx;   /* current on the handler's thread */
+    rpc_call_set_hook_state(call, s);
+    atomic_fetch_add(&states_live, 1);
+    return 0;
+}
+
+static void on_handler_return(void *arg, rpc_call_t *call)
+{
+    (void)arg;
+    atomic_fetch_add(&events[rpc_call_kind(call)][RETURNED], 1);
+    callee_state_t *s = rpc_call_hook_state(call);
+    if (s)
+        current_ctx = s->saved;
+}
+
+static int on_send_reply(void *arg, rpc_call_t *call, rpc_value_t **result,
+                         rpc_bytes_t *extra)
+{
+    (void)arg;
+    (void)result;
+    atomic_fetch_add(&events[rpc_call_kind(call)][SEND_REP], 1);
+    callee_state_t *s = rpc_call_hook_state(call);
+    if (!s)
+        return 0;
+    int rc = put_ctx(extra, s->ctx);
+    free(s);
+    rpc_call_set_hook_state(call, NULL);
+    atomic_fetch_sub(&states_live, 1);
+    return rc;
+}
+
+static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
+                         size_t len, rpc_value_t **result)
+{
+    (void)arg;
+    atomic_fetch_add(&events[m->kind][RECV_REP], 1);
+    fake_state_t *s = state;
+    if (!s)
+        return 0;
+    int64_t ctx = 0;
+    int rc = 0;
+    if (*result) {
+        /* The reply carries the context back; mark the result as seen. */
+        if (get_ctx(extra, len, &ctx) < 0 || ctx != s->ctx || s->request_id != m->request_id)
+            rc = error_set("fake hook: reply with context %lld for %lld", (long long)ctx,
+                           (long long)s->ctx);
+        int64_t v;
+        if (rc == 0 && rpc_value_get_int(*result, &v) == 0) {
+            rpc_value_unref(*result);
+            *result = rpc_value_int(v + 1000000);
+        }
+    }
+    free(s);
+    atomic_fetch_sub(&states_live, 1);
+    return rc;
+}
+
+static const rpc_hooks_t fake_hooks = {on_send_request, on_recv_request, on_handler_return,
+                                       on_send_reply, on_recv_reply, NULL};
+
+/* ---- handlers ---- */
+
+static rpc_value_t *h_ctx(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(current_ctx);
+}
+
+/* Calls "ctx" on the next rank: the context travels on. */
+static rpc_value_t *h_nested_ctx(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_value_t *r;
+    if (rpc_sync((rpc_rank() + 1) % rpc_world_size(), "ctx", NULL, -1, &r) < 0)
+        return NULL;
+    return r;
+}
+
+static _Atomic(rpc_future_t *) held;
+
+static rpc_future_t *h_ctx_later(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_future_t *f = rpc_future_new();
+    atomic_store(&held, rpc_future_ref(f));
+    return f;
+}
+
+/* 1 when it released a held call, 0 when none has arrived yet. */
+static rpc_value_t *h_release(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_future_t *f = atomic_exchange(&held, NULL);
+    if (!f)
+        return rpc_value_int(0);
+    rpc_value_t *v = rpc_value_int(5);
+    rpc_future_set_value(f, v);
+    rpc_value_unref(v);
+    rpc_future_unref(f);
+    return rpc_value_int(1);
+}
+
+static rpc_value_t *h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    error_set("failing on purpose");
+    return NULL;
+}
+
+static rpc_value_t *h_events(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t kind, what;
+    if (rpc_arg_int(args, 0, &kind) < 0 || rpc_arg_int(args, 1, &what) < 0)
+        return NULL;
+    return rpc_value_int(atomic_load(&events[kind][what]));
+}
+
+static int64_t remote_events(int rank, int kind, int what)
+{
+    rpc_value_t *args = rpc_args("ii", (int64_t)kind, (int64_t)what), *r = NULL;
+    int64_t n = -1;
+    int saved = current_ctx;
+    current_ctx = 0;
+    if (rpc_sync(rank, "events", args, -1, &r) == 0)
+        rpc_value_get_int(r, &n);
+    current_ctx = saved;
+    rpc_value_unref(r);
+    rpc_value_unref(args);
+    return n;
+}
+
+static int64_t call_int(int to, const char *fn)
+{
+    rpc_value_t *r = NULL;
+    int64_t v = -1;
+    if (rpc_sync(to, fn, NULL, -1, &r) == 0)
+        rpc_value_get_int(r, &v);
+    rpc_value_unref(r);
+    return v;
+}
+
+static int world_hooks(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(rpc_set_hooks(&fake_hooks) == 0);
+    WCHECK(rpc_register("ctx", h_ctx, NULL) == 0);
+    WCHECK(rpc_register_inline("ctx_inline", h_ctx, NULL) == 0);
+    WCHECK(rpc_register("nested_ctx", h_nested_ctx, NULL) == 0);
+    WCHECK(rpc_register_async("ctx_later", h_ctx_later, NULL) == 0);
+    WCHECK(rpc_register_inline("release", h_release, NULL) == 0);
+    WCHECK(rpc_register("fail", h_fail, NULL) == 0);
+    WCHECK(rpc_register_inline("events", h_events, NULL) == 0);
+    rpc_options_t o = world_options(port);
+    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(rpc_set_hooks(NULL) == -1);   /* not while running */
+    if (rank == 0) {
+        /* No context: nothing extra travels, results are untouched. */
+        WCHECK(call_int(1, "ctx") == 0);
+        /* A context: the handler sees it, the reply brings it back (the
+           fake marks the result with +1000000). */
+        current_ctx = 77;
+        WCHECK(call_int(1, "ctx") == 1000077);
+        WCHECK(call_int(1, "ctx_inline") == 1000077);
+        /* Nested: 1 runs nested_ctx, calls 2's ctx under the same context;
+           both replies are marked on their way back. */
+        WCHECK(call_int(1, "nested_ctx") == 2000077);
+        /* An async handler's reply, sent by another thread, still has it. */
+        rpc_future_t *f = rpc_async(1, "ctx_later", NULL, -1);
+        current_ctx = 0;
+        while (call_int(1, "release") == 0) {   /* until the held call has arrived */
+        }
+        current_ctx = 77;
+        WCHECK(rpc_wait(f, 10000) == 0);
+        int64_t v;
+        WCHECK(rpc_value_get_int(rpc_future_value(f), &v) == 0 && v == 1000005);
+        rpc_future_unref(f);
+        /* Failures still release the caller's state (leak-checked). */
+        rpc_value_t *r;
+        WCHECK(rpc_sync(1, "fail", NULL, -1, &r) == -1);
+        WCHECK(strstr(error_last(), "failing on purpose") != NULL);
+        WCHECK(rpc_sync(1, "nosuch", NULL, -1, &r) == -1);
+        /* A hook can refuse a call. */
+        WCHECK(rpc_sync(1, "forbidden", NULL, -1, &r) == -1);
+        WCHECK(strstr(error_last(), "request hook failed: the fake hook refuses") != NULL);
+        /* remote and to_here go through the hooks, with their kinds. */
+        rpc_rref_t *rr = rpc_remote(1, "ctx", NULL, -1);
+        WCHECK(rr != NULL);
+        WCHECK(rpc_rref_to_here(rr, -1, &r) == 0);
+        WCHECK(rpc_value_get_int(r, &v) == 0 && v == 1000077);   /* marked by the fetch */
+        rpc_value_unref(r);
+        rpc_rref_unref(rr);
+        WCHECK(rpc_rref_drain(10000) == 0);
+        current_ctx = 0;
+        WCHECK(atomic_load(&events[RPC_KIND_REMOTE][SEND_REQ]) == 1);
+        WCHECK(atomic_load(&events[RPC_KIND_REMOTE][RECV_REP]) == 1);
+        WCHECK(atomic_load(&events[RPC_KIND_FETCH][SEND_REQ]) == 1);
+        WCHECK(atomic_load(&events[RPC_KIND_FETCH][RECV_REP]) == 1);
+        WCHECK(remote_events(1, RPC_KIND_REMOTE, RECV_REQ) == 1);
+        WCHECK(remote_events(1, RPC_KIND_REMOTE, SEND_REP) == 1);
+        WCHECK(remote_events(1, RPC_KIND_FETCH, RECV_REQ) == 1);
+        WCHECK(remote_events(1, RPC_KIND_FETCH, SEND_REP) == 1);
+        /* Every send on one side is a receive on the other. */
+        int64_t sent = atomic_load(&events[RPC_KIND_CALL][SEND_REQ]);
+        int64_t got = atomic_load(&events[RPC_KIND_CALL][RECV_REP]);
+        WCHECK(sent == got);
+    }
+    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(atomic_load(&states_live) == 0);
+    /* Handlers that ran had their return hook, on every process. */
+    WCHECK(atomic_load(&events[RPC_KIND_CALL][RETURNED]) <=
+           atomic_load(&events[RPC_KIND_CALL][RECV_REQ]));
+    WCHECK(atomic_load(&events[RPC_KIND_CALL][SEND_REP]) ==
+           atomic_load(&events[RPC_KIND_CALL][RECV_REQ]));
+    rpc_set_hooks(NULL);
+    return 0;
+}
+
+static void test_hooks_carry_context_both_ways(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(3, 60, world_hooks, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_hooks_carry_context_both_ways),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
