@@ -35,19 +35,12 @@ double launch_now(void)
 
 /*  ---- relaying output ---- */
 
-/*  Writes "[rank R] line\n" in one go: launch is the only writer of its
-    stdout/stderr, so lines never mix. Blocks while the reader is slow, which
-    in turn slows the children down: nothing is dropped. */
-static void write_line(launch_t *L, int fd, int rank, const char *data, size_t n)
+/*  Writes all of iov. Blocks while the reader is slow, which in turn slows
+    the children down: nothing is dropped. launch is the only writer of its
+    stdout/stderr and writes whole lines, so lines never mix. */
+static void write_all(launch_t *L, int fd, struct iovec *v, int cnt)
 {
-    if (L->out_dead[fd])
-        return;
-    char prefix[32];
-    int pl = snprintf(prefix, sizeof prefix, "[rank %d] ", rank);
-    struct iovec iov[3] = {{prefix, (size_t)pl}, {(void *)data, n}, {"\n", 1}};
-    struct iovec *v = iov;
-    int cnt = 3;
-    while (cnt > 0) {
+    while (cnt > 0 && !L->out_dead[fd]) {
         ssize_t w = writev(fd, v, cnt);
         if (w < 0 && errno == EAGAIN) {
             struct pollfd p = {.fd = fd, .events = POLLOUT};
@@ -70,6 +63,49 @@ static void write_line(launch_t *L, int fd, int rank, const char *data, size_t n
             v->iov_len -= w;
         }
     }
+}
+
+/*  Lines of one stream gathered for one writev: one system call per read
+    rather than per line. */
+#define BATCH_LINES 256
+
+typedef struct {
+    char prefix[32];
+    size_t prefix_len;
+    struct iovec iov[2 * BATCH_LINES];
+    int n;
+} batch_t;
+
+static void batch_init(batch_t *b, int rank)
+{
+    b->prefix_len = (size_t)snprintf(b->prefix, sizeof b->prefix, "[rank %d] ", rank);
+    b->n = 0;
+}
+
+static void batch_flush(launch_t *L, int fd, batch_t *b)
+{
+    write_all(L, fd, b->iov, b->n);
+    b->n = 0;
+}
+
+/*  data[0..n) is a line with its newline. */
+static void batch_add(launch_t *L, int fd, batch_t *b, const char *data, size_t n)
+{
+    if (b->n + 2 > 2 * BATCH_LINES)
+        batch_flush(L, fd, b);
+    b->iov[b->n++] = (struct iovec){b->prefix, b->prefix_len};
+    b->iov[b->n++] = (struct iovec){(void *)data, n};
+}
+
+/*  Writes "[rank R] " data "\n" for data without a newline of its own. */
+static void write_line(launch_t *L, int fd, int rank, const char *data, size_t n)
+{
+    batch_t b;
+    batch_init(&b, rank);
+    b.iov[0] = (struct iovec){b.prefix, b.prefix_len};
+    b.iov[1] = (struct iovec){(void *)data, n};
+    b.iov[2] = (struct iovec){"\n", 1};
+    write_all(L, fd, b.iov, 3);
 }
 
 static void stream_close(launch_t *L, int rank, stream_t *s)
@@ -106,14 +142,17 @@ static ssize_t stream_read(launch_t *L, int rank, stream_t *s)
         stream_close(L, rank, s);
         return -1;
     }
-    size_t from = s->len, start = 0;
-    s->len += n;
-    for (size_t i = from; i < s->len; i++) {
-        if (s->buf[i] == '\n') {
-            write_line(L, s->out, rank, s->buf + start, i - start);
-            start = i + 1;
-        }
+    size_t start = 0;
+    char *nl = s->buf + s->len, *end = nl + n;
+    batch_t b;
+    batch_init(&b, rank);
+    while ((nl = memchr(nl, '\n', end - nl)) != NULL) {
+        nl++;
+        batch_add(L, s->out, &b, s->buf + start, nl - (s->buf + start));
+        start = nl - s->buf;
     }
+    batch_flush(L, s->out, &b);
+    s->len += n;
     while (s->len - start >= LINE_MAX_BYTES) {
         write_line(L, s->out, rank, s->buf + start, LINE_MAX_BYTES);
         start += LINE_MAX_BYTES;
