@@ -242,6 +242,8 @@ static int check_options(const options_t *o)
 
 int main(int argc, char **argv)
 {
+    /* Line by line even into a pipe (the launcher labels lines as they come). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.world_size = 4, .rank = -1, .master_port = 29500, .num_servers = 1,
                    .master_addr = "localhost", .batch_size = 32, .epochs = 1, .seed = 1,
                    .log_interval = 5, .lr = 0.03};

@@ -131,6 +131,8 @@ out:
 
 int main(int argc, char **argv)
 {
+    /* Line by line even into a pipe (the launcher labels lines as they come). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.data_dir = NULL, .epochs = 1, .batch_size = 32, .seed = 1,
                    .max_batches = 0, .log_interval = 100, .lr = 0.03, .model = "net"};
     const flag_t flags[] = {
