@@ -1,0 +1,362 @@
+/*  The driver of the parameter-server example (rank 0): Ray's synchronous
+    and asynchronous training loops over the actors of ps_objects.c. */
+#include "examples/ps_core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/error.h"
+#include "examples/ps_actor.h"
+#include "examples/train_common.h"
+#include "nn/dataset.h"
+#include "rpc/rpc.h"
+
+ps_options_t ps_options_default(void)
+{
+    return (ps_options_t){.num_workers = 2, .num_servers = 1, .iterations = 200, .lr = 0.01,
+                          .batch_size = 128, .model = "convnet", .eval_interval = 10};
+}
+
+int ps_options_check(const ps_options_t *o, int world_size)
+{
+    if (o->num_workers < 1 || o->num_workers > PS_MAX_WORKERS)
+        return error_set("--num_workers must be in 1..%d, got %d", PS_MAX_WORKERS,
+                         o->num_workers);
+    if (o->num_servers < 1 || o->num_servers > PS_MAX_SERVERS)
+        return error_set("--num_servers must be in 1..%d, got %d", PS_MAX_SERVERS,
+                         o->num_servers);
+    if (o->iterations < 0 || o->batch_size < 1 || !(o->lr > 0) || o->eval_interval < 0 ||
+        o->test_size < 0 || o->train_size < 0)
+        return error_set("--iterations, --eval_interval, --test_size and --train_size must "
+                         "be >= 0, --batch_size >= 1 and --lr > 0");
+    int want = 1 + o->num_servers + o->num_workers;
+    if (world_size != want)
+        return error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "
+                         "rank 0 is the driver, then come %d parameter server rank(s) and "
+                         "%d data worker rank(s), so the world size must be 1 + %d + %d = %d",
+                         world_size, o->num_servers, o->num_workers, o->num_servers,
+                         o->num_workers, o->num_servers, o->num_workers, want);
+    return 0;
+}
+
+void ps_result_free(ps_result_t *r)
+{
+    tensor_unref_p(&r->weights);
+    for (int i = 0; i < PS_MAX_SERVERS; i++)
+        free(r->servers[i].hashes);
+    for (int i = 0; i < PS_MAX_WORKERS; i++)
+        free(r->workers[i].hashes);
+    memset(r, 0, sizeof *r);
+}
+
+typedef struct {
+    const ps_options_t *o;
+    int S, W;
+    rpc_rref_t *servers[PS_MAX_SERVERS];
+    rpc_rref_t *workers[PS_MAX_WORKERS];
+    tensor_t *weights[PS_MAX_SERVERS];      /* the current slices */
+    nn_model_t *model;                      /* for evaluation */
+    dataset_t *test;
+    double eval_seconds;
+    double accuracy;
+} driver_t;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*  The tensor a completed future holds (a new reference), or NULL. */
+static tensor_t *future_tensor(rpc_future_t *f)
+{
+    tensor_t *t;
+    if (rpc_future_wait(f, -1) < 0 || rpc_value_get_tensor(rpc_future_value(f), &t) < 0)
+        return NULL;
+    return tensor_ref(t);
+}
+
+static int create_actors(driver_t *d)
+{
+    const ps_options_t *o = d->o;
+    for (int s = 0; s < d->S; s++) {
+        rpc_value_t *a = rpc_args("sifiii", o->model, o->seed, o->lr, (int64_t)s,
+                                  (int64_t)d->S, (int64_t)o->track);
+        d->servers[s] = a ? rpc_remote(1 + s, "ParameterServer", a, -1) : NULL;
+        rpc_value_unref(a);
+        if (!d->servers[s])
+            return -1;
+    }
+    for (int w = 0; w < d->W; w++) {
+        rpc_value_t *a = o->data_dir
+            ? rpc_args("siiisii", o->model, (int64_t)w, o->seed, o->batch_size, o->data_dir,
+                       o->train_size, (int64_t)o->track)
+            : rpc_args("siiinii", o->model, (int64_t)w, o->seed, o->batch_size,
+                       o->train_size, (int64_t)o->track);
+        d->workers[w] = a ? rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
+        rpc_value_unref(a);
+        if (!d->workers[w])
+            return -1;
+    }
+    return 0;
+}
+
+/*  Calls method on each server with args_of(s) and takes the new slices. */
+static int update_weights(driver_t *d, const char *method, rpc_value_t *const *args)
+{
+    rpc_future_t *f[PS_MAX_SERVERS] = {0};
+    int rc = 0;
+    for (int s = 0; s < d->S && rc == 0; s++)
+        if (!(f[s] = rpc_rref_rpc_async(d->servers[s], method, args ? args[s] : NULL, -1)))
+            rc = -1;
+    for (int s = 0; s < d->S; s++) {
+        tensor_t *t = rc == 0 ? future_tensor(f[s]) : NULL;
+        if (t) {
+            tensor_unref(d->weights[s]);
+            d->weights[s] = t;
+        } else {
+            rc = -1;
+        }
+        rpc_future_unref(f[s]);
+    }
+    return rc;
+}
+
+static int evaluate(driver_t *d, double *acc)
+{
+    double t0 = now();
+    int rc = ps_model_load(d->model, d->weights, d->S);
+    if (rc == 0)
+        rc = train_evaluate(d->model, d->test, acc);
+    d->eval_seconds += now() - t0;
+    return rc;
+}
+
+static int maybe_evaluate(driver_t *d, int64_t i)
+{
+    if (d->o->eval_interval == 0 || i % d->o->eval_interval != 0)
+        return 0;
+    if (evaluate(d, &d->accuracy) < 0)
+        return -1;
+    if (!d->o->quiet)
+        printf("Iter %lld: accuracy is %.1f\n", (long long)i, 100.0 * d->accuracy);
+    return 0;
+}
+
+/*  [w_1, ..., w_S]: the arguments of compute_gradients. */
+static rpc_value_t *weights_args(driver_t *d)
+{
+    rpc_value_t *l = rpc_value_list((size_t)d->S);
+    for (int s = 0; l && s < d->S; s++)
+        if (rpc_list_append(l, rpc_value_tensor(d->weights[s])) < 0) {
+            rpc_value_unref(l);
+            return NULL;
+        }
+    return l;
+}
+
+/*  Applies gradient lists (each [g_1..g_S], as compute_gradients returns)
+    to every server: server s gets slice s of each. */
+static int apply(driver_t *d, rpc_value_t *const *grads, int n)
+{
+    rpc_value_t *args[PS_MAX_SERVERS] = {0};
+    int rc = 0;
+    for (int s = 0; s < d->S && rc == 0; s++) {
+        if (!(args[s] = rpc_value_list((size_t)n)))
+            rc = -1;
+        for (int k = 0; k < n && rc == 0; k++) {
+            rpc_value_t *g = rpc_list_get(grads[k], (size_t)s);
+            if (rpc_list_len(grads[k]) != (size_t)d->S || !g)
+                rc = error_set("compute_gradients returned %zu slices, expected %d",
+                               rpc_list_len(grads[k]), d->S);
+            else
+                rc = rpc_list_append(args[s], rpc_value_ref(g));
+        }
+    }
+    if (rc == 0)
+        rc = update_weights(d, "ParameterServer.apply_gradients", args);
+    for (int s = 0; s < d->S; s++)
+        rpc_value_unref(args[s]);
+    return rc;
+}
+
+static rpc_future_t *compute(driver_t *d, int w)
+{
+    rpc_value_t *a = weights_args(d);
+    rpc_future_t *f = a ? rpc_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients",
+                                             a, -1) : NULL;
+    rpc_value_unref(a);
+    return f;
+}
+
+static int train_sync(driver_t *d, int64_t *updates)
+{
+    rpc_future_t *f[PS_MAX_WORKERS];
+    rpc_value_t *grads[PS_MAX_WORKERS];
+    for (int64_t i = 0; i < d->o->iterations; i++) {
+        int rc = 0, n = 0;
+        for (; n < d->W; n++)
+            if (!(f[n] = compute(d, n)))
+                break;
+        rc = n == d->W ? rpc_future_wait_all(f, n, -1) : -1;
+        for (int w = 0; w < n; w++)
+            grads[w] = rpc_future_value(f[w]);
+        if (rc == 0)
+            rc = apply(d, grads, n);
+        for (int w = 0; w < n; w++)
+            rpc_future_unref(f[w]);
+        if (rc < 0)
+            return -1;
+        ++*updates;
+        if (maybe_evaluate(d, i) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/*  Every worker always has one computation in flight; the first to finish
+    is applied and that worker starts again from the new weights. No more
+    computations start than iterations x workers, so each one is applied
+    exactly once. */
+static int train_async(driver_t *d, int64_t *updates)
+{
+    rpc_future_t *f[PS_MAX_WORKERS];
+    int who[PS_MAX_WORKERS], n = 0, rc = 0;
+    int64_t total = d->o->iterations * d->W, launched = 0;
+    for (int w = 0; w < d->W && launched < total; w++, launched++) {
+        if (!(f[n] = compute(d, w))) {
+            rc = -1;
+            break;
+        }
+        who[n++] = w;
+    }
+    for (int64_t i = 0; rc == 0 && i < total; i++) {
+        int k;
+        if ((rc = rpc_future_wait_any(f, n, -1, &k)) < 0)
+            break;
+        rpc_future_t *done = f[k];
+        int w = who[k];
+        f[k] = f[n - 1];
+        who[k] = who[--n];
+        rpc_value_t *g = rpc_future_value(done);
+        if (!g) {
+            rc = error_set("%s", rpc_future_error(done));
+        } else {
+            rc = apply(d, &g, 1);
+        }
+        rpc_future_unref(done);
+        if (rc < 0)
+            break;
+        ++*updates;
+        if (launched < total) {
+            if (!(f[n] = compute(d, w))) {
+                rc = -1;
+                break;
+            }
+            who[n++] = w;
+            launched++;
+        }
+        rc = maybe_evaluate(d, i);
+    }
+    /* On failure the others' replies are still coming: wait, then drop them. */
+    for (int k = 0; k < n; k++) {
+        rpc_future_wait(f[k], -1);
+        rpc_future_unref(f[k]);
+    }
+    return rc;
+}
+
+static int fetch_stats(rpc_rref_t *r, ps_stats_t *st)
+{
+    rpc_value_t *v;
+    if (rpc_rref_rpc_sync(r, "PS.stats", NULL, -1, &v) < 0)
+        return -1;
+    size_t n = rpc_list_len(v);
+    int rc = n >= 1 ? rpc_arg_int(v, 0, &st->count) : error_set("PS.stats: empty reply");
+    if (rc == 0 && n > 1 && !(st->hashes = malloc((n - 1) * sizeof *st->hashes)))
+        rc = error_set("out of memory");
+    for (size_t i = 1; rc == 0 && i < n; i++) {
+        int64_t h;
+        rc = rpc_arg_int(v, i, &h);
+        st->hashes[i - 1] = (uint64_t)h;
+        st->n_hashes = (int64_t)i;
+    }
+    rpc_value_unref(v);
+    return rc;
+}
+
+static int run(driver_t *d, ps_result_t *res)
+{
+    const ps_options_t *o = d->o;
+    if (!(d->model = nn_model_new(o->model, (uint64_t)o->seed)) ||
+        dataset_load(o->data_dir, DATASET_TEST, &d->test) < 0 ||
+        (o->test_size > 0 && dataset_limit(d->test, o->test_size) < 0) ||
+        create_actors(d) < 0 || update_weights(d, "ParameterServer.get_weights", NULL) < 0)
+        return -1;
+    if (!o->quiet) {
+        printf(o->async ? "Running Asynchronous Parameter Server Training.\n"
+                        : "Running synchronous parameter server training.\n");
+        fflush(stdout);
+    }
+    int64_t updates = 0;
+    double t0 = now();
+    if ((o->async ? train_async(d, &updates) : train_sync(d, &updates)) < 0)
+        return -1;
+    double secs = now() - t0 - d->eval_seconds;
+    if (evaluate(d, &d->accuracy) < 0)
+        return -1;
+    if (!o->quiet) {
+        printf("Final accuracy is %.1f.\n", 100.0 * d->accuracy);
+        fflush(stdout);
+    }
+    if (!res)
+        return 0;
+    res->final_accuracy = d->accuracy;
+    res->updates = updates;
+    res->train_seconds = secs;
+    res->iters_per_s = secs > 0 ? (double)updates / secs : 0;
+    if (!(res->weights = ps_model_slice(d->model, 0, nn_model_numel(d->model))))
+        return -1;
+    for (int s = 0; o->track && s < d->S; s++)
+        if (fetch_stats(d->servers[s], &res->servers[s]) < 0)
+            return -1;
+    for (int w = 0; o->track && w < d->W; w++)
+        if (fetch_stats(d->workers[w], &res->workers[w]) < 0)
+            return -1;
+    return 0;
+}
+
+int ps_run_driver(const ps_options_t *o, ps_result_t *res)
+{
+    if (res)
+        memset(res, 0, sizeof *res);
+    if (ps_options_check(o, rpc_world_size()) < 0)
+        return -1;
+    driver_t d = {.o = o, .S = o->num_servers, .W = o->num_workers};
+    int rc = run(&d, res);
+    /* Free the actors even after a failure, keeping the first error. */
+    char err[1024];
+    snprintf(err, sizeof err, "%s", error_last());
+    for (int s = 0; s < d.S; s++) {
+        if (d.servers[s] && ps_actor_free_remote(d.servers[s]) < 0 && rc == 0)
+            rc = -1, snprintf(err, sizeof err, "%s", error_last());
+        rpc_rref_unref(d.servers[s]);
+        tensor_unref(d.weights[s]);
+    }
+    for (int w = 0; w < d.W; w++) {
+        if (d.workers[w] && ps_actor_free_remote(d.workers[w]) < 0 && rc == 0)
+            rc = -1, snprintf(err, sizeof err, "%s", error_last());
+        rpc_rref_unref(d.workers[w]);
+    }
+    nn_model_free(d.model);
+    dataset_free(d.test);
+    if (rc < 0) {
+        error_set("%s", err);
+        if (res)
+            ps_result_free(res);
+    }
+    return rc;
+}

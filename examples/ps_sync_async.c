@@ -1,0 +1,87 @@
+/*  ps_sync_async: synchronous and asynchronous parameter-server training
+    (SPEC Y1-Y5), Ray's parameter-server example on zdist.
+
+        tools/launch --nproc=4 -- ps_sync_async --mode=sync --num_workers=2
+        tools/launch --nproc=5 -- ps_sync_async --mode=async --num_workers=2 --num_servers=2
+
+    Rank 0 is the driver, ranks 1..S the parameter servers, the next
+    num_workers ranks the data workers. Each rank runs this same program;
+    the driver creates the actors on the others (ps_core.h) and prints the
+    test accuracy every 10 iterations. */
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd/error.h"
+#include "examples/flags.h"
+#include "examples/ps_actor.h"
+#include "examples/ps_core.h"
+#include "examples/ps_launch.h"
+#include "rpc/rpc.h"
+
+int main(int argc, char **argv)
+{
+    const char *prog = "ps_sync_async", *mode = "sync";
+    ps_options_t o = ps_options_default();
+    ps_world_flags_t w = ps_world_flags_default();
+    int64_t workers = o.num_workers, servers = o.num_servers;
+    const flag_t flags[] = {
+        {"mode", FLAG_STRING, &mode, "sync or async"},
+        {"num_workers", FLAG_INT, &workers, "data workers (one process each)"},
+        {"num_servers", FLAG_INT, &servers, "parameter servers sharing the weights"},
+        {"iterations", FLAG_INT, &o.iterations,
+         "sync: rounds over all workers; async: iterations x num_workers updates"},
+        {"lr", FLAG_DOUBLE, &o.lr, "SGD learning rate of the servers"},
+        {"batch_size", FLAG_INT, &o.batch_size, "samples per gradient"},
+        {"data_dir", FLAG_STRING, &o.data_dir,
+         "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
+        {"seed", FLAG_INT, &o.seed, "initial weights and the workers' data orders"},
+        {"model", FLAG_STRING, &o.model, "convnet (SPEC Y2) or net"},
+        {"eval_interval", FLAG_INT, &o.eval_interval, "test accuracy every N iterations"},
+        {"test_size", FLAG_INT, &o.test_size, "evaluate on the first N test images (0: all)"},
+        {"train_size", FLAG_INT, &o.train_size, "train on the first N images (0: all)"},
+        PS_WORLD_FLAGS(w),
+    };
+    int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
+                         "Synchronous or asynchronous parameter-server training.");
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    if (strcmp(mode, "sync") != 0 && strcmp(mode, "async") != 0) {
+        fprintf(stderr, "%s: --mode must be sync or async, got \"%s\"\n", prog, mode);
+        return 2;
+    }
+    o.async = strcmp(mode, "async") == 0;
+    o.num_workers = workers > PS_MAX_WORKERS || workers < 0 ? -1 : (int)workers;
+    o.num_servers = servers > PS_MAX_SERVERS || servers < 0 ? -1 : (int)servers;
+    if (ps_world_resolve(&w, 1 + servers + workers, prog) < 0)
+        return 2;
+    if (ps_options_check(&o, (int)w.world_size) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, error_last());
+        return 2;
+    }
+
+    char name[32];
+    if (w.rank == 0)
+        snprintf(name, sizeof name, "driver");
+    else if (w.rank <= servers)
+        snprintf(name, sizeof name, "ps%lld", (long long)(w.rank - 1));
+    else
+        snprintf(name, sizeof name, "worker%lld", (long long)(w.rank - 1 - servers));
+    if (ps_register() < 0) {
+        fprintf(stderr, "%s: %s\n", prog, error_last());
+        return 1;
+    }
+    if (ps_world_init(&w, name, prog) < 0)
+        return 1;
+    int rc = 0;
+    if (w.rank == 0 && ps_run_driver(&o, NULL) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, error_last());
+        rc = 1;
+    }
+    /* The servers and workers serve the driver's calls until everyone is here. */
+    if (rpc_shutdown(true, 0) < 0) {
+        fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, error_last());
+        rc = 1;
+    }
+    ps_actor_free_all();
+    return rc;
+}
