@@ -230,15 +230,18 @@ int dist_context_accumulate(void *arg, tensor_t *leaf, tensor_t *grad)
             d[i] += s[i];
     } else if ((rc = reserve((void **)&c->grads, c->n_grads, &c->cap_grads,
                              sizeof(dist_grad_t))) == 0) {
-        /* A private copy with the leaf's shape: the incoming buffer may be
-           shared with the graph, and later gradients are summed into it. */
-        tensor_t *g = tensor_empty(TENSOR_F32, tensor_ndim(leaf), tensor_shape(leaf));
-        if (!g) {
-            rc = -1;
-        } else {
+        /* Later gradients are summed into the stored one, so keep the
+           incoming buffer only when nobody else can see it; else copy. */
+        tensor_t *g;
+        if (tensor_is_exclusive(grad) && tensor_same_shape(grad, leaf)) {
+            g = tensor_ref(grad);
+        } else if ((g = tensor_empty(TENSOR_F32, tensor_ndim(leaf), tensor_shape(leaf)))) {
             memcpy(tensor_data(g), tensor_data(grad), tensor_nbytes(g));
-            c->grads[c->n_grads++] = (dist_grad_t){tensor_ref(leaf), g};
         }
+        if (!g)
+            rc = -1;
+        else
+            c->grads[c->n_grads++] = (dist_grad_t){tensor_ref(leaf), g};
     }
     pthread_mutex_unlock(&c->grad_lock);
     return rc;

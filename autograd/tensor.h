@@ -150,6 +150,11 @@ const char *tensor_name(const tensor_t *t);
     tensor (pointer values are reused after free). */
 uint64_t tensor_id(const tensor_t *t);
 
+/*  True when the caller's reference is the only one to t and to its
+    storage, and the storage is ordinary memory: t may then be adopted (kept
+    and later summed into) instead of copied. */
+bool tensor_is_exclusive(const tensor_t *t);
+
 /*  Number of live tensors in this process: tests use it to prove that
     nothing leaked. */
 int64_t tensor_live_count(void);

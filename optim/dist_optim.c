@@ -303,16 +303,25 @@ int dist_optim_step(dist_optim_t *o, int64_t context_id)
         if (!fs[i])
             rc = owner_error(o->owners[i].owner, "step");
     }
-    if (rc == 0 && local >= 0 && local_step(o->owners[local].handle, context_id) < 0)
+    char first[1024] = "";   /* the first failure is the one reported */
+    if (rc < 0)
+        snprintf(first, sizeof first, "%s", error_last());
+    if (rc == 0 && local >= 0 && local_step(o->owners[local].handle, context_id) < 0) {
         rc = error_wrap("step on %s", self_desc(me, sizeof me));
+        snprintf(first, sizeof first, "%s", error_last());
+    }
     for (int i = 0; fs && i < o->n; i++) {
         if (!fs[i])
             continue;
-        if (rpc_wait(fs[i], -1) < 0 && rc == 0)
+        if (rpc_wait(fs[i], -1) < 0 && rc == 0) {
             rc = owner_error(o->owners[i].owner, "step");
+            snprintf(first, sizeof first, "%s", error_last());
+        }
         rpc_future_unref(fs[i]);
     }
     free(fs);
+    if (rc < 0)
+        error_set("%s", first);
     return rc;
 }
 

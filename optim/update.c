@@ -20,6 +20,13 @@ static void sgd(const optim_config_t *c, float *p, const float *g, int64_t n,
     const bool maximize = c->maximize, decay = c->weight_decay != 0;
     const bool momentum = c->momentum != 0, nesterov = c->nesterov, started = st->started;
     float *buf = slot(st, 0);
+    if (!maximize && !decay && !momentum) {
+        /* Plain SGD, the parameter server's case: a loop the compiler
+           vectorises (the general one below it does not). */
+        for (int64_t i = 0; i < n; i++)
+            p[i] = p[i] + neg_lr * g[i];
+        return;
+    }
     for (int64_t i = 0; i < n; i++) {
         float d = maximize ? -g[i] : g[i];
         if (decay)
