@@ -239,6 +239,11 @@ int rpc_rref_drain(int64_t timeout_ms);
 /*  Number of values this process holds as an owner (live OwnerRRefs). */
 int64_t rpc_debug_owner_rrefs(void);
 
+/*  Owned values that were still referenced (by a user somewhere, or by a
+    local handle) when the last rpc_shutdown closed the agent: 0 when every
+    RRef was released in time. */
+int64_t rpc_debug_owner_rrefs_leaked(void);
+
 /*  ---- hooks for modules built on the agent (distributed autograd) ----
 
     One set of hooks per process, installed before rpc_init. Extra bytes

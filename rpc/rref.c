@@ -781,6 +781,13 @@ void rref_tick(agent_t *a, int64_t now_ns)
 
 /* ---- the context ---- */
 
+static atomic_int_fast64_t g_leaked;
+
+int64_t rpc_debug_owner_rrefs_leaked(void)
+{
+    return atomic_load(&g_leaked);
+}
+
 int rref_ctx_new(agent_t *a)
 {
     rref_ctx_t *x = calloc(1, sizeof *x);
@@ -818,6 +825,7 @@ void rref_ctx_free(agent_t *a)
     free(open);
     if (leaked)
         agent_log(a, "shutdown: %" PRId64 " owned RRef value(s) still referenced", leaked);
+    atomic_store(&g_leaked, leaked);
     for (size_t b = 0; b < OWNER_BUCKETS; b++)
         while (x->owners[b]) {
             owner_t *e = x->owners[b];

@@ -133,7 +133,8 @@ int serve_register_internal(void)
 /* ---- incoming calls ---- */
 
 struct rpc_call {
-    agent_t *a;
+    agent_t *a;                     /* valid only while a is running with gen */
+    unsigned gen;
     int src;
     uint64_t id;
     uint8_t type;
@@ -151,6 +152,7 @@ struct rpc_call {
     uint32_t timeout_ms;
     rpc_future_t *owner_value;      /* REMOTE: to complete; FETCH: to wait for */
     rpc_future_t *waiting;          /* an async handler's future, or a deref wait */
+    rpc_hooks_t hooks;              /* a copy: a call may outlive its agent */
 };
 
 int rpc_call_caller_rank(const rpc_call_t *call)
@@ -188,14 +190,15 @@ rpc_call_kind_t rpc_call_kind(const rpc_call_t *call)
     return RPC_KIND_CALL;
 }
 
-static void call_free(rpc_call_t *c)
+static void call_free(rpc_call_t *c, bool counted)
 {
     agent_t *a = c->a;
-    if (!c->internal) {
+    if (counted && !c->internal) {
         atomic_fetch_sub_explicit(&a->peers[c->src].m.serving, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&a->peers[c->src].m.calls_served, 1, memory_order_relaxed);
     }
-    atomic_fetch_sub_explicit(&a->serving, 1, memory_order_relaxed);
+    if (counted)
+        atomic_fetch_sub_explicit(&a->serving, 1, memory_order_relaxed);
     rpc_value_unref(c->args);
     rpc_future_unref(c->owner_value);
     rpc_future_unref(c->waiting);
@@ -207,11 +210,9 @@ static void call_free(rpc_call_t *c)
 static rpc_bytes_t reply_hook(rpc_call_t *c, rpc_value_t **result)
 {
     rpc_bytes_t extra = {NULL, 0};
-    agent_t *a = c->a;
-    if (c->hooked && a->hooks.on_send_reply) {
+    if (c->hooked && c->hooks.on_send_reply) {
         c->hooked = false;
-        if (a->hooks.on_send_reply(a->hooks.arg, c, result, &extra) < 0 && *result) {
-            agent_log(a, "reply hook failed for \"%s\": %s", c->fn, error_last());
+        if (c->hooks.on_send_reply(c->hooks.arg, c, result, &extra) < 0 && *result) {
             rpc_value_unref(*result);
             *result = NULL;
         }
@@ -223,16 +224,31 @@ static rpc_bytes_t reply_hook(rpc_call_t *c, rpc_value_t **result)
     return extra;
 }
 
-static void finish_value(rpc_call_t *c, rpc_value_t *value);
-
-static void finish_error(rpc_call_t *c, const char *text)
+/* The agent to answer through (one more user), or NULL when the call
+   outlived it: an async handler's future completed during or after
+   shutdown. Such a call is only freed (its hook state released). */
+static agent_t *answer_begin(rpc_call_t *c)
 {
-    agent_t *a = c->a;
+    agent_t *a = agent_try_acquire();
+    if (a && a->gen == c->gen)
+        return a;
+    agent_release(a);
+    rpc_value_t *none = NULL;
+    rpc_bytes_t extra = reply_hook(c, &none);
+    free(extra.data);
+    call_free(c, false);
+    return NULL;
+}
+
+static void answer_value(agent_t *a, rpc_call_t *c, rpc_value_t *value);
+
+static void answer_error(agent_t *a, rpc_call_t *c, const char *text)
+{
     if (c->type == RPC_MSG_REMOTE && c->owner_value) {
         /* The owner knows the fork now: the failure becomes the value's (to_here
            reports it) and the caller gets its acknowledgement. */
         rpc_future_set_error(c->owner_value, "%s", text);
-        finish_value(c, NULL);
+        answer_value(a, c, NULL);
         return;
     }
     rpc_value_t *none = NULL;
@@ -249,13 +265,12 @@ static void finish_error(rpc_call_t *c, const char *text)
     if (transport_send(a, c->src, &h, NULL, 0) < 0)
         agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, error_last());
     free(extra.data);
-    call_free(c);
+    call_free(c, true);
 }
 
 /* Answers with value (borrowed). */
-static void finish_value(rpc_call_t *c, rpc_value_t *value)
+static void answer_value(agent_t *a, rpc_call_t *c, rpc_value_t *value)
 {
-    agent_t *a = c->a;
     rpc_value_t *v;
     if (c->type == RPC_MSG_REMOTE) {
         if (c->owner_value && value)
@@ -271,7 +286,7 @@ static void finish_value(rpc_call_t *c, rpc_value_t *value)
             rpc_future_unref(c->owner_value);   /* answer with an ERROR */
             c->owner_value = NULL;
         }
-        finish_error(c, "out of memory, or the reply hook failed");
+        answer_error(a, c, "out of memory, or the reply hook failed");
         return;
     }
     rref_txn_t txn;
@@ -285,7 +300,7 @@ static void finish_value(rpc_call_t *c, rpc_value_t *value)
         rref_txn_rollback(&txn);
         rpc_value_unref(v);
         free(extra.data);
-        finish_error(c, text);
+        answer_error(a, c, text);
         return;
     }
     rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = c->id, .extra = extra.data,
@@ -299,7 +314,25 @@ static void finish_value(rpc_call_t *c, rpc_value_t *value)
     rpc_encoded_clear(&enc);
     rpc_value_unref(v);
     free(extra.data);
-    call_free(c);
+    call_free(c, true);
+}
+
+static void finish_error(rpc_call_t *c, const char *text)
+{
+    agent_t *a = answer_begin(c);
+    if (a) {
+        answer_error(a, c, text);
+        agent_release(a);
+    }
+}
+
+static void finish_value(rpc_call_t *c, rpc_value_t *value)
+{
+    agent_t *a = answer_begin(c);
+    if (a) {
+        answer_value(a, c, value);
+        agent_release(a);
+    }
 }
 
 static void future_done(rpc_future_t *f, void *arg)
@@ -318,13 +351,19 @@ static void drop_call(void *arg)
     finish_error(arg, "RPC shut down before the call could run");
 }
 
+/* Runs c now (inline functions) or on the pool. Also called from future
+   callbacks, possibly while the agent shuts down (then c is dropped). */
 static void schedule(rpc_call_t *c)
 {
+    agent_t *a = answer_begin(c);
+    if (!a)
+        return;
     if (c->f.flags & RPC_FN_INLINE)
         run_call(c);
-    else if (pool_submit(c->a->pool, run_call, drop_call, c) < 0) {
+    else if (pool_submit(a->pool, run_call, drop_call, c) < 0) {
         /* drop_call answered it */
     }
+    agent_release(a);
 }
 
 static void deref_ready(rpc_future_t *f, void *arg)
@@ -381,8 +420,8 @@ static void run_call(void *arg)
         }
     }
     if (!c->internal && a->has_hooks) {
-        if (a->hooks.on_recv_request &&
-            a->hooks.on_recv_request(a->hooks.arg, c, c->extra, c->extra_len, &c->args) < 0) {
+        if (c->hooks.on_recv_request &&
+            c->hooks.on_recv_request(c->hooks.arg, c, c->extra, c->extra_len, &c->args) < 0) {
             snprintf(text, sizeof text, "request hook failed: %s", error_last());
             finish_error(c, text);
             return;
@@ -397,8 +436,8 @@ static void run_call(void *arg)
     error_clear();
     if (c->f.fn) {
         rpc_value_t *result = c->f.fn(c, c->args, c->f.arg);
-        if (a->hooks.on_handler_return && c->hooked)
-            a->hooks.on_handler_return(a->hooks.arg, c);
+        if (c->hooks.on_handler_return && c->hooked)
+            c->hooks.on_handler_return(c->hooks.arg, c);
         if (result) {
             finish_value(c, result);
             rpc_value_unref(result);
@@ -410,8 +449,8 @@ static void run_call(void *arg)
         return;
     }
     rpc_future_t *f = c->f.async_fn(c, c->args, c->f.arg);
-    if (a->hooks.on_handler_return && c->hooked)
-        a->hooks.on_handler_return(a->hooks.arg, c);
+    if (c->hooks.on_handler_return && c->hooked)
+        c->hooks.on_handler_return(c->hooks.arg, c);
     if (!f) {
         snprintf(text, sizeof text, "%s", error_last()[0] ? error_last()
                                                             : "handler failed (no reason given)");
@@ -436,6 +475,8 @@ void serve_request(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, 
         return;
     }
     c->a = a;
+    c->gen = a->gen;
+    c->hooks = a->hooks;
     c->src = h->src;
     c->id = h->id;
     c->type = h->type;

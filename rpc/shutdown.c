@@ -5,8 +5,8 @@
     its RRef messages in flight): round 0 returns once every worker has
     called rpc_shutdown; the rounds repeat until one sums to zero, so that
     nobody closes while anybody may still send to it (the same loop as
-    PyTorch's agent join). Before each round a process waits for its own
-    work to drain. Everything is bounded by the shutdown timeout, and rank 0
+    PyTorch's agent join). Before each later round a process waits for its
+    own work to drain. Everything is bounded by the shutdown timeout, and rank 0
     fails a round early, naming the missing workers, when one of them has
     lost its connection or the round's time is up. */
 #include "rpc/agent.h"
@@ -221,9 +221,11 @@ int shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
     int64_t t = agent_timeout(a, timeout_ms);
     int64_t deadline = t ? agent_now_ns() + t * 1000000 : INT64_MAX;
+    /* Round 0: everyone has called rpc_shutdown. Then drain and repeat
+       until a round finds no work anywhere. */
     for (int64_t round = 0;; round++) {
         int64_t sum = -1;
-        if (drain_local(a, deadline) < 0 ||
+        if ((round > 0 && drain_local(a, deadline) < 0) ||
             barrier_all(round, outstanding(a), deadline, "rpc_shutdown", &sum) < 0)
             return error_wrap("rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
         if (sum == 0)

@@ -1,0 +1,291 @@
+/*  Shutdown (SPEC R8): graceful waits for every worker and drains calls and
+    RRef deletions, keeps serving meanwhile; not graceful stops at once and
+    fails what is pending; a worker that never comes makes graceful shutdown
+    fail after its timeout, naming it. Real processes over loopback. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "autograd/autograd.h"
+#include "test_rpc_world.h"
+
+static rpc_value_t *h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t a, b;
+    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
+        return NULL;
+    return rpc_value_int(a + b);
+}
+
+static rpc_value_t *h_make(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(42);
+}
+
+/* "slow" answers when "release_slow" comes (or "held" says it is here). */
+static _Atomic(rpc_future_t *) slow;
+static rpc_future_t *arrived;
+
+static rpc_future_t *h_slow(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_future_t *f = rpc_future_new();
+    atomic_store(&slow, rpc_future_ref(f));
+    rpc_future_set_value(arrived, NULL);
+    return f;
+}
+
+static int release_slow_now(void)
+{
+    rpc_future_t *f = atomic_exchange(&slow, NULL);
+    if (!f)
+        return 0;
+    rpc_value_t *v = rpc_value_int(99);
+    rpc_future_set_value(f, v);
+    rpc_value_unref(v);
+    rpc_future_unref(f);
+    return 1;
+}
+
+static rpc_value_t *h_release_slow(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(release_slow_now());
+}
+
+static rpc_value_t *h_has_arrived(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(rpc_future_done(arrived));
+}
+
+/* Entering shutdown: rank 0 counts the others. */
+static atomic_int entered;
+static rpc_future_t *all_entered;
+static int expected_entries;
+
+static rpc_value_t *h_entering(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    if (atomic_fetch_add(&entered, 1) + 1 == expected_entries)
+        rpc_future_set_value(all_entered, NULL);
+    return rpc_value_none();
+}
+
+static rpc_rref_t *kept;
+
+static rpc_value_t *h_keep(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    rpc_rref_t *r;
+    if (rpc_arg_rref(args, 0, &r) < 0)
+        return NULL;
+    kept = rpc_rref_ref(r);
+    return rpc_value_none();
+}
+
+static int start(int rank, int world, int port)
+{
+    arrived = rpc_future_new();
+    all_entered = rpc_future_new();
+    expected_entries = world - 1;
+    if (rpc_register("add", h_add, NULL) < 0 || rpc_register("make", h_make, NULL) < 0 ||
+        rpc_register_async("slow", h_slow, NULL) < 0 ||
+        rpc_register_inline("release_slow", h_release_slow, NULL) < 0 ||
+        rpc_register_inline("entering", h_entering, NULL) < 0 ||
+        rpc_register_inline("has_arrived", h_has_arrived, NULL) < 0 ||
+        rpc_register("keep", h_keep, NULL) < 0)
+        return -1;
+    rpc_options_t o = world_options(port);
+    return rpc_init(NULL, rank, world, &o);
+}
+
+static void finish(void)
+{
+    release_slow_now();
+    rpc_future_unref(arrived);
+    rpc_future_unref(all_entered);
+}
+
+/* ---- graceful: waits for all, serves meanwhile, drains ---- */
+
+static void *releaser(void *arg)
+{
+    (void)arg;
+    rpc_value_t *r;
+    int64_t done = 0;
+    while (!done && rpc_sync(1, "release_slow", NULL, -1, &r) == 0) {
+        rpc_value_get_int(r, &done);
+        rpc_value_unref(r);
+    }
+    return NULL;
+}
+
+static int world_graceful(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(start(rank, world, port) == 0);
+    rpc_value_t *r;
+    if (rank != 0) {
+        WCHECK(rpc_sync(0, "entering", NULL, -1, &r) == 0);
+        rpc_value_unref(r);
+        if (rank == 2) {
+            /* A user RRef that nobody releases before shutdown. */
+            rpc_rref_t *leak = rpc_remote(1, "make", NULL, -1);
+            WCHECK(rpc_rref_to_here(leak, -1, &r) == 0);
+            rpc_value_unref(r);
+            WCHECK(rpc_shutdown(true, 20000) == 0);
+            rpc_rref_unref(leak);   /* after shutdown: released quietly */
+        } else {
+            WCHECK(rpc_shutdown(true, 20000) == 0);
+            WCHECK(rpc_debug_owner_rrefs_leaked() == 1);   /* rank 2's */
+        }
+        finish();
+        return 0;
+    }
+    /* Everyone else is inside rpc_shutdown now: they still serve. */
+    WCHECK(rpc_wait(all_entered, 20000) == 0);
+    rpc_value_t *args = rpc_args("ii", (int64_t)1, (int64_t)2);
+    for (int to = 1; to < world; to++) {
+        WCHECK(rpc_sync(to, "add", args, -1, &r) == 0);
+        rpc_value_unref(r);
+    }
+    rpc_value_unref(args);
+    /* An RRef released right before shutdown: the deletion is drained. */
+    rpc_rref_t *rr = rpc_remote(1, "make", NULL, -1);
+    WCHECK(rpc_rref_to_here(rr, -1, &r) == 0);
+    rpc_value_unref(r);
+    rpc_rref_unref(rr);
+    /* A call still running when shutdown starts completes before it ends:
+       another thread releases it while this one is in rpc_shutdown. */
+    rpc_future_t *f = rpc_async(1, "slow", NULL, -1);
+    pthread_t t;
+    WCHECK(pthread_create(&t, NULL, releaser, NULL) == 0);
+    WCHECK(rpc_shutdown(true, 20000) == 0);
+    pthread_join(t, NULL);
+    WCHECK(rpc_future_done(f));
+    int64_t v;
+    WCHECK(rpc_value_get_int(rpc_future_value(f), &v) == 0 && v == 99);
+    rpc_future_unref(f);
+    WCHECK(rpc_debug_owner_rrefs_leaked() == 0);
+    finish();
+    return 0;
+}
+
+static void test_graceful_waits_serves_and_drains(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(3, 60, world_graceful, NULL), 0);
+}
+
+/* ---- not graceful: stops now ---- */
+
+static void *blocked_caller(void *arg)
+{
+    rpc_value_t *r = NULL;
+    int *ok = arg;
+    *ok = rpc_sync(1, "slow", NULL, 0, &r) == -1 && strstr(error_last(), "RPC shut down");
+    rpc_value_unref(r);
+    return NULL;
+}
+
+static int world_abrupt(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(start(rank, world, port) == 0);
+    if (rank == 1) {
+        /* Serves until rank 0 is gone, then stops too. */
+        WCHECK(rpc_wait(arrived, 10000) == 0);
+        rpc_value_t *r;
+        int rc = rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
+        WCHECK(rc == -1 && strstr(error_last(), "unreachable"));
+        WCHECK(rpc_shutdown(false, 0) == 0);
+        finish();   /* completes our held call: freed without an answer */
+        return 0;
+    }
+    int ok = 0;
+    pthread_t t;
+    WCHECK(pthread_create(&t, NULL, blocked_caller, &ok) == 0);
+    rpc_value_t *r;
+    int64_t n = 0;
+    while (n == 0) {   /* until the blocked call is at rank 1 */
+        WCHECK(rpc_sync(1, "has_arrived", NULL, -1, &r) == 0);
+        rpc_value_get_int(r, &n);
+        rpc_value_unref(r);
+    }
+    rpc_future_t *f = rpc_async(1, "add", NULL, -1);
+    int64_t t0 = world_now_ms();
+    WCHECK(rpc_shutdown(false, 0) == 0);
+    WCHECK(world_now_ms() - t0 < 2000);
+    pthread_join(t, NULL);
+    WCHECK(rpc_wait(f, 1000) == 0 || strstr(rpc_future_error(f), "shut down"));
+    rpc_future_unref(f);
+    WCHECK(ok);
+    finish();
+    return 0;
+}
+
+static void test_not_graceful_stops_now(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_abrupt, NULL), 0);
+}
+
+/* ---- a worker that never arrives ---- */
+
+static int world_missing(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(start(rank, world, port) == 0);
+    rpc_value_t *r;
+    if (rank == 1) {
+        /* Busy (waiting for an answer that never comes) until rank 0 leaves. */
+        WCHECK(rpc_sync(0, "slow", NULL, 0, &r) == -1);
+        WCHECK(strstr(error_last(), "unreachable") != NULL);
+        WCHECK(rpc_shutdown(true, 500) == -1);   /* rank 0 is gone */
+        finish();
+        return 0;
+    }
+    WCHECK(rpc_wait(arrived, 10000) == 0);
+    int64_t t0 = world_now_ms();
+    WCHECK(rpc_shutdown(true, 500) == -1);
+    int64_t took = world_now_ms() - t0;
+    WCHECK(took >= 300 && took < 3000);
+    WCHECK(strstr(error_last(), "missing \"worker1\" (rank 1)") != NULL);
+    WCHECK(!rpc_is_running());
+    finish();
+    return 0;
+}
+
+static void test_missing_worker_times_out(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_missing, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_graceful_waits_serves_and_drains),
+        cmocka_unit_test(test_not_graceful_stops_now),
+        cmocka_unit_test(test_missing_worker_times_out),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
