@@ -9,11 +9,16 @@ add_library(zd_examples_dist STATIC
   ${CMAKE_CURRENT_LIST_DIR}/ps_actor.c
   ${CMAKE_CURRENT_LIST_DIR}/ps_objects.c
   ${CMAKE_CURRENT_LIST_DIR}/ps_driver.c
-  ${CMAKE_CURRENT_LIST_DIR}/ps_launch.c)
-target_link_libraries(zd_examples_dist PUBLIC zd_examples_common zd_dist zd_rpc zd_optim zd_nn
-                      zd_autograd)
+  ${CMAKE_CURRENT_LIST_DIR}/ps_launch.c
+  ${CMAKE_CURRENT_LIST_DIR}/pipeline_core.c
+  ${CMAKE_CURRENT_LIST_DIR}/pipeline_driver.c)
+target_link_libraries(zd_examples_dist PUBLIC zd_examples_common zd_dist_optim zd_dist zd_rpc
+                      zd_optim zd_nn zd_autograd)
 get_property(zd_examples_dist_deps GLOBAL PROPERTY ZDIST_LIBS)
 set_property(GLOBAL APPEND PROPERTY ZDIST_LIBS zd_examples_dist)
 
 add_executable(ps_sync_async ${CMAKE_CURRENT_LIST_DIR}/ps_sync_async.c)
 target_link_libraries(ps_sync_async PRIVATE zd_examples_dist ${zd_examples_dist_deps})
+
+add_executable(pipeline ${CMAKE_CURRENT_LIST_DIR}/pipeline.c)
+target_link_libraries(pipeline PRIVATE zd_examples_dist ${zd_examples_dist_deps})

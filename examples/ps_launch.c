@@ -54,7 +54,7 @@ int ps_world_resolve(ps_world_flags_t *w, int64_t layout_size, const char *prog)
         if (r == 0)
             w->master_port = 29500;
     }
-    if (w->rank >= w->world_size) {
+    if (w->rank < 0 || w->rank >= w->world_size) {
         fprintf(stderr, "%s: rank %lld is outside a world of %lld processes\n", prog,
                 (long long)w->rank, (long long)w->world_size);
         return -1;

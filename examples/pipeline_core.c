@@ -1,0 +1,336 @@
+/*  The two shards of the pipelined Net, and the driver's view of them
+    (pipeline_core.h). The training loop is in pipeline_driver.c. */
+#include "examples/pipeline_core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "examples/ps_actor.h"
+#include "nn/model.h"
+#include "optim/dist_optim.h"
+
+/*  ---- the shard actor ---- */
+
+typedef struct {
+    int stage;                          /* 1 or 2 */
+    nn_model_t *net;                    /* the whole Net; only the stage's half is used */
+    tensor_t *params[PIPELINE_STAGE_PARAMS];    /* borrowed from net */
+} shard_t;
+
+static void shard_free(void *obj)
+{
+    shard_t *s = obj;
+    nn_model_free(s->net);
+    free(s);
+}
+
+static const ps_actor_class_t shard_class = {"NetShard", shard_free};
+
+/*  "NetShard"(stage, seed, dropout) */
+static rpc_value_t *fn_shard_new(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t stage, seed, dropout;
+    if (rpc_arg_int(args, 0, &stage) < 0 || rpc_arg_int(args, 1, &seed) < 0 ||
+        rpc_arg_int(args, 2, &dropout) < 0)
+        return NULL;
+    if (stage != 1 && stage != 2) {
+        error_set("NetShard: stage must be 1 or 2, got %lld", (long long)stage);
+        return NULL;
+    }
+    shard_t *s = calloc(1, sizeof *s);
+    if (!s || !(s->net = nn_net_new((uint64_t)seed))) {
+        if (!s)
+            error_set("out of memory");
+        free(s);
+        return NULL;
+    }
+    s->stage = (int)stage;
+    nn_model_train(s->net, dropout != 0);
+    /* Stage 1 holds conv1 and conv2, stage 2 fc1 and fc2. */
+    for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
+        s->params[i] = nn_model_param(s->net, (s->stage - 1) * PIPELINE_STAGE_PARAMS + i);
+    return ps_actor_new(&shard_class, s);
+}
+
+/*  "NetShard.forward"(x_rref) */
+static rpc_value_t *fn_shard_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    if (!a)
+        return NULL;
+    shard_t *s = ps_actor_object(a);
+    rpc_rref_t *in_rref;
+    rpc_value_t *in = NULL, *v = NULL;
+    tensor_t *x, *y = NULL;
+    /* Fetching the input is not the shard's work: outside the lock. Under
+       the caller's context, the fetch is recorded for backward. */
+    if (rpc_arg_rref(args, 1, &in_rref) < 0 || rpc_rref_to_here(in_rref, -1, &in) < 0 ||
+        rpc_value_get_tensor(in, &x) < 0) {
+        error_wrap("NetShard.forward (stage %d): input", s->stage);
+        goto out;
+    }
+    /* Without a context nobody can run backward: do not record. */
+    bool grad = autograd_set_grad_enabled(dist_autograd_current_context() >= 0);
+    ps_actor_lock(a);
+    int rc = s->stage == 1 ? nn_net_forward_conv(s->net, x, &y)
+                           : nn_net_forward_fc(s->net, x, &y);
+    ps_actor_unlock(a);
+    autograd_set_grad_enabled(grad);
+    if (rc == 0)
+        v = rpc_value_tensor(y);
+    else
+        error_wrap("NetShard.forward (stage %d)", s->stage);
+out:
+    tensor_unref(y);
+    rpc_value_unref(in);
+    ps_actor_put(a);
+    return v;
+}
+
+/*  "NetShard.parameter_rrefs"() -> [RRef(param), ...] */
+static rpc_value_t *fn_shard_param_rrefs(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    if (!a)
+        return NULL;
+    shard_t *s = ps_actor_object(a);
+    rpc_value_t *l = rpc_value_list(PIPELINE_STAGE_PARAMS);
+    for (int i = 0; l && i < PIPELINE_STAGE_PARAMS; i++) {
+        rpc_value_t *pv = rpc_value_tensor(s->params[i]);
+        rpc_rref_t *r = pv ? rpc_rref_new(pv) : NULL;
+        rpc_value_unref(pv);
+        if (!r || rpc_list_append(l, rpc_value_rref(r)) < 0) {
+            rpc_value_unref(l);
+            l = NULL;
+        }
+        rpc_rref_unref(r);
+    }
+    ps_actor_put(a);
+    return l;
+}
+
+/*  "NetShard.train"(on) */
+static rpc_value_t *fn_shard_train(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t on;
+    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    if (!a)
+        return NULL;
+    rpc_value_t *v = NULL;
+    if (rpc_arg_int(args, 1, &on) == 0) {
+        ps_actor_lock(a);
+        nn_model_train(((shard_t *)ps_actor_object(a))->net, on != 0);
+        ps_actor_unlock(a);
+        v = rpc_value_none();
+    }
+    ps_actor_put(a);
+    return v;
+}
+
+/*  "NetShard.gradients"(context_id) -> [grad or none, ...] */
+static rpc_value_t *fn_shard_gradients(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t ctx;
+    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    if (!a)
+        return NULL;
+    shard_t *s = ps_actor_object(a);
+    rpc_value_t *l = NULL;
+    if (rpc_arg_int(args, 1, &ctx) == 0)
+        l = rpc_value_list(PIPELINE_STAGE_PARAMS);
+    for (int i = 0; l && i < PIPELINE_STAGE_PARAMS; i++) {
+        tensor_t *g;
+        if (dist_autograd_get_gradient(ctx, s->params[i], &g) < 0 ||
+            rpc_list_append(l, g ? rpc_value_tensor(g) : rpc_value_none()) < 0) {
+            rpc_value_unref(l);
+            l = NULL;
+        }
+        tensor_unref(g);
+    }
+    ps_actor_put(a);
+    return l;
+}
+
+int pipeline_register(void)
+{
+    if (dist_autograd_init() < 0 || dist_optim_init() < 0 || ps_actor_register() < 0 ||
+        rpc_register("NetShard", fn_shard_new, NULL) < 0 ||
+        rpc_register("NetShard.forward", fn_shard_forward, NULL) < 0 ||
+        rpc_register("NetShard.parameter_rrefs", fn_shard_param_rrefs, NULL) < 0 ||
+        rpc_register("NetShard.train", fn_shard_train, NULL) < 0 ||
+        rpc_register("NetShard.gradients", fn_shard_gradients, NULL) < 0)
+        return -1;
+    return 0;
+}
+
+/*  ---- the driver's side ---- */
+
+struct pipeline_net {
+    rpc_rref_t *shard[2];
+    rpc_value_t *param_lists[2];        /* the replies of parameter_rrefs */
+    rpc_rref_t *params[2 * PIPELINE_STAGE_PARAMS];
+    bool have_params;
+};
+
+pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropout)
+{
+    pipeline_net_t *n = calloc(1, sizeof *n);
+    if (!n) {
+        error_set("out of memory");
+        return NULL;
+    }
+    int ranks[2] = {rank1, rank2};
+    for (int k = 0; k < 2; k++) {
+        rpc_value_t *a = rpc_args("iii", (int64_t)k + 1, (int64_t)seed, (int64_t)dropout);
+        n->shard[k] = a ? rpc_remote(ranks[k], "NetShard", a, -1) : NULL;
+        rpc_value_unref(a);
+        if (!n->shard[k]) {
+            pipeline_net_free(n);
+            return NULL;
+        }
+    }
+    return n;
+}
+
+void pipeline_net_free(pipeline_net_t *n)
+{
+    if (!n)
+        return;
+    for (int k = 0; k < 2; k++) {
+        rpc_value_unref(n->param_lists[k]);
+        ps_actor_free_remote(n->shard[k]);
+        rpc_rref_unref(n->shard[k]);
+    }
+    free(n);
+}
+
+/*  Rows [lo, hi) of x, copied (inputs need no gradient). */
+static tensor_t *rows(tensor_t *x, int64_t lo, int64_t hi)
+{
+    int64_t shape[TENSOR_MAX_DIMS];
+    memcpy(shape, tensor_shape(x), (size_t)tensor_ndim(x) * sizeof shape[0]);
+    int64_t row = tensor_numel(x) / shape[0];
+    shape[0] = hi - lo;
+    return tensor_from_data(TENSOR_F32, tensor_ndim(x), shape, tensor_data(x) + lo * row);
+}
+
+/*  Starts micro-batch x through both stages; returns the future of stage
+    2's output. */
+static rpc_future_t *start_micro_batch(pipeline_net_t *n, tensor_t *x)
+{
+    rpc_value_t *xv = rpc_value_tensor(x), *a = NULL;
+    rpc_rref_t *x_rref = xv ? rpc_rref_new(xv) : NULL, *y_rref = NULL;
+    rpc_future_t *f = NULL;
+    rpc_value_unref(xv);
+    if (x_rref && (a = rpc_args("r", x_rref)))
+        y_rref = rpc_rref_remote(n->shard[0], "NetShard.forward", a, -1);
+    rpc_value_unref(a);
+    a = NULL;
+    if (y_rref && (a = rpc_args("r", y_rref)))
+        f = rpc_rref_rpc_async(n->shard[1], "NetShard.forward", a, -1);
+    rpc_value_unref(a);
+    rpc_rref_unref(y_rref);
+    rpc_rref_unref(x_rref);
+    return f;
+}
+
+int pipeline_net_forward(pipeline_net_t *n, tensor_t *x, int num_split, tensor_t **logprobs)
+{
+    *logprobs = NULL;
+    if (!x || tensor_ndim(x) != 4 || tensor_dtype(x) != TENSOR_F32 || tensor_size(x, 0) < 1)
+        return error_set("pipeline forward: x must be a float32 (N, 1, 28, 28) batch");
+    int64_t N = tensor_size(x, 0);
+    if (num_split < 1 || num_split > N)
+        return error_set("pipeline forward: %d micro-batches of a batch of %lld", num_split,
+                         (long long)N);
+    int64_t size = (N + num_split - 1) / num_split;
+    int m = (int)((N + size - 1) / size);
+    rpc_future_t **f = calloc((size_t)m, sizeof *f);
+    tensor_t **outs = calloc((size_t)m, sizeof *outs);
+    int rc = f && outs ? 0 : error_set("out of memory");
+    for (int i = 0; rc == 0 && i < m; i++) {
+        int64_t lo = i * size, hi = lo + size < N ? lo + size : N;
+        tensor_t *xi = rows(x, lo, hi);
+        if (!xi || !(f[i] = start_micro_batch(n, xi)))
+            rc = -1;
+        tensor_unref(xi);
+    }
+    for (int i = 0; i < m; i++) {
+        tensor_t *t;
+        if (f && f[i] && rpc_future_wait(f[i], -1) == 0 && rc == 0 &&
+            rpc_value_get_tensor(rpc_future_value(f[i]), &t) == 0)
+            outs[i] = tensor_ref(t);
+        else if (rc == 0)
+            rc = -1;
+        if (f)
+            rpc_future_unref(f[i]);
+    }
+    if (rc == 0)
+        rc = m == 1 ? (*logprobs = tensor_ref(outs[0]), 0) : tensor_cat(outs, m, 0, logprobs);
+    for (int i = 0; outs && i < m; i++)
+        tensor_unref(outs[i]);
+    free(outs);
+    free(f);
+    return rc;
+}
+
+int pipeline_net_parameter_rrefs(pipeline_net_t *n, rpc_rref_t *const **params, int *count)
+{
+    for (int k = 0; !n->have_params && k < 2; k++) {
+        rpc_value_t *l;
+        if (rpc_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l) < 0)
+            return -1;
+        n->param_lists[k] = l;
+        if (rpc_list_len(l) != PIPELINE_STAGE_PARAMS)
+            return error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d",
+                             rpc_list_len(l), PIPELINE_STAGE_PARAMS);
+        for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
+            if (rpc_arg_rref(l, (size_t)i, &n->params[k * PIPELINE_STAGE_PARAMS + i]) < 0)
+                return -1;
+        n->have_params = k == 1;
+    }
+    *params = n->params;
+    *count = 2 * PIPELINE_STAGE_PARAMS;
+    return 0;
+}
+
+int pipeline_net_train(pipeline_net_t *n, bool training)
+{
+    rpc_value_t *a = rpc_args("i", (int64_t)training), *v = NULL;
+    int rc = a ? 0 : -1;
+    for (int k = 0; rc == 0 && k < 2; k++) {
+        rc = rpc_rref_rpc_sync(n->shard[k], "NetShard.train", a, -1, &v);
+        rpc_value_unref(v);
+    }
+    rpc_value_unref(a);
+    return rc;
+}
+
+int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, tensor_t **grads)
+{
+    rpc_value_t *a = rpc_args("i", context_id);
+    int rc = a ? 0 : -1;
+    for (int i = 0; i < 2 * PIPELINE_STAGE_PARAMS; i++)
+        grads[i] = NULL;
+    for (int k = 0; rc == 0 && k < 2; k++) {
+        rpc_value_t *l;
+        if ((rc = rpc_rref_rpc_sync(n->shard[k], "NetShard.gradients", a, -1, &l)) < 0)
+            break;
+        for (int i = 0; i < PIPELINE_STAGE_PARAMS && i < (int)rpc_list_len(l); i++) {
+            tensor_t *g;
+            if (rpc_value_get_tensor(rpc_list_get(l, (size_t)i), &g) == 0)
+                grads[k * PIPELINE_STAGE_PARAMS + i] = tensor_ref(g);
+        }
+        rpc_value_unref(l);
+    }
+    rpc_value_unref(a);
+    return rc;
+}

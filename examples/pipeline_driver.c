@@ -1,0 +1,198 @@
+/*  The pipeline program's driver (rank 0): the tutorial's run_master with
+    Fashion-MNIST batches, timed for 1 micro-batch and for several. */
+#include "examples/pipeline_core.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "nn/dataset.h"
+#include "nn/nn.h"
+#include "optim/dist_optim.h"
+
+pipeline_options_t pipeline_options_default(void)
+{
+    return (pipeline_options_t){.batch_size = 128, .num_split = 4, .baseline = true,
+                                .iterations = 20, .lr = 0.05, .seed = 1, .dropout = true,
+                                .test_size = 1000, .log_interval = 5};
+}
+
+int pipeline_options_check(const pipeline_options_t *o, int world_size)
+{
+    if (o->batch_size < 1 || o->num_split < 1 || o->num_split > o->batch_size)
+        return error_set("--batch_size must be >= 1 and --num_split in 1..batch_size "
+                         "(got %lld and %lld)", (long long)o->batch_size,
+                         (long long)o->num_split);
+    if (o->iterations < 1 || !(o->lr > 0) || o->test_size < 0 || o->log_interval < 0)
+        return error_set("--iterations must be >= 1, --lr > 0, --test_size and "
+                         "--log_interval >= 0");
+    if (world_size != PIPELINE_WORLD_SIZE)
+        return error_set("world size %d: the pipeline needs %d processes (rank 0 the "
+                         "driver, ranks 1 and 2 the two shards of the Net)", world_size,
+                         PIPELINE_WORLD_SIZE);
+    return 0;
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/*  One batch: forward in micro-batches, loss, distributed backward and a
+    step of both shards, in a context of its own. */
+static int train_batch(pipeline_net_t *net, dist_optim_t *opt, tensor_t *x, tensor_t *y,
+                       int split, double *loss)
+{
+    int64_t ctx;
+    if (dist_autograd_context_begin(&ctx) < 0)
+        return -1;
+    tensor_t *logprobs = NULL, *l = NULL;
+    int rc = pipeline_net_forward(net, x, split, &logprobs);
+    if (rc == 0)
+        rc = nn_nll_loss(logprobs, y, &l);
+    if (rc == 0)
+        rc = dist_autograd_backward(ctx, &l, 1, false);
+    if (rc == 0)
+        rc = dist_optim_step(opt, ctx);
+    if (rc == 0)
+        *loss = tensor_data(l)[0];
+    tensor_unref(l);
+    tensor_unref(logprobs);
+    if (rc < 0) {
+        char err[1024];
+        snprintf(err, sizeof err, "%s", error_last());
+        dist_autograd_context_end(ctx, -1);
+        return error_set("%s", err);
+    }
+    return dist_autograd_context_end(ctx, -1);
+}
+
+static int evaluate(pipeline_net_t *net, const dataset_t *test, int64_t batch, int split,
+                    double *accuracy)
+{
+    int64_t correct = 0, n = dataset_size(test);
+    int rc = pipeline_net_train(net, false);
+    for (int64_t start = 0; rc == 0 && start < n; start += batch) {
+        tensor_t *x = NULL, *y = NULL, *lp = NULL;
+        rc = dataset_batch(test, NULL, start, batch, &x, &y);
+        if (rc == 0) {
+            int s = split < tensor_size(x, 0) ? split : (int)tensor_size(x, 0);
+            rc = pipeline_net_forward(net, x, s, &lp);
+        }
+        int64_t c = rc == 0 ? nn_accuracy(lp, y) : -1;
+        if (c < 0)
+            rc = -1;
+        else
+            correct += c;
+        tensor_unref(lp);
+        tensor_unref(x);
+        tensor_unref(y);
+    }
+    if (rc == 0)
+        rc = pipeline_net_train(net, true);
+    if (rc == 0)
+        *accuracy = (double)correct / (double)n;
+    return rc;
+}
+
+typedef struct {
+    const pipeline_options_t *o;
+    dataset_t *train, *test;
+    pipeline_result_t *res;
+} driver_t;
+
+/*  Trains a fresh Net for o->iterations batches with `split` micro-batches
+    each; evaluates it when `last`. */
+static int run_once(driver_t *d, int run, int split, bool last)
+{
+    const pipeline_options_t *o = d->o;
+    pipeline_net_t *net = pipeline_net_new(1, 2, (uint64_t)o->seed, o->dropout);
+    dist_optim_t *opt = NULL;
+    int64_t *order = NULL;
+    rpc_rref_t *const *params;
+    int np, rc = -1;
+    optim_config_t cfg = optim_sgd_defaults(o->lr);
+    if (!net || pipeline_net_parameter_rrefs(net, &params, &np) < 0 ||
+        dist_optim_new(&cfg, params, np, &opt) < 0)
+        goto out;
+    int64_t nb = dataset_num_batches(d->train, o->batch_size);
+    double t0 = now(), t1 = t0, loss = 0;
+    for (int64_t b = 0; b < o->iterations; b++) {
+        if (b % nb == 0) {
+            free(order);
+            if (!(order = dataset_order(d->train, (uint64_t)(o->seed + b / nb)))) {
+                error_set("out of memory");
+                goto out;
+            }
+        }
+        tensor_t *x, *y;
+        if (dataset_batch(d->train, order, (b % nb) * o->batch_size, o->batch_size, &x, &y) < 0)
+            goto out;
+        int s = split < tensor_size(x, 0) ? split : (int)tensor_size(x, 0);
+        int brc = train_batch(net, opt, x, y, s, &loss);
+        tensor_unref(x);
+        tensor_unref(y);
+        if (brc < 0)
+            goto out;
+        if (b == 0)
+            t1 = now();     /* the first batch warms up threads and caches */
+        if (!o->quiet && o->log_interval > 0 && b % o->log_interval == 0)
+            printf("  batch %lld loss %.4f\n", (long long)b, loss);
+    }
+    double t2 = now(), timed = o->iterations > 1 ? t2 - t1 : t2 - t0;
+    int64_t samples = (o->iterations > 1 ? o->iterations - 1 : 1) * o->batch_size;
+    d->res->num_split[run] = split;
+    d->res->seconds[run] = t2 - t0;
+    d->res->samples_per_s[run] = timed > 0 ? (double)samples / timed : 0;
+    d->res->last_loss = loss;
+    d->res->runs = run + 1;
+    if (!o->quiet) {
+        printf("number of splits = %d, execution time = %.2f s, throughput = %.0f samples/s\n",
+               split, t2 - t0, d->res->samples_per_s[run]);
+        fflush(stdout);
+    }
+    if (last && d->test) {
+        if (evaluate(net, d->test, o->batch_size, split, &d->res->accuracy) < 0)
+            goto out;
+        if (!o->quiet)
+            printf("Test accuracy: %.2f %% (%lld images)\n", 100.0 * d->res->accuracy,
+                   (long long)dataset_size(d->test));
+    }
+    rc = 0;
+out:
+    free(order);
+    dist_optim_free(opt);
+    pipeline_net_free(net);
+    return rc;
+}
+
+int pipeline_run_driver(const pipeline_options_t *o, pipeline_result_t *res)
+{
+    pipeline_result_t local;
+    driver_t d = {.o = o, .res = res ? res : &local};
+    *d.res = (pipeline_result_t){0};
+    if (pipeline_options_check(o, rpc_world_size()) < 0)
+        return -1;
+    int rc = -1;
+    if (dataset_load(o->data_dir, DATASET_TRAIN, &d.train) < 0 ||
+        (o->test_size > 0 && (dataset_load(o->data_dir, DATASET_TEST, &d.test) < 0 ||
+                              dataset_limit(d.test, o->test_size) < 0)))
+        goto out;
+    if (!o->quiet) {
+        printf("pipeline: the Net in 2 shards (ranks 1 and 2), batches of %lld, %lld "
+               "batches per run\n", (long long)o->batch_size, (long long)o->iterations);
+        fflush(stdout);
+    }
+    int run = 0;
+    if (o->baseline && o->num_split != 1 && run_once(&d, run++, 1, false) < 0)
+        goto out;
+    rc = run_once(&d, run, (int)o->num_split, true);
+out:
+    dataset_free(d.train);
+    dataset_free(d.test);
+    return rc;
+}

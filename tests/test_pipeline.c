@@ -1,0 +1,311 @@
+/*  The pipeline program (examples/pipeline_core.h) in a world of three real
+    processes: rank 0 drives, ranks 1 and 2 hold the two halves of the Net.
+
+    - with dropout off and the same weights, the gradients that distributed
+      backward leaves on the shards equal the one-process gradients of the
+      whole Net on the same batch, for 1 and for 4 (uneven) micro-batches;
+    - a DistributedOptimizer step moves the shards' parameters as a local
+      SGD step moves the whole Net's;
+    - a forward without a context (evaluation) gives the Net's output and
+      records nothing;
+    - the driver's loop trains, times both runs and leaves no context behind. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "autograd/autograd.h"
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "examples/pipeline_core.h"
+#include "nn/dataset.h"
+#include "nn/model.h"
+#include "nn/nn.h"
+#include "optim/dist_optim.h"
+#include "optim/optim.h"
+#include "rpc/rpc.h"
+#include "tests/support/world.h"
+
+#define SEED 5
+#define BATCH 30        /* 4 micro-batches of 8, 8, 8 and 6 rows */
+#define NPARAMS (2 * PIPELINE_STAGE_PARAMS)
+
+static rpc_value_t *fn_num_contexts(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return rpc_value_int(dist_autograd_num_contexts());
+}
+
+static int setup(const world_t *w)
+{
+    (void)w;
+    if (pipeline_register() < 0)
+        return -1;
+    return rpc_register("test.num_contexts", fn_num_contexts, NULL);
+}
+
+static int run_world(world_fn *fn, void *arg, int timeout_s)
+{
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup, .fn = fn,
+                         .arg = arg, .timeout_s = timeout_s, .dist_autograd = true};
+    return world_run(&o);
+}
+
+static void need_data(void)
+{
+    char dir[1024];
+    if (dataset_find_dir(dir, sizeof dir) < 0) {
+        fprintf(stderr, "no MNIST-format data: %s\n", error_last());
+        skip();
+    }
+}
+
+/*  The first BATCH test images. */
+static int test_batch(tensor_t **x, tensor_t **y)
+{
+    dataset_t *ds;
+    if (dataset_load(NULL, DATASET_TEST, &ds) < 0)
+        return -1;
+    int rc = dataset_batch(ds, NULL, 0, BATCH, x, y);
+    dataset_free(ds);
+    return rc;
+}
+
+static int close_to(const char *what, const tensor_t *got,
+                    const tensor_t *want)
+{
+    if (!got || !want || tensor_numel(got) != tensor_numel(want))
+        return error_set("%s: missing or of the wrong size", what);
+    const float *a = tensor_data(got), *e = tensor_data(want);
+    for (int64_t i = 0; i < tensor_numel(want); i++)
+        if (!(fabsf(a[i] - e[i]) <= 1e-5f + 1e-4f * fabsf(e[i])))
+            return error_set("%s[%lld] = %.9g, expected %.9g", what, (long long)i, a[i], e[i]);
+    return 0;
+}
+
+static int64_t shard_contexts(int rank)
+{
+    rpc_value_t *v;
+    int64_t n = -1;
+    if (rpc_sync(rank, "test.num_contexts", NULL, -1, &v) == 0)
+        rpc_value_get_int(v, &n);
+    rpc_value_unref(v);
+    return n;
+}
+
+/*  ---- gradients and one step equal the whole Net's in one process ---- */
+
+/*  Runs call; on failure prints it with the error and leaves. */
+#define TRY(call)                                                                           \
+    do {                                                                                    \
+        if ((call) < 0) {                                                                   \
+            rc = world_fail(w, "%s: %s", #call, error_last());                              \
+            goto out;                                                                       \
+        }                                                                                   \
+    } while (0)
+
+static int fn_gradients(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    const int split = *(const int *)w->arg;
+    const float lr = 0.05f;
+    tensor_t *x = NULL, *y = NULL, *lp = NULL, *loss = NULL, *dlp = NULL, *dloss = NULL;
+    tensor_t *grads[NPARAMS] = {0}, *want[NPARAMS] = {0}, *ps[NPARAMS];
+    nn_model_t *net = nn_net_new(SEED);
+    pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, false);
+    dist_optim_t *opt = NULL;
+    optim_t *local = NULL;
+    optim_config_t cfg = optim_sgd_defaults(lr);
+    rpc_rref_t *const *params;
+    int64_t ctx = -1;
+    int np, rc = 0;
+    TRY(net && pn ? 0 : -1);
+    TRY(test_batch(&x, &y));
+
+    /* One process: the whole Net, dropout off. */
+    nn_model_train(net, false);
+    TRY(nn_model_forward(net, x, &lp));
+    TRY(nn_nll_loss(lp, y, &loss));
+    TRY(autograd_backward(loss, NULL, false));
+    for (int i = 0; i < NPARAMS; i++)
+        want[i] = tensor_grad(ps[i] = nn_model_param(net, i));
+
+    /* The pipeline, in a context. */
+    TRY(dist_autograd_context_begin(&ctx));
+    TRY(pipeline_net_forward(pn, x, split, &dlp));
+    TRY(nn_nll_loss(dlp, y, &dloss));
+    TRY(dist_autograd_backward(ctx, &dloss, 1, false));
+    TRY(pipeline_net_gradients(pn, ctx, grads));
+    TRY(close_to("loss", dloss, loss));
+    for (int i = 0; i < NPARAMS; i++) {
+        char what[128];
+        snprintf(what, sizeof what, "%d micro-batches: gradient of %s", split,
+                 nn_model_param_name(net, i));
+        TRY(close_to(what, grads[i], want[i]));
+    }
+
+    /* One step of each: the shards' parameters move as the Net's. */
+    TRY(pipeline_net_parameter_rrefs(pn, &params, &np));
+    TRY(np == NPARAMS ? 0 : -1);
+    TRY(dist_optim_new(&cfg, params, np, &opt));
+    TRY(dist_optim_num_owners(opt) == 2 ? 0 : -1);
+    TRY(dist_optim_step(opt, ctx));
+    TRY((local = optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
+    TRY(optim_step_grad(local));
+    for (int i = 0; i < NPARAMS; i++) {
+        rpc_value_t *v = NULL;
+        tensor_t *t = NULL;
+        char what[128];
+        snprintf(what, sizeof what, "%s after one step", nn_model_param_name(net, i));
+        int r = rpc_rref_to_here(params[i], -1, &v);
+        if (r == 0)
+            r = rpc_value_get_tensor(v, &t);
+        if (r == 0)
+            r = close_to(what, t, ps[i]);
+        rpc_value_unref(v);
+        TRY(r);
+    }
+out:
+    if (ctx >= 0 && dist_autograd_context_end(ctx, -1) < 0)
+        rc = world_fail(w, "context_end: %s", error_last());
+    if (rc == 0 && (shard_contexts(1) != 0 || shard_contexts(2) != 0))
+        rc = world_fail(w, "the shards still hold contexts");
+    for (int i = 0; i < NPARAMS; i++) {
+        tensor_unref(grads[i]);
+        tensor_unref(want[i]);
+    }
+    optim_free(local);
+    dist_optim_free(opt);
+    pipeline_net_free(pn);
+    nn_model_free(net);
+    tensor_unref(dloss);
+    tensor_unref(dlp);
+    tensor_unref(loss);
+    tensor_unref(lp);
+    tensor_unref(x);
+    tensor_unref(y);
+    return rc;
+}
+
+static void test_gradients_one_micro_batch(void **state)
+{
+    (void)state;
+    need_data();
+    int split = 1;
+    assert_int_equal(run_world(fn_gradients, &split, 120), 0);
+}
+
+static void test_gradients_four_micro_batches(void **state)
+{
+    (void)state;
+    need_data();
+    int split = 4;
+    assert_int_equal(run_world(fn_gradients, &split, 120), 0);
+}
+
+/*  ---- evaluation: no context, dropout off ---- */
+
+static int fn_eval(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    tensor_t *x = NULL, *y = NULL, *lp = NULL, *dlp = NULL;
+    nn_model_t *net = nn_net_new(SEED);
+    pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, true);
+    int rc = -1;
+    nn_model_train(net, false);
+    if (!net || !pn || test_batch(&x, &y) < 0 || nn_model_forward(net, x, &lp) < 0 ||
+        pipeline_net_train(pn, false) < 0 || pipeline_net_forward(pn, x, 3, &dlp) < 0) {
+        world_fail(w, "%s", error_last());
+        goto out;
+    }
+    if ((rc = close_to("evaluation output", dlp, lp)) < 0)
+        world_fail(w, "%s", error_last());
+    if (rc == 0 && tensor_requires_grad(dlp))
+        rc = world_fail(w, "an evaluation forward was recorded for autograd");
+    /* Bad input is refused before anything is sent. */
+    tensor_t *bad;
+    if (rc == 0 && pipeline_net_forward(pn, x, BATCH + 1, &bad) == 0)
+        rc = world_fail(w, "31 micro-batches of 30 rows accepted");
+    if (rc == 0 && !strstr(error_last(), "31 micro-batches of a batch of 30"))
+        rc = world_fail(w, "unclear error: %s", error_last());
+out:
+    pipeline_net_free(pn);
+    nn_model_free(net);
+    tensor_unref(dlp);
+    tensor_unref(lp);
+    tensor_unref(x);
+    tensor_unref(y);
+    return rc;
+}
+
+static void test_eval_forward(void **state)
+{
+    (void)state;
+    need_data();
+    assert_int_equal(run_world(fn_eval, NULL, 120), 0);
+}
+
+/*  ---- the driver's loop ---- */
+
+static int fn_driver(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    pipeline_options_t o = pipeline_options_default();
+    o.batch_size = 32;
+    o.iterations = 3;
+    o.test_size = 64;
+    o.quiet = true;
+    pipeline_result_t res;
+    if (pipeline_run_driver(&o, &res) < 0)
+        return world_fail(w, "driver: %s", error_last());
+    int rc = 0;
+    if (res.runs != 2 || res.num_split[0] != 1 || res.num_split[1] != 4)
+        rc = world_fail(w, "runs: %d (%lld, %lld)", res.runs, (long long)res.num_split[0],
+                        (long long)res.num_split[1]);
+    for (int r = 0; r < 2; r++)
+        if (!(res.samples_per_s[r] > 0) || !(res.seconds[r] > 0))
+            rc = world_fail(w, "run %d: %g samples/s in %g s", r, res.samples_per_s[r],
+                            res.seconds[r]);
+    if (!(res.last_loss > 0 && res.last_loss < 3) || res.accuracy < 0 || res.accuracy > 1)
+        rc = world_fail(w, "loss %g, accuracy %g", res.last_loss, res.accuracy);
+    if (shard_contexts(1) != 0 || shard_contexts(2) != 0 || dist_autograd_num_contexts() != 0)
+        rc = world_fail(w, "contexts left behind");
+    return rc;
+}
+
+static void test_driver_runs(void **state)
+{
+    (void)state;
+    need_data();
+    assert_int_equal(run_world(fn_driver, NULL, 120), 0);
+}
+
+static void test_options_checked(void **state)
+{
+    (void)state;
+    pipeline_options_t o = pipeline_options_default();
+    assert_int_equal(pipeline_options_check(&o, 3), 0);
+    assert_int_equal(pipeline_options_check(&o, 4), -1);
+    assert_non_null(strstr(error_last(), "the pipeline needs 3 processes"));
+    o.num_split = o.batch_size + 1;
+    assert_int_equal(pipeline_options_check(&o, 3), -1);
+    assert_non_null(strstr(error_last(), "--num_split"));
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_options_checked),
+        cmocka_unit_test(test_gradients_one_micro_batch),
+        cmocka_unit_test(test_gradients_four_micro_batches),
+        cmocka_unit_test(test_eval_forward),
+        cmocka_unit_test(test_driver_runs),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
