@@ -10,4 +10,4 @@ cd "$(dirname "$0")/.."
 tools/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
 cmake --build build -j "$(nproc)" --target launch rpc_ps
-exec build/tools/launch --nproc=4 -- build/examples/rpc_ps --world_size=4 "$@"
+exec build/tools/launch --nproc=4 -- build/examples/rpc_ps "$@"
