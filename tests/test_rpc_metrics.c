@@ -1,0 +1,158 @@
+/*  Metrics per peer (SPEC R12): calls sent and served, errors, bytes each
+    way, latency, calls in flight and being served; readable and printable. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdatomic.h>
+
+#include "test_rpc_world.h"
+
+static rpc_value_t *h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    rpc_value_t *v = rpc_list_get(args, 0);
+    return v ? rpc_value_ref(v) : rpc_value_none();
+}
+
+static rpc_value_t *h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    error_set("failing");
+    return NULL;
+}
+
+static _Atomic(rpc_future_t *) held;
+
+static rpc_future_t *h_hold(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_future_t *f = rpc_future_new();
+    atomic_store(&held, rpc_future_ref(f));
+    return f;
+}
+
+static rpc_value_t *h_release(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    rpc_future_t *f = atomic_exchange(&held, NULL);
+    if (!f)
+        return rpc_value_int(0);
+    rpc_future_set_value(f, NULL);
+    rpc_future_unref(f);
+    return rpc_value_int(1);
+}
+
+static rpc_value_t *h_metrics_of(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)args;
+    (void)arg;
+    rpc_metrics_t m;
+    if (rpc_metrics_get(rpc_call_caller_rank(call), &m) < 0)
+        return NULL;
+    return rpc_args("iiiii", m.calls_served, m.bytes_received, m.bytes_sent, m.serving,
+                    m.calls_sent);
+}
+
+#define N_CALLS 50
+#define TENSOR_BYTES (1000 * 4)
+
+static int world_metrics(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(rpc_register("echo", h_echo, NULL) == 0);
+    WCHECK(rpc_register("fail", h_fail, NULL) == 0);
+    WCHECK(rpc_register_async("hold", h_hold, NULL) == 0);
+    WCHECK(rpc_register_inline("release", h_release, NULL) == 0);
+    WCHECK(rpc_register_inline("metrics_of", h_metrics_of, NULL) == 0);
+    rpc_options_t o = world_options(port);
+    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    if (rank == 0) {
+        rpc_metrics_t m;
+        WCHECK(rpc_metrics_get(1, &m) == 0);
+        WCHECK(m.calls_sent == 0 && m.calls_served == 0 && m.in_flight == 0);
+        int64_t n = 1000;
+        tensor_t *t = tensor_new(TENSOR_F32, 1, &n);
+        rpc_value_t *args = rpc_args("t", t), *r;
+        tensor_unref(t);
+        for (int i = 0; i < N_CALLS; i++) {
+            WCHECK(rpc_sync(1, "echo", args, -1, &r) == 0);
+            rpc_value_unref(r);
+        }
+        rpc_value_unref(args);
+        WCHECK(rpc_sync(1, "fail", NULL, -1, &r) == -1);
+        WCHECK(rpc_metrics_get(1, &m) == 0);
+        WCHECK(m.calls_sent == N_CALLS + 1);
+        WCHECK(m.errors == 1);
+        WCHECK(m.in_flight == 0);
+        WCHECK(m.bytes_sent >= N_CALLS * TENSOR_BYTES);
+        WCHECK(m.bytes_received >= N_CALLS * TENSOR_BYTES);   /* echoed back */
+        WCHECK(m.latency_mean_us > 0 && m.latency_p50_us > 0);
+        WCHECK(m.latency_p50_us <= m.latency_p99_us);
+        WCHECK(m.latency_mean_us < 1e6);
+        /* A call in flight shows on both sides. */
+        rpc_future_t *f = rpc_async(1, "hold", NULL, -1);
+        WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 1);
+        rpc_value_t *seen = NULL;
+        int64_t serving = 0;
+        while (serving == 0) {   /* until the hold arrived */
+            rpc_value_unref(seen);
+            WCHECK(rpc_sync(1, "metrics_of", NULL, -1, &seen) == 0);
+            WCHECK(rpc_arg_int(seen, 3, &serving) == 0);
+        }
+        int64_t served, in_bytes, out_bytes, their_sent;
+        WCHECK(rpc_arg_int(seen, 0, &served) == 0 && served >= N_CALLS + 1);
+        WCHECK(rpc_arg_int(seen, 1, &in_bytes) == 0 && in_bytes >= N_CALLS * TENSOR_BYTES);
+        WCHECK(rpc_arg_int(seen, 2, &out_bytes) == 0 && out_bytes >= N_CALLS * TENSOR_BYTES);
+        WCHECK(rpc_arg_int(seen, 4, &their_sent) == 0 && their_sent == 0);
+        rpc_value_unref(seen);
+        while (rpc_sync(1, "release", NULL, -1, &r) == 0) {
+            int64_t done = 0;
+            rpc_value_get_int(r, &done);
+            rpc_value_unref(r);
+            if (done)
+                break;
+        }
+        WCHECK(rpc_wait(f, 10000) == 0);
+        rpc_future_unref(f);
+        WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
+        /* All peers together, and errors of the reader. */
+        rpc_metrics_t all;
+        WCHECK(rpc_metrics_get(-1, &all) == 0 && all.calls_sent >= m.calls_sent);
+        WCHECK(rpc_metrics_get(5, &all) == -1);
+        WCHECK(strstr(error_last(), "rank 5") != NULL);
+        /* Printed: one line per peer plus the total. */
+        char *text = NULL;
+        size_t len = 0;
+        FILE *mem = open_memstream(&text, &len);
+        rpc_metrics_print(mem);
+        fclose(mem);
+        WCHECK(strstr(text, "worker0") && strstr(text, "worker1") && strstr(text, "(all)"));
+        WCHECK(strstr(text, "p99_us") != NULL);
+        free(text);
+    }
+    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(rpc_metrics_get(0, &(rpc_metrics_t){0}) == -1);
+    return 0;
+}
+
+static void test_metrics_per_peer(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_metrics, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_metrics_per_peer),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
