@@ -1,0 +1,253 @@
+/*  bench_dist: what the distributed machinery costs.
+
+        bench_dist [--csv] [--iters=N]
+
+    Starts two processes on this machine (a server, rank 0, and a trainer,
+    rank 1) and measures, on the trainer:
+      - the tutorial Net, batch 32: forward on the server over RPC, loss on
+        the trainer, distributed backward; next to the same forward, loss and
+        backward in one process (dist_iter_ms, local_iter_ms; medians);
+      - a tiny model (a 10x10 linear layer on the server, one row of input):
+        context + forward over RPC + distributed backward + context end
+        (dist_tiny_us_p50), and the same plus a DistributedOptimizer step
+        (dist_tiny_step_us_p50). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "autograd/autograd.h"
+#include "autograd/dist_autograd.h"
+#include "autograd/error.h"
+#include "nn/model.h"
+#include "nn/nn.h"
+#include "optim/dist_optim.h"
+#include "rpc/rpc.h"
+#include "tests/support/world.h"
+
+static int iters = 2000, net_iters = 40;
+static bool csv;
+static nn_model_t *net;
+static tensor_t *tiny_w, *tiny_b;
+
+static double now_us(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec * 1e-3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/*  ---- server functions ---- */
+
+static rpc_value_t *fn_net_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    tensor_t *x, *out;
+    if (rpc_arg_tensor(args, 0, &x) < 0 || nn_model_forward(net, x, &out) < 0)
+        return NULL;
+    rpc_value_t *v = rpc_value_tensor(out);
+    tensor_unref(out);
+    return v;
+}
+
+static rpc_value_t *fn_tiny_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    tensor_t *x, *out;
+    if (rpc_arg_tensor(args, 0, &x) < 0 || nn_linear(x, tiny_w, tiny_b, &out) < 0)
+        return NULL;
+    rpc_value_t *v = rpc_value_tensor(out);
+    tensor_unref(out);
+    return v;
+}
+
+static rpc_value_t *fn_tiny_params(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    rpc_value_t *list = rpc_value_list(2);
+    tensor_t *ps[2] = {tiny_w, tiny_b};
+    for (int i = 0; i < 2; i++) {
+        rpc_value_t *tv = rpc_value_tensor(ps[i]);
+        rpc_rref_t *r = rpc_rref_new(tv);
+        rpc_value_unref(tv);
+        rpc_list_append(list, rpc_value_rref(r));
+        rpc_rref_unref(r);
+    }
+    return list;
+}
+
+static int setup(const world_t *w)
+{
+    (void)w;
+    if (!(net = nn_net_new(1)))
+        return -1;
+    nn_model_train(net, false);
+    tiny_w = tensor_zeros2(10, 10);
+    tiny_b = tensor_zeros1(10);
+    nn_rng_t rng;
+    nn_rng_seed(&rng, 3);
+    nn_init_default(tiny_w, tiny_b, &rng);
+    tensor_set_requires_grad(tiny_w, true);
+    tensor_set_requires_grad(tiny_b, true);
+    if (dist_optim_init() < 0)
+        return -1;
+    return rpc_register("net_forward", fn_net_forward, NULL) |
+           rpc_register("tiny_forward", fn_tiny_forward, NULL) |
+           rpc_register("tiny_params", fn_tiny_params, NULL);
+}
+
+/*  ---- trainer ---- */
+
+static tensor_t *remote_tensor(const char *fn, tensor_t *x)
+{
+    rpc_value_t *a = rpc_args("t", x), *r = NULL;
+    tensor_t *t = NULL;
+    if (a && rpc_sync(0, fn, a, -1, &r) == 0 && rpc_value_get_tensor(r, &t) == 0)
+        tensor_ref(t);
+    rpc_value_unref(a);
+    rpc_value_unref(r);
+    return t;
+}
+
+static int net_iteration(tensor_t *x, tensor_t *y, bool distributed)
+{
+    int64_t ctx = -1;
+    tensor_t *out = NULL, *loss = NULL;
+    int rc = distributed ? dist_autograd_context_begin(&ctx) : 0;
+    if (rc == 0)
+        out = distributed ? remote_tensor("net_forward", x)
+                          : (nn_model_forward(net, x, &out) == 0 ? out : NULL);
+    if (!out || nn_nll_loss(out, y, &loss) < 0)
+        rc = -1;
+    if (rc == 0)
+        rc = distributed ? dist_autograd_backward(ctx, &loss, 1, false)
+                         : autograd_backward(loss, NULL, false);
+    if (!distributed)
+        nn_model_zero_grad(net);
+    if (ctx != -1 && dist_autograd_context_end(ctx, -1) < 0)
+        rc = -1;
+    tensor_unref(out);
+    tensor_unref(loss);
+    return rc;
+}
+
+static int tiny_iteration(tensor_t *x, dist_optim_t *opt)
+{
+    int64_t ctx;
+    tensor_t *out = NULL, *loss = NULL;
+    int rc = dist_autograd_context_begin(&ctx);
+    if (rc == 0 && (!(out = remote_tensor("tiny_forward", x)) || tensor_sum(out, &loss) < 0))
+        rc = -1;
+    if (rc == 0)
+        rc = dist_autograd_backward(ctx, &loss, 1, false);
+    if (rc == 0 && opt)
+        rc = dist_optim_step(opt, ctx);
+    if (dist_autograd_context_end(ctx, -1) < 0)
+        rc = -1;
+    tensor_unref(out);
+    tensor_unref(loss);
+    return rc;
+}
+
+static void figure(const char *name, double value, const char *unit, const char *label)
+{
+    if (csv)
+        printf("%s,%.4g,%s\n", name, value, unit);
+    else
+        printf("%-44s %10.3f %s\n", label, value, unit);
+}
+
+static int trainer(const world_t *w)
+{
+    if (w->rank != 1)
+        return 0;
+    double *t = calloc((size_t)(iters > net_iters ? iters : net_iters), sizeof *t);
+    tensor_t *x = tensor_zeros4(32, 1, 28, 28), *y = tensor_new(TENSOR_I64, 1, (int64_t[]){32});
+    nn_rng_t rng;
+    nn_rng_seed(&rng, 5);
+    for (int64_t i = 0; i < tensor_numel(x); i++)
+        tensor_data(x)[i] = nn_rng_normal(&rng, 0, 1);
+    for (int i = 0; i < 32; i++)
+        tensor_data_i64(y)[i] = i % 10;
+    double med[2];
+    for (int d = 0; d < 2; d++) {
+        for (int i = -3; i < net_iters; i++) {   /* three warm-up rounds */
+            double t0 = now_us();
+            if (net_iteration(x, y, d == 1) < 0)
+                return world_fail(w, "net iteration: %s", error_last());
+            if (i >= 0)
+                t[i] = now_us() - t0;
+        }
+        med[d] = median(t, net_iters);
+    }
+    if (!csv)
+        printf("forward + backward, tutorial Net, batch 32 (median of %d)\n", net_iters);
+    figure("local_iter_ms", med[0] / 1e3, "ms", "  one process");
+    figure("dist_iter_ms", med[1] / 1e3, "ms", "  server + trainer (distributed autograd)");
+    if (!csv)
+        printf("  ratio %.3f\n", med[1] / med[0]);
+
+    tensor_t *row = tensor_zeros2(1, 10);
+    for (int i = 0; i < 10; i++)
+        tensor_data(row)[i] = 0.1f * (float)i;
+    rpc_value_t *list = NULL;
+    rpc_rref_t *refs[2];
+    dist_optim_t *opt = NULL;
+    optim_config_t cfg = optim_sgd_defaults(1e-3);
+    if (rpc_sync(0, "tiny_params", NULL, -1, &list) < 0 || rpc_arg_rref(list, 0, &refs[0]) < 0 ||
+        rpc_arg_rref(list, 1, &refs[1]) < 0 || dist_optim_new(&cfg, refs, 2, &opt) < 0)
+        return world_fail(w, "tiny setup: %s", error_last());
+    if (!csv)
+        printf("tiny model (10x10 linear on the server, one row), median of %d\n", iters);
+    for (int s = 0; s < 2; s++) {
+        for (int i = -100; i < iters; i++) {
+            double t0 = now_us();
+            if (tiny_iteration(row, s ? opt : NULL) < 0)
+                return world_fail(w, "tiny iteration: %s", error_last());
+            if (i >= 0)
+                t[i] = now_us() - t0;
+        }
+        double m = median(t, iters);
+        if (s == 0)
+            figure("dist_tiny_us_p50", m, "us", "  context + forward + backward + end");
+        else
+            figure("dist_tiny_step_us_p50", m, "us", "  the same + DistributedOptimizer step");
+    }
+    dist_optim_free(opt);
+    rpc_value_unref(list);
+    tensor_unref(row);
+    tensor_unref(x);
+    tensor_unref(y);
+    free(t);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--csv")) {
+            csv = true;
+        } else if (!strncmp(argv[i], "--iters=", 8) && atoi(argv[i] + 8) > 0) {
+            iters = atoi(argv[i] + 8);
+        } else {
+            fprintf(stderr, "usage: %s [--csv] [--iters=N]\n", argv[0]);
+            return 2;
+        }
+    }
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    world_options_t o = {.world_size = 2, .setup = setup, .fn = trainer, .dist_autograd = true,
+                         .timeout_s = 600};
+    return world_run(&o) == 0 ? 0 : 1;
+}
