@@ -1,0 +1,430 @@
+/*  bench_rpc: figures of the RPC agent between two processes on this machine.
+
+        bench_rpc [--raw] [--csv] [--iters N]
+
+    Prints rpc_sync round trips (no tensor, a 1x10 tensor), remote + to_here,
+    one-way throughput of 1, 16 and 64 MiB tensors, and calls per second
+    with 64 calls in flight. --raw also measures plain libzmq in the same
+    run (REQ/REP round trip of one byte, one 64 MiB message one way, sent
+    without copy) in the same processes, in blocks taking turns with the RPC
+    measurements, so that both see the same machine. --csv prints one line
+    per figure: name,value,unit. The two processes are forked; the figures
+    come back to the parent through a pipe. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "autograd/error.h"
+#include "rpc/rpc.h"
+
+#define MAX_FIGURES 32
+
+typedef struct {
+    char name[48];
+    double value;
+    char unit[12];
+} figure_t;
+
+typedef struct {
+    figure_t f[MAX_FIGURES];
+    int n;
+} figures_t;
+
+static void add(figures_t *fs, const char *name, double value, const char *unit)
+{
+    if (fs->n < MAX_FIGURES) {
+        figure_t *f = &fs->f[fs->n++];
+        snprintf(f->name, sizeof f->name, "%s", name);
+        f->value = value;
+        snprintf(f->unit, sizeof f->unit, "%s", unit);
+    }
+}
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e6 + ts.tv_nsec / 1e3;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double quantile(double *v, int n, double q)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    int i = (int)ceil(q * n) - 1;
+    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
+}
+
+/* A TCP port the kernel just handed out (bound to 0, read back, closed). */
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof sa;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
+        port = ntohs(sa.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+/* ---- the server ---- */
+
+static rpc_value_t *h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    rpc_value_t *v = rpc_list_get(args, 0);
+    return v ? rpc_value_ref(v) : rpc_value_none();
+}
+
+static rpc_value_t *h_sink(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_none();
+}
+
+static rpc_value_t *h_small(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(1);
+}
+
+/* Raw libzmq REP, on its own context and thread: answers one byte to
+   anything, stops on "q". */
+static void *raw_server(void *arg)
+{
+    void *ctx = zmq_ctx_new();
+    void *rep = zmq_socket(ctx, ZMQ_REP);
+    zmq_bind(rep, arg);
+    for (;;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, rep, 0) < 0)
+            break;
+        bool quit = zmq_msg_size(&m) == 1 && *(char *)zmq_msg_data(&m) == 'q';
+        zmq_msg_close(&m);
+        zmq_send(rep, "", 1, 0);
+        if (quit)
+            break;
+    }
+    zmq_close(rep);
+    zmq_ctx_term(ctx);
+    return NULL;
+}
+
+static int setup(int rank, int port)
+{
+    rpc_register_inline("echo", h_echo, NULL);
+    rpc_register("echo_pool", h_echo, NULL);
+    rpc_register_inline("sink", h_sink, NULL);
+    rpc_register_inline("small", h_small, NULL);
+    rpc_options_t o = rpc_options_default();
+    o.master_addr = "127.0.0.1";
+    o.master_port = port;
+    o.init_timeout_ms = 30000;
+    if (rpc_init(rank ? "server" : "client", rank, 2, &o) < 0) {
+        fprintf(stderr, "bench_rpc: %s\n", error_last());
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the client ---- */
+
+typedef struct {
+    double *t;
+    int n, cap;
+} samples_t;
+
+static void sample(samples_t *s, double v)
+{
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        s->t = realloc(s->t, sizeof *s->t * (size_t)s->cap);
+    }
+    s->t[s->n++] = v;
+}
+
+static int rpc_block(const char *fn, rpc_value_t *args, int n, samples_t *s)
+{
+    for (int i = 0; i < n; i++) {
+        rpc_value_t *r;
+        double t0 = now_us();
+        if (rpc_sync(1, fn, args, -1, &r) < 0) {
+            fprintf(stderr, "bench_rpc: %s\n", error_last());
+            return -1;
+        }
+        if (s)
+            sample(s, now_us() - t0);
+        rpc_value_unref(r);
+    }
+    return 0;
+}
+
+static void raw_block(void *req, int n, samples_t *s)
+{
+    char b = 0;
+    for (int i = 0; i < n; i++) {
+        double t0 = now_us();
+        zmq_send(req, &b, 1, 0);
+        zmq_recv(req, &b, 1, 0);
+        if (s)
+            sample(s, now_us() - t0);
+    }
+}
+
+static void no_free(void *data, void *hint)
+{
+    (void)data;
+    (void)hint;
+}
+
+/* GB/s of one message of `size` bytes one way (plus a one-byte answer). */
+static double raw_bw(void *req, void *big, size_t size)
+{
+    char b;
+    zmq_msg_t m;
+    zmq_msg_init_data(&m, big, size, no_free, NULL);
+    double t0 = now_us();
+    zmq_msg_send(&m, req, 0);
+    zmq_recv(req, &b, 1, 0);
+    return size / ((now_us() - t0) * 1e3);
+}
+
+static double rpc_bw(rpc_value_t *args, size_t size)
+{
+    rpc_value_t *r;
+    double t0 = now_us();
+    if (rpc_sync(1, "sink", args, -1, &r) < 0)
+        return 0;
+    double dt = now_us() - t0;
+    rpc_value_unref(r);
+    return size / (dt * 1e3);
+}
+
+static rpc_value_t *tensor_args(size_t bytes)
+{
+    int64_t n = (int64_t)bytes / 4;
+    tensor_t *t = tensor_new(TENSOR_F32, 1, &n);
+    rpc_value_t *args = rpc_args("t", t);
+    tensor_unref(t);
+    return args;
+}
+
+static double calls_per_second(int window, int total)
+{
+    rpc_future_t **ring = calloc((size_t)window, sizeof *ring);
+    double t0 = now_us();
+    for (int i = 0; i < total; i++) {
+        rpc_future_t **slot = &ring[i % window];
+        if (*slot) {
+            rpc_wait(*slot, -1);
+            rpc_future_unref(*slot);
+        }
+        *slot = rpc_async(1, "echo", NULL, -1);
+    }
+    for (int i = 0; i < window; i++)
+        if (ring[i]) {
+            rpc_wait(ring[i], -1);
+            rpc_future_unref(ring[i]);
+        }
+    double dt = now_us() - t0;
+    free(ring);
+    return total / (dt / 1e6);
+}
+
+static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
+{
+    void *ctx = NULL, *req = NULL;
+    if (raw) {
+        ctx = zmq_ctx_new();
+        req = zmq_socket(ctx, ZMQ_REQ);
+        zmq_connect(req, raw_ep);
+        raw_block(req, 100, NULL);
+    }
+    float ten[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    tensor_t *t = tensor_from_data(TENSOR_F32, 2, (int64_t[]){1, 10}, ten);
+    rpc_value_t *targs = rpc_args("t", t);
+    tensor_unref(t);
+    /* Warm up, then blocks taking turns so that every kind of call sees the
+       same machine (this VM's neighbours come and go). */
+    rpc_block("echo", NULL, iters / 10, NULL);
+    rpc_block("echo_pool", NULL, iters / 10, NULL);
+    samples_t plain = {0}, tensor = {0}, pool = {0}, zraw = {0}, rth = {0};
+    const int blocks = 20;
+    for (int b = 0; b < blocks; b++) {
+        int n = iters / blocks;
+        if (rpc_block("echo", NULL, n, &plain) < 0 || rpc_block("echo", targs, n, &tensor) < 0 ||
+            rpc_block("echo_pool", NULL, n, &pool) < 0)
+            break;
+        if (raw)
+            raw_block(req, n, &zraw);
+        for (int i = 0; i < n / 2; i++) {
+            rpc_value_t *v;
+            double t0 = now_us();
+            rpc_rref_t *r = rpc_remote(1, "small", NULL, -1);
+            if (!r || rpc_rref_to_here(r, -1, &v) < 0) {
+                fprintf(stderr, "bench_rpc: %s\n", error_last());
+                break;
+            }
+            sample(&rth, now_us() - t0);
+            rpc_value_unref(v);
+            rpc_rref_unref(r);
+        }
+    }
+    rpc_value_unref(targs);
+    if (plain.n) {
+        add(fs, "rpc_rtt_us_p50", quantile(plain.t, plain.n, 0.5), "us");
+        add(fs, "rpc_rtt_us_p99", quantile(plain.t, plain.n, 0.99), "us");
+    }
+    if (tensor.n) {
+        add(fs, "rpc_rtt_tensor_us_p50", quantile(tensor.t, tensor.n, 0.5), "us");
+        add(fs, "rpc_rtt_tensor_us_p99", quantile(tensor.t, tensor.n, 0.99), "us");
+    }
+    if (pool.n)
+        add(fs, "rpc_rtt_pool_us_p50", quantile(pool.t, pool.n, 0.5), "us");
+    if (rth.n)
+        add(fs, "remote_to_here_us_p50", quantile(rth.t, rth.n, 0.5), "us");
+    if (zraw.n) {
+        add(fs, "zmq_rtt_us_p50", quantile(zraw.t, zraw.n, 0.5), "us");
+        add(fs, "zmq_rtt_us_p99", quantile(zraw.t, zraw.n, 0.99), "us");
+    }
+    rpc_rref_drain(-1);
+    /* Throughput: best of a few, taking turns with raw libzmq at 64 MiB. */
+    static const size_t mib[] = {1, 16, 64};
+    static const char *names[] = {"rpc_bw_1MiB_GBps", "rpc_bw_16MiB_GBps", "rpc_bw_64MiB_GBps"};
+    void *big = raw ? calloc(1, (size_t)64 << 20) : NULL;
+    double zbest = 0;
+    for (int k = 0; k < 3; k++) {
+        size_t size = mib[k] << 20;
+        rpc_value_t *args = tensor_args(size);
+        double best = 0;
+        int reps = k == 0 ? 20 : k == 1 ? 8 : 6;
+        for (int i = -1; i < reps; i++) {
+            double g = rpc_bw(args, size);
+            if (i >= 0 && g > best)
+                best = g;
+            if (k == 2 && raw) {
+                g = raw_bw(req, big, size);
+                if (i >= 0 && g > zbest)
+                    zbest = g;
+            }
+        }
+        rpc_value_unref(args);
+        add(fs, names[k], best, "GB/s");
+    }
+    if (raw)
+        add(fs, "zmq_bw_64MiB_GBps", zbest, "GB/s");
+    free(big);
+    add(fs, "rpc_calls_per_s_64_inflight", calls_per_second(64, 20 * iters), "1/s");
+    free(plain.t);
+    free(tensor.t);
+    free(pool.t);
+    free(zraw.t);
+    free(rth.t);
+    if (raw) {
+        char b;
+        zmq_send(req, "q", 1, 0);
+        zmq_recv(req, &b, 1, 0);
+        zmq_close(req);
+        zmq_ctx_term(ctx);
+    }
+}
+
+static int run(int iters, bool raw, figures_t *fs)
+{
+    int port = free_port();
+    char raw_ep[64];
+    snprintf(raw_ep, sizeof raw_ep, "tcp://127.0.0.1:%d", free_port());
+    int fd[2];
+    if (port < 0 || pipe(fd) < 0)
+        return -1;
+    fflush(stdout);
+    pid_t server = fork();
+    if (server == 0) {
+        close(fd[0]);
+        pthread_t t;
+        if (raw)
+            pthread_create(&t, NULL, raw_server, raw_ep);
+        int rc = setup(1, port) == 0 && rpc_shutdown(true, 0) == 0 ? 0 : 1;
+        if (raw)
+            pthread_join(t, NULL);
+        _exit(rc);
+    }
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fd[0]);
+        figures_t mine = {0};
+        if (setup(0, port) == 0) {
+            client(iters, raw, raw_ep, &mine);
+            rpc_shutdown(true, 0);
+        }
+        if (write(fd[1], &mine, sizeof mine) != (ssize_t)sizeof mine)
+            _exit(1);
+        _exit(0);
+    }
+    close(fd[1]);
+    figures_t got = {0};
+    ssize_t n = read(fd[0], &got, sizeof got);
+    close(fd[0]);
+    waitpid(pid, NULL, 0);
+    waitpid(server, NULL, 0);
+    if (n != (ssize_t)sizeof got || got.n == 0)
+        return -1;
+    *fs = got;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    bool raw = false, csv = false;
+    int iters = 4000;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--raw") == 0)
+            raw = true;
+        else if (strcmp(argv[i], "--csv") == 0)
+            csv = true;
+        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--raw] [--csv] [--iters N]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (iters < 100)
+        iters = 100;
+    figures_t fs = {0};
+    if (run(iters, raw, &fs) < 0) {
+        fprintf(stderr, "bench_rpc: the run failed\n");
+        return 1;
+    }
+    for (int i = 0; i < fs.n; i++) {
+        if (csv)
+            printf("%s,%.3f,%s\n", fs.f[i].name, fs.f[i].value, fs.f[i].unit);
+        else
+            printf("%-32s %12.2f %s\n", fs.f[i].name, fs.f[i].value, fs.f[i].unit);
+    }
+    return 0;
+}
