@@ -22,3 +22,9 @@ target_link_libraries(ps_sync_async PRIVATE zd_examples_dist ${zd_examples_dist_
 
 add_executable(pipeline ${CMAKE_CURRENT_LIST_DIR}/pipeline.c)
 target_link_libraries(pipeline PRIVATE zd_examples_dist ${zd_examples_dist_deps})
+
+# bench_examples runs each program in a world of processes with
+# tests/support/world.c (zd_testsupport, defined in tests/).
+add_executable(bench_examples ${CMAKE_SOURCE_DIR}/bench/bench_examples.c)
+target_link_libraries(bench_examples PRIVATE zd_examples_dist zd_testsupport
+                      ${zd_examples_dist_deps})

@@ -4,6 +4,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "autograd/autograd.h"
 #include "autograd/dist_autograd.h"
@@ -18,7 +19,16 @@ typedef struct {
     int stage;                          /* 1 or 2 */
     nn_model_t *net;                    /* the whole Net; only the stage's half is used */
     tensor_t *params[PIPELINE_STAGE_PARAMS];    /* borrowed from net */
+    double busy;                        /* seconds spent in forward since the last stats */
+    int64_t calls;
 } shard_t;
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static void shard_free(void *obj)
 {
@@ -77,8 +87,11 @@ static rpc_value_t *fn_shard_forward(rpc_call_t *call, rpc_value_t *args, void *
     /* Without a context nobody can run backward: do not record. */
     bool grad = autograd_set_grad_enabled(dist_autograd_current_context() >= 0);
     ps_actor_lock(a);
+    double t0 = now();
     int rc = s->stage == 1 ? nn_net_forward_conv(s->net, x, &y)
                            : nn_net_forward_fc(s->net, x, &y);
+    s->busy += now() - t0;
+    s->calls++;
     ps_actor_unlock(a);
     autograd_set_grad_enabled(grad);
     if (rc == 0)
@@ -159,6 +172,24 @@ static rpc_value_t *fn_shard_gradients(rpc_call_t *call, rpc_value_t *args, void
     return l;
 }
 
+/*  "NetShard.stats"() -> [seconds in forward, forwards], both since the
+    previous call (which resets them). */
+static rpc_value_t *fn_shard_stats(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    if (!a)
+        return NULL;
+    shard_t *s = ps_actor_object(a);
+    ps_actor_lock(a);
+    rpc_value_t *v = rpc_args("fi", s->busy, s->calls);
+    s->busy = 0;
+    s->calls = 0;
+    ps_actor_unlock(a);
+    ps_actor_put(a);
+    return v;
+}
+
 int pipeline_register(void)
 {
     if (dist_autograd_init() < 0 || dist_optim_init() < 0 || ps_actor_register() < 0 ||
@@ -166,7 +197,8 @@ int pipeline_register(void)
         rpc_register("NetShard.forward", fn_shard_forward, NULL) < 0 ||
         rpc_register("NetShard.parameter_rrefs", fn_shard_param_rrefs, NULL) < 0 ||
         rpc_register("NetShard.train", fn_shard_train, NULL) < 0 ||
-        rpc_register("NetShard.gradients", fn_shard_gradients, NULL) < 0)
+        rpc_register("NetShard.gradients", fn_shard_gradients, NULL) < 0 ||
+        rpc_register("NetShard.stats", fn_shard_stats, NULL) < 0)
         return -1;
     return 0;
 }
@@ -333,4 +365,18 @@ int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, tensor_t **gra
     }
     rpc_value_unref(a);
     return rc;
+}
+
+int pipeline_net_busy(pipeline_net_t *n, double *seconds)
+{
+    for (int k = 0; k < 2; k++) {
+        rpc_value_t *v;
+        if (rpc_rref_rpc_sync(n->shard[k], "NetShard.stats", NULL, -1, &v) < 0)
+            return -1;
+        int rc = rpc_arg_float(v, 0, &seconds[k]);
+        rpc_value_unref(v);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
 }

@@ -13,6 +13,8 @@
         "NetShard.train"(on): dropout on or off.
         "NetShard.gradients"(context_id): [grad or none, ...] of its stage's
             parameters in that distributed autograd context.
+        "NetShard.stats"(): [seconds spent in forward, forwards] since the
+            previous call.
 
     The driver cuts each batch into micro-batches; for each one it wraps
     the input in an RRef, asks stage 1 to keep its output remotely
@@ -72,6 +74,10 @@ int pipeline_net_train(pipeline_net_t *n, bool training);
     0, or -1. */
 int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, tensor_t **grads);
 
+/*  Seconds each shard spent computing forwards since the previous call
+    (seconds[0] stage 1, seconds[1] stage 2). 0, or -1. */
+int pipeline_net_busy(pipeline_net_t *n, double *seconds);
+
 /*  ---- the program ---- */
 
 typedef struct {
@@ -95,6 +101,11 @@ typedef struct {
     int64_t num_split[2];           /* per run */
     double samples_per_s[2];        /* after the first (warm-up) batch of each run */
     double seconds[2];              /* whole run */
+    /* Per batch, after the first: the forward's wall time and each stage's
+       compute time in it. Without overlap forward >= stage1 + stage2; the
+       overlap is the share of the shorter stage hidden behind the other:
+       (stage1 + stage2 - forward) / min(stage1, stage2), clamped to [0, 1]. */
+    double forward_ms[2], stage_ms[2][2], overlap[2];
     double last_loss;
     double accuracy;                /* of the last run, when test_size > 0 */
 } pipeline_result_t;

@@ -45,13 +45,15 @@ static double now(void)
 /*  One batch: forward in micro-batches, loss, distributed backward and a
     step of both shards, in a context of its own. */
 static int train_batch(pipeline_net_t *net, dist_optim_t *opt, tensor_t *x, tensor_t *y,
-                       int split, double *loss)
+                       int split, double *loss, double *forward_s)
 {
     int64_t ctx;
     if (dist_autograd_context_begin(&ctx) < 0)
         return -1;
     tensor_t *logprobs = NULL, *l = NULL;
+    double t0 = now();
     int rc = pipeline_net_forward(net, x, split, &logprobs);
+    *forward_s += now() - t0;
     if (rc == 0)
         rc = nn_nll_loss(logprobs, y, &l);
     if (rc == 0)
@@ -120,7 +122,7 @@ static int run_once(driver_t *d, int run, int split, bool last)
         dist_optim_new(&cfg, params, np, &opt) < 0)
         goto out;
     int64_t nb = dataset_num_batches(d->train, o->batch_size);
-    double t0 = now(), t1 = t0, loss = 0;
+    double t0 = now(), t1 = t0, loss = 0, fwd = 0, busy[2];
     for (int64_t b = 0; b < o->iterations; b++) {
         if (b % nb == 0) {
             free(order);
@@ -133,26 +135,44 @@ static int run_once(driver_t *d, int run, int split, bool last)
         if (dataset_batch(d->train, order, (b % nb) * o->batch_size, o->batch_size, &x, &y) < 0)
             goto out;
         int s = split < tensor_size(x, 0) ? split : (int)tensor_size(x, 0);
-        int brc = train_batch(net, opt, x, y, s, &loss);
+        int brc = train_batch(net, opt, x, y, s, &loss, &fwd);
         tensor_unref(x);
         tensor_unref(y);
         if (brc < 0)
             goto out;
-        if (b == 0)
-            t1 = now();     /* the first batch warms up threads and caches */
+        if (b == 0) {
+            /* The first batch warms up threads and caches: not timed. */
+            if (pipeline_net_busy(net, busy) < 0)
+                goto out;
+            fwd = 0;
+            t1 = now();
+        }
         if (!o->quiet && o->log_interval > 0 && b % o->log_interval == 0)
             printf("  batch %lld loss %.4f\n", (long long)b, loss);
     }
     double t2 = now(), timed = o->iterations > 1 ? t2 - t1 : t2 - t0;
-    int64_t samples = (o->iterations > 1 ? o->iterations - 1 : 1) * o->batch_size;
+    int64_t timed_batches = o->iterations > 1 ? o->iterations - 1 : 1;
+    int64_t samples = timed_batches * o->batch_size;
+    if (pipeline_net_busy(net, busy) < 0)
+        goto out;
+    double *st = d->res->stage_ms[run], shorter;
+    d->res->forward_ms[run] = 1e3 * fwd / (double)timed_batches;
+    st[0] = 1e3 * busy[0] / (double)timed_batches;
+    st[1] = 1e3 * busy[1] / (double)timed_batches;
+    shorter = st[0] < st[1] ? st[0] : st[1];
+    double ov = shorter > 0 ? (st[0] + st[1] - d->res->forward_ms[run]) / shorter : 0;
+    d->res->overlap[run] = ov < 0 ? 0 : ov > 1 ? 1 : ov;
     d->res->num_split[run] = split;
     d->res->seconds[run] = t2 - t0;
     d->res->samples_per_s[run] = timed > 0 ? (double)samples / timed : 0;
     d->res->last_loss = loss;
     d->res->runs = run + 1;
     if (!o->quiet) {
-        printf("number of splits = %d, execution time = %.2f s, throughput = %.0f samples/s\n",
-               split, t2 - t0, d->res->samples_per_s[run]);
+        printf("number of splits = %d, execution time = %.2f s, throughput = %.0f samples/s\n"
+               "  forward %.1f ms per batch: stage 1 computes %.1f ms, stage 2 %.1f ms, "
+               "%.1f ms of them at the same time\n",
+               split, t2 - t0, d->res->samples_per_s[run], d->res->forward_ms[run], st[0],
+               st[1], d->res->overlap[run] * shorter);
         fflush(stdout);
     }
     if (last && d->test) {

@@ -79,6 +79,20 @@ static tensor_t *future_tensor(rpc_future_t *f)
     return tensor_ref(t);
 }
 
+/*  Waits until every actor exists (a DataWorker loads its data first), so
+    that a failed creation is reported as such and the timing starts with
+    everyone ready. */
+static int wait_created(rpc_rref_t *const *rrefs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        rpc_value_t *v;
+        if (rpc_rref_to_here(rrefs[i], -1, &v) < 0)
+            return error_wrap("creating the actor on %s", rpc_rref_owner_name(rrefs[i]));
+        rpc_value_unref(v);
+    }
+    return 0;
+}
+
 static int create_actors(driver_t *d)
 {
     const ps_options_t *o = d->o;
@@ -294,7 +308,9 @@ static int run(driver_t *d, ps_result_t *res)
     if (!(d->model = nn_model_new(o->model, (uint64_t)o->seed)) ||
         dataset_load(o->data_dir, DATASET_TEST, &d->test) < 0 ||
         (o->test_size > 0 && dataset_limit(d->test, o->test_size) < 0) ||
-        create_actors(d) < 0 || update_weights(d, "ParameterServer.get_weights", NULL) < 0)
+        create_actors(d) < 0 || wait_created(d->servers, d->S) < 0 ||
+        wait_created(d->workers, d->W) < 0 ||
+        update_weights(d, "ParameterServer.get_weights", NULL) < 0)
         return -1;
     if (!o->quiet) {
         printf(o->async ? "Running Asynchronous Parameter Server Training.\n"

@@ -268,10 +268,18 @@ static int fn_driver(const world_t *w)
     if (res.runs != 2 || res.num_split[0] != 1 || res.num_split[1] != 4)
         rc = world_fail(w, "runs: %d (%lld, %lld)", res.runs, (long long)res.num_split[0],
                         (long long)res.num_split[1]);
-    for (int r = 0; r < 2; r++)
+    for (int r = 0; r < 2; r++) {
         if (!(res.samples_per_s[r] > 0) || !(res.seconds[r] > 0))
             rc = world_fail(w, "run %d: %g samples/s in %g s", r, res.samples_per_s[r],
                             res.seconds[r]);
+        /* Both stages computed during the forwards, which took longer than
+           either; the overlap is a share (its size depends on timing). */
+        const double *st = res.stage_ms[r];
+        if (!(st[0] > 0 && st[1] > 0 && res.forward_ms[r] >= st[0] &&
+              res.forward_ms[r] >= st[1] && res.overlap[r] >= 0 && res.overlap[r] <= 1))
+            rc = world_fail(w, "run %d: forward %g ms, stages %g and %g ms, overlap %g", r,
+                            res.forward_ms[r], st[0], st[1], res.overlap[r]);
+    }
     if (!(res.last_loss > 0 && res.last_loss < 3) || res.accuracy < 0 || res.accuracy > 1)
         rc = world_fail(w, "loss %g, accuracy %g", res.last_loss, res.accuracy);
     if (shard_contexts(1) != 0 || shard_contexts(2) != 0 || dist_autograd_num_contexts() != 0)

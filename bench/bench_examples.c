@@ -1,0 +1,171 @@
+/*  bench_examples: throughput of the programs built on the public API, each
+    in a world of real processes on this machine (loopback).
+
+      ps_sync_iters_per_s_wN    ps_sync_async --mode=sync, 1 server, N workers:
+                                rounds (N gradients + 1 update) per second
+      ps_async_iters_per_s_wN   --mode=async: updates (1 gradient each) per second
+      pipeline_samples_per_s_splitK   pipeline, batch 128 in K micro-batches
+
+        bench_examples [--csv] [--iterations N] [--batches N] [--only ps|pipeline]
+
+    The PS figures time the training loop only (actors created, no test
+    evaluation); the pipeline's skip each run's first batch. --csv prints
+    `name,value,unit` lines. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "autograd/error.h"
+#include "examples/pipeline_core.h"
+#include "examples/ps_core.h"
+#include "tests/support/world.h"
+
+#define MAX_FIGURES 16
+
+typedef struct {
+    int n;
+    char name[MAX_FIGURES][48];
+    double value[MAX_FIGURES];
+    char unit[MAX_FIGURES][16];
+} figures_t;
+
+/*  Shared with the children: rank 0 of each world writes its figures here. */
+static figures_t *figs;
+
+typedef struct {
+    bool async;
+    int workers;
+    int64_t iterations;
+} ps_bench_t;
+
+static void add(const char *name, double value, const char *unit)
+{
+    if (figs->n < MAX_FIGURES) {
+        snprintf(figs->name[figs->n], sizeof figs->name[0], "%s", name);
+        figs->value[figs->n] = value;
+        snprintf(figs->unit[figs->n], sizeof figs->unit[0], "%s", unit);
+        figs->n++;
+    }
+}
+
+static int ps_setup(const world_t *w)
+{
+    (void)w;
+    return ps_register();
+}
+
+static int ps_fn(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    const ps_bench_t *b = w->arg;
+    ps_options_t o = ps_options_default();
+    o.async = b->async;
+    o.num_workers = b->workers;
+    o.iterations = b->iterations;
+    o.eval_interval = 0;
+    o.test_size = 100;
+    o.quiet = true;
+    ps_result_t res;
+    if (ps_run_driver(&o, &res) < 0)
+        return world_fail(w, "%s", error_last());
+    char name[48];
+    snprintf(name, sizeof name, "ps_%s_iters_per_s_w%d", b->async ? "async" : "sync",
+             b->workers);
+    add(name, res.iters_per_s, "iters/s");
+    ps_result_free(&res);
+    return 0;
+}
+
+static int pipe_setup(const world_t *w)
+{
+    (void)w;
+    return pipeline_register();
+}
+
+static int pipe_fn(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    pipeline_options_t o = pipeline_options_default();
+    o.iterations = *(const int64_t *)w->arg;
+    o.num_split = 4;
+    o.test_size = 0;
+    o.quiet = true;
+    pipeline_result_t res;
+    if (pipeline_run_driver(&o, &res) < 0)
+        return world_fail(w, "%s", error_last());
+    for (int r = 0; r < res.runs; r++) {
+        char name[48];
+        snprintf(name, sizeof name, "pipeline_samples_per_s_split%lld",
+                 (long long)res.num_split[r]);
+        add(name, res.samples_per_s[r], "samples/s");
+    }
+    return 0;
+}
+
+static int run(int size, world_setup_fn *setup, world_fn *fn, void *arg, bool dist)
+{
+    world_options_t o = {.world_size = size, .setup = setup, .fn = fn, .arg = arg,
+                         .timeout_s = 600, .dist_autograd = dist};
+    return world_run(&o);
+}
+
+int main(int argc, char **argv)
+{
+    bool csv = false;
+    int64_t iterations = 200, batches = 10;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--csv") == 0)
+            csv = true;
+        else if (strcmp(argv[i], "--iterations") == 0 && i + 1 < argc)
+            iterations = atoll(argv[++i]);
+        else if (strcmp(argv[i], "--batches") == 0 && i + 1 < argc)
+            batches = atoll(argv[++i]);
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--csv] [--iterations N] [--batches N] "
+                            "[--only ps|pipeline]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (iterations < 1 || batches < 2) {
+        fprintf(stderr, "bench_examples: --iterations must be >= 1 and --batches >= 2\n");
+        return 2;
+    }
+    figs = mmap(NULL, sizeof *figs, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (figs == MAP_FAILED) {
+        perror("bench_examples: mmap");
+        return 1;
+    }
+    memset(figs, 0, sizeof *figs);
+    int rc = 0;
+    if (!only || strcmp(only, "ps") == 0) {
+        for (int a = 0; a < 2 && rc == 0; a++) {
+            for (int w = 1; w <= 3 && rc == 0; w++) {
+                /* async does iterations x workers updates: the same work per worker */
+                ps_bench_t b = {a == 1, w, a == 1 ? iterations / w + 1 : iterations};
+                rc = run(2 + w, ps_setup, ps_fn, &b, false);
+            }
+        }
+    }
+    if (rc == 0 && (!only || strcmp(only, "pipeline") == 0))
+        rc = run(PIPELINE_WORLD_SIZE, pipe_setup, pipe_fn, &batches, true);
+    if (rc < 0) {
+        fprintf(stderr, "bench_examples: a world failed\n");
+        return 1;
+    }
+    if (!csv)
+        printf("%-36s %12s  %s\n", "figure", "value", "unit");
+    for (int i = 0; i < figs->n; i++) {
+        if (csv)
+            printf("%s,%.1f,%s\n", figs->name[i], figs->value[i], figs->unit[i]);
+        else
+            printf("%-36s %12.1f  %s\n", figs->name[i], figs->value[i], figs->unit[i]);
+    }
+    return 0;
+}
