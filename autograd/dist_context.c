@@ -182,7 +182,7 @@ int dist_context_peers(dist_context_t *c, int **peers, int *n)
     pthread_mutex_lock(&c->lock);
     *n = c->n_peers;
     *peers = malloc(sizeof(int) * (size_t)(c->n_peers ? c->n_peers : 1));
-    if (*peers)
+    if (*peers && c->n_peers > 0)
         memcpy(*peers, c->peers, sizeof(int) * (size_t)c->n_peers);
     pthread_mutex_unlock(&c->lock);
     return *peers ? 0 : error_set("dist_autograd: out of memory");
