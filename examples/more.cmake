@@ -24,7 +24,10 @@ add_executable(pipeline ${CMAKE_CURRENT_LIST_DIR}/pipeline.c)
 target_link_libraries(pipeline PRIVATE zd_examples_dist ${zd_examples_dist_deps})
 
 # bench_examples runs each program in a world of processes with
-# tests/support/world.c (zd_testsupport, defined in tests/).
+# tests/support/world.c (zd_testsupport, defined in tests/); it lands in
+# build/bench with the other benchmarks.
 add_executable(bench_examples ${CMAKE_SOURCE_DIR}/bench/bench_examples.c)
 target_link_libraries(bench_examples PRIVATE zd_examples_dist zd_testsupport
                       ${zd_examples_dist_deps})
+set_target_properties(bench_examples PROPERTIES RUNTIME_OUTPUT_DIRECTORY
+                      ${CMAKE_BINARY_DIR}/bench)
