@@ -9,6 +9,7 @@
 #include "autograd/autograd.h"
 #include "autograd/dist_autograd.h"
 #include "autograd/error.h"
+#include "nn/dataset.h"
 #include "nn/model.h"
 #include "nn/nn.h"
 #include "optim/dist_optim.h"
@@ -30,11 +31,16 @@ static struct {
     pthread_mutex_t rng_lock;
     nn_rng_t rng;
 
-    /* shard 0: throughput book-keeping */
+    /* shard 0: throughput book-keeping and the shared final evaluation */
     pthread_mutex_t stats_lock;
     int started, finished;
     struct timespec first_start, last_finish;
     int64_t samples;
+    char data_dir[1024];
+    rpc_future_t *waiting[64];     /* evaluations waiting for the last trainer */
+    int n_waiting;
+    int64_t eval_samples;
+    double accuracy;               /* < 0: not evaluated yet */
 } ps;
 
 static tensor_t *param(const char *name)
@@ -329,6 +335,91 @@ static rpc_value_t *fn_get_dist_gradients(rpc_call_t *call, rpc_value_t *args, v
     return list;
 }
 
+/*  Accuracy of the current weights on the first `limit` test images (0: all),
+    in evaluation mode. */
+static int evaluate(int64_t limit, double *acc)
+{
+    dataset_t *test = NULL;
+    const char *dir = ps.data_dir[0] ? ps.data_dir : NULL;
+    if (dataset_load(dir, DATASET_TEST, &test) < 0)
+        return -1;
+    int64_t n = dataset_size(test), correct = 0;
+    if (limit > 0 && limit < n)
+        n = limit;
+    bool prev = autograd_set_grad_enabled(false);
+    int rc = 0;
+    for (int64_t start = 0; start < n && rc == 0; start += 1000) {
+        tensor_t *x, *y, *out = NULL;
+        rc = dataset_batch(test, NULL, start, n - start < 1000 ? n - start : 1000, &x, &y);
+        if (rc == 0 && (rc = forward(x, false, &out)) == 0) {
+            int64_t c = nn_accuracy(out, y);
+            rc = c < 0 ? -1 : 0;
+            correct += c;
+        }
+        tensor_unref(out);
+        tensor_unref(x);
+        tensor_unref(y);
+    }
+    autograd_set_grad_enabled(prev);
+    dataset_free(test);
+    *acc = n ? (double)correct / (double)n : 0;
+    return rc;
+}
+
+/*  Answers every waiting evaluation once the last trainer has finished:
+    all trainers then share one evaluation of the final weights. Called with
+    stats_lock held; the evaluation itself runs outside it. */
+static void finish_evaluations(void)
+{
+    int trainers = rpc_world_size() - ps.num_shards;
+    if (ps.finished < trainers || ps.n_waiting < ps.finished)
+        return;
+    rpc_future_t *fs[64];
+    int n = ps.n_waiting;
+    memcpy(fs, ps.waiting, sizeof fs[0] * (size_t)n);
+    ps.n_waiting = 0;
+    pthread_mutex_unlock(&ps.stats_lock);
+    double acc;
+    int rc = evaluate(ps.eval_samples, &acc);
+    char err[512];
+    snprintf(err, sizeof err, "%s", rc < 0 ? error_last() : "");
+    for (int i = 0; i < n; i++) {
+        rpc_value_t *v = rc == 0 ? rpc_value_float(acc) : NULL;
+        if (v)
+            rpc_future_set_value(fs[i], v);
+        else
+            rpc_future_set_error(fs[i], "evaluation failed: %s", err);
+        rpc_value_unref(v);
+        rpc_future_unref(fs[i]);
+    }
+    pthread_mutex_lock(&ps.stats_lock);
+}
+
+/*  ps_evaluate(server, samples) -> accuracy: answered when every trainer
+    has finished (a trainer whose call times out evaluates by itself). */
+static rpc_future_t *fn_evaluate(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t samples;
+    if (rpc_arg_int(args, 1, &samples) < 0)
+        return NULL;
+    rpc_future_t *f = rpc_future_new();
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&ps.stats_lock);
+    if (ps.n_waiting == 64) {
+        pthread_mutex_unlock(&ps.stats_lock);
+        rpc_future_unref(f);
+        error_set("too many trainers waiting for the evaluation");
+        return NULL;
+    }
+    ps.eval_samples = samples;
+    ps.waiting[ps.n_waiting++] = rpc_future_ref(f);
+    finish_evaluations();
+    pthread_mutex_unlock(&ps.stats_lock);
+    return f;
+}
+
 static rpc_value_t *fn_trainer_started(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
@@ -353,6 +444,7 @@ static rpc_value_t *fn_trainer_finished(rpc_call_t *call, rpc_value_t *args, voi
     ps.finished++;
     ps.samples += samples;
     ps.last_finish = now;
+    finish_evaluations();
     pthread_mutex_unlock(&ps.stats_lock);
     return rpc_value_none();
 }
@@ -367,7 +459,8 @@ void ps_net_throughput(int64_t *samples, double *seconds)
     pthread_mutex_unlock(&ps.stats_lock);
 }
 
-int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout, FILE *out)
+int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
+                 const char *data_dir, FILE *out)
 {
     if (num_shards < 1 || num_shards > 64 || shard < 0 || shard >= num_shards)
         return error_set("ps_net: shard %d of %d", shard, num_shards);
@@ -377,6 +470,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout, FIL
     ps.shard = shard;
     ps.num_shards = num_shards;
     ps.dropout = use_dropout;
+    snprintf(ps.data_dir, sizeof ps.data_dir, "%s", data_dir ? data_dir : "");
     pthread_mutex_init(&ps.rng_lock, NULL);
     pthread_mutex_init(&ps.stats_lock, NULL);
     nn_rng_seed(&ps.rng, seed * 1000003u + (uint64_t)shard);
@@ -434,7 +528,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout, FIL
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
             return -1;
-    return 0;
+    return rpc_register_async("ps_evaluate", fn_evaluate, NULL);
 }
 
 void ps_net_free(void)

@@ -35,8 +35,13 @@
       ps_get_param_rrefs(server)        -> RRefs to every parameter slice
       ps_get_dist_gradients(server, cid)-> [[name, grad], ...] of all shards
       ps_trainer_started(server) / ps_trainer_finished(server, samples)
-    Call before rpc_init. Prints the split to out. Returns 0, or -1. */
-int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, FILE *out);
+      ps_evaluate(server, samples)      -> test accuracy of the final weights,
+                                           once every trainer has finished
+    The test set is read from data_dir (NULL: the default place) when the
+    first evaluation runs. Call before rpc_init. Prints the split to out.
+    Returns 0, or -1. */
+int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const char *data_dir,
+                 FILE *out);
 
 /*  How many fc1 rows shard s of S holds, and the first one. */
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);

@@ -191,9 +191,22 @@ static int run_trainer(const options_t *o)
     if (call_none(ps, "ps_trainer_finished", rpc_args("i", done * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
+    /* Trainers share one evaluation of the final weights on the server
+       (it answers when the last trainer is done); one that waits longer
+       than the RPC timeout evaluates by itself. */
     double acc;
-    if (evaluate(ps, test, o->eval_samples, &acc) < 0)
-        goto out;
+    rpc_value_t *a = rpc_args("i", o->eval_samples), *r = NULL;
+    int erc = a ? rpc_rref_rpc_sync(ps, "ps_evaluate", a, RPC_TIMEOUT_DEFAULT, &r) : -1;
+    if (erc == 0)
+        erc = rpc_value_get_float(r, &acc);
+    rpc_value_unref(a);
+    rpc_value_unref(r);
+    if (erc < 0) {
+        fprintf(stderr, "rpc_ps trainer %lld: shared evaluation failed (%s); evaluating alone\n",
+                (long long)o->rank, error_last());
+        if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+            goto out;
+    }
     printf("Rank %lld test accuracy %.2f %%\n", (long long)o->rank, 100 * acc);
     printf("Rank %lld throughput %.0f samples/s\n", (long long)o->rank,
            (double)(done * o->batch_size) / (t1 - t0));
@@ -303,7 +316,7 @@ int main(int argc, char **argv)
     if (dist_autograd_init() < 0 || dist_optim_init() < 0)
         goto fail;
     if (server && ps_net_serve((int)o.rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
-                               stdout) < 0)
+                               o.data_dir, stdout) < 0)
         goto fail;
     rpc_options_t ro = rpc_options_default();
     ro.master_addr = o.master_addr;
