@@ -54,10 +54,13 @@ static bool holds_train_files(const char *dir)
         && dataset_find_file(dir, DATASET_TRAIN, "labels", path, sizeof path) == 0;
 }
 
+/*  The directory found: the places tried before it left their error text,
+    which must not outlive a success. */
 static int copy_dir(const char *dir, char *buf, size_t size)
 {
     if ((size_t)snprintf(buf, size, "%s", dir) >= size)
         return error_set("dataset: directory name %s too long", dir);
+    error_clear();
     return 0;
 }
 
