@@ -5,7 +5,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -18,177 +17,17 @@
 #include "autograd/error.h"
 #include "nn/model.h"
 #include "nn/nn.h"
+#include "tests/support/golden_cases.h"
 
-/* ---- golden cases: a minimal test-only reader (IDX + manifest) ---- */
+/* ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
 
-#define MAX_ENTRIES 256
-
-typedef struct {
-    char role[16], name[128], file[128];
-} golden_entry_t;
-
-typedef struct {
-    char dir[1024], kind[64], attrs[600];
-    int n;
-    golden_entry_t e[MAX_ENTRIES];
-} golden_case_t;
-
-static const char *golden_root(void)
+/*  The case's tensor (borrowed from the case); fails the test when it has none. */
+static tensor_t *golden_borrow(golden_case_t *c, const char *role, const char *name)
 {
-    const char *d = getenv("ZDIST_GOLDEN_DIR");
-    return d && *d ? d : "/work/shared/golden";
-}
-
-static bool golden_load(const char *dir, golden_case_t *c)
-{
-    char path[1100], line[512];
-    memset(c, 0, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "%s", dir);
-    snprintf(path, sizeof path, "%s/manifest.txt", dir);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (strncmp(line, "# kind: ", 8) == 0)
-            snprintf(c->kind, sizeof c->kind, "%.63s", line + 8);
-        else if (strncmp(line, "# attrs:", 8) == 0)
-            snprintf(c->attrs, sizeof c->attrs, " %s ", line + 8);
-        else if (line[0] && line[0] != '#' && c->n < MAX_ENTRIES) {
-            golden_entry_t *e = &c->e[c->n];
-            if (sscanf(line, "%15s %127s %127s", e->role, e->name, e->file) == 3)
-                c->n++;
-        }
-    }
-    fclose(f);
-    return c->kind[0] != 0;
-}
-
-/*  Every case folder under the golden root whose manifest has this kind. */
-static int golden_list(const char *kind, golden_case_t **out)
-{
-    DIR *d = opendir(golden_root());
-    assert_non_null(d);
-    struct dirent *de;
-    int n = 0;
-    golden_case_t *cases = NULL;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char dir[1024];
-        snprintf(dir, sizeof dir, "%s/%s", golden_root(), de->d_name);
-        golden_case_t *c = malloc(sizeof *c);
-        assert_non_null(c);
-        if (golden_load(dir, c) && strcmp(c->kind, kind) == 0) {
-            cases = realloc(cases, sizeof *cases * (size_t)(n + 1));
-            assert_non_null(cases);
-            cases[n++] = *c;
-        }
-        free(c);
-    }
-    closedir(d);
-    *out = cases;
-    return n;
-}
-
-static double golden_attr(const golden_case_t *c, const char *key, double dflt)
-{
-    char pat[80];
-    snprintf(pat, sizeof pat, " %s=", key);
-    const char *p = strstr(c->attrs, pat);
-    return p ? atof(p + strlen(pat)) : dflt;
-}
-
-static uint32_t be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static tensor_t *idx_read(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    unsigned char h[4 + 4 * 8];
-    assert_int_equal(fread(h, 1, 4, f), 4);
-    int type = h[2], nd = h[3];
-    assert_true(nd >= 1 && nd <= 8);
-    assert_int_equal(fread(h + 4, 4, (size_t)nd, f), (size_t)nd);
-    int64_t shape[8], count = 1;
-    for (int i = 0; i < nd; i++)
-        count *= shape[i] = be32(h + 4 + 4 * i);
-    tensor_t *t;
-    if (type == 0x0D) {
-        t = tensor_empty(TENSOR_F32, nd, shape);
-        unsigned char *raw = malloc((size_t)count * 4 + 1);
-        assert_int_equal(fread(raw, 4, (size_t)count, f), (size_t)count);
-        for (int64_t i = 0; i < count; i++) {
-            uint32_t v = be32(raw + 4 * i);
-            memcpy(tensor_data(t) + i, &v, 4);
-        }
-        free(raw);
-    } else {
-        assert_int_equal(type, 0x08);
-        t = tensor_empty(TENSOR_U8, nd, shape);
-        assert_int_equal(fread(tensor_raw(t), 1, (size_t)count, f), (size_t)count);
-    }
-    fclose(f);
-    return t;
-}
-
-/*  The tensor with this role and name, or NULL when the case has none. */
-static tensor_t *golden_get(const golden_case_t *c, const char *role, const char *name)
-{
-    for (int i = 0; i < c->n; i++) {
-        if (strcmp(c->e[i].role, role) == 0 && strcmp(c->e[i].name, name) == 0) {
-            char path[1300];
-            snprintf(path, sizeof path, "%s/%s", c->dir, c->e[i].file);
-            return idx_read(path);
-        }
-    }
-    return NULL;
-}
-
-static tensor_t *golden_need(const golden_case_t *c, const char *role, const char *name)
-{
-    tensor_t *t = golden_get(c, role, name);
+    tensor_t *t = golden_tensor(c, role, name);
     if (!t)
         fail_msg("%s: no %s %s", c->dir, role, name);
     return t;
-}
-
-/*  |a - e| <= 1e-5 + 1e-4 |e| everywhere, same shape. */
-static void assert_close(const char *what, const golden_case_t *c, tensor_t *a, tensor_t *e)
-{
-    char sa[96], se[96];
-    assert_non_null(a);
-    if (tensor_numel(a) != tensor_numel(e))
-        fail_msg("%s %s: shape %s, expected %s", c->dir, what, tensor_shape_str(a, sa, 96),
-                 tensor_shape_str(e, se, 96));
-    const float *pa = tensor_data(a), *pe = tensor_data(e);
-    for (int64_t i = 0; i < tensor_numel(e); i++)
-        if (!(fabsf(pa[i] - pe[i]) <= 1e-5f + 1e-4f * fabsf(pe[i])))
-            fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i,
-                     (double)pa[i], (double)pe[i]);
-}
-
-/*  "fc1.weight[rows=0,15,117,127]" -> base name and the row list. */
-static int parse_rows(const char *entry, char *base, size_t size, int64_t *rows, int max)
-{
-    const char *br = strstr(entry, "[rows=");
-    if (!br) {
-        snprintf(base, size, "%s", entry);
-        return 0;
-    }
-    snprintf(base, size, "%.*s", (int)(br - entry), entry);
-    int n = 0;
-    const char *p = br + 6;
-    while (*p && *p != ']' && n < max) {
-        rows[n++] = strtoll(p, (char **)&p, 10);
-        if (*p == ',')
-            p++;
-    }
-    return n;
 }
 
 /*  The given rows of t (dim 0), as a new tensor. */
@@ -220,15 +59,14 @@ static void load_params(const golden_case_t *c, nn_model_t *m)
 {
     int loaded = 0;
     for (int i = 0; i < c->n; i++) {
-        if (strcmp(c->e[i].role, "param") != 0)
+        const golden_entry_t *e = &c->entries[i];
+        if (strcmp(e->role, "param") != 0)
             continue;
-        tensor_t *p = nn_model_find_param(m, c->e[i].name);
+        tensor_t *p = nn_model_find_param(m, e->name);
         if (!p)
             fail_msg("%s: %s", c->dir, error_last());
-        tensor_t *v = golden_need(c, "param", c->e[i].name);
-        assert_true(tensor_same_shape(p, v));
-        assert_int_equal(tensor_copy_(p, v), 0);
-        tensor_unref(v);
+        assert_true(tensor_same_shape(p, e->value));
+        assert_int_equal(tensor_copy_(p, e->value), 0);
         loaded++;
     }
     assert_int_equal(loaded, nn_model_n_params(m));
@@ -240,38 +78,32 @@ static void check_grads(const golden_case_t *c, nn_model_t *m)
 {
     int checked = 0;
     for (int i = 0; i < c->n; i++) {
-        if (strcmp(c->e[i].role, "grad") != 0)
+        const golden_entry_t *e = &c->entries[i];
+        if (strcmp(e->role, "grad") != 0)
             continue;
-        char base[128];
-        int64_t rows[64];
-        int nrows = parse_rows(c->e[i].name, base, sizeof base, rows, 64);
-        tensor_t *p = nn_model_find_param(m, base);
+        tensor_t *p = nn_model_find_param(m, e->name);
         if (!p)
             fail_msg("%s: %s", c->dir, error_last());
         tensor_t *g = tensor_grad(p);
         if (!g)
-            fail_msg("%s: no gradient for %s", c->dir, base);
-        tensor_t *e = golden_need(c, "grad", c->e[i].name);
-        tensor_t *sel = nrows ? take_rows(g, rows, nrows) : tensor_ref(g);
-        assert_close(c->e[i].name, c, sel, e);
+            fail_msg("%s: no gradient for %s", c->dir, e->name);
+        tensor_t *sel = e->n_rows ? take_rows(g, e->rows, e->n_rows) : tensor_ref(g);
+        golden_assert_close(e->name, c, sel, e->value);
         tensor_unref(sel);
-        tensor_unref(e);
         tensor_unref(g);
         checked++;
     }
     assert_int_equal(checked, nn_model_n_params(m));
 }
 
-static void check_output(const golden_case_t *c, const char *name, tensor_t *actual)
+static void check_output(golden_case_t *c, const char *name, tensor_t *actual)
 {
-    tensor_t *e = golden_need(c, "output", name);
-    assert_close(name, c, actual, e);
-    tensor_unref(e);
+    golden_assert_close(name, c, actual, golden_borrow(c, "output", name));
 }
 
 /*  The activations the README defines for each kind, recomputed from the
     ops on the loaded parameters. */
-static void check_activations(const golden_case_t *c, nn_model_t *m, tensor_t *x)
+static void check_activations(golden_case_t *c, nn_model_t *m, tensor_t *x)
 {
     tensor_t *a = NULL, *b = NULL, *f = NULL;
     if (strcmp(c->kind, "net") == 0) {
@@ -305,15 +137,16 @@ static void check_activations(const golden_case_t *c, nn_model_t *m, tensor_t *x
     tensor_unref(f);
 }
 
-static void run_model_case(const golden_case_t *c)
+static void run_model_case(golden_case_t *c, void *arg)
 {
+    (void)arg;
     int64_t live = tensor_live_count();
     nn_model_t *m = nn_model_new(c->kind, 1);
     assert_non_null(m);
     load_params(c, m);
     nn_model_train(m, false);
-    tensor_t *x = golden_need(c, "input", "x");
-    tensor_t *t8 = golden_need(c, "input", "target"), *target = as_i64(t8);
+    tensor_t *x = golden_borrow(c, "input", "x");
+    tensor_t *t8 = golden_borrow(c, "input", "target"), *target = as_i64(t8);
     assert_int_equal(tensor_size(x, 0), (int64_t)golden_attr(c, "batch", tensor_size(x, 0)));
 
     bool prev = autograd_set_grad_enabled(false);
@@ -332,7 +165,7 @@ static void run_model_case(const golden_case_t *c)
     /* One plain SGD step with the gradients just computed; the loss at the
        new parameters must match PyTorch's after the same step. */
     float lr = (float)golden_attr(c, "sgd_lr", 0.0);
-    tensor_t *after = golden_get(c, "output", "loss.after_sgd");
+    tensor_t *after = golden_tensor(c, "output", "loss.after_sgd");
     if (after && lr > 0) {
         for (int i = 0; i < nn_model_n_params(m); i++) {
             tensor_t *p = nn_model_param(m, i), *g = tensor_grad(p);
@@ -346,31 +179,23 @@ static void run_model_case(const golden_case_t *c)
         autograd_set_grad_enabled(prev);
         assert_int_equal(nn_nll_loss(lp2, t8, &l2), 0);
         assert_int_equal(tensor_reshape(l2, 1, (int64_t[]){1}, &l21), 0);
-        assert_close("loss.after_sgd", c, l21, after);
+        golden_assert_close("loss.after_sgd", c, l21, after);
         tensor_unref(l21);
         tensor_unref(l2);
         tensor_unref(lp2);
     }
-    tensor_unref(after);
     tensor_unref(loss1);
     tensor_unref(loss);
     tensor_unref(lp);
     tensor_unref(target);
-    tensor_unref(t8);
-    tensor_unref(x);
     nn_model_free(m);
     assert_int_equal(tensor_live_count(), live);
 }
 
 static void run_kind(const char *kind)
 {
-    golden_case_t *cases;
-    int n = golden_list(kind, &cases);
-    if (n == 0)
+    if (golden_each(kind, run_model_case, NULL) <= 0)
         fail_msg("no golden case of kind %s under %s", kind, golden_root());
-    for (int i = 0; i < n; i++)
-        run_model_case(&cases[i]);
-    free(cases);
 }
 
 static void test_golden_net(void **s) { (void)s; run_kind("net"); }

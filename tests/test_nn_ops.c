@@ -5,7 +5,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,172 +14,39 @@
 #include "autograd/error.h"
 #include "nn/nn.h"
 #include "nn/rng.h"
+#include "tests/support/golden_cases.h"
 
-/* ---- golden cases: a minimal test-only reader (IDX + manifest) ---- */
+/* ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
 
-#define MAX_ENTRIES 256
-
-typedef struct {
-    char role[16], name[128], file[128];
-} golden_entry_t;
-
-typedef struct {
-    char dir[1024], kind[64], attrs[600];
-    int n;
-    golden_entry_t e[MAX_ENTRIES];
-} golden_case_t;
-
-static const char *golden_root(void)
+/*  A copy of the case's tensor (the caller's own: leaves get requires_grad
+    and gradients, the case's tensors stay as loaded), or NULL when it has
+    none. */
+static tensor_t *golden_copy(golden_case_t *c, const char *role, const char *name)
 {
-    const char *d = getenv("ZDIST_GOLDEN_DIR");
-    return d && *d ? d : "/work/shared/golden";
+    tensor_t *t = golden_tensor(c, role, name);
+    return t ? tensor_clone(t) : NULL;
 }
 
-static bool golden_load(const char *dir, golden_case_t *c)
+static tensor_t *golden_need(golden_case_t *c, const char *role, const char *name)
 {
-    char path[1100], line[512];
-    memset(c, 0, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "%s", dir);
-    snprintf(path, sizeof path, "%s/manifest.txt", dir);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        if (strncmp(line, "# kind: ", 8) == 0)
-            snprintf(c->kind, sizeof c->kind, "%.63s", line + 8);
-        else if (strncmp(line, "# attrs:", 8) == 0)
-            snprintf(c->attrs, sizeof c->attrs, " %s ", line + 8);
-        else if (line[0] && line[0] != '#' && c->n < MAX_ENTRIES) {
-            golden_entry_t *e = &c->e[c->n];
-            if (sscanf(line, "%15s %127s %127s", e->role, e->name, e->file) == 3)
-                c->n++;
-        }
-    }
-    fclose(f);
-    return c->kind[0] != 0;
-}
-
-/*  Every case folder under the golden root whose manifest has this kind. */
-static int golden_list(const char *kind, golden_case_t **out)
-{
-    DIR *d = opendir(golden_root());
-    assert_non_null(d);
-    struct dirent *de;
-    int n = 0;
-    golden_case_t *cases = NULL;
-    while ((de = readdir(d))) {
-        if (de->d_name[0] == '.')
-            continue;
-        char dir[1024];
-        snprintf(dir, sizeof dir, "%s/%s", golden_root(), de->d_name);
-        golden_case_t *c = malloc(sizeof *c);
-        assert_non_null(c);
-        if (golden_load(dir, c) && strcmp(c->kind, kind) == 0) {
-            cases = realloc(cases, sizeof *cases * (size_t)(n + 1));
-            assert_non_null(cases);
-            cases[n++] = *c;
-        }
-        free(c);
-    }
-    closedir(d);
-    *out = cases;
-    return n;
-}
-
-static double golden_attr(const golden_case_t *c, const char *key, double dflt)
-{
-    char pat[80];
-    snprintf(pat, sizeof pat, " %s=", key);
-    const char *p = strstr(c->attrs, pat);
-    return p ? atof(p + strlen(pat)) : dflt;
-}
-
-static uint32_t be32(const unsigned char *p)
-{
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static tensor_t *idx_read(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        fail_msg("cannot open %s", path);
-    unsigned char h[4 + 4 * 8];
-    assert_int_equal(fread(h, 1, 4, f), 4);
-    int type = h[2], nd = h[3];
-    assert_true(nd >= 1 && nd <= 8);
-    assert_int_equal(fread(h + 4, 4, (size_t)nd, f), (size_t)nd);
-    int64_t shape[8], count = 1;
-    for (int i = 0; i < nd; i++)
-        count *= shape[i] = be32(h + 4 + 4 * i);
-    tensor_t *t;
-    if (type == 0x0D) {
-        t = tensor_empty(TENSOR_F32, nd, shape);
-        unsigned char *raw = malloc((size_t)count * 4 + 1);
-        assert_int_equal(fread(raw, 4, (size_t)count, f), (size_t)count);
-        for (int64_t i = 0; i < count; i++) {
-            uint32_t v = be32(raw + 4 * i);
-            memcpy(tensor_data(t) + i, &v, 4);
-        }
-        free(raw);
-    } else {
-        assert_int_equal(type, 0x08);
-        t = tensor_empty(TENSOR_U8, nd, shape);
-        assert_int_equal(fread(tensor_raw(t), 1, (size_t)count, f), (size_t)count);
-    }
-    fclose(f);
-    return t;
-}
-
-/*  The tensor with this role and name, or NULL when the case has none. */
-static tensor_t *golden_get(const golden_case_t *c, const char *role, const char *name)
-{
-    for (int i = 0; i < c->n; i++) {
-        if (strcmp(c->e[i].role, role) == 0 && strcmp(c->e[i].name, name) == 0) {
-            char path[1300];
-            snprintf(path, sizeof path, "%s/%s", c->dir, c->e[i].file);
-            return idx_read(path);
-        }
-    }
-    return NULL;
-}
-
-static tensor_t *golden_need(const golden_case_t *c, const char *role, const char *name)
-{
-    tensor_t *t = golden_get(c, role, name);
+    tensor_t *t = golden_copy(c, role, name);
     if (!t)
         fail_msg("%s: no %s %s", c->dir, role, name);
     return t;
 }
 
-/*  |a - e| <= 1e-5 + 1e-4 |e| everywhere, same shape. */
-static void assert_close(const char *what, const golden_case_t *c, tensor_t *a, tensor_t *e)
-{
-    char sa[96], se[96];
-    assert_non_null(a);
-    if (tensor_numel(a) != tensor_numel(e))
-        fail_msg("%s %s: shape %s, expected %s", c->dir, what, tensor_shape_str(a, sa, 96),
-                 tensor_shape_str(e, se, 96));
-    const float *pa = tensor_data(a), *pe = tensor_data(e);
-    for (int64_t i = 0; i < tensor_numel(e); i++)
-        if (!(fabsf(pa[i] - pe[i]) <= 1e-5f + 1e-4f * fabsf(pe[i])))
-            fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i,
-                     (double)pa[i], (double)pe[i]);
-}
-
-static void assert_grad(const char *what, const golden_case_t *c, tensor_t *leaf)
+static void assert_grad(const char *what, golden_case_t *c, tensor_t *leaf)
 {
     tensor_t *e = golden_need(c, "grad", what);
     tensor_t *g = tensor_grad(leaf);
     if (!g)
         fail_msg("%s: no gradient for %s", c->dir, what);
-    assert_close(what, c, g, e);
+    golden_assert_close(what, c, g, e);
     tensor_unref(g);
     tensor_unref(e);
 }
 
-static tensor_t *leaf_from(const golden_case_t *c, const char *role, const char *name)
+static tensor_t *leaf_from(golden_case_t *c, const char *role, const char *name)
 {
     tensor_t *t = golden_need(c, role, name);
     assert_int_equal(tensor_set_requires_grad(t, true), 0);
@@ -189,48 +55,52 @@ static tensor_t *leaf_from(const golden_case_t *c, const char *role, const char 
 
 /*  Shared shape of the single-op checks: y = op(x [, weight, bias]), then
     backward with dy; the op itself is passed as a callback. */
-typedef int (op_fn)(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b,
-                    tensor_t **y);
+typedef int (op_fn)(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y);
+
+typedef struct {
+    op_fn *op;
+    bool has_params;
+} op_kind_t;
+
+static void run_case(golden_case_t *c, void *arg)
+{
+    const op_kind_t *k = arg;
+    int64_t live = tensor_live_count();
+    tensor_t *x = leaf_from(c, "input", "x");
+    tensor_t *w = k->has_params ? leaf_from(c, "param", "weight") : NULL;
+    tensor_t *b = k->has_params ? golden_copy(c, "param", "bias") : NULL;
+    if (b)
+        assert_int_equal(tensor_set_requires_grad(b, true), 0);
+    tensor_t *dy = golden_need(c, "input", "dy");
+    tensor_t *ey = golden_need(c, "output", "y");
+    tensor_t *y = NULL;
+    if (k->op(c, x, w, b, &y) < 0)
+        fail_msg("%s: %s", c->dir, error_last());
+    golden_assert_close("y", c, y, ey);
+    if (autograd_backward(y, dy, false) < 0)
+        fail_msg("%s: backward: %s", c->dir, error_last());
+    assert_grad("x", c, x);
+    if (w)
+        assert_grad("weight", c, w);
+    if (b)
+        assert_grad("bias", c, b);
+    tensor_unref(y);
+    tensor_unref(ey);
+    tensor_unref(dy);
+    tensor_unref(b);
+    tensor_unref(w);
+    tensor_unref(x);
+    assert_int_equal(tensor_live_count(), live);
+}
 
 static void run_kind(const char *kind, op_fn *op, bool has_params)
 {
-    golden_case_t *cases;
-    int n = golden_list(kind, &cases);
-    if (n == 0)
+    op_kind_t k = {op, has_params};
+    if (golden_each(kind, run_case, &k) <= 0)
         fail_msg("no golden case of kind %s under %s", kind, golden_root());
-    for (int i = 0; i < n; i++) {
-        const golden_case_t *c = &cases[i];
-        int64_t live = tensor_live_count();
-        tensor_t *x = leaf_from(c, "input", "x");
-        tensor_t *w = has_params ? leaf_from(c, "param", "weight") : NULL;
-        tensor_t *b = has_params ? golden_get(c, "param", "bias") : NULL;
-        if (b)
-            assert_int_equal(tensor_set_requires_grad(b, true), 0);
-        tensor_t *dy = golden_need(c, "input", "dy");
-        tensor_t *ey = golden_need(c, "output", "y");
-        tensor_t *y = NULL;
-        if (op(c, x, w, b, &y) < 0)
-            fail_msg("%s: %s", c->dir, error_last());
-        assert_close("y", c, y, ey);
-        if (autograd_backward(y, dy, false) < 0)
-            fail_msg("%s: backward: %s", c->dir, error_last());
-        assert_grad("x", c, x);
-        if (w)
-            assert_grad("weight", c, w);
-        if (b)
-            assert_grad("bias", c, b);
-        tensor_unref(y);
-        tensor_unref(ey);
-        tensor_unref(dy);
-        tensor_unref(b);
-        tensor_unref(w);
-        tensor_unref(x);
-        assert_int_equal(tensor_live_count(), live);
-    }
-    free(cases);
 }
 
-static int op_conv(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+static int op_conv(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
 {
     assert_int_equal((int)golden_attr(c, "dilation", 1), 1);
     assert_int_equal((int)golden_attr(c, "groups", 1), 1);
@@ -238,7 +108,7 @@ static int op_conv(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b
                      y);
 }
 
-static int op_pool(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+static int op_pool(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
 {
     (void)w, (void)b;
     int k = (int)golden_attr(c, "kernel_size", 0);
@@ -247,19 +117,19 @@ static int op_pool(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b
     return nn_max_pool2d(x, k, (int)golden_attr(c, "stride", k), y);
 }
 
-static int op_linear(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+static int op_linear(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
 {
     (void)c;
     return nn_linear(x, w, b, y);
 }
 
-static int op_relu(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+static int op_relu(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
 {
     (void)c, (void)w, (void)b;
     return nn_relu(x, y);
 }
 
-static int op_log_softmax(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b,
+static int op_log_softmax(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b,
                           tensor_t **y)
 {
     (void)w, (void)b;
@@ -269,7 +139,7 @@ static int op_log_softmax(const golden_case_t *c, tensor_t *x, tensor_t *w, tens
 /*  The golden loss is stored as a 1-element 1-D tensor; ours is a scalar
     of the same element, so reshape for the comparison. Targets come as
     uint8: run with them as int64 (the usual dtype). */
-static int op_nll(const golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
+static int op_nll(golden_case_t *c, tensor_t *x, tensor_t *w, tensor_t *b, tensor_t **y)
 {
     (void)w, (void)b;
     tensor_t *t8 = golden_need(c, "input", "target");

@@ -7,7 +7,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -16,132 +15,34 @@
 
 #include "autograd/autograd.h"
 #include "autograd/error.h"
-#include "nn/idx.h"
 #include "optim/optim.h"
+#include "tests/support/golden_cases.h"
 
 #define RTOL 1e-4
 #define ATOL 1e-5
 
-/*  ---- golden cases ---- */
-
-#define MAX_ENTRIES 256
-#define MAX_ROWS 64
-
-typedef struct {
-    char role[16];
-    char name[128];
-    char file[256];
-    int n_rows;                 /* 0: the whole tensor */
-    int64_t rows[MAX_ROWS];
-} gentry_t;
-
-typedef struct {
-    char dir[600];
-    char kind[64];
-    char attrs[1024];
-    int n;
-    gentry_t e[MAX_ENTRIES];
-} gcase_t;
-
-static const char *golden_dir(void)
-{
-    const char *d = getenv("ZDIST_GOLDEN_DIR");
-    return d && *d ? d : "/work/shared/golden";
-}
-
-/*  "fc1.weight[rows=0,15]" -> name "fc1.weight", rows {0, 15}. */
-static void parse_name(const char *text, gentry_t *e)
-{
-    const char *br = strstr(text, "[rows=");
-    size_t len = br ? (size_t)(br - text) : strlen(text);
-    assert_true(len < sizeof e->name);
-    memcpy(e->name, text, len);
-    e->name[len] = '\0';
-    e->n_rows = 0;
-    if (!br)
-        return;
-    const char *p = br + 6;
-    while (*p && *p != ']') {
-        char *end;
-        assert_true(e->n_rows < MAX_ROWS);
-        e->rows[e->n_rows++] = strtoll(p, &end, 10);
-        assert_true(end != p);
-        p = *end == ',' ? end + 1 : end;
-    }
-    assert_int_equal(*p, ']');
-}
-
-/*  Reads dir/manifest.txt; false when dir is not a case folder. */
-static bool gcase_read(const char *dir, gcase_t *c)
-{
-    memset(c, 0, sizeof *c);
-    if ((size_t)snprintf(c->dir, sizeof c->dir, "%s", dir) >= sizeof c->dir)
-        return false;
-    char path[800], line[1200];
-    snprintf(path, sizeof path, "%s/manifest.txt", dir);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return false;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = '\0';
-        if (strncmp(line, "# kind: ", 8) == 0) {
-            snprintf(c->kind, sizeof c->kind, "%.63s", line + 8);
-        } else if (strncmp(line, "# attrs:", 8) == 0) {
-            snprintf(c->attrs, sizeof c->attrs, "%.1000s", line + 8);
-        } else if (line[0] && line[0] != '#') {
-            assert_true(c->n < MAX_ENTRIES);
-            gentry_t *e = &c->e[c->n++];
-            char name[600];
-            if (sscanf(line, "%15s %599s %255s", e->role, name, e->file) != 3)
-                fail_msg("%s: bad manifest line '%s'", path, line);
-            parse_name(name, e);
-        }
-    }
-    fclose(f);
-    return true;
-}
+/*  ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
 
 /*  The attribute's value; fails the test when it is absent. */
-static double gattr(const gcase_t *c, const char *key)
+static double gattr(const golden_case_t *c, const char *key)
 {
-    size_t klen = strlen(key);
-    for (const char *p = c->attrs; (p = strstr(p, key)); p += klen)
-        if ((p == c->attrs || p[-1] == ' ') && p[klen] == '=')
-            return strtod(p + klen + 1, NULL);
-    fail_msg("%s: no attribute %s", c->dir, key);
-    return 0;
-}
-
-static const gentry_t *gfind(const gcase_t *c, const char *role, const char *name)
-{
-    for (int i = 0; i < c->n; i++)
-        if (strcmp(c->e[i].role, role) == 0 && strcmp(c->e[i].name, name) == 0)
-            return &c->e[i];
-    return NULL;
-}
-
-static tensor_t *gload(const gcase_t *c, const gentry_t *e)
-{
-    char path[1000];
-    snprintf(path, sizeof path, "%s/%s", c->dir, e->file);
-    tensor_t *t;
-    if (idx_load(path, &t) < 0)
-        fail_msg("%s", error_last());
-    return t;
+    double v = golden_attr(c, key, NAN);
+    if (isnan(v))
+        fail_msg("%s: no attribute %s", c->dir, key);
+    return v;
 }
 
 /*  Compares the rows of `full` listed in e (all of it when e has no rows)
-    with `stored`; returns the largest |a-e| / (atol + rtol |e|). */
-static double compare(const tensor_t *full, const tensor_t *stored, const gentry_t *e,
-                      const char *what)
+    with e's tensor; returns the largest |a-e| / (atol + rtol |e|). */
+static double compare(const tensor_t *full, const golden_entry_t *e, const char *what)
 {
     int64_t row = tensor_ndim(full) ? tensor_numel(full) / tensor_size(full, 0) : 1;
     int64_t n_rows = e->n_rows ? e->n_rows : tensor_numel(full) / row;
-    assert_int_equal(tensor_numel(stored), n_rows * row);
+    assert_int_equal(tensor_numel(e->value), n_rows * row);
     double worst = 0;
     for (int64_t r = 0; r < n_rows; r++) {
         int64_t src = e->n_rows ? e->rows[r] : r;
-        const float *a = tensor_data(full) + src * row, *x = tensor_data(stored) + r * row;
+        const float *a = tensor_data(full) + src * row, *x = tensor_data(e->value) + r * row;
         for (int64_t i = 0; i < row; i++) {
             double ratio = fabs((double)a[i] - x[i]) / (ATOL + RTOL * fabs((double)x[i]));
             if (ratio > 1)
@@ -155,31 +56,29 @@ static double compare(const tensor_t *full, const tensor_t *stored, const gentry
 
 /*  Steps a copy of the case's parameters `steps` times with the stored
     gradients and checks "<prefix>.step<k>.<param>" after each step. */
-static double golden_run(const gcase_t *c, const optim_config_t *cfg, const char *prefix,
+static double golden_run(golden_case_t *c, const optim_config_t *cfg, const char *prefix,
                          int steps, int *checked)
 {
     tensor_t *params[32], *grads[32];
-    const gentry_t *pe[32];
+    const golden_entry_t *pe[32];
     int np = 0;
     for (int i = 0; i < c->n; i++) {
-        if (strcmp(c->e[i].role, "param") != 0)
+        if (strcmp(c->entries[i].role, "param") != 0)
             continue;
         assert_true(np < 32);
-        pe[np] = &c->e[i];
-        params[np] = gload(c, &c->e[i]);
-        const gentry_t *ge = gfind(c, "grad", c->e[i].name);
+        pe[np] = &c->entries[i];
+        params[np] = tensor_clone(c->entries[i].value);
+        const golden_entry_t *ge = golden_find(c, "grad", c->entries[i].name);
         assert_non_null(ge);
-        tensor_t *g = gload(c, ge);
         /* A gradient stored for some rows only goes into those rows of a
            full-size gradient: every rule is elementwise. */
         grads[np] = tensor_new(TENSOR_F32, tensor_ndim(params[np]), tensor_shape(params[np]));
         int64_t row = tensor_numel(params[np]) / tensor_size(params[np], 0);
         int64_t n_rows = ge->n_rows ? ge->n_rows : tensor_size(params[np], 0);
-        assert_int_equal(tensor_numel(g), n_rows * row);
+        assert_int_equal(tensor_numel(ge->value), n_rows * row);
         for (int64_t r = 0; r < n_rows; r++)
             memcpy(tensor_data(grads[np]) + (ge->n_rows ? ge->rows[r] : r) * row,
-                   tensor_data(g) + r * row, (size_t)row * sizeof(float));
-        tensor_unref(g);
+                   tensor_data(ge->value) + r * row, (size_t)row * sizeof(float));
         np++;
     }
     assert_true(np > 0);
@@ -190,17 +89,15 @@ static double golden_run(const gcase_t *c, const optim_config_t *cfg, const char
     for (int s = 1; s <= steps; s++) {
         assert_int_equal(optim_step(opt, grads), 0);
         for (int i = 0; i < np; i++) {
-            char name[200], what[900];
+            char name[200], what[1300];
             snprintf(name, sizeof name, "%s.step%d.%s", prefix, s, pe[i]->name);
-            const gentry_t *oe = gfind(c, "output", name);
+            const golden_entry_t *oe = golden_find(c, "output", name);
             if (!oe)
                 fail_msg("%s: no output %s", c->dir, name);
             snprintf(what, sizeof what, "%s %s", c->dir, name);
-            tensor_t *expect = gload(c, oe);
-            double w = compare(params[i], expect, oe, what);
+            double w = compare(params[i], oe, what);
             worst = w > worst ? w : worst;
             (*checked)++;
-            tensor_unref(expect);
         }
     }
     optim_free(opt);
@@ -211,42 +108,37 @@ static double golden_run(const gcase_t *c, const optim_config_t *cfg, const char
     return worst;
 }
 
+/*  SGD, momentum and Adam from the case's parameters and gradients. */
+static void golden_optim_case(golden_case_t *c, void *arg)
+{
+    (void)arg;
+    int checked = 0;
+    optim_config_t sgd = optim_sgd_defaults(gattr(c, "sgd_lr"));
+    optim_config_t mom = sgd;
+    mom.momentum = gattr(c, "momentum");
+    mom.weight_decay = gattr(c, "weight_decay");
+    optim_config_t adam = optim_adam_defaults();
+    adam.lr = gattr(c, "adam_lr");
+    adam.beta1 = gattr(c, "adam_beta1");
+    adam.beta2 = gattr(c, "adam_beta2");
+    adam.eps = gattr(c, "adam_eps");
+    double w1 = golden_run(c, &sgd, "sgd", 1, &checked);
+    double w2 = golden_run(c, &mom, "momentum", 2, &checked);
+    double w3 = golden_run(c, &adam, "adam", 2, &checked);
+    print_message("%s (%s): %d tensors match; worst error %.2g (sgd), %.2g (momentum), "
+                  "%.2g (adam) of the tolerance\n", strrchr(c->dir, '/') + 1, c->kind, checked,
+                  w1, w2, w3);
+    assert_true(checked >= 5 * 4);
+}
+
 static void test_golden_net_and_convnet(void **state)
 {
     (void)state;
-    DIR *d = opendir(golden_dir());
-    if (!d)
+    int net = golden_each("net", golden_optim_case, NULL);
+    if (net < 0)
         skip();
-    static gcase_t c;
-    int cases = 0;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        char dir[700];
-        snprintf(dir, sizeof dir, "%s/%s", golden_dir(), de->d_name);
-        if (de->d_name[0] == '.' || !gcase_read(dir, &c))
-            continue;
-        if (strcmp(c.kind, "net") != 0 && strcmp(c.kind, "convnet") != 0)
-            continue;
-        int checked = 0;
-        optim_config_t sgd = optim_sgd_defaults(gattr(&c, "sgd_lr"));
-        optim_config_t mom = sgd;
-        mom.momentum = gattr(&c, "momentum");
-        mom.weight_decay = gattr(&c, "weight_decay");
-        optim_config_t adam = optim_adam_defaults();
-        adam.lr = gattr(&c, "adam_lr");
-        adam.beta1 = gattr(&c, "adam_beta1");
-        adam.beta2 = gattr(&c, "adam_beta2");
-        adam.eps = gattr(&c, "adam_eps");
-        double w1 = golden_run(&c, &sgd, "sgd", 1, &checked);
-        double w2 = golden_run(&c, &mom, "momentum", 2, &checked);
-        double w3 = golden_run(&c, &adam, "adam", 2, &checked);
-        print_message("%s (%s): %d tensors match; worst error %.2g (sgd), %.2g (momentum), "
-                      "%.2g (adam) of the tolerance\n", de->d_name, c.kind, checked, w1, w2, w3);
-        assert_true(checked >= 5 * 4);
-        cases++;
-    }
-    closedir(d);
-    assert_true(cases > 0);
+    int convnet = golden_each("convnet", golden_optim_case, NULL);
+    assert_true(net + convnet > 0);
 }
 
 /*  ---- a double-precision reference of PyTorch's documented algorithms ---- */
