@@ -117,4 +117,13 @@ int tensor_copy(tensor_t *a, tensor_t **out);
 /*  Concatenation of n tensors along dim (the other sizes must agree). */
 int tensor_cat(tensor_t *const *ts, int n, int dim, tensor_t **out);
 
+/*  Positions [start, start + length) of t along dim (PyTorch's narrow; a
+    negative dim or start counts from the end), of any dtype; the gradient
+    flows back into those positions of t's. When they are one contiguous
+    block of t (dim 0, or only sizes of 1 before dim) the result is a view
+    sharing t's memory, as PyTorch's is: changing t in place changes it.
+    Otherwise it is a copy. Fails on a scalar, a dim out of range, or a
+    range that does not fit. */
+int tensor_narrow(tensor_t *t, int dim, int64_t start, int64_t length, tensor_t **out);
+
 #endif

@@ -320,6 +320,23 @@ static void split_dims(const tensor_t *t, int dim, int64_t *outer, int64_t *inne
         *inner *= tensor_size(t, d);
 }
 
+/*  Both tensors viewed as (outer, size along dim, inner) with the same
+    outer and inner: copies positions [src_at, src_at + len) of src along
+    dim to [dst_at, dst_at + len) of dst. */
+static void copy_along(tensor_t *dst, int64_t dst_at, const tensor_t *src, int64_t src_at,
+                       int dim, int64_t len)
+{
+    int64_t outer, inner;
+    split_dims(src, dim, &outer, &inner);
+    size_t es = tensor_dtype_size(tensor_dtype(src));
+    int64_t nd = tensor_size(dst, dim), ns = tensor_size(src, dim);
+    char *d = tensor_raw(dst);
+    const char *s = tensor_raw(src);
+    for (int64_t o = 0; o < outer; o++)
+        memcpy(d + (size_t)((o * nd + dst_at) * inner) * es,
+               s + (size_t)((o * ns + src_at) * inner) * es, (size_t)(len * inner) * es);
+}
+
 typedef struct {
     int dim;
     int n;
@@ -329,8 +346,7 @@ typedef struct {
 static int cat_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
 {
     const cat_ctx_t *c = autograd_node_ctx(n);
-    int64_t outer, inner, total = tensor_size(gout[0], c->dim), offset = 0;
-    split_dims(gout[0], c->dim, &outer, &inner);
+    int64_t offset = 0;
     for (int j = 0; j < c->n; j++) {
         int64_t sz = c->sizes[j];
         if (autograd_node_needs_grad(n, j)) {
@@ -339,11 +355,7 @@ static int cat_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gi
             shape[c->dim] = sz;
             if (!(gin[j] = tensor_empty(TENSOR_F32, tensor_ndim(gout[0]), shape)))
                 return -1;
-            const float *g = tensor_data(gout[0]);
-            float *d = tensor_data(gin[j]);
-            for (int64_t o = 0; o < outer; o++)
-                memcpy(d + o * sz * inner, g + (o * total + offset) * inner,
-                       sizeof(float) * (size_t)(sz * inner));
+            copy_along(gin[j], 0, gout[0], offset, c->dim, sz);
         }
         offset += sz;
     }
@@ -388,16 +400,11 @@ int tensor_cat(tensor_t *const *ts, int n, int dim, tensor_t **out)
     }
     c->dim = dim;
     c->n = n;
-    int64_t outer, inner, offset = 0;
-    split_dims(y, dim, &outer, &inner);
+    int64_t offset = 0;
     for (int j = 0; j < n; j++) {
         int64_t sz = tensor_size(ts[j], dim);
         c->sizes[j] = sz;
-        const float *s = tensor_data(ts[j]);
-        float *d = tensor_data(y);
-        for (int64_t o = 0; o < outer; o++)
-            memcpy(d + (o * total + offset) * inner, s + o * sz * inner,
-                   sizeof(float) * (size_t)(sz * inner));
+        copy_along(y, offset, ts[j], 0, dim, sz);
         offset += sz;
     }
     autograd_node_t *node;
@@ -413,6 +420,97 @@ int tensor_cat(tensor_t *const *ts, int n, int dim, tensor_t **out)
     } else {
         free(c);
     }
+    *out = y;
+    return 0;
+}
+
+/* ---- narrow ---- */
+
+typedef struct {
+    int dim;
+    int64_t start;
+    int ndim;
+    int64_t shape[TENSOR_MAX_DIMS];     /* the input's */
+} narrow_ctx_t;
+
+static int narrow_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+{
+    const narrow_ctx_t *c = autograd_node_ctx(n);
+    if (!(gin[0] = tensor_new(TENSOR_F32, c->ndim, c->shape)))
+        return -1;
+    copy_along(gin[0], c->start, gout[0], 0, c->dim, tensor_size(gout[0], c->dim));
+    return 0;
+}
+
+static const autograd_node_ops_t narrow_ops = {"NarrowBackward", narrow_backward, free_ctx};
+
+static void release_base(void *data, void *arg)
+{
+    (void)data;
+    tensor_unref(arg);
+}
+
+/*  Positions [start, start + length) along dim of t as a tensor of its own
+    memory: a view when they are one contiguous block (nothing before dim
+    but sizes of 1), else a copy. */
+static tensor_t *narrow_data(tensor_t *t, int dim, int64_t start, int64_t length)
+{
+    int64_t shape[TENSOR_MAX_DIMS], outer, inner;
+    int ndim = tensor_ndim(t);
+    memcpy(shape, tensor_shape(t), sizeof(int64_t) * (size_t)ndim);
+    shape[dim] = length;
+    split_dims(t, dim, &outer, &inner);
+    if (outer != 1) {
+        tensor_t *y = tensor_empty(tensor_dtype(t), ndim, shape);
+        if (y)
+            copy_along(y, 0, t, start, dim, length);
+        return y;
+    }
+    /* The view keeps the storage alive through a history-free view of t,
+       not t itself, so that it does not hold on to t's graph. */
+    tensor_t *base = tensor_detach(t);
+    if (!base)
+        return NULL;
+    size_t es = tensor_dtype_size(tensor_dtype(t));
+    return tensor_wrap(tensor_dtype(t), ndim, shape, (char *)tensor_raw(t) +
+                       (size_t)(start * inner) * es, (size_t)(length * inner) * es,
+                       release_base, base);
+}
+
+int tensor_narrow(tensor_t *t, int dim, int64_t start, int64_t length, tensor_t **out)
+{
+    *out = NULL;
+    if (!t)
+        return error_set("narrow: NULL tensor");
+    int ndim = tensor_ndim(t);
+    if (ndim == 0)
+        return error_set("narrow: a scalar has no dimension to narrow");
+    if (dim < -ndim || dim >= ndim)
+        return error_set("narrow: dimension %d out of range for a %d-D tensor", dim, ndim);
+    if (dim < 0)
+        dim += ndim;
+    int64_t size = tensor_size(t, dim);
+    if (start < 0 && start >= -size)
+        start += size;
+    if (start < 0 || start > size || length < 0 || length > size - start) {
+        char s[96];
+        return error_set("narrow: start %lld and length %lld do not fit dimension %d of "
+                         "shape %s", (long long)start, (long long)length, dim,
+                         tensor_shape_str(t, s, sizeof s));
+    }
+    tensor_t *y = narrow_data(t, dim, start, length);
+    narrow_ctx_t *c = malloc(sizeof *c);
+    if (!y || !c) {
+        tensor_unref(y);
+        free(c);
+        return error_set("narrow: out of memory");
+    }
+    c->dim = dim;
+    c->start = start;
+    c->ndim = ndim;
+    memcpy(c->shape, tensor_shape(t), sizeof(int64_t) * (size_t)ndim);
+    if (record(&narrow_ops, 1, &t, y, NULL, NULL, c) < 0)
+        return -1;
     *out = y;
     return 0;
 }

@@ -268,6 +268,121 @@ static void test_copy_and_cat(void **state)
         tensor_unref(all[i]);
 }
 
+/*  x (2, 3, 4) = 0..23; y = x[:, 1:3, :] is a copy; sum(y * w) gives x
+    the gradient w in those positions and zeros elsewhere. */
+static void test_narrow_copies_inner_dims_with_gradient(void **state)
+{
+    (void)state;
+    int64_t before = tensor_live_count();
+    float xv[24], wv[16];
+    for (int i = 0; i < 24; i++)
+        xv[i] = (float)i;
+    for (int i = 0; i < 16; i++)
+        wv[i] = 0.5f * (float)(i + 1);
+    tensor_t *x = tensor_from_data(TENSOR_F32, 3, (int64_t[]){2, 3, 4}, xv);
+    tensor_t *w = tensor_from_data(TENSOR_F32, 3, (int64_t[]){2, 2, 4}, wv);
+    tensor_set_requires_grad(x, true);
+    tensor_t *y, *p, *s;
+    assert_int_equal(tensor_narrow(x, 1, 1, 2, &y), 0);
+    char shape[64];
+    assert_string_equal(tensor_shape_str(y, shape, sizeof shape), "(2, 2, 4)");
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 4; c++)
+                assert_float_equal(tensor_data(y)[(a * 2 + b) * 4 + c],
+                                   xv[(a * 3 + b + 1) * 4 + c], 0);
+    assert_string_equal(autograd_node_name(tensor_grad_fn(y)), "NarrowBackward");
+    assert_int_equal(tensor_mul(y, w, &p), 0);
+    assert_int_equal(tensor_sum(p, &s), 0);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *g = tensor_grad(x);
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 3; b++)
+            for (int c = 0; c < 4; c++)
+                assert_float_equal(tensor_data(g)[(a * 3 + b) * 4 + c],
+                                   b == 0 ? 0 : wv[(a * 2 + b - 1) * 4 + c], 0);
+    tensor_t *all[] = {x, w, y, p, s, g};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tensor_unref(all[i]);
+    assert_int_equal(tensor_live_count(), before);
+}
+
+/*  Along dim 0 the rows are one block: a view of x's memory, which keeps
+    that memory alive after x is gone. */
+static void test_narrow_rows_is_a_view(void **state)
+{
+    (void)state;
+    int64_t before = tensor_live_count();
+    tensor_t *x = tensor_from_data(TENSOR_F32, 2, (int64_t[]){4, 3},
+                                   (float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+    tensor_set_requires_grad(x, true);
+    tensor_t *y, *z, *v, *s;
+    assert_int_equal(tensor_narrow(x, 0, 1, 2, &y), 0);
+    assert_int_equal(tensor_size(y, 0), 2);
+    assert_ptr_equal(tensor_data(y), tensor_data(x) + 3);
+    /* Negative dim and start count from the end: rows 2..3 of x, a view of
+       a view. */
+    assert_int_equal(tensor_narrow(y, -2, -1, 1, &z), 0);
+    assert_ptr_equal(tensor_data(z), tensor_data(x) + 6);
+    tensor_data(x)[7] = 70;   /* in place, as PyTorch's views see it */
+    assert_float_equal(tensor_data(z)[1], 70, 0);
+    /* Gradients go through both narrows into row 2 of x. */
+    tensor_t *w = tensor_from_data(TENSOR_F32, 2, (int64_t[]){1, 3}, (float[]){1, 2, 3});
+    assert_int_equal(tensor_mul(z, w, &v), 0);
+    assert_int_equal(tensor_sum(v, &s), 0);
+    assert_int_equal(autograd_backward(s, NULL, false), 0);
+    tensor_t *g = tensor_grad(x);
+    float want[12] = {0, 0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0};
+    assert_memory_equal(tensor_data(g), want, sizeof want);
+    tensor_unref(g);
+    tensor_unref(x);
+    assert_float_equal(tensor_data(z)[0], 6, 0);   /* x's memory lives on */
+    /* Other dtypes narrow too; an empty range is a tensor of size 0. */
+    tensor_t *labels = tensor_from_data(TENSOR_I64, 1, (int64_t[]){5},
+                                        (int64_t[]){10, 11, 12, 13, 14});
+    tensor_t *l, *empty;
+    assert_int_equal(tensor_narrow(labels, 0, 3, 2, &l), 0);
+    assert_int_equal(tensor_data_i64(l)[0], 13);
+    assert_int_equal(tensor_data_i64(l)[1], 14);
+    assert_int_equal(tensor_narrow(labels, 0, 5, 0, &empty), 0);
+    assert_int_equal(tensor_numel(empty), 0);
+    /* Without grad mode nothing is recorded. */
+    tensor_t *nograd;
+    bool prev = autograd_set_grad_enabled(false);
+    assert_int_equal(tensor_narrow(y, 0, 0, 1, &nograd), 0);
+    autograd_set_grad_enabled(prev);
+    assert_null(tensor_grad_fn(nograd));
+    tensor_t *all[] = {y, z, w, v, s, labels, l, empty, nograd};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        tensor_unref(all[i]);
+    assert_int_equal(tensor_live_count(), before);
+}
+
+static void test_narrow_bad_arguments(void **state)
+{
+    (void)state;
+    tensor_t *x = tensor_zeros2(4, 3), *scalar = tensor_new(TENSOR_F32, 0, NULL), *y = x;
+    assert_int_equal(tensor_narrow(scalar, 0, 0, 1, &y), -1);
+    assert_null(y);
+    assert_non_null(strstr(error_last(), "scalar"));
+    assert_int_equal(tensor_narrow(x, 2, 0, 1, &y), -1);
+    assert_string_equal(error_last(), "narrow: dimension 2 out of range for a 2-D tensor");
+    assert_int_equal(tensor_narrow(x, -3, 0, 1, &y), -1);
+    assert_non_null(strstr(error_last(), "out of range"));
+    assert_int_equal(tensor_narrow(x, 0, 3, 2, &y), -1);
+    assert_string_equal(error_last(),
+                        "narrow: start 3 and length 2 do not fit dimension 0 of shape (4, 3)");
+    assert_int_equal(tensor_narrow(x, 1, 0, -1, &y), -1);
+    assert_non_null(strstr(error_last(), "length -1"));
+    assert_int_equal(tensor_narrow(x, 1, 4, 0, &y), -1);
+    assert_int_equal(tensor_narrow(x, 1, -4, 1, &y), -1);
+    assert_non_null(strstr(error_last(), "start -4"));
+    assert_int_equal(tensor_narrow(NULL, 0, 0, 1, &y), -1);
+    assert_null(y);
+    tensor_unref(x);
+    tensor_unref(scalar);
+}
+
 /*  An op that saves its own output must not keep itself alive. */
 static int square_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
 {
@@ -307,6 +422,9 @@ int main(void)
         cmocka_unit_test(test_bad_shapes_are_errors),
         cmocka_unit_test(test_task_waits_for_every_start_then_flush),
         cmocka_unit_test(test_copy_and_cat),
+        cmocka_unit_test(test_narrow_copies_inner_dims_with_gradient),
+        cmocka_unit_test(test_narrow_rows_is_a_view),
+        cmocka_unit_test(test_narrow_bad_arguments),
         cmocka_unit_test(test_saving_the_output_frees_without_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
