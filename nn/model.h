@@ -82,4 +82,19 @@ int64_t nn_model_numel(const nn_model_t *m);
 /*  Drops every parameter's .grad (zero_grad(set_to_none=True)). */
 void nn_model_zero_grad(nn_model_t *m);
 
+/*  ---- the parameters as one flat vector (nn/model_flat.c) ----
+    Every parameter flattened, one after the other in the order above, as
+    PyTorch's parameters_to_vector lays them out. */
+
+/*  A new float32 vector of nn_model_numel(m) values: a copy of the
+    parameters, or of their gradients (zeros for a parameter without one).
+    0 and *out (caller unrefs), or -1. */
+int nn_model_params_to_vector(const nn_model_t *m, tensor_t **out);
+int nn_model_grads_to_vector(const nn_model_t *m, tensor_t **out);
+
+/*  Copies v (float32, shape (nn_model_numel(m))) into the parameters, in
+    place and not recorded by autograd (PyTorch's vector_to_parameters);
+    must not race with forward passes. 0, or -1 naming both sizes. */
+int nn_model_vector_to_params(nn_model_t *m, const tensor_t *v);
+
 #endif
