@@ -73,7 +73,9 @@ static int child(const world_options_t *o, int rank, int port)
     int rc = o->fn(&w);
     if (rc != 0)
         fprintf(stderr, "rank %d: failed (last error: %s)\n", rank, error_last());
-    if (rpc_is_running() && rpc_shutdown(true, 30000) < 0) {
+    /* Ranks that finish early wait here for the others: as long as the run. */
+    int64_t wait_ms = (int64_t)(o->timeout_s > 0 ? o->timeout_s : 60) * 1000;
+    if (rpc_is_running() && rpc_shutdown(true, wait_ms) < 0) {
         fprintf(stderr, "rank %d: shutdown: %s\n", rank, error_last());
         rc = rc ? rc : 1;
     }
