@@ -152,6 +152,9 @@ static int encode_node(encoder_t *e, const rpc_value_t *v, int depth)
             return error_wrap("codec: RRef");
         return put(e, wire, sizeof wire);
     }
+    case RPC_OBJECT:
+        return error_set("codec: a local object (%s) cannot be sent to another process; "
+                         "send an RRef to it instead", rpc_value_object_type(v));
     case RPC_LIST: {
         if (depth + 1 > RPC_CODEC_MAX_DEPTH)
             return error_set("codec: lists nested more than %d deep", RPC_CODEC_MAX_DEPTH);

@@ -18,6 +18,11 @@
         RREF    := RPC_RREF_WIRE_SIZE bytes, written/read by rpc_rref_codec_t
         LIST    := count:varint node * count
 
+    RPC_OBJECT (8) has no wire form: a local object cannot leave its
+    process, so encoding a value that holds one fails (naming its type and
+    suggesting an RRef), and a decoder meeting tag 8 rejects it as unknown.
+    The format is the same as before objects existed.
+
     varint = unsigned LEB128, at most 10 bytes, shortest form only. Tensor
     flags: bit 0 = requires_grad (float32 only); other bits must be 0. dtype
     is tensor_dtype_t. Dimensions are checked exactly as tensor_new checks
@@ -102,7 +107,8 @@ typedef struct {
 #define RPC_CODEC_MAX_META (64u << 20)
 
 /* Serialise v. rrefs may be NULL when v holds no RRef (else error). dst_rank is
-   passed to rrefs->encode. Returns 0 or -1; on failure *out is left empty. */
+   passed to rrefs->encode. Returns 0 or -1; on failure *out is left empty.
+   Fails on a value holding a local object (RPC_OBJECT) anywhere. */
 int rpc_value_encode(const rpc_value_t *v, const rpc_rref_codec_t *rrefs, int dst_rank,
                      rpc_encoded_t *out);
 

@@ -25,6 +25,11 @@ struct rpc_value {
             rpc_value_t **items;
             size_t len, cap;
         } list;
+        struct {
+            void *ptr;
+            void (*free_fn)(void *ptr);
+            const char *type;
+        } obj;
     } u;
 };
 
@@ -170,6 +175,26 @@ rpc_value_t *rpc_value_rref(rpc_rref_t *r)
     if (fn)
         fn(r);
     return rpc_value_rref_adopt(r);
+}
+
+rpc_value_t *rpc_value_object(void *ptr, void (*free_fn)(void *ptr), const char *type)
+{
+    if (!ptr || !type) {
+        if (ptr && free_fn)
+            free_fn(ptr);
+        error_set("rpc_value_object: NULL %s", ptr ? "type" : "object");
+        return NULL;
+    }
+    rpc_value_t *v = value_new(RPC_OBJECT);
+    if (!v) {
+        if (free_fn)
+            free_fn(ptr);
+        return NULL;
+    }
+    v->u.obj.ptr = ptr;
+    v->u.obj.free_fn = free_fn;
+    v->u.obj.type = type;
+    return v;
 }
 
 rpc_value_t *rpc_value_list(size_t capacity)
@@ -327,6 +352,10 @@ void rpc_value_unref(rpc_value_t *v)
             rpc_value_unref(v->u.list.items[i]);
         free(v->u.list.items);
         break;
+    case RPC_OBJECT:
+        if (v->u.obj.free_fn)
+            v->u.obj.free_fn(v->u.obj.ptr);
+        break;
     default:
         break;
     }
@@ -349,6 +378,7 @@ const char *rpc_value_kind_name(rpc_value_kind_t kind)
     case RPC_TENSOR: return "tensor";
     case RPC_RREF: return "rref";
     case RPC_LIST: return "list";
+    case RPC_OBJECT: return "object";
     }
     return "?";
 }
@@ -416,6 +446,22 @@ int rpc_value_get_rref(const rpc_value_t *v, rpc_rref_t **out)
     return 0;
 }
 
+int rpc_value_get_object(const rpc_value_t *v, const char *type, void **out)
+{
+    if (!v || v->kind != RPC_OBJECT)
+        return error_set("expected %s%s object, got %s", type ? "a " : "an",
+                         type ? type : "", v ? rpc_value_kind_name(v->kind) : "NULL");
+    if (type && strcmp(type, v->u.obj.type) != 0)
+        return error_set("expected a %s object; this object is a %s", type, v->u.obj.type);
+    *out = v->u.obj.ptr;
+    return 0;
+}
+
+const char *rpc_value_object_type(const rpc_value_t *v)
+{
+    return v && v->kind == RPC_OBJECT ? v->u.obj.type : NULL;
+}
+
 size_t rpc_list_len(const rpc_value_t *v)
 {
     return v && v->kind == RPC_LIST ? v->u.list.len : 0;
@@ -479,4 +525,9 @@ int rpc_arg_rref(const rpc_value_t *args, size_t i, rpc_rref_t **out)
 int rpc_arg_bytes(const rpc_value_t *args, size_t i, const void **data, size_t *len)
 {
     ARG_ACCESS(rpc_value_get_bytes, data, len);
+}
+
+int rpc_arg_object(const rpc_value_t *args, size_t i, const char *type, void **out)
+{
+    ARG_ACCESS(rpc_value_get_object, type, out);
 }

@@ -70,6 +70,12 @@ bool rpc_value_equal(const rpc_value_t *a, const rpc_value_t *b)
         rpc_value_get_rref(b, &y);
         return x == y;
     }
+    case RPC_OBJECT: {
+        void *x, *y;
+        rpc_value_get_object(a, NULL, &x);
+        rpc_value_get_object(b, NULL, &y);
+        return x == y;
+    }
     case RPC_LIST: {
         size_t n = rpc_list_len(a);
         if (n != rpc_list_len(b))
@@ -165,6 +171,12 @@ static void fmt_value(fmt_t *f, const rpc_value_t *v, int depth)
         rpc_rref_t *r;
         rpc_value_get_rref(v, &r);
         fmt_add(f, "rref@%p", (void *)r);
+        break;
+    }
+    case RPC_OBJECT: {
+        void *p;
+        rpc_value_get_object(v, NULL, &p);
+        fmt_add(f, "%s@%p", rpc_value_object_type(v), p);
         break;
     }
     case RPC_LIST:

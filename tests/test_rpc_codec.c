@@ -331,6 +331,42 @@ static void test_encode_errors_leave_nothing(void **state)
     assert_true(rrefs_balanced());
 }
 
+/*  A local object never goes on the wire, alone or deep in a list, and a
+    refused encoding frees nothing but what it made. */
+static int n_objects_freed;
+
+static void object_free(void *p)
+{
+    (void)p;
+    n_objects_freed++;
+}
+
+static void test_objects_are_never_encoded(void **state)
+{
+    (void)state;
+    int64_t before = tensor_live_count();
+    int thing;
+    n_objects_freed = 0;
+    rpc_value_t *obj = rpc_value_object(&thing, object_free, "ParameterServer");
+    rpc_encoded_t e;
+    assert_int_equal(rpc_value_encode(obj, NULL, 0, &e), -1);
+    assert_string_equal(error_last(), "codec: a local object (ParameterServer) cannot be sent "
+                                      "to another process; send an RRef to it instead");
+    assert_null(e.meta);
+    tensor_t *t = tensor_zeros1(4);
+    rpc_value_t *v = rpc_args("trv", t, rref(1), rpc_args("iv", (int64_t)2, obj));
+    assert_int_equal(rpc_value_encode(v, &fake_codec, 0, &e), -1);
+    assert_non_null(strstr(error_last(), "a local object (ParameterServer)"));
+    assert_null(e.meta);
+    assert_null(e.tensors);
+    assert_int_equal(n_objects_freed, 0);
+    rpc_value_unref(v);
+    assert_int_equal(n_objects_freed, 1);
+    tensor_unref(t);
+    assert_int_equal(tensor_live_count(), before);
+    assert_true(rrefs_balanced());
+}
+
 /* ---- zero copy ---- */
 
 static void test_aligned_frames_are_wrapped_not_copied(void **state)
@@ -597,7 +633,7 @@ static void test_absurd_headers(void **state)
         int frames;
     } cases[] = {
         {"meta version 2, expected 1", {2, 0}, 2, 0},
-        {"unknown kind tag 8 at byte 1", {1, 8}, 2, 0},
+        {"unknown kind tag 8 at byte 1", {1, 8}, 2, 0},   /* RPC_OBJECT: no wire form */
         {"unknown kind tag 255", {1, 255}, 2, 0},
         {"1 trailing bytes", {1, 0, 0}, 3, 0},
         {"truncated meta: float", {1, 2, 0, 0, 0, 0, 0, 0, 0}, 9, 0},
@@ -735,6 +771,7 @@ int main(void)
         cmocka_unit_test(test_tensors_round_trip),
         cmocka_unit_test(test_lists_and_rrefs_round_trip),
         cmocka_unit_test(test_encode_errors_leave_nothing),
+        cmocka_unit_test(test_objects_are_never_encoded),
         cmocka_unit_test(test_aligned_frames_are_wrapped_not_copied),
         cmocka_unit_test(test_misaligned_and_borrowed_frames_are_copied),
         cmocka_unit_test(test_every_truncation_is_rejected),

@@ -1,5 +1,5 @@
 /*  RPC values: constructors, lists, rpc_args, typed argument errors,
-    equality, formatting and reference counts. */
+    equality, formatting and reference counts; local objects. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "autograd/error.h"
@@ -303,6 +304,88 @@ static void test_format(void **state)
     tensor_unref(t);
 }
 
+/*  ---- objects ---- */
+
+static int n_freed;
+static void *last_freed;
+
+static void count_free(void *p)
+{
+    n_freed++;
+    last_freed = p;
+}
+
+static void test_object_values(void **state)
+{
+    (void)state;
+    int server = 0, worker = 0;
+    n_freed = 0;
+    rpc_value_t *v = rpc_value_object(&server, count_free, "ParameterServer");
+    assert_int_equal(rpc_value_kind(v), RPC_OBJECT);
+    assert_string_equal(rpc_value_kind_name(RPC_OBJECT), "object");
+    assert_string_equal(rpc_value_object_type(v), "ParameterServer");
+    void *p = NULL;
+    assert_int_equal(rpc_value_get_object(v, "ParameterServer", &p), 0);
+    assert_ptr_equal(p, &server);
+    char type[] = "ParameterServer";   /* types compare as strings */
+    assert_int_equal(rpc_value_get_object(v, type, &p), 0);
+    assert_int_equal(rpc_value_get_object(v, NULL, &p), 0);   /* any type */
+    assert_int_equal(rpc_value_get_object(v, "DataWorker", &p), -1);
+    assert_string_equal(error_last(),
+                        "expected a DataWorker object; this object is a ParameterServer");
+
+    /* Other kinds are not objects. */
+    rpc_value_t *i = rpc_value_int(1);
+    assert_null(rpc_value_object_type(i));
+    assert_int_equal(rpc_value_get_object(i, "DataWorker", &p), -1);
+    assert_string_equal(error_last(), "expected a DataWorker object, got int");
+    assert_int_equal(rpc_value_get_object(i, NULL, &p), -1);
+    assert_string_equal(error_last(), "expected an object, got int");
+    assert_int_equal(rpc_value_get_object(NULL, "DataWorker", &p), -1);
+    assert_string_equal(error_last(), "expected a DataWorker object, got NULL");
+
+    /* Arguments: the index is named. */
+    rpc_value_t *args = rpc_args("vv", rpc_value_ref(v), rpc_value_ref(i));
+    assert_int_equal(rpc_arg_object(args, 0, "ParameterServer", &p), 0);
+    assert_ptr_equal(p, &server);
+    assert_int_equal(rpc_arg_object(args, 0, "DataWorker", &p), -1);
+    assert_string_equal(error_last(), "argument 0: expected a DataWorker object; this object "
+                                      "is a ParameterServer");
+    assert_int_equal(rpc_arg_object(args, 1, "DataWorker", &p), -1);
+    assert_string_equal(error_last(), "argument 1: expected a DataWorker object, got int");
+    assert_int_equal(rpc_arg_object(args, 2, "DataWorker", &p), -1);
+    assert_string_equal(error_last(), "argument 2 missing (2 given)");
+
+    /* Identity: the same pointer is the same object. */
+    rpc_value_t *same = rpc_value_object(&server, NULL, "ParameterServer");
+    rpc_value_t *other = rpc_value_object(&worker, NULL, "ParameterServer");
+    assert_true(rpc_value_equal(v, same));
+    assert_false(rpc_value_equal(v, other));
+    assert_false(rpc_value_equal(v, i));
+    char buf[128], want[128];
+    snprintf(want, sizeof want, "[ParameterServer@%p, 1]", (void *)&server);
+    assert_string_equal(rpc_value_format(args, buf, sizeof buf), want);
+
+    /* free_fn runs once, when the last reference goes (here the list's). */
+    rpc_value_unref(same);
+    rpc_value_unref(other);   /* no free_fn: nothing freed */
+    rpc_value_unref(v);
+    assert_int_equal(n_freed, 0);
+    rpc_value_unref(args);
+    assert_int_equal(n_freed, 1);
+    assert_ptr_equal(last_freed, &server);
+    rpc_value_unref(i);
+
+    /* A failed constructor frees the object itself. */
+    assert_null(rpc_value_object(&worker, count_free, NULL));
+    assert_string_equal(error_last(), "rpc_value_object: NULL type");
+    assert_int_equal(n_freed, 2);
+    assert_ptr_equal(last_freed, &worker);
+    assert_null(rpc_value_object(NULL, count_free, "DataWorker"));
+    assert_string_equal(error_last(), "rpc_value_object: NULL object");
+    assert_int_equal(n_freed, 2);
+}
+
 typedef struct {
     rpc_value_t *shared;
     int rounds;
@@ -349,6 +432,7 @@ int main(void)
         cmocka_unit_test(test_args_errors_release_taken_values),
         cmocka_unit_test(test_equal_compares_deeply),
         cmocka_unit_test(test_format),
+        cmocka_unit_test(test_object_values),
         cmocka_unit_test(test_threads_share_values),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
