@@ -3,7 +3,6 @@
 #include "examples/pipeline_core.h"
 
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include "autograd/autograd.h"
@@ -238,20 +237,9 @@ void pipeline_net_free(pipeline_net_t *n)
         return;
     for (int k = 0; k < 2; k++) {
         rpc_value_unref(n->param_lists[k]);
-        ps_actor_free_remote(n->shard[k]);
-        rpc_rref_unref(n->shard[k]);
+        rpc_rref_unref(n->shard[k]);   /* the last RRef: the shard is freed */
     }
     free(n);
-}
-
-/*  Rows [lo, hi) of x, copied (inputs need no gradient). */
-static tensor_t *rows(tensor_t *x, int64_t lo, int64_t hi)
-{
-    int64_t shape[TENSOR_MAX_DIMS];
-    memcpy(shape, tensor_shape(x), (size_t)tensor_ndim(x) * sizeof shape[0]);
-    int64_t row = tensor_numel(x) / shape[0];
-    shape[0] = hi - lo;
-    return tensor_from_data(TENSOR_F32, tensor_ndim(x), shape, tensor_data(x) + lo * row);
 }
 
 /*  Starts micro-batch x through both stages; returns the future of stage
@@ -289,9 +277,9 @@ int pipeline_net_forward(pipeline_net_t *n, tensor_t *x, int num_split, tensor_t
     tensor_t **outs = calloc((size_t)m, sizeof *outs);
     int rc = f && outs ? 0 : error_set("out of memory");
     for (int i = 0; rc == 0 && i < m; i++) {
-        int64_t lo = i * size, hi = lo + size < N ? lo + size : N;
-        tensor_t *xi = rows(x, lo, hi);
-        if (!xi || !(f[i] = start_micro_batch(n, xi)))
+        int64_t lo = i * size, len = lo + size < N ? size : N - lo;
+        tensor_t *xi = NULL;
+        if (tensor_narrow(x, 0, lo, len, &xi) < 0 || !(f[i] = start_micro_batch(n, xi)))
             rc = -1;
         tensor_unref(xi);
     }

@@ -16,11 +16,11 @@
         "NetShard.stats"(): [seconds spent in forward, forwards] since the
             previous call.
 
-    The driver cuts each batch into micro-batches; for each one it wraps
-    the input in an RRef, asks stage 1 to keep its output remotely
-    (rpc_rref_remote) and stage 2 to continue from that RRef
-    (rpc_rref_rpc_async), so while stage 2 works on micro-batch i, stage 1
-    already works on i + 1. The outputs are concatenated (tensor_cat), the
+    The driver cuts each batch into micro-batches (views of its rows,
+    tensor_narrow); for each one it wraps the input in an RRef, asks stage
+    1 to keep its output remotely (rpc_rref_remote) and stage 2 to continue
+    from that RRef (rpc_rref_rpc_async), so while stage 2 works on
+    micro-batch i, stage 1 already works on i + 1. The outputs are concatenated (tensor_cat), the
     loss is one nll_loss over the batch, dist_autograd_backward runs back
     through both shards, and a DistributedOptimizer steps both.
 
@@ -52,7 +52,8 @@ typedef struct pipeline_net pipeline_net_t;
     fails the first call that uses it. Free with pipeline_net_free. */
 pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropout);
 
-/*  Frees the shards on their processes and the handle. NULL-safe. */
+/*  Releases the shards' RRefs, the last ones to them, so that their
+    processes free them, and frees the handle. NULL-safe. */
 void pipeline_net_free(pipeline_net_t *n);
 
 /*  Forward of x (N,1,28,28) in num_split micro-batches of

@@ -1,184 +1,209 @@
+/*  ps_actor.c: actors as local object values (see ps_actor.h). */
 #include "examples/ps_actor.h"
 
 #include <pthread.h>
-#include <stdint.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "autograd/error.h"
 
 struct ps_actor {
-    int64_t handle;
     const ps_actor_class_t *cls;
-    void *obj;
-    int refs;                   /* the table's + one per ps_actor_get */
     pthread_mutex_t lock;       /* held by methods: one at a time */
+    pthread_mutex_t state;      /* guards obj, users and killed */
+    void *obj;                  /* NULL once freed */
+    int users;                  /* methods between ps_actor_get and ps_actor_put */
+    bool killed;                /* by Actor.free */
 };
 
-/*  A handful of actors per process: a linear table is plenty. Handles are
-    never reused, so a stale handle cannot reach a newer object. */
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static ps_actor_t **table;
-static int table_len, table_cap;
-static int64_t next_handle = 1;
+static atomic_int live;
 
-static void actor_destroy(ps_actor_t *a)
+/*  The classes actors were made of, so that "Actor.*" can tell an actor
+    from another kind of object by its type name. */
+#define MAX_CLASSES 16
+static pthread_mutex_t classes_lock = PTHREAD_MUTEX_INITIALIZER;
+static const ps_actor_class_t *classes[MAX_CLASSES];
+static int n_classes;
+
+static int class_add(const ps_actor_class_t *cls)
 {
-    a->cls->free(a->obj);
+    int rc = 0, i = 0;
+    pthread_mutex_lock(&classes_lock);
+    while (i < n_classes && classes[i] != cls)
+        i++;
+    if (i == n_classes && n_classes < MAX_CLASSES)
+        classes[n_classes++] = cls;
+    else if (i == n_classes)
+        rc = error_set("%s: more than %d actor classes", cls->name, MAX_CLASSES);
+    pthread_mutex_unlock(&classes_lock);
+    return rc;
+}
+
+static bool class_known(const char *name)
+{
+    bool found = false;
+    pthread_mutex_lock(&classes_lock);
+    for (int i = 0; i < n_classes && !found; i++)
+        found = strcmp(classes[i]->name, name) == 0;
+    pthread_mutex_unlock(&classes_lock);
+    return found;
+}
+
+static void object_free(const ps_actor_class_t *cls, void *obj)
+{
+    if (obj) {
+        cls->free(obj);
+        atomic_fetch_sub(&live, 1);
+    }
+}
+
+/*  The value's free function. No method is running: each holds the value. */
+static void actor_release(void *p)
+{
+    ps_actor_t *a = p;
+    object_free(a->cls, a->obj);
     pthread_mutex_destroy(&a->lock);
+    pthread_mutex_destroy(&a->state);
     free(a);
 }
 
 rpc_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
 {
-    ps_actor_t *a = calloc(1, sizeof *a);
+    ps_actor_t *a = NULL;
+    if (class_add(cls) == 0 && !(a = calloc(1, sizeof *a)))
+        error_set("%s: out of memory", cls->name);
     if (!a) {
         cls->free(obj);
-        error_set("%s: out of memory", cls->name);
         return NULL;
     }
     a->cls = cls;
     a->obj = obj;
-    a->refs = 1;
     pthread_mutex_init(&a->lock, NULL);
-    pthread_mutex_lock(&table_lock);
-    if (table_len == table_cap) {
-        int cap = table_cap ? 2 * table_cap : 8;
-        ps_actor_t **t = realloc(table, (size_t)cap * sizeof *t);
-        if (!t) {
-            pthread_mutex_unlock(&table_lock);
-            actor_destroy(a);
-            error_set("%s: out of memory", cls->name);
-            return NULL;
-        }
-        table = t;
-        table_cap = cap;
-    }
-    a->handle = next_handle++;
-    table[table_len++] = a;
-    pthread_mutex_unlock(&table_lock);
-    rpc_value_t *v = rpc_value_int(a->handle);
-    if (!v) {
-        /* Nobody can know the handle yet: take it out again. */
-        pthread_mutex_lock(&table_lock);
-        table[--table_len] = NULL;
-        pthread_mutex_unlock(&table_lock);
-        actor_destroy(a);
-    }
-    return v;
+    pthread_mutex_init(&a->state, NULL);
+    atomic_fetch_add(&live, 1);
+    return rpc_value_object(a, actor_release, cls->name);   /* frees a on failure */
+}
+
+static int freed_already(const ps_actor_t *a)
+{
+    return error_set("%s: no actor left behind this RRef (freed already by Actor.free)",
+                     a->cls->name);
 }
 
 ps_actor_t *ps_actor_get(const rpc_value_t *args, const ps_actor_class_t *cls)
 {
-    int64_t h;
-    if (rpc_arg_int(args, 0, &h) < 0) {
+    void *p;
+    if (rpc_arg_object(args, 0, cls->name, &p) < 0) {
         error_wrap("%s: the first argument must be the actor (an RRef's value)", cls->name);
         return NULL;
     }
-    ps_actor_t *found = NULL;
-    pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < table_len; i++) {
-        if (table[i]->handle == h) {
-            found = table[i];
-            break;
-        }
-    }
-    if (found && found->cls == cls)
-        found->refs++;
-    pthread_mutex_unlock(&table_lock);
-    if (!found) {
-        error_set("%s: no actor %lld in this process (freed already?)", cls->name,
-                  (long long)h);
+    ps_actor_t *a = p;
+    pthread_mutex_lock(&a->state);
+    bool killed = a->killed;
+    if (!killed)
+        a->users++;
+    pthread_mutex_unlock(&a->state);
+    if (killed) {
+        freed_already(a);
         return NULL;
     }
-    if (found->cls != cls) {
-        error_set("%s: actor %lld is a %s", cls->name, (long long)h, found->cls->name);
-        return NULL;
-    }
-    return found;
+    return a;
 }
 
 void ps_actor_put(ps_actor_t *a)
 {
     if (!a)
         return;
-    pthread_mutex_lock(&table_lock);
-    bool last = --a->refs == 0;
-    pthread_mutex_unlock(&table_lock);
-    if (last)
-        actor_destroy(a);
+    void *obj = NULL;
+    pthread_mutex_lock(&a->state);
+    if (--a->users == 0 && a->killed) {
+        obj = a->obj;
+        a->obj = NULL;
+    }
+    pthread_mutex_unlock(&a->state);
+    object_free(a->cls, obj);
 }
 
 void *ps_actor_object(const ps_actor_t *a) { return a->obj; }
 void ps_actor_lock(ps_actor_t *a) { pthread_mutex_lock(&a->lock); }
 void ps_actor_unlock(ps_actor_t *a) { pthread_mutex_unlock(&a->lock); }
 
-/*  Takes the actor out of the table; it is destroyed when the last method
-    running on it returns. */
-static int actor_remove(int64_t h)
+/*  args[0] as an actor of any class. */
+static ps_actor_t *any_actor(const rpc_value_t *args, const char *fn)
 {
-    ps_actor_t *a = NULL;
-    pthread_mutex_lock(&table_lock);
-    for (int i = 0; i < table_len; i++) {
-        if (table[i]->handle == h) {
-            a = table[i];
-            table[i] = table[--table_len];
-            break;
-        }
-    }
-    pthread_mutex_unlock(&table_lock);
-    if (!a)
-        return error_set("Actor.free: no actor %lld in this process", (long long)h);
-    ps_actor_put(a);
-    return 0;
+    const rpc_value_t *v = rpc_list_get(args, 0);
+    const char *type = rpc_value_object_type(v);
+    void *p = NULL;
+    if (type && class_known(type) && rpc_value_get_object(v, type, &p) == 0)
+        return p;
+    error_set("%s: the first argument must be an actor (an RRef's value), not %s", fn,
+              type ? type : rpc_value_kind_name(rpc_value_kind(v)));
+    return NULL;
 }
 
+static rpc_value_t *fn_actor_ready(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    return any_actor(args, "Actor.ready") ? rpc_value_none() : NULL;
+}
+
+/*  Frees the object now, or when the last method running on it returns. */
 static rpc_value_t *fn_actor_free(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    int64_t h;
-    if (rpc_arg_int(args, 0, &h) < 0 || actor_remove(h) < 0)
+    ps_actor_t *a = any_actor(args, "Actor.free");
+    if (!a)
         return NULL;
+    void *obj = NULL;
+    pthread_mutex_lock(&a->state);
+    bool killed = a->killed;
+    a->killed = true;
+    if (!killed && a->users == 0) {
+        obj = a->obj;
+        a->obj = NULL;
+    }
+    pthread_mutex_unlock(&a->state);
+    if (killed) {
+        freed_already(a);
+        return NULL;
+    }
+    object_free(a->cls, obj);
     return rpc_value_none();
 }
 
 int ps_actor_register(void)
 {
-    return rpc_register("Actor.free", fn_actor_free, NULL);
+    if (rpc_register("Actor.ready", fn_actor_ready, NULL) < 0 ||
+        rpc_register("Actor.free", fn_actor_free, NULL) < 0)
+        return -1;
+    return 0;
 }
 
-int ps_actor_free_remote(rpc_rref_t *r)
+/*  Calls method on the actor behind r for its effect. */
+static int actor_call(rpc_rref_t *r, const char *method)
 {
-    if (!r)
-        return 0;
     rpc_value_t *res = NULL;
-    int rc = rpc_rref_rpc_sync(r, "Actor.free", NULL, -1, &res);
+    int rc = rpc_rref_rpc_sync(r, method, NULL, -1, &res);
     rpc_value_unref(res);
     return rc;
 }
 
+int ps_actor_wait(rpc_rref_t *r)
+{
+    return actor_call(r, "Actor.ready");
+}
+
+int ps_actor_free_remote(rpc_rref_t *r)
+{
+    return r ? actor_call(r, "Actor.free") : 0;
+}
+
 void ps_actor_free_all(void)
 {
-    for (;;) {
-        pthread_mutex_lock(&table_lock);
-        int64_t h = table_len ? table[table_len - 1]->handle : 0;
-        pthread_mutex_unlock(&table_lock);
-        if (!h)
-            break;
-        actor_remove(h);
-    }
-    pthread_mutex_lock(&table_lock);
-    if (table_len == 0) {
-        free(table);
-        table = NULL;
-        table_cap = 0;
-    }
-    pthread_mutex_unlock(&table_lock);
 }
 
 int ps_actor_count(void)
 {
-    pthread_mutex_lock(&table_lock);
-    int n = table_len;
-    pthread_mutex_unlock(&table_lock);
-    return n;
+    return atomic_load(&live);
 }

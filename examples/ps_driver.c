@@ -84,12 +84,9 @@ static tensor_t *future_tensor(rpc_future_t *f)
     everyone ready. */
 static int wait_created(rpc_rref_t *const *rrefs, int n)
 {
-    for (int i = 0; i < n; i++) {
-        rpc_value_t *v;
-        if (rpc_rref_to_here(rrefs[i], -1, &v) < 0)
+    for (int i = 0; i < n; i++)
+        if (ps_actor_wait(rrefs[i]) < 0)
             return error_wrap("creating the actor on %s", rpc_rref_owner_name(rrefs[i]));
-        rpc_value_unref(v);
-    }
     return 0;
 }
 
@@ -334,7 +331,7 @@ static int run(driver_t *d, ps_result_t *res)
     res->updates = updates;
     res->train_seconds = secs;
     res->iters_per_s = secs > 0 ? (double)updates / secs : 0;
-    if (!(res->weights = ps_model_slice(d->model, 0, nn_model_numel(d->model))))
+    if (nn_model_params_to_vector(d->model, &res->weights) < 0)
         return -1;
     for (int s = 0; o->track && s < d->S; s++)
         if (fetch_stats(d->servers[s], &res->servers[s]) < 0)
@@ -353,20 +350,15 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res)
         return -1;
     driver_t d = {.o = o, .S = o->num_servers, .W = o->num_workers};
     int rc = run(&d, res);
-    /* Free the actors even after a failure, keeping the first error. */
-    char err[1024];
+    char err[1024];   /* kept through the cleanup */
     snprintf(err, sizeof err, "%s", error_last());
+    /* Releasing the RRefs frees the actors on their workers. */
     for (int s = 0; s < d.S; s++) {
-        if (d.servers[s] && ps_actor_free_remote(d.servers[s]) < 0 && rc == 0)
-            rc = -1, snprintf(err, sizeof err, "%s", error_last());
         rpc_rref_unref(d.servers[s]);
         tensor_unref(d.weights[s]);
     }
-    for (int w = 0; w < d.W; w++) {
-        if (d.workers[w] && ps_actor_free_remote(d.workers[w]) < 0 && rc == 0)
-            rc = -1, snprintf(err, sizeof err, "%s", error_last());
+    for (int w = 0; w < d.W; w++)
         rpc_rref_unref(d.workers[w]);
-    }
     nn_model_free(d.model);
     dataset_free(d.test);
     if (rc < 0) {

@@ -21,40 +21,14 @@ void ps_slice_range(int64_t numel, int s, int n, int64_t *lo, int64_t *hi)
     *hi = numel * (s + 1) / n;
 }
 
-/*  Copies elements [lo, hi) of the model's flat parameters (or of their
-    gradients, zeros where a parameter has none) to dst, or dst to them. */
-typedef enum { FLAT_GET, FLAT_GET_GRAD, FLAT_SET } flat_op_t;
-
-static void flat_walk(nn_model_t *m, int64_t lo, int64_t hi, float *buf, flat_op_t op)
+/*  Elements [lo, hi) of the flat vector v, as a tensor of their own. */
+static tensor_t *flat_range(tensor_t *v, int64_t lo, int64_t hi)
 {
-    int64_t off = 0;
-    for (int i = 0; i < nn_model_n_params(m) && off < hi; i++) {
-        tensor_t *p = nn_model_param(m, i);
-        int64_t n = tensor_numel(p), a = lo > off ? lo - off : 0;
-        int64_t b = hi < off + n ? hi - off : n;
-        if (a < b) {
-            float *dst = buf + (off + a - lo);
-            size_t bytes = (size_t)(b - a) * sizeof(float);
-            if (op == FLAT_SET) {
-                memcpy(tensor_data(p) + a, dst, bytes);
-            } else if (op == FLAT_GET) {
-                memcpy(dst, tensor_data(p) + a, bytes);
-            } else {
-                tensor_t *g = tensor_grad(p);
-                if (g)
-                    memcpy(dst, tensor_data(g) + a, bytes);
-                else
-                    memset(dst, 0, bytes);
-                tensor_unref(g);
-            }
-        }
-        off += n;
-    }
-}
-
-static tensor_t *flat_new(int64_t n)
-{
-    return tensor_empty(TENSOR_F32, 1, &n);
+    tensor_t *view = NULL, *copy = NULL;
+    if (tensor_narrow(v, 0, lo, hi - lo, &view) == 0)
+        copy = tensor_clone(view);
+    tensor_unref(view);
+    return copy;
 }
 
 tensor_t *ps_model_slice(nn_model_t *m, int64_t lo, int64_t hi)
@@ -64,9 +38,11 @@ tensor_t *ps_model_slice(nn_model_t *m, int64_t lo, int64_t hi)
                   (long long)hi, (long long)nn_model_numel(m));
         return NULL;
     }
-    tensor_t *t = flat_new(hi - lo);
-    if (t)
-        flat_walk(m, lo, hi, tensor_data(t), FLAT_GET);
+    tensor_t *all;
+    if (nn_model_params_to_vector(m, &all) < 0)
+        return NULL;
+    tensor_t *t = lo == 0 && hi == tensor_numel(all) ? tensor_ref(all) : flat_range(all, lo, hi);
+    tensor_unref(all);
     return t;
 }
 
@@ -89,13 +65,14 @@ int ps_model_load(nn_model_t *m, tensor_t *const *slices, int n)
 {
     if (check_slices(m, slices, n) < 0)
         return -1;
-    int64_t off = 0;
-    for (int s = 0; s < n; s++) {
-        int64_t len = tensor_numel(slices[s]);
-        flat_walk(m, off, off + len, tensor_data(slices[s]), FLAT_SET);
-        off += len;
-    }
-    return 0;
+    if (n == 1)
+        return nn_model_vector_to_params(m, slices[0]);
+    tensor_t *all;
+    if (tensor_cat(slices, n, 0, &all) < 0)
+        return -1;
+    int rc = nn_model_vector_to_params(m, all);
+    tensor_unref(all);
+    return rc;
 }
 
 uint64_t ps_hash(const tensor_t *t)
@@ -213,7 +190,7 @@ static int next_batch(ps_worker_t *w, tensor_t **x, tensor_t **y)
 
 int ps_worker_compute(ps_worker_t *w, tensor_t *const *weights, int n, tensor_t **grads)
 {
-    tensor_t *x = NULL, *y = NULL, *logprobs = NULL, *loss = NULL;
+    tensor_t *x = NULL, *y = NULL, *logprobs = NULL, *loss = NULL, *all = NULL;
     for (int s = 0; s < n; s++)
         grads[s] = NULL;
     int rc = -1;
@@ -222,12 +199,14 @@ int ps_worker_compute(ps_worker_t *w, tensor_t *const *weights, int n, tensor_t 
         nn_model_forward(w->model, x, &logprobs) < 0 || nn_nll_loss(logprobs, y, &loss) < 0 ||
         autograd_backward(loss, NULL, false) < 0)
         goto out;
+    /* The slices are views of one vector of every gradient. */
+    if (nn_model_grads_to_vector(w->model, &all) < 0)
+        goto out;
     int64_t off = 0;
     for (int s = 0; s < n; s++) {
         int64_t len = tensor_numel(weights[s]);
-        if (!(grads[s] = flat_new(len)))
+        if (tensor_narrow(all, 0, off, len, &grads[s]) < 0)
             goto out;
-        flat_walk(w->model, off, off + len, tensor_data(grads[s]), FLAT_GET_GRAD);
         off += len;
         if (w->track && stats_add(&w->stats, ps_hash(grads[s])) < 0)
             goto out;
@@ -236,6 +215,7 @@ int ps_worker_compute(ps_worker_t *w, tensor_t *const *weights, int n, tensor_t 
     rc = 0;
 out:
     nn_model_zero_grad(w->model);
+    tensor_unref(all);
     tensor_unref(loss);
     tensor_unref(logprobs);
     tensor_unref(x);
@@ -328,14 +308,13 @@ static rpc_value_t *fn_apply_gradients(rpc_call_t *call, rpc_value_t *args, void
     size_t k = rpc_list_len(args);
     int64_t n = tensor_numel(ps->weights);
     rpc_value_t *v = NULL;
-    tensor_t *sum = flat_new(n);
+    tensor_t *sum = tensor_zeros1(n);
     if (!sum)
         goto out;
     if (k < 2) {
         error_set("ParameterServer.apply_gradients: no gradients given");
         goto out;
     }
-    tensor_zero_(sum);
     float *sd = tensor_data(sum);
     for (size_t i = 1; i < k; i++) {
         tensor_t *g;
@@ -444,16 +423,13 @@ out:
 static rpc_value_t *fn_stats(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &server_class);
-    ps_stats_t *st;
-    if (a) {
-        st = &((ps_server_t *)ps_actor_object(a))->stats;
-    } else if ((a = ps_actor_get(args, &worker_class))) {
-        st = &((ps_worker_t *)ps_actor_object(a))->stats;
-    } else {
-        error_set("PS.stats: the argument is neither a ParameterServer nor a DataWorker");
+    const char *type = rpc_value_object_type(rpc_list_get(args, 0));
+    bool worker = type && strcmp(type, worker_class.name) == 0;
+    ps_actor_t *a = ps_actor_get(args, worker ? &worker_class : &server_class);
+    if (!a)
         return NULL;
-    }
+    ps_stats_t *st = worker ? &((ps_worker_t *)ps_actor_object(a))->stats
+                            : &((ps_server_t *)ps_actor_object(a))->stats;
     ps_actor_lock(a);
     rpc_value_t *v = stats_value(st);
     ps_actor_unlock(a);
