@@ -1,7 +1,9 @@
-/*  dist_optim.c: the DistributedOptimizer. Owners keep their local
-    optimizers in a table under 64-bit handles; clients hold (owner, handle)
-    pairs and reach them with "__dist_optim_*" calls (or directly, for the
-    process's own parameters). */
+/*  dist_optim.c: the DistributedOptimizer. As PyTorch's holds RRefs to
+    _LocalOptimizer objects, each owner's local optimizer is a local object
+    value behind an RRef that the owner makes (rpc_rref_new) and hands to
+    the client; steps are methods called through those RRefs (or directly,
+    for the process's own parameters), and releasing them frees the
+    optimizers on their owners. */
 #include "optim/dist_optim.h"
 
 #include <pthread.h>
@@ -14,15 +16,9 @@
 
 /*  ---- owner side ---- */
 
-typedef struct local {
-    int64_t handle;
-    optim_t *opt;
-    struct local *next;
-} local_t;
+/*  The type of the local optimizer objects: an optim_t. */
+#define LOCAL_OPTIMIZER "LocalOptimizer"
 
-static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
-static local_t *table;
-static int64_t next_handle = 1;
 static pthread_rwlock_t params_lock;
 static pthread_once_t params_lock_once = PTHREAD_ONCE_INIT;
 
@@ -53,16 +49,21 @@ static const char *self_desc(char *buf, size_t size)
     return buf;
 }
 
-/*  Creates a local optimizer over the values of rrefs (owned here). */
-static int local_new(const char *cfg_text, rpc_rref_t *const *rrefs, int n, int64_t *handle)
+static void local_free(void *opt)
+{
+    optim_free(opt);
+}
+
+/*  A new RRef owned here to a local optimizer over the values of rrefs
+    (owned here too), or NULL. */
+static rpc_rref_t *local_new(const char *cfg_text, rpc_rref_t *const *rrefs, int n)
 {
     optim_config_t cfg;
     if (optim_config_parse(cfg_text, &cfg) < 0)
-        return -1;
+        return NULL;
     tensor_t **params = calloc((size_t)(n > 0 ? n : 1), sizeof *params);
     rpc_value_t **values = calloc((size_t)(n > 0 ? n : 1), sizeof *values);
-    local_t *l = calloc(1, sizeof *l);
-    int rc = params && values && l ? 0 : error_set("out of memory");
+    int rc = params && values ? 0 : error_set("out of memory");
     for (int i = 0; rc == 0 && i < n; i++) {
         if (!rpc_rref_is_owner(rrefs[i]))
             rc = error_set("parameter %d is owned by rank %d, not here", i,
@@ -72,40 +73,19 @@ static int local_new(const char *cfg_text, rpc_rref_t *const *rrefs, int n, int6
         else if (rpc_value_get_tensor(values[i], &params[i]) < 0)
             rc = error_wrap("parameter %d", i);
     }
-    if (rc == 0 && !(l->opt = optim_new(&cfg, n, params)))
-        rc = -1;
-    if (rc == 0) {
-        pthread_mutex_lock(&table_lock);
-        l->handle = next_handle++;
-        l->next = table;
-        table = l;
-        *handle = l->handle;
-        pthread_mutex_unlock(&table_lock);
-        l = NULL;
-    }
+    optim_t *opt = rc == 0 ? optim_new(&cfg, n, params) : NULL;
+    rpc_value_t *v = opt ? rpc_value_object(opt, local_free, LOCAL_OPTIMIZER) : NULL;
+    rpc_rref_t *r = v ? rpc_rref_new(v) : NULL;
+    rpc_value_unref(v);
     for (int i = 0; values && i < n; i++)
         rpc_value_unref(values[i]);
     free(values);
     free(params);
-    free(l);
-    return rc;
+    return r;
 }
 
-static optim_t *local_find(int64_t handle)
+static int local_step(optim_t *opt, int64_t ctx)
 {
-    pthread_mutex_lock(&table_lock);
-    local_t *l = table;
-    while (l && l->handle != handle)
-        l = l->next;
-    pthread_mutex_unlock(&table_lock);
-    return l ? l->opt : NULL;
-}
-
-static int local_step(int64_t handle, int64_t ctx)
-{
-    optim_t *opt = local_find(handle);
-    if (!opt)
-        return error_set("no distributed optimizer %lld here", (long long)handle);
     int n = optim_n_params(opt), rc = 0;
     tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     if (!grads)
@@ -124,56 +104,33 @@ static int local_step(int64_t handle, int64_t ctx)
     return rc;
 }
 
-static void local_free(int64_t handle)
-{
-    pthread_mutex_lock(&table_lock);
-    local_t **p = &table, *found = NULL;
-    while (*p && (*p)->handle != handle)
-        p = &(*p)->next;
-    if (*p) {
-        found = *p;
-        *p = found->next;
-    }
-    pthread_mutex_unlock(&table_lock);
-    if (found) {
-        optim_free(found->opt);
-        free(found);
-    }
-}
-
+/*  "__dist_optim_new"(config, param RRef...) -> RRef to the local optimizer */
 static rpc_value_t *handle_new(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     const char *cfg;
     int n = (int)rpc_list_len(args) - 1;
-    rpc_rref_t **rrefs = calloc((size_t)(n > 0 ? n : 1), sizeof *rrefs);
-    int64_t handle = 0;
+    rpc_rref_t **rrefs = calloc((size_t)(n > 0 ? n : 1), sizeof *rrefs), *r = NULL;
     int rc = rrefs && rpc_arg_string(args, 0, &cfg) == 0 ? 0 : -1;
     for (int i = 0; rc == 0 && i < n; i++)
         rc = rpc_arg_rref(args, (size_t)(1 + i), &rrefs[i]);
     if (rc == 0)
-        rc = local_new(cfg, rrefs, n, &handle);
+        r = local_new(cfg, rrefs, n);
     free(rrefs);
-    return rc == 0 ? rpc_value_int(handle) : NULL;
+    rpc_value_t *v = r ? rpc_value_rref(r) : NULL;
+    rpc_rref_unref(r);
+    return v;
 }
 
+/*  "__dist_optim_step"(local optimizer, context id), called through its RRef */
 static rpc_value_t *handle_step(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    int64_t handle, ctx;
-    if (rpc_arg_int(args, 0, &handle) < 0 || rpc_arg_int(args, 1, &ctx) < 0 ||
-        local_step(handle, ctx) < 0)
+    void *opt;
+    int64_t ctx;
+    if (rpc_arg_object(args, 0, LOCAL_OPTIMIZER, &opt) < 0 || rpc_arg_int(args, 1, &ctx) < 0 ||
+        local_step(opt, ctx) < 0)
         return NULL;
-    return rpc_value_none();
-}
-
-static rpc_value_t *handle_free(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call, (void)arg;
-    int64_t handle;
-    if (rpc_arg_int(args, 0, &handle) < 0)
-        return NULL;
-    local_free(handle);
     return rpc_value_none();
 }
 
@@ -181,22 +138,16 @@ int dist_optim_init(void)
 {
     pthread_once(&params_lock_once, params_lock_init);
     if (rpc_register("__dist_optim_new", handle_new, NULL) < 0 ||
-        rpc_register("__dist_optim_step", handle_step, NULL) < 0 ||
-        rpc_register("__dist_optim_free", handle_free, NULL) < 0)
+        rpc_register("__dist_optim_step", handle_step, NULL) < 0)
         return -1;
     return 0;
 }
 
 /*  ---- client side ---- */
 
-typedef struct {
-    int owner;
-    int64_t handle;
-} remote_optim_t;
-
 struct dist_optim {
     int n;
-    remote_optim_t *owners;
+    rpc_rref_t **owners;    /* per owner, an RRef to its local optimizer */
 };
 
 int dist_optim_num_owners(const dist_optim_t *opt)
@@ -245,17 +196,17 @@ int dist_optim_new(const optim_config_t *cfg, rpc_rref_t *const *params, int n,
             rc = -1;
         } else if (count > 0 && owner == rpc_rank()) {
             /* Our own parameters: no message. */
-            int64_t handle;
             size_t len = rpc_list_len(args);
-            rpc_rref_t **mine = calloc(len, sizeof *mine);
+            rpc_rref_t **mine = calloc(len, sizeof *mine), *r = NULL;
             for (size_t i = 1; mine && i < len; i++)
                 rpc_arg_rref(args, i, &mine[i - 1]);
-            rc = mine ? local_new(text, mine, count, &handle) : error_set("out of memory");
-            free(mine);
-            if (rc == 0)
-                o->owners[o->n++] = (remote_optim_t){owner, handle};
+            if (!mine)
+                rc = error_set("out of memory");
+            else if (!(r = local_new(text, mine, count)))
+                rc = error_wrap("creating the optimizer on %s", self_desc(me, sizeof me));
             else
-                error_wrap("creating the optimizer on %s", self_desc(me, sizeof me));
+                o->owners[o->n++] = r;
+            free(mine);
         } else if (count > 0) {
             fs[owner] = rpc_async(owner, "__dist_optim_new", args, RPC_TIMEOUT_DEFAULT);
             if (!fs[owner])
@@ -266,13 +217,13 @@ int dist_optim_new(const optim_config_t *cfg, rpc_rref_t *const *params, int n,
     for (int owner = 0; owner < world; owner++) {
         if (!fs || !fs[owner])
             continue;
-        int64_t handle;
+        rpc_rref_t *r;
         if (rc == 0) {
             if (rpc_wait(fs[owner], -1) < 0 ||
-                rpc_value_get_int(rpc_future_value(fs[owner]), &handle) < 0)
+                rpc_value_get_rref(rpc_future_value(fs[owner]), &r) < 0)
                 rc = owner_error(owner, "creating the optimizer");
             else
-                o->owners[o->n++] = (remote_optim_t){owner, handle};
+                o->owners[o->n++] = rpc_rref_ref(r);
         }
         rpc_future_unref(fs[owner]);
     }
@@ -285,28 +236,38 @@ int dist_optim_new(const optim_config_t *cfg, rpc_rref_t *const *params, int n,
     return 0;
 }
 
+/*  Steps our own local optimizer, without a message. */
+static int step_here(rpc_rref_t *r, int64_t context_id)
+{
+    rpc_value_t *v;
+    void *opt;
+    if (rpc_rref_local_value(r, &v) < 0)
+        return -1;
+    int rc = rpc_value_get_object(v, LOCAL_OPTIMIZER, &opt) < 0 ? -1 : local_step(opt, context_id);
+    rpc_value_unref(v);
+    return rc;
+}
+
 int dist_optim_step(dist_optim_t *o, int64_t context_id)
 {
     rpc_future_t **fs = calloc((size_t)(o->n ? o->n : 1), sizeof *fs);
-    rpc_value_t *args = NULL;
-    int rc = fs ? 0 : error_set("out of memory"), local = -1;
+    rpc_value_t *args = rpc_args("i", context_id);
+    int rc = fs && args ? 0 : error_set("out of memory"), local = -1;
     char me[200];
     for (int i = 0; rc == 0 && i < o->n; i++) {
-        if (o->owners[i].owner == rpc_rank()) {
+        if (rpc_rref_is_owner(o->owners[i])) {
             local = i;   /* stepped below, while the others run */
             continue;
         }
-        args = rpc_args("ii", o->owners[i].handle, context_id);
-        fs[i] = args ? rpc_async(o->owners[i].owner, "__dist_optim_step", args, RPC_TIMEOUT_DEFAULT)
-                     : NULL;
-        rpc_value_unref(args);
+        fs[i] = rpc_rref_rpc_async(o->owners[i], "__dist_optim_step", args, RPC_TIMEOUT_DEFAULT);
         if (!fs[i])
-            rc = owner_error(o->owners[i].owner, "step");
+            rc = owner_error(rpc_rref_owner(o->owners[i]), "step");
     }
+    rpc_value_unref(args);
     char first[1024] = "";   /* the first failure is the one reported */
     if (rc < 0)
         snprintf(first, sizeof first, "%s", error_last());
-    if (rc == 0 && local >= 0 && local_step(o->owners[local].handle, context_id) < 0) {
+    if (rc == 0 && local >= 0 && step_here(o->owners[local], context_id) < 0) {
         rc = error_wrap("step on %s", self_desc(me, sizeof me));
         snprintf(first, sizeof first, "%s", error_last());
     }
@@ -314,7 +275,7 @@ int dist_optim_step(dist_optim_t *o, int64_t context_id)
         if (!fs[i])
             continue;
         if (rpc_wait(fs[i], -1) < 0 && rc == 0) {
-            rc = owner_error(o->owners[i].owner, "step");
+            rc = owner_error(rpc_rref_owner(o->owners[i]), "step");
             snprintf(first, sizeof first, "%s", error_last());
         }
         rpc_future_unref(fs[i]);
@@ -329,18 +290,9 @@ void dist_optim_free(dist_optim_t *o)
 {
     if (!o)
         return;
-    for (int i = 0; i < o->n; i++) {
-        if (o->owners[i].owner == rpc_rank()) {
-            local_free(o->owners[i].handle);
-            continue;
-        }
-        rpc_value_t *args = rpc_args("i", o->owners[i].handle), *r = NULL;
-        /* Best effort: an owner that is gone has freed everything anyway. */
-        if (args && rpc_sync(o->owners[i].owner, "__dist_optim_free", args, RPC_TIMEOUT_DEFAULT,
-                             &r) == 0)
-            rpc_value_unref(r);
-        rpc_value_unref(args);
-    }
+    /* The owners free the local optimizers when these RRefs are released. */
+    for (int i = 0; i < o->n; i++)
+        rpc_rref_unref(o->owners[i]);
     free(o->owners);
     free(o);
 }

@@ -10,11 +10,13 @@
 
     The constructor groups the parameters by owner and creates one local
     optimizer per owner, on that owner (optim.h, any kind, the same
-    hyper-parameters). A step sends every owner the context id at once and
-    waits for all; each owner takes that context's gradients of its
-    parameters (dist_autograd_get_gradient) and steps its local optimizer.
-    Parameters without a gradient in the context are skipped, as PyTorch
-    skips parameters whose .grad is None.
+    hyper-parameters), and keeps an RRef to each, as PyTorch's keeps RRefs
+    to its _LocalOptimizer objects. A step calls every owner's optimizer
+    through its RRef with the context id, all at once, and waits for all;
+    each owner takes that context's gradients of its parameters
+    (dist_autograd_get_gradient) and steps its local optimizer. Parameters
+    without a gradient in the context are skipped, as PyTorch skips
+    parameters whose .grad is None.
 
     Concurrency: steps on one owner are serialised by the local optimizer's
     lock, so concurrent trainers never interleave inside one update. Each
@@ -50,7 +52,8 @@ int dist_optim_new(const optim_config_t *cfg, rpc_rref_t *const *params, int n,
     ("step on \"ps\" (rank 0): ..."). */
 int dist_optim_step(dist_optim_t *opt, int64_t context_id);
 
-/*  Frees the local optimizers on their owners (best effort) and opt. */
+/*  Releases the RRefs to the local optimizers, so that their owners free
+    them (as soon as the release reaches them), and frees opt. NULL-safe. */
 void dist_optim_free(dist_optim_t *opt);
 
 /*  Number of owners (local optimizers) behind opt. */

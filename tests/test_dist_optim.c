@@ -1,5 +1,6 @@
 /*  DistributedOptimizer (SPEC O2): one local optimizer per owner, stepped
-    with a context's gradients; concurrent trainers; errors naming owners. */
+    with a context's gradients; concurrent trainers; errors naming owners;
+    the owners free their optimizers once the client lets go of them. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -57,6 +58,19 @@ static rpc_value_t *fn_get_w(rpc_call_t *call, rpc_value_t *args, void *arg)
     return v;
 }
 
+/*  Values this process owns for RRefs (the local optimizers among them). */
+static rpc_value_t *fn_owned(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return rpc_value_int(rpc_debug_owner_rrefs());
+}
+
+static rpc_value_t *fn_drain(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return rpc_rref_drain(10000) < 0 ? NULL : rpc_value_none();
+}
+
 static int setup(const world_t *w)
 {
     float v[N];
@@ -67,8 +81,10 @@ static int setup(const world_t *w)
     tensor_set_requires_grad(w_param, true);
     if (dist_optim_init() < 0)
         return -1;
-    return rpc_register("mul_w", fn_mul_w, NULL) | rpc_register("param_rrefs", fn_param_rrefs, NULL) |
-           rpc_register("get_w", fn_get_w, NULL);
+    return rpc_register("mul_w", fn_mul_w, NULL) |
+           rpc_register("param_rrefs", fn_param_rrefs, NULL) |
+           rpc_register("get_w", fn_get_w, NULL) | rpc_register("owned", fn_owned, NULL) |
+           rpc_register("drain", fn_drain, NULL);
 }
 
 static rpc_rref_t *param_rref_of(int rank)
@@ -138,6 +154,29 @@ static int check_w(const world_t *w, int rank, const float *expect)
     return ok ? 0 : -1;
 }
 
+/*  The number of RRef values each of ranks 0..2 owns, once no RRef
+    message is in flight anywhere (twice round: a release may wait for
+    another). 0, or -1. */
+static int owned_counts(int64_t *owned)
+{
+    rpc_value_t *r;
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < 3; k++) {
+            if (rpc_sync(k, "drain", NULL, -1, &r) < 0)
+                return -1;
+            rpc_value_unref(r);
+        }
+    for (int k = 0; k < 3; k++) {
+        if (rpc_sync(k, "owned", NULL, -1, &r) < 0)
+            return -1;
+        int rc = rpc_value_get_int(r, &owned[k]);
+        rpc_value_unref(r);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /*  Rank 0 owns a parameter too (the local path); ranks 1 and 2 remote. */
 static int basic_body(const world_t *w)
 {
@@ -148,10 +187,20 @@ static int basic_body(const world_t *w)
         return world_fail(w, "param rrefs: %s", error_last());
     optim_config_t cfg = optim_sgd_defaults(LR);
     dist_optim_t *opt;
+    int64_t before[3], during[3], after[3];
+    if (owned_counts(before) < 0)
+        return world_fail(w, "owned: %s", error_last());
     if (dist_optim_new(&cfg, refs, 3, &opt) < 0)
         return world_fail(w, "dist_optim_new: %s", error_last());
     if (dist_optim_num_owners(opt) != 3)
         return world_fail(w, "%d owners", dist_optim_num_owners(opt));
+    /* Each owner holds its local optimizer as the value of one RRef. */
+    if (owned_counts(during) < 0)
+        return world_fail(w, "owned: %s", error_last());
+    for (int k = 0; k < 3; k++)
+        if (during[k] != before[k] + 1)
+            return world_fail(w, "rank %d owns %lld values, %lld before dist_optim_new", k,
+                              (long long)during[k], (long long)before[k]);
     float x[N] = {1, 2, 3, 4};
     if (iteration(opt, 0, 2, x) < 0)
         return world_fail(w, "iteration: %s", error_last());
@@ -171,6 +220,14 @@ static int basic_body(const world_t *w)
         return world_fail(w, "a step with an unknown context: %s", error_last());
     dist_autograd_context_end(ctx, -1);
     dist_optim_free(opt);
+    /* Released: every owner freed its optimizer. */
+    if (owned_counts(after) < 0)
+        return world_fail(w, "owned: %s", error_last());
+    for (int k = 0; k < 3; k++)
+        if (after[k] != before[k])
+            return world_fail(w, "rank %d still owns %lld values after dist_optim_free, "
+                              "%lld before dist_optim_new", k, (long long)after[k],
+                              (long long)before[k]);
 
     /* Bad hyper-parameters are refused before anything is created. */
     cfg.lr = -1;
