@@ -15,7 +15,11 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
         switch (f->type) {
         case FLAG_INT: snprintf(def, sizeof def, "%" PRId64, *(int64_t *)f->ptr); break;
         case FLAG_DOUBLE: snprintf(def, sizeof def, "%g", *(double *)f->ptr); break;
-        case FLAG_STRING: snprintf(def, sizeof def, "%s", *(const char **)f->ptr ? *(const char **)f->ptr : ""); break;
+        case FLAG_STRING: {
+            const char *v = *(const char **)f->ptr;
+            snprintf(def, sizeof def, "%s", v ? v : "");
+            break;
+        }
         case FLAG_BOOL: snprintf(def, sizeof def, "%s", *(bool *)f->ptr ? "true" : "false"); break;
         }
         fprintf(stderr, "  --%-16s %s (default: %s)\n", f->name, f->help, def);
@@ -101,6 +105,73 @@ int flags_parse(int argc, char **argv, const flag_t *flags, int n, const char *s
         }
         if (set_value(prog, f, value) < 0)
             return -1;
+    }
+    return 0;
+}
+
+flags_world_t flags_world_default(void)
+{
+    return (flags_world_t){.rank = -1, .world_size = 0, .master_addr = NULL,
+                           .master_port = 0};
+}
+
+/*  An integer from the environment: 1 if set and well formed, 0 if unset,
+    -1 (with a message) if malformed. */
+static int env_int(const char *name, int64_t *out, const char *prog)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return 0;
+    char *end;
+    errno = 0;
+    long long x = strtoll(v, &end, 10);
+    if (*end || errno) {
+        fprintf(stderr, "%s: %s=\"%s\" is not an integer\n", prog, name, v);
+        return -1;
+    }
+    *out = x;
+    return 1;
+}
+
+/*  *value from the environment variable when unset (<= unset), else
+    fallback. 0, or -1 (malformed). */
+static int env_or(const char *name, int64_t *value, int64_t unset, int64_t fallback,
+                  const char *prog)
+{
+    if (*value > unset)
+        return 0;
+    int r = env_int(name, value, prog);
+    if (r == 0)
+        *value = fallback;
+    return r < 0 ? -1 : 0;
+}
+
+int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog)
+{
+    if (w->rank < 0) {
+        int r = env_int("RANK", &w->rank, prog);
+        if (r == 0)
+            fprintf(stderr, "%s: no rank: pass --rank=N or set RANK (tools/launch does)\n",
+                    prog);
+        if (r <= 0)
+            return -1;
+    }
+    if (env_or("WORLD_SIZE", &w->world_size, 0, default_size, prog) < 0 ||
+        env_or("MASTER_PORT", &w->master_port, 0, 29500, prog) < 0)
+        return -1;
+    if (!w->master_addr) {
+        const char *v = getenv("MASTER_ADDR");
+        w->master_addr = v && *v ? v : "localhost";
+    }
+    if (w->rank < 0 || w->rank >= w->world_size) {
+        fprintf(stderr, "%s: rank %lld is outside a world of %lld processes\n", prog,
+                (long long)w->rank, (long long)w->world_size);
+        return -1;
+    }
+    if (w->master_port < 1 || w->master_port > 65535) {
+        fprintf(stderr, "%s: master port %lld is not a TCP port (1..65535)\n", prog,
+                (long long)w->master_port);
+        return -1;
     }
     return 0;
 }

@@ -24,4 +24,37 @@ int flags_parse(int argc, char **argv, const flag_t *flags, int n, const char *s
 /*  Prints the flags with their defaults/current values. */
 void flags_usage(const char *prog, const flag_t *flags, int n, const char *summary);
 
+/*  ---- the world flags of the distributed programs ----
+    --rank, --world_size, --master_addr and --master_port. What the flags
+    leave unset comes from the environment variables that torchrun, Slurm
+    scripts and tools/launch set (RANK, WORLD_SIZE, MASTER_ADDR,
+    MASTER_PORT), then from the defaults. */
+
+typedef struct {
+    int64_t rank;               /* -1: $RANK (required somewhere) */
+    int64_t world_size;         /* 0: $WORLD_SIZE, else the program's default */
+    const char *master_addr;    /* NULL: $MASTER_ADDR, else "localhost" */
+    int64_t master_port;        /* 0: $MASTER_PORT, else 29500 */
+} flags_world_t;
+
+/*  The four flag_t entries, to put in a program's flags array. */
+#define FLAGS_WORLD(w)                                                                      \
+    {"rank", FLAG_INT, &(w).rank, "this process's rank (-1: $RANK)"},                       \
+    {"world_size", FLAG_INT, &(w).world_size,                                               \
+     "number of processes (0: $WORLD_SIZE, else what the program's layout needs)"},         \
+    {"master_addr", FLAG_STRING, &(w).master_addr,                                          \
+     "rank 0's address (unset: $MASTER_ADDR, else localhost)"},                             \
+    {"master_port", FLAG_INT, &(w).master_port,                                             \
+     "rank 0's rendezvous port (0: $MASTER_PORT, else 29500)"}
+
+/*  Everything unset. */
+flags_world_t flags_world_default(void);
+
+/*  Fills in what the flags left unset from the environment, then the
+    defaults (default_size for the world size), and checks the result.
+    Returns 0, or -1 with a message on stderr starting with prog: no rank
+    anywhere, a malformed variable, a rank outside the world, a port
+    outside 1..65535. */
+int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog);
+
 #endif

@@ -28,8 +28,9 @@
 #include "rpc/rpc.h"
 
 typedef struct {
-    int64_t world_size, rank, master_port, num_gpus, num_servers;
-    const char *master_addr, *data_dir;
+    flags_world_t world;        /* rank, world_size, master_addr, master_port */
+    int64_t num_gpus, num_servers;
+    const char *data_dir;
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
     double lr;
     bool no_dropout;
@@ -138,7 +139,7 @@ static int run_trainer(const options_t *o)
     rpc_value_t *param_list = NULL;
     dist_optim_t *opt = NULL;
     int64_t *order = NULL, done = 0;
-    int trainer = (int)(o->rank - o->num_servers), rc = -1;
+    int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
     double t0 = 0, t1 = 0;
 
     if (o->data_dir)
@@ -182,7 +183,7 @@ static int run_trainer(const options_t *o)
             if (brc < 0)
                 goto out;
             if (o->log_interval > 0 && b % o->log_interval == 0)
-                printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->rank,
+                printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
                        (long long)b, loss);
             done++;
         }
@@ -203,17 +204,17 @@ static int run_trainer(const options_t *o)
     rpc_value_unref(r);
     if (erc < 0) {
         fprintf(stderr, "rpc_ps trainer %lld: shared evaluation failed (%s); evaluating alone\n",
-                (long long)o->rank, error_last());
+                (long long)o->world.rank, error_last());
         if (evaluate(ps, test, o->eval_samples, &acc) < 0)
             goto out;
     }
-    printf("Rank %lld test accuracy %.2f %%\n", (long long)o->rank, 100 * acc);
-    printf("Rank %lld throughput %.0f samples/s\n", (long long)o->rank,
+    printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
+    printf("Rank %lld throughput %.0f samples/s\n", (long long)o->world.rank,
            (double)(done * o->batch_size) / (t1 - t0));
     rc = 0;
 out:
     if (rc < 0)
-        fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->rank, error_last());
+        fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, error_last());
     free(order);
     dist_optim_free(opt);
     rpc_value_unref(param_list);
@@ -230,24 +231,18 @@ static int check_options(const options_t *o)
                 (long long)o->num_gpus);
         return -1;
     }
-    if (o->world_size < 2 || o->num_servers < 1 || o->num_servers >= o->world_size) {
+    int64_t world_size = o->world.world_size;
+    if (world_size < 2 || o->num_servers < 1 || o->num_servers >= world_size) {
         fprintf(stderr, "rpc_ps: --world_size=%lld with --num_servers=%lld leaves no trainer "
                         "(need world_size > num_servers >= 1)\n",
-                (long long)o->world_size, (long long)o->num_servers);
+                (long long)world_size, (long long)o->num_servers);
         return -1;
     }
-    if (o->rank < 0 || o->rank >= o->world_size) {
-        fprintf(stderr, "rpc_ps: --rank=%lld is outside the world of %lld processes\n",
-                (long long)o->rank, (long long)o->world_size);
+    if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0) {
+        fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0\n");
         return -1;
     }
-    if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0 || o->master_port < 1 ||
-        o->master_port > 65535) {
-        fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0, "
-                        "--master_port in 1..65535\n");
-        return -1;
-    }
-    if (o->data_dir && o->rank >= o->num_servers) {
+    if (o->data_dir && o->world.rank >= o->num_servers) {
         char path[2048];
         if (dataset_find_file(o->data_dir, DATASET_TRAIN, "images", path, sizeof path) < 0) {
             fprintf(stderr, "rpc_ps: %s\n", error_last());
@@ -261,24 +256,11 @@ int main(int argc, char **argv)
 {
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    options_t o = {.world_size = 4, .rank = -1, .master_port = 29500, .num_servers = 1,
-                   .master_addr = "localhost", .batch_size = 32, .epochs = 1, .seed = 1,
-                   .log_interval = 5, .check_interval = 5, .lr = 0.03};
-    const char *env;
-    if ((env = getenv("RANK")))
-        o.rank = atoll(env);
-    if ((env = getenv("WORLD_SIZE")))
-        o.world_size = atoll(env);
-    if ((env = getenv("MASTER_ADDR")))
-        o.master_addr = env;
-    if ((env = getenv("MASTER_PORT")))
-        o.master_port = atoll(env);
+    options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
+                   .epochs = 1, .seed = 1, .log_interval = 5, .check_interval = 5, .lr = 0.03};
     const flag_t flags[] = {
-        {"world_size", FLAG_INT, &o.world_size, "processes in the world: servers + trainers"},
-        {"rank", FLAG_INT, &o.rank, "this process: 0..num_servers-1 serve, the others train"},
+        FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
-        {"master_addr", FLAG_STRING, &o.master_addr, "host of rank 0"},
-        {"master_port", FLAG_INT, &o.master_port, "rendezvous port on rank 0"},
         {"num_servers", FLAG_INT, &o.num_servers, "parameter-server shards"},
         {"data_dir", FLAG_STRING, &o.data_dir,
          "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
@@ -297,34 +279,32 @@ int main(int argc, char **argv)
                          "The parameter-server tutorial: rank 0 serves, the others train.");
     if (pr != 0)
         return pr > 0 ? 0 : 2;
-    if (o.rank < 0) {
-        fprintf(stderr, "rpc_ps: --rank is required (or the RANK environment variable)\n");
-        return 2;
-    }
-    if (check_options(&o) < 0)
+    /* 4: one server and three trainers, the tutorial's world. */
+    if (flags_world_resolve(&o.world, 4, "rpc_ps") < 0 || check_options(&o) < 0)
         return 2;
 
-    bool server = o.rank < o.num_servers;
+    int rank = (int)o.world.rank;
+    bool server = rank < o.num_servers;
     char name[64];
-    if (server && o.rank == 0)
+    if (server && rank == 0)
         snprintf(name, sizeof name, "parameter_server");
     else if (server)
-        snprintf(name, sizeof name, "parameter_server_%lld", (long long)o.rank);
+        snprintf(name, sizeof name, "parameter_server_%d", rank);
     else
-        snprintf(name, sizeof name, "trainer_%lld", (long long)o.rank);
+        snprintf(name, sizeof name, "trainer_%d", rank);
 
     if (dist_autograd_init() < 0 || dist_optim_init() < 0)
         goto fail;
-    if (server && ps_net_serve((int)o.rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
+    if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
         goto fail;
     rpc_options_t ro = rpc_options_default();
-    ro.master_addr = o.master_addr;
-    ro.master_port = (int)o.master_port;
+    ro.master_addr = o.world.master_addr;
+    ro.master_port = (int)o.world.master_port;
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
-    if (rpc_init(name, (int)o.rank, (int)o.world_size, &ro) < 0)
+    if (rpc_init(name, rank, (int)o.world.world_size, &ro) < 0)
         goto fail;
     if (server)
         printf("RPC initialized! Running parameter server...\n");
@@ -337,7 +317,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, error_last());
         rc = -1;
     }
-    if (server && o.rank == 0) {
+    if (server && rank == 0) {
         int64_t samples;
         double secs;
         ps_net_throughput(&samples, &secs);
