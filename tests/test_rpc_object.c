@@ -61,11 +61,11 @@ static rpc_value_t *fn_counter(rpc_call_t *call, rpc_value_t *args, void *arg)
 static rpc_value_t *fn_add(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    counter_t *c;
+    void *c;
     int64_t k;
-    if (rpc_arg_object(args, 0, "Counter", (void **)&c) < 0 || rpc_arg_int(args, 1, &k) < 0)
+    if (rpc_arg_object(args, 0, "Counter", &c) < 0 || rpc_arg_int(args, 1, &k) < 0)
         return NULL;
-    return rpc_value_int(atomic_fetch_add(&c->value, k) + k);
+    return rpc_value_int(atomic_fetch_add(&((counter_t *)c)->value, k) + k);
 }
 
 /*  "counter_rref"(start) -> RRef: made here with rpc_rref_new and handed out. */
