@@ -43,6 +43,16 @@ agent_t *agent_try_acquire(void)
     return NULL;
 }
 
+agent_t *agent_acquire_gen(unsigned gen)
+{
+    atomic_fetch_add(&g_users, 1);
+    agent_t *a = atomic_load(&g_agent);
+    if (a && a->gen == gen)
+        return a;
+    atomic_fetch_sub(&g_users, 1);
+    return NULL;
+}
+
 void agent_release(agent_t *a)
 {
     if (a)
@@ -271,6 +281,8 @@ static void agent_free(agent_t *a)
     free(a->buckets);
     pthread_mutex_destroy(&a->pending_lock);
     pthread_mutex_destroy(&a->barrier_lock);
+    pthread_mutex_destroy(&a->router_lock);
+    pthread_mutex_destroy(&a->sync_lock);
     free(a);
 }
 
@@ -292,6 +304,9 @@ static agent_t *agent_new(const init_params_t *p)
     atomic_init(&a->log_budget, 20);
     pthread_mutex_init(&a->pending_lock, NULL);
     pthread_mutex_init(&a->barrier_lock, NULL);
+    pthread_mutex_init(&a->router_lock, NULL);
+    pthread_mutex_init(&a->sync_lock, NULL);
+    atomic_init(&a->next_slot, 1);
     a->n_buckets = 1024;
     a->buckets = calloc(a->n_buckets, sizeof *a->buckets);
     a->peers = calloc((size_t)a->world, sizeof *a->peers);
@@ -319,6 +334,9 @@ static agent_t *agent_new(const init_params_t *p)
 static void agent_teardown(agent_t *a, bool graceful)
 {
     atomic_store(&a->closing, true);
+    /* Threads waiting in rpc_sync on their own sockets hold the agent: the
+       failure of their calls is what releases them. */
+    call_fail_peer(a, -1, "RPC shut down");
     while (atomic_load(&g_users) > 0) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
@@ -330,8 +348,15 @@ static void agent_teardown(agent_t *a, bool graceful)
     a->pool = NULL;
     call_fail_peer(a, -1, "RPC shut down");
     shutdown_abort_barrier(a);
+    /* Answers still on their way (they may be sent while closing) finish
+       before the sockets go. */
     atomic_store(&g_agent, NULL);
+    while (atomic_load(&g_users) > 0) {
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
     rref_ctx_free(a);
+    direct_close_all(a);
     transport_close(a, graceful);
     agent_free(a);
 }

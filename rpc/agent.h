@@ -19,6 +19,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <zmq.h>
+
 #include "rpc/codec.h"
 #include "rpc/rpc.h"
 #include "rpc/wire.h"
@@ -60,6 +62,11 @@ typedef struct agent {
 
     void *ctx;                      /* ZeroMQ context */
     void *router;
+    int router_fd;                  /* its ZMQ_FD, polled by the I/O thread */
+    pthread_mutex_t router_lock;    /* the I/O thread receives, pool threads answer */
+    pthread_mutex_t sync_lock;      /* threads' rpc_sync sockets (direct.c) */
+    struct sync_set *sync_sets;
+    atomic_int next_slot;
     int wake_fd;                    /* eventfd that wakes the I/O thread */
     peer_t *peers;                  /* world entries */
 
@@ -101,6 +108,9 @@ agent_t *agent_acquire(void);
 void agent_release(agent_t *a);
 /*  Same without setting an error (for release paths). */
 agent_t *agent_try_acquire(void);
+/*  The agent of generation gen, even while it shuts down (until its sockets
+    close): for answers to calls it already took. NULL, no error. */
+agent_t *agent_acquire_gen(unsigned gen);
 
 /*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
 uint64_t agent_new_id(agent_t *a);
@@ -147,6 +157,38 @@ int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *t
 /*  Sends an ERROR answer to request id of rank dst. */
 void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
 
+/*  A received message, validated: header h points into hm; frames (a buffer
+    the reader reuses) hold n tensor frames; route is the routing id of an
+    rpc_sync socket, to answer on the same connection (route_len 0: answer
+    through the shared socket). */
+typedef struct {
+    zmq_msg_t hm;
+    rpc_wire_header_t h;
+    rpc_frame_t *frames;
+    int n, cap;
+    int src;
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+} inmsg_t;
+
+/*  Reads one message from sock without waiting: the ROUTER (expect_src < 0,
+    under router_lock), or a thread's rpc_sync socket connected to rank
+    expect_src (answers only). Returns 1 for a valid message (dispatch it,
+    then transport_msg_done), 0 when none is there, -1 when one was dropped
+    (logged, answered with an ERROR when it was a request). */
+int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
+void transport_msg_done(inmsg_t *m);
+
+/*  Answers through route (a rpc_sync socket of rank dst) when route_len,
+    else through the shared socket. */
+int transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+                          rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors);
+void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text);
+
+/*  Sends on a socket the calling thread owns (direct.c). */
+int transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+                      tensor_t *const *tensors, int n_tensors);
+
 /*  Stops the I/O thread and closes every socket and the context. */
 void transport_stop_io(agent_t *a);
 void transport_close(agent_t *a, bool graceful);
@@ -163,6 +205,8 @@ typedef struct {
     int64_t timeout_ms;         /* < 0 default */
     bool hooked;                /* run the hooks (user-visible requests) */
     uint64_t *id_out;           /* if set, receives the request id */
+    void *sock;                 /* a rpc_sync socket of the calling thread, or NULL */
+    int wake_fd;                /* the caller's eventfd (with sock) */
 } call_req_t;
 
 /*  Sends a request and returns the future of its answer (a new reference),
@@ -190,11 +234,19 @@ int call_wait(rpc_future_t *f, int64_t timeout_ms);
 
 /*  ---- serve.c: incoming requests ---- */
 
-/*  Handles CALL / REMOTE / RREF_FETCH (I/O thread); consumes frames. */
-void serve_request(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
+/*  Handles CALL / REMOTE / RREF_FETCH (I/O thread); consumes the frames. */
+void serve_request(agent_t *a, inmsg_t *m);
 
 /*  Registers the agent's own functions (shutdown barrier). */
 int serve_register_internal(void);
+
+/*  ---- direct.c: each thread's rpc_sync sockets ---- */
+
+/*  The calling thread's socket to peer (made on first use) and its wake-up
+    eventfd; NULL when none can be made (use the shared path). */
+void *direct_socket(agent_t *a, int peer, int *wake_fd);
+/*  Teardown: closes every thread's sockets. */
+void direct_close_all(agent_t *a);
 
 /*  ---- pool.c ---- */
 

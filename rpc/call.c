@@ -10,6 +10,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "autograd/error.h"
 #include "rpc/rref.h"
@@ -27,6 +28,8 @@ struct pending {
     int64_t deadline_ns;        /* INT64_MAX: none */
     int64_t timeout_ms;
     void *hook_state;
+    int wake_fd;                /* rpc_sync on its own socket: wake it when */
+    pthread_t owner;            /* another thread completes the call */
     pending_t *next;
 };
 
@@ -134,6 +137,14 @@ static void pending_finish(agent_t *a, pending_t *p, rpc_value_t *value, const c
         atomic_fetch_sub_explicit(&peer->m.in_flight, 1, memory_order_relaxed);
         atomic_fetch_sub_explicit(&a->user_in_flight, 1, memory_order_relaxed);
     }
+    /* The waiter polls its own socket: tell it before completing, while it
+       is sure to be waiting (its eventfd lives as long as its thread). */
+    if (p->wake_fd >= 0 && !pthread_equal(p->owner, pthread_self())) {
+        uint64_t one = 1;
+        if (write(p->wake_fd, &one, sizeof one) < 0) {
+            /* an eventfd this small cannot be full */
+        }
+    }
     if (v) {
         if (!p->internal)
             metrics_latency(&peer->m, agent_now_ns() - p->start_ns);
@@ -212,6 +223,8 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
     p->api = req->api;
     snprintf(p->fn, sizeof p->fn, "%s", type_fn_name(req));
     p->future = f;
+    p->wake_fd = req->sock ? req->wake_fd : -1;
+    p->owner = pthread_self();
     p->timeout_ms = agent_timeout(a, req->timeout_ms);
     p->start_ns = agent_now_ns();
     p->deadline_ns = p->timeout_ms ? p->start_ns + p->timeout_ms * 1000000 : INT64_MAX;
@@ -264,7 +277,8 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
     /* In the table before the first byte leaves: the answer may come back
        before transport_send returns. */
     pending_insert(a, p);
-    int rc = transport_send(a, to, &h, enc.tensors, enc.n_tensors);
+    int rc = req->sock ? transport_send_on(a, req->sock, to, &h, enc.tensors, enc.n_tensors)
+                       : transport_send(a, to, &h, enc.tensors, enc.n_tensors);
     rpc_encoded_clear(&enc);
     free(extra.data);
     rpc_value_unref(args);
@@ -389,6 +403,49 @@ static int wait_answer(rpc_future_t *f, uint64_t id, int64_t timeout_ms)
     return rc;
 }
 
+/* Waits for the answer on the thread's own socket: reads and handles what
+   arrives there (answers to this call, or late answers to earlier ones,
+   decoded and dropped), until the future completes or the deadline. The
+   eventfd says another thread completed the call (failure, shutdown, or an
+   answer that came through the shared path). */
+static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t *f,
+                       uint64_t id, int64_t timeout_ms)
+{
+    int64_t deadline = timeout_ms ? agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    inmsg_t m = {0};
+    pool_block_begin();
+    while (!rpc_future_done(f)) {
+        int64_t now = agent_now_ns();
+        if (now >= deadline) {
+            call_timeout_now(a, id);
+            break;
+        }
+        int64_t left = deadline == INT64_MAX ? -1 : (deadline - now + 999999) / 1000000;
+        zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {NULL, wake_fd, ZMQ_POLLIN, 0}};
+        int rc = zmq_poll(items, 2, left > 1000000 ? 1000000 : (long)left);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (items[1].revents & ZMQ_POLLIN) {
+            uint64_t v;
+            if (read(wake_fd, &v, sizeof v) < 0) {
+                /* drained already */
+            }
+            /* Completion is under way on the other thread. */
+            rpc_future_wait(f, -1);
+            break;
+        }
+        int got;
+        while ((got = transport_recv(a, sock, to, &m)) != 0)
+            if (got > 0) {
+                call_handle_answer(a, &m.h, m.frames, m.n);
+                transport_msg_done(&m);
+            }
+    }
+    pool_block_end();
+    free(m.frames);
+    return rpc_future_done(f) ? rpc_future_wait(f, 0) : error_set("RPC I/O failure");
+}
+
 int call_sync(const call_req_t *req, int to, rpc_value_t **result)
 {
     if (result)
@@ -403,11 +460,31 @@ int call_sync(const call_req_t *req, int to, rpc_value_t **result)
     call_req_t r = *req;
     r.id_out = &id;
     int64_t timeout = agent_timeout(a, req->timeout_ms);
+    if (to >= 0 && to < a->world)
+        r.sock = direct_socket(a, to, &r.wake_fd);
+    if (r.sock) {
+        /* A wake-up left from an earlier call (completed by another thread
+           while this one was already returning) must not count for this one. */
+        uint64_t stale;
+        if (read(r.wake_fd, &stale, sizeof stale) < 0) {
+            /* nothing left: the usual case */
+        }
+    }
     rpc_future_t *f = call_start(a, to, &r);
-    agent_release(a);
-    if (!f)
+    if (!f) {
+        agent_release(a);
         return -1;
-    int rc = wait_answer(f, id, timeout);
+    }
+    int rc;
+    if (r.sock) {
+        /* Holds the agent while it reads its socket: shutdown fails the
+           call first, which wakes this thread. */
+        rc = wait_direct(a, to, r.sock, r.wake_fd, f, id, timeout);
+        agent_release(a);
+    } else {
+        agent_release(a);
+        rc = wait_answer(f, id, timeout);
+    }
     if (rc == 0 && result)
         *result = rpc_value_ref(rpc_future_value(f));
     rpc_future_unref(f);

@@ -153,6 +153,8 @@ struct rpc_call {
     rpc_future_t *owner_value;      /* REMOTE: to complete; FETCH: to wait for */
     rpc_future_t *waiting;          /* an async handler's future, or a deref wait */
     rpc_hooks_t hooks;              /* a copy: a call may outlive its agent */
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];   /* answer on the caller's rpc_sync socket */
+    size_t route_len;
 };
 
 int rpc_call_caller_rank(const rpc_call_t *call)
@@ -229,10 +231,9 @@ static rpc_bytes_t reply_hook(rpc_call_t *c, rpc_value_t **result)
    shutdown. Such a call is only freed (its hook state released). */
 static agent_t *answer_begin(rpc_call_t *c)
 {
-    agent_t *a = agent_try_acquire();
-    if (a && a->gen == c->gen)
+    agent_t *a = agent_acquire_gen(c->gen);
+    if (a)
         return a;
-    agent_release(a);
     rpc_value_t *none = NULL;
     rpc_bytes_t extra = reply_hook(c, &none);
     free(extra.data);
@@ -262,7 +263,7 @@ static void answer_error(agent_t *a, rpc_call_t *c, const char *text)
                            .meta_len = len ? len : 1};
     if (!len)
         h.meta = (const uint8_t *)"?";
-    if (transport_send(a, c->src, &h, NULL, 0) < 0)
+    if (transport_send_routed(a, c->src, c->route, c->route_len, &h, NULL, 0) < 0)
         agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, error_last());
     free(extra.data);
     call_free(c, true);
@@ -305,7 +306,8 @@ static void answer_value(agent_t *a, rpc_call_t *c, rpc_value_t *value)
     }
     rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = c->id, .extra = extra.data,
                            .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len};
-    if (transport_send(a, c->src, &h, enc.tensors, enc.n_tensors) < 0) {
+    if (transport_send_routed(a, c->src, c->route, c->route_len, &h, enc.tensors,
+                              enc.n_tensors) < 0) {
         agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, error_last());
         rref_txn_rollback(&txn);
     } else {
@@ -358,7 +360,9 @@ static void schedule(rpc_call_t *c)
     agent_t *a = answer_begin(c);
     if (!a)
         return;
-    if (c->f.flags & RPC_FN_INLINE)
+    if (atomic_load(&a->closing))
+        answer_error(a, c, "RPC shut down before the call could run");
+    else if (c->f.flags & RPC_FN_INLINE)
         run_call(c);
     else if (pool_submit(a->pool, run_call, drop_call, c) < 0) {
         /* drop_call answered it */
@@ -462,8 +466,11 @@ static void run_call(void *arg)
     rpc_future_then(f, future_done, c);
 }
 
-void serve_request(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
+void serve_request(agent_t *a, inmsg_t *m)
 {
+    const rpc_wire_header_t *h = &m->h;
+    rpc_frame_t *frames = m->frames;
+    int n = m->n;
     rpc_call_t *c = calloc(1, sizeof *c);
     uint8_t *extra = h->extra_len ? malloc(h->extra_len) : NULL;
     if (!c || (h->extra_len && !extra)) {
@@ -471,10 +478,12 @@ void serve_request(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, 
         free(extra);
         for (int i = 0; i < n; i++)
             frames[i].release(frames[i].data, frames[i].release_arg);
-        transport_send_error(a, h->src, h->id, "out of memory");
+        transport_answer_error(a, m, h->id, "out of memory");
         return;
     }
     c->a = a;
+    memcpy(c->route, m->route, m->route_len);
+    c->route_len = m->route_len;
     c->gen = a->gen;
     c->hooks = a->hooks;
     c->src = h->src;

@@ -23,17 +23,32 @@ typedef struct barrier_round {
     int64_t round;
     int arrived;
     int64_t total;
-    bool *seen;
+    rpc_future_t **waiting;     /* per rank: its answer, once arrived */
+    int world;
     int64_t deadline_ns;        /* INT64_MAX: none */
-    rpc_future_t *done;
     struct barrier_round *next;
 } barrier_round_t;
 
 static void round_free(barrier_round_t *r)
 {
-    rpc_future_unref(r->done);
-    free(r->seen);
+    for (int i = 0; i < r->world; i++)
+        rpc_future_unref(r->waiting[i]);
+    free(r->waiting);
     free(r);
+}
+
+/* Answers every rank, rank 0 last: rank 0 may close as soon as it has its
+   answer, so the others' must be on their way first. */
+static void round_answer(barrier_round_t *r, rpc_value_t *v, const char *error)
+{
+    for (int i = r->world - 1; i >= 0; i--) {
+        if (!r->waiting[i])
+            continue;
+        if (v)
+            rpc_future_set_value(r->waiting[i], v);
+        else
+            rpc_future_set_error(r->waiting[i], "%s", error);
+    }
 }
 
 /* Names the workers that have not arrived, for an error text. */
@@ -42,7 +57,7 @@ static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t
     size_t n = 0;
     buf[0] = 0;
     for (int i = 0; i < a->world && n + 64 < size; i++)
-        if (!r->seen[i])
+        if (!r->waiting[i])
             n += (size_t)snprintf(buf + n, size - n, "%s\"%s\" (rank %d)%s", n ? ", " : "",
                                   a->peers[i].name, i,
                                   atomic_load(&a->peers[i].lost) ? " unreachable" : "");
@@ -72,16 +87,14 @@ rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void
     if (!r) {
         r = calloc(1, sizeof *r);
         if (r)
-            r->seen = calloc((size_t)a->world, sizeof *r->seen);
-        if (r && r->seen)
-            r->done = rpc_future_new();
-        if (!r || !r->seen || !r->done) {
-            if (r)
-                round_free(r);
+            r->waiting = calloc((size_t)a->world, sizeof *r->waiting);
+        if (!r || !r->waiting) {
+            free(r);
             pthread_mutex_unlock(&a->barrier_lock);
             error_set("shutdown barrier: out of memory");
             goto out;
         }
+        r->world = a->world;
         r->round = round;
         /* Shorter than the callers' own timeout, so that they get this
            round's error, which names the missing workers. */
@@ -89,12 +102,17 @@ rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void
         r->next = a->barrier;
         a->barrier = r;
     }
-    if (!r->seen[src]) {
-        r->seen[src] = true;
+    if (!r->waiting[src]) {
+        r->waiting[src] = rpc_future_new();
+        if (!r->waiting[src]) {
+            pthread_mutex_unlock(&a->barrier_lock);
+            error_set("shutdown barrier: out of memory");
+            goto out;
+        }
         r->arrived++;
         r->total += count;
     }
-    f = rpc_future_ref(r->done);
+    f = rpc_future_ref(r->waiting[src]);
     bool complete = r->arrived == a->world;
     int64_t total = r->total;
     if (complete) {
@@ -106,10 +124,7 @@ rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void
     pthread_mutex_unlock(&a->barrier_lock);
     if (complete) {
         rpc_value_t *v = rpc_value_int(total);
-        if (v)
-            rpc_future_set_value(r->done, v);
-        else
-            rpc_future_set_error(r->done, "out of memory");
+        round_answer(r, v, "out of memory");
         rpc_value_unref(v);
         round_free(r);
     }
@@ -132,7 +147,7 @@ void shutdown_tick(agent_t *a, int64_t now_ns)
            keep their barrier among themselves until the timeout. */
         bool lost = false, waiting_for_living = false;
         for (int i = 0; i < a->world; i++)
-            if (!r->seen[i]) {
+            if (!r->waiting[i]) {
                 if (atomic_load(&a->peers[i].lost))
                     lost = true;
                 else
@@ -149,10 +164,11 @@ void shutdown_tick(agent_t *a, int64_t now_ns)
     pthread_mutex_unlock(&a->barrier_lock);
     while (failed) {
         barrier_round_t *next = failed->next;
-        char missing[1024];
+        char missing[1024], text[1200];
         missing_text(a, failed, missing, sizeof missing);
-        rpc_future_set_error(failed->done, "shutdown barrier: %d of %d workers arrived; "
-                             "missing %s", failed->arrived, a->world, missing);
+        snprintf(text, sizeof text, "shutdown barrier: %d of %d workers arrived; missing %s",
+                 failed->arrived, a->world, missing);
+        round_answer(failed, NULL, text);
         round_free(failed);
         failed = next;
     }
@@ -167,7 +183,7 @@ void shutdown_abort_barrier(agent_t *a)
     pthread_mutex_unlock(&a->barrier_lock);
     while (r) {
         barrier_round_t *next = r->next;
-        rpc_future_set_error(r->done, "shutdown barrier: rank 0 shut down");
+        round_answer(r, NULL, "shutdown barrier: rank 0 shut down");
         round_free(r);
         r = next;
     }

@@ -69,6 +69,9 @@ int transport_bind(agent_t *a, const char *listen_ip)
     size_t len = sizeof a->peers[a->rank].endpoint;
     if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, a->peers[a->rank].endpoint, &len) < 0)
         return error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
+    len = sizeof a->router_fd;
+    if (zmq_getsockopt(a->router, ZMQ_FD, &a->router_fd, &len) < 0)
+        return error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0)
         return error_set("cannot create an eventfd: %s", strerror(errno));
@@ -167,8 +170,11 @@ void transport_close(agent_t *a, bool graceful)
             p->monitor = NULL;
         }
     }
-    if (a->router)
+    if (a->router) {
+        /* Graceful: answers to rpc_sync sockets leave through the ROUTER. */
+        set_int(a->router, ZMQ_LINGER, graceful ? 2000 : 0);
         zmq_close(a->router);
+    }
     a->router = NULL;
     if (a->wake_fd >= 0)
         close(a->wake_fd);
@@ -200,26 +206,31 @@ static int send_frame(void *sock, zmq_msg_t *m, int flags)
     return zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0 ? 0 : -1;
 }
 
-int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *tensors,
-                   int n_tensors)
+/* Sends [route] header tensors... on sock (the caller owns or locked it).
+   Returns the bytes sent, or -1. */
+static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
+                            rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
 {
-    peer_t *p = &a->peers[dst];
-    h->src = a->rank;
-    h->dst = dst;
+    zmq_msg_t m;
+    if (route_len) {
+        zmq_msg_init_size(&m, route_len);
+        memcpy(zmq_msg_data(&m), route, route_len);
+        if (send_frame(sock, &m, ZMQ_SNDMORE) < 0) {
+            zmq_msg_close(&m);
+            return -1;
+        }
+    }
     h->n_tensors = (uint32_t)n_tensors;
     size_t size = rpc_wire_size(h);
-    zmq_msg_t m;
     if (zmq_msg_init_size(&m, size) < 0)
-        return error_set("out of memory for a message to \"%s\"", p->name);
+        return -1;
     rpc_wire_write(h, zmq_msg_data(&m));
-    int64_t bytes = (int64_t)size;
-    int rc = 0;
-    pthread_mutex_lock(&p->lock);
-    if (!p->sock || send_frame(p->sock, &m, n_tensors ? ZMQ_SNDMORE : 0) < 0) {
-        rc = -1;
+    if (send_frame(sock, &m, n_tensors ? ZMQ_SNDMORE : 0) < 0) {
         zmq_msg_close(&m);
+        return -1;
     }
-    for (int i = 0; rc == 0 && i < n_tensors; i++) {
+    int64_t bytes = (int64_t)size;
+    for (int i = 0; i < n_tensors; i++) {
         size_t nb = tensor_nbytes(tensors[i]);
         if (nb == 0)
             zmq_msg_init(&m);
@@ -230,20 +241,72 @@ int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *t
         }
         /* Once the first frame is queued the rest of the message follows:
            ZeroMQ applies its limits per message, not per frame. */
-        if (send_frame(p->sock, &m, i + 1 < n_tensors ? ZMQ_SNDMORE : 0) < 0) {
+        if (send_frame(sock, &m, i + 1 < n_tensors ? ZMQ_SNDMORE : 0) < 0) {
             zmq_msg_close(&m);
-            rc = -1;
+            return -1;
         }
         bytes += (int64_t)nb;
     }
+    return bytes;
+}
+
+int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *tensors,
+                   int n_tensors)
+{
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    pthread_mutex_lock(&p->lock);
+    int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors) : -1;
     pthread_mutex_unlock(&p->lock);
-    if (rc < 0)
+    if (bytes < 0)
         return error_set("peer unreachable (no connection to %s)", p->endpoint);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }
 
-void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
+int transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+                          rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
+{
+    if (!route_len)
+        return transport_send(a, dst, h, tensors, n_tensors);
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    pthread_mutex_lock(&a->router_lock);
+    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors);
+    /* Sending may have taken the signal that something arrived: the I/O
+       thread polls ZMQ_FD, which is edge-triggered. */
+    int events = 0;
+    size_t len = sizeof events;
+    zmq_getsockopt(a->router, ZMQ_EVENTS, &events, &len);
+    pthread_mutex_unlock(&a->router_lock);
+    if ((events & ZMQ_POLLIN) && transport_thread_role() != ROLE_IO) {
+        uint64_t one = 1;
+        if (write(a->wake_fd, &one, sizeof one) < 0) {
+            /* cannot fail on an eventfd this small */
+        }
+    }
+    if (bytes < 0)
+        return error_set("cannot answer \"%s\" (rank %d)", p->name, dst);
+    atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
+    return 0;
+}
+
+int transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+                      tensor_t *const *tensors, int n_tensors)
+{
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors);
+    if (bytes < 0)
+        return error_set("cannot send to \"%s\" (rank %d)", p->name, dst);
+    atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
+    return 0;
+}
+
+void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
 {
     size_t len = strlen(text);
     if (len == 0) {
@@ -254,9 +317,15 @@ void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
         len = 65536;   /* an error text, not a payload */
     rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text,
                            .meta_len = len};
-    if (transport_send(a, dst, &h, NULL, 0) < 0)
-        agent_log(a, "cannot answer request %llx of rank %d: %s", (unsigned long long)id, dst,
-                  error_last());
+    if (transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+        agent_log(a, "cannot answer request %llx of rank %d: %s", (unsigned long long)id,
+                  m->src, error_last());
+}
+
+void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
+{
+    inmsg_t m = {.src = dst};
+    transport_answer_error(a, &m, id, text);
 }
 
 /* ---- receiving ---- */
@@ -274,51 +343,51 @@ static void release_frames(rpc_frame_t *frames, int n)
         frames[i].release(frames[i].data, frames[i].release_arg);
 }
 
-/* Reads the rest of a multipart message into frames (grown as needed); the
-   frames past RPC_CODEC_MAX_TENSORS are read and dropped. Returns the
-   count, or -1 when too many arrived (all released). */
-static int recv_frames(agent_t *a, rpc_frame_t **frames, int *cap, int64_t *bytes)
+/* Reads the rest of a multipart message from sock into m's frames (grown
+   as needed); frames past RPC_CODEC_MAX_TENSORS are read and dropped.
+   Returns the count, or -1 when too many arrived (all released). */
+static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
 {
     int n = 0;
     bool too_many = false;
     int more = 1;
     while (more) {
-        zmq_msg_t *m = malloc(sizeof *m);
+        zmq_msg_t *z = malloc(sizeof *z);
         zmq_msg_t scratch;
-        if (!m || too_many)
-            m = (free(m), &scratch);
-        zmq_msg_init(m);
-        if (zmq_msg_recv(m, a->router, 0) < 0) {
-            zmq_msg_close(m);
-            if (m != &scratch)
-                free(m);
+        if (!z || too_many)
+            z = (free(z), &scratch);
+        zmq_msg_init(z);
+        if (zmq_msg_recv(z, sock, 0) < 0) {
+            zmq_msg_close(z);
+            if (z != &scratch)
+                free(z);
             break;
         }
-        more = zmq_msg_more(m);
-        *bytes += (int64_t)zmq_msg_size(m);
-        if (m == &scratch || n >= RPC_CODEC_MAX_TENSORS) {
+        more = zmq_msg_more(z);
+        *bytes += (int64_t)zmq_msg_size(z);
+        if (z == &scratch || n >= RPC_CODEC_MAX_TENSORS) {
             too_many = true;
-            zmq_msg_close(m);
-            if (m != &scratch)
-                free(m);
+            zmq_msg_close(z);
+            if (z != &scratch)
+                free(z);
             continue;
         }
-        if (n == *cap) {
-            int ncap = *cap ? 2 * *cap : 8;
-            rpc_frame_t *nf = realloc(*frames, (size_t)ncap * sizeof *nf);
+        if (n == m->cap) {
+            int ncap = m->cap ? 2 * m->cap : 8;
+            rpc_frame_t *nf = realloc(m->frames, (size_t)ncap * sizeof *nf);
             if (!nf) {
                 too_many = true;
-                zmq_msg_close(m);
-                free(m);
+                zmq_msg_close(z);
+                free(z);
                 continue;
             }
-            *frames = nf;
-            *cap = ncap;
+            m->frames = nf;
+            m->cap = ncap;
         }
-        (*frames)[n++] = (rpc_frame_t){zmq_msg_data(m), zmq_msg_size(m), frame_release, m};
+        m->frames[n++] = (rpc_frame_t){zmq_msg_data(z), zmq_msg_size(z), frame_release, z};
     }
     if (too_many) {
-        release_frames(*frames, n);
+        release_frames(m->frames, n);
         return -1;
     }
     return n;
@@ -331,99 +400,132 @@ static bool is_request(int type)
            type == RPC_MSG_RREF_CHILD_ACCEPT;
 }
 
-static void dispatch(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
+void transport_msg_done(inmsg_t *m)
 {
-    switch (h->type) {
-    case RPC_MSG_HELLO:
-        release_frames(frames, n);
-        break;
-    case RPC_MSG_REPLY:
-    case RPC_MSG_ERROR:
-        call_handle_answer(a, h, frames, n);
-        break;
-    case RPC_MSG_CALL:
-    case RPC_MSG_REMOTE:
-    case RPC_MSG_RREF_FETCH:
-        serve_request(a, h, frames, n);
-        break;
-    default:
-        release_frames(frames, n);
-        rref_handle_control(a, h);
-        break;
-    }
+    zmq_msg_close(&m->hm);
 }
 
-/* Receives and handles one message. 1 when one was there, 0 when none. */
-static int recv_one(agent_t *a, rpc_frame_t **frames, int *cap)
+int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
 {
-    zmq_msg_t id, hm;
-    zmq_msg_init(&id);
-    if (zmq_msg_recv(&id, a->router, ZMQ_DONTWAIT) < 0) {
+    bool routed = expect_src < 0;
+    int src = expect_src;
+    m->route_len = 0;
+    m->n = 0;
+    zmq_msg_init(&m->hm);
+    if (routed) {
+        zmq_msg_t id;
+        zmq_msg_init(&id);
+        if (zmq_msg_recv(&id, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&id);
+            return 0;
+        }
+        src = rpc_wire_identity_rank(zmq_msg_data(&id), zmq_msg_size(&id));
+        if (zmq_msg_size(&id) == RPC_WIRE_SYNC_ID_LEN && src >= 0) {
+            memcpy(m->route, zmq_msg_data(&id), RPC_WIRE_SYNC_ID_LEN);
+            m->route_len = RPC_WIRE_SYNC_ID_LEN;
+        }
+        bool more = zmq_msg_more(&id);
         zmq_msg_close(&id);
+        if (!more) {
+            agent_log(a, "dropped an empty message from routing id of rank %d", src);
+            return -1;
+        }
+        if (zmq_msg_recv(&m->hm, sock, 0) < 0)
+            return -1;
+    } else if (zmq_msg_recv(&m->hm, sock, ZMQ_DONTWAIT) < 0) {
         return 0;
     }
-    int src = rpc_wire_identity_rank(zmq_msg_data(&id), zmq_msg_size(&id));
-    bool more = zmq_msg_more(&id);
-    zmq_msg_close(&id);
-    if (!more) {
-        agent_log(a, "dropped an empty message from routing id of rank %d", src);
-        return 1;
-    }
-    zmq_msg_init(&hm);
-    if (zmq_msg_recv(&hm, a->router, 0) < 0) {
-        zmq_msg_close(&hm);
-        return 1;
-    }
-    int64_t bytes = (int64_t)zmq_msg_size(&hm);
-    int n = zmq_msg_more(&hm) ? recv_frames(a, frames, cap, &bytes) : 0;
+    int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
+    int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes) : 0;
     if (src < 0 || src >= a->world) {
         agent_log(a, "dropped a message from an unknown sender (routing id not a rank)");
         goto drop;
     }
     atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
-    rpc_wire_header_t h;
+    rpc_wire_header_t *h = &m->h;
     if (n < 0) {
         error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
-    } else if (rpc_wire_parse(zmq_msg_data(&hm), zmq_msg_size(&hm), &h) < 0) {
+    } else if (rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), h) < 0) {
         /* error set */
-    } else if (h.src != src) {
-        error_set("header says rank %d but the connection is rank %d's", h.src, src);
-    } else if (h.dst != a->rank) {
-        error_set("message for rank %d delivered to rank %d", h.dst, a->rank);
-    } else if (h.n_tensors != (uint32_t)n) {
-        error_set("header announces %u tensor frames but %d arrived", h.n_tensors, n);
+    } else if (h->src != src) {
+        error_set("header says rank %d but the connection is rank %d's", h->src, src);
+    } else if (h->dst != a->rank) {
+        error_set("message for rank %d delivered to rank %d", h->dst, a->rank);
+    } else if (h->n_tensors != (uint32_t)n) {
+        error_set("header announces %u tensor frames but %d arrived", h->n_tensors, n);
+    } else if (!routed && h->type != RPC_MSG_REPLY && h->type != RPC_MSG_ERROR) {
+        error_set("a %s where only answers come", rpc_wire_type_name(h->type));
     } else {
-        dispatch(a, &h, *frames, n);
-        zmq_msg_close(&hm);
+        m->src = src;
+        m->n = n;
         return 1;
     }
     agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name, src,
               error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
-    if (n >= 0 && zmq_msg_size(&hm) >= RPC_WIRE_FIXED) {
-        const uint8_t *p = zmq_msg_data(&hm);
+    if (routed && n >= 0 && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
+        const uint8_t *p = zmq_msg_data(&m->hm);
         uint64_t rid = 0;
         for (int i = 7; i >= 0; i--)
             rid = rid << 8 | p[16 + i];
         if (p[0] == 'Z' && p[1] == 'D' && is_request(p[3]) && rid != 0) {
             char text[512];
             snprintf(text, sizeof text, "bad message: %s", error_last());
-            transport_send_error(a, src, rid, text);
+            m->src = src;
+            transport_answer_error(a, m, rid, text);
         }
     }
 drop:
     if (n > 0)
-        release_frames(*frames, n);
-    zmq_msg_close(&hm);
-    return 1;
+        release_frames(m->frames, n);
+    zmq_msg_close(&m->hm);
+    return -1;
+}
+
+static void dispatch(agent_t *a, inmsg_t *m)
+{
+    switch (m->h.type) {
+    case RPC_MSG_HELLO:
+        release_frames(m->frames, m->n);
+        break;
+    case RPC_MSG_REPLY:
+    case RPC_MSG_ERROR:
+        call_handle_answer(a, &m->h, m->frames, m->n);
+        break;
+    case RPC_MSG_CALL:
+    case RPC_MSG_REMOTE:
+    case RPC_MSG_RREF_FETCH:
+        serve_request(a, m);
+        break;
+    default:
+        release_frames(m->frames, m->n);
+        rref_handle_control(a, &m->h);
+        break;
+    }
+}
+
+/* The I/O thread receives from the ROUTER under router_lock, which routed
+   senders take too; it polls the socket's ZMQ_FD rather than the socket,
+   since zmq_poll on a socket would touch it without the lock. Returns
+   whether a message was there. */
+static bool recv_one(agent_t *a, inmsg_t *m)
+{
+    pthread_mutex_lock(&a->router_lock);
+    int rc = transport_recv(a, a->router, -1, m);
+    pthread_mutex_unlock(&a->router_lock);
+    if (rc > 0) {
+        dispatch(a, m);
+        transport_msg_done(m);
+    }
+    return rc != 0;
 }
 
 /* A peer's connection went down (or came back). Calls waiting for that
    peer fail LOST_GRACE_MS later rather than at their timeout: the grace
    lets answers already on their way (over the peer's own connection to
    us) arrive first. */
-#define LOST_GRACE_MS 200
+#define LOST_GRACE_MS 1000
 
 static void handle_monitor(peer_t *p)
 {
@@ -472,15 +574,14 @@ static void *io_main(void *arg)
     int n_items = 2 + a->world;
     zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
     int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
-    rpc_frame_t *frames = NULL;
-    int cap = 0;
+    inmsg_t msg = {0};
     if (!items || !item_peer) {
         agent_log(a, "I/O thread: out of memory");
         free(items);
         free(item_peer);
         return NULL;
     }
-    items[0] = (zmq_pollitem_t){a->router, 0, ZMQ_POLLIN, 0};
+    items[0] = (zmq_pollitem_t){NULL, a->router_fd, ZMQ_POLLIN, 0};
     items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
     n_items = 2;
     for (int i = 0; i < a->world; i++)
@@ -500,7 +601,7 @@ static void *io_main(void *arg)
         }
         if (atomic_load(&a->io_stop))
             break;
-        for (int k = 0; k < RECV_BATCH && recv_one(a, &frames, &cap); k++) {
+        for (int k = 0; k < RECV_BATCH && recv_one(a, &msg); k++) {
         }
         for (int i = 2; rc > 0 && i < n_items; i++)
             if (items[i].revents & ZMQ_POLLIN)
@@ -511,7 +612,7 @@ static void *io_main(void *arg)
         rref_tick(a, now);
         shutdown_tick(a, now);
     }
-    free(frames);
+    free(msg.frames);
     free(items);
     free(item_peer);
     return NULL;

@@ -210,10 +210,21 @@ void rpc_wire_identity(int rank, uint8_t out[RPC_WIRE_ID_LEN])
     out[2] = (uint8_t)rank;
 }
 
+void rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN])
+{
+    out[0] = 's';
+    out[1] = (uint8_t)(rank >> 8);
+    out[2] = (uint8_t)rank;
+    out[3] = (uint8_t)(slot >> 8);
+    out[4] = (uint8_t)slot;
+}
+
 int rpc_wire_identity_rank(const void *id, size_t len)
 {
     const uint8_t *p = id;
-    if (len != RPC_WIRE_ID_LEN || p[0] != 'r')
-        return -1;
-    return p[1] << 8 | p[2];
+    if (len == RPC_WIRE_ID_LEN && p[0] == 'r')
+        return p[1] << 8 | p[2];
+    if (len == RPC_WIRE_SYNC_ID_LEN && p[0] == 's')
+        return p[1] << 8 | p[2];
+    return -1;
 }

@@ -3,6 +3,9 @@
     A message is one ZeroMQ multipart message:
 
         [routing id]  added by the receiving ROUTER: 3 bytes 'r', rank hi, lo
+                      from a process's shared socket, or 5 bytes 's', rank hi,
+                      lo, slot hi, lo from one thread's rpc_sync socket, which
+                      gets its answer back on the same connection
         [header]      the frame described here
         [tensor 0] ... [tensor n-1]   raw tensor data, one frame each
 
@@ -48,6 +51,7 @@
 #define RPC_WIRE_MAX_EXTRA (1u << 20)
 #define RPC_WIRE_MAX_RANK 65535
 #define RPC_WIRE_ID_LEN 3
+#define RPC_WIRE_SYNC_ID_LEN 5
 
 typedef enum {
     RPC_MSG_HELLO = 1,              /* connection check at init */
@@ -103,9 +107,11 @@ int rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h);
 /*  Name of a message type ("CALL"), "?" when unknown. */
 const char *rpc_wire_type_name(int type);
 
-/*  The routing id of rank's sending socket, and back: returns the rank, or
-    -1 when id is not a routing id of ours. */
+/*  The routing id of rank's shared sending socket, of one of its threads'
+    rpc_sync sockets, and back: returns the rank, or -1 when id is not a
+    routing id of ours. */
 void rpc_wire_identity(int rank, uint8_t out[RPC_WIRE_ID_LEN]);
+void rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN]);
 int rpc_wire_identity_rank(const void *id, size_t len);
 
 #endif
