@@ -100,7 +100,6 @@ static rpc_value_t *fn_shard_forward(rpc_call_t *call, rpc_value_t *args, void *
 out:
     tensor_unref(y);
     rpc_value_unref(in);
-    ps_actor_put(a);
     return v;
 }
 
@@ -123,7 +122,6 @@ static rpc_value_t *fn_shard_param_rrefs(rpc_call_t *call, rpc_value_t *args, vo
         }
         rpc_rref_unref(r);
     }
-    ps_actor_put(a);
     return l;
 }
 
@@ -142,7 +140,6 @@ static rpc_value_t *fn_shard_train(rpc_call_t *call, rpc_value_t *args, void *ar
         ps_actor_unlock(a);
         v = rpc_value_none();
     }
-    ps_actor_put(a);
     return v;
 }
 
@@ -167,7 +164,6 @@ static rpc_value_t *fn_shard_gradients(rpc_call_t *call, rpc_value_t *args, void
         }
         tensor_unref(g);
     }
-    ps_actor_put(a);
     return l;
 }
 
@@ -185,7 +181,6 @@ static rpc_value_t *fn_shard_stats(rpc_call_t *call, rpc_value_t *args, void *ar
     s->busy = 0;
     s->calls = 0;
     ps_actor_unlock(a);
-    ps_actor_put(a);
     return v;
 }
 

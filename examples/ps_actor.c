@@ -3,6 +3,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,10 +12,7 @@
 struct ps_actor {
     const ps_actor_class_t *cls;
     pthread_mutex_t lock;       /* held by methods: one at a time */
-    pthread_mutex_t state;      /* guards obj, users and killed */
-    void *obj;                  /* NULL once freed */
-    int users;                  /* methods between ps_actor_get and ps_actor_put */
-    bool killed;                /* by Actor.free */
+    void *obj;
 };
 
 static atomic_int live;
@@ -50,21 +48,13 @@ static bool class_known(const char *name)
     return found;
 }
 
-static void object_free(const ps_actor_class_t *cls, void *obj)
-{
-    if (obj) {
-        cls->free(obj);
-        atomic_fetch_sub(&live, 1);
-    }
-}
-
 /*  The value's free function. No method is running: each holds the value. */
 static void actor_release(void *p)
 {
     ps_actor_t *a = p;
-    object_free(a->cls, a->obj);
+    a->cls->free(a->obj);
+    atomic_fetch_sub(&live, 1);
     pthread_mutex_destroy(&a->lock);
-    pthread_mutex_destroy(&a->state);
     free(a);
 }
 
@@ -80,15 +70,8 @@ rpc_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
     a->cls = cls;
     a->obj = obj;
     pthread_mutex_init(&a->lock, NULL);
-    pthread_mutex_init(&a->state, NULL);
     atomic_fetch_add(&live, 1);
     return rpc_value_object(a, actor_release, cls->name);   /* frees a on failure */
-}
-
-static int freed_already(const ps_actor_t *a)
-{
-    return error_set("%s: no actor left behind this RRef (freed already by Actor.free)",
-                     a->cls->name);
 }
 
 ps_actor_t *ps_actor_get(const rpc_value_t *args, const ps_actor_class_t *cls)
@@ -98,31 +81,7 @@ ps_actor_t *ps_actor_get(const rpc_value_t *args, const ps_actor_class_t *cls)
         error_wrap("%s: the first argument must be the actor (an RRef's value)", cls->name);
         return NULL;
     }
-    ps_actor_t *a = p;
-    pthread_mutex_lock(&a->state);
-    bool killed = a->killed;
-    if (!killed)
-        a->users++;
-    pthread_mutex_unlock(&a->state);
-    if (killed) {
-        freed_already(a);
-        return NULL;
-    }
-    return a;
-}
-
-void ps_actor_put(ps_actor_t *a)
-{
-    if (!a)
-        return;
-    void *obj = NULL;
-    pthread_mutex_lock(&a->state);
-    if (--a->users == 0 && a->killed) {
-        obj = a->obj;
-        a->obj = NULL;
-    }
-    pthread_mutex_unlock(&a->state);
-    object_free(a->cls, obj);
+    return p;
 }
 
 void *ps_actor_object(const ps_actor_t *a) { return a->obj; }
@@ -148,59 +107,17 @@ static rpc_value_t *fn_actor_ready(rpc_call_t *call, rpc_value_t *args, void *ar
     return any_actor(args, "Actor.ready") ? rpc_value_none() : NULL;
 }
 
-/*  Frees the object now, or when the last method running on it returns. */
-static rpc_value_t *fn_actor_free(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call, (void)arg;
-    ps_actor_t *a = any_actor(args, "Actor.free");
-    if (!a)
-        return NULL;
-    void *obj = NULL;
-    pthread_mutex_lock(&a->state);
-    bool killed = a->killed;
-    a->killed = true;
-    if (!killed && a->users == 0) {
-        obj = a->obj;
-        a->obj = NULL;
-    }
-    pthread_mutex_unlock(&a->state);
-    if (killed) {
-        freed_already(a);
-        return NULL;
-    }
-    object_free(a->cls, obj);
-    return rpc_value_none();
-}
-
 int ps_actor_register(void)
 {
-    if (rpc_register("Actor.ready", fn_actor_ready, NULL) < 0 ||
-        rpc_register("Actor.free", fn_actor_free, NULL) < 0)
-        return -1;
-    return 0;
-}
-
-/*  Calls method on the actor behind r for its effect. */
-static int actor_call(rpc_rref_t *r, const char *method)
-{
-    rpc_value_t *res = NULL;
-    int rc = rpc_rref_rpc_sync(r, method, NULL, -1, &res);
-    rpc_value_unref(res);
-    return rc;
+    return rpc_register("Actor.ready", fn_actor_ready, NULL);
 }
 
 int ps_actor_wait(rpc_rref_t *r)
 {
-    return actor_call(r, "Actor.ready");
-}
-
-int ps_actor_free_remote(rpc_rref_t *r)
-{
-    return r ? actor_call(r, "Actor.free") : 0;
-}
-
-void ps_actor_free_all(void)
-{
+    rpc_value_t *res = NULL;
+    int rc = rpc_rref_rpc_sync(r, "Actor.ready", NULL, -1, &res);
+    rpc_value_unref(res);
+    return rc;
 }
 
 int ps_actor_count(void)

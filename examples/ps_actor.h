@@ -10,13 +10,11 @@
 
     Lifetime: the actor is the RRef's value, so the owner frees it when the
     last RRef to it anywhere has been released (the RPC layer's distributed
-    reference counting); nothing needs freeing by hand. A method running at
-    that moment finishes first, since it holds the value. Like Ray's
-    ray.kill(), ps_actor_free_remote() frees the object earlier. */
+    reference counting), as with PyTorch's RRefs; that is the one way an
+    actor ends, and nothing needs freeing by hand. A method running at that
+    moment finishes first, since it holds the value. */
 #ifndef ZDIST_EXAMPLES_PS_ACTOR_H
 #define ZDIST_EXAMPLES_PS_ACTOR_H
-
-#include <stdbool.h>
 
 #include "rpc/rpc.h"
 
@@ -27,8 +25,7 @@ typedef struct {
 
 typedef struct ps_actor ps_actor_t;
 
-/*  Registers "Actor.ready" and "Actor.free" in this process. Call before
-    rpc_init. 0, or -1. */
+/*  Registers "Actor.ready" in this process. Call before rpc_init. 0, or -1. */
 int ps_actor_register(void);
 
 /*  The actor value holding obj (a new reference), the result a
@@ -36,11 +33,10 @@ int ps_actor_register(void);
     cls->free and returns NULL. */
 rpc_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj);
 
-/*  The actor args[0] holds, checked to be of class cls, with a use that
-    ps_actor_put() ends. NULL with an error naming the class when args[0]
-    is not an actor, is of another class, or was freed by Actor.free. */
+/*  The actor args[0] holds, checked to be of class cls; borrowed, valid
+    while args is (the method's call holds the value). NULL with an error
+    naming the class when args[0] is not an actor or is of another class. */
 ps_actor_t *ps_actor_get(const rpc_value_t *args, const ps_actor_class_t *cls);
-void ps_actor_put(ps_actor_t *a);
 
 /*  The object, and the actor's lock: methods that change the object hold
     it, so that they run one at a time as a Ray actor's methods do. */
@@ -51,16 +47,6 @@ void ps_actor_unlock(ps_actor_t *a);
 /*  Waits until the actor behind r exists (its constructor may take a
     while, loading data): 0, or -1 with the constructor's error. */
 int ps_actor_wait(rpc_rref_t *r);
-
-/*  Frees the object behind r now, as ray.kill(): methods running on it
-    finish first, later ones fail ("freed already"). 0, or -1 (freed
-    already). NULL-safe (returns 0). Releasing the RRef is enough to free
-    an actor; this is for freeing it while RRefs to it remain. */
-int ps_actor_free_remote(rpc_rref_t *r);
-
-/*  Does nothing: actors are freed with their RRefs' values (rpc_shutdown
-    frees those still held). Kept for the programs that still call it. */
-void ps_actor_free_all(void);
 
 /*  Number of live actors (objects not yet freed) in this process. */
 int ps_actor_count(void);

@@ -346,7 +346,6 @@ static rpc_value_t *fn_apply_gradients(rpc_call_t *call, rpc_value_t *args, void
     ps_actor_unlock(a);
 out:
     tensor_unref(sum);
-    ps_actor_put(a);
     return v;
 }
 
@@ -360,7 +359,6 @@ static rpc_value_t *fn_get_weights(rpc_call_t *call, rpc_value_t *args, void *ar
     ps_actor_lock(a);
     rpc_value_t *v = weights_value(ps_actor_object(a));
     ps_actor_unlock(a);
-    ps_actor_put(a);
     return v;
 }
 
@@ -415,7 +413,6 @@ static rpc_value_t *fn_compute_gradients(rpc_call_t *call, rpc_value_t *args, vo
         tensor_unref(grads[s]);
     }
 out:
-    ps_actor_put(a);
     return v;
 }
 
@@ -433,7 +430,6 @@ static rpc_value_t *fn_stats(rpc_call_t *call, rpc_value_t *args, void *arg)
     ps_actor_lock(a);
     rpc_value_t *v = stats_value(st);
     ps_actor_unlock(a);
-    ps_actor_put(a);
     return v;
 }
 

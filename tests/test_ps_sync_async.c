@@ -23,7 +23,6 @@
 #include <unistd.h>
 
 #include "autograd/error.h"
-#include "examples/ps_actor.h"
 #include "examples/ps_core.h"
 #include "nn/dataset.h"
 #include "nn/model.h"
@@ -386,12 +385,6 @@ static int fn_errors(const world_t *w)
     rpc_value_unref(a);
     rc |= expect_error(w, rpc_rref_to_here(wk, -1, &v), "/nonexistent");
     rpc_rref_unref(wk);
-    /* Freed once; the second time there is nothing left. */
-    if (ps_actor_free_remote(ps) < 0)
-        rc = world_fail(w, "Actor.free: %s", error_last());
-    rc |= expect_error(w, ps_actor_free_remote(ps), "no actor");
-    rc |= expect_error(w, rpc_rref_rpc_sync(ps, "ParameterServer.get_weights", NULL, -1, &v),
-                       "freed already");
     rpc_rref_unref(ps);
     return rc ? -1 : 0;
 }
