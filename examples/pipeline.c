@@ -12,7 +12,6 @@
 #include "autograd/error.h"
 #include "examples/flags.h"
 #include "examples/pipeline_core.h"
-#include "examples/ps_actor.h"
 #include "examples/ps_launch.h"
 #include "rpc/rpc.h"
 
@@ -20,7 +19,7 @@ int main(int argc, char **argv)
 {
     const char *prog = "pipeline";
     pipeline_options_t o = pipeline_options_default();
-    ps_world_flags_t w = ps_world_flags_default();
+    flags_world_t w = flags_world_default();
     int64_t split_size = 0;
     bool no_dropout = false;
     const flag_t flags[] = {
@@ -38,7 +37,7 @@ int main(int argc, char **argv)
         {"no_dropout", FLAG_BOOL, &no_dropout, "train with dropout off"},
         {"test_size", FLAG_INT, &o.test_size, "test images evaluated at the end (0: none)"},
         {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
-        PS_WORLD_FLAGS(w),
+        FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
                          "Pipeline-parallel training of the Net split over two processes.");
@@ -47,7 +46,7 @@ int main(int argc, char **argv)
     o.dropout = !no_dropout;
     if (split_size > 0)
         o.num_split = (o.batch_size + split_size - 1) / split_size;
-    if (ps_world_resolve(&w, PIPELINE_WORLD_SIZE, prog) < 0)
+    if (flags_world_resolve(&w, PIPELINE_WORLD_SIZE, prog) < 0)
         return 2;
     if (pipeline_options_check(&o, (int)w.world_size) < 0) {
         fprintf(stderr, "%s: %s\n", prog, error_last());
@@ -69,6 +68,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, names[w.rank], error_last());
         rc = 1;
     }
-    ps_actor_free_all();
     return rc;
 }

@@ -7,12 +7,6 @@
 #include "examples/flags.h"
 #include "rpc/rpc.h"
 
-/*  The names the programs used before the world flags moved to flags.h. */
-typedef flags_world_t ps_world_flags_t;
-#define PS_WORLD_FLAGS(w) FLAGS_WORLD(w)
-#define ps_world_flags_default flags_world_default
-#define ps_world_resolve flags_world_resolve
-
 /*  rpc_init with the resolved flags (flags_world_resolve), and name for
     this process. 0, or -1 with a message on stderr. */
 int ps_world_init(const flags_world_t *w, const char *name, const char *prog);

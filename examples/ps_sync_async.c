@@ -13,7 +13,6 @@
 
 #include "autograd/error.h"
 #include "examples/flags.h"
-#include "examples/ps_actor.h"
 #include "examples/ps_core.h"
 #include "examples/ps_launch.h"
 #include "rpc/rpc.h"
@@ -22,7 +21,7 @@ int main(int argc, char **argv)
 {
     const char *prog = "ps_sync_async", *mode = "sync";
     ps_options_t o = ps_options_default();
-    ps_world_flags_t w = ps_world_flags_default();
+    flags_world_t w = flags_world_default();
     int64_t workers = o.num_workers, servers = o.num_servers;
     const flag_t flags[] = {
         {"mode", FLAG_STRING, &mode, "sync or async"},
@@ -39,7 +38,7 @@ int main(int argc, char **argv)
         {"eval_interval", FLAG_INT, &o.eval_interval, "test accuracy every N iterations"},
         {"test_size", FLAG_INT, &o.test_size, "evaluate on the first N test images (0: all)"},
         {"train_size", FLAG_INT, &o.train_size, "train on the first N images (0: all)"},
-        PS_WORLD_FLAGS(w),
+        FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
                          "Synchronous or asynchronous parameter-server training.");
@@ -52,7 +51,7 @@ int main(int argc, char **argv)
     o.async = strcmp(mode, "async") == 0;
     o.num_workers = workers > PS_MAX_WORKERS || workers < 0 ? -1 : (int)workers;
     o.num_servers = servers > PS_MAX_SERVERS || servers < 0 ? -1 : (int)servers;
-    if (ps_world_resolve(&w, 1 + servers + workers, prog) < 0)
+    if (flags_world_resolve(&w, 1 + servers + workers, prog) < 0)
         return 2;
     if (ps_options_check(&o, (int)w.world_size) < 0) {
         fprintf(stderr, "%s: %s\n", prog, error_last());
@@ -82,6 +81,5 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, error_last());
         rc = 1;
     }
-    ps_actor_free_all();
     return rc;
 }
