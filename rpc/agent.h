@@ -169,6 +169,8 @@ typedef struct {
     int src;
     uint8_t route[RPC_WIRE_SYNC_ID_LEN];
     size_t route_len;
+    uint64_t reject_id;         /* a dropped request to answer with reject */
+    char reject[512];
 } inmsg_t;
 
 /*  Reads one message from sock without waiting: the ROUTER (expect_src < 0,
@@ -267,7 +269,7 @@ void pool_destroy(pool_t *p);
 int rref_ctx_new(agent_t *a);
 void rref_ctx_free(agent_t *a);
 /*  Control messages from peers (I/O thread): answer with a REPLY or ERROR. */
-void rref_handle_control(agent_t *a, const rpc_wire_header_t *h);
+void rref_handle_control(agent_t *a, const inmsg_t *m);
 /*  Periodic work: placeholder expiry (I/O thread). */
 void rref_tick(agent_t *a, int64_t now_ns);
 

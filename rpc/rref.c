@@ -690,29 +690,30 @@ void rref_user_created(agent_t *a, rpc_rref_t *r, const char *error)
 
 /* ---- control messages received (I/O thread) ---- */
 
-static void send_ack(agent_t *a, int dst, uint64_t id)
+static void send_ack(agent_t *a, const inmsg_t *m)
 {
     rpc_value_t *none = rpc_value_none();
     rpc_encoded_t enc = {0};
-    if (none && rpc_value_encode(none, NULL, dst, &enc) == 0) {
-        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = id, .meta = enc.meta,
+    if (none && rpc_value_encode(none, NULL, m->src, &enc) == 0) {
+        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta,
                                .meta_len = enc.meta_len};
-        if (transport_send(a, dst, &h, NULL, 0) < 0)
-            agent_log(a, "cannot acknowledge to rank %d: %s", dst, error_last());
+        if (transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+            agent_log(a, "cannot acknowledge to rank %d: %s", m->src, error_last());
     }
     rpc_encoded_clear(&enc);
     rpc_value_unref(none);
 }
 
-void rref_handle_control(agent_t *a, const rpc_wire_header_t *h)
+void rref_handle_control(agent_t *a, const inmsg_t *m)
 {
     rref_ctx_t *x = a->rrefs;
+    const rpc_wire_header_t *h = &m->h;
     if ((h->type != RPC_MSG_RREF_CHILD_ACCEPT && !id_ok(a, h->a)) || !id_ok(a, h->b)) {
         char text[160];
         snprintf(text, sizeof text, "bad ids in %s (rref %" PRIx64 ", fork %" PRIx64 ")",
                  rpc_wire_type_name(h->type), h->a, h->b);
         agent_log(a, "from rank %d: %s", h->src, text);
-        transport_send_error(a, h->src, h->id, text);
+        transport_answer_error(a, m, h->id, text);
         return;
     }
     owner_t *freed = NULL;
@@ -736,7 +737,7 @@ void rref_handle_control(agent_t *a, const rpc_wire_header_t *h)
         if (!e || owner_add_fork(e, h->b) < 0) {
             pthread_mutex_unlock(&x->lock);
             rpc_future_unref(watch);
-            transport_send_error(a, h->src, h->id, "out of memory");
+            transport_answer_error(a, m, h->id, "out of memory");
             return;
         }
         break;
@@ -752,7 +753,7 @@ void rref_handle_control(agent_t *a, const rpc_wire_header_t *h)
     }
     owner_free(freed);
     rpc_rref_unref(parent);
-    send_ack(a, h->src, h->id);
+    send_ack(a, m);
 }
 
 void rref_tick(agent_t *a, int64_t now_ns)

@@ -410,6 +410,7 @@ int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     bool routed = expect_src < 0;
     int src = expect_src;
     m->route_len = 0;
+    m->reject_id = 0;
     m->n = 0;
     zmq_msg_init(&m->hm);
     if (routed) {
@@ -464,16 +465,15 @@ int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
               error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
-    if (routed && n >= 0 && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
+    if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
         const uint8_t *p = zmq_msg_data(&m->hm);
         uint64_t rid = 0;
         for (int i = 7; i >= 0; i--)
             rid = rid << 8 | p[16 + i];
         if (p[0] == 'Z' && p[1] == 'D' && is_request(p[3]) && rid != 0) {
-            char text[512];
-            snprintf(text, sizeof text, "bad message: %s", error_last());
+            snprintf(m->reject, sizeof m->reject, "bad message: %s", error_last());
+            m->reject_id = rid;
             m->src = src;
-            transport_answer_error(a, m, rid, text);
         }
     }
 drop:
@@ -500,7 +500,7 @@ static void dispatch(agent_t *a, inmsg_t *m)
         break;
     default:
         release_frames(m->frames, m->n);
-        rref_handle_control(a, &m->h);
+        rref_handle_control(a, m);
         break;
     }
 }
@@ -517,6 +517,8 @@ static bool recv_one(agent_t *a, inmsg_t *m)
     if (rc > 0) {
         dispatch(a, m);
         transport_msg_done(m);
+    } else if (rc < 0 && m->reject_id) {
+        transport_answer_error(a, m, m->reject_id, m->reject);
     }
     return rc != 0;
 }

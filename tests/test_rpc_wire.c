@@ -1,0 +1,381 @@
+/*  Bad input from the network (SPEC R13): the header frame decoder refuses
+    every malformed header with a reason, and a live agent fed malformed
+    messages over a raw socket answers or drops them, keeps serving, and
+    leaks nothing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <zmq.h>
+
+#include "rpc/codec.h"
+#include "rpc/wire.h"
+#include "test_rpc_world.h"
+
+/* ---- the header decoder ---- */
+
+static size_t build(const rpc_wire_header_t *h, uint8_t *buf)
+{
+    rpc_wire_write(h, buf);
+    return rpc_wire_size(h);
+}
+
+static const uint8_t meta_none[] = {RPC_CODEC_VERSION, RPC_NONE};
+
+static rpc_wire_header_t good_call(void)
+{
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 1, .dst = 2, .id = 77, .fn = "add",
+                           .fn_len = 3, .extra = (const uint8_t *)"xy", .extra_len = 2,
+                           .meta = meta_none, .meta_len = sizeof meta_none, .n_tensors = 0,
+                           .timeout_ms = 500};
+    return h;
+}
+
+static void expect_bad(const uint8_t *buf, size_t len, const char *why)
+{
+    rpc_wire_header_t h;
+    assert_int_equal(rpc_wire_parse(buf, len, &h), -1);
+    if (!strstr(error_last(), why))
+        fail_msg("expected \"%s\" in \"%s\"", why, error_last());
+}
+
+static void test_valid_headers_round_trip(void **state)
+{
+    (void)state;
+    uint8_t buf[512];
+    rpc_wire_header_t h = good_call(), p;
+    size_t len = build(&h, buf);
+    assert_int_equal(len, RPC_WIRE_FIXED + 3 + 2 + 2);
+    assert_int_equal(rpc_wire_parse(buf, len, &p), 0);
+    assert_int_equal(p.type, RPC_MSG_CALL);
+    assert_int_equal(p.src, 1);
+    assert_int_equal(p.dst, 2);
+    assert_true(p.id == 77);
+    assert_int_equal(p.timeout_ms, 500);
+    assert_int_equal(p.fn_len, 3);
+    assert_memory_equal(p.fn, "add", 3);
+    assert_int_equal(p.extra_len, 2);
+    assert_memory_equal(p.extra, "xy", 2);
+    assert_int_equal(p.meta_len, 2);
+    /* An answer, an error text, a control message, a hello. */
+    rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .id = 9, .meta = meta_none, .meta_len = 2,
+                           .n_tensors = 3};
+    assert_int_equal(rpc_wire_parse(buf, build(&r, buf), &p), 0);
+    assert_int_equal(p.n_tensors, 3);
+    rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 9, .meta = (const uint8_t *)"oops",
+                           .meta_len = 4};
+    assert_int_equal(rpc_wire_parse(buf, build(&e, buf), &p), 0);
+    rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE, .id = 9, .a = 5, .b = 6};
+    assert_int_equal(rpc_wire_parse(buf, build(&d, buf), &p), 0);
+    assert_true(p.a == 5 && p.b == 6);
+    rpc_wire_header_t hello = {.type = RPC_MSG_HELLO};
+    assert_int_equal(rpc_wire_parse(buf, build(&hello, buf), &p), 0);
+}
+
+static void test_malformed_headers_are_refused(void **state)
+{
+    (void)state;
+    uint8_t buf[512], bad[512];
+    rpc_wire_header_t h = good_call();
+    size_t len = build(&h, buf);
+
+    expect_bad(NULL, 0, "header of 0 bytes");
+    expect_bad(buf, RPC_WIRE_FIXED - 1, "at least");
+    memcpy(bad, buf, len);
+    bad[0] = 'X';
+    expect_bad(bad, len, "bad magic");
+    memcpy(bad, buf, len);
+    bad[2] = 2;
+    expect_bad(bad, len, "version 2 not supported");
+    memcpy(bad, buf, len);
+    bad[3] = 99;
+    expect_bad(bad, len, "unknown message type 99");
+    memcpy(bad, buf, len);
+    bad[3] = RPC_MSG_EXT_FIRST;
+    expect_bad(bad, len, "unknown message type");
+    memcpy(bad, buf, len);
+    bad[5] = 0x80;
+    expect_bad(bad, len, "unknown flags");
+    memcpy(bad, buf, len);
+    bad[53] = 1;
+    expect_bad(bad, len, "reserved");
+    /* Lengths that do not add up: truncated, trailing bytes, absurd. */
+    expect_bad(buf, len - 1, "declares");
+    memcpy(bad, buf, len);
+    bad[len] = 0;
+    expect_bad(bad, len + 1, "declares");
+    memcpy(bad, buf, len);
+    bad[12] = 0xff, bad[13] = 0xff, bad[14] = 0xff, bad[15] = 0x7f;
+    expect_bad(bad, len, "hook metadata");
+    memcpy(bad, buf, len);
+    bad[40] = 0xff, bad[41] = 0xff, bad[42] = 0xff, bad[43] = 0xff;
+    expect_bad(bad, len, "value metadata");
+    memcpy(bad, buf, len);
+    bad[44] = 0xff, bad[45] = 0xff;
+    expect_bad(bad, len, "tensor frames");
+    memcpy(bad, buf, len);
+    bad[10] = 0, bad[11] = 1;   /* fn_len 256 */
+    expect_bad(bad, len, "function name of 256 bytes");
+    /* Fields each type must or must not have. */
+    rpc_wire_header_t x = good_call();
+    x.id = 0;
+    expect_bad(buf, build(&x, buf), "request id 0");
+    x = good_call();
+    x.fn = "a b";
+    expect_bad(buf, build(&x, buf), "function name with byte 0x20");
+    x = good_call();
+    x.fn = NULL, x.fn_len = 0;
+    expect_bad(buf, build(&x, buf), "CALL without a function name");
+    x = good_call();
+    x.meta = NULL, x.meta_len = 0;
+    expect_bad(buf, build(&x, buf), "CALL without a value");
+    rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .id = 3, .fn = "f", .fn_len = 1,
+                           .meta = meta_none, .meta_len = 2};
+    expect_bad(buf, build(&r, buf), "REPLY with a function name");
+    rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 3};
+    expect_bad(buf, build(&e, buf), "ERROR without a text");
+    e.meta = (const uint8_t *)"a\0b", e.meta_len = 3;
+    expect_bad(buf, build(&e, buf), "NUL byte");
+    e.meta_len = 1, e.n_tensors = 2;
+    expect_bad(buf, build(&e, buf), "ERROR with 2 tensor frames");
+    rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE, .id = 3, .b = 1};
+    expect_bad(buf, build(&d, buf), "without an RRef id");
+    d.a = 1, d.b = 0;
+    expect_bad(buf, build(&d, buf), "without a fork id");
+    rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH, .id = 3, .a = 1,
+                           .flags = RPC_WIRE_F_DEREF_FIRST};
+    expect_bad(buf, build(&f, buf), "deref-first");
+    f.flags = 0, f.meta = meta_none, f.meta_len = 2;
+    expect_bad(buf, build(&f, buf), "RREF_FETCH with 2 bytes of value");
+}
+
+static void test_routing_ids(void **state)
+{
+    (void)state;
+    uint8_t id[RPC_WIRE_SYNC_ID_LEN];
+    rpc_wire_identity(300, id);
+    assert_int_equal(rpc_wire_identity_rank(id, RPC_WIRE_ID_LEN), 300);
+    rpc_wire_sync_identity(7, 9, id);
+    assert_int_equal(rpc_wire_identity_rank(id, RPC_WIRE_SYNC_ID_LEN), 7);
+    assert_int_equal(rpc_wire_identity_rank(id, 4), -1);
+    assert_int_equal(rpc_wire_identity_rank("x\0\0", 3), -1);
+    assert_int_equal(rpc_wire_identity_rank("", 0), -1);
+}
+
+/* ---- malformed messages to a live agent ---- */
+
+static rpc_value_t *h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t a, b;
+    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
+        return NULL;
+    return rpc_value_int(a + b);
+}
+
+static rpc_value_t *h_owner_count(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(rpc_debug_owner_rrefs());
+}
+
+typedef struct {
+    void *sock;
+    uint64_t next_id;
+} raw_t;
+
+/* Sends header h (then n frames of the given sizes, zero-filled). */
+static int raw_send(raw_t *r, rpc_wire_header_t *h, int n, const size_t *sizes)
+{
+    uint8_t buf[1024];
+    size_t len = build(h, buf);
+    if (zmq_send(r->sock, buf, len, n ? ZMQ_SNDMORE : 0) < 0)
+        return -1;
+    for (int i = 0; i < n; i++) {
+        static uint8_t zeros[4096];
+        if (zmq_send(r->sock, zeros, sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Waits for an answer on the raw socket: 1 with its header (type, text) in
+   *out, 0 when none came within timeout_ms. */
+static int raw_answer(raw_t *r, int timeout_ms, int *type, char *text, size_t size)
+{
+    zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&it, 1, timeout_ms) <= 0)
+        return 0;
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    zmq_msg_recv(&m, r->sock, 0);
+    rpc_wire_header_t h;
+    int ok = rpc_wire_parse(zmq_msg_data(&m), zmq_msg_size(&m), &h) == 0;
+    *type = ok ? h.type : -1;
+    snprintf(text, size, "%.*s", ok && h.type == RPC_MSG_ERROR ? (int)h.meta_len : 0,
+             ok ? (const char *)h.meta : "");
+    while (zmq_msg_more(&m)) {
+        zmq_msg_close(&m);
+        zmq_msg_init(&m);
+        zmq_msg_recv(&m, r->sock, 0);
+    }
+    zmq_msg_close(&m);
+    return 1;
+}
+
+static int expect_error(raw_t *r, rpc_wire_header_t *h, int n, const size_t *sizes,
+                        const char *why)
+{
+    char text[512];
+    int type;
+    if (raw_send(r, h, n, sizes) < 0 || !raw_answer(r, 5000, &type, text, sizeof text)) {
+        fprintf(stderr, "no answer (expected \"%s\")\n", why);
+        return -1;
+    }
+    if (type != RPC_MSG_ERROR || !strstr(text, why)) {
+        fprintf(stderr, "answer type %d \"%s\", expected an ERROR with \"%s\"\n", type, text,
+                why);
+        return -1;
+    }
+    return 0;
+}
+
+static rpc_wire_header_t call_to_1(raw_t *r, const char *fn, const uint8_t *meta,
+                                   size_t meta_len, uint32_t n_tensors)
+{
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 0, .dst = 1, .id = ++r->next_id,
+                           .fn = fn, .fn_len = strlen(fn), .meta = meta, .meta_len = meta_len,
+                           .n_tensors = n_tensors};
+    return h;
+}
+
+static int world_garbage(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(rpc_register("add", h_add, NULL) == 0);
+    WCHECK(rpc_register_inline("owner_count", h_owner_count, NULL) == 0);
+    rpc_options_t o = world_options(port);
+    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    if (rank == 0) {
+        rpc_worker_info_t info;
+        WCHECK(rpc_get_worker_info_by_rank(1, &info) == 0);
+        void *ctx = zmq_ctx_new();
+        raw_t r = {zmq_socket(ctx, ZMQ_DEALER), 1000};
+        uint8_t id[RPC_WIRE_SYNC_ID_LEN];
+        rpc_wire_sync_identity(0, 65534, id);   /* rank 0, a slot the agent never uses */
+        zmq_setsockopt(r.sock, ZMQ_ROUTING_ID, id, sizeof id);
+        int zero = 0;
+        zmq_setsockopt(r.sock, ZMQ_LINGER, &zero, sizeof zero);
+        WCHECK(zmq_connect(r.sock, info.endpoint) == 0);
+
+        static const uint8_t args_ok[] = {RPC_CODEC_VERSION, RPC_LIST, 2, RPC_INT, 2, RPC_INT,
+                                          4};
+        rpc_wire_header_t h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
+        h.src = 1;
+        WCHECK(expect_error(&r, &h, 0, NULL, "header says rank 1") == 0);
+        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
+        h.dst = 0;
+        WCHECK(expect_error(&r, &h, 0, NULL, "for rank 0 delivered to rank 1") == 0);
+        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 1);
+        WCHECK(expect_error(&r, &h, 0, NULL, "announces 1 tensor frames but 0") == 0);
+        static const uint8_t garbage[] = {RPC_CODEC_VERSION, 99, 1, 2, 3};
+        h = call_to_1(&r, "add", garbage, sizeof garbage, 0);
+        WCHECK(expect_error(&r, &h, 0, NULL, "bad arguments for \"add\"") == 0);
+        /* A float32 tensor of 10 elements whose frame has 7 bytes. */
+        static const uint8_t tensor10[] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_TENSOR,
+                                           TENSOR_F32, 0, 1, 10};
+        h = call_to_1(&r, "add", tensor10, sizeof tensor10, 1);
+        WCHECK(expect_error(&r, &h, 1, (size_t[]){7}, "40 bytes but its frame has 7") == 0);
+        h = call_to_1(&r, "nosuch", args_ok, sizeof args_ok, 0);
+        WCHECK(expect_error(&r, &h, 0, NULL, "unknown function \"nosuch\"") == 0);
+        /* An RRef whose fork id claims to come from rank 5 of 2. */
+        uint8_t rref_args[4 + RPC_RREF_WIRE_SIZE] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_RREF};
+        uint8_t *w = rref_args + 4;
+        w[0] = 1;               /* rref id: rank 0, counter 1 */
+        w[8] = 1, w[14] = 5;    /* fork id: rank 5 */
+        h = call_to_1(&r, "add", rref_args, sizeof rref_args, 0);
+        WCHECK(expect_error(&r, &h, 0, NULL, "RRef: inconsistent ids") == 0);
+        /* Too many frames. */
+        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
+        uint8_t hbuf[256];
+        size_t hlen = build(&h, hbuf);
+        zmq_send(r.sock, hbuf, hlen, ZMQ_SNDMORE);
+        for (int i = 0; i < RPC_CODEC_MAX_TENSORS + 5; i++)
+            zmq_send(r.sock, "", 0, i + 1 < RPC_CODEC_MAX_TENSORS + 5 ? ZMQ_SNDMORE : 0);
+        char text[512];
+        int type;
+        WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1);
+        WCHECK(type == RPC_MSG_ERROR && strstr(text, "more than 4096 tensor frames"));
+        /* A future version is refused, and answered since the id is readable. */
+        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
+        hlen = build(&h, hbuf);
+        hbuf[2] = 9;
+        zmq_send(r.sock, hbuf, hlen, 0);
+        WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1);
+        WCHECK(type == RPC_MSG_ERROR && strstr(text, "version 9 not supported"));
+        /* Fetching an RRef nobody created: refused once its wait is over. */
+        rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH, .src = 0, .dst = 1,
+                               .id = ++r.next_id, .a = 12345, .timeout_ms = 200};
+        int64_t t0 = world_now_ms();
+        WCHECK(expect_error(&r, &f, 0, NULL, "unknown RRef") == 0);
+        WCHECK(world_now_ms() - t0 < 3000);
+        /* Deleting or accepting unknown forks is harmless: acknowledged. */
+        rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE, .src = 0, .dst = 1,
+                               .id = ++r.next_id, .a = 777, .b = 778};
+        WCHECK(raw_send(&r, &d, 0, NULL) == 0);
+        WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1 && type == RPC_MSG_REPLY);
+        d.type = RPC_MSG_RREF_CHILD_ACCEPT, d.id = ++r.next_id;
+        WCHECK(raw_send(&r, &d, 0, NULL) == 0);
+        WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1 && type == RPC_MSG_REPLY);
+        /* Not ours at all: dropped without an answer. */
+        zmq_send(r.sock, "hello?", 6, 0);
+        zmq_send(r.sock, "", 0, 0);
+        WCHECK(raw_answer(&r, 300, &type, text, sizeof text) == 0);
+        /* A stranger's routing id: dropped. */
+        void *stranger = zmq_socket(ctx, ZMQ_DEALER);
+        zmq_setsockopt(stranger, ZMQ_ROUTING_ID, "zzz", 3);
+        zmq_setsockopt(stranger, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_connect(stranger, info.endpoint);
+        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
+        hlen = build(&h, hbuf);
+        zmq_send(stranger, hbuf, hlen, 0);
+        zmq_close(stranger);
+        /* A well-formed call on the raw socket works, and so does the agent. */
+        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
+        WCHECK(raw_send(&r, &h, 0, NULL) == 0);
+        WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1 && type == RPC_MSG_REPLY);
+        zmq_close(r.sock);
+        zmq_ctx_term(ctx);
+        rpc_value_t *res, *args = rpc_args("ii", (int64_t)40, (int64_t)2);
+        int64_t v;
+        WCHECK(rpc_sync(1, "add", args, -1, &res) == 0);
+        WCHECK(rpc_value_get_int(res, &v) == 0 && v == 42);
+        rpc_value_unref(res);
+        rpc_value_unref(args);
+        WCHECK(rpc_sync(1, "owner_count", NULL, -1, &res) == 0);
+        WCHECK(rpc_value_get_int(res, &v) == 0 && v == 0);   /* no placeholder left */
+        rpc_value_unref(res);
+    }
+    WCHECK(rpc_shutdown(true, 10000) == 0);
+    return 0;
+}
+
+static void test_malformed_messages_to_a_live_agent(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_garbage, NULL), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_valid_headers_round_trip),
+        cmocka_unit_test(test_malformed_headers_are_refused),
+        cmocka_unit_test(test_routing_ids),
+        cmocka_unit_test(test_malformed_messages_to_a_live_agent),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
