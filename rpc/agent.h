@@ -191,6 +191,9 @@ void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const cha
 int transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
                       tensor_t *const *tensors, int n_tensors);
 
+/*  The I/O thread's body (io.c). */
+void *transport_io_main(void *arg);
+
 /*  Stops the I/O thread and closes every socket and the context. */
 void transport_stop_io(agent_t *a);
 void transport_close(agent_t *a, bool graceful);

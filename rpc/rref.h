@@ -90,4 +90,85 @@ int64_t rref_owner_count(agent_t *a);
 /*  A new owner entry holding value and its local handle (rpc_rref_new). */
 rpc_rref_t *rref_new_local(agent_t *a, rpc_value_t *value);
 
+/*  ---- internals shared by rref.c and rref_fork.c ---- */
+
+#define OWNER_BUCKETS 1024
+#define CHILD_BUCKETS 256
+
+typedef enum {
+    OWNER_PLACEHOLDER,      /* seen in a fetch/fork before its REMOTE: expires */
+    OWNER_AWAITING_REMOTE,  /* this process's own remote() to itself, in flight */
+    OWNER_CREATED,
+} owner_state_t;
+
+typedef struct owner {
+    uint64_t rref_id;
+    owner_state_t state;
+    rpc_future_t *value;
+    uint64_t *forks;
+    int n_forks, cap_forks;
+    rpc_rref_t *handle;         /* the local handle while referenced (weak) */
+    int64_t expire_ns;          /* placeholders */
+    struct owner *next;
+} owner_t;
+
+typedef struct child {
+    uint64_t fork_id;
+    rpc_rref_t *parent;         /* a reference, dropped on RREF_CHILD_ACCEPT */
+    struct child *next;
+} child_t;
+
+struct rref_ctx {
+    pthread_mutex_t lock;
+    bool closing;
+    owner_t *owners[OWNER_BUCKETS];
+    int64_t n_owners, n_placeholders;
+    child_t *children[CHILD_BUCKETS];
+    int64_t n_children, n_pending_users, n_ctrl;
+};
+
+typedef struct ctrl ctrl_t;
+typedef void (ctrl_done_fn)(agent_t *a, ctrl_t *c, bool ok);
+
+struct ctrl {
+    agent_t *a;
+    int dst;
+    uint8_t type;
+    uint64_t rref_id, fork_id;
+    int attempts;
+    ctrl_done_fn *done;
+    rpc_rref_t *r;          /* for done */
+    int parent;             /* for done */
+};
+
+/*  Ids: creator rank << 48 | counter, counter never 0. */
+int rref_creator(uint64_t id);
+bool rref_id_ok(agent_t *a, uint64_t id);
+
+rpc_rref_t *rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner);
+void rref_handle_free(rpc_rref_t *r);
+
+/*  Owner entries; all under x->lock. rref_owner_maybe_unlink returns the
+    entry when nothing holds it any more, to rref_owner_free after unlocking
+    (its value may hold RRefs, whose release takes the lock). */
+owner_t *rref_owner_find(rref_ctx_t *x, uint64_t id);
+owner_t *rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state);
+int rref_owner_add_fork(owner_t *e, uint64_t fork_id);
+void rref_owner_del_fork(owner_t *e, uint64_t fork_id);
+owner_t *rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e);
+void rref_owner_free(owner_t *e);
+/*  The entry's local handle with one more reference (made if needed). */
+rpc_rref_t *rref_owner_handle(agent_t *a, owner_t *e);
+/*  After creating an entry (lock released): frees it when its value comes
+    and nothing else holds it. */
+void rref_watch_value(agent_t *a, rpc_future_t *value, uint64_t rref_id);
+
+/*  Sends a control message, retried until acknowledged; done (may be NULL)
+    runs once with the outcome. */
+void rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
+                     ctrl_done_fn *done, rpc_rref_t *r, int parent);
+/*  Under x->lock: removes pending child fork_id, returning its parent's
+    reference (or NULL). */
+rpc_rref_t *rref_child_take(rref_ctx_t *x, uint64_t fork_id);
+
 #endif

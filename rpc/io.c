@@ -1,0 +1,316 @@
+/*  io.c: receiving, and the I/O thread.
+
+    Every frame after the header is kept in its own heap-allocated
+    zmq_msg_t that becomes the storage of the decoded tensor (released when
+    the tensor dies). Everything is validated before use: routing id, header
+    (wire.h), sender and receiver ranks, frame count; the value decoder
+    checks the rest. A bad message is logged and dropped, or answered with
+    an ERROR when it names a request we can answer.
+
+    The I/O thread polls the ROUTER's ZMQ_FD (not the socket: pool threads
+    answer through the ROUTER under router_lock, and zmq_poll on the socket
+    would touch it without the lock), the wake-up eventfd and the monitors
+    of the shared sockets, and every IO_TICK_MS at least it expires calls,
+    placeholders and barrier rounds. */
+#include "rpc/agent.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "autograd/error.h"
+
+#define IO_TICK_MS 20
+#define RECV_BATCH 256
+
+static void frame_release(void *data, void *arg)
+{
+    (void)data;
+    zmq_msg_close(arg);
+    free(arg);
+}
+
+static void release_frames(rpc_frame_t *frames, int n)
+{
+    for (int i = 0; i < n; i++)
+        frames[i].release(frames[i].data, frames[i].release_arg);
+}
+
+/* Reads the rest of a multipart message from sock into m's frames (grown
+   as needed); frames past RPC_CODEC_MAX_TENSORS are read and dropped.
+   Returns the count, or -1 when too many arrived (all released). */
+static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
+{
+    int n = 0;
+    bool too_many = false;
+    int more = 1;
+    while (more) {
+        zmq_msg_t *z = malloc(sizeof *z);
+        zmq_msg_t scratch;
+        if (!z || too_many)
+            z = (free(z), &scratch);
+        zmq_msg_init(z);
+        if (zmq_msg_recv(z, sock, 0) < 0) {
+            zmq_msg_close(z);
+            if (z != &scratch)
+                free(z);
+            break;
+        }
+        more = zmq_msg_more(z);
+        *bytes += (int64_t)zmq_msg_size(z);
+        if (z == &scratch || n >= RPC_CODEC_MAX_TENSORS) {
+            too_many = true;
+            zmq_msg_close(z);
+            if (z != &scratch)
+                free(z);
+            continue;
+        }
+        if (n == m->cap) {
+            int ncap = m->cap ? 2 * m->cap : 8;
+            rpc_frame_t *nf = realloc(m->frames, (size_t)ncap * sizeof *nf);
+            if (!nf) {
+                too_many = true;
+                zmq_msg_close(z);
+                free(z);
+                continue;
+            }
+            m->frames = nf;
+            m->cap = ncap;
+        }
+        m->frames[n++] = (rpc_frame_t){zmq_msg_data(z), zmq_msg_size(z), frame_release, z};
+    }
+    if (too_many) {
+        release_frames(m->frames, n);
+        return -1;
+    }
+    return n;
+}
+
+static bool is_request(int type)
+{
+    return type == RPC_MSG_CALL || type == RPC_MSG_REMOTE || type == RPC_MSG_RREF_FETCH ||
+           type == RPC_MSG_RREF_USER_DELETE || type == RPC_MSG_RREF_FORK_REQUEST ||
+           type == RPC_MSG_RREF_CHILD_ACCEPT;
+}
+
+void transport_msg_done(inmsg_t *m)
+{
+    zmq_msg_close(&m->hm);
+}
+
+int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
+{
+    bool routed = expect_src < 0;
+    int src = expect_src;
+    m->route_len = 0;
+    m->reject_id = 0;
+    m->n = 0;
+    zmq_msg_init(&m->hm);
+    if (routed) {
+        zmq_msg_t id;
+        zmq_msg_init(&id);
+        if (zmq_msg_recv(&id, sock, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&id);
+            return 0;
+        }
+        src = rpc_wire_identity_rank(zmq_msg_data(&id), zmq_msg_size(&id));
+        if (zmq_msg_size(&id) == RPC_WIRE_SYNC_ID_LEN && src >= 0) {
+            memcpy(m->route, zmq_msg_data(&id), RPC_WIRE_SYNC_ID_LEN);
+            m->route_len = RPC_WIRE_SYNC_ID_LEN;
+        }
+        bool more = zmq_msg_more(&id);
+        zmq_msg_close(&id);
+        if (!more) {
+            agent_log(a, "dropped an empty message from routing id of rank %d", src);
+            return -1;
+        }
+        if (zmq_msg_recv(&m->hm, sock, 0) < 0)
+            return -1;
+    } else if (zmq_msg_recv(&m->hm, sock, ZMQ_DONTWAIT) < 0) {
+        return 0;
+    }
+    int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
+    int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes) : 0;
+    if (src < 0 || src >= a->world) {
+        agent_log(a, "dropped a message from an unknown sender (routing id not a rank)");
+        goto drop;
+    }
+    atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
+    rpc_wire_header_t *h = &m->h;
+    if (n < 0) {
+        error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
+    } else if (rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), h) < 0) {
+        /* error set */
+    } else if (h->src != src) {
+        error_set("header says rank %d but the connection is rank %d's", h->src, src);
+    } else if (h->dst != a->rank) {
+        error_set("message for rank %d delivered to rank %d", h->dst, a->rank);
+    } else if (h->n_tensors != (uint32_t)n) {
+        error_set("header announces %u tensor frames but %d arrived", h->n_tensors, n);
+    } else if (!routed && h->type != RPC_MSG_REPLY && h->type != RPC_MSG_ERROR) {
+        error_set("a %s where only answers come", rpc_wire_type_name(h->type));
+    } else {
+        m->src = src;
+        m->n = n;
+        return 1;
+    }
+    agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name, src,
+              error_last());
+    /* Answer a request we can identify, so its caller does not wait for
+       its timeout. */
+    if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
+        const uint8_t *p = zmq_msg_data(&m->hm);
+        uint64_t rid = 0;
+        for (int i = 7; i >= 0; i--)
+            rid = rid << 8 | p[16 + i];
+        if (p[0] == 'Z' && p[1] == 'D' && is_request(p[3]) && rid != 0) {
+            snprintf(m->reject, sizeof m->reject, "bad message: %s", error_last());
+            m->reject_id = rid;
+            m->src = src;
+        }
+    }
+drop:
+    if (n > 0)
+        release_frames(m->frames, n);
+    zmq_msg_close(&m->hm);
+    return -1;
+}
+
+static void dispatch(agent_t *a, inmsg_t *m)
+{
+    switch (m->h.type) {
+    case RPC_MSG_HELLO:
+        release_frames(m->frames, m->n);
+        break;
+    case RPC_MSG_REPLY:
+    case RPC_MSG_ERROR:
+        call_handle_answer(a, &m->h, m->frames, m->n);
+        break;
+    case RPC_MSG_CALL:
+    case RPC_MSG_REMOTE:
+    case RPC_MSG_RREF_FETCH:
+        serve_request(a, m);
+        break;
+    default:
+        release_frames(m->frames, m->n);
+        rref_handle_control(a, m);
+        break;
+    }
+}
+
+/* The I/O thread receives from the ROUTER under router_lock, which routed
+   senders take too; it polls the socket's ZMQ_FD rather than the socket,
+   since zmq_poll on a socket would touch it without the lock. Returns
+   whether a message was there. */
+static bool recv_one(agent_t *a, inmsg_t *m)
+{
+    pthread_mutex_lock(&a->router_lock);
+    int rc = transport_recv(a, a->router, -1, m);
+    pthread_mutex_unlock(&a->router_lock);
+    if (rc > 0) {
+        dispatch(a, m);
+        transport_msg_done(m);
+    } else if (rc < 0 && m->reject_id) {
+        transport_answer_error(a, m, m->reject_id, m->reject);
+    }
+    return rc != 0;
+}
+
+/* A peer's connection went down (or came back). Calls waiting for that
+   peer fail LOST_GRACE_MS later rather than at their timeout: the grace
+   lets answers already on their way (over the peer's own connection to
+   us) arrive first. */
+#define LOST_GRACE_MS 1000
+
+static void handle_monitor(peer_t *p)
+{
+    zmq_msg_t m;
+    zmq_msg_init(&m);
+    if (zmq_msg_recv(&m, p->monitor, ZMQ_DONTWAIT) < 0) {
+        zmq_msg_close(&m);
+        return;
+    }
+    uint16_t event = 0;
+    if (zmq_msg_size(&m) >= 2)
+        memcpy(&event, zmq_msg_data(&m), 2);
+    bool more = zmq_msg_more(&m);
+    zmq_msg_close(&m);
+    while (more) {   /* the endpoint */
+        zmq_msg_init(&m);
+        more = zmq_msg_recv(&m, p->monitor, 0) >= 0 && zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        atomic_store(&p->lost, false);
+        p->fail_at_ns = 0;
+    } else if (event == ZMQ_EVENT_DISCONNECTED) {
+        atomic_store(&p->lost, true);
+        p->fail_at_ns = agent_now_ns() + LOST_GRACE_MS * 1000000LL;
+    }
+}
+
+static void fail_lost_peers(agent_t *a, int64_t now)
+{
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        if (!p->fail_at_ns || now < p->fail_at_ns || atomic_load(&a->closing))
+            continue;
+        p->fail_at_ns = 0;
+        char text[256];
+        snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
+        call_fail_peer(a, i, text);
+    }
+}
+
+void *transport_io_main(void *arg)
+{
+    agent_t *a = arg;
+    transport_set_thread_role(ROLE_IO);
+    int n_items = 2 + a->world;
+    zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
+    int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
+    inmsg_t msg = {0};
+    if (!items || !item_peer) {
+        agent_log(a, "I/O thread: out of memory");
+        free(items);
+        free(item_peer);
+        return NULL;
+    }
+    items[0] = (zmq_pollitem_t){NULL, a->router_fd, ZMQ_POLLIN, 0};
+    items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
+    n_items = 2;
+    for (int i = 0; i < a->world; i++)
+        if (a->peers[i].monitor) {
+            item_peer[n_items] = i;
+            items[n_items++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
+        }
+    while (!atomic_load(&a->io_stop)) {
+        int rc = zmq_poll(items, n_items, IO_TICK_MS);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
+            uint64_t v;
+            if (read(a->wake_fd, &v, sizeof v) < 0) {
+                /* spurious: nothing to drain */
+            }
+        }
+        if (atomic_load(&a->io_stop))
+            break;
+        for (int k = 0; k < RECV_BATCH && recv_one(a, &msg); k++) {
+        }
+        for (int i = 2; rc > 0 && i < n_items; i++)
+            if (items[i].revents & ZMQ_POLLIN)
+                handle_monitor(&a->peers[item_peer[i]]);
+        int64_t now = agent_now_ns();
+        fail_lost_peers(a, now);
+        call_expire(a, now);
+        rref_tick(a, now);
+        shutdown_tick(a, now);
+    }
+    free(msg.frames);
+    free(items);
+    free(item_peer);
+    return NULL;
+}
