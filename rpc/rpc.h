@@ -14,15 +14,17 @@
     (sent and received without copies), RRefs and lists. Arguments are one
     list value, borrowed by every call below.
 
-    Threads. One I/O thread per process receives every message, completes
-    futures of outgoing calls (so rpc_future_then callbacks run on it: they
-    must not block) and runs RPC_FN_INLINE handlers. Other handlers run on
-    a pool of num_worker_threads threads. Any thread may call any function
-    here; messages are sent directly by the calling thread. When a pool
-    thread blocks in rpc_sync / rpc_rref_to_here / rpc_wait, the pool starts
-    another thread, so nested calls (a handler calling other processes,
-    which call back, ...) never deadlock; async handlers (returning a
-    future) do not even hold a thread while they wait.
+    Threads. A thread calling rpc_sync sends on a socket of its own and
+    reads the answer itself: no hand-off between threads on that path. One
+    I/O thread per process receives everything else: requests, answers to
+    rpc_async / remote calls (so rpc_future_then callbacks of those run on
+    it and must not block), RRef messages; it also runs RPC_FN_INLINE
+    handlers. Other handlers run on a pool of num_worker_threads threads.
+    Any thread may call any function here. When a pool thread blocks in
+    rpc_sync / rpc_rref_to_here / rpc_wait, the pool starts another thread,
+    so nested calls (a handler calling other processes, which call back,
+    ...) never deadlock; async handlers (returning a future) do not even
+    hold a thread while they wait.
 
     Timeouts (ms): < 0 means the default of rpc_options_t.rpc_timeout_ms,
     0 means none, as in PyTorch.
@@ -135,9 +137,9 @@ typedef rpc_value_t *(rpc_handler_fn)(rpc_call_t *call, rpc_value_t *args, void 
     with an error at once. */
 typedef rpc_future_t *(rpc_async_handler_fn)(rpc_call_t *call, rpc_value_t *args, void *arg);
 
-/*  Run the handler on the I/O thread instead of the pool: saves two thread
-    hand-offs per call, for handlers that return quickly and never block
-    (no rpc_sync, no locks held long). */
+/*  Run the handler on the I/O thread instead of the pool: saves a thread
+    hand-off (waking a pool thread) per call, for handlers that return
+    quickly and never block (no rpc_sync, no locks held long). */
 #define RPC_FN_INLINE 0x1u
 
 typedef struct {
@@ -176,12 +178,15 @@ int rpc_sync(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms,
 rpc_future_t *rpc_async(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms);
 
 /*  rpc_future_wait that lets the pool start another thread while a pool
-    thread waits (see Threads above); same results. */
+    thread waits (see Threads above); same results, and like
+    rpc_future_wait, timeout_ms < 0 waits without limit. */
 int rpc_wait(rpc_future_t *f, int64_t timeout_ms);
 
 /*  ---- remote references (R4, R5, R6) ---- */
 
-/*  Defined in rpc/rref.h; rpc_rref_t comes from rpc/value.h. */
+/*  rpc_rref_t (declared in rpc/value.h) is a handle: a user's fork of the
+    reference, or the owner's local handle. Handles are reference counted
+    and may be shared between threads. */
 
 /*  Runs fn(args) on worker `to`, keeping the result there, and returns an
     RRef to it at once (a new reference; release with rpc_rref_unref). The
@@ -250,7 +255,8 @@ int64_t rpc_debug_owner_rrefs_leaked(void);
     travel in the header frame next to the value. For every request (CALL,
     REMOTE, RREF_FETCH) and its reply:
 
-      caller: on_send_request (calling thread) ... on_recv_reply (I/O thread)
+      caller: on_send_request (calling thread) ... on_recv_reply (the thread
+              that receives the answer: the I/O thread, or rpc_sync's own)
       callee: on_recv_request (thread running the handler, before it),
               on_handler_return (same thread, right after the handler),
               on_send_reply (thread completing the reply)
@@ -316,7 +322,7 @@ typedef struct {
     int64_t in_flight;          /* calls to the peer awaiting their reply */
     int64_t serving;            /* calls from the peer being run here */
     double latency_mean_us;     /* round trip of calls to the peer */
-    double latency_p50_us;      /* percentiles: within ~6% (log histogram) */
+    double latency_p50_us;      /* percentiles: within ~2% (log histogram) */
     double latency_p99_us;
 } rpc_metrics_t;
 
