@@ -489,6 +489,18 @@ int rpc_get_worker_info_by_rank(int rank, rpc_worker_info_t *out)
     return rc;
 }
 
+int rpc_get_worker_infos(rpc_worker_info_t *out, int max)
+{
+    agent_t *a = agent_acquire();
+    if (!a)
+        return -1;
+    for (int i = 0; out && i < a->world && i < max; i++)
+        fill_info(&a->peers[i], &out[i]);
+    int n = a->world;
+    agent_release(a);
+    return n;
+}
+
 int rpc_worker(const char *name)
 {
     rpc_worker_info_t info;

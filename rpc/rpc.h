@@ -105,6 +105,10 @@ typedef struct {
 int rpc_get_worker_info(const char *name, rpc_worker_info_t *out);
 int rpc_get_worker_info_by_rank(int rank, rpc_worker_info_t *out);
 
+/*  All workers, by rank: fills out[0..min(world, max)-1] and returns the
+    world size, or -1 when not running. */
+int rpc_get_worker_infos(rpc_worker_info_t *out, int max);
+
 /*  The rank of the worker called name, or -1 (with an error) when unknown:
     rpc_sync(rpc_worker("ps"), ...) reads like PyTorch's rpc_sync("ps", ...). */
 int rpc_worker(const char *name);

@@ -44,9 +44,9 @@ int transport_bind(agent_t *a, const char *listen_ip)
     if (!a->ctx)
         return error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
     zmq_ctx_set(a->ctx, ZMQ_BLOCKY, 0);
-    int max_sockets = 2 * a->world + 64;
-    if (max_sockets > 1023)
-        zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, max_sockets);
+    /* Every thread that calls rpc_sync has a socket per peer it calls: the
+       descriptor limit is the real bound, not ZeroMQ's default of 1023. */
+    zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, 16384);
     a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
     if (!a->router)
         return error_set("cannot create the receiving socket: %s", zmq_strerror(errno));

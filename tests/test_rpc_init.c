@@ -31,8 +31,11 @@ static int world_info(int rank, int world, int port, void *arg)
         WCHECK(by_name.rank == r && strcmp(by_name.endpoint, by_rank.endpoint) == 0);
         WCHECK(rpc_worker(other) == r);
     }
-    rpc_worker_info_t me;
+    rpc_worker_info_t me, all[8];
     WCHECK(rpc_get_worker_info(NULL, &me) == 0 && me.rank == rank);
+    WCHECK(rpc_get_worker_infos(all, 8) == world);
+    for (int r = 0; r < world; r++)
+        WCHECK(all[r].rank == r && all[r].name[0] == 'n');
     WCHECK(rpc_get_worker_info("nobody", &me) == -1);
     WCHECK(strstr(error_last(), "nobody") != NULL);
     WCHECK(rpc_worker("nobody") == -1);
