@@ -417,7 +417,9 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
     while (!rpc_future_done(f)) {
         int64_t now = agent_now_ns();
         if (now >= deadline) {
+            /* Fails it, unless another thread is completing it right now. */
             call_timeout_now(a, id);
+            rpc_future_wait(f, -1);
             break;
         }
         int64_t left = deadline == INT64_MAX ? -1 : (deadline - now + 999999) / 1000000;
@@ -443,7 +445,8 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
     }
     pool_block_end();
     free(m.frames);
-    return rpc_future_done(f) ? rpc_future_wait(f, 0) : error_set("RPC I/O failure");
+    return rpc_future_done(f) ? rpc_future_wait(f, 0)
+                              : error_set("cannot wait for the answer: %s", zmq_strerror(errno));
 }
 
 int call_sync(const call_req_t *req, int to, rpc_value_t **result)
