@@ -415,6 +415,9 @@ fail_unlocked:
 
 int rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
+    if (transport_thread_role() != ROLE_USER)
+        return error_set("rpc_shutdown: called on an RPC thread (in a handler or a future "
+                         "callback), which shutdown has to stop: call it from another thread");
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->closing)) {
