@@ -463,7 +463,8 @@ int call_sync(const call_req_t *req, int to, rpc_value_t **result)
     call_req_t r = *req;
     r.id_out = &id;
     int64_t timeout = agent_timeout(a, req->timeout_ms);
-    if (to >= 0 && to < a->world)
+    /* A peer whose connection is down: the shared socket says so at once. */
+    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost))
         r.sock = direct_socket(a, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread
