@@ -294,7 +294,8 @@ typedef struct {
        *extra and a per-call *state handed back to on_recv_reply. */
     int (*on_send_request)(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
                            rpc_bytes_t *extra, void **state);
-    /* May replace *args; may keep state with rpc_call_set_hook_state. */
+    /* May replace *args (NULL for a fetch); may keep state with
+       rpc_call_set_hook_state. */
     int (*on_recv_request)(void *arg, rpc_call_t *call, const void *extra, size_t len,
                            rpc_value_t **args);
     void (*on_handler_return)(void *arg, rpc_call_t *call);
