@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "autograd/autograd.h"
 #include "autograd/dist_autograd.h"
@@ -335,8 +336,40 @@ static rpc_value_t *fn_get_dist_gradients(rpc_call_t *call, rpc_value_t *args, v
     return list;
 }
 
+/*  One evaluation thread's share of the test set. */
+typedef struct {
+    const dataset_t *test;
+    int64_t start, end, correct;
+    int rc;
+    char error[256];
+} eval_part_t;
+
+static void *evaluate_part(void *arg)
+{
+    eval_part_t *e = arg;
+    bool prev = autograd_set_grad_enabled(false);
+    for (int64_t at = e->start; at < e->end && e->rc == 0; at += 1000) {
+        tensor_t *x, *y, *out = NULL;
+        int64_t n = e->end - at < 1000 ? e->end - at : 1000;
+        e->rc = dataset_batch(e->test, NULL, at, n, &x, &y);
+        if (e->rc == 0 && (e->rc = forward(x, false, &out)) == 0) {
+            int64_t c = nn_accuracy(out, y);
+            e->rc = c < 0 ? -1 : 0;
+            e->correct += c;
+        }
+        tensor_unref(out);
+        tensor_unref(x);
+        tensor_unref(y);
+    }
+    autograd_set_grad_enabled(prev);
+    if (e->rc < 0)
+        snprintf(e->error, sizeof e->error, "%s", error_last());
+    return NULL;
+}
+
 /*  Accuracy of the current weights on the first `limit` test images (0: all),
-    in evaluation mode. */
+    in evaluation mode, split over the cores: with several trainers the
+    layers run on one thread per pass, and the evaluation is one pass. */
 static int evaluate(int64_t limit, double *acc)
 {
     dataset_t *test = NULL;
@@ -346,21 +379,28 @@ static int evaluate(int64_t limit, double *acc)
     int64_t n = dataset_size(test), correct = 0;
     if (limit > 0 && limit < n)
         n = limit;
-    bool prev = autograd_set_grad_enabled(false);
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int parts = nn_get_num_threads() > 1 || cores < 2 ? 1 : cores > 8 ? 8 : (int)cores;
+    eval_part_t e[8];
+    pthread_t th[8];
+    bool started[8] = {false};
     int rc = 0;
-    for (int64_t start = 0; start < n && rc == 0; start += 1000) {
-        tensor_t *x, *y, *out = NULL;
-        rc = dataset_batch(test, NULL, start, n - start < 1000 ? n - start : 1000, &x, &y);
-        if (rc == 0 && (rc = forward(x, false, &out)) == 0) {
-            int64_t c = nn_accuracy(out, y);
-            rc = c < 0 ? -1 : 0;
-            correct += c;
-        }
-        tensor_unref(out);
-        tensor_unref(x);
-        tensor_unref(y);
+    for (int i = 0; i < parts; i++) {
+        e[i] = (eval_part_t){test, n * i / parts, n * (i + 1) / parts, 0, 0, ""};
+        if (i > 0)
+            started[i] = pthread_create(&th[i], NULL, evaluate_part, &e[i]) == 0;
+        if (i > 0 && !started[i])
+            evaluate_part(&e[i]);   /* no thread: do it here */
     }
-    autograd_set_grad_enabled(prev);
+    evaluate_part(&e[0]);
+    for (int i = 1; i < parts; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+    for (int i = 0; i < parts; i++) {
+        if (e[i].rc < 0 && rc == 0)
+            rc = error_set("%s", e[i].error);
+        correct += e[i].correct;
+    }
     dataset_free(test);
     *acc = n ? (double)correct / (double)n : 0;
     return rc;

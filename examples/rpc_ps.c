@@ -32,6 +32,7 @@ typedef struct {
     int64_t num_gpus, num_servers;
     const char *data_dir;
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
+    int64_t threads;
     double lr;
     bool no_dropout;
 } options_t;
@@ -274,6 +275,9 @@ int main(int argc, char **argv)
         {"check_interval", FLAG_INT, &o.check_interval,
          "fetch the server's gradients to check them every N batches (0: never)"},
         {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
+        {"threads", FLAG_INT, &o.threads,
+         "compute threads of this process (0: 1 for trainers and for servers of several "
+         "trainers, which run their passes side by side; else every core)"},
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
                          "The parameter-server tutorial: rank 0 serves, the others train.");
@@ -293,6 +297,14 @@ int main(int argc, char **argv)
     else
         snprintf(name, sizeof name, "trainer_%d", rank);
 
+    /* Trainers only compute losses; a server with several trainers runs
+       their passes at once, one thread each, which beats splitting every
+       pass over all cores while the passes wait for each other. */
+    int64_t threads = o.threads;
+    if (threads == 0 && (!server || o.world.world_size - o.num_servers >= 2))
+        threads = 1;
+    if (threads > 0 && nn_set_num_threads((int)threads) < 0)
+        goto fail;
     if (dist_autograd_init() < 0 || dist_optim_init() < 0)
         goto fail;
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,

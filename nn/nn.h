@@ -95,6 +95,16 @@ int nn_init_uniform(tensor_t *t, float lo, float hi, nn_rng_t *rng);
     non-NULL, bias uniform in the same bound. Weight is drawn first. */
 int nn_init_default(tensor_t *weight, tensor_t *bias, nn_rng_t *rng);
 
+/*  ---- threads (PyTorch's torch.set_num_threads) ---- */
+
+/*  How many threads the layers of this process use (default: the cores, or
+    OPENBLAS_NUM_THREADS). Several processes sharing a machine, or a server
+    running several trainers' passes at once, do better with 1: no thread
+    then spins waiting for another. Must be called before the first layer
+    runs; returns 0, or -1 afterwards (naming the number in use). */
+int nn_set_num_threads(int n);
+int nn_get_num_threads(void);
+
 /*  ---- the process set-up ----
     Linking this library also keeps large freed blocks in glibc's heap
     instead of returning them to the system after each training step (see

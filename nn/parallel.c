@@ -136,6 +136,26 @@ static void ensure_pool(void)
     pthread_mutex_unlock(&init_lock);
 }
 
+int nn_set_num_threads(int n)
+{
+    if (n < 1 || n > NN_MAX_THREADS)
+        return error_set("nn_set_num_threads: %d threads (1 to %d)", n, NN_MAX_THREADS);
+    pthread_mutex_lock(&init_lock);
+    int rc = 0;
+    if (atomic_load(&pool.ready) && pool.n != n)
+        rc = error_set("nn_set_num_threads: the layers already run on %d threads; set the "
+                       "number before the first layer runs", pool.n);
+    else
+        openblas_set_num_threads(n);   /* pool_init sizes the pool from it */
+    pthread_mutex_unlock(&init_lock);
+    return rc;
+}
+
+int nn_get_num_threads(void)
+{
+    return atomic_load(&pool.ready) ? pool.n : openblas_get_num_threads();
+}
+
 int nn_parallel_chunks(void)
 {
     ensure_pool();
