@@ -64,6 +64,19 @@ int dist_autograd_context_begin(int64_t *context_id);
     did not confirm (the local context is freed regardless). */
 int dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
 
+/*  Ends a context without waiting for the other processes to confirm: the
+    release goes out at once (here the context is freed at once), and is
+    waited for later — by dist_autograd_wait_releases, or by this function
+    itself when 16 releases are already in flight, so that contexts never
+    pile up on the peers (PyTorch's context exit does not wait at all).
+    Returns 0, or -1 when an older release that it had to wait for failed. */
+int dist_autograd_context_release(int64_t context_id);
+
+/*  Waits until every release started by dist_autograd_context_release has
+    been confirmed, up to timeout_ms each (< 0: the RPC default). Returns
+    0, or -1 with the first failure. */
+int dist_autograd_wait_releases(int64_t timeout_ms);
+
 /*  The calling thread's current context id, or -1. */
 int64_t dist_autograd_current_context(void);
 

@@ -104,7 +104,8 @@ static int train_batch(rpc_rref_t *ps, dist_optim_t *opt, tensor_t *x, tensor_t 
     rpc_value_unref(grads);
     tensor_unref(loss);
     tensor_unref(out);
-    if (dist_autograd_context_end(cid, -1) < 0 && rc == 0)
+    /* The peers free the context while the next batch starts. */
+    if (dist_autograd_context_release(cid) < 0 && rc == 0)
         rc = -1;
     return rc;
 }
@@ -190,6 +191,8 @@ static int run_trainer(const options_t *o)
         }
     }
     t1 = now_s();
+    if (dist_autograd_wait_releases(-1) < 0)
+        goto out;
     if (call_none(ps, "ps_trainer_finished", rpc_args("i", done * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
