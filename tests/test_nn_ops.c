@@ -524,6 +524,24 @@ static void test_rng(void **state)
     assert_true(nn_rng_u64(&a) != nn_rng_u64(&b));
 }
 
+/*  The thread count is set before the first layer runs, and only then. */
+static void test_num_threads(void **state)
+{
+    (void)state;
+    assert_int_equal(nn_set_num_threads(0), -1);
+    assert_int_equal(nn_set_num_threads(1000), -1);
+    tensor_t *x = tensor_zeros4(4, 1, 8, 8), *w = tensor_zeros4(2, 1, 3, 3), *y = NULL;
+    assert_int_equal(nn_conv2d(x, w, NULL, 1, 0, &y), 0);   /* the layers now run */
+    int n = nn_get_num_threads();
+    assert_true(n >= 1);
+    assert_int_equal(nn_set_num_threads(n), 0);              /* no change: fine */
+    assert_int_equal(nn_set_num_threads(n == 1 ? 2 : 1), -1);
+    assert_non_null(strstr(error_last(), "already run"));
+    tensor_unref(y);
+    tensor_unref(x);
+    tensor_unref(w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -542,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_linear_without_features),
         cmocka_unit_test(test_argmax_accuracy),
         cmocka_unit_test(test_rng),
+        cmocka_unit_test(test_num_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
