@@ -32,7 +32,7 @@ typedef struct {
     int64_t num_gpus, num_servers;
     const char *data_dir;
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
-    int64_t threads;
+    int64_t threads, init_timeout_s;
     double lr;
     bool no_dropout;
 } options_t;
@@ -261,7 +261,8 @@ int main(int argc, char **argv)
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
-                   .epochs = 1, .seed = 1, .log_interval = 5, .check_interval = 5, .lr = 0.03};
+                   .epochs = 1, .seed = 1, .log_interval = 5, .check_interval = 5, .lr = 0.03,
+                   .init_timeout_s = 60};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
@@ -278,6 +279,8 @@ int main(int argc, char **argv)
         {"check_interval", FLAG_INT, &o.check_interval,
          "fetch the server's gradients to check them every N batches (0: never)"},
         {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
+        {"init_timeout_s", FLAG_INT, &o.init_timeout_s,
+         "give up when the world has not gathered after this long"},
         {"threads", FLAG_INT, &o.threads,
          "compute threads of this process (0: 1 for trainers and for servers of several "
          "trainers, which run their passes side by side; else every core)"},
@@ -316,6 +319,9 @@ int main(int argc, char **argv)
     rpc_options_t ro = rpc_options_default();
     ro.master_addr = o.world.master_addr;
     ro.master_port = (int)o.world.master_port;
+    ro.init_timeout_ms = o.init_timeout_s * 1000;
+    printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o.world.world_size,
+           o.world.master_addr, (long long)o.world.master_port);
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
