@@ -9,5 +9,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/install_deps.sh
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release > /dev/null
-cmake --build build -j "$(nproc)" --target launch rpc_ps
+cmake --build build -j "$(nproc)"
 exec build/tools/launch --nproc=4 -- build/examples/rpc_ps "$@"
