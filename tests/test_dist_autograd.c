@@ -21,6 +21,7 @@
 #include "nn/model.h"
 #include "nn/nn.h"
 #include "rpc/rpc.h"
+#include "tests/support/dist_fixtures.h"
 #include "tests/support/world.h"
 #include "tools/golden_manifest.h"
 
@@ -59,12 +60,7 @@ static int close_to(const float *a, const float *b, int n, float tol)
 static rpc_value_t *fn_mul_w(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    tensor_t *x, *y;
-    if (rpc_arg_tensor(args, 0, &x) < 0 || tensor_mul(x, w_param, &y) < 0)
-        return NULL;
-    rpc_value_t *v = rpc_value_tensor(y);
-    tensor_unref(y);
-    return v;
+    return dist_mul_by(args, w_param);
 }
 
 /*  pair(a, b) = a * w + b * w */

@@ -16,6 +16,7 @@
 #include "autograd/error.h"
 #include "optim/dist_optim.h"
 #include "rpc/rpc.h"
+#include "tests/support/dist_fixtures.h"
 #include "tests/support/world.h"
 
 #define N 4
@@ -28,12 +29,7 @@ static float w0(int rank, int i) { return (float)rank + 1.0f + 0.5f * (float)i; 
 static rpc_value_t *fn_mul_w(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    tensor_t *x, *y;
-    if (rpc_arg_tensor(args, 0, &x) < 0 || tensor_mul(x, w_param, &y) < 0)
-        return NULL;
-    rpc_value_t *v = rpc_value_tensor(y);
-    tensor_unref(y);
-    return v;
+    return dist_mul_by(args, w_param);
 }
 
 /*  [RRef(w)], as the tutorial's get_param_rrefs. */

@@ -12,24 +12,6 @@
 
 /* ---- handlers served by every process ---- */
 
-static rpc_value_t *h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)arg;
-    int64_t a, b;
-    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
-        return NULL;
-    return rpc_value_int(a + b);
-}
-
-static rpc_value_t *h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)arg;
-    rpc_value_t *v = rpc_list_get(args, 0);
-    return v ? rpc_value_ref(v) : rpc_value_none();
-}
-
 static rpc_value_t *h_divide(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call;
@@ -116,10 +98,12 @@ static rpc_value_t *h_n_held(rpc_call_t *call, rpc_value_t *args, void *arg)
 
 static int register_all(void)
 {
-    if (rpc_register("add", h_add, NULL) < 0 || rpc_register("echo", h_echo, NULL) < 0 ||
-        rpc_register_inline("echo_inline", h_echo, NULL) < 0 ||
-        rpc_register("divide", h_divide, NULL) < 0 || rpc_register("whoami", h_whoami, NULL) < 0 ||
-        rpc_register("double", h_double, NULL) < 0 || rpc_register_async("hold", h_hold, NULL) < 0 ||
+    if (rpc_register("add", world_h_add, NULL) < 0 ||
+        rpc_register("echo", world_h_echo, NULL) < 0 ||
+        rpc_register_inline("echo_inline", world_h_echo, NULL) < 0 ||
+        rpc_register("divide", h_divide, NULL) < 0 ||
+        rpc_register("whoami", h_whoami, NULL) < 0 || rpc_register("double", h_double, NULL) < 0 ||
+        rpc_register_async("hold", h_hold, NULL) < 0 ||
         rpc_register_inline("release", h_release, NULL) < 0 ||
         rpc_register_inline("n_held", h_n_held, NULL) < 0)
         return -1;

@@ -172,42 +172,8 @@ static rpc_value_t *h_nested_ctx(rpc_call_t *call, rpc_value_t *args, void *arg)
     return r;
 }
 
-static _Atomic(rpc_future_t *) held;
-
-static rpc_future_t *h_ctx_later(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = rpc_future_new();
-    atomic_store(&held, rpc_future_ref(f));
-    return f;
-}
-
-/* 1 when it released a held call, 0 when none has arrived yet. */
-static rpc_value_t *h_release(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = atomic_exchange(&held, NULL);
-    if (!f)
-        return rpc_value_int(0);
-    rpc_value_t *v = rpc_value_int(5);
-    rpc_future_set_value(f, v);
-    rpc_value_unref(v);
-    rpc_future_unref(f);
-    return rpc_value_int(1);
-}
-
-static rpc_value_t *h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    error_set("failing on purpose");
-    return NULL;
-}
+/* "ctx_later" answers 5 when "release" comes. */
+static world_hold_t later = {.answer = 5};
 
 static rpc_value_t *h_events(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
@@ -233,16 +199,6 @@ static int64_t remote_events(int rank, int kind, int what)
     return n;
 }
 
-static int64_t call_int(int to, const char *fn)
-{
-    rpc_value_t *r = NULL;
-    int64_t v = -1;
-    if (rpc_sync(to, fn, NULL, -1, &r) == 0)
-        rpc_value_get_int(r, &v);
-    rpc_value_unref(r);
-    return v;
-}
-
 static int world_hooks(int rank, int world, int port, void *arg)
 {
     (void)arg;
@@ -250,28 +206,28 @@ static int world_hooks(int rank, int world, int port, void *arg)
     WCHECK(rpc_register("ctx", h_ctx, NULL) == 0);
     WCHECK(rpc_register_inline("ctx_inline", h_ctx, NULL) == 0);
     WCHECK(rpc_register("nested_ctx", h_nested_ctx, NULL) == 0);
-    WCHECK(rpc_register_async("ctx_later", h_ctx_later, NULL) == 0);
-    WCHECK(rpc_register_inline("release", h_release, NULL) == 0);
-    WCHECK(rpc_register("fail", h_fail, NULL) == 0);
+    WCHECK(rpc_register_async("ctx_later", world_h_hold, &later) == 0);
+    WCHECK(rpc_register_inline("release", world_h_release, &later) == 0);
+    WCHECK(rpc_register("fail", world_h_fail, "failing on purpose") == 0);
     WCHECK(rpc_register_inline("events", h_events, NULL) == 0);
     rpc_options_t o = world_options(port);
     WCHECK(rpc_init(NULL, rank, world, &o) == 0);
     WCHECK(rpc_set_hooks(NULL) == -1);   /* not while running */
     if (rank == 0) {
         /* No context: nothing extra travels, results are untouched. */
-        WCHECK(call_int(1, "ctx") == 0);
+        WCHECK(world_call_int(1, "ctx") == 0);
         /* A context: the handler sees it, the reply brings it back (the
            fake marks the result with +1000000). */
         current_ctx = 77;
-        WCHECK(call_int(1, "ctx") == 1000077);
-        WCHECK(call_int(1, "ctx_inline") == 1000077);
+        WCHECK(world_call_int(1, "ctx") == 1000077);
+        WCHECK(world_call_int(1, "ctx_inline") == 1000077);
         /* Nested: 1 runs nested_ctx, calls 2's ctx under the same context;
            both replies are marked on their way back. */
-        WCHECK(call_int(1, "nested_ctx") == 2000077);
+        WCHECK(world_call_int(1, "nested_ctx") == 2000077);
         /* An async handler's reply, sent by another thread, still has it. */
         rpc_future_t *f = rpc_async(1, "ctx_later", NULL, -1);
         current_ctx = 0;
-        while (call_int(1, "release") == 0) {   /* until the held call has arrived */
+        while (world_call_int(1, "release") == 0) {   /* until the held call has arrived */
         }
         current_ctx = 77;
         WCHECK(rpc_wait(f, 10000) == 0);

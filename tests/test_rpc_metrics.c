@@ -4,51 +4,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-#include <stdatomic.h>
 
 #include "test_rpc_world.h"
 
-static rpc_value_t *h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)arg;
-    rpc_value_t *v = rpc_list_get(args, 0);
-    return v ? rpc_value_ref(v) : rpc_value_none();
-}
-
-static rpc_value_t *h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    error_set("failing");
-    return NULL;
-}
-
-static _Atomic(rpc_future_t *) held;
-
-static rpc_future_t *h_hold(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = rpc_future_new();
-    atomic_store(&held, rpc_future_ref(f));
-    return f;
-}
-
-static rpc_value_t *h_release(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = atomic_exchange(&held, NULL);
-    if (!f)
-        return rpc_value_int(0);
-    rpc_future_set_value(f, NULL);
-    rpc_future_unref(f);
-    return rpc_value_int(1);
-}
+/* "hold" answers nothing until "release". */
+static world_hold_t held = {.answer_none = true};
 
 static rpc_value_t *h_metrics_of(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
@@ -67,10 +27,10 @@ static rpc_value_t *h_metrics_of(rpc_call_t *call, rpc_value_t *args, void *arg)
 static int world_metrics(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_register("echo", h_echo, NULL) == 0);
-    WCHECK(rpc_register("fail", h_fail, NULL) == 0);
-    WCHECK(rpc_register_async("hold", h_hold, NULL) == 0);
-    WCHECK(rpc_register_inline("release", h_release, NULL) == 0);
+    WCHECK(rpc_register("echo", world_h_echo, NULL) == 0);
+    WCHECK(rpc_register("fail", world_h_fail, "failing") == 0);
+    WCHECK(rpc_register_async("hold", world_h_hold, &held) == 0);
+    WCHECK(rpc_register_inline("release", world_h_release, &held) == 0);
     WCHECK(rpc_register_inline("metrics_of", h_metrics_of, NULL) == 0);
     rpc_options_t o = world_options(port);
     WCHECK(rpc_init(NULL, rank, world, &o) == 0);

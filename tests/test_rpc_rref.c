@@ -176,14 +176,6 @@ static rpc_value_t *h_make_rref(rpc_call_t *call, rpc_value_t *args, void *arg)
     return out;
 }
 
-static rpc_value_t *h_owner_count(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    return rpc_value_int(rpc_debug_owner_rrefs());
-}
-
 static rpc_value_t *h_drain(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call;
@@ -194,42 +186,8 @@ static rpc_value_t *h_drain(rpc_call_t *call, rpc_value_t *args, void *arg)
     return rpc_value_none();
 }
 
-static rpc_value_t *h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    error_set("no value for you");
-    return NULL;
-}
-
-/* Completes only on "release_slow". */
-static _Atomic(rpc_future_t *) slow;
-
-static rpc_future_t *h_slow(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = rpc_future_new();
-    atomic_store(&slow, rpc_future_ref(f));
-    return f;
-}
-
-static rpc_value_t *h_release_slow(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = atomic_exchange(&slow, NULL);
-    if (!f)
-        return rpc_value_int(0);
-    rpc_value_t *v = rpc_value_int(99);
-    rpc_future_set_value(f, v);
-    rpc_value_unref(v);
-    rpc_future_unref(f);
-    return rpc_value_int(1);
-}
+/* "slow" answers 99 only on "release_slow". */
+static world_hold_t slow = {.answer = 99};
 
 static int start(int rank, int world, int port)
 {
@@ -241,26 +199,17 @@ static int start(int rank, int world, int port)
         rpc_register("drop_kept", h_drop_kept, NULL) < 0 ||
         rpc_register("forward_keep", h_forward_keep, NULL) < 0 ||
         rpc_register("make_rref", h_make_rref, NULL) < 0 ||
-        rpc_register_inline("owner_count", h_owner_count, NULL) < 0 ||
-        rpc_register("drain", h_drain, NULL) < 0 || rpc_register("fail", h_fail, NULL) < 0 ||
-        rpc_register_async("slow", h_slow, NULL) < 0 ||
-        rpc_register_inline("release_slow", h_release_slow, NULL) < 0)
+        rpc_register_inline("owner_count", world_h_owner_count, NULL) < 0 ||
+        rpc_register("drain", h_drain, NULL) < 0 ||
+        rpc_register("fail", world_h_fail, "no value for you") < 0 ||
+        rpc_register_async("slow", world_h_hold, &slow) < 0 ||
+        rpc_register_inline("release_slow", world_h_release, &slow) < 0)
         return -1;
     rpc_options_t o = world_options(port);
     return rpc_init(NULL, rank, world, &o);
 }
 
 /* ---- helpers on the driving process ---- */
-
-static int64_t call_int(int to, const char *fn)
-{
-    rpc_value_t *r = NULL;
-    int64_t v = -1;
-    if (rpc_sync(to, fn, NULL, -1, &r) == 0)
-        rpc_value_get_int(r, &v);
-    rpc_value_unref(r);
-    return v;
-}
 
 static double call_float(int to, const char *fn, rpc_value_t *args)
 {
@@ -354,7 +303,7 @@ static int world_basics(int rank, int world, int port, void *arg)
         rpc_rref_unref(r2);
         WCHECK(drain_all(world) == 0);
         for (int w = 0; w < world; w++)
-            WCHECK(call_int(w, "owner_count") == 0);
+            WCHECK(world_call_int(w, "owner_count") == 0);
     }
     WCHECK(rpc_shutdown(true, 10000) == 0);
     return 0;
@@ -370,7 +319,7 @@ static void test_remote_to_here_and_methods(void **state)
 
 static int64_t count_on(int owner)
 {
-    return call_int(owner, "owner_count");
+    return world_call_int(owner, "owner_count");
 }
 
 static int world_refcount(int rank, int world, int port, void *arg)
@@ -400,7 +349,7 @@ static int world_refcount(int rank, int world, int port, void *arg)
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
         /* never earlier: the keeper can still use it */
-        WCHECK(call_int(2, "drop_kept") == 1);
+        WCHECK(world_call_int(2, "drop_kept") == 1);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 0);
 
@@ -431,7 +380,7 @@ static int world_refcount(int rank, int world, int port, void *arg)
         rpc_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
-        WCHECK(call_int(3, "drop_kept") == 1);
+        WCHECK(world_call_int(3, "drop_kept") == 1);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 0);
 
@@ -448,7 +397,7 @@ static int world_refcount(int rank, int world, int port, void *arg)
         rpc_value_unref(res);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
-        WCHECK(call_int(owner, "drop_kept") == 1);
+        WCHECK(world_call_int(owner, "drop_kept") == 1);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 0);
 
@@ -465,12 +414,12 @@ static int world_refcount(int rank, int world, int port, void *arg)
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
         for (int w = 0; w < world; w++) {
-            WCHECK(call_int(w, "drop_kept") == 3);
+            WCHECK(world_call_int(w, "drop_kept") == 3);
             WCHECK(drain_all(world) == 0);
             WCHECK(count_on(owner) == (w + 1 < world ? 1 : 0));
         }
         for (int w = 0; w < world; w++)
-            WCHECK(call_int(w, "owner_count") == 0);
+            WCHECK(world_call_int(w, "owner_count") == 0);
     }
     WCHECK(rpc_shutdown(true, 10000) == 0);
     return 0;
@@ -506,7 +455,7 @@ static int world_rref_errors(int rank, int world, int port, void *arg)
         r = rpc_remote(1, "slow", NULL, -1);
         WCHECK(rpc_rref_to_here(r, 200, &v) == -1);
         WCHECK(strstr(error_last(), "timed out after 200 ms") != NULL);
-        while (call_int(1, "release_slow") == 0) {
+        while (world_call_int(1, "release_slow") == 0) {
         }
         WCHECK(rpc_rref_to_here(r, -1, &v) == 0);
         int64_t i;
@@ -522,21 +471,21 @@ static int world_rref_errors(int rank, int world, int port, void *arg)
         WCHECK(rpc_rref_to_here(r, -1, &v) == -1);
         WCHECK(strstr(error_last(), "RRef creation via rpc_remote() failed") != NULL);
         WCHECK(strstr(error_last(), "timed out after 200 ms") != NULL);
-        while (call_int(1, "release_slow") == 0) {
+        while (world_call_int(1, "release_slow") == 0) {
         }
         WCHECK(rpc_wait(done, 10000) == -1);   /* the method ran on the late value */
         WCHECK(strstr(rpc_future_error(done), "argument 0: expected tensor, got int") != NULL);
         rpc_future_unref(done);
         rpc_rref_unref(r);
         WCHECK(drain_all(world) == 0);
-        WCHECK(call_int(1, "owner_count") == 0);
+        WCHECK(world_call_int(1, "owner_count") == 0);
         /* Methods on a failed value fail. */
         r = rpc_remote(1, "fail", NULL, -1);
         WCHECK(rpc_rref_rpc_sync(r, "sum", NULL, -1, &v) == -1);
         WCHECK(strstr(error_last(), "no value for you") != NULL);
         rpc_rref_unref(r);
         WCHECK(drain_all(world) == 0);
-        WCHECK(call_int(1, "owner_count") == 0);
+        WCHECK(world_call_int(1, "owner_count") == 0);
     }
     WCHECK(rpc_shutdown(true, 10000) == 0);
     return 0;

@@ -12,16 +12,6 @@
 #include "autograd/autograd.h"
 #include "test_rpc_world.h"
 
-static rpc_value_t *h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)arg;
-    int64_t a, b;
-    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
-        return NULL;
-    return rpc_value_int(a + b);
-}
-
 static rpc_value_t *h_make(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call;
@@ -30,47 +20,15 @@ static rpc_value_t *h_make(rpc_call_t *call, rpc_value_t *args, void *arg)
     return rpc_value_int(42);
 }
 
-/* "slow" answers when "release_slow" comes (or "held" says it is here). */
-static _Atomic(rpc_future_t *) slow;
-static rpc_future_t *arrived;
-
-static rpc_future_t *h_slow(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    rpc_future_t *f = rpc_future_new();
-    atomic_store(&slow, rpc_future_ref(f));
-    rpc_future_set_value(arrived, NULL);
-    return f;
-}
-
-static int release_slow_now(void)
-{
-    rpc_future_t *f = atomic_exchange(&slow, NULL);
-    if (!f)
-        return 0;
-    rpc_value_t *v = rpc_value_int(99);
-    rpc_future_set_value(f, v);
-    rpc_value_unref(v);
-    rpc_future_unref(f);
-    return 1;
-}
-
-static rpc_value_t *h_release_slow(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    return rpc_value_int(release_slow_now());
-}
+/* "slow" answers 99 when "release_slow" comes; slow.arrived says it is here. */
+static world_hold_t slow = {.answer = 99};
 
 static rpc_value_t *h_has_arrived(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(rpc_future_done(arrived));
+    return rpc_value_int(rpc_future_done(slow.arrived));
 }
 
 /* Entering shutdown: rank 0 counts the others. */
@@ -103,12 +61,12 @@ static rpc_value_t *h_keep(rpc_call_t *call, rpc_value_t *args, void *arg)
 
 static int start(int rank, int world, int port)
 {
-    arrived = rpc_future_new();
+    slow.arrived = rpc_future_new();
     all_entered = rpc_future_new();
     expected_entries = world - 1;
-    if (rpc_register("add", h_add, NULL) < 0 || rpc_register("make", h_make, NULL) < 0 ||
-        rpc_register_async("slow", h_slow, NULL) < 0 ||
-        rpc_register_inline("release_slow", h_release_slow, NULL) < 0 ||
+    if (rpc_register("add", world_h_add, NULL) < 0 || rpc_register("make", h_make, NULL) < 0 ||
+        rpc_register_async("slow", world_h_hold, &slow) < 0 ||
+        rpc_register_inline("release_slow", world_h_release, &slow) < 0 ||
         rpc_register_inline("entering", h_entering, NULL) < 0 ||
         rpc_register_inline("has_arrived", h_has_arrived, NULL) < 0 ||
         rpc_register("keep", h_keep, NULL) < 0)
@@ -119,8 +77,8 @@ static int start(int rank, int world, int port)
 
 static void finish(void)
 {
-    release_slow_now();
-    rpc_future_unref(arrived);
+    world_hold_release(&slow);
+    rpc_future_unref(slow.arrived);
     rpc_future_unref(all_entered);
 }
 
@@ -212,7 +170,7 @@ static int world_abrupt(int rank, int world, int port, void *arg)
     WCHECK(start(rank, world, port) == 0);
     if (rank == 1) {
         /* Serves until rank 0 is gone, then stops too. */
-        WCHECK(rpc_wait(arrived, 10000) == 0);
+        WCHECK(rpc_wait(slow.arrived, 10000) == 0);
         rpc_value_t *r;
         int rc = rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
         WCHECK(rc == -1 && (strstr(error_last(), "unreachable") ||
@@ -233,7 +191,7 @@ static int world_abrupt(int rank, int world, int port, void *arg)
     }
     /* Rank 1 calls us only once its init is over: a non-graceful stop
        drops what the network has not delivered yet, its init's answer too. */
-    WCHECK(rpc_wait(arrived, 10000) == 0);
+    WCHECK(rpc_wait(slow.arrived, 10000) == 0);
     rpc_future_t *f = rpc_async(1, "add", NULL, -1);
     int64_t t0 = world_now_ms();
     WCHECK(rpc_shutdown(false, 0) == 0);
@@ -267,7 +225,7 @@ static int world_missing(int rank, int world, int port, void *arg)
         finish();
         return 0;
     }
-    WCHECK(rpc_wait(arrived, 10000) == 0);
+    WCHECK(rpc_wait(slow.arrived, 10000) == 0);
     int64_t t0 = world_now_ms();
     WCHECK(rpc_shutdown(true, 500) == -1);
     int64_t took = world_now_ms() - t0;

@@ -164,24 +164,6 @@ static void test_routing_ids(void **state)
 
 /* ---- malformed messages to a live agent ---- */
 
-static rpc_value_t *h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)arg;
-    int64_t a, b;
-    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
-        return NULL;
-    return rpc_value_int(a + b);
-}
-
-static rpc_value_t *h_owner_count(rpc_call_t *call, rpc_value_t *args, void *arg)
-{
-    (void)call;
-    (void)args;
-    (void)arg;
-    return rpc_value_int(rpc_debug_owner_rrefs());
-}
-
 typedef struct {
     void *sock;
     uint64_t next_id;
@@ -255,8 +237,8 @@ static rpc_wire_header_t call_to_1(raw_t *r, const char *fn, const uint8_t *meta
 static int world_garbage(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_register("add", h_add, NULL) == 0);
-    WCHECK(rpc_register_inline("owner_count", h_owner_count, NULL) == 0);
+    WCHECK(rpc_register("add", world_h_add, NULL) == 0);
+    WCHECK(rpc_register_inline("owner_count", world_h_owner_count, NULL) == 0);
     rpc_options_t o = world_options(port);
     WCHECK(rpc_init(NULL, rank, world, &o) == 0);
     if (rank == 0) {

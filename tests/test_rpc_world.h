@@ -6,7 +6,10 @@
     a deadline and kills the rest when it passes: no test can hang. cmocka
     asserts must not be used in children (they would jump back into the
     parent's test runner inside the child): use WCHECK, which prints and
-    makes fn return 1. */
+    makes fn return 1.
+
+    It also holds the handlers and helpers several RPC tests serve alike
+    (world_h_*, world_hold_t, world_call_int). */
 #ifndef ZDIST_TEST_RPC_WORLD_H
 #define ZDIST_TEST_RPC_WORLD_H
 
@@ -14,6 +17,9 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -138,6 +144,99 @@ static inline int run_world_status(int world, int timeout_s, world_fn *fn, void 
 static inline int run_world(int world, int timeout_s, world_fn *fn, void *arg)
 {
     return run_world_status(world, timeout_s, fn, arg, NULL);
+}
+
+/* ---- handlers several tests serve ---- */
+
+/* add(a, b) = a + b on ints. */
+static inline rpc_value_t *world_h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t a, b;
+    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
+        return NULL;
+    return rpc_value_int(a + b);
+}
+
+/* echo(v) = v (None without arguments). */
+static inline rpc_value_t *world_h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    rpc_value_t *v = rpc_list_get(args, 0);
+    return v ? rpc_value_ref(v) : rpc_value_none();
+}
+
+/* Fails with the message registered as arg (a const char *). */
+static inline rpc_value_t *world_h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    error_set("%s", (const char *)arg);
+    return NULL;
+}
+
+/* How many values this process owns for RRefs. */
+static inline rpc_value_t *world_h_owner_count(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    return rpc_value_int(rpc_debug_owner_rrefs());
+}
+
+/* A call held until it is released, so that a test keeps a call in flight
+   without sleeping: register world_h_hold (async) and world_h_release, both
+   with a pointer to the same world_hold_t as arg. */
+typedef struct {
+    _Atomic(rpc_future_t *) call;   /* the call held, NULL when none */
+    int64_t answer;                 /* what the held call answers, */
+    bool answer_none;               /* or no value at all when set */
+    rpc_future_t *arrived;          /* when not NULL, completed as a call is held */
+} world_hold_t;
+
+static inline rpc_future_t *world_h_hold(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    world_hold_t *h = arg;
+    rpc_future_t *f = rpc_future_new();
+    atomic_store(&h->call, rpc_future_ref(f));
+    if (h->arrived)
+        rpc_future_set_value(h->arrived, NULL);
+    return f;
+}
+
+/* Answers the held call: 1 when there was one, 0 when none has arrived yet. */
+static inline int world_hold_release(world_hold_t *h)
+{
+    rpc_future_t *f = atomic_exchange(&h->call, NULL);
+    if (!f)
+        return 0;
+    rpc_value_t *v = h->answer_none ? NULL : rpc_value_int(h->answer);
+    rpc_future_set_value(f, v);
+    rpc_value_unref(v);
+    rpc_future_unref(f);
+    return 1;
+}
+
+static inline rpc_value_t *world_h_release(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    return rpc_value_int(world_hold_release(arg));
+}
+
+/* The int fn answers on rank `to` without arguments, or -1 when the call fails. */
+static inline int64_t world_call_int(int to, const char *fn)
+{
+    rpc_value_t *r = NULL;
+    int64_t v = -1;
+    if (rpc_sync(to, fn, NULL, -1, &r) == 0)
+        rpc_value_get_int(r, &v);
+    rpc_value_unref(r);
+    return v;
 }
 
 #endif
