@@ -71,6 +71,14 @@ typedef struct {
 int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs,
                       tensor_t *const *inputs, int n_outputs, autograd_node_t **out);
 
+/*  The common case in one call: a node of ops over the n_in inputs with
+    one output y, keeping the non-NULL saved[0..n_saved) in slots 0.. and
+    taking ownership of ctx (malloc'ed; freed by ops->release later, or
+    here at once when nothing is recorded). Returns 0 (recorded or not
+    needed), or -1 out of memory, after freeing ctx and dropping y. */
+int autograd_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
+                    tensor_t *const *saved, int n_saved, void *ctx);
+
 autograd_node_t *autograd_node_ref(autograd_node_t *n);
 void autograd_node_unref(autograd_node_t *n);
 

@@ -69,6 +69,29 @@ int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *co
     return 0;
 }
 
+int autograd_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
+                    tensor_t *const *saved, int n_saved, void *ctx)
+{
+    autograd_node_t *n;
+    if (autograd_node_new(ops, n_in, in, 1, &n) < 0) {
+        free(ctx);
+        tensor_unref(y);
+        return -1;
+    }
+    if (!n) {
+        free(ctx);
+        return 0;
+    }
+    for (int i = 0; i < n_saved; i++)
+        if (saved[i])
+            autograd_node_save(n, i, saved[i]);
+    if (ctx)
+        autograd_node_set_ctx(n, ctx);
+    autograd_node_set_output(n, y);
+    autograd_node_unref(n);
+    return 0;
+}
+
 autograd_node_t *autograd_node_ref(autograd_node_t *n)
 {
     if (n)
@@ -140,9 +163,8 @@ void autograd_node_save(autograd_node_t *n, int i, tensor_t *t)
     /* An op that saves its own output (exp, relu) would make the output own
        the node and the node own the output: keep a view without history
        instead, sharing the data, so the cycle never forms. */
-    if (t && t->grad_fn == n)
-        n->saved[i] = tensor_detach(t);
-    else
+    n->saved[i] = t && t->grad_fn == n ? tensor_detach(t) : NULL;
+    if (!n->saved[i])   /* not the output, or out of memory: keep t itself */
         n->saved[i] = tensor_ref(t);
     n->has_state = true;
 }
@@ -168,8 +190,10 @@ void autograd_node_set_output(autograd_node_t *n, tensor_t *out)
                sizeof(int64_t) * (size_t)out->ndim);
     }
     for (int k = 0; k < AUTOGRAD_MAX_SAVED; k++) {
-        if (n->saved[k] == out) {   /* saved before it became the output: no cycle */
-            n->saved[k] = tensor_detach(out);
+        tensor_t *view;
+        if (n->saved[k] == out && (view = tensor_detach(out))) {
+            /* saved before it became the output: no cycle */
+            n->saved[k] = view;
             tensor_unref(out);
         }
     }

@@ -25,30 +25,12 @@ static int check_same(const char *op, const tensor_t *a, const tensor_t *b)
     return 0;
 }
 
-/*  Records node ops over inputs for output y, saving up to two tensors.
-    On failure frees y. */
+/*  autograd_record with up to two saved tensors. */
 static int record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
                   tensor_t *save0, tensor_t *save1, void *ctx)
 {
-    autograd_node_t *n;
-    if (autograd_node_new(ops, n_in, in, 1, &n) < 0) {
-        free(ctx);
-        tensor_unref(y);
-        return -1;
-    }
-    if (!n) {
-        free(ctx);
-        return 0;
-    }
-    if (save0)
-        autograd_node_save(n, 0, save0);
-    if (save1)
-        autograd_node_save(n, 1, save1);
-    if (ctx)
-        autograd_node_set_ctx(n, ctx);
-    autograd_node_set_output(n, y);
-    autograd_node_unref(n);
-    return 0;
+    tensor_t *saved[2] = {save0, save1};
+    return autograd_record(ops, n_in, in, y, saved, 2, ctx);
 }
 
 static void free_ctx(autograd_node_t *n)

@@ -177,47 +177,9 @@ void nn_free_ctx(autograd_node_t *n)
     free(autograd_node_ctx(n));
 }
 
-int nn_save(autograd_node_t *n, int slot, tensor_t *t, tensor_t *output)
-{
-    if (t != output) {
-        autograd_node_save(n, slot, t);
-        return 0;
-    }
-    /* The output will own the node (its grad_fn): keeping the output itself
-       in the node would make a reference cycle that a graph dropped without
-       a backward pass never frees. A detached view shares its storage only. */
-    tensor_t *view = tensor_detach(t);
-    if (!view)
-        return -1;
-    autograd_node_save(n, slot, view);
-    tensor_unref(view);
-    return 0;
-}
-
 int nn_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
               tensor_t *s0, tensor_t *s1, tensor_t *s2, void *ctx)
 {
-    autograd_node_t *n;
-    if (autograd_node_new(ops, n_in, in, 1, &n) < 0) {
-        free(ctx);
-        tensor_unref(y);
-        return -1;
-    }
-    if (!n) {
-        free(ctx);
-        return 0;
-    }
     tensor_t *saved[3] = {s0, s1, s2};
-    for (int i = 0; i < 3; i++)
-        if (saved[i] && nn_save(n, i, saved[i], y) < 0) {
-            autograd_node_unref(n);
-            free(ctx);
-            tensor_unref(y);
-            return -1;
-        }
-    if (ctx)
-        autograd_node_set_ctx(n, ctx);
-    autograd_node_set_output(n, y);
-    autograd_node_unref(n);
-    return 0;
+    return autograd_record(ops, n_in, in, y, saved, 3, ctx);
 }

@@ -380,11 +380,8 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
         autograd_node_save(n, 0, x);
         autograd_node_save(n, 1, weight);
         autograd_node_set_ctx(n, ctx);
-        if (ctx->epi == EPI_RELU && nn_save(n, 2, y, y) < 0) {
-            autograd_node_unref(n);     /* frees ctx through conv_release */
-            tensor_unref(y);
-            return -1;
-        }
+        if (ctx->epi == EPI_RELU)
+            autograd_node_save(n, 2, y);   /* the output: kept as a view, no cycle */
         autograd_node_set_output(n, y);
         autograd_node_unref(n);
     } else {

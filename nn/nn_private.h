@@ -15,17 +15,10 @@ int nn_check_f32(const char *what, const tensor_t *t);
 /*  Fails unless t has exactly ndim dimensions. */
 int nn_check_ndim(const char *what, const tensor_t *t, int ndim);
 
-/*  Records a node with ops over inputs for output y, saving up to three
-    tensors with nn_save (NULL slots are skipped) and taking ownership of
-    ctx (freed by ops->release, or here when nothing is recorded or on
-    failure). On failure also drops y. */
+/*  autograd_record (autograd/function.h) with up to three saved tensors
+    (NULL slots are skipped); the op's own output may be one of them. */
 int nn_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
               tensor_t *s0, tensor_t *s1, tensor_t *s2, void *ctx);
-
-/*  autograd_node_save(n, slot, t), except that the op's own output is
-    saved as a detached view (saving the output itself would make the
-    output -> node -> output reference cycle). 0, or -1 out of memory. */
-int nn_save(autograd_node_t *n, int slot, tensor_t *t, tensor_t *output);
 
 /*  Release function for nodes whose ctx is one malloc'ed block. */
 void nn_free_ctx(autograd_node_t *n);
