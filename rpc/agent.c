@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <sched.h>
 #include <netdb.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 static _Atomic(agent_t *) g_agent;
 static atomic_int g_users;
 static atomic_uint g_gen;
+static _Atomic int64_t g_busy_poll_ns;
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 agent_t *agent_acquire(void)
@@ -70,6 +72,25 @@ int64_t agent_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t agent_busy_poll_ns(void)
+{
+    return atomic_load_explicit(&g_busy_poll_ns, memory_order_relaxed);
+}
+
+bool agent_busy_poll(bool (*done)(void *arg), void *arg)
+{
+    int64_t ns = agent_busy_poll_ns();
+    if (ns <= 0)
+        return done(arg);
+    int64_t end = agent_now_ns() + ns;
+    do {
+        if (done(arg))
+            return true;
+        sched_yield();
+    } while (agent_now_ns() < end);
+    return done(arg);
 }
 
 void agent_log(agent_t *a, const char *fmt, ...)
@@ -134,6 +155,7 @@ rpc_options_t rpc_options_default(void)
         .master_addr = NULL,
         .master_port = 0,
         .listen_addr = NULL,
+        .busy_poll_us = 100,
     };
     return o;
 }
@@ -260,6 +282,9 @@ static int init_params(const char *name, int rank, int world, const rpc_options_
         return error_set("rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
     if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
         return error_set("rpc_init: negative timeout");
+    if (p->o.busy_poll_us < 0 || p->o.busy_poll_us > 1000000)
+        return error_set("rpc_init: busy_poll_us %lld is not in [0, 1000000]",
+                         (long long)p->o.busy_poll_us);
     return 0;
 }
 
@@ -298,6 +323,7 @@ static agent_t *agent_new(const init_params_t *p)
     a->world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
+    a->busy_poll_ns = p->o.busy_poll_us * 1000;
     a->gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->wake_fd = -1;
     atomic_init(&a->next_id, 1);
@@ -524,6 +550,7 @@ static void publish_identity(agent_t *a)
         g_name[0] = 0;
     atomic_store(&g_rank, a ? a->rank : -1);
     atomic_store(&g_world, a ? a->world : -1);
+    atomic_store(&g_busy_poll_ns, a ? a->busy_poll_ns : 0);
 }
 
 int rpc_rank(void)

@@ -58,6 +58,7 @@ typedef struct agent {
     int rank, world;
     int64_t timeout_ms;             /* default call timeout, 0 = none */
     int n_threads;
+    int64_t busy_poll_ns;           /* see rpc_options_t.busy_poll_us */
     unsigned gen;                   /* distinguishes successive inits */
 
     void *ctx;                      /* ZeroMQ context */
@@ -117,6 +118,18 @@ uint64_t agent_new_id(agent_t *a);
 
 /*  Monotonic clock in ns. */
 int64_t agent_now_ns(void);
+
+/*  The running agent's busy-poll time in ns (0 when not running). */
+int64_t agent_busy_poll_ns(void);
+
+/*  Polls done(arg) for up to the busy-poll time, yielding the CPU between
+    looks; true once it holds. Waking a sleeping thread costs tens of
+    microseconds on a VM whose CPU has gone idle, more than most answers
+    take to arrive; a waiter that polls keeps its CPU awake, and yielding
+    lets the threads that carry the answer (ZeroMQ's I/O threads) run on
+    it at once. Measured: round trip 150 -> 85 us, and spinning without
+    yielding made it worse than sleeping (2 cores). */
+bool agent_busy_poll(bool (*done)(void *arg), void *arg);
 
 /*  Logs one line to stderr, "zdist rpc [name/rank]: ...", rate limited. */
 void agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

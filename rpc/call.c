@@ -375,9 +375,14 @@ void call_timeout_now(agent_t *a, uint64_t id)
         finish_list(a, p, NULL);
 }
 
+static bool future_is_done(void *f)
+{
+    return rpc_future_done(f);
+}
+
 int call_wait(rpc_future_t *f, int64_t timeout_ms)
 {
-    if (rpc_future_done(f))
+    if (timeout_ms == 0 || agent_busy_poll(future_is_done, f))
         return rpc_future_wait(f, 0);
     pool_block_begin();
     int rc = rpc_future_wait(f, timeout_ms);
@@ -412,6 +417,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
                        uint64_t id, int64_t timeout_ms)
 {
     int64_t deadline = timeout_ms ? agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    int64_t poll_until = agent_now_ns() + a->busy_poll_ns;  /* see agent_busy_poll */
     inmsg_t m = {0};
     pool_block_begin();
     while (!rpc_future_done(f)) {
@@ -423,10 +429,16 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
             break;
         }
         int64_t left = deadline == INT64_MAX ? -1 : (deadline - now + 999999) / 1000000;
+        if (left > 1000000)
+            left = 1000000;
+        if (now < poll_until)
+            left = 0;
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {NULL, wake_fd, ZMQ_POLLIN, 0}};
-        int rc = zmq_poll(items, 2, left > 1000000 ? 1000000 : (long)left);
+        int rc = zmq_poll(items, 2, (long)left);
         if (rc < 0 && errno != EINTR)
             break;
+        if (rc == 0 && left == 0)
+            sched_yield();      /* polling: let the threads that bring the answer run */
         if (items[1].revents & ZMQ_POLLIN) {
             uint64_t v;
             if (read(wake_fd, &v, sizeof v) < 0) {

@@ -15,6 +15,7 @@
 #include "rpc/agent.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -286,8 +287,11 @@ void *transport_io_main(void *arg)
             item_peer[n_items] = i;
             items[n_items++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
         }
+    /* After traffic the thread keeps polling (timeout 0) for the busy-poll
+       time before it sleeps again: see agent_busy_poll. */
+    int64_t poll_until = 0, next_tick = 0;
     while (!atomic_load(&a->io_stop)) {
-        int rc = zmq_poll(items, n_items, IO_TICK_MS);
+        int rc = zmq_poll(items, n_items, agent_now_ns() < poll_until ? 0 : IO_TICK_MS);
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
@@ -298,12 +302,20 @@ void *transport_io_main(void *arg)
         }
         if (atomic_load(&a->io_stop))
             break;
-        for (int k = 0; k < RECV_BATCH && recv_one(a, &msg); k++) {
-        }
+        int got = 0;
+        while (got < RECV_BATCH && recv_one(a, &msg))
+            got++;
         for (int i = 2; rc > 0 && i < n_items; i++)
             if (items[i].revents & ZMQ_POLLIN)
                 handle_monitor(&a->peers[item_peer[i]]);
         int64_t now = agent_now_ns();
+        if (got || rc > 0)
+            poll_until = now + a->busy_poll_ns;
+        else if (now < next_tick) {
+            sched_yield();
+            continue;
+        }       /* an empty look while polling: the ticks can wait */
+        next_tick = now + 1000000;
         fail_lost_peers(a, now);
         call_expire(a, now);
         rref_tick(a, now);

@@ -63,6 +63,8 @@ typedef struct {
     const char *listen_addr;    /* IP this process binds and advertises; NULL: the
                                    address that routes to master_addr (127.0.0.1
                                    when the master is on this machine) */
+    int64_t busy_poll_us;       /* a thread waiting for a message polls this long
+                                   before it sleeps; 0 = never (100) */
 } rpc_options_t;
 
 /*  PyTorch's defaults (above). */

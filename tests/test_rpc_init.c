@@ -161,6 +161,23 @@ static void test_rank_outside_world(void **state)
     assert_non_null(strstr(error_last(), "rank 5 is outside the world of size 2"));
 }
 
+static void test_bad_options_refused(void **state)
+{
+    (void)state;
+    rpc_options_t o = world_options(world_free_port());
+    o.busy_poll_us = -1;
+    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
+    assert_non_null(strstr(error_last(), "busy_poll_us -1"));
+    o = world_options(world_free_port());
+    o.num_worker_threads = 0;
+    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
+    assert_non_null(strstr(error_last(), "0 worker threads"));
+    o = world_options(world_free_port());
+    o.rpc_timeout_ms = -5;
+    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
+    assert_non_null(strstr(error_last(), "negative timeout"));
+}
+
 static int world_no_master(int rank, int world, int port, void *arg)
 {
     (void)rank;
@@ -195,6 +212,7 @@ static int world_twice(int rank, int world, int port, void *arg)
     for (int round = 0; round < 2; round++) {
         /* Same master port both times: rank 0 binds it again. */
         rpc_options_t o = world_options(port);
+        o.busy_poll_us = round == 0 ? o.busy_poll_us : 0;   /* the second one sleeps at once */
         WCHECK(rpc_init(NULL, rank, world, &o) == 0);
         WCHECK(rpc_world_size() == world);
         WCHECK(rpc_shutdown(true, 10000) == 0);
@@ -217,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_duplicate_name_fails_everyone),
         cmocka_unit_test(test_world_size_mismatch_fails_everyone),
         cmocka_unit_test(test_rank_outside_world),
+        cmocka_unit_test(test_bad_options_refused),
         cmocka_unit_test(test_master_that_never_answers),
         cmocka_unit_test(test_init_again_after_shutdown),
     };
