@@ -79,18 +79,33 @@ int64_t agent_busy_poll_ns(void)
     return atomic_load_explicit(&g_busy_poll_ns, memory_order_relaxed);
 }
 
-bool agent_busy_poll(bool (*done)(void *arg), void *arg)
+static atomic_int g_pollers;
+
+int64_t agent_poll_begin(void)
 {
     int64_t ns = agent_busy_poll_ns();
-    if (ns <= 0)
+    int none = 0;
+    if (ns <= 0 || !atomic_compare_exchange_strong(&g_pollers, &none, 1))
+        return 0;
+    return ns;
+}
+
+void agent_poll_end(void)
+{
+    atomic_store(&g_pollers, 0);
+}
+
+bool agent_busy_poll(bool (*done)(void *arg), void *arg)
+{
+    int64_t ns = agent_poll_begin();
+    if (ns == 0)
         return done(arg);
     int64_t end = agent_now_ns() + ns;
-    do {
-        if (done(arg))
-            return true;
+    bool ok;
+    while (!(ok = done(arg)) && agent_now_ns() < end)
         sched_yield();
-    } while (agent_now_ns() < end);
-    return done(arg);
+    agent_poll_end();
+    return ok;
 }
 
 void agent_log(agent_t *a, const char *fmt, ...)
@@ -155,7 +170,7 @@ rpc_options_t rpc_options_default(void)
         .master_addr = NULL,
         .master_port = 0,
         .listen_addr = NULL,
-        .busy_poll_us = 100,
+        .busy_poll_us = -1,
     };
     return o;
 }
@@ -282,8 +297,15 @@ static int init_params(const char *name, int rank, int world, const rpc_options_
         return error_set("rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
     if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
         return error_set("rpc_init: negative timeout");
-    if (p->o.busy_poll_us < 0 || p->o.busy_poll_us > 1000000)
-        return error_set("rpc_init: busy_poll_us %lld is not in [0, 1000000]",
+    if (p->o.busy_poll_us < 0) {
+        p->o.busy_poll_us = 100;
+        if ((rc = env_int("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
+            return -1;
+        if (rc == 1)
+            p->o.busy_poll_us = v;
+    }
+    if (p->o.busy_poll_us > 1000000)
+        return error_set("rpc_init: busy_poll_us %lld is over 1000000",
                          (long long)p->o.busy_poll_us);
     return 0;
 }

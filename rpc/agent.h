@@ -122,8 +122,16 @@ int64_t agent_now_ns(void);
 /*  The running agent's busy-poll time in ns (0 when not running). */
 int64_t agent_busy_poll_ns(void);
 
-/*  Polls done(arg) for up to the busy-poll time, yielding the CPU between
-    looks; true once it holds. Waking a sleeping thread costs tens of
+/*  The right to busy-poll: at most one thread of the process polls at a
+    time (with more, on two cores, the pollers crowd out the threads that
+    bring their answers: 64 pipelined calls ran at half speed). Returns the
+    time to poll in ns, or 0 (polling off, or another thread polls); after
+    a non-zero answer, agent_poll_end gives the right back. */
+int64_t agent_poll_begin(void);
+void agent_poll_end(void);
+
+/*  Polls done(arg) for up to the busy-poll time (when it gets the right
+    to), yielding the CPU between looks; true once it holds. Waking a sleeping thread costs tens of
     microseconds on a VM whose CPU has gone idle, more than most answers
     take to arrive; a waiter that polls keeps its CPU awake, and yielding
     lets the threads that carry the answer (ZeroMQ's I/O threads) run on

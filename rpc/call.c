@@ -417,7 +417,8 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
                        uint64_t id, int64_t timeout_ms)
 {
     int64_t deadline = timeout_ms ? agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
-    int64_t poll_until = agent_now_ns() + a->busy_poll_ns;  /* see agent_busy_poll */
+    int64_t poll_ns = agent_poll_begin();                    /* see agent_busy_poll */
+    int64_t poll_until = agent_now_ns() + poll_ns;
     inmsg_t m = {0};
     pool_block_begin();
     while (!rpc_future_done(f)) {
@@ -433,6 +434,10 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
             left = 1000000;
         if (now < poll_until)
             left = 0;
+        else if (poll_ns) {
+            agent_poll_end();
+            poll_ns = 0;
+        }
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {NULL, wake_fd, ZMQ_POLLIN, 0}};
         int rc = zmq_poll(items, 2, (long)left);
         if (rc < 0 && errno != EINTR)
@@ -455,6 +460,8 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
                 transport_msg_done(&m);
             }
     }
+    if (poll_ns)
+        agent_poll_end();
     pool_block_end();
     free(m.frames);
     return rpc_future_done(f) ? rpc_future_wait(f, 0)

@@ -290,8 +290,13 @@ void *transport_io_main(void *arg)
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again: see agent_busy_poll. */
     int64_t poll_until = 0, next_tick = 0;
+    bool polling = false;
     while (!atomic_load(&a->io_stop)) {
-        int rc = zmq_poll(items, n_items, agent_now_ns() < poll_until ? 0 : IO_TICK_MS);
+        if (polling && agent_now_ns() >= poll_until) {
+            agent_poll_end();
+            polling = false;
+        }
+        int rc = zmq_poll(items, n_items, polling ? 0 : IO_TICK_MS);
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
@@ -309,7 +314,7 @@ void *transport_io_main(void *arg)
             if (items[i].revents & ZMQ_POLLIN)
                 handle_monitor(&a->peers[item_peer[i]]);
         int64_t now = agent_now_ns();
-        if (got || rc > 0)
+        if ((got || rc > 0) && (polling || (polling = agent_poll_begin() > 0)))
             poll_until = now + a->busy_poll_ns;
         else if (now < next_tick) {
             sched_yield();
@@ -321,6 +326,8 @@ void *transport_io_main(void *arg)
         rref_tick(a, now);
         shutdown_tick(a, now);
     }
+    if (polling)
+        agent_poll_end();
     free(msg.frames);
     free(items);
     free(item_peer);

@@ -64,7 +64,8 @@ typedef struct {
                                    address that routes to master_addr (127.0.0.1
                                    when the master is on this machine) */
     int64_t busy_poll_us;       /* a thread waiting for a message polls this long
-                                   before it sleeps; 0 = never (100) */
+                                   before it sleeps; 0 = never; < 0: take
+                                   $ZDIST_BUSY_POLL_US, else 100 (-1) */
 } rpc_options_t;
 
 /*  PyTorch's defaults (above). */

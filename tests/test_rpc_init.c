@@ -165,9 +165,14 @@ static void test_bad_options_refused(void **state)
 {
     (void)state;
     rpc_options_t o = world_options(world_free_port());
-    o.busy_poll_us = -1;
+    o.busy_poll_us = 2000000;
     assert_int_equal(rpc_init("a", 0, 1, &o), -1);
-    assert_non_null(strstr(error_last(), "busy_poll_us -1"));
+    assert_non_null(strstr(error_last(), "busy_poll_us 2000000 is over"));
+    o = world_options(world_free_port());
+    setenv("ZDIST_BUSY_POLL_US", "fast", 1);
+    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
+    unsetenv("ZDIST_BUSY_POLL_US");
+    assert_non_null(strstr(error_last(), "ZDIST_BUSY_POLL_US=\"fast\""));
     o = world_options(world_free_port());
     o.num_worker_threads = 0;
     assert_int_equal(rpc_init("a", 0, 1, &o), -1);
@@ -212,7 +217,7 @@ static int world_twice(int rank, int world, int port, void *arg)
     for (int round = 0; round < 2; round++) {
         /* Same master port both times: rank 0 binds it again. */
         rpc_options_t o = world_options(port);
-        o.busy_poll_us = round == 0 ? o.busy_poll_us : 0;   /* the second one sleeps at once */
+        o.busy_poll_us = round == 0 ? -1 : 0;   /* the second one sleeps at once */
         WCHECK(rpc_init(NULL, rank, world, &o) == 0);
         WCHECK(rpc_world_size() == world);
         WCHECK(rpc_shutdown(true, 10000) == 0);
