@@ -4,9 +4,13 @@
     plain SGD (p -= lr * g) on a batch of random images. After a warm-up,
     the step runs in several timed rounds; the median round is reported.
 
-        bench_local [--csv] [--batch N] [--seconds S]
+        bench_local [--csv] [--batch N] [--seconds S] [--model NAME] [--threads N]
+                    [--ops]
 
-    --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines. */
+    --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines.
+    --threads sets nn_set_num_threads (a parameter server with several
+    trainers runs each request on 1). --ops times each layer of the Net on
+    its own instead: forward, and forward + backward, in ms per batch. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,12 +115,150 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     return rate[ROUNDS / 2];
 }
 
+/* ---- --ops: the Net's layers one at a time ---- */
+
+enum { L_CONV1, L_CONV2, L_DROP2D, L_FC1, L_REST, N_LAYERS };
+
+static const char *layer_names[N_LAYERS] = {
+    "conv1+relu", "conv2+pool", "dropout2d+flatten", "fc1", "relu+drop+fc2+lsm+nll",
+};
+
+typedef struct {
+    nn_model_t *m;
+    nn_rng_t rng;
+    tensor_t *in[N_LAYERS];       /* each layer's input (leaf; grad from conv2 on) */
+    tensor_t *target;
+} ops_bench_t;
+
+/*  Runs layer l forward; with backward, also its backward pass from a
+    fixed output gradient (ones), clearing the gradients it leaves. */
+static int run_layer(ops_bench_t *b, int l, bool backward)
+{
+    tensor_t *h = tensor_ref(b->in[l]), *next = NULL;
+    nn_model_t *m = b->m;
+    int rc = 0;
+#define L(call)                  \
+    do {                         \
+        if (rc == 0)             \
+            rc = (call);         \
+        tensor_unref(h);         \
+        h = next;                \
+        next = NULL;             \
+    } while (0)
+    switch (l) {
+    case L_CONV1:
+        L(nn_conv2d_relu(h, nn_model_param(m, 0), nn_model_param(m, 1), 1, 0, &next));
+        break;
+    case L_CONV2:
+        L(nn_conv2d_max_pool2d(h, nn_model_param(m, 2), nn_model_param(m, 3), 1, 0, 2, 2,
+                               &next));
+        break;
+    case L_DROP2D:
+        L(nn_dropout2d(h, 0.25f, true, &b->rng, &next));
+        L(nn_flatten(h, &next));
+        break;
+    case L_FC1:
+        L(nn_linear(h, nn_model_param(m, 4), nn_model_param(m, 5), &next));
+        break;
+    default:
+        L(nn_relu(h, &next));
+        L(nn_dropout(h, 0.5f, true, &b->rng, &next));
+        L(nn_linear(h, nn_model_param(m, 6), nn_model_param(m, 7), &next));
+        L(nn_log_softmax(h, 1, &next));
+        L(nn_nll_loss(h, b->target, &next));
+        break;
+    }
+#undef L
+    if (rc == 0 && backward) {
+        tensor_t *g = NULL;
+        if (tensor_numel(h) > 1) {
+            g = tensor_empty(TENSOR_F32, tensor_ndim(h), tensor_shape(h));
+            tensor_fill_(g, 1.0f);
+        }
+        rc = autograd_backward(h, g, false);
+        tensor_unref(g);
+        nn_model_zero_grad(m);
+        tensor_clear_grad(b->in[l]);
+    }
+    tensor_unref(h);
+    return rc;
+}
+
+/*  Median ms per call of run_layer over ROUNDS rounds. */
+static double time_layer(ops_bench_t *b, int l, bool backward, double seconds)
+{
+    double t0 = now(), rate[ROUNDS];
+    int warm = 0;
+    while (now() - t0 < 0.1 || warm < 3) {
+        if (run_layer(b, l, backward) < 0)
+            return -1;
+        warm++;
+    }
+    int per_round = (int)(warm / (now() - t0) * seconds / ROUNDS) + 1;
+    for (int r = 0; r < ROUNDS; r++) {
+        t0 = now();
+        for (int i = 0; i < per_round; i++)
+            run_layer(b, l, backward);
+        rate[r] = 1e3 * (now() - t0) / per_round;
+    }
+    qsort(rate, ROUNDS, sizeof *rate, cmp_double);
+    return rate[ROUNDS / 2];
+}
+
+static int bench_ops(int batch, double seconds)
+{
+    static const int64_t shapes[N_LAYERS][4] = {
+        {0, 1, 28, 28}, {0, 32, 26, 26}, {0, 64, 12, 12}, {0, 9216}, {0, 128},
+    };
+    ops_bench_t b = {.m = nn_model_new("net", 1)};
+    if (!b.m)
+        return -1;
+    nn_rng_seed(&b.rng, 3);
+    for (int l = 0; l < N_LAYERS; l++) {
+        int64_t shape[4];
+        memcpy(shape, shapes[l], sizeof shape);
+        shape[0] = batch;
+        b.in[l] = tensor_empty(TENSOR_F32, l >= L_FC1 ? 2 : 4, shape);
+        for (int64_t i = 0; i < tensor_numel(b.in[l]); i++)
+            tensor_data(b.in[l])[i] = nn_rng_normal(&b.rng, 0.0f, 1.0f);
+        if (l != L_CONV1)
+            tensor_set_requires_grad(b.in[l], true);
+    }
+    b.target = tensor_empty(TENSOR_I64, 1, (int64_t[]){batch});
+    for (int i = 0; i < batch; i++)
+        tensor_data_i64(b.target)[i] = (int64_t)nn_rng_below(&b.rng, 10);
+    printf("Net layers, batch %d, %d threads (ms per batch)\n%-24s %9s %9s %9s\n", batch,
+           nn_get_num_threads(), "layer", "forward", "backward", "total");
+    double sum_f = 0, sum_t = 0;
+    int rc = 0;
+    for (int l = 0; l < N_LAYERS && rc == 0; l++) {
+        double f = time_layer(&b, l, false, seconds / N_LAYERS / 2);
+        double t = time_layer(&b, l, true, seconds / N_LAYERS / 2);
+        if (f < 0 || t < 0) {
+            fprintf(stderr, "bench_local: %s: %s\n", layer_names[l], error_last());
+            rc = -1;
+            break;
+        }
+        printf("%-24s %9.3f %9.3f %9.3f\n", layer_names[l], f, t - f, t);
+        sum_f += f;
+        sum_t += t;
+    }
+    if (rc == 0)
+        printf("%-24s %9.3f %9.3f %9.3f\n", "sum", sum_f, sum_t - sum_f, sum_t);
+    for (int l = 0; l < N_LAYERS; l++)
+        tensor_unref(b.in[l]);
+    tensor_unref(b.target);
+    nn_model_free(b.m);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     bool csv = false;
     int batch = 32;
     double seconds = 4.0;
     const char *only = NULL;
+    bool ops = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--csv") == 0)
             csv = true;
@@ -126,9 +268,16 @@ int main(int argc, char **argv)
             seconds = atof(argv[++i]);
         else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
             only = argv[++i];
-        else {
-            fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME]\n",
-                    argv[0]);
+        else if (strcmp(argv[i], "--ops") == 0)
+            ops = true;
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            if (nn_set_num_threads(atoi(argv[++i])) < 0) {
+                fprintf(stderr, "bench_local: %s\n", error_last());
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME] "
+                    "[--threads N] [--ops]\n", argv[0]);
             return 2;
         }
     }
@@ -136,12 +285,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_local: batch and seconds must be positive\n");
         return 2;
     }
+    if (ops)
+        return bench_ops(batch, seconds) < 0 ? 1 : 0;
     const char *models[] = {"net", "convnet"};
     /* fwd + bwd floating-point work per sample, for the GFLOP/s column */
     const double mflop[] = {71.6, 0.25};
     if (!csv)
-        printf("training step, batch %d, OpenBLAS kernels %s\n%-8s %10s %10s %14s %10s\n",
-               batch, nn_blas_corename(), "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
+        printf("training step, batch %d, %d threads, OpenBLAS kernels %s\n"
+               "%-8s %10s %10s %14s %10s\n", batch, nn_get_num_threads(), nn_blas_corename(),
+               "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
     for (int i = 0; i < 2; i++) {
         if (only && strcmp(only, models[i]) != 0)
             continue;

@@ -1,7 +1,9 @@
-/*  conv.c: 2-D convolution as im2col + GEMM, one sample at a time, with an
-    optional fused relu or max pool after it.
+/*  conv.c: 2-D convolution, one sample at a time, with an optional fused
+    relu or max pool after it.
 
-    Per sample, the input patches are unfolded into a (C*kH*kW) x (Ho*Wo)
+    Stride-1 convolutions (the Net's) multiply the input planes directly,
+    without unfolding them (conv_taps.c, on AVX-512). The others run as
+    im2col + GEMM: per sample, the input patches are unfolded into a (C*kH*kW) x (Ho*Wo)
     matrix `col`, so that the output is one GEMM, weight (O x C*kH*kW) by
     col, written straight into the sample's NCHW slice. The backward pass
     unfolds again (cheaper than keeping every sample's col alive) for the
@@ -20,24 +22,7 @@
 #include "autograd/autograd.h"
 #include "autograd/error.h"
 #include "nn/nn.h"
-#include "nn/nn_private.h"
-
-/*  Sum in 16 independent lanes (vectorisable; float addition order is
-    otherwise fixed by the language). */
-static inline float sum_row(const float *restrict d, int n)
-{
-    float acc[16] = {0};
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++)
-            acc[k] += d[i + k];
-    float total = 0.0f;
-    for (; i < n; i++)
-        total += d[i];
-    for (int k = 0; k < 16; k++)
-        total += acc[k];
-    return total;
-}
+#include "nn/conv_private.h"
 
 /*  A 1x1 kernel with stride 1 and no padding needs no unfolding: the
     sample itself is the col matrix. */
@@ -45,16 +30,6 @@ static bool is_pointwise(const nn_conv_geom_t *g)
 {
     return g->kh == 1 && g->kw == 1 && g->stride == 1 && g->padding == 0;
 }
-
-typedef enum { EPI_NONE, EPI_RELU, EPI_POOL } epilogue_t;
-
-typedef struct {
-    nn_conv_geom_t g;
-    int N, O;
-    epilogue_t epi;
-    int pool_k, pool_s, Hp, Wp;   /* EPI_POOL: window, stride, pooled plane */
-    int32_t *argmax;              /* EPI_POOL: N*O*Hp*Wp winners in the conv plane */
-} conv_ctx_t;
 
 static void conv_release(autograd_node_t *n)
 {
@@ -64,24 +39,11 @@ static void conv_release(autograd_node_t *n)
     free(ctx);
 }
 
-/*  Floats of the layer's output per sample (after the epilogue). */
-static int64_t out_per_sample(const conv_ctx_t *c)
-{
-    return (int64_t)c->O * (c->epi == EPI_POOL ? c->Hp * c->Wp : c->g.Ho * c->g.Wo);
-}
-
 /* ---- forward ---- */
-
-typedef struct {
-    const conv_ctx_t *ctx;
-    int n_chunks;
-    const float *x, *w, *b;
-    float *y;
-} conv_fwd_job_t;
 
 /*  scratch: col (K*P, unless pointwise), then the conv output (O*P) when
     pooling. */
-static void conv_fwd_chunk(void *arg, int c, float *scratch)
+static void im2col_fwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_fwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
@@ -90,7 +52,7 @@ static void conv_fwd_chunk(void *arg, int c, float *scratch)
     const bool pointwise = is_pointwise(g);
     float *col = pointwise ? NULL : scratch;
     float *conv_out = pointwise ? scratch : scratch + (size_t)K * P;
-    const int64_t per_out = out_per_sample(ctx);
+    const int64_t per_out = conv_out_per_sample(ctx);
     int64_t lo, hi;
     nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
     for (int64_t s = lo; s < hi; s++) {
@@ -111,27 +73,13 @@ static void conv_fwd_chunk(void *arg, int c, float *scratch)
         } else if (ctx->epi == EPI_POOL) {
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
-                nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, ctx->pool_k, ctx->pool_s,
-                              ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
+                nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, g->Wo, ctx->pool_k,
+                              ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
         }
     }
 }
 
 /* ---- backward ---- */
-
-/*  One backward pass, split by samples: chunk c handles its own samples
-    with its own partial dW and db, summed in chunk order afterwards (so the
-    result does not depend on thread timing). */
-typedef struct {
-    const conv_ctx_t *ctx;
-    int n_chunks;
-    const float *x, *dy;
-    const float *y;       /* EPI_RELU: the layer's output */
-    const float *wt;      /* weight transposed, K x O (W^T dY runs faster as NN) */
-    float *dx;            /* NULL: no input gradient */
-    float **dw_part;      /* per chunk, O x K; NULL: no weight gradient */
-    float *db_part;       /* n_chunks x O; NULL: no bias gradient */
-} conv_bwd_job_t;
 
 /*  The gradient of the convolution's own output for sample s: dy itself,
     or rebuilt in buf through the relu or the pool. */
@@ -139,7 +87,7 @@ static const float *conv_out_grad(const conv_bwd_job_t *j, int64_t s, float *buf
 {
     const conv_ctx_t *ctx = j->ctx;
     const int O = ctx->O, P = ctx->g.Ho * ctx->g.Wo;
-    const float *dys = j->dy + s * out_per_sample(ctx);
+    const float *dys = j->dy + s * conv_out_per_sample(ctx);
     if (ctx->epi == EPI_NONE)
         return dys;
     if (ctx->epi == EPI_RELU) {
@@ -160,7 +108,7 @@ static const float *conv_out_grad(const conv_bwd_job_t *j, int64_t s, float *buf
 
 /*  scratch: col (K*P), then the conv output gradient (O*P) with an
     epilogue. */
-static void conv_bwd_chunk(void *arg, int c, float *scratch)
+static void im2col_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
@@ -187,7 +135,7 @@ static void conv_bwd_chunk(void *arg, int c, float *scratch)
         if (j->db_part) {
             float *db = j->db_part + (size_t)c * O;
             for (int o = 0; o < O; o++)
-                db[o] += sum_row(dys + (size_t)o * P, P);
+                db[o] += conv_sum_row(dys + (size_t)o * P, P);
         }
         if (j->dx) {
             float *dxs = j->dx + (size_t)s * CHW;
@@ -202,8 +150,10 @@ static void conv_bwd_chunk(void *arg, int c, float *scratch)
     }
 }
 
-static size_t scratch_floats(const conv_ctx_t *ctx)
+static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_x)
 {
+    if (ctx->taps)
+        return backward ? conv_taps_bwd_scratch(ctx, need_x) : conv_taps_fwd_scratch(ctx);
     const nn_conv_geom_t *g = &ctx->g;
     size_t P = (size_t)g->Ho * g->Wo, K = (size_t)g->C * g->kh * g->kw;
     return (is_pointwise(g) ? 0 : K * P) + (ctx->epi != EPI_NONE ? (size_t)ctx->O * P : 0);
@@ -236,6 +186,7 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
         .y = ctx->epi == EPI_RELU ? tensor_data(autograd_node_saved(n, 2)) : NULL,
     };
     float *parts[MAX_BWD_CHUNKS] = {0}, *wt = NULL;
+    int32_t *offs = NULL;
     int rc = -1;
 
     if (need_x && !(gin[0] = tensor_empty(TENSOR_F32, 4, tensor_shape(x))))
@@ -253,7 +204,22 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     }
     if (need_b && !(job.db_part = malloc(sizeof(float) * (size_t)chunks * O)))
         goto oom;
-    if (need_x) {
+    if (ctx->taps && (need_w || need_x)) {
+        /* offs: the K input taps, then the O*kh*kw output-gradient taps */
+        const int Kx = O * ctx->g.kh * ctx->g.kw;
+        if (!(offs = malloc(sizeof(int32_t) * ((size_t)K + Kx))))
+            goto oom;
+        conv_taps_offsets(ctx, offs);
+        job.offs = offs;
+        if (need_x) {
+            if (!(wt = malloc(sizeof(float) * nn_taps_packed_floats(ctx->g.C, Kx))))
+                goto oom;
+            if (conv_taps_dx_prepare(ctx, tensor_data(w), wt, offs + K) < 0)
+                goto out;
+            job.wflip = wt;
+            job.offs_dx = offs + K;
+        }
+    } else if (need_x) {
         if (!(wt = malloc(sizeof(float) * ((size_t)K * O + 1))))
             goto oom;
         const float *wd = tensor_data(w);
@@ -261,9 +227,11 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
             for (int k = 0; k < K; k++)
                 wt[(size_t)k * O + o] = wd[(size_t)o * K + k];
         job.wt = wt;
-        job.dx = tensor_data(gin[0]);
     }
-    if (nn_parallel_run(chunks, scratch_floats(ctx), conv_bwd_chunk, &job) < 0)
+    if (need_x)
+        job.dx = tensor_data(gin[0]);
+    if (nn_parallel_run(chunks, scratch_floats(ctx, true, need_x),
+                        ctx->taps ? conv_taps_bwd_chunk : im2col_bwd_chunk, &job) < 0)
         goto out;
     for (int c = 1; need_w && c < chunks; c++)
         for (size_t i = 0; i < (size_t)O * K; i++)
@@ -286,6 +254,7 @@ out:
         free(parts[c]);
     free(job.db_part);
     free(wt);
+    free(offs);
     return rc;
 }
 
@@ -362,7 +331,28 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
         .ctx = ctx, .n_chunks = conv_chunks(ctx->N, false), .x = tensor_data(x),
         .w = tensor_data(weight), .b = bias ? tensor_data(bias) : NULL, .y = tensor_data(y),
     };
-    if (nn_parallel_run(job.n_chunks, scratch_floats(ctx), conv_fwd_chunk, &job) < 0) {
+    const int K = ctx->g.C * ctx->g.kh * ctx->g.kw;
+    float *wpack = NULL;
+    int32_t *offs = NULL;
+    int rc = 0;
+    if (ctx->taps) {
+        wpack = malloc(sizeof(float) * nn_taps_packed_floats(ctx->O, K));
+        offs = malloc(sizeof(int32_t) * (size_t)K);
+        if (!wpack || !offs) {
+            rc = error_set("conv2d: out of memory");
+        } else {
+            nn_taps_pack(job.w, ctx->O, K, K, NULL, wpack);
+            conv_taps_offsets(ctx, offs);
+            job.wpack = wpack;
+            job.offs = offs;
+        }
+    }
+    if (rc == 0)
+        rc = nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false),
+                             ctx->taps ? conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
+    free(wpack);
+    free(offs);
+    if (rc < 0) {
         tensor_unref(y);
         free(ctx->argmax);
         free(ctx);
@@ -393,7 +383,7 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
 }
 
 static int conv_entry(const char *op, tensor_t *x, tensor_t *weight, tensor_t *bias,
-                      int stride, int padding, epilogue_t epi, int pool_k, int pool_s,
+                      int stride, int padding, conv_epilogue_t epi, int pool_k, int pool_s,
                       tensor_t **out)
 {
     *out = NULL;
@@ -419,6 +409,7 @@ static int conv_entry(const char *op, tensor_t *x, tensor_t *weight, tensor_t *b
         ctx->Hp = (ctx->g.Ho - pool_k) / pool_s + 1;
         ctx->Wp = (ctx->g.Wo - pool_k) / pool_s + 1;
     }
+    conv_taps_plan(ctx);
     return conv_run(ctx, x, weight, bias, out);
 }
 

@@ -80,12 +80,49 @@ void nn_im2col(const nn_conv_geom_t *g, const float *x, float *col);
     entries go back to the input pixels they came from. */
 void nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
 
+/*  ---- stride-1 convolution GEMMs over shifted planes (conv_direct.c) ----
+    "Taps" are K offsets into a source buffer: tap k reads the run
+    src[offs[k] + q] for q in [0, L). A stride-1 convolution with planes
+    Wp wide has one tap per (channel, ki, kj): offs = c*plane + ki*Wp + kj,
+    and q = oh*Wp + ow numbers its outputs (see conv_direct.c). */
+
+/*  True when the kernels below are the fast (AVX-512) ones; otherwise they
+    are plain loops, correct but slower than im2col + BLAS. */
+bool nn_conv_direct_available(void);
+
+/*  Whether stride-1 convolutions may use these kernels (the default) or
+    must take the im2col path, for tests and benchmarks comparing the two.
+    Convolutions read it when they start. */
+void nn_conv_use_taps(bool on);
+
+/*  Floats nn_taps_pack writes for an M x K matrix. */
+size_t nn_taps_packed_floats(int M, int K);
+
+/*  Packs an M x K matrix for nn_taps_gemm (panels of 8 rows, zero rows
+    past M, each stored k-major): element (m, k) is a[m*m_stride + k], or
+    a[m*m_stride + k_offs[k]] when k_offs is non-NULL. */
+void nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
+                  float *packed);
+
+/*  c[m][q] = bias[m] (0 without bias) + sum_k a[m][k] * src[offs[k] + q],
+    m < M, q < L (row stride ldc); a is packed by nn_taps_pack. Reads only
+    src[offs[k] .. offs[k] + L). */
+void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
+                  int L, const float *bias, float *c, int ldc);
+
+/*  c[m][k] += sum_{q < L} a[m*lda + q] * src[offs[k] + q], m < M, k < K
+    (row stride ldc): the weight gradient's product. */
+void nn_taps_gemm_nt(const float *a, int M, int lda, int K, const int32_t *offs,
+                     const float *src, int L, float *c, int ldc);
+
 /*  ---- max pooling of one plane (pool.c) ---- */
 
-/*  Pools an H x W plane with k x k windows moved by s (floor mode) into
-    y (Ho x Wo), Ho = (H-k)/s+1, Wo = (W-k)/s+1, writing to argmax each
-    winner's index in the plane (the first maximum; NaN wins). */
-void nn_pool_plane(const float *x, int H, int W, int k, int s, float *y, int32_t *argmax);
+/*  Pools an H x W plane (rows ld floats apart) with k x k windows moved by
+    s (floor mode) into y (Ho x Wo), Ho = (H-k)/s+1, Wo = (W-k)/s+1,
+    writing to argmax each winner's index row*ld + column (the first
+    maximum; NaN wins). */
+void nn_pool_plane(const float *x, int H, int W, int ld, int k, int s, float *y,
+                   int32_t *argmax);
 
 /*  Fails (error_set, naming op) unless kernel and stride are >= 1 and a
     window fits in x's (N,C,H,W) planes. */

@@ -85,12 +85,13 @@ static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *r
 }
 #endif
 
-void nn_pool_plane(const float *x, int H, int W, int k, int s, float *y, int32_t *argmax)
+void nn_pool_plane(const float *x, int H, int W, int ld, int k, int s, float *y,
+                   int32_t *argmax)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
     if (k == 2 && s == 2) {
         for (int oh = 0; oh < Ho; oh++)
-            pool_row_2x2(x + 2 * oh * W, W, 2 * oh * W, y + oh * Wo, argmax + oh * Wo, Wo);
+            pool_row_2x2(x + 2 * oh * ld, ld, 2 * oh * ld, y + oh * Wo, argmax + oh * Wo, Wo);
         return;
     }
     /* Any window: running maxima over the window's rows, one output row at
@@ -99,10 +100,10 @@ void nn_pool_plane(const float *x, int H, int W, int k, int s, float *y, int32_t
         float *yr = y + oh * Wo;
         int32_t *ar = argmax + oh * Wo;
         for (int i = 0; i < k; i++) {
-            const float *xr = x + (oh * s + i) * W;
+            const float *xr = x + (oh * s + i) * ld;
             for (int j = 0; j < k; j++) {
                 for (int ow = 0; ow < Wo; ow++) {
-                    int32_t idx = (oh * s + i) * W + ow * s + j;
+                    int32_t idx = (oh * s + i) * ld + ow * s + j;
                     float v = xr[ow * s + j];
                     bool first = i == 0 && j == 0;
                     bool t = first || v > yr[ow] || v != v;
@@ -150,7 +151,8 @@ static void pool_chunk(void *arg, int c, float *scratch)
     int64_t lo, hi;
     nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
     for (int64_t p = lo; p < hi; p++)
-        nn_pool_plane(j->in + p * H * W, H, W, k, s, j->out + p * per, j->argmax + p * per);
+        nn_pool_plane(j->in + p * H * W, H, W, W, k, s, j->out + p * per,
+                      j->argmax + p * per);
 }
 
 static void pool_backward_chunk(void *arg, int c, float *scratch)

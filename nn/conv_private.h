@@ -1,0 +1,106 @@
+/*  conv_private.h: what conv.c (the op, and the im2col path) shares with
+    conv_taps.c (the stride-1 path without unfolding). */
+#ifndef ZDIST_NN_CONV_PRIVATE_H
+#define ZDIST_NN_CONV_PRIVATE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "nn/nn_private.h"
+
+typedef enum { EPI_NONE, EPI_RELU, EPI_POOL } conv_epilogue_t;
+
+/*  The stride-1 path's layout (conv_taps.c): the input padded to Hp x Wp,
+    the output numbered q = oh*Wp + ow for q < L (junk where ow >= Wo) in
+    rows ldy floats apart; for the input gradient, the output gradient
+    padded by the kernel to Hq x Wq and the padded input's gradient numbered
+    r = ih*Wq + iw, r < Lx, in rows ldx apart. */
+typedef struct {
+    int Hp, Wp, L, ldy;
+    int Hq, Wq, Lx, ldx;
+} conv_taps_geom_t;
+
+typedef struct {
+    nn_conv_geom_t g;
+    int N, O;
+    conv_epilogue_t epi;
+    int pool_k, pool_s, Hp, Wp;   /* EPI_POOL: window, stride, pooled plane */
+    int32_t *argmax;              /* EPI_POOL: N*O*Hp*Wp winners in the conv plane (taps
+                                     path: in its numbering, rows t.Wp apart) */
+    bool taps;                    /* the stride-1 path (conv_taps.c) */
+    conv_taps_geom_t t;
+} conv_ctx_t;
+
+/*  Floats of the layer's output per sample (after the epilogue). */
+static inline int64_t conv_out_per_sample(const conv_ctx_t *c)
+{
+    return (int64_t)c->O * (c->epi == EPI_POOL ? c->Hp * c->Wp : c->g.Ho * c->g.Wo);
+}
+
+/*  Sum in 16 independent lanes (vectorisable; float addition order is
+    otherwise fixed by the language). */
+static inline float conv_sum_row(const float *restrict d, int n)
+{
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++)
+            acc[k] += d[i + k];
+    float total = 0.0f;
+    for (; i < n; i++)
+        total += d[i];
+    for (int k = 0; k < 16; k++)
+        total += acc[k];
+    return total;
+}
+
+/*  The forward pass over the samples of chunk c of n_chunks. */
+typedef struct {
+    const conv_ctx_t *ctx;
+    int n_chunks;
+    const float *x, *w, *b;
+    float *y;
+    const float *wpack;       /* taps path: weight packed by nn_taps_pack */
+    const int32_t *offs;      /* taps path: the K taps into the padded input */
+} conv_fwd_job_t;
+
+/*  One backward pass, split by samples: chunk c handles its own samples
+    with its own partial dW and db, summed in chunk order afterwards (so the
+    result does not depend on thread timing). */
+typedef struct {
+    const conv_ctx_t *ctx;
+    int n_chunks;
+    const float *x, *dy;
+    const float *y;       /* EPI_RELU: the layer's output */
+    const float *wt;      /* im2col path: weight transposed, K x O */
+    const float *wflip;   /* taps path: flipped, transposed weight packed (C x O*kh*kw) */
+    const int32_t *offs;      /* taps path: the K taps into the padded input */
+    const int32_t *offs_dx;   /* taps path: the O*kh*kw taps into the padded gradient */
+    float *dx;            /* NULL: no input gradient */
+    float **dw_part;      /* per chunk, O x K; NULL: no weight gradient */
+    float *db_part;       /* n_chunks x O; NULL: no bias gradient */
+} conv_bwd_job_t;
+
+/*  ---- the stride-1 path (conv_taps.c) ---- */
+
+/*  Whether ctx (geometry filled in) takes the stride-1 path; if so, fills
+    ctx->t and sets ctx->taps. */
+void conv_taps_plan(conv_ctx_t *ctx);
+
+/*  Scratch floats per chunk of the forward / backward pass. */
+size_t conv_taps_fwd_scratch(const conv_ctx_t *ctx);
+size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_x);
+
+/*  The taps of the forward pass (and of dW): K = C*kh*kw offsets. */
+void conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs);
+
+/*  The input gradient's weight and taps: wflip packed for nn_taps_pack
+    (nn_taps_packed_floats(C, O*kh*kw) floats), offs_dx O*kh*kw offsets.
+    0, or -1 (error_set) out of memory. */
+int conv_taps_dx_prepare(const conv_ctx_t *ctx, const float *w, float *wflip,
+                         int32_t *offs_dx);
+
+void conv_taps_fwd_chunk(void *arg, int c, float *scratch);
+void conv_taps_bwd_chunk(void *arg, int c, float *scratch);
+
+#endif

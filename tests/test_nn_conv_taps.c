@@ -1,0 +1,262 @@
+/*  The stride-1 convolution kernels (nn/conv_direct.c, nn/conv_taps.c):
+    the shifted-plane GEMMs against plain double-precision loops, on odd
+    sizes that exercise every block edge and tail mask; then the three
+    convolution ops on odd shapes, output and every gradient, against the
+    im2col path (nn_conv_use_taps(false)). Without AVX-512 both sides take
+    the same path and the op comparison is trivially exact. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "autograd/autograd.h"
+#include "autograd/error.h"
+#include "nn/nn.h"
+#include "nn/nn_private.h"
+#include "nn/rng.h"
+
+#define SENTINEL 12345.0f
+
+static nn_rng_t rng;
+
+static float *rand_floats(size_t n)
+{
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+    return p;
+}
+
+static void assert_close(const char *what, int i, double got, double want)
+{
+    if (!(fabs(got - want) <= 1e-4 + 1e-4 * fabs(want)))
+        fail_msg("%s[%d]: got %.9g, want %.9g", what, i, got, want);
+}
+
+/*  Random taps into a source of n floats, each leaving room for L reads. */
+static int32_t *rand_taps(int K, int n, int L)
+{
+    int32_t *offs = malloc(sizeof(int32_t) * (size_t)K);
+    assert_non_null(offs);
+    for (int k = 0; k < K; k++)
+        offs[k] = (int32_t)nn_rng_below(&rng, (uint64_t)(n - L + 1));
+    return offs;
+}
+
+static void check_taps_gemm(int M, int K, int L, bool with_bias)
+{
+    const int n_src = L + 40, ldc = L + 5;
+    float *a = rand_floats((size_t)M * K), *src = rand_floats((size_t)n_src);
+    float *bias = with_bias ? rand_floats((size_t)M) : NULL;
+    int32_t *offs = rand_taps(K, n_src, L);
+    float *packed = malloc(sizeof(float) * nn_taps_packed_floats(M, K));
+    float *c = malloc(sizeof(float) * (size_t)M * ldc);
+    assert_non_null(packed);
+    assert_non_null(c);
+    for (int i = 0; i < M * ldc; i++)
+        c[i] = SENTINEL;
+    nn_taps_pack(a, M, K, K, NULL, packed);
+    nn_taps_gemm(packed, M, K, offs, src, L, bias, c, ldc);
+    for (int m = 0; m < M; m++) {
+        for (int q = 0; q < L; q++) {
+            double want = bias ? bias[m] : 0.0;
+            for (int k = 0; k < K; k++)
+                want += (double)a[m * K + k] * src[offs[k] + q];
+            assert_close("taps_gemm", m * ldc + q, c[m * ldc + q], want);
+        }
+        for (int q = L; q < ldc; q++)     /* nothing written past L */
+            assert_true(c[m * ldc + q] == SENTINEL);
+    }
+    free(a);
+    free(src);
+    free(bias);
+    free(offs);
+    free(packed);
+    free(c);
+}
+
+static void test_taps_gemm(void **state)
+{
+    (void)state;
+    nn_rng_seed(&rng, 1);
+    const int Ms[] = {1, 5, 8, 13, 17};
+    const int Ks[] = {1, 3, 9, 10};
+    const int Ls[] = {1, 15, 16, 17, 47, 48, 49, 100};
+    for (size_t i = 0; i < sizeof Ms / sizeof *Ms; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof *Ks; j++)
+            for (size_t l = 0; l < sizeof Ls / sizeof *Ls; l++)
+                check_taps_gemm(Ms[i], Ks[j], Ls[l], (i + j + l) % 2 == 0);
+}
+
+/*  Packing through column offsets, element (m, k) = a[m*stride + koff[k]],
+    is packing the gathered matrix. */
+static void test_taps_pack_gather(void **state)
+{
+    (void)state;
+    nn_rng_seed(&rng, 2);
+    const int M = 11, K = 6, stride = 7;
+    const int32_t koff[6] = {6, 0, 3, 3, 1, 5};
+    float *a = rand_floats((size_t)M * stride), gathered[11 * 6];
+    for (int m = 0; m < M; m++)
+        for (int k = 0; k < K; k++)
+            gathered[m * K + k] = a[m * stride + koff[k]];
+    size_t n = nn_taps_packed_floats(M, K);
+    assert_int_equal(n, 16 * K);
+    float *p1 = malloc(sizeof(float) * n), *p2 = malloc(sizeof(float) * n);
+    assert_non_null(p1);
+    assert_non_null(p2);
+    nn_taps_pack(a, M, K, stride, koff, p1);
+    nn_taps_pack(gathered, M, K, K, NULL, p2);
+    for (size_t i = 0; i < n; i++)
+        assert_true(p1[i] == p2[i]);
+    free(a);
+    free(p1);
+    free(p2);
+}
+
+static void check_taps_gemm_nt(int M, int K, int L)
+{
+    const int n_src = L + 30, lda = L + 3;
+    float *a = rand_floats((size_t)M * lda), *src = rand_floats((size_t)n_src);
+    float *c = rand_floats((size_t)M * (K + 2)), *c0 = malloc(sizeof(float) * M * (K + 2));
+    int32_t *offs = rand_taps(K, n_src, L);
+    assert_non_null(c0);
+    for (int i = 0; i < M * (K + 2); i++)
+        c0[i] = c[i];
+    nn_taps_gemm_nt(a, M, lda, K, offs, src, L, c, K + 2);
+    for (int m = 0; m < M; m++) {
+        for (int k = 0; k < K; k++) {
+            double want = c0[m * (K + 2) + k];
+            for (int q = 0; q < L; q++)
+                want += (double)a[m * lda + q] * src[offs[k] + q];
+            assert_close("taps_gemm_nt", m * (K + 2) + k, c[m * (K + 2) + k], want);
+        }
+        for (int k = K; k < K + 2; k++)   /* columns past K untouched */
+            assert_true(c[m * (K + 2) + k] == c0[m * (K + 2) + k]);
+    }
+    free(a);
+    free(src);
+    free(c);
+    free(c0);
+    free(offs);
+}
+
+static void test_taps_gemm_nt(void **state)
+{
+    (void)state;
+    nn_rng_seed(&rng, 3);
+    const int Ms[] = {1, 3, 4, 5, 9};
+    const int Ks[] = {1, 2, 4, 5, 11};
+    const int Ls[] = {1, 15, 16, 17, 100};
+    for (size_t i = 0; i < sizeof Ms / sizeof *Ms; i++)
+        for (size_t j = 0; j < sizeof Ks / sizeof *Ks; j++)
+            for (size_t l = 0; l < sizeof Ls / sizeof *Ls; l++)
+                check_taps_gemm_nt(Ms[i], Ks[j], Ls[l]);
+}
+
+/* ---- the ops, taps path against im2col path ---- */
+
+typedef enum { PLAIN, RELU, POOL } kind_t;
+
+static tensor_t *rand_leaf(int ndim, const int64_t *shape)
+{
+    tensor_t *t = tensor_empty(TENSOR_F32, ndim, shape);
+    for (int64_t i = 0; i < tensor_numel(t); i++)
+        tensor_data(t)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    return t;
+}
+
+static tensor_t *run_op(kind_t kind, tensor_t *x, tensor_t *w, tensor_t *b, int padding)
+{
+    tensor_t *y = NULL;
+    int rc = kind == PLAIN  ? nn_conv2d(x, w, b, 1, padding, &y)
+             : kind == RELU ? nn_conv2d_relu(x, w, b, 1, padding, &y)
+                            : nn_conv2d_max_pool2d(x, w, b, 1, padding, 2, 0, &y);
+    if (rc < 0)
+        fail_msg("conv: %s", error_last());
+    return y;
+}
+
+static void assert_same(const char *what, tensor_t *got, tensor_t *want)
+{
+    assert_non_null(got);
+    assert_non_null(want);
+    assert_true(tensor_same_shape(got, want));
+    for (int64_t i = 0; i < tensor_numel(got); i++)
+        assert_close(what, (int)i, tensor_data(got)[i], tensor_data(want)[i]);
+}
+
+static void check_op(kind_t kind, int N, int C, int H, int W, int O, int kh, int kw, int pad,
+                     bool bias)
+{
+    int64_t live = tensor_live_count();
+    tensor_t *x = rand_leaf(4, (int64_t[]){N, C, H, W});
+    tensor_t *w = rand_leaf(4, (int64_t[]){O, C, kh, kw});
+    tensor_t *b = bias ? rand_leaf(1, (int64_t[]){O}) : NULL;
+    tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3] = {{0}};
+    tensor_t *dy = NULL;
+    for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: im2col path */
+        nn_conv_use_taps(v == 0);
+        y[v] = run_op(kind, x, w, b, pad);
+        if (!dy) {
+            dy = tensor_empty(TENSOR_F32, 4, tensor_shape(y[v]));
+            for (int64_t i = 0; i < tensor_numel(dy); i++)
+                tensor_data(dy)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+        }
+        assert_int_equal(autograd_backward(y[v], dy, false), 0);
+        for (int i = 0; i < 3; i++)
+            if (leaves[i]) {
+                g[v][i] = tensor_grad(leaves[i]);
+                tensor_clear_grad(leaves[i]);
+            }
+    }
+    nn_conv_use_taps(true);
+    assert_same("y", y[0], y[1]);
+    assert_same("grad x", g[0][0], g[1][0]);
+    assert_same("grad weight", g[0][1], g[1][1]);
+    if (b)
+        assert_same("grad bias", g[0][2], g[1][2]);
+    for (int v = 0; v < 2; v++) {
+        tensor_unref(y[v]);
+        for (int i = 0; i < 3; i++)
+            tensor_unref(g[v][i]);
+    }
+    tensor_unref(dy);
+    tensor_unref(x);
+    tensor_unref(w);
+    tensor_unref(b);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_ops_match_im2col(void **state)
+{
+    (void)state;
+    nn_rng_seed(&rng, 4);
+    /*       kind  N  C   H   W   O kh kw pad bias */
+    check_op(PLAIN, 3, 2, 7, 9, 5, 3, 3, 0, true);
+    check_op(PLAIN, 2, 3, 11, 6, 9, 2, 3, 1, false);
+    check_op(PLAIN, 1, 1, 5, 5, 1, 1, 1, 0, true);      /* pointwise, one channel */
+    check_op(PLAIN, 2, 4, 9, 13, 17, 5, 5, 2, true);    /* padding 2, 17 outputs */
+    check_op(PLAIN, 5, 1, 28, 28, 3, 3, 3, 0, true);    /* the ConvNet's conv1 */
+    check_op(PLAIN, 1, 7, 3, 40, 10, 3, 1, 0, true);    /* one output row */
+    check_op(RELU, 3, 1, 28, 28, 32, 3, 3, 0, true);    /* the Net's conv1 */
+    check_op(RELU, 2, 5, 10, 12, 11, 3, 2, 1, true);
+    check_op(POOL, 2, 32, 26, 26, 64, 3, 3, 0, true);   /* the Net's conv2 */
+    check_op(POOL, 3, 3, 11, 9, 7, 3, 3, 1, false);     /* odd planes: pools drop a row */
+    check_op(POOL, 1, 2, 6, 30, 9, 2, 2, 0, true);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_taps_gemm),
+        cmocka_unit_test(test_taps_pack_gather),
+        cmocka_unit_test(test_taps_gemm_nt),
+        cmocka_unit_test(test_ops_match_im2col),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
