@@ -10,7 +10,8 @@
     --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines.
     --threads sets nn_set_num_threads (a parameter server with several
     trainers runs each request on 1). --ops times each layer of the Net on
-    its own instead: forward, and forward + backward, in ms per batch. */
+    its own instead: forward, and forward + backward, in ms per batch (the
+    fastest of several rounds). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,6 +128,7 @@ typedef struct {
     nn_model_t *m;
     nn_rng_t rng;
     tensor_t *in[N_LAYERS];       /* each layer's input (leaf; grad from conv2 on) */
+    tensor_t *gout[N_LAYERS];     /* ones in the shape of each layer's output (made once) */
     tensor_t *target;
 } ops_bench_t;
 
@@ -170,13 +172,11 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
     }
 #undef L
     if (rc == 0 && backward) {
-        tensor_t *g = NULL;
-        if (tensor_numel(h) > 1) {
-            g = tensor_empty(TENSOR_F32, tensor_ndim(h), tensor_shape(h));
-            tensor_fill_(g, 1.0f);
+        if (!b->gout[l] && tensor_numel(h) > 1) {
+            b->gout[l] = tensor_empty(TENSOR_F32, tensor_ndim(h), tensor_shape(h));
+            tensor_fill_(b->gout[l], 1.0f);
         }
-        rc = autograd_backward(h, g, false);
-        tensor_unref(g);
+        rc = autograd_backward(h, b->gout[l], false);
         nn_model_zero_grad(m);
         tensor_clear_grad(b->in[l]);
     }
@@ -184,25 +184,29 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
     return rc;
 }
 
-/*  Median ms per call of run_layer over ROUNDS rounds. */
+/*  Fastest of OPS_ROUNDS rounds, in ms per call of run_layer: layers take
+    a millisecond or so, and the fastest round is the one other load on the
+    machine disturbed least. */
+#define OPS_ROUNDS 15
+
 static double time_layer(ops_bench_t *b, int l, bool backward, double seconds)
 {
-    double t0 = now(), rate[ROUNDS];
+    double t0 = now(), best = 1e30;
     int warm = 0;
     while (now() - t0 < 0.1 || warm < 3) {
         if (run_layer(b, l, backward) < 0)
             return -1;
         warm++;
     }
-    int per_round = (int)(warm / (now() - t0) * seconds / ROUNDS) + 1;
-    for (int r = 0; r < ROUNDS; r++) {
+    int per_round = (int)(warm / (now() - t0) * seconds / OPS_ROUNDS) + 1;
+    for (int r = 0; r < OPS_ROUNDS; r++) {
         t0 = now();
         for (int i = 0; i < per_round; i++)
             run_layer(b, l, backward);
-        rate[r] = 1e3 * (now() - t0) / per_round;
+        double ms = 1e3 * (now() - t0) / per_round;
+        best = ms < best ? ms : best;
     }
-    qsort(rate, ROUNDS, sizeof *rate, cmp_double);
-    return rate[ROUNDS / 2];
+    return best;
 }
 
 static int bench_ops(int batch, double seconds)
@@ -245,8 +249,10 @@ static int bench_ops(int batch, double seconds)
     }
     if (rc == 0)
         printf("%-24s %9.3f %9.3f %9.3f\n", "sum", sum_f, sum_t - sum_f, sum_t);
-    for (int l = 0; l < N_LAYERS; l++)
+    for (int l = 0; l < N_LAYERS; l++) {
         tensor_unref(b.in[l]);
+        tensor_unref(b.gout[l]);
+    }
     tensor_unref(b.target);
     nn_model_free(b.m);
     return rc;

@@ -150,10 +150,11 @@ static void im2col_bwd_chunk(void *arg, int c, float *scratch)
     }
 }
 
-static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_x)
+static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_w, bool need_x)
 {
     if (ctx->taps)
-        return backward ? conv_taps_bwd_scratch(ctx, need_x) : conv_taps_fwd_scratch(ctx);
+        return backward ? conv_taps_bwd_scratch(ctx, need_w, need_x)
+                        : conv_taps_fwd_scratch(ctx);
     const nn_conv_geom_t *g = &ctx->g;
     size_t P = (size_t)g->Ho * g->Wo, K = (size_t)g->C * g->kh * g->kw;
     return (is_pointwise(g) ? 0 : K * P) + (ctx->epi != EPI_NONE ? (size_t)ctx->O * P : 0);
@@ -196,29 +197,25 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     if (need_b && !(gin[2] = tensor_empty(TENSOR_F32, 1, (int64_t[]){O})))
         goto out;
     if (need_w) {
-        parts[0] = tensor_data(gin[1]);
-        for (int c = 1; c < chunks; c++)
+        /* the taps path's partial sums are transposed (K x O) */
+        parts[0] = ctx->taps ? NULL : tensor_data(gin[1]);
+        for (int c = parts[0] ? 1 : 0; c < chunks; c++)
             if (!(parts[c] = malloc(sizeof(float) * (size_t)O * K)))
                 goto oom;
         job.dw_part = parts;
     }
     if (need_b && !(job.db_part = malloc(sizeof(float) * (size_t)chunks * O)))
         goto oom;
+    if (need_x)
+        job.dx = tensor_data(gin[0]);
     if (ctx->taps && (need_w || need_x)) {
-        /* offs: the K input taps, then the O*kh*kw output-gradient taps */
-        const int Kx = O * ctx->g.kh * ctx->g.kw;
-        if (!(offs = malloc(sizeof(int32_t) * ((size_t)K + Kx))))
+        if (!(offs = malloc(sizeof(int32_t) * conv_taps_bwd_ints(ctx))))
             goto oom;
-        conv_taps_offsets(ctx, offs);
-        job.offs = offs;
-        if (need_x) {
-            if (!(wt = malloc(sizeof(float) * nn_taps_packed_floats(ctx->g.C, Kx))))
-                goto oom;
-            if (conv_taps_dx_prepare(ctx, tensor_data(w), wt, offs + K) < 0)
-                goto out;
-            job.wflip = wt;
-            job.offs_dx = offs + K;
-        }
+        const int Kx = O * ctx->g.kh * ctx->g.kw;
+        if (need_x && !(wt = malloc(sizeof(float) * nn_taps_packed_floats(ctx->g.C, Kx))))
+            goto oom;
+        if (conv_taps_bwd_prepare(&job, tensor_data(w), offs, wt) < 0)
+            goto out;
     } else if (need_x) {
         if (!(wt = malloc(sizeof(float) * ((size_t)K * O + 1))))
             goto oom;
@@ -228,14 +225,18 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
                 wt[(size_t)k * O + o] = wd[(size_t)o * K + k];
         job.wt = wt;
     }
-    if (need_x)
-        job.dx = tensor_data(gin[0]);
-    if (nn_parallel_run(chunks, scratch_floats(ctx, true, need_x),
+    if (nn_parallel_run(chunks, scratch_floats(ctx, true, need_w, need_x),
                         ctx->taps ? conv_taps_bwd_chunk : im2col_bwd_chunk, &job) < 0)
         goto out;
     for (int c = 1; need_w && c < chunks; c++)
         for (size_t i = 0; i < (size_t)O * K; i++)
             parts[0][i] += parts[c][i];
+    if (need_w && ctx->taps) {
+        float *dw = tensor_data(gin[1]);
+        for (int k = 0; k < K; k++)
+            for (int o = 0; o < O; o++)
+                dw[(size_t)o * K + k] = parts[0][(size_t)k * O + o];
+    }
     if (need_b) {
         float *db = tensor_data(gin[2]);
         for (int o = 0; o < O; o++) {
@@ -250,7 +251,7 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
 oom:
     error_set("conv2d backward: out of memory");
 out:
-    for (int c = 1; c < chunks; c++)
+    for (int c = ctx->taps ? 0 : 1; c < chunks; c++)
         free(parts[c]);
     free(job.db_part);
     free(wt);
@@ -348,7 +349,7 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
         }
     }
     if (rc == 0)
-        rc = nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false),
+        rc = nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false, false),
                              ctx->taps ? conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
     free(wpack);
     free(offs);

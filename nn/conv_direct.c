@@ -9,14 +9,15 @@
     K shifts, and no im2col copy is made; the junk columns cost
     (kw-1)/Wp of the work. The same product, on the output gradient padded
     by the kernel size and with the kernel flipped, gives the input
-    gradient; and the weight gradient is the transposed product, a dot
-    product of each output-gradient row (junk columns zeroed) with each
-    shifted input run.
+    gradient; and the weight gradient (transposed) is the shifted input
+    runs times the output gradient transposed to positions x channels (its
+    junk positions zeroed).
 
-    The AVX-512 kernels keep an 8 x 48 block of the result (or a 4 x 4
-    block of dot products) in registers; builds without AVX-512 get plain
-    loops with the same results up to rounding (conv.c then keeps to im2col
-    and OpenBLAS, which are faster there). */
+    The AVX-512 kernels keep a block of the result in registers (8 rows x
+    48 positions; for the weight gradient, 6 taps x 64 channels) and run at
+    the FMA units' peak when the operands are in L1/L2. Builds without
+    AVX-512 get plain loops with the same results up to rounding (conv.c
+    then keeps to im2col and OpenBLAS, which are faster there). */
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -133,91 +134,116 @@ void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const 
                         bias ? bias + m0 : NULL, M - m0, c + (size_t)m0 * ldc + q, ldc);
 }
 
-/*  Sums of 16 vectors: lane j of the result is the sum of the lanes of
-    v[perm[j]] (a fixed tree of shuffles, so the order never changes). */
-static inline __m512 sum16(const __m512 v[16])
+/*  A block of taps x 16*NV columns of c += taps(src) b, the accumulators
+    written out by name (see ROW3): row i broadcasts tap i's float at q, the
+    NV vectors of b's row q are shared by all rows. */
+#define TROW2(i) __m512 e##i##0 = _mm512_setzero_ps(), e##i##1 = e##i##0
+#define TROW4(i) TROW2(i), e##i##2 = e##i##0, e##i##3 = e##i##0
+#define TFMA4(i)                                                 \
+    do {                                                         \
+        __m512 sv = _mm512_set1_ps(s##i[q]);                     \
+        e##i##0 = _mm512_fmadd_ps(sv, b0, e##i##0);              \
+        e##i##1 = _mm512_fmadd_ps(sv, b1, e##i##1);              \
+        e##i##2 = _mm512_fmadd_ps(sv, b2, e##i##2);              \
+        e##i##3 = _mm512_fmadd_ps(sv, b3, e##i##3);              \
+    } while (0)
+#define TFMA2(i)                                                 \
+    do {                                                         \
+        __m512 sv = _mm512_set1_ps(s##i[q]);                     \
+        e##i##0 = _mm512_fmadd_ps(sv, b0, e##i##0);              \
+        e##i##1 = _mm512_fmadd_ps(sv, b1, e##i##1);              \
+    } while (0)
+#define TADD(i, v)                                                             \
+    do {                                                                       \
+        float *d = c + (size_t)(i) * ldc + 16 * (v);                           \
+        _mm512_mask_storeu_ps(d, m##v, _mm512_add_ps(_mm512_maskz_loadu_ps(m##v, d), \
+                                                     e##i##v));                \
+    } while (0)
+#define TSTORE4(i)                                                              \
+    do {                                                                        \
+        if (i < rows) {                                                         \
+            TADD(i, 0); TADD(i, 1); TADD(i, 2); TADD(i, 3);                     \
+        }                                                                       \
+    } while (0)
+#define TSTORE2(i)                                                              \
+    do {                                                                        \
+        if (i < rows) {                                                         \
+            TADD(i, 0); TADD(i, 1);                                             \
+        }                                                                       \
+    } while (0)
+
+/*  The 16*NV columns from b's column 0 that a block covers: lane masks. */
+static inline void block_masks(int cols, __mmask16 m[4])
 {
-    __m512 s1[8], s2[4], s3[2];
-    for (int i = 0; i < 8; i++)    /* lanes 0-7: v[2i]'s halves folded, 8-15: v[2i+1]'s */
-        s1[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                              _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
-    for (int i = 0; i < 4; i++)    /* each 128-bit lane: one vector's four partial sums */
-        s2[i] = _mm512_add_ps(_mm512_shuffle_f32x4(s1[2 * i], s1[2 * i + 1], 0x88),
-                              _mm512_shuffle_f32x4(s1[2 * i], s1[2 * i + 1], 0xdd));
-    for (int i = 0; i < 2; i++)    /* pairs of partial sums, two vectors interleaved */
-        s3[i] = _mm512_add_ps(_mm512_unpacklo_ps(s2[2 * i], s2[2 * i + 1]),
-                              _mm512_unpackhi_ps(s2[2 * i], s2[2 * i + 1]));
-    return _mm512_add_ps(_mm512_shuffle_ps(s3[0], s3[1], 0x44),
-                         _mm512_shuffle_ps(s3[0], s3[1], 0xee));
+    for (int v = 0; v < 4; v++)
+        m[v] = tail_mask(cols - 16 * v < 0 ? 0 : cols - 16 * v);
 }
 
-/*  Which vector's sum lands in each lane of sum16 (worked out from the
-    shuffles above; the kernel tests check it). */
-static const int sum16_perm[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};
-
-/*  One step of a 4 x 4 block of dot products: 16 lanes of q (masked). */
-#define DOT_ROW(i)                                                   \
-    do {                                                             \
-        __m512 av = _mm512_maskz_loadu_ps(m, a##i + q);              \
-        d##i##0 = _mm512_fmadd_ps(av, s0, d##i##0);                  \
-        d##i##1 = _mm512_fmadd_ps(av, s1, d##i##1);                  \
-        d##i##2 = _mm512_fmadd_ps(av, s2, d##i##2);                  \
-        d##i##3 = _mm512_fmadd_ps(av, s3, d##i##3);                  \
-    } while (0)
-#define DOT_STEP()                                                   \
-    do {                                                             \
-        __m512 s0 = _mm512_maskz_loadu_ps(m, t0 + q);                \
-        __m512 s1 = _mm512_maskz_loadu_ps(m, t1 + q);                \
-        __m512 s2 = _mm512_maskz_loadu_ps(m, t2 + q);                \
-        __m512 s3 = _mm512_maskz_loadu_ps(m, t3 + q);                \
-        DOT_ROW(0); DOT_ROW(1); DOT_ROW(2); DOT_ROW(3);              \
-    } while (0)
-#define DOT_ZERO(i) __m512 d##i##0 = _mm512_setzero_ps(), d##i##1 = d##i##0, \
-                           d##i##2 = d##i##0, d##i##3 = d##i##0
-
-/*  A 4 x 4 block of dot products over q < L: c[i][j] += sum_q a_i[q] * t_j[q].
-    Rows or taps past the block's end (rows, cols < 4) repeat row or tap 0
-    and are not stored. */
-static void dot_block(const float *const a[4], const float *const t[4], int L, float *c,
-                      int ldc, int rows, int cols)
+/*  6 taps x 64 columns; taps past `rows` repeat tap 0 and are not stored. */
+static void taps_bt_block4(const float *const s[6], const float *restrict b, int ldb,
+                           int cols, int L, int rows, float *restrict c, int ldc)
 {
-    const float *restrict a0 = a[0], *restrict a1 = a[1], *restrict a2 = a[2];
-    const float *restrict a3 = a[3];
-    const float *restrict t0 = t[0], *restrict t1 = t[1], *restrict t2 = t[2];
-    const float *restrict t3 = t[3];
-    DOT_ZERO(0); DOT_ZERO(1); DOT_ZERO(2); DOT_ZERO(3);
-    int q = 0;
-    __mmask16 m = 0xffff;
-    for (; q + 16 <= L; q += 16)
-        DOT_STEP();
-    if (q < L) {
-        m = tail_mask(L - q);
-        DOT_STEP();
+    const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
+    const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
+    __mmask16 mk[4];
+    block_masks(cols, mk);
+    const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
+    TROW4(0); TROW4(1); TROW4(2); TROW4(3); TROW4(4); TROW4(5);
+    for (int q = 0; q < L; q++) {
+        const float *bq = b + (size_t)q * ldb;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bq), b1 = _mm512_maskz_loadu_ps(m1, bq + 16);
+        __m512 b2 = _mm512_maskz_loadu_ps(m2, bq + 32), b3 = _mm512_maskz_loadu_ps(m3, bq + 48);
+        TFMA4(0); TFMA4(1); TFMA4(2); TFMA4(3); TFMA4(4); TFMA4(5);
     }
-    const __m512 v[16] = {d00, d01, d02, d03, d10, d11, d12, d13,
-                          d20, d21, d22, d23, d30, d31, d32, d33};
-    float sums[16];
-    _mm512_storeu_ps(sums, sum16(v));
-    for (int l = 0; l < 16; l++) {
-        int k = sum16_perm[l], i = k / 4, j = k % 4;
-        if (i < rows && j < cols)
-            c[(size_t)i * ldc + j] += sums[l];
-    }
+    TSTORE4(0); TSTORE4(1); TSTORE4(2); TSTORE4(3); TSTORE4(4); TSTORE4(5);
 }
 
-void nn_taps_gemm_nt(const float *a, int M, int lda, int K, const int32_t *offs,
-                     const float *src, int L, float *c, int ldc)
+/*  12 taps x 32 columns, for narrow b. */
+static void taps_bt_block2(const float *const s[12], const float *restrict b, int ldb,
+                           int cols, int L, int rows, float *restrict c, int ldc)
 {
-    for (int m0 = 0; m0 < M; m0 += 4) {
-        const float *ar[4];
-        for (int i = 0; i < 4; i++)
-            ar[i] = a + (size_t)(m0 + (m0 + i < M ? i : 0)) * lda;
-        for (int k0 = 0; k0 < K; k0 += 4) {
-            const float *sr[4];
-            for (int j = 0; j < 4; j++)
-                sr[j] = src + offs[k0 + (k0 + j < K ? j : 0)];
-            dot_block(ar, sr, L, c + (size_t)m0 * ldc + k0, ldc, M - m0, K - k0);
-        }
+    const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
+    const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
+    const float *restrict s6 = s[6], *restrict s7 = s[7], *restrict s8 = s[8];
+    const float *restrict s9 = s[9], *restrict s10 = s[10], *restrict s11 = s[11];
+    __mmask16 mk[4];
+    block_masks(cols, mk);
+    const __mmask16 m0 = mk[0], m1 = mk[1];
+    TROW2(0); TROW2(1); TROW2(2); TROW2(3); TROW2(4); TROW2(5);
+    TROW2(6); TROW2(7); TROW2(8); TROW2(9); TROW2(10); TROW2(11);
+    for (int q = 0; q < L; q++) {
+        const float *bq = b + (size_t)q * ldb;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, bq), b1 = _mm512_maskz_loadu_ps(m1, bq + 16);
+        TFMA2(0); TFMA2(1); TFMA2(2); TFMA2(3); TFMA2(4); TFMA2(5);
+        TFMA2(6); TFMA2(7); TFMA2(8); TFMA2(9); TFMA2(10); TFMA2(11);
+    }
+    TSTORE2(0); TSTORE2(1); TSTORE2(2); TSTORE2(3); TSTORE2(4); TSTORE2(5);
+    TSTORE2(6); TSTORE2(7); TSTORE2(8); TSTORE2(9); TSTORE2(10); TSTORE2(11);
+}
+
+/*  Positions per pass over the taps: b's rows for them (32 KB at 64
+    columns) stay in L1 while every block of taps reads them. */
+#define BT_Q_CHUNK 128
+
+void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+                     int N, int L, float *c, int ldc)
+{
+    const bool narrow = N <= 32;
+    const int rows = narrow ? 12 : 6, width = narrow ? 32 : 64;
+    for (int q0 = 0; q0 < L; q0 += BT_Q_CHUNK) {
+        const int len = L - q0 < BT_Q_CHUNK ? L - q0 : BT_Q_CHUNK;
+        for (int n0 = 0; n0 < N; n0 += width)
+            for (int k0 = 0; k0 < K; k0 += rows) {
+                const float *s[12];
+                for (int i = 0; i < rows; i++)
+                    s[i] = src + offs[k0 + i < K ? k0 + i : k0] + q0;
+                const float *bq = b + (size_t)q0 * ldb + n0;
+                float *cb = c + (size_t)k0 * ldc + n0;
+                if (narrow)
+                    taps_bt_block2(s, bq, ldb, N - n0, len, K - k0, cb, ldc);
+                else
+                    taps_bt_block4(s, bq, ldb, N - n0, len, K - k0, cb, ldc);
+            }
     }
 }
 
@@ -244,17 +270,16 @@ void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const 
     }
 }
 
-void nn_taps_gemm_nt(const float *a, int M, int lda, int K, const int32_t *offs,
-                     const float *src, int L, float *c, int ldc)
+void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+                     int N, int L, float *c, int ldc)
 {
-    for (int m = 0; m < M; m++)
-        for (int k = 0; k < K; k++) {
-            const float *am = a + (size_t)m * lda, *s = src + offs[k];
-            float acc = 0.0f;
-            for (int q = 0; q < L; q++)
-                acc += am[q] * s[q];
-            c[(size_t)m * ldc + k] += acc;
-        }
+    for (int k = 0; k < K; k++) {
+        const float *s = src + offs[k];
+        float *ck = c + (size_t)k * ldc;
+        for (int q = 0; q < L; q++)
+            for (int n = 0; n < N; n++)
+                ck[n] += s[q] * b[(size_t)q * ldb + n];
+    }
 }
 
 bool nn_conv_direct_available(void)

@@ -76,8 +76,9 @@ typedef struct {
     const float *wflip;   /* taps path: flipped, transposed weight packed (C x O*kh*kw) */
     const int32_t *offs;      /* taps path: the K taps into the padded input */
     const int32_t *offs_dx;   /* taps path: the O*kh*kw taps into the padded gradient */
+    const int32_t *dyp_map;   /* taps path: output q's place in a padded gradient plane */
     float *dx;            /* NULL: no input gradient */
-    float **dw_part;      /* per chunk, O x K; NULL: no weight gradient */
+    float **dw_part;      /* per chunk, O x K (taps path: K x O); NULL: no weight gradient */
     float *db_part;       /* n_chunks x O; NULL: no bias gradient */
 } conv_bwd_job_t;
 
@@ -89,16 +90,18 @@ void conv_taps_plan(conv_ctx_t *ctx);
 
 /*  Scratch floats per chunk of the forward / backward pass. */
 size_t conv_taps_fwd_scratch(const conv_ctx_t *ctx);
-size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_x);
+size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x);
 
 /*  The taps of the forward pass (and of dW): K = C*kh*kw offsets. */
 void conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs);
 
-/*  The input gradient's weight and taps: wflip packed for nn_taps_pack
-    (nn_taps_packed_floats(C, O*kh*kw) floats), offs_dx O*kh*kw offsets.
-    0, or -1 (error_set) out of memory. */
-int conv_taps_dx_prepare(const conv_ctx_t *ctx, const float *w, float *wflip,
-                         int32_t *offs_dx);
+/*  Ints of the backward pass's tables (conv_taps_bwd_prepare). */
+size_t conv_taps_bwd_ints(const conv_ctx_t *ctx);
+
+/*  Fills job's taps tables from `ints` (conv_taps_bwd_ints of them) and,
+    when job->dx is set, wflip (nn_taps_packed_floats(C, O*kh*kw) floats)
+    from the weight w. 0, or -1 (error_set) out of memory. */
+int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip);
 
 void conv_taps_fwd_chunk(void *arg, int c, float *scratch);
 void conv_taps_bwd_chunk(void *arg, int c, float *scratch);

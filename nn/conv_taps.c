@@ -12,6 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
 #include "autograd/error.h"
 #include "nn/conv_private.h"
 
@@ -19,6 +23,46 @@ static int round16(int n)
 {
     return (n + 15) / 16 * 16;
 }
+
+/*  Runs of a few dozen floats (rows of a plane): a vector at a time, the
+    last one under a mask, instead of a memcpy call per row. */
+#ifdef __AVX512F__
+static inline __mmask16 run_mask(int n)
+{
+    return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+}
+
+static inline void copy_run(float *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = run_mask(n - i);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(m, src + i));
+    }
+}
+
+/*  dst = src where keep > 0, else 0 (relu, or relu's gradient with
+    keep = the relu's output). */
+static inline void relu_run(float *dst, const float *src, const float *keep, int n)
+{
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = run_mask(n - i);
+        __mmask16 pos = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, keep + i),
+                                                _mm512_setzero_ps(), _CMP_GT_OQ);
+        _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(pos, src + i));
+    }
+}
+#else
+static inline void copy_run(float *dst, const float *src, int n)
+{
+    memcpy(dst, src, sizeof(float) * (size_t)n);
+}
+
+static inline void relu_run(float *dst, const float *src, const float *keep, int n)
+{
+    for (int i = 0; i < n; i++)
+        dst[i] = keep[i] > 0.0f ? src[i] : 0.0f;
+}
+#endif
 
 static atomic_bool taps_off;
 
@@ -65,14 +109,6 @@ size_t conv_taps_fwd_scratch(const conv_ctx_t *ctx)
     return (size_t)ctx->O * ctx->t.ldy + padded_input_floats(ctx);
 }
 
-size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_x)
-{
-    size_t n = (size_t)ctx->O * ctx->t.ldy + padded_input_floats(ctx);
-    if (need_x)
-        n += (size_t)ctx->O * ctx->t.Hq * ctx->t.Wq + (size_t)ctx->g.C * ctx->t.ldx;
-    return n;
-}
-
 void conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs)
 {
     const nn_conv_geom_t *g = &ctx->g;
@@ -80,27 +116,6 @@ void conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs)
         for (int ki = 0; ki < g->kh; ki++)
             for (int kj = 0; kj < g->kw; kj++)
                 *offs++ = (c * ctx->t.Hp + ki) * ctx->t.Wp + kj;
-}
-
-int conv_taps_dx_prepare(const conv_ctx_t *ctx, const float *w, float *wflip,
-                         int32_t *offs_dx)
-{
-    const nn_conv_geom_t *g = &ctx->g;
-    const int kk = g->kh * g->kw, Kx = ctx->O * kk;
-    /* Row c, column (o, t) of the flipped kernel is w[o][c][kk-1-t]. */
-    int32_t *koff = malloc(sizeof(int32_t) * (size_t)Kx);
-    if (!koff)
-        return error_set("conv2d backward: out of memory");
-    for (int o = 0; o < ctx->O; o++)
-        for (int t = 0; t < kk; t++)
-            koff[o * kk + t] = o * g->C * kk + kk - 1 - t;
-    nn_taps_pack(w, g->C, Kx, kk, koff, wflip);
-    free(koff);
-    for (int o = 0; o < ctx->O; o++)
-        for (int ki = 0; ki < g->kh; ki++)
-            for (int kj = 0; kj < g->kw; kj++)
-                *offs_dx++ = (o * ctx->t.Hq + ki) * ctx->t.Wq + kj;
-    return 0;
 }
 
 /*  dst (rows x Wp-wide planes) = the C planes of xs (H x W) inside a
@@ -157,72 +172,218 @@ void conv_taps_fwd_chunk(void *arg, int c, float *scratch)
         }
         for (int o = 0; o < O; o++)
             for (int oh = 0; oh < Ho; oh++) {
-                const float *restrict src = yext + (size_t)o * t->ldy + (size_t)oh * t->Wp;
-                float *restrict dst = ys + ((size_t)o * Ho + oh) * Wo;
+                const float *src = yext + (size_t)o * t->ldy + (size_t)oh * t->Wp;
+                float *dst = ys + ((size_t)o * Ho + oh) * Wo;
                 if (ctx->epi == EPI_RELU)
-                    for (int ow = 0; ow < Wo; ow++)
-                        dst[ow] = src[ow] > 0.0f ? src[ow] : 0.0f;
+                    relu_run(dst, src, src, Wo);
                 else
-                    memcpy(dst, src, sizeof(float) * (size_t)Wo);
+                    copy_run(dst, src, Wo);
             }
     }
 }
 
-/*  The gradient of sample s's convolution output in the taps numbering
-    (rows Wp apart, zeros in the junk columns): dy itself, or through the
-    relu or the pool. */
-static void spread_out_grad(const conv_bwd_job_t *j, int64_t s, float *dyext)
+
+/* ---- backward ---- */
+
+#ifdef __AVX512F__
+/*  r[j] = column j of the 16 x 16 tile whose rows are r[0..15]. */
+static inline void transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
+            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+            t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
+        }
+    for (int j = 0; j < 8; j++) {
+        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
+    }
+}
+
+/*  dst (cols x round16(rows), row stride ldd) = src (rows x cols, row
+    stride lds) transposed, 16 x 16 tiles at a time; dst's columns past
+    rows get zeros. */
+static void transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+{
+    for (int r0 = 0; r0 < rows; r0 += 16)
+        for (int c0 = 0; c0 < cols; c0 += 16) {
+            const __mmask16 m = run_mask(cols - c0);
+            __m512 v[16];
+            for (int i = 0; i < 16; i++)
+                v[i] = r0 + i < rows ? _mm512_maskz_loadu_ps(m, src + (size_t)(r0 + i) * lds + c0)
+                                     : _mm512_setzero_ps();
+            transpose16(v);
+            for (int i = 0; i < 16 && c0 + i < cols; i++)
+                _mm512_storeu_ps(dst + (size_t)(c0 + i) * ldd + r0, v[i]);
+        }
+}
+#else
+static void transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+{
+    for (int c = 0; c < cols; c++)
+        for (int r = 0; r < round16(rows); r++)
+            dst[(size_t)c * ldd + r] = r < rows ? src[(size_t)r * lds + c] : 0.0f;
+}
+#endif
+
+/*  Row stride of the transposed output gradient (positions x channels). */
+static int ldt(const conv_ctx_t *ctx)
+{
+    return round16(ctx->O);
+}
+
+/*  The per-sample buffers of the backward pass, carved from scratch. */
+typedef struct {
+    float *pad;       /* padded input (padding > 0 and a weight gradient) */
+    float *dyext;     /* O x ldy: the output gradient in the taps numbering (no pool) */
+    float *dyt;       /* L x ldt: the same, transposed (weight gradient) */
+    float *dyp;       /* O planes Hq x Wq: padded by the kernel (input gradient) */
+    float *dxext;     /* C x ldx: the padded input's gradient */
+} bwd_bufs_t;
+
+static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float *base,
+                         bwd_bufs_t *b)
+{
+    const conv_taps_geom_t *t = &ctx->t;
+    size_t n = 0;
+#define CARVE(field, floats)                          \
+    do {                                              \
+        if (b)                                        \
+            b->field = base ? base + n : NULL;        \
+        n += (floats);                                \
+    } while (0)
+    CARVE(pad, need_w ? padded_input_floats(ctx) : 0);
+    CARVE(dyext, ctx->epi != EPI_POOL ? (size_t)ctx->O * t->ldy : 0);
+    CARVE(dyt, need_w ? (size_t)t->L * ldt(ctx) : 0);
+    CARVE(dyp, need_x ? (size_t)ctx->O * t->Hq * t->Wq : 0);
+    CARVE(dxext, need_x ? (size_t)ctx->g.C * t->ldx : 0);
+#undef CARVE
+    return n;
+}
+
+size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
+{
+    return bwd_layout(ctx, need_w, need_x, NULL, NULL);
+}
+
+size_t conv_taps_bwd_ints(const conv_ctx_t *ctx)
+{
+    return (size_t)ctx->g.C * ctx->g.kh * ctx->g.kw + (size_t)ctx->O * ctx->g.kh * ctx->g.kw +
+           (size_t)ctx->t.L;
+}
+
+int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip)
+{
+    const conv_ctx_t *ctx = job->ctx;
+    const nn_conv_geom_t *g = &ctx->g;
+    const conv_taps_geom_t *t = &ctx->t;
+    const int kk = g->kh * g->kw, Kx = ctx->O * kk;
+    int32_t *offs = ints, *offs_dx = ints + (size_t)g->C * kk, *map = offs_dx + Kx;
+    conv_taps_offsets(ctx, offs);
+    job->offs = offs;
+    if (!job->dx)
+        return 0;
+    /* Row c, column (o, tap) of the flipped kernel is w[o][c][kk-1-tap]. */
+    int32_t *koff = malloc(sizeof(int32_t) * (size_t)Kx);
+    if (!koff)
+        return error_set("conv2d backward: out of memory");
+    for (int o = 0; o < ctx->O; o++)
+        for (int k = 0; k < kk; k++)
+            koff[o * kk + k] = o * g->C * kk + kk - 1 - k;
+    nn_taps_pack(w, g->C, Kx, kk, koff, wflip);
+    free(koff);
+    for (int o = 0; o < ctx->O; o++)
+        for (int ki = 0; ki < g->kh; ki++)
+            for (int kj = 0; kj < g->kw; kj++)
+                offs_dx[(o * g->kh + ki) * g->kw + kj] = (o * t->Hq + ki) * t->Wq + kj;
+    /* output q = oh*Wp + ow sits at (oh + kh-1, ow + kw-1) of a dyp plane */
+    for (int oh = 0, q = 0; oh < g->Ho; oh++)
+        for (int ow = 0; ow < t->Wp && q < t->L; ow++, q++)
+            map[q] = (oh + g->kh - 1) * t->Wq + ow + g->kw - 1;
+    job->wflip = wflip;
+    job->offs_dx = offs_dx;
+    job->dyp_map = map;
+    return 0;
+}
+
+/*  The gradient of sample s's pooled output, sent back through the pool:
+    into dyt (transposed) and dyp (padded planes), both zeroed first; db
+    gets each channel's sum. */
+static void pool_grads(const conv_bwd_job_t *j, int64_t s, const bwd_bufs_t *b, float *db)
+{
+    const conv_ctx_t *ctx = j->ctx;
+    const conv_taps_geom_t *t = &ctx->t;
+    const int O = ctx->O, pp = ctx->Hp * ctx->Wp, lt = ldt(ctx);
+    const size_t plane = (size_t)t->Hq * t->Wq;
+    const float *dys = j->dy + s * conv_out_per_sample(ctx);
+    if (j->dw_part)
+        memset(b->dyt, 0, sizeof(float) * (size_t)t->L * lt);
+    if (j->dx)
+        memset(b->dyp, 0, sizeof(float) * (size_t)O * plane);
+    for (int o = 0; o < O; o++) {
+        const int32_t *am = ctx->argmax + (s * O + o) * pp;
+        const float *g = dys + (size_t)o * pp;
+        if (db)
+            db[o] += conv_sum_row(g, pp);
+        if (j->dw_part)
+            for (int i = 0; i < pp; i++)
+                b->dyt[(size_t)am[i] * lt + o] += g[i];
+        if (j->dx) {
+            float *d = b->dyp + (size_t)o * plane;
+            for (int i = 0; i < pp; i++)
+                d[j->dyp_map[am[i]]] += g[i];
+        }
+    }
+}
+
+/*  The same without a pool: dy (or relu's gradient of it) spread into the
+    taps numbering (junk columns zeroed), then transposed and padded. */
+static void plain_grads(const conv_bwd_job_t *j, int64_t s, const bwd_bufs_t *b, float *db)
 {
     const conv_ctx_t *ctx = j->ctx;
     const conv_taps_geom_t *t = &ctx->t;
     const int O = ctx->O, Ho = ctx->g.Ho, Wo = ctx->g.Wo;
-    const float *dys = j->dy + s * conv_out_per_sample(ctx);
-    if (ctx->epi == EPI_POOL) {
-        const int pp = ctx->Hp * ctx->Wp;
-        for (int o = 0; o < O; o++) {
-            float *d = dyext + (size_t)o * t->ldy;
-            const int32_t *am = ctx->argmax + (s * O + o) * pp;
-            const float *g = dys + (size_t)o * pp;
-            memset(d, 0, sizeof(float) * (size_t)t->L);
-            for (int i = 0; i < pp; i++)
-                d[am[i]] += g[i];
-        }
-        return;
-    }
-    const float *ys = ctx->epi == EPI_RELU ? j->y + s * conv_out_per_sample(ctx) : NULL;
-    for (int o = 0; o < O; o++)
-        for (int oh = 0; oh < Ho; oh++) {
-            size_t at = ((size_t)o * Ho + oh) * Wo;
-            const float *restrict g = dys + at;
-            float *restrict d = dyext + (size_t)o * t->ldy + (size_t)oh * t->Wp;
+    const int ph = ctx->g.kh - 1, pw = ctx->g.kw - 1;
+    const size_t at = (size_t)s * O * Ho * Wo;
+    const float *dys = j->dy + at, *ys = ctx->epi == EPI_RELU ? j->y + at : NULL;
+    for (int o = 0; o < O; o++) {
+        float *d = b->dyext + (size_t)o * t->ldy;
+        for (int oh = 0; oh < Ho; oh++, d += t->Wp) {
+            size_t r = ((size_t)o * Ho + oh) * Wo;
             if (ys)
-                for (int ow = 0; ow < Wo; ow++) {
-                    float v = g[ow];
-                    d[ow] = ys[at + ow] > 0.0f ? v : 0.0f;
-                }
+                relu_run(d, dys + r, ys + r, Wo);
             else
-                memcpy(d, g, sizeof(float) * (size_t)Wo);
-            if (oh + 1 < Ho)
-                for (int ow = Wo; ow < t->Wp; ow++)
-                    d[ow] = 0.0f;
+                copy_run(d, dys + r, Wo);
+            for (int ow = Wo; ow < t->Wp && oh + 1 < Ho; ow++)
+                d[ow] = 0.0f;
         }
-}
-
-/*  dyp (O planes Hq x Wq) = dyext's good columns inside a border of kh-1
-    rows and kw-1 columns of zeros. */
-static void pad_out_grad(const conv_ctx_t *ctx, const float *dyext, float *dyp)
-{
-    const conv_taps_geom_t *t = &ctx->t;
-    const int Ho = ctx->g.Ho, Wo = ctx->g.Wo, ph = ctx->g.kh - 1, pw = ctx->g.kw - 1;
-    for (int o = 0; o < ctx->O; o++) {
-        float *d = dyp + (size_t)o * t->Hq * t->Wq;
-        const float *src = dyext + (size_t)o * t->ldy;
+        if (db)
+            db[o] += conv_sum_row(b->dyext + (size_t)o * t->ldy, t->L);
+    }
+    if (j->dw_part)
+        transpose(b->dyext, O, t->L, t->ldy, b->dyt, ldt(ctx));
+    if (!j->dx)
+        return;
+    for (int o = 0; o < O; o++) {
+        float *d = b->dyp + (size_t)o * t->Hq * t->Wq;
+        const float *src = b->dyext + (size_t)o * t->ldy;
         memset(d, 0, sizeof(float) * (size_t)ph * t->Wq);
         d += (size_t)ph * t->Wq;
         for (int oh = 0; oh < Ho; oh++, d += t->Wq) {
             for (int k = 0; k < pw; k++)
                 d[k] = d[pw + Wo + k] = 0.0f;
-            memcpy(d + pw, src + (size_t)oh * t->Wp, sizeof(float) * (size_t)Wo);
+            copy_run(d + pw, src + (size_t)oh * t->Wp, Wo);
         }
         memset(d, 0, sizeof(float) * (size_t)ph * t->Wq);
     }
@@ -235,35 +396,31 @@ void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
     const nn_conv_geom_t *g = &ctx->g;
     const conv_taps_geom_t *t = &ctx->t;
     const int O = ctx->O, C = g->C, K = C * g->kh * g->kw, Kx = O * g->kh * g->kw;
-    float *dyext = scratch, *pad = dyext + (size_t)O * t->ldy;
-    float *dyp = pad + padded_input_floats(ctx);
-    float *dxext = dyp + (size_t)O * t->Hq * t->Wq;
+    bwd_bufs_t b;
+    bwd_layout(ctx, j->dw_part != NULL, j->dx != NULL, scratch, &b);
+    float *db = j->db_part ? j->db_part + (size_t)c * O : NULL;
     int64_t lo, hi;
     nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
     if (j->dw_part)
         memset(j->dw_part[c], 0, sizeof(float) * (size_t)O * K);
-    if (j->db_part)
-        memset(j->db_part + (size_t)c * O, 0, sizeof(float) * (size_t)O);
+    if (db)
+        memset(db, 0, sizeof(float) * (size_t)O);
     for (int64_t s = lo; s < hi; s++) {
-        spread_out_grad(j, s, dyext);
-        if (j->db_part) {
-            float *db = j->db_part + (size_t)c * O;
-            for (int o = 0; o < O; o++)
-                db[o] += conv_sum_row(dyext + (size_t)o * t->ldy, t->L);
-        }
+        if (ctx->epi == EPI_POOL)
+            pool_grads(j, s, &b, db);
+        else
+            plain_grads(j, s, &b, db);
         if (j->dw_part)
-            nn_taps_gemm_nt(dyext, O, t->ldy, K, j->offs, sample_input(ctx, j->x, s, pad),
-                            t->L, j->dw_part[c], K);
+            nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt, ldt(ctx), O,
+                            t->L, j->dw_part[c], O);
         if (j->dx) {
-            pad_out_grad(ctx, dyext, dyp);
-            nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, dyp, t->Lx, NULL, dxext, t->ldx);
+            nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, b.dyp, t->Lx, NULL, b.dxext, t->ldx);
             const int p = g->padding;
             float *dxs = j->dx + (size_t)s * C * g->H * g->W;
             for (int ch = 0; ch < C; ch++)
                 for (int i = 0; i < g->H; i++)
-                    memcpy(dxs + ((size_t)ch * g->H + i) * g->W,
-                           dxext + (size_t)ch * t->ldx + (size_t)(i + p) * t->Wq + p,
-                           sizeof(float) * (size_t)g->W);
+                    copy_run(dxs + ((size_t)ch * g->H + i) * g->W,
+                             b.dxext + (size_t)ch * t->ldx + (size_t)(i + p) * t->Wq + p, g->W);
         }
     }
 }

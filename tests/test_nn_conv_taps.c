@@ -117,44 +117,44 @@ static void test_taps_pack_gather(void **state)
     free(p2);
 }
 
-static void check_taps_gemm_nt(int M, int K, int L)
+static void check_taps_gemm_bt(int K, int N, int L)
 {
-    const int n_src = L + 30, lda = L + 3;
-    float *a = rand_floats((size_t)M * lda), *src = rand_floats((size_t)n_src);
-    float *c = rand_floats((size_t)M * (K + 2)), *c0 = malloc(sizeof(float) * M * (K + 2));
+    const int n_src = L + 30, ldb = N + 1, ldc = N + 3;
+    float *src = rand_floats((size_t)n_src), *b = rand_floats((size_t)L * ldb);
+    float *c = rand_floats((size_t)K * ldc), *c0 = malloc(sizeof(float) * K * ldc);
     int32_t *offs = rand_taps(K, n_src, L);
     assert_non_null(c0);
-    for (int i = 0; i < M * (K + 2); i++)
+    for (int i = 0; i < K * ldc; i++)
         c0[i] = c[i];
-    nn_taps_gemm_nt(a, M, lda, K, offs, src, L, c, K + 2);
-    for (int m = 0; m < M; m++) {
-        for (int k = 0; k < K; k++) {
-            double want = c0[m * (K + 2) + k];
+    nn_taps_gemm_bt(offs, K, src, b, ldb, N, L, c, ldc);
+    for (int k = 0; k < K; k++) {
+        for (int n = 0; n < N; n++) {
+            double want = c0[k * ldc + n];
             for (int q = 0; q < L; q++)
-                want += (double)a[m * lda + q] * src[offs[k] + q];
-            assert_close("taps_gemm_nt", m * (K + 2) + k, c[m * (K + 2) + k], want);
+                want += (double)src[offs[k] + q] * b[q * ldb + n];
+            assert_close("taps_gemm_bt", k * ldc + n, c[k * ldc + n], want);
         }
-        for (int k = K; k < K + 2; k++)   /* columns past K untouched */
-            assert_true(c[m * (K + 2) + k] == c0[m * (K + 2) + k]);
+        for (int n = N; n < ldc; n++)     /* columns past N untouched */
+            assert_true(c[k * ldc + n] == c0[k * ldc + n]);
     }
-    free(a);
     free(src);
+    free(b);
     free(c);
     free(c0);
     free(offs);
 }
 
-static void test_taps_gemm_nt(void **state)
+static void test_taps_gemm_bt(void **state)
 {
     (void)state;
     nn_rng_seed(&rng, 3);
-    const int Ms[] = {1, 3, 4, 5, 9};
-    const int Ks[] = {1, 2, 4, 5, 11};
-    const int Ls[] = {1, 15, 16, 17, 100};
-    for (size_t i = 0; i < sizeof Ms / sizeof *Ms; i++)
-        for (size_t j = 0; j < sizeof Ks / sizeof *Ks; j++)
+    const int Ks[] = {1, 5, 6, 7, 12, 13, 25};
+    const int Ns[] = {1, 5, 16, 17, 32, 33, 64, 70, 130};
+    const int Ls[] = {1, 7, 40};
+    for (size_t i = 0; i < sizeof Ks / sizeof *Ks; i++)
+        for (size_t j = 0; j < sizeof Ns / sizeof *Ns; j++)
             for (size_t l = 0; l < sizeof Ls / sizeof *Ls; l++)
-                check_taps_gemm_nt(Ms[i], Ks[j], Ls[l]);
+                check_taps_gemm_bt(Ks[i], Ns[j], Ls[l]);
 }
 
 /* ---- the ops, taps path against im2col path ---- */
@@ -255,7 +255,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_taps_gemm),
         cmocka_unit_test(test_taps_pack_gather),
-        cmocka_unit_test(test_taps_gemm_nt),
+        cmocka_unit_test(test_taps_gemm_bt),
         cmocka_unit_test(test_ops_match_im2col),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
