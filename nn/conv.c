@@ -161,15 +161,24 @@ static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_w, 
 }
 
 /*  The forward pass takes one sample per chunk; the backward pass, which
-    keeps a partial weight gradient per chunk, a few chunks per thread.
+    keeps a partial weight gradient per chunk, two samples per chunk (at
+    least a few chunks per thread; one chunk without helper threads).
     Threads take chunks as they come, so one slowed down (by another
-    process, say) does not hold the other up. */
-#define BWD_CHUNKS_PER_THREAD 4
-#define MAX_BWD_CHUNKS (BWD_CHUNKS_PER_THREAD * NN_MAX_THREADS)
+    process, say) does not hold the other up for more than a chunk. */
+#define MIN_BWD_CHUNKS_PER_THREAD 4
+#define MAX_BWD_CHUNKS 64
 
 static int conv_chunks(int N, bool backward)
 {
-    int chunks = backward ? BWD_CHUNKS_PER_THREAD * nn_parallel_chunks() : N;
+    const int threads = nn_parallel_chunks();
+    int chunks = N;
+    if (backward) {
+        chunks = threads == 1 ? 1 : (N + 1) / 2;
+        if (threads > 1 && chunks < MIN_BWD_CHUNKS_PER_THREAD * threads)
+            chunks = MIN_BWD_CHUNKS_PER_THREAD * threads;
+        if (chunks > MAX_BWD_CHUNKS)
+            chunks = MAX_BWD_CHUNKS;
+    }
     return chunks > N ? (N > 0 ? N : 1) : chunks;
 }
 

@@ -16,6 +16,7 @@
 #include <cblas.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
@@ -26,6 +27,11 @@
 /*  How long an idle helper polls for the next job before sleeping: jobs of
     one training step follow each other within microseconds. */
 #define SPIN_NS 200000
+
+/*  Waiting threads poll with pause alone for this long, then yield the CPU
+    between polls: on a machine with more runnable threads than cores, the
+    thread being waited for may need the very core the waiter spins on. */
+#define PAUSE_NS 20000
 
 static struct {
     atomic_int ready;             /* the threads below exist */
@@ -63,6 +69,16 @@ static void run_chunks(int slot)
         pool.fn(pool.arg, c, scratch);
 }
 
+/*  One poll of a wait that started at t0 (now_ns): pause, or yield once
+    the wait has lasted PAUSE_NS. */
+static inline void wait_a_little(uint64_t t0, int *spins)
+{
+    if (++*spins < 64 || now_ns() - t0 < PAUSE_NS)
+        _mm_pause();
+    else
+        sched_yield();
+}
+
 static void *helper(void *p)
 {
     int slot = (int)(intptr_t)p;
@@ -71,8 +87,8 @@ static void *helper(void *p)
         uint64_t t0 = now_ns();
         int spins = 0;
         while (atomic_load(&pool.generation) == seen) {
-            _mm_pause();
-            if (++spins % 256 == 0 && now_ns() - t0 > SPIN_NS) {
+            wait_a_little(t0, &spins);
+            if (spins % 256 == 0 && now_ns() - t0 > SPIN_NS) {
                 pthread_mutex_lock(&pool.lock);
                 pool.sleepers++;
                 while (atomic_load(&pool.generation) == seen)
@@ -212,8 +228,10 @@ int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *
         pthread_cond_broadcast(&pool.wake);
     pthread_mutex_unlock(&pool.lock);
     run_chunks(0);
+    uint64_t t0 = now_ns();
+    int spins = 0;
     while (atomic_load(&pool.running) > 0)
-        _mm_pause();
+        wait_a_little(t0, &spins);
     if (blas_threads > 1)
         openblas_set_num_threads(blas_threads);
     atomic_flag_clear(&pool.busy);
