@@ -18,12 +18,25 @@
     the FMA units' peak when the operands are in L1/L2. Builds without
     AVX-512 get plain loops with the same results up to rounding (conv.c
     then keeps to im2col and OpenBLAS, which are faster there). */
+#include <stdatomic.h>
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
 #include "nn/nn_private.h"
+
+static atomic_bool taps_off;
+
+void nn_use_taps(bool on)
+{
+    atomic_store(&taps_off, !on);
+}
+
+bool nn_taps_enabled(void)
+{
+    return nn_conv_direct_available() && !atomic_load(&taps_off);
+}
 
 #define MR 8              /* rows of A per block (nn_taps_pack's panels) */
 

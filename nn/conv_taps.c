@@ -8,7 +8,6 @@
     the junk columns (so it adds nothing to the weight gradient), and, for
     the input gradient, into a plane padded by kh-1 rows and kw-1 columns
     on each side, which the flipped kernel sweeps like a forward pass. */
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -64,18 +63,11 @@ static inline void relu_run(float *dst, const float *src, const float *keep, int
 }
 #endif
 
-static atomic_bool taps_off;
-
-void nn_conv_use_taps(bool on)
-{
-    atomic_store(&taps_off, !on);
-}
-
 void conv_taps_plan(conv_ctx_t *ctx)
 {
     const nn_conv_geom_t *g = &ctx->g;
     ctx->taps = false;
-    if (!nn_conv_direct_available() || g->stride != 1 || atomic_load(&taps_off))
+    if (!nn_taps_enabled() || g->stride != 1)
         return;
     conv_taps_geom_t t;
     t.Hp = g->H + 2 * g->padding;

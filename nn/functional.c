@@ -27,6 +27,9 @@ typedef struct {
     int rows, in_f, out_f, n_chunks;
     const float *x, *w, *dy;
     float *out;
+    /* the taps path of the backward products (see linear_taps) */
+    const float *packed;  /* dy (which 1) or dy^T (which 2), packed by nn_taps_pack */
+    const int32_t *offs;  /* rows of W (which 1) or of x (which 2) */
 } linear_job_t;
 
 static void linear_chunk(void *arg, int c, float *scratch)
@@ -42,10 +45,20 @@ static void linear_chunk(void *arg, int c, float *scratch)
         break;
     case 1:
         nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
-        nn_sgemm(false, false, j->rows, (int)(hi - lo), j->out_f, 1.0f, j->dy, j->out_f,
-                 j->w + lo, j->in_f, 0.0f, j->out + lo, j->in_f);
+        if (j->packed)
+            nn_taps_gemm(j->packed, j->rows, j->out_f, j->offs, j->w + lo, (int)(hi - lo), NULL,
+                         j->out + lo, j->in_f);
+        else
+            nn_sgemm(false, false, j->rows, (int)(hi - lo), j->out_f, 1.0f, j->dy, j->out_f,
+                     j->w + lo, j->in_f, 0.0f, j->out + lo, j->in_f);
         break;
     default:
+        if (j->packed) {
+            nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
+            nn_taps_gemm(j->packed, j->out_f, j->rows, j->offs, j->x + lo, (int)(hi - lo),
+                         NULL, j->out + lo, j->in_f);
+            break;
+        }
         nn_chunk_range(j->out_f, j->n_chunks, c, &lo, &hi);
         nn_sgemm(true, false, (int)(hi - lo), j->in_f, j->rows, 1.0f, j->dy + lo, j->out_f,
                  j->x, j->in_f, 0.0f, j->out + lo * j->in_f, j->in_f);
@@ -54,15 +67,50 @@ static void linear_chunk(void *arg, int c, float *scratch)
 }
 
 /*  One chunk for small products; otherwise one per thread, if each gets
-    a block of at least 16 features. */
+    a block of at least 16 features (the taps path: 48 input features). */
 static int linear_run(linear_job_t *j)
 {
     int64_t flops = (int64_t)j->rows * j->in_f * j->out_f;
-    int span = j->which == 1 ? j->in_f : j->out_f;
+    int span = j->which == 1 || j->packed ? j->in_f : j->out_f;
+    int min_span = j->packed ? 48 : 16;
     j->n_chunks = flops >= (1 << 20) ? nn_parallel_chunks() : 1;
-    while (j->n_chunks > 1 && span / j->n_chunks < 16)
+    while (j->n_chunks > 1 && span / j->n_chunks < min_span)
         j->n_chunks--;
     return nn_parallel_run(j->n_chunks, 0, linear_chunk, j);
+}
+
+/*  The backward products of a large layer (fc1's) run on the taps kernels
+    (nn/conv_direct.c): dx = dy W is, for each input feature q, the sum over
+    outputs k of dy[., k] * W[k][q], a "tap" k reading row k of W; and
+    dW = dy^T x likewise with taps on the rows of x. W is then read once,
+    in L1-sized panels, and no BLAS packing runs. With AVX-512 only, and for
+    products of at least 2^20 multiply-adds. Fills job->packed (dy packed,
+    or dy^T for which 2) and job->offs into `mem`; returns false when the
+    layer keeps to BLAS. */
+static bool linear_taps(linear_job_t *j, float **mem)
+{
+    *mem = NULL;
+    const int m = j->which == 1 ? j->rows : j->out_f, k = j->which == 1 ? j->out_f : j->rows;
+    if (!nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
+        (int64_t)k * j->in_f > INT32_MAX)
+        return false;
+    size_t packed = nn_taps_packed_floats(m, k);
+    float *p = malloc(sizeof(float) * packed + sizeof(int32_t) * 2 * (size_t)k);
+    if (!p)
+        return false;     /* BLAS needs no memory of ours */
+    int32_t *offs = (int32_t *)(p + packed), *cols = offs + k;
+    for (int i = 0; i < k; i++) {
+        offs[i] = i * j->in_f;
+        cols[i] = i * j->out_f;
+    }
+    if (j->which == 1)    /* a(r, k) = dy[r][k] */
+        nn_taps_pack(j->dy, m, k, j->out_f, NULL, p);
+    else                  /* a(o, r) = dy[r][o] */
+        nn_taps_pack(j->dy, m, k, 1, cols, p);
+    j->packed = p;
+    j->offs = offs;
+    *mem = p;
+    return true;
 }
 
 static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
@@ -73,20 +121,29 @@ static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t *
     const float *dy = tensor_data(gout[0]);
     linear_job_t job = {.rows = rows, .in_f = in_f, .out_f = out_f, .x = tensor_data(x),
                         .w = tensor_data(w), .dy = dy};
+    float *mem;
+    int rc;
     if (autograd_node_needs_grad(n, 0)) {          /* dx = dy W */
         if (!(gin[0] = tensor_empty(TENSOR_F32, tensor_ndim(x), tensor_shape(x))))
             return -1;
         job.which = 1;
         job.out = tensor_data(gin[0]);
-        if (linear_run(&job) < 0)
+        linear_taps(&job, &mem);
+        rc = linear_run(&job);
+        free(mem);
+        if (rc < 0)
             return -1;
     }
     if (autograd_node_needs_grad(n, 1)) {          /* dW = dy^T x */
         if (!(gin[1] = tensor_empty(TENSOR_F32, 2, tensor_shape(w))))
             return -1;
         job.which = 2;
+        job.packed = NULL;
         job.out = tensor_data(gin[1]);
-        if (linear_run(&job) < 0)
+        linear_taps(&job, &mem);
+        rc = linear_run(&job);
+        free(mem);
+        if (rc < 0)
             return -1;
     }
     if (autograd_node_needs_grad(n, 2)) {          /* db = column sums of dy */

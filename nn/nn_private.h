@@ -90,10 +90,12 @@ void nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
     are plain loops, correct but slower than im2col + BLAS. */
 bool nn_conv_direct_available(void);
 
-/*  Whether stride-1 convolutions may use these kernels (the default) or
-    must take the im2col path, for tests and benchmarks comparing the two.
-    Convolutions read it when they start. */
-void nn_conv_use_taps(bool on);
+/*  Whether stride-1 convolutions and the backward pass of large linear
+    layers may use these kernels (the default, when they are the fast ones)
+    or must keep to im2col and BLAS: for tests and benchmarks comparing the
+    two. Layers read it when they start. */
+void nn_use_taps(bool on);
+bool nn_taps_enabled(void);
 
 /*  Floats nn_taps_pack writes for an M x K matrix. */
 size_t nn_taps_packed_floats(int M, int K);

@@ -1,9 +1,9 @@
-/*  The stride-1 convolution kernels (nn/conv_direct.c, nn/conv_taps.c):
-    the shifted-plane GEMMs against plain double-precision loops, on odd
-    sizes that exercise every block edge and tail mask; then the three
-    convolution ops on odd shapes, output and every gradient, against the
-    im2col path (nn_conv_use_taps(false)). Without AVX-512 both sides take
-    the same path and the op comparison is trivially exact. */
+/*  The taps kernels (nn/conv_direct.c, nn/conv_taps.c): the shifted-plane
+    GEMMs against plain double-precision loops, on odd sizes that exercise
+    every block edge and tail mask; then the three convolution ops on odd
+    shapes, and large linear layers, output and every gradient, against the
+    im2col / BLAS path (nn_use_taps(false)). Without AVX-512 both sides take
+    the same path and the op comparisons are trivially exact. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -200,7 +200,7 @@ static void check_op(kind_t kind, int N, int C, int H, int W, int O, int kh, int
     tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3] = {{0}};
     tensor_t *dy = NULL;
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: im2col path */
-        nn_conv_use_taps(v == 0);
+        nn_use_taps(v == 0);
         y[v] = run_op(kind, x, w, b, pad);
         if (!dy) {
             dy = tensor_empty(TENSOR_F32, 4, tensor_shape(y[v]));
@@ -214,7 +214,7 @@ static void check_op(kind_t kind, int N, int C, int H, int W, int O, int kh, int
                 tensor_clear_grad(leaves[i]);
             }
     }
-    nn_conv_use_taps(true);
+    nn_use_taps(true);
     assert_same("y", y[0], y[1]);
     assert_same("grad x", g[0][0], g[1][0]);
     assert_same("grad weight", g[0][1], g[1][1]);
@@ -250,6 +250,56 @@ static void test_ops_match_im2col(void **state)
     check_op(POOL, 1, 2, 6, 30, 9, 2, 2, 0, true);
 }
 
+/*  Linear layers large enough for the taps path (rows * in * out >= 2^20)
+    against BLAS, on odd sizes. */
+static void check_linear(int rows, int in_f, int out_f)
+{
+    int64_t live = tensor_live_count();
+    tensor_t *x = rand_leaf(2, (int64_t[]){rows, in_f});
+    tensor_t *w = rand_leaf(2, (int64_t[]){out_f, in_f});
+    tensor_t *b = rand_leaf(1, (int64_t[]){out_f});
+    tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3], *dy = NULL;
+    for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: BLAS */
+        nn_use_taps(v == 0);
+        assert_int_equal(nn_linear(x, w, b, &y[v]), 0);
+        if (!dy) {
+            dy = tensor_empty(TENSOR_F32, 2, tensor_shape(y[v]));
+            for (int64_t i = 0; i < tensor_numel(dy); i++)
+                tensor_data(dy)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+        }
+        assert_int_equal(autograd_backward(y[v], dy, false), 0);
+        for (int i = 0; i < 3; i++) {
+            g[v][i] = tensor_grad(leaves[i]);
+            tensor_clear_grad(leaves[i]);
+        }
+    }
+    nn_use_taps(true);
+    assert_same("linear y", y[0], y[1]);
+    assert_same("linear grad x", g[0][0], g[1][0]);
+    assert_same("linear grad weight", g[0][1], g[1][1]);
+    assert_same("linear grad bias", g[0][2], g[1][2]);
+    for (int v = 0; v < 2; v++) {
+        tensor_unref(y[v]);
+        for (int i = 0; i < 3; i++)
+            tensor_unref(g[v][i]);
+    }
+    tensor_unref(dy);
+    tensor_unref(x);
+    tensor_unref(w);
+    tensor_unref(b);
+    assert_int_equal(tensor_live_count(), live);
+}
+
+static void test_linear_matches_blas(void **state)
+{
+    (void)state;
+    nn_rng_seed(&rng, 5);
+    check_linear(3, 4099, 129);
+    check_linear(33, 2000, 17);
+    check_linear(1, 1100, 1000);
+    check_linear(4, 9216, 128);     /* the Net's fc1, small batch */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -257,6 +307,7 @@ int main(void)
         cmocka_unit_test(test_taps_pack_gather),
         cmocka_unit_test(test_taps_gemm_bt),
         cmocka_unit_test(test_ops_match_im2col),
+        cmocka_unit_test(test_linear_matches_blas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
