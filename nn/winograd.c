@@ -165,53 +165,55 @@ static inline void input_row(const float *row, const cols_t *cc, __m512 *t0, __m
     *t3 = _mm512_sub_ps(d1, d3);
 }
 
-/*  Tiles tx0 .. tx0+n-1 (n <= 16) of tile row ty of the input plane x
-    (H x W, read in place: rows and columns outside it are zeros), one per
-    lane, into 16 rows of n floats at v[xi * ldv]. */
-static void input_tiles_avx512(const wg_plan_t *p, const float *x, int ty, int tx0, int n,
-                               float *v, size_t ldv)
+/*  Input row r of the plane x (H x W), or NULL outside it (padding). */
+static inline const float *plane_row(const wg_plan_t *p, const float *x, int r)
 {
-    const __mmask16 mask = first_lanes(n);
-    const int c0 = 2 * tx0 - p->pad, r0 = 2 * ty - p->pad;
-    cols_t cc = {.start = c0 < 0 ? 0 : c0, .shift = c0 < 0 ? -c0 : 0};
-    for (int k = 0; k < 3; k++)
-        cc.m[k] = first_lanes(p->W - cc.start - 16 * k);
-    const float *rows[4];
-    for (int r = 0; r < 4; r++)
-        rows[r] = r0 + r >= 0 && r0 + r < p->H ? x + (size_t)(r0 + r) * p->W : NULL;
-    __m512 a0, a1, a2, a3, b0, b1, b2, b3, c0v, c1v, c2v, c3v, d0, d1, d2, d3;
-    input_row(rows[0], &cc, &a0, &a1, &a2, &a3);
-    input_row(rows[1], &cc, &b0, &b1, &b2, &b3);
-    input_row(rows[2], &cc, &c0v, &c1v, &c2v, &c3v);
-    input_row(rows[3], &cc, &d0, &d1, &d2, &d3);
-#define STORE4(i, e0, e1, e2, e3)                                    \
-    do {                                                             \
-        _mm512_mask_storeu_ps(v + (4 * (i) + 0) * ldv, mask, e0);    \
-        _mm512_mask_storeu_ps(v + (4 * (i) + 1) * ldv, mask, e1);    \
-        _mm512_mask_storeu_ps(v + (4 * (i) + 2) * ldv, mask, e2);    \
-        _mm512_mask_storeu_ps(v + (4 * (i) + 3) * ldv, mask, e3);    \
-    } while (0)
-    STORE4(0, _mm512_sub_ps(a0, c0v), _mm512_sub_ps(a1, c1v), _mm512_sub_ps(a2, c2v),
-           _mm512_sub_ps(a3, c3v));
-    STORE4(1, _mm512_add_ps(b0, c0v), _mm512_add_ps(b1, c1v), _mm512_add_ps(b2, c2v),
-           _mm512_add_ps(b3, c3v));
-    STORE4(2, _mm512_sub_ps(c0v, b0), _mm512_sub_ps(c1v, b1), _mm512_sub_ps(c2v, b2),
-           _mm512_sub_ps(c3v, b3));
-    STORE4(3, _mm512_sub_ps(b0, d0), _mm512_sub_ps(b1, d1), _mm512_sub_ps(b2, d2),
-           _mm512_sub_ps(b3, d3));
-#undef STORE4
+    return r >= 0 && r < p->H ? x + (size_t)r * p->W : NULL;
 }
 
-/*  Every tile of the input plane x into v (tile t of the sample at v[t]);
-    `stage` is not needed here. */
+/*  Every tile of the input plane x (read in place: rows and columns
+    outside it are zeros) into v (tile t of the sample at v[t]), 16 tiles
+    of a tile row at a time, one per lane. Tile row ty reads input rows
+    2*ty - pad .. +3, the next one two of the same rows again: their
+    column transforms are carried over. `stage` is not needed here. */
 static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v,
                             size_t ldv)
 {
     (void)stage;
-    for (int ty = 0; ty < p->th; ty++)
-        for (int tx = 0; tx < p->tw; tx += 16)
-            input_tiles_avx512(p, x, ty, tx, p->tw - tx < 16 ? p->tw - tx : 16,
-                               v + (size_t)ty * p->tw + tx, ldv);
+    for (int tx0 = 0; tx0 < p->tw; tx0 += 16) {
+        const __mmask16 mask = first_lanes(p->tw - tx0);
+        const int c0 = 2 * tx0 - p->pad;
+        cols_t cc = {.start = c0 < 0 ? 0 : c0, .shift = c0 < 0 ? -c0 : 0};
+        for (int k = 0; k < 3; k++)
+            cc.m[k] = first_lanes(p->W - cc.start - 16 * k);
+        __m512 a0, a1, a2, a3, b0, b1, b2, b3, c0v, c1v, c2v, c3v, d0, d1, d2, d3;
+        input_row(plane_row(p, x, -p->pad), &cc, &a0, &a1, &a2, &a3);
+        input_row(plane_row(p, x, 1 - p->pad), &cc, &b0, &b1, &b2, &b3);
+        for (int ty = 0; ty < p->th; ty++) {
+            const int r2 = 2 * ty + 2 - p->pad;
+            float *vt = v + (size_t)ty * p->tw + tx0;
+            input_row(plane_row(p, x, r2), &cc, &c0v, &c1v, &c2v, &c3v);
+            input_row(plane_row(p, x, r2 + 1), &cc, &d0, &d1, &d2, &d3);
+#define STORE4(i, e0, e1, e2, e3)                                     \
+    do {                                                              \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 0) * ldv, mask, e0);    \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 1) * ldv, mask, e1);    \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 2) * ldv, mask, e2);    \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 3) * ldv, mask, e3);    \
+    } while (0)
+            STORE4(0, _mm512_sub_ps(a0, c0v), _mm512_sub_ps(a1, c1v), _mm512_sub_ps(a2, c2v),
+                   _mm512_sub_ps(a3, c3v));
+            STORE4(1, _mm512_add_ps(b0, c0v), _mm512_add_ps(b1, c1v), _mm512_add_ps(b2, c2v),
+                   _mm512_add_ps(b3, c3v));
+            STORE4(2, _mm512_sub_ps(c0v, b0), _mm512_sub_ps(c1v, b1), _mm512_sub_ps(c2v, b2),
+                   _mm512_sub_ps(c3v, b3));
+            STORE4(3, _mm512_sub_ps(b0, d0), _mm512_sub_ps(b1, d1), _mm512_sub_ps(b2, d2),
+                   _mm512_sub_ps(b3, d3));
+#undef STORE4
+            a0 = c0v, a1 = c1v, a2 = c2v, a3 = c3v;
+            b0 = d0, b1 = d1, b2 = d2, b3 = d3;
+        }
+    }
 }
 #else
 /*  One tile at plane[0] (rows ldp apart) into v[xi * ldv]. */
