@@ -192,9 +192,16 @@ static inline void block_masks(int cols, __mmask16 m[4])
         m[v] = tail_mask(cols - 16 * v < 0 ? 0 : cols - 16 * v);
 }
 
+/*  The positions a block sums over: runs of `run` positions, `stride`
+    apart (the good columns of the output rows). */
+#define FOR_POSITIONS(nrun, run, stride)                       \
+    for (int r_ = 0; r_ < (nrun); r_++)                        \
+        for (int q = r_ * (stride); q < r_ * (stride) + (run); q++)
+
 /*  6 taps x 64 columns; taps past `rows` repeat tap 0 and are not stored. */
 static void taps_bt_block4(const float *const s[6], const float *restrict b, int ldb,
-                           int cols, int L, int rows, float *restrict c, int ldc)
+                           int cols, int nrun, int run, int stride, int rows,
+                           float *restrict c, int ldc)
 {
     const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
     const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
@@ -202,7 +209,7 @@ static void taps_bt_block4(const float *const s[6], const float *restrict b, int
     block_masks(cols, mk);
     const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
     TROW4(0); TROW4(1); TROW4(2); TROW4(3); TROW4(4); TROW4(5);
-    for (int q = 0; q < L; q++) {
+    FOR_POSITIONS(nrun, run, stride) {
         const float *bq = b + (size_t)q * ldb;
         __m512 b0 = _mm512_maskz_loadu_ps(m0, bq), b1 = _mm512_maskz_loadu_ps(m1, bq + 16);
         __m512 b2 = _mm512_maskz_loadu_ps(m2, bq + 32), b3 = _mm512_maskz_loadu_ps(m3, bq + 48);
@@ -213,7 +220,8 @@ static void taps_bt_block4(const float *const s[6], const float *restrict b, int
 
 /*  12 taps x 32 columns, for narrow b. */
 static void taps_bt_block2(const float *const s[12], const float *restrict b, int ldb,
-                           int cols, int L, int rows, float *restrict c, int ldc)
+                           int cols, int nrun, int run, int stride, int rows,
+                           float *restrict c, int ldc)
 {
     const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
     const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
@@ -224,7 +232,7 @@ static void taps_bt_block2(const float *const s[12], const float *restrict b, in
     const __mmask16 m0 = mk[0], m1 = mk[1];
     TROW2(0); TROW2(1); TROW2(2); TROW2(3); TROW2(4); TROW2(5);
     TROW2(6); TROW2(7); TROW2(8); TROW2(9); TROW2(10); TROW2(11);
-    for (int q = 0; q < L; q++) {
+    FOR_POSITIONS(nrun, run, stride) {
         const float *bq = b + (size_t)q * ldb;
         __m512 b0 = _mm512_maskz_loadu_ps(m0, bq), b1 = _mm512_maskz_loadu_ps(m1, bq + 16);
         TFMA2(0); TFMA2(1); TFMA2(2); TFMA2(3); TFMA2(4); TFMA2(5);
@@ -234,28 +242,30 @@ static void taps_bt_block2(const float *const s[12], const float *restrict b, in
     TSTORE2(6); TSTORE2(7); TSTORE2(8); TSTORE2(9); TSTORE2(10); TSTORE2(11);
 }
 
-/*  Positions per pass over the taps: b's rows for them (32 KB at 64
-    columns) stay in L1 while every block of taps reads them. */
+/*  Positions per pass over the taps (about): b's rows for them (32 KB at
+    64 columns) stay in L1 while every block of taps reads them. */
 #define BT_Q_CHUNK 128
 
 void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int L, float *c, int ldc)
+                     int N, int nrun, int run, int stride, float *c, int ldc)
 {
     const bool narrow = N <= 32;
     const int rows = narrow ? 12 : 6, width = narrow ? 32 : 64;
-    for (int q0 = 0; q0 < L; q0 += BT_Q_CHUNK) {
-        const int len = L - q0 < BT_Q_CHUNK ? L - q0 : BT_Q_CHUNK;
+    const int runs_per_pass = stride >= BT_Q_CHUNK ? 1 : BT_Q_CHUNK / stride;
+    for (int r0 = 0; r0 < nrun; r0 += runs_per_pass) {
+        const int n_runs = nrun - r0 < runs_per_pass ? nrun - r0 : runs_per_pass;
+        const size_t q0 = (size_t)r0 * stride;
         for (int n0 = 0; n0 < N; n0 += width)
             for (int k0 = 0; k0 < K; k0 += rows) {
                 const float *s[12];
                 for (int i = 0; i < rows; i++)
                     s[i] = src + offs[k0 + i < K ? k0 + i : k0] + q0;
-                const float *bq = b + (size_t)q0 * ldb + n0;
+                const float *bq = b + q0 * ldb + n0;
                 float *cb = c + (size_t)k0 * ldc + n0;
                 if (narrow)
-                    taps_bt_block2(s, bq, ldb, N - n0, len, K - k0, cb, ldc);
+                    taps_bt_block2(s, bq, ldb, N - n0, n_runs, run, stride, K - k0, cb, ldc);
                 else
-                    taps_bt_block4(s, bq, ldb, N - n0, len, K - k0, cb, ldc);
+                    taps_bt_block4(s, bq, ldb, N - n0, n_runs, run, stride, K - k0, cb, ldc);
             }
     }
 }
@@ -284,14 +294,15 @@ void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const 
 }
 
 void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int L, float *c, int ldc)
+                     int N, int nrun, int run, int stride, float *c, int ldc)
 {
     for (int k = 0; k < K; k++) {
         const float *s = src + offs[k];
         float *ck = c + (size_t)k * ldc;
-        for (int q = 0; q < L; q++)
-            for (int n = 0; n < N; n++)
-                ck[n] += s[q] * b[(size_t)q * ldb + n];
+        for (int r = 0; r < nrun; r++)
+            for (int q = r * stride; q < r * stride + run; q++)
+                for (int n = 0; n < N; n++)
+                    ck[n] += s[q] * b[(size_t)q * ldb + n];
     }
 }
 

@@ -404,7 +404,7 @@ void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
             plain_grads(j, s, &b, db);
         if (j->dw_part)
             nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt, ldt(ctx), O,
-                            t->L, j->dw_part[c], O);
+                            g->Ho, g->Wo, t->Wp, j->dw_part[c], O);
         if (j->dx) {
             nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, b.dyp, t->Lx, NULL, b.dxext, t->ldx);
             const int p = g->padding;

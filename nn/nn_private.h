@@ -112,11 +112,13 @@ void nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t 
 void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
                   int L, const float *bias, float *c, int ldc);
 
-/*  c[k][n] += sum_{q < L} src[offs[k] + q] * b[q*ldb + n], k < K, n < N
-    (row stride ldc): the weight gradient's product, with b the output
-    gradient transposed (positions x channels). */
+/*  c[k][n] += sum_q src[offs[k] + q] * b[q*ldb + n], k < K, n < N (row
+    stride ldc), over the positions q = r*stride + i, r < nrun, i < run (a
+    convolution's good output columns; nrun 1 for a plain run of `run`):
+    the weight gradient's product, with b the output gradient transposed
+    (positions x channels). */
 void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int L, float *c, int ldc);
+                     int N, int nrun, int run, int stride, float *c, int ldc);
 
 /*  ---- max pooling of one plane (pool.c) ---- */
 

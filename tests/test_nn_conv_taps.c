@@ -117,8 +117,10 @@ static void test_taps_pack_gather(void **state)
     free(p2);
 }
 
-static void check_taps_gemm_bt(int K, int N, int L)
+/*  Positions: nrun runs of `run`, `stride` apart (L = their span). */
+static void check_taps_gemm_bt(int K, int N, int nrun, int run, int stride)
 {
+    const int L = (nrun - 1) * stride + run;
     const int n_src = L + 30, ldb = N + 1, ldc = N + 3;
     float *src = rand_floats((size_t)n_src), *b = rand_floats((size_t)L * ldb);
     float *c = rand_floats((size_t)K * ldc), *c0 = malloc(sizeof(float) * K * ldc);
@@ -126,12 +128,13 @@ static void check_taps_gemm_bt(int K, int N, int L)
     assert_non_null(c0);
     for (int i = 0; i < K * ldc; i++)
         c0[i] = c[i];
-    nn_taps_gemm_bt(offs, K, src, b, ldb, N, L, c, ldc);
+    nn_taps_gemm_bt(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
     for (int k = 0; k < K; k++) {
         for (int n = 0; n < N; n++) {
             double want = c0[k * ldc + n];
-            for (int q = 0; q < L; q++)
-                want += (double)src[offs[k] + q] * b[q * ldb + n];
+            for (int r = 0; r < nrun; r++)
+                for (int q = r * stride; q < r * stride + run; q++)
+                    want += (double)src[offs[k] + q] * b[q * ldb + n];
             assert_close("taps_gemm_bt", k * ldc + n, c[k * ldc + n], want);
         }
         for (int n = N; n < ldc; n++)     /* columns past N untouched */
@@ -150,11 +153,12 @@ static void test_taps_gemm_bt(void **state)
     nn_rng_seed(&rng, 3);
     const int Ks[] = {1, 5, 6, 7, 12, 13, 25};
     const int Ns[] = {1, 5, 16, 17, 32, 33, 64, 70, 130};
-    const int Ls[] = {1, 7, 40};
+    /* runs: one plain run; rows of a plane (more than one pass of 128) */
+    const int runs[][3] = {{1, 1, 1}, {1, 7, 7}, {1, 40, 40}, {9, 5, 7}, {30, 24, 26}};
     for (size_t i = 0; i < sizeof Ks / sizeof *Ks; i++)
         for (size_t j = 0; j < sizeof Ns / sizeof *Ns; j++)
-            for (size_t l = 0; l < sizeof Ls / sizeof *Ls; l++)
-                check_taps_gemm_bt(Ks[i], Ns[j], Ls[l]);
+            for (size_t l = 0; l < sizeof runs / sizeof *runs; l++)
+                check_taps_gemm_bt(Ks[i], Ns[j], runs[l][0], runs[l][1], runs[l][2]);
 }
 
 /* ---- the ops, taps path against im2col path ---- */
