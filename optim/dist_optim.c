@@ -254,17 +254,29 @@ int dist_optim_step(dist_optim_t *o, int64_t context_id)
     rpc_value_t *args = rpc_args("i", context_id);
     int rc = fs && args ? 0 : error_set("out of memory"), local = -1;
     char me[200];
-    for (int i = 0; rc == 0 && i < o->n; i++) {
-        if (rpc_rref_is_owner(o->owners[i])) {
+    for (int i = 0; rc == 0 && i < o->n; i++)
+        if (rpc_rref_is_owner(o->owners[i]))
             local = i;   /* stepped below, while the others run */
+    /* Without a local owner, the last owner is called with rpc_sync while the
+       others run: its answer comes straight to this thread, one hand-off
+       fewer than a future's (most worlds have one owner). */
+    int last_sync = local < 0 ? o->n - 1 : -1;
+    for (int i = 0; rc == 0 && i < o->n; i++) {
+        if (i == local || i == last_sync)
             continue;
-        }
         fs[i] = rpc_rref_rpc_async(o->owners[i], "__dist_optim_step", args, RPC_TIMEOUT_DEFAULT);
         if (!fs[i])
             rc = owner_error(rpc_rref_owner(o->owners[i]), "step");
     }
-    rpc_value_unref(args);
     char first[1024] = "";   /* the first failure is the one reported */
+    if (rc == 0 && last_sync >= 0) {
+        rpc_value_t *r = NULL;
+        if (rpc_rref_rpc_sync(o->owners[last_sync], "__dist_optim_step", args,
+                              RPC_TIMEOUT_DEFAULT, &r) < 0)
+            rc = owner_error(rpc_rref_owner(o->owners[last_sync]), "step");
+        rpc_value_unref(r);
+    }
+    rpc_value_unref(args);
     if (rc < 0)
         snprintf(first, sizeof first, "%s", error_last());
     if (rc == 0 && local >= 0 && step_here(o->owners[local], context_id) < 0) {
