@@ -103,6 +103,19 @@ size_t conv_taps_bwd_ints(const conv_ctx_t *ctx);
     from the weight w. 0, or -1 (error_set) out of memory. */
 int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip);
 
+/*  Row stride of the output gradient transposed (positions x channels). */
+static inline int conv_taps_ldt(const conv_ctx_t *ctx)
+{
+    return (ctx->O + 15) / 16 * 16;
+}
+
+/*  Sample s's output gradient taken back through the relu or pool, into
+    dyt (positions x channels, row stride conv_taps_ldt; rows of junk
+    columns left as they are) and dyp (the planes padded by the kernel),
+    each when non-NULL; adds its bias gradient to db when non-NULL
+    (conv_outgrad.c). */
+void conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, float *db);
+
 void conv_taps_fwd_chunk(void *arg, int c, float *scratch);
 void conv_taps_bwd_chunk(void *arg, int c, float *scratch);
 

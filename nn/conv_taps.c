@@ -177,70 +177,12 @@ void conv_taps_fwd_chunk(void *arg, int c, float *scratch)
 
 /* ---- backward ---- */
 
-#ifdef __AVX512F__
-/*  r[j] = column j of the 16 x 16 tile whose rows are r[0..15]. */
-static inline void transpose16(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int h = 0; h < 2; h++) {
-            __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
-            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++) {
-            t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
-            t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xdd);
-        }
-    for (int j = 0; j < 8; j++) {
-        r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
-        r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xdd);
-    }
-}
-
-/*  dst (cols x round16(rows), row stride ldd) = src (rows x cols, row
-    stride lds) transposed, 16 x 16 tiles at a time; dst's columns past
-    rows get zeros. */
-static void transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
-{
-    for (int r0 = 0; r0 < rows; r0 += 16)
-        for (int c0 = 0; c0 < cols; c0 += 16) {
-            const __mmask16 m = run_mask(cols - c0);
-            __m512 v[16];
-            for (int i = 0; i < 16; i++)
-                v[i] = r0 + i < rows ? _mm512_maskz_loadu_ps(m, src + (size_t)(r0 + i) * lds + c0)
-                                     : _mm512_setzero_ps();
-            transpose16(v);
-            for (int i = 0; i < 16 && c0 + i < cols; i++)
-                _mm512_storeu_ps(dst + (size_t)(c0 + i) * ldd + r0, v[i]);
-        }
-}
-#else
-static void transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
-{
-    for (int c = 0; c < cols; c++)
-        for (int r = 0; r < round16(rows); r++)
-            dst[(size_t)c * ldd + r] = r < rows ? src[(size_t)r * lds + c] : 0.0f;
-}
-#endif
-
-/*  Row stride of the transposed output gradient (positions x channels). */
-static int ldt(const conv_ctx_t *ctx)
-{
-    return round16(ctx->O);
-}
-
-/*  The per-sample buffers of the backward pass, carved from scratch. */
+/*  The per-sample buffers of the backward pass, carved from scratch; NULL
+    when not needed. */
 typedef struct {
     float *pad;       /* padded input (padding > 0 and a weight gradient) */
-    float *dyext;     /* O x ldy: the output gradient in the taps numbering (no pool) */
-    float *dyt;       /* L x ldt: the same, transposed (weight gradient) */
-    float *dyp;       /* O planes Hq x Wq: padded by the kernel (input gradient) */
+    float *dyt;       /* L x ldt: the output gradient, positions x channels (dW) */
+    float *dyp;       /* O planes Hq x Wq: the same, padded by the kernel (dx) */
     float *dxext;     /* C x ldx: the padded input's gradient */
 } bwd_bufs_t;
 
@@ -251,13 +193,13 @@ static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float 
     size_t n = 0;
 #define CARVE(field, floats)                          \
     do {                                              \
+        size_t f_ = (floats);                         \
         if (b)                                        \
-            b->field = base ? base + n : NULL;        \
-        n += (floats);                                \
+            b->field = base && f_ ? base + n : NULL;  \
+        n += f_;                                      \
     } while (0)
     CARVE(pad, need_w ? padded_input_floats(ctx) : 0);
-    CARVE(dyext, ctx->epi != EPI_POOL ? (size_t)ctx->O * t->ldy : 0);
-    CARVE(dyt, need_w ? (size_t)t->L * ldt(ctx) : 0);
+    CARVE(dyt, need_w ? (size_t)t->L * conv_taps_ldt(ctx) : 0);
     CARVE(dyp, need_x ? (size_t)ctx->O * t->Hq * t->Wq : 0);
     CARVE(dxext, need_x ? (size_t)ctx->g.C * t->ldx : 0);
 #undef CARVE
@@ -284,6 +226,11 @@ int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, fl
     int32_t *offs = ints, *offs_dx = ints + (size_t)g->C * kk, *map = offs_dx + Kx;
     conv_taps_offsets(ctx, offs);
     job->offs = offs;
+    /* output q = oh*Wp + ow sits at (oh + kh-1, ow + kw-1) of a dyp plane */
+    for (int oh = 0, q = 0; oh < g->Ho; oh++)
+        for (int ow = 0; ow < t->Wp && q < t->L; ow++, q++)
+            map[q] = (oh + g->kh - 1) * t->Wq + ow + g->kw - 1;
+    job->dyp_map = map;
     if (!job->dx)
         return 0;
     /* Row c, column (o, tap) of the flipped kernel is w[o][c][kk-1-tap]. */
@@ -299,86 +246,9 @@ int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, fl
         for (int ki = 0; ki < g->kh; ki++)
             for (int kj = 0; kj < g->kw; kj++)
                 offs_dx[(o * g->kh + ki) * g->kw + kj] = (o * t->Hq + ki) * t->Wq + kj;
-    /* output q = oh*Wp + ow sits at (oh + kh-1, ow + kw-1) of a dyp plane */
-    for (int oh = 0, q = 0; oh < g->Ho; oh++)
-        for (int ow = 0; ow < t->Wp && q < t->L; ow++, q++)
-            map[q] = (oh + g->kh - 1) * t->Wq + ow + g->kw - 1;
     job->wflip = wflip;
     job->offs_dx = offs_dx;
-    job->dyp_map = map;
     return 0;
-}
-
-/*  The gradient of sample s's pooled output, sent back through the pool:
-    into dyt (transposed) and dyp (padded planes), both zeroed first; db
-    gets each channel's sum. */
-static void pool_grads(const conv_bwd_job_t *j, int64_t s, const bwd_bufs_t *b, float *db)
-{
-    const conv_ctx_t *ctx = j->ctx;
-    const conv_taps_geom_t *t = &ctx->t;
-    const int O = ctx->O, pp = ctx->Hp * ctx->Wp, lt = ldt(ctx);
-    const size_t plane = (size_t)t->Hq * t->Wq;
-    const float *dys = j->dy + s * conv_out_per_sample(ctx);
-    if (j->dw_part)
-        memset(b->dyt, 0, sizeof(float) * (size_t)t->L * lt);
-    if (j->dx)
-        memset(b->dyp, 0, sizeof(float) * (size_t)O * plane);
-    for (int o = 0; o < O; o++) {
-        const int32_t *am = ctx->argmax + (s * O + o) * pp;
-        const float *g = dys + (size_t)o * pp;
-        if (db)
-            db[o] += conv_sum_row(g, pp);
-        if (j->dw_part)
-            for (int i = 0; i < pp; i++)
-                b->dyt[(size_t)am[i] * lt + o] += g[i];
-        if (j->dx) {
-            float *d = b->dyp + (size_t)o * plane;
-            for (int i = 0; i < pp; i++)
-                d[j->dyp_map[am[i]]] += g[i];
-        }
-    }
-}
-
-/*  The same without a pool: dy (or relu's gradient of it) spread into the
-    taps numbering (junk columns zeroed), then transposed and padded. */
-static void plain_grads(const conv_bwd_job_t *j, int64_t s, const bwd_bufs_t *b, float *db)
-{
-    const conv_ctx_t *ctx = j->ctx;
-    const conv_taps_geom_t *t = &ctx->t;
-    const int O = ctx->O, Ho = ctx->g.Ho, Wo = ctx->g.Wo;
-    const int ph = ctx->g.kh - 1, pw = ctx->g.kw - 1;
-    const size_t at = (size_t)s * O * Ho * Wo;
-    const float *dys = j->dy + at, *ys = ctx->epi == EPI_RELU ? j->y + at : NULL;
-    for (int o = 0; o < O; o++) {
-        float *d = b->dyext + (size_t)o * t->ldy;
-        for (int oh = 0; oh < Ho; oh++, d += t->Wp) {
-            size_t r = ((size_t)o * Ho + oh) * Wo;
-            if (ys)
-                relu_run(d, dys + r, ys + r, Wo);
-            else
-                copy_run(d, dys + r, Wo);
-            for (int ow = Wo; ow < t->Wp && oh + 1 < Ho; ow++)
-                d[ow] = 0.0f;
-        }
-        if (db)
-            db[o] += conv_sum_row(b->dyext + (size_t)o * t->ldy, t->L);
-    }
-    if (j->dw_part)
-        transpose(b->dyext, O, t->L, t->ldy, b->dyt, ldt(ctx));
-    if (!j->dx)
-        return;
-    for (int o = 0; o < O; o++) {
-        float *d = b->dyp + (size_t)o * t->Hq * t->Wq;
-        const float *src = b->dyext + (size_t)o * t->ldy;
-        memset(d, 0, sizeof(float) * (size_t)ph * t->Wq);
-        d += (size_t)ph * t->Wq;
-        for (int oh = 0; oh < Ho; oh++, d += t->Wq) {
-            for (int k = 0; k < pw; k++)
-                d[k] = d[pw + Wo + k] = 0.0f;
-            copy_run(d + pw, src + (size_t)oh * t->Wp, Wo);
-        }
-        memset(d, 0, sizeof(float) * (size_t)ph * t->Wq);
-    }
 }
 
 void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
@@ -398,12 +268,10 @@ void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
     if (db)
         memset(db, 0, sizeof(float) * (size_t)O);
     for (int64_t s = lo; s < hi; s++) {
-        if (ctx->epi == EPI_POOL)
-            pool_grads(j, s, &b, db);
-        else
-            plain_grads(j, s, &b, db);
+        conv_out_grads(j, s, b.dyt, b.dyp, db);
         if (j->dw_part)
-            nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt, ldt(ctx), O,
+            nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt,
+                            conv_taps_ldt(ctx), O,
                             g->Ho, g->Wo, t->Wp, j->dw_part[c], O);
         if (j->dx) {
             nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, b.dyp, t->Lx, NULL, b.dxext, t->ldx);

@@ -174,12 +174,14 @@ static tensor_t *rand_leaf(int ndim, const int64_t *shape)
     return t;
 }
 
-static tensor_t *run_op(kind_t kind, tensor_t *x, tensor_t *w, tensor_t *b, int padding)
+/*  The op of `kind`; POOL pools by pool_k (stride pool_s) after it. */
+static tensor_t *run_op(kind_t kind, tensor_t *x, tensor_t *w, tensor_t *b, int padding,
+                        int pool_k, int pool_s)
 {
     tensor_t *y = NULL;
     int rc = kind == PLAIN  ? nn_conv2d(x, w, b, 1, padding, &y)
              : kind == RELU ? nn_conv2d_relu(x, w, b, 1, padding, &y)
-                            : nn_conv2d_max_pool2d(x, w, b, 1, padding, 2, 0, &y);
+                            : nn_conv2d_max_pool2d(x, w, b, 1, padding, pool_k, pool_s, &y);
     if (rc < 0)
         fail_msg("conv: %s", error_last());
     return y;
@@ -194,18 +196,29 @@ static void assert_same(const char *what, tensor_t *got, tensor_t *want)
         assert_close(what, (int)i, tensor_data(got)[i], tensor_data(want)[i]);
 }
 
-static void check_op(kind_t kind, int N, int C, int H, int W, int O, int kh, int kw, int pad,
-                     bool bias)
+typedef struct {
+    kind_t kind;
+    int N, C, H, W, O, kh, kw, pad;
+    bool bias;
+    int pool_k, pool_s;   /* POOL: window and stride (0, 0: 2 and 2) */
+    unsigned grads;       /* which of x, weight, bias need gradients (bits 0-2; 0: all) */
+} conv_case_t;
+
+static void check_op(conv_case_t cc)
 {
     int64_t live = tensor_live_count();
-    tensor_t *x = rand_leaf(4, (int64_t[]){N, C, H, W});
-    tensor_t *w = rand_leaf(4, (int64_t[]){O, C, kh, kw});
-    tensor_t *b = bias ? rand_leaf(1, (int64_t[]){O}) : NULL;
+    unsigned grads = cc.grads ? cc.grads : 7u;
+    tensor_t *x = rand_leaf(4, (int64_t[]){cc.N, cc.C, cc.H, cc.W});
+    tensor_t *w = rand_leaf(4, (int64_t[]){cc.O, cc.C, cc.kh, cc.kw});
+    tensor_t *b = cc.bias ? rand_leaf(1, (int64_t[]){cc.O}) : NULL;
     tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3] = {{0}};
     tensor_t *dy = NULL;
+    for (int i = 0; i < 3; i++)
+        if (leaves[i])
+            assert_int_equal(tensor_set_requires_grad(leaves[i], (grads >> i) & 1), 0);
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: im2col path */
         nn_use_taps(v == 0);
-        y[v] = run_op(kind, x, w, b, pad);
+        y[v] = run_op(cc.kind, x, w, b, cc.pad, cc.pool_k ? cc.pool_k : 2, cc.pool_s);
         if (!dy) {
             dy = tensor_empty(TENSOR_F32, 4, tensor_shape(y[v]));
             for (int64_t i = 0; i < tensor_numel(dy); i++)
@@ -220,10 +233,15 @@ static void check_op(kind_t kind, int N, int C, int H, int W, int O, int kh, int
     }
     nn_use_taps(true);
     assert_same("y", y[0], y[1]);
-    assert_same("grad x", g[0][0], g[1][0]);
-    assert_same("grad weight", g[0][1], g[1][1]);
-    if (b)
-        assert_same("grad bias", g[0][2], g[1][2]);
+    const char *names[3] = {"grad x", "grad weight", "grad bias"};
+    for (int i = 0; i < 3; i++) {
+        if (!leaves[i])
+            continue;
+        if ((grads >> i) & 1)
+            assert_same(names[i], g[0][i], g[1][i]);
+        else
+            assert_true(!g[0][i] && !g[1][i]);
+    }
     for (int v = 0; v < 2; v++) {
         tensor_unref(y[v]);
         for (int i = 0; i < 3; i++)
@@ -240,18 +258,28 @@ static void test_ops_match_im2col(void **state)
 {
     (void)state;
     nn_rng_seed(&rng, 4);
-    /*       kind  N  C   H   W   O kh kw pad bias */
-    check_op(PLAIN, 3, 2, 7, 9, 5, 3, 3, 0, true);
-    check_op(PLAIN, 2, 3, 11, 6, 9, 2, 3, 1, false);
-    check_op(PLAIN, 1, 1, 5, 5, 1, 1, 1, 0, true);      /* pointwise, one channel */
-    check_op(PLAIN, 2, 4, 9, 13, 17, 5, 5, 2, true);    /* padding 2, 17 outputs */
-    check_op(PLAIN, 5, 1, 28, 28, 3, 3, 3, 0, true);    /* the ConvNet's conv1 */
-    check_op(PLAIN, 1, 7, 3, 40, 10, 3, 1, 0, true);    /* one output row */
-    check_op(RELU, 3, 1, 28, 28, 32, 3, 3, 0, true);    /* the Net's conv1 */
-    check_op(RELU, 2, 5, 10, 12, 11, 3, 2, 1, true);
-    check_op(POOL, 2, 32, 26, 26, 64, 3, 3, 0, true);   /* the Net's conv2 */
-    check_op(POOL, 3, 3, 11, 9, 7, 3, 3, 1, false);     /* odd planes: pools drop a row */
-    check_op(POOL, 1, 2, 6, 30, 9, 2, 2, 0, true);
+    static const conv_case_t cases[] = {
+        /* kind, N, C, H, W, O, kh, kw, pad, bias, pool k, pool s, grads */
+        {PLAIN, 3, 2, 7, 9, 5, 3, 3, 0, true, 0, 0, 0},
+        {PLAIN, 2, 3, 11, 6, 9, 2, 3, 1, false, 0, 0, 0},
+        {PLAIN, 1, 1, 5, 5, 1, 1, 1, 0, true, 0, 0, 0},    /* pointwise, one channel */
+        {PLAIN, 2, 4, 9, 13, 17, 5, 5, 2, true, 0, 0, 0},  /* padding 2, 17 outputs */
+        {PLAIN, 5, 1, 28, 28, 3, 3, 3, 0, true, 0, 0, 0},  /* the ConvNet's conv1 */
+        {PLAIN, 1, 7, 3, 40, 10, 3, 1, 0, true, 0, 0, 0},  /* one output row */
+        {PLAIN, 2, 3, 8, 8, 20, 3, 3, 1, true, 0, 0, 2},   /* weight gradient only */
+        {RELU, 3, 1, 28, 28, 32, 3, 3, 0, true, 0, 0, 6},  /* the Net's conv1, x no grad */
+        {RELU, 2, 5, 10, 12, 11, 3, 2, 1, true, 0, 0, 0},
+        {RELU, 2, 3, 9, 9, 4, 3, 3, 0, true, 0, 0, 4},     /* bias gradient only */
+        {POOL, 2, 32, 26, 26, 64, 3, 3, 0, true, 0, 0, 0}, /* the Net's conv2 */
+        {POOL, 3, 3, 11, 9, 7, 3, 3, 1, false, 0, 0, 0},   /* odd planes: a row dropped */
+        {POOL, 1, 2, 6, 30, 9, 2, 2, 0, true, 0, 0, 0},
+        {POOL, 4, 1, 28, 28, 3, 3, 3, 0, true, 3, 3, 6},   /* the ConvNet's conv1 + pool 3 */
+        {POOL, 2, 2, 13, 12, 5, 3, 3, 1, true, 3, 2, 0},   /* overlapping windows */
+        {POOL, 1, 2, 5, 44, 6, 3, 3, 0, true, 2, 2, 0},    /* 21 windows a row */
+        {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1},   /* input gradient only */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_op(cases[i]);
 }
 
 /*  Linear layers large enough for the taps path (rows * in * out >= 2^20)
