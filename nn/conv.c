@@ -220,8 +220,7 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     if (ctx->taps && (need_w || need_x)) {
         if (!(offs = malloc(sizeof(int32_t) * conv_taps_bwd_ints(ctx))))
             goto oom;
-        const int Kx = O * ctx->g.kh * ctx->g.kw;
-        if (need_x && !(wt = malloc(sizeof(float) * nn_taps_packed_floats(ctx->g.C, Kx))))
+        if (need_x && !(wt = malloc(sizeof(float) * conv_taps_bwd_wfloats(ctx))))
             goto oom;
         if (conv_taps_bwd_prepare(&job, tensor_data(w), offs, wt) < 0)
             goto out;

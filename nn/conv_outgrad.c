@@ -121,31 +121,6 @@ static void zero_borders(const conv_ctx_t *ctx, float *dyp)
     }
 }
 
-/*  r[j] = column j of the 16 x 16 tile whose rows are r[0..15]. */
-static inline void transpose16(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int h = 0; h < 2; h++) {
-            __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
-            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    for (int i = 0; i < 2; i++)
-        for (int k = 0; k < 4; k++) {
-            t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + k + 4], 0x88);
-            t[8 * i + k + 4] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + k + 4], 0xdd);
-        }
-    for (int k = 0; k < 8; k++) {
-        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
-    }
-}
-
 static inline __mmask16 lanes(int n)
 {
     return (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
@@ -194,7 +169,7 @@ static void fast_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dy
                     _mm512_mask_storeu_ps(dp + i * plane, lanes(n), v[i]);
                 if (!dyt)
                     continue;
-                transpose16(v);
+                conv_transpose16(v);
                 float *d = dyt + ((size_t)oh * t->Wp + ow0) * lt + o0;
                 for (int l = 0; l < n; l++)
                     _mm512_storeu_ps(d + (size_t)l * lt, v[l]);

@@ -8,6 +8,35 @@
 
 #include "nn/nn_private.h"
 
+#ifdef __AVX512F__
+#include <immintrin.h>
+
+/*  r[j] = column j of the 16 x 16 tile whose rows are r[0..15]. */
+static inline void conv_transpose16(__m512 r[16])
+{
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++)
+        for (int h = 0; h < 2; h++) {
+            __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
+            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        }
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 4; k++) {
+            t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + k + 4], 0x88);
+            t[8 * i + k + 4] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + k + 4], 0xdd);
+        }
+    for (int k = 0; k < 8; k++) {
+        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
+        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
+    }
+}
+#endif
+
 typedef enum { EPI_NONE, EPI_RELU, EPI_POOL } conv_epilogue_t;
 
 /*  The stride-1 path's layout (conv_taps.c): the input padded to Hp x Wp,
@@ -28,6 +57,8 @@ typedef struct {
     int32_t *argmax;              /* EPI_POOL: N*O*Hp*Wp winners in the conv plane (taps
                                      path: in its numbering, rows t.Wp apart) */
     bool taps;                    /* the stride-1 path (conv_taps.c) */
+    bool sparse;                  /* taps path through a pool: backward over the winners
+                                     (conv_sparse.c) */
     conv_taps_geom_t t;
 } conv_ctx_t;
 
@@ -77,6 +108,8 @@ typedef struct {
     const int32_t *offs;      /* taps path: the K taps into the padded input */
     const int32_t *offs_dx;   /* taps path: the O*kh*kw taps into the padded gradient */
     const int32_t *dyp_map;   /* taps path: output q's place in a padded gradient plane */
+    const int32_t *toff;      /* sparse: each weight-gradient vector's offset in a row */
+    const float *wr;          /* sparse: the weight as O x (tap, channel) vectors */
     float *dx;            /* NULL: no input gradient */
     float **dw_part;      /* per chunk, O x K (taps path: K x O); NULL: no weight gradient */
     float *db_part;       /* n_chunks x O; NULL: no bias gradient */
@@ -102,6 +135,20 @@ size_t conv_taps_bwd_ints(const conv_ctx_t *ctx);
     when job->dx is set, wflip (nn_taps_packed_floats(C, O*kh*kw) floats)
     from the weight w. 0, or -1 (error_set) out of memory. */
 int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip);
+
+/*  Floats of the weight as the backward pass needs it (conv.c allocates
+    them for conv_taps_bwd_prepare's wflip). */
+size_t conv_taps_bwd_wfloats(const conv_ctx_t *ctx);
+
+/*  ---- the pooled backward over the winners (conv_sparse.c) ----
+    The same four steps, for a ctx with sparse set (conv_taps.c dispatches
+    to them); the chunk's partial weight gradient comes out in the taps
+    path's layout (K x O). */
+size_t conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x);
+size_t conv_sparse_ints(const conv_ctx_t *ctx);
+size_t conv_sparse_wfloats(const conv_ctx_t *ctx);
+void conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wr);
+void conv_sparse_bwd_chunk(void *arg, int c, float *scratch);
 
 /*  Row stride of the output gradient transposed (positions x channels). */
 static inline int conv_taps_ldt(const conv_ctx_t *ctx)

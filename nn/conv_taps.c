@@ -89,6 +89,7 @@ void conv_taps_plan(conv_ctx_t *ctx)
     t.ldx = round16(t.Lx);
     ctx->t = t;
     ctx->taps = true;
+    ctx->sparse = ctx->epi == EPI_POOL;
 }
 
 static size_t padded_input_floats(const conv_ctx_t *ctx)
@@ -208,11 +209,22 @@ static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float 
 
 size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
 {
+    if (ctx->sparse)
+        return conv_sparse_scratch(ctx, need_w, need_x);
     return bwd_layout(ctx, need_w, need_x, NULL, NULL);
+}
+
+size_t conv_taps_bwd_wfloats(const conv_ctx_t *ctx)
+{
+    if (ctx->sparse)
+        return conv_sparse_wfloats(ctx);
+    return nn_taps_packed_floats(ctx->g.C, ctx->O * ctx->g.kh * ctx->g.kw);
 }
 
 size_t conv_taps_bwd_ints(const conv_ctx_t *ctx)
 {
+    if (ctx->sparse)
+        return conv_sparse_ints(ctx);
     return (size_t)ctx->g.C * ctx->g.kh * ctx->g.kw + (size_t)ctx->O * ctx->g.kh * ctx->g.kw +
            (size_t)ctx->t.L;
 }
@@ -223,6 +235,10 @@ int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, fl
     const nn_conv_geom_t *g = &ctx->g;
     const conv_taps_geom_t *t = &ctx->t;
     const int kk = g->kh * g->kw, Kx = ctx->O * kk;
+    if (ctx->sparse) {
+        conv_sparse_prepare(job, w, ints, job->dx ? wflip : NULL);
+        return 0;
+    }
     int32_t *offs = ints, *offs_dx = ints + (size_t)g->C * kk, *map = offs_dx + Kx;
     conv_taps_offsets(ctx, offs);
     job->offs = offs;
@@ -255,6 +271,10 @@ void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
+    if (ctx->sparse) {
+        conv_sparse_bwd_chunk(arg, c, scratch);
+        return;
+    }
     const nn_conv_geom_t *g = &ctx->g;
     const conv_taps_geom_t *t = &ctx->t;
     const int O = ctx->O, C = g->C, K = C * g->kh * g->kw, Kx = O * g->kh * g->kw;

@@ -1,0 +1,292 @@
+/*  conv_sparse.c: the backward pass of a stride-1 convolution fused with a
+    max pool, over the pool's winners only (AVX-512).
+
+    Through a max pool, a window's gradient reaches one convolution output,
+    its argmax; the other outputs get zero. With 2x2 windows, three in four
+    entries of the convolution's output gradient are zeros, and a dense
+    product multiplies them all. Here each window's winner q (channel o,
+    gradient g) adds, for every tap t of the kernel (input position
+    p = q + off(t)) and every input channel c:
+
+        dW[o][c][t] += g * x[c][p]          dx[c][p] += g * W[o][c][t]
+
+    a quarter of the dense products' work. The input and its gradient are
+    kept position-major (xt[p][c], one sample, channels padded to 16), so
+    both updates are whole vectors: a block of 9 vectors (taps x channel
+    blocks) of dW[o] stays in registers while o's windows are summed; for
+    dx, the 9 weight vectors do. Windows are taken in a fixed order, so the
+    sums do not depend on threads. */
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include "nn/conv_private.h"
+
+/*  Channels per position row, padded to whole vectors. */
+static int ldc16(const conv_ctx_t *ctx)
+{
+    return (ctx->g.C + 15) / 16 * 16;
+}
+
+/*  Vectors per (tap, channel block): the rows of one output channel's
+    weight gradient. */
+static int n_vec(const conv_ctx_t *ctx)
+{
+    return ctx->g.kh * ctx->g.kw * (ldc16(ctx) / 16);
+}
+
+static size_t plane_rows(const conv_ctx_t *ctx)
+{
+    return (size_t)ctx->t.Hp * ctx->t.Wp;
+}
+
+size_t conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
+{
+    size_t rows = plane_rows(ctx) * (size_t)ldc16(ctx);
+    return (need_w ? rows + (size_t)ctx->O * n_vec(ctx) * 16 : 0) + (need_x ? rows : 0);
+}
+
+size_t conv_sparse_ints(const conv_ctx_t *ctx)
+{
+    return (size_t)n_vec(ctx);
+}
+
+size_t conv_sparse_wfloats(const conv_ctx_t *ctx)
+{
+    return (size_t)ctx->O * n_vec(ctx) * 16;
+}
+
+void conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wr)
+{
+    const conv_ctx_t *ctx = job->ctx;
+    const nn_conv_geom_t *g = &ctx->g;
+    const int kk = g->kh * g->kw, cv = ldc16(ctx) / 16, nv = n_vec(ctx);
+    /* vector v = (tap t, channel block b): offset of its floats from a
+       winner's row in xt / dxt */
+    for (int t = 0; t < kk; t++)
+        for (int b = 0; b < cv; b++)
+            ints[t * cv + b] = ((t / g->kw) * ctx->t.Wp + t % g->kw) * ldc16(ctx) + 16 * b;
+    job->toff = ints;
+    if (!wr)
+        return;
+    /* wr[o][v][l] = w[o][16b + l][t] (zero past C) */
+    for (int o = 0; o < ctx->O; o++)
+        for (int v = 0; v < nv; v++)
+            for (int l = 0; l < 16; l++) {
+                int t = v / cv, c = (v % cv) * 16 + l;
+                wr[((size_t)o * nv + v) * 16 + l] =
+                    c < g->C ? w[((size_t)o * g->C + c) * kk + t] : 0.0f;
+            }
+    job->wr = wr;
+}
+
+#ifdef __AVX512F__
+static inline __mmask16 lanes(int n)
+{
+    return (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
+}
+
+/*  The channel planes of one sample (C x H x W) as position rows of the
+    padded plane: xt[(ih + pad)*Wp + iw + pad][c], 16 x 16 tiles through
+    conv_transpose16; rows in the border are left as they are. */
+static void planes_to_rows(const conv_ctx_t *ctx, const float *x, float *xt)
+{
+    const nn_conv_geom_t *g = &ctx->g;
+    const int ld = ldc16(ctx), Wp = ctx->t.Wp, p = g->padding;
+    for (int c0 = 0; c0 < ld; c0 += 16)
+        for (int ih = 0; ih < g->H; ih++)
+            for (int iw0 = 0; iw0 < g->W; iw0 += 16) {
+                const int n = g->W - iw0 < 16 ? g->W - iw0 : 16;
+                __m512 v[16];
+                for (int i = 0; i < 16; i++)
+                    v[i] = c0 + i < g->C ? _mm512_maskz_loadu_ps(
+                                               lanes(n), x + ((size_t)(c0 + i) * g->H + ih) *
+                                                                 g->W + iw0)
+                                         : _mm512_setzero_ps();
+                conv_transpose16(v);
+                float *d = xt + ((size_t)(ih + p) * Wp + iw0 + p) * ld + c0;
+                for (int l = 0; l < n; l++)
+                    _mm512_storeu_ps(d + (size_t)l * ld, v[l]);
+            }
+}
+
+/*  The inverse, for the input gradient: dx[c][ih][iw] = dxt[(ih + pad)*Wp
+    + iw + pad][c]. */
+static void rows_to_planes(const conv_ctx_t *ctx, const float *dxt, float *dx)
+{
+    const nn_conv_geom_t *g = &ctx->g;
+    const int ld = ldc16(ctx), Wp = ctx->t.Wp, p = g->padding;
+    for (int c0 = 0; c0 < g->C; c0 += 16)
+        for (int ih = 0; ih < g->H; ih++)
+            for (int iw0 = 0; iw0 < g->W; iw0 += 16) {
+                const int n = g->W - iw0 < 16 ? g->W - iw0 : 16;
+                const float *src = dxt + ((size_t)(ih + p) * Wp + iw0 + p) * ld + c0;
+                __m512 v[16];
+                for (int l = 0; l < 16; l++)
+                    v[l] = l < n ? _mm512_loadu_ps(src + (size_t)l * ld) : _mm512_setzero_ps();
+                conv_transpose16(v);
+                for (int i = 0; i < 16 && c0 + i < g->C; i++)
+                    _mm512_mask_storeu_ps(dx + ((size_t)(c0 + i) * g->H + ih) * g->W + iw0,
+                                          lanes(n), v[i]);
+            }
+}
+
+#define A9(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
+
+/*  acc[v] += sum over the pp windows of g[w] * xt[am[w]*ld + toff[v]], for
+    the nv vectors v of one output channel: 9 at a time in registers. */
+static void winners_dw(const float *xt, int ld, const int32_t *am, const float *g, int pp,
+                       const int32_t *toff, int nv, float *acc)
+{
+    int v0 = 0;
+    for (; v0 + 9 <= nv; v0 += 9) {
+#define DECL(i) __m512 a##i = _mm512_setzero_ps(); const int32_t t##i = toff[v0 + i];
+        A9(DECL)
+#undef DECL
+        for (int w = 0; w < pp; w++) {
+            const float *x = xt + (size_t)am[w] * ld;
+            const __m512 gv = _mm512_set1_ps(g[w]);
+#define FMA(i) a##i = _mm512_fmadd_ps(gv, _mm512_loadu_ps(x + t##i), a##i);
+            A9(FMA)
+#undef FMA
+        }
+#define ADD(i) _mm512_storeu_ps(acc + 16 * (v0 + i), \
+                                _mm512_add_ps(_mm512_loadu_ps(acc + 16 * (v0 + i)), a##i));
+        A9(ADD)
+#undef ADD
+    }
+    for (; v0 < nv; v0++) {          /* the rest, a vector at a time */
+        __m512 a = _mm512_setzero_ps();
+        for (int w = 0; w < pp; w++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(g[w]),
+                                _mm512_loadu_ps(xt + (size_t)am[w] * ld + toff[v0]), a);
+        _mm512_storeu_ps(acc + 16 * v0, _mm512_add_ps(_mm512_loadu_ps(acc + 16 * v0), a));
+    }
+}
+
+/*  dxt[am[w]*ld + toff[v]] += g[w] * wr[v] for the pp windows and nv
+    vectors of one output channel: its weight vectors 9 at a time in
+    registers. */
+static void winners_dx(float *dxt, int ld, const int32_t *am, const float *g, int pp,
+                       const int32_t *toff, int nv, const float *wr)
+{
+    int v0 = 0;
+    for (; v0 + 9 <= nv; v0 += 9) {
+#define DECL(i) const __m512 w##i = _mm512_loadu_ps(wr + 16 * (v0 + i)); \
+                const int32_t t##i = toff[v0 + i];
+        A9(DECL)
+#undef DECL
+        for (int w = 0; w < pp; w++) {
+            float *d = dxt + (size_t)am[w] * ld;
+            const __m512 gv = _mm512_set1_ps(g[w]);
+#define FMA(i) _mm512_storeu_ps(d + t##i, _mm512_fmadd_ps(gv, w##i, _mm512_loadu_ps(d + t##i)));
+            A9(FMA)
+#undef FMA
+        }
+    }
+    for (; v0 < nv; v0++) {
+        const __m512 wv = _mm512_loadu_ps(wr + 16 * v0);
+        for (int w = 0; w < pp; w++) {
+            float *d = dxt + (size_t)am[w] * ld + toff[v0];
+            _mm512_storeu_ps(d, _mm512_fmadd_ps(_mm512_set1_ps(g[w]), wv, _mm512_loadu_ps(d)));
+        }
+    }
+}
+
+#else /* the same in plain loops (unused: conv_taps_plan takes this path with AVX-512) */
+static void planes_to_rows(const conv_ctx_t *ctx, const float *x, float *xt)
+{
+    const nn_conv_geom_t *g = &ctx->g;
+    const int ld = ldc16(ctx), p = g->padding;
+    for (int c = 0; c < g->C; c++)
+        for (int ih = 0; ih < g->H; ih++)
+            for (int iw = 0; iw < g->W; iw++)
+                xt[((size_t)(ih + p) * ctx->t.Wp + iw + p) * ld + c] =
+                    x[((size_t)c * g->H + ih) * g->W + iw];
+}
+
+static void rows_to_planes(const conv_ctx_t *ctx, const float *dxt, float *dx)
+{
+    const nn_conv_geom_t *g = &ctx->g;
+    const int ld = ldc16(ctx), p = g->padding;
+    for (int c = 0; c < g->C; c++)
+        for (int ih = 0; ih < g->H; ih++)
+            for (int iw = 0; iw < g->W; iw++)
+                dx[((size_t)c * g->H + ih) * g->W + iw] =
+                    dxt[((size_t)(ih + p) * ctx->t.Wp + iw + p) * ld + c];
+}
+
+static void winners_dw(const float *xt, int ld, const int32_t *am, const float *g, int pp,
+                       const int32_t *toff, int nv, float *acc)
+{
+    for (int v = 0; v < nv; v++)
+        for (int w = 0; w < pp; w++)
+            for (int l = 0; l < 16; l++)
+                acc[16 * v + l] += g[w] * xt[(size_t)am[w] * ld + toff[v] + l];
+}
+
+static void winners_dx(float *dxt, int ld, const int32_t *am, const float *g, int pp,
+                       const int32_t *toff, int nv, const float *wr)
+{
+    for (int v = 0; v < nv; v++)
+        for (int w = 0; w < pp; w++)
+            for (int l = 0; l < 16; l++)
+                dxt[(size_t)am[w] * ld + toff[v] + l] += g[w] * wr[16 * v + l];
+}
+#endif
+
+void conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
+{
+    const conv_bwd_job_t *j = arg;
+    const conv_ctx_t *ctx = j->ctx;
+    const nn_conv_geom_t *g = &ctx->g;
+    const int O = ctx->O, C = g->C, kk = g->kh * g->kw;
+    const int ld = ldc16(ctx), nv = n_vec(ctx), cv = ld / 16, pp = ctx->Hp * ctx->Wp;
+    const size_t rows = plane_rows(ctx) * (size_t)ld;
+    float *xt = j->dw_part ? scratch : NULL;
+    float *acc = j->dw_part ? scratch + rows : NULL;
+    float *dxt = j->dx ? scratch + (j->dw_part ? rows + (size_t)O * nv * 16 : 0) : NULL;
+    float *db = j->db_part ? j->db_part + (size_t)c * O : NULL;
+    int64_t lo, hi;
+    nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
+    if (acc)
+        memset(acc, 0, sizeof(float) * (size_t)O * nv * 16);
+    if (db)
+        memset(db, 0, sizeof(float) * (size_t)O);
+    for (int64_t s = lo; s < hi; s++) {
+        conv_out_grads(j, s, NULL, NULL, db);
+        const float *dys = j->dy + s * conv_out_per_sample(ctx);
+        const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
+        /* a row of windows at a time, every channel's: the input rows its
+           winners reach (kh + pool_k - 1 of them) stay in L1 meanwhile */
+        if (xt) {
+            if (g->padding || ld > C)
+                memset(xt, 0, sizeof(float) * rows);
+            planes_to_rows(ctx, j->x + (size_t)s * C * g->H * g->W, xt);
+            for (int r = 0; r < pp; r += ctx->Wp)
+                for (int o = 0; o < O; o++)
+                    winners_dw(xt, ld, ams + (size_t)o * pp + r, dys + (size_t)o * pp + r,
+                               ctx->Wp, j->toff, nv, acc + (size_t)o * nv * 16);
+        }
+        if (dxt) {
+            memset(dxt, 0, sizeof(float) * rows);
+            for (int r = 0; r < pp; r += ctx->Wp)
+                for (int o = 0; o < O; o++)
+                    winners_dx(dxt, ld, ams + (size_t)o * pp + r, dys + (size_t)o * pp + r,
+                               ctx->Wp, j->toff, nv, j->wr + (size_t)o * nv * 16);
+            rows_to_planes(ctx, dxt, j->dx + (size_t)s * C * g->H * g->W);
+        }
+    }
+    if (!acc)
+        return;
+    /* the chunk's partial, in the taps path's layout: dwT[c*kk + t][o] */
+    float *part = j->dw_part[c];
+    for (int o = 0; o < O; o++)
+        for (int v = 0; v < nv; v++)
+            for (int l = 0; l < 16; l++) {
+                int t = v / cv, ch = (v % cv) * 16 + l;
+                if (ch < C)
+                    part[((size_t)ch * kk + t) * O + o] = acc[((size_t)o * nv + v) * 16 + l];
+            }
+}
