@@ -1,6 +1,7 @@
 /*  conv_outgrad.c: the stride-1 path's backward inputs (conv_taps.c): the
     gradient of one sample's convolution output, taken back through the
-    fused relu or pool, written in the two layouts the products read:
+    fused relu if any, written in the two layouts the products read (a fused
+    pool's backward runs over its winners instead, conv_sparse.c):
 
       dyt  positions x channels (row q = oh*Wp + ow, ldt floats apart): the
            weight gradient's operand; rows of junk columns are not written
@@ -8,13 +9,9 @@
       dyp  per channel, the plane padded by kh-1 rows and kw-1 columns of
            zeros on each side: the input gradient's operand.
 
-    Without a pool, with AVX-512, 16 channels x 16 columns of an output row
-    are loaded at a time (through the relu's mask), stored into dyp as they
-    are and into dyt through a 16 x 16 transpose: every element is written
-    once. Through a pool, both buffers are zeroed and each window's gradient
-    added at its argmax: measured faster than spreading the windows' rows
-    with permutes (9216 scattered adds per sample of the Net's conv2, against
-    four times as many positions to write). */
+    With AVX-512, 16 channels x 16 columns of an output row are loaded at a
+    time (through the relu's mask), stored into dyp as they are and into dyt
+    through a 16 x 16 transpose: every element is written once. */
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -63,47 +60,32 @@ static void bias_grad(const conv_bwd_job_t *j, int64_t s, float *db)
         db[o] += grad_sum(dys + o * per, ys ? ys + o * per : NULL, per);
 }
 
-/*  The general way: zero both buffers, then add each element where it
-    goes (a pool's windows may overlap). */
-static void scatter_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp)
+#ifndef __AVX512F__
+/*  The same in plain loops (unused: conv_taps_plan takes this path with
+    AVX-512 only). */
+static void plain_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp)
 {
     const conv_ctx_t *ctx = j->ctx;
     const conv_taps_geom_t *t = &ctx->t;
-    const int O = ctx->O, lt = conv_taps_ldt(ctx);
+    const int O = ctx->O, Ho = ctx->g.Ho, Wo = ctx->g.Wo, lt = conv_taps_ldt(ctx);
     const size_t plane = (size_t)t->Hq * t->Wq;
+    const size_t inner = (size_t)(ctx->g.kh - 1) * t->Wq + ctx->g.kw - 1;
     const float *dys = j->dy + s * conv_out_per_sample(ctx);
-    if (dyt)
-        memset(dyt, 0, sizeof(float) * (size_t)t->L * lt);
+    const float *ys = ctx->epi == EPI_RELU ? j->y + s * conv_out_per_sample(ctx) : NULL;
     if (dyp)
         memset(dyp, 0, sizeof(float) * (size_t)O * plane);
-    if (ctx->epi == EPI_POOL) {
-        const int pp = ctx->Hp * ctx->Wp;
-        for (int o = 0; o < O; o++) {
-            const int32_t *am = ctx->argmax + (s * O + o) * pp;
-            const float *g = dys + (size_t)o * pp;
-            for (int i = 0; dyt && i < pp; i++)
-                dyt[(size_t)am[i] * lt + o] += g[i];
-            for (int i = 0; dyp && i < pp; i++)
-                dyp[o * plane + j->dyp_map[am[i]]] += g[i];
-        }
-        return;
-    }
-    const int Ho = ctx->g.Ho, Wo = ctx->g.Wo;
-    const float *ys = ctx->epi == EPI_RELU ? j->y + s * conv_out_per_sample(ctx) : NULL;
     for (int o = 0; o < O; o++)
         for (int oh = 0; oh < Ho; oh++)
             for (int ow = 0; ow < Wo; ow++) {
                 size_t at = ((size_t)o * Ho + oh) * Wo + ow;
                 float v = ys && !(ys[at] > 0.0f) ? 0.0f : dys[at];
-                int q = oh * t->Wp + ow;
                 if (dyt)
-                    dyt[(size_t)q * lt + o] = v;
+                    dyt[((size_t)oh * t->Wp + ow) * lt + o] = v;
                 if (dyp)
-                    dyp[o * plane + j->dyp_map[q]] = v;
+                    dyp[o * plane + inner + (size_t)oh * t->Wq + ow] = v;
             }
 }
-
-#ifdef __AVX512F__
+#else
 /*  Zeroes dyp's borders (the interior is written elsewhere). */
 static void zero_borders(const conv_ctx_t *ctx, float *dyp)
 {
@@ -150,7 +132,7 @@ static inline void grad_rows(const conv_bwd_job_t *j, int64_t s, int o0, int no,
     }
 }
 
-static void fast_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp)
+static void plain_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp)
 {
     const conv_ctx_t *ctx = j->ctx;
     const conv_taps_geom_t *t = &ctx->t;
@@ -184,13 +166,6 @@ void conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, 
 {
     if (db)
         bias_grad(j, s, db);
-    if (!dyt && !dyp)
-        return;
-#ifdef __AVX512F__
-    if (j->ctx->epi != EPI_POOL) {
-        fast_grads(j, s, dyt, dyp);
-        return;
-    }
-#endif
-    scatter_grads(j, s, dyt, dyp);
+    if (dyt || dyp)
+        plain_grads(j, s, dyt, dyp);
 }

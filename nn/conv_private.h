@@ -107,7 +107,6 @@ typedef struct {
     const float *wflip;   /* taps path: flipped, transposed weight packed (C x O*kh*kw) */
     const int32_t *offs;      /* taps path: the K taps into the padded input */
     const int32_t *offs_dx;   /* taps path: the O*kh*kw taps into the padded gradient */
-    const int32_t *dyp_map;   /* taps path: output q's place in a padded gradient plane */
     const int32_t *toff;      /* sparse: each weight-gradient vector's offset in a row */
     const float *wr;          /* sparse: the weight as O x (tap, channel) vectors */
     float *dx;            /* NULL: no input gradient */

@@ -3,11 +3,13 @@
 
     Forward: the output, numbered q = oh*Wp + ow over the padded input's
     width, goes to per-thread scratch in one product; the epilogue (copy,
-    relu or pool) then reads its Wo good columns of each row. Backward:
-    the output gradient is spread back into that numbering with zeros in
-    the junk columns (so it adds nothing to the weight gradient), and, for
-    the input gradient, into a plane padded by kh-1 rows and kw-1 columns
-    on each side, which the flipped kernel sweeps like a forward pass. */
+    relu or pool) then reads its Wo good columns of each row. Backward
+    (conv_outgrad.c makes its inputs): the weight gradient multiplies the
+    shifted input runs by the output gradient transposed, over the good
+    columns only; the input gradient sweeps the flipped kernel over the
+    output gradient padded by kh-1 rows and kw-1 columns on each side, like
+    a forward pass. Through a fused pool, the backward pass runs over the
+    pool's winners instead (conv_sparse.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -225,8 +227,7 @@ size_t conv_taps_bwd_ints(const conv_ctx_t *ctx)
 {
     if (ctx->sparse)
         return conv_sparse_ints(ctx);
-    return (size_t)ctx->g.C * ctx->g.kh * ctx->g.kw + (size_t)ctx->O * ctx->g.kh * ctx->g.kw +
-           (size_t)ctx->t.L;
+    return (size_t)ctx->g.C * ctx->g.kh * ctx->g.kw + (size_t)ctx->O * ctx->g.kh * ctx->g.kw;
 }
 
 int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip)
@@ -239,14 +240,9 @@ int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, fl
         conv_sparse_prepare(job, w, ints, job->dx ? wflip : NULL);
         return 0;
     }
-    int32_t *offs = ints, *offs_dx = ints + (size_t)g->C * kk, *map = offs_dx + Kx;
+    int32_t *offs = ints, *offs_dx = ints + (size_t)g->C * kk;
     conv_taps_offsets(ctx, offs);
     job->offs = offs;
-    /* output q = oh*Wp + ow sits at (oh + kh-1, ow + kw-1) of a dyp plane */
-    for (int oh = 0, q = 0; oh < g->Ho; oh++)
-        for (int ow = 0; ow < t->Wp && q < t->L; ow++, q++)
-            map[q] = (oh + g->kh - 1) * t->Wq + ow + g->kw - 1;
-    job->dyp_map = map;
     if (!job->dx)
         return 0;
     /* Row c, column (o, tap) of the flipped kernel is w[o][c][kk-1-tap]. */
