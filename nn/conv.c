@@ -220,7 +220,7 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     if (ctx->taps && (need_w || need_x)) {
         if (!(offs = malloc(sizeof(int32_t) * conv_taps_bwd_ints(ctx))))
             goto oom;
-        if (need_x && !(wt = malloc(sizeof(float) * conv_taps_bwd_wfloats(ctx))))
+        if (need_x && !(wt = nn_alloc_floats(conv_taps_bwd_wfloats(ctx))))
             goto oom;
         if (conv_taps_bwd_prepare(&job, tensor_data(w), offs, wt) < 0)
             goto out;
@@ -345,7 +345,7 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
     int32_t *offs = NULL;
     int rc = 0;
     if (ctx->taps) {
-        wpack = malloc(sizeof(float) * nn_taps_packed_floats(ctx->O, K));
+        wpack = nn_alloc_floats(nn_taps_packed_floats(ctx->O, K));
         offs = malloc(sizeof(int32_t) * (size_t)K);
         if (!wpack || !offs) {
             rc = error_set("conv2d: out of memory");

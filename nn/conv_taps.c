@@ -180,8 +180,9 @@ void conv_taps_fwd_chunk(void *arg, int c, float *scratch)
 
 /* ---- backward ---- */
 
-/*  The per-sample buffers of the backward pass, carved from scratch; NULL
-    when not needed. */
+/*  The per-sample buffers of the backward pass, carved from scratch at
+    multiples of 16 floats (64 bytes, so aligned like scratch); NULL when
+    not needed. */
 typedef struct {
     float *pad;       /* padded input (padding > 0 and a weight gradient) */
     float *dyt;       /* L x ldt: the output gradient, positions x channels (dW) */
@@ -196,7 +197,7 @@ static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float 
     size_t n = 0;
 #define CARVE(field, floats)                          \
     do {                                              \
-        size_t f_ = (floats);                         \
+        size_t f_ = ((floats) + 15) / 16 * 16;        \
         if (b)                                        \
             b->field = base && f_ ? base + n : NULL;  \
         n += f_;                                      \

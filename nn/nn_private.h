@@ -34,8 +34,15 @@ void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 /*  The pool never has more threads than this. */
 #define NN_MAX_THREADS 16
 
+/*  n floats (at least one) at a 64-byte boundary, so that vectors of 16
+    floats at multiples of 16 from it never straddle cache lines (a
+    straddling load or store costs two). Free with free(); NULL when out of
+    memory. */
+float *nn_alloc_floats(size_t n);
+
 /*  Work on chunk `chunk`; `scratch` holds the scratch_floats floats asked
-    for (private to this call, contents undefined), or is NULL. */
+    for (private to this call, contents undefined, 64-byte aligned), or is
+    NULL. */
 typedef void (nn_chunk_fn)(void *arg, int chunk, float *scratch);
 
 /*  How many threads the pool has (OpenBLAS's thread count, so

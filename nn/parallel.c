@@ -178,11 +178,19 @@ int nn_parallel_chunks(void)
     return pool.n;
 }
 
+float *nn_alloc_floats(size_t n)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, sizeof(float) * (n ? n : 1)) != 0)
+        return NULL;
+    return p;
+}
+
 /*  Serial fallback: one scratch buffer, reused by every chunk. */
 static int run_serial(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
 {
     float *scratch = NULL;
-    if (scratch_floats && !(scratch = malloc(sizeof(float) * scratch_floats)))
+    if (scratch_floats && !(scratch = nn_alloc_floats(scratch_floats)))
         return error_set("out of memory for %zu floats of scratch", scratch_floats);
     for (int c = 0; c < n_chunks; c++)
         fn(arg, c, scratch);
@@ -195,9 +203,10 @@ static int grow_scratch(int slots, size_t floats)
     for (int i = 0; i < slots; i++) {
         if (pool.scratch_cap[i] >= floats)
             continue;
-        float *p = realloc(pool.scratch[i], sizeof(float) * floats);
+        float *p = nn_alloc_floats(floats);     /* contents need not survive */
         if (!p)
             return error_set("out of memory for %zu floats of scratch", floats);
+        free(pool.scratch[i]);
         pool.scratch[i] = p;
         pool.scratch_cap[i] = floats;
     }
