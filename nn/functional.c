@@ -27,10 +27,15 @@ typedef struct {
     int rows, in_f, out_f, n_chunks;
     const float *x, *w, *dy;
     float *out;
-    /* the taps path of the backward products (see linear_taps) */
+    /* the taps paths (see linear_taps and linear_forward_taps) */
     const float *packed;  /* dy (which 1) or dy^T (which 2), packed by nn_taps_pack */
-    const int32_t *offs;  /* rows of W (which 1) or of x (which 2) */
+    const int32_t *offs;  /* rows of W (which 0, 1) or of x (which 2) */
+    const float *xt;      /* which 0: x transposed, in_f x ldr */
+    float *yt;            /* which 0: y transposed, out_f x ldr */
+    int ldr;
 } linear_job_t;
+
+#define LINEAR_RUN 512
 
 static void linear_chunk(void *arg, int c, float *scratch)
 {
@@ -40,8 +45,20 @@ static void linear_chunk(void *arg, int c, float *scratch)
     switch (j->which) {
     case 0:
         nn_chunk_range(j->out_f, j->n_chunks, c, &lo, &hi);
-        nn_sgemm(false, true, j->rows, (int)(hi - lo), j->in_f, 1.0f, j->x, j->in_f,
-                 j->w + lo * j->in_f, j->in_f, 1.0f, j->out + lo, j->out_f);
+        if (j->xt) {
+            /* runs of LINEAR_RUN inputs, each summed apart and then added to
+               y: shorter chains of float additions than one of in_f */
+            const int nrun = j->in_f / LINEAR_RUN, rest = j->in_f % LINEAR_RUN;
+            const int64_t done = (int64_t)nrun * LINEAR_RUN;
+            if (nrun)
+                nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w, j->xt, j->ldr, j->rows,
+                                nrun, LINEAR_RUN, LINEAR_RUN, j->yt + lo * j->ldr, j->ldr);
+            if (rest)
+                nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w + done, j->xt + done * j->ldr,
+                                j->ldr, j->rows, 1, rest, rest, j->yt + lo * j->ldr, j->ldr);
+        } else
+            nn_sgemm(false, true, j->rows, (int)(hi - lo), j->in_f, 1.0f, j->x, j->in_f,
+                     j->w + lo * j->in_f, j->in_f, 1.0f, j->out + lo, j->out_f);
         break;
     case 1:
         nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
@@ -67,12 +84,13 @@ static void linear_chunk(void *arg, int c, float *scratch)
 }
 
 /*  One chunk for small products; otherwise one per thread, if each gets
-    a block of at least 16 features (the taps path: 48 input features). */
+    a block of at least 16 features (the taps paths: 48 input features, or
+    12 output features). */
 static int linear_run(linear_job_t *j)
 {
     int64_t flops = (int64_t)j->rows * j->in_f * j->out_f;
     int span = j->which == 1 || j->packed ? j->in_f : j->out_f;
-    int min_span = j->packed ? 48 : 16;
+    int min_span = j->packed ? 48 : j->xt ? 12 : 16;
     j->n_chunks = flops >= (1 << 20) ? nn_parallel_chunks() : 1;
     while (j->n_chunks > 1 && span / j->n_chunks < min_span)
         j->n_chunks--;
@@ -111,6 +129,43 @@ static bool linear_taps(linear_job_t *j, float **mem)
     j->offs = offs;
     *mem = p;
     return true;
+}
+
+/*  The forward product of a large layer with a small batch (fc1's), on the
+    taps kernel too: y^T = W x^T, taps on the rows of W, the batch (x
+    transposed, positions x rows) as the register block's columns. W is
+    read once. Returns 1 when the layer keeps to BLAS (small, wide batch, no
+    AVX-512), else 0 or -1 (error_set). */
+static int linear_forward_taps(linear_job_t *j, const float *bias)
+{
+    if (!nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
+        j->rows > 64 || (int64_t)j->out_f * j->in_f > INT32_MAX)
+        return 1;
+    const int ldr = (j->rows + 15) / 16 * 16;
+    float *xt = nn_alloc_floats((size_t)ldr * (j->in_f + j->out_f));
+    int32_t *offs = malloc(sizeof(int32_t) * (size_t)j->out_f);
+    if (!xt || !offs) {
+        free(xt);
+        free(offs);
+        return error_set("linear: out of memory");
+    }
+    float *yt = xt + (size_t)ldr * j->in_f;
+    nn_transpose(j->x, j->rows, j->in_f, j->in_f, xt, ldr);
+    for (int o = 0; o < j->out_f; o++) {
+        offs[o] = o * j->in_f;
+        for (int r = 0; r < j->rows; r++)
+            yt[(size_t)o * ldr + r] = bias ? bias[o] : 0.0f;
+    }
+    j->xt = xt;
+    j->yt = yt;
+    j->ldr = ldr;
+    j->offs = offs;
+    int rc = linear_run(j);
+    if (rc == 0)
+        nn_transpose(yt, j->out_f, j->rows, ldr, j->out, j->out_f);
+    free(xt);
+    free(offs);
+    return rc;
 }
 
 static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
@@ -187,14 +242,18 @@ int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out)
     if (!y)
         return -1;
     float *yd = tensor_data(y);
-    if (bias) {
-        const float *b = tensor_data(bias);
-        for (int64_t r = 0; r < rows; r++)
-            memcpy(yd + r * out_f, b, sizeof(float) * (size_t)out_f);
-    }
     linear_job_t job = {.which = 0, .rows = (int)rows, .in_f = (int)in_f, .out_f = (int)out_f,
                         .x = tensor_data(x), .w = tensor_data(weight), .out = yd};
-    if (linear_run(&job) < 0) {
+    int rc = linear_forward_taps(&job, bias ? tensor_data(bias) : NULL);
+    if (rc == 1) {                 /* not taken: BLAS, over the bias */
+        if (bias) {
+            const float *b = tensor_data(bias);
+            for (int64_t r = 0; r < rows; r++)
+                memcpy(yd + r * out_f, b, sizeof(float) * (size_t)out_f);
+        }
+        rc = linear_run(&job);
+    }
+    if (rc < 0) {
         tensor_unref(y);
         return -1;
     }

@@ -127,6 +127,10 @@ void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const 
 void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
                      int N, int nrun, int run, int stride, float *c, int ldc);
 
+/*  dst[c][r] = src[r][c] for r < rows, c < cols (row strides lds, ldd),
+    in 16 x 16 tiles. */
+void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd);
+
 /*  ---- max pooling of one plane (pool.c) ---- */
 
 /*  Pools an H x W plane (rows ld floats apart) with k x k windows moved by

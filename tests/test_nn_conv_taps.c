@@ -289,6 +289,9 @@ static void check_linear(int rows, int in_f, int out_f)
     int64_t live = tensor_live_count();
     tensor_t *x = rand_leaf(2, (int64_t[]){rows, in_f});
     tensor_t *w = rand_leaf(2, (int64_t[]){out_f, in_f});
+    /* weights of PyTorch's scale (1/sqrt(in)), so that outputs are O(1) */
+    for (int64_t i = 0; i < tensor_numel(w); i++)
+        tensor_data(w)[i] /= sqrtf((float)in_f);
     tensor_t *b = rand_leaf(1, (int64_t[]){out_f});
     tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3], *dy = NULL;
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: BLAS */
