@@ -1,15 +1,17 @@
 /*  bench_rpc: figures of the RPC agent between two processes on this machine.
 
-        bench_rpc [--raw] [--csv] [--iters N]
+        bench_rpc [--raw] [--csv] [--iters N] [--bw] [--bw-reps N]
 
     Prints rpc_sync round trips (no tensor, a 1x10 tensor), remote + to_here,
-    one-way throughput of 1, 16 and 64 MiB tensors, and calls per second
-    with 64 calls in flight. --raw also measures plain libzmq in the same
-    run (REQ/REP round trip of one byte, one 64 MiB message one way, sent
-    without copy) in the same processes, in blocks taking turns with the RPC
-    measurements, so that both see the same machine. --csv prints one line
-    per figure: name,value,unit. The two processes are forked; the figures
-    come back to the parent through a pipe. */
+    one-way throughput of 1, 16 and 64 MiB tensors (the best of 20, 8 and 6
+    calls, or of N with --bw-reps), and calls per second with 64 calls in
+    flight; --bw prints the throughput figures only. --raw also measures
+    plain libzmq in the same run (REQ/REP round trip of one byte, one 64 MiB
+    message one way, sent without copy) in the same processes, in blocks
+    taking turns with the RPC measurements, so that both see the same
+    machine. --csv prints one line per figure: name,value,unit. The two
+    processes are forked; the figures come back to the parent through a
+    pipe. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -255,6 +257,9 @@ static double calls_per_second(int window, int total)
     return total / (dt / 1e6);
 }
 
+static bool bw_only;   /* --bw */
+static int bw_reps;    /* --bw-reps */
+
 static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
 {
     void *ctx = NULL, *req = NULL;
@@ -273,7 +278,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
     rpc_block("echo", NULL, iters / 10, NULL);
     rpc_block("echo_pool", NULL, iters / 10, NULL);
     samples_t plain = {0}, tensor = {0}, pool = {0}, zraw = {0}, rth = {0};
-    const int blocks = 20;
+    const int blocks = bw_only ? 0 : 20;
     for (int b = 0; b < blocks; b++) {
         int n = iters / blocks;
         if (rpc_block("echo", NULL, n, &plain) < 0 || rpc_block("echo", targs, n, &tensor) < 0 ||
@@ -321,7 +326,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
         size_t size = mib[k] << 20;
         rpc_value_t *args = tensor_args(size);
         double best = 0;
-        int reps = k == 0 ? 20 : k == 1 ? 8 : 6;
+        int reps = bw_reps ? bw_reps : k == 0 ? 20 : k == 1 ? 8 : 6;
         for (int i = -1; i < reps; i++) {
             double g = rpc_bw(args, size);
             if (i >= 0 && g > best)
@@ -338,7 +343,8 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
     if (raw)
         add(fs, "zmq_bw_64MiB_GBps", zbest, "GB/s");
     free(big);
-    add(fs, "rpc_calls_per_s_64_inflight", calls_per_second(64, 20 * iters), "1/s");
+    if (!bw_only)
+        add(fs, "rpc_calls_per_s_64_inflight", calls_per_second(64, 20 * iters), "1/s");
     free(plain.t);
     free(tensor.t);
     free(pool.t);
@@ -406,10 +412,15 @@ int main(int argc, char **argv)
             raw = true;
         else if (strcmp(argv[i], "--csv") == 0)
             csv = true;
+        else if (strcmp(argv[i], "--bw") == 0)
+            bw_only = true;
+        else if (strcmp(argv[i], "--bw-reps") == 0 && i + 1 < argc)
+            bw_reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--raw] [--csv] [--iters N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--raw] [--csv] [--iters N] [--bw] [--bw-reps N]\n",
+                    argv[0]);
             return 2;
         }
     }

@@ -3,7 +3,11 @@
     Sending (any thread): the header frame is built in a ZeroMQ message,
     tensors follow as zmq_msg_init_data frames whose free callback drops the
     tensor reference, so tensor memory goes to the kernel without a copy.
-    Sends on the shared sockets never block: those DEALERs have
+    Tensors of more than RPC_STREAM_OVER bytes are streamed instead: an
+    empty frame in the message, a stream table, then the data in pieces,
+    messages of their own queued right behind it (wire.h, stream.h); the
+    pieces point into the tensor too. Sends on the shared sockets never
+    block: those DEALERs have
     ZMQ_IMMEDIATE set, so a peer without a live connection makes the send
     fail at once ("unreachable") instead of queueing forever. They never
     receive, which matters: with ZMQ_IMMEDIATE, messages that arrived but
@@ -18,6 +22,8 @@
 #include <zmq.h>
 
 #include "autograd/error.h"
+#include "rpc/bufcache.h"
+#include "rpc/stream.h"
 
 static __thread thread_role_t tls_role;
 
@@ -40,6 +46,8 @@ static void set_int(void *sock, int opt, int value)
 
 int transport_bind(agent_t *a, const char *listen_ip)
 {
+    rpc_bufcache_enable(true);
+    transport_stream_reset();
     a->ctx = zmq_ctx_new();
     if (!a->ctx)
         return error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
@@ -52,6 +60,9 @@ int transport_bind(agent_t *a, const char *listen_ip)
         return error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
     set_int(a->router, ZMQ_LINGER, 0);
     set_int(a->router, ZMQ_RCVHWM, 0);
+    /* A ROUTER drops what it cannot queue: a streamed answer is hundreds
+       of messages, and none may be lost. */
+    set_int(a->router, ZMQ_SNDHWM, 0);
     set_int(a->router, ZMQ_ROUTER_HANDOVER, 1);
     set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
     char ep[RPC_MAX_ENDPOINT + 1];
@@ -146,6 +157,7 @@ void transport_stop_io(agent_t *a)
 
 void transport_close(agent_t *a, bool graceful)
 {
+    transport_stream_clear();
     for (int i = 0; a->peers && i < a->world; i++) {
         peer_t *p = &a->peers[i];
         if (p->sock) {
@@ -172,6 +184,7 @@ void transport_close(agent_t *a, bool graceful)
     if (a->ctx)
         zmq_ctx_term(a->ctx);
     a->ctx = NULL;
+    rpc_bufcache_enable(false);
 }
 
 /* ---- sending ---- */
@@ -196,47 +209,150 @@ static int send_frame(void *sock, zmq_msg_t *m, int flags)
     return zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0 ? 0 : -1;
 }
 
-/* Sends [route] header tensors... on sock (the caller owns or locked it).
-   Returns the bytes sent, or -1. */
-static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
-                            rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
+/* Queues one tensor frame: len bytes at data, which belong to t (an empty
+   frame when len is 0). */
+static int send_tensor_frame(void *sock, tensor_t *t, void *data, size_t len, int flags)
 {
     zmq_msg_t m;
-    if (route_len) {
-        zmq_msg_init_size(&m, route_len);
-        memcpy(zmq_msg_data(&m), route, route_len);
-        if (send_frame(sock, &m, ZMQ_SNDMORE) < 0) {
-            zmq_msg_close(&m);
-            return -1;
-        }
+    if (len == 0)
+        zmq_msg_init(&m);
+    else if (zmq_msg_init_data(&m, data, len, tensor_frame_free, tensor_ref(t)) < 0) {
+        tensor_unref(t);
+        zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
     }
-    h->n_tensors = (uint32_t)n_tensors;
-    size_t size = rpc_wire_size(h);
-    if (zmq_msg_init_size(&m, size) < 0)
-        return -1;
-    rpc_wire_write(h, zmq_msg_data(&m));
-    if (send_frame(sock, &m, n_tensors ? ZMQ_SNDMORE : 0) < 0) {
+    if (send_frame(sock, &m, flags) < 0) {
         zmq_msg_close(&m);
         return -1;
     }
-    int64_t bytes = (int64_t)size;
+    return 0;
+}
+
+static int send_copy(void *sock, const void *data, size_t len, int flags)
+{
+    zmq_msg_t m;
+    if (zmq_msg_init_size(&m, len) < 0)
+        return -1;
+    memcpy(zmq_msg_data(&m), data, len);
+    if (send_frame(sock, &m, flags) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    return 0;
+}
+
+/* The stream table of a message whose tensors of more than `over` bytes
+   are streamed (wire.h): a new frame's worth of bytes in *out (free()), or
+   -1. */
+static int stream_table(tensor_t *const *tensors, int n_tensors, size_t over, uint8_t **out,
+                        size_t *len, uint32_t *chunk)
+{
+    uint32_t count = 0;
+    size_t largest = 0;
+    rpc_wire_stream_t *e = malloc((size_t)n_tensors * sizeof *e);
+    if (!e)
+        return -1;
     for (int i = 0; i < n_tensors; i++) {
         size_t nb = tensor_nbytes(tensors[i]);
-        if (nb == 0)
-            zmq_msg_init(&m);
-        else if (zmq_msg_init_data(&m, tensor_raw(tensors[i]), nb, tensor_frame_free,
-                                   tensor_ref(tensors[i])) < 0) {
-            tensor_unref(tensors[i]);
-            zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
+        if (nb > over) {
+            e[count].frame = (uint32_t)i;
+            e[count++].bytes = nb;
+            if (nb > largest)
+                largest = nb;
         }
-        /* Once the first frame is queued the rest of the message follows:
-           ZeroMQ applies its limits per message, not per frame. */
-        if (send_frame(sock, &m, i + 1 < n_tensors ? ZMQ_SNDMORE : 0) < 0) {
-            zmq_msg_close(&m);
-            return -1;
-        }
-        bytes += (int64_t)nb;
     }
+    /* Pieces of RPC_STREAM_CHUNK, larger ones for huge tensors. */
+    size_t c = RPC_STREAM_CHUNK;
+    size_t least = largest / RPC_STREAM_MAX_PIECES + 1;
+    if (least > c)
+        c = (least + RPC_STREAM_CHUNK - 1) / RPC_STREAM_CHUNK * RPC_STREAM_CHUNK;
+    if (c > RPC_WIRE_MAX_CHUNK || largest > RPC_WIRE_MAX_STREAM) {
+        free(e);
+        return -1;
+    }
+    *len = rpc_wire_stream_table_size(count);
+    *out = malloc(*len);
+    if (*out)
+        rpc_wire_stream_table_write(e, count, (uint32_t)c, *out);
+    free(e);
+    *chunk = (uint32_t)c;
+    return *out ? 0 : -1;
+}
+
+/* Sends the pieces of a streamed message's tensors, each as a message
+   [route] [header: REPLY, id, piece number] [data]. */
+static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
+                       const rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors,
+                       size_t over, size_t chunk)
+{
+    rpc_wire_header_t ph = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = h->src,
+                            .dst = h->dst, .id = h->id, .n_tensors = 1};
+    uint8_t head[RPC_WIRE_FIXED];
+    for (int i = 0; i < n_tensors; i++) {
+        size_t nb = tensor_nbytes(tensors[i]);
+        if (nb <= over)
+            continue;
+        char *data = tensor_raw(tensors[i]);
+        for (size_t at = 0; at < nb; at += chunk, ph.a++) {
+            rpc_wire_write(&ph, head);
+            if ((route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0) ||
+                send_copy(sock, head, sizeof head, ZMQ_SNDMORE) < 0 ||
+                send_tensor_frame(sock, tensors[i], data + at, nb - at < chunk ? nb - at : chunk,
+                                  0) < 0)
+                return -1;
+        }
+    }
+    return 0;
+}
+
+/* Sends [route] header tensors... on sock (the caller owns or locked it);
+   tensors of more than RPC_STREAM_OVER bytes are streamed (wire.h). Returns
+   the bytes sent, or -1. */
+static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
+                            rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
+{
+    /* Decided once: the answer of transport_stream_ready may change meanwhile. */
+    size_t over = transport_stream_ready() ? RPC_STREAM_OVER : SIZE_MAX;
+    uint8_t *table = NULL;
+    size_t table_len = 0;
+    uint32_t chunk = 0;
+    bool stream = false;
+    for (int i = 0; i < n_tensors; i++)
+        stream = stream || tensor_nbytes(tensors[i]) > over;
+    if (stream && stream_table(tensors, n_tensors, over, &table, &table_len, &chunk) < 0)
+        return -1;
+    int n_frames = n_tensors + (stream ? 1 : 0);
+    if (stream)
+        h->flags |= RPC_WIRE_F_STREAMED;
+    h->n_tensors = (uint32_t)n_frames;
+    int64_t bytes = -1;
+    zmq_msg_t m;
+    if (route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0)
+        goto done;
+    size_t size = rpc_wire_size(h);
+    if (zmq_msg_init_size(&m, size) < 0)
+        goto done;
+    rpc_wire_write(h, zmq_msg_data(&m));
+    if (send_frame(sock, &m, n_frames ? ZMQ_SNDMORE : 0) < 0) {
+        zmq_msg_close(&m);
+        goto done;
+    }
+    /* Once the first frame is queued the rest of the message follows:
+       ZeroMQ applies its limits per message, not per frame. */
+    int64_t sent = (int64_t)size;
+    for (int i = 0; i < n_tensors; i++) {
+        size_t nb = tensor_nbytes(tensors[i]);
+        int more = i + 1 < n_frames ? ZMQ_SNDMORE : 0;
+        if (send_tensor_frame(sock, tensors[i], tensor_raw(tensors[i]), nb > over ? 0 : nb,
+                              more) < 0)
+            goto done;
+        sent += (int64_t)nb;
+    }
+    if (stream && (send_copy(sock, table, table_len, 0) < 0 ||
+                   send_pieces(sock, route, route_len, h, tensors, n_tensors, over, chunk) < 0))
+        goto done;
+    bytes = sent;
+done:
+    free(table);
     return bytes;
 }
 

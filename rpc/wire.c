@@ -1,6 +1,7 @@
 /*  wire.c: writing and validating header frames (format in wire.h). */
 #include "rpc/wire.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/error.h"
@@ -79,6 +80,69 @@ void rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out)
         memcpy(p, h->meta, h->meta_len);
 }
 
+size_t rpc_wire_stream_table_size(uint32_t count)
+{
+    return 8 + (size_t)count * RPC_WIRE_STREAM_ENTRY;
+}
+
+void rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
+                                 uint32_t chunk, uint8_t *out)
+{
+    put32(out, count);
+    put32(out + 4, chunk);
+    for (uint32_t i = 0; i < count; i++) {
+        uint8_t *e = out + 8 + (size_t)i * RPC_WIRE_STREAM_ENTRY;
+        put32(e, entries[i].frame);
+        put32(e + 4, 0);
+        put64(e + 8, entries[i].bytes);
+    }
+}
+
+int rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
+                                uint32_t *count, uint32_t *chunk, rpc_wire_stream_t **entries)
+{
+    const uint8_t *p = buf;
+    *entries = NULL;
+    if (!buf || len < 8)
+        return error_set("wire: stream table of %zu bytes (at least 8)", len);
+    uint32_t n = get32(p);
+    uint32_t c = get32(p + 4);
+    if (n == 0 || n_frames < 2 || n > n_frames - 1)
+        return error_set("wire: stream table of %u tensors for %u tensor frames", n,
+                         n_frames ? n_frames - 1 : 0);
+    if (len != rpc_wire_stream_table_size(n))
+        return error_set("wire: stream table of %u tensors in %zu bytes (%zu expected)", n,
+                         len, rpc_wire_stream_table_size(n));
+    if (c < RPC_WIRE_MIN_CHUNK || c > RPC_WIRE_MAX_CHUNK)
+        return error_set("wire: stream chunks of %u bytes (%zu to %zu)", c,
+                         RPC_WIRE_MIN_CHUNK, RPC_WIRE_MAX_CHUNK);
+    rpc_wire_stream_t *e = malloc(n * sizeof *e);
+    if (!e)
+        return error_set("wire: out of memory for a stream table of %u tensors", n);
+    for (uint32_t i = 0; i < n; i++) {
+        const uint8_t *q = p + 8 + (size_t)i * RPC_WIRE_STREAM_ENTRY;
+        e[i].frame = get32(q);
+        e[i].bytes = get64(q + 8);
+        const char *bad = NULL;
+        if (e[i].frame >= n_frames - 1 || (i > 0 && e[i].frame <= e[i - 1].frame))
+            bad = "frame index out of order or range";
+        else if (get32(q + 4) != 0)
+            bad = "reserved field is not 0";
+        else if (e[i].bytes == 0 || e[i].bytes > RPC_WIRE_MAX_STREAM)
+            bad = "size out of range";
+        if (bad) {
+            error_set("wire: stream table entry %u (frame %u, %llu bytes): %s", i,
+                      e[i].frame, (unsigned long long)e[i].bytes, bad);
+            free(e);
+            return -1;
+        }
+    }
+    *count = n;
+    *chunk = c;
+    *entries = e;
+    return 0;
+}
+
 const char *rpc_wire_type_name(int type)
 {
     switch (type) {
@@ -102,10 +166,29 @@ static bool type_known(int type)
     return type >= RPC_MSG_HELLO && type <= RPC_MSG_RREF_CHILD_ACCEPT;
 }
 
+/* A piece of a streamed message carries nothing but its number and data. */
+static int check_chunk_fields(const rpc_wire_header_t *h)
+{
+    if (h->type != RPC_MSG_REPLY)
+        return error_set("wire: a stream piece of type %s (REPLY expected)",
+                         rpc_wire_type_name(h->type));
+    if (h->flags != RPC_WIRE_F_CHUNK)
+        return error_set("wire: a stream piece with flags 0x%04x", h->flags);
+    if (h->fn_len || h->extra_len || h->meta_len)
+        return error_set("wire: a stream piece with a function name, hook or value bytes");
+    if (h->n_tensors != 1)
+        return error_set("wire: a stream piece with %u frames (1 expected)", h->n_tensors);
+    if (h->b || h->timeout_ms)
+        return error_set("wire: a stream piece with fork id or timeout set");
+    return 0;
+}
+
 /* Which optional parts each type may carry. */
 static int check_type_fields(const rpc_wire_header_t *h)
 {
     const char *name = rpc_wire_type_name(h->type);
+    if (h->flags & RPC_WIRE_F_CHUNK)
+        return check_chunk_fields(h);
     bool has_fn = h->type == RPC_MSG_CALL || h->type == RPC_MSG_REMOTE;
     if (has_fn && h->fn_len == 0)
         return error_set("wire: %s without a function name", name);
@@ -126,6 +209,8 @@ static int check_type_fields(const rpc_wire_header_t *h)
     }
     if ((h->flags & RPC_WIRE_F_DEREF_FIRST) && !has_fn)
         return error_set("wire: %s with the deref-first flag", name);
+    if ((h->flags & RPC_WIRE_F_STREAMED) && (!has_value || h->n_tensors < 2))
+        return error_set("wire: %s with the streamed flag and %u frames", name, h->n_tensors);
     bool rref_msg = h->type == RPC_MSG_REMOTE || h->type == RPC_MSG_RREF_FETCH ||
                     h->type == RPC_MSG_RREF_USER_DELETE ||
                     h->type == RPC_MSG_RREF_FORK_REQUEST;

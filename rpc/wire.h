@@ -9,7 +9,7 @@
         [header]      the frame described here
         [tensor 0] ... [tensor n-1]   raw tensor data, one frame each
 
-    Header frame, version 1, every integer little-endian:
+    Header frame, version 2, every integer little-endian:
 
         offset size field
         0      2    magic       0x5A 0x44 ("ZD")
@@ -24,7 +24,7 @@
         24     8    a           type-specific: RRef id
         32     8    b           type-specific: fork id
         40     4    meta_len    encoded value length (codec.h), or error text
-        44     4    n_tensors   number of tensor frames that follow
+        44     4    n_tensors   number of frames that follow the header
         48     4    timeout_ms  caller's timeout (0 = none), for the owner's waits
         52     4    reserved    must be 0
         56     fn_len     function name, printable ASCII
@@ -33,6 +33,44 @@
 
     The frame size must equal 56 + fn_len + extra_len + meta_len exactly, and
     n_tensors must equal the number of frames after the header.
+
+    Streamed tensors (new in version 2). libzmq hands a multipart message
+    over only once all of it has arrived, each frame in a buffer it mallocs
+    in its I/O thread; for tens of MiB, glibc gives that buffer back to the
+    kernel when it is freed, so every such message is received into fresh
+    pages (a page fault every 4 KiB: that, not the network, capped 64 MiB
+    tensors at ~1.3 GB/s). So a sender may stream its large tensors instead:
+
+      - The message (CALL, REMOTE or REPLY) gets flag RPC_WIRE_F_STREAMED.
+        Each streamed tensor's frame is empty, and one more frame, the stream
+        table, follows the last tensor (n_tensors counts it):
+
+            offset size field
+            0      4    count   streamed tensors, 1..(frames before the table)
+            4      4    chunk   bytes per chunk, RPC_WIRE_MIN_CHUNK..RPC_WIRE_MAX_CHUNK
+            8 + 16*i    entry i:
+                   4    frame   index of the tensor's (empty) frame; strictly
+                                increasing from entry to entry
+                   4    reserved, 0
+                   8    bytes   the tensor's size, 1..RPC_WIRE_MAX_STREAM
+
+        The table's size is exactly 8 + 16 * count.
+      - Right after it, on the same connection, come the pieces: the data
+        of entry 0, then entry 1, ..., cut into `chunk` bytes (a tensor's
+        last piece may be shorter). Each piece is a message [header][data]
+        whose header has type REPLY, flags RPC_WIRE_F_CHUNK alone, the
+        streamed message's id, a = the piece's number counted from 0 over
+        the whole message, n_tensors = 1 and nothing else (0). REPLY, so
+        that sockets which take only answers (rpc_sync) take them, and so
+        that a receiver unable to put them together could only see a bad
+        answer.
+      - The receiver copies the pieces into one buffer per tensor as they
+        arrive (stream.h), so that only a piece or two are ever held by
+        libzmq, and hands the message on once the last piece is in, as if
+        its tensors had come in their frames. A piece that does not match
+        (number, size, id, type, or no streamed message pending on its
+        connection) drops the message, logged, with an ERROR answer to a
+        request.
 
     Requests (CALL, REMOTE, RREF_FETCH, the RRef control messages, BARRIER)
     are answered by exactly one REPLY (a value; for control messages an
@@ -45,7 +83,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RPC_WIRE_VERSION 1
+#define RPC_WIRE_VERSION 2
 #define RPC_WIRE_FIXED 56
 #define RPC_WIRE_MAX_FN 255
 #define RPC_WIRE_MAX_EXTRA (1u << 20)
@@ -73,7 +111,18 @@ typedef enum {
 /*  The request is internal (barrier, RRef control): not counted as a user
     call in metrics or in the shutdown drain. */
 #define RPC_WIRE_F_INTERNAL 0x0002u
-#define RPC_WIRE_F_KNOWN (RPC_WIRE_F_DEREF_FIRST | RPC_WIRE_F_INTERNAL)
+/*  The message's large tensors are streamed: see above. */
+#define RPC_WIRE_F_STREAMED 0x0004u
+/*  A piece of a streamed message's tensor data: see above. */
+#define RPC_WIRE_F_CHUNK 0x0008u
+#define RPC_WIRE_F_KNOWN (RPC_WIRE_F_DEREF_FIRST | RPC_WIRE_F_INTERNAL | \
+                          RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)
+
+/*  Limits of the stream table. */
+#define RPC_WIRE_MIN_CHUNK ((size_t)4 << 10)
+#define RPC_WIRE_MAX_CHUNK ((size_t)64 << 20)
+#define RPC_WIRE_MAX_STREAM ((uint64_t)1 << 40)
+#define RPC_WIRE_STREAM_ENTRY 16
 
 /*  A parsed header; the pointers point into the frame it was parsed from. */
 typedef struct {
@@ -103,6 +152,27 @@ void rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out);
     fills *h (pointing into buf), or -1 with a clear error naming the bad
     field. Does not check ranks against the world (the caller knows it). */
 int rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h);
+
+/*  One entry of a stream table. */
+typedef struct {
+    uint32_t frame;
+    uint64_t bytes;
+} rpc_wire_stream_t;
+
+/*  Bytes of a stream table of count entries. */
+size_t rpc_wire_stream_table_size(uint32_t count);
+
+/*  Writes a table of count entries (chunk bytes per piece) into out, which
+    holds rpc_wire_stream_table_size(count) bytes. */
+void rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
+                                 uint32_t chunk, uint8_t *out);
+
+/*  Parses and validates a received stream table of len bytes, the last of
+    n_frames frames. Returns 0 and fills *count, *chunk and *entries (a new
+    array, free() it), or -1 with a clear error naming the bad field. Does
+    not look at the tensors' frames (the caller checks they are empty). */
+int rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
+                                uint32_t *count, uint32_t *chunk, rpc_wire_stream_t **entries);
 
 /*  Name of a message type ("CALL"), "?" when unknown. */
 const char *rpc_wire_type_name(int type);

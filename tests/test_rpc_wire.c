@@ -85,8 +85,11 @@ static void test_malformed_headers_are_refused(void **state)
     bad[0] = 'X';
     expect_bad(bad, len, "bad magic");
     memcpy(bad, buf, len);
-    bad[2] = 2;
-    expect_bad(bad, len, "version 2 not supported");
+    bad[2] = 1;
+    expect_bad(bad, len, "version 1 not supported");
+    memcpy(bad, buf, len);
+    bad[2] = 3;
+    expect_bad(bad, len, "version 3 not supported");
     memcpy(bad, buf, len);
     bad[3] = 99;
     expect_bad(bad, len, "unknown message type 99");
@@ -147,6 +150,141 @@ static void test_malformed_headers_are_refused(void **state)
     expect_bad(buf, build(&f, buf), "deref-first");
     f.flags = 0, f.meta = meta_none, f.meta_len = 2;
     expect_bad(buf, build(&f, buf), "RREF_FETCH with 2 bytes of value");
+}
+
+/* ---- streamed messages: the flags, the pieces' headers, the table ---- */
+
+static rpc_wire_header_t good_piece(void)
+{
+    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 1, .dst = 2,
+                           .id = 77, .a = 5, .n_tensors = 1};
+    return h;
+}
+
+static void test_stream_headers(void **state)
+{
+    (void)state;
+    uint8_t buf[512];
+    rpc_wire_header_t p;
+    /* A streamed call: its tensor frames and the table. */
+    rpc_wire_header_t h = good_call();
+    h.flags = RPC_WIRE_F_STREAMED;
+    h.n_tensors = 2;
+    assert_int_equal(rpc_wire_parse(buf, build(&h, buf), &p), 0);
+    assert_int_equal(p.flags, RPC_WIRE_F_STREAMED);
+    h.n_tensors = 1;
+    expect_bad(buf, build(&h, buf), "CALL with the streamed flag and 1 frames");
+    rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH, .id = 3, .a = 1, .n_tensors = 2,
+                           .flags = RPC_WIRE_F_STREAMED};
+    expect_bad(buf, build(&f, buf), "RREF_FETCH with 2 tensor frames");
+    rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 3, .meta = (const uint8_t *)"x",
+                           .meta_len = 1, .flags = RPC_WIRE_F_STREAMED};
+    expect_bad(buf, build(&e, buf), "ERROR with the streamed flag");
+    /* A piece, and everything a piece must not have. */
+    rpc_wire_header_t x = good_piece();
+    assert_int_equal(rpc_wire_parse(buf, build(&x, buf), &p), 0);
+    assert_true(p.a == 5 && p.id == 77 && p.n_tensors == 1);
+    x.type = RPC_MSG_CALL;
+    expect_bad(buf, build(&x, buf), "stream piece of type CALL");
+    x = good_piece();
+    x.flags |= RPC_WIRE_F_STREAMED;
+    expect_bad(buf, build(&x, buf), "stream piece with flags 0x000c");
+    x = good_piece();
+    x.flags |= RPC_WIRE_F_INTERNAL;
+    expect_bad(buf, build(&x, buf), "stream piece with flags");
+    x = good_piece();
+    x.meta = meta_none, x.meta_len = 2;
+    expect_bad(buf, build(&x, buf), "value bytes");
+    x = good_piece();
+    x.fn = "f", x.fn_len = 1;
+    expect_bad(buf, build(&x, buf), "function name");
+    x = good_piece();
+    x.extra = (const uint8_t *)"e", x.extra_len = 1;
+    expect_bad(buf, build(&x, buf), "hook");
+    x = good_piece();
+    x.n_tensors = 2;
+    expect_bad(buf, build(&x, buf), "stream piece with 2 frames");
+    x.n_tensors = 0;
+    expect_bad(buf, build(&x, buf), "stream piece with 0 frames");
+    x = good_piece();
+    x.b = 1;
+    expect_bad(buf, build(&x, buf), "fork id or timeout");
+    x = good_piece();
+    x.timeout_ms = 10;
+    expect_bad(buf, build(&x, buf), "fork id or timeout");
+    x = good_piece();
+    x.id = 0;
+    expect_bad(buf, build(&x, buf), "request id 0");
+}
+
+static void expect_bad_table(const uint8_t *buf, size_t len, uint32_t n_frames, const char *why)
+{
+    uint32_t count = 99, chunk = 99;
+    rpc_wire_stream_t *e = (rpc_wire_stream_t *)&count;
+    assert_int_equal(rpc_wire_stream_table_parse(buf, len, n_frames, &count, &chunk, &e), -1);
+    assert_null(e);
+    if (!strstr(error_last(), why))
+        fail_msg("expected \"%s\" in \"%s\"", why, error_last());
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void test_stream_tables(void **state)
+{
+    (void)state;
+    const rpc_wire_stream_t in[3] = {{1, 70000}, {2, 1}, {5, (uint64_t)3 << 33}};
+    uint8_t buf[128], bad[128];
+    size_t len = rpc_wire_stream_table_size(3);
+    assert_int_equal(len, 8 + 3 * 16);
+    rpc_wire_stream_table_write(in, 3, 1 << 20, buf);
+    /* The layout is the one wire.h describes. */
+    static const uint8_t head[] = {3, 0, 0, 0, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0,
+                                   0x70, 0x11, 1, 0, 0, 0, 0, 0};
+    assert_memory_equal(buf, head, sizeof head);
+    uint32_t count, chunk;
+    rpc_wire_stream_t *out;
+    assert_int_equal(rpc_wire_stream_table_parse(buf, len, 7, &count, &chunk, &out), 0);
+    assert_int_equal(count, 3);
+    assert_int_equal(chunk, 1 << 20);
+    for (int i = 0; i < 3; i++) {
+        assert_int_equal(out[i].frame, in[i].frame);
+        assert_true(out[i].bytes == in[i].bytes);
+    }
+    free(out);
+
+    expect_bad_table(NULL, 0, 7, "stream table of 0 bytes");
+    expect_bad_table(buf, 7, 7, "stream table of 7 bytes");
+    expect_bad_table(buf, len - 1, 7, "in 55 bytes (56 expected)");
+    expect_bad_table(buf, len, 6, "frame index");          /* frame 5 is the table's place */
+    expect_bad_table(buf, len, 3, "3 tensors for 2 tensor frames");
+    expect_bad_table(buf, len, 1, "for 0 tensor frames");
+    memcpy(bad, buf, len);
+    put_le(bad, 0, 4);
+    expect_bad_table(bad, 8, 7, "stream table of 0 tensors");
+    memcpy(bad, buf, len);
+    put_le(bad + 4, RPC_WIRE_MIN_CHUNK - 1, 4);
+    expect_bad_table(bad, len, 7, "stream chunks of 4095 bytes");
+    put_le(bad + 4, RPC_WIRE_MAX_CHUNK + 1, 4);
+    expect_bad_table(bad, len, 7, "stream chunks of");
+    memcpy(bad, buf, len);
+    put_le(bad + 8 + 16, 1, 4);                            /* entry 1: frame 1 again */
+    expect_bad_table(bad, len, 7, "entry 1 (frame 1, 1 bytes): frame index out of order");
+    memcpy(bad, buf, len);
+    put_le(bad + 8 + 4, 1, 4);
+    expect_bad_table(bad, len, 7, "entry 0 (frame 1, 70000 bytes): reserved");
+    memcpy(bad, buf, len);
+    put_le(bad + 8 + 16 + 8, 0, 8);
+    expect_bad_table(bad, len, 7, "entry 1 (frame 2, 0 bytes): size out of range");
+    memcpy(bad, buf, len);
+    put_le(bad + 8 + 32 + 8, RPC_WIRE_MAX_STREAM + 1, 8);
+    expect_bad_table(bad, len, 7, "size out of range");
+    memcpy(bad, buf, len);
+    put_le(bad, 0xffffffff, 4);
+    expect_bad_table(bad, len, 7, "stream table of 4294967295 tensors");
 }
 
 static void test_routing_ids(void **state)
@@ -356,6 +494,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_valid_headers_round_trip),
         cmocka_unit_test(test_malformed_headers_are_refused),
+        cmocka_unit_test(test_stream_headers),
+        cmocka_unit_test(test_stream_tables),
         cmocka_unit_test(test_routing_ids),
         cmocka_unit_test(test_malformed_messages_to_a_live_agent),
     };

@@ -1,0 +1,308 @@
+/*  stream.c: putting streamed messages together (format in wire.h, sizes
+    in stream.h).
+
+    A streamed message waits in a short list, keyed by its connection (the
+    socket it came from, the sender's rank and routing id), until its last
+    piece arrives; pieces of one connection arrive in order, since the
+    sender queues the message and all its pieces at once, but pieces of
+    different connections interleave on the ROUTER. Only the thread that
+    reads a socket touches the entries of that socket, so the lock guards
+    the list, not the copies. The buffers come from bufcache.h and become
+    the tensors' storage (no second copy). */
+#include "rpc/stream.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "autograd/error.h"
+#include "rpc/bufcache.h"
+
+typedef struct stream {
+    void *sock;                     /* the connection: socket, rank, routing id */
+    int src;
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+    zmq_msg_t hm;                   /* the streamed message's header frame */
+    uint8_t type;
+    uint64_t id;
+    rpc_frame_t *frames;            /* its tensor frames, the table left out */
+    int n;
+    uint32_t chunk, count;
+    rpc_wire_stream_t *entries;
+    rpc_buf_t **bufs;               /* one per entry */
+    uint32_t entry;                 /* being received: entry, bytes of it so far */
+    uint64_t at;
+    uint64_t seq;                   /* number of the next piece */
+    struct stream *next;
+} stream_t;
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static stream_t *streams;
+static int n_streams;
+static atomic_bool hooked;
+
+void transport_stream_reset(void)
+{
+    atomic_store(&hooked, false);
+}
+
+bool transport_stream_ready(void)
+{
+    return atomic_load_explicit(&hooked, memory_order_relaxed);
+}
+
+static void release_frames(rpc_frame_t *frames, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (frames[i].release)
+            frames[i].release(frames[i].data, frames[i].release_arg);
+}
+
+/* Frees what m holds: after this, m holds nothing. */
+static void drop_msg(inmsg_t *m)
+{
+    release_frames(m->frames, m->n);
+    m->n = 0;
+    zmq_msg_close(&m->hm);
+}
+
+static void stream_free(stream_t *s)
+{
+    if (!s)
+        return;
+    release_frames(s->frames, s->n);
+    for (uint32_t i = 0; s->bufs && i < s->count; i++)
+        rpc_bufcache_put(s->bufs[i]);
+    zmq_msg_close(&s->hm);
+    free(s->bufs);
+    free(s->entries);
+    free(s->frames);
+    free(s);
+}
+
+static bool same_connection(const stream_t *s, void *sock, const inmsg_t *m)
+{
+    return s->sock == sock && s->src == m->src && s->route_len == m->route_len &&
+           memcmp(s->route, m->route, m->route_len) == 0;
+}
+
+/* Unlinks and returns the entry of m's connection, or NULL. */
+static stream_t *take(void *sock, const inmsg_t *m)
+{
+    pthread_mutex_lock(&lock);
+    stream_t **p = &streams;
+    while (*p && !same_connection(*p, sock, m))
+        p = &(*p)->next;
+    stream_t *s = *p;
+    if (s) {
+        *p = s->next;
+        n_streams--;
+    }
+    pthread_mutex_unlock(&lock);
+    return s;
+}
+
+static const char *peer_name(agent_t *a, int rank)
+{
+    return a->peers && rank >= 0 && rank < a->world ? a->peers[rank].name : "?";
+}
+
+/* Logs why a message of type/id from m's connection was dropped (error_last),
+   and asks the caller to answer it when it is a request on the ROUTER. */
+static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
+{
+    agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", peer_name(a, m->src),
+              m->src, error_last());
+    if (sock == a->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
+        snprintf(m->reject, sizeof m->reject, "bad message: %s", error_last());
+        m->reject_id = id;
+    }
+    return -1;
+}
+
+/* A streamed message: checks its table and keeps it until its pieces are in. */
+static int start(agent_t *a, void *sock, inmsg_t *m)
+{
+    const rpc_wire_header_t *h = &m->h;
+    int type = h->type;
+    uint64_t id = h->id;
+    rpc_frame_t *table = &m->frames[m->n - 1];
+    stream_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        error_set("out of memory for a streamed %s", rpc_wire_type_name(type));
+        goto fail;
+    }
+    zmq_msg_init(&s->hm);
+    if (rpc_wire_stream_table_parse(table->data, table->size, (uint32_t)m->n, &s->count,
+                                    &s->chunk, &s->entries) < 0)
+        goto fail;
+    for (uint32_t i = 0; i < s->count; i++)
+        if (m->frames[s->entries[i].frame].size != 0) {
+            error_set("wire: stream table entry %u names frame %u, which holds %zu bytes", i,
+                      s->entries[i].frame, m->frames[s->entries[i].frame].size);
+            goto fail;
+        }
+    s->bufs = calloc(s->count, sizeof *s->bufs);
+    s->frames = malloc((size_t)(m->n - 1) * sizeof *s->frames);
+    if (!s->bufs || !s->frames) {
+        error_set("out of memory for a streamed %s", rpc_wire_type_name(type));
+        goto fail;
+    }
+    for (uint32_t i = 0; i < s->count; i++)
+        if (!(s->bufs[i] = rpc_bufcache_get((size_t)s->entries[i].bytes))) {
+            error_wrap("a streamed tensor of %llu bytes",
+                       (unsigned long long)s->entries[i].bytes);
+            goto fail;
+        }
+    s->sock = sock;
+    s->src = m->src;
+    s->route_len = m->route_len;
+    memcpy(s->route, m->route, m->route_len);
+    s->type = (uint8_t)type;
+    s->id = id;
+    zmq_msg_move(&s->hm, &m->hm);
+    zmq_msg_close(&m->hm);
+    table->release(table->data, table->release_arg);
+    s->n = m->n - 1;
+    memcpy(s->frames, m->frames, (size_t)s->n * sizeof *s->frames);
+    m->n = 0;
+    /* A message still pending on this connection lost its pieces (the
+       peer went away and came back): its place is taken. */
+    stream_t *old = take(sock, m);
+    pthread_mutex_lock(&lock);
+    bool full = n_streams >= RPC_STREAM_MAX_PENDING;
+    if (!full) {
+        s->next = streams;
+        streams = s;
+        n_streams++;
+    }
+    pthread_mutex_unlock(&lock);
+    if (old) {
+        error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
+                  "message", rpc_wire_type_name(old->type), (unsigned long long)old->id,
+                  (unsigned long long)old->seq);
+        agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src, error_last());
+        stream_free(old);
+    }
+    if (full) {
+        stream_free(s);
+        error_set("more than %d streamed messages pending", RPC_STREAM_MAX_PENDING);
+        return refuse(a, sock, m, type, id);
+    }
+    return 0;
+fail:
+    stream_free(s);
+    drop_msg(m);
+    return refuse(a, sock, m, type, id);
+}
+
+/* Hands the complete message s over in m. */
+static int finish(stream_t *s, inmsg_t *m)
+{
+    if (m->cap < s->n) {
+        rpc_frame_t *f = realloc(m->frames, (size_t)s->n * sizeof *f);
+        if (!f)
+            return error_set("out of memory for a streamed message of %d frames", s->n);
+        m->frames = f;
+        m->cap = s->n;
+    }
+    for (uint32_t i = 0; i < s->count; i++) {
+        rpc_frame_t *f = &s->frames[s->entries[i].frame];
+        f->release(f->data, f->release_arg);   /* the empty placeholder */
+        *f = (rpc_frame_t){s->bufs[i]->data, (size_t)s->entries[i].bytes,
+                           rpc_bufcache_release, s->bufs[i]};
+        s->bufs[i] = NULL;
+    }
+    memcpy(m->frames, s->frames, (size_t)s->n * sizeof *m->frames);
+    m->n = s->n;
+    s->n = 0;
+    zmq_msg_init(&m->hm);
+    zmq_msg_move(&m->hm, &s->hm);
+    /* The header was valid when it came: parsing again only points m->h
+       into the frame it now lives in. */
+    rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), &m->h);
+    m->h.flags &= (uint16_t)~RPC_WIRE_F_STREAMED;
+    m->h.n_tensors = (uint32_t)m->n;
+    stream_free(s);
+    return 1;
+}
+
+/* A piece: copied into its tensor's buffer, and freed at once. */
+static int piece(agent_t *a, void *sock, inmsg_t *m)
+{
+    const rpc_wire_header_t *h = &m->h;
+    stream_t *s = take(sock, m);
+    if (!s) {
+        error_set("stream piece %llu of %llx, but no streamed message is pending on its "
+                  "connection", (unsigned long long)h->a, (unsigned long long)h->id);
+        drop_msg(m);
+        return refuse(a, sock, m, 0, 0);
+    }
+    const rpc_wire_stream_t *e = &s->entries[s->entry];
+    uint64_t want = e->bytes - s->at < s->chunk ? e->bytes - s->at : s->chunk;
+    const rpc_frame_t *f = &m->frames[0];
+    if (h->id != s->id || h->a != s->seq || f->size != want) {
+        error_set("stream piece %llu of %llx (%zu bytes) where piece %llu of %s %llx "
+                  "(%llu bytes) was due", (unsigned long long)h->a, (unsigned long long)h->id,
+                  f->size, (unsigned long long)s->seq, rpc_wire_type_name(s->type),
+                  (unsigned long long)s->id, (unsigned long long)want);
+        int type = s->type;
+        uint64_t id = s->id;
+        stream_free(s);
+        drop_msg(m);
+        return refuse(a, sock, m, type, id);
+    }
+    memcpy((char *)s->bufs[s->entry]->data + s->at, f->data, f->size);
+    drop_msg(m);
+    s->seq++;
+    s->at += want;
+    if (s->at == e->bytes) {
+        s->entry++;
+        s->at = 0;
+    }
+    if (s->entry == s->count) {
+        if (finish(s, m) == 1)
+            return 1;
+        int type = s->type;
+        uint64_t id = s->id;
+        stream_free(s);
+        return refuse(a, sock, m, type, id);
+    }
+    pthread_mutex_lock(&lock);
+    s->next = streams;
+    streams = s;
+    n_streams++;
+    pthread_mutex_unlock(&lock);
+    return 0;
+}
+
+int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m)
+{
+    if (!atomic_load_explicit(&hooked, memory_order_relaxed))
+        atomic_store(&hooked, true);
+    if (!(m->h.flags & (RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)))
+        return 1;
+    return m->h.flags & RPC_WIRE_F_CHUNK ? piece(a, sock, m) : start(a, sock, m);
+}
+
+void transport_stream_clear(void)
+{
+    pthread_mutex_lock(&lock);
+    stream_t *s = streams;
+    streams = NULL;
+    n_streams = 0;
+    pthread_mutex_unlock(&lock);
+    while (s) {
+        stream_t *next = s->next;
+        stream_free(s);
+        s = next;
+    }
+}
+
+int transport_stream_pending(void)
+{
+    pthread_mutex_lock(&lock);
+    int n = n_streams;
+    pthread_mutex_unlock(&lock);
+    return n;
+}

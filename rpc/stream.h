@@ -1,0 +1,61 @@
+/*  stream.h: large tensors streamed in pieces (private to rpc/).
+
+    The format is in wire.h ("Streamed tensors"). The sender (transport.c)
+    streams every tensor of more than RPC_STREAM_OVER bytes in pieces of
+    RPC_STREAM_CHUNK bytes; smaller tensors keep their single zero-copy
+    frame. The receiver's read loop passes every message it read through
+    transport_stream_filter, which puts the pieces together.
+
+    Why pieces, and these sizes (bench_rpc, 2-core VM): libzmq receives each
+    frame into a buffer it mallocs in its I/O thread. glibc keeps a freed
+    buffer for reuse only when it is small next to what the process freed
+    before (its dynamic trim threshold); a 64 MiB message, or 64 MiB in many
+    frames of one multipart message (all held until the last one arrives),
+    comes back as fresh pages each time. Pieces sent as messages of their
+    own are each copied out and freed as soon as they arrive, so libzmq
+    holds a piece or two and reuses their memory, and the copy overlaps the
+    transfer. 64 MiB: 1.2-1.5 GB/s in one frame; 2.5-3.8 GB/s in 1 MiB
+    pieces (0.5 MiB: the same, 2-8 MiB: slower). 16 MiB tensors are as fast
+    in one frame (glibc reuses a buffer that size once one was freed), so
+    they stay zero-copy. */
+#ifndef ZDIST_RPC_STREAM_H
+#define ZDIST_RPC_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "rpc/agent.h"
+
+#define RPC_STREAM_OVER ((size_t)16 << 20)
+#define RPC_STREAM_CHUNK ((size_t)1 << 20)
+/*  A message streams at most this many pieces per tensor: a larger tensor
+    takes larger pieces (multiples of RPC_STREAM_CHUNK). */
+#define RPC_STREAM_MAX_PIECES 1024
+/*  Streamed messages being received at once, over all connections. */
+#define RPC_STREAM_MAX_PENDING 64
+
+/*  For the receive loop, on every valid message it read from sock (m as
+    transport_recv fills it). Returns 1 when m is a message to dispatch
+    (unchanged when it was not streamed, or a streamed message whose last
+    piece just arrived, now with its tensors in their frames and without
+    the stream table), 0 when it took m (a streamed message waiting for
+    its pieces, or a piece: read on), or -1 when it dropped m (logged; when
+    m->reject_id is set, answer that request with m->reject). After 0 or -1,
+    m holds nothing. Called by one thread at a time per socket. */
+int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
+
+/*  Whether this process's receive loop puts streamed messages together (it
+    called transport_stream_filter since transport_stream_reset, which the
+    agent calls as it starts): only then does the sender stream, its peers
+    running the same build. */
+bool transport_stream_ready(void);
+void transport_stream_reset(void);
+
+/*  Drops every streamed message still waiting for pieces (at shutdown,
+    before the sockets close). */
+void transport_stream_clear(void);
+
+/*  Streamed messages waiting for pieces now (tests). */
+int transport_stream_pending(void);
+
+#endif
