@@ -1,17 +1,20 @@
 /*  conv.c: 2-D convolution, one sample at a time, with an optional fused
-    relu or max pool after it.
+    relu or max pool after it: the op, its checks and its bookkeeping, and
+    the im2col path.
 
-    Stride-1 convolutions (the Net's) multiply the input planes directly,
-    without unfolding them (conv_taps.c, on AVX-512). The others run as
-    im2col + GEMM: per sample, the input patches are unfolded into a (C*kH*kW) x (Ho*Wo)
-    matrix `col`, so that the output is one GEMM, weight (O x C*kH*kW) by
-    col, written straight into the sample's NCHW slice. The backward pass
-    unfolds again (cheaper than keeping every sample's col alive) for the
-    weight gradient dW += dY_n col^T, and folds W^T dY_n back onto the input
-    (col2im) for the input gradient. One sample's col stays within L2, which
-    measured faster here than one GEMM over the whole batch. Samples are
-    spread over the pool's threads (parallel.c); the unfolding itself is in
-    conv_unfold.c.
+    Stride-1 convolutions (the Net's) take the taps path on AVX-512
+    (conv_taps.c): the input planes are multiplied directly, without
+    unfolding them; through a fused pool the backward pass runs over the
+    pool's winners only (conv_sparse.c); 3x3 shapes with enough channels
+    (the Net's conv2) run their forward pass by Winograd's F(2x2, 3x3)
+    (winograd.c). The others run as im2col + GEMM: per sample, the input
+    patches are unfolded into a (C*kH*kW) x (Ho*Wo) matrix `col`, so that
+    the output is one GEMM, weight (O x C*kH*kW) by col, written straight
+    into the sample's NCHW slice. The backward pass unfolds again (cheaper
+    than keeping every sample's col alive) for the weight gradient
+    dW += dY_n col^T, and folds W^T dY_n back onto the input (col2im) for
+    the input gradient. Samples are spread over the pool's threads
+    (parallel.c); the unfolding itself is in conv_unfold.c.
 
     The fused forms keep the convolution's own output in per-thread scratch
     (relu: in the output itself) and never store it for the whole batch;
@@ -23,6 +26,7 @@
 #include "autograd/error.h"
 #include "nn/nn.h"
 #include "nn/conv_private.h"
+#include "nn/winograd.h"
 
 /*  A 1x1 kernel with stride 1 and no padding needs no unfolding: the
     sample itself is the col matrix. */
@@ -73,7 +77,7 @@ static void im2col_fwd_chunk(void *arg, int c, float *scratch)
         } else if (ctx->epi == EPI_POOL) {
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
-                nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, g->Wo, ctx->pool_k,
+                nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, g->Wo, g->Wo, ctx->pool_k,
                               ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
         }
     }
@@ -318,6 +322,27 @@ static int conv_setup(const char *op, tensor_t *x, tensor_t *weight, tensor_t *b
     return 0;
 }
 
+/*  Winograd's forward pass (winograd.c) hands each sample's raw output here:
+    relu in place, or pooled into the output with the winners numbered as
+    the taps path numbers them (rows t.Wp apart), for conv_sparse.c. */
+static void winograd_epilogue(void *arg, int n, float *y_n)
+{
+    const conv_fwd_job_t *j = arg;
+    const conv_ctx_t *ctx = j->ctx;
+    const int O = ctx->O, Ho = ctx->g.Ho, Wo = ctx->g.Wo;
+    const size_t P = (size_t)Ho * Wo;
+    if (ctx->epi == EPI_RELU) {
+        for (size_t i = 0; i < (size_t)O * P; i++)
+            y_n[i] = y_n[i] > 0.0f ? y_n[i] : 0.0f;
+        return;
+    }
+    const int pp = ctx->Hp * ctx->Wp;
+    float *ys = j->y + (int64_t)n * conv_out_per_sample(ctx);
+    for (int o = 0; o < O; o++)
+        nn_pool_plane(y_n + o * P, Ho, Wo, Wo, ctx->t.Wp, ctx->pool_k, ctx->pool_s,
+                      ys + (size_t)o * pp, ctx->argmax + ((int64_t)n * O + o) * pp);
+}
+
 /*  Runs the forward pass described by ctx (owned: freed on failure, else
     handed to the node) and records it. */
 static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bias,
@@ -344,7 +369,13 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
     float *wpack = NULL;
     int32_t *offs = NULL;
     int rc = 0;
-    if (ctx->taps) {
+    const nn_conv_geom_t *g = &ctx->g;
+    if (ctx->taps && nn_winograd_applies(g->C, ctx->O, g->H, g->W, g->kh, g->kw, g->stride,
+                                         g->padding, 1, false)) {
+        rc = nn_winograd_forward(job.x, ctx->N, g->C, g->H, g->W, job.w, ctx->O, job.b,
+                                 g->padding, ctx->epi == EPI_POOL ? NULL : job.y,
+                                 ctx->epi == EPI_NONE ? NULL : winograd_epilogue, &job);
+    } else if (ctx->taps) {
         wpack = nn_alloc_floats(nn_taps_packed_floats(ctx->O, K));
         offs = malloc(sizeof(int32_t) * (size_t)K);
         if (!wpack || !offs) {
@@ -356,7 +387,7 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
             job.offs = offs;
         }
     }
-    if (rc == 0)
+    if (rc == 0 && (wpack || !ctx->taps))
         rc = nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false, false),
                              ctx->taps ? conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
     free(wpack);

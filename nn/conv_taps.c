@@ -161,7 +161,7 @@ void conv_taps_fwd_chunk(void *arg, int c, float *scratch)
         if (ctx->epi == EPI_POOL) {
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
-                nn_pool_plane(yext + (size_t)o * t->ldy, Ho, Wo, t->Wp, ctx->pool_k,
+                nn_pool_plane(yext + (size_t)o * t->ldy, Ho, Wo, t->Wp, t->Wp, ctx->pool_k,
                               ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
             continue;
         }

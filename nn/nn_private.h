@@ -135,9 +135,9 @@ void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int
 
 /*  Pools an H x W plane (rows ld floats apart) with k x k windows moved by
     s (floor mode) into y (Ho x Wo), Ho = (H-k)/s+1, Wo = (W-k)/s+1,
-    writing to argmax each winner's index row*ld + column (the first
+    writing to argmax each winner's index row*idx_ld + column (the first
     maximum; NaN wins). */
-void nn_pool_plane(const float *x, int H, int W, int ld, int k, int s, float *y,
+void nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
                    int32_t *argmax);
 
 /*  Fails (error_set, naming op) unless kernel and stride are >= 1 and a

@@ -20,11 +20,12 @@ static inline __mmask16 wins(__m512 v, __m512 best)
 
 /*  One output row of 2x2/2 pooling, 16 outputs at a time: the even and odd
     columns of both input rows are split apart with permutes, then compared
-    in PyTorch's order (row-major in the window). */
-static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *restrict y,
-                         int32_t *restrict am, int Wo)
+    in PyTorch's order (row-major in the window). Input rows are ld apart;
+    winners are numbered base + column (+ W for the second row). */
+static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
+                         float *restrict y, int32_t *restrict am, int Wo)
 {
-    const float *restrict r1 = r0 + W;
+    const float *restrict r1 = r0 + ld;
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
                                           2, 0);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -60,11 +61,11 @@ static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *r
 #else
 /*  One output row of 2x2/2 pooling, branch-free so that it vectorises:
     candidates in PyTorch's order (row-major in the window), a later one
-    winning only when strictly larger, or NaN. */
-static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *restrict y,
-                         int32_t *restrict am, int Wo)
+    winning only when strictly larger, or NaN. Numbering as above. */
+static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
+                         float *restrict y, int32_t *restrict am, int Wo)
 {
-    const float *restrict r1 = r0 + W;
+    const float *restrict r1 = r0 + ld;
     for (int ow = 0; ow < Wo; ow++) {
         float a = r0[2 * ow], b = r0[2 * ow + 1], c = r1[2 * ow], d = r1[2 * ow + 1];
         int32_t i = base + 2 * ow;
@@ -85,13 +86,14 @@ static void pool_row_2x2(const float *restrict r0, int W, int32_t base, float *r
 }
 #endif
 
-void nn_pool_plane(const float *x, int H, int W, int ld, int k, int s, float *y,
+void nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
                    int32_t *argmax)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
     if (k == 2 && s == 2) {
         for (int oh = 0; oh < Ho; oh++)
-            pool_row_2x2(x + 2 * oh * ld, ld, 2 * oh * ld, y + oh * Wo, argmax + oh * Wo, Wo);
+            pool_row_2x2(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
+                         argmax + oh * Wo, Wo);
         return;
     }
     /* Any window: running maxima over the window's rows, one output row at
@@ -103,7 +105,7 @@ void nn_pool_plane(const float *x, int H, int W, int ld, int k, int s, float *y,
             const float *xr = x + (oh * s + i) * ld;
             for (int j = 0; j < k; j++) {
                 for (int ow = 0; ow < Wo; ow++) {
-                    int32_t idx = (oh * s + i) * ld + ow * s + j;
+                    int32_t idx = (oh * s + i) * idx_ld + ow * s + j;
                     float v = xr[ow * s + j];
                     bool first = i == 0 && j == 0;
                     bool t = first || v > yr[ow] || v != v;
@@ -151,7 +153,7 @@ static void pool_chunk(void *arg, int c, float *scratch)
     int64_t lo, hi;
     nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
     for (int64_t p = lo; p < hi; p++)
-        nn_pool_plane(j->in + p * H * W, H, W, W, k, s, j->out + p * per,
+        nn_pool_plane(j->in + p * H * W, H, W, W, W, k, s, j->out + p * per,
                       j->argmax + p * per);
 }
 

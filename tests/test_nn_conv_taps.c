@@ -1,8 +1,9 @@
 /*  The taps kernels (nn/conv_direct.c, nn/conv_taps.c): the shifted-plane
     GEMMs against plain double-precision loops, on odd sizes that exercise
     every block edge and tail mask; then the three convolution ops on odd
-    shapes, and large linear layers, output and every gradient, against the
-    im2col / BLAS path (nn_use_taps(false)). Without AVX-512 both sides take
+    shapes (Winograd's forward pass among them), and large linear layers,
+    output and every gradient, against the im2col / BLAS path
+    (nn_use_taps(false)). Without AVX-512 both sides take
     the same path and the op comparisons are trivially exact. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -277,6 +278,10 @@ static void test_ops_match_im2col(void **state)
         {POOL, 2, 2, 13, 12, 5, 3, 3, 1, true, 3, 2, 0},   /* overlapping windows */
         {POOL, 1, 2, 5, 44, 6, 3, 3, 0, true, 2, 2, 0},    /* 21 windows a row */
         {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1},   /* input gradient only */
+        /* shapes Winograd's forward pass takes (3x3, C >= 16, O >= 32) */
+        {PLAIN, 2, 16, 10, 9, 32, 3, 3, 1, true, 0, 0, 0},
+        {RELU, 2, 20, 12, 12, 40, 3, 3, 0, true, 0, 0, 0},
+        {POOL, 1, 17, 11, 13, 33, 3, 3, 1, true, 2, 2, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         check_op(cases[i]);
