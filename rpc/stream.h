@@ -31,8 +31,10 @@
 /*  A message streams at most this many pieces per tensor: a larger tensor
     takes larger pieces (multiples of RPC_STREAM_CHUNK). */
 #define RPC_STREAM_MAX_PIECES 1024
-/*  Streamed messages being received at once, over all connections. */
-#define RPC_STREAM_MAX_PENDING 64
+/*  Streamed messages being received at once. A connection has at most one
+    (its sender queues a message and all its pieces at once); this only
+    bounds what a flood of connections can make us hold. */
+#define RPC_STREAM_MAX_PENDING 1024
 
 /*  For the receive loop, on every valid message it read from sock (m as
     transport_recv fills it). Returns 1 when m is a message to dispatch
