@@ -6,18 +6,19 @@
     frame. The receiver's read loop passes every message it read through
     transport_stream_filter, which puts the pieces together.
 
-    Why pieces, and these sizes (bench_rpc, 2-core VM): libzmq receives each
-    frame into a buffer it mallocs in its I/O thread. glibc keeps a freed
-    buffer for reuse only when it is small next to what the process freed
-    before (its dynamic trim threshold); a 64 MiB message, or 64 MiB in many
-    frames of one multipart message (all held until the last one arrives),
-    comes back as fresh pages each time. Pieces sent as messages of their
-    own are each copied out and freed as soon as they arrive, so libzmq
-    holds a piece or two and reuses their memory, and the copy overlaps the
-    transfer. 64 MiB: 1.2-1.5 GB/s in one frame; 2.5-3.8 GB/s in 1 MiB
-    pieces (0.5 MiB: the same, 2-8 MiB: slower). 16 MiB tensors are as fast
-    in one frame (glibc reuses a buffer that size once one was freed), so
-    they stay zero-copy. */
+    Why pieces, and these sizes (bench_rpc, 2-core VM; docs/rpc.md): libzmq
+    receives each frame into a buffer it mallocs in its I/O thread. glibc
+    keeps a freed buffer for reuse only when it is small next to what the
+    process freed before (its dynamic trim threshold); a 64 MiB message, or
+    64 MiB in many frames of one multipart message (all held until the last
+    one arrives), comes back as fresh pages each time. Pieces sent as
+    messages of their own are each copied out and freed as soon as they
+    arrive, so libzmq holds a piece or two and reuses their memory, and the
+    copy overlaps the transfer. 64 MiB: 1.1-1.6 GB/s in one frame, 2.5-3.0
+    in 1 MiB pieces; side by side, median 2.1-2.6 for 1 MiB pieces against
+    1.7-1.8 for 0.5, 2 or 4 MiB. 16 MiB tensors are as fast in one frame
+    (glibc reuses a buffer that size once one was freed), so they stay
+    zero-copy. */
 #ifndef ZDIST_RPC_STREAM_H
 #define ZDIST_RPC_STREAM_H
 
