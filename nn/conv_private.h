@@ -109,9 +109,6 @@ typedef struct {
     const int32_t *offs_dx;   /* taps path: the O*kh*kw taps into the padded gradient */
     const int32_t *toff;      /* sparse: each weight-gradient vector's offset in a row */
     const float *wr;          /* sparse: the weight as (channel block, O, tap) vectors */
-    const int32_t *group_of;  /* sparse: a winner's group from its offset in the window */
-    const int32_t *group_rel; /* sparse: a group's offset from its window's corner */
-    const int32_t *corner;    /* sparse: each window's corner in the output numbering */
     float *dx;            /* NULL: no input gradient */
     float **dw_part;      /* per chunk, O x K (taps path: K x O); NULL: no weight gradient */
     float *db_part;       /* n_chunks x O; NULL: no bias gradient */

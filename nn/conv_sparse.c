@@ -14,11 +14,13 @@
     kept position-major (xt[p][c], one sample, channels padded to 16), so
     both updates are whole vectors. For dW, a block of 9 vectors (taps x
     channel blocks) of dW[o] stays in registers while a row of o's windows
-    is summed. For dx, the channels of each window are first grouped by the
-    position they won, and each group's sum of g * W[o] (9 tap vectors of
-    a channel block, in registers) is added to dx once: one read-modify-
-    write of dx per group instead of per channel. Windows and channels are
-    taken in a fixed order, so the sums do not depend on threads. */
+    is summed. For dx, the channels of a window that won at the same
+    position (found with vector compares of the window's winners, 16
+    channels at a time) form a group, and each group's sum of g * W[o] (9
+    tap vectors of a channel block, in registers) is added to dx once: one
+    read-modify-write of dx per group instead of per channel. Windows and
+    channels are taken in a fixed order, so the sums do not depend on
+    threads. */
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -44,35 +46,21 @@ static size_t plane_rows(const conv_ctx_t *ctx)
     return (size_t)ctx->t.Hp * ctx->t.Wp;
 }
 
-/*  Positions a window's winner can take (k x k), and the windows. */
-static int n_groups(const conv_ctx_t *ctx)
-{
-    return ctx->pool_k * ctx->pool_k;
-}
-
 static int n_windows(const conv_ctx_t *ctx)
 {
     return ctx->Hp * ctx->Wp;
-}
-
-/*  Floats of the grouping of one sample's winners (see group_winners). */
-static size_t grouping_floats(const conv_ctx_t *ctx)
-{
-    return (size_t)n_windows(ctx) * (3 * (size_t)ctx->O + 2 * n_groups(ctx) + 1);
 }
 
 size_t conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
 {
     size_t rows = plane_rows(ctx) * (size_t)ldc16(ctx);
     return (need_w ? rows + (size_t)ctx->O * n_vec(ctx) * 16 : 0) +
-           (need_x ? rows + grouping_floats(ctx) : 0);
+           (need_x ? rows : 0);
 }
 
 size_t conv_sparse_ints(const conv_ctx_t *ctx)
 {
-    const int k = ctx->pool_k;
-    return (size_t)n_vec(ctx) + (size_t)(k - 1) * ctx->t.Wp + k + n_groups(ctx) +
-           n_windows(ctx);
+    return (size_t)n_vec(ctx);
 }
 
 size_t conv_sparse_wfloats(const conv_ctx_t *ctx)
@@ -84,28 +72,13 @@ void conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, flo
 {
     const conv_ctx_t *ctx = job->ctx;
     const nn_conv_geom_t *g = &ctx->g;
-    const int kk = g->kh * g->kw, cv = ldc16(ctx) / 16, nv = n_vec(ctx);
+    const int kk = g->kh * g->kw, cv = ldc16(ctx) / 16;
     /* vector v = (tap t, channel block b): offset of its floats from a
        winner's row in xt / dxt */
     for (int t = 0; t < kk; t++)
         for (int b = 0; b < cv; b++)
             ints[t * cv + b] = ((t / g->kw) * ctx->t.Wp + t % g->kw) * ldc16(ctx) + 16 * b;
     job->toff = ints;
-    /* a winner at offset di*Wp + dj from its window's corner: group
-       di*k + dj; and back; and each window's corner */
-    const int k = ctx->pool_k, Wp = ctx->t.Wp;
-    int32_t *group = ints + nv, *rel = group + (k - 1) * Wp + k, *corner = rel + k * k;
-    for (int di = 0; di < k; di++)
-        for (int dj = 0; dj < k; dj++) {
-            group[di * Wp + dj] = di * k + dj;
-            rel[di * k + dj] = di * Wp + dj;
-        }
-    for (int ph = 0; ph < ctx->Hp; ph++)
-        for (int pw = 0; pw < ctx->Wp; pw++)
-            corner[ph * ctx->Wp + pw] = ph * ctx->pool_s * Wp + pw * ctx->pool_s;
-    job->group_of = group;
-    job->group_rel = rel;
-    job->corner = corner;
     if (!wr)
         return;
     /* wr[b][o][t][l] = w[o][16b + l][t] (zero past C): one channel block's
@@ -119,50 +92,6 @@ void conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, flo
                         c < g->C ? w[((size_t)o * g->C + c) * kk + t] : 0.0f;
                 }
     job->wr = wr;
-}
-
-/*  One sample's winners grouped: for window w, the channels that won at
-    group b (position corner[w] + group_rel[b]) are chan[i] with gradient
-    grad[i] for i in [start[w*(G+1) + b], start[w*(G+1) + b + 1]), G = k*k
-    groups, channels in increasing order. */
-typedef struct {
-    int32_t *chan, *start;
-    float *grad;
-} groups_t;
-
-static groups_t group_winners(const conv_bwd_job_t *j, int64_t s, float *mem)
-{
-    const conv_ctx_t *ctx = j->ctx;
-    const int O = ctx->O, pp = n_windows(ctx), G = n_groups(ctx);
-    groups_t gr = {.chan = (int32_t *)mem, .grad = mem + (size_t)pp * O};
-    gr.start = (int32_t *)(gr.grad + (size_t)pp * O);
-    int32_t *fill = gr.start + (size_t)pp * (G + 1), *grp = fill + (size_t)pp * G;
-    const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
-    const float *dys = j->dy + s * conv_out_per_sample(ctx);
-    /* counting sort by (window, group), channel by channel: both passes
-       read the argmax and gradient planes in order */
-    memset(gr.start, 0, sizeof(int32_t) * (size_t)pp * (G + 1));
-    for (int o = 0; o < O; o++)
-        for (int w = 0; w < pp; w++) {
-            size_t at = (size_t)o * pp + w;
-            grp[at] = j->group_of[ams[at] - j->corner[w]];
-            gr.start[(size_t)w * (G + 1) + grp[at] + 1]++;
-        }
-    for (int w = 0; w < pp; w++) {
-        int32_t *st = gr.start + (size_t)w * (G + 1);
-        for (int b = 0; b < G; b++) {
-            st[b + 1] += st[b];
-            fill[(size_t)w * G + b] = w * O + st[b];
-        }
-    }
-    for (int o = 0; o < O; o++)
-        for (int w = 0; w < pp; w++) {
-            size_t at = (size_t)o * pp + w;
-            int32_t i = fill[(size_t)w * G + grp[at]]++;
-            gr.chan[i] = o;
-            gr.grad[i] = dys[at];
-        }
-    return gr;
 }
 
 #ifdef __AVX512F__
@@ -219,9 +148,11 @@ static void rows_to_planes(const conv_ctx_t *ctx, const float *dxt, float *dx)
 #define A9(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8)
 
 /*  acc[v] += sum over the pp windows of g[w] * xt[am[w]*ld + toff[v]], for
-    the nv vectors v of one output channel: 9 at a time in registers. */
-static void winners_dw(const float *xt, int ld, const int32_t *am, const float *g, int pp,
-                       const int32_t *toff, int nv, float *acc)
+    the nv vectors v of one output channel: 9 at a time in registers (not
+    inlined: in its caller the 9 tap offsets would not keep registers). */
+__attribute__((noinline)) static void winners_dw(const float *xt, int ld, const int32_t *am,
+                                                 const float *g, int pp, const int32_t *toff,
+                                                 int nv, float *acc)
 {
     int v0 = 0;
     for (; v0 + 9 <= nv; v0 += 9) {
@@ -249,58 +180,92 @@ static void winners_dw(const float *xt, int ld, const int32_t *am, const float *
     }
 }
 
-/*  dxt[p][16b..] += sum over a group's channels o of g * w[o][16b..][t],
-    at p = the group's position + off(t): taps 9 at a time in registers. */
-static void groups_dx(const conv_bwd_job_t *j, const groups_t *gr, float *dxt)
+/*  The weights of channel block b from tap t0 on: w[o] at + o*kk*16. */
+static const float *wr_block(const conv_bwd_job_t *j, int b, int t0)
+{
+    const int kk = j->ctx->g.kh * j->ctx->g.kw;
+    return j->wr + ((size_t)b * j->ctx->O * kk + t0) * 16;
+}
+
+/*  d[to[i*cv]] += sum over the channels o0 + bit of grp of g[o*pp] *
+    wb[o*kk*16 + 16i..], i < nt: one group's input gradient. */
+static inline void group_dx(const float *wb, int kk, const float *g, int pp, int o0,
+                            uint64_t grp, int nt, const int32_t *to, int cv, float *d)
+{
+    if (nt == 9) {
+#define DECL(i) __m512 a##i = _mm512_setzero_ps();
+        A9(DECL)
+#undef DECL
+        for (uint64_t m = grp; m; m &= m - 1) {
+            const int o = o0 + __builtin_ctzll(m);
+            const float *wo = wb + (size_t)o * kk * 16;
+            const __m512 gv = _mm512_set1_ps(g[(size_t)o * pp]);
+#define FMA(i) a##i = _mm512_fmadd_ps(gv, _mm512_loadu_ps(wo + 16 * i), a##i);
+            A9(FMA)
+#undef FMA
+        }
+#define ADD(i) _mm512_storeu_ps(d + to[i * cv], \
+                                _mm512_add_ps(_mm512_loadu_ps(d + to[i * cv]), a##i));
+        A9(ADD)
+#undef ADD
+        return;
+    }
+    for (int tt = 0; tt < nt; tt++) {    /* the last taps, one at a time */
+        __m512 a = _mm512_setzero_ps();
+        for (uint64_t m = grp; m; m &= m - 1) {
+            const int o = o0 + __builtin_ctzll(m);
+            a = _mm512_fmadd_ps(_mm512_set1_ps(g[(size_t)o * pp]),
+                                _mm512_loadu_ps(wb + ((size_t)o * kk + tt) * 16), a);
+        }
+        _mm512_storeu_ps(d + to[tt * cv], _mm512_add_ps(_mm512_loadu_ps(d + to[tt * cv]), a));
+    }
+}
+
+/*  dxt[q + off(t)][16b..] += sum over the channels o whose winner in
+    window w is q of g * w[o][16b..][t], for sample s, every window and
+    group: taps 9 at a time in registers, channels 64 at a time as bits. */
+static void groups_dx(const conv_bwd_job_t *j, int64_t s, float *dxt)
 {
     const conv_ctx_t *ctx = j->ctx;
     const int O = ctx->O, kk = ctx->g.kh * ctx->g.kw, ld = ldc16(ctx), cv = ld / 16;
-    const int pp = n_windows(ctx), G = n_groups(ctx);
-    const int32_t *toff = j->toff;
-    const float *wr = j->wr;
+    const int pp = n_windows(ctx);
+    const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
+    const float *dys = j->dy + s * conv_out_per_sample(ctx);
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int b = 0; b < cv; b++)
         for (int t0 = 0; t0 < kk; t0 += 9) {
             const int nt = kk - t0 < 9 ? kk - t0 : 9;
-            const float *wb = wr + ((size_t)b * O * kk + t0) * 16;
-            const int32_t *to = toff + (size_t)t0 * cv + b;
-            for (int w = 0; w < pp; w++) {
-                const int32_t *st = gr->start + (size_t)w * (G + 1);
-                for (int grp = 0; grp < G; grp++) {
-                    const int i0 = w * O + st[grp], i1 = w * O + st[grp + 1];
-                    if (i0 == i1)
-                        continue;
-                    float *d = dxt + (size_t)(j->corner[w] + j->group_rel[grp]) * ld;
-                    if (nt < 9) {            /* the last taps, one at a time */
-                        for (int tt = 0; tt < nt; tt++) {
-                            __m512 a = _mm512_setzero_ps();
-                            for (int i = i0; i < i1; i++)
-                                a = _mm512_fmadd_ps(
-                                    _mm512_set1_ps(gr->grad[i]),
-                                    _mm512_loadu_ps(wb + ((size_t)gr->chan[i] * kk + tt) * 16),
-                                    a);
-                            float *dt = d + to[tt * cv];
-                            _mm512_storeu_ps(dt, _mm512_add_ps(_mm512_loadu_ps(dt), a));
-                        }
-                        continue;
+            const float *wb = wr_block(j, b, t0);
+            const int32_t *to = j->toff + (size_t)t0 * cv + b;
+            for (int w = 0; w < pp; w++)
+                for (int o0 = 0; o0 < O; o0 += 64) {
+                    /* the window's winners, channels o0.. as 4 vectors */
+                    const int n = O - o0 < 64 ? O - o0 : 64;
+                    __m512i key[4];
+                    for (int v = 0; v < 4; v++) {
+                        __m512i idx = _mm512_mullo_epi32(
+                            _mm512_add_epi32(lane, _mm512_set1_epi32(o0 + 16 * v)),
+                            _mm512_set1_epi32(pp));
+                        key[v] = _mm512_mask_i32gather_epi32(_mm512_set1_epi32(-1),
+                                                             lanes(n - 16 * v), idx, ams + w,
+                                                             4);
                     }
-#define DECL(i) __m512 a##i = _mm512_setzero_ps();
-                    A9(DECL)
-#undef DECL
-                    for (int i = i0; i < i1; i++) {
-                        const float *wo = wb + (size_t)gr->chan[i] * kk * 16;
-                        const __m512 gv = _mm512_set1_ps(gr->grad[i]);
-#define FMA(i) a##i = _mm512_fmadd_ps(gv, _mm512_loadu_ps(wo + 16 * i), a##i);
-                        A9(FMA)
-#undef FMA
+                    uint64_t rem = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+                    while (rem) {
+                        const int q = ams[(size_t)(o0 + __builtin_ctzll(rem)) * pp + w];
+                        const __m512i qv = _mm512_set1_epi32(q);
+                        uint64_t grp = 0;
+                        for (int v = 0; v < 4; v++)
+                            grp |= (uint64_t)_mm512_cmpeq_epi32_mask(key[v], qv) << (16 * v);
+                        grp &= rem;
+                        rem &= ~grp;
+                        float *d = dxt + (size_t)q * ld;
+                        group_dx(wb, kk, dys + w, pp, o0, grp, nt, to, cv, d);
                     }
-#define ADD(i) _mm512_storeu_ps(d + to[i * cv], \
-                                _mm512_add_ps(_mm512_loadu_ps(d + to[i * cv]), a##i));
-                    A9(ADD)
-#undef ADD
                 }
-            }
         }
 }
+
 #else /* the same in plain loops (unused: conv_taps_plan takes this path with AVX-512) */
 static void planes_to_rows(const conv_ctx_t *ctx, const float *x, float *xt)
 {
@@ -333,26 +298,22 @@ static void winners_dw(const float *xt, int ld, const int32_t *am, const float *
                 acc[16 * v + l] += g[w] * xt[(size_t)am[w] * ld + toff[v] + l];
 }
 
-static void groups_dx(const conv_bwd_job_t *j, const groups_t *gr, float *dxt)
+static void groups_dx(const conv_bwd_job_t *j, int64_t s, float *dxt)
 {
     const conv_ctx_t *ctx = j->ctx;
     const int O = ctx->O, kk = ctx->g.kh * ctx->g.kw, ld = ldc16(ctx), cv = ld / 16;
-    const int pp = n_windows(ctx), G = n_groups(ctx);
-    const int32_t *toff = j->toff;
-    const float *wr = j->wr;
-    for (int w = 0; w < pp; w++) {
-        const int32_t *st = gr->start + (size_t)w * (G + 1);
-        for (int grp = 0; grp < G; grp++) {
-            const int q = j->corner[w] + j->group_rel[grp];
-            for (int i = w * O + st[grp]; i < w * O + st[grp + 1]; i++)
-                for (int b = 0; b < cv; b++)
-                    for (int t = 0; t < kk; t++)
-                        for (int l = 0; l < 16; l++)
-                            dxt[(size_t)q * ld + toff[t * cv + b] + l] +=
-                                gr->grad[i] *
-                                wr[(((size_t)b * O + gr->chan[i]) * kk + t) * 16 + l];
+    const int pp = n_windows(ctx);
+    const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
+    const float *dys = j->dy + s * conv_out_per_sample(ctx);
+    for (int o = 0; o < O; o++)
+        for (int w = 0; w < pp; w++) {
+            const size_t at = (size_t)o * pp + w;
+            for (int b = 0; b < cv; b++)
+                for (int t = 0; t < kk; t++)
+                    for (int l = 0; l < 16; l++)
+                        dxt[(size_t)ams[at] * ld + j->toff[t * cv + b] + l] +=
+                            dys[at] * j->wr[(((size_t)b * O + o) * kk + t) * 16 + l];
         }
-    }
 }
 #endif
 
@@ -390,9 +351,8 @@ void conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
                                ctx->Wp, j->toff, nv, acc + (size_t)o * nv * 16);
         }
         if (dxt) {
-            groups_t gr = group_winners(j, s, dxt + rows);
             memset(dxt, 0, sizeof(float) * rows);
-            groups_dx(j, &gr, dxt);
+            groups_dx(j, s, dxt);
             rows_to_planes(ctx, dxt, j->dx + (size_t)s * C * g->H * g->W);
         }
     }
