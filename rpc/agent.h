@@ -198,7 +198,8 @@ typedef struct {
     under router_lock), or a thread's rpc_sync socket connected to rank
     expect_src (answers only). Returns 1 for a valid message (dispatch it,
     then transport_msg_done), 0 when none is there, -1 when one was dropped
-    (logged, answered with an ERROR when it was a request). */
+    (logged, answered with an ERROR when it was a request). The pieces of
+    streamed tensors are read and put together on the way (stream.h). */
 int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
 void transport_msg_done(inmsg_t *m);
 

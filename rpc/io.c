@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "autograd/error.h"
+#include "rpc/stream.h"
 
 #define IO_TICK_MS 20
 #define RECV_BATCH 256
@@ -101,7 +102,7 @@ void transport_msg_done(inmsg_t *m)
     zmq_msg_close(&m->hm);
 }
 
-int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
+static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
 {
     bool routed = expect_src < 0;
     int src = expect_src;
@@ -177,6 +178,17 @@ drop:
         release_frames(m->frames, n);
     zmq_msg_close(&m->hm);
     return -1;
+}
+
+int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
+{
+    /* A streamed tensor comes in pieces, messages of their own (wire.h):
+       read on until a message is complete or none is left. */
+    int rc;
+    while ((rc = recv_message(a, sock, expect_src, m)) > 0 &&
+           (rc = transport_stream_filter(a, sock, m)) == 0) {
+    }
+    return rc;
 }
 
 static void dispatch(agent_t *a, inmsg_t *m)

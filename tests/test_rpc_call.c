@@ -374,7 +374,7 @@ static int world_timeouts(int rank, int world, int port, void *arg)
         f = rpc_async(1, "hold", NULL, 0);
         rpc_value_t *r;
         int64_t n = 0;
-        while (n < 3) {   /* until the three holds arrived at rank 1 */
+        while (n < 4) {   /* until all four holds arrived at rank 1 */
             WCHECK(rpc_sync(1, "n_held", NULL, -1, &r) == 0);
             rpc_value_get_int(r, &n);
             rpc_value_unref(r);
