@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include "nn/conv_private.h"
 #include "nn/nn_private.h"
 
 static atomic_bool taps_off;
@@ -270,31 +271,6 @@ void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *
     }
 }
 
-/*  r[j] = column j of the 16 x 16 tile whose rows are r[0..15]. */
-static inline void tile_transpose(__m512 r[16])
-{
-    __m512 t[16];
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    for (int i = 0; i < 4; i++)
-        for (int h = 0; h < 2; h++) {
-            __m512d a = _mm512_castps_pd(t[4 * i + h]), b = _mm512_castps_pd(t[4 * i + h + 2]);
-            r[4 * i + 2 * h] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-            r[4 * i + 2 * h + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        }
-    for (int i = 0; i < 2; i++)
-        for (int k = 0; k < 4; k++) {
-            t[8 * i + k] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + k + 4], 0x88);
-            t[8 * i + k + 4] = _mm512_shuffle_f32x4(r[8 * i + k], r[8 * i + k + 4], 0xdd);
-        }
-    for (int k = 0; k < 8; k++) {
-        r[k] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0x88);
-        r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
-    }
-}
-
 void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
 {
     for (int r0 = 0; r0 < rows; r0 += 16)
@@ -305,7 +281,7 @@ void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int
             for (int i = 0; i < 16; i++)
                 v[i] = i < nr ? _mm512_maskz_loadu_ps(mc, src + (size_t)(r0 + i) * lds + c0)
                               : _mm512_setzero_ps();
-            tile_transpose(v);
+            conv_transpose16(v);
             for (int j = 0; j < nc; j++)
                 _mm512_mask_storeu_ps(dst + (size_t)(c0 + j) * ldd + r0, mr, v[j]);
         }
