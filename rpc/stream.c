@@ -39,17 +39,6 @@ typedef struct stream {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static stream_t *streams;
 static int n_streams;
-static atomic_bool hooked;
-
-void transport_stream_reset(void)
-{
-    atomic_store(&hooked, false);
-}
-
-bool transport_stream_ready(void)
-{
-    return atomic_load_explicit(&hooked, memory_order_relaxed);
-}
 
 static void release_frames(rpc_frame_t *frames, int n)
 {
@@ -278,8 +267,6 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
 
 int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m)
 {
-    if (!atomic_load_explicit(&hooked, memory_order_relaxed))
-        atomic_store(&hooked, true);
     if (!(m->h.flags & (RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)))
         return 1;
     return m->h.flags & RPC_WIRE_F_CHUNK ? piece(a, sock, m) : start(a, sock, m);

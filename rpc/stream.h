@@ -47,13 +47,6 @@
     m holds nothing. Called by one thread at a time per socket. */
 int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
 
-/*  Whether this process's receive loop puts streamed messages together (it
-    called transport_stream_filter since transport_stream_reset, which the
-    agent calls as it starts): only then does the sender stream, its peers
-    running the same build. */
-bool transport_stream_ready(void);
-void transport_stream_reset(void);
-
 /*  Drops every streamed message still waiting for pieces (at shutdown,
     before the sockets close). */
 void transport_stream_clear(void);

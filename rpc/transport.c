@@ -47,7 +47,6 @@ static void set_int(void *sock, int opt, int value)
 int transport_bind(agent_t *a, const char *listen_ip)
 {
     rpc_bufcache_enable(true);
-    transport_stream_reset();
     a->ctx = zmq_ctx_new();
     if (!a->ctx)
         return error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
@@ -310,8 +309,7 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
 static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
                             rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
 {
-    /* Decided once: the answer of transport_stream_ready may change meanwhile. */
-    size_t over = transport_stream_ready() ? RPC_STREAM_OVER : SIZE_MAX;
+    const size_t over = RPC_STREAM_OVER;
     uint8_t *table = NULL;
     size_t table_len = 0;
     uint32_t chunk = 0;
