@@ -95,17 +95,32 @@ void agent_poll_end(void)
     atomic_store(&g_pollers, 0);
 }
 
-bool agent_busy_poll(bool (*done)(void *arg), void *arg)
+bool agent_poll_future(agent_t *a, rpc_future_t *f)
 {
-    int64_t ns = agent_poll_begin();
-    if (ns == 0)
-        return done(arg);
+    int64_t ns = agent_busy_poll_ns();
+    if (ns <= 0 || rpc_future_done(f))
+        return rpc_future_done(f);
+    /* Sequentially consistent, against the I/O thread's store to io_asleep
+       and load of io_poll_waiters: one of the two sees the other, so it
+       either polls already or gets woken. */
+    atomic_fetch_add(&a->io_poll_waiters, 1);
+    if (atomic_load(&a->io_asleep)) {
+        uint64_t one = 1;
+        if (write(a->wake_fd, &one, sizeof one) < 0) {
+            /* cannot be full; at worst the I/O thread polls a tick later */
+        }
+    }
     int64_t end = agent_now_ns() + ns;
     bool ok;
-    while (!(ok = done(arg)) && agent_now_ns() < end)
+    while (!(ok = rpc_future_done(f)) && agent_now_ns() < end)
         sched_yield();
-    agent_poll_end();
+    atomic_fetch_sub(&a->io_poll_waiters, 1);
     return ok;
+}
+
+bool agent_io_poll_wanted(agent_t *a)
+{
+    return atomic_load(&a->io_poll_waiters) > 0;
 }
 
 void agent_log(agent_t *a, const char *fmt, ...)

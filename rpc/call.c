@@ -375,14 +375,18 @@ void call_timeout_now(agent_t *a, uint64_t id)
         finish_list(a, p, NULL);
 }
 
-static bool future_is_done(void *f)
+/* Polls f for a while (agent_poll_future); true once it completed. */
+static bool poll_future(rpc_future_t *f)
 {
-    return rpc_future_done(f);
+    agent_t *a = agent_try_acquire();
+    bool done = a ? agent_poll_future(a, f) : rpc_future_done(f);
+    agent_release(a);
+    return done;
 }
 
 int call_wait(rpc_future_t *f, int64_t timeout_ms)
 {
-    if (timeout_ms == 0 || agent_busy_poll(future_is_done, f))
+    if (timeout_ms == 0 || poll_future(f))
         return rpc_future_wait(f, 0);
     pool_block_begin();
     int rc = rpc_future_wait(f, timeout_ms);
@@ -417,7 +421,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
                        uint64_t id, int64_t timeout_ms)
 {
     int64_t deadline = timeout_ms ? agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
-    int64_t poll_ns = agent_poll_begin();                    /* see agent_busy_poll */
+    int64_t poll_ns = agent_poll_begin();                  /* see agent_poll_future */
     int64_t poll_until = agent_now_ns() + poll_ns;
     inmsg_t m = {0};
     pool_block_begin();

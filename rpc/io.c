@@ -300,7 +300,8 @@ void *transport_io_main(void *arg)
             items[n_items++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
         }
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
-       time before it sleeps again: see agent_busy_poll. */
+       time before it sleeps again, and it polls while a thread waits for a
+       future: see agent_poll_future. */
     int64_t poll_until = 0, next_tick = 0;
     bool polling = false;
     while (!atomic_load(&a->io_stop)) {
@@ -308,7 +309,16 @@ void *transport_io_main(void *arg)
             agent_poll_end();
             polling = false;
         }
-        int rc = zmq_poll(items, n_items, polling ? 0 : IO_TICK_MS);
+        bool may_sleep = !polling;
+        if (may_sleep) {
+            atomic_store(&a->io_asleep, true);   /* before the look: see agent_poll_future */
+            if (agent_io_poll_wanted(a)) {
+                atomic_store(&a->io_asleep, false);
+                may_sleep = false;
+            }
+        }
+        int rc = zmq_poll(items, n_items, may_sleep ? IO_TICK_MS : 0);
+        atomic_store(&a->io_asleep, false);
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
