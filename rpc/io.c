@@ -345,6 +345,7 @@ void *transport_io_main(void *arg)
         next_tick = now + 1000000;
         fail_lost_peers(a, now);
         call_expire(a, now);
+        transport_stream_expire(a, now);
         rref_tick(a, now);
         shutdown_tick(a, now);
     }

@@ -11,6 +11,7 @@
     the tensors' storage (no second copy). */
 #include "rpc/stream.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -33,6 +34,7 @@ typedef struct stream {
     uint32_t entry;                 /* being received: entry, bytes of it so far */
     uint64_t at;
     uint64_t seq;                   /* number of the next piece */
+    int64_t touched_ns;             /* when the last piece (or the message) came */
     struct stream *next;
 } stream_t;
 
@@ -144,6 +146,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
             goto fail;
         }
     s->sock = sock;
+    s->touched_ns = agent_now_ns();
     s->src = m->src;
     s->route_len = m->route_len;
     memcpy(s->route, m->route, m->route_len);
@@ -257,6 +260,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         stream_free(s);
         return refuse(a, sock, m, type, id);
     }
+    s->touched_ns = agent_now_ns();
     pthread_mutex_lock(&lock);
     s->next = streams;
     streams = s;
@@ -291,5 +295,39 @@ int transport_stream_pending(void)
     pthread_mutex_lock(&lock);
     int n = n_streams;
     pthread_mutex_unlock(&lock);
+    return n;
+}
+
+int transport_stream_expire(agent_t *a, int64_t now)
+{
+    stream_t *stale = NULL;
+    pthread_mutex_lock(&lock);
+    for (stream_t **p = &streams; *p;) {
+        stream_t *s = *p;
+        if (now - s->touched_ns > RPC_STREAM_STALL_NS) {
+            *p = s->next;
+            n_streams--;
+            s->next = stale;
+            stale = s;
+        } else {
+            p = &s->next;
+        }
+    }
+    pthread_mutex_unlock(&lock);
+    int n = 0;
+    for (stream_t *s = stale, *next; s; s = next, n++) {
+        next = s->next;
+        char text[256];
+        snprintf(text, sizeof text, "streamed %s %llx dropped: no piece for %lld s after "
+                 "%llu pieces", rpc_wire_type_name(s->type), (unsigned long long)s->id,
+                 (long long)(RPC_STREAM_STALL_NS / 1000000000), (unsigned long long)s->seq);
+        agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
+        if (s->sock == a->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
+            inmsg_t m = {.src = s->src, .route_len = s->route_len};
+            memcpy(m.route, s->route, s->route_len);
+            transport_answer_error(a, &m, s->id, text);
+        }
+        stream_free(s);
+    }
     return n;
 }

@@ -37,6 +37,12 @@
     bounds what a flood of connections can make us hold. */
 #define RPC_STREAM_MAX_PENDING 1024
 
+/*  A streamed message that got no piece for this long is dropped
+    (transport_stream_expire): its sender died or froze in the middle of
+    it. A live sender queues all the pieces right behind the message, so
+    its pieces never pause that long. */
+#define RPC_STREAM_STALL_NS ((int64_t)60 * 1000000000)
+
 /*  For the receive loop, on every valid message it read from sock (m as
     transport_recv fills it). Returns 1 when m is a message to dispatch
     (unchanged when it was not streamed, or a streamed message whose last
@@ -50,6 +56,13 @@ int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
 /*  Drops every streamed message still waiting for pieces (at shutdown,
     before the sockets close). */
 void transport_stream_clear(void);
+
+/*  Drops the streamed messages whose last piece (or the message itself)
+    came before now - RPC_STREAM_STALL_NS, logged, and answers those that
+    were requests on the ROUTER with an ERROR, so that a sender that was
+    only frozen learns of it. The I/O thread calls it on its ticks.
+    Returns how many it dropped. */
+int transport_stream_expire(agent_t *a, int64_t now);
 
 /*  Streamed messages waiting for pieces now (tests). */
 int transport_stream_pending(void);

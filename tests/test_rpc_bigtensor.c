@@ -400,6 +400,33 @@ static void test_replaced_bounded_and_cleared(void **state)
     streamed_free(&s);
 }
 
+static void test_stalled_streams_expire(void **state)
+{
+    (void)state;
+    setup_fake();
+    /* An answer on an rpc_sync socket whose sender stopped after 3 pieces:
+       kept while pieces could still come, dropped once they stalled. */
+    streamed_t s;
+    streamed_make(&s, 41, CHUNK);
+    inmsg_t m;
+    streamed_main(&s, &m, RPC_MSG_REPLY, 1, NULL, 0);
+    assert_int_equal(filter(&dealer_tag, &m), 0);
+    for (int k = 0; k < 3; k++) {
+        streamed_piece(&s, &m, k, (uint64_t)k, 1, NULL, 0, CHUNK);
+        assert_int_equal(filter(&dealer_tag, &m), 0);
+    }
+    int64_t now = agent_now_ns();
+    assert_int_equal(transport_stream_expire(&fake, now + RPC_STREAM_STALL_NS / 2), 0);
+    assert_int_equal(transport_stream_pending(), 1);
+    assert_int_equal(transport_stream_expire(&fake, now + RPC_STREAM_STALL_NS + 1000000000), 1);
+    assert_int_equal(transport_stream_pending(), 0);
+    assert_int_equal(live_frames, 0);
+    /* Its late pieces find nothing to join. */
+    streamed_piece(&s, &m, 3, 3, 1, NULL, 0, CHUNK);
+    expect_refused(&m, &dealer_tag, 0, "no streamed message is pending");
+    streamed_free(&s);
+}
+
 static void test_buffer_cache(void **state)
 {
     (void)state;
@@ -475,8 +502,8 @@ static rpc_value_t *h_pending(rpc_call_t *call, rpc_value_t *args, void *arg)
 
 /* Sends a streamed CALL of "echo" with one uint8 tensor of len bytes in
    pieces of RPC_WIRE_MIN_CHUNK from a raw socket; bad_piece >= 0 gives
-   that piece a wrong number. */
-static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece)
+   that piece a wrong number; n_pieces >= 0 stops after that many. */
+static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece, int n_pieces)
 {
     static const uint8_t meta[] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_TENSOR, TENSOR_U8, 0,
                                    1, 0x90, 0x4e};   /* 10000 */
@@ -493,7 +520,7 @@ static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece)
     static uint8_t data[RPC_WIRE_MIN_CHUNK];
     memset(data, 0x5a, sizeof data);
     int k = 0;
-    for (size_t at = 0; at < len; at += RPC_WIRE_MIN_CHUNK, k++) {
+    for (size_t at = 0; at < len && k != n_pieces; at += RPC_WIRE_MIN_CHUNK, k++) {
         rpc_wire_header_t p = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 0,
                                .dst = 1, .id = id, .a = (uint64_t)(k == bad_piece ? 77 : k),
                                .n_tensors = 1};
@@ -541,18 +568,49 @@ static int raw_streams(void)
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     WCHECK(zmq_connect(sock, info.endpoint) == 0);
     char text[512];
-    WCHECK(raw_streamed_echo(sock, 1001, 10000, -1) == 0);
+    WCHECK(raw_streamed_echo(sock, 1001, 10000, -1, -1) == 0);
     WCHECK(raw_answer_type(sock, text, sizeof text) == RPC_MSG_REPLY);
-    WCHECK(raw_streamed_echo(sock, 1002, 10000, 1) == 0);
+    WCHECK(raw_streamed_echo(sock, 1002, 10000, 1, -1) == 0);
     WCHECK(raw_answer_type(sock, text, sizeof text) == RPC_MSG_ERROR);
     WCHECK(strstr(text, "bad message: stream piece 77 of 3ea"));
     /* The declared size disagrees with the value's: the codec refuses it. */
-    WCHECK(raw_streamed_echo(sock, 1003, 9999, -1) == 0);
+    WCHECK(raw_streamed_echo(sock, 1003, 9999, -1, -1) == 0);
     WCHECK(raw_answer_type(sock, text, sizeof text) == RPC_MSG_ERROR);
     WCHECK(strstr(text, "declares 10000 bytes but its frame has 9999"));
+    /* A sender that stops in the middle: once its stream is found stalled,
+       it is told (rank 1's clock is moved on by "expire", not waited for). */
+    WCHECK(raw_streamed_echo(sock, 1004, 10000, -1, 2) == 0);
+    int64_t n = 0, deadline = agent_now_ns() + (int64_t)10 * 1000000000;
+    while (n != 1 && agent_now_ns() < deadline) {
+        rpc_value_t *res;
+        WCHECK(rpc_sync(1, "pending", NULL, -1, &res) == 0);
+        WCHECK(rpc_value_get_int(res, &n) == 0);
+        rpc_value_unref(res);
+    }
+    WCHECK(n == 1);
+    rpc_value_t *res;
+    WCHECK(rpc_sync(1, "expire", NULL, -1, &res) == 0);
+    WCHECK(rpc_value_get_int(res, &n) == 0 && n == 1);
+    rpc_value_unref(res);
+    WCHECK(raw_answer_type(sock, text, sizeof text) == RPC_MSG_ERROR);
+    WCHECK(strstr(text, "streamed CALL 3ec dropped: no piece for 60 s after 2 pieces"));
     zmq_close(sock);
     zmq_ctx_term(ctx);
     return 0;
+}
+
+/* Expires the streams here as if RPC_STREAM_STALL_NS had passed. */
+static rpc_value_t *h_expire(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    agent_t *a = agent_acquire();
+    if (!a)
+        return NULL;
+    int n = transport_stream_expire(a, agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000);
+    agent_release(a);
+    return rpc_value_int(n);
 }
 
 static int world_big(int rank, int world, int port, void *arg)
@@ -560,6 +618,7 @@ static int world_big(int rank, int world, int port, void *arg)
     (void)arg;
     WCHECK(rpc_register("echo", world_h_echo, NULL) == 0);
     WCHECK(rpc_register_inline("pending", h_pending, NULL) == 0);
+    WCHECK(rpc_register("expire", h_expire, NULL) == 0);
     rpc_options_t o = world_options(port);
     o.rpc_timeout_ms = 60000;
     WCHECK(rpc_init(NULL, rank, world, &o) == 0);
@@ -641,6 +700,7 @@ int main(void)
         cmocka_unit_test(test_bad_pieces_are_refused),
         cmocka_unit_test(test_bad_tables_are_refused),
         cmocka_unit_test(test_replaced_bounded_and_cleared),
+        cmocka_unit_test(test_stalled_streams_expire),
         cmocka_unit_test(test_buffer_cache),
         cmocka_unit_test(test_big_tensors_through_a_world),
     };
