@@ -5,6 +5,7 @@
 # check; the input that did it is left in <build>/artifacts/.
 #
 #   tools/fuzz.sh [seconds] [target]      defaults: 60 fuzz_codec
+#                                          targets: fuzz_codec, fuzz_stream
 #
 # Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel
 # fuzzing processes; unset: one, in the foreground), FUZZ_ARGS (extra
@@ -57,6 +58,38 @@ if [ "$target" = fuzz_codec ]; then
   seed lent_scalar 32 "01 05 01 00 00" "00 00 80 3f"
   seed empty       0 "01 05 01 00 02 00 05" ""
   seed rref        0 "01 07 02 06 $(seq -s ' ' 11 50) 00"
+fi
+
+if [ "$target" = fuzz_stream ]; then
+  # msg C TYPE FLAGS ID SEQ [FRAME...]: one built message in the layout
+  # fuzz_stream.c describes (C: connection and switches; the frame count
+  # goes into bits 4-6, the frame lengths are filled in). TYPE 01 is a
+  # CALL, 02 a REPLY; FLAGS 01 streamed, 02 a piece.
+  msg() {
+    local c=$1 f n
+    bytes "$(printf '%02x' $((c | ($# - 5) << 4)))" "$2" "$3" "$4" "$5"
+    shift 5
+    for f in "$@"; do
+      n=$(wc -w <<< "$f")
+      bytes "$(printf '%02x' $((n & 255)))" "$(printf '%02x' $((n >> 8)))"
+      # shellcheck disable=SC2086
+      bytes $f
+    done
+  }
+  # Stream tables: 1 tensor of 5 bytes; 2 tensors of 10 and 3 bytes
+  # (frames 0 and 2); chunks of 4096 bytes.
+  t1="01 00 00 00 00 10 00 00 00 00 00 00 00 00 00 00 05 00 00 00 00 00 00 00"
+  t2="02 00 00 00 00 10 00 00 00 00 00 00 00 00 00 00 0a 00 00 00 00 00 00 00
+      02 00 00 00 00 00 00 00 03 00 00 00 00 00 00 00"
+  ten="00 01 02 03 04 05 06 07 08 09"
+  { msg 3 02 01 01 00 "" "$t1"; msg 3 00 02 01 00 "01 02 03 04 05"; } > "$seeds/reply"
+  { msg 1 01 01 02 00 "" "aa bb cc" "" "$t2"; msg 1 00 02 02 00 "$ten"
+    msg 1 00 02 02 01 "01 02 03"; } > "$seeds/call_two"
+  { msg 0 01 01 03 00 "" "$t1"; msg 2 01 01 04 00 "" "aa" "" "$t2"
+    msg 0 00 02 03 00 "01 02 03 04 05"; msg 2 00 02 04 00 "$ten"
+    msg 2 00 02 04 01 "01 02 03"; } > "$seeds/interleaved"
+  { msg 11 02 01 01 00 "" "$t1"; msg 3 00 02 01 00 "01 02 03 04 05"; } > "$seeds/expired"
+  { msg 1 01 00 05 00 "01 02"; msg 2 02 00 05 00; } > "$seeds/plain"
 fi
 
 echo "fuzzing $target for ${seconds}s (corpus $corpus, seeds $seeds)"
