@@ -95,10 +95,14 @@ void agent_poll_end(void)
     atomic_store(&g_pollers, 0);
 }
 
+static atomic_int g_future_pollers;
+
 bool agent_poll_future(agent_t *a, rpc_future_t *f)
 {
     int64_t ns = agent_busy_poll_ns();
-    if (ns <= 0 || rpc_future_done(f))
+    int none = 0;
+    if (ns <= 0 || rpc_future_done(f) ||
+        !atomic_compare_exchange_strong(&g_future_pollers, &none, 1))
         return rpc_future_done(f);
     /* Sequentially consistent, against the I/O thread's store to io_asleep
        and load of io_poll_waiters: one of the two sees the other, so it
@@ -115,6 +119,7 @@ bool agent_poll_future(agent_t *a, rpc_future_t *f)
     while (!(ok = rpc_future_done(f)) && agent_now_ns() < end)
         sched_yield();
     atomic_fetch_sub(&a->io_poll_waiters, 1);
+    atomic_store(&g_future_pollers, 0);
     return ok;
 }
 
