@@ -8,6 +8,7 @@
     Tensors that require grad are found in the value in the codec's order
     (depth first), which both sides share, so output i of a receive
     function is tensor i of its send function. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -258,6 +259,31 @@ static int on_send_reply(void *arg, rpc_call_t *call, rpc_value_t **result, rpc_
     return rc;
 }
 
+/* The counters of dist_autograd_stats, under the names PyTorch's
+   dist_autograd._get_debug_info() uses where it has one. */
+static int debug_info(void *arg, rpc_debug_item_t *items, int max)
+{
+    (void)arg;
+    dist_autograd_stats_t st;
+    dist_autograd_stats(&st);
+    const struct {
+        const char *name;
+        int64_t value;
+    } all[] = {
+        {"num_autograd_contexts", st.contexts},
+        {"num_current_backward_passes", st.backward_passes},
+        {"num_send_functions", st.send_functions},
+        {"num_recv_functions", st.recv_functions},
+        {"num_flushed_nodes", st.flushed_nodes},
+    };
+    int n = (int)(sizeof all / sizeof all[0]);
+    for (int i = 0; i < n && i < max; i++) {
+        snprintf(items[i].name, sizeof items[i].name, "%s", all[i].name);
+        items[i].value = all[i].value;
+    }
+    return n;
+}
+
 rpc_hooks_t dist_record_hooks(void)
 {
     return (rpc_hooks_t){
@@ -266,5 +292,6 @@ rpc_hooks_t dist_record_hooks(void)
         .on_handler_return = on_handler_return,
         .on_send_reply = on_send_reply,
         .on_recv_reply = on_recv_reply,
+        .debug_info = debug_info,
     };
 }

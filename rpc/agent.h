@@ -303,6 +303,8 @@ int pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg);
 /*  Bracket a blocking wait on a pool thread (no-op on other threads). */
 void pool_block_begin(void);
 void pool_block_end(void);
+/*  Threads alive and threads waiting for work, now. */
+void pool_stats(pool_t *p, int *threads, int *idle);
 /*  Stops taking work, drops queued tasks, joins every thread. */
 void pool_destroy(pool_t *p);
 

@@ -6,11 +6,14 @@
 #include "rpc/agent.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "autograd/error.h"
+#include "rpc/stream.h"
 
 #define PER_OCTAVE 16
+#define DEBUG_MAX 64        /* counters printed or searched */
 
 void metrics_init(peer_metrics_t *m)
 {
@@ -144,4 +147,59 @@ void rpc_metrics_print(FILE *f)
     collect(a, -1, &m);
     print_line(f, "(all)", -1, &m);
     agent_release(a);
+    rpc_debug_item_t items[DEBUG_MAX];
+    int n = rpc_get_debug_info(items, DEBUG_MAX);
+    for (int i = 0; i < n && i < DEBUG_MAX; i++)
+        fprintf(f, "%s%s=%lld%s", i ? " " : "debug: ", items[i].name, (long long)items[i].value,
+                i + 1 == n || i + 1 == DEBUG_MAX ? "\n" : "");
+}
+
+/* ---- debug counters ---- */
+
+static int add_item(rpc_debug_item_t *items, int max, int n, const char *name, int64_t value)
+{
+    if (n < max) {
+        snprintf(items[n].name, sizeof items[n].name, "%s", name);
+        items[n].value = value;
+    }
+    return n + 1;
+}
+
+int rpc_get_debug_info(rpc_debug_item_t *items, int max)
+{
+    agent_t *a = agent_acquire();
+    if (!a)
+        return -1;
+    if (!items || max < 0)
+        max = 0;
+    rpc_metrics_t m;
+    collect(a, -1, &m);
+    int threads, idle;
+    pool_stats(a->pool, &threads, &idle);
+    int n = 0;
+    n = add_item(items, max, n, "num_pending_requests", m.in_flight);
+    n = add_item(items, max, n, "num_serving", m.serving);
+    n = add_item(items, max, n, "thread_pool_size", threads);
+    n = add_item(items, max, n, "num_idle_threads", idle);
+    n = add_item(items, max, n, "num_owner_rrefs", rpc_debug_owner_rrefs());
+    n = add_item(items, max, n, "num_pending_streams", transport_stream_pending());
+    if (a->has_hooks && a->hooks.debug_info) {
+        int more = a->hooks.debug_info(a->hooks.arg, n < max ? items + n : NULL,
+                                       n < max ? max - n : 0);
+        n += more > 0 ? more : 0;
+    }
+    agent_release(a);
+    return n;
+}
+
+int rpc_get_debug_value(const char *name, int64_t *value)
+{
+    rpc_debug_item_t items[DEBUG_MAX];
+    int n = rpc_get_debug_info(items, DEBUG_MAX);
+    for (int i = 0; name && i < n && i < DEBUG_MAX; i++)
+        if (strcmp(items[i].name, name) == 0) {
+            *value = items[i].value;
+            return 0;
+        }
+    return n < 0 ? -1 : error_set("rpc_get_debug_value: no counter \"%s\"", name ? name : "");
 }

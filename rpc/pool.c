@@ -175,6 +175,14 @@ int pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg)
     return 0;
 }
 
+void pool_stats(pool_t *p, int *threads, int *idle)
+{
+    pthread_mutex_lock(&p->lock);
+    *threads = p->total;
+    *idle = p->idle;
+    pthread_mutex_unlock(&p->lock);
+}
+
 void pool_block_begin(void)
 {
     pool_t *p = tls_pool;

@@ -292,6 +292,12 @@ typedef struct {
     size_t len;
 } rpc_bytes_t;
 
+/*  One named counter of rpc_get_debug_info. */
+typedef struct {
+    char name[48];
+    int64_t value;
+} rpc_debug_item_t;
+
 typedef struct {
     /* May replace *args (unref the old value, store a new reference), set
        *extra and a per-call *state handed back to on_recv_reply. */
@@ -308,6 +314,9 @@ typedef struct {
     /* May replace *result (NULL when the call failed). */
     int (*on_recv_reply)(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
                          size_t len, rpc_value_t **result);
+    /* The module's counters for rpc_get_debug_info: fills up to max items
+       and returns how many it has. Any thread; must not block. */
+    int (*debug_info)(void *arg, rpc_debug_item_t *items, int max);
     void *arg;
 } rpc_hooks_t;
 
@@ -337,7 +346,20 @@ typedef struct {
 /*  Counters for one peer (peer < 0: all peers together). 0, or -1. */
 int rpc_metrics_get(int peer, rpc_metrics_t *out);
 
-/*  One line per peer, human readable. */
+/*  One line per peer, human readable, then the debug counters. */
 void rpc_metrics_print(FILE *f);
+
+/*  This process's counters, like PyTorch's rpc._get_debug_info(): the
+    agent's (num_pending_requests, num_serving, thread_pool_size,
+    num_idle_threads, num_owner_rrefs, num_pending_streams), then those of
+    the module whose hooks are installed (distributed autograd:
+    num_autograd_contexts, num_current_backward_passes, ...). Fills up to
+    max items and returns how many there are (more than max: the rest was
+    left out), or -1 when RPC is not running. */
+int rpc_get_debug_info(rpc_debug_item_t *items, int max);
+
+/*  The value of the counter called name in rpc_get_debug_info: 0, or -1
+    when RPC is not running or no counter has that name. */
+int rpc_get_debug_value(const char *name, int64_t *value);
 
 #endif

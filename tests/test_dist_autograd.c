@@ -117,10 +117,16 @@ static rpc_value_t *fn_get_grad(rpc_call_t *call, rpc_value_t *args, void *arg)
     return v;
 }
 
+/*  Live contexts as the RPC debug counters show them (A6). */
 static rpc_value_t *fn_num_contexts(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return rpc_value_int(dist_autograd_num_contexts());
+    int64_t n;
+    if (rpc_get_debug_value("num_autograd_contexts", &n) < 0)
+        return NULL;
+    if (n != dist_autograd_num_contexts())
+        return rpc_value_int(-1000 - n);
+    return rpc_value_int(n);
 }
 
 static rpc_value_t *fn_flushed(rpc_call_t *call, rpc_value_t *args, void *arg)
@@ -521,12 +527,14 @@ static int memory_body(const world_t *w)
 {
     if (w->rank != 0)
         return 0;
-    int64_t rss_early = 0;
+    int64_t rss_early = 0, here;
     for (int it = 0; it < ITERATIONS; it++) {
         int64_t ctx;
         tensor_t *x = x_leaf((float)it);
         if (dist_autograd_context_begin(&ctx) < 0)
             return world_fail(w, "begin: %s", error_last());
+        if (it == 0 && (rpc_get_debug_value("num_autograd_contexts", &here) < 0 || here != 1))
+            return world_fail(w, "one live context, debug info says %lld", (long long)here);
         tensor_t *y = call_tensor(1, "mul_w", rpc_args("t", x));
         if (!y || backward_sum(ctx, y) < 0 || dist_autograd_context_end(ctx, -1) < 0)
             return world_fail(w, "iteration %d: %s", it, error_last());
@@ -540,7 +548,8 @@ static int memory_body(const world_t *w)
            "at %d iterations, %.1f MB at %d\n", ITERATIONS,
            (long long)dist_autograd_num_contexts(), (long long)live, rss_early / 1e6,
            ITERATIONS / 5, rss_late / 1e6, ITERATIONS);
-    if (live != 0 || dist_autograd_num_contexts() != 0)
+    if (live != 0 || dist_autograd_num_contexts() != 0 ||
+        rpc_get_debug_value("num_autograd_contexts", &here) < 0 || here != 0)
         return world_fail(w, "contexts left behind");
 #if !defined(__SANITIZE_ADDRESS__)
     /* ASan's quarantine holds freed memory back, so only judge plain builds. */

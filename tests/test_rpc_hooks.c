@@ -147,8 +147,22 @@ static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const 
     return rc;
 }
 
-static const rpc_hooks_t fake_hooks = {on_send_request, on_recv_request, on_handler_return,
-                                       on_send_reply, on_recv_reply, NULL};
+static int debug_info(void *arg, rpc_debug_item_t *items, int max)
+{
+    (void)arg;
+    if (max >= 1) {
+        snprintf(items[0].name, sizeof items[0].name, "fake_states_live");
+        items[0].value = atomic_load(&states_live);
+    }
+    return 1;
+}
+
+static const rpc_hooks_t fake_hooks = {.on_send_request = on_send_request,
+                                       .on_recv_request = on_recv_request,
+                                       .on_handler_return = on_handler_return,
+                                       .on_send_reply = on_send_reply,
+                                       .on_recv_reply = on_recv_reply,
+                                       .debug_info = debug_info};
 
 /* ---- handlers ---- */
 
@@ -213,6 +227,13 @@ static int world_hooks(int rank, int world, int port, void *arg)
     rpc_options_t o = world_options(port);
     WCHECK(rpc_init(NULL, rank, world, &o) == 0);
     WCHECK(rpc_set_hooks(NULL) == -1);   /* not while running */
+    /* The module's counters follow the agent's in the debug info. */
+    rpc_debug_item_t items[16];
+    int n = rpc_get_debug_info(items, 16);
+    WCHECK(n >= 2 && n <= 16 && !strcmp(items[n - 1].name, "fake_states_live"));
+    WCHECK(rpc_get_debug_info(items, 1) == n);   /* the count even when cut short */
+    int64_t v = -1;
+    WCHECK(rpc_get_debug_value("fake_states_live", &v) == 0 && v == 0);
     if (rank == 0) {
         /* No context: nothing extra travels, results are untouched. */
         WCHECK(world_call_int(1, "ctx") == 0);

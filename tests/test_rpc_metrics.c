@@ -60,6 +60,8 @@ static int world_metrics(int rank, int world, int port, void *arg)
         /* A call in flight shows on both sides. */
         rpc_future_t *f = rpc_async(1, "hold", NULL, -1);
         WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 1);
+        int64_t v = -1;
+        WCHECK(rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 1);
         rpc_value_t *seen = NULL;
         int64_t serving = 0;
         while (serving == 0) {   /* until the hold arrived */
@@ -83,6 +85,13 @@ static int world_metrics(int rank, int world, int port, void *arg)
         WCHECK(rpc_wait(f, 10000) == 0);
         rpc_future_unref(f);
         WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
+        WCHECK(rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);
+        /* The agent's other counters (this rank ran no handler on the pool). */
+        WCHECK(rpc_get_debug_value("thread_pool_size", &v) == 0 && v == 0);
+        WCHECK(rpc_get_debug_value("num_owner_rrefs", &v) == 0 && v == 0);
+        WCHECK(rpc_get_debug_value("num_pending_streams", &v) == 0 && v == 0);
+        WCHECK(rpc_get_debug_value("no_such_counter", &v) == -1);
+        WCHECK(strstr(error_last(), "no_such_counter") != NULL);
         /* All peers together, and errors of the reader. */
         rpc_metrics_t all;
         WCHECK(rpc_metrics_get(-1, &all) == 0 && all.calls_sent >= m.calls_sent);
@@ -96,10 +105,12 @@ static int world_metrics(int rank, int world, int port, void *arg)
         fclose(mem);
         WCHECK(strstr(text, "worker0") && strstr(text, "worker1") && strstr(text, "(all)"));
         WCHECK(strstr(text, "p99_us") != NULL);
+        WCHECK(strstr(text, "debug: num_pending_requests=0 ") != NULL);
         free(text);
     }
     WCHECK(rpc_shutdown(true, 10000) == 0);
     WCHECK(rpc_metrics_get(0, &(rpc_metrics_t){0}) == -1);
+    WCHECK(rpc_get_debug_info(NULL, 0) == -1);
     return 0;
 }
 
