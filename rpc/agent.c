@@ -97,18 +97,23 @@ void agent_poll_end(void)
 
 static atomic_int g_future_pollers;
 
-bool agent_poll_future(agent_t *a, rpc_future_t *f)
+bool agent_poll_future(agent_t *a, rpc_future_t *f, int64_t max_ns)
 {
     int64_t ns = agent_busy_poll_ns();
+    if (max_ns < ns)
+        ns = max_ns;
     int none = 0;
-    if (ns <= 0 || rpc_future_done(f) ||
+    if (ns <= 0 || rpc_future_done(f) || transport_thread_role() == ROLE_IO ||
         !atomic_compare_exchange_strong(&g_future_pollers, &none, 1))
         return rpc_future_done(f);
-    /* Sequentially consistent, against the I/O thread's store to io_asleep
+    /* With no call of ours in flight, no answer can come to wake it for.
+       Sequentially consistent, against the I/O thread's store to io_asleep
        and load of io_poll_waiters: one of the two sees the other, so it
        either polls already or gets woken. */
-    atomic_fetch_add(&a->io_poll_waiters, 1);
-    if (atomic_load(&a->io_asleep)) {
+    bool want_io = atomic_load(&a->user_in_flight) > 0;
+    if (want_io)
+        atomic_fetch_add(&a->io_poll_waiters, 1);
+    if (want_io && atomic_load(&a->io_asleep)) {
         uint64_t one = 1;
         if (write(a->wake_fd, &one, sizeof one) < 0) {
             /* cannot be full; at worst the I/O thread polls a tick later */
@@ -118,7 +123,8 @@ bool agent_poll_future(agent_t *a, rpc_future_t *f)
     bool ok;
     while (!(ok = rpc_future_done(f)) && agent_now_ns() < end)
         sched_yield();
-    atomic_fetch_sub(&a->io_poll_waiters, 1);
+    if (want_io)
+        atomic_fetch_sub(&a->io_poll_waiters, 1);
     atomic_store(&g_future_pollers, 0);
     return ok;
 }

@@ -133,16 +133,19 @@ int64_t agent_busy_poll_ns(void);
 int64_t agent_poll_begin(void);
 void agent_poll_end(void);
 
-/*  Polls rpc_future_done(f) for up to the busy-poll time, yielding the CPU
+/*  Polls rpc_future_done(f) for up to the busy-poll time (at most max_ns;
+    not at all on the I/O thread), yielding the CPU
     between looks; true once it holds. Waking a sleeping thread costs tens
     of microseconds on a VM whose CPU has gone idle, more than most answers
     take to arrive; a waiter that polls keeps its CPU awake, and yielding
     lets the threads that carry the answer (ZeroMQ's I/O threads) run on
     it at once. Measured: round trip 150 -> 85 us, and spinning without
     yielding made it worse than sleeping (2 cores).
-    A future's answer comes in through the I/O thread, so that thread polls
-    too meanwhile (io_poll_waiters); were it asleep, waking it would cost
-    what the waiter saves. The waiter does not wait for its turn
+    While calls of this process are in flight, the future is most likely
+    completed by one of their answers (directly, or through a callback, as
+    dist_autograd_backward's joined futures are), which come in through the
+    I/O thread: that thread polls too meanwhile (io_poll_waiters); were it
+    asleep, waking it would cost what the waiter saves. The waiter does not wait for its turn
     (agent_poll_begin): the thread it depends on polls for it anyway. Of
     several threads waiting for futures, one polls; the others sleep at
     once, as a crowd of pollers would take the CPUs from the threads that
@@ -150,7 +153,7 @@ void agent_poll_end(void);
     Measured (bench_dist, medians of 8 interleaved runs): a 10x10 forward +
     distributed backward 299 -> 237 us, the same + optimizer step 474 ->
     432 us. */
-bool agent_poll_future(agent_t *a, rpc_future_t *f);
+bool agent_poll_future(agent_t *a, rpc_future_t *f, int64_t max_ns);
 
 /*  True while some thread waits in agent_poll_future: the I/O thread then
     polls instead of sleeping (it sets io_asleep around its sleeps). */
@@ -269,6 +272,9 @@ void call_expire(agent_t *a, int64_t now_ns);
 
 /*  Fails pending calls to peer (or every one with peer < 0) with text. */
 void call_fail_peer(agent_t *a, int peer, const char *text);
+/*  Fails call id with text, if it is waiting for an answer from rank src
+    (an answer that was lost on its way in). */
+void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
 
 /*  Fails request id now if still pending (a waiter that timed out). */
 void call_timeout_now(agent_t *a, uint64_t id);

@@ -368,6 +368,17 @@ void call_fail_peer(agent_t *a, int peer, const char *text)
     finish_list(a, pending_take_many(a, peer, -1), text);
 }
 
+void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
+{
+    pending_t *p = pending_take(a, id);
+    if (p && p->dst != src) {   /* not that peer's call: leave it alone */
+        pending_insert(a, p);
+        p = NULL;
+    }
+    if (p)
+        finish_list(a, p, text);
+}
+
 void call_timeout_now(agent_t *a, uint64_t id)
 {
     pending_t *p = pending_take(a, id);
@@ -375,18 +386,20 @@ void call_timeout_now(agent_t *a, uint64_t id)
         finish_list(a, p, NULL);
 }
 
-/* Polls f for a while (agent_poll_future); true once it completed. */
-static bool poll_future(rpc_future_t *f)
+/* Polls f for a while, within timeout_ms (< 0: none; agent_poll_future);
+   true once it completed. */
+static bool poll_future(rpc_future_t *f, int64_t timeout_ms)
 {
     agent_t *a = agent_try_acquire();
-    bool done = a ? agent_poll_future(a, f) : rpc_future_done(f);
+    int64_t max_ns = timeout_ms < 0 ? INT64_MAX : timeout_ms * 1000000;
+    bool done = a ? agent_poll_future(a, f, max_ns) : rpc_future_done(f);
     agent_release(a);
     return done;
 }
 
 int call_wait(rpc_future_t *f, int64_t timeout_ms)
 {
-    if (timeout_ms == 0 || poll_future(f))
+    if (timeout_ms == 0 || poll_future(f, timeout_ms))
         return rpc_future_wait(f, 0);
     pool_block_begin();
     int rc = rpc_future_wait(f, timeout_ms);

@@ -11,7 +11,7 @@
     answer through the ROUTER under router_lock, and zmq_poll on the socket
     would touch it without the lock), the wake-up eventfd and the monitors
     of the shared sockets, and every IO_TICK_MS at least it expires calls,
-    placeholders and barrier rounds. */
+    placeholders and barrier rounds (and once a second, stalled streams). */
 #include "rpc/agent.h"
 
 #include <errno.h>
@@ -302,14 +302,15 @@ void *transport_io_main(void *arg)
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
        future: see agent_poll_future. */
-    int64_t poll_until = 0, next_tick = 0;
-    bool polling = false;
+    int64_t poll_until = 0, next_tick = 0, next_stream_check = 0;
+    bool polling = false, look_again = false;
     while (!atomic_load(&a->io_stop)) {
         if (polling && agent_now_ns() >= poll_until) {
             agent_poll_end();
             polling = false;
         }
-        bool may_sleep = !polling;
+        bool may_sleep = !polling && !look_again;
+        look_again = false;
         if (may_sleep) {
             atomic_store(&a->io_asleep, true);   /* before the look: see agent_poll_future */
             if (agent_io_poll_wanted(a)) {
@@ -345,7 +346,12 @@ void *transport_io_main(void *arg)
         next_tick = now + 1000000;
         fail_lost_peers(a, now);
         call_expire(a, now);
-        transport_stream_expire(a, now);
+        if (now >= next_stream_check) {
+            next_stream_check = now + 1000000000;
+            /* Answering on the ROUTER may have taken the edge of its
+               ZMQ_FD: look at it once more before sleeping. */
+            look_again = transport_stream_expire(a, now) > 0;
+        }
         rref_tick(a, now);
         shutdown_tick(a, now);
     }

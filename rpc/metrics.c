@@ -7,6 +7,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "autograd/error.h"
@@ -179,7 +180,8 @@ int rpc_get_debug_info(rpc_debug_item_t *items, int max)
     int n = 0;
     n = add_item(items, max, n, "num_pending_requests", m.in_flight);
     n = add_item(items, max, n, "num_serving", m.serving);
-    n = add_item(items, max, n, "thread_pool_size", threads);
+    n = add_item(items, max, n, "thread_pool_size", a->n_threads);
+    n = add_item(items, max, n, "num_pool_threads", threads);
     n = add_item(items, max, n, "num_idle_threads", idle);
     n = add_item(items, max, n, "num_owner_rrefs", rpc_debug_owner_rrefs());
     n = add_item(items, max, n, "num_pending_streams", transport_stream_pending());
@@ -194,12 +196,22 @@ int rpc_get_debug_info(rpc_debug_item_t *items, int max)
 
 int rpc_get_debug_value(const char *name, int64_t *value)
 {
-    rpc_debug_item_t items[DEBUG_MAX];
-    int n = rpc_get_debug_info(items, DEBUG_MAX);
-    for (int i = 0; name && i < n && i < DEBUG_MAX; i++)
+    if (!name || !value)
+        return error_set("rpc_get_debug_value: NULL argument");
+    int n = rpc_get_debug_info(NULL, 0);
+    rpc_debug_item_t *items = n > 0 ? calloc((size_t)n, sizeof *items) : NULL;
+    if (n > 0 && !items)
+        return error_set("rpc_get_debug_value: out of memory");
+    /* Counters come and go with the module's state: read what fits now. */
+    int got = n > 0 ? rpc_get_debug_info(items, n) : n;
+    int found = -1;
+    for (int i = 0; i < got && i < n && found < 0; i++)
         if (strcmp(items[i].name, name) == 0) {
             *value = items[i].value;
-            return 0;
+            found = i;
         }
-    return n < 0 ? -1 : error_set("rpc_get_debug_value: no counter \"%s\"", name ? name : "");
+    free(items);
+    if (got < 0)
+        return -1;
+    return found >= 0 ? 0 : error_set("rpc_get_debug_value: no counter \"%s\"", name);
 }

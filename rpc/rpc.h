@@ -314,10 +314,11 @@ typedef struct {
     /* May replace *result (NULL when the call failed). */
     int (*on_recv_reply)(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
                          size_t len, rpc_value_t **result);
-    /* The module's counters for rpc_get_debug_info: fills up to max items
-       and returns how many it has. Any thread; must not block. */
-    int (*debug_info)(void *arg, rpc_debug_item_t *items, int max);
     void *arg;
+    /* The module's counters for rpc_get_debug_info: fills up to max items
+       and returns how many it has. Any thread; must not block. (After arg,
+       so that older positional initializers still mean what they did.) */
+    int (*debug_info)(void *arg, rpc_debug_item_t *items, int max);
 } rpc_hooks_t;
 
 /*  Installs hooks (copied; NULL removes them). Only while not running. */
@@ -350,8 +351,9 @@ int rpc_metrics_get(int peer, rpc_metrics_t *out);
 void rpc_metrics_print(FILE *f);
 
 /*  This process's counters, like PyTorch's rpc._get_debug_info(): the
-    agent's (num_pending_requests, num_serving, thread_pool_size,
-    num_idle_threads, num_owner_rrefs, num_pending_streams), then those of
+    agent's (num_pending_requests, num_serving, thread_pool_size: the
+    configured size, num_pool_threads: alive now, num_idle_threads,
+    num_owner_rrefs, num_pending_streams), then those of
     the module whose hooks are installed (distributed autograd:
     num_autograd_contexts, num_current_backward_passes, ...). Fills up to
     max items and returns how many there are (more than max: the rest was
@@ -359,7 +361,8 @@ void rpc_metrics_print(FILE *f);
 int rpc_get_debug_info(rpc_debug_item_t *items, int max);
 
 /*  The value of the counter called name in rpc_get_debug_info: 0, or -1
-    when RPC is not running or no counter has that name. */
+    when RPC is not running, no counter has that name or an argument is
+    NULL. */
 int rpc_get_debug_value(const char *name, int64_t *value);
 
 #endif

@@ -5,10 +5,12 @@
     socket it came from, the sender's rank and routing id), until its last
     piece arrives; pieces of one connection arrive in order, since the
     sender queues the message and all its pieces at once, but pieces of
-    different connections interleave on the ROUTER. Only the thread that
-    reads a socket touches the entries of that socket, so the lock guards
-    the list, not the copies. The buffers come from bufcache.h and become
-    the tensors' storage (no second copy). */
+    different connections interleave on the ROUTER. The thread that reads
+    a socket takes its entry out of the list while it copies a piece in,
+    so the lock guards the list, not the copies, and the I/O thread's
+    expiry (which frees entries of any socket) only meets idle entries.
+    The buffers come from bufcache.h and become the tensors' storage (no
+    second copy). */
 #include "rpc/stream.h"
 
 #include <stdio.h>
@@ -35,6 +37,7 @@ typedef struct stream {
     uint64_t at;
     uint64_t seq;                   /* number of the next piece */
     int64_t touched_ns;             /* when the last piece (or the message) came */
+    int64_t stalled_ns;             /* when an expiry pass found it stalled; 0: not */
     struct stream *next;
 } stream_t;
 
@@ -261,6 +264,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         return refuse(a, sock, m, type, id);
     }
     s->touched_ns = agent_now_ns();
+    s->stalled_ns = 0;
     pthread_mutex_lock(&lock);
     s->next = streams;
     streams = s;
@@ -304,7 +308,10 @@ int transport_stream_expire(agent_t *a, int64_t now)
     pthread_mutex_lock(&lock);
     for (stream_t **p = &streams; *p;) {
         stream_t *s = *p;
-        if (now - s->touched_ns > RPC_STREAM_STALL_NS) {
+        bool stalled = now - s->touched_ns > RPC_STREAM_STALL_NS;
+        if (stalled && !s->stalled_ns)
+            s->stalled_ns = now;
+        if (stalled && now - s->stalled_ns >= RPC_STREAM_GRACE_NS) {
             *p = s->next;
             n_streams--;
             s->next = stale;
@@ -326,6 +333,8 @@ int transport_stream_expire(agent_t *a, int64_t now)
             inmsg_t m = {.src = s->src, .route_len = s->route_len};
             memcpy(m.route, s->route, s->route_len);
             transport_answer_error(a, &m, s->id, text);
+        } else if (s->type == RPC_MSG_REPLY) {
+            call_fail_answer(a, s->id, s->src, text);
         }
         stream_free(s);
     }

@@ -42,6 +42,10 @@
     it. A live sender queues all the pieces right behind the message, so
     its pieces never pause that long. */
 #define RPC_STREAM_STALL_NS ((int64_t)60 * 1000000000)
+/*  ... and stayed so for this long after an expiry pass first found it
+    stalled: a receiver that was itself paused (a debugger, SIGSTOP) gets
+    the time to read the pieces that waited in its sockets meanwhile. */
+#define RPC_STREAM_GRACE_NS ((int64_t)1000000000)
 
 /*  For the receive loop, on every valid message it read from sock (m as
     transport_recv fills it). Returns 1 when m is a message to dispatch
@@ -58,10 +62,11 @@ int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
 void transport_stream_clear(void);
 
 /*  Drops the streamed messages whose last piece (or the message itself)
-    came before now - RPC_STREAM_STALL_NS, logged, and answers those that
-    were requests on the ROUTER with an ERROR, so that a sender that was
-    only frozen learns of it. The I/O thread calls it on its ticks.
-    Returns how many it dropped. */
+    came more than RPC_STREAM_STALL_NS before now, once an earlier pass at
+    least RPC_STREAM_GRACE_NS ago already found them so (logged). A request
+    on the ROUTER is answered with an ERROR, so that a sender that was only
+    frozen learns of it; an answer fails the call that waits for it. The
+    I/O thread calls it about once a second. Returns how many it dropped. */
 int transport_stream_expire(agent_t *a, int64_t now);
 
 /*  Streamed messages waiting for pieces now (tests). */

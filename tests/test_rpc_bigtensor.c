@@ -37,11 +37,17 @@ static rpc_frame_t frame_of(const void *data, size_t size)
 static int router_tag, dealer_tag;
 static agent_t fake;
 
+static void *fake_buckets[1];
+
 static void setup_fake(void)
 {
     memset(&fake, 0, sizeof fake);
     snprintf(fake.name, sizeof fake.name, "test");
     fake.router = &router_tag;
+    /* An empty table of calls, for answers that expire. */
+    pthread_mutex_init(&fake.pending_lock, NULL);
+    fake.buckets = (void *)fake_buckets;
+    fake.n_buckets = 1;
 }
 
 /* A received message: header h, then n frames. */
@@ -415,14 +421,24 @@ static void test_stalled_streams_expire(void **state)
         streamed_piece(&s, &m, k, (uint64_t)k, 1, NULL, 0, CHUNK);
         assert_int_equal(filter(&dealer_tag, &m), 0);
     }
+    const int64_t sec = 1000000000, stall = RPC_STREAM_STALL_NS, grace = RPC_STREAM_GRACE_NS;
     int64_t now = agent_now_ns();
-    assert_int_equal(transport_stream_expire(&fake, now + RPC_STREAM_STALL_NS / 2), 0);
+    assert_int_equal(transport_stream_expire(&fake, now + stall / 2), 0);
+    /* Found stalled: it gets the grace, in which a piece keeps it alive
+       (a receiver that was paused itself reads what waited meanwhile). */
+    assert_int_equal(transport_stream_expire(&fake, now + stall + sec), 0);
     assert_int_equal(transport_stream_pending(), 1);
-    assert_int_equal(transport_stream_expire(&fake, now + RPC_STREAM_STALL_NS + 1000000000), 1);
+    streamed_piece(&s, &m, 3, 3, 1, NULL, 0, CHUNK);
+    assert_int_equal(filter(&dealer_tag, &m), 0);
+    now = agent_now_ns();
+    assert_int_equal(transport_stream_expire(&fake, now + stall / 2), 0);
+    /* Stalled again, for the grace too: dropped. */
+    assert_int_equal(transport_stream_expire(&fake, now + stall + sec), 0);
+    assert_int_equal(transport_stream_expire(&fake, now + stall + sec + grace), 1);
     assert_int_equal(transport_stream_pending(), 0);
     assert_int_equal(live_frames, 0);
     /* Its late pieces find nothing to join. */
-    streamed_piece(&s, &m, 3, 3, 1, NULL, 0, CHUNK);
+    streamed_piece(&s, &m, 4, 4, 1, NULL, 0, CHUNK);
     expect_refused(&m, &dealer_tag, 0, "no streamed message is pending");
     streamed_free(&s);
 }
@@ -609,7 +625,9 @@ static rpc_value_t *h_expire(rpc_call_t *call, rpc_value_t *args, void *arg)
     agent_t *a = agent_acquire();
     if (!a)
         return NULL;
-    int n = transport_stream_expire(a, agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000);
+    int64_t late = agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
+    int n = transport_stream_expire(a, late);   /* found stalled */
+    n += transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
     agent_release(a);
     return rpc_value_int(n);
 }

@@ -86,8 +86,11 @@ static int world_metrics(int rank, int world, int port, void *arg)
         rpc_future_unref(f);
         WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
         WCHECK(rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);
-        /* The agent's other counters (this rank ran no handler on the pool). */
-        WCHECK(rpc_get_debug_value("thread_pool_size", &v) == 0 && v == 0);
+        /* The agent's other counters (this rank ran no handler on the pool,
+           whose threads start on demand). */
+        WCHECK(rpc_get_debug_value("thread_pool_size", &v) == 0 && v == o.num_worker_threads);
+        WCHECK(rpc_get_debug_value("num_pool_threads", &v) == 0 && v == 0);
+        WCHECK(rpc_get_debug_value("thread_pool_size", NULL) == -1);
         WCHECK(rpc_get_debug_value("num_owner_rrefs", &v) == 0 && v == 0);
         WCHECK(rpc_get_debug_value("num_pending_streams", &v) == 0 && v == 0);
         WCHECK(rpc_get_debug_value("no_such_counter", &v) == -1);

@@ -22,13 +22,16 @@
                     input runs out)
 
     The agent around the filter is a stand-in: no sockets, a clock that
-    only moves when bit 3 asks, and error answers counted instead of sent.
+    only moves when bit 3 asks, and error answers and failed calls checked
+    instead of sent.
 
     Checks, beyond "no crash, no sanitizer report": every frame is
     released exactly once; a message the filter hands over is complete (as
-    many frames as its header announces, none of them a placeholder); after
-    the last message and a shutdown's clear, nothing is pending and every
-    frame and receive buffer is back (LeakSanitizer sees a lost buffer).
+    many frames as its header announces) and no longer marked streamed; an
+    expiry drops every stalled stream, but only after its grace; error
+    answers and failed calls carry a text; after the last message and a
+    shutdown's clear, nothing is pending and every frame and receive
+    buffer is back (LeakSanitizer sees a lost buffer).
 
     Build and run with tools/fuzz.sh 60 fuzz_stream. */
 #include <stdarg.h>
@@ -56,7 +59,6 @@
 /* ---- the stand-in agent ---- */
 
 static int64_t clock_ns = 1000000000;
-static long answered;
 
 void agent_log(agent_t *a, const char *fmt, ...)
 {
@@ -77,18 +79,29 @@ int64_t agent_now_ns(void)
 
 void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
 {
-    (void)a, (void)m, (void)id;
+    (void)a, (void)id;
     CHECK(text && text[0], "an error answer without text");
-    answered++;
+    CHECK(m->route_len == 0 || m->route_len == RPC_WIRE_SYNC_ID_LEN, "a route of %zu bytes",
+          m->route_len);
+}
+
+void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
+{
+    (void)a, (void)id, (void)src;
+    CHECK(text && text[0], "a call failed without text");
 }
 
 /* ---- frames that count their releases ---- */
 
-typedef struct {
+/* A frame's memory stays until the input is done, so that a second
+   release is caught by the check rather than as a use after free. */
+typedef struct fuzz_frame {
     int released;
+    struct fuzz_frame *next;
     uint8_t bytes[];
 } fuzz_frame_t;
 
+static fuzz_frame_t *all_frames;
 static int live_frames;
 
 static void frame_release(void *data, void *arg)
@@ -98,7 +111,6 @@ static void frame_release(void *data, void *arg)
     CHECK(f->released == 0, "a frame released twice");
     f->released = 1;
     live_frames--;
-    free(f);
 }
 
 static rpc_frame_t frame_new(const uint8_t *data, size_t size)
@@ -106,10 +118,21 @@ static rpc_frame_t frame_new(const uint8_t *data, size_t size)
     fuzz_frame_t *f = malloc(sizeof *f + (size ? size : 1));
     CHECK(f, "out of memory");
     f->released = 0;
+    f->next = all_frames;
+    all_frames = f;
     if (size)
         memcpy(f->bytes, data, size);
     live_frames++;
     return (rpc_frame_t){f->bytes, size, frame_release, f};
+}
+
+static void frames_free(void)
+{
+    while (all_frames) {
+        fuzz_frame_t *next = all_frames->next;
+        free(all_frames);
+        all_frames = next;
+    }
 }
 
 /* ---- reading the input ---- */
@@ -255,12 +278,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                   m.n);
             CHECK(rc == 0 || rc == -1, "filter returned %d", rc);
             CHECK(rc == -1 || !m.reject_id, "a message taken in, yet to be answered");
-            if (m.reject_id)
-                answered++;
         }
         if (c & 8) {
+            /* Found stalled, then dropped once the grace is over. */
+            int before = transport_stream_pending();
             clock_ns += RPC_STREAM_STALL_NS + 1;
-            transport_stream_expire(&fake, clock_ns);
+            CHECK(transport_stream_expire(&fake, clock_ns) == 0, "expired without grace");
+            clock_ns += RPC_STREAM_GRACE_NS;
+            CHECK(transport_stream_expire(&fake, clock_ns) == before, "%d of %d expired",
+                  before - transport_stream_pending(), before);
             CHECK(transport_stream_pending() == 0, "%d streams left after expiry",
                   transport_stream_pending());
         }
@@ -268,6 +294,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     transport_stream_clear();
     CHECK(transport_stream_pending() == 0, "streams left after clear");
     CHECK(live_frames == 0, "%d frames never released", live_frames);
+    frames_free();
     rpc_bufcache_enable(false);
     free(m.frames);
     error_clear();
