@@ -8,6 +8,7 @@
 #include <stdatomic.h>
 
 #include "autograd/autograd.h"
+#include "rpc/agent.h"
 #include "test_rpc_world.h"
 
 /* ---- handlers served by every process ---- */
@@ -286,6 +287,66 @@ static void test_async_futures(void **state)
     assert_int_equal(run_world(3, 60, world_futures, NULL), 0);
 }
 
+/* ---- many threads waiting for futures at once ---- */
+
+#define WAITERS 6
+#define WAITS 300
+
+/* Each waiter adds its own numbers on rank 1 and checks every sum. */
+static void *waiter_main(void *arg)
+{
+    intptr_t me = (intptr_t)arg;
+    for (int64_t i = 0; i < WAITS; i++) {
+        rpc_value_t *args = rpc_args("ii", (int64_t)me * 1000000, i);
+        rpc_future_t *f = rpc_async(1, "add", args, -1);
+        rpc_value_unref(args);
+        int64_t v = -1;
+        int rc = f ? rpc_wait(f, 20000) : -1;
+        if (rc == 0)
+            rpc_value_get_int(rpc_future_value(f), &v);
+        rpc_future_unref(f);
+        if (v != me * 1000000 + i) {
+            fprintf(stderr, "waiter %d, call %lld: %s\n", (int)me, (long long)i,
+                    rc ? error_last() : "wrong sum");
+            return (void *)1;
+        }
+    }
+    return NULL;
+}
+
+static int world_waiters(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    WCHECK(start(rank, world, port, 20000) == 0);
+    if (rank == 0) {
+        /* One of them polls (with the I/O thread), the others sleep: all
+           get their answers, and the I/O thread is left polling for none. */
+        pthread_t th[WAITERS];
+        for (intptr_t i = 0; i < WAITERS; i++)
+            WCHECK(pthread_create(&th[i], NULL, waiter_main, (void *)i) == 0);
+        int failed = 0;
+        for (int i = 0; i < WAITERS; i++) {
+            void *r;
+            pthread_join(th[i], &r);
+            failed += r != NULL;
+        }
+        WCHECK(failed == 0);
+        agent_t *a = agent_acquire();
+        WCHECK(a && atomic_load(&a->io_poll_waiters) == 0);
+        agent_release(a);
+        int64_t v = -1;
+        WCHECK(rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);
+    }
+    WCHECK(rpc_shutdown(true, 20000) == 0);
+    return 0;
+}
+
+static void test_concurrent_future_waiters(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_waiters, NULL), 0);
+}
+
 /* ---- errors name the peer and the function; the process keeps serving ---- */
 
 static int expect_error(int to, const char *fn, rpc_value_t *args, int64_t timeout,
@@ -485,6 +546,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values_round_trip),
         cmocka_unit_test(test_async_futures),
+        cmocka_unit_test(test_concurrent_future_waiters),
         cmocka_unit_test(test_errors_name_peer_and_function),
         cmocka_unit_test(test_timeouts),
         cmocka_unit_test(test_dead_peer),
