@@ -711,6 +711,98 @@ static void test_big_tensors_through_a_world(void **state)
     assert_int_equal(run_world(2, 120, world_big, NULL), 0);
 }
 
+/* ---- a streamed answer that stalls fails the call waiting for it ---- */
+
+static _Atomic uint64_t held_id;
+static world_hold_t stalled_hold = {.answer_none = true};
+
+static int capture_id(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
+                      rpc_bytes_t *extra, void **state)
+{
+    (void)arg, (void)args, (void)extra, (void)state;
+    if (!strcmp(m->function, "hold"))
+        atomic_store(&held_id, m->request_id);
+    return 0;
+}
+
+/* Starts, from a raw socket that says it is rank 1, a streamed answer to
+   call id on rank 0's ROUTER, and sends none of its pieces. */
+static void *raw_stalled_answer(uint64_t id, void **ctx)
+{
+    static const uint8_t meta[] = {RPC_CODEC_VERSION, RPC_TENSOR, TENSOR_U8, 0, 1, 0x90, 0x4e};
+    rpc_worker_info_t info;
+    if (rpc_get_worker_info_by_rank(0, &info) < 0)
+        return NULL;
+    *ctx = zmq_ctx_new();
+    void *sock = zmq_socket(*ctx, ZMQ_DEALER);
+    uint8_t rid[RPC_WIRE_SYNC_ID_LEN];
+    rpc_wire_sync_identity(1, 65531, rid);
+    zmq_setsockopt(sock, ZMQ_ROUTING_ID, rid, sizeof rid);
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(sock, info.endpoint) < 0)
+        return sock;
+    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_STREAMED, .src = 1,
+                           .dst = 0, .id = id, .meta = meta, .meta_len = sizeof meta,
+                           .n_tensors = 2};
+    uint8_t head[256], table[24];
+    rpc_wire_stream_t e = {0, 10000};
+    rpc_wire_stream_table_write(&e, 1, RPC_WIRE_MIN_CHUNK, table);
+    rpc_wire_write(&h, head);
+    zmq_send(sock, head, rpc_wire_size(&h), ZMQ_SNDMORE);
+    zmq_send(sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(sock, table, sizeof table, 0);
+    return sock;
+}
+
+static int world_stalled_answer(int rank, int world, int port, void *arg)
+{
+    (void)arg;
+    if (rank == 0) {
+        rpc_hooks_t hooks = {.on_send_request = capture_id};
+        WCHECK(rpc_set_hooks(&hooks) == 0);
+    }
+    WCHECK(rpc_register_async("hold", world_h_hold, &stalled_hold) == 0);
+    WCHECK(rpc_register_inline("release", world_h_release, &stalled_hold) == 0);
+    rpc_options_t o = world_options(port);
+    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    if (rank == 0) {
+        rpc_future_t *f = rpc_async(1, "hold", NULL, -1);
+        WCHECK(f && atomic_load(&held_id) != 0);
+        void *ctx = NULL, *sock = raw_stalled_answer(atomic_load(&held_id), &ctx);
+        WCHECK(sock);
+        int64_t deadline = agent_now_ns() + (int64_t)10 * 1000000000;
+        while (transport_stream_pending() != 1 && agent_now_ns() < deadline)
+            sched_yield();
+        WCHECK(transport_stream_pending() == 1);
+        /* As if a minute passed: found stalled, then dropped after the grace. */
+        agent_t *a = agent_acquire();
+        WCHECK(a);
+        int64_t late = agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
+        int n = transport_stream_expire(a, late);
+        n += transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
+        agent_release(a);
+        WCHECK(n == 1);
+        WCHECK(rpc_wait(f, 10000) == -1);
+        WCHECK(strstr(error_last(), "calling \"hold\": streamed REPLY"));
+        WCHECK(strstr(error_last(), "dropped: no piece for 60 s after 0 pieces"));
+        rpc_future_unref(f);
+        /* The real answer, when it comes, finds no call waiting: dropped. */
+        while (world_call_int(1, "release") == 0) {
+        }
+        zmq_close(sock);
+        zmq_ctx_term(ctx);
+    }
+    WCHECK(rpc_shutdown(true, 20000) == 0);
+    return 0;
+}
+
+static void test_stalled_answer_fails_its_call(void **state)
+{
+    (void)state;
+    assert_int_equal(run_world(2, 60, world_stalled_answer, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -722,6 +814,7 @@ int main(void)
         cmocka_unit_test(test_stalled_streams_expire),
         cmocka_unit_test(test_buffer_cache),
         cmocka_unit_test(test_big_tensors_through_a_world),
+        cmocka_unit_test(test_stalled_answer_fails_its_call),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
