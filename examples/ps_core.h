@@ -10,8 +10,10 @@
         "ParameterServer.apply_gradients"(g_1, ..., g_k): sums the k
           gradients of its slice, steps SGD, returns the new slice.
         "ParameterServer.get_weights"(): the slice.
-      "DataWorker"(model, index, seed, batch_size, data_dir, train_size, track)
-          its own model and its own shuffled copy of the training set.
+      "DataWorker"(model, index, seed, batch_size, data_dir, train_size, track
+                   [, delay_ms])
+          its own model and its own shuffled copy of the training set;
+          delay_ms makes it a straggler, that long slower per gradient.
         "DataWorker.compute_gradients"(w_1, ..., w_S): loads the weights
           given as S slices, takes the next batch (a new epoch, newly
           shuffled, when one ends), and returns the gradients as a list of
@@ -50,6 +52,9 @@ typedef struct {
     int64_t eval_interval;      /* 10: print test accuracy every N iterations; 0: never */
     int64_t test_size;          /* 0: the whole test set; else its first N images */
     int64_t train_size;         /* 0: the whole training set; else its first N images */
+    int64_t max_staleness;      /* async: a worker runs at most this many updates
+                                   ahead of the slowest (0: no bound; SPEC B3) */
+    int64_t straggler_ms;       /* worker 0 takes this much longer per gradient */
     bool quiet;                 /* print nothing */
     bool track;                 /* actors record gradient hashes (tests) */
 } ps_options_t;
@@ -79,6 +84,8 @@ typedef struct {
     tensor_t *weights;          /* the final flat weights (caller unrefs) */
     ps_stats_t servers[PS_MAX_SERVERS];   /* with o->track */
     ps_stats_t workers[PS_MAX_WORKERS];
+    int64_t applied[PS_MAX_WORKERS];      /* updates applied from each worker */
+    int64_t max_lead;           /* async: most updates a worker ever was ahead */
 } ps_result_t;
 
 void ps_result_free(ps_result_t *r);

@@ -28,9 +28,12 @@ int ps_options_check(const ps_options_t *o, int world_size)
         return error_set("--num_servers must be in 1..%d, got %d", PS_MAX_SERVERS,
                          o->num_servers);
     if (o->iterations < 0 || o->batch_size < 1 || !(o->lr > 0) || o->eval_interval < 0 ||
-        o->test_size < 0 || o->train_size < 0)
-        return error_set("--iterations, --eval_interval, --test_size and --train_size must "
-                         "be >= 0, --batch_size >= 1 and --lr > 0");
+        o->test_size < 0 || o->train_size < 0 || o->max_staleness < 0)
+        return error_set("--iterations, --eval_interval, --test_size, --train_size and "
+                         "--max_staleness must be >= 0, --batch_size >= 1 and --lr > 0");
+    if (o->straggler_ms < 0 || o->straggler_ms > 60000)
+        return error_set("--straggler_ms must be in 0..60000, got %lld",
+                         (long long)o->straggler_ms);
     int want = 1 + o->num_servers + o->num_workers;
     if (world_size != want)
         return error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "
@@ -102,11 +105,12 @@ static int create_actors(driver_t *d)
             return -1;
     }
     for (int w = 0; w < d->W; w++) {
+        int64_t delay = w == 0 ? o->straggler_ms : 0;
         rpc_value_t *a = o->data_dir
-            ? rpc_args("siiisii", o->model, (int64_t)w, o->seed, o->batch_size, o->data_dir,
-                       o->train_size, (int64_t)o->track)
-            : rpc_args("siiinii", o->model, (int64_t)w, o->seed, o->batch_size,
-                       o->train_size, (int64_t)o->track);
+            ? rpc_args("siiisiii", o->model, (int64_t)w, o->seed, o->batch_size, o->data_dir,
+                       o->train_size, (int64_t)o->track, delay)
+            : rpc_args("siiiniii", o->model, (int64_t)w, o->seed, o->batch_size,
+                       o->train_size, (int64_t)o->track, delay);
         d->workers[w] = a ? rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
         rpc_value_unref(a);
         if (!d->workers[w])
@@ -228,15 +232,32 @@ static int train_sync(driver_t *d, int64_t *updates)
     return 0;
 }
 
-/*  Every worker always has one computation in flight; the first to finish
-    is applied and that worker starts again from the new weights. No more
+/*  The lowest count of applied updates over all workers. */
+static int64_t slowest(const driver_t *d, const int64_t *applied)
+{
+    int64_t m = applied[0];
+    for (int w = 1; w < d->W; w++)
+        if (applied[w] < m)
+            m = applied[w];
+    return m;
+}
+
+/*  Every worker has one computation in flight; the first to finish is
+    applied and that worker starts again from the new weights. No more
     computations start than iterations x workers, so each one is applied
-    exactly once. */
-static int train_async(driver_t *d, int64_t *updates)
+    exactly once.
+    With --max_staleness=K (stale synchronous parallel), a worker that is K
+    updates ahead of the slowest waits, parked, until the slowest catches
+    up: its next gradient is then computed on weights that miss at most K
+    of the slowest worker's updates. The slowest worker is never parked,
+    so the loop always has a computation to wait for. */
+static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t *max_lead)
 {
     rpc_future_t *f[PS_MAX_WORKERS];
     int who[PS_MAX_WORKERS], n = 0, rc = 0;
-    int64_t total = d->o->iterations * d->W, launched = 0;
+    bool parked[PS_MAX_WORKERS] = {false};
+    const int64_t total = d->o->iterations * d->W, bound = d->o->max_staleness;
+    int64_t launched = 0;
     for (int w = 0; w < d->W && launched < total; w++, launched++) {
         if (!(f[n] = compute(d, w))) {
             rc = -1;
@@ -262,15 +283,25 @@ static int train_async(driver_t *d, int64_t *updates)
         if (rc < 0)
             break;
         ++*updates;
-        if (launched < total) {
-            if (!(f[n] = compute(d, w))) {
+        applied[w]++;
+        int64_t low = slowest(d, applied);
+        if (applied[w] - low > *max_lead)
+            *max_lead = applied[w] - low;
+        parked[w] = true;
+        /* Start again every parked worker within the bound (w among them). */
+        for (int v = 0; v < d->W && launched < total; v++) {
+            if (!parked[v] || (bound > 0 && applied[v] - low >= bound))
+                continue;
+            if (!(f[n] = compute(d, v))) {
                 rc = -1;
                 break;
             }
-            who[n++] = w;
+            who[n++] = v;
+            parked[v] = false;
             launched++;
         }
-        rc = maybe_evaluate(d, i);
+        if (rc == 0)
+            rc = maybe_evaluate(d, i);
     }
     /* On failure the others' replies are still coming: wait, then drop them. */
     for (int k = 0; k < n; k++) {
@@ -314,15 +345,23 @@ static int run(driver_t *d, ps_result_t *res)
                         : "Running synchronous parameter server training.\n");
         fflush(stdout);
     }
-    int64_t updates = 0;
+    int64_t updates = 0, applied[PS_MAX_WORKERS] = {0}, max_lead = 0;
     double t0 = now();
-    if ((o->async ? train_async(d, &updates) : train_sync(d, &updates)) < 0)
+    if ((o->async ? train_async(d, &updates, applied, &max_lead)
+                  : train_sync(d, &updates)) < 0)
         return -1;
     double secs = now() - t0 - d->eval_seconds;
     if (evaluate(d, &d->accuracy) < 0)
         return -1;
     if (!o->quiet) {
         printf("Final accuracy is %.1f.\n", 100.0 * d->accuracy);
+        if (o->async && (o->max_staleness > 0 || o->straggler_ms > 0)) {
+            /* (only then: by default the output is Ray's example's) */
+            printf("Updates applied per worker:");
+            for (int w = 0; w < d->W; w++)
+                printf(" %lld", (long long)applied[w]);
+            printf(" (a worker was at most %lld ahead of the slowest)\n", (long long)max_lead);
+        }
         fflush(stdout);
     }
     if (!res)
@@ -331,6 +370,11 @@ static int run(driver_t *d, ps_result_t *res)
     res->updates = updates;
     res->train_seconds = secs;
     res->iters_per_s = secs > 0 ? (double)updates / secs : 0;
+    memcpy(res->applied, applied, sizeof res->applied);
+    res->max_lead = max_lead;
+    if (!o->async)   /* every round applies one gradient of each */
+        for (int w = 0; w < d->W; w++)
+            res->applied[w] = updates;
     if (nn_model_params_to_vector(d->model, &res->weights) < 0)
         return -1;
     for (int s = 0; o->track && s < d->S; s++)

@@ -2,8 +2,10 @@
     DataWorker (see ps_core.h), and the flat weight slices they exchange. */
 #include "examples/ps_core.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "autograd/autograd.h"
 #include "autograd/error.h"
@@ -124,6 +126,7 @@ struct ps_worker {
     int64_t *order;             /* this epoch's order */
     int64_t epoch, next;        /* epochs begun; next sample position */
     bool track;
+    int64_t delay_ms;           /* a straggler: this much slower per gradient */
     ps_stats_t stats;
 };
 
@@ -362,20 +365,28 @@ static rpc_value_t *fn_get_weights(rpc_call_t *call, rpc_value_t *args, void *ar
     return v;
 }
 
-/*  "DataWorker"(model, index, seed, batch_size, data_dir or none, train_size, track) */
+/*  "DataWorker"(model, index, seed, batch_size, data_dir or none, train_size, track
+                 [, delay_ms]) */
 static rpc_value_t *fn_worker_new(rpc_call_t *call, rpc_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     const char *model, *dir = NULL;
-    int64_t index, seed, batch, train_size, track;
+    int64_t index, seed, batch, train_size, track, delay = 0;
     if (rpc_arg_string(args, 0, &model) < 0 || rpc_arg_int(args, 1, &index) < 0 ||
         rpc_arg_int(args, 2, &seed) < 0 || rpc_arg_int(args, 3, &batch) < 0 ||
         (rpc_value_kind(rpc_list_get(args, 4)) != RPC_NONE &&
          rpc_arg_string(args, 4, &dir) < 0) ||
-        rpc_arg_int(args, 5, &train_size) < 0 || rpc_arg_int(args, 6, &track) < 0)
+        rpc_arg_int(args, 5, &train_size) < 0 || rpc_arg_int(args, 6, &track) < 0 ||
+        (rpc_list_len(args) > 7 && rpc_arg_int(args, 7, &delay) < 0))
         return NULL;
+    if (delay < 0 || delay > 60000) {
+        error_set("DataWorker: delay_ms must be in 0..60000, got %lld", (long long)delay);
+        return NULL;
+    }
     ps_worker_t *w = ps_worker_new(model, (int)index, (uint64_t)seed, batch, dir, train_size,
                                    track != 0);
+    if (w)
+        w->delay_ms = delay;
     return w ? ps_actor_new(&worker_class, w) : NULL;
 }
 
@@ -398,8 +409,16 @@ static rpc_value_t *fn_compute_gradients(rpc_call_t *call, rpc_value_t *args, vo
         if (rpc_arg_tensor(args, (size_t)s + 1, &weights[s]) < 0)
             goto out;
     ps_actor_lock(a);
-    int rc = ps_worker_compute(ps_actor_object(a), weights, n, grads);
+    ps_worker_t *w = ps_actor_object(a);
+    int rc = ps_worker_compute(w, weights, n, grads);
+    int64_t delay = w->delay_ms;
     ps_actor_unlock(a);
+    if (rc == 0 && delay > 0) {
+        /* A straggler: a slower machine, as far as the driver can tell. */
+        struct timespec ts = {delay / 1000, delay % 1000 * 1000000};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+        }
+    }
     if (rc < 0) {
         error_wrap("DataWorker.compute_gradients");
         goto out;

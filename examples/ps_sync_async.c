@@ -38,6 +38,10 @@ int main(int argc, char **argv)
         {"eval_interval", FLAG_INT, &o.eval_interval, "test accuracy every N iterations"},
         {"test_size", FLAG_INT, &o.test_size, "evaluate on the first N test images (0: all)"},
         {"train_size", FLAG_INT, &o.train_size, "train on the first N images (0: all)"},
+        {"max_staleness", FLAG_INT, &o.max_staleness,
+         "async: a worker runs at most K updates ahead of the slowest (0: no bound)"},
+        {"straggler_ms", FLAG_INT, &o.straggler_ms,
+         "worker 0 takes this many ms longer per gradient (to see a straggler)"},
         FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),

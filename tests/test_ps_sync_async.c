@@ -10,6 +10,8 @@
     - async runs iterations x workers updates and applies every computed
       gradient exactly once (the servers' and workers' hash logs agree),
       printing the accuracy as Ray's example does;
+    - with a straggler, --max_staleness bounds how far the other worker
+      runs ahead (SPEC B3);
     - the actors' errors reach the caller. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -335,6 +337,55 @@ static void test_async_each_gradient_once(void **state)
     assert_int_equal(run_world(5, fn_async_once, NULL, 120), 0);
 }
 
+/*  ---- bounded staleness (SPEC B3) ---- */
+
+/*  Worker 0 is a straggler, 60 ms slower per gradient than worker 1 (whose
+    batches of 32 take a few ms, a few tens under the sanitizers). Without
+    a bound worker 1 gets far ahead; with --max_staleness=2 it waits, so it
+    is never more than 2 updates ahead, and every update is still applied. */
+#define STALE_ITERS 15
+#define STALE_BOUND 2
+
+static int fn_staleness(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    int rc = 0;
+    for (int bounded = 0; bounded < 2 && rc == 0; bounded++) {
+        ps_options_t o = small_options(1, true);
+        o.iterations = STALE_ITERS;
+        o.batch_size = 32;
+        o.track = false;
+        o.straggler_ms = 60;
+        o.max_staleness = bounded ? STALE_BOUND : 0;
+        ps_result_t res;
+        if (ps_run_driver(&o, &res) < 0)
+            return world_fail(w, "driver: %s", error_last());
+        fprintf(stderr, "max_staleness %lld: updates per worker %lld %lld, most ahead %lld\n",
+                (long long)o.max_staleness, (long long)res.applied[0],
+                (long long)res.applied[1], (long long)res.max_lead);
+        if (res.updates != 2 * STALE_ITERS || res.applied[0] + res.applied[1] != res.updates)
+            rc = world_fail(w, "%lld updates (%lld + %lld), expected %d",
+                            (long long)res.updates, (long long)res.applied[0],
+                            (long long)res.applied[1], 2 * STALE_ITERS);
+        else if (bounded && res.max_lead > STALE_BOUND)
+            rc = world_fail(w, "a worker ran %lld updates ahead with a bound of %d",
+                            (long long)res.max_lead, STALE_BOUND);
+        else if (!bounded && res.max_lead <= STALE_BOUND)
+            rc = world_fail(w, "without a bound the fast worker was only %lld ahead: the "
+                            "straggler does not straggle", (long long)res.max_lead);
+        ps_result_free(&res);
+    }
+    return rc;
+}
+
+static void test_async_bounded_staleness(void **state)
+{
+    (void)state;
+    need_data();
+    assert_int_equal(run_world(4, fn_staleness, NULL, 120), 0);
+}
+
 /*  ---- the actors' errors reach the caller ---- */
 
 static int expect_error(const world_t *w, int rc, const char *want)
@@ -452,6 +503,7 @@ int main(void)
         cmocka_unit_test(test_sync_one_server_matches_local),
         cmocka_unit_test(test_sync_two_servers_match_local),
         cmocka_unit_test(test_async_each_gradient_once),
+        cmocka_unit_test(test_async_bounded_staleness),
         cmocka_unit_test(test_sync_accuracy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
