@@ -12,6 +12,7 @@
     server holds gradients for the context, and an optimizer step. Then it
     prints its test accuracy (dropout off). The servers leave only after
     every trainer has finished (graceful shutdown). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "autograd/autograd.h"
 #include "autograd/dist_autograd.h"
 #include "autograd/error.h"
+#include "examples/curves.h"
 #include "examples/flags.h"
 #include "examples/ps_net.h"
 #include "nn/dataset.h"
@@ -31,6 +33,7 @@ typedef struct {
     flags_world_t world;        /* rank, world_size, master_addr, master_port */
     int64_t num_gpus, num_servers;
     const char *data_dir;
+    const char *curves;         /* prefix of each trainer's curve files, or NULL */
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
     int64_t threads, init_timeout_s;
     double lr;
@@ -143,6 +146,13 @@ static int run_trainer(const options_t *o)
     int64_t *order = NULL, done = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
     double t0 = 0, t1 = 0;
+    char title[64];
+    snprintf(title, sizeof title, "rpc_ps rank %lld", (long long)o->world.rank);
+    curves_t *curves = o->curves ? curves_new(title) : NULL;
+    if (o->curves && !curves) {
+        error_set("out of memory");
+        goto out;
+    }
 
     if (o->data_dir)
         snprintf(dir, sizeof dir, "%s", o->data_dir);
@@ -184,9 +194,14 @@ static int run_trainer(const options_t *o)
             tensor_unref(y);
             if (brc < 0)
                 goto out;
-            if (o->log_interval > 0 && b % o->log_interval == 0)
+            if (o->log_interval > 0 && b % o->log_interval == 0) {
                 printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
                        (long long)b, loss);
+                double secs = now_s() - t0;
+                if (curves && curves_add(curves, done, loss, secs > 0 ? (double)(done *
+                                         o->batch_size) / secs : 0) < 0)
+                    goto out;
+            }
             done++;
         }
     }
@@ -215,11 +230,22 @@ static int run_trainer(const options_t *o)
     printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
     printf("Rank %lld throughput %.0f samples/s\n", (long long)o->world.rank,
            (double)(done * o->batch_size) / (t1 - t0));
+    if (curves) {
+        char prefix[4096];
+        snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves, (long long)o->world.rank);
+        curves_add(curves, done, NAN, (double)(done * o->batch_size) / (t1 - t0));
+        curves_set_accuracy(curves, acc);
+        if (curves_write(curves, prefix) < 0)
+            goto out;
+        printf("Rank %lld curves in %s.csv and %s.png\n", (long long)o->world.rank, prefix,
+               prefix);
+    }
     rc = 0;
 out:
     if (rc < 0)
         fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, error_last());
     free(order);
+    curves_free(curves);
     dist_optim_free(opt);
     rpc_value_unref(param_list);
     rpc_rref_unref(ps);
@@ -275,6 +301,8 @@ int main(int argc, char **argv)
         {"max_batches", FLAG_INT, &o.max_batches, "stop each trainer after N batches (0: none)"},
         {"seed", FLAG_INT, &o.seed, "seed of the weights, shuffling and dropout"},
         {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"curves", FLAG_STRING, &o.curves,
+         "each trainer writes its loss and throughput curves to PREFIX.rankN.csv/.png"},
         {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
         {"check_interval", FLAG_INT, &o.check_interval,
          "fetch the server's gradients to check them every N batches (0: never)"},

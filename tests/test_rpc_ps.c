@@ -139,9 +139,12 @@ static int setup(void **state)
 
 static void check_world(const char *nproc, const char *servers, int trainers)
 {
-    char *out;
+    char *out, dir[] = "/tmp/zdist_psXXXXXX", curves[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(curves, sizeof curves, "--curves=%s/c", dir);
     char *argv[] = {launch_bin, (char *)nproc, "--", ps_bin, (char *)servers,
-                    "--max_batches=40", "--eval_samples=1000", "--log_interval=10", NULL};
+                    "--max_batches=40", "--eval_samples=1000", "--log_interval=10", curves,
+                    NULL};
     assert_int_equal(run(argv, 300, &out), 0);
     double acc[8];
     int n = numbers_after(out, "test accuracy ", acc, 8);
@@ -152,6 +155,36 @@ static void check_world(const char *nproc, const char *servers, int trainers)
     }
     assert_non_null(strstr(out, "aggregate throughput"));
     free(out);
+    /* Every trainer wrote its curves (SPEC B4): 4 logged batches, the final
+       throughput, the accuracy it printed; and a PNG. */
+    int first = atoi(servers + strlen("--num_servers="));
+    for (int r = first; r < first + trainers; r++) {
+        char path[128], line[256];
+        snprintf(path, sizeof path, "%s/c.rank%d.csv", dir, r);
+        FILE *f = fopen(path, "r");
+        assert_non_null(f);
+        int rows = 0;
+        double last_acc = -1;
+        while (fgets(line, sizeof line, f)) {
+            rows++;
+            const char *p = strrchr(line, ',');
+            if (p && p[1] != '\n' && p[1] != 0)
+                last_acc = atof(p + 1);
+        }
+        fclose(f);
+        assert_int_equal(rows, 1 + 4 + 1 + 1);
+        assert_true(last_acc * 100 > ACC_THRESHOLD);
+        snprintf(path, sizeof path, "%s/c.rank%d.png", dir, r);
+        f = fopen(path, "rb");
+        assert_non_null(f);
+        unsigned char sig[8];
+        assert_int_equal(fread(sig, 1, 8, f), 8);
+        assert_memory_equal(sig, "\x89PNG\r\n\x1a\n", 8);
+        fclose(f);
+    }
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 static void test_one_server_three_trainers_learn(void **state)
