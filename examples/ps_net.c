@@ -10,6 +10,7 @@
 #include "autograd/autograd.h"
 #include "autograd/dist_autograd.h"
 #include "autograd/error.h"
+#include "nn/checkpoint.h"
 #include "nn/dataset.h"
 #include "nn/model.h"
 #include "nn/nn.h"
@@ -489,6 +490,132 @@ static rpc_value_t *fn_trainer_finished(rpc_call_t *call, rpc_value_t *args, voi
     return rpc_value_none();
 }
 
+/*  ---- checkpoints (SPEC B2) ---- */
+
+static struct {
+    char prefix[1024];          /* "": off */
+    pthread_mutex_t lock;
+    int64_t progress[PS_NET_MAX_TRAINERS];   /* shard 0: batches each trainer reported */
+} ck = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+#define PROGRESS_NAME "trainer_progress"
+
+static void shard_path(char *buf, size_t size, int shard)
+{
+    snprintf(buf, size, "%s.shard%d", ck.prefix, shard);
+}
+
+/*  Writes this shard's parameters (shard 0: with the trainers' progress)
+    under the parameters' read lock, so that no step is half applied. */
+static int save_shard(void)
+{
+    char path[1100];
+    const char *names[MAX_PARAMS + 1];
+    tensor_t *tensors[MAX_PARAMS + 1], *progress = NULL;
+    int n = 0;
+    for (int i = 0; i < ps.n; i++, n++)
+        names[n] = ps.names[i], tensors[n] = ps.params[i];
+    if (ps.shard == 0) {
+        if (!(progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS})))
+            return -1;
+        pthread_mutex_lock(&ck.lock);
+        memcpy(tensor_data_i64(progress), ck.progress, sizeof ck.progress);
+        pthread_mutex_unlock(&ck.lock);
+        names[n] = PROGRESS_NAME, tensors[n++] = progress;
+    }
+    shard_path(path, sizeof path, ps.shard);
+    dist_optim_read_lock();
+    int rc = checkpoint_save(path, n, names, tensors);
+    dist_optim_read_unlock();
+    tensor_unref(progress);
+    return rc;
+}
+
+/*  ps_checkpoint(server, trainer, batches): shard 0 notes the trainer's
+    progress, has the other shards save theirs, then saves its own (last,
+    so that the progress it records is never ahead of any shard's
+    weights). */
+static rpc_value_t *fn_checkpoint(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t trainer, batches;
+    if (rpc_arg_int(args, 1, &trainer) < 0 || rpc_arg_int(args, 2, &batches) < 0)
+        return NULL;
+    if (!ck.prefix[0]) {
+        error_set("ps_checkpoint: this server runs without --checkpoint");
+        return NULL;
+    }
+    if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS || batches < 0) {
+        error_set("ps_checkpoint: trainer %lld, %lld batches", (long long)trainer,
+                  (long long)batches);
+        return NULL;
+    }
+    pthread_mutex_lock(&ck.lock);
+    ck.progress[trainer] = batches;
+    pthread_mutex_unlock(&ck.lock);
+    for (int s = 1; s < ps.num_shards; s++) {
+        rpc_value_t *r = NULL;
+        int rc = rpc_sync(s, "ps_save_shard", NULL, RPC_TIMEOUT_DEFAULT, &r);
+        rpc_value_unref(r);
+        if (rc < 0)
+            return NULL;
+    }
+    return save_shard() == 0 ? rpc_value_none() : NULL;
+}
+
+static rpc_value_t *fn_save_shard(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    if (!ck.prefix[0]) {
+        error_set("ps_save_shard: shard %d runs without --checkpoint", ps.shard);
+        return NULL;
+    }
+    return save_shard() == 0 ? rpc_value_none() : NULL;
+}
+
+/*  ps_resume_point(server, trainer) -> batches the trainer had done. */
+static rpc_value_t *fn_resume_point(rpc_call_t *call, rpc_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t trainer;
+    if (rpc_arg_int(args, 1, &trainer) < 0)
+        return NULL;
+    if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS) {
+        error_set("ps_resume_point: no trainer %lld", (long long)trainer);
+        return NULL;
+    }
+    pthread_mutex_lock(&ck.lock);
+    int64_t batches = ck.progress[trainer];
+    pthread_mutex_unlock(&ck.lock);
+    return rpc_value_int(batches);
+}
+
+int ps_net_checkpoints(const char *prefix, bool resume)
+{
+    if (!prefix || !prefix[0] || strlen(prefix) >= sizeof ck.prefix - 16)
+        return error_set("ps_net: checkpoint prefix empty or too long");
+    snprintf(ck.prefix, sizeof ck.prefix, "%s", prefix);
+    if (!resume)
+        return 0;
+    char path[1100];
+    shard_path(path, sizeof path, ps.shard);
+    const char *names[MAX_PARAMS + 1];
+    tensor_t *tensors[MAX_PARAMS + 1], *progress = NULL;
+    int n = 0;
+    for (int i = 0; i < ps.n; i++, n++)
+        names[n] = ps.names[i], tensors[n] = ps.params[i];
+    if (ps.shard == 0) {
+        if (!(progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS})))
+            return -1;
+        names[n] = PROGRESS_NAME, tensors[n++] = progress;
+    }
+    int rc = checkpoint_load(path, n, names, tensors);
+    if (rc == 0 && progress)
+        memcpy(ck.progress, tensor_data_i64(progress), sizeof ck.progress);
+    tensor_unref(progress);
+    return rc < 0 ? error_wrap("resuming shard %d", ps.shard) : 0;
+}
+
 void ps_net_throughput(int64_t *samples, double *seconds)
 {
     pthread_mutex_lock(&ps.stats_lock);
@@ -564,6 +691,9 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
         {"ps_local_dist_gradients", fn_local_dist_gradients},
         {"ps_trainer_started", fn_trainer_started},
         {"ps_trainer_finished", fn_trainer_finished},
+        {"ps_checkpoint", fn_checkpoint},
+        {"ps_save_shard", fn_save_shard},
+        {"ps_resume_point", fn_resume_point},
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (rpc_register(fns[i].name, fns[i].fn, NULL) < 0)

@@ -43,6 +43,22 @@
 int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const char *data_dir,
                  FILE *out);
 
+/*  Checkpoints (SPEC B2), after ps_net_serve and before rpc_init, on
+    every shard with the same prefix: the shard's parameters go to
+    prefix.shardK, shard 0's file also holds how many batches each trainer
+    had done. The functions this adds:
+      ps_checkpoint(server, trainer, batches) -> none: notes the trainer's
+          progress, has every other shard save (ps_save_shard), then saves
+          shard 0; each file is replaced whole (checkpoint.h)
+      ps_resume_point(server, trainer) -> batches that trainer had done
+    With resume, the shard first loads its file (refusing a missing or
+    damaged one, or one of another layout, with the file named). With
+    several trainers the shards are saved one after the other while others
+    may step: a trainer may redo up to a checkpoint interval of batches.
+    0, or -1. */
+#define PS_NET_MAX_TRAINERS 64
+int ps_net_checkpoints(const char *prefix, bool resume);
+
 /*  How many fc1 rows shard s of S holds, and the first one. */
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);
 

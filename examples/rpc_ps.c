@@ -34,6 +34,9 @@ typedef struct {
     int64_t num_gpus, num_servers;
     const char *data_dir;
     const char *curves;         /* prefix of each trainer's curve files, or NULL */
+    const char *checkpoint;     /* prefix of the servers' checkpoint files, or NULL */
+    int64_t checkpoint_every;   /* batches of a trainer between checkpoints */
+    bool resume;                /* start from the checkpoint */
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
     int64_t threads, init_timeout_s;
     double lr;
@@ -174,16 +177,34 @@ static int run_trainer(const options_t *o)
         goto out;
     if (call_none(ps, "ps_trainer_started", rpc_args("")) < 0)
         goto out;
+    int64_t start = 0;
+    if (o->resume) {
+        /* Where this trainer was at the last checkpoint: the same batches
+           in the same order follow (the order depends on seed and epoch). */
+        rpc_value_t *r = NULL, *a = rpc_args("i", (int64_t)trainer);
+        int prc = a ? rpc_rref_rpc_sync(ps, "ps_resume_point", a, RPC_TIMEOUT_DEFAULT, &r) : -1;
+        if (prc == 0)
+            prc = rpc_value_get_int(r, &start);
+        rpc_value_unref(a);
+        rpc_value_unref(r);
+        if (prc < 0)
+            goto out;
+        printf("Rank %lld resuming after batch %lld\n", (long long)o->world.rank,
+               (long long)start);
+        done = start;
+    }
     t0 = now_s();
     int64_t nb = dataset_num_batches(train, o->batch_size);
-    for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
+    int64_t first_epoch = nb ? start / nb : 0;
+    for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
         /* The first trainer shuffles as train_local does with the same seed. */
         if (!(order = dataset_order(train, (uint64_t)(o->seed + epoch + 1000 * trainer)))) {
             error_set("out of memory");
             goto out;
         }
-        for (int64_t b = 0; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
+        int64_t first = nb && epoch == first_epoch ? start % nb : 0;
+        for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
             tensor_t *x, *y;
             float loss = 0;
             if (dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
@@ -198,17 +219,20 @@ static int run_trainer(const options_t *o)
                 printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
                        (long long)b, loss);
                 double secs = now_s() - t0;
-                if (curves && curves_add(curves, done, loss, secs > 0 ? (double)(done *
+                if (curves && curves_add(curves, done, loss, secs > 0 ? (double)((done - start) *
                                          o->batch_size) / secs : 0) < 0)
                     goto out;
             }
             done++;
+            if (o->checkpoint && done % o->checkpoint_every == 0 &&
+                call_none(ps, "ps_checkpoint", rpc_args("ii", (int64_t)trainer, done)) < 0)
+                goto out;
         }
     }
     t1 = now_s();
     if (dist_autograd_wait_releases(-1) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_finished", rpc_args("i", done * o->batch_size)) < 0)
+    if (call_none(ps, "ps_trainer_finished", rpc_args("i", (done - start) * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
     /* Trainers share one evaluation of the final weights on the server
@@ -229,11 +253,11 @@ static int run_trainer(const options_t *o)
     }
     printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
     printf("Rank %lld throughput %.0f samples/s\n", (long long)o->world.rank,
-           (double)(done * o->batch_size) / (t1 - t0));
+           (double)((done - start) * o->batch_size) / (t1 - t0));
     if (curves) {
         char prefix[4096];
         snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves, (long long)o->world.rank);
-        curves_add(curves, done, NAN, (double)(done * o->batch_size) / (t1 - t0));
+        curves_add(curves, done, NAN, (double)((done - start) * o->batch_size) / (t1 - t0));
         curves_set_accuracy(curves, acc);
         if (curves_write(curves, prefix) < 0)
             goto out;
@@ -268,6 +292,14 @@ static int check_options(const options_t *o)
                 (long long)world_size, (long long)o->num_servers);
         return -1;
     }
+    if (o->resume && !o->checkpoint) {
+        fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
+        return -1;
+    }
+    if (o->checkpoint_every < 1) {
+        fprintf(stderr, "rpc_ps: --checkpoint_every must be >= 1\n");
+        return -1;
+    }
     if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0) {
         fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0\n");
         return -1;
@@ -288,7 +320,7 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
                    .epochs = 1, .seed = 1, .log_interval = 5, .check_interval = 5, .lr = 0.03,
-                   .init_timeout_s = 60};
+                   .init_timeout_s = 60, .checkpoint_every = 100};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
@@ -301,6 +333,12 @@ int main(int argc, char **argv)
         {"max_batches", FLAG_INT, &o.max_batches, "stop each trainer after N batches (0: none)"},
         {"seed", FLAG_INT, &o.seed, "seed of the weights, shuffling and dropout"},
         {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"checkpoint", FLAG_STRING, &o.checkpoint,
+         "servers save their parameters to PREFIX.shardK every --checkpoint_every batches of a "
+         "trainer"},
+        {"checkpoint_every", FLAG_INT, &o.checkpoint_every, "batches between checkpoints"},
+        {"resume", FLAG_BOOL, &o.resume,
+         "start from the --checkpoint files: weights, and each trainer's position"},
         {"curves", FLAG_STRING, &o.curves,
          "each trainer writes its loss and throughput curves to PREFIX.rankN.csv/.png"},
         {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
@@ -343,6 +381,8 @@ int main(int argc, char **argv)
         goto fail;
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
+        goto fail;
+    if (server && o.checkpoint && ps_net_checkpoints(o.checkpoint, o.resume) < 0)
         goto fail;
     rpc_options_t ro = rpc_options_default();
     ro.master_addr = o.world.master_addr;

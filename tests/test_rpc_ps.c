@@ -234,6 +234,47 @@ static void test_same_losses_as_one_process_and_across_shards(void **state)
     free(ps2_out);
 }
 
+/*  Checkpoints (SPEC B2): a world of two shards that stops after 10
+    batches, restarted with --resume, goes on exactly as one that never
+    stopped (dropout off: the servers' dropout stream is not saved); a
+    missing checkpoint is refused with the file named. */
+static void test_checkpoint_and_resume_continue_exactly(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zdist_ckXXXXXX", ck[64], *whole, *first, *rest, *bad;
+    assert_non_null(mkdtemp(dir));
+    snprintf(ck, sizeof ck, "--checkpoint=%s/c", dir);
+#define WORLD launch_bin, "--nproc=3", "--", ps_bin, "--num_servers=2", "--no_dropout", \
+              "--log_interval=1", "--seed=7", "--eval_samples=100"
+    char *whole_argv[] = {WORLD, "--max_batches=20", NULL};
+    char *first_argv[] = {WORLD, "--max_batches=10", ck, "--checkpoint_every=5", NULL};
+    char *rest_argv[] = {WORLD, "--max_batches=20", ck, "--checkpoint_every=5", "--resume", NULL};
+    char *bad_argv[] = {WORLD, "--max_batches=20", "--checkpoint=/nonexistent/c", "--resume",
+                        NULL};
+#undef WORLD
+    assert_int_equal(run(whole_argv, 300, &whole), 0);
+    assert_int_equal(run(first_argv, 300, &first), 0);
+    assert_int_equal(run(rest_argv, 300, &rest), 0);
+    assert_int_not_equal(run(bad_argv, 300, &bad), 0);
+    double a[BATCHES], b[BATCHES];
+    assert_int_equal(numbers_after(whole, " loss ", a, BATCHES), BATCHES);
+    assert_int_equal(numbers_after(rest, " loss ", b, BATCHES), BATCHES / 2);
+    assert_non_null(strstr(rest, "resuming after batch 10"));
+    for (int i = 0; i < BATCHES / 2; i++) {
+        printf("batch %2d: without a stop %.6f, resumed %.6f\n", BATCHES / 2 + i,
+               a[BATCHES / 2 + i], b[i]);
+        assert_true(fabs(a[BATCHES / 2 + i] - b[i]) <= 1e-6 * (1 + fabs(b[i])));
+    }
+    assert_non_null(strstr(bad, "/nonexistent/c.shard"));
+    free(whole);
+    free(first);
+    free(rest);
+    free(bad);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /*  A trainer killed in the middle of training: the launcher reports it and
     stops the server and the other trainer; nothing is left running. */
 static void test_launcher_stops_the_world_when_a_trainer_dies(void **state)
@@ -265,6 +306,7 @@ int main(void)
         cmocka_unit_test(test_same_losses_as_one_process_and_across_shards),
         cmocka_unit_test(test_one_server_three_trainers_learn),
         cmocka_unit_test(test_two_shards_two_trainers_learn),
+        cmocka_unit_test(test_checkpoint_and_resume_continue_exactly),
         cmocka_unit_test(test_launcher_stops_the_world_when_a_trainer_dies),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
