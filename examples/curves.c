@@ -36,6 +36,7 @@ curves_t *curves_new(const char *title)
     curves_t *c = calloc(1, sizeof *c);
     if (!c || !(c->title = strdup(title ? title : ""))) {
         free(c);
+        error_set("curves: out of memory");
         return NULL;
     }
     c->accuracy = -1;
@@ -84,7 +85,8 @@ static int write_csv(const curves_t *c, const char *path)
     if (c->accuracy >= 0)
         fprintf(f, "%lld,,,%.6g\n", (long long)(c->n ? c->points[c->n - 1].batch : 0),
                 c->accuracy);
-    if (fclose(f) != 0)
+    bool failed = ferror(f) != 0;
+    if (fclose(f) != 0 || failed)
         return error_set("curves: cannot write %s: %s", path, strerror(errno));
     return 0;
 }
@@ -165,9 +167,16 @@ static void plot(canvas_t *cv, int x, int y, const uint8_t *rgb)
         memcpy(cv->px[y][x], rgb, 3);
 }
 
-/* Bresenham, two pixels thick. */
+static int clamp(int v, int lo, int hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* Bresenham, two pixels thick; the ends are first brought within a pixel
+   of the canvas, so a wild point costs a short walk, not billions. */
 static void line(canvas_t *cv, int x0, int y0, int x1, int y1, const uint8_t *rgb)
 {
+    x0 = clamp(x0, -1, W), x1 = clamp(x1, -1, W), y0 = clamp(y0, -1, H), y1 = clamp(y1, -1, H);
     int dx = abs(x1 - x0), dy = -abs(y1 - y0), sx = x0 < x1 ? 1 : -1, sy = y0 < y1 ? 1 : -1;
     int err = dx + dy;
     for (;;) {
@@ -308,9 +317,10 @@ static void draw_panel(canvas_t *cv, const curves_t *c, const panel_t *pn, int64
             have = false;
             continue;
         }
-        int x = pn->x0 + (int)lround((double)(c->points[i].batch - b_lo) / bw *
-                                     (pn->x1 - pn->x0));
-        int y = pn->y1 - (int)lround((v - lo) / (hi - lo) * (pn->y1 - pn->y0));
+        double fx = pn->x0 + (double)(c->points[i].batch - b_lo) / bw * (pn->x1 - pn->x0);
+        double fy = pn->y1 - (v - lo) / (hi - lo) * (pn->y1 - pn->y0);
+        int x = clamp((int)lround(fmin(fmax(fx, -1), W)), -1, W);
+        int y = clamp((int)lround(fmin(fmax(fy, -1), H)), -1, H);
         if (have)
             line(cv, px, py, x, y, pn->color);
         else
@@ -331,7 +341,11 @@ static int write_png(const curves_t *c, const char *path)
     else
         snprintf(title, sizeof title, "%s", c->title);
     text(cv, 10, 8, title, black);
-    int64_t b_lo = c->n ? c->points[0].batch : 0, b_hi = c->n ? c->points[c->n - 1].batch : 1;
+    int64_t b_lo = c->n ? c->points[0].batch : 0, b_hi = c->n ? c->points[0].batch : 1;
+    for (int i = 1; i < c->n; i++) {   /* points may come in any order */
+        b_lo = c->points[i].batch < b_lo ? c->points[i].batch : b_lo;
+        b_hi = c->points[i].batch > b_hi ? c->points[i].batch : b_hi;
+    }
     const panel_t panels[2] = {
         {120, 40, 620, 240, "loss", blue, offsetof(point_t, loss)},
         {120, 270, 620, 430, "samples/s", green, offsetof(point_t, samples_per_s)},

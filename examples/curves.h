@@ -12,8 +12,11 @@
 
 typedef struct curves curves_t;
 
-/*  An empty set of curves titled title (copied). NULL when out of memory. */
+/*  An empty set of curves titled title (copied). NULL (error set) when out
+    of memory. */
 curves_t *curves_new(const char *title);
+
+/*  Frees c and its points (NULL-safe). */
 void curves_free(curves_t *c);
 
 /*  One point: after `batch` batches, the loss and the throughput so far.

@@ -25,6 +25,7 @@
     [fc1_first, fc1_first + fc1_count). */
 static struct {
     int shard, num_shards;
+    uint64_t seed;
     bool dropout;
     int n;
     char names[MAX_PARAMS][32];
@@ -494,11 +495,13 @@ static rpc_value_t *fn_trainer_finished(rpc_call_t *call, rpc_value_t *args, voi
 
 static struct {
     char prefix[1024];          /* "": off */
+    int64_t config[3];          /* batch_size, seed, trainers */
     pthread_mutex_t lock;
     int64_t progress[PS_NET_MAX_TRAINERS];   /* shard 0: batches each trainer reported */
 } ck = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 #define PROGRESS_NAME "trainer_progress"
+#define CONFIG_NAME "run_config"    /* batch_size, seed, trainers: must match on resume */
 
 static void shard_path(char *buf, size_t size, int shard)
 {
@@ -510,24 +513,34 @@ static void shard_path(char *buf, size_t size, int shard)
 static int save_shard(void)
 {
     char path[1100];
-    const char *names[MAX_PARAMS + 1];
-    tensor_t *tensors[MAX_PARAMS + 1], *progress = NULL;
+    const char *names[MAX_PARAMS + 2];
+    tensor_t *tensors[MAX_PARAMS + 2], *progress = NULL, *config = NULL;
     int n = 0;
     for (int i = 0; i < ps.n; i++, n++)
         names[n] = ps.names[i], tensors[n] = ps.params[i];
     if (ps.shard == 0) {
-        if (!(progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS})))
+        progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
+        config = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
+        if (!progress || !config) {
+            tensor_unref(progress);
+            tensor_unref(config);
             return -1;
+        }
         pthread_mutex_lock(&ck.lock);
         memcpy(tensor_data_i64(progress), ck.progress, sizeof ck.progress);
         pthread_mutex_unlock(&ck.lock);
+        memcpy(tensor_data_i64(config), ck.config, sizeof ck.config);
         names[n] = PROGRESS_NAME, tensors[n++] = progress;
+        names[n] = CONFIG_NAME, tensors[n++] = config;
     }
     shard_path(path, sizeof path, ps.shard);
+    /* Under the read lock to the rename: no step half applied, and an older
+       save cannot replace a newer one. */
     dist_optim_read_lock();
     int rc = checkpoint_save(path, n, names, tensors);
     dist_optim_read_unlock();
     tensor_unref(progress);
+    tensor_unref(config);
     return rc;
 }
 
@@ -546,20 +559,28 @@ static rpc_value_t *fn_checkpoint(rpc_call_t *call, rpc_value_t *args, void *arg
         return NULL;
     }
     if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS || batches < 0) {
-        error_set("ps_checkpoint: trainer %lld, %lld batches", (long long)trainer,
-                  (long long)batches);
+        error_set("ps_checkpoint: trainer %lld with %lld batches (trainers 0 to %d)",
+                  (long long)trainer, (long long)batches, PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
+    /* The other shards first, all at once: once they hold this trainer's
+       steps, its position may be recorded (and saved with shard 0). */
+    rpc_future_t *fs[64];
+    int n = 0, rc = 0;
+    for (int s = 1; s < ps.num_shards; s++)
+        if ((fs[n] = rpc_async(s, "ps_save_shard", NULL, RPC_TIMEOUT_DEFAULT)))
+            n++;
+        else
+            rc = -1;
+    if (n && rpc_future_wait_all(fs, n, -1) < 0)
+        rc = -1;
+    for (int i = 0; i < n; i++)
+        rpc_future_unref(fs[i]);
+    if (rc < 0)
+        return NULL;
     pthread_mutex_lock(&ck.lock);
     ck.progress[trainer] = batches;
     pthread_mutex_unlock(&ck.lock);
-    for (int s = 1; s < ps.num_shards; s++) {
-        rpc_value_t *r = NULL;
-        int rc = rpc_sync(s, "ps_save_shard", NULL, RPC_TIMEOUT_DEFAULT, &r);
-        rpc_value_unref(r);
-        if (rc < 0)
-            return NULL;
-    }
     return save_shard() == 0 ? rpc_value_none() : NULL;
 }
 
@@ -580,8 +601,13 @@ static rpc_value_t *fn_resume_point(rpc_call_t *call, rpc_value_t *args, void *a
     int64_t trainer;
     if (rpc_arg_int(args, 1, &trainer) < 0)
         return NULL;
+    if (!ck.prefix[0]) {
+        error_set("ps_resume_point: this server runs without --checkpoint: nothing to resume");
+        return NULL;
+    }
     if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS) {
-        error_set("ps_resume_point: no trainer %lld", (long long)trainer);
+        error_set("ps_resume_point: no trainer %lld (trainers 0 to %d)", (long long)trainer,
+                  PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
     pthread_mutex_lock(&ck.lock);
@@ -590,29 +616,48 @@ static rpc_value_t *fn_resume_point(rpc_call_t *call, rpc_value_t *args, void *a
     return rpc_value_int(batches);
 }
 
-int ps_net_checkpoints(const char *prefix, bool resume)
+int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
+                             int num_trainers)
 {
     if (!prefix || !prefix[0] || strlen(prefix) >= sizeof ck.prefix - 16)
-        return error_set("ps_net: checkpoint prefix empty or too long");
+        return error_set("ps_net: checkpoint prefix empty or over %zu bytes",
+                         sizeof ck.prefix - 16);
+    if (num_trainers < 1 || num_trainers > PS_NET_MAX_TRAINERS)
+        return error_set("ps_net: checkpoints handle 1 to %d trainers, not %d",
+                         PS_NET_MAX_TRAINERS, num_trainers);
     snprintf(ck.prefix, sizeof ck.prefix, "%s", prefix);
+    ck.config[0] = batch_size;
+    ck.config[1] = (int64_t)ps.seed;
+    ck.config[2] = num_trainers;
     if (!resume)
         return 0;
     char path[1100];
     shard_path(path, sizeof path, ps.shard);
-    const char *names[MAX_PARAMS + 1];
-    tensor_t *tensors[MAX_PARAMS + 1], *progress = NULL;
+    const char *names[MAX_PARAMS + 2];
+    tensor_t *tensors[MAX_PARAMS + 2], *progress = NULL, *config = NULL;
     int n = 0;
     for (int i = 0; i < ps.n; i++, n++)
         names[n] = ps.names[i], tensors[n] = ps.params[i];
     if (ps.shard == 0) {
-        if (!(progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS})))
-            return -1;
+        progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
+        config = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
         names[n] = PROGRESS_NAME, tensors[n++] = progress;
+        names[n] = CONFIG_NAME, tensors[n++] = config;
     }
-    int rc = checkpoint_load(path, n, names, tensors);
-    if (rc == 0 && progress)
-        memcpy(ck.progress, tensor_data_i64(progress), sizeof ck.progress);
+    int rc = ps.shard == 0 && (!progress || !config) ? -1
+                                                     : checkpoint_load(path, n, names, tensors);
+    const int64_t *got = config && rc == 0 ? tensor_data_i64(config) : NULL;
+    if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
+        rc = error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "
+                       "trainer(s); this one has %lld, %lld and %lld", path, (long long)got[0],
+                       (long long)got[1], (long long)got[2], (long long)ck.config[0],
+                       (long long)ck.config[1], (long long)ck.config[2]);
+    for (int t = 0; rc == 0 && progress && t < PS_NET_MAX_TRAINERS; t++)
+        if ((ck.progress[t] = tensor_data_i64(progress)[t]) < 0)
+            rc = error_set("%s: trainer %d at batch %lld", path, t,
+                           (long long)ck.progress[t]);
     tensor_unref(progress);
+    tensor_unref(config);
     return rc < 0 ? error_wrap("resuming shard %d", ps.shard) : 0;
 }
 
@@ -636,6 +681,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
         return -1;
     ps.shard = shard;
     ps.num_shards = num_shards;
+    ps.seed = seed;
     ps.dropout = use_dropout;
     snprintf(ps.data_dir, sizeof ps.data_dir, "%s", data_dir ? data_dir : "");
     pthread_mutex_init(&ps.rng_lock, NULL);

@@ -43,21 +43,24 @@
 int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const char *data_dir,
                  FILE *out);
 
+#define PS_NET_MAX_TRAINERS 64
+
 /*  Checkpoints (SPEC B2), after ps_net_serve and before rpc_init, on
     every shard with the same prefix: the shard's parameters go to
-    prefix.shardK, shard 0's file also holds how many batches each trainer
-    had done. The functions this adds:
-      ps_checkpoint(server, trainer, batches) -> none: notes the trainer's
-          progress, has every other shard save (ps_save_shard), then saves
-          shard 0; each file is replaced whole (checkpoint.h)
+    prefix.shardK; shard 0's file also holds how many batches each trainer
+    had done, and the run's batch size, seed and number of trainers. The
+    functions this adds:
+      ps_checkpoint(server, trainer, batches) -> none: has every other
+          shard save (ps_save_shard), then records the trainer's position
+          and saves shard 0; each file is replaced whole (checkpoint.h)
       ps_resume_point(server, trainer) -> batches that trainer had done
-    With resume, the shard first loads its file (refusing a missing or
-    damaged one, or one of another layout, with the file named). With
-    several trainers the shards are saved one after the other while others
-    may step: a trainer may redo up to a checkpoint interval of batches.
-    0, or -1. */
-#define PS_NET_MAX_TRAINERS 64
-int ps_net_checkpoints(const char *prefix, bool resume);
+    With resume, the shard first loads its file, refusing (with the file
+    named) a missing or damaged one, one of another layout, or one of a
+    run with another batch size, seed or number of trainers. With several
+    trainers the shards are saved while others step: a trainer may redo
+    up to a checkpoint interval of batches, never skip one. 0, or -1. */
+int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
+                             int num_trainers);
 
 /*  How many fc1 rows shard s of S holds, and the first one. */
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);

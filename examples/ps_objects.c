@@ -379,8 +379,8 @@ static rpc_value_t *fn_worker_new(rpc_call_t *call, rpc_value_t *args, void *arg
         rpc_arg_int(args, 5, &train_size) < 0 || rpc_arg_int(args, 6, &track) < 0 ||
         (rpc_list_len(args) > 7 && rpc_arg_int(args, 7, &delay) < 0))
         return NULL;
-    if (delay < 0 || delay > 60000) {
-        error_set("DataWorker: delay_ms must be in 0..60000, got %lld", (long long)delay);
+    if (delay < 0 || delay > 10000) {
+        error_set("DataWorker: delay_ms must be in 0..10000, got %lld", (long long)delay);
         return NULL;
     }
     ps_worker_t *w = ps_worker_new(model, (int)index, (uint64_t)seed, batch, dir, train_size,

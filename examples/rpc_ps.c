@@ -189,8 +189,15 @@ static int run_trainer(const options_t *o)
         rpc_value_unref(r);
         if (prc < 0)
             goto out;
-        printf("Rank %lld resuming after batch %lld\n", (long long)o->world.rank,
-               (long long)start);
+        if (start > o->epochs * dataset_num_batches(train, o->batch_size)) {
+            error_set("checkpoint %s: trainer %d had done %lld batches, more than %lld "
+                      "epoch(s) of %lld", o->checkpoint, trainer, (long long)start,
+                      (long long)o->epochs,
+                      (long long)dataset_num_batches(train, o->batch_size));
+            goto out;
+        }
+        printf("Rank %lld resuming at batch %lld (%lld batches done)\n",
+               (long long)o->world.rank, (long long)start, (long long)start);
         done = start;
     }
     t0 = now_s();
@@ -215,6 +222,7 @@ static int run_trainer(const options_t *o)
             tensor_unref(y);
             if (brc < 0)
                 goto out;
+            done++;
             if (o->log_interval > 0 && b % o->log_interval == 0) {
                 printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
                        (long long)b, loss);
@@ -223,7 +231,6 @@ static int run_trainer(const options_t *o)
                                          o->batch_size) / secs : 0) < 0)
                     goto out;
             }
-            done++;
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
                 call_none(ps, "ps_checkpoint", rpc_args("ii", (int64_t)trainer, done)) < 0)
                 goto out;
@@ -256,10 +263,15 @@ static int run_trainer(const options_t *o)
            (double)((done - start) * o->batch_size) / (t1 - t0));
     if (curves) {
         char prefix[4096];
-        snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves, (long long)o->world.rank);
-        curves_add(curves, done, NAN, (double)((done - start) * o->batch_size) / (t1 - t0));
+        if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves,
+                     (long long)o->world.rank) >= (int)sizeof prefix) {
+            error_set("--curves: prefix too long");
+            goto out;
+        }
         curves_set_accuracy(curves, acc);
-        if (curves_write(curves, prefix) < 0)
+        if (curves_add(curves, done, NAN, (double)((done - start) * o->batch_size) /
+                                              (t1 - t0)) < 0 ||
+            curves_write(curves, prefix) < 0)
             goto out;
         printf("Rank %lld curves in %s.csv and %s.png\n", (long long)o->world.rank, prefix,
                prefix);
@@ -294,6 +306,11 @@ static int check_options(const options_t *o)
     }
     if (o->resume && !o->checkpoint) {
         fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
+        return -1;
+    }
+    if (o->checkpoint && world_size - o->num_servers > PS_NET_MAX_TRAINERS) {
+        fprintf(stderr, "rpc_ps: --checkpoint handles up to %d trainers, this world has %lld\n",
+                PS_NET_MAX_TRAINERS, (long long)(world_size - o->num_servers));
         return -1;
     }
     if (o->checkpoint_every < 1) {
@@ -382,7 +399,9 @@ int main(int argc, char **argv)
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
         goto fail;
-    if (server && o.checkpoint && ps_net_checkpoints(o.checkpoint, o.resume) < 0)
+    if (server && o.checkpoint &&
+        ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
+                                 (int)(o.world.world_size - o.num_servers)) < 0)
         goto fail;
     rpc_options_t ro = rpc_options_default();
     ro.master_addr = o.world.master_addr;

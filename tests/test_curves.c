@@ -176,6 +176,21 @@ static void test_csv_and_png(void **state)
     free(rgb);
 }
 
+/*  Points in any order, one of them far out: drawn at once, within the
+    canvas (this once walked billions of pixels). */
+static void test_points_in_any_order(void **state)
+{
+    (void)state;
+    curves_t *c = curves_new("odd");
+    const int64_t batches[] = {100, 0, 200000000, 101};
+    for (int i = 0; i < 4; i++)
+        assert_int_equal(curves_add(c, batches[i], i == 2 ? 1e30 : 1.0 / (1 + i), 10.0 * i), 0);
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s/odd", dir);
+    assert_int_equal(curves_write(c, prefix), 0);
+    curves_free(c);
+}
+
 static void test_unwritable_path_is_named(void **state)
 {
     (void)state;
@@ -191,6 +206,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_png_round_trip),
         cmocka_unit_test(test_csv_and_png),
+        cmocka_unit_test(test_points_in_any_order),
         cmocka_unit_test(test_unwritable_path_is_named),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

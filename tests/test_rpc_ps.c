@@ -251,15 +251,20 @@ static void test_checkpoint_and_resume_continue_exactly(void **state)
     char *rest_argv[] = {WORLD, "--max_batches=20", ck, "--checkpoint_every=5", "--resume", NULL};
     char *bad_argv[] = {WORLD, "--max_batches=20", "--checkpoint=/nonexistent/c", "--resume",
                         NULL};
+    char *other_argv[] = {WORLD, "--max_batches=20", ck, "--batch_size=64", "--resume", NULL};
 #undef WORLD
     assert_int_equal(run(whole_argv, 300, &whole), 0);
     assert_int_equal(run(first_argv, 300, &first), 0);
     assert_int_equal(run(rest_argv, 300, &rest), 0);
     assert_int_not_equal(run(bad_argv, 300, &bad), 0);
+    char *other;
+    assert_int_not_equal(run(other_argv, 300, &other), 0);
+    assert_non_null(strstr(other, "was written by a run with --batch_size=32 --seed=7"));
+    free(other);
     double a[BATCHES], b[BATCHES];
     assert_int_equal(numbers_after(whole, " loss ", a, BATCHES), BATCHES);
     assert_int_equal(numbers_after(rest, " loss ", b, BATCHES), BATCHES / 2);
-    assert_non_null(strstr(rest, "resuming after batch 10"));
+    assert_non_null(strstr(rest, "resuming at batch 10 (10 batches done)"));
     for (int i = 0; i < BATCHES / 2; i++) {
         printf("batch %2d: without a stop %.6f, resumed %.6f\n", BATCHES / 2 + i,
                a[BATCHES / 2 + i], b[i]);
