@@ -24,6 +24,7 @@
 #include "examples/curves.h"
 #include "examples/flags.h"
 #include "examples/ps_net.h"
+#include "examples/train_common.h"
 #include "nn/dataset.h"
 #include "nn/nn.h"
 #include "optim/dist_optim.h"
@@ -202,7 +203,8 @@ static int run_trainer(const options_t *o)
     }
     t0 = now_s();
     int64_t nb = dataset_num_batches(train, o->batch_size);
-    int64_t first_epoch = nb ? start / nb : 0;
+    int64_t first_epoch, first_batch;
+    train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
         /* The first trainer shuffles as train_local does with the same seed. */
@@ -210,7 +212,7 @@ static int run_trainer(const options_t *o)
             error_set("out of memory");
             goto out;
         }
-        int64_t first = nb && epoch == first_epoch ? start % nb : 0;
+        int64_t first = epoch == first_epoch ? first_batch : 0;
         for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
             tensor_t *x, *y;
             float loss = 0;

@@ -64,3 +64,9 @@ int train_checkpoint_load(nn_model_t *m, const char *path)
     int n = collect(m, names, tensors);
     return n < 0 ? -1 : checkpoint_load(path, n, names, tensors);
 }
+
+void train_resume_position(int64_t done, int64_t per_epoch, int64_t *epoch, int64_t *batch)
+{
+    *epoch = per_epoch > 0 ? done / per_epoch : 0;
+    *batch = per_epoch > 0 ? done % per_epoch : 0;
+}

@@ -14,4 +14,10 @@ int train_evaluate(nn_model_t *m, const dataset_t *ds, double *accuracy);
 int train_checkpoint_save(nn_model_t *m, const char *path);
 int train_checkpoint_load(nn_model_t *m, const char *path);
 
+/*  Where a run that had done `done` batches of `per_epoch` each goes on:
+    the epoch and the batch within it (the epoch's order depends only on
+    the seed and the epoch, so the same batches follow). per_epoch 0 gives
+    epoch 0, batch 0. */
+void train_resume_position(int64_t done, int64_t per_epoch, int64_t *epoch, int64_t *batch);
+
 #endif
