@@ -508,39 +508,60 @@ static void shard_path(char *buf, size_t size, int shard)
     snprintf(buf, size, "%s.shard%d", ck.prefix, shard);
 }
 
+/*  What a shard's file holds: its parameters, and on shard 0 also the
+    trainers' progress and the run's configuration (tensors of its own). */
+typedef struct {
+    const char *names[MAX_PARAMS + 2];
+    tensor_t *tensors[MAX_PARAMS + 2];
+    int n;
+    tensor_t *progress, *config;
+} shard_file_t;
+
+static void shard_file_clear(shard_file_t *f)
+{
+    tensor_unref_p(&f->progress);
+    tensor_unref_p(&f->config);
+}
+
+static int shard_file_init(shard_file_t *f)
+{
+    memset(f, 0, sizeof *f);
+    for (int i = 0; i < ps.n; i++, f->n++)
+        f->names[f->n] = ps.names[i], f->tensors[f->n] = ps.params[i];
+    if (ps.shard != 0)
+        return 0;
+    f->progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
+    f->config = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
+    if (!f->progress || !f->config) {
+        shard_file_clear(f);
+        return -1;
+    }
+    f->names[f->n] = PROGRESS_NAME, f->tensors[f->n++] = f->progress;
+    f->names[f->n] = CONFIG_NAME, f->tensors[f->n++] = f->config;
+    return 0;
+}
+
 /*  Writes this shard's parameters (shard 0: with the trainers' progress)
     under the parameters' read lock, so that no step is half applied. */
 static int save_shard(void)
 {
     char path[1100];
-    const char *names[MAX_PARAMS + 2];
-    tensor_t *tensors[MAX_PARAMS + 2], *progress = NULL, *config = NULL;
-    int n = 0;
-    for (int i = 0; i < ps.n; i++, n++)
-        names[n] = ps.names[i], tensors[n] = ps.params[i];
-    if (ps.shard == 0) {
-        progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
-        config = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
-        if (!progress || !config) {
-            tensor_unref(progress);
-            tensor_unref(config);
-            return -1;
-        }
+    shard_file_t f;
+    if (shard_file_init(&f) < 0)
+        return -1;
+    if (f.progress) {
         pthread_mutex_lock(&ck.lock);
-        memcpy(tensor_data_i64(progress), ck.progress, sizeof ck.progress);
+        memcpy(tensor_data_i64(f.progress), ck.progress, sizeof ck.progress);
         pthread_mutex_unlock(&ck.lock);
-        memcpy(tensor_data_i64(config), ck.config, sizeof ck.config);
-        names[n] = PROGRESS_NAME, tensors[n++] = progress;
-        names[n] = CONFIG_NAME, tensors[n++] = config;
+        memcpy(tensor_data_i64(f.config), ck.config, sizeof ck.config);
     }
     shard_path(path, sizeof path, ps.shard);
     /* Under the read lock to the rename: no step half applied, and an older
        save cannot replace a newer one. */
     dist_optim_read_lock();
-    int rc = checkpoint_save(path, n, names, tensors);
+    int rc = checkpoint_save(path, f.n, f.names, f.tensors);
     dist_optim_read_unlock();
-    tensor_unref(progress);
-    tensor_unref(config);
+    shard_file_clear(&f);
     return rc;
 }
 
@@ -633,31 +654,19 @@ int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size
         return 0;
     char path[1100];
     shard_path(path, sizeof path, ps.shard);
-    const char *names[MAX_PARAMS + 2];
-    tensor_t *tensors[MAX_PARAMS + 2], *progress = NULL, *config = NULL;
-    int n = 0;
-    for (int i = 0; i < ps.n; i++, n++)
-        names[n] = ps.names[i], tensors[n] = ps.params[i];
-    if (ps.shard == 0) {
-        progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
-        config = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
-        names[n] = PROGRESS_NAME, tensors[n++] = progress;
-        names[n] = CONFIG_NAME, tensors[n++] = config;
-    }
-    int rc = ps.shard == 0 && (!progress || !config) ? -1
-                                                     : checkpoint_load(path, n, names, tensors);
-    const int64_t *got = config && rc == 0 ? tensor_data_i64(config) : NULL;
+    shard_file_t f;
+    int rc = shard_file_init(&f) < 0 ? -1 : checkpoint_load(path, f.n, f.names, f.tensors);
+    const int64_t *got = f.config && rc == 0 ? tensor_data_i64(f.config) : NULL;
     if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
         rc = error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "
                        "trainer(s); this one has %lld, %lld and %lld", path, (long long)got[0],
                        (long long)got[1], (long long)got[2], (long long)ck.config[0],
                        (long long)ck.config[1], (long long)ck.config[2]);
-    for (int t = 0; rc == 0 && progress && t < PS_NET_MAX_TRAINERS; t++)
-        if ((ck.progress[t] = tensor_data_i64(progress)[t]) < 0)
+    for (int t = 0; rc == 0 && f.progress && t < PS_NET_MAX_TRAINERS; t++)
+        if ((ck.progress[t] = tensor_data_i64(f.progress)[t]) < 0)
             rc = error_set("%s: trainer %d at batch %lld", path, t,
                            (long long)ck.progress[t]);
-    tensor_unref(progress);
-    tensor_unref(config);
+    shard_file_clear(&f);
     return rc < 0 ? error_wrap("resuming shard %d", ps.shard) : 0;
 }
 

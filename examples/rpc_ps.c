@@ -178,7 +178,7 @@ static int run_trainer(const options_t *o)
         goto out;
     if (call_none(ps, "ps_trainer_started", rpc_args("")) < 0)
         goto out;
-    int64_t start = 0;
+    int64_t start = 0, nb = dataset_num_batches(train, o->batch_size);
     if (o->resume) {
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
@@ -190,11 +190,10 @@ static int run_trainer(const options_t *o)
         rpc_value_unref(r);
         if (prc < 0)
             goto out;
-        if (start > o->epochs * dataset_num_batches(train, o->batch_size)) {
+        if (start > o->epochs * nb) {
             error_set("checkpoint %s: trainer %d had done %lld batches, more than %lld "
                       "epoch(s) of %lld", o->checkpoint, trainer, (long long)start,
-                      (long long)o->epochs,
-                      (long long)dataset_num_batches(train, o->batch_size));
+                      (long long)o->epochs, (long long)nb);
             goto out;
         }
         printf("Rank %lld resuming at batch %lld (%lld batches done)\n",
@@ -202,7 +201,6 @@ static int run_trainer(const options_t *o)
         done = start;
     }
     t0 = now_s();
-    int64_t nb = dataset_num_batches(train, o->batch_size);
     int64_t first_epoch, first_batch;
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {

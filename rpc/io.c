@@ -319,7 +319,8 @@ void *transport_io_main(void *arg)
             }
         }
         int rc = zmq_poll(items, n_items, may_sleep ? IO_TICK_MS : 0);
-        atomic_store(&a->io_asleep, false);
+        if (may_sleep)   /* while polling the flag stays down: no store per look */
+            atomic_store(&a->io_asleep, false);
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {

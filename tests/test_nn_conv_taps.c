@@ -205,6 +205,39 @@ typedef struct {
     unsigned grads;       /* which of x, weight, bias need gradients (bits 0-2; 0: all) */
 } conv_case_t;
 
+/*  Backward from y with dy (made random, in y's shape, on the first call)
+    and takes the leaves' gradients into g (NULL leaves are skipped). */
+static void backward_take(tensor_t *y, tensor_t **dy, tensor_t *const leaves[3],
+                          tensor_t *g[3])
+{
+    if (!*dy) {
+        *dy = tensor_empty(TENSOR_F32, tensor_ndim(y), tensor_shape(y));
+        for (int64_t i = 0; i < tensor_numel(*dy); i++)
+            tensor_data(*dy)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+    }
+    assert_int_equal(autograd_backward(y, *dy, false), 0);
+    for (int i = 0; i < 3; i++)
+        if (leaves[i]) {
+            g[i] = tensor_grad(leaves[i]);
+            tensor_clear_grad(leaves[i]);
+        }
+}
+
+/*  Drops both paths' results and the inputs; nothing may be left of them. */
+static void release_both(tensor_t *y[2], tensor_t *g[2][3], tensor_t *dy,
+                         tensor_t *const leaves[3], int64_t live)
+{
+    for (int v = 0; v < 2; v++) {
+        tensor_unref(y[v]);
+        for (int i = 0; i < 3; i++)
+            tensor_unref(g[v][i]);
+    }
+    tensor_unref(dy);
+    for (int i = 0; i < 3; i++)
+        tensor_unref(leaves[i]);
+    assert_int_equal(tensor_live_count(), live);
+}
+
 static void check_op(conv_case_t cc)
 {
     int64_t live = tensor_live_count();
@@ -220,17 +253,7 @@ static void check_op(conv_case_t cc)
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: im2col path */
         nn_use_taps(v == 0);
         y[v] = run_op(cc.kind, x, w, b, cc.pad, cc.pool_k ? cc.pool_k : 2, cc.pool_s);
-        if (!dy) {
-            dy = tensor_empty(TENSOR_F32, 4, tensor_shape(y[v]));
-            for (int64_t i = 0; i < tensor_numel(dy); i++)
-                tensor_data(dy)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
-        }
-        assert_int_equal(autograd_backward(y[v], dy, false), 0);
-        for (int i = 0; i < 3; i++)
-            if (leaves[i]) {
-                g[v][i] = tensor_grad(leaves[i]);
-                tensor_clear_grad(leaves[i]);
-            }
+        backward_take(y[v], &dy, leaves, g[v]);
     }
     nn_use_taps(true);
     assert_same("y", y[0], y[1]);
@@ -243,16 +266,7 @@ static void check_op(conv_case_t cc)
         else
             assert_true(!g[0][i] && !g[1][i]);
     }
-    for (int v = 0; v < 2; v++) {
-        tensor_unref(y[v]);
-        for (int i = 0; i < 3; i++)
-            tensor_unref(g[v][i]);
-    }
-    tensor_unref(dy);
-    tensor_unref(x);
-    tensor_unref(w);
-    tensor_unref(b);
-    assert_int_equal(tensor_live_count(), live);
+    release_both(y, g, dy, leaves, live);
 }
 
 static void test_ops_match_im2col(void **state)
@@ -302,32 +316,14 @@ static void check_linear(int rows, int in_f, int out_f)
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: BLAS */
         nn_use_taps(v == 0);
         assert_int_equal(nn_linear(x, w, b, &y[v]), 0);
-        if (!dy) {
-            dy = tensor_empty(TENSOR_F32, 2, tensor_shape(y[v]));
-            for (int64_t i = 0; i < tensor_numel(dy); i++)
-                tensor_data(dy)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
-        }
-        assert_int_equal(autograd_backward(y[v], dy, false), 0);
-        for (int i = 0; i < 3; i++) {
-            g[v][i] = tensor_grad(leaves[i]);
-            tensor_clear_grad(leaves[i]);
-        }
+        backward_take(y[v], &dy, leaves, g[v]);
     }
     nn_use_taps(true);
     assert_same("linear y", y[0], y[1]);
     assert_same("linear grad x", g[0][0], g[1][0]);
     assert_same("linear grad weight", g[0][1], g[1][1]);
     assert_same("linear grad bias", g[0][2], g[1][2]);
-    for (int v = 0; v < 2; v++) {
-        tensor_unref(y[v]);
-        for (int i = 0; i < 3; i++)
-            tensor_unref(g[v][i]);
-    }
-    tensor_unref(dy);
-    tensor_unref(x);
-    tensor_unref(w);
-    tensor_unref(b);
-    assert_int_equal(tensor_live_count(), live);
+    release_both(y, g, dy, leaves, live);
 }
 
 static void test_linear_matches_blas(void **state)

@@ -516,6 +516,43 @@ static rpc_value_t *h_pending(rpc_call_t *call, rpc_value_t *args, void *arg)
     return rpc_value_int(transport_stream_pending());
 }
 
+/* A DEALER in a context of its own, connected to rank `to`'s ROUTER with
+   the routing id of rank `as`'s rpc_sync socket `slot`; NULL (with *ctx
+   still to terminate) when it cannot connect. */
+static void *raw_socket(int to, int as, int slot, void **ctx)
+{
+    rpc_worker_info_t info;
+    *ctx = zmq_ctx_new();
+    if (rpc_get_worker_info_by_rank(to, &info) < 0)
+        return NULL;
+    void *sock = zmq_socket(*ctx, ZMQ_DEALER);
+    uint8_t id[RPC_WIRE_SYNC_ID_LEN];
+    rpc_wire_sync_identity(as, slot, id);
+    zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_connect(sock, info.endpoint) < 0) {
+        zmq_close(sock);
+        return NULL;
+    }
+    return sock;
+}
+
+/* Sends the message of a stream: header h (a value with one tensor), the
+   tensor's empty place, a table of one entry of len bytes. */
+static void raw_stream_start(void *sock, rpc_wire_header_t *h, size_t len)
+{
+    uint8_t head[256], table[24];
+    rpc_wire_stream_t e = {0, len};
+    rpc_wire_stream_table_write(&e, 1, RPC_WIRE_MIN_CHUNK, table);
+    h->flags = RPC_WIRE_F_STREAMED;
+    h->n_tensors = 2;
+    rpc_wire_write(h, head);
+    zmq_send(sock, head, rpc_wire_size(h), ZMQ_SNDMORE);
+    zmq_send(sock, "", 0, ZMQ_SNDMORE);
+    zmq_send(sock, table, sizeof table, 0);
+}
+
 /* Sends a streamed CALL of "echo" with one uint8 tensor of len bytes in
    pieces of RPC_WIRE_MIN_CHUNK from a raw socket; bad_piece >= 0 gives
    that piece a wrong number; n_pieces >= 0 stops after that many. */
@@ -523,16 +560,10 @@ static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece,
 {
     static const uint8_t meta[] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_TENSOR, TENSOR_U8, 0,
                                    1, 0x90, 0x4e};   /* 10000 */
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_STREAMED, .src = 0,
-                           .dst = 1, .id = id, .fn = "echo", .fn_len = 4, .meta = meta,
-                           .meta_len = sizeof meta, .n_tensors = 2};
-    uint8_t head[256], table[24];
-    rpc_wire_stream_t e = {0, len};
-    rpc_wire_stream_table_write(&e, 1, RPC_WIRE_MIN_CHUNK, table);
-    rpc_wire_write(&h, head);
-    zmq_send(sock, head, rpc_wire_size(&h), ZMQ_SNDMORE);
-    zmq_send(sock, "", 0, ZMQ_SNDMORE);
-    zmq_send(sock, table, sizeof table, 0);
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 0, .dst = 1, .id = id, .fn = "echo",
+                           .fn_len = 4, .meta = meta, .meta_len = sizeof meta};
+    raw_stream_start(sock, &h, len);
+    uint8_t head[RPC_WIRE_FIXED];
     static uint8_t data[RPC_WIRE_MIN_CHUNK];
     memset(data, 0x5a, sizeof data);
     int k = 0;
@@ -573,16 +604,8 @@ static int raw_answer_type(void *sock, char *text, size_t size)
 
 static int raw_streams(void)
 {
-    rpc_worker_info_t info;
-    WCHECK(rpc_get_worker_info_by_rank(1, &info) == 0);
-    void *ctx = zmq_ctx_new();
-    void *sock = zmq_socket(ctx, ZMQ_DEALER);
-    uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-    rpc_wire_sync_identity(0, 65533, id);
-    zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
-    int zero = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    WCHECK(zmq_connect(sock, info.endpoint) == 0);
+    void *ctx, *sock = raw_socket(1, 0, 65533, &ctx);
+    WCHECK(sock);
     char text[512];
     WCHECK(raw_streamed_echo(sock, 1001, 10000, -1, -1) == 0);
     WCHECK(raw_answer_type(sock, text, sizeof text) == RPC_MSG_REPLY);
@@ -730,28 +753,12 @@ static int capture_id(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
 static void *raw_stalled_answer(uint64_t id, void **ctx)
 {
     static const uint8_t meta[] = {RPC_CODEC_VERSION, RPC_TENSOR, TENSOR_U8, 0, 1, 0x90, 0x4e};
-    rpc_worker_info_t info;
-    if (rpc_get_worker_info_by_rank(0, &info) < 0)
-        return NULL;
-    *ctx = zmq_ctx_new();
-    void *sock = zmq_socket(*ctx, ZMQ_DEALER);
-    uint8_t rid[RPC_WIRE_SYNC_ID_LEN];
-    rpc_wire_sync_identity(1, 65531, rid);
-    zmq_setsockopt(sock, ZMQ_ROUTING_ID, rid, sizeof rid);
-    int zero = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    if (zmq_connect(sock, info.endpoint) < 0)
-        return sock;
-    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_STREAMED, .src = 1,
-                           .dst = 0, .id = id, .meta = meta, .meta_len = sizeof meta,
-                           .n_tensors = 2};
-    uint8_t head[256], table[24];
-    rpc_wire_stream_t e = {0, 10000};
-    rpc_wire_stream_table_write(&e, 1, RPC_WIRE_MIN_CHUNK, table);
-    rpc_wire_write(&h, head);
-    zmq_send(sock, head, rpc_wire_size(&h), ZMQ_SNDMORE);
-    zmq_send(sock, "", 0, ZMQ_SNDMORE);
-    zmq_send(sock, table, sizeof table, 0);
+    void *sock = raw_socket(0, 1, 65531, ctx);
+    if (sock) {
+        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .src = 1, .dst = 0, .id = id,
+                               .meta = meta, .meta_len = sizeof meta};
+        raw_stream_start(sock, &h, 10000);
+    }
     return sock;
 }
 

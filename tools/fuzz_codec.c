@@ -25,14 +25,8 @@
 
 #define MAX_FRAMES 15
 
-#define CHECK(cond, ...)                                        \
-    do {                                                        \
-        if (!(cond)) {                                          \
-            fprintf(stderr, "fuzz_codec: check failed: " __VA_ARGS__); \
-            fprintf(stderr, "\n");                              \
-            abort();                                            \
-        }                                                       \
-    } while (0)
+#define FUZZ_NAME "fuzz_codec"
+#include "tools/fuzz_check.h"
 
 /* ---- RRefs: heap objects holding their 40 wire bytes ---- */
 

@@ -47,14 +47,8 @@
 
 #define MAX_FRAMES 7
 
-#define CHECK(cond, ...)                                          \
-    do {                                                          \
-        if (!(cond)) {                                            \
-            fprintf(stderr, "fuzz_stream: check failed: " __VA_ARGS__); \
-            fprintf(stderr, "\n");                                \
-            abort();                                              \
-        }                                                         \
-    } while (0)
+#define FUZZ_NAME "fuzz_stream"
+#include "tools/fuzz_check.h"
 
 /* ---- the stand-in agent ---- */
 
