@@ -1,4 +1,4 @@
-/*  autograd_private.h: the structures behind tensor_t and autograd_node_t,
+/*  autograd_private.h: the structures behind zd_tensor_t and zd_autograd_node_t,
     shared by tensor.c, node.c and engine.c only. */
 #ifndef ZDIST_AUTOGRAD_PRIVATE_H
 #define ZDIST_AUTOGRAD_PRIVATE_H
@@ -6,22 +6,22 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "autograd/function.h"
-#include "autograd/tensor.h"
+#include <zdist/function.h>
+#include <zdist/tensor.h>
 
 typedef struct {
     atomic_int refcount;
     void *data;
     size_t bytes;
-    tensor_release_fn *release;   /* NULL: data came from tensor_alloc */
+    zd_tensor_release_fn *release;   /* NULL: data came from tensor_alloc */
     void *release_arg;
 } tensor_storage_t;
 
-struct tensor {
+struct zd_tensor {
     atomic_int refcount;
-    tensor_dtype_t dtype;
+    zd_tensor_dtype_t dtype;
     int ndim;
-    int64_t shape[TENSOR_MAX_DIMS];
+    int64_t shape[ZD_TENSOR_MAX_DIMS];
     int64_t numel;
     tensor_storage_t *storage;
     size_t offset;                /* bytes into storage */
@@ -29,24 +29,24 @@ struct tensor {
 
     /* autograd */
     bool requires_grad;
-    autograd_node_t *grad_fn;     /* owned reference; NULL for leaves */
+    zd_autograd_node_t *grad_fn;     /* owned reference; NULL for leaves */
     int output_nr;
     pthread_mutex_t grad_lock;    /* guards grad */
-    tensor_t *grad;
+    zd_tensor_t *grad;
     char *name;
 };
 
-struct autograd_node {
+struct zd_autograd_node {
     atomic_int refcount;
-    const autograd_node_ops_t *ops;
+    const zd_autograd_node_ops_t *ops;
     uint64_t seq;                 /* creation order: later nodes run first */
     int n_inputs;
     int n_outputs;
     int outputs_set;
-    autograd_edge_t *edges;       /* n_inputs */
-    int64_t *out_dims;            /* n_outputs * TENSOR_MAX_DIMS */
+    zd_autograd_edge_t *edges;       /* n_inputs */
+    int64_t *out_dims;            /* n_outputs * ZD_TENSOR_MAX_DIMS */
     int *out_ndim;
-    tensor_t *saved[AUTOGRAD_MAX_SAVED];
+    zd_tensor_t *saved[ZD_AUTOGRAD_MAX_SAVED];
     void *ctx;
     bool has_state;               /* saved tensors or ctx were recorded */
     bool released;                /* saved tensors freed by a backward pass */
@@ -54,6 +54,6 @@ struct autograd_node {
 };
 
 /*  Frees the saved tensors and private state of n (idempotent). */
-void autograd_node_release_saved(autograd_node_t *n);
+void zd__autograd_node_release_saved(zd_autograd_node_t *n);
 
 #endif

@@ -10,31 +10,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
 
 static _Thread_local bool grad_disabled;
 
-bool autograd_set_grad_enabled(bool enabled)
+bool zd_autograd_set_grad_enabled(bool enabled)
 {
     bool prev = !grad_disabled;
     grad_disabled = !enabled;
     return prev;
 }
 
-bool autograd_is_grad_enabled(void)
+bool zd_autograd_is_grad_enabled(void)
 {
     return !grad_disabled;
 }
 
 /*  Per-node state of one task, in a pointer-keyed open-addressing table. */
 typedef struct {
-    autograd_node_t *node;
+    zd_autograd_node_t *node;
     int deps;             /* edges from not-yet-run nodes of the task */
     bool start;           /* runs only once fed from outside */
     bool fed;
     bool done;
-    tensor_t **grads;     /* n_outputs buffered input gradients */
+    zd_tensor_t **grads;     /* n_outputs buffered input gradients */
 } task_entry_t;
 
 typedef struct {
@@ -52,7 +52,7 @@ static size_t ptr_hash(const void *p)
     return (size_t)x;
 }
 
-static task_entry_t *map_find(task_map_t *m, autograd_node_t *n)
+static task_entry_t *map_find(task_map_t *m, zd_autograd_node_t *n)
 {
     size_t i = ptr_hash(n) & (m->cap - 1);
     while (m->slots[i].node && m->slots[i].node != n)
@@ -64,7 +64,7 @@ static int map_grow(task_map_t *m)
 {
     task_map_t bigger = {calloc(m->cap * 2, sizeof(task_entry_t)), m->cap * 2, m->used};
     if (!bigger.slots)
-        return error_set("autograd: out of memory");
+        return zd_error_set("autograd: out of memory");
     for (size_t i = 0; i < m->cap; i++)
         if (m->slots[i].node)
             *map_find(&bigger, m->slots[i].node) = m->slots[i];
@@ -74,7 +74,7 @@ static int map_grow(task_map_t *m)
 }
 
 /*  Entry for n, or NULL when n is not part of the task. */
-static task_entry_t *map_lookup(task_map_t *m, autograd_node_t *n)
+static task_entry_t *map_lookup(task_map_t *m, zd_autograd_node_t *n)
 {
     task_entry_t *e = map_find(m, n);
     return e->node ? e : NULL;
@@ -83,7 +83,7 @@ static task_entry_t *map_lookup(task_map_t *m, autograd_node_t *n)
 /*  Entry for n, created when absent (*created tells which). Grows the table
     only when inserting, so entry pointers stay valid across look-ups of
     nodes that are already present. */
-static task_entry_t *map_get(task_map_t *m, autograd_node_t *n, bool *created)
+static task_entry_t *map_get(task_map_t *m, zd_autograd_node_t *n, bool *created)
 {
     task_entry_t *e = map_find(m, n);
     *created = e->node == NULL;
@@ -94,12 +94,12 @@ static task_entry_t *map_get(task_map_t *m, autograd_node_t *n, bool *created)
             return NULL;
         e = map_find(m, n);
     }
-    e->grads = calloc((size_t)(n->n_outputs > 0 ? n->n_outputs : 1), sizeof(tensor_t *));
+    e->grads = calloc((size_t)(n->n_outputs > 0 ? n->n_outputs : 1), sizeof(zd_tensor_t *));
     if (!e->grads) {
-        error_set("autograd: out of memory");
+        zd_error_set("autograd: out of memory");
         return NULL;
     }
-    e->node = autograd_node_ref(n);
+    e->node = zd_autograd_node_ref(n);
     m->used++;
     return e;
 }
@@ -111,25 +111,25 @@ static void map_free(task_map_t *m)
         if (!e->node)
             continue;
         for (int k = 0; k < e->node->n_outputs; k++)
-            tensor_unref(e->grads[k]);
+            zd_tensor_unref(e->grads[k]);
         free(e->grads);
-        autograd_node_unref(e->node);
+        zd_autograd_node_unref(e->node);
     }
     free(m->slots);
 }
 
 typedef struct {
-    autograd_node_t **items;
+    zd_autograd_node_t **items;
     size_t len, cap;
 } node_stack_t;
 
-static int stack_push(node_stack_t *s, autograd_node_t *n)
+static int stack_push(node_stack_t *s, zd_autograd_node_t *n)
 {
     if (s->len == s->cap) {
         size_t ncap = s->cap ? s->cap * 2 : 64;
-        autograd_node_t **ni = realloc(s->items, ncap * sizeof *ni);
+        zd_autograd_node_t **ni = realloc(s->items, ncap * sizeof *ni);
         if (!ni)
-            return error_set("autograd: out of memory");
+            return zd_error_set("autograd: out of memory");
         s->items = ni;
         s->cap = ncap;
     }
@@ -139,57 +139,57 @@ static int stack_push(node_stack_t *s, autograd_node_t *n)
 
 /*  Adds g into *slot, taking a reference; sums in place only into a buffer
     nobody else can see. */
-static int grad_add(tensor_t **slot, tensor_t *g)
+static int grad_add(zd_tensor_t **slot, zd_tensor_t *g)
 {
     if (!*slot) {
-        *slot = tensor_ref(g);
+        *slot = zd_tensor_ref(g);
         return 0;
     }
-    tensor_t *acc = *slot;
+    zd_tensor_t *acc = *slot;
     if (acc->numel != g->numel)
-        return error_set("autograd: gradients of %lld and %lld elements meet at one tensor",
+        return zd_error_set("autograd: gradients of %lld and %lld elements meet at one tensor",
                          (long long)acc->numel, (long long)g->numel);
     bool exclusive = atomic_load(&acc->refcount) == 1 &&
                      atomic_load(&acc->storage->refcount) == 1 && !acc->storage->release;
     if (!exclusive) {
-        tensor_t *copy = tensor_clone(acc);
+        zd_tensor_t *copy = zd_tensor_clone(acc);
         if (!copy)
             return -1;
-        tensor_unref(acc);
+        zd_tensor_unref(acc);
         *slot = acc = copy;
     }
-    float *d = tensor_data(acc);
-    const float *s = tensor_data(g);
+    float *d = zd_tensor_data(acc);
+    const float *s = zd_tensor_data(g);
     for (int64_t i = 0; i < acc->numel; i++)
         d[i] += s[i];
     return 0;
 }
 
-static int default_accumulate(void *arg, tensor_t *leaf, tensor_t *grad)
+static int default_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)
 {
     (void)arg;
-    return tensor_accumulate_grad(leaf, grad);
+    return zd_tensor_accumulate_grad(leaf, grad);
 }
 
-static int leaf_accumulate(const autograd_options_t *o, tensor_t *leaf, tensor_t *grad)
+static int leaf_accumulate(const zd_autograd_options_t *o, zd_tensor_t *leaf, zd_tensor_t *grad)
 {
     if (grad->numel != leaf->numel)
-        return error_set("autograd: gradient of %lld elements for a leaf of %lld",
+        return zd_error_set("autograd: gradient of %lld elements for a leaf of %lld",
                          (long long)grad->numel, (long long)leaf->numel);
-    autograd_accumulate_fn *fn = o->accumulate ? o->accumulate : default_accumulate;
+    zd_autograd_accumulate_fn *fn = o->accumulate ? o->accumulate : default_accumulate;
     return fn(o->accumulate_arg, leaf, grad);
 }
 
-struct autograd_task {
+struct zd_autograd_task {
     pthread_mutex_t lock;
-    autograd_options_t opts;
+    zd_autograd_options_t opts;
     task_map_t map;
     node_stack_t ready;
     int error;            /* a failed node poisons the task */
 };
 
 /*  Walks the graph below the start nodes and counts dependencies. */
-static int count_dependencies(task_map_t *map, autograd_node_t *const *starts, int n_starts)
+static int count_dependencies(task_map_t *map, zd_autograd_node_t *const *starts, int n_starts)
 {
     node_stack_t todo = {0};
     int rc = 0;
@@ -205,9 +205,9 @@ static int count_dependencies(task_map_t *map, autograd_node_t *const *starts, i
             rc = stack_push(&todo, starts[i]);
     }
     while (rc == 0 && todo.len > 0) {
-        autograd_node_t *n = todo.items[--todo.len];
+        zd_autograd_node_t *n = todo.items[--todo.len];
         for (int j = 0; j < n->n_inputs && rc == 0; j++) {
-            autograd_node_t *next = n->edges[j].node;
+            zd_autograd_node_t *next = n->edges[j].node;
             if (!next)
                 continue;
             bool created;
@@ -225,11 +225,11 @@ static int count_dependencies(task_map_t *map, autograd_node_t *const *starts, i
     return rc;
 }
 
-static tensor_t *zeros_for_output(autograd_node_t *n, int i)
+static zd_tensor_t *zeros_for_output(zd_autograd_node_t *n, int i)
 {
     int ndim;
-    const int64_t *shape = autograd_node_output_shape(n, i, &ndim);
-    return tensor_new(TENSOR_F32, ndim, shape);
+    const int64_t *shape = zd_autograd_node_output_shape(n, i, &ndim);
+    return zd_tensor_new(ZD_FLOAT32, ndim, shape);
 }
 
 static bool entry_ready(const task_entry_t *e)
@@ -238,37 +238,37 @@ static bool entry_ready(const task_entry_t *e)
 }
 
 /*  One fewer pending producer for the node behind edge. */
-static int edge_done(autograd_task_t *t, autograd_node_t *node)
+static int edge_done(zd_autograd_task_t *t, zd_autograd_node_t *node)
 {
     task_entry_t *next = map_lookup(&t->map, node);
     if (!next)
-        return error_set("autograd: internal error: %s is not part of the task", node->ops->name);
+        return zd_error_set("autograd: internal error: %s is not part of the task", node->ops->name);
     next->deps--;
     return entry_ready(next) ? stack_push(&t->ready, node) : 0;
 }
 
-static int run_node(autograd_task_t *t, task_entry_t *e)
+static int run_node(zd_autograd_task_t *t, task_entry_t *e)
 {
-    autograd_node_t *n = e->node;
-    const autograd_options_t *o = &t->opts;
+    zd_autograd_node_t *n = e->node;
+    const zd_autograd_options_t *o = &t->opts;
     int rc = 0;
     e->done = true;
     if (n->released && n->has_state)
-        return error_set("autograd: trying to backward through %s a second time; the graph's "
+        return zd_error_set("autograd: trying to backward through %s a second time; the graph's "
                          "saved tensors were freed by the first backward (pass retain_graph)",
                          n->ops->name);
     for (int i = 0; i < n->n_outputs; i++)
         if (!e->grads[i] && !(e->grads[i] = zeros_for_output(n, i)))
             return -1;
-    tensor_t **gin = calloc((size_t)(n->n_inputs > 0 ? n->n_inputs : 1), sizeof *gin);
+    zd_tensor_t **gin = calloc((size_t)(n->n_inputs > 0 ? n->n_inputs : 1), sizeof *gin);
     if (!gin)
-        return error_set("autograd: out of memory");
+        return zd_error_set("autograd: out of memory");
     if (n->ops->backward(n, e->grads, gin) < 0) {
-        rc = error_wrap("autograd: %s failed", n->ops->name);
+        rc = zd_error_wrap("autograd: %s failed", n->ops->name);
         goto done;
     }
     for (int j = 0; j < n->n_inputs && rc == 0; j++) {
-        const autograd_edge_t *edge = &n->edges[j];
+        const zd_autograd_edge_t *edge = &n->edges[j];
         if (edge->leaf && gin[j]) {
             rc = leaf_accumulate(o, edge->leaf, gin[j]);
         } else if (edge->node) {
@@ -281,19 +281,19 @@ static int run_node(autograd_task_t *t, task_entry_t *e)
     }
 done:
     for (int j = 0; j < n->n_inputs; j++)
-        tensor_unref(gin[j]);
+        zd_tensor_unref(gin[j]);
     free(gin);
     for (int i = 0; i < n->n_outputs; i++)
-        tensor_unref_p(&e->grads[i]);
+        zd_tensor_unref_p(&e->grads[i]);
     if (!o->retain_graph)
-        autograd_node_release_saved(n);
+        zd__autograd_node_release_saved(n);
     return rc;
 }
 
-static int drain(autograd_task_t *t)
+static int drain(zd_autograd_task_t *t)
 {
     while (t->error == 0 && t->ready.len > 0) {
-        autograd_node_t *n = t->ready.items[--t->ready.len];
+        zd_autograd_node_t *n = t->ready.items[--t->ready.len];
         task_entry_t *e = map_lookup(&t->map, n);
         if (e && !e->done && run_node(t, e) < 0)
             t->error = -1;
@@ -301,12 +301,12 @@ static int drain(autograd_task_t *t)
     return t->error;
 }
 
-autograd_task_t *autograd_task_new(autograd_node_t *const *starts, int n_starts,
-                                   const autograd_options_t *opts)
+zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
+                                   const zd_autograd_options_t *opts)
 {
-    autograd_task_t *t = calloc(1, sizeof *t);
+    zd_autograd_task_t *t = calloc(1, sizeof *t);
     if (!t) {
-        error_set("autograd: out of memory");
+        zd_error_set("autograd: out of memory");
         return NULL;
     }
     pthread_mutex_init(&t->lock, NULL);
@@ -316,21 +316,21 @@ autograd_task_t *autograd_task_new(autograd_node_t *const *starts, int n_starts,
     t->map.slots = calloc(t->map.cap, sizeof(task_entry_t));
     if (!t->map.slots || count_dependencies(&t->map, starts, n_starts) < 0) {
         if (!t->map.slots)
-            error_set("autograd: out of memory");
-        autograd_task_free(t);
+            zd_error_set("autograd: out of memory");
+        zd_autograd_task_free(t);
         return NULL;
     }
     return t;
 }
 
-static int feed_locked(autograd_task_t *t, autograd_node_t *node, tensor_t *const *grads)
+static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tensor_t *const *grads)
 {
     task_entry_t *e = map_lookup(&t->map, node);
     if (!e || !e->start)
-        return error_set("autograd: %s was not given as a start of this backward pass",
+        return zd_error_set("autograd: %s was not given as a start of this backward pass",
                          node->ops->name);
     if (e->done)
-        return error_set("autograd: %s already ran in this backward pass", node->ops->name);
+        return zd_error_set("autograd: %s already ran in this backward pass", node->ops->name);
     for (int k = 0; k < node->n_outputs; k++)
         if (grads && grads[k] && grad_add(&e->grads[k], grads[k]) < 0)
             return -1;
@@ -340,10 +340,10 @@ static int feed_locked(autograd_task_t *t, autograd_node_t *node, tensor_t *cons
     return 0;
 }
 
-int autograd_task_feed(autograd_task_t *t, autograd_node_t *node, tensor_t *const *grads)
+int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tensor_t *const *grads)
 {
     pthread_mutex_lock(&t->lock);
-    int rc = t->error ? error_set("autograd: the backward pass already failed") : 0;
+    int rc = t->error ? zd_error_set("autograd: the backward pass already failed") : 0;
     if (rc == 0 && (rc = feed_locked(t, node, grads)) == 0)
         rc = drain(t);
     pthread_mutex_unlock(&t->lock);
@@ -352,7 +352,7 @@ int autograd_task_feed(autograd_task_t *t, autograd_node_t *node, tensor_t *cons
 
 /*  The not-yet-run node holding gradients with the highest sequence number,
     and how many such nodes there are. */
-static task_entry_t *pending_max(autograd_task_t *t, int *count)
+static task_entry_t *pending_max(zd_autograd_task_t *t, int *count)
 {
     task_entry_t *best = NULL;
     *count = 0;
@@ -372,7 +372,7 @@ static task_entry_t *pending_max(autograd_task_t *t, int *count)
     return best;
 }
 
-int autograd_task_pending(autograd_task_t *t, uint64_t *max_seq)
+int zd_autograd_task_pending(zd_autograd_task_t *t, uint64_t *max_seq)
 {
     pthread_mutex_lock(&t->lock);
     int count;
@@ -383,7 +383,7 @@ int autograd_task_pending(autograd_task_t *t, uint64_t *max_seq)
     return count;
 }
 
-int autograd_task_flush_one(autograd_task_t *t)
+int zd_autograd_task_flush_one(zd_autograd_task_t *t)
 {
     pthread_mutex_lock(&t->lock);
     int count, rc = t->error;
@@ -399,17 +399,17 @@ int autograd_task_flush_one(autograd_task_t *t)
     return rc < 0 ? -1 : e != NULL;
 }
 
-int autograd_task_flush(autograd_task_t *t, int *ran)
+int zd_autograd_task_flush(zd_autograd_task_t *t, int *ran)
 {
     int count = 0, rc;
-    while ((rc = autograd_task_flush_one(t)) > 0)
+    while ((rc = zd_autograd_task_flush_one(t)) > 0)
         count++;
     if (ran)
         *ran = count;
     return rc;
 }
 
-void autograd_task_free(autograd_task_t *t)
+void zd_autograd_task_free(zd_autograd_task_t *t)
 {
     if (!t)
         return;
@@ -420,64 +420,64 @@ void autograd_task_free(autograd_task_t *t)
     free(t);
 }
 
-int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_options_t *opts)
+int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autograd_options_t *opts)
 {
-    autograd_options_t o = opts ? *opts : (autograd_options_t){0};
-    autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
-    tensor_t *ones = NULL;
-    autograd_task_t *t = NULL;
+    zd_autograd_options_t o = opts ? *opts : (zd_autograd_options_t){0};
+    zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
+    zd_tensor_t *ones = NULL;
+    zd_autograd_task_t *t = NULL;
     int n_starts = 0, rc = 0;
     if (!starts)
-        return error_set("autograd: out of memory");
+        return zd_error_set("autograd: out of memory");
     for (int i = 0; i < n_roots; i++) {
-        const autograd_root_t *r = &roots[i];
+        const zd_autograd_root_t *r = &roots[i];
         if (r->node) {
             starts[n_starts++] = r->node;
             continue;
         }
         if (!r->tensor->requires_grad) {
-            rc = error_set("autograd: element %d of the roots does not require grad and has "
+            rc = zd_error_set("autograd: element %d of the roots does not require grad and has "
                            "no grad_fn", i);
             goto out;
         }
         if (!r->grad && r->tensor->numel != 1) {
-            rc = error_set("autograd: grad can be implicitly created only for scalar outputs "
+            rc = zd_error_set("autograd: grad can be implicitly created only for scalar outputs "
                            "(root %d has %lld elements)", i, (long long)r->tensor->numel);
             goto out;
         }
         if (r->grad && r->grad->numel != r->tensor->numel) {
-            rc = error_set("autograd: root %d has %lld elements but its gradient %lld", i,
+            rc = zd_error_set("autograd: root %d has %lld elements but its gradient %lld", i,
                            (long long)r->tensor->numel, (long long)r->grad->numel);
             goto out;
         }
         if (r->tensor->grad_fn)
             starts[n_starts++] = r->tensor->grad_fn;
     }
-    if (!(t = autograd_task_new(starts, n_starts, &o))) {
+    if (!(t = zd_autograd_task_new(starts, n_starts, &o))) {
         rc = -1;
         goto out;
     }
     /* Seed every root before running anything: two roots may share nodes. */
     for (int i = 0; i < n_roots && rc == 0; i++) {
-        const autograd_root_t *r = &roots[i];
+        const zd_autograd_root_t *r = &roots[i];
         if (r->node) {
             rc = feed_locked(t, r->node, r->node_grads);
             continue;
         }
-        tensor_t *g = r->grad;
+        zd_tensor_t *g = r->grad;
         if (!g) {
-            if (!ones && !(ones = tensor_empty(TENSOR_F32, r->tensor->ndim, r->tensor->shape))) {
+            if (!ones && !(ones = zd_tensor_empty(ZD_FLOAT32, r->tensor->ndim, r->tensor->shape))) {
                 rc = -1;
                 break;
             }
-            tensor_fill_(ones, 1.0f);
+            zd_tensor_fill_(ones, 1.0f);
             g = ones;
         }
         if (!r->tensor->grad_fn) {
             rc = leaf_accumulate(&o, r->tensor, g);
             continue;
         }
-        autograd_node_t *n = r->tensor->grad_fn;
+        zd_autograd_node_t *n = r->tensor->grad_fn;
         task_entry_t *e = map_lookup(&t->map, n);
         rc = grad_add(&e->grads[r->tensor->output_nr], g);
         if (rc == 0 && !e->fed) {
@@ -489,15 +489,15 @@ int autograd_run(const autograd_root_t *roots, int n_roots, const autograd_optio
     if (rc == 0)
         rc = drain(t);
 out:
-    tensor_unref(ones);
-    autograd_task_free(t);
+    zd_tensor_unref(ones);
+    zd_autograd_task_free(t);
     free(starts);
     return rc;
 }
 
-int autograd_backward(tensor_t *root, tensor_t *grad, bool retain_graph)
+int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph)
 {
-    autograd_root_t r = {.tensor = root, .grad = grad};
-    autograd_options_t o = {.retain_graph = retain_graph};
-    return autograd_run(&r, 1, &o);
+    zd_autograd_root_t r = {.tensor = root, .grad = grad};
+    zd_autograd_options_t o = {.retain_graph = retain_graph};
+    return zd_autograd_run(&r, 1, &o);
 }

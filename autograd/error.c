@@ -1,4 +1,4 @@
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -7,7 +7,7 @@
 
 static _Thread_local char last_error[ERROR_MAX];
 
-int error_set(const char *fmt, ...)
+int zd_error_set(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -16,7 +16,7 @@ int error_set(const char *fmt, ...)
     return -1;
 }
 
-int error_wrap(const char *fmt, ...)
+int zd_error_wrap(const char *fmt, ...)
 {
     char prev[ERROR_MAX];
     memcpy(prev, last_error, sizeof prev);
@@ -29,12 +29,12 @@ int error_wrap(const char *fmt, ...)
     return -1;
 }
 
-const char *error_last(void)
+const char *zd_error_last(void)
 {
     return last_error;
 }
 
-void error_clear(void)
+void zd_error_clear(void)
 {
     last_error[0] = '\0';
 }

@@ -4,28 +4,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
 
 static atomic_uint_fast64_t next_seq = 1;
 
-uint64_t autograd_seq_current(void)
+uint64_t zd_autograd_seq_current(void)
 {
     return atomic_load(&next_seq);
 }
 
-void autograd_seq_observe(uint64_t remote_seq)
+void zd_autograd_seq_observe(uint64_t remote_seq)
 {
     uint_fast64_t cur = atomic_load(&next_seq);
     while (cur <= remote_seq && !atomic_compare_exchange_weak(&next_seq, &cur, remote_seq + 1))
         ;
 }
 
-int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *const *inputs,
-                      int n_outputs, autograd_node_t **out)
+int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs, zd_tensor_t *const *inputs,
+                      int n_outputs, zd_autograd_node_t **out)
 {
     *out = NULL;
-    if (!autograd_is_grad_enabled())
+    if (!zd_autograd_is_grad_enabled())
         return 0;
     bool any = false;
     for (int j = 0; j < n_inputs; j++)
@@ -34,11 +34,11 @@ int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *co
     if (!any && n_inputs > 0)
         return 0;
 
-    autograd_node_t *n = calloc(1, sizeof *n);
+    zd_autograd_node_t *n = calloc(1, sizeof *n);
     if (!n)
-        return error_set("%s: out of memory", ops->name);
+        return zd_error_set("%s: out of memory", ops->name);
     n->edges = calloc((size_t)(n_inputs > 0 ? n_inputs : 1), sizeof *n->edges);
-    n->out_dims = calloc((size_t)(n_outputs > 0 ? n_outputs : 1) * TENSOR_MAX_DIMS,
+    n->out_dims = calloc((size_t)(n_outputs > 0 ? n_outputs : 1) * ZD_TENSOR_MAX_DIMS,
                          sizeof *n->out_dims);
     n->out_ndim = calloc((size_t)(n_outputs > 0 ? n_outputs : 1), sizeof *n->out_ndim);
     if (!n->edges || !n->out_dims || !n->out_ndim) {
@@ -46,7 +46,7 @@ int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *co
         free(n->out_dims);
         free(n->out_ndim);
         free(n);
-        return error_set("%s: out of memory", ops->name);
+        return zd_error_set("%s: out of memory", ops->name);
     }
     atomic_init(&n->refcount, 1);
     pthread_mutex_init(&n->lock, NULL);
@@ -55,27 +55,27 @@ int autograd_node_new(const autograd_node_ops_t *ops, int n_inputs, tensor_t *co
     n->n_inputs = n_inputs;
     n->n_outputs = n_outputs;
     for (int j = 0; j < n_inputs; j++) {
-        tensor_t *x = inputs[j];
+        zd_tensor_t *x = inputs[j];
         if (!x || !x->requires_grad)
             continue;
         if (x->grad_fn) {
-            n->edges[j].node = autograd_node_ref(x->grad_fn);
+            n->edges[j].node = zd_autograd_node_ref(x->grad_fn);
             n->edges[j].output_nr = x->output_nr;
         } else {
-            n->edges[j].leaf = tensor_ref(x);
+            n->edges[j].leaf = zd_tensor_ref(x);
         }
     }
     *out = n;
     return 0;
 }
 
-int autograd_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
-                    tensor_t *const *saved, int n_saved, void *ctx)
+int zd_autograd_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+                    zd_tensor_t *const *saved, int n_saved, void *ctx)
 {
-    autograd_node_t *n;
-    if (autograd_node_new(ops, n_in, in, 1, &n) < 0) {
+    zd_autograd_node_t *n;
+    if (zd_autograd_node_new(ops, n_in, in, 1, &n) < 0) {
         free(ctx);
-        tensor_unref(y);
+        zd_tensor_unref(y);
         return -1;
     }
     if (!n) {
@@ -84,26 +84,26 @@ int autograd_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *i
     }
     for (int i = 0; i < n_saved; i++)
         if (saved[i])
-            autograd_node_save(n, i, saved[i]);
+            zd_autograd_node_save(n, i, saved[i]);
     if (ctx)
-        autograd_node_set_ctx(n, ctx);
-    autograd_node_set_output(n, y);
-    autograd_node_unref(n);
+        zd_autograd_node_set_ctx(n, ctx);
+    zd_autograd_node_set_output(n, y);
+    zd_autograd_node_unref(n);
     return 0;
 }
 
-autograd_node_t *autograd_node_ref(autograd_node_t *n)
+zd_autograd_node_t *zd_autograd_node_ref(zd_autograd_node_t *n)
 {
     if (n)
         atomic_fetch_add(&n->refcount, 1);
     return n;
 }
 
-void autograd_node_release_saved(autograd_node_t *n)
+void zd__autograd_node_release_saved(zd_autograd_node_t *n)
 {
     pthread_mutex_lock(&n->lock);
-    for (int i = 0; i < AUTOGRAD_MAX_SAVED; i++)
-        tensor_unref_p(&n->saved[i]);
+    for (int i = 0; i < ZD_AUTOGRAD_MAX_SAVED; i++)
+        zd_tensor_unref_p(&n->saved[i]);
     if (n->ops->release && n->ctx)
         n->ops->release(n);
     n->ctx = NULL;
@@ -114,24 +114,24 @@ void autograd_node_release_saved(autograd_node_t *n)
 /*  Long chains (an RNN unrolled for 10,000 steps) would overflow the stack if
     freeing recursed through edges, so nodes whose count drops to zero go on
     an explicit work list. */
-void autograd_node_unref(autograd_node_t *n)
+void zd_autograd_node_unref(zd_autograd_node_t *n)
 {
-    autograd_node_t *stack_buf[64];
-    autograd_node_t **stack = stack_buf;
+    zd_autograd_node_t *stack_buf[64];
+    zd_autograd_node_t **stack = stack_buf;
     size_t cap = 64, top = 0;
     if (!n || atomic_fetch_sub(&n->refcount, 1) != 1)
         return;
     stack[top++] = n;
     while (top > 0) {
-        autograd_node_t *m = stack[--top];
+        zd_autograd_node_t *m = stack[--top];
         for (int j = 0; j < m->n_inputs; j++) {
-            tensor_unref(m->edges[j].leaf);
-            autograd_node_t *next = m->edges[j].node;
+            zd_tensor_unref(m->edges[j].leaf);
+            zd_autograd_node_t *next = m->edges[j].node;
             if (!next || atomic_fetch_sub(&next->refcount, 1) != 1)
                 continue;
             if (top == cap) {
                 size_t ncap = cap * 2;
-                autograd_node_t **ns = malloc(ncap * sizeof *ns);
+                zd_autograd_node_t **ns = malloc(ncap * sizeof *ns);
                 if (!ns) {
                     /* Out of memory while freeing: leaking beats crashing. */
                     continue;
@@ -144,7 +144,7 @@ void autograd_node_unref(autograd_node_t *n)
             }
             stack[top++] = next;
         }
-        autograd_node_release_saved(m);
+        zd__autograd_node_release_saved(m);
         pthread_mutex_destroy(&m->lock);
         free(m->edges);
         free(m->out_dims);
@@ -155,74 +155,74 @@ void autograd_node_unref(autograd_node_t *n)
         free(stack);
 }
 
-void autograd_node_save(autograd_node_t *n, int i, tensor_t *t)
+void zd_autograd_node_save(zd_autograd_node_t *n, int i, zd_tensor_t *t)
 {
-    if (i < 0 || i >= AUTOGRAD_MAX_SAVED)
+    if (i < 0 || i >= ZD_AUTOGRAD_MAX_SAVED)
         return;
-    tensor_unref(n->saved[i]);
+    zd_tensor_unref(n->saved[i]);
     /* An op that saves its own output (exp, relu) would make the output own
        the node and the node own the output: keep a view without history
        instead, sharing the data, so the cycle never forms. */
-    n->saved[i] = t && t->grad_fn == n ? tensor_detach(t) : NULL;
+    n->saved[i] = t && t->grad_fn == n ? zd_tensor_detach(t) : NULL;
     if (!n->saved[i])   /* not the output, or out of memory: keep t itself */
-        n->saved[i] = tensor_ref(t);
+        n->saved[i] = zd_tensor_ref(t);
     n->has_state = true;
 }
 
-tensor_t *autograd_node_saved(const autograd_node_t *n, int i)
+zd_tensor_t *zd_autograd_node_saved(const zd_autograd_node_t *n, int i)
 {
-    return i >= 0 && i < AUTOGRAD_MAX_SAVED ? n->saved[i] : NULL;
+    return i >= 0 && i < ZD_AUTOGRAD_MAX_SAVED ? n->saved[i] : NULL;
 }
 
-void autograd_node_set_ctx(autograd_node_t *n, void *ctx)
+void zd_autograd_node_set_ctx(zd_autograd_node_t *n, void *ctx)
 {
     n->ctx = ctx;
     n->has_state = true;
 }
-void *autograd_node_ctx(const autograd_node_t *n) { return n->ctx; }
+void *zd_autograd_node_ctx(const zd_autograd_node_t *n) { return n->ctx; }
 
-void autograd_node_set_output(autograd_node_t *n, tensor_t *out)
+void zd_autograd_node_set_output(zd_autograd_node_t *n, zd_tensor_t *out)
 {
     int i = n->outputs_set++;
     if (i < n->n_outputs) {
         n->out_ndim[i] = out->ndim;
-        memcpy(n->out_dims + (size_t)i * TENSOR_MAX_DIMS, out->shape,
+        memcpy(n->out_dims + (size_t)i * ZD_TENSOR_MAX_DIMS, out->shape,
                sizeof(int64_t) * (size_t)out->ndim);
     }
-    for (int k = 0; k < AUTOGRAD_MAX_SAVED; k++) {
-        tensor_t *view;
-        if (n->saved[k] == out && (view = tensor_detach(out))) {
+    for (int k = 0; k < ZD_AUTOGRAD_MAX_SAVED; k++) {
+        zd_tensor_t *view;
+        if (n->saved[k] == out && (view = zd_tensor_detach(out))) {
             /* saved before it became the output: no cycle */
             n->saved[k] = view;
-            tensor_unref(out);
+            zd_tensor_unref(out);
         }
     }
-    autograd_node_unref(out->grad_fn);
-    out->grad_fn = autograd_node_ref(n);
+    zd_autograd_node_unref(out->grad_fn);
+    out->grad_fn = zd_autograd_node_ref(n);
     out->output_nr = i;
     out->requires_grad = true;
 }
 
-bool autograd_node_needs_grad(const autograd_node_t *n, int j)
+bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j)
 {
     return j >= 0 && j < n->n_inputs && (n->edges[j].node || n->edges[j].leaf);
 }
 
-int autograd_node_n_inputs(const autograd_node_t *n) { return n->n_inputs; }
-int autograd_node_n_outputs(const autograd_node_t *n) { return n->n_outputs; }
-const char *autograd_node_name(const autograd_node_t *n) { return n->ops->name; }
+int zd_autograd_node_n_inputs(const zd_autograd_node_t *n) { return n->n_inputs; }
+int zd_autograd_node_n_outputs(const zd_autograd_node_t *n) { return n->n_outputs; }
+const char *zd_autograd_node_name(const zd_autograd_node_t *n) { return n->ops->name; }
 
-const autograd_edge_t *autograd_node_edge(const autograd_node_t *n, int j)
+const zd_autograd_edge_t *zd_autograd_node_edge(const zd_autograd_node_t *n, int j)
 {
     return j >= 0 && j < n->n_inputs ? &n->edges[j] : NULL;
 }
 
-const int64_t *autograd_node_output_shape(const autograd_node_t *n, int i, int *ndim)
+const int64_t *zd_autograd_node_output_shape(const zd_autograd_node_t *n, int i, int *ndim)
 {
     if (i < 0 || i >= n->n_outputs) {
         *ndim = 0;
         return NULL;
     }
     *ndim = n->out_ndim[i];
-    return n->out_dims + (size_t)i * TENSOR_MAX_DIMS;
+    return n->out_dims + (size_t)i * ZD_TENSOR_MAX_DIMS;
 }

@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
 
 /* 64-byte alignment keeps sgemm on its fast path and suits AVX-512 loads. */
 #define TENSOR_ALIGN 64
@@ -14,51 +14,51 @@
 static atomic_uint_fast64_t next_tensor_id = 1;
 static atomic_int_fast64_t live_tensors = 0;
 
-size_t tensor_dtype_size(tensor_dtype_t dtype)
+size_t zd_tensor_dtype_size(zd_tensor_dtype_t dtype)
 {
     switch (dtype) {
-    case TENSOR_F32: return 4;
-    case TENSOR_I64: return 8;
-    case TENSOR_U8:  return 1;
+    case ZD_FLOAT32: return 4;
+    case ZD_INT64: return 8;
+    case ZD_UINT8:  return 1;
     }
     return 0;
 }
 
-const char *tensor_dtype_name(tensor_dtype_t dtype)
+const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype)
 {
     switch (dtype) {
-    case TENSOR_F32: return "float32";
-    case TENSOR_I64: return "int64";
-    case TENSOR_U8:  return "uint8";
+    case ZD_FLOAT32: return "float32";
+    case ZD_INT64: return "int64";
+    case ZD_UINT8:  return "uint8";
     }
     return "?";
 }
 
-static int shape_check(tensor_dtype_t dtype, int ndim, const int64_t *shape, int64_t *numel)
+static int shape_check(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape, int64_t *numel)
 {
-    if (tensor_dtype_size(dtype) == 0)
-        return error_set("tensor: unknown dtype %d", (int)dtype);
-    if (ndim < 0 || ndim > TENSOR_MAX_DIMS)
-        return error_set("tensor: %d dimensions (0 to %d allowed)", ndim, TENSOR_MAX_DIMS);
+    if (zd_tensor_dtype_size(dtype) == 0)
+        return zd_error_set("tensor: unknown dtype %d", (int)dtype);
+    if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
+        return zd_error_set("tensor: %d dimensions (0 to %d allowed)", ndim, ZD_TENSOR_MAX_DIMS);
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return error_set("tensor: negative size %lld in dimension %d",
+            return zd_error_set("tensor: negative size %lld in dimension %d",
                              (long long)shape[i], i);
         if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
-            return error_set("tensor: shape too large");
+            return zd_error_set("tensor: shape too large");
         n *= shape[i];
     }
     *numel = n;
     return 0;
 }
 
-static tensor_t *tensor_alloc_header(tensor_dtype_t dtype, int ndim, const int64_t *shape,
+static zd_tensor_t *tensor_alloc_header(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
                                      int64_t numel)
 {
-    tensor_t *t = calloc(1, sizeof *t);
+    zd_tensor_t *t = calloc(1, sizeof *t);
     if (!t) {
-        error_set("tensor: out of memory");
+        zd_error_set("tensor: out of memory");
         return NULL;
     }
     atomic_init(&t->refcount, 1);
@@ -104,79 +104,79 @@ static void storage_unref(tensor_storage_t *s)
     free(s);
 }
 
-static tensor_t *tensor_make(tensor_dtype_t dtype, int ndim, const int64_t *shape, bool zero)
+static zd_tensor_t *tensor_make(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape, bool zero)
 {
     int64_t numel;
     if (shape_check(dtype, ndim, shape, &numel) < 0)
         return NULL;
-    tensor_t *t = tensor_alloc_header(dtype, ndim, shape, numel);
+    zd_tensor_t *t = tensor_alloc_header(dtype, ndim, shape, numel);
     if (!t)
         return NULL;
-    t->storage = storage_new((size_t)numel * tensor_dtype_size(dtype), zero);
+    t->storage = storage_new((size_t)numel * zd_tensor_dtype_size(dtype), zero);
     if (!t->storage) {
-        tensor_unref(t);
-        error_set("tensor: out of memory for %lld elements", (long long)numel);
+        zd_tensor_unref(t);
+        zd_error_set("tensor: out of memory for %lld elements", (long long)numel);
         return NULL;
     }
     return t;
 }
 
-tensor_t *tensor_new(tensor_dtype_t dtype, int ndim, const int64_t *shape)
+zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape)
 {
     return tensor_make(dtype, ndim, shape, true);
 }
 
-tensor_t *tensor_empty(tensor_dtype_t dtype, int ndim, const int64_t *shape)
+zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape)
 {
     return tensor_make(dtype, ndim, shape, false);
 }
 
-tensor_t *tensor_zeros1(int64_t d0)
+zd_tensor_t *zd_tensor_zeros1(int64_t d0)
 {
-    return tensor_new(TENSOR_F32, 1, (int64_t[]){d0});
+    return zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){d0});
 }
 
-tensor_t *tensor_zeros2(int64_t d0, int64_t d1)
+zd_tensor_t *zd_tensor_zeros2(int64_t d0, int64_t d1)
 {
-    return tensor_new(TENSOR_F32, 2, (int64_t[]){d0, d1});
+    return zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){d0, d1});
 }
 
-tensor_t *tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
+zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
 {
-    return tensor_new(TENSOR_F32, 4, (int64_t[]){d0, d1, d2, d3});
+    return zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){d0, d1, d2, d3});
 }
 
-tensor_t *tensor_from_data(tensor_dtype_t dtype, int ndim, const int64_t *shape,
+zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
                            const void *data)
 {
-    tensor_t *t = tensor_make(dtype, ndim, shape, false);
+    zd_tensor_t *t = tensor_make(dtype, ndim, shape, false);
     if (t)
-        memcpy(tensor_raw(t), data, tensor_nbytes(t));
+        memcpy(zd_tensor_raw(t), data, zd_tensor_nbytes(t));
     return t;
 }
 
-tensor_t *tensor_wrap(tensor_dtype_t dtype, int ndim, const int64_t *shape,
-                      void *data, size_t bytes, tensor_release_fn *release, void *arg)
+zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
+                      void *data, size_t bytes, zd_tensor_release_fn *release, void *arg)
 {
     int64_t numel;
-    tensor_t *t = NULL;
+    zd_tensor_t *t = NULL;
     tensor_storage_t *s = NULL;
     if (shape_check(dtype, ndim, shape, &numel) < 0)
         goto fail;
-    if ((size_t)numel * tensor_dtype_size(dtype) != bytes) {
-        error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes,
-                  (long long)numel, tensor_dtype_name(dtype));
+    if ((size_t)numel * zd_tensor_dtype_size(dtype) != bytes) {
+        zd_error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes,
+                  (long long)numel, zd_tensor_dtype_name(dtype));
         goto fail;
     }
-    if (bytes && ((uintptr_t)data % tensor_dtype_size(dtype)) != 0) {
-        error_set("tensor: buffer not aligned for %s", tensor_dtype_name(dtype));
+    if (bytes && ((uintptr_t)data % zd_tensor_dtype_size(dtype)) != 0) {
+        zd_error_set("tensor: buffer not aligned for %s", zd_tensor_dtype_name(dtype));
         goto fail;
     }
     s = malloc(sizeof *s);
     t = s ? tensor_alloc_header(dtype, ndim, shape, numel) : NULL;
     if (!t) {
         free(s);
-        error_set("tensor: out of memory");
+        zd_error_set("tensor: out of memory");
         goto fail;
     }
     atomic_init(&s->refcount, 1);
@@ -192,52 +192,52 @@ fail:
     return NULL;
 }
 
-tensor_t *tensor_ref(tensor_t *t)
+zd_tensor_t *zd_tensor_ref(zd_tensor_t *t)
 {
     if (t)
         atomic_fetch_add(&t->refcount, 1);
     return t;
 }
 
-void tensor_unref(tensor_t *t)
+void zd_tensor_unref(zd_tensor_t *t)
 {
     if (!t || atomic_fetch_sub(&t->refcount, 1) != 1)
         return;
     storage_unref(t->storage);
-    autograd_node_unref(t->grad_fn);
-    tensor_unref(t->grad);
+    zd_autograd_node_unref(t->grad_fn);
+    zd_tensor_unref(t->grad);
     pthread_mutex_destroy(&t->grad_lock);
     free(t->name);
     free(t);
     atomic_fetch_sub(&live_tensors, 1);
 }
 
-void tensor_unref_p(tensor_t **t_p)
+void zd_tensor_unref_p(zd_tensor_t **t_p)
 {
     if (t_p) {
-        tensor_unref(*t_p);
+        zd_tensor_unref(*t_p);
         *t_p = NULL;
     }
 }
 
-int tensor_ndim(const tensor_t *t) { return t->ndim; }
-const int64_t *tensor_shape(const tensor_t *t) { return t->shape; }
-int64_t tensor_numel(const tensor_t *t) { return t->numel; }
-tensor_dtype_t tensor_dtype(const tensor_t *t) { return t->dtype; }
+int zd_tensor_ndim(const zd_tensor_t *t) { return t->ndim; }
+const int64_t *zd_tensor_shape(const zd_tensor_t *t) { return t->shape; }
+int64_t zd_tensor_numel(const zd_tensor_t *t) { return t->numel; }
+zd_tensor_dtype_t zd_tensor_dtype(const zd_tensor_t *t) { return t->dtype; }
 
-size_t tensor_nbytes(const tensor_t *t)
+size_t zd_tensor_nbytes(const zd_tensor_t *t)
 {
-    return (size_t)t->numel * tensor_dtype_size(t->dtype);
+    return (size_t)t->numel * zd_tensor_dtype_size(t->dtype);
 }
 
-int64_t tensor_size(const tensor_t *t, int dim)
+int64_t zd_tensor_size(const zd_tensor_t *t, int dim)
 {
     if (dim < 0)
         dim += t->ndim;
     return dim >= 0 && dim < t->ndim ? t->shape[dim] : 1;
 }
 
-bool tensor_same_shape(const tensor_t *a, const tensor_t *b)
+bool zd_tensor_same_shape(const zd_tensor_t *a, const zd_tensor_t *b)
 {
     if (a->ndim != b->ndim)
         return false;
@@ -247,7 +247,7 @@ bool tensor_same_shape(const tensor_t *a, const tensor_t *b)
     return true;
 }
 
-char *tensor_shape_str(const tensor_t *t, char *buf, size_t size)
+char *zd_tensor_shape_str(const zd_tensor_t *t, char *buf, size_t size)
 {
     size_t n = 0;
     n += (size_t)snprintf(buf + n, n < size ? size - n : 0, "(");
@@ -258,45 +258,45 @@ char *tensor_shape_str(const tensor_t *t, char *buf, size_t size)
     return buf;
 }
 
-void *tensor_raw(const tensor_t *t)
+void *zd_tensor_raw(const zd_tensor_t *t)
 {
     return (char *)t->storage->data + t->offset;
 }
 
-float *tensor_data(const tensor_t *t) { return (float *)tensor_raw(t); }
-int64_t *tensor_data_i64(const tensor_t *t) { return (int64_t *)tensor_raw(t); }
+float *zd_tensor_data(const zd_tensor_t *t) { return (float *)zd_tensor_raw(t); }
+int64_t *zd_tensor_data_i64(const zd_tensor_t *t) { return (int64_t *)zd_tensor_raw(t); }
 
-tensor_t *tensor_clone(const tensor_t *t)
+zd_tensor_t *zd_tensor_clone(const zd_tensor_t *t)
 {
-    return tensor_from_data(t->dtype, t->ndim, t->shape, tensor_raw(t));
+    return zd_tensor_from_data(t->dtype, t->ndim, t->shape, zd_tensor_raw(t));
 }
 
-int tensor_copy_(tensor_t *dst, const tensor_t *src)
+int zd_tensor_copy_(zd_tensor_t *dst, const zd_tensor_t *src)
 {
     if (dst->dtype != src->dtype || dst->numel != src->numel)
-        return error_set("tensor_copy_: %lld %s elements into %lld %s elements",
-                         (long long)src->numel, tensor_dtype_name(src->dtype),
-                         (long long)dst->numel, tensor_dtype_name(dst->dtype));
-    memmove(tensor_raw(dst), tensor_raw(src), tensor_nbytes(src));
+        return zd_error_set("zd_tensor_copy_: %lld %s elements into %lld %s elements",
+                         (long long)src->numel, zd_tensor_dtype_name(src->dtype),
+                         (long long)dst->numel, zd_tensor_dtype_name(dst->dtype));
+    memmove(zd_tensor_raw(dst), zd_tensor_raw(src), zd_tensor_nbytes(src));
     return 0;
 }
 
-void tensor_fill_(tensor_t *t, float value)
+void zd_tensor_fill_(zd_tensor_t *t, float value)
 {
-    float *d = tensor_data(t);
+    float *d = zd_tensor_data(t);
     for (int64_t i = 0; i < t->numel; i++)
         d[i] = value;
 }
 
-void tensor_zero_(tensor_t *t)
+void zd_tensor_zero_(zd_tensor_t *t)
 {
-    memset(tensor_raw(t), 0, tensor_nbytes(t));
+    memset(zd_tensor_raw(t), 0, zd_tensor_nbytes(t));
 }
 
 /*  A view: same storage, new header. */
-static tensor_t *tensor_view(tensor_t *t, int ndim, const int64_t *shape)
+static zd_tensor_t *tensor_view(zd_tensor_t *t, int ndim, const int64_t *shape)
 {
-    tensor_t *v = tensor_alloc_header(t->dtype, ndim, shape, t->numel);
+    zd_tensor_t *v = tensor_alloc_header(t->dtype, ndim, shape, t->numel);
     if (!v)
         return NULL;
     atomic_fetch_add(&t->storage->refcount, 1);
@@ -305,43 +305,43 @@ static tensor_t *tensor_view(tensor_t *t, int ndim, const int64_t *shape)
     return v;
 }
 
-tensor_t *tensor_detach(tensor_t *t)
+zd_tensor_t *zd_tensor_detach(zd_tensor_t *t)
 {
     return tensor_view(t, t->ndim, t->shape);
 }
 
-static int reshape_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int reshape_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     /* ctx holds the input's ndim, then its dims. */
-    const int64_t *in = autograd_node_ctx(n);
+    const int64_t *in = zd_autograd_node_ctx(n);
     gin[0] = tensor_view(gout[0], (int)in[0], in + 1);
     return gin[0] ? 0 : -1;
 }
 
-static void reshape_release(autograd_node_t *n)
+static void reshape_release(zd_autograd_node_t *n)
 {
-    free(autograd_node_ctx(n));
+    free(zd_autograd_node_ctx(n));
 }
 
-static const autograd_node_ops_t reshape_ops = {"ReshapeBackward", reshape_backward,
+static const zd_autograd_node_ops_t reshape_ops = {"ReshapeBackward", reshape_backward,
                                                 reshape_release};
 
-int tensor_reshape(tensor_t *t, int ndim, const int64_t *shape, tensor_t **out)
+int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_t **out)
 {
-    int64_t s[TENSOR_MAX_DIMS];
+    int64_t s[ZD_TENSOR_MAX_DIMS];
     int infer = -1;
     int64_t known = 1;
     *out = NULL;
-    if (ndim < 0 || ndim > TENSOR_MAX_DIMS)
-        return error_set("reshape: %d dimensions", ndim);
+    if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
+        return zd_error_set("reshape: %d dimensions", ndim);
     for (int i = 0; i < ndim; i++) {
         s[i] = shape[i];
         if (s[i] == -1) {
             if (infer >= 0)
-                return error_set("reshape: only one dimension can be -1");
+                return zd_error_set("reshape: only one dimension can be -1");
             infer = i;
         } else if (s[i] < 0) {
-            return error_set("reshape: negative size %lld", (long long)s[i]);
+            return zd_error_set("reshape: negative size %lld", (long long)s[i]);
         } else {
             known *= s[i];
         }
@@ -353,86 +353,86 @@ int tensor_reshape(tensor_t *t, int ndim, const int64_t *shape, tensor_t **out)
         numel *= s[i];
     if (numel != t->numel) {
         char buf[128];
-        return error_set("reshape: cannot view %s (%lld elements) with %lld elements",
-                         tensor_shape_str(t, buf, sizeof buf), (long long)t->numel,
+        return zd_error_set("reshape: cannot view %s (%lld elements) with %lld elements",
+                         zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel,
                          (long long)numel);
     }
-    tensor_t *v = tensor_view(t, ndim, s);
+    zd_tensor_t *v = tensor_view(t, ndim, s);
     if (!v)
         return -1;
-    autograd_node_t *n;
-    if (autograd_node_new(&reshape_ops, 1, &t, 1, &n) < 0) {
-        tensor_unref(v);
+    zd_autograd_node_t *n;
+    if (zd_autograd_node_new(&reshape_ops, 1, &t, 1, &n) < 0) {
+        zd_tensor_unref(v);
         return -1;
     }
     if (n) {
-        int64_t *in = malloc(sizeof(int64_t) * (TENSOR_MAX_DIMS + 1));
+        int64_t *in = malloc(sizeof(int64_t) * (ZD_TENSOR_MAX_DIMS + 1));
         if (!in) {
-            autograd_node_unref(n);
-            tensor_unref(v);
-            return error_set("reshape: out of memory");
+            zd_autograd_node_unref(n);
+            zd_tensor_unref(v);
+            return zd_error_set("reshape: out of memory");
         }
         in[0] = t->ndim;
         memcpy(in + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
-        autograd_node_set_ctx(n, in);
-        autograd_node_set_output(n, v);
-        autograd_node_unref(n);
+        zd_autograd_node_set_ctx(n, in);
+        zd_autograd_node_set_output(n, v);
+        zd_autograd_node_unref(n);
     }
     *out = v;
     return 0;
 }
 
-int tensor_set_requires_grad(tensor_t *t, bool requires_grad)
+int zd_tensor_set_requires_grad(zd_tensor_t *t, bool requires_grad)
 {
-    if (t->dtype != TENSOR_F32)
-        return error_set("requires_grad: only float32 tensors can require gradients (this is %s)",
-                         tensor_dtype_name(t->dtype));
+    if (t->dtype != ZD_FLOAT32)
+        return zd_error_set("requires_grad: only float32 tensors can require gradients (this is %s)",
+                         zd_tensor_dtype_name(t->dtype));
     if (t->grad_fn)
-        return error_set("requires_grad: can only be changed on leaf tensors");
+        return zd_error_set("requires_grad: can only be changed on leaf tensors");
     t->requires_grad = requires_grad;
     return 0;
 }
 
-bool tensor_requires_grad(const tensor_t *t) { return t->requires_grad; }
-bool tensor_is_leaf(const tensor_t *t) { return t->grad_fn == NULL; }
-autograd_node_t *tensor_grad_fn(const tensor_t *t) { return t->grad_fn; }
-int tensor_output_nr(const tensor_t *t) { return t->output_nr; }
-uint64_t tensor_id(const tensor_t *t) { return t->id; }
-int64_t tensor_live_count(void) { return atomic_load(&live_tensors); }
+bool zd_tensor_requires_grad(const zd_tensor_t *t) { return t->requires_grad; }
+bool zd_tensor_is_leaf(const zd_tensor_t *t) { return t->grad_fn == NULL; }
+zd_autograd_node_t *zd_tensor_grad_fn(const zd_tensor_t *t) { return t->grad_fn; }
+int zd_tensor_output_nr(const zd_tensor_t *t) { return t->output_nr; }
+uint64_t zd_tensor_id(const zd_tensor_t *t) { return t->id; }
+int64_t zd_tensor_live_count(void) { return atomic_load(&live_tensors); }
 
-bool tensor_is_exclusive(const tensor_t *t)
+bool zd_tensor_is_exclusive(const zd_tensor_t *t)
 {
     return atomic_load(&t->refcount) == 1 && atomic_load(&t->storage->refcount) == 1 &&
            !t->storage->release && !t->grad_fn;
 }
 
-tensor_t *tensor_grad(tensor_t *t)
+zd_tensor_t *zd_tensor_grad(zd_tensor_t *t)
 {
     pthread_mutex_lock(&t->grad_lock);
-    tensor_t *g = tensor_ref(t->grad);
+    zd_tensor_t *g = zd_tensor_ref(t->grad);
     pthread_mutex_unlock(&t->grad_lock);
     return g;
 }
 
-int tensor_accumulate_grad(tensor_t *t, const tensor_t *g)
+int zd_tensor_accumulate_grad(zd_tensor_t *t, const zd_tensor_t *g)
 {
-    if (g->numel != t->numel || g->dtype != TENSOR_F32)
-        return error_set("accumulate_grad: gradient of %lld elements for a tensor of %lld",
+    if (g->numel != t->numel || g->dtype != ZD_FLOAT32)
+        return zd_error_set("accumulate_grad: gradient of %lld elements for a tensor of %lld",
                          (long long)g->numel, (long long)t->numel);
     pthread_mutex_lock(&t->grad_lock);
-    if (!t->grad && tensor_is_exclusive(g) && tensor_same_shape(g, t)) {
+    if (!t->grad && zd_tensor_is_exclusive(g) && zd_tensor_same_shape(g, t)) {
         /* Nobody else can see g: keep it rather than copy 4.8 MB a step. */
-        t->grad = tensor_ref((tensor_t *)g);
+        t->grad = zd_tensor_ref((zd_tensor_t *)g);
     } else if (!t->grad) {
-        t->grad = tensor_empty(TENSOR_F32, t->ndim, t->shape);
+        t->grad = zd_tensor_empty(ZD_FLOAT32, t->ndim, t->shape);
         if (!t->grad) {
             pthread_mutex_unlock(&t->grad_lock);
             return -1;
         }
-        memcpy(tensor_data(t->grad), tensor_data(g), tensor_nbytes(g));
+        memcpy(zd_tensor_data(t->grad), zd_tensor_data(g), zd_tensor_nbytes(g));
     } else {
-        float *d = tensor_data(t->grad);
-        const float *s = tensor_data(g);
+        float *d = zd_tensor_data(t->grad);
+        const float *s = zd_tensor_data(g);
         for (int64_t i = 0; i < t->numel; i++)
             d[i] += s[i];
     }
@@ -440,22 +440,22 @@ int tensor_accumulate_grad(tensor_t *t, const tensor_t *g)
     return 0;
 }
 
-void tensor_clear_grad(tensor_t *t)
+void zd_tensor_clear_grad(zd_tensor_t *t)
 {
     pthread_mutex_lock(&t->grad_lock);
-    tensor_t *g = t->grad;
+    zd_tensor_t *g = t->grad;
     t->grad = NULL;
     pthread_mutex_unlock(&t->grad_lock);
-    tensor_unref(g);
+    zd_tensor_unref(g);
 }
 
-void tensor_set_name(tensor_t *t, const char *name)
+void zd_tensor_set_name(zd_tensor_t *t, const char *name)
 {
     free(t->name);
     t->name = name ? strdup(name) : NULL;
 }
 
-const char *tensor_name(const tensor_t *t)
+const char *zd_tensor_name(const zd_tensor_t *t)
 {
     return t->name ? t->name : "";
 }

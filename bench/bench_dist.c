@@ -11,7 +11,7 @@
         context + forward over RPC + distributed backward + context end
         (dist_tiny_us_p50), and the same plus a DistributedOptimizer step
         (dist_tiny_step_us_p50).
-    Contexts end with dist_autograd_context_release, which does not wait
+    Contexts end with zd_dist_autograd_context_release, which does not wait
     for the peers' confirmation, as PyTorch's context exit does not; the
     releases still run, at most 16 in flight, and are waited for (untimed)
     after each block of Net iterations and each tiny loop, before its
@@ -25,13 +25,13 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/autograd.h"
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
-#include "nn/model.h"
-#include "nn/nn.h"
-#include "optim/dist_optim.h"
-#include "rpc/rpc.h"
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
+#include <zdist/dist_optim.h>
+#include <zdist/rpc.h>
 #include "tests/support/world.h"
 
 /*  Net iterations per loop, run in alternating blocks of NET_BLOCK; the
@@ -39,8 +39,8 @@
 #define NET_BLOCK 10
 static int iters = 2000, net_iters = 60;
 static bool csv;
-static nn_model_t *net;
-static tensor_t *tiny_w, *tiny_b;
+static zd_nn_model_t *net;
+static zd_tensor_t *tiny_w, *tiny_b;
 
 static double now_us(void)
 {
@@ -63,39 +63,39 @@ static double median(double *v, int n)
 
 /*  ---- server functions ---- */
 
-static rpc_value_t *fn_net_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_net_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    tensor_t *x, *out;
-    if (rpc_arg_tensor(args, 0, &x) < 0 || nn_model_forward(net, x, &out) < 0)
+    zd_tensor_t *x, *out;
+    if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_nn_model_forward(net, x, &out) < 0)
         return NULL;
-    rpc_value_t *v = rpc_value_tensor(out);
-    tensor_unref(out);
+    zd_value_t *v = zd_value_tensor(out);
+    zd_tensor_unref(out);
     return v;
 }
 
-static rpc_value_t *fn_tiny_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_tiny_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    tensor_t *x, *out;
-    if (rpc_arg_tensor(args, 0, &x) < 0 || nn_linear(x, tiny_w, tiny_b, &out) < 0)
+    zd_tensor_t *x, *out;
+    if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_nn_linear(x, tiny_w, tiny_b, &out) < 0)
         return NULL;
-    rpc_value_t *v = rpc_value_tensor(out);
-    tensor_unref(out);
+    zd_value_t *v = zd_value_tensor(out);
+    zd_tensor_unref(out);
     return v;
 }
 
-static rpc_value_t *fn_tiny_params(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_tiny_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    rpc_value_t *list = rpc_value_list(2);
-    tensor_t *ps[2] = {tiny_w, tiny_b};
+    zd_value_t *list = zd_value_list(2);
+    zd_tensor_t *ps[2] = {tiny_w, tiny_b};
     for (int i = 0; i < 2; i++) {
-        rpc_value_t *tv = rpc_value_tensor(ps[i]);
-        rpc_rref_t *r = rpc_rref_new(tv);
-        rpc_value_unref(tv);
-        rpc_list_append(list, rpc_value_rref(r));
-        rpc_rref_unref(r);
+        zd_value_t *tv = zd_value_tensor(ps[i]);
+        zd_rref_t *r = zd_rref_new(tv);
+        zd_value_unref(tv);
+        zd_list_append(list, zd_value_rref(r));
+        zd_rref_unref(r);
     }
     return list;
 }
@@ -103,76 +103,76 @@ static rpc_value_t *fn_tiny_params(rpc_call_t *call, rpc_value_t *args, void *ar
 static int setup(const world_t *w)
 {
     (void)w;
-    if (!(net = nn_net_new(1)))
+    if (!(net = zd_nn_net_new(1)))
         return -1;
-    nn_model_train(net, false);
-    tiny_w = tensor_zeros2(10, 10);
-    tiny_b = tensor_zeros1(10);
-    nn_rng_t rng;
-    nn_rng_seed(&rng, 3);
-    nn_init_default(tiny_w, tiny_b, &rng);
-    tensor_set_requires_grad(tiny_w, true);
-    tensor_set_requires_grad(tiny_b, true);
-    if (dist_optim_init() < 0)
+    zd_nn_model_train(net, false);
+    tiny_w = zd_tensor_zeros2(10, 10);
+    tiny_b = zd_tensor_zeros1(10);
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 3);
+    zd_nn_init_default(tiny_w, tiny_b, &rng);
+    zd_tensor_set_requires_grad(tiny_w, true);
+    zd_tensor_set_requires_grad(tiny_b, true);
+    if (zd_dist_optim_init() < 0)
         return -1;
-    return rpc_register("net_forward", fn_net_forward, NULL) |
+    return zd_rpc_register("net_forward", fn_net_forward, NULL) |
            /* A 10x10 layer returns at once: run it on the I/O thread. */
-           rpc_register_inline("tiny_forward", fn_tiny_forward, NULL) |
-           rpc_register("tiny_params", fn_tiny_params, NULL);
+           zd_rpc_register_inline("tiny_forward", fn_tiny_forward, NULL) |
+           zd_rpc_register("tiny_params", fn_tiny_params, NULL);
 }
 
 /*  ---- trainer ---- */
 
-static tensor_t *remote_tensor(const char *fn, tensor_t *x)
+static zd_tensor_t *remote_tensor(const char *fn, zd_tensor_t *x)
 {
-    rpc_value_t *a = rpc_args("t", x), *r = NULL;
-    tensor_t *t = NULL;
-    if (a && rpc_sync(0, fn, a, -1, &r) == 0 && rpc_value_get_tensor(r, &t) == 0)
-        tensor_ref(t);
-    rpc_value_unref(a);
-    rpc_value_unref(r);
+    zd_value_t *a = zd_rpc_args("t", x), *r = NULL;
+    zd_tensor_t *t = NULL;
+    if (a && zd_rpc_sync(0, fn, a, -1, &r) == 0 && zd_value_get_tensor(r, &t) == 0)
+        zd_tensor_ref(t);
+    zd_value_unref(a);
+    zd_value_unref(r);
     return t;
 }
 
-static int net_iteration(tensor_t *x, tensor_t *y, bool distributed)
+static int net_iteration(zd_tensor_t *x, zd_tensor_t *y, bool distributed)
 {
     int64_t ctx = -1;
-    tensor_t *out = NULL, *loss = NULL;
-    int rc = distributed ? dist_autograd_context_begin(&ctx) : 0;
+    zd_tensor_t *out = NULL, *loss = NULL;
+    int rc = distributed ? zd_dist_autograd_context_begin(&ctx) : 0;
     if (rc == 0)
         out = distributed ? remote_tensor("net_forward", x)
-                          : (nn_model_forward(net, x, &out) == 0 ? out : NULL);
-    if (!out || nn_nll_loss(out, y, &loss) < 0)
+                          : (zd_nn_model_forward(net, x, &out) == 0 ? out : NULL);
+    if (!out || zd_nn_nll_loss(out, y, &loss) < 0)
         rc = -1;
     if (rc == 0)
-        rc = distributed ? dist_autograd_backward(ctx, &loss, 1, false)
-                         : autograd_backward(loss, NULL, false);
+        rc = distributed ? zd_dist_autograd_backward(ctx, &loss, 1, false)
+                         : zd_autograd_backward(loss, NULL, false);
     if (!distributed)
-        nn_model_zero_grad(net);
-    if (ctx != -1 && dist_autograd_context_release(ctx) < 0)
+        zd_nn_model_zero_grad(net);
+    if (ctx != -1 && zd_dist_autograd_context_release(ctx) < 0)
         rc = -1;
-    tensor_unref(out);
-    tensor_unref(loss);
+    zd_tensor_unref(out);
+    zd_tensor_unref(loss);
     return rc;
 }
 
-static int tiny_iteration(tensor_t *x, dist_optim_t *opt)
+static int tiny_iteration(zd_tensor_t *x, zd_dist_optim_t *opt)
 {
     int64_t ctx;
-    tensor_t *out = NULL, *loss = NULL;
-    int rc = dist_autograd_context_begin(&ctx);
-    if (rc == 0 && (!(out = remote_tensor("tiny_forward", x)) || tensor_sum(out, &loss) < 0))
+    zd_tensor_t *out = NULL, *loss = NULL;
+    int rc = zd_dist_autograd_context_begin(&ctx);
+    if (rc == 0 && (!(out = remote_tensor("tiny_forward", x)) || zd_tensor_sum(out, &loss) < 0))
         rc = -1;
     if (rc == 0)
-        rc = dist_autograd_backward(ctx, &loss, 1, false);
+        rc = zd_dist_autograd_backward(ctx, &loss, 1, false);
     if (rc == 0 && opt)
-        rc = dist_optim_step(opt, ctx);
+        rc = zd_dist_optim_step(opt, ctx);
     /* Like leaving PyTorch's `with dist_autograd.context()`: no wait for
-       the peers' confirmation (bounded: see dist_autograd_context_release). */
-    if (dist_autograd_context_release(ctx) < 0)
+       the peers' confirmation (bounded: see zd_dist_autograd_context_release). */
+    if (zd_dist_autograd_context_release(ctx) < 0)
         rc = -1;
-    tensor_unref(out);
-    tensor_unref(loss);
+    zd_tensor_unref(out);
+    zd_tensor_unref(loss);
     return rc;
 }
 
@@ -189,13 +189,13 @@ static int trainer(const world_t *w)
     if (w->rank != 1)
         return 0;
     double *t = calloc((size_t)iters, sizeof *t);
-    tensor_t *x = tensor_zeros4(32, 1, 28, 28), *y = tensor_new(TENSOR_I64, 1, (int64_t[]){32});
-    nn_rng_t rng;
-    nn_rng_seed(&rng, 5);
-    for (int64_t i = 0; i < tensor_numel(x); i++)
-        tensor_data(x)[i] = nn_rng_normal(&rng, 0, 1);
+    zd_tensor_t *x = zd_tensor_zeros4(32, 1, 28, 28), *y = zd_tensor_new(ZD_INT64, 1, (int64_t[]){32});
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 5);
+    for (int64_t i = 0; i < zd_tensor_numel(x); i++)
+        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0, 1);
     for (int i = 0; i < 32; i++)
-        tensor_data_i64(y)[i] = i % 10;
+        zd_tensor_data_i64(y)[i] = i % 10;
     /* Alternating blocks: a slow patch of a shared machine lands on both
        loops rather than on one. */
     double *nt[2] = {calloc((size_t)net_iters, sizeof(double)),
@@ -208,13 +208,13 @@ static int trainer(const world_t *w)
             for (int k = i; k < i + NET_BLOCK && k < net_iters; k++) {
                 double t0 = now_us();
                 if (net_iteration(x, y, d == 1) < 0)
-                    return world_fail(w, "net iteration: %s", error_last());
+                    return world_fail(w, "net iteration: %s", zd_error_last());
                 if (k >= 0)
                     nt[d][k] = now_us() - t0;
             }
             /* The server's releases run out before the next block, untimed. */
-            if (d == 1 && dist_autograd_wait_releases(-1) < 0)
-                return world_fail(w, "releases: %s", error_last());
+            if (d == 1 && zd_dist_autograd_wait_releases(-1) < 0)
+                return world_fail(w, "releases: %s", zd_error_last());
         }
     for (int d = 0; d < 2; d++) {
         med[d] = median(nt[d], net_iters);
@@ -227,39 +227,39 @@ static int trainer(const world_t *w)
     if (!csv)
         printf("  ratio %.3f\n", med[1] / med[0]);
 
-    tensor_t *row = tensor_zeros2(1, 10);
+    zd_tensor_t *row = zd_tensor_zeros2(1, 10);
     for (int i = 0; i < 10; i++)
-        tensor_data(row)[i] = 0.1f * (float)i;
-    rpc_value_t *list = NULL;
-    rpc_rref_t *refs[2];
-    dist_optim_t *opt = NULL;
-    optim_config_t cfg = optim_sgd_defaults(1e-3);
-    if (rpc_sync(0, "tiny_params", NULL, -1, &list) < 0 || rpc_arg_rref(list, 0, &refs[0]) < 0 ||
-        rpc_arg_rref(list, 1, &refs[1]) < 0 || dist_optim_new(&cfg, refs, 2, &opt) < 0)
-        return world_fail(w, "tiny setup: %s", error_last());
+        zd_tensor_data(row)[i] = 0.1f * (float)i;
+    zd_value_t *list = NULL;
+    zd_rref_t *refs[2];
+    zd_dist_optim_t *opt = NULL;
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(1e-3);
+    if (zd_rpc_sync(0, "tiny_params", NULL, -1, &list) < 0 || zd_rpc_arg_rref(list, 0, &refs[0]) < 0 ||
+        zd_rpc_arg_rref(list, 1, &refs[1]) < 0 || zd_dist_optim_new(&cfg, refs, 2, &opt) < 0)
+        return world_fail(w, "tiny setup: %s", zd_error_last());
     if (!csv)
         printf("tiny model (10x10 linear on the server, one row), median of %d\n", iters);
     for (int s = 0; s < 2; s++) {
         for (int i = -100; i < iters; i++) {
             double t0 = now_us();
             if (tiny_iteration(row, s ? opt : NULL) < 0)
-                return world_fail(w, "tiny iteration: %s", error_last());
+                return world_fail(w, "tiny iteration: %s", zd_error_last());
             if (i >= 0)
                 t[i] = now_us() - t0;
         }
-        if (dist_autograd_wait_releases(-1) < 0)
-            return world_fail(w, "releases: %s", error_last());
+        if (zd_dist_autograd_wait_releases(-1) < 0)
+            return world_fail(w, "releases: %s", zd_error_last());
         double m = median(t, iters);
         if (s == 0)
             figure("dist_tiny_us_p50", m, "us", "  context + forward + backward + end");
         else
             figure("dist_tiny_step_us_p50", m, "us", "  the same + DistributedOptimizer step");
     }
-    dist_optim_free(opt);
-    rpc_value_unref(list);
-    tensor_unref(row);
-    tensor_unref(x);
-    tensor_unref(y);
+    zd_dist_optim_free(opt);
+    zd_value_unref(list);
+    zd_tensor_unref(row);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
     free(t);
     return 0;
 }

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "examples/pipeline_core.h"
 #include "examples/ps_core.h"
 #include "tests/support/world.h"
@@ -70,7 +70,7 @@ static int ps_fn(const world_t *w)
     o.quiet = true;
     ps_result_t res;
     if (ps_run_driver(&o, &res) < 0)
-        return world_fail(w, "%s", error_last());
+        return world_fail(w, "%s", zd_error_last());
     char name[48];
     snprintf(name, sizeof name, "ps_%s_iters_per_s_w%d", b->async ? "async" : "sync",
              b->workers);
@@ -96,7 +96,7 @@ static int pipe_fn(const world_t *w)
     o.quiet = true;
     pipeline_result_t res;
     if (pipeline_run_driver(&o, &res) < 0)
-        return world_fail(w, "%s", error_last());
+        return world_fail(w, "%s", zd_error_last());
     for (int r = 0; r < res.runs; r++) {
         char name[48];
         snprintf(name, sizeof name, "pipeline_samples_per_s_split%lld",

@@ -8,7 +8,7 @@
                     [--ops]
 
     --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines.
-    --threads sets nn_set_num_threads (a parameter server with several
+    --threads sets zd_nn_set_num_threads (a parameter server with several
     trainers runs each request on 1). --ops times each layer of the Net on
     its own instead: forward, and forward + backward, in ms per batch (the
     fastest of several rounds). */
@@ -18,11 +18,11 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/model.h"
-#include "nn/nn.h"
-#include "nn/rng.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
+#include <zdist/rng.h>
 
 #define ROUNDS 5
 
@@ -42,26 +42,26 @@ static double cpu_seconds(void)
            1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-static int step(nn_model_t *m, tensor_t *x, tensor_t *target, float lr)
+static int step(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t *target, float lr)
 {
-    tensor_t *lp = NULL, *loss = NULL;
-    int rc = nn_model_forward(m, x, &lp);
+    zd_tensor_t *lp = NULL, *loss = NULL;
+    int rc = zd_nn_model_forward(m, x, &lp);
     if (rc == 0)
-        rc = nn_nll_loss(lp, target, &loss);
+        rc = zd_nn_nll_loss(lp, target, &loss);
     if (rc == 0)
-        rc = autograd_backward(loss, NULL, false);
-    tensor_unref(loss);
-    tensor_unref(lp);
-    for (int i = 0; rc == 0 && i < nn_model_n_params(m); i++) {
-        tensor_t *p = nn_model_param(m, i), *g = tensor_grad(p);
-        float *restrict pd = tensor_data(p);
-        const float *restrict gd = tensor_data(g);
-        const int64_t n = tensor_numel(p);
+        rc = zd_autograd_backward(loss, NULL, false);
+    zd_tensor_unref(loss);
+    zd_tensor_unref(lp);
+    for (int i = 0; rc == 0 && i < zd_nn_model_n_params(m); i++) {
+        zd_tensor_t *p = zd_nn_model_param(m, i), *g = zd_tensor_grad(p);
+        float *restrict pd = zd_tensor_data(p);
+        const float *restrict gd = zd_tensor_data(g);
+        const int64_t n = zd_tensor_numel(p);
         for (int64_t k = 0; k < n; k++)
             pd[k] -= lr * gd[k];
-        tensor_unref(g);
+        zd_tensor_unref(g);
     }
-    nn_model_zero_grad(m);
+    zd_nn_model_zero_grad(m);
     return rc;
 }
 
@@ -77,24 +77,24 @@ static int cmp_double(const void *a, const void *b)
 static double bench_model(const char *name, int batch, double seconds, double *ms_per_step,
                           double *cpu_ms_per_step)
 {
-    nn_model_t *m = nn_model_new(name, 1);
+    zd_nn_model_t *m = zd_nn_model_new(name, 1);
     if (!m)
         return -1;
-    nn_rng_t rng;
-    nn_rng_seed(&rng, 2);
-    tensor_t *x = tensor_empty(TENSOR_F32, 4, (int64_t[]){batch, 1, 28, 28});
-    tensor_t *t = tensor_empty(TENSOR_I64, 1, (int64_t[]){batch});
-    for (int64_t i = 0; i < tensor_numel(x); i++)
-        tensor_data(x)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 2);
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){batch, 1, 28, 28});
+    zd_tensor_t *t = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){batch});
+    for (int64_t i = 0; i < zd_tensor_numel(x); i++)
+        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     for (int i = 0; i < batch; i++)
-        tensor_data_i64(t)[i] = (int64_t)nn_rng_below(&rng, 10);
+        zd_tensor_data_i64(t)[i] = (int64_t)zd_nn_rng_below(&rng, 10);
     double rate[ROUNDS];
     /* warm-up, and an estimate of the steps per round */
     double t0 = now();
     int warm = 0;
     while (now() - t0 < 0.3 || warm < 3) {
         if (step(m, x, t, 0.01f) < 0) {
-            fprintf(stderr, "bench_local: %s: %s\n", name, error_last());
+            fprintf(stderr, "bench_local: %s: %s\n", name, zd_error_last());
             exit(1);
         }
         warm++;
@@ -110,9 +110,9 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     *cpu_ms_per_step = 1e3 * (cpu_seconds() - cpu0) / (ROUNDS * per_round);
     qsort(rate, ROUNDS, sizeof *rate, cmp_double);
     *ms_per_step = 1e3 * batch / rate[ROUNDS / 2];
-    tensor_unref(t);
-    tensor_unref(x);
-    nn_model_free(m);
+    zd_tensor_unref(t);
+    zd_tensor_unref(x);
+    zd_nn_model_free(m);
     return rate[ROUNDS / 2];
 }
 
@@ -125,62 +125,62 @@ static const char *layer_names[N_LAYERS] = {
 };
 
 typedef struct {
-    nn_model_t *m;
-    nn_rng_t rng;
-    tensor_t *in[N_LAYERS];       /* each layer's input (leaf; grad from conv2 on) */
-    tensor_t *gout[N_LAYERS];     /* ones in the shape of each layer's output (made once) */
-    tensor_t *target;
+    zd_nn_model_t *m;
+    zd_nn_rng_t rng;
+    zd_tensor_t *in[N_LAYERS];       /* each layer's input (leaf; grad from conv2 on) */
+    zd_tensor_t *gout[N_LAYERS];     /* ones in the shape of each layer's output (made once) */
+    zd_tensor_t *target;
 } ops_bench_t;
 
 /*  Runs layer l forward; with backward, also its backward pass from a
     fixed output gradient (ones), clearing the gradients it leaves. */
 static int run_layer(ops_bench_t *b, int l, bool backward)
 {
-    tensor_t *h = tensor_ref(b->in[l]), *next = NULL;
-    nn_model_t *m = b->m;
+    zd_tensor_t *h = zd_tensor_ref(b->in[l]), *next = NULL;
+    zd_nn_model_t *m = b->m;
     int rc = 0;
 #define L(call)                  \
     do {                         \
         if (rc == 0)             \
             rc = (call);         \
-        tensor_unref(h);         \
+        zd_tensor_unref(h);         \
         h = next;                \
         next = NULL;             \
     } while (0)
     switch (l) {
     case L_CONV1:
-        L(nn_conv2d_relu(h, nn_model_param(m, 0), nn_model_param(m, 1), 1, 0, &next));
+        L(zd_nn_conv2d_relu(h, zd_nn_model_param(m, 0), zd_nn_model_param(m, 1), 1, 0, &next));
         break;
     case L_CONV2:
-        L(nn_conv2d_max_pool2d(h, nn_model_param(m, 2), nn_model_param(m, 3), 1, 0, 2, 2,
+        L(zd_nn_conv2d_max_pool2d(h, zd_nn_model_param(m, 2), zd_nn_model_param(m, 3), 1, 0, 2, 2,
                                &next));
         break;
     case L_DROP2D:
-        L(nn_dropout2d(h, 0.25f, true, &b->rng, &next));
-        L(nn_flatten(h, &next));
+        L(zd_nn_dropout2d(h, 0.25f, true, &b->rng, &next));
+        L(zd_nn_flatten(h, &next));
         break;
     case L_FC1:
-        L(nn_linear(h, nn_model_param(m, 4), nn_model_param(m, 5), &next));
+        L(zd_nn_linear(h, zd_nn_model_param(m, 4), zd_nn_model_param(m, 5), &next));
         break;
     default:
-        L(nn_relu(h, &next));
-        L(nn_dropout(h, 0.5f, true, &b->rng, &next));
-        L(nn_linear(h, nn_model_param(m, 6), nn_model_param(m, 7), &next));
-        L(nn_log_softmax(h, 1, &next));
-        L(nn_nll_loss(h, b->target, &next));
+        L(zd_nn_relu(h, &next));
+        L(zd_nn_dropout(h, 0.5f, true, &b->rng, &next));
+        L(zd_nn_linear(h, zd_nn_model_param(m, 6), zd_nn_model_param(m, 7), &next));
+        L(zd_nn_log_softmax(h, 1, &next));
+        L(zd_nn_nll_loss(h, b->target, &next));
         break;
     }
 #undef L
     if (rc == 0 && backward) {
-        if (!b->gout[l] && tensor_numel(h) > 1) {
-            b->gout[l] = tensor_empty(TENSOR_F32, tensor_ndim(h), tensor_shape(h));
-            tensor_fill_(b->gout[l], 1.0f);
+        if (!b->gout[l] && zd_tensor_numel(h) > 1) {
+            b->gout[l] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(h), zd_tensor_shape(h));
+            zd_tensor_fill_(b->gout[l], 1.0f);
         }
-        rc = autograd_backward(h, b->gout[l], false);
-        nn_model_zero_grad(m);
-        tensor_clear_grad(b->in[l]);
+        rc = zd_autograd_backward(h, b->gout[l], false);
+        zd_nn_model_zero_grad(m);
+        zd_tensor_clear_grad(b->in[l]);
     }
-    tensor_unref(h);
+    zd_tensor_unref(h);
     return rc;
 }
 
@@ -214,32 +214,32 @@ static int bench_ops(int batch, double seconds)
     static const int64_t shapes[N_LAYERS][4] = {
         {0, 1, 28, 28}, {0, 32, 26, 26}, {0, 64, 12, 12}, {0, 9216}, {0, 128},
     };
-    ops_bench_t b = {.m = nn_model_new("net", 1)};
+    ops_bench_t b = {.m = zd_nn_model_new("net", 1)};
     if (!b.m)
         return -1;
-    nn_rng_seed(&b.rng, 3);
+    zd_nn_rng_seed(&b.rng, 3);
     for (int l = 0; l < N_LAYERS; l++) {
         int64_t shape[4];
         memcpy(shape, shapes[l], sizeof shape);
         shape[0] = batch;
-        b.in[l] = tensor_empty(TENSOR_F32, l >= L_FC1 ? 2 : 4, shape);
-        for (int64_t i = 0; i < tensor_numel(b.in[l]); i++)
-            tensor_data(b.in[l])[i] = nn_rng_normal(&b.rng, 0.0f, 1.0f);
+        b.in[l] = zd_tensor_empty(ZD_FLOAT32, l >= L_FC1 ? 2 : 4, shape);
+        for (int64_t i = 0; i < zd_tensor_numel(b.in[l]); i++)
+            zd_tensor_data(b.in[l])[i] = zd_nn_rng_normal(&b.rng, 0.0f, 1.0f);
         if (l != L_CONV1)
-            tensor_set_requires_grad(b.in[l], true);
+            zd_tensor_set_requires_grad(b.in[l], true);
     }
-    b.target = tensor_empty(TENSOR_I64, 1, (int64_t[]){batch});
+    b.target = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){batch});
     for (int i = 0; i < batch; i++)
-        tensor_data_i64(b.target)[i] = (int64_t)nn_rng_below(&b.rng, 10);
+        zd_tensor_data_i64(b.target)[i] = (int64_t)zd_nn_rng_below(&b.rng, 10);
     printf("Net layers, batch %d, %d threads (ms per batch)\n%-24s %9s %9s %9s\n", batch,
-           nn_get_num_threads(), "layer", "forward", "backward", "total");
+           zd_nn_get_num_threads(), "layer", "forward", "backward", "total");
     double sum_f = 0, sum_t = 0;
     int rc = 0;
     for (int l = 0; l < N_LAYERS && rc == 0; l++) {
         double f = time_layer(&b, l, false, seconds / N_LAYERS / 2);
         double t = time_layer(&b, l, true, seconds / N_LAYERS / 2);
         if (f < 0 || t < 0) {
-            fprintf(stderr, "bench_local: %s: %s\n", layer_names[l], error_last());
+            fprintf(stderr, "bench_local: %s: %s\n", layer_names[l], zd_error_last());
             rc = -1;
             break;
         }
@@ -250,11 +250,11 @@ static int bench_ops(int batch, double seconds)
     if (rc == 0)
         printf("%-24s %9.3f %9.3f %9.3f\n", "sum", sum_f, sum_t - sum_f, sum_t);
     for (int l = 0; l < N_LAYERS; l++) {
-        tensor_unref(b.in[l]);
-        tensor_unref(b.gout[l]);
+        zd_tensor_unref(b.in[l]);
+        zd_tensor_unref(b.gout[l]);
     }
-    tensor_unref(b.target);
-    nn_model_free(b.m);
+    zd_tensor_unref(b.target);
+    zd_nn_model_free(b.m);
     return rc;
 }
 
@@ -277,8 +277,8 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--ops") == 0)
             ops = true;
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-            if (nn_set_num_threads(atoi(argv[++i])) < 0) {
-                fprintf(stderr, "bench_local: %s\n", error_last());
+            if (zd_nn_set_num_threads(atoi(argv[++i])) < 0) {
+                fprintf(stderr, "bench_local: %s\n", zd_error_last());
                 return 2;
             }
         } else {
@@ -298,7 +298,7 @@ int main(int argc, char **argv)
     const double mflop[] = {71.6, 0.25};
     if (!csv)
         printf("training step, batch %d, %d threads, OpenBLAS kernels %s\n"
-               "%-8s %10s %10s %14s %10s\n", batch, nn_get_num_threads(), nn_blas_corename(),
+               "%-8s %10s %10s %14s %10s\n", batch, zd_nn_get_num_threads(), zd_nn_blas_corename(),
                "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
     for (int i = 0; i < 2; i++) {
         if (only && strcmp(only, models[i]) != 0)
@@ -306,7 +306,7 @@ int main(int argc, char **argv)
         double ms, cpu_ms;
         double r = bench_model(models[i], batch, seconds, &ms, &cpu_ms);
         if (r < 0) {
-            fprintf(stderr, "bench_local: %s\n", error_last());
+            fprintf(stderr, "bench_local: %s\n", zd_error_last());
             return 1;
         }
         if (csv)

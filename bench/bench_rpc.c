@@ -2,7 +2,7 @@
 
         bench_rpc [--raw] [--csv] [--iters N] [--bw] [--bw-reps N]
 
-    Prints rpc_sync round trips (no tensor, a 1x10 tensor), remote + to_here,
+    Prints zd_rpc_sync round trips (no tensor, a 1x10 tensor), remote + to_here,
     one-way throughput of 1, 16 and 64 MiB tensors (the best of 20, 8 and 6
     calls, or of N with --bw-reps), and calls per second with 64 calls in
     flight; --bw prints the throughput figures only. --raw also measures
@@ -26,8 +26,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "autograd/error.h"
-#include "rpc/rpc.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 
 #define MAX_FIGURES 32
 
@@ -89,28 +89,28 @@ static int free_port(void)
 
 /* ---- the server ---- */
 
-static rpc_value_t *h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_value_t *v = rpc_list_get(args, 0);
-    return v ? rpc_value_ref(v) : rpc_value_none();
+    zd_value_t *v = zd_list_get(args, 0);
+    return v ? zd_value_ref(v) : zd_value_none();
 }
 
-static rpc_value_t *h_sink(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_sink(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_none();
+    return zd_value_none();
 }
 
-static rpc_value_t *h_small(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_small(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(1);
+    return zd_value_int(1);
 }
 
 /* Raw libzmq REP, on its own context and thread: answers one byte to
@@ -138,16 +138,16 @@ static void *raw_server(void *arg)
 
 static int setup(int rank, int port)
 {
-    rpc_register_inline("echo", h_echo, NULL);
-    rpc_register("echo_pool", h_echo, NULL);
-    rpc_register_inline("sink", h_sink, NULL);
-    rpc_register_inline("small", h_small, NULL);
-    rpc_options_t o = rpc_options_default();
+    zd_rpc_register_inline("echo", h_echo, NULL);
+    zd_rpc_register("echo_pool", h_echo, NULL);
+    zd_rpc_register_inline("sink", h_sink, NULL);
+    zd_rpc_register_inline("small", h_small, NULL);
+    zd_rpc_options_t o = zd_rpc_options_default();
     o.master_addr = "127.0.0.1";
     o.master_port = port;
     o.init_timeout_ms = 30000;
-    if (rpc_init(rank ? "server" : "client", rank, 2, &o) < 0) {
-        fprintf(stderr, "bench_rpc: %s\n", error_last());
+    if (zd_rpc_init(rank ? "server" : "client", rank, 2, &o) < 0) {
+        fprintf(stderr, "bench_rpc: %s\n", zd_error_last());
         return -1;
     }
     return 0;
@@ -169,18 +169,18 @@ static void sample(samples_t *s, double v)
     s->t[s->n++] = v;
 }
 
-static int rpc_block(const char *fn, rpc_value_t *args, int n, samples_t *s)
+static int rpc_block(const char *fn, zd_value_t *args, int n, samples_t *s)
 {
     for (int i = 0; i < n; i++) {
-        rpc_value_t *r;
+        zd_value_t *r;
         double t0 = now_us();
-        if (rpc_sync(1, fn, args, -1, &r) < 0) {
-            fprintf(stderr, "bench_rpc: %s\n", error_last());
+        if (zd_rpc_sync(1, fn, args, -1, &r) < 0) {
+            fprintf(stderr, "bench_rpc: %s\n", zd_error_last());
             return -1;
         }
         if (s)
             sample(s, now_us() - t0);
-        rpc_value_unref(r);
+        zd_value_unref(r);
     }
     return 0;
 }
@@ -215,42 +215,42 @@ static double raw_bw(void *req, void *big, size_t size)
     return size / ((now_us() - t0) * 1e3);
 }
 
-static double rpc_bw(rpc_value_t *args, size_t size)
+static double rpc_bw(zd_value_t *args, size_t size)
 {
-    rpc_value_t *r;
+    zd_value_t *r;
     double t0 = now_us();
-    if (rpc_sync(1, "sink", args, -1, &r) < 0)
+    if (zd_rpc_sync(1, "sink", args, -1, &r) < 0)
         return 0;
     double dt = now_us() - t0;
-    rpc_value_unref(r);
+    zd_value_unref(r);
     return size / (dt * 1e3);
 }
 
-static rpc_value_t *tensor_args(size_t bytes)
+static zd_value_t *tensor_args(size_t bytes)
 {
     int64_t n = (int64_t)bytes / 4;
-    tensor_t *t = tensor_new(TENSOR_F32, 1, &n);
-    rpc_value_t *args = rpc_args("t", t);
-    tensor_unref(t);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
+    zd_value_t *args = zd_rpc_args("t", t);
+    zd_tensor_unref(t);
     return args;
 }
 
 static double calls_per_second(int window, int total)
 {
-    rpc_future_t **ring = calloc((size_t)window, sizeof *ring);
+    zd_future_t **ring = calloc((size_t)window, sizeof *ring);
     double t0 = now_us();
     for (int i = 0; i < total; i++) {
-        rpc_future_t **slot = &ring[i % window];
+        zd_future_t **slot = &ring[i % window];
         if (*slot) {
-            rpc_wait(*slot, -1);
-            rpc_future_unref(*slot);
+            zd_rpc_wait(*slot, -1);
+            zd_future_unref(*slot);
         }
-        *slot = rpc_async(1, "echo", NULL, -1);
+        *slot = zd_rpc_async(1, "echo", NULL, -1);
     }
     for (int i = 0; i < window; i++)
         if (ring[i]) {
-            rpc_wait(ring[i], -1);
-            rpc_future_unref(ring[i]);
+            zd_rpc_wait(ring[i], -1);
+            zd_future_unref(ring[i]);
         }
     double dt = now_us() - t0;
     free(ring);
@@ -270,9 +270,9 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
         raw_block(req, 100, NULL);
     }
     float ten[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-    tensor_t *t = tensor_from_data(TENSOR_F32, 2, (int64_t[]){1, 10}, ten);
-    rpc_value_t *targs = rpc_args("t", t);
-    tensor_unref(t);
+    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){1, 10}, ten);
+    zd_value_t *targs = zd_rpc_args("t", t);
+    zd_tensor_unref(t);
     /* Warm up, then blocks taking turns so that every kind of call sees the
        same machine (this VM's neighbours come and go). */
     rpc_block("echo", NULL, iters / 10, NULL);
@@ -287,19 +287,19 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
         if (raw)
             raw_block(req, n, &zraw);
         for (int i = 0; i < n / 2; i++) {
-            rpc_value_t *v;
+            zd_value_t *v;
             double t0 = now_us();
-            rpc_rref_t *r = rpc_remote(1, "small", NULL, -1);
-            if (!r || rpc_rref_to_here(r, -1, &v) < 0) {
-                fprintf(stderr, "bench_rpc: %s\n", error_last());
+            zd_rref_t *r = zd_rpc_remote(1, "small", NULL, -1);
+            if (!r || zd_rref_to_here(r, -1, &v) < 0) {
+                fprintf(stderr, "bench_rpc: %s\n", zd_error_last());
                 break;
             }
             sample(&rth, now_us() - t0);
-            rpc_value_unref(v);
-            rpc_rref_unref(r);
+            zd_value_unref(v);
+            zd_rref_unref(r);
         }
     }
-    rpc_value_unref(targs);
+    zd_value_unref(targs);
     if (plain.n) {
         add(fs, "rpc_rtt_us_p50", quantile(plain.t, plain.n, 0.5), "us");
         add(fs, "rpc_rtt_us_p99", quantile(plain.t, plain.n, 0.99), "us");
@@ -316,7 +316,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
         add(fs, "zmq_rtt_us_p50", quantile(zraw.t, zraw.n, 0.5), "us");
         add(fs, "zmq_rtt_us_p99", quantile(zraw.t, zraw.n, 0.99), "us");
     }
-    rpc_rref_drain(-1);
+    zd_rref_drain(-1);
     /* Throughput: best of a few, taking turns with raw libzmq at 64 MiB. */
     static const size_t mib[] = {1, 16, 64};
     static const char *names[] = {"rpc_bw_1MiB_GBps", "rpc_bw_16MiB_GBps", "rpc_bw_64MiB_GBps"};
@@ -324,7 +324,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
     double zbest = 0;
     for (int k = 0; k < 3; k++) {
         size_t size = mib[k] << 20;
-        rpc_value_t *args = tensor_args(size);
+        zd_value_t *args = tensor_args(size);
         double best = 0;
         int reps = bw_reps ? bw_reps : k == 0 ? 20 : k == 1 ? 8 : 6;
         for (int i = -1; i < reps; i++) {
@@ -337,7 +337,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
                     zbest = g;
             }
         }
-        rpc_value_unref(args);
+        zd_value_unref(args);
         add(fs, names[k], best, "GB/s");
     }
     if (raw)
@@ -374,7 +374,7 @@ static int run(int iters, bool raw, figures_t *fs)
         pthread_t t;
         if (raw)
             pthread_create(&t, NULL, raw_server, raw_ep);
-        int rc = setup(1, port) == 0 && rpc_shutdown(true, 0) == 0 ? 0 : 1;
+        int rc = setup(1, port) == 0 && zd_rpc_shutdown(true, 0) == 0 ? 0 : 1;
         if (raw)
             pthread_join(t, NULL);
         _exit(rc);
@@ -385,7 +385,7 @@ static int run(int iters, bool raw, figures_t *fs)
         figures_t mine = {0};
         if (setup(0, port) == 0) {
             client(iters, raw, raw_ep, &mine);
-            rpc_shutdown(true, 0);
+            zd_rpc_shutdown(true, 0);
         }
         if (write(fd[1], &mine, sizeof mine) != (ssize_t)sizeof mine)
             _exit(1);

@@ -1,6 +1,6 @@
 /*  bench_winograd: the Net's conv2 (x [B,32,26,26], w [64,32,3,3], stride 1,
     no padding, y [B,64,24,24]) by Winograd F(2x2, 3x3) (nn/winograd.c)
-    against nn_conv2d, forward and input gradient, with 1 and 2 threads.
+    against zd_nn_conv2d, forward and input gradient, with 1 and 2 threads.
 
         bench_winograd [--csv] [--batch N] [--seconds S] [--threads N]
                        [--shape C,O,H,W,padding]
@@ -9,13 +9,13 @@
     output channels, H x W input).
 
     Each thread count runs in a child process of its own, since the pool's
-    size is fixed once a layer has run (nn_set_num_threads); --threads runs
+    size is fixed once a layer has run (zd_nn_set_num_threads); --threads runs
     only that one. Times are ms per call, the median (and the best) of
     ROUNDS rounds; the measures take turns within each round, so load from
     elsewhere on the machine hits them alike.
 
-    "conv2d fwd" is nn_conv2d on an input that needs no gradient (no graph
-    is recorded); "conv2d dx" is the backward pass of nn_conv2d for an
+    "conv2d fwd" is zd_nn_conv2d on an input that needs no gradient (no graph
+    is recorded); "conv2d dx" is the backward pass of zd_nn_conv2d for an
     input that needs its gradient and a weight that does not (so only dx is
     computed), taken as (forward + backward) - forward. GFLOP/s counts the
     direct convolution's 2*B*O*C*9*Ho*Wo for every method.
@@ -30,10 +30,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/nn.h"
-#include "nn/rng.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/nn.h>
+#include <zdist/rng.h>
 #include "nn/winograd.h"
 
 #define ROUNDS 7
@@ -42,7 +42,7 @@ enum { WINO_FWD, CONV_FWD, WINO_DX, CONV_FWD_BWD, CONV_FWD_G, N_MEASURES };
 
 typedef struct {
     int batch, C, O, H, W, pad, Ho, Wo;
-    tensor_t *x, *xg, *w, *b, *dy;   /* xg: x with requires_grad */
+    zd_tensor_t *x, *xg, *w, *b, *dy;   /* xg: x with requires_grad */
     float *y, *dx;                   /* Winograd's outputs */
 } bench_t;
 
@@ -61,30 +61,30 @@ static int cmp_double(const void *a, const void *b)
 
 static int run(bench_t *b, int what)
 {
-    tensor_t *y = NULL;
+    zd_tensor_t *y = NULL;
     int rc;
     switch (what) {
     case WINO_FWD:
-        return nn_winograd_forward(tensor_data(b->x), b->batch, b->C, b->H, b->W,
-                                   tensor_data(b->w), b->O, tensor_data(b->b), b->pad, b->y,
+        return zd__nn_winograd_forward(zd_tensor_data(b->x), b->batch, b->C, b->H, b->W,
+                                   zd_tensor_data(b->w), b->O, zd_tensor_data(b->b), b->pad, b->y,
                                    NULL, NULL);
     case WINO_DX:
-        return nn_winograd_backward_input(tensor_data(b->dy), b->batch, b->O, b->Ho, b->Wo,
-                                          tensor_data(b->w), b->C, b->pad, b->dx, NULL, NULL);
+        return zd__nn_winograd_backward_input(zd_tensor_data(b->dy), b->batch, b->O, b->Ho, b->Wo,
+                                          zd_tensor_data(b->w), b->C, b->pad, b->dx, NULL, NULL);
     case CONV_FWD:
-        rc = nn_conv2d(b->x, b->w, b->b, 1, b->pad, &y);
+        rc = zd_nn_conv2d(b->x, b->w, b->b, 1, b->pad, &y);
         break;
     case CONV_FWD_G:
-        rc = nn_conv2d(b->xg, b->w, NULL, 1, b->pad, &y);
+        rc = zd_nn_conv2d(b->xg, b->w, NULL, 1, b->pad, &y);
         break;
     default:
-        rc = nn_conv2d(b->xg, b->w, NULL, 1, b->pad, &y);
+        rc = zd_nn_conv2d(b->xg, b->w, NULL, 1, b->pad, &y);
         if (rc == 0)
-            rc = autograd_backward(y, b->dy, false);
-        tensor_clear_grad(b->xg);
+            rc = zd_autograd_backward(y, b->dy, false);
+        zd_tensor_clear_grad(b->xg);
         break;
     }
-    tensor_unref(y);
+    zd_tensor_unref(y);
     return rc;
 }
 
@@ -101,42 +101,42 @@ static double max_diff(const float *a, const float *b, int64_t n)
     is worthless). */
 static int agreement(bench_t *b, double *dfwd, double *ddx)
 {
-    tensor_t *y = NULL, *yg = NULL, *g = NULL;
-    int rc = run(b, WINO_FWD) | run(b, WINO_DX) | nn_conv2d(b->x, b->w, b->b, 1, b->pad, &y);
-    if (rc == 0 && (rc = nn_conv2d(b->xg, b->w, NULL, 1, b->pad, &yg)) == 0 &&
-        (rc = autograd_backward(yg, b->dy, false)) == 0 && (g = tensor_grad(b->xg))) {
-        *dfwd = max_diff(b->y, tensor_data(y), tensor_numel(y));
-        *ddx = max_diff(b->dx, tensor_data(g), tensor_numel(g));
+    zd_tensor_t *y = NULL, *yg = NULL, *g = NULL;
+    int rc = run(b, WINO_FWD) | run(b, WINO_DX) | zd_nn_conv2d(b->x, b->w, b->b, 1, b->pad, &y);
+    if (rc == 0 && (rc = zd_nn_conv2d(b->xg, b->w, NULL, 1, b->pad, &yg)) == 0 &&
+        (rc = zd_autograd_backward(yg, b->dy, false)) == 0 && (g = zd_tensor_grad(b->xg))) {
+        *dfwd = max_diff(b->y, zd_tensor_data(y), zd_tensor_numel(y));
+        *ddx = max_diff(b->dx, zd_tensor_data(g), zd_tensor_numel(g));
     }
-    tensor_clear_grad(b->xg);
-    tensor_unref(g);
-    tensor_unref(yg);
-    tensor_unref(y);
+    zd_tensor_clear_grad(b->xg);
+    zd_tensor_unref(g);
+    zd_tensor_unref(yg);
+    zd_tensor_unref(y);
     return rc == 0 ? 0 : -1;
 }
 
 static int bench_threads(int threads, bench_t b, double seconds, bool csv)
 {
-    if (nn_set_num_threads(threads) < 0)
+    if (zd_nn_set_num_threads(threads) < 0)
         return -1;
-    nn_rng_t rng;
-    nn_rng_seed(&rng, 5);
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 5);
     const int batch = b.batch;
-    b.x = tensor_empty(TENSOR_F32, 4, (int64_t[]){batch, b.C, b.H, b.W});
-    b.w = tensor_empty(TENSOR_F32, 4, (int64_t[]){b.O, b.C, 3, 3});
-    b.b = tensor_empty(TENSOR_F32, 1, (int64_t[]){b.O});
-    b.dy = tensor_empty(TENSOR_F32, 4, (int64_t[]){batch, b.O, b.Ho, b.Wo});
+    b.x = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){batch, b.C, b.H, b.W});
+    b.w = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){b.O, b.C, 3, 3});
+    b.b = zd_tensor_empty(ZD_FLOAT32, 1, (int64_t[]){b.O});
+    b.dy = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){batch, b.O, b.Ho, b.Wo});
     b.y = malloc(sizeof(float) * (size_t)batch * b.O * b.Ho * b.Wo);
     b.dx = malloc(sizeof(float) * (size_t)batch * b.C * b.H * b.W);
     if (!b.x || !b.w || !b.b || !b.dy || !b.y || !b.dx)
-        return error_set("out of memory");
-    tensor_t *all[] = {b.x, b.w, b.b, b.dy};
+        return zd_error_set("out of memory");
+    zd_tensor_t *all[] = {b.x, b.w, b.b, b.dy};
     for (int t = 0; t < 4; t++)
-        for (int64_t i = 0; i < tensor_numel(all[t]); i++)
-            tensor_data(all[t])[i] = nn_rng_uniform_range(&rng, -1.0f, 1.0f) *
+        for (int64_t i = 0; i < zd_tensor_numel(all[t]); i++)
+            zd_tensor_data(all[t])[i] = zd_nn_rng_uniform_range(&rng, -1.0f, 1.0f) *
                                      (t == 1 ? 1.0f / sqrtf(9.0f * b.C) : 1.0f);
-    b.xg = tensor_clone(b.x);
-    if (!b.xg || tensor_set_requires_grad(b.xg, true) < 0)
+    b.xg = zd_tensor_clone(b.x);
+    if (!b.xg || zd_tensor_set_requires_grad(b.xg, true) < 0)
         return -1;
 
     double dfwd = 0, ddx = 0, per_call[N_MEASURES], best[N_MEASURES], ms[N_MEASURES][ROUNDS];
@@ -186,8 +186,8 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
                res[3] / res[2], low[1] / low[0], low[3] / low[2]);
     }
     fflush(stdout);
-    tensor_unref(b.x), tensor_unref(b.xg), tensor_unref(b.w), tensor_unref(b.b);
-    tensor_unref(b.dy);
+    zd_tensor_unref(b.x), zd_tensor_unref(b.xg), zd_tensor_unref(b.w), zd_tensor_unref(b.b);
+    zd_tensor_unref(b.dy);
     free(b.y), free(b.dx);
     return 0;
 }
@@ -226,7 +226,7 @@ int main(int argc, char **argv)
     }
     if (only) {
         if (bench_threads(only, b, seconds, csv) < 0) {
-            fprintf(stderr, "bench_winograd: %s\n", error_last());
+            fprintf(stderr, "bench_winograd: %s\n", zd_error_last());
             return 1;
         }
         return 0;
@@ -240,7 +240,7 @@ int main(int argc, char **argv)
         }
         if (pid == 0) {
             if (bench_threads(threads, b, seconds, csv) < 0) {
-                fprintf(stderr, "bench_winograd: %s\n", error_last());
+                fprintf(stderr, "bench_winograd: %s\n", zd_error_last());
                 _exit(1);
             }
             _exit(0);

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <zlib.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 typedef struct {
     int64_t batch;
@@ -36,7 +36,7 @@ curves_t *curves_new(const char *title)
     curves_t *c = calloc(1, sizeof *c);
     if (!c || !(c->title = strdup(title ? title : ""))) {
         free(c);
-        error_set("curves: out of memory");
+        zd_error_set("curves: out of memory");
         return NULL;
     }
     c->accuracy = -1;
@@ -58,7 +58,7 @@ int curves_add(curves_t *c, int64_t batch, double loss, double samples_per_s)
         int cap = c->cap ? 2 * c->cap : 64;
         point_t *p = realloc(c->points, (size_t)cap * sizeof *p);
         if (!p)
-            return error_set("curves: out of memory");
+            return zd_error_set("curves: out of memory");
         c->points = p;
         c->cap = cap;
     }
@@ -77,7 +77,7 @@ static int write_csv(const curves_t *c, const char *path)
 {
     FILE *f = fopen(path, "w");
     if (!f)
-        return error_set("curves: cannot write %s: %s", path, strerror(errno));
+        return zd_error_set("curves: cannot write %s: %s", path, strerror(errno));
     fprintf(f, "batch,loss,samples_per_s,test_accuracy\n");
     for (int i = 0; i < c->n; i++)
         fprintf(f, "%lld,%.6g,%.6g,\n", (long long)c->points[i].batch, c->points[i].loss,
@@ -87,7 +87,7 @@ static int write_csv(const curves_t *c, const char *path)
                 c->accuracy);
     bool failed = ferror(f) != 0;
     if (fclose(f) != 0 || failed)
-        return error_set("curves: cannot write %s: %s", path, strerror(errno));
+        return zd_error_set("curves: cannot write %s: %s", path, strerror(errno));
     return 0;
 }
 
@@ -117,20 +117,20 @@ static int write_chunk(FILE *f, const char *type, const uint8_t *data, uint32_t 
 int curves_png_write(const char *path, const uint8_t *rgb, int w, int h)
 {
     if (w < 1 || h < 1 || w > 16384 || h > 16384)
-        return error_set("curves: a %dx%d image for %s", w, h, path);
+        return zd_error_set("curves: a %dx%d image for %s", w, h, path);
     size_t row = 1 + 3 * (size_t)w, raw_len = row * (size_t)h;
     uLongf z_len = compressBound((uLong)raw_len);
     uint8_t *raw = malloc(raw_len), *z = malloc(z_len);
-    int rc = raw && z ? 0 : error_set("curves: out of memory for %s", path);
+    int rc = raw && z ? 0 : zd_error_set("curves: out of memory for %s", path);
     for (int y = 0; rc == 0 && y < h; y++) {
         raw[(size_t)y * row] = 0;   /* filter: none */
         memcpy(raw + (size_t)y * row + 1, rgb + (size_t)y * 3 * (size_t)w, 3 * (size_t)w);
     }
     if (rc == 0 && compress2(z, &z_len, raw, (uLong)raw_len, 6) != Z_OK)
-        rc = error_set("curves: zlib could not compress %s", path);
+        rc = zd_error_set("curves: zlib could not compress %s", path);
     FILE *f = rc == 0 ? fopen(path, "wb") : NULL;
     if (rc == 0 && !f)
-        rc = error_set("curves: cannot write %s: %s", path, strerror(errno));
+        rc = zd_error_set("curves: cannot write %s: %s", path, strerror(errno));
     if (rc == 0) {
         static const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
         uint8_t ihdr[13] = {0};
@@ -140,10 +140,10 @@ int curves_png_write(const char *path, const uint8_t *rgb, int w, int h)
         ihdr[9] = 2;    /* RGB */
         if (fwrite(signature, 1, 8, f) != 8 || write_chunk(f, "IHDR", ihdr, 13) < 0 ||
             write_chunk(f, "IDAT", z, (uint32_t)z_len) < 0 || write_chunk(f, "IEND", NULL, 0) < 0)
-            rc = error_set("curves: cannot write %s: %s", path, strerror(errno));
+            rc = zd_error_set("curves: cannot write %s: %s", path, strerror(errno));
     }
     if (f && fclose(f) != 0 && rc == 0)
-        rc = error_set("curves: cannot write %s: %s", path, strerror(errno));
+        rc = zd_error_set("curves: cannot write %s: %s", path, strerror(errno));
     free(raw);
     free(z);
     return rc;
@@ -333,7 +333,7 @@ static int write_png(const curves_t *c, const char *path)
 {
     canvas_t *cv = malloc(sizeof *cv);
     if (!cv)
-        return error_set("curves: out of memory for %s", path);
+        return zd_error_set("curves: out of memory for %s", path);
     memset(cv, 255, sizeof *cv);
     char title[256];
     if (c->accuracy >= 0)
@@ -367,7 +367,7 @@ int curves_write(const curves_t *c, const char *path_prefix)
 {
     char path[4096];
     if (snprintf(path, sizeof path, "%s.csv", path_prefix) >= (int)sizeof path)
-        return error_set("curves: path too long: %s", path_prefix);
+        return zd_error_set("curves: path too long: %s", path_prefix);
     if (write_csv(c, path) < 0)
         return -1;
     snprintf(path, sizeof path, "%s.png", path_prefix);

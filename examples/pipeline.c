@@ -9,11 +9,11 @@
     of the two shards shows. */
 #include <stdio.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "examples/flags.h"
 #include "examples/pipeline_core.h"
 #include "examples/ps_launch.h"
-#include "rpc/rpc.h"
+#include <zdist/rpc.h>
 
 int main(int argc, char **argv)
 {
@@ -49,23 +49,23 @@ int main(int argc, char **argv)
     if (flags_world_resolve(&w, PIPELINE_WORLD_SIZE, prog) < 0)
         return 2;
     if (pipeline_options_check(&o, (int)w.world_size) < 0) {
-        fprintf(stderr, "%s: %s\n", prog, error_last());
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 2;
     }
     const char *names[PIPELINE_WORLD_SIZE] = {"master", "shard1", "shard2"};
     if (pipeline_register() < 0) {
-        fprintf(stderr, "%s: %s\n", prog, error_last());
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
     if (ps_world_init(&w, names[w.rank], prog) < 0)
         return 1;
     int rc = 0;
     if (w.rank == 0 && pipeline_run_driver(&o, NULL) < 0) {
-        fprintf(stderr, "%s: %s\n", prog, error_last());
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         rc = 1;
     }
-    if (rpc_shutdown(true, 0) < 0) {
-        fprintf(stderr, "%s: %s: shutdown: %s\n", prog, names[w.rank], error_last());
+    if (zd_rpc_shutdown(true, 0) < 0) {
+        fprintf(stderr, "%s: %s: shutdown: %s\n", prog, names[w.rank], zd_error_last());
         rc = 1;
     }
     return rc;

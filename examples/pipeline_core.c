@@ -5,19 +5,19 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "autograd/autograd.h"
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
 #include "examples/ps_actor.h"
-#include "nn/model.h"
-#include "optim/dist_optim.h"
+#include <zdist/model.h>
+#include <zdist/dist_optim.h>
 
 /*  ---- the shard actor ---- */
 
 typedef struct {
     int stage;                          /* 1 or 2 */
-    nn_model_t *net;                    /* the whole Net; only the stage's half is used */
-    tensor_t *params[PIPELINE_STAGE_PARAMS];    /* borrowed from net */
+    zd_nn_model_t *net;                    /* the whole Net; only the stage's half is used */
+    zd_tensor_t *params[PIPELINE_STAGE_PARAMS];    /* borrowed from net */
     double busy;                        /* seconds spent in forward since the last stats */
     int64_t calls;
 } shard_t;
@@ -32,119 +32,119 @@ static double now(void)
 static void shard_free(void *obj)
 {
     shard_t *s = obj;
-    nn_model_free(s->net);
+    zd_nn_model_free(s->net);
     free(s);
 }
 
 static const ps_actor_class_t shard_class = {"NetShard", shard_free};
 
 /*  "NetShard"(stage, seed, dropout) */
-static rpc_value_t *fn_shard_new(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t stage, seed, dropout;
-    if (rpc_arg_int(args, 0, &stage) < 0 || rpc_arg_int(args, 1, &seed) < 0 ||
-        rpc_arg_int(args, 2, &dropout) < 0)
+    if (zd_rpc_arg_int(args, 0, &stage) < 0 || zd_rpc_arg_int(args, 1, &seed) < 0 ||
+        zd_rpc_arg_int(args, 2, &dropout) < 0)
         return NULL;
     if (stage != 1 && stage != 2) {
-        error_set("NetShard: stage must be 1 or 2, got %lld", (long long)stage);
+        zd_error_set("NetShard: stage must be 1 or 2, got %lld", (long long)stage);
         return NULL;
     }
     shard_t *s = calloc(1, sizeof *s);
-    if (!s || !(s->net = nn_net_new((uint64_t)seed))) {
+    if (!s || !(s->net = zd_nn_net_new((uint64_t)seed))) {
         if (!s)
-            error_set("out of memory");
+            zd_error_set("out of memory");
         free(s);
         return NULL;
     }
     s->stage = (int)stage;
-    nn_model_train(s->net, dropout != 0);
+    zd_nn_model_train(s->net, dropout != 0);
     /* Stage 1 holds conv1 and conv2, stage 2 fc1 and fc2. */
     for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
-        s->params[i] = nn_model_param(s->net, (s->stage - 1) * PIPELINE_STAGE_PARAMS + i);
+        s->params[i] = zd_nn_model_param(s->net, (s->stage - 1) * PIPELINE_STAGE_PARAMS + i);
     return ps_actor_new(&shard_class, s);
 }
 
 /*  "NetShard.forward"(x_rref) */
-static rpc_value_t *fn_shard_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     ps_actor_t *a = ps_actor_get(args, &shard_class);
     if (!a)
         return NULL;
     shard_t *s = ps_actor_object(a);
-    rpc_rref_t *in_rref;
-    rpc_value_t *in = NULL, *v = NULL;
-    tensor_t *x, *y = NULL;
+    zd_rref_t *in_rref;
+    zd_value_t *in = NULL, *v = NULL;
+    zd_tensor_t *x, *y = NULL;
     /* Fetching the input is not the shard's work: outside the lock. Under
        the caller's context, the fetch is recorded for backward. */
-    if (rpc_arg_rref(args, 1, &in_rref) < 0 || rpc_rref_to_here(in_rref, -1, &in) < 0 ||
-        rpc_value_get_tensor(in, &x) < 0) {
-        error_wrap("NetShard.forward (stage %d): input", s->stage);
+    if (zd_rpc_arg_rref(args, 1, &in_rref) < 0 || zd_rref_to_here(in_rref, -1, &in) < 0 ||
+        zd_value_get_tensor(in, &x) < 0) {
+        zd_error_wrap("NetShard.forward (stage %d): input", s->stage);
         goto out;
     }
     /* Without a context nobody can run backward: do not record. */
-    bool grad = autograd_set_grad_enabled(dist_autograd_current_context() >= 0);
+    bool grad = zd_autograd_set_grad_enabled(zd_dist_autograd_current_context() >= 0);
     ps_actor_lock(a);
     double t0 = now();
-    int rc = s->stage == 1 ? nn_net_forward_conv(s->net, x, &y)
-                           : nn_net_forward_fc(s->net, x, &y);
+    int rc = s->stage == 1 ? zd_nn_net_forward_conv(s->net, x, &y)
+                           : zd_nn_net_forward_fc(s->net, x, &y);
     s->busy += now() - t0;
     s->calls++;
     ps_actor_unlock(a);
-    autograd_set_grad_enabled(grad);
+    zd_autograd_set_grad_enabled(grad);
     if (rc == 0)
-        v = rpc_value_tensor(y);
+        v = zd_value_tensor(y);
     else
-        error_wrap("NetShard.forward (stage %d)", s->stage);
+        zd_error_wrap("NetShard.forward (stage %d)", s->stage);
 out:
-    tensor_unref(y);
-    rpc_value_unref(in);
+    zd_tensor_unref(y);
+    zd_value_unref(in);
     return v;
 }
 
 /*  "NetShard.parameter_rrefs"() -> [RRef(param), ...] */
-static rpc_value_t *fn_shard_param_rrefs(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_shard_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     ps_actor_t *a = ps_actor_get(args, &shard_class);
     if (!a)
         return NULL;
     shard_t *s = ps_actor_object(a);
-    rpc_value_t *l = rpc_value_list(PIPELINE_STAGE_PARAMS);
+    zd_value_t *l = zd_value_list(PIPELINE_STAGE_PARAMS);
     for (int i = 0; l && i < PIPELINE_STAGE_PARAMS; i++) {
-        rpc_value_t *pv = rpc_value_tensor(s->params[i]);
-        rpc_rref_t *r = pv ? rpc_rref_new(pv) : NULL;
-        rpc_value_unref(pv);
-        if (!r || rpc_list_append(l, rpc_value_rref(r)) < 0) {
-            rpc_value_unref(l);
+        zd_value_t *pv = zd_value_tensor(s->params[i]);
+        zd_rref_t *r = pv ? zd_rref_new(pv) : NULL;
+        zd_value_unref(pv);
+        if (!r || zd_list_append(l, zd_value_rref(r)) < 0) {
+            zd_value_unref(l);
             l = NULL;
         }
-        rpc_rref_unref(r);
+        zd_rref_unref(r);
     }
     return l;
 }
 
 /*  "NetShard.train"(on) */
-static rpc_value_t *fn_shard_train(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_shard_train(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t on;
     ps_actor_t *a = ps_actor_get(args, &shard_class);
     if (!a)
         return NULL;
-    rpc_value_t *v = NULL;
-    if (rpc_arg_int(args, 1, &on) == 0) {
+    zd_value_t *v = NULL;
+    if (zd_rpc_arg_int(args, 1, &on) == 0) {
         ps_actor_lock(a);
-        nn_model_train(((shard_t *)ps_actor_object(a))->net, on != 0);
+        zd_nn_model_train(((shard_t *)ps_actor_object(a))->net, on != 0);
         ps_actor_unlock(a);
-        v = rpc_value_none();
+        v = zd_value_none();
     }
     return v;
 }
 
 /*  "NetShard.gradients"(context_id) -> [grad or none, ...] */
-static rpc_value_t *fn_shard_gradients(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_shard_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t ctx;
@@ -152,24 +152,24 @@ static rpc_value_t *fn_shard_gradients(rpc_call_t *call, rpc_value_t *args, void
     if (!a)
         return NULL;
     shard_t *s = ps_actor_object(a);
-    rpc_value_t *l = NULL;
-    if (rpc_arg_int(args, 1, &ctx) == 0)
-        l = rpc_value_list(PIPELINE_STAGE_PARAMS);
+    zd_value_t *l = NULL;
+    if (zd_rpc_arg_int(args, 1, &ctx) == 0)
+        l = zd_value_list(PIPELINE_STAGE_PARAMS);
     for (int i = 0; l && i < PIPELINE_STAGE_PARAMS; i++) {
-        tensor_t *g;
-        if (dist_autograd_get_gradient(ctx, s->params[i], &g) < 0 ||
-            rpc_list_append(l, g ? rpc_value_tensor(g) : rpc_value_none()) < 0) {
-            rpc_value_unref(l);
+        zd_tensor_t *g;
+        if (zd_dist_autograd_get_gradient(ctx, s->params[i], &g) < 0 ||
+            zd_list_append(l, g ? zd_value_tensor(g) : zd_value_none()) < 0) {
+            zd_value_unref(l);
             l = NULL;
         }
-        tensor_unref(g);
+        zd_tensor_unref(g);
     }
     return l;
 }
 
 /*  "NetShard.stats"() -> [seconds in forward, forwards], both since the
     previous call (which resets them). */
-static rpc_value_t *fn_shard_stats(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_shard_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     ps_actor_t *a = ps_actor_get(args, &shard_class);
@@ -177,7 +177,7 @@ static rpc_value_t *fn_shard_stats(rpc_call_t *call, rpc_value_t *args, void *ar
         return NULL;
     shard_t *s = ps_actor_object(a);
     ps_actor_lock(a);
-    rpc_value_t *v = rpc_args("fi", s->busy, s->calls);
+    zd_value_t *v = zd_rpc_args("fi", s->busy, s->calls);
     s->busy = 0;
     s->calls = 0;
     ps_actor_unlock(a);
@@ -186,13 +186,13 @@ static rpc_value_t *fn_shard_stats(rpc_call_t *call, rpc_value_t *args, void *ar
 
 int pipeline_register(void)
 {
-    if (dist_autograd_init() < 0 || dist_optim_init() < 0 || ps_actor_register() < 0 ||
-        rpc_register("NetShard", fn_shard_new, NULL) < 0 ||
-        rpc_register("NetShard.forward", fn_shard_forward, NULL) < 0 ||
-        rpc_register("NetShard.parameter_rrefs", fn_shard_param_rrefs, NULL) < 0 ||
-        rpc_register("NetShard.train", fn_shard_train, NULL) < 0 ||
-        rpc_register("NetShard.gradients", fn_shard_gradients, NULL) < 0 ||
-        rpc_register("NetShard.stats", fn_shard_stats, NULL) < 0)
+    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0 || ps_actor_register() < 0 ||
+        zd_rpc_register("NetShard", fn_shard_new, NULL) < 0 ||
+        zd_rpc_register("NetShard.forward", fn_shard_forward, NULL) < 0 ||
+        zd_rpc_register("NetShard.parameter_rrefs", fn_shard_param_rrefs, NULL) < 0 ||
+        zd_rpc_register("NetShard.train", fn_shard_train, NULL) < 0 ||
+        zd_rpc_register("NetShard.gradients", fn_shard_gradients, NULL) < 0 ||
+        zd_rpc_register("NetShard.stats", fn_shard_stats, NULL) < 0)
         return -1;
     return 0;
 }
@@ -200,9 +200,9 @@ int pipeline_register(void)
 /*  ---- the driver's side ---- */
 
 struct pipeline_net {
-    rpc_rref_t *shard[2];
-    rpc_value_t *param_lists[2];        /* the replies of parameter_rrefs */
-    rpc_rref_t *params[2 * PIPELINE_STAGE_PARAMS];
+    zd_rref_t *shard[2];
+    zd_value_t *param_lists[2];        /* the replies of parameter_rrefs */
+    zd_rref_t *params[2 * PIPELINE_STAGE_PARAMS];
     bool have_params;
 };
 
@@ -210,14 +210,14 @@ pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropo
 {
     pipeline_net_t *n = calloc(1, sizeof *n);
     if (!n) {
-        error_set("out of memory");
+        zd_error_set("out of memory");
         return NULL;
     }
     int ranks[2] = {rank1, rank2};
     for (int k = 0; k < 2; k++) {
-        rpc_value_t *a = rpc_args("iii", (int64_t)k + 1, (int64_t)seed, (int64_t)dropout);
-        n->shard[k] = a ? rpc_remote(ranks[k], "NetShard", a, -1) : NULL;
-        rpc_value_unref(a);
+        zd_value_t *a = zd_rpc_args("iii", (int64_t)k + 1, (int64_t)seed, (int64_t)dropout);
+        n->shard[k] = a ? zd_rpc_remote(ranks[k], "NetShard", a, -1) : NULL;
+        zd_value_unref(a);
         if (!n->shard[k]) {
             pipeline_net_free(n);
             return NULL;
@@ -231,84 +231,84 @@ void pipeline_net_free(pipeline_net_t *n)
     if (!n)
         return;
     for (int k = 0; k < 2; k++) {
-        rpc_value_unref(n->param_lists[k]);
-        rpc_rref_unref(n->shard[k]);   /* the last RRef: the shard is freed */
+        zd_value_unref(n->param_lists[k]);
+        zd_rref_unref(n->shard[k]);   /* the last RRef: the shard is freed */
     }
     free(n);
 }
 
 /*  Starts micro-batch x through both stages; returns the future of stage
     2's output. */
-static rpc_future_t *start_micro_batch(pipeline_net_t *n, tensor_t *x)
+static zd_future_t *start_micro_batch(pipeline_net_t *n, zd_tensor_t *x)
 {
-    rpc_value_t *xv = rpc_value_tensor(x), *a = NULL;
-    rpc_rref_t *x_rref = xv ? rpc_rref_new(xv) : NULL, *y_rref = NULL;
-    rpc_future_t *f = NULL;
-    rpc_value_unref(xv);
-    if (x_rref && (a = rpc_args("r", x_rref)))
-        y_rref = rpc_rref_remote(n->shard[0], "NetShard.forward", a, -1);
-    rpc_value_unref(a);
+    zd_value_t *xv = zd_value_tensor(x), *a = NULL;
+    zd_rref_t *x_rref = xv ? zd_rref_new(xv) : NULL, *y_rref = NULL;
+    zd_future_t *f = NULL;
+    zd_value_unref(xv);
+    if (x_rref && (a = zd_rpc_args("r", x_rref)))
+        y_rref = zd_rref_remote(n->shard[0], "NetShard.forward", a, -1);
+    zd_value_unref(a);
     a = NULL;
-    if (y_rref && (a = rpc_args("r", y_rref)))
-        f = rpc_rref_rpc_async(n->shard[1], "NetShard.forward", a, -1);
-    rpc_value_unref(a);
-    rpc_rref_unref(y_rref);
-    rpc_rref_unref(x_rref);
+    if (y_rref && (a = zd_rpc_args("r", y_rref)))
+        f = zd_rref_rpc_async(n->shard[1], "NetShard.forward", a, -1);
+    zd_value_unref(a);
+    zd_rref_unref(y_rref);
+    zd_rref_unref(x_rref);
     return f;
 }
 
-int pipeline_net_forward(pipeline_net_t *n, tensor_t *x, int num_split, tensor_t **logprobs)
+int pipeline_net_forward(pipeline_net_t *n, zd_tensor_t *x, int num_split, zd_tensor_t **logprobs)
 {
     *logprobs = NULL;
-    if (!x || tensor_ndim(x) != 4 || tensor_dtype(x) != TENSOR_F32 || tensor_size(x, 0) < 1)
-        return error_set("pipeline forward: x must be a float32 (N, 1, 28, 28) batch");
-    int64_t N = tensor_size(x, 0);
+    if (!x || zd_tensor_ndim(x) != 4 || zd_tensor_dtype(x) != ZD_FLOAT32 || zd_tensor_size(x, 0) < 1)
+        return zd_error_set("pipeline forward: x must be a float32 (N, 1, 28, 28) batch");
+    int64_t N = zd_tensor_size(x, 0);
     if (num_split < 1 || num_split > N)
-        return error_set("pipeline forward: %d micro-batches of a batch of %lld", num_split,
+        return zd_error_set("pipeline forward: %d micro-batches of a batch of %lld", num_split,
                          (long long)N);
     int64_t size = (N + num_split - 1) / num_split;
     int m = (int)((N + size - 1) / size);
-    rpc_future_t **f = calloc((size_t)m, sizeof *f);
-    tensor_t **outs = calloc((size_t)m, sizeof *outs);
-    int rc = f && outs ? 0 : error_set("out of memory");
+    zd_future_t **f = calloc((size_t)m, sizeof *f);
+    zd_tensor_t **outs = calloc((size_t)m, sizeof *outs);
+    int rc = f && outs ? 0 : zd_error_set("out of memory");
     for (int i = 0; rc == 0 && i < m; i++) {
         int64_t lo = i * size, len = lo + size < N ? size : N - lo;
-        tensor_t *xi = NULL;
-        if (tensor_narrow(x, 0, lo, len, &xi) < 0 || !(f[i] = start_micro_batch(n, xi)))
+        zd_tensor_t *xi = NULL;
+        if (zd_tensor_narrow(x, 0, lo, len, &xi) < 0 || !(f[i] = start_micro_batch(n, xi)))
             rc = -1;
-        tensor_unref(xi);
+        zd_tensor_unref(xi);
     }
     for (int i = 0; i < m; i++) {
-        tensor_t *t;
-        if (f && f[i] && rpc_future_wait(f[i], -1) == 0 && rc == 0 &&
-            rpc_value_get_tensor(rpc_future_value(f[i]), &t) == 0)
-            outs[i] = tensor_ref(t);
+        zd_tensor_t *t;
+        if (f && f[i] && zd_future_wait(f[i], -1) == 0 && rc == 0 &&
+            zd_value_get_tensor(zd_future_value(f[i]), &t) == 0)
+            outs[i] = zd_tensor_ref(t);
         else if (rc == 0)
             rc = -1;
         if (f)
-            rpc_future_unref(f[i]);
+            zd_future_unref(f[i]);
     }
     if (rc == 0)
-        rc = m == 1 ? (*logprobs = tensor_ref(outs[0]), 0) : tensor_cat(outs, m, 0, logprobs);
+        rc = m == 1 ? (*logprobs = zd_tensor_ref(outs[0]), 0) : zd_tensor_cat(outs, m, 0, logprobs);
     for (int i = 0; outs && i < m; i++)
-        tensor_unref(outs[i]);
+        zd_tensor_unref(outs[i]);
     free(outs);
     free(f);
     return rc;
 }
 
-int pipeline_net_parameter_rrefs(pipeline_net_t *n, rpc_rref_t *const **params, int *count)
+int pipeline_net_parameter_rrefs(pipeline_net_t *n, zd_rref_t *const **params, int *count)
 {
     for (int k = 0; !n->have_params && k < 2; k++) {
-        rpc_value_t *l;
-        if (rpc_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l) < 0)
+        zd_value_t *l;
+        if (zd_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l) < 0)
             return -1;
         n->param_lists[k] = l;
-        if (rpc_list_len(l) != PIPELINE_STAGE_PARAMS)
-            return error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d",
-                             rpc_list_len(l), PIPELINE_STAGE_PARAMS);
+        if (zd_list_len(l) != PIPELINE_STAGE_PARAMS)
+            return zd_error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d",
+                             zd_list_len(l), PIPELINE_STAGE_PARAMS);
         for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
-            if (rpc_arg_rref(l, (size_t)i, &n->params[k * PIPELINE_STAGE_PARAMS + i]) < 0)
+            if (zd_rpc_arg_rref(l, (size_t)i, &n->params[k * PIPELINE_STAGE_PARAMS + i]) < 0)
                 return -1;
         n->have_params = k == 1;
     }
@@ -319,45 +319,45 @@ int pipeline_net_parameter_rrefs(pipeline_net_t *n, rpc_rref_t *const **params, 
 
 int pipeline_net_train(pipeline_net_t *n, bool training)
 {
-    rpc_value_t *a = rpc_args("i", (int64_t)training), *v = NULL;
+    zd_value_t *a = zd_rpc_args("i", (int64_t)training), *v = NULL;
     int rc = a ? 0 : -1;
     for (int k = 0; rc == 0 && k < 2; k++) {
-        rc = rpc_rref_rpc_sync(n->shard[k], "NetShard.train", a, -1, &v);
-        rpc_value_unref(v);
+        rc = zd_rref_rpc_sync(n->shard[k], "NetShard.train", a, -1, &v);
+        zd_value_unref(v);
     }
-    rpc_value_unref(a);
+    zd_value_unref(a);
     return rc;
 }
 
-int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, tensor_t **grads)
+int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, zd_tensor_t **grads)
 {
-    rpc_value_t *a = rpc_args("i", context_id);
+    zd_value_t *a = zd_rpc_args("i", context_id);
     int rc = a ? 0 : -1;
     for (int i = 0; i < 2 * PIPELINE_STAGE_PARAMS; i++)
         grads[i] = NULL;
     for (int k = 0; rc == 0 && k < 2; k++) {
-        rpc_value_t *l;
-        if ((rc = rpc_rref_rpc_sync(n->shard[k], "NetShard.gradients", a, -1, &l)) < 0)
+        zd_value_t *l;
+        if ((rc = zd_rref_rpc_sync(n->shard[k], "NetShard.gradients", a, -1, &l)) < 0)
             break;
-        for (int i = 0; i < PIPELINE_STAGE_PARAMS && i < (int)rpc_list_len(l); i++) {
-            tensor_t *g;
-            if (rpc_value_get_tensor(rpc_list_get(l, (size_t)i), &g) == 0)
-                grads[k * PIPELINE_STAGE_PARAMS + i] = tensor_ref(g);
+        for (int i = 0; i < PIPELINE_STAGE_PARAMS && i < (int)zd_list_len(l); i++) {
+            zd_tensor_t *g;
+            if (zd_value_get_tensor(zd_list_get(l, (size_t)i), &g) == 0)
+                grads[k * PIPELINE_STAGE_PARAMS + i] = zd_tensor_ref(g);
         }
-        rpc_value_unref(l);
+        zd_value_unref(l);
     }
-    rpc_value_unref(a);
+    zd_value_unref(a);
     return rc;
 }
 
 int pipeline_net_busy(pipeline_net_t *n, double *seconds)
 {
     for (int k = 0; k < 2; k++) {
-        rpc_value_t *v;
-        if (rpc_rref_rpc_sync(n->shard[k], "NetShard.stats", NULL, -1, &v) < 0)
+        zd_value_t *v;
+        if (zd_rref_rpc_sync(n->shard[k], "NetShard.stats", NULL, -1, &v) < 0)
             return -1;
-        int rc = rpc_arg_float(v, 0, &seconds[k]);
-        rpc_value_unref(v);
+        int rc = zd_rpc_arg_float(v, 0, &seconds[k]);
+        zd_value_unref(v);
         if (rc < 0)
             return -1;
     }

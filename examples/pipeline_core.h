@@ -2,11 +2,11 @@
     PyTorch's tutorial "Distributed Pipeline Parallelism Using RPC", with
     the parameter-server tutorial's Net cut in two.
 
-    Two shard actors (ps_actor.h), each created with rpc_remote() on its
+    Two shard actors (ps_actor.h), each created with zd_rpc_remote() on its
     own process:
       "NetShard"(stage, seed, dropout): the Net built from seed; stage 1
-          runs conv1 .. flatten (nn_net_forward_conv), stage 2 fc1 ..
-          log_softmax (nn_net_forward_fc).
+          runs conv1 .. flatten (zd_nn_net_forward_conv), stage 2 fc1 ..
+          log_softmax (zd_nn_net_forward_fc).
         "NetShard.forward"(x_rref): fetches the input from its RRef and runs
             its stage, one micro-batch at a time (a lock, as the tutorial's).
         "NetShard.parameter_rrefs"(): [RRef(param), ...] of its stage.
@@ -17,11 +17,11 @@
             previous call.
 
     The driver cuts each batch into micro-batches (views of its rows,
-    tensor_narrow); for each one it wraps the input in an RRef, asks stage
-    1 to keep its output remotely (rpc_rref_remote) and stage 2 to continue
-    from that RRef (rpc_rref_rpc_async), so while stage 2 works on
-    micro-batch i, stage 1 already works on i + 1. The outputs are concatenated (tensor_cat), the
-    loss is one nll_loss over the batch, dist_autograd_backward runs back
+    zd_tensor_narrow); for each one it wraps the input in an RRef, asks stage
+    1 to keep its output remotely (zd_rref_remote) and stage 2 to continue
+    from that RRef (zd_rref_rpc_async), so while stage 2 works on
+    micro-batch i, stage 1 already works on i + 1. The outputs are concatenated (zd_tensor_cat), the
+    loss is one nll_loss over the batch, zd_dist_autograd_backward runs back
     through both shards, and a DistributedOptimizer steps both.
 
     World layout: rank 0 the driver, ranks 1 and 2 the shards. */
@@ -31,14 +31,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
-#include "rpc/rpc.h"
+#include <zdist/tensor.h>
+#include <zdist/rpc.h>
 
 #define PIPELINE_WORLD_SIZE 3
 #define PIPELINE_STAGE_PARAMS 4     /* parameters per stage */
 
 /*  Registers the shard functions, and initialises distributed autograd and
-    the DistributedOptimizer's functions: every rank, before rpc_init.
+    the DistributedOptimizer's functions: every rank, before zd_rpc_init.
     0, or -1. */
 int pipeline_register(void);
 
@@ -47,7 +47,7 @@ int pipeline_register(void);
 typedef struct pipeline_net pipeline_net_t;
 
 /*  Creates the shards on ranks rank1 and rank2 (both from seed, so that
-    together they hold exactly nn_net_new(seed)'s weights). NULL, with an
+    together they hold exactly zd_nn_net_new(seed)'s weights). NULL, with an
     error, when the call cannot be made; a shard that failed to build
     fails the first call that uses it. Free with pipeline_net_free. */
 pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropout);
@@ -61,19 +61,19 @@ void pipeline_net_free(pipeline_net_t *n);
     (a new reference), or -1. Under the calling thread's distributed
     autograd context when it has one (recorded for backward); without one
     the shards do not record anything (evaluation). */
-int pipeline_net_forward(pipeline_net_t *n, tensor_t *x, int num_split, tensor_t **logprobs);
+int pipeline_net_forward(pipeline_net_t *n, zd_tensor_t *x, int num_split, zd_tensor_t **logprobs);
 
 /*  The eight parameter RRefs, stage 1's then stage 2's (borrowed; they
     live as long as n). 0 and *params, *count, or -1. */
-int pipeline_net_parameter_rrefs(pipeline_net_t *n, rpc_rref_t *const **params, int *count);
+int pipeline_net_parameter_rrefs(pipeline_net_t *n, zd_rref_t *const **params, int *count);
 
 /*  Dropout on (training) or off on both shards. 0, or -1. */
 int pipeline_net_train(pipeline_net_t *n, bool training);
 
-/*  The gradients of the eight parameters in context_id (nn_net_new's
+/*  The gradients of the eight parameters in context_id (zd_nn_net_new's
     order): grads[i] a new reference, or NULL when the parameter got none.
     0, or -1. */
-int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, tensor_t **grads);
+int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, zd_tensor_t **grads);
 
 /*  Seconds each shard spent computing forwards since the previous call
     (seconds[0] stage 1, seconds[1] stage 2). 0, or -1. */
@@ -88,7 +88,7 @@ typedef struct {
     int64_t iterations;         /* 20 batches per run */
     double lr;                  /* 0.05, as the tutorial */
     int64_t seed;               /* 1 */
-    const char *data_dir;       /* NULL: dataset_find_dir() */
+    const char *data_dir;       /* NULL: zd_dataset_find_dir() */
     bool dropout;               /* true */
     int64_t test_size;          /* test images evaluated at the end (1000; 0: none) */
     int64_t log_interval;       /* print the loss every N batches (5; 0: never) */

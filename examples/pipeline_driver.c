@@ -6,11 +6,11 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
-#include "nn/dataset.h"
-#include "nn/nn.h"
-#include "optim/dist_optim.h"
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
+#include <zdist/dataset.h>
+#include <zdist/nn.h>
+#include <zdist/dist_optim.h>
 
 pipeline_options_t pipeline_options_default(void)
 {
@@ -22,14 +22,14 @@ pipeline_options_t pipeline_options_default(void)
 int pipeline_options_check(const pipeline_options_t *o, int world_size)
 {
     if (o->batch_size < 1 || o->num_split < 1 || o->num_split > o->batch_size)
-        return error_set("--batch_size must be >= 1 and --num_split in 1..batch_size "
+        return zd_error_set("--batch_size must be >= 1 and --num_split in 1..batch_size "
                          "(got %lld and %lld)", (long long)o->batch_size,
                          (long long)o->num_split);
     if (o->iterations < 1 || !(o->lr > 0) || o->test_size < 0 || o->log_interval < 0)
-        return error_set("--iterations must be >= 1, --lr > 0, --test_size and "
+        return zd_error_set("--iterations must be >= 1, --lr > 0, --test_size and "
                          "--log_interval >= 0");
     if (world_size != PIPELINE_WORLD_SIZE)
-        return error_set("world size %d: the pipeline needs %d processes (rank 0 the "
+        return zd_error_set("world size %d: the pipeline needs %d processes (rank 0 the "
                          "driver, ranks 1 and 2 the two shards of the Net)", world_size,
                          PIPELINE_WORLD_SIZE);
     return 0;
@@ -44,55 +44,55 @@ static double now(void)
 
 /*  One batch: forward in micro-batches, loss, distributed backward and a
     step of both shards, in a context of its own. */
-static int train_batch(pipeline_net_t *net, dist_optim_t *opt, tensor_t *x, tensor_t *y,
+static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y,
                        int split, double *loss, double *forward_s)
 {
     int64_t ctx;
-    if (dist_autograd_context_begin(&ctx) < 0)
+    if (zd_dist_autograd_context_begin(&ctx) < 0)
         return -1;
-    tensor_t *logprobs = NULL, *l = NULL;
+    zd_tensor_t *logprobs = NULL, *l = NULL;
     double t0 = now();
     int rc = pipeline_net_forward(net, x, split, &logprobs);
     *forward_s += now() - t0;
     if (rc == 0)
-        rc = nn_nll_loss(logprobs, y, &l);
+        rc = zd_nn_nll_loss(logprobs, y, &l);
     if (rc == 0)
-        rc = dist_autograd_backward(ctx, &l, 1, false);
+        rc = zd_dist_autograd_backward(ctx, &l, 1, false);
     if (rc == 0)
-        rc = dist_optim_step(opt, ctx);
+        rc = zd_dist_optim_step(opt, ctx);
     if (rc == 0)
-        *loss = tensor_data(l)[0];
-    tensor_unref(l);
-    tensor_unref(logprobs);
+        *loss = zd_tensor_data(l)[0];
+    zd_tensor_unref(l);
+    zd_tensor_unref(logprobs);
     if (rc < 0) {
         char err[1024];
-        snprintf(err, sizeof err, "%s", error_last());
-        dist_autograd_context_end(ctx, -1);
-        return error_set("%s", err);
+        snprintf(err, sizeof err, "%s", zd_error_last());
+        zd_dist_autograd_context_end(ctx, -1);
+        return zd_error_set("%s", err);
     }
-    return dist_autograd_context_end(ctx, -1);
+    return zd_dist_autograd_context_end(ctx, -1);
 }
 
-static int evaluate(pipeline_net_t *net, const dataset_t *test, int64_t batch, int split,
+static int evaluate(pipeline_net_t *net, const zd_dataset_t *test, int64_t batch, int split,
                     double *accuracy)
 {
-    int64_t correct = 0, n = dataset_size(test);
+    int64_t correct = 0, n = zd_dataset_size(test);
     int rc = pipeline_net_train(net, false);
     for (int64_t start = 0; rc == 0 && start < n; start += batch) {
-        tensor_t *x = NULL, *y = NULL, *lp = NULL;
-        rc = dataset_batch(test, NULL, start, batch, &x, &y);
+        zd_tensor_t *x = NULL, *y = NULL, *lp = NULL;
+        rc = zd_dataset_batch(test, NULL, start, batch, &x, &y);
         if (rc == 0) {
-            int s = split < tensor_size(x, 0) ? split : (int)tensor_size(x, 0);
+            int s = split < zd_tensor_size(x, 0) ? split : (int)zd_tensor_size(x, 0);
             rc = pipeline_net_forward(net, x, s, &lp);
         }
-        int64_t c = rc == 0 ? nn_accuracy(lp, y) : -1;
+        int64_t c = rc == 0 ? zd_nn_accuracy(lp, y) : -1;
         if (c < 0)
             rc = -1;
         else
             correct += c;
-        tensor_unref(lp);
-        tensor_unref(x);
-        tensor_unref(y);
+        zd_tensor_unref(lp);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
     }
     if (rc == 0)
         rc = pipeline_net_train(net, true);
@@ -103,7 +103,7 @@ static int evaluate(pipeline_net_t *net, const dataset_t *test, int64_t batch, i
 
 typedef struct {
     const pipeline_options_t *o;
-    dataset_t *train, *test;
+    zd_dataset_t *train, *test;
     pipeline_result_t *res;
 } driver_t;
 
@@ -113,31 +113,31 @@ static int run_once(driver_t *d, int run, int split, bool last)
 {
     const pipeline_options_t *o = d->o;
     pipeline_net_t *net = pipeline_net_new(1, 2, (uint64_t)o->seed, o->dropout);
-    dist_optim_t *opt = NULL;
+    zd_dist_optim_t *opt = NULL;
     int64_t *order = NULL;
-    rpc_rref_t *const *params;
+    zd_rref_t *const *params;
     int np, rc = -1;
-    optim_config_t cfg = optim_sgd_defaults(o->lr);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     if (!net || pipeline_net_parameter_rrefs(net, &params, &np) < 0 ||
-        dist_optim_new(&cfg, params, np, &opt) < 0)
+        zd_dist_optim_new(&cfg, params, np, &opt) < 0)
         goto out;
-    int64_t nb = dataset_num_batches(d->train, o->batch_size);
+    int64_t nb = zd_dataset_num_batches(d->train, o->batch_size);
     double t0 = now(), t1 = t0, loss = 0, fwd = 0, busy[2];
     for (int64_t b = 0; b < o->iterations; b++) {
         if (b % nb == 0) {
             free(order);
-            if (!(order = dataset_order(d->train, (uint64_t)(o->seed + b / nb)))) {
-                error_set("out of memory");
+            if (!(order = zd_dataset_order(d->train, (uint64_t)(o->seed + b / nb)))) {
+                zd_error_set("out of memory");
                 goto out;
             }
         }
-        tensor_t *x, *y;
-        if (dataset_batch(d->train, order, (b % nb) * o->batch_size, o->batch_size, &x, &y) < 0)
+        zd_tensor_t *x, *y;
+        if (zd_dataset_batch(d->train, order, (b % nb) * o->batch_size, o->batch_size, &x, &y) < 0)
             goto out;
-        int s = split < tensor_size(x, 0) ? split : (int)tensor_size(x, 0);
+        int s = split < zd_tensor_size(x, 0) ? split : (int)zd_tensor_size(x, 0);
         int brc = train_batch(net, opt, x, y, s, &loss, &fwd);
-        tensor_unref(x);
-        tensor_unref(y);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
         if (brc < 0)
             goto out;
         if (b == 0) {
@@ -180,12 +180,12 @@ static int run_once(driver_t *d, int run, int split, bool last)
             goto out;
         if (!o->quiet)
             printf("Test accuracy: %.2f %% (%lld images)\n", 100.0 * d->res->accuracy,
-                   (long long)dataset_size(d->test));
+                   (long long)zd_dataset_size(d->test));
     }
     rc = 0;
 out:
     free(order);
-    dist_optim_free(opt);
+    zd_dist_optim_free(opt);
     pipeline_net_free(net);
     return rc;
 }
@@ -195,12 +195,12 @@ int pipeline_run_driver(const pipeline_options_t *o, pipeline_result_t *res)
     pipeline_result_t local;
     driver_t d = {.o = o, .res = res ? res : &local};
     *d.res = (pipeline_result_t){0};
-    if (pipeline_options_check(o, rpc_world_size()) < 0)
+    if (pipeline_options_check(o, zd_rpc_world_size()) < 0)
         return -1;
     int rc = -1;
-    if (dataset_load(o->data_dir, DATASET_TRAIN, &d.train) < 0 ||
-        (o->test_size > 0 && (dataset_load(o->data_dir, DATASET_TEST, &d.test) < 0 ||
-                              dataset_limit(d.test, o->test_size) < 0)))
+    if (zd_dataset_load(o->data_dir, ZD_DATASET_TRAIN, &d.train) < 0 ||
+        (o->test_size > 0 && (zd_dataset_load(o->data_dir, ZD_DATASET_TEST, &d.test) < 0 ||
+                              zd_dataset_limit(d.test, o->test_size) < 0)))
         goto out;
     if (!o->quiet) {
         printf("pipeline: the Net in 2 shards (ranks 1 and 2), batches of %lld, %lld "
@@ -212,7 +212,7 @@ int pipeline_run_driver(const pipeline_options_t *o, pipeline_result_t *res)
         goto out;
     rc = run_once(&d, run, (int)o->num_split, true);
 out:
-    dataset_free(d.train);
-    dataset_free(d.test);
+    zd_dataset_free(d.train);
+    zd_dataset_free(d.test);
     return rc;
 }

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 struct ps_actor {
     const ps_actor_class_t *cls;
@@ -33,7 +33,7 @@ static int class_add(const ps_actor_class_t *cls)
     if (i == n_classes && n_classes < MAX_CLASSES)
         classes[n_classes++] = cls;
     else if (i == n_classes)
-        rc = error_set("%s: more than %d actor classes", cls->name, MAX_CLASSES);
+        rc = zd_error_set("%s: more than %d actor classes", cls->name, MAX_CLASSES);
     pthread_mutex_unlock(&classes_lock);
     return rc;
 }
@@ -58,11 +58,11 @@ static void actor_release(void *p)
     free(a);
 }
 
-rpc_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
+zd_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
 {
     ps_actor_t *a = NULL;
     if (class_add(cls) == 0 && !(a = calloc(1, sizeof *a)))
-        error_set("%s: out of memory", cls->name);
+        zd_error_set("%s: out of memory", cls->name);
     if (!a) {
         cls->free(obj);
         return NULL;
@@ -71,14 +71,14 @@ rpc_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
     a->obj = obj;
     pthread_mutex_init(&a->lock, NULL);
     atomic_fetch_add(&live, 1);
-    return rpc_value_object(a, actor_release, cls->name);   /* frees a on failure */
+    return zd_value_object(a, actor_release, cls->name);   /* frees a on failure */
 }
 
-ps_actor_t *ps_actor_get(const rpc_value_t *args, const ps_actor_class_t *cls)
+ps_actor_t *ps_actor_get(const zd_value_t *args, const ps_actor_class_t *cls)
 {
     void *p;
-    if (rpc_arg_object(args, 0, cls->name, &p) < 0) {
-        error_wrap("%s: the first argument must be the actor (an RRef's value)", cls->name);
+    if (zd_rpc_arg_object(args, 0, cls->name, &p) < 0) {
+        zd_error_wrap("%s: the first argument must be the actor (an RRef's value)", cls->name);
         return NULL;
     }
     return p;
@@ -89,34 +89,34 @@ void ps_actor_lock(ps_actor_t *a) { pthread_mutex_lock(&a->lock); }
 void ps_actor_unlock(ps_actor_t *a) { pthread_mutex_unlock(&a->lock); }
 
 /*  args[0] as an actor of any class. */
-static ps_actor_t *any_actor(const rpc_value_t *args, const char *fn)
+static ps_actor_t *any_actor(const zd_value_t *args, const char *fn)
 {
-    const rpc_value_t *v = rpc_list_get(args, 0);
-    const char *type = rpc_value_object_type(v);
+    const zd_value_t *v = zd_list_get(args, 0);
+    const char *type = zd_value_object_type(v);
     void *p = NULL;
-    if (type && class_known(type) && rpc_value_get_object(v, type, &p) == 0)
+    if (type && class_known(type) && zd_value_get_object(v, type, &p) == 0)
         return p;
-    error_set("%s: the first argument must be an actor (an RRef's value), not %s", fn,
-              type ? type : rpc_value_kind_name(rpc_value_kind(v)));
+    zd_error_set("%s: the first argument must be an actor (an RRef's value), not %s", fn,
+              type ? type : zd_value_kind_name(zd_value_kind(v)));
     return NULL;
 }
 
-static rpc_value_t *fn_actor_ready(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_actor_ready(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    return any_actor(args, "Actor.ready") ? rpc_value_none() : NULL;
+    return any_actor(args, "Actor.ready") ? zd_value_none() : NULL;
 }
 
 int ps_actor_register(void)
 {
-    return rpc_register("Actor.ready", fn_actor_ready, NULL);
+    return zd_rpc_register("Actor.ready", fn_actor_ready, NULL);
 }
 
-int ps_actor_wait(rpc_rref_t *r)
+int ps_actor_wait(zd_rref_t *r)
 {
-    rpc_value_t *res = NULL;
-    int rc = rpc_rref_rpc_sync(r, "Actor.ready", NULL, -1, &res);
-    rpc_value_unref(res);
+    zd_value_t *res = NULL;
+    int rc = zd_rref_rpc_sync(r, "Actor.ready", NULL, -1, &res);
+    zd_value_unref(res);
     return rc;
 }
 

@@ -1,10 +1,10 @@
 /*  ps_actor.h: Ray-style actors on the RPC layer: C objects created on a
-    worker with rpc_remote() and used through the RRef.
+    worker with zd_rpc_remote() and used through the RRef.
 
     A constructor handler builds its object and returns ps_actor_new(cls,
-    obj), a local object value (rpc/value.h) that rpc_remote() keeps on
+    obj), a local object value (rpc/value.h) that zd_rpc_remote() keeps on
     that worker as the RRef's value. A method handler receives that value
-    as its first argument (see rpc_rref_rpc_async) and takes the actor with
+    as its first argument (see zd_rref_rpc_async) and takes the actor with
     ps_actor_get(); methods that change the object hold the actor's lock,
     so that they run one at a time as a Ray actor's methods do.
 
@@ -16,7 +16,7 @@
 #ifndef ZDIST_EXAMPLES_PS_ACTOR_H
 #define ZDIST_EXAMPLES_PS_ACTOR_H
 
-#include "rpc/rpc.h"
+#include <zdist/rpc.h>
 
 typedef struct {
     const char *name;           /* "ParameterServer": the object's type, for errors */
@@ -25,18 +25,18 @@ typedef struct {
 
 typedef struct ps_actor ps_actor_t;
 
-/*  Registers "Actor.ready" in this process. Call before rpc_init. 0, or -1. */
+/*  Registers "Actor.ready" in this process. Call before zd_rpc_init. 0, or -1. */
 int ps_actor_register(void);
 
 /*  The actor value holding obj (a new reference), the result a
     constructor handler returns. On failure (out of memory) frees obj with
     cls->free and returns NULL. */
-rpc_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj);
+zd_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj);
 
 /*  The actor args[0] holds, checked to be of class cls; borrowed, valid
     while args is (the method's call holds the value). NULL with an error
     naming the class when args[0] is not an actor or is of another class. */
-ps_actor_t *ps_actor_get(const rpc_value_t *args, const ps_actor_class_t *cls);
+ps_actor_t *ps_actor_get(const zd_value_t *args, const ps_actor_class_t *cls);
 
 /*  The object, and the actor's lock: methods that change the object hold
     it, so that they run one at a time as a Ray actor's methods do. */
@@ -46,7 +46,7 @@ void ps_actor_unlock(ps_actor_t *a);
 
 /*  Waits until the actor behind r exists (its constructor may take a
     while, loading data): 0, or -1 with the constructor's error. */
-int ps_actor_wait(rpc_rref_t *r);
+int ps_actor_wait(zd_rref_t *r);
 
 /*  Number of live actors (objects not yet freed) in this process. */
 int ps_actor_count(void);

@@ -1,7 +1,7 @@
 /*  ps_core.h: synchronous and asynchronous parameter servers (SPEC Y1-Y5),
     the design of Ray's parameter-server example, on the RPC API.
 
-    Actors (ps_actor.h), created with rpc_remote() and called through their
+    Actors (ps_actor.h), created with zd_rpc_remote() and called through their
     RRefs:
 
       "ParameterServer"(model, seed, lr, index, num_servers, track)
@@ -33,8 +33,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
-#include "nn/model.h"
+#include <zdist/tensor.h>
+#include <zdist/model.h>
 
 #define PS_MAX_WORKERS 64
 #define PS_MAX_SERVERS 64
@@ -46,7 +46,7 @@ typedef struct {
     int64_t iterations;         /* 200: sync rounds; async does iterations x workers updates */
     double lr;                  /* 0.01 */
     int64_t batch_size;         /* 128 */
-    const char *data_dir;       /* NULL: dataset_find_dir() */
+    const char *data_dir;       /* NULL: zd_dataset_find_dir() */
     int64_t seed;               /* 0: initial weights, data orders */
     const char *model;          /* "convnet" */
     int64_t eval_interval;      /* 10: print test accuracy every N iterations; 0: never */
@@ -81,7 +81,7 @@ typedef struct {
     int64_t updates;            /* apply_gradients rounds (per server) */
     double train_seconds;       /* the training loop without evaluations */
     double iters_per_s;         /* sync: rounds/s; async: updates/s */
-    tensor_t *weights;          /* the final flat weights (caller unrefs) */
+    zd_tensor_t *weights;          /* the final flat weights (caller unrefs) */
     ps_stats_t servers[PS_MAX_SERVERS];   /* with o->track */
     ps_stats_t workers[PS_MAX_WORKERS];
     int64_t applied[PS_MAX_WORKERS];      /* updates applied from each worker */
@@ -91,7 +91,7 @@ typedef struct {
 void ps_result_free(ps_result_t *r);
 
 /*  Registers the actors' functions in this process: every rank, before
-    rpc_init. 0, or -1. */
+    zd_rpc_init. 0, or -1. */
 int ps_register(void);
 
 /*  The driver: creates the servers and workers on their ranks, trains,
@@ -105,14 +105,14 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res);
 void ps_slice_range(int64_t numel, int s, int n, int64_t *lo, int64_t *hi);
 
 /*  A new flat float32 tensor with elements [lo, hi) of m's parameters. */
-tensor_t *ps_model_slice(nn_model_t *m, int64_t lo, int64_t hi);
+zd_tensor_t *ps_model_slice(zd_nn_model_t *m, int64_t lo, int64_t hi);
 
 /*  Copies n flat slices, in order, into m's parameters; their sizes must
-    add up to nn_model_numel(m). 0, or -1. */
-int ps_model_load(nn_model_t *m, tensor_t *const *slices, int n);
+    add up to zd_nn_model_numel(m). 0, or -1. */
+int ps_model_load(zd_nn_model_t *m, zd_tensor_t *const *slices, int n);
 
 /*  FNV-1a over a tensor's bytes. */
-uint64_t ps_hash(const tensor_t *t);
+uint64_t ps_hash(const zd_tensor_t *t);
 
 /*  A data worker in this process (what the "DataWorker" actor holds). */
 typedef struct ps_worker ps_worker_t;
@@ -123,6 +123,6 @@ void ps_worker_free(ps_worker_t *w);
 
 /*  compute_gradients: loads the n weight slices, runs the next batch and
     returns in grads[0..n) new flat tensors of the same sizes. 0, or -1. */
-int ps_worker_compute(ps_worker_t *w, tensor_t *const *weights, int n, tensor_t **grads);
+int ps_worker_compute(ps_worker_t *w, zd_tensor_t *const *weights, int n, zd_tensor_t **grads);
 
 #endif

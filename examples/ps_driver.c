@@ -7,11 +7,11 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "examples/ps_actor.h"
 #include "examples/train_common.h"
-#include "nn/dataset.h"
-#include "rpc/rpc.h"
+#include <zdist/dataset.h>
+#include <zdist/rpc.h>
 
 ps_options_t ps_options_default(void)
 {
@@ -22,21 +22,21 @@ ps_options_t ps_options_default(void)
 int ps_options_check(const ps_options_t *o, int world_size)
 {
     if (o->num_workers < 1 || o->num_workers > PS_MAX_WORKERS)
-        return error_set("--num_workers must be in 1..%d, got %d", PS_MAX_WORKERS,
+        return zd_error_set("--num_workers must be in 1..%d, got %d", PS_MAX_WORKERS,
                          o->num_workers);
     if (o->num_servers < 1 || o->num_servers > PS_MAX_SERVERS)
-        return error_set("--num_servers must be in 1..%d, got %d", PS_MAX_SERVERS,
+        return zd_error_set("--num_servers must be in 1..%d, got %d", PS_MAX_SERVERS,
                          o->num_servers);
     if (o->iterations < 0 || o->batch_size < 1 || !(o->lr > 0) || o->eval_interval < 0 ||
         o->test_size < 0 || o->train_size < 0 || o->max_staleness < 0)
-        return error_set("--iterations, --eval_interval, --test_size, --train_size and "
+        return zd_error_set("--iterations, --eval_interval, --test_size, --train_size and "
                          "--max_staleness must be >= 0, --batch_size >= 1 and --lr > 0");
     if (o->straggler_ms < 0 || o->straggler_ms > 10000)   /* well within a call's timeout */
-        return error_set("--straggler_ms must be in 0..10000, got %lld",
+        return zd_error_set("--straggler_ms must be in 0..10000, got %lld",
                          (long long)o->straggler_ms);
     int want = 1 + o->num_servers + o->num_workers;
     if (world_size != want)
-        return error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "
+        return zd_error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "
                          "rank 0 is the driver, then come %d parameter server rank(s) and "
                          "%d data worker rank(s), so the world size must be 1 + %d + %d = %d",
                          world_size, o->num_servers, o->num_workers, o->num_servers,
@@ -46,7 +46,7 @@ int ps_options_check(const ps_options_t *o, int world_size)
 
 void ps_result_free(ps_result_t *r)
 {
-    tensor_unref_p(&r->weights);
+    zd_tensor_unref_p(&r->weights);
     for (int i = 0; i < PS_MAX_SERVERS; i++)
         free(r->servers[i].hashes);
     for (int i = 0; i < PS_MAX_WORKERS; i++)
@@ -57,11 +57,11 @@ void ps_result_free(ps_result_t *r)
 typedef struct {
     const ps_options_t *o;
     int S, W;
-    rpc_rref_t *servers[PS_MAX_SERVERS];
-    rpc_rref_t *workers[PS_MAX_WORKERS];
-    tensor_t *weights[PS_MAX_SERVERS];      /* the current slices */
-    nn_model_t *model;                      /* for evaluation */
-    dataset_t *test;
+    zd_rref_t *servers[PS_MAX_SERVERS];
+    zd_rref_t *workers[PS_MAX_WORKERS];
+    zd_tensor_t *weights[PS_MAX_SERVERS];      /* the current slices */
+    zd_nn_model_t *model;                      /* for evaluation */
+    zd_dataset_t *test;
     double eval_seconds;
     double accuracy;
 } driver_t;
@@ -74,22 +74,22 @@ static double now(void)
 }
 
 /*  The tensor a completed future holds (a new reference), or NULL. */
-static tensor_t *future_tensor(rpc_future_t *f)
+static zd_tensor_t *future_tensor(zd_future_t *f)
 {
-    tensor_t *t;
-    if (rpc_future_wait(f, -1) < 0 || rpc_value_get_tensor(rpc_future_value(f), &t) < 0)
+    zd_tensor_t *t;
+    if (zd_future_wait(f, -1) < 0 || zd_value_get_tensor(zd_future_value(f), &t) < 0)
         return NULL;
-    return tensor_ref(t);
+    return zd_tensor_ref(t);
 }
 
 /*  Waits until every actor exists (a DataWorker loads its data first), so
     that a failed creation is reported as such and the timing starts with
     everyone ready. */
-static int wait_created(rpc_rref_t *const *rrefs, int n)
+static int wait_created(zd_rref_t *const *rrefs, int n)
 {
     for (int i = 0; i < n; i++)
         if (ps_actor_wait(rrefs[i]) < 0)
-            return error_wrap("creating the actor on %s", rpc_rref_owner_name(rrefs[i]));
+            return zd_error_wrap("creating the actor on %s", zd_rref_owner_name(rrefs[i]));
     return 0;
 }
 
@@ -97,22 +97,22 @@ static int create_actors(driver_t *d)
 {
     const ps_options_t *o = d->o;
     for (int s = 0; s < d->S; s++) {
-        rpc_value_t *a = rpc_args("sifiii", o->model, o->seed, o->lr, (int64_t)s,
+        zd_value_t *a = zd_rpc_args("sifiii", o->model, o->seed, o->lr, (int64_t)s,
                                   (int64_t)d->S, (int64_t)o->track);
-        d->servers[s] = a ? rpc_remote(1 + s, "ParameterServer", a, -1) : NULL;
-        rpc_value_unref(a);
+        d->servers[s] = a ? zd_rpc_remote(1 + s, "ParameterServer", a, -1) : NULL;
+        zd_value_unref(a);
         if (!d->servers[s])
             return -1;
     }
     for (int w = 0; w < d->W; w++) {
         int64_t delay = w == 0 ? o->straggler_ms : 0;
-        rpc_value_t *a = o->data_dir
-            ? rpc_args("siiisiii", o->model, (int64_t)w, o->seed, o->batch_size, o->data_dir,
+        zd_value_t *a = o->data_dir
+            ? zd_rpc_args("siiisiii", o->model, (int64_t)w, o->seed, o->batch_size, o->data_dir,
                        o->train_size, (int64_t)o->track, delay)
-            : rpc_args("siiiniii", o->model, (int64_t)w, o->seed, o->batch_size,
+            : zd_rpc_args("siiiniii", o->model, (int64_t)w, o->seed, o->batch_size,
                        o->train_size, (int64_t)o->track, delay);
-        d->workers[w] = a ? rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
-        rpc_value_unref(a);
+        d->workers[w] = a ? zd_rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
+        zd_value_unref(a);
         if (!d->workers[w])
             return -1;
     }
@@ -120,22 +120,22 @@ static int create_actors(driver_t *d)
 }
 
 /*  Calls method on each server with args_of(s) and takes the new slices. */
-static int update_weights(driver_t *d, const char *method, rpc_value_t *const *args)
+static int update_weights(driver_t *d, const char *method, zd_value_t *const *args)
 {
-    rpc_future_t *f[PS_MAX_SERVERS] = {0};
+    zd_future_t *f[PS_MAX_SERVERS] = {0};
     int rc = 0;
     for (int s = 0; s < d->S && rc == 0; s++)
-        if (!(f[s] = rpc_rref_rpc_async(d->servers[s], method, args ? args[s] : NULL, -1)))
+        if (!(f[s] = zd_rref_rpc_async(d->servers[s], method, args ? args[s] : NULL, -1)))
             rc = -1;
     for (int s = 0; s < d->S; s++) {
-        tensor_t *t = rc == 0 ? future_tensor(f[s]) : NULL;
+        zd_tensor_t *t = rc == 0 ? future_tensor(f[s]) : NULL;
         if (t) {
-            tensor_unref(d->weights[s]);
+            zd_tensor_unref(d->weights[s]);
             d->weights[s] = t;
         } else {
             rc = -1;
         }
-        rpc_future_unref(f[s]);
+        zd_future_unref(f[s]);
     }
     return rc;
 }
@@ -162,12 +162,12 @@ static int maybe_evaluate(driver_t *d, int64_t i)
 }
 
 /*  [w_1, ..., w_S]: the arguments of compute_gradients. */
-static rpc_value_t *weights_args(driver_t *d)
+static zd_value_t *weights_args(driver_t *d)
 {
-    rpc_value_t *l = rpc_value_list((size_t)d->S);
+    zd_value_t *l = zd_value_list((size_t)d->S);
     for (int s = 0; l && s < d->S; s++)
-        if (rpc_list_append(l, rpc_value_tensor(d->weights[s])) < 0) {
-            rpc_value_unref(l);
+        if (zd_list_append(l, zd_value_tensor(d->weights[s])) < 0) {
+            zd_value_unref(l);
             return NULL;
         }
     return l;
@@ -175,54 +175,54 @@ static rpc_value_t *weights_args(driver_t *d)
 
 /*  Applies gradient lists (each [g_1..g_S], as compute_gradients returns)
     to every server: server s gets slice s of each. */
-static int apply(driver_t *d, rpc_value_t *const *grads, int n)
+static int apply(driver_t *d, zd_value_t *const *grads, int n)
 {
-    rpc_value_t *args[PS_MAX_SERVERS] = {0};
+    zd_value_t *args[PS_MAX_SERVERS] = {0};
     int rc = 0;
     for (int s = 0; s < d->S && rc == 0; s++) {
-        if (!(args[s] = rpc_value_list((size_t)n)))
+        if (!(args[s] = zd_value_list((size_t)n)))
             rc = -1;
         for (int k = 0; k < n && rc == 0; k++) {
-            rpc_value_t *g = rpc_list_get(grads[k], (size_t)s);
-            if (rpc_list_len(grads[k]) != (size_t)d->S || !g)
-                rc = error_set("compute_gradients returned %zu slices, expected %d",
-                               rpc_list_len(grads[k]), d->S);
+            zd_value_t *g = zd_list_get(grads[k], (size_t)s);
+            if (zd_list_len(grads[k]) != (size_t)d->S || !g)
+                rc = zd_error_set("compute_gradients returned %zu slices, expected %d",
+                               zd_list_len(grads[k]), d->S);
             else
-                rc = rpc_list_append(args[s], rpc_value_ref(g));
+                rc = zd_list_append(args[s], zd_value_ref(g));
         }
     }
     if (rc == 0)
         rc = update_weights(d, "ParameterServer.apply_gradients", args);
     for (int s = 0; s < d->S; s++)
-        rpc_value_unref(args[s]);
+        zd_value_unref(args[s]);
     return rc;
 }
 
-static rpc_future_t *compute(driver_t *d, int w)
+static zd_future_t *compute(driver_t *d, int w)
 {
-    rpc_value_t *a = weights_args(d);
-    rpc_future_t *f = a ? rpc_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients",
+    zd_value_t *a = weights_args(d);
+    zd_future_t *f = a ? zd_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients",
                                              a, -1) : NULL;
-    rpc_value_unref(a);
+    zd_value_unref(a);
     return f;
 }
 
 static int train_sync(driver_t *d, int64_t *updates)
 {
-    rpc_future_t *f[PS_MAX_WORKERS];
-    rpc_value_t *grads[PS_MAX_WORKERS];
+    zd_future_t *f[PS_MAX_WORKERS];
+    zd_value_t *grads[PS_MAX_WORKERS];
     for (int64_t i = 0; i < d->o->iterations; i++) {
         int rc = 0, n = 0;
         for (; n < d->W; n++)
             if (!(f[n] = compute(d, n)))
                 break;
-        rc = n == d->W ? rpc_future_wait_all(f, n, -1) : -1;
+        rc = n == d->W ? zd_future_wait_all(f, n, -1) : -1;
         for (int w = 0; w < n; w++)
-            grads[w] = rpc_future_value(f[w]);
+            grads[w] = zd_future_value(f[w]);
         if (rc == 0)
             rc = apply(d, grads, n);
         for (int w = 0; w < n; w++)
-            rpc_future_unref(f[w]);
+            zd_future_unref(f[w]);
         if (rc < 0)
             return -1;
         ++*updates;
@@ -253,7 +253,7 @@ static int64_t slowest(const driver_t *d, const int64_t *applied)
     so the loop always has a computation to wait for. */
 static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t *max_lead)
 {
-    rpc_future_t *f[PS_MAX_WORKERS];
+    zd_future_t *f[PS_MAX_WORKERS];
     int who[PS_MAX_WORKERS], n = 0, rc = 0;
     bool parked[PS_MAX_WORKERS] = {false};
     const int64_t total = d->o->iterations * d->W, bound = d->o->max_staleness;
@@ -267,19 +267,19 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
     }
     for (int64_t i = 0; rc == 0 && i < total; i++) {
         int k;
-        if ((rc = rpc_future_wait_any(f, n, -1, &k)) < 0)
+        if ((rc = zd_future_wait_any(f, n, -1, &k)) < 0)
             break;
-        rpc_future_t *done = f[k];
+        zd_future_t *done = f[k];
         int w = who[k];
         f[k] = f[n - 1];
         who[k] = who[--n];
-        rpc_value_t *g = rpc_future_value(done);
+        zd_value_t *g = zd_future_value(done);
         if (!g) {
-            rc = error_set("%s", rpc_future_error(done));
+            rc = zd_error_set("%s", zd_future_error(done));
         } else {
             rc = apply(d, &g, 1);
         }
-        rpc_future_unref(done);
+        zd_future_unref(done);
         if (rc < 0)
             break;
         ++*updates;
@@ -305,37 +305,37 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
     }
     /* On failure the others' replies are still coming: wait, then drop them. */
     for (int k = 0; k < n; k++) {
-        rpc_future_wait(f[k], -1);
-        rpc_future_unref(f[k]);
+        zd_future_wait(f[k], -1);
+        zd_future_unref(f[k]);
     }
     return rc;
 }
 
-static int fetch_stats(rpc_rref_t *r, ps_stats_t *st)
+static int fetch_stats(zd_rref_t *r, ps_stats_t *st)
 {
-    rpc_value_t *v;
-    if (rpc_rref_rpc_sync(r, "PS.stats", NULL, -1, &v) < 0)
+    zd_value_t *v;
+    if (zd_rref_rpc_sync(r, "PS.stats", NULL, -1, &v) < 0)
         return -1;
-    size_t n = rpc_list_len(v);
-    int rc = n >= 1 ? rpc_arg_int(v, 0, &st->count) : error_set("PS.stats: empty reply");
+    size_t n = zd_list_len(v);
+    int rc = n >= 1 ? zd_rpc_arg_int(v, 0, &st->count) : zd_error_set("PS.stats: empty reply");
     if (rc == 0 && n > 1 && !(st->hashes = malloc((n - 1) * sizeof *st->hashes)))
-        rc = error_set("out of memory");
+        rc = zd_error_set("out of memory");
     for (size_t i = 1; rc == 0 && i < n; i++) {
         int64_t h;
-        rc = rpc_arg_int(v, i, &h);
+        rc = zd_rpc_arg_int(v, i, &h);
         st->hashes[i - 1] = (uint64_t)h;
         st->n_hashes = (int64_t)i;
     }
-    rpc_value_unref(v);
+    zd_value_unref(v);
     return rc;
 }
 
 static int run(driver_t *d, ps_result_t *res)
 {
     const ps_options_t *o = d->o;
-    if (!(d->model = nn_model_new(o->model, (uint64_t)o->seed)) ||
-        dataset_load(o->data_dir, DATASET_TEST, &d->test) < 0 ||
-        (o->test_size > 0 && dataset_limit(d->test, o->test_size) < 0) ||
+    if (!(d->model = zd_nn_model_new(o->model, (uint64_t)o->seed)) ||
+        zd_dataset_load(o->data_dir, ZD_DATASET_TEST, &d->test) < 0 ||
+        (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) ||
         create_actors(d) < 0 || wait_created(d->servers, d->S) < 0 ||
         wait_created(d->workers, d->W) < 0 ||
         update_weights(d, "ParameterServer.get_weights", NULL) < 0)
@@ -375,7 +375,7 @@ static int run(driver_t *d, ps_result_t *res)
     if (!o->async)   /* every round applies one gradient of each */
         for (int w = 0; w < d->W; w++)
             res->applied[w] = updates;
-    if (nn_model_params_to_vector(d->model, &res->weights) < 0)
+    if (zd_nn_model_params_to_vector(d->model, &res->weights) < 0)
         return -1;
     for (int s = 0; o->track && s < d->S; s++)
         if (fetch_stats(d->servers[s], &res->servers[s]) < 0)
@@ -390,23 +390,23 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res)
 {
     if (res)
         memset(res, 0, sizeof *res);
-    if (ps_options_check(o, rpc_world_size()) < 0)
+    if (ps_options_check(o, zd_rpc_world_size()) < 0)
         return -1;
     driver_t d = {.o = o, .S = o->num_servers, .W = o->num_workers};
     int rc = run(&d, res);
     char err[1024];   /* kept through the cleanup */
-    snprintf(err, sizeof err, "%s", error_last());
+    snprintf(err, sizeof err, "%s", zd_error_last());
     /* Releasing the RRefs frees the actors on their workers. */
     for (int s = 0; s < d.S; s++) {
-        rpc_rref_unref(d.servers[s]);
-        tensor_unref(d.weights[s]);
+        zd_rref_unref(d.servers[s]);
+        zd_tensor_unref(d.weights[s]);
     }
     for (int w = 0; w < d.W; w++)
-        rpc_rref_unref(d.workers[w]);
-    nn_model_free(d.model);
-    dataset_free(d.test);
+        zd_rref_unref(d.workers[w]);
+    zd_nn_model_free(d.model);
+    zd_dataset_free(d.test);
     if (rc < 0) {
-        error_set("%s", err);
+        zd_error_set("%s", err);
         if (res)
             ps_result_free(res);
     }

@@ -5,9 +5,9 @@
 #define ZDIST_EXAMPLES_PS_LAUNCH_H
 
 #include "examples/flags.h"
-#include "rpc/rpc.h"
+#include <zdist/rpc.h>
 
-/*  rpc_init with the resolved flags (flags_world_resolve), and name for
+/*  zd_rpc_init with the resolved flags (flags_world_resolve), and name for
     this process. 0, or -1 with a message on stderr. */
 int ps_world_init(const flags_world_t *w, const char *name, const char *prog);
 

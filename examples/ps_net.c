@@ -7,15 +7,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autograd/autograd.h"
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
-#include "nn/checkpoint.h"
-#include "nn/dataset.h"
-#include "nn/model.h"
-#include "nn/nn.h"
-#include "optim/dist_optim.h"
-#include "rpc/rpc.h"
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
+#include <zdist/checkpoint.h>
+#include <zdist/dataset.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
+#include <zdist/dist_optim.h>
+#include <zdist/rpc.h>
 
 #define FC1_IN 9216
 #define FC1_OUT 128
@@ -29,10 +29,10 @@ static struct {
     bool dropout;
     int n;
     char names[MAX_PARAMS][32];
-    tensor_t *params[MAX_PARAMS];
+    zd_tensor_t *params[MAX_PARAMS];
     int fc1_first, fc1_count;
     pthread_mutex_t rng_lock;
-    nn_rng_t rng;
+    zd_nn_rng_t rng;
 
     /* shard 0: throughput book-keeping and the shared final evaluation */
     pthread_mutex_t stats_lock;
@@ -40,13 +40,13 @@ static struct {
     struct timespec first_start, last_finish;
     int64_t samples;
     char data_dir[1024];
-    rpc_future_t *waiting[64];     /* evaluations waiting for the last trainer */
+    zd_future_t *waiting[64];     /* evaluations waiting for the last trainer */
     int n_waiting;
     int64_t eval_samples;
     double accuracy;               /* < 0: not evaluated yet */
 } ps;
 
-static tensor_t *param(const char *name)
+static zd_tensor_t *param(const char *name)
 {
     for (int i = 0; i < ps.n; i++)
         if (!strcmp(ps.names[i], name))
@@ -75,106 +75,106 @@ void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count)
     *count = base + (shard - 1 < extra ? 1 : 0);
 }
 
-static int add_param(const char *name, tensor_t *t)
+static int add_param(const char *name, zd_tensor_t *t)
 {
     if (!t)
         return -1;
     snprintf(ps.names[ps.n], sizeof ps.names[0], "%s", name);
-    tensor_set_name(t, name);
-    if (tensor_set_requires_grad(t, true) < 0)
+    zd_tensor_set_name(t, name);
+    if (zd_tensor_set_requires_grad(t, true) < 0)
         return -1;
     ps.params[ps.n++] = t;
     return 0;
 }
 
 /*  Rows [first, first+count) of a (rows, cols) tensor as a new leaf. */
-static tensor_t *rows_of(tensor_t *t, int first, int count)
+static zd_tensor_t *rows_of(zd_tensor_t *t, int first, int count)
 {
-    int64_t cols = tensor_ndim(t) > 1 ? tensor_size(t, 1) : 1;
+    int64_t cols = zd_tensor_ndim(t) > 1 ? zd_tensor_size(t, 1) : 1;
     int64_t shape[2] = {count, cols};
-    tensor_t *r = tensor_empty(TENSOR_F32, tensor_ndim(t), shape);
+    zd_tensor_t *r = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(t), shape);
     if (r)
-        memcpy(tensor_data(r), tensor_data(t) + (int64_t)first * cols,
+        memcpy(zd_tensor_data(r), zd_tensor_data(t) + (int64_t)first * cols,
                sizeof(float) * (size_t)(count * cols));
     return r;
 }
 
 /*  Private copies of the named parameters, recorded so that gradients flow
     back to the shared ones, taken while no step is writing them. */
-static int snapshot(const char *const *names, int n, tensor_t **out)
+static int snapshot(const char *const *names, int n, zd_tensor_t **out)
 {
     int rc = 0;
     memset(out, 0, sizeof *out * (size_t)n);
-    dist_optim_read_lock();
+    zd_dist_optim_read_lock();
     for (int i = 0; i < n && rc == 0; i++) {
-        tensor_t *p = param(names[i]);
-        rc = p ? tensor_copy(p, &out[i]) : error_set("no parameter %s on this shard", names[i]);
+        zd_tensor_t *p = param(names[i]);
+        rc = p ? zd_tensor_copy(p, &out[i]) : zd_error_set("no parameter %s on this shard", names[i]);
     }
-    dist_optim_read_unlock();
+    zd_dist_optim_read_unlock();
     if (rc < 0)
         for (int i = 0; i < n; i++)
-            tensor_unref_p(&out[i]);
+            zd_tensor_unref_p(&out[i]);
     return rc;
 }
 
-static int dropout(tensor_t *x, float p, bool training, bool channels, tensor_t **out)
+static int dropout(zd_tensor_t *x, float p, bool training, bool channels, zd_tensor_t **out)
 {
     if (!training || !ps.dropout) {
-        *out = tensor_ref(x);
+        *out = zd_tensor_ref(x);
         return 0;
     }
     pthread_mutex_lock(&ps.rng_lock);
-    int rc = channels ? nn_dropout2d(x, p, true, &ps.rng, out) : nn_dropout(x, p, true, &ps.rng, out);
+    int rc = channels ? zd_nn_dropout2d(x, p, true, &ps.rng, out) : zd_nn_dropout(x, p, true, &ps.rng, out);
     pthread_mutex_unlock(&ps.rng_lock);
     return rc;
 }
 
 /*  relu(flat fc1_slice^T + b) then dropout: this shard's part of fc1. */
-static int fc1_part(tensor_t *flat, bool training, tensor_t **out)
+static int fc1_part(zd_tensor_t *flat, bool training, zd_tensor_t **out)
 {
     static const char *const names[] = {"fc1.weight", "fc1.bias"};
-    tensor_t *p[2], *l = NULL, *r = NULL;
+    zd_tensor_t *p[2], *l = NULL, *r = NULL;
     *out = NULL;
     if (ps.fc1_count == 0)
-        return error_set("this shard holds no rows of fc1");
+        return zd_error_set("this shard holds no rows of fc1");
     if (snapshot(names, 2, p) < 0)
         return -1;
-    int rc = nn_linear(flat, p[0], p[1], &l);
+    int rc = zd_nn_linear(flat, p[0], p[1], &l);
     if (rc == 0)
-        rc = nn_relu(l, &r);
+        rc = zd_nn_relu(l, &r);
     if (rc == 0)
         rc = dropout(r, 0.5f, training, false, out);
-    tensor_unref(l);
-    tensor_unref(r);
-    tensor_unref(p[0]);
-    tensor_unref(p[1]);
+    zd_tensor_unref(l);
+    zd_tensor_unref(r);
+    zd_tensor_unref(p[0]);
+    zd_tensor_unref(p[1]);
     return rc;
 }
 
 /*  Shard 0: the whole forward pass. */
-static int forward(tensor_t *x, bool training, tensor_t **out)
+static int forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
 {
     static const char *const names[] = {"conv1.weight", "conv1.bias", "conv2.weight",
                                         "conv2.bias",   "fc2.weight", "fc2.bias"};
-    tensor_t *p[6], *h1 = NULL, *h2 = NULL, *h3 = NULL, *flat = NULL, *h = NULL, *f2 = NULL;
-    tensor_t *parts[64] = {0};
-    rpc_future_t *fs[64] = {0};
+    zd_tensor_t *p[6], *h1 = NULL, *h2 = NULL, *h3 = NULL, *flat = NULL, *h = NULL, *f2 = NULL;
+    zd_tensor_t *parts[64] = {0};
+    zd_future_t *fs[64] = {0};
     int S = ps.num_shards, rc;
     *out = NULL;
     if (snapshot(names, 6, p) < 0)
         return -1;
-    rc = nn_conv2d_relu(x, p[0], p[1], 1, 0, &h1);
+    rc = zd_nn_conv2d_relu(x, p[0], p[1], 1, 0, &h1);
     if (rc == 0)
-        rc = nn_conv2d_max_pool2d(h1, p[2], p[3], 1, 0, 2, 2, &h2);
+        rc = zd_nn_conv2d_max_pool2d(h1, p[2], p[3], 1, 0, 2, 2, &h2);
     if (rc == 0)
         rc = dropout(h2, 0.25f, training, true, &h3);
     if (rc == 0)
-        rc = nn_flatten(h3, &flat);
+        rc = zd_nn_flatten(h3, &flat);
     /* The other shards compute their rows of fc1 while this one does its own. */
     for (int s = 1; rc == 0 && s < S; s++) {
-        rpc_value_t *args = rpc_args("ti", flat, (int64_t)training);
-        fs[s] = args ? rpc_async(s, "ps_fc1_part", args, RPC_TIMEOUT_DEFAULT) : NULL;
-        rpc_value_unref(args);
+        zd_value_t *args = zd_rpc_args("ti", flat, (int64_t)training);
+        fs[s] = args ? zd_rpc_async(s, "ps_fc1_part", args, ZD_RPC_TIMEOUT_DEFAULT) : NULL;
+        zd_value_unref(args);
         if (!fs[s])
             rc = -1;
     }
@@ -184,163 +184,163 @@ static int forward(tensor_t *x, bool training, tensor_t **out)
     for (int s = 1; s < S; s++) {
         if (!fs[s])
             continue;
-        tensor_t *t;
-        if (rc == 0 && (rpc_wait(fs[s], -1) < 0 ||
-                        rpc_value_get_tensor(rpc_future_value(fs[s]), &t) < 0))
+        zd_tensor_t *t;
+        if (rc == 0 && (zd_rpc_wait(fs[s], -1) < 0 ||
+                        zd_value_get_tensor(zd_future_value(fs[s]), &t) < 0))
             rc = -1;
         else if (rc == 0)
-            parts[n_parts++] = tensor_ref(t);
-        rpc_future_unref(fs[s]);
+            parts[n_parts++] = zd_tensor_ref(t);
+        zd_future_unref(fs[s]);
     }
     if (rc == 0)
-        rc = n_parts == 1 ? (h = tensor_ref(parts[0]), 0) : tensor_cat(parts, n_parts, 1, &h);
+        rc = n_parts == 1 ? (h = zd_tensor_ref(parts[0]), 0) : zd_tensor_cat(parts, n_parts, 1, &h);
     if (rc == 0)
-        rc = nn_linear(h, p[4], p[5], &f2);
+        rc = zd_nn_linear(h, p[4], p[5], &f2);
     if (rc == 0)
-        rc = nn_log_softmax(f2, 1, out);
-    tensor_t *all[] = {h1, h2, h3, flat, h, f2, p[0], p[1], p[2], p[3], p[4], p[5]};
+        rc = zd_nn_log_softmax(f2, 1, out);
+    zd_tensor_t *all[] = {h1, h2, h3, flat, h, f2, p[0], p[1], p[2], p[3], p[4], p[5]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        tensor_unref(all[i]);
+        zd_tensor_unref(all[i]);
     for (int i = 0; i < n_parts; i++)
-        tensor_unref(parts[i]);
+        zd_tensor_unref(parts[i]);
     return rc;
 }
 
 /*  ---- RPC functions ---- */
 
-static rpc_value_t *tensor_result(int rc, tensor_t *t)
+static zd_value_t *tensor_result(int rc, zd_tensor_t *t)
 {
-    rpc_value_t *v = rc == 0 ? rpc_value_tensor(t) : NULL;
-    tensor_unref(t);
+    zd_value_t *v = rc == 0 ? zd_value_tensor(t) : NULL;
+    zd_tensor_unref(t);
     return v;
 }
 
-static rpc_value_t *fn_get_parameter_server(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_get_parameter_server(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return rpc_value_string("ParameterServer");
+    return zd_value_string("ParameterServer");
 }
 
 /*  ps_forward(server, x, training): no graph is recorded for evaluation. */
-static rpc_value_t *fn_forward(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    tensor_t *x, *out = NULL;
+    zd_tensor_t *x, *out = NULL;
     int64_t training;
-    if (rpc_arg_tensor(args, 1, &x) < 0 || rpc_arg_int(args, 2, &training) < 0)
+    if (zd_rpc_arg_tensor(args, 1, &x) < 0 || zd_rpc_arg_int(args, 2, &training) < 0)
         return NULL;
-    bool prev = autograd_set_grad_enabled(training != 0);
+    bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = forward(x, training != 0, &out);
-    autograd_set_grad_enabled(prev);
+    zd_autograd_set_grad_enabled(prev);
     return tensor_result(rc, out);
 }
 
-static rpc_value_t *fn_fc1_part(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_fc1_part(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    tensor_t *flat, *out = NULL;
+    zd_tensor_t *flat, *out = NULL;
     int64_t training;
-    if (rpc_arg_tensor(args, 0, &flat) < 0 || rpc_arg_int(args, 1, &training) < 0)
+    if (zd_rpc_arg_tensor(args, 0, &flat) < 0 || zd_rpc_arg_int(args, 1, &training) < 0)
         return NULL;
-    bool prev = autograd_set_grad_enabled(training != 0);
+    bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = fc1_part(flat, training != 0, &out);
-    autograd_set_grad_enabled(prev);
+    zd_autograd_set_grad_enabled(prev);
     return tensor_result(rc, out);
 }
 
 /*  RRefs to this shard's parameters, owned here. */
-static int append_local_rrefs(rpc_value_t *list)
+static int append_local_rrefs(zd_value_t *list)
 {
     for (int i = 0; i < ps.n; i++) {
-        rpc_value_t *tv = rpc_value_tensor(ps.params[i]);
-        rpc_rref_t *r = tv ? rpc_rref_new(tv) : NULL;
-        rpc_value_unref(tv);
-        if (!r || rpc_list_append(list, rpc_value_rref(r)) < 0) {
-            rpc_rref_unref(r);
+        zd_value_t *tv = zd_value_tensor(ps.params[i]);
+        zd_rref_t *r = tv ? zd_rref_new(tv) : NULL;
+        zd_value_unref(tv);
+        if (!r || zd_list_append(list, zd_value_rref(r)) < 0) {
+            zd_rref_unref(r);
             return -1;
         }
-        rpc_rref_unref(r);
+        zd_rref_unref(r);
     }
     return 0;
 }
 
-static rpc_value_t *fn_local_param_rrefs(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_local_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    rpc_value_t *list = rpc_value_list((size_t)ps.n);
+    zd_value_t *list = zd_value_list((size_t)ps.n);
     if (list && append_local_rrefs(list) < 0) {
-        rpc_value_unref(list);
+        zd_value_unref(list);
         return NULL;
     }
     return list;
 }
 
 /*  Appends every item of the list returned by fn(args) on each other shard. */
-static int gather_from_shards(rpc_value_t *list, const char *fn, rpc_value_t *args)
+static int gather_from_shards(zd_value_t *list, const char *fn, zd_value_t *args)
 {
     for (int s = 1; s < ps.num_shards; s++) {
-        rpc_value_t *r;
-        if (rpc_sync(s, fn, args, RPC_TIMEOUT_DEFAULT, &r) < 0)
+        zd_value_t *r;
+        if (zd_rpc_sync(s, fn, args, ZD_RPC_TIMEOUT_DEFAULT, &r) < 0)
             return -1;
-        for (size_t i = 0; i < rpc_list_len(r); i++)
-            if (rpc_list_append(list, rpc_value_ref(rpc_list_get(r, i))) < 0) {
-                rpc_value_unref(r);
+        for (size_t i = 0; i < zd_list_len(r); i++)
+            if (zd_list_append(list, zd_value_ref(zd_list_get(r, i))) < 0) {
+                zd_value_unref(r);
                 return -1;
             }
-        rpc_value_unref(r);
+        zd_value_unref(r);
     }
     return 0;
 }
 
-static rpc_value_t *fn_get_param_rrefs(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_get_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    rpc_value_t *list = fn_local_param_rrefs(call, args, arg);
+    zd_value_t *list = fn_local_param_rrefs(call, args, arg);
     if (list && gather_from_shards(list, "ps_local_param_rrefs", NULL) < 0) {
-        rpc_value_unref(list);
+        zd_value_unref(list);
         return NULL;
     }
     return list;
 }
 
-static rpc_value_t *fn_local_dist_gradients(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_local_dist_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t cid;
-    size_t at = rpc_list_len(args) == 2 ? 1 : 0;   /* (server, cid) or (cid) */
-    if (rpc_arg_int(args, at, &cid) < 0)
+    size_t at = zd_list_len(args) == 2 ? 1 : 0;   /* (server, cid) or (cid) */
+    if (zd_rpc_arg_int(args, at, &cid) < 0)
         return NULL;
-    rpc_value_t *list = rpc_value_list((size_t)ps.n);
+    zd_value_t *list = zd_value_list((size_t)ps.n);
     for (int i = 0; list && i < ps.n; i++) {
-        tensor_t *g;
-        if (dist_autograd_get_gradient(cid, ps.params[i], &g) < 0) {
-            rpc_value_unref(list);
+        zd_tensor_t *g;
+        if (zd_dist_autograd_get_gradient(cid, ps.params[i], &g) < 0) {
+            zd_value_unref(list);
             return NULL;
         }
-        if (g && rpc_list_append(list, rpc_args("st", ps.names[i], g)) < 0)
-            rpc_value_unref(list), list = NULL;
-        tensor_unref(g);
+        if (g && zd_list_append(list, zd_rpc_args("st", ps.names[i], g)) < 0)
+            zd_value_unref(list), list = NULL;
+        zd_tensor_unref(g);
     }
     return list;
 }
 
-static rpc_value_t *fn_get_dist_gradients(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_get_dist_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     int64_t cid;
-    if (rpc_arg_int(args, 1, &cid) < 0)
+    if (zd_rpc_arg_int(args, 1, &cid) < 0)
         return NULL;
-    rpc_value_t *list = fn_local_dist_gradients(call, args, arg);
-    rpc_value_t *cargs = rpc_args("i", cid);
+    zd_value_t *list = fn_local_dist_gradients(call, args, arg);
+    zd_value_t *cargs = zd_rpc_args("i", cid);
     if (list && (!cargs || gather_from_shards(list, "ps_local_dist_gradients", cargs) < 0)) {
-        rpc_value_unref(list);
+        zd_value_unref(list);
         list = NULL;
     }
-    rpc_value_unref(cargs);
+    zd_value_unref(cargs);
     return list;
 }
 
 /*  One evaluation thread's share of the test set. */
 typedef struct {
-    const dataset_t *test;
+    const zd_dataset_t *test;
     int64_t start, end, correct;
     int rc;
     char error[256];
@@ -349,23 +349,23 @@ typedef struct {
 static void *evaluate_part(void *arg)
 {
     eval_part_t *e = arg;
-    bool prev = autograd_set_grad_enabled(false);
+    bool prev = zd_autograd_set_grad_enabled(false);
     for (int64_t at = e->start; at < e->end && e->rc == 0; at += 1000) {
-        tensor_t *x, *y, *out = NULL;
+        zd_tensor_t *x, *y, *out = NULL;
         int64_t n = e->end - at < 1000 ? e->end - at : 1000;
-        e->rc = dataset_batch(e->test, NULL, at, n, &x, &y);
+        e->rc = zd_dataset_batch(e->test, NULL, at, n, &x, &y);
         if (e->rc == 0 && (e->rc = forward(x, false, &out)) == 0) {
-            int64_t c = nn_accuracy(out, y);
+            int64_t c = zd_nn_accuracy(out, y);
             e->rc = c < 0 ? -1 : 0;
             e->correct += c;
         }
-        tensor_unref(out);
-        tensor_unref(x);
-        tensor_unref(y);
+        zd_tensor_unref(out);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
     }
-    autograd_set_grad_enabled(prev);
+    zd_autograd_set_grad_enabled(prev);
     if (e->rc < 0)
-        snprintf(e->error, sizeof e->error, "%s", error_last());
+        snprintf(e->error, sizeof e->error, "%s", zd_error_last());
     return NULL;
 }
 
@@ -374,15 +374,15 @@ static void *evaluate_part(void *arg)
     layers run on one thread per pass, and the evaluation is one pass. */
 static int evaluate(int64_t limit, double *acc)
 {
-    dataset_t *test = NULL;
+    zd_dataset_t *test = NULL;
     const char *dir = ps.data_dir[0] ? ps.data_dir : NULL;
-    if (dataset_load(dir, DATASET_TEST, &test) < 0)
+    if (zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
         return -1;
-    int64_t n = dataset_size(test), correct = 0;
+    int64_t n = zd_dataset_size(test), correct = 0;
     if (limit > 0 && limit < n)
         n = limit;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int parts = nn_get_num_threads() > 1 || cores < 2 ? 1 : cores > 8 ? 8 : (int)cores;
+    int parts = zd_nn_get_num_threads() > 1 || cores < 2 ? 1 : cores > 8 ? 8 : (int)cores;
     eval_part_t e[8];
     pthread_t th[8];
     bool started[8] = {false};
@@ -400,10 +400,10 @@ static int evaluate(int64_t limit, double *acc)
             pthread_join(th[i], NULL);
     for (int i = 0; i < parts; i++) {
         if (e[i].rc < 0 && rc == 0)
-            rc = error_set("%s", e[i].error);
+            rc = zd_error_set("%s", e[i].error);
         correct += e[i].correct;
     }
-    dataset_free(test);
+    zd_dataset_free(test);
     *acc = n ? (double)correct / (double)n : 0;
     return rc;
 }
@@ -413,10 +413,10 @@ static int evaluate(int64_t limit, double *acc)
     stats_lock held; the evaluation itself runs outside it. */
 static void finish_evaluations(void)
 {
-    int trainers = rpc_world_size() - ps.num_shards;
+    int trainers = zd_rpc_world_size() - ps.num_shards;
     if (ps.finished < trainers || ps.n_waiting < ps.finished)
         return;
-    rpc_future_t *fs[64];
+    zd_future_t *fs[64];
     int n = ps.n_waiting;
     memcpy(fs, ps.waiting, sizeof fs[0] * (size_t)n);
     ps.n_waiting = 0;
@@ -424,45 +424,45 @@ static void finish_evaluations(void)
     double acc;
     int rc = evaluate(ps.eval_samples, &acc);
     char err[512];
-    snprintf(err, sizeof err, "%s", rc < 0 ? error_last() : "");
+    snprintf(err, sizeof err, "%s", rc < 0 ? zd_error_last() : "");
     for (int i = 0; i < n; i++) {
-        rpc_value_t *v = rc == 0 ? rpc_value_float(acc) : NULL;
+        zd_value_t *v = rc == 0 ? zd_value_float(acc) : NULL;
         if (v)
-            rpc_future_set_value(fs[i], v);
+            zd_future_set_value(fs[i], v);
         else
-            rpc_future_set_error(fs[i], "evaluation failed: %s", err);
-        rpc_value_unref(v);
-        rpc_future_unref(fs[i]);
+            zd_future_set_error(fs[i], "evaluation failed: %s", err);
+        zd_value_unref(v);
+        zd_future_unref(fs[i]);
     }
     pthread_mutex_lock(&ps.stats_lock);
 }
 
 /*  ps_evaluate(server, samples) -> accuracy: answered when every trainer
     has finished (a trainer whose call times out evaluates by itself). */
-static rpc_future_t *fn_evaluate(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_future_t *fn_evaluate(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t samples;
-    if (rpc_arg_int(args, 1, &samples) < 0)
+    if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
-    rpc_future_t *f = rpc_future_new();
+    zd_future_t *f = zd_future_new();
     if (!f)
         return NULL;
     pthread_mutex_lock(&ps.stats_lock);
     if (ps.n_waiting == 64) {
         pthread_mutex_unlock(&ps.stats_lock);
-        rpc_future_unref(f);
-        error_set("too many trainers waiting for the evaluation");
+        zd_future_unref(f);
+        zd_error_set("too many trainers waiting for the evaluation");
         return NULL;
     }
     ps.eval_samples = samples;
-    ps.waiting[ps.n_waiting++] = rpc_future_ref(f);
+    ps.waiting[ps.n_waiting++] = zd_future_ref(f);
     finish_evaluations();
     pthread_mutex_unlock(&ps.stats_lock);
     return f;
 }
 
-static rpc_value_t *fn_trainer_started(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_trainer_started(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
     struct timespec now;
@@ -471,14 +471,14 @@ static rpc_value_t *fn_trainer_started(rpc_call_t *call, rpc_value_t *args, void
     if (ps.started++ == 0)
         ps.first_start = now;
     pthread_mutex_unlock(&ps.stats_lock);
-    return rpc_value_none();
+    return zd_value_none();
 }
 
-static rpc_value_t *fn_trainer_finished(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t samples;
-    if (rpc_arg_int(args, 1, &samples) < 0)
+    if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
@@ -488,7 +488,7 @@ static rpc_value_t *fn_trainer_finished(rpc_call_t *call, rpc_value_t *args, voi
     ps.last_finish = now;
     finish_evaluations();
     pthread_mutex_unlock(&ps.stats_lock);
-    return rpc_value_none();
+    return zd_value_none();
 }
 
 /*  ---- checkpoints (SPEC B2) ---- */
@@ -512,15 +512,15 @@ static void shard_path(char *buf, size_t size, int shard)
     trainers' progress and the run's configuration (tensors of its own). */
 typedef struct {
     const char *names[MAX_PARAMS + 2];
-    tensor_t *tensors[MAX_PARAMS + 2];
+    zd_tensor_t *tensors[MAX_PARAMS + 2];
     int n;
-    tensor_t *progress, *config;
+    zd_tensor_t *progress, *config;
 } shard_file_t;
 
 static void shard_file_clear(shard_file_t *f)
 {
-    tensor_unref_p(&f->progress);
-    tensor_unref_p(&f->config);
+    zd_tensor_unref_p(&f->progress);
+    zd_tensor_unref_p(&f->config);
 }
 
 static int shard_file_init(shard_file_t *f)
@@ -530,8 +530,8 @@ static int shard_file_init(shard_file_t *f)
         f->names[f->n] = ps.names[i], f->tensors[f->n] = ps.params[i];
     if (ps.shard != 0)
         return 0;
-    f->progress = tensor_new(TENSOR_I64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
-    f->config = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
+    f->progress = zd_tensor_new(ZD_INT64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
+    f->config = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
     if (!f->progress || !f->config) {
         shard_file_clear(f);
         return -1;
@@ -551,16 +551,16 @@ static int save_shard(void)
         return -1;
     if (f.progress) {
         pthread_mutex_lock(&ck.lock);
-        memcpy(tensor_data_i64(f.progress), ck.progress, sizeof ck.progress);
+        memcpy(zd_tensor_data_i64(f.progress), ck.progress, sizeof ck.progress);
         pthread_mutex_unlock(&ck.lock);
-        memcpy(tensor_data_i64(f.config), ck.config, sizeof ck.config);
+        memcpy(zd_tensor_data_i64(f.config), ck.config, sizeof ck.config);
     }
     shard_path(path, sizeof path, ps.shard);
     /* Under the read lock to the rename: no step half applied, and an older
        save cannot replace a newer one. */
-    dist_optim_read_lock();
-    int rc = checkpoint_save(path, f.n, f.names, f.tensors);
-    dist_optim_read_unlock();
+    zd_dist_optim_read_lock();
+    int rc = zd_checkpoint_save(path, f.n, f.names, f.tensors);
+    zd_dist_optim_read_unlock();
     shard_file_clear(&f);
     return rc;
 }
@@ -569,82 +569,82 @@ static int save_shard(void)
     progress, has the other shards save theirs, then saves its own (last,
     so that the progress it records is never ahead of any shard's
     weights). */
-static rpc_value_t *fn_checkpoint(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t trainer, batches;
-    if (rpc_arg_int(args, 1, &trainer) < 0 || rpc_arg_int(args, 2, &batches) < 0)
+    if (zd_rpc_arg_int(args, 1, &trainer) < 0 || zd_rpc_arg_int(args, 2, &batches) < 0)
         return NULL;
     if (!ck.prefix[0]) {
-        error_set("ps_checkpoint: this server runs without --checkpoint");
+        zd_error_set("ps_checkpoint: this server runs without --checkpoint");
         return NULL;
     }
     if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS || batches < 0) {
-        error_set("ps_checkpoint: trainer %lld with %lld batches (trainers 0 to %d)",
+        zd_error_set("ps_checkpoint: trainer %lld with %lld batches (trainers 0 to %d)",
                   (long long)trainer, (long long)batches, PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
     /* The other shards first, all at once: once they hold this trainer's
        steps, its position may be recorded (and saved with shard 0). */
-    rpc_future_t *fs[64];
+    zd_future_t *fs[64];
     int n = 0, rc = 0;
     for (int s = 1; s < ps.num_shards; s++)
-        if ((fs[n] = rpc_async(s, "ps_save_shard", NULL, RPC_TIMEOUT_DEFAULT)))
+        if ((fs[n] = zd_rpc_async(s, "ps_save_shard", NULL, ZD_RPC_TIMEOUT_DEFAULT)))
             n++;
         else
             rc = -1;
-    if (n && rpc_future_wait_all(fs, n, -1) < 0)
+    if (n && zd_future_wait_all(fs, n, -1) < 0)
         rc = -1;
     for (int i = 0; i < n; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
     if (rc < 0)
         return NULL;
     pthread_mutex_lock(&ck.lock);
     ck.progress[trainer] = batches;
     pthread_mutex_unlock(&ck.lock);
-    return save_shard() == 0 ? rpc_value_none() : NULL;
+    return save_shard() == 0 ? zd_value_none() : NULL;
 }
 
-static rpc_value_t *fn_save_shard(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_save_shard(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
     if (!ck.prefix[0]) {
-        error_set("ps_save_shard: shard %d runs without --checkpoint", ps.shard);
+        zd_error_set("ps_save_shard: shard %d runs without --checkpoint", ps.shard);
         return NULL;
     }
-    return save_shard() == 0 ? rpc_value_none() : NULL;
+    return save_shard() == 0 ? zd_value_none() : NULL;
 }
 
 /*  ps_resume_point(server, trainer) -> batches the trainer had done. */
-static rpc_value_t *fn_resume_point(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_resume_point(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t trainer;
-    if (rpc_arg_int(args, 1, &trainer) < 0)
+    if (zd_rpc_arg_int(args, 1, &trainer) < 0)
         return NULL;
     if (!ck.prefix[0]) {
-        error_set("ps_resume_point: this server runs without --checkpoint: nothing to resume");
+        zd_error_set("ps_resume_point: this server runs without --checkpoint: nothing to resume");
         return NULL;
     }
     if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS) {
-        error_set("ps_resume_point: no trainer %lld (trainers 0 to %d)", (long long)trainer,
+        zd_error_set("ps_resume_point: no trainer %lld (trainers 0 to %d)", (long long)trainer,
                   PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
     pthread_mutex_lock(&ck.lock);
     int64_t batches = ck.progress[trainer];
     pthread_mutex_unlock(&ck.lock);
-    return rpc_value_int(batches);
+    return zd_value_int(batches);
 }
 
 int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
                              int num_trainers)
 {
     if (!prefix || !prefix[0] || strlen(prefix) >= sizeof ck.prefix - 16)
-        return error_set("ps_net: checkpoint prefix empty or over %zu bytes",
+        return zd_error_set("ps_net: checkpoint prefix empty or over %zu bytes",
                          sizeof ck.prefix - 16);
     if (num_trainers < 1 || num_trainers > PS_NET_MAX_TRAINERS)
-        return error_set("ps_net: checkpoints handle 1 to %d trainers, not %d",
+        return zd_error_set("ps_net: checkpoints handle 1 to %d trainers, not %d",
                          PS_NET_MAX_TRAINERS, num_trainers);
     snprintf(ck.prefix, sizeof ck.prefix, "%s", prefix);
     ck.config[0] = batch_size;
@@ -655,19 +655,19 @@ int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size
     char path[1100];
     shard_path(path, sizeof path, ps.shard);
     shard_file_t f;
-    int rc = shard_file_init(&f) < 0 ? -1 : checkpoint_load(path, f.n, f.names, f.tensors);
-    const int64_t *got = f.config && rc == 0 ? tensor_data_i64(f.config) : NULL;
+    int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(path, f.n, f.names, f.tensors);
+    const int64_t *got = f.config && rc == 0 ? zd_tensor_data_i64(f.config) : NULL;
     if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
-        rc = error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "
+        rc = zd_error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "
                        "trainer(s); this one has %lld, %lld and %lld", path, (long long)got[0],
                        (long long)got[1], (long long)got[2], (long long)ck.config[0],
                        (long long)ck.config[1], (long long)ck.config[2]);
     for (int t = 0; rc == 0 && f.progress && t < PS_NET_MAX_TRAINERS; t++)
-        if ((ck.progress[t] = tensor_data_i64(f.progress)[t]) < 0)
-            rc = error_set("%s: trainer %d at batch %lld", path, t,
+        if ((ck.progress[t] = zd_tensor_data_i64(f.progress)[t]) < 0)
+            rc = zd_error_set("%s: trainer %d at batch %lld", path, t,
                            (long long)ck.progress[t]);
     shard_file_clear(&f);
-    return rc < 0 ? error_wrap("resuming shard %d", ps.shard) : 0;
+    return rc < 0 ? zd_error_wrap("resuming shard %d", ps.shard) : 0;
 }
 
 void ps_net_throughput(int64_t *samples, double *seconds)
@@ -684,8 +684,8 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
                  const char *data_dir, FILE *out)
 {
     if (num_shards < 1 || num_shards > 64 || shard < 0 || shard >= num_shards)
-        return error_set("ps_net: shard %d of %d", shard, num_shards);
-    nn_model_t *net = nn_net_new(seed);
+        return zd_error_set("ps_net: shard %d of %d", shard, num_shards);
+    zd_nn_model_t *net = zd_nn_net_new(seed);
     if (!net)
         return -1;
     ps.shard = shard;
@@ -695,39 +695,39 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
     snprintf(ps.data_dir, sizeof ps.data_dir, "%s", data_dir ? data_dir : "");
     pthread_mutex_init(&ps.rng_lock, NULL);
     pthread_mutex_init(&ps.stats_lock, NULL);
-    nn_rng_seed(&ps.rng, seed * 1000003u + (uint64_t)shard);
+    zd_nn_rng_seed(&ps.rng, seed * 1000003u + (uint64_t)shard);
     ps_net_fc1_rows(shard, num_shards, &ps.fc1_first, &ps.fc1_count);
     int rc = 0;
     if (shard == 0) {
         const char *own[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"};
         for (int i = 0; i < 4 && rc == 0; i++)
-            rc = add_param(own[i], tensor_clone(nn_model_find_param(net, own[i])));
+            rc = add_param(own[i], zd_tensor_clone(zd_nn_model_find_param(net, own[i])));
     }
     if (rc == 0 && ps.fc1_count > 0) {
-        rc = add_param("fc1.weight", rows_of(nn_model_find_param(net, "fc1.weight"),
+        rc = add_param("fc1.weight", rows_of(zd_nn_model_find_param(net, "fc1.weight"),
                                              ps.fc1_first, ps.fc1_count));
         if (rc == 0)
-            rc = add_param("fc1.bias", rows_of(nn_model_find_param(net, "fc1.bias"),
+            rc = add_param("fc1.bias", rows_of(zd_nn_model_find_param(net, "fc1.bias"),
                                                ps.fc1_first, ps.fc1_count));
     }
     if (rc == 0 && shard == 0) {
         const char *own[] = {"fc2.weight", "fc2.bias"};
         for (int i = 0; i < 2 && rc == 0; i++)
-            rc = add_param(own[i], tensor_clone(nn_model_find_param(net, own[i])));
+            rc = add_param(own[i], zd_tensor_clone(zd_nn_model_find_param(net, own[i])));
     }
-    nn_model_free(net);
+    zd_nn_model_free(net);
     if (rc < 0)
         return -1;
 
     int64_t numel = 0;
     for (int i = 0; i < ps.n; i++)
-        numel += tensor_numel(ps.params[i]);
+        numel += zd_tensor_numel(ps.params[i]);
     fprintf(out, "parameter server shard %d of %d: %lld parameters (%.2f MB): ", shard, num_shards,
             (long long)numel, (double)numel * 4 / 1e6);
     for (int i = 0; i < ps.n; i++) {
         char buf[64];
         fprintf(out, "%s%s %s", i ? ", " : "", ps.names[i],
-                tensor_shape_str(ps.params[i], buf, sizeof buf));
+                zd_tensor_shape_str(ps.params[i], buf, sizeof buf));
     }
     if (ps.fc1_count > 0)
         fprintf(out, " (fc1 rows %d-%d)", ps.fc1_first, ps.fc1_first + ps.fc1_count - 1);
@@ -735,7 +735,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
 
     struct {
         const char *name;
-        rpc_handler_fn *fn;
+        zd_rpc_handler_fn *fn;
     } fns[] = {
         {"get_parameter_server", fn_get_parameter_server},
         {"ps_forward", fn_forward},
@@ -751,14 +751,14 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
         {"ps_resume_point", fn_resume_point},
     };
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
-        if (rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
+        if (zd_rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
             return -1;
-    return rpc_register_async("ps_evaluate", fn_evaluate, NULL);
+    return zd_rpc_register_async("ps_evaluate", fn_evaluate, NULL);
 }
 
 void ps_net_free(void)
 {
     for (int i = 0; i < ps.n; i++)
-        tensor_unref_p(&ps.params[i]);
+        zd_tensor_unref_p(&ps.params[i]);
     ps.n = 0;
 }

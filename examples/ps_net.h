@@ -15,7 +15,7 @@
     distributed autograd, so the trainer's backward reaches every shard.
 
     Concurrent trainers: each forward works on a private copy of the
-    parameters taken under dist_optim_read_lock() (a step of another
+    parameters taken under zd_dist_optim_read_lock() (a step of another
     trainer never changes what a running backward uses), and gradients
     flow back to the shared parameters through that copy. A trainer's
     gradients are therefore exact for the weights its forward saw, and
@@ -38,14 +38,14 @@
       ps_evaluate(server, samples)      -> test accuracy of the final weights,
                                            once every trainer has finished
     The test set is read from data_dir (NULL: the default place) when the
-    first evaluation runs. Call before rpc_init. Prints the split to out.
+    first evaluation runs. Call before zd_rpc_init. Prints the split to out.
     Returns 0, or -1. */
 int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const char *data_dir,
                  FILE *out);
 
 #define PS_NET_MAX_TRAINERS 64
 
-/*  Checkpoints (SPEC B2), after ps_net_serve and before rpc_init, on
+/*  Checkpoints (SPEC B2), after ps_net_serve and before zd_rpc_init, on
     every shard with the same prefix: the shard's parameters go to
     prefix.shardK; shard 0's file also holds how many batches each trainer
     had done, and the run's batch size, seed and number of trainers. The
@@ -69,7 +69,7 @@ void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);
     first trainer's start to the last trainer's end (0 when none). */
 void ps_net_throughput(int64_t *samples, double *seconds);
 
-/*  Frees the shard's state (after rpc_shutdown). */
+/*  Frees the shard's state (after zd_rpc_shutdown). */
 void ps_net_free(void);
 
 #endif

@@ -11,11 +11,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "examples/flags.h"
 #include "examples/ps_core.h"
 #include "examples/ps_launch.h"
-#include "rpc/rpc.h"
+#include <zdist/rpc.h>
 
 int main(int argc, char **argv)
 {
@@ -58,7 +58,7 @@ int main(int argc, char **argv)
     if (flags_world_resolve(&w, 1 + servers + workers, prog) < 0)
         return 2;
     if (ps_options_check(&o, (int)w.world_size) < 0) {
-        fprintf(stderr, "%s: %s\n", prog, error_last());
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 2;
     }
 
@@ -70,19 +70,19 @@ int main(int argc, char **argv)
     else
         snprintf(name, sizeof name, "worker%lld", (long long)(w.rank - 1 - servers));
     if (ps_register() < 0) {
-        fprintf(stderr, "%s: %s\n", prog, error_last());
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
     if (ps_world_init(&w, name, prog) < 0)
         return 1;
     int rc = 0;
     if (w.rank == 0 && ps_run_driver(&o, NULL) < 0) {
-        fprintf(stderr, "%s: %s\n", prog, error_last());
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         rc = 1;
     }
     /* The servers and workers serve the driver's calls until everyone is here. */
-    if (rpc_shutdown(true, 0) < 0) {
-        fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, error_last());
+    if (zd_rpc_shutdown(true, 0) < 0) {
+        fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, zd_error_last());
         rc = 1;
     }
     return rc;

@@ -18,17 +18,17 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/autograd.h"
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
 #include "examples/curves.h"
 #include "examples/flags.h"
 #include "examples/ps_net.h"
 #include "examples/train_common.h"
-#include "nn/dataset.h"
-#include "nn/nn.h"
-#include "optim/dist_optim.h"
-#include "rpc/rpc.h"
+#include <zdist/dataset.h>
+#include <zdist/nn.h>
+#include <zdist/dist_optim.h>
+#include <zdist/rpc.h>
 
 typedef struct {
     flags_world_t world;        /* rank, world_size, master_addr, master_port */
@@ -54,84 +54,84 @@ static double now_s(void)
 }
 
 /*  The result of server.method(args) as a tensor (a new reference). */
-static int call_tensor(rpc_rref_t *ps, const char *method, rpc_value_t *args, tensor_t **out)
+static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_tensor_t **out)
 {
-    rpc_value_t *r;
+    zd_value_t *r;
     *out = NULL;
-    int rc = rpc_rref_rpc_sync(ps, method, args, RPC_TIMEOUT_DEFAULT, &r);
-    rpc_value_unref(args);
+    int rc = zd_rref_rpc_sync(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r);
+    zd_value_unref(args);
     if (rc < 0)
         return -1;
-    tensor_t *t;
-    rc = rpc_value_get_tensor(r, &t);
+    zd_tensor_t *t;
+    rc = zd_value_get_tensor(r, &t);
     if (rc == 0)
-        *out = tensor_ref(t);
-    rpc_value_unref(r);
+        *out = zd_tensor_ref(t);
+    zd_value_unref(r);
     return rc;
 }
 
-static int call_none(rpc_rref_t *ps, const char *method, rpc_value_t *args)
+static int call_none(zd_rref_t *ps, const char *method, zd_value_t *args)
 {
-    rpc_value_t *r = NULL;
-    int rc = args ? rpc_rref_rpc_sync(ps, method, args, RPC_TIMEOUT_DEFAULT, &r) : -1;
-    rpc_value_unref(args);
-    rpc_value_unref(r);
+    zd_value_t *r = NULL;
+    int rc = args ? zd_rref_rpc_sync(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r) : -1;
+    zd_value_unref(args);
+    zd_value_unref(r);
     return rc;
 }
 
 /*  One batch: the tutorial's loop body. */
-static int train_batch(rpc_rref_t *ps, dist_optim_t *opt, tensor_t *x, tensor_t *y, bool check,
+static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, bool check,
                        float *loss_out)
 {
     int64_t cid;
-    tensor_t *out = NULL, *loss = NULL;
-    rpc_value_t *grads = NULL;
-    if (dist_autograd_context_begin(&cid) < 0)
+    zd_tensor_t *out = NULL, *loss = NULL;
+    zd_value_t *grads = NULL;
+    if (zd_dist_autograd_context_begin(&cid) < 0)
         return -1;
-    int rc = call_tensor(ps, "ps_forward", rpc_args("ti", x, (int64_t)1), &out);
+    int rc = call_tensor(ps, "ps_forward", zd_rpc_args("ti", x, (int64_t)1), &out);
     if (rc == 0)
-        rc = nn_nll_loss(out, y, &loss);
+        rc = zd_nn_nll_loss(out, y, &loss);
     if (rc == 0)
-        rc = dist_autograd_backward(cid, &loss, 1, false);
+        rc = zd_dist_autograd_backward(cid, &loss, 1, false);
     if (rc == 0 && check) {
         /* The tutorial's check: the server holds gradients for this context.
            It moves every gradient (4.8 MB) over the wire, so by default it
            runs on the logged batches only (--check_interval). */
-        rpc_value_t *a = rpc_args("i", cid);
-        rc = a ? rpc_rref_rpc_sync(ps, "ps_get_dist_gradients", a, RPC_TIMEOUT_DEFAULT, &grads)
+        zd_value_t *a = zd_rpc_args("i", cid);
+        rc = a ? zd_rref_rpc_sync(ps, "ps_get_dist_gradients", a, ZD_RPC_TIMEOUT_DEFAULT, &grads)
                : -1;
-        rpc_value_unref(a);
-        if (rc == 0 && rpc_list_len(grads) == 0)
-            rc = error_set("the server has no gradients for context %lld", (long long)cid);
+        zd_value_unref(a);
+        if (rc == 0 && zd_list_len(grads) == 0)
+            rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
     }
     if (rc == 0)
-        rc = dist_optim_step(opt, cid);
+        rc = zd_dist_optim_step(opt, cid);
     if (rc == 0)
-        *loss_out = tensor_data(loss)[0];
-    rpc_value_unref(grads);
-    tensor_unref(loss);
-    tensor_unref(out);
+        *loss_out = zd_tensor_data(loss)[0];
+    zd_value_unref(grads);
+    zd_tensor_unref(loss);
+    zd_tensor_unref(out);
     /* The peers free the context while the next batch starts. */
-    if (dist_autograd_context_release(cid) < 0 && rc == 0)
+    if (zd_dist_autograd_context_release(cid) < 0 && rc == 0)
         rc = -1;
     return rc;
 }
 
-static int evaluate(rpc_rref_t *ps, const dataset_t *test, int64_t limit, double *acc)
+static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
 {
-    int64_t n = dataset_size(test), correct = 0;
+    int64_t n = zd_dataset_size(test), correct = 0;
     if (limit > 0 && limit < n)
         n = limit;
     for (int64_t start = 0; start < n; start += EVAL_BATCH) {
-        tensor_t *x, *y, *out;
+        zd_tensor_t *x, *y, *out;
         int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
-        if (dataset_batch(test, NULL, start, bs, &x, &y) < 0)
+        if (zd_dataset_batch(test, NULL, start, bs, &x, &y) < 0)
             return -1;
-        int rc = call_tensor(ps, "ps_forward", rpc_args("ti", x, (int64_t)0), &out);
-        int64_t c = rc == 0 ? nn_accuracy(out, y) : -1;
-        tensor_unref(out);
-        tensor_unref(x);
-        tensor_unref(y);
+        int rc = call_tensor(ps, "ps_forward", zd_rpc_args("ti", x, (int64_t)0), &out);
+        int64_t c = rc == 0 ? zd_nn_accuracy(out, y) : -1;
+        zd_tensor_unref(out);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
         if (c < 0)
             return -1;
         correct += c;
@@ -143,10 +143,10 @@ static int evaluate(rpc_rref_t *ps, const dataset_t *test, int64_t limit, double
 static int run_trainer(const options_t *o)
 {
     char dir[1024];
-    dataset_t *train = NULL, *test = NULL;
-    rpc_rref_t *ps = NULL;
-    rpc_value_t *param_list = NULL;
-    dist_optim_t *opt = NULL;
+    zd_dataset_t *train = NULL, *test = NULL;
+    zd_rref_t *ps = NULL;
+    zd_value_t *param_list = NULL;
+    zd_dist_optim_t *opt = NULL;
     int64_t *order = NULL, done = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
     double t0 = 0, t1 = 0;
@@ -154,44 +154,44 @@ static int run_trainer(const options_t *o)
     snprintf(title, sizeof title, "rpc_ps rank %lld", (long long)o->world.rank);
     curves_t *curves = o->curves ? curves_new(title) : NULL;
     if (o->curves && !curves) {
-        error_set("out of memory");
+        zd_error_set("out of memory");
         goto out;
     }
 
     if (o->data_dir)
         snprintf(dir, sizeof dir, "%s", o->data_dir);
-    else if (dataset_find_dir(dir, sizeof dir) < 0)
+    else if (zd_dataset_find_dir(dir, sizeof dir) < 0)
         goto out;
-    if (dataset_load(dir, DATASET_TRAIN, &train) < 0 || dataset_load(dir, DATASET_TEST, &test) < 0)
+    if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
         goto out;
-    if (!(ps = rpc_remote(0, "get_parameter_server", NULL, RPC_TIMEOUT_DEFAULT)))
+    if (!(ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_RPC_TIMEOUT_DEFAULT)))
         goto out;
-    if (rpc_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, RPC_TIMEOUT_DEFAULT, &param_list) < 0)
+    if (zd_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, ZD_RPC_TIMEOUT_DEFAULT, &param_list) < 0)
         goto out;
-    int n = (int)rpc_list_len(param_list);
-    rpc_rref_t *params[64];
+    int n = (int)zd_list_len(param_list);
+    zd_rref_t *params[64];
     for (int i = 0; i < n && i < 64; i++)
-        if (rpc_arg_rref(param_list, (size_t)i, &params[i]) < 0)
+        if (zd_rpc_arg_rref(param_list, (size_t)i, &params[i]) < 0)
             goto out;
-    optim_config_t cfg = optim_sgd_defaults(o->lr);
-    if (dist_optim_new(&cfg, params, n, &opt) < 0)
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
+    if (zd_dist_optim_new(&cfg, params, n, &opt) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_started", rpc_args("")) < 0)
+    if (call_none(ps, "ps_trainer_started", zd_rpc_args("")) < 0)
         goto out;
-    int64_t start = 0, nb = dataset_num_batches(train, o->batch_size);
+    int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
     if (o->resume) {
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
-        rpc_value_t *r = NULL, *a = rpc_args("i", (int64_t)trainer);
-        int prc = a ? rpc_rref_rpc_sync(ps, "ps_resume_point", a, RPC_TIMEOUT_DEFAULT, &r) : -1;
+        zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
+        int prc = a ? zd_rref_rpc_sync(ps, "ps_resume_point", a, ZD_RPC_TIMEOUT_DEFAULT, &r) : -1;
         if (prc == 0)
-            prc = rpc_value_get_int(r, &start);
-        rpc_value_unref(a);
-        rpc_value_unref(r);
+            prc = zd_value_get_int(r, &start);
+        zd_value_unref(a);
+        zd_value_unref(r);
         if (prc < 0)
             goto out;
         if (start > o->epochs * nb) {
-            error_set("checkpoint %s: trainer %d had done %lld batches, more than %lld "
+            zd_error_set("checkpoint %s: trainer %d had done %lld batches, more than %lld "
                       "epoch(s) of %lld", o->checkpoint, trainer, (long long)start,
                       (long long)o->epochs, (long long)nb);
             goto out;
@@ -206,20 +206,20 @@ static int run_trainer(const options_t *o)
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
         /* The first trainer shuffles as train_local does with the same seed. */
-        if (!(order = dataset_order(train, (uint64_t)(o->seed + epoch + 1000 * trainer)))) {
-            error_set("out of memory");
+        if (!(order = zd_dataset_order(train, (uint64_t)(o->seed + epoch + 1000 * trainer)))) {
+            zd_error_set("out of memory");
             goto out;
         }
         int64_t first = epoch == first_epoch ? first_batch : 0;
         for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
-            tensor_t *x, *y;
+            zd_tensor_t *x, *y;
             float loss = 0;
-            if (dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
+            if (zd_dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
                 goto out;
             bool check = o->check_interval > 0 && done % o->check_interval == 0;
             int brc = train_batch(ps, opt, x, y, check, &loss);
-            tensor_unref(x);
-            tensor_unref(y);
+            zd_tensor_unref(x);
+            zd_tensor_unref(y);
             if (brc < 0)
                 goto out;
             done++;
@@ -232,29 +232,29 @@ static int run_trainer(const options_t *o)
                     goto out;
             }
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
-                call_none(ps, "ps_checkpoint", rpc_args("ii", (int64_t)trainer, done)) < 0)
+                call_none(ps, "ps_checkpoint", zd_rpc_args("ii", (int64_t)trainer, done)) < 0)
                 goto out;
         }
     }
     t1 = now_s();
-    if (dist_autograd_wait_releases(-1) < 0)
+    if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_finished", rpc_args("i", (done - start) * o->batch_size)) < 0)
+    if (call_none(ps, "ps_trainer_finished", zd_rpc_args("i", (done - start) * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
     /* Trainers share one evaluation of the final weights on the server
        (it answers when the last trainer is done); one that waits longer
        than the RPC timeout evaluates by itself. */
     double acc;
-    rpc_value_t *a = rpc_args("i", o->eval_samples), *r = NULL;
-    int erc = a ? rpc_rref_rpc_sync(ps, "ps_evaluate", a, RPC_TIMEOUT_DEFAULT, &r) : -1;
+    zd_value_t *a = zd_rpc_args("i", o->eval_samples), *r = NULL;
+    int erc = a ? zd_rref_rpc_sync(ps, "ps_evaluate", a, ZD_RPC_TIMEOUT_DEFAULT, &r) : -1;
     if (erc == 0)
-        erc = rpc_value_get_float(r, &acc);
-    rpc_value_unref(a);
-    rpc_value_unref(r);
+        erc = zd_value_get_float(r, &acc);
+    zd_value_unref(a);
+    zd_value_unref(r);
     if (erc < 0) {
         fprintf(stderr, "rpc_ps trainer %lld: shared evaluation failed (%s); evaluating alone\n",
-                (long long)o->world.rank, error_last());
+                (long long)o->world.rank, zd_error_last());
         if (evaluate(ps, test, o->eval_samples, &acc) < 0)
             goto out;
     }
@@ -265,7 +265,7 @@ static int run_trainer(const options_t *o)
         char prefix[4096];
         if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves,
                      (long long)o->world.rank) >= (int)sizeof prefix) {
-            error_set("--curves: prefix too long");
+            zd_error_set("--curves: prefix too long");
             goto out;
         }
         curves_set_accuracy(curves, acc);
@@ -279,14 +279,14 @@ static int run_trainer(const options_t *o)
     rc = 0;
 out:
     if (rc < 0)
-        fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, error_last());
+        fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, zd_error_last());
     free(order);
     curves_free(curves);
-    dist_optim_free(opt);
-    rpc_value_unref(param_list);
-    rpc_rref_unref(ps);
-    dataset_free(train);
-    dataset_free(test);
+    zd_dist_optim_free(opt);
+    zd_value_unref(param_list);
+    zd_rref_unref(ps);
+    zd_dataset_free(train);
+    zd_dataset_free(test);
     return rc;
 }
 
@@ -323,8 +323,8 @@ static int check_options(const options_t *o)
     }
     if (o->data_dir && o->world.rank >= o->num_servers) {
         char path[2048];
-        if (dataset_find_file(o->data_dir, DATASET_TRAIN, "images", path, sizeof path) < 0) {
-            fprintf(stderr, "rpc_ps: %s\n", error_last());
+        if (zd_dataset_find_file(o->data_dir, ZD_DATASET_TRAIN, "images", path, sizeof path) < 0) {
+            fprintf(stderr, "rpc_ps: %s\n", zd_error_last());
             return -1;
         }
     }
@@ -392,9 +392,9 @@ int main(int argc, char **argv)
     int64_t threads = o.threads;
     if (threads == 0 && (!server || o.world.world_size - o.num_servers >= 2))
         threads = 1;
-    if (threads > 0 && nn_set_num_threads((int)threads) < 0)
+    if (threads > 0 && zd_nn_set_num_threads((int)threads) < 0)
         goto fail;
-    if (dist_autograd_init() < 0 || dist_optim_init() < 0)
+    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0)
         goto fail;
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
@@ -403,7 +403,7 @@ int main(int argc, char **argv)
         ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
                                  (int)(o.world.world_size - o.num_servers)) < 0)
         goto fail;
-    rpc_options_t ro = rpc_options_default();
+    zd_rpc_options_t ro = zd_rpc_options_default();
     ro.master_addr = o.world.master_addr;
     ro.master_port = (int)o.world.master_port;
     ro.init_timeout_ms = o.init_timeout_s * 1000;
@@ -412,7 +412,7 @@ int main(int argc, char **argv)
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
-    if (rpc_init(name, rank, (int)o.world.world_size, &ro) < 0)
+    if (zd_rpc_init(name, rank, (int)o.world.world_size, &ro) < 0)
         goto fail;
     if (server)
         printf("RPC initialized! Running parameter server...\n");
@@ -421,8 +421,8 @@ int main(int argc, char **argv)
     /* The servers wait here until every trainer is done: no limit, since
        training takes as long as it takes; a dead trainer is detected by the
        RPC layer and ends the wait with an error. */
-    if (rpc_shutdown(true, server ? 0 : -1) < 0) {
-        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, error_last());
+    if (zd_rpc_shutdown(true, server ? 0 : -1) < 0) {
+        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
         rc = -1;
     }
     if (server && rank == 0) {
@@ -437,6 +437,6 @@ int main(int argc, char **argv)
         ps_net_free();
     return rc == 0 ? 0 : 1;
 fail:
-    fprintf(stderr, "rpc_ps %s: %s\n", name, error_last());
+    fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
     return 1;
 }

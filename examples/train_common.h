@@ -2,17 +2,17 @@
 #ifndef ZDIST_EXAMPLES_TRAIN_COMMON_H
 #define ZDIST_EXAMPLES_TRAIN_COMMON_H
 
-#include "nn/dataset.h"
-#include "nn/model.h"
+#include <zdist/dataset.h>
+#include <zdist/model.h>
 
 /*  Accuracy of m on the whole of ds, in evaluation mode (dropout off) and
     without recording gradients; m's mode is restored. Returns 0 and sets
     *accuracy in [0, 1], or -1. */
-int train_evaluate(nn_model_t *m, const dataset_t *ds, double *accuracy);
+int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy);
 
 /*  Saves / loads m's named parameters (nn/checkpoint.h format). */
-int train_checkpoint_save(nn_model_t *m, const char *path);
-int train_checkpoint_load(nn_model_t *m, const char *path);
+int train_checkpoint_save(zd_nn_model_t *m, const char *path);
+int train_checkpoint_load(zd_nn_model_t *m, const char *path);
 
 /*  Where a run that had done `done` batches of `per_epoch` each goes on:
     the epoch and the batch within it (the epoch's order depends only on

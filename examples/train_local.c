@@ -12,15 +12,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
 #include "examples/flags.h"
 #include "examples/train_common.h"
-#include "nn/checkpoint.h"
-#include "nn/dataset.h"
-#include "nn/model.h"
-#include "nn/nn.h"
-#include "optim/optim.h"
+#include <zdist/checkpoint.h>
+#include <zdist/dataset.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
+#include <zdist/optim.h>
 
 typedef struct {
     const char *data_dir;
@@ -30,73 +30,73 @@ typedef struct {
     bool no_dropout;
 } options_t;
 
-static int train_batch(nn_model_t *m, optim_t *opt, tensor_t *x, tensor_t *y, float *loss_out)
+static int train_batch(zd_nn_model_t *m, zd_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, float *loss_out)
 {
-    tensor_t *logprobs = NULL, *loss = NULL;
+    zd_tensor_t *logprobs = NULL, *loss = NULL;
     int rc = -1;
-    if (nn_model_forward(m, x, &logprobs) < 0 || nn_nll_loss(logprobs, y, &loss) < 0)
+    if (zd_nn_model_forward(m, x, &logprobs) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0)
         goto out;
-    optim_zero_grad(opt, true);
-    if (autograd_backward(loss, NULL, false) < 0 || optim_step_grad(opt) < 0)
+    zd_optim_zero_grad(opt, true);
+    if (zd_autograd_backward(loss, NULL, false) < 0 || zd_optim_step_grad(opt) < 0)
         goto out;
-    *loss_out = tensor_data(loss)[0];
+    *loss_out = zd_tensor_data(loss)[0];
     rc = 0;
 out:
-    tensor_unref(loss);
-    tensor_unref(logprobs);
+    zd_tensor_unref(loss);
+    zd_tensor_unref(logprobs);
     return rc;
 }
 
 static int run(const options_t *o)
 {
     char dir[1024];
-    dataset_t *train = NULL, *test = NULL;
-    nn_model_t *m = NULL;
-    optim_t *opt = NULL;
+    zd_dataset_t *train = NULL, *test = NULL;
+    zd_nn_model_t *m = NULL;
+    zd_optim_t *opt = NULL;
     int64_t *order = NULL;
     int rc = -1;
 
     if (o->data_dir) {
         snprintf(dir, sizeof dir, "%s", o->data_dir);
-    } else if (dataset_find_dir(dir, sizeof dir) < 0) {
+    } else if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
         goto out;
     }
-    if (dataset_load(dir, DATASET_TRAIN, &train) < 0 || dataset_load(dir, DATASET_TEST, &test) < 0)
+    if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
         goto out;
-    printf("data: %s (%lld training, %lld test images)\n", dir, (long long)dataset_size(train),
-           (long long)dataset_size(test));
-    if (!(m = nn_model_new(o->model, (uint64_t)o->seed)))
+    printf("data: %s (%lld training, %lld test images)\n", dir, (long long)zd_dataset_size(train),
+           (long long)zd_dataset_size(test));
+    if (!(m = zd_nn_model_new(o->model, (uint64_t)o->seed)))
         goto out;
     if (o->load && train_checkpoint_load(m, o->load) < 0)
         goto out;
-    optim_config_t cfg = optim_sgd_defaults(o->lr);
-    tensor_t *params[16];
-    int np = nn_model_n_params(m);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
+    zd_tensor_t *params[16];
+    int np = zd_nn_model_n_params(m);
     for (int i = 0; i < np; i++)
-        params[i] = nn_model_param(m, i);
-    if (!(opt = optim_new(&cfg, np, params)))
+        params[i] = zd_nn_model_param(m, i);
+    if (!(opt = zd_optim_new(&cfg, np, params)))
         goto out;
-    nn_model_train(m, !o->no_dropout);
+    zd_nn_model_train(m, !o->no_dropout);
 
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    int64_t nb = dataset_num_batches(train, o->batch_size), done = 0;
+    int64_t nb = zd_dataset_num_batches(train, o->batch_size), done = 0;
     for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
         free(order);
-        if (!(order = dataset_order(train, (uint64_t)(o->seed + epoch)))) {
-            error_set("out of memory");
+        if (!(order = zd_dataset_order(train, (uint64_t)(o->seed + epoch)))) {
+            zd_error_set("out of memory");
             goto out;
         }
         for (int64_t b = 0; b < nb; b++) {
             if (o->max_batches > 0 && done >= o->max_batches)
                 break;
-            tensor_t *x, *y;
+            zd_tensor_t *x, *y;
             float loss;
-            if (dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
+            if (zd_dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
                 goto out;
             int brc = train_batch(m, opt, x, y, &loss);
-            tensor_unref(x);
-            tensor_unref(y);
+            zd_tensor_unref(x);
+            zd_tensor_unref(y);
             if (brc < 0)
                 goto out;
             done++;
@@ -120,12 +120,12 @@ static int run(const options_t *o)
     rc = 0;
 out:
     if (rc < 0)
-        fprintf(stderr, "train_local: %s\n", error_last());
+        fprintf(stderr, "train_local: %s\n", zd_error_last());
     free(order);
-    optim_free(opt);
-    nn_model_free(m);
-    dataset_free(train);
-    dataset_free(test);
+    zd_optim_free(opt);
+    zd_nn_model_free(m);
+    zd_dataset_free(train);
+    zd_dataset_free(test);
     return rc;
 }
 

@@ -28,8 +28,8 @@
 #include <string.h>
 #include <strings.h>
 
-#include "autograd/error.h"
-#include "nn/nn.h"
+#include <zdist/error.h>
+#include <zdist/nn.h>
 
 typedef char *(corename_fn)(void);
 typedef void (dynamic_fn)(void);
@@ -88,7 +88,7 @@ __attribute__((constructor)) static void nn_setup(void)
     choose_blas_kernels();
 }
 
-const char *nn_blas_corename(void)
+const char *zd_nn_blas_corename(void)
 {
     corename_fn *corename = lookup_corename();
     const char *name = corename ? corename() : NULL;
@@ -132,7 +132,7 @@ static void small_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const
     }
 }
 
-void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
               int lda, const float *b, int ldb, float beta, float *c, int ldc)
 {
     if (m <= 0 || n <= 0)
@@ -152,34 +152,34 @@ void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
 
 /*  ---- small shared helpers ---- */
 
-int nn_check_f32(const char *what, const tensor_t *t)
+int zd__nn_check_f32(const char *what, const zd_tensor_t *t)
 {
     if (!t)
-        return error_set("%s is NULL", what);
-    if (tensor_dtype(t) != TENSOR_F32)
-        return error_set("%s: expected float32, got %s", what,
-                         tensor_dtype_name(tensor_dtype(t)));
+        return zd_error_set("%s is NULL", what);
+    if (zd_tensor_dtype(t) != ZD_FLOAT32)
+        return zd_error_set("%s: expected float32, got %s", what,
+                         zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return 0;
 }
 
-int nn_check_ndim(const char *what, const tensor_t *t, int ndim)
+int zd__nn_check_ndim(const char *what, const zd_tensor_t *t, int ndim)
 {
-    if (tensor_ndim(t) != ndim) {
+    if (zd_tensor_ndim(t) != ndim) {
         char s[96];
-        return error_set("%s: expected %d dimensions, got shape %s", what, ndim,
-                         tensor_shape_str(t, s, sizeof s));
+        return zd_error_set("%s: expected %d dimensions, got shape %s", what, ndim,
+                         zd_tensor_shape_str(t, s, sizeof s));
     }
     return 0;
 }
 
-void nn_free_ctx(autograd_node_t *n)
+void zd__nn_free_ctx(zd_autograd_node_t *n)
 {
-    free(autograd_node_ctx(n));
+    free(zd_autograd_node_ctx(n));
 }
 
-int nn_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
-              tensor_t *s0, tensor_t *s1, tensor_t *s2, void *ctx)
+int zd__nn_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+              zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx)
 {
-    tensor_t *saved[3] = {s0, s1, s2};
-    return autograd_record(ops, n_in, in, y, saved, 3, ctx);
+    zd_tensor_t *saved[3] = {s0, s1, s2};
+    return zd_autograd_record(ops, n_in, in, y, saved, 3, ctx);
 }

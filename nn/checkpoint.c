@@ -11,8 +11,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "autograd/error.h"
-#include "nn/checkpoint.h"
+#include <zdist/error.h>
+#include <zdist/checkpoint.h>
 
 #define HEADER_BYTES 16
 
@@ -26,9 +26,9 @@
 typedef struct {
     const char *name;       /* not NUL-terminated */
     uint32_t name_len;
-    tensor_dtype_t dtype;
+    zd_tensor_dtype_t dtype;
     int ndim;
-    int64_t shape[TENSOR_MAX_DIMS];
+    int64_t shape[ZD_TENSOR_MAX_DIMS];
     const unsigned char *data;
     size_t bytes;
 } record_t;
@@ -93,11 +93,11 @@ static void emit_u32(writer_t *w, uint32_t v)
     emit(w, b, 4);
 }
 
-static void emit_data(writer_t *w, const tensor_t *t)
+static void emit_data(writer_t *w, const zd_tensor_t *t)
 {
-    size_t es = tensor_dtype_size(tensor_dtype(t));
-    const unsigned char *p = tensor_raw(t);
-    size_t bytes = tensor_nbytes(t);
+    size_t es = zd_tensor_dtype_size(zd_tensor_dtype(t));
+    const unsigned char *p = zd_tensor_raw(t);
+    size_t bytes = zd_tensor_nbytes(t);
     if (!HOST_BIG_ENDIAN || es == 1) {
         emit(w, p, bytes);
         return;
@@ -113,40 +113,40 @@ static void emit_data(writer_t *w, const tensor_t *t)
 }
 
 static int check_inputs(const char *path, int n, const char *const *names,
-                        tensor_t *const *tensors)
+                        zd_tensor_t *const *tensors)
 {
-    if (n < 0 || n > CHECKPOINT_MAX_COUNT)
-        return error_set("checkpoint: %s: %d tensors (0 to %d)", path, n, CHECKPOINT_MAX_COUNT);
+    if (n < 0 || n > ZD_CHECKPOINT_MAX_COUNT)
+        return zd_error_set("checkpoint: %s: %d tensors (0 to %d)", path, n, ZD_CHECKPOINT_MAX_COUNT);
     for (int i = 0; i < n; i++) {
         if (!names[i] || !tensors[i])
-            return error_set("checkpoint: %s: entry %d has no %s", path, i,
+            return zd_error_set("checkpoint: %s: entry %d has no %s", path, i,
                              names[i] ? "tensor" : "name");
         size_t len = strlen(names[i]);
-        if (len == 0 || len > CHECKPOINT_MAX_NAME)
-            return error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path,
-                             i, len, CHECKPOINT_MAX_NAME);
+        if (len == 0 || len > ZD_CHECKPOINT_MAX_NAME)
+            return zd_error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path,
+                             i, len, ZD_CHECKPOINT_MAX_NAME);
         for (int j = 0; j < i; j++)
             if (strcmp(names[i], names[j]) == 0)
-                return error_set("checkpoint: %s: name '%s' given twice", path, names[i]);
+                return zd_error_set("checkpoint: %s: name '%s' given twice", path, names[i]);
     }
     return 0;
 }
 
-static void write_all(writer_t *w, int n, const char *const *names, tensor_t *const *tensors)
+static void write_all(writer_t *w, int n, const char *const *names, zd_tensor_t *const *tensors)
 {
-    emit(w, CHECKPOINT_MAGIC, 8);
-    emit_u32(w, CHECKPOINT_VERSION);
+    emit(w, ZD_CHECKPOINT_MAGIC, 8);
+    emit_u32(w, ZD_CHECKPOINT_VERSION);
     emit_u32(w, (uint32_t)n);
     for (int i = 0; i < n; i++) {
-        const tensor_t *t = tensors[i];
+        const zd_tensor_t *t = tensors[i];
         uint32_t len = (uint32_t)strlen(names[i]);
         emit_u32(w, len);
         emit(w, names[i], len);
-        emit_u32(w, (uint32_t)tensor_dtype(t));
-        emit_u32(w, (uint32_t)tensor_ndim(t));
-        for (int d = 0; d < tensor_ndim(t); d++) {
+        emit_u32(w, (uint32_t)zd_tensor_dtype(t));
+        emit_u32(w, (uint32_t)zd_tensor_ndim(t));
+        for (int d = 0; d < zd_tensor_ndim(t); d++) {
             unsigned char b[8];
-            uint64_t v = (uint64_t)tensor_size(t, d);
+            uint64_t v = (uint64_t)zd_tensor_size(t, d);
             put_le32(b, (uint32_t)v);
             put_le32(b + 4, (uint32_t)(v >> 32));
             emit(w, b, 8);
@@ -174,8 +174,8 @@ static void sync_parent(const char *path)
     free(copy);
 }
 
-int checkpoint_save(const char *path, int n, const char *const *names,
-                    tensor_t *const *tensors)
+int zd_checkpoint_save(const char *path, int n, const char *const *names,
+                    zd_tensor_t *const *tensors)
 {
     static atomic_uint counter;
     if (check_inputs(path, n, names, tensors) < 0)
@@ -183,16 +183,16 @@ int checkpoint_save(const char *path, int n, const char *const *names,
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
                          atomic_fetch_add(&counter, 1)) >= sizeof tmp)
-        return error_set("checkpoint: %s: path too long", path);
+        return zd_error_set("checkpoint: %s: path too long", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0)
-        return error_set("checkpoint: %s: cannot create %s: %s", path, tmp, strerror(errno));
+        return zd_error_set("checkpoint: %s: cannot create %s: %s", path, tmp, strerror(errno));
     writer_t w = { fdopen(fd, "wb"), crc32(0L, Z_NULL, 0), false };
     if (!w.f) {
         int e = errno;
         close(fd);
         unlink(tmp);
-        return error_set("checkpoint: %s: %s", path, strerror(e));
+        return zd_error_set("checkpoint: %s: %s", path, strerror(e));
     }
     write_all(&w, n, names, tensors);
     int e = w.failed ? errno : 0;
@@ -206,7 +206,7 @@ int checkpoint_save(const char *path, int n, const char *const *names,
         e = errno;
     if (e) {
         unlink(tmp);
-        return error_set("checkpoint: %s: cannot write: %s", path, strerror(e));
+        return zd_error_set("checkpoint: %s: cannot write: %s", path, strerror(e));
     }
     sync_parent(path);
     return 0;
@@ -218,22 +218,22 @@ static int read_file(const char *path, parsed_t *p)
 {
     FILE *f = fopen(path, "rb");
     if (!f)
-        return error_set("checkpoint: %s: cannot open: %s", path, strerror(errno));
+        return zd_error_set("checkpoint: %s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode)) {
         fclose(f);
-        return error_set("checkpoint: %s: not a regular file", path);
+        return zd_error_set("checkpoint: %s: not a regular file", path);
     }
     p->size = (size_t)st.st_size;
     p->buf = malloc(p->size ? p->size : 1);
     if (!p->buf) {
         fclose(f);
-        return error_set("checkpoint: %s: out of memory for %zu bytes", path, p->size);
+        return zd_error_set("checkpoint: %s: out of memory for %zu bytes", path, p->size);
     }
     size_t got = fread(p->buf, 1, p->size, f);
     fclose(f);
     if (got != p->size)
-        return error_set("checkpoint: %s: read error", path);
+        return zd_error_set("checkpoint: %s: read error", path);
     return 0;
 }
 
@@ -244,38 +244,38 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
     const unsigned char *b = p->buf;
 #define NEED(n, what)                                                                        \
     if (end - *pos < (size_t)(n))                                                            \
-        return error_set("checkpoint: %s: truncated: tensor %u of %u needs %zu bytes of %s, " \
+        return zd_error_set("checkpoint: %s: truncated: tensor %u of %u needs %zu bytes of %s, " \
                          "only %zu left", path, k + 1, p->count, (size_t)(n), what, end - *pos)
     NEED(4, "name length");
     r->name_len = le32(b + *pos);
     *pos += 4;
-    if (r->name_len == 0 || r->name_len > CHECKPOINT_MAX_NAME)
-        return error_set("checkpoint: %s: tensor %u of %u: name length %u out of range "
+    if (r->name_len == 0 || r->name_len > ZD_CHECKPOINT_MAX_NAME)
+        return zd_error_set("checkpoint: %s: tensor %u of %u: name length %u out of range "
                          "(corrupt file)", path, k + 1, p->count, r->name_len);
     NEED(r->name_len + 8, "name, dtype and ndim");
     r->name = (const char *)b + *pos;
     *pos += r->name_len;
     uint32_t dtype = le32(b + *pos), ndim = le32(b + *pos + 4);
     *pos += 8;
-    size_t es = tensor_dtype_size((tensor_dtype_t)dtype);
-    if (es == 0 || ndim > TENSOR_MAX_DIMS)
-        return error_set("checkpoint: %s: tensor '%.*s': dtype %u, %u dimensions (corrupt "
+    size_t es = zd_tensor_dtype_size((zd_tensor_dtype_t)dtype);
+    if (es == 0 || ndim > ZD_TENSOR_MAX_DIMS)
+        return zd_error_set("checkpoint: %s: tensor '%.*s': dtype %u, %u dimensions (corrupt "
                          "file)", path, (int)r->name_len, r->name, dtype, ndim);
-    r->dtype = (tensor_dtype_t)dtype;
+    r->dtype = (zd_tensor_dtype_t)dtype;
     r->ndim = (int)ndim;
     NEED(8 * ndim, "dimensions");
     uint64_t numel = 1;
     for (uint32_t d = 0; d < ndim; d++) {
         uint64_t v = le64(b + *pos + 8 * d);
         if (v > (uint64_t)INT64_MAX || (v && numel > (uint64_t)INT64_MAX / 16 / v))
-            return error_set("checkpoint: %s: tensor '%.*s': dimensions too large (corrupt "
+            return zd_error_set("checkpoint: %s: tensor '%.*s': dimensions too large (corrupt "
                              "file)", path, (int)r->name_len, r->name);
         numel *= v;
         r->shape[d] = (int64_t)v;
     }
     *pos += 8 * ndim;
     if (numel > (end - *pos) / es)
-        return error_set("checkpoint: %s: truncated: tensor '%.*s' needs %llu bytes of "
+        return zd_error_set("checkpoint: %s: truncated: tensor '%.*s' needs %llu bytes of "
                          "data, only %zu left", path, (int)r->name_len, r->name,
                          (unsigned long long)(numel * es), end - *pos);
     r->data = b + *pos;
@@ -300,28 +300,28 @@ static int parse(const char *path, parsed_t *p)
         return -1;
     }
     int rc = -1;
-    if (p->size >= 8 && memcmp(p->buf, CHECKPOINT_MAGIC, 8) != 0) {
-        error_set("checkpoint: %s: not a checkpoint (bad magic)", path);
+    if (p->size >= 8 && memcmp(p->buf, ZD_CHECKPOINT_MAGIC, 8) != 0) {
+        zd_error_set("checkpoint: %s: not a checkpoint (bad magic)", path);
         goto out;
     }
     if (p->size < HEADER_BYTES + 4) {
-        error_set("checkpoint: %s: truncated: %zu bytes, shorter than a header", path, p->size);
+        zd_error_set("checkpoint: %s: truncated: %zu bytes, shorter than a header", path, p->size);
         goto out;
     }
     uint32_t version = le32(p->buf + 8);
-    if (version != CHECKPOINT_VERSION) {
-        error_set("checkpoint: %s: version %u not supported (this build reads version %d)",
-                  path, version, CHECKPOINT_VERSION);
+    if (version != ZD_CHECKPOINT_VERSION) {
+        zd_error_set("checkpoint: %s: version %u not supported (this build reads version %d)",
+                  path, version, ZD_CHECKPOINT_VERSION);
         goto out;
     }
     p->count = le32(p->buf + 12);
-    if (p->count > CHECKPOINT_MAX_COUNT) {
-        error_set("checkpoint: %s: %u tensors (corrupt file)", path, p->count);
+    if (p->count > ZD_CHECKPOINT_MAX_COUNT) {
+        zd_error_set("checkpoint: %s: %u tensors (corrupt file)", path, p->count);
         goto out;
     }
     p->rec = calloc(p->count ? p->count : 1, sizeof *p->rec);
     if (!p->rec) {
-        error_set("checkpoint: %s: out of memory", path);
+        zd_error_set("checkpoint: %s: out of memory", path);
         goto out;
     }
     size_t pos = HEADER_BYTES, end = p->size - 4;
@@ -331,12 +331,12 @@ static int parse(const char *path, parsed_t *p)
     uint32_t stored = le32(p->buf + end), actual = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0),
                                                                        p->buf, end);
     if (stored != actual) {
-        error_set("checkpoint: %s: CRC mismatch (stored %08x, computed %08x): the file is "
+        zd_error_set("checkpoint: %s: CRC mismatch (stored %08x, computed %08x): the file is "
                   "corrupt", path, stored, actual);
         goto out;
     }
     if (pos != end) {
-        error_set("checkpoint: %s: %zu unexpected bytes after the last tensor", path,
+        zd_error_set("checkpoint: %s: %zu unexpected bytes after the last tensor", path,
                   end - pos);
         goto out;
     }
@@ -344,7 +344,7 @@ static int parse(const char *path, parsed_t *p)
         for (uint32_t j = 0; j < k; j++)
             if (p->rec[j].name_len == p->rec[k].name_len
                 && memcmp(p->rec[j].name, p->rec[k].name, p->rec[k].name_len) == 0) {
-                error_set("checkpoint: %s: tensor '%.*s' appears twice", path,
+                zd_error_set("checkpoint: %s: tensor '%.*s' appears twice", path,
                           (int)p->rec[k].name_len, p->rec[k].name);
                 goto out;
             }
@@ -362,7 +362,7 @@ static bool name_is(const record_t *r, const char *name)
 
 static void copy_data(void *dst, const record_t *r)
 {
-    size_t es = tensor_dtype_size(r->dtype);
+    size_t es = zd_tensor_dtype_size(r->dtype);
     if (!HOST_BIG_ENDIAN || es == 1) {
         memcpy(dst, r->data, r->bytes);
         return;
@@ -375,7 +375,7 @@ static void copy_data(void *dst, const record_t *r)
 
 /*  Finds, for every requested name, its record; checks dtypes and shapes. */
 static int match(const char *path, const parsed_t *p, int n, const char *const *names,
-                 tensor_t *const *tensors, const record_t **which)
+                 zd_tensor_t *const *tensors, const record_t **which)
 {
     for (int i = 0; i < n; i++) {
         which[i] = NULL;
@@ -383,21 +383,21 @@ static int match(const char *path, const parsed_t *p, int n, const char *const *
             if (name_is(&p->rec[k], names[i]))
                 which[i] = &p->rec[k];
         if (!which[i])
-            return error_set("checkpoint: %s: no tensor '%s' in the file", path, names[i]);
+            return zd_error_set("checkpoint: %s: no tensor '%s' in the file", path, names[i]);
         const record_t *r = which[i];
-        const tensor_t *t = tensors[i];
-        if (r->dtype != tensor_dtype(t))
-            return error_set("checkpoint: %s: tensor '%s' is %s in the file but %s here", path,
-                             names[i], tensor_dtype_name(r->dtype),
-                             tensor_dtype_name(tensor_dtype(t)));
-        bool same = r->ndim == tensor_ndim(t);
+        const zd_tensor_t *t = tensors[i];
+        if (r->dtype != zd_tensor_dtype(t))
+            return zd_error_set("checkpoint: %s: tensor '%s' is %s in the file but %s here", path,
+                             names[i], zd_tensor_dtype_name(r->dtype),
+                             zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        bool same = r->ndim == zd_tensor_ndim(t);
         for (int d = 0; same && d < r->ndim; d++)
-            same = r->shape[d] == tensor_size(t, d);
+            same = r->shape[d] == zd_tensor_size(t, d);
         if (!same) {
             char a[160], b[160];
             shape_str(r->ndim, r->shape, a, sizeof a);
-            shape_str(tensor_ndim(t), tensor_shape(t), b, sizeof b);
-            return error_set("checkpoint: %s: tensor '%s' has shape %s in the file but %s "
+            shape_str(zd_tensor_ndim(t), zd_tensor_shape(t), b, sizeof b);
+            return zd_error_set("checkpoint: %s: tensor '%s' has shape %s in the file but %s "
                              "here", path, names[i], a, b);
         }
     }
@@ -406,15 +406,15 @@ static int match(const char *path, const parsed_t *p, int n, const char *const *
         for (int i = 0; i < n && !wanted; i++)
             wanted = which[i] == &p->rec[k];
         if (!wanted)
-            return error_set("checkpoint: %s: unexpected tensor '%.*s' in the file (not "
+            return zd_error_set("checkpoint: %s: unexpected tensor '%.*s' in the file (not "
                              "among the %d requested)", path, (int)p->rec[k].name_len,
                              p->rec[k].name, n);
     }
     return 0;
 }
 
-int checkpoint_load(const char *path, int n, const char *const *names,
-                    tensor_t *const *tensors)
+int zd_checkpoint_load(const char *path, int n, const char *const *names,
+                    zd_tensor_t *const *tensors)
 {
     if (check_inputs(path, n, names, tensors) < 0)
         return -1;
@@ -424,29 +424,29 @@ int checkpoint_load(const char *path, int n, const char *const *names,
     const record_t **which = calloc(n ? (size_t)n : 1, sizeof *which);
     if (!which) {
         parsed_free(&p);
-        return error_set("checkpoint: %s: out of memory", path);
+        return zd_error_set("checkpoint: %s: out of memory", path);
     }
     int rc = match(path, &p, n, names, tensors, which);
     for (int i = 0; rc == 0 && i < n; i++)
-        copy_data(tensor_raw(tensors[i]), which[i]);
+        copy_data(zd_tensor_raw(tensors[i]), which[i]);
     free(which);
     parsed_free(&p);
     return rc;
 }
 
-void checkpoint_free_list(int n, char **names, tensor_t **tensors)
+void zd_checkpoint_free_list(int n, char **names, zd_tensor_t **tensors)
 {
     for (int i = 0; i < n; i++) {
         if (names)
             free(names[i]);
         if (tensors)
-            tensor_unref(tensors[i]);
+            zd_tensor_unref(tensors[i]);
     }
     free(names);
     free(tensors);
 }
 
-int checkpoint_read(const char *path, int *n, char ***names, tensor_t ***tensors)
+int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***tensors)
 {
     *n = 0;
     *names = NULL;
@@ -456,19 +456,19 @@ int checkpoint_read(const char *path, int *n, char ***names, tensor_t ***tensors
         return -1;
     size_t cnt = p.count ? p.count : 1;
     char **nm = calloc(cnt, sizeof *nm);
-    tensor_t **ts = calloc(cnt, sizeof *ts);
-    int rc = nm && ts ? 0 : error_set("checkpoint: %s: out of memory", path);
+    zd_tensor_t **ts = calloc(cnt, sizeof *ts);
+    int rc = nm && ts ? 0 : zd_error_set("checkpoint: %s: out of memory", path);
     for (uint32_t k = 0; rc == 0 && k < p.count; k++) {
         const record_t *r = &p.rec[k];
         nm[k] = strndup(r->name, r->name_len);
-        ts[k] = tensor_empty(r->dtype, r->ndim, r->shape);
+        ts[k] = zd_tensor_empty(r->dtype, r->ndim, r->shape);
         if (!nm[k] || !ts[k])
-            rc = error_set("checkpoint: %s: out of memory", path);
+            rc = zd_error_set("checkpoint: %s: out of memory", path);
         else
-            copy_data(tensor_raw(ts[k]), r);
+            copy_data(zd_tensor_raw(ts[k]), r);
     }
     if (rc < 0) {
-        checkpoint_free_list((int)p.count, nm, ts);
+        zd_checkpoint_free_list((int)p.count, nm, ts);
         parsed_free(&p);
         return -1;
     }

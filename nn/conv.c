@@ -22,9 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/nn.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/nn.h>
 #include "nn/conv_private.h"
 #include "nn/winograd.h"
 
@@ -35,9 +35,9 @@ static bool is_pointwise(const nn_conv_geom_t *g)
     return g->kh == 1 && g->kw == 1 && g->stride == 1 && g->padding == 0;
 }
 
-static void conv_release(autograd_node_t *n)
+static void conv_release(zd_autograd_node_t *n)
 {
-    conv_ctx_t *ctx = autograd_node_ctx(n);
+    conv_ctx_t *ctx = zd_autograd_node_ctx(n);
     if (ctx)
         free(ctx->argmax);
     free(ctx);
@@ -64,12 +64,12 @@ static void im2col_fwd_chunk(void *arg, int c, float *scratch)
         float *ys = j->y + s * per_out;
         float *dst = ctx->epi == EPI_POOL ? conv_out : ys;
         if (col)
-            nn_im2col(g, xs, col);
+            zd__nn_im2col(g, xs, col);
         if (j->b)
             for (int o = 0; o < O; o++)
                 for (int p = 0; p < P; p++)
                     dst[(size_t)o * P + p] = j->b[o];
-        nn_sgemm(false, false, O, P, K, 1.0f, j->w, K, col ? col : xs, P, j->b ? 1.0f : 0.0f,
+        zd__nn_sgemm(false, false, O, P, K, 1.0f, j->w, K, col ? col : xs, P, j->b ? 1.0f : 0.0f,
                  dst, P);
         if (ctx->epi == EPI_RELU) {
             for (size_t i = 0; i < (size_t)O * P; i++)
@@ -77,7 +77,7 @@ static void im2col_fwd_chunk(void *arg, int c, float *scratch)
         } else if (ctx->epi == EPI_POOL) {
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
-                nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, g->Wo, g->Wo, ctx->pool_k,
+                zd__nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, g->Wo, g->Wo, ctx->pool_k,
                               ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
         }
     }
@@ -105,7 +105,7 @@ static const float *conv_out_grad(const conv_bwd_job_t *j, int64_t s, float *buf
     }
     const int pp = ctx->Hp * ctx->Wp;
     for (int o = 0; o < O; o++)
-        nn_pool_plane_backward(dys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp, ctx->g.Ho,
+        zd__nn_pool_plane_backward(dys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp, ctx->g.Ho,
                                ctx->g.Wo, ctx->pool_k, ctx->pool_s, buf + (size_t)o * P);
     return buf;
 }
@@ -132,8 +132,8 @@ static void im2col_bwd_chunk(void *arg, int c, float *scratch)
         const float *xs = j->x + (size_t)s * CHW;
         if (j->dw_part) {
             if (!pointwise)
-                nn_im2col(g, xs, col);
-            nn_sgemm(false, true, O, K, P, 1.0f, dys, P, pointwise ? xs : col, P,
+                zd__nn_im2col(g, xs, col);
+            zd__nn_sgemm(false, true, O, K, P, 1.0f, dys, P, pointwise ? xs : col, P,
                      s == lo ? 0.0f : 1.0f, j->dw_part[c], K);
         }
         if (j->db_part) {
@@ -144,11 +144,11 @@ static void im2col_bwd_chunk(void *arg, int c, float *scratch)
         if (j->dx) {
             float *dxs = j->dx + (size_t)s * CHW;
             if (pointwise) {
-                nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, dxs, P);
+                zd__nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, dxs, P);
             } else {
-                nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, col, P);
+                zd__nn_sgemm(false, false, K, P, O, 1.0f, j->wt, O, dys, P, 0.0f, col, P);
                 memset(dxs, 0, sizeof(float) * (size_t)CHW);
-                nn_col2im(g, col, dxs);
+                zd__nn_col2im(g, col, dxs);
             }
         }
     }
@@ -157,8 +157,8 @@ static void im2col_bwd_chunk(void *arg, int c, float *scratch)
 static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_w, bool need_x)
 {
     if (ctx->taps)
-        return backward ? conv_taps_bwd_scratch(ctx, need_w, need_x)
-                        : conv_taps_fwd_scratch(ctx);
+        return backward ? zd__conv_taps_bwd_scratch(ctx, need_w, need_x)
+                        : zd__conv_taps_fwd_scratch(ctx);
     const nn_conv_geom_t *g = &ctx->g;
     size_t P = (size_t)g->Ho * g->Wo, K = (size_t)g->C * g->kh * g->kw;
     return (is_pointwise(g) ? 0 : K * P) + (ctx->epi != EPI_NONE ? (size_t)ctx->O * P : 0);
@@ -174,7 +174,7 @@ static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_w, 
 
 static int conv_chunks(int N, bool backward)
 {
-    const int threads = nn_parallel_chunks();
+    const int threads = zd__nn_parallel_chunks();
     int chunks = N;
     if (backward) {
         chunks = threads == 1 ? 1 : (N + 1) / 2;
@@ -186,32 +186,32 @@ static int conv_chunks(int N, bool backward)
     return chunks > N ? (N > 0 ? N : 1) : chunks;
 }
 
-static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    const conv_ctx_t *ctx = autograd_node_ctx(n);
-    tensor_t *x = autograd_node_saved(n, 0), *w = autograd_node_saved(n, 1);
+    const conv_ctx_t *ctx = zd_autograd_node_ctx(n);
+    zd_tensor_t *x = zd_autograd_node_saved(n, 0), *w = zd_autograd_node_saved(n, 1);
     const int O = ctx->O, K = ctx->g.C * ctx->g.kh * ctx->g.kw;
-    const bool need_x = autograd_node_needs_grad(n, 0);
-    const bool need_w = autograd_node_needs_grad(n, 1);
-    const bool need_b = autograd_node_needs_grad(n, 2);
+    const bool need_x = zd_autograd_node_needs_grad(n, 0);
+    const bool need_w = zd_autograd_node_needs_grad(n, 1);
+    const bool need_b = zd_autograd_node_needs_grad(n, 2);
     const int chunks = conv_chunks(ctx->N, true);
     conv_bwd_job_t job = {
-        .ctx = ctx, .n_chunks = chunks, .x = tensor_data(x), .dy = tensor_data(gout[0]),
-        .y = ctx->epi == EPI_RELU ? tensor_data(autograd_node_saved(n, 2)) : NULL,
+        .ctx = ctx, .n_chunks = chunks, .x = zd_tensor_data(x), .dy = zd_tensor_data(gout[0]),
+        .y = ctx->epi == EPI_RELU ? zd_tensor_data(zd_autograd_node_saved(n, 2)) : NULL,
     };
     float *parts[MAX_BWD_CHUNKS] = {0}, *wt = NULL;
     int32_t *offs = NULL;
     int rc = -1;
 
-    if (need_x && !(gin[0] = tensor_empty(TENSOR_F32, 4, tensor_shape(x))))
+    if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, 4, zd_tensor_shape(x))))
         goto out;
-    if (need_w && !(gin[1] = tensor_empty(TENSOR_F32, 4, tensor_shape(w))))
+    if (need_w && !(gin[1] = zd_tensor_empty(ZD_FLOAT32, 4, zd_tensor_shape(w))))
         goto out;
-    if (need_b && !(gin[2] = tensor_empty(TENSOR_F32, 1, (int64_t[]){O})))
+    if (need_b && !(gin[2] = zd_tensor_empty(ZD_FLOAT32, 1, (int64_t[]){O})))
         goto out;
     if (need_w) {
         /* the taps path's partial sums are transposed (K x O) */
-        parts[0] = ctx->taps ? NULL : tensor_data(gin[1]);
+        parts[0] = ctx->taps ? NULL : zd_tensor_data(gin[1]);
         for (int c = parts[0] ? 1 : 0; c < chunks; c++)
             if (!(parts[c] = malloc(sizeof(float) * (size_t)O * K)))
                 goto oom;
@@ -220,37 +220,37 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     if (need_b && !(job.db_part = malloc(sizeof(float) * (size_t)chunks * O)))
         goto oom;
     if (need_x)
-        job.dx = tensor_data(gin[0]);
+        job.dx = zd_tensor_data(gin[0]);
     if (ctx->taps && (need_w || need_x)) {
-        if (!(offs = malloc(sizeof(int32_t) * conv_taps_bwd_ints(ctx))))
+        if (!(offs = malloc(sizeof(int32_t) * zd__conv_taps_bwd_ints(ctx))))
             goto oom;
-        if (need_x && !(wt = nn_alloc_floats(conv_taps_bwd_wfloats(ctx))))
+        if (need_x && !(wt = zd__nn_alloc_floats(zd__conv_taps_bwd_wfloats(ctx))))
             goto oom;
-        if (conv_taps_bwd_prepare(&job, tensor_data(w), offs, wt) < 0)
+        if (zd__conv_taps_bwd_prepare(&job, zd_tensor_data(w), offs, wt) < 0)
             goto out;
     } else if (need_x) {
         if (!(wt = malloc(sizeof(float) * ((size_t)K * O + 1))))
             goto oom;
-        const float *wd = tensor_data(w);
+        const float *wd = zd_tensor_data(w);
         for (int o = 0; o < O; o++)
             for (int k = 0; k < K; k++)
                 wt[(size_t)k * O + o] = wd[(size_t)o * K + k];
         job.wt = wt;
     }
-    if (nn_parallel_run(chunks, scratch_floats(ctx, true, need_w, need_x),
-                        ctx->taps ? conv_taps_bwd_chunk : im2col_bwd_chunk, &job) < 0)
+    if (zd__nn_parallel_run(chunks, scratch_floats(ctx, true, need_w, need_x),
+                        ctx->taps ? zd__conv_taps_bwd_chunk : im2col_bwd_chunk, &job) < 0)
         goto out;
     for (int c = 1; need_w && c < chunks; c++)
         for (size_t i = 0; i < (size_t)O * K; i++)
             parts[0][i] += parts[c][i];
     if (need_w && ctx->taps) {
-        float *dw = tensor_data(gin[1]);
+        float *dw = zd_tensor_data(gin[1]);
         for (int k = 0; k < K; k++)
             for (int o = 0; o < O; o++)
                 dw[(size_t)o * K + k] = parts[0][(size_t)k * O + o];
     }
     if (need_b) {
-        float *db = tensor_data(gin[2]);
+        float *db = zd_tensor_data(gin[2]);
         for (int o = 0; o < O; o++) {
             float acc = 0.0f;
             for (int c = 0; c < chunks; c++)
@@ -261,7 +261,7 @@ static int conv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **g
     rc = 0;
     goto out;
 oom:
-    error_set("conv2d backward: out of memory");
+    zd_error_set("conv2d backward: out of memory");
 out:
     for (int c = ctx->taps ? 0 : 1; c < chunks; c++)
         free(parts[c]);
@@ -271,42 +271,42 @@ out:
     return rc;
 }
 
-static const autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward,
+static const zd_autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward,
                                               conv_release};
 
 /* ---- entry points ---- */
 
 /*  Checks the arguments and fills ctx->g, N, O. */
-static int conv_setup(const char *op, tensor_t *x, tensor_t *weight, tensor_t *bias, int stride,
+static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
                       int padding, conv_ctx_t *ctx)
 {
     char sx[96], sw[96];
-    if (nn_check_f32("conv2d: input", x) < 0 || nn_check_ndim("conv2d: input", x, 4) < 0 ||
-        nn_check_f32("conv2d: weight", weight) < 0 ||
-        nn_check_ndim("conv2d: weight", weight, 4) < 0)
+    if (zd__nn_check_f32("conv2d: input", x) < 0 || zd__nn_check_ndim("conv2d: input", x, 4) < 0 ||
+        zd__nn_check_f32("conv2d: weight", weight) < 0 ||
+        zd__nn_check_ndim("conv2d: weight", weight, 4) < 0)
         return -1;
-    if (bias && (nn_check_f32("conv2d: bias", bias) < 0 ||
-                 nn_check_ndim("conv2d: bias", bias, 1) < 0))
+    if (bias && (zd__nn_check_f32("conv2d: bias", bias) < 0 ||
+                 zd__nn_check_ndim("conv2d: bias", bias, 1) < 0))
         return -1;
-    tensor_shape_str(x, sx, sizeof sx);
-    tensor_shape_str(weight, sw, sizeof sw);
+    zd_tensor_shape_str(x, sx, sizeof sx);
+    zd_tensor_shape_str(weight, sw, sizeof sw);
     if (stride < 1 || padding < 0)
-        return error_set("%s: stride %d must be >= 1 and padding %d >= 0", op, stride, padding);
-    const int64_t *xs = tensor_shape(x), *ws = tensor_shape(weight);
+        return zd_error_set("%s: stride %d must be >= 1 and padding %d >= 0", op, stride, padding);
+    const int64_t *xs = zd_tensor_shape(x), *ws = zd_tensor_shape(weight);
     if (xs[1] != ws[1])
-        return error_set("%s: input %s has %lld channels but weight %s expects %lld", op, sx,
+        return zd_error_set("%s: input %s has %lld channels but weight %s expects %lld", op, sx,
                          (long long)xs[1], sw, (long long)ws[1]);
-    if (bias && tensor_size(bias, 0) != ws[0])
-        return error_set("%s: bias has %lld entries for %lld output channels", op,
-                         (long long)tensor_size(bias, 0), (long long)ws[0]);
+    if (bias && zd_tensor_size(bias, 0) != ws[0])
+        return zd_error_set("%s: bias has %lld entries for %lld output channels", op,
+                         (long long)zd_tensor_size(bias, 0), (long long)ws[0]);
     for (int d = 0; d < 4; d++)
         if (xs[d] > INT32_MAX / 4 || ws[d] > INT32_MAX / 4)
-            return error_set("%s: shapes %s, %s too large", op, sx, sw);
+            return zd_error_set("%s: shapes %s, %s too large", op, sx, sw);
     if (ws[0] < 1 || ws[2] < 1 || ws[3] < 1)
-        return error_set("%s: empty weight %s", op, sw);
+        return zd_error_set("%s: empty weight %s", op, sw);
     int64_t hp = xs[2] + 2 * (int64_t)padding, wp = xs[3] + 2 * (int64_t)padding;
     if (hp < ws[2] || wp < ws[3])
-        return error_set("%s: kernel %lldx%lld larger than the padded input %lldx%lld "
+        return zd_error_set("%s: kernel %lldx%lld larger than the padded input %lldx%lld "
                          "(input %s, padding %d)", op, (long long)ws[2], (long long)ws[3],
                          (long long)hp, (long long)wp, sx, padding);
     ctx->g = (nn_conv_geom_t){
@@ -318,7 +318,7 @@ static int conv_setup(const char *op, tensor_t *x, tensor_t *weight, tensor_t *b
     ctx->O = (int)ws[0];
     int64_t P = (int64_t)ctx->g.Ho * ctx->g.Wo, K = xs[1] * ws[2] * ws[3];
     if (K * P > INT32_MAX || ctx->O * P > INT32_MAX)
-        return error_set("%s: input %s with weight %s is too large", op, sx, sw);
+        return zd_error_set("%s: input %s with weight %s is too large", op, sx, sw);
     return 0;
 }
 
@@ -339,14 +339,14 @@ static void winograd_epilogue(void *arg, int n, float *y_n)
     const int pp = ctx->Hp * ctx->Wp;
     float *ys = j->y + (int64_t)n * conv_out_per_sample(ctx);
     for (int o = 0; o < O; o++)
-        nn_pool_plane(y_n + o * P, Ho, Wo, Wo, ctx->t.Wp, ctx->pool_k, ctx->pool_s,
+        zd__nn_pool_plane(y_n + o * P, Ho, Wo, Wo, ctx->t.Wp, ctx->pool_k, ctx->pool_s,
                       ys + (size_t)o * pp, ctx->argmax + ((int64_t)n * O + o) * pp);
 }
 
 /*  Runs the forward pass described by ctx (owned: freed on failure, else
     handed to the node) and records it. */
-static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bias,
-                    tensor_t **out)
+static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias,
+                    zd_tensor_t **out)
 {
     int64_t shape[4] = {ctx->N, ctx->O, ctx->g.Ho, ctx->g.Wo};
     if (ctx->epi == EPI_POOL) {
@@ -354,66 +354,66 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
         shape[3] = ctx->Wp;
         ctx->argmax = malloc(sizeof(int32_t) * ((size_t)ctx->N * ctx->O * ctx->Hp * ctx->Wp + 1));
     }
-    tensor_t *y = tensor_empty(TENSOR_F32, 4, shape);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 4, shape);
     if (!y || (ctx->epi == EPI_POOL && !ctx->argmax)) {
-        tensor_unref(y);
+        zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);
-        return error_set("conv2d: out of memory");
+        return zd_error_set("conv2d: out of memory");
     }
     conv_fwd_job_t job = {
-        .ctx = ctx, .n_chunks = conv_chunks(ctx->N, false), .x = tensor_data(x),
-        .w = tensor_data(weight), .b = bias ? tensor_data(bias) : NULL, .y = tensor_data(y),
+        .ctx = ctx, .n_chunks = conv_chunks(ctx->N, false), .x = zd_tensor_data(x),
+        .w = zd_tensor_data(weight), .b = bias ? zd_tensor_data(bias) : NULL, .y = zd_tensor_data(y),
     };
     const int K = ctx->g.C * ctx->g.kh * ctx->g.kw;
     float *wpack = NULL;
     int32_t *offs = NULL;
     int rc = 0;
     const nn_conv_geom_t *g = &ctx->g;
-    if (ctx->taps && nn_winograd_applies(g->C, ctx->O, g->H, g->W, g->kh, g->kw, g->stride,
+    if (ctx->taps && zd__nn_winograd_applies(g->C, ctx->O, g->H, g->W, g->kh, g->kw, g->stride,
                                          g->padding, 1, false)) {
-        rc = nn_winograd_forward(job.x, ctx->N, g->C, g->H, g->W, job.w, ctx->O, job.b,
+        rc = zd__nn_winograd_forward(job.x, ctx->N, g->C, g->H, g->W, job.w, ctx->O, job.b,
                                  g->padding, ctx->epi == EPI_POOL ? NULL : job.y,
                                  ctx->epi == EPI_NONE ? NULL : winograd_epilogue, &job);
     } else if (ctx->taps) {
-        wpack = nn_alloc_floats(nn_taps_packed_floats(ctx->O, K));
+        wpack = zd__nn_alloc_floats(zd__nn_taps_packed_floats(ctx->O, K));
         offs = malloc(sizeof(int32_t) * (size_t)K);
         if (!wpack || !offs) {
-            rc = error_set("conv2d: out of memory");
+            rc = zd_error_set("conv2d: out of memory");
         } else {
-            nn_taps_pack(job.w, ctx->O, K, K, NULL, wpack);
-            conv_taps_offsets(ctx, offs);
+            zd__nn_taps_pack(job.w, ctx->O, K, K, NULL, wpack);
+            zd__conv_taps_offsets(ctx, offs);
             job.wpack = wpack;
             job.offs = offs;
         }
     }
     if (rc == 0 && (wpack || !ctx->taps))
-        rc = nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false, false),
-                             ctx->taps ? conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
+        rc = zd__nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false, false),
+                             ctx->taps ? zd__conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
     free(wpack);
     free(offs);
     if (rc < 0) {
-        tensor_unref(y);
+        zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);
-        return error_wrap("conv2d");
+        return zd_error_wrap("conv2d");
     }
-    tensor_t *in[3] = {x, weight, bias};
-    autograd_node_t *n;
-    if (autograd_node_new(&conv_ops, 3, in, 1, &n) < 0) {
-        tensor_unref(y);
+    zd_tensor_t *in[3] = {x, weight, bias};
+    zd_autograd_node_t *n;
+    if (zd_autograd_node_new(&conv_ops, 3, in, 1, &n) < 0) {
+        zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);
         return -1;
     }
     if (n) {
-        autograd_node_save(n, 0, x);
-        autograd_node_save(n, 1, weight);
-        autograd_node_set_ctx(n, ctx);
+        zd_autograd_node_save(n, 0, x);
+        zd_autograd_node_save(n, 1, weight);
+        zd_autograd_node_set_ctx(n, ctx);
         if (ctx->epi == EPI_RELU)
-            autograd_node_save(n, 2, y);   /* the output: kept as a view, no cycle */
-        autograd_node_set_output(n, y);
-        autograd_node_unref(n);
+            zd_autograd_node_save(n, 2, y);   /* the output: kept as a view, no cycle */
+        zd_autograd_node_set_output(n, y);
+        zd_autograd_node_unref(n);
     } else {
         free(ctx->argmax);
         free(ctx);
@@ -422,14 +422,14 @@ static int conv_run(conv_ctx_t *ctx, tensor_t *x, tensor_t *weight, tensor_t *bi
     return 0;
 }
 
-static int conv_entry(const char *op, tensor_t *x, tensor_t *weight, tensor_t *bias,
+static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias,
                       int stride, int padding, conv_epilogue_t epi, int pool_k, int pool_s,
-                      tensor_t **out)
+                      zd_tensor_t **out)
 {
     *out = NULL;
     conv_ctx_t *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
-        return error_set("%s: out of memory", op);
+        return zd_error_set("%s: out of memory", op);
     if (conv_setup(op, x, weight, bias, stride, padding, ctx) < 0) {
         free(ctx);
         return -1;
@@ -439,7 +439,7 @@ static int conv_entry(const char *op, tensor_t *x, tensor_t *weight, tensor_t *b
         if (pool_s == 0)
             pool_s = pool_k;
         if (pool_k < 1 || pool_s < 1 || ctx->g.Ho < pool_k || ctx->g.Wo < pool_k) {
-            error_set("%s: pool kernel %d, stride %d do not fit the %dx%d convolution output",
+            zd_error_set("%s: pool kernel %d, stride %d do not fit the %dx%d convolution output",
                       op, pool_k, pool_s, ctx->g.Ho, ctx->g.Wo);
             free(ctx);
             return -1;
@@ -449,24 +449,24 @@ static int conv_entry(const char *op, tensor_t *x, tensor_t *weight, tensor_t *b
         ctx->Hp = (ctx->g.Ho - pool_k) / pool_s + 1;
         ctx->Wp = (ctx->g.Wo - pool_k) / pool_s + 1;
     }
-    conv_taps_plan(ctx);
+    zd__conv_taps_plan(ctx);
     return conv_run(ctx, x, weight, bias, out);
 }
 
-int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
-              tensor_t **out)
+int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
+              zd_tensor_t **out)
 {
     return conv_entry("conv2d", x, weight, bias, stride, padding, EPI_NONE, 0, 0, out);
 }
 
-int nn_conv2d_relu(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
-                   tensor_t **out)
+int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
+                   zd_tensor_t **out)
 {
     return conv_entry("conv2d_relu", x, weight, bias, stride, padding, EPI_RELU, 0, 0, out);
 }
 
-int nn_conv2d_max_pool2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride,
-                         int padding, int pool_kernel, int pool_stride, tensor_t **out)
+int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
+                         int padding, int pool_kernel, int pool_stride, zd_tensor_t **out)
 {
     return conv_entry("conv2d_max_pool2d", x, weight, bias, stride, padding, EPI_POOL,
                       pool_kernel, pool_stride, out);

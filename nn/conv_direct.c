@@ -29,19 +29,19 @@
 
 static atomic_bool taps_off;
 
-void nn_use_taps(bool on)
+void zd__nn_use_taps(bool on)
 {
     atomic_store(&taps_off, !on);
 }
 
-bool nn_taps_enabled(void)
+bool zd__nn_taps_enabled(void)
 {
-    return nn_conv_direct_available() && !atomic_load(&taps_off);
+    return zd__nn_conv_direct_available() && !atomic_load(&taps_off);
 }
 
-#define MR 8              /* rows of A per block (nn_taps_pack's panels) */
+#define MR 8              /* rows of A per block (zd__nn_taps_pack's panels) */
 
-void nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
+void zd__nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
                   float *packed)
 {
     for (int m0 = 0; m0 < M; m0 += MR) {
@@ -54,7 +54,7 @@ void nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t 
     }
 }
 
-size_t nn_taps_packed_floats(int M, int K)
+size_t zd__nn_taps_packed_floats(int M, int K)
 {
     return (size_t)((M + MR - 1) / MR) * MR * (size_t)K;
 }
@@ -134,7 +134,7 @@ static void taps_block1(const float *restrict ap, int K, const int32_t *restrict
     STORE1(0); STORE1(1); STORE1(2); STORE1(3); STORE1(4); STORE1(5); STORE1(6); STORE1(7);
 }
 
-void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
+void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
                   int L, const float *bias, float *c, int ldc)
 {
     const int full = L / 48 * 48;
@@ -247,7 +247,7 @@ static void taps_bt_block2(const float *const s[12], const float *restrict b, in
     64 columns) stay in L1 while every block of taps reads them. */
 #define BT_Q_CHUNK 128
 
-void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
                      int N, int nrun, int run, int stride, float *c, int ldc)
 {
     const bool narrow = N <= 32;
@@ -271,7 +271,7 @@ void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *
     }
 }
 
-void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
 {
     for (int r0 = 0; r0 < rows; r0 += 16)
         for (int c0 = 0; c0 < cols; c0 += 16) {
@@ -287,14 +287,14 @@ void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int
         }
 }
 
-bool nn_conv_direct_available(void)
+bool zd__nn_conv_direct_available(void)
 {
     return true;
 }
 
 #else /* portable loops */
 
-void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
+void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
                   int L, const float *bias, float *c, int ldc)
 {
     for (int m = 0; m < M; m++) {
@@ -310,7 +310,7 @@ void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const 
     }
 }
 
-void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
                      int N, int nrun, int run, int stride, float *c, int ldc)
 {
     for (int k = 0; k < K; k++) {
@@ -323,14 +323,14 @@ void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *
     }
 }
 
-void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++)
             dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
 }
 
-bool nn_conv_direct_available(void)
+bool zd__nn_conv_direct_available(void)
 {
     return false;
 }

@@ -5,7 +5,7 @@
 
       dyt  positions x channels (row q = oh*Wp + ow, ldt floats apart): the
            weight gradient's operand; rows of junk columns are not written
-           (nn_taps_gemm_bt skips them);
+           (zd__nn_taps_gemm_bt skips them);
       dyp  per channel, the plane padded by kh-1 rows and kw-1 columns of
            zeros on each side: the input gradient's operand.
 
@@ -61,7 +61,7 @@ static void bias_grad(const conv_bwd_job_t *j, int64_t s, float *db)
 }
 
 #ifndef __AVX512F__
-/*  The same in plain loops (unused: conv_taps_plan takes this path with
+/*  The same in plain loops (unused: zd__conv_taps_plan takes this path with
     AVX-512 only). */
 static void plain_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp)
 {
@@ -162,7 +162,7 @@ static void plain_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *d
 }
 #endif
 
-void conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, float *db)
+void zd__conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, float *db)
 {
     if (db)
         bias_grad(j, s, db);

@@ -91,7 +91,7 @@ typedef struct {
     int n_chunks;
     const float *x, *w, *b;
     float *y;
-    const float *wpack;       /* taps path: weight packed by nn_taps_pack */
+    const float *wpack;       /* taps path: weight packed by zd__nn_taps_pack */
     const int32_t *offs;      /* taps path: the K taps into the padded input */
 } conv_fwd_job_t;
 
@@ -118,36 +118,36 @@ typedef struct {
 
 /*  Whether ctx (geometry filled in) takes the stride-1 path; if so, fills
     ctx->t and sets ctx->taps. */
-void conv_taps_plan(conv_ctx_t *ctx);
+void zd__conv_taps_plan(conv_ctx_t *ctx);
 
 /*  Scratch floats per chunk of the forward / backward pass. */
-size_t conv_taps_fwd_scratch(const conv_ctx_t *ctx);
-size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x);
+size_t zd__conv_taps_fwd_scratch(const conv_ctx_t *ctx);
+size_t zd__conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x);
 
 /*  The taps of the forward pass (and of dW): K = C*kh*kw offsets. */
-void conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs);
+void zd__conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs);
 
-/*  Ints of the backward pass's tables (conv_taps_bwd_prepare). */
-size_t conv_taps_bwd_ints(const conv_ctx_t *ctx);
+/*  Ints of the backward pass's tables (zd__conv_taps_bwd_prepare). */
+size_t zd__conv_taps_bwd_ints(const conv_ctx_t *ctx);
 
-/*  Fills job's taps tables from `ints` (conv_taps_bwd_ints of them) and,
-    when job->dx is set, wflip (nn_taps_packed_floats(C, O*kh*kw) floats)
-    from the weight w. 0, or -1 (error_set) out of memory. */
-int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip);
+/*  Fills job's taps tables from `ints` (zd__conv_taps_bwd_ints of them) and,
+    when job->dx is set, wflip (zd__nn_taps_packed_floats(C, O*kh*kw) floats)
+    from the weight w. 0, or -1 (zd_error_set) out of memory. */
+int zd__conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip);
 
 /*  Floats of the weight as the backward pass needs it (conv.c allocates
-    them for conv_taps_bwd_prepare's wflip). */
-size_t conv_taps_bwd_wfloats(const conv_ctx_t *ctx);
+    them for zd__conv_taps_bwd_prepare's wflip). */
+size_t zd__conv_taps_bwd_wfloats(const conv_ctx_t *ctx);
 
 /*  ---- the pooled backward over the winners (conv_sparse.c) ----
     The same four steps, for a ctx with sparse set (conv_taps.c dispatches
     to them); the chunk's partial weight gradient comes out in the taps
     path's layout (K x O). */
-size_t conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x);
-size_t conv_sparse_ints(const conv_ctx_t *ctx);
-size_t conv_sparse_wfloats(const conv_ctx_t *ctx);
-void conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wr);
-void conv_sparse_bwd_chunk(void *arg, int c, float *scratch);
+size_t zd__conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x);
+size_t zd__conv_sparse_ints(const conv_ctx_t *ctx);
+size_t zd__conv_sparse_wfloats(const conv_ctx_t *ctx);
+void zd__conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wr);
+void zd__conv_sparse_bwd_chunk(void *arg, int c, float *scratch);
 
 /*  Row stride of the output gradient transposed (positions x channels). */
 static inline int conv_taps_ldt(const conv_ctx_t *ctx)
@@ -160,9 +160,9 @@ static inline int conv_taps_ldt(const conv_ctx_t *ctx)
     columns left as they are) and dyp (the planes padded by the kernel),
     each when non-NULL; adds its bias gradient to db when non-NULL
     (conv_outgrad.c). */
-void conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, float *db);
+void zd__conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, float *db);
 
-void conv_taps_fwd_chunk(void *arg, int c, float *scratch);
-void conv_taps_bwd_chunk(void *arg, int c, float *scratch);
+void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch);
+void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch);
 
 #endif

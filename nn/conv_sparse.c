@@ -51,24 +51,24 @@ static int n_windows(const conv_ctx_t *ctx)
     return ctx->Hp * ctx->Wp;
 }
 
-size_t conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
+size_t zd__conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
 {
     size_t rows = plane_rows(ctx) * (size_t)ldc16(ctx);
     return (need_w ? rows + (size_t)ctx->O * n_vec(ctx) * 16 : 0) +
            (need_x ? rows : 0);
 }
 
-size_t conv_sparse_ints(const conv_ctx_t *ctx)
+size_t zd__conv_sparse_ints(const conv_ctx_t *ctx)
 {
     return (size_t)n_vec(ctx);
 }
 
-size_t conv_sparse_wfloats(const conv_ctx_t *ctx)
+size_t zd__conv_sparse_wfloats(const conv_ctx_t *ctx)
 {
     return (size_t)ctx->O * n_vec(ctx) * 16;
 }
 
-void conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wr)
+void zd__conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wr)
 {
     const conv_ctx_t *ctx = job->ctx;
     const nn_conv_geom_t *g = &ctx->g;
@@ -266,7 +266,7 @@ static void groups_dx(const conv_bwd_job_t *j, int64_t s, float *dxt)
         }
 }
 
-#else /* the same in plain loops (unused: conv_taps_plan takes this path with AVX-512) */
+#else /* the same in plain loops (unused: zd__conv_taps_plan takes this path with AVX-512) */
 static void planes_to_rows(const conv_ctx_t *ctx, const float *x, float *xt)
 {
     const nn_conv_geom_t *g = &ctx->g;
@@ -317,7 +317,7 @@ static void groups_dx(const conv_bwd_job_t *j, int64_t s, float *dxt)
 }
 #endif
 
-void conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
+void zd__conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
@@ -336,7 +336,7 @@ void conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
     if (db)
         memset(db, 0, sizeof(float) * (size_t)O);
     for (int64_t s = lo; s < hi; s++) {
-        conv_out_grads(j, s, NULL, NULL, db);
+        zd__conv_out_grads(j, s, NULL, NULL, db);
         const float *dys = j->dy + s * conv_out_per_sample(ctx);
         const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
         /* a row of windows at a time, every channel's: the input rows its

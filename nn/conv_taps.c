@@ -17,7 +17,7 @@
 #include <immintrin.h>
 #endif
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "nn/conv_private.h"
 
 static int round16(int n)
@@ -65,11 +65,11 @@ static inline void relu_run(float *dst, const float *src, const float *keep, int
 }
 #endif
 
-void conv_taps_plan(conv_ctx_t *ctx)
+void zd__conv_taps_plan(conv_ctx_t *ctx)
 {
     const nn_conv_geom_t *g = &ctx->g;
     ctx->taps = false;
-    if (!nn_taps_enabled() || g->stride != 1)
+    if (!zd__nn_taps_enabled() || g->stride != 1)
         return;
     conv_taps_geom_t t;
     t.Hp = g->H + 2 * g->padding;
@@ -99,12 +99,12 @@ static size_t padded_input_floats(const conv_ctx_t *ctx)
     return ctx->g.padding ? (size_t)ctx->g.C * ctx->t.Hp * ctx->t.Wp : 0;
 }
 
-size_t conv_taps_fwd_scratch(const conv_ctx_t *ctx)
+size_t zd__conv_taps_fwd_scratch(const conv_ctx_t *ctx)
 {
     return (size_t)ctx->O * ctx->t.ldy + padded_input_floats(ctx);
 }
 
-void conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs)
+void zd__conv_taps_offsets(const conv_ctx_t *ctx, int32_t *offs)
 {
     const nn_conv_geom_t *g = &ctx->g;
     for (int c = 0; c < g->C; c++)
@@ -143,7 +143,7 @@ static const float *sample_input(const conv_ctx_t *ctx, const float *x, int64_t 
     return pad;
 }
 
-void conv_taps_fwd_chunk(void *arg, int c, float *scratch)
+void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_fwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
@@ -155,13 +155,13 @@ void conv_taps_fwd_chunk(void *arg, int c, float *scratch)
     int64_t lo, hi;
     nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
     for (int64_t s = lo; s < hi; s++) {
-        nn_taps_gemm(j->wpack, O, K, j->offs, sample_input(ctx, j->x, s, pad), t->L, j->b,
+        zd__nn_taps_gemm(j->wpack, O, K, j->offs, sample_input(ctx, j->x, s, pad), t->L, j->b,
                      yext, t->ldy);
         float *ys = j->y + s * per_out;
         if (ctx->epi == EPI_POOL) {
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
-                nn_pool_plane(yext + (size_t)o * t->ldy, Ho, Wo, t->Wp, t->Wp, ctx->pool_k,
+                zd__nn_pool_plane(yext + (size_t)o * t->ldy, Ho, Wo, t->Wp, t->Wp, ctx->pool_k,
                               ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
             continue;
         }
@@ -210,50 +210,50 @@ static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float 
     return n;
 }
 
-size_t conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
+size_t zd__conv_taps_bwd_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
 {
     if (ctx->sparse)
-        return conv_sparse_scratch(ctx, need_w, need_x);
+        return zd__conv_sparse_scratch(ctx, need_w, need_x);
     return bwd_layout(ctx, need_w, need_x, NULL, NULL);
 }
 
-size_t conv_taps_bwd_wfloats(const conv_ctx_t *ctx)
+size_t zd__conv_taps_bwd_wfloats(const conv_ctx_t *ctx)
 {
     if (ctx->sparse)
-        return conv_sparse_wfloats(ctx);
-    return nn_taps_packed_floats(ctx->g.C, ctx->O * ctx->g.kh * ctx->g.kw);
+        return zd__conv_sparse_wfloats(ctx);
+    return zd__nn_taps_packed_floats(ctx->g.C, ctx->O * ctx->g.kh * ctx->g.kw);
 }
 
-size_t conv_taps_bwd_ints(const conv_ctx_t *ctx)
+size_t zd__conv_taps_bwd_ints(const conv_ctx_t *ctx)
 {
     if (ctx->sparse)
-        return conv_sparse_ints(ctx);
+        return zd__conv_sparse_ints(ctx);
     return (size_t)ctx->g.C * ctx->g.kh * ctx->g.kw + (size_t)ctx->O * ctx->g.kh * ctx->g.kw;
 }
 
-int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip)
+int zd__conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, float *wflip)
 {
     const conv_ctx_t *ctx = job->ctx;
     const nn_conv_geom_t *g = &ctx->g;
     const conv_taps_geom_t *t = &ctx->t;
     const int kk = g->kh * g->kw, Kx = ctx->O * kk;
     if (ctx->sparse) {
-        conv_sparse_prepare(job, w, ints, job->dx ? wflip : NULL);
+        zd__conv_sparse_prepare(job, w, ints, job->dx ? wflip : NULL);
         return 0;
     }
     int32_t *offs = ints, *offs_dx = ints + (size_t)g->C * kk;
-    conv_taps_offsets(ctx, offs);
+    zd__conv_taps_offsets(ctx, offs);
     job->offs = offs;
     if (!job->dx)
         return 0;
     /* Row c, column (o, tap) of the flipped kernel is w[o][c][kk-1-tap]. */
     int32_t *koff = malloc(sizeof(int32_t) * (size_t)Kx);
     if (!koff)
-        return error_set("conv2d backward: out of memory");
+        return zd_error_set("conv2d backward: out of memory");
     for (int o = 0; o < ctx->O; o++)
         for (int k = 0; k < kk; k++)
             koff[o * kk + k] = o * g->C * kk + kk - 1 - k;
-    nn_taps_pack(w, g->C, Kx, kk, koff, wflip);
+    zd__nn_taps_pack(w, g->C, Kx, kk, koff, wflip);
     free(koff);
     for (int o = 0; o < ctx->O; o++)
         for (int ki = 0; ki < g->kh; ki++)
@@ -264,12 +264,12 @@ int conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints, fl
     return 0;
 }
 
-void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
+void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
     if (ctx->sparse) {
-        conv_sparse_bwd_chunk(arg, c, scratch);
+        zd__conv_sparse_bwd_chunk(arg, c, scratch);
         return;
     }
     const nn_conv_geom_t *g = &ctx->g;
@@ -285,13 +285,13 @@ void conv_taps_bwd_chunk(void *arg, int c, float *scratch)
     if (db)
         memset(db, 0, sizeof(float) * (size_t)O);
     for (int64_t s = lo; s < hi; s++) {
-        conv_out_grads(j, s, b.dyt, b.dyp, db);
+        zd__conv_out_grads(j, s, b.dyt, b.dyp, db);
         if (j->dw_part)
-            nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt,
+            zd__nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt,
                             conv_taps_ldt(ctx), O,
                             g->Ho, g->Wo, t->Wp, j->dw_part[c], O);
         if (j->dx) {
-            nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, b.dyp, t->Lx, NULL, b.dxext, t->ldx);
+            zd__nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, b.dyp, t->Lx, NULL, b.dxext, t->ldx);
             const int p = g->padding;
             float *dxs = j->dx + (size_t)s * C * g->H * g->W;
             for (int ch = 0; ch < C; ch++)

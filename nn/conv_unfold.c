@@ -78,7 +78,7 @@ static inline void add_row(float *restrict dst, const float *restrict src, int n
 }
 #endif
 
-void nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
+void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
 {
     const int P = g->Ho * g->Wo;
     for (int c = 0; c < g->C; c++) {
@@ -114,7 +114,7 @@ void nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
 }
 
 /*  dx (C,H,W) += fold(dcol); dx must be initialised by the caller. */
-void nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
+void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
 {
     const int P = g->Ho * g->Wo;
     for (int c = 0; c < g->C; c++) {

@@ -5,14 +5,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "autograd/error.h"
-#include "nn/dataset.h"
-#include "nn/idx.h"
-#include "nn/rng.h"
+#include <zdist/error.h>
+#include <zdist/dataset.h>
+#include <zdist/idx.h>
+#include <zdist/rng.h>
 
-struct dataset {
-    tensor_t *images;   /* (N, H, W) uint8 */
-    tensor_t *labels;   /* (N) int64 */
+struct zd_dataset {
+    zd_tensor_t *images;   /* (N, H, W) uint8 */
+    zd_tensor_t *labels;   /* (N) int64 */
     int64_t n, rows, cols;
     char *images_path;
     char *labels_path;
@@ -24,12 +24,12 @@ static bool is_file(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-int dataset_find_file(const char *dir, dataset_split_t split, const char *kind, char *buf,
+int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind, char *buf,
                       size_t size)
 {
-    const char *prefix = split == DATASET_TEST ? "t10k" : "train";
+    const char *prefix = split == ZD_DATASET_TEST ? "t10k" : "train";
     if (strcmp(kind, "images") != 0 && strcmp(kind, "labels") != 0)
-        return error_set("dataset: unknown file kind '%s' (images or labels)", kind);
+        return zd_error_set("dataset: unknown file kind '%s' (images or labels)", kind);
     const char *idx = strcmp(kind, "labels") == 0 ? "idx1" : "idx3";
     /* Plain before gzip: both hold the same data and plain reads faster. */
     static const char *const patterns[] = {
@@ -38,11 +38,11 @@ int dataset_find_file(const char *dir, dataset_split_t split, const char *kind, 
     for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++) {
         int n = snprintf(buf, size, patterns[i], dir, prefix, kind, idx);
         if (n < 0 || (size_t)n >= size)
-            return error_set("dataset: path in %s too long", dir);
+            return zd_error_set("dataset: path in %s too long", dir);
         if (is_file(buf))
             return 0;
     }
-    return error_set("dataset: no %s %s in %s (looked for %s-%s-%s-ubyte[.gz] and "
+    return zd_error_set("dataset: no %s %s in %s (looked for %s-%s-%s-ubyte[.gz] and "
                      "%s-%s.%s-ubyte[.gz])", prefix, kind, dir, prefix, kind, idx, prefix,
                      kind, idx);
 }
@@ -50,8 +50,8 @@ int dataset_find_file(const char *dir, dataset_split_t split, const char *kind, 
 static bool holds_train_files(const char *dir)
 {
     char path[4096];
-    return dataset_find_file(dir, DATASET_TRAIN, "images", path, sizeof path) == 0
-        && dataset_find_file(dir, DATASET_TRAIN, "labels", path, sizeof path) == 0;
+    return zd_dataset_find_file(dir, ZD_DATASET_TRAIN, "images", path, sizeof path) == 0
+        && zd_dataset_find_file(dir, ZD_DATASET_TRAIN, "labels", path, sizeof path) == 0;
 }
 
 /*  The directory found: the places tried before it left their error text,
@@ -59,152 +59,152 @@ static bool holds_train_files(const char *dir)
 static int copy_dir(const char *dir, char *buf, size_t size)
 {
     if ((size_t)snprintf(buf, size, "%s", dir) >= size)
-        return error_set("dataset: directory name %s too long", dir);
-    error_clear();
+        return zd_error_set("dataset: directory name %s too long", dir);
+    zd_error_clear();
     return 0;
 }
 
-int dataset_find_dir(char *buf, size_t size)
+int zd_dataset_find_dir(char *buf, size_t size)
 {
     const char *env = getenv("ZDIST_DATA_DIR");
     if (env && *env) {
         if (!holds_train_files(env))
-            return error_set("dataset: ZDIST_DATA_DIR=%s holds no MNIST-format files "
+            return zd_error_set("dataset: ZDIST_DATA_DIR=%s holds no MNIST-format files "
                              "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz])",
                              env);
         return copy_dir(env, buf, size);
     }
-    if (holds_train_files(DATASET_LOCAL_DIR))
-        return copy_dir(DATASET_LOCAL_DIR, buf, size);
-    if (holds_train_files(DATASET_SYSTEM_DIR))
-        return copy_dir(DATASET_SYSTEM_DIR, buf, size);
-    return error_set("dataset: no MNIST-format data found: neither %s nor %s holds "
+    if (holds_train_files(ZD_DATASET_LOCAL_DIR))
+        return copy_dir(ZD_DATASET_LOCAL_DIR, buf, size);
+    if (holds_train_files(ZD_DATASET_SYSTEM_DIR))
+        return copy_dir(ZD_DATASET_SYSTEM_DIR, buf, size);
+    return zd_error_set("dataset: no MNIST-format data found: neither %s nor %s holds "
                      "train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
                      "(put MNIST or Fashion-MNIST files in %s, or set ZDIST_DATA_DIR)",
-                     DATASET_LOCAL_DIR, DATASET_SYSTEM_DIR, DATASET_LOCAL_DIR);
+                     ZD_DATASET_LOCAL_DIR, ZD_DATASET_SYSTEM_DIR, ZD_DATASET_LOCAL_DIR);
 }
 
-int dataset_load(const char *dir, dataset_split_t split, dataset_t **out)
+int zd_dataset_load(const char *dir, zd_dataset_split_t split, zd_dataset_t **out)
 {
     char found[4096], images[4096], labels[4096];
     *out = NULL;
     if (!dir) {
-        if (dataset_find_dir(found, sizeof found) < 0)
+        if (zd_dataset_find_dir(found, sizeof found) < 0)
             return -1;
         dir = found;
     }
-    if (dataset_find_file(dir, split, "images", images, sizeof images) < 0
-        || dataset_find_file(dir, split, "labels", labels, sizeof labels) < 0)
+    if (zd_dataset_find_file(dir, split, "images", images, sizeof images) < 0
+        || zd_dataset_find_file(dir, split, "labels", labels, sizeof labels) < 0)
         return -1;
-    return dataset_load_files(images, labels, out);
+    return zd_dataset_load_files(images, labels, out);
 }
 
 /*  Checks the two tensors and turns the labels into int64. */
-static int check_and_convert(const char *ipath, tensor_t *img, const char *lpath, tensor_t *lab,
-                             tensor_t **labels64)
+static int check_and_convert(const char *ipath, zd_tensor_t *img, const char *lpath, zd_tensor_t *lab,
+                             zd_tensor_t **labels64)
 {
     char s[96];
-    if (tensor_dtype(img) != TENSOR_U8 || tensor_ndim(img) != 3)
-        return error_set("dataset: %s: expected uint8 images N x H x W, got %s %s", ipath,
-                         tensor_dtype_name(tensor_dtype(img)), tensor_shape_str(img, s, sizeof s));
-    if (tensor_dtype(lab) != TENSOR_U8 || tensor_ndim(lab) != 1)
-        return error_set("dataset: %s: expected uint8 labels of shape (N), got %s %s", lpath,
-                         tensor_dtype_name(tensor_dtype(lab)), tensor_shape_str(lab, s, sizeof s));
-    int64_t n = tensor_size(img, 0);
-    if (n == 0 || tensor_size(img, 1) == 0 || tensor_size(img, 2) == 0)
-        return error_set("dataset: %s: no images (shape %s)", ipath,
-                         tensor_shape_str(img, s, sizeof s));
-    if (tensor_size(lab, 0) != n)
-        return error_set("dataset: image and label counts differ: %s holds %lld images, "
+    if (zd_tensor_dtype(img) != ZD_UINT8 || zd_tensor_ndim(img) != 3)
+        return zd_error_set("dataset: %s: expected uint8 images N x H x W, got %s %s", ipath,
+                         zd_tensor_dtype_name(zd_tensor_dtype(img)), zd_tensor_shape_str(img, s, sizeof s));
+    if (zd_tensor_dtype(lab) != ZD_UINT8 || zd_tensor_ndim(lab) != 1)
+        return zd_error_set("dataset: %s: expected uint8 labels of shape (N), got %s %s", lpath,
+                         zd_tensor_dtype_name(zd_tensor_dtype(lab)), zd_tensor_shape_str(lab, s, sizeof s));
+    int64_t n = zd_tensor_size(img, 0);
+    if (n == 0 || zd_tensor_size(img, 1) == 0 || zd_tensor_size(img, 2) == 0)
+        return zd_error_set("dataset: %s: no images (shape %s)", ipath,
+                         zd_tensor_shape_str(img, s, sizeof s));
+    if (zd_tensor_size(lab, 0) != n)
+        return zd_error_set("dataset: image and label counts differ: %s holds %lld images, "
                          "%s holds %lld labels", ipath, (long long)n, lpath,
-                         (long long)tensor_size(lab, 0));
-    const uint8_t *l = tensor_raw(lab);
+                         (long long)zd_tensor_size(lab, 0));
+    const uint8_t *l = zd_tensor_raw(lab);
     for (int64_t i = 0; i < n; i++)
-        if (l[i] >= DATASET_CLASSES)
-            return error_set("dataset: %s: label %d at index %lld is not a class "
-                             "(0 to %d)", lpath, l[i], (long long)i, DATASET_CLASSES - 1);
-    *labels64 = tensor_empty(TENSOR_I64, 1, &n);
+        if (l[i] >= ZD_DATASET_CLASSES)
+            return zd_error_set("dataset: %s: label %d at index %lld is not a class "
+                             "(0 to %d)", lpath, l[i], (long long)i, ZD_DATASET_CLASSES - 1);
+    *labels64 = zd_tensor_empty(ZD_INT64, 1, &n);
     if (!*labels64)
         return -1;
-    int64_t *d = tensor_data_i64(*labels64);
+    int64_t *d = zd_tensor_data_i64(*labels64);
     for (int64_t i = 0; i < n; i++)
         d[i] = l[i];
     return 0;
 }
 
-int dataset_load_files(const char *images_path, const char *labels_path, dataset_t **out)
+int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out)
 {
-    tensor_t *img = NULL, *lab = NULL, *lab64 = NULL;
+    zd_tensor_t *img = NULL, *lab = NULL, *lab64 = NULL;
     *out = NULL;
-    if (idx_load(images_path, &img) < 0)
-        return error_wrap("dataset: images");
-    if (idx_load(labels_path, &lab) < 0) {
-        tensor_unref(img);
-        return error_wrap("dataset: labels");
+    if (zd_idx_load(images_path, &img) < 0)
+        return zd_error_wrap("dataset: images");
+    if (zd_idx_load(labels_path, &lab) < 0) {
+        zd_tensor_unref(img);
+        return zd_error_wrap("dataset: labels");
     }
     int rc = check_and_convert(images_path, img, labels_path, lab, &lab64);
-    tensor_unref(lab);
-    dataset_t *ds = rc == 0 ? calloc(1, sizeof *ds) : NULL;
+    zd_tensor_unref(lab);
+    zd_dataset_t *ds = rc == 0 ? calloc(1, sizeof *ds) : NULL;
     if (ds) {
         ds->images_path = strdup(images_path);
         ds->labels_path = strdup(labels_path);
     }
     if (!ds || !ds->images_path || !ds->labels_path) {
         if (rc == 0)
-            error_set("dataset: out of memory");
+            zd_error_set("dataset: out of memory");
         if (ds) {
             free(ds->images_path);
             free(ds->labels_path);
             free(ds);
         }
-        tensor_unref(img);
-        tensor_unref(lab64);
+        zd_tensor_unref(img);
+        zd_tensor_unref(lab64);
         return -1;
     }
     ds->images = img;
     ds->labels = lab64;
-    ds->n = tensor_size(img, 0);
-    ds->rows = tensor_size(img, 1);
-    ds->cols = tensor_size(img, 2);
+    ds->n = zd_tensor_size(img, 0);
+    ds->rows = zd_tensor_size(img, 1);
+    ds->cols = zd_tensor_size(img, 2);
     *out = ds;
     return 0;
 }
 
-void dataset_free(dataset_t *ds)
+void zd_dataset_free(zd_dataset_t *ds)
 {
     if (!ds)
         return;
-    tensor_unref(ds->images);
-    tensor_unref(ds->labels);
+    zd_tensor_unref(ds->images);
+    zd_tensor_unref(ds->labels);
     free(ds->images_path);
     free(ds->labels_path);
     free(ds);
 }
 
-int64_t dataset_size(const dataset_t *ds) { return ds->n; }
-int64_t dataset_rows(const dataset_t *ds) { return ds->rows; }
-int64_t dataset_cols(const dataset_t *ds) { return ds->cols; }
-const char *dataset_images_path(const dataset_t *ds) { return ds->images_path; }
-const char *dataset_labels_path(const dataset_t *ds) { return ds->labels_path; }
-tensor_t *dataset_images_u8(const dataset_t *ds) { return ds->images; }
-tensor_t *dataset_labels(const dataset_t *ds) { return ds->labels; }
+int64_t zd_dataset_size(const zd_dataset_t *ds) { return ds->n; }
+int64_t zd_dataset_rows(const zd_dataset_t *ds) { return ds->rows; }
+int64_t zd_dataset_cols(const zd_dataset_t *ds) { return ds->cols; }
+const char *zd_dataset_images_path(const zd_dataset_t *ds) { return ds->images_path; }
+const char *zd_dataset_labels_path(const zd_dataset_t *ds) { return ds->labels_path; }
+zd_tensor_t *zd_dataset_images_u8(const zd_dataset_t *ds) { return ds->images; }
+zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds) { return ds->labels; }
 
-int dataset_limit(dataset_t *ds, int64_t k)
+int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
 {
     if (k < 1)
-        return error_set("dataset: limit %lld (at least 1 sample)", (long long)k);
+        return zd_error_set("dataset: limit %lld (at least 1 sample)", (long long)k);
     if (k >= ds->n)
         return 0;
     int64_t shape[3] = { k, ds->rows, ds->cols };
-    tensor_t *img = tensor_from_data(TENSOR_U8, 3, shape, tensor_raw(ds->images));
-    tensor_t *lab = tensor_from_data(TENSOR_I64, 1, &k, tensor_raw(ds->labels));
+    zd_tensor_t *img = zd_tensor_from_data(ZD_UINT8, 3, shape, zd_tensor_raw(ds->images));
+    zd_tensor_t *lab = zd_tensor_from_data(ZD_INT64, 1, &k, zd_tensor_raw(ds->labels));
     if (!img || !lab) {
-        tensor_unref(img);
-        tensor_unref(lab);
+        zd_tensor_unref(img);
+        zd_tensor_unref(lab);
         return -1;
     }
-    tensor_unref(ds->images);
-    tensor_unref(ds->labels);
+    zd_tensor_unref(ds->images);
+    zd_tensor_unref(ds->labels);
     ds->images = img;
     ds->labels = lab;
     ds->n = k;
@@ -216,91 +216,91 @@ int dataset_limit(dataset_t *ds, int64_t k)
 static void make_table(float table[256])
 {
     for (int v = 0; v < 256; v++)
-        table[v] = ((float)v / 255.0f - DATASET_MEAN) / DATASET_STD;
+        table[v] = ((float)v / 255.0f - ZD_DATASET_MEAN) / ZD_DATASET_STD;
 }
 
-int dataset_normalise(const tensor_t *images, tensor_t **out)
+int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out)
 {
     char s[96];
-    int nd = tensor_ndim(images);
+    int nd = zd_tensor_ndim(images);
     *out = NULL;
-    if (tensor_dtype(images) != TENSOR_U8 || (nd != 3 && nd != 4)
-        || (nd == 4 && tensor_size(images, 1) != 1))
-        return error_set("dataset_normalise: expected uint8 (N, H, W) or (N, 1, H, W), got "
-                         "%s %s", tensor_dtype_name(tensor_dtype(images)),
-                         tensor_shape_str(images, s, sizeof s));
-    int64_t shape[4] = { tensor_size(images, 0), 1, tensor_size(images, -2),
-                         tensor_size(images, -1) };
-    tensor_t *x = tensor_empty(TENSOR_F32, 4, shape);
+    if (zd_tensor_dtype(images) != ZD_UINT8 || (nd != 3 && nd != 4)
+        || (nd == 4 && zd_tensor_size(images, 1) != 1))
+        return zd_error_set("zd_dataset_normalise: expected uint8 (N, H, W) or (N, 1, H, W), got "
+                         "%s %s", zd_tensor_dtype_name(zd_tensor_dtype(images)),
+                         zd_tensor_shape_str(images, s, sizeof s));
+    int64_t shape[4] = { zd_tensor_size(images, 0), 1, zd_tensor_size(images, -2),
+                         zd_tensor_size(images, -1) };
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 4, shape);
     if (!x)
         return -1;
     float table[256];
     make_table(table);
-    const uint8_t *src = tensor_raw(images);
-    float *dst = tensor_data(x);
-    for (int64_t i = 0, n = tensor_numel(x); i < n; i++)
+    const uint8_t *src = zd_tensor_raw(images);
+    float *dst = zd_tensor_data(x);
+    for (int64_t i = 0, n = zd_tensor_numel(x); i < n; i++)
         dst[i] = table[src[i]];
     *out = x;
     return 0;
 }
 
-void dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed)
+void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed)
 {
-    nn_rng_t rng;
-    nn_rng_seed(&rng, seed);
-    nn_rng_shuffle_i64(&rng, idx, n > 0 ? (size_t)n : 0);
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, seed);
+    zd_nn_rng_shuffle_i64(&rng, idx, n > 0 ? (size_t)n : 0);
 }
 
-int64_t *dataset_order(const dataset_t *ds, uint64_t seed)
+int64_t *zd_dataset_order(const zd_dataset_t *ds, uint64_t seed)
 {
     int64_t *order = malloc((size_t)ds->n * sizeof *order);
     if (!order) {
-        error_set("dataset: out of memory for an order of %lld samples", (long long)ds->n);
+        zd_error_set("dataset: out of memory for an order of %lld samples", (long long)ds->n);
         return NULL;
     }
     for (int64_t i = 0; i < ds->n; i++)
         order[i] = i;
-    dataset_shuffle(order, ds->n, seed);
+    zd_dataset_shuffle(order, ds->n, seed);
     return order;
 }
 
-int64_t dataset_num_batches(const dataset_t *ds, int64_t batch_size)
+int64_t zd_dataset_num_batches(const zd_dataset_t *ds, int64_t batch_size)
 {
     if (batch_size < 1)
         return 0;
     return (ds->n + batch_size - 1) / batch_size;
 }
 
-int dataset_batch(const dataset_t *ds, const int64_t *order, int64_t start,
-                  int64_t batch_size, tensor_t **x, tensor_t **y)
+int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
+                  int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y)
 {
     *x = *y = NULL;
     if (batch_size < 1)
-        return error_set("dataset_batch: batch size %lld (at least 1)", (long long)batch_size);
+        return zd_error_set("zd_dataset_batch: batch size %lld (at least 1)", (long long)batch_size);
     if (start < 0 || start >= ds->n)
-        return error_set("dataset_batch: start %lld outside the %lld samples", (long long)start,
+        return zd_error_set("zd_dataset_batch: start %lld outside the %lld samples", (long long)start,
                          (long long)ds->n);
     int64_t b = ds->n - start < batch_size ? ds->n - start : batch_size;
     for (int64_t i = 0; order && i < b; i++)
         if (order[start + i] < 0 || order[start + i] >= ds->n)
-            return error_set("dataset_batch: order[%lld] = %lld is not a sample index "
+            return zd_error_set("zd_dataset_batch: order[%lld] = %lld is not a sample index "
                              "(0 to %lld)", (long long)(start + i),
                              (long long)order[start + i], (long long)ds->n - 1);
     int64_t xs[4] = { b, 1, ds->rows, ds->cols };
-    *x = tensor_empty(TENSOR_F32, 4, xs);
-    *y = tensor_empty(TENSOR_I64, 1, &b);
+    *x = zd_tensor_empty(ZD_FLOAT32, 4, xs);
+    *y = zd_tensor_empty(ZD_INT64, 1, &b);
     if (!*x || !*y) {
-        tensor_unref_p(x);
-        tensor_unref_p(y);
+        zd_tensor_unref_p(x);
+        zd_tensor_unref_p(y);
         return -1;
     }
     float table[256];
     make_table(table);
     const int64_t pix = ds->rows * ds->cols;
-    const uint8_t *src = tensor_raw(ds->images);
-    const int64_t *lab = tensor_data_i64(ds->labels);
-    float *dx = tensor_data(*x);
-    int64_t *dy = tensor_data_i64(*y);
+    const uint8_t *src = zd_tensor_raw(ds->images);
+    const int64_t *lab = zd_tensor_data_i64(ds->labels);
+    float *dx = zd_tensor_data(*x);
+    int64_t *dy = zd_tensor_data_i64(*y);
     for (int64_t i = 0; i < b; i++) {
         int64_t k = order ? order[start + i] : start + i;
         const uint8_t *img = src + k * pix;

@@ -3,20 +3,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/nn.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/nn.h>
 #include "nn/nn_private.h"
 
 /* ---- linear ---- */
 
 /*  Rows of a (..., in) input: the product of its leading dimensions (even
     when in is 0). */
-static int64_t leading_rows(const tensor_t *x)
+static int64_t leading_rows(const zd_tensor_t *x)
 {
     int64_t rows = 1;
-    for (int d = 0; d + 1 < tensor_ndim(x); d++)
-        rows *= tensor_size(x, d);
+    for (int d = 0; d + 1 < zd_tensor_ndim(x); d++)
+        rows *= zd_tensor_size(x, d);
     return rows;
 }
 
@@ -28,7 +28,7 @@ typedef struct {
     const float *x, *w, *dy;
     float *out;
     /* the taps paths (see linear_taps and linear_forward_taps) */
-    const float *packed;  /* dy (which 1) or dy^T (which 2), packed by nn_taps_pack */
+    const float *packed;  /* dy (which 1) or dy^T (which 2), packed by zd__nn_taps_pack */
     const int32_t *offs;  /* rows of W (which 0, 1) or of x (which 2) */
     const float *xt;      /* which 0: x transposed, in_f x ldr */
     float *yt;            /* which 0: y transposed, out_f x ldr */
@@ -51,33 +51,33 @@ static void linear_chunk(void *arg, int c, float *scratch)
             const int nrun = j->in_f / LINEAR_RUN, rest = j->in_f % LINEAR_RUN;
             const int64_t done = (int64_t)nrun * LINEAR_RUN;
             if (nrun)
-                nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w, j->xt, j->ldr, j->rows,
+                zd__nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w, j->xt, j->ldr, j->rows,
                                 nrun, LINEAR_RUN, LINEAR_RUN, j->yt + lo * j->ldr, j->ldr);
             if (rest)
-                nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w + done, j->xt + done * j->ldr,
+                zd__nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w + done, j->xt + done * j->ldr,
                                 j->ldr, j->rows, 1, rest, rest, j->yt + lo * j->ldr, j->ldr);
         } else
-            nn_sgemm(false, true, j->rows, (int)(hi - lo), j->in_f, 1.0f, j->x, j->in_f,
+            zd__nn_sgemm(false, true, j->rows, (int)(hi - lo), j->in_f, 1.0f, j->x, j->in_f,
                      j->w + lo * j->in_f, j->in_f, 1.0f, j->out + lo, j->out_f);
         break;
     case 1:
         nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
         if (j->packed)
-            nn_taps_gemm(j->packed, j->rows, j->out_f, j->offs, j->w + lo, (int)(hi - lo), NULL,
+            zd__nn_taps_gemm(j->packed, j->rows, j->out_f, j->offs, j->w + lo, (int)(hi - lo), NULL,
                          j->out + lo, j->in_f);
         else
-            nn_sgemm(false, false, j->rows, (int)(hi - lo), j->out_f, 1.0f, j->dy, j->out_f,
+            zd__nn_sgemm(false, false, j->rows, (int)(hi - lo), j->out_f, 1.0f, j->dy, j->out_f,
                      j->w + lo, j->in_f, 0.0f, j->out + lo, j->in_f);
         break;
     default:
         if (j->packed) {
             nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
-            nn_taps_gemm(j->packed, j->out_f, j->rows, j->offs, j->x + lo, (int)(hi - lo),
+            zd__nn_taps_gemm(j->packed, j->out_f, j->rows, j->offs, j->x + lo, (int)(hi - lo),
                          NULL, j->out + lo, j->in_f);
             break;
         }
         nn_chunk_range(j->out_f, j->n_chunks, c, &lo, &hi);
-        nn_sgemm(true, false, (int)(hi - lo), j->in_f, j->rows, 1.0f, j->dy + lo, j->out_f,
+        zd__nn_sgemm(true, false, (int)(hi - lo), j->in_f, j->rows, 1.0f, j->dy + lo, j->out_f,
                  j->x, j->in_f, 0.0f, j->out + lo * j->in_f, j->in_f);
         break;
     }
@@ -91,10 +91,10 @@ static int linear_run(linear_job_t *j)
     int64_t flops = (int64_t)j->rows * j->in_f * j->out_f;
     int span = j->which == 1 || j->packed ? j->in_f : j->out_f;
     int min_span = j->packed ? 48 : j->xt ? 12 : 16;
-    j->n_chunks = flops >= (1 << 20) ? nn_parallel_chunks() : 1;
+    j->n_chunks = flops >= (1 << 20) ? zd__nn_parallel_chunks() : 1;
     while (j->n_chunks > 1 && span / j->n_chunks < min_span)
         j->n_chunks--;
-    return nn_parallel_run(j->n_chunks, 0, linear_chunk, j);
+    return zd__nn_parallel_run(j->n_chunks, 0, linear_chunk, j);
 }
 
 /*  The backward products of a large layer (fc1's) run on the taps kernels
@@ -109,10 +109,10 @@ static bool linear_taps(linear_job_t *j, float **mem)
 {
     *mem = NULL;
     const int m = j->which == 1 ? j->rows : j->out_f, k = j->which == 1 ? j->out_f : j->rows;
-    if (!nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
+    if (!zd__nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
         (int64_t)k * j->in_f > INT32_MAX)
         return false;
-    size_t packed = nn_taps_packed_floats(m, k);
+    size_t packed = zd__nn_taps_packed_floats(m, k);
     float *p = malloc(sizeof(float) * packed + sizeof(int32_t) * 2 * (size_t)k);
     if (!p)
         return false;     /* BLAS needs no memory of ours */
@@ -122,9 +122,9 @@ static bool linear_taps(linear_job_t *j, float **mem)
         cols[i] = i * j->out_f;
     }
     if (j->which == 1)    /* a(r, k) = dy[r][k] */
-        nn_taps_pack(j->dy, m, k, j->out_f, NULL, p);
+        zd__nn_taps_pack(j->dy, m, k, j->out_f, NULL, p);
     else                  /* a(o, r) = dy[r][o] */
-        nn_taps_pack(j->dy, m, k, 1, cols, p);
+        zd__nn_taps_pack(j->dy, m, k, 1, cols, p);
     j->packed = p;
     j->offs = offs;
     *mem = p;
@@ -135,22 +135,22 @@ static bool linear_taps(linear_job_t *j, float **mem)
     taps kernel too: y^T = W x^T, taps on the rows of W, the batch (x
     transposed, positions x rows) as the register block's columns. W is
     read once. Returns 1 when the layer keeps to BLAS (small, wide batch, no
-    AVX-512), else 0 or -1 (error_set). */
+    AVX-512), else 0 or -1 (zd_error_set). */
 static int linear_forward_taps(linear_job_t *j, const float *bias)
 {
-    if (!nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
+    if (!zd__nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
         j->rows > 64 || (int64_t)j->out_f * j->in_f > INT32_MAX)
         return 1;
     const int ldr = (j->rows + 15) / 16 * 16;
-    float *xt = nn_alloc_floats((size_t)ldr * (j->in_f + j->out_f));
+    float *xt = zd__nn_alloc_floats((size_t)ldr * (j->in_f + j->out_f));
     int32_t *offs = malloc(sizeof(int32_t) * (size_t)j->out_f);
     if (!xt || !offs) {
         free(xt);
         free(offs);
-        return error_set("linear: out of memory");
+        return zd_error_set("linear: out of memory");
     }
     float *yt = xt + (size_t)ldr * j->in_f;
-    nn_transpose(j->x, j->rows, j->in_f, j->in_f, xt, ldr);
+    zd__nn_transpose(j->x, j->rows, j->in_f, j->in_f, xt, ldr);
     for (int o = 0; o < j->out_f; o++) {
         offs[o] = o * j->in_f;
         for (int r = 0; r < j->rows; r++)
@@ -162,49 +162,49 @@ static int linear_forward_taps(linear_job_t *j, const float *bias)
     j->offs = offs;
     int rc = linear_run(j);
     if (rc == 0)
-        nn_transpose(yt, j->out_f, j->rows, ldr, j->out, j->out_f);
+        zd__nn_transpose(yt, j->out_f, j->rows, ldr, j->out, j->out_f);
     free(xt);
     free(offs);
     return rc;
 }
 
-static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    tensor_t *x = autograd_node_saved(n, 0), *w = autograd_node_saved(n, 1);
-    const int out_f = (int)tensor_size(w, 0), in_f = (int)tensor_size(w, 1);
+    zd_tensor_t *x = zd_autograd_node_saved(n, 0), *w = zd_autograd_node_saved(n, 1);
+    const int out_f = (int)zd_tensor_size(w, 0), in_f = (int)zd_tensor_size(w, 1);
     const int rows = (int)leading_rows(x);
-    const float *dy = tensor_data(gout[0]);
-    linear_job_t job = {.rows = rows, .in_f = in_f, .out_f = out_f, .x = tensor_data(x),
-                        .w = tensor_data(w), .dy = dy};
+    const float *dy = zd_tensor_data(gout[0]);
+    linear_job_t job = {.rows = rows, .in_f = in_f, .out_f = out_f, .x = zd_tensor_data(x),
+                        .w = zd_tensor_data(w), .dy = dy};
     float *mem;
     int rc;
-    if (autograd_node_needs_grad(n, 0)) {          /* dx = dy W */
-        if (!(gin[0] = tensor_empty(TENSOR_F32, tensor_ndim(x), tensor_shape(x))))
+    if (zd_autograd_node_needs_grad(n, 0)) {          /* dx = dy W */
+        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x))))
             return -1;
         job.which = 1;
-        job.out = tensor_data(gin[0]);
+        job.out = zd_tensor_data(gin[0]);
         linear_taps(&job, &mem);
         rc = linear_run(&job);
         free(mem);
         if (rc < 0)
             return -1;
     }
-    if (autograd_node_needs_grad(n, 1)) {          /* dW = dy^T x */
-        if (!(gin[1] = tensor_empty(TENSOR_F32, 2, tensor_shape(w))))
+    if (zd_autograd_node_needs_grad(n, 1)) {          /* dW = dy^T x */
+        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, 2, zd_tensor_shape(w))))
             return -1;
         job.which = 2;
         job.packed = NULL;
-        job.out = tensor_data(gin[1]);
+        job.out = zd_tensor_data(gin[1]);
         linear_taps(&job, &mem);
         rc = linear_run(&job);
         free(mem);
         if (rc < 0)
             return -1;
     }
-    if (autograd_node_needs_grad(n, 2)) {          /* db = column sums of dy */
-        if (!(gin[2] = tensor_new(TENSOR_F32, 1, (int64_t[]){out_f})))
+    if (zd_autograd_node_needs_grad(n, 2)) {          /* db = column sums of dy */
+        if (!(gin[2] = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){out_f})))
             return -1;
-        float *db = tensor_data(gin[2]);
+        float *db = zd_tensor_data(gin[2]);
         for (int r = 0; r < rows; r++)
             for (int o = 0; o < out_f; o++)
                 db[o] += dy[(size_t)r * out_f + o];
@@ -212,53 +212,53 @@ static int linear_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t *
     return 0;
 }
 
-static const autograd_node_ops_t linear_ops = {"LinearBackward", linear_backward, NULL};
+static const zd_autograd_node_ops_t linear_ops = {"LinearBackward", linear_backward, NULL};
 
-int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out)
+int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out)
 {
     *out = NULL;
-    if (nn_check_f32("linear: input", x) < 0 || nn_check_f32("linear: weight", weight) < 0 ||
-        nn_check_ndim("linear: weight", weight, 2) < 0)
+    if (zd__nn_check_f32("linear: input", x) < 0 || zd__nn_check_f32("linear: weight", weight) < 0 ||
+        zd__nn_check_ndim("linear: weight", weight, 2) < 0)
         return -1;
-    if (bias && (nn_check_f32("linear: bias", bias) < 0 ||
-                 nn_check_ndim("linear: bias", bias, 1) < 0))
+    if (bias && (zd__nn_check_f32("linear: bias", bias) < 0 ||
+                 zd__nn_check_ndim("linear: bias", bias, 1) < 0))
         return -1;
     char sx[96], sw[96];
-    const int64_t out_f = tensor_size(weight, 0), in_f = tensor_size(weight, 1);
-    if (tensor_ndim(x) < 1 || tensor_size(x, -1) != in_f)
-        return error_set("linear: input %s does not end in %lld features (weight %s)",
-                         tensor_shape_str(x, sx, sizeof sx), (long long)in_f,
-                         tensor_shape_str(weight, sw, sizeof sw));
-    if (bias && tensor_size(bias, 0) != out_f)
-        return error_set("linear: bias has %lld entries for %lld outputs",
-                         (long long)tensor_size(bias, 0), (long long)out_f);
+    const int64_t out_f = zd_tensor_size(weight, 0), in_f = zd_tensor_size(weight, 1);
+    if (zd_tensor_ndim(x) < 1 || zd_tensor_size(x, -1) != in_f)
+        return zd_error_set("linear: input %s does not end in %lld features (weight %s)",
+                         zd_tensor_shape_str(x, sx, sizeof sx), (long long)in_f,
+                         zd_tensor_shape_str(weight, sw, sizeof sw));
+    if (bias && zd_tensor_size(bias, 0) != out_f)
+        return zd_error_set("linear: bias has %lld entries for %lld outputs",
+                         (long long)zd_tensor_size(bias, 0), (long long)out_f);
     const int64_t rows = leading_rows(x);
     if (rows > INT32_MAX || in_f > INT32_MAX || out_f > INT32_MAX)
-        return error_set("linear: input %s too large", tensor_shape_str(x, sx, sizeof sx));
-    int64_t shape[TENSOR_MAX_DIMS];
-    memcpy(shape, tensor_shape(x), sizeof(int64_t) * (size_t)tensor_ndim(x));
-    shape[tensor_ndim(x) - 1] = out_f;
-    tensor_t *y = (bias ? tensor_empty : tensor_new)(TENSOR_F32, tensor_ndim(x), shape);
+        return zd_error_set("linear: input %s too large", zd_tensor_shape_str(x, sx, sizeof sx));
+    int64_t shape[ZD_TENSOR_MAX_DIMS];
+    memcpy(shape, zd_tensor_shape(x), sizeof(int64_t) * (size_t)zd_tensor_ndim(x));
+    shape[zd_tensor_ndim(x) - 1] = out_f;
+    zd_tensor_t *y = (bias ? zd_tensor_empty : zd_tensor_new)(ZD_FLOAT32, zd_tensor_ndim(x), shape);
     if (!y)
         return -1;
-    float *yd = tensor_data(y);
+    float *yd = zd_tensor_data(y);
     linear_job_t job = {.which = 0, .rows = (int)rows, .in_f = (int)in_f, .out_f = (int)out_f,
-                        .x = tensor_data(x), .w = tensor_data(weight), .out = yd};
-    int rc = linear_forward_taps(&job, bias ? tensor_data(bias) : NULL);
+                        .x = zd_tensor_data(x), .w = zd_tensor_data(weight), .out = yd};
+    int rc = linear_forward_taps(&job, bias ? zd_tensor_data(bias) : NULL);
     if (rc == 1) {                 /* not taken: BLAS, over the bias */
         if (bias) {
-            const float *b = tensor_data(bias);
+            const float *b = zd_tensor_data(bias);
             for (int64_t r = 0; r < rows; r++)
                 memcpy(yd + r * out_f, b, sizeof(float) * (size_t)out_f);
         }
         rc = linear_run(&job);
     }
     if (rc < 0) {
-        tensor_unref(y);
+        zd_tensor_unref(y);
         return -1;
     }
-    tensor_t *in[3] = {x, weight, bias};
-    if (nn_record(&linear_ops, 3, in, y, x, weight, NULL, NULL) < 0)
+    zd_tensor_t *in[3] = {x, weight, bias};
+    if (zd__nn_record(&linear_ops, 3, in, y, x, weight, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -299,34 +299,34 @@ static void relu_backward_chunk(void *arg, int c, float *scratch)
     }
 }
 
-static int relu_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int relu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    tensor_t *y = autograd_node_saved(n, 0);
-    if (!(gin[0] = tensor_empty(TENSOR_F32, tensor_ndim(y), tensor_shape(y))))
+    zd_tensor_t *y = zd_autograd_node_saved(n, 0);
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(y), zd_tensor_shape(y))))
         return -1;
-    elem_job_t job = {.n = tensor_numel(y), .a = tensor_data(y), .b = tensor_data(gout[0]),
-                      .out = tensor_data(gin[0])};
+    elem_job_t job = {.n = zd_tensor_numel(y), .a = zd_tensor_data(y), .b = zd_tensor_data(gout[0]),
+                      .out = zd_tensor_data(gin[0])};
     job.n_chunks = nn_elem_chunks(job.n);
-    return nn_parallel_run(job.n_chunks, 0, relu_backward_chunk, &job);
+    return zd__nn_parallel_run(job.n_chunks, 0, relu_backward_chunk, &job);
 }
 
-static const autograd_node_ops_t relu_ops = {"ReluBackward", relu_backward, NULL};
+static const zd_autograd_node_ops_t relu_ops = {"ReluBackward", relu_backward, NULL};
 
-int nn_relu(tensor_t *x, tensor_t **out)
+int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
 {
     *out = NULL;
-    if (nn_check_f32("relu: input", x) < 0)
+    if (zd__nn_check_f32("relu: input", x) < 0)
         return -1;
-    tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(x), tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
     if (!y)
         return -1;
-    elem_job_t job = {.n = tensor_numel(x), .a = tensor_data(x), .out = tensor_data(y)};
+    elem_job_t job = {.n = zd_tensor_numel(x), .a = zd_tensor_data(x), .out = zd_tensor_data(y)};
     job.n_chunks = nn_elem_chunks(job.n);
-    if (nn_parallel_run(job.n_chunks, 0, relu_chunk, &job) < 0) {
-        tensor_unref(y);
+    if (zd__nn_parallel_run(job.n_chunks, 0, relu_chunk, &job) < 0) {
+        zd_tensor_unref(y);
         return -1;
     }
-    if (nn_record(&relu_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&relu_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -339,15 +339,15 @@ typedef struct {
     float mask[];         /* 0 or 1/(1-p) */
 } dropout_ctx_t;
 
-static int dropout_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int dropout_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    const dropout_ctx_t *ctx = autograd_node_ctx(n);
-    tensor_t *g = gout[0];
-    if (!(gin[0] = tensor_empty(TENSOR_F32, tensor_ndim(g), tensor_shape(g))))
+    const dropout_ctx_t *ctx = zd_autograd_node_ctx(n);
+    zd_tensor_t *g = gout[0];
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(g), zd_tensor_shape(g))))
         return -1;
-    const float *dy = tensor_data(g);
-    float *dx = tensor_data(gin[0]);
-    const int64_t numel = tensor_numel(g);
+    const float *dy = zd_tensor_data(g);
+    float *dx = zd_tensor_data(gin[0]);
+    const int64_t numel = zd_tensor_numel(g);
     const int64_t per = ctx->per, groups = per ? numel / per : 0;
     for (int64_t k = 0; k < groups; k++) {
         const float m = ctx->mask[k];
@@ -357,95 +357,95 @@ static int dropout_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t 
     return 0;
 }
 
-static const autograd_node_ops_t dropout_ops = {"DropoutBackward", dropout_backward,
-                                                 nn_free_ctx};
+static const zd_autograd_node_ops_t dropout_ops = {"DropoutBackward", dropout_backward,
+                                                 zd__nn_free_ctx};
 
-static int dropout_impl(const char *name, tensor_t *x, float p, nn_rng_t *rng, int64_t per,
-                        tensor_t **out)
+static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *rng, int64_t per,
+                        zd_tensor_t **out)
 {
-    const int64_t numel = tensor_numel(x);
+    const int64_t numel = zd_tensor_numel(x);
     const int64_t groups = per ? numel / per : 0;
-    tensor_t *y = tensor_empty(TENSOR_F32, tensor_ndim(x), tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
     dropout_ctx_t *ctx = malloc(sizeof *ctx + sizeof(float) * (size_t)groups);
     if (!y || !ctx) {
-        tensor_unref(y);
+        zd_tensor_unref(y);
         free(ctx);
-        return error_set("%s: out of memory", name);
+        return zd_error_set("%s: out of memory", name);
     }
     ctx->per = per;
     const float keep = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
     for (int64_t k = 0; k < groups; k++)
-        ctx->mask[k] = nn_rng_uniform(rng) < p ? 0.0f : keep;
-    const float *xd = tensor_data(x);
-    float *yd = tensor_data(y);
+        ctx->mask[k] = zd_nn_rng_uniform(rng) < p ? 0.0f : keep;
+    const float *xd = zd_tensor_data(x);
+    float *yd = zd_tensor_data(y);
     for (int64_t k = 0; k < groups; k++) {
         const float m = ctx->mask[k];
         for (int64_t i = k * per; i < (k + 1) * per; i++)
             yd[i] = xd[i] * m;
     }
-    if (nn_record(&dropout_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&dropout_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
 }
 
-static int dropout_check(const char *name, tensor_t *x, float p, bool training, nn_rng_t *rng)
+static int dropout_check(const char *name, zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng)
 {
-    if (nn_check_f32(name, x) < 0)
+    if (zd__nn_check_f32(name, x) < 0)
         return -1;
     if (!(p >= 0.0f && p <= 1.0f))
-        return error_set("%s: probability %g outside [0, 1]", name, (double)p);
+        return zd_error_set("%s: probability %g outside [0, 1]", name, (double)p);
     if (training && p > 0.0f && !rng)
-        return error_set("%s: training needs a random generator", name);
+        return zd_error_set("%s: training needs a random generator", name);
     return 0;
 }
 
-int nn_dropout(tensor_t *x, float p, bool training, nn_rng_t *rng, tensor_t **out)
+int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out)
 {
     *out = NULL;
     if (dropout_check("dropout", x, p, training, rng) < 0)
         return -1;
     if (!training || p == 0.0f) {
-        *out = tensor_ref(x);
+        *out = zd_tensor_ref(x);
         return 0;
     }
     return dropout_impl("dropout", x, p, rng, 1, out);
 }
 
-int nn_dropout2d(tensor_t *x, float p, bool training, nn_rng_t *rng, tensor_t **out)
+int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out)
 {
     *out = NULL;
     if (dropout_check("dropout2d", x, p, training, rng) < 0)
         return -1;
-    if (tensor_ndim(x) < 2) {
+    if (zd_tensor_ndim(x) < 2) {
         char sx[96];
-        return error_set("dropout2d: input %s needs (N, C, ...) dimensions",
-                         tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set("dropout2d: input %s needs (N, C, ...) dimensions",
+                         zd_tensor_shape_str(x, sx, sizeof sx));
     }
     if (!training || p == 0.0f) {
-        *out = tensor_ref(x);
+        *out = zd_tensor_ref(x);
         return 0;
     }
     int64_t per = 1;
-    for (int d = 2; d < tensor_ndim(x); d++)
-        per *= tensor_size(x, d);
+    for (int d = 2; d < zd_tensor_ndim(x); d++)
+        per *= zd_tensor_size(x, d);
     return dropout_impl("dropout2d", x, p, rng, per, out);
 }
 
 /* ---- flatten ---- */
 
-int nn_flatten(tensor_t *x, tensor_t **out)
+int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
 {
     *out = NULL;
     if (!x)
-        return error_set("flatten: input is NULL");
-    if (tensor_ndim(x) < 2) {
+        return zd_error_set("flatten: input is NULL");
+    if (zd_tensor_ndim(x) < 2) {
         char sx[96];
-        return error_set("flatten: input %s needs at least 2 dimensions",
-                         tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set("flatten: input %s needs at least 2 dimensions",
+                         zd_tensor_shape_str(x, sx, sizeof sx));
     }
     int64_t rest = 1;
-    for (int d = 1; d < tensor_ndim(x); d++)
-        rest *= tensor_size(x, d);
-    return tensor_reshape(x, 2, (int64_t[]){tensor_size(x, 0), rest}, out);
+    for (int d = 1; d < zd_tensor_ndim(x); d++)
+        rest *= zd_tensor_size(x, d);
+    return zd_tensor_reshape(x, 2, (int64_t[]){zd_tensor_size(x, 0), rest}, out);
 }

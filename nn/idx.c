@@ -8,8 +8,8 @@
 #include <sys/stat.h>
 #include <zlib.h>
 
-#include "autograd/error.h"
-#include "nn/idx.h"
+#include <zdist/error.h>
+#include <zdist/idx.h>
 
 #define IDX_MAX_DIMS 8
 #define CHUNK (1u << 20)
@@ -62,7 +62,7 @@ static int read_full(gzFile gz, const char *path, void *buf, size_t want, size_t
         int r = gzread(gz, (char *)buf + *got, (unsigned)n);
         if (r < 0) {
             const char *why = gz_problem(gz, path);
-            return error_set("idx: %s: %s", path, why ? why : "read error");
+            return zd_error_set("idx: %s: %s", path, why ? why : "read error");
         }
         if (r == 0)
             break;
@@ -70,7 +70,7 @@ static int read_full(gzFile gz, const char *path, void *buf, size_t want, size_t
     }
     const char *why = gz_problem(gz, path);
     if (why)
-        return error_set("idx: %s: %s", path, why);
+        return zd_error_set("idx: %s: %s", path, why);
     return 0;
 }
 
@@ -109,26 +109,26 @@ static int read_header(gzFile gz, const char *path, int *type, int *ndim, int64_
     if (read_full(gz, path, head, 4, &got) < 0)
         return -1;
     if (got < 4)
-        return error_set("idx: %s: truncated header: %zu bytes, an IDX file starts with 4",
+        return zd_error_set("idx: %s: truncated header: %zu bytes, an IDX file starts with 4",
                          path, got);
     if (head[0] != 0 || head[1] != 0)
-        return error_set("idx: %s: bad magic %02x %02x %02x %02x (an IDX file starts with "
+        return zd_error_set("idx: %s: bad magic %02x %02x %02x %02x (an IDX file starts with "
                          "00 00 <type> <ndims>)", path, head[0], head[1], head[2], head[3]);
     *type = head[2];
-    if (*type != IDX_TYPE_U8 && *type != IDX_TYPE_F32)
-        return error_set("idx: %s: element type 0x%02X (%s) not supported (only 0x08 uint8 "
+    if (*type != ZD_IDX_TYPE_U8 && *type != ZD_IDX_TYPE_F32)
+        return zd_error_set("idx: %s: element type 0x%02X (%s) not supported (only 0x08 uint8 "
                          "and 0x0D float32)", path, *type, type_name(*type));
     *ndim = head[3];
     if (*ndim < 1 || *ndim > IDX_MAX_DIMS)
-        return error_set("idx: %s: %d dimensions (1 to %d allowed)", path, *ndim,
+        return zd_error_set("idx: %s: %d dimensions (1 to %d allowed)", path, *ndim,
                          IDX_MAX_DIMS);
     size_t want = 4 * (size_t)*ndim;
     if (read_full(gz, path, raw, want, &got) < 0)
         return -1;
     if (got < want)
-        return error_set("idx: %s: truncated header: %d dimensions need %zu bytes after "
+        return zd_error_set("idx: %s: truncated header: %d dimensions need %zu bytes after "
                          "the magic, %zu present", path, *ndim, want, got);
-    size_t esize = *type == IDX_TYPE_U8 ? 1 : 4;
+    size_t esize = *type == ZD_IDX_TYPE_U8 ? 1 : 4;
     /* The product must fit tensors (which stop at INT64_MAX/16 elements)
        and size_t bytes. */
     uint64_t count = 1, limit = (uint64_t)INT64_MAX / 16;
@@ -145,7 +145,7 @@ static int read_header(gzFile gz, const char *path, int *type, int *ndim, int64_
     if (overflow) {
         char s[160];
         shape_text(*ndim, dims, s, sizeof s);
-        return error_set("idx: %s: dimensions %s overflow (too many elements)", path, s);
+        return zd_error_set("idx: %s: dimensions %s overflow (too many elements)", path, s);
     }
     *data_bytes = (size_t)count * esize;
     return 0;
@@ -160,14 +160,14 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     size_t cap = bytes < CHUNK ? bytes : CHUNK, have = 0;
     unsigned char *buf = malloc(cap ? cap : 1);
     if (!buf)
-        return error_set("idx: %s: out of memory", path);
+        return zd_error_set("idx: %s: out of memory", path);
     while (have < bytes) {
         if (have == cap) {
             size_t ncap = cap > bytes / 2 ? bytes : cap * 2;
             unsigned char *nb = realloc(buf, ncap);
             if (!nb) {
                 free(buf);
-                return error_set("idx: %s: out of memory for %zu bytes", path, ncap);
+                return zd_error_set("idx: %s: out of memory for %zu bytes", path, ncap);
             }
             buf = nb;
             cap = ncap;
@@ -183,7 +183,7 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     }
     if (have < bytes) {
         free(buf);
-        return error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "
+        return zd_error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "
                          "only %zu present", path, what, bytes, have);
     }
     unsigned char extra;
@@ -194,7 +194,7 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     }
     if (got) {
         free(buf);
-        return error_set("idx: %s: trailing bytes after the %zu data bytes the header "
+        return zd_error_set("idx: %s: trailing bytes after the %zu data bytes the header "
                          "announces (%s): the dimensions disagree with the file length",
                          path, bytes, what);
     }
@@ -202,15 +202,15 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     return 0;
 }
 
-static tensor_t *make_tensor(int type, int ndim, const int64_t *dims, const unsigned char *buf)
+static zd_tensor_t *make_tensor(int type, int ndim, const int64_t *dims, const unsigned char *buf)
 {
-    if (type == IDX_TYPE_U8)
-        return tensor_from_data(TENSOR_U8, ndim, dims, buf);
-    tensor_t *t = tensor_empty(TENSOR_F32, ndim, dims);
+    if (type == ZD_IDX_TYPE_U8)
+        return zd_tensor_from_data(ZD_UINT8, ndim, dims, buf);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, dims);
     if (!t)
         return NULL;
-    float *d = tensor_data(t);
-    int64_t n = tensor_numel(t);
+    float *d = zd_tensor_data(t);
+    int64_t n = zd_tensor_numel(t);
     for (int64_t i = 0; i < n; i++) {
         uint32_t u = be32(buf + 4 * i);
         memcpy(&d[i], &u, 4);
@@ -218,17 +218,17 @@ static tensor_t *make_tensor(int type, int ndim, const int64_t *dims, const unsi
     return t;
 }
 
-int idx_load(const char *path, tensor_t **out)
+int zd_idx_load(const char *path, zd_tensor_t **out)
 {
     *out = NULL;
     struct stat st;
     if (stat(path, &st) < 0)
-        return error_set("idx: %s: cannot open: %s", path, strerror(errno));
+        return zd_error_set("idx: %s: cannot open: %s", path, strerror(errno));
     if (S_ISDIR(st.st_mode))
-        return error_set("idx: %s: is a directory, not an IDX file", path);
+        return zd_error_set("idx: %s: is a directory, not an IDX file", path);
     gzFile gz = gzopen(path, "rb");
     if (!gz)
-        return error_set("idx: %s: cannot open: %s", path,
+        return zd_error_set("idx: %s: cannot open: %s", path,
                          errno ? strerror(errno) : "out of memory");
     gzbuffer(gz, 1 << 17);
 
@@ -242,17 +242,17 @@ int idx_load(const char *path, tensor_t **out)
     }
     char what[200];
     shape_text(ndim, dims, what, sizeof what - 16);
-    strcat(what, type == IDX_TYPE_U8 ? " uint8" : " float32");
+    strcat(what, type == ZD_IDX_TYPE_U8 ? " uint8" : " float32");
     /* A plain file's length is known up front: say exactly how it differs. */
     size_t header = 4 + 4 * (size_t)ndim;
     if (S_ISREG(st.st_mode) && gzdirect(gz)
         && (uint64_t)st.st_size != header + (uint64_t)bytes) {
         gzclose(gz);
         if ((uint64_t)st.st_size < header + (uint64_t)bytes)
-            return error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "
+            return zd_error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "
                              "only %llu present", path, what, bytes,
                              (unsigned long long)(st.st_size - (off_t)header));
-        return error_set("idx: %s: %llu trailing bytes after the %zu data bytes the header "
+        return zd_error_set("idx: %s: %llu trailing bytes after the %zu data bytes the header "
                          "announces (%s): the dimensions disagree with the file length",
                          path, (unsigned long long)((uint64_t)st.st_size - header - bytes),
                          bytes, what);
@@ -264,39 +264,39 @@ int idx_load(const char *path, tensor_t **out)
     *out = make_tensor(type, ndim, dims, buf);
     free(buf);
     if (!*out)
-        return error_wrap("idx: %s", path);
+        return zd_error_wrap("idx: %s", path);
     return 0;
 }
 
-int idx_save(const char *path, const tensor_t *t)
+int zd_idx_save(const char *path, const zd_tensor_t *t)
 {
-    tensor_dtype_t dt = tensor_dtype(t);
-    if (dt != TENSOR_U8 && dt != TENSOR_F32)
-        return error_set("idx: %s: cannot write %s tensors (uint8 and float32 only)", path,
-                         tensor_dtype_name(dt));
-    int ndim = tensor_ndim(t);
+    zd_tensor_dtype_t dt = zd_tensor_dtype(t);
+    if (dt != ZD_UINT8 && dt != ZD_FLOAT32)
+        return zd_error_set("idx: %s: cannot write %s tensors (uint8 and float32 only)", path,
+                         zd_tensor_dtype_name(dt));
+    int ndim = zd_tensor_ndim(t);
     if (ndim < 1 || ndim > IDX_MAX_DIMS)
-        return error_set("idx: %s: cannot write a %d-dimensional tensor (1 to %d)", path,
+        return zd_error_set("idx: %s: cannot write a %d-dimensional tensor (1 to %d)", path,
                          ndim, IDX_MAX_DIMS);
-    unsigned char head[4 + 4 * IDX_MAX_DIMS] = { 0, 0, dt == TENSOR_U8 ? IDX_TYPE_U8
-                                                                        : IDX_TYPE_F32,
+    unsigned char head[4 + 4 * IDX_MAX_DIMS] = { 0, 0, dt == ZD_UINT8 ? ZD_IDX_TYPE_U8
+                                                                        : ZD_IDX_TYPE_F32,
                                                  (unsigned char)ndim };
     for (int i = 0; i < ndim; i++) {
-        if (tensor_size(t, i) > UINT32_MAX)
-            return error_set("idx: %s: dimension %d is %lld, more than an IDX u32 holds",
-                             path, i, (long long)tensor_size(t, i));
-        put_be32(head + 4 + 4 * i, (uint32_t)tensor_size(t, i));
+        if (zd_tensor_size(t, i) > UINT32_MAX)
+            return zd_error_set("idx: %s: dimension %d is %lld, more than an IDX u32 holds",
+                             path, i, (long long)zd_tensor_size(t, i));
+        put_be32(head + 4 + 4 * i, (uint32_t)zd_tensor_size(t, i));
     }
     size_t len = strlen(path);
     bool gzip = len > 3 && strcmp(path + len - 3, ".gz") == 0;
     gzFile gz = gzopen(path, gzip ? "wb6" : "wbT");
     if (!gz)
-        return error_set("idx: %s: cannot create: %s", path,
+        return zd_error_set("idx: %s: cannot create: %s", path,
                          errno ? strerror(errno) : "out of memory");
     bool ok = gzwrite(gz, head, 4 + 4 * (unsigned)ndim) == (int)(4 + 4 * ndim);
-    if (dt == TENSOR_U8) {
-        const unsigned char *p = tensor_raw(t);
-        size_t left = tensor_nbytes(t);
+    if (dt == ZD_UINT8) {
+        const unsigned char *p = zd_tensor_raw(t);
+        size_t left = zd_tensor_nbytes(t);
         while (ok && left) {
             unsigned n = left > CHUNK ? CHUNK : (unsigned)left;
             ok = gzwrite(gz, p, n) == (int)n;
@@ -305,8 +305,8 @@ int idx_save(const char *path, const tensor_t *t)
         }
     } else {
         unsigned char buf[4096];
-        const float *d = tensor_data(t);
-        int64_t n = tensor_numel(t);
+        const float *d = zd_tensor_data(t);
+        int64_t n = zd_tensor_numel(t);
         for (int64_t i = 0; ok && i < n;) {
             unsigned k = 0;
             for (; k < sizeof buf / 4 && i < n; k++, i++) {
@@ -325,14 +325,14 @@ int idx_save(const char *path, const tensor_t *t)
         snprintf(saved, sizeof saved, "%s", errno ? strerror(errno) : "close failed");
     }
     if (!ok)
-        return error_set("idx: %s: cannot write: %s", path, saved);
+        return zd_error_set("idx: %s: cannot write: %s", path, saved);
     return 0;
 }
 
-int idx_save_f32(const char *path, const tensor_t *t)
+int zd_idx_save_f32(const char *path, const zd_tensor_t *t)
 {
-    if (tensor_dtype(t) != TENSOR_F32)
-        return error_set("idx: %s: idx_save_f32 got a %s tensor", path,
-                         tensor_dtype_name(tensor_dtype(t)));
-    return idx_save(path, t);
+    if (zd_tensor_dtype(t) != ZD_FLOAT32)
+        return zd_error_set("idx: %s: zd_idx_save_f32 got a %s tensor", path,
+                         zd_tensor_dtype_name(zd_tensor_dtype(t)));
+    return zd_idx_save(path, t);
 }

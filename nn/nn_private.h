@@ -5,28 +5,28 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/function.h"
-#include "autograd/tensor.h"
+#include <zdist/function.h>
+#include <zdist/tensor.h>
 
-/*  Fails (error_set) unless t is a non-NULL float32 tensor; `what` names
+/*  Fails (zd_error_set) unless t is a non-NULL float32 tensor; `what` names
     the argument in the message ("conv2d: weight"). */
-int nn_check_f32(const char *what, const tensor_t *t);
+int zd__nn_check_f32(const char *what, const zd_tensor_t *t);
 
 /*  Fails unless t has exactly ndim dimensions. */
-int nn_check_ndim(const char *what, const tensor_t *t, int ndim);
+int zd__nn_check_ndim(const char *what, const zd_tensor_t *t, int ndim);
 
-/*  autograd_record (autograd/function.h) with up to three saved tensors
+/*  zd_autograd_record (autograd/function.h) with up to three saved tensors
     (NULL slots are skipped); the op's own output may be one of them. */
-int nn_record(const autograd_node_ops_t *ops, int n_in, tensor_t *const *in, tensor_t *y,
-              tensor_t *s0, tensor_t *s1, tensor_t *s2, void *ctx);
+int zd__nn_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+              zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx);
 
 /*  Release function for nodes whose ctx is one malloc'ed block. */
-void nn_free_ctx(autograd_node_t *n);
+void zd__nn_free_ctx(zd_autograd_node_t *n);
 
 /*  Row-major C = alpha * op(A) op(B) + beta * C (op = transpose when the
     flag is set), M x N result, K inner. Small products run in plain loops:
     for them OpenBLAS's call and thread hand-off cost more than the math. */
-void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
+void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
               int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
 /*  ---- parallel chunks (parallel.c) ---- */
@@ -38,7 +38,7 @@ void nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, cons
     floats at multiples of 16 from it never straddle cache lines (a
     straddling load or store costs two). Free with free(); NULL when out of
     memory. */
-float *nn_alloc_floats(size_t n);
+float *zd__nn_alloc_floats(size_t n);
 
 /*  Work on chunk `chunk`; `scratch` holds the scratch_floats floats asked
     for (private to this call, contents undefined, 64-byte aligned), or is
@@ -48,19 +48,19 @@ typedef void (nn_chunk_fn)(void *arg, int chunk, float *scratch);
 /*  How many threads the pool has (OpenBLAS's thread count, so
     OPENBLAS_NUM_THREADS sets both): split heavy work into this many
     chunks, light work into one. */
-int nn_parallel_chunks(void);
+int zd__nn_parallel_chunks(void);
 
 /*  Runs fn(arg, c, scratch) for every c in [0, n_chunks), on the pool's
     threads when it is free (OpenBLAS single-threaded meanwhile), else one
     after the other on the calling thread. Returns when all chunks have run:
-    0, or -1 (error_set) when scratch memory ran out (then no chunk ran). */
-int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg);
+    0, or -1 (zd_error_set) when scratch memory ran out (then no chunk ran). */
+int zd__nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg);
 
 /*  Chunks for elementwise work over n elements: below 64K elements one
     (waking the pool costs more than it saves), else one per thread. */
 static inline int nn_elem_chunks(int64_t n)
 {
-    return n >= (1 << 16) ? nn_parallel_chunks() : 1;
+    return n >= (1 << 16) ? zd__nn_parallel_chunks() : 1;
 }
 
 /*  [*lo, *hi): chunk c of n_chunks over n items, contiguous and balanced. */
@@ -81,11 +81,11 @@ typedef struct {
 
 /*  Unfolds one sample x (C,H,W) into col (C*kh*kw rows, Ho*Wo columns),
     zeros where a patch covers padding. */
-void nn_im2col(const nn_conv_geom_t *g, const float *x, float *col);
+void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col);
 
 /*  dx (C,H,W) += the fold of dcol (the shape im2col makes): each column's
     entries go back to the input pixels they came from. */
-void nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
+void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
 
 /*  ---- stride-1 convolution GEMMs over shifted planes (conv_direct.c) ----
     "Taps" are K offsets into a source buffer: tap k reads the run
@@ -95,28 +95,28 @@ void nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
 
 /*  True when the kernels below are the fast (AVX-512) ones; otherwise they
     are plain loops, correct but slower than im2col + BLAS. */
-bool nn_conv_direct_available(void);
+bool zd__nn_conv_direct_available(void);
 
 /*  Whether stride-1 convolutions and the backward pass of large linear
     layers may use these kernels (the default, when they are the fast ones)
     or must keep to im2col and BLAS: for tests and benchmarks comparing the
     two. Layers read it when they start. */
-void nn_use_taps(bool on);
-bool nn_taps_enabled(void);
+void zd__nn_use_taps(bool on);
+bool zd__nn_taps_enabled(void);
 
-/*  Floats nn_taps_pack writes for an M x K matrix. */
-size_t nn_taps_packed_floats(int M, int K);
+/*  Floats zd__nn_taps_pack writes for an M x K matrix. */
+size_t zd__nn_taps_packed_floats(int M, int K);
 
-/*  Packs an M x K matrix for nn_taps_gemm (panels of 8 rows, zero rows
+/*  Packs an M x K matrix for zd__nn_taps_gemm (panels of 8 rows, zero rows
     past M, each stored k-major): element (m, k) is a[m*m_stride + k], or
     a[m*m_stride + k_offs[k]] when k_offs is non-NULL. */
-void nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
+void zd__nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
                   float *packed);
 
 /*  c[m][q] = bias[m] (0 without bias) + sum_k a[m][k] * src[offs[k] + q],
-    m < M, q < L (row stride ldc); a is packed by nn_taps_pack. Reads only
+    m < M, q < L (row stride ldc); a is packed by zd__nn_taps_pack. Reads only
     src[offs[k] .. offs[k] + L). */
-void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
+void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
                   int L, const float *bias, float *c, int ldc);
 
 /*  c[k][n] += sum_q src[offs[k] + q] * b[q*ldb + n], k < K, n < N (row
@@ -124,12 +124,12 @@ void nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const 
     convolution's good output columns; nrun 1 for a plain run of `run`):
     the weight gradient's product, with b the output gradient transposed
     (positions x channels). */
-void nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
                      int N, int nrun, int run, int stride, float *c, int ldc);
 
 /*  dst[c][r] = src[r][c] for r < rows, c < cols (row strides lds, ldd),
     in 16 x 16 tiles. */
-void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd);
+void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd);
 
 /*  ---- max pooling of one plane (pool.c) ---- */
 
@@ -137,16 +137,16 @@ void nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int
     s (floor mode) into y (Ho x Wo), Ho = (H-k)/s+1, Wo = (W-k)/s+1,
     writing to argmax each winner's index row*idx_ld + column (the first
     maximum; NaN wins). */
-void nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
+void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
                    int32_t *argmax);
 
-/*  Fails (error_set, naming op) unless kernel and stride are >= 1 and a
+/*  Fails (zd_error_set, naming op) unless kernel and stride are >= 1 and a
     window fits in x's (N,C,H,W) planes. */
-int nn_pool_check(const char *op, const tensor_t *x, int kernel, int stride);
+int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stride);
 
 /*  dx (H x W, any contents) = the gradient of pooling: dy (Ho x Wo) sent to
     the argmax of each window, zero elsewhere. */
-void nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
+void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
                             float *dx);
 
 #endif

@@ -21,7 +21,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
+#include <zdist/nn.h>
 #include "nn/nn_private.h"
 
 /*  How long an idle helper polls for the next job before sleeping: jobs of
@@ -152,14 +153,14 @@ static void ensure_pool(void)
     pthread_mutex_unlock(&init_lock);
 }
 
-int nn_set_num_threads(int n)
+int zd_nn_set_num_threads(int n)
 {
     if (n < 1 || n > NN_MAX_THREADS)
-        return error_set("nn_set_num_threads: %d threads (1 to %d)", n, NN_MAX_THREADS);
+        return zd_error_set("zd_nn_set_num_threads: %d threads (1 to %d)", n, NN_MAX_THREADS);
     pthread_mutex_lock(&init_lock);
     int rc = 0;
     if (atomic_load(&pool.ready) && pool.n != n)
-        rc = error_set("nn_set_num_threads: the layers already run on %d threads; set the "
+        rc = zd_error_set("zd_nn_set_num_threads: the layers already run on %d threads; set the "
                        "number before the first layer runs", pool.n);
     else
         openblas_set_num_threads(n);   /* pool_init sizes the pool from it */
@@ -167,18 +168,18 @@ int nn_set_num_threads(int n)
     return rc;
 }
 
-int nn_get_num_threads(void)
+int zd_nn_get_num_threads(void)
 {
     return atomic_load(&pool.ready) ? pool.n : openblas_get_num_threads();
 }
 
-int nn_parallel_chunks(void)
+int zd__nn_parallel_chunks(void)
 {
     ensure_pool();
     return pool.n;
 }
 
-float *nn_alloc_floats(size_t n)
+float *zd__nn_alloc_floats(size_t n)
 {
     void *p = NULL;
     if (posix_memalign(&p, 64, sizeof(float) * (n ? n : 1)) != 0)
@@ -190,8 +191,8 @@ float *nn_alloc_floats(size_t n)
 static int run_serial(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
 {
     float *scratch = NULL;
-    if (scratch_floats && !(scratch = nn_alloc_floats(scratch_floats)))
-        return error_set("out of memory for %zu floats of scratch", scratch_floats);
+    if (scratch_floats && !(scratch = zd__nn_alloc_floats(scratch_floats)))
+        return zd_error_set("out of memory for %zu floats of scratch", scratch_floats);
     for (int c = 0; c < n_chunks; c++)
         fn(arg, c, scratch);
     free(scratch);
@@ -203,9 +204,9 @@ static int grow_scratch(int slots, size_t floats)
     for (int i = 0; i < slots; i++) {
         if (pool.scratch_cap[i] >= floats)
             continue;
-        float *p = nn_alloc_floats(floats);     /* contents need not survive */
+        float *p = zd__nn_alloc_floats(floats);     /* contents need not survive */
         if (!p)
-            return error_set("out of memory for %zu floats of scratch", floats);
+            return zd_error_set("out of memory for %zu floats of scratch", floats);
         free(pool.scratch[i]);
         pool.scratch[i] = p;
         pool.scratch_cap[i] = floats;
@@ -213,7 +214,7 @@ static int grow_scratch(int slots, size_t floats)
     return 0;
 }
 
-int nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
+int zd__nn_parallel_run(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void *arg)
 {
     ensure_pool();
     if (n_chunks <= 1 || pool.n == 1 || atomic_flag_test_and_set(&pool.busy))

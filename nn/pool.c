@@ -6,9 +6,9 @@
 #include <immintrin.h>
 #endif
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/nn.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/nn.h>
 #include "nn/nn_private.h"
 
 #ifdef __AVX512F__
@@ -86,7 +86,7 @@ static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
 }
 #endif
 
-void nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
+void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
                    int32_t *argmax)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
@@ -117,7 +117,7 @@ void nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int 
     }
 }
 
-void nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
+void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
                             float *dx)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
@@ -153,7 +153,7 @@ static void pool_chunk(void *arg, int c, float *scratch)
     int64_t lo, hi;
     nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
     for (int64_t p = lo; p < hi; p++)
-        nn_pool_plane(j->in + p * H * W, H, W, W, W, k, s, j->out + p * per,
+        zd__nn_pool_plane(j->in + p * H * W, H, W, W, W, k, s, j->out + p * per,
                       j->argmax + p * per);
 }
 
@@ -167,69 +167,69 @@ static void pool_backward_chunk(void *arg, int c, float *scratch)
     int64_t lo, hi;
     nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
     for (int64_t p = lo; p < hi; p++)
-        nn_pool_plane_backward(j->in + p * per, ctx->argmax + p * per, H, W, k, s,
+        zd__nn_pool_plane_backward(j->in + p * per, ctx->argmax + p * per, H, W, k, s,
                                j->out + p * H * W);
 }
 
-static int pool_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int pool_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    const pool_ctx_t *ctx = autograd_node_ctx(n);
-    if (!(gin[0] = tensor_empty(TENSOR_F32, 4, ctx->shape)))
+    const pool_ctx_t *ctx = zd_autograd_node_ctx(n);
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, 4, ctx->shape)))
         return -1;
     pool_job_t job = {.ctx = ctx, .planes = ctx->shape[0] * ctx->shape[1],
-                      .in = tensor_data(gout[0]), .out = tensor_data(gin[0])};
-    job.n_chunks = nn_elem_chunks(tensor_numel(gin[0]));
-    return nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
+                      .in = zd_tensor_data(gout[0]), .out = zd_tensor_data(gin[0])};
+    job.n_chunks = nn_elem_chunks(zd_tensor_numel(gin[0]));
+    return zd__nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
 }
 
-static const autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward, nn_free_ctx};
+static const zd_autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward, zd__nn_free_ctx};
 
-int nn_pool_check(const char *op, const tensor_t *x, int kernel, int stride)
+int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stride)
 {
     char sx[96];
     if (kernel < 1 || stride < 1)
-        return error_set("%s: kernel %d and stride %d must be >= 1", op, kernel, stride);
-    if (tensor_size(x, 2) < kernel || tensor_size(x, 3) < kernel)
-        return error_set("%s: kernel %d larger than input %s", op, kernel,
-                         tensor_shape_str(x, sx, sizeof sx));
-    if (tensor_size(x, 2) * tensor_size(x, 3) > INT32_MAX)
-        return error_set("%s: input planes of %s too large", op,
-                         tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set("%s: kernel %d and stride %d must be >= 1", op, kernel, stride);
+    if (zd_tensor_size(x, 2) < kernel || zd_tensor_size(x, 3) < kernel)
+        return zd_error_set("%s: kernel %d larger than input %s", op, kernel,
+                         zd_tensor_shape_str(x, sx, sizeof sx));
+    if (zd_tensor_size(x, 2) * zd_tensor_size(x, 3) > INT32_MAX)
+        return zd_error_set("%s: input planes of %s too large", op,
+                         zd_tensor_shape_str(x, sx, sizeof sx));
     return 0;
 }
 
-int nn_max_pool2d(tensor_t *x, int kernel, int stride, tensor_t **out)
+int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
 {
     *out = NULL;
-    if (nn_check_f32("max_pool2d: input", x) < 0 ||
-        nn_check_ndim("max_pool2d: input", x, 4) < 0)
+    if (zd__nn_check_f32("max_pool2d: input", x) < 0 ||
+        zd__nn_check_ndim("max_pool2d: input", x, 4) < 0)
         return -1;
     if (stride == 0)
         stride = kernel;
-    if (nn_pool_check("max_pool2d", x, kernel, stride) < 0)
+    if (zd__nn_pool_check("max_pool2d", x, kernel, stride) < 0)
         return -1;
-    const int64_t *s = tensor_shape(x);
+    const int64_t *s = zd_tensor_shape(x);
     const int64_t Ho = (s[2] - kernel) / stride + 1, Wo = (s[3] - kernel) / stride + 1;
     const int64_t planes = s[0] * s[1], per = Ho * Wo;
-    tensor_t *y = tensor_empty(TENSOR_F32, 4, (int64_t[]){s[0], s[1], Ho, Wo});
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){s[0], s[1], Ho, Wo});
     pool_ctx_t *ctx = malloc(sizeof *ctx + sizeof(int32_t) * (size_t)(planes * per));
     if (!y || !ctx) {
-        tensor_unref(y);
+        zd_tensor_unref(y);
         free(ctx);
-        return error_set("max_pool2d: out of memory");
+        return zd_error_set("max_pool2d: out of memory");
     }
     memcpy(ctx->shape, s, sizeof ctx->shape);
     ctx->kernel = kernel;
     ctx->stride = stride;
-    pool_job_t job = {.ctx = ctx, .planes = planes, .in = tensor_data(x),
-                      .out = tensor_data(y), .argmax = ctx->argmax};
-    job.n_chunks = nn_elem_chunks(tensor_numel(x));
-    if (nn_parallel_run(job.n_chunks, 0, pool_chunk, &job) < 0) {
-        tensor_unref(y);
+    pool_job_t job = {.ctx = ctx, .planes = planes, .in = zd_tensor_data(x),
+                      .out = zd_tensor_data(y), .argmax = ctx->argmax};
+    job.n_chunks = nn_elem_chunks(zd_tensor_numel(x));
+    if (zd__nn_parallel_run(job.n_chunks, 0, pool_chunk, &job) < 0) {
+        zd_tensor_unref(y);
         free(ctx);
         return -1;
     }
-    if (nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;

@@ -26,7 +26,7 @@
 #include <immintrin.h>
 #endif
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "nn/nn_private.h"
 #include "nn/winograd.h"
 
@@ -369,7 +369,7 @@ static void chunk_run(void *arg, int chunk, float *scratch)
     for (int c = 0; c < p->C; c++)
         input_transform(p, xs + c * plane, stage, v + (size_t)c * 16 * T, T);
     for (int xi = 0; xi < 16; xi++)
-        nn_sgemm(true, false, p->O, (int)T, p->C, 1.0f, j->u + (size_t)xi * p->O * p->C, p->O,
+        zd__nn_sgemm(true, false, p->O, (int)T, p->C, 1.0f, j->u + (size_t)xi * p->O * p->C, p->O,
                  v + xi * T, (int)(16 * T), 0.0f, m + xi * T, (int)(16 * T));
     float *ys = j->y ? j->y + (size_t)s * p->O * out_plane : out_buf;
     for (int o = 0; o < p->O; o++)
@@ -385,11 +385,11 @@ static void chunk_run(void *arg, int chunk, float *scratch)
 static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_plan_t *p)
 {
     if (N < 0 || C < 1 || O < 1 || H < 1 || W < 1 || pad < 0 || pad > 2)
-        return error_set("%s: bad geometry N=%d C=%d H=%d W=%d O=%d padding=%d (padding 0 to "
+        return zd_error_set("%s: bad geometry N=%d C=%d H=%d W=%d O=%d padding=%d (padding 0 to "
                          "2, the rest >= 1)", op, N, C, H, W, O, pad);
     int64_t Ho = (int64_t)H + 2 * pad - 2, Wo = (int64_t)W + 2 * pad - 2;
     if (Ho < 1 || Wo < 1)
-        return error_set("%s: a 3x3 kernel does not fit the %dx%d input with padding %d", op,
+        return zd_error_set("%s: a 3x3 kernel does not fit the %dx%d input with padding %d", op,
                          H, W, pad);
     int64_t th = (Ho + 1) / 2, tw = (Wo + 1) / 2;
 #ifdef __AVX512F__
@@ -400,7 +400,7 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
     /* the largest sizes: one sample's V and M, and a sample of x or y */
     if (th * tw * 16 * ((int64_t)C + O) > INT32_MAX || hp * ldp > INT32_MAX ||
         (int64_t)H * W * C > INT32_MAX || Ho * Wo * O > INT32_MAX)
-        return error_set("%s: N=%d C=%d H=%d W=%d O=%d too large", op, N, C, H, W, O);
+        return zd_error_set("%s: N=%d C=%d H=%d W=%d O=%d too large", op, N, C, H, W, O);
     *p = (wg_plan_t){
         .N = N, .C = C, .H = H, .W = W, .O = O, .pad = pad,
         .Ho = (int)Ho, .Wo = (int)Wo, .th = (int)th, .tw = (int)tw, .tiles = (int)(th * tw),
@@ -415,17 +415,17 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
         return 0;
     float *u = malloc(sizeof(float) * 16 * (size_t)p->O * p->C);
     if (!u)
-        return error_set("%s: out of memory", op);
+        return zd_error_set("%s: out of memory", op);
     transform_filters(w, p->O, p->C, flip, u);
     job->p = p;
     job->u = u;
-    int rc = nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y),
+    int rc = zd__nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y),
                              chunk_run, job);
     free(u);
-    return rc < 0 ? error_wrap(op) : 0;
+    return rc < 0 ? zd_error_wrap(op) : 0;
 }
 
-bool nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
+bool zd__nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
                          int dilation, bool input_grad)
 {
     if (kh != 3 || kw != 3 || stride != 1 || dilation != 1 || (padding != 0 && padding != 1))
@@ -438,30 +438,30 @@ bool nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride,
     return C >= 16 && O >= 32 && Ho * Wo >= 64;
 }
 
-int nn_winograd_forward(const float *x, int N, int C, int H, int W, const float *w, int O,
+int zd__nn_winograd_forward(const float *x, int N, int C, int H, int W, const float *w, int O,
                         const float *bias, int padding, float *y,
                         nn_winograd_epilogue_fn *epilogue, void *arg)
 {
     const char *op = "winograd forward";
     wg_plan_t p;
     if (!x || !w || (!y && !epilogue))
-        return error_set("%s: x, w, and y or an epilogue, are needed", op);
+        return zd_error_set("%s: x, w, and y or an epilogue, are needed", op);
     if (plan(op, N, C, H, W, O, padding, &p) < 0)
         return -1;
     wg_job_t job = {.x = x, .bias = bias, .y = y, .epilogue = epilogue, .arg = arg};
     return run(op, &p, w, false, &job);
 }
 
-int nn_winograd_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
+int zd__nn_winograd_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
                                int C, int padding, float *dx, nn_winograd_prologue_fn *prologue,
                                void *arg)
 {
     const char *op = "winograd input gradient";
     wg_plan_t p;
     if ((!dy && !prologue) || !w || !dx)
-        return error_set("%s: dy or a prologue, w and dx are needed", op);
+        return zd_error_set("%s: dy or a prologue, w and dx are needed", op);
     if (padding < 0 || padding > 2)
-        return error_set("%s: padding %d (0 to 2)", op, padding);
+        return zd_error_set("%s: padding %d (0 to 2)", op, padding);
     /* dx = dy padded by 2 - padding, correlated with the turned filters */
     if (plan(op, N, O, Ho, Wo, C, 2 - padding, &p) < 0)
         return -1;

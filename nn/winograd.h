@@ -1,5 +1,5 @@
 /*  winograd.h: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3)
-    (private to nn/; conv.c calls it for the geometries nn_winograd_applies
+    (private to nn/; conv.c calls it for the geometries zd__nn_winograd_applies
     accepts).
 
     Each 2x2 block of outputs comes from a 4x4 input tile (tiles overlap by
@@ -17,7 +17,7 @@
     degrees and their C and O swapped), so it runs on the same code.
 
     Both entry points split the batch over the pool's threads, one sample
-    per chunk (nn_parallel_run, parallel.c): a sample's result does not
+    per chunk (zd__nn_parallel_run, parallel.c): a sample's result does not
     depend on the batch, the thread count or the thread. Their scratch is
     the pool's, reused from call to call (about 1 MB per thread for the
     Net's conv2). */
@@ -28,7 +28,7 @@
 
 /*  True when the convolution (C input and O output channels, H x W input
     planes) is one these functions compute (kernel 3x3, stride 1, dilation
-    1, padding 0 or 1) and where they beat nn_conv2d's own paths (measured
+    1, padding 0 or 1) and where they beat zd_nn_conv2d's own paths (measured
     with bench_winograd --shape on this 2-core AVX-512 machine):
     - the forward pass (input_grad false) with C >= 16, O >= 32 and an
       output of at least 8x8: with fewer channels the 16 GEMMs are too thin,
@@ -36,7 +36,7 @@
       (the Net's conv1, C = 1, stays where it is; its conv2 qualifies);
     - the input gradient (input_grad true) with C >= 4 and O >= 4: it won
       on every such shape tried, 1.1x (8 -> 8 channels) to 2.3x. */
-bool nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
+bool zd__nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
                          int dilation, bool input_grad);
 
 /*  Called once per sample n as soon as that sample's raw convolution output
@@ -61,9 +61,9 @@ typedef const float *(nn_winograd_prologue_fn)(void *arg, int n, float *buf);
     output, arg passed through; y may be NULL if an epilogue is given: each
     sample's output then lives in scratch only for the epilogue's call.
     Runs the batch on the pool's threads; called from inside a pool chunk,
-    it runs serially. Returns 0, or -1 (error_set) for sizes out of range
+    it runs serially. Returns 0, or -1 (zd_error_set) for sizes out of range
     or out of memory (then y's contents are undefined). */
-int nn_winograd_forward(const float *x, int N, int C, int H, int W, const float *w, int O,
+int zd__nn_winograd_forward(const float *x, int N, int C, int H, int W, const float *w, int O,
                         const float *bias, int padding, float *y,
                         nn_winograd_epilogue_fn *epilogue, void *arg);
 
@@ -73,7 +73,7 @@ int nn_winograd_forward(const float *x, int N, int C, int H, int W, const float 
     W = Wo + 2 - 2*padding (padding 0, 1 or 2, the forward pass's). dy may
     be NULL if a prologue is given (then it supplies each sample's dy, arg
     passed through). Threads and errors as for the forward pass. */
-int nn_winograd_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
+int zd__nn_winograd_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
                                int C, int padding, float *dx, nn_winograd_prologue_fn *prologue,
                                void *arg);
 

@@ -7,13 +7,13 @@
 #include <string.h>
 #include <strings.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "optim/optim_private.h"
 
-#define K_SGD (1u << OPTIM_SGD)
-#define K_ADAM (1u << OPTIM_ADAM | 1u << OPTIM_ADAMW)
-#define K_ADAGRAD (1u << OPTIM_ADAGRAD)
-#define K_RMSPROP (1u << OPTIM_RMSPROP)
+#define K_SGD (1u << ZD_OPTIM_SGD)
+#define K_ADAM (1u << ZD_OPTIM_ADAM | 1u << ZD_OPTIM_ADAMW)
+#define K_ADAGRAD (1u << ZD_OPTIM_ADAGRAD)
+#define K_RMSPROP (1u << ZD_OPTIM_RMSPROP)
 #define K_ALL (K_SGD | K_ADAM | K_ADAGRAD | K_RMSPROP)
 
 /*  Every field with the kinds that read it, in the order the text form
@@ -24,63 +24,63 @@ static const struct {
     bool is_bool;
     unsigned kinds;
 } fields[] = {
-    { "lr", offsetof(optim_config_t, lr), false, K_ALL },
-    { "alpha", offsetof(optim_config_t, alpha), false, K_RMSPROP },
-    { "beta1", offsetof(optim_config_t, beta1), false, K_ADAM },
-    { "beta2", offsetof(optim_config_t, beta2), false, K_ADAM },
-    { "lr_decay", offsetof(optim_config_t, lr_decay), false, K_ADAGRAD },
-    { "momentum", offsetof(optim_config_t, momentum), false, K_SGD | K_RMSPROP },
-    { "dampening", offsetof(optim_config_t, dampening), false, K_SGD },
-    { "eps", offsetof(optim_config_t, eps), false, K_ADAM | K_ADAGRAD | K_RMSPROP },
-    { "weight_decay", offsetof(optim_config_t, weight_decay), false, K_ALL },
-    { "initial_accumulator_value", offsetof(optim_config_t, initial_accumulator_value), false,
+    { "lr", offsetof(zd_optim_config_t, lr), false, K_ALL },
+    { "alpha", offsetof(zd_optim_config_t, alpha), false, K_RMSPROP },
+    { "beta1", offsetof(zd_optim_config_t, beta1), false, K_ADAM },
+    { "beta2", offsetof(zd_optim_config_t, beta2), false, K_ADAM },
+    { "lr_decay", offsetof(zd_optim_config_t, lr_decay), false, K_ADAGRAD },
+    { "momentum", offsetof(zd_optim_config_t, momentum), false, K_SGD | K_RMSPROP },
+    { "dampening", offsetof(zd_optim_config_t, dampening), false, K_SGD },
+    { "eps", offsetof(zd_optim_config_t, eps), false, K_ADAM | K_ADAGRAD | K_RMSPROP },
+    { "weight_decay", offsetof(zd_optim_config_t, weight_decay), false, K_ALL },
+    { "initial_accumulator_value", offsetof(zd_optim_config_t, initial_accumulator_value), false,
       K_ADAGRAD },
-    { "nesterov", offsetof(optim_config_t, nesterov), true, K_SGD },
-    { "amsgrad", offsetof(optim_config_t, amsgrad), true, K_ADAM },
-    { "centered", offsetof(optim_config_t, centered), true, K_RMSPROP },
-    { "maximize", offsetof(optim_config_t, maximize), true, K_ALL },
+    { "nesterov", offsetof(zd_optim_config_t, nesterov), true, K_SGD },
+    { "amsgrad", offsetof(zd_optim_config_t, amsgrad), true, K_ADAM },
+    { "centered", offsetof(zd_optim_config_t, centered), true, K_RMSPROP },
+    { "maximize", offsetof(zd_optim_config_t, maximize), true, K_ALL },
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 
 static const char *const kind_names[] = { NULL, "sgd", "adam", "adamw", "adagrad", "rmsprop" };
 static const char *const class_names[] = { NULL, "SGD", "Adam", "AdamW", "Adagrad", "RMSprop" };
 
-static bool valid_kind(optim_kind_t kind)
+static bool valid_kind(zd_optim_kind_t kind)
 {
-    return kind >= OPTIM_SGD && kind <= OPTIM_RMSPROP;
+    return kind >= ZD_OPTIM_SGD && kind <= ZD_OPTIM_RMSPROP;
 }
 
-const char *optim_kind_name(optim_kind_t kind)
+const char *zd_optim_kind_name(zd_optim_kind_t kind)
 {
     return valid_kind(kind) ? kind_names[kind] : "?";
 }
 
-int optim_kind_from_name(const char *name, optim_kind_t *kind)
+int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind)
 {
-    for (int k = OPTIM_SGD; k <= OPTIM_RMSPROP; k++)
+    for (int k = ZD_OPTIM_SGD; k <= ZD_OPTIM_RMSPROP; k++)
         if (strcasecmp(name, kind_names[k]) == 0) {
-            *kind = (optim_kind_t)k;
+            *kind = (zd_optim_kind_t)k;
             return 0;
         }
-    return error_set("optimizer: unknown kind '%s' (sgd, adam, adamw, adagrad, rmsprop)", name);
+    return zd_error_set("optimizer: unknown kind '%s' (sgd, adam, adamw, adagrad, rmsprop)", name);
 }
 
-optim_config_t optim_defaults(optim_kind_t kind)
+zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind)
 {
-    optim_config_t c = { .kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
+    zd_optim_config_t c = { .kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
                          .alpha = 0.99 };
     switch (kind) {
-    case OPTIM_SGD:
+    case ZD_OPTIM_SGD:
         c.lr = NAN;
         break;
-    case OPTIM_ADAMW:
+    case ZD_OPTIM_ADAMW:
         c.weight_decay = 1e-2;
         break;
-    case OPTIM_ADAGRAD:
+    case ZD_OPTIM_ADAGRAD:
         c.lr = 1e-2;
         c.eps = 1e-10;
         break;
-    case OPTIM_RMSPROP:
+    case ZD_OPTIM_RMSPROP:
         c.lr = 1e-2;
         break;
     default:
@@ -89,17 +89,17 @@ optim_config_t optim_defaults(optim_kind_t kind)
     return c;
 }
 
-optim_config_t optim_sgd_defaults(double lr)
+zd_optim_config_t zd_optim_sgd_defaults(double lr)
 {
-    optim_config_t c = optim_defaults(OPTIM_SGD);
+    zd_optim_config_t c = zd_optim_defaults(ZD_OPTIM_SGD);
     c.lr = lr;
     return c;
 }
 
-optim_config_t optim_adam_defaults(void) { return optim_defaults(OPTIM_ADAM); }
-optim_config_t optim_adamw_defaults(void) { return optim_defaults(OPTIM_ADAMW); }
-optim_config_t optim_adagrad_defaults(void) { return optim_defaults(OPTIM_ADAGRAD); }
-optim_config_t optim_rmsprop_defaults(void) { return optim_defaults(OPTIM_RMSPROP); }
+zd_optim_config_t zd_optim_adam_defaults(void) { return zd_optim_defaults(ZD_OPTIM_ADAM); }
+zd_optim_config_t zd_optim_adamw_defaults(void) { return zd_optim_defaults(ZD_OPTIM_ADAMW); }
+zd_optim_config_t zd_optim_adagrad_defaults(void) { return zd_optim_defaults(ZD_OPTIM_ADAGRAD); }
+zd_optim_config_t zd_optim_rmsprop_defaults(void) { return zd_optim_defaults(ZD_OPTIM_RMSPROP); }
 
 /*  The shortest text that reads back as exactly v. */
 static const char *shortest(double v, char *buf, size_t size)
@@ -128,64 +128,64 @@ static bool nonneg(double v)
     return v >= 0.0;
 }
 
-int optim_config_check(const optim_config_t *c)
+int zd_optim_config_check(const zd_optim_config_t *c)
 {
     char s[40];
     if (!valid_kind(c->kind))
-        return error_set("optimizer: unknown kind %d", (int)c->kind);
+        return zd_error_set("optimizer: unknown kind %d", (int)c->kind);
     const char *k = class_names[c->kind];
-    if (c->kind == OPTIM_SGD && isnan(c->lr))
-        return error_set("SGD: lr is required (PyTorch's SGD has no default learning rate)");
+    if (c->kind == ZD_OPTIM_SGD && isnan(c->lr))
+        return zd_error_set("SGD: lr is required (PyTorch's SGD has no default learning rate)");
     if (!nonneg(c->lr))
-        return error_set("%s: Invalid learning rate: %s", k, py_float(c->lr, s, sizeof s));
+        return zd_error_set("%s: Invalid learning rate: %s", k, py_float(c->lr, s, sizeof s));
     if (!nonneg(c->weight_decay))
-        return error_set("%s: Invalid weight_decay value: %s", k,
+        return zd_error_set("%s: Invalid weight_decay value: %s", k,
                          py_float(c->weight_decay, s, sizeof s));
-    if (c->kind != OPTIM_SGD && !nonneg(c->eps))
-        return error_set("%s: Invalid epsilon value: %s", k, py_float(c->eps, s, sizeof s));
+    if (c->kind != ZD_OPTIM_SGD && !nonneg(c->eps))
+        return zd_error_set("%s: Invalid epsilon value: %s", k, py_float(c->eps, s, sizeof s));
     switch (c->kind) {
-    case OPTIM_SGD:
+    case ZD_OPTIM_SGD:
         if (!nonneg(c->momentum))
-            return error_set("SGD: Invalid momentum value: %s", py_float(c->momentum, s, sizeof s));
+            return zd_error_set("SGD: Invalid momentum value: %s", py_float(c->momentum, s, sizeof s));
         if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
-            return error_set("SGD: Nesterov momentum requires a momentum and zero dampening");
+            return zd_error_set("SGD: Nesterov momentum requires a momentum and zero dampening");
         break;
-    case OPTIM_ADAM:
-    case OPTIM_ADAMW:
+    case ZD_OPTIM_ADAM:
+    case ZD_OPTIM_ADAMW:
         if (!(c->beta1 >= 0.0 && c->beta1 < 1.0))
-            return error_set("%s: Invalid beta parameter at index 0: %s", k,
+            return zd_error_set("%s: Invalid beta parameter at index 0: %s", k,
                              py_float(c->beta1, s, sizeof s));
         if (!(c->beta2 >= 0.0 && c->beta2 < 1.0))
-            return error_set("%s: Invalid beta parameter at index 1: %s", k,
+            return zd_error_set("%s: Invalid beta parameter at index 1: %s", k,
                              py_float(c->beta2, s, sizeof s));
         break;
-    case OPTIM_ADAGRAD:
+    case ZD_OPTIM_ADAGRAD:
         if (!nonneg(c->lr_decay))
-            return error_set("Adagrad: Invalid lr_decay value: %s",
+            return zd_error_set("Adagrad: Invalid lr_decay value: %s",
                              py_float(c->lr_decay, s, sizeof s));
         if (!nonneg(c->initial_accumulator_value))
-            return error_set("Adagrad: Invalid initial_accumulator_value value: %s",
+            return zd_error_set("Adagrad: Invalid initial_accumulator_value value: %s",
                              py_float(c->initial_accumulator_value, s, sizeof s));
         break;
-    case OPTIM_RMSPROP:
+    case ZD_OPTIM_RMSPROP:
         if (!nonneg(c->momentum))
-            return error_set("RMSprop: Invalid momentum value: %s",
+            return zd_error_set("RMSprop: Invalid momentum value: %s",
                              py_float(c->momentum, s, sizeof s));
         if (!nonneg(c->alpha))
-            return error_set("RMSprop: Invalid alpha value: %s", py_float(c->alpha, s, sizeof s));
+            return zd_error_set("RMSprop: Invalid alpha value: %s", py_float(c->alpha, s, sizeof s));
         break;
     }
     return 0;
 }
 
-int optim_config_format(const optim_config_t *c, char *buf, size_t size)
+int zd_optim_config_format(const zd_optim_config_t *c, char *buf, size_t size)
 {
     if (!valid_kind(c->kind))
-        return error_set("optimizer: unknown kind %d", (int)c->kind);
+        return zd_error_set("optimizer: unknown kind %d", (int)c->kind);
     char num[40];
     int n = snprintf(buf, size, "%s", kind_names[c->kind]);
     if (n < 0)
-        return error_set("optimizer: cannot format the config");
+        return zd_error_set("optimizer: cannot format the config");
     size_t off = (size_t)n;
     for (size_t i = 0; i < N_FIELDS; i++) {
         if (!(fields[i].kinds & 1u << c->kind))
@@ -199,29 +199,29 @@ int optim_config_format(const optim_config_t *c, char *buf, size_t size)
             n = snprintf(dst, room, " %s=%s", fields[i].key,
                          shortest(*(const double *)field, num, sizeof num));
         if (n < 0)
-            return error_set("optimizer: cannot format the config");
+            return zd_error_set("optimizer: cannot format the config");
         off += (size_t)n;
     }
     return (int)off;
 }
 
-static int parse_pair(optim_config_t *c, const char *tok, size_t len)
+static int parse_pair(zd_optim_config_t *c, const char *tok, size_t len)
 {
     const char *eq = memchr(tok, '=', len);
     if (!eq)
-        return error_set("optimizer config: '%.*s' is not key=value", (int)len, tok);
+        return zd_error_set("optimizer config: '%.*s' is not key=value", (int)len, tok);
     size_t klen = (size_t)(eq - tok);
     char value[64];
     size_t vlen = len - klen - 1;
     if (vlen == 0 || vlen >= sizeof value)
-        return error_set("optimizer config: bad value in '%.*s'", (int)len, tok);
+        return zd_error_set("optimizer config: bad value in '%.*s'", (int)len, tok);
     memcpy(value, eq + 1, vlen);
     value[vlen] = '\0';
     for (size_t i = 0; i < N_FIELDS; i++) {
         if (strlen(fields[i].key) != klen || memcmp(fields[i].key, tok, klen) != 0)
             continue;
         if (!(fields[i].kinds & 1u << c->kind))
-            return error_set("optimizer config: %s has no '%s'", class_names[c->kind],
+            return zd_error_set("optimizer config: %s has no '%s'", class_names[c->kind],
                              fields[i].key);
         char *field = (char *)c + fields[i].offset;
         if (fields[i].is_bool) {
@@ -231,26 +231,26 @@ static int parse_pair(optim_config_t *c, const char *tok, size_t len)
             else if (!strcmp(value, "0") || !strcasecmp(value, "false"))
                 v = false;
             else
-                return error_set("optimizer config: %s=%s is not a boolean (0, 1, true, "
+                return zd_error_set("optimizer config: %s=%s is not a boolean (0, 1, true, "
                                  "false)", fields[i].key, value);
             *(bool *)field = v;
         } else {
             char *end;
             double v = strtod(value, &end);
             if (*end)
-                return error_set("optimizer config: %s=%s is not a number", fields[i].key,
+                return zd_error_set("optimizer config: %s=%s is not a number", fields[i].key,
                                  value);
             *(double *)field = v;
         }
         return 0;
     }
-    return error_set("optimizer config: unknown key '%.*s'", (int)klen, tok);
+    return zd_error_set("optimizer config: unknown key '%.*s'", (int)klen, tok);
 }
 
-int optim_config_parse(const char *text, optim_config_t *cfg)
+int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg)
 {
     const char *p = text;
-    optim_config_t c;
+    zd_optim_config_t c;
     bool have_kind = false;
     while (*p) {
         while (isspace((unsigned char)*p))
@@ -263,13 +263,13 @@ int optim_config_parse(const char *text, optim_config_t *cfg)
         if (!have_kind) {
             char name[16];
             if (len >= sizeof name)
-                return error_set("optimizer config: unknown kind '%.*s'", (int)len, p);
+                return zd_error_set("optimizer config: unknown kind '%.*s'", (int)len, p);
             memcpy(name, p, len);
             name[len] = '\0';
-            optim_kind_t kind = OPTIM_SGD;
-            if (optim_kind_from_name(name, &kind) < 0)
+            zd_optim_kind_t kind = ZD_OPTIM_SGD;
+            if (zd_optim_kind_from_name(name, &kind) < 0)
                 return -1;
-            c = optim_defaults(kind);
+            c = zd_optim_defaults(kind);
             have_kind = true;
         } else if (parse_pair(&c, p, len) < 0) {
             return -1;
@@ -277,7 +277,7 @@ int optim_config_parse(const char *text, optim_config_t *cfg)
         p += len;
     }
     if (!have_kind)
-        return error_set("optimizer config: empty text (expected '<kind> key=value ...')");
+        return zd_error_set("optimizer config: empty text (expected '<kind> key=value ...')");
     *cfg = c;
     return 0;
 }

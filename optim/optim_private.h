@@ -5,41 +5,41 @@
 #include <pthread.h>
 #include <stdint.h>
 
-#include "optim/optim.h"
+#include <zdist/optim.h>
 
 #define OPTIM_SLOTS 3
 
 /*  One parameter's state. slot[s] is a float32 tensor of the parameter's
-    shape when the kind uses slot s (optim_slot_used), NULL otherwise or
+    shape when the kind uses slot s (zd__optim_slot_used), NULL otherwise or
     before the first step. */
 typedef struct {
     bool started;          /* stepped at least once */
     int64_t step;          /* number of steps taken */
-    tensor_t *slot[OPTIM_SLOTS];
+    zd_tensor_t *slot[OPTIM_SLOTS];
 } optim_pstate_t;
 
-struct optim {
-    optim_config_t cfg;
+struct zd_optim {
+    zd_optim_config_t cfg;
     int n;
-    tensor_t **params;
+    zd_tensor_t **params;
     optim_pstate_t *state;     /* n entries */
     pthread_mutex_t lock;      /* held by every public function */
 };
 
 /*  The PyTorch state name of slot s of a kind ("exp_avg"), NULL when the
     kind has no such slot. */
-const char *optim_slot_name(optim_kind_t kind, int s);
+const char *zd__optim_slot_name(zd_optim_kind_t kind, int s);
 
 /*  Whether a config with these flags keeps slot s. */
-bool optim_slot_used(const optim_config_t *cfg, int s);
+bool zd__optim_slot_used(const zd_optim_config_t *cfg, int s);
 
 /*  Whether the kind keeps a "step" count in its state. */
-bool optim_counts_steps(optim_kind_t kind);
+bool zd__optim_counts_steps(zd_optim_kind_t kind);
 
 /*  Updates p[0..n) in place with gradient g. st->step already counts this
     step; the used slots exist (zero, or the initial accumulator value for
     Adagrad) and st->started says whether an earlier step ran. */
-void optim_update(const optim_config_t *cfg, float *p, const float *g, int64_t n,
+void zd__optim_update(const zd_optim_config_t *cfg, float *p, const float *g, int64_t n,
                   optim_pstate_t *st);
 
 #endif

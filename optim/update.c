@@ -9,10 +9,10 @@
 
 static float *slot(optim_pstate_t *st, int s)
 {
-    return st->slot[s] ? tensor_data(st->slot[s]) : NULL;
+    return st->slot[s] ? zd_tensor_data(st->slot[s]) : NULL;
 }
 
-static void sgd(const optim_config_t *c, float *p, const float *g, int64_t n,
+static void sgd(const zd_optim_config_t *c, float *p, const float *g, int64_t n,
                 optim_pstate_t *st)
 {
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
@@ -40,10 +40,10 @@ static void sgd(const optim_config_t *c, float *p, const float *g, int64_t n,
     }
 }
 
-static void adam(const optim_config_t *c, float *p, const float *g, int64_t n,
+static void adam(const zd_optim_config_t *c, float *p, const float *g, int64_t n,
                  optim_pstate_t *st)
 {
-    const bool decoupled = c->kind == OPTIM_ADAMW;
+    const bool decoupled = c->kind == ZD_OPTIM_ADAMW;
     const double step = (double)st->step;
     const double bc1 = 1.0 - pow(c->beta1, step), bc2 = 1.0 - pow(c->beta2, step);
     const float b1 = (float)c->beta1, b2 = (float)c->beta2;
@@ -73,7 +73,7 @@ static void adam(const optim_config_t *c, float *p, const float *g, int64_t n,
     }
 }
 
-static void adagrad(const optim_config_t *c, float *p, const float *g, int64_t n,
+static void adagrad(const zd_optim_config_t *c, float *p, const float *g, int64_t n,
                     optim_pstate_t *st)
 {
     const float wd = (float)c->weight_decay, eps = (float)c->eps;
@@ -90,7 +90,7 @@ static void adagrad(const optim_config_t *c, float *p, const float *g, int64_t n
     }
 }
 
-static void rmsprop(const optim_config_t *c, float *p, const float *g, int64_t n,
+static void rmsprop(const zd_optim_config_t *c, float *p, const float *g, int64_t n,
                     optim_pstate_t *st)
 {
     const float wd = (float)c->weight_decay, eps = (float)c->eps;
@@ -121,21 +121,21 @@ static void rmsprop(const optim_config_t *c, float *p, const float *g, int64_t n
     }
 }
 
-void optim_update(const optim_config_t *cfg, float *p, const float *g, int64_t n,
+void zd__optim_update(const zd_optim_config_t *cfg, float *p, const float *g, int64_t n,
                   optim_pstate_t *st)
 {
     switch (cfg->kind) {
-    case OPTIM_SGD:
+    case ZD_OPTIM_SGD:
         sgd(cfg, p, g, n, st);
         break;
-    case OPTIM_ADAM:
-    case OPTIM_ADAMW:
+    case ZD_OPTIM_ADAM:
+    case ZD_OPTIM_ADAMW:
         adam(cfg, p, g, n, st);
         break;
-    case OPTIM_ADAGRAD:
+    case ZD_OPTIM_ADAGRAD:
         adagrad(cfg, p, g, n, st);
         break;
-    case OPTIM_RMSPROP:
+    case ZD_OPTIM_RMSPROP:
         rmsprop(cfg, p, g, n, st);
         break;
     }

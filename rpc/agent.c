@@ -1,4 +1,4 @@
-/*  agent.c: rpc_init / rpc_shutdown, the running agent, worker info. */
+/*  agent.c: zd_rpc_init / zd_rpc_shutdown, the running agent, worker info. */
 #include "rpc/agent.h"
 
 #include <arpa/inet.h>
@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/rref.h"
 
 /*  The running agent. Users are counted outside the agent so that a thread
@@ -24,18 +24,18 @@ static atomic_uint g_gen;
 static _Atomic int64_t g_busy_poll_ns;
 static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
 
-agent_t *agent_acquire(void)
+agent_t *zd__agent_acquire(void)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
     if (a && !atomic_load(&a->closing))
         return a;
     atomic_fetch_sub(&g_users, 1);
-    error_set("RPC is not running (call rpc_init first, and not after rpc_shutdown)");
+    zd_error_set("RPC is not running (call zd_rpc_init first, and not after zd_rpc_shutdown)");
     return NULL;
 }
 
-agent_t *agent_try_acquire(void)
+agent_t *zd__agent_try_acquire(void)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
@@ -45,7 +45,7 @@ agent_t *agent_try_acquire(void)
     return NULL;
 }
 
-agent_t *agent_acquire_gen(unsigned gen)
+agent_t *zd__agent_acquire_gen(unsigned gen)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
@@ -55,57 +55,57 @@ agent_t *agent_acquire_gen(unsigned gen)
     return NULL;
 }
 
-void agent_release(agent_t *a)
+void zd__agent_release(agent_t *a)
 {
     if (a)
         atomic_fetch_sub(&g_users, 1);
 }
 
-uint64_t agent_new_id(agent_t *a)
+uint64_t zd__agent_new_id(agent_t *a)
 {
     uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
     return (uint64_t)a->rank << 48 | n;
 }
 
-int64_t agent_now_ns(void)
+int64_t zd__agent_now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-int64_t agent_busy_poll_ns(void)
+int64_t zd__agent_busy_poll_ns(void)
 {
     return atomic_load_explicit(&g_busy_poll_ns, memory_order_relaxed);
 }
 
 static atomic_int g_pollers;
 
-int64_t agent_poll_begin(void)
+int64_t zd__agent_poll_begin(void)
 {
-    int64_t ns = agent_busy_poll_ns();
+    int64_t ns = zd__agent_busy_poll_ns();
     int none = 0;
     if (ns <= 0 || !atomic_compare_exchange_strong(&g_pollers, &none, 1))
         return 0;
     return ns;
 }
 
-void agent_poll_end(void)
+void zd__agent_poll_end(void)
 {
     atomic_store(&g_pollers, 0);
 }
 
 static atomic_int g_future_pollers;
 
-bool agent_poll_future(agent_t *a, rpc_future_t *f, int64_t max_ns)
+bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns)
 {
-    int64_t ns = agent_busy_poll_ns();
+    int64_t ns = zd__agent_busy_poll_ns();
     if (max_ns < ns)
         ns = max_ns;
     int none = 0;
-    if (ns <= 0 || rpc_future_done(f) || transport_thread_role() == ROLE_IO ||
+    if (ns <= 0 || zd_future_done(f) || zd__transport_thread_role() == ROLE_IO ||
         !atomic_compare_exchange_strong(&g_future_pollers, &none, 1))
-        return rpc_future_done(f);
+        return zd_future_done(f);
     /* With no call of ours in flight, no answer can come to wake it for.
        Sequentially consistent, against the I/O thread's store to io_asleep
        and load of io_poll_waiters: one of the two sees the other, so it
@@ -119,9 +119,9 @@ bool agent_poll_future(agent_t *a, rpc_future_t *f, int64_t max_ns)
             /* cannot be full; at worst the I/O thread polls a tick later */
         }
     }
-    int64_t end = agent_now_ns() + ns;
+    int64_t end = zd__agent_now_ns() + ns;
     bool ok;
-    while (!(ok = rpc_future_done(f)) && agent_now_ns() < end)
+    while (!(ok = zd_future_done(f)) && zd__agent_now_ns() < end)
         sched_yield();
     if (want_io)
         atomic_fetch_sub(&a->io_poll_waiters, 1);
@@ -129,16 +129,16 @@ bool agent_poll_future(agent_t *a, rpc_future_t *f, int64_t max_ns)
     return ok;
 }
 
-bool agent_io_poll_wanted(agent_t *a)
+bool zd__agent_io_poll_wanted(agent_t *a)
 {
     return atomic_load(&a->io_poll_waiters) > 0;
 }
 
-void agent_log(agent_t *a, const char *fmt, ...)
+void zd__agent_log(agent_t *a, const char *fmt, ...)
 {
     /* At most 20 lines a second: a peer sending garbage must not turn into
        a flood of output. */
-    int64_t window = agent_now_ns() / 1000000000;
+    int64_t window = zd__agent_now_ns() / 1000000000;
     int64_t seen = atomic_load(&a->log_window);
     if (window != seen && atomic_compare_exchange_strong(&a->log_window, &seen, window))
         atomic_store(&a->log_budget, 20);
@@ -152,29 +152,29 @@ void agent_log(agent_t *a, const char *fmt, ...)
     fprintf(stderr, "zdist rpc [%s/%d]: %s\n", a->name, a->rank, line);
 }
 
-int64_t agent_timeout(agent_t *a, int64_t timeout_ms)
+int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
 {
     return timeout_ms < 0 ? a->timeout_ms : timeout_ms;
 }
 
-int agent_check_rank(agent_t *a, int rank, const char *api)
+int zd__agent_check_rank(agent_t *a, int rank, const char *api)
 {
     if (rank < 0 || rank >= a->world)
-        return error_set("%s: no worker with rank %d (world size %d)", api, rank, a->world);
+        return zd_error_set("%s: no worker with rank %d (world size %d)", api, rank, a->world);
     return 0;
 }
 
 /* ---- hooks ---- */
 
-static rpc_hooks_t g_hooks;
+static zd_rpc_hooks_t g_hooks;
 static bool g_has_hooks;
 
-int rpc_set_hooks(const rpc_hooks_t *hooks)
+int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
 {
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return error_set("rpc_set_hooks: only while RPC is not running");
+        return zd_error_set("zd_rpc_set_hooks: only while RPC is not running");
     }
     g_has_hooks = hooks != NULL;
     if (hooks)
@@ -187,9 +187,9 @@ int rpc_set_hooks(const rpc_hooks_t *hooks)
 
 /* ---- options and the environment ---- */
 
-rpc_options_t rpc_options_default(void)
+zd_rpc_options_t zd_rpc_options_default(void)
 {
-    rpc_options_t o = {
+    zd_rpc_options_t o = {
         .rpc_timeout_ms = 60000,
         .num_worker_threads = 16,
         .init_timeout_ms = 300000,
@@ -212,7 +212,7 @@ static int env_int(const char *var, long lo, long hi, long *out)
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || *end || v < lo || v > hi)
-        return error_set("rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
+        return zd_error_set("zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
     *out = v;
     return 1;
 }
@@ -235,7 +235,7 @@ static int pick_listen_ip(const char *master, int port, char *ip, size_t size)
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
     int rc = getaddrinfo(master, NULL, &hints, &res);
     if (rc != 0)
-        return error_set("rpc_init: cannot resolve master address \"%s\": %s", master,
+        return zd_error_set("zd_rpc_init: cannot resolve master address \"%s\": %s", master,
                          gai_strerror(rc));
     struct sockaddr_in to = *(struct sockaddr_in *)res->ai_addr;
     freeaddrinfo(res);
@@ -252,7 +252,7 @@ static int pick_listen_ip(const char *master, int port, char *ip, size_t size)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return error_set("rpc_init: no route to master %s: %s", master, strerror(e));
+        return zd_error_set("zd_rpc_init: no route to master %s: %s", master, strerror(e));
     }
     close(fd);
     inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)size);
@@ -260,69 +260,69 @@ static int pick_listen_ip(const char *master, int port, char *ip, size_t size)
 }
 
 typedef struct {
-    char name[RPC_MAX_NAME + 1];
+    char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
-    rpc_options_t o;
+    zd_rpc_options_t o;
     char master[256];
     int port;
 } init_params_t;
 
-static int init_params(const char *name, int rank, int world, const rpc_options_t *opts,
+static int init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
                        init_params_t *p)
 {
     memset(p, 0, sizeof *p);
-    p->o = opts ? *opts : rpc_options_default();
+    p->o = opts ? *opts : zd_rpc_options_default();
     long v;
     int rc;
     if (rank < 0) {
         if ((rc = env_int("RANK", 0, RPC_WIRE_MAX_RANK, &v)) < 0)
             return -1;
         if (rc == 0)
-            return error_set("rpc_init: no rank given and RANK is not set");
+            return zd_error_set("zd_rpc_init: no rank given and RANK is not set");
         rank = (int)v;
     }
     if (world <= 0) {
         if ((rc = env_int("WORLD_SIZE", 1, RPC_WIRE_MAX_RANK + 1, &v)) < 0)
             return -1;
         if (rc == 0)
-            return error_set("rpc_init: no world size given and WORLD_SIZE is not set");
+            return zd_error_set("zd_rpc_init: no world size given and WORLD_SIZE is not set");
         world = (int)v;
     }
     if (world > RPC_WIRE_MAX_RANK + 1)
-        return error_set("rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
+        return zd_error_set("zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
     if (rank >= world)
-        return error_set("rpc_init: rank %d is outside the world of size %d", rank, world);
+        return zd_error_set("zd_rpc_init: rank %d is outside the world of size %d", rank, world);
     p->rank = rank;
     p->world = world;
     if (name)
         snprintf(p->name, sizeof p->name, "%s", name);
     else
         snprintf(p->name, sizeof p->name, "worker%d", rank);
-    if (!name_ok(name ? name : p->name, RPC_MAX_NAME))
-        return error_set("rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
-                         "no spaces)", name, RPC_MAX_NAME);
+    if (!name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
+        return zd_error_set("zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
+                         "no spaces)", name, ZD_RPC_MAX_NAME);
     const char *addr = p->o.master_addr ? p->o.master_addr : getenv("MASTER_ADDR");
     if (!addr || !*addr)
-        return error_set("rpc_init: no master address: set options.master_addr or "
+        return zd_error_set("zd_rpc_init: no master address: set options.master_addr or "
                          "MASTER_ADDR");
     if (strlen(addr) >= sizeof p->master)
-        return error_set("rpc_init: master address too long");
+        return zd_error_set("zd_rpc_init: master address too long");
     snprintf(p->master, sizeof p->master, "%s", addr);
     p->port = p->o.master_port;
     if (p->port == 0) {
         if ((rc = env_int("MASTER_PORT", 1, 65535, &v)) < 0)
             return -1;
         if (rc == 0)
-            return error_set("rpc_init: no master port: set options.master_port or "
+            return zd_error_set("zd_rpc_init: no master port: set options.master_port or "
                              "MASTER_PORT");
         p->port = (int)v;
     }
     if (p->port < 1 || p->port > 65535)
-        return error_set("rpc_init: master port %d is not in [1, 65535]", p->port);
+        return zd_error_set("zd_rpc_init: master port %d is not in [1, 65535]", p->port);
     if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
-        return error_set("rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
+        return zd_error_set("zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
     if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
-        return error_set("rpc_init: negative timeout");
+        return zd_error_set("zd_rpc_init: negative timeout");
     if (p->o.busy_poll_us < 0) {
         p->o.busy_poll_us = 100;
         if ((rc = env_int("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
@@ -331,7 +331,7 @@ static int init_params(const char *name, int rank, int world, const rpc_options_
             p->o.busy_poll_us = v;
     }
     if (p->o.busy_poll_us > 1000000)
-        return error_set("rpc_init: busy_poll_us %lld is over 1000000",
+        return zd_error_set("zd_rpc_init: busy_poll_us %lld is over 1000000",
                          (long long)p->o.busy_poll_us);
     return 0;
 }
@@ -347,7 +347,7 @@ static void agent_free(agent_t *a)
     if (a->peers) {
         for (int i = 0; i < a->world; i++) {
             pthread_mutex_destroy(&a->peers[i].lock);
-            metrics_destroy(&a->peers[i].m);
+            zd__metrics_destroy(&a->peers[i].m);
         }
         free(a->peers);
     }
@@ -363,7 +363,7 @@ static agent_t *agent_new(const init_params_t *p)
 {
     agent_t *a = calloc(1, sizeof *a);
     if (!a) {
-        error_set("rpc_init: out of memory");
+        zd_error_set("zd_rpc_init: out of memory");
         return NULL;
     }
     snprintf(a->name, sizeof a->name, "%s", p->name);
@@ -390,13 +390,13 @@ static agent_t *agent_new(const init_params_t *p)
         a->buckets = NULL;
         a->peers = NULL;
         agent_free(a);
-        error_set("rpc_init: out of memory");
+        zd_error_set("zd_rpc_init: out of memory");
         return NULL;
     }
     for (int i = 0; i < a->world; i++) {
         a->peers[i].rank = i;
         pthread_mutex_init(&a->peers[i].lock, NULL);
-        metrics_init(&a->peers[i].m);
+        zd__metrics_init(&a->peers[i].m);
     }
     snprintf(a->peers[a->rank].name, sizeof a->peers[a->rank].name, "%s", a->name);
     return a;
@@ -408,20 +408,20 @@ static agent_t *agent_new(const init_params_t *p)
 static void agent_teardown(agent_t *a, bool graceful)
 {
     atomic_store(&a->closing, true);
-    /* Threads waiting in rpc_sync on their own sockets hold the agent: the
+    /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
-    call_fail_peer(a, -1, "RPC shut down");
+    zd__call_fail_peer(a, -1, "RPC shut down");
     while (atomic_load(&g_users) > 0) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
-    transport_stop_io(a);
-    call_fail_peer(a, -1, "RPC shut down");
+    zd__transport_stop_io(a);
+    zd__call_fail_peer(a, -1, "RPC shut down");
     if (a->pool)
-        pool_destroy(a->pool);
+        zd__pool_destroy(a->pool);
     a->pool = NULL;
-    call_fail_peer(a, -1, "RPC shut down");
-    shutdown_abort_barrier(a);
+    zd__call_fail_peer(a, -1, "RPC shut down");
+    zd__shutdown_abort_barrier(a);
     /* Answers still on their way (they may be sent while closing) finish
        before the sockets go. */
     atomic_store(&g_agent, NULL);
@@ -429,13 +429,13 @@ static void agent_teardown(agent_t *a, bool graceful)
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
-    rref_ctx_free(a);
-    direct_close_all(a);
-    transport_close(a, graceful);
+    zd__rref_ctx_free(a);
+    zd__direct_close_all(a);
+    zd__transport_close(a, graceful);
     agent_free(a);
 }
 
-int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *opts)
+int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options_t *opts)
 {
     init_params_t p;
     if (init_params(name, rank, world_size, opts, &p) < 0)
@@ -443,10 +443,10 @@ int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *op
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return error_set("rpc_init: RPC is already running (call rpc_shutdown first)");
+        return zd_error_set("zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
     int64_t deadline = p.o.init_timeout_ms
-                           ? agent_now_ns() + p.o.init_timeout_ms * 1000000
+                           ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
                            : INT64_MAX;
     char ip[64];
     if (p.o.listen_addr)
@@ -458,24 +458,24 @@ int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *op
         goto fail_unlocked;
     a->hooks = g_hooks;
     a->has_hooks = g_has_hooks;
-    if (transport_bind(a, ip) < 0 || rref_ctx_new(a) < 0 || serve_register_internal() < 0 ||
-        !(a->pool = pool_new(a->n_threads)) ||
-        rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
-        error_wrap("rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+    if (zd__transport_bind(a, ip) < 0 || zd__rref_ctx_new(a) < 0 || zd__serve_register_internal() < 0 ||
+        !(a->pool = zd__pool_new(a->n_threads)) ||
+        zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         agent_teardown(a, false);
         goto fail_unlocked;
     }
-    rpc_value_set_rref_hooks(rref_value_ref_hook, rref_value_unref_hook);
+    zd__value_set_rref_hooks(zd__rref_value_ref_hook, zd__rref_value_unref_hook);
     /* Published before the I/O thread starts: peers that finished their
        init may call us already, and handlers may call out. */
     atomic_store(&g_agent, a);
     publish_identity(a);
-    /* The init barrier: when rpc_init returns, every peer is connected to
+    /* The init barrier: when zd_rpc_init returns, every peer is connected to
        every other and may be called. */
     int64_t sum;
-    if (transport_connect(a, deadline) < 0 ||
-        barrier_all(-1, 0, deadline, "rpc_init", &sum) < 0) {
-        error_wrap("rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+    if (zd__transport_connect(a, deadline) < 0 ||
+        zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) < 0) {
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         publish_identity(NULL);
         agent_teardown(a, false);
         goto fail_unlocked;
@@ -487,30 +487,30 @@ fail_unlocked:
     return -1;
 }
 
-int rpc_shutdown(bool graceful, int64_t timeout_ms)
+int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
-    if (transport_thread_role() != ROLE_USER)
-        return error_set("rpc_shutdown: called on an RPC thread (in a handler or a future "
+    if (zd__transport_thread_role() != ROLE_USER)
+        return zd_error_set("zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
                          "callback), which shutdown has to stop: call it from another thread");
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->closing)) {
         pthread_mutex_unlock(&g_init_lock);
-        return error_set("rpc_shutdown: RPC is not running");
+        return zd_error_set("zd_rpc_shutdown: RPC is not running");
     }
-    int rc = graceful ? shutdown_graceful(a, timeout_ms) : 0;
+    int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
     if (rc < 0)
-        snprintf(saved, sizeof saved, "%s", error_last());
+        snprintf(saved, sizeof saved, "%s", zd_error_last());
     publish_identity(NULL);
     agent_teardown(a, graceful);
     pthread_mutex_unlock(&g_init_lock);
     if (rc < 0)
-        return error_set("%s", saved);
+        return zd_error_set("%s", saved);
     return 0;
 }
 
-bool rpc_is_running(void)
+bool zd_rpc_is_running(void)
 {
     agent_t *a = atomic_load(&g_agent);
     return a && !atomic_load(&a->closing);
@@ -518,21 +518,21 @@ bool rpc_is_running(void)
 
 /* ---- worker info ---- */
 
-static void fill_info(const peer_t *p, rpc_worker_info_t *out)
+static void fill_info(const peer_t *p, zd_rpc_worker_info_t *out)
 {
     snprintf(out->name, sizeof out->name, "%s", p->name);
     out->rank = p->rank;
     snprintf(out->endpoint, sizeof out->endpoint, "%s", p->endpoint);
 }
 
-int rpc_get_worker_info(const char *name, rpc_worker_info_t *out)
+int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
     int rc = -1;
     if (!out) {
-        error_set("rpc_get_worker_info: NULL output");
+        zd_error_set("zd_rpc_get_worker_info: NULL output");
     } else if (!name) {
         fill_info(&a->peers[a->rank], out);
         rc = 0;
@@ -544,51 +544,51 @@ int rpc_get_worker_info(const char *name, rpc_worker_info_t *out)
                 break;
             }
         if (rc < 0)
-            error_set("rpc_get_worker_info: no worker called \"%s\"", name);
+            zd_error_set("zd_rpc_get_worker_info: no worker called \"%s\"", name);
     }
-    agent_release(a);
+    zd__agent_release(a);
     return rc;
 }
 
-int rpc_get_worker_info_by_rank(int rank, rpc_worker_info_t *out)
+int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
     int rc = -1;
     if (!out)
-        error_set("rpc_get_worker_info_by_rank: NULL output");
-    else if (agent_check_rank(a, rank, "rpc_get_worker_info_by_rank") == 0) {
+        zd_error_set("zd_rpc_get_worker_info_by_rank: NULL output");
+    else if (zd__agent_check_rank(a, rank, "zd_rpc_get_worker_info_by_rank") == 0) {
         fill_info(&a->peers[rank], out);
         rc = 0;
     }
-    agent_release(a);
+    zd__agent_release(a);
     return rc;
 }
 
-int rpc_get_worker_infos(rpc_worker_info_t *out, int max)
+int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
     for (int i = 0; out && i < a->world && i < max; i++)
         fill_info(&a->peers[i], &out[i]);
     int n = a->world;
-    agent_release(a);
+    zd__agent_release(a);
     return n;
 }
 
-int rpc_worker(const char *name)
+int zd_rpc_worker(const char *name)
 {
-    rpc_worker_info_t info;
-    if (rpc_get_worker_info(name, &info) < 0)
+    zd_rpc_worker_info_t info;
+    if (zd_rpc_get_worker_info(name, &info) < 0)
         return -1;
     return info.rank;
 }
 
 /* Read without taking the agent: these never fail and never set errors. */
 static atomic_int g_rank = -1, g_world = -1;
-static char g_name[RPC_MAX_NAME + 1];
+static char g_name[ZD_RPC_MAX_NAME + 1];
 
 static void publish_identity(agent_t *a)
 {
@@ -601,17 +601,17 @@ static void publish_identity(agent_t *a)
     atomic_store(&g_busy_poll_ns, a ? a->busy_poll_ns : 0);
 }
 
-int rpc_rank(void)
+int zd_rpc_rank(void)
 {
     return atomic_load(&g_rank);
 }
 
-int rpc_world_size(void)
+int zd_rpc_world_size(void)
 {
     return atomic_load(&g_world);
 }
 
-const char *rpc_name(void)
+const char *zd_rpc_name(void)
 {
     return g_name;
 }

@@ -22,7 +22,7 @@
 #include <zmq.h>
 
 #include "rpc/codec.h"
-#include "rpc/rpc.h"
+#include <zdist/rpc.h>
 #include "rpc/wire.h"
 
 typedef struct pool pool_t;
@@ -42,9 +42,9 @@ typedef struct {
 } peer_metrics_t;
 
 typedef struct {
-    char name[RPC_MAX_NAME + 1];
+    char name[ZD_RPC_MAX_NAME + 1];
     int rank;
-    char endpoint[RPC_MAX_ENDPOINT + 1];
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
     void *sock;                 /* DEALER to the peer's ROUTER */
     pthread_mutex_t lock;       /* serialises use of sock */
     void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
@@ -54,18 +54,18 @@ typedef struct {
 } peer_t;
 
 typedef struct agent {
-    char name[RPC_MAX_NAME + 1];
+    char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
     int64_t timeout_ms;             /* default call timeout, 0 = none */
     int n_threads;
-    int64_t busy_poll_ns;           /* see rpc_options_t.busy_poll_us */
+    int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
     unsigned gen;                   /* distinguishes successive inits */
 
     void *ctx;                      /* ZeroMQ context */
     void *router;
     int router_fd;                  /* its ZMQ_FD, polled by the I/O thread */
     pthread_mutex_t router_lock;    /* the I/O thread receives, pool threads answer */
-    pthread_mutex_t sync_lock;      /* threads' rpc_sync sockets (direct.c) */
+    pthread_mutex_t sync_lock;      /* threads' zd_rpc_sync sockets (direct.c) */
     struct sync_set *sync_sets;
     atomic_int next_slot;
     int wake_fd;                    /* eventfd that wakes the I/O thread */
@@ -74,7 +74,7 @@ typedef struct agent {
     pthread_t io_thread;
     bool io_started;
     atomic_bool io_stop;
-    atomic_int io_poll_waiters;     /* threads in agent_poll_future */
+    atomic_int io_poll_waiters;     /* threads in zd__agent_poll_future */
     atomic_bool io_asleep;          /* the I/O thread sleeps in zmq_poll */
     atomic_bool closing;            /* no new calls */
 
@@ -92,13 +92,13 @@ typedef struct agent {
     rref_ctx_t *rrefs;
     rpc_rref_codec_t rref_codec;
 
-    rpc_hooks_t hooks;
+    zd_rpc_hooks_t hooks;
     bool has_hooks;
 
     pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
     struct barrier_round *barrier;
 
-    atomic_int log_budget;          /* rate limit of agent_log */
+    atomic_int log_budget;          /* rate limit of zd__agent_log */
     atomic_int_fast64_t log_window;
 } agent_t;
 
@@ -106,34 +106,34 @@ typedef struct agent {
 
 /*  The running agent with one more user, or NULL ("RPC is not running"
     error). Every public entry point brackets its use of the agent with
-    agent_acquire/agent_release, so shutdown can wait for them. */
-agent_t *agent_acquire(void);
-void agent_release(agent_t *a);
+    zd__agent_acquire/zd__agent_release, so shutdown can wait for them. */
+agent_t *zd__agent_acquire(void);
+void zd__agent_release(agent_t *a);
 /*  Same without setting an error (for release paths). */
-agent_t *agent_try_acquire(void);
+agent_t *zd__agent_try_acquire(void);
 /*  The agent of generation gen, even while it shuts down (until its sockets
     close): for answers to calls it already took. NULL, no error. */
-agent_t *agent_acquire_gen(unsigned gen);
+agent_t *zd__agent_acquire_gen(unsigned gen);
 
 /*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
-uint64_t agent_new_id(agent_t *a);
+uint64_t zd__agent_new_id(agent_t *a);
 
 /*  Monotonic clock in ns. */
-int64_t agent_now_ns(void);
+int64_t zd__agent_now_ns(void);
 
 /*  The running agent's busy-poll time in ns (0 when not running). */
-int64_t agent_busy_poll_ns(void);
+int64_t zd__agent_busy_poll_ns(void);
 
 /*  The right to busy-poll: at most one thread of the process polls at a
     time (with more, on two cores, the pollers crowd out the threads that
     bring their answers: 64 pipelined calls ran at half speed); future
-    waiters are the exception (agent_poll_future). Returns the time to
+    waiters are the exception (zd__agent_poll_future). Returns the time to
     poll in ns, or 0 (polling off, or another thread polls); after a
-    non-zero answer, agent_poll_end gives the right back. */
-int64_t agent_poll_begin(void);
-void agent_poll_end(void);
+    non-zero answer, zd__agent_poll_end gives the right back. */
+int64_t zd__agent_poll_begin(void);
+void zd__agent_poll_end(void);
 
-/*  Polls rpc_future_done(f) for up to the busy-poll time (at most max_ns;
+/*  Polls zd_future_done(f) for up to the busy-poll time (at most max_ns;
     not at all on the I/O thread), yielding the CPU
     between looks; true once it holds. Waking a sleeping thread costs tens
     of microseconds on a VM whose CPU has gone idle, more than most answers
@@ -143,64 +143,64 @@ void agent_poll_end(void);
     yielding made it worse than sleeping (2 cores).
     While calls of this process are in flight, the future is most likely
     completed by one of their answers (directly, or through a callback, as
-    dist_autograd_backward's joined futures are), which come in through the
+    zd_dist_autograd_backward's joined futures are), which come in through the
     I/O thread: that thread polls too meanwhile (io_poll_waiters); were it
     asleep, waking it would cost what the waiter saves. The waiter does not wait for its turn
-    (agent_poll_begin): the thread it depends on polls for it anyway. Of
+    (zd__agent_poll_begin): the thread it depends on polls for it anyway. Of
     several threads waiting for futures, one polls; the others sleep at
     once, as a crowd of pollers would take the CPUs from the threads that
     bring the answers.
     Measured (bench_dist, medians of 8 interleaved runs): a 10x10 forward +
     distributed backward 299 -> 237 us, the same + optimizer step 474 ->
     432 us. */
-bool agent_poll_future(agent_t *a, rpc_future_t *f, int64_t max_ns);
+bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns);
 
-/*  True while some thread waits in agent_poll_future: the I/O thread then
+/*  True while some thread waits in zd__agent_poll_future: the I/O thread then
     polls instead of sleeping (it sets io_asleep around its sleeps). */
-bool agent_io_poll_wanted(agent_t *a);
+bool zd__agent_io_poll_wanted(agent_t *a);
 
 /*  Logs one line to stderr, "zdist rpc [name/rank]: ...", rate limited. */
-void agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void zd__agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /*  Effective timeout of a call: timeout_ms < 0 gives the default. */
-int64_t agent_timeout(agent_t *a, int64_t timeout_ms);
+int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
 /*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7"). */
-int agent_check_rank(agent_t *a, int rank, const char *api);
+int zd__agent_check_rank(agent_t *a, int rank, const char *api);
 
 /*  ---- rendezvous.c ---- */
 
 /*  Registers with the master at addr:port (hosting it on rank 0) and fills
     a->peers[*].name/endpoint. a->name/rank/world and our own endpoint in
     a->peers[a->rank] are set. 0, or -1. */
-int rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
+int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
 
 /*  ---- transport.c ---- */
 
 /*  Roles of threads, for guards and for the pool's compensation. */
 typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
-thread_role_t transport_thread_role(void);
-void transport_set_thread_role(thread_role_t role);
+thread_role_t zd__transport_thread_role(void);
+void zd__transport_set_thread_role(thread_role_t role);
 
 /*  Creates the context and binds the ROUTER on listen_ip (port chosen by the
     OS); fills a->peers[a->rank].endpoint. */
-int transport_bind(agent_t *a, const char *listen_ip);
+int zd__transport_bind(agent_t *a, const char *listen_ip);
 
 /*  Creates and connects the DEALERs to every peer, starts the I/O thread,
     then makes sure every peer is reachable (HELLO) before deadline_ns. */
-int transport_connect(agent_t *a, int64_t deadline_ns);
+int zd__transport_connect(agent_t *a, int64_t deadline_ns);
 
 /*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
     to rank dst. Any thread. 0, or -1 ("peer unreachable"). */
-int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *tensors,
+int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
                    int n_tensors);
 
 /*  Sends an ERROR answer to request id of rank dst. */
-void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
+void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
 
 /*  A received message, validated: header h points into hm; frames (a buffer
     the reader reuses) hold n tensor frames; route is the routing id of an
-    rpc_sync socket, to answer on the same connection (route_len 0: answer
+    zd_rpc_sync socket, to answer on the same connection (route_len 0: answer
     through the shared socket). */
 typedef struct {
     zmq_msg_t hm;
@@ -215,30 +215,30 @@ typedef struct {
 } inmsg_t;
 
 /*  Reads one message from sock without waiting: the ROUTER (expect_src < 0,
-    under router_lock), or a thread's rpc_sync socket connected to rank
+    under router_lock), or a thread's zd_rpc_sync socket connected to rank
     expect_src (answers only). Returns 1 for a valid message (dispatch it,
-    then transport_msg_done), 0 when none is there, -1 when one was dropped
+    then zd__transport_msg_done), 0 when none is there, -1 when one was dropped
     (logged, answered with an ERROR when it was a request). The pieces of
     streamed tensors are read and put together on the way (stream.h). */
-int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
-void transport_msg_done(inmsg_t *m);
+int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
+void zd__transport_msg_done(inmsg_t *m);
 
-/*  Answers through route (a rpc_sync socket of rank dst) when route_len,
+/*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
     else through the shared socket. */
-int transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
-                          rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors);
-void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text);
+int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+                          rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors);
+void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text);
 
 /*  Sends on a socket the calling thread owns (direct.c). */
-int transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
-                      tensor_t *const *tensors, int n_tensors);
+int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+                      zd_tensor_t *const *tensors, int n_tensors);
 
 /*  The I/O thread's body (io.c). */
-void *transport_io_main(void *arg);
+void *zd__transport_io_main(void *arg);
 
 /*  Stops the I/O thread and closes every socket and the context. */
-void transport_stop_io(agent_t *a);
-void transport_close(agent_t *a, bool graceful);
+void zd__transport_stop_io(agent_t *a);
+void zd__transport_close(agent_t *a, bool graceful);
 
 /*  ---- call.c: outgoing requests ---- */
 
@@ -246,102 +246,102 @@ typedef struct {
     uint8_t type;               /* CALL, REMOTE, RREF_FETCH or a control type */
     uint16_t flags;             /* RPC_WIRE_F_* */
     const char *fn;             /* CALL/REMOTE */
-    const char *api;            /* "rpc_sync", ... for error texts */
-    rpc_value_t *args;          /* CALL/REMOTE, borrowed, NULL = none */
+    const char *api;            /* "zd_rpc_sync", ... for error texts */
+    zd_value_t *args;          /* CALL/REMOTE, borrowed, NULL = none */
     uint64_t a, b;              /* header fields */
     int64_t timeout_ms;         /* < 0 default */
     bool hooked;                /* run the hooks (user-visible requests) */
     uint64_t *id_out;           /* if set, receives the request id */
-    void *sock;                 /* a rpc_sync socket of the calling thread, or NULL */
+    void *sock;                 /* a zd_rpc_sync socket of the calling thread, or NULL */
     int wake_fd;                /* the caller's eventfd (with sock) */
 } call_req_t;
 
 /*  Sends a request and returns the future of its answer (a new reference),
     or NULL when it could not be sent (error set). */
-rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req);
+zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req);
 
 /*  Sends a request and waits for its answer (not on the I/O thread):
     0 and *result (new reference), or -1 with the request's error. */
-int call_sync(const call_req_t *req, int to, rpc_value_t **result);
+int zd__call_sync(const call_req_t *req, int to, zd_value_t **result);
 
 /*  Handles a REPLY / ERROR (I/O thread); consumes frames. */
-void call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
+void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
 
 /*  Fails the pending calls whose deadline has passed (I/O thread). */
-void call_expire(agent_t *a, int64_t now_ns);
+void zd__call_expire(agent_t *a, int64_t now_ns);
 
 /*  Fails pending calls to peer (or every one with peer < 0) with text. */
-void call_fail_peer(agent_t *a, int peer, const char *text);
+void zd__call_fail_peer(agent_t *a, int peer, const char *text);
 /*  Fails call id with text, if it is waiting for an answer from rank src
     (an answer that was lost on its way in). */
-void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
 
 /*  Fails request id now if still pending (a waiter that timed out). */
-void call_timeout_now(agent_t *a, uint64_t id);
+void zd__call_timeout_now(agent_t *a, uint64_t id);
 
 /*  Waits for f; a pool thread lets the pool compensate meanwhile. */
-int call_wait(rpc_future_t *f, int64_t timeout_ms);
+int zd__call_wait(zd_future_t *f, int64_t timeout_ms);
 
 /*  ---- serve.c: incoming requests ---- */
 
 /*  Handles CALL / REMOTE / RREF_FETCH (I/O thread); consumes the frames. */
-void serve_request(agent_t *a, inmsg_t *m);
+void zd__serve_request(agent_t *a, inmsg_t *m);
 
 /*  Registers the agent's own functions (shutdown barrier). */
-int serve_register_internal(void);
+int zd__serve_register_internal(void);
 
-/*  ---- direct.c: each thread's rpc_sync sockets ---- */
+/*  ---- direct.c: each thread's zd_rpc_sync sockets ---- */
 
 /*  The calling thread's socket to peer (made on first use) and its wake-up
     eventfd; NULL when none can be made (use the shared path). */
-void *direct_socket(agent_t *a, int peer, int *wake_fd);
+void *zd__direct_socket(agent_t *a, int peer, int *wake_fd);
 /*  Teardown: closes every thread's sockets. */
-void direct_close_all(agent_t *a);
+void zd__direct_close_all(agent_t *a);
 
 /*  ---- pool.c ---- */
 
 typedef void (pool_fn)(void *arg);
 
-pool_t *pool_new(int n_threads);
+pool_t *zd__pool_new(int n_threads);
 /*  Queues fn(arg); drop(arg) runs instead if the pool is destroyed first.
     0, or -1 (out of memory, stopping: drop has run). */
-int pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg);
+int zd__pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg);
 /*  Bracket a blocking wait on a pool thread (no-op on other threads). */
-void pool_block_begin(void);
-void pool_block_end(void);
+void zd__pool_block_begin(void);
+void zd__pool_block_end(void);
 /*  Threads alive and threads waiting for work, now. */
-void pool_stats(pool_t *p, int *threads, int *idle);
+void zd__pool_stats(pool_t *p, int *threads, int *idle);
 /*  Stops taking work, drops queued tasks, joins every thread. */
-void pool_destroy(pool_t *p);
+void zd__pool_destroy(pool_t *p);
 
 /*  ---- rref.c ---- */
 
-int rref_ctx_new(agent_t *a);
-void rref_ctx_free(agent_t *a);
+int zd__rref_ctx_new(agent_t *a);
+void zd__rref_ctx_free(agent_t *a);
 /*  Control messages from peers (I/O thread): answer with a REPLY or ERROR. */
-void rref_handle_control(agent_t *a, const inmsg_t *m);
+void zd__rref_handle_control(agent_t *a, const inmsg_t *m);
 /*  Periodic work: placeholder expiry (I/O thread). */
-void rref_tick(agent_t *a, int64_t now_ns);
+void zd__rref_tick(agent_t *a, int64_t now_ns);
 
 /*  ---- shutdown.c ---- */
 
-int shutdown_graceful(agent_t *a, int64_t timeout_ms);
+int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms);
 /*  One round of the barrier hosted by rank 0: returns once every worker has
     entered round `round`, with *sum the total of their counts. Round -1 is
     init's. 0, or -1 (timeout, rank 0 unreachable, a worker lost). */
-int barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
+int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
                 int64_t *sum);
 /*  Rank 0, I/O thread: fails barrier rounds that cannot complete. */
-void shutdown_tick(agent_t *a, int64_t now_ns);
+void zd__shutdown_tick(agent_t *a, int64_t now_ns);
 /*  Teardown: fails the barrier rounds still open. */
-void shutdown_abort_barrier(agent_t *a);
-/*  The barrier's handler on rank 0 (registered by serve_register_internal). */
-rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void *arg);
+void zd__shutdown_abort_barrier(agent_t *a);
+/*  The barrier's handler on rank 0 (registered by zd__serve_register_internal). */
+zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
 /*  ---- metrics.c ---- */
 
-void metrics_init(peer_metrics_t *m);
-void metrics_destroy(peer_metrics_t *m);
-void metrics_latency(peer_metrics_t *m, int64_t ns);
+void zd__metrics_init(peer_metrics_t *m);
+void zd__metrics_destroy(peer_metrics_t *m);
+void zd__metrics_latency(peer_metrics_t *m, int64_t ns);
 
 #endif

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 #define BUF_ALIGN ((size_t)2 << 20)
 #define PAGE ((size_t)4096)
@@ -43,18 +43,18 @@ static size_t rounded(size_t size)
 static rpc_buf_t *buf_new(size_t size)
 {
     if (size > SIZE_MAX - BUF_ALIGN) {
-        error_set("bufcache: %zu bytes is too large", size);
+        zd_error_set("bufcache: %zu bytes is too large", size);
         return NULL;
     }
     rpc_buf_t *b = malloc(sizeof *b);
     if (!b) {
-        error_set("bufcache: out of memory");
+        zd_error_set("bufcache: out of memory");
         return NULL;
     }
     b->cap = rounded(size);
     b->data = mmap(NULL, b->cap, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (b->data == MAP_FAILED) {
-        error_set("bufcache: cannot map %zu bytes", b->cap);
+        zd_error_set("bufcache: cannot map %zu bytes", b->cap);
         free(b);
         return NULL;
     }
@@ -76,7 +76,7 @@ static rpc_buf_t *take(int i)
     return b;
 }
 
-rpc_buf_t *rpc_bufcache_get(size_t size)
+rpc_buf_t *zd__rpc_bufcache_get(size_t size)
 {
     rpc_buf_t *b = NULL;
     pthread_mutex_lock(&lock);
@@ -97,7 +97,7 @@ rpc_buf_t *rpc_bufcache_get(size_t size)
     return b ? b : buf_new(size);
 }
 
-void rpc_bufcache_put(rpc_buf_t *b)
+void zd__rpc_bufcache_put(rpc_buf_t *b)
 {
     if (!b)
         return;
@@ -119,13 +119,13 @@ void rpc_bufcache_put(rpc_buf_t *b)
         buf_free(drop[i]);
 }
 
-void rpc_bufcache_release(void *data, void *arg)
+void zd__rpc_bufcache_release(void *data, void *arg)
 {
     (void)data;
-    rpc_bufcache_put(arg);
+    zd__rpc_bufcache_put(arg);
 }
 
-void rpc_bufcache_enable(bool on)
+void zd__rpc_bufcache_enable(bool on)
 {
     rpc_buf_t *drop[RPC_BUFCACHE_MAX_BUFFERS];
     int n_drop = 0;
@@ -139,7 +139,7 @@ void rpc_bufcache_enable(bool on)
         buf_free(drop[i]);
 }
 
-void rpc_bufcache_stats(long *hits, long *misses, int *n, size_t *bytes)
+void zd__rpc_bufcache_stats(long *hits, long *misses, int *n, size_t *bytes)
 {
     pthread_mutex_lock(&lock);
     if (hits)

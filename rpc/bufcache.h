@@ -2,14 +2,14 @@
 
     A tensor that arrives in several frames (codec.h) is copied into one
     contiguous buffer taken from here, and the buffer comes back here when
-    the tensor dies (rpc_bufcache_release is its storage's release
+    the tensor dies (zd__rpc_bufcache_release is its storage's release
     callback). Reusing a buffer whose pages are already mapped is what makes
     large tensors fast: a fresh 64 MiB buffer costs 16384 page faults, more
     than the copy into it.
 
     The cache is process-wide, thread-safe and bounded (RPC_BUFCACHE_MAX_BUFFERS
     buffers, RPC_BUFCACHE_MAX_BYTES in all). It only keeps buffers while it
-    is enabled, which the agent does from rpc_init to rpc_shutdown; disabling
+    is enabled, which the agent does from zd_rpc_init to zd_rpc_shutdown; disabling
     it frees what it holds, and buffers returned afterwards are freed at
     once. Tensors may outlive the agent: their buffers are freed when they
     die. */
@@ -30,21 +30,21 @@ typedef struct rpc_buf {
 
 /*  A buffer of at least size bytes (size > 0): a cached one when one fits,
     else a new one. Its contents are undefined. Owned by the caller until
-    rpc_bufcache_put. NULL (error set) when out of memory. */
-rpc_buf_t *rpc_bufcache_get(size_t size);
+    zd__rpc_bufcache_put. NULL (error set) when out of memory. */
+rpc_buf_t *zd__rpc_bufcache_get(size_t size);
 
 /*  Gives b back: kept for reuse, or freed. NULL-safe. */
-void rpc_bufcache_put(rpc_buf_t *b);
+void zd__rpc_bufcache_put(rpc_buf_t *b);
 
-/*  tensor_release_fn for a tensor wrapping b->data: rpc_bufcache_put(arg). */
-void rpc_bufcache_release(void *data, void *arg);
+/*  zd_tensor_release_fn for a tensor wrapping b->data: zd__rpc_bufcache_put(arg). */
+void zd__rpc_bufcache_release(void *data, void *arg);
 
 /*  Turns caching on or off; off frees every cached buffer. */
-void rpc_bufcache_enable(bool on);
+void zd__rpc_bufcache_enable(bool on);
 
 /*  Counters since the process started, for tests and benchmarks: buffers
     handed out from the cache (hits) and newly made (misses), and what the
     cache holds now. Any pointer may be NULL. */
-void rpc_bufcache_stats(long *hits, long *misses, int *cached, size_t *cached_bytes);
+void zd__rpc_bufcache_stats(long *hits, long *misses, int *cached, size_t *cached_bytes);
 
 #endif

@@ -1,9 +1,9 @@
-/*  call.c: outgoing requests, their pending table, rpc_sync / rpc_async.
+/*  call.c: outgoing requests, their pending table, zd_rpc_sync / zd_rpc_async.
 
     A request gets a future and an entry in the pending table (keyed by its
     64-bit id) before it is sent; the I/O thread takes the entry out when
     the answer arrives, or when its deadline passes, and completes the
-    future. A caller blocked in rpc_sync waits on that future: the only
+    future. A caller blocked in zd_rpc_sync waits on that future: the only
     thread hand-off of a round trip on the caller's side. */
 #include "rpc/agent.h"
 
@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/rref.h"
 
 struct pending {
@@ -21,14 +21,14 @@ struct pending {
     uint8_t type;
     bool internal;
     bool hooked;                /* on_send_request ran: on_recv_reply is due */
-    char fn[RPC_MAX_FUNCTION + 1];
+    char fn[ZD_RPC_MAX_FUNCTION + 1];
     const char *api;
-    rpc_future_t *future;
+    zd_future_t *future;
     int64_t start_ns;
     int64_t deadline_ns;        /* INT64_MAX: none */
     int64_t timeout_ms;
     void *hook_state;
-    int wake_fd;                /* rpc_sync on its own socket: wake it when */
+    int wake_fd;                /* zd_rpc_sync on its own socket: wake it when */
     pthread_t owner;            /* another thread completes the call */
     pending_t *next;
 };
@@ -104,32 +104,32 @@ static pending_t *pending_take_many(agent_t *a, int peer, int64_t now)
 
 static void pending_free(pending_t *p)
 {
-    rpc_future_unref(p->future);
+    zd_future_unref(p->future);
     free(p);
 }
 
-static rpc_call_kind_t kind_of(int type)
+static zd_rpc_call_kind_t kind_of(int type)
 {
-    return type == RPC_MSG_REMOTE ? RPC_KIND_REMOTE
-           : type == RPC_MSG_RREF_FETCH ? RPC_KIND_FETCH : RPC_KIND_CALL;
+    return type == RPC_MSG_REMOTE ? ZD_RPC_KIND_REMOTE
+           : type == RPC_MSG_RREF_FETCH ? ZD_RPC_KIND_FETCH : ZD_RPC_KIND_CALL;
 }
 
 /* Completes p with value (borrowed) or the failure detail, runs the reply
    hook (with the answer's extra bytes), counts, and frees p. */
-static void pending_finish(agent_t *a, pending_t *p, rpc_value_t *value, const char *detail,
+static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const char *detail,
                            const void *extra, size_t extra_len)
 {
     peer_t *peer = &a->peers[p->dst];
-    rpc_value_t *v = value ? rpc_value_ref(value) : NULL;
+    zd_value_t *v = value ? zd_value_ref(value) : NULL;
     char text[512];
     if (p->hooked && a->hooks.on_recv_reply) {
-        rpc_hook_msg_t m = {p->dst, p->fn, kind_of(p->type), p->id};
+        zd_rpc_hook_msg_t m = {p->dst, p->fn, kind_of(p->type), p->id};
         bool had_value = v != NULL;
         if (a->hooks.on_recv_reply(a->hooks.arg, &m, p->hook_state, extra, extra_len, &v) < 0
             && had_value) {
-            snprintf(text, sizeof text, "reply hook failed: %s", error_last());
+            snprintf(text, sizeof text, "reply hook failed: %s", zd_error_last());
             detail = text;
-            rpc_value_unref(v);
+            zd_value_unref(v);
             v = NULL;
         }
     }
@@ -147,13 +147,13 @@ static void pending_finish(agent_t *a, pending_t *p, rpc_value_t *value, const c
     }
     if (v) {
         if (!p->internal)
-            metrics_latency(&peer->m, agent_now_ns() - p->start_ns);
-        rpc_future_set_value(p->future, v);
-        rpc_value_unref(v);
+            zd__metrics_latency(&peer->m, zd__agent_now_ns() - p->start_ns);
+        zd_future_set_value(p->future, v);
+        zd_value_unref(v);
     } else {
         if (!p->internal)
             atomic_fetch_add_explicit(&peer->m.errors, 1, memory_order_relaxed);
-        rpc_future_set_error(p->future, "%s to \"%s\" (rank %d) calling \"%s\": %s", p->api,
+        zd_future_set_error(p->future, "%s to \"%s\" (rank %d) calling \"%s\": %s", p->api,
                              peer->name, p->dst, p->fn, detail ? detail : "failed");
     }
     pending_free(p);
@@ -164,7 +164,7 @@ static void pending_finish(agent_t *a, pending_t *p, rpc_value_t *value, const c
 static bool fn_name_ok(const char *s)
 {
     size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > RPC_MAX_FUNCTION)
+    if (n == 0 || n > ZD_RPC_MAX_FUNCTION)
         return false;
     for (size_t i = 0; i < n; i++)
         if (s[i] < 0x21 || s[i] > 0x7e)
@@ -172,17 +172,17 @@ static bool fn_name_ok(const char *s)
     return true;
 }
 
-static rpc_value_t *empty_args(void)
+static zd_value_t *empty_args(void)
 {
-    static _Atomic(rpc_value_t *) empty;
-    rpc_value_t *v = atomic_load(&empty);
+    static _Atomic(zd_value_t *) empty;
+    zd_value_t *v = atomic_load(&empty);
     if (v)
         return v;
-    rpc_value_t *n = rpc_value_list(0);
+    zd_value_t *n = zd_value_list(0);
     if (!n)
         return NULL;
     if (!atomic_compare_exchange_strong(&empty, &v, n)) {
-        rpc_value_unref(n);
+        zd_value_unref(n);
         return v;
     }
     return n;
@@ -192,31 +192,31 @@ static const char *type_fn_name(const call_req_t *req)
 {
     if (req->fn)
         return req->fn;
-    return req->type == RPC_MSG_RREF_FETCH ? "__to_here" : rpc_wire_type_name(req->type);
+    return req->type == RPC_MSG_RREF_FETCH ? "__to_here" : zd__rpc_wire_type_name(req->type);
 }
 
-rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
+zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
 {
-    if (agent_check_rank(a, to, req->api) < 0)
+    if (zd__agent_check_rank(a, to, req->api) < 0)
         return NULL;
     if (atomic_load(&a->closing))
-        return error_set("%s: RPC is shutting down", req->api), NULL;
+        return zd_error_set("%s: RPC is shutting down", req->api), NULL;
     bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
     if (has_value && !fn_name_ok(req->fn))
-        return error_set("%s to \"%s\" (rank %d): bad function name \"%s\"", req->api,
+        return zd_error_set("%s to \"%s\" (rank %d): bad function name \"%s\"", req->api,
                          a->peers[to].name, to, req->fn ? req->fn : "(null)"), NULL;
-    if (req->args && rpc_value_kind(req->args) != RPC_LIST)
-        return error_set("%s to \"%s\" (rank %d) calling \"%s\": arguments must be a list, "
+    if (req->args && zd_value_kind(req->args) != ZD_VALUE_LIST)
+        return zd_error_set("%s to \"%s\" (rank %d) calling \"%s\": arguments must be a list, "
                          "not %s", req->api, a->peers[to].name, to, req->fn,
-                         rpc_value_kind_name(rpc_value_kind(req->args))), NULL;
+                         zd_value_kind_name(zd_value_kind(req->args))), NULL;
     pending_t *p = calloc(1, sizeof *p);
-    rpc_future_t *f = rpc_future_new();
+    zd_future_t *f = zd_future_new();
     if (!p || !f) {
         free(p);
-        rpc_future_unref(f);
-        return error_set("%s: out of memory", req->api), NULL;
+        zd_future_unref(f);
+        return zd_error_set("%s: out of memory", req->api), NULL;
     }
-    p->id = agent_new_id(a);
+    p->id = zd__agent_new_id(a);
     p->dst = to;
     p->type = req->type;
     p->internal = !req->hooked;
@@ -225,12 +225,12 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
     p->future = f;
     p->wake_fd = req->sock ? req->wake_fd : -1;
     p->owner = pthread_self();
-    p->timeout_ms = agent_timeout(a, req->timeout_ms);
-    p->start_ns = agent_now_ns();
+    p->timeout_ms = zd__agent_timeout(a, req->timeout_ms);
+    p->start_ns = zd__agent_now_ns();
     p->deadline_ns = p->timeout_ms ? p->start_ns + p->timeout_ms * 1000000 : INT64_MAX;
     if (req->id_out)
         *req->id_out = p->id;
-    rpc_future_ref(f);   /* the caller's */
+    zd_future_ref(f);   /* the caller's */
     peer_t *peer = &a->peers[to];
     if (!p->internal) {
         atomic_fetch_add_explicit(&peer->m.calls_sent, 1, memory_order_relaxed);
@@ -238,16 +238,16 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
         atomic_fetch_add_explicit(&a->user_in_flight, 1, memory_order_relaxed);
     }
 
-    rpc_value_t *args = NULL;
+    zd_value_t *args = NULL;
     if (has_value)
-        args = rpc_value_ref(req->args ? req->args : empty_args());
-    rpc_bytes_t extra = {NULL, 0};
+        args = zd_value_ref(req->args ? req->args : empty_args());
+    zd_rpc_bytes_t extra = {NULL, 0};
     char detail[512] = "";
     if (req->hooked && a->has_hooks) {
-        rpc_hook_msg_t m = {to, p->fn, kind_of(req->type), p->id};
+        zd_rpc_hook_msg_t m = {to, p->fn, kind_of(req->type), p->id};
         if (a->hooks.on_send_request &&
             a->hooks.on_send_request(a->hooks.arg, &m, &args, &extra, &p->hook_state) < 0) {
-            snprintf(detail, sizeof detail, "request hook failed: %s", error_last());
+            snprintf(detail, sizeof detail, "request hook failed: %s", zd_error_last());
             goto fail;
         }
         p->hooked = true;
@@ -257,13 +257,13 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
         goto fail;
     }
     rref_txn_t txn;
-    rref_txn_init(&txn, a);
+    zd__rref_txn_init(&txn, a);
     rpc_encoded_t enc = {0};
     if (has_value) {
-        rpc_rref_codec_t codec = rref_txn_codec(&txn);
-        if (rpc_value_encode(args, &codec, to, &enc) < 0) {
-            snprintf(detail, sizeof detail, "cannot send the arguments: %s", error_last());
-            rref_txn_rollback(&txn);
+        rpc_rref_codec_t codec = zd__rref_txn_codec(&txn);
+        if (zd__value_encode(args, &codec, to, &enc) < 0) {
+            snprintf(detail, sizeof detail, "cannot send the arguments: %s", zd_error_last());
+            zd__rref_txn_rollback(&txn);
             goto fail;
         }
     }
@@ -275,37 +275,37 @@ rpc_future_t *call_start(agent_t *a, int to, const call_req_t *req)
         .extra = extra.data, .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len,
     };
     /* In the table before the first byte leaves: the answer may come back
-       before transport_send returns. */
+       before zd__transport_send returns. */
     pending_insert(a, p);
-    int rc = req->sock ? transport_send_on(a, req->sock, to, &h, enc.tensors, enc.n_tensors)
-                       : transport_send(a, to, &h, enc.tensors, enc.n_tensors);
-    rpc_encoded_clear(&enc);
+    int rc = req->sock ? zd__transport_send_on(a, req->sock, to, &h, enc.tensors, enc.n_tensors)
+                       : zd__transport_send(a, to, &h, enc.tensors, enc.n_tensors);
+    zd__rpc_encoded_clear(&enc);
     free(extra.data);
-    rpc_value_unref(args);
+    zd_value_unref(args);
     if (rc == 0) {
-        rref_txn_commit(&txn);
+        zd__rref_txn_commit(&txn);
         return f;
     }
-    rref_txn_rollback(&txn);
-    snprintf(detail, sizeof detail, "%s", error_last());
+    zd__rref_txn_rollback(&txn);
+    snprintf(detail, sizeof detail, "%s", zd_error_last());
     p = pending_take(a, h.id);
     if (p)
         pending_finish(a, p, NULL, detail, NULL, 0);
     return f;   /* failed: the error is in the future */
 fail:
     free(extra.data);
-    rpc_value_unref(args);
+    zd_value_unref(args);
     pending_finish(a, p, NULL, detail, NULL, 0);
     return f;
 }
 
 /* ---- answers and expiry (I/O thread) ---- */
 
-void call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
+void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
 {
     pending_t *p = pending_take(a, h->id);
     if (p && p->dst != h->src) {
-        agent_log(a, "dropped an answer to request %" PRIx64 " from rank %d: it was sent to "
+        zd__agent_log(a, "dropped an answer to request %" PRIx64 " from rank %d: it was sent to "
                   "rank %d", h->id, h->src, p->dst);
         pending_insert(a, p);
         p = NULL;
@@ -329,21 +329,21 @@ void call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *fra
     }
     /* Decoded even when nobody waits any more (a late answer), so that the
        RRefs inside follow their protocol and nothing leaks. */
-    rpc_value_t *v = NULL;
-    int rc = rpc_value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src, &v);
+    zd_value_t *v = NULL;
+    int rc = zd__value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src, &v);
     if (!p) {
-        rpc_value_unref(v);
+        zd_value_unref(v);
         return;
     }
     if (rc < 0) {
         char text[512];
-        snprintf(text, sizeof text, "bad reply: %s", error_last());
-        agent_log(a, "%s", text);
+        snprintf(text, sizeof text, "bad reply: %s", zd_error_last());
+        zd__agent_log(a, "%s", text);
         pending_finish(a, p, NULL, text, h->extra, h->extra_len);
         return;
     }
     pending_finish(a, p, v, NULL, h->extra, h->extra_len);
-    rpc_value_unref(v);
+    zd_value_unref(v);
 }
 
 static void finish_list(agent_t *a, pending_t *list, const char *detail)
@@ -358,17 +358,17 @@ static void finish_list(agent_t *a, pending_t *list, const char *detail)
     }
 }
 
-void call_expire(agent_t *a, int64_t now_ns)
+void zd__call_expire(agent_t *a, int64_t now_ns)
 {
     finish_list(a, pending_take_many(a, -1, now_ns), NULL);
 }
 
-void call_fail_peer(agent_t *a, int peer, const char *text)
+void zd__call_fail_peer(agent_t *a, int peer, const char *text)
 {
     finish_list(a, pending_take_many(a, peer, -1), text);
 }
 
-void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
 {
     pending_t *p = pending_take(a, id);
     if (p && p->dst != src) {   /* not that peer's call: leave it alone */
@@ -379,48 +379,48 @@ void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
         finish_list(a, p, text);
 }
 
-void call_timeout_now(agent_t *a, uint64_t id)
+void zd__call_timeout_now(agent_t *a, uint64_t id)
 {
     pending_t *p = pending_take(a, id);
     if (p)
         finish_list(a, p, NULL);
 }
 
-/* Polls f for a while, within timeout_ms (< 0: none; agent_poll_future);
+/* Polls f for a while, within timeout_ms (< 0: none; zd__agent_poll_future);
    true once it completed. */
-static bool poll_future(rpc_future_t *f, int64_t timeout_ms)
+static bool poll_future(zd_future_t *f, int64_t timeout_ms)
 {
-    agent_t *a = agent_try_acquire();
+    agent_t *a = zd__agent_try_acquire();
     int64_t max_ns = timeout_ms < 0 ? INT64_MAX : timeout_ms * 1000000;
-    bool done = a ? agent_poll_future(a, f, max_ns) : rpc_future_done(f);
-    agent_release(a);
+    bool done = a ? zd__agent_poll_future(a, f, max_ns) : zd_future_done(f);
+    zd__agent_release(a);
     return done;
 }
 
-int call_wait(rpc_future_t *f, int64_t timeout_ms)
+int zd__call_wait(zd_future_t *f, int64_t timeout_ms)
 {
     if (timeout_ms == 0 || poll_future(f, timeout_ms))
-        return rpc_future_wait(f, 0);
-    pool_block_begin();
-    int rc = rpc_future_wait(f, timeout_ms);
-    pool_block_end();
+        return zd_future_wait(f, 0);
+    zd__pool_block_begin();
+    int rc = zd_future_wait(f, timeout_ms);
+    zd__pool_block_end();
     return rc;
 }
 
 /* ---- public calls ---- */
 
-/* Waits for a request's future like rpc_sync does: the waiter enforces the
+/* Waits for a request's future like zd_rpc_sync does: the waiter enforces the
    timeout itself (the I/O thread checks deadlines only every few ms). */
-static int wait_answer(rpc_future_t *f, uint64_t id, int64_t timeout_ms)
+static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
 {
-    int rc = call_wait(f, timeout_ms ? timeout_ms : -1);
-    if (rc < 0 && !rpc_future_done(f)) {
-        agent_t *a = agent_acquire();
+    int rc = zd__call_wait(f, timeout_ms ? timeout_ms : -1);
+    if (rc < 0 && !zd_future_done(f)) {
+        agent_t *a = zd__agent_acquire();
         if (a) {
-            call_timeout_now(a, id);
-            agent_release(a);
+            zd__call_timeout_now(a, id);
+            zd__agent_release(a);
         }
-        rc = call_wait(f, -1);
+        rc = zd__call_wait(f, -1);
     }
     return rc;
 }
@@ -430,20 +430,20 @@ static int wait_answer(rpc_future_t *f, uint64_t id, int64_t timeout_ms)
    decoded and dropped), until the future completes or the deadline. The
    eventfd says another thread completed the call (failure, shutdown, or an
    answer that came through the shared path). */
-static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t *f,
+static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t *f,
                        uint64_t id, int64_t timeout_ms)
 {
-    int64_t deadline = timeout_ms ? agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
-    int64_t poll_ns = agent_poll_begin();                  /* see agent_poll_future */
-    int64_t poll_until = agent_now_ns() + poll_ns;
+    int64_t deadline = timeout_ms ? zd__agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    int64_t poll_ns = zd__agent_poll_begin();                  /* see zd__agent_poll_future */
+    int64_t poll_until = zd__agent_now_ns() + poll_ns;
     inmsg_t m = {0};
-    pool_block_begin();
-    while (!rpc_future_done(f)) {
-        int64_t now = agent_now_ns();
+    zd__pool_block_begin();
+    while (!zd_future_done(f)) {
+        int64_t now = zd__agent_now_ns();
         if (now >= deadline) {
             /* Fails it, unless another thread is completing it right now. */
-            call_timeout_now(a, id);
-            rpc_future_wait(f, -1);
+            zd__call_timeout_now(a, id);
+            zd_future_wait(f, -1);
             break;
         }
         int64_t left = deadline == INT64_MAX ? -1 : (deadline - now + 999999) / 1000000;
@@ -452,7 +452,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
         if (now < poll_until)
             left = 0;
         else if (poll_ns) {
-            agent_poll_end();
+            zd__agent_poll_end();
             poll_ns = 0;
         }
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {NULL, wake_fd, ZMQ_POLLIN, 0}};
@@ -467,41 +467,41 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, rpc_future_t
                 /* drained already */
             }
             /* Completion is under way on the other thread. */
-            rpc_future_wait(f, -1);
+            zd_future_wait(f, -1);
             break;
         }
         int got;
-        while ((got = transport_recv(a, sock, to, &m)) != 0)
+        while ((got = zd__transport_recv(a, sock, to, &m)) != 0)
             if (got > 0) {
-                call_handle_answer(a, &m.h, m.frames, m.n);
-                transport_msg_done(&m);
+                zd__call_handle_answer(a, &m.h, m.frames, m.n);
+                zd__transport_msg_done(&m);
             }
     }
     if (poll_ns)
-        agent_poll_end();
-    pool_block_end();
+        zd__agent_poll_end();
+    zd__pool_block_end();
     free(m.frames);
-    return rpc_future_done(f) ? rpc_future_wait(f, 0)
-                              : error_set("cannot wait for the answer: %s", zmq_strerror(errno));
+    return zd_future_done(f) ? zd_future_wait(f, 0)
+                              : zd_error_set("cannot wait for the answer: %s", zmq_strerror(errno));
 }
 
-int call_sync(const call_req_t *req, int to, rpc_value_t **result)
+int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
 {
     if (result)
         *result = NULL;
-    if (transport_thread_role() == ROLE_IO)
-        return error_set("%s: called on the RPC I/O thread (in a future callback or an "
-                         "inline handler), where it would wait forever: use rpc_async", req->api);
-    agent_t *a = agent_acquire();
+    if (zd__transport_thread_role() == ROLE_IO)
+        return zd_error_set("%s: called on the RPC I/O thread (in a future callback or an "
+                         "inline handler), where it would wait forever: use zd_rpc_async", req->api);
+    agent_t *a = zd__agent_acquire();
     if (!a)
-        return error_wrap("%s", req->api);
+        return zd_error_wrap("%s", req->api);
     uint64_t id = 0;
     call_req_t r = *req;
     r.id_out = &id;
-    int64_t timeout = agent_timeout(a, req->timeout_ms);
+    int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
     /* A peer whose connection is down: the shared socket says so at once. */
     if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost))
-        r.sock = direct_socket(a, to, &r.wake_fd);
+        r.sock = zd__direct_socket(a, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread
            while this one was already returning) must not count for this one. */
@@ -510,9 +510,9 @@ int call_sync(const call_req_t *req, int to, rpc_value_t **result)
             /* nothing left: the usual case */
         }
     }
-    rpc_future_t *f = call_start(a, to, &r);
+    zd_future_t *f = zd__call_start(a, to, &r);
     if (!f) {
-        agent_release(a);
+        zd__agent_release(a);
         return -1;
     }
     int rc;
@@ -520,42 +520,42 @@ int call_sync(const call_req_t *req, int to, rpc_value_t **result)
         /* Holds the agent while it reads its socket: shutdown fails the
            call first, which wakes this thread. */
         rc = wait_direct(a, to, r.sock, r.wake_fd, f, id, timeout);
-        agent_release(a);
+        zd__agent_release(a);
     } else {
-        agent_release(a);
+        zd__agent_release(a);
         rc = wait_answer(f, id, timeout);
     }
     if (rc == 0 && result)
-        *result = rpc_value_ref(rpc_future_value(f));
-    rpc_future_unref(f);
+        *result = zd_value_ref(zd_future_value(f));
+    zd_future_unref(f);
     return rc;
 }
 
-int rpc_sync(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms,
-             rpc_value_t **result)
+int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
+             zd_value_t **result)
 {
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "rpc_sync", .args = args,
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "zd_rpc_sync", .args = args,
                       .timeout_ms = timeout_ms, .hooked = true};
-    return call_sync(&req, to, result);
+    return zd__call_sync(&req, to, result);
 }
 
-rpc_future_t *rpc_async(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms)
+zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t timeout_ms)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a) {
-        error_wrap("rpc_async");
+        zd_error_wrap("zd_rpc_async");
         return NULL;
     }
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "rpc_async", .args = args,
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "zd_rpc_async", .args = args,
                       .timeout_ms = timeout_ms, .hooked = true};
-    rpc_future_t *f = call_start(a, to, &req);
-    agent_release(a);
+    zd_future_t *f = zd__call_start(a, to, &req);
+    zd__agent_release(a);
     return f;
 }
 
-int rpc_wait(rpc_future_t *f, int64_t timeout_ms)
+int zd_rpc_wait(zd_future_t *f, int64_t timeout_ms)
 {
     if (!f)
-        return error_set("rpc_wait: NULL future");
-    return call_wait(f, timeout_ms);
+        return zd_error_set("zd_rpc_wait: NULL future");
+    return zd__call_wait(f, timeout_ms);
 }

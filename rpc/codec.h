@@ -7,7 +7,7 @@
     Metadata format (every integer little-endian):
 
         meta    := version node             version = RPC_CODEC_VERSION (1 byte)
-        node    := kind:u8 body             kind = rpc_value_kind_t (0..7)
+        node    := kind:u8 body             kind = zd_value_kind_t (0..7)
         NONE    := (nothing)
         INT     := zigzag varint
         FLOAT   := 8 bytes, IEEE binary64 bit pattern
@@ -18,14 +18,14 @@
         RREF    := RPC_RREF_WIRE_SIZE bytes, written/read by rpc_rref_codec_t
         LIST    := count:varint node * count
 
-    RPC_OBJECT (8) has no wire form: a local object cannot leave its
+    ZD_VALUE_OBJECT (8) has no wire form: a local object cannot leave its
     process, so encoding a value that holds one fails (naming its type and
     suggesting an RRef), and a decoder meeting tag 8 rejects it as unknown.
     The format is the same as before objects existed.
 
     varint = unsigned LEB128, at most 10 bytes, shortest form only. Tensor
     flags: bit 0 = requires_grad (float32 only); other bits must be 0. dtype
-    is tensor_dtype_t. Dimensions are checked exactly as tensor_new checks
+    is zd_tensor_dtype_t. Dimensions are checked exactly as zd_tensor_new checks
     them. Lists nest at most RPC_CODEC_MAX_DEPTH deep (a list inside the top
     list is depth 2). The encoding of a value is unique: decode then encode
     gives back the same bytes, which the fuzzer checks.
@@ -38,32 +38,32 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
-#include "rpc/value.h"
+#include <zdist/tensor.h>
+#include <zdist/value.h>
 
 #define RPC_CODEC_VERSION 1
 
-/*  RRef reference counting used by rpc_value_rref() and by freeing an RRef
+/*  RRef reference counting used by zd_value_rref() and by freeing an RRef
     value. Implemented by the agent (rpc/rref.c), which installs them with
-    rpc_value_set_rref_hooks() when it starts; until then both are no-ops.
+    zd__value_set_rref_hooks() when it starts; until then both are no-ops.
     Either may be NULL (no-op). */
-typedef void (rpc_rref_hook_fn)(rpc_rref_t *r);
-void rpc_value_set_rref_hooks(rpc_rref_hook_fn *ref, rpc_rref_hook_fn *unref);
+typedef void (rpc_rref_hook_fn)(zd_rref_t *r);
+void zd__value_set_rref_hooks(rpc_rref_hook_fn *ref, rpc_rref_hook_fn *unref);
 
 /*  An RRef value that takes over the caller's reference to r (instead of
     taking a new one). On failure (NULL) that reference is dropped through
     the unref hook. */
-rpc_value_t *rpc_value_rref_adopt(rpc_rref_t *r);
+zd_value_t *zd__value_rref_adopt(zd_rref_t *r);
 
 /*  A string of len bytes that need not be NUL-terminated (and must not
     contain NUL). New reference, or NULL. */
-rpc_value_t *rpc_value_string_len(const char *s, size_t len);
+zd_value_t *zd__value_string_len(const char *s, size_t len);
 
 /*  A value serialised for the wire: one metadata blob (the value tree with
     tensors replaced by descriptors) plus the tensors, in order, to be sent
-    as separate frames without copying: frame i is tensor_raw(tensors[i]),
-    tensor_nbytes(tensors[i]) bytes. A sender hands each frame to ZeroMQ with
-    zmq_msg_init_data and a free function that drops a tensor_ref taken for
+    as separate frames without copying: frame i is zd_tensor_raw(tensors[i]),
+    zd_tensor_nbytes(tensors[i]) bytes. A sender hands each frame to ZeroMQ with
+    zmq_msg_init_data and a free function that drops a zd_tensor_ref taken for
     it, since the transport may still read the memory after send returns
     (like PyTorch, the caller must not modify a tensor it has just sent).
     The receiver decodes with requires_grad set on float tensors that had it
@@ -72,7 +72,7 @@ rpc_value_t *rpc_value_string_len(const char *s, size_t len);
 typedef struct {
     uint8_t *meta;          /* owned (free()) */
     size_t meta_len;
-    tensor_t **tensors;     /* owned array of references (n_tensors) */
+    zd_tensor_t **tensors;     /* owned array of references (n_tensors) */
     int n_tensors;
 } rpc_encoded_t;
 
@@ -81,11 +81,11 @@ typedef struct {
 typedef struct {
     /* Fill 40 bytes describing r for sending to peer `dst_rank`; may register
        a pending fork. Returns 0 or -1 (error set). */
-    int (*encode)(void *arg, rpc_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE]);
+    int (*encode)(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE]);
     /* Build an RRef (new reference in *out) from 40 received bytes sent by
        rank src_rank. Returns 0 or -1 (error set). */
     int (*decode)(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
-                  rpc_rref_t **out);
+                  zd_rref_t **out);
     void *arg;
 } rpc_rref_codec_t;
 
@@ -98,7 +98,7 @@ typedef struct {
 typedef struct {
     void *data;
     size_t size;
-    tensor_release_fn *release;   /* may be NULL: memory not owned */
+    zd_tensor_release_fn *release;   /* may be NULL: memory not owned */
     void *release_arg;
 } rpc_frame_t;
 
@@ -108,20 +108,20 @@ typedef struct {
 
 /* Serialise v. rrefs may be NULL when v holds no RRef (else error). dst_rank is
    passed to rrefs->encode. Returns 0 or -1; on failure *out is left empty.
-   Fails on a value holding a local object (RPC_OBJECT) anywhere. */
-int rpc_value_encode(const rpc_value_t *v, const rpc_rref_codec_t *rrefs, int dst_rank,
+   Fails on a value holding a local object (ZD_VALUE_OBJECT) anywhere. */
+int zd__value_encode(const zd_value_t *v, const rpc_rref_codec_t *rrefs, int dst_rank,
                      rpc_encoded_t *out);
 
 /* Frees what e owns and leaves it empty; NULL-safe, may be called twice. */
-void rpc_encoded_clear(rpc_encoded_t *e);
+void zd__rpc_encoded_clear(rpc_encoded_t *e);
 
 /* Rebuild a value from meta and exactly n_frames tensor frames (consumed in all
    cases). Validates everything before touching memory: truncated meta, unknown
    kind tags, absurd lengths, nesting deeper than RPC_CODEC_MAX_DEPTH, tensor dtype
-   unknown, ndim > TENSOR_MAX_DIMS, negative/overflowing dims, frame size !=
+   unknown, ndim > ZD_TENSOR_MAX_DIMS, negative/overflowing dims, frame size !=
    numel*elemsize, frame count != descriptors, trailing bytes. Returns 0 and *out,
    or -1 with a clear error ("codec: tensor 2 declares 40 bytes but its frame has 36"). */
-int rpc_value_decode(const void *meta, size_t meta_len, rpc_frame_t *frames, int n_frames,
-                     const rpc_rref_codec_t *rrefs, int src_rank, rpc_value_t **out);
+int zd__value_decode(const void *meta, size_t meta_len, rpc_frame_t *frames, int n_frames,
+                     const rpc_rref_codec_t *rrefs, int src_rank, zd_value_t **out);
 
 #endif

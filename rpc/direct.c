@@ -1,10 +1,10 @@
-/*  direct.c: every thread that calls rpc_sync gets its own DEALER per peer.
+/*  direct.c: every thread that calls zd_rpc_sync gets its own DEALER per peer.
 
     The answer to a request sent on such a socket comes back on the same
     connection (the callee answers through its ROUTER with the socket's
     routing id, 's' rank slot), and the waiting thread reads it itself: the
     round trip has no hand-off between our threads at all, like a plain
-    REQ/REP exchange. Everything else (rpc_async, RRef messages, answers to
+    REQ/REP exchange. Everything else (zd_rpc_async, RRef messages, answers to
     shared-socket requests) keeps going through the shared sockets and the
     I/O thread.
 
@@ -20,7 +20,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 typedef struct sync_set {
     unsigned gen;
@@ -52,7 +52,7 @@ static void set_free(sync_set_t *s)
 static void set_destructor(void *arg)
 {
     sync_set_t *s = arg;
-    agent_t *a = agent_try_acquire();
+    agent_t *a = zd__agent_try_acquire();
     if (a && a->gen == tls_gen && s == tls_set) {
         pthread_mutex_lock(&a->sync_lock);
         sync_set_t **pp = &a->sync_sets;
@@ -65,7 +65,7 @@ static void set_destructor(void *arg)
         if (mine)
             set_free(s);
     }
-    agent_release(a);
+    zd__agent_release(a);
 }
 
 static void make_key(void)
@@ -104,7 +104,7 @@ static sync_set_t *set_get(agent_t *a)
     return s;
 }
 
-void *direct_socket(agent_t *a, int peer, int *wake_fd)
+void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
 {
     sync_set_t *s = set_get(a);
     if (!s)
@@ -116,7 +116,7 @@ void *direct_socket(agent_t *a, int peer, int *wake_fd)
     if (!sock)
         return NULL;
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-    rpc_wire_sync_identity(a->rank, s->slot, id);
+    zd__rpc_wire_sync_identity(a->rank, s->slot, id);
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -135,7 +135,7 @@ void *direct_socket(agent_t *a, int peer, int *wake_fd)
     return sock;
 }
 
-void direct_close_all(agent_t *a)
+void zd__direct_close_all(agent_t *a)
 {
     pthread_mutex_lock(&a->sync_lock);
     sync_set_t *s = a->sync_sets;

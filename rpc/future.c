@@ -4,7 +4,7 @@
     callbacks outside it, in the order they were added. wait_all / wait_any
     do not poll: they register a callback on each pending future that signals
     one shared waiter, and unregister it when they leave. */
-#include "rpc/future.h"
+#include <zdist/future.h>
 
 #include <errno.h>
 #include <inttypes.h>
@@ -16,21 +16,21 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 typedef struct callback {
-    rpc_future_cb *cb;
+    zd_future_cb *cb;
     void (*drop)(void *arg);   /* if the future dies before running cb */
     void *arg;
     struct callback *next;
 } callback_t;
 
-struct rpc_future {
+struct zd_future {
     atomic_int refcount;
     pthread_mutex_t lock;
     pthread_cond_t cond;
     atomic_bool done;          /* set (release) after value/error are written */
-    rpc_value_t *value;
+    zd_value_t *value;
     char *error;               /* NULL while pending or after a value */
     callback_t *callbacks;     /* pending callbacks, in order */
     callback_t **tail;
@@ -87,16 +87,16 @@ static int cond_init_monotonic(pthread_cond_t *cond)
 
 /* ---- futures ---- */
 
-rpc_future_t *rpc_future_new(void)
+zd_future_t *zd_future_new(void)
 {
-    rpc_future_t *f = calloc(1, sizeof *f);
+    zd_future_t *f = calloc(1, sizeof *f);
     if (!f) {
-        error_set("rpc future: out of memory");
+        zd_error_set("rpc future: out of memory");
         return NULL;
     }
     if (cond_init_monotonic(&f->cond) < 0) {
         free(f);
-        error_set("rpc future: cannot create a condition variable");
+        zd_error_set("rpc future: cannot create a condition variable");
         return NULL;
     }
     pthread_mutex_init(&f->lock, NULL);
@@ -106,14 +106,14 @@ rpc_future_t *rpc_future_new(void)
     return f;
 }
 
-rpc_future_t *rpc_future_ref(rpc_future_t *f)
+zd_future_t *zd_future_ref(zd_future_t *f)
 {
     if (f)
         atomic_fetch_add_explicit(&f->refcount, 1, memory_order_relaxed);
     return f;
 }
 
-void rpc_future_unref(rpc_future_t *f)
+void zd_future_unref(zd_future_t *f)
 {
     if (!f || atomic_fetch_sub_explicit(&f->refcount, 1, memory_order_acq_rel) != 1)
         return;
@@ -127,7 +127,7 @@ void rpc_future_unref(rpc_future_t *f)
         free(c);
         c = next;
     }
-    rpc_value_unref(f->value);
+    zd_value_unref(f->value);
     if (f->error != oom_error)
         free(f->error);
     pthread_cond_destroy(&f->cond);
@@ -137,12 +137,12 @@ void rpc_future_unref(rpc_future_t *f)
 
 /* Publishes the result (value or error, ownership taken) and runs callbacks.
    Returns -1 and gives nothing back when f was already complete. */
-static int future_complete(rpc_future_t *f, rpc_value_t *value, char *error)
+static int future_complete(zd_future_t *f, zd_value_t *value, char *error)
 {
     pthread_mutex_lock(&f->lock);
     if (atomic_load_explicit(&f->done, memory_order_relaxed)) {
         pthread_mutex_unlock(&f->lock);
-        return error_set("rpc future: already completed");
+        return zd_error_set("rpc future: already completed");
     }
     f->value = value;
     f->error = error;
@@ -152,7 +152,7 @@ static int future_complete(rpc_future_t *f, rpc_value_t *value, char *error)
     f->tail = &f->callbacks;
     pthread_cond_broadcast(&f->cond);
     /* A callback may drop the last outside reference to f. */
-    rpc_future_ref(f);
+    zd_future_ref(f);
     pthread_mutex_unlock(&f->lock);
     while (c) {
         callback_t *next = c->next;
@@ -160,21 +160,21 @@ static int future_complete(rpc_future_t *f, rpc_value_t *value, char *error)
         free(c);
         c = next;
     }
-    rpc_future_unref(f);
+    zd_future_unref(f);
     return 0;
 }
 
-int rpc_future_set_value(rpc_future_t *f, rpc_value_t *value)
+int zd_future_set_value(zd_future_t *f, zd_value_t *value)
 {
     if (!f)
-        return error_set("rpc_future_set_value: NULL future");
-    if (rpc_future_done(f))   /* cheap early refusal; future_complete decides */
-        return error_set("rpc future: already completed");
-    rpc_value_t *v = value ? rpc_value_ref(value) : rpc_value_none();
+        return zd_error_set("zd_future_set_value: NULL future");
+    if (zd_future_done(f))   /* cheap early refusal; future_complete decides */
+        return zd_error_set("rpc future: already completed");
+    zd_value_t *v = value ? zd_value_ref(value) : zd_value_none();
     if (!v)
         return future_complete(f, NULL, oom_error);
     if (future_complete(f, v, NULL) < 0) {
-        rpc_value_unref(v);
+        zd_value_unref(v);
         return -1;
     }
     return 0;
@@ -201,12 +201,12 @@ static char *format_error(const char *fmt, va_list ap)
     return text ? text : oom_error;
 }
 
-int rpc_future_set_error(rpc_future_t *f, const char *fmt, ...)
+int zd_future_set_error(zd_future_t *f, const char *fmt, ...)
 {
     if (!f)
-        return error_set("rpc_future_set_error: NULL future");
-    if (rpc_future_done(f))
-        return error_set("rpc future: already completed");
+        return zd_error_set("zd_future_set_error: NULL future");
+    if (zd_future_done(f))
+        return zd_error_set("rpc future: already completed");
     va_list ap;
     va_start(ap, fmt);
     char *text = format_error(fmt, ap);
@@ -219,34 +219,34 @@ int rpc_future_set_error(rpc_future_t *f, const char *fmt, ...)
     return 0;
 }
 
-bool rpc_future_done(const rpc_future_t *f)
+bool zd_future_done(const zd_future_t *f)
 {
-    return f && atomic_load_explicit(&((rpc_future_t *)f)->done, memory_order_acquire);
+    return f && atomic_load_explicit(&((zd_future_t *)f)->done, memory_order_acquire);
 }
 
-rpc_value_t *rpc_future_value(const rpc_future_t *f)
+zd_value_t *zd_future_value(const zd_future_t *f)
 {
-    return rpc_future_done(f) ? f->value : NULL;
+    return zd_future_done(f) ? f->value : NULL;
 }
 
-const char *rpc_future_error(const rpc_future_t *f)
+const char *zd_future_error(const zd_future_t *f)
 {
-    return rpc_future_done(f) && f->error ? f->error : "";
+    return zd_future_done(f) && f->error ? f->error : "";
 }
 
 /* The outcome of a completed future as a return code (error text set). */
-static int future_result(const rpc_future_t *f)
+static int future_result(const zd_future_t *f)
 {
     if (f->error)
-        return error_set("%s", f->error);
+        return zd_error_set("%s", f->error);
     return 0;
 }
 
-int rpc_future_wait(rpc_future_t *f, int64_t timeout_ms)
+int zd_future_wait(zd_future_t *f, int64_t timeout_ms)
 {
     if (!f)
-        return error_set("rpc_future_wait: NULL future");
-    if (rpc_future_done(f))
+        return zd_error_set("zd_future_wait: NULL future");
+    if (zd_future_done(f))
         return future_result(f);
     deadline_t d = deadline_in(timeout_ms);
     pthread_mutex_lock(&f->lock);
@@ -254,25 +254,25 @@ int rpc_future_wait(rpc_future_t *f, int64_t timeout_ms)
         if (!cond_wait_until(&f->cond, &f->lock, &d) &&
             !atomic_load_explicit(&f->done, memory_order_relaxed)) {
             pthread_mutex_unlock(&f->lock);
-            return error_set("timed out after %" PRId64 " ms", timeout_ms);
+            return zd_error_set("timed out after %" PRId64 " ms", timeout_ms);
         }
     pthread_mutex_unlock(&f->lock);
     return future_result(f);
 }
 
 /* Adds a callback; runs it at once (outside the lock) when f is complete. */
-static int future_add(rpc_future_t *f, rpc_future_cb *cb, void (*drop)(void *), void *arg,
+static int future_add(zd_future_t *f, zd_future_cb *cb, void (*drop)(void *), void *arg,
                       callback_t **added)
 {
     if (added)
         *added = NULL;
-    if (rpc_future_done(f)) {
+    if (zd_future_done(f)) {
         cb(f, arg);
         return 0;
     }
     callback_t *c = malloc(sizeof *c);
     if (!c)
-        return error_set("rpc_future_then: out of memory");
+        return zd_error_set("zd_future_then: out of memory");
     c->cb = cb;
     c->drop = drop;
     c->arg = arg;
@@ -294,7 +294,7 @@ static int future_add(rpc_future_t *f, rpc_future_cb *cb, void (*drop)(void *), 
 
 /* Takes c out of f's pending callbacks. False when completion already took it
    (it has run or is about to run). */
-static bool future_remove(rpc_future_t *f, callback_t *c)
+static bool future_remove(zd_future_t *f, callback_t *c)
 {
     bool found = false;
     pthread_mutex_lock(&f->lock);
@@ -312,10 +312,10 @@ static bool future_remove(rpc_future_t *f, callback_t *c)
     return found;
 }
 
-int rpc_future_then(rpc_future_t *f, rpc_future_cb *cb, void *arg)
+int zd_future_then(zd_future_t *f, zd_future_cb *cb, void *arg)
 {
     if (!f || !cb)
-        return error_set("rpc_future_then: NULL %s", f ? "callback" : "future");
+        return zd_error_set("zd_future_then: NULL %s", f ? "callback" : "future");
     return future_add(f, cb, NULL, arg, NULL);
 }
 
@@ -341,7 +341,7 @@ static void waiter_unref(void *arg)
     free(w);
 }
 
-static void waiter_signal(rpc_future_t *f, void *arg)
+static void waiter_signal(zd_future_t *f, void *arg)
 {
     (void)f;
     waiter_t *w = arg;
@@ -354,7 +354,7 @@ static void waiter_signal(rpc_future_t *f, void *arg)
 
 /* Unregisters from every future; callbacks already taken by a completion
    keep their reference and drop it when they run. */
-static void waiter_leave(waiter_t *w, rpc_future_t *const *fs, int n)
+static void waiter_leave(waiter_t *w, zd_future_t *const *fs, int n)
 {
     for (int i = 0; i < n; i++)
         if (w->added[i] && future_remove(fs[i], w->added[i]))
@@ -362,7 +362,7 @@ static void waiter_leave(waiter_t *w, rpc_future_t *const *fs, int n)
     waiter_unref(w);
 }
 
-static waiter_t *waiter_join(rpc_future_t *const *fs, int n)
+static waiter_t *waiter_join(zd_future_t *const *fs, int n)
 {
     waiter_t *w = calloc(1, sizeof *w);
     if (w)
@@ -371,13 +371,13 @@ static waiter_t *waiter_join(rpc_future_t *const *fs, int n)
         if (w)
             free(w->added);
         free(w);
-        error_set("rpc future: out of memory for a waiter");
+        zd_error_set("rpc future: out of memory for a waiter");
         return NULL;
     }
     pthread_mutex_init(&w->lock, NULL);
     atomic_init(&w->refcount, 1);
     for (int i = 0; i < n; i++) {
-        if (rpc_future_done(fs[i]))
+        if (zd_future_done(fs[i]))
             continue;
         atomic_fetch_add(&w->refcount, 1);
         if (future_add(fs[i], waiter_signal, waiter_unref, w, &w->added[i]) < 0) {
@@ -389,23 +389,23 @@ static waiter_t *waiter_join(rpc_future_t *const *fs, int n)
     return w;
 }
 
-static int check_array(const char *fn, rpc_future_t *const *fs, int n)
+static int check_array(const char *fn, zd_future_t *const *fs, int n)
 {
     if (n < 0 || (n > 0 && !fs))
-        return error_set("%s: bad array of %d futures", fn, n);
+        return zd_error_set("%s: bad array of %d futures", fn, n);
     for (int i = 0; i < n; i++)
         if (!fs[i])
-            return error_set("%s: future %d is NULL", fn, i);
+            return zd_error_set("%s: future %d is NULL", fn, i);
     return 0;
 }
 
 /* wait_all's verdict so far: 1 all done with values, -1 a failure (error set),
    0 still waiting. */
-static int all_state(rpc_future_t *const *fs, int n, int *n_done)
+static int all_state(zd_future_t *const *fs, int n, int *n_done)
 {
     *n_done = 0;
     for (int i = 0; i < n; i++) {
-        if (!rpc_future_done(fs[i]))
+        if (!zd_future_done(fs[i]))
             continue;
         if (fs[i]->error)
             return future_result(fs[i]);
@@ -414,9 +414,9 @@ static int all_state(rpc_future_t *const *fs, int n, int *n_done)
     return *n_done == n ? 1 : 0;
 }
 
-int rpc_future_wait_all(rpc_future_t *const *fs, int n, int64_t timeout_ms)
+int zd_future_wait_all(zd_future_t *const *fs, int n, int64_t timeout_ms)
 {
-    if (check_array("rpc_future_wait_all", fs, n) < 0)
+    if (check_array("zd_future_wait_all", fs, n) < 0)
         return -1;
     int n_done;
     int state = all_state(fs, n, &n_done);
@@ -430,7 +430,7 @@ int rpc_future_wait_all(rpc_future_t *const *fs, int n, int64_t timeout_ms)
     while ((state = all_state(fs, n, &n_done)) == 0)
         if (!cond_wait_until(&w->cond, &w->lock, &d) &&
             (state = all_state(fs, n, &n_done)) == 0) {
-            error_set("timed out after %" PRId64 " ms (%d of %d futures done)", timeout_ms,
+            zd_error_set("timed out after %" PRId64 " ms (%d of %d futures done)", timeout_ms,
                       n_done, n);
             state = -1;
             break;
@@ -440,20 +440,20 @@ int rpc_future_wait_all(rpc_future_t *const *fs, int n, int64_t timeout_ms)
     return state > 0 ? 0 : -1;
 }
 
-static int first_done(rpc_future_t *const *fs, int n)
+static int first_done(zd_future_t *const *fs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (rpc_future_done(fs[i]))
+        if (zd_future_done(fs[i]))
             return i;
     return -1;
 }
 
-int rpc_future_wait_any(rpc_future_t *const *fs, int n, int64_t timeout_ms, int *index)
+int zd_future_wait_any(zd_future_t *const *fs, int n, int64_t timeout_ms, int *index)
 {
-    if (check_array("rpc_future_wait_any", fs, n) < 0)
+    if (check_array("zd_future_wait_any", fs, n) < 0)
         return -1;
     if (n == 0)
-        return error_set("rpc_future_wait_any: no futures");
+        return zd_error_set("zd_future_wait_any: no futures");
     int i = first_done(fs, n);
     if (i < 0) {
         deadline_t d = deadline_in(timeout_ms);
@@ -467,7 +467,7 @@ int rpc_future_wait_any(rpc_future_t *const *fs, int n, int64_t timeout_ms, int 
         pthread_mutex_unlock(&w->lock);
         waiter_leave(w, fs, n);
         if (i < 0)
-            return error_set("timed out after %" PRId64 " ms (none of %d futures done)",
+            return zd_error_set("timed out after %" PRId64 " ms (none of %d futures done)",
                              timeout_ms, n);
     }
     if (index)

@@ -21,7 +21,7 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/stream.h"
 
 #define IO_TICK_MS 20
@@ -97,7 +97,7 @@ static bool is_request(int type)
            type == RPC_MSG_RREF_CHILD_ACCEPT;
 }
 
-void transport_msg_done(inmsg_t *m)
+void zd__transport_msg_done(inmsg_t *m)
 {
     zmq_msg_close(&m->hm);
 }
@@ -117,7 +117,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
             zmq_msg_close(&id);
             return 0;
         }
-        src = rpc_wire_identity_rank(zmq_msg_data(&id), zmq_msg_size(&id));
+        src = zd__rpc_wire_identity_rank(zmq_msg_data(&id), zmq_msg_size(&id));
         if (zmq_msg_size(&id) == RPC_WIRE_SYNC_ID_LEN && src >= 0) {
             memcpy(m->route, zmq_msg_data(&id), RPC_WIRE_SYNC_ID_LEN);
             m->route_len = RPC_WIRE_SYNC_ID_LEN;
@@ -125,7 +125,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         bool more = zmq_msg_more(&id);
         zmq_msg_close(&id);
         if (!more) {
-            agent_log(a, "dropped an empty message from routing id of rank %d", src);
+            zd__agent_log(a, "dropped an empty message from routing id of rank %d", src);
             return -1;
         }
         if (zmq_msg_recv(&m->hm, sock, 0) < 0)
@@ -136,30 +136,30 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
     int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes) : 0;
     if (src < 0 || src >= a->world) {
-        agent_log(a, "dropped a message from an unknown sender (routing id not a rank)");
+        zd__agent_log(a, "dropped a message from an unknown sender (routing id not a rank)");
         goto drop;
     }
     atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
     rpc_wire_header_t *h = &m->h;
     if (n < 0) {
-        error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
-    } else if (rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), h) < 0) {
+        zd_error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
+    } else if (zd__rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), h) < 0) {
         /* error set */
     } else if (h->src != src) {
-        error_set("header says rank %d but the connection is rank %d's", h->src, src);
+        zd_error_set("header says rank %d but the connection is rank %d's", h->src, src);
     } else if (h->dst != a->rank) {
-        error_set("message for rank %d delivered to rank %d", h->dst, a->rank);
+        zd_error_set("message for rank %d delivered to rank %d", h->dst, a->rank);
     } else if (h->n_tensors != (uint32_t)n) {
-        error_set("header announces %u tensor frames but %d arrived", h->n_tensors, n);
+        zd_error_set("header announces %u tensor frames but %d arrived", h->n_tensors, n);
     } else if (!routed && h->type != RPC_MSG_REPLY && h->type != RPC_MSG_ERROR) {
-        error_set("a %s where only answers come", rpc_wire_type_name(h->type));
+        zd_error_set("a %s where only answers come", zd__rpc_wire_type_name(h->type));
     } else {
         m->src = src;
         m->n = n;
         return 1;
     }
-    agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name, src,
-              error_last());
+    zd__agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name, src,
+              zd_error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
     if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
@@ -168,7 +168,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         for (int i = 7; i >= 0; i--)
             rid = rid << 8 | p[16 + i];
         if (p[0] == 'Z' && p[1] == 'D' && is_request(p[3]) && rid != 0) {
-            snprintf(m->reject, sizeof m->reject, "bad message: %s", error_last());
+            snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
             m->reject_id = rid;
             m->src = src;
         }
@@ -180,13 +180,13 @@ drop:
     return -1;
 }
 
-int transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
+int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
 {
     /* A streamed tensor comes in pieces, messages of their own (wire.h):
        read on until a message is complete or none is left. */
     int rc;
     while ((rc = recv_message(a, sock, expect_src, m)) > 0 &&
-           (rc = transport_stream_filter(a, sock, m)) == 0) {
+           (rc = zd__transport_stream_filter(a, sock, m)) == 0) {
     }
     return rc;
 }
@@ -199,16 +199,16 @@ static void dispatch(agent_t *a, inmsg_t *m)
         break;
     case RPC_MSG_REPLY:
     case RPC_MSG_ERROR:
-        call_handle_answer(a, &m->h, m->frames, m->n);
+        zd__call_handle_answer(a, &m->h, m->frames, m->n);
         break;
     case RPC_MSG_CALL:
     case RPC_MSG_REMOTE:
     case RPC_MSG_RREF_FETCH:
-        serve_request(a, m);
+        zd__serve_request(a, m);
         break;
     default:
         release_frames(m->frames, m->n);
-        rref_handle_control(a, m);
+        zd__rref_handle_control(a, m);
         break;
     }
 }
@@ -220,13 +220,13 @@ static void dispatch(agent_t *a, inmsg_t *m)
 static bool recv_one(agent_t *a, inmsg_t *m)
 {
     pthread_mutex_lock(&a->router_lock);
-    int rc = transport_recv(a, a->router, -1, m);
+    int rc = zd__transport_recv(a, a->router, -1, m);
     pthread_mutex_unlock(&a->router_lock);
     if (rc > 0) {
         dispatch(a, m);
-        transport_msg_done(m);
+        zd__transport_msg_done(m);
     } else if (rc < 0 && m->reject_id) {
-        transport_answer_error(a, m, m->reject_id, m->reject);
+        zd__transport_answer_error(a, m, m->reject_id, m->reject);
     }
     return rc != 0;
 }
@@ -260,7 +260,7 @@ static void handle_monitor(peer_t *p)
         p->fail_at_ns = 0;
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
         atomic_store(&p->lost, true);
-        p->fail_at_ns = agent_now_ns() + LOST_GRACE_MS * 1000000LL;
+        p->fail_at_ns = zd__agent_now_ns() + LOST_GRACE_MS * 1000000LL;
     }
 }
 
@@ -273,20 +273,20 @@ static void fail_lost_peers(agent_t *a, int64_t now)
         p->fail_at_ns = 0;
         char text[256];
         snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
-        call_fail_peer(a, i, text);
+        zd__call_fail_peer(a, i, text);
     }
 }
 
-void *transport_io_main(void *arg)
+void *zd__transport_io_main(void *arg)
 {
     agent_t *a = arg;
-    transport_set_thread_role(ROLE_IO);
+    zd__transport_set_thread_role(ROLE_IO);
     int n_items = 2 + a->world;
     zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
     int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
     inmsg_t msg = {0};
     if (!items || !item_peer) {
-        agent_log(a, "I/O thread: out of memory");
+        zd__agent_log(a, "I/O thread: out of memory");
         free(items);
         free(item_peer);
         return NULL;
@@ -301,19 +301,19 @@ void *transport_io_main(void *arg)
         }
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
-       future: see agent_poll_future. */
+       future: see zd__agent_poll_future. */
     int64_t poll_until = 0, next_tick = 0, next_stream_check = 0;
     bool polling = false, look_again = false;
     while (!atomic_load(&a->io_stop)) {
-        if (polling && agent_now_ns() >= poll_until) {
-            agent_poll_end();
+        if (polling && zd__agent_now_ns() >= poll_until) {
+            zd__agent_poll_end();
             polling = false;
         }
         bool may_sleep = !polling && !look_again;
         look_again = false;
         if (may_sleep) {
-            atomic_store(&a->io_asleep, true);   /* before the look: see agent_poll_future */
-            if (agent_io_poll_wanted(a)) {
+            atomic_store(&a->io_asleep, true);   /* before the look: see zd__agent_poll_future */
+            if (zd__agent_io_poll_wanted(a)) {
                 atomic_store(&a->io_asleep, false);
                 may_sleep = false;
             }
@@ -337,8 +337,8 @@ void *transport_io_main(void *arg)
         for (int i = 2; rc > 0 && i < n_items; i++)
             if (items[i].revents & ZMQ_POLLIN)
                 handle_monitor(&a->peers[item_peer[i]]);
-        int64_t now = agent_now_ns();
-        if ((got || rc > 0) && (polling || (polling = agent_poll_begin() > 0)))
+        int64_t now = zd__agent_now_ns();
+        if ((got || rc > 0) && (polling || (polling = zd__agent_poll_begin() > 0)))
             poll_until = now + a->busy_poll_ns;
         else if (now < next_tick) {
             sched_yield();
@@ -346,18 +346,18 @@ void *transport_io_main(void *arg)
         }       /* an empty look while polling: the ticks can wait */
         next_tick = now + 1000000;
         fail_lost_peers(a, now);
-        call_expire(a, now);
+        zd__call_expire(a, now);
         if (now >= next_stream_check) {
             next_stream_check = now + 1000000000;
             /* Answering on the ROUTER may have taken the edge of its
                ZMQ_FD: look at it once more before sleeping. */
-            look_again = transport_stream_expire(a, now) > 0;
+            look_again = zd__transport_stream_expire(a, now) > 0;
         }
-        rref_tick(a, now);
-        shutdown_tick(a, now);
+        zd__rref_tick(a, now);
+        zd__shutdown_tick(a, now);
     }
     if (polling)
-        agent_poll_end();
+        zd__agent_poll_end();
     free(msg.frames);
     free(items);
     free(item_peer);

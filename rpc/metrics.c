@@ -10,18 +10,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/stream.h"
 
 #define PER_OCTAVE 16
 #define DEBUG_MAX 64        /* counters printed or searched */
 
-void metrics_init(peer_metrics_t *m)
+void zd__metrics_init(peer_metrics_t *m)
 {
     pthread_mutex_init(&m->lock, NULL);
 }
 
-void metrics_destroy(peer_metrics_t *m)
+void zd__metrics_destroy(peer_metrics_t *m)
 {
     pthread_mutex_destroy(&m->lock);
 }
@@ -40,7 +40,7 @@ static double bucket_value(int b)
     return exp2((b + 0.5) / PER_OCTAVE);
 }
 
-void metrics_latency(peer_metrics_t *m, int64_t ns)
+void zd__metrics_latency(peer_metrics_t *m, int64_t ns)
 {
     double us = (double)ns / 1000.0;
     int b = bucket_of(us);
@@ -68,7 +68,7 @@ static double percentile(const uint32_t *hist, int64_t count, double q)
 }
 
 /* Adds one peer's numbers into out (counters) and hist (latencies). */
-static void add_peer(peer_metrics_t *m, rpc_metrics_t *out, uint32_t *hist, double *sum,
+static void add_peer(peer_metrics_t *m, zd_rpc_metrics_t *out, uint32_t *hist, double *sum,
                      int64_t *count)
 {
     out->calls_sent += atomic_load(&m->calls_sent);
@@ -86,7 +86,7 @@ static void add_peer(peer_metrics_t *m, rpc_metrics_t *out, uint32_t *hist, doub
     pthread_mutex_unlock(&m->lock);
 }
 
-static void collect(agent_t *a, int peer, rpc_metrics_t *out)
+static void collect(agent_t *a, int peer, zd_rpc_metrics_t *out)
 {
     static __thread uint32_t hist[RPC_LAT_BUCKETS];
     memset(out, 0, sizeof *out);
@@ -103,24 +103,24 @@ static void collect(agent_t *a, int peer, rpc_metrics_t *out)
     }
 }
 
-int rpc_metrics_get(int peer, rpc_metrics_t *out)
+int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
     int rc = 0;
     if (!out)
-        rc = error_set("rpc_metrics_get: NULL output");
+        rc = zd_error_set("zd_rpc_metrics_get: NULL output");
     else if (peer >= a->world)
-        rc = error_set("rpc_metrics_get: no worker with rank %d (world size %d)", peer,
+        rc = zd_error_set("zd_rpc_metrics_get: no worker with rank %d (world size %d)", peer,
                        a->world);
     else
         collect(a, peer, out);
-    agent_release(a);
+    zd__agent_release(a);
     return rc;
 }
 
-static void print_line(FILE *f, const char *who, int rank, const rpc_metrics_t *m)
+static void print_line(FILE *f, const char *who, int rank, const zd_rpc_metrics_t *m)
 {
     fprintf(f, "%-16s %5d %9lld %9lld %6lld %12lld %12lld %6lld %6lld %10.1f %10.1f %10.1f\n",
             who, rank, (long long)m->calls_sent, (long long)m->calls_served,
@@ -129,9 +129,9 @@ static void print_line(FILE *f, const char *who, int rank, const rpc_metrics_t *
             m->latency_p50_us, m->latency_p99_us);
 }
 
-void rpc_metrics_print(FILE *f)
+void zd_rpc_metrics_print(FILE *f)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a) {
         fprintf(f, "rpc metrics: RPC is not running\n");
         return;
@@ -140,16 +140,16 @@ void rpc_metrics_print(FILE *f)
     fprintf(f, "%-16s %5s %9s %9s %6s %12s %12s %6s %6s %10s %10s %10s\n", "peer", "rank",
             "sent", "served", "errors", "bytes_out", "bytes_in", "flight", "serve",
             "mean_us", "p50_us", "p99_us");
-    rpc_metrics_t m;
+    zd_rpc_metrics_t m;
     for (int i = 0; i < a->world; i++) {
         collect(a, i, &m);
         print_line(f, a->peers[i].name, i, &m);
     }
     collect(a, -1, &m);
     print_line(f, "(all)", -1, &m);
-    agent_release(a);
-    rpc_debug_item_t items[DEBUG_MAX];
-    int n = rpc_get_debug_info(items, DEBUG_MAX);
+    zd__agent_release(a);
+    zd_rpc_debug_item_t items[DEBUG_MAX];
+    int n = zd_rpc_get_debug_info(items, DEBUG_MAX);
     for (int i = 0; i < n && i < DEBUG_MAX; i++)
         fprintf(f, "%s%s=%lld%s", i ? " " : "debug: ", items[i].name, (long long)items[i].value,
                 i + 1 == n || i + 1 == DEBUG_MAX ? "\n" : "");
@@ -157,7 +157,7 @@ void rpc_metrics_print(FILE *f)
 
 /* ---- debug counters ---- */
 
-static int add_item(rpc_debug_item_t *items, int max, int n, const char *name, int64_t value)
+static int add_item(zd_rpc_debug_item_t *items, int max, int n, const char *name, int64_t value)
 {
     if (n < max) {
         snprintf(items[n].name, sizeof items[n].name, "%s", name);
@@ -166,44 +166,44 @@ static int add_item(rpc_debug_item_t *items, int max, int n, const char *name, i
     return n + 1;
 }
 
-int rpc_get_debug_info(rpc_debug_item_t *items, int max)
+int zd_rpc_get_debug_info(zd_rpc_debug_item_t *items, int max)
 {
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
     if (!items || max < 0)
         max = 0;
-    rpc_metrics_t m;
+    zd_rpc_metrics_t m;
     collect(a, -1, &m);
     int threads, idle;
-    pool_stats(a->pool, &threads, &idle);
+    zd__pool_stats(a->pool, &threads, &idle);
     int n = 0;
     n = add_item(items, max, n, "num_pending_requests", m.in_flight);
     n = add_item(items, max, n, "num_serving", m.serving);
     n = add_item(items, max, n, "thread_pool_size", a->n_threads);
     n = add_item(items, max, n, "num_pool_threads", threads);
     n = add_item(items, max, n, "num_idle_threads", idle);
-    n = add_item(items, max, n, "num_owner_rrefs", rpc_debug_owner_rrefs());
-    n = add_item(items, max, n, "num_pending_streams", transport_stream_pending());
+    n = add_item(items, max, n, "num_owner_rrefs", zd_rpc_debug_owner_rrefs());
+    n = add_item(items, max, n, "num_pending_streams", zd__transport_stream_pending());
     if (a->has_hooks && a->hooks.debug_info) {
         int more = a->hooks.debug_info(a->hooks.arg, n < max ? items + n : NULL,
                                        n < max ? max - n : 0);
         n += more > 0 ? more : 0;
     }
-    agent_release(a);
+    zd__agent_release(a);
     return n;
 }
 
-int rpc_get_debug_value(const char *name, int64_t *value)
+int zd_rpc_get_debug_value(const char *name, int64_t *value)
 {
     if (!name || !value)
-        return error_set("rpc_get_debug_value: NULL argument");
-    int n = rpc_get_debug_info(NULL, 0);
-    rpc_debug_item_t *items = n > 0 ? calloc((size_t)n, sizeof *items) : NULL;
+        return zd_error_set("zd_rpc_get_debug_value: NULL argument");
+    int n = zd_rpc_get_debug_info(NULL, 0);
+    zd_rpc_debug_item_t *items = n > 0 ? calloc((size_t)n, sizeof *items) : NULL;
     if (n > 0 && !items)
-        return error_set("rpc_get_debug_value: out of memory");
+        return zd_error_set("zd_rpc_get_debug_value: out of memory");
     /* Counters come and go with the module's state: read what fits now. */
-    int got = n > 0 ? rpc_get_debug_info(items, n) : n;
+    int got = n > 0 ? zd_rpc_get_debug_info(items, n) : n;
     int found = -1;
     for (int i = 0; i < got && i < n && found < 0; i++)
         if (strcmp(items[i].name, name) == 0) {
@@ -213,5 +213,5 @@ int rpc_get_debug_value(const char *name, int64_t *value)
     free(items);
     if (got < 0)
         return -1;
-    return found >= 0 ? 0 : error_set("rpc_get_debug_value: no counter \"%s\"", name);
+    return found >= 0 ? 0 : zd_error_set("zd_rpc_get_debug_value: no counter \"%s\"", name);
 }

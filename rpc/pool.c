@@ -2,7 +2,7 @@
 
     A fixed pool deadlocks on nested calls once every thread waits for an
     answer that needs a thread (pytorch/pytorch#26362). Here a pool thread
-    that blocks in an RPC wait tells the pool (pool_block_begin), and the
+    that blocks in an RPC wait tells the pool (zd__pool_block_begin), and the
     pool starts another thread when work is queued and fewer than `core`
     threads are runnable. Threads above `core` leave after a few idle
     seconds. The hard limit only guards against runaway recursion. */
@@ -34,7 +34,7 @@ struct pool {
     int core;
     int total;                  /* live threads */
     int idle;                   /* waiting for work */
-    int blocked;                /* inside pool_block_begin/end */
+    int blocked;                /* inside zd__pool_block_begin/end */
     bool stop;
     worker_t *live;             /* every thread started, for joining */
     worker_t *exited;           /* threads that left early: joined lazily */
@@ -93,7 +93,7 @@ static void *worker_main(void *arg)
 {
     pool_t *p = arg;
     tls_pool = p;
-    transport_set_thread_role(ROLE_POOL);
+    zd__transport_set_thread_role(ROLE_POOL);
     pthread_mutex_lock(&p->lock);
     for (;;) {
         while (!p->head && !p->stop) {
@@ -130,7 +130,7 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-pool_t *pool_new(int n_threads)
+pool_t *zd__pool_new(int n_threads)
 {
     pool_t *p = calloc(1, sizeof *p);
     if (!p)
@@ -144,7 +144,7 @@ pool_t *pool_new(int n_threads)
     return p;
 }
 
-int pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg)
+int zd__pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg)
 {
     task_t *t = malloc(sizeof *t);
     if (!t) {
@@ -175,7 +175,7 @@ int pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg)
     return 0;
 }
 
-void pool_stats(pool_t *p, int *threads, int *idle)
+void zd__pool_stats(pool_t *p, int *threads, int *idle)
 {
     pthread_mutex_lock(&p->lock);
     *threads = p->total;
@@ -183,7 +183,7 @@ void pool_stats(pool_t *p, int *threads, int *idle)
     pthread_mutex_unlock(&p->lock);
 }
 
-void pool_block_begin(void)
+void zd__pool_block_begin(void)
 {
     pool_t *p = tls_pool;
     if (!p)
@@ -195,7 +195,7 @@ void pool_block_begin(void)
     pthread_mutex_unlock(&p->lock);
 }
 
-void pool_block_end(void)
+void zd__pool_block_end(void)
 {
     pool_t *p = tls_pool;
     if (!p)
@@ -205,7 +205,7 @@ void pool_block_end(void)
     pthread_mutex_unlock(&p->lock);
 }
 
-void pool_destroy(pool_t *p)
+void zd__pool_destroy(pool_t *p)
 {
     if (!p)
         return;

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 #define REG_TAG "ZDREG1"
 #define TAB_TAG "ZDTAB1"
@@ -29,15 +29,15 @@
 typedef struct {
     bool present;
     zframe_t *identity;     /* NULL for rank 0 itself */
-    char name[RPC_MAX_NAME + 1];
-    char endpoint[RPC_MAX_ENDPOINT + 1];
+    char name[ZD_RPC_MAX_NAME + 1];
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
 } slot_t;
 
 static int remaining_ms(int64_t deadline)
 {
     if (deadline == INT64_MAX)
         return -1;
-    int64_t left = (deadline - agent_now_ns()) / 1000000;
+    int64_t left = (deadline - zd__agent_now_ns()) / 1000000;
     return left < 0 ? 0 : (int)(left > 1000000 ? 1000000 : left);
 }
 
@@ -101,31 +101,31 @@ static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id
     long r, w;
     int rc = 0;
     if (!tag || strcmp(tag, REG_TAG) != 0 || parse_int(rs, 0, RPC_WIRE_MAX_RANK, &r) < 0 ||
-        parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 || !text_ok(name, RPC_MAX_NAME) ||
-        !text_ok(ep, RPC_MAX_ENDPOINT)) {
-        agent_log(a, "rendezvous: dropped a malformed registration");
+        parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 || !text_ok(name, ZD_RPC_MAX_NAME) ||
+        !text_ok(ep, ZD_RPC_MAX_ENDPOINT)) {
+        zd__agent_log(a, "rendezvous: dropped a malformed registration");
         goto done;
     }
     if (w != a->world) {
-        rc = error_set("rendezvous: world size mismatch: \"%s\" (rank %ld) says %ld, "
+        rc = zd_error_set("rendezvous: world size mismatch: \"%s\" (rank %ld) says %ld, "
                        "rank 0 (\"%s\") says %d", name, r, w, a->name, a->world);
         goto done;
     }
     if (r >= a->world) {
-        rc = error_set("rendezvous: \"%s\" has rank %ld, outside the world of size %d",
+        rc = zd_error_set("rendezvous: \"%s\" has rank %ld, outside the world of size %d",
                        name, r, a->world);
         goto done;
     }
     slot_t *s = &slots[r];
     bool same_sender = s->present && s->identity && zframe_eq(s->identity, id);
     if (s->present && !same_sender) {
-        rc = error_set("rendezvous: rank %ld claimed twice, by \"%s\" (%s) and by \"%s\" (%s)",
+        rc = zd_error_set("rendezvous: rank %ld claimed twice, by \"%s\" (%s) and by \"%s\" (%s)",
                        r, s->name, s->endpoint, name, ep);
         goto done;
     }
     for (int i = 0; i < a->world; i++)
         if (i != r && slots[i].present && strcmp(slots[i].name, name) == 0) {
-            rc = error_set("rendezvous: name \"%s\" used twice, by ranks %d and %ld", name, i,
+            rc = zd_error_set("rendezvous: name \"%s\" used twice, by ranks %d and %ld", name, i,
                            r);
             goto done;
         }
@@ -162,7 +162,7 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         free(slots);
         if (sock)
             zmq_close(sock);
-        return error_set("rendezvous: cannot create the master socket");
+        return zd_error_set("rendezvous: cannot create the master socket");
     }
     int linger = 2000;   /* lets the table reach everyone after we return */
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
@@ -172,7 +172,7 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     snprintf(ep, sizeof ep, "tcp://%s:%d", numeric ? addr : "*", port);
     int rc = -1;
     if (zmq_bind(sock, ep) < 0) {
-        error_set("rendezvous: rank 0 cannot listen at %s: %s", ep, zmq_strerror(errno));
+        zd_error_set("rendezvous: rank 0 cannot listen at %s: %s", ep, zmq_strerror(errno));
         goto out;
     }
     slots[0].present = true;
@@ -187,9 +187,9 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         if (n <= 0) {
             char miss[256];
             missing_ranks(slots, a->world, miss, sizeof miss);
-            error_set("rendezvous: timed out with %d of %d workers registered (missing "
+            zd_error_set("rendezvous: timed out with %d of %d workers registered (missing "
                       "ranks %s)", count, a->world, miss);
-            broadcast_error(sock, slots, a->world, NULL, error_last());
+            broadcast_error(sock, slots, a->world, NULL, zd_error_last());
             goto out;
         }
         zmsg_t *m = zmsg_recv(sock);
@@ -199,7 +199,7 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         int r = -1;
         bool conflict = id && check_registration(a, slots, m, id, &r) < 0;
         if (conflict)
-            broadcast_error(sock, slots, a->world, id, error_last());
+            broadcast_error(sock, slots, a->world, id, zd_error_last());
         zframe_destroy(&id);
         zmsg_destroy(&m);
         if (conflict)
@@ -237,7 +237,7 @@ static int read_table(agent_t *a, zmsg_t *m)
     if (tag && strcmp(tag, ERR_TAG) == 0) {
         free(tag);
         char *text = zmsg_popstr(m);
-        error_set("%s", text ? text : "rendezvous: the master reported an error");
+        zd_error_set("%s", text ? text : "rendezvous: the master reported an error");
         free(text);
         return -1;
     }
@@ -246,14 +246,14 @@ static int read_table(agent_t *a, zmsg_t *m)
     int rc = 0;
     if (!tag || strcmp(tag, TAB_TAG) != 0 || parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 ||
         w != a->world || zmsg_size(m) != (size_t)(2 * w)) {
-        rc = error_set("rendezvous: malformed answer from the master");
+        rc = zd_error_set("rendezvous: malformed answer from the master");
         goto out;
     }
     for (int i = 0; i < a->world && rc == 0; i++) {
         char *name = zmsg_popstr(m), *ep = zmsg_popstr(m);
-        if (!text_ok(name, RPC_MAX_NAME) || !text_ok(ep, RPC_MAX_ENDPOINT) ||
+        if (!text_ok(name, ZD_RPC_MAX_NAME) || !text_ok(ep, ZD_RPC_MAX_ENDPOINT) ||
             strncmp(ep, "tcp://", 6) != 0)
-            rc = error_set("rendezvous: malformed entry for rank %d from the master", i);
+            rc = zd_error_set("rendezvous: malformed entry for rank %d from the master", i);
         else {
             snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", name);
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", ep);
@@ -262,7 +262,7 @@ static int read_table(agent_t *a, zmsg_t *m)
         free(ep);
     }
     if (rc == 0 && strcmp(a->peers[a->rank].name, a->name) != 0)
-        rc = error_set("rendezvous: the master's table gives rank %d to \"%s\"", a->rank,
+        rc = zd_error_set("rendezvous: the master's table gives rank %d to \"%s\"", a->rank,
                        a->peers[a->rank].name);
 out:
     free(tag);
@@ -274,14 +274,14 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
 {
     void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!sock)
-        return error_set("rendezvous: cannot create a socket");
+        return zd_error_set("rendezvous: cannot create a socket");
     int linger = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
     char ep[300];
     snprintf(ep, sizeof ep, "tcp://%s:%d", addr, port);
     int rc = -1;
     if (zmq_connect(sock, ep) < 0) {
-        error_set("rendezvous: cannot connect to the master at %s: %s", ep,
+        zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep,
                   zmq_strerror(errno));
         goto out;
     }
@@ -293,7 +293,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     zmsg_addstr(reg, a->peers[a->rank].endpoint);
     if (zmsg_send(&reg, sock) < 0) {
         zmsg_destroy(&reg);
-        error_set("rendezvous: cannot send to the master at %s", ep);
+        zd_error_set("rendezvous: cannot send to the master at %s", ep);
         goto out;
     }
     for (;;) {
@@ -302,7 +302,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
+            zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
                       "running there, and are all %d workers started?)", ep, a->world);
             goto out;
         }
@@ -318,9 +318,9 @@ out:
     return rc;
 }
 
-int rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
+int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
-    int64_t deadline = timeout_ms ? agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    int64_t deadline = timeout_ms ? zd__agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
     if (a->rank == 0)
         return host_rendezvous(a, addr, port, deadline);
     return join_rendezvous(a, addr, port, deadline);

@@ -12,18 +12,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 /* ---- small helpers ---- */
 
-int rref_creator(uint64_t id)
+int zd__rref_creator(uint64_t id)
 {
     return (int)(id >> 48);
 }
 
-bool rref_id_ok(agent_t *a, uint64_t id)
+bool zd__rref_id_ok(agent_t *a, uint64_t id)
 {
-    return (id & ((UINT64_C(1) << 48) - 1)) != 0 && rref_creator(id) < a->world;
+    return (id & ((UINT64_C(1) << 48) - 1)) != 0 && zd__rref_creator(id) < a->world;
 }
 
 static size_t owner_bucket(uint64_t id)
@@ -31,11 +31,11 @@ static size_t owner_bucket(uint64_t id)
     return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> 40) % OWNER_BUCKETS;
 }
 
-rpc_rref_t *rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner)
+zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner)
 {
-    rpc_rref_t *r = calloc(1, sizeof *r);
+    zd_rref_t *r = calloc(1, sizeof *r);
     if (!r) {
-        error_set("RRef: out of memory");
+        zd_error_set("RRef: out of memory");
         return NULL;
     }
     atomic_init(&r->refs, 1);
@@ -48,16 +48,16 @@ rpc_rref_t *rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int 
     return r;
 }
 
-void rref_handle_free(rpc_rref_t *r)
+void zd__rref_handle_free(zd_rref_t *r)
 {
-    rpc_future_unref(r->value);
+    zd_future_unref(r->value);
     free(r->error);
     free(r);
 }
 
 /* ---- owner entries (under the lock) ---- */
 
-owner_t *rref_owner_find(rref_ctx_t *x, uint64_t id)
+owner_t *zd__rref_owner_find(rref_ctx_t *x, uint64_t id)
 {
     owner_t *e = x->owners[owner_bucket(id)];
     while (e && e->rref_id != id)
@@ -65,12 +65,12 @@ owner_t *rref_owner_find(rref_ctx_t *x, uint64_t id)
     return e;
 }
 
-owner_t *rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
+owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
 {
     owner_t *e = calloc(1, sizeof *e);
-    if (!e || !(e->value = rpc_future_new())) {
+    if (!e || !(e->value = zd_future_new())) {
         free(e);
-        error_set("RRef: out of memory");
+        zd_error_set("RRef: out of memory");
         return NULL;
     }
     e->rref_id = id;
@@ -85,7 +85,7 @@ owner_t *rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
     return e;
 }
 
-int rref_owner_add_fork(owner_t *e, uint64_t fork_id)
+int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id)
 {
     for (int i = 0; i < e->n_forks; i++)
         if (e->forks[i] == fork_id)
@@ -94,7 +94,7 @@ int rref_owner_add_fork(owner_t *e, uint64_t fork_id)
         int cap = e->cap_forks ? 2 * e->cap_forks : 4;
         uint64_t *f = realloc(e->forks, (size_t)cap * sizeof *f);
         if (!f)
-            return error_set("RRef: out of memory");
+            return zd_error_set("RRef: out of memory");
         e->forks = f;
         e->cap_forks = cap;
     }
@@ -102,7 +102,7 @@ int rref_owner_add_fork(owner_t *e, uint64_t fork_id)
     return 0;
 }
 
-void rref_owner_del_fork(owner_t *e, uint64_t fork_id)
+void zd__rref_owner_del_fork(owner_t *e, uint64_t fork_id)
 {
     for (int i = 0; i < e->n_forks; i++)
         if (e->forks[i] == fork_id) {
@@ -113,9 +113,9 @@ void rref_owner_del_fork(owner_t *e, uint64_t fork_id)
 
 /* Unlinks e when nothing holds it any more; returns it for owner_free after
    the lock is released, else NULL. */
-owner_t *rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e)
+owner_t *zd__rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e)
 {
-    if (!e || e->n_forks || e->handle || e->state != OWNER_CREATED || !rpc_future_done(e->value))
+    if (!e || e->n_forks || e->handle || e->state != OWNER_CREATED || !zd_future_done(e->value))
         return NULL;
     owner_t **pp = &x->owners[owner_bucket(e->rref_id)];
     while (*pp != e)
@@ -125,11 +125,11 @@ owner_t *rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e)
     return e;
 }
 
-void rref_owner_free(owner_t *e)
+void zd__rref_owner_free(owner_t *e)
 {
     if (!e)
         return;
-    rpc_future_unref(e->value);
+    zd_future_unref(e->value);
     free(e->forks);
     free(e);
 }
@@ -140,33 +140,33 @@ typedef struct {
 } value_watch_t;
 
 /* The value of an entry arrived: it may be the last thing keeping it. */
-static void value_arrived(rpc_future_t *f, void *arg)
+static void value_arrived(zd_future_t *f, void *arg)
 {
     (void)f;
     value_watch_t *w = arg;
     rref_ctx_t *x = w->a->rrefs;
     pthread_mutex_lock(&x->lock);
-    owner_t *e = x->closing ? NULL : rref_owner_maybe_unlink(x, rref_owner_find(x, w->rref_id));
+    owner_t *e = x->closing ? NULL : zd__rref_owner_maybe_unlink(x, zd__rref_owner_find(x, w->rref_id));
     pthread_mutex_unlock(&x->lock);
-    rref_owner_free(e);
+    zd__rref_owner_free(e);
     free(w);
 }
 
 /* Called after creating e and unlocking: watches its value. */
-void rref_watch_value(agent_t *a, rpc_future_t *value, uint64_t rref_id)
+void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id)
 {
     value_watch_t *w = malloc(sizeof *w);
     if (!w)
         return;   /* the entry is then freed by its last release only */
     w->a = a;
     w->rref_id = rref_id;
-    rpc_future_then(value, value_arrived, w);
+    zd_future_then(value, value_arrived, w);
 }
 
 /* The entry's local handle with one more reference, made if needed. */
-rpc_rref_t *rref_owner_handle(agent_t *a, owner_t *e)
+zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e)
 {
-    rpc_rref_t *h = e->handle;
+    zd_rref_t *h = e->handle;
     if (h) {
         /* A handle whose count reached 0 is being destroyed: never revive it. */
         int n = atomic_load(&h->refs);
@@ -174,82 +174,82 @@ rpc_rref_t *rref_owner_handle(agent_t *a, owner_t *e)
             if (atomic_compare_exchange_weak(&h->refs, &n, n + 1))
                 return h;
     }
-    h = rref_handle_new(a, e->rref_id, 0, a->rank);
+    h = zd__rref_handle_new(a, e->rref_id, 0, a->rank);
     if (!h)
         return NULL;
-    h->value = rpc_future_ref(e->value);
+    h->value = zd_future_ref(e->value);
     e->handle = h;
     return h;
 }
 
 /* ---- handles ---- */
 
-rpc_rref_t *rpc_rref_ref(rpc_rref_t *r)
+zd_rref_t *zd_rref_ref(zd_rref_t *r)
 {
     if (r)
         atomic_fetch_add(&r->refs, 1);
     return r;
 }
 
-void rref_value_ref_hook(rpc_rref_t *r)
+void zd__rref_value_ref_hook(zd_rref_t *r)
 {
-    rpc_rref_ref(r);
+    zd_rref_ref(r);
 }
 
-void rref_value_unref_hook(rpc_rref_t *r)
+void zd__rref_value_unref_hook(zd_rref_t *r)
 {
-    rpc_rref_unref(r);
+    zd_rref_unref(r);
 }
 
-void rpc_rref_unref(rpc_rref_t *r)
+void zd_rref_unref(zd_rref_t *r)
 {
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
         return;
-    agent_t *a = agent_try_acquire();
+    agent_t *a = zd__agent_try_acquire();
     if (a && a->gen == r->gen) {
         rref_ctx_t *x = a->rrefs;
         if (r->is_owner) {
             pthread_mutex_lock(&x->lock);
-            owner_t *e = rref_owner_find(x, r->rref_id);
+            owner_t *e = zd__rref_owner_find(x, r->rref_id);
             if (e && e->handle == r)
                 e->handle = NULL;
-            e = rref_owner_maybe_unlink(x, e);
+            e = zd__rref_owner_maybe_unlink(x, e);
             pthread_mutex_unlock(&x->lock);
-            rref_owner_free(e);
+            zd__rref_owner_free(e);
         } else if (!atomic_exchange(&r->deleted, true)) {
             /* G1: the owner hears of it. A user is only released once the
                owner confirmed it (pending_users hold a reference), or when
                its creation failed, where the delete is harmless. */
-            rref_ctrl_start(a, r->owner, RPC_MSG_RREF_USER_DELETE, r->rref_id, r->fork_id, NULL,
+            zd__rref_ctrl_start(a, r->owner, RPC_MSG_RREF_USER_DELETE, r->rref_id, r->fork_id, NULL,
                        NULL, -1);
         }
     }
-    agent_release(a);
-    rref_handle_free(r);
+    zd__agent_release(a);
+    zd__rref_handle_free(r);
 }
 
 /* ---- owner side ---- */
 
 static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
 {
-    int64_t t = timeout_ms > 0 ? timeout_ms : agent_timeout(a, -1);
-    return t > 0 ? agent_now_ns() + t * 1000000 : INT64_MAX;
+    int64_t t = timeout_ms > 0 ? timeout_ms : zd__agent_timeout(a, -1);
+    return t > 0 ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
 }
 
-rpc_future_t *rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src)
+zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src)
 {
     rref_ctx_t *x = a->rrefs;
-    if (!rref_id_ok(a, rref_id) || rref_creator(rref_id) != src)
-        return error_set("bad RRef id %" PRIx64 " from rank %d", rref_id, src), NULL;
-    if (fork_id && (!rref_id_ok(a, fork_id) || rref_creator(fork_id) != src))
-        return error_set("bad fork id %" PRIx64 " from rank %d", fork_id, src), NULL;
+    if (!zd__rref_id_ok(a, rref_id) || zd__rref_creator(rref_id) != src)
+        return zd_error_set("bad RRef id %" PRIx64 " from rank %d", rref_id, src), NULL;
+    if (fork_id && (!zd__rref_id_ok(a, fork_id) || zd__rref_creator(fork_id) != src))
+        return zd_error_set("bad fork id %" PRIx64 " from rank %d", fork_id, src), NULL;
     if (!fork_id && src != a->rank)
-        return error_set("REMOTE from rank %d without a fork id", src), NULL;
+        return zd_error_set("REMOTE from rank %d without a fork id", src), NULL;
     pthread_mutex_lock(&x->lock);
-    owner_t *e = rref_owner_find(x, rref_id);
+    owner_t *e = zd__rref_owner_find(x, rref_id);
     bool fresh = false;
     if (!e) {
-        e = rref_owner_create(x, rref_id, OWNER_CREATED);
+        e = zd__rref_owner_create(x, rref_id, OWNER_CREATED);
         fresh = e != NULL;
     } else if (e->state == OWNER_PLACEHOLDER) {
         e->state = OWNER_CREATED;
@@ -259,80 +259,80 @@ rpc_future_t *rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, 
         e->state = OWNER_CREATED;
     } else {
         pthread_mutex_unlock(&x->lock);
-        return error_set("RRef %" PRIx64 " created twice", rref_id), NULL;
+        return zd_error_set("RRef %" PRIx64 " created twice", rref_id), NULL;
     }
-    if (!e || (fork_id && rref_owner_add_fork(e, fork_id) < 0)) {
+    if (!e || (fork_id && zd__rref_owner_add_fork(e, fork_id) < 0)) {
         pthread_mutex_unlock(&x->lock);
         return NULL;
     }
-    rpc_future_t *f = rpc_future_ref(e->value);
+    zd_future_t *f = zd_future_ref(e->value);
     pthread_mutex_unlock(&x->lock);
     if (fresh)
-        rref_watch_value(a, f, rref_id);
+        zd__rref_watch_value(a, f, rref_id);
     return f;
 }
 
-rpc_future_t *rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms)
+zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms)
 {
     rref_ctx_t *x = a->rrefs;
-    if (!rref_id_ok(a, rref_id))
-        return error_set("bad RRef id %" PRIx64, rref_id), NULL;
+    if (!zd__rref_id_ok(a, rref_id))
+        return zd_error_set("bad RRef id %" PRIx64, rref_id), NULL;
     pthread_mutex_lock(&x->lock);
-    owner_t *e = rref_owner_find(x, rref_id);
+    owner_t *e = zd__rref_owner_find(x, rref_id);
     bool fresh = false;
     if (!e) {
-        e = rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
+        e = zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
         if (e) {
             fresh = true;
             e->expire_ns = placeholder_expiry(a, timeout_ms);
         }
     }
-    rpc_future_t *f = e ? rpc_future_ref(e->value) : NULL;
+    zd_future_t *f = e ? zd_future_ref(e->value) : NULL;
     pthread_mutex_unlock(&x->lock);
     if (fresh)
-        rref_watch_value(a, f, rref_id);
+        zd__rref_watch_value(a, f, rref_id);
     return f;
 }
 
-rpc_rref_t *rref_new_for_remote(agent_t *a, int owner)
+zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
 {
     rref_ctx_t *x = a->rrefs;
-    uint64_t rref_id = agent_new_id(a);
+    uint64_t rref_id = zd__agent_new_id(a);
     if (owner != a->rank) {
-        rpc_rref_t *h = rref_handle_new(a, rref_id, agent_new_id(a), owner);
+        zd_rref_t *h = zd__rref_handle_new(a, rref_id, zd__agent_new_id(a), owner);
         if (!h)
             return NULL;
-        rpc_rref_ref(h);   /* pending user until the REMOTE is answered */
+        zd_rref_ref(h);   /* pending user until the REMOTE is answered */
         pthread_mutex_lock(&x->lock);
         x->n_pending_users++;
         pthread_mutex_unlock(&x->lock);
         return h;
     }
     pthread_mutex_lock(&x->lock);
-    owner_t *e = rref_owner_create(x, rref_id, OWNER_AWAITING_REMOTE);
-    rpc_rref_t *h = e ? rref_owner_handle(a, e) : NULL;
-    rpc_future_t *watch = e ? rpc_future_ref(e->value) : NULL;
+    owner_t *e = zd__rref_owner_create(x, rref_id, OWNER_AWAITING_REMOTE);
+    zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;
+    zd_future_t *watch = e ? zd_future_ref(e->value) : NULL;
     pthread_mutex_unlock(&x->lock);
     if (watch) {
-        rref_watch_value(a, watch, rref_id);
-        rpc_future_unref(watch);
+        zd__rref_watch_value(a, watch, rref_id);
+        zd_future_unref(watch);
     }
     return h;
 }
 
-void rref_user_created(agent_t *a, rpc_rref_t *r, const char *error)
+void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error)
 {
     rref_ctx_t *x = a->rrefs;
     if (r->is_owner) {
         /* remote() to ourselves: if the REMOTE failed, so did the value. */
         if (error) {
             pthread_mutex_lock(&x->lock);
-            owner_t *e = rref_owner_find(x, r->rref_id);
+            owner_t *e = zd__rref_owner_find(x, r->rref_id);
             if (e && e->state == OWNER_AWAITING_REMOTE)
                 e->state = OWNER_CREATED;
             pthread_mutex_unlock(&x->lock);
-            if (!rpc_future_done(r->value))
-                rpc_future_set_error(r->value, "RRef creation via rpc_remote() failed: %s",
+            if (!zd_future_done(r->value))
+                zd_future_set_error(r->value, "RRef creation via zd_rpc_remote() failed: %s",
                                      error);
         }
         return;
@@ -342,89 +342,89 @@ void rref_user_created(agent_t *a, rpc_rref_t *r, const char *error)
         size_t n = strlen(error) + 128;
         r->error = malloc(n);
         if (r->error)
-            snprintf(r->error, n, "RRef creation via rpc_remote() failed, and the RRef may not "
+            snprintf(r->error, n, "RRef creation via zd_rpc_remote() failed, and the RRef may not "
                      "exist on its owner: %s", error);
     }
     x->n_pending_users--;
     pthread_mutex_unlock(&x->lock);
     if (!error)
         atomic_store(&r->confirmed, true);
-    rpc_rref_unref(r);   /* the pending user's reference */
+    zd_rref_unref(r);   /* the pending user's reference */
 }
 
 /* ---- control messages received (I/O thread) ---- */
 
 static void send_ack(agent_t *a, const inmsg_t *m)
 {
-    rpc_value_t *none = rpc_value_none();
+    zd_value_t *none = zd_value_none();
     rpc_encoded_t enc = {0};
-    if (none && rpc_value_encode(none, NULL, m->src, &enc) == 0) {
+    if (none && zd__value_encode(none, NULL, m->src, &enc) == 0) {
         rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta,
                                .meta_len = enc.meta_len};
-        if (transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
-            agent_log(a, "cannot acknowledge to rank %d: %s", m->src, error_last());
+        if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+            zd__agent_log(a, "cannot acknowledge to rank %d: %s", m->src, zd_error_last());
     }
-    rpc_encoded_clear(&enc);
-    rpc_value_unref(none);
+    zd__rpc_encoded_clear(&enc);
+    zd_value_unref(none);
 }
 
-void rref_handle_control(agent_t *a, const inmsg_t *m)
+void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
 {
     rref_ctx_t *x = a->rrefs;
     const rpc_wire_header_t *h = &m->h;
-    if ((h->type != RPC_MSG_RREF_CHILD_ACCEPT && !rref_id_ok(a, h->a)) || !rref_id_ok(a, h->b)) {
+    if ((h->type != RPC_MSG_RREF_CHILD_ACCEPT && !zd__rref_id_ok(a, h->a)) || !zd__rref_id_ok(a, h->b)) {
         char text[160];
         snprintf(text, sizeof text, "bad ids in %s (rref %" PRIx64 ", fork %" PRIx64 ")",
-                 rpc_wire_type_name(h->type), h->a, h->b);
-        agent_log(a, "from rank %d: %s", h->src, text);
-        transport_answer_error(a, m, h->id, text);
+                 zd__rpc_wire_type_name(h->type), h->a, h->b);
+        zd__agent_log(a, "from rank %d: %s", h->src, text);
+        zd__transport_answer_error(a, m, h->id, text);
         return;
     }
     owner_t *freed = NULL;
-    rpc_rref_t *parent = NULL;
-    rpc_future_t *watch = NULL;
+    zd_rref_t *parent = NULL;
+    zd_future_t *watch = NULL;
     pthread_mutex_lock(&x->lock);
     switch (h->type) {
     case RPC_MSG_RREF_USER_DELETE: {
-        owner_t *e = rref_owner_find(x, h->a);
+        owner_t *e = zd__rref_owner_find(x, h->a);
         if (e)
-            rref_owner_del_fork(e, h->b);
-        freed = rref_owner_maybe_unlink(x, e);
+            zd__rref_owner_del_fork(e, h->b);
+        freed = zd__rref_owner_maybe_unlink(x, e);
         break;
     }
     case RPC_MSG_RREF_FORK_REQUEST: {
-        owner_t *e = rref_owner_find(x, h->a);
-        if (!e && (e = rref_owner_create(x, h->a, OWNER_PLACEHOLDER))) {
+        owner_t *e = zd__rref_owner_find(x, h->a);
+        if (!e && (e = zd__rref_owner_create(x, h->a, OWNER_PLACEHOLDER))) {
             e->expire_ns = placeholder_expiry(a, h->timeout_ms);
-            watch = rpc_future_ref(e->value);
+            watch = zd_future_ref(e->value);
         }
-        if (!e || rref_owner_add_fork(e, h->b) < 0) {
+        if (!e || zd__rref_owner_add_fork(e, h->b) < 0) {
             pthread_mutex_unlock(&x->lock);
-            rpc_future_unref(watch);
-            transport_answer_error(a, m, h->id, "out of memory");
+            zd_future_unref(watch);
+            zd__transport_answer_error(a, m, h->id, "out of memory");
             return;
         }
         break;
     }
     case RPC_MSG_RREF_CHILD_ACCEPT:
-        parent = rref_child_take(x, h->b);
+        parent = zd__rref_child_take(x, h->b);
         break;
     }
     pthread_mutex_unlock(&x->lock);
     if (watch) {
-        rref_watch_value(a, watch, h->a);
-        rpc_future_unref(watch);
+        zd__rref_watch_value(a, watch, h->a);
+        zd_future_unref(watch);
     }
-    rref_owner_free(freed);
-    rpc_rref_unref(parent);
+    zd__rref_owner_free(freed);
+    zd_rref_unref(parent);
     send_ack(a, m);
 }
 
-void rref_tick(agent_t *a, int64_t now_ns)
+void zd__rref_tick(agent_t *a, int64_t now_ns)
 {
     rref_ctx_t *x = a->rrefs;
     enum { MAX_EXPIRED = 64 };
-    rpc_future_t *expired[MAX_EXPIRED];
+    zd_future_t *expired[MAX_EXPIRED];
     uint64_t ids[MAX_EXPIRED];
     int n = 0;
     pthread_mutex_lock(&x->lock);
@@ -434,13 +434,13 @@ void rref_tick(agent_t *a, int64_t now_ns)
                 e->state = OWNER_CREATED;   /* failed: freed like any other */
                 x->n_placeholders--;
                 ids[n] = e->rref_id;
-                expired[n++] = rpc_future_ref(e->value);
+                expired[n++] = zd_future_ref(e->value);
             }
     pthread_mutex_unlock(&x->lock);
     for (int i = 0; i < n; i++) {
-        rpc_future_set_error(expired[i], "unknown RRef %" PRIx64 ": no remote() created it "
+        zd_future_set_error(expired[i], "unknown RRef %" PRIx64 ": no remote() created it "
                              "on \"%s\" (rank %d) in time", ids[i], a->name, a->rank);
-        rpc_future_unref(expired[i]);
+        zd_future_unref(expired[i]);
     }
 }
 
@@ -448,23 +448,23 @@ void rref_tick(agent_t *a, int64_t now_ns)
 
 static atomic_int_fast64_t g_leaked;
 
-int64_t rpc_debug_owner_rrefs_leaked(void)
+int64_t zd_rpc_debug_owner_rrefs_leaked(void)
 {
     return atomic_load(&g_leaked);
 }
 
-int rref_ctx_new(agent_t *a)
+int zd__rref_ctx_new(agent_t *a)
 {
     rref_ctx_t *x = calloc(1, sizeof *x);
     if (!x)
-        return error_set("RRef: out of memory");
+        return zd_error_set("RRef: out of memory");
     pthread_mutex_init(&x->lock, NULL);
     a->rrefs = x;
-    a->rref_codec = (rpc_rref_codec_t){NULL, rref_decode, a};
+    a->rref_codec = (rpc_rref_codec_t){NULL, zd__rref_decode, a};
     return 0;
 }
 
-void rref_ctx_free(agent_t *a)
+void zd__rref_ctx_free(agent_t *a)
 {
     rref_ctx_t *x = a->rrefs;
     if (!x)
@@ -474,34 +474,34 @@ void rref_ctx_free(agent_t *a)
     pthread_mutex_lock(&x->lock);
     x->closing = true;
     int64_t n = x->n_owners, leaked = 0;
-    rpc_future_t **open = calloc((size_t)(n ? n : 1), sizeof *open);
+    zd_future_t **open = calloc((size_t)(n ? n : 1), sizeof *open);
     int n_open = 0;
     for (size_t b = 0; b < OWNER_BUCKETS; b++)
         for (owner_t *e = x->owners[b]; e; e = e->next) {
             leaked += e->n_forks > 0 || e->handle;
-            if (open && !rpc_future_done(e->value))
-                open[n_open++] = rpc_future_ref(e->value);
+            if (open && !zd_future_done(e->value))
+                open[n_open++] = zd_future_ref(e->value);
         }
     pthread_mutex_unlock(&x->lock);
     for (int i = 0; i < n_open; i++) {
-        rpc_future_set_error(open[i], "RPC shut down");
-        rpc_future_unref(open[i]);
+        zd_future_set_error(open[i], "RPC shut down");
+        zd_future_unref(open[i]);
     }
     free(open);
     if (leaked)
-        agent_log(a, "shutdown: %" PRId64 " owned RRef value(s) still referenced", leaked);
+        zd__agent_log(a, "shutdown: %" PRId64 " owned RRef value(s) still referenced", leaked);
     atomic_store(&g_leaked, leaked);
     for (size_t b = 0; b < OWNER_BUCKETS; b++)
         while (x->owners[b]) {
             owner_t *e = x->owners[b];
             x->owners[b] = e->next;
-            rref_owner_free(e);
+            zd__rref_owner_free(e);
         }
     for (size_t b = 0; b < CHILD_BUCKETS; b++)
         while (x->children[b]) {
             child_t *c = x->children[b];
             x->children[b] = c->next;
-            rpc_rref_unref(c->parent);
+            zd_rref_unref(c->parent);
             free(c);
         }
     pthread_mutex_destroy(&x->lock);
@@ -509,7 +509,7 @@ void rref_ctx_free(agent_t *a)
     a->rrefs = NULL;
 }
 
-int64_t rref_outstanding(agent_t *a)
+int64_t zd__rref_outstanding(agent_t *a)
 {
     rref_ctx_t *x = a->rrefs;
     pthread_mutex_lock(&x->lock);
@@ -518,7 +518,7 @@ int64_t rref_outstanding(agent_t *a)
     return n;
 }
 
-int64_t rref_owner_count(agent_t *a)
+int64_t zd__rref_owner_count(agent_t *a)
 {
     rref_ctx_t *x = a->rrefs;
     pthread_mutex_lock(&x->lock);
@@ -527,24 +527,24 @@ int64_t rref_owner_count(agent_t *a)
     return n;
 }
 
-rpc_rref_t *rref_new_local(agent_t *a, rpc_value_t *value)
+zd_rref_t *zd__rref_new_local(agent_t *a, zd_value_t *value)
 {
     rref_ctx_t *x = a->rrefs;
-    uint64_t rref_id = agent_new_id(a);
+    uint64_t rref_id = zd__agent_new_id(a);
     pthread_mutex_lock(&x->lock);
-    owner_t *e = rref_owner_create(x, rref_id, OWNER_CREATED);
-    rpc_rref_t *h = e ? rref_owner_handle(a, e) : NULL;
-    rpc_future_t *f = e ? rpc_future_ref(e->value) : NULL;
+    owner_t *e = zd__rref_owner_create(x, rref_id, OWNER_CREATED);
+    zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;
+    zd_future_t *f = e ? zd_future_ref(e->value) : NULL;
     pthread_mutex_unlock(&x->lock);
     if (f) {
-        rpc_future_set_value(f, value);
-        rref_watch_value(a, f, rref_id);
-        rpc_future_unref(f);
+        zd_future_set_value(f, value);
+        zd__rref_watch_value(a, f, rref_id);
+        zd_future_unref(f);
     }
     return h;
 }
 
-void rref_user_error(agent_t *a, rpc_rref_t *r, char *buf, size_t size)
+void zd__rref_user_error(agent_t *a, zd_rref_t *r, char *buf, size_t size)
 {
     pthread_mutex_lock(&a->rrefs->lock);
     snprintf(buf, size, "%s", r->error ? r->error : "");

@@ -24,7 +24,7 @@
 
 #include "rpc/agent.h"
 
-struct rpc_rref {
+struct zd_rref {
     atomic_int refs;
     unsigned gen;               /* the agent generation it belongs to */
     uint64_t rref_id;
@@ -33,7 +33,7 @@ struct rpc_rref {
     bool is_owner;
     atomic_bool confirmed;      /* the owner knows of this fork */
     atomic_bool deleted;        /* the delete was sent (users) */
-    rpc_future_t *value;        /* owners: completes with the value */
+    zd_future_t *value;        /* owners: completes with the value */
     char *error;                /* users: creation failed (under the ctx lock) */
 };
 
@@ -45,50 +45,50 @@ typedef struct {
     int n, cap;
 } rref_txn_t;
 
-void rref_txn_init(rref_txn_t *t, agent_t *a);
+void zd__rref_txn_init(rref_txn_t *t, agent_t *a);
 /*  A codec that encodes RRefs through t (and decodes as a->rref_codec). */
-rpc_rref_codec_t rref_txn_codec(rref_txn_t *t);
-void rref_txn_commit(rref_txn_t *t);
-void rref_txn_rollback(rref_txn_t *t);
+rpc_rref_codec_t zd__rref_txn_codec(rref_txn_t *t);
+void zd__rref_txn_commit(rref_txn_t *t);
+void zd__rref_txn_rollback(rref_txn_t *t);
 
 /*  Decoding RRefs from rank src: the codec callback installed as
     a->rref_codec (arg = the agent). */
-int rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, rpc_rref_t **out);
+int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd_rref_t **out);
 
-/*  rpc_value_set_rref_hooks callbacks. */
-void rref_value_ref_hook(rpc_rref_t *r);
-void rref_value_unref_hook(rpc_rref_t *r);
+/*  zd__value_set_rref_hooks callbacks. */
+void zd__rref_value_ref_hook(zd_rref_t *r);
+void zd__rref_value_unref_hook(zd_rref_t *r);
 
 /*  Owner side of REMOTE: registers the caller's fork (fork_id 0: created by
     this process for itself) on entry rref_id and returns the entry's value
     future (a new reference) to be completed with the result, or NULL when
     the id is bad (error set). */
-rpc_future_t *rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src);
+zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src);
 
 /*  Owner side of RREF_FETCH / deref-first: the value future of rref_id (a
     new reference), creating a placeholder that expires after timeout_ms
     when the REMOTE creating it has not arrived; NULL on a bad id. */
-rpc_future_t *rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
+zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
 
 /*  A user handle for a REMOTE about to be sent to owner (pending until
-    rref_user_created), or the owner handle when owner is this process. */
-rpc_rref_t *rref_new_for_remote(agent_t *a, int owner);
+    zd__rref_user_created), or the owner handle when owner is this process. */
+zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner);
 
 /*  The REMOTE's answer arrived (error NULL) or the call failed. */
-void rref_user_created(agent_t *a, rpc_rref_t *r, const char *error);
+void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error);
 
 /*  Outstanding RRef work of this process: control messages in flight,
     pending users, pending children. */
-int64_t rref_outstanding(agent_t *a);
+int64_t zd__rref_outstanding(agent_t *a);
 
 /*  Copies a user's creation error ("" when none) into buf. */
-void rref_user_error(agent_t *a, rpc_rref_t *r, char *buf, size_t size);
+void zd__rref_user_error(agent_t *a, zd_rref_t *r, char *buf, size_t size);
 
 /*  Number of owner entries (values held for RRefs). */
-int64_t rref_owner_count(agent_t *a);
+int64_t zd__rref_owner_count(agent_t *a);
 
-/*  A new owner entry holding value and its local handle (rpc_rref_new). */
-rpc_rref_t *rref_new_local(agent_t *a, rpc_value_t *value);
+/*  A new owner entry holding value and its local handle (zd_rref_new). */
+zd_rref_t *zd__rref_new_local(agent_t *a, zd_value_t *value);
 
 /*  ---- internals shared by rref.c and rref_fork.c ---- */
 
@@ -104,17 +104,17 @@ typedef enum {
 typedef struct owner {
     uint64_t rref_id;
     owner_state_t state;
-    rpc_future_t *value;
+    zd_future_t *value;
     uint64_t *forks;
     int n_forks, cap_forks;
-    rpc_rref_t *handle;         /* the local handle while referenced (weak) */
+    zd_rref_t *handle;         /* the local handle while referenced (weak) */
     int64_t expire_ns;          /* placeholders */
     struct owner *next;
 } owner_t;
 
 typedef struct child {
     uint64_t fork_id;
-    rpc_rref_t *parent;         /* a reference, dropped on RREF_CHILD_ACCEPT */
+    zd_rref_t *parent;         /* a reference, dropped on RREF_CHILD_ACCEPT */
     struct child *next;
 } child_t;
 
@@ -137,38 +137,38 @@ struct ctrl {
     uint64_t rref_id, fork_id;
     int attempts;
     ctrl_done_fn *done;
-    rpc_rref_t *r;          /* for done */
+    zd_rref_t *r;          /* for done */
     int parent;             /* for done */
 };
 
 /*  Ids: creator rank << 48 | counter, counter never 0. */
-int rref_creator(uint64_t id);
-bool rref_id_ok(agent_t *a, uint64_t id);
+int zd__rref_creator(uint64_t id);
+bool zd__rref_id_ok(agent_t *a, uint64_t id);
 
-rpc_rref_t *rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner);
-void rref_handle_free(rpc_rref_t *r);
+zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner);
+void zd__rref_handle_free(zd_rref_t *r);
 
-/*  Owner entries; all under x->lock. rref_owner_maybe_unlink returns the
-    entry when nothing holds it any more, to rref_owner_free after unlocking
+/*  Owner entries; all under x->lock. zd__rref_owner_maybe_unlink returns the
+    entry when nothing holds it any more, to zd__rref_owner_free after unlocking
     (its value may hold RRefs, whose release takes the lock). */
-owner_t *rref_owner_find(rref_ctx_t *x, uint64_t id);
-owner_t *rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state);
-int rref_owner_add_fork(owner_t *e, uint64_t fork_id);
-void rref_owner_del_fork(owner_t *e, uint64_t fork_id);
-owner_t *rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e);
-void rref_owner_free(owner_t *e);
+owner_t *zd__rref_owner_find(rref_ctx_t *x, uint64_t id);
+owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state);
+int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id);
+void zd__rref_owner_del_fork(owner_t *e, uint64_t fork_id);
+owner_t *zd__rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e);
+void zd__rref_owner_free(owner_t *e);
 /*  The entry's local handle with one more reference (made if needed). */
-rpc_rref_t *rref_owner_handle(agent_t *a, owner_t *e);
+zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e);
 /*  After creating an entry (lock released): frees it when its value comes
     and nothing else holds it. */
-void rref_watch_value(agent_t *a, rpc_future_t *value, uint64_t rref_id);
+void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id);
 
 /*  Sends a control message, retried until acknowledged; done (may be NULL)
     runs once with the outcome. */
-void rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
-                     ctrl_done_fn *done, rpc_rref_t *r, int parent);
+void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
+                     ctrl_done_fn *done, zd_rref_t *r, int parent);
 /*  Under x->lock: removes pending child fork_id, returning its parent's
     reference (or NULL). */
-rpc_rref_t *rref_child_take(rref_ctx_t *x, uint64_t fork_id);
+zd_rref_t *zd__rref_child_take(rref_ctx_t *x, uint64_t fork_id);
 
 #endif

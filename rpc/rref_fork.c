@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 
 #define CTRL_RETRIES 3
 
@@ -29,17 +29,17 @@ static size_t child_bucket(uint64_t id)
 
 static void ctrl_send(ctrl_t *c);
 
-static void ctrl_answer(rpc_future_t *f, void *arg)
+static void ctrl_answer(zd_future_t *f, void *arg)
 {
     ctrl_t *c = arg;
     agent_t *a = c->a;
-    bool ok = rpc_future_value(f) != NULL;
+    bool ok = zd_future_value(f) != NULL;
     if (!ok && c->attempts < CTRL_RETRIES && !atomic_load(&a->closing)) {
         ctrl_send(c);
         return;
     }
     if (!ok)
-        agent_log(a, "%s", rpc_future_error(f));
+        zd__agent_log(a, "%s", zd_future_error(f));
     if (c->done)
         c->done(a, c, ok);
     pthread_mutex_lock(&a->rrefs->lock);
@@ -53,28 +53,28 @@ static void ctrl_send(ctrl_t *c)
     c->attempts++;
     call_req_t req = {.type = c->type, .api = "RRef protocol", .a = c->rref_id,
                       .b = c->fork_id, .timeout_ms = -1, .hooked = false};
-    rpc_future_t *f = call_start(c->a, c->dst, &req);
+    zd_future_t *f = zd__call_start(c->a, c->dst, &req);
     if (!f) {
         /* Not even sent (shutting down): finish as failed. */
         c->attempts = CTRL_RETRIES;
-        rpc_future_t *failed = rpc_future_new();
+        zd_future_t *failed = zd_future_new();
         if (failed) {
-            rpc_future_set_error(failed, "%s", error_last());
+            zd_future_set_error(failed, "%s", zd_error_last());
             ctrl_answer(failed, c);
-            rpc_future_unref(failed);
+            zd_future_unref(failed);
         }
         return;
     }
-    rpc_future_then(f, ctrl_answer, c);
-    rpc_future_unref(f);
+    zd_future_then(f, ctrl_answer, c);
+    zd_future_unref(f);
 }
 
-void rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
-                       ctrl_done_fn *done, rpc_rref_t *r, int parent)
+void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
+                       ctrl_done_fn *done, zd_rref_t *r, int parent)
 {
     ctrl_t *c = calloc(1, sizeof *c);
     if (!c) {
-        agent_log(a, "RRef: out of memory for a %s", rpc_wire_type_name(type));
+        zd__agent_log(a, "RRef: out of memory for a %s", zd__rpc_wire_type_name(type));
         if (done) {
             ctrl_t tmp = {.a = a, .r = r, .parent = parent};
             done(a, &tmp, false);
@@ -90,42 +90,42 @@ void rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64
 
 /* ---- encoding: forks ---- */
 
-void rref_user_error(agent_t *a, rpc_rref_t *r, char *buf, size_t size);
+void zd__rref_user_error(agent_t *a, zd_rref_t *r, char *buf, size_t size);
 
-void rref_txn_init(rref_txn_t *t, agent_t *a)
+void zd__rref_txn_init(rref_txn_t *t, agent_t *a)
 {
     memset(t, 0, sizeof *t);
     t->a = a;
 }
 
-static int txn_encode(void *arg, rpc_rref_t *r, int dst, uint8_t out[RPC_RREF_WIRE_SIZE])
+static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIRE_SIZE])
 {
     rref_txn_t *t = arg;
     agent_t *a = t->a;
     rref_ctx_t *x = a->rrefs;
     (void)dst;
     if (r->gen != a->gen)
-        return error_set("RRef from an earlier RPC session cannot be sent");
+        return zd_error_set("RRef from an earlier RPC session cannot be sent");
     char error[1024];
-    rref_user_error(a, r, error, sizeof error);
+    zd__rref_user_error(a, r, error, sizeof error);
     if (error[0])
-        return error_set("%s", error);
+        return zd_error_set("%s", error);
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 4;
         struct txn_item *it = realloc(t->items, (size_t)cap * sizeof *it);
         if (!it)
-            return error_set("RRef: out of memory");
+            return zd_error_set("RRef: out of memory");
         t->items = it;
         t->cap = cap;
     }
-    uint64_t fork_id = agent_new_id(a);
+    uint64_t fork_id = zd__agent_new_id(a);
     pthread_mutex_lock(&x->lock);
     if (r->is_owner) {
         /* Early registration: the owner adds the child itself. */
-        owner_t *e = rref_owner_find(x, r->rref_id);
-        if (!e || rref_owner_add_fork(e, fork_id) < 0) {
+        owner_t *e = zd__rref_owner_find(x, r->rref_id);
+        if (!e || zd__rref_owner_add_fork(e, fork_id) < 0) {
             pthread_mutex_unlock(&x->lock);
-            return e ? -1 : error_set("RRef %" PRIx64 " is no longer owned here", r->rref_id);
+            return e ? -1 : zd_error_set("RRef %" PRIx64 " is no longer owned here", r->rref_id);
         }
         t->items[t->n++] = (struct txn_item){TXN_OWNER_FORK, r->rref_id, fork_id};
     } else {
@@ -133,10 +133,10 @@ static int txn_encode(void *arg, rpc_rref_t *r, int dst, uint8_t out[RPC_RREF_WI
         child_t *c = malloc(sizeof *c);
         if (!c) {
             pthread_mutex_unlock(&x->lock);
-            return error_set("RRef: out of memory");
+            return zd_error_set("RRef: out of memory");
         }
         c->fork_id = fork_id;
-        c->parent = rpc_rref_ref(r);
+        c->parent = zd_rref_ref(r);
         size_t b = child_bucket(fork_id);
         c->next = x->children[b];
         x->children[b] = c;
@@ -156,14 +156,14 @@ static int txn_encode(void *arg, rpc_rref_t *r, int dst, uint8_t out[RPC_RREF_WI
     return 0;
 }
 
-rpc_rref_codec_t rref_txn_codec(rref_txn_t *t)
+rpc_rref_codec_t zd__rref_txn_codec(rref_txn_t *t)
 {
     rpc_rref_codec_t c = {txn_encode, NULL, t};   /* encoding only */
     return c;
 }
 
 /* Removes a pending child; returns its parent reference, or NULL. */
-rpc_rref_t *rref_child_take(rref_ctx_t *x, uint64_t fork_id)
+zd_rref_t *zd__rref_child_take(rref_ctx_t *x, uint64_t fork_id)
 {
     child_t **pp = &x->children[child_bucket(fork_id)];
     while (*pp && (*pp)->fork_id != fork_id)
@@ -173,39 +173,39 @@ rpc_rref_t *rref_child_take(rref_ctx_t *x, uint64_t fork_id)
         return NULL;
     *pp = c->next;
     x->n_children--;
-    rpc_rref_t *parent = c->parent;
+    zd_rref_t *parent = c->parent;
     free(c);
     return parent;
 }
 
-void rref_txn_commit(rref_txn_t *t)
+void zd__rref_txn_commit(rref_txn_t *t)
 {
     free(t->items);
     t->items = NULL;
     t->n = t->cap = 0;
 }
 
-void rref_txn_rollback(rref_txn_t *t)
+void zd__rref_txn_rollback(rref_txn_t *t)
 {
     rref_ctx_t *x = t->a->rrefs;
     for (int i = 0; i < t->n; i++) {
         struct txn_item *it = &t->items[i];
         pthread_mutex_lock(&x->lock);
         owner_t *freed = NULL;
-        rpc_rref_t *parent = NULL;
+        zd_rref_t *parent = NULL;
         if (it->kind == TXN_OWNER_FORK) {
-            owner_t *e = rref_owner_find(x, it->rref_id);
+            owner_t *e = zd__rref_owner_find(x, it->rref_id);
             if (e)
-                rref_owner_del_fork(e, it->fork_id);
-            freed = rref_owner_maybe_unlink(x, e);
+                zd__rref_owner_del_fork(e, it->fork_id);
+            freed = zd__rref_owner_maybe_unlink(x, e);
         } else {
-            parent = rref_child_take(x, it->fork_id);
+            parent = zd__rref_child_take(x, it->fork_id);
         }
         pthread_mutex_unlock(&x->lock);
-        rref_owner_free(freed);
-        rpc_rref_unref(parent);
+        zd__rref_owner_free(freed);
+        zd_rref_unref(parent);
     }
-    rref_txn_commit(t);
+    zd__rref_txn_commit(t);
 }
 
 /* ---- decoding: a fork arrives ---- */
@@ -214,7 +214,7 @@ void rref_txn_rollback(rref_txn_t *t)
    parent may go, and the child is a confirmed user. */
 static void fork_request_done(agent_t *a, ctrl_t *c, bool ok)
 {
-    rpc_rref_t *r = c->r;
+    zd_rref_t *r = c->r;
     rref_ctx_t *x = a->rrefs;
     if (ok) {
         atomic_store(&r->confirmed, true);
@@ -224,11 +224,11 @@ static void fork_request_done(agent_t *a, ctrl_t *c, bool ok)
             r->error = strdup("the owner did not confirm this RRef (unreachable?)");
         pthread_mutex_unlock(&x->lock);
     }
-    rref_ctrl_start(a, c->parent, RPC_MSG_RREF_CHILD_ACCEPT, 0, r->fork_id, NULL, NULL, -1);
+    zd__rref_ctrl_start(a, c->parent, RPC_MSG_RREF_CHILD_ACCEPT, 0, r->fork_id, NULL, NULL, -1);
     pthread_mutex_lock(&x->lock);
     x->n_pending_users--;
     pthread_mutex_unlock(&x->lock);
-    rpc_rref_unref(r);   /* the pending user's reference */
+    zd_rref_unref(r);   /* the pending user's reference */
 }
 
 static uint64_t get_u64(const uint8_t *p)
@@ -239,7 +239,7 @@ static uint64_t get_u64(const uint8_t *p)
     return v;
 }
 
-int rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, rpc_rref_t **out)
+int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd_rref_t **out)
 {
     agent_t *a = arg;
     rref_ctx_t *x = a->rrefs;
@@ -248,52 +248,52 @@ int rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, rpc_rr
     int owner = in[16] | in[17] << 8, parent = in[18] | in[19] << 8;
     for (int i = 20; i < RPC_RREF_WIRE_SIZE; i++)
         if (in[i])
-            return error_set("RRef: reserved bytes are not 0");
-    if (owner >= a->world || parent != src || !rref_id_ok(a, rref_id) || !rref_id_ok(a, fork_id) ||
-        rref_creator(fork_id) != src)
-        return error_set("RRef: inconsistent ids (rref %" PRIx64 ", fork %" PRIx64 ", owner "
+            return zd_error_set("RRef: reserved bytes are not 0");
+    if (owner >= a->world || parent != src || !zd__rref_id_ok(a, rref_id) || !zd__rref_id_ok(a, fork_id) ||
+        zd__rref_creator(fork_id) != src)
+        return zd_error_set("RRef: inconsistent ids (rref %" PRIx64 ", fork %" PRIx64 ", owner "
                          "%d, parent %d, sender %d)", rref_id, fork_id, owner, parent, src);
     if (owner == a->rank) {
         pthread_mutex_lock(&x->lock);
-        owner_t *e = rref_owner_find(x, rref_id);
+        owner_t *e = zd__rref_owner_find(x, rref_id);
         bool fresh = false;
         if (!e) {
             /* The REMOTE creating it may still be on its way. */
-            e = rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
+            e = zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
             if (e) {
                 fresh = true;
-                e->expire_ns = agent_now_ns() + agent_timeout(a, -1) * 1000000;
-                if (e->expire_ns < agent_now_ns())
+                e->expire_ns = zd__agent_now_ns() + zd__agent_timeout(a, -1) * 1000000;
+                if (e->expire_ns < zd__agent_now_ns())
                     e->expire_ns = INT64_MAX;
             }
         }
-        rpc_rref_t *h = e ? rref_owner_handle(a, e) : NULL;
+        zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;
         if (h && parent == a->rank)
-            rref_owner_del_fork(e, fork_id);   /* registered early by our own encode */
-        rpc_future_t *watch = fresh ? rpc_future_ref(e->value) : NULL;
+            zd__rref_owner_del_fork(e, fork_id);   /* registered early by our own encode */
+        zd_future_t *watch = fresh ? zd_future_ref(e->value) : NULL;
         pthread_mutex_unlock(&x->lock);
         if (watch) {
-            rref_watch_value(a, watch, rref_id);
-            rpc_future_unref(watch);
+            zd__rref_watch_value(a, watch, rref_id);
+            zd_future_unref(watch);
         }
         if (!h)
             return -1;
         if (parent != a->rank)   /* a phantom fork: the parent may go now */
-            rref_ctrl_start(a, parent, RPC_MSG_RREF_CHILD_ACCEPT, 0, fork_id, NULL, NULL, -1);
+            zd__rref_ctrl_start(a, parent, RPC_MSG_RREF_CHILD_ACCEPT, 0, fork_id, NULL, NULL, -1);
         *out = h;
         return 0;
     }
-    rpc_rref_t *h = rref_handle_new(a, rref_id, fork_id, owner);
+    zd_rref_t *h = zd__rref_handle_new(a, rref_id, fork_id, owner);
     if (!h)
         return -1;
     if (parent == owner) {
         atomic_store(&h->confirmed, true);   /* the owner registered it early */
     } else {
-        rpc_rref_ref(h);   /* pending user */
+        zd_rref_ref(h);   /* pending user */
         pthread_mutex_lock(&x->lock);
         x->n_pending_users++;
         pthread_mutex_unlock(&x->lock);
-        rref_ctrl_start(a, owner, RPC_MSG_RREF_FORK_REQUEST, rref_id, fork_id, fork_request_done, h,
+        zd__rref_ctrl_start(a, owner, RPC_MSG_RREF_FORK_REQUEST, rref_id, fork_id, fork_request_done, h,
                    parent);
     }
     *out = h;

@@ -2,7 +2,7 @@
 
     The I/O thread decodes each request (always, even one it will refuse, so
     that RRefs inside it follow their protocol) and then either runs the
-    handler at once (RPC_FN_INLINE) or queues it for the pool. The answer is
+    handler at once (ZD_RPC_FN_INLINE) or queues it for the pool. The answer is
     sent by whichever thread finishes the call: the handler's thread, or the
     thread that completes an async handler's future. */
 #include "rpc/agent.h"
@@ -11,14 +11,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/rref.h"
 
 /* ---- registry (process-wide, kept across inits) ---- */
 
 typedef struct entry {
     char *name;
-    rpc_function_t f;
+    zd_rpc_function_t f;
     struct entry *next;
 } entry_t;
 
@@ -35,7 +35,7 @@ static size_t name_hash(const char *s, size_t len)
 }
 
 /* Copies the function called name[0..len) into *out; false when unknown. */
-static bool registry_find(const char *name, size_t len, rpc_function_t *out)
+static bool registry_find(const char *name, size_t len, zd_rpc_function_t *out)
 {
     bool found = false;
     pthread_rwlock_rdlock(&registry_lock);
@@ -49,20 +49,20 @@ static bool registry_find(const char *name, size_t len, rpc_function_t *out)
     return found;
 }
 
-int rpc_register_function(const char *name, const rpc_function_t *f)
+int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
 {
     size_t len = name ? strlen(name) : 0;
-    if (len == 0 || len > RPC_MAX_FUNCTION)
-        return error_set("rpc_register: bad function name (1 to %d characters)",
-                         RPC_MAX_FUNCTION);
+    if (len == 0 || len > ZD_RPC_MAX_FUNCTION)
+        return zd_error_set("zd_rpc_register: bad function name (1 to %d characters)",
+                         ZD_RPC_MAX_FUNCTION);
     for (size_t i = 0; i < len; i++)
         if (name[i] < 0x21 || name[i] > 0x7e)
-            return error_set("rpc_register: function name \"%s\" has a space or a "
+            return zd_error_set("zd_rpc_register: function name \"%s\" has a space or a "
                              "non-printable character", name);
     if (!f || (!f->fn == !f->async_fn))
-        return error_set("rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
-    if (f->flags & ~RPC_FN_INLINE)
-        return error_set("rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
+        return zd_error_set("zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
+    if (f->flags & ~ZD_RPC_FN_INLINE)
+        return zd_error_set("zd_rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
     pthread_rwlock_wrlock(&registry_lock);
     size_t b = name_hash(name, len);
     for (entry_t *e = registry[b]; e; e = e->next)
@@ -77,7 +77,7 @@ int rpc_register_function(const char *name, const rpc_function_t *f)
         pthread_rwlock_unlock(&registry_lock);
         free(e);
         free(copy);
-        return error_set("rpc_register: out of memory");
+        return zd_error_set("zd_rpc_register: out of memory");
     }
     e->name = copy;
     e->f = *f;
@@ -87,28 +87,28 @@ int rpc_register_function(const char *name, const rpc_function_t *f)
     return 0;
 }
 
-int rpc_register(const char *name, rpc_handler_fn *fn, void *arg)
+int zd_rpc_register(const char *name, zd_rpc_handler_fn *fn, void *arg)
 {
-    rpc_function_t f = {.fn = fn, .arg = arg};
-    return rpc_register_function(name, &f);
+    zd_rpc_function_t f = {.fn = fn, .arg = arg};
+    return zd_rpc_register_function(name, &f);
 }
 
-int rpc_register_async(const char *name, rpc_async_handler_fn *fn, void *arg)
+int zd_rpc_register_async(const char *name, zd_rpc_async_handler_fn *fn, void *arg)
 {
-    rpc_function_t f = {.async_fn = fn, .arg = arg};
-    return rpc_register_function(name, &f);
+    zd_rpc_function_t f = {.async_fn = fn, .arg = arg};
+    return zd_rpc_register_function(name, &f);
 }
 
-int rpc_register_inline(const char *name, rpc_handler_fn *fn, void *arg)
+int zd_rpc_register_inline(const char *name, zd_rpc_handler_fn *fn, void *arg)
 {
-    rpc_function_t f = {.fn = fn, .arg = arg, .flags = RPC_FN_INLINE};
-    return rpc_register_function(name, &f);
+    zd_rpc_function_t f = {.fn = fn, .arg = arg, .flags = ZD_RPC_FN_INLINE};
+    return zd_rpc_register_function(name, &f);
 }
 
-int rpc_unregister(const char *name)
+int zd_rpc_unregister(const char *name)
 {
     if (!name)
-        return error_set("rpc_unregister: NULL name");
+        return zd_error_set("zd_rpc_unregister: NULL name");
     pthread_rwlock_wrlock(&registry_lock);
     entry_t **pp = &registry[name_hash(name, strlen(name))];
     while (*pp && strcmp((*pp)->name, name) != 0)
@@ -118,21 +118,21 @@ int rpc_unregister(const char *name)
         *pp = e->next;
     pthread_rwlock_unlock(&registry_lock);
     if (!e)
-        return error_set("rpc_unregister: no function called \"%s\"", name);
+        return zd_error_set("zd_rpc_unregister: no function called \"%s\"", name);
     free(e->name);
     free(e);
     return 0;
 }
 
-int serve_register_internal(void)
+int zd__serve_register_internal(void)
 {
-    rpc_function_t barrier = {.async_fn = shutdown_barrier_handler, .flags = RPC_FN_INLINE};
-    return rpc_register_function("__zd_barrier", &barrier);
+    zd_rpc_function_t barrier = {.async_fn = zd__shutdown_barrier_handler, .flags = ZD_RPC_FN_INLINE};
+    return zd_rpc_register_function("__zd_barrier", &barrier);
 }
 
 /* ---- incoming calls ---- */
 
-struct rpc_call {
+struct zd_rpc_call {
     agent_t *a;                     /* valid only while a is running with gen */
     unsigned gen;
     int src;
@@ -142,57 +142,57 @@ struct rpc_call {
     bool internal;
     bool found;
     bool hooked;                    /* on_recv_request ran: on_send_reply is due */
-    char fn[RPC_MAX_FUNCTION + 1];
-    rpc_function_t f;
-    rpc_value_t *args;
+    char fn[ZD_RPC_MAX_FUNCTION + 1];
+    zd_rpc_function_t f;
+    zd_value_t *args;
     uint8_t *extra;
     size_t extra_len;
     void *hook_state;
     uint64_t rref_id, fork_id;
     uint32_t timeout_ms;
-    rpc_future_t *owner_value;      /* REMOTE: to complete; FETCH: to wait for */
-    rpc_future_t *waiting;          /* an async handler's future, or a deref wait */
-    rpc_hooks_t hooks;              /* a copy: a call may outlive its agent */
-    uint8_t route[RPC_WIRE_SYNC_ID_LEN];   /* answer on the caller's rpc_sync socket */
+    zd_future_t *owner_value;      /* REMOTE: to complete; FETCH: to wait for */
+    zd_future_t *waiting;          /* an async handler's future, or a deref wait */
+    zd_rpc_hooks_t hooks;              /* a copy: a call may outlive its agent */
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];   /* answer on the caller's zd_rpc_sync socket */
     size_t route_len;
 };
 
-int rpc_call_caller_rank(const rpc_call_t *call)
+int zd_rpc_call_caller_rank(const zd_rpc_call_t *call)
 {
     return call ? call->src : -1;
 }
 
-const char *rpc_call_caller_name(const rpc_call_t *call)
+const char *zd_rpc_call_caller_name(const zd_rpc_call_t *call)
 {
     return call ? call->a->peers[call->src].name : "";
 }
 
-const char *rpc_call_function(const rpc_call_t *call)
+const char *zd_rpc_call_function(const zd_rpc_call_t *call)
 {
     return call ? call->fn : "";
 }
 
-void rpc_call_set_hook_state(rpc_call_t *call, void *state)
+void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state)
 {
     if (call)
         call->hook_state = state;
 }
 
-void *rpc_call_hook_state(const rpc_call_t *call)
+void *zd_rpc_call_hook_state(const zd_rpc_call_t *call)
 {
     return call ? call->hook_state : NULL;
 }
 
-rpc_call_kind_t rpc_call_kind(const rpc_call_t *call)
+zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call)
 {
     if (call && call->type == RPC_MSG_REMOTE)
-        return RPC_KIND_REMOTE;
+        return ZD_RPC_KIND_REMOTE;
     if (call && call->type == RPC_MSG_RREF_FETCH)
-        return RPC_KIND_FETCH;
-    return RPC_KIND_CALL;
+        return ZD_RPC_KIND_FETCH;
+    return ZD_RPC_KIND_CALL;
 }
 
-static void call_free(rpc_call_t *c, bool counted)
+static void call_free(zd_rpc_call_t *c, bool counted)
 {
     agent_t *a = c->a;
     if (counted && !c->internal) {
@@ -201,26 +201,26 @@ static void call_free(rpc_call_t *c, bool counted)
     }
     if (counted)
         atomic_fetch_sub_explicit(&a->serving, 1, memory_order_relaxed);
-    rpc_value_unref(c->args);
-    rpc_future_unref(c->owner_value);
-    rpc_future_unref(c->waiting);
+    zd_value_unref(c->args);
+    zd_future_unref(c->owner_value);
+    zd_future_unref(c->waiting);
     free(c->extra);
     free(c);
 }
 
 /* Runs the reply hook; returns its extra bytes (or none). */
-static rpc_bytes_t reply_hook(rpc_call_t *c, rpc_value_t **result)
+static zd_rpc_bytes_t reply_hook(zd_rpc_call_t *c, zd_value_t **result)
 {
-    rpc_bytes_t extra = {NULL, 0};
+    zd_rpc_bytes_t extra = {NULL, 0};
     if (c->hooked && c->hooks.on_send_reply) {
         c->hooked = false;
         if (c->hooks.on_send_reply(c->hooks.arg, c, result, &extra) < 0 && *result) {
-            rpc_value_unref(*result);
+            zd_value_unref(*result);
             *result = NULL;
         }
         if (extra.len > RPC_WIRE_MAX_EXTRA) {
             free(extra.data);
-            extra = (rpc_bytes_t){NULL, 0};
+            extra = (zd_rpc_bytes_t){NULL, 0};
         }
     }
     return extra;
@@ -229,32 +229,32 @@ static rpc_bytes_t reply_hook(rpc_call_t *c, rpc_value_t **result)
 /* The agent to answer through (one more user), or NULL when the call
    outlived it: an async handler's future completed during or after
    shutdown. Such a call is only freed (its hook state released). */
-static agent_t *answer_begin(rpc_call_t *c)
+static agent_t *answer_begin(zd_rpc_call_t *c)
 {
-    agent_t *a = agent_acquire_gen(c->gen);
+    agent_t *a = zd__agent_acquire_gen(c->gen);
     if (a)
         return a;
-    rpc_value_t *none = NULL;
-    rpc_bytes_t extra = reply_hook(c, &none);
+    zd_value_t *none = NULL;
+    zd_rpc_bytes_t extra = reply_hook(c, &none);
     free(extra.data);
     call_free(c, false);
     return NULL;
 }
 
-static void answer_value(agent_t *a, rpc_call_t *c, rpc_value_t *value);
+static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value);
 
-static void answer_error(agent_t *a, rpc_call_t *c, const char *text)
+static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text)
 {
     if (c->type == RPC_MSG_REMOTE && c->owner_value) {
         /* The owner knows the fork now: the failure becomes the value's (to_here
            reports it) and the caller gets its acknowledgement. */
-        rpc_future_set_error(c->owner_value, "%s", text);
+        zd_future_set_error(c->owner_value, "%s", text);
         answer_value(a, c, NULL);
         return;
     }
-    rpc_value_t *none = NULL;
-    rpc_bytes_t extra = reply_hook(c, &none);
-    rpc_value_unref(none);
+    zd_value_t *none = NULL;
+    zd_rpc_bytes_t extra = reply_hook(c, &none);
+    zd_value_unref(none);
     size_t len = strlen(text);
     if (len > 65536)
         len = 65536;
@@ -263,87 +263,87 @@ static void answer_error(agent_t *a, rpc_call_t *c, const char *text)
                            .meta_len = len ? len : 1};
     if (!len)
         h.meta = (const uint8_t *)"?";
-    if (transport_send_routed(a, c->src, c->route, c->route_len, &h, NULL, 0) < 0)
-        agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, error_last());
+    if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, NULL, 0) < 0)
+        zd__agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, zd_error_last());
     free(extra.data);
     call_free(c, true);
 }
 
 /* Answers with value (borrowed). */
-static void answer_value(agent_t *a, rpc_call_t *c, rpc_value_t *value)
+static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
 {
-    rpc_value_t *v;
+    zd_value_t *v;
     if (c->type == RPC_MSG_REMOTE) {
         if (c->owner_value && value)
-            rpc_future_set_value(c->owner_value, value);
-        v = rpc_value_none();
+            zd_future_set_value(c->owner_value, value);
+        v = zd_value_none();
     } else {
-        v = rpc_value_ref(value);
+        v = zd_value_ref(value);
     }
-    rpc_bytes_t extra = reply_hook(c, &v);
+    zd_rpc_bytes_t extra = reply_hook(c, &v);
     if (!v) {
         free(extra.data);
         if (c->type == RPC_MSG_REMOTE) {
-            rpc_future_unref(c->owner_value);   /* answer with an ERROR */
+            zd_future_unref(c->owner_value);   /* answer with an ERROR */
             c->owner_value = NULL;
         }
         answer_error(a, c, "out of memory, or the reply hook failed");
         return;
     }
     rref_txn_t txn;
-    rref_txn_init(&txn, a);
-    rpc_rref_codec_t codec = rref_txn_codec(&txn);
+    zd__rref_txn_init(&txn, a);
+    rpc_rref_codec_t codec = zd__rref_txn_codec(&txn);
     rpc_encoded_t enc = {0};
-    if (rpc_value_encode(v, &codec, c->src, &enc) < 0) {
+    if (zd__value_encode(v, &codec, c->src, &enc) < 0) {
         char text[512];
         snprintf(text, sizeof text, "cannot send the result of \"%s\": %s", c->fn,
-                 error_last());
-        rref_txn_rollback(&txn);
-        rpc_value_unref(v);
+                 zd_error_last());
+        zd__rref_txn_rollback(&txn);
+        zd_value_unref(v);
         free(extra.data);
         answer_error(a, c, text);
         return;
     }
     rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = c->id, .extra = extra.data,
                            .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len};
-    if (transport_send_routed(a, c->src, c->route, c->route_len, &h, enc.tensors,
+    if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, enc.tensors,
                               enc.n_tensors) < 0) {
-        agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, error_last());
-        rref_txn_rollback(&txn);
+        zd__agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, zd_error_last());
+        zd__rref_txn_rollback(&txn);
     } else {
-        rref_txn_commit(&txn);
+        zd__rref_txn_commit(&txn);
     }
-    rpc_encoded_clear(&enc);
-    rpc_value_unref(v);
+    zd__rpc_encoded_clear(&enc);
+    zd_value_unref(v);
     free(extra.data);
     call_free(c, true);
 }
 
-static void finish_error(rpc_call_t *c, const char *text)
+static void finish_error(zd_rpc_call_t *c, const char *text)
 {
     agent_t *a = answer_begin(c);
     if (a) {
         answer_error(a, c, text);
-        agent_release(a);
+        zd__agent_release(a);
     }
 }
 
-static void finish_value(rpc_call_t *c, rpc_value_t *value)
+static void finish_value(zd_rpc_call_t *c, zd_value_t *value)
 {
     agent_t *a = answer_begin(c);
     if (a) {
         answer_value(a, c, value);
-        agent_release(a);
+        zd__agent_release(a);
     }
 }
 
-static void future_done(rpc_future_t *f, void *arg)
+static void future_done(zd_future_t *f, void *arg)
 {
-    rpc_call_t *c = arg;
-    if (rpc_future_value(f))
-        finish_value(c, rpc_future_value(f));
+    zd_rpc_call_t *c = arg;
+    if (zd_future_value(f))
+        finish_value(c, zd_future_value(f));
     else
-        finish_error(c, rpc_future_error(f));
+        finish_error(c, zd_future_error(f));
 }
 
 static void run_call(void *arg);
@@ -355,22 +355,22 @@ static void drop_call(void *arg)
 
 /* Runs c now (inline functions) or on the pool. Also called from future
    callbacks, possibly while the agent shuts down (then c is dropped). */
-static void schedule(rpc_call_t *c)
+static void schedule(zd_rpc_call_t *c)
 {
     agent_t *a = answer_begin(c);
     if (!a)
         return;
     if (atomic_load(&a->closing))
         answer_error(a, c, "RPC shut down before the call could run");
-    else if (c->f.flags & RPC_FN_INLINE)
+    else if (c->f.flags & ZD_RPC_FN_INLINE)
         run_call(c);
-    else if (pool_submit(a->pool, run_call, drop_call, c) < 0) {
+    else if (zd__pool_submit(a->pool, run_call, drop_call, c) < 0) {
         /* drop_call answered it */
     }
-    agent_release(a);
+    zd__agent_release(a);
 }
 
-static void deref_ready(rpc_future_t *f, void *arg)
+static void deref_ready(zd_future_t *f, void *arg)
 {
     (void)f;
     schedule(arg);
@@ -378,31 +378,31 @@ static void deref_ready(rpc_future_t *f, void *arg)
 
 /* Replaces the RRef in args[0] by its value. 1 when done, 0 when the value
    is not there yet (run_call comes back later), -1 when it failed. */
-static int deref_first(rpc_call_t *c)
+static int deref_first(zd_rpc_call_t *c)
 {
-    rpc_rref_t *r;
-    if (rpc_arg_rref(c->args, 0, &r) < 0)
+    zd_rref_t *r;
+    if (zd_rpc_arg_rref(c->args, 0, &r) < 0)
         return -1;
     if (!r->is_owner)
-        return error_set("the RRef in the first argument is owned by rank %d, not here",
+        return zd_error_set("the RRef in the first argument is owned by rank %d, not here",
                          r->owner);
-    if (!rpc_future_done(r->value)) {
+    if (!zd_future_done(r->value)) {
         if (c->waiting)
-            return error_set("RRef value still missing after its creation completed");
-        c->waiting = rpc_future_ref(r->value);
-        rpc_future_then(c->waiting, deref_ready, c);
+            return zd_error_set("RRef value still missing after its creation completed");
+        c->waiting = zd_future_ref(r->value);
+        zd_future_then(c->waiting, deref_ready, c);
         return 0;
     }
-    if (!rpc_future_value(r->value))
-        return error_set("%s", rpc_future_error(r->value));
-    size_t n = rpc_list_len(c->args);
-    rpc_value_t *args = rpc_value_list(n);
+    if (!zd_future_value(r->value))
+        return zd_error_set("%s", zd_future_error(r->value));
+    size_t n = zd_list_len(c->args);
+    zd_value_t *args = zd_value_list(n);
     if (!args)
         return -1;
-    rpc_list_append(args, rpc_value_ref(rpc_future_value(r->value)));
+    zd_list_append(args, zd_value_ref(zd_future_value(r->value)));
     for (size_t i = 1; i < n; i++)
-        rpc_list_append(args, rpc_value_ref(rpc_list_get(c->args, i)));
-    rpc_value_unref(c->args);
+        zd_list_append(args, zd_value_ref(zd_list_get(c->args, i)));
+    zd_value_unref(c->args);
     c->args = args;
     c->flags &= (uint16_t)~RPC_WIRE_F_DEREF_FIRST;
     return 1;
@@ -410,7 +410,7 @@ static int deref_first(rpc_call_t *c)
 
 static void run_call(void *arg)
 {
-    rpc_call_t *c = arg;
+    zd_rpc_call_t *c = arg;
     agent_t *a = c->a;
     char text[1024];
     if (c->flags & RPC_WIRE_F_DEREF_FIRST) {
@@ -418,7 +418,7 @@ static void run_call(void *arg)
         if (rc == 0)
             return;
         if (rc < 0) {
-            snprintf(text, sizeof text, "RRef argument of \"%s\": %s", c->fn, error_last());
+            snprintf(text, sizeof text, "RRef argument of \"%s\": %s", c->fn, zd_error_last());
             finish_error(c, text);
             return;
         }
@@ -426,59 +426,59 @@ static void run_call(void *arg)
     if (!c->internal && a->has_hooks) {
         if (c->hooks.on_recv_request &&
             c->hooks.on_recv_request(c->hooks.arg, c, c->extra, c->extra_len, &c->args) < 0) {
-            snprintf(text, sizeof text, "request hook failed: %s", error_last());
+            snprintf(text, sizeof text, "request hook failed: %s", zd_error_last());
             finish_error(c, text);
             return;
         }
         c->hooked = true;
     }
     if (c->type == RPC_MSG_RREF_FETCH) {
-        c->waiting = rpc_future_ref(c->owner_value);
-        rpc_future_then(c->waiting, future_done, c);
+        c->waiting = zd_future_ref(c->owner_value);
+        zd_future_then(c->waiting, future_done, c);
         return;
     }
-    error_clear();
+    zd_error_clear();
     if (c->f.fn) {
-        rpc_value_t *result = c->f.fn(c, c->args, c->f.arg);
+        zd_value_t *result = c->f.fn(c, c->args, c->f.arg);
         if (c->hooks.on_handler_return && c->hooked)
             c->hooks.on_handler_return(c->hooks.arg, c);
         if (result) {
             finish_value(c, result);
-            rpc_value_unref(result);
+            zd_value_unref(result);
         } else {
-            snprintf(text, sizeof text, "%s", error_last()[0] ? error_last()
+            snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
                                                                 : "handler failed (no reason given)");
             finish_error(c, text);
         }
         return;
     }
-    rpc_future_t *f = c->f.async_fn(c, c->args, c->f.arg);
+    zd_future_t *f = c->f.async_fn(c, c->args, c->f.arg);
     if (c->hooks.on_handler_return && c->hooked)
         c->hooks.on_handler_return(c->hooks.arg, c);
     if (!f) {
-        snprintf(text, sizeof text, "%s", error_last()[0] ? error_last()
+        snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
                                                             : "handler failed (no reason given)");
         finish_error(c, text);
         return;
     }
-    rpc_future_unref(c->waiting);
+    zd_future_unref(c->waiting);
     c->waiting = f;   /* keeps it alive until it completes */
-    rpc_future_then(f, future_done, c);
+    zd_future_then(f, future_done, c);
 }
 
-void serve_request(agent_t *a, inmsg_t *m)
+void zd__serve_request(agent_t *a, inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;
     rpc_frame_t *frames = m->frames;
     int n = m->n;
-    rpc_call_t *c = calloc(1, sizeof *c);
+    zd_rpc_call_t *c = calloc(1, sizeof *c);
     uint8_t *extra = h->extra_len ? malloc(h->extra_len) : NULL;
     if (!c || (h->extra_len && !extra)) {
         free(c);
         free(extra);
         for (int i = 0; i < n; i++)
             frames[i].release(frames[i].data, frames[i].release_arg);
-        transport_answer_error(a, m, h->id, "out of memory");
+        zd__transport_answer_error(a, m, h->id, "out of memory");
         return;
     }
     c->a = a;
@@ -504,10 +504,10 @@ void serve_request(agent_t *a, inmsg_t *m)
     char text[1024];
     if (h->type == RPC_MSG_RREF_FETCH) {
         snprintf(c->fn, sizeof c->fn, "__to_here");
-        c->f.flags = RPC_FN_INLINE;   /* only waits for a future */
-        c->owner_value = rref_owner_value(a, h->a, h->timeout_ms);
+        c->f.flags = ZD_RPC_FN_INLINE;   /* only waits for a future */
+        c->owner_value = zd__rref_owner_value(a, h->a, h->timeout_ms);
         if (!c->owner_value) {
-            snprintf(text, sizeof text, "to_here: %s", error_last());
+            snprintf(text, sizeof text, "to_here: %s", zd_error_last());
             finish_error(c, text);
             return;
         }
@@ -517,24 +517,24 @@ void serve_request(agent_t *a, inmsg_t *m)
     memcpy(c->fn, h->fn, h->fn_len);
     c->fn[h->fn_len] = 0;
     /* Decoded first, whatever happens next: see the top of this file. */
-    int rc = rpc_value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src,
+    int rc = zd__value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src,
                               &c->args);
     if (rc < 0)
-        snprintf(text, sizeof text, "bad arguments for \"%s\": %s", c->fn, error_last());
+        snprintf(text, sizeof text, "bad arguments for \"%s\": %s", c->fn, zd_error_last());
     if (h->type == RPC_MSG_REMOTE) {
-        c->owner_value = rref_owner_remote(a, h->a, h->b, h->src);
+        c->owner_value = zd__rref_owner_remote(a, h->a, h->b, h->src);
         if (!c->owner_value) {
-            snprintf(text, sizeof text, "remote \"%s\": %s", c->fn, error_last());
+            snprintf(text, sizeof text, "remote \"%s\": %s", c->fn, zd_error_last());
             finish_error(c, text);
             return;
         }
     }
     if (rc < 0) {
-        agent_log(a, "from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
+        zd__agent_log(a, "from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
         finish_error(c, text);
         return;
     }
-    if (rpc_value_kind(c->args) != RPC_LIST) {
+    if (zd_value_kind(c->args) != ZD_VALUE_LIST) {
         finish_error(c, "arguments are not a list");
         return;
     }

@@ -3,7 +3,7 @@
     Rounds of a barrier hosted by rank 0, each carrying every process's
     count of outstanding work (its calls in flight, the calls it is serving,
     its RRef messages in flight): round 0 returns once every worker has
-    called rpc_shutdown; the rounds repeat until one sums to zero, so that
+    called zd_rpc_shutdown; the rounds repeat until one sums to zero, so that
     nobody closes while anybody may still send to it (the same loop as
     PyTorch's agent join). Before each later round a process waits for its
     own work to drain. Everything is bounded by the shutdown timeout, and rank 0
@@ -16,14 +16,14 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/rref.h"
 
 typedef struct barrier_round {
     int64_t round;
     int arrived;
     int64_t total;
-    rpc_future_t **waiting;     /* per rank: its answer, once arrived */
+    zd_future_t **waiting;     /* per rank: its answer, once arrived */
     int world;
     int64_t deadline_ns;        /* INT64_MAX: none */
     struct barrier_round *next;
@@ -32,22 +32,22 @@ typedef struct barrier_round {
 static void round_free(barrier_round_t *r)
 {
     for (int i = 0; i < r->world; i++)
-        rpc_future_unref(r->waiting[i]);
+        zd_future_unref(r->waiting[i]);
     free(r->waiting);
     free(r);
 }
 
 /* Answers every rank, rank 0 last: rank 0 may close as soon as it has its
    answer, so the others' must be on their way first. */
-static void round_answer(barrier_round_t *r, rpc_value_t *v, const char *error)
+static void round_answer(barrier_round_t *r, zd_value_t *v, const char *error)
 {
     for (int i = r->world - 1; i >= 0; i--) {
         if (!r->waiting[i])
             continue;
         if (v)
-            rpc_future_set_value(r->waiting[i], v);
+            zd_future_set_value(r->waiting[i], v);
         else
-            rpc_future_set_error(r->waiting[i], "%s", error);
+            zd_future_set_error(r->waiting[i], "%s", error);
     }
 }
 
@@ -63,22 +63,22 @@ static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t
                                   atomic_load(&a->peers[i].lost) ? " unreachable" : "");
 }
 
-rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void *arg)
+zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return NULL;
     int64_t round, count;
-    int src = rpc_call_caller_rank(call);
-    rpc_future_t *f = NULL;
+    int src = zd_rpc_call_caller_rank(call);
+    zd_future_t *f = NULL;
     if (a->rank != 0) {
-        error_set("shutdown barrier: rank %d is not the host", a->rank);
+        zd_error_set("shutdown barrier: rank %d is not the host", a->rank);
         goto out;
     }
     int64_t timeout_ms;
-    if (rpc_arg_int(args, 0, &round) < 0 || rpc_arg_int(args, 1, &count) < 0 ||
-        rpc_arg_int(args, 2, &timeout_ms) < 0)
+    if (zd_rpc_arg_int(args, 0, &round) < 0 || zd_rpc_arg_int(args, 1, &count) < 0 ||
+        zd_rpc_arg_int(args, 2, &timeout_ms) < 0)
         goto out;
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t *r = a->barrier;
@@ -91,28 +91,28 @@ rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void
         if (!r || !r->waiting) {
             free(r);
             pthread_mutex_unlock(&a->barrier_lock);
-            error_set("shutdown barrier: out of memory");
+            zd_error_set("shutdown barrier: out of memory");
             goto out;
         }
         r->world = a->world;
         r->round = round;
         /* Shorter than the callers' own timeout, so that they get this
            round's error, which names the missing workers. */
-        r->deadline_ns = timeout_ms > 0 ? agent_now_ns() + timeout_ms * 750000 : INT64_MAX;
+        r->deadline_ns = timeout_ms > 0 ? zd__agent_now_ns() + timeout_ms * 750000 : INT64_MAX;
         r->next = a->barrier;
         a->barrier = r;
     }
     if (!r->waiting[src]) {
-        r->waiting[src] = rpc_future_new();
+        r->waiting[src] = zd_future_new();
         if (!r->waiting[src]) {
             pthread_mutex_unlock(&a->barrier_lock);
-            error_set("shutdown barrier: out of memory");
+            zd_error_set("shutdown barrier: out of memory");
             goto out;
         }
         r->arrived++;
         r->total += count;
     }
-    f = rpc_future_ref(r->waiting[src]);
+    f = zd_future_ref(r->waiting[src]);
     bool complete = r->arrived == a->world;
     int64_t total = r->total;
     if (complete) {
@@ -123,18 +123,18 @@ rpc_future_t *shutdown_barrier_handler(rpc_call_t *call, rpc_value_t *args, void
     }
     pthread_mutex_unlock(&a->barrier_lock);
     if (complete) {
-        rpc_value_t *v = rpc_value_int(total);
+        zd_value_t *v = zd_value_int(total);
         round_answer(r, v, "out of memory");
-        rpc_value_unref(v);
+        zd_value_unref(v);
         round_free(r);
     }
 out:
-    agent_release(a);
+    zd__agent_release(a);
     return f;
 }
 
 /* Rank 0, I/O thread: fails rounds that cannot complete any more. */
-void shutdown_tick(agent_t *a, int64_t now_ns)
+void zd__shutdown_tick(agent_t *a, int64_t now_ns)
 {
     if (a->rank != 0)
         return;
@@ -175,7 +175,7 @@ void shutdown_tick(agent_t *a, int64_t now_ns)
 }
 
 /* Teardown: whoever still waits at a barrier gets an error. */
-void shutdown_abort_barrier(agent_t *a)
+void zd__shutdown_abort_barrier(agent_t *a)
 {
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t *r = a->barrier;
@@ -191,7 +191,7 @@ void shutdown_abort_barrier(agent_t *a)
 
 static int64_t outstanding(agent_t *a)
 {
-    int64_t n = atomic_load(&a->user_in_flight) + rref_outstanding(a);
+    int64_t n = atomic_load(&a->user_in_flight) + zd__rref_outstanding(a);
     for (int i = 0; i < a->world; i++)
         n += atomic_load(&a->peers[i].m.serving);
     return n;
@@ -201,13 +201,13 @@ static int64_t outstanding(agent_t *a)
 static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
-        if (agent_now_ns() >= deadline_ns) {
-            return error_set("%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
+        if (zd__agent_now_ns() >= deadline_ns) {
+            return zd_error_set("%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
                              " RRef messages outstanding at the deadline",
                              (int64_t)atomic_load(&a->user_in_flight),
                              outstanding(a) - atomic_load(&a->user_in_flight) -
-                                 rref_outstanding(a),
-                             rref_outstanding(a));
+                                 zd__rref_outstanding(a),
+                             zd__rref_outstanding(a));
         }
         struct timespec ts = {0, 500000};
         nanosleep(&ts, NULL);
@@ -215,35 +215,35 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
     return 0;
 }
 
-int barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
+int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
                 int64_t *sum)
 {
-    int64_t left = deadline_ns == INT64_MAX ? 0 : (deadline_ns - agent_now_ns()) / 1000000;
+    int64_t left = deadline_ns == INT64_MAX ? 0 : (deadline_ns - zd__agent_now_ns()) / 1000000;
     if (deadline_ns != INT64_MAX && left < 1)
         left = 1;
-    rpc_value_t *args = rpc_args("iii", round, count, left);
+    zd_value_t *args = zd_rpc_args("iii", round, count, left);
     call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = api, .args = args,
                       .timeout_ms = left, .hooked = false};
-    rpc_value_t *total = NULL;
-    int rc = args ? call_sync(&req, 0, &total) : -1;
-    rpc_value_unref(args);
-    if (rc == 0 && rpc_value_get_int(total, sum) < 0)
+    zd_value_t *total = NULL;
+    int rc = args ? zd__call_sync(&req, 0, &total) : -1;
+    zd_value_unref(args);
+    if (rc == 0 && zd_value_get_int(total, sum) < 0)
         rc = -1;
-    rpc_value_unref(total);
+    zd_value_unref(total);
     return rc;
 }
 
-int shutdown_graceful(agent_t *a, int64_t timeout_ms)
+int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
-    int64_t t = agent_timeout(a, timeout_ms);
-    int64_t deadline = t ? agent_now_ns() + t * 1000000 : INT64_MAX;
-    /* Round 0: everyone has called rpc_shutdown. Then drain and repeat
+    int64_t t = zd__agent_timeout(a, timeout_ms);
+    int64_t deadline = t ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
+    /* Round 0: everyone has called zd_rpc_shutdown. Then drain and repeat
        until a round finds no work anywhere. */
     for (int64_t round = 0;; round++) {
         int64_t sum = -1;
         if ((round > 0 && drain_local(a, deadline) < 0) ||
-            barrier_all(round, outstanding(a), deadline, "rpc_shutdown", &sum) < 0)
-            return error_wrap("rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
+            zd__barrier_all(round, outstanding(a), deadline, "zd_rpc_shutdown", &sum) < 0)
+            return zd_error_wrap("zd_rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
         if (sum == 0)
             return 0;
     }

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/bufcache.h"
 
 typedef struct stream {
@@ -66,7 +66,7 @@ static void stream_free(stream_t *s)
         return;
     release_frames(s->frames, s->n);
     for (uint32_t i = 0; s->bufs && i < s->count; i++)
-        rpc_bufcache_put(s->bufs[i]);
+        zd__rpc_bufcache_put(s->bufs[i]);
     zmq_msg_close(&s->hm);
     free(s->bufs);
     free(s->entries);
@@ -101,14 +101,14 @@ static const char *peer_name(agent_t *a, int rank)
     return a->peers && rank >= 0 && rank < a->world ? a->peers[rank].name : "?";
 }
 
-/* Logs why a message of type/id from m's connection was dropped (error_last),
+/* Logs why a message of type/id from m's connection was dropped (zd_error_last),
    and asks the caller to answer it when it is a request on the ROUTER. */
 static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
 {
-    agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", peer_name(a, m->src),
-              m->src, error_last());
+    zd__agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", peer_name(a, m->src),
+              m->src, zd_error_last());
     if (sock == a->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
-        snprintf(m->reject, sizeof m->reject, "bad message: %s", error_last());
+        snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
         m->reject_id = id;
     }
     return -1;
@@ -123,33 +123,33 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     rpc_frame_t *table = &m->frames[m->n - 1];
     stream_t *s = calloc(1, sizeof *s);
     if (!s) {
-        error_set("out of memory for a streamed %s", rpc_wire_type_name(type));
+        zd_error_set("out of memory for a streamed %s", zd__rpc_wire_type_name(type));
         goto fail;
     }
     zmq_msg_init(&s->hm);
-    if (rpc_wire_stream_table_parse(table->data, table->size, (uint32_t)m->n, &s->count,
+    if (zd__rpc_wire_stream_table_parse(table->data, table->size, (uint32_t)m->n, &s->count,
                                     &s->chunk, &s->entries) < 0)
         goto fail;
     for (uint32_t i = 0; i < s->count; i++)
         if (m->frames[s->entries[i].frame].size != 0) {
-            error_set("wire: stream table entry %u names frame %u, which holds %zu bytes", i,
+            zd_error_set("wire: stream table entry %u names frame %u, which holds %zu bytes", i,
                       s->entries[i].frame, m->frames[s->entries[i].frame].size);
             goto fail;
         }
     s->bufs = calloc(s->count, sizeof *s->bufs);
     s->frames = malloc((size_t)(m->n - 1) * sizeof *s->frames);
     if (!s->bufs || !s->frames) {
-        error_set("out of memory for a streamed %s", rpc_wire_type_name(type));
+        zd_error_set("out of memory for a streamed %s", zd__rpc_wire_type_name(type));
         goto fail;
     }
     for (uint32_t i = 0; i < s->count; i++)
-        if (!(s->bufs[i] = rpc_bufcache_get((size_t)s->entries[i].bytes))) {
-            error_wrap("a streamed tensor of %llu bytes",
+        if (!(s->bufs[i] = zd__rpc_bufcache_get((size_t)s->entries[i].bytes))) {
+            zd_error_wrap("a streamed tensor of %llu bytes",
                        (unsigned long long)s->entries[i].bytes);
             goto fail;
         }
     s->sock = sock;
-    s->touched_ns = agent_now_ns();
+    s->touched_ns = zd__agent_now_ns();
     s->src = m->src;
     s->route_len = m->route_len;
     memcpy(s->route, m->route, m->route_len);
@@ -173,15 +173,15 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     }
     pthread_mutex_unlock(&lock);
     if (old) {
-        error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
-                  "message", rpc_wire_type_name(old->type), (unsigned long long)old->id,
+        zd_error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
+                  "message", zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
                   (unsigned long long)old->seq);
-        agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src, error_last());
+        zd__agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src, zd_error_last());
         stream_free(old);
     }
     if (full) {
         stream_free(s);
-        error_set("more than %d streamed messages pending", RPC_STREAM_MAX_PENDING);
+        zd_error_set("more than %d streamed messages pending", RPC_STREAM_MAX_PENDING);
         return refuse(a, sock, m, type, id);
     }
     return 0;
@@ -197,7 +197,7 @@ static int finish(stream_t *s, inmsg_t *m)
     if (m->cap < s->n) {
         rpc_frame_t *f = realloc(m->frames, (size_t)s->n * sizeof *f);
         if (!f)
-            return error_set("out of memory for a streamed message of %d frames", s->n);
+            return zd_error_set("out of memory for a streamed message of %d frames", s->n);
         m->frames = f;
         m->cap = s->n;
     }
@@ -205,7 +205,7 @@ static int finish(stream_t *s, inmsg_t *m)
         rpc_frame_t *f = &s->frames[s->entries[i].frame];
         f->release(f->data, f->release_arg);   /* the empty placeholder */
         *f = (rpc_frame_t){s->bufs[i]->data, (size_t)s->entries[i].bytes,
-                           rpc_bufcache_release, s->bufs[i]};
+                           zd__rpc_bufcache_release, s->bufs[i]};
         s->bufs[i] = NULL;
     }
     memcpy(m->frames, s->frames, (size_t)s->n * sizeof *m->frames);
@@ -215,7 +215,7 @@ static int finish(stream_t *s, inmsg_t *m)
     zmq_msg_move(&m->hm, &s->hm);
     /* The header was valid when it came: parsing again only points m->h
        into the frame it now lives in. */
-    rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), &m->h);
+    zd__rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), &m->h);
     m->h.flags &= (uint16_t)~RPC_WIRE_F_STREAMED;
     m->h.n_tensors = (uint32_t)m->n;
     stream_free(s);
@@ -228,7 +228,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     const rpc_wire_header_t *h = &m->h;
     stream_t *s = take(sock, m);
     if (!s) {
-        error_set("stream piece %llu of %llx, but no streamed message is pending on its "
+        zd_error_set("stream piece %llu of %llx, but no streamed message is pending on its "
                   "connection", (unsigned long long)h->a, (unsigned long long)h->id);
         drop_msg(m);
         return refuse(a, sock, m, 0, 0);
@@ -237,9 +237,9 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     uint64_t want = e->bytes - s->at < s->chunk ? e->bytes - s->at : s->chunk;
     const rpc_frame_t *f = &m->frames[0];
     if (h->id != s->id || h->a != s->seq || f->size != want) {
-        error_set("stream piece %llu of %llx (%zu bytes) where piece %llu of %s %llx "
+        zd_error_set("stream piece %llu of %llx (%zu bytes) where piece %llu of %s %llx "
                   "(%llu bytes) was due", (unsigned long long)h->a, (unsigned long long)h->id,
-                  f->size, (unsigned long long)s->seq, rpc_wire_type_name(s->type),
+                  f->size, (unsigned long long)s->seq, zd__rpc_wire_type_name(s->type),
                   (unsigned long long)s->id, (unsigned long long)want);
         int type = s->type;
         uint64_t id = s->id;
@@ -263,7 +263,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         stream_free(s);
         return refuse(a, sock, m, type, id);
     }
-    s->touched_ns = agent_now_ns();
+    s->touched_ns = zd__agent_now_ns();
     s->stalled_ns = 0;
     pthread_mutex_lock(&lock);
     s->next = streams;
@@ -273,14 +273,14 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     return 0;
 }
 
-int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m)
+int zd__transport_stream_filter(agent_t *a, void *sock, inmsg_t *m)
 {
     if (!(m->h.flags & (RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)))
         return 1;
     return m->h.flags & RPC_WIRE_F_CHUNK ? piece(a, sock, m) : start(a, sock, m);
 }
 
-void transport_stream_clear(void)
+void zd__transport_stream_clear(void)
 {
     pthread_mutex_lock(&lock);
     stream_t *s = streams;
@@ -294,7 +294,7 @@ void transport_stream_clear(void)
     }
 }
 
-int transport_stream_pending(void)
+int zd__transport_stream_pending(void)
 {
     pthread_mutex_lock(&lock);
     int n = n_streams;
@@ -302,7 +302,7 @@ int transport_stream_pending(void)
     return n;
 }
 
-int transport_stream_expire(agent_t *a, int64_t now)
+int zd__transport_stream_expire(agent_t *a, int64_t now)
 {
     stream_t *stale = NULL;
     pthread_mutex_lock(&lock);
@@ -326,15 +326,15 @@ int transport_stream_expire(agent_t *a, int64_t now)
         next = s->next;
         char text[256];
         snprintf(text, sizeof text, "streamed %s %llx dropped: no piece for %lld s after "
-                 "%llu pieces", rpc_wire_type_name(s->type), (unsigned long long)s->id,
+                 "%llu pieces", zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
                  (long long)(RPC_STREAM_STALL_NS / 1000000000), (unsigned long long)s->seq);
-        agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
+        zd__agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
         if (s->sock == a->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
             inmsg_t m = {.src = s->src, .route_len = s->route_len};
             memcpy(m.route, s->route, s->route_len);
-            transport_answer_error(a, &m, s->id, text);
+            zd__transport_answer_error(a, &m, s->id, text);
         } else if (s->type == RPC_MSG_REPLY) {
-            call_fail_answer(a, s->id, s->src, text);
+            zd__call_fail_answer(a, s->id, s->src, text);
         }
         stream_free(s);
     }

@@ -4,7 +4,7 @@
     streams every tensor of more than RPC_STREAM_OVER bytes in pieces of
     RPC_STREAM_CHUNK bytes; smaller tensors keep their single zero-copy
     frame. The receiver's read loop passes every message it read through
-    transport_stream_filter, which puts the pieces together.
+    zd__transport_stream_filter, which puts the pieces together.
 
     Why pieces, and these sizes (bench_rpc, 2-core VM; docs/rpc.md): libzmq
     receives each frame into a buffer it mallocs in its I/O thread. glibc
@@ -38,7 +38,7 @@
 #define RPC_STREAM_MAX_PENDING 1024
 
 /*  A streamed message that got no piece for this long is dropped
-    (transport_stream_expire): its sender died or froze in the middle of
+    (zd__transport_stream_expire): its sender died or froze in the middle of
     it. A live sender queues all the pieces right behind the message, so
     its pieces never pause that long. */
 #define RPC_STREAM_STALL_NS ((int64_t)60 * 1000000000)
@@ -48,18 +48,18 @@
 #define RPC_STREAM_GRACE_NS ((int64_t)1000000000)
 
 /*  For the receive loop, on every valid message it read from sock (m as
-    transport_recv fills it). Returns 1 when m is a message to dispatch
+    zd__transport_recv fills it). Returns 1 when m is a message to dispatch
     (unchanged when it was not streamed, or a streamed message whose last
     piece just arrived, now with its tensors in their frames and without
     the stream table), 0 when it took m (a streamed message waiting for
     its pieces, or a piece: read on), or -1 when it dropped m (logged; when
     m->reject_id is set, answer that request with m->reject). After 0 or -1,
     m holds nothing. Called by one thread at a time per socket. */
-int transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
+int zd__transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
 
 /*  Drops every streamed message still waiting for pieces (at shutdown,
     before the sockets close). */
-void transport_stream_clear(void);
+void zd__transport_stream_clear(void);
 
 /*  Drops the streamed messages whose last piece (or the message itself)
     came more than RPC_STREAM_STALL_NS before now, once an earlier pass at
@@ -67,9 +67,9 @@ void transport_stream_clear(void);
     on the ROUTER is answered with an ERROR, so that a sender that was only
     frozen learns of it; an answer fails the call that waits for it. The
     I/O thread calls it about once a second. Returns how many it dropped. */
-int transport_stream_expire(agent_t *a, int64_t now);
+int zd__transport_stream_expire(agent_t *a, int64_t now);
 
 /*  Streamed messages waiting for pieces now (tests). */
-int transport_stream_pending(void);
+int zd__transport_stream_pending(void);
 
 #endif

@@ -21,18 +21,18 @@
 #include <unistd.h>
 #include <zmq.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/bufcache.h"
 #include "rpc/stream.h"
 
 static __thread thread_role_t tls_role;
 
-thread_role_t transport_thread_role(void)
+thread_role_t zd__transport_thread_role(void)
 {
     return tls_role;
 }
 
-void transport_set_thread_role(thread_role_t role)
+void zd__transport_set_thread_role(thread_role_t role)
 {
     tls_role = role;
 }
@@ -44,19 +44,19 @@ static void set_int(void *sock, int opt, int value)
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
-int transport_bind(agent_t *a, const char *listen_ip)
+int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
-    rpc_bufcache_enable(true);
+    zd__rpc_bufcache_enable(true);
     a->ctx = zmq_ctx_new();
     if (!a->ctx)
-        return error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+        return zd_error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
     zmq_ctx_set(a->ctx, ZMQ_BLOCKY, 0);
-    /* Every thread that calls rpc_sync has a socket per peer it calls: the
+    /* Every thread that calls zd_rpc_sync has a socket per peer it calls: the
        descriptor limit is the real bound, not ZeroMQ's default of 1023. */
     zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, 16384);
     a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
     if (!a->router)
-        return error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
+        return zd_error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
     set_int(a->router, ZMQ_LINGER, 0);
     set_int(a->router, ZMQ_RCVHWM, 0);
     /* A ROUTER drops what it cannot queue: a streamed answer is hundreds
@@ -64,19 +64,19 @@ int transport_bind(agent_t *a, const char *listen_ip)
     set_int(a->router, ZMQ_SNDHWM, 0);
     set_int(a->router, ZMQ_ROUTER_HANDOVER, 1);
     set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
-    char ep[RPC_MAX_ENDPOINT + 1];
+    char ep[ZD_RPC_MAX_ENDPOINT + 1];
     snprintf(ep, sizeof ep, "tcp://%s:*", listen_ip);
     if (zmq_bind(a->router, ep) < 0)
-        return error_set("cannot listen at %s: %s", ep, zmq_strerror(errno));
+        return zd_error_set("cannot listen at %s: %s", ep, zmq_strerror(errno));
     size_t len = sizeof a->peers[a->rank].endpoint;
     if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, a->peers[a->rank].endpoint, &len) < 0)
-        return error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
+        return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
     len = sizeof a->router_fd;
     if (zmq_getsockopt(a->router, ZMQ_FD, &a->router_fd, &len) < 0)
-        return error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
+        return zd_error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0)
-        return error_set("cannot create an eventfd: %s", strerror(errno));
+        return zd_error_set("cannot create an eventfd: %s", strerror(errno));
     return 0;
 }
 
@@ -84,10 +84,10 @@ static int open_peer(agent_t *a, peer_t *p)
 {
     p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!p->sock)
-        return error_set("cannot create a socket for peer \"%s\": %s", p->name,
+        return zd_error_set("cannot create a socket for peer \"%s\": %s", p->name,
                          zmq_strerror(errno));
     uint8_t id[RPC_WIRE_ID_LEN];
-    rpc_wire_identity(a->rank, id);
+    zd__rpc_wire_identity(a->rank, id);
     zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, id, sizeof id);
     set_int(p->sock, ZMQ_LINGER, 0);
     set_int(p->sock, ZMQ_SNDHWM, 0);
@@ -106,42 +106,42 @@ static int open_peer(agent_t *a, peer_t *p)
         }
     }
     if (zmq_connect(p->sock, p->endpoint) < 0)
-        return error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
+        return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
                          p->endpoint, zmq_strerror(errno));
     return 0;
 }
 
-int transport_connect(agent_t *a, int64_t deadline_ns)
+int zd__transport_connect(agent_t *a, int64_t deadline_ns)
 {
     for (int i = 0; i < a->world; i++)
         if (open_peer(a, &a->peers[i]) < 0)
             return -1;
-    if (pthread_create(&a->io_thread, NULL, transport_io_main, a) != 0)
-        return error_set("cannot start the I/O thread");
+    if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
+        return zd_error_set("cannot start the I/O thread");
     a->io_started = true;
     /* A blocking send with ZMQ_IMMEDIATE returns once the connection is up:
        after this loop every peer is known to be reachable. */
     for (int i = 0; i < a->world; i++) {
         peer_t *p = &a->peers[i];
-        int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - agent_now_ns()) / 1000000;
+        int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - zd__agent_now_ns()) / 1000000;
         if (deadline_ns != INT64_MAX && left < 1)
             left = 1;
         rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = i};
         uint8_t buf[RPC_WIRE_FIXED];
-        rpc_wire_write(&h, buf);
+        zd__rpc_wire_write(&h, buf);
         pthread_mutex_lock(&p->lock);
         set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
         int rc = zmq_send(p->sock, buf, sizeof buf, 0);
         set_int(p->sock, ZMQ_SNDTIMEO, -1);
         pthread_mutex_unlock(&p->lock);
         if (rc < 0)
-            return error_set("peer \"%s\" (rank %d) at %s is unreachable", p->name, p->rank,
+            return zd_error_set("peer \"%s\" (rank %d) at %s is unreachable", p->name, p->rank,
                              p->endpoint);
     }
     return 0;
 }
 
-void transport_stop_io(agent_t *a)
+void zd__transport_stop_io(agent_t *a)
 {
     if (!a->io_started)
         return;
@@ -154,9 +154,9 @@ void transport_stop_io(agent_t *a)
     a->io_started = false;
 }
 
-void transport_close(agent_t *a, bool graceful)
+void zd__transport_close(agent_t *a, bool graceful)
 {
-    transport_stream_clear();
+    zd__transport_stream_clear();
     for (int i = 0; a->peers && i < a->world; i++) {
         peer_t *p = &a->peers[i];
         if (p->sock) {
@@ -172,7 +172,7 @@ void transport_close(agent_t *a, bool graceful)
         }
     }
     if (a->router) {
-        /* Graceful: answers to rpc_sync sockets leave through the ROUTER. */
+        /* Graceful: answers to zd_rpc_sync sockets leave through the ROUTER. */
         set_int(a->router, ZMQ_LINGER, graceful ? 2000 : 0);
         zmq_close(a->router);
     }
@@ -183,7 +183,7 @@ void transport_close(agent_t *a, bool graceful)
     if (a->ctx)
         zmq_ctx_term(a->ctx);
     a->ctx = NULL;
-    rpc_bufcache_enable(false);
+    zd__rpc_bufcache_enable(false);
 }
 
 /* ---- sending ---- */
@@ -191,7 +191,7 @@ void transport_close(agent_t *a, bool graceful)
 static void tensor_frame_free(void *data, void *hint)
 {
     (void)data;
-    tensor_unref(hint);
+    zd_tensor_unref(hint);
 }
 
 /* Sends one frame; on a full or missing pipe, lets the socket process its
@@ -210,13 +210,13 @@ static int send_frame(void *sock, zmq_msg_t *m, int flags)
 
 /* Queues one tensor frame: len bytes at data, which belong to t (an empty
    frame when len is 0). */
-static int send_tensor_frame(void *sock, tensor_t *t, void *data, size_t len, int flags)
+static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len, int flags)
 {
     zmq_msg_t m;
     if (len == 0)
         zmq_msg_init(&m);
-    else if (zmq_msg_init_data(&m, data, len, tensor_frame_free, tensor_ref(t)) < 0) {
-        tensor_unref(t);
+    else if (zmq_msg_init_data(&m, data, len, tensor_frame_free, zd_tensor_ref(t)) < 0) {
+        zd_tensor_unref(t);
         zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
     }
     if (send_frame(sock, &m, flags) < 0) {
@@ -242,7 +242,7 @@ static int send_copy(void *sock, const void *data, size_t len, int flags)
 /* The stream table of a message whose tensors of more than `over` bytes
    are streamed (wire.h): a new frame's worth of bytes in *out (free()), or
    -1. */
-static int stream_table(tensor_t *const *tensors, int n_tensors, size_t over, uint8_t **out,
+static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over, uint8_t **out,
                         size_t *len, uint32_t *chunk)
 {
     uint32_t count = 0;
@@ -251,7 +251,7 @@ static int stream_table(tensor_t *const *tensors, int n_tensors, size_t over, ui
     if (!e)
         return -1;
     for (int i = 0; i < n_tensors; i++) {
-        size_t nb = tensor_nbytes(tensors[i]);
+        size_t nb = zd_tensor_nbytes(tensors[i]);
         if (nb > over) {
             e[count].frame = (uint32_t)i;
             e[count++].bytes = nb;
@@ -268,10 +268,10 @@ static int stream_table(tensor_t *const *tensors, int n_tensors, size_t over, ui
         free(e);
         return -1;
     }
-    *len = rpc_wire_stream_table_size(count);
+    *len = zd__rpc_wire_stream_table_size(count);
     *out = malloc(*len);
     if (*out)
-        rpc_wire_stream_table_write(e, count, (uint32_t)c, *out);
+        zd__rpc_wire_stream_table_write(e, count, (uint32_t)c, *out);
     free(e);
     *chunk = (uint32_t)c;
     return *out ? 0 : -1;
@@ -280,19 +280,19 @@ static int stream_table(tensor_t *const *tensors, int n_tensors, size_t over, ui
 /* Sends the pieces of a streamed message's tensors, each as a message
    [route] [header: REPLY, id, piece number] [data]. */
 static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
-                       const rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors,
+                       const rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                        size_t over, size_t chunk)
 {
     rpc_wire_header_t ph = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = h->src,
                             .dst = h->dst, .id = h->id, .n_tensors = 1};
     uint8_t head[RPC_WIRE_FIXED];
     for (int i = 0; i < n_tensors; i++) {
-        size_t nb = tensor_nbytes(tensors[i]);
+        size_t nb = zd_tensor_nbytes(tensors[i]);
         if (nb <= over)
             continue;
-        char *data = tensor_raw(tensors[i]);
+        char *data = zd_tensor_raw(tensors[i]);
         for (size_t at = 0; at < nb; at += chunk, ph.a++) {
-            rpc_wire_write(&ph, head);
+            zd__rpc_wire_write(&ph, head);
             if ((route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0) ||
                 send_copy(sock, head, sizeof head, ZMQ_SNDMORE) < 0 ||
                 send_tensor_frame(sock, tensors[i], data + at, nb - at < chunk ? nb - at : chunk,
@@ -307,7 +307,7 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
    tensors of more than RPC_STREAM_OVER bytes are streamed (wire.h). Returns
    the bytes sent, or -1. */
 static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
-                            rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
+                            rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
 {
     const size_t over = RPC_STREAM_OVER;
     uint8_t *table = NULL;
@@ -315,7 +315,7 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
     uint32_t chunk = 0;
     bool stream = false;
     for (int i = 0; i < n_tensors; i++)
-        stream = stream || tensor_nbytes(tensors[i]) > over;
+        stream = stream || zd_tensor_nbytes(tensors[i]) > over;
     if (stream && stream_table(tensors, n_tensors, over, &table, &table_len, &chunk) < 0)
         return -1;
     int n_frames = n_tensors + (stream ? 1 : 0);
@@ -326,10 +326,10 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
     zmq_msg_t m;
     if (route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0)
         goto done;
-    size_t size = rpc_wire_size(h);
+    size_t size = zd__rpc_wire_size(h);
     if (zmq_msg_init_size(&m, size) < 0)
         goto done;
-    rpc_wire_write(h, zmq_msg_data(&m));
+    zd__rpc_wire_write(h, zmq_msg_data(&m));
     if (send_frame(sock, &m, n_frames ? ZMQ_SNDMORE : 0) < 0) {
         zmq_msg_close(&m);
         goto done;
@@ -338,9 +338,9 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
        ZeroMQ applies its limits per message, not per frame. */
     int64_t sent = (int64_t)size;
     for (int i = 0; i < n_tensors; i++) {
-        size_t nb = tensor_nbytes(tensors[i]);
+        size_t nb = zd_tensor_nbytes(tensors[i]);
         int more = i + 1 < n_frames ? ZMQ_SNDMORE : 0;
-        if (send_tensor_frame(sock, tensors[i], tensor_raw(tensors[i]), nb > over ? 0 : nb,
+        if (send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), nb > over ? 0 : nb,
                               more) < 0)
             goto done;
         sent += (int64_t)nb;
@@ -354,7 +354,7 @@ done:
     return bytes;
 }
 
-int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *tensors,
+int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
                    int n_tensors)
 {
     peer_t *p = &a->peers[dst];
@@ -364,16 +364,16 @@ int transport_send(agent_t *a, int dst, rpc_wire_header_t *h, tensor_t *const *t
     int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors) : -1;
     pthread_mutex_unlock(&p->lock);
     if (bytes < 0)
-        return error_set("peer unreachable (no connection to %s)", p->endpoint);
+        return zd_error_set("peer unreachable (no connection to %s)", p->endpoint);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }
 
-int transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
-                          rpc_wire_header_t *h, tensor_t *const *tensors, int n_tensors)
+int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+                          rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
 {
     if (!route_len)
-        return transport_send(a, dst, h, tensors, n_tensors);
+        return zd__transport_send(a, dst, h, tensors, n_tensors);
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
@@ -385,32 +385,32 @@ int transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t rout
     size_t len = sizeof events;
     zmq_getsockopt(a->router, ZMQ_EVENTS, &events, &len);
     pthread_mutex_unlock(&a->router_lock);
-    if ((events & ZMQ_POLLIN) && transport_thread_role() != ROLE_IO) {
+    if ((events & ZMQ_POLLIN) && zd__transport_thread_role() != ROLE_IO) {
         uint64_t one = 1;
         if (write(a->wake_fd, &one, sizeof one) < 0) {
             /* cannot fail on an eventfd this small */
         }
     }
     if (bytes < 0)
-        return error_set("cannot answer \"%s\" (rank %d)", p->name, dst);
+        return zd_error_set("cannot answer \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }
 
-int transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
-                      tensor_t *const *tensors, int n_tensors)
+int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+                      zd_tensor_t *const *tensors, int n_tensors)
 {
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
     int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors);
     if (bytes < 0)
-        return error_set("cannot send to \"%s\" (rank %d)", p->name, dst);
+        return zd_error_set("cannot send to \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }
 
-void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
+void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
 {
     size_t len = strlen(text);
     if (len == 0) {
@@ -421,14 +421,14 @@ void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const cha
         len = 65536;   /* an error text, not a payload */
     rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text,
                            .meta_len = len};
-    if (transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
-        agent_log(a, "cannot answer request %llx of rank %d: %s", (unsigned long long)id,
-                  m->src, error_last());
+    if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+        zd__agent_log(a, "cannot answer request %llx of rank %d: %s", (unsigned long long)id,
+                  m->src, zd_error_last());
 }
 
-void transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
+void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
 {
     inmsg_t m = {.src = dst};
-    transport_answer_error(a, &m, id, text);
+    zd__transport_answer_error(a, &m, id, text);
 }
 

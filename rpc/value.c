@@ -1,17 +1,17 @@
 /*  value.c: the tagged values an RPC carries. */
-#include "rpc/value.h"
+#include <zdist/value.h>
 
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/codec.h"
 
-struct rpc_value {
+struct zd_value {
     atomic_int refcount;
-    rpc_value_kind_t kind;
+    zd_value_kind_t kind;
     union {
         int64_t i;
         double f;
@@ -19,10 +19,10 @@ struct rpc_value {
             char *data;     /* strings keep a terminating NUL past len */
             size_t len;
         } s;
-        tensor_t *t;
-        rpc_rref_t *r;
+        zd_tensor_t *t;
+        zd_rref_t *r;
         struct {
-            rpc_value_t **items;
+            zd_value_t **items;
             size_t len, cap;
         } list;
         struct {
@@ -38,24 +38,24 @@ struct rpc_value {
 static _Atomic(rpc_rref_hook_fn *) rref_ref_hook;
 static _Atomic(rpc_rref_hook_fn *) rref_unref_hook;
 
-void rpc_value_set_rref_hooks(rpc_rref_hook_fn *ref, rpc_rref_hook_fn *unref)
+void zd__value_set_rref_hooks(rpc_rref_hook_fn *ref, rpc_rref_hook_fn *unref)
 {
     atomic_store(&rref_ref_hook, ref);
     atomic_store(&rref_unref_hook, unref);
 }
 
-static void rref_unref(rpc_rref_t *r)
+static void rref_unref(zd_rref_t *r)
 {
     rpc_rref_hook_fn *fn = atomic_load(&rref_unref_hook);
     if (fn && r)
         fn(r);
 }
 
-static rpc_value_t *value_new(rpc_value_kind_t kind)
+static zd_value_t *value_new(zd_value_kind_t kind)
 {
-    rpc_value_t *v = calloc(1, sizeof *v);
+    zd_value_t *v = calloc(1, sizeof *v);
     if (!v) {
-        error_set("rpc value: out of memory");
+        zd_error_set("rpc value: out of memory");
         return NULL;
     }
     atomic_init(&v->refcount, 1);
@@ -63,41 +63,41 @@ static rpc_value_t *value_new(rpc_value_kind_t kind)
     return v;
 }
 
-rpc_value_t *rpc_value_none(void)
+zd_value_t *zd_value_none(void)
 {
-    return value_new(RPC_NONE);
+    return value_new(ZD_VALUE_NONE);
 }
 
-rpc_value_t *rpc_value_int(int64_t i)
+zd_value_t *zd_value_int(int64_t i)
 {
-    rpc_value_t *v = value_new(RPC_INT);
+    zd_value_t *v = value_new(ZD_VALUE_INT);
     if (v)
         v->u.i = i;
     return v;
 }
 
-rpc_value_t *rpc_value_float(double f)
+zd_value_t *zd_value_float(double f)
 {
-    rpc_value_t *v = value_new(RPC_FLOAT);
+    zd_value_t *v = value_new(ZD_VALUE_FLOAT);
     if (v)
         v->u.f = f;
     return v;
 }
 
-static rpc_value_t *value_blob(rpc_value_kind_t kind, const void *data, size_t len)
+static zd_value_t *value_blob(zd_value_kind_t kind, const void *data, size_t len)
 {
     if (len == SIZE_MAX) {
-        error_set("rpc value: %s too long", rpc_value_kind_name(kind));
+        zd_error_set("rpc value: %s too long", zd_value_kind_name(kind));
         return NULL;
     }
-    rpc_value_t *v = value_new(kind);
+    zd_value_t *v = value_new(kind);
     if (!v)
         return NULL;
     v->u.s.data = malloc(len + 1);
     if (!v->u.s.data) {
         free(v);
-        error_set("rpc value: out of memory for a %zu-byte %s", len,
-                  rpc_value_kind_name(kind));
+        zd_error_set("rpc value: out of memory for a %zu-byte %s", len,
+                  zd_value_kind_name(kind));
         return NULL;
     }
     if (len)
@@ -107,56 +107,56 @@ static rpc_value_t *value_blob(rpc_value_kind_t kind, const void *data, size_t l
     return v;
 }
 
-rpc_value_t *rpc_value_string(const char *s)
+zd_value_t *zd_value_string(const char *s)
 {
     if (!s) {
-        error_set("rpc_value_string: NULL string");
+        zd_error_set("zd_value_string: NULL string");
         return NULL;
     }
-    return value_blob(RPC_STRING, s, strlen(s));
+    return value_blob(ZD_VALUE_STRING, s, strlen(s));
 }
 
-rpc_value_t *rpc_value_string_len(const char *s, size_t len)
+zd_value_t *zd__value_string_len(const char *s, size_t len)
 {
     if (!s && len) {
-        error_set("rpc_value_string: NULL string of %zu bytes", len);
+        zd_error_set("zd_value_string: NULL string of %zu bytes", len);
         return NULL;
     }
     if (len && memchr(s, 0, len)) {
-        error_set("rpc_value_string: NUL byte inside a string");
+        zd_error_set("zd_value_string: NUL byte inside a string");
         return NULL;
     }
-    return value_blob(RPC_STRING, s, len);
+    return value_blob(ZD_VALUE_STRING, s, len);
 }
 
-rpc_value_t *rpc_value_bytes(const void *data, size_t len)
+zd_value_t *zd_value_bytes(const void *data, size_t len)
 {
     if (!data && len) {
-        error_set("rpc_value_bytes: NULL data for %zu bytes", len);
+        zd_error_set("zd_value_bytes: NULL data for %zu bytes", len);
         return NULL;
     }
-    return value_blob(RPC_BYTES, data, len);
+    return value_blob(ZD_VALUE_BYTES, data, len);
 }
 
-rpc_value_t *rpc_value_tensor(tensor_t *t)
+zd_value_t *zd_value_tensor(zd_tensor_t *t)
 {
     if (!t) {
-        error_set("rpc_value_tensor: NULL tensor");
+        zd_error_set("zd_value_tensor: NULL tensor");
         return NULL;
     }
-    rpc_value_t *v = value_new(RPC_TENSOR);
+    zd_value_t *v = value_new(ZD_VALUE_TENSOR);
     if (v)
-        v->u.t = tensor_ref(t);
+        v->u.t = zd_tensor_ref(t);
     return v;
 }
 
-rpc_value_t *rpc_value_rref_adopt(rpc_rref_t *r)
+zd_value_t *zd__value_rref_adopt(zd_rref_t *r)
 {
     if (!r) {
-        error_set("rpc_value_rref: NULL RRef");
+        zd_error_set("zd_value_rref: NULL RRef");
         return NULL;
     }
-    rpc_value_t *v = value_new(RPC_RREF);
+    zd_value_t *v = value_new(ZD_VALUE_RREF);
     if (!v) {
         rref_unref(r);
         return NULL;
@@ -165,27 +165,27 @@ rpc_value_t *rpc_value_rref_adopt(rpc_rref_t *r)
     return v;
 }
 
-rpc_value_t *rpc_value_rref(rpc_rref_t *r)
+zd_value_t *zd_value_rref(zd_rref_t *r)
 {
     if (!r) {
-        error_set("rpc_value_rref: NULL RRef");
+        zd_error_set("zd_value_rref: NULL RRef");
         return NULL;
     }
     rpc_rref_hook_fn *fn = atomic_load(&rref_ref_hook);
     if (fn)
         fn(r);
-    return rpc_value_rref_adopt(r);
+    return zd__value_rref_adopt(r);
 }
 
-rpc_value_t *rpc_value_object(void *ptr, void (*free_fn)(void *ptr), const char *type)
+zd_value_t *zd_value_object(void *ptr, void (*free_fn)(void *ptr), const char *type)
 {
     if (!ptr || !type) {
         if (ptr && free_fn)
             free_fn(ptr);
-        error_set("rpc_value_object: NULL %s", ptr ? "type" : "object");
+        zd_error_set("zd_value_object: NULL %s", ptr ? "type" : "object");
         return NULL;
     }
-    rpc_value_t *v = value_new(RPC_OBJECT);
+    zd_value_t *v = value_new(ZD_VALUE_OBJECT);
     if (!v) {
         if (free_fn)
             free_fn(ptr);
@@ -197,18 +197,18 @@ rpc_value_t *rpc_value_object(void *ptr, void (*free_fn)(void *ptr), const char 
     return v;
 }
 
-rpc_value_t *rpc_value_list(size_t capacity)
+zd_value_t *zd_value_list(size_t capacity)
 {
-    rpc_value_t *v = value_new(RPC_LIST);
+    zd_value_t *v = value_new(ZD_VALUE_LIST);
     if (!v)
         return NULL;
-    if (capacity > SIZE_MAX / sizeof(rpc_value_t *))
+    if (capacity > SIZE_MAX / sizeof(zd_value_t *))
         capacity = 0;   /* absurd hint: grow on demand instead */
     if (capacity) {
-        v->u.list.items = malloc(capacity * sizeof(rpc_value_t *));
+        v->u.list.items = malloc(capacity * sizeof(zd_value_t *));
         if (!v->u.list.items) {
             free(v);
-            error_set("rpc value: out of memory for a list of %zu", capacity);
+            zd_error_set("rpc value: out of memory for a list of %zu", capacity);
             return NULL;
         }
         v->u.list.cap = capacity;
@@ -216,29 +216,29 @@ rpc_value_t *rpc_value_list(size_t capacity)
     return v;
 }
 
-int rpc_list_append(rpc_value_t *list, rpc_value_t *item)
+int zd_list_append(zd_value_t *list, zd_value_t *item)
 {
     if (!item) {
         /* Typically a failed constructor: keep its error text. */
-        return error_wrap("rpc_list_append: NULL item");
+        return zd_error_wrap("zd_list_append: NULL item");
     }
-    if (!list || list->kind != RPC_LIST) {
-        rpc_value_unref(item);
-        return error_set("rpc_list_append: expected list, got %s",
-                         list ? rpc_value_kind_name(list->kind) : "NULL");
+    if (!list || list->kind != ZD_VALUE_LIST) {
+        zd_value_unref(item);
+        return zd_error_set("zd_list_append: expected list, got %s",
+                         list ? zd_value_kind_name(list->kind) : "NULL");
     }
     if (item == list) {
-        rpc_value_unref(item);
-        return error_set("rpc_list_append: a list cannot contain itself");
+        zd_value_unref(item);
+        return zd_error_set("zd_list_append: a list cannot contain itself");
     }
     if (list->u.list.len == list->u.list.cap) {
         size_t cap = list->u.list.cap ? list->u.list.cap * 2 : 4;
-        rpc_value_t **items = NULL;
+        zd_value_t **items = NULL;
         if (cap <= SIZE_MAX / sizeof *items)
             items = realloc(list->u.list.items, cap * sizeof *items);
         if (!items) {
-            rpc_value_unref(item);
-            return error_set("rpc_list_append: out of memory");
+            zd_value_unref(item);
+            return zd_error_set("zd_list_append: out of memory");
         }
         list->u.list.items = items;
         list->u.list.cap = cap;
@@ -247,23 +247,23 @@ int rpc_list_append(rpc_value_t *list, rpc_value_t *item)
     return 0;
 }
 
-static rpc_value_t *args_item(char c, va_list *ap)
+static zd_value_t *args_item(char c, va_list *ap)
 {
     switch (c) {
-    case 'i': return rpc_value_int(va_arg(*ap, int64_t));
-    case 'f': return rpc_value_float(va_arg(*ap, double));
-    case 's': return rpc_value_string(va_arg(*ap, const char *));
-    case 't': return rpc_value_tensor(va_arg(*ap, tensor_t *));
-    case 'r': return rpc_value_rref(va_arg(*ap, rpc_rref_t *));
-    case 'n': return rpc_value_none();
+    case 'i': return zd_value_int(va_arg(*ap, int64_t));
+    case 'f': return zd_value_float(va_arg(*ap, double));
+    case 's': return zd_value_string(va_arg(*ap, const char *));
+    case 't': return zd_value_tensor(va_arg(*ap, zd_tensor_t *));
+    case 'r': return zd_value_rref(va_arg(*ap, zd_rref_t *));
+    case 'n': return zd_value_none();
     case 'b': {
         const void *data = va_arg(*ap, const void *);
-        return rpc_value_bytes(data, va_arg(*ap, size_t));
+        return zd_value_bytes(data, va_arg(*ap, size_t));
     }
     case 'v': {
-        rpc_value_t *v = va_arg(*ap, rpc_value_t *);
+        zd_value_t *v = va_arg(*ap, zd_value_t *);
         if (!v)
-            error_set("NULL value");
+            zd_error_set("NULL value");
         return v;
     }
     }
@@ -278,17 +278,17 @@ static void args_skip(char c, va_list *ap)
     case 'i': (void)va_arg(*ap, int64_t); break;
     case 'f': (void)va_arg(*ap, double); break;
     case 's': (void)va_arg(*ap, const char *); break;
-    case 't': (void)va_arg(*ap, tensor_t *); break;
-    case 'r': (void)va_arg(*ap, rpc_rref_t *); break;
+    case 't': (void)va_arg(*ap, zd_tensor_t *); break;
+    case 'r': (void)va_arg(*ap, zd_rref_t *); break;
     case 'b': (void)va_arg(*ap, const void *); (void)va_arg(*ap, size_t); break;
-    case 'v': rpc_value_unref(va_arg(*ap, rpc_value_t *)); break;
+    case 'v': zd_value_unref(va_arg(*ap, zd_value_t *)); break;
     }
 }
 
-rpc_value_t *rpc_args(const char *spec, ...)
+zd_value_t *zd_rpc_args(const char *spec, ...)
 {
     if (!spec) {
-        error_set("rpc_args: NULL spec");
+        zd_error_set("zd_rpc_args: NULL spec");
         return NULL;
     }
     /* Check the spec first: with an unknown letter the types of the varargs
@@ -296,10 +296,10 @@ rpc_value_t *rpc_args(const char *spec, ...)
     size_t n = strlen(spec);
     for (size_t i = 0; i < n; i++)
         if (!strchr("ifstrnbv", spec[i])) {
-            error_set("rpc_args: unknown letter '%c' in spec \"%s\"", spec[i], spec);
+            zd_error_set("zd_rpc_args: unknown letter '%c' in spec \"%s\"", spec[i], spec);
             return NULL;
         }
-    rpc_value_t *list = rpc_value_list(n);
+    zd_value_t *list = zd_value_list(n);
     va_list ap;
     va_start(ap, spec);
     /* After a failure keep walking so that every 'v' value is released. */
@@ -309,9 +309,9 @@ rpc_value_t *rpc_args(const char *spec, ...)
             args_skip(spec[i], &ap);
             continue;
         }
-        rpc_value_t *item = args_item(spec[i], &ap);
+        zd_value_t *item = args_item(spec[i], &ap);
         if (!item) {
-            error_wrap("rpc_args: argument %zu ('%c')", i, spec[i]);
+            zd_error_wrap("zd_rpc_args: argument %zu ('%c')", i, spec[i]);
             failed = (int)i;
             continue;
         }
@@ -319,40 +319,40 @@ rpc_value_t *rpc_args(const char *spec, ...)
     }
     va_end(ap);
     if (failed >= 0) {
-        rpc_value_unref(list);
+        zd_value_unref(list);
         return NULL;
     }
     return list;
 }
 
-rpc_value_t *rpc_value_ref(rpc_value_t *v)
+zd_value_t *zd_value_ref(zd_value_t *v)
 {
     if (v)
         atomic_fetch_add_explicit(&v->refcount, 1, memory_order_relaxed);
     return v;
 }
 
-void rpc_value_unref(rpc_value_t *v)
+void zd_value_unref(zd_value_t *v)
 {
     if (!v || atomic_fetch_sub_explicit(&v->refcount, 1, memory_order_acq_rel) != 1)
         return;
     switch (v->kind) {
-    case RPC_STRING:
-    case RPC_BYTES:
+    case ZD_VALUE_STRING:
+    case ZD_VALUE_BYTES:
         free(v->u.s.data);
         break;
-    case RPC_TENSOR:
-        tensor_unref(v->u.t);
+    case ZD_VALUE_TENSOR:
+        zd_tensor_unref(v->u.t);
         break;
-    case RPC_RREF:
+    case ZD_VALUE_RREF:
         rref_unref(v->u.r);
         break;
-    case RPC_LIST:
+    case ZD_VALUE_LIST:
         for (size_t i = 0; i < v->u.list.len; i++)
-            rpc_value_unref(v->u.list.items[i]);
+            zd_value_unref(v->u.list.items[i]);
         free(v->u.list.items);
         break;
-    case RPC_OBJECT:
+    case ZD_VALUE_OBJECT:
         if (v->u.obj.free_fn)
             v->u.obj.free_fn(v->u.obj.ptr);
         break;
@@ -362,125 +362,125 @@ void rpc_value_unref(rpc_value_t *v)
     free(v);
 }
 
-rpc_value_kind_t rpc_value_kind(const rpc_value_t *v)
+zd_value_kind_t zd_value_kind(const zd_value_t *v)
 {
-    return v ? v->kind : RPC_NONE;
+    return v ? v->kind : ZD_VALUE_NONE;
 }
 
-const char *rpc_value_kind_name(rpc_value_kind_t kind)
+const char *zd_value_kind_name(zd_value_kind_t kind)
 {
     switch (kind) {
-    case RPC_NONE: return "none";
-    case RPC_INT: return "int";
-    case RPC_FLOAT: return "float";
-    case RPC_STRING: return "string";
-    case RPC_BYTES: return "bytes";
-    case RPC_TENSOR: return "tensor";
-    case RPC_RREF: return "rref";
-    case RPC_LIST: return "list";
-    case RPC_OBJECT: return "object";
+    case ZD_VALUE_NONE: return "none";
+    case ZD_VALUE_INT: return "int";
+    case ZD_VALUE_FLOAT: return "float";
+    case ZD_VALUE_STRING: return "string";
+    case ZD_VALUE_BYTES: return "bytes";
+    case ZD_VALUE_TENSOR: return "tensor";
+    case ZD_VALUE_RREF: return "rref";
+    case ZD_VALUE_LIST: return "list";
+    case ZD_VALUE_OBJECT: return "object";
     }
     return "?";
 }
 
-static int expect(const rpc_value_t *v, rpc_value_kind_t kind)
+static int expect(const zd_value_t *v, zd_value_kind_t kind)
 {
     if (!v)
-        return error_set("expected %s, got NULL", rpc_value_kind_name(kind));
+        return zd_error_set("expected %s, got NULL", zd_value_kind_name(kind));
     if (v->kind != kind)
-        return error_set("expected %s, got %s", rpc_value_kind_name(kind),
-                         rpc_value_kind_name(v->kind));
+        return zd_error_set("expected %s, got %s", zd_value_kind_name(kind),
+                         zd_value_kind_name(v->kind));
     return 0;
 }
 
-int rpc_value_get_int(const rpc_value_t *v, int64_t *out)
+int zd_value_get_int(const zd_value_t *v, int64_t *out)
 {
-    if (expect(v, RPC_INT) < 0)
+    if (expect(v, ZD_VALUE_INT) < 0)
         return -1;
     *out = v->u.i;
     return 0;
 }
 
-int rpc_value_get_float(const rpc_value_t *v, double *out)
+int zd_value_get_float(const zd_value_t *v, double *out)
 {
-    if (v && v->kind == RPC_INT) {
+    if (v && v->kind == ZD_VALUE_INT) {
         *out = (double)v->u.i;
         return 0;
     }
-    if (expect(v, RPC_FLOAT) < 0)
+    if (expect(v, ZD_VALUE_FLOAT) < 0)
         return -1;
     *out = v->u.f;
     return 0;
 }
 
-int rpc_value_get_string(const rpc_value_t *v, const char **out)
+int zd_value_get_string(const zd_value_t *v, const char **out)
 {
-    if (expect(v, RPC_STRING) < 0)
+    if (expect(v, ZD_VALUE_STRING) < 0)
         return -1;
     *out = v->u.s.data;
     return 0;
 }
 
-int rpc_value_get_bytes(const rpc_value_t *v, const void **data, size_t *len)
+int zd_value_get_bytes(const zd_value_t *v, const void **data, size_t *len)
 {
-    if (expect(v, RPC_BYTES) < 0)
+    if (expect(v, ZD_VALUE_BYTES) < 0)
         return -1;
     *data = v->u.s.data;
     *len = v->u.s.len;
     return 0;
 }
 
-int rpc_value_get_tensor(const rpc_value_t *v, tensor_t **out)
+int zd_value_get_tensor(const zd_value_t *v, zd_tensor_t **out)
 {
-    if (expect(v, RPC_TENSOR) < 0)
+    if (expect(v, ZD_VALUE_TENSOR) < 0)
         return -1;
     *out = v->u.t;
     return 0;
 }
 
-int rpc_value_get_rref(const rpc_value_t *v, rpc_rref_t **out)
+int zd_value_get_rref(const zd_value_t *v, zd_rref_t **out)
 {
-    if (expect(v, RPC_RREF) < 0)
+    if (expect(v, ZD_VALUE_RREF) < 0)
         return -1;
     *out = v->u.r;
     return 0;
 }
 
-int rpc_value_get_object(const rpc_value_t *v, const char *type, void **out)
+int zd_value_get_object(const zd_value_t *v, const char *type, void **out)
 {
-    if (!v || v->kind != RPC_OBJECT)
-        return error_set("expected %s%s object, got %s", type ? "a " : "an",
-                         type ? type : "", v ? rpc_value_kind_name(v->kind) : "NULL");
+    if (!v || v->kind != ZD_VALUE_OBJECT)
+        return zd_error_set("expected %s%s object, got %s", type ? "a " : "an",
+                         type ? type : "", v ? zd_value_kind_name(v->kind) : "NULL");
     if (type && strcmp(type, v->u.obj.type) != 0)
-        return error_set("expected a %s object; this object is a %s", type, v->u.obj.type);
+        return zd_error_set("expected a %s object; this object is a %s", type, v->u.obj.type);
     *out = v->u.obj.ptr;
     return 0;
 }
 
-const char *rpc_value_object_type(const rpc_value_t *v)
+const char *zd_value_object_type(const zd_value_t *v)
 {
-    return v && v->kind == RPC_OBJECT ? v->u.obj.type : NULL;
+    return v && v->kind == ZD_VALUE_OBJECT ? v->u.obj.type : NULL;
 }
 
-size_t rpc_list_len(const rpc_value_t *v)
+size_t zd_list_len(const zd_value_t *v)
 {
-    return v && v->kind == RPC_LIST ? v->u.list.len : 0;
+    return v && v->kind == ZD_VALUE_LIST ? v->u.list.len : 0;
 }
 
-rpc_value_t *rpc_list_get(const rpc_value_t *v, size_t i)
+zd_value_t *zd_list_get(const zd_value_t *v, size_t i)
 {
-    return v && v->kind == RPC_LIST && i < v->u.list.len ? v->u.list.items[i] : NULL;
+    return v && v->kind == ZD_VALUE_LIST && i < v->u.list.len ? v->u.list.items[i] : NULL;
 }
 
-static const rpc_value_t *arg(const rpc_value_t *args, size_t i)
+static const zd_value_t *arg(const zd_value_t *args, size_t i)
 {
-    if (!args || args->kind != RPC_LIST) {
-        error_set("arguments: expected list, got %s",
-                  args ? rpc_value_kind_name(args->kind) : "NULL");
+    if (!args || args->kind != ZD_VALUE_LIST) {
+        zd_error_set("arguments: expected list, got %s",
+                  args ? zd_value_kind_name(args->kind) : "NULL");
         return NULL;
     }
     if (i >= args->u.list.len) {
-        error_set("argument %zu missing (%zu given)", i, args->u.list.len);
+        zd_error_set("argument %zu missing (%zu given)", i, args->u.list.len);
         return NULL;
     }
     return args->u.list.items[i];
@@ -489,45 +489,45 @@ static const rpc_value_t *arg(const rpc_value_t *args, size_t i)
 /* Typed argument access: the accessor's error gets the argument's index. */
 #define ARG_ACCESS(get, ...)                                  \
     do {                                                      \
-        const rpc_value_t *a = arg(args, i);                  \
+        const zd_value_t *a = arg(args, i);                  \
         if (!a)                                               \
             return -1;                                        \
         if (get(a, __VA_ARGS__) < 0)                          \
-            return error_wrap("argument %zu", i);             \
+            return zd_error_wrap("argument %zu", i);             \
         return 0;                                             \
     } while (0)
 
-int rpc_arg_int(const rpc_value_t *args, size_t i, int64_t *out)
+int zd_rpc_arg_int(const zd_value_t *args, size_t i, int64_t *out)
 {
-    ARG_ACCESS(rpc_value_get_int, out);
+    ARG_ACCESS(zd_value_get_int, out);
 }
 
-int rpc_arg_float(const rpc_value_t *args, size_t i, double *out)
+int zd_rpc_arg_float(const zd_value_t *args, size_t i, double *out)
 {
-    ARG_ACCESS(rpc_value_get_float, out);
+    ARG_ACCESS(zd_value_get_float, out);
 }
 
-int rpc_arg_string(const rpc_value_t *args, size_t i, const char **out)
+int zd_rpc_arg_string(const zd_value_t *args, size_t i, const char **out)
 {
-    ARG_ACCESS(rpc_value_get_string, out);
+    ARG_ACCESS(zd_value_get_string, out);
 }
 
-int rpc_arg_tensor(const rpc_value_t *args, size_t i, tensor_t **out)
+int zd_rpc_arg_tensor(const zd_value_t *args, size_t i, zd_tensor_t **out)
 {
-    ARG_ACCESS(rpc_value_get_tensor, out);
+    ARG_ACCESS(zd_value_get_tensor, out);
 }
 
-int rpc_arg_rref(const rpc_value_t *args, size_t i, rpc_rref_t **out)
+int zd_rpc_arg_rref(const zd_value_t *args, size_t i, zd_rref_t **out)
 {
-    ARG_ACCESS(rpc_value_get_rref, out);
+    ARG_ACCESS(zd_value_get_rref, out);
 }
 
-int rpc_arg_bytes(const rpc_value_t *args, size_t i, const void **data, size_t *len)
+int zd_rpc_arg_bytes(const zd_value_t *args, size_t i, const void **data, size_t *len)
 {
-    ARG_ACCESS(rpc_value_get_bytes, data, len);
+    ARG_ACCESS(zd_value_get_bytes, data, len);
 }
 
-int rpc_arg_object(const rpc_value_t *args, size_t i, const char *type, void **out)
+int zd_rpc_arg_object(const zd_value_t *args, size_t i, const char *type, void **out)
 {
-    ARG_ACCESS(rpc_value_get_object, type, out);
+    ARG_ACCESS(zd_value_get_object, type, out);
 }

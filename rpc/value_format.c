@@ -6,82 +6,82 @@
 #include <string.h>
 
 #include "rpc/codec.h"
-#include "rpc/value.h"
+#include <zdist/value.h>
 
-static bool tensor_equal(const tensor_t *a, const tensor_t *b)
+static bool tensor_equal(const zd_tensor_t *a, const zd_tensor_t *b)
 {
     if (a == b)
         return true;
-    return tensor_dtype(a) == tensor_dtype(b) && tensor_same_shape(a, b) &&
-           memcmp(tensor_raw(a), tensor_raw(b), tensor_nbytes(a)) == 0;
+    return zd_tensor_dtype(a) == zd_tensor_dtype(b) && zd_tensor_same_shape(a, b) &&
+           memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
 /* Strings and bytes alike: (data, len). */
-static void blob(const rpc_value_t *v, const void **data, size_t *len)
+static void blob(const zd_value_t *v, const void **data, size_t *len)
 {
-    if (rpc_value_kind(v) == RPC_STRING) {
+    if (zd_value_kind(v) == ZD_VALUE_STRING) {
         const char *s;
-        rpc_value_get_string(v, &s);
+        zd_value_get_string(v, &s);
         *data = s;
         *len = strlen(s);
     } else {
-        rpc_value_get_bytes(v, data, len);
+        zd_value_get_bytes(v, data, len);
     }
 }
 
-bool rpc_value_equal(const rpc_value_t *a, const rpc_value_t *b)
+bool zd_value_equal(const zd_value_t *a, const zd_value_t *b)
 {
     if (a == b)
         return true;
-    if (!a || !b || rpc_value_kind(a) != rpc_value_kind(b))
+    if (!a || !b || zd_value_kind(a) != zd_value_kind(b))
         return false;
-    switch (rpc_value_kind(a)) {
-    case RPC_NONE:
+    switch (zd_value_kind(a)) {
+    case ZD_VALUE_NONE:
         return true;
-    case RPC_INT: {
+    case ZD_VALUE_INT: {
         int64_t x, y;
-        rpc_value_get_int(a, &x);
-        rpc_value_get_int(b, &y);
+        zd_value_get_int(a, &x);
+        zd_value_get_int(b, &y);
         return x == y;
     }
-    case RPC_FLOAT: {
+    case ZD_VALUE_FLOAT: {
         double x, y;
-        rpc_value_get_float(a, &x);
-        rpc_value_get_float(b, &y);
+        zd_value_get_float(a, &x);
+        zd_value_get_float(b, &y);
         return memcmp(&x, &y, sizeof x) == 0;
     }
-    case RPC_STRING:
-    case RPC_BYTES: {
+    case ZD_VALUE_STRING:
+    case ZD_VALUE_BYTES: {
         const void *x, *y;
         size_t nx, ny;
         blob(a, &x, &nx);
         blob(b, &y, &ny);
         return nx == ny && (nx == 0 || memcmp(x, y, nx) == 0);
     }
-    case RPC_TENSOR: {
-        tensor_t *x, *y;
-        rpc_value_get_tensor(a, &x);
-        rpc_value_get_tensor(b, &y);
+    case ZD_VALUE_TENSOR: {
+        zd_tensor_t *x, *y;
+        zd_value_get_tensor(a, &x);
+        zd_value_get_tensor(b, &y);
         return tensor_equal(x, y);
     }
-    case RPC_RREF: {
-        rpc_rref_t *x, *y;
-        rpc_value_get_rref(a, &x);
-        rpc_value_get_rref(b, &y);
+    case ZD_VALUE_RREF: {
+        zd_rref_t *x, *y;
+        zd_value_get_rref(a, &x);
+        zd_value_get_rref(b, &y);
         return x == y;
     }
-    case RPC_OBJECT: {
+    case ZD_VALUE_OBJECT: {
         void *x, *y;
-        rpc_value_get_object(a, NULL, &x);
-        rpc_value_get_object(b, NULL, &y);
+        zd_value_get_object(a, NULL, &x);
+        zd_value_get_object(b, NULL, &y);
         return x == y;
     }
-    case RPC_LIST: {
-        size_t n = rpc_list_len(a);
-        if (n != rpc_list_len(b))
+    case ZD_VALUE_LIST: {
+        size_t n = zd_list_len(a);
+        if (n != zd_list_len(b))
             return false;
         for (size_t i = 0; i < n; i++)
-            if (!rpc_value_equal(rpc_list_get(a, i), rpc_list_get(b, i)))
+            if (!zd_value_equal(zd_list_get(a, i), zd_list_get(b, i)))
                 return false;
         return true;
     }
@@ -114,31 +114,31 @@ static void fmt_add(fmt_t *f, const char *fmt, ...)
     }
 }
 
-static void fmt_value(fmt_t *f, const rpc_value_t *v, int depth)
+static void fmt_value(fmt_t *f, const zd_value_t *v, int depth)
 {
     if (!v) {
         fmt_add(f, "NULL");
         return;
     }
-    switch (rpc_value_kind(v)) {
-    case RPC_NONE:
+    switch (zd_value_kind(v)) {
+    case ZD_VALUE_NONE:
         fmt_add(f, "none");
         break;
-    case RPC_INT: {
+    case ZD_VALUE_INT: {
         int64_t i;
-        rpc_value_get_int(v, &i);
+        zd_value_get_int(v, &i);
         fmt_add(f, "%" PRId64, i);
         break;
     }
-    case RPC_FLOAT: {
+    case ZD_VALUE_FLOAT: {
         double x;
-        rpc_value_get_float(v, &x);
+        zd_value_get_float(v, &x);
         fmt_add(f, "%.17g", x);
         break;
     }
-    case RPC_STRING: {
+    case ZD_VALUE_STRING: {
         const char *s;
-        rpc_value_get_string(v, &s);
+        zd_value_get_string(v, &s);
         fmt_add(f, "\"");
         for (const char *p = s; *p && !f->full; p++) {
             unsigned char c = (unsigned char)*p;
@@ -152,50 +152,50 @@ static void fmt_value(fmt_t *f, const rpc_value_t *v, int depth)
         fmt_add(f, "\"");
         break;
     }
-    case RPC_BYTES: {
+    case ZD_VALUE_BYTES: {
         const void *data;
         size_t n;
-        rpc_value_get_bytes(v, &data, &n);
+        zd_value_get_bytes(v, &data, &n);
         fmt_add(f, "bytes(%zu)", n);
         break;
     }
-    case RPC_TENSOR: {
-        tensor_t *t;
+    case ZD_VALUE_TENSOR: {
+        zd_tensor_t *t;
         char shape[128];
-        rpc_value_get_tensor(v, &t);
-        fmt_add(f, "tensor %s %s", tensor_dtype_name(tensor_dtype(t)),
-                tensor_shape_str(t, shape, sizeof shape));
+        zd_value_get_tensor(v, &t);
+        fmt_add(f, "tensor %s %s", zd_tensor_dtype_name(zd_tensor_dtype(t)),
+                zd_tensor_shape_str(t, shape, sizeof shape));
         break;
     }
-    case RPC_RREF: {
-        rpc_rref_t *r;
-        rpc_value_get_rref(v, &r);
+    case ZD_VALUE_RREF: {
+        zd_rref_t *r;
+        zd_value_get_rref(v, &r);
         fmt_add(f, "rref@%p", (void *)r);
         break;
     }
-    case RPC_OBJECT: {
+    case ZD_VALUE_OBJECT: {
         void *p;
-        rpc_value_get_object(v, NULL, &p);
-        fmt_add(f, "%s@%p", rpc_value_object_type(v), p);
+        zd_value_get_object(v, NULL, &p);
+        fmt_add(f, "%s@%p", zd_value_object_type(v), p);
         break;
     }
-    case RPC_LIST:
+    case ZD_VALUE_LIST:
         if (depth >= RPC_CODEC_MAX_DEPTH) {
             fmt_add(f, "[...]");
             break;
         }
         fmt_add(f, "[");
-        for (size_t i = 0; i < rpc_list_len(v) && !f->full; i++) {
+        for (size_t i = 0; i < zd_list_len(v) && !f->full; i++) {
             if (i)
                 fmt_add(f, ", ");
-            fmt_value(f, rpc_list_get(v, i), depth + 1);
+            fmt_value(f, zd_list_get(v, i), depth + 1);
         }
         fmt_add(f, "]");
         break;
     }
 }
 
-char *rpc_value_format(const rpc_value_t *v, char *buf, size_t size)
+char *zd_value_format(const zd_value_t *v, char *buf, size_t size)
 {
     if (!buf || size == 0)
         return buf;

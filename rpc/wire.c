@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/codec.h"
 
 static void put16(uint8_t *p, uint16_t v)
@@ -46,12 +46,12 @@ static uint64_t get64(const uint8_t *p)
     return v;
 }
 
-size_t rpc_wire_size(const rpc_wire_header_t *h)
+size_t zd__rpc_wire_size(const rpc_wire_header_t *h)
 {
     return RPC_WIRE_FIXED + h->fn_len + h->extra_len + h->meta_len;
 }
 
-void rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out)
+void zd__rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out)
 {
     out[0] = 'Z';
     out[1] = 'D';
@@ -80,12 +80,12 @@ void rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out)
         memcpy(p, h->meta, h->meta_len);
 }
 
-size_t rpc_wire_stream_table_size(uint32_t count)
+size_t zd__rpc_wire_stream_table_size(uint32_t count)
 {
     return 8 + (size_t)count * RPC_WIRE_STREAM_ENTRY;
 }
 
-void rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
+void zd__rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
                                  uint32_t chunk, uint8_t *out)
 {
     put32(out, count);
@@ -98,27 +98,27 @@ void rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t coun
     }
 }
 
-int rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
+int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
                                 uint32_t *count, uint32_t *chunk, rpc_wire_stream_t **entries)
 {
     const uint8_t *p = buf;
     *entries = NULL;
     if (!buf || len < 8)
-        return error_set("wire: stream table of %zu bytes (at least 8)", len);
+        return zd_error_set("wire: stream table of %zu bytes (at least 8)", len);
     uint32_t n = get32(p);
     uint32_t c = get32(p + 4);
     if (n == 0 || n_frames < 2 || n > n_frames - 1)
-        return error_set("wire: stream table of %u tensors for %u tensor frames", n,
+        return zd_error_set("wire: stream table of %u tensors for %u tensor frames", n,
                          n_frames ? n_frames - 1 : 0);
-    if (len != rpc_wire_stream_table_size(n))
-        return error_set("wire: stream table of %u tensors in %zu bytes (%zu expected)", n,
-                         len, rpc_wire_stream_table_size(n));
+    if (len != zd__rpc_wire_stream_table_size(n))
+        return zd_error_set("wire: stream table of %u tensors in %zu bytes (%zu expected)", n,
+                         len, zd__rpc_wire_stream_table_size(n));
     if (c < RPC_WIRE_MIN_CHUNK || c > RPC_WIRE_MAX_CHUNK)
-        return error_set("wire: stream chunks of %u bytes (%zu to %zu)", c,
+        return zd_error_set("wire: stream chunks of %u bytes (%zu to %zu)", c,
                          RPC_WIRE_MIN_CHUNK, RPC_WIRE_MAX_CHUNK);
     rpc_wire_stream_t *e = malloc(n * sizeof *e);
     if (!e)
-        return error_set("wire: out of memory for a stream table of %u tensors", n);
+        return zd_error_set("wire: out of memory for a stream table of %u tensors", n);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *q = p + 8 + (size_t)i * RPC_WIRE_STREAM_ENTRY;
         e[i].frame = get32(q);
@@ -131,7 +131,7 @@ int rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
         else if (e[i].bytes == 0 || e[i].bytes > RPC_WIRE_MAX_STREAM)
             bad = "size out of range";
         if (bad) {
-            error_set("wire: stream table entry %u (frame %u, %llu bytes): %s", i,
+            zd_error_set("wire: stream table entry %u (frame %u, %llu bytes): %s", i,
                       e[i].frame, (unsigned long long)e[i].bytes, bad);
             free(e);
             return -1;
@@ -143,7 +143,7 @@ int rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
     return 0;
 }
 
-const char *rpc_wire_type_name(int type)
+const char *zd__rpc_wire_type_name(int type)
 {
     switch (type) {
     case RPC_MSG_HELLO: return "HELLO";
@@ -170,71 +170,71 @@ static bool type_known(int type)
 static int check_chunk_fields(const rpc_wire_header_t *h)
 {
     if (h->type != RPC_MSG_REPLY)
-        return error_set("wire: a stream piece of type %s (REPLY expected)",
-                         rpc_wire_type_name(h->type));
+        return zd_error_set("wire: a stream piece of type %s (REPLY expected)",
+                         zd__rpc_wire_type_name(h->type));
     if (h->flags != RPC_WIRE_F_CHUNK)
-        return error_set("wire: a stream piece with flags 0x%04x", h->flags);
+        return zd_error_set("wire: a stream piece with flags 0x%04x", h->flags);
     if (h->fn_len || h->extra_len || h->meta_len)
-        return error_set("wire: a stream piece with a function name, hook or value bytes");
+        return zd_error_set("wire: a stream piece with a function name, hook or value bytes");
     if (h->n_tensors != 1)
-        return error_set("wire: a stream piece with %u frames (1 expected)", h->n_tensors);
+        return zd_error_set("wire: a stream piece with %u frames (1 expected)", h->n_tensors);
     if (h->b || h->timeout_ms)
-        return error_set("wire: a stream piece with fork id or timeout set");
+        return zd_error_set("wire: a stream piece with fork id or timeout set");
     return 0;
 }
 
 /* Which optional parts each type may carry. */
 static int check_type_fields(const rpc_wire_header_t *h)
 {
-    const char *name = rpc_wire_type_name(h->type);
+    const char *name = zd__rpc_wire_type_name(h->type);
     if (h->flags & RPC_WIRE_F_CHUNK)
         return check_chunk_fields(h);
     bool has_fn = h->type == RPC_MSG_CALL || h->type == RPC_MSG_REMOTE;
     if (has_fn && h->fn_len == 0)
-        return error_set("wire: %s without a function name", name);
+        return zd_error_set("wire: %s without a function name", name);
     if (!has_fn && h->fn_len != 0)
-        return error_set("wire: %s with a function name", name);
+        return zd_error_set("wire: %s with a function name", name);
     bool has_value = has_fn || h->type == RPC_MSG_REPLY;
     if (!has_value && h->n_tensors != 0)
-        return error_set("wire: %s with %u tensor frames", name, h->n_tensors);
+        return zd_error_set("wire: %s with %u tensor frames", name, h->n_tensors);
     if (has_value && h->meta_len == 0)
-        return error_set("wire: %s without a value", name);
+        return zd_error_set("wire: %s without a value", name);
     if (h->type == RPC_MSG_ERROR) {
         if (h->meta_len == 0)
-            return error_set("wire: ERROR without a text");
+            return zd_error_set("wire: ERROR without a text");
         if (memchr(h->meta, 0, h->meta_len))
-            return error_set("wire: ERROR text with a NUL byte");
+            return zd_error_set("wire: ERROR text with a NUL byte");
     } else if (!has_value && h->meta_len != 0) {
-        return error_set("wire: %s with %zu bytes of value", name, h->meta_len);
+        return zd_error_set("wire: %s with %zu bytes of value", name, h->meta_len);
     }
     if ((h->flags & RPC_WIRE_F_DEREF_FIRST) && !has_fn)
-        return error_set("wire: %s with the deref-first flag", name);
+        return zd_error_set("wire: %s with the deref-first flag", name);
     if ((h->flags & RPC_WIRE_F_STREAMED) && (!has_value || h->n_tensors < 2))
-        return error_set("wire: %s with the streamed flag and %u frames", name, h->n_tensors);
+        return zd_error_set("wire: %s with the streamed flag and %u frames", name, h->n_tensors);
     bool rref_msg = h->type == RPC_MSG_REMOTE || h->type == RPC_MSG_RREF_FETCH ||
                     h->type == RPC_MSG_RREF_USER_DELETE ||
                     h->type == RPC_MSG_RREF_FORK_REQUEST;
     if (rref_msg && h->a == 0)
-        return error_set("wire: %s without an RRef id", name);
+        return zd_error_set("wire: %s without an RRef id", name);
     bool fork_msg = h->type == RPC_MSG_RREF_USER_DELETE ||
                     h->type == RPC_MSG_RREF_FORK_REQUEST ||
                     h->type == RPC_MSG_RREF_CHILD_ACCEPT;
     if (fork_msg && h->b == 0)
-        return error_set("wire: %s without a fork id", name);
+        return zd_error_set("wire: %s without a fork id", name);
     return 0;
 }
 
-int rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
+int zd__rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
 {
     const uint8_t *p = buf;
     memset(h, 0, sizeof *h);
     if (!buf || len < RPC_WIRE_FIXED)
-        return error_set("wire: header of %zu bytes (at least %d expected)", len,
+        return zd_error_set("wire: header of %zu bytes (at least %d expected)", len,
                          RPC_WIRE_FIXED);
     if (p[0] != 'Z' || p[1] != 'D')
-        return error_set("wire: bad magic 0x%02x%02x", p[0], p[1]);
+        return zd_error_set("wire: bad magic 0x%02x%02x", p[0], p[1]);
     if (p[2] != RPC_WIRE_VERSION)
-        return error_set("wire: version %u not supported (this build speaks %d)", p[2],
+        return zd_error_set("wire: version %u not supported (this build speaks %d)", p[2],
                          RPC_WIRE_VERSION);
     h->type = p[3];
     h->flags = get16(p + 4);
@@ -249,35 +249,35 @@ int rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
     h->n_tensors = get32(p + 44);
     h->timeout_ms = get32(p + 48);
     if (!type_known(h->type))
-        return error_set("wire: unknown message type %u", h->type);
+        return zd_error_set("wire: unknown message type %u", h->type);
     if (h->flags & ~RPC_WIRE_F_KNOWN)
-        return error_set("wire: unknown flags 0x%04x", h->flags);
+        return zd_error_set("wire: unknown flags 0x%04x", h->flags);
     if (get32(p + 52) != 0)
-        return error_set("wire: reserved field is not 0");
+        return zd_error_set("wire: reserved field is not 0");
     if (h->id == 0 && h->type != RPC_MSG_HELLO)
-        return error_set("wire: %s with request id 0", rpc_wire_type_name(h->type));
+        return zd_error_set("wire: %s with request id 0", zd__rpc_wire_type_name(h->type));
     if (h->fn_len > RPC_WIRE_MAX_FN)
-        return error_set("wire: function name of %zu bytes (at most %d)", h->fn_len,
+        return zd_error_set("wire: function name of %zu bytes (at most %d)", h->fn_len,
                          RPC_WIRE_MAX_FN);
     if (h->extra_len > RPC_WIRE_MAX_EXTRA)
-        return error_set("wire: %zu bytes of hook metadata (at most %u)", h->extra_len,
+        return zd_error_set("wire: %zu bytes of hook metadata (at most %u)", h->extra_len,
                          RPC_WIRE_MAX_EXTRA);
     if (h->meta_len > RPC_CODEC_MAX_META)
-        return error_set("wire: value metadata of %zu bytes (at most %u)", h->meta_len,
+        return zd_error_set("wire: value metadata of %zu bytes (at most %u)", h->meta_len,
                          RPC_CODEC_MAX_META);
     if (h->n_tensors > RPC_CODEC_MAX_TENSORS)
-        return error_set("wire: %u tensor frames (at most %d)", h->n_tensors,
+        return zd_error_set("wire: %u tensor frames (at most %d)", h->n_tensors,
                          RPC_CODEC_MAX_TENSORS);
     /* Each part is bounded above, so the sum cannot overflow. */
     size_t want = RPC_WIRE_FIXED + h->fn_len + h->extra_len + h->meta_len;
     if (want != len)
-        return error_set("wire: header declares %zu bytes but the frame has %zu", want, len);
+        return zd_error_set("wire: header declares %zu bytes but the frame has %zu", want, len);
     h->fn = (const char *)p + RPC_WIRE_FIXED;
     h->extra = p + RPC_WIRE_FIXED + h->fn_len;
     h->meta = h->extra + h->extra_len;
     for (size_t i = 0; i < h->fn_len; i++)
         if (h->fn[i] < 0x21 || h->fn[i] > 0x7e)
-            return error_set("wire: function name with byte 0x%02x at %zu",
+            return zd_error_set("wire: function name with byte 0x%02x at %zu",
                              (unsigned char)h->fn[i], i);
     if (h->fn_len == 0)
         h->fn = NULL;
@@ -288,14 +288,14 @@ int rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
     return check_type_fields(h);
 }
 
-void rpc_wire_identity(int rank, uint8_t out[RPC_WIRE_ID_LEN])
+void zd__rpc_wire_identity(int rank, uint8_t out[RPC_WIRE_ID_LEN])
 {
     out[0] = 'r';
     out[1] = (uint8_t)(rank >> 8);
     out[2] = (uint8_t)rank;
 }
 
-void rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN])
+void zd__rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN])
 {
     out[0] = 's';
     out[1] = (uint8_t)(rank >> 8);
@@ -304,7 +304,7 @@ void rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN
     out[4] = (uint8_t)slot;
 }
 
-int rpc_wire_identity_rank(const void *id, size_t len)
+int zd__rpc_wire_identity_rank(const void *id, size_t len)
 {
     const uint8_t *p = id;
     if (len == RPC_WIRE_ID_LEN && p[0] == 'r')

@@ -4,7 +4,7 @@
 
         [routing id]  added by the receiving ROUTER: 3 bytes 'r', rank hi, lo
                       from a process's shared socket, or 5 bytes 's', rank hi,
-                      lo, slot hi, lo from one thread's rpc_sync socket, which
+                      lo, slot hi, lo from one thread's zd_rpc_sync socket, which
                       gets its answer back on the same connection
         [header]      the frame described here
         [tensor 0] ... [tensor n-1]   raw tensor data, one frame each
@@ -28,8 +28,8 @@
         48     4    timeout_ms  caller's timeout (0 = none), for the owner's waits
         52     4    reserved    must be 0
         56     fn_len     function name, printable ASCII
-        ...    extra_len  opaque hook metadata (rpc_hooks_t)
-        ...    meta_len   value metadata (rpc_value_encode) or UTF-8 error text
+        ...    extra_len  opaque hook metadata (zd_rpc_hooks_t)
+        ...    meta_len   value metadata (zd__value_encode) or UTF-8 error text
 
     The frame size must equal 56 + fn_len + extra_len + meta_len exactly, and
     n_tensors must equal the number of frames after the header.
@@ -61,7 +61,7 @@
         whose header has type REPLY, flags RPC_WIRE_F_CHUNK alone, the
         streamed message's id, a = the piece's number counted from 0 over
         the whole message, n_tensors = 1 and nothing else (0). REPLY, so
-        that sockets which take only answers (rpc_sync) take them, and so
+        that sockets which take only answers (zd_rpc_sync) take them, and so
         that a receiver unable to put them together could only see a bad
         answer.
       - The receiver copies the pieces into one buffer per tensor as they
@@ -106,7 +106,7 @@ typedef enum {
 } rpc_msg_type_t;
 
 /*  CALL/REMOTE: args[0] is an RRef owned by the receiver; the handler gets its
-    value instead (the methods of rpc_rref_rpc_sync and friends). */
+    value instead (the methods of zd_rref_rpc_sync and friends). */
 #define RPC_WIRE_F_DEREF_FIRST 0x0001u
 /*  The request is internal (barrier, RRef control): not counted as a user
     call in metrics or in the shutdown drain. */
@@ -142,16 +142,16 @@ typedef struct {
 } rpc_wire_header_t;
 
 /*  Bytes needed for h's frame. */
-size_t rpc_wire_size(const rpc_wire_header_t *h);
+size_t zd__rpc_wire_size(const rpc_wire_header_t *h);
 
 /*  Writes h (fixed part, fn, extra, meta) into out, which holds
-    rpc_wire_size(h) bytes. */
-void rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out);
+    zd__rpc_wire_size(h) bytes. */
+void zd__rpc_wire_write(const rpc_wire_header_t *h, uint8_t *out);
 
 /*  Parses and validates a received header frame of len bytes. Returns 0 and
     fills *h (pointing into buf), or -1 with a clear error naming the bad
     field. Does not check ranks against the world (the caller knows it). */
-int rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h);
+int zd__rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h);
 
 /*  One entry of a stream table. */
 typedef struct {
@@ -160,28 +160,28 @@ typedef struct {
 } rpc_wire_stream_t;
 
 /*  Bytes of a stream table of count entries. */
-size_t rpc_wire_stream_table_size(uint32_t count);
+size_t zd__rpc_wire_stream_table_size(uint32_t count);
 
 /*  Writes a table of count entries (chunk bytes per piece) into out, which
-    holds rpc_wire_stream_table_size(count) bytes. */
-void rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
+    holds zd__rpc_wire_stream_table_size(count) bytes. */
+void zd__rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
                                  uint32_t chunk, uint8_t *out);
 
 /*  Parses and validates a received stream table of len bytes, the last of
     n_frames frames. Returns 0 and fills *count, *chunk and *entries (a new
     array, free() it), or -1 with a clear error naming the bad field. Does
     not look at the tensors' frames (the caller checks they are empty). */
-int rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
+int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
                                 uint32_t *count, uint32_t *chunk, rpc_wire_stream_t **entries);
 
 /*  Name of a message type ("CALL"), "?" when unknown. */
-const char *rpc_wire_type_name(int type);
+const char *zd__rpc_wire_type_name(int type);
 
 /*  The routing id of rank's shared sending socket, of one of its threads'
-    rpc_sync sockets, and back: returns the rank, or -1 when id is not a
+    zd_rpc_sync sockets, and back: returns the rank, or -1 when id is not a
     routing id of ours. */
-void rpc_wire_identity(int rank, uint8_t out[RPC_WIRE_ID_LEN]);
-void rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN]);
-int rpc_wire_identity_rank(const void *id, size_t len);
+void zd__rpc_wire_identity(int rank, uint8_t out[RPC_WIRE_ID_LEN]);
+void zd__rpc_wire_sync_identity(int rank, int slot, uint8_t out[RPC_WIRE_SYNC_ID_LEN]);
+int zd__rpc_wire_identity_rank(const void *id, size_t len);
 
 #endif

@@ -7,130 +7,130 @@
 #include <math.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
 
-static tensor_t *leaf(int64_t n, const float *v)
+static zd_tensor_t *leaf(int64_t n, const float *v)
 {
-    tensor_t *t = tensor_from_data(TENSOR_F32, 1, &n, v);
+    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
     assert_non_null(t);
-    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
     return t;
 }
 
 static void test_shared_node_runs_once_with_summed_gradient(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    tensor_t *x = leaf(3, (float[]){1, 2, 3});
-    tensor_t *y, *z, *w, *s;
+    int64_t before = zd_tensor_live_count();
+    zd_tensor_t *x = leaf(3, (float[]){1, 2, 3});
+    zd_tensor_t *y, *z, *w, *s;
     /* y = x*x; z = y + y; w = z * x; s = sum(w) = sum(2 x^3): ds/dx = 6 x^2 */
-    assert_int_equal(tensor_mul(x, x, &y), 0);
-    assert_int_equal(tensor_add(y, y, &z), 0);
-    assert_int_equal(tensor_mul(z, x, &w), 0);
-    assert_int_equal(tensor_sum(w, &s), 0);
-    assert_float_equal(tensor_data(s)[0], 2 * (1 + 8 + 27), 1e-5);
-    assert_int_equal(autograd_backward(s, NULL, false), 0);
-    tensor_t *g = tensor_grad(x);
+    assert_int_equal(zd_tensor_mul(x, x, &y), 0);
+    assert_int_equal(zd_tensor_add(y, y, &z), 0);
+    assert_int_equal(zd_tensor_mul(z, x, &w), 0);
+    assert_int_equal(zd_tensor_sum(w, &s), 0);
+    assert_float_equal(zd_tensor_data(s)[0], 2 * (1 + 8 + 27), 1e-5);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
+    zd_tensor_t *g = zd_tensor_grad(x);
     assert_non_null(g);
-    assert_float_equal(tensor_data(g)[0], 6, 1e-5);
-    assert_float_equal(tensor_data(g)[1], 24, 1e-5);
-    assert_float_equal(tensor_data(g)[2], 54, 1e-5);
+    assert_float_equal(zd_tensor_data(g)[0], 6, 1e-5);
+    assert_float_equal(zd_tensor_data(g)[1], 24, 1e-5);
+    assert_float_equal(zd_tensor_data(g)[2], 54, 1e-5);
     /* The graph was freed: a second backward is refused with a reason. */
-    assert_int_equal(autograd_backward(s, NULL, false), -1);
-    assert_non_null(strstr(error_last(), "second time"));
-    tensor_unref(g);
-    tensor_unref(s);
-    tensor_unref(w);
-    tensor_unref(z);
-    tensor_unref(y);
-    tensor_unref(x);
-    assert_int_equal(tensor_live_count(), before);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), -1);
+    assert_non_null(strstr(zd_error_last(), "second time"));
+    zd_tensor_unref(g);
+    zd_tensor_unref(s);
+    zd_tensor_unref(w);
+    zd_tensor_unref(z);
+    zd_tensor_unref(y);
+    zd_tensor_unref(x);
+    assert_int_equal(zd_tensor_live_count(), before);
 }
 
 static void test_retain_graph_accumulates(void **state)
 {
     (void)state;
-    tensor_t *x = leaf(2, (float[]){3, -1});
-    tensor_t *y, *s;
-    assert_int_equal(tensor_mul(x, x, &y), 0);
-    assert_int_equal(tensor_mean(y, &s), 0);
-    assert_int_equal(autograd_backward(s, NULL, true), 0);
-    assert_int_equal(autograd_backward(s, NULL, false), 0);
-    tensor_t *g = tensor_grad(x);
-    assert_float_equal(tensor_data(g)[0], 2 * 3.0f, 1e-5);   /* 2 * (2x/2) */
-    assert_float_equal(tensor_data(g)[1], -2.0f, 1e-5);
-    tensor_unref(g);
-    tensor_unref(s);
-    tensor_unref(y);
-    tensor_unref(x);
+    zd_tensor_t *x = leaf(2, (float[]){3, -1});
+    zd_tensor_t *y, *s;
+    assert_int_equal(zd_tensor_mul(x, x, &y), 0);
+    assert_int_equal(zd_tensor_mean(y, &s), 0);
+    assert_int_equal(zd_autograd_backward(s, NULL, true), 0);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
+    zd_tensor_t *g = zd_tensor_grad(x);
+    assert_float_equal(zd_tensor_data(g)[0], 2 * 3.0f, 1e-5);   /* 2 * (2x/2) */
+    assert_float_equal(zd_tensor_data(g)[1], -2.0f, 1e-5);
+    zd_tensor_unref(g);
+    zd_tensor_unref(s);
+    zd_tensor_unref(y);
+    zd_tensor_unref(x);
 }
 
 static void test_no_grad_records_nothing(void **state)
 {
     (void)state;
-    tensor_t *x = leaf(2, (float[]){1, 2});
-    bool prev = autograd_set_grad_enabled(false);
-    tensor_t *y;
-    assert_int_equal(tensor_scale(x, 2.0f, &y), 0);
-    autograd_set_grad_enabled(prev);
-    assert_false(tensor_requires_grad(y));
-    assert_null(tensor_grad_fn(y));
-    assert_int_equal(autograd_backward(y, NULL, false), -1);
-    tensor_unref(y);
-    tensor_unref(x);
+    zd_tensor_t *x = leaf(2, (float[]){1, 2});
+    bool prev = zd_autograd_set_grad_enabled(false);
+    zd_tensor_t *y;
+    assert_int_equal(zd_tensor_scale(x, 2.0f, &y), 0);
+    zd_autograd_set_grad_enabled(prev);
+    assert_false(zd_tensor_requires_grad(y));
+    assert_null(zd_tensor_grad_fn(y));
+    assert_int_equal(zd_autograd_backward(y, NULL, false), -1);
+    zd_tensor_unref(y);
+    zd_tensor_unref(x);
 }
 
 static void test_matmul_and_reshape(void **state)
 {
     (void)state;
-    tensor_t *a = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
-    tensor_t *b = tensor_from_data(TENSOR_F32, 1, (int64_t[]){6}, (float[]){1, 0, -1, 2, 1, 0});
-    tensor_set_requires_grad(a, true);
-    tensor_set_requires_grad(b, true);
-    tensor_t *b2, *y, *s;
-    assert_int_equal(tensor_reshape(b, 2, (int64_t[]){3, -1}, &b2), 0);
-    assert_int_equal(tensor_size(b2, 1), 2);
-    assert_int_equal(tensor_matmul(a, b2, &y), 0);
+    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){6}, (float[]){1, 0, -1, 2, 1, 0});
+    zd_tensor_set_requires_grad(a, true);
+    zd_tensor_set_requires_grad(b, true);
+    zd_tensor_t *b2, *y, *s;
+    assert_int_equal(zd_tensor_reshape(b, 2, (int64_t[]){3, -1}, &b2), 0);
+    assert_int_equal(zd_tensor_size(b2, 1), 2);
+    assert_int_equal(zd_tensor_matmul(a, b2, &y), 0);
     /* y = [[1*1+2*-1+3*1, 1*0+2*2+3*0],[4-5+6, 0+10+0]] */
-    assert_float_equal(tensor_data(y)[0], 2, 1e-6);
-    assert_float_equal(tensor_data(y)[3], 10, 1e-6);
-    assert_int_equal(tensor_sum(y, &s), 0);
-    assert_int_equal(autograd_backward(s, NULL, false), 0);
-    tensor_t *ga = tensor_grad(a), *gb = tensor_grad(b);
+    assert_float_equal(zd_tensor_data(y)[0], 2, 1e-6);
+    assert_float_equal(zd_tensor_data(y)[3], 10, 1e-6);
+    assert_int_equal(zd_tensor_sum(y, &s), 0);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
+    zd_tensor_t *ga = zd_tensor_grad(a), *gb = zd_tensor_grad(b);
     /* dA = 1 B^T: each row = row sums of B2 = [1, 1, 1] */
-    assert_float_equal(tensor_data(ga)[0], 1, 1e-6);
-    assert_float_equal(tensor_data(ga)[1], 1, 1e-6);
+    assert_float_equal(zd_tensor_data(ga)[0], 1, 1e-6);
+    assert_float_equal(zd_tensor_data(ga)[1], 1, 1e-6);
     /* dB2 = A^T 1: [5,5],[7,7],[9,9] */
-    assert_int_equal(tensor_ndim(gb), 1);
-    assert_float_equal(tensor_data(gb)[0], 5, 1e-6);
-    assert_float_equal(tensor_data(gb)[5], 9, 1e-6);
-    tensor_unref(ga);
-    tensor_unref(gb);
-    tensor_unref(s);
-    tensor_unref(y);
-    tensor_unref(b2);
-    tensor_unref(a);
-    tensor_unref(b);
+    assert_int_equal(zd_tensor_ndim(gb), 1);
+    assert_float_equal(zd_tensor_data(gb)[0], 5, 1e-6);
+    assert_float_equal(zd_tensor_data(gb)[5], 9, 1e-6);
+    zd_tensor_unref(ga);
+    zd_tensor_unref(gb);
+    zd_tensor_unref(s);
+    zd_tensor_unref(y);
+    zd_tensor_unref(b2);
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
 }
 
 /*  A parameter server builds separate graphs over shared parameters on many
     threads: the shared leaf must collect every contribution. */
 #define THREADS 4
 #define ROUNDS 200
-static tensor_t *shared_w;
+static zd_tensor_t *shared_w;
 
 static void *worker(void *arg)
 {
     (void)arg;
     for (int r = 0; r < ROUNDS; r++) {
-        tensor_t *y, *s;
-        if (tensor_scale(shared_w, 1.0f, &y) < 0 || tensor_sum(y, &s) < 0)
+        zd_tensor_t *y, *s;
+        if (zd_tensor_scale(shared_w, 1.0f, &y) < 0 || zd_tensor_sum(y, &s) < 0)
             return (void *)1;
-        if (autograd_backward(s, NULL, false) < 0)
+        if (zd_autograd_backward(s, NULL, false) < 0)
             return (void *)1;
-        tensor_unref(s);
-        tensor_unref(y);
+        zd_tensor_unref(s);
+        zd_tensor_unref(y);
     }
     return NULL;
 }
@@ -147,41 +147,41 @@ static void test_threads_share_parameters(void **state)
         pthread_join(th[i], &rv);
         assert_null(rv);
     }
-    tensor_t *g = tensor_grad(shared_w);
+    zd_tensor_t *g = zd_tensor_grad(shared_w);
     for (int i = 0; i < 4; i++)
-        assert_float_equal(tensor_data(g)[i], THREADS * ROUNDS, 1e-3);
-    tensor_unref(g);
-    tensor_unref(shared_w);
+        assert_float_equal(zd_tensor_data(g)[i], THREADS * ROUNDS, 1e-3);
+    zd_tensor_unref(g);
+    zd_tensor_unref(shared_w);
 }
 
 static void test_bad_shapes_are_errors(void **state)
 {
     (void)state;
-    tensor_t *a = tensor_zeros1(3), *b = tensor_zeros1(4), *y = NULL;
-    assert_int_equal(tensor_add(a, b, &y), -1);
+    zd_tensor_t *a = zd_tensor_zeros1(3), *b = zd_tensor_zeros1(4), *y = NULL;
+    assert_int_equal(zd_tensor_add(a, b, &y), -1);
     assert_null(y);
-    assert_non_null(strstr(error_last(), "(3) and (4)"));
-    assert_int_equal(tensor_reshape(a, 1, (int64_t[]){5}, &y), -1);
-    assert_null(tensor_new(TENSOR_F32, 1, (int64_t[]){-2}));
-    tensor_unref(a);
-    tensor_unref(b);
+    assert_non_null(strstr(zd_error_last(), "(3) and (4)"));
+    assert_int_equal(zd_tensor_reshape(a, 1, (int64_t[]){5}, &y), -1);
+    assert_null(zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){-2}));
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
 }
 
 /*  A stand-in for distributed autograd's send function: a start node whose
     gradients come from outside. */
-static int identity_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int identity_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     (void)n;
-    gin[0] = tensor_ref(gout[0]);
+    gin[0] = zd_tensor_ref(gout[0]);
     return 0;
 }
 
-static const autograd_node_ops_t send_ops = {"SendBackward", identity_backward, NULL};
+static const zd_autograd_node_ops_t send_ops = {"SendBackward", identity_backward, NULL};
 
-static autograd_node_t *send_over(tensor_t *t)
+static zd_autograd_node_t *send_over(zd_tensor_t *t)
 {
-    autograd_node_t *n;
-    assert_int_equal(autograd_node_new(&send_ops, 1, &t, 1, &n), 0);
+    zd_autograd_node_t *n;
+    assert_int_equal(zd_autograd_node_new(&send_ops, 1, &t, 1, &n), 0);
     assert_non_null(n);
     return n;
 }
@@ -189,83 +189,83 @@ static autograd_node_t *send_over(tensor_t *t)
 static void test_task_waits_for_every_start_then_flush(void **state)
 {
     (void)state;
-    tensor_t *x = leaf(2, (float[]){1, 3});
-    tensor_t *a, *b;
-    assert_int_equal(tensor_scale(x, 2.0f, &a), 0);   /* a = 2x */
-    assert_int_equal(tensor_mul(a, a, &b), 0);        /* b = a^2 */
-    autograd_node_t *s1 = send_over(a), *s2 = send_over(b);
-    autograd_node_t *starts[2] = {s1, s2};
-    tensor_t *g1 = tensor_from_data(TENSOR_F32, 1, (int64_t[]){2}, (float[]){1, 1});
-    tensor_t *g2 = tensor_from_data(TENSOR_F32, 1, (int64_t[]){2}, (float[]){1, 2});
+    zd_tensor_t *x = leaf(2, (float[]){1, 3});
+    zd_tensor_t *a, *b;
+    assert_int_equal(zd_tensor_scale(x, 2.0f, &a), 0);   /* a = 2x */
+    assert_int_equal(zd_tensor_mul(a, a, &b), 0);        /* b = a^2 */
+    zd_autograd_node_t *s1 = send_over(a), *s2 = send_over(b);
+    zd_autograd_node_t *starts[2] = {s1, s2};
+    zd_tensor_t *g1 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 1});
+    zd_tensor_t *g2 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 2});
 
-    autograd_options_t keep = {.retain_graph = true};
-    autograd_task_t *t = autograd_task_new(starts, 2, &keep);
+    zd_autograd_options_t keep = {.retain_graph = true};
+    zd_autograd_task_t *t = zd_autograd_task_new(starts, 2, &keep);
     assert_non_null(t);
-    assert_int_equal(autograd_task_feed(t, s1, &g1), 0);
-    tensor_t *g = tensor_grad(x);
+    assert_int_equal(zd_autograd_task_feed(t, s1, &g1), 0);
+    zd_tensor_t *g = zd_tensor_grad(x);
     assert_null(g);                    /* the scale node still waits for b's branch */
-    assert_int_equal(autograd_task_feed(t, s2, &g2), 0);
-    g = tensor_grad(x);
+    assert_int_equal(zd_autograd_task_feed(t, s2, &g2), 0);
+    g = zd_tensor_grad(x);
     /* dx = 2 * (g1 + g2 * 2a) = 2 * (1 + 1*4, 1 + 2*12) */
-    assert_float_equal(tensor_data(g)[0], 10, 1e-5);
-    assert_float_equal(tensor_data(g)[1], 50, 1e-5);
-    assert_int_equal(autograd_task_feed(t, s1, &g1), -1);   /* each start runs once */
-    tensor_unref(g);
-    autograd_task_free(t);
-    tensor_clear_grad(x);
+    assert_float_equal(zd_tensor_data(g)[0], 10, 1e-5);
+    assert_float_equal(zd_tensor_data(g)[1], 50, 1e-5);
+    assert_int_equal(zd_autograd_task_feed(t, s1, &g1), -1);   /* each start runs once */
+    zd_tensor_unref(g);
+    zd_autograd_task_free(t);
+    zd_tensor_clear_grad(x);
 
     /* Only s1 ever receives a gradient: flushing runs the rest with zeros. */
-    t = autograd_task_new(starts, 2, NULL);
-    assert_int_equal(autograd_task_feed(t, s1, &g1), 0);
+    t = zd_autograd_task_new(starts, 2, NULL);
+    assert_int_equal(zd_autograd_task_feed(t, s1, &g1), 0);
     int ran = 0;
-    assert_int_equal(autograd_task_flush(t, &ran), 0);
+    assert_int_equal(zd_autograd_task_flush(t, &ran), 0);
     assert_int_equal(ran, 1);
-    g = tensor_grad(x);
-    assert_float_equal(tensor_data(g)[0], 2, 1e-5);
-    assert_float_equal(tensor_data(g)[1], 2, 1e-5);
-    tensor_unref(g);
-    autograd_task_free(t);
+    g = zd_tensor_grad(x);
+    assert_float_equal(zd_tensor_data(g)[0], 2, 1e-5);
+    assert_float_equal(zd_tensor_data(g)[1], 2, 1e-5);
+    zd_tensor_unref(g);
+    zd_autograd_task_free(t);
 
-    autograd_node_unref(s1);
-    autograd_node_unref(s2);
-    tensor_unref(g1);
-    tensor_unref(g2);
-    tensor_unref(b);
-    tensor_unref(a);
-    tensor_unref(x);
+    zd_autograd_node_unref(s1);
+    zd_autograd_node_unref(s2);
+    zd_tensor_unref(g1);
+    zd_tensor_unref(g2);
+    zd_tensor_unref(b);
+    zd_tensor_unref(a);
+    zd_tensor_unref(x);
 }
 
 static void test_copy_and_cat(void **state)
 {
     (void)state;
-    tensor_t *a = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 1}, (float[]){1, 2});
-    tensor_t *b = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 2}, (float[]){3, 4, 5, 6});
-    tensor_set_requires_grad(a, true);
-    tensor_set_requires_grad(b, true);
-    tensor_t *ac, *cat, *w, *prod, *s;
-    assert_int_equal(tensor_copy(a, &ac), 0);
-    tensor_data(a)[0] = 100;   /* the copy does not see later changes */
-    tensor_t *parts[2] = {ac, b};
-    assert_int_equal(tensor_cat(parts, 2, 1, &cat), 0);
-    assert_int_equal(tensor_size(cat, 1), 3);
+    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 1}, (float[]){1, 2});
+    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 2}, (float[]){3, 4, 5, 6});
+    zd_tensor_set_requires_grad(a, true);
+    zd_tensor_set_requires_grad(b, true);
+    zd_tensor_t *ac, *cat, *w, *prod, *s;
+    assert_int_equal(zd_tensor_copy(a, &ac), 0);
+    zd_tensor_data(a)[0] = 100;   /* the copy does not see later changes */
+    zd_tensor_t *parts[2] = {ac, b};
+    assert_int_equal(zd_tensor_cat(parts, 2, 1, &cat), 0);
+    assert_int_equal(zd_tensor_size(cat, 1), 3);
     float expect[6] = {1, 3, 4, 2, 5, 6};
     for (int i = 0; i < 6; i++)
-        assert_float_equal(tensor_data(cat)[i], expect[i], 0);
-    w = tensor_from_data(TENSOR_F32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
-    assert_int_equal(tensor_mul(cat, w, &prod), 0);
-    assert_int_equal(tensor_sum(prod, &s), 0);
-    assert_int_equal(autograd_backward(s, NULL, false), 0);
-    tensor_t *ga = tensor_grad(a), *gb = tensor_grad(b);
-    assert_float_equal(tensor_data(ga)[0], 1, 0);
-    assert_float_equal(tensor_data(ga)[1], 4, 0);
-    assert_float_equal(tensor_data(gb)[0], 2, 0);
-    assert_float_equal(tensor_data(gb)[3], 6, 0);
-    tensor_t *bad = tensor_zeros1(3);
-    tensor_t *mixed[2] = {a, bad}, *y = NULL;
-    assert_int_equal(tensor_cat(mixed, 2, 1, &y), -1);
-    tensor_t *all[] = {a, b, ac, cat, w, prod, s, ga, gb, bad};
+        assert_float_equal(zd_tensor_data(cat)[i], expect[i], 0);
+    w = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    assert_int_equal(zd_tensor_mul(cat, w, &prod), 0);
+    assert_int_equal(zd_tensor_sum(prod, &s), 0);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
+    zd_tensor_t *ga = zd_tensor_grad(a), *gb = zd_tensor_grad(b);
+    assert_float_equal(zd_tensor_data(ga)[0], 1, 0);
+    assert_float_equal(zd_tensor_data(ga)[1], 4, 0);
+    assert_float_equal(zd_tensor_data(gb)[0], 2, 0);
+    assert_float_equal(zd_tensor_data(gb)[3], 6, 0);
+    zd_tensor_t *bad = zd_tensor_zeros1(3);
+    zd_tensor_t *mixed[2] = {a, bad}, *y = NULL;
+    assert_int_equal(zd_tensor_cat(mixed, 2, 1, &y), -1);
+    zd_tensor_t *all[] = {a, b, ac, cat, w, prod, s, ga, gb, bad};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        tensor_unref(all[i]);
+        zd_tensor_unref(all[i]);
 }
 
 /*  x (2, 3, 4) = 0..23; y = x[:, 1:3, :] is a copy; sum(y * w) gives x
@@ -273,38 +273,38 @@ static void test_copy_and_cat(void **state)
 static void test_narrow_copies_inner_dims_with_gradient(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
+    int64_t before = zd_tensor_live_count();
     float xv[24], wv[16];
     for (int i = 0; i < 24; i++)
         xv[i] = (float)i;
     for (int i = 0; i < 16; i++)
         wv[i] = 0.5f * (float)(i + 1);
-    tensor_t *x = tensor_from_data(TENSOR_F32, 3, (int64_t[]){2, 3, 4}, xv);
-    tensor_t *w = tensor_from_data(TENSOR_F32, 3, (int64_t[]){2, 2, 4}, wv);
-    tensor_set_requires_grad(x, true);
-    tensor_t *y, *p, *s;
-    assert_int_equal(tensor_narrow(x, 1, 1, 2, &y), 0);
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 3, (int64_t[]){2, 3, 4}, xv);
+    zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, 3, (int64_t[]){2, 2, 4}, wv);
+    zd_tensor_set_requires_grad(x, true);
+    zd_tensor_t *y, *p, *s;
+    assert_int_equal(zd_tensor_narrow(x, 1, 1, 2, &y), 0);
     char shape[64];
-    assert_string_equal(tensor_shape_str(y, shape, sizeof shape), "(2, 2, 4)");
+    assert_string_equal(zd_tensor_shape_str(y, shape, sizeof shape), "(2, 2, 4)");
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 2; b++)
             for (int c = 0; c < 4; c++)
-                assert_float_equal(tensor_data(y)[(a * 2 + b) * 4 + c],
+                assert_float_equal(zd_tensor_data(y)[(a * 2 + b) * 4 + c],
                                    xv[(a * 3 + b + 1) * 4 + c], 0);
-    assert_string_equal(autograd_node_name(tensor_grad_fn(y)), "NarrowBackward");
-    assert_int_equal(tensor_mul(y, w, &p), 0);
-    assert_int_equal(tensor_sum(p, &s), 0);
-    assert_int_equal(autograd_backward(s, NULL, false), 0);
-    tensor_t *g = tensor_grad(x);
+    assert_string_equal(zd_autograd_node_name(zd_tensor_grad_fn(y)), "NarrowBackward");
+    assert_int_equal(zd_tensor_mul(y, w, &p), 0);
+    assert_int_equal(zd_tensor_sum(p, &s), 0);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
+    zd_tensor_t *g = zd_tensor_grad(x);
     for (int a = 0; a < 2; a++)
         for (int b = 0; b < 3; b++)
             for (int c = 0; c < 4; c++)
-                assert_float_equal(tensor_data(g)[(a * 3 + b) * 4 + c],
+                assert_float_equal(zd_tensor_data(g)[(a * 3 + b) * 4 + c],
                                    b == 0 ? 0 : wv[(a * 2 + b - 1) * 4 + c], 0);
-    tensor_t *all[] = {x, w, y, p, s, g};
+    zd_tensor_t *all[] = {x, w, y, p, s, g};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        tensor_unref(all[i]);
-    assert_int_equal(tensor_live_count(), before);
+        zd_tensor_unref(all[i]);
+    assert_int_equal(zd_tensor_live_count(), before);
 }
 
 /*  Along dim 0 the rows are one block: a view of x's memory, which keeps
@@ -312,103 +312,103 @@ static void test_narrow_copies_inner_dims_with_gradient(void **state)
 static void test_narrow_rows_is_a_view(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    tensor_t *x = tensor_from_data(TENSOR_F32, 2, (int64_t[]){4, 3},
+    int64_t before = zd_tensor_live_count();
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){4, 3},
                                    (float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
-    tensor_set_requires_grad(x, true);
-    tensor_t *y, *z, *v, *s;
-    assert_int_equal(tensor_narrow(x, 0, 1, 2, &y), 0);
-    assert_int_equal(tensor_size(y, 0), 2);
-    assert_ptr_equal(tensor_data(y), tensor_data(x) + 3);
+    zd_tensor_set_requires_grad(x, true);
+    zd_tensor_t *y, *z, *v, *s;
+    assert_int_equal(zd_tensor_narrow(x, 0, 1, 2, &y), 0);
+    assert_int_equal(zd_tensor_size(y, 0), 2);
+    assert_ptr_equal(zd_tensor_data(y), zd_tensor_data(x) + 3);
     /* Negative dim and start count from the end: rows 2..3 of x, a view of
        a view. */
-    assert_int_equal(tensor_narrow(y, -2, -1, 1, &z), 0);
-    assert_ptr_equal(tensor_data(z), tensor_data(x) + 6);
-    tensor_data(x)[7] = 70;   /* in place, as PyTorch's views see it */
-    assert_float_equal(tensor_data(z)[1], 70, 0);
+    assert_int_equal(zd_tensor_narrow(y, -2, -1, 1, &z), 0);
+    assert_ptr_equal(zd_tensor_data(z), zd_tensor_data(x) + 6);
+    zd_tensor_data(x)[7] = 70;   /* in place, as PyTorch's views see it */
+    assert_float_equal(zd_tensor_data(z)[1], 70, 0);
     /* Gradients go through both narrows into row 2 of x. */
-    tensor_t *w = tensor_from_data(TENSOR_F32, 2, (int64_t[]){1, 3}, (float[]){1, 2, 3});
-    assert_int_equal(tensor_mul(z, w, &v), 0);
-    assert_int_equal(tensor_sum(v, &s), 0);
-    assert_int_equal(autograd_backward(s, NULL, false), 0);
-    tensor_t *g = tensor_grad(x);
+    zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){1, 3}, (float[]){1, 2, 3});
+    assert_int_equal(zd_tensor_mul(z, w, &v), 0);
+    assert_int_equal(zd_tensor_sum(v, &s), 0);
+    assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
+    zd_tensor_t *g = zd_tensor_grad(x);
     float want[12] = {0, 0, 0, 0, 0, 0, 1, 2, 3, 0, 0, 0};
-    assert_memory_equal(tensor_data(g), want, sizeof want);
-    tensor_unref(g);
-    tensor_unref(x);
-    assert_float_equal(tensor_data(z)[0], 6, 0);   /* x's memory lives on */
+    assert_memory_equal(zd_tensor_data(g), want, sizeof want);
+    zd_tensor_unref(g);
+    zd_tensor_unref(x);
+    assert_float_equal(zd_tensor_data(z)[0], 6, 0);   /* x's memory lives on */
     /* Other dtypes narrow too; an empty range is a tensor of size 0. */
-    tensor_t *labels = tensor_from_data(TENSOR_I64, 1, (int64_t[]){5},
+    zd_tensor_t *labels = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){5},
                                         (int64_t[]){10, 11, 12, 13, 14});
-    tensor_t *l, *empty;
-    assert_int_equal(tensor_narrow(labels, 0, 3, 2, &l), 0);
-    assert_int_equal(tensor_data_i64(l)[0], 13);
-    assert_int_equal(tensor_data_i64(l)[1], 14);
-    assert_int_equal(tensor_narrow(labels, 0, 5, 0, &empty), 0);
-    assert_int_equal(tensor_numel(empty), 0);
+    zd_tensor_t *l, *empty;
+    assert_int_equal(zd_tensor_narrow(labels, 0, 3, 2, &l), 0);
+    assert_int_equal(zd_tensor_data_i64(l)[0], 13);
+    assert_int_equal(zd_tensor_data_i64(l)[1], 14);
+    assert_int_equal(zd_tensor_narrow(labels, 0, 5, 0, &empty), 0);
+    assert_int_equal(zd_tensor_numel(empty), 0);
     /* Without grad mode nothing is recorded. */
-    tensor_t *nograd;
-    bool prev = autograd_set_grad_enabled(false);
-    assert_int_equal(tensor_narrow(y, 0, 0, 1, &nograd), 0);
-    autograd_set_grad_enabled(prev);
-    assert_null(tensor_grad_fn(nograd));
-    tensor_t *all[] = {y, z, w, v, s, labels, l, empty, nograd};
+    zd_tensor_t *nograd;
+    bool prev = zd_autograd_set_grad_enabled(false);
+    assert_int_equal(zd_tensor_narrow(y, 0, 0, 1, &nograd), 0);
+    zd_autograd_set_grad_enabled(prev);
+    assert_null(zd_tensor_grad_fn(nograd));
+    zd_tensor_t *all[] = {y, z, w, v, s, labels, l, empty, nograd};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        tensor_unref(all[i]);
-    assert_int_equal(tensor_live_count(), before);
+        zd_tensor_unref(all[i]);
+    assert_int_equal(zd_tensor_live_count(), before);
 }
 
 static void test_narrow_bad_arguments(void **state)
 {
     (void)state;
-    tensor_t *x = tensor_zeros2(4, 3), *scalar = tensor_new(TENSOR_F32, 0, NULL), *y = x;
-    assert_int_equal(tensor_narrow(scalar, 0, 0, 1, &y), -1);
+    zd_tensor_t *x = zd_tensor_zeros2(4, 3), *scalar = zd_tensor_new(ZD_FLOAT32, 0, NULL), *y = x;
+    assert_int_equal(zd_tensor_narrow(scalar, 0, 0, 1, &y), -1);
     assert_null(y);
-    assert_non_null(strstr(error_last(), "scalar"));
-    assert_int_equal(tensor_narrow(x, 2, 0, 1, &y), -1);
-    assert_string_equal(error_last(), "narrow: dimension 2 out of range for a 2-D tensor");
-    assert_int_equal(tensor_narrow(x, -3, 0, 1, &y), -1);
-    assert_non_null(strstr(error_last(), "out of range"));
-    assert_int_equal(tensor_narrow(x, 0, 3, 2, &y), -1);
-    assert_string_equal(error_last(),
+    assert_non_null(strstr(zd_error_last(), "scalar"));
+    assert_int_equal(zd_tensor_narrow(x, 2, 0, 1, &y), -1);
+    assert_string_equal(zd_error_last(), "narrow: dimension 2 out of range for a 2-D tensor");
+    assert_int_equal(zd_tensor_narrow(x, -3, 0, 1, &y), -1);
+    assert_non_null(strstr(zd_error_last(), "out of range"));
+    assert_int_equal(zd_tensor_narrow(x, 0, 3, 2, &y), -1);
+    assert_string_equal(zd_error_last(),
                         "narrow: start 3 and length 2 do not fit dimension 0 of shape (4, 3)");
-    assert_int_equal(tensor_narrow(x, 1, 0, -1, &y), -1);
-    assert_non_null(strstr(error_last(), "length -1"));
-    assert_int_equal(tensor_narrow(x, 1, 4, 0, &y), -1);
-    assert_int_equal(tensor_narrow(x, 1, -4, 1, &y), -1);
-    assert_non_null(strstr(error_last(), "start -4"));
-    assert_int_equal(tensor_narrow(NULL, 0, 0, 1, &y), -1);
+    assert_int_equal(zd_tensor_narrow(x, 1, 0, -1, &y), -1);
+    assert_non_null(strstr(zd_error_last(), "length -1"));
+    assert_int_equal(zd_tensor_narrow(x, 1, 4, 0, &y), -1);
+    assert_int_equal(zd_tensor_narrow(x, 1, -4, 1, &y), -1);
+    assert_non_null(strstr(zd_error_last(), "start -4"));
+    assert_int_equal(zd_tensor_narrow(NULL, 0, 0, 1, &y), -1);
     assert_null(y);
-    tensor_unref(x);
-    tensor_unref(scalar);
+    zd_tensor_unref(x);
+    zd_tensor_unref(scalar);
 }
 
 /*  An op that saves its own output must not keep itself alive. */
-static int square_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int square_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    tensor_t *y = autograd_node_saved(n, 0);
-    gin[0] = tensor_clone(gout[0]);
-    tensor_data(gin[0])[0] *= 2 * tensor_data(y)[0];
+    zd_tensor_t *y = zd_autograd_node_saved(n, 0);
+    gin[0] = zd_tensor_clone(gout[0]);
+    zd_tensor_data(gin[0])[0] *= 2 * zd_tensor_data(y)[0];
     return 0;
 }
 
-static const autograd_node_ops_t square_ops = {"SquareBackward", square_backward, NULL};
+static const zd_autograd_node_ops_t square_ops = {"SquareBackward", square_backward, NULL};
 
 static void test_saving_the_output_frees_without_backward(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    tensor_t *x = leaf(1, (float[]){3});
-    tensor_t *y = tensor_clone(x);
-    autograd_node_t *n;
-    assert_int_equal(autograd_node_new(&square_ops, 1, &x, 1, &n), 0);
-    autograd_node_save(n, 0, y);   /* saved before becoming the output */
-    autograd_node_set_output(n, y);
-    autograd_node_save(n, 1, y);   /* and after */
-    autograd_node_unref(n);
-    tensor_unref(y);
-    tensor_unref(x);
-    assert_int_equal(tensor_live_count(), before);
+    int64_t before = zd_tensor_live_count();
+    zd_tensor_t *x = leaf(1, (float[]){3});
+    zd_tensor_t *y = zd_tensor_clone(x);
+    zd_autograd_node_t *n;
+    assert_int_equal(zd_autograd_node_new(&square_ops, 1, &x, 1, &n), 0);
+    zd_autograd_node_save(n, 0, y);   /* saved before becoming the output */
+    zd_autograd_node_set_output(n, y);
+    zd_autograd_node_save(n, 1, y);   /* and after */
+    zd_autograd_node_unref(n);
+    zd_tensor_unref(y);
+    zd_tensor_unref(x);
+    assert_int_equal(zd_tensor_live_count(), before);
 }
 
 int main(void)

@@ -15,8 +15,8 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "autograd/error.h"
-#include "nn/checkpoint.h"
+#include <zdist/error.h>
+#include <zdist/checkpoint.h>
 
 static char tmpdir[256];
 
@@ -68,28 +68,28 @@ static int count_files(const char *part)
 #define NT 4
 static const char *const names[NT] = { "conv1.weight", "conv1.bias", "fc.weight", "step" };
 
-static void make_model(tensor_t **t, float base)
+static void make_model(zd_tensor_t **t, float base)
 {
-    t[0] = tensor_new(TENSOR_F32, 4, (int64_t[]){ 3, 1, 3, 3 });
-    t[1] = tensor_new(TENSOR_F32, 1, (int64_t[]){ 3 });
-    t[2] = tensor_new(TENSOR_F32, 2, (int64_t[]){ 10, 7 });
-    t[3] = tensor_new(TENSOR_F32, 0, NULL);
+    t[0] = zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){ 3, 1, 3, 3 });
+    t[1] = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){ 3 });
+    t[2] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){ 10, 7 });
+    t[3] = zd_tensor_new(ZD_FLOAT32, 0, NULL);
     for (int k = 0; k < NT; k++)
-        for (int64_t i = 0; i < tensor_numel(t[k]); i++)
-            tensor_data(t[k])[i] = base + (float)k * 100.0f + (float)i * 0.125f - 3.3f;
+        for (int64_t i = 0; i < zd_tensor_numel(t[k]); i++)
+            zd_tensor_data(t[k])[i] = base + (float)k * 100.0f + (float)i * 0.125f - 3.3f;
 }
 
-static void free_model(tensor_t **t)
+static void free_model(zd_tensor_t **t)
 {
     for (int k = 0; k < NT; k++)
-        tensor_unref(t[k]);
+        zd_tensor_unref(t[k]);
 }
 
-static void assert_model_equal(tensor_t **a, tensor_t **b)
+static void assert_model_equal(zd_tensor_t **a, zd_tensor_t **b)
 {
     for (int k = 0; k < NT; k++) {
-        assert_true(tensor_same_shape(a[k], b[k]));
-        assert_memory_equal(tensor_data(a[k]), tensor_data(b[k]), tensor_nbytes(a[k]));
+        assert_true(zd_tensor_same_shape(a[k], b[k]));
+        assert_memory_equal(zd_tensor_data(a[k]), zd_tensor_data(b[k]), zd_tensor_nbytes(a[k]));
     }
 }
 
@@ -97,12 +97,12 @@ static void assert_model_equal(tensor_t **a, tensor_t **b)
     changes nothing. */
 static void expect_refused(const char *path, const char *expect)
 {
-    tensor_t *t[NT], *orig[NT];
+    zd_tensor_t *t[NT], *orig[NT];
     make_model(t, -7.0f);
     make_model(orig, -7.0f);
-    assert_int_equal(checkpoint_load(path, NT, names, t), -1);
-    if (!strstr(error_last(), expect) || !strstr(error_last(), path))
-        fail_msg("loading %s: error '%s' lacks '%s' or the path", path, error_last(), expect);
+    assert_int_equal(zd_checkpoint_load(path, NT, names, t), -1);
+    if (!strstr(zd_error_last(), expect) || !strstr(zd_error_last(), path))
+        fail_msg("loading %s: error '%s' lacks '%s' or the path", path, zd_error_last(), expect);
     assert_model_equal(t, orig);
     free_model(t);
     free_model(orig);
@@ -134,22 +134,22 @@ static int teardown(void **state)
 static void test_round_trip(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    tensor_t *a[NT], *b[NT];
+    int64_t live = zd_tensor_live_count();
+    zd_tensor_t *a[NT], *b[NT];
     make_model(a, 1.0f);
     make_model(b, 50.0f);
     const char *p = tmp_path("model.ckpt");
-    assert_int_equal(checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
     assert_int_equal(count_files(".tmp."), 0);
 
     /* Loading matches by name, in any order. */
     const char *rev_names[NT];
-    tensor_t *rev[NT];
+    zd_tensor_t *rev[NT];
     for (int k = 0; k < NT; k++) {
         rev_names[k] = names[NT - 1 - k];
         rev[k] = b[NT - 1 - k];
     }
-    assert_int_equal(checkpoint_load(p, NT, rev_names, rev), 0);
+    assert_int_equal(zd_checkpoint_load(p, NT, rev_names, rev), 0);
     assert_model_equal(a, b);
 
     /* The documented layout: magic, version 1, count, then the first record. */
@@ -161,49 +161,49 @@ static void test_round_trip(void **state)
     assert_int_equal(n, 16 + NT * 12 + names_bytes + 8 * (4 + 1 + 2) + data_bytes + 4);
     free(raw);
 
-    /* checkpoint_read: everything, without knowing it in advance. */
+    /* zd_checkpoint_read: everything, without knowing it in advance. */
     int cnt;
     char **rn;
-    tensor_t **rt;
-    assert_int_equal(checkpoint_read(p, &cnt, &rn, &rt), 0);
+    zd_tensor_t **rt;
+    assert_int_equal(zd_checkpoint_read(p, &cnt, &rn, &rt), 0);
     assert_int_equal(cnt, NT);
     for (int k = 0; k < NT; k++) {
         assert_string_equal(rn[k], names[k]);
-        assert_true(tensor_same_shape(rt[k], a[k]));
-        assert_memory_equal(tensor_data(rt[k]), tensor_data(a[k]), tensor_nbytes(a[k]));
+        assert_true(zd_tensor_same_shape(rt[k], a[k]));
+        assert_memory_equal(zd_tensor_data(rt[k]), zd_tensor_data(a[k]), zd_tensor_nbytes(a[k]));
     }
-    checkpoint_free_list(cnt, rn, rt);
+    zd_checkpoint_free_list(cnt, rn, rt);
 
     /* Other dtypes and an empty checkpoint work too. */
     int64_t two = 2;
-    tensor_t *i64 = tensor_new(TENSOR_I64, 1, &two);
-    tensor_data_i64(i64)[1] = -5000000000LL;
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, &two);
+    zd_tensor_data_i64(i64)[1] = -5000000000LL;
     const char *iname = "counter";
-    assert_int_equal(checkpoint_save(tmp_path("i64.ckpt"), 1, &iname, &i64), 0);
-    tensor_t *i64b = tensor_new(TENSOR_I64, 1, &two);
-    assert_int_equal(checkpoint_load(tmp_path("i64.ckpt"), 1, &iname, &i64b), 0);
-    assert_int_equal(tensor_data_i64(i64b)[1], -5000000000LL);
-    tensor_t *f32 = tensor_new(TENSOR_F32, 1, &two);
-    assert_int_equal(checkpoint_load(tmp_path("i64.ckpt"), 1, &iname, &f32), -1);
-    assert_non_null(strstr(error_last(), "'counter' is int64 in the file but float32 here"));
-    assert_int_equal(checkpoint_save(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
-    assert_int_equal(checkpoint_load(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
-    tensor_unref(i64);
-    tensor_unref(i64b);
-    tensor_unref(f32);
+    assert_int_equal(zd_checkpoint_save(tmp_path("i64.ckpt"), 1, &iname, &i64), 0);
+    zd_tensor_t *i64b = zd_tensor_new(ZD_INT64, 1, &two);
+    assert_int_equal(zd_checkpoint_load(tmp_path("i64.ckpt"), 1, &iname, &i64b), 0);
+    assert_int_equal(zd_tensor_data_i64(i64b)[1], -5000000000LL);
+    zd_tensor_t *f32 = zd_tensor_new(ZD_FLOAT32, 1, &two);
+    assert_int_equal(zd_checkpoint_load(tmp_path("i64.ckpt"), 1, &iname, &f32), -1);
+    assert_non_null(strstr(zd_error_last(), "'counter' is int64 in the file but float32 here"));
+    assert_int_equal(zd_checkpoint_save(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
+    assert_int_equal(zd_checkpoint_load(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
+    zd_tensor_unref(i64);
+    zd_tensor_unref(i64b);
+    zd_tensor_unref(f32);
     free_model(a);
     free_model(b);
-    assert_int_equal(tensor_live_count(), live);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_corruption_refused(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    tensor_t *a[NT];
+    int64_t live = zd_tensor_live_count();
+    zd_tensor_t *a[NT];
     make_model(a, 2.0f);
     const char *p = tmp_path("good.ckpt");
-    assert_int_equal(checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
     size_t n;
     unsigned char *good = read_file(p, &n), *bad = malloc(n);
 
@@ -260,51 +260,51 @@ static void test_corruption_refused(void **state)
     free(good);
     free(bad);
     free_model(a);
-    assert_int_equal(tensor_live_count(), live);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_mismatches_refused(void **state)
 {
     (void)state;
-    tensor_t *a[NT];
+    zd_tensor_t *a[NT];
     make_model(a, 3.0f);
     const char *p = tmp_path("m.ckpt");
-    assert_int_equal(checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
 
     /* A model whose fc.weight is (7, 10) instead of (10, 7). */
-    tensor_t *b[NT];
+    zd_tensor_t *b[NT];
     make_model(b, 0.0f);
-    tensor_t *orig_fc = b[2];
-    b[2] = tensor_new(TENSOR_F32, 2, (int64_t[]){ 7, 10 });
-    tensor_t *before = tensor_clone(b[0]);
-    assert_int_equal(checkpoint_load(p, NT, names, b), -1);
-    assert_non_null(strstr(error_last(),
+    zd_tensor_t *orig_fc = b[2];
+    b[2] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){ 7, 10 });
+    zd_tensor_t *before = zd_tensor_clone(b[0]);
+    assert_int_equal(zd_checkpoint_load(p, NT, names, b), -1);
+    assert_non_null(strstr(zd_error_last(),
                            "tensor 'fc.weight' has shape (10, 7) in the file but (7, 10) here"));
-    assert_memory_equal(tensor_data(b[0]), tensor_data(before), tensor_nbytes(before));
-    tensor_unref(b[2]);
+    assert_memory_equal(zd_tensor_data(b[0]), zd_tensor_data(before), zd_tensor_nbytes(before));
+    zd_tensor_unref(b[2]);
     b[2] = orig_fc;
 
     /* The model has a tensor the file lacks. */
     const char *more_names[NT + 1] = { names[0], names[1], names[2], names[3], "fc.bias" };
-    tensor_t *more[NT + 1] = { b[0], b[1], b[2], b[3], tensor_zeros1(10) };
-    assert_int_equal(checkpoint_load(p, NT + 1, more_names, more), -1);
-    assert_non_null(strstr(error_last(), "no tensor 'fc.bias' in the file"));
-    tensor_unref(more[NT]);
+    zd_tensor_t *more[NT + 1] = { b[0], b[1], b[2], b[3], zd_tensor_zeros1(10) };
+    assert_int_equal(zd_checkpoint_load(p, NT + 1, more_names, more), -1);
+    assert_non_null(strstr(zd_error_last(), "no tensor 'fc.bias' in the file"));
+    zd_tensor_unref(more[NT]);
 
     /* The file has a tensor the model lacks. */
-    assert_int_equal(checkpoint_load(p, NT - 1, names, b), -1);
-    assert_non_null(strstr(error_last(), "unexpected tensor 'step' in the file"));
-    assert_memory_equal(tensor_data(b[0]), tensor_data(before), tensor_nbytes(before));
+    assert_int_equal(zd_checkpoint_load(p, NT - 1, names, b), -1);
+    assert_non_null(strstr(zd_error_last(), "unexpected tensor 'step' in the file"));
+    assert_memory_equal(zd_tensor_data(b[0]), zd_tensor_data(before), zd_tensor_nbytes(before));
 
     /* Bad requests: repeated or empty names. */
     const char *twice[2] = { "conv1.bias", "conv1.bias" };
-    assert_int_equal(checkpoint_load(p, 2, twice, b), -1);
-    assert_non_null(strstr(error_last(), "given twice"));
-    assert_int_equal(checkpoint_save(tmp_path("x.ckpt"), 2, twice, b), -1);
+    assert_int_equal(zd_checkpoint_load(p, 2, twice, b), -1);
+    assert_non_null(strstr(zd_error_last(), "given twice"));
+    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), 2, twice, b), -1);
     const char *empty[1] = { "" };
-    assert_int_equal(checkpoint_save(tmp_path("x.ckpt"), 1, empty, b), -1);
+    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), 1, empty, b), -1);
     assert_false(access(tmp_path("x.ckpt"), F_OK) == 0);
-    tensor_unref(before);
+    zd_tensor_unref(before);
     free_model(a);
     free_model(b);
 }
@@ -315,10 +315,10 @@ static void test_mismatches_refused(void **state)
 static void test_failed_save_keeps_old_file(void **state)
 {
     (void)state;
-    tensor_t *a[NT];
+    zd_tensor_t *a[NT];
     make_model(a, 4.0f);
     const char *p = tmp_path("keep.ckpt");
-    assert_int_equal(checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
     size_t n_old;
     unsigned char *old = read_file(p, &n_old);
 
@@ -328,11 +328,11 @@ static void test_failed_save_keeps_old_file(void **state)
         signal(SIGXFSZ, SIG_IGN);
         struct rlimit rl = { 4096, 4096 };
         setrlimit(RLIMIT_FSIZE, &rl);
-        tensor_t *big = tensor_new(TENSOR_F32, 1, (int64_t[]){ 100000 });
+        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){ 100000 });
         const char *bn = "big";
-        int rc = checkpoint_save(p, 1, &bn, &big);
-        int ok = rc == -1 && strstr(error_last(), "cannot write") != NULL;
-        tensor_unref(big);
+        int rc = zd_checkpoint_save(p, 1, &bn, &big);
+        int ok = rc == -1 && strstr(zd_error_last(), "cannot write") != NULL;
+        zd_tensor_unref(big);
         _exit(ok ? 0 : 1);
     }
     int status;
@@ -346,20 +346,20 @@ static void test_failed_save_keeps_old_file(void **state)
     assert_int_equal(count_files(".tmp."), 0);
 
     /* Overwriting works, and leaves no temporary file either. */
-    tensor_t *b[NT];
+    zd_tensor_t *b[NT];
     make_model(b, 9.0f);
-    assert_int_equal(checkpoint_save(p, NT, names, b), 0);
-    assert_int_equal(checkpoint_load(p, NT, names, a), 0);
+    assert_int_equal(zd_checkpoint_save(p, NT, names, b), 0);
+    assert_int_equal(zd_checkpoint_load(p, NT, names, a), 0);
     assert_model_equal(a, b);
     assert_int_equal(count_files(".tmp."), 0);
 
     /* A path that cannot be written: a missing directory, a directory. */
-    assert_int_equal(checkpoint_save("/nonexistent-zd-dir/x.ckpt", NT, names, a), -1);
-    assert_non_null(strstr(error_last(), "cannot create"));
+    assert_int_equal(zd_checkpoint_save("/nonexistent-zd-dir/x.ckpt", NT, names, a), -1);
+    assert_non_null(strstr(zd_error_last(), "cannot create"));
     const char *sub = tmp_path("subdir");
     assert_int_equal(mkdir(sub, 0700), 0);
-    assert_int_equal(checkpoint_save(sub, NT, names, a), -1);
-    assert_non_null(strstr(error_last(), "cannot write"));
+    assert_int_equal(zd_checkpoint_save(sub, NT, names, a), -1);
+    assert_non_null(strstr(zd_error_last(), "cannot write"));
     assert_int_equal(count_files(".tmp."), 0);
     free(old);
     free(now);

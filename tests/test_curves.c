@@ -14,7 +14,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "examples/curves.h"
 
 static uint32_t get32(const uint8_t *p)
@@ -197,7 +197,7 @@ static void test_unwritable_path_is_named(void **state)
     curves_t *c = curves_new("x");
     assert_int_equal(curves_add(c, 0, 1, 1), 0);
     assert_int_equal(curves_write(c, "/nonexistent/dir/run"), -1);
-    assert_non_null(strstr(error_last(), "/nonexistent/dir/run.csv"));
+    assert_non_null(strstr(zd_error_last(), "/nonexistent/dir/run.csv"));
     curves_free(c);
 }
 

@@ -12,9 +12,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
-#include "nn/dataset.h"
-#include "nn/idx.h"
+#include <zdist/error.h>
+#include <zdist/dataset.h>
+#include <zdist/idx.h>
 
 static char tmpdir[256];
 
@@ -62,17 +62,17 @@ static void write_set(const char *dir, const char *images, const char *labels, i
                       int64_t h, int64_t w)
 {
     int64_t shape[3] = { n, h, w };
-    tensor_t *img = tensor_new(TENSOR_U8, 3, shape), *lab = tensor_new(TENSOR_U8, 1, &n);
-    uint8_t *d = tensor_raw(img), *l = tensor_raw(lab);
+    zd_tensor_t *img = zd_tensor_new(ZD_UINT8, 3, shape), *lab = zd_tensor_new(ZD_UINT8, 1, &n);
+    uint8_t *d = zd_tensor_raw(img), *l = zd_tensor_raw(lab);
     for (int64_t i = 0; i < n; i++) {
         for (int64_t p = 0; p < h * w; p++)
             d[i * h * w + p] = (uint8_t)((i * 16 + p) % 256);
         l[i] = (uint8_t)(i % 10);
     }
-    assert_int_equal(idx_save(path_in(dir, images), img), 0);
-    assert_int_equal(idx_save(path_in(dir, labels), lab), 0);
-    tensor_unref(img);
-    tensor_unref(lab);
+    assert_int_equal(zd_idx_save(path_in(dir, images), img), 0);
+    assert_int_equal(zd_idx_save(path_in(dir, labels), lab), 0);
+    zd_tensor_unref(img);
+    zd_tensor_unref(lab);
 }
 
 static float norm(int v)
@@ -132,9 +132,9 @@ static void test_normalisation_matches_golden(void **state)
     DIR *d = opendir(gdir);
     if (!d)
         skip();
-    dataset_t *train = NULL;
-    if (exists(DATASET_SYSTEM_DIR "/train-images-idx3-ubyte.gz"))
-        assert_int_equal(dataset_load(DATASET_SYSTEM_DIR, DATASET_TRAIN, &train), 0);
+    zd_dataset_t *train = NULL;
+    if (exists(ZD_DATASET_SYSTEM_DIR "/train-images-idx3-ubyte.gz"))
+        assert_int_equal(zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TRAIN, &train), 0);
     int cases = 0, found = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -143,90 +143,90 @@ static void test_normalisation_matches_golden(void **state)
         case_kind(dir, kind, sizeof kind);
         if (strcmp(kind, "net") != 0 && strcmp(kind, "convnet") != 0)
             continue;
-        tensor_t *images, *x, *target, *mine;
-        assert_int_equal(idx_load(path_in(dir, "input.images.idx"), &images), 0);
-        assert_int_equal(idx_load(path_in(dir, "input.x.idx"), &x), 0);
-        assert_int_equal(idx_load(path_in(dir, "input.target.idx"), &target), 0);
-        assert_int_equal(dataset_normalise(images, &mine), 0);
-        assert_true(tensor_same_shape(mine, x));
-        for (int64_t i = 0; i < tensor_numel(x); i++)
-            if (fabsf(tensor_data(mine)[i] - tensor_data(x)[i]) > 1e-6f)
+        zd_tensor_t *images, *x, *target, *mine;
+        assert_int_equal(zd_idx_load(path_in(dir, "input.images.idx"), &images), 0);
+        assert_int_equal(zd_idx_load(path_in(dir, "input.x.idx"), &x), 0);
+        assert_int_equal(zd_idx_load(path_in(dir, "input.target.idx"), &target), 0);
+        assert_int_equal(zd_dataset_normalise(images, &mine), 0);
+        assert_true(zd_tensor_same_shape(mine, x));
+        for (int64_t i = 0; i < zd_tensor_numel(x); i++)
+            if (fabsf(zd_tensor_data(mine)[i] - zd_tensor_data(x)[i]) > 1e-6f)
                 fail_msg("%s: x[%lld] = %.9g, golden %.9g", dir, (long long)i,
-                         tensor_data(mine)[i], tensor_data(x)[i]);
+                         zd_tensor_data(mine)[i], zd_tensor_data(x)[i]);
         cases++;
-        int64_t n = tensor_size(images, 0), pix = tensor_size(images, 1) * tensor_size(images, 2);
+        int64_t n = zd_tensor_size(images, 0), pix = zd_tensor_size(images, 1) * zd_tensor_size(images, 2);
         for (int64_t k = 0; train && k < n; k++) {
-            const uint8_t *want = (const uint8_t *)tensor_raw(images) + k * pix;
-            const uint8_t *all = tensor_raw(dataset_images_u8(train));
+            const uint8_t *want = (const uint8_t *)zd_tensor_raw(images) + k * pix;
+            const uint8_t *all = zd_tensor_raw(zd_dataset_images_u8(train));
             int64_t at = -1;
-            for (int64_t s = 0; s < dataset_size(train) && at < 0; s++)
+            for (int64_t s = 0; s < zd_dataset_size(train) && at < 0; s++)
                 if (memcmp(all + s * pix, want, (size_t)pix) == 0)
                     at = s;
             if (at < 0)
                 continue;
-            tensor_t *bx, *by;
-            assert_int_equal(dataset_batch(train, &at, 0, 1, &bx, &by), 0);
+            zd_tensor_t *bx, *by;
+            assert_int_equal(zd_dataset_batch(train, &at, 0, 1, &bx, &by), 0);
             for (int64_t p = 0; p < pix; p++)
-                assert_true(fabsf(tensor_data(bx)[p] - tensor_data(x)[k * pix + p]) <= 1e-6f);
-            assert_int_equal(tensor_data_i64(by)[0], ((uint8_t *)tensor_raw(target))[k]);
+                assert_true(fabsf(zd_tensor_data(bx)[p] - zd_tensor_data(x)[k * pix + p]) <= 1e-6f);
+            assert_int_equal(zd_tensor_data_i64(by)[0], ((uint8_t *)zd_tensor_raw(target))[k]);
             found++;
-            tensor_unref(bx);
-            tensor_unref(by);
+            zd_tensor_unref(bx);
+            zd_tensor_unref(by);
         }
-        tensor_unref(images);
-        tensor_unref(x);
-        tensor_unref(target);
-        tensor_unref(mine);
+        zd_tensor_unref(images);
+        zd_tensor_unref(x);
+        zd_tensor_unref(target);
+        zd_tensor_unref(mine);
     }
     closedir(d);
-    dataset_free(train);
+    zd_dataset_free(train);
     assert_true(cases > 0);
     if (train && found == 0)
         print_message("note: the golden images are not Fashion-MNIST training images\n");
     /* The formula itself, at both ends of the range. */
     int64_t two = 2;
-    tensor_t *px = tensor_new(TENSOR_U8, 3, (int64_t[]){ two, 1, 1 }), *out;
-    ((uint8_t *)tensor_raw(px))[1] = 255;
-    assert_int_equal(dataset_normalise(px, &out), 0);
-    assert_int_equal(tensor_ndim(out), 4);
-    assert_float_equal(tensor_data(out)[0], -0.4242129623889923, 1e-7);
-    assert_float_equal(tensor_data(out)[1], 2.821486711502075, 1e-6);
-    tensor_unref(out);
-    tensor_unref(px);
+    zd_tensor_t *px = zd_tensor_new(ZD_UINT8, 3, (int64_t[]){ two, 1, 1 }), *out;
+    ((uint8_t *)zd_tensor_raw(px))[1] = 255;
+    assert_int_equal(zd_dataset_normalise(px, &out), 0);
+    assert_int_equal(zd_tensor_ndim(out), 4);
+    assert_float_equal(zd_tensor_data(out)[0], -0.4242129623889923, 1e-7);
+    assert_float_equal(zd_tensor_data(out)[1], 2.821486711502075, 1e-6);
+    zd_tensor_unref(out);
+    zd_tensor_unref(px);
 }
 
 static void test_find_files_and_load(void **state)
 {
     (void)state;
     char path[600];
-    assert_int_equal(dataset_find_file(tmpdir, DATASET_TRAIN, "images", path, sizeof path), 0);
+    assert_int_equal(zd_dataset_find_file(tmpdir, ZD_DATASET_TRAIN, "images", path, sizeof path), 0);
     assert_string_equal(path, path_in(tmpdir, "train-images-idx3-ubyte"));
-    assert_int_equal(dataset_find_file(tmpdir, DATASET_TEST, "labels", path, sizeof path), 0);
+    assert_int_equal(zd_dataset_find_file(tmpdir, ZD_DATASET_TEST, "labels", path, sizeof path), 0);
     assert_string_equal(path, path_in(tmpdir, "t10k-labels.idx1-ubyte.gz"));
 
-    dataset_t *train, *test;
-    assert_int_equal(dataset_load(tmpdir, DATASET_TRAIN, &train), 0);
-    assert_int_equal(dataset_load(tmpdir, DATASET_TEST, &test), 0);
-    assert_int_equal(dataset_size(train), 10);
-    assert_int_equal(dataset_size(test), 7);
-    assert_int_equal(dataset_rows(train), 3);
-    assert_int_equal(dataset_cols(train), 5);
-    assert_string_equal(dataset_labels_path(test), path_in(tmpdir, "t10k-labels.idx1-ubyte.gz"));
-    assert_int_equal(tensor_dtype(dataset_labels(train)), TENSOR_I64);
-    assert_int_equal(tensor_data_i64(dataset_labels(test))[6], 6);
-    dataset_free(train);
-    dataset_free(test);
+    zd_dataset_t *train, *test;
+    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TRAIN, &train), 0);
+    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TEST, &test), 0);
+    assert_int_equal(zd_dataset_size(train), 10);
+    assert_int_equal(zd_dataset_size(test), 7);
+    assert_int_equal(zd_dataset_rows(train), 3);
+    assert_int_equal(zd_dataset_cols(train), 5);
+    assert_string_equal(zd_dataset_labels_path(test), path_in(tmpdir, "t10k-labels.idx1-ubyte.gz"));
+    assert_int_equal(zd_tensor_dtype(zd_dataset_labels(train)), ZD_INT64);
+    assert_int_equal(zd_tensor_data_i64(zd_dataset_labels(test))[6], 6);
+    zd_dataset_free(train);
+    zd_dataset_free(test);
 
     /* Labels missing: the error names the directory and the names tried. */
     char empty[600];
     snprintf(empty, sizeof empty, "%s/empty", tmpdir);
     assert_int_equal(mkdir(empty, 0700), 0);
     write_set(empty, "train-images-idx3-ubyte.gz", "other-name", 2, 2, 2);
-    assert_int_equal(dataset_load(empty, DATASET_TRAIN, &train), -1);
+    assert_int_equal(zd_dataset_load(empty, ZD_DATASET_TRAIN, &train), -1);
     assert_null(train);
-    assert_non_null(strstr(error_last(), "no train labels in"));
-    assert_non_null(strstr(error_last(), "train-labels-idx1-ubyte[.gz]"));
-    assert_non_null(strstr(error_last(), "train-labels.idx1-ubyte[.gz]"));
+    assert_non_null(strstr(zd_error_last(), "no train labels in"));
+    assert_non_null(strstr(zd_error_last(), "train-labels-idx1-ubyte[.gz]"));
+    assert_non_null(strstr(zd_error_last(), "train-labels.idx1-ubyte[.gz]"));
 }
 
 static void test_default_dir(void **state)
@@ -236,11 +236,11 @@ static void test_default_dir(void **state)
     assert_non_null(getcwd(cwd, sizeof cwd));
     /* $ZDIST_DATA_DIR wins, and must hold the files. */
     setenv("ZDIST_DATA_DIR", tmpdir, 1);
-    assert_int_equal(dataset_find_dir(dir, sizeof dir), 0);
+    assert_int_equal(zd_dataset_find_dir(dir, sizeof dir), 0);
     assert_string_equal(dir, tmpdir);
     setenv("ZDIST_DATA_DIR", "/nonexistent-zd-dir", 1);
-    assert_int_equal(dataset_find_dir(dir, sizeof dir), -1);
-    assert_non_null(strstr(error_last(), "ZDIST_DATA_DIR=/nonexistent-zd-dir"));
+    assert_int_equal(zd_dataset_find_dir(dir, sizeof dir), -1);
+    assert_non_null(strstr(zd_error_last(), "ZDIST_DATA_DIR=/nonexistent-zd-dir"));
     unsetenv("ZDIST_DATA_DIR");
 
     /* ./data with MNIST-format files is preferred. */
@@ -249,31 +249,31 @@ static void test_default_dir(void **state)
     snprintf(data, sizeof data, "%s/data", work);
     assert_int_equal(mkdir(work, 0700), 0);
     assert_int_equal(chdir(work), 0);
-    int rc = dataset_find_dir(dir, sizeof dir);
-    if (exists(DATASET_SYSTEM_DIR "/train-images-idx3-ubyte.gz")) {
+    int rc = zd_dataset_find_dir(dir, sizeof dir);
+    if (exists(ZD_DATASET_SYSTEM_DIR "/train-images-idx3-ubyte.gz")) {
         assert_int_equal(rc, 0);
-        assert_string_equal(dir, DATASET_SYSTEM_DIR);
+        assert_string_equal(dir, ZD_DATASET_SYSTEM_DIR);
     } else {
         assert_int_equal(rc, -1);
-        assert_non_null(strstr(error_last(), "neither ./data nor " DATASET_SYSTEM_DIR));
+        assert_non_null(strstr(zd_error_last(), "neither ./data nor " ZD_DATASET_SYSTEM_DIR));
     }
     assert_int_equal(mkdir(data, 0700), 0);
     write_set(data, "train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", 3, 28, 28);
-    assert_int_equal(dataset_find_dir(dir, sizeof dir), 0);
+    assert_int_equal(zd_dataset_find_dir(dir, sizeof dir), 0);
     assert_string_equal(dir, "./data");
-    dataset_t *ds;
-    assert_int_equal(dataset_load(NULL, DATASET_TRAIN, &ds), 0);
-    assert_int_equal(dataset_size(ds), 3);
-    dataset_free(ds);
+    zd_dataset_t *ds;
+    assert_int_equal(zd_dataset_load(NULL, ZD_DATASET_TRAIN, &ds), 0);
+    assert_int_equal(zd_dataset_size(ds), 3);
+    zd_dataset_free(ds);
     assert_int_equal(chdir(cwd), 0);
 }
 
 static void test_shuffle_is_seeded_permutation(void **state)
 {
     (void)state;
-    dataset_t *ds;
-    assert_int_equal(dataset_load(tmpdir, DATASET_TRAIN, &ds), 0);
-    int64_t *a = dataset_order(ds, 42), *b = dataset_order(ds, 42), *c = dataset_order(ds, 43);
+    zd_dataset_t *ds;
+    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TRAIN, &ds), 0);
+    int64_t *a = zd_dataset_order(ds, 42), *b = zd_dataset_order(ds, 42), *c = zd_dataset_order(ds, 43);
     assert_non_null(a);
     assert_memory_equal(a, b, 10 * sizeof *a);
     assert_memory_not_equal(a, c, 10 * sizeof *a);
@@ -296,8 +296,8 @@ static void test_shuffle_is_seeded_permutation(void **state)
     int64_t *idx = malloc(N * sizeof *idx), *again = malloc(N * sizeof *again);
     for (int i = 0; i < N; i++)
         idx[i] = again[i] = i;
-    dataset_shuffle(idx, N, 7);
-    dataset_shuffle(again, N, 7);
+    zd_dataset_shuffle(idx, N, 7);
+    zd_dataset_shuffle(again, N, 7);
     assert_memory_equal(idx, again, N * sizeof *idx);
     int fixed = 0;
     int64_t sum = 0;
@@ -309,104 +309,104 @@ static void test_shuffle_is_seeded_permutation(void **state)
     assert_true(fixed < 10);
     free(idx);
     free(again);
-    dataset_free(ds);
+    zd_dataset_free(ds);
 }
 
-static void check_batch(const dataset_t *ds, const int64_t *order, int64_t start, int64_t bs,
+static void check_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start, int64_t bs,
                         int64_t expect_b)
 {
-    tensor_t *x, *y;
-    assert_int_equal(dataset_batch(ds, order, start, bs, &x, &y), 0);
-    int64_t h = dataset_rows(ds), w = dataset_cols(ds);
-    assert_int_equal(tensor_ndim(x), 4);
-    assert_int_equal(tensor_size(x, 0), expect_b);
-    assert_int_equal(tensor_size(x, 1), 1);
-    assert_int_equal(tensor_size(x, 2), h);
-    assert_int_equal(tensor_size(x, 3), w);
-    assert_int_equal(tensor_dtype(y), TENSOR_I64);
-    assert_int_equal(tensor_size(y, 0), expect_b);
+    zd_tensor_t *x, *y;
+    assert_int_equal(zd_dataset_batch(ds, order, start, bs, &x, &y), 0);
+    int64_t h = zd_dataset_rows(ds), w = zd_dataset_cols(ds);
+    assert_int_equal(zd_tensor_ndim(x), 4);
+    assert_int_equal(zd_tensor_size(x, 0), expect_b);
+    assert_int_equal(zd_tensor_size(x, 1), 1);
+    assert_int_equal(zd_tensor_size(x, 2), h);
+    assert_int_equal(zd_tensor_size(x, 3), w);
+    assert_int_equal(zd_tensor_dtype(y), ZD_INT64);
+    assert_int_equal(zd_tensor_size(y, 0), expect_b);
     for (int64_t i = 0; i < expect_b; i++) {
         int64_t k = order ? order[start + i] : start + i;
-        assert_int_equal(tensor_data_i64(y)[i], k % 10);
+        assert_int_equal(zd_tensor_data_i64(y)[i], k % 10);
         for (int64_t p = 0; p < h * w; p++)
-            assert_float_equal(tensor_data(x)[i * h * w + p], norm((int)((k * 16 + p) % 256)),
+            assert_float_equal(zd_tensor_data(x)[i * h * w + p], norm((int)((k * 16 + p) % 256)),
                                0);
     }
-    tensor_unref(x);
-    tensor_unref(y);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
 }
 
 static void test_batches_and_subset(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    dataset_t *ds;
-    assert_int_equal(dataset_load(tmpdir, DATASET_TRAIN, &ds), 0);
-    assert_int_equal(dataset_num_batches(ds, 4), 3);
-    assert_int_equal(dataset_num_batches(ds, 10), 1);
-    assert_int_equal(dataset_num_batches(ds, 11), 1);
+    int64_t live = zd_tensor_live_count();
+    zd_dataset_t *ds;
+    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TRAIN, &ds), 0);
+    assert_int_equal(zd_dataset_num_batches(ds, 4), 3);
+    assert_int_equal(zd_dataset_num_batches(ds, 10), 1);
+    assert_int_equal(zd_dataset_num_batches(ds, 11), 1);
     check_batch(ds, NULL, 0, 4, 4);
     check_batch(ds, NULL, 4, 4, 4);
     check_batch(ds, NULL, 8, 4, 2);     /* the last, partial batch */
-    int64_t *order = dataset_order(ds, 5);
+    int64_t *order = zd_dataset_order(ds, 5);
     for (int64_t s = 0; s < 10; s += 3)
         check_batch(ds, order, s, 3, s + 3 <= 10 ? 3 : 10 - s);
 
-    tensor_t *x = (tensor_t *)0x1, *y = (tensor_t *)0x1;
-    assert_int_equal(dataset_batch(ds, NULL, 10, 4, &x, &y), -1);
+    zd_tensor_t *x = (zd_tensor_t *)0x1, *y = (zd_tensor_t *)0x1;
+    assert_int_equal(zd_dataset_batch(ds, NULL, 10, 4, &x, &y), -1);
     assert_null(x);
     assert_null(y);
-    assert_non_null(strstr(error_last(), "start 10 outside the 10 samples"));
-    assert_int_equal(dataset_batch(ds, NULL, 0, 0, &x, &y), -1);
-    assert_non_null(strstr(error_last(), "batch size 0"));
+    assert_non_null(strstr(zd_error_last(), "start 10 outside the 10 samples"));
+    assert_int_equal(zd_dataset_batch(ds, NULL, 0, 0, &x, &y), -1);
+    assert_non_null(strstr(zd_error_last(), "batch size 0"));
     order[1] = 99;
-    assert_int_equal(dataset_batch(ds, order, 0, 4, &x, &y), -1);
-    assert_non_null(strstr(error_last(), "order[1] = 99"));
+    assert_int_equal(zd_dataset_batch(ds, order, 0, 4, &x, &y), -1);
+    assert_non_null(strstr(zd_error_last(), "order[1] = 99"));
     free(order);
 
     /* Subset: the first 6 samples only. */
-    assert_int_equal(dataset_limit(ds, 0), -1);
-    assert_int_equal(dataset_limit(ds, 100), 0);
-    assert_int_equal(dataset_size(ds), 10);
-    assert_int_equal(dataset_limit(ds, 6), 0);
-    assert_int_equal(dataset_size(ds), 6);
-    assert_int_equal(tensor_size(dataset_images_u8(ds), 0), 6);
-    assert_int_equal(dataset_num_batches(ds, 4), 2);
+    assert_int_equal(zd_dataset_limit(ds, 0), -1);
+    assert_int_equal(zd_dataset_limit(ds, 100), 0);
+    assert_int_equal(zd_dataset_size(ds), 10);
+    assert_int_equal(zd_dataset_limit(ds, 6), 0);
+    assert_int_equal(zd_dataset_size(ds), 6);
+    assert_int_equal(zd_tensor_size(zd_dataset_images_u8(ds), 0), 6);
+    assert_int_equal(zd_dataset_num_batches(ds, 4), 2);
     check_batch(ds, NULL, 4, 4, 2);
-    order = dataset_order(ds, 1);
+    order = zd_dataset_order(ds, 1);
     for (int i = 0; i < 6; i++)
         assert_true(order[i] < 6);
     check_batch(ds, order, 0, 6, 6);
     free(order);
-    assert_int_equal(dataset_batch(ds, NULL, 6, 1, &x, &y), -1);
-    dataset_free(ds);
-    assert_int_equal(tensor_live_count(), live);
+    assert_int_equal(zd_dataset_batch(ds, NULL, 6, 1, &x, &y), -1);
+    zd_dataset_free(ds);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_real_test_split(void **state)
 {
     (void)state;
-    if (!exists(DATASET_SYSTEM_DIR "/t10k-images-idx3-ubyte.gz"))
+    if (!exists(ZD_DATASET_SYSTEM_DIR "/t10k-images-idx3-ubyte.gz"))
         skip();
-    dataset_t *ds;
-    assert_int_equal(dataset_load(DATASET_SYSTEM_DIR, DATASET_TEST, &ds), 0);
-    assert_int_equal(dataset_size(ds), 10000);
-    assert_int_equal(dataset_rows(ds), 28);
-    assert_int_equal(dataset_cols(ds), 28);
-    assert_int_equal(dataset_num_batches(ds, 32), 313);
-    tensor_t *x, *y;
-    assert_int_equal(dataset_batch(ds, NULL, 9984, 32, &x, &y), 0);
-    assert_int_equal(tensor_size(x, 0), 16);
+    zd_dataset_t *ds;
+    assert_int_equal(zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TEST, &ds), 0);
+    assert_int_equal(zd_dataset_size(ds), 10000);
+    assert_int_equal(zd_dataset_rows(ds), 28);
+    assert_int_equal(zd_dataset_cols(ds), 28);
+    assert_int_equal(zd_dataset_num_batches(ds, 32), 313);
+    zd_tensor_t *x, *y;
+    assert_int_equal(zd_dataset_batch(ds, NULL, 9984, 32, &x, &y), 0);
+    assert_int_equal(zd_tensor_size(x, 0), 16);
     float lo = 1e9f, hi = -1e9f;
-    for (int64_t i = 0; i < tensor_numel(x); i++) {
-        lo = fminf(lo, tensor_data(x)[i]);
-        hi = fmaxf(hi, tensor_data(x)[i]);
+    for (int64_t i = 0; i < zd_tensor_numel(x); i++) {
+        lo = fminf(lo, zd_tensor_data(x)[i]);
+        hi = fmaxf(hi, zd_tensor_data(x)[i]);
     }
     assert_float_equal(lo, norm(0), 0);
     assert_true(hi <= norm(255) && hi > 2.0f);
-    tensor_unref(x);
-    tensor_unref(y);
-    dataset_free(ds);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    zd_dataset_free(ds);
 }
 
 int main(void)

@@ -12,11 +12,11 @@
 #include <unistd.h>
 #include <zlib.h>
 
-#include "autograd/error.h"
-#include "nn/dataset.h"
-#include "nn/idx.h"
+#include <zdist/error.h>
+#include <zdist/dataset.h>
+#include <zdist/idx.h>
 
-#define FMNIST DATASET_SYSTEM_DIR
+#define FMNIST ZD_DATASET_SYSTEM_DIR
 
 static char tmpdir[256];
 
@@ -96,17 +96,17 @@ static size_t make_idx(unsigned char *buf, int type, int ndim, const uint32_t *d
     return off + data;
 }
 
-/*  idx_load must fail with a message containing `expect` and the path. */
+/*  zd_idx_load must fail with a message containing `expect` and the path. */
 static void expect_refused(const char *path, const char *expect)
 {
-    tensor_t *t = (tensor_t *)0x1;
-    int64_t live = tensor_live_count();
-    error_clear();
-    assert_int_equal(idx_load(path, &t), -1);
+    zd_tensor_t *t = (zd_tensor_t *)0x1;
+    int64_t live = zd_tensor_live_count();
+    zd_error_clear();
+    assert_int_equal(zd_idx_load(path, &t), -1);
     assert_null(t);
-    if (!strstr(error_last(), expect) || !strstr(error_last(), path))
-        fail_msg("loading %s: error '%s' lacks '%s' or the path", path, error_last(), expect);
-    assert_int_equal(tensor_live_count(), live);
+    if (!strstr(zd_error_last(), expect) || !strstr(zd_error_last(), path))
+        fail_msg("loading %s: error '%s' lacks '%s' or the path", path, zd_error_last(), expect);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static int setup(void **state)
@@ -152,30 +152,30 @@ static void test_fashion_mnist_gz(void **state)
         { "t10k-images-idx3-ubyte.gz", 3, 10000, 573469082u, { 0 } },
         { "t10k-labels-idx1-ubyte.gz", 1, 10000, 45000, { 9, 2, 1, 1 } },
     };
-    int64_t live = tensor_live_count();
+    int64_t live = zd_tensor_live_count();
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", FMNIST, files[k].file);
-        tensor_t *t;
-        if (idx_load(path, &t) < 0)
-            fail_msg("%s", error_last());
-        assert_int_equal(tensor_dtype(t), TENSOR_U8);
-        assert_int_equal(tensor_ndim(t), files[k].ndim);
-        assert_int_equal(tensor_size(t, 0), files[k].n);
+        zd_tensor_t *t;
+        if (zd_idx_load(path, &t) < 0)
+            fail_msg("%s", zd_error_last());
+        assert_int_equal(zd_tensor_dtype(t), ZD_UINT8);
+        assert_int_equal(zd_tensor_ndim(t), files[k].ndim);
+        assert_int_equal(zd_tensor_size(t, 0), files[k].n);
         if (files[k].ndim == 3) {
-            assert_int_equal(tensor_size(t, 1), 28);
-            assert_int_equal(tensor_size(t, 2), 28);
+            assert_int_equal(zd_tensor_size(t, 1), 28);
+            assert_int_equal(zd_tensor_size(t, 2), 28);
         }
-        const uint8_t *d = tensor_raw(t);
+        const uint8_t *d = zd_tensor_raw(t);
         uint64_t sum = 0;
-        for (int64_t i = 0; i < tensor_numel(t); i++)
+        for (int64_t i = 0; i < zd_tensor_numel(t); i++)
             sum += d[i];
         assert_int_equal(sum, files[k].sum);
         if (files[k].ndim == 1)
             assert_memory_equal(d, files[k].first, 4);
-        tensor_unref(t);
+        zd_tensor_unref(t);
     }
-    assert_int_equal(tensor_live_count(), live);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_plain_copy_equals_gz(void **state)
@@ -189,20 +189,20 @@ static void test_plain_copy_equals_gz(void **state)
         snprintf(gz, sizeof gz, "%s/%s.gz", FMNIST, names[k]);
         snprintf(plain, sizeof plain, "%s", tmp_path(names[k]));
         gunzip_to(gz, plain);
-        tensor_t *a, *b;
-        assert_int_equal(idx_load(gz, &a), 0);
-        assert_int_equal(idx_load(plain, &b), 0);
-        assert_true(tensor_same_shape(a, b));
-        assert_memory_equal(tensor_raw(a), tensor_raw(b), tensor_nbytes(a));
-        tensor_unref(a);
-        tensor_unref(b);
+        zd_tensor_t *a, *b;
+        assert_int_equal(zd_idx_load(gz, &a), 0);
+        assert_int_equal(zd_idx_load(plain, &b), 0);
+        assert_true(zd_tensor_same_shape(a, b));
+        assert_memory_equal(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a));
+        zd_tensor_unref(a);
+        zd_tensor_unref(b);
         /* Detection is by content, not by name: plain data named .gz, gzip
            data named without .gz. */
         char renamed[600];
         snprintf(renamed, sizeof renamed, "%s.plain.gz", plain);
         assert_int_equal(rename(plain, renamed), 0);
-        assert_int_equal(idx_load(renamed, &a), 0);
-        tensor_unref(a);
+        assert_int_equal(zd_idx_load(renamed, &a), 0);
+        zd_tensor_unref(a);
         unlink(renamed);
     }
     char gz_no_ext[512];
@@ -211,31 +211,31 @@ static void test_plain_copy_equals_gz(void **state)
     unsigned char *raw = read_file(FMNIST "/t10k-labels-idx1-ubyte.gz", &n);
     write_file(gz_no_ext, raw, n);
     free(raw);
-    tensor_t *t;
-    assert_int_equal(idx_load(gz_no_ext, &t), 0);
-    assert_int_equal(tensor_size(t, 0), 10000);
-    tensor_unref(t);
+    zd_tensor_t *t;
+    assert_int_equal(zd_idx_load(gz_no_ext, &t), 0);
+    assert_int_equal(zd_tensor_size(t, 0), 10000);
+    zd_tensor_unref(t);
 }
 
 static void test_round_trip_f32_and_u8(void **state)
 {
     (void)state;
     int64_t shape[3] = { 2, 3, 5 };
-    tensor_t *f = tensor_new(TENSOR_F32, 3, shape), *u = tensor_new(TENSOR_U8, 3, shape);
+    zd_tensor_t *f = zd_tensor_new(ZD_FLOAT32, 3, shape), *u = zd_tensor_new(ZD_UINT8, 3, shape);
     for (int i = 0; i < 30; i++) {
-        tensor_data(f)[i] = (float)i * -0.37f + 1e-20f * (float)i;
-        ((uint8_t *)tensor_raw(u))[i] = (uint8_t)(i * 9);
+        zd_tensor_data(f)[i] = (float)i * -0.37f + 1e-20f * (float)i;
+        ((uint8_t *)zd_tensor_raw(u))[i] = (uint8_t)(i * 9);
     }
     const char *files[] = { "f.idx", "f.idx.gz", "u.idx", "u.idx.gz" };
     for (int k = 0; k < 4; k++) {
-        tensor_t *src = k < 2 ? f : u, *back;
+        zd_tensor_t *src = k < 2 ? f : u, *back;
         const char *p = tmp_path(files[k]);
-        assert_int_equal(idx_save(p, src), 0);
-        assert_int_equal(idx_load(p, &back), 0);
-        assert_int_equal(tensor_dtype(back), tensor_dtype(src));
-        assert_true(tensor_same_shape(back, src));
-        assert_memory_equal(tensor_raw(back), tensor_raw(src), tensor_nbytes(src));
-        tensor_unref(back);
+        assert_int_equal(zd_idx_save(p, src), 0);
+        assert_int_equal(zd_idx_load(p, &back), 0);
+        assert_int_equal(zd_tensor_dtype(back), zd_tensor_dtype(src));
+        assert_true(zd_tensor_same_shape(back, src));
+        assert_memory_equal(zd_tensor_raw(back), zd_tensor_raw(src), zd_tensor_nbytes(src));
+        zd_tensor_unref(back);
     }
     size_t n;
     unsigned char *raw = read_file(tmp_path("f.idx"), &n);
@@ -247,10 +247,10 @@ static void test_round_trip_f32_and_u8(void **state)
     assert_int_equal(raw[0], 0x1f);
     assert_int_equal(raw[1], 0x8b);
     free(raw);
-    assert_int_equal(idx_save_f32(tmp_path("x.idx"), u), -1);
-    assert_non_null(strstr(error_last(), "uint8"));
-    tensor_unref(f);
-    tensor_unref(u);
+    assert_int_equal(zd_idx_save_f32(tmp_path("x.idx"), u), -1);
+    assert_non_null(strstr(zd_error_last(), "uint8"));
+    zd_tensor_unref(f);
+    zd_tensor_unref(u);
 }
 
 static void test_golden_file_bytes(void **state)
@@ -262,18 +262,18 @@ static void test_golden_file_bytes(void **state)
     struct stat st;
     if (stat(path, &st) < 0)
         skip();
-    tensor_t *t;
-    assert_int_equal(idx_load(path, &t), 0);
-    assert_int_equal(tensor_dtype(t), TENSOR_F32);
+    zd_tensor_t *t;
+    assert_int_equal(zd_idx_load(path, &t), 0);
+    assert_int_equal(zd_tensor_dtype(t), ZD_FLOAT32);
     /* Writing it back gives the same bytes: byte order and header agree. */
-    assert_int_equal(idx_save_f32(tmp_path("again.idx"), t), 0);
+    assert_int_equal(zd_idx_save_f32(tmp_path("again.idx"), t), 0);
     size_t a, b;
     unsigned char *orig = read_file(path, &a), *again = read_file(tmp_path("again.idx"), &b);
     assert_int_equal(a, b);
     assert_memory_equal(orig, again, a);
     free(orig);
     free(again);
-    tensor_unref(t);
+    zd_tensor_unref(t);
 }
 
 static void test_broken_files(void **state)
@@ -371,10 +371,10 @@ static void test_broken_gzip(void **state)
     memcpy(z, gz, zn);
     z[zn / 2] ^= 0x55;
     write_file(tmp_path("flipped.gz"), z, zn);
-    tensor_t *t = NULL;
-    assert_int_equal(idx_load(tmp_path("flipped.gz"), &t), -1);
+    zd_tensor_t *t = NULL;
+    assert_int_equal(zd_idx_load(tmp_path("flipped.gz"), &t), -1);
     assert_null(t);
-    assert_non_null(strstr(error_last(), "flipped.gz: corrupt gzip data"));
+    assert_non_null(strstr(zd_error_last(), "flipped.gz: corrupt gzip data"));
     free(gz);
 }
 
@@ -388,31 +388,31 @@ static void test_dataset_level_checks(void **state)
     n = make_idx(buf, 0x08, 1, ldims, 0);
     memcpy(buf + n, "\x01\x02\x03\x04", 4);
     write_file(tmp_path("labels4"), buf, n + 4);
-    dataset_t *ds = (dataset_t *)0x1;
-    int64_t live = tensor_live_count();
-    assert_int_equal(dataset_load_files(tmp_path("images5"), tmp_path("labels4"), &ds), -1);
+    zd_dataset_t *ds = (zd_dataset_t *)0x1;
+    int64_t live = zd_tensor_live_count();
+    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels4"), &ds), -1);
     assert_null(ds);
-    assert_non_null(strstr(error_last(), "counts differ"));
-    assert_non_null(strstr(error_last(), "images5 holds 5 images"));
-    assert_non_null(strstr(error_last(), "labels4 holds 4 labels"));
+    assert_non_null(strstr(zd_error_last(), "counts differ"));
+    assert_non_null(strstr(zd_error_last(), "images5 holds 5 images"));
+    assert_non_null(strstr(zd_error_last(), "labels4 holds 4 labels"));
 
     uint32_t five[1] = { 5 };
     n = make_idx(buf, 0x08, 1, five, 0);
     memcpy(buf + n, "\x01\x02\x0c\x04\x05", 5);
     write_file(tmp_path("labels-bad"), buf, n + 5);
-    assert_int_equal(dataset_load_files(tmp_path("images5"), tmp_path("labels-bad"), &ds), -1);
-    assert_non_null(strstr(error_last(), "label 12 at index 2"));
+    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-bad"), &ds), -1);
+    assert_non_null(strstr(zd_error_last(), "label 12 at index 2"));
 
     /* Images given where labels belong, and a broken labels file. */
-    assert_int_equal(dataset_load_files(tmp_path("images5"), tmp_path("images5"), &ds), -1);
-    assert_non_null(strstr(error_last(), "expected uint8 labels"));
+    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("images5"), &ds), -1);
+    assert_non_null(strstr(zd_error_last(), "expected uint8 labels"));
     buf[0] = 0x12;
     write_file(tmp_path("labels-magic"), buf, n + 5);
-    assert_int_equal(dataset_load_files(tmp_path("images5"), tmp_path("labels-magic"), &ds), -1);
-    assert_non_null(strstr(error_last(), "bad magic"));
-    assert_int_equal(dataset_load(tmpdir, DATASET_TEST, &ds), -1);
-    assert_non_null(strstr(error_last(), "no t10k images"));
-    assert_int_equal(tensor_live_count(), live);
+    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-magic"), &ds), -1);
+    assert_non_null(strstr(zd_error_last(), "bad magic"));
+    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TEST, &ds), -1);
+    assert_non_null(strstr(zd_error_last(), "no t10k images"));
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 int main(void)

@@ -3,7 +3,7 @@
     every block edge and tail mask; then the three convolution ops on odd
     shapes (Winograd's forward pass among them), and large linear layers,
     output and every gradient, against the im2col / BLAS path
-    (nn_use_taps(false)). Without AVX-512 both sides take
+    (zd__nn_use_taps(false)). Without AVX-512 both sides take
     the same path and the op comparisons are trivially exact. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,22 +12,22 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/nn.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/nn.h>
 #include "nn/nn_private.h"
-#include "nn/rng.h"
+#include <zdist/rng.h>
 
 #define SENTINEL 12345.0f
 
-static nn_rng_t rng;
+static zd_nn_rng_t rng;
 
 static float *rand_floats(size_t n)
 {
     float *p = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(p);
     for (size_t i = 0; i < n; i++)
-        p[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+        p[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     return p;
 }
 
@@ -43,7 +43,7 @@ static int32_t *rand_taps(int K, int n, int L)
     int32_t *offs = malloc(sizeof(int32_t) * (size_t)K);
     assert_non_null(offs);
     for (int k = 0; k < K; k++)
-        offs[k] = (int32_t)nn_rng_below(&rng, (uint64_t)(n - L + 1));
+        offs[k] = (int32_t)zd_nn_rng_below(&rng, (uint64_t)(n - L + 1));
     return offs;
 }
 
@@ -53,14 +53,14 @@ static void check_taps_gemm(int M, int K, int L, bool with_bias)
     float *a = rand_floats((size_t)M * K), *src = rand_floats((size_t)n_src);
     float *bias = with_bias ? rand_floats((size_t)M) : NULL;
     int32_t *offs = rand_taps(K, n_src, L);
-    float *packed = malloc(sizeof(float) * nn_taps_packed_floats(M, K));
+    float *packed = malloc(sizeof(float) * zd__nn_taps_packed_floats(M, K));
     float *c = malloc(sizeof(float) * (size_t)M * ldc);
     assert_non_null(packed);
     assert_non_null(c);
     for (int i = 0; i < M * ldc; i++)
         c[i] = SENTINEL;
-    nn_taps_pack(a, M, K, K, NULL, packed);
-    nn_taps_gemm(packed, M, K, offs, src, L, bias, c, ldc);
+    zd__nn_taps_pack(a, M, K, K, NULL, packed);
+    zd__nn_taps_gemm(packed, M, K, offs, src, L, bias, c, ldc);
     for (int m = 0; m < M; m++) {
         for (int q = 0; q < L; q++) {
             double want = bias ? bias[m] : 0.0;
@@ -82,7 +82,7 @@ static void check_taps_gemm(int M, int K, int L, bool with_bias)
 static void test_taps_gemm(void **state)
 {
     (void)state;
-    nn_rng_seed(&rng, 1);
+    zd_nn_rng_seed(&rng, 1);
     const int Ms[] = {1, 5, 8, 13, 17};
     const int Ks[] = {1, 3, 9, 10};
     const int Ls[] = {1, 15, 16, 17, 47, 48, 49, 100};
@@ -97,20 +97,20 @@ static void test_taps_gemm(void **state)
 static void test_taps_pack_gather(void **state)
 {
     (void)state;
-    nn_rng_seed(&rng, 2);
+    zd_nn_rng_seed(&rng, 2);
     const int M = 11, K = 6, stride = 7;
     const int32_t koff[6] = {6, 0, 3, 3, 1, 5};
     float *a = rand_floats((size_t)M * stride), gathered[11 * 6];
     for (int m = 0; m < M; m++)
         for (int k = 0; k < K; k++)
             gathered[m * K + k] = a[m * stride + koff[k]];
-    size_t n = nn_taps_packed_floats(M, K);
+    size_t n = zd__nn_taps_packed_floats(M, K);
     assert_int_equal(n, 16 * K);
     float *p1 = malloc(sizeof(float) * n), *p2 = malloc(sizeof(float) * n);
     assert_non_null(p1);
     assert_non_null(p2);
-    nn_taps_pack(a, M, K, stride, koff, p1);
-    nn_taps_pack(gathered, M, K, K, NULL, p2);
+    zd__nn_taps_pack(a, M, K, stride, koff, p1);
+    zd__nn_taps_pack(gathered, M, K, K, NULL, p2);
     for (size_t i = 0; i < n; i++)
         assert_true(p1[i] == p2[i]);
     free(a);
@@ -129,7 +129,7 @@ static void check_taps_gemm_bt(int K, int N, int nrun, int run, int stride)
     assert_non_null(c0);
     for (int i = 0; i < K * ldc; i++)
         c0[i] = c[i];
-    nn_taps_gemm_bt(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
+    zd__nn_taps_gemm_bt(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
     for (int k = 0; k < K; k++) {
         for (int n = 0; n < N; n++) {
             double want = c0[k * ldc + n];
@@ -151,7 +151,7 @@ static void check_taps_gemm_bt(int K, int N, int nrun, int run, int stride)
 static void test_taps_gemm_bt(void **state)
 {
     (void)state;
-    nn_rng_seed(&rng, 3);
+    zd_nn_rng_seed(&rng, 3);
     const int Ks[] = {1, 5, 6, 7, 12, 13, 25};
     const int Ns[] = {1, 5, 16, 17, 32, 33, 64, 70, 130};
     /* runs: one plain run; rows of a plane (more than one pass of 128) */
@@ -166,35 +166,35 @@ static void test_taps_gemm_bt(void **state)
 
 typedef enum { PLAIN, RELU, POOL } kind_t;
 
-static tensor_t *rand_leaf(int ndim, const int64_t *shape)
+static zd_tensor_t *rand_leaf(int ndim, const int64_t *shape)
 {
-    tensor_t *t = tensor_empty(TENSOR_F32, ndim, shape);
-    for (int64_t i = 0; i < tensor_numel(t); i++)
-        tensor_data(t)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
-    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
+        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
     return t;
 }
 
 /*  The op of `kind`; POOL pools by pool_k (stride pool_s) after it. */
-static tensor_t *run_op(kind_t kind, tensor_t *x, tensor_t *w, tensor_t *b, int padding,
+static zd_tensor_t *run_op(kind_t kind, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, int padding,
                         int pool_k, int pool_s)
 {
-    tensor_t *y = NULL;
-    int rc = kind == PLAIN  ? nn_conv2d(x, w, b, 1, padding, &y)
-             : kind == RELU ? nn_conv2d_relu(x, w, b, 1, padding, &y)
-                            : nn_conv2d_max_pool2d(x, w, b, 1, padding, pool_k, pool_s, &y);
+    zd_tensor_t *y = NULL;
+    int rc = kind == PLAIN  ? zd_nn_conv2d(x, w, b, 1, padding, &y)
+             : kind == RELU ? zd_nn_conv2d_relu(x, w, b, 1, padding, &y)
+                            : zd_nn_conv2d_max_pool2d(x, w, b, 1, padding, pool_k, pool_s, &y);
     if (rc < 0)
-        fail_msg("conv: %s", error_last());
+        fail_msg("conv: %s", zd_error_last());
     return y;
 }
 
-static void assert_same(const char *what, tensor_t *got, tensor_t *want)
+static void assert_same(const char *what, zd_tensor_t *got, zd_tensor_t *want)
 {
     assert_non_null(got);
     assert_non_null(want);
-    assert_true(tensor_same_shape(got, want));
-    for (int64_t i = 0; i < tensor_numel(got); i++)
-        assert_close(what, (int)i, tensor_data(got)[i], tensor_data(want)[i]);
+    assert_true(zd_tensor_same_shape(got, want));
+    for (int64_t i = 0; i < zd_tensor_numel(got); i++)
+        assert_close(what, (int)i, zd_tensor_data(got)[i], zd_tensor_data(want)[i]);
 }
 
 typedef struct {
@@ -207,55 +207,55 @@ typedef struct {
 
 /*  Backward from y with dy (made random, in y's shape, on the first call)
     and takes the leaves' gradients into g (NULL leaves are skipped). */
-static void backward_take(tensor_t *y, tensor_t **dy, tensor_t *const leaves[3],
-                          tensor_t *g[3])
+static void backward_take(zd_tensor_t *y, zd_tensor_t **dy, zd_tensor_t *const leaves[3],
+                          zd_tensor_t *g[3])
 {
     if (!*dy) {
-        *dy = tensor_empty(TENSOR_F32, tensor_ndim(y), tensor_shape(y));
-        for (int64_t i = 0; i < tensor_numel(*dy); i++)
-            tensor_data(*dy)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+        *dy = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(y), zd_tensor_shape(y));
+        for (int64_t i = 0; i < zd_tensor_numel(*dy); i++)
+            zd_tensor_data(*dy)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     }
-    assert_int_equal(autograd_backward(y, *dy, false), 0);
+    assert_int_equal(zd_autograd_backward(y, *dy, false), 0);
     for (int i = 0; i < 3; i++)
         if (leaves[i]) {
-            g[i] = tensor_grad(leaves[i]);
-            tensor_clear_grad(leaves[i]);
+            g[i] = zd_tensor_grad(leaves[i]);
+            zd_tensor_clear_grad(leaves[i]);
         }
 }
 
 /*  Drops both paths' results and the inputs; nothing may be left of them. */
-static void release_both(tensor_t *y[2], tensor_t *g[2][3], tensor_t *dy,
-                         tensor_t *const leaves[3], int64_t live)
+static void release_both(zd_tensor_t *y[2], zd_tensor_t *g[2][3], zd_tensor_t *dy,
+                         zd_tensor_t *const leaves[3], int64_t live)
 {
     for (int v = 0; v < 2; v++) {
-        tensor_unref(y[v]);
+        zd_tensor_unref(y[v]);
         for (int i = 0; i < 3; i++)
-            tensor_unref(g[v][i]);
+            zd_tensor_unref(g[v][i]);
     }
-    tensor_unref(dy);
+    zd_tensor_unref(dy);
     for (int i = 0; i < 3; i++)
-        tensor_unref(leaves[i]);
-    assert_int_equal(tensor_live_count(), live);
+        zd_tensor_unref(leaves[i]);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void check_op(conv_case_t cc)
 {
-    int64_t live = tensor_live_count();
+    int64_t live = zd_tensor_live_count();
     unsigned grads = cc.grads ? cc.grads : 7u;
-    tensor_t *x = rand_leaf(4, (int64_t[]){cc.N, cc.C, cc.H, cc.W});
-    tensor_t *w = rand_leaf(4, (int64_t[]){cc.O, cc.C, cc.kh, cc.kw});
-    tensor_t *b = cc.bias ? rand_leaf(1, (int64_t[]){cc.O}) : NULL;
-    tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3] = {{0}};
-    tensor_t *dy = NULL;
+    zd_tensor_t *x = rand_leaf(4, (int64_t[]){cc.N, cc.C, cc.H, cc.W});
+    zd_tensor_t *w = rand_leaf(4, (int64_t[]){cc.O, cc.C, cc.kh, cc.kw});
+    zd_tensor_t *b = cc.bias ? rand_leaf(1, (int64_t[]){cc.O}) : NULL;
+    zd_tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3] = {{0}};
+    zd_tensor_t *dy = NULL;
     for (int i = 0; i < 3; i++)
         if (leaves[i])
-            assert_int_equal(tensor_set_requires_grad(leaves[i], (grads >> i) & 1), 0);
+            assert_int_equal(zd_tensor_set_requires_grad(leaves[i], (grads >> i) & 1), 0);
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: im2col path */
-        nn_use_taps(v == 0);
+        zd__nn_use_taps(v == 0);
         y[v] = run_op(cc.kind, x, w, b, cc.pad, cc.pool_k ? cc.pool_k : 2, cc.pool_s);
         backward_take(y[v], &dy, leaves, g[v]);
     }
-    nn_use_taps(true);
+    zd__nn_use_taps(true);
     assert_same("y", y[0], y[1]);
     const char *names[3] = {"grad x", "grad weight", "grad bias"};
     for (int i = 0; i < 3; i++) {
@@ -272,7 +272,7 @@ static void check_op(conv_case_t cc)
 static void test_ops_match_im2col(void **state)
 {
     (void)state;
-    nn_rng_seed(&rng, 4);
+    zd_nn_rng_seed(&rng, 4);
     static const conv_case_t cases[] = {
         /* kind, N, C, H, W, O, kh, kw, pad, bias, pool k, pool s, grads */
         {PLAIN, 3, 2, 7, 9, 5, 3, 3, 0, true, 0, 0, 0},
@@ -305,20 +305,20 @@ static void test_ops_match_im2col(void **state)
     against BLAS, on odd sizes. */
 static void check_linear(int rows, int in_f, int out_f)
 {
-    int64_t live = tensor_live_count();
-    tensor_t *x = rand_leaf(2, (int64_t[]){rows, in_f});
-    tensor_t *w = rand_leaf(2, (int64_t[]){out_f, in_f});
+    int64_t live = zd_tensor_live_count();
+    zd_tensor_t *x = rand_leaf(2, (int64_t[]){rows, in_f});
+    zd_tensor_t *w = rand_leaf(2, (int64_t[]){out_f, in_f});
     /* weights of PyTorch's scale (1/sqrt(in)), so that outputs are O(1) */
-    for (int64_t i = 0; i < tensor_numel(w); i++)
-        tensor_data(w)[i] /= sqrtf((float)in_f);
-    tensor_t *b = rand_leaf(1, (int64_t[]){out_f});
-    tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3], *dy = NULL;
+    for (int64_t i = 0; i < zd_tensor_numel(w); i++)
+        zd_tensor_data(w)[i] /= sqrtf((float)in_f);
+    zd_tensor_t *b = rand_leaf(1, (int64_t[]){out_f});
+    zd_tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3], *dy = NULL;
     for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: BLAS */
-        nn_use_taps(v == 0);
-        assert_int_equal(nn_linear(x, w, b, &y[v]), 0);
+        zd__nn_use_taps(v == 0);
+        assert_int_equal(zd_nn_linear(x, w, b, &y[v]), 0);
         backward_take(y[v], &dy, leaves, g[v]);
     }
-    nn_use_taps(true);
+    zd__nn_use_taps(true);
     assert_same("linear y", y[0], y[1]);
     assert_same("linear grad x", g[0][0], g[1][0]);
     assert_same("linear grad weight", g[0][1], g[1][1]);
@@ -329,7 +329,7 @@ static void check_linear(int rows, int in_f, int out_f)
 static void test_linear_matches_blas(void **state)
 {
     (void)state;
-    nn_rng_seed(&rng, 5);
+    zd_nn_rng_seed(&rng, 5);
     check_linear(3, 4099, 129);
     check_linear(33, 2000, 17);
     check_linear(1, 1100, 1000);

@@ -3,7 +3,7 @@
     dropout with a fixed mask, the losses, and a whole model.
 
     For an op f and a fixed random r, L(inputs) = sum(f(inputs) * r) (in
-    double). The analytic gradient comes from autograd_backward(f, r); the
+    double). The analytic gradient comes from zd_autograd_backward(f, r); the
     numeric one from central differences (L(x+eps) - L(x-eps)) / 2eps with
     eps = 1e-2 in float32. Outputs not touched by a perturbation are
     bit-identical between the two evaluations, so the rounding noise stays
@@ -16,11 +16,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/model.h"
-#include "nn/nn.h"
-#include "nn/rng.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
+#include <zdist/rng.h>
 
 #define EPS 1e-2f
 #define ATOL 2e-3
@@ -28,92 +28,92 @@
 #define MAX_PROBES 48       /* numeric probes per input (random elements) */
 
 typedef struct check check_t;
-typedef int (fn_t)(check_t *c, tensor_t **out);
+typedef int (fn_t)(check_t *c, zd_tensor_t **out);
 
 struct check {
     const char *name;
     fn_t *fn;
     int n_in;
-    tensor_t *in[4];        /* float inputs; those requiring grad are checked */
-    tensor_t *target;       /* for losses */
+    zd_tensor_t *in[4];        /* float inputs; those requiring grad are checked */
+    zd_tensor_t *target;       /* for losses */
     int stride, padding, kernel;
     float p;
     uint64_t mask_seed;
-    nn_model_t *model;
+    zd_nn_model_t *model;
     float eps;              /* 0: EPS */
 };
 
-static nn_rng_t rng;
+static zd_nn_rng_t rng;
 
-static tensor_t *randn(int ndim, const int64_t *shape, float scale)
+static zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
 {
-    tensor_t *t = tensor_empty(TENSOR_F32, ndim, shape);
-    for (int64_t i = 0; i < tensor_numel(t); i++)
-        tensor_data(t)[i] = nn_rng_normal(&rng, 0.0f, scale);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
+        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
     return t;
 }
 
-static tensor_t *param(tensor_t *t)
+static zd_tensor_t *param(zd_tensor_t *t)
 {
-    assert_int_equal(tensor_set_requires_grad(t, true), 0);
+    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
     return t;
 }
 
 static int rand_int(int lo, int hi)
 {
-    return lo + (int)nn_rng_below(&rng, (uint64_t)(hi - lo + 1));
+    return lo + (int)zd_nn_rng_below(&rng, (uint64_t)(hi - lo + 1));
 }
 
-static double weighted_sum(tensor_t *y, tensor_t *r)
+static double weighted_sum(zd_tensor_t *y, zd_tensor_t *r)
 {
     double acc = 0;
-    for (int64_t i = 0; i < tensor_numel(y); i++)
-        acc += (double)tensor_data(y)[i] * tensor_data(r)[i];
+    for (int64_t i = 0; i < zd_tensor_numel(y); i++)
+        acc += (double)zd_tensor_data(y)[i] * zd_tensor_data(r)[i];
     return acc;
 }
 
-static double eval_loss(check_t *c, tensor_t *r)
+static double eval_loss(check_t *c, zd_tensor_t *r)
 {
-    tensor_t *y;
-    bool prev = autograd_set_grad_enabled(false);
+    zd_tensor_t *y;
+    bool prev = zd_autograd_set_grad_enabled(false);
     if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, error_last());
-    autograd_set_grad_enabled(prev);
+        fail_msg("%s: %s", c->name, zd_error_last());
+    zd_autograd_set_grad_enabled(prev);
     double l = weighted_sum(y, r);
-    tensor_unref(y);
+    zd_tensor_unref(y);
     return l;
 }
 
 static void gradcheck(check_t *c)
 {
-    int64_t live = tensor_live_count();
-    tensor_t *y;
+    int64_t live = zd_tensor_live_count();
+    zd_tensor_t *y;
     if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, error_last());
-    tensor_t *r = randn(tensor_ndim(y), tensor_shape(y), 1.0f);
-    tensor_t *r_grad = tensor_clone(r);
-    if (autograd_backward(y, r_grad, false) < 0)
-        fail_msg("%s: backward: %s", c->name, error_last());
-    tensor_unref(r_grad);
-    tensor_unref(y);
+        fail_msg("%s: %s", c->name, zd_error_last());
+    zd_tensor_t *r = randn(zd_tensor_ndim(y), zd_tensor_shape(y), 1.0f);
+    zd_tensor_t *r_grad = zd_tensor_clone(r);
+    if (zd_autograd_backward(y, r_grad, false) < 0)
+        fail_msg("%s: backward: %s", c->name, zd_error_last());
+    zd_tensor_unref(r_grad);
+    zd_tensor_unref(y);
 
-    tensor_t *ins[8];
+    zd_tensor_t *ins[8];
     int n = 0;
     for (int i = 0; i < c->n_in; i++)
-        if (c->in[i] && tensor_requires_grad(c->in[i]))
+        if (c->in[i] && zd_tensor_requires_grad(c->in[i]))
             ins[n++] = c->in[i];
-    for (int i = 0; c->model && i < nn_model_n_params(c->model); i++)
-        ins[n++] = nn_model_param(c->model, i);
+    for (int i = 0; c->model && i < zd_nn_model_n_params(c->model); i++)
+        ins[n++] = zd_nn_model_param(c->model, i);
     assert_true(n > 0);
     for (int i = 0; i < n; i++) {
-        tensor_t *g = tensor_grad(ins[i]);
+        zd_tensor_t *g = zd_tensor_grad(ins[i]);
         if (!g)
             fail_msg("%s: input %d got no gradient", c->name, i);
-        float *x = tensor_data(ins[i]);
-        int64_t numel = tensor_numel(ins[i]);
+        float *x = zd_tensor_data(ins[i]);
+        int64_t numel = zd_tensor_numel(ins[i]);
         int probes = numel < MAX_PROBES ? (int)numel : MAX_PROBES;
         for (int k = 0; k < probes; k++) {
-            int64_t j = numel <= MAX_PROBES ? k : (int64_t)nn_rng_below(&rng, (uint64_t)numel);
+            int64_t j = numel <= MAX_PROBES ? k : (int64_t)zd_nn_rng_below(&rng, (uint64_t)numel);
             float keep = x[j];
             float eps = c->eps > 0 ? c->eps : EPS;
             x[j] = keep + eps;
@@ -121,30 +121,30 @@ static void gradcheck(check_t *c)
             x[j] = keep - eps;
             double lm = eval_loss(c, r);
             x[j] = keep;
-            double num = (lp - lm) / (2.0 * (double)eps), ana = tensor_data(g)[j];
+            double num = (lp - lm) / (2.0 * (double)eps), ana = zd_tensor_data(g)[j];
             if (!(fabs(num - ana) <= ATOL + RTOL * fabs(ana)))
                 fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", c->name, i,
                          (long long)j, ana, num);
         }
-        tensor_clear_grad(ins[i]);
-        tensor_unref(g);
+        zd_tensor_clear_grad(ins[i]);
+        zd_tensor_unref(g);
     }
-    tensor_unref(r);
-    assert_int_equal(tensor_live_count(), live);
+    zd_tensor_unref(r);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void release(check_t *c)
 {
     for (int i = 0; i < c->n_in; i++)
-        tensor_unref(c->in[i]);
-    tensor_unref(c->target);
+        zd_tensor_unref(c->in[i]);
+    zd_tensor_unref(c->target);
 }
 
 /* ---- conv2d ---- */
 
-static int fn_conv(check_t *c, tensor_t **out)
+static int fn_conv(check_t *c, zd_tensor_t **out)
 {
-    return nn_conv2d(c->in[0], c->in[1], c->in[2], c->stride, c->padding, out);
+    return zd_nn_conv2d(c->in[0], c->in[1], c->in[2], c->stride, c->padding, out);
 }
 
 static void conv_case(int N, int C, int H, int W, int O, int kh, int kw, int stride, int padding,
@@ -180,9 +180,9 @@ static void test_conv2d(void **state)
 
 /* ---- linear ---- */
 
-static int fn_linear(check_t *c, tensor_t **out)
+static int fn_linear(check_t *c, zd_tensor_t **out)
 {
-    return nn_linear(c->in[0], c->in[1], c->in[2], out);
+    return zd_nn_linear(c->in[0], c->in[1], c->in[2], out);
 }
 
 static void linear_case(int ndim, const int64_t *xshape, int out_f, bool bias)
@@ -207,36 +207,36 @@ static void test_linear(void **state)
 
 /* ---- relu, max_pool2d: inputs away from the kinks ---- */
 
-static int fn_relu(check_t *c, tensor_t **out) { return nn_relu(c->in[0], out); }
+static int fn_relu(check_t *c, zd_tensor_t **out) { return zd_nn_relu(c->in[0], out); }
 
 static void test_relu(void **state)
 {
     (void)state;
     check_t c = {.name = "relu", .fn = fn_relu, .n_in = 1};
     c.in[0] = randn(3, (int64_t[]){3, 5, 7}, 1.0f);
-    float *d = tensor_data(c.in[0]);
-    for (int64_t i = 0; i < tensor_numel(c.in[0]); i++)
+    float *d = zd_tensor_data(c.in[0]);
+    for (int64_t i = 0; i < zd_tensor_numel(c.in[0]); i++)
         d[i] = d[i] >= 0 ? d[i] + 0.05f : d[i] - 0.05f;
     param(c.in[0]);
     gradcheck(&c);
     release(&c);
 }
 
-static int fn_pool(check_t *c, tensor_t **out)
+static int fn_pool(check_t *c, zd_tensor_t **out)
 {
-    return nn_max_pool2d(c->in[0], c->kernel, c->stride, out);
+    return zd_nn_max_pool2d(c->in[0], c->kernel, c->stride, out);
 }
 
 /*  Distinct values at least 0.05 apart, shuffled: no perturbation of EPS
     changes which element wins a window. */
-static tensor_t *spread(int ndim, const int64_t *shape)
+static zd_tensor_t *spread(int ndim, const int64_t *shape)
 {
-    tensor_t *t = tensor_empty(TENSOR_F32, ndim, shape);
-    int64_t n = tensor_numel(t), perm[4096];
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    int64_t n = zd_tensor_numel(t), perm[4096];
     assert_true(n <= 4096);
-    nn_rng_permutation(&rng, perm, (size_t)n);
+    zd_nn_rng_permutation(&rng, perm, (size_t)n);
     for (int64_t i = 0; i < n; i++)
-        tensor_data(t)[i] = (float)(perm[i] - n / 2) * 0.05f;
+        zd_tensor_data(t)[i] = (float)(perm[i] - n / 2) * 0.05f;
     return t;
 }
 
@@ -267,12 +267,12 @@ static void test_max_pool2d(void **state)
 
 /* ---- dropout with a fixed mask ---- */
 
-static int fn_dropout(check_t *c, tensor_t **out)
+static int fn_dropout(check_t *c, zd_tensor_t **out)
 {
-    nn_rng_t r;
-    nn_rng_seed(&r, c->mask_seed);    /* the same mask on every evaluation */
-    return c->kernel == 2 ? nn_dropout2d(c->in[0], c->p, true, &r, out)
-                          : nn_dropout(c->in[0], c->p, true, &r, out);
+    zd_nn_rng_t r;
+    zd_nn_rng_seed(&r, c->mask_seed);    /* the same mask on every evaluation */
+    return c->kernel == 2 ? zd_nn_dropout2d(c->in[0], c->p, true, &r, out)
+                          : zd_nn_dropout(c->in[0], c->p, true, &r, out);
 }
 
 static void test_dropout(void **state)
@@ -291,13 +291,13 @@ static void test_dropout(void **state)
 
 /* ---- flatten, log_softmax, losses ---- */
 
-static int fn_flatten_scale(check_t *c, tensor_t **out)
+static int fn_flatten_scale(check_t *c, zd_tensor_t **out)
 {
-    tensor_t *f;
-    if (nn_flatten(c->in[0], &f) < 0)
+    zd_tensor_t *f;
+    if (zd_nn_flatten(c->in[0], &f) < 0)
         return -1;
-    int rc = nn_linear(f, c->in[1], NULL, out);
-    tensor_unref(f);
+    int rc = zd_nn_linear(f, c->in[1], NULL, out);
+    zd_tensor_unref(f);
     return rc;
 }
 
@@ -311,9 +311,9 @@ static void test_flatten(void **state)
     release(&c);
 }
 
-static int fn_log_softmax(check_t *c, tensor_t **out)
+static int fn_log_softmax(check_t *c, zd_tensor_t **out)
 {
-    return nn_log_softmax(c->in[0], 1, out);
+    return zd_nn_log_softmax(c->in[0], 1, out);
 }
 
 static void test_log_softmax(void **state)
@@ -328,18 +328,18 @@ static void test_log_softmax(void **state)
     }
 }
 
-static int fn_nll(check_t *c, tensor_t **out) { return nn_nll_loss(c->in[0], c->target, out); }
-static int fn_ce(check_t *c, tensor_t **out) { return nn_cross_entropy(c->in[0], c->target, out); }
+static int fn_nll(check_t *c, zd_tensor_t **out) { return zd_nn_nll_loss(c->in[0], c->target, out); }
+static int fn_ce(check_t *c, zd_tensor_t **out) { return zd_nn_cross_entropy(c->in[0], c->target, out); }
 
-static tensor_t *targets(tensor_dtype_t dtype, int n, int classes)
+static zd_tensor_t *targets(zd_tensor_dtype_t dtype, int n, int classes)
 {
-    tensor_t *t = tensor_empty(dtype, 1, (int64_t[]){n});
+    zd_tensor_t *t = zd_tensor_empty(dtype, 1, (int64_t[]){n});
     for (int i = 0; i < n; i++) {
-        int64_t v = (int64_t)nn_rng_below(&rng, (uint64_t)classes);
-        if (dtype == TENSOR_I64)
-            tensor_data_i64(t)[i] = v;
+        int64_t v = (int64_t)zd_nn_rng_below(&rng, (uint64_t)classes);
+        if (dtype == ZD_INT64)
+            zd_tensor_data_i64(t)[i] = v;
         else
-            ((uint8_t *)tensor_raw(t))[i] = (uint8_t)v;
+            ((uint8_t *)zd_tensor_raw(t))[i] = (uint8_t)v;
     }
     return t;
 }
@@ -350,12 +350,12 @@ static void test_losses(void **state)
     for (int k = 0; k < 2; k++) {
         check_t c = {.name = k ? "nll_loss u8" : "nll_loss", .fn = fn_nll, .n_in = 1};
         c.in[0] = param(randn(2, (int64_t[]){5, 4}, 1.0f));
-        c.target = targets(k ? TENSOR_U8 : TENSOR_I64, 5, 4);
+        c.target = targets(k ? ZD_UINT8 : ZD_INT64, 5, 4);
         gradcheck(&c);
         release(&c);
         check_t d = {.name = "cross_entropy", .fn = fn_ce, .n_in = 1};
         d.in[0] = param(randn(2, (int64_t[]){6, 3 + k * 7}, 2.0f));
-        d.target = targets(k ? TENSOR_U8 : TENSOR_I64, 6, 3 + k * 7);
+        d.target = targets(k ? ZD_UINT8 : ZD_INT64, 6, 3 + k * 7);
         gradcheck(&d);
         release(&d);
     }
@@ -363,13 +363,13 @@ static void test_losses(void **state)
 
 /* ---- a whole model ---- */
 
-static int fn_model(check_t *c, tensor_t **out)
+static int fn_model(check_t *c, zd_tensor_t **out)
 {
-    tensor_t *lp;
-    if (nn_model_forward(c->model, c->in[0], &lp) < 0)
+    zd_tensor_t *lp;
+    if (zd_nn_model_forward(c->model, c->in[0], &lp) < 0)
         return -1;
-    int rc = nn_nll_loss(lp, c->target, out);
-    tensor_unref(lp);
+    int rc = zd_nn_nll_loss(lp, c->target, out);
+    zd_tensor_unref(lp);
     return rc;
 }
 
@@ -379,18 +379,18 @@ static void test_convnet_model(void **state)
     /* max_pool and relu inside: a smaller step makes crossing a kink
        unlikely; the loss is one scalar, so rounding noise stays small. */
     check_t c = {.name = "convnet", .fn = fn_model, .n_in = 1, .eps = 1e-3f};
-    c.model = nn_convnet_new(21);
-    nn_model_train(c.model, false);
+    c.model = zd_nn_convnet_new(21);
+    zd_nn_model_train(c.model, false);
     c.in[0] = randn(4, (int64_t[]){2, 1, 28, 28}, 1.0f);
-    c.target = targets(TENSOR_I64, 2, 10);
+    c.target = targets(ZD_INT64, 2, 10);
     gradcheck(&c);
     release(&c);
-    nn_model_free(c.model);
+    zd_nn_model_free(c.model);
 }
 
 int main(void)
 {
-    nn_rng_seed(&rng, 20240601);
+    zd_nn_rng_seed(&rng, 20240601);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_linear),

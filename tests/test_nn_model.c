@@ -13,183 +13,183 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "nn/model.h"
-#include "nn/nn.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
 #include "tests/support/golden_cases.h"
 
 /* ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
 
 /*  The case's tensor (borrowed from the case); fails the test when it has none. */
-static tensor_t *golden_borrow(golden_case_t *c, const char *role, const char *name)
+static zd_tensor_t *golden_borrow(golden_case_t *c, const char *role, const char *name)
 {
-    tensor_t *t = golden_tensor(c, role, name);
+    zd_tensor_t *t = golden_tensor(c, role, name);
     if (!t)
         fail_msg("%s: no %s %s", c->dir, role, name);
     return t;
 }
 
 /*  The given rows of t (dim 0), as a new tensor. */
-static tensor_t *take_rows(tensor_t *t, const int64_t *rows, int n)
+static zd_tensor_t *take_rows(zd_tensor_t *t, const int64_t *rows, int n)
 {
     int64_t shape[8];
-    memcpy(shape, tensor_shape(t), sizeof(int64_t) * (size_t)tensor_ndim(t));
-    int64_t row = tensor_numel(t) / shape[0];
+    memcpy(shape, zd_tensor_shape(t), sizeof(int64_t) * (size_t)zd_tensor_ndim(t));
+    int64_t row = zd_tensor_numel(t) / shape[0];
     shape[0] = n;
-    tensor_t *r = tensor_empty(TENSOR_F32, tensor_ndim(t), shape);
+    zd_tensor_t *r = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(t), shape);
     for (int i = 0; i < n; i++) {
-        assert_in_range(rows[i], 0, tensor_size(t, 0) - 1);
-        memcpy(tensor_data(r) + i * row, tensor_data(t) + rows[i] * row,
+        assert_in_range(rows[i], 0, zd_tensor_size(t, 0) - 1);
+        memcpy(zd_tensor_data(r) + i * row, zd_tensor_data(t) + rows[i] * row,
                sizeof(float) * (size_t)row);
     }
     return r;
 }
 
-static tensor_t *as_i64(tensor_t *t8)
+static zd_tensor_t *as_i64(zd_tensor_t *t8)
 {
-    tensor_t *t = tensor_empty(TENSOR_I64, 1, tensor_shape(t8));
-    for (int64_t i = 0; i < tensor_numel(t8); i++)
-        tensor_data_i64(t)[i] = ((uint8_t *)tensor_raw(t8))[i];
+    zd_tensor_t *t = zd_tensor_empty(ZD_INT64, 1, zd_tensor_shape(t8));
+    for (int64_t i = 0; i < zd_tensor_numel(t8); i++)
+        zd_tensor_data_i64(t)[i] = ((uint8_t *)zd_tensor_raw(t8))[i];
     return t;
 }
 
 /*  Copies every golden param into the model (names must all exist). */
-static void load_params(const golden_case_t *c, nn_model_t *m)
+static void load_params(const golden_case_t *c, zd_nn_model_t *m)
 {
     int loaded = 0;
     for (int i = 0; i < c->n; i++) {
         const golden_entry_t *e = &c->entries[i];
         if (strcmp(e->role, "param") != 0)
             continue;
-        tensor_t *p = nn_model_find_param(m, e->name);
+        zd_tensor_t *p = zd_nn_model_find_param(m, e->name);
         if (!p)
-            fail_msg("%s: %s", c->dir, error_last());
-        assert_true(tensor_same_shape(p, e->value));
-        assert_int_equal(tensor_copy_(p, e->value), 0);
+            fail_msg("%s: %s", c->dir, zd_error_last());
+        assert_true(zd_tensor_same_shape(p, e->value));
+        assert_int_equal(zd_tensor_copy_(p, e->value), 0);
         loaded++;
     }
-    assert_int_equal(loaded, nn_model_n_params(m));
+    assert_int_equal(loaded, zd_nn_model_n_params(m));
 }
 
 /*  Compares every `grad` entry with the model's gradients (row subsets
     included). */
-static void check_grads(const golden_case_t *c, nn_model_t *m)
+static void check_grads(const golden_case_t *c, zd_nn_model_t *m)
 {
     int checked = 0;
     for (int i = 0; i < c->n; i++) {
         const golden_entry_t *e = &c->entries[i];
         if (strcmp(e->role, "grad") != 0)
             continue;
-        tensor_t *p = nn_model_find_param(m, e->name);
+        zd_tensor_t *p = zd_nn_model_find_param(m, e->name);
         if (!p)
-            fail_msg("%s: %s", c->dir, error_last());
-        tensor_t *g = tensor_grad(p);
+            fail_msg("%s: %s", c->dir, zd_error_last());
+        zd_tensor_t *g = zd_tensor_grad(p);
         if (!g)
             fail_msg("%s: no gradient for %s", c->dir, e->name);
-        tensor_t *sel = e->n_rows ? take_rows(g, e->rows, e->n_rows) : tensor_ref(g);
+        zd_tensor_t *sel = e->n_rows ? take_rows(g, e->rows, e->n_rows) : zd_tensor_ref(g);
         golden_assert_close(e->name, c, sel, e->value);
-        tensor_unref(sel);
-        tensor_unref(g);
+        zd_tensor_unref(sel);
+        zd_tensor_unref(g);
         checked++;
     }
-    assert_int_equal(checked, nn_model_n_params(m));
+    assert_int_equal(checked, zd_nn_model_n_params(m));
 }
 
-static void check_output(golden_case_t *c, const char *name, tensor_t *actual)
+static void check_output(golden_case_t *c, const char *name, zd_tensor_t *actual)
 {
     golden_assert_close(name, c, actual, golden_borrow(c, "output", name));
 }
 
 /*  The activations the README defines for each kind, recomputed from the
     ops on the loaded parameters. */
-static void check_activations(golden_case_t *c, nn_model_t *m, tensor_t *x)
+static void check_activations(golden_case_t *c, zd_nn_model_t *m, zd_tensor_t *x)
 {
-    tensor_t *a = NULL, *b = NULL, *f = NULL;
+    zd_tensor_t *a = NULL, *b = NULL, *f = NULL;
     if (strcmp(c->kind, "net") == 0) {
-        assert_int_equal(nn_net_forward_conv(m, x, &f), 0);
+        assert_int_equal(zd_nn_net_forward_conv(m, x, &f), 0);
         check_output(c, "act.flatten", f);
-        assert_int_equal(nn_linear(f, nn_model_find_param(m, "fc1.weight"),
-                                   nn_model_find_param(m, "fc1.bias"), &a), 0);
+        assert_int_equal(zd_nn_linear(f, zd_nn_model_find_param(m, "fc1.weight"),
+                                   zd_nn_model_find_param(m, "fc1.bias"), &a), 0);
         check_output(c, "act.fc1", a);
-        assert_int_equal(nn_relu(a, &b), 0);
-        tensor_unref(a);
-        assert_int_equal(nn_linear(b, nn_model_find_param(m, "fc2.weight"),
-                                   nn_model_find_param(m, "fc2.bias"), &a), 0);
+        assert_int_equal(zd_nn_relu(a, &b), 0);
+        zd_tensor_unref(a);
+        assert_int_equal(zd_nn_linear(b, zd_nn_model_find_param(m, "fc2.weight"),
+                                   zd_nn_model_find_param(m, "fc2.bias"), &a), 0);
         check_output(c, "act.fc2", a);
     } else {
-        tensor_t *conv, *pool;
-        assert_int_equal(nn_conv2d(x, nn_model_find_param(m, "conv1.weight"),
-                                   nn_model_find_param(m, "conv1.bias"), 1, 0, &conv), 0);
+        zd_tensor_t *conv, *pool;
+        assert_int_equal(zd_nn_conv2d(x, zd_nn_model_find_param(m, "conv1.weight"),
+                                   zd_nn_model_find_param(m, "conv1.bias"), 1, 0, &conv), 0);
         check_output(c, "act.conv1", conv);
-        assert_int_equal(nn_max_pool2d(conv, 3, 3, &pool), 0);
-        assert_int_equal(nn_relu(pool, &b), 0);
-        assert_int_equal(nn_flatten(b, &f), 0);
+        assert_int_equal(zd_nn_max_pool2d(conv, 3, 3, &pool), 0);
+        assert_int_equal(zd_nn_relu(pool, &b), 0);
+        assert_int_equal(zd_nn_flatten(b, &f), 0);
         check_output(c, "act.flatten", f);
-        assert_int_equal(nn_linear(f, nn_model_find_param(m, "fc.weight"),
-                                   nn_model_find_param(m, "fc.bias"), &a), 0);
+        assert_int_equal(zd_nn_linear(f, zd_nn_model_find_param(m, "fc.weight"),
+                                   zd_nn_model_find_param(m, "fc.bias"), &a), 0);
         check_output(c, "act.fc", a);
-        tensor_unref(pool);
-        tensor_unref(conv);
+        zd_tensor_unref(pool);
+        zd_tensor_unref(conv);
     }
-    tensor_unref(a);
-    tensor_unref(b);
-    tensor_unref(f);
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
+    zd_tensor_unref(f);
 }
 
 static void run_model_case(golden_case_t *c, void *arg)
 {
     (void)arg;
-    int64_t live = tensor_live_count();
-    nn_model_t *m = nn_model_new(c->kind, 1);
+    int64_t live = zd_tensor_live_count();
+    zd_nn_model_t *m = zd_nn_model_new(c->kind, 1);
     assert_non_null(m);
     load_params(c, m);
-    nn_model_train(m, false);
-    tensor_t *x = golden_borrow(c, "input", "x");
-    tensor_t *t8 = golden_borrow(c, "input", "target"), *target = as_i64(t8);
-    assert_int_equal(tensor_size(x, 0), (int64_t)golden_attr(c, "batch", tensor_size(x, 0)));
+    zd_nn_model_train(m, false);
+    zd_tensor_t *x = golden_borrow(c, "input", "x");
+    zd_tensor_t *t8 = golden_borrow(c, "input", "target"), *target = as_i64(t8);
+    assert_int_equal(zd_tensor_size(x, 0), (int64_t)golden_attr(c, "batch", zd_tensor_size(x, 0)));
 
-    bool prev = autograd_set_grad_enabled(false);
+    bool prev = zd_autograd_set_grad_enabled(false);
     check_activations(c, m, x);
-    autograd_set_grad_enabled(prev);
+    zd_autograd_set_grad_enabled(prev);
 
-    tensor_t *lp, *loss, *loss1;
-    assert_int_equal(nn_model_forward(m, x, &lp), 0);
+    zd_tensor_t *lp, *loss, *loss1;
+    assert_int_equal(zd_nn_model_forward(m, x, &lp), 0);
     check_output(c, "logprobs", lp);
-    assert_int_equal(nn_nll_loss(lp, target, &loss), 0);
-    assert_int_equal(tensor_reshape(loss, 1, (int64_t[]){1}, &loss1), 0);
+    assert_int_equal(zd_nn_nll_loss(lp, target, &loss), 0);
+    assert_int_equal(zd_tensor_reshape(loss, 1, (int64_t[]){1}, &loss1), 0);
     check_output(c, "loss", loss1);
-    assert_int_equal(autograd_backward(loss, NULL, false), 0);
+    assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
     check_grads(c, m);
 
     /* One plain SGD step with the gradients just computed; the loss at the
        new parameters must match PyTorch's after the same step. */
     float lr = (float)golden_attr(c, "sgd_lr", 0.0);
-    tensor_t *after = golden_tensor(c, "output", "loss.after_sgd");
+    zd_tensor_t *after = golden_tensor(c, "output", "loss.after_sgd");
     if (after && lr > 0) {
-        for (int i = 0; i < nn_model_n_params(m); i++) {
-            tensor_t *p = nn_model_param(m, i), *g = tensor_grad(p);
-            for (int64_t k = 0; k < tensor_numel(p); k++)
-                tensor_data(p)[k] -= lr * tensor_data(g)[k];
-            tensor_unref(g);
+        for (int i = 0; i < zd_nn_model_n_params(m); i++) {
+            zd_tensor_t *p = zd_nn_model_param(m, i), *g = zd_tensor_grad(p);
+            for (int64_t k = 0; k < zd_tensor_numel(p); k++)
+                zd_tensor_data(p)[k] -= lr * zd_tensor_data(g)[k];
+            zd_tensor_unref(g);
         }
-        tensor_t *lp2, *l2, *l21;
-        prev = autograd_set_grad_enabled(false);
-        assert_int_equal(nn_model_forward(m, x, &lp2), 0);
-        autograd_set_grad_enabled(prev);
-        assert_int_equal(nn_nll_loss(lp2, t8, &l2), 0);
-        assert_int_equal(tensor_reshape(l2, 1, (int64_t[]){1}, &l21), 0);
+        zd_tensor_t *lp2, *l2, *l21;
+        prev = zd_autograd_set_grad_enabled(false);
+        assert_int_equal(zd_nn_model_forward(m, x, &lp2), 0);
+        zd_autograd_set_grad_enabled(prev);
+        assert_int_equal(zd_nn_nll_loss(lp2, t8, &l2), 0);
+        assert_int_equal(zd_tensor_reshape(l2, 1, (int64_t[]){1}, &l21), 0);
         golden_assert_close("loss.after_sgd", c, l21, after);
-        tensor_unref(l21);
-        tensor_unref(l2);
-        tensor_unref(lp2);
+        zd_tensor_unref(l21);
+        zd_tensor_unref(l2);
+        zd_tensor_unref(lp2);
     }
-    tensor_unref(loss1);
-    tensor_unref(loss);
-    tensor_unref(lp);
-    tensor_unref(target);
-    nn_model_free(m);
-    assert_int_equal(tensor_live_count(), live);
+    zd_tensor_unref(loss1);
+    zd_tensor_unref(loss);
+    zd_tensor_unref(lp);
+    zd_tensor_unref(target);
+    zd_nn_model_free(m);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void run_kind(const char *kind)
@@ -209,27 +209,27 @@ typedef struct {
     int64_t shape[4];
 } param_spec_t;
 
-static void check_params(nn_model_t *m, const param_spec_t *spec, int n)
+static void check_params(zd_nn_model_t *m, const param_spec_t *spec, int n)
 {
-    assert_int_equal(nn_model_n_params(m), n);
+    assert_int_equal(zd_nn_model_n_params(m), n);
     int64_t total = 0;
     for (int i = 0; i < n; i++) {
-        tensor_t *p = nn_model_param(m, i);
-        assert_string_equal(nn_model_param_name(m, i), spec[i].name);
-        assert_ptr_equal(nn_model_find_param(m, spec[i].name), p);
-        assert_int_equal(nn_model_param_index(m, spec[i].name), i);
-        assert_int_equal(tensor_ndim(p), spec[i].ndim);
+        zd_tensor_t *p = zd_nn_model_param(m, i);
+        assert_string_equal(zd_nn_model_param_name(m, i), spec[i].name);
+        assert_ptr_equal(zd_nn_model_find_param(m, spec[i].name), p);
+        assert_int_equal(zd_nn_model_param_index(m, spec[i].name), i);
+        assert_int_equal(zd_tensor_ndim(p), spec[i].ndim);
         for (int d = 0; d < spec[i].ndim; d++)
-            assert_int_equal(tensor_size(p, d), spec[i].shape[d]);
-        assert_true(tensor_requires_grad(p));
-        assert_true(tensor_is_leaf(p));
-        total += tensor_numel(p);
+            assert_int_equal(zd_tensor_size(p, d), spec[i].shape[d]);
+        assert_true(zd_tensor_requires_grad(p));
+        assert_true(zd_tensor_is_leaf(p));
+        total += zd_tensor_numel(p);
     }
-    assert_int_equal(nn_model_numel(m), total);
-    assert_null(nn_model_param(m, n));
-    assert_null(nn_model_param(m, -1));
-    assert_null(nn_model_find_param(m, "fc3.weight"));
-    assert_non_null(strstr(error_last(), "fc3.weight"));
+    assert_int_equal(zd_nn_model_numel(m), total);
+    assert_null(zd_nn_model_param(m, n));
+    assert_null(zd_nn_model_param(m, -1));
+    assert_null(zd_nn_model_find_param(m, "fc3.weight"));
+    assert_non_null(strstr(zd_error_last(), "fc3.weight"));
 }
 
 static void test_named_parameters(void **state)
@@ -245,148 +245,148 @@ static void test_named_parameters(void **state)
         {"conv1.weight", 4, {3, 1, 3, 3}}, {"conv1.bias", 1, {3}},
         {"fc.weight", 2, {10, 192}}, {"fc.bias", 1, {10}},
     };
-    int64_t live = tensor_live_count();
-    nn_model_t *m = nn_net_new(3);
-    assert_string_equal(nn_model_name(m), "net");
+    int64_t live = zd_tensor_live_count();
+    zd_nn_model_t *m = zd_nn_net_new(3);
+    assert_string_equal(zd_nn_model_name(m), "net");
     check_params(m, net, 8);
-    assert_int_equal(nn_model_numel(m), 1199882);
-    nn_model_free(m);
-    m = nn_model_new("convnet", 3);
-    assert_string_equal(nn_model_name(m), "convnet");
+    assert_int_equal(zd_nn_model_numel(m), 1199882);
+    zd_nn_model_free(m);
+    m = zd_nn_model_new("convnet", 3);
+    assert_string_equal(zd_nn_model_name(m), "convnet");
     check_params(m, convnet, 4);
-    tensor_t *flat;
-    tensor_t *x = tensor_zeros4(1, 1, 28, 28);
-    assert_int_equal(nn_net_forward_conv(m, x, &flat), -1);
-    assert_non_null(strstr(error_last(), "not a net"));
-    nn_model_free(m);
-    assert_null(nn_model_new("resnet", 1));
-    assert_non_null(strstr(error_last(), "resnet"));
-    tensor_unref(x);
-    assert_int_equal(tensor_live_count(), live);
+    zd_tensor_t *flat;
+    zd_tensor_t *x = zd_tensor_zeros4(1, 1, 28, 28);
+    assert_int_equal(zd_nn_net_forward_conv(m, x, &flat), -1);
+    assert_non_null(strstr(zd_error_last(), "not a net"));
+    zd_nn_model_free(m);
+    assert_null(zd_nn_model_new("resnet", 1));
+    assert_non_null(strstr(zd_error_last(), "resnet"));
+    zd_tensor_unref(x);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_bad_input_is_refused(void **state)
 {
     (void)state;
-    nn_model_t *m = nn_net_new(1);
-    tensor_t *x = tensor_zeros4(2, 1, 27, 28), *out;
-    assert_int_equal(nn_model_forward(m, x, &out), -1);
+    zd_nn_model_t *m = zd_nn_net_new(1);
+    zd_tensor_t *x = zd_tensor_zeros4(2, 1, 27, 28), *out;
+    assert_int_equal(zd_nn_model_forward(m, x, &out), -1);
     assert_null(out);
-    assert_non_null(strstr(error_last(), "(2, 1, 27, 28)"));
-    tensor_t *flat = tensor_zeros2(2, 100);
-    assert_int_equal(nn_net_forward_fc(m, flat, &out), -1);
-    assert_non_null(strstr(error_last(), "9216"));
-    tensor_unref(flat);
-    tensor_unref(x);
-    nn_model_free(m);
+    assert_non_null(strstr(zd_error_last(), "(2, 1, 27, 28)"));
+    zd_tensor_t *flat = zd_tensor_zeros2(2, 100);
+    assert_int_equal(zd_nn_net_forward_fc(m, flat, &out), -1);
+    assert_non_null(strstr(zd_error_last(), "9216"));
+    zd_tensor_unref(flat);
+    zd_tensor_unref(x);
+    zd_nn_model_free(m);
 }
 
 /* ---- modes ---- */
 
-static tensor_t *random_images(int n, uint64_t seed)
+static zd_tensor_t *random_images(int n, uint64_t seed)
 {
-    nn_rng_t rng;
-    nn_rng_seed(&rng, seed);
-    tensor_t *x = tensor_empty(TENSOR_F32, 4, (int64_t[]){n, 1, 28, 28});
-    for (int64_t i = 0; i < tensor_numel(x); i++)
-        tensor_data(x)[i] = nn_rng_normal(&rng, 0.0f, 1.0f);
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, seed);
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){n, 1, 28, 28});
+    for (int64_t i = 0; i < zd_tensor_numel(x); i++)
+        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     return x;
 }
 
-static bool same(tensor_t *a, tensor_t *b)
+static bool same(zd_tensor_t *a, zd_tensor_t *b)
 {
-    return memcmp(tensor_data(a), tensor_data(b), tensor_nbytes(a)) == 0;
+    return memcmp(zd_tensor_data(a), zd_tensor_data(b), zd_tensor_nbytes(a)) == 0;
 }
 
 static void test_train_and_eval_modes(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    bool prev = autograd_set_grad_enabled(false);
-    tensor_t *x = random_images(3, 5), *e1, *e2, *t1, *t2, *t3, *flat, *two;
-    nn_model_t *m = nn_net_new(9);
-    assert_true(nn_model_is_training(m));          /* as in PyTorch */
-    assert_true(nn_model_train(m, false));
-    assert_false(nn_model_is_training(m));
-    assert_int_equal(nn_model_forward(m, x, &e1), 0);
-    assert_int_equal(nn_model_forward(m, x, &e2), 0);
+    int64_t live = zd_tensor_live_count();
+    bool prev = zd_autograd_set_grad_enabled(false);
+    zd_tensor_t *x = random_images(3, 5), *e1, *e2, *t1, *t2, *t3, *flat, *two;
+    zd_nn_model_t *m = zd_nn_net_new(9);
+    assert_true(zd_nn_model_is_training(m));          /* as in PyTorch */
+    assert_true(zd_nn_model_train(m, false));
+    assert_false(zd_nn_model_is_training(m));
+    assert_int_equal(zd_nn_model_forward(m, x, &e1), 0);
+    assert_int_equal(zd_nn_model_forward(m, x, &e2), 0);
     assert_true(same(e1, e2));                      /* eval: deterministic */
     /* the two stages compose to the whole */
-    assert_int_equal(nn_net_forward_conv(m, x, &flat), 0);
-    assert_int_equal(nn_net_forward_fc(m, flat, &two), 0);
+    assert_int_equal(zd_nn_net_forward_conv(m, x, &flat), 0);
+    assert_int_equal(zd_nn_net_forward_fc(m, flat, &two), 0);
     assert_true(same(e1, two));
 
-    nn_model_train(m, true);
-    nn_model_seed_dropout(m, 77);
-    assert_int_equal(nn_model_forward(m, x, &t1), 0);
-    assert_int_equal(nn_model_forward(m, x, &t2), 0);
-    nn_model_seed_dropout(m, 77);
-    assert_int_equal(nn_model_forward(m, x, &t3), 0);
+    zd_nn_model_train(m, true);
+    zd_nn_model_seed_dropout(m, 77);
+    assert_int_equal(zd_nn_model_forward(m, x, &t1), 0);
+    assert_int_equal(zd_nn_model_forward(m, x, &t2), 0);
+    zd_nn_model_seed_dropout(m, 77);
+    assert_int_equal(zd_nn_model_forward(m, x, &t3), 0);
     assert_false(same(t1, e1));                     /* dropout is active */
     assert_false(same(t1, t2));                     /* fresh masks each pass */
     assert_true(same(t1, t3));                      /* reproducible by seed */
-    tensor_t *objs[] = {x, e1, e2, t1, t2, t3, flat, two};
+    zd_tensor_t *objs[] = {x, e1, e2, t1, t2, t3, flat, two};
     for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
-        tensor_unref(objs[i]);
-    nn_model_free(m);
+        zd_tensor_unref(objs[i]);
+    zd_nn_model_free(m);
 
     /* the convnet has no dropout: both modes agree */
-    m = nn_convnet_new(9);
+    m = zd_nn_convnet_new(9);
     x = random_images(2, 6);
-    assert_int_equal(nn_model_forward(m, x, &t1), 0);
-    nn_model_train(m, false);
-    assert_int_equal(nn_model_forward(m, x, &e1), 0);
+    assert_int_equal(zd_nn_model_forward(m, x, &t1), 0);
+    zd_nn_model_train(m, false);
+    assert_int_equal(zd_nn_model_forward(m, x, &e1), 0);
     assert_true(same(t1, e1));
-    tensor_unref(t1);
-    tensor_unref(e1);
-    tensor_unref(x);
-    nn_model_free(m);
-    autograd_set_grad_enabled(prev);
-    assert_int_equal(tensor_live_count(), live);
+    zd_tensor_unref(t1);
+    zd_tensor_unref(e1);
+    zd_tensor_unref(x);
+    zd_nn_model_free(m);
+    zd_autograd_set_grad_enabled(prev);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_training_step_records_graph(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    nn_model_t *m = nn_net_new(4);
-    tensor_t *x = random_images(2, 8), *lp, *loss;
-    tensor_t *t = tensor_from_data(TENSOR_I64, 1, (int64_t[]){2}, (int64_t[]){3, 7});
-    assert_int_equal(nn_model_forward(m, x, &lp), 0);
-    assert_non_null(tensor_grad_fn(lp));
-    assert_int_equal(nn_cross_entropy(lp, t, &loss), 0);
-    assert_int_equal(autograd_backward(loss, NULL, false), 0);
-    for (int i = 0; i < nn_model_n_params(m); i++) {
-        tensor_t *g = tensor_grad(nn_model_param(m, i));
+    int64_t live = zd_tensor_live_count();
+    zd_nn_model_t *m = zd_nn_net_new(4);
+    zd_tensor_t *x = random_images(2, 8), *lp, *loss;
+    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){2}, (int64_t[]){3, 7});
+    assert_int_equal(zd_nn_model_forward(m, x, &lp), 0);
+    assert_non_null(zd_tensor_grad_fn(lp));
+    assert_int_equal(zd_nn_cross_entropy(lp, t, &loss), 0);
+    assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
+    for (int i = 0; i < zd_nn_model_n_params(m); i++) {
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_model_param(m, i));
         assert_non_null(g);
-        tensor_unref(g);
+        zd_tensor_unref(g);
     }
-    nn_model_zero_grad(m);
-    for (int i = 0; i < nn_model_n_params(m); i++)
-        assert_null(tensor_grad(nn_model_param(m, i)));
-    tensor_unref(loss);
-    tensor_unref(lp);
-    tensor_unref(t);
-    tensor_unref(x);
-    nn_model_free(m);
-    assert_int_equal(tensor_live_count(), live);
+    zd_nn_model_zero_grad(m);
+    for (int i = 0; i < zd_nn_model_n_params(m); i++)
+        assert_null(zd_tensor_grad(zd_nn_model_param(m, i)));
+    zd_tensor_unref(loss);
+    zd_tensor_unref(lp);
+    zd_tensor_unref(t);
+    zd_tensor_unref(x);
+    zd_nn_model_free(m);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 /* ---- threads and processes ---- */
 
-static bool close_enough(tensor_t *a, tensor_t *b)
+static bool close_enough(zd_tensor_t *a, zd_tensor_t *b)
 {
-    for (int64_t i = 0; i < tensor_numel(a); i++) {
-        float x = tensor_data(a)[i], y = tensor_data(b)[i];
+    for (int64_t i = 0; i < zd_tensor_numel(a); i++) {
+        float x = zd_tensor_data(a)[i], y = zd_tensor_data(b)[i];
         if (!(fabsf(x - y) <= 1e-6f + 1e-5f * fabsf(y)))
             return false;
     }
-    return tensor_same_shape(a, b);
+    return zd_tensor_same_shape(a, b);
 }
 
 typedef struct {
-    nn_model_t *m;
-    tensor_t *x, *expect;
+    zd_nn_model_t *m;
+    zd_tensor_t *x, *expect;
     int mismatches;
 } fwd_arg_t;
 
@@ -394,10 +394,10 @@ static void *forward_loop(void *p)
 {
     fwd_arg_t *a = p;
     for (int i = 0; i < 6; i++) {
-        tensor_t *lp;
-        if (nn_model_forward(a->m, a->x, &lp) < 0 || !close_enough(lp, a->expect))
+        zd_tensor_t *lp;
+        if (zd_nn_model_forward(a->m, a->x, &lp) < 0 || !close_enough(lp, a->expect))
             a->mismatches++;
-        tensor_unref(lp);
+        zd_tensor_unref(lp);
     }
     return NULL;
 }
@@ -407,11 +407,11 @@ static void *forward_loop(void *p)
 static void test_concurrent_forwards(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    nn_model_t *m = nn_net_new(12);
-    nn_model_train(m, false);
-    tensor_t *x = random_images(4, 13), *expect;
-    assert_int_equal(nn_model_forward(m, x, &expect), 0);
+    int64_t live = zd_tensor_live_count();
+    zd_nn_model_t *m = zd_nn_net_new(12);
+    zd_nn_model_train(m, false);
+    zd_tensor_t *x = random_images(4, 13), *expect;
+    assert_int_equal(zd_nn_model_forward(m, x, &expect), 0);
     fwd_arg_t args[3];
     pthread_t t[3];
     for (int i = 0; i < 3; i++) {
@@ -422,56 +422,56 @@ static void test_concurrent_forwards(void **state)
         pthread_join(t[i], NULL);
         assert_int_equal(args[i].mismatches, 0);
     }
-    tensor_unref(expect);
-    tensor_unref(x);
-    nn_model_free(m);
-    assert_int_equal(tensor_live_count(), live);
+    zd_tensor_unref(expect);
+    zd_tensor_unref(x);
+    zd_nn_model_free(m);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 /*  A child forked after the thread pool started gets a working pool. */
 static void test_forward_after_fork(void **state)
 {
     (void)state;
-    nn_model_t *m = nn_net_new(14);
-    nn_model_train(m, false);
-    tensor_t *x = random_images(4, 15), *expect;
-    assert_int_equal(nn_model_forward(m, x, &expect), 0);
+    zd_nn_model_t *m = zd_nn_net_new(14);
+    zd_nn_model_train(m, false);
+    zd_tensor_t *x = random_images(4, 15), *expect;
+    assert_int_equal(zd_nn_model_forward(m, x, &expect), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
-        tensor_t *lp;
-        int ok = nn_model_forward(m, x, &lp) == 0 && close_enough(lp, expect);
+        zd_tensor_t *lp;
+        int ok = zd_nn_model_forward(m, x, &lp) == 0 && close_enough(lp, expect);
         _exit(ok ? 0 : 1);
     }
     int status;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
-    tensor_unref(expect);
-    tensor_unref(x);
-    nn_model_free(m);
+    zd_tensor_unref(expect);
+    zd_tensor_unref(x);
+    zd_nn_model_free(m);
 }
 
 /* ---- initialisation ---- */
 
-static void check_init_stats(nn_model_t *m)
+static void check_init_stats(zd_nn_model_t *m)
 {
-    for (int i = 0; i < nn_model_n_params(m); i++) {
-        tensor_t *p = nn_model_param(m, i);
+    for (int i = 0; i < zd_nn_model_n_params(m); i++) {
+        zd_tensor_t *p = zd_nn_model_param(m, i);
         /* a bias takes the bound of the weight before it */
-        tensor_t *w = nn_model_param(m, i & ~1);
-        double fan_in = (double)tensor_numel(w) / (double)tensor_size(w, 0);
+        zd_tensor_t *w = zd_nn_model_param(m, i & ~1);
+        double fan_in = (double)zd_tensor_numel(w) / (double)zd_tensor_size(w, 0);
         double bound = 1.0 / sqrt(fan_in);
         double sum = 0, sq = 0, mx = 0;
-        const float *d = tensor_data(p);
-        int64_t n = tensor_numel(p);
+        const float *d = zd_tensor_data(p);
+        int64_t n = zd_tensor_numel(p);
         for (int64_t k = 0; k < n; k++) {
             sum += d[k];
             sq += (double)d[k] * d[k];
             mx = fmax(mx, fabs(d[k]));
         }
         if (mx > bound)
-            fail_msg("%s: |value| %g above the bound %g", nn_model_param_name(m, i), mx, bound);
+            fail_msg("%s: |value| %g above the bound %g", zd_nn_model_param_name(m, i), mx, bound);
         if (n >= 1000) {
             /* uniform(-b, b): mean 0, variance b^2/3, largest value near b */
             double mean = sum / (double)n, var = sq / (double)n - mean * mean;
@@ -486,18 +486,18 @@ static void check_init_stats(nn_model_t *m)
 static void test_init(void **state)
 {
     (void)state;
-    nn_model_t *a = nn_net_new(123), *b = nn_net_new(123), *c = nn_net_new(124);
+    zd_nn_model_t *a = zd_nn_net_new(123), *b = zd_nn_net_new(123), *c = zd_nn_net_new(124);
     check_init_stats(a);
-    for (int i = 0; i < nn_model_n_params(a); i++) {
-        assert_true(same(nn_model_param(a, i), nn_model_param(b, i)));
-        assert_false(same(nn_model_param(a, i), nn_model_param(c, i)));
+    for (int i = 0; i < zd_nn_model_n_params(a); i++) {
+        assert_true(same(zd_nn_model_param(a, i), zd_nn_model_param(b, i)));
+        assert_false(same(zd_nn_model_param(a, i), zd_nn_model_param(c, i)));
     }
-    nn_model_t *d = nn_convnet_new(5);
+    zd_nn_model_t *d = zd_nn_convnet_new(5);
     check_init_stats(d);
-    nn_model_free(d);
-    nn_model_free(c);
-    nn_model_free(b);
-    nn_model_free(a);
+    zd_nn_model_free(d);
+    zd_nn_model_free(c);
+    zd_nn_model_free(b);
+    zd_nn_model_free(a);
 }
 
 int main(void)

@@ -21,9 +21,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
-#include "nn/nn.h"
-#include "nn/rng.h"
+#include <zdist/error.h>
+#include <zdist/nn.h>
+#include <zdist/rng.h>
 #include "nn/winograd.h"
 #include "tests/support/golden_cases.h"
 
@@ -126,12 +126,12 @@ typedef struct {
     bool bias;
 } shape_t;
 
-static float *random_floats(nn_rng_t *r, size_t n, float bound)
+static float *random_floats(zd_nn_rng_t *r, size_t n, float bound)
 {
     float *p = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(p);
     for (size_t i = 0; i < n; i++)
-        p[i] = nn_rng_uniform_range(r, -bound, bound);
+        p[i] = zd_nn_rng_uniform_range(r, -bound, bound);
     return p;
 }
 
@@ -179,8 +179,8 @@ static void run_shape(const shape_t *s, uint64_t seed)
     const size_t nx = (size_t)s->N * s->C * s->H * s->W, nw = (size_t)s->O * s->C * 9;
     const size_t ny = (size_t)s->N * s->O * Ho * Wo;
     const float wb = 1.0f / sqrtf(9.0f * s->C);
-    nn_rng_t r;
-    nn_rng_seed(&r, seed);
+    zd_nn_rng_t r;
+    zd_nn_rng_seed(&r, seed);
     float *x = random_floats(&r, nx, 1.0f), *w = random_floats(&r, nw, wb);
     float *b = s->bias ? random_floats(&r, s->O, wb) : NULL;
     float *dy = random_floats(&r, ny, 1.0f);
@@ -191,7 +191,7 @@ static void run_shape(const shape_t *s, uint64_t seed)
     char what[128];
 
     ref_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, ey, my);
-    assert_int_equal(nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, y,
+    assert_int_equal(zd__nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, y,
                                          NULL, NULL), 0);
     snprintf(what, sizeof what, "y  N%d C%d O%d %dx%d p%d%s", s->N, s->C, s->O, s->H, s->W,
              s->pad, s->bias ? " bias" : "");
@@ -200,7 +200,7 @@ static void run_shape(const shape_t *s, uint64_t seed)
     /* the epilogue sees each sample's output, with or without y */
     epi_t e = {.copy = nan_floats(ny), .per_sample = ny / s->N};
     assert_true(s->N <= (int)sizeof e.seen);
-    assert_int_equal(nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, NULL,
+    assert_int_equal(zd__nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, NULL,
                                          copy_epilogue, &e), 0);
     for (int n = 0; n < s->N; n++)
         assert_int_equal(e.seen[n], 1);
@@ -208,7 +208,7 @@ static void run_shape(const shape_t *s, uint64_t seed)
     free(e.copy);
 
     ref_backward_input(dy, s->N, s->O, Ho, Wo, w, s->C, s->pad, edx, mdx);
-    assert_int_equal(nn_winograd_backward_input(dy, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx,
+    assert_int_equal(zd__nn_winograd_backward_input(dy, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx,
                                                 NULL, NULL), 0);
     snprintf(what, sizeof what, "dx N%d C%d O%d %dx%d p%d", s->N, s->C, s->O, s->H, s->W,
              s->pad);
@@ -217,7 +217,7 @@ static void run_shape(const shape_t *s, uint64_t seed)
     /* the same dy through a prologue: the same bits */
     float *dx2 = nan_floats(nx);
     pro_t pr = {.dy = dy, .per_sample = ny / s->N};
-    assert_int_equal(nn_winograd_backward_input(NULL, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx2,
+    assert_int_equal(zd__nn_winograd_backward_input(NULL, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx2,
                                                 dy_prologue, &pr), 0);
     assert_memory_equal(dx2, dx, sizeof(float) * nx);
     free(dx2);
@@ -262,20 +262,20 @@ static void test_deterministic(void **state)
 {
     (void)state;
     const int N = 3, C = 20, O = 18, H = 11, W = 10, Ho = 9, Wo = 8;
-    nn_rng_t r;
-    nn_rng_seed(&r, 7);
+    zd_nn_rng_t r;
+    zd_nn_rng_seed(&r, 7);
     float *x = random_floats(&r, (size_t)N * C * H * W, 1.0f);
     float *w = random_floats(&r, (size_t)O * C * 9, 0.1f), *b = random_floats(&r, O, 0.1f);
     float *y = nan_floats((size_t)N * O * Ho * Wo), *y1 = nan_floats((size_t)O * Ho * Wo);
-    assert_int_equal(nn_winograd_forward(x, N, C, H, W, w, O, b, 0, y, NULL, NULL), 0);
-    assert_int_equal(nn_winograd_forward(x + (size_t)C * H * W, 1, C, H, W, w, O, b, 0, y1,
+    assert_int_equal(zd__nn_winograd_forward(x, N, C, H, W, w, O, b, 0, y, NULL, NULL), 0);
+    assert_int_equal(zd__nn_winograd_forward(x + (size_t)C * H * W, 1, C, H, W, w, O, b, 0, y1,
                                          NULL, NULL), 0);
     assert_memory_equal(y + (size_t)O * Ho * Wo, y1, sizeof(float) * O * Ho * Wo);
 
     /* y as the output gradient: dx [N,C,H,W] */
     float *dx = nan_floats((size_t)N * C * H * W), *dx1 = nan_floats((size_t)C * H * W);
-    assert_int_equal(nn_winograd_backward_input(y, N, O, Ho, Wo, w, C, 0, dx, NULL, NULL), 0);
-    assert_int_equal(nn_winograd_backward_input(y + (size_t)O * Ho * Wo, 1, O, Ho, Wo, w, C, 0,
+    assert_int_equal(zd__nn_winograd_backward_input(y, N, O, Ho, Wo, w, C, 0, dx, NULL, NULL), 0);
+    assert_int_equal(zd__nn_winograd_backward_input(y + (size_t)O * Ho * Wo, 1, O, Ho, Wo, w, C, 0,
                                                 dx1, NULL, NULL), 0);
     assert_memory_equal(dx + (size_t)C * H * W, dx1, sizeof(float) * C * H * W);
     free(x), free(w), free(b), free(y), free(y1), free(dx), free(dx1);
@@ -285,37 +285,37 @@ static void test_applies_and_errors(void **state)
 {
     (void)state;
     /* C, O, H, W, kh, kw, stride, padding, dilation, input gradient */
-    assert_true(nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, false));   /* Net conv2 */
-    assert_true(nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, true));
-    assert_true(nn_winograd_applies(32, 64, 8, 8, 3, 3, 1, 1, 1, false));
-    assert_false(nn_winograd_applies(1, 32, 28, 28, 3, 3, 1, 0, 1, false));   /* Net conv1 */
-    assert_false(nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, false));  /* thin */
-    assert_true(nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, true));
-    assert_false(nn_winograd_applies(64, 64, 7, 7, 3, 3, 1, 1, 1, false));    /* small */
-    assert_false(nn_winograd_applies(32, 64, 26, 26, 3, 3, 2, 1, 1, false));  /* stride 2 */
-    assert_false(nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 2, 1, true));   /* padding 2 */
-    assert_false(nn_winograd_applies(32, 64, 26, 26, 5, 5, 1, 0, 1, false));
-    assert_false(nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 2, true));   /* dilation 2 */
-    assert_false(nn_winograd_applies(32, 64, 2, 2, 3, 3, 1, 0, 1, true));     /* no output */
+    assert_true(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, false));   /* Net conv2 */
+    assert_true(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, true));
+    assert_true(zd__nn_winograd_applies(32, 64, 8, 8, 3, 3, 1, 1, 1, false));
+    assert_false(zd__nn_winograd_applies(1, 32, 28, 28, 3, 3, 1, 0, 1, false));   /* Net conv1 */
+    assert_false(zd__nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, false));  /* thin */
+    assert_true(zd__nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, true));
+    assert_false(zd__nn_winograd_applies(64, 64, 7, 7, 3, 3, 1, 1, 1, false));    /* small */
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 2, 1, 1, false));  /* stride 2 */
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 2, 1, true));   /* padding 2 */
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 5, 5, 1, 0, 1, false));
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 2, true));   /* dilation 2 */
+    assert_false(zd__nn_winograd_applies(32, 64, 2, 2, 3, 3, 1, 0, 1, true));     /* no output */
 
     float x[4] = {0}, w[9] = {0}, y[4];
-    assert_int_equal(nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 0, y, NULL, NULL), -1);
-    assert_non_null(strstr(error_last(), "does not fit"));
-    assert_int_equal(nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 3, y, NULL, NULL), -1);
-    assert_int_equal(nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 1, NULL, NULL, NULL), -1);
-    assert_int_equal(nn_winograd_backward_input(x, 1, 1, 2, 2, w, 1, 3, y, NULL, NULL), -1);
-    assert_int_equal(nn_winograd_backward_input(NULL, 1, 1, 2, 2, w, 1, 1, y, NULL, NULL), -1);
-    assert_int_equal(nn_winograd_forward(x, 0, 1, 2, 2, w, 1, NULL, 1, y, NULL, NULL), 0);
+    assert_int_equal(zd__nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 0, y, NULL, NULL), -1);
+    assert_non_null(strstr(zd_error_last(), "does not fit"));
+    assert_int_equal(zd__nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 3, y, NULL, NULL), -1);
+    assert_int_equal(zd__nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 1, NULL, NULL, NULL), -1);
+    assert_int_equal(zd__nn_winograd_backward_input(x, 1, 1, 2, 2, w, 1, 3, y, NULL, NULL), -1);
+    assert_int_equal(zd__nn_winograd_backward_input(NULL, 1, 1, 2, 2, w, 1, 1, y, NULL, NULL), -1);
+    assert_int_equal(zd__nn_winograd_forward(x, 0, 1, 2, 2, w, 1, NULL, 1, y, NULL, NULL), 0);
 }
 
 /* ---- PyTorch's numbers ---- */
 
 static float *golden_floats(golden_case_t *c, const char *role, const char *name)
 {
-    tensor_t *t = golden_tensor(c, role, name);
+    zd_tensor_t *t = golden_tensor(c, role, name);
     if (!t)
         fail_msg("%s: no %s %s", c->dir, role, name);
-    return tensor_data(t);
+    return zd_tensor_data(t);
 }
 
 static double *widen(const float *p, size_t n)
@@ -332,10 +332,10 @@ static int golden_conv_cases;
 static void golden_conv(golden_case_t *c, void *arg)
 {
     (void)arg;
-    tensor_t *xt = golden_tensor(c, "input", "x"), *wt = golden_tensor(c, "param", "weight");
+    zd_tensor_t *xt = golden_tensor(c, "input", "x"), *wt = golden_tensor(c, "param", "weight");
     assert_non_null(xt);
     assert_non_null(wt);
-    const int64_t *xs = tensor_shape(xt), *ws = tensor_shape(wt);
+    const int64_t *xs = zd_tensor_shape(xt), *ws = zd_tensor_shape(wt);
     const int pad = (int)golden_attr(c, "padding", 0);
     if (ws[2] != 3 || ws[3] != 3 || golden_attr(c, "stride", 1) != 1 ||
         golden_attr(c, "dilation", 1) != 1 || golden_attr(c, "groups", 1) != 1 || pad > 2)
@@ -346,8 +346,8 @@ static void golden_conv(golden_case_t *c, void *arg)
     float *y = nan_floats(ny), *dx = nan_floats(nx);
     char what[1200];
 
-    assert_int_equal(tensor_numel(golden_tensor(c, "output", "y")), (int64_t)ny);
-    assert_int_equal(nn_winograd_forward(tensor_data(xt), N, C, H, W, tensor_data(wt), O,
+    assert_int_equal(zd_tensor_numel(golden_tensor(c, "output", "y")), (int64_t)ny);
+    assert_int_equal(zd__nn_winograd_forward(zd_tensor_data(xt), N, C, H, W, zd_tensor_data(wt), O,
                                          golden_floats(c, "param", "bias"), pad, y, NULL, NULL),
                      0);
     double *e = widen(golden_floats(c, "output", "y"), ny);
@@ -355,8 +355,8 @@ static void golden_conv(golden_case_t *c, void *arg)
     check_close(what, y, e, NULL, ny);
     free(e);
 
-    assert_int_equal(nn_winograd_backward_input(golden_floats(c, "input", "dy"), N, O, Ho, Wo,
-                                                tensor_data(wt), C, pad, dx, NULL, NULL), 0);
+    assert_int_equal(zd__nn_winograd_backward_input(golden_floats(c, "input", "dy"), N, O, Ho, Wo,
+                                                zd_tensor_data(wt), C, pad, dx, NULL, NULL), 0);
     e = widen(golden_floats(c, "grad", "x"), nx);
     snprintf(what, sizeof what, "golden %s dx", strrchr(c->dir, '/') + 1);
     check_close(what, dx, e, NULL, nx);
@@ -399,28 +399,28 @@ static int golden_net_cases;
 static void golden_net(golden_case_t *c, void *arg)
 {
     (void)arg;
-    tensor_t *xt = golden_tensor(c, "input", "x"), *w1 = golden_tensor(c, "param", "conv1.weight");
-    tensor_t *w2 = golden_tensor(c, "param", "conv2.weight");
+    zd_tensor_t *xt = golden_tensor(c, "input", "x"), *w1 = golden_tensor(c, "param", "conv1.weight");
+    zd_tensor_t *w2 = golden_tensor(c, "param", "conv2.weight");
     assert_true(xt && w1 && w2);
-    const int N = (int)tensor_size(xt, 0), H = (int)tensor_size(xt, 2);
-    const int C1 = (int)tensor_size(w1, 0), O = (int)tensor_size(w2, 0);
+    const int N = (int)zd_tensor_size(xt, 0), H = (int)zd_tensor_size(xt, 2);
+    const int C1 = (int)zd_tensor_size(w1, 0), O = (int)zd_tensor_size(w2, 0);
     const int H1 = H - 2, H2 = H1 - 2;
     const size_t n1 = (size_t)N * C1 * H1 * H1, np = (size_t)N * O * (H2 / 2) * (H2 / 2);
     double *h1d = malloc(sizeof(double) * n1), *mag = malloc(sizeof(double) * n1);
     float *h1 = malloc(sizeof(float) * n1);
     assert_true(h1d && mag && h1);
-    ref_forward(tensor_data(xt), N, 1, H, H, tensor_data(w1), C1,
+    ref_forward(zd_tensor_data(xt), N, 1, H, H, zd_tensor_data(w1), C1,
                 golden_floats(c, "param", "conv1.bias"), 0, h1d, mag);
     for (size_t i = 0; i < n1; i++)
         h1[i] = h1d[i] > 0 ? (float)h1d[i] : 0.0f;
     pool_epi_t pe = {.O = O, .Ho = H2, .Wo = H2, .pooled = nan_floats(np)};
-    assert_int_equal(nn_winograd_forward(h1, N, C1, H1, H1, tensor_data(w2), O,
+    assert_int_equal(zd__nn_winograd_forward(h1, N, C1, H1, H1, zd_tensor_data(w2), O,
                                          golden_floats(c, "param", "conv2.bias"), 0, NULL,
                                          pool_epilogue, &pe), 0);
-    tensor_t *flat = golden_tensor(c, "output", "act.flatten");
+    zd_tensor_t *flat = golden_tensor(c, "output", "act.flatten");
     assert_non_null(flat);
-    assert_int_equal(tensor_numel(flat), (int64_t)np);
-    double *e = widen(tensor_data(flat), np);
+    assert_int_equal(zd_tensor_numel(flat), (int64_t)np);
+    double *e = widen(zd_tensor_data(flat), np);
     check_close("golden net conv2 + pool (act.flatten)", pe.pooled, e, NULL, np);
     free(e), free(pe.pooled), free(h1), free(h1d), free(mag);
     golden_net_cases++;
@@ -446,7 +446,7 @@ int main(void)
 {
     /* two threads whatever the machine: the pool's chunks then really run
        concurrently (epilogues and prologues included) */
-    if (nn_set_num_threads(2) < 0)
+    if (zd_nn_set_num_threads(2) < 0)
         return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_shapes),

@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
-#include "optim/optim.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/optim.h>
 #include "tests/support/golden_cases.h"
 
 #define RTOL 1e-4
@@ -34,15 +34,15 @@ static double gattr(const golden_case_t *c, const char *key)
 
 /*  Compares the rows of `full` listed in e (all of it when e has no rows)
     with e's tensor; returns the largest |a-e| / (atol + rtol |e|). */
-static double compare(const tensor_t *full, const golden_entry_t *e, const char *what)
+static double compare(const zd_tensor_t *full, const golden_entry_t *e, const char *what)
 {
-    int64_t row = tensor_ndim(full) ? tensor_numel(full) / tensor_size(full, 0) : 1;
-    int64_t n_rows = e->n_rows ? e->n_rows : tensor_numel(full) / row;
-    assert_int_equal(tensor_numel(e->value), n_rows * row);
+    int64_t row = zd_tensor_ndim(full) ? zd_tensor_numel(full) / zd_tensor_size(full, 0) : 1;
+    int64_t n_rows = e->n_rows ? e->n_rows : zd_tensor_numel(full) / row;
+    assert_int_equal(zd_tensor_numel(e->value), n_rows * row);
     double worst = 0;
     for (int64_t r = 0; r < n_rows; r++) {
         int64_t src = e->n_rows ? e->rows[r] : r;
-        const float *a = tensor_data(full) + src * row, *x = tensor_data(e->value) + r * row;
+        const float *a = zd_tensor_data(full) + src * row, *x = zd_tensor_data(e->value) + r * row;
         for (int64_t i = 0; i < row; i++) {
             double ratio = fabs((double)a[i] - x[i]) / (ATOL + RTOL * fabs((double)x[i]));
             if (ratio > 1)
@@ -56,10 +56,10 @@ static double compare(const tensor_t *full, const golden_entry_t *e, const char 
 
 /*  Steps a copy of the case's parameters `steps` times with the stored
     gradients and checks "<prefix>.step<k>.<param>" after each step. */
-static double golden_run(golden_case_t *c, const optim_config_t *cfg, const char *prefix,
+static double golden_run(golden_case_t *c, const zd_optim_config_t *cfg, const char *prefix,
                          int steps, int *checked)
 {
-    tensor_t *params[32], *grads[32];
+    zd_tensor_t *params[32], *grads[32];
     const golden_entry_t *pe[32];
     int np = 0;
     for (int i = 0; i < c->n; i++) {
@@ -67,27 +67,27 @@ static double golden_run(golden_case_t *c, const optim_config_t *cfg, const char
             continue;
         assert_true(np < 32);
         pe[np] = &c->entries[i];
-        params[np] = tensor_clone(c->entries[i].value);
+        params[np] = zd_tensor_clone(c->entries[i].value);
         const golden_entry_t *ge = golden_find(c, "grad", c->entries[i].name);
         assert_non_null(ge);
         /* A gradient stored for some rows only goes into those rows of a
            full-size gradient: every rule is elementwise. */
-        grads[np] = tensor_new(TENSOR_F32, tensor_ndim(params[np]), tensor_shape(params[np]));
-        int64_t row = tensor_numel(params[np]) / tensor_size(params[np], 0);
-        int64_t n_rows = ge->n_rows ? ge->n_rows : tensor_size(params[np], 0);
-        assert_int_equal(tensor_numel(ge->value), n_rows * row);
+        grads[np] = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(params[np]), zd_tensor_shape(params[np]));
+        int64_t row = zd_tensor_numel(params[np]) / zd_tensor_size(params[np], 0);
+        int64_t n_rows = ge->n_rows ? ge->n_rows : zd_tensor_size(params[np], 0);
+        assert_int_equal(zd_tensor_numel(ge->value), n_rows * row);
         for (int64_t r = 0; r < n_rows; r++)
-            memcpy(tensor_data(grads[np]) + (ge->n_rows ? ge->rows[r] : r) * row,
-                   tensor_data(ge->value) + r * row, (size_t)row * sizeof(float));
+            memcpy(zd_tensor_data(grads[np]) + (ge->n_rows ? ge->rows[r] : r) * row,
+                   zd_tensor_data(ge->value) + r * row, (size_t)row * sizeof(float));
         np++;
     }
     assert_true(np > 0);
-    optim_t *opt = optim_new(cfg, np, params);
+    zd_optim_t *opt = zd_optim_new(cfg, np, params);
     if (!opt)
-        fail_msg("%s", error_last());
+        fail_msg("%s", zd_error_last());
     double worst = 0;
     for (int s = 1; s <= steps; s++) {
-        assert_int_equal(optim_step(opt, grads), 0);
+        assert_int_equal(zd_optim_step(opt, grads), 0);
         for (int i = 0; i < np; i++) {
             char name[200], what[1300];
             snprintf(name, sizeof name, "%s.step%d.%s", prefix, s, pe[i]->name);
@@ -100,10 +100,10 @@ static double golden_run(golden_case_t *c, const optim_config_t *cfg, const char
             (*checked)++;
         }
     }
-    optim_free(opt);
+    zd_optim_free(opt);
     for (int i = 0; i < np; i++) {
-        tensor_unref(params[i]);
-        tensor_unref(grads[i]);
+        zd_tensor_unref(params[i]);
+        zd_tensor_unref(grads[i]);
     }
     return worst;
 }
@@ -113,11 +113,11 @@ static void golden_optim_case(golden_case_t *c, void *arg)
 {
     (void)arg;
     int checked = 0;
-    optim_config_t sgd = optim_sgd_defaults(gattr(c, "sgd_lr"));
-    optim_config_t mom = sgd;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(gattr(c, "sgd_lr"));
+    zd_optim_config_t mom = sgd;
     mom.momentum = gattr(c, "momentum");
     mom.weight_decay = gattr(c, "weight_decay");
-    optim_config_t adam = optim_adam_defaults();
+    zd_optim_config_t adam = zd_optim_adam_defaults();
     adam.lr = gattr(c, "adam_lr");
     adam.beta1 = gattr(c, "adam_beta1");
     adam.beta2 = gattr(c, "adam_beta2");
@@ -151,33 +151,33 @@ typedef struct {
     double buf[RN], m[RN], v[RN], vmax[RN], sum[RN], sq[RN], gavg[RN];
 } ref_t;
 
-static void ref_init(const optim_config_t *c, ref_t *r)
+static void ref_init(const zd_optim_config_t *c, ref_t *r)
 {
     memset(r, 0, sizeof *r);
     for (int i = 0; i < RN; i++)
         r->sum[i] = c->initial_accumulator_value;
 }
 
-static void ref_step(const optim_config_t *c, double *p, const double *grad, ref_t *r)
+static void ref_step(const zd_optim_config_t *c, double *p, const double *grad, ref_t *r)
 {
     r->step++;
     int t = r->step;
     for (int i = 0; i < RN; i++) {
         double g = c->maximize ? -grad[i] : grad[i];
-        if (c->kind == OPTIM_ADAMW)
+        if (c->kind == ZD_OPTIM_ADAMW)
             p[i] *= 1 - c->lr * c->weight_decay;
         else if (c->weight_decay != 0)
             g += c->weight_decay * p[i];
         switch (c->kind) {
-        case OPTIM_SGD:
+        case ZD_OPTIM_SGD:
             if (c->momentum != 0) {
                 r->buf[i] = t > 1 ? c->momentum * r->buf[i] + (1 - c->dampening) * g : g;
                 g = c->nesterov ? g + c->momentum * r->buf[i] : r->buf[i];
             }
             p[i] -= c->lr * g;
             break;
-        case OPTIM_ADAM:
-        case OPTIM_ADAMW: {
+        case ZD_OPTIM_ADAM:
+        case ZD_OPTIM_ADAMW: {
             r->m[i] = c->beta1 * r->m[i] + (1 - c->beta1) * g;
             r->v[i] = c->beta2 * r->v[i] + (1 - c->beta2) * g * g;
             r->vmax[i] = fmax(r->vmax[i], r->v[i]);
@@ -186,13 +186,13 @@ static void ref_step(const optim_config_t *c, double *p, const double *grad, ref
             p[i] -= c->lr / (1 - pow(c->beta1, t)) * r->m[i] / denom;
             break;
         }
-        case OPTIM_ADAGRAD: {
+        case ZD_OPTIM_ADAGRAD: {
             double clr = c->lr / (1 + (t - 1) * c->lr_decay);
             r->sum[i] += g * g;
             p[i] -= clr * g / (sqrt(r->sum[i]) + c->eps);
             break;
         }
-        case OPTIM_RMSPROP: {
+        case ZD_OPTIM_RMSPROP: {
             r->sq[i] = c->alpha * r->sq[i] + (1 - c->alpha) * g * g;
             double v = r->sq[i];
             if (c->centered) {
@@ -225,28 +225,28 @@ static double param_at(int i)
 }
 
 /*  Runs cfg for 3 steps against the reference; the parameters must move. */
-static void check_against_reference(const char *label, optim_config_t cfg)
+static void check_against_reference(const char *label, zd_optim_config_t cfg)
 {
-    if (optim_config_check(&cfg) < 0)
-        fail_msg("%s: %s", label, error_last());
+    if (zd_optim_config_check(&cfg) < 0)
+        fail_msg("%s: %s", label, zd_error_last());
     int64_t n = RN;
-    tensor_t *p = tensor_zeros1(n), *g = tensor_zeros1(n);
+    zd_tensor_t *p = zd_tensor_zeros1(n), *g = zd_tensor_zeros1(n);
     double ref[RN];
     for (int i = 0; i < RN; i++)
-        tensor_data(p)[i] = (float)(ref[i] = param_at(i));
+        zd_tensor_data(p)[i] = (float)(ref[i] = param_at(i));
     ref_t r;
     ref_init(&cfg, &r);
-    optim_t *opt = optim_new(&cfg, 1, &p);
+    zd_optim_t *opt = zd_optim_new(&cfg, 1, &p);
     assert_non_null(opt);
     double moved = 0;
     for (int s = 1; s <= 3; s++) {
         double gd[RN];
         for (int i = 0; i < RN; i++)
-            tensor_data(g)[i] = (float)(gd[i] = grad_at(s, i));
-        assert_int_equal(optim_step(opt, &g), 0);
+            zd_tensor_data(g)[i] = (float)(gd[i] = grad_at(s, i));
+        assert_int_equal(zd_optim_step(opt, &g), 0);
         ref_step(&cfg, ref, gd, &r);
         for (int i = 0; i < RN; i++) {
-            double a = tensor_data(p)[i];
+            double a = zd_tensor_data(p)[i];
             if (fabs(a - ref[i]) > ATOL + RTOL * fabs(ref[i]))
                 fail_msg("%s: step %d element %d: %.9g, reference %.9g", label, s, i, a, ref[i]);
             moved = fmax(moved, fabs(ref[i] - param_at(i)));
@@ -254,17 +254,17 @@ static void check_against_reference(const char *label, optim_config_t cfg)
     }
     if (moved < 1e-3)
         fail_msg("%s: parameters barely moved (%g): a weak test", label, moved);
-    optim_free(opt);
-    tensor_unref(p);
-    tensor_unref(g);
+    zd_optim_free(opt);
+    zd_tensor_unref(p);
+    zd_tensor_unref(g);
 }
 
 static void test_against_reference(void **state)
 {
     (void)state;
-    optim_config_t c;
+    zd_optim_config_t c;
 
-    c = optim_sgd_defaults(0.1);
+    c = zd_optim_sgd_defaults(0.1);
     check_against_reference("sgd", c);
     c.weight_decay = 0.05;
     check_against_reference("sgd weight decay", c);
@@ -278,7 +278,7 @@ static void test_against_reference(void **state)
     c.maximize = true;
     check_against_reference("sgd nesterov maximize", c);
 
-    c = optim_adam_defaults();
+    c = zd_optim_adam_defaults();
     c.lr = 0.05;
     check_against_reference("adam", c);
     c.amsgrad = true;
@@ -291,14 +291,14 @@ static void test_against_reference(void **state)
     c.maximize = true;
     check_against_reference("adam maximize", c);
 
-    c = optim_adamw_defaults();
+    c = zd_optim_adamw_defaults();
     c.lr = 0.05;
     check_against_reference("adamw", c);
     c.weight_decay = 0.5;
     c.amsgrad = true;
     check_against_reference("adamw amsgrad", c);
 
-    c = optim_adagrad_defaults();
+    c = zd_optim_adagrad_defaults();
     c.lr = 0.1;
     check_against_reference("adagrad", c);
     c.lr_decay = 0.2;
@@ -307,7 +307,7 @@ static void test_against_reference(void **state)
     c.eps = 1e-4;
     check_against_reference("adagrad decay, accumulator", c);
 
-    c = optim_rmsprop_defaults();
+    c = zd_optim_rmsprop_defaults();
     check_against_reference("rmsprop", c);
     c.centered = true;
     check_against_reference("rmsprop centered", c);
@@ -324,119 +324,119 @@ static void test_against_reference(void **state)
 static void test_defaults(void **state)
 {
     (void)state;
-    optim_config_t c = optim_sgd_defaults(0.5);
-    assert_int_equal(c.kind, OPTIM_SGD);
+    zd_optim_config_t c = zd_optim_sgd_defaults(0.5);
+    assert_int_equal(c.kind, ZD_OPTIM_SGD);
     assert_true(c.lr == 0.5 && c.momentum == 0 && c.dampening == 0 && c.weight_decay == 0);
     assert_false(c.nesterov || c.maximize);
-    c = optim_adam_defaults();
+    c = zd_optim_adam_defaults();
     assert_true(c.lr == 1e-3 && c.beta1 == 0.9 && c.beta2 == 0.999 && c.eps == 1e-8);
     assert_true(c.weight_decay == 0 && !c.amsgrad);
-    c = optim_adamw_defaults();
-    assert_true(c.kind == OPTIM_ADAMW && c.lr == 1e-3 && c.weight_decay == 1e-2);
-    c = optim_adagrad_defaults();
+    c = zd_optim_adamw_defaults();
+    assert_true(c.kind == ZD_OPTIM_ADAMW && c.lr == 1e-3 && c.weight_decay == 1e-2);
+    c = zd_optim_adagrad_defaults();
     assert_true(c.lr == 1e-2 && c.lr_decay == 0 && c.initial_accumulator_value == 0);
     assert_true(c.eps == 1e-10 && c.weight_decay == 0);
-    c = optim_rmsprop_defaults();
+    c = zd_optim_rmsprop_defaults();
     assert_true(c.lr == 1e-2 && c.alpha == 0.99 && c.eps == 1e-8 && c.momentum == 0);
     assert_false(c.centered);
-    c = optim_defaults(OPTIM_SGD);
-    assert_int_equal(optim_config_check(&c), -1);
-    assert_non_null(strstr(error_last(), "lr is required"));
+    c = zd_optim_defaults(ZD_OPTIM_SGD);
+    assert_int_equal(zd_optim_config_check(&c), -1);
+    assert_non_null(strstr(zd_error_last(), "lr is required"));
 }
 
-static void expect_invalid(optim_config_t c, const char *msg)
+static void expect_invalid(zd_optim_config_t c, const char *msg)
 {
-    tensor_t *p = tensor_zeros1(2);
-    assert_int_equal(optim_config_check(&c), -1);
-    assert_null(optim_new(&c, 1, &p));
-    if (!strstr(error_last(), msg))
-        fail_msg("error '%s' lacks '%s'", error_last(), msg);
-    tensor_unref(p);
+    zd_tensor_t *p = zd_tensor_zeros1(2);
+    assert_int_equal(zd_optim_config_check(&c), -1);
+    assert_null(zd_optim_new(&c, 1, &p));
+    if (!strstr(zd_error_last(), msg))
+        fail_msg("error '%s' lacks '%s'", zd_error_last(), msg);
+    zd_tensor_unref(p);
 }
 
 static void test_invalid_hyper_parameters(void **state)
 {
     (void)state;
-    optim_config_t c = optim_sgd_defaults(-0.1);
+    zd_optim_config_t c = zd_optim_sgd_defaults(-0.1);
     expect_invalid(c, "SGD: Invalid learning rate: -0.1");
-    c = optim_sgd_defaults(0.1);
+    c = zd_optim_sgd_defaults(0.1);
     c.nesterov = true;
     expect_invalid(c, "Nesterov momentum requires a momentum and zero dampening");
     c.momentum = 0.9;
     c.dampening = 0.1;
     expect_invalid(c, "Nesterov momentum requires a momentum and zero dampening");
-    c = optim_sgd_defaults(0.1);
+    c = zd_optim_sgd_defaults(0.1);
     c.momentum = -1;
     expect_invalid(c, "Invalid momentum value: -1.0");
-    c = optim_sgd_defaults(NAN);
+    c = zd_optim_sgd_defaults(NAN);
     expect_invalid(c, "lr is required");
-    c = optim_adam_defaults();
+    c = zd_optim_adam_defaults();
     c.beta1 = 1.0;
     expect_invalid(c, "Adam: Invalid beta parameter at index 0: 1.0");
-    c = optim_adamw_defaults();
+    c = zd_optim_adamw_defaults();
     c.beta2 = -0.5;
     expect_invalid(c, "AdamW: Invalid beta parameter at index 1: -0.5");
-    c = optim_adam_defaults();
+    c = zd_optim_adam_defaults();
     c.eps = -1e-8;
     expect_invalid(c, "Invalid epsilon value: -1e-08");
     c.eps = 1e-8;
     c.weight_decay = -0.01;
     expect_invalid(c, "Invalid weight_decay value: -0.01");
-    c = optim_adagrad_defaults();
+    c = zd_optim_adagrad_defaults();
     c.lr_decay = -1;
     expect_invalid(c, "Adagrad: Invalid lr_decay value: -1.0");
-    c = optim_adagrad_defaults();
+    c = zd_optim_adagrad_defaults();
     c.initial_accumulator_value = -0.5;
     expect_invalid(c, "Invalid initial_accumulator_value value: -0.5");
-    c = optim_rmsprop_defaults();
+    c = zd_optim_rmsprop_defaults();
     c.alpha = -0.1;
     expect_invalid(c, "RMSprop: Invalid alpha value: -0.1");
-    c = optim_rmsprop_defaults();
+    c = zd_optim_rmsprop_defaults();
     c.momentum = -0.1;
     expect_invalid(c, "RMSprop: Invalid momentum value: -0.1");
-    c.kind = (optim_kind_t)42;
+    c.kind = (zd_optim_kind_t)42;
     expect_invalid(c, "unknown kind 42");
 }
 
 static void test_invalid_parameters(void **state)
 {
     (void)state;
-    int64_t live = tensor_live_count();
-    optim_config_t c = optim_sgd_defaults(0.1);
-    tensor_t *a = tensor_zeros1(3), *b = tensor_zeros1(3);
-    tensor_t *i64 = tensor_new(TENSOR_I64, 1, (int64_t[]){ 3 });
-    assert_null(optim_new(&c, 0, NULL));
-    assert_non_null(strstr(error_last(), "optimizer got an empty parameter list"));
-    assert_null(optim_new(&c, 2, (tensor_t *[]){ a, a }));
-    assert_non_null(strstr(error_last(), "parameter 1 is the same tensor as parameter 0"));
-    assert_null(optim_new(&c, 2, (tensor_t *[]){ a, i64 }));
-    assert_non_null(strstr(error_last(), "parameter 1 is int64"));
-    assert_int_equal(tensor_set_requires_grad(a, true), 0);
-    tensor_t *y;
-    assert_int_equal(tensor_scale(a, 2.0f, &y), 0);
-    assert_null(optim_new(&c, 2, (tensor_t *[]){ b, y }));
-    assert_non_null(strstr(error_last(), "can't optimize a non-leaf tensor (parameter 1)"));
+    int64_t live = zd_tensor_live_count();
+    zd_optim_config_t c = zd_optim_sgd_defaults(0.1);
+    zd_tensor_t *a = zd_tensor_zeros1(3), *b = zd_tensor_zeros1(3);
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, (int64_t[]){ 3 });
+    assert_null(zd_optim_new(&c, 0, NULL));
+    assert_non_null(strstr(zd_error_last(), "optimizer got an empty parameter list"));
+    assert_null(zd_optim_new(&c, 2, (zd_tensor_t *[]){ a, a }));
+    assert_non_null(strstr(zd_error_last(), "parameter 1 is the same tensor as parameter 0"));
+    assert_null(zd_optim_new(&c, 2, (zd_tensor_t *[]){ a, i64 }));
+    assert_non_null(strstr(zd_error_last(), "parameter 1 is int64"));
+    assert_int_equal(zd_tensor_set_requires_grad(a, true), 0);
+    zd_tensor_t *y;
+    assert_int_equal(zd_tensor_scale(a, 2.0f, &y), 0);
+    assert_null(zd_optim_new(&c, 2, (zd_tensor_t *[]){ b, y }));
+    assert_non_null(strstr(zd_error_last(), "can't optimize a non-leaf tensor (parameter 1)"));
 
     /* A gradient of the wrong shape: refused before anything moves. */
-    tensor_fill_(a, 1.0f);
-    tensor_fill_(b, 1.0f);
-    tensor_set_name(b, "fc.bias");
-    optim_t *opt = optim_new(&c, 2, (tensor_t *[]){ a, b });
-    tensor_t *g3 = tensor_zeros1(3), *g4 = tensor_zeros1(4);
-    tensor_fill_(g3, 1.0f);
-    assert_int_equal(optim_step(opt, (tensor_t *[]){ g3, g4 }), -1);
-    assert_non_null(strstr(error_last(), "gradient of parameter 1 ('fc.bias') is float32 (4)"));
-    assert_float_equal(tensor_data(a)[0], 1.0f, 0);
-    assert_int_equal(optim_step(opt, (tensor_t *[]){ g3, i64 }), -1);
-    assert_non_null(strstr(error_last(), "is int64 (3)"));
-    optim_free(opt);
-    tensor_unref(g3);
-    tensor_unref(g4);
-    tensor_unref(y);
-    tensor_unref(a);
-    tensor_unref(b);
-    tensor_unref(i64);
-    assert_int_equal(tensor_live_count(), live);
+    zd_tensor_fill_(a, 1.0f);
+    zd_tensor_fill_(b, 1.0f);
+    zd_tensor_set_name(b, "fc.bias");
+    zd_optim_t *opt = zd_optim_new(&c, 2, (zd_tensor_t *[]){ a, b });
+    zd_tensor_t *g3 = zd_tensor_zeros1(3), *g4 = zd_tensor_zeros1(4);
+    zd_tensor_fill_(g3, 1.0f);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g3, g4 }), -1);
+    assert_non_null(strstr(zd_error_last(), "gradient of parameter 1 ('fc.bias') is float32 (4)"));
+    assert_float_equal(zd_tensor_data(a)[0], 1.0f, 0);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g3, i64 }), -1);
+    assert_non_null(strstr(zd_error_last(), "is int64 (3)"));
+    zd_optim_free(opt);
+    zd_tensor_unref(g3);
+    zd_tensor_unref(g4);
+    zd_tensor_unref(y);
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
+    zd_tensor_unref(i64);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 /*  A parameter without a gradient is skipped: it and its state stay as
@@ -444,88 +444,88 @@ static void test_invalid_parameters(void **state)
 static void test_skipped_parameters(void **state)
 {
     (void)state;
-    optim_config_t c = optim_adam_defaults();
+    zd_optim_config_t c = zd_optim_adam_defaults();
     c.lr = 0.1;
-    tensor_t *p[2] = { tensor_zeros1(RN), tensor_zeros1(RN) };
-    tensor_t *g = tensor_zeros1(RN);
+    zd_tensor_t *p[2] = { zd_tensor_zeros1(RN), zd_tensor_zeros1(RN) };
+    zd_tensor_t *g = zd_tensor_zeros1(RN);
     double ref0[RN], ref1[RN], gd[RN];
     for (int i = 0; i < RN; i++) {
-        tensor_data(p[0])[i] = tensor_data(p[1])[i] = (float)param_at(i);
+        zd_tensor_data(p[0])[i] = zd_tensor_data(p[1])[i] = (float)param_at(i);
         ref0[i] = ref1[i] = param_at(i);
-        tensor_data(g)[i] = (float)(gd[i] = grad_at(1, i));
+        zd_tensor_data(g)[i] = (float)(gd[i] = grad_at(1, i));
     }
     ref_t r0, r1;
     ref_init(&c, &r0);
     ref_init(&c, &r1);
-    optim_t *opt = optim_new(&c, 2, p);
-    assert_int_equal(optim_step(opt, (tensor_t *[]){ g, NULL }), 0);
+    zd_optim_t *opt = zd_optim_new(&c, 2, p);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g, NULL }), 0);
     ref_step(&c, ref0, gd, &r0);
     for (int i = 0; i < RN; i++)
-        assert_float_equal(tensor_data(p[1])[i], (float)param_at(i), 0);
-    assert_int_equal(optim_step(opt, (tensor_t *[]){ g, g }), 0);
+        assert_float_equal(zd_tensor_data(p[1])[i], (float)param_at(i), 0);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g, g }), 0);
     ref_step(&c, ref0, gd, &r0);
     ref_step(&c, ref1, gd, &r1);
     for (int i = 0; i < RN; i++) {
-        assert_true(fabs(tensor_data(p[0])[i] - ref0[i]) <= ATOL + RTOL * fabs(ref0[i]));
-        assert_true(fabs(tensor_data(p[1])[i] - ref1[i]) <= ATOL + RTOL * fabs(ref1[i]));
+        assert_true(fabs(zd_tensor_data(p[0])[i] - ref0[i]) <= ATOL + RTOL * fabs(ref0[i]));
+        assert_true(fabs(zd_tensor_data(p[1])[i] - ref1[i]) <= ATOL + RTOL * fabs(ref1[i]));
     }
     /* The two parameters differ: one had two steps, the other one. */
     assert_true(fabs(ref0[0] - ref1[0]) > 1e-3);
-    optim_free(opt);
-    tensor_unref(p[0]);
-    tensor_unref(p[1]);
-    tensor_unref(g);
+    zd_optim_free(opt);
+    zd_tensor_unref(p[0]);
+    zd_tensor_unref(p[1]);
+    zd_tensor_unref(g);
 }
 
 static void test_grad_field_and_zero_grad(void **state)
 {
     (void)state;
-    optim_config_t c = optim_sgd_defaults(0.5);
+    zd_optim_config_t c = zd_optim_sgd_defaults(0.5);
     c.weight_decay = 0.5;
-    tensor_t *p = tensor_zeros1(2), *q = tensor_zeros1(2), *g = tensor_zeros1(2);
-    tensor_fill_(p, 1.0f);
-    tensor_fill_(q, 1.0f);
-    tensor_fill_(g, 2.0f);
-    assert_int_equal(tensor_set_requires_grad(p, true), 0);
-    assert_int_equal(tensor_set_requires_grad(q, true), 0);
-    assert_int_equal(tensor_accumulate_grad(p, g), 0);
-    optim_t *opt = optim_new(&c, 2, (tensor_t *[]){ p, q });
+    zd_tensor_t *p = zd_tensor_zeros1(2), *q = zd_tensor_zeros1(2), *g = zd_tensor_zeros1(2);
+    zd_tensor_fill_(p, 1.0f);
+    zd_tensor_fill_(q, 1.0f);
+    zd_tensor_fill_(g, 2.0f);
+    assert_int_equal(zd_tensor_set_requires_grad(p, true), 0);
+    assert_int_equal(zd_tensor_set_requires_grad(q, true), 0);
+    assert_int_equal(zd_tensor_accumulate_grad(p, g), 0);
+    zd_optim_t *opt = zd_optim_new(&c, 2, (zd_tensor_t *[]){ p, q });
     /* p: 1 - 0.5 * (2 + 0.5 * 1) = -0.25; q has no .grad: untouched. */
-    assert_int_equal(optim_step_grad(opt), 0);
-    assert_float_equal(tensor_data(p)[0], -0.25f, 1e-7);
-    assert_float_equal(tensor_data(q)[0], 1.0f, 0);
+    assert_int_equal(zd_optim_step_grad(opt), 0);
+    assert_float_equal(zd_tensor_data(p)[0], -0.25f, 1e-7);
+    assert_float_equal(zd_tensor_data(q)[0], 1.0f, 0);
     /* zero_grad keeping zeros (PyTorch 1.13's default): p is still stepped,
        by weight decay alone: -0.25 - 0.5 * 0.5 * -0.25 = -0.1875. */
-    optim_zero_grad(opt, false);
-    tensor_t *z = tensor_grad(p);
+    zd_optim_zero_grad(opt, false);
+    zd_tensor_t *z = zd_tensor_grad(p);
     assert_non_null(z);
-    assert_float_equal(tensor_data(z)[1], 0.0f, 0);
-    tensor_unref(z);
-    assert_int_equal(optim_step_grad(opt), 0);
-    assert_float_equal(tensor_data(p)[0], -0.1875f, 1e-7);
+    assert_float_equal(zd_tensor_data(z)[1], 0.0f, 0);
+    zd_tensor_unref(z);
+    assert_int_equal(zd_optim_step_grad(opt), 0);
+    assert_float_equal(zd_tensor_data(p)[0], -0.1875f, 1e-7);
     /* zero_grad(set_to_none): nothing to step. */
-    optim_zero_grad(opt, true);
-    assert_null(tensor_grad(p));
-    assert_int_equal(optim_step_grad(opt), 0);
-    assert_float_equal(tensor_data(p)[0], -0.1875f, 0);
+    zd_optim_zero_grad(opt, true);
+    assert_null(zd_tensor_grad(p));
+    assert_int_equal(zd_optim_step_grad(opt), 0);
+    assert_float_equal(zd_tensor_data(p)[0], -0.1875f, 0);
     /* Steps are not recorded by autograd: p stays a leaf. */
-    assert_true(tensor_is_leaf(p));
-    assert_null(tensor_grad_fn(p));
+    assert_true(zd_tensor_is_leaf(p));
+    assert_null(zd_tensor_grad_fn(p));
 
-    assert_int_equal(optim_set_lr(opt, -1), -1);
-    assert_int_equal(optim_set_lr(opt, 0.25), 0);
-    assert_true(optim_config(opt).lr == 0.25);
-    assert_int_equal(optim_n_params(opt), 2);
-    assert_ptr_equal(optim_param(opt, 1), q);
-    assert_null(optim_param(opt, 2));
-    optim_free(opt);
-    tensor_unref(p);
-    tensor_unref(q);
-    tensor_unref(g);
+    assert_int_equal(zd_optim_set_lr(opt, -1), -1);
+    assert_int_equal(zd_optim_set_lr(opt, 0.25), 0);
+    assert_true(zd_optim_config(opt).lr == 0.25);
+    assert_int_equal(zd_optim_n_params(opt), 2);
+    assert_ptr_equal(zd_optim_param(opt, 1), q);
+    assert_null(zd_optim_param(opt, 2));
+    zd_optim_free(opt);
+    zd_tensor_unref(p);
+    zd_tensor_unref(q);
+    zd_tensor_unref(g);
 }
 
 /*  Field by field: the struct has padding. */
-static bool config_equal(const optim_config_t *a, const optim_config_t *b)
+static bool config_equal(const zd_optim_config_t *a, const zd_optim_config_t *b)
 {
     return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum
         && a->dampening == b->dampening && a->weight_decay == b->weight_decay
@@ -539,9 +539,9 @@ static bool config_equal(const optim_config_t *a, const optim_config_t *b)
 static void test_config_text(void **state)
 {
     (void)state;
-    optim_config_t all[5] = { optim_sgd_defaults(0.03), optim_adam_defaults(),
-                              optim_adamw_defaults(), optim_adagrad_defaults(),
-                              optim_rmsprop_defaults() };
+    zd_optim_config_t all[5] = { zd_optim_sgd_defaults(0.03), zd_optim_adam_defaults(),
+                              zd_optim_adamw_defaults(), zd_optim_adagrad_defaults(),
+                              zd_optim_rmsprop_defaults() };
     all[0].momentum = 0.9;
     all[0].weight_decay = 1e-4;
     all[0].nesterov = true;
@@ -550,140 +550,140 @@ static void test_config_text(void **state)
     all[3].lr_decay = 1.0 / 3.0;
     all[4].centered = true;
     char buf[512];
-    int n = optim_config_format(&all[0], buf, sizeof buf);
+    int n = zd_optim_config_format(&all[0], buf, sizeof buf);
     assert_string_equal(buf, "sgd lr=0.03 momentum=0.9 dampening=0 weight_decay=0.0001 "
                              "nesterov=1 maximize=0");
     assert_int_equal(n, (int)strlen(buf));
     for (int k = 0; k < 5; k++) {
-        n = optim_config_format(&all[k], buf, sizeof buf);
+        n = zd_optim_config_format(&all[k], buf, sizeof buf);
         assert_int_equal(n, (int)strlen(buf));
-        optim_config_t back;
-        if (optim_config_parse(buf, &back) < 0)
-            fail_msg("%s: %s", buf, error_last());
+        zd_optim_config_t back;
+        if (zd_optim_config_parse(buf, &back) < 0)
+            fail_msg("%s: %s", buf, zd_error_last());
         assert_true(config_equal(&back, &all[k]));
     }
     /* Too small a buffer: snprintf's contract. */
     char small[8];
-    assert_int_equal(optim_config_format(&all[1], small, sizeof small),
-                     optim_config_format(&all[1], NULL, 0));
+    assert_int_equal(zd_optim_config_format(&all[1], small, sizeof small),
+                     zd_optim_config_format(&all[1], NULL, 0));
     assert_string_equal(small, "adam lr");
 
-    optim_config_t c;
-    assert_int_equal(optim_config_parse("  RMSprop   momentum=0.5 centered=true ", &c), 0);
-    assert_int_equal(c.kind, OPTIM_RMSPROP);
+    zd_optim_config_t c;
+    assert_int_equal(zd_optim_config_parse("  RMSprop   momentum=0.5 centered=true ", &c), 0);
+    assert_int_equal(c.kind, ZD_OPTIM_RMSPROP);
     assert_true(c.momentum == 0.5 && c.centered && c.lr == 1e-2 && c.alpha == 0.99);
-    assert_int_equal(optim_config_parse("sgd", &c), 0);
-    assert_int_equal(optim_config_check(&c), -1);
-    assert_int_equal(optim_config_parse("adam momentum=0.9", &c), -1);
-    assert_non_null(strstr(error_last(), "Adam has no 'momentum'"));
-    assert_int_equal(optim_config_parse("adam lr=fast", &c), -1);
-    assert_non_null(strstr(error_last(), "lr=fast is not a number"));
-    assert_int_equal(optim_config_parse("adam foo=1", &c), -1);
-    assert_non_null(strstr(error_last(), "unknown key 'foo'"));
-    assert_int_equal(optim_config_parse("adam amsgrad=maybe", &c), -1);
-    assert_int_equal(optim_config_parse("lbfgs", &c), -1);
-    assert_non_null(strstr(error_last(), "unknown kind 'lbfgs'"));
-    assert_int_equal(optim_config_parse("", &c), -1);
-    optim_kind_t k;
-    assert_int_equal(optim_kind_from_name("AdamW", &k), 0);
-    assert_int_equal(k, OPTIM_ADAMW);
-    assert_string_equal(optim_kind_name(OPTIM_ADAGRAD), "adagrad");
+    assert_int_equal(zd_optim_config_parse("sgd", &c), 0);
+    assert_int_equal(zd_optim_config_check(&c), -1);
+    assert_int_equal(zd_optim_config_parse("adam momentum=0.9", &c), -1);
+    assert_non_null(strstr(zd_error_last(), "Adam has no 'momentum'"));
+    assert_int_equal(zd_optim_config_parse("adam lr=fast", &c), -1);
+    assert_non_null(strstr(zd_error_last(), "lr=fast is not a number"));
+    assert_int_equal(zd_optim_config_parse("adam foo=1", &c), -1);
+    assert_non_null(strstr(zd_error_last(), "unknown key 'foo'"));
+    assert_int_equal(zd_optim_config_parse("adam amsgrad=maybe", &c), -1);
+    assert_int_equal(zd_optim_config_parse("lbfgs", &c), -1);
+    assert_non_null(strstr(zd_error_last(), "unknown kind 'lbfgs'"));
+    assert_int_equal(zd_optim_config_parse("", &c), -1);
+    zd_optim_kind_t k;
+    assert_int_equal(zd_optim_kind_from_name("AdamW", &k), 0);
+    assert_int_equal(k, ZD_OPTIM_ADAMW);
+    assert_string_equal(zd_optim_kind_name(ZD_OPTIM_ADAGRAD), "adagrad");
 }
 
 /*  Export after two steps, import into a fresh optimizer over copies of the
     parameters: both continue identically. */
-static void check_resume(optim_config_t c)
+static void check_resume(zd_optim_config_t c)
 {
-    int64_t live = tensor_live_count();
-    tensor_t *p = tensor_zeros2(3, 3), *g = tensor_zeros2(3, 3);
+    int64_t live = zd_tensor_live_count();
+    zd_tensor_t *p = zd_tensor_zeros2(3, 3), *g = zd_tensor_zeros2(3, 3);
     for (int i = 0; i < 9; i++)
-        tensor_data(p)[i] = (float)param_at(i);
-    optim_t *a = optim_new(&c, 1, &p);
+        zd_tensor_data(p)[i] = (float)param_at(i);
+    zd_optim_t *a = zd_optim_new(&c, 1, &p);
     for (int s = 1; s <= 2; s++) {
         for (int i = 0; i < 9; i++)
-            tensor_data(g)[i] = (float)grad_at(s, i);
-        assert_int_equal(optim_step(a, &g), 0);
+            zd_tensor_data(g)[i] = (float)grad_at(s, i);
+        assert_int_equal(zd_optim_step(a, &g), 0);
     }
     int n;
     char **names;
-    tensor_t **ts;
-    assert_int_equal(optim_state_export(a, &n, &names, &ts), 0);
-    tensor_t *q = tensor_clone(p);
-    optim_t *b = optim_new(&c, 1, &q);
-    assert_int_equal(optim_state_import(b, n, (const char *const *)names, ts), 0);
+    zd_tensor_t **ts;
+    assert_int_equal(zd_optim_state_export(a, &n, &names, &ts), 0);
+    zd_tensor_t *q = zd_tensor_clone(p);
+    zd_optim_t *b = zd_optim_new(&c, 1, &q);
+    assert_int_equal(zd_optim_state_import(b, n, (const char *const *)names, ts), 0);
     for (int i = 0; i < 9; i++)
-        tensor_data(g)[i] = (float)grad_at(3, i);
-    assert_int_equal(optim_step(a, &g), 0);
-    assert_int_equal(optim_step(b, &g), 0);
-    assert_memory_equal(tensor_data(p), tensor_data(q), 9 * sizeof(float));
-    optim_state_free(n, names, ts);
-    optim_free(a);
-    optim_free(b);
-    tensor_unref(p);
-    tensor_unref(q);
-    tensor_unref(g);
-    assert_int_equal(tensor_live_count(), live);
+        zd_tensor_data(g)[i] = (float)grad_at(3, i);
+    assert_int_equal(zd_optim_step(a, &g), 0);
+    assert_int_equal(zd_optim_step(b, &g), 0);
+    assert_memory_equal(zd_tensor_data(p), zd_tensor_data(q), 9 * sizeof(float));
+    zd_optim_state_free(n, names, ts);
+    zd_optim_free(a);
+    zd_optim_free(b);
+    zd_tensor_unref(p);
+    zd_tensor_unref(q);
+    zd_tensor_unref(g);
+    assert_int_equal(zd_tensor_live_count(), live);
 }
 
 static void test_state_export_import(void **state)
 {
     (void)state;
-    optim_config_t c = optim_sgd_defaults(0.1);
+    zd_optim_config_t c = zd_optim_sgd_defaults(0.1);
     c.momentum = 0.9;
     check_resume(c);
-    c = optim_adam_defaults();
+    c = zd_optim_adam_defaults();
     c.amsgrad = true;
     check_resume(c);
-    check_resume(optim_adamw_defaults());
-    check_resume(optim_adagrad_defaults());
-    c = optim_rmsprop_defaults();
+    check_resume(zd_optim_adamw_defaults());
+    check_resume(zd_optim_adagrad_defaults());
+    c = zd_optim_rmsprop_defaults();
     c.centered = true;
     c.momentum = 0.5;
     check_resume(c);
 
     /* The names are PyTorch's state keys. */
-    c = optim_adam_defaults();
-    tensor_t *p0 = tensor_zeros1(2), *p = tensor_zeros1(4), *g = tensor_zeros1(4);
-    tensor_fill_(g, 0.5f);
-    optim_t *o = optim_new(&c, 2, (tensor_t *[]){ p0, p });
+    c = zd_optim_adam_defaults();
+    zd_tensor_t *p0 = zd_tensor_zeros1(2), *p = zd_tensor_zeros1(4), *g = zd_tensor_zeros1(4);
+    zd_tensor_fill_(g, 0.5f);
+    zd_optim_t *o = zd_optim_new(&c, 2, (zd_tensor_t *[]){ p0, p });
     int n;
     char **names;
-    tensor_t **ts;
-    assert_int_equal(optim_state_export(o, &n, &names, &ts), 0);
+    zd_tensor_t **ts;
+    assert_int_equal(zd_optim_state_export(o, &n, &names, &ts), 0);
     assert_int_equal(n, 0);
-    optim_state_free(n, names, ts);
-    assert_int_equal(optim_step(o, (tensor_t *[]){ NULL, g }), 0);
-    assert_int_equal(optim_state_export(o, &n, &names, &ts), 0);
+    zd_optim_state_free(n, names, ts);
+    assert_int_equal(zd_optim_step(o, (zd_tensor_t *[]){ NULL, g }), 0);
+    assert_int_equal(zd_optim_state_export(o, &n, &names, &ts), 0);
     assert_int_equal(n, 3);
     assert_string_equal(names[0], "1.exp_avg");
     assert_string_equal(names[1], "1.exp_avg_sq");
     assert_string_equal(names[2], "1.step");
-    assert_int_equal(tensor_data_i64(ts[2])[0], 1);
+    assert_int_equal(zd_tensor_data_i64(ts[2])[0], 1);
 
     /* Broken states are refused whole. */
     const char *bad_names[3] = { "1.exp_avg", "1.exp_avg_sq", "1.max_exp_avg_sq" };
-    assert_int_equal(optim_state_import(o, 3, bad_names, ts), -1);
-    assert_non_null(strstr(error_last(), "no state 'max_exp_avg_sq'"));
-    assert_int_equal(optim_state_import(o, 2, (const char *const *)names, ts), -1);
-    assert_non_null(strstr(error_last(), "parameter 1 has some state but no '1.step'"));
+    assert_int_equal(zd_optim_state_import(o, 3, bad_names, ts), -1);
+    assert_non_null(strstr(zd_error_last(), "no state 'max_exp_avg_sq'"));
+    assert_int_equal(zd_optim_state_import(o, 2, (const char *const *)names, ts), -1);
+    assert_non_null(strstr(zd_error_last(), "parameter 1 has some state but no '1.step'"));
     const char *far[1] = { "7.exp_avg" };
-    assert_int_equal(optim_state_import(o, 1, far, ts), -1);
-    assert_non_null(strstr(error_last(), "index below 2"));
-    tensor_t *wrong = tensor_zeros1(5);
-    assert_int_equal(optim_state_import(o, 3, (const char *const *)names,
-                                        (tensor_t *[]){ wrong, ts[1], ts[2] }), -1);
-    assert_non_null(strstr(error_last(), "'1.exp_avg' is float32 (5), the parameter float32 (4)"));
-    tensor_unref(wrong);
+    assert_int_equal(zd_optim_state_import(o, 1, far, ts), -1);
+    assert_non_null(strstr(zd_error_last(), "index below 2"));
+    zd_tensor_t *wrong = zd_tensor_zeros1(5);
+    assert_int_equal(zd_optim_state_import(o, 3, (const char *const *)names,
+                                        (zd_tensor_t *[]){ wrong, ts[1], ts[2] }), -1);
+    assert_non_null(strstr(zd_error_last(), "'1.exp_avg' is float32 (5), the parameter float32 (4)"));
+    zd_tensor_unref(wrong);
     /* An empty state is a fresh start. */
-    assert_int_equal(optim_state_import(o, 0, NULL, NULL), 0);
-    optim_state_free(n, names, ts);
-    assert_int_equal(optim_state_export(o, &n, &names, &ts), 0);
+    assert_int_equal(zd_optim_state_import(o, 0, NULL, NULL), 0);
+    zd_optim_state_free(n, names, ts);
+    assert_int_equal(zd_optim_state_export(o, &n, &names, &ts), 0);
     assert_int_equal(n, 0);
-    optim_state_free(n, names, ts);
-    optim_free(o);
-    tensor_unref(p0);
-    tensor_unref(p);
-    tensor_unref(g);
+    zd_optim_state_free(n, names, ts);
+    zd_optim_free(o);
+    zd_tensor_unref(p0);
+    zd_tensor_unref(p);
+    zd_tensor_unref(g);
 }
 
 /*  Several threads stepping one optimizer: steps are serialised, none is
@@ -691,14 +691,14 @@ static void test_state_export_import(void **state)
 #define THREADS 4
 #define ROUNDS 200
 
-static optim_t *shared_opt;
-static tensor_t *shared_grad;
+static zd_optim_t *shared_opt;
+static zd_tensor_t *shared_grad;
 
 static void *stepper(void *arg)
 {
     (void)arg;
     for (int i = 0; i < ROUNDS; i++)
-        if (optim_step(shared_opt, &shared_grad) < 0)
+        if (zd_optim_step(shared_opt, &shared_grad) < 0)
             return (void *)1;
     return NULL;
 }
@@ -706,11 +706,11 @@ static void *stepper(void *arg)
 static void test_concurrent_steps(void **state)
 {
     (void)state;
-    optim_config_t c = optim_sgd_defaults(0.5);
-    tensor_t *p = tensor_zeros1(1000);
-    shared_grad = tensor_zeros1(1000);
-    tensor_fill_(shared_grad, 1.0f);
-    shared_opt = optim_new(&c, 1, &p);
+    zd_optim_config_t c = zd_optim_sgd_defaults(0.5);
+    zd_tensor_t *p = zd_tensor_zeros1(1000);
+    shared_grad = zd_tensor_zeros1(1000);
+    zd_tensor_fill_(shared_grad, 1.0f);
+    shared_opt = zd_optim_new(&c, 1, &p);
     pthread_t th[THREADS];
     for (int i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, stepper, NULL), 0);
@@ -720,10 +720,10 @@ static void test_concurrent_steps(void **state)
         assert_null(rc);
     }
     for (int i = 0; i < 1000; i++)
-        assert_float_equal(tensor_data(p)[i], -0.5f * THREADS * ROUNDS, 0);
-    optim_free(shared_opt);
-    tensor_unref(shared_grad);
-    tensor_unref(p);
+        assert_float_equal(zd_tensor_data(p)[i], -0.5f * THREADS * ROUNDS, 0);
+    zd_optim_free(shared_opt);
+    zd_tensor_unref(shared_grad);
+    zd_tensor_unref(p);
 }
 
 int main(void)

@@ -17,26 +17,26 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
 #include "examples/pipeline_core.h"
-#include "nn/dataset.h"
-#include "nn/model.h"
-#include "nn/nn.h"
-#include "optim/dist_optim.h"
-#include "optim/optim.h"
-#include "rpc/rpc.h"
+#include <zdist/dataset.h>
+#include <zdist/model.h>
+#include <zdist/nn.h>
+#include <zdist/dist_optim.h>
+#include <zdist/optim.h>
+#include <zdist/rpc.h>
 #include "tests/support/world.h"
 
 #define SEED 5
 #define BATCH 30        /* 4 micro-batches of 8, 8, 8 and 6 rows */
 #define NPARAMS (2 * PIPELINE_STAGE_PARAMS)
 
-static rpc_value_t *fn_num_contexts(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_num_contexts(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return rpc_value_int(dist_autograd_num_contexts());
+    return zd_value_int(zd_dist_autograd_num_contexts());
 }
 
 static int setup(const world_t *w)
@@ -44,7 +44,7 @@ static int setup(const world_t *w)
     (void)w;
     if (pipeline_register() < 0)
         return -1;
-    return rpc_register("test.num_contexts", fn_num_contexts, NULL);
+    return zd_rpc_register("test.num_contexts", fn_num_contexts, NULL);
 }
 
 static int run_world(world_fn *fn, void *arg, int timeout_s)
@@ -57,42 +57,42 @@ static int run_world(world_fn *fn, void *arg, int timeout_s)
 static void need_data(void)
 {
     char dir[1024];
-    if (dataset_find_dir(dir, sizeof dir) < 0) {
-        fprintf(stderr, "no MNIST-format data: %s\n", error_last());
+    if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
+        fprintf(stderr, "no MNIST-format data: %s\n", zd_error_last());
         skip();
     }
 }
 
 /*  The first BATCH test images. */
-static int test_batch(tensor_t **x, tensor_t **y)
+static int test_batch(zd_tensor_t **x, zd_tensor_t **y)
 {
-    dataset_t *ds;
-    if (dataset_load(NULL, DATASET_TEST, &ds) < 0)
+    zd_dataset_t *ds;
+    if (zd_dataset_load(NULL, ZD_DATASET_TEST, &ds) < 0)
         return -1;
-    int rc = dataset_batch(ds, NULL, 0, BATCH, x, y);
-    dataset_free(ds);
+    int rc = zd_dataset_batch(ds, NULL, 0, BATCH, x, y);
+    zd_dataset_free(ds);
     return rc;
 }
 
-static int close_to(const char *what, const tensor_t *got,
-                    const tensor_t *want)
+static int close_to(const char *what, const zd_tensor_t *got,
+                    const zd_tensor_t *want)
 {
-    if (!got || !want || tensor_numel(got) != tensor_numel(want))
-        return error_set("%s: missing or of the wrong size", what);
-    const float *a = tensor_data(got), *e = tensor_data(want);
-    for (int64_t i = 0; i < tensor_numel(want); i++)
+    if (!got || !want || zd_tensor_numel(got) != zd_tensor_numel(want))
+        return zd_error_set("%s: missing or of the wrong size", what);
+    const float *a = zd_tensor_data(got), *e = zd_tensor_data(want);
+    for (int64_t i = 0; i < zd_tensor_numel(want); i++)
         if (!(fabsf(a[i] - e[i]) <= 1e-5f + 1e-4f * fabsf(e[i])))
-            return error_set("%s[%lld] = %.9g, expected %.9g", what, (long long)i, a[i], e[i]);
+            return zd_error_set("%s[%lld] = %.9g, expected %.9g", what, (long long)i, a[i], e[i]);
     return 0;
 }
 
 static int64_t shard_contexts(int rank)
 {
-    rpc_value_t *v;
+    zd_value_t *v;
     int64_t n = -1;
-    if (rpc_sync(rank, "test.num_contexts", NULL, -1, &v) == 0)
-        rpc_value_get_int(v, &n);
-    rpc_value_unref(v);
+    if (zd_rpc_sync(rank, "test.num_contexts", NULL, -1, &v) == 0)
+        zd_value_get_int(v, &n);
+    zd_value_unref(v);
     return n;
 }
 
@@ -102,7 +102,7 @@ static int64_t shard_contexts(int rank)
 #define TRY(call)                                                                           \
     do {                                                                                    \
         if ((call) < 0) {                                                                   \
-            rc = world_fail(w, "%s: %s", #call, error_last());                              \
+            rc = world_fail(w, "%s: %s", #call, zd_error_last());                              \
             goto out;                                                                       \
         }                                                                                   \
     } while (0)
@@ -113,81 +113,81 @@ static int fn_gradients(const world_t *w)
         return 0;
     const int split = *(const int *)w->arg;
     const float lr = 0.05f;
-    tensor_t *x = NULL, *y = NULL, *lp = NULL, *loss = NULL, *dlp = NULL, *dloss = NULL;
-    tensor_t *grads[NPARAMS] = {0}, *want[NPARAMS] = {0}, *ps[NPARAMS];
-    nn_model_t *net = nn_net_new(SEED);
+    zd_tensor_t *x = NULL, *y = NULL, *lp = NULL, *loss = NULL, *dlp = NULL, *dloss = NULL;
+    zd_tensor_t *grads[NPARAMS] = {0}, *want[NPARAMS] = {0}, *ps[NPARAMS];
+    zd_nn_model_t *net = zd_nn_net_new(SEED);
     pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, false);
-    dist_optim_t *opt = NULL;
-    optim_t *local = NULL;
-    optim_config_t cfg = optim_sgd_defaults(lr);
-    rpc_rref_t *const *params;
+    zd_dist_optim_t *opt = NULL;
+    zd_optim_t *local = NULL;
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(lr);
+    zd_rref_t *const *params;
     int64_t ctx = -1;
     int np, rc = 0;
     TRY(net && pn ? 0 : -1);
     TRY(test_batch(&x, &y));
 
     /* One process: the whole Net, dropout off. */
-    nn_model_train(net, false);
-    TRY(nn_model_forward(net, x, &lp));
-    TRY(nn_nll_loss(lp, y, &loss));
-    TRY(autograd_backward(loss, NULL, false));
+    zd_nn_model_train(net, false);
+    TRY(zd_nn_model_forward(net, x, &lp));
+    TRY(zd_nn_nll_loss(lp, y, &loss));
+    TRY(zd_autograd_backward(loss, NULL, false));
     for (int i = 0; i < NPARAMS; i++)
-        want[i] = tensor_grad(ps[i] = nn_model_param(net, i));
+        want[i] = zd_tensor_grad(ps[i] = zd_nn_model_param(net, i));
 
     /* The pipeline, in a context. */
-    TRY(dist_autograd_context_begin(&ctx));
+    TRY(zd_dist_autograd_context_begin(&ctx));
     TRY(pipeline_net_forward(pn, x, split, &dlp));
-    TRY(nn_nll_loss(dlp, y, &dloss));
-    TRY(dist_autograd_backward(ctx, &dloss, 1, false));
+    TRY(zd_nn_nll_loss(dlp, y, &dloss));
+    TRY(zd_dist_autograd_backward(ctx, &dloss, 1, false));
     TRY(pipeline_net_gradients(pn, ctx, grads));
     TRY(close_to("loss", dloss, loss));
     for (int i = 0; i < NPARAMS; i++) {
         char what[128];
         snprintf(what, sizeof what, "%d micro-batches: gradient of %s", split,
-                 nn_model_param_name(net, i));
+                 zd_nn_model_param_name(net, i));
         TRY(close_to(what, grads[i], want[i]));
     }
 
     /* One step of each: the shards' parameters move as the Net's. */
     TRY(pipeline_net_parameter_rrefs(pn, &params, &np));
     TRY(np == NPARAMS ? 0 : -1);
-    TRY(dist_optim_new(&cfg, params, np, &opt));
-    TRY(dist_optim_num_owners(opt) == 2 ? 0 : -1);
-    TRY(dist_optim_step(opt, ctx));
-    TRY((local = optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
-    TRY(optim_step_grad(local));
+    TRY(zd_dist_optim_new(&cfg, params, np, &opt));
+    TRY(zd_dist_optim_num_owners(opt) == 2 ? 0 : -1);
+    TRY(zd_dist_optim_step(opt, ctx));
+    TRY((local = zd_optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
+    TRY(zd_optim_step_grad(local));
     for (int i = 0; i < NPARAMS; i++) {
-        rpc_value_t *v = NULL;
-        tensor_t *t = NULL;
+        zd_value_t *v = NULL;
+        zd_tensor_t *t = NULL;
         char what[128];
-        snprintf(what, sizeof what, "%s after one step", nn_model_param_name(net, i));
-        int r = rpc_rref_to_here(params[i], -1, &v);
+        snprintf(what, sizeof what, "%s after one step", zd_nn_model_param_name(net, i));
+        int r = zd_rref_to_here(params[i], -1, &v);
         if (r == 0)
-            r = rpc_value_get_tensor(v, &t);
+            r = zd_value_get_tensor(v, &t);
         if (r == 0)
             r = close_to(what, t, ps[i]);
-        rpc_value_unref(v);
+        zd_value_unref(v);
         TRY(r);
     }
 out:
-    if (ctx >= 0 && dist_autograd_context_end(ctx, -1) < 0)
-        rc = world_fail(w, "context_end: %s", error_last());
+    if (ctx >= 0 && zd_dist_autograd_context_end(ctx, -1) < 0)
+        rc = world_fail(w, "context_end: %s", zd_error_last());
     if (rc == 0 && (shard_contexts(1) != 0 || shard_contexts(2) != 0))
         rc = world_fail(w, "the shards still hold contexts");
     for (int i = 0; i < NPARAMS; i++) {
-        tensor_unref(grads[i]);
-        tensor_unref(want[i]);
+        zd_tensor_unref(grads[i]);
+        zd_tensor_unref(want[i]);
     }
-    optim_free(local);
-    dist_optim_free(opt);
+    zd_optim_free(local);
+    zd_dist_optim_free(opt);
     pipeline_net_free(pn);
-    nn_model_free(net);
-    tensor_unref(dloss);
-    tensor_unref(dlp);
-    tensor_unref(loss);
-    tensor_unref(lp);
-    tensor_unref(x);
-    tensor_unref(y);
+    zd_nn_model_free(net);
+    zd_tensor_unref(dloss);
+    zd_tensor_unref(dlp);
+    zd_tensor_unref(loss);
+    zd_tensor_unref(lp);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
     return rc;
 }
 
@@ -213,33 +213,33 @@ static int fn_eval(const world_t *w)
 {
     if (w->rank != 0)
         return 0;
-    tensor_t *x = NULL, *y = NULL, *lp = NULL, *dlp = NULL;
-    nn_model_t *net = nn_net_new(SEED);
+    zd_tensor_t *x = NULL, *y = NULL, *lp = NULL, *dlp = NULL;
+    zd_nn_model_t *net = zd_nn_net_new(SEED);
     pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, true);
     int rc = -1;
-    nn_model_train(net, false);
-    if (!net || !pn || test_batch(&x, &y) < 0 || nn_model_forward(net, x, &lp) < 0 ||
+    zd_nn_model_train(net, false);
+    if (!net || !pn || test_batch(&x, &y) < 0 || zd_nn_model_forward(net, x, &lp) < 0 ||
         pipeline_net_train(pn, false) < 0 || pipeline_net_forward(pn, x, 3, &dlp) < 0) {
-        world_fail(w, "%s", error_last());
+        world_fail(w, "%s", zd_error_last());
         goto out;
     }
     if ((rc = close_to("evaluation output", dlp, lp)) < 0)
-        world_fail(w, "%s", error_last());
-    if (rc == 0 && tensor_requires_grad(dlp))
+        world_fail(w, "%s", zd_error_last());
+    if (rc == 0 && zd_tensor_requires_grad(dlp))
         rc = world_fail(w, "an evaluation forward was recorded for autograd");
     /* Bad input is refused before anything is sent. */
-    tensor_t *bad;
+    zd_tensor_t *bad;
     if (rc == 0 && pipeline_net_forward(pn, x, BATCH + 1, &bad) == 0)
         rc = world_fail(w, "31 micro-batches of 30 rows accepted");
-    if (rc == 0 && !strstr(error_last(), "31 micro-batches of a batch of 30"))
-        rc = world_fail(w, "unclear error: %s", error_last());
+    if (rc == 0 && !strstr(zd_error_last(), "31 micro-batches of a batch of 30"))
+        rc = world_fail(w, "unclear error: %s", zd_error_last());
 out:
     pipeline_net_free(pn);
-    nn_model_free(net);
-    tensor_unref(dlp);
-    tensor_unref(lp);
-    tensor_unref(x);
-    tensor_unref(y);
+    zd_nn_model_free(net);
+    zd_tensor_unref(dlp);
+    zd_tensor_unref(lp);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
     return rc;
 }
 
@@ -263,7 +263,7 @@ static int fn_driver(const world_t *w)
     o.quiet = true;
     pipeline_result_t res;
     if (pipeline_run_driver(&o, &res) < 0)
-        return world_fail(w, "driver: %s", error_last());
+        return world_fail(w, "driver: %s", zd_error_last());
     int rc = 0;
     if (res.runs != 2 || res.num_split[0] != 1 || res.num_split[1] != 4)
         rc = world_fail(w, "runs: %d (%lld, %lld)", res.runs, (long long)res.num_split[0],
@@ -282,7 +282,7 @@ static int fn_driver(const world_t *w)
     }
     if (!(res.last_loss > 0 && res.last_loss < 3) || res.accuracy < 0 || res.accuracy > 1)
         rc = world_fail(w, "loss %g, accuracy %g", res.last_loss, res.accuracy);
-    if (shard_contexts(1) != 0 || shard_contexts(2) != 0 || dist_autograd_num_contexts() != 0)
+    if (shard_contexts(1) != 0 || shard_contexts(2) != 0 || zd_dist_autograd_num_contexts() != 0)
         rc = world_fail(w, "contexts left behind");
     return rc;
 }
@@ -300,10 +300,10 @@ static void test_options_checked(void **state)
     pipeline_options_t o = pipeline_options_default();
     assert_int_equal(pipeline_options_check(&o, 3), 0);
     assert_int_equal(pipeline_options_check(&o, 4), -1);
-    assert_non_null(strstr(error_last(), "the pipeline needs 3 processes"));
+    assert_non_null(strstr(zd_error_last(), "the pipeline needs 3 processes"));
     o.num_split = o.batch_size + 1;
     assert_int_equal(pipeline_options_check(&o, 3), -1);
-    assert_non_null(strstr(error_last(), "--num_split"));
+    assert_non_null(strstr(zd_error_last(), "--num_split"));
 }
 
 int main(void)

@@ -24,12 +24,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "examples/ps_core.h"
-#include "nn/dataset.h"
-#include "nn/model.h"
-#include "optim/optim.h"
-#include "rpc/rpc.h"
+#include <zdist/dataset.h>
+#include <zdist/model.h>
+#include <zdist/optim.h>
+#include <zdist/rpc.h>
 #include "tests/support/world.h"
 
 static int setup(const world_t *w)
@@ -54,8 +54,8 @@ static int run_world(int world_size, world_fn *fn, void *arg, int timeout_s)
 static void need_data(void)
 {
     char dir[1024];
-    if (dataset_find_dir(dir, sizeof dir) < 0) {
-        fprintf(stderr, "no MNIST-format data: %s\n", error_last());
+    if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
+        fprintf(stderr, "no MNIST-format data: %s\n", zd_error_last());
         skip();
     }
 }
@@ -80,7 +80,7 @@ static int fn_accuracy(const world_t *w)
     o.eval_interval = 0;
     ps_result_t res;
     if (ps_run_driver(&o, &res) < 0)
-        return world_fail(w, "driver: %s", error_last());
+        return world_fail(w, "driver: %s", zd_error_last());
     int rc = 0;
     if (res.updates != 200)
         rc = world_fail(w, "%lld updates, expected 200", (long long)res.updates);
@@ -122,48 +122,48 @@ static ps_options_t small_options(int servers, bool async)
 
 /*  The same two workers in this process: every round, both gradients
     summed in the servers' order and one SGD step on the flat weights. */
-static tensor_t *local_weights(const ps_options_t *o)
+static zd_tensor_t *local_weights(const ps_options_t *o)
 {
     ps_worker_t *wk[2] = {NULL, NULL};
-    nn_model_t *m = nn_model_new(o->model, (uint64_t)o->seed);
-    tensor_t *w = m ? ps_model_slice(m, 0, nn_model_numel(m)) : NULL;
-    optim_t *opt = NULL;
-    optim_config_t cfg = optim_sgd_defaults(o->lr);
+    zd_nn_model_t *m = zd_nn_model_new(o->model, (uint64_t)o->seed);
+    zd_tensor_t *w = m ? ps_model_slice(m, 0, zd_nn_model_numel(m)) : NULL;
+    zd_optim_t *opt = NULL;
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     int rc = -1;
-    if (!w || tensor_set_requires_grad(w, true) < 0 || !(opt = optim_new(&cfg, 1, &w)))
+    if (!w || zd_tensor_set_requires_grad(w, true) < 0 || !(opt = zd_optim_new(&cfg, 1, &w)))
         goto out;
     for (int k = 0; k < 2; k++)
         if (!(wk[k] = ps_worker_new(o->model, k, (uint64_t)o->seed, o->batch_size, o->data_dir,
                                     o->train_size, false)))
             goto out;
     for (int64_t i = 0; i < o->iterations; i++) {
-        tensor_t *g[2] = {NULL, NULL}, *sum = NULL;
+        zd_tensor_t *g[2] = {NULL, NULL}, *sum = NULL;
         int r = ps_worker_compute(wk[0], &w, 1, &g[0]);
         if (r == 0)
             r = ps_worker_compute(wk[1], &w, 1, &g[1]);
-        if (r == 0 && (sum = tensor_clone(g[0]))) {
-            float *s = tensor_data(sum);
-            const float *b = tensor_data(g[1]);
-            for (int64_t j = 0; j < tensor_numel(sum); j++)
+        if (r == 0 && (sum = zd_tensor_clone(g[0]))) {
+            float *s = zd_tensor_data(sum);
+            const float *b = zd_tensor_data(g[1]);
+            for (int64_t j = 0; j < zd_tensor_numel(sum); j++)
                 s[j] += b[j];
-            r = optim_step(opt, &sum);
+            r = zd_optim_step(opt, &sum);
         } else {
             r = -1;
         }
-        tensor_unref(sum);
-        tensor_unref(g[0]);
-        tensor_unref(g[1]);
+        zd_tensor_unref(sum);
+        zd_tensor_unref(g[0]);
+        zd_tensor_unref(g[1]);
         if (r < 0)
             goto out;
     }
     rc = 0;
 out:
-    optim_free(opt);
+    zd_optim_free(opt);
     ps_worker_free(wk[0]);
     ps_worker_free(wk[1]);
-    nn_model_free(m);
+    zd_nn_model_free(m);
     if (rc < 0)
-        tensor_unref_p(&w);
+        zd_tensor_unref_p(&w);
     return w;
 }
 
@@ -175,39 +175,39 @@ static int fn_sync_matches_local(const world_t *w)
     ps_options_t o = small_options(servers, false);
     ps_result_t res;
     if (ps_run_driver(&o, &res) < 0)
-        return world_fail(w, "driver: %s", error_last());
-    tensor_t *want = local_weights(&o);
+        return world_fail(w, "driver: %s", zd_error_last());
+    zd_tensor_t *want = local_weights(&o);
     int rc = 0;
     if (!want) {
-        rc = world_fail(w, "local reference: %s", error_last());
-    } else if (tensor_numel(want) != tensor_numel(res.weights)) {
-        rc = world_fail(w, "%lld weights, expected %lld", (long long)tensor_numel(res.weights),
-                        (long long)tensor_numel(want));
+        rc = world_fail(w, "local reference: %s", zd_error_last());
+    } else if (zd_tensor_numel(want) != zd_tensor_numel(res.weights)) {
+        rc = world_fail(w, "%lld weights, expected %lld", (long long)zd_tensor_numel(res.weights),
+                        (long long)zd_tensor_numel(want));
     } else {
         /* The same float operations in the same order: equal to the bit. */
-        const float *a = tensor_data(res.weights), *e = tensor_data(want);
+        const float *a = zd_tensor_data(res.weights), *e = zd_tensor_data(want);
         float moved = 0;
-        for (int64_t j = 0; j < tensor_numel(want) && rc == 0; j++)
+        for (int64_t j = 0; j < zd_tensor_numel(want) && rc == 0; j++)
             if (a[j] != e[j])
                 rc = world_fail(w, "%d servers: weight %lld is %.9g, one process gives %.9g",
                                 servers, (long long)j, a[j], e[j]);
         /* ...and training moved them: the comparison is not of two copies of
            the initial weights. */
-        nn_model_t *m = nn_model_new(o.model, (uint64_t)o.seed);
-        tensor_t *init = m ? ps_model_slice(m, 0, nn_model_numel(m)) : NULL;
-        for (int64_t j = 0; init && j < tensor_numel(init); j++)
-            moved = fmaxf(moved, fabsf(tensor_data(init)[j] - e[j]));
+        zd_nn_model_t *m = zd_nn_model_new(o.model, (uint64_t)o.seed);
+        zd_tensor_t *init = m ? ps_model_slice(m, 0, zd_nn_model_numel(m)) : NULL;
+        for (int64_t j = 0; init && j < zd_tensor_numel(init); j++)
+            moved = fmaxf(moved, fabsf(zd_tensor_data(init)[j] - e[j]));
         if (!(moved > 1e-3f))
             rc = world_fail(w, "training moved the weights by only %g", moved);
-        tensor_unref(init);
-        nn_model_free(m);
+        zd_tensor_unref(init);
+        zd_nn_model_free(m);
     }
     if (res.updates != SMALL_ITERS || res.servers[0].count != SMALL_ITERS ||
         res.workers[0].count != SMALL_ITERS || res.workers[1].count != SMALL_ITERS)
         rc = world_fail(w, "counts: %lld updates, server %lld, workers %lld and %lld",
                         (long long)res.updates, (long long)res.servers[0].count,
                         (long long)res.workers[0].count, (long long)res.workers[1].count);
-    tensor_unref(want);
+    zd_tensor_unref(want);
     ps_result_free(&res);
     return rc;
 }
@@ -287,7 +287,7 @@ static int fn_async_once(const world_t *w)
     close(saved);
     if (drc < 0) {
         fclose(out);
-        return world_fail(w, "driver: %s", error_last());
+        return world_fail(w, "driver: %s", zd_error_last());
     }
     const int64_t total = SMALL_ITERS * W;
     int rc = check_printed(w, out, total, o.eval_interval);
@@ -360,7 +360,7 @@ static int fn_staleness(const world_t *w)
         o.max_staleness = bounded ? STALE_BOUND : 0;
         ps_result_t res;
         if (ps_run_driver(&o, &res) < 0)
-            return world_fail(w, "driver: %s", error_last());
+            return world_fail(w, "driver: %s", zd_error_last());
         fprintf(stderr, "max_staleness %lld: updates per worker %lld %lld, most ahead %lld\n",
                 (long long)o.max_staleness, (long long)res.applied[0],
                 (long long)res.applied[1], (long long)res.max_lead);
@@ -392,8 +392,8 @@ static int expect_error(const world_t *w, int rc, const char *want)
 {
     if (rc == 0)
         return world_fail(w, "expected an error containing \"%s\"", want);
-    if (!strstr(error_last(), want))
-        return world_fail(w, "error \"%s\" lacks \"%s\"", error_last(), want);
+    if (!strstr(zd_error_last(), want))
+        return world_fail(w, "error \"%s\" lacks \"%s\"", zd_error_last(), want);
     return 0;
 }
 
@@ -402,41 +402,41 @@ static int fn_errors(const world_t *w)
     if (w->rank != 0)
         return 0;
     int rc = 0;
-    rpc_value_t *a = rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)0, (int64_t)1,
+    zd_value_t *a = zd_rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)0, (int64_t)1,
                               (int64_t)0);
-    rpc_rref_t *ps = rpc_remote(1, "ParameterServer", a, -1);
-    rpc_value_unref(a);
-    rpc_value_t *v = NULL;
-    tensor_t *t = NULL;
-    if (rpc_rref_rpc_sync(ps, "ParameterServer.get_weights", NULL, -1, &v) < 0 ||
-        rpc_value_get_tensor(v, &t) < 0 || tensor_numel(t) != 3 * 9 + 3 + 1920 + 10)
-        rc = world_fail(w, "get_weights: %s", error_last());
-    rpc_value_unref(v);
+    zd_rref_t *ps = zd_rpc_remote(1, "ParameterServer", a, -1);
+    zd_value_unref(a);
+    zd_value_t *v = NULL;
+    zd_tensor_t *t = NULL;
+    if (zd_rref_rpc_sync(ps, "ParameterServer.get_weights", NULL, -1, &v) < 0 ||
+        zd_value_get_tensor(v, &t) < 0 || zd_tensor_numel(t) != 3 * 9 + 3 + 1920 + 10)
+        rc = world_fail(w, "get_weights: %s", zd_error_last());
+    zd_value_unref(v);
 
     /* A gradient of the wrong size is refused, naming the method. */
-    tensor_t *small = tensor_zeros1(5);
-    a = rpc_args("t", small);
-    rc |= expect_error(w, rpc_rref_rpc_sync(ps, "ParameterServer.apply_gradients", a, -1, &v),
+    zd_tensor_t *small = zd_tensor_zeros1(5);
+    a = zd_rpc_args("t", small);
+    rc |= expect_error(w, zd_rref_rpc_sync(ps, "ParameterServer.apply_gradients", a, -1, &v),
                        "apply_gradients: gradient 0 is float32 (5)");
-    rpc_value_unref(a);
-    tensor_unref(small);
+    zd_value_unref(a);
+    zd_tensor_unref(small);
     /* A server is not a data worker. */
-    rc |= expect_error(w, rpc_rref_rpc_sync(ps, "DataWorker.compute_gradients", NULL, -1, &v),
+    rc |= expect_error(w, zd_rref_rpc_sync(ps, "DataWorker.compute_gradients", NULL, -1, &v),
                        "is a ParameterServer");
     /* A second server slice that does not exist. */
-    a = rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)3, (int64_t)2, (int64_t)0);
-    rpc_rref_t *bad = rpc_remote(1, "ParameterServer", a, -1);
-    rpc_value_unref(a);
-    rc |= expect_error(w, rpc_rref_to_here(bad, -1, &v), "slice 3 of 2 does not exist");
-    rpc_rref_unref(bad);
+    a = zd_rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)3, (int64_t)2, (int64_t)0);
+    zd_rref_t *bad = zd_rpc_remote(1, "ParameterServer", a, -1);
+    zd_value_unref(a);
+    rc |= expect_error(w, zd_rref_to_here(bad, -1, &v), "slice 3 of 2 does not exist");
+    zd_rref_unref(bad);
     /* A worker whose data cannot be found. */
-    a = rpc_args("siiisii", "convnet", (int64_t)0, (int64_t)1, (int64_t)8, "/nonexistent",
+    a = zd_rpc_args("siiisii", "convnet", (int64_t)0, (int64_t)1, (int64_t)8, "/nonexistent",
                  (int64_t)0, (int64_t)0);
-    rpc_rref_t *wk = rpc_remote(2, "DataWorker", a, -1);
-    rpc_value_unref(a);
-    rc |= expect_error(w, rpc_rref_to_here(wk, -1, &v), "/nonexistent");
-    rpc_rref_unref(wk);
-    rpc_rref_unref(ps);
+    zd_rref_t *wk = zd_rpc_remote(2, "DataWorker", a, -1);
+    zd_value_unref(a);
+    rc |= expect_error(w, zd_rref_to_here(wk, -1, &v), "/nonexistent");
+    zd_rref_unref(wk);
+    zd_rref_unref(ps);
     return rc ? -1 : 0;
 }
 
@@ -454,10 +454,10 @@ static void test_world_size_checked(void **state)
     assert_int_equal(ps_options_check(&o, 4), 0);
     o.num_servers = 2;
     assert_int_equal(ps_options_check(&o, 4), -1);
-    assert_non_null(strstr(error_last(), "the world size must be 1 + 2 + 2 = 5"));
+    assert_non_null(strstr(zd_error_last(), "the world size must be 1 + 2 + 2 = 5"));
     o.num_workers = 0;
     assert_int_equal(ps_options_check(&o, 3), -1);
-    assert_non_null(strstr(error_last(), "--num_workers"));
+    assert_non_null(strstr(zd_error_last(), "--num_workers"));
 }
 
 static void test_slices_cover_the_weights(void **state)
@@ -475,23 +475,23 @@ static void test_slices_cover_the_weights(void **state)
         assert_int_equal(prev, 1960);
     }
     /* Loading slices and reading them back gives the same weights. */
-    nn_model_t *a = nn_convnet_new(1), *b = nn_convnet_new(2);
-    tensor_t *sl[3];
+    zd_nn_model_t *a = zd_nn_convnet_new(1), *b = zd_nn_convnet_new(2);
+    zd_tensor_t *sl[3];
     for (int s = 0; s < 3; s++) {
         int64_t lo, hi;
-        ps_slice_range(nn_model_numel(a), s, 3, &lo, &hi);
+        ps_slice_range(zd_nn_model_numel(a), s, 3, &lo, &hi);
         assert_non_null(sl[s] = ps_model_slice(a, lo, hi));
     }
     assert_int_equal(ps_model_load(b, sl, 3), 0);
-    for (int i = 0; i < nn_model_n_params(a); i++)
-        assert_memory_equal(tensor_data(nn_model_param(a, i)), tensor_data(nn_model_param(b, i)),
-                            tensor_nbytes(nn_model_param(a, i)));
+    for (int i = 0; i < zd_nn_model_n_params(a); i++)
+        assert_memory_equal(zd_tensor_data(zd_nn_model_param(a, i)), zd_tensor_data(zd_nn_model_param(b, i)),
+                            zd_tensor_nbytes(zd_nn_model_param(a, i)));
     assert_int_equal(ps_model_load(b, sl, 2), -1);
-    assert_non_null(strstr(error_last(), "2 weight slices hold"));
+    assert_non_null(strstr(zd_error_last(), "2 weight slices hold"));
     for (int s = 0; s < 3; s++)
-        tensor_unref(sl[s]);
-    nn_model_free(a);
-    nn_model_free(b);
+        zd_tensor_unref(sl[s]);
+    zd_nn_model_free(a);
+    zd_nn_model_free(b);
 }
 
 int main(void)

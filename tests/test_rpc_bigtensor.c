@@ -56,9 +56,9 @@ static void msg_make(inmsg_t *m, int src, const uint8_t *route, size_t route_len
 {
     memset(m, 0, sizeof *m);
     h->n_tensors = (uint32_t)n;
-    zmq_msg_init_size(&m->hm, rpc_wire_size(h));
-    rpc_wire_write(h, zmq_msg_data(&m->hm));
-    assert_int_equal(rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), &m->h), 0);
+    zmq_msg_init_size(&m->hm, zd__rpc_wire_size(h));
+    zd__rpc_wire_write(h, zmq_msg_data(&m->hm));
+    assert_int_equal(zd__rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), &m->h), 0);
     m->frames = malloc((size_t)(n ? n : 1) * sizeof *m->frames);
     assert_non_null(m->frames);
     m->cap = n;
@@ -84,7 +84,7 @@ static void msg_done(inmsg_t *m)
    the filter took or dropped it. */
 static int filter(void *sock, inmsg_t *m)
 {
-    int rc = transport_stream_filter(&fake, sock, m);
+    int rc = zd__transport_stream_filter(&fake, sock, m);
     if (rc != 1)
         free(m->frames);
     return rc;
@@ -110,34 +110,34 @@ static void streamed_make(streamed_t *s, uint64_t id, uint32_t chunk)
 {
     memset(s, 0, sizeof *s);
     s->id = id;
-    tensor_t *t0 = tensor_from_data(TENSOR_F32, 1, (int64_t[]){3}, (float[]){1, 2, 3});
-    tensor_t *t1 = tensor_new(TENSOR_U8, 1, (int64_t[]){BIG1});
-    tensor_t *t2 = tensor_new(TENSOR_F32, 2, (int64_t[]){BIG2 / 10, 10});
-    uint8_t *b1 = tensor_raw(t1);
-    float *b2 = tensor_data(t2);
+    zd_tensor_t *t0 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){1, 2, 3});
+    zd_tensor_t *t1 = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){BIG1});
+    zd_tensor_t *t2 = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){BIG2 / 10, 10});
+    uint8_t *b1 = zd_tensor_raw(t1);
+    float *b2 = zd_tensor_data(t2);
     for (int i = 0; i < BIG1; i++)
         b1[i] = (uint8_t)(i * 7 + (int)id);
     for (int i = 0; i < BIG2; i++)
         b2[i] = (float)i * 0.5f - (float)id;
-    rpc_value_t *v = rpc_args("ttt", t0, t1, t2);
-    assert_int_equal(rpc_value_encode(v, NULL, 0, &s->enc), 0);
-    rpc_value_unref(v);
+    zd_value_t *v = zd_rpc_args("ttt", t0, t1, t2);
+    assert_int_equal(zd__value_encode(v, NULL, 0, &s->enc), 0);
+    zd_value_unref(v);
     s->big1 = b1;
     s->big2 = b2;
-    tensor_unref(t0);
-    tensor_unref(t1);
-    tensor_unref(t2);
+    zd_tensor_unref(t0);
+    zd_tensor_unref(t1);
+    zd_tensor_unref(t2);
     rpc_wire_stream_t e[2] = {{1, BIG1}, {2, (uint64_t)BIG2 * 4}};
-    s->table_len = rpc_wire_stream_table_size(2);
+    s->table_len = zd__rpc_wire_stream_table_size(2);
     s->table = malloc(s->table_len);
-    rpc_wire_stream_table_write(e, 2, chunk, s->table);
+    zd__rpc_wire_stream_table_write(e, 2, chunk, s->table);
     s->n_pieces = (BIG1 + (int)chunk - 1) / (int)chunk + (BIG2 * 4 + (int)chunk - 1) / (int)chunk;
 }
 
 static void streamed_free(streamed_t *s)
 {
     free(s->table);
-    rpc_encoded_clear(&s->enc);
+    zd__rpc_encoded_clear(&s->enc);
 }
 
 static rpc_wire_header_t streamed_header(const streamed_t *s, int type)
@@ -155,7 +155,7 @@ static void streamed_main(const streamed_t *s, inmsg_t *m, int type, int src,
                           const uint8_t *route, size_t route_len)
 {
     rpc_wire_header_t h = streamed_header(s, type);
-    rpc_frame_t f[4] = {frame_of(tensor_raw(s->enc.tensors[0]), 12), frame_of(NULL, 0),
+    rpc_frame_t f[4] = {frame_of(zd_tensor_raw(s->enc.tensors[0]), 12), frame_of(NULL, 0),
                         frame_of(NULL, 0), frame_of(s->table, s->table_len)};
     msg_make(m, src, route, route_len, &h, 4, f);
 }
@@ -188,17 +188,17 @@ static void check_delivered(const streamed_t *s, inmsg_t *m)
     /* The codec takes it as if the tensors had come in their frames, and
        wraps the buffers without copying. */
     void *buf1 = m->frames[1].data;
-    rpc_value_t *v = NULL;
-    if (rpc_value_decode(m->h.meta, m->h.meta_len, m->frames, m->n, NULL, 0, &v) < 0)
-        fail_msg("decode: %s", error_last());
+    zd_value_t *v = NULL;
+    if (zd__value_decode(m->h.meta, m->h.meta_len, m->frames, m->n, NULL, 0, &v) < 0)
+        fail_msg("decode: %s", zd_error_last());
     m->n = 0;
-    tensor_t *t1, *t2;
-    assert_int_equal(rpc_arg_tensor(v, 1, &t1), 0);
-    assert_int_equal(rpc_arg_tensor(v, 2, &t2), 0);
-    assert_ptr_equal(tensor_raw(t1), buf1);
-    assert_int_equal(tensor_ndim(t2), 2);
-    assert_memory_equal(tensor_data(t2), s->big2, BIG2 * 4);
-    rpc_value_unref(v);
+    zd_tensor_t *t1, *t2;
+    assert_int_equal(zd_rpc_arg_tensor(v, 1, &t1), 0);
+    assert_int_equal(zd_rpc_arg_tensor(v, 2, &t2), 0);
+    assert_ptr_equal(zd_tensor_raw(t1), buf1);
+    assert_int_equal(zd_tensor_ndim(t2), 2);
+    assert_memory_equal(zd_tensor_data(t2), s->big2, BIG2 * 4);
+    zd_value_unref(v);
     msg_done(m);
 }
 
@@ -206,29 +206,29 @@ static void test_pieces_make_the_message(void **state)
 {
     (void)state;
     setup_fake();
-    rpc_bufcache_enable(true);
+    zd__rpc_bufcache_enable(true);
     long hits0, misses0;
-    rpc_bufcache_stats(&hits0, &misses0, NULL, NULL);
+    zd__rpc_bufcache_stats(&hits0, &misses0, NULL, NULL);
     for (int round = 0; round < 2; round++) {
         streamed_t s;
         streamed_make(&s, 42 + (uint64_t)round, CHUNK);
         inmsg_t m;
         streamed_main(&s, &m, RPC_MSG_REPLY, 1, NULL, 0);
         assert_int_equal(filter(&dealer_tag, &m), 0);
-        assert_int_equal(transport_stream_pending(), 1);
+        assert_int_equal(zd__transport_stream_pending(), 1);
         for (int k = 0; k < s.n_pieces; k++) {
             streamed_piece(&s, &m, k, (uint64_t)k, 1, NULL, 0, CHUNK);
             int rc = filter(&dealer_tag, &m);
             assert_int_equal(rc, k + 1 < s.n_pieces ? 0 : 1);
         }
-        assert_int_equal(transport_stream_pending(), 0);
+        assert_int_equal(zd__transport_stream_pending(), 0);
         check_delivered(&s, &m);
         streamed_free(&s);
         assert_int_equal(live_frames, 0);
     }
     /* The second message took the buffers the first one gave back. */
     long hits, misses;
-    rpc_bufcache_stats(&hits, &misses, NULL, NULL);
+    zd__rpc_bufcache_stats(&hits, &misses, NULL, NULL);
     assert_int_equal(misses - misses0, 2);
     assert_int_equal(hits - hits0, 2);
     /* A message that was not streamed goes through untouched. */
@@ -238,7 +238,7 @@ static void test_pieces_make_the_message(void **state)
     msg_make(&m, 0, NULL, 0, &h, 0, NULL);
     assert_int_equal(filter(&router_tag, &m), 1);
     msg_done(&m);
-    rpc_bufcache_enable(false);
+    zd__rpc_bufcache_enable(false);
 }
 
 static void test_connections_interleave(void **state)
@@ -254,7 +254,7 @@ static void test_connections_interleave(void **state)
     assert_int_equal(filter(&router_tag, &m), 0);
     streamed_main(&b, &m, RPC_MSG_CALL, 0, route_b, sizeof route_b);
     assert_int_equal(filter(&router_tag, &m), 0);
-    assert_int_equal(transport_stream_pending(), 2);
+    assert_int_equal(zd__transport_stream_pending(), 2);
     int ka = 0, kb = 0, done = 0;
     while (done < 2) {
         bool take_a = ka < a.n_pieces && (ka <= 2 * kb || kb == b.n_pieces);
@@ -274,7 +274,7 @@ static void test_connections_interleave(void **state)
     }
     streamed_free(&a);
     streamed_free(&b);
-    assert_int_equal(transport_stream_pending(), 0);
+    assert_int_equal(zd__transport_stream_pending(), 0);
     assert_int_equal(live_frames, 0);
 }
 
@@ -297,9 +297,9 @@ static void expect_refused(inmsg_t *m, void *sock, uint64_t reject_id, const cha
     assert_true(m->reject_id == reject_id);
     if (reject_id && (!strstr(m->reject, why) || strncmp(m->reject, "bad message: ", 13)))
         fail_msg("expected \"%s\" in \"%s\"", why, m->reject);
-    if (!strstr(error_last(), why))
-        fail_msg("expected \"%s\" in \"%s\"", why, error_last());
-    assert_int_equal(transport_stream_pending(), 0);
+    if (!strstr(zd_error_last(), why))
+        fail_msg("expected \"%s\" in \"%s\"", why, zd_error_last());
+    assert_int_equal(zd__transport_stream_pending(), 0);
     assert_int_equal(live_frames, 0);
 }
 
@@ -329,7 +329,7 @@ static void test_bad_pieces_are_refused(void **state)
     streamed_piece(&s, &m, 23, 24, 0, NULL, 0, CHUNK);
     expect_refused(&m, &router_tag, 14, "(4096 bytes) where piece 24 of CALL e (1696 bytes)");
     streamed_free(&s);
-    /* An answer on an rpc_sync socket is dropped without an answer. */
+    /* An answer on an zd_rpc_sync socket is dropped without an answer. */
     streamed_make(&s, 15, CHUNK);
     streamed_main(&s, &m, RPC_MSG_REPLY, 1, NULL, 0);
     assert_int_equal(filter(&dealer_tag, &m), 0);
@@ -376,7 +376,7 @@ static void test_replaced_bounded_and_cleared(void **state)
     inmsg_t m;
     streamed_main(&b, &m, RPC_MSG_CALL, 0, NULL, 0);
     assert_int_equal(filter(&router_tag, &m), 0);
-    assert_int_equal(transport_stream_pending(), 1);
+    assert_int_equal(zd__transport_stream_pending(), 1);
     for (int k = 0; k < b.n_pieces; k++) {
         streamed_piece(&b, &m, k, (uint64_t)k, 0, NULL, 0, CHUNK);
         assert_int_equal(filter(&router_tag, &m), k + 1 == b.n_pieces);
@@ -392,7 +392,7 @@ static void test_replaced_bounded_and_cleared(void **state)
         streamed_main(&s, &m, RPC_MSG_CALL, c, NULL, 0);
         assert_int_equal(filter(&router_tag, &m), 0);
     }
-    assert_int_equal(transport_stream_pending(), RPC_STREAM_MAX_PENDING);
+    assert_int_equal(zd__transport_stream_pending(), RPC_STREAM_MAX_PENDING);
     streamed_main(&s, &m, RPC_MSG_CALL, RPC_STREAM_MAX_PENDING, NULL, 0);
     assert_int_equal(filter(&router_tag, &m), -1);
     assert_true(m.reject_id == 33);
@@ -400,8 +400,8 @@ static void test_replaced_bounded_and_cleared(void **state)
     snprintf(why, sizeof why, "more than %d streamed messages pending", RPC_STREAM_MAX_PENDING);
     assert_non_null(strstr(m.reject, why));
     /* Shutdown drops what waits. */
-    transport_stream_clear();
-    assert_int_equal(transport_stream_pending(), 0);
+    zd__transport_stream_clear();
+    assert_int_equal(zd__transport_stream_pending(), 0);
     assert_int_equal(live_frames, 0);
     streamed_free(&s);
 }
@@ -410,7 +410,7 @@ static void test_stalled_streams_expire(void **state)
 {
     (void)state;
     setup_fake();
-    /* An answer on an rpc_sync socket whose sender stopped after 3 pieces:
+    /* An answer on an zd_rpc_sync socket whose sender stopped after 3 pieces:
        kept while pieces could still come, dropped once they stalled. */
     streamed_t s;
     streamed_make(&s, 41, CHUNK);
@@ -422,20 +422,20 @@ static void test_stalled_streams_expire(void **state)
         assert_int_equal(filter(&dealer_tag, &m), 0);
     }
     const int64_t sec = 1000000000, stall = RPC_STREAM_STALL_NS, grace = RPC_STREAM_GRACE_NS;
-    int64_t now = agent_now_ns();
-    assert_int_equal(transport_stream_expire(&fake, now + stall / 2), 0);
+    int64_t now = zd__agent_now_ns();
+    assert_int_equal(zd__transport_stream_expire(&fake, now + stall / 2), 0);
     /* Found stalled: it gets the grace, in which a piece keeps it alive
        (a receiver that was paused itself reads what waited meanwhile). */
-    assert_int_equal(transport_stream_expire(&fake, now + stall + sec), 0);
-    assert_int_equal(transport_stream_pending(), 1);
+    assert_int_equal(zd__transport_stream_expire(&fake, now + stall + sec), 0);
+    assert_int_equal(zd__transport_stream_pending(), 1);
     streamed_piece(&s, &m, 3, 3, 1, NULL, 0, CHUNK);
     assert_int_equal(filter(&dealer_tag, &m), 0);
-    now = agent_now_ns();
-    assert_int_equal(transport_stream_expire(&fake, now + stall / 2), 0);
+    now = zd__agent_now_ns();
+    assert_int_equal(zd__transport_stream_expire(&fake, now + stall / 2), 0);
     /* Stalled again, for the grace too: dropped. */
-    assert_int_equal(transport_stream_expire(&fake, now + stall + sec), 0);
-    assert_int_equal(transport_stream_expire(&fake, now + stall + sec + grace), 1);
-    assert_int_equal(transport_stream_pending(), 0);
+    assert_int_equal(zd__transport_stream_expire(&fake, now + stall + sec), 0);
+    assert_int_equal(zd__transport_stream_expire(&fake, now + stall + sec + grace), 1);
+    assert_int_equal(zd__transport_stream_pending(), 0);
     assert_int_equal(live_frames, 0);
     /* Its late pieces find nothing to join. */
     streamed_piece(&s, &m, 4, 4, 1, NULL, 0, CHUNK);
@@ -446,88 +446,88 @@ static void test_stalled_streams_expire(void **state)
 static void test_buffer_cache(void **state)
 {
     (void)state;
-    rpc_bufcache_enable(false);   /* starts empty */
-    rpc_bufcache_enable(true);
+    zd__rpc_bufcache_enable(false);   /* starts empty */
+    zd__rpc_bufcache_enable(true);
     long h0, m0, h, mi;
     int n;
     size_t bytes;
-    rpc_bufcache_stats(&h0, &m0, NULL, NULL);
-    rpc_buf_t *a = rpc_bufcache_get(3 << 20);
+    zd__rpc_bufcache_stats(&h0, &m0, NULL, NULL);
+    rpc_buf_t *a = zd__rpc_bufcache_get(3 << 20);
     assert_non_null(a);
     assert_true(a->cap >= (size_t)3 << 20 && ((uintptr_t)a->data & 4095) == 0);
     memset(a->data, 1, 3 << 20);
-    rpc_bufcache_put(a);
+    zd__rpc_bufcache_put(a);
     /* Reused for a request it fits without wasting half the request... */
-    rpc_buf_t *b = rpc_bufcache_get(2 << 20 | 1);
+    rpc_buf_t *b = zd__rpc_bufcache_get(2 << 20 | 1);
     assert_ptr_equal(b, a);
-    rpc_bufcache_put(b);
+    zd__rpc_bufcache_put(b);
     /* ...but not for a much smaller one, nor a larger one. */
-    rpc_buf_t *c = rpc_bufcache_get(1 << 20);
-    rpc_buf_t *d = rpc_bufcache_get(5 << 20);
+    rpc_buf_t *c = zd__rpc_bufcache_get(1 << 20);
+    rpc_buf_t *d = zd__rpc_bufcache_get(5 << 20);
     assert_true(c != a && d != a);
-    rpc_bufcache_stats(&h, &mi, &n, &bytes);
+    zd__rpc_bufcache_stats(&h, &mi, &n, &bytes);
     assert_int_equal(h - h0, 1);
     assert_int_equal(mi - m0, 3);
     assert_int_equal(n, 1);
     /* Bounded in count: the buffer returned longest ago goes first. */
     rpc_buf_t *more[RPC_BUFCACHE_MAX_BUFFERS + 1];
     for (int i = 0; i <= RPC_BUFCACHE_MAX_BUFFERS; i++)
-        more[i] = rpc_bufcache_get((size_t)(i + 8) << 20);
-    rpc_bufcache_put(c);
-    rpc_bufcache_put(d);
+        more[i] = zd__rpc_bufcache_get((size_t)(i + 8) << 20);
+    zd__rpc_bufcache_put(c);
+    zd__rpc_bufcache_put(d);
     for (int i = 0; i <= RPC_BUFCACHE_MAX_BUFFERS; i++)
-        rpc_bufcache_put(more[i]);
-    rpc_bufcache_stats(NULL, NULL, &n, &bytes);
+        zd__rpc_bufcache_put(more[i]);
+    zd__rpc_bufcache_stats(NULL, NULL, &n, &bytes);
     assert_int_equal(n, RPC_BUFCACHE_MAX_BUFFERS);
     assert_true(bytes <= RPC_BUFCACHE_MAX_BYTES);
     /* Disabled: emptied, and what comes back is freed. */
-    rpc_bufcache_enable(false);
-    rpc_bufcache_stats(NULL, NULL, &n, &bytes);
+    zd__rpc_bufcache_enable(false);
+    zd__rpc_bufcache_stats(NULL, NULL, &n, &bytes);
     assert_int_equal(n, 0);
     assert_int_equal(bytes, 0);
-    rpc_buf_t *e = rpc_bufcache_get(1 << 20);
-    rpc_bufcache_put(e);
-    rpc_bufcache_stats(NULL, NULL, &n, NULL);
+    rpc_buf_t *e = zd__rpc_bufcache_get(1 << 20);
+    zd__rpc_bufcache_put(e);
+    zd__rpc_bufcache_stats(NULL, NULL, &n, NULL);
     assert_int_equal(n, 0);
 }
 
 /* ---- through a live world ---- */
 
-static tensor_t *pattern(tensor_dtype_t dtype, int64_t n, int seed)
+static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 {
-    tensor_t *t = tensor_new(dtype, 1, &n);
-    uint8_t *p = tensor_raw(t);
-    for (size_t i = 0; i < tensor_nbytes(t); i++)
+    zd_tensor_t *t = zd_tensor_new(dtype, 1, &n);
+    uint8_t *p = zd_tensor_raw(t);
+    for (size_t i = 0; i < zd_tensor_nbytes(t); i++)
         p[i] = (uint8_t)(i * 131 + (size_t)seed + (i >> 12));
     return t;
 }
 
-static bool same(tensor_t *a, tensor_t *b)
+static bool same(zd_tensor_t *a, zd_tensor_t *b)
 {
-    return tensor_dtype(a) == tensor_dtype(b) && tensor_nbytes(a) == tensor_nbytes(b) &&
-           memcmp(tensor_raw(a), tensor_raw(b), tensor_nbytes(a)) == 0;
+    return zd_tensor_dtype(a) == zd_tensor_dtype(b) && zd_tensor_nbytes(a) == zd_tensor_nbytes(b) &&
+           memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
-static rpc_value_t *h_pending(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_pending(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(transport_stream_pending());
+    return zd_value_int(zd__transport_stream_pending());
 }
 
 /* A DEALER in a context of its own, connected to rank `to`'s ROUTER with
-   the routing id of rank `as`'s rpc_sync socket `slot`; NULL (with *ctx
+   the routing id of rank `as`'s zd_rpc_sync socket `slot`; NULL (with *ctx
    still to terminate) when it cannot connect. */
 static void *raw_socket(int to, int as, int slot, void **ctx)
 {
-    rpc_worker_info_t info;
+    zd_rpc_worker_info_t info;
     *ctx = zmq_ctx_new();
-    if (rpc_get_worker_info_by_rank(to, &info) < 0)
+    if (zd_rpc_get_worker_info_by_rank(to, &info) < 0)
         return NULL;
     void *sock = zmq_socket(*ctx, ZMQ_DEALER);
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-    rpc_wire_sync_identity(as, slot, id);
+    zd__rpc_wire_sync_identity(as, slot, id);
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -544,11 +544,11 @@ static void raw_stream_start(void *sock, rpc_wire_header_t *h, size_t len)
 {
     uint8_t head[256], table[24];
     rpc_wire_stream_t e = {0, len};
-    rpc_wire_stream_table_write(&e, 1, RPC_WIRE_MIN_CHUNK, table);
+    zd__rpc_wire_stream_table_write(&e, 1, RPC_WIRE_MIN_CHUNK, table);
     h->flags = RPC_WIRE_F_STREAMED;
     h->n_tensors = 2;
-    rpc_wire_write(h, head);
-    zmq_send(sock, head, rpc_wire_size(h), ZMQ_SNDMORE);
+    zd__rpc_wire_write(h, head);
+    zmq_send(sock, head, zd__rpc_wire_size(h), ZMQ_SNDMORE);
     zmq_send(sock, "", 0, ZMQ_SNDMORE);
     zmq_send(sock, table, sizeof table, 0);
 }
@@ -558,7 +558,7 @@ static void raw_stream_start(void *sock, rpc_wire_header_t *h, size_t len)
    that piece a wrong number; n_pieces >= 0 stops after that many. */
 static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece, int n_pieces)
 {
-    static const uint8_t meta[] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_TENSOR, TENSOR_U8, 0,
+    static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR, ZD_UINT8, 0,
                                    1, 0x90, 0x4e};   /* 10000 */
     rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 0, .dst = 1, .id = id, .fn = "echo",
                            .fn_len = 4, .meta = meta, .meta_len = sizeof meta};
@@ -571,7 +571,7 @@ static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece,
         rpc_wire_header_t p = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 0,
                                .dst = 1, .id = id, .a = (uint64_t)(k == bad_piece ? 77 : k),
                                .n_tensors = 1};
-        rpc_wire_write(&p, head);
+        zd__rpc_wire_write(&p, head);
         zmq_send(sock, head, RPC_WIRE_FIXED, ZMQ_SNDMORE);
         size_t n = len - at < RPC_WIRE_MIN_CHUNK ? len - at : RPC_WIRE_MIN_CHUNK;
         if (zmq_send(sock, data, n, 0) < 0)
@@ -590,7 +590,7 @@ static int raw_answer_type(void *sock, char *text, size_t size)
     zmq_msg_init(&m);
     zmq_msg_recv(&m, sock, 0);
     rpc_wire_header_t h;
-    int type = rpc_wire_parse(zmq_msg_data(&m), zmq_msg_size(&m), &h) == 0 ? h.type : -1;
+    int type = zd__rpc_wire_parse(zmq_msg_data(&m), zmq_msg_size(&m), &h) == 0 ? h.type : -1;
     snprintf(text, size, "%.*s", type == RPC_MSG_ERROR ? (int)h.meta_len : 0,
              type == RPC_MSG_ERROR ? (const char *)h.meta : "");
     while (zmq_msg_more(&m)) {
@@ -619,18 +619,18 @@ static int raw_streams(void)
     /* A sender that stops in the middle: once its stream is found stalled,
        it is told (rank 1's clock is moved on by "expire", not waited for). */
     WCHECK(raw_streamed_echo(sock, 1004, 10000, -1, 2) == 0);
-    int64_t n = 0, deadline = agent_now_ns() + (int64_t)10 * 1000000000;
-    while (n != 1 && agent_now_ns() < deadline) {
-        rpc_value_t *res;
-        WCHECK(rpc_sync(1, "pending", NULL, -1, &res) == 0);
-        WCHECK(rpc_value_get_int(res, &n) == 0);
-        rpc_value_unref(res);
+    int64_t n = 0, deadline = zd__agent_now_ns() + (int64_t)10 * 1000000000;
+    while (n != 1 && zd__agent_now_ns() < deadline) {
+        zd_value_t *res;
+        WCHECK(zd_rpc_sync(1, "pending", NULL, -1, &res) == 0);
+        WCHECK(zd_value_get_int(res, &n) == 0);
+        zd_value_unref(res);
     }
     WCHECK(n == 1);
-    rpc_value_t *res;
-    WCHECK(rpc_sync(1, "expire", NULL, -1, &res) == 0);
-    WCHECK(rpc_value_get_int(res, &n) == 0 && n == 1);
-    rpc_value_unref(res);
+    zd_value_t *res;
+    WCHECK(zd_rpc_sync(1, "expire", NULL, -1, &res) == 0);
+    WCHECK(zd_value_get_int(res, &n) == 0 && n == 1);
+    zd_value_unref(res);
     WCHECK(raw_answer_type(sock, text, sizeof text) == RPC_MSG_ERROR);
     /* (Its two pieces may come before or after the expiry.) */
     WCHECK(strstr(text, "streamed CALL 3ec dropped: no piece for 60 s after "));
@@ -640,91 +640,91 @@ static int raw_streams(void)
 }
 
 /* Expires the streams here as if RPC_STREAM_STALL_NS had passed. */
-static rpc_value_t *h_expire(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_expire(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    agent_t *a = agent_acquire();
+    agent_t *a = zd__agent_acquire();
     if (!a)
         return NULL;
-    int64_t late = agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
-    int n = transport_stream_expire(a, late);   /* found stalled */
-    n += transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
-    agent_release(a);
-    return rpc_value_int(n);
+    int64_t late = zd__agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
+    int n = zd__transport_stream_expire(a, late);   /* found stalled */
+    n += zd__transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
+    zd__agent_release(a);
+    return zd_value_int(n);
 }
 
 static int world_big(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_register("echo", world_h_echo, NULL) == 0);
-    WCHECK(rpc_register_inline("pending", h_pending, NULL) == 0);
-    WCHECK(rpc_register("expire", h_expire, NULL) == 0);
-    rpc_options_t o = world_options(port);
+    WCHECK(zd_rpc_register("echo", world_h_echo, NULL) == 0);
+    WCHECK(zd_rpc_register_inline("pending", h_pending, NULL) == 0);
+    WCHECK(zd_rpc_register("expire", h_expire, NULL) == 0);
+    zd_rpc_options_t o = world_options(port);
     o.rpc_timeout_ms = 60000;
-    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
     if (rank == 0) {
-        tensor_t *big = pattern(TENSOR_U8, (64 << 20) + 12, 1);
-        tensor_t *mid = pattern(TENSOR_F32, (17 << 20) / 4 + 3, 2);
-        tensor_t *small = pattern(TENSOR_I64, 5, 3);
-        tensor_t *edge = pattern(TENSOR_U8, RPC_STREAM_OVER, 4);   /* not streamed */
+        zd_tensor_t *big = pattern(ZD_UINT8, (64 << 20) + 12, 1);
+        zd_tensor_t *mid = pattern(ZD_FLOAT32, (17 << 20) / 4 + 3, 2);
+        zd_tensor_t *small = pattern(ZD_INT64, 5, 3);
+        zd_tensor_t *edge = pattern(ZD_UINT8, RPC_STREAM_OVER, 4);   /* not streamed */
         /* echo answers its first argument: here a list of four tensors. */
-        rpc_value_t *args = rpc_args("v", rpc_args("tttt", mid, small, big, edge));
+        zd_value_t *args = zd_rpc_args("v", zd_rpc_args("tttt", mid, small, big, edge));
         WCHECK(args);
-        tensor_t *sent[4] = {mid, small, big, edge};
+        zd_tensor_t *sent[4] = {mid, small, big, edge};
         for (int i = 0; i < 2; i++) {
-            rpc_value_t *res;
-            WCHECK(rpc_sync(1, "echo", args, -1, &res) == 0);
+            zd_value_t *res;
+            WCHECK(zd_rpc_sync(1, "echo", args, -1, &res) == 0);
             for (int k = 0; k < 4; k++) {
-                tensor_t *got;
-                WCHECK(rpc_arg_tensor(res, (size_t)k, &got) == 0);
+                zd_tensor_t *got;
+                WCHECK(zd_rpc_arg_tensor(res, (size_t)k, &got) == 0);
                 WCHECK(same(got, sent[k]));
             }
-            rpc_value_unref(res);
+            zd_value_unref(res);
         }
         long hits, misses;
-        rpc_bufcache_stats(&hits, &misses, NULL, NULL);
+        zd__rpc_bufcache_stats(&hits, &misses, NULL, NULL);
         WCHECK(misses >= 2 && hits >= 2);   /* the answers were streamed */
         /* Async answers come through the I/O thread, several at once. */
-        rpc_future_t *f[3];
+        zd_future_t *f[3];
         for (int i = 0; i < 3; i++) {
-            rpc_value_t *a1 = rpc_args("t", mid);
-            f[i] = rpc_async(1, "echo", a1, -1);
-            rpc_value_unref(a1);
+            zd_value_t *a1 = zd_rpc_args("t", mid);
+            f[i] = zd_rpc_async(1, "echo", a1, -1);
+            zd_value_unref(a1);
         }
         for (int i = 0; i < 3; i++) {
-            WCHECK(rpc_wait(f[i], -1) == 0);
-            rpc_value_t *res = rpc_future_value(f[i]);   /* borrowed */
-            tensor_t *got;
-            WCHECK(res && rpc_value_get_tensor(res, &got) == 0 && same(got, mid));
-            rpc_future_unref(f[i]);
+            WCHECK(zd_rpc_wait(f[i], -1) == 0);
+            zd_value_t *res = zd_future_value(f[i]);   /* borrowed */
+            zd_tensor_t *got;
+            WCHECK(res && zd_value_get_tensor(res, &got) == 0 && same(got, mid));
+            zd_future_unref(f[i]);
         }
         /* A remote value and its fetch. */
-        rpc_value_t *a2 = rpc_args("t", big);
-        rpc_rref_t *r = rpc_remote(1, "echo", a2, -1);
-        rpc_value_unref(a2);
-        rpc_value_t *v;
-        WCHECK(r && rpc_rref_to_here(r, -1, &v) == 0);
-        WCHECK(rpc_value_kind(v) == RPC_TENSOR);
-        tensor_t *got;
-        WCHECK(rpc_value_get_tensor(v, &got) == 0 && same(got, big));
-        rpc_value_unref(v);
-        rpc_rref_unref(r);
-        WCHECK(rpc_rref_drain(-1) == 0);
+        zd_value_t *a2 = zd_rpc_args("t", big);
+        zd_rref_t *r = zd_rpc_remote(1, "echo", a2, -1);
+        zd_value_unref(a2);
+        zd_value_t *v;
+        WCHECK(r && zd_rref_to_here(r, -1, &v) == 0);
+        WCHECK(zd_value_kind(v) == ZD_VALUE_TENSOR);
+        zd_tensor_t *got;
+        WCHECK(zd_value_get_tensor(v, &got) == 0 && same(got, big));
+        zd_value_unref(v);
+        zd_rref_unref(r);
+        WCHECK(zd_rref_drain(-1) == 0);
         WCHECK(raw_streams() == 0);
-        rpc_value_t *res;
+        zd_value_t *res;
         int64_t n;
-        WCHECK(rpc_sync(1, "pending", NULL, -1, &res) == 0);
-        WCHECK(rpc_value_get_int(res, &n) == 0 && n == 0);
-        rpc_value_unref(res);
-        rpc_value_unref(args);
-        tensor_unref(big);
-        tensor_unref(mid);
-        tensor_unref(small);
-        tensor_unref(edge);
+        WCHECK(zd_rpc_sync(1, "pending", NULL, -1, &res) == 0);
+        WCHECK(zd_value_get_int(res, &n) == 0 && n == 0);
+        zd_value_unref(res);
+        zd_value_unref(args);
+        zd_tensor_unref(big);
+        zd_tensor_unref(mid);
+        zd_tensor_unref(small);
+        zd_tensor_unref(edge);
     }
-    WCHECK(rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
     return 0;
 }
 
@@ -739,8 +739,8 @@ static void test_big_tensors_through_a_world(void **state)
 static _Atomic uint64_t held_id;
 static world_hold_t stalled_hold = {.answer_none = true};
 
-static int capture_id(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
-                      rpc_bytes_t *extra, void **state)
+static int capture_id(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
+                      zd_rpc_bytes_t *extra, void **state)
 {
     (void)arg, (void)args, (void)extra, (void)state;
     if (!strcmp(m->function, "hold"))
@@ -752,7 +752,7 @@ static int capture_id(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
    call id on rank 0's ROUTER, and sends none of its pieces. */
 static void *raw_stalled_answer(uint64_t id, void **ctx)
 {
-    static const uint8_t meta[] = {RPC_CODEC_VERSION, RPC_TENSOR, TENSOR_U8, 0, 1, 0x90, 0x4e};
+    static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_TENSOR, ZD_UINT8, 0, 1, 0x90, 0x4e};
     void *sock = raw_socket(0, 1, 65531, ctx);
     if (sock) {
         rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .src = 1, .dst = 0, .id = id,
@@ -766,41 +766,41 @@ static int world_stalled_answer(int rank, int world, int port, void *arg)
 {
     (void)arg;
     if (rank == 0) {
-        rpc_hooks_t hooks = {.on_send_request = capture_id};
-        WCHECK(rpc_set_hooks(&hooks) == 0);
+        zd_rpc_hooks_t hooks = {.on_send_request = capture_id};
+        WCHECK(zd_rpc_set_hooks(&hooks) == 0);
     }
-    WCHECK(rpc_register_async("hold", world_h_hold, &stalled_hold) == 0);
-    WCHECK(rpc_register_inline("release", world_h_release, &stalled_hold) == 0);
-    rpc_options_t o = world_options(port);
-    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(zd_rpc_register_async("hold", world_h_hold, &stalled_hold) == 0);
+    WCHECK(zd_rpc_register_inline("release", world_h_release, &stalled_hold) == 0);
+    zd_rpc_options_t o = world_options(port);
+    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
     if (rank == 0) {
-        rpc_future_t *f = rpc_async(1, "hold", NULL, -1);
+        zd_future_t *f = zd_rpc_async(1, "hold", NULL, -1);
         WCHECK(f && atomic_load(&held_id) != 0);
         void *ctx = NULL, *sock = raw_stalled_answer(atomic_load(&held_id), &ctx);
         WCHECK(sock);
-        int64_t deadline = agent_now_ns() + (int64_t)10 * 1000000000;
-        while (transport_stream_pending() != 1 && agent_now_ns() < deadline)
+        int64_t deadline = zd__agent_now_ns() + (int64_t)10 * 1000000000;
+        while (zd__transport_stream_pending() != 1 && zd__agent_now_ns() < deadline)
             sched_yield();
-        WCHECK(transport_stream_pending() == 1);
+        WCHECK(zd__transport_stream_pending() == 1);
         /* As if a minute passed: found stalled, then dropped after the grace. */
-        agent_t *a = agent_acquire();
+        agent_t *a = zd__agent_acquire();
         WCHECK(a);
-        int64_t late = agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
-        int n = transport_stream_expire(a, late);
-        n += transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
-        agent_release(a);
+        int64_t late = zd__agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
+        int n = zd__transport_stream_expire(a, late);
+        n += zd__transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
+        zd__agent_release(a);
         WCHECK(n == 1);
-        WCHECK(rpc_wait(f, 10000) == -1);
-        WCHECK(strstr(error_last(), "calling \"hold\": streamed REPLY"));
-        WCHECK(strstr(error_last(), "dropped: no piece for 60 s after 0 pieces"));
-        rpc_future_unref(f);
+        WCHECK(zd_rpc_wait(f, 10000) == -1);
+        WCHECK(strstr(zd_error_last(), "calling \"hold\": streamed REPLY"));
+        WCHECK(strstr(zd_error_last(), "dropped: no piece for 60 s after 0 pieces"));
+        zd_future_unref(f);
         /* The real answer, when it comes, finds no call waiting: dropped. */
         while (world_call_int(1, "release") == 0) {
         }
         zmq_close(sock);
         zmq_ctx_term(ctx);
     }
-    WCHECK(rpc_shutdown(true, 20000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 20000) == 0);
     return 0;
 }
 

@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/codec.h"
-#include "rpc/value.h"
+#include <zdist/value.h>
 
 /* ---- a fake RRef world: RRefs are table entries, the wire form is the
    entry's index and the destination rank ---- */
@@ -28,39 +28,39 @@ typedef struct {
 static fake_rref_t rrefs[N_RREFS];
 static int last_dst_rank, last_src_rank;
 
-static void fake_ref(rpc_rref_t *r) { atomic_fetch_add(&((fake_rref_t *)r)->refs, 1); }
-static void fake_unref(rpc_rref_t *r) { atomic_fetch_sub(&((fake_rref_t *)r)->refs, 1); }
+static void fake_ref(zd_rref_t *r) { atomic_fetch_add(&((fake_rref_t *)r)->refs, 1); }
+static void fake_unref(zd_rref_t *r) { atomic_fetch_sub(&((fake_rref_t *)r)->refs, 1); }
 
-static int fake_encode(void *arg, rpc_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE])
+static int fake_encode(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE])
 {
     (void)arg;
     last_dst_rank = dst_rank;
     ptrdiff_t i = (fake_rref_t *)r - rrefs;
     if (i < 0 || i >= N_RREFS)
-        return error_set("fake: not an RRef of this test");
+        return zd_error_set("fake: not an RRef of this test");
     memset(out, 0xA0, RPC_RREF_WIRE_SIZE);
     out[0] = (uint8_t)i;
     return 0;
 }
 
 static int fake_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
-                       rpc_rref_t **out)
+                       zd_rref_t **out)
 {
     (void)arg;
     last_src_rank = src_rank;
     for (int k = 1; k < RPC_RREF_WIRE_SIZE; k++)
         if (in[k] != 0xA0)
-            return error_set("fake: bad RRef byte %d", k);
+            return zd_error_set("fake: bad RRef byte %d", k);
     if (in[0] >= N_RREFS)
-        return error_set("fake: unknown RRef %u", in[0]);
-    fake_ref((rpc_rref_t *)&rrefs[in[0]]);
-    *out = (rpc_rref_t *)&rrefs[in[0]];
+        return zd_error_set("fake: unknown RRef %u", in[0]);
+    fake_ref((zd_rref_t *)&rrefs[in[0]]);
+    *out = (zd_rref_t *)&rrefs[in[0]];
     return 0;
 }
 
 static const rpc_rref_codec_t fake_codec = {fake_encode, fake_decode, NULL};
 
-static rpc_rref_t *rref(int i) { return (rpc_rref_t *)&rrefs[i]; }
+static zd_rref_t *rref(int i) { return (zd_rref_t *)&rrefs[i]; }
 
 static int rrefs_balanced(void)
 {
@@ -81,7 +81,7 @@ static int rref_refs_sum(void)
 static int setup(void **state)
 {
     (void)state;
-    rpc_value_set_rref_hooks(fake_ref, fake_unref);
+    zd__value_set_rref_hooks(fake_ref, fake_unref);
     for (int i = 0; i < N_RREFS; i++)
         atomic_init(&rrefs[i].refs, 1);
     return 0;
@@ -129,7 +129,7 @@ static void frames_from(frameset_t *fs, const rpc_encoded_t *e, size_t misalign)
 {
     fs->n = 0;
     for (int i = 0; i < e->n_tensors; i++)
-        frames_add(fs, tensor_raw(e->tensors[i]), tensor_nbytes(e->tensors[i]), misalign);
+        frames_add(fs, zd_tensor_raw(e->tensors[i]), zd_tensor_nbytes(e->tensors[i]), misalign);
 }
 
 static void assert_all_released_once(const frameset_t *fs)
@@ -139,38 +139,38 @@ static void assert_all_released_once(const frameset_t *fs)
 }
 
 /* encode -> frames -> decode; returns the decoded value (caller unrefs) */
-static rpc_value_t *round_trip(const rpc_value_t *v, frameset_t *fs, size_t misalign)
+static zd_value_t *round_trip(const zd_value_t *v, frameset_t *fs, size_t misalign)
 {
     rpc_encoded_t e;
-    assert_int_equal(rpc_value_encode(v, &fake_codec, 3, &e), 0);
+    assert_int_equal(zd__value_encode(v, &fake_codec, 3, &e), 0);
     frames_from(fs, &e, misalign);
-    rpc_value_t *out = NULL;
-    if (rpc_value_decode(e.meta, e.meta_len, fs->frames, fs->n, &fake_codec, 5, &out) < 0)
-        fail_msg("decode failed: %s", error_last());
+    zd_value_t *out = NULL;
+    if (zd__value_decode(e.meta, e.meta_len, fs->frames, fs->n, &fake_codec, 5, &out) < 0)
+        fail_msg("decode failed: %s", zd_error_last());
     char a[512], b[512];
-    if (!rpc_value_equal(v, out))
-        fail_msg("round trip changed %s into %s", rpc_value_format(v, a, sizeof a),
-                 rpc_value_format(out, b, sizeof b));
+    if (!zd_value_equal(v, out))
+        fail_msg("round trip changed %s into %s", zd_value_format(v, a, sizeof a),
+                 zd_value_format(out, b, sizeof b));
     /* re-encoding gives the same bytes: the encoding is unique */
     rpc_encoded_t e2;
-    assert_int_equal(rpc_value_encode(out, &fake_codec, 3, &e2), 0);
+    assert_int_equal(zd__value_encode(out, &fake_codec, 3, &e2), 0);
     assert_int_equal(e2.meta_len, e.meta_len);
     assert_memory_equal(e2.meta, e.meta, e.meta_len);
-    rpc_encoded_clear(&e2);
-    rpc_encoded_clear(&e);
-    rpc_encoded_clear(&e);   /* idempotent */
+    zd__rpc_encoded_clear(&e2);
+    zd__rpc_encoded_clear(&e);
+    zd__rpc_encoded_clear(&e);   /* idempotent */
     return out;
 }
 
-static void check_round_trip(rpc_value_t *v)
+static void check_round_trip(zd_value_t *v)
 {
-    int64_t before = tensor_live_count();
+    int64_t before = zd_tensor_live_count();
     frameset_t fs;
-    rpc_value_t *out = round_trip(v, &fs, 0);
-    rpc_value_unref(out);
+    zd_value_t *out = round_trip(v, &fs, 0);
+    zd_value_unref(out);
     assert_all_released_once(&fs);
-    assert_int_equal(tensor_live_count(), before);
-    rpc_value_unref(v);
+    assert_int_equal(zd_tensor_live_count(), before);
+    zd_value_unref(v);
 }
 
 /* ---- round trips ---- */
@@ -178,51 +178,51 @@ static void check_round_trip(rpc_value_t *v)
 static void test_scalars_round_trip(void **state)
 {
     (void)state;
-    check_round_trip(rpc_value_none());
+    check_round_trip(zd_value_none());
     int64_t ints[] = {0, 1, -1, 63, -64, 64, 300, INT64_MAX, INT64_MIN, INT64_MIN + 1};
     for (size_t i = 0; i < sizeof ints / sizeof *ints; i++)
-        check_round_trip(rpc_value_int(ints[i]));
+        check_round_trip(zd_value_int(ints[i]));
     double floats[] = {0.0, -0.0, 1.5, -1e300, INFINITY, -INFINITY, NAN, 5e-324};
     for (size_t i = 0; i < sizeof floats / sizeof *floats; i++)
-        check_round_trip(rpc_value_float(floats[i]));
-    check_round_trip(rpc_value_string(""));
-    check_round_trip(rpc_value_string("fc1.weight \xc3\xa9\xe2\x82\xac"));
-    check_round_trip(rpc_value_bytes(NULL, 0));
-    check_round_trip(rpc_value_bytes("\0\1\2\0\xff", 5));
+        check_round_trip(zd_value_float(floats[i]));
+    check_round_trip(zd_value_string(""));
+    check_round_trip(zd_value_string("fc1.weight \xc3\xa9\xe2\x82\xac"));
+    check_round_trip(zd_value_bytes(NULL, 0));
+    check_round_trip(zd_value_bytes("\0\1\2\0\xff", 5));
     char big[1000];
     memset(big, 'x', sizeof big - 1);
     big[sizeof big - 1] = '\0';
-    check_round_trip(rpc_value_string(big));
+    check_round_trip(zd_value_string(big));
 }
 
 static void test_meta_layout_is_pinned(void **state)
 {
     (void)state;
     /* version 1, list of 3: int 1 (zigzag 2), none, string "ab" */
-    rpc_value_t *v = rpc_args("ins", (int64_t)1, "ab");
+    zd_value_t *v = zd_rpc_args("ins", (int64_t)1, "ab");
     rpc_encoded_t e;
-    assert_int_equal(rpc_value_encode(v, NULL, 0, &e), 0);
+    assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
     const uint8_t want[] = {1, 7, 3, 1, 2, 0, 3, 2, 'a', 'b'};
     assert_int_equal(e.meta_len, sizeof want);
     assert_memory_equal(e.meta, want, sizeof want);
     assert_int_equal(e.n_tensors, 0);
-    rpc_encoded_clear(&e);
-    rpc_value_unref(v);
+    zd__rpc_encoded_clear(&e);
+    zd_value_unref(v);
 
     /* tensor descriptor: dtype, flags, ndim, varint dims; -300 -> zigzag 599 */
     int64_t shape[2] = {2, 200};
-    tensor_t *t = tensor_new(TENSOR_F32, 2, shape);
-    tensor_set_requires_grad(t, true);
-    v = rpc_args("ti", t, (int64_t)-300);
-    assert_int_equal(rpc_value_encode(v, NULL, 0, &e), 0);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_set_requires_grad(t, true);
+    v = zd_rpc_args("ti", t, (int64_t)-300);
+    assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
     const uint8_t want2[] = {1, 7, 2, 5, 1, 1, 2, 2, 0xC8, 0x01, 1, 0xD7, 0x04};
     assert_int_equal(e.meta_len, sizeof want2);
     assert_memory_equal(e.meta, want2, sizeof want2);
     assert_int_equal(e.n_tensors, 1);
     assert_ptr_equal(e.tensors[0], t);   /* a reference, not a copy */
-    rpc_encoded_clear(&e);
-    rpc_value_unref(v);
-    tensor_unref(t);
+    zd__rpc_encoded_clear(&e);
+    zd_value_unref(v);
+    zd_tensor_unref(t);
 }
 
 static void test_tensors_round_trip(void **state)
@@ -233,101 +233,101 @@ static void test_tensors_round_trip(void **state)
     int64_t i64[4] = {INT64_MIN, -1, 0, INT64_MAX};
     uint8_t u8[4] = {0, 1, 128, 255};
     float scalar = 7;
-    tensor_t *ts[] = {
-        tensor_from_data(TENSOR_F32, 2, s23, f),
-        tensor_new(TENSOR_F32, 2, s05),            /* empty */
-        tensor_from_data(TENSOR_F32, 0, NULL, &scalar),   /* 0-dim */
-        tensor_from_data(TENSOR_I64, 1, s4, i64),
-        tensor_from_data(TENSOR_U8, 1, s4, u8),
-        tensor_from_data(TENSOR_U8, 3, s111, u8),
-        tensor_new(TENSOR_I64, 1, (int64_t[]){0}),
+    zd_tensor_t *ts[] = {
+        zd_tensor_from_data(ZD_FLOAT32, 2, s23, f),
+        zd_tensor_new(ZD_FLOAT32, 2, s05),            /* empty */
+        zd_tensor_from_data(ZD_FLOAT32, 0, NULL, &scalar),   /* 0-dim */
+        zd_tensor_from_data(ZD_INT64, 1, s4, i64),
+        zd_tensor_from_data(ZD_UINT8, 1, s4, u8),
+        zd_tensor_from_data(ZD_UINT8, 3, s111, u8),
+        zd_tensor_new(ZD_INT64, 1, (int64_t[]){0}),
     };
     int n = (int)(sizeof ts / sizeof *ts);
     for (int i = 0; i < n; i++) {
         assert_non_null(ts[i]);
-        check_round_trip(rpc_value_tensor(ts[i]));
+        check_round_trip(zd_value_tensor(ts[i]));
     }
     /* requires_grad travels with float tensors */
-    assert_int_equal(tensor_set_requires_grad(ts[0], true), 0);
-    rpc_value_t *v = rpc_value_tensor(ts[0]);
+    assert_int_equal(zd_tensor_set_requires_grad(ts[0], true), 0);
+    zd_value_t *v = zd_value_tensor(ts[0]);
     frameset_t fs;
-    rpc_value_t *out = round_trip(v, &fs, 0);
-    tensor_t *got;
-    assert_int_equal(rpc_value_get_tensor(out, &got), 0);
-    assert_true(tensor_requires_grad(got));
-    rpc_value_unref(out);
-    rpc_value_unref(v);
+    zd_value_t *out = round_trip(v, &fs, 0);
+    zd_tensor_t *got;
+    assert_int_equal(zd_value_get_tensor(out, &got), 0);
+    assert_true(zd_tensor_requires_grad(got));
+    zd_value_unref(out);
+    zd_value_unref(v);
     assert_all_released_once(&fs);
     for (int i = 0; i < n; i++)
-        tensor_unref(ts[i]);
+        zd_tensor_unref(ts[i]);
 }
 
 static void test_lists_and_rrefs_round_trip(void **state)
 {
     (void)state;
-    tensor_t *t = tensor_zeros2(3, 4);
-    tensor_data(t)[5] = 2;
-    rpc_value_t *v = rpc_args("vrtvv", rpc_args(""), rref(1), t,
-                 rpc_args("rvs", rref(2), rpc_args("tt", t, t), "x"),
-                 rpc_args("fnb", 0.5, "zz", (size_t)2));
+    zd_tensor_t *t = zd_tensor_zeros2(3, 4);
+    zd_tensor_data(t)[5] = 2;
+    zd_value_t *v = zd_rpc_args("vrtvv", zd_rpc_args(""), rref(1), t,
+                 zd_rpc_args("rvs", rref(2), zd_rpc_args("tt", t, t), "x"),
+                 zd_rpc_args("fnb", 0.5, "zz", (size_t)2));
     assert_non_null(v);
     frameset_t fs;
-    rpc_value_t *out = round_trip(v, &fs, 0);
+    zd_value_t *out = round_trip(v, &fs, 0);
     assert_int_equal(fs.n, 3);
     assert_int_equal(last_dst_rank, 3);
     assert_int_equal(last_src_rank, 5);
-    rpc_rref_t *r;
-    assert_int_equal(rpc_value_get_rref(rpc_list_get(out, 1), &r), 0);
+    zd_rref_t *r;
+    assert_int_equal(zd_value_get_rref(zd_list_get(out, 1), &r), 0);
     assert_ptr_equal(r, rref(1));
     assert_int_equal(atomic_load(&rrefs[1].refs), 3);   /* ours, v's, out's */
-    rpc_value_unref(out);
-    rpc_value_unref(v);
-    tensor_unref(t);
+    zd_value_unref(out);
+    zd_value_unref(v);
+    zd_tensor_unref(t);
     assert_all_released_once(&fs);
     assert_true(rrefs_balanced());
 
     /* 32 nested lists pass, 33 do not */
-    rpc_value_t *deep = rpc_value_int(1);
+    zd_value_t *deep = zd_value_int(1);
     for (int d = 0; d < RPC_CODEC_MAX_DEPTH; d++)
-        deep = rpc_args("v", deep);
-    check_round_trip(rpc_value_ref(deep));
-    deep = rpc_args("v", deep);
+        deep = zd_rpc_args("v", deep);
+    check_round_trip(zd_value_ref(deep));
+    deep = zd_rpc_args("v", deep);
     rpc_encoded_t e;
-    assert_int_equal(rpc_value_encode(deep, NULL, 0, &e), -1);
-    assert_string_equal(error_last(), "codec: lists nested more than 32 deep");
+    assert_int_equal(zd__value_encode(deep, NULL, 0, &e), -1);
+    assert_string_equal(zd_error_last(), "codec: lists nested more than 32 deep");
     assert_null(e.meta);
     assert_int_equal(e.n_tensors, 0);
-    rpc_value_unref(deep);
+    zd_value_unref(deep);
 }
 
 static void test_encode_errors_leave_nothing(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    tensor_t *t = tensor_zeros1(2);
-    rpc_value_t *v = rpc_args("tr", t, rref(0));
+    int64_t before = zd_tensor_live_count();
+    zd_tensor_t *t = zd_tensor_zeros1(2);
+    zd_value_t *v = zd_rpc_args("tr", t, rref(0));
     rpc_encoded_t e;
-    assert_int_equal(rpc_value_encode(v, NULL, 0, &e), -1);
-    assert_string_equal(error_last(), "codec: value holds an RRef but no RRef codec was given");
+    assert_int_equal(zd__value_encode(v, NULL, 0, &e), -1);
+    assert_string_equal(zd_error_last(), "codec: value holds an RRef but no RRef codec was given");
     assert_null(e.meta);
     assert_null(e.tensors);
-    rpc_value_unref(v);
+    zd_value_unref(v);
 
     fake_rref_t stranger = {1};
-    v = rpc_args("tr", t, (rpc_rref_t *)&stranger);
-    assert_int_equal(rpc_value_encode(v, &fake_codec, 0, &e), -1);
-    assert_string_equal(error_last(), "codec: RRef: fake: not an RRef of this test");
-    rpc_value_unref(v);
+    v = zd_rpc_args("tr", t, (zd_rref_t *)&stranger);
+    assert_int_equal(zd__value_encode(v, &fake_codec, 0, &e), -1);
+    assert_string_equal(zd_error_last(), "codec: RRef: fake: not an RRef of this test");
+    zd_value_unref(v);
 
-    v = rpc_value_list(RPC_CODEC_MAX_TENSORS + 1);
+    v = zd_value_list(RPC_CODEC_MAX_TENSORS + 1);
     for (int i = 0; i <= RPC_CODEC_MAX_TENSORS; i++)
-        assert_int_equal(rpc_list_append(v, rpc_value_tensor(t)), 0);
-    assert_int_equal(rpc_value_encode(v, NULL, 0, &e), -1);
-    assert_string_equal(error_last(), "codec: value holds more than 4096 tensors");
-    rpc_value_unref(v);
-    assert_int_equal(rpc_value_encode(NULL, NULL, 0, &e), -1);
-    tensor_unref(t);
-    assert_int_equal(tensor_live_count(), before);
+        assert_int_equal(zd_list_append(v, zd_value_tensor(t)), 0);
+    assert_int_equal(zd__value_encode(v, NULL, 0, &e), -1);
+    assert_string_equal(zd_error_last(), "codec: value holds more than 4096 tensors");
+    zd_value_unref(v);
+    assert_int_equal(zd__value_encode(NULL, NULL, 0, &e), -1);
+    zd_tensor_unref(t);
+    assert_int_equal(zd_tensor_live_count(), before);
     assert_true(rrefs_balanced());
 }
 
@@ -344,26 +344,26 @@ static void object_free(void *p)
 static void test_objects_are_never_encoded(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
+    int64_t before = zd_tensor_live_count();
     int thing;
     n_objects_freed = 0;
-    rpc_value_t *obj = rpc_value_object(&thing, object_free, "ParameterServer");
+    zd_value_t *obj = zd_value_object(&thing, object_free, "ParameterServer");
     rpc_encoded_t e;
-    assert_int_equal(rpc_value_encode(obj, NULL, 0, &e), -1);
-    assert_string_equal(error_last(), "codec: a local object (ParameterServer) cannot be sent "
+    assert_int_equal(zd__value_encode(obj, NULL, 0, &e), -1);
+    assert_string_equal(zd_error_last(), "codec: a local object (ParameterServer) cannot be sent "
                                       "to another process; send an RRef to it instead");
     assert_null(e.meta);
-    tensor_t *t = tensor_zeros1(4);
-    rpc_value_t *v = rpc_args("trv", t, rref(1), rpc_args("iv", (int64_t)2, obj));
-    assert_int_equal(rpc_value_encode(v, &fake_codec, 0, &e), -1);
-    assert_non_null(strstr(error_last(), "a local object (ParameterServer)"));
+    zd_tensor_t *t = zd_tensor_zeros1(4);
+    zd_value_t *v = zd_rpc_args("trv", t, rref(1), zd_rpc_args("iv", (int64_t)2, obj));
+    assert_int_equal(zd__value_encode(v, &fake_codec, 0, &e), -1);
+    assert_non_null(strstr(zd_error_last(), "a local object (ParameterServer)"));
     assert_null(e.meta);
     assert_null(e.tensors);
     assert_int_equal(n_objects_freed, 0);
-    rpc_value_unref(v);
+    zd_value_unref(v);
     assert_int_equal(n_objects_freed, 1);
-    tensor_unref(t);
-    assert_int_equal(tensor_live_count(), before);
+    zd_tensor_unref(t);
+    assert_int_equal(zd_tensor_live_count(), before);
     assert_true(rrefs_balanced());
 }
 
@@ -372,72 +372,72 @@ static void test_objects_are_never_encoded(void **state)
 static void test_aligned_frames_are_wrapped_not_copied(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    tensor_t *a = tensor_zeros2(16, 16);
-    tensor_t *b = tensor_new(TENSOR_I64, 1, (int64_t[]){3});
-    tensor_data(a)[17] = 4;
-    tensor_data_i64(b)[2] = -9;
-    rpc_value_t *v = rpc_args("tt", a, b);
+    int64_t before = zd_tensor_live_count();
+    zd_tensor_t *a = zd_tensor_zeros2(16, 16);
+    zd_tensor_t *b = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
+    zd_tensor_data(a)[17] = 4;
+    zd_tensor_data_i64(b)[2] = -9;
+    zd_value_t *v = zd_rpc_args("tt", a, b);
     frameset_t fs;
-    rpc_value_t *out = round_trip(v, &fs, 0);
-    tensor_t *ga, *gb;
-    assert_int_equal(rpc_arg_tensor(out, 0, &ga), 0);
-    assert_int_equal(rpc_arg_tensor(out, 1, &gb), 0);
-    assert_ptr_equal(tensor_raw(ga), fs.frames[0].data);
-    assert_ptr_equal(tensor_raw(gb), fs.frames[1].data);
+    zd_value_t *out = round_trip(v, &fs, 0);
+    zd_tensor_t *ga, *gb;
+    assert_int_equal(zd_rpc_arg_tensor(out, 0, &ga), 0);
+    assert_int_equal(zd_rpc_arg_tensor(out, 1, &gb), 0);
+    assert_ptr_equal(zd_tensor_raw(ga), fs.frames[0].data);
+    assert_ptr_equal(zd_tensor_raw(gb), fs.frames[1].data);
     /* the frames live exactly as long as the tensors wrapping them */
     assert_int_equal(fs.slots[0].released, 0);
-    tensor_t *keep = tensor_ref(ga);
-    rpc_value_unref(out);
+    zd_tensor_t *keep = zd_tensor_ref(ga);
+    zd_value_unref(out);
     assert_int_equal(fs.slots[0].released, 0);
     assert_int_equal(fs.slots[1].released, 1);
-    assert_float_equal(tensor_data(keep)[17], 4, 0);
-    tensor_unref(keep);
+    assert_float_equal(zd_tensor_data(keep)[17], 4, 0);
+    zd_tensor_unref(keep);
     assert_all_released_once(&fs);
-    rpc_value_unref(v);
-    tensor_unref(a);
-    tensor_unref(b);
-    assert_int_equal(tensor_live_count(), before);
+    zd_value_unref(v);
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
+    assert_int_equal(zd_tensor_live_count(), before);
 }
 
 static void test_misaligned_and_borrowed_frames_are_copied(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    tensor_t *a = tensor_zeros1(5);
-    tensor_data(a)[3] = 1.25f;
-    tensor_t *b = tensor_new(TENSOR_U8, 1, (int64_t[]){3});
-    rpc_value_t *v = rpc_args("tt", a, b);
+    int64_t before = zd_tensor_live_count();
+    zd_tensor_t *a = zd_tensor_zeros1(5);
+    zd_tensor_data(a)[3] = 1.25f;
+    zd_tensor_t *b = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){3});
+    zd_value_t *v = zd_rpc_args("tt", a, b);
     frameset_t fs;
-    rpc_value_t *out = round_trip(v, &fs, 1);   /* odd addresses */
-    tensor_t *ga, *gb;
-    assert_int_equal(rpc_arg_tensor(out, 0, &ga), 0);
-    assert_int_equal(rpc_arg_tensor(out, 1, &gb), 0);
-    assert_ptr_not_equal(tensor_raw(ga), fs.frames[0].data);
-    assert_int_equal((uintptr_t)tensor_raw(ga) % 4, 0);
+    zd_value_t *out = round_trip(v, &fs, 1);   /* odd addresses */
+    zd_tensor_t *ga, *gb;
+    assert_int_equal(zd_rpc_arg_tensor(out, 0, &ga), 0);
+    assert_int_equal(zd_rpc_arg_tensor(out, 1, &gb), 0);
+    assert_ptr_not_equal(zd_tensor_raw(ga), fs.frames[0].data);
+    assert_int_equal((uintptr_t)zd_tensor_raw(ga) % 4, 0);
     assert_int_equal(fs.slots[0].released, 1);   /* copied, so released at once */
-    assert_ptr_equal(tensor_raw(gb), fs.frames[1].data);   /* bytes are never misaligned */
+    assert_ptr_equal(zd_tensor_raw(gb), fs.frames[1].data);   /* bytes are never misaligned */
     assert_int_equal(fs.slots[1].released, 0);
-    rpc_value_unref(out);
+    zd_value_unref(out);
     assert_all_released_once(&fs);
 
     /* release == NULL: the memory is only lent for the call */
     rpc_encoded_t e;
-    assert_int_equal(rpc_value_encode(v, NULL, 0, &e), 0);
+    assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
     rpc_frame_t lent[2];
     for (int i = 0; i < 2; i++)
-        lent[i] = (rpc_frame_t){tensor_raw(e.tensors[i]), tensor_nbytes(e.tensors[i]), NULL,
+        lent[i] = (rpc_frame_t){zd_tensor_raw(e.tensors[i]), zd_tensor_nbytes(e.tensors[i]), NULL,
                                 NULL};
-    assert_int_equal(rpc_value_decode(e.meta, e.meta_len, lent, 2, NULL, 0, &out), 0);
-    assert_int_equal(rpc_arg_tensor(out, 0, &ga), 0);
-    assert_ptr_not_equal(tensor_raw(ga), tensor_raw(a));
-    assert_true(rpc_value_equal(out, v));
-    rpc_value_unref(out);
-    rpc_encoded_clear(&e);
-    rpc_value_unref(v);
-    tensor_unref(a);
-    tensor_unref(b);
-    assert_int_equal(tensor_live_count(), before);
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, lent, 2, NULL, 0, &out), 0);
+    assert_int_equal(zd_rpc_arg_tensor(out, 0, &ga), 0);
+    assert_ptr_not_equal(zd_tensor_raw(ga), zd_tensor_raw(a));
+    assert_true(zd_value_equal(out, v));
+    zd_value_unref(out);
+    zd__rpc_encoded_clear(&e);
+    zd_value_unref(v);
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
+    assert_int_equal(zd_tensor_live_count(), before);
 }
 
 /* ---- malformed input ---- */
@@ -447,39 +447,39 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
 static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *model,
                           int n_frames, const char *error_part)
 {
-    int64_t before = tensor_live_count();
+    int64_t before = zd_tensor_live_count();
     int refs_before = rref_refs_sum();
     frameset_t fs = {.n = 0};
     for (int i = 0; i < n_frames; i++) {
         const rpc_frame_t *m = i < model->n ? &model->frames[i] : &model->frames[0];
         frames_add(&fs, m->data, m->size, 0);
     }
-    rpc_value_t *out = (rpc_value_t *)&fs;   /* must be reset to NULL */
-    int rc = rpc_value_decode(meta, len, fs.frames, fs.n, &fake_codec, 0, &out);
+    zd_value_t *out = (zd_value_t *)&fs;   /* must be reset to NULL */
+    int rc = zd__value_decode(meta, len, fs.frames, fs.n, &fake_codec, 0, &out);
     if (rc != -1)
         fail_msg("accepted a bad blob of %zu bytes (expected \"%s\")", len, error_part);
     assert_null(out);
-    if (error_part && !strstr(error_last(), error_part))
-        fail_msg("error \"%s\" does not mention \"%s\"", error_last(), error_part);
+    if (error_part && !strstr(zd_error_last(), error_part))
+        fail_msg("error \"%s\" does not mention \"%s\"", zd_error_last(), error_part);
     assert_all_released_once(&fs);
-    assert_int_equal(tensor_live_count(), before);
+    assert_int_equal(zd_tensor_live_count(), before);
     assert_int_equal(rref_refs_sum(), refs_before);
 }
 
 /* A valid value with every kind in it, encoded; frames in `model`. */
-static rpc_value_t *sample(rpc_encoded_t *e, frameset_t *model)
+static zd_value_t *sample(rpc_encoded_t *e, frameset_t *model)
 {
     int64_t shape[3] = {2, 1, 3};
-    tensor_t *a = tensor_new(TENSOR_F32, 3, shape);
-    tensor_t *b = tensor_new(TENSOR_I64, 1, (int64_t[]){2});
-    tensor_t *c = tensor_new(TENSOR_U8, 0, NULL);
-    tensor_set_requires_grad(a, true);
-    rpc_value_t *v = rpc_args("ntvfsbrv", a, rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2,
-                              rref(3), rpc_args("ivt", (int64_t)-77, rpc_args(""), c));
-    tensor_unref(a);
-    tensor_unref(b);
-    tensor_unref(c);
-    assert_int_equal(rpc_value_encode(v, &fake_codec, 1, e), 0);
+    zd_tensor_t *a = zd_tensor_new(ZD_FLOAT32, 3, shape);
+    zd_tensor_t *b = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
+    zd_tensor_t *c = zd_tensor_new(ZD_UINT8, 0, NULL);
+    zd_tensor_set_requires_grad(a, true);
+    zd_value_t *v = zd_rpc_args("ntvfsbrv", a, zd_rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2,
+                              rref(3), zd_rpc_args("ivt", (int64_t)-77, zd_rpc_args(""), c));
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
+    zd_tensor_unref(c);
+    assert_int_equal(zd__value_encode(v, &fake_codec, 1, e), 0);
     frames_from(model, e, 0);
     return v;
 }
@@ -495,7 +495,7 @@ static void test_every_truncation_is_rejected(void **state)
     (void)state;
     rpc_encoded_t e;
     frameset_t model;
-    rpc_value_t *v = sample(&e, &model);
+    zd_value_t *v = sample(&e, &model);
     assert_int_equal(model.n, 3);
     for (size_t len = 0; len < e.meta_len; len++)
         expect_reject(e.meta, len, &model, model.n, len ? "codec: " : "empty meta");
@@ -503,15 +503,15 @@ static void test_every_truncation_is_rejected(void **state)
     frameset_t fs = {.n = 0};
     for (int i = 0; i < model.n; i++)
         frames_add(&fs, model.frames[i].data, model.frames[i].size, 0);
-    rpc_value_t *out;
-    assert_int_equal(rpc_value_decode(e.meta, e.meta_len, fs.frames, fs.n, &fake_codec, 0,
+    zd_value_t *out;
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, fs.frames, fs.n, &fake_codec, 0,
                                       &out), 0);
-    assert_true(rpc_value_equal(v, out));
-    rpc_value_unref(out);
+    assert_true(zd_value_equal(v, out));
+    zd_value_unref(out);
     assert_all_released_once(&fs);
     free_model(&model);
-    rpc_encoded_clear(&e);
-    rpc_value_unref(v);
+    zd__rpc_encoded_clear(&e);
+    zd_value_unref(v);
     assert_true(rrefs_balanced());
 }
 
@@ -528,10 +528,10 @@ static uint64_t next_rand(void)
 static void test_random_byte_flips(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
+    int64_t before = zd_tensor_live_count();
     rpc_encoded_t e;
     frameset_t model;
-    rpc_value_t *v = sample(&e, &model);
+    zd_value_t *v = sample(&e, &model);
     uint8_t *buf = malloc(e.meta_len);
     int accepted = 0, rejected = 0;
     for (int iter = 0; iter < 50000; iter++) {
@@ -545,20 +545,20 @@ static void test_random_byte_flips(void **state)
         frameset_t fs = {.n = 0};
         for (int i = 0; i < model.n; i++)
             frames_add(&fs, model.frames[i].data, model.frames[i].size, 0);
-        rpc_value_t *out = NULL;
-        if (rpc_value_decode(buf, e.meta_len, fs.frames, fs.n, &fake_codec, 0, &out) == 0) {
+        zd_value_t *out = NULL;
+        if (zd__value_decode(buf, e.meta_len, fs.frames, fs.n, &fake_codec, 0, &out) == 0) {
             accepted++;
             /* whatever decodes re-encodes to the very same bytes */
             rpc_encoded_t e2;
-            assert_int_equal(rpc_value_encode(out, &fake_codec, 0, &e2), 0);
+            assert_int_equal(zd__value_encode(out, &fake_codec, 0, &e2), 0);
             assert_int_equal(e2.meta_len, e.meta_len);
             assert_memory_equal(e2.meta, buf, e.meta_len);
-            rpc_encoded_clear(&e2);
-            rpc_value_unref(out);
+            zd__rpc_encoded_clear(&e2);
+            zd_value_unref(out);
         } else {
             rejected++;
             assert_null(out);
-            assert_non_null(strstr(error_last(), "codec: "));
+            assert_non_null(strstr(zd_error_last(), "codec: "));
         }
         assert_all_released_once(&fs);
     }
@@ -567,9 +567,9 @@ static void test_random_byte_flips(void **state)
     assert_true(rejected > 100);
     free(buf);
     free_model(&model);
-    rpc_encoded_clear(&e);
-    rpc_value_unref(v);
-    assert_int_equal(tensor_live_count(), before);
+    zd__rpc_encoded_clear(&e);
+    zd_value_unref(v);
+    assert_int_equal(zd_tensor_live_count(), before);
     assert_true(rrefs_balanced());
 }
 
@@ -578,7 +578,7 @@ static void test_wrong_frames(void **state)
     (void)state;
     rpc_encoded_t e;
     frameset_t model;
-    rpc_value_t *v = sample(&e, &model);
+    zd_value_t *v = sample(&e, &model);
     expect_reject(e.meta, e.meta_len, &model, 2, "meta describes 3 tensors but 2 frames");
     expect_reject(e.meta, e.meta_len, &model, 4, "meta describes 3 tensors but 4 frames");
     expect_reject(e.meta, e.meta_len, &model, 0, "meta describes 3 tensors but 0 frames");
@@ -597,10 +597,10 @@ static void test_wrong_frames(void **state)
     for (int i = 0; i < 3; i++)
         frames_add(&fs, model.frames[i].data, model.frames[i].size, 0);
     fs.frames[1].data = NULL;   /* its slot still frees the memory */
-    rpc_value_t *out;
-    assert_int_equal(rpc_value_decode(e.meta, e.meta_len, fs.frames, 3, &fake_codec, 0, &out),
+    zd_value_t *out;
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, fs.frames, 3, &fake_codec, 0, &out),
                      -1);
-    assert_string_equal(error_last(), "codec: frame 1 of 16 bytes has no data");
+    assert_string_equal(zd_error_last(), "codec: frame 1 of 16 bytes has no data");
     assert_all_released_once(&fs);
 
     /* too many frames for any value: rejected before looking at meta */
@@ -608,15 +608,15 @@ static void test_wrong_frames(void **state)
     static int released[RPC_CODEC_MAX_TENSORS + 1];
     for (int i = 0; i <= RPC_CODEC_MAX_TENSORS; i++)
         frames[i] = (rpc_frame_t){released, 0, NULL, NULL};
-    assert_int_equal(rpc_value_decode(e.meta, e.meta_len, frames, RPC_CODEC_MAX_TENSORS + 1,
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, frames, RPC_CODEC_MAX_TENSORS + 1,
                                       NULL, 0, &out), -1);
-    assert_string_equal(error_last(), "codec: 4097 frames (at most 4096 tensors)");
-    assert_int_equal(rpc_value_decode(e.meta, e.meta_len, NULL, 2, NULL, 0, &out), -1);
-    assert_int_equal(rpc_value_decode(e.meta, e.meta_len, frames, -1, NULL, 0, &out), -1);
+    assert_string_equal(zd_error_last(), "codec: 4097 frames (at most 4096 tensors)");
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, NULL, 2, NULL, 0, &out), -1);
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, frames, -1, NULL, 0, &out), -1);
 
     free_model(&model);
-    rpc_encoded_clear(&e);
-    rpc_value_unref(v);
+    zd__rpc_encoded_clear(&e);
+    zd_value_unref(v);
 }
 
 static void test_absurd_headers(void **state)
@@ -633,7 +633,7 @@ static void test_absurd_headers(void **state)
         int frames;
     } cases[] = {
         {"meta version 2, expected 1", {2, 0}, 2, 0},
-        {"unknown kind tag 8 at byte 1", {1, 8}, 2, 0},   /* RPC_OBJECT: no wire form */
+        {"unknown kind tag 8 at byte 1", {1, 8}, 2, 0},   /* ZD_VALUE_OBJECT: no wire form */
         {"unknown kind tag 255", {1, 255}, 2, 0},
         {"1 trailing bytes", {1, 0, 0}, 3, 0},
         {"truncated meta: float", {1, 2, 0, 0, 0, 0, 0, 0, 0}, 9, 0},
@@ -659,7 +659,7 @@ static void test_absurd_headers(void **state)
         /* 2^40 x 2^40: the element count overflows */
         {"shape too large", {1, 5, 1, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20,
                              0x80, 0x80, 0x80, 0x80, 0x80, 0x20}, 17, 1},
-        /* (2^62, 0) is refused like tensor_new refuses it, although empty */
+        /* (2^62, 0) is refused like zd_tensor_new refuses it, although empty */
         {"shape too large", {1, 5, 3, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
                              0x40, 0}, 15, 0},
         {"tensor 0 declares 4 bytes but its frame has 8", {1, 5, 1, 0, 1, 1}, 6, 1},
@@ -695,17 +695,17 @@ static void test_rref_failure_after_tensors_releases_everything(void **state)
     meta[sizeof head + 1 + RPC_RREF_WIRE_SIZE + 1] = 1;   /* make the second one valid */
     frameset_t fs = {.n = 0};
     frames_add(&fs, data, sizeof data, 0);
-    rpc_value_t *out;
-    assert_int_equal(rpc_value_decode(meta, n, fs.frames, 1, &fake_codec, 0, &out), 0);
+    zd_value_t *out;
+    assert_int_equal(zd__value_decode(meta, n, fs.frames, 1, &fake_codec, 0, &out), 0);
     assert_int_equal(atomic_load(&rrefs[0].refs), 2);
     assert_int_equal(atomic_load(&rrefs[1].refs), 2);
-    rpc_value_unref(out);
+    zd_value_unref(out);
     assert_all_released_once(&fs);
     /* RRefs without an RRef codec are refused before anything is built */
     frameset_t fs2 = {.n = 0};
     frames_add(&fs2, data, sizeof data, 0);
-    assert_int_equal(rpc_value_decode(meta, n, fs2.frames, 1, NULL, 0, &out), -1);
-    assert_string_equal(error_last(), "codec: RRef at byte 8 but no RRef codec was given");
+    assert_int_equal(zd__value_decode(meta, n, fs2.frames, 1, NULL, 0, &out), -1);
+    assert_string_equal(zd_error_last(), "codec: RRef at byte 8 but no RRef codec was given");
     assert_all_released_once(&fs2);
     free_model(&model);
 }
@@ -728,9 +728,9 @@ static void test_depth_and_size_bombs(void **state)
     /* exactly 32 levels are fine */
     size_t ok_len = 1 + 2 * 32 + 1;
     bomb[ok_len - 1] = 0;
-    rpc_value_t *out;
-    assert_int_equal(rpc_value_decode(bomb, ok_len, NULL, 0, NULL, 0, &out), 0);
-    rpc_value_unref(out);
+    zd_value_t *out;
+    assert_int_equal(zd__value_decode(bomb, ok_len, NULL, 0, NULL, 0, &out), 0);
+    zd_value_unref(out);
 
     /* a list declaring 2^60 items, then many nones: rejected by length */
     bomb[1] = 7;
@@ -755,11 +755,11 @@ static void test_depth_and_size_bombs(void **state)
     free(many);
 
     /* a meta longer than the limit is refused without being read */
-    assert_int_equal(rpc_value_decode(bomb, (size_t)RPC_CODEC_MAX_META + 1, NULL, 0, NULL, 0,
+    assert_int_equal(zd__value_decode(bomb, (size_t)RPC_CODEC_MAX_META + 1, NULL, 0, NULL, 0,
                                       &out), -1);
-    assert_string_equal(error_last(), "codec: meta of 67108865 bytes (at most 67108864)");
-    assert_int_equal(rpc_value_decode(NULL, 0, NULL, 0, NULL, 0, &out), -1);
-    assert_string_equal(error_last(), "codec: empty meta");
+    assert_string_equal(zd_error_last(), "codec: meta of 67108865 bytes (at most 67108864)");
+    assert_int_equal(zd__value_decode(NULL, 0, NULL, 0, NULL, 0, &out), -1);
+    assert_string_equal(zd_error_last(), "codec: empty meta");
     free(bomb);
 }
 

@@ -10,8 +10,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "autograd/error.h"
-#include "rpc/future.h"
+#include <zdist/error.h>
+#include <zdist/future.h>
 
 static int64_t now_ms(void)
 {
@@ -20,86 +20,86 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int64_t value_int(rpc_future_t *f)
+static int64_t value_int(zd_future_t *f)
 {
     int64_t i = -1;
-    assert_int_equal(rpc_value_get_int(rpc_future_value(f), &i), 0);
+    assert_int_equal(zd_value_get_int(zd_future_value(f), &i), 0);
     return i;
 }
 
-static int set_int(rpc_future_t *f, int64_t i)
+static int set_int(zd_future_t *f, int64_t i)
 {
-    rpc_value_t *v = rpc_value_int(i);
-    int rc = rpc_future_set_value(f, v);
-    rpc_value_unref(v);
+    zd_value_t *v = zd_value_int(i);
+    int rc = zd_future_set_value(f, v);
+    zd_value_unref(v);
     return rc;
 }
 
 static void test_wait_times_out_then_completes(void **state)
 {
     (void)state;
-    rpc_future_t *f = rpc_future_new();
-    assert_false(rpc_future_done(f));
-    assert_null(rpc_future_value(f));
-    assert_string_equal(rpc_future_error(f), "");
+    zd_future_t *f = zd_future_new();
+    assert_false(zd_future_done(f));
+    assert_null(zd_future_value(f));
+    assert_string_equal(zd_future_error(f), "");
     int64_t t0 = now_ms();
-    assert_int_equal(rpc_future_wait(f, 20), -1);
+    assert_int_equal(zd_future_wait(f, 20), -1);
     assert_true(now_ms() - t0 >= 20);   /* a monotonic deadline never fires early */
-    assert_string_equal(error_last(), "timed out after 20 ms");
-    assert_int_equal(rpc_future_wait(f, 0), -1);
-    assert_string_equal(error_last(), "timed out after 0 ms");
+    assert_string_equal(zd_error_last(), "timed out after 20 ms");
+    assert_int_equal(zd_future_wait(f, 0), -1);
+    assert_string_equal(zd_error_last(), "timed out after 0 ms");
 
     assert_int_equal(set_int(f, 5), 0);
-    assert_true(rpc_future_done(f));
-    assert_int_equal(rpc_future_wait(f, 0), 0);
-    assert_int_equal(rpc_future_wait(f, -1), 0);
+    assert_true(zd_future_done(f));
+    assert_int_equal(zd_future_wait(f, 0), 0);
+    assert_int_equal(zd_future_wait(f, -1), 0);
     assert_int_equal(value_int(f), 5);
-    assert_string_equal(rpc_future_error(f), "");
-    rpc_future_unref(f);
+    assert_string_equal(zd_future_error(f), "");
+    zd_future_unref(f);
 }
 
 static void test_error_completion(void **state)
 {
     (void)state;
-    rpc_future_t *f = rpc_future_new();
-    assert_int_equal(rpc_future_set_error(f, "worker%d: function '%s' failed", 2, "add"), 0);
-    assert_true(rpc_future_done(f));
-    assert_int_equal(rpc_future_wait(f, -1), -1);
-    assert_string_equal(error_last(), "worker2: function 'add' failed");
-    assert_string_equal(rpc_future_error(f), "worker2: function 'add' failed");
-    assert_null(rpc_future_value(f));
-    rpc_future_unref(f);
+    zd_future_t *f = zd_future_new();
+    assert_int_equal(zd_future_set_error(f, "worker%d: function '%s' failed", 2, "add"), 0);
+    assert_true(zd_future_done(f));
+    assert_int_equal(zd_future_wait(f, -1), -1);
+    assert_string_equal(zd_error_last(), "worker2: function 'add' failed");
+    assert_string_equal(zd_future_error(f), "worker2: function 'add' failed");
+    assert_null(zd_future_value(f));
+    zd_future_unref(f);
 
-    f = rpc_future_new();   /* an empty text must still read as an error */
-    assert_int_equal(rpc_future_set_error(f, "%s", ""), 0);
-    assert_int_equal(rpc_future_wait(f, 0), -1);
-    assert_string_equal(rpc_future_error(f), "unknown error");
-    rpc_future_unref(f);
+    f = zd_future_new();   /* an empty text must still read as an error */
+    assert_int_equal(zd_future_set_error(f, "%s", ""), 0);
+    assert_int_equal(zd_future_wait(f, 0), -1);
+    assert_string_equal(zd_future_error(f), "unknown error");
+    zd_future_unref(f);
 }
 
 static void test_only_first_completion_counts(void **state)
 {
     (void)state;
-    int64_t before = tensor_live_count();
-    rpc_future_t *f = rpc_future_new();
+    int64_t before = zd_tensor_live_count();
+    zd_future_t *f = zd_future_new();
     assert_int_equal(set_int(f, 1), 0);
-    tensor_t *t = tensor_zeros1(4);
-    rpc_value_t *tv = rpc_value_tensor(t);
-    tensor_unref(t);
-    assert_int_equal(rpc_future_set_value(f, tv), -1);
-    assert_string_equal(error_last(), "rpc future: already completed");
-    assert_int_equal(rpc_future_set_error(f, "late"), -1);
-    rpc_value_unref(tv);
-    assert_int_equal(tensor_live_count(), before);   /* the refused value was not kept */
+    zd_tensor_t *t = zd_tensor_zeros1(4);
+    zd_value_t *tv = zd_value_tensor(t);
+    zd_tensor_unref(t);
+    assert_int_equal(zd_future_set_value(f, tv), -1);
+    assert_string_equal(zd_error_last(), "rpc future: already completed");
+    assert_int_equal(zd_future_set_error(f, "late"), -1);
+    zd_value_unref(tv);
+    assert_int_equal(zd_tensor_live_count(), before);   /* the refused value was not kept */
     assert_int_equal(value_int(f), 1);
-    assert_string_equal(rpc_future_error(f), "");
-    rpc_future_unref(f);
+    assert_string_equal(zd_future_error(f), "");
+    zd_future_unref(f);
 
-    f = rpc_future_new();
-    assert_int_equal(rpc_future_set_value(f, NULL), 0);   /* NULL reads as none */
-    assert_int_equal(rpc_value_kind(rpc_future_value(f)), RPC_NONE);
-    assert_int_equal(rpc_future_set_value(f, NULL), -1);
-    rpc_future_unref(f);
+    f = zd_future_new();
+    assert_int_equal(zd_future_set_value(f, NULL), 0);   /* NULL reads as none */
+    assert_int_equal(zd_value_kind(zd_future_value(f)), ZD_VALUE_NONE);
+    assert_int_equal(zd_future_set_value(f, NULL), -1);
+    zd_future_unref(f);
 }
 
 typedef struct {
@@ -110,9 +110,9 @@ typedef struct {
 
 static trace_t trace;
 
-static void record(rpc_future_t *f, void *arg)
+static void record(zd_future_t *f, void *arg)
 {
-    assert_true(rpc_future_done(f));
+    assert_true(zd_future_done(f));
     trace.calls++;
     trace.order[trace.n++ % 8] = (int)(intptr_t)arg;
 }
@@ -121,80 +121,80 @@ static void test_callbacks_run_once_in_order(void **state)
 {
     (void)state;
     memset(&trace, 0, sizeof trace);
-    rpc_future_t *f = rpc_future_new();
-    assert_int_equal(rpc_future_then(f, record, (void *)1), 0);
-    assert_int_equal(rpc_future_then(f, record, (void *)2), 0);
+    zd_future_t *f = zd_future_new();
+    assert_int_equal(zd_future_then(f, record, (void *)1), 0);
+    assert_int_equal(zd_future_then(f, record, (void *)2), 0);
     assert_int_equal(trace.calls, 0);
     assert_int_equal(set_int(f, 3), 0);
     assert_int_equal(trace.calls, 2);
     assert_int_equal(trace.order[0], 1);
     assert_int_equal(trace.order[1], 2);
     /* added after completion: runs at once, on this thread */
-    assert_int_equal(rpc_future_then(f, record, (void *)3), 0);
+    assert_int_equal(zd_future_then(f, record, (void *)3), 0);
     assert_int_equal(trace.calls, 3);
     assert_int_equal(trace.order[2], 3);
-    assert_int_equal(rpc_future_set_error(f, "again"), -1);
+    assert_int_equal(zd_future_set_error(f, "again"), -1);
     assert_int_equal(trace.calls, 3);
-    assert_int_equal(rpc_future_then(NULL, record, NULL), -1);
-    assert_int_equal(rpc_future_then(f, NULL, NULL), -1);
-    rpc_future_unref(f);
+    assert_int_equal(zd_future_then(NULL, record, NULL), -1);
+    assert_int_equal(zd_future_then(f, NULL, NULL), -1);
+    zd_future_unref(f);
 }
 
-static void drop_future(rpc_future_t *f, void *arg)
+static void drop_future(zd_future_t *f, void *arg)
 {
     (void)arg;
-    rpc_future_unref(f);
+    zd_future_unref(f);
 }
 
 static void test_callback_may_drop_last_reference(void **state)
 {
     (void)state;
-    rpc_future_t *f = rpc_future_new();
+    zd_future_t *f = zd_future_new();
     /* The callback owns the only reference once the completer is done:
        completion must not touch f after running it. */
-    assert_int_equal(rpc_future_then(f, drop_future, NULL), 0);
-    assert_int_equal(rpc_future_then(f, record, (void *)9), 0);
+    assert_int_equal(zd_future_then(f, drop_future, NULL), 0);
+    assert_int_equal(zd_future_then(f, record, (void *)9), 0);
     memset(&trace, 0, sizeof trace);
-    assert_int_equal(rpc_future_set_error(f, "boom"), 0);
+    assert_int_equal(zd_future_set_error(f, "boom"), 0);
     assert_int_equal(trace.calls, 1);
 
     /* A future dropped while pending never runs its callbacks, leaks nothing. */
-    f = rpc_future_new();
-    assert_int_equal(rpc_future_then(f, record, (void *)1), 0);
-    rpc_future_unref(f);
+    f = zd_future_new();
+    assert_int_equal(zd_future_then(f, record, (void *)1), 0);
+    zd_future_unref(f);
     assert_int_equal(trace.calls, 1);
 }
 
 static void test_wait_all(void **state)
 {
     (void)state;
-    rpc_future_t *fs[3] = {rpc_future_new(), rpc_future_new(), rpc_future_new()};
-    assert_int_equal(rpc_future_wait_all(fs, 0, 0), 0);
+    zd_future_t *fs[3] = {zd_future_new(), zd_future_new(), zd_future_new()};
+    assert_int_equal(zd_future_wait_all(fs, 0, 0), 0);
     assert_int_equal(set_int(fs[0], 0), 0);
-    assert_int_equal(rpc_future_wait_all(fs, 3, 15), -1);
-    assert_string_equal(error_last(), "timed out after 15 ms (1 of 3 futures done)");
+    assert_int_equal(zd_future_wait_all(fs, 3, 15), -1);
+    assert_string_equal(zd_error_last(), "timed out after 15 ms (1 of 3 futures done)");
     assert_int_equal(set_int(fs[1], 1), 0);
     assert_int_equal(set_int(fs[2], 2), 0);
-    assert_int_equal(rpc_future_wait_all(fs, 3, -1), 0);
+    assert_int_equal(zd_future_wait_all(fs, 3, -1), 0);
     for (int i = 0; i < 3; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
 
     /* A failure ends the wait at once even though fs[0] never completes. */
     for (int i = 0; i < 3; i++)
-        fs[i] = rpc_future_new();
+        fs[i] = zd_future_new();
     assert_int_equal(set_int(fs[1], 1), 0);
-    assert_int_equal(rpc_future_set_error(fs[2], "worker3 died"), 0);
-    assert_int_equal(rpc_future_wait_all(fs, 3, -1), -1);
-    assert_string_equal(error_last(), "worker3 died");
-    rpc_future_t *bad[2] = {fs[0], NULL};
-    assert_int_equal(rpc_future_wait_all(bad, 2, 0), -1);
-    assert_string_equal(error_last(), "rpc_future_wait_all: future 1 is NULL");
+    assert_int_equal(zd_future_set_error(fs[2], "worker3 died"), 0);
+    assert_int_equal(zd_future_wait_all(fs, 3, -1), -1);
+    assert_string_equal(zd_error_last(), "worker3 died");
+    zd_future_t *bad[2] = {fs[0], NULL};
+    assert_int_equal(zd_future_wait_all(bad, 2, 0), -1);
+    assert_string_equal(zd_error_last(), "zd_future_wait_all: future 1 is NULL");
     for (int i = 0; i < 3; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
 }
 
 typedef struct {
-    rpc_future_t *f;
+    zd_future_t *f;
     int64_t value;
     const char *error;
 } completer_arg_t;
@@ -203,7 +203,7 @@ static void *complete_later(void *p)
 {
     completer_arg_t *a = p;
     if (a->error)
-        rpc_future_set_error(a->f, "%s", a->error);
+        zd_future_set_error(a->f, "%s", a->error);
     else
         set_int(a->f, a->value);
     return NULL;
@@ -212,48 +212,48 @@ static void *complete_later(void *p)
 static void test_wait_all_wakes_on_failure_from_another_thread(void **state)
 {
     (void)state;
-    rpc_future_t *fs[2] = {rpc_future_new(), rpc_future_new()};
+    zd_future_t *fs[2] = {zd_future_new(), zd_future_new()};
     completer_arg_t a = {fs[1], 0, "peer gone"};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, complete_later, &a), 0);
-    assert_int_equal(rpc_future_wait_all(fs, 2, 60000), -1);
-    assert_string_equal(error_last(), "peer gone");
+    assert_int_equal(zd_future_wait_all(fs, 2, 60000), -1);
+    assert_string_equal(zd_error_last(), "peer gone");
     pthread_join(th, NULL);
-    rpc_future_unref(fs[0]);
-    rpc_future_unref(fs[1]);
+    zd_future_unref(fs[0]);
+    zd_future_unref(fs[1]);
 }
 
 static void test_wait_any(void **state)
 {
     (void)state;
-    rpc_future_t *fs[3] = {rpc_future_new(), rpc_future_new(), rpc_future_new()};
+    zd_future_t *fs[3] = {zd_future_new(), zd_future_new(), zd_future_new()};
     int index = -1;
-    assert_int_equal(rpc_future_wait_any(fs, 3, 10, &index), -1);
-    assert_string_equal(error_last(), "timed out after 10 ms (none of 3 futures done)");
+    assert_int_equal(zd_future_wait_any(fs, 3, 10, &index), -1);
+    assert_string_equal(zd_error_last(), "timed out after 10 ms (none of 3 futures done)");
     /* repeated waits on the same pending futures leave no callbacks behind */
     for (int i = 0; i < 50; i++)
-        assert_int_equal(rpc_future_wait_any(fs, 3, 0, &index), -1);
+        assert_int_equal(zd_future_wait_any(fs, 3, 0, &index), -1);
 
     completer_arg_t a = {fs[2], 42, NULL};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, complete_later, &a), 0);
-    assert_int_equal(rpc_future_wait_any(fs, 3, 60000, &index), 0);
+    assert_int_equal(zd_future_wait_any(fs, 3, 60000, &index), 0);
     assert_int_equal(index, 2);
     assert_int_equal(value_int(fs[2]), 42);
     pthread_join(th, NULL);
 
     /* an error counts as completion: the caller checks which */
-    assert_int_equal(rpc_future_set_error(fs[1], "bad argument"), 0);
-    assert_int_equal(rpc_future_wait_any(fs, 2, -1, &index), 0);
+    assert_int_equal(zd_future_set_error(fs[1], "bad argument"), 0);
+    assert_int_equal(zd_future_wait_any(fs, 2, -1, &index), 0);
     assert_int_equal(index, 1);
-    assert_string_equal(rpc_future_error(fs[index]), "bad argument");
-    assert_int_equal(rpc_future_wait_any(fs, 3, -1, &index), 0);
+    assert_string_equal(zd_future_error(fs[index]), "bad argument");
+    assert_int_equal(zd_future_wait_any(fs, 3, -1, &index), 0);
     assert_int_equal(index, 1);   /* the first completed one */
 
-    assert_int_equal(rpc_future_wait_any(fs, 0, -1, &index), -1);
-    assert_string_equal(error_last(), "rpc_future_wait_any: no futures");
+    assert_int_equal(zd_future_wait_any(fs, 0, -1, &index), -1);
+    assert_string_equal(zd_error_last(), "zd_future_wait_any: no futures");
     for (int i = 0; i < 3; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
 }
 
 /* ---- many threads ---- */
@@ -263,7 +263,7 @@ static void test_wait_any(void **state)
 
 typedef struct {
     pthread_barrier_t start, end;
-    rpc_future_t *fs[N_FUT];
+    zd_future_t *fs[N_FUT];
     atomic_int wins[N_FUT];
     atomic_int winner_value[N_FUT];   /* 1000*thread + i of the successful set */
     atomic_int cb_calls[N_FUT];
@@ -276,7 +276,7 @@ typedef struct {
     int id;
 } stress_arg_t;
 
-static void count_cb(rpc_future_t *f, void *arg)
+static void count_cb(zd_future_t *f, void *arg)
 {
     (void)f;
     atomic_fetch_add((atomic_int *)arg, 1);
@@ -291,7 +291,7 @@ static void *completer(void *p)
         for (int k = 0; k < N_FUT; k++) {
             int i = a->id ? N_FUT - 1 - k : k;   /* the two meet in the middle */
             int code = 1000 * a->id + i;
-            int rc = (i + round) % 5 == 0 ? rpc_future_set_error(s->fs[i], "e%d", code)
+            int rc = (i + round) % 5 == 0 ? zd_future_set_error(s->fs[i], "e%d", code)
                                           : set_int(s->fs[i], code);
             if (rc == 0) {
                 atomic_fetch_add(&s->wins[i], 1);
@@ -312,20 +312,20 @@ static void *waiter(void *p)
         if (a->id == 0) {
             /* callbacks racing with completion, then wait_all */
             for (int i = 0; i < N_FUT; i++)
-                if (rpc_future_then(s->fs[i], count_cb, &s->cb_calls[i]) < 0)
+                if (zd_future_then(s->fs[i], count_cb, &s->cb_calls[i]) < 0)
                     atomic_fetch_add(&s->bad, 1);
-            if (rpc_future_wait_all(s->fs, N_FUT, -1) < 0)
+            if (zd_future_wait_all(s->fs, N_FUT, -1) < 0)
                 atomic_fetch_add(&s->failures_seen, 1);
             for (int i = 0; i < N_FUT; i++)
-                rpc_future_wait(s->fs[i], -1);
+                zd_future_wait(s->fs[i], -1);
         } else {
             /* wait_any until every future has been seen */
-            rpc_future_t *left[N_FUT];
+            zd_future_t *left[N_FUT];
             memcpy(left, s->fs, sizeof left);
             int n = N_FUT, index;
             while (n > 0) {
-                if (rpc_future_wait_any(left, n, -1, &index) < 0 ||
-                    !rpc_future_done(left[index])) {
+                if (zd_future_wait_any(left, n, -1, &index) < 0 ||
+                    !zd_future_done(left[index])) {
                     atomic_fetch_add(&s->bad, 1);
                     break;
                 }
@@ -352,7 +352,7 @@ static void test_many_threads(void **state)
         assert_int_equal(pthread_create(&th[i], NULL, waiter, &args[i]), 0);
     for (int round = 0; round < ROUNDS; round++) {
         for (int i = 0; i < N_FUT; i++) {
-            s.fs[i] = rpc_future_new();
+            s.fs[i] = zd_future_new();
             atomic_store(&s.wins[i], 0);
             atomic_store(&s.cb_calls[i], 0);
         }
@@ -367,12 +367,12 @@ static void test_many_threads(void **state)
             if ((i + round) % 5 == 0) {
                 char want[16];
                 snprintf(want, sizeof want, "e%d", code);
-                assert_string_equal(rpc_future_error(s.fs[i]), want);
+                assert_string_equal(zd_future_error(s.fs[i]), want);
                 any_error = true;
             } else {
                 assert_int_equal(value_int(s.fs[i]), code);
             }
-            rpc_future_unref(s.fs[i]);
+            zd_future_unref(s.fs[i]);
         }
         expected_failures += any_error;
     }

@@ -24,7 +24,7 @@ typedef struct {
     uint64_t request_id;
 } fake_state_t;
 
-static int put_ctx(rpc_bytes_t *extra, int64_t ctx)
+static int put_ctx(zd_rpc_bytes_t *extra, int64_t ctx)
 {
     extra->data = malloc(sizeof ctx);
     if (!extra->data)
@@ -37,24 +37,24 @@ static int put_ctx(rpc_bytes_t *extra, int64_t ctx)
 static int get_ctx(const void *extra, size_t len, int64_t *ctx)
 {
     if (len != sizeof *ctx)
-        return error_set("fake hook: %zu extra bytes", len);
+        return zd_error_set("fake hook: %zu extra bytes", len);
     memcpy(ctx, extra, sizeof *ctx);
     return 0;
 }
 
-static int on_send_request(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
-                           rpc_bytes_t *extra, void **state)
+static int on_send_request(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
+                           zd_rpc_bytes_t *extra, void **state)
 {
     (void)arg;
     if (strcmp(m->function, "forbidden") == 0)
-        return error_set("the fake hook refuses \"forbidden\"");
+        return zd_error_set("the fake hook refuses \"forbidden\"");
     atomic_fetch_add(&events[m->kind][SEND_REQ], 1);
     if (current_ctx == 0)
         return 0;
     fake_state_t *s = malloc(sizeof *s);
     if (!s || put_ctx(extra, current_ctx) < 0) {
         free(s);
-        return error_set("fake hook: out of memory");
+        return zd_error_set("fake hook: out of memory");
     }
     s->ctx = current_ctx;
     s->request_id = m->request_id;
@@ -62,10 +62,10 @@ static int on_send_request(void *arg, const rpc_hook_msg_t *m, rpc_value_t **arg
     atomic_fetch_add(&states_live, 1);
     /* Replace the arguments by a copy: the callee must see the copy. */
     if (*args) {
-        rpc_value_t *copy = rpc_value_list(rpc_list_len(*args));
-        for (size_t i = 0; i < rpc_list_len(*args); i++)
-            rpc_list_append(copy, rpc_value_ref(rpc_list_get(*args, i)));
-        rpc_value_unref(*args);
+        zd_value_t *copy = zd_value_list(zd_list_len(*args));
+        for (size_t i = 0; i < zd_list_len(*args); i++)
+            zd_list_append(copy, zd_value_ref(zd_list_get(*args, i)));
+        zd_value_unref(*args);
         *args = copy;
     }
     return 0;
@@ -76,12 +76,12 @@ typedef struct {
     int64_t saved;
 } callee_state_t;
 
-static int on_recv_request(void *arg, rpc_call_t *call, const void *extra, size_t len,
-                           rpc_value_t **args)
+static int on_recv_request(void *arg, zd_rpc_call_t *call, const void *extra, size_t len,
+                           zd_value_t **args)
 {
     (void)arg;
     (void)args;
-    atomic_fetch_add(&events[rpc_call_kind(call)][RECV_REQ], 1);
+    atomic_fetch_add(&events[zd_rpc_call_kind(call)][RECV_REQ], 1);
     if (len == 0)
         return 0;
     callee_state_t *s = malloc(sizeof *s);
@@ -91,38 +91,38 @@ static int on_recv_request(void *arg, rpc_call_t *call, const void *extra, size_
     }
     s->saved = current_ctx;
     current_ctx = s->ctx;   /* current on the handler's thread */
-    rpc_call_set_hook_state(call, s);
+    zd_rpc_call_set_hook_state(call, s);
     atomic_fetch_add(&states_live, 1);
     return 0;
 }
 
-static void on_handler_return(void *arg, rpc_call_t *call)
+static void on_handler_return(void *arg, zd_rpc_call_t *call)
 {
     (void)arg;
-    atomic_fetch_add(&events[rpc_call_kind(call)][RETURNED], 1);
-    callee_state_t *s = rpc_call_hook_state(call);
+    atomic_fetch_add(&events[zd_rpc_call_kind(call)][RETURNED], 1);
+    callee_state_t *s = zd_rpc_call_hook_state(call);
     if (s)
         current_ctx = s->saved;
 }
 
-static int on_send_reply(void *arg, rpc_call_t *call, rpc_value_t **result,
-                         rpc_bytes_t *extra)
+static int on_send_reply(void *arg, zd_rpc_call_t *call, zd_value_t **result,
+                         zd_rpc_bytes_t *extra)
 {
     (void)arg;
     (void)result;
-    atomic_fetch_add(&events[rpc_call_kind(call)][SEND_REP], 1);
-    callee_state_t *s = rpc_call_hook_state(call);
+    atomic_fetch_add(&events[zd_rpc_call_kind(call)][SEND_REP], 1);
+    callee_state_t *s = zd_rpc_call_hook_state(call);
     if (!s)
         return 0;
     int rc = put_ctx(extra, s->ctx);
     free(s);
-    rpc_call_set_hook_state(call, NULL);
+    zd_rpc_call_set_hook_state(call, NULL);
     atomic_fetch_sub(&states_live, 1);
     return rc;
 }
 
-static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
-                         size_t len, rpc_value_t **result)
+static int on_recv_reply(void *arg, const zd_rpc_hook_msg_t *m, void *state, const void *extra,
+                         size_t len, zd_value_t **result)
 {
     (void)arg;
     atomic_fetch_add(&events[m->kind][RECV_REP], 1);
@@ -134,12 +134,12 @@ static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const 
     if (*result) {
         /* The reply carries the context back; mark the result as seen. */
         if (get_ctx(extra, len, &ctx) < 0 || ctx != s->ctx || s->request_id != m->request_id)
-            rc = error_set("fake hook: reply with context %lld for %lld", (long long)ctx,
+            rc = zd_error_set("fake hook: reply with context %lld for %lld", (long long)ctx,
                            (long long)s->ctx);
         int64_t v;
-        if (rc == 0 && rpc_value_get_int(*result, &v) == 0) {
-            rpc_value_unref(*result);
-            *result = rpc_value_int(v + 1000000);
+        if (rc == 0 && zd_value_get_int(*result, &v) == 0) {
+            zd_value_unref(*result);
+            *result = zd_value_int(v + 1000000);
         }
     }
     free(s);
@@ -147,7 +147,7 @@ static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const 
     return rc;
 }
 
-static int debug_info(void *arg, rpc_debug_item_t *items, int max)
+static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
 {
     (void)arg;
     if (max >= 1) {
@@ -157,7 +157,7 @@ static int debug_info(void *arg, rpc_debug_item_t *items, int max)
     return 1;
 }
 
-static const rpc_hooks_t fake_hooks = {.on_send_request = on_send_request,
+static const zd_rpc_hooks_t fake_hooks = {.on_send_request = on_send_request,
                                        .on_recv_request = on_recv_request,
                                        .on_handler_return = on_handler_return,
                                        .on_send_reply = on_send_reply,
@@ -166,22 +166,22 @@ static const rpc_hooks_t fake_hooks = {.on_send_request = on_send_request,
 
 /* ---- handlers ---- */
 
-static rpc_value_t *h_ctx(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_ctx(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(current_ctx);
+    return zd_value_int(current_ctx);
 }
 
 /* Calls "ctx" on the next rank: the context travels on. */
-static rpc_value_t *h_nested_ctx(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_nested_ctx(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    rpc_value_t *r;
-    if (rpc_sync((rpc_rank() + 1) % rpc_world_size(), "ctx", NULL, -1, &r) < 0)
+    zd_value_t *r;
+    if (zd_rpc_sync((zd_rpc_rank() + 1) % zd_rpc_world_size(), "ctx", NULL, -1, &r) < 0)
         return NULL;
     return r;
 }
@@ -189,51 +189,51 @@ static rpc_value_t *h_nested_ctx(rpc_call_t *call, rpc_value_t *args, void *arg)
 /* "ctx_later" answers 5 when "release" comes. */
 static world_hold_t later = {.answer = 5};
 
-static rpc_value_t *h_events(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_events(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
     int64_t kind, what;
-    if (rpc_arg_int(args, 0, &kind) < 0 || rpc_arg_int(args, 1, &what) < 0)
+    if (zd_rpc_arg_int(args, 0, &kind) < 0 || zd_rpc_arg_int(args, 1, &what) < 0)
         return NULL;
-    return rpc_value_int(atomic_load(&events[kind][what]));
+    return zd_value_int(atomic_load(&events[kind][what]));
 }
 
 static int64_t remote_events(int rank, int kind, int what)
 {
-    rpc_value_t *args = rpc_args("ii", (int64_t)kind, (int64_t)what), *r = NULL;
+    zd_value_t *args = zd_rpc_args("ii", (int64_t)kind, (int64_t)what), *r = NULL;
     int64_t n = -1;
     int saved = current_ctx;
     current_ctx = 0;
-    if (rpc_sync(rank, "events", args, -1, &r) == 0)
-        rpc_value_get_int(r, &n);
+    if (zd_rpc_sync(rank, "events", args, -1, &r) == 0)
+        zd_value_get_int(r, &n);
     current_ctx = saved;
-    rpc_value_unref(r);
-    rpc_value_unref(args);
+    zd_value_unref(r);
+    zd_value_unref(args);
     return n;
 }
 
 static int world_hooks(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_set_hooks(&fake_hooks) == 0);
-    WCHECK(rpc_register("ctx", h_ctx, NULL) == 0);
-    WCHECK(rpc_register_inline("ctx_inline", h_ctx, NULL) == 0);
-    WCHECK(rpc_register("nested_ctx", h_nested_ctx, NULL) == 0);
-    WCHECK(rpc_register_async("ctx_later", world_h_hold, &later) == 0);
-    WCHECK(rpc_register_inline("release", world_h_release, &later) == 0);
-    WCHECK(rpc_register("fail", world_h_fail, "failing on purpose") == 0);
-    WCHECK(rpc_register_inline("events", h_events, NULL) == 0);
-    rpc_options_t o = world_options(port);
-    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
-    WCHECK(rpc_set_hooks(NULL) == -1);   /* not while running */
+    WCHECK(zd_rpc_set_hooks(&fake_hooks) == 0);
+    WCHECK(zd_rpc_register("ctx", h_ctx, NULL) == 0);
+    WCHECK(zd_rpc_register_inline("ctx_inline", h_ctx, NULL) == 0);
+    WCHECK(zd_rpc_register("nested_ctx", h_nested_ctx, NULL) == 0);
+    WCHECK(zd_rpc_register_async("ctx_later", world_h_hold, &later) == 0);
+    WCHECK(zd_rpc_register_inline("release", world_h_release, &later) == 0);
+    WCHECK(zd_rpc_register("fail", world_h_fail, "failing on purpose") == 0);
+    WCHECK(zd_rpc_register_inline("events", h_events, NULL) == 0);
+    zd_rpc_options_t o = world_options(port);
+    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(zd_rpc_set_hooks(NULL) == -1);   /* not while running */
     /* The module's counters follow the agent's in the debug info. */
-    rpc_debug_item_t items[16];
-    int n = rpc_get_debug_info(items, 16);
+    zd_rpc_debug_item_t items[16];
+    int n = zd_rpc_get_debug_info(items, 16);
     WCHECK(n >= 2 && n <= 16 && !strcmp(items[n - 1].name, "fake_states_live"));
-    WCHECK(rpc_get_debug_info(items, 1) == n);   /* the count even when cut short */
+    WCHECK(zd_rpc_get_debug_info(items, 1) == n);   /* the count even when cut short */
     int64_t v = -1;
-    WCHECK(rpc_get_debug_value("fake_states_live", &v) == 0 && v == 0);
+    WCHECK(zd_rpc_get_debug_value("fake_states_live", &v) == 0 && v == 0);
     if (rank == 0) {
         /* No context: nothing extra travels, results are untouched. */
         WCHECK(world_call_int(1, "ctx") == 0);
@@ -246,53 +246,53 @@ static int world_hooks(int rank, int world, int port, void *arg)
            both replies are marked on their way back. */
         WCHECK(world_call_int(1, "nested_ctx") == 2000077);
         /* An async handler's reply, sent by another thread, still has it. */
-        rpc_future_t *f = rpc_async(1, "ctx_later", NULL, -1);
+        zd_future_t *f = zd_rpc_async(1, "ctx_later", NULL, -1);
         current_ctx = 0;
         while (world_call_int(1, "release") == 0) {   /* until the held call has arrived */
         }
         current_ctx = 77;
-        WCHECK(rpc_wait(f, 10000) == 0);
+        WCHECK(zd_rpc_wait(f, 10000) == 0);
         int64_t v;
-        WCHECK(rpc_value_get_int(rpc_future_value(f), &v) == 0 && v == 1000005);
-        rpc_future_unref(f);
+        WCHECK(zd_value_get_int(zd_future_value(f), &v) == 0 && v == 1000005);
+        zd_future_unref(f);
         /* Failures still release the caller's state (leak-checked). */
-        rpc_value_t *r;
-        WCHECK(rpc_sync(1, "fail", NULL, -1, &r) == -1);
-        WCHECK(strstr(error_last(), "failing on purpose") != NULL);
-        WCHECK(rpc_sync(1, "nosuch", NULL, -1, &r) == -1);
+        zd_value_t *r;
+        WCHECK(zd_rpc_sync(1, "fail", NULL, -1, &r) == -1);
+        WCHECK(strstr(zd_error_last(), "failing on purpose") != NULL);
+        WCHECK(zd_rpc_sync(1, "nosuch", NULL, -1, &r) == -1);
         /* A hook can refuse a call. */
-        WCHECK(rpc_sync(1, "forbidden", NULL, -1, &r) == -1);
-        WCHECK(strstr(error_last(), "request hook failed: the fake hook refuses") != NULL);
+        WCHECK(zd_rpc_sync(1, "forbidden", NULL, -1, &r) == -1);
+        WCHECK(strstr(zd_error_last(), "request hook failed: the fake hook refuses") != NULL);
         /* remote and to_here go through the hooks, with their kinds. */
-        rpc_rref_t *rr = rpc_remote(1, "ctx", NULL, -1);
+        zd_rref_t *rr = zd_rpc_remote(1, "ctx", NULL, -1);
         WCHECK(rr != NULL);
-        WCHECK(rpc_rref_to_here(rr, -1, &r) == 0);
-        WCHECK(rpc_value_get_int(r, &v) == 0 && v == 1000077);   /* marked by the fetch */
-        rpc_value_unref(r);
-        rpc_rref_unref(rr);
-        WCHECK(rpc_rref_drain(10000) == 0);
+        WCHECK(zd_rref_to_here(rr, -1, &r) == 0);
+        WCHECK(zd_value_get_int(r, &v) == 0 && v == 1000077);   /* marked by the fetch */
+        zd_value_unref(r);
+        zd_rref_unref(rr);
+        WCHECK(zd_rref_drain(10000) == 0);
         current_ctx = 0;
-        WCHECK(atomic_load(&events[RPC_KIND_REMOTE][SEND_REQ]) == 1);
-        WCHECK(atomic_load(&events[RPC_KIND_REMOTE][RECV_REP]) == 1);
-        WCHECK(atomic_load(&events[RPC_KIND_FETCH][SEND_REQ]) == 1);
-        WCHECK(atomic_load(&events[RPC_KIND_FETCH][RECV_REP]) == 1);
-        WCHECK(remote_events(1, RPC_KIND_REMOTE, RECV_REQ) == 1);
-        WCHECK(remote_events(1, RPC_KIND_REMOTE, SEND_REP) == 1);
-        WCHECK(remote_events(1, RPC_KIND_FETCH, RECV_REQ) == 1);
-        WCHECK(remote_events(1, RPC_KIND_FETCH, SEND_REP) == 1);
+        WCHECK(atomic_load(&events[ZD_RPC_KIND_REMOTE][SEND_REQ]) == 1);
+        WCHECK(atomic_load(&events[ZD_RPC_KIND_REMOTE][RECV_REP]) == 1);
+        WCHECK(atomic_load(&events[ZD_RPC_KIND_FETCH][SEND_REQ]) == 1);
+        WCHECK(atomic_load(&events[ZD_RPC_KIND_FETCH][RECV_REP]) == 1);
+        WCHECK(remote_events(1, ZD_RPC_KIND_REMOTE, RECV_REQ) == 1);
+        WCHECK(remote_events(1, ZD_RPC_KIND_REMOTE, SEND_REP) == 1);
+        WCHECK(remote_events(1, ZD_RPC_KIND_FETCH, RECV_REQ) == 1);
+        WCHECK(remote_events(1, ZD_RPC_KIND_FETCH, SEND_REP) == 1);
         /* Every send on one side is a receive on the other. */
-        int64_t sent = atomic_load(&events[RPC_KIND_CALL][SEND_REQ]);
-        int64_t got = atomic_load(&events[RPC_KIND_CALL][RECV_REP]);
+        int64_t sent = atomic_load(&events[ZD_RPC_KIND_CALL][SEND_REQ]);
+        int64_t got = atomic_load(&events[ZD_RPC_KIND_CALL][RECV_REP]);
         WCHECK(sent == got);
     }
-    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     WCHECK(atomic_load(&states_live) == 0);
     /* Handlers that ran had their return hook, on every process. */
-    WCHECK(atomic_load(&events[RPC_KIND_CALL][RETURNED]) <=
-           atomic_load(&events[RPC_KIND_CALL][RECV_REQ]));
-    WCHECK(atomic_load(&events[RPC_KIND_CALL][SEND_REP]) ==
-           atomic_load(&events[RPC_KIND_CALL][RECV_REQ]));
-    rpc_set_hooks(NULL);
+    WCHECK(atomic_load(&events[ZD_RPC_KIND_CALL][RETURNED]) <=
+           atomic_load(&events[ZD_RPC_KIND_CALL][RECV_REQ]));
+    WCHECK(atomic_load(&events[ZD_RPC_KIND_CALL][SEND_REP]) ==
+           atomic_load(&events[ZD_RPC_KIND_CALL][RECV_REQ]));
+    zd_rpc_set_hooks(NULL);
     return 0;
 }
 

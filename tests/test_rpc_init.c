@@ -12,43 +12,43 @@
 static int world_info(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_options(port);
     char name[32];
     snprintf(name, sizeof name, "node-%c", 'a' + rank);
-    WCHECK(rpc_init(name, rank, world, &o) == 0);
-    WCHECK(rpc_is_running());
-    WCHECK(rpc_rank() == rank);
-    WCHECK(rpc_world_size() == world);
-    WCHECK(strcmp(rpc_name(), name) == 0);
+    WCHECK(zd_rpc_init(name, rank, world, &o) == 0);
+    WCHECK(zd_rpc_is_running());
+    WCHECK(zd_rpc_rank() == rank);
+    WCHECK(zd_rpc_world_size() == world);
+    WCHECK(strcmp(zd_rpc_name(), name) == 0);
     for (int r = 0; r < world; r++) {
-        rpc_worker_info_t by_rank, by_name;
+        zd_rpc_worker_info_t by_rank, by_name;
         char other[32];
         snprintf(other, sizeof other, "node-%c", 'a' + r);
-        WCHECK(rpc_get_worker_info_by_rank(r, &by_rank) == 0);
+        WCHECK(zd_rpc_get_worker_info_by_rank(r, &by_rank) == 0);
         WCHECK(strcmp(by_rank.name, other) == 0 && by_rank.rank == r);
         WCHECK(strncmp(by_rank.endpoint, "tcp://127.0.0.1:", 16) == 0);
-        WCHECK(rpc_get_worker_info(other, &by_name) == 0);
+        WCHECK(zd_rpc_get_worker_info(other, &by_name) == 0);
         WCHECK(by_name.rank == r && strcmp(by_name.endpoint, by_rank.endpoint) == 0);
-        WCHECK(rpc_worker(other) == r);
+        WCHECK(zd_rpc_worker(other) == r);
     }
-    rpc_worker_info_t me, all[8];
-    WCHECK(rpc_get_worker_info(NULL, &me) == 0 && me.rank == rank);
-    WCHECK(rpc_get_worker_infos(all, 8) == world);
+    zd_rpc_worker_info_t me, all[8];
+    WCHECK(zd_rpc_get_worker_info(NULL, &me) == 0 && me.rank == rank);
+    WCHECK(zd_rpc_get_worker_infos(all, 8) == world);
     for (int r = 0; r < world; r++)
         WCHECK(all[r].rank == r && all[r].name[0] == 'n');
-    WCHECK(rpc_get_worker_info("nobody", &me) == -1);
-    WCHECK(strstr(error_last(), "nobody") != NULL);
-    WCHECK(rpc_worker("nobody") == -1);
-    WCHECK(rpc_get_worker_info_by_rank(world, &me) == -1);
-    WCHECK(strstr(error_last(), "rank 3") != NULL);
-    WCHECK(rpc_init(name, rank, world, &o) == -1);   /* already running */
-    WCHECK(strstr(error_last(), "already running") != NULL);
-    WCHECK(rpc_shutdown(true, 10000) == 0);
-    WCHECK(!rpc_is_running());
-    WCHECK(rpc_rank() == -1 && rpc_world_size() == -1);
-    WCHECK(rpc_get_worker_info_by_rank(0, &me) == -1);
-    WCHECK(strstr(error_last(), "not running") != NULL);
-    WCHECK(rpc_shutdown(true, 1000) == -1);
+    WCHECK(zd_rpc_get_worker_info("nobody", &me) == -1);
+    WCHECK(strstr(zd_error_last(), "nobody") != NULL);
+    WCHECK(zd_rpc_worker("nobody") == -1);
+    WCHECK(zd_rpc_get_worker_info_by_rank(world, &me) == -1);
+    WCHECK(strstr(zd_error_last(), "rank 3") != NULL);
+    WCHECK(zd_rpc_init(name, rank, world, &o) == -1);   /* already running */
+    WCHECK(strstr(zd_error_last(), "already running") != NULL);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
+    WCHECK(!zd_rpc_is_running());
+    WCHECK(zd_rpc_rank() == -1 && zd_rpc_world_size() == -1);
+    WCHECK(zd_rpc_get_worker_info_by_rank(0, &me) == -1);
+    WCHECK(strstr(zd_error_last(), "not running") != NULL);
+    WCHECK(zd_rpc_shutdown(true, 1000) == -1);
     return 0;
 }
 
@@ -71,19 +71,19 @@ static int world_env(int rank, int world, int port, void *arg)
     setenv("RANK", buf, 1);
     snprintf(buf, sizeof buf, "%d", world);
     setenv("WORLD_SIZE", buf, 1);
-    WCHECK(rpc_init(NULL, -1, 0, NULL) == 0);
-    WCHECK(rpc_rank() == rank && rpc_world_size() == world);
+    WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == 0);
+    WCHECK(zd_rpc_rank() == rank && zd_rpc_world_size() == world);
     snprintf(buf, sizeof buf, "worker%d", rank);
-    WCHECK(strcmp(rpc_name(), buf) == 0);
-    WCHECK(rpc_worker("worker0") == 0 && rpc_worker("worker1") == 1);
-    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(strcmp(zd_rpc_name(), buf) == 0);
+    WCHECK(zd_rpc_worker("worker0") == 0 && zd_rpc_worker("worker1") == 1);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     /* Bad values are named. */
     setenv("MASTER_PORT", "port", 1);
-    WCHECK(rpc_init(NULL, -1, 0, NULL) == -1);
-    WCHECK(strstr(error_last(), "MASTER_PORT") != NULL);
+    WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == -1);
+    WCHECK(strstr(zd_error_last(), "MASTER_PORT") != NULL);
     unsetenv("MASTER_ADDR");
-    WCHECK(rpc_init(NULL, -1, 0, NULL) == -1);
-    WCHECK(strstr(error_last(), "MASTER_ADDR") != NULL);
+    WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == -1);
+    WCHECK(strstr(zd_error_last(), "MASTER_ADDR") != NULL);
     return 0;
 }
 
@@ -107,19 +107,19 @@ static int world_bad(int index, int world, int port, void *arg)
 {
     (void)world;
     const bad_world_t *b = arg;
-    rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_options(port);
     o.init_timeout_ms = 3000;
     int64_t start = world_now_ms();
-    int rc = rpc_init(b->names[index], b->ranks[index], b->worlds[index], &o);
+    int rc = zd_rpc_init(b->names[index], b->ranks[index], b->worlds[index], &o);
     int64_t took = world_now_ms() - start;
     if (rc == 0) {
         WCHECK(!b->must_fail[index]);
-        rpc_shutdown(false, 0);
+        zd_rpc_shutdown(false, 0);
         return 0;
     }
     WCHECK(took < 4000);
-    if (b->must_fail[index] && !strstr(error_last(), b->expect)) {
-        fprintf(stderr, "[%d] unexpected error: %s\n", index, error_last());
+    if (b->must_fail[index] && !strstr(zd_error_last(), b->expect)) {
+        fprintf(stderr, "[%d] unexpected error: %s\n", index, zd_error_last());
         return 1;
     }
     return 0;
@@ -156,31 +156,31 @@ static void test_rank_outside_world(void **state)
     bad_world_t b = {{0, 5}, {2, 2}, {"a", "b"}, "", {true, true}};
     int status[2];
     assert_int_equal(run_world_status(2, 60, world_bad, &b, status), 0);
-    rpc_options_t o = world_options(world_free_port());
-    assert_int_equal(rpc_init("b", 5, 2, &o), -1);
-    assert_non_null(strstr(error_last(), "rank 5 is outside the world of size 2"));
+    zd_rpc_options_t o = world_options(world_free_port());
+    assert_int_equal(zd_rpc_init("b", 5, 2, &o), -1);
+    assert_non_null(strstr(zd_error_last(), "rank 5 is outside the world of size 2"));
 }
 
 static void test_bad_options_refused(void **state)
 {
     (void)state;
-    rpc_options_t o = world_options(world_free_port());
+    zd_rpc_options_t o = world_options(world_free_port());
     o.busy_poll_us = 2000000;
-    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
-    assert_non_null(strstr(error_last(), "busy_poll_us 2000000 is over"));
+    assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
+    assert_non_null(strstr(zd_error_last(), "busy_poll_us 2000000 is over"));
     o = world_options(world_free_port());
     setenv("ZDIST_BUSY_POLL_US", "fast", 1);
-    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
+    assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
     unsetenv("ZDIST_BUSY_POLL_US");
-    assert_non_null(strstr(error_last(), "ZDIST_BUSY_POLL_US=\"fast\""));
+    assert_non_null(strstr(zd_error_last(), "ZDIST_BUSY_POLL_US=\"fast\""));
     o = world_options(world_free_port());
     o.num_worker_threads = 0;
-    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
-    assert_non_null(strstr(error_last(), "0 worker threads"));
+    assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
+    assert_non_null(strstr(zd_error_last(), "0 worker threads"));
     o = world_options(world_free_port());
     o.rpc_timeout_ms = -5;
-    assert_int_equal(rpc_init("a", 0, 1, &o), -1);
-    assert_non_null(strstr(error_last(), "negative timeout"));
+    assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
+    assert_non_null(strstr(zd_error_last(), "negative timeout"));
 }
 
 static int world_no_master(int rank, int world, int port, void *arg)
@@ -188,18 +188,18 @@ static int world_no_master(int rank, int world, int port, void *arg)
     (void)rank;
     (void)world;
     (void)arg;
-    rpc_options_t o = world_options(port);   /* nobody listens there */
+    zd_rpc_options_t o = world_options(port);   /* nobody listens there */
     o.init_timeout_ms = 500;
     int64_t start = world_now_ms();
-    WCHECK(rpc_init("lonely", 1, 2, &o) == -1);
+    WCHECK(zd_rpc_init("lonely", 1, 2, &o) == -1);
     int64_t took = world_now_ms() - start;
     WCHECK(took >= 450 && took < 2000);
-    WCHECK(strstr(error_last(), "no answer from the master") != NULL);
-    WCHECK(strstr(error_last(), "lonely") != NULL);
+    WCHECK(strstr(zd_error_last(), "no answer from the master") != NULL);
+    WCHECK(strstr(zd_error_last(), "lonely") != NULL);
     /* A master whose workers never come says which ranks are missing. */
     o.master_port = world_free_port();
-    WCHECK(rpc_init("boss", 0, 3, &o) == -1);
-    WCHECK(strstr(error_last(), "missing ranks 1, 2") != NULL);
+    WCHECK(zd_rpc_init("boss", 0, 3, &o) == -1);
+    WCHECK(strstr(zd_error_last(), "missing ranks 1, 2") != NULL);
     return 0;
 }
 
@@ -216,11 +216,11 @@ static int world_twice(int rank, int world, int port, void *arg)
     (void)arg;
     for (int round = 0; round < 2; round++) {
         /* Same master port both times: rank 0 binds it again. */
-        rpc_options_t o = world_options(port);
+        zd_rpc_options_t o = world_options(port);
         o.busy_poll_us = round == 0 ? -1 : 0;   /* the second one sleeps at once */
-        WCHECK(rpc_init(NULL, rank, world, &o) == 0);
-        WCHECK(rpc_world_size() == world);
-        WCHECK(rpc_shutdown(true, 10000) == 0);
+        WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
+        WCHECK(zd_rpc_world_size() == world);
+        WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     }
     return 0;
 }

@@ -10,14 +10,14 @@
 /* "hold" answers nothing until "release". */
 static world_hold_t held = {.answer_none = true};
 
-static rpc_value_t *h_metrics_of(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_metrics_of(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)args;
     (void)arg;
-    rpc_metrics_t m;
-    if (rpc_metrics_get(rpc_call_caller_rank(call), &m) < 0)
+    zd_rpc_metrics_t m;
+    if (zd_rpc_metrics_get(zd_rpc_call_caller_rank(call), &m) < 0)
         return NULL;
-    return rpc_args("iiiii", m.calls_served, m.bytes_received, m.bytes_sent, m.serving,
+    return zd_rpc_args("iiiii", m.calls_served, m.bytes_received, m.bytes_sent, m.serving,
                     m.calls_sent);
 }
 
@@ -27,28 +27,28 @@ static rpc_value_t *h_metrics_of(rpc_call_t *call, rpc_value_t *args, void *arg)
 static int world_metrics(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_register("echo", world_h_echo, NULL) == 0);
-    WCHECK(rpc_register("fail", world_h_fail, "failing") == 0);
-    WCHECK(rpc_register_async("hold", world_h_hold, &held) == 0);
-    WCHECK(rpc_register_inline("release", world_h_release, &held) == 0);
-    WCHECK(rpc_register_inline("metrics_of", h_metrics_of, NULL) == 0);
-    rpc_options_t o = world_options(port);
-    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(zd_rpc_register("echo", world_h_echo, NULL) == 0);
+    WCHECK(zd_rpc_register("fail", world_h_fail, "failing") == 0);
+    WCHECK(zd_rpc_register_async("hold", world_h_hold, &held) == 0);
+    WCHECK(zd_rpc_register_inline("release", world_h_release, &held) == 0);
+    WCHECK(zd_rpc_register_inline("metrics_of", h_metrics_of, NULL) == 0);
+    zd_rpc_options_t o = world_options(port);
+    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
     if (rank == 0) {
-        rpc_metrics_t m;
-        WCHECK(rpc_metrics_get(1, &m) == 0);
+        zd_rpc_metrics_t m;
+        WCHECK(zd_rpc_metrics_get(1, &m) == 0);
         WCHECK(m.calls_sent == 0 && m.calls_served == 0 && m.in_flight == 0);
         int64_t n = 1000;
-        tensor_t *t = tensor_new(TENSOR_F32, 1, &n);
-        rpc_value_t *args = rpc_args("t", t), *r;
-        tensor_unref(t);
+        zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
+        zd_value_t *args = zd_rpc_args("t", t), *r;
+        zd_tensor_unref(t);
         for (int i = 0; i < N_CALLS; i++) {
-            WCHECK(rpc_sync(1, "echo", args, -1, &r) == 0);
-            rpc_value_unref(r);
+            WCHECK(zd_rpc_sync(1, "echo", args, -1, &r) == 0);
+            zd_value_unref(r);
         }
-        rpc_value_unref(args);
-        WCHECK(rpc_sync(1, "fail", NULL, -1, &r) == -1);
-        WCHECK(rpc_metrics_get(1, &m) == 0);
+        zd_value_unref(args);
+        WCHECK(zd_rpc_sync(1, "fail", NULL, -1, &r) == -1);
+        WCHECK(zd_rpc_metrics_get(1, &m) == 0);
         WCHECK(m.calls_sent == N_CALLS + 1);
         WCHECK(m.errors == 1);
         WCHECK(m.in_flight == 0);
@@ -58,62 +58,62 @@ static int world_metrics(int rank, int world, int port, void *arg)
         WCHECK(m.latency_p50_us <= m.latency_p99_us);
         WCHECK(m.latency_mean_us < 1e6);
         /* A call in flight shows on both sides. */
-        rpc_future_t *f = rpc_async(1, "hold", NULL, -1);
-        WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 1);
+        zd_future_t *f = zd_rpc_async(1, "hold", NULL, -1);
+        WCHECK(zd_rpc_metrics_get(1, &m) == 0 && m.in_flight == 1);
         int64_t v = -1;
-        WCHECK(rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 1);
-        rpc_value_t *seen = NULL;
+        WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 1);
+        zd_value_t *seen = NULL;
         int64_t serving = 0;
         while (serving == 0) {   /* until the hold arrived */
-            rpc_value_unref(seen);
-            WCHECK(rpc_sync(1, "metrics_of", NULL, -1, &seen) == 0);
-            WCHECK(rpc_arg_int(seen, 3, &serving) == 0);
+            zd_value_unref(seen);
+            WCHECK(zd_rpc_sync(1, "metrics_of", NULL, -1, &seen) == 0);
+            WCHECK(zd_rpc_arg_int(seen, 3, &serving) == 0);
         }
         int64_t served, in_bytes, out_bytes, their_sent;
-        WCHECK(rpc_arg_int(seen, 0, &served) == 0 && served >= N_CALLS + 1);
-        WCHECK(rpc_arg_int(seen, 1, &in_bytes) == 0 && in_bytes >= N_CALLS * TENSOR_BYTES);
-        WCHECK(rpc_arg_int(seen, 2, &out_bytes) == 0 && out_bytes >= N_CALLS * TENSOR_BYTES);
-        WCHECK(rpc_arg_int(seen, 4, &their_sent) == 0 && their_sent == 0);
-        rpc_value_unref(seen);
-        while (rpc_sync(1, "release", NULL, -1, &r) == 0) {
+        WCHECK(zd_rpc_arg_int(seen, 0, &served) == 0 && served >= N_CALLS + 1);
+        WCHECK(zd_rpc_arg_int(seen, 1, &in_bytes) == 0 && in_bytes >= N_CALLS * TENSOR_BYTES);
+        WCHECK(zd_rpc_arg_int(seen, 2, &out_bytes) == 0 && out_bytes >= N_CALLS * TENSOR_BYTES);
+        WCHECK(zd_rpc_arg_int(seen, 4, &their_sent) == 0 && their_sent == 0);
+        zd_value_unref(seen);
+        while (zd_rpc_sync(1, "release", NULL, -1, &r) == 0) {
             int64_t done = 0;
-            rpc_value_get_int(r, &done);
-            rpc_value_unref(r);
+            zd_value_get_int(r, &done);
+            zd_value_unref(r);
             if (done)
                 break;
         }
-        WCHECK(rpc_wait(f, 10000) == 0);
-        rpc_future_unref(f);
-        WCHECK(rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
-        WCHECK(rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);
+        WCHECK(zd_rpc_wait(f, 10000) == 0);
+        zd_future_unref(f);
+        WCHECK(zd_rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
+        WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);
         /* The agent's other counters (this rank ran no handler on the pool,
            whose threads start on demand). */
-        WCHECK(rpc_get_debug_value("thread_pool_size", &v) == 0 && v == o.num_worker_threads);
-        WCHECK(rpc_get_debug_value("num_pool_threads", &v) == 0 && v == 0);
-        WCHECK(rpc_get_debug_value("thread_pool_size", NULL) == -1);
-        WCHECK(rpc_get_debug_value("num_owner_rrefs", &v) == 0 && v == 0);
-        WCHECK(rpc_get_debug_value("num_pending_streams", &v) == 0 && v == 0);
-        WCHECK(rpc_get_debug_value("no_such_counter", &v) == -1);
-        WCHECK(strstr(error_last(), "no_such_counter") != NULL);
+        WCHECK(zd_rpc_get_debug_value("thread_pool_size", &v) == 0 && v == o.num_worker_threads);
+        WCHECK(zd_rpc_get_debug_value("num_pool_threads", &v) == 0 && v == 0);
+        WCHECK(zd_rpc_get_debug_value("thread_pool_size", NULL) == -1);
+        WCHECK(zd_rpc_get_debug_value("num_owner_rrefs", &v) == 0 && v == 0);
+        WCHECK(zd_rpc_get_debug_value("num_pending_streams", &v) == 0 && v == 0);
+        WCHECK(zd_rpc_get_debug_value("no_such_counter", &v) == -1);
+        WCHECK(strstr(zd_error_last(), "no_such_counter") != NULL);
         /* All peers together, and errors of the reader. */
-        rpc_metrics_t all;
-        WCHECK(rpc_metrics_get(-1, &all) == 0 && all.calls_sent >= m.calls_sent);
-        WCHECK(rpc_metrics_get(5, &all) == -1);
-        WCHECK(strstr(error_last(), "rank 5") != NULL);
+        zd_rpc_metrics_t all;
+        WCHECK(zd_rpc_metrics_get(-1, &all) == 0 && all.calls_sent >= m.calls_sent);
+        WCHECK(zd_rpc_metrics_get(5, &all) == -1);
+        WCHECK(strstr(zd_error_last(), "rank 5") != NULL);
         /* Printed: one line per peer plus the total. */
         char *text = NULL;
         size_t len = 0;
         FILE *mem = open_memstream(&text, &len);
-        rpc_metrics_print(mem);
+        zd_rpc_metrics_print(mem);
         fclose(mem);
         WCHECK(strstr(text, "worker0") && strstr(text, "worker1") && strstr(text, "(all)"));
         WCHECK(strstr(text, "p99_us") != NULL);
         WCHECK(strstr(text, "debug: num_pending_requests=0 ") != NULL);
         free(text);
     }
-    WCHECK(rpc_shutdown(true, 10000) == 0);
-    WCHECK(rpc_metrics_get(0, &(rpc_metrics_t){0}) == -1);
-    WCHECK(rpc_get_debug_info(NULL, 0) == -1);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_metrics_get(0, &(zd_rpc_metrics_t){0}) == -1);
+    WCHECK(zd_rpc_get_debug_info(NULL, 0) == -1);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /*  Nested calls never deadlock (SPEC R11): chains of calls through four
     processes with two worker threads each and 64 concurrent callers, both
-    with handlers that block in rpc_sync and with async handlers. */
+    with handlers that block in zd_rpc_sync and with async handlers. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -24,80 +24,80 @@ static int64_t expected_sum(int first, int depth)
 }
 
 /* Blocking: holds its pool thread while the next hop runs. */
-static rpc_value_t *h_chain(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_chain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
     int64_t depth;
-    if (rpc_arg_int(args, 0, &depth) < 0)
+    if (zd_rpc_arg_int(args, 0, &depth) < 0)
         return NULL;
     if (depth == 0)
-        return rpc_value_int(rpc_rank());
-    rpc_value_t *next = rpc_args("i", depth - 1), *r = NULL;
-    int rc = rpc_sync((rpc_rank() + 1) % WORLD, "chain", next, -1, &r);
-    rpc_value_unref(next);
+        return zd_value_int(zd_rpc_rank());
+    zd_value_t *next = zd_rpc_args("i", depth - 1), *r = NULL;
+    int rc = zd_rpc_sync((zd_rpc_rank() + 1) % WORLD, "chain", next, -1, &r);
+    zd_value_unref(next);
     int64_t sum;
-    if (rc < 0 || rpc_value_get_int(r, &sum) < 0) {
-        rpc_value_unref(r);
+    if (rc < 0 || zd_value_get_int(r, &sum) < 0) {
+        zd_value_unref(r);
         return NULL;
     }
-    rpc_value_unref(r);
-    return rpc_value_int(sum + rpc_rank());
+    zd_value_unref(r);
+    return zd_value_int(sum + zd_rpc_rank());
 }
 
 /* Async: returns at once; the reply goes out when the next hop answers. */
-static void chain_next_done(rpc_future_t *f, void *arg)
+static void chain_next_done(zd_future_t *f, void *arg)
 {
-    rpc_future_t *out = arg;
+    zd_future_t *out = arg;
     int64_t sum;
-    if (rpc_future_value(f) && rpc_value_get_int(rpc_future_value(f), &sum) == 0) {
-        rpc_value_t *v = rpc_value_int(sum + rpc_rank());
-        rpc_future_set_value(out, v);
-        rpc_value_unref(v);
+    if (zd_future_value(f) && zd_value_get_int(zd_future_value(f), &sum) == 0) {
+        zd_value_t *v = zd_value_int(sum + zd_rpc_rank());
+        zd_future_set_value(out, v);
+        zd_value_unref(v);
     } else {
-        rpc_future_set_error(out, "next hop: %s", rpc_future_error(f));
+        zd_future_set_error(out, "next hop: %s", zd_future_error(f));
     }
-    rpc_future_unref(out);
+    zd_future_unref(out);
 }
 
-static rpc_future_t *h_chain_async(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_future_t *h_chain_async(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
     int64_t depth;
-    if (rpc_arg_int(args, 0, &depth) < 0)
+    if (zd_rpc_arg_int(args, 0, &depth) < 0)
         return NULL;
-    rpc_future_t *out = rpc_future_new();
+    zd_future_t *out = zd_future_new();
     if (depth == 0) {
-        rpc_value_t *v = rpc_value_int(rpc_rank());
-        rpc_future_set_value(out, v);
-        rpc_value_unref(v);
+        zd_value_t *v = zd_value_int(zd_rpc_rank());
+        zd_future_set_value(out, v);
+        zd_value_unref(v);
         return out;
     }
-    rpc_value_t *next = rpc_args("i", depth - 1);
-    rpc_future_t *inner = rpc_async((rpc_rank() + 1) % WORLD, "chain_async", next, -1);
-    rpc_value_unref(next);
+    zd_value_t *next = zd_rpc_args("i", depth - 1);
+    zd_future_t *inner = zd_rpc_async((zd_rpc_rank() + 1) % WORLD, "chain_async", next, -1);
+    zd_value_unref(next);
     if (!inner) {
-        rpc_future_unref(out);
+        zd_future_unref(out);
         return NULL;
     }
-    rpc_future_then(inner, chain_next_done, rpc_future_ref(out));
-    rpc_future_unref(inner);
+    zd_future_then(inner, chain_next_done, zd_future_ref(out));
+    zd_future_unref(inner);
     return out;
 }
 
-/* An inline handler must not wait: rpc_sync refuses on the I/O thread. */
-static rpc_value_t *h_bad_inline(rpc_call_t *call, rpc_value_t *args, void *arg)
+/* An inline handler must not wait: zd_rpc_sync refuses on the I/O thread. */
+static zd_value_t *h_bad_inline(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    rpc_value_t *r;
-    if (rpc_sync(0, "chain", NULL, -1, &r) == 0) {
-        rpc_value_unref(r);
-        return rpc_value_string("rpc_sync worked on the I/O thread");
+    zd_value_t *r;
+    if (zd_rpc_sync(0, "chain", NULL, -1, &r) == 0) {
+        zd_value_unref(r);
+        return zd_value_string("zd_rpc_sync worked on the I/O thread");
     }
-    return rpc_value_string(error_last());
+    return zd_value_string(zd_error_last());
 }
 
 typedef struct {
@@ -110,16 +110,16 @@ static void *caller_main(void *arg)
 {
     caller_t *c = arg;
     int first = 1 + c->index % (WORLD - 1);
-    rpc_value_t *args = rpc_args("i", (int64_t)DEPTH), *r = NULL;
+    zd_value_t *args = zd_rpc_args("i", (int64_t)DEPTH), *r = NULL;
     int64_t sum = -1;
-    if (rpc_sync(first, c->fn, args, 30000, &r) < 0 || rpc_value_get_int(r, &sum) < 0 ||
+    if (zd_rpc_sync(first, c->fn, args, 30000, &r) < 0 || zd_value_get_int(r, &sum) < 0 ||
         sum != expected_sum(first, DEPTH)) {
         fprintf(stderr, "caller %d via %s: sum %lld, expected %lld (%s)\n", c->index, c->fn,
-                (long long)sum, (long long)expected_sum(first, DEPTH), error_last());
+                (long long)sum, (long long)expected_sum(first, DEPTH), zd_error_last());
         c->failed = 1;
     }
-    rpc_value_unref(r);
-    rpc_value_unref(args);
+    zd_value_unref(r);
+    zd_value_unref(args);
     return NULL;
 }
 
@@ -143,24 +143,24 @@ static int run_callers(const char *fn)
 static int world_nested(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_register("chain", h_chain, NULL) == 0);
-    WCHECK(rpc_register_async("chain_async", h_chain_async, NULL) == 0);
-    WCHECK(rpc_register_inline("bad_inline", h_bad_inline, NULL) == 0);
-    rpc_options_t o = world_options(port);
+    WCHECK(zd_rpc_register("chain", h_chain, NULL) == 0);
+    WCHECK(zd_rpc_register_async("chain_async", h_chain_async, NULL) == 0);
+    WCHECK(zd_rpc_register_inline("bad_inline", h_bad_inline, NULL) == 0);
+    zd_rpc_options_t o = world_options(port);
     o.num_worker_threads = 2;
     o.rpc_timeout_ms = 30000;
-    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
     if (rank == 0) {
         WCHECK(run_callers("chain_async") == 0);
         WCHECK(run_callers("chain") == 0);
-        rpc_value_t *r;
+        zd_value_t *r;
         const char *s;
-        WCHECK(rpc_sync(1, "bad_inline", NULL, -1, &r) == 0);
-        WCHECK(rpc_value_get_string(r, &s) == 0);
+        WCHECK(zd_rpc_sync(1, "bad_inline", NULL, -1, &r) == 0);
+        WCHECK(zd_value_get_string(r, &s) == 0);
         WCHECK(strstr(s, "I/O thread") != NULL);
-        rpc_value_unref(r);
+        zd_value_unref(r);
     }
-    WCHECK(rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
     return 0;
 }
 

@@ -1,6 +1,6 @@
 /*  Local objects behind RRefs, in a world of three real processes, through
-    the public API only: an object value made by rpc_remote() or handed out
-    with rpc_rref_new() stays on its owner, methods called through the RRef
+    the public API only: an object value made by zd_rpc_remote() or handed out
+    with zd_rref_new() stays on its owner, methods called through the RRef
     (from the creator and from a third worker it was forwarded to) get the
     object, to_here and plain results refuse to send it, and the owner frees
     it exactly when the last RRef to it anywhere is released. */
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
-#include "rpc/rpc.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 #include "tests/support/world.h"
 
 #define NOT_SENDABLE "a local object (Counter) cannot be sent to another process; " \
@@ -35,142 +35,142 @@ static void counter_free(void *p)
 }
 
 /*  A new Counter value starting at args[0]. */
-static rpc_value_t *new_counter(const rpc_value_t *args)
+static zd_value_t *new_counter(const zd_value_t *args)
 {
     int64_t start;
-    if (rpc_arg_int(args, 0, &start) < 0)
+    if (zd_rpc_arg_int(args, 0, &start) < 0)
         return NULL;
     counter_t *c = malloc(sizeof *c);
     if (!c) {
-        error_set("out of memory");
+        zd_error_set("out of memory");
         return NULL;
     }
     atomic_init(&c->value, start);
     atomic_fetch_add(&n_made, 1);
-    return rpc_value_object(c, counter_free, "Counter");
+    return zd_value_object(c, counter_free, "Counter");
 }
 
-/*  "Counter"(start): the object itself, kept by rpc_remote on this process. */
-static rpc_value_t *fn_counter(rpc_call_t *call, rpc_value_t *args, void *arg)
+/*  "Counter"(start): the object itself, kept by zd_rpc_remote on this process. */
+static zd_value_t *fn_counter(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     return new_counter(args);
 }
 
 /*  "Counter.add"(counter, k) -> the new count: a method. */
-static rpc_value_t *fn_add(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     void *c;
     int64_t k;
-    if (rpc_arg_object(args, 0, "Counter", &c) < 0 || rpc_arg_int(args, 1, &k) < 0)
+    if (zd_rpc_arg_object(args, 0, "Counter", &c) < 0 || zd_rpc_arg_int(args, 1, &k) < 0)
         return NULL;
-    return rpc_value_int(atomic_fetch_add(&((counter_t *)c)->value, k) + k);
+    return zd_value_int(atomic_fetch_add(&((counter_t *)c)->value, k) + k);
 }
 
-/*  "counter_rref"(start) -> RRef: made here with rpc_rref_new and handed out. */
-static rpc_value_t *fn_counter_rref(rpc_call_t *call, rpc_value_t *args, void *arg)
+/*  "counter_rref"(start) -> RRef: made here with zd_rref_new and handed out. */
+static zd_value_t *fn_counter_rref(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    rpc_value_t *v = new_counter(args);
-    rpc_rref_t *r = v ? rpc_rref_new(v) : NULL;
-    rpc_value_unref(v);
-    rpc_value_t *out = r ? rpc_value_rref(r) : NULL;
-    rpc_rref_unref(r);
+    zd_value_t *v = new_counter(args);
+    zd_rref_t *r = v ? zd_rref_new(v) : NULL;
+    zd_value_unref(v);
+    zd_value_t *out = r ? zd_value_rref(r) : NULL;
+    zd_rref_unref(r);
     return out;
 }
 
 /*  "counter_value"(start): tries to send the object itself. */
-static rpc_value_t *fn_counter_value(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_counter_value(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     return new_counter(args);
 }
 
 /*  On the owner, its own RRef gives the object back as it is. */
-static rpc_value_t *fn_own_rref(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_own_rref(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    rpc_value_t *v = new_counter(args), *got = NULL;
-    rpc_rref_t *r = v ? rpc_rref_new(v) : NULL;
+    zd_value_t *v = new_counter(args), *got = NULL;
+    zd_rref_t *r = v ? zd_rref_new(v) : NULL;
     void *a, *b;
-    int ok = r && rpc_rref_to_here(r, -1, &got) == 0 &&
-             rpc_value_get_object(v, "Counter", &a) == 0 &&
-             rpc_value_get_object(got, "Counter", &b) == 0 && a == b;
-    rpc_value_unref(got);
-    rpc_value_unref(v);
-    rpc_rref_unref(r);
-    return ok ? rpc_value_int(1) : NULL;
+    int ok = r && zd_rref_to_here(r, -1, &got) == 0 &&
+             zd_value_get_object(v, "Counter", &a) == 0 &&
+             zd_value_get_object(got, "Counter", &b) == 0 && a == b;
+    zd_value_unref(got);
+    zd_value_unref(v);
+    zd_rref_unref(r);
+    return ok ? zd_value_int(1) : NULL;
 }
 
 /*  A third worker: RRefs it keeps, methods it calls through them. */
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
-static rpc_rref_t *kept;
+static zd_rref_t *kept;
 
-static rpc_value_t *fn_keep(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    rpc_rref_t *r;
-    if (rpc_arg_rref(args, 0, &r) < 0)
+    zd_rref_t *r;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0)
         return NULL;
     pthread_mutex_lock(&kept_lock);
-    rpc_rref_unref(kept);
-    kept = rpc_rref_ref(r);
+    zd_rref_unref(kept);
+    kept = zd_rref_ref(r);
     pthread_mutex_unlock(&kept_lock);
-    return rpc_value_none();
+    return zd_value_none();
 }
 
-static rpc_value_t *fn_drop(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_drop(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
     pthread_mutex_lock(&kept_lock);
-    rpc_rref_unref(kept);
+    zd_rref_unref(kept);
     kept = NULL;
     pthread_mutex_unlock(&kept_lock);
-    return rpc_value_none();
+    return zd_value_none();
 }
 
 /*  "add_kept"(k): Counter.add through the kept RRef. */
-static rpc_value_t *fn_add_kept(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_add_kept(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     pthread_mutex_lock(&kept_lock);
-    rpc_rref_t *r = rpc_rref_ref(kept);
+    zd_rref_t *r = zd_rref_ref(kept);
     pthread_mutex_unlock(&kept_lock);
-    rpc_value_t *res = NULL;
+    zd_value_t *res = NULL;
     if (!r)
-        error_set("no RRef kept");
-    else if (rpc_rref_rpc_sync(r, "Counter.add", args, -1, &res) < 0)
+        zd_error_set("no RRef kept");
+    else if (zd_rref_rpc_sync(r, "Counter.add", args, -1, &res) < 0)
         res = NULL;
-    rpc_rref_unref(r);
+    zd_rref_unref(r);
     return res;
 }
 
 /*  "stats"() -> [made, freed, owned values] of this process. */
-static rpc_value_t *fn_stats(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return rpc_args("iii", (int64_t)atomic_load(&n_made), (int64_t)atomic_load(&n_freed),
-                    rpc_debug_owner_rrefs());
+    return zd_rpc_args("iii", (int64_t)atomic_load(&n_made), (int64_t)atomic_load(&n_freed),
+                    zd_rpc_debug_owner_rrefs());
 }
 
-static rpc_value_t *fn_drain(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *fn_drain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return rpc_rref_drain(10000) < 0 ? NULL : rpc_value_none();
+    return zd_rref_drain(10000) < 0 ? NULL : zd_value_none();
 }
 
 static int setup(const world_t *w)
 {
     (void)w;
-    if (rpc_register("Counter", fn_counter, NULL) < 0 ||
-        rpc_register("Counter.add", fn_add, NULL) < 0 ||
-        rpc_register("counter_rref", fn_counter_rref, NULL) < 0 ||
-        rpc_register("counter_value", fn_counter_value, NULL) < 0 ||
-        rpc_register("own_rref", fn_own_rref, NULL) < 0 ||
-        rpc_register("keep", fn_keep, NULL) < 0 || rpc_register("drop", fn_drop, NULL) < 0 ||
-        rpc_register("add_kept", fn_add_kept, NULL) < 0 ||
-        rpc_register("stats", fn_stats, NULL) < 0 || rpc_register("drain", fn_drain, NULL) < 0)
+    if (zd_rpc_register("Counter", fn_counter, NULL) < 0 ||
+        zd_rpc_register("Counter.add", fn_add, NULL) < 0 ||
+        zd_rpc_register("counter_rref", fn_counter_rref, NULL) < 0 ||
+        zd_rpc_register("counter_value", fn_counter_value, NULL) < 0 ||
+        zd_rpc_register("own_rref", fn_own_rref, NULL) < 0 ||
+        zd_rpc_register("keep", fn_keep, NULL) < 0 || zd_rpc_register("drop", fn_drop, NULL) < 0 ||
+        zd_rpc_register("add_kept", fn_add_kept, NULL) < 0 ||
+        zd_rpc_register("stats", fn_stats, NULL) < 0 || zd_rpc_register("drain", fn_drain, NULL) < 0)
         return -1;
     return 0;
 }
@@ -181,40 +181,40 @@ static int setup(const world_t *w)
     do {                                                                                    \
         if (!(cond))                                                                        \
             return world_fail(w, "line %d: %s (last error: %s)", __LINE__, #cond,           \
-                              error_last());                                                \
+                              zd_error_last());                                                \
     } while (0)
 
 /*  The int result of fn(args) on rank `to` (args taken over), or -1. */
-static int64_t call_int(int to, const char *fn, rpc_value_t *args)
+static int64_t call_int(int to, const char *fn, zd_value_t *args)
 {
-    rpc_value_t *r = NULL;
+    zd_value_t *r = NULL;
     int64_t v = -1;
-    if (args && rpc_sync(to, fn, args, -1, &r) == 0 && rpc_value_get_int(r, &v) < 0)
+    if (args && zd_rpc_sync(to, fn, args, -1, &r) == 0 && zd_value_get_int(r, &v) < 0)
         v = -1;
-    rpc_value_unref(r);
-    rpc_value_unref(args);
+    zd_value_unref(r);
+    zd_value_unref(args);
     return v;
 }
 
 /*  fn(args) on rank `to` (args taken over), for its effect: 0, or -1. */
-static int call_ok(int to, const char *fn, rpc_value_t *args)
+static int call_ok(int to, const char *fn, zd_value_t *args)
 {
-    rpc_value_t *r = NULL;
-    int rc = args ? rpc_sync(to, fn, args, -1, &r) : -1;
-    rpc_value_unref(r);
-    rpc_value_unref(args);
+    zd_value_t *r = NULL;
+    int rc = args ? zd_rpc_sync(to, fn, args, -1, &r) : -1;
+    zd_value_unref(r);
+    zd_value_unref(args);
     return rc;
 }
 
-static int64_t method_int(rpc_rref_t *r, int64_t k)
+static int64_t method_int(zd_rref_t *r, int64_t k)
 {
-    rpc_value_t *a = rpc_args("i", k), *res = NULL;
+    zd_value_t *a = zd_rpc_args("i", k), *res = NULL;
     int64_t v = -1;
-    if (a && rpc_rref_rpc_sync(r, "Counter.add", a, -1, &res) == 0 &&
-        rpc_value_get_int(res, &v) < 0)
+    if (a && zd_rref_rpc_sync(r, "Counter.add", a, -1, &res) == 0 &&
+        zd_value_get_int(res, &v) < 0)
         v = -1;
-    rpc_value_unref(res);
-    rpc_value_unref(a);
+    zd_value_unref(res);
+    zd_value_unref(a);
     return v;
 }
 
@@ -224,7 +224,7 @@ static int drain_all(int world)
 {
     for (int pass = 0; pass < 2; pass++)
         for (int r = 0; r < world; r++)
-            if (call_ok(r, "drain", rpc_args("")) < 0)
+            if (call_ok(r, "drain", zd_rpc_args("")) < 0)
                 return -1;
     return 0;
 }
@@ -232,11 +232,11 @@ static int drain_all(int world)
 /*  Counters made and freed on `rank`, and the values it owns. */
 static int stats_of(int rank, int64_t *made, int64_t *freed, int64_t *owned)
 {
-    rpc_value_t *r;
-    if (rpc_sync(rank, "stats", NULL, -1, &r) < 0)
+    zd_value_t *r;
+    if (zd_rpc_sync(rank, "stats", NULL, -1, &r) < 0)
         return -1;
-    int rc = rpc_arg_int(r, 0, made) | rpc_arg_int(r, 1, freed) | rpc_arg_int(r, 2, owned);
-    rpc_value_unref(r);
+    int rc = zd_rpc_arg_int(r, 0, made) | zd_rpc_arg_int(r, 1, freed) | zd_rpc_arg_int(r, 2, owned);
+    zd_value_unref(r);
     return rc;
 }
 
@@ -245,80 +245,80 @@ static int driver(const world_t *w)
     int64_t made, freed, owned, base_owned;
     TRY(stats_of(1, &made, &freed, &base_owned) == 0 && made == 0);
 
-    /* rpc_remote keeps the object on rank 1; methods get it. */
-    rpc_value_t *a = rpc_args("i", (int64_t)10), *v = NULL;
-    rpc_rref_t *r = rpc_remote(1, "Counter", a, -1);
-    rpc_value_unref(a);
+    /* zd_rpc_remote keeps the object on rank 1; methods get it. */
+    zd_value_t *a = zd_rpc_args("i", (int64_t)10), *v = NULL;
+    zd_rref_t *r = zd_rpc_remote(1, "Counter", a, -1);
+    zd_value_unref(a);
     TRY(r != NULL);
     TRY(method_int(r, 5) == 15);
-    a = rpc_args("i", (int64_t)1);
-    rpc_future_t *f = rpc_rref_rpc_async(r, "Counter.add", a, -1);
-    TRY(f && rpc_wait(f, -1) == 0);
-    TRY(rpc_value_get_int(rpc_future_value(f), &made) == 0 && made == 16);
-    rpc_future_unref(f);
-    rpc_rref_t *sum = rpc_rref_remote(r, "Counter.add", a, -1);   /* an int, kept there */
-    rpc_value_unref(a);
-    TRY(sum && rpc_rref_to_here(sum, -1, &v) == 0);
-    TRY(rpc_value_get_int(v, &made) == 0 && made == 17);
-    rpc_value_unref(v);
-    rpc_rref_unref(sum);
+    a = zd_rpc_args("i", (int64_t)1);
+    zd_future_t *f = zd_rref_rpc_async(r, "Counter.add", a, -1);
+    TRY(f && zd_rpc_wait(f, -1) == 0);
+    TRY(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
+    zd_future_unref(f);
+    zd_rref_t *sum = zd_rref_remote(r, "Counter.add", a, -1);   /* an int, kept there */
+    zd_value_unref(a);
+    TRY(sum && zd_rref_to_here(sum, -1, &v) == 0);
+    TRY(zd_value_get_int(v, &made) == 0 && made == 17);
+    zd_value_unref(v);
+    zd_rref_unref(sum);
 
     /* The object itself cannot come here. */
-    TRY(rpc_rref_to_here(r, -1, &v) == -1 && !v);
-    TRY(strstr(error_last(), NOT_SENDABLE) != NULL);
+    TRY(zd_rref_to_here(r, -1, &v) == -1 && !v);
+    TRY(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
 
     /* A third worker gets a fork and calls through it. */
-    TRY(call_ok(2, "keep", rpc_args("r", r)) == 0);
-    TRY(call_int(2, "add_kept", rpc_args("i", (int64_t)100)) == 117);
+    TRY(call_ok(2, "keep", zd_rpc_args("r", r)) == 0);
+    TRY(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)100)) == 117);
 
     /* Our release is not the last one: the counter lives on. */
-    rpc_rref_unref(r);
+    zd_rref_unref(r);
     TRY(drain_all(w->world_size) == 0);
     TRY(stats_of(1, &made, &freed, &owned) == 0);
     TRY(made == 1 && freed == 0);
-    TRY(call_int(2, "add_kept", rpc_args("i", (int64_t)1)) == 118);
+    TRY(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)1)) == 118);
     /* The third worker's is: the owner frees the object. */
-    TRY(call_ok(2, "drop", rpc_args("")) == 0);
+    TRY(call_ok(2, "drop", zd_rpc_args("")) == 0);
     TRY(drain_all(w->world_size) == 0);
     TRY(stats_of(1, &made, &freed, &owned) == 0);
     TRY(made == 1 && freed == 1 && owned == base_owned);
 
-    /* An RRef the owner made with rpc_rref_new and handed out. */
-    rpc_value_t *res;
-    a = rpc_args("i", (int64_t)1);
-    TRY(rpc_sync(1, "counter_rref", a, -1, &res) == 0);
-    rpc_value_unref(a);
-    rpc_rref_t *r2;
-    TRY(rpc_value_get_rref(res, &r2) == 0);
-    rpc_rref_ref(r2);
-    rpc_value_unref(res);
-    TRY(rpc_rref_owner(r2) == 1 && method_int(r2, 2) == 3);
-    TRY(rpc_rref_to_here(r2, -1, &v) == -1 && strstr(error_last(), NOT_SENDABLE));
+    /* An RRef the owner made with zd_rref_new and handed out. */
+    zd_value_t *res;
+    a = zd_rpc_args("i", (int64_t)1);
+    TRY(zd_rpc_sync(1, "counter_rref", a, -1, &res) == 0);
+    zd_value_unref(a);
+    zd_rref_t *r2;
+    TRY(zd_value_get_rref(res, &r2) == 0);
+    zd_rref_ref(r2);
+    zd_value_unref(res);
+    TRY(zd_rref_owner(r2) == 1 && method_int(r2, 2) == 3);
+    TRY(zd_rref_to_here(r2, -1, &v) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
     TRY(drain_all(w->world_size) == 0);
     TRY(stats_of(1, &made, &freed, &owned) == 0 && made == 2 && freed == 1);
-    rpc_rref_unref(r2);
+    zd_rref_unref(r2);
     TRY(drain_all(w->world_size) == 0);
     TRY(stats_of(1, &made, &freed, &owned) == 0 && freed == 2 && owned == base_owned);
 
     /* A plain result cannot be an object: the call fails, the object is freed. */
-    a = rpc_args("i", (int64_t)1);
-    TRY(rpc_sync(1, "counter_value", a, -1, &res) == -1);
-    rpc_value_unref(a);
-    TRY(strstr(error_last(), "cannot send the result of \"counter_value\"") != NULL);
-    TRY(strstr(error_last(), NOT_SENDABLE) != NULL);
+    a = zd_rpc_args("i", (int64_t)1);
+    TRY(zd_rpc_sync(1, "counter_value", a, -1, &res) == -1);
+    zd_value_unref(a);
+    TRY(strstr(zd_error_last(), "cannot send the result of \"counter_value\"") != NULL);
+    TRY(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
     TRY(stats_of(1, &made, &freed, &owned) == 0 && made == 3 && freed == 3);
 
     /* Nor an argument: refused before anything is sent. */
-    a = rpc_args("i", (int64_t)0);
+    a = zd_rpc_args("i", (int64_t)0);
     v = new_counter(a);
-    rpc_value_unref(a);
-    a = rpc_args("v", v);
-    TRY(rpc_sync(1, "Counter.add", a, -1, &res) == -1 && strstr(error_last(), NOT_SENDABLE));
-    rpc_value_unref(a);
+    zd_value_unref(a);
+    a = zd_rpc_args("v", v);
+    TRY(zd_rpc_sync(1, "Counter.add", a, -1, &res) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
+    zd_value_unref(a);
     TRY(atomic_load(&n_made) == 1 && atomic_load(&n_freed) == 1);
 
     /* On the owner, its own RRef's value is the object itself. */
-    TRY(call_int(1, "own_rref", rpc_args("i", (int64_t)0)) == 1);
+    TRY(call_int(1, "own_rref", zd_rpc_args("i", (int64_t)0)) == 1);
     TRY(drain_all(w->world_size) == 0);
     TRY(stats_of(1, &made, &freed, &owned) == 0 && made == 4 && freed == 4 &&
         owned == base_owned);

@@ -10,124 +10,124 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "autograd/autograd.h"
+#include <zdist/autograd.h>
 #include "test_rpc_world.h"
 
 /* ---- handlers served by every process ---- */
 
 /* A float tensor of n elements, all v. */
-static rpc_value_t *h_make_tensor(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_make_tensor(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
     int64_t n;
     double v;
-    if (rpc_arg_int(args, 0, &n) < 0 || rpc_arg_float(args, 1, &v) < 0)
+    if (zd_rpc_arg_int(args, 0, &n) < 0 || zd_rpc_arg_float(args, 1, &v) < 0)
         return NULL;
-    tensor_t *t = tensor_new(TENSOR_F32, 1, &n);
-    tensor_fill_(t, (float)v);
-    rpc_value_t *r = rpc_value_tensor(t);
-    tensor_unref(t);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
+    zd_tensor_fill_(t, (float)v);
+    zd_value_t *r = zd_value_tensor(t);
+    zd_tensor_unref(t);
     return r;
 }
 
-static double tensor_total(tensor_t *t)
+static double tensor_total(zd_tensor_t *t)
 {
     double s = 0;
-    for (int64_t i = 0; i < tensor_numel(t); i++)
-        s += tensor_data(t)[i];
+    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
+        s += zd_tensor_data(t)[i];
     return s;
 }
 
 /* A method: args[0] is the RRef's value (a tensor), args[1] a factor. */
-static rpc_value_t *h_sum(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    tensor_t *t;
+    zd_tensor_t *t;
     double k = 1;
-    if (rpc_arg_tensor(args, 0, &t) < 0)
+    if (zd_rpc_arg_tensor(args, 0, &t) < 0)
         return NULL;
-    if (rpc_list_len(args) > 1 && rpc_arg_float(args, 1, &k) < 0)
+    if (zd_list_len(args) > 1 && zd_rpc_arg_float(args, 1, &k) < 0)
         return NULL;
-    return rpc_value_float(tensor_total(t) * k);
+    return zd_value_float(tensor_total(t) * k);
 }
 
-static rpc_value_t *h_scaled(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_scaled(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    tensor_t *t, *y;
+    zd_tensor_t *t, *y;
     double k;
-    if (rpc_arg_tensor(args, 0, &t) < 0 || rpc_arg_float(args, 1, &k) < 0 ||
-        tensor_scale(t, (float)k, &y) < 0)
+    if (zd_rpc_arg_tensor(args, 0, &t) < 0 || zd_rpc_arg_float(args, 1, &k) < 0 ||
+        zd_tensor_scale(t, (float)k, &y) < 0)
         return NULL;
-    rpc_value_t *v = rpc_value_tensor(y);
-    tensor_unref(y);
+    zd_value_t *v = zd_value_tensor(y);
+    zd_tensor_unref(y);
     return v;
 }
 
 /* A third worker fetches through an RRef it was given. */
-static rpc_value_t *h_to_here_sum(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_to_here_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_rref_t *r;
-    rpc_value_t *v;
-    tensor_t *t;
-    if (rpc_arg_rref(args, 0, &r) < 0 || rpc_rref_to_here(r, -1, &v) < 0)
+    zd_rref_t *r;
+    zd_value_t *v;
+    zd_tensor_t *t;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0 || zd_rref_to_here(r, -1, &v) < 0)
         return NULL;
-    if (rpc_value_get_tensor(v, &t) < 0) {
-        rpc_value_unref(v);
+    if (zd_value_get_tensor(v, &t) < 0) {
+        zd_value_unref(v);
         return NULL;
     }
     double s = tensor_total(t);
-    rpc_value_unref(v);
-    return rpc_value_float(s);
+    zd_value_unref(v);
+    return zd_value_float(s);
 }
 
 /* Where the RRef is the owner's own: is_owner and local_value work. */
-static rpc_value_t *h_local_sum(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_local_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_rref_t *r;
-    rpc_value_t *v;
-    tensor_t *t;
-    if (rpc_arg_rref(args, 0, &r) < 0)
+    zd_rref_t *r;
+    zd_value_t *v;
+    zd_tensor_t *t;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0)
         return NULL;
-    if (!rpc_rref_is_owner(r))
-        return rpc_value_string("not owner");
-    if (rpc_rref_local_value(r, &v) < 0)
+    if (!zd_rref_is_owner(r))
+        return zd_value_string("not owner");
+    if (zd_rref_local_value(r, &v) < 0)
         return NULL;
-    if (rpc_value_get_tensor(v, &t) < 0) {
-        rpc_value_unref(v);
+    if (zd_value_get_tensor(v, &t) < 0) {
+        zd_value_unref(v);
         return NULL;
     }
     double s = tensor_total(t);
-    rpc_value_unref(v);
-    return rpc_value_float(s);
+    zd_value_unref(v);
+    return zd_value_float(s);
 }
 
 /* RRefs kept by this process until drop_kept. */
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
-static rpc_rref_t *kept[64];
+static zd_rref_t *kept[64];
 static int n_kept;
 
-static rpc_value_t *h_keep(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_rref_t *r;
-    if (rpc_arg_rref(args, 0, &r) < 0)
+    zd_rref_t *r;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0)
         return NULL;
     pthread_mutex_lock(&kept_lock);
-    kept[n_kept++] = rpc_rref_ref(r);
+    kept[n_kept++] = zd_rref_ref(r);
     pthread_mutex_unlock(&kept_lock);
-    return rpc_value_int(rpc_rref_confirmed_by_owner(r) || !rpc_rref_confirmed_by_owner(r));
+    return zd_value_int(zd_rref_confirmed_by_owner(r) || !zd_rref_confirmed_by_owner(r));
 }
 
-static rpc_value_t *h_drop_kept(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_drop_kept(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
@@ -135,55 +135,55 @@ static rpc_value_t *h_drop_kept(rpc_call_t *call, rpc_value_t *args, void *arg)
     pthread_mutex_lock(&kept_lock);
     int n = n_kept;
     for (int i = 0; i < n_kept; i++)
-        rpc_rref_unref(kept[i]);
+        zd_rref_unref(kept[i]);
     n_kept = 0;
     pthread_mutex_unlock(&kept_lock);
-    return rpc_value_int(n);
+    return zd_value_int(n);
 }
 
 /* A user forwards its RRef to another user, who keeps it. */
-static rpc_value_t *h_forward_keep(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_forward_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_rref_t *r;
+    zd_rref_t *r;
     int64_t to;
-    if (rpc_arg_rref(args, 0, &r) < 0 || rpc_arg_int(args, 1, &to) < 0)
+    if (zd_rpc_arg_rref(args, 0, &r) < 0 || zd_rpc_arg_int(args, 1, &to) < 0)
         return NULL;
-    rpc_value_t *fwd = rpc_args("r", r), *res = NULL;
-    int rc = rpc_sync((int)to, "keep", fwd, -1, &res);
-    rpc_value_unref(fwd);
+    zd_value_t *fwd = zd_rpc_args("r", r), *res = NULL;
+    int rc = zd_rpc_sync((int)to, "keep", fwd, -1, &res);
+    zd_value_unref(fwd);
     if (rc < 0)
         return NULL;
     return res;
 }
 
 /* An RRef as a result: owned by the callee. */
-static rpc_value_t *h_make_rref(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_make_rref(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
     int64_t v;
-    if (rpc_arg_int(args, 0, &v) < 0)
+    if (zd_rpc_arg_int(args, 0, &v) < 0)
         return NULL;
-    rpc_value_t *value = rpc_value_int(v);
-    rpc_rref_t *r = rpc_rref_new(value);
-    rpc_value_unref(value);
+    zd_value_t *value = zd_value_int(v);
+    zd_rref_t *r = zd_rref_new(value);
+    zd_value_unref(value);
     if (!r)
         return NULL;
-    rpc_value_t *out = rpc_value_rref(r);
-    rpc_rref_unref(r);
+    zd_value_t *out = zd_value_rref(r);
+    zd_rref_unref(r);
     return out;
 }
 
-static rpc_value_t *h_drain(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_drain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    if (rpc_rref_drain(10000) < 0)
+    if (zd_rref_drain(10000) < 0)
         return NULL;
-    return rpc_value_none();
+    return zd_value_none();
 }
 
 /* "slow" answers 99 only on "release_slow". */
@@ -191,34 +191,34 @@ static world_hold_t slow = {.answer = 99};
 
 static int start(int rank, int world, int port)
 {
-    if (rpc_register("make_tensor", h_make_tensor, NULL) < 0 ||
-        rpc_register("sum", h_sum, NULL) < 0 || rpc_register("scaled", h_scaled, NULL) < 0 ||
-        rpc_register("to_here_sum", h_to_here_sum, NULL) < 0 ||
-        rpc_register("local_sum", h_local_sum, NULL) < 0 ||
-        rpc_register("keep", h_keep, NULL) < 0 ||
-        rpc_register("drop_kept", h_drop_kept, NULL) < 0 ||
-        rpc_register("forward_keep", h_forward_keep, NULL) < 0 ||
-        rpc_register("make_rref", h_make_rref, NULL) < 0 ||
-        rpc_register_inline("owner_count", world_h_owner_count, NULL) < 0 ||
-        rpc_register("drain", h_drain, NULL) < 0 ||
-        rpc_register("fail", world_h_fail, "no value for you") < 0 ||
-        rpc_register_async("slow", world_h_hold, &slow) < 0 ||
-        rpc_register_inline("release_slow", world_h_release, &slow) < 0)
+    if (zd_rpc_register("make_tensor", h_make_tensor, NULL) < 0 ||
+        zd_rpc_register("sum", h_sum, NULL) < 0 || zd_rpc_register("scaled", h_scaled, NULL) < 0 ||
+        zd_rpc_register("to_here_sum", h_to_here_sum, NULL) < 0 ||
+        zd_rpc_register("local_sum", h_local_sum, NULL) < 0 ||
+        zd_rpc_register("keep", h_keep, NULL) < 0 ||
+        zd_rpc_register("drop_kept", h_drop_kept, NULL) < 0 ||
+        zd_rpc_register("forward_keep", h_forward_keep, NULL) < 0 ||
+        zd_rpc_register("make_rref", h_make_rref, NULL) < 0 ||
+        zd_rpc_register_inline("owner_count", world_h_owner_count, NULL) < 0 ||
+        zd_rpc_register("drain", h_drain, NULL) < 0 ||
+        zd_rpc_register("fail", world_h_fail, "no value for you") < 0 ||
+        zd_rpc_register_async("slow", world_h_hold, &slow) < 0 ||
+        zd_rpc_register_inline("release_slow", world_h_release, &slow) < 0)
         return -1;
-    rpc_options_t o = world_options(port);
-    return rpc_init(NULL, rank, world, &o);
+    zd_rpc_options_t o = world_options(port);
+    return zd_rpc_init(NULL, rank, world, &o);
 }
 
 /* ---- helpers on the driving process ---- */
 
-static double call_float(int to, const char *fn, rpc_value_t *args)
+static double call_float(int to, const char *fn, zd_value_t *args)
 {
-    rpc_value_t *r = NULL;
+    zd_value_t *r = NULL;
     double v = -1;
-    if (rpc_sync(to, fn, args, -1, &r) == 0)
-        rpc_value_get_float(r, &v);
-    rpc_value_unref(r);
-    rpc_value_unref(args);
+    if (zd_rpc_sync(to, fn, args, -1, &r) == 0)
+        zd_value_get_float(r, &v);
+    zd_value_unref(r);
+    zd_value_unref(args);
     return v;
 }
 
@@ -228,19 +228,19 @@ static int drain_all(int world)
 {
     for (int pass = 0; pass < 2; pass++)
         for (int r = 0; r < world; r++) {
-            rpc_value_t *res;
-            if (rpc_sync(r, "drain", NULL, -1, &res) < 0)
+            zd_value_t *res;
+            if (zd_rpc_sync(r, "drain", NULL, -1, &res) < 0)
                 return -1;
-            rpc_value_unref(res);
+            zd_value_unref(res);
         }
     return 0;
 }
 
-static rpc_rref_t *remote_tensor(int owner, int64_t n, double v)
+static zd_rref_t *remote_tensor(int owner, int64_t n, double v)
 {
-    rpc_value_t *args = rpc_args("if", n, v);
-    rpc_rref_t *r = rpc_remote(owner, "make_tensor", args, -1);
-    rpc_value_unref(args);
+    zd_value_t *args = zd_rpc_args("if", n, v);
+    zd_rref_t *r = zd_rpc_remote(owner, "make_tensor", args, -1);
+    zd_value_unref(args);
     return r;
 }
 
@@ -251,61 +251,61 @@ static int world_basics(int rank, int world, int port, void *arg)
     (void)arg;
     WCHECK(start(rank, world, port) == 0);
     if (rank == 0) {
-        rpc_rref_t *r = remote_tensor(1, 10, 1.5);
+        zd_rref_t *r = remote_tensor(1, 10, 1.5);
         WCHECK(r != NULL);
-        WCHECK(rpc_rref_owner(r) == 1 && !rpc_rref_is_owner(r));
-        WCHECK(strcmp(rpc_rref_owner_name(r), "worker1") == 0);
-        rpc_value_t *v;
-        WCHECK(rpc_rref_to_here(r, -1, &v) == 0);
-        tensor_t *t;
-        WCHECK(rpc_value_get_tensor(v, &t) == 0 && tensor_numel(t) == 10);
+        WCHECK(zd_rref_owner(r) == 1 && !zd_rref_is_owner(r));
+        WCHECK(strcmp(zd_rref_owner_name(r), "worker1") == 0);
+        zd_value_t *v;
+        WCHECK(zd_rref_to_here(r, -1, &v) == 0);
+        zd_tensor_t *t;
+        WCHECK(zd_value_get_tensor(v, &t) == 0 && zd_tensor_numel(t) == 10);
         WCHECK(tensor_total(t) == 15.0);
-        rpc_value_unref(v);
-        WCHECK(rpc_rref_local_value(r, &v) == -1);
-        WCHECK(strstr(error_last(), "owned by \"worker1\" (rank 1)") != NULL);
+        zd_value_unref(v);
+        WCHECK(zd_rref_local_value(r, &v) == -1);
+        WCHECK(strstr(zd_error_last(), "owned by \"worker1\" (rank 1)") != NULL);
         /* Methods run at the owner with the value first. */
-        rpc_value_t *k = rpc_args("f", 2.0), *res;
-        WCHECK(rpc_rref_rpc_sync(r, "sum", k, -1, &res) == 0);
+        zd_value_t *k = zd_rpc_args("f", 2.0), *res;
+        WCHECK(zd_rref_rpc_sync(r, "sum", k, -1, &res) == 0);
         double d;
-        WCHECK(rpc_value_get_float(res, &d) == 0 && d == 30.0);
-        rpc_value_unref(res);
-        rpc_future_t *f = rpc_rref_rpc_async(r, "sum", k, -1);
-        WCHECK(rpc_wait(f, 10000) == 0);
-        WCHECK(rpc_value_get_float(rpc_future_value(f), &d) == 0 && d == 30.0);
-        rpc_future_unref(f);
-        rpc_rref_t *r2 = rpc_rref_remote(r, "scaled", k, -1);   /* stays at the owner */
-        WCHECK(r2 && rpc_rref_owner(r2) == 1);
-        WCHECK(call_float(2, "to_here_sum", rpc_args("r", r2)) == 30.0);
-        rpc_value_unref(k);
+        WCHECK(zd_value_get_float(res, &d) == 0 && d == 30.0);
+        zd_value_unref(res);
+        zd_future_t *f = zd_rref_rpc_async(r, "sum", k, -1);
+        WCHECK(zd_rpc_wait(f, 10000) == 0);
+        WCHECK(zd_value_get_float(zd_future_value(f), &d) == 0 && d == 30.0);
+        zd_future_unref(f);
+        zd_rref_t *r2 = zd_rref_remote(r, "scaled", k, -1);   /* stays at the owner */
+        WCHECK(r2 && zd_rref_owner(r2) == 1);
+        WCHECK(call_float(2, "to_here_sum", zd_rpc_args("r", r2)) == 30.0);
+        zd_value_unref(k);
         /* The owner sees its own RRef when it comes back to it. */
-        WCHECK(call_float(1, "local_sum", rpc_args("r", r)) == 15.0);
+        WCHECK(call_float(1, "local_sum", zd_rpc_args("r", r)) == 15.0);
         /* An RRef as a result, owned by the callee. */
-        rpc_value_t *five = rpc_args("i", (int64_t)5);
-        WCHECK(rpc_sync(2, "make_rref", five, -1, &res) == 0);
-        rpc_value_unref(five);
-        rpc_rref_t *r3;
-        WCHECK(rpc_value_get_rref(res, &r3) == 0 && rpc_rref_owner(r3) == 2);
-        WCHECK(rpc_rref_to_here(r3, -1, &v) == 0);
+        zd_value_t *five = zd_rpc_args("i", (int64_t)5);
+        WCHECK(zd_rpc_sync(2, "make_rref", five, -1, &res) == 0);
+        zd_value_unref(five);
+        zd_rref_t *r3;
+        WCHECK(zd_value_get_rref(res, &r3) == 0 && zd_rref_owner(r3) == 2);
+        WCHECK(zd_rref_to_here(r3, -1, &v) == 0);
         int64_t i;
-        WCHECK(rpc_value_get_int(v, &i) == 0 && i == 5);
-        rpc_value_unref(v);
-        WCHECK(rpc_rref_confirmed_by_owner(r3));   /* the owner forked it to us */
-        rpc_value_unref(res);   /* and with it r3 */
+        WCHECK(zd_value_get_int(v, &i) == 0 && i == 5);
+        zd_value_unref(v);
+        WCHECK(zd_rref_confirmed_by_owner(r3));   /* the owner forked it to us */
+        zd_value_unref(res);   /* and with it r3 */
         /* remote to oneself: the owner's handle. */
-        rpc_rref_t *mine = remote_tensor(0, 4, 2.0);
-        WCHECK(mine && rpc_rref_is_owner(mine) && rpc_rref_confirmed_by_owner(mine));
-        WCHECK(rpc_rref_local_value(mine, &v) == 0);
-        WCHECK(rpc_value_get_tensor(v, &t) == 0 && tensor_total(t) == 8.0);
-        rpc_value_unref(v);
-        WCHECK(call_float(1, "to_here_sum", rpc_args("r", mine)) == 8.0);
-        rpc_rref_unref(mine);
-        rpc_rref_unref(r);
-        rpc_rref_unref(r2);
+        zd_rref_t *mine = remote_tensor(0, 4, 2.0);
+        WCHECK(mine && zd_rref_is_owner(mine) && zd_rref_confirmed_by_owner(mine));
+        WCHECK(zd_rref_local_value(mine, &v) == 0);
+        WCHECK(zd_value_get_tensor(v, &t) == 0 && tensor_total(t) == 8.0);
+        zd_value_unref(v);
+        WCHECK(call_float(1, "to_here_sum", zd_rpc_args("r", mine)) == 8.0);
+        zd_rref_unref(mine);
+        zd_rref_unref(r);
+        zd_rref_unref(r2);
         WCHECK(drain_all(world) == 0);
         for (int w = 0; w < world; w++)
             WCHECK(world_call_int(w, "owner_count") == 0);
     }
-    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     return 0;
 }
 
@@ -329,23 +329,23 @@ static int world_refcount(int rank, int world, int port, void *arg)
     if (rank == 0) {
         const int owner = 1;
         /* create, release */
-        rpc_rref_t *r = remote_tensor(owner, 8, 1.0);
-        rpc_value_t *v;
-        WCHECK(rpc_rref_to_here(r, -1, &v) == 0);
-        rpc_value_unref(v);
+        zd_rref_t *r = remote_tensor(owner, 8, 1.0);
+        zd_value_t *v;
+        WCHECK(zd_rref_to_here(r, -1, &v) == 0);
+        zd_value_unref(v);
         WCHECK(count_on(owner) == 1);
-        rpc_rref_unref(r);
+        zd_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* create, fork to a third process that keeps it, release here:
            the owner keeps the value for the third process. */
         r = remote_tensor(owner, 8, 2.0);
-        rpc_value_t *args = rpc_args("r", r), *res;
-        WCHECK(rpc_sync(2, "keep", args, -1, &res) == 0);
-        rpc_value_unref(res);
-        rpc_value_unref(args);
-        rpc_rref_unref(r);
+        zd_value_t *args = zd_rpc_args("r", r), *res;
+        WCHECK(zd_rpc_sync(2, "keep", args, -1, &res) == 0);
+        zd_value_unref(res);
+        zd_value_unref(args);
+        zd_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
         /* never earlier: the keeper can still use it */
@@ -357,27 +357,27 @@ static int world_refcount(int rank, int world, int port, void *arg)
            G2 keeps the parent until the child is accepted. */
         for (int k = 0; k < 8; k++) {
             r = remote_tensor(owner, 4, 1.0);
-            WCHECK(rpc_rref_to_here(r, -1, &v) == 0);   /* confirmed: its delete goes at once */
-            rpc_value_unref(v);
-            args = rpc_args("r", r);
-            rpc_future_t *f = rpc_async(2, "to_here_sum", args, -1);
-            rpc_value_unref(args);
-            rpc_rref_unref(r);
-            WCHECK(rpc_wait(f, 10000) == 0);
+            WCHECK(zd_rref_to_here(r, -1, &v) == 0);   /* confirmed: its delete goes at once */
+            zd_value_unref(v);
+            args = zd_rpc_args("r", r);
+            zd_future_t *f = zd_rpc_async(2, "to_here_sum", args, -1);
+            zd_value_unref(args);
+            zd_rref_unref(r);
+            WCHECK(zd_rpc_wait(f, 10000) == 0);
             double d;
-            WCHECK(rpc_value_get_float(rpc_future_value(f), &d) == 0 && d == 4.0);
-            rpc_future_unref(f);
+            WCHECK(zd_value_get_float(zd_future_value(f), &d) == 0 && d == 4.0);
+            zd_future_unref(f);
         }
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* user -> user -> user: 0 forks to 2, 2 forwards to 3, 3 keeps */
         r = remote_tensor(owner, 8, 3.0);
-        args = rpc_args("ri", r, (int64_t)3);
-        WCHECK(rpc_sync(2, "forward_keep", args, -1, &res) == 0);
-        rpc_value_unref(res);
-        rpc_value_unref(args);
-        rpc_rref_unref(r);
+        args = zd_rpc_args("ri", r, (int64_t)3);
+        WCHECK(zd_rpc_sync(2, "forward_keep", args, -1, &res) == 0);
+        zd_value_unref(res);
+        zd_value_unref(args);
+        zd_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
         WCHECK(world_call_int(3, "drop_kept") == 1);
@@ -385,16 +385,16 @@ static int world_refcount(int rank, int world, int port, void *arg)
         WCHECK(count_on(owner) == 0);
 
         /* the owner forks to users, and a user hands it back to the owner */
-        args = rpc_args("i", (int64_t)7);
-        WCHECK(rpc_sync(owner, "make_rref", args, -1, &res) == 0);
-        rpc_value_unref(args);
-        rpc_rref_t *back;
-        WCHECK(rpc_value_get_rref(res, &back) == 0);
-        args = rpc_args("r", back);
-        WCHECK(rpc_sync(owner, "keep", args, -1, &v) == 0);   /* the owner keeps its own */
-        rpc_value_unref(v);
-        rpc_value_unref(args);
-        rpc_value_unref(res);
+        args = zd_rpc_args("i", (int64_t)7);
+        WCHECK(zd_rpc_sync(owner, "make_rref", args, -1, &res) == 0);
+        zd_value_unref(args);
+        zd_rref_t *back;
+        WCHECK(zd_value_get_rref(res, &back) == 0);
+        args = zd_rpc_args("r", back);
+        WCHECK(zd_rpc_sync(owner, "keep", args, -1, &v) == 0);   /* the owner keeps its own */
+        zd_value_unref(v);
+        zd_value_unref(args);
+        zd_value_unref(res);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
         WCHECK(world_call_int(owner, "drop_kept") == 1);
@@ -405,12 +405,12 @@ static int world_refcount(int rank, int world, int port, void *arg)
         r = remote_tensor(owner, 2, 1.0);
         for (int w = 0; w < world; w++)
             for (int k = 0; k < 3; k++) {
-                args = rpc_args("r", r);
-                WCHECK(rpc_sync(w, "keep", args, -1, &v) == 0);
-                rpc_value_unref(v);
-                rpc_value_unref(args);
+                args = zd_rpc_args("r", r);
+                WCHECK(zd_rpc_sync(w, "keep", args, -1, &v) == 0);
+                zd_value_unref(v);
+                zd_value_unref(args);
             }
-        rpc_rref_unref(r);
+        zd_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(count_on(owner) == 1);
         for (int w = 0; w < world; w++) {
@@ -421,7 +421,7 @@ static int world_refcount(int rank, int world, int port, void *arg)
         for (int w = 0; w < world; w++)
             WCHECK(world_call_int(w, "owner_count") == 0);
     }
-    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     return 0;
 }
 
@@ -438,56 +438,56 @@ static int world_rref_errors(int rank, int world, int port, void *arg)
     (void)arg;
     WCHECK(start(rank, world, port) == 0);
     if (rank == 0) {
-        rpc_value_t *v;
+        zd_value_t *v;
         /* The function fails at the owner: to_here says why. */
-        rpc_rref_t *r = rpc_remote(1, "fail", NULL, -1);
+        zd_rref_t *r = zd_rpc_remote(1, "fail", NULL, -1);
         WCHECK(r != NULL);
-        WCHECK(rpc_rref_to_here(r, -1, &v) == -1);
-        WCHECK(strstr(error_last(), "no value for you") != NULL);
-        WCHECK(strstr(error_last(), "\"worker1\" (rank 1)") != NULL);
-        rpc_rref_unref(r);
+        WCHECK(zd_rref_to_here(r, -1, &v) == -1);
+        WCHECK(strstr(zd_error_last(), "no value for you") != NULL);
+        WCHECK(strstr(zd_error_last(), "\"worker1\" (rank 1)") != NULL);
+        zd_rref_unref(r);
         /* Unknown function. */
-        r = rpc_remote(1, "nosuch", NULL, -1);
-        WCHECK(rpc_rref_to_here(r, -1, &v) == -1);
-        WCHECK(strstr(error_last(), "unknown function \"nosuch\"") != NULL);
-        rpc_rref_unref(r);
+        r = zd_rpc_remote(1, "nosuch", NULL, -1);
+        WCHECK(zd_rref_to_here(r, -1, &v) == -1);
+        WCHECK(strstr(zd_error_last(), "unknown function \"nosuch\"") != NULL);
+        zd_rref_unref(r);
         /* A value slow to come: to_here times out, then it comes. */
-        r = rpc_remote(1, "slow", NULL, -1);
-        WCHECK(rpc_rref_to_here(r, 200, &v) == -1);
-        WCHECK(strstr(error_last(), "timed out after 200 ms") != NULL);
+        r = zd_rpc_remote(1, "slow", NULL, -1);
+        WCHECK(zd_rref_to_here(r, 200, &v) == -1);
+        WCHECK(strstr(zd_error_last(), "timed out after 200 ms") != NULL);
         while (world_call_int(1, "release_slow") == 0) {
         }
-        WCHECK(rpc_rref_to_here(r, -1, &v) == 0);
+        WCHECK(zd_rref_to_here(r, -1, &v) == 0);
         int64_t i;
-        WCHECK(rpc_value_get_int(v, &i) == 0 && i == 99);
-        rpc_value_unref(v);
-        rpc_rref_unref(r);
+        WCHECK(zd_value_get_int(v, &i) == 0 && i == 99);
+        zd_value_unref(v);
+        zd_rref_unref(r);
         /* Creation that times out poisons the RRef; the owner still frees
            the value once it is released. */
-        r = rpc_remote(1, "slow", NULL, 200);
-        rpc_future_t *done = rpc_rref_rpc_async(r, "sum", NULL, -1);   /* waits at the owner */
-        WCHECK(rpc_rref_to_here(r, 1000, &v) == -1);   /* outlives the creation timeout */
-        WCHECK(strstr(error_last(), "timed out after 1000 ms") != NULL);
-        WCHECK(rpc_rref_to_here(r, -1, &v) == -1);
-        WCHECK(strstr(error_last(), "RRef creation via rpc_remote() failed") != NULL);
-        WCHECK(strstr(error_last(), "timed out after 200 ms") != NULL);
+        r = zd_rpc_remote(1, "slow", NULL, 200);
+        zd_future_t *done = zd_rref_rpc_async(r, "sum", NULL, -1);   /* waits at the owner */
+        WCHECK(zd_rref_to_here(r, 1000, &v) == -1);   /* outlives the creation timeout */
+        WCHECK(strstr(zd_error_last(), "timed out after 1000 ms") != NULL);
+        WCHECK(zd_rref_to_here(r, -1, &v) == -1);
+        WCHECK(strstr(zd_error_last(), "RRef creation via zd_rpc_remote() failed") != NULL);
+        WCHECK(strstr(zd_error_last(), "timed out after 200 ms") != NULL);
         while (world_call_int(1, "release_slow") == 0) {
         }
-        WCHECK(rpc_wait(done, 10000) == -1);   /* the method ran on the late value */
-        WCHECK(strstr(rpc_future_error(done), "argument 0: expected tensor, got int") != NULL);
-        rpc_future_unref(done);
-        rpc_rref_unref(r);
+        WCHECK(zd_rpc_wait(done, 10000) == -1);   /* the method ran on the late value */
+        WCHECK(strstr(zd_future_error(done), "argument 0: expected tensor, got int") != NULL);
+        zd_future_unref(done);
+        zd_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(world_call_int(1, "owner_count") == 0);
         /* Methods on a failed value fail. */
-        r = rpc_remote(1, "fail", NULL, -1);
-        WCHECK(rpc_rref_rpc_sync(r, "sum", NULL, -1, &v) == -1);
-        WCHECK(strstr(error_last(), "no value for you") != NULL);
-        rpc_rref_unref(r);
+        r = zd_rpc_remote(1, "fail", NULL, -1);
+        WCHECK(zd_rref_rpc_sync(r, "sum", NULL, -1, &v) == -1);
+        WCHECK(strstr(zd_error_last(), "no value for you") != NULL);
+        zd_rref_unref(r);
         WCHECK(drain_all(world) == 0);
         WCHECK(world_call_int(1, "owner_count") == 0);
     }
-    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     return 0;
 }
 

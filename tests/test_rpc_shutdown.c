@@ -9,77 +9,77 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "autograd/autograd.h"
+#include <zdist/autograd.h>
 #include "test_rpc_world.h"
 
-static rpc_value_t *h_make(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_make(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(42);
+    return zd_value_int(42);
 }
 
 /* "slow" answers 99 when "release_slow" comes; slow.arrived says it is here. */
 static world_hold_t slow = {.answer = 99};
 
-static rpc_value_t *h_has_arrived(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_has_arrived(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(rpc_future_done(slow.arrived));
+    return zd_value_int(zd_future_done(slow.arrived));
 }
 
 /* Entering shutdown: rank 0 counts the others. */
 static atomic_int entered;
-static rpc_future_t *all_entered;
+static zd_future_t *all_entered;
 static int expected_entries;
 
-static rpc_value_t *h_entering(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_entering(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
     if (atomic_fetch_add(&entered, 1) + 1 == expected_entries)
-        rpc_future_set_value(all_entered, NULL);
-    return rpc_value_none();
+        zd_future_set_value(all_entered, NULL);
+    return zd_value_none();
 }
 
-static rpc_rref_t *kept;
+static zd_rref_t *kept;
 
-static rpc_value_t *h_keep(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_value_t *h_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_rref_t *r;
-    if (rpc_arg_rref(args, 0, &r) < 0)
+    zd_rref_t *r;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0)
         return NULL;
-    kept = rpc_rref_ref(r);
-    return rpc_value_none();
+    kept = zd_rref_ref(r);
+    return zd_value_none();
 }
 
 static int start(int rank, int world, int port)
 {
-    slow.arrived = rpc_future_new();
-    all_entered = rpc_future_new();
+    slow.arrived = zd_future_new();
+    all_entered = zd_future_new();
     expected_entries = world - 1;
-    if (rpc_register("add", world_h_add, NULL) < 0 || rpc_register("make", h_make, NULL) < 0 ||
-        rpc_register_async("slow", world_h_hold, &slow) < 0 ||
-        rpc_register_inline("release_slow", world_h_release, &slow) < 0 ||
-        rpc_register_inline("entering", h_entering, NULL) < 0 ||
-        rpc_register_inline("has_arrived", h_has_arrived, NULL) < 0 ||
-        rpc_register("keep", h_keep, NULL) < 0)
+    if (zd_rpc_register("add", world_h_add, NULL) < 0 || zd_rpc_register("make", h_make, NULL) < 0 ||
+        zd_rpc_register_async("slow", world_h_hold, &slow) < 0 ||
+        zd_rpc_register_inline("release_slow", world_h_release, &slow) < 0 ||
+        zd_rpc_register_inline("entering", h_entering, NULL) < 0 ||
+        zd_rpc_register_inline("has_arrived", h_has_arrived, NULL) < 0 ||
+        zd_rpc_register("keep", h_keep, NULL) < 0)
         return -1;
-    rpc_options_t o = world_options(port);
-    return rpc_init(NULL, rank, world, &o);
+    zd_rpc_options_t o = world_options(port);
+    return zd_rpc_init(NULL, rank, world, &o);
 }
 
 static void finish(void)
 {
     world_hold_release(&slow);
-    rpc_future_unref(slow.arrived);
-    rpc_future_unref(all_entered);
+    zd_future_unref(slow.arrived);
+    zd_future_unref(all_entered);
 }
 
 /* ---- graceful: waits for all, serves meanwhile, drains ---- */
@@ -87,11 +87,11 @@ static void finish(void)
 static void *releaser(void *arg)
 {
     (void)arg;
-    rpc_value_t *r;
+    zd_value_t *r;
     int64_t done = 0;
-    while (!done && rpc_sync(1, "release_slow", NULL, -1, &r) == 0) {
-        rpc_value_get_int(r, &done);
-        rpc_value_unref(r);
+    while (!done && zd_rpc_sync(1, "release_slow", NULL, -1, &r) == 0) {
+        zd_value_get_int(r, &done);
+        zd_value_unref(r);
     }
     return NULL;
 }
@@ -100,49 +100,49 @@ static int world_graceful(int rank, int world, int port, void *arg)
 {
     (void)arg;
     WCHECK(start(rank, world, port) == 0);
-    rpc_value_t *r;
+    zd_value_t *r;
     if (rank != 0) {
-        WCHECK(rpc_sync(0, "entering", NULL, -1, &r) == 0);
-        rpc_value_unref(r);
+        WCHECK(zd_rpc_sync(0, "entering", NULL, -1, &r) == 0);
+        zd_value_unref(r);
         if (rank == 2) {
             /* A user RRef that nobody releases before shutdown. */
-            rpc_rref_t *leak = rpc_remote(1, "make", NULL, -1);
-            WCHECK(rpc_rref_to_here(leak, -1, &r) == 0);
-            rpc_value_unref(r);
-            WCHECK(rpc_shutdown(true, 20000) == 0);
-            rpc_rref_unref(leak);   /* after shutdown: released quietly */
+            zd_rref_t *leak = zd_rpc_remote(1, "make", NULL, -1);
+            WCHECK(zd_rref_to_here(leak, -1, &r) == 0);
+            zd_value_unref(r);
+            WCHECK(zd_rpc_shutdown(true, 20000) == 0);
+            zd_rref_unref(leak);   /* after shutdown: released quietly */
         } else {
-            WCHECK(rpc_shutdown(true, 20000) == 0);
-            WCHECK(rpc_debug_owner_rrefs_leaked() == 1);   /* rank 2's */
+            WCHECK(zd_rpc_shutdown(true, 20000) == 0);
+            WCHECK(zd_rpc_debug_owner_rrefs_leaked() == 1);   /* rank 2's */
         }
         finish();
         return 0;
     }
-    /* Everyone else is inside rpc_shutdown now: they still serve. */
-    WCHECK(rpc_wait(all_entered, 20000) == 0);
-    rpc_value_t *args = rpc_args("ii", (int64_t)1, (int64_t)2);
+    /* Everyone else is inside zd_rpc_shutdown now: they still serve. */
+    WCHECK(zd_rpc_wait(all_entered, 20000) == 0);
+    zd_value_t *args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
     for (int to = 1; to < world; to++) {
-        WCHECK(rpc_sync(to, "add", args, -1, &r) == 0);
-        rpc_value_unref(r);
+        WCHECK(zd_rpc_sync(to, "add", args, -1, &r) == 0);
+        zd_value_unref(r);
     }
-    rpc_value_unref(args);
+    zd_value_unref(args);
     /* An RRef released right before shutdown: the deletion is drained. */
-    rpc_rref_t *rr = rpc_remote(1, "make", NULL, -1);
-    WCHECK(rpc_rref_to_here(rr, -1, &r) == 0);
-    rpc_value_unref(r);
-    rpc_rref_unref(rr);
+    zd_rref_t *rr = zd_rpc_remote(1, "make", NULL, -1);
+    WCHECK(zd_rref_to_here(rr, -1, &r) == 0);
+    zd_value_unref(r);
+    zd_rref_unref(rr);
     /* A call still running when shutdown starts completes before it ends:
-       another thread releases it while this one is in rpc_shutdown. */
-    rpc_future_t *f = rpc_async(1, "slow", NULL, -1);
+       another thread releases it while this one is in zd_rpc_shutdown. */
+    zd_future_t *f = zd_rpc_async(1, "slow", NULL, -1);
     pthread_t t;
     WCHECK(pthread_create(&t, NULL, releaser, NULL) == 0);
-    WCHECK(rpc_shutdown(true, 20000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 20000) == 0);
     pthread_join(t, NULL);
-    WCHECK(rpc_future_done(f));
+    WCHECK(zd_future_done(f));
     int64_t v;
-    WCHECK(rpc_value_get_int(rpc_future_value(f), &v) == 0 && v == 99);
-    rpc_future_unref(f);
-    WCHECK(rpc_debug_owner_rrefs_leaked() == 0);
+    WCHECK(zd_value_get_int(zd_future_value(f), &v) == 0 && v == 99);
+    zd_future_unref(f);
+    WCHECK(zd_rpc_debug_owner_rrefs_leaked() == 0);
     finish();
     return 0;
 }
@@ -157,10 +157,10 @@ static void test_graceful_waits_serves_and_drains(void **state)
 
 static void *blocked_caller(void *arg)
 {
-    rpc_value_t *r = NULL;
+    zd_value_t *r = NULL;
     int *ok = arg;
-    *ok = rpc_sync(1, "slow", NULL, 0, &r) == -1 && strstr(error_last(), "RPC shut down");
-    rpc_value_unref(r);
+    *ok = zd_rpc_sync(1, "slow", NULL, 0, &r) == -1 && strstr(zd_error_last(), "RPC shut down");
+    zd_value_unref(r);
     return NULL;
 }
 
@@ -170,35 +170,35 @@ static int world_abrupt(int rank, int world, int port, void *arg)
     WCHECK(start(rank, world, port) == 0);
     if (rank == 1) {
         /* Serves until rank 0 is gone, then stops too. */
-        WCHECK(rpc_wait(slow.arrived, 10000) == 0);
-        rpc_value_t *r;
-        int rc = rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
-        WCHECK(rc == -1 && (strstr(error_last(), "unreachable") ||
-                            strstr(error_last(), "RPC shut down")));
-        WCHECK(rpc_shutdown(false, 0) == 0);
+        WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
+        zd_value_t *r;
+        int rc = zd_rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
+        WCHECK(rc == -1 && (strstr(zd_error_last(), "unreachable") ||
+                            strstr(zd_error_last(), "RPC shut down")));
+        WCHECK(zd_rpc_shutdown(false, 0) == 0);
         finish();   /* completes our held call: freed without an answer */
         return 0;
     }
     int ok = 0;
     pthread_t t;
     WCHECK(pthread_create(&t, NULL, blocked_caller, &ok) == 0);
-    rpc_value_t *r;
+    zd_value_t *r;
     int64_t n = 0;
     while (n == 0) {   /* until the blocked call is at rank 1 */
-        WCHECK(rpc_sync(1, "has_arrived", NULL, -1, &r) == 0);
-        rpc_value_get_int(r, &n);
-        rpc_value_unref(r);
+        WCHECK(zd_rpc_sync(1, "has_arrived", NULL, -1, &r) == 0);
+        zd_value_get_int(r, &n);
+        zd_value_unref(r);
     }
     /* Rank 1 calls us only once its init is over: a non-graceful stop
        drops what the network has not delivered yet, its init's answer too. */
-    WCHECK(rpc_wait(slow.arrived, 10000) == 0);
-    rpc_future_t *f = rpc_async(1, "add", NULL, -1);
+    WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
+    zd_future_t *f = zd_rpc_async(1, "add", NULL, -1);
     int64_t t0 = world_now_ms();
-    WCHECK(rpc_shutdown(false, 0) == 0);
+    WCHECK(zd_rpc_shutdown(false, 0) == 0);
     WCHECK(world_now_ms() - t0 < 2000);
     pthread_join(t, NULL);
-    WCHECK(rpc_wait(f, 1000) == 0 || strstr(rpc_future_error(f), "shut down"));
-    rpc_future_unref(f);
+    WCHECK(zd_rpc_wait(f, 1000) == 0 || strstr(zd_future_error(f), "shut down"));
+    zd_future_unref(f);
     WCHECK(ok);
     finish();
     return 0;
@@ -216,22 +216,22 @@ static int world_missing(int rank, int world, int port, void *arg)
 {
     (void)arg;
     WCHECK(start(rank, world, port) == 0);
-    rpc_value_t *r;
+    zd_value_t *r;
     if (rank == 1) {
         /* Busy (waiting for an answer that never comes) until rank 0 leaves. */
-        WCHECK(rpc_sync(0, "slow", NULL, 0, &r) == -1);
-        WCHECK(strstr(error_last(), "unreachable") != NULL);
-        WCHECK(rpc_shutdown(true, 500) == -1);   /* rank 0 is gone */
+        WCHECK(zd_rpc_sync(0, "slow", NULL, 0, &r) == -1);
+        WCHECK(strstr(zd_error_last(), "unreachable") != NULL);
+        WCHECK(zd_rpc_shutdown(true, 500) == -1);   /* rank 0 is gone */
         finish();
         return 0;
     }
-    WCHECK(rpc_wait(slow.arrived, 10000) == 0);
+    WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
     int64_t t0 = world_now_ms();
-    WCHECK(rpc_shutdown(true, 500) == -1);
+    WCHECK(zd_rpc_shutdown(true, 500) == -1);
     int64_t took = world_now_ms() - t0;
     WCHECK(took >= 300 && took < 3000);
-    WCHECK(strstr(error_last(), "missing \"worker1\" (rank 1)") != NULL);
-    WCHECK(!rpc_is_running());
+    WCHECK(strstr(zd_error_last(), "missing \"worker1\" (rank 1)") != NULL);
+    WCHECK(!zd_rpc_is_running());
     finish();
     return 0;
 }

@@ -16,11 +16,11 @@
 
 static size_t build(const rpc_wire_header_t *h, uint8_t *buf)
 {
-    rpc_wire_write(h, buf);
-    return rpc_wire_size(h);
+    zd__rpc_wire_write(h, buf);
+    return zd__rpc_wire_size(h);
 }
 
-static const uint8_t meta_none[] = {RPC_CODEC_VERSION, RPC_NONE};
+static const uint8_t meta_none[] = {RPC_CODEC_VERSION, ZD_VALUE_NONE};
 
 static rpc_wire_header_t good_call(void)
 {
@@ -34,9 +34,9 @@ static rpc_wire_header_t good_call(void)
 static void expect_bad(const uint8_t *buf, size_t len, const char *why)
 {
     rpc_wire_header_t h;
-    assert_int_equal(rpc_wire_parse(buf, len, &h), -1);
-    if (!strstr(error_last(), why))
-        fail_msg("expected \"%s\" in \"%s\"", why, error_last());
+    assert_int_equal(zd__rpc_wire_parse(buf, len, &h), -1);
+    if (!strstr(zd_error_last(), why))
+        fail_msg("expected \"%s\" in \"%s\"", why, zd_error_last());
 }
 
 static void test_valid_headers_round_trip(void **state)
@@ -46,7 +46,7 @@ static void test_valid_headers_round_trip(void **state)
     rpc_wire_header_t h = good_call(), p;
     size_t len = build(&h, buf);
     assert_int_equal(len, RPC_WIRE_FIXED + 3 + 2 + 2);
-    assert_int_equal(rpc_wire_parse(buf, len, &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, len, &p), 0);
     assert_int_equal(p.type, RPC_MSG_CALL);
     assert_int_equal(p.src, 1);
     assert_int_equal(p.dst, 2);
@@ -60,16 +60,16 @@ static void test_valid_headers_round_trip(void **state)
     /* An answer, an error text, a control message, a hello. */
     rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .id = 9, .meta = meta_none, .meta_len = 2,
                            .n_tensors = 3};
-    assert_int_equal(rpc_wire_parse(buf, build(&r, buf), &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, build(&r, buf), &p), 0);
     assert_int_equal(p.n_tensors, 3);
     rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 9, .meta = (const uint8_t *)"oops",
                            .meta_len = 4};
-    assert_int_equal(rpc_wire_parse(buf, build(&e, buf), &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, build(&e, buf), &p), 0);
     rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE, .id = 9, .a = 5, .b = 6};
-    assert_int_equal(rpc_wire_parse(buf, build(&d, buf), &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, build(&d, buf), &p), 0);
     assert_true(p.a == 5 && p.b == 6);
     rpc_wire_header_t hello = {.type = RPC_MSG_HELLO};
-    assert_int_equal(rpc_wire_parse(buf, build(&hello, buf), &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, build(&hello, buf), &p), 0);
 }
 
 static void test_malformed_headers_are_refused(void **state)
@@ -170,7 +170,7 @@ static void test_stream_headers(void **state)
     rpc_wire_header_t h = good_call();
     h.flags = RPC_WIRE_F_STREAMED;
     h.n_tensors = 2;
-    assert_int_equal(rpc_wire_parse(buf, build(&h, buf), &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, build(&h, buf), &p), 0);
     assert_int_equal(p.flags, RPC_WIRE_F_STREAMED);
     h.n_tensors = 1;
     expect_bad(buf, build(&h, buf), "CALL with the streamed flag and 1 frames");
@@ -182,7 +182,7 @@ static void test_stream_headers(void **state)
     expect_bad(buf, build(&e, buf), "ERROR with the streamed flag");
     /* A piece, and everything a piece must not have. */
     rpc_wire_header_t x = good_piece();
-    assert_int_equal(rpc_wire_parse(buf, build(&x, buf), &p), 0);
+    assert_int_equal(zd__rpc_wire_parse(buf, build(&x, buf), &p), 0);
     assert_true(p.a == 5 && p.id == 77 && p.n_tensors == 1);
     x.type = RPC_MSG_CALL;
     expect_bad(buf, build(&x, buf), "stream piece of type CALL");
@@ -221,10 +221,10 @@ static void expect_bad_table(const uint8_t *buf, size_t len, uint32_t n_frames, 
 {
     uint32_t count = 99, chunk = 99;
     rpc_wire_stream_t *e = (rpc_wire_stream_t *)&count;
-    assert_int_equal(rpc_wire_stream_table_parse(buf, len, n_frames, &count, &chunk, &e), -1);
+    assert_int_equal(zd__rpc_wire_stream_table_parse(buf, len, n_frames, &count, &chunk, &e), -1);
     assert_null(e);
-    if (!strstr(error_last(), why))
-        fail_msg("expected \"%s\" in \"%s\"", why, error_last());
+    if (!strstr(zd_error_last(), why))
+        fail_msg("expected \"%s\" in \"%s\"", why, zd_error_last());
 }
 
 static void put_le(uint8_t *p, uint64_t v, int n)
@@ -238,16 +238,16 @@ static void test_stream_tables(void **state)
     (void)state;
     const rpc_wire_stream_t in[3] = {{1, 70000}, {2, 1}, {5, (uint64_t)3 << 33}};
     uint8_t buf[128], bad[128];
-    size_t len = rpc_wire_stream_table_size(3);
+    size_t len = zd__rpc_wire_stream_table_size(3);
     assert_int_equal(len, 8 + 3 * 16);
-    rpc_wire_stream_table_write(in, 3, 1 << 20, buf);
+    zd__rpc_wire_stream_table_write(in, 3, 1 << 20, buf);
     /* The layout is the one wire.h describes. */
     static const uint8_t head[] = {3, 0, 0, 0, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0,
                                    0x70, 0x11, 1, 0, 0, 0, 0, 0};
     assert_memory_equal(buf, head, sizeof head);
     uint32_t count, chunk;
     rpc_wire_stream_t *out;
-    assert_int_equal(rpc_wire_stream_table_parse(buf, len, 7, &count, &chunk, &out), 0);
+    assert_int_equal(zd__rpc_wire_stream_table_parse(buf, len, 7, &count, &chunk, &out), 0);
     assert_int_equal(count, 3);
     assert_int_equal(chunk, 1 << 20);
     for (int i = 0; i < 3; i++) {
@@ -291,13 +291,13 @@ static void test_routing_ids(void **state)
 {
     (void)state;
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-    rpc_wire_identity(300, id);
-    assert_int_equal(rpc_wire_identity_rank(id, RPC_WIRE_ID_LEN), 300);
-    rpc_wire_sync_identity(7, 9, id);
-    assert_int_equal(rpc_wire_identity_rank(id, RPC_WIRE_SYNC_ID_LEN), 7);
-    assert_int_equal(rpc_wire_identity_rank(id, 4), -1);
-    assert_int_equal(rpc_wire_identity_rank("x\0\0", 3), -1);
-    assert_int_equal(rpc_wire_identity_rank("", 0), -1);
+    zd__rpc_wire_identity(300, id);
+    assert_int_equal(zd__rpc_wire_identity_rank(id, RPC_WIRE_ID_LEN), 300);
+    zd__rpc_wire_sync_identity(7, 9, id);
+    assert_int_equal(zd__rpc_wire_identity_rank(id, RPC_WIRE_SYNC_ID_LEN), 7);
+    assert_int_equal(zd__rpc_wire_identity_rank(id, 4), -1);
+    assert_int_equal(zd__rpc_wire_identity_rank("x\0\0", 3), -1);
+    assert_int_equal(zd__rpc_wire_identity_rank("", 0), -1);
 }
 
 /* ---- malformed messages to a live agent ---- */
@@ -333,7 +333,7 @@ static int raw_answer(raw_t *r, int timeout_ms, int *type, char *text, size_t si
     zmq_msg_init(&m);
     zmq_msg_recv(&m, r->sock, 0);
     rpc_wire_header_t h;
-    int ok = rpc_wire_parse(zmq_msg_data(&m), zmq_msg_size(&m), &h) == 0;
+    int ok = zd__rpc_wire_parse(zmq_msg_data(&m), zmq_msg_size(&m), &h) == 0;
     *type = ok ? h.type : -1;
     snprintf(text, size, "%.*s", ok && h.type == RPC_MSG_ERROR ? (int)h.meta_len : 0,
              ok ? (const char *)h.meta : "");
@@ -375,23 +375,23 @@ static rpc_wire_header_t call_to_1(raw_t *r, const char *fn, const uint8_t *meta
 static int world_garbage(int rank, int world, int port, void *arg)
 {
     (void)arg;
-    WCHECK(rpc_register("add", world_h_add, NULL) == 0);
-    WCHECK(rpc_register_inline("owner_count", world_h_owner_count, NULL) == 0);
-    rpc_options_t o = world_options(port);
-    WCHECK(rpc_init(NULL, rank, world, &o) == 0);
+    WCHECK(zd_rpc_register("add", world_h_add, NULL) == 0);
+    WCHECK(zd_rpc_register_inline("owner_count", world_h_owner_count, NULL) == 0);
+    zd_rpc_options_t o = world_options(port);
+    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
     if (rank == 0) {
-        rpc_worker_info_t info;
-        WCHECK(rpc_get_worker_info_by_rank(1, &info) == 0);
+        zd_rpc_worker_info_t info;
+        WCHECK(zd_rpc_get_worker_info_by_rank(1, &info) == 0);
         void *ctx = zmq_ctx_new();
         raw_t r = {zmq_socket(ctx, ZMQ_DEALER), 1000};
         uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-        rpc_wire_sync_identity(0, 65534, id);   /* rank 0, a slot the agent never uses */
+        zd__rpc_wire_sync_identity(0, 65534, id);   /* rank 0, a slot the agent never uses */
         zmq_setsockopt(r.sock, ZMQ_ROUTING_ID, id, sizeof id);
         int zero = 0;
         zmq_setsockopt(r.sock, ZMQ_LINGER, &zero, sizeof zero);
         WCHECK(zmq_connect(r.sock, info.endpoint) == 0);
 
-        static const uint8_t args_ok[] = {RPC_CODEC_VERSION, RPC_LIST, 2, RPC_INT, 2, RPC_INT,
+        static const uint8_t args_ok[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 2, ZD_VALUE_INT, 2, ZD_VALUE_INT,
                                           4};
         rpc_wire_header_t h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
         h.src = 1;
@@ -405,14 +405,14 @@ static int world_garbage(int rank, int world, int port, void *arg)
         h = call_to_1(&r, "add", garbage, sizeof garbage, 0);
         WCHECK(expect_error(&r, &h, 0, NULL, "bad arguments for \"add\"") == 0);
         /* A float32 tensor of 10 elements whose frame has 7 bytes. */
-        static const uint8_t tensor10[] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_TENSOR,
-                                           TENSOR_F32, 0, 1, 10};
+        static const uint8_t tensor10[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR,
+                                           ZD_FLOAT32, 0, 1, 10};
         h = call_to_1(&r, "add", tensor10, sizeof tensor10, 1);
         WCHECK(expect_error(&r, &h, 1, (size_t[]){7}, "40 bytes but its frame has 7") == 0);
         h = call_to_1(&r, "nosuch", args_ok, sizeof args_ok, 0);
         WCHECK(expect_error(&r, &h, 0, NULL, "unknown function \"nosuch\"") == 0);
         /* An RRef whose fork id claims to come from rank 5 of 2. */
-        uint8_t rref_args[4 + RPC_RREF_WIRE_SIZE] = {RPC_CODEC_VERSION, RPC_LIST, 1, RPC_RREF};
+        uint8_t rref_args[4 + RPC_RREF_WIRE_SIZE] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_RREF};
         uint8_t *w = rref_args + 4;
         w[0] = 1;               /* rref id: rank 0, counter 1 */
         w[8] = 1, w[14] = 5;    /* fork id: rank 5 */
@@ -469,17 +469,17 @@ static int world_garbage(int rank, int world, int port, void *arg)
         WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1 && type == RPC_MSG_REPLY);
         zmq_close(r.sock);
         zmq_ctx_term(ctx);
-        rpc_value_t *res, *args = rpc_args("ii", (int64_t)40, (int64_t)2);
+        zd_value_t *res, *args = zd_rpc_args("ii", (int64_t)40, (int64_t)2);
         int64_t v;
-        WCHECK(rpc_sync(1, "add", args, -1, &res) == 0);
-        WCHECK(rpc_value_get_int(res, &v) == 0 && v == 42);
-        rpc_value_unref(res);
-        rpc_value_unref(args);
-        WCHECK(rpc_sync(1, "owner_count", NULL, -1, &res) == 0);
-        WCHECK(rpc_value_get_int(res, &v) == 0 && v == 0);   /* no placeholder left */
-        rpc_value_unref(res);
+        WCHECK(zd_rpc_sync(1, "add", args, -1, &res) == 0);
+        WCHECK(zd_value_get_int(res, &v) == 0 && v == 42);
+        zd_value_unref(res);
+        zd_value_unref(args);
+        WCHECK(zd_rpc_sync(1, "owner_count", NULL, -1, &res) == 0);
+        WCHECK(zd_value_get_int(res, &v) == 0 && v == 0);   /* no placeholder left */
+        zd_value_unref(res);
     }
-    WCHECK(rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     return 0;
 }
 

@@ -28,14 +28,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
-#include "rpc/rpc.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 
 #define WCHECK(cond)                                                                        \
     do {                                                                                    \
         if (!(cond)) {                                                                      \
             fprintf(stderr, "[rank %d] %s:%d: check failed: %s (last error: %s)\n",         \
-                    rpc_rank(), __FILE__, __LINE__, #cond, error_last());                   \
+                    zd_rpc_rank(), __FILE__, __LINE__, #cond, zd_error_last());                   \
             return 1;                                                                       \
         }                                                                                   \
     } while (0)
@@ -66,9 +66,9 @@ static inline int64_t world_now_ms(void)
 }
 
 /* Options for a test world on loopback. */
-static inline rpc_options_t world_options(int port)
+static inline zd_rpc_options_t world_options(int port)
 {
-    rpc_options_t o = rpc_options_default();
+    zd_rpc_options_t o = zd_rpc_options_default();
     o.master_addr = "127.0.0.1";
     o.master_port = port;
     o.init_timeout_ms = 10000;
@@ -149,93 +149,93 @@ static inline int run_world(int world, int timeout_s, world_fn *fn, void *arg)
 /* ---- handlers several tests serve ---- */
 
 /* add(a, b) = a + b on ints. */
-static inline rpc_value_t *world_h_add(rpc_call_t *call, rpc_value_t *args, void *arg)
+static inline zd_value_t *world_h_add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
     int64_t a, b;
-    if (rpc_arg_int(args, 0, &a) < 0 || rpc_arg_int(args, 1, &b) < 0)
+    if (zd_rpc_arg_int(args, 0, &a) < 0 || zd_rpc_arg_int(args, 1, &b) < 0)
         return NULL;
-    return rpc_value_int(a + b);
+    return zd_value_int(a + b);
 }
 
 /* echo(v) = v (None without arguments). */
-static inline rpc_value_t *world_h_echo(rpc_call_t *call, rpc_value_t *args, void *arg)
+static inline zd_value_t *world_h_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)arg;
-    rpc_value_t *v = rpc_list_get(args, 0);
-    return v ? rpc_value_ref(v) : rpc_value_none();
+    zd_value_t *v = zd_list_get(args, 0);
+    return v ? zd_value_ref(v) : zd_value_none();
 }
 
 /* Fails with the message registered as arg (a const char *). */
-static inline rpc_value_t *world_h_fail(rpc_call_t *call, rpc_value_t *args, void *arg)
+static inline zd_value_t *world_h_fail(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
-    error_set("%s", (const char *)arg);
+    zd_error_set("%s", (const char *)arg);
     return NULL;
 }
 
 /* How many values this process owns for RRefs. */
-static inline rpc_value_t *world_h_owner_count(rpc_call_t *call, rpc_value_t *args, void *arg)
+static inline zd_value_t *world_h_owner_count(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     (void)arg;
-    return rpc_value_int(rpc_debug_owner_rrefs());
+    return zd_value_int(zd_rpc_debug_owner_rrefs());
 }
 
 /* A call held until it is released, so that a test keeps a call in flight
    without sleeping: register world_h_hold (async) and world_h_release, both
    with a pointer to the same world_hold_t as arg. */
 typedef struct {
-    _Atomic(rpc_future_t *) call;   /* the call held, NULL when none */
+    _Atomic(zd_future_t *) call;   /* the call held, NULL when none */
     int64_t answer;                 /* what the held call answers, */
     bool answer_none;               /* or no value at all when set */
-    rpc_future_t *arrived;          /* when not NULL, completed as a call is held */
+    zd_future_t *arrived;          /* when not NULL, completed as a call is held */
 } world_hold_t;
 
-static inline rpc_future_t *world_h_hold(rpc_call_t *call, rpc_value_t *args, void *arg)
+static inline zd_future_t *world_h_hold(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
     world_hold_t *h = arg;
-    rpc_future_t *f = rpc_future_new();
-    atomic_store(&h->call, rpc_future_ref(f));
+    zd_future_t *f = zd_future_new();
+    atomic_store(&h->call, zd_future_ref(f));
     if (h->arrived)
-        rpc_future_set_value(h->arrived, NULL);
+        zd_future_set_value(h->arrived, NULL);
     return f;
 }
 
 /* Answers the held call: 1 when there was one, 0 when none has arrived yet. */
 static inline int world_hold_release(world_hold_t *h)
 {
-    rpc_future_t *f = atomic_exchange(&h->call, NULL);
+    zd_future_t *f = atomic_exchange(&h->call, NULL);
     if (!f)
         return 0;
-    rpc_value_t *v = h->answer_none ? NULL : rpc_value_int(h->answer);
-    rpc_future_set_value(f, v);
-    rpc_value_unref(v);
-    rpc_future_unref(f);
+    zd_value_t *v = h->answer_none ? NULL : zd_value_int(h->answer);
+    zd_future_set_value(f, v);
+    zd_value_unref(v);
+    zd_future_unref(f);
     return 1;
 }
 
-static inline rpc_value_t *world_h_release(rpc_call_t *call, rpc_value_t *args, void *arg)
+static inline zd_value_t *world_h_release(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     (void)args;
-    return rpc_value_int(world_hold_release(arg));
+    return zd_value_int(world_hold_release(arg));
 }
 
 /* The int fn answers on rank `to` without arguments, or -1 when the call fails. */
 static inline int64_t world_call_int(int to, const char *fn)
 {
-    rpc_value_t *r = NULL;
+    zd_value_t *r = NULL;
     int64_t v = -1;
-    if (rpc_sync(to, fn, NULL, -1, &r) == 0)
-        rpc_value_get_int(r, &v);
-    rpc_value_unref(r);
+    if (zd_rpc_sync(to, fn, NULL, -1, &r) == 0)
+        zd_value_get_int(r, &v);
+    zd_value_unref(r);
     return v;
 }
 

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/codec.h"
 
 #define MAX_FRAMES 15
@@ -37,9 +37,9 @@ typedef struct {
 
 static int live_rrefs;
 
-static void rref_ref(rpc_rref_t *r) { ((fuzz_rref_t *)r)->refs++; }
+static void rref_ref(zd_rref_t *r) { ((fuzz_rref_t *)r)->refs++; }
 
-static void rref_unref(rpc_rref_t *r)
+static void rref_unref(zd_rref_t *r)
 {
     fuzz_rref_t *f = (fuzz_rref_t *)r;
     if (--f->refs == 0) {
@@ -48,7 +48,7 @@ static void rref_unref(rpc_rref_t *r)
     }
 }
 
-static int rref_encode(void *arg, rpc_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE])
+static int rref_encode(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE])
 {
     (void)arg;
     (void)dst_rank;
@@ -57,24 +57,24 @@ static int rref_encode(void *arg, rpc_rref_t *r, int dst_rank, uint8_t out[RPC_R
 }
 
 /* Refuses some RRefs, as the agent refuses unknown ids. */
-static int rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
-                       rpc_rref_t **out)
+static int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
+                       zd_rref_t **out)
 {
     (void)arg;
     (void)src_rank;
     if (in[0] == 0xFF)
-        return error_set("fuzz: unknown RRef");
+        return zd_error_set("fuzz: unknown RRef");
     fuzz_rref_t *f = malloc(sizeof *f);
     if (!f)
-        return error_set("fuzz: out of memory");
+        return zd_error_set("fuzz: out of memory");
     f->refs = 1;
     memcpy(f->wire, in, RPC_RREF_WIRE_SIZE);
     live_rrefs++;
-    *out = (rpc_rref_t *)f;
+    *out = (zd_rref_t *)f;
     return 0;
 }
 
-static const rpc_rref_codec_t rrefs = {rref_encode, rref_decode, NULL};
+static const rpc_rref_codec_t rrefs = {rref_encode, zd__rref_decode, NULL};
 
 /* ---- frames: exact-size heap copies, so ASan sees any overread ---- */
 
@@ -133,32 +133,32 @@ static int fuzz_value_codec(const uint8_t *data, size_t size)
         at += n;
     }
 
-    int64_t tensors_before = tensor_live_count();
-    rpc_value_t *v = NULL;
-    int rc = rpc_value_decode(meta, meta_len, frames, n_frames, &rrefs, 1, &v);
+    int64_t tensors_before = zd_tensor_live_count();
+    zd_value_t *v = NULL;
+    int rc = zd__value_decode(meta, meta_len, frames, n_frames, &rrefs, 1, &v);
     if (verbose) {
         char text[512];
         fprintf(stderr, "fuzz_codec: %zu meta bytes, %d frames: %s\n", meta_len, n_frames,
-                rc == 0 ? rpc_value_format(v, text, sizeof text) : error_last());
+                rc == 0 ? zd_value_format(v, text, sizeof text) : zd_error_last());
     }
     if (rc == 0) {
         CHECK(v, "decode returned 0 without a value");
         rpc_encoded_t e;
-        CHECK(rpc_value_encode(v, &rrefs, 1, &e) == 0, "re-encode failed: %s", error_last());
+        CHECK(zd__value_encode(v, &rrefs, 1, &e) == 0, "re-encode failed: %s", zd_error_last());
         CHECK(e.meta_len == meta_len && memcmp(e.meta, meta, meta_len) == 0,
               "re-encoded meta differs (%zu bytes, was %zu)", e.meta_len, meta_len);
         CHECK(e.n_tensors == n_frames, "%d tensors for %d frames", e.n_tensors, n_frames);
         for (int i = 0; i < n_frames; i++)
-            CHECK(tensor_nbytes(e.tensors[i]) == frames[i].size &&
+            CHECK(zd_tensor_nbytes(e.tensors[i]) == frames[i].size &&
                   (frames[i].size == 0 ||
-                   memcmp(tensor_raw(e.tensors[i]), src[i], frames[i].size) == 0),
+                   memcmp(zd_tensor_raw(e.tensors[i]), src[i], frames[i].size) == 0),
                   "tensor %d data differs from its frame", i);
-        rpc_encoded_clear(&e);
-        rpc_value_unref(v);
+        zd__rpc_encoded_clear(&e);
+        zd_value_unref(v);
     } else {
         CHECK(v == NULL, "failed decode left a value");
-        CHECK(strncmp(error_last(), "codec: ", 7) == 0, "error without context: %s",
-              error_last());
+        CHECK(strncmp(zd_error_last(), "codec: ", 7) == 0, "error without context: %s",
+              zd_error_last());
     }
     for (int i = 0; i < n_frames; i++) {
         if (lent) {
@@ -169,7 +169,7 @@ static int fuzz_value_codec(const uint8_t *data, size_t size)
                   slots[i].released);
         }
     }
-    CHECK(tensor_live_count() == tensors_before, "tensors leaked");
+    CHECK(zd_tensor_live_count() == tensors_before, "tensors leaked");
     CHECK(live_rrefs == 0, "%d RRefs leaked", live_rrefs);
     return 0;
 }
@@ -180,7 +180,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int ready;
     if (!ready) {
-        rpc_value_set_rref_hooks(rref_ref, rref_unref);
+        zd__value_set_rref_hooks(rref_ref, rref_unref);
         verbose = getenv("FUZZ_CODEC_VERBOSE") != NULL;
         ready = 1;
     }

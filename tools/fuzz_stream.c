@@ -3,18 +3,18 @@
 
     The input is a sequence of messages, each read as a receive loop would
     have read it from one of four connections, then passed through
-    transport_stream_filter like io.c does:
+    zd__transport_stream_filter like io.c does:
 
         byte 0      bits 0-1: connection (0: ROUTER, rank 0; 1: ROUTER,
-                    rank 1 through an rpc_sync routing id; 2: ROUTER, rank
-                    1 through its shared socket; 3: an rpc_sync DEALER
+                    rank 1 through an zd_rpc_sync routing id; 2: ROUTER, rank
+                    1 through its shared socket; 3: an zd_rpc_sync DEALER
                     connected to rank 1, where only answers may come)
                     bit 2: raw header (else built from the fields below)
                     bit 3: afterwards, expire the streams as if
                     RPC_STREAM_STALL_NS had passed
                     bits 4-6: number of tensor frames (0-7)
         header      raw: u16 length, then that many bytes for
-                    rpc_wire_parse. Built: type, flags (bit 0 streamed,
+                    zd__rpc_wire_parse. Built: type, flags (bit 0 streamed,
                     bit 1 piece, bit 2 deref-first, bits 3-7 fork id),
                     id, piece number (or RRef id): one byte each (ids
                     modulo 8, so that pieces meet their messages)
@@ -40,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
+#include <zdist/error.h>
 #include "rpc/bufcache.h"
 #include "rpc/stream.h"
 #include "rpc/wire.h"
@@ -54,7 +54,7 @@
 
 static int64_t clock_ns = 1000000000;
 
-void agent_log(agent_t *a, const char *fmt, ...)
+void zd__agent_log(agent_t *a, const char *fmt, ...)
 {
     (void)a;
     if (getenv("FUZZ_STREAM_VERBOSE")) {
@@ -66,12 +66,12 @@ void agent_log(agent_t *a, const char *fmt, ...)
     }
 }
 
-int64_t agent_now_ns(void)
+int64_t zd__agent_now_ns(void)
 {
     return clock_ns;
 }
 
-void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
+void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
 {
     (void)a, (void)id;
     CHECK(text && text[0], "an error answer without text");
@@ -79,7 +79,7 @@ void transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const cha
           m->route_len);
 }
 
-void call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
 {
     (void)a, (void)id, (void)src;
     CHECK(text && text[0], "a call failed without text");
@@ -194,8 +194,8 @@ static bool next_header(input_t *in, bool raw, int n_frames, zmq_msg_t *hm)
             h.flags |= RPC_WIRE_F_DEREF_FIRST;
         h.b = (uint64_t)(flags >> 3);
     }
-    zmq_msg_init_size(hm, rpc_wire_size(&h));
-    rpc_wire_write(&h, zmq_msg_data(hm));
+    zmq_msg_init_size(hm, zd__rpc_wire_size(&h));
+    zd__rpc_wire_write(&h, zmq_msg_data(hm));
     return true;
 }
 
@@ -215,7 +215,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memset(&fake, 0, sizeof fake);
     fake.router = &router_tag;
     fake.rank = 1;
-    rpc_bufcache_enable(true);
+    zd__rpc_bufcache_enable(true);
     input_t in = {data, size};
     inmsg_t m = {0};
     m.frames = malloc(MAX_FRAMES * sizeof *m.frames);
@@ -240,24 +240,24 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m.src = conn == 0 ? 0 : 1;
         m.route_len = 0;
         if (conn == 1) {
-            rpc_wire_sync_identity(1, 7, m.route);
+            zd__rpc_wire_sync_identity(1, 7, m.route);
             m.route_len = RPC_WIRE_SYNC_ID_LEN;
         }
         m.reject_id = 0;
         rpc_wire_header_t *h = &m.h;
-        bool valid = rpc_wire_parse(zmq_msg_data(&m.hm), zmq_msg_size(&m.hm), h) == 0 &&
+        bool valid = zd__rpc_wire_parse(zmq_msg_data(&m.hm), zmq_msg_size(&m.hm), h) == 0 &&
                      h->n_tensors == (uint32_t)m.n &&
                      (conn != 3 || h->type == RPC_MSG_REPLY || h->type == RPC_MSG_ERROR);
         bool verbose = getenv("FUZZ_STREAM_VERBOSE");
         if (verbose)
             fprintf(stderr, "connection %d, %d frames: %s\n", conn, m.n,
-                    valid ? rpc_wire_type_name(h->type) : error_last());
+                    valid ? zd__rpc_wire_type_name(h->type) : zd_error_last());
         if (!valid) {
             release_all(&m);
             zmq_msg_close(&m.hm);
             continue;
         }
-        int rc = transport_stream_filter(&fake, sock, &m);
+        int rc = zd__transport_stream_filter(&fake, sock, &m);
         if (verbose)
             fprintf(stderr, "  filter: %d\n", rc);
         if (rc == 1) {
@@ -275,22 +275,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         if (c & 8) {
             /* Found stalled, then dropped once the grace is over. */
-            int before = transport_stream_pending();
+            int before = zd__transport_stream_pending();
             clock_ns += RPC_STREAM_STALL_NS + 1;
-            CHECK(transport_stream_expire(&fake, clock_ns) == 0, "expired without grace");
+            CHECK(zd__transport_stream_expire(&fake, clock_ns) == 0, "expired without grace");
             clock_ns += RPC_STREAM_GRACE_NS;
-            CHECK(transport_stream_expire(&fake, clock_ns) == before, "%d of %d expired",
-                  before - transport_stream_pending(), before);
-            CHECK(transport_stream_pending() == 0, "%d streams left after expiry",
-                  transport_stream_pending());
+            CHECK(zd__transport_stream_expire(&fake, clock_ns) == before, "%d of %d expired",
+                  before - zd__transport_stream_pending(), before);
+            CHECK(zd__transport_stream_pending() == 0, "%d streams left after expiry",
+                  zd__transport_stream_pending());
         }
     }
-    transport_stream_clear();
-    CHECK(transport_stream_pending() == 0, "streams left after clear");
+    zd__transport_stream_clear();
+    CHECK(zd__transport_stream_pending() == 0, "streams left after clear");
     CHECK(live_frames == 0, "%d frames never released", live_frames);
     frames_free();
-    rpc_bufcache_enable(false);
+    zd__rpc_bufcache_enable(false);
     free(m.frames);
-    error_clear();
+    zd_error_clear();
     return 0;
 }

@@ -15,29 +15,29 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/autograd.h"
-#include "autograd/error.h"
+#include <zdist/autograd.h>
+#include <zdist/error.h>
 #include "tools/golden_check.h"
 #include "tools/golden_manifest.h"
 
 /*  ---- computed tensors, by "role:name" ---- */
 
-void results_put(results_t *r, const char *role, const char *name, tensor_t *t)
+void results_put(results_t *r, const char *role, const char *name, zd_tensor_t *t)
 {
     if (!t || r->n == RESULTS_MAX)
         return;
     snprintf(r->key[r->n], sizeof r->key[0], "%s:%s", role, name);
-    r->value[r->n++] = tensor_ref(t);
+    r->value[r->n++] = zd_tensor_ref(t);
 }
 
-void results_put_subset(results_t *r, const char *role, const char *name, tensor_t *t)
+void results_put_subset(results_t *r, const char *role, const char *name, zd_tensor_t *t)
 {
     results_put(r, role, name, t);
     if (t && r->n > 0)
         r->subset[r->n - 1] = true;
 }
 
-static tensor_t *results_get(const results_t *r, const char *role, const char *name,
+static zd_tensor_t *results_get(const results_t *r, const char *role, const char *name,
                              bool *subset)
 {
     char key[160];
@@ -53,34 +53,34 @@ static tensor_t *results_get(const results_t *r, const char *role, const char *n
 static void results_clear(results_t *r)
 {
     for (int i = 0; i < r->n; i++)
-        tensor_unref(r->value[i]);
+        zd_tensor_unref(r->value[i]);
     r->n = 0;
 }
 
 /*  A leaf copy of a golden tensor that requires grad, so the golden data is
     never touched by a backward pass. */
-tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name)
+zd_tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name)
 {
-    tensor_t *t = golden_tensor(c, role, name);
+    zd_tensor_t *t = golden_tensor(c, role, name);
     if (!t) {
-        error_set("golden: the case has no %s \"%s\"", role, name);
+        zd_error_set("golden: the case has no %s \"%s\"", role, name);
         return NULL;
     }
-    tensor_t *copy = tensor_clone(t);
-    if (copy && tensor_dtype(copy) == TENSOR_F32 && tensor_set_requires_grad(copy, true) < 0)
-        tensor_unref_p(&copy);
+    zd_tensor_t *copy = zd_tensor_clone(t);
+    if (copy && zd_tensor_dtype(copy) == ZD_FLOAT32 && zd_tensor_set_requires_grad(copy, true) < 0)
+        zd_tensor_unref_p(&copy);
     return copy;
 }
 
 /*  Records the gradient of each leaf under its name. */
-void results_put_grads(results_t *r, int n, tensor_t *const *leaves, const char *const *names)
+void results_put_grads(results_t *r, int n, zd_tensor_t *const *leaves, const char *const *names)
 {
     for (int i = 0; i < n; i++) {
         if (!leaves[i])
             continue;
-        tensor_t *g = tensor_grad(leaves[i]);
+        zd_tensor_t *g = zd_tensor_grad(leaves[i]);
         results_put(r, "grad", names[i], g);
-        tensor_unref(g);
+        zd_tensor_unref(g);
     }
 }
 
@@ -120,34 +120,34 @@ typedef struct {
     int checked, passed, failed;
 } tally_t;
 
-static void compare_entry(const golden_entry_t *e, const tensor_t *actual, bool subset,
+static void compare_entry(const golden_entry_t *e, const zd_tensor_t *actual, bool subset,
                           double rtol, double atol, bool quiet, tally_t *tally)
 {
     char shape[96];
     const char *rows = e->n_rows ? " (rows)" : "";
     tally->checked++;
     if (!actual) {
-        printf("FAIL %-6s %-40s not computed%s%s\n", e->role, e->name, error_last()[0] ? ": " : "",
-               error_last());
+        printf("FAIL %-6s %-40s not computed%s%s\n", e->role, e->name, zd_error_last()[0] ? ": " : "",
+               zd_error_last());
         tally->failed++;
         return;
     }
-    int64_t row_len = tensor_ndim(actual) ? tensor_numel(actual) / tensor_size(actual, 0) : 1;
+    int64_t row_len = zd_tensor_ndim(actual) ? zd_tensor_numel(actual) / zd_tensor_size(actual, 0) : 1;
     int n_rows = subset ? 0 : e->n_rows;   /* a subset result is compared as it is */
-    int64_t want = n_rows ? n_rows * row_len : tensor_numel(actual);
-    if (tensor_numel(e->value) != want) {
+    int64_t want = n_rows ? n_rows * row_len : zd_tensor_numel(actual);
+    if (zd_tensor_numel(e->value) != want) {
         printf("FAIL %-6s %-40s expected %lld elements%s, computed %lld %s\n", e->role, e->name,
-               (long long)tensor_numel(e->value), rows, (long long)want,
-               tensor_shape_str(actual, shape, sizeof shape));
+               (long long)zd_tensor_numel(e->value), rows, (long long)want,
+               zd_tensor_shape_str(actual, shape, sizeof shape));
         tally->failed++;
         return;
     }
-    const float *a = tensor_data(actual), *x = tensor_data(e->value);
+    const float *a = zd_tensor_data(actual), *x = zd_tensor_data(e->value);
     double worst = 0;
     int64_t worst_i = 0;
     for (int64_t i = 0; i < want; i++) {
         int64_t src = n_rows ? e->rows[i / row_len] * row_len + i % row_len : i;
-        if (n_rows && e->rows[i / row_len] >= tensor_size(actual, 0)) {
+        if (n_rows && e->rows[i / row_len] >= zd_tensor_size(actual, 0)) {
             worst = INFINITY;
             break;
         }
@@ -160,7 +160,7 @@ static void compare_entry(const golden_entry_t *e, const tensor_t *actual, bool 
     bool ok = worst <= 1.0;
     if (!ok || !quiet)
         printf("%s %-6s %-40s %s%s used %.3f of the tolerance%s\n", ok ? "ok  " : "FAIL", e->role,
-               e->name, tensor_shape_str(e->value, shape, sizeof shape), rows, worst,
+               e->name, zd_tensor_shape_str(e->value, shape, sizeof shape), rows, worst,
                ok ? "" : " (worst element below)");
     if (!ok)
         printf("     element %lld: expected %.8g\n", (long long)worst_i, (double)x[worst_i]);
@@ -192,7 +192,7 @@ int golden_check_dir(const char *dir, bool quiet)
 {
     golden_case_t *c = golden_case_load(dir);
     if (!c) {
-        printf("FAIL %s: %s\n", dir, error_last());
+        printf("FAIL %s: %s\n", dir, zd_error_last());
         return -1;
     }
     double rtol, atol;
@@ -211,14 +211,14 @@ int golden_check_dir(const char *dir, bool quiet)
         printf("FAIL %s: out of memory\n", dir);
         rc = -1;
     } else {
-        error_clear();
+        zd_error_clear();
         if (run(c, r) < 0)
-            printf("FAIL %s: %s\n", dir, error_last());
+            printf("FAIL %s: %s\n", dir, zd_error_last());
         for (int i = 0; i < c->n; i++) {
             golden_entry_t *e = &c->entries[i];
             bool subset = false;
             if (!strcmp(e->role, "output") || !strcmp(e->role, "grad")) {
-                tensor_t *actual = results_get(r, e->role, e->name, &subset);
+                zd_tensor_t *actual = results_get(r, e->role, e->name, &subset);
                 compare_entry(e, actual, subset, rtol, atol, quiet, &tally);
             }
         }

@@ -12,22 +12,22 @@
 typedef struct {
     int n;
     char key[RESULTS_MAX][160];
-    tensor_t *value[RESULTS_MAX];
+    zd_tensor_t *value[RESULTS_MAX];
     bool subset[RESULTS_MAX];      /* already holds just the manifest's rows */
 } results_t;
 
 /*  Stores a reference to t under role:name (a NULL t is ignored). */
-void results_put(results_t *r, const char *role, const char *name, tensor_t *t);
+void results_put(results_t *r, const char *role, const char *name, zd_tensor_t *t);
 
 /*  Same, for a tensor computed on the manifest's row subset only. */
-void results_put_subset(results_t *r, const char *role, const char *name, tensor_t *t);
+void results_put_subset(results_t *r, const char *role, const char *name, zd_tensor_t *t);
 
 /*  Stores the .grad of each non-NULL leaf under "grad:<names[i]>". */
-void results_put_grads(results_t *r, int n, tensor_t *const *leaves, const char *const *names);
+void results_put_grads(results_t *r, int n, zd_tensor_t *const *leaves, const char *const *names);
 
 /*  A float copy of the case's tensor role/name that requires grad (uint8
     tensors are copied as they are); NULL with an error when absent. */
-tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name);
+zd_tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name);
 
 /*  One function per case kind: computes the outputs and gradients the
     manifest can list. Returns -1 when something could not be computed (the

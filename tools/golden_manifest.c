@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/error.h"
-#include "nn/idx.h"
+#include <zdist/error.h>
+#include <zdist/idx.h>
 
 static int parse_rows(const char *spec, golden_entry_t *e, const char *where)
 {
@@ -18,18 +18,18 @@ static int parse_rows(const char *spec, golden_entry_t *e, const char *where)
         errno = 0;
         long long v = strtoll(p, &end, 10);
         if (end == p || errno || v < 0)
-            return error_set("%s: bad row list \"%s\"", where, spec);
+            return zd_error_set("%s: bad row list \"%s\"", where, spec);
         if (e->n_rows == GOLDEN_MAX_ROWS)
-            return error_set("%s: more than %d rows", where, GOLDEN_MAX_ROWS);
+            return zd_error_set("%s: more than %d rows", where, GOLDEN_MAX_ROWS);
         e->rows[e->n_rows++] = v;
         p = end;
         if (*p == ',')
             p++;
         else if (*p != ']')
-            return error_set("%s: bad row list \"%s\"", where, spec);
+            return zd_error_set("%s: bad row list \"%s\"", where, spec);
     }
     if (*p != ']' || p[1] != '\0')
-        return error_set("%s: row list not closed by ']'", where);
+        return zd_error_set("%s: row list not closed by ']'", where);
     return 0;
 }
 
@@ -38,9 +38,9 @@ static int parse_attrs(golden_case_t *c, char *line, const char *where)
     for (char *tok = strtok(line, " \t"); tok; tok = strtok(NULL, " \t")) {
         char *eq = strchr(tok, '=');
         if (!eq)
-            return error_set("%s: attribute \"%s\" is not key=value", where, tok);
+            return zd_error_set("%s: attribute \"%s\" is not key=value", where, tok);
         if (c->n_attrs == GOLDEN_MAX_ATTRS)
-            return error_set("%s: too many attributes", where);
+            return zd_error_set("%s: too many attributes", where);
         *eq = '\0';
         snprintf(c->attr_key[c->n_attrs], sizeof c->attr_key[0], "%s", tok);
         snprintf(c->attr_val[c->n_attrs], sizeof c->attr_val[0], "%s", eq + 1);
@@ -53,30 +53,30 @@ static int parse_entry(golden_case_t *c, char *line, const char *where)
 {
     char role[32], name[256], file[512], extra[8];
     if (sscanf(line, "%31s %255s %511s %7s", role, name, file, extra) != 3)
-        return error_set("%s: expected \"role name file\"", where);
+        return zd_error_set("%s: expected \"role name file\"", where);
     if (strcmp(role, "input") && strcmp(role, "param") && strcmp(role, "output") &&
         strcmp(role, "grad"))
-        return error_set("%s: unknown role \"%s\"", where, role);
+        return zd_error_set("%s: unknown role \"%s\"", where, role);
     if (c->n == GOLDEN_MAX_ENTRIES)
-        return error_set("%s: more than %d tensors", where, GOLDEN_MAX_ENTRIES);
+        return zd_error_set("%s: more than %d tensors", where, GOLDEN_MAX_ENTRIES);
     golden_entry_t *e = &c->entries[c->n];
     memset(e, 0, sizeof *e);
     snprintf(e->role, sizeof e->role, "%s", role);
     char *bracket = strchr(name, '[');
     if (bracket) {
         if (strncmp(bracket, "[rows=", 6) != 0)
-            return error_set("%s: unknown name suffix \"%s\"", where, bracket);
+            return zd_error_set("%s: unknown name suffix \"%s\"", where, bracket);
         if (parse_rows(bracket + 6, e, where) < 0)
             return -1;
         *bracket = '\0';
     }
     if (strlen(name) >= sizeof e->name)
-        return error_set("%s: name too long", where);
+        return zd_error_set("%s: name too long", where);
     strcpy(e->name, name);
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, file);
-    if (idx_load(path, &e->value) < 0)
-        return error_wrap("%s", where);
+    if (zd_idx_load(path, &e->value) < 0)
+        return zd_error_wrap("%s", where);
     c->n++;
     return 0;
 }
@@ -85,7 +85,7 @@ golden_case_t *golden_case_load(const char *dir)
 {
     golden_case_t *c = calloc(1, sizeof *c);
     if (!c) {
-        error_set("golden: out of memory");
+        zd_error_set("golden: out of memory");
         return NULL;
     }
     snprintf(c->dir, sizeof c->dir, "%s", dir);
@@ -93,7 +93,7 @@ golden_case_t *golden_case_load(const char *dir)
     snprintf(path, sizeof path, "%s/manifest.txt", dir);
     FILE *f = fopen(path, "r");
     if (!f) {
-        error_set("golden: cannot open %s: %s", path, strerror(errno));
+        zd_error_set("golden: cannot open %s: %s", path, strerror(errno));
         free(c);
         return NULL;
     }
@@ -106,7 +106,7 @@ golden_case_t *golden_case_load(const char *dir)
         line[strcspn(line, "\r\n")] = '\0';
         if (strncmp(line, "# kind:", 7) == 0) {
             if (sscanf(line + 7, "%63s", c->kind) != 1)
-                rc = error_set("%s: empty kind", where);
+                rc = zd_error_set("%s: empty kind", where);
         } else if (strncmp(line, "# attrs:", 8) == 0) {
             rc = parse_attrs(c, line + 8, where);
         } else if (line[0] != '#' && line[0] != '\0') {
@@ -115,7 +115,7 @@ golden_case_t *golden_case_load(const char *dir)
     }
     fclose(f);
     if (rc == 0 && !c->kind[0])
-        rc = error_set("golden: %s has no \"# kind:\" line", path);
+        rc = zd_error_set("golden: %s has no \"# kind:\" line", path);
     if (rc < 0) {
         golden_case_free(c);
         return NULL;
@@ -128,7 +128,7 @@ void golden_case_free(golden_case_t *c)
     if (!c)
         return;
     for (int i = 0; i < c->n; i++)
-        tensor_unref(c->entries[i].value);
+        zd_tensor_unref(c->entries[i].value);
     free(c);
 }
 
@@ -140,7 +140,7 @@ golden_entry_t *golden_find(golden_case_t *c, const char *role, const char *name
     return NULL;
 }
 
-tensor_t *golden_tensor(golden_case_t *c, const char *role, const char *name)
+zd_tensor_t *golden_tensor(golden_case_t *c, const char *role, const char *name)
 {
     golden_entry_t *e = golden_find(c, role, name);
     return e ? e->value : NULL;

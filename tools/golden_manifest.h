@@ -7,7 +7,7 @@
 #ifndef ZDIST_GOLDEN_MANIFEST_H
 #define ZDIST_GOLDEN_MANIFEST_H
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
 
 #define GOLDEN_MAX_ENTRIES 256
 #define GOLDEN_MAX_ATTRS 32
@@ -18,7 +18,7 @@ typedef struct {
     char name[128];         /* without the [rows=...] suffix */
     int n_rows;             /* 0: the whole tensor */
     int64_t rows[GOLDEN_MAX_ROWS];
-    tensor_t *value;        /* loaded from the case's IDX file */
+    zd_tensor_t *value;        /* loaded from the case's IDX file */
 } golden_entry_t;
 
 typedef struct {
@@ -32,7 +32,7 @@ typedef struct {
 } golden_case_t;
 
 /*  Reads dir/manifest.txt and every IDX file it names. Returns a new case
-    (free with golden_case_free), or NULL with error_last() naming the file
+    (free with golden_case_free), or NULL with zd_error_last() naming the file
     and line that is wrong. */
 golden_case_t *golden_case_load(const char *dir);
 void golden_case_free(golden_case_t *c);
@@ -41,7 +41,7 @@ void golden_case_free(golden_case_t *c);
 golden_entry_t *golden_find(golden_case_t *c, const char *role, const char *name);
 
 /*  The tensor of that entry (borrowed), or NULL. */
-tensor_t *golden_tensor(golden_case_t *c, const char *role, const char *name);
+zd_tensor_t *golden_tensor(golden_case_t *c, const char *role, const char *name);
 
 /*  Attribute value as a number; `fallback` when absent. */
 double golden_attr(const golden_case_t *c, const char *key, double fallback);

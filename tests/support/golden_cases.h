@@ -19,8 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "autograd/error.h"
-#include "autograd/tensor.h"
+#include <zdist/error.h>
+#include <zdist/tensor.h>
 #include "tools/golden_manifest.h"
 
 /*  $ZDIST_GOLDEN_DIR (set by ctest), else the shared folder. */
@@ -49,7 +49,7 @@ static inline int golden_each(const char *kind, void (*fn)(golden_case_t *c, voi
             continue;
         golden_case_t *c = golden_case_load(dir);
         if (!c)
-            fail_msg("%s", error_last());
+            fail_msg("%s", zd_error_last());
         if (strcmp(c->kind, kind) == 0) {
             fn(c, arg);
             n++;
@@ -62,16 +62,16 @@ static inline int golden_each(const char *kind, void (*fn)(golden_case_t *c, voi
 
 /*  |a - e| <= 1e-5 + 1e-4 |e| everywhere, same element count; a failure
     names the case folder, `what` and the first element that is off. */
-static inline void golden_assert_close(const char *what, const golden_case_t *c, tensor_t *a,
-                                       tensor_t *e)
+static inline void golden_assert_close(const char *what, const golden_case_t *c, zd_tensor_t *a,
+                                       zd_tensor_t *e)
 {
     char sa[96], se[96];
     assert_non_null(a);
-    if (tensor_numel(a) != tensor_numel(e))
-        fail_msg("%s %s: shape %s, expected %s", c->dir, what, tensor_shape_str(a, sa, 96),
-                 tensor_shape_str(e, se, 96));
-    const float *pa = tensor_data(a), *pe = tensor_data(e);
-    for (int64_t i = 0; i < tensor_numel(e); i++)
+    if (zd_tensor_numel(a) != zd_tensor_numel(e))
+        fail_msg("%s %s: shape %s, expected %s", c->dir, what, zd_tensor_shape_str(a, sa, 96),
+                 zd_tensor_shape_str(e, se, 96));
+    const float *pa = zd_tensor_data(a), *pe = zd_tensor_data(e);
+    for (int64_t i = 0; i < zd_tensor_numel(e); i++)
         if (!(fabsf(pa[i] - pe[i]) <= 1e-5f + 1e-4f * fabsf(pe[i])))
             fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i,
                      (double)pa[i], (double)pe[i]);

@@ -12,9 +12,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "autograd/dist_autograd.h"
-#include "autograd/error.h"
-#include "rpc/rpc.h"
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 
 int world_free_port(void)
 {
@@ -56,11 +56,11 @@ int64_t world_rss_bytes(void)
 static int child(const world_options_t *o, int rank, int port)
 {
     world_t w = {o->world_size, rank, o->arg};
-    if (o->dist_autograd && dist_autograd_init() < 0)
-        return world_fail(&w, "dist_autograd_init: %s", error_last()), 1;
+    if (o->dist_autograd && zd_dist_autograd_init() < 0)
+        return world_fail(&w, "zd_dist_autograd_init: %s", zd_error_last()), 1;
     if (o->setup && o->setup(&w) < 0)
-        return world_fail(&w, "setup failed: %s", error_last()), 1;
-    rpc_options_t opts = rpc_options_default();
+        return world_fail(&w, "setup failed: %s", zd_error_last()), 1;
+    zd_rpc_options_t opts = zd_rpc_options_default();
     opts.master_addr = "127.0.0.1";
     opts.master_port = port;
     opts.init_timeout_ms = 30000;
@@ -68,15 +68,15 @@ static int child(const world_options_t *o, int rank, int port)
         opts.rpc_timeout_ms = o->rpc_timeout_ms;
     char name[32];
     snprintf(name, sizeof name, "worker%d", rank);
-    if (rpc_init(name, rank, o->world_size, &opts) < 0)
-        return world_fail(&w, "rpc_init: %s", error_last()), 1;
+    if (zd_rpc_init(name, rank, o->world_size, &opts) < 0)
+        return world_fail(&w, "zd_rpc_init: %s", zd_error_last()), 1;
     int rc = o->fn(&w);
     if (rc != 0)
-        fprintf(stderr, "rank %d: failed (last error: %s)\n", rank, error_last());
+        fprintf(stderr, "rank %d: failed (last error: %s)\n", rank, zd_error_last());
     /* Ranks that finish early wait here for the others: as long as the run. */
     int64_t wait_ms = (int64_t)(o->timeout_s > 0 ? o->timeout_s : 60) * 1000;
-    if (rpc_is_running() && rpc_shutdown(true, wait_ms) < 0) {
-        fprintf(stderr, "rank %d: shutdown: %s\n", rank, error_last());
+    if (zd_rpc_is_running() && zd_rpc_shutdown(true, wait_ms) < 0) {
+        fprintf(stderr, "rank %d: shutdown: %s\n", rank, zd_error_last());
         rc = rc ? rc : 1;
     }
     return rc ? 1 : 0;

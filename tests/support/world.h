@@ -17,10 +17,10 @@ typedef struct {
     void *arg;
 } world_t;
 
-/*  Runs in every process after rpc_init; returns 0 for success. */
+/*  Runs in every process after zd_rpc_init; returns 0 for success. */
 typedef int (world_fn)(const world_t *w);
 
-/*  Called in every process before rpc_init (register functions here). */
+/*  Called in every process before zd_rpc_init (register functions here). */
 typedef int (world_setup_fn)(const world_t *w);
 
 typedef struct {
@@ -30,7 +30,7 @@ typedef struct {
     void *arg;
     int timeout_s;                /* whole run (default 60) */
     int64_t rpc_timeout_ms;       /* 0: the RPC default */
-    bool dist_autograd;           /* call dist_autograd_init before rpc_init */
+    bool dist_autograd;           /* call zd_dist_autograd_init before zd_rpc_init */
     int expect_exit[16];          /* per rank: expected exit status (default 0) */
 } world_options_t;
 

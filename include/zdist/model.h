@@ -23,78 +23,83 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
+#include <zdist/export.h>
 
-typedef struct nn_model nn_model_t;
+ZD_BEGIN_DECLS
 
-/*  New models; NULL (error_last()) when out of memory. The seed fixes the
+typedef struct zd_nn_model zd_nn_model_t;
+
+/*  New models; NULL (zd_error_last()) when out of memory. The seed fixes the
     initial parameters and the stream of dropout masks. Free with
-    nn_model_free(). */
-nn_model_t *nn_net_new(uint64_t seed);
-nn_model_t *nn_convnet_new(uint64_t seed);
+    zd_nn_model_free(). */
+ZD_API zd_nn_model_t *zd_nn_net_new(uint64_t seed);
+ZD_API zd_nn_model_t *zd_nn_convnet_new(uint64_t seed);
 
 /*  A model by name ("net" or "convnet"); NULL with a message naming the
     known models otherwise. */
-nn_model_t *nn_model_new(const char *name, uint64_t seed);
+ZD_API zd_nn_model_t *zd_nn_model_new(const char *name, uint64_t seed);
 
 /*  Frees the model and drops its parameters (tensors still referenced
     elsewhere live on). NULL-safe. */
-void nn_model_free(nn_model_t *m);
+ZD_API void zd_nn_model_free(zd_nn_model_t *m);
 
 /*  "net" or "convnet". Borrowed. */
-const char *nn_model_name(const nn_model_t *m);
+ZD_API const char *zd_nn_model_name(const zd_nn_model_t *m);
 
 /*  Training mode (dropout on) or evaluation mode (dropout is the
     identity); returns the previous mode. */
-bool nn_model_train(nn_model_t *m, bool training);
-bool nn_model_is_training(const nn_model_t *m);
+ZD_API bool zd_nn_model_train(zd_nn_model_t *m, bool training);
+ZD_API bool zd_nn_model_is_training(const zd_nn_model_t *m);
 
 /*  Re-seeds the dropout masks (reproducible training runs). */
-void nn_model_seed_dropout(nn_model_t *m, uint64_t seed);
+ZD_API void zd_nn_model_seed_dropout(zd_nn_model_t *m, uint64_t seed);
 
 /*  Forward pass: x (N,1,28,28) gives log-probabilities (N,10), recorded by
     autograd when grad mode is on. 0 and *logprobs (new reference), or -1. */
-int nn_model_forward(nn_model_t *m, tensor_t *x, tensor_t **logprobs);
+ZD_API int zd_nn_model_forward(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t **logprobs);
 
 /*  The Net in two stages, so that it can be split between processes:
     forward_conv is conv1 .. flatten, x (N,1,28,28) -> flat (N,9216);
     forward_fc is fc1 .. log_softmax, flat (N,9216) -> (N,10).
-    nn_model_forward of a "net" is exactly their composition. Both fail on a
+    zd_nn_model_forward of a "net" is exactly their composition. Both fail on a
     model that is not a "net". */
-int nn_net_forward_conv(nn_model_t *m, tensor_t *x, tensor_t **flat);
-int nn_net_forward_fc(nn_model_t *m, tensor_t *flat, tensor_t **logprobs);
+ZD_API int zd_nn_net_forward_conv(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t **flat);
+ZD_API int zd_nn_net_forward_fc(zd_nn_model_t *m, zd_tensor_t *flat, zd_tensor_t **logprobs);
 
-/*  Parameters, in PyTorch's order. nn_model_param and nn_model_find_param
+/*  Parameters, in PyTorch's order. zd_nn_model_param and zd_nn_model_find_param
     return borrowed tensors (valid while the model lives; take a reference
-    to keep one longer); NULL with error_last() for a bad index or an
+    to keep one longer); NULL with zd_error_last() for a bad index or an
     unknown name. */
-int nn_model_n_params(const nn_model_t *m);
-tensor_t *nn_model_param(const nn_model_t *m, int i);
-const char *nn_model_param_name(const nn_model_t *m, int i);
-tensor_t *nn_model_find_param(const nn_model_t *m, const char *name);
+ZD_API int zd_nn_model_n_params(const zd_nn_model_t *m);
+ZD_API zd_tensor_t *zd_nn_model_param(const zd_nn_model_t *m, int i);
+ZD_API const char *zd_nn_model_param_name(const zd_nn_model_t *m, int i);
+ZD_API zd_tensor_t *zd_nn_model_find_param(const zd_nn_model_t *m, const char *name);
 
-/*  Index of the parameter called name, or -1 (with error_last()). */
-int nn_model_param_index(const nn_model_t *m, const char *name);
+/*  Index of the parameter called name, or -1 (with zd_error_last()). */
+ZD_API int zd_nn_model_param_index(const zd_nn_model_t *m, const char *name);
 
 /*  Total number of parameter elements. */
-int64_t nn_model_numel(const nn_model_t *m);
+ZD_API int64_t zd_nn_model_numel(const zd_nn_model_t *m);
 
 /*  Drops every parameter's .grad (zero_grad(set_to_none=True)). */
-void nn_model_zero_grad(nn_model_t *m);
+ZD_API void zd_nn_model_zero_grad(zd_nn_model_t *m);
 
 /*  ---- the parameters as one flat vector (nn/model_flat.c) ----
     Every parameter flattened, one after the other in the order above, as
     PyTorch's parameters_to_vector lays them out. */
 
-/*  A new float32 vector of nn_model_numel(m) values: a copy of the
+/*  A new float32 vector of zd_nn_model_numel(m) values: a copy of the
     parameters, or of their gradients (zeros for a parameter without one).
     0 and *out (caller unrefs), or -1. */
-int nn_model_params_to_vector(const nn_model_t *m, tensor_t **out);
-int nn_model_grads_to_vector(const nn_model_t *m, tensor_t **out);
+ZD_API int zd_nn_model_params_to_vector(const zd_nn_model_t *m, zd_tensor_t **out);
+ZD_API int zd_nn_model_grads_to_vector(const zd_nn_model_t *m, zd_tensor_t **out);
 
-/*  Copies v (float32, shape (nn_model_numel(m))) into the parameters, in
+/*  Copies v (float32, shape (zd_nn_model_numel(m))) into the parameters, in
     place and not recorded by autograd (PyTorch's vector_to_parameters);
     must not race with forward passes. 0, or -1 naming both sizes. */
-int nn_model_vector_to_params(nn_model_t *m, const tensor_t *v);
+ZD_API int zd_nn_model_vector_to_params(zd_nn_model_t *m, const zd_tensor_t *v);
+
+ZD_END_DECLS
 
 #endif

@@ -1,15 +1,15 @@
 /*  dist_autograd.h: distributed autograd over the RPC layer (SPEC A2-A6),
     in the image of torch.distributed.autograd.
 
-        dist_autograd_init();               // once, before rpc_init
-        rpc_init(...);
+        zd_dist_autograd_init();               // once, before zd_rpc_init
+        zd_rpc_init(...);
         int64_t ctx;
-        dist_autograd_context_begin(&ctx);
-        rpc_sync(...)   // tensors that require grad record send/recv functions
+        zd_dist_autograd_context_begin(&ctx);
+        zd_rpc_sync(...)   // tensors that require grad record send/recv functions
         ...loss...
-        dist_autograd_backward(ctx, &loss, 1, false);
-        dist_autograd_get_gradient(ctx, param, &g);   // on any process
-        dist_autograd_context_end(ctx);     // frees it on every process
+        zd_dist_autograd_backward(ctx, &loss, 1, false);
+        zd_dist_autograd_get_gradient(ctx, param, &g);   // on any process
+        zd_dist_autograd_context_end(ctx);     // frees it on every process
 
     Recording. Under a context (the calling thread's current one), every RPC
     carries the context id. When its arguments hold tensors that require
@@ -41,12 +41,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
 
 /*  Installs the RPC hooks and internal functions of distributed autograd.
-    Call once per process before rpc_init (the hooks cannot change while
+    Call once per process before zd_rpc_init (the hooks cannot change while
     RPC runs). Returns 0, or -1. Idempotent. */
-int dist_autograd_init(void);
+ZD_API int zd_dist_autograd_init(void);
 
 /*  ---- contexts (A2, A6) ---- */
 
@@ -54,7 +57,7 @@ int dist_autograd_init(void);
     is unique across the world: the rank in the high 16 bits, a counter
     below. Fails when the thread already has a current context or RPC is
     not running. */
-int dist_autograd_context_begin(int64_t *context_id);
+ZD_API int zd_dist_autograd_context_begin(int64_t *context_id);
 
 /*  Ends a context: releases it here and on every process that took part
     (each passes the release on to the peers it knows; duplicates are
@@ -62,34 +65,34 @@ int dist_autograd_context_begin(int64_t *context_id);
     it, up to timeout_ms (< 0: the RPC default). Clears the thread's current
     context if it was this one. Returns 0, or -1 naming the processes that
     did not confirm (the local context is freed regardless). */
-int dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
+ZD_API int zd_dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
 
 /*  Ends a context without waiting for the other processes to confirm: the
     release goes out at once (here the context is freed at once), and is
-    waited for later — by dist_autograd_wait_releases, or by this function
+    waited for later — by zd_dist_autograd_wait_releases, or by this function
     itself when 16 releases are already in flight, so that contexts never
     pile up on the peers (PyTorch's context exit does not wait at all).
     Returns 0, or -1 when an older release that it had to wait for failed. */
-int dist_autograd_context_release(int64_t context_id);
+ZD_API int zd_dist_autograd_context_release(int64_t context_id);
 
-/*  Waits until every release started by dist_autograd_context_release has
+/*  Waits until every release started by zd_dist_autograd_context_release has
     been confirmed, up to timeout_ms each (< 0: the RPC default). Returns
     0, or -1 with the first failure. */
-int dist_autograd_wait_releases(int64_t timeout_ms);
+ZD_API int zd_dist_autograd_wait_releases(int64_t timeout_ms);
 
 /*  The calling thread's current context id, or -1. */
-int64_t dist_autograd_current_context(void);
+ZD_API int64_t zd_dist_autograd_current_context(void);
 
 /*  Makes context_id the calling thread's current context (-1: none), for
     threads that work on behalf of a context begun elsewhere. Returns 0, or
     -1 when the id is not a live context here. */
-int dist_autograd_set_current_context(int64_t context_id);
+ZD_API int zd_dist_autograd_set_current_context(int64_t context_id);
 
 /*  True when a context with that id lives in this process. */
-bool dist_autograd_context_exists(int64_t context_id);
+ZD_API bool zd_dist_autograd_context_exists(int64_t context_id);
 
 /*  Number of live contexts in this process. */
-int64_t dist_autograd_num_contexts(void);
+ZD_API int64_t zd_dist_autograd_num_contexts(void);
 
 /*  ---- backward (A4) ---- */
 
@@ -98,7 +101,7 @@ int64_t dist_autograd_num_contexts(void);
     has finished its part. retain_graph keeps the graphs for another
     backward in the same context. Returns 0, or -1 with the error of the
     failing process ("backward on worker \"ps\" (rank 0): ..."). */
-int dist_autograd_backward(int64_t context_id, tensor_t *const *roots, int n_roots,
+ZD_API int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
                            bool retain_graph);
 
 /*  ---- gradients (A5) ---- */
@@ -106,14 +109,14 @@ int dist_autograd_backward(int64_t context_id, tensor_t *const *roots, int n_roo
 /*  The gradient this process accumulated for tensor t in the context: 0 and
     *grad (a new reference, or NULL when t got none), or -1 for an unknown
     context. */
-int dist_autograd_get_gradient(int64_t context_id, tensor_t *t, tensor_t **grad);
+ZD_API int zd_dist_autograd_get_gradient(int64_t context_id, zd_tensor_t *t, zd_tensor_t **grad);
 
 /*  This process's whole map: *n entries, *tensors[i] -> *grads[i] (new
-    arrays of new references; free with dist_autograd_gradients_free).
+    arrays of new references; free with zd_dist_autograd_gradients_free).
     Returns 0, or -1 for an unknown context. */
-int dist_autograd_get_gradients(int64_t context_id, int *n, tensor_t ***tensors,
-                                tensor_t ***grads);
-void dist_autograd_gradients_free(int n, tensor_t **tensors, tensor_t **grads);
+ZD_API int zd_dist_autograd_get_gradients(int64_t context_id, int *n, zd_tensor_t ***tensors,
+                                zd_tensor_t ***grads);
+ZD_API void zd_dist_autograd_gradients_free(int n, zd_tensor_t **tensors, zd_tensor_t **grads);
 
 /*  ---- counters ---- */
 
@@ -123,8 +126,10 @@ typedef struct {
     int64_t send_functions;       /* recorded, over all live contexts */
     int64_t recv_functions;
     int64_t flushed_nodes;        /* nodes run with missing gradients as zeros */
-} dist_autograd_stats_t;
+} zd_dist_autograd_stats_t;
 
-void dist_autograd_stats(dist_autograd_stats_t *out);
+ZD_API void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out);
+
+ZD_END_DECLS
 
 #endif

@@ -6,21 +6,21 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "autograd/autograd.h"
-#include "autograd/dist_autograd.h"
-#include "rpc/rpc.h"
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/rpc.h>
 
 /*  A recorded send or receive function: the node, the message id it was
     recorded under, and the peer on the other end. */
 typedef struct {
     uint64_t msg_id;
-    autograd_node_t *node;
+    zd_autograd_node_t *node;
     int peer;
 } dist_fn_t;
 
 typedef struct {
-    tensor_t *tensor;          /* the leaf (a reference) */
-    tensor_t *grad;            /* owned, summed in place */
+    zd_tensor_t *tensor;          /* the leaf (a reference) */
+    zd_tensor_t *grad;            /* owned, summed in place */
 } dist_grad_t;
 
 typedef struct dist_context {
@@ -47,7 +47,7 @@ typedef struct dist_context {
        task of the current pass and everything it runs. */
     pthread_mutex_t pass_lock;
     int64_t pass_id;           /* 0: no pass yet */
-    autograd_task_t *task;
+    zd_autograd_task_t *task;
 } dist_context_t;
 
 /*  What a receive function needs to send its gradients back. */
@@ -58,58 +58,58 @@ typedef struct {
 } dist_recv_info_t;
 
 /*  The two node kinds (dist_engine.c). */
-extern const autograd_node_ops_t dist_send_ops, dist_recv_ops;
+extern const zd_autograd_node_ops_t zd__dist_send_ops, zd__dist_recv_ops;
 
 /*  ---- registry (dist_context.c) ---- */
 
 /*  The context with that id (a new reference), or NULL. */
-dist_context_t *dist_context_get(int64_t id);
+dist_context_t *zd__dist_context_get(int64_t id);
 
 /*  The context with that id, created when absent (a new reference). */
-dist_context_t *dist_context_get_or_create(int64_t id);
+dist_context_t *zd__dist_context_get_or_create(int64_t id);
 
 /*  Removes the context from the registry (its memory goes with the last
     reference). Returns it (the registry's reference, now the caller's), or
     NULL when absent. */
-dist_context_t *dist_context_remove(int64_t id);
+dist_context_t *zd__dist_context_remove(int64_t id);
 
-void dist_context_unref(dist_context_t *c);
+void zd__dist_context_unref(dist_context_t *c);
 
 /*  Records peer as a participant (idempotent). 0, or -1. */
-int dist_context_add_peer(dist_context_t *c, int peer);
+int zd__dist_context_add_peer(dist_context_t *c, int peer);
 
 /*  Copies of the participant list (caller frees *peers). 0, or -1. */
-int dist_context_peers(dist_context_t *c, int **peers, int *n);
+int zd__dist_context_peers(dist_context_t *c, int **peers, int *n);
 
 /*  Adds a send / receive function (the context takes a node reference). */
-int dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, autograd_node_t *node,
+int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_autograd_node_t *node,
                         int peer);
 
 /*  The send function recorded under msg_id (borrowed; valid while the
     context lives), or NULL. */
-autograd_node_t *dist_context_find_send(dist_context_t *c, uint64_t msg_id);
+zd_autograd_node_t *zd__dist_context_find_send(dist_context_t *c, uint64_t msg_id);
 
 /*  The accumulate hook of the engine: adds grad into the context's map. */
-int dist_context_accumulate(void *arg, tensor_t *leaf, tensor_t *grad);
+int zd__dist_context_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad);
 
 /*  Globally unique 64-bit ids: rank << 48 | counter. */
-uint64_t dist_next_id(void);
+uint64_t zd__dist_next_id(void);
 
 /*  The calling thread's current context id (-1: none). */
-extern _Thread_local int64_t dist_current_ctx;
+extern _Thread_local int64_t zd__dist_current_ctx;
 
-/*  Counters behind dist_autograd_stats(). */
-extern atomic_int_fast64_t dist_stat_sends, dist_stat_recvs, dist_stat_passes,
-    dist_stat_flushed;
+/*  Counters behind zd_dist_autograd_stats(). */
+extern atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes,
+    zd__dist_stat_flushed;
 
 /*  ---- recording (dist_record.c) ---- */
 
 /*  The RPC hooks that record send/receive functions. */
-rpc_hooks_t dist_record_hooks(void);
+zd_rpc_hooks_t zd__dist_record_hooks(void);
 
 /*  ---- backward (dist_engine.c) ---- */
 
 /*  Registers the internal functions ("__dist_*"). 0, or -1. */
-int dist_engine_register(void);
+int zd__dist_engine_register(void);
 
 #endif

@@ -3,8 +3,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/dist_private.h"
-#include "autograd/error.h"
+#include "dist_autograd/dist_private.h"
+#include <zdist/error.h>
 
 #define BUCKETS 64   /* contexts live for one iteration: few at a time */
 
@@ -18,12 +18,12 @@ static entry_t *buckets[BUCKETS];
 static int64_t live_contexts;
 static atomic_uint_fast64_t id_counter = 1;
 
-_Thread_local int64_t dist_current_ctx = -1;
-atomic_int_fast64_t dist_stat_sends, dist_stat_recvs, dist_stat_passes, dist_stat_flushed;
+_Thread_local int64_t zd__dist_current_ctx = -1;
+atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes, zd__dist_stat_flushed;
 
-uint64_t dist_next_id(void)
+uint64_t zd__dist_next_id(void)
 {
-    uint64_t rank = (uint64_t)(rpc_rank() < 0 ? 0 : rpc_rank()) & 0xffff;
+    uint64_t rank = (uint64_t)(zd_rpc_rank() < 0 ? 0 : zd_rpc_rank()) & 0xffff;
     return rank << 48 | (atomic_fetch_add(&id_counter, 1) & 0xffffffffffffULL);
 }
 
@@ -37,7 +37,7 @@ static dist_context_t *context_new(int64_t id)
 {
     dist_context_t *c = calloc(1, sizeof *c);
     if (!c) {
-        error_set("dist_autograd: out of memory");
+        zd_error_set("dist_autograd: out of memory");
         return NULL;
     }
     atomic_init(&c->refs, 1);
@@ -52,21 +52,21 @@ static dist_context_t *context_new(int64_t id)
 static void free_fns(dist_fn_t *fns, int n, atomic_int_fast64_t *stat)
 {
     for (int i = 0; i < n; i++)
-        autograd_node_unref(fns[i].node);
+        zd_autograd_node_unref(fns[i].node);
     atomic_fetch_sub(stat, n);
     free(fns);
 }
 
-void dist_context_unref(dist_context_t *c)
+void zd__dist_context_unref(dist_context_t *c)
 {
     if (!c || atomic_fetch_sub(&c->refs, 1) != 1)
         return;
-    autograd_task_free(c->task);
-    free_fns(c->sends, c->n_sends, &dist_stat_sends);
-    free_fns(c->recvs, c->n_recvs, &dist_stat_recvs);
+    zd_autograd_task_free(c->task);
+    free_fns(c->sends, c->n_sends, &zd__dist_stat_sends);
+    free_fns(c->recvs, c->n_recvs, &zd__dist_stat_recvs);
     for (int i = 0; i < c->n_grads; i++) {
-        tensor_unref(c->grads[i].tensor);
-        tensor_unref(c->grads[i].grad);
+        zd_tensor_unref(c->grads[i].tensor);
+        zd_tensor_unref(c->grads[i].grad);
     }
     free(c->grads);
     free(c->peers);
@@ -84,7 +84,7 @@ static dist_context_t *find_locked(int64_t id)
     return NULL;
 }
 
-dist_context_t *dist_context_get(int64_t id)
+dist_context_t *zd__dist_context_get(int64_t id)
 {
     pthread_mutex_lock(&registry_lock);
     dist_context_t *c = find_locked(id);
@@ -94,7 +94,7 @@ dist_context_t *dist_context_get(int64_t id)
     return c;
 }
 
-dist_context_t *dist_context_get_or_create(int64_t id)
+dist_context_t *zd__dist_context_get_or_create(int64_t id)
 {
     pthread_mutex_lock(&registry_lock);
     dist_context_t *c = find_locked(id);
@@ -104,7 +104,7 @@ dist_context_t *dist_context_get_or_create(int64_t id)
         if (!c) {
             free(e);
             pthread_mutex_unlock(&registry_lock);
-            error_set("dist_autograd: out of memory");
+            zd_error_set("dist_autograd: out of memory");
             return NULL;
         }
         e->ctx = c;   /* the registry's reference */
@@ -117,7 +117,7 @@ dist_context_t *dist_context_get_or_create(int64_t id)
     return c;
 }
 
-dist_context_t *dist_context_remove(int64_t id)
+dist_context_t *zd__dist_context_remove(int64_t id)
 {
     dist_context_t *c = NULL;
     pthread_mutex_lock(&registry_lock);
@@ -135,7 +135,7 @@ dist_context_t *dist_context_remove(int64_t id)
     return c;
 }
 
-int64_t dist_autograd_num_contexts(void)
+int64_t zd_dist_autograd_num_contexts(void)
 {
     pthread_mutex_lock(&registry_lock);
     int64_t n = live_contexts;
@@ -143,10 +143,10 @@ int64_t dist_autograd_num_contexts(void)
     return n;
 }
 
-bool dist_autograd_context_exists(int64_t id)
+bool zd_dist_autograd_context_exists(int64_t id)
 {
-    dist_context_t *c = dist_context_get(id);
-    dist_context_unref(c);
+    dist_context_t *c = zd__dist_context_get(id);
+    zd__dist_context_unref(c);
     return c != NULL;
 }
 
@@ -158,13 +158,13 @@ static int reserve(void **items, int n, int *cap, size_t elem)
     int ncap = *cap ? *cap * 2 : 8;
     void *p = realloc(*items, (size_t)ncap * elem);
     if (!p)
-        return error_set("dist_autograd: out of memory");
+        return zd_error_set("dist_autograd: out of memory");
     *items = p;
     *cap = ncap;
     return 0;
 }
 
-int dist_context_add_peer(dist_context_t *c, int peer)
+int zd__dist_context_add_peer(dist_context_t *c, int peer)
 {
     int rc = 0;
     pthread_mutex_lock(&c->lock);
@@ -177,7 +177,7 @@ int dist_context_add_peer(dist_context_t *c, int peer)
     return rc;
 }
 
-int dist_context_peers(dist_context_t *c, int **peers, int *n)
+int zd__dist_context_peers(dist_context_t *c, int **peers, int *n)
 {
     pthread_mutex_lock(&c->lock);
     *n = c->n_peers;
@@ -185,10 +185,10 @@ int dist_context_peers(dist_context_t *c, int **peers, int *n)
     if (*peers && c->n_peers > 0)
         memcpy(*peers, c->peers, sizeof(int) * (size_t)c->n_peers);
     pthread_mutex_unlock(&c->lock);
-    return *peers ? 0 : error_set("dist_autograd: out of memory");
+    return *peers ? 0 : zd_error_set("dist_autograd: out of memory");
 }
 
-int dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, autograd_node_t *node,
+int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_autograd_node_t *node,
                         int peer)
 {
     pthread_mutex_lock(&c->lock);
@@ -196,16 +196,16 @@ int dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, autograd_
     int *n = send ? &c->n_sends : &c->n_recvs;
     int rc = reserve((void **)fns, *n, send ? &c->cap_sends : &c->cap_recvs, sizeof(dist_fn_t));
     if (rc == 0) {
-        (*fns)[(*n)++] = (dist_fn_t){msg_id, autograd_node_ref(node), peer};
-        atomic_fetch_add(send ? &dist_stat_sends : &dist_stat_recvs, 1);
+        (*fns)[(*n)++] = (dist_fn_t){msg_id, zd_autograd_node_ref(node), peer};
+        atomic_fetch_add(send ? &zd__dist_stat_sends : &zd__dist_stat_recvs, 1);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
 }
 
-autograd_node_t *dist_context_find_send(dist_context_t *c, uint64_t msg_id)
+zd_autograd_node_t *zd__dist_context_find_send(dist_context_t *c, uint64_t msg_id)
 {
-    autograd_node_t *node = NULL;
+    zd_autograd_node_t *node = NULL;
     pthread_mutex_lock(&c->lock);
     for (int i = c->n_sends - 1; i >= 0 && !node; i--)
         if (c->sends[i].msg_id == msg_id)
@@ -214,7 +214,7 @@ autograd_node_t *dist_context_find_send(dist_context_t *c, uint64_t msg_id)
     return node;
 }
 
-int dist_context_accumulate(void *arg, tensor_t *leaf, tensor_t *grad)
+int zd__dist_context_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)
 {
     dist_context_t *c = arg;
     int rc = 0;
@@ -224,120 +224,120 @@ int dist_context_accumulate(void *arg, tensor_t *leaf, tensor_t *grad)
         if (c->grads[i].tensor == leaf)
             slot = &c->grads[i];
     if (slot) {
-        float *d = tensor_data(slot->grad);
-        const float *s = tensor_data(grad);
-        for (int64_t i = 0; i < tensor_numel(grad); i++)
+        float *d = zd_tensor_data(slot->grad);
+        const float *s = zd_tensor_data(grad);
+        for (int64_t i = 0; i < zd_tensor_numel(grad); i++)
             d[i] += s[i];
     } else if ((rc = reserve((void **)&c->grads, c->n_grads, &c->cap_grads,
                              sizeof(dist_grad_t))) == 0) {
         /* Later gradients are summed into the stored one, so keep the
            incoming buffer only when nobody else can see it; else copy. */
-        tensor_t *g;
-        if (tensor_is_exclusive(grad) && tensor_same_shape(grad, leaf)) {
-            g = tensor_ref(grad);
-        } else if ((g = tensor_empty(TENSOR_F32, tensor_ndim(leaf), tensor_shape(leaf)))) {
-            memcpy(tensor_data(g), tensor_data(grad), tensor_nbytes(g));
+        zd_tensor_t *g;
+        if (zd_tensor_is_exclusive(grad) && zd_tensor_same_shape(grad, leaf)) {
+            g = zd_tensor_ref(grad);
+        } else if ((g = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(leaf), zd_tensor_shape(leaf)))) {
+            memcpy(zd_tensor_data(g), zd_tensor_data(grad), zd_tensor_nbytes(g));
         }
         if (!g)
             rc = -1;
         else
-            c->grads[c->n_grads++] = (dist_grad_t){tensor_ref(leaf), g};
+            c->grads[c->n_grads++] = (dist_grad_t){zd_tensor_ref(leaf), g};
     }
     pthread_mutex_unlock(&c->grad_lock);
     return rc;
 }
 
-int dist_autograd_get_gradient(int64_t context_id, tensor_t *t, tensor_t **grad)
+int zd_dist_autograd_get_gradient(int64_t context_id, zd_tensor_t *t, zd_tensor_t **grad)
 {
     *grad = NULL;
-    dist_context_t *c = dist_context_get(context_id);
+    dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return error_set("dist_autograd: no context %lld in this process", (long long)context_id);
+        return zd_error_set("dist_autograd: no context %lld in this process", (long long)context_id);
     pthread_mutex_lock(&c->grad_lock);
     for (int i = 0; i < c->n_grads && !*grad; i++)
         if (c->grads[i].tensor == t)
-            *grad = tensor_ref(c->grads[i].grad);
+            *grad = zd_tensor_ref(c->grads[i].grad);
     pthread_mutex_unlock(&c->grad_lock);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return 0;
 }
 
-int dist_autograd_get_gradients(int64_t context_id, int *n, tensor_t ***tensors,
-                                tensor_t ***grads)
+int zd_dist_autograd_get_gradients(int64_t context_id, int *n, zd_tensor_t ***tensors,
+                                zd_tensor_t ***grads)
 {
     *n = 0;
     *tensors = *grads = NULL;
-    dist_context_t *c = dist_context_get(context_id);
+    dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return error_set("dist_autograd: no context %lld in this process", (long long)context_id);
+        return zd_error_set("dist_autograd: no context %lld in this process", (long long)context_id);
     int rc = 0;
     pthread_mutex_lock(&c->grad_lock);
-    size_t size = sizeof(tensor_t *) * (size_t)(c->n_grads ? c->n_grads : 1);
+    size_t size = sizeof(zd_tensor_t *) * (size_t)(c->n_grads ? c->n_grads : 1);
     *tensors = malloc(size);
     *grads = malloc(size);
     if (!*tensors || !*grads) {
         free(*tensors);
         free(*grads);
         *tensors = *grads = NULL;
-        rc = error_set("dist_autograd: out of memory");
+        rc = zd_error_set("dist_autograd: out of memory");
     } else {
         for (int i = 0; i < c->n_grads; i++) {
-            (*tensors)[i] = tensor_ref(c->grads[i].tensor);
-            (*grads)[i] = tensor_ref(c->grads[i].grad);
+            (*tensors)[i] = zd_tensor_ref(c->grads[i].tensor);
+            (*grads)[i] = zd_tensor_ref(c->grads[i].grad);
         }
         *n = c->n_grads;
     }
     pthread_mutex_unlock(&c->grad_lock);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return rc;
 }
 
-void dist_autograd_gradients_free(int n, tensor_t **tensors, tensor_t **grads)
+void zd_dist_autograd_gradients_free(int n, zd_tensor_t **tensors, zd_tensor_t **grads)
 {
     for (int i = 0; i < n; i++) {
-        tensor_unref(tensors ? tensors[i] : NULL);
-        tensor_unref(grads ? grads[i] : NULL);
+        zd_tensor_unref(tensors ? tensors[i] : NULL);
+        zd_tensor_unref(grads ? grads[i] : NULL);
     }
     free(tensors);
     free(grads);
 }
 
-int64_t dist_autograd_current_context(void)
+int64_t zd_dist_autograd_current_context(void)
 {
-    return dist_current_ctx;
+    return zd__dist_current_ctx;
 }
 
-int dist_autograd_set_current_context(int64_t context_id)
+int zd_dist_autograd_set_current_context(int64_t context_id)
 {
-    if (context_id != -1 && !dist_autograd_context_exists(context_id))
-        return error_set("dist_autograd: no context %lld in this process",
+    if (context_id != -1 && !zd_dist_autograd_context_exists(context_id))
+        return zd_error_set("dist_autograd: no context %lld in this process",
                          (long long)context_id);
-    dist_current_ctx = context_id;
+    zd__dist_current_ctx = context_id;
     return 0;
 }
 
-int dist_autograd_context_begin(int64_t *context_id)
+int zd_dist_autograd_context_begin(int64_t *context_id)
 {
-    if (dist_current_ctx != -1)
-        return error_set("dist_autograd: this thread already has context %lld; end it before "
-                         "beginning another", (long long)dist_current_ctx);
-    if (!rpc_is_running())
-        return error_set("dist_autograd: RPC is not running (call rpc_init first)");
-    int64_t id = (int64_t)dist_next_id();
-    dist_context_t *c = dist_context_get_or_create(id);
+    if (zd__dist_current_ctx != -1)
+        return zd_error_set("dist_autograd: this thread already has context %lld; end it before "
+                         "beginning another", (long long)zd__dist_current_ctx);
+    if (!zd_rpc_is_running())
+        return zd_error_set("dist_autograd: RPC is not running (call zd_rpc_init first)");
+    int64_t id = (int64_t)zd__dist_next_id();
+    dist_context_t *c = zd__dist_context_get_or_create(id);
     if (!c)
         return -1;
-    dist_context_unref(c);
-    dist_current_ctx = id;
+    zd__dist_context_unref(c);
+    zd__dist_current_ctx = id;
     *context_id = id;
     return 0;
 }
 
-void dist_autograd_stats(dist_autograd_stats_t *out)
+void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out)
 {
-    out->contexts = dist_autograd_num_contexts();
-    out->backward_passes = atomic_load(&dist_stat_passes);
-    out->send_functions = atomic_load(&dist_stat_sends);
-    out->recv_functions = atomic_load(&dist_stat_recvs);
-    out->flushed_nodes = atomic_load(&dist_stat_flushed);
+    out->contexts = zd_dist_autograd_num_contexts();
+    out->backward_passes = atomic_load(&zd__dist_stat_passes);
+    out->send_functions = atomic_load(&zd__dist_stat_sends);
+    out->recv_functions = atomic_load(&zd__dist_stat_recvs);
+    out->flushed_nodes = atomic_load(&zd__dist_stat_flushed);
 }

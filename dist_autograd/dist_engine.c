@@ -4,7 +4,7 @@
     (autograd.h), whose start nodes are every send function recorded here
     (plus the roots on the process that called backward). A gradient
     message feeds one send function and runs what became ready; receive
-    functions reached send their gradients on with rpc_async. The message
+    functions reached send their gradients on with zd_rpc_async. The message
     is answered when every message it set off has been answered, so the
     answer to the initiator's own messages means the whole pass is done.
 
@@ -12,7 +12,7 @@
     whose output was unused never gets one). When any do, the initiator
     repeatedly asks all participants for their highest pending node (by
     Lamport sequence number) and has that process flush it, until none is
-    left: see autograd_task_flush_one for why the order matters.
+    left: see zd_autograd_task_flush_one for why the order matters.
 
     Internal functions (all async: no pool thread waits):
       __dist_backward(ctx, msg, pass, retain, grads...) -> pending count
@@ -23,9 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/dist_private.h"
-#include "autograd/error.h"
-#include "rpc/value.h"
+#include "dist_autograd/dist_private.h"
+#include <zdist/error.h>
+#include <zdist/value.h>
 
 /*  ---- joining futures ---- */
 
@@ -35,7 +35,7 @@
 typedef struct {
     atomic_int left;
     pthread_mutex_t lock;
-    rpc_future_t *out;
+    zd_future_t *out;
     bool max_mode;
     int64_t sum;
     int64_t best_seq, best_rank;
@@ -45,39 +45,39 @@ typedef struct {
 static void join_finish(join_t *j)
 {
     if (j->error) {
-        rpc_future_set_error(j->out, "%s", j->error);
+        zd_future_set_error(j->out, "%s", j->error);
     } else {
-        rpc_value_t *v = j->max_mode ? rpc_args("ii", j->best_seq, j->best_rank)
-                                     : rpc_value_int(j->sum);
+        zd_value_t *v = j->max_mode ? zd_rpc_args("ii", j->best_seq, j->best_rank)
+                                     : zd_value_int(j->sum);
         if (v)
-            rpc_future_set_value(j->out, v);
+            zd_future_set_value(j->out, v);
         else
-            rpc_future_set_error(j->out, "dist_autograd: out of memory");
-        rpc_value_unref(v);
+            zd_future_set_error(j->out, "dist_autograd: out of memory");
+        zd_value_unref(v);
     }
-    rpc_future_unref(j->out);
+    zd_future_unref(j->out);
     free(j->error);
     pthread_mutex_destroy(&j->lock);
     free(j);
 }
 
-static void join_one(rpc_future_t *f, void *arg)
+static void join_one(zd_future_t *f, void *arg)
 {
     join_t *j = arg;
     pthread_mutex_lock(&j->lock);
-    rpc_value_t *v = rpc_future_value(f);
+    zd_value_t *v = zd_future_value(f);
     if (!v) {
         if (!j->error)
-            j->error = strdup(rpc_future_error(f));
+            j->error = strdup(zd_future_error(f));
     } else if (j->max_mode) {
         int64_t seq, rank;
-        if (rpc_arg_int(v, 0, &seq) == 0 && rpc_arg_int(v, 1, &rank) == 0 && seq > j->best_seq) {
+        if (zd_rpc_arg_int(v, 0, &seq) == 0 && zd_rpc_arg_int(v, 1, &rank) == 0 && seq > j->best_seq) {
             j->best_seq = seq;
             j->best_rank = rank;
         }
     } else {
         int64_t n;
-        if (rpc_value_get_int(v, &n) == 0)
+        if (zd_value_get_int(v, &n) == 0)
             j->sum += n;
     }
     pthread_mutex_unlock(&j->lock);
@@ -86,26 +86,26 @@ static void join_one(rpc_future_t *f, void *arg)
 }
 
 /*  A future joining fs (references borrowed). NULL when out of memory. */
-static rpc_future_t *join_futures(rpc_future_t *const *fs, int n, bool max_mode, int64_t local,
+static zd_future_t *join_futures(zd_future_t *const *fs, int n, bool max_mode, int64_t local,
                                   int64_t local_rank)
 {
     join_t *j = calloc(1, sizeof *j);
-    rpc_future_t *out = rpc_future_new();
+    zd_future_t *out = zd_future_new();
     if (!j || !out) {
         free(j);
-        rpc_future_unref(out);
-        error_set("dist_autograd: out of memory");
+        zd_future_unref(out);
+        zd_error_set("dist_autograd: out of memory");
         return NULL;
     }
     pthread_mutex_init(&j->lock, NULL);
-    j->out = rpc_future_ref(out);
+    j->out = zd_future_ref(out);
     j->max_mode = max_mode;
     j->sum = local;
     j->best_seq = local;
     j->best_rank = local_rank;
     atomic_init(&j->left, n + 1);
     for (int i = 0; i < n; i++)
-        if (rpc_future_then(fs[i], join_one, j) < 0)
+        if (zd_future_then(fs[i], join_one, j) < 0)
             join_one(fs[i], j);   /* counted as done; its value may be missing */
     if (atomic_fetch_sub(&j->left, 1) == 1)
         join_finish(j);
@@ -118,19 +118,19 @@ typedef struct {
     int64_t ctx_id;
     int64_t pass_id;
     bool retain;
-    rpc_future_t **fs;
+    zd_future_t **fs;
     int n, cap;
 } feed_t;
 
 static _Thread_local feed_t *current_feed;
 
-static int feed_add(feed_t *fd, rpc_future_t *f)
+static int feed_add(feed_t *fd, zd_future_t *f)
 {
     if (fd->n == fd->cap) {
         int ncap = fd->cap ? fd->cap * 2 : 8;
-        rpc_future_t **p = realloc(fd->fs, sizeof *p * (size_t)ncap);
+        zd_future_t **p = realloc(fd->fs, sizeof *p * (size_t)ncap);
         if (!p)
-            return error_set("dist_autograd: out of memory");
+            return zd_error_set("dist_autograd: out of memory");
         fd->fs = p;
         fd->cap = ncap;
     }
@@ -141,7 +141,7 @@ static int feed_add(feed_t *fd, rpc_future_t *f)
 static void feed_clear(feed_t *fd)
 {
     for (int i = 0; i < fd->n; i++)
-        rpc_future_unref(fd->fs[i]);
+        zd_future_unref(fd->fs[i]);
     free(fd->fs);
     fd->fs = NULL;
     fd->n = fd->cap = 0;
@@ -149,45 +149,45 @@ static void feed_clear(feed_t *fd)
 
 /*  ---- the two node kinds ---- */
 
-static int send_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int send_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    for (int i = 0; i < autograd_node_n_inputs(n); i++)
-        gin[i] = tensor_ref(gout[i]);
+    for (int i = 0; i < zd_autograd_node_n_inputs(n); i++)
+        gin[i] = zd_tensor_ref(gout[i]);
     return 0;
 }
 
-static int recv_backward(autograd_node_t *n, tensor_t *const *gout, tensor_t **gin)
+static int recv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     (void)gin;
-    const dist_recv_info_t *info = autograd_node_ctx(n);
+    const dist_recv_info_t *info = zd_autograd_node_ctx(n);
     feed_t *fd = current_feed;
     if (!fd)
-        return error_set("dist_autograd: a receive function ran outside a distributed "
-                         "backward pass (use dist_autograd_backward)");
-    rpc_value_t *args = rpc_args("iiii", info->ctx_id, (int64_t)info->msg_id, fd->pass_id,
+        return zd_error_set("dist_autograd: a receive function ran outside a distributed "
+                         "backward pass (use zd_dist_autograd_backward)");
+    zd_value_t *args = zd_rpc_args("iiii", info->ctx_id, (int64_t)info->msg_id, fd->pass_id,
                                  (int64_t)fd->retain);
-    for (int i = 0; args && i < autograd_node_n_outputs(n); i++)
-        if (rpc_list_append(args, rpc_value_tensor(gout[i])) < 0)
+    for (int i = 0; args && i < zd_autograd_node_n_outputs(n); i++)
+        if (zd_list_append(args, zd_value_tensor(gout[i])) < 0)
         {
-            rpc_value_unref(args);
+            zd_value_unref(args);
             args = NULL;
         }
     if (!args)
         return -1;
-    rpc_future_t *f = rpc_async(info->peer, "__dist_backward", args, RPC_TIMEOUT_DEFAULT);
-    rpc_value_unref(args);
+    zd_future_t *f = zd_rpc_async(info->peer, "__dist_backward", args, ZD_RPC_TIMEOUT_DEFAULT);
+    zd_value_unref(args);
     if (!f)
         return -1;
-    return feed_add(fd, f) < 0 ? (rpc_future_unref(f), -1) : 0;
+    return feed_add(fd, f) < 0 ? (zd_future_unref(f), -1) : 0;
 }
 
-static void recv_release(autograd_node_t *n)
+static void recv_release(zd_autograd_node_t *n)
 {
-    free(autograd_node_ctx(n));
+    free(zd_autograd_node_ctx(n));
 }
 
-const autograd_node_ops_t dist_send_ops = {"SendRpcBackward", send_backward, NULL};
-const autograd_node_ops_t dist_recv_ops = {"RecvRpcBackward", recv_backward, recv_release};
+const zd_autograd_node_ops_t zd__dist_send_ops = {"SendRpcBackward", send_backward, NULL};
+const zd_autograd_node_ops_t zd__dist_recv_ops = {"RecvRpcBackward", recv_backward, recv_release};
 
 /*  ---- passes ---- */
 
@@ -195,13 +195,13 @@ const autograd_node_ops_t dist_recv_ops = {"RecvRpcBackward", recv_backward, rec
     every send function (and the extra starts) when the pass is new.
     Called with pass_lock held. */
 static int ensure_task(dist_context_t *c, int64_t pass_id, bool retain,
-                       autograd_node_t *const *extra, int n_extra)
+                       zd_autograd_node_t *const *extra, int n_extra)
 {
     if (c->task && c->pass_id == pass_id)
         return 0;
     pthread_mutex_lock(&c->lock);
     int n = c->n_sends + n_extra;
-    autograd_node_t **starts = malloc(sizeof *starts * (size_t)(n ? n : 1));
+    zd_autograd_node_t **starts = malloc(sizeof *starts * (size_t)(n ? n : 1));
     if (starts) {
         for (int i = 0; i < c->n_sends; i++)
             starts[i] = c->sends[i].node;
@@ -210,14 +210,14 @@ static int ensure_task(dist_context_t *c, int64_t pass_id, bool retain,
     }
     pthread_mutex_unlock(&c->lock);
     if (!starts)
-        return error_set("dist_autograd: out of memory");
-    autograd_options_t o = {.retain_graph = retain, .accumulate = dist_context_accumulate,
+        return zd_error_set("dist_autograd: out of memory");
+    zd_autograd_options_t o = {.retain_graph = retain, .accumulate = zd__dist_context_accumulate,
                             .accumulate_arg = c};
-    autograd_task_t *t = autograd_task_new(starts, n, &o);
+    zd_autograd_task_t *t = zd_autograd_task_new(starts, n, &o);
     free(starts);
     if (!t)
         return -1;
-    autograd_task_free(c->task);
+    zd_autograd_task_free(c->task);
     c->task = t;
     c->pass_id = pass_id;
     return 0;
@@ -225,78 +225,78 @@ static int ensure_task(dist_context_t *c, int64_t pass_id, bool retain,
 
 static const char *self_desc(char *buf, size_t size)
 {
-    snprintf(buf, size, "worker \"%s\" (rank %d)", rpc_name(), rpc_rank());
+    snprintf(buf, size, "worker \"%s\" (rank %d)", zd_rpc_name(), zd_rpc_rank());
     return buf;
 }
 
 /*  ---- __dist_backward ---- */
 
-static rpc_future_t *handle_backward(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t ctx_id, msg_id, pass_id, retain;
     char me[200];
-    if (rpc_arg_int(args, 0, &ctx_id) < 0 || rpc_arg_int(args, 1, &msg_id) < 0 ||
-        rpc_arg_int(args, 2, &pass_id) < 0 || rpc_arg_int(args, 3, &retain) < 0)
+    if (zd_rpc_arg_int(args, 0, &ctx_id) < 0 || zd_rpc_arg_int(args, 1, &msg_id) < 0 ||
+        zd_rpc_arg_int(args, 2, &pass_id) < 0 || zd_rpc_arg_int(args, 3, &retain) < 0)
         return NULL;
-    dist_context_t *c = dist_context_get(ctx_id);
+    dist_context_t *c = zd__dist_context_get(ctx_id);
     if (!c) {
-        error_set("backward on %s: no context %lld here (already released?)",
+        zd_error_set("backward on %s: no context %lld here (already released?)",
                   self_desc(me, sizeof me), (long long)ctx_id);
         return NULL;
     }
-    int n = (int)rpc_list_len(args) - 4;
-    tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
+    int n = (int)zd_list_len(args) - 4;
+    zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     feed_t fd = {.ctx_id = ctx_id, .pass_id = pass_id, .retain = retain != 0};
-    rpc_future_t *out = NULL;
-    int rc = grads ? 0 : error_set("out of memory");
+    zd_future_t *out = NULL;
+    int rc = grads ? 0 : zd_error_set("out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
-        rc = rpc_arg_tensor(args, (size_t)(4 + i), &grads[i]);
+        rc = zd_rpc_arg_tensor(args, (size_t)(4 + i), &grads[i]);
 
-    atomic_fetch_add(&dist_stat_passes, 1);
+    atomic_fetch_add(&zd__dist_stat_passes, 1);
     pthread_mutex_lock(&c->pass_lock);
-    autograd_node_t *send = rc == 0 ? dist_context_find_send(c, (uint64_t)msg_id) : NULL;
+    zd_autograd_node_t *send = rc == 0 ? zd__dist_context_find_send(c, (uint64_t)msg_id) : NULL;
     if (rc == 0 && !send)
-        rc = error_set("no send function for message %llu in context %lld",
+        rc = zd_error_set("no send function for message %llu in context %lld",
                        (unsigned long long)msg_id, (long long)ctx_id);
-    if (rc == 0 && autograd_node_n_outputs(send) != n)
-        rc = error_set("message %llu carries %d gradients for a send function of %d tensors",
-                       (unsigned long long)msg_id, n, autograd_node_n_outputs(send));
+    if (rc == 0 && zd_autograd_node_n_outputs(send) != n)
+        rc = zd_error_set("message %llu carries %d gradients for a send function of %d tensors",
+                       (unsigned long long)msg_id, n, zd_autograd_node_n_outputs(send));
     if (rc == 0)
         rc = ensure_task(c, pass_id, fd.retain, NULL, 0);
     if (rc == 0) {
         current_feed = &fd;
-        rc = autograd_task_feed(c->task, send, grads);
+        rc = zd_autograd_task_feed(c->task, send, grads);
         current_feed = NULL;
     }
-    int pending = rc == 0 ? autograd_task_pending(c->task, NULL) : 0;
+    int pending = rc == 0 ? zd_autograd_task_pending(c->task, NULL) : 0;
     pthread_mutex_unlock(&c->pass_lock);
-    atomic_fetch_sub(&dist_stat_passes, 1);
+    atomic_fetch_sub(&zd__dist_stat_passes, 1);
 
     if (rc < 0)
-        error_wrap("backward on %s", self_desc(me, sizeof me));
+        zd_error_wrap("backward on %s", self_desc(me, sizeof me));
     else
         out = join_futures(fd.fs, fd.n, false, pending, 0);
     feed_clear(&fd);
     free(grads);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return out;
 }
 
 /*  ---- __dist_pending: flooded query for the highest pending node ---- */
 
-static rpc_future_t *handle_pending(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_future_t *handle_pending(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;
     int64_t ctx_id, pass_id, query;
-    if (rpc_arg_int(args, 0, &ctx_id) < 0 || rpc_arg_int(args, 1, &pass_id) < 0 ||
-        rpc_arg_int(args, 2, &query) < 0)
+    if (zd_rpc_arg_int(args, 0, &ctx_id) < 0 || zd_rpc_arg_int(args, 1, &pass_id) < 0 ||
+        zd_rpc_arg_int(args, 2, &query) < 0)
         return NULL;
-    int from = call ? rpc_call_caller_rank(call) : -1;
-    dist_context_t *c = dist_context_get(ctx_id);
+    int from = call ? zd_rpc_call_caller_rank(call) : -1;
+    dist_context_t *c = zd__dist_context_get(ctx_id);
     int64_t seq = 0;
     int *peers = NULL, n_peers = 0, n_fs = 0;
-    rpc_future_t **fs = NULL;
+    zd_future_t **fs = NULL;
     bool seen = true;
     if (c) {
         pthread_mutex_lock(&c->lock);
@@ -307,40 +307,40 @@ static rpc_future_t *handle_pending(rpc_call_t *call, rpc_value_t *args, void *a
     if (c && !seen) {
         pthread_mutex_lock(&c->pass_lock);
         uint64_t s = 0;
-        if (c->task && c->pass_id == pass_id && autograd_task_pending(c->task, &s) > 0)
+        if (c->task && c->pass_id == pass_id && zd_autograd_task_pending(c->task, &s) > 0)
             seq = (int64_t)s;
         pthread_mutex_unlock(&c->pass_lock);
-        if (dist_context_peers(c, &peers, &n_peers) == 0)
+        if (zd__dist_context_peers(c, &peers, &n_peers) == 0)
             fs = calloc((size_t)(n_peers ? n_peers : 1), sizeof *fs);
         for (int i = 0; fs && i < n_peers; i++) {
             if (peers[i] == from)
                 continue;
-            rpc_future_t *f = rpc_async(peers[i], "__dist_pending", args, RPC_TIMEOUT_DEFAULT);
+            zd_future_t *f = zd_rpc_async(peers[i], "__dist_pending", args, ZD_RPC_TIMEOUT_DEFAULT);
             if (f)
                 fs[n_fs++] = f;
         }
     }
-    rpc_future_t *out = join_futures(fs, n_fs, true, seq, rpc_rank());
+    zd_future_t *out = join_futures(fs, n_fs, true, seq, zd_rpc_rank());
     for (int i = 0; i < n_fs; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
     free(fs);
     free(peers);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return out;
 }
 
 /*  ---- __dist_flush: run the highest pending node here ---- */
 
-static rpc_future_t *handle_flush(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t ctx_id, pass_id;
     char me[200];
-    if (rpc_arg_int(args, 0, &ctx_id) < 0 || rpc_arg_int(args, 1, &pass_id) < 0)
+    if (zd_rpc_arg_int(args, 0, &ctx_id) < 0 || zd_rpc_arg_int(args, 1, &pass_id) < 0)
         return NULL;
-    dist_context_t *c = dist_context_get(ctx_id);
+    dist_context_t *c = zd__dist_context_get(ctx_id);
     if (!c) {
-        error_set("backward on %s: no context %lld here", self_desc(me, sizeof me),
+        zd_error_set("backward on %s: no context %lld here", self_desc(me, sizeof me),
                   (long long)ctx_id);
         return NULL;
     }
@@ -349,28 +349,28 @@ static rpc_future_t *handle_flush(rpc_call_t *call, rpc_value_t *args, void *arg
     pthread_mutex_lock(&c->pass_lock);
     if (c->task && c->pass_id == pass_id) {
         current_feed = &fd;
-        rc = autograd_task_flush_one(c->task);
+        rc = zd_autograd_task_flush_one(c->task);
         current_feed = NULL;
         if (rc > 0)
-            atomic_fetch_add(&dist_stat_flushed, 1);
-        pending = autograd_task_pending(c->task, NULL);
+            atomic_fetch_add(&zd__dist_stat_flushed, 1);
+        pending = zd_autograd_task_pending(c->task, NULL);
     }
     pthread_mutex_unlock(&c->pass_lock);
-    rpc_future_t *out = NULL;
+    zd_future_t *out = NULL;
     if (rc < 0)
-        error_wrap("backward on %s", self_desc(me, sizeof me));
+        zd_error_wrap("backward on %s", self_desc(me, sizeof me));
     else
         out = join_futures(fd.fs, fd.n, false, pending, 0);
     feed_clear(&fd);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return out;
 }
 
 /*  Waits for a future from a user thread or a pool thread alike. */
-static int wait_value(rpc_future_t *f, int64_t *out)
+static int wait_value(zd_future_t *f, int64_t *out)
 {
-    int rc = rpc_wait(f, -1);   /* every message below it has its own timeout */
-    if (rc == 0 && out && rpc_value_get_int(rpc_future_value(f), out) < 0)
+    int rc = zd_rpc_wait(f, -1);   /* every message below it has its own timeout */
+    if (rc == 0 && out && zd_value_get_int(zd_future_value(f), out) < 0)
         rc = -1;
     return rc;
 }
@@ -380,67 +380,67 @@ static int wait_value(rpc_future_t *f, int64_t *out)
 static int flush_all(dist_context_t *c, int64_t pass_id)
 {
     for (int round = 0;; round++) {
-        int64_t query = (int64_t)dist_next_id();
-        rpc_value_t *args = rpc_args("iii", c->id, pass_id, query);
+        int64_t query = (int64_t)zd__dist_next_id();
+        zd_value_t *args = zd_rpc_args("iii", c->id, pass_id, query);
         if (!args)
             return -1;
-        rpc_future_t *f = handle_pending(NULL, args, NULL);
-        rpc_value_unref(args);
+        zd_future_t *f = handle_pending(NULL, args, NULL);
+        zd_value_unref(args);
         if (!f)
             return -1;
         int rc = wait_value(f, NULL);
         int64_t seq = 0, rank = -1;
         if (rc == 0) {
-            rpc_value_t *v = rpc_future_value(f);
-            rpc_arg_int(v, 0, &seq);
-            rpc_arg_int(v, 1, &rank);
+            zd_value_t *v = zd_future_value(f);
+            zd_rpc_arg_int(v, 0, &seq);
+            zd_rpc_arg_int(v, 1, &rank);
         }
-        rpc_future_unref(f);
+        zd_future_unref(f);
         if (rc < 0)
-            return error_wrap("dist_autograd: looking for pending nodes");
+            return zd_error_wrap("dist_autograd: looking for pending nodes");
         if (seq == 0)
             return 0;
-        args = rpc_args("ii", c->id, pass_id);
-        f = args ? (rank == rpc_rank() ? handle_flush(NULL, args, NULL)
-                                       : rpc_async((int)rank, "__dist_flush", args,
-                                                   RPC_TIMEOUT_DEFAULT))
+        args = zd_rpc_args("ii", c->id, pass_id);
+        f = args ? (rank == zd_rpc_rank() ? handle_flush(NULL, args, NULL)
+                                       : zd_rpc_async((int)rank, "__dist_flush", args,
+                                                   ZD_RPC_TIMEOUT_DEFAULT))
                  : NULL;
-        rpc_value_unref(args);
+        zd_value_unref(args);
         if (!f)
             return -1;
         rc = wait_value(f, NULL);
-        rpc_future_unref(f);
+        zd_future_unref(f);
         if (rc < 0)
             return -1;
     }
 }
 
-/*  ---- dist_autograd_backward ---- */
+/*  ---- zd_dist_autograd_backward ---- */
 
-int dist_autograd_backward(int64_t context_id, tensor_t *const *roots, int n_roots,
+int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
                            bool retain_graph)
 {
-    dist_context_t *c = dist_context_get(context_id);
+    dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return error_set("dist_autograd: no context %lld in this process",
+        return zd_error_set("dist_autograd: no context %lld in this process",
                          (long long)context_id);
-    autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
-    feed_t fd = {.ctx_id = context_id, .pass_id = (int64_t)dist_next_id(),
+    zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
+    feed_t fd = {.ctx_id = context_id, .pass_id = (int64_t)zd__dist_next_id(),
                  .retain = retain_graph};
-    int rc = starts ? 0 : error_set("dist_autograd: out of memory");
+    int rc = starts ? 0 : zd_error_set("dist_autograd: out of memory");
     int n_starts = 0;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
-        if (!tensor_requires_grad(roots[i]))
-            rc = error_set("dist_autograd: root %d does not require grad", i);
-        else if (tensor_numel(roots[i]) != 1)
-            rc = error_set("dist_autograd: root %d is not a scalar (%lld elements)", i,
-                           (long long)tensor_numel(roots[i]));
-        else if (tensor_grad_fn(roots[i]))
-            starts[n_starts++] = tensor_grad_fn(roots[i]);
+        if (!zd_tensor_requires_grad(roots[i]))
+            rc = zd_error_set("dist_autograd: root %d does not require grad", i);
+        else if (zd_tensor_numel(roots[i]) != 1)
+            rc = zd_error_set("dist_autograd: root %d is not a scalar (%lld elements)", i,
+                           (long long)zd_tensor_numel(roots[i]));
+        else if (zd_tensor_grad_fn(roots[i]))
+            starts[n_starts++] = zd_tensor_grad_fn(roots[i]);
     }
-    tensor_t *one = rc == 0 ? tensor_new(TENSOR_F32, 0, NULL) : NULL;
+    zd_tensor_t *one = rc == 0 ? zd_tensor_new(ZD_FLOAT32, 0, NULL) : NULL;
     if (one)
-        tensor_fill_(one, 1.0f);
+        zd_tensor_fill_(one, 1.0f);
     else if (rc == 0)
         rc = -1;
 
@@ -450,38 +450,38 @@ int dist_autograd_backward(int64_t context_id, tensor_t *const *roots, int n_roo
         rc = ensure_task(c, fd.pass_id, retain_graph, starts, n_starts);
     current_feed = &fd;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
-        autograd_node_t *node = tensor_grad_fn(roots[i]);
+        zd_autograd_node_t *node = zd_tensor_grad_fn(roots[i]);
         if (!node) {
-            rc = dist_context_accumulate(c, roots[i], one);
+            rc = zd__dist_context_accumulate(c, roots[i], one);
             continue;
         }
-        int k = autograd_node_n_outputs(node);
-        tensor_t **grads = calloc((size_t)k, sizeof *grads);
+        int k = zd_autograd_node_n_outputs(node);
+        zd_tensor_t **grads = calloc((size_t)k, sizeof *grads);
         if (!grads) {
-            rc = error_set("dist_autograd: out of memory");
+            rc = zd_error_set("dist_autograd: out of memory");
             break;
         }
-        grads[tensor_output_nr(roots[i])] = one;
-        rc = autograd_task_feed(c->task, node, grads);
+        grads[zd_tensor_output_nr(roots[i])] = one;
+        rc = zd_autograd_task_feed(c->task, node, grads);
         free(grads);
     }
     current_feed = NULL;
     if (rc == 0)
-        pending = autograd_task_pending(c->task, NULL);
+        pending = zd_autograd_task_pending(c->task, NULL);
     pthread_mutex_unlock(&c->pass_lock);
 
     if (rc == 0) {
-        rpc_future_t *all = join_futures(fd.fs, fd.n, false, pending, 0);
+        zd_future_t *all = join_futures(fd.fs, fd.n, false, pending, 0);
         int64_t total = 0;
         rc = all ? wait_value(all, &total) : -1;
-        rpc_future_unref(all);
+        zd_future_unref(all);
         if (rc == 0 && total > 0)
             rc = flush_all(c, fd.pass_id);
     }
     feed_clear(&fd);
-    tensor_unref(one);
+    zd_tensor_unref(one);
     free(starts);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return rc;
 }
 
@@ -490,82 +490,82 @@ int dist_autograd_backward(int64_t context_id, tensor_t *const *roots, int n_roo
 #define RELEASE_TRIES 3
 
 /*  Sends __dist_release to every peer but `except`; returns the futures. */
-static int release_peers(dist_context_t *c, int except, rpc_future_t ***fs, int *n_fs)
+static int release_peers(dist_context_t *c, int except, zd_future_t ***fs, int *n_fs)
 {
     int *peers, n;
     *fs = NULL;
     *n_fs = 0;
-    if (dist_context_peers(c, &peers, &n) < 0)
+    if (zd__dist_context_peers(c, &peers, &n) < 0)
         return -1;
     *fs = calloc((size_t)(n ? n : 1), sizeof **fs);
-    rpc_value_t *args = rpc_args("i", c->id);
+    zd_value_t *args = zd_rpc_args("i", c->id);
     for (int i = 0; *fs && args && i < n; i++) {
-        if (peers[i] == except || peers[i] == rpc_rank())
+        if (peers[i] == except || peers[i] == zd_rpc_rank())
             continue;
-        rpc_future_t *f = NULL;
+        zd_future_t *f = NULL;
         for (int t = 0; t < RELEASE_TRIES && !f; t++)
-            f = rpc_async(peers[i], "__dist_release", args, RPC_TIMEOUT_DEFAULT);
+            f = zd_rpc_async(peers[i], "__dist_release", args, ZD_RPC_TIMEOUT_DEFAULT);
         if (f)
             (*fs)[(*n_fs)++] = f;
     }
-    rpc_value_unref(args);
+    zd_value_unref(args);
     free(peers);
-    return *fs ? 0 : error_set("dist_autograd: out of memory");
+    return *fs ? 0 : zd_error_set("dist_autograd: out of memory");
 }
 
-static rpc_future_t *handle_release(rpc_call_t *call, rpc_value_t *args, void *arg)
+static zd_future_t *handle_release(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;
     int64_t ctx_id;
-    if (rpc_arg_int(args, 0, &ctx_id) < 0)
+    if (zd_rpc_arg_int(args, 0, &ctx_id) < 0)
         return NULL;
-    dist_context_t *c = dist_context_remove(ctx_id);
-    rpc_future_t **fs = NULL;
+    dist_context_t *c = zd__dist_context_remove(ctx_id);
+    zd_future_t **fs = NULL;
     int n_fs = 0;
     if (c)
-        release_peers(c, rpc_call_caller_rank(call), &fs, &n_fs);
-    rpc_future_t *out = join_futures(fs, n_fs, false, 0, 0);
+        release_peers(c, zd_rpc_call_caller_rank(call), &fs, &n_fs);
+    zd_future_t *out = join_futures(fs, n_fs, false, 0, 0);
     for (int i = 0; i < n_fs; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
     free(fs);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return out;
 }
 
 /*  Starts the release of a context here and everywhere it took part;
     returns a future (or NULL when no peer needs telling). */
-static int release_start(int64_t context_id, rpc_future_t **out)
+static int release_start(int64_t context_id, zd_future_t **out)
 {
     *out = NULL;
-    if (dist_current_ctx == context_id)
-        dist_current_ctx = -1;
-    dist_context_t *c = dist_context_remove(context_id);
+    if (zd__dist_current_ctx == context_id)
+        zd__dist_current_ctx = -1;
+    dist_context_t *c = zd__dist_context_remove(context_id);
     if (!c)
-        return error_set("dist_autograd: no context %lld in this process",
+        return zd_error_set("dist_autograd: no context %lld in this process",
                          (long long)context_id);
-    rpc_future_t **fs;
+    zd_future_t **fs;
     int n_fs, rc = release_peers(c, -1, &fs, &n_fs);
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     if (rc == 0 && n_fs > 0 && !(*out = join_futures(fs, n_fs, false, 0, 0)))
         rc = -1;
     for (int i = 0; i < n_fs; i++)
-        rpc_future_unref(fs[i]);
+        zd_future_unref(fs[i]);
     free(fs);
     return rc;
 }
 
-static int release_wait(rpc_future_t *f, int64_t context_id, int64_t timeout_ms)
+static int release_wait(zd_future_t *f, int64_t context_id, int64_t timeout_ms)
 {
-    int rc = rpc_wait(f, timeout_ms < 0 ? 60000 : timeout_ms);
+    int rc = zd_rpc_wait(f, timeout_ms < 0 ? 60000 : timeout_ms);
     if (rc < 0)
-        error_wrap("dist_autograd: releasing context %lld", (long long)context_id);
-    rpc_future_unref(f);
+        zd_error_wrap("dist_autograd: releasing context %lld", (long long)context_id);
+    zd_future_unref(f);
     return rc;
 }
 
-int dist_autograd_context_end(int64_t context_id, int64_t timeout_ms)
+int zd_dist_autograd_context_end(int64_t context_id, int64_t timeout_ms)
 {
-    rpc_future_t *f;
+    zd_future_t *f;
     int rc = release_start(context_id, &f);
     return rc == 0 && f ? release_wait(f, context_id, timeout_ms) : rc;
 }
@@ -577,20 +577,20 @@ int dist_autograd_context_end(int64_t context_id, int64_t timeout_ms)
 
 static pthread_mutex_t releases_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-    rpc_future_t *f;
+    zd_future_t *f;
     int64_t ctx;
 } releases[RELEASES_IN_FLIGHT];
 static int releases_head, releases_n;
 
-int dist_autograd_context_release(int64_t context_id)
+int zd_dist_autograd_context_release(int64_t context_id)
 {
-    rpc_future_t *f;
+    zd_future_t *f;
     int rc = release_start(context_id, &f);
     if (rc < 0 || !f)
         return rc;
     pthread_mutex_lock(&releases_lock);
     while (releases_n == RELEASES_IN_FLIGHT) {
-        rpc_future_t *old = releases[releases_head].f;
+        zd_future_t *old = releases[releases_head].f;
         int64_t old_ctx = releases[releases_head].ctx;
         releases_head = (releases_head + 1) % RELEASES_IN_FLIGHT;
         releases_n--;
@@ -606,26 +606,26 @@ int dist_autograd_context_release(int64_t context_id)
     return rc;
 }
 
-int dist_autograd_wait_releases(int64_t timeout_ms)
+int zd_dist_autograd_wait_releases(int64_t timeout_ms)
 {
     int rc = 0;
     char first[512] = "";
     pthread_mutex_lock(&releases_lock);
     while (releases_n > 0) {
-        rpc_future_t *f = releases[releases_head].f;
+        zd_future_t *f = releases[releases_head].f;
         int64_t ctx = releases[releases_head].ctx;
         releases_head = (releases_head + 1) % RELEASES_IN_FLIGHT;
         releases_n--;
         pthread_mutex_unlock(&releases_lock);
         if (release_wait(f, ctx, timeout_ms) < 0 && rc == 0) {
             rc = -1;
-            snprintf(first, sizeof first, "%s", error_last());
+            snprintf(first, sizeof first, "%s", zd_error_last());
         }
         pthread_mutex_lock(&releases_lock);
     }
     pthread_mutex_unlock(&releases_lock);
     if (rc < 0)
-        error_set("%s", first);
+        zd_error_set("%s", first);
     return rc;
 }
 
@@ -633,27 +633,27 @@ int dist_autograd_wait_releases(int64_t timeout_ms)
 
 static bool installed;
 
-int dist_engine_register(void)
+int zd__dist_engine_register(void)
 {
     /* Backward and flush run graph nodes: the pool. Queries and releases
        only look things up and send messages on: the I/O thread runs them
        at once, saving two thread wake-ups per message. */
-    const rpc_function_t inline_pending = {.async_fn = handle_pending, .flags = RPC_FN_INLINE};
-    const rpc_function_t inline_release = {.async_fn = handle_release, .flags = RPC_FN_INLINE};
-    if (rpc_register_async("__dist_backward", handle_backward, NULL) < 0 ||
-        rpc_register_function("__dist_pending", &inline_pending) < 0 ||
-        rpc_register_async("__dist_flush", handle_flush, NULL) < 0 ||
-        rpc_register_function("__dist_release", &inline_release) < 0)
+    const zd_rpc_function_t inline_pending = {.async_fn = handle_pending, .flags = ZD_RPC_FN_INLINE};
+    const zd_rpc_function_t inline_release = {.async_fn = handle_release, .flags = ZD_RPC_FN_INLINE};
+    if (zd_rpc_register_async("__dist_backward", handle_backward, NULL) < 0 ||
+        zd_rpc_register_function("__dist_pending", &inline_pending) < 0 ||
+        zd_rpc_register_async("__dist_flush", handle_flush, NULL) < 0 ||
+        zd_rpc_register_function("__dist_release", &inline_release) < 0)
         return -1;
     return 0;
 }
 
-int dist_autograd_init(void)
+int zd_dist_autograd_init(void)
 {
     if (installed)
         return 0;
-    rpc_hooks_t hooks = dist_record_hooks();
-    if (rpc_set_hooks(&hooks) < 0 || dist_engine_register() < 0)
+    zd_rpc_hooks_t hooks = zd__dist_record_hooks();
+    if (zd_rpc_set_hooks(&hooks) < 0 || zd__dist_engine_register() < 0)
         return -1;
     installed = true;
     return 0;

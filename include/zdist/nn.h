@@ -3,10 +3,10 @@
 
     Every op takes float32, contiguous, row-major tensors (images NCHW),
     borrows its inputs, and on success returns 0 and sets *out to a new
-    reference the caller drops with tensor_unref(). When autograd records
+    reference the caller drops with zd_tensor_unref(). When autograd records
     (grad mode on and an input requires grad) the result carries a grad_fn,
-    so autograd_backward() reaches the inputs. On failure an op returns -1,
-    sets *out to NULL and leaves the reason in error_last(); it never crashes
+    so zd_autograd_backward() reaches the inputs. On failure an op returns -1,
+    sets *out to NULL and leaves the reason in zd_error_last(); it never crashes
     on a bad shape or dtype.
 
     Class targets are int64 (or uint8) tensors of shape (N). */
@@ -16,8 +16,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
-#include "nn/rng.h"
+#include <zdist/tensor.h>
+#include <zdist/rng.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
 
 /*  ---- layers ---- */
 
@@ -25,75 +28,75 @@
     groups 1): x (N,C,H,W), weight (O,C,kH,kW), bias (O) or NULL, gives
     (N,O,Ho,Wo) with Ho = (H + 2*padding - kH) / stride + 1 (same for W).
     stride >= 1, padding >= 0. */
-int nn_conv2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
-              tensor_t **out);
+ZD_API int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
+              zd_tensor_t **out);
 
 /*  Fused forms, for less memory traffic: the same numbers as
-    nn_relu(nn_conv2d(...)) and nn_max_pool2d(nn_conv2d(...), pool_kernel,
+    zd_nn_relu(zd_nn_conv2d(...)) and zd_nn_max_pool2d(zd_nn_conv2d(...), pool_kernel,
     pool_stride), without storing the convolution's own output for the
     batch. pool_stride 0 means pool_kernel. */
-int nn_conv2d_relu(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride, int padding,
-                   tensor_t **out);
-int nn_conv2d_max_pool2d(tensor_t *x, tensor_t *weight, tensor_t *bias, int stride,
-                         int padding, int pool_kernel, int pool_stride, tensor_t **out);
+ZD_API int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
+                   zd_tensor_t **out);
+ZD_API int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
+                         int padding, int pool_kernel, int pool_stride, zd_tensor_t **out);
 
 /*  y = x weight^T + bias: x (..., in), weight (out, in), bias (out) or NULL,
     gives (..., out). */
-int nn_linear(tensor_t *x, tensor_t *weight, tensor_t *bias, tensor_t **out);
+ZD_API int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out);
 
 /*  y = max(x, 0), any shape. */
-int nn_relu(tensor_t *x, tensor_t **out);
+ZD_API int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  Max pooling over kernel x kernel windows moved by stride (0 means
     stride = kernel), no padding, floor mode (windows that do not fit are
     dropped): x (N,C,H,W) gives (N,C,(H-k)/s+1,(W-k)/s+1). The gradient of a
     window goes to its maximum (the first one on ties). */
-int nn_max_pool2d(tensor_t *x, int kernel, int stride, tensor_t **out);
+ZD_API int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out);
 
 /*  Inverted dropout: when training, each element is zeroed with
     probability p and the others are scaled by 1/(1-p); the mask is drawn
     from rng (which must be non-NULL when training and 0 < p). When not
     training, returns a new reference to x itself. 0 <= p <= 1. */
-int nn_dropout(tensor_t *x, float p, bool training, nn_rng_t *rng, tensor_t **out);
+ZD_API int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out);
 
-/*  Like nn_dropout but zeroes whole channels: x (N,C,...) draws one mask
+/*  Like zd_nn_dropout but zeroes whole channels: x (N,C,...) draws one mask
     value per (n, c). */
-int nn_dropout2d(tensor_t *x, float p, bool training, nn_rng_t *rng, tensor_t **out);
+ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out);
 
 /*  (N, ...) viewed as (N, rest): shares x's storage. */
-int nn_flatten(tensor_t *x, tensor_t **out);
+ZD_API int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  ---- losses and outputs ---- */
 
 /*  Numerically stable log(softmax(x)) of a 2-D x along dim 1 (-1 is
     accepted as the same dimension). */
-int nn_log_softmax(tensor_t *x, int dim, tensor_t **out);
+ZD_API int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out);
 
 /*  Mean negative log-likelihood: logprobs (N,C), target (N) class indices
     (int64 or uint8) gives a scalar (shape ()). Fails naming the offending
     sample when a target is outside [0, C). */
-int nn_nll_loss(tensor_t *logprobs, tensor_t *target, tensor_t **out);
+ZD_API int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out);
 
 /*  nll_loss(log_softmax(logits, 1), target). */
-int nn_cross_entropy(tensor_t *logits, tensor_t *target, tensor_t **out);
+ZD_API int zd_nn_cross_entropy(zd_tensor_t *logits, zd_tensor_t *target, zd_tensor_t **out);
 
 /*  Index of the largest entry of each row of x (N,C): an int64 tensor (N),
     not recorded by autograd. */
-int nn_argmax(tensor_t *x, tensor_t **out);
+ZD_API int zd_nn_argmax(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  How many rows of scores (N,C) (logits or log-probabilities) have their
     largest entry at target's class. Returns the count, or -1. */
-int64_t nn_accuracy(tensor_t *scores, tensor_t *target);
+ZD_API int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target);
 
 /*  ---- initialisation (PyTorch's defaults for Conv2d and Linear) ---- */
 
 /*  Fills t with uniform values in [lo, hi), not recorded by autograd. */
-int nn_init_uniform(tensor_t *t, float lo, float hi, nn_rng_t *rng);
+ZD_API int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_nn_rng_t *rng);
 
 /*  kaiming_uniform_(weight, a=sqrt(5)): uniform in +-1/sqrt(fan_in) with
     fan_in = numel / size(0) (in_features, or C*kH*kW); then, when bias is
     non-NULL, bias uniform in the same bound. Weight is drawn first. */
-int nn_init_default(tensor_t *weight, tensor_t *bias, nn_rng_t *rng);
+ZD_API int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_nn_rng_t *rng);
 
 /*  ---- threads (PyTorch's torch.set_num_threads) ---- */
 
@@ -102,8 +105,8 @@ int nn_init_default(tensor_t *weight, tensor_t *bias, nn_rng_t *rng);
     running several trainers' passes at once, do better with 1: no thread
     then spins waiting for another. Must be called before the first layer
     runs; returns 0, or -1 afterwards (naming the number in use). */
-int nn_set_num_threads(int n);
-int nn_get_num_threads(void);
+ZD_API int zd_nn_set_num_threads(int n);
+ZD_API int zd_nn_get_num_threads(void);
 
 /*  ---- the process set-up ----
     Linking this library also keeps large freed blocks in glibc's heap
@@ -117,6 +120,8 @@ int nn_get_num_threads(void);
     the CPU has AVX-512 (or AVX2), linking this library selects the matching
     kernels at start-up instead (set OPENBLAS_CORETYPE to choose yourself).
     Borrowed, static. */
-const char *nn_blas_corename(void);
+ZD_API const char *zd_nn_blas_corename(void);
+
+ZD_END_DECLS
 
 #endif

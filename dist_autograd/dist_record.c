@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/dist_private.h"
-#include "autograd/error.h"
-#include "rpc/value.h"
+#include "dist_autograd/dist_private.h"
+#include <zdist/error.h>
+#include <zdist/value.h>
 
 #define REQ_EXTRA 26
 #define REP_EXTRA 18
@@ -39,54 +39,54 @@ static uint64_t get_u64(const uint8_t *p)
 /*  ---- tensors of a value that require grad ---- */
 
 typedef struct {
-    tensor_t **items;
+    zd_tensor_t **items;
     int n, cap;
 } tensor_list_t;
 
-static int collect(const rpc_value_t *v, tensor_list_t *out, int depth)
+static int collect(const zd_value_t *v, tensor_list_t *out, int depth)
 {
     if (!v || depth > 64)
         return 0;
-    if (rpc_value_kind(v) == RPC_TENSOR) {
-        tensor_t *t;
-        rpc_value_get_tensor(v, &t);
-        if (!tensor_requires_grad(t))
+    if (zd_value_kind(v) == ZD_VALUE_TENSOR) {
+        zd_tensor_t *t;
+        zd_value_get_tensor(v, &t);
+        if (!zd_tensor_requires_grad(t))
             return 0;
         if (out->n == out->cap) {
             int ncap = out->cap ? out->cap * 2 : 8;
             if (ncap > MAX_GRAD_TENSORS)
-                return error_set("dist_autograd: more than %d tensors need gradients in one "
+                return zd_error_set("dist_autograd: more than %d tensors need gradients in one "
                                  "message", MAX_GRAD_TENSORS);
-            tensor_t **p = realloc(out->items, sizeof *p * (size_t)ncap);
+            zd_tensor_t **p = realloc(out->items, sizeof *p * (size_t)ncap);
             if (!p)
-                return error_set("dist_autograd: out of memory");
+                return zd_error_set("dist_autograd: out of memory");
             out->items = p;
             out->cap = ncap;
         }
         out->items[out->n++] = t;
         return 0;
     }
-    if (rpc_value_kind(v) == RPC_LIST)
-        for (size_t i = 0; i < rpc_list_len(v); i++)
-            if (collect(rpc_list_get(v, i), out, depth + 1) < 0)
+    if (zd_value_kind(v) == ZD_VALUE_LIST)
+        for (size_t i = 0; i < zd_list_len(v); i++)
+            if (collect(zd_list_get(v, i), out, depth + 1) < 0)
                 return -1;
     return 0;
 }
 
 /*  Records a send function over the value's tensors that require grad.
     Sets *msg_id (0 when there were none). */
-static int record_send(dist_context_t *c, const rpc_value_t *v, int peer, uint64_t *msg_id)
+static int record_send(dist_context_t *c, const zd_value_t *v, int peer, uint64_t *msg_id)
 {
     tensor_list_t tl = {0};
     *msg_id = 0;
     int rc = collect(v, &tl, 0);
     if (rc == 0 && tl.n > 0) {
-        autograd_node_t *node;
-        rc = autograd_node_new(&dist_send_ops, tl.n, tl.items, tl.n, &node);
+        zd_autograd_node_t *node;
+        rc = zd_autograd_node_new(&zd__dist_send_ops, tl.n, tl.items, tl.n, &node);
         if (rc == 0 && node) {
-            *msg_id = dist_next_id();
-            rc = dist_context_add_fn(c, true, *msg_id, node, peer);
-            autograd_node_unref(node);
+            *msg_id = zd__dist_next_id();
+            rc = zd__dist_context_add_fn(c, true, *msg_id, node, peer);
+            zd_autograd_node_unref(node);
         }
     }
     free(tl.items);
@@ -95,23 +95,23 @@ static int record_send(dist_context_t *c, const rpc_value_t *v, int peer, uint64
 
 /*  Makes a receive function the history of the value's tensors that
     require grad (they arrive as leaves). */
-static int record_recv(dist_context_t *c, const rpc_value_t *v, int peer, uint64_t msg_id)
+static int record_recv(dist_context_t *c, const zd_value_t *v, int peer, uint64_t msg_id)
 {
     tensor_list_t tl = {0};
     int rc = collect(v, &tl, 0);
     if (rc == 0 && tl.n > 0) {
-        autograd_node_t *node;
+        zd_autograd_node_t *node;
         dist_recv_info_t *info = malloc(sizeof *info);
-        rc = info ? autograd_node_new(&dist_recv_ops, 0, NULL, tl.n, &node)
-                  : error_set("dist_autograd: out of memory");
+        rc = info ? zd_autograd_node_new(&zd__dist_recv_ops, 0, NULL, tl.n, &node)
+                  : zd_error_set("dist_autograd: out of memory");
         if (rc == 0 && node) {
             *info = (dist_recv_info_t){c->id, msg_id, peer};
-            autograd_node_set_ctx(node, info);
+            zd_autograd_node_set_ctx(node, info);
             info = NULL;
             for (int i = 0; i < tl.n; i++)
-                autograd_node_set_output(node, tl.items[i]);
-            rc = dist_context_add_fn(c, false, msg_id, node, peer);
-            autograd_node_unref(node);
+                zd_autograd_node_set_output(node, tl.items[i]);
+            rc = zd__dist_context_add_fn(c, false, msg_id, node, peer);
+            zd_autograd_node_unref(node);
         }
         free(info);
     }
@@ -126,42 +126,42 @@ static bool internal_fn(const char *fn)
 
 /*  ---- caller side ---- */
 
-static int on_send_request(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
-                           rpc_bytes_t *extra, void **state)
+static int on_send_request(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
+                           zd_rpc_bytes_t *extra, void **state)
 {
     (void)arg;
-    int64_t ctx_id = dist_current_ctx;
+    int64_t ctx_id = zd__dist_current_ctx;
     if (ctx_id == -1 || internal_fn(m->function))
         return 0;
-    dist_context_t *c = dist_context_get(ctx_id);
+    dist_context_t *c = zd__dist_context_get(ctx_id);
     if (!c)
-        return error_set("dist_autograd: the current context %lld was already released",
+        return zd_error_set("dist_autograd: the current context %lld was already released",
                          (long long)ctx_id);
     uint64_t msg_id = 0;
     uint8_t *buf = malloc(REQ_EXTRA);
-    int rc = buf ? 0 : error_set("dist_autograd: out of memory");
+    int rc = buf ? 0 : zd_error_set("dist_autograd: out of memory");
     if (rc == 0)
-        rc = dist_context_add_peer(c, m->peer);
+        rc = zd__dist_context_add_peer(c, m->peer);
     if (rc == 0)
         rc = record_send(c, *args, m->peer, &msg_id);
     if (rc < 0) {
         free(buf);
-        dist_context_unref(c);
+        zd__dist_context_unref(c);
         return -1;
     }
     buf[0] = 'D';
     buf[1] = 1;
     put_u64(buf + 2, (uint64_t)ctx_id);
     put_u64(buf + 10, msg_id);
-    put_u64(buf + 18, autograd_seq_current());
+    put_u64(buf + 18, zd_autograd_seq_current());
     extra->data = buf;
     extra->len = REQ_EXTRA;
     *state = c;   /* the reference goes to on_recv_reply */
     return 0;
 }
 
-static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
-                         size_t len, rpc_value_t **result)
+static int on_recv_reply(void *arg, const zd_rpc_hook_msg_t *m, void *state, const void *extra,
+                         size_t len, zd_value_t **result)
 {
     (void)arg;
     dist_context_t *c = state;
@@ -170,13 +170,13 @@ static int on_recv_reply(void *arg, const rpc_hook_msg_t *m, void *state, const 
         return 0;
     if (*result && len == REP_EXTRA && ((const uint8_t *)extra)[0] == 'D') {
         uint64_t msg_id = get_u64((const uint8_t *)extra + 2);
-        autograd_seq_observe(get_u64((const uint8_t *)extra + 10));
+        zd_autograd_seq_observe(get_u64((const uint8_t *)extra + 10));
         if (msg_id)
             rc = record_recv(c, *result, m->peer, msg_id);
     } else if (*result && len != 0) {
-        rc = error_set("dist_autograd: malformed reply metadata (%zu bytes)", len);
+        rc = zd_error_set("dist_autograd: malformed reply metadata (%zu bytes)", len);
     }
-    dist_context_unref(c);
+    zd__dist_context_unref(c);
     return rc;
 }
 
@@ -187,85 +187,85 @@ typedef struct {
     int64_t prev_ctx;          /* the thread's context before the handler */
 } call_state_t;
 
-static int on_recv_request(void *arg, rpc_call_t *call, const void *extra, size_t len,
-                           rpc_value_t **args)
+static int on_recv_request(void *arg, zd_rpc_call_t *call, const void *extra, size_t len,
+                           zd_value_t **args)
 {
     (void)arg;
     const uint8_t *x = extra;
     if (len == 0)
         return 0;
     if (len != REQ_EXTRA || x[0] != 'D' || x[1] != 1)
-        return error_set("dist_autograd: malformed request metadata (%zu bytes)", len);
+        return zd_error_set("dist_autograd: malformed request metadata (%zu bytes)", len);
     int64_t ctx_id = (int64_t)get_u64(x + 2);
     uint64_t msg_id = get_u64(x + 10);
     if (ctx_id < 0)
-        return error_set("dist_autograd: bad context id %lld", (long long)ctx_id);
-    autograd_seq_observe(get_u64(x + 18));
+        return zd_error_set("dist_autograd: bad context id %lld", (long long)ctx_id);
+    zd_autograd_seq_observe(get_u64(x + 18));
     call_state_t *st = malloc(sizeof *st);
     if (!st)
-        return error_set("dist_autograd: out of memory");
-    st->ctx = dist_context_get_or_create(ctx_id);
-    int peer = rpc_call_caller_rank(call);
-    int rc = st->ctx ? dist_context_add_peer(st->ctx, peer) : -1;
+        return zd_error_set("dist_autograd: out of memory");
+    st->ctx = zd__dist_context_get_or_create(ctx_id);
+    int peer = zd_rpc_call_caller_rank(call);
+    int rc = st->ctx ? zd__dist_context_add_peer(st->ctx, peer) : -1;
     if (rc == 0 && msg_id)
         rc = record_recv(st->ctx, *args, peer, msg_id);
     if (rc < 0) {
-        dist_context_unref(st->ctx);
+        zd__dist_context_unref(st->ctx);
         free(st);
         return -1;
     }
     /* The handler works on behalf of the caller's context: its own RPCs are
        recorded in it too. */
-    st->prev_ctx = dist_current_ctx;
-    dist_current_ctx = ctx_id;
-    rpc_call_set_hook_state(call, st);
+    st->prev_ctx = zd__dist_current_ctx;
+    zd__dist_current_ctx = ctx_id;
+    zd_rpc_call_set_hook_state(call, st);
     return 0;
 }
 
-static void on_handler_return(void *arg, rpc_call_t *call)
+static void on_handler_return(void *arg, zd_rpc_call_t *call)
 {
     (void)arg;
-    call_state_t *st = rpc_call_hook_state(call);
+    call_state_t *st = zd_rpc_call_hook_state(call);
     if (st)
-        dist_current_ctx = st->prev_ctx;
+        zd__dist_current_ctx = st->prev_ctx;
 }
 
-static int on_send_reply(void *arg, rpc_call_t *call, rpc_value_t **result, rpc_bytes_t *extra)
+static int on_send_reply(void *arg, zd_rpc_call_t *call, zd_value_t **result, zd_rpc_bytes_t *extra)
 {
     (void)arg;
-    call_state_t *st = rpc_call_hook_state(call);
+    call_state_t *st = zd_rpc_call_hook_state(call);
     int rc = 0;
     if (!st)
         return 0;
-    rpc_call_set_hook_state(call, NULL);
+    zd_rpc_call_set_hook_state(call, NULL);
     if (*result) {
         uint64_t msg_id = 0;
         uint8_t *buf = malloc(REP_EXTRA);
-        rc = buf ? record_send(st->ctx, *result, rpc_call_caller_rank(call), &msg_id)
-                 : error_set("dist_autograd: out of memory");
+        rc = buf ? record_send(st->ctx, *result, zd_rpc_call_caller_rank(call), &msg_id)
+                 : zd_error_set("dist_autograd: out of memory");
         if (rc == 0) {
             buf[0] = 'D';
             buf[1] = 1;
             put_u64(buf + 2, msg_id);
-            put_u64(buf + 10, autograd_seq_current());
+            put_u64(buf + 10, zd_autograd_seq_current());
             extra->data = buf;
             extra->len = REP_EXTRA;
         } else {
             free(buf);
         }
     }
-    dist_context_unref(st->ctx);
+    zd__dist_context_unref(st->ctx);
     free(st);
     return rc;
 }
 
-/* The counters of dist_autograd_stats, under the names PyTorch's
+/* The counters of zd_dist_autograd_stats, under the names PyTorch's
    dist_autograd._get_debug_info() uses where it has one. */
-static int debug_info(void *arg, rpc_debug_item_t *items, int max)
+static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
 {
     (void)arg;
-    dist_autograd_stats_t st;
-    dist_autograd_stats(&st);
+    zd_dist_autograd_stats_t st;
+    zd_dist_autograd_stats(&st);
     const struct {
         const char *name;
         int64_t value;
@@ -284,9 +284,9 @@ static int debug_info(void *arg, rpc_debug_item_t *items, int max)
     return n;
 }
 
-rpc_hooks_t dist_record_hooks(void)
+zd_rpc_hooks_t zd__dist_record_hooks(void)
 {
-    return (rpc_hooks_t){
+    return (zd_rpc_hooks_t){
         .on_send_request = on_send_request,
         .on_recv_request = on_recv_request,
         .on_handler_return = on_handler_return,

@@ -5,8 +5,8 @@
     file (uint8, N, each < 10), plain or gzip. In a directory they are found
     under the classic names
 
-        train-images-idx3-ubyte   train-labels-idx1-ubyte    (DATASET_TRAIN)
-        t10k-images-idx3-ubyte    t10k-labels-idx1-ubyte     (DATASET_TEST)
+        train-images-idx3-ubyte   train-labels-idx1-ubyte    (ZD_DATASET_TRAIN)
+        t10k-images-idx3-ubyte    t10k-labels-idx1-ubyte     (ZD_DATASET_TEST)
 
     or the variants with '.' before "idx" (train-images.idx3-ubyte), each
     optionally ending in ".gz" (a plain file is preferred when both exist).
@@ -15,7 +15,7 @@
     normalised as torchvision's ToTensor + Normalize((0.1307,), (0.3081,))
     do, in float32: x = (v / 255 - 0.1307) / 0.3081.
 
-    A dataset_t is immutable after loading except for dataset_limit(); it
+    A zd_dataset_t is immutable after loading except for zd_dataset_limit(); it
     may be read from several threads at once. */
 #ifndef ZDIST_DATASET_H
 #define ZDIST_DATASET_H
@@ -23,85 +23,88 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
+#include <zdist/export.h>
 
-#define DATASET_MEAN 0.1307f
-#define DATASET_STD  0.3081f
-#define DATASET_CLASSES 10
+ZD_BEGIN_DECLS
 
-/*  Where dataset_find_dir() looks, in order (after $ZDIST_DATA_DIR). */
-#define DATASET_LOCAL_DIR  "./data"
-#define DATASET_SYSTEM_DIR "/usr/share/datasets/fashion-mnist"
+#define ZD_DATASET_MEAN 0.1307f
+#define ZD_DATASET_STD  0.3081f
+#define ZD_DATASET_CLASSES 10
+
+/*  Where zd_dataset_find_dir() looks, in order (after $ZDIST_DATA_DIR). */
+#define ZD_DATASET_LOCAL_DIR  "./data"
+#define ZD_DATASET_SYSTEM_DIR "/usr/share/datasets/fashion-mnist"
 
 typedef enum {
-    DATASET_TRAIN = 0,   /* train-* files */
-    DATASET_TEST  = 1,   /* t10k-* files */
-} dataset_split_t;
+    ZD_DATASET_TRAIN = 0,   /* train-* files */
+    ZD_DATASET_TEST  = 1,   /* t10k-* files */
+} zd_dataset_split_t;
 
-typedef struct dataset dataset_t;
+typedef struct zd_dataset zd_dataset_t;
 
 /*  Picks the data directory: $ZDIST_DATA_DIR when set (it must then hold
     the files), else ./data when it holds MNIST-format train images and
     labels, else /usr/share/datasets/fashion-mnist when that does. Copies
     the directory into buf. Returns 0, or -1 with an error naming every
     place it looked. */
-int dataset_find_dir(char *buf, size_t size);
+ZD_API int zd_dataset_find_dir(char *buf, size_t size);
 
 /*  Finds the images (kind "images") or labels (kind "labels") file of a
     split in dir, under any of the names above; copies its path into buf.
     Returns 0, or -1 with an error naming dir and the names tried. */
-int dataset_find_file(const char *dir, dataset_split_t split, const char *kind, char *buf,
+ZD_API int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind, char *buf,
                       size_t size);
 
-/*  Loads a split from dir (NULL: dataset_find_dir()). Checks that both
+/*  Loads a split from dir (NULL: zd_dataset_find_dir()). Checks that both
     files are uint8 IDX files of N x H x W images and N labels, that the
     counts agree and that every label is < 10. Returns 0 and sets *out (free
-    with dataset_free), or -1 with *out NULL and an error naming the file. */
-int dataset_load(const char *dir, dataset_split_t split, dataset_t **out);
+    with zd_dataset_free), or -1 with *out NULL and an error naming the file. */
+ZD_API int zd_dataset_load(const char *dir, zd_dataset_split_t split, zd_dataset_t **out);
 
 /*  Same, from two explicit files. */
-int dataset_load_files(const char *images_path, const char *labels_path, dataset_t **out);
+ZD_API int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out);
 
 /*  Frees a data set (NULL-safe). */
-void dataset_free(dataset_t *ds);
+ZD_API void zd_dataset_free(zd_dataset_t *ds);
 
 /*  Number of samples, and the image height (rows) and width (cols). */
-int64_t dataset_size(const dataset_t *ds);
-int64_t dataset_rows(const dataset_t *ds);
-int64_t dataset_cols(const dataset_t *ds);
+ZD_API int64_t zd_dataset_size(const zd_dataset_t *ds);
+ZD_API int64_t zd_dataset_rows(const zd_dataset_t *ds);
+ZD_API int64_t zd_dataset_cols(const zd_dataset_t *ds);
 
 /*  The files it was loaded from. Borrowed. */
-const char *dataset_images_path(const dataset_t *ds);
-const char *dataset_labels_path(const dataset_t *ds);
+ZD_API const char *zd_dataset_images_path(const zd_dataset_t *ds);
+ZD_API const char *zd_dataset_labels_path(const zd_dataset_t *ds);
 
 /*  The raw images (N, H, W) uint8 and the labels (N) int64. Borrowed:
-    valid until dataset_free() or dataset_limit(). */
-tensor_t *dataset_images_u8(const dataset_t *ds);
-tensor_t *dataset_labels(const dataset_t *ds);
+    valid until zd_dataset_free() or zd_dataset_limit(). */
+ZD_API zd_tensor_t *zd_dataset_images_u8(const zd_dataset_t *ds);
+ZD_API zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds);
 
 /*  Keeps only the first k samples (k >= N keeps everything). Returns 0, or
     -1 (k < 1, or out of memory; the data set is then unchanged). */
-int dataset_limit(dataset_t *ds, int64_t k);
+ZD_API int zd_dataset_limit(zd_dataset_t *ds, int64_t k);
 
 /*  Normalises uint8 images, (N, H, W) or (N, 1, H, W), into a new float32
     (N, 1, H, W) tensor with the formula above. Returns 0 and sets *out (the
     caller owns it), or -1. */
-int dataset_normalise(const tensor_t *images, tensor_t **out);
+ZD_API int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out);
 
 /*  Puts idx[0..n) in a pseudo-random order (Fisher-Yates driven by
     nn/rng.h seeded with seed): the same seed and n always give the same
     order, on every platform. */
-void dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed);
+ZD_API void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed);
 
-/*  An epoch order: a new array of dataset_size() indices, 0..N-1 shuffled
-    with dataset_shuffle(seed). Callers wanting a different order per epoch
+/*  An epoch order: a new array of zd_dataset_size() indices, 0..N-1 shuffled
+    with zd_dataset_shuffle(seed). Callers wanting a different order per epoch
     pass e.g. seed + epoch. The caller frees it with free(). NULL when out
     of memory. */
-int64_t *dataset_order(const dataset_t *ds, uint64_t seed);
+ZD_API int64_t *zd_dataset_order(const zd_dataset_t *ds, uint64_t seed);
 
 /*  Number of batches of batch_size in one epoch, the last one partial:
     ceil(N / batch_size). 0 for batch_size < 1. */
-int64_t dataset_num_batches(const dataset_t *ds, int64_t batch_size);
+ZD_API int64_t zd_dataset_num_batches(const zd_dataset_t *ds, int64_t batch_size);
 
 /*  The batch of samples order[start], ..., order[start + B - 1] with
     B = min(batch_size, N - start) (so the last batch may be partial);
@@ -109,7 +112,9 @@ int64_t dataset_num_batches(const dataset_t *ds, int64_t batch_size);
     normalised tensor and *y to a new int64 (B) label tensor (the caller
     owns both). Returns 0, or -1 (start outside [0, N), batch_size < 1, an
     index outside [0, N) in order, out of memory) with *x and *y NULL. */
-int dataset_batch(const dataset_t *ds, const int64_t *order, int64_t start,
-                  int64_t batch_size, tensor_t **x, tensor_t **y);
+ZD_API int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
+                  int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y);
+
+ZD_END_DECLS
 
 #endif

@@ -8,12 +8,12 @@
     updates the parameters in place, element by element, without recording
     anything for autograd.
 
-    The hyper-parameters are one plain value, optim_config_t (kind plus
+    The hyper-parameters are one plain value, zd_optim_config_t (kind plus
     numbers, no pointers), which can be copied, compared, and sent to
-    another process as text (optim_config_format / optim_config_parse): a
+    another process as text (zd_optim_config_format / zd_optim_config_parse): a
     DistributedOptimizer creates one local optimizer per owner from it.
 
-    Thread safety: every function taking an optim_t locks the optimizer, so
+    Thread safety: every function taking an zd_optim_t locks the optimizer, so
     two threads may step the same optimizer (their steps run one after the
     other). The parameters' contents are not locked: a forward pass reading
     them during a step sees a mix of old and new values, as in PyTorch. */
@@ -23,15 +23,18 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
 
 typedef enum {
-    OPTIM_SGD = 1,
-    OPTIM_ADAM,
-    OPTIM_ADAMW,
-    OPTIM_ADAGRAD,
-    OPTIM_RMSPROP,
-} optim_kind_t;
+    ZD_OPTIM_SGD = 1,
+    ZD_OPTIM_ADAM,
+    ZD_OPTIM_ADAMW,
+    ZD_OPTIM_ADAGRAD,
+    ZD_OPTIM_RMSPROP,
+} zd_optim_kind_t;
 
 /*  Hyper-parameters. Each kind reads only its own fields (listed with
     PyTorch's defaults); the others are ignored.
@@ -46,7 +49,7 @@ typedef enum {
       RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0,
                centered false, maximize false */
 typedef struct {
-    optim_kind_t kind;
+    zd_optim_kind_t kind;
     double lr;
     double momentum;
     double dampening;
@@ -60,77 +63,77 @@ typedef struct {
     bool amsgrad;
     bool centered;
     bool maximize;
-} optim_config_t;
+} zd_optim_config_t;
 
-typedef struct optim optim_t;
+typedef struct zd_optim zd_optim_t;
 
 /*  Defaults per kind. SGD has no default learning rate in PyTorch, so it
     takes one. */
-optim_config_t optim_sgd_defaults(double lr);
-optim_config_t optim_adam_defaults(void);
-optim_config_t optim_adamw_defaults(void);
-optim_config_t optim_adagrad_defaults(void);
-optim_config_t optim_rmsprop_defaults(void);
+ZD_API zd_optim_config_t zd_optim_sgd_defaults(double lr);
+ZD_API zd_optim_config_t zd_optim_adam_defaults(void);
+ZD_API zd_optim_config_t zd_optim_adamw_defaults(void);
+ZD_API zd_optim_config_t zd_optim_adagrad_defaults(void);
+ZD_API zd_optim_config_t zd_optim_rmsprop_defaults(void);
 
 /*  Defaults of any kind; for SGD lr is NaN ("required"), which
-    optim_config_check refuses until set. */
-optim_config_t optim_defaults(optim_kind_t kind);
+    zd_optim_config_check refuses until set. */
+ZD_API zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind);
 
 /*  "sgd", "adam", "adamw", "adagrad", "rmsprop"; "?" for anything else. */
-const char *optim_kind_name(optim_kind_t kind);
+ZD_API const char *zd_optim_kind_name(zd_optim_kind_t kind);
 
 /*  The kind named (case-insensitive: "SGD", "Adam", "AdamW", "Adagrad",
     "RMSprop"). Returns 0, or -1 for an unknown name. */
-int optim_kind_from_name(const char *name, optim_kind_t *kind);
+ZD_API int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind);
 
 /*  Checks hyper-parameters as PyTorch's constructors do ("Invalid learning
     rate: -0.1", "Nesterov momentum requires a momentum and zero
     dampening", "Invalid beta parameter at index 0: 1", ...). Returns 0, or
-    -1 with error_last() set. */
-int optim_config_check(const optim_config_t *cfg);
+    -1 with zd_error_last() set. */
+ZD_API int zd_optim_config_check(const zd_optim_config_t *cfg);
 
 /*  Text form: the kind and every field the kind uses, as key=value with
     enough digits to read back the same doubles, e.g.
     "sgd lr=0.03 momentum=0.9 dampening=0 weight_decay=0.0001 nesterov=0
     maximize=0". Returns the length it needed (as snprintf), or -1. */
-int optim_config_format(const optim_config_t *cfg, char *buf, size_t size);
+ZD_API int zd_optim_config_format(const zd_optim_config_t *cfg, char *buf, size_t size);
 
 /*  Parses "<kind> [key=value ...]": the kind's defaults, overridden by the
     pairs given (booleans as 0/1/true/false). Unknown keys, keys of another
     kind, and malformed numbers are errors. Does not check ranges (see
-    optim_config_check). Returns 0, or -1. */
-int optim_config_parse(const char *text, optim_config_t *cfg);
+    zd_optim_config_check). Returns 0, or -1. */
+ZD_API int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg);
 
 /*  New optimizer over n float32 leaf parameters (taking a reference on
     each). Refuses invalid hyper-parameters, an empty list, non-float32,
     non-leaf or repeated parameters. Returns NULL on failure. */
-optim_t *optim_new(const optim_config_t *cfg, int n, tensor_t *const *params);
+ZD_API zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, int n, zd_tensor_t *const *params);
 
 /*  Frees the optimizer and drops its parameter references (NULL-safe). */
-void optim_free(optim_t *opt);
+ZD_API void zd_optim_free(zd_optim_t *opt);
 
 /*  One step with explicit gradients: grads[i] is the gradient of params[i]
     (same shape, float32), or NULL to leave that parameter (and its state)
     untouched, as PyTorch skips parameters without .grad. All gradients are
     checked before anything changes: on -1 no parameter moved. */
-int optim_step(optim_t *opt, tensor_t *const *grads);
+ZD_API int zd_optim_step(zd_optim_t *opt, zd_tensor_t *const *grads);
 
-/*  optim_step with each parameter's own .grad (tensor_grad()). */
-int optim_step_grad(optim_t *opt);
+/*  zd_optim_step with each parameter's own .grad (zd_tensor_grad()). */
+ZD_API int zd_optim_step_grad(zd_optim_t *opt);
 
 /*  Resets the parameters' .grad: drops it when set_to_none (PyTorch 2's
     default), else fills it with zeros (PyTorch 1.13's default; such a
     parameter is still stepped, with a zero gradient). */
-void optim_zero_grad(optim_t *opt, bool set_to_none);
+ZD_API void zd_optim_zero_grad(zd_optim_t *opt, bool set_to_none);
 
-/*  Accessors. The config is a copy; optim_param returns a borrowed tensor. */
-optim_config_t optim_config(optim_t *opt);
-int optim_n_params(const optim_t *opt);
-tensor_t *optim_param(const optim_t *opt, int i);
+/*  Accessors. The config is a copy; zd_optim_param returns a borrowed tensor. */
+ZD_API zd_optim_config_t zd_optim_config(zd_optim_t *opt);
+ZD_API int zd_optim_n_params(const zd_optim_t *opt);
+ZD_API zd_tensor_t *zd_optim_param(const zd_optim_t *opt, int i);
 
 /*  Changes the learning rate for later steps (for schedules). Returns 0, or
     -1 for a negative or NaN lr. */
-int optim_set_lr(optim_t *opt, double lr);
+ZD_API int zd_optim_set_lr(zd_optim_t *opt, double lr);
 
 /*  ---- state (to checkpoint an optimizer and resume) ----
     The state is a list of named tensors, as PyTorch's state_dict()["state"]:
@@ -140,16 +143,18 @@ int optim_set_lr(optim_t *opt, double lr);
     the kinds that count steps. Parameters not stepped yet have no entry. */
 
 /*  Copies the state out: *names (n strings) and *tensors (n new tensors),
-    to release with optim_state_free(). Returns 0, or -1. */
-int optim_state_export(optim_t *opt, int *n, char ***names, tensor_t ***tensors);
+    to release with zd_optim_state_free(). Returns 0, or -1. */
+ZD_API int zd_optim_state_export(zd_optim_t *opt, int *n, char ***names, zd_tensor_t ***tensors);
 
 /*  Replaces the whole state with the given entries (copied), which must be
-    exactly what optim_state_export of an optimizer of the same kind,
+    exactly what zd_optim_state_export of an optimizer of the same kind,
     flags and parameter shapes produces. All or nothing. Returns 0, or -1
-    with error_last() naming the entry. */
-int optim_state_import(optim_t *opt, int n, const char *const *names,
-                       tensor_t *const *tensors);
+    with zd_error_last() naming the entry. */
+ZD_API int zd_optim_state_import(zd_optim_t *opt, int n, const char *const *names,
+                       zd_tensor_t *const *tensors);
 
-void optim_state_free(int n, char **names, tensor_t **tensors);
+ZD_API void zd_optim_state_free(int n, char **names, zd_tensor_t **tensors);
+
+ZD_END_DECLS
 
 #endif

@@ -10,7 +10,7 @@
         16      ...       count records, one per tensor, in the order given:
                   4         name length L (1 to 4096)
                   L         name, bytes without a terminating NUL
-                  4         dtype: 1 float32, 2 int64, 3 uint8 (tensor_dtype_t)
+                  4         dtype: 1 float32, 2 int64, 3 uint8 (zd_tensor_dtype_t)
                   4         ndim (0 to 8)
                   8*ndim    dimensions, u64 each, outermost first
                   numel*es  the elements, row-major, little-endian
@@ -28,34 +28,39 @@
 #ifndef ZDIST_CHECKPOINT_H
 #define ZDIST_CHECKPOINT_H
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
+#include <zdist/export.h>
 
-#define CHECKPOINT_MAGIC "ZDCKPT\r\n"
-#define CHECKPOINT_VERSION 1
-#define CHECKPOINT_MAX_NAME 4096
-#define CHECKPOINT_MAX_COUNT 1000000
+ZD_BEGIN_DECLS
+
+#define ZD_CHECKPOINT_MAGIC "ZDCKPT\r\n"
+#define ZD_CHECKPOINT_VERSION 1
+#define ZD_CHECKPOINT_MAX_NAME 4096
+#define ZD_CHECKPOINT_MAX_COUNT 1000000
 
 /*  Writes n tensors (any dtype) under the given names (unique, 1 to 4096
-    bytes). Not recorded by autograd. Returns 0, or -1 with error_last()
+    bytes). Not recorded by autograd. Returns 0, or -1 with zd_error_last()
     naming the file and the problem (then path is left as it was). */
-int checkpoint_save(const char *path, int n, const char *const *names,
-                    tensor_t *const *tensors);
+ZD_API int zd_checkpoint_save(const char *path, int n, const char *const *names,
+                    zd_tensor_t *const *tensors);
 
 /*  Reads the file into tensors[i] for each names[i]: the file must hold
     exactly these n names (in any order), each with the tensor's dtype and
     shape. Data is copied in place (no autograd record). All or nothing:
-    returns 0, or -1 with error_last() naming the file (and the tensor and
+    returns 0, or -1 with zd_error_last() naming the file (and the tensor and
     both shapes for a shape mismatch) and no tensor changed. */
-int checkpoint_load(const char *path, int n, const char *const *names,
-                    tensor_t *const *tensors);
+ZD_API int zd_checkpoint_load(const char *path, int n, const char *const *names,
+                    zd_tensor_t *const *tensors);
 
 /*  Reads every tensor of the file without knowing them in advance (for
     tools and inspection). Sets *n, *names (an array of n strings) and
     *tensors (an array of n new tensors); release them with
-    checkpoint_free_list(). Returns 0, or -1 as checkpoint_load. */
-int checkpoint_read(const char *path, int *n, char ***names, tensor_t ***tensors);
+    zd_checkpoint_free_list(). Returns 0, or -1 as zd_checkpoint_load. */
+ZD_API int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***tensors);
 
-/*  Frees what checkpoint_read returned (NULL-safe). */
-void checkpoint_free_list(int n, char **names, tensor_t **tensors);
+/*  Frees what zd_checkpoint_read returned (NULL-safe). */
+ZD_API void zd_checkpoint_free_list(int n, char **names, zd_tensor_t **tensors);
+
+ZD_END_DECLS
 
 #endif

@@ -4,35 +4,35 @@
 
     A world is world_size processes with ranks 0..world_size-1 and unique
     names. Each process registers the functions it serves by name
-    (rpc_register), then calls rpc_init; rank 0 hosts the rendezvous at
+    (zd_rpc_register), then calls zd_rpc_init; rank 0 hosts the rendezvous at
     master_addr:master_port. After init any process may call any other:
 
-        rpc_value_t *r;
-        rpc_sync(rpc_worker("ps"), "add", rpc_args("ii", 2, 3), -1, &r);
+        zd_value_t *r;
+        zd_rpc_sync(zd_rpc_worker("ps"), "add", zd_rpc_args("ii", 2, 3), -1, &r);
 
     Values (rpc/value.h) carry none, ints, floats, strings, bytes, tensors
     (sent and received without copies), RRefs and lists. Arguments are one
     list value, borrowed by every call below.
 
-    Threads. A thread calling rpc_sync sends on a socket of its own and
+    Threads. A thread calling zd_rpc_sync sends on a socket of its own and
     reads the answer itself: no hand-off between threads on that path. One
     I/O thread per process receives everything else: requests, answers to
-    rpc_async / remote calls (so rpc_future_then callbacks of those run on
-    it and must not block), RRef messages; it also runs RPC_FN_INLINE
+    zd_rpc_async / remote calls (so zd_future_then callbacks of those run on
+    it and must not block), RRef messages; it also runs ZD_RPC_FN_INLINE
     handlers. Other handlers run on a pool of num_worker_threads threads.
     Any thread may call any function here. When a pool thread blocks in
-    rpc_sync / rpc_rref_to_here / rpc_wait, the pool starts another thread,
+    zd_rpc_sync / zd_rref_to_here / zd_rpc_wait, the pool starts another thread,
     so nested calls (a handler calling other processes, which call back,
     ...) never deadlock; async handlers (returning a future) do not even
     hold a thread while they wait.
 
-    Timeouts (ms): < 0 means the default of rpc_options_t.rpc_timeout_ms,
+    Timeouts (ms): < 0 means the default of zd_rpc_options_t.rpc_timeout_ms,
     0 means none, as in PyTorch.
 
     Errors name the peer and the function:
-        rpc_sync to "worker1" (rank 1) calling "divide": remote error: ...
+        zd_rpc_sync to "worker1" (rank 1) calling "divide": remote error: ...
     and the process keeps serving. Everything returns 0 / a pointer on
-    success and -1 / NULL on failure, with error_last() (autograd/error.h)
+    success and -1 / NULL on failure, with zd_error_last() (autograd/error.h)
     saying why.
 
     Design notes, wire format and protocol details: docs/rpc.md and
@@ -44,13 +44,16 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include "rpc/future.h"
-#include "rpc/value.h"
+#include <zdist/future.h>
+#include <zdist/value.h>
+#include <zdist/export.h>
 
-#define RPC_MAX_NAME 127          /* worker names: 1..127 bytes, printable, no spaces */
-#define RPC_MAX_FUNCTION 255      /* function names: 1..255 bytes, printable, no spaces */
-#define RPC_MAX_ENDPOINT 127
-#define RPC_TIMEOUT_DEFAULT (-1)
+ZD_BEGIN_DECLS
+
+#define ZD_RPC_MAX_NAME 127          /* worker names: 1..127 bytes, printable, no spaces */
+#define ZD_RPC_MAX_FUNCTION 255      /* function names: 1..255 bytes, printable, no spaces */
+#define ZD_RPC_MAX_ENDPOINT 127
+#define ZD_RPC_TIMEOUT_DEFAULT (-1)
 
 /*  ---- init and shutdown (R1, R8) ---- */
 
@@ -66,10 +69,10 @@ typedef struct {
     int64_t busy_poll_us;       /* a thread waiting for a message polls this long
                                    before it sleeps; 0 = never; < 0: take
                                    $ZDIST_BUSY_POLL_US, else 100 (-1) */
-} rpc_options_t;
+} zd_rpc_options_t;
 
 /*  PyTorch's defaults (above). */
-rpc_options_t rpc_options_default(void);
+ZD_API zd_rpc_options_t zd_rpc_options_default(void);
 
 /*  Joins the world. rank < 0 takes $RANK, world_size <= 0 takes
     $WORLD_SIZE, a NULL name becomes "worker<rank>"; opts may be NULL (the
@@ -81,93 +84,93 @@ rpc_options_t rpc_options_default(void);
     its own init returns. Fails (every process involved, within
     init_timeout_ms) on a duplicate rank or name, a rank outside the world,
     world sizes that differ, or a master that never answers. */
-int rpc_init(const char *name, int rank, int world_size, const rpc_options_t *opts);
+ZD_API int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options_t *opts);
 
 /*  Leaves the world. Graceful: waits until every worker has called
-    rpc_shutdown, then until no call or RRef message is outstanding
+    zd_rpc_shutdown, then until no call or RRef message is outstanding
     anywhere, then closes. Not graceful: fails every pending call at once and
     closes. Handlers still running are waited for. timeout_ms bounds the
     graceful part (< 0: the default call timeout, 0: none); when a peer has
     died, it closes anyway after the timeout and returns -1 naming the peer.
-    Afterwards every call fails with "RPC is not running"; rpc_init may be
+    Afterwards every call fails with "RPC is not running"; zd_rpc_init may be
     called again. */
-int rpc_shutdown(bool graceful, int64_t timeout_ms);
+ZD_API int zd_rpc_shutdown(bool graceful, int64_t timeout_ms);
 
-/*  True between a successful rpc_init and rpc_shutdown. */
-bool rpc_is_running(void);
+/*  True between a successful zd_rpc_init and zd_rpc_shutdown. */
+ZD_API bool zd_rpc_is_running(void);
 
 /*  ---- worker info (R7) ---- */
 
 typedef struct {
-    char name[RPC_MAX_NAME + 1];
+    char name[ZD_RPC_MAX_NAME + 1];
     int rank;
-    char endpoint[RPC_MAX_ENDPOINT + 1];   /* "tcp://127.0.0.1:41873" */
-} rpc_worker_info_t;
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];   /* "tcp://127.0.0.1:41873" */
+} zd_rpc_worker_info_t;
 
 /*  Info of the worker called name (NULL: this process). 0, or -1. */
-int rpc_get_worker_info(const char *name, rpc_worker_info_t *out);
-int rpc_get_worker_info_by_rank(int rank, rpc_worker_info_t *out);
+ZD_API int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out);
+ZD_API int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out);
 
 /*  All workers, by rank: fills out[0..min(world, max)-1] and returns the
     world size, or -1 when not running. */
-int rpc_get_worker_infos(rpc_worker_info_t *out, int max);
+ZD_API int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max);
 
 /*  The rank of the worker called name, or -1 (with an error) when unknown:
-    rpc_sync(rpc_worker("ps"), ...) reads like PyTorch's rpc_sync("ps", ...). */
-int rpc_worker(const char *name);
+    zd_rpc_sync(zd_rpc_worker("ps"), ...) reads like PyTorch's zd_rpc_sync("ps", ...). */
+ZD_API int zd_rpc_worker(const char *name);
 
 /*  This process's rank, the world size (-1 when not running), and this
     process's name ("" when not running). */
-int rpc_rank(void);
-int rpc_world_size(void);
-const char *rpc_name(void);
+ZD_API int zd_rpc_rank(void);
+ZD_API int zd_rpc_world_size(void);
+ZD_API const char *zd_rpc_name(void);
 
 /*  ---- serving functions (R2, R11) ---- */
 
 /*  What a handler knows about the call it serves. Opaque; valid until the
     handler returns (for async handlers: until their future completes). */
-typedef struct rpc_call rpc_call_t;
+typedef struct zd_rpc_call zd_rpc_call_t;
 
-int rpc_call_caller_rank(const rpc_call_t *call);
-const char *rpc_call_caller_name(const rpc_call_t *call);
-const char *rpc_call_function(const rpc_call_t *call);
+ZD_API int zd_rpc_call_caller_rank(const zd_rpc_call_t *call);
+ZD_API const char *zd_rpc_call_caller_name(const zd_rpc_call_t *call);
+ZD_API const char *zd_rpc_call_function(const zd_rpc_call_t *call);
 
 /*  A synchronous handler: returns the result (a new reference, which the
-    agent drops after sending it), or NULL with error_set() to answer with
+    agent drops after sending it), or NULL with zd_error_set() to answer with
     an error. args is the argument list, borrowed. */
-typedef rpc_value_t *(rpc_handler_fn)(rpc_call_t *call, rpc_value_t *args, void *arg);
+typedef zd_value_t *(zd_rpc_handler_fn)(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
 /*  An asynchronous handler (PyTorch's @rpc.functions.async_execution):
     returns a future (a new reference) that completes later, for instance
-    from the callback of a nested rpc_async; the reply is sent when it
-    completes, and no thread is held meanwhile. NULL + error_set() answers
+    from the callback of a nested zd_rpc_async; the reply is sent when it
+    completes, and no thread is held meanwhile. NULL + zd_error_set() answers
     with an error at once. */
-typedef rpc_future_t *(rpc_async_handler_fn)(rpc_call_t *call, rpc_value_t *args, void *arg);
+typedef zd_future_t *(zd_rpc_async_handler_fn)(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
 /*  Run the handler on the I/O thread instead of the pool: saves a thread
     hand-off (waking a pool thread) per call, for handlers that return
-    quickly and never block (no rpc_sync, no locks held long). */
-#define RPC_FN_INLINE 0x1u
+    quickly and never block (no zd_rpc_sync, no locks held long). */
+#define ZD_RPC_FN_INLINE 0x1u
 
 typedef struct {
-    rpc_handler_fn *fn;               /* exactly one of fn and async_fn */
-    rpc_async_handler_fn *async_fn;
+    zd_rpc_handler_fn *fn;               /* exactly one of fn and async_fn */
+    zd_rpc_async_handler_fn *async_fn;
     void *arg;                        /* passed to the handler */
     unsigned flags;                   /* RPC_FN_* */
-} rpc_function_t;
+} zd_rpc_function_t;
 
 /*  Registers (or replaces) the function called name in this process.
     Names starting with "__" are reserved for modules built on the agent
     (distributed autograd). 0, or -1 on a bad name or out of memory. */
-int rpc_register_function(const char *name, const rpc_function_t *f);
+ZD_API int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f);
 
 /*  Shorthands: a pool handler, an async handler, an inline handler. */
-int rpc_register(const char *name, rpc_handler_fn *fn, void *arg);
-int rpc_register_async(const char *name, rpc_async_handler_fn *fn, void *arg);
-int rpc_register_inline(const char *name, rpc_handler_fn *fn, void *arg);
+ZD_API int zd_rpc_register(const char *name, zd_rpc_handler_fn *fn, void *arg);
+ZD_API int zd_rpc_register_async(const char *name, zd_rpc_async_handler_fn *fn, void *arg);
+ZD_API int zd_rpc_register_inline(const char *name, zd_rpc_handler_fn *fn, void *arg);
 
 /*  Forgets name; returns -1 if it was not registered. */
-int rpc_unregister(const char *name);
+ZD_API int zd_rpc_unregister(const char *name);
 
 /*  ---- calling (R2, R3, R9) ---- */
 
@@ -175,95 +178,95 @@ int rpc_unregister(const char *name);
     waits. Returns 0 and *result (a new reference), or -1 with an error that
     names the peer and fn: remote failure (with the remote text), unknown
     function, timeout, unreachable peer. Not allowed on the I/O thread (in
-    a future callback or an inline handler): use rpc_async there. */
-int rpc_sync(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms,
-             rpc_value_t **result);
+    a future callback or an inline handler): use zd_rpc_async there. */
+ZD_API int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
+             zd_value_t **result);
 
-/*  Like rpc_sync without waiting: returns a future (a new reference) that
+/*  Like zd_rpc_sync without waiting: returns a future (a new reference) that
     completes with the result or the error; NULL only when the call could
     not be made at all (not running, bad rank). */
-rpc_future_t *rpc_async(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms);
+ZD_API zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
 
-/*  rpc_future_wait that lets the pool start another thread while a pool
+/*  zd_future_wait that lets the pool start another thread while a pool
     thread waits (see Threads above); same results, and like
-    rpc_future_wait, timeout_ms < 0 waits without limit. */
-int rpc_wait(rpc_future_t *f, int64_t timeout_ms);
+    zd_future_wait, timeout_ms < 0 waits without limit. */
+ZD_API int zd_rpc_wait(zd_future_t *f, int64_t timeout_ms);
 
 /*  ---- remote references (R4, R5, R6) ---- */
 
-/*  rpc_rref_t (declared in rpc/value.h) is a handle: a user's fork of the
+/*  zd_rref_t (declared in rpc/value.h) is a handle: a user's fork of the
     reference, or the owner's local handle. Handles are reference counted
     and may be shared between threads. */
 
 /*  Runs fn(args) on worker `to`, keeping the result there, and returns an
-    RRef to it at once (a new reference; release with rpc_rref_unref). The
+    RRef to it at once (a new reference; release with zd_rref_unref). The
     owner creates the value asynchronously; errors of fn (or a creation
     timeout) come back from to_here. args' tensors must not be modified
-    until rpc_rref_confirmed_by_owner(). NULL only when the call could not
+    until zd_rref_confirmed_by_owner(). NULL only when the call could not
     be made at all. */
-rpc_rref_t *rpc_remote(int to, const char *fn, rpc_value_t *args, int64_t timeout_ms);
+ZD_API zd_rref_t *zd_rpc_remote(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
 
 /*  An RRef owned by this process holding value (reference taken):
     PyTorch's RRef(value), for handing out local objects. NULL when not
     running or out of memory. */
-rpc_rref_t *rpc_rref_new(rpc_value_t *value);
+ZD_API zd_rref_t *zd_rref_new(zd_value_t *value);
 
 /*  A copy of the RRef's value fetched from its owner (the value itself,
     shared, on the owner): 0 and *value (new reference), or -1 (creation
     failed, timeout, owner unreachable). */
-int rpc_rref_to_here(rpc_rref_t *r, int64_t timeout_ms, rpc_value_t **value);
+ZD_API int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value);
 
 /*  The value, on the owner only (waits for its creation up to the default
     timeout). 0 and *value (new reference), or -1 (not the owner, failed). */
-int rpc_rref_local_value(rpc_rref_t *r, rpc_value_t **value);
+ZD_API int zd_rref_local_value(zd_rref_t *r, zd_value_t **value);
 
-int rpc_rref_owner(const rpc_rref_t *r);
-const char *rpc_rref_owner_name(const rpc_rref_t *r);
-bool rpc_rref_is_owner(const rpc_rref_t *r);
+ZD_API int zd_rref_owner(const zd_rref_t *r);
+ZD_API const char *zd_rref_owner_name(const zd_rref_t *r);
+ZD_API bool zd_rref_is_owner(const zd_rref_t *r);
 
 /*  True once the owner knows of this reference (always on the owner). */
-bool rpc_rref_confirmed_by_owner(const rpc_rref_t *r);
+ZD_API bool zd_rref_confirmed_by_owner(const zd_rref_t *r);
 
 /*  Calls the registered function `method` at the RRef's owner with the
     RRef's value as first argument followed by args (PyTorch's
     rref.rpc_sync().method(*args)): synchronously, asynchronously, or
-    keeping the result at the owner. Same results as rpc_sync / rpc_async /
-    rpc_remote. */
-int rpc_rref_rpc_sync(rpc_rref_t *r, const char *method, rpc_value_t *args,
-                      int64_t timeout_ms, rpc_value_t **result);
-rpc_future_t *rpc_rref_rpc_async(rpc_rref_t *r, const char *method, rpc_value_t *args,
+    keeping the result at the owner. Same results as zd_rpc_sync / zd_rpc_async /
+    zd_rpc_remote. */
+ZD_API int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
+                      int64_t timeout_ms, zd_value_t **result);
+ZD_API zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *args,
                                  int64_t timeout_ms);
-rpc_rref_t *rpc_rref_remote(rpc_rref_t *r, const char *method, rpc_value_t *args,
+ZD_API zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *args,
                             int64_t timeout_ms);
 
-/*  Reference counting of RRef handles. The last rpc_rref_unref of a user's
+/*  Reference counting of RRef handles. The last zd_rref_unref of a user's
     handle tells the owner (after the owner has confirmed it); the owner
     frees the value when no user anywhere and no local handle holds it.
     Values holding an RRef hold a reference too. Both NULL-safe. */
-rpc_rref_t *rpc_rref_ref(rpc_rref_t *r);
-void rpc_rref_unref(rpc_rref_t *r);
+ZD_API zd_rref_t *zd_rref_ref(zd_rref_t *r);
+ZD_API void zd_rref_unref(zd_rref_t *r);
 
 /*  Waits until this process has no RRef message in flight: every deletion
     and fork notification it sent was acknowledged and every RRef it
     forked was confirmed. 0, or -1 on timeout. */
-int rpc_rref_drain(int64_t timeout_ms);
+ZD_API int zd_rref_drain(int64_t timeout_ms);
 
 /*  Number of values this process holds as an owner (live OwnerRRefs). */
-int64_t rpc_debug_owner_rrefs(void);
+ZD_API int64_t zd_rpc_debug_owner_rrefs(void);
 
 /*  Owned values that were still referenced (by a user somewhere, or by a
-    local handle) when the last rpc_shutdown closed the agent: 0 when every
+    local handle) when the last zd_rpc_shutdown closed the agent: 0 when every
     RRef was released in time. */
-int64_t rpc_debug_owner_rrefs_leaked(void);
+ZD_API int64_t zd_rpc_debug_owner_rrefs_leaked(void);
 
 /*  ---- hooks for modules built on the agent (distributed autograd) ----
 
-    One set of hooks per process, installed before rpc_init. Extra bytes
+    One set of hooks per process, installed before zd_rpc_init. Extra bytes
     travel in the header frame next to the value. For every request (CALL,
     REMOTE, RREF_FETCH) and its reply:
 
       caller: on_send_request (calling thread) ... on_recv_reply (the thread
-              that receives the answer: the I/O thread, or rpc_sync's own)
+              that receives the answer: the I/O thread, or zd_rpc_sync's own)
       callee: on_recv_request (thread running the handler, before it),
               on_handler_return (same thread, right after the handler),
               on_send_reply (thread completing the reply)
@@ -272,62 +275,62 @@ int64_t rpc_debug_owner_rrefs_leaked(void);
     returned 0, with result NULL when the call failed, so it can release
     its state. on_send_reply is called exactly once for every
     on_recv_request that returned 0 (result NULL for an error reply).
-    Any hook may be NULL. A hook returning -1 (error_set) fails the call. */
+    Any hook may be NULL. A hook returning -1 (zd_error_set) fails the call. */
 
 typedef enum {
-    RPC_KIND_CALL = 0,      /* rpc_sync / rpc_async */
-    RPC_KIND_REMOTE = 1,    /* rpc_remote: the reply carries none */
-    RPC_KIND_FETCH = 2,     /* to_here: the request carries none */
-} rpc_call_kind_t;
+    ZD_RPC_KIND_CALL = 0,      /* zd_rpc_sync / zd_rpc_async */
+    ZD_RPC_KIND_REMOTE = 1,    /* zd_rpc_remote: the reply carries none */
+    ZD_RPC_KIND_FETCH = 2,     /* to_here: the request carries none */
+} zd_rpc_call_kind_t;
 
 typedef struct {
     int peer;               /* the other side's rank */
     const char *function;   /* "__to_here" for fetches */
-    rpc_call_kind_t kind;
+    zd_rpc_call_kind_t kind;
     uint64_t request_id;
-} rpc_hook_msg_t;
+} zd_rpc_hook_msg_t;
 
 typedef struct {
     void *data;             /* malloc'ed; the agent frees it */
     size_t len;
-} rpc_bytes_t;
+} zd_rpc_bytes_t;
 
-/*  One named counter of rpc_get_debug_info. */
+/*  One named counter of zd_rpc_get_debug_info. */
 typedef struct {
     char name[48];
     int64_t value;
-} rpc_debug_item_t;
+} zd_rpc_debug_item_t;
 
 typedef struct {
     /* May replace *args (unref the old value, store a new reference), set
        *extra and a per-call *state handed back to on_recv_reply. */
-    int (*on_send_request)(void *arg, const rpc_hook_msg_t *m, rpc_value_t **args,
-                           rpc_bytes_t *extra, void **state);
+    int (*on_send_request)(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
+                           zd_rpc_bytes_t *extra, void **state);
     /* May replace *args (NULL for a fetch); may keep state with
-       rpc_call_set_hook_state. */
-    int (*on_recv_request)(void *arg, rpc_call_t *call, const void *extra, size_t len,
-                           rpc_value_t **args);
-    void (*on_handler_return)(void *arg, rpc_call_t *call);
+       zd_rpc_call_set_hook_state. */
+    int (*on_recv_request)(void *arg, zd_rpc_call_t *call, const void *extra, size_t len,
+                           zd_value_t **args);
+    void (*on_handler_return)(void *arg, zd_rpc_call_t *call);
     /* May replace *result (NULL for an error reply) and set *extra. */
-    int (*on_send_reply)(void *arg, rpc_call_t *call, rpc_value_t **result,
-                         rpc_bytes_t *extra);
+    int (*on_send_reply)(void *arg, zd_rpc_call_t *call, zd_value_t **result,
+                         zd_rpc_bytes_t *extra);
     /* May replace *result (NULL when the call failed). */
-    int (*on_recv_reply)(void *arg, const rpc_hook_msg_t *m, void *state, const void *extra,
-                         size_t len, rpc_value_t **result);
+    int (*on_recv_reply)(void *arg, const zd_rpc_hook_msg_t *m, void *state, const void *extra,
+                         size_t len, zd_value_t **result);
     void *arg;
-    /* The module's counters for rpc_get_debug_info: fills up to max items
+    /* The module's counters for zd_rpc_get_debug_info: fills up to max items
        and returns how many it has. Any thread; must not block. (After arg,
        so that older positional initializers still mean what they did.) */
-    int (*debug_info)(void *arg, rpc_debug_item_t *items, int max);
-} rpc_hooks_t;
+    int (*debug_info)(void *arg, zd_rpc_debug_item_t *items, int max);
+} zd_rpc_hooks_t;
 
 /*  Installs hooks (copied; NULL removes them). Only while not running. */
-int rpc_set_hooks(const rpc_hooks_t *hooks);
+ZD_API int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks);
 
 /*  Per-call state of the callee-side hooks. */
-void rpc_call_set_hook_state(rpc_call_t *call, void *state);
-void *rpc_call_hook_state(const rpc_call_t *call);
-rpc_call_kind_t rpc_call_kind(const rpc_call_t *call);
+ZD_API void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state);
+ZD_API void *zd_rpc_call_hook_state(const zd_rpc_call_t *call);
+ZD_API zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call);
 
 /*  ---- metrics (R12) ---- */
 
@@ -342,13 +345,13 @@ typedef struct {
     double latency_mean_us;     /* round trip of calls to the peer */
     double latency_p50_us;      /* percentiles: within ~2% (log histogram) */
     double latency_p99_us;
-} rpc_metrics_t;
+} zd_rpc_metrics_t;
 
 /*  Counters for one peer (peer < 0: all peers together). 0, or -1. */
-int rpc_metrics_get(int peer, rpc_metrics_t *out);
+ZD_API int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out);
 
 /*  One line per peer, human readable, then the debug counters. */
-void rpc_metrics_print(FILE *f);
+ZD_API void zd_rpc_metrics_print(FILE *f);
 
 /*  This process's counters, like PyTorch's rpc._get_debug_info(): the
     agent's (num_pending_requests, num_serving, thread_pool_size: the
@@ -358,11 +361,13 @@ void rpc_metrics_print(FILE *f);
     num_autograd_contexts, num_current_backward_passes, ...). Fills up to
     max items and returns how many there are (more than max: the rest was
     left out), or -1 when RPC is not running. */
-int rpc_get_debug_info(rpc_debug_item_t *items, int max);
+ZD_API int zd_rpc_get_debug_info(zd_rpc_debug_item_t *items, int max);
 
-/*  The value of the counter called name in rpc_get_debug_info: 0, or -1
+/*  The value of the counter called name in zd_rpc_get_debug_info: 0, or -1
     when RPC is not running, no counter has that name or an argument is
     NULL. */
-int rpc_get_debug_value(const char *name, int64_t *value);
+ZD_API int zd_rpc_get_debug_value(const char *name, int64_t *value);
+
+ZD_END_DECLS
 
 #endif

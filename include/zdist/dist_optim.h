@@ -1,12 +1,12 @@
 /*  dist_optim.h: the DistributedOptimizer (SPEC O2), in the image of
     torch.distributed.optim.DistributedOptimizer.
 
-        dist_optim_t *opt;
-        optim_config_t cfg = optim_sgd_defaults(0.03);
-        dist_optim_new(&cfg, param_rrefs, n, &opt);   // RRefs to tensors anywhere
-        ... dist_autograd_backward(ctx, &loss, 1, false);
-        dist_optim_step(opt, ctx);                     // every owner, at once
-        dist_optim_free(opt);
+        zd_dist_optim_t *opt;
+        zd_optim_config_t cfg = zd_optim_sgd_defaults(0.03);
+        zd_dist_optim_new(&cfg, param_rrefs, n, &opt);   // RRefs to tensors anywhere
+        ... zd_dist_autograd_backward(ctx, &loss, 1, false);
+        zd_dist_optim_step(opt, ctx);                     // every owner, at once
+        zd_dist_optim_free(opt);
 
     The constructor groups the parameters by owner and creates one local
     optimizer per owner, on that owner (optim.h, any kind, the same
@@ -14,17 +14,17 @@
     to its _LocalOptimizer objects. A step calls every owner's optimizer
     through its RRef with the context id, all at once, and waits for all;
     each owner takes that context's gradients of its parameters
-    (dist_autograd_get_gradient) and steps its local optimizer. Parameters
+    (zd_dist_autograd_get_gradient) and steps its local optimizer. Parameters
     without a gradient in the context are skipped, as PyTorch skips
     parameters whose .grad is None.
 
     Concurrency: steps on one owner are serialised by the local optimizer's
     lock, so concurrent trainers never interleave inside one update. Each
     owner also has a readers-writer lock per optimizer that writers (steps)
-    take exclusively: dist_optim_read_lock() lets a forward pass copy the
+    take exclusively: zd_dist_optim_read_lock() lets a forward pass copy the
     parameters without seeing half an update (rpc_ps does).
 
-    Requires dist_autograd_init() and dist_optim_init() before rpc_init on
+    Requires zd_dist_autograd_init() and zd_dist_optim_init() before zd_rpc_init on
     every process that owns parameters (it registers the "__dist_optim_*"
     functions). */
 #ifndef ZDIST_DIST_OPTIM_H
@@ -32,36 +32,41 @@
 
 #include <stdint.h>
 
-#include "optim/optim.h"
-#include "rpc/rpc.h"
+#include <zdist/optim.h>
+#include <zdist/rpc.h>
+#include <zdist/export.h>
 
-typedef struct dist_optim dist_optim_t;
+ZD_BEGIN_DECLS
 
-/*  Registers the functions owners serve. Call before rpc_init. 0, or -1. */
-int dist_optim_init(void);
+typedef struct zd_dist_optim zd_dist_optim_t;
+
+/*  Registers the functions owners serve. Call before zd_rpc_init. 0, or -1. */
+ZD_API int zd_dist_optim_init(void);
 
 /*  Creates one optimizer per owner over the parameters referenced by
     params[0..n) (RRefs whose values are float32 tensors; borrowed). Returns
     0 and *out, or -1 naming the owner that refused (bad hyper-parameters,
     a value that is not a tensor, an unreachable owner). */
-int dist_optim_new(const optim_config_t *cfg, rpc_rref_t *const *params, int n,
-                   dist_optim_t **out);
+ZD_API int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, int n,
+                   zd_dist_optim_t **out);
 
 /*  Steps every owner with the gradients of context_id and waits for all.
     Returns 0, or -1 with the error of the first owner that failed, named
     ("step on \"ps\" (rank 0): ..."). */
-int dist_optim_step(dist_optim_t *opt, int64_t context_id);
+ZD_API int zd_dist_optim_step(zd_dist_optim_t *opt, int64_t context_id);
 
 /*  Releases the RRefs to the local optimizers, so that their owners free
     them (as soon as the release reaches them), and frees opt. NULL-safe. */
-void dist_optim_free(dist_optim_t *opt);
+ZD_API void zd_dist_optim_free(zd_dist_optim_t *opt);
 
 /*  Number of owners (local optimizers) behind opt. */
-int dist_optim_num_owners(const dist_optim_t *opt);
+ZD_API int zd_dist_optim_num_owners(const zd_dist_optim_t *opt);
 
 /*  On an owner: hold while reading parameters that distributed optimizers
     may step, to see each update whole. Steps wait for readers. */
-void dist_optim_read_lock(void);
-void dist_optim_read_unlock(void);
+ZD_API void zd_dist_optim_read_lock(void);
+ZD_API void zd_dist_optim_read_unlock(void);
+
+ZD_END_DECLS
 
 #endif

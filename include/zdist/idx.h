@@ -13,25 +13,30 @@
 #ifndef ZDIST_IDX_H
 #define ZDIST_IDX_H
 
-#include "autograd/tensor.h"
+#include <zdist/tensor.h>
+#include <zdist/export.h>
 
-#define IDX_TYPE_U8  0x08
-#define IDX_TYPE_F32 0x0D
+ZD_BEGIN_DECLS
 
-/*  Reads an IDX file (plain or gzip). uint8 data becomes a TENSOR_U8 tensor,
-    float32 data a TENSOR_F32 tensor, both with the file's shape. Other
+#define ZD_IDX_TYPE_U8  0x08
+#define ZD_IDX_TYPE_F32 0x0D
+
+/*  Reads an IDX file (plain or gzip). uint8 data becomes a ZD_UINT8 tensor,
+    float32 data a ZD_FLOAT32 tensor, both with the file's shape. Other
     element types, a bad magic, 0 or more than 8 dimensions, dimensions
     whose product overflows, and a size that disagrees with the dimensions
     (truncated or trailing data) are refused. Returns 0 and sets *out (the
-    caller owns the reference), or -1 with *out NULL and error_last() set. */
-int idx_load(const char *path, tensor_t **out);
+    caller owns the reference), or -1 with *out NULL and zd_error_last() set. */
+ZD_API int zd_idx_load(const char *path, zd_tensor_t **out);
 
-/*  Writes t (TENSOR_U8 or TENSOR_F32, 1 to 8 dimensions, each < 2^32) as an
+/*  Writes t (ZD_UINT8 or ZD_FLOAT32, 1 to 8 dimensions, each < 2^32) as an
     IDX file: gzip-compressed when path ends in ".gz", plain otherwise.
-    Returns 0, or -1 with error_last() set (a partial file may remain). */
-int idx_save(const char *path, const tensor_t *t);
+    Returns 0, or -1 with zd_error_last() set (a partial file may remain). */
+ZD_API int zd_idx_save(const char *path, const zd_tensor_t *t);
 
-/*  idx_save for float32 tensors only (refuses any other dtype). */
-int idx_save_f32(const char *path, const tensor_t *t);
+/*  zd_idx_save for float32 tensors only (refuses any other dtype). */
+ZD_API int zd_idx_save_f32(const char *path, const zd_tensor_t *t);
+
+ZD_END_DECLS
 
 #endif

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# The layers' include arrows point down only. Each folder may include the
+# public headers of the layers below it (and its own), and private headers
+# of its own folder only.
+#   usage: tests/check_layers.sh SOURCE_DIR
+set -euo pipefail
+cd "${1:-$(dirname "$0")/..}"
+# public headers each layer may include
+declare -A allowed=(
+  [autograd]="error version export tensor autograd function"
+  [rpc]="error version export tensor autograd function rpc value future"
+  [dist_autograd]="error version export tensor autograd function rpc value future dist_autograd"
+  [nn]="error version export tensor autograd function nn model dataset idx checkpoint rng"
+  [optim]="error version export tensor autograd function optim"
+  [dist_optim]="error version export tensor autograd function rpc value future dist_autograd optim dist_optim"
+)
+# the public headers: which layer each belongs to
+declare -A home=(
+  [error]=autograd [version]=autograd [export]=autograd [tensor]=autograd [autograd]=autograd
+  [function]=autograd [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
+  [nn]=nn [model]=nn [dataset]=nn [idx]=nn [checkpoint]=nn [rng]=nn [optim]=optim
+  [dist_optim]=dist_optim)
+bad=0
+for layer in "${!allowed[@]}"; do
+  for f in "$layer"/*.[ch]; do
+    while IFS= read -r inc; do
+      case "$inc" in
+        '<zdist/'*)
+          h=${inc#<zdist/}; h=${h%.h>}
+          if [[ " ${allowed[$layer]} " != *" $h "* ]]; then
+            echo "$f includes <zdist/$h.h> of layer ${home[$h]:-?}, above $layer"; bad=1
+          fi ;;
+        '"'*)
+          p=${inc#\"}; p=${p%\"}
+          if [[ "$p" == */* && "${p%%/*}" != "$layer" ]]; then
+            echo "$f includes the private header $p of another layer"; bad=1
+          fi ;;
+      esac
+    done < <(sed -n 's/^#include \([<"][^>"]*[>"]\).*/\1/p' "$f")
+  done
+done
+# public headers: the same rule
+for f in include/zdist/*.h; do
+  h=$(basename "$f" .h); layer=${home[$h]}
+  while IFS= read -r inc; do
+    i=${inc#<zdist/}; i=${i%.h>}
+    if [[ " ${allowed[$layer]} " != *" $i "* ]]; then
+      echo "$f (layer $layer) includes <zdist/$i.h> of layer ${home[$i]:-?}"; bad=1
+    fi
+  done < <(sed -n 's/^#include \(<zdist\/[^>]*>\).*/\1/p' "$f")
+done
+[ $bad -eq 0 ] && echo "layers: every include points down"
+exit $bad
