@@ -13,16 +13,23 @@
 #      part of its own project, with cmocka hidden from pkg-config.
 #   usage: tests/consumer/run.sh PREFIX     (after cmake --install BUILD --prefix PREFIX)
 set -euo pipefail
-[ $# -eq 1 ] && [ -d "$1" ] || { echo "usage: $0 PREFIX (an installed zdist)" >&2; exit 2; }
+if [ $# -ne 1 ] || [ ! -d "$1" ]; then
+  echo "usage: $0 PREFIX (an installed zdist)" >&2; exit 2
+fi
 prefix=$(cd "$1" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 jobs=$(nproc)
 work=$(mktemp -d)
-step=setup
-trap 'rc=$?; rm -rf "$work"; [ $rc -eq 0 ] || echo "consumer: FAILED in: $step" >&2' EXIT
+current=setup
+finish() {
+  local rc=$?
+  rm -rf "$work"
+  [ $rc -eq 0 ] || echo "consumer: FAILED in: $current" >&2
+}
+trap finish EXIT
 unset LD_LIBRARY_PATH
-step() { step=$*; echo "--- consumer: $*"; }
+step() { current=$*; echo "--- consumer: $*"; }
 
 # The library directory (lib, lib64 or lib/<multiarch>) is where zdist.pc is.
 pc=$(find "$prefix" -path '*/pkgconfig/zdist.pc' -print -quit)
@@ -124,7 +131,7 @@ done
 if PKG_CONFIG_LIBDIR=$work/pc-no-cmocka pkg-config --exists cmocka; then
   echo "consumer: could not hide cmocka" >&2; false
 fi
-PKG_CONFIG_LIBDIR=$work/pc-no-cmocka PKG_CONFIG_PATH= \
+PKG_CONFIG_LIBDIR=$work/pc-no-cmocka PKG_CONFIG_PATH='' \
   cmake -S "$here/subdir" -B "$work/subdir" -DZDIST_SOURCE_DIR="$src" -DCMAKE_BUILD_TYPE=Release \
   > "$work/cmake.log" || { cat "$work/cmake.log"; false; }
 for d in tests examples bench tools; do
@@ -136,5 +143,4 @@ cmake --build "$work/subdir" -j "$jobs" > "$work/build.log" || { cat "$work/buil
 "$work/subdir/add_cpp"
 run_static "$work/subdir/add_c_static"
 
-step done
 echo "consumer: all passed"
