@@ -1,27 +1,43 @@
 # SPDX-License-Identifier: MIT
 # cmake --install: the public headers under include/zdist/, libzdist.so and
 # libzdist.a, zdist.pc, and a CMake package (find_package(zdist) gives the
-# targets zdist::zdist, the shared library, and zdist::zdist_static).
-include(GNUInstallDirs)
+# targets zdist::zdist, the shared library, and zdist::zdist_static). Only
+# the library: no test, example, benchmark or tool is installed. Every
+# installed file names the others by relative paths, so the installed tree
+# may be moved (or packaged with DESTDIR) and still work.
 include(CMakePackageConfigHelpers)
 
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/zdist
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.h")
-install(TARGETS zdist EXPORT zdistTargets
+install(TARGETS zdist zdist_static EXPORT zdistTargets
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
-        INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/libzdist.a DESTINATION ${CMAKE_INSTALL_LIBDIR})
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR})
 
 set(zd_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/zdist)
 install(EXPORT zdistTargets NAMESPACE zdist:: DESTINATION ${zd_cmake_dir})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/zdistConfig.cmake.in
-  ${CMAKE_CURRENT_BINARY_DIR}/zdistConfig.cmake INSTALL_DESTINATION ${zd_cmake_dir}
-  PATH_VARS CMAKE_INSTALL_LIBDIR)
-write_basic_package_version_file(${CMAKE_CURRENT_BINARY_DIR}/zdistConfigVersion.cmake
+  ${PROJECT_BINARY_DIR}/zdistConfig.cmake INSTALL_DESTINATION ${zd_cmake_dir})
+# Before 1.0 a minor release may break the API: 0.2.x satisfies a request
+# for 0.2, not for 0.1 or 0.3.
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/zdistConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zdistConfig.cmake
-              ${CMAKE_CURRENT_BINARY_DIR}/zdistConfigVersion.cmake
+install(FILES ${PROJECT_BINARY_DIR}/zdistConfig.cmake
+              ${PROJECT_BINARY_DIR}/zdistConfigVersion.cmake
         DESTINATION ${zd_cmake_dir})
 
-configure_file(${PROJECT_SOURCE_DIR}/cmake/zdist.pc.in ${CMAKE_CURRENT_BINARY_DIR}/zdist.pc @ONLY)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/zdist.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+# zdist.pc finds the prefix from its own place (${pcfiledir}) unless the
+# directories were given as absolute paths.
+set(zd_pc_dir ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+if(IS_ABSOLUTE "${CMAKE_INSTALL_LIBDIR}" OR IS_ABSOLUTE "${CMAKE_INSTALL_INCLUDEDIR}")
+  set(zd_pc_prefix "${CMAKE_INSTALL_PREFIX}")
+  set(zd_pc_libdir "${CMAKE_INSTALL_FULL_LIBDIR}")
+  set(zd_pc_includedir "${CMAKE_INSTALL_FULL_INCLUDEDIR}")
+else()
+  file(RELATIVE_PATH zd_pc_up /zd_prefix/${zd_pc_dir} /zd_prefix)
+  string(REGEX REPLACE "/$" "" zd_pc_up "${zd_pc_up}")
+  set(zd_pc_prefix "\${pcfiledir}/${zd_pc_up}")
+  set(zd_pc_libdir "\${prefix}/${CMAKE_INSTALL_LIBDIR}")
+  set(zd_pc_includedir "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
+endif()
+configure_file(${PROJECT_SOURCE_DIR}/cmake/zdist.pc.in ${PROJECT_BINARY_DIR}/zdist.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/zdist.pc DESTINATION ${zd_pc_dir})

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs, on Debian, every package the build, the tests and the default data
 # need. Quick when everything is already there: apt is only run for what is
-# missing.
+# missing. build-essential brings cc, c++ (the consumer test builds a C++
+# program against the installed headers) and binutils (readelf); cmake and
+# pkg-config serve the build and the consumer test alike.
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
       libcmocka-dev zlib1g-dev dataset-fashion-mnist clang libclang-rt-14-dev)

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs what is missing, then builds and runs every test twice: a normal
 # (Release) build and an AddressSanitizer + UndefinedBehaviorSanitizer build.
-# Warnings are errors in both.
+# Warnings are errors in both. The Release build is also installed into a
+# temporary prefix, and tests/consumer/run.sh builds and runs programs
+# against it (pkg-config, find_package, add_subdirectory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+prefix=""
+trap '[ -z "$prefix" ] || rm -rf "$prefix"' EXIT
 tools/install_deps.sh
 jobs=$(nproc)
 for kind in release sanitize; do
@@ -17,5 +21,13 @@ for kind in release sanitize; do
   # Leak checking is on (ASan's default on Linux); OpenBLAS's thread pool is
   # kept to one thread so its lazily created workers do not look like leaks.
   (cd "$dir" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2} ctest -j "$jobs" --output-on-failure --timeout 900)
+  if [ $kind = release ]; then
+    echo "=== install and consume ==="
+    prefix=$(mktemp -d)
+    cmake --install "$dir" --prefix "$prefix" > /dev/null
+    tests/consumer/run.sh "$prefix"
+    rm -rf "$prefix"
+    prefix=""
+  fi
 done
-echo "all tests passed in both builds"
+echo "all tests passed in both builds; the installed library works for other programs"
