@@ -14,9 +14,11 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
@@ -323,6 +325,25 @@ static int64_t int_of(zd_value_t *v)
     return n;
 }
 
+/*  Waits (up to 10 s) until this process holds `live` tensors: the last
+    reference to a tensor that was sent goes when ZeroMQ has written its
+    frame, on ZeroMQ's own thread, not necessarily before the answer. */
+static bool live_tensors_back_to(int64_t live)
+{
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    while (zd_tensor_live_count() != live) {
+        clock_gettime(CLOCK_MONOTONIC, &t);
+        if (t.tv_sec - t0.tv_sec > 10) {
+            fprintf(stderr, "%lld tensors live, expected %lld\n",
+                    (long long)zd_tensor_live_count(), (long long)live);
+            return false;
+        }
+        sched_yield();
+    }
+    return true;
+}
+
 static int take_calls(const world_t *w)
 {
     int64_t live = zd_tensor_live_count();
@@ -387,7 +408,7 @@ static int take_calls(const world_t *w)
     /* An RRef as an argument. */
     TRY(zd_rpc_sync_take(1, "echo", ZD_ARGS(rr), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
     zd_rref_t *back;
-    TRY(ZD_UNPACK(r, &back) == 0);
+    TRY(ZD_UNPACK(r, &back) == 0 && zd_rref_owner(back) == 1);
     zd_value_unref(r);
 
     /* A NULL list from a failed ZD_ARGS: every call fails with its error,
@@ -425,7 +446,7 @@ static int take_calls(const world_t *w)
     zd_rref_unref(rr2);
     zd_rref_unref(rr);
     zd_tensor_unref(t);
-    TRY(zd_tensor_live_count() == live);
+    TRY(live_tensors_back_to(live));
     return 0;
 }
 

@@ -11,6 +11,9 @@
         zd_dist_autograd_get_gradient(ctx, param, &g);   // on any process
         zd_dist_autograd_context_end(ctx);     // frees it on every process
 
+    or, scoped like PyTorch's `with dist_autograd.context() as ctx:`,
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx) { ... } (below).
+
     Recording. Under a context (the calling thread's current one), every RPC
     carries the context id. When its arguments hold tensors that require
     grad, the sender records a send function over them and the receiver a

@@ -14,6 +14,15 @@
             zd_value_unref(r);
         }
 
+    served on "ps" by a handler it registered before zd_rpc_init:
+
+        static zd_value_t *add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+        {
+            int64_t a, b;   // errors go back to the caller
+            return ZD_UNPACK(args, &a, &b) < 0 ? NULL : zd_value_int(a + b);
+        }
+        zd_rpc_register("add", add, NULL);
+
     Values (<zdist/value.h>) carry none, ints, floats, strings, bytes,
     tensors (sent and received without copies), RRefs and lists. Arguments
     are one list value: ZD_ARGS(...) builds it from C values, checked by

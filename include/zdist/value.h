@@ -83,9 +83,10 @@ ZD_API int zd_list_append(zd_value_t *list, zd_value_t *item);
     BEWARE: the compiler cannot check the arguments against the spec. Every
     'i' is read as an int64_t, so an int (a literal 3, an int variable) is
     undefined behaviour: -1 may arrive as 4294967295. Cast each one:
-    zd_rpc_args("ti", x, (int64_t)3). Likewise 'f' needs a double (a float
-    is promoted, fine). Returns NULL on error; the 'v' values are released
-    then too (unless the spec itself holds an unknown letter). */
+    zd_rpc_args("ti", x, (int64_t)3). Likewise 'f' needs a floating value
+    (2.0, not 2; a float is promoted to double, fine). Returns NULL on
+    error; the 'v' values are released then too (unless the spec itself
+    holds an unknown letter). */
 ZD_API zd_value_t *zd_rpc_args(const char *spec, ...);
 
 /*  ---- typed argument lists: ZD_ARGS and ZD_UNPACK ----
@@ -102,9 +103,10 @@ ZD_API zd_value_t *zd_rpc_args(const char *spec, ...);
       zd_value_t *                       -> that value, reference taken over
                                             (a nested ZD_ARGS(...) is a list)
     Any other type (void *, NULL, int *, a struct) does not compile.
-    ZD_ARGS() is the empty list; up to 24 items. Each argument is evaluated
-    once. Returns NULL when an item fails (a NULL string, tensor or value,
-    out of memory): "ZD_ARGS: argument 1: zd_value_string: NULL string";
+    ZD_ARGS() is the empty list; up to 24 items (more do not compile).
+    Each argument is evaluated once. Returns NULL when an item fails (a
+    NULL string, tensor or value, out of memory): "ZD_ARGS: argument 1:
+    zd_value_string: NULL string" (items count from 0, as in zd_rpc_arg_*);
     what was built and the zd_value_t items are released then too.
 
         zd_rpc_sync_take(to, "add", ZD_ARGS(2, -3), ZD_RPC_TIMEOUT_DEFAULT, &r);
