@@ -53,13 +53,13 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/*  The result of server.method(args) as a tensor (a new reference). */
+/*  The result of server.method(args) as a tensor (a new reference); args
+    (from ZD_ARGS) is taken over, like call_none's. */
 static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_tensor_t **out)
 {
     zd_value_t *r;
     *out = NULL;
-    int rc = zd_rref_rpc_sync(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r);
-    zd_value_unref(args);
+    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r);
     if (rc < 0)
         return -1;
     zd_tensor_t *t;
@@ -73,8 +73,7 @@ static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_t
 static int call_none(zd_rref_t *ps, const char *method, zd_value_t *args)
 {
     zd_value_t *r = NULL;
-    int rc = args ? zd_rref_rpc_sync(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r) : -1;
-    zd_value_unref(args);
+    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r);
     zd_value_unref(r);
     return rc;
 }
@@ -88,7 +87,7 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
     zd_value_t *grads = NULL;
     if (zd_dist_autograd_context_begin(&cid) < 0)
         return -1;
-    int rc = call_tensor(ps, "ps_forward", zd_rpc_args("ti", x, (int64_t)1), &out);
+    int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 1), &out);
     if (rc == 0)
         rc = zd_nn_nll_loss(out, y, &loss);
     if (rc == 0)
@@ -127,7 +126,7 @@ static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, doub
         int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
         if (zd_dataset_batch(test, NULL, start, bs, &x, &y) < 0)
             return -1;
-        int rc = call_tensor(ps, "ps_forward", zd_rpc_args("ti", x, (int64_t)0), &out);
+        int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 0), &out);
         int64_t c = rc == 0 ? zd_nn_accuracy(out, y) : -1;
         zd_tensor_unref(out);
         zd_tensor_unref(x);
@@ -176,7 +175,7 @@ static int run_trainer(const options_t *o)
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     if (zd_dist_optim_new(&cfg, params, n, &opt) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_started", zd_rpc_args("")) < 0)
+    if (call_none(ps, "ps_trainer_started", ZD_ARGS()) < 0)
         goto out;
     int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
     if (o->resume) {
@@ -232,14 +231,14 @@ static int run_trainer(const options_t *o)
                     goto out;
             }
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
-                call_none(ps, "ps_checkpoint", zd_rpc_args("ii", (int64_t)trainer, done)) < 0)
+                call_none(ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0)
                 goto out;
         }
     }
     t1 = now_s();
     if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_finished", zd_rpc_args("i", (done - start) * o->batch_size)) < 0)
+    if (call_none(ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
     /* Trainers share one evaluation of the final weights on the server

@@ -11,6 +11,9 @@
         zd_dist_autograd_get_gradient(ctx, param, &g);   // on any process
         zd_dist_autograd_context_end(ctx);     // frees it on every process
 
+    or, scoped like PyTorch's `with dist_autograd.context() as ctx:`,
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx) { ... } (below).
+
     Recording. Under a context (the calling thread's current one), every RPC
     carries the context id. When its arguments hold tensors that require
     grad, the sender records a send function over them and the receiver a
@@ -41,6 +44,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <string.h>
+
+#include <zdist/error.h>
 #include <zdist/tensor.h>
 #include <zdist/export.h>
 
@@ -93,6 +99,61 @@ ZD_API bool zd_dist_autograd_context_exists(int64_t context_id);
 
 /*  Number of live contexts in this process. */
 ZD_API int64_t zd_dist_autograd_num_contexts(void);
+
+/*  ---- a scoped context: PyTorch's `with dist_autograd.context() as cid:` ----
+
+        ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+            ...forward, zd_dist_autograd_backward(cid, ...), optimizer step...
+        }
+
+    runs the block once with `int64_t cid` a new context, current on this
+    thread, and releases it on every way out of the block (its end, break,
+    continue, return, goto) like zd_dist_autograd_context_release: here at
+    once, on the peers without waiting for them, as PyTorch's context exit.
+    It is a for statement whose variable has __attribute__((cleanup)), so:
+    GCC and clang only; break and continue inside leave the block itself,
+    not a loop around it; longjmp out of it skips the release. A context
+    the block ended itself (zd_dist_autograd_context_end) is left alone,
+    and the release leaves zd_error_last() as the block left it.
+
+    When the context cannot begin (RPC not running, or the thread already
+    has a current context: scopes do not nest), the block is skipped and
+    zd_error_last() says why. Tell it by a variable the block sets:
+
+        int rc = -1;
+        ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+            rc = train_step(cid);
+        }
+        if (rc < 0)
+            fprintf(stderr, "%s\n", zd_error_last());
+*/
+#if defined(__GNUC__) || defined(__clang__)
+#define ZD_DIST_AUTOGRAD_CONTEXT(cid)                                             \
+    for (int64_t cid __attribute__((cleanup(zd__dist_autograd_scope_end))) =     \
+             zd__dist_autograd_scope_begin(),                                     \
+             ZD__DIST_SCOPE_ONCE = cid != -1;                                     \
+         ZD__DIST_SCOPE_ONCE; ZD__DIST_SCOPE_ONCE = 0)
+#define ZD__DIST_SCOPE_ONCE ZD__DIST_SCOPE_CAT(zd__dist_scope_once_, __LINE__)
+#define ZD__DIST_SCOPE_CAT(a, b) ZD__DIST_SCOPE_CAT_(a, b)
+#define ZD__DIST_SCOPE_CAT_(a, b) a##b
+
+static inline int64_t zd__dist_autograd_scope_begin(void)
+{
+    int64_t id;
+    return zd_dist_autograd_context_begin(&id) < 0 ? -1 : id;
+}
+
+static inline void zd__dist_autograd_scope_end(int64_t *cid)
+{
+    if (*cid == -1 || !zd_dist_autograd_context_exists(*cid))
+        return;
+    char saved[1024];
+    strncpy(saved, zd_error_last(), sizeof saved - 1);
+    saved[sizeof saved - 1] = '\0';
+    zd_dist_autograd_context_release(*cid);
+    zd_error_set("%s", saved);
+}
+#endif
 
 /*  ---- backward (A4) ---- */
 

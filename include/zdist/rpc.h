@@ -8,11 +8,27 @@
     master_addr:master_port. After init any process may call any other:
 
         zd_value_t *r;
-        zd_rpc_sync(zd_rpc_worker("ps"), "add", zd_rpc_args("ii", 2, 3), -1, &r);
+        if (zd_rpc_sync_take(zd_rpc_worker("ps"), "add", ZD_ARGS(2, 3),
+                             ZD_RPC_TIMEOUT_DEFAULT, &r) == 0) {
+            ...use r...
+            zd_value_unref(r);
+        }
 
-    Values (rpc/value.h) carry none, ints, floats, strings, bytes, tensors
-    (sent and received without copies), RRefs and lists. Arguments are one
-    list value, borrowed by every call below.
+    served on "ps" by a handler it registered before zd_rpc_init:
+
+        static zd_value_t *add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+        {
+            int64_t a, b;   // errors go back to the caller
+            return ZD_UNPACK(args, &a, &b) < 0 ? NULL : zd_value_int(a + b);
+        }
+        zd_rpc_register("add", add, NULL);
+
+    Values (<zdist/value.h>) carry none, ints, floats, strings, bytes,
+    tensors (sent and received without copies), RRefs and lists. Arguments
+    are one list value: ZD_ARGS(...) builds it from C values, checked by
+    the compiler, and ZD_UNPACK(args, &a, &b) takes it apart in a handler.
+    The calls below borrow it (the caller still unrefs it); their _take
+    variants take it over, so that ZD_ARGS(...) can be written inline.
 
     Threads. A thread calling zd_rpc_sync sends on a socket of its own and
     reads the answer itself: no hand-off between threads on that path. One
@@ -191,6 +207,34 @@ ZD_API zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64
     thread waits (see Threads above); same results, and like
     zd_future_wait, timeout_ms < 0 waits without limit. */
 ZD_API int zd_rpc_wait(zd_future_t *f, int64_t timeout_ms);
+
+/*  ---- calling with arguments taken over ----
+
+    The calls above (and the RRef method calls below), taking over the
+    caller's reference to args, which they release in every case, success
+    or failure: zd_rpc_sync_take(to, "f", ZD_ARGS(x, 2), ...) leaks nothing.
+    args NULL (a ZD_ARGS that failed) fails the call with that error,
+    prefixed with the call; pass ZD_ARGS() for no arguments. Results as for
+    the borrowing calls. */
+
+/*  zd_rpc_sync, taking over args (released in every case). */
+ZD_API int zd_rpc_sync_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
+                            zd_value_t **result);
+/*  zd_rpc_async, taking over args (released in every case). */
+ZD_API zd_future_t *zd_rpc_async_take(int to, const char *fn, zd_value_t *args,
+                                      int64_t timeout_ms);
+/*  zd_rpc_remote, taking over args (released in every case). */
+ZD_API zd_rref_t *zd_rpc_remote_take(int to, const char *fn, zd_value_t *args,
+                                     int64_t timeout_ms);
+/*  zd_rref_rpc_sync, taking over args (released in every case). */
+ZD_API int zd_rref_rpc_sync_take(zd_rref_t *r, const char *method, zd_value_t *args,
+                                 int64_t timeout_ms, zd_value_t **result);
+/*  zd_rref_rpc_async, taking over args (released in every case). */
+ZD_API zd_future_t *zd_rref_rpc_async_take(zd_rref_t *r, const char *method, zd_value_t *args,
+                                           int64_t timeout_ms);
+/*  zd_rref_remote, taking over args (released in every case). */
+ZD_API zd_rref_t *zd_rref_remote_take(zd_rref_t *r, const char *method, zd_value_t *args,
+                                      int64_t timeout_ms);
 
 /*  ---- remote references (R4, R5, R6) ---- */
 

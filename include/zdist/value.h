@@ -75,13 +75,203 @@ ZD_API zd_value_t *zd_value_list(size_t capacity);
     (item is then released) when out of memory or l is not a list. */
 ZD_API int zd_list_append(zd_value_t *list, zd_value_t *item);
 
-/*  A list built from a printf-like spec, for short calls:
+/*  A list built from a printf-like spec (for C++, or bytes and none
+    items; from C, ZD_ARGS below is the safer way):
       'i' int64_t, 'f' double, 's' const char *, 't' zd_tensor_t *,
       'r' zd_rref_t *, 'n' none, 'v' zd_value_t * (reference taken over),
       'b' const void *, size_t (bytes).
-    zd_rpc_args("ti", x, (int64_t)3). Returns NULL on error; the 'v' values are
-    released then too (unless the spec itself holds an unknown letter). */
+    BEWARE: the compiler cannot check the arguments against the spec. Every
+    'i' is read as an int64_t, so an int (a literal 3, an int variable) is
+    undefined behaviour: -1 may arrive as 4294967295. Cast each one:
+    zd_rpc_args("ti", x, (int64_t)3). Likewise 'f' needs a floating value
+    (2.0, not 2; a float is promoted to double, fine). Returns NULL on
+    error; the 'v' values are released then too (unless the spec itself
+    holds an unknown letter). */
 ZD_API zd_value_t *zd_rpc_args(const char *spec, ...);
+
+/*  ---- typed argument lists: ZD_ARGS and ZD_UNPACK ----
+
+    ZD_ARGS(x, y, ...) builds a new list value (caller unrefs, or hands it
+    to a _take call of rpc.h) from C values, each converted by its type,
+    which the compiler checks (C11 _Generic):
+      any integer type (char, int, long, unsigned ..., int64_t, bool)
+                                         -> int (an unsigned value above
+                                            INT64_MAX fails)
+      float, double, long double         -> float
+      char *, const char * (literals)    -> string (copied)
+      zd_tensor_t *, zd_rref_t *         -> tensor, RRef (own reference taken)
+      zd_value_t *                       -> that value, reference taken over
+                                            (a nested ZD_ARGS(...) is a list)
+    Any other type (void *, NULL, int *, a struct) does not compile.
+    ZD_ARGS() is the empty list; up to 24 items (more do not compile).
+    Each argument is evaluated once. Returns NULL when an item fails (a
+    NULL string, tensor or value, out of memory): "ZD_ARGS: argument 1:
+    zd_value_string: NULL string" (items count from 0, as in zd_rpc_arg_*);
+    what was built and the zd_value_t items are released then too.
+
+        zd_rpc_sync_take(to, "add", ZD_ARGS(2, -3), ZD_RPC_TIMEOUT_DEFAULT, &r);
+
+    ZD_UNPACK(args, &a, &b, ...) is the reverse, for handlers: checks that
+    args is a list of exactly that many items ("expected 2 arguments, got
+    3") and fills each output by its pointer type, with the errors of
+    zd_rpc_arg_* ("argument 1: expected tensor, got int"):
+      int64_t *  -> int         double *       -> float (ints convert)
+      const char ** -> string   zd_tensor_t ** -> tensor
+      zd_rref_t ** -> RRef      zd_value_t **  -> the item itself
+    Results are borrowed from args. Returns 0, or -1 (outputs before the
+    failing one may have been written). Any other pointer type, notably
+    int * or long long *, does not compile: declare int64_t.
+
+        int64_t a, b;
+        if (ZD_UNPACK(args, &a, &b) < 0)
+            return NULL;
+
+    Both are C only (_Generic); from C++ use zd_rpc_args (above) and
+    zd_rpc_unpack (below), or fill the arrays of zd_rpc_args_array and
+    zd_rpc_unpack_array yourself. */
+
+/*  One item of ZD_ARGS: kind is a letter of zd_rpc_args' spec ('i', 'f',
+    's', 't', 'r', 'v') or 'u' (an unsigned integer, checked to fit). */
+typedef struct {
+    char kind;
+    union {
+        int64_t i;
+        uint64_t u;
+        double f;
+        const char *s;
+        zd_tensor_t *t;
+        zd_rref_t *r;
+        zd_value_t *v;
+    } u;
+} zd_rpc_arg_t;
+
+/*  One output of ZD_UNPACK: kind is a letter of zd_rpc_unpack's spec, out
+    the pointer it fills. */
+typedef struct {
+    char kind;
+    void *out;
+} zd_rpc_out_t;
+
+/*  The list of n items (n 0: empty; items may then be NULL): what ZD_ARGS
+    calls. New reference, or NULL (the 'v' items released, as above). */
+ZD_API zd_value_t *zd_rpc_args_array(const zd_rpc_arg_t *items, size_t n);
+
+/*  Unpacks args into n outputs: what ZD_UNPACK calls. 0, or -1. */
+ZD_API int zd_rpc_unpack_array(const zd_value_t *args, const zd_rpc_out_t *outs, size_t n);
+
+/*  ZD_UNPACK for C++ and spec lovers: one letter per output, 'i' int64_t *,
+    'f' double *, 's' const char **, 't' zd_tensor_t **, 'r' zd_rref_t **,
+    'v' zd_value_t **: zd_rpc_unpack(args, "it", &n, &t). Checks the arity
+    like ZD_UNPACK; the pointer types are not checked. 0, or -1. */
+ZD_API int zd_rpc_unpack(const zd_value_t *args, const char *spec, ...);
+
+#ifndef __cplusplus
+
+#define ZD_ARGS(...) ZD__CAT(ZD__ARGS_EMPTY, ZD__ISEMPTY(__VA_ARGS__))(__VA_ARGS__)
+#define ZD_UNPACK(...) ZD__CAT(ZD__UNPACK_, ZD__HAS_COMMA(__VA_ARGS__))(__VA_ARGS__)
+
+/*  What follows is machinery: no user-serviceable parts. */
+#define ZD__ARGS_EMPTY1(...) zd_rpc_args_array(NULL, 0)
+#define ZD__ARGS_EMPTY0(...) \
+    zd_rpc_args_array((const zd_rpc_arg_t[]){ZD__MAP(ZD__ARG, __VA_ARGS__)}, ZD__NARG(__VA_ARGS__))
+#define ZD__UNPACK_0(args) zd_rpc_unpack_array((args), NULL, 0)
+#define ZD__UNPACK_1(args, ...) \
+    zd_rpc_unpack_array((args), (const zd_rpc_out_t[]){ZD__MAP(ZD__OUT, __VA_ARGS__)}, \
+                        ZD__NARG(__VA_ARGS__))
+
+#define ZD__ARG(x)                                                            \
+    _Generic((x),                                                             \
+        _Bool: zd__arg_int, char: zd__arg_int, signed char: zd__arg_int,      \
+        unsigned char: zd__arg_int, short: zd__arg_int,                       \
+        unsigned short: zd__arg_int, int: zd__arg_int,                        \
+        unsigned int: zd__arg_int, long: zd__arg_int, long long: zd__arg_int, \
+        unsigned long: zd__arg_uint, unsigned long long: zd__arg_uint,        \
+        float: zd__arg_float, double: zd__arg_float,                          \
+        long double: zd__arg_long_double,                                     \
+        char *: zd__arg_string, const char *: zd__arg_string,                 \
+        zd_tensor_t *: zd__arg_tensor, zd_rref_t *: zd__arg_rref,             \
+        zd_value_t *: zd__arg_value)(x)
+
+#define ZD__OUT(p)                                                            \
+    _Generic((p),                                                             \
+        int64_t *: zd__out_int, double *: zd__out_float,                      \
+        const char **: zd__out_string, zd_tensor_t **: zd__out_tensor,        \
+        zd_rref_t **: zd__out_rref, zd_value_t **: zd__out_value)(p)
+
+#define ZD__ARG_FN(name, type, k, member)                                     \
+    static inline zd_rpc_arg_t name(type v)                                   \
+    {                                                                         \
+        zd_rpc_arg_t a = {k, {.member = v}};                                  \
+        return a;                                                             \
+    }
+#define ZD__OUT_FN(name, type, k)                                             \
+    static inline zd_rpc_out_t name(type *p)                                  \
+    {                                                                         \
+        zd_rpc_out_t o = {k, p};                                              \
+        return o;                                                             \
+    }
+ZD__ARG_FN(zd__arg_int, int64_t, 'i', i)
+ZD__ARG_FN(zd__arg_uint, uint64_t, 'u', u)
+ZD__ARG_FN(zd__arg_float, double, 'f', f)
+ZD__ARG_FN(zd__arg_string, const char *, 's', s)
+ZD__ARG_FN(zd__arg_tensor, zd_tensor_t *, 't', t)
+ZD__ARG_FN(zd__arg_rref, zd_rref_t *, 'r', r)
+ZD__ARG_FN(zd__arg_value, zd_value_t *, 'v', v)
+static inline zd_rpc_arg_t zd__arg_long_double(long double v)
+{
+    return zd__arg_float((double)v);
+}
+ZD__OUT_FN(zd__out_int, int64_t, 'i')
+ZD__OUT_FN(zd__out_float, double, 'f')
+ZD__OUT_FN(zd__out_string, const char *, 's')
+ZD__OUT_FN(zd__out_tensor, zd_tensor_t *, 't')
+ZD__OUT_FN(zd__out_rref, zd_rref_t *, 'r')
+ZD__OUT_FN(zd__out_value, zd_value_t *, 'v')
+
+/*  Counting and mapping macro arguments (up to 24), and telling an empty
+    argument list apart (Jens Gustedt's ISEMPTY, plain C99). */
+#define ZD__CAT(a, b) ZD__CAT_(a, b)
+#define ZD__CAT_(a, b) a##b
+#define ZD__MAP(f, ...) ZD__CAT(ZD__MAP, ZD__NARG(__VA_ARGS__))(f, __VA_ARGS__)
+#define ZD__NTH(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, \
+    _18, _19, _20, _21, _22, _23, _24, _25, N, ...) N
+#define ZD__NARG(...) ZD__NTH(__VA_ARGS__, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, \
+    13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
+#define ZD__HAS_COMMA(...) ZD__NTH(__VA_ARGS__, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, \
+    1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
+#define ZD__TRIGGER(...) ,
+#define ZD__ISEMPTY(...)                                                      \
+    ZD__ISEMPTY_(ZD__HAS_COMMA(__VA_ARGS__), ZD__HAS_COMMA(ZD__TRIGGER __VA_ARGS__), \
+                 ZD__HAS_COMMA(__VA_ARGS__()), ZD__HAS_COMMA(ZD__TRIGGER __VA_ARGS__()))
+#define ZD__ISEMPTY_(a, b, c, d) ZD__HAS_COMMA(ZD__CAT5(ZD__EMPTY_CASE_, a, b, c, d))
+#define ZD__CAT5(a, b, c, d, e) a##b##c##d##e
+#define ZD__EMPTY_CASE_0001 ,
+#define ZD__MAP1(f, x) f(x)
+#define ZD__MAP2(f, x, ...) f(x), ZD__MAP1(f, __VA_ARGS__)
+#define ZD__MAP3(f, x, ...) f(x), ZD__MAP2(f, __VA_ARGS__)
+#define ZD__MAP4(f, x, ...) f(x), ZD__MAP3(f, __VA_ARGS__)
+#define ZD__MAP5(f, x, ...) f(x), ZD__MAP4(f, __VA_ARGS__)
+#define ZD__MAP6(f, x, ...) f(x), ZD__MAP5(f, __VA_ARGS__)
+#define ZD__MAP7(f, x, ...) f(x), ZD__MAP6(f, __VA_ARGS__)
+#define ZD__MAP8(f, x, ...) f(x), ZD__MAP7(f, __VA_ARGS__)
+#define ZD__MAP9(f, x, ...) f(x), ZD__MAP8(f, __VA_ARGS__)
+#define ZD__MAP10(f, x, ...) f(x), ZD__MAP9(f, __VA_ARGS__)
+#define ZD__MAP11(f, x, ...) f(x), ZD__MAP10(f, __VA_ARGS__)
+#define ZD__MAP12(f, x, ...) f(x), ZD__MAP11(f, __VA_ARGS__)
+#define ZD__MAP13(f, x, ...) f(x), ZD__MAP12(f, __VA_ARGS__)
+#define ZD__MAP14(f, x, ...) f(x), ZD__MAP13(f, __VA_ARGS__)
+#define ZD__MAP15(f, x, ...) f(x), ZD__MAP14(f, __VA_ARGS__)
+#define ZD__MAP16(f, x, ...) f(x), ZD__MAP15(f, __VA_ARGS__)
+#define ZD__MAP17(f, x, ...) f(x), ZD__MAP16(f, __VA_ARGS__)
+#define ZD__MAP18(f, x, ...) f(x), ZD__MAP17(f, __VA_ARGS__)
+#define ZD__MAP19(f, x, ...) f(x), ZD__MAP18(f, __VA_ARGS__)
+#define ZD__MAP20(f, x, ...) f(x), ZD__MAP19(f, __VA_ARGS__)
+#define ZD__MAP21(f, x, ...) f(x), ZD__MAP20(f, __VA_ARGS__)
+#define ZD__MAP22(f, x, ...) f(x), ZD__MAP21(f, __VA_ARGS__)
+#define ZD__MAP23(f, x, ...) f(x), ZD__MAP22(f, __VA_ARGS__)
+#define ZD__MAP24(f, x, ...) f(x), ZD__MAP23(f, __VA_ARGS__)
+
+#endif /* !__cplusplus */
 
 ZD_API zd_value_t *zd_value_ref(zd_value_t *v);
 ZD_API void zd_value_unref(zd_value_t *v);
