@@ -35,15 +35,17 @@
 # excerpts, so they are compiled with -Wno-unused-variable,
 # -Wno-unused-but-set-variable and -Wno-unused-function.
 #
-# Besides compiling, the pages (all of docs/*.md but the maintainers' note
-# docs/rpc.md) may name only zd_/ZD_ identifiers that the public headers
-# declare, and must not cite SPEC ids.
+# Besides compiling: every docs/tutorial/*.c must be shown by a file= block,
+# and the pages (all of docs/*.md but the maintainers' note docs/rpc.md) may
+# name only zd_/ZD_ identifiers that the public headers declare, and must not
+# cite the SPEC.
 #
 # Environment: CC (cc), ZD_DOCS_CFLAGS (extra compile and link flags, e.g.
 # the sanitizers' when the library was built with them), ZD_DOCS_LIBS (the
 # link line after libzdist.a; default: pkg-config --libs libzmq libczmq
 # openblas zlib, then -lpthread -lm -ldl).
 set -u
+exec 2>&1   # one stream, in order, for ctest's log
 
 tutorial=0
 if [ "${1:-}" = "--tutorial" ]; then
@@ -232,6 +234,7 @@ for ((k = 0; k < n; k++)); do
         if grep -q 'int main(' "$body"; then kind=program; else kind=fragment; fi
     fi
     if [ -n "$file" ]; then
+        echo "$file" >> "$tmp/shown"
         if [ "$kind" != program ]; then
             echo "FAIL: $where: file= goes with program blocks" >&2
             fail=1
@@ -265,6 +268,15 @@ for ((k = 0; k < n; k++)); do
     if ! "$cc" "${cflags[@]}" -Wno-unused-variable -Wno-unused-but-set-variable \
             -Wno-unused-function -c -o "$tmp/b$k.o" "$c"; then
         echo "FAIL: $where: $kind does not compile" >&2
+        fail=1
+    fi
+done
+
+# Every program of docs/tutorial/ is shown whole on a page.
+for f in "$src"/docs/tutorial/*.c; do
+    [ -e "$f" ] || continue
+    if ! grep -qxF "tutorial/${f##*/}" "$tmp/shown" 2>/dev/null; then
+        echo "FAIL: docs/tutorial/${f##*/} is shown by no \`\`\`c program file=tutorial/${f##*/} block" >&2
         fail=1
     fi
 done
