@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
-#include "examples/ps_actor.h"
+#include "examples/actor.h"
 #include "examples/train_common.h"
 #include <zdist/dataset.h>
 #include <zdist/rpc.h>
@@ -88,7 +88,7 @@ static zd_tensor_t *future_tensor(zd_future_t *f)
 static int wait_created(zd_rref_t *const *rrefs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (ps_actor_wait(rrefs[i]) < 0)
+        if (actor_wait(rrefs[i]) < 0)
             return zd_error_wrap("creating the actor on %s", zd_rref_owner_name(rrefs[i]));
     return 0;
 }

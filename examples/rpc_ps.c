@@ -403,17 +403,13 @@ int main(int argc, char **argv)
         ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
                                  (int)(o.world.world_size - o.num_servers)) < 0)
         goto fail;
-    zd_rpc_options_t ro = zd_rpc_options_default();
-    ro.master_addr = o.world.master_addr;
-    ro.master_port = (int)o.world.master_port;
-    ro.init_timeout_ms = o.init_timeout_s * 1000;
     printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o.world.world_size,
            o.world.master_addr, (long long)o.world.master_port);
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
-    if (zd_rpc_init(name, rank, (int)o.world.world_size, &ro) < 0)
-        goto fail;
+    if (flags_world_init(&o.world, name, o.init_timeout_s * 1000, "rpc_ps") < 0)
+        return 1;
     if (server)
         printf("RPC initialized! Running parameter server...\n");
     int rc = server ? 0 : run_trainer(&o);
