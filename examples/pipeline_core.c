@@ -3,12 +3,12 @@
 #include "examples/pipeline_core.h"
 
 #include <stdlib.h>
-#include <time.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include "examples/actor.h"
+#include "examples/train_common.h"
 #include <zdist/model.h>
 #include <zdist/dist_optim.h>
 
@@ -21,13 +21,6 @@ typedef struct {
     double busy;                        /* seconds spent in forward since the last stats */
     int64_t calls;
 } shard_t;
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void shard_free(void *obj)
 {
@@ -86,10 +79,10 @@ static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void 
     /* Without a context nobody can run backward: do not record. */
     bool grad = zd_autograd_set_grad_enabled(zd_dist_autograd_current_context() >= 0);
     actor_lock(a);
-    double t0 = now();
+    double t0 = train_now();
     int rc = s->stage == 1 ? zd_nn_net_forward_conv(s->net, x, &y)
                            : zd_nn_net_forward_fc(s->net, x, &y);
-    s->busy += now() - t0;
+    s->busy += train_now() - t0;
     s->calls++;
     actor_unlock(a);
     zd_autograd_set_grad_enabled(grad);

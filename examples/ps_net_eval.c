@@ -3,10 +3,10 @@
     share. */
 #include "examples/ps_net.h"
 #include "examples/ps_net_internal.h"
+#include "examples/train_common.h"
 
 #include <pthread.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
@@ -19,7 +19,7 @@
 static struct {
     pthread_mutex_t stats_lock;
     int started, finished;
-    struct timespec first_start, last_finish;
+    double first_start, last_finish;   /* train_now() */
     int64_t samples;
     char data_dir[1024];
     zd_future_t *waiting[64];     /* evaluations waiting for the last trainer */
@@ -154,8 +154,7 @@ static zd_future_t *fn_evaluate(zd_rpc_call_t *call, zd_value_t *args, void *arg
 static zd_value_t *fn_trainer_started(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
+    double now = train_now();
     pthread_mutex_lock(&ev.stats_lock);
     if (ev.started++ == 0)
         ev.first_start = now;
@@ -169,8 +168,7 @@ static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, vo
     int64_t samples;
     if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
+    double now = train_now();
     pthread_mutex_lock(&ev.stats_lock);
     ev.finished++;
     ev.samples += samples;
@@ -184,9 +182,7 @@ void ps_net_throughput(int64_t *samples, double *seconds)
 {
     pthread_mutex_lock(&ev.stats_lock);
     *samples = ev.samples;
-    *seconds = ev.finished ? (double)(ev.last_finish.tv_sec - ev.first_start.tv_sec) +
-                                 (double)(ev.last_finish.tv_nsec - ev.first_start.tv_nsec) * 1e-9
-                           : 0.0;
+    *seconds = ev.finished ? ev.last_finish - ev.first_start : 0.0;
     pthread_mutex_unlock(&ev.stats_lock);
 }
 

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
@@ -45,13 +44,6 @@ typedef struct {
 } options_t;
 
 #define EVAL_BATCH 500
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /*  The result of server.method(args) as a tensor (a new reference). */
 static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_tensor_t **out)
@@ -200,7 +192,7 @@ static int run_trainer(const options_t *o)
                (long long)o->world.rank, (long long)start, (long long)start);
         done = start;
     }
-    t0 = now_s();
+    t0 = train_now();
     int64_t first_epoch, first_batch;
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
@@ -226,7 +218,7 @@ static int run_trainer(const options_t *o)
             if (o->log_interval > 0 && b % o->log_interval == 0) {
                 printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
                        (long long)b, loss);
-                double secs = now_s() - t0;
+                double secs = train_now() - t0;
                 if (curves && curves_add(curves, done, loss, secs > 0 ? (double)((done - start) *
                                          o->batch_size) / secs : 0) < 0)
                     goto out;
@@ -236,7 +228,7 @@ static int run_trainer(const options_t *o)
                 goto out;
         }
     }
-    t1 = now_s();
+    t1 = train_now();
     if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
     if (call_none(ps, "ps_trainer_finished", zd_rpc_args("i", (done - start) * o->batch_size)) < 0)
