@@ -156,8 +156,12 @@ int world_run(const world_options_t *o)
                         (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
         if (waited >= timeout)
             break;
-        /* Sleep until a child changes state (or the deadline). */
+        /* Sleep until a child changes state (or the deadline). Another
+           thread of this process that does not block SIGCHLD (OpenBLAS's,
+           say) may take the signal instead: look again every 100 ms. */
         double rest = timeout - waited;
+        if (rest > 0.1)
+            rest = 0.1;
         struct timespec ts = {(time_t)rest, (long)((rest - (double)(time_t)rest) * 1e9)};
         sigtimedwait(&set, NULL, &ts);
     }
