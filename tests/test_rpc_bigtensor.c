@@ -8,9 +8,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-
-#include "rpc/bufcache.h"
-#include "rpc/stream.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +15,8 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "rpc/bufcache.h"
+#include "rpc/stream.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 

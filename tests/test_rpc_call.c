@@ -5,18 +5,17 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <pthread.h>
-#include <stdatomic.h>
-
-#include <zdist/autograd.h>
-#include "rpc/agent.h"
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "rpc/agent.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 

@@ -9,7 +9,6 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +11,6 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
 /* ---- a world comes together ---- */

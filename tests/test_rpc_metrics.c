@@ -4,7 +4,6 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

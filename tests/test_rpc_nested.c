@@ -6,7 +6,6 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <pthread.h>
-
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +13,6 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
 #define WORLD 4

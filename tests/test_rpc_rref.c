@@ -9,13 +9,12 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
-
-#include <zdist/autograd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"

@@ -6,17 +6,16 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
-#include <zmq.h>
-
-#include "rpc/codec.h"
-#include "rpc/wire.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "rpc/codec.h"
+#include "rpc/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
