@@ -737,8 +737,7 @@ static int world_big(const world_t *w)
 static void test_big_tensors_through_a_world(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_big, .timeout_s = 120, .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 120, world_big, NULL), 0);
 }
 
 /* ---- a streamed answer that stalls fails the call waiting for it ---- */
@@ -813,9 +812,7 @@ static int world_stalled_answer(const world_t *w)
 static void test_stalled_answer_fails_its_call(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_stalled_answer, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_stalled_answer, NULL), 0);
 }
 
 int main(void)

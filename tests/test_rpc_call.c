@@ -216,9 +216,7 @@ static int world_values(const world_t *w)
 static void test_values_round_trip(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_values, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_values, NULL), 0);
 }
 
 /* ---- futures ---- */
@@ -292,9 +290,7 @@ static int world_futures(const world_t *w)
 static void test_async_futures(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 3, .fn = world_futures, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_futures, NULL), 0);
 }
 
 /* ---- many threads waiting for futures at once ---- */
@@ -353,9 +349,7 @@ static int world_waiters(const world_t *w)
 static void test_concurrent_future_waiters(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_waiters, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_waiters, NULL), 0);
 }
 
 /* ---- errors name the peer and the function; the process keeps serving ---- */
@@ -415,9 +409,7 @@ static int world_errors(const world_t *w)
 static void test_errors_name_peer_and_function(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_errors, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_errors, NULL), 0);
 }
 
 /* ---- timeouts ---- */
@@ -468,9 +460,7 @@ static int world_timeouts(const world_t *w)
 static void test_timeouts(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_timeouts, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_timeouts, NULL), 0);
 }
 
 /* ---- a peer that died ---- */
@@ -546,9 +536,9 @@ static int world_dead_peer(const world_t *w)
 static void test_dead_peer(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 3, .fn = world_dead_peer, .timeout_s = 60,
-                          .own_init = true, .expect_exit = {0, 0, 128 + SIGKILL}};
-    assert_int_equal(world_run(&wo), 0);   /* rank 2 killed, the others fine */
+    world_options_t o = {.world_size = 3, .fn = world_dead_peer, .timeout_s = 60,
+                         .own_init = true, .expect_exit = {0, 0, 128 + SIGKILL}};
+    assert_int_equal(world_run(&o), 0);   /* rank 2 killed, the others fine */
 }
 
 int main(void)

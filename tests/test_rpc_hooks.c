@@ -305,9 +305,7 @@ static int world_hooks(const world_t *w)
 static void test_hooks_carry_context_both_ways(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 3, .fn = world_hooks, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_hooks, NULL), 0);
 }
 
 int main(void)

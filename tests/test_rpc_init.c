@@ -60,8 +60,7 @@ static int world_info(const world_t *w)
 static void test_world_of_three_knows_everyone(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 3, .fn = world_info, .timeout_s = 60, .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_info, NULL), 0);
 }
 
 /* ---- the environment fills what the caller leaves unset ---- */
@@ -95,8 +94,7 @@ static int world_env(const world_t *w)
 static void test_environment_variables_are_the_defaults(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_env, .timeout_s = 60, .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_env, NULL), 0);
 }
 
 /* ---- misconfigured worlds fail everywhere, quickly, with a reason ---- */
@@ -135,9 +133,7 @@ static void test_duplicate_rank_fails_everyone(void **state)
     (void)state;
     bad_world_t b = {{0, 1, 1}, {3, 3, 3}, {"a", "b", "c"}, "rank 1 claimed twice",
                      {true, true, true}};
-    world_options_t wo = {.world_size = 3, .fn = world_bad, .arg = &b, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
 static void test_duplicate_name_fails_everyone(void **state)
@@ -145,18 +141,14 @@ static void test_duplicate_name_fails_everyone(void **state)
     (void)state;
     bad_world_t b = {{0, 1, 2}, {3, 3, 3}, {"a", "same", "same"}, "name \"same\" used twice",
                      {true, true, true}};
-    world_options_t wo = {.world_size = 3, .fn = world_bad, .arg = &b, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
 static void test_world_size_mismatch_fails_everyone(void **state)
 {
     (void)state;
     bad_world_t b = {{0, 1}, {2, 3}, {"a", "b"}, "world size mismatch", {true, true}};
-    world_options_t wo = {.world_size = 2, .fn = world_bad, .arg = &b, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_bad, &b), 0);
 }
 
 static void test_rank_outside_world(void **state)
@@ -165,9 +157,7 @@ static void test_rank_outside_world(void **state)
     /* The bad process refuses at once; the master gives up at its timeout
        and says who is missing. */
     bad_world_t b = {{0, 5}, {2, 2}, {"a", "b"}, "", {true, true}};
-    world_options_t wo = {.world_size = 2, .fn = world_bad, .arg = &b, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_bad, &b), 0);
     zd_rpc_options_t o = world_rpc_options(world_free_port());
     assert_int_equal(zd_rpc_init("b", 5, 2, &o), -1);
     assert_non_null(strstr(zd_error_last(), "rank 5 is outside the world of size 2"));
@@ -215,9 +205,7 @@ static int world_no_master(const world_t *w)
 static void test_master_that_never_answers(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 1, .fn = world_no_master, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(1, 60, world_no_master, NULL), 0);
 }
 
 /* ---- init again after shutdown ---- */
@@ -238,9 +226,7 @@ static int world_twice(const world_t *w)
 static void test_init_again_after_shutdown(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_twice, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_twice, NULL), 0);
 }
 
 int main(void)

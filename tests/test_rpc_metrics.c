@@ -126,9 +126,7 @@ static int world_metrics(const world_t *w)
 static void test_metrics_per_peer(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_metrics, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_metrics, NULL), 0);
 }
 
 int main(void)

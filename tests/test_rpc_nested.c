@@ -172,9 +172,7 @@ static int world_nested(const world_t *w)
 static void test_nested_chains_through_four_processes(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = WORLD, .fn = world_nested, .timeout_s = 120,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(WORLD, 120, world_nested, NULL), 0);
 }
 
 int main(void)

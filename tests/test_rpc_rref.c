@@ -318,9 +318,7 @@ static int world_basics(const world_t *w)
 static void test_remote_to_here_and_methods(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 3, .fn = world_basics, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_basics, NULL), 0);
 }
 
 /* ---- distributed reference counting ---- */
@@ -435,9 +433,7 @@ static int world_refcount(const world_t *w)
 static void test_owner_frees_exactly_when_no_user_holds(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 4, .fn = world_refcount, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(4, 60, world_refcount, NULL), 0);
 }
 
 /* ---- failures ---- */
@@ -502,9 +498,7 @@ static int world_rref_errors(const world_t *w)
 static void test_rref_failures(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_rref_errors, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_rref_errors, NULL), 0);
 }
 
 int main(void)

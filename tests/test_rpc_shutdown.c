@@ -156,9 +156,7 @@ static int world_graceful(const world_t *w)
 static void test_graceful_waits_serves_and_drains(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 3, .fn = world_graceful, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(3, 60, world_graceful, NULL), 0);
 }
 
 /* ---- not graceful: stops now ---- */
@@ -214,9 +212,7 @@ static int world_abrupt(const world_t *w)
 static void test_not_graceful_stops_now(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_abrupt, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_abrupt, NULL), 0);
 }
 
 /* ---- a worker that never arrives ---- */
@@ -247,9 +243,7 @@ static int world_missing(const world_t *w)
 static void test_missing_worker_times_out(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_missing, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_missing, NULL), 0);
 }
 
 int main(void)

@@ -492,9 +492,7 @@ static int world_garbage(const world_t *w)
 static void test_malformed_messages_to_a_live_agent(void **state)
 {
     (void)state;
-    world_options_t wo = {.world_size = 2, .fn = world_garbage, .timeout_s = 60,
-                          .own_init = true};
-    assert_int_equal(world_run(&wo), 0);
+    assert_int_equal(world_run_simple(2, 60, world_garbage, NULL), 0);
 }
 
 int main(void)

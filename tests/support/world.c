@@ -187,6 +187,7 @@ int world_run(const world_options_t *o)
 
 int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg)
 {
-    world_options_t o = {.world_size = n, .fn = fn, .arg = arg, .timeout_s = timeout_s};
+    world_options_t o = {.world_size = n, .fn = fn, .arg = arg, .timeout_s = timeout_s,
+                         .own_init = true};
     return world_run(&o);
 }

@@ -52,8 +52,9 @@ typedef struct {
     a message on stderr naming the ranks that failed or timed out. */
 int world_run(const world_options_t *o);
 
-/*  world_run for the plain case: n processes, fn run after zd_rpc_init, each
-    expected to succeed within timeout_s. */
+/*  world_run for the plain case: n processes each running fn, which joins
+    and leaves the RPC world itself (own_init), each expected to exit 0
+    within timeout_s. */
 int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg);
 
 /*  The options a test world uses on 127.0.0.1:port (short init and call
