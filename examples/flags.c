@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+
 void flags_usage(const char *prog, const flag_t *flags, int n, const char *summary)
 {
     fprintf(stderr, "usage: %s [flags]\n%s\n\nflags:\n", prog, summary);
@@ -171,6 +174,22 @@ int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog
     if (w->master_port < 1 || w->master_port > 65535) {
         fprintf(stderr, "%s: master port %lld is not a TCP port (1..65535)\n", prog,
                 (long long)w->master_port);
+        return -1;
+    }
+    return 0;
+}
+
+int flags_world_init(const flags_world_t *w, const char *name, int64_t init_timeout_ms,
+                     const char *prog)
+{
+    zd_rpc_options_t opts = zd_rpc_options_default();
+    opts.master_addr = w->master_addr;
+    opts.master_port = (int)w->master_port;
+    if (init_timeout_ms >= 0)
+        opts.init_timeout_ms = init_timeout_ms;
+    if (zd_rpc_init(name, (int)w->rank, (int)w->world_size, &opts) < 0) {
+        fprintf(stderr, "%s: rank %lld: zd_rpc_init: %s\n", prog, (long long)w->rank,
+                zd_error_last());
         return -1;
     }
     return 0;

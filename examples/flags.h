@@ -57,4 +57,10 @@ flags_world_t flags_world_default(void);
     outside 1..65535. */
 int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog);
 
+/*  zd_rpc_init with the resolved flags, name for this process and
+    init_timeout_ms (< 0: the RPC default). 0, or -1 with "prog: rank N:
+    zd_rpc_init: why" on stderr. */
+int flags_world_init(const flags_world_t *w, const char *name, int64_t init_timeout_ms,
+                     const char *prog);
+
 #endif

@@ -12,7 +12,6 @@
 #include <zdist/error.h>
 #include "examples/flags.h"
 #include "examples/pipeline_core.h"
-#include "examples/ps_launch.h"
 #include <zdist/rpc.h>
 
 int main(int argc, char **argv)
@@ -57,7 +56,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
-    if (ps_world_init(&w, names[w.rank], prog) < 0)
+    if (flags_world_init(&w, names[w.rank], -1, prog) < 0)
         return 1;
     int rc = 0;
     if (w.rank == 0 && pipeline_run_driver(&o, NULL) < 0) {

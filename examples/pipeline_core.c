@@ -3,12 +3,12 @@
 #include "examples/pipeline_core.h"
 
 #include <stdlib.h>
-#include <time.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
-#include "examples/ps_actor.h"
+#include "examples/actor.h"
+#include "examples/train_common.h"
 #include <zdist/model.h>
 #include <zdist/dist_optim.h>
 
@@ -22,13 +22,6 @@ typedef struct {
     int64_t calls;
 } shard_t;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 static void shard_free(void *obj)
 {
     shard_t *s = obj;
@@ -36,7 +29,7 @@ static void shard_free(void *obj)
     free(s);
 }
 
-static const ps_actor_class_t shard_class = {"NetShard", shard_free};
+static const actor_class_t shard_class = {"NetShard", shard_free};
 
 /*  "NetShard"(stage, seed, dropout) */
 static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -62,17 +55,17 @@ static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg
     /* Stage 1 holds conv1 and conv2, stage 2 fc1 and fc2. */
     for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
         s->params[i] = zd_nn_model_param(s->net, (s->stage - 1) * PIPELINE_STAGE_PARAMS + i);
-    return ps_actor_new(&shard_class, s);
+    return actor_new(&shard_class, s);
 }
 
 /*  "NetShard.forward"(x_rref) */
 static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    actor_t *a = actor_get(args, &shard_class);
     if (!a)
         return NULL;
-    shard_t *s = ps_actor_object(a);
+    shard_t *s = actor_object(a);
     zd_rref_t *in_rref;
     zd_value_t *in = NULL, *v = NULL;
     zd_tensor_t *x, *y = NULL;
@@ -85,13 +78,13 @@ static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void 
     }
     /* Without a context nobody can run backward: do not record. */
     bool grad = zd_autograd_set_grad_enabled(zd_dist_autograd_current_context() >= 0);
-    ps_actor_lock(a);
-    double t0 = now();
+    actor_lock(a);
+    double t0 = train_now();
     int rc = s->stage == 1 ? zd_nn_net_forward_conv(s->net, x, &y)
                            : zd_nn_net_forward_fc(s->net, x, &y);
-    s->busy += now() - t0;
+    s->busy += train_now() - t0;
     s->calls++;
-    ps_actor_unlock(a);
+    actor_unlock(a);
     zd_autograd_set_grad_enabled(grad);
     if (rc == 0)
         v = zd_value_tensor(y);
@@ -107,10 +100,10 @@ out:
 static zd_value_t *fn_shard_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    actor_t *a = actor_get(args, &shard_class);
     if (!a)
         return NULL;
-    shard_t *s = ps_actor_object(a);
+    shard_t *s = actor_object(a);
     zd_value_t *l = zd_value_list(PIPELINE_STAGE_PARAMS);
     for (int i = 0; l && i < PIPELINE_STAGE_PARAMS; i++) {
         zd_value_t *pv = zd_value_tensor(s->params[i]);
@@ -130,14 +123,14 @@ static zd_value_t *fn_shard_train(zd_rpc_call_t *call, zd_value_t *args, void *a
 {
     (void)call, (void)arg;
     int64_t on;
-    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    actor_t *a = actor_get(args, &shard_class);
     if (!a)
         return NULL;
     zd_value_t *v = NULL;
     if (zd_rpc_arg_int(args, 1, &on) == 0) {
-        ps_actor_lock(a);
-        zd_nn_model_train(((shard_t *)ps_actor_object(a))->net, on != 0);
-        ps_actor_unlock(a);
+        actor_lock(a);
+        zd_nn_model_train(((shard_t *)actor_object(a))->net, on != 0);
+        actor_unlock(a);
         v = zd_value_none();
     }
     return v;
@@ -148,10 +141,10 @@ static zd_value_t *fn_shard_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
 {
     (void)call, (void)arg;
     int64_t ctx;
-    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    actor_t *a = actor_get(args, &shard_class);
     if (!a)
         return NULL;
-    shard_t *s = ps_actor_object(a);
+    shard_t *s = actor_object(a);
     zd_value_t *l = NULL;
     if (zd_rpc_arg_int(args, 1, &ctx) == 0)
         l = zd_value_list(PIPELINE_STAGE_PARAMS);
@@ -172,21 +165,21 @@ static zd_value_t *fn_shard_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
 static zd_value_t *fn_shard_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &shard_class);
+    actor_t *a = actor_get(args, &shard_class);
     if (!a)
         return NULL;
-    shard_t *s = ps_actor_object(a);
-    ps_actor_lock(a);
+    shard_t *s = actor_object(a);
+    actor_lock(a);
     zd_value_t *v = zd_rpc_args("fi", s->busy, s->calls);
     s->busy = 0;
     s->calls = 0;
-    ps_actor_unlock(a);
+    actor_unlock(a);
     return v;
 }
 
 int pipeline_register(void)
 {
-    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0 || ps_actor_register() < 0 ||
+    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0 || actor_register() < 0 ||
         zd_rpc_register("NetShard", fn_shard_new, NULL) < 0 ||
         zd_rpc_register("NetShard.forward", fn_shard_forward, NULL) < 0 ||
         zd_rpc_register("NetShard.parameter_rrefs", fn_shard_param_rrefs, NULL) < 0 ||

@@ -2,7 +2,7 @@
     PyTorch's tutorial "Distributed Pipeline Parallelism Using RPC", with
     the parameter-server tutorial's Net cut in two.
 
-    Two shard actors (ps_actor.h), each created with zd_rpc_remote() on its
+    Two shard actors (actor.h), each created with zd_rpc_remote() on its
     own process:
       "NetShard"(stage, seed, dropout): the Net built from seed; stage 1
           runs conv1 .. flatten (zd_nn_net_forward_conv), stage 2 fc1 ..

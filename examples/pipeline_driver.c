@@ -1,10 +1,10 @@
 /*  The pipeline program's driver (rank 0): the tutorial's run_master with
     Fashion-MNIST batches, timed for 1 micro-batch and for several. */
 #include "examples/pipeline_core.h"
+#include "examples/train_common.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
 
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
@@ -35,13 +35,6 @@ int pipeline_options_check(const pipeline_options_t *o, int world_size)
     return 0;
 }
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /*  One batch: forward in micro-batches, loss, distributed backward and a
     step of both shards, in a context of its own. */
 static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y,
@@ -51,9 +44,9 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return -1;
     zd_tensor_t *logprobs = NULL, *l = NULL;
-    double t0 = now();
+    double t0 = train_now();
     int rc = pipeline_net_forward(net, x, split, &logprobs);
-    *forward_s += now() - t0;
+    *forward_s += train_now() - t0;
     if (rc == 0)
         rc = zd_nn_nll_loss(logprobs, y, &l);
     if (rc == 0)
@@ -122,7 +115,7 @@ static int run_once(driver_t *d, int run, int split, bool last)
         zd_dist_optim_new(&cfg, params, np, &opt) < 0)
         goto out;
     int64_t nb = zd_dataset_num_batches(d->train, o->batch_size);
-    double t0 = now(), t1 = t0, loss = 0, fwd = 0, busy[2];
+    double t0 = train_now(), t1 = t0, loss = 0, fwd = 0, busy[2];
     for (int64_t b = 0; b < o->iterations; b++) {
         if (b % nb == 0) {
             free(order);
@@ -145,12 +138,12 @@ static int run_once(driver_t *d, int run, int split, bool last)
             if (pipeline_net_busy(net, busy) < 0)
                 goto out;
             fwd = 0;
-            t1 = now();
+            t1 = train_now();
         }
         if (!o->quiet && o->log_interval > 0 && b % o->log_interval == 0)
             printf("  batch %lld loss %.4f\n", (long long)b, loss);
     }
-    double t2 = now(), timed = o->iterations > 1 ? t2 - t1 : t2 - t0;
+    double t2 = train_now(), timed = o->iterations > 1 ? t2 - t1 : t2 - t0;
     int64_t timed_batches = o->iterations > 1 ? o->iterations - 1 : 1;
     int64_t samples = timed_batches * o->batch_size;
     if (pipeline_net_busy(net, busy) < 0)

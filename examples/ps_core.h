@@ -1,7 +1,7 @@
 /*  ps_core.h: synchronous and asynchronous parameter servers (SPEC Y1-Y5),
     the design of Ray's parameter-server example, on the RPC API.
 
-    Actors (ps_actor.h), created with zd_rpc_remote() and called through their
+    Actors (actor.h), created with zd_rpc_remote() and called through their
     RRefs:
 
       "ParameterServer"(model, seed, lr, index, num_servers, track)

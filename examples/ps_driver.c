@@ -5,10 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <zdist/error.h>
-#include "examples/ps_actor.h"
+#include "examples/actor.h"
 #include "examples/train_common.h"
 #include <zdist/dataset.h>
 #include <zdist/rpc.h>
@@ -66,13 +65,6 @@ typedef struct {
     double accuracy;
 } driver_t;
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 /*  The tensor a completed future holds (a new reference), or NULL. */
 static zd_tensor_t *future_tensor(zd_future_t *f)
 {
@@ -88,7 +80,7 @@ static zd_tensor_t *future_tensor(zd_future_t *f)
 static int wait_created(zd_rref_t *const *rrefs, int n)
 {
     for (int i = 0; i < n; i++)
-        if (ps_actor_wait(rrefs[i]) < 0)
+        if (actor_wait(rrefs[i]) < 0)
             return zd_error_wrap("creating the actor on %s", zd_rref_owner_name(rrefs[i]));
     return 0;
 }
@@ -142,11 +134,11 @@ static int update_weights(driver_t *d, const char *method, zd_value_t *const *ar
 
 static int evaluate(driver_t *d, double *acc)
 {
-    double t0 = now();
+    double t0 = train_now();
     int rc = ps_model_load(d->model, d->weights, d->S);
     if (rc == 0)
         rc = train_evaluate(d->model, d->test, acc);
-    d->eval_seconds += now() - t0;
+    d->eval_seconds += train_now() - t0;
     return rc;
 }
 
@@ -346,11 +338,11 @@ static int run(driver_t *d, ps_result_t *res)
         fflush(stdout);
     }
     int64_t updates = 0, applied[PS_MAX_WORKERS] = {0}, max_lead = 0;
-    double t0 = now();
+    double t0 = train_now();
     if ((o->async ? train_async(d, &updates, applied, &max_lead)
                   : train_sync(d, &updates)) < 0)
         return -1;
-    double secs = now() - t0 - d->eval_seconds;
+    double secs = train_now() - t0 - d->eval_seconds;
     if (evaluate(d, &d->accuracy) < 0)
         return -1;
     if (!o->quiet) {

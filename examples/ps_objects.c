@@ -9,7 +9,7 @@
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
-#include "examples/ps_actor.h"
+#include "examples/actor.h"
 #include <zdist/dataset.h>
 #include <zdist/nn.h>
 #include <zdist/optim.h>
@@ -249,8 +249,8 @@ static void server_free(void *obj)
 
 static void worker_free(void *obj) { ps_worker_free(obj); }
 
-static const ps_actor_class_t server_class = {"ParameterServer", server_free};
-static const ps_actor_class_t worker_class = {"DataWorker", worker_free};
+static const actor_class_t server_class = {"ParameterServer", server_free};
+static const actor_class_t worker_class = {"DataWorker", worker_free};
 
 /*  "ParameterServer"(model, seed, lr, index, num_servers, track) */
 static zd_value_t *fn_server_new(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -281,7 +281,7 @@ static zd_value_t *fn_server_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
         goto fail;
     ps->track = track != 0;
     zd_nn_model_free(m);
-    return ps_actor_new(&server_class, ps);
+    return actor_new(&server_class, ps);
 fail:
     if (!ps)
         zd_error_set("out of memory");
@@ -304,10 +304,10 @@ static zd_value_t *weights_value(ps_server_t *ps)
 static zd_value_t *fn_apply_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &server_class);
+    actor_t *a = actor_get(args, &server_class);
     if (!a)
         return NULL;
-    ps_server_t *ps = ps_actor_object(a);
+    ps_server_t *ps = actor_object(a);
     size_t k = zd_list_len(args);
     int64_t n = zd_tensor_numel(ps->weights);
     zd_value_t *v = NULL;
@@ -335,7 +335,7 @@ static zd_value_t *fn_apply_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
         for (int64_t j = 0; j < n; j++)
             sd[j] += gd[j];
     }
-    ps_actor_lock(a);
+    actor_lock(a);
     int rc = zd_optim_step(ps->opt, &sum);
     for (size_t i = 1; rc == 0 && ps->track && i < k; i++) {
         zd_tensor_t *g;
@@ -346,7 +346,7 @@ static zd_value_t *fn_apply_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
         ps->stats.count++;
         v = weights_value(ps);
     }
-    ps_actor_unlock(a);
+    actor_unlock(a);
 out:
     zd_tensor_unref(sum);
     return v;
@@ -356,12 +356,12 @@ out:
 static zd_value_t *fn_get_weights(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &server_class);
+    actor_t *a = actor_get(args, &server_class);
     if (!a)
         return NULL;
-    ps_actor_lock(a);
-    zd_value_t *v = weights_value(ps_actor_object(a));
-    ps_actor_unlock(a);
+    actor_lock(a);
+    zd_value_t *v = weights_value(actor_object(a));
+    actor_unlock(a);
     return v;
 }
 
@@ -387,14 +387,14 @@ static zd_value_t *fn_worker_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
                                    track != 0);
     if (w)
         w->delay_ms = delay;
-    return w ? ps_actor_new(&worker_class, w) : NULL;
+    return w ? actor_new(&worker_class, w) : NULL;
 }
 
 /*  "DataWorker.compute_gradients"(actor, w_1, ..., w_S) -> [g_1, ..., g_S] */
 static zd_value_t *fn_compute_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    ps_actor_t *a = ps_actor_get(args, &worker_class);
+    actor_t *a = actor_get(args, &worker_class);
     if (!a)
         return NULL;
     int n = (int)zd_list_len(args) - 1;
@@ -408,11 +408,11 @@ static zd_value_t *fn_compute_gradients(zd_rpc_call_t *call, zd_value_t *args, v
     for (int s = 0; s < n; s++)
         if (zd_rpc_arg_tensor(args, (size_t)s + 1, &weights[s]) < 0)
             goto out;
-    ps_actor_lock(a);
-    ps_worker_t *w = ps_actor_object(a);
+    actor_lock(a);
+    ps_worker_t *w = actor_object(a);
     int rc = ps_worker_compute(w, weights, n, grads);
     int64_t delay = w->delay_ms;
-    ps_actor_unlock(a);
+    actor_unlock(a);
     if (rc == 0 && delay > 0) {
         /* A straggler: a slower machine, as far as the driver can tell. */
         struct timespec ts = {delay / 1000, delay % 1000 * 1000000};
@@ -441,20 +441,20 @@ static zd_value_t *fn_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     (void)call, (void)arg;
     const char *type = zd_value_object_type(zd_list_get(args, 0));
     bool worker = type && strcmp(type, worker_class.name) == 0;
-    ps_actor_t *a = ps_actor_get(args, worker ? &worker_class : &server_class);
+    actor_t *a = actor_get(args, worker ? &worker_class : &server_class);
     if (!a)
         return NULL;
-    ps_stats_t *st = worker ? &((ps_worker_t *)ps_actor_object(a))->stats
-                            : &((ps_server_t *)ps_actor_object(a))->stats;
-    ps_actor_lock(a);
+    ps_stats_t *st = worker ? &((ps_worker_t *)actor_object(a))->stats
+                            : &((ps_server_t *)actor_object(a))->stats;
+    actor_lock(a);
     zd_value_t *v = stats_value(st);
-    ps_actor_unlock(a);
+    actor_unlock(a);
     return v;
 }
 
 int ps_register(void)
 {
-    if (ps_actor_register() < 0 ||
+    if (actor_register() < 0 ||
         zd_rpc_register("ParameterServer", fn_server_new, NULL) < 0 ||
         zd_rpc_register("ParameterServer.apply_gradients", fn_apply_gradients, NULL) < 0 ||
         zd_rpc_register("ParameterServer.get_weights", fn_get_weights, NULL) < 0 ||

@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
@@ -45,13 +44,6 @@ typedef struct {
 } options_t;
 
 #define EVAL_BATCH 500
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 /*  The result of server.method(args) as a tensor (a new reference); args
     (from ZD_ARGS) is taken over, like call_none's. */
@@ -199,7 +191,7 @@ static int run_trainer(const options_t *o)
                (long long)o->world.rank, (long long)start, (long long)start);
         done = start;
     }
-    t0 = now_s();
+    t0 = train_now();
     int64_t first_epoch, first_batch;
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
@@ -225,7 +217,7 @@ static int run_trainer(const options_t *o)
             if (o->log_interval > 0 && b % o->log_interval == 0) {
                 printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
                        (long long)b, loss);
-                double secs = now_s() - t0;
+                double secs = train_now() - t0;
                 if (curves && curves_add(curves, done, loss, secs > 0 ? (double)((done - start) *
                                          o->batch_size) / secs : 0) < 0)
                     goto out;
@@ -235,7 +227,7 @@ static int run_trainer(const options_t *o)
                 goto out;
         }
     }
-    t1 = now_s();
+    t1 = train_now();
     if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
     if (call_none(ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
@@ -402,17 +394,13 @@ int main(int argc, char **argv)
         ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
                                  (int)(o.world.world_size - o.num_servers)) < 0)
         goto fail;
-    zd_rpc_options_t ro = zd_rpc_options_default();
-    ro.master_addr = o.world.master_addr;
-    ro.master_port = (int)o.world.master_port;
-    ro.init_timeout_ms = o.init_timeout_s * 1000;
     printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o.world.world_size,
            o.world.master_addr, (long long)o.world.master_port);
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
-    if (zd_rpc_init(name, rank, (int)o.world.world_size, &ro) < 0)
-        goto fail;
+    if (flags_world_init(&o.world, name, o.init_timeout_s * 1000, "rpc_ps") < 0)
+        return 1;
     if (server)
         printf("RPC initialized! Running parameter server...\n");
     int rc = server ? 0 : run_trainer(&o);

@@ -1,5 +1,7 @@
 #include "examples/train_common.h"
 
+#include <time.h>
+
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/checkpoint.h>
@@ -69,4 +71,11 @@ void train_resume_position(int64_t done, int64_t per_epoch, int64_t *epoch, int6
 {
     *epoch = per_epoch > 0 ? done / per_epoch : 0;
     *batch = per_epoch > 0 ? done % per_epoch : 0;
+}
+
+double train_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }

@@ -20,4 +20,7 @@ int train_checkpoint_load(zd_nn_model_t *m, const char *path);
     epoch 0, batch 0. */
 void train_resume_position(int64_t done, int64_t per_epoch, int64_t *epoch, int64_t *batch);
 
+/*  Seconds on the monotonic clock: for timing. */
+double train_now(void);
+
 #endif

@@ -10,7 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
@@ -78,8 +77,7 @@ static int run(const options_t *o)
         goto out;
     zd_nn_model_train(m, !o->no_dropout);
 
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = train_now();
     int64_t nb = zd_dataset_num_batches(train, o->batch_size), done = 0;
     for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
         free(order);
@@ -104,8 +102,7 @@ static int run(const options_t *o)
                 printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch, (long long)b, loss);
         }
     }
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    double secs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    double secs = train_now() - t0;
     printf("trained %lld batches in %.1f s (%.0f samples/s)\n", (long long)done, secs,
            (double)done * (double)o->batch_size / secs);
     if (o->save) {

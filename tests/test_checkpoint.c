@@ -17,18 +17,7 @@
 
 #include <zdist/error.h>
 #include <zdist/checkpoint.h>
-
-static char tmpdir[256];
-
-static const char *tmp_path(const char *name)
-{
-    static char buf[8][512];
-    static int next;
-    char *b = buf[next++ % 8];
-    if (snprintf(b, sizeof buf[0], "%s/%s", tmpdir, name) >= (int)sizeof buf[0])
-        fail_msg("path too long");
-    return b;
-}
+#include "tests/support/fixtures.h"
 
 static unsigned char *read_file(const char *path, size_t *n)
 {
@@ -54,7 +43,7 @@ static void write_file(const char *path, const void *data, size_t n)
 /*  Number of entries in the test directory whose name contains `part`. */
 static int count_files(const char *part)
 {
-    DIR *d = opendir(tmpdir);
+    DIR *d = opendir(tmpdir());
     struct dirent *e;
     int n = 0;
     while (d && (e = readdir(d)))
@@ -111,24 +100,13 @@ static void expect_refused(const char *path, const char *expect)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/zd_test_checkpoint_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tmpdir_setup("test_checkpoint");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (e->d_name[0] != '.') {
-            const char *p = tmp_path(e->d_name);
-            if (unlink(p) < 0)
-                rmdir(p);
-        }
-    if (d)
-        closedir(d);
-    return rmdir(tmpdir);
+    return tmpdir_teardown();
 }
 
 static void test_round_trip(void **state)
@@ -256,7 +234,7 @@ static void test_corruption_refused(void **state)
     write_file(tmp_path("nothing.ckpt"), "", 0);
     expect_refused(tmp_path("nothing.ckpt"), "truncated");
     expect_refused(tmp_path("missing.ckpt"), "No such file");
-    expect_refused(tmpdir, "not a regular file");
+    expect_refused(tmpdir(), "not a regular file");
     free(good);
     free(bad);
     free_model(a);

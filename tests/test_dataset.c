@@ -15,18 +15,7 @@
 #include <zdist/error.h>
 #include <zdist/dataset.h>
 #include <zdist/idx.h>
-
-static char tmpdir[256];
-
-static const char *path_in(const char *dir, const char *name)
-{
-    static char buf[8][600];
-    static int next;
-    char *b = buf[next++ % 8];
-    if (snprintf(b, sizeof buf[0], "%s/%s", dir, name) >= (int)sizeof buf[0])
-        fail_msg("path too long");
-    return b;
-}
+#include "tests/support/fixtures.h"
 
 static const char *golden_dir(void)
 {
@@ -80,46 +69,22 @@ static float norm(int v)
     return ((float)v / 255.0f - 0.1307f) / 0.3081f;
 }
 
-static void rm_tree(const char *dir)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    while (d && (e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        const char *p = path_in(dir, e->d_name);
-        struct stat st;
-        if (lstat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
-            char sub[600];
-            snprintf(sub, sizeof sub, "%s", p);
-            rm_tree(sub);
-        } else {
-            unlink(p);
-        }
-    }
-    if (d)
-        closedir(d);
-    rmdir(dir);
-}
-
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/zd_test_dataset_XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tmpdir_setup("test_dataset") < 0)
         return -1;
     /* Train split under the classic names, test split gzip-compressed
        under the '.'-before-idx names some downloads use. */
-    write_set(tmpdir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", 10, 3, 5);
-    write_set(tmpdir, "t10k-images.idx3-ubyte.gz", "t10k-labels.idx1-ubyte.gz", 7, 3, 5);
+    write_set(tmpdir(), "train-images-idx3-ubyte", "train-labels-idx1-ubyte", 10, 3, 5);
+    write_set(tmpdir(), "t10k-images.idx3-ubyte.gz", "t10k-labels.idx1-ubyte.gz", 7, 3, 5);
     return 0;
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    rm_tree(tmpdir);
-    return 0;
+    return tmpdir_teardown();
 }
 
 /*  The normalised golden images equal PyTorch's input x; and where the
@@ -199,19 +164,19 @@ static void test_find_files_and_load(void **state)
 {
     (void)state;
     char path[600];
-    assert_int_equal(zd_dataset_find_file(tmpdir, ZD_DATASET_TRAIN, "images", path, sizeof path), 0);
-    assert_string_equal(path, path_in(tmpdir, "train-images-idx3-ubyte"));
-    assert_int_equal(zd_dataset_find_file(tmpdir, ZD_DATASET_TEST, "labels", path, sizeof path), 0);
-    assert_string_equal(path, path_in(tmpdir, "t10k-labels.idx1-ubyte.gz"));
+    assert_int_equal(zd_dataset_find_file(tmpdir(), ZD_DATASET_TRAIN, "images", path, sizeof path), 0);
+    assert_string_equal(path, path_in(tmpdir(), "train-images-idx3-ubyte"));
+    assert_int_equal(zd_dataset_find_file(tmpdir(), ZD_DATASET_TEST, "labels", path, sizeof path), 0);
+    assert_string_equal(path, path_in(tmpdir(), "t10k-labels.idx1-ubyte.gz"));
 
     zd_dataset_t *train, *test;
-    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TRAIN, &train), 0);
-    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TEST, &test), 0);
+    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN, &train), 0);
+    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TEST, &test), 0);
     assert_int_equal(zd_dataset_size(train), 10);
     assert_int_equal(zd_dataset_size(test), 7);
     assert_int_equal(zd_dataset_rows(train), 3);
     assert_int_equal(zd_dataset_cols(train), 5);
-    assert_string_equal(zd_dataset_labels_path(test), path_in(tmpdir, "t10k-labels.idx1-ubyte.gz"));
+    assert_string_equal(zd_dataset_labels_path(test), path_in(tmpdir(), "t10k-labels.idx1-ubyte.gz"));
     assert_int_equal(zd_tensor_dtype(zd_dataset_labels(train)), ZD_INT64);
     assert_int_equal(zd_tensor_data_i64(zd_dataset_labels(test))[6], 6);
     zd_dataset_free(train);
@@ -219,7 +184,7 @@ static void test_find_files_and_load(void **state)
 
     /* Labels missing: the error names the directory and the names tried. */
     char empty[600];
-    snprintf(empty, sizeof empty, "%s/empty", tmpdir);
+    snprintf(empty, sizeof empty, "%s/empty", tmpdir());
     assert_int_equal(mkdir(empty, 0700), 0);
     write_set(empty, "train-images-idx3-ubyte.gz", "other-name", 2, 2, 2);
     assert_int_equal(zd_dataset_load(empty, ZD_DATASET_TRAIN, &train), -1);
@@ -235,9 +200,9 @@ static void test_default_dir(void **state)
     char dir[600], cwd[1024];
     assert_non_null(getcwd(cwd, sizeof cwd));
     /* $ZDIST_DATA_DIR wins, and must hold the files. */
-    setenv("ZDIST_DATA_DIR", tmpdir, 1);
+    setenv("ZDIST_DATA_DIR", tmpdir(), 1);
     assert_int_equal(zd_dataset_find_dir(dir, sizeof dir), 0);
-    assert_string_equal(dir, tmpdir);
+    assert_string_equal(dir, tmpdir());
     setenv("ZDIST_DATA_DIR", "/nonexistent-zd-dir", 1);
     assert_int_equal(zd_dataset_find_dir(dir, sizeof dir), -1);
     assert_non_null(strstr(zd_error_last(), "ZDIST_DATA_DIR=/nonexistent-zd-dir"));
@@ -245,7 +210,7 @@ static void test_default_dir(void **state)
 
     /* ./data with MNIST-format files is preferred. */
     char work[600], data[700];
-    snprintf(work, sizeof work, "%s/cwd", tmpdir);
+    snprintf(work, sizeof work, "%s/cwd", tmpdir());
     snprintf(data, sizeof data, "%s/data", work);
     assert_int_equal(mkdir(work, 0700), 0);
     assert_int_equal(chdir(work), 0);
@@ -272,7 +237,7 @@ static void test_shuffle_is_seeded_permutation(void **state)
 {
     (void)state;
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TRAIN, &ds), 0);
+    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN, &ds), 0);
     int64_t *a = zd_dataset_order(ds, 42), *b = zd_dataset_order(ds, 42), *c = zd_dataset_order(ds, 43);
     assert_non_null(a);
     assert_memory_equal(a, b, 10 * sizeof *a);
@@ -341,7 +306,7 @@ static void test_batches_and_subset(void **state)
     (void)state;
     int64_t live = zd_tensor_live_count();
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TRAIN, &ds), 0);
+    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN, &ds), 0);
     assert_int_equal(zd_dataset_num_batches(ds, 4), 3);
     assert_int_equal(zd_dataset_num_batches(ds, 10), 1);
     assert_int_equal(zd_dataset_num_batches(ds, 11), 1);

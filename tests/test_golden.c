@@ -79,7 +79,7 @@ static void test_checker_catches_a_wrong_value(void **state)
     snprintf(out, sizeof out, "%s/output.y.idx", dir);
     FILE *f = fopen(out, "r+b");
     assert_non_null(f);
-    /* the first float starts after the 4-byte magic and the dims */
+    /* the last float: its 4 bytes end the file */
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
     fseek(f, size - 4, SEEK_SET);

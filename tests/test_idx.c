@@ -15,21 +15,9 @@
 #include <zdist/error.h>
 #include <zdist/dataset.h>
 #include <zdist/idx.h>
+#include "tests/support/fixtures.h"
 
 #define FMNIST ZD_DATASET_SYSTEM_DIR
-
-static char tmpdir[256];
-
-/*  A path in the test's directory; rotating buffers, so that a call may
-    take several. */
-static const char *tmp_path(const char *name)
-{
-    static char buf[8][512];
-    static int next;
-    char *b = buf[next++ % 8];
-    snprintf(b, sizeof buf[0], "%s/%s", tmpdir, name);
-    return b;
-}
 
 static void write_file(const char *path, const void *data, size_t n)
 {
@@ -112,21 +100,13 @@ static void expect_refused(const char *path, const char *expect)
 static int setup(void **state)
 {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/zd_test_idx_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tmpdir_setup("test_idx");
 }
 
 static int teardown(void **state)
 {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    struct dirent *e;
-    while (d && (e = readdir(d)))
-        if (e->d_name[0] != '.')
-            unlink(tmp_path(e->d_name));
-    if (d)
-        closedir(d);
-    return rmdir(tmpdir);
+    return tmpdir_teardown();
 }
 
 static bool have_fmnist(void)
@@ -284,7 +264,7 @@ static void test_broken_files(void **state)
     size_t n;
 
     expect_refused(tmp_path("does-not-exist"), "No such file");
-    expect_refused(tmpdir, "is a directory");
+    expect_refused(tmpdir(), "is a directory");
 
     n = make_idx(buf, 0x08, 3, dims, 256);
     buf[0] = 0x12;
@@ -410,7 +390,7 @@ static void test_dataset_level_checks(void **state)
     write_file(tmp_path("labels-magic"), buf, n + 5);
     assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-magic"), &ds), -1);
     assert_non_null(strstr(zd_error_last(), "bad magic"));
-    assert_int_equal(zd_dataset_load(tmpdir, ZD_DATASET_TEST, &ds), -1);
+    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TEST, &ds), -1);
     assert_non_null(strstr(zd_error_last(), "no t10k images"));
     assert_int_equal(zd_tensor_live_count(), live);
 }

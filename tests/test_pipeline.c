@@ -27,6 +27,7 @@
 #include <zdist/dist_optim.h>
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
+#include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
 #define SEED 5
@@ -45,22 +46,6 @@ static int setup(const world_t *w)
     if (pipeline_register() < 0)
         return -1;
     return zd_rpc_register("test.num_contexts", fn_num_contexts, NULL);
-}
-
-static int run_world(world_fn *fn, void *arg, int timeout_s)
-{
-    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup, .fn = fn,
-                         .arg = arg, .timeout_s = timeout_s, .dist_autograd = true};
-    return world_run(&o);
-}
-
-static void need_data(void)
-{
-    char dir[1024];
-    if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
-        fprintf(stderr, "no MNIST-format data: %s\n", zd_error_last());
-        skip();
-    }
 }
 
 /*  The first BATCH test images. */
@@ -98,96 +83,98 @@ static int64_t shard_contexts(int rank)
 
 /*  ---- gradients and one step equal the whole Net's in one process ---- */
 
-/*  Runs call; on failure prints it with the error and leaves. */
-#define TRY(call)                                                                           \
-    do {                                                                                    \
-        if ((call) < 0) {                                                                   \
-            rc = world_fail(w, "%s: %s", #call, zd_error_last());                              \
-            goto out;                                                                       \
-        }                                                                                   \
-    } while (0)
+/*  What fn_gradients makes; freed by it whatever gradients_match did. */
+typedef struct {
+    zd_tensor_t *x, *y, *lp, *loss, *dlp, *dloss;
+    zd_tensor_t *grads[NPARAMS], *want[NPARAMS];
+    zd_nn_model_t *net;
+    pipeline_net_t *pn;
+    zd_dist_optim_t *opt;
+    zd_optim_t *local;
+    int64_t ctx;
+} gradients_run_t;
 
-static int fn_gradients(const world_t *w)
+static int gradients_match(gradients_run_t *g, int split)
 {
-    if (w->rank != 0)
-        return 0;
-    const int split = *(const int *)w->arg;
     const float lr = 0.05f;
-    zd_tensor_t *x = NULL, *y = NULL, *lp = NULL, *loss = NULL, *dlp = NULL, *dloss = NULL;
-    zd_tensor_t *grads[NPARAMS] = {0}, *want[NPARAMS] = {0}, *ps[NPARAMS];
-    zd_nn_model_t *net = zd_nn_net_new(SEED);
-    pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, false);
-    zd_dist_optim_t *opt = NULL;
-    zd_optim_t *local = NULL;
+    zd_tensor_t *ps[NPARAMS];
     zd_optim_config_t cfg = zd_optim_sgd_defaults(lr);
     zd_rref_t *const *params;
-    int64_t ctx = -1;
-    int np, rc = 0;
-    TRY(net && pn ? 0 : -1);
-    TRY(test_batch(&x, &y));
+    int np;
+    WTRY(g->net && g->pn ? 0 : -1);
+    WTRY(test_batch(&g->x, &g->y));
 
     /* One process: the whole Net, dropout off. */
-    zd_nn_model_train(net, false);
-    TRY(zd_nn_model_forward(net, x, &lp));
-    TRY(zd_nn_nll_loss(lp, y, &loss));
-    TRY(zd_autograd_backward(loss, NULL, false));
+    zd_nn_model_train(g->net, false);
+    WTRY(zd_nn_model_forward(g->net, g->x, &g->lp));
+    WTRY(zd_nn_nll_loss(g->lp, g->y, &g->loss));
+    WTRY(zd_autograd_backward(g->loss, NULL, false));
     for (int i = 0; i < NPARAMS; i++)
-        want[i] = zd_tensor_grad(ps[i] = zd_nn_model_param(net, i));
+        g->want[i] = zd_tensor_grad(ps[i] = zd_nn_model_param(g->net, i));
 
     /* The pipeline, in a context. */
-    TRY(zd_dist_autograd_context_begin(&ctx));
-    TRY(pipeline_net_forward(pn, x, split, &dlp));
-    TRY(zd_nn_nll_loss(dlp, y, &dloss));
-    TRY(zd_dist_autograd_backward(ctx, &dloss, 1, false));
-    TRY(pipeline_net_gradients(pn, ctx, grads));
-    TRY(close_to("loss", dloss, loss));
+    WTRY(zd_dist_autograd_context_begin(&g->ctx));
+    WTRY(pipeline_net_forward(g->pn, g->x, split, &g->dlp));
+    WTRY(zd_nn_nll_loss(g->dlp, g->y, &g->dloss));
+    WTRY(zd_dist_autograd_backward(g->ctx, &g->dloss, 1, false));
+    WTRY(pipeline_net_gradients(g->pn, g->ctx, g->grads));
+    WTRY(close_to("loss", g->dloss, g->loss));
     for (int i = 0; i < NPARAMS; i++) {
         char what[128];
         snprintf(what, sizeof what, "%d micro-batches: gradient of %s", split,
-                 zd_nn_model_param_name(net, i));
-        TRY(close_to(what, grads[i], want[i]));
+                 zd_nn_model_param_name(g->net, i));
+        WTRY(close_to(what, g->grads[i], g->want[i]));
     }
 
     /* One step of each: the shards' parameters move as the Net's. */
-    TRY(pipeline_net_parameter_rrefs(pn, &params, &np));
-    TRY(np == NPARAMS ? 0 : -1);
-    TRY(zd_dist_optim_new(&cfg, params, np, &opt));
-    TRY(zd_dist_optim_num_owners(opt) == 2 ? 0 : -1);
-    TRY(zd_dist_optim_step(opt, ctx));
-    TRY((local = zd_optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
-    TRY(zd_optim_step_grad(local));
+    WTRY(pipeline_net_parameter_rrefs(g->pn, &params, &np));
+    WTRY(np == NPARAMS ? 0 : -1);
+    WTRY(zd_dist_optim_new(&cfg, params, np, &g->opt));
+    WTRY(zd_dist_optim_num_owners(g->opt) == 2 ? 0 : -1);
+    WTRY(zd_dist_optim_step(g->opt, g->ctx));
+    WTRY((g->local = zd_optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
+    WTRY(zd_optim_step_grad(g->local));
     for (int i = 0; i < NPARAMS; i++) {
         zd_value_t *v = NULL;
         zd_tensor_t *t = NULL;
         char what[128];
-        snprintf(what, sizeof what, "%s after one step", zd_nn_model_param_name(net, i));
+        snprintf(what, sizeof what, "%s after one step", zd_nn_model_param_name(g->net, i));
         int r = zd_rref_to_here(params[i], -1, &v);
         if (r == 0)
             r = zd_value_get_tensor(v, &t);
         if (r == 0)
             r = close_to(what, t, ps[i]);
         zd_value_unref(v);
-        TRY(r);
+        WTRY(r);
     }
-out:
-    if (ctx >= 0 && zd_dist_autograd_context_end(ctx, -1) < 0)
+    return 0;
+}
+
+static int fn_gradients(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    gradients_run_t g = {.net = zd_nn_net_new(SEED), .pn = pipeline_net_new(1, 2, SEED, false),
+                         .ctx = -1};
+    int rc = gradients_match(&g, *(const int *)w->arg);
+    if (g.ctx >= 0 && zd_dist_autograd_context_end(g.ctx, -1) < 0)
         rc = world_fail(w, "context_end: %s", zd_error_last());
     if (rc == 0 && (shard_contexts(1) != 0 || shard_contexts(2) != 0))
         rc = world_fail(w, "the shards still hold contexts");
     for (int i = 0; i < NPARAMS; i++) {
-        zd_tensor_unref(grads[i]);
-        zd_tensor_unref(want[i]);
+        zd_tensor_unref(g.grads[i]);
+        zd_tensor_unref(g.want[i]);
     }
-    zd_optim_free(local);
-    zd_dist_optim_free(opt);
-    pipeline_net_free(pn);
-    zd_nn_model_free(net);
-    zd_tensor_unref(dloss);
-    zd_tensor_unref(dlp);
-    zd_tensor_unref(loss);
-    zd_tensor_unref(lp);
-    zd_tensor_unref(x);
-    zd_tensor_unref(y);
+    zd_optim_free(g.local);
+    zd_dist_optim_free(g.opt);
+    pipeline_net_free(g.pn);
+    zd_nn_model_free(g.net);
+    zd_tensor_unref(g.dloss);
+    zd_tensor_unref(g.dlp);
+    zd_tensor_unref(g.loss);
+    zd_tensor_unref(g.lp);
+    zd_tensor_unref(g.x);
+    zd_tensor_unref(g.y);
     return rc;
 }
 
@@ -196,7 +183,10 @@ static void test_gradients_one_micro_batch(void **state)
     (void)state;
     need_data();
     int split = 1;
-    assert_int_equal(run_world(fn_gradients, &split, 120), 0);
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup,
+                         .fn = fn_gradients, .arg = &split, .timeout_s = 120,
+                         .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
 }
 
 static void test_gradients_four_micro_batches(void **state)
@@ -204,7 +194,10 @@ static void test_gradients_four_micro_batches(void **state)
     (void)state;
     need_data();
     int split = 4;
-    assert_int_equal(run_world(fn_gradients, &split, 120), 0);
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup,
+                         .fn = fn_gradients, .arg = &split, .timeout_s = 120,
+                         .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- evaluation: no context, dropout off ---- */
@@ -247,7 +240,9 @@ static void test_eval_forward(void **state)
 {
     (void)state;
     need_data();
-    assert_int_equal(run_world(fn_eval, NULL, 120), 0);
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup, .fn = fn_eval,
+                         .timeout_s = 120, .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- the driver's loop ---- */
@@ -291,7 +286,9 @@ static void test_driver_runs(void **state)
 {
     (void)state;
     need_data();
-    assert_int_equal(run_world(fn_driver, NULL, 120), 0);
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup, .fn = fn_driver,
+                         .timeout_s = 120, .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
 }
 
 static void test_options_checked(void **state)

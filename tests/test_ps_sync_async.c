@@ -30,34 +30,13 @@
 #include <zdist/model.h>
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
+#include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
 static int setup(const world_t *w)
 {
     (void)w;
     return ps_register();
-}
-
-static int run_world(int world_size, world_fn *fn, void *arg, int timeout_s)
-{
-    world_options_t o = {.world_size = world_size, .setup = setup, .fn = fn, .arg = arg,
-                         .timeout_s = timeout_s};
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    int rc = world_run(&o);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    fprintf(stderr, "world of %d processes: %.1f s\n", world_size,
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
-    return rc;
-}
-
-static void need_data(void)
-{
-    char dir[1024];
-    if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
-        fprintf(stderr, "no MNIST-format data: %s\n", zd_error_last());
-        skip();
-    }
 }
 
 /*  ---- accuracy after 200 synchronous iterations ---- */
@@ -97,7 +76,8 @@ static void test_sync_accuracy(void **state)
 {
     (void)state;
     need_data();
-    assert_int_equal(run_world(4, fn_accuracy, NULL, 300), 0);
+    world_options_t o = {.world_size = 4, .setup = setup, .fn = fn_accuracy, .timeout_s = 300};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- sync equals one process summing the same workers' gradients ---- */
@@ -217,7 +197,9 @@ static void test_sync_one_server_matches_local(void **state)
     (void)state;
     need_data();
     int servers = 1;
-    assert_int_equal(run_world(4, fn_sync_matches_local, &servers, 120), 0);
+    world_options_t o = {.world_size = 4, .setup = setup, .fn = fn_sync_matches_local,
+                         .arg = &servers, .timeout_s = 120};
+    assert_int_equal(world_run(&o), 0);
 }
 
 static void test_sync_two_servers_match_local(void **state)
@@ -225,7 +207,9 @@ static void test_sync_two_servers_match_local(void **state)
     (void)state;
     need_data();
     int servers = 2;
-    assert_int_equal(run_world(5, fn_sync_matches_local, &servers, 120), 0);
+    world_options_t o = {.world_size = 5, .setup = setup, .fn = fn_sync_matches_local,
+                         .arg = &servers, .timeout_s = 120};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- async: iterations x workers updates, each gradient applied once ---- */
@@ -334,7 +318,9 @@ static void test_async_each_gradient_once(void **state)
 {
     (void)state;
     need_data();
-    assert_int_equal(run_world(5, fn_async_once, NULL, 120), 0);
+    world_options_t o = {.world_size = 5, .setup = setup, .fn = fn_async_once,
+                         .timeout_s = 120};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- bounded staleness (SPEC B3) ---- */
@@ -383,7 +369,8 @@ static void test_async_bounded_staleness(void **state)
 {
     (void)state;
     need_data();
-    assert_int_equal(run_world(4, fn_staleness, NULL, 120), 0);
+    world_options_t o = {.world_size = 4, .setup = setup, .fn = fn_staleness, .timeout_s = 120};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- the actors' errors reach the caller ---- */
@@ -444,7 +431,8 @@ static void test_actor_errors(void **state)
 {
     (void)state;
     need_data();
-    assert_int_equal(run_world(3, fn_errors, NULL, 60), 0);
+    world_options_t o = {.world_size = 3, .setup = setup, .fn = fn_errors, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
 }
 
 static void test_world_size_checked(void **state)

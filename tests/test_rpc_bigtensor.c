@@ -8,10 +8,17 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 #include "rpc/bufcache.h"
 #include "rpc/stream.h"
-#include "test_rpc_world.h"
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 /* ---- frames that count their releases ---- */
 
@@ -655,16 +662,15 @@ static zd_value_t *h_expire(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(n);
 }
 
-static int world_big(int rank, int world, int port, void *arg)
+static int world_big(const world_t *w)
 {
-    (void)arg;
     WCHECK(zd_rpc_register("echo", world_h_echo, NULL) == 0);
     WCHECK(zd_rpc_register_inline("pending", h_pending, NULL) == 0);
     WCHECK(zd_rpc_register("expire", h_expire, NULL) == 0);
-    zd_rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_rpc_options(w->port);
     o.rpc_timeout_ms = 60000;
-    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
-    if (rank == 0) {
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    if (w->rank == 0) {
         zd_tensor_t *big = pattern(ZD_UINT8, (64 << 20) + 12, 1);
         zd_tensor_t *mid = pattern(ZD_FLOAT32, (17 << 20) / 4 + 3, 2);
         zd_tensor_t *small = pattern(ZD_INT64, 5, 3);
@@ -731,7 +737,7 @@ static int world_big(int rank, int world, int port, void *arg)
 static void test_big_tensors_through_a_world(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 120, world_big, NULL), 0);
+    assert_int_equal(world_run_simple(2, 120, world_big, NULL), 0);
 }
 
 /* ---- a streamed answer that stalls fails the call waiting for it ---- */
@@ -762,18 +768,17 @@ static void *raw_stalled_answer(uint64_t id, void **ctx)
     return sock;
 }
 
-static int world_stalled_answer(int rank, int world, int port, void *arg)
+static int world_stalled_answer(const world_t *w)
 {
-    (void)arg;
-    if (rank == 0) {
+    if (w->rank == 0) {
         zd_rpc_hooks_t hooks = {.on_send_request = capture_id};
         WCHECK(zd_rpc_set_hooks(&hooks) == 0);
     }
     WCHECK(zd_rpc_register_async("hold", world_h_hold, &stalled_hold) == 0);
     WCHECK(zd_rpc_register_inline("release", world_h_release, &stalled_hold) == 0);
-    zd_rpc_options_t o = world_options(port);
-    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
-    if (rank == 0) {
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    if (w->rank == 0) {
         zd_future_t *f = zd_rpc_async(1, "hold", NULL, -1);
         WCHECK(f && atomic_load(&held_id) != 0);
         void *ctx = NULL, *sock = raw_stalled_answer(atomic_load(&held_id), &ctx);
@@ -807,7 +812,7 @@ static int world_stalled_answer(int rank, int world, int port, void *arg)
 static void test_stalled_answer_fails_its_call(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_stalled_answer, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_stalled_answer, NULL), 0);
 }
 
 int main(void)

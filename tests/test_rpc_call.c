@@ -5,11 +5,19 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 #include "rpc/agent.h"
-#include "test_rpc_world.h"
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 /* ---- handlers served by every process ---- */
 
@@ -113,7 +121,7 @@ static int register_all(void)
 
 static int start(int rank, int world, int port, int64_t timeout_ms)
 {
-    zd_rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_rpc_options(port);
     o.rpc_timeout_ms = timeout_ms;
     char name[32];
     snprintf(name, sizeof name, "w%d", rank);
@@ -141,11 +149,10 @@ static int check_echo(int to, zd_value_t *v, const char *fn)
     return same ? 0 : -1;
 }
 
-static int world_values(int rank, int world, int port, void *arg)
+static int world_values(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port, 10000) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
+    if (w->rank == 0) {
         zd_value_t *r, *add_args = zd_rpc_args("ii", (int64_t)2, (int64_t)40);
         WCHECK(zd_rpc_sync(1, "add", add_args, -1, &r) == 0);
         zd_value_unref(add_args);
@@ -175,7 +182,7 @@ static int world_values(int rank, int world, int port, void *arg)
         zd_value_t *nested = zd_value_list(2);
         zd_list_append(nested, zd_value_ref(values[9]));
         zd_list_append(nested, zd_value_list(0));
-        for (int to = 0; to < world; to++) {
+        for (int to = 0; to < w->world_size; to++) {
             for (size_t k = 0; k < n; k++) {
                 WCHECK(check_echo(to, values[k], "echo") == 0);
                 WCHECK(check_echo(to, values[k], "echo_inline") == 0);
@@ -209,7 +216,7 @@ static int world_values(int rank, int world, int port, void *arg)
 static void test_values_round_trip(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_values, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_values, NULL), 0);
 }
 
 /* ---- futures ---- */
@@ -224,16 +231,15 @@ static void on_done(zd_future_t *f, void *arg)
         atomic_fetch_add(&then_ran, 1);
 }
 
-static int world_futures(int rank, int world, int port, void *arg)
+static int world_futures(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port, 10000) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
+    if (w->rank == 0) {
         enum { N = 32 };
         zd_future_t *fs[N];
         for (int i = 0; i < N; i++) {
             zd_value_t *args = zd_rpc_args("ii", (int64_t)i, (int64_t)1000);
-            fs[i] = zd_rpc_async(1 + i % (world - 1), "add", args, -1);
+            fs[i] = zd_rpc_async(1 + i % (w->world_size - 1), "add", args, -1);
             zd_value_unref(args);
             WCHECK(fs[i] != NULL);
             WCHECK(zd_future_then(fs[i], on_done, (void *)(intptr_t)(i + 1000)) == 0);
@@ -284,7 +290,7 @@ static int world_futures(int rank, int world, int port, void *arg)
 static void test_async_futures(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(3, 60, world_futures, NULL), 0);
+    assert_int_equal(world_run_simple(3, 60, world_futures, NULL), 0);
 }
 
 /* ---- many threads waiting for futures at once ---- */
@@ -314,11 +320,10 @@ static void *waiter_main(void *arg)
     return NULL;
 }
 
-static int world_waiters(int rank, int world, int port, void *arg)
+static int world_waiters(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port, 20000) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port, 20000) == 0);
+    if (w->rank == 0) {
         /* One of them polls (with the I/O thread), the others sleep: all
            get their answers, and the I/O thread is left polling for none. */
         pthread_t th[WAITERS];
@@ -344,7 +349,7 @@ static int world_waiters(int rank, int world, int port, void *arg)
 static void test_concurrent_future_waiters(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_waiters, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_waiters, NULL), 0);
 }
 
 /* ---- errors name the peer and the function; the process keeps serving ---- */
@@ -364,11 +369,10 @@ static int expect_error(int to, const char *fn, zd_value_t *args, int64_t timeou
     return 0;
 }
 
-static int world_errors(int rank, int world, int port, void *arg)
+static int world_errors(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port, 10000) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
+    if (w->rank == 0) {
         WCHECK(expect_error(1, "divide", zd_rpc_args("ff", 1.0, 0.0), -1,
                             "zd_rpc_sync to \"w1\" (rank 1) calling \"divide\": remote error: "
                             "division by zero", NULL) == 0);
@@ -405,17 +409,16 @@ static int world_errors(int rank, int world, int port, void *arg)
 static void test_errors_name_peer_and_function(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_errors, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_errors, NULL), 0);
 }
 
 /* ---- timeouts ---- */
 
-static int world_timeouts(int rank, int world, int port, void *arg)
+static int world_timeouts(const world_t *w)
 {
-    (void)arg;
     /* A default timeout of 400 ms for this world. */
-    WCHECK(start(rank, world, port, 400) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port, 400) == 0);
+    if (w->rank == 0) {
         int64_t t0 = world_now_ms();
         WCHECK(expect_error(1, "hold", NULL, 300, "zd_rpc_sync to \"w1\" (rank 1) calling \"hold\"",
                             "timed out after 300 ms") == 0);
@@ -457,7 +460,7 @@ static int world_timeouts(int rank, int world, int port, void *arg)
 static void test_timeouts(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_timeouts, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_timeouts, NULL), 0);
 }
 
 /* ---- a peer that died ---- */
@@ -483,22 +486,21 @@ static zd_value_t *h_ready(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_none();
 }
 
-static int world_dead_peer(int rank, int world, int port, void *arg)
+static int world_dead_peer(const world_t *w)
 {
-    (void)arg;
     ready = zd_future_new();
     finished = zd_future_new();
     WCHECK(zd_rpc_register_inline("ready", h_ready, NULL) == 0);
     WCHECK(zd_rpc_register_inline("finished", h_finished, NULL) == 0);
-    WCHECK(start(rank, world, port, 10000) == 0);
+    WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
     zd_value_t *r;
-    if (rank == 2) {
+    if (w->rank == 2) {
         zd_value_t *args = zd_rpc_args("i", (int64_t)getpid());
         WCHECK(zd_rpc_sync(0, "ready", args, -1, &r) == 0);
         for (;;)
             pause();   /* until rank 0 kills it */
     }
-    if (rank == 0) {
+    if (w->rank == 0) {
         /* Kill the peer, then call it. */
         WCHECK(zd_rpc_wait(ready, 10000) == 0);
         WCHECK(kill((pid_t)victim_pid, SIGKILL) == 0);
@@ -518,7 +520,7 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
         WCHECK(zd_rpc_sync(1, "finished", NULL, -1, &r) == 0);
         zd_value_unref(r);
     }
-    if (rank == 1)
+    if (w->rank == 1)
         WCHECK(zd_rpc_wait(finished, 10000) == 0);
     /* Shutdown returns anyway, with an error naming the dead one. */
     int64_t t0 = world_now_ms();
@@ -534,11 +536,9 @@ static int world_dead_peer(int rank, int world, int port, void *arg)
 static void test_dead_peer(void **state)
 {
     (void)state;
-    int status[3];
-    run_world_status(3, 60, world_dead_peer, NULL, status);
-    assert_int_equal(status[0], 0);
-    assert_int_equal(status[1], 0);
-    assert_int_equal(status[2], -1);   /* killed */
+    world_options_t o = {.world_size = 3, .fn = world_dead_peer, .timeout_s = 60,
+                         .own_init = true, .expect_exit = {0, 0, 128 + SIGKILL}};
+    assert_int_equal(world_run(&o), 0);   /* rank 2 killed, the others fine */
 }
 
 int main(void)

@@ -9,8 +9,15 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-#include "test_rpc_world.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 static __thread int64_t current_ctx;
 
@@ -213,9 +220,8 @@ static int64_t remote_events(int rank, int kind, int what)
     return n;
 }
 
-static int world_hooks(int rank, int world, int port, void *arg)
+static int world_hooks(const world_t *w)
 {
-    (void)arg;
     WCHECK(zd_rpc_set_hooks(&fake_hooks) == 0);
     WCHECK(zd_rpc_register("ctx", h_ctx, NULL) == 0);
     WCHECK(zd_rpc_register_inline("ctx_inline", h_ctx, NULL) == 0);
@@ -224,8 +230,8 @@ static int world_hooks(int rank, int world, int port, void *arg)
     WCHECK(zd_rpc_register_inline("release", world_h_release, &later) == 0);
     WCHECK(zd_rpc_register("fail", world_h_fail, "failing on purpose") == 0);
     WCHECK(zd_rpc_register_inline("events", h_events, NULL) == 0);
-    zd_rpc_options_t o = world_options(port);
-    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
     WCHECK(zd_rpc_set_hooks(NULL) == -1);   /* not while running */
     /* The module's counters follow the agent's in the debug info. */
     zd_rpc_debug_item_t items[16];
@@ -234,7 +240,7 @@ static int world_hooks(int rank, int world, int port, void *arg)
     WCHECK(zd_rpc_get_debug_info(items, 1) == n);   /* the count even when cut short */
     int64_t v = -1;
     WCHECK(zd_rpc_get_debug_value("fake_states_live", &v) == 0 && v == 0);
-    if (rank == 0) {
+    if (w->rank == 0) {
         /* No context: nothing extra travels, results are untouched. */
         WCHECK(world_call_int(1, "ctx") == 0);
         /* A context: the handler sees it, the reply brings it back (the
@@ -299,7 +305,7 @@ static int world_hooks(int rank, int world, int port, void *arg)
 static void test_hooks_carry_context_both_ways(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(3, 60, world_hooks, NULL), 0);
+    assert_int_equal(world_run_simple(3, 60, world_hooks, NULL), 0);
 }
 
 int main(void)

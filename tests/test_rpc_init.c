@@ -4,23 +4,28 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-#include "test_rpc_world.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+#include "tests/support/world.h"
 
 /* ---- a world comes together ---- */
 
-static int world_info(int rank, int world, int port, void *arg)
+static int world_info(const world_t *w)
 {
-    (void)arg;
-    zd_rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_rpc_options(w->port);
     char name[32];
-    snprintf(name, sizeof name, "node-%c", 'a' + rank);
-    WCHECK(zd_rpc_init(name, rank, world, &o) == 0);
+    snprintf(name, sizeof name, "node-%c", 'a' + w->rank);
+    WCHECK(zd_rpc_init(name, w->rank, w->world_size, &o) == 0);
     WCHECK(zd_rpc_is_running());
-    WCHECK(zd_rpc_rank() == rank);
-    WCHECK(zd_rpc_world_size() == world);
+    WCHECK(zd_rpc_rank() == w->rank);
+    WCHECK(zd_rpc_world_size() == w->world_size);
     WCHECK(strcmp(zd_rpc_name(), name) == 0);
-    for (int r = 0; r < world; r++) {
+    for (int r = 0; r < w->world_size; r++) {
         zd_rpc_worker_info_t by_rank, by_name;
         char other[32];
         snprintf(other, sizeof other, "node-%c", 'a' + r);
@@ -32,16 +37,16 @@ static int world_info(int rank, int world, int port, void *arg)
         WCHECK(zd_rpc_worker(other) == r);
     }
     zd_rpc_worker_info_t me, all[8];
-    WCHECK(zd_rpc_get_worker_info(NULL, &me) == 0 && me.rank == rank);
-    WCHECK(zd_rpc_get_worker_infos(all, 8) == world);
-    for (int r = 0; r < world; r++)
+    WCHECK(zd_rpc_get_worker_info(NULL, &me) == 0 && me.rank == w->rank);
+    WCHECK(zd_rpc_get_worker_infos(all, 8) == w->world_size);
+    for (int r = 0; r < w->world_size; r++)
         WCHECK(all[r].rank == r && all[r].name[0] == 'n');
     WCHECK(zd_rpc_get_worker_info("nobody", &me) == -1);
     WCHECK(strstr(zd_error_last(), "nobody") != NULL);
     WCHECK(zd_rpc_worker("nobody") == -1);
-    WCHECK(zd_rpc_get_worker_info_by_rank(world, &me) == -1);
+    WCHECK(zd_rpc_get_worker_info_by_rank(w->world_size, &me) == -1);
     WCHECK(strstr(zd_error_last(), "rank 3") != NULL);
-    WCHECK(zd_rpc_init(name, rank, world, &o) == -1);   /* already running */
+    WCHECK(zd_rpc_init(name, w->rank, w->world_size, &o) == -1);   /* already running */
     WCHECK(strstr(zd_error_last(), "already running") != NULL);
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     WCHECK(!zd_rpc_is_running());
@@ -55,25 +60,24 @@ static int world_info(int rank, int world, int port, void *arg)
 static void test_world_of_three_knows_everyone(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(3, 60, world_info, NULL), 0);
+    assert_int_equal(world_run_simple(3, 60, world_info, NULL), 0);
 }
 
 /* ---- the environment fills what the caller leaves unset ---- */
 
-static int world_env(int rank, int world, int port, void *arg)
+static int world_env(const world_t *w)
 {
-    (void)arg;
     char buf[32];
-    snprintf(buf, sizeof buf, "%d", port);
+    snprintf(buf, sizeof buf, "%d", w->port);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", buf, 1);
-    snprintf(buf, sizeof buf, "%d", rank);
+    snprintf(buf, sizeof buf, "%d", w->rank);
     setenv("RANK", buf, 1);
-    snprintf(buf, sizeof buf, "%d", world);
+    snprintf(buf, sizeof buf, "%d", w->world_size);
     setenv("WORLD_SIZE", buf, 1);
     WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == 0);
-    WCHECK(zd_rpc_rank() == rank && zd_rpc_world_size() == world);
-    snprintf(buf, sizeof buf, "worker%d", rank);
+    WCHECK(zd_rpc_rank() == w->rank && zd_rpc_world_size() == w->world_size);
+    snprintf(buf, sizeof buf, "worker%d", w->rank);
     WCHECK(strcmp(zd_rpc_name(), buf) == 0);
     WCHECK(zd_rpc_worker("worker0") == 0 && zd_rpc_worker("worker1") == 1);
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
@@ -90,7 +94,7 @@ static int world_env(int rank, int world, int port, void *arg)
 static void test_environment_variables_are_the_defaults(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_env, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_env, NULL), 0);
 }
 
 /* ---- misconfigured worlds fail everywhere, quickly, with a reason ---- */
@@ -103,23 +107,22 @@ typedef struct {
     bool must_fail[4];
 } bad_world_t;
 
-static int world_bad(int index, int world, int port, void *arg)
+static int world_bad(const world_t *w)
 {
-    (void)world;
-    const bad_world_t *b = arg;
-    zd_rpc_options_t o = world_options(port);
+    const bad_world_t *b = w->arg;
+    zd_rpc_options_t o = world_rpc_options(w->port);
     o.init_timeout_ms = 3000;
     int64_t start = world_now_ms();
-    int rc = zd_rpc_init(b->names[index], b->ranks[index], b->worlds[index], &o);
+    int rc = zd_rpc_init(b->names[w->rank], b->ranks[w->rank], b->worlds[w->rank], &o);
     int64_t took = world_now_ms() - start;
     if (rc == 0) {
-        WCHECK(!b->must_fail[index]);
+        WCHECK(!b->must_fail[w->rank]);
         zd_rpc_shutdown(false, 0);
         return 0;
     }
     WCHECK(took < 4000);
-    if (b->must_fail[index] && !strstr(zd_error_last(), b->expect)) {
-        fprintf(stderr, "[%d] unexpected error: %s\n", index, zd_error_last());
+    if (b->must_fail[w->rank] && !strstr(zd_error_last(), b->expect)) {
+        fprintf(stderr, "[%d] unexpected error: %s\n", w->rank, zd_error_last());
         return 1;
     }
     return 0;
@@ -130,7 +133,7 @@ static void test_duplicate_rank_fails_everyone(void **state)
     (void)state;
     bad_world_t b = {{0, 1, 1}, {3, 3, 3}, {"a", "b", "c"}, "rank 1 claimed twice",
                      {true, true, true}};
-    assert_int_equal(run_world(3, 60, world_bad, &b), 0);
+    assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
 static void test_duplicate_name_fails_everyone(void **state)
@@ -138,14 +141,14 @@ static void test_duplicate_name_fails_everyone(void **state)
     (void)state;
     bad_world_t b = {{0, 1, 2}, {3, 3, 3}, {"a", "same", "same"}, "name \"same\" used twice",
                      {true, true, true}};
-    assert_int_equal(run_world(3, 60, world_bad, &b), 0);
+    assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
 static void test_world_size_mismatch_fails_everyone(void **state)
 {
     (void)state;
     bad_world_t b = {{0, 1}, {2, 3}, {"a", "b"}, "world size mismatch", {true, true}};
-    assert_int_equal(run_world(2, 60, world_bad, &b), 0);
+    assert_int_equal(world_run_simple(2, 60, world_bad, &b), 0);
 }
 
 static void test_rank_outside_world(void **state)
@@ -154,9 +157,8 @@ static void test_rank_outside_world(void **state)
     /* The bad process refuses at once; the master gives up at its timeout
        and says who is missing. */
     bad_world_t b = {{0, 5}, {2, 2}, {"a", "b"}, "", {true, true}};
-    int status[2];
-    assert_int_equal(run_world_status(2, 60, world_bad, &b, status), 0);
-    zd_rpc_options_t o = world_options(world_free_port());
+    assert_int_equal(world_run_simple(2, 60, world_bad, &b), 0);
+    zd_rpc_options_t o = world_rpc_options(world_free_port());
     assert_int_equal(zd_rpc_init("b", 5, 2, &o), -1);
     assert_non_null(strstr(zd_error_last(), "rank 5 is outside the world of size 2"));
 }
@@ -164,31 +166,28 @@ static void test_rank_outside_world(void **state)
 static void test_bad_options_refused(void **state)
 {
     (void)state;
-    zd_rpc_options_t o = world_options(world_free_port());
+    zd_rpc_options_t o = world_rpc_options(world_free_port());
     o.busy_poll_us = 2000000;
     assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
     assert_non_null(strstr(zd_error_last(), "busy_poll_us 2000000 is over"));
-    o = world_options(world_free_port());
+    o = world_rpc_options(world_free_port());
     setenv("ZDIST_BUSY_POLL_US", "fast", 1);
     assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
     unsetenv("ZDIST_BUSY_POLL_US");
     assert_non_null(strstr(zd_error_last(), "ZDIST_BUSY_POLL_US=\"fast\""));
-    o = world_options(world_free_port());
+    o = world_rpc_options(world_free_port());
     o.num_worker_threads = 0;
     assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
     assert_non_null(strstr(zd_error_last(), "0 worker threads"));
-    o = world_options(world_free_port());
+    o = world_rpc_options(world_free_port());
     o.rpc_timeout_ms = -5;
     assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
     assert_non_null(strstr(zd_error_last(), "negative timeout"));
 }
 
-static int world_no_master(int rank, int world, int port, void *arg)
+static int world_no_master(const world_t *w)
 {
-    (void)rank;
-    (void)world;
-    (void)arg;
-    zd_rpc_options_t o = world_options(port);   /* nobody listens there */
+    zd_rpc_options_t o = world_rpc_options(w->port);   /* nobody listens there */
     o.init_timeout_ms = 500;
     int64_t start = world_now_ms();
     WCHECK(zd_rpc_init("lonely", 1, 2, &o) == -1);
@@ -206,20 +205,19 @@ static int world_no_master(int rank, int world, int port, void *arg)
 static void test_master_that_never_answers(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(1, 60, world_no_master, NULL), 0);
+    assert_int_equal(world_run_simple(1, 60, world_no_master, NULL), 0);
 }
 
 /* ---- init again after shutdown ---- */
 
-static int world_twice(int rank, int world, int port, void *arg)
+static int world_twice(const world_t *w)
 {
-    (void)arg;
     for (int round = 0; round < 2; round++) {
         /* Same master port both times: rank 0 binds it again. */
-        zd_rpc_options_t o = world_options(port);
+        zd_rpc_options_t o = world_rpc_options(w->port);
         o.busy_poll_us = round == 0 ? -1 : 0;   /* the second one sleeps at once */
-        WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
-        WCHECK(zd_rpc_world_size() == world);
+        WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+        WCHECK(zd_rpc_world_size() == w->world_size);
         WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     }
     return 0;
@@ -228,7 +226,7 @@ static int world_twice(int rank, int world, int port, void *arg)
 static void test_init_again_after_shutdown(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_twice, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_twice, NULL), 0);
 }
 
 int main(void)

@@ -4,8 +4,15 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-#include "test_rpc_world.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 /* "hold" answers nothing until "release". */
 static world_hold_t held = {.answer_none = true};
@@ -24,17 +31,16 @@ static zd_value_t *h_metrics_of(zd_rpc_call_t *call, zd_value_t *args, void *arg
 #define N_CALLS 50
 #define TENSOR_BYTES (1000 * 4)
 
-static int world_metrics(int rank, int world, int port, void *arg)
+static int world_metrics(const world_t *w)
 {
-    (void)arg;
     WCHECK(zd_rpc_register("echo", world_h_echo, NULL) == 0);
     WCHECK(zd_rpc_register("fail", world_h_fail, "failing") == 0);
     WCHECK(zd_rpc_register_async("hold", world_h_hold, &held) == 0);
     WCHECK(zd_rpc_register_inline("release", world_h_release, &held) == 0);
     WCHECK(zd_rpc_register_inline("metrics_of", h_metrics_of, NULL) == 0);
-    zd_rpc_options_t o = world_options(port);
-    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
-    if (rank == 0) {
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    if (w->rank == 0) {
         zd_rpc_metrics_t m;
         WCHECK(zd_rpc_metrics_get(1, &m) == 0);
         WCHECK(m.calls_sent == 0 && m.calls_served == 0 && m.in_flight == 0);
@@ -120,7 +126,7 @@ static int world_metrics(int rank, int world, int port, void *arg)
 static void test_metrics_per_peer(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_metrics, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_metrics, NULL), 0);
 }
 
 int main(void)

@@ -6,8 +6,14 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
-#include "test_rpc_world.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+#include "tests/support/world.h"
 
 #define WORLD 4
 #define CALLERS 64
@@ -140,17 +146,16 @@ static int run_callers(const char *fn)
     return failed ? -1 : 0;
 }
 
-static int world_nested(int rank, int world, int port, void *arg)
+static int world_nested(const world_t *w)
 {
-    (void)arg;
     WCHECK(zd_rpc_register("chain", h_chain, NULL) == 0);
     WCHECK(zd_rpc_register_async("chain_async", h_chain_async, NULL) == 0);
     WCHECK(zd_rpc_register_inline("bad_inline", h_bad_inline, NULL) == 0);
-    zd_rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_rpc_options(w->port);
     o.num_worker_threads = 2;
     o.rpc_timeout_ms = 30000;
-    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
-    if (rank == 0) {
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    if (w->rank == 0) {
         WCHECK(run_callers("chain_async") == 0);
         WCHECK(run_callers("chain") == 0);
         zd_value_t *r;
@@ -167,7 +172,7 @@ static int world_nested(int rank, int world, int port, void *arg)
 static void test_nested_chains_through_four_processes(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(WORLD, 120, world_nested, NULL), 0);
+    assert_int_equal(world_run_simple(WORLD, 120, world_nested, NULL), 0);
 }
 
 int main(void)

@@ -177,13 +177,6 @@ static int setup(const world_t *w)
 
 /*  ---- the driver (rank 0) ---- */
 
-#define TRY(cond)                                                                           \
-    do {                                                                                    \
-        if (!(cond))                                                                        \
-            return world_fail(w, "line %d: %s (last error: %s)", __LINE__, #cond,           \
-                              zd_error_last());                                                \
-    } while (0)
-
 /*  The int result of fn(args) on rank `to` (args taken over), or -1. */
 static int64_t call_int(int to, const char *fn, zd_value_t *args)
 {
@@ -243,84 +236,84 @@ static int stats_of(int rank, int64_t *made, int64_t *freed, int64_t *owned)
 static int driver(const world_t *w)
 {
     int64_t made, freed, owned, base_owned;
-    TRY(stats_of(1, &made, &freed, &base_owned) == 0 && made == 0);
+    WCHECK(stats_of(1, &made, &freed, &base_owned) == 0 && made == 0);
 
     /* zd_rpc_remote keeps the object on rank 1; methods get it. */
     zd_value_t *a = zd_rpc_args("i", (int64_t)10), *v = NULL;
     zd_rref_t *r = zd_rpc_remote(1, "Counter", a, -1);
     zd_value_unref(a);
-    TRY(r != NULL);
-    TRY(method_int(r, 5) == 15);
+    WCHECK(r != NULL);
+    WCHECK(method_int(r, 5) == 15);
     a = zd_rpc_args("i", (int64_t)1);
     zd_future_t *f = zd_rref_rpc_async(r, "Counter.add", a, -1);
-    TRY(f && zd_rpc_wait(f, -1) == 0);
-    TRY(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
+    WCHECK(f && zd_rpc_wait(f, -1) == 0);
+    WCHECK(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
     zd_future_unref(f);
     zd_rref_t *sum = zd_rref_remote(r, "Counter.add", a, -1);   /* an int, kept there */
     zd_value_unref(a);
-    TRY(sum && zd_rref_to_here(sum, -1, &v) == 0);
-    TRY(zd_value_get_int(v, &made) == 0 && made == 17);
+    WCHECK(sum && zd_rref_to_here(sum, -1, &v) == 0);
+    WCHECK(zd_value_get_int(v, &made) == 0 && made == 17);
     zd_value_unref(v);
     zd_rref_unref(sum);
 
     /* The object itself cannot come here. */
-    TRY(zd_rref_to_here(r, -1, &v) == -1 && !v);
-    TRY(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
+    WCHECK(zd_rref_to_here(r, -1, &v) == -1 && !v);
+    WCHECK(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
 
     /* A third worker gets a fork and calls through it. */
-    TRY(call_ok(2, "keep", zd_rpc_args("r", r)) == 0);
-    TRY(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)100)) == 117);
+    WCHECK(call_ok(2, "keep", zd_rpc_args("r", r)) == 0);
+    WCHECK(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)100)) == 117);
 
     /* Our release is not the last one: the counter lives on. */
     zd_rref_unref(r);
-    TRY(drain_all(w->world_size) == 0);
-    TRY(stats_of(1, &made, &freed, &owned) == 0);
-    TRY(made == 1 && freed == 0);
-    TRY(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)1)) == 118);
+    WCHECK(drain_all(w->world_size) == 0);
+    WCHECK(stats_of(1, &made, &freed, &owned) == 0);
+    WCHECK(made == 1 && freed == 0);
+    WCHECK(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)1)) == 118);
     /* The third worker's is: the owner frees the object. */
-    TRY(call_ok(2, "drop", zd_rpc_args("")) == 0);
-    TRY(drain_all(w->world_size) == 0);
-    TRY(stats_of(1, &made, &freed, &owned) == 0);
-    TRY(made == 1 && freed == 1 && owned == base_owned);
+    WCHECK(call_ok(2, "drop", zd_rpc_args("")) == 0);
+    WCHECK(drain_all(w->world_size) == 0);
+    WCHECK(stats_of(1, &made, &freed, &owned) == 0);
+    WCHECK(made == 1 && freed == 1 && owned == base_owned);
 
     /* An RRef the owner made with zd_rref_new and handed out. */
     zd_value_t *res;
     a = zd_rpc_args("i", (int64_t)1);
-    TRY(zd_rpc_sync(1, "counter_rref", a, -1, &res) == 0);
+    WCHECK(zd_rpc_sync(1, "counter_rref", a, -1, &res) == 0);
     zd_value_unref(a);
     zd_rref_t *r2;
-    TRY(zd_value_get_rref(res, &r2) == 0);
+    WCHECK(zd_value_get_rref(res, &r2) == 0);
     zd_rref_ref(r2);
     zd_value_unref(res);
-    TRY(zd_rref_owner(r2) == 1 && method_int(r2, 2) == 3);
-    TRY(zd_rref_to_here(r2, -1, &v) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
-    TRY(drain_all(w->world_size) == 0);
-    TRY(stats_of(1, &made, &freed, &owned) == 0 && made == 2 && freed == 1);
+    WCHECK(zd_rref_owner(r2) == 1 && method_int(r2, 2) == 3);
+    WCHECK(zd_rref_to_here(r2, -1, &v) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
+    WCHECK(drain_all(w->world_size) == 0);
+    WCHECK(stats_of(1, &made, &freed, &owned) == 0 && made == 2 && freed == 1);
     zd_rref_unref(r2);
-    TRY(drain_all(w->world_size) == 0);
-    TRY(stats_of(1, &made, &freed, &owned) == 0 && freed == 2 && owned == base_owned);
+    WCHECK(drain_all(w->world_size) == 0);
+    WCHECK(stats_of(1, &made, &freed, &owned) == 0 && freed == 2 && owned == base_owned);
 
     /* A plain result cannot be an object: the call fails, the object is freed. */
     a = zd_rpc_args("i", (int64_t)1);
-    TRY(zd_rpc_sync(1, "counter_value", a, -1, &res) == -1);
+    WCHECK(zd_rpc_sync(1, "counter_value", a, -1, &res) == -1);
     zd_value_unref(a);
-    TRY(strstr(zd_error_last(), "cannot send the result of \"counter_value\"") != NULL);
-    TRY(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
-    TRY(stats_of(1, &made, &freed, &owned) == 0 && made == 3 && freed == 3);
+    WCHECK(strstr(zd_error_last(), "cannot send the result of \"counter_value\"") != NULL);
+    WCHECK(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
+    WCHECK(stats_of(1, &made, &freed, &owned) == 0 && made == 3 && freed == 3);
 
     /* Nor an argument: refused before anything is sent. */
     a = zd_rpc_args("i", (int64_t)0);
     v = new_counter(a);
     zd_value_unref(a);
     a = zd_rpc_args("v", v);
-    TRY(zd_rpc_sync(1, "Counter.add", a, -1, &res) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
+    WCHECK(zd_rpc_sync(1, "Counter.add", a, -1, &res) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
     zd_value_unref(a);
-    TRY(atomic_load(&n_made) == 1 && atomic_load(&n_freed) == 1);
+    WCHECK(atomic_load(&n_made) == 1 && atomic_load(&n_freed) == 1);
 
     /* On the owner, its own RRef's value is the object itself. */
-    TRY(call_int(1, "own_rref", zd_rpc_args("i", (int64_t)0)) == 1);
-    TRY(drain_all(w->world_size) == 0);
-    TRY(stats_of(1, &made, &freed, &owned) == 0 && made == 4 && freed == 4 &&
+    WCHECK(call_int(1, "own_rref", zd_rpc_args("i", (int64_t)0)) == 1);
+    WCHECK(drain_all(w->world_size) == 0);
+    WCHECK(stats_of(1, &made, &freed, &owned) == 0 && made == 4 && freed == 4 &&
         owned == base_owned);
     return 0;
 }

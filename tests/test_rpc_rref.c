@@ -9,9 +9,16 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
-#include "test_rpc_world.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 /* ---- handlers served by every process ---- */
 
@@ -205,7 +212,7 @@ static int start(int rank, int world, int port)
         zd_rpc_register_async("slow", world_h_hold, &slow) < 0 ||
         zd_rpc_register_inline("release_slow", world_h_release, &slow) < 0)
         return -1;
-    zd_rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_rpc_options(port);
     return zd_rpc_init(NULL, rank, world, &o);
 }
 
@@ -246,11 +253,10 @@ static zd_rref_t *remote_tensor(int owner, int64_t n, double v)
 
 /* ---- remote, to_here, methods ---- */
 
-static int world_basics(int rank, int world, int port, void *arg)
+static int world_basics(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port) == 0);
+    if (w->rank == 0) {
         zd_rref_t *r = remote_tensor(1, 10, 1.5);
         WCHECK(r != NULL);
         WCHECK(zd_rref_owner(r) == 1 && !zd_rref_is_owner(r));
@@ -301,9 +307,9 @@ static int world_basics(int rank, int world, int port, void *arg)
         zd_rref_unref(mine);
         zd_rref_unref(r);
         zd_rref_unref(r2);
-        WCHECK(drain_all(world) == 0);
-        for (int w = 0; w < world; w++)
-            WCHECK(world_call_int(w, "owner_count") == 0);
+        WCHECK(drain_all(w->world_size) == 0);
+        for (int peer = 0; peer < w->world_size; peer++)
+            WCHECK(world_call_int(peer, "owner_count") == 0);
     }
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     return 0;
@@ -312,7 +318,7 @@ static int world_basics(int rank, int world, int port, void *arg)
 static void test_remote_to_here_and_methods(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(3, 60, world_basics, NULL), 0);
+    assert_int_equal(world_run_simple(3, 60, world_basics, NULL), 0);
 }
 
 /* ---- distributed reference counting ---- */
@@ -322,11 +328,10 @@ static int64_t count_on(int owner)
     return world_call_int(owner, "owner_count");
 }
 
-static int world_refcount(int rank, int world, int port, void *arg)
+static int world_refcount(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port) == 0);
+    if (w->rank == 0) {
         const int owner = 1;
         /* create, release */
         zd_rref_t *r = remote_tensor(owner, 8, 1.0);
@@ -335,7 +340,7 @@ static int world_refcount(int rank, int world, int port, void *arg)
         zd_value_unref(v);
         WCHECK(count_on(owner) == 1);
         zd_rref_unref(r);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* create, fork to a third process that keeps it, release here:
@@ -346,11 +351,11 @@ static int world_refcount(int rank, int world, int port, void *arg)
         zd_value_unref(res);
         zd_value_unref(args);
         zd_rref_unref(r);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 1);
         /* never earlier: the keeper can still use it */
         WCHECK(world_call_int(2, "drop_kept") == 1);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* released right after forking, before anyone confirmed anything:
@@ -368,7 +373,7 @@ static int world_refcount(int rank, int world, int port, void *arg)
             WCHECK(zd_value_get_float(zd_future_value(f), &d) == 0 && d == 4.0);
             zd_future_unref(f);
         }
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* user -> user -> user: 0 forks to 2, 2 forwards to 3, 3 keeps */
@@ -378,10 +383,10 @@ static int world_refcount(int rank, int world, int port, void *arg)
         zd_value_unref(res);
         zd_value_unref(args);
         zd_rref_unref(r);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 1);
         WCHECK(world_call_int(3, "drop_kept") == 1);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* the owner forks to users, and a user hands it back to the owner */
@@ -395,31 +400,31 @@ static int world_refcount(int rank, int world, int port, void *arg)
         zd_value_unref(v);
         zd_value_unref(args);
         zd_value_unref(res);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 1);
         WCHECK(world_call_int(owner, "drop_kept") == 1);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 0);
 
         /* many users at once */
         r = remote_tensor(owner, 2, 1.0);
-        for (int w = 0; w < world; w++)
+        for (int peer = 0; peer < w->world_size; peer++)
             for (int k = 0; k < 3; k++) {
                 args = zd_rpc_args("r", r);
-                WCHECK(zd_rpc_sync(w, "keep", args, -1, &v) == 0);
+                WCHECK(zd_rpc_sync(peer, "keep", args, -1, &v) == 0);
                 zd_value_unref(v);
                 zd_value_unref(args);
             }
         zd_rref_unref(r);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(count_on(owner) == 1);
-        for (int w = 0; w < world; w++) {
-            WCHECK(world_call_int(w, "drop_kept") == 3);
-            WCHECK(drain_all(world) == 0);
-            WCHECK(count_on(owner) == (w + 1 < world ? 1 : 0));
+        for (int peer = 0; peer < w->world_size; peer++) {
+            WCHECK(world_call_int(peer, "drop_kept") == 3);
+            WCHECK(drain_all(w->world_size) == 0);
+            WCHECK(count_on(owner) == (peer + 1 < w->world_size ? 1 : 0));
         }
-        for (int w = 0; w < world; w++)
-            WCHECK(world_call_int(w, "owner_count") == 0);
+        for (int peer = 0; peer < w->world_size; peer++)
+            WCHECK(world_call_int(peer, "owner_count") == 0);
     }
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     return 0;
@@ -428,16 +433,15 @@ static int world_refcount(int rank, int world, int port, void *arg)
 static void test_owner_frees_exactly_when_no_user_holds(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(4, 60, world_refcount, NULL), 0);
+    assert_int_equal(world_run_simple(4, 60, world_refcount, NULL), 0);
 }
 
 /* ---- failures ---- */
 
-static int world_rref_errors(int rank, int world, int port, void *arg)
+static int world_rref_errors(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port) == 0);
-    if (rank == 0) {
+    WCHECK(start(w->rank, w->world_size, w->port) == 0);
+    if (w->rank == 0) {
         zd_value_t *v;
         /* The function fails at the owner: to_here says why. */
         zd_rref_t *r = zd_rpc_remote(1, "fail", NULL, -1);
@@ -477,14 +481,14 @@ static int world_rref_errors(int rank, int world, int port, void *arg)
         WCHECK(strstr(zd_future_error(done), "argument 0: expected tensor, got int") != NULL);
         zd_future_unref(done);
         zd_rref_unref(r);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(world_call_int(1, "owner_count") == 0);
         /* Methods on a failed value fail. */
         r = zd_rpc_remote(1, "fail", NULL, -1);
         WCHECK(zd_rref_rpc_sync(r, "sum", NULL, -1, &v) == -1);
         WCHECK(strstr(zd_error_last(), "no value for you") != NULL);
         zd_rref_unref(r);
-        WCHECK(drain_all(world) == 0);
+        WCHECK(drain_all(w->world_size) == 0);
         WCHECK(world_call_int(1, "owner_count") == 0);
     }
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
@@ -494,7 +498,7 @@ static int world_rref_errors(int rank, int world, int port, void *arg)
 static void test_rref_failures(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_rref_errors, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_rref_errors, NULL), 0);
 }
 
 int main(void)

@@ -8,9 +8,16 @@
 #include <cmocka.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
-#include "test_rpc_world.h"
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 static zd_value_t *h_make(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -71,7 +78,7 @@ static int start(int rank, int world, int port)
         zd_rpc_register_inline("has_arrived", h_has_arrived, NULL) < 0 ||
         zd_rpc_register("keep", h_keep, NULL) < 0)
         return -1;
-    zd_rpc_options_t o = world_options(port);
+    zd_rpc_options_t o = world_rpc_options(port);
     return zd_rpc_init(NULL, rank, world, &o);
 }
 
@@ -96,15 +103,14 @@ static void *releaser(void *arg)
     return NULL;
 }
 
-static int world_graceful(int rank, int world, int port, void *arg)
+static int world_graceful(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port) == 0);
+    WCHECK(start(w->rank, w->world_size, w->port) == 0);
     zd_value_t *r;
-    if (rank != 0) {
+    if (w->rank != 0) {
         WCHECK(zd_rpc_sync(0, "entering", NULL, -1, &r) == 0);
         zd_value_unref(r);
-        if (rank == 2) {
+        if (w->rank == 2) {
             /* A user RRef that nobody releases before shutdown. */
             zd_rref_t *leak = zd_rpc_remote(1, "make", NULL, -1);
             WCHECK(zd_rref_to_here(leak, -1, &r) == 0);
@@ -121,7 +127,7 @@ static int world_graceful(int rank, int world, int port, void *arg)
     /* Everyone else is inside zd_rpc_shutdown now: they still serve. */
     WCHECK(zd_rpc_wait(all_entered, 20000) == 0);
     zd_value_t *args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
-    for (int to = 1; to < world; to++) {
+    for (int to = 1; to < w->world_size; to++) {
         WCHECK(zd_rpc_sync(to, "add", args, -1, &r) == 0);
         zd_value_unref(r);
     }
@@ -150,7 +156,7 @@ static int world_graceful(int rank, int world, int port, void *arg)
 static void test_graceful_waits_serves_and_drains(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(3, 60, world_graceful, NULL), 0);
+    assert_int_equal(world_run_simple(3, 60, world_graceful, NULL), 0);
 }
 
 /* ---- not graceful: stops now ---- */
@@ -164,11 +170,10 @@ static void *blocked_caller(void *arg)
     return NULL;
 }
 
-static int world_abrupt(int rank, int world, int port, void *arg)
+static int world_abrupt(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port) == 0);
-    if (rank == 1) {
+    WCHECK(start(w->rank, w->world_size, w->port) == 0);
+    if (w->rank == 1) {
         /* Serves until rank 0 is gone, then stops too. */
         WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
         zd_value_t *r;
@@ -207,17 +212,16 @@ static int world_abrupt(int rank, int world, int port, void *arg)
 static void test_not_graceful_stops_now(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_abrupt, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_abrupt, NULL), 0);
 }
 
 /* ---- a worker that never arrives ---- */
 
-static int world_missing(int rank, int world, int port, void *arg)
+static int world_missing(const world_t *w)
 {
-    (void)arg;
-    WCHECK(start(rank, world, port) == 0);
+    WCHECK(start(w->rank, w->world_size, w->port) == 0);
     zd_value_t *r;
-    if (rank == 1) {
+    if (w->rank == 1) {
         /* Busy (waiting for an answer that never comes) until rank 0 leaves. */
         WCHECK(zd_rpc_sync(0, "slow", NULL, 0, &r) == -1);
         WCHECK(strstr(zd_error_last(), "unreachable") != NULL);
@@ -239,7 +243,7 @@ static int world_missing(int rank, int world, int port, void *arg)
 static void test_missing_worker_times_out(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_missing, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_missing, NULL), 0);
 }
 
 int main(void)

@@ -6,11 +6,18 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include <zmq.h>
 
+#include <zdist/error.h>
+#include <zdist/rpc.h>
 #include "rpc/codec.h"
 #include "rpc/wire.h"
-#include "test_rpc_world.h"
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
 
 /* ---- the header decoder ---- */
 
@@ -372,14 +379,13 @@ static rpc_wire_header_t call_to_1(raw_t *r, const char *fn, const uint8_t *meta
     return h;
 }
 
-static int world_garbage(int rank, int world, int port, void *arg)
+static int world_garbage(const world_t *w)
 {
-    (void)arg;
     WCHECK(zd_rpc_register("add", world_h_add, NULL) == 0);
     WCHECK(zd_rpc_register_inline("owner_count", world_h_owner_count, NULL) == 0);
-    zd_rpc_options_t o = world_options(port);
-    WCHECK(zd_rpc_init(NULL, rank, world, &o) == 0);
-    if (rank == 0) {
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    if (w->rank == 0) {
         zd_rpc_worker_info_t info;
         WCHECK(zd_rpc_get_worker_info_by_rank(1, &info) == 0);
         void *ctx = zmq_ctx_new();
@@ -486,7 +492,7 @@ static int world_garbage(int rank, int world, int port, void *arg)
 static void test_malformed_messages_to_a_live_agent(void **state)
 {
     (void)state;
-    assert_int_equal(run_world(2, 60, world_garbage, NULL), 0);
+    assert_int_equal(world_run_simple(2, 60, world_garbage, NULL), 0);
 }
 
 int main(void)

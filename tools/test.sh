@@ -18,8 +18,10 @@ for kind in release sanitize; do
   cmake -S . -B "$dir" "${flags[@]}" > /dev/null
   cmake --build "$dir" -j "$jobs"
   echo "=== $kind tests ==="
-  # Leak checking is on (ASan's default on Linux); OpenBLAS's thread pool is
-  # kept to one thread so its lazily created workers do not look like leaks.
+  # Leak checking is on (ASan's default on Linux). OpenBLAS's thread pool is
+  # capped at two threads (unless OPENBLAS_NUM_THREADS is already set) so that
+  # tests running side by side, each forking a world of processes, do not
+  # start a thread per core in every process.
   (cd "$dir" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2} ctest -j "$jobs" --output-on-failure --timeout 900)
   if [ $kind = release ]; then
     echo "=== install and consume ==="

@@ -1,3 +1,4 @@
+/*  world.c: the world harness of world.h. */
 #include "tests/support/world.h"
 
 #include <errno.h>
@@ -30,6 +31,33 @@ int world_free_port(void)
     return port;
 }
 
+/* This process's rank in the world it runs in; -1 in the parent. */
+static int current_rank = -1;
+
+int64_t world_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+zd_rpc_options_t world_rpc_options(int port)
+{
+    zd_rpc_options_t o = zd_rpc_options_default();
+    o.master_addr = "127.0.0.1";
+    o.master_port = port;
+    o.init_timeout_ms = 10000;
+    o.rpc_timeout_ms = 10000;
+    return o;
+}
+
+int world_check_failed(const char *file, int line, const char *what, const char *expr)
+{
+    fprintf(stderr, "[rank %d] %s:%d: %s: %s (last error: %s)\n", current_rank, file, line,
+            what, expr, zd_error_last());
+    return 1;
+}
+
 int world_fail(const world_t *w, const char *fmt, ...)
 {
     char buf[2048];
@@ -55,11 +83,14 @@ int64_t world_rss_bytes(void)
 
 static int child(const world_options_t *o, int rank, int port)
 {
-    world_t w = {o->world_size, rank, o->arg};
+    world_t w = {o->world_size, rank, o->arg, port};
+    current_rank = rank;
     if (o->dist_autograd && zd_dist_autograd_init() < 0)
         return world_fail(&w, "zd_dist_autograd_init: %s", zd_error_last()), 1;
     if (o->setup && o->setup(&w) < 0)
         return world_fail(&w, "setup failed: %s", zd_error_last()), 1;
+    if (o->own_init)
+        return o->fn(&w) ? 1 : 0;
     zd_rpc_options_t opts = zd_rpc_options_default();
     opts.master_addr = "127.0.0.1";
     opts.master_port = port;
@@ -125,8 +156,12 @@ int world_run(const world_options_t *o)
                         (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
         if (waited >= timeout)
             break;
-        /* Sleep until a child changes state (or the deadline). */
+        /* Sleep until a child changes state (or the deadline). Another
+           thread of this process that does not block SIGCHLD (OpenBLAS's,
+           say) may take the signal instead: look again every 100 ms. */
         double rest = timeout - waited;
+        if (rest > 0.1)
+            rest = 0.1;
         struct timespec ts = {(time_t)rest, (long)((rest - (double)(time_t)rest) * 1e9)};
         sigtimedwait(&set, NULL, &ts);
     }
@@ -148,4 +183,11 @@ int world_run(const world_options_t *o)
     }
     sigprocmask(SIG_SETMASK, &old, NULL);
     return rc;
+}
+
+int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg)
+{
+    world_options_t o = {.world_size = n, .fn = fn, .arg = arg, .timeout_s = timeout_s,
+                         .own_init = true};
+    return world_run(&o);
 }

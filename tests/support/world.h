@@ -2,22 +2,34 @@
 
     world_run forks world_size children (before any ZeroMQ context exists in
     the parent), each of which joins an RPC world on a free port of
-    127.0.0.1, runs fn, shuts down gracefully and exits with fn's status.
+    127.0.0.1, runs fn, shuts down gracefully and exits 0 when fn returned 0
+    (1 otherwise). With own_init set, the harness leaves RPC to fn instead:
+    fn calls zd_rpc_init itself (world_rpc_options(w->port) gives the test
+    defaults) and shuts down itself; that is for tests of init and shutdown
+    and for worlds that register or configure differently per rank.
+
+    Children leave through exit(), so that LeakSanitizer checks each of them.
     The parent waits for all of them, up to timeout_s, killing everything
-    left when the time is up; a test never hangs. */
+    left when the time is up; a test never hangs. cmocka asserts must not be
+    used in children (they would jump back into the parent's test runner
+    inside the child): use WCHECK and WTRY, or world_fail. */
 #ifndef ZDIST_TESTS_WORLD_H
 #define ZDIST_TESTS_WORLD_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <zdist/rpc.h>
+
 typedef struct {
     int world_size;
     int rank;
     void *arg;
+    int port;                     /* the master's port on 127.0.0.1 */
 } world_t;
 
-/*  Runs in every process after zd_rpc_init; returns 0 for success. */
+/*  Runs in every process (after zd_rpc_init unless own_init); returns 0 for
+    success. */
 typedef int (world_fn)(const world_t *w);
 
 /*  Called in every process before zd_rpc_init (register functions here). */
@@ -31,12 +43,23 @@ typedef struct {
     int timeout_s;                /* whole run (default 60) */
     int64_t rpc_timeout_ms;       /* 0: the RPC default */
     bool dist_autograd;           /* call zd_dist_autograd_init before zd_rpc_init */
-    int expect_exit[16];          /* per rank: expected exit status (default 0) */
+    int expect_exit[16];          /* per rank: expected exit status (default 0;
+                                     128 + N for death by signal N) */
+    bool own_init;                /* fn inits and shuts down RPC itself */
 } world_options_t;
 
 /*  0 when every process exited with its expected status; -1 otherwise, with
     a message on stderr naming the ranks that failed or timed out. */
 int world_run(const world_options_t *o);
+
+/*  world_run for the plain case: n processes each running fn, which joins
+    and leaves the RPC world itself (own_init), each expected to exit 0
+    within timeout_s. */
+int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg);
+
+/*  The options a test world uses on 127.0.0.1:port (short init and call
+    timeouts); for own_init worlds and for tests of zd_rpc_init. */
+zd_rpc_options_t world_rpc_options(int port);
 
 /*  A free TCP port on 127.0.0.1 (bound, read and closed). */
 int world_free_port(void);
@@ -46,5 +69,26 @@ int world_fail(const world_t *w, const char *fmt, ...) __attribute__((format(pri
 
 /*  Resident set size of this process in bytes (from /proc/self/statm). */
 int64_t world_rss_bytes(void);
+
+/*  Milliseconds on the monotonic clock. */
+int64_t world_now_ms(void);
+
+/*  Prints "[rank N] file:line: what (last error: ...)" to stderr and
+    returns 1: what WCHECK and WTRY do on failure. */
+int world_check_failed(const char *file, int line, const char *what, const char *expr);
+
+/*  In a world fn: returns 1 from it unless cond holds. */
+#define WCHECK(cond)                                                                        \
+    do {                                                                                    \
+        if (!(cond))                                                                        \
+            return world_check_failed(__FILE__, __LINE__, "check failed", #cond);           \
+    } while (0)
+
+/*  In a world fn: returns 1 from it when call returns < 0. */
+#define WTRY(call)                                                                          \
+    do {                                                                                    \
+        if ((call) < 0)                                                                     \
+            return world_check_failed(__FILE__, __LINE__, "failed", #call);                 \
+    } while (0)
 
 #endif

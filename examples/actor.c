@@ -1,5 +1,5 @@
-/*  ps_actor.c: actors as local object values (see ps_actor.h). */
-#include "examples/ps_actor.h"
+/*  actor.c: actors as local object values (see actor.h). */
+#include "examples/actor.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -9,8 +9,8 @@
 
 #include <zdist/error.h>
 
-struct ps_actor {
-    const ps_actor_class_t *cls;
+struct actor {
+    const actor_class_t *cls;
     pthread_mutex_t lock;       /* held by methods: one at a time */
     void *obj;
 };
@@ -21,10 +21,10 @@ static atomic_int live;
     from another kind of object by its type name. */
 #define MAX_CLASSES 16
 static pthread_mutex_t classes_lock = PTHREAD_MUTEX_INITIALIZER;
-static const ps_actor_class_t *classes[MAX_CLASSES];
+static const actor_class_t *classes[MAX_CLASSES];
 static int n_classes;
 
-static int class_add(const ps_actor_class_t *cls)
+static int class_add(const actor_class_t *cls)
 {
     int rc = 0, i = 0;
     pthread_mutex_lock(&classes_lock);
@@ -51,16 +51,16 @@ static bool class_known(const char *name)
 /*  The value's free function. No method is running: each holds the value. */
 static void actor_release(void *p)
 {
-    ps_actor_t *a = p;
+    actor_t *a = p;
     a->cls->free(a->obj);
     atomic_fetch_sub(&live, 1);
     pthread_mutex_destroy(&a->lock);
     free(a);
 }
 
-zd_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
+zd_value_t *actor_new(const actor_class_t *cls, void *obj)
 {
-    ps_actor_t *a = NULL;
+    actor_t *a = NULL;
     if (class_add(cls) == 0 && !(a = calloc(1, sizeof *a)))
         zd_error_set("%s: out of memory", cls->name);
     if (!a) {
@@ -74,7 +74,7 @@ zd_value_t *ps_actor_new(const ps_actor_class_t *cls, void *obj)
     return zd_value_object(a, actor_release, cls->name);   /* frees a on failure */
 }
 
-ps_actor_t *ps_actor_get(const zd_value_t *args, const ps_actor_class_t *cls)
+actor_t *actor_get(const zd_value_t *args, const actor_class_t *cls)
 {
     void *p;
     if (zd_rpc_arg_object(args, 0, cls->name, &p) < 0) {
@@ -84,12 +84,12 @@ ps_actor_t *ps_actor_get(const zd_value_t *args, const ps_actor_class_t *cls)
     return p;
 }
 
-void *ps_actor_object(const ps_actor_t *a) { return a->obj; }
-void ps_actor_lock(ps_actor_t *a) { pthread_mutex_lock(&a->lock); }
-void ps_actor_unlock(ps_actor_t *a) { pthread_mutex_unlock(&a->lock); }
+void *actor_object(const actor_t *a) { return a->obj; }
+void actor_lock(actor_t *a) { pthread_mutex_lock(&a->lock); }
+void actor_unlock(actor_t *a) { pthread_mutex_unlock(&a->lock); }
 
 /*  args[0] as an actor of any class. */
-static ps_actor_t *any_actor(const zd_value_t *args, const char *fn)
+static actor_t *any_actor(const zd_value_t *args, const char *fn)
 {
     const zd_value_t *v = zd_list_get(args, 0);
     const char *type = zd_value_object_type(v);
@@ -107,12 +107,12 @@ static zd_value_t *fn_actor_ready(zd_rpc_call_t *call, zd_value_t *args, void *a
     return any_actor(args, "Actor.ready") ? zd_value_none() : NULL;
 }
 
-int ps_actor_register(void)
+int actor_register(void)
 {
     return zd_rpc_register("Actor.ready", fn_actor_ready, NULL);
 }
 
-int ps_actor_wait(zd_rref_t *r)
+int actor_wait(zd_rref_t *r)
 {
     zd_value_t *res = NULL;
     int rc = zd_rref_rpc_sync(r, "Actor.ready", NULL, -1, &res);
@@ -120,7 +120,7 @@ int ps_actor_wait(zd_rref_t *r)
     return rc;
 }
 
-int ps_actor_count(void)
+int actor_count(void)
 {
     return atomic_load(&live);
 }

@@ -1,0 +1,196 @@
+/*  ps_net_eval.c: shard 0's book-keeping of the trainers (start, finish,
+    samples: the aggregate throughput) and the final evaluation they all
+    share. */
+#include "examples/ps_net.h"
+#include "examples/ps_net_internal.h"
+#include "examples/train_common.h"
+
+#include <pthread.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zdist/autograd.h>
+#include <zdist/dataset.h>
+#include <zdist/error.h>
+#include <zdist/nn.h>
+#include <zdist/rpc.h>
+
+/*  Shard 0: throughput book-keeping and the shared final evaluation. */
+static struct {
+    pthread_mutex_t stats_lock;
+    int started, finished;
+    double first_start, last_finish;   /* train_now() */
+    int64_t samples;
+    char data_dir[1024];
+    zd_future_t *waiting[64];     /* evaluations waiting for the last trainer */
+    int n_waiting;
+    int64_t eval_samples;
+} ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER};
+
+/*  One evaluation thread's share of the test set. */
+typedef struct {
+    const zd_dataset_t *test;
+    int64_t start, end, correct;
+    int rc;
+    char error[256];
+} eval_part_t;
+
+static void *evaluate_part(void *arg)
+{
+    eval_part_t *e = arg;
+    bool prev = zd_autograd_set_grad_enabled(false);
+    for (int64_t at = e->start; at < e->end && e->rc == 0; at += 1000) {
+        zd_tensor_t *x, *y, *out = NULL;
+        int64_t n = e->end - at < 1000 ? e->end - at : 1000;
+        e->rc = zd_dataset_batch(e->test, NULL, at, n, &x, &y);
+        if (e->rc == 0 && (e->rc = ps_net_forward(x, false, &out)) == 0) {
+            int64_t c = zd_nn_accuracy(out, y);
+            e->rc = c < 0 ? -1 : 0;
+            e->correct += c;
+        }
+        zd_tensor_unref(out);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
+    }
+    zd_autograd_set_grad_enabled(prev);
+    if (e->rc < 0)
+        snprintf(e->error, sizeof e->error, "%s", zd_error_last());
+    return NULL;
+}
+
+/*  Accuracy of the current weights on the first `limit` test images (0: all),
+    in evaluation mode, split over the cores: with several trainers the
+    layers run on one thread per pass, and the evaluation is one pass. */
+static int evaluate(int64_t limit, double *acc)
+{
+    zd_dataset_t *test = NULL;
+    const char *dir = ev.data_dir[0] ? ev.data_dir : NULL;
+    if (zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
+        return -1;
+    int64_t n = zd_dataset_size(test), correct = 0;
+    if (limit > 0 && limit < n)
+        n = limit;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int parts = zd_nn_get_num_threads() > 1 || cores < 2 ? 1 : cores > 8 ? 8 : (int)cores;
+    eval_part_t e[8];
+    pthread_t th[8];
+    bool started[8] = {false};
+    int rc = 0;
+    for (int i = 0; i < parts; i++) {
+        e[i] = (eval_part_t){test, n * i / parts, n * (i + 1) / parts, 0, 0, ""};
+        if (i > 0)
+            started[i] = pthread_create(&th[i], NULL, evaluate_part, &e[i]) == 0;
+        if (i > 0 && !started[i])
+            evaluate_part(&e[i]);   /* no thread: do it here */
+    }
+    evaluate_part(&e[0]);
+    for (int i = 1; i < parts; i++)
+        if (started[i])
+            pthread_join(th[i], NULL);
+    for (int i = 0; i < parts; i++) {
+        if (e[i].rc < 0 && rc == 0)
+            rc = zd_error_set("%s", e[i].error);
+        correct += e[i].correct;
+    }
+    zd_dataset_free(test);
+    *acc = n ? (double)correct / (double)n : 0;
+    return rc;
+}
+
+/*  Answers every waiting evaluation once the last trainer has finished:
+    all trainers then share one evaluation of the final weights. Called with
+    stats_lock held; the evaluation itself runs outside it. */
+static void finish_evaluations(void)
+{
+    int trainers = zd_rpc_world_size() - ps_shard.num_shards;
+    if (ev.finished < trainers || ev.n_waiting < ev.finished)
+        return;
+    zd_future_t *fs[64];
+    int n = ev.n_waiting;
+    memcpy(fs, ev.waiting, sizeof fs[0] * (size_t)n);
+    ev.n_waiting = 0;
+    pthread_mutex_unlock(&ev.stats_lock);
+    double acc;
+    int rc = evaluate(ev.eval_samples, &acc);
+    char err[512];
+    snprintf(err, sizeof err, "%s", rc < 0 ? zd_error_last() : "");
+    for (int i = 0; i < n; i++) {
+        zd_value_t *v = rc == 0 ? zd_value_float(acc) : NULL;
+        if (v)
+            zd_future_set_value(fs[i], v);
+        else
+            zd_future_set_error(fs[i], "evaluation failed: %s", err);
+        zd_value_unref(v);
+        zd_future_unref(fs[i]);
+    }
+    pthread_mutex_lock(&ev.stats_lock);
+}
+
+/*  ps_evaluate(server, samples) -> accuracy: answered when every trainer
+    has finished (a trainer whose call times out evaluates by itself). */
+static zd_future_t *fn_evaluate(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t samples;
+    if (zd_rpc_arg_int(args, 1, &samples) < 0)
+        return NULL;
+    zd_future_t *f = zd_future_new();
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&ev.stats_lock);
+    if (ev.n_waiting == 64) {
+        pthread_mutex_unlock(&ev.stats_lock);
+        zd_future_unref(f);
+        zd_error_set("too many trainers waiting for the evaluation");
+        return NULL;
+    }
+    ev.eval_samples = samples;
+    ev.waiting[ev.n_waiting++] = zd_future_ref(f);
+    finish_evaluations();
+    pthread_mutex_unlock(&ev.stats_lock);
+    return f;
+}
+
+static zd_value_t *fn_trainer_started(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    double now = train_now();
+    pthread_mutex_lock(&ev.stats_lock);
+    if (ev.started++ == 0)
+        ev.first_start = now;
+    pthread_mutex_unlock(&ev.stats_lock);
+    return zd_value_none();
+}
+
+static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t samples;
+    if (zd_rpc_arg_int(args, 1, &samples) < 0)
+        return NULL;
+    double now = train_now();
+    pthread_mutex_lock(&ev.stats_lock);
+    ev.finished++;
+    ev.samples += samples;
+    ev.last_finish = now;
+    finish_evaluations();
+    pthread_mutex_unlock(&ev.stats_lock);
+    return zd_value_none();
+}
+
+void ps_net_throughput(int64_t *samples, double *seconds)
+{
+    pthread_mutex_lock(&ev.stats_lock);
+    *samples = ev.samples;
+    *seconds = ev.finished ? ev.last_finish - ev.first_start : 0.0;
+    pthread_mutex_unlock(&ev.stats_lock);
+}
+
+int ps_net_eval_register(const char *data_dir)
+{
+    snprintf(ev.data_dir, sizeof ev.data_dir, "%s", data_dir ? data_dir : "");
+    if (zd_rpc_register("ps_trainer_started", fn_trainer_started, NULL) < 0 ||
+        zd_rpc_register("ps_trainer_finished", fn_trainer_finished, NULL) < 0)
+        return -1;
+    return zd_rpc_register_async("ps_evaluate", fn_evaluate, NULL);
+}

@@ -1,0 +1,51 @@
+/*  ps_net_internal.h: what the files of rpc_ps's parameter server share
+    (ps_net.h is their interface): the shard this process serves, and the
+    pieces each file offers the others.
+
+    ps_net_model.c       the Net's slice and its forward pass
+    ps_net_serve.c       ps_net_serve and the forward/parameter/gradient RPCs
+    ps_net_eval.c        trainers' start/finish, throughput, the shared final
+                         evaluation
+    ps_net_checkpoint.c  checkpoints and resume (SPEC B2) */
+#ifndef ZDIST_EXAMPLES_PS_NET_INTERNAL_H
+#define ZDIST_EXAMPLES_PS_NET_INTERNAL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <zdist/autograd.h>
+
+#define PS_NET_MAX_PARAMS 8
+
+/*  This process's slice of the Net: parameters by PyTorch name. Set by
+    ps_net_model_build before zd_rpc_init and not changed until
+    ps_net_free, so the handlers read it without a lock (the tensors'
+    values change under zd_dist_optim's lock). */
+typedef struct {
+    int shard, num_shards;
+    uint64_t seed;
+    int n;
+    char names[PS_NET_MAX_PARAMS][32];
+    zd_tensor_t *params[PS_NET_MAX_PARAMS];
+} ps_net_shard_t;
+
+extern ps_net_shard_t ps_shard;
+
+/*  Builds this process's slice (ps_shard) from the Net made with seed and
+    prints the split to out. 0, or -1. */
+int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool dropout, FILE *out);
+
+/*  Shard 0: the whole forward pass, asking the other shards for their
+    rows of fc1. 0 with *out a new tensor, or -1. */
+int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out);
+
+/*  relu(flat fc1_slice^T + b) then dropout: this shard's part of fc1. */
+int ps_net_fc1_part(zd_tensor_t *flat, bool training, zd_tensor_t **out);
+
+/*  Register the RPC functions of ps_net_eval.c (the test set is read from
+    data_dir, NULL: the default place) and of ps_net_checkpoint.c. 0, or -1. */
+int ps_net_eval_register(const char *data_dir);
+int ps_net_checkpoint_register(void);
+
+#endif

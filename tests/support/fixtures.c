@@ -1,0 +1,66 @@
+/*  fixtures.c: the cmocka fixtures of fixtures.h. */
+#define _GNU_SOURCE   /* nftw */
+#include "tests/support/fixtures.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <zdist/dataset.h>
+#include <zdist/error.h>
+
+static char made[256];   /* the directory tmpdir_setup made */
+
+int tmpdir_setup(const char *tag)
+{
+    if (snprintf(made, sizeof made, "/tmp/zd_%s_XXXXXX", tag) >= (int)sizeof made)
+        return -1;
+    return mkdtemp(made) ? 0 : -1;
+}
+
+static int remove_one(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    return flag == FTW_DP ? rmdir(path) : unlink(path);
+}
+
+int tmpdir_teardown(void)
+{
+    /* Depth first, links not followed: children go before their directory. */
+    return nftw(made, remove_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+const char *tmpdir(void)
+{
+    return made;
+}
+
+const char *path_in(const char *dir, const char *name)
+{
+    static char buf[8][600];
+    static int next;
+    char *b = buf[next++ % 8];
+    if (snprintf(b, sizeof buf[0], "%s/%s", dir, name) >= (int)sizeof buf[0])
+        fail_msg("path too long: %s/%s", dir, name);
+    return b;
+}
+
+const char *tmp_path(const char *name)
+{
+    return path_in(made, name);
+}
+
+void need_data(void)
+{
+    char dir[1024];
+    if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
+        fprintf(stderr, "no MNIST-format data: %s\n", zd_error_last());
+        skip();
+    }
+}

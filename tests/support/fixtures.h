@@ -1,0 +1,27 @@
+/*  fixtures.h: cmocka fixtures several tests share: a scratch directory
+    and the check for MNIST-format data. For the parent process only (they
+    use cmocka's skip and fail_msg). */
+#ifndef ZDIST_TESTS_FIXTURES_H
+#define ZDIST_TESTS_FIXTURES_H
+
+/*  Makes a fresh directory /tmp/zd_<tag>_XXXXXX for the tests that follow:
+    0, or -1 (as a cmocka group setup returns). */
+int tmpdir_setup(const char *tag);
+
+/*  Removes that directory and everything under it: 0, or -1. */
+int tmpdir_teardown(void);
+
+/*  The directory tmpdir_setup made. */
+const char *tmpdir(void);
+
+/*  dir/name in one of eight rotating buffers, so that one call may take
+    several; fails the test when too long. */
+const char *path_in(const char *dir, const char *name);
+
+/*  name inside the tmpdir_setup directory, as path_in. */
+const char *tmp_path(const char *name);
+
+/*  Skips the running test when no MNIST-format data is found (saying why). */
+void need_data(void);
+
+#endif
