@@ -321,8 +321,12 @@ int zd_dist_autograd_context_begin(int64_t *context_id)
     if (zd__dist_current_ctx != -1)
         return zd_error_set("dist_autograd: this thread already has context %lld; end it before "
                          "beginning another", (long long)zd__dist_current_ctx);
+    if (!zd__dist_installed())
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_autograd: zd_dist_autograd_init() "
+                                 "was not called (call it before zd_rpc_init())");
     if (!zd_rpc_is_running())
-        return zd_error_set("dist_autograd: RPC is not running (call zd_rpc_init first)");
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_autograd: RPC is not running (call "
+                                 "zd_rpc_init first)");
     int64_t id = (int64_t)zd__dist_next_id();
     dist_context_t *c = zd__dist_context_get_or_create(id);
     if (!c)

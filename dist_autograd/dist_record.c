@@ -293,5 +293,7 @@ zd_rpc_hooks_t zd__dist_record_hooks(void)
         .on_send_reply = on_send_reply,
         .on_recv_reply = on_recv_reply,
         .debug_info = debug_info,
+        .module = "distributed-autograd",
+        .init_call = "zd_dist_autograd_init()",
     };
 }

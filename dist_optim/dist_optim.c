@@ -158,8 +158,16 @@ int zd_dist_optim_num_owners(const zd_dist_optim_t *opt)
 static int owner_error(int owner, const char *what)
 {
     zd_rpc_worker_info_t info;
+    bool no_init = zd_error_code() == ZD_ERR_NO_FUNCTION;
     const char *name = zd_rpc_get_worker_info_by_rank(owner, &info) == 0 ? info.name : "?";
-    return zd_error_wrap("%s on \"%s\" (rank %d)", what, name, owner);
+    zd_error_wrap("%s on \"%s\" (rank %d)", what, name, owner);
+    if (no_init) {   /* its functions are missing there: say what installs them */
+        char text[1024];
+        snprintf(text, sizeof text, "%s", zd_error_last());
+        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "%s (zd_dist_optim_init() was not called on "
+                          "\"%s\" before zd_rpc_init())", text, name);
+    }
+    return -1;
 }
 
 int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, int n,
@@ -208,7 +216,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
                 o->owners[o->n++] = r;
             free(mine);
         } else if (count > 0) {
-            fs[owner] = zd_rpc_async(owner, "__dist_optim_new", args, ZD_RPC_TIMEOUT_DEFAULT);
+            fs[owner] = zd_rpc_async(owner, "__dist_optim_new", args, ZD_TIMEOUT_DEFAULT);
             if (!fs[owner])
                 rc = owner_error(owner, "creating the optimizer");
         }
@@ -219,7 +227,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
             continue;
         zd_rref_t *r;
         if (rc == 0) {
-            if (zd_rpc_wait(fs[owner], -1) < 0 ||
+            if (zd_future_wait(fs[owner], ZD_TIMEOUT_NONE) < 0 ||
                 zd_value_get_rref(zd_future_value(fs[owner]), &r) < 0)
                 rc = owner_error(owner, "creating the optimizer");
             else
@@ -264,7 +272,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     for (int i = 0; rc == 0 && i < o->n; i++) {
         if (i == local || i == last_sync)
             continue;
-        fs[i] = zd_rref_rpc_async(o->owners[i], "__dist_optim_step", args, ZD_RPC_TIMEOUT_DEFAULT);
+        fs[i] = zd_rref_rpc_async(o->owners[i], "__dist_optim_step", args, ZD_TIMEOUT_DEFAULT);
         if (!fs[i])
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
     }
@@ -272,7 +280,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     if (rc == 0 && last_sync >= 0) {
         zd_value_t *r = NULL;
         if (zd_rref_rpc_sync(o->owners[last_sync], "__dist_optim_step", args,
-                              ZD_RPC_TIMEOUT_DEFAULT, &r) < 0)
+                              ZD_TIMEOUT_DEFAULT, &r) < 0)
             rc = owner_error(zd_rref_owner(o->owners[last_sync]), "step");
         zd_value_unref(r);
     }
@@ -286,7 +294,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     for (int i = 0; fs && i < o->n; i++) {
         if (!fs[i])
             continue;
-        if (zd_rpc_wait(fs[i], -1) < 0 && rc == 0) {
+        if (zd_future_wait(fs[i], ZD_TIMEOUT_NONE) < 0 && rc == 0) {
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
             snprintf(first, sizeof first, "%s", zd_error_last());
         }

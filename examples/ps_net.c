@@ -173,7 +173,7 @@ static int forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
     /* The other shards compute their rows of fc1 while this one does its own. */
     for (int s = 1; rc == 0 && s < S; s++) {
         zd_value_t *args = zd_rpc_args("ti", flat, (int64_t)training);
-        fs[s] = args ? zd_rpc_async(s, "ps_fc1_part", args, ZD_RPC_TIMEOUT_DEFAULT) : NULL;
+        fs[s] = args ? zd_rpc_async(s, "ps_fc1_part", args, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(args);
         if (!fs[s])
             rc = -1;
@@ -185,7 +185,7 @@ static int forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
         if (!fs[s])
             continue;
         zd_tensor_t *t;
-        if (rc == 0 && (zd_rpc_wait(fs[s], -1) < 0 ||
+        if (rc == 0 && (zd_future_wait(fs[s], ZD_TIMEOUT_NONE) < 0 ||
                         zd_value_get_tensor(zd_future_value(fs[s]), &t) < 0))
             rc = -1;
         else if (rc == 0)
@@ -280,7 +280,7 @@ static int gather_from_shards(zd_value_t *list, const char *fn, zd_value_t *args
 {
     for (int s = 1; s < ps.num_shards; s++) {
         zd_value_t *r;
-        if (zd_rpc_sync(s, fn, args, ZD_RPC_TIMEOUT_DEFAULT, &r) < 0)
+        if (zd_rpc_sync(s, fn, args, ZD_TIMEOUT_DEFAULT, &r) < 0)
             return -1;
         for (size_t i = 0; i < zd_list_len(r); i++)
             if (zd_list_append(list, zd_value_ref(zd_list_get(r, i))) < 0) {
@@ -589,7 +589,7 @@ static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *ar
     zd_future_t *fs[64];
     int n = 0, rc = 0;
     for (int s = 1; s < ps.num_shards; s++)
-        if ((fs[n] = zd_rpc_async(s, "ps_save_shard", NULL, ZD_RPC_TIMEOUT_DEFAULT)))
+        if ((fs[n] = zd_rpc_async(s, "ps_save_shard", NULL, ZD_TIMEOUT_DEFAULT)))
             n++;
         else
             rc = -1;

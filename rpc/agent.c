@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "rpc/future_hook.h"
 #include "rpc/rref.h"
 
 /*  The running agent. Users are counted outside the agent so that a thread
@@ -31,7 +32,8 @@ agent_t *zd__agent_acquire(void)
     if (a && !atomic_load(&a->closing))
         return a;
     atomic_fetch_sub(&g_users, 1);
-    zd_error_set("RPC is not running (call zd_rpc_init first, and not after zd_rpc_shutdown)");
+    zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
+                      "RPC is not running (call zd_rpc_init first, and not after zd_rpc_shutdown)");
     return NULL;
 }
 
@@ -157,10 +159,18 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
     return timeout_ms < 0 ? a->timeout_ms : timeout_ms;
 }
 
+/* The name of this thread's last zd_rpc_worker lookup that failed, so that
+   zd_rpc_sync(zd_rpc_worker("nope"), ...) can say "nope" rather than -1. */
+static _Thread_local char t_unknown_name[ZD_RPC_MAX_NAME + 1];
+
 int zd__agent_check_rank(agent_t *a, int rank, const char *api)
 {
+    if (rank == -1 && t_unknown_name[0])
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no worker called \"%s\" (zd_rpc_worker "
+                                 "returned -1)", api, t_unknown_name);
     if (rank < 0 || rank >= a->world)
-        return zd_error_set("%s: no worker with rank %d (world size %d)", api, rank, a->world);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no worker with rank %d (world size %d)",
+                                 api, rank, a->world);
     return 0;
 }
 
@@ -174,7 +184,7 @@ int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return zd_error_set("zd_rpc_set_hooks: only while RPC is not running");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_set_hooks: only while RPC is not running");
     }
     g_has_hooks = hooks != NULL;
     if (hooks)
@@ -212,7 +222,7 @@ static int env_int(const char *var, long lo, long hi, long *out)
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || *end || v < lo || v > hi)
-        return zd_error_set("zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
     *out = v;
     return 1;
 }
@@ -235,7 +245,7 @@ static int pick_listen_ip(const char *master, int port, char *ip, size_t size)
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
     int rc = getaddrinfo(master, NULL, &hints, &res);
     if (rc != 0)
-        return zd_error_set("zd_rpc_init: cannot resolve master address \"%s\": %s", master,
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: cannot resolve master address \"%s\": %s", master,
                          gai_strerror(rc));
     struct sockaddr_in to = *(struct sockaddr_in *)res->ai_addr;
     freeaddrinfo(res);
@@ -252,7 +262,7 @@ static int pick_listen_ip(const char *master, int port, char *ip, size_t size)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return zd_error_set("zd_rpc_init: no route to master %s: %s", master, strerror(e));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no route to master %s: %s", master, strerror(e));
     }
     close(fd);
     inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)size);
@@ -278,20 +288,20 @@ static int init_params(const char *name, int rank, int world, const zd_rpc_optio
         if ((rc = env_int("RANK", 0, RPC_WIRE_MAX_RANK, &v)) < 0)
             return -1;
         if (rc == 0)
-            return zd_error_set("zd_rpc_init: no rank given and RANK is not set");
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no rank given and RANK is not set");
         rank = (int)v;
     }
     if (world <= 0) {
         if ((rc = env_int("WORLD_SIZE", 1, RPC_WIRE_MAX_RANK + 1, &v)) < 0)
             return -1;
         if (rc == 0)
-            return zd_error_set("zd_rpc_init: no world size given and WORLD_SIZE is not set");
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no world size given and WORLD_SIZE is not set");
         world = (int)v;
     }
     if (world > RPC_WIRE_MAX_RANK + 1)
-        return zd_error_set("zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
     if (rank >= world)
-        return zd_error_set("zd_rpc_init: rank %d is outside the world of size %d", rank, world);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: rank %d is outside the world of size %d", rank, world);
     p->rank = rank;
     p->world = world;
     if (name)
@@ -299,30 +309,30 @@ static int init_params(const char *name, int rank, int world, const zd_rpc_optio
     else
         snprintf(p->name, sizeof p->name, "worker%d", rank);
     if (!name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
-        return zd_error_set("zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
                          "no spaces)", name, ZD_RPC_MAX_NAME);
     const char *addr = p->o.master_addr ? p->o.master_addr : getenv("MASTER_ADDR");
     if (!addr || !*addr)
-        return zd_error_set("zd_rpc_init: no master address: set options.master_addr or "
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no master address: set options.master_addr or "
                          "MASTER_ADDR");
     if (strlen(addr) >= sizeof p->master)
-        return zd_error_set("zd_rpc_init: master address too long");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master address too long");
     snprintf(p->master, sizeof p->master, "%s", addr);
     p->port = p->o.master_port;
     if (p->port == 0) {
         if ((rc = env_int("MASTER_PORT", 1, 65535, &v)) < 0)
             return -1;
         if (rc == 0)
-            return zd_error_set("zd_rpc_init: no master port: set options.master_port or "
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no master port: set options.master_port or "
                              "MASTER_PORT");
         p->port = (int)v;
     }
     if (p->port < 1 || p->port > 65535)
-        return zd_error_set("zd_rpc_init: master port %d is not in [1, 65535]", p->port);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master port %d is not in [1, 65535]", p->port);
     if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
-        return zd_error_set("zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
     if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
-        return zd_error_set("zd_rpc_init: negative timeout");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: negative timeout");
     if (p->o.busy_poll_us < 0) {
         p->o.busy_poll_us = 100;
         if ((rc = env_int("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
@@ -331,7 +341,7 @@ static int init_params(const char *name, int rank, int world, const zd_rpc_optio
             p->o.busy_poll_us = v;
     }
     if (p->o.busy_poll_us > 1000000)
-        return zd_error_set("zd_rpc_init: busy_poll_us %lld is over 1000000",
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
                          (long long)p->o.busy_poll_us);
     return 0;
 }
@@ -363,7 +373,7 @@ static agent_t *agent_new(const init_params_t *p)
 {
     agent_t *a = calloc(1, sizeof *a);
     if (!a) {
-        zd_error_set("zd_rpc_init: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_init: out of memory");
         return NULL;
     }
     snprintf(a->name, sizeof a->name, "%s", p->name);
@@ -390,7 +400,7 @@ static agent_t *agent_new(const init_params_t *p)
         a->buckets = NULL;
         a->peers = NULL;
         agent_free(a);
-        zd_error_set("zd_rpc_init: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_init: out of memory");
         return NULL;
     }
     for (int i = 0; i < a->world; i++) {
@@ -410,17 +420,17 @@ static void agent_teardown(agent_t *a, bool graceful)
     atomic_store(&a->closing, true);
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
-    zd__call_fail_peer(a, -1, "RPC shut down");
+    zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     while (atomic_load(&g_users) > 0) {
         struct timespec ts = {0, 100000};
         nanosleep(&ts, NULL);
     }
     zd__transport_stop_io(a);
-    zd__call_fail_peer(a, -1, "RPC shut down");
+    zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     if (a->pool)
         zd__pool_destroy(a->pool);
     a->pool = NULL;
-    zd__call_fail_peer(a, -1, "RPC shut down");
+    zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     zd__shutdown_abort_barrier(a);
     /* Answers still on their way (they may be sent while closing) finish
        before the sockets go. */
@@ -443,7 +453,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return zd_error_set("zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
     int64_t deadline = p.o.init_timeout_ms
                            ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
@@ -466,6 +476,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         goto fail_unlocked;
     }
     zd__value_set_rref_hooks(zd__rref_value_ref_hook, zd__rref_value_unref_hook);
+    zd__future_set_wait_hooks(&zd__call_wait_hooks);
     /* Published before the I/O thread starts: peers that finished their
        init may call us already, and handlers may call out. */
     atomic_store(&g_agent, a);
@@ -490,23 +501,24 @@ fail_unlocked:
 int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
     if (zd__transport_thread_role() != ROLE_USER)
-        return zd_error_set("zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
                          "callback), which shutdown has to stop: call it from another thread");
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->closing)) {
         pthread_mutex_unlock(&g_init_lock);
-        return zd_error_set("zd_rpc_shutdown: RPC is not running");
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
     int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
+    zd_error_code_t code = zd_error_code();
     if (rc < 0)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
     publish_identity(NULL);
     agent_teardown(a, graceful);
     pthread_mutex_unlock(&g_init_lock);
     if (rc < 0)
-        return zd_error_set("%s", saved);
+        return zd_error_set_code(code, "%s", saved);
     return 0;
 }
 
@@ -514,6 +526,27 @@ bool zd_rpc_is_running(void)
 {
     agent_t *a = atomic_load(&g_agent);
     return a && !atomic_load(&a->closing);
+}
+
+int64_t zd_rpc_get_timeout(void)
+{
+    agent_t *a = zd__agent_try_acquire();
+    int64_t t = a ? atomic_load(&a->timeout_ms) : zd_rpc_options_default().rpc_timeout_ms;
+    zd__agent_release(a);
+    return t;
+}
+
+int zd_rpc_set_timeout(int64_t timeout_ms)
+{
+    if (timeout_ms < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_set_timeout: negative timeout %lld "
+                                 "(0 means none)", (long long)timeout_ms);
+    agent_t *a = zd__agent_acquire();
+    if (!a)
+        return zd_error_wrap("zd_rpc_set_timeout");
+    atomic_store(&a->timeout_ms, timeout_ms);
+    zd__agent_release(a);
+    return 0;
 }
 
 /* ---- worker info ---- */
@@ -532,7 +565,7 @@ int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
         return -1;
     int rc = -1;
     if (!out) {
-        zd_error_set("zd_rpc_get_worker_info: NULL output");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_worker_info: NULL output");
     } else if (!name) {
         fill_info(&a->peers[a->rank], out);
         rc = 0;
@@ -544,7 +577,8 @@ int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
                 break;
             }
         if (rc < 0)
-            zd_error_set("zd_rpc_get_worker_info: no worker called \"%s\"", name);
+            zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_worker_info: no worker called \"%s\"",
+                              name);
     }
     zd__agent_release(a);
     return rc;
@@ -557,7 +591,7 @@ int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
         return -1;
     int rc = -1;
     if (!out)
-        zd_error_set("zd_rpc_get_worker_info_by_rank: NULL output");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_worker_info_by_rank: NULL output");
     else if (zd__agent_check_rank(a, rank, "zd_rpc_get_worker_info_by_rank") == 0) {
         fill_info(&a->peers[rank], out);
         rc = 0;
@@ -581,8 +615,11 @@ int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max)
 int zd_rpc_worker(const char *name)
 {
     zd_rpc_worker_info_t info;
-    if (zd_rpc_get_worker_info(name, &info) < 0)
+    if (zd_rpc_get_worker_info(name, &info) < 0) {
+        snprintf(t_unknown_name, sizeof t_unknown_name, "%s", name ? name : "(null)");
         return -1;
+    }
+    t_unknown_name[0] = 0;
     return info.rank;
 }
 

@@ -22,6 +22,7 @@
 #include <zmq.h>
 
 #include "rpc/codec.h"
+#include "rpc/future_hook.h"
 #include <zdist/rpc.h>
 #include "rpc/wire.h"
 
@@ -56,7 +57,7 @@ typedef struct {
 typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
-    int64_t timeout_ms;             /* default call timeout, 0 = none */
+    _Atomic int64_t timeout_ms;     /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
     int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
     unsigned gen;                   /* distinguishes successive inits */
@@ -162,7 +163,8 @@ bool zd__agent_io_poll_wanted(agent_t *a);
 /*  Logs one line to stderr, "zdist rpc [name/rank]: ...", rate limited. */
 void zd__agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/*  Effective timeout of a call: timeout_ms < 0 gives the default. */
+/*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
+    (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
 /*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7"). */
@@ -271,7 +273,7 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
 void zd__call_expire(agent_t *a, int64_t now_ns);
 
 /*  Fails pending calls to peer (or every one with peer < 0) with text. */
-void zd__call_fail_peer(agent_t *a, int peer, const char *text);
+void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code);
 /*  Fails call id with text, if it is waiting for an answer from rank src
     (an answer that was lost on its way in). */
 void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
@@ -279,8 +281,10 @@ void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
 /*  Fails request id now if still pending (a waiter that timed out). */
 void zd__call_timeout_now(agent_t *a, uint64_t id);
 
-/*  Waits for f; a pool thread lets the pool compensate meanwhile. */
-int zd__call_wait(zd_future_t *f, int64_t timeout_ms);
+/*  The agent's part in every zd_future_wait* (future_hook.h): busy-polls
+    (zd__agent_poll_future), and a pool thread lets the pool compensate
+    while it sleeps. Installed by zd_rpc_init. */
+extern const rpc_future_wait_hooks_t zd__call_wait_hooks;
 
 /*  ---- serve.c: incoming requests ---- */
 

@@ -35,7 +35,7 @@ zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, i
 {
     zd_rref_t *r = calloc(1, sizeof *r);
     if (!r) {
-        zd_error_set("RRef: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         return NULL;
     }
     atomic_init(&r->refs, 1);
@@ -70,7 +70,7 @@ owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
     owner_t *e = calloc(1, sizeof *e);
     if (!e || !(e->value = zd_future_new())) {
         free(e);
-        zd_error_set("RRef: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         return NULL;
     }
     e->rref_id = id;
@@ -94,7 +94,7 @@ int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id)
         int cap = e->cap_forks ? 2 * e->cap_forks : 4;
         uint64_t *f = realloc(e->forks, (size_t)cap * sizeof *f);
         if (!f)
-            return zd_error_set("RRef: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         e->forks = f;
         e->cap_forks = cap;
     }
@@ -457,7 +457,7 @@ int zd__rref_ctx_new(agent_t *a)
 {
     rref_ctx_t *x = calloc(1, sizeof *x);
     if (!x)
-        return zd_error_set("RRef: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
     pthread_mutex_init(&x->lock, NULL);
     a->rrefs = x;
     a->rref_codec = (rpc_rref_codec_t){NULL, zd__rref_decode, a};

@@ -253,7 +253,7 @@ static int driver(const world_t *w)
     TRY(method_int(r, 5) == 15);
     a = zd_rpc_args("i", (int64_t)1);
     zd_future_t *f = zd_rref_rpc_async(r, "Counter.add", a, -1);
-    TRY(f && zd_rpc_wait(f, -1) == 0);
+    TRY(f && zd_future_wait(f, ZD_TIMEOUT_NONE) == 0);
     TRY(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
     zd_future_unref(f);
     zd_rref_t *sum = zd_rref_remote(r, "Counter.add", a, -1);   /* an int, kept there */
