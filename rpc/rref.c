@@ -230,6 +230,10 @@ void zd_rref_unref(zd_rref_t *r)
 
 /* ---- owner side ---- */
 
+/* When a placeholder (a value whose REMOTE has not arrived) is given up:
+   at the caller's timeout, or, when the caller set none (0), at the agent's
+   default, so that a REMOTE that never comes does not leave the entry
+   behind (no limit only when the default is none too). */
 static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
 {
     int64_t t = timeout_ms > 0 ? timeout_ms : zd__agent_timeout(a, -1);

@@ -66,9 +66,10 @@ ZD_API int zd_dist_autograd_context_begin(int64_t *context_id);
 /*  Ends a context: releases it here and on every process that took part
     (each passes the release on to the peers it knows; duplicates are
     ignored; failed sends are retried), and waits until all have released
-    it, up to timeout_ms (default: zd_rpc_get_timeout(); 0: no limit). Clears the thread's current
-    context if it was this one. Returns 0, or -1 naming the processes that
-    did not confirm (the local context is freed regardless). */
+    it, up to timeout_ms (default: zd_rpc_get_timeout(); 0: no limit).
+    Clears the thread's current context if it was this one. Returns 0, or
+    -1 naming the processes that did not confirm (the local context is
+    freed regardless). */
 ZD_API int zd_dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
 
 /*  Ends a context without waiting for the other processes to confirm: the
@@ -81,8 +82,7 @@ ZD_API int zd_dist_autograd_context_release(int64_t context_id);
 
 /*  Waits until every release started by zd_dist_autograd_context_release has
     been confirmed, up to timeout_ms each (default: zd_rpc_get_timeout();
-    0: no limit). Returns
-    0, or -1 with the first failure. */
+    0: no limit). Returns 0, or -1 with the first failure. */
 ZD_API int zd_dist_autograd_wait_releases(int64_t timeout_ms);
 
 /*  The calling thread's current context id, or -1. */
