@@ -86,7 +86,8 @@ int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_set_hooks: only while RPC is not running");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_set_hooks: only while RPC is not running");
     }
     g_has_hooks = hooks != NULL;
     if (hooks)
@@ -202,7 +203,8 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
     int64_t deadline = p.o.init_timeout_ms
                            ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
@@ -252,8 +254,9 @@ fail:   /* unlocks g_init_lock */
 int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
     if (zd__transport_thread_role() != ROLE_USER)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
-                         "callback), which shutdown has to stop: call it from another thread");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
+                                 "callback), which shutdown has to stop: call it from another thread");
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->closing)) {

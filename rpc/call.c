@@ -214,8 +214,8 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
                                  req->fn ? req->fn : "(null)"), NULL;
     if (req->args && zd_value_kind(req->args) != ZD_VALUE_LIST)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d) calling \"%s\": "
-                                 "arguments must be a list, not %s", req->api, a->peers[to].name, to, req->fn,
-                         zd_value_kind_name(zd_value_kind(req->args))), NULL;
+                                 "arguments must be a list, not %s", req->api, a->peers[to].name,
+                                 to, req->fn, zd_value_kind_name(zd_value_kind(req->args))), NULL;
     pending_t *p = calloc(1, sizeof *p);
     zd_future_t *f = zd_future_new();
     if (!p || !f) {

@@ -42,7 +42,8 @@ static int put(encoder_t *e, const void *data, size_t n)
             cap *= 2;
         uint8_t *buf = realloc(e->buf, cap);
         if (!buf)
-            return zd_error_set_code(ZD_ERR_NO_MEMORY, "codec: out of memory for %zu bytes of metadata", cap);
+            return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                     "codec: out of memory for %zu bytes of metadata", cap);
         e->buf = buf;
         e->cap = cap;
     }

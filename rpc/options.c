@@ -40,7 +40,8 @@ static int env_int(const char *var, long lo, long hi, long *out)
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || *end || v < lo || v > hi)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
     *out = v;
     return 1;
 }
@@ -63,8 +64,9 @@ int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size)
     struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
     int rc = getaddrinfo(master, NULL, &hints, &res);
     if (rc != 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: cannot resolve master address \"%s\": %s", master,
-                         gai_strerror(rc));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: cannot resolve master address \"%s\": %s", master,
+                                 gai_strerror(rc));
     struct sockaddr_in to = *(struct sockaddr_in *)res->ai_addr;
     freeaddrinfo(res);
     to.sin_port = htons((uint16_t)port);
@@ -80,7 +82,8 @@ int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size)
         int e = errno;
         if (fd >= 0)
             close(fd);
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no route to master %s: %s", master, strerror(e));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no route to master %s: %s", master, strerror(e));
     }
     close(fd);
     inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)size);
@@ -98,20 +101,24 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         if ((rc = env_int("RANK", 0, RPC_WIRE_MAX_RANK, &v)) < 0)
             return -1;
         if (rc == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no rank given and RANK is not set");
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_init: no rank given and RANK is not set");
         rank = (int)v;
     }
     if (world <= 0) {
         if ((rc = env_int("WORLD_SIZE", 1, RPC_WIRE_MAX_RANK + 1, &v)) < 0)
             return -1;
         if (rc == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no world size given and WORLD_SIZE is not set");
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_init: no world size given and WORLD_SIZE is not set");
         world = (int)v;
     }
     if (world > RPC_WIRE_MAX_RANK + 1)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
     if (rank >= world)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: rank %d is outside the world of size %d", rank, world);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: rank %d is outside the world of size %d", rank, world);
     p->rank = rank;
     p->world = world;
     if (name)
@@ -119,12 +126,14 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     else
         snprintf(p->name, sizeof p->name, "worker%d", rank);
     if (!name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
-                         "no spaces)", name, ZD_RPC_MAX_NAME);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
+                                 "no spaces)", name, ZD_RPC_MAX_NAME);
     const char *addr = p->o.master_addr ? p->o.master_addr : getenv("MASTER_ADDR");
     if (!addr || !*addr)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no master address: set options.master_addr or "
-                         "MASTER_ADDR");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no master address: set options.master_addr or "
+                                 "MASTER_ADDR");
     if (strlen(addr) >= sizeof p->master)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master address too long");
     snprintf(p->master, sizeof p->master, "%s", addr);
@@ -133,14 +142,17 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         if ((rc = env_int("MASTER_PORT", 1, 65535, &v)) < 0)
             return -1;
         if (rc == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: no master port: set options.master_port or "
-                             "MASTER_PORT");
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_init: no master port: set options.master_port or "
+                                     "MASTER_PORT");
         p->port = (int)v;
     }
     if (p->port < 1 || p->port > 65535)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master port %d is not in [1, 65535]", p->port);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: master port %d is not in [1, 65535]", p->port);
     if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
     if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: negative timeout");
     if (p->o.busy_poll_us < 0) {
@@ -152,6 +164,6 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     }
     if (p->o.busy_poll_us > 1000000)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
-                         (long long)p->o.busy_poll_us);
+                                 (long long)p->o.busy_poll_us);
     return 0;
 }

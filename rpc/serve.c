@@ -53,16 +53,20 @@ int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
 {
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len > ZD_RPC_MAX_FUNCTION)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_register: bad function name (1 to %d characters)",
-                         ZD_RPC_MAX_FUNCTION);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_register: bad function name (1 to %d characters)",
+                                 ZD_RPC_MAX_FUNCTION);
     for (size_t i = 0; i < len; i++)
         if (name[i] < 0x21 || name[i] > 0x7e)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_register: function name \"%s\" has a space or a "
-                             "non-printable character", name);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_register: function name \"%s\" has a space or a "
+                                     "non-printable character", name);
     if (!f || (!f->fn == !f->async_fn))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
     if (f->flags & ~ZD_RPC_FN_INLINE)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
     pthread_rwlock_wrlock(&registry_lock);
     size_t b = name_hash(name, len);
     for (entry_t *e = registry[b]; e; e = e->next)
@@ -118,7 +122,8 @@ int zd_rpc_unregister(const char *name)
         *pp = e->next;
     pthread_rwlock_unlock(&registry_lock);
     if (!e)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_unregister: no function called \"%s\"", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_unregister: no function called \"%s\"", name);
     free(e->name);
     free(e);
     return 0;

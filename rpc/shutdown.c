@@ -202,12 +202,13 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
         if (zd__agent_now_ns() >= deadline_ns) {
-            return zd_error_set_code(ZD_ERR_TIMEOUT, "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
-                             " RRef messages outstanding at the deadline",
-                             (int64_t)atomic_load(&a->user_in_flight),
-                             outstanding(a) - atomic_load(&a->user_in_flight) -
-                                 zd__rref_outstanding(a),
-                             zd__rref_outstanding(a));
+            return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                     "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
+                                     " RRef messages outstanding at the deadline",
+                                     (int64_t)atomic_load(&a->user_in_flight),
+                                     outstanding(a) - atomic_load(&a->user_in_flight) -
+                                     zd__rref_outstanding(a),
+                                     zd__rref_outstanding(a));
         }
         struct timespec ts = {0, 500000};
         nanosleep(&ts, NULL);

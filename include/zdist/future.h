@@ -3,9 +3,10 @@
     A future completes once, with either a value or an error (a text and a
     zd_error_code_t). Waiters block, by default without limit (the call
     behind a future carries its own timeout); a pool thread that waits lets
-    the RPC pool start another thread meanwhile, so handlers may wait too; callbacks added with zd_future_then run exactly
-    once, on the thread that completes the future (or at once on the calling
-    thread if it is already complete), so they must not block.
+    the RPC pool start another thread meanwhile, so handlers may wait too.
+    Callbacks added with zd_future_then run exactly once, on the thread
+    that completes the future (or at once on the calling thread if it is
+    already complete), so they must not block.
 
     Reference counted: the creator and every holder keep a reference; the
     future lives until the last one is dropped. */
