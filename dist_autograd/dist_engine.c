@@ -111,7 +111,7 @@ static int feed_add(feed_t *fd, zd_future_t *f)
         int ncap = fd->cap ? fd->cap * 2 : 8;
         zd_future_t **p = realloc(fd->fs, sizeof *p * (size_t)ncap);
         if (!p)
-            return zd_error_set("dist_autograd: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         fd->fs = p;
         fd->cap = ncap;
     }
@@ -191,7 +191,7 @@ static int ensure_task(dist_context_t *c, int64_t pass_id, bool retain,
     }
     pthread_mutex_unlock(&c->lock);
     if (!starts)
-        return zd_error_set("dist_autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     zd_autograd_options_t o = {.retain_graph = retain, .accumulate = zd__dist_context_accumulate,
                             .accumulate_arg = c};
     zd_autograd_task_t *t = zd_autograd_task_new(starts, n, &o);
@@ -230,7 +230,7 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     feed_t fd = {.ctx_id = ctx_id, .pass_id = pass_id, .retain = retain != 0};
     zd_future_t *out = NULL;
-    int rc = grads ? 0 : zd_error_set("out of memory");
+    int rc = grads ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         rc = zd_rpc_arg_tensor(args, (size_t)(4 + i), &grads[i]);
 
@@ -403,19 +403,21 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
 {
     dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return zd_error_set("dist_autograd: no context %lld in this process",
-                         (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
     feed_t fd = {.ctx_id = context_id, .pass_id = (int64_t)zd__dist_next_id(),
                  .retain = retain_graph};
-    int rc = starts ? 0 : zd_error_set("dist_autograd: out of memory");
+    int rc = starts ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     int n_starts = 0;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
         if (!zd_tensor_requires_grad(roots[i]))
-            rc = zd_error_set("dist_autograd: root %d does not require grad", i);
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                   "dist_autograd: root %d does not require grad", i);
         else if (zd_tensor_numel(roots[i]) != 1)
-            rc = zd_error_set("dist_autograd: root %d is not a scalar (%lld elements)", i,
-                           (long long)zd_tensor_numel(roots[i]));
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                   "dist_autograd: root %d is not a scalar (%lld elements)", i,
+                                   (long long)zd_tensor_numel(roots[i]));
         else if (zd_tensor_grad_fn(roots[i]))
             starts[n_starts++] = zd_tensor_grad_fn(roots[i]);
     }
@@ -439,7 +441,7 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         int k = zd_autograd_node_n_outputs(node);
         zd_tensor_t **grads = calloc((size_t)k, sizeof *grads);
         if (!grads) {
-            rc = zd_error_set("dist_autograd: out of memory");
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
             break;
         }
         grads[zd_tensor_output_nr(roots[i])] = one;
@@ -491,7 +493,7 @@ static int release_peers(dist_context_t *c, int except, zd_future_t ***fs, int *
     }
     zd_value_unref(args);
     free(peers);
-    return *fs ? 0 : zd_error_set("dist_autograd: out of memory");
+    return *fs ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
 }
 
 static zd_future_t *handle_release(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -522,8 +524,8 @@ static int release_start(int64_t context_id, zd_future_t **out)
         zd__dist_current_ctx = -1;
     dist_context_t *c = zd__dist_context_remove(context_id);
     if (!c)
-        return zd_error_set("dist_autograd: no context %lld in this process",
-                         (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     zd_future_t **fs;
     int n_fs, rc = release_peers(c, -1, &fs, &n_fs);
     zd__dist_context_unref(c);

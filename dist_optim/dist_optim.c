@@ -63,7 +63,7 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
         return NULL;
     zd_tensor_t **params = calloc((size_t)(n > 0 ? n : 1), sizeof *params);
     zd_value_t **values = calloc((size_t)(n > 0 ? n : 1), sizeof *values);
-    int rc = params && values ? 0 : zd_error_set("out of memory");
+    int rc = params && values ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++) {
         if (!zd_rref_is_owner(rrefs[i]))
             rc = zd_error_set("parameter %d is owned by rank %d, not here", i,
@@ -89,7 +89,7 @@ static int local_step(zd_optim_t *opt, int64_t ctx)
     int n = zd_optim_n_params(opt), rc = 0;
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     if (!grads)
-        return zd_error_set("out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         rc = zd_dist_autograd_get_gradient(ctx, zd_optim_param(opt, i), &grads[i]);
     if (rc == 0) {
@@ -178,7 +178,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
     if (zd_optim_config_check(cfg) < 0)
         return -1;
     if (n < 1)
-        return zd_error_set("dist_optim: no parameters given");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_optim: no parameters given");
     if (zd_optim_config_format(cfg, text, sizeof text) < 0)
         return -1;
     zd_dist_optim_t *o = calloc(1, sizeof *o);
@@ -189,7 +189,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
     }
     o->owners = calloc((size_t)world, sizeof *o->owners);
     zd_future_t **fs = calloc((size_t)world, sizeof *fs);
-    int rc = o->owners && fs ? 0 : zd_error_set("out of memory");
+    int rc = o->owners && fs ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     /* One call per owner, all in flight at once. */
     for (int owner = 0; rc == 0 && owner < world; owner++) {
         zd_value_t *args = zd_rpc_args("s", text);
@@ -209,7 +209,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
             for (size_t i = 1; mine && i < len; i++)
                 zd_rpc_arg_rref(args, i, &mine[i - 1]);
             if (!mine)
-                rc = zd_error_set("out of memory");
+                rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
             else if (!(r = local_new(text, mine, count)))
                 rc = zd_error_wrap("creating the optimizer on %s", self_desc(me, sizeof me));
             else
@@ -260,7 +260,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
 {
     zd_future_t **fs = calloc((size_t)(o->n ? o->n : 1), sizeof *fs);
     zd_value_t *args = zd_rpc_args("i", context_id);
-    int rc = fs && args ? 0 : zd_error_set("out of memory"), local = -1;
+    int rc = fs && args ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory"), local = -1;
     char me[200];
     for (int i = 0; rc == 0 && i < o->n; i++)
         if (zd_rref_is_owner(o->owners[i]))

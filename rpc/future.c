@@ -296,7 +296,9 @@ int zd_future_wait(zd_future_t *f, int64_t timeout_ms)
     if (zd_future_done(f))
         return future_result(f);
     const rpc_future_wait_hooks_t *h = atomic_load(&g_wait_hooks);
-    if (h && h->poll && h->poll(f, timeout_ms > 0 ? timeout_ms * 1000000 : INT64_MAX))
+    int64_t max_ns = timeout_ms > 0 && timeout_ms < INT64_MAX / 1000000 ? timeout_ms * 1000000
+                                                                         : INT64_MAX;
+    if (h && h->poll && h->poll(f, max_ns))
         return future_result(f);
     deadline_t d = deadline_in(timeout_ms);
     int rc = 0;
