@@ -3,7 +3,8 @@
     unknown worker name (which the error names), RPC not running, and a
     process that takes distributed-autograd traffic without
     zd_dist_autograd_init() (the call fails, naming the missing call,
-    instead of losing the gradients). Also: zd_error_wrap keeps the code,
+    instead of losing the gradients), or owns parameters of a
+    DistributedOptimizer without zd_dist_optim_init(). Also: zd_error_wrap keeps the code,
     and zd_rpc_set_timeout changes the default of later calls. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <string.h>
 
 #include <zdist/dist_autograd.h>
+#include <zdist/dist_optim.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
@@ -186,10 +188,28 @@ static void test_not_running_and_wrap(void **state)
 
 /*  ---- distributed autograd with one process missing its init ---- */
 
-/*  Rank 1 calls zd_dist_autograd_init(), rank 0 does not (newuser.md B1). */
+/*  "param"() -> an RRef to a 2x2 tensor owned here. */
+static zd_value_t *fn_param(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    int64_t shape[2] = {2, 2};
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_value_t *v = t ? zd_value_tensor(t) : NULL;
+    zd_tensor_unref(t);
+    zd_rref_t *r = v ? zd_rref_new(v) : NULL;
+    zd_value_unref(v);
+    zd_value_t *out = r ? zd_value_rref(r) : NULL;
+    zd_rref_unref(r);
+    return out;
+}
+
+/*  Rank 1 calls zd_dist_autograd_init(), rank 0 neither it nor
+    zd_dist_optim_init() (newuser.md B1 and its item 6). */
 static int setup_half(const world_t *w)
 {
     if (w->rank == 1 && zd_dist_autograd_init() < 0)
+        return -1;
+    if (zd_rpc_register("param", fn_param, NULL) < 0)
         return -1;
     return zd_rpc_register("identity", fn_release, NULL);
 }
@@ -222,6 +242,23 @@ static int half_body(const world_t *w)
     /* The release cannot reach rank 0's missing functions; here it is freed. */
     zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
     TRY(zd_dist_autograd_num_contexts() == 0);
+
+    /* A DistributedOptimizer over a parameter of rank 0, which lacks
+       zd_dist_optim_init(): the error says so. */
+    TRY(zd_rpc_sync(0, "param", NULL, ZD_TIMEOUT_DEFAULT, &r) == 0);
+    zd_rref_t *param;
+    TRY(zd_value_get_rref(r, &param) == 0);
+    zd_rref_ref(param);
+    zd_value_unref(r);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
+    zd_dist_optim_t *opt = NULL;
+    rc = zd_dist_optim_new(&cfg, &param, 1, &opt);
+    zd_rref_unref(param);
+    TRY(rc == -1 && !opt);
+    TRY(zd_error_code() == ZD_ERR_NOT_INITIALIZED);
+    TRY(strstr(zd_error_last(), "unknown function \"__dist_optim_new\"") != NULL);
+    TRY(strstr(zd_error_last(), "zd_dist_optim_init() was not called on \"worker0\" before "
+               "zd_rpc_init()") != NULL);
     return 0;
 }
 
