@@ -6,13 +6,30 @@
 #define ERROR_MAX 1024
 
 static _Thread_local char last_error[ERROR_MAX];
+static _Thread_local zd_error_code_t last_code;
+
+static void set_text(const char *fmt, va_list ap)
+{
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+}
 
 int zd_error_set(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    set_text(fmt, ap);
     va_end(ap);
+    last_code = ZD_ERR_OTHER;
+    return -1;
+}
+
+int zd_error_set_code(zd_error_code_t code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    set_text(fmt, ap);
+    va_end(ap);
+    last_code = code == ZD_OK ? ZD_ERR_OTHER : code;
     return -1;
 }
 
@@ -26,6 +43,8 @@ int zd_error_wrap(const char *fmt, ...)
     va_end(ap);
     if (n >= 0 && (size_t)n < sizeof last_error && prev[0])
         snprintf(last_error + n, sizeof last_error - (size_t)n, ": %s", prev);
+    if (last_code == ZD_OK)
+        last_code = ZD_ERR_OTHER;
     return -1;
 }
 
@@ -34,7 +53,30 @@ const char *zd_error_last(void)
     return last_error;
 }
 
+zd_error_code_t zd_error_code(void)
+{
+    return last_code;
+}
+
+const char *zd_error_code_name(zd_error_code_t code)
+{
+    switch (code) {
+    case ZD_OK: return "ok";
+    case ZD_ERR_OTHER: return "other";
+    case ZD_ERR_TIMEOUT: return "timeout";
+    case ZD_ERR_PEER: return "peer";
+    case ZD_ERR_REMOTE: return "remote";
+    case ZD_ERR_NO_FUNCTION: return "no function";
+    case ZD_ERR_ARGUMENT: return "argument";
+    case ZD_ERR_NOT_INITIALIZED: return "not initialized";
+    case ZD_ERR_NO_MEMORY: return "no memory";
+    case ZD_ERR_SHUTDOWN: return "shutdown";
+    }
+    return "unknown";
+}
+
 void zd_error_clear(void)
 {
     last_error[0] = '\0';
+    last_code = ZD_OK;
 }

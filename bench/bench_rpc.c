@@ -242,14 +242,14 @@ static double calls_per_second(int window, int total)
     for (int i = 0; i < total; i++) {
         zd_future_t **slot = &ring[i % window];
         if (*slot) {
-            zd_rpc_wait(*slot, -1);
+            zd_future_wait(*slot, ZD_TIMEOUT_NONE);
             zd_future_unref(*slot);
         }
         *slot = zd_rpc_async(1, "echo", NULL, -1);
     }
     for (int i = 0; i < window; i++)
         if (ring[i]) {
-            zd_rpc_wait(ring[i], -1);
+            zd_future_wait(ring[i], ZD_TIMEOUT_NONE);
             zd_future_unref(ring[i]);
         }
     double dt = now_us() - t0;

@@ -37,7 +37,7 @@ static dist_context_t *context_new(int64_t id)
 {
     dist_context_t *c = calloc(1, sizeof *c);
     if (!c) {
-        zd_error_set("dist_autograd: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         return NULL;
     }
     atomic_init(&c->refs, 1);
@@ -104,7 +104,7 @@ dist_context_t *zd__dist_context_get_or_create(int64_t id)
         if (!c) {
             free(e);
             pthread_mutex_unlock(&registry_lock);
-            zd_error_set("dist_autograd: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
             return NULL;
         }
         e->ctx = c;   /* the registry's reference */
@@ -158,7 +158,7 @@ static int reserve(void **items, int n, int *cap, size_t elem)
     int ncap = *cap ? *cap * 2 : 8;
     void *p = realloc(*items, (size_t)ncap * elem);
     if (!p)
-        return zd_error_set("dist_autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     *items = p;
     *cap = ncap;
     return 0;
@@ -185,7 +185,7 @@ int zd__dist_context_peers(dist_context_t *c, int **peers, int *n)
     if (*peers && c->n_peers > 0)
         memcpy(*peers, c->peers, sizeof(int) * (size_t)c->n_peers);
     pthread_mutex_unlock(&c->lock);
-    return *peers ? 0 : zd_error_set("dist_autograd: out of memory");
+    return *peers ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
 }
 
 int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_autograd_node_t *node,
@@ -252,7 +252,8 @@ int zd_dist_autograd_get_gradient(int64_t context_id, zd_tensor_t *t, zd_tensor_
     *grad = NULL;
     dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return zd_error_set("dist_autograd: no context %lld in this process", (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     pthread_mutex_lock(&c->grad_lock);
     for (int i = 0; i < c->n_grads && !*grad; i++)
         if (c->grads[i].tensor == t)
@@ -269,7 +270,8 @@ int zd_dist_autograd_get_gradients(int64_t context_id, int *n, zd_tensor_t ***te
     *tensors = *grads = NULL;
     dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return zd_error_set("dist_autograd: no context %lld in this process", (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     int rc = 0;
     pthread_mutex_lock(&c->grad_lock);
     size_t size = sizeof(zd_tensor_t *) * (size_t)(c->n_grads ? c->n_grads : 1);
@@ -279,7 +281,7 @@ int zd_dist_autograd_get_gradients(int64_t context_id, int *n, zd_tensor_t ***te
         free(*tensors);
         free(*grads);
         *tensors = *grads = NULL;
-        rc = zd_error_set("dist_autograd: out of memory");
+        rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     } else {
         for (int i = 0; i < c->n_grads; i++) {
             (*tensors)[i] = zd_tensor_ref(c->grads[i].tensor);
@@ -310,8 +312,8 @@ int64_t zd_dist_autograd_current_context(void)
 int zd_dist_autograd_set_current_context(int64_t context_id)
 {
     if (context_id != -1 && !zd_dist_autograd_context_exists(context_id))
-        return zd_error_set("dist_autograd: no context %lld in this process",
-                         (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     zd__dist_current_ctx = context_id;
     return 0;
 }
@@ -321,8 +323,12 @@ int zd_dist_autograd_context_begin(int64_t *context_id)
     if (zd__dist_current_ctx != -1)
         return zd_error_set("dist_autograd: this thread already has context %lld; end it before "
                          "beginning another", (long long)zd__dist_current_ctx);
+    if (!zd__dist_installed())
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_autograd: zd_dist_autograd_init() "
+                                 "was not called (call it before zd_rpc_init())");
     if (!zd_rpc_is_running())
-        return zd_error_set("dist_autograd: RPC is not running (call zd_rpc_init first)");
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_autograd: RPC is not running (call "
+                                 "zd_rpc_init first)");
     int64_t id = (int64_t)zd__dist_next_id();
     dist_context_t *c = zd__dist_context_get_or_create(id);
     if (!c)

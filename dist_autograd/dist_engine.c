@@ -29,86 +29,67 @@
 
 /*  ---- joining futures ---- */
 
-/*  Completes `out` once all n futures completed: with the sum (or, for
-    max_mode, the [seq, rank] pair with the largest seq) of their results
-    plus `local`, or with the first error. */
+/*  Completes `out` once all futures completed (zd_future_collect_all): with
+    the sum (or, for max_mode, the [seq, rank] pair with the largest seq)
+    of their results plus `local`, or with the first error. */
 typedef struct {
-    atomic_int left;
-    pthread_mutex_t lock;
     zd_future_t *out;
     bool max_mode;
-    int64_t sum;
-    int64_t best_seq, best_rank;
-    char *error;
+    int64_t local, local_rank;
 } join_t;
 
-static void join_finish(join_t *j)
+static void join_done(zd_future_t *all, void *arg)
 {
-    if (j->error) {
-        zd_future_set_error(j->out, "%s", j->error);
+    join_t *j = arg;
+    zd_value_t *list = zd_future_value(all);
+    if (!list) {
+        zd_future_set_error_code(j->out, zd_future_error_code(all), "%s", zd_future_error(all));
     } else {
-        zd_value_t *v = j->max_mode ? zd_rpc_args("ii", j->best_seq, j->best_rank)
-                                     : zd_value_int(j->sum);
+        int64_t sum = j->local, best_seq = j->local, best_rank = j->local_rank;
+        for (size_t i = 0; i < zd_list_len(list); i++) {
+            zd_value_t *v = zd_list_get(list, i);
+            int64_t n, seq, rank;
+            if (!j->max_mode && zd_value_get_int(v, &n) == 0)
+                sum += n;
+            else if (j->max_mode && zd_rpc_arg_int(v, 0, &seq) == 0 &&
+                     zd_rpc_arg_int(v, 1, &rank) == 0 && seq > best_seq) {
+                best_seq = seq;
+                best_rank = rank;
+            }
+        }
+        zd_value_t *v = j->max_mode ? zd_rpc_args("ii", best_seq, best_rank) : zd_value_int(sum);
         if (v)
             zd_future_set_value(j->out, v);
         else
-            zd_future_set_error(j->out, "dist_autograd: out of memory");
+            zd_future_set_error_code(j->out, ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         zd_value_unref(v);
     }
     zd_future_unref(j->out);
-    free(j->error);
-    pthread_mutex_destroy(&j->lock);
     free(j);
-}
-
-static void join_one(zd_future_t *f, void *arg)
-{
-    join_t *j = arg;
-    pthread_mutex_lock(&j->lock);
-    zd_value_t *v = zd_future_value(f);
-    if (!v) {
-        if (!j->error)
-            j->error = strdup(zd_future_error(f));
-    } else if (j->max_mode) {
-        int64_t seq, rank;
-        if (zd_rpc_arg_int(v, 0, &seq) == 0 && zd_rpc_arg_int(v, 1, &rank) == 0 && seq > j->best_seq) {
-            j->best_seq = seq;
-            j->best_rank = rank;
-        }
-    } else {
-        int64_t n;
-        if (zd_value_get_int(v, &n) == 0)
-            j->sum += n;
-    }
-    pthread_mutex_unlock(&j->lock);
-    if (atomic_fetch_sub(&j->left, 1) == 1)
-        join_finish(j);
 }
 
 /*  A future joining fs (references borrowed). NULL when out of memory. */
 static zd_future_t *join_futures(zd_future_t *const *fs, int n, bool max_mode, int64_t local,
                                   int64_t local_rank)
 {
-    join_t *j = calloc(1, sizeof *j);
+    join_t *j = malloc(sizeof *j);
     zd_future_t *out = zd_future_new();
-    if (!j || !out) {
+    zd_future_t *all = zd_future_collect_all(fs, n);
+    if (!j || !out || !all) {
         free(j);
         zd_future_unref(out);
-        zd_error_set("dist_autograd: out of memory");
+        zd_future_unref(all);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         return NULL;
     }
-    pthread_mutex_init(&j->lock, NULL);
-    j->out = zd_future_ref(out);
-    j->max_mode = max_mode;
-    j->sum = local;
-    j->best_seq = local;
-    j->best_rank = local_rank;
-    atomic_init(&j->left, n + 1);
-    for (int i = 0; i < n; i++)
-        if (zd_future_then(fs[i], join_one, j) < 0)
-            join_one(fs[i], j);   /* counted as done; its value may be missing */
-    if (atomic_fetch_sub(&j->left, 1) == 1)
-        join_finish(j);
+    *j = (join_t){zd_future_ref(out), max_mode, local, local_rank};
+    if (zd_future_then(all, join_done, j) < 0) {
+        zd_future_unref(j->out);
+        free(j);
+        zd_future_unref(out);
+        out = NULL;
+    }
+    zd_future_unref(all);
     return out;
 }
 
@@ -130,7 +111,7 @@ static int feed_add(feed_t *fd, zd_future_t *f)
         int ncap = fd->cap ? fd->cap * 2 : 8;
         zd_future_t **p = realloc(fd->fs, sizeof *p * (size_t)ncap);
         if (!p)
-            return zd_error_set("dist_autograd: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         fd->fs = p;
         fd->cap = ncap;
     }
@@ -174,7 +155,7 @@ static int recv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         }
     if (!args)
         return -1;
-    zd_future_t *f = zd_rpc_async(info->peer, "__dist_backward", args, ZD_RPC_TIMEOUT_DEFAULT);
+    zd_future_t *f = zd_rpc_async(info->peer, "__dist_backward", args, ZD_TIMEOUT_DEFAULT);
     zd_value_unref(args);
     if (!f)
         return -1;
@@ -210,7 +191,7 @@ static int ensure_task(dist_context_t *c, int64_t pass_id, bool retain,
     }
     pthread_mutex_unlock(&c->lock);
     if (!starts)
-        return zd_error_set("dist_autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     zd_autograd_options_t o = {.retain_graph = retain, .accumulate = zd__dist_context_accumulate,
                             .accumulate_arg = c};
     zd_autograd_task_t *t = zd_autograd_task_new(starts, n, &o);
@@ -249,7 +230,7 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     feed_t fd = {.ctx_id = ctx_id, .pass_id = pass_id, .retain = retain != 0};
     zd_future_t *out = NULL;
-    int rc = grads ? 0 : zd_error_set("out of memory");
+    int rc = grads ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         rc = zd_rpc_arg_tensor(args, (size_t)(4 + i), &grads[i]);
 
@@ -315,7 +296,7 @@ static zd_future_t *handle_pending(zd_rpc_call_t *call, zd_value_t *args, void *
         for (int i = 0; fs && i < n_peers; i++) {
             if (peers[i] == from)
                 continue;
-            zd_future_t *f = zd_rpc_async(peers[i], "__dist_pending", args, ZD_RPC_TIMEOUT_DEFAULT);
+            zd_future_t *f = zd_rpc_async(peers[i], "__dist_pending", args, ZD_TIMEOUT_DEFAULT);
             if (f)
                 fs[n_fs++] = f;
         }
@@ -369,7 +350,7 @@ static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *ar
 /*  Waits for a future from a user thread or a pool thread alike. */
 static int wait_value(zd_future_t *f, int64_t *out)
 {
-    int rc = zd_rpc_wait(f, -1);   /* every message below it has its own timeout */
+    int rc = zd_future_wait(f, ZD_TIMEOUT_NONE);   /* every message below it has its own timeout */
     if (rc == 0 && out && zd_value_get_int(zd_future_value(f), out) < 0)
         rc = -1;
     return rc;
@@ -403,7 +384,7 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
         args = zd_rpc_args("ii", c->id, pass_id);
         f = args ? (rank == zd_rpc_rank() ? handle_flush(NULL, args, NULL)
                                        : zd_rpc_async((int)rank, "__dist_flush", args,
-                                                   ZD_RPC_TIMEOUT_DEFAULT))
+                                                   ZD_TIMEOUT_DEFAULT))
                  : NULL;
         zd_value_unref(args);
         if (!f)
@@ -422,19 +403,21 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
 {
     dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
-        return zd_error_set("dist_autograd: no context %lld in this process",
-                         (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
     feed_t fd = {.ctx_id = context_id, .pass_id = (int64_t)zd__dist_next_id(),
                  .retain = retain_graph};
-    int rc = starts ? 0 : zd_error_set("dist_autograd: out of memory");
+    int rc = starts ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     int n_starts = 0;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
         if (!zd_tensor_requires_grad(roots[i]))
-            rc = zd_error_set("dist_autograd: root %d does not require grad", i);
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                   "dist_autograd: root %d does not require grad", i);
         else if (zd_tensor_numel(roots[i]) != 1)
-            rc = zd_error_set("dist_autograd: root %d is not a scalar (%lld elements)", i,
-                           (long long)zd_tensor_numel(roots[i]));
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                   "dist_autograd: root %d is not a scalar (%lld elements)", i,
+                                   (long long)zd_tensor_numel(roots[i]));
         else if (zd_tensor_grad_fn(roots[i]))
             starts[n_starts++] = zd_tensor_grad_fn(roots[i]);
     }
@@ -458,7 +441,7 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         int k = zd_autograd_node_n_outputs(node);
         zd_tensor_t **grads = calloc((size_t)k, sizeof *grads);
         if (!grads) {
-            rc = zd_error_set("dist_autograd: out of memory");
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
             break;
         }
         grads[zd_tensor_output_nr(roots[i])] = one;
@@ -504,13 +487,13 @@ static int release_peers(dist_context_t *c, int except, zd_future_t ***fs, int *
             continue;
         zd_future_t *f = NULL;
         for (int t = 0; t < RELEASE_TRIES && !f; t++)
-            f = zd_rpc_async(peers[i], "__dist_release", args, ZD_RPC_TIMEOUT_DEFAULT);
+            f = zd_rpc_async(peers[i], "__dist_release", args, ZD_TIMEOUT_DEFAULT);
         if (f)
             (*fs)[(*n_fs)++] = f;
     }
     zd_value_unref(args);
     free(peers);
-    return *fs ? 0 : zd_error_set("dist_autograd: out of memory");
+    return *fs ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
 }
 
 static zd_future_t *handle_release(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -541,8 +524,8 @@ static int release_start(int64_t context_id, zd_future_t **out)
         zd__dist_current_ctx = -1;
     dist_context_t *c = zd__dist_context_remove(context_id);
     if (!c)
-        return zd_error_set("dist_autograd: no context %lld in this process",
-                         (long long)context_id);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                                 (long long)context_id);
     zd_future_t **fs;
     int n_fs, rc = release_peers(c, -1, &fs, &n_fs);
     zd__dist_context_unref(c);
@@ -554,9 +537,11 @@ static int release_start(int64_t context_id, zd_future_t **out)
     return rc;
 }
 
+/*  timeout_ms: ZD_TIMEOUT_DEFAULT is the RPC default (zd_rpc_get_timeout),
+    which the release messages carry too. */
 static int release_wait(zd_future_t *f, int64_t context_id, int64_t timeout_ms)
 {
-    int rc = zd_rpc_wait(f, timeout_ms < 0 ? 60000 : timeout_ms);
+    int rc = zd_future_wait(f, timeout_ms < 0 ? zd_rpc_get_timeout() : timeout_ms);
     if (rc < 0)
         zd_error_wrap("dist_autograd: releasing context %lld", (long long)context_id);
     zd_future_unref(f);
@@ -595,7 +580,7 @@ int zd_dist_autograd_context_release(int64_t context_id)
         releases_head = (releases_head + 1) % RELEASES_IN_FLIGHT;
         releases_n--;
         pthread_mutex_unlock(&releases_lock);
-        if (release_wait(old, old_ctx, -1) < 0)
+        if (release_wait(old, old_ctx, ZD_TIMEOUT_DEFAULT) < 0)
             rc = -1;
         pthread_mutex_lock(&releases_lock);
     }
@@ -631,7 +616,12 @@ int zd_dist_autograd_wait_releases(int64_t timeout_ms)
 
 /*  ---- init ---- */
 
-static bool installed;
+static atomic_bool installed;
+
+bool zd__dist_installed(void)
+{
+    return atomic_load(&installed);
+}
 
 int zd__dist_engine_register(void)
 {
@@ -650,11 +640,11 @@ int zd__dist_engine_register(void)
 
 int zd_dist_autograd_init(void)
 {
-    if (installed)
+    if (atomic_load(&installed))
         return 0;
     zd_rpc_hooks_t hooks = zd__dist_record_hooks();
     if (zd_rpc_set_hooks(&hooks) < 0 || zd__dist_engine_register() < 0)
         return -1;
-    installed = true;
+    atomic_store(&installed, true);
     return 0;
 }

@@ -112,4 +112,9 @@ zd_rpc_hooks_t zd__dist_record_hooks(void);
 /*  Registers the internal functions ("__dist_*"). 0, or -1. */
 int zd__dist_engine_register(void);
 
+/*  True once zd_dist_autograd_init has installed the hooks: a context begun
+    without them would record nothing, and its backward would silently skip
+    every other process. */
+bool zd__dist_installed(void);
+
 #endif

@@ -59,7 +59,7 @@ static int collect(const zd_value_t *v, tensor_list_t *out, int depth)
                                  "message", MAX_GRAD_TENSORS);
             zd_tensor_t **p = realloc(out->items, sizeof *p * (size_t)ncap);
             if (!p)
-                return zd_error_set("dist_autograd: out of memory");
+                return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
             out->items = p;
             out->cap = ncap;
         }
@@ -103,7 +103,7 @@ static int record_recv(dist_context_t *c, const zd_value_t *v, int peer, uint64_
         zd_autograd_node_t *node;
         dist_recv_info_t *info = malloc(sizeof *info);
         rc = info ? zd_autograd_node_new(&zd__dist_recv_ops, 0, NULL, tl.n, &node)
-                  : zd_error_set("dist_autograd: out of memory");
+                  : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         if (rc == 0 && node) {
             *info = (dist_recv_info_t){c->id, msg_id, peer};
             zd_autograd_node_set_ctx(node, info);
@@ -139,7 +139,7 @@ static int on_send_request(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **a
                          (long long)ctx_id);
     uint64_t msg_id = 0;
     uint8_t *buf = malloc(REQ_EXTRA);
-    int rc = buf ? 0 : zd_error_set("dist_autograd: out of memory");
+    int rc = buf ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     if (rc == 0)
         rc = zd__dist_context_add_peer(c, m->peer);
     if (rc == 0)
@@ -203,7 +203,7 @@ static int on_recv_request(void *arg, zd_rpc_call_t *call, const void *extra, si
     zd_autograd_seq_observe(get_u64(x + 18));
     call_state_t *st = malloc(sizeof *st);
     if (!st)
-        return zd_error_set("dist_autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     st->ctx = zd__dist_context_get_or_create(ctx_id);
     int peer = zd_rpc_call_caller_rank(call);
     int rc = st->ctx ? zd__dist_context_add_peer(st->ctx, peer) : -1;
@@ -242,7 +242,7 @@ static int on_send_reply(void *arg, zd_rpc_call_t *call, zd_value_t **result, zd
         uint64_t msg_id = 0;
         uint8_t *buf = malloc(REP_EXTRA);
         rc = buf ? record_send(st->ctx, *result, zd_rpc_call_caller_rank(call), &msg_id)
-                 : zd_error_set("dist_autograd: out of memory");
+                 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         if (rc == 0) {
             buf[0] = 'D';
             buf[1] = 1;
@@ -293,5 +293,7 @@ zd_rpc_hooks_t zd__dist_record_hooks(void)
         .on_send_reply = on_send_reply,
         .on_recv_reply = on_recv_reply,
         .debug_info = debug_info,
+        .module = "distributed-autograd",
+        .init_call = "zd_dist_autograd_init()",
     };
 }

@@ -63,7 +63,7 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
         return NULL;
     zd_tensor_t **params = calloc((size_t)(n > 0 ? n : 1), sizeof *params);
     zd_value_t **values = calloc((size_t)(n > 0 ? n : 1), sizeof *values);
-    int rc = params && values ? 0 : zd_error_set("out of memory");
+    int rc = params && values ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++) {
         if (!zd_rref_is_owner(rrefs[i]))
             rc = zd_error_set("parameter %d is owned by rank %d, not here", i,
@@ -89,7 +89,7 @@ static int local_step(zd_optim_t *opt, int64_t ctx)
     int n = zd_optim_n_params(opt), rc = 0;
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     if (!grads)
-        return zd_error_set("out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         rc = zd_dist_autograd_get_gradient(ctx, zd_optim_param(opt, i), &grads[i]);
     if (rc == 0) {
@@ -158,8 +158,16 @@ int zd_dist_optim_num_owners(const zd_dist_optim_t *opt)
 static int owner_error(int owner, const char *what)
 {
     zd_rpc_worker_info_t info;
+    bool no_init = zd_error_code() == ZD_ERR_NO_FUNCTION;
     const char *name = zd_rpc_get_worker_info_by_rank(owner, &info) == 0 ? info.name : "?";
-    return zd_error_wrap("%s on \"%s\" (rank %d)", what, name, owner);
+    zd_error_wrap("%s on \"%s\" (rank %d)", what, name, owner);
+    if (no_init) {   /* its functions are missing there: say what installs them */
+        char text[1024];
+        snprintf(text, sizeof text, "%s", zd_error_last());
+        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "%s (zd_dist_optim_init() was not called on "
+                          "\"%s\" before zd_rpc_init())", text, name);
+    }
+    return -1;
 }
 
 int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, int n,
@@ -170,7 +178,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
     if (zd_optim_config_check(cfg) < 0)
         return -1;
     if (n < 1)
-        return zd_error_set("dist_optim: no parameters given");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_optim: no parameters given");
     if (zd_optim_config_format(cfg, text, sizeof text) < 0)
         return -1;
     zd_dist_optim_t *o = calloc(1, sizeof *o);
@@ -181,7 +189,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
     }
     o->owners = calloc((size_t)world, sizeof *o->owners);
     zd_future_t **fs = calloc((size_t)world, sizeof *fs);
-    int rc = o->owners && fs ? 0 : zd_error_set("out of memory");
+    int rc = o->owners && fs ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     /* One call per owner, all in flight at once. */
     for (int owner = 0; rc == 0 && owner < world; owner++) {
         zd_value_t *args = zd_rpc_args("s", text);
@@ -201,14 +209,14 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
             for (size_t i = 1; mine && i < len; i++)
                 zd_rpc_arg_rref(args, i, &mine[i - 1]);
             if (!mine)
-                rc = zd_error_set("out of memory");
+                rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
             else if (!(r = local_new(text, mine, count)))
                 rc = zd_error_wrap("creating the optimizer on %s", self_desc(me, sizeof me));
             else
                 o->owners[o->n++] = r;
             free(mine);
         } else if (count > 0) {
-            fs[owner] = zd_rpc_async(owner, "__dist_optim_new", args, ZD_RPC_TIMEOUT_DEFAULT);
+            fs[owner] = zd_rpc_async(owner, "__dist_optim_new", args, ZD_TIMEOUT_DEFAULT);
             if (!fs[owner])
                 rc = owner_error(owner, "creating the optimizer");
         }
@@ -219,7 +227,7 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
             continue;
         zd_rref_t *r;
         if (rc == 0) {
-            if (zd_rpc_wait(fs[owner], -1) < 0 ||
+            if (zd_future_wait(fs[owner], ZD_TIMEOUT_NONE) < 0 ||
                 zd_value_get_rref(zd_future_value(fs[owner]), &r) < 0)
                 rc = owner_error(owner, "creating the optimizer");
             else
@@ -252,7 +260,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
 {
     zd_future_t **fs = calloc((size_t)(o->n ? o->n : 1), sizeof *fs);
     zd_value_t *args = zd_rpc_args("i", context_id);
-    int rc = fs && args ? 0 : zd_error_set("out of memory"), local = -1;
+    int rc = fs && args ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory"), local = -1;
     char me[200];
     for (int i = 0; rc == 0 && i < o->n; i++)
         if (zd_rref_is_owner(o->owners[i]))
@@ -264,7 +272,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     for (int i = 0; rc == 0 && i < o->n; i++) {
         if (i == local || i == last_sync)
             continue;
-        fs[i] = zd_rref_rpc_async(o->owners[i], "__dist_optim_step", args, ZD_RPC_TIMEOUT_DEFAULT);
+        fs[i] = zd_rref_rpc_async(o->owners[i], "__dist_optim_step", args, ZD_TIMEOUT_DEFAULT);
         if (!fs[i])
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
     }
@@ -272,7 +280,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     if (rc == 0 && last_sync >= 0) {
         zd_value_t *r = NULL;
         if (zd_rref_rpc_sync(o->owners[last_sync], "__dist_optim_step", args,
-                              ZD_RPC_TIMEOUT_DEFAULT, &r) < 0)
+                              ZD_TIMEOUT_DEFAULT, &r) < 0)
             rc = owner_error(zd_rref_owner(o->owners[last_sync]), "step");
         zd_value_unref(r);
     }
@@ -286,7 +294,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     for (int i = 0; fs && i < o->n; i++) {
         if (!fs[i])
             continue;
-        if (zd_rpc_wait(fs[i], -1) < 0 && rc == 0) {
+        if (zd_future_wait(fs[i], ZD_TIMEOUT_NONE) < 0 && rc == 0) {
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
             snprintf(first, sizeof first, "%s", zd_error_last());
         }

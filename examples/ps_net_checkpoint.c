@@ -108,7 +108,7 @@ static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *ar
     zd_future_t *fs[64];
     int n = 0, rc = 0;
     for (int s = 1; s < ps_shard.num_shards; s++)
-        if ((fs[n] = zd_rpc_async(s, "ps_save_shard", NULL, ZD_RPC_TIMEOUT_DEFAULT)))
+        if ((fs[n] = zd_rpc_async(s, "ps_save_shard", NULL, ZD_TIMEOUT_DEFAULT)))
             n++;
         else
             rc = -1;

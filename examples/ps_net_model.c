@@ -152,7 +152,7 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
     /* The other shards compute their rows of fc1 while this one does its own. */
     for (int s = 1; rc == 0 && s < S; s++) {
         zd_value_t *args = zd_rpc_args("ti", flat, (int64_t)training);
-        fs[s] = args ? zd_rpc_async(s, "ps_fc1_part", args, ZD_RPC_TIMEOUT_DEFAULT) : NULL;
+        fs[s] = args ? zd_rpc_async(s, "ps_fc1_part", args, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(args);
         if (!fs[s])
             rc = -1;
@@ -164,7 +164,7 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
         if (!fs[s])
             continue;
         zd_tensor_t *t;
-        if (rc == 0 && (zd_rpc_wait(fs[s], -1) < 0 ||
+        if (rc == 0 && (zd_future_wait(fs[s], ZD_TIMEOUT_NONE) < 0 ||
                         zd_value_get_tensor(zd_future_value(fs[s]), &t) < 0))
             rc = -1;
         else if (rc == 0)

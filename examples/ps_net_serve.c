@@ -82,7 +82,7 @@ static int gather_from_shards(zd_value_t *list, const char *fn, zd_value_t *args
 {
     for (int s = 1; s < ps_shard.num_shards; s++) {
         zd_value_t *r;
-        if (zd_rpc_sync(s, fn, args, ZD_RPC_TIMEOUT_DEFAULT, &r) < 0)
+        if (zd_rpc_sync(s, fn, args, ZD_TIMEOUT_DEFAULT, &r) < 0)
             return -1;
         for (size_t i = 0; i < zd_list_len(r); i++)
             if (zd_list_append(list, zd_value_ref(zd_list_get(r, i))) < 0) {

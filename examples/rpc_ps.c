@@ -51,7 +51,7 @@ static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_t
 {
     zd_value_t *r;
     *out = NULL;
-    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r);
+    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_TIMEOUT_DEFAULT, &r);
     if (rc < 0)
         return -1;
     zd_tensor_t *t;
@@ -65,7 +65,7 @@ static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_t
 static int call_none(zd_rref_t *ps, const char *method, zd_value_t *args)
 {
     zd_value_t *r = NULL;
-    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_RPC_TIMEOUT_DEFAULT, &r);
+    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_TIMEOUT_DEFAULT, &r);
     zd_value_unref(r);
     return rc;
 }
@@ -89,7 +89,7 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
            It moves every gradient (4.8 MB) over the wire, so by default it
            runs on the logged batches only (--check_interval). */
         zd_value_t *a = zd_rpc_args("i", cid);
-        rc = a ? zd_rref_rpc_sync(ps, "ps_get_dist_gradients", a, ZD_RPC_TIMEOUT_DEFAULT, &grads)
+        rc = a ? zd_rref_rpc_sync(ps, "ps_get_dist_gradients", a, ZD_TIMEOUT_DEFAULT, &grads)
                : -1;
         zd_value_unref(a);
         if (rc == 0 && zd_list_len(grads) == 0)
@@ -155,9 +155,9 @@ static int run_trainer(const options_t *o)
         goto out;
     if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
         goto out;
-    if (!(ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_RPC_TIMEOUT_DEFAULT)))
+    if (!(ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)))
         goto out;
-    if (zd_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, ZD_RPC_TIMEOUT_DEFAULT, &param_list) < 0)
+    if (zd_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &param_list) < 0)
         goto out;
     int n = (int)zd_list_len(param_list);
     zd_rref_t *params[64];
@@ -174,7 +174,7 @@ static int run_trainer(const options_t *o)
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
         zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
-        int prc = a ? zd_rref_rpc_sync(ps, "ps_resume_point", a, ZD_RPC_TIMEOUT_DEFAULT, &r) : -1;
+        int prc = a ? zd_rref_rpc_sync(ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
         if (prc == 0)
             prc = zd_value_get_int(r, &start);
         zd_value_unref(a);
@@ -238,7 +238,7 @@ static int run_trainer(const options_t *o)
        than the RPC timeout evaluates by itself. */
     double acc;
     zd_value_t *a = zd_rpc_args("i", o->eval_samples), *r = NULL;
-    int erc = a ? zd_rref_rpc_sync(ps, "ps_evaluate", a, ZD_RPC_TIMEOUT_DEFAULT, &r) : -1;
+    int erc = a ? zd_rref_rpc_sync(ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (erc == 0)
         erc = zd_value_get_float(r, &acc);
     zd_value_unref(a);
@@ -405,10 +405,10 @@ int main(int argc, char **argv)
         printf("RPC initialized! Running parameter server...\n");
     int rc = server ? 0 : run_trainer(&o);
     fflush(stdout);
-    /* The servers wait here until every trainer is done: no limit, since
-       training takes as long as it takes; a dead trainer is detected by the
-       RPC layer and ends the wait with an error. */
-    if (zd_rpc_shutdown(true, server ? 0 : -1) < 0) {
+    /* Everyone waits here until every trainer is done: no limit (the
+       default), since training takes as long as it takes; a dead trainer
+       is detected by the RPC layer and ends the wait with an error. */
+    if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0) {
         fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
         rc = -1;
     }

@@ -1,16 +1,35 @@
 /*  agent.h: state shared by the files of the RPC agent (private to rpc/).
 
-    Files: agent.c (init, shutdown, worker info), rendezvous.c, transport.c
-    (sockets, the I/O thread), call.c (outgoing calls and their pending
-    table), serve.c (registry and incoming calls), pool.c, rref.c and
-    rref_api.c (remote references), metrics.c.
+    Files, by topic:
+      agent.c        the running agent (acquire/release), zd_rpc_init and
+                     zd_rpc_shutdown, hooks, ids, the default timeout
+      options.c      init options completed from the environment
+      worker_info.c  the world table for users, rank checks
+      rendezvous.c   rank 0's table of names, ranks and endpoints at init
+      transport.c    sockets: bind, connect, send, receive and validate
+      io.c           the I/O thread: receives, dispatches, expires calls
+      direct.c       each thread's own zd_rpc_sync sockets
+      stream.c       large tensors sent and put together in pieces
+      bufcache.c     the cache of large receive buffers
+      call.c         outgoing requests and their pending table
+      serve.c        the registry and incoming calls
+      pool.c         the handler threads, which grow while threads block
+      poll.c         the busy-poll policy of waiting threads
+      shutdown.c     the graceful shutdown's barrier rounds
+      rref.c, rref_fork.c, rref_api.c   remote references
+      metrics.c, log.c                  counters, rate-limited log lines
+    and, touching no socket: wire.c (the header frame), codec.c and value*.c
+    (values), future.c (futures; the agent's part in waits: future_hook.h).
 
-    Sockets. One ROUTER per process, bound, receives everything and is
-    touched only by the I/O thread. One DEALER per peer (identity = our
-    rank, see wire.h) sends everything to that peer's ROUTER: requests and
-    the replies to the peer's requests. It never receives, so any thread
-    may send on it while holding the peer's lock; that is what keeps the
-    call path free of hand-offs between our threads. */
+    Sockets. One ROUTER per process, bound: the I/O thread receives
+    everything on it, and other threads answer on it (under router_lock)
+    requests that came from a peer thread's zd_rpc_sync socket. One DEALER
+    per peer (identity = our rank, see wire.h) sends to that peer's ROUTER:
+    requests, and the replies to requests that came through the peer's
+    shared socket. It never receives, so any thread may send on it while
+    holding the peer's lock. A thread calling zd_rpc_sync has a DEALER of
+    its own per peer (direct.c), sends its request there and reads the
+    answer itself: no hand-off between our threads on that path. */
 #ifndef ZDIST_RPC_AGENT_H
 #define ZDIST_RPC_AGENT_H
 
@@ -22,6 +41,7 @@
 #include <zmq.h>
 
 #include "rpc/codec.h"
+#include "rpc/future_hook.h"
 #include <zdist/rpc.h>
 #include "rpc/wire.h"
 
@@ -56,7 +76,7 @@ typedef struct {
 typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
-    int64_t timeout_ms;             /* default call timeout, 0 = none */
+    _Atomic int64_t timeout_ms;     /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
     int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
     unsigned gen;                   /* distinguishes successive inits */
@@ -102,7 +122,7 @@ typedef struct agent {
     atomic_int_fast64_t log_window;
 } agent_t;
 
-/*  ---- agent.c ---- */
+/*  ---- agent.c: the running agent ---- */
 
 /*  The running agent with one more user, or NULL ("RPC is not running"
     error). Every public entry point brackets its use of the agent with
@@ -121,52 +141,68 @@ uint64_t zd__agent_new_id(agent_t *a);
 /*  Monotonic clock in ns. */
 int64_t zd__agent_now_ns(void);
 
-/*  The running agent's busy-poll time in ns (0 when not running). */
-int64_t zd__agent_busy_poll_ns(void);
+/*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
+    (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
+int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
-/*  The right to busy-poll: at most one thread of the process polls at a
-    time (with more, on two cores, the pollers crowd out the threads that
-    bring their answers: 64 pipelined calls ran at half speed); future
-    waiters are the exception (zd__agent_poll_future). Returns the time to
-    poll in ns, or 0 (polling off, or another thread polls); after a
-    non-zero answer, zd__agent_poll_end gives the right back. */
+/*  ---- options.c ---- */
+
+/*  zd_rpc_init's arguments, completed and checked. */
+typedef struct {
+    char name[ZD_RPC_MAX_NAME + 1];
+    int rank, world;
+    zd_rpc_options_t o;
+    char master[256];
+    int port;
+} init_params_t;
+
+/*  Fills p from the arguments and the environment: 0, or -1 naming what is
+    missing or wrong. */
+int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
+                          init_params_t *p);
+
+/*  The IP this process binds and advertises: the one that routes to the
+    master (127.0.0.1 for a local one). 0, or -1. */
+int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size);
+
+/*  ---- worker_info.c ---- */
+
+/*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7", or
+    the name whose lookup gave -1). */
+int zd__agent_check_rank(agent_t *a, int rank, const char *api);
+
+/*  Publishes this process's rank, world size and name for zd_rpc_rank and
+    friends, which read them without taking the agent (NULL: not running). */
+void zd__agent_publish_identity(agent_t *a);
+
+/*  ---- poll.c: the busy-poll policy (why: the top of poll.c) ---- */
+
+/*  The running agent's busy-poll time in ns (0 when not running), and its
+    setter (init and shutdown). */
+int64_t zd__agent_busy_poll_ns(void);
+void zd__agent_set_busy_poll_ns(int64_t ns);
+
+/*  The right to busy-poll, for one thread of the process at a time.
+    Returns the time to poll in ns, or 0 (polling off, or another thread
+    polls); after a non-zero answer, zd__agent_poll_end gives it back. */
 int64_t zd__agent_poll_begin(void);
 void zd__agent_poll_end(void);
 
 /*  Polls zd_future_done(f) for up to the busy-poll time (at most max_ns;
-    not at all on the I/O thread), yielding the CPU
-    between looks; true once it holds. Waking a sleeping thread costs tens
-    of microseconds on a VM whose CPU has gone idle, more than most answers
-    take to arrive; a waiter that polls keeps its CPU awake, and yielding
-    lets the threads that carry the answer (ZeroMQ's I/O threads) run on
-    it at once. Measured: round trip 150 -> 85 us, and spinning without
-    yielding made it worse than sleeping (2 cores).
-    While calls of this process are in flight, the future is most likely
-    completed by one of their answers (directly, or through a callback, as
-    zd_dist_autograd_backward's joined futures are), which come in through the
-    I/O thread: that thread polls too meanwhile (io_poll_waiters); were it
-    asleep, waking it would cost what the waiter saves. The waiter does not wait for its turn
-    (zd__agent_poll_begin): the thread it depends on polls for it anyway. Of
-    several threads waiting for futures, one polls; the others sleep at
-    once, as a crowd of pollers would take the CPUs from the threads that
-    bring the answers.
-    Measured (bench_dist, medians of 8 interleaved runs): a 10x10 forward +
-    distributed backward 299 -> 237 us, the same + optimizer step 474 ->
-    432 us. */
+    not at all on the I/O thread), yielding the CPU between looks, with
+    the I/O thread polling too while calls are in flight; true once it
+    holds. Measured (bench_dist, medians of 8 interleaved runs): a 10x10
+    forward + distributed backward 299 -> 237 us. */
 bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns);
 
 /*  True while some thread waits in zd__agent_poll_future: the I/O thread then
     polls instead of sleeping (it sets io_asleep around its sleeps). */
 bool zd__agent_io_poll_wanted(agent_t *a);
 
+/*  ---- log.c ---- */
+
 /*  Logs one line to stderr, "zdist rpc [name/rank]: ...", rate limited. */
 void zd__agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/*  Effective timeout of a call: timeout_ms < 0 gives the default. */
-int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
-
-/*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7"). */
-int zd__agent_check_rank(agent_t *a, int rank, const char *api);
 
 /*  ---- rendezvous.c ---- */
 
@@ -271,7 +307,7 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
 void zd__call_expire(agent_t *a, int64_t now_ns);
 
 /*  Fails pending calls to peer (or every one with peer < 0) with text. */
-void zd__call_fail_peer(agent_t *a, int peer, const char *text);
+void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code);
 /*  Fails call id with text, if it is waiting for an answer from rank src
     (an answer that was lost on its way in). */
 void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
@@ -279,8 +315,10 @@ void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
 /*  Fails request id now if still pending (a waiter that timed out). */
 void zd__call_timeout_now(agent_t *a, uint64_t id);
 
-/*  Waits for f; a pool thread lets the pool compensate meanwhile. */
-int zd__call_wait(zd_future_t *f, int64_t timeout_ms);
+/*  The agent's part in every zd_future_wait* (future_hook.h): busy-polls
+    (zd__agent_poll_future), and a pool thread lets the pool compensate
+    while it sleeps. Installed by zd_rpc_init. */
+extern const rpc_future_wait_hooks_t zd__call_wait_hooks;
 
 /*  ---- serve.c: incoming requests ---- */
 

@@ -48,7 +48,7 @@ static rpc_buf_t *buf_new(size_t size)
     }
     rpc_buf_t *b = malloc(sizeof *b);
     if (!b) {
-        zd_error_set("bufcache: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "bufcache: out of memory");
         return NULL;
     }
     b->cap = rounded(size);

@@ -1,9 +1,9 @@
 /*  bufcache.h: a small cache of large receive buffers (private to rpc/).
 
-    A tensor that arrives in several frames (codec.h) is copied into one
-    contiguous buffer taken from here, and the buffer comes back here when
-    the tensor dies (zd__rpc_bufcache_release is its storage's release
-    callback). Reusing a buffer whose pages are already mapped is what makes
+    A large tensor that arrives streamed, in pieces sent as separate
+    messages (stream.h), is copied into one contiguous buffer taken from
+    here, and the buffer comes back here when the tensor dies
+    (zd__rpc_bufcache_release is its storage's release callback). Reusing a buffer whose pages are already mapped is what makes
     large tensors fast: a fresh 64 MiB buffer costs 16384 page faults, more
     than the copy into it.
 

@@ -3,8 +3,11 @@
     A request gets a future and an entry in the pending table (keyed by its
     64-bit id) before it is sent; the I/O thread takes the entry out when
     the answer arrives, or when its deadline passes, and completes the
-    future. A caller blocked in zd_rpc_sync waits on that future: the only
-    thread hand-off of a round trip on the caller's side. */
+    future. zd_rpc_async hands that future to the caller. zd_rpc_sync
+    sends on a socket of its calling thread (direct.c) and reads the answer
+    there itself (wait_direct): no hand-off between threads; the shared
+    path (a future waited on) remains for peers whose connection is down
+    and threads that cannot have sockets of their own. */
 #include "rpc/agent.h"
 
 #include <inttypes.h>
@@ -13,6 +16,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "rpc/future_hook.h"
 #include "rpc/rref.h"
 
 struct pending {
@@ -114,10 +118,11 @@ static zd_rpc_call_kind_t kind_of(int type)
            : type == RPC_MSG_RREF_FETCH ? ZD_RPC_KIND_FETCH : ZD_RPC_KIND_CALL;
 }
 
-/* Completes p with value (borrowed) or the failure detail, runs the reply
-   hook (with the answer's extra bytes), counts, and frees p. */
+/* Completes p with value (borrowed) or the failure detail and its code,
+   runs the reply hook (with the answer's extra bytes), counts, and frees
+   p. */
 static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const char *detail,
-                           const void *extra, size_t extra_len)
+                           zd_error_code_t code, const void *extra, size_t extra_len)
 {
     peer_t *peer = &a->peers[p->dst];
     zd_value_t *v = value ? zd_value_ref(value) : NULL;
@@ -129,6 +134,7 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
             && had_value) {
             snprintf(text, sizeof text, "reply hook failed: %s", zd_error_last());
             detail = text;
+            code = zd_error_code();
             zd_value_unref(v);
             v = NULL;
         }
@@ -153,8 +159,8 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
     } else {
         if (!p->internal)
             atomic_fetch_add_explicit(&peer->m.errors, 1, memory_order_relaxed);
-        zd_future_set_error(p->future, "%s to \"%s\" (rank %d) calling \"%s\": %s", p->api,
-                             peer->name, p->dst, p->fn, detail ? detail : "failed");
+        zd_future_set_error_code(p->future, code, "%s to \"%s\" (rank %d) calling \"%s\": %s",
+                                 p->api, peer->name, p->dst, p->fn, detail ? detail : "failed");
     }
     pending_free(p);
 }
@@ -200,21 +206,22 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     if (zd__agent_check_rank(a, to, req->api) < 0)
         return NULL;
     if (atomic_load(&a->closing))
-        return zd_error_set("%s: RPC is shutting down", req->api), NULL;
+        return zd_error_set_code(ZD_ERR_SHUTDOWN, "%s: RPC is shutting down", req->api), NULL;
     bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
     if (has_value && !fn_name_ok(req->fn))
-        return zd_error_set("%s to \"%s\" (rank %d): bad function name \"%s\"", req->api,
-                         a->peers[to].name, to, req->fn ? req->fn : "(null)"), NULL;
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d): bad function name "
+                                 "\"%s\"", req->api, a->peers[to].name, to,
+                                 req->fn ? req->fn : "(null)"), NULL;
     if (req->args && zd_value_kind(req->args) != ZD_VALUE_LIST)
-        return zd_error_set("%s to \"%s\" (rank %d) calling \"%s\": arguments must be a list, "
-                         "not %s", req->api, a->peers[to].name, to, req->fn,
-                         zd_value_kind_name(zd_value_kind(req->args))), NULL;
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d) calling \"%s\": "
+                                 "arguments must be a list, not %s", req->api, a->peers[to].name,
+                                 to, req->fn, zd_value_kind_name(zd_value_kind(req->args))), NULL;
     pending_t *p = calloc(1, sizeof *p);
     zd_future_t *f = zd_future_new();
     if (!p || !f) {
         free(p);
         zd_future_unref(f);
-        return zd_error_set("%s: out of memory", req->api), NULL;
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", req->api), NULL;
     }
     p->id = zd__agent_new_id(a);
     p->dst = to;
@@ -243,11 +250,13 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         args = zd_value_ref(req->args ? req->args : empty_args());
     zd_rpc_bytes_t extra = {NULL, 0};
     char detail[512] = "";
+    zd_error_code_t code = ZD_ERR_OTHER;
     if (req->hooked && a->has_hooks) {
         zd_rpc_hook_msg_t m = {to, p->fn, kind_of(req->type), p->id};
         if (a->hooks.on_send_request &&
             a->hooks.on_send_request(a->hooks.arg, &m, &args, &extra, &p->hook_state) < 0) {
             snprintf(detail, sizeof detail, "request hook failed: %s", zd_error_last());
+            code = zd_error_code();
             goto fail;
         }
         p->hooked = true;
@@ -263,6 +272,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         rpc_rref_codec_t codec = zd__rref_txn_codec(&txn);
         if (zd__value_encode(args, &codec, to, &enc) < 0) {
             snprintf(detail, sizeof detail, "cannot send the arguments: %s", zd_error_last());
+            code = zd_error_code();
             zd__rref_txn_rollback(&txn);
             goto fail;
         }
@@ -288,18 +298,43 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     }
     zd__rref_txn_rollback(&txn);
     snprintf(detail, sizeof detail, "%s", zd_error_last());
+    code = zd_error_code();
     p = pending_take(a, h.id);
     if (p)
-        pending_finish(a, p, NULL, detail, NULL, 0);
+        pending_finish(a, p, NULL, detail, code, NULL, 0);
     return f;   /* failed: the error is in the future */
 fail:
     free(extra.data);
     zd_value_unref(args);
-    pending_finish(a, p, NULL, detail, NULL, 0);
+    pending_finish(a, p, NULL, detail, code, NULL, 0);
     return f;
 }
 
 /* ---- answers and expiry (I/O thread) ---- */
+
+/* The code an ERROR answer carries in field a (wire.h); 0 (older senders,
+   dropped messages) and unknown values read as a remote failure. */
+static zd_error_code_t wire_error_code(const rpc_wire_header_t *h)
+{
+    if (h->a == 0 || h->a > ZD_ERR_SHUTDOWN)
+        return ZD_ERR_REMOTE;
+    return (zd_error_code_t)h->a;
+}
+
+/* The text of an ERROR answer. A peer without hooks refused our hook
+   metadata: say which module's init call it misses, as only this side
+   knows the module. */
+static void error_text(agent_t *a, const pending_t *p, const rpc_wire_header_t *h, char *text,
+                       size_t size)
+{
+    if (wire_error_code(h) == ZD_ERR_NOT_INITIALIZED && p->hooked && a->hooks.module &&
+        a->hooks.init_call)
+        snprintf(text, size, "worker \"%s\" received a %s message but %s was not called "
+                 "before zd_rpc_init()", a->peers[p->dst].name, a->hooks.module,
+                 a->hooks.init_call);
+    else
+        snprintf(text, size, "remote error: %.*s", (int)h->meta_len, (const char *)h->meta);
+}
 
 void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
 {
@@ -317,13 +352,12 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
             frames[i].release(frames[i].data, frames[i].release_arg);
         if (!p)
             return;
-        char *text = malloc(h->meta_len + 64);
-        if (text) {
-            memcpy(text, "remote error: ", 14);
-            memcpy(text + 14, h->meta, h->meta_len);
-            text[14 + h->meta_len] = 0;
-        }
-        pending_finish(a, p, NULL, text ? text : "remote error", h->extra, h->extra_len);
+        size_t size = h->meta_len + 512;
+        char *text = malloc(size);
+        if (text)
+            error_text(a, p, h, text, size);
+        pending_finish(a, p, NULL, text ? text : "remote error", wire_error_code(h),
+                       h->extra, h->extra_len);
         free(text);
         return;
     }
@@ -339,33 +373,36 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
         char text[512];
         snprintf(text, sizeof text, "bad reply: %s", zd_error_last());
         zd__agent_log(a, "%s", text);
-        pending_finish(a, p, NULL, text, h->extra, h->extra_len);
+        pending_finish(a, p, NULL, text, ZD_ERR_OTHER, h->extra, h->extra_len);
         return;
     }
-    pending_finish(a, p, v, NULL, h->extra, h->extra_len);
+    pending_finish(a, p, v, NULL, ZD_OK, h->extra, h->extra_len);
     zd_value_unref(v);
 }
 
-static void finish_list(agent_t *a, pending_t *list, const char *detail)
+/* Fails every call of list: with text and code, or (text NULL) as timed
+   out. */
+static void finish_list(agent_t *a, pending_t *list, const char *detail, zd_error_code_t code)
 {
     while (list) {
         pending_t *next = list->next;
         char text[256];
         if (!detail)
             snprintf(text, sizeof text, "timed out after %" PRId64 " ms", list->timeout_ms);
-        pending_finish(a, list, NULL, detail ? detail : text, NULL, 0);
+        pending_finish(a, list, NULL, detail ? detail : text, detail ? code : ZD_ERR_TIMEOUT,
+                       NULL, 0);
         list = next;
     }
 }
 
 void zd__call_expire(agent_t *a, int64_t now_ns)
 {
-    finish_list(a, pending_take_many(a, -1, now_ns), NULL);
+    finish_list(a, pending_take_many(a, -1, now_ns), NULL, ZD_ERR_TIMEOUT);
 }
 
-void zd__call_fail_peer(agent_t *a, int peer, const char *text)
+void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code)
 {
-    finish_list(a, pending_take_many(a, peer, -1), text);
+    finish_list(a, pending_take_many(a, peer, -1), text, code);
 }
 
 void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
@@ -376,51 +413,31 @@ void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
         p = NULL;
     }
     if (p)
-        finish_list(a, p, text);
+        finish_list(a, p, text, ZD_ERR_OTHER);
 }
 
 void zd__call_timeout_now(agent_t *a, uint64_t id)
 {
     pending_t *p = pending_take(a, id);
     if (p)
-        finish_list(a, p, NULL);
-}
-
-/* Polls f for a while, within timeout_ms (< 0: none; zd__agent_poll_future);
-   true once it completed. */
-static bool poll_future(zd_future_t *f, int64_t timeout_ms)
-{
-    agent_t *a = zd__agent_try_acquire();
-    int64_t max_ns = timeout_ms < 0 ? INT64_MAX : timeout_ms * 1000000;
-    bool done = a ? zd__agent_poll_future(a, f, max_ns) : zd_future_done(f);
-    zd__agent_release(a);
-    return done;
-}
-
-int zd__call_wait(zd_future_t *f, int64_t timeout_ms)
-{
-    if (timeout_ms == 0 || poll_future(f, timeout_ms))
-        return zd_future_wait(f, 0);
-    zd__pool_block_begin();
-    int rc = zd_future_wait(f, timeout_ms);
-    zd__pool_block_end();
-    return rc;
+        finish_list(a, p, NULL, ZD_ERR_TIMEOUT);
 }
 
 /* ---- public calls ---- */
 
 /* Waits for a request's future like zd_rpc_sync does: the waiter enforces the
-   timeout itself (the I/O thread checks deadlines only every few ms). */
+   timeout itself (the I/O thread checks deadlines only every few ms).
+   timeout_ms: as in error.h, already resolved (0: none). */
 static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
 {
-    int rc = zd__call_wait(f, timeout_ms ? timeout_ms : -1);
+    int rc = zd_future_wait(f, timeout_ms);
     if (rc < 0 && !zd_future_done(f)) {
         agent_t *a = zd__agent_acquire();
         if (a) {
             zd__call_timeout_now(a, id);
             zd__agent_release(a);
         }
-        rc = zd__call_wait(f, -1);
+        rc = zd_future_wait(f, ZD_TIMEOUT_NONE);
     }
     return rc;
 }
@@ -443,7 +460,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
         if (now >= deadline) {
             /* Fails it, unless another thread is completing it right now. */
             zd__call_timeout_now(a, id);
-            zd_future_wait(f, -1);
+            zd_future_wait(f, ZD_TIMEOUT_NONE);
             break;
         }
         int64_t left = deadline == INT64_MAX ? -1 : (deadline - now + 999999) / 1000000;
@@ -467,7 +484,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
                 /* drained already */
             }
             /* Completion is under way on the other thread. */
-            zd_future_wait(f, -1);
+            zd_future_wait(f, ZD_TIMEOUT_NONE);
             break;
         }
         int got;
@@ -481,8 +498,9 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
         zd__agent_poll_end();
     zd__pool_block_end();
     free(m.frames);
-    return zd_future_done(f) ? zd_future_wait(f, 0)
-                              : zd_error_set("cannot wait for the answer: %s", zmq_strerror(errno));
+    /* Done: zd_future_wait only collects the result. */
+    return zd_future_done(f) ? zd_future_wait(f, ZD_TIMEOUT_NONE)
+                             : zd_error_set("cannot wait for the answer: %s", zmq_strerror(errno));
 }
 
 int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
@@ -490,8 +508,9 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     if (result)
         *result = NULL;
     if (zd__transport_thread_role() == ROLE_IO)
-        return zd_error_set("%s: called on the RPC I/O thread (in a future callback or an "
-                         "inline handler), where it would wait forever: use zd_rpc_async", req->api);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: called on the RPC I/O thread (in a future "
+                                 "callback or an inline handler), where it would wait forever: "
+                                 "use zd_rpc_async", req->api);
     agent_t *a = zd__agent_acquire();
     if (!a)
         return zd_error_wrap("%s", req->api);
@@ -499,6 +518,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     call_req_t r = *req;
     r.id_out = &id;
     int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
+    r.timeout_ms = timeout;   /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
     if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost))
         r.sock = zd__direct_socket(a, to, &r.wake_fd);
@@ -553,9 +573,15 @@ zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t time
     return f;
 }
 
-int zd_rpc_wait(zd_future_t *f, int64_t timeout_ms)
+/* ---- the agent's part in waits on futures (future_hook.h) ---- */
+
+static bool wait_poll(zd_future_t *f, int64_t max_ns)
 {
-    if (!f)
-        return zd_error_set("zd_rpc_wait: NULL future");
-    return zd__call_wait(f, timeout_ms);
+    agent_t *a = zd__agent_try_acquire();
+    bool done = a ? zd__agent_poll_future(a, f, max_ns) : zd_future_done(f);
+    zd__agent_release(a);
+    return done;
 }
+
+const rpc_future_wait_hooks_t zd__call_wait_hooks = {wait_poll, zd__pool_block_begin,
+                                                     zd__pool_block_end};

@@ -42,7 +42,8 @@ static int put(encoder_t *e, const void *data, size_t n)
             cap *= 2;
         uint8_t *buf = realloc(e->buf, cap);
         if (!buf)
-            return zd_error_set("codec: out of memory for %zu bytes of metadata", cap);
+            return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                     "codec: out of memory for %zu bytes of metadata", cap);
         e->buf = buf;
         e->cap = cap;
     }
@@ -80,7 +81,7 @@ static int put_tensor(encoder_t *e, zd_tensor_t *t)
         int cap = e->cap_tensors ? e->cap_tensors * 2 : 4;
         zd_tensor_t **ts = realloc(e->tensors, (size_t)cap * sizeof *ts);
         if (!ts)
-            return zd_error_set("codec: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "codec: out of memory");
         e->tensors = ts;
         e->cap_tensors = cap;
     }
@@ -98,7 +99,7 @@ static int put_tensor(encoder_t *e, zd_tensor_t *t)
 static int encode_node(encoder_t *e, const zd_value_t *v, int depth)
 {
     if (!v)
-        return zd_error_set("codec: NULL value");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "codec: NULL value");
     if (++e->n_nodes > RPC_CODEC_MAX_NODES)
         return zd_error_set("codec: value has more than %u parts", RPC_CODEC_MAX_NODES);
     zd_value_kind_t kind = zd_value_kind(v);
@@ -174,7 +175,7 @@ int zd__value_encode(const zd_value_t *v, const rpc_rref_codec_t *rrefs, int dst
                      rpc_encoded_t *out)
 {
     if (!out)
-        return zd_error_set("zd__value_encode: NULL output");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd__value_encode: NULL output");
     memset(out, 0, sizeof *out);
     encoder_t e = {0};
     e.rrefs = rrefs;
@@ -474,7 +475,7 @@ int zd__value_decode(const void *meta, size_t meta_len, rpc_frame_t *frames, int
     if (!out) {
         if (frames && n_frames > 0)
             release_frames(frames, 0, n_frames);
-        return zd_error_set("zd__value_decode: NULL output");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd__value_decode: NULL output");
     }
     *out = NULL;
     if (n_frames < 0 || (n_frames > 0 && !frames))

@@ -273,7 +273,7 @@ static void fail_lost_peers(agent_t *a, int64_t now)
         p->fail_at_ns = 0;
         char text[256];
         snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
-        zd__call_fail_peer(a, i, text);
+        zd__call_fail_peer(a, i, text, ZD_ERR_PEER);
     }
 }
 

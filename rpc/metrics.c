@@ -110,7 +110,7 @@ int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out)
         return -1;
     int rc = 0;
     if (!out)
-        rc = zd_error_set("zd_rpc_metrics_get: NULL output");
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_metrics_get: NULL output");
     else if (peer >= a->world)
         rc = zd_error_set("zd_rpc_metrics_get: no worker with rank %d (world size %d)", peer,
                        a->world);
@@ -197,11 +197,11 @@ int zd_rpc_get_debug_info(zd_rpc_debug_item_t *items, int max)
 int zd_rpc_get_debug_value(const char *name, int64_t *value)
 {
     if (!name || !value)
-        return zd_error_set("zd_rpc_get_debug_value: NULL argument");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_debug_value: NULL argument");
     int n = zd_rpc_get_debug_info(NULL, 0);
     zd_rpc_debug_item_t *items = n > 0 ? calloc((size_t)n, sizeof *items) : NULL;
     if (n > 0 && !items)
-        return zd_error_set("zd_rpc_get_debug_value: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_get_debug_value: out of memory");
     /* Counters come and go with the module's state: read what fits now. */
     int got = n > 0 ? zd_rpc_get_debug_info(items, n) : n;
     int found = -1;

@@ -41,6 +41,7 @@ struct pool {
 };
 
 static __thread pool_t *tls_pool;
+static __thread int tls_blocked;    /* nesting depth of block_begin on this thread */
 
 static void *worker_main(void *arg);
 
@@ -186,7 +187,7 @@ void zd__pool_stats(pool_t *p, int *threads, int *idle)
 void zd__pool_block_begin(void)
 {
     pool_t *p = tls_pool;
-    if (!p)
+    if (!p || tls_blocked++ > 0)
         return;
     pthread_mutex_lock(&p->lock);
     p->blocked++;
@@ -198,7 +199,7 @@ void zd__pool_block_begin(void)
 void zd__pool_block_end(void)
 {
     pool_t *p = tls_pool;
-    if (!p)
+    if (!p || --tls_blocked > 0)
         return;
     pthread_mutex_lock(&p->lock);
     p->blocked--;

@@ -35,7 +35,7 @@ zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, i
 {
     zd_rref_t *r = calloc(1, sizeof *r);
     if (!r) {
-        zd_error_set("RRef: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         return NULL;
     }
     atomic_init(&r->refs, 1);
@@ -70,7 +70,7 @@ owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
     owner_t *e = calloc(1, sizeof *e);
     if (!e || !(e->value = zd_future_new())) {
         free(e);
-        zd_error_set("RRef: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         return NULL;
     }
     e->rref_id = id;
@@ -94,7 +94,7 @@ int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id)
         int cap = e->cap_forks ? 2 * e->cap_forks : 4;
         uint64_t *f = realloc(e->forks, (size_t)cap * sizeof *f);
         if (!f)
-            return zd_error_set("RRef: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         e->forks = f;
         e->cap_forks = cap;
     }
@@ -230,6 +230,10 @@ void zd_rref_unref(zd_rref_t *r)
 
 /* ---- owner side ---- */
 
+/* When a placeholder (a value whose REMOTE has not arrived) is given up:
+   at the caller's timeout, or, when the caller set none (0), at the agent's
+   default, so that a REMOTE that never comes does not leave the entry
+   behind (no limit only when the default is none too). */
 static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
 {
     int64_t t = timeout_ms > 0 ? timeout_ms : zd__agent_timeout(a, -1);
@@ -457,7 +461,7 @@ int zd__rref_ctx_new(agent_t *a)
 {
     rref_ctx_t *x = calloc(1, sizeof *x);
     if (!x)
-        return zd_error_set("RRef: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
     pthread_mutex_init(&x->lock, NULL);
     a->rrefs = x;
     a->rref_codec = (rpc_rref_codec_t){NULL, zd__rref_decode, a};

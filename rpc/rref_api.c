@@ -11,7 +11,7 @@
 static agent_t *acquire_for(const zd_rref_t *r, const char *api)
 {
     if (!r) {
-        zd_error_set("%s: NULL RRef", api);
+        zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL RRef", api);
         return NULL;
     }
     agent_t *a = zd__agent_acquire();
@@ -51,7 +51,7 @@ static zd_rref_t *remote_start(int to, const char *fn, zd_value_t *args, int64_t
     zd_rref_t *r = NULL;
     remote_watch_t *w = malloc(sizeof *w);
     if (!w) {
-        zd_error_set("%s: out of memory", api);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", api);
         goto out;
     }
     if (zd__agent_check_rank(a, to, api) < 0 || !(r = zd__rref_new_for_remote(a, to))) {
@@ -96,7 +96,7 @@ zd_rref_t *zd_rref_new(zd_value_t *value)
     }
     zd_rref_t *r = NULL;
     if (!value)
-        zd_error_set("zd_rref_new: NULL value");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rref_new: NULL value");
     else
         r = zd__rref_new_local(a, value);
     zd__agent_release(a);
@@ -115,7 +115,7 @@ int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value)
         zd__agent_release(a);
         if (zd__transport_thread_role() == ROLE_IO && !zd_future_done(r->value))
             return zd_error_set("to_here: would wait on the RPC I/O thread");
-        if (zd__call_wait(r->value, t ? t : -1) < 0)
+        if (zd_future_wait(r->value, t) < 0)
             return zd_error_wrap("to_here of an RRef owned here");
         if (value)
             *value = zd_value_ref(zd_future_value(r->value));
@@ -139,12 +139,12 @@ int zd_rref_local_value(zd_rref_t *r, zd_value_t **value)
     agent_t *a = acquire_for(r, "local_value");
     if (!a)
         return -1;
-    int64_t t = a->timeout_ms;
+    int64_t t = zd__agent_timeout(a, ZD_TIMEOUT_DEFAULT);
     zd__agent_release(a);
     if (!r->is_owner)
         return zd_error_set("local_value: the RRef is owned by \"%s\" (rank %d), not by this "
                          "worker", zd_rref_owner_name(r), r->owner);
-    if (zd__call_wait(r->value, t ? t : -1) < 0)
+    if (zd_future_wait(r->value, t) < 0)
         return zd_error_wrap("local_value");
     if (value)
         *value = zd_value_ref(zd_future_value(r->value));
@@ -203,7 +203,7 @@ int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
     if (result)
         *result = NULL;
     if (!r)
-        return zd_error_set("rref.rpc_sync: NULL RRef");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "rref.rpc_sync: NULL RRef");
     zd_value_t *list = method_args(r, args, "rref.rpc_sync");
     if (!list)
         return -1;
@@ -238,7 +238,7 @@ zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *args,
                             int64_t timeout_ms)
 {
     if (!r) {
-        zd_error_set("rref.remote: NULL RRef");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "rref.remote: NULL RRef");
         return NULL;
     }
     zd_value_t *list = method_args(r, args, "rref.remote");
@@ -255,7 +255,7 @@ int zd_rref_drain(int64_t timeout_ms)
     agent_t *a = zd__agent_acquire();
     if (!a)
         return zd_error_wrap("zd_rref_drain");
-    int64_t t = zd__agent_timeout(a, timeout_ms);
+    int64_t t = timeout_ms > 0 ? timeout_ms : 0;   /* default: no limit */
     int64_t deadline = t ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
     zd__agent_release(a);
     /* Polls rather than waits on a condition: the agent may shut down
@@ -269,8 +269,8 @@ int zd_rref_drain(int64_t timeout_ms)
         if (n == 0)
             return 0;
         if (zd__agent_now_ns() >= deadline)
-            return zd_error_set("zd_rref_drain: %lld RRef messages still outstanding after "
-                             "%lld ms", (long long)n, (long long)t);
+            return zd_error_set_code(ZD_ERR_TIMEOUT, "zd_rref_drain: %lld RRef messages still "
+                                     "outstanding after %lld ms", (long long)n, (long long)t);
         struct timespec ts = {0, 200000};
         nanosleep(&ts, NULL);
     }

@@ -114,7 +114,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
         int cap = t->cap ? 2 * t->cap : 4;
         struct txn_item *it = realloc(t->items, (size_t)cap * sizeof *it);
         if (!it)
-            return zd_error_set("RRef: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         t->items = it;
         t->cap = cap;
     }
@@ -133,7 +133,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
         child_t *c = malloc(sizeof *c);
         if (!c) {
             pthread_mutex_unlock(&x->lock);
-            return zd_error_set("RRef: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         }
         c->fork_id = fork_id;
         c->parent = zd_rref_ref(r);

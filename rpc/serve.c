@@ -53,16 +53,20 @@ int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
 {
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len > ZD_RPC_MAX_FUNCTION)
-        return zd_error_set("zd_rpc_register: bad function name (1 to %d characters)",
-                         ZD_RPC_MAX_FUNCTION);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_register: bad function name (1 to %d characters)",
+                                 ZD_RPC_MAX_FUNCTION);
     for (size_t i = 0; i < len; i++)
         if (name[i] < 0x21 || name[i] > 0x7e)
-            return zd_error_set("zd_rpc_register: function name \"%s\" has a space or a "
-                             "non-printable character", name);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_register: function name \"%s\" has a space or a "
+                                     "non-printable character", name);
     if (!f || (!f->fn == !f->async_fn))
-        return zd_error_set("zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
     if (f->flags & ~ZD_RPC_FN_INLINE)
-        return zd_error_set("zd_rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
     pthread_rwlock_wrlock(&registry_lock);
     size_t b = name_hash(name, len);
     for (entry_t *e = registry[b]; e; e = e->next)
@@ -77,7 +81,7 @@ int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
         pthread_rwlock_unlock(&registry_lock);
         free(e);
         free(copy);
-        return zd_error_set("zd_rpc_register: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_register: out of memory");
     }
     e->name = copy;
     e->f = *f;
@@ -108,7 +112,7 @@ int zd_rpc_register_inline(const char *name, zd_rpc_handler_fn *fn, void *arg)
 int zd_rpc_unregister(const char *name)
 {
     if (!name)
-        return zd_error_set("zd_rpc_unregister: NULL name");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_unregister: NULL name");
     pthread_rwlock_wrlock(&registry_lock);
     entry_t **pp = &registry[name_hash(name, strlen(name))];
     while (*pp && strcmp((*pp)->name, name) != 0)
@@ -118,7 +122,8 @@ int zd_rpc_unregister(const char *name)
         *pp = e->next;
     pthread_rwlock_unlock(&registry_lock);
     if (!e)
-        return zd_error_set("zd_rpc_unregister: no function called \"%s\"", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_unregister: no function called \"%s\"", name);
     free(e->name);
     free(e);
     return 0;
@@ -243,12 +248,14 @@ static agent_t *answer_begin(zd_rpc_call_t *c)
 
 static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value);
 
-static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text)
+/* Answers with an ERROR: text, and code in field a (wire.h) for the caller's
+   zd_error_code(). */
+static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_error_code_t code)
 {
     if (c->type == RPC_MSG_REMOTE && c->owner_value) {
         /* The owner knows the fork now: the failure becomes the value's (to_here
            reports it) and the caller gets its acknowledgement. */
-        zd_future_set_error(c->owner_value, "%s", text);
+        zd_future_set_error_code(c->owner_value, code, "%s", text);
         answer_value(a, c, NULL);
         return;
     }
@@ -258,7 +265,8 @@ static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text)
     size_t len = strlen(text);
     if (len > 65536)
         len = 65536;
-    rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = c->id, .extra = extra.data,
+    rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = c->id, .a = (uint64_t)code,
+                           .extra = extra.data,
                            .extra_len = extra.len, .meta = (const uint8_t *)text,
                            .meta_len = len ? len : 1};
     if (!len)
@@ -287,7 +295,7 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
             zd_future_unref(c->owner_value);   /* answer with an ERROR */
             c->owner_value = NULL;
         }
-        answer_error(a, c, "out of memory, or the reply hook failed");
+        answer_error(a, c, "out of memory, or the reply hook failed", ZD_ERR_REMOTE);
         return;
     }
     rref_txn_t txn;
@@ -301,7 +309,7 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
         zd__rref_txn_rollback(&txn);
         zd_value_unref(v);
         free(extra.data);
-        answer_error(a, c, text);
+        answer_error(a, c, text, ZD_ERR_REMOTE);
         return;
     }
     rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = c->id, .extra = extra.data,
@@ -319,11 +327,11 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
     call_free(c, true);
 }
 
-static void finish_error(zd_rpc_call_t *c, const char *text)
+static void finish_error(zd_rpc_call_t *c, const char *text, zd_error_code_t code)
 {
     agent_t *a = answer_begin(c);
     if (a) {
-        answer_error(a, c, text);
+        answer_error(a, c, text, code);
         zd__agent_release(a);
     }
 }
@@ -343,14 +351,14 @@ static void future_done(zd_future_t *f, void *arg)
     if (zd_future_value(f))
         finish_value(c, zd_future_value(f));
     else
-        finish_error(c, zd_future_error(f));
+        finish_error(c, zd_future_error(f), ZD_ERR_REMOTE);
 }
 
 static void run_call(void *arg);
 
 static void drop_call(void *arg)
 {
-    finish_error(arg, "RPC shut down before the call could run");
+    finish_error(arg, "RPC shut down before the call could run", ZD_ERR_SHUTDOWN);
 }
 
 /* Runs c now (inline functions) or on the pool. Also called from future
@@ -361,7 +369,7 @@ static void schedule(zd_rpc_call_t *c)
     if (!a)
         return;
     if (atomic_load(&a->closing))
-        answer_error(a, c, "RPC shut down before the call could run");
+        answer_error(a, c, "RPC shut down before the call could run", ZD_ERR_SHUTDOWN);
     else if (c->f.flags & ZD_RPC_FN_INLINE)
         run_call(c);
     else if (zd__pool_submit(a->pool, run_call, drop_call, c) < 0) {
@@ -419,15 +427,25 @@ static void run_call(void *arg)
             return;
         if (rc < 0) {
             snprintf(text, sizeof text, "RRef argument of \"%s\": %s", c->fn, zd_error_last());
-            finish_error(c, text);
+            finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
+    }
+    if (!c->internal && c->extra_len > 0 && !(a->has_hooks && c->hooks.on_recv_request)) {
+        /* The caller's module (distributed autograd) counts on this process
+           to take part; ignoring its metadata would lose its work silently.
+           The caller names the module and its init call (call.c). */
+        snprintf(text, sizeof text, "worker \"%s\" (rank %d) received hook metadata but has no "
+                 "hooks installed (a module's init was not called before zd_rpc_init())",
+                 a->name, a->rank);
+        finish_error(c, text, ZD_ERR_NOT_INITIALIZED);
+        return;
     }
     if (!c->internal && a->has_hooks) {
         if (c->hooks.on_recv_request &&
             c->hooks.on_recv_request(c->hooks.arg, c, c->extra, c->extra_len, &c->args) < 0) {
             snprintf(text, sizeof text, "request hook failed: %s", zd_error_last());
-            finish_error(c, text);
+            finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
         c->hooked = true;
@@ -448,7 +466,7 @@ static void run_call(void *arg)
         } else {
             snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
                                                                 : "handler failed (no reason given)");
-            finish_error(c, text);
+            finish_error(c, text, ZD_ERR_REMOTE);
         }
         return;
     }
@@ -458,7 +476,7 @@ static void run_call(void *arg)
     if (!f) {
         snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
                                                             : "handler failed (no reason given)");
-        finish_error(c, text);
+        finish_error(c, text, ZD_ERR_REMOTE);
         return;
     }
     zd_future_unref(c->waiting);
@@ -508,7 +526,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         c->owner_value = zd__rref_owner_value(a, h->a, h->timeout_ms);
         if (!c->owner_value) {
             snprintf(text, sizeof text, "to_here: %s", zd_error_last());
-            finish_error(c, text);
+            finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
         run_call(c);
@@ -525,24 +543,24 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         c->owner_value = zd__rref_owner_remote(a, h->a, h->b, h->src);
         if (!c->owner_value) {
             snprintf(text, sizeof text, "remote \"%s\": %s", c->fn, zd_error_last());
-            finish_error(c, text);
+            finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
     }
     if (rc < 0) {
         zd__agent_log(a, "from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
-        finish_error(c, text);
+        finish_error(c, text, ZD_ERR_REMOTE);
         return;
     }
     if (zd_value_kind(c->args) != ZD_VALUE_LIST) {
-        finish_error(c, "arguments are not a list");
+        finish_error(c, "arguments are not a list", ZD_ERR_REMOTE);
         return;
     }
     c->found = registry_find(c->fn, strlen(c->fn), &c->f);
     if (!c->found) {
         snprintf(text, sizeof text, "unknown function \"%s\" on \"%s\" (rank %d)", c->fn,
                  a->name, a->rank);
-        finish_error(c, text);
+        finish_error(c, text, ZD_ERR_NO_FUNCTION);
         return;
     }
     schedule(c);

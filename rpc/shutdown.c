@@ -91,7 +91,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         if (!r || !r->waiting) {
             free(r);
             pthread_mutex_unlock(&a->barrier_lock);
-            zd_error_set("shutdown barrier: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory");
             goto out;
         }
         r->world = a->world;
@@ -106,7 +106,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         r->waiting[src] = zd_future_new();
         if (!r->waiting[src]) {
             pthread_mutex_unlock(&a->barrier_lock);
-            zd_error_set("shutdown barrier: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory");
             goto out;
         }
         r->arrived++;
@@ -202,12 +202,13 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
         if (zd__agent_now_ns() >= deadline_ns) {
-            return zd_error_set("%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
-                             " RRef messages outstanding at the deadline",
-                             (int64_t)atomic_load(&a->user_in_flight),
-                             outstanding(a) - atomic_load(&a->user_in_flight) -
-                                 zd__rref_outstanding(a),
-                             zd__rref_outstanding(a));
+            return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                     "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
+                                     " RRef messages outstanding at the deadline",
+                                     (int64_t)atomic_load(&a->user_in_flight),
+                                     outstanding(a) - atomic_load(&a->user_in_flight) -
+                                     zd__rref_outstanding(a),
+                                     zd__rref_outstanding(a));
         }
         struct timespec ts = {0, 500000};
         nanosleep(&ts, NULL);
@@ -235,7 +236,8 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
 
 int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
-    int64_t t = zd__agent_timeout(a, timeout_ms);
+    /* Default: no limit, like PyTorch's rpc.shutdown(). */
+    int64_t t = timeout_ms > 0 ? timeout_ms : 0;
     int64_t deadline = t ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
     /* Round 0: everyone has called zd_rpc_shutdown. Then drain and repeat
        until a round finds no work anywhere. */

@@ -123,7 +123,8 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     rpc_frame_t *table = &m->frames[m->n - 1];
     stream_t *s = calloc(1, sizeof *s);
     if (!s) {
-        zd_error_set("out of memory for a streamed %s", zd__rpc_wire_type_name(type));
+        zd_error_set_code(ZD_ERR_NO_MEMORY,
+                          "out of memory for a streamed %s", zd__rpc_wire_type_name(type));
         goto fail;
     }
     zmq_msg_init(&s->hm);
@@ -139,7 +140,8 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     s->bufs = calloc(s->count, sizeof *s->bufs);
     s->frames = malloc((size_t)(m->n - 1) * sizeof *s->frames);
     if (!s->bufs || !s->frames) {
-        zd_error_set("out of memory for a streamed %s", zd__rpc_wire_type_name(type));
+        zd_error_set_code(ZD_ERR_NO_MEMORY,
+                          "out of memory for a streamed %s", zd__rpc_wire_type_name(type));
         goto fail;
     }
     for (uint32_t i = 0; i < s->count; i++)
@@ -197,7 +199,8 @@ static int finish(stream_t *s, inmsg_t *m)
     if (m->cap < s->n) {
         rpc_frame_t *f = realloc(m->frames, (size_t)s->n * sizeof *f);
         if (!f)
-            return zd_error_set("out of memory for a streamed message of %d frames", s->n);
+            return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                     "out of memory for a streamed message of %d frames", s->n);
         m->frames = f;
         m->cap = s->n;
     }

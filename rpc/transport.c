@@ -135,8 +135,8 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
         set_int(p->sock, ZMQ_SNDTIMEO, -1);
         pthread_mutex_unlock(&p->lock);
         if (rc < 0)
-            return zd_error_set("peer \"%s\" (rank %d) at %s is unreachable", p->name, p->rank,
-                             p->endpoint);
+            return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
+                                     p->name, p->rank, p->endpoint);
     }
     return 0;
 }
@@ -364,7 +364,8 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors) : -1;
     pthread_mutex_unlock(&p->lock);
     if (bytes < 0)
-        return zd_error_set("peer unreachable (no connection to %s)", p->endpoint);
+        return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
+                                 p->endpoint);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }
@@ -405,7 +406,7 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
     h->dst = dst;
     int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors);
     if (bytes < 0)
-        return zd_error_set("cannot send to \"%s\" (rank %d)", p->name, dst);
+        return zd_error_set_code(ZD_ERR_PEER, "cannot send to \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
     return 0;
 }

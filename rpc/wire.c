@@ -118,7 +118,8 @@ int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_fram
                          RPC_WIRE_MIN_CHUNK, RPC_WIRE_MAX_CHUNK);
     rpc_wire_stream_t *e = malloc(n * sizeof *e);
     if (!e)
-        return zd_error_set("wire: out of memory for a stream table of %u tensors", n);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "wire: out of memory for a stream table of %u tensors", n);
     for (uint32_t i = 0; i < n; i++) {
         const uint8_t *q = p + 8 + (size_t)i * RPC_WIRE_STREAM_ENTRY;
         e[i].frame = get32(q);

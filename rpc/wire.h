@@ -21,7 +21,8 @@
         10     2    fn_len      function name length, 0..RPC_WIRE_MAX_FN
         12     4    extra_len   hook metadata length, 0..RPC_WIRE_MAX_EXTRA
         16     8    id          request id (rank << 48 | counter), never 0
-        24     8    a           type-specific: RRef id
+        24     8    a           type-specific: RRef id; for ERROR the failure's
+                                zd_error_code_t (0: read as ZD_ERR_REMOTE)
         32     8    b           type-specific: fork id
         40     4    meta_len    encoded value length (codec.h), or error text
         44     4    n_tensors   number of frames that follow the header

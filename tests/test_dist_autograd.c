@@ -372,7 +372,7 @@ static int fanout_body(const world_t *w)
     zd_future_t *f2 = zd_rpc_async(2, "mul_w", ax, -1);
     zd_value_unref(ax);
     zd_tensor_t *y1, *y2, *s = NULL, *p, *s2 = NULL;
-    if (zd_rpc_wait(f1, -1) < 0 || zd_rpc_wait(f2, -1) < 0)
+    if (zd_future_wait(f1, ZD_TIMEOUT_NONE) < 0 || zd_future_wait(f2, ZD_TIMEOUT_NONE) < 0)
         return world_fail(w, "fan-out: %s", zd_error_last());
     zd_value_get_tensor(zd_future_value(f1), &y1);
     zd_value_get_tensor(zd_future_value(f2), &y2);

@@ -350,63 +350,63 @@ static int take_calls(const world_t *w)
     zd_value_t *r = NULL;
 
     /* Plain ints, negative ones too. */
-    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(2, 3), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
+    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(2, 3), ZD_TIMEOUT_DEFAULT, &r) == 0);
     TRY(int_of(r) == 5);
     int8_t small = -5;
-    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(-2, small), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
+    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(-2, small), ZD_TIMEOUT_DEFAULT, &r) == 0);
     TRY(int_of(r) == -7);
 
     /* Every kind survives the trip. */
     zd_tensor_t *t = vec(1.5f, 2.5f);
     zd_value_t *want = ZD_ARGS(-1, true, 0.25f, "s", t, ZD_ARGS(1, ZD_ARGS()));
     TRY(want != NULL);
-    TRY(zd_rpc_sync_take(1, "echo", zd_value_ref(want), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
+    TRY(zd_rpc_sync_take(1, "echo", zd_value_ref(want), ZD_TIMEOUT_DEFAULT, &r) == 0);
     TRY(zd_value_equal(r, want));
     zd_value_unref(r);
     zd_value_unref(want);
 
     /* A tensor argument, no reference left behind. */
-    TRY(zd_rpc_sync_take(1, "tsum", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
+    TRY(zd_rpc_sync_take(1, "tsum", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT, &r) == 0);
     TRY(int_of(r) == 4);
 
     /* A remote failure releases the arguments all the same. */
     r = (zd_value_t *)&r;
-    TRY(zd_rpc_sync_take(1, "fail", ZD_ARGS(t, 1), ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rpc_sync_take(1, "fail", ZD_ARGS(t, 1), ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(r == NULL && has("failing on purpose"));
-    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(1, 2, 3), ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(1, 2, 3), ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(has("expected 2 arguments, got 3"));
-    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(t, 2), ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(t, 2), ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(has("argument 0: expected int, got tensor"));
 
     /* Async. */
-    zd_future_t *f = zd_rpc_async_take(1, "tsum", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT);
+    zd_future_t *f = zd_rpc_async_take(1, "tsum", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT);
     TRY(f != NULL && zd_future_wait(f, -1) == 0);
     TRY(int_of(zd_value_ref(zd_future_value(f))) == 4);
     zd_future_unref(f);
-    f = zd_rpc_async_take(1, "fail", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT);
+    f = zd_rpc_async_take(1, "fail", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT);
     TRY(f != NULL && zd_future_wait(f, -1) == -1 && has("failing on purpose"));
     zd_future_unref(f);
 
     /* Remote, and the RRef method calls. */
-    zd_rref_t *rr = zd_rpc_remote_take(1, "add", ZD_ARGS(2, 3), ZD_RPC_TIMEOUT_DEFAULT);
+    zd_rref_t *rr = zd_rpc_remote_take(1, "add", ZD_ARGS(2, 3), ZD_TIMEOUT_DEFAULT);
     TRY(rr != NULL);
-    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(10), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
+    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(10), ZD_TIMEOUT_DEFAULT, &r) == 0);
     TRY(int_of(r) == 15);
-    f = zd_rref_rpc_async_take(rr, "plus", ZD_ARGS(-10), ZD_RPC_TIMEOUT_DEFAULT);
+    f = zd_rref_rpc_async_take(rr, "plus", ZD_ARGS(-10), ZD_TIMEOUT_DEFAULT);
     TRY(f != NULL && zd_future_wait(f, -1) == 0);
     TRY(int_of(zd_value_ref(zd_future_value(f))) == -5);
     zd_future_unref(f);
-    zd_rref_t *rr2 = zd_rref_remote_take(rr, "plus", ZD_ARGS(100), ZD_RPC_TIMEOUT_DEFAULT);
+    zd_rref_t *rr2 = zd_rref_remote_take(rr, "plus", ZD_ARGS(100), ZD_TIMEOUT_DEFAULT);
     TRY(rr2 != NULL && zd_rref_to_here(rr2, -1, &r) == 0);
     TRY(int_of(r) == 105);
-    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(has("argument 1: expected int, got tensor"));
-    zd_rref_t *rr3 = zd_rpc_remote_take(1, "fail", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT);
+    zd_rref_t *rr3 = zd_rpc_remote_take(1, "fail", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT);
     TRY(rr3 != NULL && zd_rref_to_here(rr3, -1, &r) == -1 && has("failing on purpose"));
     zd_rref_unref(rr3);
 
     /* An RRef as an argument. */
-    TRY(zd_rpc_sync_take(1, "echo", ZD_ARGS(rr), ZD_RPC_TIMEOUT_DEFAULT, &r) == 0);
+    TRY(zd_rpc_sync_take(1, "echo", ZD_ARGS(rr), ZD_TIMEOUT_DEFAULT, &r) == 0);
     zd_rref_t *back;
     TRY(ZD_UNPACK(r, &back) == 0 && zd_rref_owner(back) == 1);
     zd_value_unref(r);
@@ -416,32 +416,32 @@ static int take_calls(const world_t *w)
     const char *null_string = NULL;
     r = (zd_value_t *)&r;
     TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(zd_value_tensor(t), null_string),
-                         ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
+                         ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(r == NULL);
     TRY(has("zd_rpc_sync calling \"add\": ZD_ARGS: argument 1: zd_value_string: NULL string"));
-    TRY(zd_rpc_async_take(1, "add", ZD_ARGS(t, null_string), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rpc_async_take(1, "add", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("zd_rpc_async calling \"add\": ZD_ARGS: argument 1"));
-    TRY(zd_rpc_remote_take(1, "add", ZD_ARGS(t, null_string), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rpc_remote_take(1, "add", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("zd_rpc_remote calling \"add\": ZD_ARGS"));
-    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(t, null_string), ZD_RPC_TIMEOUT_DEFAULT,
+    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT,
                               &r) == -1);
     TRY(has("rref.rpc_sync calling \"plus\": ZD_ARGS"));
     TRY(zd_rref_rpc_async_take(rr, "plus", ZD_ARGS(t, null_string),
-                               ZD_RPC_TIMEOUT_DEFAULT) == NULL);
+                               ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("rref.rpc_async calling \"plus\": ZD_ARGS"));
-    TRY(zd_rref_remote_take(rr, "plus", ZD_ARGS(t, null_string), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rref_remote_take(rr, "plus", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("rref.remote calling \"plus\": ZD_ARGS"));
     zd_error_clear();
-    TRY(zd_rpc_sync_take(1, "add", NULL, ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rpc_sync_take(1, "add", NULL, ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(has("zd_rpc_sync calling \"add\": NULL argument list (ZD_ARGS() is the empty one)"));
 
     /* A call that cannot be made at all still releases its list. */
-    TRY(zd_rpc_sync_take(7, "add", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
-    TRY(zd_rpc_async_take(7, "add", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
-    TRY(zd_rpc_remote_take(7, "add", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
-    TRY(zd_rref_rpc_sync_take(NULL, "plus", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT, &r) == -1);
-    TRY(zd_rref_rpc_async_take(NULL, "plus", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
-    TRY(zd_rref_remote_take(NULL, "plus", ZD_ARGS(t), ZD_RPC_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rpc_sync_take(7, "add", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rpc_async_take(7, "add", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rpc_remote_take(7, "add", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rref_rpc_sync_take(NULL, "plus", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rref_rpc_async_take(NULL, "plus", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rref_remote_take(NULL, "plus", ZD_ARGS(t), ZD_TIMEOUT_DEFAULT) == NULL);
 
     zd_rref_unref(rr2);
     zd_rref_unref(rr);
@@ -469,7 +469,7 @@ static int touch_peer(void)
     zd_tensor_t *x = vec(1, 3);
     zd_tensor_set_requires_grad(x, true);
     zd_value_t *r = NULL;
-    int rc = zd_rpc_sync_take(1, "tsum", ZD_ARGS(x), ZD_RPC_TIMEOUT_DEFAULT, &r);
+    int rc = zd_rpc_sync_take(1, "tsum", ZD_ARGS(x), ZD_TIMEOUT_DEFAULT, &r);
     zd_value_unref(r);
     zd_tensor_unref(x);
     return rc;
@@ -479,7 +479,7 @@ static int64_t peer_contexts(void)
 {
     zd_value_t *r = NULL;
     if (zd_dist_autograd_wait_releases(-1) < 0 ||
-        zd_rpc_sync_take(1, "num_contexts", ZD_ARGS(), ZD_RPC_TIMEOUT_DEFAULT, &r) < 0)
+        zd_rpc_sync_take(1, "num_contexts", ZD_ARGS(), ZD_TIMEOUT_DEFAULT, &r) < 0)
         return -1;
     return int_of(r);
 }

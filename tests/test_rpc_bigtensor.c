@@ -700,7 +700,7 @@ static int world_big(const world_t *w)
             zd_value_unref(a1);
         }
         for (int i = 0; i < 3; i++) {
-            WCHECK(zd_rpc_wait(f[i], -1) == 0);
+            WCHECK(zd_future_wait(f[i], ZD_TIMEOUT_NONE) == 0);
             zd_value_t *res = zd_future_value(f[i]);   /* borrowed */
             zd_tensor_t *got;
             WCHECK(res && zd_value_get_tensor(res, &got) == 0 && same(got, mid));
@@ -795,7 +795,7 @@ static int world_stalled_answer(const world_t *w)
         n += zd__transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
         zd__agent_release(a);
         WCHECK(n == 1);
-        WCHECK(zd_rpc_wait(f, 10000) == -1);
+        WCHECK(zd_future_wait(f, 10000) == -1);
         WCHECK(strstr(zd_error_last(), "calling \"hold\": streamed REPLY"));
         WCHECK(strstr(zd_error_last(), "dropped: no piece for 60 s after 0 pieces"));
         zd_future_unref(f);

@@ -270,14 +270,14 @@ static int world_futures(const world_t *w)
         }
         WCHECK(zd_rpc_sync(1, "release", NULL, -1, &r) == 0);
         zd_value_unref(r);
-        WCHECK(zd_rpc_wait(two[0], 10000) == 0);
+        WCHECK(zd_future_wait(two[0], 10000) == 0);
         zd_future_unref(two[0]);
         zd_future_unref(two[1]);
         /* A failing async call fails its future with the remote text. */
         zd_value_t *by_zero = zd_rpc_args("ff", 1.0, 0.0);
         zd_future_t *f = zd_rpc_async(2, "divide", by_zero, -1);
         zd_value_unref(by_zero);
-        WCHECK(zd_rpc_wait(f, 10000) == -1);
+        WCHECK(zd_future_wait(f, 10000) == -1);
         WCHECK(strstr(zd_future_error(f), "division by zero") != NULL);
         WCHECK(strstr(zd_future_error(f),
                       "zd_rpc_async to \"w2\" (rank 2) calling \"divide\": remote error") != NULL);
@@ -307,7 +307,7 @@ static void *waiter_main(void *arg)
         zd_future_t *f = zd_rpc_async(1, "add", args, -1);
         zd_value_unref(args);
         int64_t v = -1;
-        int rc = f ? zd_rpc_wait(f, 20000) : -1;
+        int rc = f ? zd_future_wait(f, 20000) : -1;
         if (rc == 0)
             zd_value_get_int(zd_future_value(f), &v);
         zd_future_unref(f);
@@ -446,7 +446,7 @@ static int world_timeouts(const world_t *w)
         WCHECK(!zd_future_done(f));
         WCHECK(zd_rpc_sync(1, "release", NULL, -1, &r) == 0);
         zd_value_unref(r);
-        WCHECK(zd_rpc_wait(f, 5000) == 0);
+        WCHECK(zd_future_wait(f, 5000) == 0);
         zd_future_unref(f);
         /* The late answers to the timed-out calls were dropped quietly. */
         zd_rpc_metrics_t m;
@@ -502,7 +502,7 @@ static int world_dead_peer(const world_t *w)
     }
     if (w->rank == 0) {
         /* Kill the peer, then call it. */
-        WCHECK(zd_rpc_wait(ready, 10000) == 0);
+        WCHECK(zd_future_wait(ready, 10000) == 0);
         WCHECK(kill((pid_t)victim_pid, SIGKILL) == 0);
         int64_t t0 = world_now_ms();
         zd_value_t *args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
@@ -521,7 +521,7 @@ static int world_dead_peer(const world_t *w)
         zd_value_unref(r);
     }
     if (w->rank == 1)
-        WCHECK(zd_rpc_wait(finished, 10000) == 0);
+        WCHECK(zd_future_wait(finished, 10000) == 0);
     /* Shutdown returns anyway, with an error naming the dead one. */
     int64_t t0 = world_now_ms();
     WCHECK(zd_rpc_shutdown(true, 1000) == -1);

@@ -1,5 +1,6 @@
 /*  Futures: timed waits, callbacks, single completion, wait_all / wait_any,
-    and many threads completing and waiting at once. */
+    collect_all, error codes, and many threads completing and waiting at
+    once. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,13 +47,13 @@ static void test_wait_times_out_then_completes(void **state)
     assert_int_equal(zd_future_wait(f, 20), -1);
     assert_true(now_ms() - t0 >= 20);   /* a monotonic deadline never fires early */
     assert_string_equal(zd_error_last(), "timed out after 20 ms");
-    assert_int_equal(zd_future_wait(f, 0), -1);
-    assert_string_equal(zd_error_last(), "timed out after 0 ms");
+    assert_int_equal(zd_error_code(), ZD_ERR_TIMEOUT);
+    assert_false(zd_future_done(f));   /* looking without waiting */
 
     assert_int_equal(set_int(f, 5), 0);
     assert_true(zd_future_done(f));
-    assert_int_equal(zd_future_wait(f, 0), 0);
-    assert_int_equal(zd_future_wait(f, -1), 0);
+    assert_int_equal(zd_future_wait(f, ZD_TIMEOUT_NONE), 0);
+    assert_int_equal(zd_future_wait(f, ZD_TIMEOUT_DEFAULT), 0);
     assert_int_equal(value_int(f), 5);
     assert_string_equal(zd_future_error(f), "");
     zd_future_unref(f);
@@ -66,6 +67,8 @@ static void test_error_completion(void **state)
     assert_true(zd_future_done(f));
     assert_int_equal(zd_future_wait(f, -1), -1);
     assert_string_equal(zd_error_last(), "worker2: function 'add' failed");
+    assert_int_equal(zd_error_code(), ZD_ERR_OTHER);
+    assert_int_equal(zd_future_error_code(f), ZD_ERR_OTHER);
     assert_string_equal(zd_future_error(f), "worker2: function 'add' failed");
     assert_null(zd_future_value(f));
     zd_future_unref(f);
@@ -74,6 +77,17 @@ static void test_error_completion(void **state)
     assert_int_equal(zd_future_set_error(f, "%s", ""), 0);
     assert_int_equal(zd_future_wait(f, 0), -1);
     assert_string_equal(zd_future_error(f), "unknown error");
+    zd_future_unref(f);
+
+    f = zd_future_new();   /* a code travels with the text to every waiter */
+    assert_int_equal(zd_future_error_code(f), ZD_OK);
+    assert_int_equal(zd_future_set_error_code(f, ZD_ERR_PEER, "peer %s lost", "w1"), 0);
+    assert_int_equal(zd_future_error_code(f), ZD_ERR_PEER);
+    zd_error_clear();
+    assert_int_equal(zd_error_code(), ZD_OK);
+    assert_int_equal(zd_future_wait(f, ZD_TIMEOUT_NONE), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_PEER);
+    assert_string_equal(zd_error_last(), "peer w1 lost");
     zd_future_unref(f);
 }
 
@@ -232,7 +246,8 @@ static void test_wait_any(void **state)
     assert_string_equal(zd_error_last(), "timed out after 10 ms (none of 3 futures done)");
     /* repeated waits on the same pending futures leave no callbacks behind */
     for (int i = 0; i < 50; i++)
-        assert_int_equal(zd_future_wait_any(fs, 3, 0, &index), -1);
+        assert_int_equal(zd_future_wait_any(fs, 3, 1, &index), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_TIMEOUT);
 
     completer_arg_t a = {fs[2], 42, NULL};
     pthread_t th;
@@ -254,6 +269,76 @@ static void test_wait_any(void **state)
     assert_string_equal(zd_error_last(), "zd_future_wait_any: no futures");
     for (int i = 0; i < 3; i++)
         zd_future_unref(fs[i]);
+}
+
+/* ---- collect_all ---- */
+
+static void test_collect_all_values_in_order(void **state)
+{
+    (void)state;
+    zd_future_t *fs[3] = {zd_future_new(), zd_future_new(), zd_future_new()};
+    assert_int_equal(set_int(fs[1], 11), 0);            /* before and after */
+    zd_future_t *all = zd_future_collect_all(fs, 3);
+    assert_non_null(all);
+    assert_int_equal(set_int(fs[2], 12), 0);
+    assert_false(zd_future_done(all));
+    completer_arg_t a = {fs[0], 10, NULL};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, complete_later, &a), 0);
+    assert_int_equal(zd_future_wait(all, 60000), 0);
+    pthread_join(th, NULL);
+    zd_value_t *list = zd_future_value(all);
+    assert_int_equal(zd_list_len(list), 3);
+    for (int i = 0; i < 3; i++) {
+        int64_t v;
+        assert_int_equal(zd_rpc_arg_int(list, (size_t)i, &v), 0);
+        assert_int_equal(v, 10 + i);
+    }
+    zd_future_unref(all);
+    for (int i = 0; i < 3; i++)
+        zd_future_unref(fs[i]);
+}
+
+static void test_collect_all_fails_with_the_first_error(void **state)
+{
+    (void)state;
+    zd_future_t *fs[3] = {zd_future_new(), zd_future_new(), zd_future_new()};
+    zd_future_t *all = zd_future_collect_all(fs, 3);
+    assert_int_equal(zd_future_set_error_code(fs[1], ZD_ERR_TIMEOUT, "first"), 0);
+    assert_int_equal(zd_future_set_error(fs[0], "second"), 0);
+    assert_false(zd_future_done(all));   /* like PyTorch's: waits for all */
+    assert_int_equal(set_int(fs[2], 2), 0);
+    assert_true(zd_future_done(all));
+    assert_int_equal(zd_future_wait(all, ZD_TIMEOUT_NONE), -1);
+    assert_string_equal(zd_error_last(), "first");
+    assert_int_equal(zd_error_code(), ZD_ERR_TIMEOUT);
+    assert_null(zd_future_value(all));
+    zd_future_unref(all);
+    for (int i = 0; i < 3; i++)
+        zd_future_unref(fs[i]);
+
+    /* a future freed before it completed can never give its value */
+    zd_future_t *lone = zd_future_new();
+    all = zd_future_collect_all(&lone, 1);
+    zd_future_unref(lone);
+    assert_true(zd_future_done(all));
+    assert_non_null(strstr(zd_future_error(all), "future 0 was freed"));
+    zd_future_unref(all);
+}
+
+static void test_collect_all_of_none(void **state)
+{
+    (void)state;
+    zd_future_t *all = zd_future_collect_all(NULL, 0);
+    assert_non_null(all);
+    assert_true(zd_future_done(all));
+    assert_int_equal(zd_value_kind(zd_future_value(all)), ZD_VALUE_LIST);
+    assert_int_equal(zd_list_len(zd_future_value(all)), 0);
+    zd_future_unref(all);
+    zd_future_t *bad[1] = {NULL};
+    assert_null(zd_future_collect_all(bad, 1));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_null(zd_future_collect_all(bad, -1));
 }
 
 /* ---- many threads ---- */
@@ -395,6 +480,9 @@ int main(void)
         cmocka_unit_test(test_wait_all),
         cmocka_unit_test(test_wait_all_wakes_on_failure_from_another_thread),
         cmocka_unit_test(test_wait_any),
+        cmocka_unit_test(test_collect_all_values_in_order),
+        cmocka_unit_test(test_collect_all_fails_with_the_first_error),
+        cmocka_unit_test(test_collect_all_of_none),
         cmocka_unit_test(test_many_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -257,7 +257,7 @@ static int world_hooks(const world_t *w)
         while (world_call_int(1, "release") == 0) {   /* until the held call has arrived */
         }
         current_ctx = 77;
-        WCHECK(zd_rpc_wait(f, 10000) == 0);
+        WCHECK(zd_future_wait(f, 10000) == 0);
         int64_t v;
         WCHECK(zd_value_get_int(zd_future_value(f), &v) == 0 && v == 1000005);
         zd_future_unref(f);

@@ -88,7 +88,7 @@ static int world_metrics(const world_t *w)
             if (done)
                 break;
         }
-        WCHECK(zd_rpc_wait(f, 10000) == 0);
+        WCHECK(zd_future_wait(f, 10000) == 0);
         zd_future_unref(f);
         WCHECK(zd_rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
         WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);

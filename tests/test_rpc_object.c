@@ -246,7 +246,7 @@ static int driver(const world_t *w)
     WCHECK(method_int(r, 5) == 15);
     a = zd_rpc_args("i", (int64_t)1);
     zd_future_t *f = zd_rref_rpc_async(r, "Counter.add", a, -1);
-    WCHECK(f && zd_rpc_wait(f, -1) == 0);
+    WCHECK(f && zd_future_wait(f, ZD_TIMEOUT_NONE) == 0);
     WCHECK(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
     zd_future_unref(f);
     zd_rref_t *sum = zd_rref_remote(r, "Counter.add", a, -1);   /* an int, kept there */

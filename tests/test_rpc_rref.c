@@ -276,7 +276,7 @@ static int world_basics(const world_t *w)
         WCHECK(zd_value_get_float(res, &d) == 0 && d == 30.0);
         zd_value_unref(res);
         zd_future_t *f = zd_rref_rpc_async(r, "sum", k, -1);
-        WCHECK(zd_rpc_wait(f, 10000) == 0);
+        WCHECK(zd_future_wait(f, 10000) == 0);
         WCHECK(zd_value_get_float(zd_future_value(f), &d) == 0 && d == 30.0);
         zd_future_unref(f);
         zd_rref_t *r2 = zd_rref_remote(r, "scaled", k, -1);   /* stays at the owner */
@@ -368,7 +368,7 @@ static int world_refcount(const world_t *w)
             zd_future_t *f = zd_rpc_async(2, "to_here_sum", args, -1);
             zd_value_unref(args);
             zd_rref_unref(r);
-            WCHECK(zd_rpc_wait(f, 10000) == 0);
+            WCHECK(zd_future_wait(f, 10000) == 0);
             double d;
             WCHECK(zd_value_get_float(zd_future_value(f), &d) == 0 && d == 4.0);
             zd_future_unref(f);
@@ -477,7 +477,7 @@ static int world_rref_errors(const world_t *w)
         WCHECK(strstr(zd_error_last(), "timed out after 200 ms") != NULL);
         while (world_call_int(1, "release_slow") == 0) {
         }
-        WCHECK(zd_rpc_wait(done, 10000) == -1);   /* the method ran on the late value */
+        WCHECK(zd_future_wait(done, 10000) == -1);   /* the method ran on the late value */
         WCHECK(strstr(zd_future_error(done), "argument 0: expected tensor, got int") != NULL);
         zd_future_unref(done);
         zd_rref_unref(r);

@@ -125,7 +125,7 @@ static int world_graceful(const world_t *w)
         return 0;
     }
     /* Everyone else is inside zd_rpc_shutdown now: they still serve. */
-    WCHECK(zd_rpc_wait(all_entered, 20000) == 0);
+    WCHECK(zd_future_wait(all_entered, 20000) == 0);
     zd_value_t *args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
     for (int to = 1; to < w->world_size; to++) {
         WCHECK(zd_rpc_sync(to, "add", args, -1, &r) == 0);
@@ -175,7 +175,7 @@ static int world_abrupt(const world_t *w)
     WCHECK(start(w->rank, w->world_size, w->port) == 0);
     if (w->rank == 1) {
         /* Serves until rank 0 is gone, then stops too. */
-        WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
+        WCHECK(zd_future_wait(slow.arrived, 10000) == 0);
         zd_value_t *r;
         int rc = zd_rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
         WCHECK(rc == -1 && (strstr(zd_error_last(), "unreachable") ||
@@ -196,13 +196,13 @@ static int world_abrupt(const world_t *w)
     }
     /* Rank 1 calls us only once its init is over: a non-graceful stop
        drops what the network has not delivered yet, its init's answer too. */
-    WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
+    WCHECK(zd_future_wait(slow.arrived, 10000) == 0);
     zd_future_t *f = zd_rpc_async(1, "add", NULL, -1);
     int64_t t0 = world_now_ms();
     WCHECK(zd_rpc_shutdown(false, 0) == 0);
     WCHECK(world_now_ms() - t0 < 2000);
     pthread_join(t, NULL);
-    WCHECK(zd_rpc_wait(f, 1000) == 0 || strstr(zd_future_error(f), "shut down"));
+    WCHECK(zd_future_wait(f, 1000) == 0 || strstr(zd_future_error(f), "shut down"));
     zd_future_unref(f);
     WCHECK(ok);
     finish();
@@ -229,7 +229,7 @@ static int world_missing(const world_t *w)
         finish();
         return 0;
     }
-    WCHECK(zd_rpc_wait(slow.arrived, 10000) == 0);
+    WCHECK(zd_future_wait(slow.arrived, 10000) == 0);
     int64_t t0 = world_now_ms();
     WCHECK(zd_rpc_shutdown(true, 500) == -1);
     int64_t took = world_now_ms() - t0;

@@ -29,7 +29,7 @@ int main(void)
         zd_value_t *args = zd_rpc_args("ii", (int64_t)2, (int64_t)3), *result;
         if (!args)
             goto fail;
-        int rc = zd_rpc_sync(zd_rpc_worker("worker1"), "add", args, ZD_RPC_TIMEOUT_DEFAULT,
+        int rc = zd_rpc_sync(zd_rpc_worker("worker1"), "add", args, ZD_TIMEOUT_DEFAULT,
                              &result);
         zd_value_unref(args);   /* calls borrow their arguments */
         if (rc < 0)

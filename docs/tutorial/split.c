@@ -135,7 +135,7 @@ static int forward_backward(int64_t ctx, zd_rref_t *fc1, layer_t *fc2, zd_tensor
     zd_value_t *args = zd_rpc_args("t", x), *reply = NULL;
     zd_tensor_t *h, *y = NULL, *diff = NULL, *sq = NULL, *loss = NULL;
     int rc = -1;
-    if (args && zd_rref_rpc_sync(fc1, "Layer.forward", args, ZD_RPC_TIMEOUT_DEFAULT, &reply) == 0 &&
+    if (args && zd_rref_rpc_sync(fc1, "Layer.forward", args, ZD_TIMEOUT_DEFAULT, &reply) == 0 &&
         zd_value_get_tensor(reply, &h) == 0 &&   /* h is borrowed from reply */
         zd_nn_linear(h, fc2->weight, fc2->bias, &y) == 0 &&
         zd_tensor_sub(y, target, &diff) == 0 &&
@@ -185,13 +185,13 @@ static int train(void)
     /* fc1 lives on worker1: zd_rpc_remote returns an RRef at once. */
     zd_value_t *args = zd_rpc_args("iii", (int64_t)IN, (int64_t)HIDDEN, (int64_t)1);
     if (args)
-        fc1 = zd_rpc_remote(zd_rpc_worker("worker1"), "Layer.new", args, ZD_RPC_TIMEOUT_DEFAULT);
+        fc1 = zd_rpc_remote(zd_rpc_worker("worker1"), "Layer.new", args, ZD_TIMEOUT_DEFAULT);
     zd_value_unref(args);
     if (!fc2 || !fc1 || make_data(&x, &target) < 0)
         goto out;
 
     /* The parameters to optimise: RRefs to fc1's (on worker1) and fc2's (here). */
-    if (zd_rref_rpc_sync(fc1, "Layer.parameter_rrefs", NULL, ZD_RPC_TIMEOUT_DEFAULT, &reply) < 0)
+    if (zd_rref_rpc_sync(fc1, "Layer.parameter_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &reply) < 0)
         goto out;
     for (int i = 0; i < 2; i++) {
         zd_rref_t *r;
@@ -215,7 +215,7 @@ static int train(void)
         int step_rc = forward_backward(ctx, fc1, fc2, x, target, &loss);
         if (step_rc == 0)
             step_rc = zd_dist_optim_step(opt, ctx);   /* both owners, at once */
-        if (zd_dist_autograd_context_end(ctx, ZD_RPC_TIMEOUT_DEFAULT) < 0)
+        if (zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT) < 0)
             step_rc = -1;
         if (step_rc < 0)
             goto out;

@@ -9,7 +9,7 @@
         ...loss...
         zd_dist_autograd_backward(ctx, &loss, 1, false);
         zd_dist_autograd_get_gradient(ctx, param, &g);   // on any process
-        zd_dist_autograd_context_end(ctx);     // frees it on every process
+        zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);   // frees it everywhere
 
     or, scoped like PyTorch's `with dist_autograd.context() as ctx:`,
     ZD_DIST_AUTOGRAD_CONTEXT(ctx) { ... } (below).
@@ -37,7 +37,10 @@
     counted twice and nothing hangs.
 
     Errors anywhere reach the caller of backward, naming the failing
-    process. Gradient messages are bounded by the RPC timeout. */
+    process. Gradient messages are bounded by the RPC timeout
+    (zd_rpc_get_timeout). Every process taking part must have called
+    zd_dist_autograd_init(): a call that reaches one that did not fails,
+    naming it, rather than lose its gradients. */
 #ifndef ZDIST_DIST_AUTOGRAD_H
 #define ZDIST_DIST_AUTOGRAD_H
 
@@ -61,16 +64,18 @@ ZD_API int zd_dist_autograd_init(void);
 
 /*  Starts a context and makes it the calling thread's current one. Its id
     is unique across the world: the rank in the high 16 bits, a counter
-    below. Fails when the thread already has a current context or RPC is
+    below. Fails when the thread already has a current context, or
+    (ZD_ERR_NOT_INITIALIZED) zd_dist_autograd_init was not called or RPC is
     not running. */
 ZD_API int zd_dist_autograd_context_begin(int64_t *context_id);
 
 /*  Ends a context: releases it here and on every process that took part
     (each passes the release on to the peers it knows; duplicates are
     ignored; failed sends are retried), and waits until all have released
-    it, up to timeout_ms (< 0: the RPC default). Clears the thread's current
-    context if it was this one. Returns 0, or -1 naming the processes that
-    did not confirm (the local context is freed regardless). */
+    it, up to timeout_ms (default: zd_rpc_get_timeout(); 0: no limit).
+    Clears the thread's current context if it was this one. Returns 0, or
+    -1 naming the processes that did not confirm (the local context is
+    freed regardless). */
 ZD_API int zd_dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
 
 /*  Ends a context without waiting for the other processes to confirm: the
@@ -82,8 +87,8 @@ ZD_API int zd_dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
 ZD_API int zd_dist_autograd_context_release(int64_t context_id);
 
 /*  Waits until every release started by zd_dist_autograd_context_release has
-    been confirmed, up to timeout_ms each (< 0: the RPC default). Returns
-    0, or -1 with the first failure. */
+    been confirmed, up to timeout_ms each (default: zd_rpc_get_timeout();
+    0: no limit). Returns 0, or -1 with the first failure. */
 ZD_API int zd_dist_autograd_wait_releases(int64_t timeout_ms);
 
 /*  The calling thread's current context id, or -1. */

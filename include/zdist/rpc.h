@@ -9,7 +9,7 @@
 
         zd_value_t *r;
         if (zd_rpc_sync_take(zd_rpc_worker("ps"), "add", ZD_ARGS(2, 3),
-                             ZD_RPC_TIMEOUT_DEFAULT, &r) == 0) {
+                             ZD_TIMEOUT_DEFAULT, &r) == 0) {
             ...use r...
             zd_value_unref(r);
         }
@@ -37,19 +37,26 @@
     it and must not block), RRef messages; it also runs ZD_RPC_FN_INLINE
     handlers. Other handlers run on a pool of num_worker_threads threads.
     Any thread may call any function here. When a pool thread blocks in
-    zd_rpc_sync / zd_rref_to_here / zd_rpc_wait, the pool starts another thread,
+    zd_rpc_sync / zd_rref_to_here / zd_future_wait*, the pool starts another thread,
     so nested calls (a handler calling other processes, which call back,
     ...) never deadlock; async handlers (returning a future) do not even
     hold a thread while they wait.
 
-    Timeouts (ms): < 0 means the default of zd_rpc_options_t.rpc_timeout_ms,
-    0 means none, as in PyTorch.
+    Timeouts (ms), as everywhere (error.h): ZD_TIMEOUT_DEFAULT (< 0) is the
+    function's default, ZD_TIMEOUT_NONE (0) no limit, as in PyTorch. Calls,
+    RRef fetches and method calls default to zd_rpc_get_timeout()
+    (zd_rpc_options_t.rpc_timeout_ms); zd_rpc_shutdown and the waits on
+    futures default to no limit.
 
     Errors name the peer and the function:
         zd_rpc_sync to "worker1" (rank 1) calling "divide": remote error: ...
     and the process keeps serving. Everything returns 0 / a pointer on
-    success and -1 / NULL on failure, with zd_error_last() (autograd/error.h)
-    saying why.
+    success and -1 / NULL on failure, with zd_error_last() (<zdist/error.h>)
+    saying why and zd_error_code() what kind of failure it was:
+    ZD_ERR_TIMEOUT, ZD_ERR_PEER (unreachable or lost), ZD_ERR_REMOTE (the
+    handler failed), ZD_ERR_NO_FUNCTION, ZD_ERR_ARGUMENT (bad rank, unknown
+    worker name, ...), ZD_ERR_NOT_INITIALIZED (RPC not running, or a peer
+    missing a module's init), ZD_ERR_SHUTDOWN, ZD_ERR_NO_MEMORY.
 
     Design notes, wire format and protocol details: docs/rpc.md and
     rpc/wire.h. */
@@ -60,6 +67,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include <zdist/error.h>
 #include <zdist/future.h>
 #include <zdist/value.h>
 #include <zdist/export.h>
@@ -69,12 +77,12 @@ ZD_BEGIN_DECLS
 #define ZD_RPC_MAX_NAME 127          /* worker names: 1..127 bytes, printable, no spaces */
 #define ZD_RPC_MAX_FUNCTION 255      /* function names: 1..255 bytes, printable, no spaces */
 #define ZD_RPC_MAX_ENDPOINT 127
-#define ZD_RPC_TIMEOUT_DEFAULT (-1)
 
 /*  ---- init and shutdown (R1, R8) ---- */
 
 typedef struct {
-    int64_t rpc_timeout_ms;     /* default call timeout; 0 = none (60000) */
+    int64_t rpc_timeout_ms;     /* default call timeout; 0 = none (60000);
+                                   change it later with zd_rpc_set_timeout */
     int num_worker_threads;     /* pool threads running handlers (16) */
     int64_t init_timeout_ms;    /* rendezvous limit; 0 = none (300000) */
     const char *master_addr;    /* rendezvous host; NULL: $MASTER_ADDR */
@@ -106,14 +114,26 @@ ZD_API int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_
     zd_rpc_shutdown, then until no call or RRef message is outstanding
     anywhere, then closes. Not graceful: fails every pending call at once and
     closes. Handlers still running are waited for. timeout_ms bounds the
-    graceful part (< 0: the default call timeout, 0: none); when a peer has
-    died, it closes anyway after the timeout and returns -1 naming the peer.
+    graceful part (default: no limit, like PyTorch's rpc.shutdown()); when a
+    peer has died, it closes anyway after the timeout and returns -1 naming
+    the peer.
     Afterwards every call fails with "RPC is not running"; zd_rpc_init may be
     called again. */
 ZD_API int zd_rpc_shutdown(bool graceful, int64_t timeout_ms);
 
 /*  True between a successful zd_rpc_init and zd_rpc_shutdown. */
 ZD_API bool zd_rpc_is_running(void);
+
+/*  The default timeout of calls, RRef fetches and distributed-autograd
+    operations, in ms (0: none): the running agent's, which starts as
+    zd_rpc_options_t.rpc_timeout_ms; when RPC is not running,
+    zd_rpc_options_default()'s. */
+ZD_API int64_t zd_rpc_get_timeout(void);
+
+/*  Changes that default for the calls started from now on (PyTorch's
+    rpc._set_rpc_timeout): timeout_ms >= 0, 0 = none. 0, or -1 when RPC is
+    not running or timeout_ms < 0. */
+ZD_API int zd_rpc_set_timeout(int64_t timeout_ms);
 
 /*  ---- worker info (R7) ---- */
 
@@ -132,7 +152,8 @@ ZD_API int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out);
 ZD_API int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max);
 
 /*  The rank of the worker called name, or -1 (with an error) when unknown:
-    zd_rpc_sync(zd_rpc_worker("ps"), ...) reads like PyTorch's zd_rpc_sync("ps", ...). */
+    zd_rpc_sync(zd_rpc_worker("ps"), ...) reads like PyTorch's rpc_sync("ps", ...),
+    and a call given that -1 says which name was unknown. */
 ZD_API int zd_rpc_worker(const char *name);
 
 /*  This process's rank, the world size (-1 when not running), and this
@@ -191,10 +212,11 @@ ZD_API int zd_rpc_unregister(const char *name);
 /*  ---- calling (R2, R3, R9) ---- */
 
 /*  Calls fn on worker `to` with args (borrowed; NULL = no arguments) and
-    waits. Returns 0 and *result (a new reference), or -1 with an error that
-    names the peer and fn: remote failure (with the remote text), unknown
-    function, timeout, unreachable peer. Not allowed on the I/O thread (in
-    a future callback or an inline handler): use zd_rpc_async there. */
+    waits, up to timeout_ms (default: zd_rpc_get_timeout()). Returns 0 and
+    *result (a new reference), or -1 with an error that names the peer and
+    fn: remote failure (with the remote text), unknown function, timeout,
+    unreachable peer. Not allowed on the I/O thread (in a future callback
+    or an inline handler): use zd_rpc_async there. */
 ZD_API int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
              zd_value_t **result);
 
@@ -202,11 +224,6 @@ ZD_API int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout
     completes with the result or the error; NULL only when the call could
     not be made at all (not running, bad rank). */
 ZD_API zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
-
-/*  zd_future_wait that lets the pool start another thread while a pool
-    thread waits (see Threads above); same results, and like
-    zd_future_wait, timeout_ms < 0 waits without limit. */
-ZD_API int zd_rpc_wait(zd_future_t *f, int64_t timeout_ms);
 
 /*  ---- calling with arguments taken over ----
 
@@ -256,7 +273,8 @@ ZD_API zd_rref_t *zd_rpc_remote(int to, const char *fn, zd_value_t *args, int64_
 ZD_API zd_rref_t *zd_rref_new(zd_value_t *value);
 
 /*  A copy of the RRef's value fetched from its owner (the value itself,
-    shared, on the owner): 0 and *value (new reference), or -1 (creation
+    shared, on the owner), waiting up to timeout_ms (default:
+    zd_rpc_get_timeout()): 0 and *value (new reference), or -1 (creation
     failed, timeout, owner unreachable). */
 ZD_API int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value);
 
@@ -292,7 +310,8 @@ ZD_API void zd_rref_unref(zd_rref_t *r);
 
 /*  Waits until this process has no RRef message in flight: every deletion
     and fork notification it sent was acknowledged and every RRef it
-    forked was confirmed. 0, or -1 on timeout. */
+    forked was confirmed, up to timeout_ms (default: no limit, as each of
+    those messages has its own timeout). 0, or -1 on timeout. */
 ZD_API int zd_rref_drain(int64_t timeout_ms);
 
 /*  Number of values this process holds as an owner (live OwnerRRefs). */
@@ -319,7 +338,10 @@ ZD_API int64_t zd_rpc_debug_owner_rrefs_leaked(void);
     returned 0, with result NULL when the call failed, so it can release
     its state. on_send_reply is called exactly once for every
     on_recv_request that returned 0 (result NULL for an error reply).
-    Any hook may be NULL. A hook returning -1 (zd_error_set) fails the call. */
+    Any hook may be NULL. A hook returning -1 (zd_error_set) fails the call.
+    A process without hooks (or without on_recv_request) answers a request
+    that carries extra bytes with an error (ZD_ERR_NOT_INITIALIZED) rather
+    than ignore them. */
 
 typedef enum {
     ZD_RPC_KIND_CALL = 0,      /* zd_rpc_sync / zd_rpc_async */
@@ -366,6 +388,12 @@ typedef struct {
        and returns how many it has. Any thread; must not block. (After arg,
        so that older positional initializers still mean what they did.) */
     int (*debug_info)(void *arg, zd_rpc_debug_item_t *items, int max);
+    /* For the error of a call whose peer has no hooks installed (code
+       ZD_ERR_NOT_INITIALIZED): the module's name ("distributed-autograd")
+       and the call that installs its hooks ("zd_dist_autograd_init()").
+       May be NULL. */
+    const char *module;
+    const char *init_call;
 } zd_rpc_hooks_t;
 
 /*  Installs hooks (copied; NULL removes them). Only while not running. */

@@ -109,7 +109,7 @@ ZD_API zd_value_t *zd_rpc_args(const char *spec, ...);
     zd_value_string: NULL string" (items count from 0, as in zd_rpc_arg_*);
     what was built and the zd_value_t items are released then too.
 
-        zd_rpc_sync_take(to, "add", ZD_ARGS(2, -3), ZD_RPC_TIMEOUT_DEFAULT, &r);
+        zd_rpc_sync_take(to, "add", ZD_ARGS(2, -3), ZD_TIMEOUT_DEFAULT, &r);
 
     ZD_UNPACK(args, &a, &b, ...) is the reverse, for handlers: checks that
     args is a list of exactly that many items ("expected 2 arguments, got

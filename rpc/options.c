@@ -1,0 +1,169 @@
+/*  options.c: zd_rpc_init's options, completed from the environment
+    ($RANK, $WORLD_SIZE, $MASTER_ADDR, $MASTER_PORT, $ZDIST_BUSY_POLL_US, as
+    torchrun sets them) and checked, and the address this process listens
+    on. */
+#include "rpc/agent.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <zdist/error.h>
+
+zd_rpc_options_t zd_rpc_options_default(void)
+{
+    zd_rpc_options_t o = {
+        .rpc_timeout_ms = 60000,
+        .num_worker_threads = 16,
+        .init_timeout_ms = 300000,
+        .master_addr = NULL,
+        .master_port = 0,
+        .listen_addr = NULL,
+        .busy_poll_us = -1,
+    };
+    return o;
+}
+
+/* Reads an integer environment variable: 1 when set and valid, 0 when
+   unset, -1 (error set) when set to something else. */
+static int env_int(const char *var, long lo, long hi, long *out)
+{
+    const char *s = getenv(var);
+    if (!s || !*s)
+        return 0;
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || *end || v < lo || v > hi)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
+    *out = v;
+    return 1;
+}
+
+static bool name_ok(const char *s, size_t max)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n > max)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e)
+            return false;
+    return true;
+}
+
+/* The IP this process should bind and advertise: the one the kernel would
+   use to reach the master (a UDP "connect" sends nothing). */
+int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size)
+{
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
+    int rc = getaddrinfo(master, NULL, &hints, &res);
+    if (rc != 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: cannot resolve master address \"%s\": %s", master,
+                                 gai_strerror(rc));
+    struct sockaddr_in to = *(struct sockaddr_in *)res->ai_addr;
+    freeaddrinfo(res);
+    to.sin_port = htons((uint16_t)port);
+    if ((ntohl(to.sin_addr.s_addr) >> 24) == 127 || to.sin_addr.s_addr == INADDR_ANY) {
+        snprintf(ip, size, "127.0.0.1");
+        return 0;
+    }
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    struct sockaddr_in me;
+    socklen_t len = sizeof me;
+    if (fd < 0 || connect(fd, (struct sockaddr *)&to, sizeof to) < 0 ||
+        getsockname(fd, (struct sockaddr *)&me, &len) < 0) {
+        int e = errno;
+        if (fd >= 0)
+            close(fd);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no route to master %s: %s", master, strerror(e));
+    }
+    close(fd);
+    inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)size);
+    return 0;
+}
+
+int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
+                       init_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->o = opts ? *opts : zd_rpc_options_default();
+    long v;
+    int rc;
+    if (rank < 0) {
+        if ((rc = env_int("RANK", 0, RPC_WIRE_MAX_RANK, &v)) < 0)
+            return -1;
+        if (rc == 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_init: no rank given and RANK is not set");
+        rank = (int)v;
+    }
+    if (world <= 0) {
+        if ((rc = env_int("WORLD_SIZE", 1, RPC_WIRE_MAX_RANK + 1, &v)) < 0)
+            return -1;
+        if (rc == 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_init: no world size given and WORLD_SIZE is not set");
+        world = (int)v;
+    }
+    if (world > RPC_WIRE_MAX_RANK + 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
+    if (rank >= world)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: rank %d is outside the world of size %d", rank, world);
+    p->rank = rank;
+    p->world = world;
+    if (name)
+        snprintf(p->name, sizeof p->name, "%s", name);
+    else
+        snprintf(p->name, sizeof p->name, "worker%d", rank);
+    if (!name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
+                                 "no spaces)", name, ZD_RPC_MAX_NAME);
+    const char *addr = p->o.master_addr ? p->o.master_addr : getenv("MASTER_ADDR");
+    if (!addr || !*addr)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no master address: set options.master_addr or "
+                                 "MASTER_ADDR");
+    if (strlen(addr) >= sizeof p->master)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master address too long");
+    snprintf(p->master, sizeof p->master, "%s", addr);
+    p->port = p->o.master_port;
+    if (p->port == 0) {
+        if ((rc = env_int("MASTER_PORT", 1, 65535, &v)) < 0)
+            return -1;
+        if (rc == 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_rpc_init: no master port: set options.master_port or "
+                                     "MASTER_PORT");
+        p->port = (int)v;
+    }
+    if (p->port < 1 || p->port > 65535)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: master port %d is not in [1, 65535]", p->port);
+    if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
+    if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: negative timeout");
+    if (p->o.busy_poll_us < 0) {
+        p->o.busy_poll_us = 100;
+        if ((rc = env_int("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
+            return -1;
+        if (rc == 1)
+            p->o.busy_poll_us = v;
+    }
+    if (p->o.busy_poll_us > 1000000)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
+                                 (long long)p->o.busy_poll_us);
+    return 0;
+}
