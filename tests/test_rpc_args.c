@@ -562,13 +562,15 @@ out:
 
 static int scope_after_shutdown(void)
 {
-    /* RPC not running: the block is skipped, and the error says why. */
+    /* Outside a world (this process never called zd_dist_autograd_init or
+       zd_rpc_init): the block is skipped, and the error says why. */
     int ran = 0;
     ZD_DIST_AUTOGRAD_CONTEXT(cid) {
         ran = 1;
         (void)cid;
     }
-    return !ran && strstr(zd_error_last(), "RPC is not running") ? 0 : -1;
+    return !ran && zd_error_code() == ZD_ERR_NOT_INITIALIZED &&
+           strstr(zd_error_last(), "zd_dist_autograd_init") ? 0 : -1;
 }
 
 static int scope_body(const world_t *w)
