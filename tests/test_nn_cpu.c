@@ -2,7 +2,8 @@
     /proc/cpuinfo lists AVX-512 F, BW, DQ and VL and ZDIST_CPU is not
     "generic" (ctest runs this test both ways), so that a broken choice
     cannot pass unnoticed by falling back to the portable kernels; and
-    zd__nn_cpu_set for the tests that compare both. */
+    zd__nn_cpu_set for the tests that compare both; and the process set-up
+    (nn/blas.c), which no longer runs by itself at load time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/nn.h>
 #include "nn/nn_private.h"
 
 /*  Whether the "flags" line of /proc/cpuinfo has the word `flag`. */
@@ -80,9 +82,26 @@ static void test_set(void **state)
     assert_string_equal(zd__nn_cpu_name(), expected());
 }
 
+/*  Runs first: no BLAS call has been made in this process yet. */
+static void test_process_setup(void **state)
+{
+    (void)state;
+    assert_int_equal(zd_nn_process_setup(0x80), -1);
+    assert_non_null(strstr(zd_error_last(), "0x80"));
+    assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0);
+    assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0);    /* again: harmless */
+    const char *core = zd_nn_blas_corename();
+    print_message("OpenBLAS kernels: %s\n", core);
+    /* OpenBLAS's generic kernels only where the CPU has nothing better,
+       or the user asked for them */
+    if (!getenv("OPENBLAS_CORETYPE") && (zd__nn_cpu_features() & NN_CPU_AVX2))
+        assert_true(strcmp(core, "Prescott") != 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_process_setup),
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_set),
     };
