@@ -94,22 +94,13 @@ static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
     }
 }
 
-void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
-                   int32_t *argmax)
+/*  Any window: running maxima over the window's rows, one output row at
+    a time, so the inner loops run along contiguous memory (and vectorise:
+    compiled twice, for AVX-512 below). */
+static inline __attribute__((always_inline)) void pool_any(const float *x, int ld, int idx_ld,
+                                                           int k, int s, int Ho, int Wo,
+                                                           float *y, int32_t *argmax)
 {
-    const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
-    if (k == 2 && s == 2) {
-        if (zd__nn_cpu_avx512()) {
-            pool_2x2_avx512(x, ld, idx_ld, Ho, Wo, y, argmax);
-            return;
-        }
-        for (int oh = 0; oh < Ho; oh++)
-            pool_row_2x2(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
-                         argmax + oh * Wo, Wo);
-        return;
-    }
-    /* Any window: running maxima over the window's rows, one output row at
-       a time, so the inner loops run along contiguous memory. */
     for (int oh = 0; oh < Ho; oh++) {
         float *yr = y + oh * Wo;
         int32_t *ar = argmax + oh * Wo;
@@ -127,6 +118,34 @@ void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, 
             }
         }
     }
+}
+
+NN_AVX512_BEGIN
+static void pool_any_avx512(const float *x, int ld, int idx_ld, int k, int s, int Ho, int Wo,
+                            float *y, int32_t *argmax)
+{
+    pool_any(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
+}
+NN_AVX512_END
+
+void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
+                   int32_t *argmax)
+{
+    const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
+    if (k == 2 && s == 2) {
+        if (zd__nn_cpu_avx512()) {
+            pool_2x2_avx512(x, ld, idx_ld, Ho, Wo, y, argmax);
+            return;
+        }
+        for (int oh = 0; oh < Ho; oh++)
+            pool_row_2x2(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
+                         argmax + oh * Wo, Wo);
+        return;
+    }
+    if (zd__nn_cpu_avx512())
+        pool_any_avx512(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
+    else
+        pool_any(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
 }
 
 void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
