@@ -266,6 +266,9 @@ static int trainer(const world_t *w)
 
 int main(int argc, char **argv)
 {
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--csv")) {
             csv = true;

@@ -18,6 +18,7 @@
 #include <sys/mman.h>
 
 #include <zdist/error.h>
+#include <zdist/nn.h>
 #include "examples/pipeline_core.h"
 #include "examples/ps_core.h"
 #include "tests/support/world.h"
@@ -115,6 +116,9 @@ static int run(int size, world_setup_fn *setup, world_fn *fn, void *arg, bool di
 
 int main(int argc, char **argv)
 {
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
     bool csv = false;
     int64_t iterations = 200, batches = 10;
     const char *only = NULL;

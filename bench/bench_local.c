@@ -260,6 +260,9 @@ static int bench_ops(int batch, double seconds)
 
 int main(int argc, char **argv)
 {
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
     bool csv = false;
     int batch = 32;
     double seconds = 4.0;

@@ -194,6 +194,9 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
 
 int main(int argc, char **argv)
 {
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
     bool csv = false;
     int only = 0;
     bench_t b = {.batch = 32, .C = 32, .O = 64, .H = 26, .W = 26};

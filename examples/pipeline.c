@@ -12,10 +12,14 @@
 #include <zdist/error.h>
 #include "examples/flags.h"
 #include "examples/pipeline_core.h"
+#include <zdist/nn.h>
 #include <zdist/rpc.h>
 
 int main(int argc, char **argv)
 {
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
     const char *prog = "pipeline";
     pipeline_options_t o = pipeline_options_default();
     flags_world_t w = flags_world_default();

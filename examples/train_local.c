@@ -128,6 +128,9 @@ out:
 
 int main(int argc, char **argv)
 {
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.data_dir = NULL, .epochs = 1, .batch_size = 32, .seed = 1,

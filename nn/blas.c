@@ -1,21 +1,25 @@
-/*  blas.c: the GEMM used by every layer, and the process set-up the layers
-    rely on: the choice of OpenBLAS kernels and glibc's allocator policy.
+/*  blas.c: the GEMM used by every layer, and the process set-up that
+    programs running the layers ask for (zd_nn_process_setup): the choice
+    of OpenBLAS kernels and glibc's allocator policy. Nothing here runs at
+    load time: a library that changes its host process's allocator and BLAS
+    behind its back, in every process that merely links it, is a bad
+    neighbour; the programs that want it say so, first thing in main().
 
     OpenBLAS 0.3.21 (Debian 12) picks its kernels by CPU model number at
     load time; CPUs newer than the release (Emerald Rapids, for one) fall back
     to the generic SSE3 "Prescott" kernels, four times slower than the
     AVX-512 ones the CPU can run. OpenBLAS lets OPENBLAS_CORETYPE override
     the choice, but only before it loads; so when that variable is unset and
-    the generic kernels were chosen on a CPU with AVX-512 (or AVX2), a
-    constructor here redoes OpenBLAS's own initialisation
+    the generic kernels were chosen on a CPU with AVX-512 (or AVX2),
+    ZD_NN_SETUP_BLAS redoes OpenBLAS's own initialisation
     (gotoblas_dynamic_quit/init, exported by DYNAMIC_ARCH builds) with the
-    variable set. It runs before main(), when no BLAS call can be in flight.
-    Builds without those symbols are left alone.
+    variable set. No BLAS call may be in flight meanwhile: hence "first
+    thing in main()". Builds without those symbols are left alone.
 
     Allocator: a training step allocates and frees tensors of several MB.
     glibc serves those with mmap, or trims its heap after the frees, so each
     step touches fresh pages: the page faults (and the kernel zeroing the
-    pages) cost about 30% of a Net training step here. The same constructor
+    pages) cost about 30% of a Net training step here. ZD_NN_SETUP_ALLOCATOR
     keeps such blocks in the heap instead (mallopt: mmap above 32 MB only,
     trim above 128 MB of free heap top), unless the user set glibc's own
     MALLOC_*_ or GLIBC_TUNABLES variables. */
@@ -24,6 +28,7 @@
 #include <cblas.h>
 #include <dlfcn.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -43,12 +48,10 @@ static corename_fn *lookup_corename(void)
 
 static const char *better_coretype(void)
 {
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512cd"))
+    const unsigned f = zd__nn_cpu_features();
+    if ((f & NN_CPU_AVX512) && (f & NN_CPU_AVX512CD))
         return "SkylakeX";
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    if (f & NN_CPU_AVX2)
         return "Haswell";
     return NULL;
 }
@@ -82,10 +85,19 @@ static void choose_blas_kernels(void)
     unsetenv("OPENBLAS_CORETYPE");
 }
 
-__attribute__((constructor)) static void nn_setup(void)
+int zd_nn_process_setup(unsigned flags)
 {
-    keep_big_blocks();
-    choose_blas_kernels();
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    const unsigned unknown = flags & ~(unsigned)ZD_NN_SETUP_ALL;
+    if (unknown)
+        return zd_error_set("zd_nn_process_setup: unknown flags 0x%x", unknown);
+    pthread_mutex_lock(&lock);
+    if (flags & ZD_NN_SETUP_ALLOCATOR)
+        keep_big_blocks();
+    if (flags & ZD_NN_SETUP_BLAS)
+        choose_blas_kernels();
+    pthread_mutex_unlock(&lock);
+    return 0;
 }
 
 const char *zd_nn_blas_corename(void)

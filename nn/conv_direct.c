@@ -15,14 +15,13 @@
 
     The AVX-512 kernels keep a block of the result in registers (8 rows x
     48 positions; for the weight gradient, 6 taps x 64 channels) and run at
-    the FMA units' peak when the operands are in L1/L2. Builds without
-    AVX-512 get plain loops with the same results up to rounding (conv.c
-    then keeps to im2col and OpenBLAS, which are faster there). */
+    the FMA units' peak when the operands are in L1/L2. CPUs without
+    AVX-512 (or ZDIST_CPU=generic) get plain loops with the same results up
+    to rounding (conv.c then keeps to im2col and OpenBLAS, which are faster
+    there). */
 #include <stdatomic.h>
 #include <string.h>
-#ifdef __AVX512F__
 #include <immintrin.h>
-#endif
 
 #include "nn/conv_private.h"
 #include "nn/nn_private.h"
@@ -59,7 +58,7 @@ size_t zd__nn_taps_packed_floats(int M, int K)
     return (size_t)((M + MR - 1) / MR) * MR * (size_t)K;
 }
 
-#ifdef __AVX512F__
+NN_AVX512_BEGIN
 
 static inline __mmask16 tail_mask(int n)
 {
@@ -134,8 +133,8 @@ static void taps_block1(const float *restrict ap, int K, const int32_t *restrict
     STORE1(0); STORE1(1); STORE1(2); STORE1(3); STORE1(4); STORE1(5); STORE1(6); STORE1(7);
 }
 
-void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
-                  int L, const float *bias, float *c, int ldc)
+static void taps_gemm_avx512(const float *packed, int M, int K, const int32_t *offs,
+                             const float *src, int L, const float *bias, float *c, int ldc)
 {
     const int full = L / 48 * 48;
     for (int q = 0; q < full; q += 48)
@@ -247,8 +246,8 @@ static void taps_bt_block2(const float *const s[12], const float *restrict b, in
     64 columns) stay in L1 while every block of taps reads them. */
 #define BT_Q_CHUNK 128
 
-void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int nrun, int run, int stride, float *c, int ldc)
+static void taps_gemm_bt_avx512(const int32_t *offs, int K, const float *src, const float *b,
+                                int ldb, int N, int nrun, int run, int stride, float *c, int ldc)
 {
     const bool narrow = N <= 32;
     const int rows = narrow ? 12 : 6, width = narrow ? 32 : 64;
@@ -271,7 +270,7 @@ void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const flo
     }
 }
 
-void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+static void transpose_avx512(const float *src, int rows, int cols, int lds, float *dst, int ldd)
 {
     for (int r0 = 0; r0 < rows; r0 += 16)
         for (int c0 = 0; c0 < cols; c0 += 16) {
@@ -287,15 +286,12 @@ void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst,
         }
 }
 
-bool zd__nn_conv_direct_available(void)
-{
-    return true;
-}
+NN_AVX512_END
 
-#else /* portable loops */
+/* ---- portable loops ---- */
 
-void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
-                  int L, const float *bias, float *c, int ldc)
+static void taps_gemm_generic(const float *packed, int M, int K, const int32_t *offs,
+                              const float *src, int L, const float *bias, float *c, int ldc)
 {
     for (int m = 0; m < M; m++) {
         float *cm = c + (size_t)m * ldc;
@@ -310,8 +306,8 @@ void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, co
     }
 }
 
-void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int nrun, int run, int stride, float *c, int ldc)
+static void taps_gemm_bt_generic(const int32_t *offs, int K, const float *src, const float *b,
+                                 int ldb, int N, int nrun, int run, int stride, float *c, int ldc)
 {
     for (int k = 0; k < K; k++) {
         const float *s = src + offs[k];
@@ -323,16 +319,43 @@ void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const flo
     }
 }
 
-void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+static void transpose_generic(const float *src, int rows, int cols, int lds, float *dst,
+                              int ldd)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++)
             dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
 }
 
+/* ---- the CPU's choice ---- */
+
 bool zd__nn_conv_direct_available(void)
 {
-    return false;
+    return zd__nn_cpu_avx512();
 }
 
-#endif
+void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
+                  int L, const float *bias, float *c, int ldc)
+{
+    if (zd__nn_cpu_avx512())
+        taps_gemm_avx512(packed, M, K, offs, src, L, bias, c, ldc);
+    else
+        taps_gemm_generic(packed, M, K, offs, src, L, bias, c, ldc);
+}
+
+void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+                     int N, int nrun, int run, int stride, float *c, int ldc)
+{
+    if (zd__nn_cpu_avx512())
+        taps_gemm_bt_avx512(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
+    else
+        taps_gemm_bt_generic(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
+}
+
+void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+{
+    if (zd__nn_cpu_avx512())
+        transpose_avx512(src, rows, cols, lds, dst, ldd);
+    else
+        transpose_generic(src, rows, cols, lds, dst, ldd);
+}

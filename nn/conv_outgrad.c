@@ -11,13 +11,15 @@
 
     With AVX-512, 16 channels x 16 columns of an output row are loaded at a
     time (through the relu's mask), stored into dyp as they are and into dyt
-    through a 16 x 16 transpose: every element is written once. */
-#include <string.h>
-#ifdef __AVX512F__
+    through a 16 x 16 transpose: every element is written once. Like the
+    rest of the stride-1 path, this runs with the AVX-512 kernels only
+    (zd__conv_taps_plan), and is compiled for them. */
 #include <immintrin.h>
-#endif
+#include <string.h>
 
 #include "nn/conv_private.h"
+
+NN_AVX512_BEGIN
 
 /*  Sum of g[0..n), or of g where y > 0 (relu's gradient) when y is
     non-NULL, in double: the fused ops (relu, pool) and their compositions
@@ -29,7 +31,6 @@ static float grad_sum(const float *g, const float *y, int64_t n)
 {
     int64_t i = 0;
     double total = 0.0;
-#ifdef __AVX512F__
     __m512d acc0 = _mm512_setzero_pd(), acc1 = _mm512_setzero_pd();
     for (; i < n; i += 16) {
         __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
@@ -42,7 +43,6 @@ static float grad_sum(const float *g, const float *y, int64_t n)
                                        _mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
     }
     total = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
-#endif
     for (; i < n; i++)
         total += !y || y[i] > 0.0f ? (double)g[i] : 0.0;
     return (float)total;
@@ -60,32 +60,6 @@ static void bias_grad(const conv_bwd_job_t *j, int64_t s, float *db)
         db[o] += grad_sum(dys + o * per, ys ? ys + o * per : NULL, per);
 }
 
-#ifndef __AVX512F__
-/*  The same in plain loops (unused: zd__conv_taps_plan takes this path with
-    AVX-512 only). */
-static void plain_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp)
-{
-    const conv_ctx_t *ctx = j->ctx;
-    const conv_taps_geom_t *t = &ctx->t;
-    const int O = ctx->O, Ho = ctx->g.Ho, Wo = ctx->g.Wo, lt = conv_taps_ldt(ctx);
-    const size_t plane = (size_t)t->Hq * t->Wq;
-    const size_t inner = (size_t)(ctx->g.kh - 1) * t->Wq + ctx->g.kw - 1;
-    const float *dys = j->dy + s * conv_out_per_sample(ctx);
-    const float *ys = ctx->epi == EPI_RELU ? j->y + s * conv_out_per_sample(ctx) : NULL;
-    if (dyp)
-        memset(dyp, 0, sizeof(float) * (size_t)O * plane);
-    for (int o = 0; o < O; o++)
-        for (int oh = 0; oh < Ho; oh++)
-            for (int ow = 0; ow < Wo; ow++) {
-                size_t at = ((size_t)o * Ho + oh) * Wo + ow;
-                float v = ys && !(ys[at] > 0.0f) ? 0.0f : dys[at];
-                if (dyt)
-                    dyt[((size_t)oh * t->Wp + ow) * lt + o] = v;
-                if (dyp)
-                    dyp[o * plane + inner + (size_t)oh * t->Wq + ow] = v;
-            }
-}
-#else
 /*  Zeroes dyp's borders (the interior is written elsewhere). */
 static void zero_borders(const conv_ctx_t *ctx, float *dyp)
 {
@@ -160,7 +134,6 @@ static void plain_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *d
     if (dyp)
         zero_borders(ctx, dyp);
 }
-#endif
 
 void zd__conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *dyp, float *db)
 {
@@ -169,3 +142,4 @@ void zd__conv_out_grads(const conv_bwd_job_t *j, int64_t s, float *dyt, float *d
     if (dyt || dyp)
         plain_grads(j, s, dyt, dyp);
 }
+NN_AVX512_END

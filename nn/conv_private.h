@@ -8,9 +8,9 @@
 
 #include "nn/nn_private.h"
 
-#ifdef __AVX512F__
 #include <immintrin.h>
 
+NN_AVX512_BEGIN
 /*  r[j] = column j of the 16 x 16 tile whose rows are r[0..15]. */
 static inline void conv_transpose16(__m512 r[16])
 {
@@ -35,7 +35,7 @@ static inline void conv_transpose16(__m512 r[16])
         r[k + 8] = _mm512_shuffle_f32x4(t[k], t[k + 8], 0xdd);
     }
 }
-#endif
+NN_AVX512_END
 
 typedef enum { EPI_NONE, EPI_RELU, EPI_POOL } conv_epilogue_t;
 

@@ -20,11 +20,10 @@
     tap vectors of a channel block, in registers) is added to dx once: one
     read-modify-write of dx per group instead of per channel. Windows and
     channels are taken in a fixed order, so the sums do not depend on
-    threads. */
-#include <string.h>
-#ifdef __AVX512F__
+    threads. This runs with the AVX-512 kernels only (zd__conv_taps_plan),
+    and is compiled for them. */
 #include <immintrin.h>
-#endif
+#include <string.h>
 
 #include "nn/conv_private.h"
 
@@ -94,7 +93,7 @@ void zd__conv_sparse_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints,
     job->wr = wr;
 }
 
-#ifdef __AVX512F__
+NN_AVX512_BEGIN
 static inline __mmask16 lanes(int n)
 {
     return (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
@@ -266,57 +265,6 @@ static void groups_dx(const conv_bwd_job_t *j, int64_t s, float *dxt)
         }
 }
 
-#else /* the same in plain loops (unused: zd__conv_taps_plan takes this path with AVX-512) */
-static void planes_to_rows(const conv_ctx_t *ctx, const float *x, float *xt)
-{
-    const nn_conv_geom_t *g = &ctx->g;
-    const int ld = ldc16(ctx), p = g->padding;
-    for (int c = 0; c < g->C; c++)
-        for (int ih = 0; ih < g->H; ih++)
-            for (int iw = 0; iw < g->W; iw++)
-                xt[((size_t)(ih + p) * ctx->t.Wp + iw + p) * ld + c] =
-                    x[((size_t)c * g->H + ih) * g->W + iw];
-}
-
-static void rows_to_planes(const conv_ctx_t *ctx, const float *dxt, float *dx)
-{
-    const nn_conv_geom_t *g = &ctx->g;
-    const int ld = ldc16(ctx), p = g->padding;
-    for (int c = 0; c < g->C; c++)
-        for (int ih = 0; ih < g->H; ih++)
-            for (int iw = 0; iw < g->W; iw++)
-                dx[((size_t)c * g->H + ih) * g->W + iw] =
-                    dxt[((size_t)(ih + p) * ctx->t.Wp + iw + p) * ld + c];
-}
-
-static void winners_dw(const float *xt, int ld, const int32_t *am, const float *g, int pp,
-                       const int32_t *toff, int nv, float *acc)
-{
-    for (int v = 0; v < nv; v++)
-        for (int w = 0; w < pp; w++)
-            for (int l = 0; l < 16; l++)
-                acc[16 * v + l] += g[w] * xt[(size_t)am[w] * ld + toff[v] + l];
-}
-
-static void groups_dx(const conv_bwd_job_t *j, int64_t s, float *dxt)
-{
-    const conv_ctx_t *ctx = j->ctx;
-    const int O = ctx->O, kk = ctx->g.kh * ctx->g.kw, ld = ldc16(ctx), cv = ld / 16;
-    const int pp = n_windows(ctx);
-    const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
-    const float *dys = j->dy + s * conv_out_per_sample(ctx);
-    for (int o = 0; o < O; o++)
-        for (int w = 0; w < pp; w++) {
-            const size_t at = (size_t)o * pp + w;
-            for (int b = 0; b < cv; b++)
-                for (int t = 0; t < kk; t++)
-                    for (int l = 0; l < 16; l++)
-                        dxt[(size_t)ams[at] * ld + j->toff[t * cv + b] + l] +=
-                            dys[at] * j->wr[(((size_t)b * O + o) * kk + t) * 16 + l];
-        }
-}
-#endif
-
 void zd__conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
@@ -368,3 +316,4 @@ void zd__conv_sparse_bwd_chunk(void *arg, int c, float *scratch)
                     part[((size_t)ch * kk + t) * O + o] = acc[((size_t)o * nv + v) * 16 + l];
             }
 }
+NN_AVX512_END

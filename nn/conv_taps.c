@@ -9,13 +9,13 @@
     columns only; the input gradient sweeps the flipped kernel over the
     output gradient padded by kh-1 rows and kw-1 columns on each side, like
     a forward pass. Through a fused pool, the backward pass runs over the
-    pool's winners instead (conv_sparse.c). */
+    pool's winners instead (conv_sparse.c).
+
+    zd__conv_taps_plan takes this path only with the AVX-512 kernels
+    (zd__nn_cpu_avx512): the chunks below are compiled for them. */
 #include <stdlib.h>
 #include <string.h>
-
-#ifdef __AVX512F__
 #include <immintrin.h>
-#endif
 
 #include <zdist/error.h>
 #include "nn/conv_private.h"
@@ -27,7 +27,7 @@ static int round16(int n)
 
 /*  Runs of a few dozen floats (rows of a plane): a vector at a time, the
     last one under a mask, instead of a memcpy call per row. */
-#ifdef __AVX512F__
+NN_AVX512_BEGIN
 static inline __mmask16 run_mask(int n)
 {
     return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
@@ -52,18 +52,7 @@ static inline void relu_run(float *dst, const float *src, const float *keep, int
         _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_loadu_ps(pos, src + i));
     }
 }
-#else
-static inline void copy_run(float *dst, const float *src, int n)
-{
-    memcpy(dst, src, sizeof(float) * (size_t)n);
-}
-
-static inline void relu_run(float *dst, const float *src, const float *keep, int n)
-{
-    for (int i = 0; i < n; i++)
-        dst[i] = keep[i] > 0.0f ? src[i] : 0.0f;
-}
-#endif
+NN_AVX512_END
 
 void zd__conv_taps_plan(conv_ctx_t *ctx)
 {
@@ -143,6 +132,7 @@ static const float *sample_input(const conv_ctx_t *ctx, const float *x, int64_t 
     return pad;
 }
 
+NN_AVX512_BEGIN
 void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_fwd_job_t *j = arg;
@@ -176,6 +166,7 @@ void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
             }
     }
 }
+NN_AVX512_END
 
 
 /* ---- backward ---- */
@@ -264,6 +255,7 @@ int zd__conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints
     return 0;
 }
 
+NN_AVX512_BEGIN
 void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch)
 {
     const conv_bwd_job_t *j = arg;
@@ -301,3 +293,4 @@ void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch)
         }
     }
 }
+NN_AVX512_END

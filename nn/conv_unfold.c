@@ -2,9 +2,7 @@
     the matrix a convolution multiplies (and the folding of its gradient
     back onto the input). */
 #include <string.h>
-#ifdef __AVX512F__
 #include <immintrin.h>
-#endif
 
 #include "nn/nn_private.h"
 
@@ -27,8 +25,8 @@ static void valid_range(const nn_conv_geom_t *g, int kj, int *lo, int *hi)
 /*  Rows of a few dozen floats (one output row of the convolution):
     copied and added a vector at a time, the last partial vector under a
     mask with AVX-512; no memcpy call per row. */
-#ifdef __AVX512F__
-static inline void copy_row(float *restrict dst, const float *restrict src, int n)
+NN_AVX512_BEGIN
+static inline void copy_row_avx512(float *restrict dst, const float *restrict src, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -39,7 +37,7 @@ static inline void copy_row(float *restrict dst, const float *restrict src, int 
     }
 }
 
-static inline void add_row(float *restrict dst, const float *restrict src, int n)
+static inline void add_row_avx512(float *restrict dst, const float *restrict src, int n)
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
@@ -52,7 +50,8 @@ static inline void add_row(float *restrict dst, const float *restrict src, int n
         _mm512_mask_storeu_ps(dst + i, m, v);
     }
 }
-#else
+NN_AVX512_END
+
 typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 
 /*  GCC would turn this loop back into a memmove call per row. */
@@ -76,9 +75,12 @@ static inline void add_row(float *restrict dst, const float *restrict src, int n
     for (; i < n; i++)
         dst[i] += src[i];
 }
-#endif
 
-void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
+/*  im2col and col2im are written once, for both kinds of rows: `wide`
+    (a constant in each copy below) picks the AVX-512 ones. */
+#define NN_BODY static inline __attribute__((always_inline))
+
+NN_BODY void im2col(const nn_conv_geom_t *g, const float *x, float *col, bool wide)
 {
     const int P = g->Ho * g->Wo;
     for (int c = 0; c < g->C; c++) {
@@ -100,7 +102,10 @@ void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
                     for (int ow = 0; ow < lo; ow++)
                         dst[ow] = 0.0f;
                     if (g->stride == 1) {
-                        copy_row(dst + lo, src + lo + off, hi - lo);
+                        if (wide)
+                            copy_row_avx512(dst + lo, src + lo + off, hi - lo);
+                        else
+                            copy_row(dst + lo, src + lo + off, hi - lo);
                     } else {
                         for (int ow = lo; ow < hi; ow++)
                             dst[ow] = src[ow * g->stride + off];
@@ -114,7 +119,7 @@ void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
 }
 
 /*  dx (C,H,W) += fold(dcol); dx must be initialised by the caller. */
-void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
+NN_BODY void col2im(const nn_conv_geom_t *g, const float *dcol, float *dx, bool wide)
 {
     const int P = g->Ho * g->Wo;
     for (int c = 0; c < g->C; c++) {
@@ -132,7 +137,10 @@ void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
                     float *dst = xc + (size_t)ih * g->W + off;
                     const float *src = row + (size_t)oh * g->Wo;
                     if (g->stride == 1) {
-                        add_row(dst + lo, src + lo, hi - lo);
+                        if (wide)
+                            add_row_avx512(dst + lo, src + lo, hi - lo);
+                        else
+                            add_row(dst + lo, src + lo, hi - lo);
                     } else {
                         for (int ow = lo; ow < hi; ow++)
                             dst[ow * g->stride] += src[ow];
@@ -141,4 +149,32 @@ void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
             }
         }
     }
+}
+
+NN_AVX512_BEGIN
+static void im2col_avx512(const nn_conv_geom_t *g, const float *x, float *col)
+{
+    im2col(g, x, col, true);
+}
+
+static void col2im_avx512(const nn_conv_geom_t *g, const float *dcol, float *dx)
+{
+    col2im(g, dcol, dx, true);
+}
+NN_AVX512_END
+
+void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
+{
+    if (zd__nn_cpu_avx512())
+        im2col_avx512(g, x, col);
+    else
+        im2col(g, x, col, false);
+}
+
+void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
+{
+    if (zd__nn_cpu_avx512())
+        col2im_avx512(g, dcol, dx);
+    else
+        col2im(g, dcol, dx, false);
 }

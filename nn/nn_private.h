@@ -8,6 +8,42 @@
 #include <zdist/function.h>
 #include <zdist/tensor.h>
 
+/*  ---- the CPU's kernels (cpu.c) ----
+    The AVX-512 kernels are compiled in every build, the instruction sets
+    enabled for the functions between NN_AVX512_BEGIN and NN_AVX512_END
+    only, and called only when zd__nn_cpu_avx512() is true: one binary runs
+    on any x86-64 CPU and takes the fast kernels where it can. Everything
+    inside the region, inline helpers too, carries the target (GCC will not
+    inline an AVX-512 function into one without it). */
+#if defined(__clang__)
+#define NN_AVX512_BEGIN                                                                   \
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\"))), apply_to = function)")
+#define NN_AVX512_END _Pragma("clang attribute pop")
+#else
+#define NN_AVX512_BEGIN                                                                   \
+    _Pragma("GCC push_options")                                                           \
+    _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\")")
+#define NN_AVX512_END _Pragma("GCC pop_options")
+#endif
+
+/*  What the CPU has, and the OS supports (CPUID, XGETBV): NN_CPU_* bits. */
+enum { NN_CPU_AVX2 = 1, NN_CPU_AVX512 = 2, NN_CPU_AVX512CD = 4 };
+unsigned zd__nn_cpu_features(void);
+
+/*  True when the AVX-512 kernels run: the CPU has AVX-512 F, BW, DQ and
+    VL (with FMA), and neither ZDIST_CPU=generic (read once, at the first call) nor
+    zd__nn_cpu_set chose the portable ones. */
+bool zd__nn_cpu_avx512(void);
+
+/*  "avx512" or "generic": the kernels zd__nn_cpu_avx512 picks. Static. */
+const char *zd__nn_cpu_name(void);
+
+/*  For tests: "generic" or "avx512" forces those kernels, NULL or "auto"
+    goes back to the CPU's (and ZDIST_CPU's) choice. Between ops only, not
+    while a layer runs. 0, or -1 (zd_error_set) for an unknown name or
+    "avx512" on a CPU without it. */
+int zd__nn_cpu_set(const char *name);
+
 /*  Fails (zd_error_set) unless t is a non-NULL float32 tensor; `what` names
     the argument in the message ("conv2d: weight"). */
 int zd__nn_check_f32(const char *what, const zd_tensor_t *t);

@@ -2,16 +2,14 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
 #include <immintrin.h>
-#endif
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
 
-#ifdef __AVX512F__
+NN_AVX512_BEGIN
 /*  Later candidates win when strictly larger, or NaN. */
 static inline __mmask16 wins(__m512 v, __m512 best)
 {
@@ -22,8 +20,8 @@ static inline __mmask16 wins(__m512 v, __m512 best)
     columns of both input rows are split apart with permutes, then compared
     in PyTorch's order (row-major in the window). Input rows are ld apart;
     winners are numbered base + column (+ W for the second row). */
-static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
-                         float *restrict y, int32_t *restrict am, int Wo)
+static inline void pool_row_2x2_avx512(const float *restrict r0, int ld, int W, int32_t base,
+                                       float *restrict y, int32_t *restrict am, int Wo)
 {
     const float *restrict r1 = r0 + ld;
     const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
@@ -58,7 +56,18 @@ static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
         _mm512_mask_storeu_epi32(am + ow, out, bi);
     }
 }
-#else
+
+/*  Every output row of 2x2/2 pooling, Ho x Wo (arguments as in
+    zd__nn_pool_plane). */
+static void pool_2x2_avx512(const float *x, int ld, int idx_ld, int Ho, int Wo, float *y,
+                            int32_t *argmax)
+{
+    for (int oh = 0; oh < Ho; oh++)
+        pool_row_2x2_avx512(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
+                            argmax + oh * Wo, Wo);
+}
+NN_AVX512_END
+
 /*  One output row of 2x2/2 pooling, branch-free so that it vectorises:
     candidates in PyTorch's order (row-major in the window), a later one
     winning only when strictly larger, or NaN. Numbering as above. */
@@ -84,20 +93,14 @@ static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
         am[ow] = bi;
     }
 }
-#endif
 
-void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
-                   int32_t *argmax)
+/*  Any window: running maxima over the window's rows, one output row at
+    a time, so the inner loops run along contiguous memory (and vectorise:
+    compiled twice, for AVX-512 below). */
+static inline __attribute__((always_inline)) void pool_any(const float *x, int ld, int idx_ld,
+                                                           int k, int s, int Ho, int Wo,
+                                                           float *y, int32_t *argmax)
 {
-    const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
-    if (k == 2 && s == 2) {
-        for (int oh = 0; oh < Ho; oh++)
-            pool_row_2x2(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
-                         argmax + oh * Wo, Wo);
-        return;
-    }
-    /* Any window: running maxima over the window's rows, one output row at
-       a time, so the inner loops run along contiguous memory. */
     for (int oh = 0; oh < Ho; oh++) {
         float *yr = y + oh * Wo;
         int32_t *ar = argmax + oh * Wo;
@@ -115,6 +118,34 @@ void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, 
             }
         }
     }
+}
+
+NN_AVX512_BEGIN
+static void pool_any_avx512(const float *x, int ld, int idx_ld, int k, int s, int Ho, int Wo,
+                            float *y, int32_t *argmax)
+{
+    pool_any(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
+}
+NN_AVX512_END
+
+void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
+                   int32_t *argmax)
+{
+    const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
+    if (k == 2 && s == 2) {
+        if (zd__nn_cpu_avx512()) {
+            pool_2x2_avx512(x, ld, idx_ld, Ho, Wo, y, argmax);
+            return;
+        }
+        for (int oh = 0; oh < Ho; oh++)
+            pool_row_2x2(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
+                         argmax + oh * Wo, Wo);
+        return;
+    }
+    if (zd__nn_cpu_avx512())
+        pool_any_avx512(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
+    else
+        pool_any(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
 }
 
 void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,

@@ -17,14 +17,12 @@
     The AVX-512 transforms handle up to 16 tiles of one tile row at once,
     one tile per lane, reading the input planes in place (masked loads give
     the zeros of the padding and of the partial last tile of odd sizes).
-    The portable ones go one tile at a time through a zero-padded copy of
-    each input plane. */
+    The portable ones (CPUs without AVX-512, or ZDIST_CPU=generic) go one
+    tile at a time through a zero-padded copy of each input plane. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
 #include <immintrin.h>
-#endif
 
 #include <zdist/error.h>
 #include "nn/nn_private.h"
@@ -37,6 +35,7 @@ typedef struct {
     int Ho, Wo;
     int th, tw, tiles;    /* tile rows, tile columns, tiles per sample */
     int hp, ldp;          /* portable path's staging plane: hp rows, ldp floats apart */
+    bool avx512;          /* the AVX-512 transforms (zd__nn_cpu_avx512 when planned) */
 } wg_plan_t;
 
 typedef struct {
@@ -107,7 +106,7 @@ static void transform_filters(const float *w, int O, int C, bool flip, float *u)
 /*  ---- input transform: V = B^T d B ----
     B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. */
 
-#ifdef __AVX512F__
+NN_AVX512_BEGIN
 static inline __mmask16 first_lanes(int n)
 {
     return (__mmask16)(n >= 16 ? 0xffffu : n <= 0 ? 0u : (1u << n) - 1);
@@ -175,11 +174,9 @@ static inline const float *plane_row(const wg_plan_t *p, const float *x, int r)
     outside it are zeros) into v (tile t of the sample at v[t]), 16 tiles
     of a tile row at a time, one per lane. Tile row ty reads input rows
     2*ty - pad .. +3, the next one two of the same rows again: their
-    column transforms are carried over. `stage` is not needed here. */
-static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v,
-                            size_t ldv)
+    column transforms are carried over. */
+static void input_transform_avx512(const wg_plan_t *p, const float *x, float *v, size_t ldv)
 {
-    (void)stage;
     for (int tx0 = 0; tx0 < p->tw; tx0 += 16) {
         const __mmask16 mask = first_lanes(p->tw - tx0);
         const int c0 = 2 * tx0 - p->pad;
@@ -215,7 +212,8 @@ static void input_transform(const wg_plan_t *p, const float *x, float *stage, fl
         }
     }
 }
-#else
+NN_AVX512_END
+
 /*  One tile at plane[0] (rows ldp apart) into v[xi * ldv]. */
 static void input_tile(const float *plane, int ldp, float *v, size_t ldv)
 {
@@ -238,8 +236,8 @@ static void input_tile(const float *plane, int ldp, float *v, size_t ldv)
 /*  Every tile of the input plane x into v (tile t of the sample at v[t]),
     through the staging plane `stage`, whose borders are zero: only its
     interior is written here. */
-static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v,
-                            size_t ldv)
+static void input_transform_generic(const wg_plan_t *p, const float *x, float *stage,
+                                    float *v, size_t ldv)
 {
     for (int r = 0; r < p->H; r++)
         memcpy(stage + (size_t)(r + p->pad) * p->ldp + p->pad, x + (size_t)r * p->W,
@@ -249,16 +247,26 @@ static void input_transform(const wg_plan_t *p, const float *x, float *stage, fl
             input_tile(stage + (size_t)2 * ty * p->ldp + 2 * tx, p->ldp,
                        v + (size_t)ty * p->tw + tx, ldv);
 }
-#endif
+
+/*  The plane x into v, by the transforms planned (`stage`: the portable
+    ones' staging plane, unused by the AVX-512 ones). */
+static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v,
+                            size_t ldv)
+{
+    if (p->avx512)
+        input_transform_avx512(p, x, v, ldv);
+    else
+        input_transform_generic(p, x, stage, v, ldv);
+}
 
 /*  ---- output transform: y = A^T m A (+ bias) ----
     A^T = [1 1 1 0; 0 1 -1 -1]. */
 
-#ifdef __AVX512F__
+NN_AVX512_BEGIN
 /*  Tiles tx0 .. tx0+n-1 of tile row ty of one output plane y (Ho x Wo),
     from m[xi * ldm]: 2 rows (1 at the bottom of an odd Ho) of up to 2n
     columns (fewer at the right of an odd Wo). */
-static void output_tiles_avx512(const float *m, size_t ldm, float bias, int ty, int tx0, int n,
+static inline void output_tiles_avx512(const float *m, size_t ldm, float bias, int ty, int tx0, int n,
                                 int Ho, int Wo, float *y)
 {
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
@@ -292,7 +300,21 @@ static void output_tiles_avx512(const float *m, size_t ldm, float bias, int ty, 
             _mm512_mask_storeu_ps(row + 16, m_hi, _mm512_permutex2var_ps(y10, hi, y11));
     }
 }
-#else
+
+/*  One output plane (Ho x Wo) from its sample's 16 rows m[xi * ldm]. */
+static void output_transform_avx512(const wg_plan_t *p, const float *m, size_t ldm, float bias,
+                                    float *y)
+{
+    for (int ty = 0; ty < p->th; ty++) {
+        const float *mr = m + (size_t)ty * p->tw;
+        for (int tx = 0; tx < p->tw; tx += 16) {
+            int n = p->tw - tx < 16 ? p->tw - tx : 16;
+            output_tiles_avx512(mr + tx, ldm, bias, ty, tx, n, p->Ho, p->Wo, y);
+        }
+    }
+}
+NN_AVX512_END
+
 /*  One tile from m[xi * ldm] to the (up to) 2x2 outputs at y (rows Wo
     apart), rows and cols of them kept. */
 static void output_tile(const float *m, size_t ldm, float bias, int rows, int cols, int Wo,
@@ -312,27 +334,23 @@ static void output_tile(const float *m, size_t ldm, float bias, int rows, int co
         for (int j = 0; j < cols; j++)
             y[(size_t)i * Wo + j] = out[i][j];
 }
-#endif
 
 /*  One output plane (Ho x Wo) from its sample's 16 rows m[xi * ldm]. */
 static void output_transform(const wg_plan_t *p, const float *m, size_t ldm, float bias,
                              float *y)
 {
+    if (p->avx512) {
+        output_transform_avx512(p, m, ldm, bias, y);
+        return;
+    }
     for (int ty = 0; ty < p->th; ty++) {
         const float *mr = m + (size_t)ty * p->tw;
-#ifdef __AVX512F__
-        for (int tx = 0; tx < p->tw; tx += 16) {
-            int n = p->tw - tx < 16 ? p->tw - tx : 16;
-            output_tiles_avx512(mr + tx, ldm, bias, ty, tx, n, p->Ho, p->Wo, y);
-        }
-#else
         int rows = p->Ho - 2 * ty < 2 ? 1 : 2;
         for (int tx = 0; tx < p->tw; tx++) {
             int cols = p->Wo - 2 * tx < 2 ? 1 : 2;
             output_tile(mr + tx, ldm, bias, rows, cols, p->Wo,
                         y + (size_t)2 * ty * p->Wo + 2 * tx);
         }
-#endif
     }
 }
 
@@ -392,11 +410,9 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
         return zd_error_set("%s: a 3x3 kernel does not fit the %dx%d input with padding %d", op,
                          H, W, pad);
     int64_t th = (Ho + 1) / 2, tw = (Wo + 1) / 2;
-#ifdef __AVX512F__
-    int64_t hp = 0, ldp = 0;      /* the AVX-512 transform reads x in place */
-#else
-    int64_t hp = 2 * th + 2, ldp = 2 * tw + 2;
-#endif
+    const bool avx512 = zd__nn_cpu_avx512();
+    /* the AVX-512 transform reads x in place, the portable one a padded copy */
+    int64_t hp = avx512 ? 0 : 2 * th + 2, ldp = avx512 ? 0 : 2 * tw + 2;
     /* the largest sizes: one sample's V and M, and a sample of x or y */
     if (th * tw * 16 * ((int64_t)C + O) > INT32_MAX || hp * ldp > INT32_MAX ||
         (int64_t)H * W * C > INT32_MAX || Ho * Wo * O > INT32_MAX)
@@ -404,7 +420,7 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
     *p = (wg_plan_t){
         .N = N, .C = C, .H = H, .W = W, .O = O, .pad = pad,
         .Ho = (int)Ho, .Wo = (int)Wo, .th = (int)th, .tw = (int)tw, .tiles = (int)(th * tw),
-        .hp = (int)hp, .ldp = (int)ldp,
+        .hp = (int)hp, .ldp = (int)ldp, .avx512 = avx512,
     };
     return 0;
 }

@@ -3,8 +3,10 @@
     every block edge and tail mask; then the three convolution ops on odd
     shapes (Winograd's forward pass among them), and large linear layers,
     output and every gradient, against the im2col / BLAS path
-    (zd__nn_use_taps(false)). Without AVX-512 both sides take
-    the same path and the op comparisons are trivially exact. */
+    (zd__nn_use_taps(false)), and against the portable kernels
+    (zd__nn_cpu_set("generic")). Without AVX-512 (or with ZDIST_CPU=generic)
+    every side takes the same path and the op comparisons are trivially
+    exact. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -223,11 +225,27 @@ static void backward_take(zd_tensor_t *y, zd_tensor_t **dy, zd_tensor_t *const l
         }
 }
 
-/*  Drops both paths' results and the inputs; nothing may be left of them. */
-static void release_both(zd_tensor_t *y[2], zd_tensor_t *g[2][3], zd_tensor_t *dy,
-                         zd_tensor_t *const leaves[3], int64_t live)
+/*  The paths compared: 0 the taps path, 1 im2col / BLAS, 2 the portable
+    kernels (im2col / BLAS too). */
+#define PATHS 3
+
+static void take_path(int v)
 {
-    for (int v = 0; v < 2; v++) {
+    zd__nn_use_taps(v == 0);
+    assert_int_equal(zd__nn_cpu_set(v == 2 ? "generic" : NULL), 0);
+}
+
+static void restore_paths(void)
+{
+    zd__nn_use_taps(true);
+    assert_int_equal(zd__nn_cpu_set(NULL), 0);
+}
+
+/*  Drops every path's results and the inputs; nothing may be left of them. */
+static void release_all(zd_tensor_t *y[PATHS], zd_tensor_t *g[PATHS][3], zd_tensor_t *dy,
+                        zd_tensor_t *const leaves[3], int64_t live)
+{
+    for (int v = 0; v < PATHS; v++) {
         zd_tensor_unref(y[v]);
         for (int i = 0; i < 3; i++)
             zd_tensor_unref(g[v][i]);
@@ -245,28 +263,30 @@ static void check_op(conv_case_t cc)
     zd_tensor_t *x = rand_leaf(4, (int64_t[]){cc.N, cc.C, cc.H, cc.W});
     zd_tensor_t *w = rand_leaf(4, (int64_t[]){cc.O, cc.C, cc.kh, cc.kw});
     zd_tensor_t *b = cc.bias ? rand_leaf(1, (int64_t[]){cc.O}) : NULL;
-    zd_tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3] = {{0}};
+    zd_tensor_t *leaves[3] = {x, w, b}, *y[PATHS], *g[PATHS][3] = {{0}};
     zd_tensor_t *dy = NULL;
     for (int i = 0; i < 3; i++)
         if (leaves[i])
             assert_int_equal(zd_tensor_set_requires_grad(leaves[i], (grads >> i) & 1), 0);
-    for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: im2col path */
-        zd__nn_use_taps(v == 0);
+    for (int v = 0; v < PATHS; v++) {
+        take_path(v);
         y[v] = run_op(cc.kind, x, w, b, cc.pad, cc.pool_k ? cc.pool_k : 2, cc.pool_s);
         backward_take(y[v], &dy, leaves, g[v]);
     }
-    zd__nn_use_taps(true);
-    assert_same("y", y[0], y[1]);
+    restore_paths();
     const char *names[3] = {"grad x", "grad weight", "grad bias"};
-    for (int i = 0; i < 3; i++) {
-        if (!leaves[i])
-            continue;
-        if ((grads >> i) & 1)
-            assert_same(names[i], g[0][i], g[1][i]);
-        else
-            assert_true(!g[0][i] && !g[1][i]);
+    for (int v = 1; v < PATHS; v++) {
+        assert_same("y", y[0], y[v]);
+        for (int i = 0; i < 3; i++) {
+            if (!leaves[i])
+                continue;
+            if ((grads >> i) & 1)
+                assert_same(names[i], g[0][i], g[v][i]);
+            else
+                assert_true(!g[0][i] && !g[v][i]);
+        }
     }
-    release_both(y, g, dy, leaves, live);
+    release_all(y, g, dy, leaves, live);
 }
 
 static void test_ops_match_im2col(void **state)
@@ -312,18 +332,20 @@ static void check_linear(int rows, int in_f, int out_f)
     for (int64_t i = 0; i < zd_tensor_numel(w); i++)
         zd_tensor_data(w)[i] /= sqrtf((float)in_f);
     zd_tensor_t *b = rand_leaf(1, (int64_t[]){out_f});
-    zd_tensor_t *leaves[3] = {x, w, b}, *y[2], *g[2][3], *dy = NULL;
-    for (int v = 0; v < 2; v++) {        /* 0: taps path, 1: BLAS */
-        zd__nn_use_taps(v == 0);
+    zd_tensor_t *leaves[3] = {x, w, b}, *y[PATHS], *g[PATHS][3], *dy = NULL;
+    for (int v = 0; v < PATHS; v++) {
+        take_path(v);
         assert_int_equal(zd_nn_linear(x, w, b, &y[v]), 0);
         backward_take(y[v], &dy, leaves, g[v]);
     }
-    zd__nn_use_taps(true);
-    assert_same("linear y", y[0], y[1]);
-    assert_same("linear grad x", g[0][0], g[1][0]);
-    assert_same("linear grad weight", g[0][1], g[1][1]);
-    assert_same("linear grad bias", g[0][2], g[1][2]);
-    release_both(y, g, dy, leaves, live);
+    restore_paths();
+    for (int v = 1; v < PATHS; v++) {
+        assert_same("linear y", y[0], y[v]);
+        assert_same("linear grad x", g[0][0], g[v][0]);
+        assert_same("linear grad weight", g[0][1], g[v][1]);
+        assert_same("linear grad bias", g[0][2], g[v][2]);
+    }
+    release_all(y, g, dy, leaves, live);
 }
 
 static void test_linear_matches_blas(void **state)

@@ -109,16 +109,32 @@ ZD_API int zd_nn_set_num_threads(int n);
 ZD_API int zd_nn_get_num_threads(void);
 
 /*  ---- the process set-up ----
-    Linking this library also keeps large freed blocks in glibc's heap
-    instead of returning them to the system after each training step (see
-    nn/blas.c; skipped when MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_
-    or GLIBC_TUNABLES is set). */
+    Linking the library changes nothing in a process until it calls
+    zd_nn_process_setup. The layers choose their own kernels at run time,
+    AVX-512 ones when the CPU has AVX-512 F/BW/DQ/VL (ZDIST_CPU=generic in
+    the environment forces the portable ones). */
 
-/*  Name of the OpenBLAS kernel set in use ("SkylakeX", "Haswell", ...).
-    OpenBLAS 0.3.21 does not recognise some recent CPUs and falls back to
-    its slow generic "Prescott" kernels; when OPENBLAS_CORETYPE is unset and
-    the CPU has AVX-512 (or AVX2), linking this library selects the matching
-    kernels at start-up instead (set OPENBLAS_CORETYPE to choose yourself).
+/*  What zd_nn_process_setup does: keep large freed blocks (tensors of a
+    training step) in glibc's heap instead of giving them back to the
+    system and faulting fresh zeroed pages in on the next step: about 30%
+    of a Net training step (mallopt: mmap above 32 MB only, trim above 128
+    MB; skipped when MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_ or
+    GLIBC_TUNABLES is set). */
+#define ZD_NN_SETUP_ALLOCATOR 1u
+/*  Use OpenBLAS's AVX-512 (or AVX2) kernels where OpenBLAS 0.3.21 does not
+    recognise the CPU and fell back to its generic "Prescott" ones, four
+    times slower (skipped when OPENBLAS_CORETYPE is set: choose yourself). */
+#define ZD_NN_SETUP_BLAS 2u
+#define ZD_NN_SETUP_ALL (ZD_NN_SETUP_ALLOCATOR | ZD_NN_SETUP_BLAS)
+
+/*  Sets up this process for training with the layers (flags: ZD_NN_SETUP_*);
+    call it first thing in main(), before other threads start and before any
+    BLAS call (it may restart OpenBLAS); calling it again is harmless.
+    Returns 0, or -1 for unknown flags. */
+ZD_API int zd_nn_process_setup(unsigned flags);
+
+/*  Name of the OpenBLAS kernel set in use ("SkylakeX", "Haswell", ...;
+    after zd_nn_process_setup with ZD_NN_SETUP_BLAS, the upgraded one).
     Borrowed, static. */
 ZD_API const char *zd_nn_blas_corename(void);
 

@@ -1,0 +1,109 @@
+/*  Which kernels nn/ runs (nn/cpu.c): the AVX-512 ones exactly when
+    /proc/cpuinfo lists AVX-512 F, BW, DQ and VL and ZDIST_CPU is not
+    "generic" (ctest runs this test both ways), so that a broken choice
+    cannot pass unnoticed by falling back to the portable kernels; and
+    zd__nn_cpu_set for the tests that compare both; and the process set-up
+    (nn/blas.c), which no longer runs by itself at load time. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/error.h>
+#include <zdist/nn.h>
+#include "nn/nn_private.h"
+
+/*  Whether the "flags" line of /proc/cpuinfo has the word `flag`. */
+static bool cpuinfo_has(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    assert_non_null(f);
+    char line[8192];
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0)
+            continue;
+        for (char *tok = strtok(strchr(line, ':'), " :\n"); tok; tok = strtok(NULL, " \n"))
+            if (strcmp(tok, flag) == 0)
+                found = true;
+        break;
+    }
+    fclose(f);
+    return found;
+}
+
+static bool cpu_has_avx512(void)
+{
+    return cpuinfo_has("avx512f") && cpuinfo_has("avx512bw") && cpuinfo_has("avx512dq") &&
+           cpuinfo_has("avx512vl");
+}
+
+static const char *expected(void)
+{
+    const char *env = getenv("ZDIST_CPU");
+    if (env && strcmp(env, "generic") == 0)
+        return "generic";
+    return cpu_has_avx512() ? "avx512" : "generic";
+}
+
+static void test_choice(void **state)
+{
+    (void)state;
+    const char *env = getenv("ZDIST_CPU");
+    print_message("ZDIST_CPU=%s, kernels: %s\n", env ? env : "(unset)", zd__nn_cpu_name());
+    assert_string_equal(zd__nn_cpu_name(), expected());
+    assert_int_equal(zd__nn_cpu_avx512(), strcmp(expected(), "avx512") == 0);
+    /* the layers' own view of it */
+    assert_int_equal(zd__nn_conv_direct_available(), zd__nn_cpu_avx512());
+}
+
+static void test_set(void **state)
+{
+    (void)state;
+    assert_int_equal(zd__nn_cpu_set("generic"), 0);
+    assert_string_equal(zd__nn_cpu_name(), "generic");
+    assert_false(zd__nn_taps_enabled());
+    if (cpu_has_avx512()) {
+        assert_int_equal(zd__nn_cpu_set("avx512"), 0);
+        assert_string_equal(zd__nn_cpu_name(), "avx512");
+        assert_true(zd__nn_taps_enabled());
+    } else {
+        assert_int_equal(zd__nn_cpu_set("avx512"), -1);
+        assert_non_null(strstr(zd_error_last(), "AVX-512"));
+    }
+    assert_int_equal(zd__nn_cpu_set("sse9"), -1);
+    assert_non_null(strstr(zd_error_last(), "sse9"));
+    assert_int_equal(zd__nn_cpu_set(NULL), 0);    /* back to the CPU's and ZDIST_CPU's */
+    assert_string_equal(zd__nn_cpu_name(), expected());
+    assert_int_equal(zd__nn_cpu_set("auto"), 0);
+    assert_string_equal(zd__nn_cpu_name(), expected());
+}
+
+/*  Runs first: no BLAS call has been made in this process yet. */
+static void test_process_setup(void **state)
+{
+    (void)state;
+    assert_int_equal(zd_nn_process_setup(0x80), -1);
+    assert_non_null(strstr(zd_error_last(), "0x80"));
+    assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0);
+    assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0);    /* again: harmless */
+    const char *core = zd_nn_blas_corename();
+    print_message("OpenBLAS kernels: %s\n", core);
+    /* OpenBLAS's generic kernels only where the CPU has nothing better,
+       or the user asked for them */
+    if (!getenv("OPENBLAS_CORETYPE") && (zd__nn_cpu_features() & NN_CPU_AVX2))
+        assert_true(strcmp(core, "Prescott") != 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_process_setup),
+        cmocka_unit_test(test_choice),
+        cmocka_unit_test(test_set),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
