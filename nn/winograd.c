@@ -438,7 +438,7 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
     int rc = zd__nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y),
                              chunk_run, job);
     free(u);
-    return rc < 0 ? zd_error_wrap(op) : 0;
+    return rc < 0 ? zd_error_wrap("%s", op) : 0;
 }
 
 bool zd__nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
