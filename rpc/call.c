@@ -167,17 +167,6 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
 
 /* ---- sending ---- */
 
-static bool fn_name_ok(const char *s)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > ZD_RPC_MAX_FUNCTION)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < 0x21 || s[i] > 0x7e)
-            return false;
-    return true;
-}
-
 static zd_value_t *empty_args(void)
 {
     static _Atomic(zd_value_t *) empty;
@@ -208,7 +197,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     if (atomic_load(&a->closing))
         return zd_error_set_code(ZD_ERR_SHUTDOWN, "%s: RPC is shutting down", req->api), NULL;
     bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
-    if (has_value && !fn_name_ok(req->fn))
+    if (has_value && !zd__rpc_wire_name_ok(req->fn, ZD_RPC_MAX_FUNCTION))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d): bad function name "
                                  "\"%s\"", req->api, a->peers[to].name, to,
                                  req->fn ? req->fn : "(null)"), NULL;

@@ -46,17 +46,6 @@ static int env_int(const char *var, long lo, long hi, long *out)
     return 1;
 }
 
-static bool name_ok(const char *s, size_t max)
-{
-    size_t n = strlen(s);
-    if (n == 0 || n > max)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < 0x21 || s[i] > 0x7e)
-            return false;
-    return true;
-}
-
 /* The IP this process should bind and advertise: the one the kernel would
    use to reach the master (a UDP "connect" sends nothing). */
 int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size)
@@ -125,7 +114,7 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         snprintf(p->name, sizeof p->name, "%s", name);
     else
         snprintf(p->name, sizeof p->name, "worker%d", rank);
-    if (!name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
+    if (!zd__rpc_wire_name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
                                  "no spaces)", name, ZD_RPC_MAX_NAME);

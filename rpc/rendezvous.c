@@ -54,17 +54,6 @@ static int parse_int(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
-static bool text_ok(const char *s, size_t max)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > max)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (s[i] < 0x21 || s[i] > 0x7e)
-            return false;
-    return true;
-}
-
 static void send_to(void *sock, zframe_t *identity, zmsg_t *body)
 {
     zmsg_t *m = zmsg_dup(body);
@@ -101,8 +90,9 @@ static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id
     long r, w;
     int rc = 0;
     if (!tag || strcmp(tag, REG_TAG) != 0 || parse_int(rs, 0, RPC_WIRE_MAX_RANK, &r) < 0 ||
-        parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 || !text_ok(name, ZD_RPC_MAX_NAME) ||
-        !text_ok(ep, ZD_RPC_MAX_ENDPOINT)) {
+        parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 ||
+        !zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
+        !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT)) {
         zd__agent_log(a, "rendezvous: dropped a malformed registration");
         goto done;
     }
@@ -251,8 +241,8 @@ static int read_table(agent_t *a, zmsg_t *m)
     }
     for (int i = 0; i < a->world && rc == 0; i++) {
         char *name = zmsg_popstr(m), *ep = zmsg_popstr(m);
-        if (!text_ok(name, ZD_RPC_MAX_NAME) || !text_ok(ep, ZD_RPC_MAX_ENDPOINT) ||
-            strncmp(ep, "tcp://", 6) != 0)
+        if (!zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
+            !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT) || strncmp(ep, "tcp://", 6) != 0)
             rc = zd_error_set("rendezvous: malformed entry for rank %d from the master", i);
         else {
             snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", name);

@@ -314,3 +314,14 @@ int zd__rpc_wire_identity_rank(const void *id, size_t len)
         return p[1] << 8 | p[2];
     return -1;
 }
+
+bool zd__rpc_wire_name_ok(const char *s, size_t max)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > max)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x21 || s[i] > 0x7e)
+            return false;
+    return true;
+}

@@ -81,6 +81,7 @@
 #ifndef ZDIST_RPC_WIRE_H
 #define ZDIST_RPC_WIRE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -141,6 +142,11 @@ typedef struct {
     const uint8_t *meta;
     size_t meta_len;
 } rpc_wire_header_t;
+
+/*  True when s is a worker or function name the protocol allows: 1 to max
+    bytes, each printable ASCII without space (names are sent as they are and
+    printed in errors). NULL is not. */
+bool zd__rpc_wire_name_ok(const char *s, size_t max);
 
 /*  Bytes needed for h's frame. */
 size_t zd__rpc_wire_size(const rpc_wire_header_t *h);
