@@ -12,12 +12,7 @@
     Run as a world of two processes:  launch --nproc=2 --no_rank_flags -- ./split */
 #include <stdio.h>
 #include <stdlib.h>
-#include <zdist/autograd.h>
-#include <zdist/dist_autograd.h>
-#include <zdist/dist_optim.h>
-#include <zdist/error.h>
-#include <zdist/nn.h>
-#include <zdist/rpc.h>
+#include <zdist/zdist.h>
 
 #define IN 4
 #define HIDDEN 16
@@ -75,9 +70,8 @@ static zd_value_t *layer_new(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t in, out, seed;
-    if (zd_rpc_arg_int(args, 0, &in) < 0 || zd_rpc_arg_int(args, 1, &out) < 0 ||
-        zd_rpc_arg_int(args, 2, &seed) < 0)
-        return NULL;
+    if (ZD_UNPACK(args, &in, &out, &seed) < 0)
+        return NULL;   /* the caller gets "argument 2: expected int, got ..." */
     layer_t *l = layer_create(in, out, (uint64_t)seed);
     return l ? zd_value_object(l, layer_free, "Layer") : NULL;
 }
@@ -88,9 +82,10 @@ static zd_value_t *layer_new(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 static zd_value_t *layer_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
+    zd_value_t *self;
     void *obj;
     zd_tensor_t *x, *y, *h;
-    if (zd_rpc_arg_object(args, 0, "Layer", &obj) < 0 || zd_rpc_arg_tensor(args, 1, &x) < 0)
+    if (ZD_UNPACK(args, &self, &x) < 0 || zd_value_get_object(self, "Layer", &obj) < 0)
         return NULL;
     layer_t *l = obj;
     if (zd_nn_linear(x, l->weight, l->bias, &y) < 0)
@@ -108,21 +103,15 @@ static zd_value_t *layer_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
 static zd_value_t *layer_parameter_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
+    zd_value_t *self;
     void *obj;
-    if (zd_rpc_arg_object(args, 0, "Layer", &obj) < 0)
+    if (ZD_UNPACK(args, &self) < 0 || zd_value_get_object(self, "Layer", &obj) < 0)
         return NULL;
     layer_t *l = obj;
-    zd_tensor_t *params[2] = {l->weight, l->bias};
-    zd_value_t *list = zd_value_list(2);
-    for (int i = 0; list && i < 2; i++) {
-        zd_rref_t *r = param_rref(params[i]);
-        /* zd_list_append takes the item's reference (and fails on NULL) */
-        if (!r || zd_list_append(list, zd_value_rref(r)) < 0) {
-            zd_value_unref(list);
-            list = NULL;
-        }
-        zd_rref_unref(r);
-    }
+    zd_rref_t *w = param_rref(l->weight), *b = param_rref(l->bias);
+    zd_value_t *list = w && b ? ZD_ARGS(w, b) : NULL;   /* the list takes its own references */
+    zd_rref_unref(w);
+    zd_rref_unref(b);
     return list;
 }
 
@@ -132,10 +121,11 @@ static zd_value_t *layer_parameter_rrefs(zd_rpc_call_t *call, zd_value_t *args, 
 static int forward_backward(int64_t ctx, zd_rref_t *fc1, layer_t *fc2, zd_tensor_t *x,
                             zd_tensor_t *target, float *loss_out)
 {
-    zd_value_t *args = zd_rpc_args("t", x), *reply = NULL;
+    zd_value_t *reply = NULL;
     zd_tensor_t *h, *y = NULL, *diff = NULL, *sq = NULL, *loss = NULL;
     int rc = -1;
-    if (args && zd_rref_rpc_sync(fc1, "Layer.forward", args, ZD_TIMEOUT_DEFAULT, &reply) == 0 &&
+    if (zd_rref_rpc_sync_take(fc1, "Layer.forward", ZD_ARGS(x), ZD_TIMEOUT_DEFAULT,
+                              &reply) == 0 &&
         zd_value_get_tensor(reply, &h) == 0 &&   /* h is borrowed from reply */
         zd_nn_linear(h, fc2->weight, fc2->bias, &y) == 0 &&
         zd_tensor_sub(y, target, &diff) == 0 &&
@@ -145,7 +135,6 @@ static int forward_backward(int64_t ctx, zd_rref_t *fc1, layer_t *fc2, zd_tensor
         *loss_out = zd_tensor_data(loss)[0];
         rc = 0;
     }
-    zd_value_unref(args);
     zd_value_unref(reply);
     zd_tensor_unref(y);
     zd_tensor_unref(diff);
@@ -176,29 +165,24 @@ static int make_data(zd_tensor_t **x, zd_tensor_t **target)
 static int train(void)
 {
     int rc = -1;
-    zd_rref_t *fc1 = NULL, *params[4] = {NULL};
+    zd_rref_t *fc1 = NULL, *params[4] = {NULL}, *w1, *b1;
     zd_value_t *reply = NULL;
     zd_dist_optim_t *opt = NULL;
     zd_tensor_t *x = NULL, *target = NULL;
     layer_t *fc2 = layer_create(HIDDEN, 1, 2);
 
-    /* fc1 lives on worker1: zd_rpc_remote returns an RRef at once. */
-    zd_value_t *args = zd_rpc_args("iii", (int64_t)IN, (int64_t)HIDDEN, (int64_t)1);
-    if (args)
-        fc1 = zd_rpc_remote(zd_rpc_worker("worker1"), "Layer.new", args, ZD_TIMEOUT_DEFAULT);
-    zd_value_unref(args);
+    /* fc1 lives on worker1: zd_rpc_remote_take returns an RRef at once. */
+    fc1 = zd_rpc_remote_take(zd_rpc_worker("worker1"), "Layer.new", ZD_ARGS(IN, HIDDEN, 1),
+                             ZD_TIMEOUT_DEFAULT);
     if (!fc2 || !fc1 || make_data(&x, &target) < 0)
         goto out;
 
     /* The parameters to optimise: RRefs to fc1's (on worker1) and fc2's (here). */
-    if (zd_rref_rpc_sync(fc1, "Layer.parameter_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &reply) < 0)
+    if (zd_rref_rpc_sync(fc1, "Layer.parameter_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &reply) < 0 ||
+        ZD_UNPACK(reply, &w1, &b1) < 0)
         goto out;
-    for (int i = 0; i < 2; i++) {
-        zd_rref_t *r;
-        if (zd_rpc_arg_rref(reply, (size_t)i, &r) < 0)
-            goto out;
-        params[i] = zd_rref_ref(r);   /* keep it beyond reply */
-    }
+    params[0] = zd_rref_ref(w1);   /* keep them beyond reply */
+    params[1] = zd_rref_ref(b1);
     params[2] = param_rref(fc2->weight);
     params[3] = param_rref(fc2->bias);
     if (!params[2] || !params[3])
@@ -208,19 +192,21 @@ static int train(void)
         goto out;
 
     for (int step = 1; step <= STEPS; step++) {
-        int64_t ctx;
         float loss = 0;
-        if (zd_dist_autograd_context_begin(&ctx) < 0)
-            goto out;
-        int step_rc = forward_backward(ctx, fc1, fc2, x, target, &loss);
-        if (step_rc == 0)
-            step_rc = zd_dist_optim_step(opt, ctx);   /* both owners, at once */
-        if (zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT) < 0)
-            step_rc = -1;
+        int step_rc = -1;   /* stays -1 if the context could not begin */
+        /* One context per step, released (here and on worker1) as the block ends. */
+        ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+            step_rc = forward_backward(ctx, fc1, fc2, x, target, &loss);
+            if (step_rc == 0)
+                step_rc = zd_dist_optim_step(opt, ctx);   /* both owners, at once */
+        }
         if (step_rc < 0)
             goto out;
         printf("step %2d loss %.4f\n", step, loss);
     }
+    /* The releases went out without waiting: check that all arrived. */
+    if (zd_dist_autograd_wait_releases(ZD_TIMEOUT_DEFAULT) < 0)
+        goto out;
     rc = 0;
 out:
     if (rc < 0)
@@ -240,6 +226,7 @@ out:
 int main(void)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);   /* lines as they come, under launch too */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);   /* first thing: tunes malloc and OpenBLAS */
     /* On every process, before zd_rpc_init: the functions it serves, then
        distributed autograd, then the DistributedOptimizer's functions. */
     if (zd_rpc_register("Layer.new", layer_new, NULL) < 0 ||
@@ -251,7 +238,8 @@ int main(void)
         return 1;
     }
     int rc = zd_rpc_rank() == 0 ? train() : 0;   /* worker1 only serves */
-    if (zd_rpc_shutdown(true, 0) < 0) {        /* 0: wait for the others without limit */
+    /* Waits for the other worker (by default without limit), then closes. */
+    if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0) {
         fprintf(stderr, "split: %s\n", zd_error_last());
         rc = -1;
     }
