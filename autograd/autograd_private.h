@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  autograd_private.h: the structures behind zd_tensor_t and zd_autograd_node_t,
     shared by tensor.c, node.c and engine.c only. */
 #ifndef ZDIST_AUTOGRAD_PRIVATE_H

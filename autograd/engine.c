@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  engine.c: the local backward pass.
 
     Two phases. First a walk from the roots finds every node that can receive

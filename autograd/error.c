@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 #include <zdist/error.h>
 
 #include <stdio.h>

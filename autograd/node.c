@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  node.c: graph nodes recorded by differentiable operations. */
 #include "autograd/autograd_private.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ops.c: elementwise arithmetic, reductions and matmul with gradients. */
 #include <cblas.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  tensor.c: storage, shape and reference counting of tensors. */
 #include "autograd/autograd_private.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bench_dist: what the distributed machinery costs.
 
         bench_dist [--csv] [--iters=N]

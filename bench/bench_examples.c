@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bench_examples: throughput of the programs built on the public API, each
     in a world of real processes on this machine (loopback).
 

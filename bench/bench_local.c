@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bench_local: training-step throughput of the two models in one process.
 
     One step = forward (training mode, dropout on) + nll_loss + backward +

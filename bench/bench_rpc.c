@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bench_rpc: figures of the RPC agent between two processes on this machine.
 
         bench_rpc [--raw] [--csv] [--iters N] [--bw] [--bw-reps N]

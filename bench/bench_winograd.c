@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bench_winograd: the Net's conv2 (x [B,32,26,26], w [64,32,3,3], stride 1,
     no padding, y [B,64,24,24]) by Winograd F(2x2, 3x3) (nn/winograd.c)
     against zd_nn_conv2d, forward and input gradient, with 1 and 2 threads.

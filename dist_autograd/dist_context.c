@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_context.c: the registry of distributed autograd contexts, their
     tables of send/receive functions, participants and gradients. */
 #include <stdlib.h>

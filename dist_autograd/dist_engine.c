@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_engine.c: the distributed backward pass and context release.
 
     Each process keeps, per context, one autograd task for the current pass

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_private.h: contexts and their tables, shared by the files of
     distributed autograd (dist_context.c, dist_record.c, dist_engine.c). */
 #ifndef ZDIST_DIST_PRIVATE_H

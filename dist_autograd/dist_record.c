@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_record.c: the RPC hooks that record send and receive functions.
 
     Extra bytes carried by a request made under a context (little-endian):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_optim.c: the DistributedOptimizer. As PyTorch's holds RRefs to
     _LocalOptimizer objects, each owner's local optimizer is a local object
     value behind an RRef that the owner makes (zd_rref_new) and hands to

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  actor.c: actors as local object values (see actor.h). */
 #include "examples/actor.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  actor.h: Ray-style actors on the RPC layer: C objects created on a
     worker with zd_rpc_remote() and used through the RRef.
 

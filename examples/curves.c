@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  curves.c: training curves as CSV and PNG (curves.h).
 
     The chart is drawn into an RGB buffer: two panels (loss, samples/s)

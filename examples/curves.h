@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  curves.h: training curves (SPEC B4), written as CSV and drawn as a PNG.
 
     A program adds points as it trains (batch, loss, samples/s) and, at

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 #include "examples/flags.h"
 
 #include <errno.h>

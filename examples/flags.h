@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  flags.h: command-line flags of the example programs, "--name=value" or
     "--name value", as the PyTorch tutorials' argparse accepts them. */
 #ifndef ZDIST_EXAMPLES_FLAGS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  pipeline: pipeline-parallel training of the tutorial Net over RPC, in
     the style of PyTorch's "Distributed Pipeline Parallelism Using RPC".
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The two shards of the pipelined Net, and the driver's view of them
     (pipeline_core.h). The training loop is in pipeline_driver.c. */
 #include "examples/pipeline_core.h"

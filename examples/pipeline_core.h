@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  pipeline_core.h: pipeline parallelism over RPC, in the style of
     PyTorch's tutorial "Distributed Pipeline Parallelism Using RPC", with
     the parameter-server tutorial's Net cut in two.

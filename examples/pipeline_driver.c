@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The pipeline program's driver (rank 0): the tutorial's run_master with
     Fashion-MNIST batches, timed for 1 micro-batch and for several. */
 #include "examples/pipeline_core.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_core.h: synchronous and asynchronous parameter servers (SPEC Y1-Y5),
     the design of Ray's parameter-server example, on the RPC API.
 

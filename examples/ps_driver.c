@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The driver of the parameter-server example (rank 0): Ray's synchronous
     and asynchronous training loops over the actors of ps_objects.c. */
 #include "examples/ps_core.h"

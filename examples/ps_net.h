@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_net.h: the parameter server of the PyTorch tutorial "Implementing a
     Parameter Server Using Distributed RPC Framework", holding the tutorial
     Net, optionally split over several server processes (shards).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_net_eval.c: shard 0's book-keeping of the trainers (start, finish,
     samples: the aggregate throughput) and the final evaluation they all
     share. */

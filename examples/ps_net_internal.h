@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_net_internal.h: what the files of rpc_ps's parameter server share
     (ps_net.h is their interface): the shard this process serves, and the
     pieces each file offers the others.

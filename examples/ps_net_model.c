@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_net_model.c: this shard's slice of the Net and the forward pass
     over all shards (see ps_net.h for the layout). */
 #include "examples/ps_net.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_net_serve.c: the parameter server's RPC functions for the forward
     pass, the parameters' RRefs and the gradients, gathered over the shards;
     and ps_net_serve, which sets the shard up and registers every function

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The two actors of the parameter-server example: ParameterServer and
     DataWorker (see ps_core.h), and the flat weight slices they exchange. */
 #include "examples/ps_core.h"

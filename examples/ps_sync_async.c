@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  ps_sync_async: synchronous and asynchronous parameter-server training
     (SPEC Y1-Y5), Ray's parameter-server example on zdist.
 

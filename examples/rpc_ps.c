@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rpc_ps: the PyTorch tutorial "Implementing a Parameter Server Using
     Distributed RPC Framework", on this framework.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 #include "examples/train_common.h"
 
 #include <time.h>

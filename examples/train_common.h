@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  train_common.h: pieces the training programs share. */
 #ifndef ZDIST_EXAMPLES_TRAIN_COMMON_H
 #define ZDIST_EXAMPLES_TRAIN_COMMON_H

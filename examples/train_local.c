@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  train_local: the parameter-server tutorial's Net (or the small ConvNet)
     trained in one process: the baseline that rpc_ps is compared against.
 

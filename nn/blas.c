@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  blas.c: the GEMM used by every layer, and the process set-up that
     programs running the layers ask for (zd_nn_process_setup): the choice
     of OpenBLAS kernels and glibc's allocator policy. Nothing here runs at

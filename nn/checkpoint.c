@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  checkpoint.c: the checkpoint file format described in checkpoint.h. */
 #include <errno.h>
 #include <fcntl.h>

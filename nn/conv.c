@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv.c: 2-D convolution, one sample at a time, with an optional fused
     relu or max pool after it: the op, its checks and its bookkeeping, and
     the im2col path.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv_direct.c: the GEMMs of a stride-1 convolution without unfolding.
 
     With stride 1, output pixel (oh, ow) of a plane of width Wp reads input

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv_outgrad.c: the stride-1 path's backward inputs (conv_taps.c): the
     gradient of one sample's convolution output, taken back through the
     fused relu if any, written in the two layouts the products read (a fused

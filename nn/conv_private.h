@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv_private.h: what conv.c (the op, and the im2col path) shares with
     conv_taps.c (the stride-1 path without unfolding). */
 #ifndef ZDIST_NN_CONV_PRIVATE_H

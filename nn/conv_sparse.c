@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv_sparse.c: the backward pass of a stride-1 convolution fused with a
     max pool, over the pool's winners only (AVX-512).
 

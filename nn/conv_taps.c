@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv_taps.c: stride-1 convolutions without im2col (the GEMMs over
     shifted planes of conv_direct.c), per sample, for conv.c's chunks.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  conv_unfold.c: im2col and col2im, the unfolding of input patches into
     the matrix a convolution multiplies (and the folding of its gradient
     back onto the input). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  cpu.c: which kernels the layers run, chosen at run time.
 
     Builds no longer assume the build machine's CPU: the AVX-512 kernels

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dataset.c: MNIST-format data sets. */
 #include <errno.h>
 #include <stdio.h>

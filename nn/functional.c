@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  functional.c: linear, relu, dropout, dropout2d, flatten. */
 #include <math.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  idx.c: IDX files, plain or gzip, through zlib's gz* stream functions
     (which read a file without the gzip magic as it is). */
 #include <errno.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  init.c: PyTorch's default initialisation of Conv2d and Linear. */
 #include <math.h>
 

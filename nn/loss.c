@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  loss.c: log_softmax, nll_loss, cross_entropy, argmax, accuracy. */
 #include <math.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  model.c: what every model shares: parameters, names, modes. */
 #include "nn/model_private.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  model_flat.c: a model's parameters, or their gradients, as one flat
     vector and back (PyTorch's parameters_to_vector and
     vector_to_parameters), in the order of zd_nn_model_param. Built on the

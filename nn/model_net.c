@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  model_net.c: the parameter-server tutorial Net and the small ConvNet. */
 #include "nn/model_private.h"
 

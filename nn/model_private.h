@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  model_private.h: the model structure, shared by model*.c only. */
 #ifndef ZDIST_NN_MODEL_PRIVATE_H
 #define ZDIST_NN_MODEL_PRIVATE_H

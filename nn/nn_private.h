@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  nn_private.h: helpers shared by the nn/ sources only. */
 #ifndef ZDIST_NN_PRIVATE_H
 #define ZDIST_NN_PRIVATE_H

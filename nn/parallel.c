@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  parallel.c: a small pool of threads for the layers' heavy loops.
 
     Layers split their work into chunks (a convolution: samples, or runs of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  pool.c: max pooling (PyTorch's max_pool2d, no padding, floor mode). */
 #include <math.h>
 #include <stdlib.h>

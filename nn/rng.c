@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rng.c: xoshiro256** by Blackman and Vigna, seeded through splitmix64. */
 #include <zdist/rng.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  winograd.c: F(2x2, 3x3) convolutions (see winograd.h for the method).
 
     Layout. A chunk of the pool's work is one sample. (Cutting samples

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  winograd.h: 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3)
     (private to nn/; conv.c calls it for the geometries zd__nn_winograd_applies
     accepts).

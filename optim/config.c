@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  config.c: hyper-parameters: defaults, checks, text form. */
 #include <ctype.h>
 #include <math.h>

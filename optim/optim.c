@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  optim.c: the optimizer object: parameters, state, steps, state export. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  optim_private.h: what optim.c, config.c and update.c share. */
 #ifndef ZDIST_OPTIM_PRIVATE_H
 #define ZDIST_OPTIM_PRIVATE_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  state.c: an optimizer's state as named tensors, to checkpoint and resume. */
 #include <errno.h>
 #include <stdio.h>

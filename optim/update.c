@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  update.c: the per-element update rules, following PyTorch 1.13's
     single-tensor implementations (torch/optim/{sgd,adam,adamw,adagrad,
     rmsprop}.py) operation by operation: each tensor op there is a float32

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
     timeout. Options: options.c; worker info: worker_info.c; busy polling:

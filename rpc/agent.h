@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  agent.h: state shared by the files of the RPC agent (private to rpc/).
 
     Files, by topic:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  args.c: typed argument lists (ZD_ARGS, ZD_UNPACK) and the calls that
     take their argument list over (the _take variants of rpc.h), so that a
     list can be built inline in the call without leaking. */

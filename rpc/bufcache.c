@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bufcache.c: the cache of large receive buffers (bufcache.h).
 
     Buffers are anonymous mappings rounded up to 2 MiB and advised for

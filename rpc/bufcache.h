@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  bufcache.h: a small cache of large receive buffers (private to rpc/).
 
     A large tensor that arrives streamed, in pieces sent as separate

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  call.c: outgoing requests, their pending table, zd_rpc_sync / zd_rpc_async.
 
     A request gets a future and an entry in the pending table (keyed by its

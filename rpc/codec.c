@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  codec.c: values to metadata + tensor frames and back (format in codec.h).
 
     Decoding runs the same parser twice: a first pass only validates the

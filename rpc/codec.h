@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  codec.h: values on the wire (SPEC R10, R13). Private to the rpc module.
 
     A value travels as one metadata blob plus one frame per tensor, so tensor

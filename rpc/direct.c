@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  direct.c: every thread that calls zd_rpc_sync gets its own DEALER per peer.
 
     The answer to a request sent on such a socket comes back on the same

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  future.c: futures with timed waits, callbacks, wait-all and wait-any.
 
     Completion publishes the result under the future's lock and then runs the

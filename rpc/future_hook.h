@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  future_hook.h: how the RPC agent takes part in waits on futures
     (private to rpc/).
 

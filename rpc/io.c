@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  io.c: receiving, and the I/O thread.
 
     Every frame after the header is kept in its own heap-allocated

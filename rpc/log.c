@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  log.c: the agent's log lines on stderr, rate limited. */
 #include "rpc/agent.h"
 

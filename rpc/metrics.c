@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  metrics.c: per-peer counters and round-trip latency (SPEC R12).
 
     Latencies go into a log-scale histogram (16 buckets per octave from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  options.c: zd_rpc_init's options, completed from the environment
     ($RANK, $WORLD_SIZE, $MASTER_ADDR, $MASTER_PORT, $ZDIST_BUSY_POLL_US, as
     torchrun sets them) and checked, and the address this process listens

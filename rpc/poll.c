@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  poll.c: the busy-poll policy of the agent's waiting threads.
 
     Waking a sleeping thread costs tens of microseconds on a VM whose CPU

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  pool.c: the worker threads that run handlers (SPEC R11).
 
     A fixed pool deadlocks on nested calls once every thread waits for an

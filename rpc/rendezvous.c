@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rendezvous.c: every process learns every other's name and endpoint.
 
     Rank 0 binds a ROUTER at master_addr:master_port. Every other process

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rref.c: the RRef context of one agent: owner entries, handles and their
     release, the owner's side of the protocol and the control messages it
     receives (protocol in rref.h; forks and the wire in rref_fork.c).

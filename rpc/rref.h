@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rref.h: remote references inside the agent (private to rpc/).
 
     Protocol (BACKGROUND B, PyTorch's rref.md). One OwnerRRef (an owner

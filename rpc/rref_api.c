@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rref_api.c: the public RRef functions (SPEC R4, R5, R6). */
 #include "rpc/rref.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rref_fork.c: RRefs crossing the wire: forks made while encoding a
     message (and taken back when it is never sent), RRefs arriving in a
     message, and the control messages they cause (RREF_FORK_REQUEST,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  serve.c: the function registry and incoming requests.
 
     The I/O thread decodes each request (always, even one it will refuse, so

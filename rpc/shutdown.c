@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  shutdown.c: graceful shutdown (SPEC R8).
 
     Rounds of a barrier hosted by rank 0, each carrying every process's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  stream.c: putting streamed messages together (format in wire.h, sizes
     in stream.h).
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  stream.h: large tensors streamed in pieces (private to rpc/).
 
     The format is in wire.h ("Streamed tensors"). The sender (transport.c)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  transport.c: the sockets and sending (receiving: io.c).
 
     Sending (any thread): the header frame is built in a ZeroMQ message,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  value.c: the tagged values an RPC carries. */
 #include <zdist/value.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  value_format.c: deep equality and one-line descriptions of values, for
     tests, logs and error messages. Built on the public accessors only. */
 #include <inttypes.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  wire.c: writing and validating header frames (format in wire.h). */
 #include "rpc/wire.h"
 

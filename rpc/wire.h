@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  wire.h: the header frame of every agent message (private to rpc/).
 
     A message is one ZeroMQ multipart message:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  worker_info.c: the world table as users see it (zd_rpc_get_worker_info*,
     zd_rpc_worker, zd_rpc_rank...), and the check of ranks given by users,
     which names the worker when a name lookup failed. */

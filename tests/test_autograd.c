@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Local autograd engine: recording, dependency order, accumulation, modes. */
 #include <setjmp.h>
 #include <stdarg.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Checkpoints: round trips, every kind of damage refused without touching
     the tensors, and no half-written file ever at the checkpoint's path. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Training curves (SPEC B4): the CSV reads back; the PNG is a valid file
     (signature, chunk CRCs, an IDAT that inflates to the image) whose
     pixels hold the two curves; a file that cannot be written is named.

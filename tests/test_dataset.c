@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  MNIST-format data sets: normalisation against PyTorch's numbers, file
     discovery, seeded shuffling, batching, subsets. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Distributed autograd across real processes over loopback (SPEC A2-A6).
 
     Every process holds a parameter w (4 elements, w[i] = rank + 1 + i/10)

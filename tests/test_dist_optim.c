@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  DistributedOptimizer (SPEC O2): one local optimizer per owner, stepped
     with a context's gradients; concurrent trainers; errors naming owners;
     the owners free their optimizers once the client lets go of them. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Runs tools/golden_check over every case folder of the golden directory
     (ZDIST_GOLDEN_DIR): folders are listed at run time, so new cases of known
     kinds are checked without any code change. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  IDX files: the real Fashion-MNIST files (gzip and plain), round trips,
     and every kind of broken file refused with a clear reason. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  tools/launch (SPEC P6): runs the built binary ($ZDIST_BUILD_DIR/tools/launch)
     on small /bin/sh scripts written into a fresh temporary folder.
 

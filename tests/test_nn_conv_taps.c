@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The taps kernels (nn/conv_direct.c, nn/conv_taps.c): the shifted-plane
     GEMMs against plain double-precision loops, on odd sizes that exercise
     every block edge and tail mask; then the three convolution ops on odd

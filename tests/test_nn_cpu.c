@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Which kernels nn/ runs (nn/cpu.c): the AVX-512 ones exactly when
     /proc/cpuinfo lists AVX-512 F, BW, DQ and VL and ZDIST_CPU is not
     "generic" (ctest runs this test both ways), so that a broken choice

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Finite-difference gradient checks of every nn op on random shapes:
     padding, stride, non-square and odd sizes, batches, overlapping pools,
     dropout with a fixed mask, the losses, and a whole model.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  nn models: the "net" and "convnet" golden cases (activations, log-probs,
     loss, every parameter gradient, one SGD step), the two-stage Net, train
     and eval modes, parameter names and shapes, initialisation. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  A model's parameters and gradients as one flat vector and back
     (zd_nn_model_params_to_vector, zd_nn_model_grads_to_vector,
     zd_nn_model_vector_to_params): PyTorch's layout, round trips, errors. */

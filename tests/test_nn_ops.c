@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  nn ops: every single-op golden case (forward and every gradient against
     PyTorch), error reporting, dropout semantics, argmax/accuracy, the
     random generator. */

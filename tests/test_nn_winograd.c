@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Winograd F(2x2, 3x3) convolutions (nn/winograd.c): the forward pass and
     the input gradient against a plain convolution written here (double
     accumulation), on odd and even sizes, padding 0, 1 and 2, rows of more

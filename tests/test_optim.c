@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Local optimizers: PyTorch's numbers from ../shared/golden (SGD, momentum,
     Adam on the net and convnet parameters), a double-precision reference of
     PyTorch's documented algorithms for every other option, argument checks,

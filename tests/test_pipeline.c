@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The pipeline program (examples/pipeline_core.h) in a world of three real
     processes: rank 0 drives, ranks 1 and 2 hold the two halves of the Net.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The parameter-server example (SPEC Y1-Y5) in worlds of real processes:
     rank 0 runs the driver of examples/ps_core.h, the other ranks serve its
     ParameterServer and DataWorker actors.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Typed argument lists and the calls that take them over, through the
     public API: ZD_ARGS (every kind of C value, the conversions, nesting,
     failures that release what was built), ZD_UNPACK and zd_rpc_unpack

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Large tensors streamed in pieces (rpc/stream.h, format in rpc/wire.h):
     the receiving filter fed messages by hand (pieces in order, interleaved
     connections, every kind of bad piece or table, replacement, the pending

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  zd_rpc_sync / zd_rpc_async, futures, errors and timeouts (SPEC R2, R3, R9,
     R10 on the wire), with real processes over loopback. */
 #include <setjmp.h>

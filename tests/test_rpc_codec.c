@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The value codec: round trips of every kind, zero copy, and malformed
     input fed straight to the decoder (truncations, byte flips, wrong frames,
     absurd lengths, depth bombs): always rejected or decoded, never a crash

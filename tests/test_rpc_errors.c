@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Error codes beside the error texts, in worlds of real processes: a
     timeout, a handler's failure, an unknown function, a bad rank and an
     unknown worker name (which the error names), RPC not running, and a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Futures: timed waits, callbacks, single completion, wait_all / wait_any,
     collect_all, error codes, and many threads completing and waiting at
     once. */

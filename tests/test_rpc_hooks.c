@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  The hooks that distributed autograd will use, exercised with a fake:
     a thread-local "context id" travels with requests and replies as extra
     bytes, is current on the handler's thread (so nested calls carry it on),

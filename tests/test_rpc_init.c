@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  RPC init, rendezvous and worker info (SPEC R1, R7), with real processes
     over loopback. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Metrics per peer (SPEC R12): calls sent and served, errors, bytes each
     way, latency, calls in flight and being served; readable and printable. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Nested calls never deadlock (SPEC R11): chains of calls through four
     processes with two worker threads each and 64 concurrent callers, both
     with handlers that block in zd_rpc_sync and with async handlers. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Local objects behind RRefs, in a world of three real processes, through
     the public API only: an object value made by zd_rpc_remote() or handed out
     with zd_rref_new() stays on its owner, methods called through the RRef

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rpc_ps end to end (SPEC P1-P6), run through the launcher as a user
     would: accuracy of real worlds, equality with one-process training, and
     a world that loses a trainer. Programs are found in ZDIST_BUILD_DIR. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Remote references (SPEC R4, R5, R6): remote + to_here, methods at the
     owner, RRefs as arguments and results (also user to third user), and
     distributed reference counting: the owner's count of live values goes

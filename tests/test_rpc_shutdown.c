@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Shutdown (SPEC R8): graceful waits for every worker and drains calls and
     RRef deletions, keeps serving meanwhile; not graceful stops at once and
     fails what is pending; a worker that never comes makes graceful shutdown

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  RPC values: constructors, lists, zd_rpc_args, typed argument errors,
     equality, formatting and reference counts; local objects. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Bad input from the network (SPEC R13): the header frame decoder refuses
     every malformed header with a reason, and a live agent fed malformed
     messages over a raw socket answers or drops them, keeps serving, and

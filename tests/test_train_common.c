@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  Pieces the training programs share: where a resumed run goes on, at
     and around epoch boundaries (rpc_ps --resume). */
 #include <setjmp.h>

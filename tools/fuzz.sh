@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Builds a libFuzzer target with clang (ASan + UBSan) in its own build
 # directory and runs it for a while, starting from a small generated seed
 # corpus. Exits non-zero when the fuzzer finds a crash, a leak or a failed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  fuzz_check.h: the fuzz targets' CHECK(cond, fmt, ...). A failed check
     prints why and aborts, which libFuzzer reports with the input that did
     it. Define FUZZ_NAME (the target's name, a string) before including. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  fuzz_codec.c: libFuzzer target for the value decoder (rpc/codec.h).
 
     Input layout (everything the network could send us, plus switches):

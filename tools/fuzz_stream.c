@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  fuzz_stream.c: libFuzzer target for the wire header parser and the
     reassembly of streamed messages (rpc/wire.h, rpc/stream.h).
 

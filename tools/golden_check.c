@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_check: checks one case folder of ../shared/golden against this
     project's ops, models and optimizers.
 

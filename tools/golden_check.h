@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_check.h: pieces shared by the golden-case checker's files. */
 #ifndef ZDIST_GOLDEN_CHECK_H
 #define ZDIST_GOLDEN_CHECK_H

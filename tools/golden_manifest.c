@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_manifest.c: manifest parsing for the golden-case checker. */
 #include "tools/golden_manifest.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_manifest.h: reading one case folder of ../shared/golden.
 
     A case is a manifest (kind, attributes, one line per tensor) and IDX

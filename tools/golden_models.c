@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_models.c: the "net" and "convnet" golden cases. The forward pass is
     composed here from the ops exactly as golden/README.md spells it out, so
     every intermediate activation can be compared; then the loss is

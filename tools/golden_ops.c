@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_ops.c: single-op golden cases. Each computes y from x (and weight
     and bias), then backpropagates the case's upstream gradient dy, so the
     gradients are those of L = sum(y * dy). */

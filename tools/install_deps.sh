@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs, on Debian, every package the build, the tests and the default data
 # need. Quick when everything is already there: apt is only run for what is
 # missing. build-essential brings cc, c++ (the consumer test builds a C++

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  launch: starts a whole local world of one program, like torchrun for the
     programs of this project (SPEC P6):
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  launch.h: what tools/launch.c (flags, starting the ranks) and
     tools/launch_world.c (relaying output, stopping, reaping) share. Private
     to the launch program. */

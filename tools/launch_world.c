@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  launch_world.c: the running world of tools/launch: one poll() loop over
     the ranks' pipes and a signalfd. Output is relayed line by line with a
     "[rank R] " prefix; the first rank to fail is reported and the others are

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs what is missing, builds, and runs the main job: the parameter-
 # server tutorial as a local world of one server and three trainers
 # (build/tools/launch starts the four rpc_ps processes and labels their

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # Installs what is missing, then builds and runs every test twice: a normal
 # (Release) build and an AddressSanitizer + UndefinedBehaviorSanitizer build.
 # Warnings are errors in both. The Release build is also installed into a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  add: rank 0 calls "add" on worker1 and prints the sum.
     Run as a world of two processes:  launch --nproc=2 --no_rank_flags -- ./add
     (or by hand, with RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT set). */

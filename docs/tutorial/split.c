@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  split: a small model split over two processes, trained with distributed
     autograd and the DistributedOptimizer.
 

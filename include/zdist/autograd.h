@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  autograd.h: the local autograd engine and a few differentiable basics.
 
     backward() walks the graph recorded by operations (see function.h) from

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  checkpoint.h: saving and loading named tensors (a model's parameters,
     an optimizer's state) to a file.
 

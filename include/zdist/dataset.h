@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dataset.h: MNIST-format data sets (MNIST, Fashion-MNIST): loading,
     normalisation, seeded shuffling and batching.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_autograd.h: distributed autograd over the RPC layer (SPEC A2-A6),
     in the image of torch.distributed.autograd.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_optim.h: the DistributedOptimizer (SPEC O2), in the image of
     torch.distributed.optim.DistributedOptimizer.
 

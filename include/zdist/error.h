@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  error.h: the last error of the calling thread, and the timeout
     convention every layer shares.
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  function.h: how to write a differentiable operation.
 
     An operation that supports autograd computes its result, then, when

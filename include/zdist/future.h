@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  future.h: a value that becomes available later (SPEC R3).
 
     A future completes once, with either a value or an error (a text and a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  idx.h: reading and writing IDX files (the MNIST file format), plain or gzip.
 
     Layout (../shared/golden/README.md): bytes 00 00, an element type byte

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  model.h: the two models of the programs, with named parameters.
 
     "net"     the parameter-server tutorial Net (SPEC P2):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  nn.h: neural-network layers as differentiable functions, and PyTorch's
     default initialisation.
 

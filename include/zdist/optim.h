@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  optim.h: local optimizers with PyTorch 1.13's update rules and defaults.
 
     SGD (momentum, dampening, Nesterov, weight decay), Adam and AdamW (with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rng.h: a small seeded random number generator (xoshiro256**, seeded with
     splitmix64).
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  rpc.h: the RPC agent: named workers calling each other's registered
     functions over ZeroMQ, with futures and remote references (SPEC R1-R13),
     in the image of torch.distributed.rpc.

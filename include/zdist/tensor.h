@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  tensor.h: reference-counted, contiguous n-dimensional tensors.
 
     A tensor is a shape, a dtype and a view (offset) into a storage. Storages

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  value.h: the values an RPC carries (SPEC R10).
 
     An zd_value_t is a small tagged union: none, int64, double, string,

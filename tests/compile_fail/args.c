@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  What ZD_ARGS and ZD_UNPACK refuse at compile time: ctest compiles this
     file once per CASE_... (tests/CMakeLists.txt) and expects the compiler
     to reject each case, naming the offending type; CASE_OK, with every

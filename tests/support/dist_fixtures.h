@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  dist_fixtures.h: pieces the distributed autograd and optimizer tests
     share. Header-only, so that each test program takes what it uses. */
 #ifndef ZDIST_TEST_DIST_FIXTURES_H

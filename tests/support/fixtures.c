@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  fixtures.c: the cmocka fixtures of fixtures.h. */
 #define _GNU_SOURCE   /* nftw */
 #include "tests/support/fixtures.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  fixtures.h: cmocka fixtures several tests share: a scratch directory
     and the check for MNIST-format data. For the parent process only (they
     use cmocka's skip and fail_msg). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  golden_cases.h: finding and comparing golden cases in cmocka tests.
 
     tools/golden_manifest.h reads one case folder; the tests that run every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  handlers.c: the shared handlers of handlers.h. */
 #include "tests/support/handlers.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  handlers.h: RPC handlers and helpers several tests serve alike. A test
     registers the ones it needs under names of its choosing. */
 #ifndef ZDIST_TESTS_HANDLERS_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  world.c: the world harness of world.h. */
 #include "tests/support/world.h"
 

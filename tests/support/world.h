@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*  world.h: run a function in a world of real processes over loopback.
 
     world_run forks world_size children (before any ZeroMQ context exists in
