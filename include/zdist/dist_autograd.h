@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  dist_autograd.h: distributed autograd over the RPC layer (SPEC A2-A6),
+/*  dist_autograd.h: distributed autograd over the RPC layer,
     in the image of torch.distributed.autograd.
 
         zd_dist_autograd_init();               // once, before zd_rpc_init
@@ -61,7 +61,7 @@ ZD_BEGIN_DECLS
     RPC runs). Returns 0, or -1. Idempotent. */
 ZD_API int zd_dist_autograd_init(void);
 
-/*  ---- contexts (A2, A6) ---- */
+/*  ---- contexts ---- */
 
 /*  Starts a context and makes it the calling thread's current one. Its id
     is unique across the world: the rank in the high 16 bits, a counter
@@ -161,7 +161,7 @@ static inline void zd__dist_autograd_scope_end(int64_t *cid)
 }
 #endif
 
-/*  ---- backward (A4) ---- */
+/*  ---- backward ---- */
 
 /*  Runs the distributed backward pass of context_id from the given roots
     (scalars of this process, gradient 1) and returns when every process
@@ -171,7 +171,7 @@ static inline void zd__dist_autograd_scope_end(int64_t *cid)
 ZD_API int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
                            bool retain_graph);
 
-/*  ---- gradients (A5) ---- */
+/*  ---- gradients ---- */
 
 /*  The gradient this process accumulated for tensor t in the context: 0 and
     *grad (a new reference, or NULL when t got none), or -1 for an unknown

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  dist_optim.h: the DistributedOptimizer (SPEC O2), in the image of
+/*  dist_optim.h: the DistributedOptimizer, in the image of
     torch.distributed.optim.DistributedOptimizer.
 
         zd_dist_optim_t *opt;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  future.h: a value that becomes available later (SPEC R3).
+/*  future.h: a value that becomes available later.
 
     A future completes once, with either a value or an error (a text and a
     zd_error_code_t). Waiters block, by default without limit (the call

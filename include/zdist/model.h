@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*  model.h: the two models of the programs, with named parameters.
 
-    "net"     the parameter-server tutorial Net (SPEC P2):
+    "net"     the parameter-server tutorial Net:
               conv1 (1->32, 3x3) -> relu -> conv2 (32->64, 3x3) -> max_pool 2
               -> dropout2d 0.25 -> flatten -> fc1 (9216->128) -> relu
               -> dropout 0.5 -> fc2 (128->10) -> log_softmax
-    "convnet" the small ConvNet (SPEC Y2):
+    "convnet" the small ConvNet:
               conv1 (1->3, 3x3) -> max_pool 3 -> relu -> flatten (192)
               -> fc (192->10) -> log_softmax
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  rpc.h: the RPC agent: named workers calling each other's registered
-    functions over ZeroMQ, with futures and remote references (SPEC R1-R13),
+    functions over ZeroMQ, with futures and remote references,
     in the image of torch.distributed.rpc.
 
     A world is world_size processes with ranks 0..world_size-1 and unique
@@ -59,8 +59,8 @@
     worker name, ...), ZD_ERR_NOT_INITIALIZED (RPC not running, or a peer
     missing a module's init), ZD_ERR_SHUTDOWN, ZD_ERR_NO_MEMORY.
 
-    Design notes, wire format and protocol details: docs/rpc.md and
-    rpc/wire.h. */
+    Design notes, wire format and protocol details: docs/rpc.md in zdist's
+    source tree. */
 #ifndef ZDIST_RPC_H
 #define ZDIST_RPC_H
 
@@ -79,7 +79,7 @@ ZD_BEGIN_DECLS
 #define ZD_RPC_MAX_FUNCTION 255      /* function names: 1..255 bytes, printable, no spaces */
 #define ZD_RPC_MAX_ENDPOINT 127
 
-/*  ---- init and shutdown (R1, R8) ---- */
+/*  ---- init and shutdown ---- */
 
 typedef struct {
     int64_t rpc_timeout_ms;     /* default call timeout; 0 = none (60000);
@@ -136,7 +136,7 @@ ZD_API int64_t zd_rpc_get_timeout(void);
     not running or timeout_ms < 0. */
 ZD_API int zd_rpc_set_timeout(int64_t timeout_ms);
 
-/*  ---- worker info (R7) ---- */
+/*  ---- worker info ---- */
 
 typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
@@ -163,7 +163,7 @@ ZD_API int zd_rpc_rank(void);
 ZD_API int zd_rpc_world_size(void);
 ZD_API const char *zd_rpc_name(void);
 
-/*  ---- serving functions (R2, R11) ---- */
+/*  ---- serving functions ---- */
 
 /*  What a handler knows about the call it serves. Opaque; valid until the
     handler returns (for async handlers: until their future completes). */
@@ -210,7 +210,7 @@ ZD_API int zd_rpc_register_inline(const char *name, zd_rpc_handler_fn *fn, void 
 /*  Forgets name; returns -1 if it was not registered. */
 ZD_API int zd_rpc_unregister(const char *name);
 
-/*  ---- calling (R2, R3, R9) ---- */
+/*  ---- calling ---- */
 
 /*  Calls fn on worker `to` with args (borrowed; NULL = no arguments) and
     waits, up to timeout_ms (default: zd_rpc_get_timeout()). Returns 0 and
@@ -254,9 +254,9 @@ ZD_API zd_future_t *zd_rref_rpc_async_take(zd_rref_t *r, const char *method, zd_
 ZD_API zd_rref_t *zd_rref_remote_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                       int64_t timeout_ms);
 
-/*  ---- remote references (R4, R5, R6) ---- */
+/*  ---- remote references ---- */
 
-/*  zd_rref_t (declared in rpc/value.h) is a handle: a user's fork of the
+/*  zd_rref_t (declared in <zdist/value.h>) is a handle: a user's fork of the
     reference, or the owner's local handle. Handles are reference counted
     and may be shared between threads. */
 
@@ -405,7 +405,7 @@ ZD_API void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state);
 ZD_API void *zd_rpc_call_hook_state(const zd_rpc_call_t *call);
 ZD_API zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call);
 
-/*  ---- metrics (R12) ---- */
+/*  ---- metrics ---- */
 
 typedef struct {
     int64_t calls_sent;         /* CALL, REMOTE and FETCH requests to the peer */

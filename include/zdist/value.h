@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  value.h: the values an RPC carries (SPEC R10).
+/*  value.h: the values an RPC carries.
 
     An zd_value_t is a small tagged union: none, int64, double, string,
     bytes, tensor, RRef, a list of values, or a local C object. Values own
