@@ -205,22 +205,29 @@ static int find_program(launch_t *L)
     return -1;
 }
 
-/*  A port nobody listens on now: bind port 0 and ask which one we got. Rank 0
-    binds it a moment later (the same small race as torchrun's). */
+/*  A free port for the rendezvous. A port closed as soon as it is found can
+    be taken before rank 0 binds it (by another world, or as the local end of
+    any connection made meanwhile: both draw from the kernel's ephemeral
+    range). So launch keeps it bound, with SO_REUSEADDR and never listening,
+    while the world runs: the kernel gives it to no other bind and no
+    outgoing connection, and rank 0's listener (ZeroMQ sets SO_REUSEADDR
+    too) can still bind it. The descriptor is close-on-exec and lives until
+    launch exits. */
 static int pick_port(const char *addr)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET};
     if (inet_pton(AF_INET, addr, &sa.sin_addr) != 1)
         inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
     socklen_t sl = sizeof sa;
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
         getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
         port = ntohs(sa.sin_port);
     else
         fprintf(stderr, "launch: cannot pick a free port on %s: %s\n", addr, strerror(errno));
-    if (fd >= 0)
+    if (port < 0 && fd >= 0)
         close(fd);
     return port;
 }

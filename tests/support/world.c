@@ -18,17 +18,37 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 
+/*  A port that was free and closed at once can be taken before rank 0 binds
+    it: by another test's world, or as the local end of any connection made
+    meanwhile (both draw from the kernel's ephemeral range). So the port stays
+    bound, with SO_REUSEADDR and never listening, until the process exits:
+    the kernel hands it to no other bind and no outgoing connection, while
+    ZeroMQ's listener (which sets SO_REUSEADDR too) can still bind it. */
+#define RESERVED_MAX 64
+static int reserved[RESERVED_MAX];
+static int n_reserved;
+
 int world_free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
     int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
         getsockname(fd, (struct sockaddr *)&a, &len) == 0)
         port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
+    if (port < 0 || fd < 0) {
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    if (n_reserved == RESERVED_MAX) {   /* the oldest world is long over */
+        close(reserved[0]);
+        memmove(reserved, reserved + 1, sizeof reserved[0] * (RESERVED_MAX - 1));
+        n_reserved--;
+    }
+    reserved[n_reserved++] = fd;
     return port;
 }
 

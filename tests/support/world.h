@@ -62,7 +62,8 @@ int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg);
     timeouts); for own_init worlds and for tests of zd_rpc_init. */
 zd_rpc_options_t world_rpc_options(int port);
 
-/*  A free TCP port on 127.0.0.1 (bound, read and closed). */
+/*  A free TCP port on 127.0.0.1, kept reserved (bound, not listening) for
+    this process's life so that nothing else takes it before rank 0 binds it. */
 int world_free_port(void);
 
 /*  Prints "rank N: message" to stderr and returns -1: for test bodies. */
