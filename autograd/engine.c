@@ -153,7 +153,7 @@ static int grad_add(zd_tensor_t **slot, zd_tensor_t *g)
     bool exclusive = atomic_load(&acc->refcount) == 1 &&
                      atomic_load(&acc->storage->refcount) == 1 && !acc->storage->release;
     if (!exclusive) {
-        zd_tensor_t *copy = zd_tensor_clone(acc);
+        zd_tensor_t *copy = zd_tensor_detach_copy(acc);
         if (!copy)
             return -1;
         zd_tensor_unref(acc);

@@ -50,7 +50,7 @@ static int add_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
         if (sign == 1.0f) {
             gin[1] = zd_tensor_ref(gout[0]);
         } else {
-            gin[1] = zd_tensor_clone(gout[0]);
+            gin[1] = zd_tensor_detach_copy(gout[0]);
             if (!gin[1])
                 return -1;
             float *d = zd_tensor_data(gin[1]);
@@ -136,7 +136,7 @@ int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 static int scale_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     float s = *(float *)zd_autograd_node_ctx(n);
-    gin[0] = zd_tensor_clone(gout[0]);
+    gin[0] = zd_tensor_detach_copy(gout[0]);
     if (!gin[0])
         return -1;
     float *d = zd_tensor_data(gin[0]);
@@ -277,12 +277,12 @@ static int copy_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
 
 static const zd_autograd_node_ops_t copy_ops = {"CloneBackward", copy_backward, NULL};
 
-int zd_tensor_copy(zd_tensor_t *a, zd_tensor_t **out)
+int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
 {
     *out = NULL;
     if (check_f32("copy", a) < 0)
         return -1;
-    zd_tensor_t *y = zd_tensor_clone(a);
+    zd_tensor_t *y = zd_tensor_detach_copy(a);
     if (!y)
         return -1;
     if (record(&copy_ops, 1, &a, y, NULL, NULL, NULL) < 0)

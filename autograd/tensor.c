@@ -267,7 +267,7 @@ void *zd_tensor_raw(const zd_tensor_t *t)
 float *zd_tensor_data(const zd_tensor_t *t) { return (float *)zd_tensor_raw(t); }
 int64_t *zd_tensor_data_i64(const zd_tensor_t *t) { return (int64_t *)zd_tensor_raw(t); }
 
-zd_tensor_t *zd_tensor_clone(const zd_tensor_t *t)
+zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t)
 {
     return zd_tensor_from_data(t->dtype, t->ndim, t->shape, zd_tensor_raw(t));
 }

@@ -136,7 +136,7 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
         for (int64_t i = 0; i < zd_tensor_numel(all[t]); i++)
             zd_tensor_data(all[t])[i] = zd_nn_rng_uniform_range(&rng, -1.0f, 1.0f) *
                                      (t == 1 ? 1.0f / sqrtf(9.0f * b.C) : 1.0f);
-    b.xg = zd_tensor_clone(b.x);
+    b.xg = zd_tensor_detach_copy(b.x);
     if (!b.xg || zd_tensor_set_requires_grad(b.xg, true) < 0)
         return -1;
 

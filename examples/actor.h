@@ -3,7 +3,7 @@
     worker with zd_rpc_remote() and used through the RRef.
 
     A constructor handler builds its object and returns actor_new(cls,
-    obj), a local object value (rpc/value.h) that zd_rpc_remote() keeps on
+    obj), a local object value (<zdist/value.h>) that zd_rpc_remote() keeps on
     that worker as the RRef's value. A method handler receives that value
     as its first argument (see zd_rref_rpc_async) and takes the actor with
     actor_get(); methods that change the object hold the actor's lock,

@@ -90,7 +90,7 @@ static int snapshot(const char *const *names, int n, zd_tensor_t **out)
     zd_dist_optim_read_lock();
     for (int i = 0; i < n && rc == 0; i++) {
         zd_tensor_t *p = param(names[i]);
-        rc = p ? zd_tensor_copy(p, &out[i]) : zd_error_set("no parameter %s on this shard", names[i]);
+        rc = p ? zd_tensor_clone(p, &out[i]) : zd_error_set("no parameter %s on this shard", names[i]);
     }
     zd_dist_optim_read_unlock();
     if (rc < 0)
@@ -204,7 +204,7 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
     if (shard == 0) {
         const char *own[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"};
         for (int i = 0; i < 4 && rc == 0; i++)
-            rc = add_param(own[i], zd_tensor_clone(zd_nn_model_find_param(net, own[i])));
+            rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_model_find_param(net, own[i])));
     }
     if (rc == 0 && model.fc1_count > 0) {
         rc = add_param("fc1.weight", rows_of(zd_nn_model_find_param(net, "fc1.weight"),
@@ -216,7 +216,7 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
     if (rc == 0 && shard == 0) {
         const char *own[] = {"fc2.weight", "fc2.bias"};
         for (int i = 0; i < 2 && rc == 0; i++)
-            rc = add_param(own[i], zd_tensor_clone(zd_nn_model_find_param(net, own[i])));
+            rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_model_find_param(net, own[i])));
     }
     zd_nn_model_free(net);
     if (rc < 0)

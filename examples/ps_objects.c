@@ -29,7 +29,7 @@ static zd_tensor_t *flat_range(zd_tensor_t *v, int64_t lo, int64_t hi)
 {
     zd_tensor_t *view = NULL, *copy = NULL;
     if (zd_tensor_narrow(v, 0, lo, hi - lo, &view) == 0)
-        copy = zd_tensor_clone(view);
+        copy = zd_tensor_detach_copy(view);
     zd_tensor_unref(view);
     return copy;
 }
@@ -295,7 +295,7 @@ fail:
 /*  A copy of the weights: the reply must not change under the next step. */
 static zd_value_t *weights_value(ps_server_t *ps)
 {
-    zd_tensor_t *w = zd_tensor_clone(ps->weights);
+    zd_tensor_t *w = zd_tensor_detach_copy(ps->weights);
     zd_value_t *v = w ? zd_value_tensor(w) : NULL;
     zd_tensor_unref(w);
     return v;

@@ -11,7 +11,7 @@
     *accuracy in [0, 1], or -1. */
 int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy);
 
-/*  Saves / loads m's named parameters (nn/checkpoint.h format). */
+/*  Saves / loads m's named parameters (the <zdist/checkpoint.h> format). */
 int train_checkpoint_save(zd_nn_model_t *m, const char *path);
 int train_checkpoint_load(zd_nn_model_t *m, const char *path);
 

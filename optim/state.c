@@ -59,7 +59,7 @@ static int export_locked(zd_optim_t *o, int *n, char ***names_out, zd_tensor_t *
         for (int s = 0; rc == 0 && s < OPTIM_SLOTS; s++)
             if (st->slot[s])
                 rc = add_entry(names, tensors, &k, i, zd__optim_slot_name(o->cfg.kind, s),
-                               zd_tensor_clone(st->slot[s]));
+                               zd_tensor_detach_copy(st->slot[s]));
         if (rc == 0 && zd__optim_counts_steps(o->cfg.kind)) {
             int64_t one = 1;
             rc = add_entry(names, tensors, &k, i, "step",
@@ -148,7 +148,7 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, int n, const 
                            zd_tensor_shape_str(t, a, sizeof a), zd_tensor_shape_str(p, b, sizeof b));
             break;
         }
-        fresh[i].slot[s] = zd_tensor_clone(t);
+        fresh[i].slot[s] = zd_tensor_detach_copy(t);
         if (!fresh[i].slot[s])
             rc = -1;
     }

@@ -25,7 +25,7 @@
 #include "rpc/future_hook.h"
 
 typedef struct callback {
-    zd_future_cb *cb;
+    zd_future_fn *cb;
     void (*drop)(void *arg);   /* if the future dies before running cb */
     void *arg;
     struct callback *next;
@@ -317,7 +317,7 @@ int zd_future_wait(zd_future_t *f, int64_t timeout_ms)
 }
 
 /* Adds a callback; runs it at once (outside the lock) when f is complete. */
-static int future_add(zd_future_t *f, zd_future_cb *cb, void (*drop)(void *), void *arg,
+static int future_add(zd_future_t *f, zd_future_fn *cb, void (*drop)(void *), void *arg,
                       callback_t **added)
 {
     if (added)
@@ -368,7 +368,7 @@ static bool future_remove(zd_future_t *f, callback_t *c)
     return found;
 }
 
-int zd_future_then(zd_future_t *f, zd_future_cb *cb, void *arg)
+int zd_future_then(zd_future_t *f, zd_future_fn *cb, void *arg)
 {
     if (!f || !cb)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_future_then: NULL %s",

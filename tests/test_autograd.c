@@ -244,7 +244,7 @@ static void test_copy_and_cat(void **state)
     zd_tensor_set_requires_grad(a, true);
     zd_tensor_set_requires_grad(b, true);
     zd_tensor_t *ac, *cat, *w, *prod, *s;
-    assert_int_equal(zd_tensor_copy(a, &ac), 0);
+    assert_int_equal(zd_tensor_clone(a, &ac), 0);
     zd_tensor_data(a)[0] = 100;   /* the copy does not see later changes */
     zd_tensor_t *parts[2] = {ac, b};
     assert_int_equal(zd_tensor_cat(parts, 2, 1, &cat), 0);
@@ -388,7 +388,7 @@ static void test_narrow_bad_arguments(void **state)
 static int square_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     zd_tensor_t *y = zd_autograd_node_saved(n, 0);
-    gin[0] = zd_tensor_clone(gout[0]);
+    gin[0] = zd_tensor_detach_copy(gout[0]);
     zd_tensor_data(gin[0])[0] *= 2 * zd_tensor_data(y)[0];
     return 0;
 }
@@ -400,7 +400,7 @@ static void test_saving_the_output_frees_without_backward(void **state)
     (void)state;
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *x = leaf(1, (float[]){3});
-    zd_tensor_t *y = zd_tensor_clone(x);
+    zd_tensor_t *y = zd_tensor_detach_copy(x);
     zd_autograd_node_t *n;
     assert_int_equal(zd_autograd_node_new(&square_ops, 1, &x, 1, &n), 0);
     zd_autograd_node_save(n, 0, y);   /* saved before becoming the output */

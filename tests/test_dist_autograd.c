@@ -194,7 +194,7 @@ static zd_value_t *bad_op(zd_value_t *args, const zd_autograd_node_ops_t *ops)
     zd_autograd_node_t *node;
     if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_tensor_mul(x, w_param, &y) < 0)
         return NULL;
-    zd_tensor_t *out = zd_tensor_clone(y);
+    zd_tensor_t *out = zd_tensor_detach_copy(y);
     zd_tensor_unref(y);
     if (zd_autograd_node_new(ops, 1, &x, 1, &node) < 0 || !node) {
         zd_tensor_unref(out);

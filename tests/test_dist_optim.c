@@ -49,7 +49,7 @@ static zd_value_t *fn_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *a
 static zd_value_t *fn_get_w(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    zd_tensor_t *copy = zd_tensor_clone(w_param);
+    zd_tensor_t *copy = zd_tensor_detach_copy(w_param);
     zd_value_t *v = zd_value_tensor(copy);
     zd_tensor_unref(copy);
     return v;

@@ -4,7 +4,7 @@
     "generic" (ctest runs this test both ways), so that a broken choice
     cannot pass unnoticed by falling back to the portable kernels; and
     zd__nn_cpu_set for the tests that compare both; and the process set-up
-    (nn/blas.c), which no longer runs by itself at load time. */
+    (zd_nn_process_setup), which nothing runs at load time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -92,7 +92,7 @@ static void gradcheck(check_t *c)
     if (c->fn(c, &y) < 0)
         fail_msg("%s: %s", c->name, zd_error_last());
     zd_tensor_t *r = randn(zd_tensor_ndim(y), zd_tensor_shape(y), 1.0f);
-    zd_tensor_t *r_grad = zd_tensor_clone(r);
+    zd_tensor_t *r_grad = zd_tensor_detach_copy(r);
     if (zd_autograd_backward(y, r_grad, false) < 0)
         fail_msg("%s: backward: %s", c->name, zd_error_last());
     zd_tensor_unref(r_grad);

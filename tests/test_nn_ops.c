@@ -25,7 +25,7 @@
 static zd_tensor_t *golden_copy(golden_case_t *c, const char *role, const char *name)
 {
     zd_tensor_t *t = golden_tensor(c, role, name);
-    return t ? zd_tensor_clone(t) : NULL;
+    return t ? zd_tensor_detach_copy(t) : NULL;
 }
 
 static zd_tensor_t *golden_need(golden_case_t *c, const char *role, const char *name)

@@ -68,7 +68,7 @@ static double golden_run(golden_case_t *c, const zd_optim_config_t *cfg, const c
             continue;
         assert_true(np < 32);
         pe[np] = &c->entries[i];
-        params[np] = zd_tensor_clone(c->entries[i].value);
+        params[np] = zd_tensor_detach_copy(c->entries[i].value);
         const golden_entry_t *ge = golden_find(c, "grad", c->entries[i].name);
         assert_non_null(ge);
         /* A gradient stored for some rows only goes into those rows of a
@@ -609,7 +609,7 @@ static void check_resume(zd_optim_config_t c)
     char **names;
     zd_tensor_t **ts;
     assert_int_equal(zd_optim_state_export(a, &n, &names, &ts), 0);
-    zd_tensor_t *q = zd_tensor_clone(p);
+    zd_tensor_t *q = zd_tensor_detach_copy(p);
     zd_optim_t *b = zd_optim_new(&c, 1, &q);
     assert_int_equal(zd_optim_state_import(b, n, (const char *const *)names, ts), 0);
     for (int i = 0; i < 9; i++)

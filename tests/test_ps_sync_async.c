@@ -122,7 +122,7 @@ static zd_tensor_t *local_weights(const ps_options_t *o)
         int r = ps_worker_compute(wk[0], &w, 1, &g[0]);
         if (r == 0)
             r = ps_worker_compute(wk[1], &w, 1, &g[1]);
-        if (r == 0 && (sum = zd_tensor_clone(g[0]))) {
+        if (r == 0 && (sum = zd_tensor_detach_copy(g[0]))) {
             float *s = zd_tensor_data(sum);
             const float *b = zd_tensor_data(g[1]);
             for (int64_t j = 0; j < zd_tensor_numel(sum); j++)

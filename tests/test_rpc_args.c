@@ -539,8 +539,8 @@ out:
     TRY(zd_dist_autograd_num_contexts() == 0 && peer_contexts() == 0);
 
     /* Scopes do not nest: the inner block is skipped, zd_error_last() says
-       why, and the outer context is still released. A block's error text
-       survives the release. */
+       why, and the outer context is still released. A block's error (text
+       and code) survives the release. */
     int inner_ran = 0, outer_ran = 0;
     ZD_DIST_AUTOGRAD_CONTEXT(outer) {
         outer_ran = 1;
@@ -548,10 +548,18 @@ out:
             inner_ran = 1;
         }
         TRY(has("already has context") && zd_dist_autograd_current_context() == outer);
-        zd_error_set("the block failed");
+        zd_error_set_code(ZD_ERR_TIMEOUT, "the block failed");
     }
     TRY(outer_ran && !inner_ran && zd_dist_autograd_num_contexts() == 0);
-    TRY(strcmp(zd_error_last(), "the block failed") == 0);
+    TRY(strcmp(zd_error_last(), "the block failed") == 0 && zd_error_code() == ZD_ERR_TIMEOUT);
+
+    /* A block that succeeded leaves no error behind. */
+    zd_error_set("before the block");
+    ZD_DIST_AUTOGRAD_CONTEXT(c) {
+        TRY(touch_peer() == 0);
+        zd_error_clear();
+    }
+    TRY(zd_error_code() == ZD_OK && zd_error_last()[0] == '\0');
 
     /* A block that ends its context itself. */
     ZD_DIST_AUTOGRAD_CONTEXT(c) {

@@ -67,7 +67,7 @@ zd_tensor_t *golden_leaf(golden_case_t *c, const char *role, const char *name)
         zd_error_set("golden: the case has no %s \"%s\"", role, name);
         return NULL;
     }
-    zd_tensor_t *copy = zd_tensor_clone(t);
+    zd_tensor_t *copy = zd_tensor_detach_copy(t);
     if (copy && zd_tensor_dtype(copy) == ZD_FLOAT32 && zd_tensor_set_requires_grad(copy, true) < 0)
         zd_tensor_unref_p(&copy);
     return copy;

@@ -134,7 +134,7 @@ static int optimizer_outputs(golden_case_t *c, results_t *r, const params_t *ps,
         }
         g[i] = zd_tensor_ref(ge->value);
         if (!ge->n_rows) {
-            p[i] = zd_tensor_clone(full);
+            p[i] = zd_tensor_detach_copy(full);
         } else {
             int64_t row = zd_tensor_numel(full) / zd_tensor_size(full, 0);
             int64_t shape[ZD_TENSOR_MAX_DIMS];
@@ -156,7 +156,7 @@ static int optimizer_outputs(golden_case_t *c, results_t *r, const params_t *ps,
         for (int i = 0; i < ps->n; i++) {
             char name[160];
             snprintf(name, sizeof name, "%s.step%d.%s", prefix, s, ps->names[i]);
-            zd_tensor_t *snapshot = zd_tensor_clone(p[i]);
+            zd_tensor_t *snapshot = zd_tensor_detach_copy(p[i]);
             golden_entry_t *ge = golden_find(c, "grad", ps->names[i]);
             if (ge && ge->n_rows)
                 results_put_subset(r, "output", name, snapshot);
@@ -200,7 +200,7 @@ static int run_model(golden_case_t *c, results_t *r, forward_fn *fwd, const char
     bool prev = zd_autograd_set_grad_enabled(false);
     for (int i = 0; i < ps.n; i++) {
         zd_tensor_t *g = zd_tensor_grad(ps.p[i]);
-        stepped[i] = zd_tensor_clone(ps.p[i]);
+        stepped[i] = zd_tensor_detach_copy(ps.p[i]);
         if (!g || !stepped[i]) {
             zd_tensor_unref(g);
             zd_autograd_set_grad_enabled(prev);

@@ -116,7 +116,7 @@ ZD_API int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out); 
 
 /*  A copy of a's data whose gradient flows back to a (PyTorch's clone()):
     later in-place changes of a do not reach what the graph saved. */
-ZD_API int zd_tensor_copy(zd_tensor_t *a, zd_tensor_t **out);
+ZD_API int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out);
 
 /*  Concatenation of n tensors along dim (the other sizes must agree). */
 ZD_API int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out);

@@ -93,7 +93,7 @@ ZD_API int zd_dataset_limit(zd_dataset_t *ds, int64_t k);
 ZD_API int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out);
 
 /*  Puts idx[0..n) in a pseudo-random order (Fisher-Yates driven by
-    nn/rng.h seeded with seed): the same seed and n always give the same
+    <zdist/rng.h> seeded with seed): the same seed and n always give the same
     order, on every platform. */
 ZD_API void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed);
 

@@ -57,8 +57,8 @@
 ZD_BEGIN_DECLS
 
 /*  Installs the RPC hooks and internal functions of distributed autograd.
-    Call once per process before zd_rpc_init (the hooks cannot change while
-    RPC runs). Returns 0, or -1. Idempotent. */
+    Call it in every process before zd_rpc_init (the hooks cannot change
+    while RPC runs); calling it again does nothing. Returns 0, or -1. */
 ZD_API int zd_dist_autograd_init(void);
 
 /*  ---- contexts ---- */
@@ -120,7 +120,8 @@ ZD_API int64_t zd_dist_autograd_num_contexts(void);
     GCC and clang only; break and continue inside leave the block itself,
     not a loop around it; longjmp out of it skips the release. A context
     the block ended itself (zd_dist_autograd_context_end) is left alone,
-    and the release leaves zd_error_last() as the block left it.
+    and the release leaves zd_error_last() and zd_error_code() as the block
+    left them.
 
     When the context cannot begin (RPC not running, or the thread already
     has a current context: scopes do not nest), the block is skipped and
@@ -154,10 +155,14 @@ static inline void zd__dist_autograd_scope_end(int64_t *cid)
     if (*cid == -1 || !zd_dist_autograd_context_exists(*cid))
         return;
     char saved[1024];
+    zd_error_code_t code = zd_error_code();
     strncpy(saved, zd_error_last(), sizeof saved - 1);
     saved[sizeof saved - 1] = '\0';
     zd_dist_autograd_context_release(*cid);
-    zd_error_set("%s", saved);
+    if (code == ZD_OK)
+        zd_error_clear();
+    else
+        zd_error_set_code(code, "%s", saved);
 }
 #endif
 

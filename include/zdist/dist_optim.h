@@ -23,7 +23,7 @@
     lock, so concurrent trainers never interleave inside one update. Each
     owner also has a readers-writer lock per optimizer that writers (steps)
     take exclusively: zd_dist_optim_read_lock() lets a forward pass copy the
-    parameters without seeing half an update (rpc_ps does).
+    parameters without seeing half an update.
 
     Requires zd_dist_autograd_init() and zd_dist_optim_init() before zd_rpc_init on
     every process that owns parameters (it registers the "__dist_optim_*"

@@ -26,7 +26,7 @@ ZD_BEGIN_DECLS
 typedef struct zd_future zd_future_t;
 
 /*  Called when the future completes; `arg` is the pointer given to _then. */
-typedef void (zd_future_cb)(zd_future_t *f, void *arg);
+typedef void (zd_future_fn)(zd_future_t *f, void *arg);
 
 /*  A new incomplete future (one reference), or NULL when out of memory. */
 ZD_API zd_future_t *zd_future_new(void);
@@ -63,7 +63,7 @@ ZD_API const char *zd_future_error(const zd_future_t *f);
 ZD_API zd_error_code_t zd_future_error_code(const zd_future_t *f);
 
 /*  Runs cb(f, arg) once f completes. Returns 0, or -1 when out of memory. */
-ZD_API int zd_future_then(zd_future_t *f, zd_future_cb *cb, void *arg);
+ZD_API int zd_future_then(zd_future_t *f, zd_future_fn *cb, void *arg);
 
 /*  Waits for all futures (up to timeout_ms in total; default: no limit).
     Returns 0 when all completed with values, else -1 with the first error
@@ -76,7 +76,8 @@ ZD_API int zd_future_wait_all(zd_future_t *const *fs, int n, int64_t timeout_ms)
 ZD_API int zd_future_wait_any(zd_future_t *const *fs, int n, int64_t timeout_ms, int *index);
 
 /*  A new future (one reference) that completes once all n futures have
-    (like PyTorch's torch.futures.collect_all): with a list of their values
+    (PyTorch's torch.futures.collect_all, except that it completes with the
+    values, not the futures): with a list of their values
     in order (n == 0: an empty list, at once), or, when any failed, with the
     error (text and code) of the first to fail. The futures are not held:
     dropping one before it completes counts as its failure. NULL on a bad

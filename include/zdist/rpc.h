@@ -194,7 +194,7 @@ typedef struct {
     zd_rpc_handler_fn *fn;               /* exactly one of fn and async_fn */
     zd_rpc_async_handler_fn *async_fn;
     void *arg;                        /* passed to the handler */
-    unsigned flags;                   /* RPC_FN_* */
+    unsigned flags;                   /* ZD_RPC_FN_* */
 } zd_rpc_function_t;
 
 /*  Registers (or replaces) the function called name in this process.
@@ -386,8 +386,7 @@ typedef struct {
                          size_t len, zd_value_t **result);
     void *arg;
     /* The module's counters for zd_rpc_get_debug_info: fills up to max items
-       and returns how many it has. Any thread; must not block. (After arg,
-       so that older positional initializers still mean what they did.) */
+       and returns how many it has. Any thread; must not block. */
     int (*debug_info)(void *arg, zd_rpc_debug_item_t *items, int max);
     /* For the error of a call whose peer has no hooks installed (code
        ZD_ERR_NOT_INITIALIZED): the module's name ("distributed-autograd")

@@ -14,7 +14,7 @@
 
     Autograd state (requires_grad, .grad, grad_fn) lives here too; the engine
     and the extension interface for new differentiable operations are in
-    autograd/function.h and autograd/autograd.h. */
+    <zdist/function.h> and <zdist/autograd.h>. */
 #ifndef ZDIST_TENSOR_H
 #define ZDIST_TENSOR_H
 
@@ -100,7 +100,7 @@ ZD_API void *zd_tensor_raw(const zd_tensor_t *t);
 
 /*  A new tensor with a copy of t's data and shape, no autograd history,
     requires_grad false. */
-ZD_API zd_tensor_t *zd_tensor_clone(const zd_tensor_t *t);
+ZD_API zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t);
 
 /*  Copies src's elements into dst (same dtype and numel). Not recorded by
     autograd. Returns 0, or -1 on a mismatch. */

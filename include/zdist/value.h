@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  value.h: the values an RPC carries.
 
-    An zd_value_t is a small tagged union: none, int64, double, string,
+    A zd_value_t is a small tagged union: none, int64, double, string,
     bytes, tensor, RRef, a list of values, or a local C object. Values own
     what they hold: strings and bytes are copied in, tensors and RRefs hold
     one reference, an object is freed with the value. A list owns its items.
@@ -46,7 +46,7 @@ typedef enum {
 } zd_value_kind_t;
 
 typedef struct zd_value zd_value_t;
-typedef struct zd_rref zd_rref_t;   /* defined by the RPC agent (rpc/rref.h) */
+typedef struct zd_rref zd_rref_t;   /* opaque: see <zdist/rpc.h> */
 
 /*  Constructors: each returns a new value with one reference (caller
     unrefs), or NULL when out of memory (zd_error_last() says so).
