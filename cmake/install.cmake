@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: MIT
 # cmake --install: the public headers under include/zdist/, libzdist.so and
 # libzdist.a, zdist.pc, and a CMake package (find_package(zdist) gives the
-# targets zdist::zdist, the shared library, and zdist::zdist_static). Only
-# the library: no test, example, benchmark or tool is installed. Every
+# targets zdist::zdist, the shared library, and zdist::zdist_static), and
+# the launcher when tools are built; no test, example or benchmark. Every
 # installed file names the others by relative paths, so the installed tree
 # may be moved (or packaged with DESTDIR) and still work.
 include(CMakePackageConfigHelpers)
@@ -41,3 +41,9 @@ else()
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/zdist.pc.in ${PROJECT_BINARY_DIR}/zdist.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/zdist.pc DESTINATION ${zd_pc_dir})
+
+# The launcher, for starting worlds of a user's own programs (the tutorial
+# does): installed as zdist-launch, a name no other package takes.
+if(TARGET launch)
+  install(PROGRAMS $<TARGET_FILE:launch> DESTINATION ${CMAKE_INSTALL_BINDIR} RENAME zdist-launch)
+endif()

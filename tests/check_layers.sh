@@ -52,5 +52,14 @@ for f in include/zdist/*.h; do
     fi
   done < <(sed -n 's/^#include \(<zdist\/[^>]*>\).*/\1/p' "$f")
 done
-[ $bad -eq 0 ] && echo "layers: every include points down"
+# The example programs are written as a user would write them: the public
+# headers and their own files only.
+for f in examples/*.[ch]; do
+  while IFS= read -r p; do
+    if [[ "$p" == */* && "${p%%/*}" != examples ]]; then
+      echo "$f includes the private header $p: examples use the public headers only"; bad=1
+    fi
+  done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
+done
+[ $bad -eq 0 ] && echo "layers: every include points down; examples use the public headers"
 exit $bad
