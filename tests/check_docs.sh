@@ -3,7 +3,7 @@
 # check_docs.sh: every C example of the user's guide compiles, and the
 # tutorial's programs build and run.
 #
-#   check_docs.sh SOURCE_DIR BUILD_DIR             the C blocks of docs/*.md
+#   check_docs.sh SOURCE_DIR BUILD_DIR             the C blocks of README.md and docs/*.md
 #   check_docs.sh --tutorial SOURCE_DIR BUILD_DIR  build docs/tutorial/*.c against
 #                                                  the build tree and run them
 #
@@ -36,7 +36,7 @@
 # -Wno-unused-but-set-variable and -Wno-unused-function.
 #
 # Besides compiling: every docs/tutorial/*.c must be shown by a file= block,
-# and the pages (all of docs/*.md but the maintainers' note docs/rpc.md) may
+# and the pages (README.md and every docs/*.md, the maintainers' note too) may
 # name only zd_/ZD_ identifiers that the public headers declare, and must not
 # cite the SPEC.
 #
@@ -155,7 +155,7 @@ if [ $tutorial = 1 ]; then
     exit 0
 fi
 
-# ---- the C blocks of docs/*.md ----
+# ---- the C blocks of README.md and docs/*.md ----
 
 if [ -f "$src/include/zdist/zdist.h" ]; then
     headers="#include <zdist/zdist.h>"
@@ -172,8 +172,8 @@ $headers"
 # Split each page into blocks: $tmp/bN.body (the block's text) and
 # $tmp/bN.meta (page, line of the first body line, info words, context).
 n=0
-for md in "$src"/docs/*.md; do
-    rel=docs/${md#"$src/docs/"}
+for md in "$src"/README.md "$src"/docs/*.md; do
+    rel=${md#"$src/"}
     awk -v rel="$rel" -v dir="$tmp" -v start="$n" '
         function flush_meta() {
             printf "%s\t%d\t%s\t%s\n", rel, body_line, info, ctx > (dir "/b" k ".meta")
@@ -283,9 +283,8 @@ done
 
 # The pages name only what the public headers declare, and no SPEC ids.
 declared=$(cat "$src"/include/zdist/*.h)
-for md in "$src"/docs/*.md; do
-    rel=docs/${md#"$src/docs/"}
-    [ "$rel" = docs/rpc.md ] && continue
+for md in "$src"/README.md "$src"/docs/*.md; do
+    rel=${md#"$src/"}
     for name in $(grep -oE '\b(zd|ZD)_[A-Za-z0-9_]+' "$md" | grep -vE '^(zd|ZD)__' | sort -u); do
         if ! grep -qw -- "$name" <<< "$declared"; then
             echo "FAIL: $rel names $name, which no public header declares" >&2
@@ -298,6 +297,6 @@ for md in "$src"/docs/*.md; do
     fi
 done
 
-echo "check_docs: $n blocks ($programs programs, $decls decls, $fragments fragments) in $(ls "$src"/docs/*.md | wc -l) pages"
+echo "check_docs: $n blocks ($programs programs, $decls decls, $fragments fragments) in $(ls "$src"/README.md "$src"/docs/*.md | wc -l) pages"
 [ $fail = 0 ] && echo "check_docs: all passed"
 exit $fail
