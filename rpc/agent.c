@@ -2,7 +2,7 @@
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
     timeout. Options: options.c; worker info: worker_info.c; busy polling:
-    poll.c; logging: log.c. */
+    poll.c. Log lines: zd__log (autograd/log.c). */
 #include "rpc/agent.h"
 
 #include <stdio.h>

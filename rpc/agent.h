@@ -18,9 +18,11 @@
       poll.c         the busy-poll policy of waiting threads
       shutdown.c     the graceful shutdown's barrier rounds
       rref.c, rref_fork.c, rref_api.c   remote references
-      metrics.c, log.c                  counters, rate-limited log lines
+      metrics.c                         counters
     and, touching no socket: wire.c (the header frame), codec.c and value*.c
     (values), future.c (futures; the agent's part in waits: future_hook.h).
+    Log lines go through zd__log (<zdist/log.h>, autograd/log.c); the agent
+    sets the worker they name while it runs.
 
     Sockets. One ROUTER per process, bound: the I/O thread receives
     everything on it, and other threads answer on it (under router_lock)
