@@ -270,6 +270,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         pthread_mutex_unlock(&g_init_lock);
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
+    zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
     int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
     zd_error_code_t code = zd_error_code();
@@ -277,7 +278,6 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
     zd__agent_publish_identity(NULL);
     zd__agent_set_busy_poll_ns(0);
-    zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
     agent_teardown(a, graceful);
     zd__log(ZD_LOG_INFO, "rpc: shutdown complete");
     zd__log_set_who(NULL);

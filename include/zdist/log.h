@@ -36,8 +36,9 @@ typedef enum {
 
 /*  Where lines go instead of stderr: level, who ("worker1/1" while RPC is
     running, else "") and the text without timestamp or level, all borrowed
-    for the call. Called from any of the library's threads, one call at a
-    time; it must not call the zd_log_* functions. */
+    for the call. Called from any of the library's threads (the I/O thread,
+    handler threads, the caller's), one call at a time, under the log's lock:
+    it must not call back into zdist, whose functions may log. */
 typedef void(zd_log_sink_fn)(zd_log_level_t level, const char *who, const char *line, void *arg);
 
 /*  Sets the level: lines less important than level are dropped. Overrides
