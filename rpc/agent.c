@@ -2,7 +2,7 @@
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
     timeout. Options: options.c; worker info: worker_info.c; busy polling:
-    poll.c; logging: log.c. */
+    poll.c. Log lines: zd__log (autograd/log.c). */
 #include "rpc/agent.h"
 
 #include <stdio.h>
@@ -136,7 +136,6 @@ static agent_t *agent_new(const init_params_t *p)
     a->gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->wake_fd = -1;
     atomic_init(&a->next_id, 1);
-    atomic_init(&a->log_budget, 20);
     pthread_mutex_init(&a->pending_lock, NULL);
     pthread_mutex_init(&a->barrier_lock, NULL);
     pthread_mutex_init(&a->router_lock, NULL);
@@ -220,11 +219,15 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         goto fail;
     a->hooks = g_hooks;
     a->has_hooks = g_has_hooks;
+    char who[ZD_RPC_MAX_NAME + 16];
+    snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
+    zd__log_set_who(who);
     if (zd__transport_bind(a, ip) < 0 || zd__rref_ctx_new(a) < 0 || zd__serve_register_internal() < 0 ||
         !(a->pool = zd__pool_new(a->n_threads)) ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         agent_teardown(a, false);
+        zd__log_set_who(NULL);
         goto fail;
     }
     zd__value_set_rref_hooks(zd__rref_value_ref_hook, zd__rref_value_unref_hook);
@@ -243,8 +246,11 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         zd__agent_publish_identity(NULL);
         zd__agent_set_busy_poll_ns(0);
         agent_teardown(a, false);
+        zd__log_set_who(NULL);
         goto fail;
     }
+    zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->world, a->rank,
+            a->peers[a->rank].endpoint);
     pthread_mutex_unlock(&g_init_lock);
     return 0;
 fail:   /* unlocks g_init_lock */
@@ -264,6 +270,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         pthread_mutex_unlock(&g_init_lock);
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
+    zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
     int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
     zd_error_code_t code = zd_error_code();
@@ -272,6 +279,8 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
     zd__agent_publish_identity(NULL);
     zd__agent_set_busy_poll_ns(0);
     agent_teardown(a, graceful);
+    zd__log(ZD_LOG_INFO, "rpc: shutdown complete");
+    zd__log_set_who(NULL);
     pthread_mutex_unlock(&g_init_lock);
     if (rc < 0)
         return zd_error_set_code(code, "%s", saved);

@@ -18,9 +18,11 @@
       poll.c         the busy-poll policy of waiting threads
       shutdown.c     the graceful shutdown's barrier rounds
       rref.c, rref_fork.c, rref_api.c   remote references
-      metrics.c, log.c                  counters, rate-limited log lines
+      metrics.c                         counters
     and, touching no socket: wire.c (the header frame), codec.c and value*.c
     (values), future.c (futures; the agent's part in waits: future_hook.h).
+    Log lines go through zd__log (<zdist/log.h>, autograd/log.c); the agent
+    sets the worker they name while it runs.
 
     Sockets. One ROUTER per process, bound: the I/O thread receives
     everything on it, and other threads answer on it (under router_lock)
@@ -43,6 +45,7 @@
 
 #include "rpc/codec.h"
 #include "rpc/future_hook.h"
+#include <zdist/log.h>
 #include <zdist/rpc.h>
 #include "rpc/wire.h"
 
@@ -118,9 +121,6 @@ typedef struct agent {
 
     pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
     struct barrier_round *barrier;
-
-    atomic_int log_budget;          /* rate limit of zd__agent_log */
-    atomic_int_fast64_t log_window;
 } agent_t;
 
 /*  ---- agent.c: the running agent ---- */
@@ -199,11 +199,6 @@ bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns);
 /*  True while some thread waits in zd__agent_poll_future: the I/O thread then
     polls instead of sleeping (it sets io_asleep around its sleeps). */
 bool zd__agent_io_poll_wanted(agent_t *a);
-
-/*  ---- log.c ---- */
-
-/*  Logs one line to stderr, "zdist rpc [name/rank]: ...", rate limited. */
-void zd__agent_log(agent_t *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /*  ---- rendezvous.c ---- */
 

@@ -330,8 +330,8 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
 {
     pending_t *p = pending_take(a, h->id);
     if (p && p->dst != h->src) {
-        zd__agent_log(a, "dropped an answer to request %" PRIx64 " from rank %d: it was sent to "
-                  "rank %d", h->id, h->src, p->dst);
+        zd__log(ZD_LOG_WARN, "rpc: dropped an answer to request %" PRIx64 " from rank %d: "
+                "it was sent to rank %d", h->id, h->src, p->dst);
         pending_insert(a, p);
         p = NULL;
         if (h->type == RPC_MSG_ERROR)
@@ -362,7 +362,7 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
     if (rc < 0) {
         char text[512];
         snprintf(text, sizeof text, "bad reply: %s", zd_error_last());
-        zd__agent_log(a, "%s", text);
+        zd__log(ZD_LOG_WARN, "rpc: %s", text);
         pending_finish(a, p, NULL, text, ZD_ERR_OTHER, h->extra, h->extra_len);
         return;
     }

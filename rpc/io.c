@@ -126,7 +126,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         bool more = zmq_msg_more(&id);
         zmq_msg_close(&id);
         if (!more) {
-            zd__agent_log(a, "dropped an empty message from routing id of rank %d", src);
+            zd__log(ZD_LOG_WARN, "rpc: dropped an empty message from routing id of rank %d", src);
             return -1;
         }
         if (zmq_msg_recv(&m->hm, sock, 0) < 0)
@@ -137,7 +137,8 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
     int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes) : 0;
     if (src < 0 || src >= a->world) {
-        zd__agent_log(a, "dropped a message from an unknown sender (routing id not a rank)");
+        zd__log(ZD_LOG_WARN, "rpc: dropped a message from an unknown sender "
+                "(routing id not a rank)");
         goto drop;
     }
     atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
@@ -159,8 +160,8 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         m->n = n;
         return 1;
     }
-    zd__agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name, src,
-              zd_error_last());
+    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
+            a->peers[src].name, src, zd_error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
     if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
@@ -287,7 +288,7 @@ void *zd__transport_io_main(void *arg)
     int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
     inmsg_t msg = {0};
     if (!items || !item_peer) {
-        zd__agent_log(a, "I/O thread: out of memory");
+        zd__log(ZD_LOG_ERROR, "rpc: I/O thread: out of memory");
         free(items);
         free(item_peer);
         return NULL;

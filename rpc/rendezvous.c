@@ -94,7 +94,7 @@ static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id
         parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 ||
         !zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
         !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT)) {
-        zd__agent_log(a, "rendezvous: dropped a malformed registration");
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: dropped a malformed registration");
         goto done;
     }
     if (w != a->world) {

@@ -367,7 +367,7 @@ static void send_ack(agent_t *a, const inmsg_t *m)
         rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta,
                                .meta_len = enc.meta_len};
         if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
-            zd__agent_log(a, "cannot acknowledge to rank %d: %s", m->src, zd_error_last());
+            zd__log(ZD_LOG_WARN, "rpc: cannot acknowledge to rank %d: %s", m->src, zd_error_last());
     }
     zd__rpc_encoded_clear(&enc);
     zd_value_unref(none);
@@ -381,7 +381,7 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
         char text[160];
         snprintf(text, sizeof text, "bad ids in %s (rref %" PRIx64 ", fork %" PRIx64 ")",
                  zd__rpc_wire_type_name(h->type), h->a, h->b);
-        zd__agent_log(a, "from rank %d: %s", h->src, text);
+        zd__log(ZD_LOG_WARN, "rpc: from rank %d: %s", h->src, text);
         zd__transport_answer_error(a, m, h->id, text);
         return;
     }
@@ -494,7 +494,8 @@ void zd__rref_ctx_free(agent_t *a)
     }
     free(open);
     if (leaked)
-        zd__agent_log(a, "shutdown: %" PRId64 " owned RRef value(s) still referenced", leaked);
+        zd__log(ZD_LOG_WARN, "rpc: shutdown: %" PRId64 " owned RRef value(s) still referenced",
+                leaked);
     atomic_store(&g_leaked, leaked);
     for (size_t b = 0; b < OWNER_BUCKETS; b++)
         while (x->owners[b]) {

@@ -40,7 +40,7 @@ static void ctrl_answer(zd_future_t *f, void *arg)
         return;
     }
     if (!ok)
-        zd__agent_log(a, "%s", zd_future_error(f));
+        zd__log(ZD_LOG_WARN, "rpc: %s", zd_future_error(f));
     if (c->done)
         c->done(a, c, ok);
     pthread_mutex_lock(&a->rrefs->lock);
@@ -75,7 +75,7 @@ void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, ui
 {
     ctrl_t *c = calloc(1, sizeof *c);
     if (!c) {
-        zd__agent_log(a, "RRef: out of memory for a %s", zd__rpc_wire_type_name(type));
+        zd__log(ZD_LOG_ERROR, "rpc: RRef: out of memory for a %s", zd__rpc_wire_type_name(type));
         if (done) {
             ctrl_t tmp = {.a = a, .r = r, .parent = parent};
             done(a, &tmp, false);

@@ -273,7 +273,8 @@ static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_erro
     if (!len)
         h.meta = (const uint8_t *)"?";
     if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, NULL, 0) < 0)
-        zd__agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, zd_error_last());
+        zd__log(ZD_LOG_WARN, "rpc: cannot answer \"%s\" to rank %d: %s", c->fn, c->src,
+                zd_error_last());
     free(extra.data);
     call_free(c, true);
 }
@@ -317,7 +318,8 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
                            .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len};
     if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, enc.tensors,
                               enc.n_tensors) < 0) {
-        zd__agent_log(a, "cannot answer \"%s\" to rank %d: %s", c->fn, c->src, zd_error_last());
+        zd__log(ZD_LOG_WARN, "rpc: cannot answer \"%s\" to rank %d: %s", c->fn, c->src,
+                zd_error_last());
         zd__rref_txn_rollback(&txn);
     } else {
         zd__rref_txn_commit(&txn);
@@ -555,7 +557,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         }
     }
     if (rc < 0) {
-        zd__agent_log(a, "from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
         finish_error(c, text, ZD_ERR_REMOTE);
         return;
     }

@@ -106,8 +106,8 @@ static const char *peer_name(agent_t *a, int rank)
    and asks the caller to answer it when it is a request on the ROUTER. */
 static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
 {
-    zd__agent_log(a, "dropped a bad message from \"%s\" (rank %d): %s", peer_name(a, m->src),
-              m->src, zd_error_last());
+    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
+            peer_name(a, m->src), m->src, zd_error_last());
     if (sock == a->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
         snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
         m->reject_id = id;
@@ -179,7 +179,8 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
         zd_error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
                   "message", zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
                   (unsigned long long)old->seq);
-        zd__agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src, zd_error_last());
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src,
+                zd_error_last());
         stream_free(old);
     }
     if (full) {
@@ -332,7 +333,7 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
         snprintf(text, sizeof text, "streamed %s %llx dropped: no piece for %lld s after "
                  "%llu pieces", zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
                  (long long)(RPC_STREAM_STALL_NS / 1000000000), (unsigned long long)s->seq);
-        zd__agent_log(a, "from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
         if (s->sock == a->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
             inmsg_t m = {.src = s->src, .route_len = s->route_len};
             memcpy(m.route, s->route, s->route_len);

@@ -109,6 +109,8 @@ static int open_peer(agent_t *a, peer_t *p)
     if (zmq_connect(p->sock, p->endpoint) < 0)
         return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
                          p->endpoint, zmq_strerror(errno));
+    zd__log(ZD_LOG_DEBUG, "rpc: connecting to \"%s\" (rank %d) at %s", p->name, p->rank,
+            p->endpoint);
     return 0;
 }
 
@@ -424,8 +426,8 @@ void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const
     rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text,
                            .meta_len = len};
     if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
-        zd__agent_log(a, "cannot answer request %llx of rank %d: %s", (unsigned long long)id,
-                  m->src, zd_error_last());
+        zd__log(ZD_LOG_WARN, "rpc: cannot answer request %llx of rank %d: %s",
+                (unsigned long long)id, m->src, zd_error_last());
 }
 
 void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)

@@ -8,16 +8,16 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # public headers each layer may include
 declare -A allowed=(
-  [autograd]="error version export tensor autograd function"
-  [rpc]="error version export tensor autograd function rpc value future"
-  [dist_autograd]="error version export tensor autograd function rpc value future dist_autograd"
-  [nn]="error version export tensor autograd function nn model dataset idx checkpoint rng"
-  [optim]="error version export tensor autograd function optim"
-  [dist_optim]="error version export tensor autograd function rpc value future dist_autograd optim dist_optim"
+  [autograd]="error version export log tensor autograd function"
+  [rpc]="error version export log tensor autograd function rpc value future"
+  [dist_autograd]="error version export log tensor autograd function rpc value future dist_autograd"
+  [nn]="error version export log tensor autograd function nn model dataset idx checkpoint rng"
+  [optim]="error version export log tensor autograd function optim"
+  [dist_optim]="error version export log tensor autograd function rpc value future dist_autograd optim dist_optim"
 )
 # the public headers: which layer each belongs to
 declare -A home=(
-  [error]=autograd [version]=autograd [export]=autograd [tensor]=autograd [autograd]=autograd
+  [error]=autograd [log]=autograd [version]=autograd [export]=autograd [tensor]=autograd [autograd]=autograd
   [function]=autograd [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
   [nn]=nn [model]=nn [dataset]=nn [idx]=nn [checkpoint]=nn [rng]=nn [optim]=optim
   [dist_optim]=dist_optim)

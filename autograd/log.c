@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: MIT */
+/*  log.c: the library's log lines: level, rate limit, stderr or a sink. */
+#include <zdist/log.h>
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+
+#define LEVEL_UNSET (-1)
+
+static atomic_int g_level = LEVEL_UNSET;
+
+/* One lock for who, the sink and the writing itself: a line is written (or
+   given to the sink) whole, and once zd_log_set_sink returns the old sink is
+   not running, so its arg may be freed. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static zd_log_sink_fn *g_sink;
+static void *g_sink_arg;
+static char g_who[96];
+
+/* The rate limit: one process-wide budget per second of the monotonic
+   clock. Process-wide rather than per agent because the log is: a flood is
+   a flood wherever it comes from, and lines logged outside an agent's life
+   (nn/, optim/) must be bounded too. Errors are exempt: they are rare by
+   nature, and the one that explains a failure must never be the one lost. */
+static atomic_int g_budget = ZD_LOG_BUDGET;
+static atomic_int_fast64_t g_window = -1;
+static atomic_int g_dropped;
+
+static const char *level_name(zd_log_level_t level)
+{
+    switch (level) {
+    case ZD_LOG_ERROR: return "ERROR";
+    case ZD_LOG_WARN: return "WARN";
+    case ZD_LOG_INFO: return "INFO";
+    case ZD_LOG_DEBUG: return "DEBUG";
+    }
+    return "?";
+}
+
+static int clamp(int level)
+{
+    return level < ZD_LOG_ERROR ? ZD_LOG_ERROR : level > ZD_LOG_DEBUG ? ZD_LOG_DEBUG : level;
+}
+
+static void emit(zd_log_level_t level, const char *text)
+{
+    pthread_mutex_lock(&g_lock);
+    if (g_sink) {
+        g_sink(level, g_who, text, g_sink_arg);
+    } else {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        struct tm tm;
+        gmtime_r(&ts.tv_sec, &tm);
+        char stamp[40];
+        size_t n = strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
+        snprintf(stamp + n, sizeof stamp - n, ".%03dZ", (int)(ts.tv_nsec / 1000000));
+        char line[1400];
+        snprintf(line, sizeof line, "%s %-5s zdist%s%s%s %s\n", stamp, level_name(level),
+                 g_who[0] ? " [" : "", g_who, g_who[0] ? "]" : "", text);
+        /* One call per line: stderr is unbuffered, and lines of other
+           processes sharing the terminal stay whole too. */
+        fputs(line, stderr);
+    }
+    pthread_mutex_unlock(&g_lock);
+}
+
+/* Whether a line below ERROR may pass this second. The first line of a new
+   second reports how many the previous ones dropped. */
+static int within_budget(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    int_fast64_t window = ts.tv_sec;
+    int_fast64_t seen = atomic_load(&g_window);
+    if (window != seen && atomic_compare_exchange_strong(&g_window, &seen, window)) {
+        atomic_store(&g_budget, ZD_LOG_BUDGET);
+        int dropped = atomic_exchange(&g_dropped, 0);
+        if (dropped > 0) {
+            char text[128];
+            snprintf(text, sizeof text, "log: %d line(s) dropped by the rate limit (%d a second)",
+                     dropped, ZD_LOG_BUDGET);
+            emit(ZD_LOG_WARN, text);
+        }
+    }
+    if (atomic_fetch_sub(&g_budget, 1) <= 0) {
+        atomic_fetch_add(&g_dropped, 1);
+        return 0;
+    }
+    return 1;
+}
+
+zd_log_level_t zd_log_get_level(void)
+{
+    int level = atomic_load(&g_level);
+    if (level != LEVEL_UNSET)
+        return (zd_log_level_t)level;
+    static const char *const names[] = {"error", "warn", "info", "debug"};
+    const char *env = getenv("ZDIST_LOG_LEVEL");
+    int parsed = ZD_LOG_WARN;
+    int bad = 0;
+    if (env && *env) {
+        bad = 1;
+        for (int i = 0; i < 4; i++)
+            if (strcasecmp(env, names[i]) == 0) {
+                parsed = i;
+                bad = 0;
+            }
+    }
+    int expected = LEVEL_UNSET;
+    /* Only the thread that sets the level warns, so the warning is written
+       once however many threads log first. */
+    if (atomic_compare_exchange_strong(&g_level, &expected, parsed)) {
+        if (bad)
+            zd__log(ZD_LOG_WARN, "log: ZDIST_LOG_LEVEL=\"%.40s\" is not error, warn, info or "
+                    "debug: using warn", env);
+        return (zd_log_level_t)parsed;
+    }
+    return (zd_log_level_t)expected;
+}
+
+void zd_log_set_level(zd_log_level_t level)
+{
+    atomic_store(&g_level, clamp((int)level));
+}
+
+int zd_log_enabled(zd_log_level_t level)
+{
+    return (int)level <= (int)zd_log_get_level();
+}
+
+void zd_log_set_sink(zd_log_sink_fn *fn, void *arg)
+{
+    pthread_mutex_lock(&g_lock);
+    g_sink = fn;
+    g_sink_arg = fn ? arg : NULL;
+    pthread_mutex_unlock(&g_lock);
+}
+
+void zd__log_set_who(const char *who)
+{
+    pthread_mutex_lock(&g_lock);
+    snprintf(g_who, sizeof g_who, "%s", who ? who : "");
+    pthread_mutex_unlock(&g_lock);
+}
+
+void zd__log(zd_log_level_t level, const char *fmt, ...)
+{
+    level = (zd_log_level_t)clamp((int)level);
+    if (!zd_log_enabled(level))
+        return;
+    if (level != ZD_LOG_ERROR && !within_budget())
+        return;
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    emit(level, text);
+}
+
+void zd__log_reset(void)
+{
+    atomic_store(&g_level, LEVEL_UNSET);
+    atomic_store(&g_window, -1);
+    atomic_store(&g_budget, ZD_LOG_BUDGET);
+    atomic_store(&g_dropped, 0);
+}
