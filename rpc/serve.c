@@ -443,8 +443,9 @@ static void run_call(void *arg)
                  a->name, a->rank);
         /* Said here too, not only to the caller: this is the process
            whose set-up is wrong. The only module with hooks today is
-           distributed autograd, so name its call. */
-        zd__log(ZD_LOG_ERROR, "rpc: request \"%s\" from rank %d carries hook metadata but no "
+           distributed autograd, so name its call. WARN, not ERROR: a peer
+           can send this at will, and warnings are rate limited. */
+        zd__log(ZD_LOG_WARN, "rpc: request \"%s\" from rank %d carries hook metadata but no "
                 "hooks are installed here: call zd_dist_autograd_init() before zd_rpc_init() "
                 "in this process (the caller's backward would miss it)", c->fn, c->src);
         finish_error(c, text, ZD_ERR_NOT_INITIALIZED);
