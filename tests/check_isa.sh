@@ -5,17 +5,25 @@
 # ZDIST_CPU=generic tests show the portable path computes right; this shows
 # no AVX instruction leaked outside the dispatched functions, where a CPU
 # without it would die of SIGILL.
-#   usage: tests/check_isa.sh libzdist.so
+#   usage: tests/check_isa.sh libzdist.so SOURCE_DIR
 set -euo pipefail
-so=$1
-# Dispatched kernels are named *_avx512. The stride-1 "taps" convolution
-# path (nn/conv_taps.c, conv_sparse.c, conv_outgrad.c) is taken only when
-# zd__nn_taps_enabled() found AVX-512, so all of it is compiled for it.
-allowed='_avx512$|^zd__conv_(taps|sparse|out)_|^(plain_grads|planes_to_rows|rows_to_planes|winners_dw)$'
+so=$1; src=$2
+# The functions compiled for AVX-512: those defined between NN_AVX512_BEGIN
+# and NN_AVX512_END in nn/ (the kernels and the helpers they inline, or not,
+# as the compiler and its optimisation level decide). Their callers choose
+# them only when the CPU has AVX-512.
+allowed=$(awk 'FNR == 1 {inr = 0}
+               /^NN_AVX512_BEGIN/ {inr = 1; next}
+               /^NN_AVX512_END/ {inr = 0; next}
+               inr && /^[A-Za-z_][^;]*\(/ && !/^(typedef|#)/ {
+                   s = $0; sub(/^__attribute__\(\([^)]*\)\) */, "", s)
+                   sub(/\(.*/, "", s); n = split(s, w, /[ *]+/); print w[n] }' \
+          "$src"/nn/*.c "$src"/nn/*.h | sort -u)
+[ -n "$allowed" ] || { echo "isa: no NN_AVX512_BEGIN region found in $src/nn"; exit 1; }
 bad=0 n=0
 while read -r fn; do
   n=$((n + 1))
-  if [[ ! "$fn" =~ $allowed ]]; then
+  if ! grep -qxF -- "$fn" <<< "$allowed"; then
     echo "$fn uses AVX/AVX-512 registers but is not a dispatched kernel"; bad=1
   fi
 done < <(objdump -d --no-show-raw-insn "$so" |
