@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: MIT */
-/*  ops.c: elementwise arithmetic, reductions and matmul with gradients. */
+/*  ops.c: elementwise arithmetic, reductions and matmul with gradients
+    (operands of different shapes: broadcast.c). */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
+#include "autograd/ops_private.h"
 
 static int check_f32(const char *op, const zd_tensor_t *t)
 {
@@ -14,16 +16,14 @@ static int check_f32(const char *op, const zd_tensor_t *t)
     return 0;
 }
 
-static int check_same(const char *op, const zd_tensor_t *a, const zd_tensor_t *b)
+/*  Float32 operands; 1 when their shapes differ (broadcast.c's job). */
+static int check_pair(const char *op, const zd_tensor_t *a, const zd_tensor_t *b)
 {
+    if (!a || !b)
+        return zd_error_set("%s: NULL tensor", op);
     if (check_f32(op, a) < 0 || check_f32(op, b) < 0)
         return -1;
-    if (!zd_tensor_same_shape(a, b)) {
-        char sa[96], sb[96];
-        return zd_error_set("%s: shapes %s and %s differ", op, zd_tensor_shape_str(a, sa, sizeof sa),
-                         zd_tensor_shape_str(b, sb, sizeof sb));
-    }
-    return 0;
+    return zd_tensor_same_shape(a, b) ? 0 : 1;
 }
 
 /*  zd_autograd_record with up to two saved tensors. */
@@ -66,8 +66,9 @@ static const zd_autograd_node_ops_t add_ops = {"AddBackward", add_backward, free
 static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out)
 {
     *out = NULL;
-    if (check_same(sign > 0 ? "add" : "sub", a, b) < 0)
-        return -1;
+    int rc = check_pair(sign > 0 ? "add" : "sub", a, b);
+    if (rc != 0)
+        return rc < 0 ? -1 : zd__tensor_binary(sign > 0 ? ZD__BIN_ADD : ZD__BIN_SUB, a, b, out);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(a), zd_tensor_shape(a));
     if (!y)
         return -1;
@@ -115,8 +116,9 @@ static const zd_autograd_node_ops_t mul_ops = {"MulBackward", mul_backward, NULL
 int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
     *out = NULL;
-    if (check_same("mul", a, b) < 0)
-        return -1;
+    int rc = check_pair("mul", a, b);
+    if (rc != 0)
+        return rc < 0 ? -1 : zd__tensor_binary(ZD__BIN_MUL, a, b, out);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(a), zd_tensor_shape(a));
     if (!y)
         return -1;

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  init.c: PyTorch's default initialisation of Conv2d and Linear. */
+/*  init.c: PyTorch's default initialisation of Conv2d and Linear, and normal(). */
 #include <math.h>
 
 #include <zdist/error.h>
@@ -37,5 +37,19 @@ int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_nn_rng_t *rng)
         return -1;
     if (bias && zd_nn_init_uniform(bias, -bound, bound, rng) < 0)
         return -1;
+    return 0;
+}
+
+int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_nn_rng_t *rng)
+{
+    if (zd__nn_check_f32("init_normal", t) < 0)
+        return -1;
+    if (!rng)
+        return zd_error_set("init_normal: random generator is NULL");
+    if (!(std >= 0.0f))
+        return zd_error_set("init_normal: standard deviation %g is negative", (double)std);
+    float *d = zd_tensor_data(t);
+    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
+        d[i] = zd_nn_rng_normal(rng, mean, std);
     return 0;
 }

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  loss.c: log_softmax, nll_loss, cross_entropy, argmax, accuracy. */
+/*  loss.c: log_softmax, nll_loss, cross_entropy, mse_loss, argmax, accuracy. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -206,4 +206,57 @@ int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target)
     for (int64_t i = 0; i < N; i++)
         correct += row_argmax(zd_tensor_data(scores) + i * C, C) == target_at(target, i);
     return correct;
+}
+
+/* ---- mse_loss ---- */
+
+/*  d/dx mean((x - t)^2) = 2 (x - t) / N, and the opposite for t. */
+static int mse_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
+{
+    zd_tensor_t *x = zd_autograd_node_saved(n, 0), *t = zd_autograd_node_saved(n, 1);
+    const int64_t N = zd_tensor_numel(x);
+    const float scale = 2.0f * zd_tensor_data(gout[0])[0] / (float)N;
+    const float *px = zd_tensor_data(x), *pt = zd_tensor_data(t);
+    for (int j = 0; j < 2; j++) {
+        if (!zd_autograd_node_needs_grad(n, j))
+            continue;
+        if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x))))
+            return -1;
+        const float s = j == 0 ? scale : -scale;
+        float *d = zd_tensor_data(gin[j]);
+        for (int64_t i = 0; i < N; i++)
+            d[i] = s * (px[i] - pt[i]);
+    }
+    return 0;
+}
+
+static const zd_autograd_node_ops_t mse_ops = {"MseLossBackward", mse_backward, NULL};
+
+int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
+{
+    *out = NULL;
+    if (zd__nn_check_f32("mse_loss: input", x) < 0 || zd__nn_check_f32("mse_loss: target", target) < 0)
+        return -1;
+    if (!zd_tensor_same_shape(x, target)) {
+        char sx[96], st[96];
+        return zd_error_set("mse_loss: input %s and target %s differ in shape",
+                            zd_tensor_shape_str(x, sx, sizeof sx),
+                            zd_tensor_shape_str(target, st, sizeof st));
+    }
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 0, NULL);
+    if (!y)
+        return -1;
+    const float *px = zd_tensor_data(x), *pt = zd_tensor_data(target);
+    const int64_t N = zd_tensor_numel(x);
+    double acc = 0.0;
+    for (int64_t i = 0; i < N; i++) {
+        const double d = (double)px[i] - pt[i];
+        acc += d * d;
+    }
+    zd_tensor_data(y)[0] = (float)(acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
+    zd_tensor_t *in[2] = {x, target};
+    if (zd__nn_record(&mse_ops, 2, in, y, x, target, NULL, NULL) < 0)
+        return -1;
+    *out = y;
+    return 0;
 }

@@ -42,7 +42,24 @@ int golden_run_nll_loss(golden_case_t *c, results_t *r);
 int golden_run_net(golden_case_t *c, results_t *r);
 int golden_run_convnet(golden_case_t *c, results_t *r);
 
-/*  Checks one case folder, printing a line per tensor; 0 when all match. */
+/*  The single-op kinds of ../shared/golden-toolkit (golden_toolkit.c). */
+int golden_run_tanh(golden_case_t *c, results_t *r);
+int golden_run_sigmoid(golden_case_t *c, results_t *r);
+int golden_run_exp(golden_case_t *c, results_t *r);
+int golden_run_log(golden_case_t *c, results_t *r);
+int golden_run_gelu(golden_case_t *c, results_t *r);
+int golden_run_softmax(golden_case_t *c, results_t *r);
+int golden_run_permute(golden_case_t *c, results_t *r);
+int golden_run_layer_norm(golden_case_t *c, results_t *r);
+int golden_run_mse_loss(golden_case_t *c, results_t *r);
+int golden_run_embedding(golden_case_t *c, results_t *r);
+int golden_run_add_broadcast(golden_case_t *c, results_t *r);
+int golden_run_mul_broadcast(golden_case_t *c, results_t *r);
+
+/*  Checks one case folder, printing a line per tensor; 0 when all match,
+    GOLDEN_UNKNOWN_KIND when the checker has no code for the case's kind,
+    else -1. */
+#define GOLDEN_UNKNOWN_KIND (-2)
 int golden_check_dir(const char *dir, bool quiet);
 
 #endif

@@ -105,10 +105,14 @@ ZD_API void zd_autograd_task_free(zd_autograd_task_t *t);
 ZD_API int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph);
 
 /*  ---- differentiable basics (float32), each: 0 and *out, or -1 ----
-    Shapes must match exactly (no broadcasting), except where noted. */
+    add, sub, mul and div broadcast as NumPy and PyTorch do (shapes aligned
+    at the last dimension, sizes equal or 1; the gradient of a broadcast
+    input is summed back to its shape); they fail naming both shapes when
+    those do not broadcast. Other shapes must match as noted. */
 ZD_API int zd_tensor_add(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);
 ZD_API int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);
 ZD_API int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);
+ZD_API int zd_tensor_div(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);   /* a / b */
 ZD_API int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out);      /* a * s */
 ZD_API int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out);                 /* scalar, shape () */
 ZD_API int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out);                /* scalar, shape () */
@@ -129,6 +133,22 @@ ZD_API int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **o
     Otherwise it is a copy. Fails on a scalar, a dim out of range, or a
     range that does not fit. */
 ZD_API int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out);
+
+/*  Element-wise functions of any shape (PyTorch's torch.tanh, sigmoid, exp,
+    log; log of a negative number is NaN, of 0 is -inf, as there). */
+ZD_API int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out);
+ZD_API int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out);
+ZD_API int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out);
+ZD_API int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out);
+
+/*  t with its dimensions reordered: the result's dimension i is t's
+    dims[i] (PyTorch's permute; ndims must be t's ndim, negative dims count
+    from the end), as a contiguous copy of any dtype; fails on a dims list
+    that is not a permutation. */
+ZD_API int zd_tensor_permute(zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out);
+
+/*  t with dimensions dim0 and dim1 swapped (PyTorch's transpose), a copy. */
+ZD_API int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out);
 
 ZD_END_DECLS
 

@@ -67,6 +67,26 @@ ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *
 /*  (N, ...) viewed as (N, rest): shares x's storage. */
 ZD_API int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out);
 
+/*  softmax(x) along dim (negative counts from the end), any shape. */
+ZD_API int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out);
+
+/*  GELU, the exact form x/2 (1 + erf(x / sqrt 2)) (PyTorch's approximate='none'), any shape. */
+ZD_API int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out);
+
+/*  (x - mean) / sqrt(var + eps) * weight + bias over x's last norm_ndim dimensions (PyTorch's
+    layer_norm, normalized_shape = those sizes; biased var); weight, bias: NULL or that shape. */
+ZD_API int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tensor_t *bias,
+                            float eps, zd_tensor_t **out);
+
+/*  No padding row for zd_nn_embedding (PyTorch's padding_idx=None). */
+#define ZD_NN_NO_PADDING (-1)
+
+/*  Rows of weight (V, D) at indices (int64 or uint8, any shape S), giving (S..., D); repeats
+    add up in the gradient; row padding_idx (or ZD_NN_NO_PADDING) gets none. Fails on an index
+    outside [0, V). */
+ZD_API int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
+                           zd_tensor_t **out);
+
 /*  ---- losses and outputs ---- */
 
 /*  Numerically stable log(softmax(x)) of a 2-D x along dim 1 (-1 is
@@ -81,6 +101,9 @@ ZD_API int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_
 /*  nll_loss(log_softmax(logits, 1), target). */
 ZD_API int zd_nn_cross_entropy(zd_tensor_t *logits, zd_tensor_t *target, zd_tensor_t **out);
 
+/*  mean((x - target)^2) over same-shaped float tensors, a scalar; target may require grad. */
+ZD_API int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out);
+
 /*  Index of the largest entry of each row of x (N,C): an int64 tensor (N),
     not recorded by autograd. */
 ZD_API int zd_nn_argmax(zd_tensor_t *x, zd_tensor_t **out);
@@ -93,6 +116,9 @@ ZD_API int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target);
 
 /*  Fills t with uniform values in [lo, hi), not recorded by autograd. */
 ZD_API int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_nn_rng_t *rng);
+
+/*  Fills t with normal(mean, std) values (PyTorch's normal_, nn.Embedding's init: 0, 1). */
+ZD_API int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_nn_rng_t *rng);
 
 /*  kaiming_uniform_(weight, a=sqrt(5)): uniform in +-1/sqrt(fan_in) with
     fan_in = numel / size(0) (in_features, or C*kH*kW); then, when bias is
