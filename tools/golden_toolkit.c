@@ -138,8 +138,10 @@ static int fwd_mse(golden_case_t *c, zd_tensor_t *const *in, zd_tensor_t **y)
 
 static int fwd_embedding(golden_case_t *c, zd_tensor_t *const *in, zd_tensor_t **y)
 {
-    if (need(in[0], "idx") < 0 || !in[1])
-        return in[0] ? zd_error_set("golden: the case has no param \"weight\"") : -1;
+    if (need(in[0], "idx") < 0)
+        return -1;
+    if (!in[1])
+        return zd_error_set("golden: the case has no param \"weight\"");
     const char *pad = attr_str(c, "padding_idx");
     int64_t padding = pad && strcmp(pad, "None") ? strtoll(pad, NULL, 10) : ZD_NN_NO_PADDING;
     return zd_nn_embedding(in[0], in[1], padding, y);
@@ -167,15 +169,22 @@ static const char *const LN_ROLES[] = {"input", "param", "param"},
                          *const LN_NAMES[] = {"x", "weight", "bias"};
 static const char *const EMB_ROLES[] = {"input", "param"}, *const EMB_NAMES[] = {"idx", "weight"};
 
-int golden_run_tanh(golden_case_t *c, results_t *r) { return run(c, r, fwd_tanh, 1, X_ROLES, X_NAMES); }
-int golden_run_sigmoid(golden_case_t *c, results_t *r) { return run(c, r, fwd_sigmoid, 1, X_ROLES, X_NAMES); }
-int golden_run_exp(golden_case_t *c, results_t *r) { return run(c, r, fwd_exp, 1, X_ROLES, X_NAMES); }
-int golden_run_log(golden_case_t *c, results_t *r) { return run(c, r, fwd_log, 1, X_ROLES, X_NAMES); }
-int golden_run_gelu(golden_case_t *c, results_t *r) { return run(c, r, fwd_gelu, 1, X_ROLES, X_NAMES); }
-int golden_run_softmax(golden_case_t *c, results_t *r) { return run(c, r, fwd_softmax, 1, X_ROLES, X_NAMES); }
-int golden_run_permute(golden_case_t *c, results_t *r) { return run(c, r, fwd_permute, 1, X_ROLES, X_NAMES); }
-int golden_run_layer_norm(golden_case_t *c, results_t *r) { return run(c, r, fwd_layer_norm, 3, LN_ROLES, LN_NAMES); }
-int golden_run_mse_loss(golden_case_t *c, results_t *r) { return run(c, r, fwd_mse, 2, XY_ROLES, MSE_NAMES); }
-int golden_run_embedding(golden_case_t *c, results_t *r) { return run(c, r, fwd_embedding, 2, EMB_ROLES, EMB_NAMES); }
-int golden_run_add_broadcast(golden_case_t *c, results_t *r) { return run(c, r, fwd_add, 2, XY_ROLES, XY_NAMES); }
-int golden_run_mul_broadcast(golden_case_t *c, results_t *r) { return run(c, r, fwd_mul, 2, XY_ROLES, XY_NAMES); }
+/*  golden_run_<kind>: the forward function and the tensors it takes. */
+#define KIND(kind, fwd, n, roles, names)                                                  \
+    int golden_run_##kind(golden_case_t *c, results_t *r)                                 \
+    {                                                                                     \
+        return run(c, r, fwd, n, roles, names);                                           \
+    }
+
+KIND(tanh, fwd_tanh, 1, X_ROLES, X_NAMES)
+KIND(sigmoid, fwd_sigmoid, 1, X_ROLES, X_NAMES)
+KIND(exp, fwd_exp, 1, X_ROLES, X_NAMES)
+KIND(log, fwd_log, 1, X_ROLES, X_NAMES)
+KIND(gelu, fwd_gelu, 1, X_ROLES, X_NAMES)
+KIND(softmax, fwd_softmax, 1, X_ROLES, X_NAMES)
+KIND(permute, fwd_permute, 1, X_ROLES, X_NAMES)
+KIND(layer_norm, fwd_layer_norm, 3, LN_ROLES, LN_NAMES)
+KIND(mse_loss, fwd_mse, 2, XY_ROLES, MSE_NAMES)
+KIND(embedding, fwd_embedding, 2, EMB_ROLES, EMB_NAMES)
+KIND(add_broadcast, fwd_add, 2, XY_ROLES, XY_NAMES)
+KIND(mul_broadcast, fwd_mul, 2, XY_ROLES, XY_NAMES)

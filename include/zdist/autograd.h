@@ -134,20 +134,16 @@ ZD_API int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **o
     range that does not fit. */
 ZD_API int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out);
 
-/*  Element-wise functions of any shape (PyTorch's torch.tanh, sigmoid, exp,
-    log; log of a negative number is NaN, of 0 is -inf, as there). */
+/*  Element-wise, any shape, as torch.tanh, sigmoid, exp and log (log: NaN below 0, -inf at 0). */
 ZD_API int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out);
 
-/*  t with its dimensions reordered: the result's dimension i is t's
-    dims[i] (PyTorch's permute; ndims must be t's ndim, negative dims count
-    from the end), as a contiguous copy of any dtype; fails on a dims list
-    that is not a permutation. */
+/*  PyTorch's t.permute(dims) (ndims = t's ndim; negative dims from the end), a copy of any dtype. */
 ZD_API int zd_tensor_permute(zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out);
 
-/*  t with dimensions dim0 and dim1 swapped (PyTorch's transpose), a copy. */
+/*  PyTorch's t.transpose(dim0, dim1): dimensions dim0 and dim1 swapped, a copy. */
 ZD_API int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out);
 
 ZD_END_DECLS

@@ -73,17 +73,14 @@ ZD_API int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out);
 /*  GELU, the exact form x/2 (1 + erf(x / sqrt 2)) (PyTorch's approximate='none'), any shape. */
 ZD_API int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out);
 
-/*  (x - mean) / sqrt(var + eps) * weight + bias over x's last norm_ndim dimensions (PyTorch's
-    layer_norm, normalized_shape = those sizes; biased var); weight, bias: NULL or that shape. */
+/*  PyTorch's layer_norm over x's last norm_ndim dimensions; weight, bias: NULL or those sizes. */
 ZD_API int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tensor_t *bias,
                             float eps, zd_tensor_t **out);
 
 /*  No padding row for zd_nn_embedding (PyTorch's padding_idx=None). */
 #define ZD_NN_NO_PADDING (-1)
 
-/*  Rows of weight (V, D) at indices (int64 or uint8, any shape S), giving (S..., D); repeats
-    add up in the gradient; row padding_idx (or ZD_NN_NO_PADDING) gets none. Fails on an index
-    outside [0, V). */
+/*  Rows of weight (V, D) at int64/uint8 indices (S...): (S..., D); row padding_idx gets no grad. */
 ZD_API int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
                            zd_tensor_t **out);
 
