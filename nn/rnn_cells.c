@@ -256,7 +256,7 @@ int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_te
                      1.0f, py, H);
     zd__rnn_add_bias(py, N, H, b_ih, b_hh);
     for (int64_t k = 0; k < (int64_t)N * H; k++)
-        keep[k] = py[k] = tanhf(py[k]);
+        keep[k] = py[k] = rnn_tanh(py[k]);
     zd_tensor_t *in[6] = {x, h, w_ih, w_hh, b_ih, b_hh};
     if (cell_record(&rnn_tanh_ops, in, &d, keep, y) < 0) {
         zd_tensor_unref(y);
@@ -349,7 +349,7 @@ int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_
         for (int j = 0; j < H; j++) {
             const float rg = rnn_sigmoid(a[j] + b[j]);
             const float z = rnn_sigmoid(a[H + j] + b[H + j]);
-            const float nn = tanhf(a[2 * H + j] + rg * b[2 * H + j]);
+            const float nn = rnn_tanh(a[2 * H + j] + rg * b[2 * H + j]);
             s[j] = rg;
             s[H + j] = z;
             s[2 * H + j] = nn;

@@ -49,31 +49,43 @@ static void lstm_release(zd_autograd_node_t *n)
     lstm_ctx_free(zd_autograd_node_ctx(n));
 }
 
-/*  One step's gradients: from dh (the h output's gradient, this step's
-    output gradient included) and dc (the c output's), fills dg (N, 4H),
-    the pre-activation gradients, and turns dc into the gradient of the
-    previous cell state. */
-static void lstm_step_backward(const lstm_ctx_t *c, int64_t t, const float *dh, float *dc,
-                               float *dg)
+/*  One row of one step's gradients: from dh (the h output's gradient,
+    this step's output gradient included) and dc (the c output's), the
+    pre-activation gradients of the four gates, and dc turned into the
+    gradient of the previous cell state. Separate restrict pointers per
+    gate, so that GCC vectorizes the loop. */
+static void lstm_row_backward(const float *restrict i_, const float *restrict f_,
+                              const float *restrict g_, const float *restrict o_,
+                              const float *restrict tc, const float *restrict cp,
+                              const float *restrict dh, float *restrict dc, float *restrict di,
+                              float *restrict df, float *restrict dg, float *restrict do_,
+                              int64_t H)
 {
-    const int64_t N = c->d.N, H = c->d.H;
-    const float *gates = c->gates + t * N * 4 * H, *tc = c->tc + t * N * H;
+    for (int64_t j = 0; j < H; j++) {
+        const float i = i_[j], f = f_[j], g = g_[j], o = o_[j], t = tc[j];
+        const float dcv = dc[j] + dh[j] * o * (1.0f - t * t);
+        di[j] = dcv * g * i * (1.0f - i);
+        df[j] = dcv * cp[j] * f * (1.0f - f);
+        dg[j] = dcv * i * (1.0f - g * g);
+        do_[j] = dh[j] * t * o * (1.0f - o);
+        dc[j] = dcv * f;
+    }
+}
+
+/*  One step's gradients (N, 4H) into dgt; zeros: H zeros, the previous
+    cell state of step 0 without c0. */
+static void lstm_step_backward(const lstm_ctx_t *c, int64_t t, const float *dh, float *dc,
+                               float *dgt, const float *zeros)
+{
+    const int64_t N = c->d.N, H = c->d.H, G = 4 * H;
+    const float *gates = c->gates + t * N * G, *tc = c->tc + t * N * H;
     const float *cprev = t > 0 ? c->c + (t - 1) * N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
     for (int64_t r = 0; r < N; r++) {
-        const float *g = gates + r * 4 * H;
-        float *d = dg + r * 4 * H;
-        const float *dhr = dh + r * H, *tcr = tc + r * H;
-        float *dcr = dc + r * H;
-        for (int64_t j = 0; j < H; j++) {
-            const float i = g[j], f = g[H + j], gg = g[2 * H + j], o = g[3 * H + j];
-            const float tcv = tcr[j], cp = cprev ? cprev[r * H + j] : 0.0f;
-            const float dcv = dcr[j] + dhr[j] * o * (1.0f - tcv * tcv);
-            d[j] = dcv * gg * i * (1.0f - i);
-            d[H + j] = dcv * cp * f * (1.0f - f);
-            d[2 * H + j] = dcv * i * (1.0f - gg * gg);
-            d[3 * H + j] = dhr[j] * tcv * o * (1.0f - o);
-            dcr[j] = dcv * f;
-        }
+        const float *g = gates + r * G;
+        float *d = dgt + r * G;
+        lstm_row_backward(g, g + H, g + 2 * H, g + 3 * H, tc + r * H,
+                          cprev ? cprev + r * H : zeros, dh + r * H, dc + r * H, d, d + H,
+                          d + 2 * H, d + 3 * H, H);
     }
 }
 
@@ -87,10 +99,11 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     const float *dy = zd_tensor_data(gout[0]);
     const float *dhT = cell ? NULL : zd_tensor_data(gout[1]);
     const float *dcT = zd_tensor_data(gout[cell ? 1 : 2]);
-    float *dg = malloc(sizeof(float) * (size_t)(T * N * G + 3 * N * H));
+    float *dg = malloc(sizeof(float) * (size_t)(T * N * G + 3 * N * H + H));
     if (!dg)
         return zd_error_set("LstmBackward: out of memory");
-    float *dh = dg + T * N * G, *dc = dh + N * H, *dhn = dc + N * H;
+    float *dh = dg + T * N * G, *dc = dh + N * H, *dhn = dc + N * H, *zeros = dhn + N * H;
+    memset(zeros, 0, sizeof(float) * (size_t)H);
     memcpy(dc, dcT, sizeof(float) * (size_t)(N * H));
     if (dhT)
         memcpy(dhn, dhT, sizeof(float) * (size_t)(N * H));
@@ -103,7 +116,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         for (int64_t k = 0; k < N * H; k++)
             dh[k] = dyt[k] + dhn[k];
         float *dgt = dg + t * N * G;
-        lstm_step_backward(c, t, dh, dc, dgt);
+        lstm_step_backward(c, t, dh, dc, dgt, zeros);
         if (t > 0 || want_h0)   /* dhn: the gradient of the previous step's h */
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
                          0.0f, dhn, (int)H);
@@ -162,10 +175,31 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
 
 static const zd_autograd_node_ops_t lstm_ops = {"LstmBackward", lstm_backward, lstm_release};
 
+/*  One row of one step: the gates' pre-activations i, f, g, o become
+    their activations in place; c, tanh(c) and h = o tanh(c) from the
+    previous cell state cp. */
+static void lstm_row_forward(float *restrict i_, float *restrict f_, float *restrict g_,
+                             float *restrict o_, const float *restrict cp, float *restrict c,
+                             float *restrict tc, float *restrict h, int64_t H)
+{
+    for (int64_t j = 0; j < H; j++) {
+        const float i = rnn_sigmoid(i_[j]), f = rnn_sigmoid(f_[j]);
+        const float g = rnn_tanh(g_[j]), o = rnn_sigmoid(o_[j]);
+        const float cv = f * cp[j] + i * g, t = rnn_tanh(cv);
+        i_[j] = i;
+        f_[j] = f;
+        g_[j] = g;
+        o_[j] = o;
+        c[j] = cv;
+        tc[j] = t;
+        h[j] = o * t;
+    }
+}
+
 /*  The forward pass over T steps into y (T*N, H) and the ctx's buffers;
-    c_T goes to cT. */
+    c_T goes to cT. zeros: H zeros (the previous cell state without c0). */
 static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, float *y,
-                     float *cT)
+                     float *cT, const float *zeros)
 {
     const int64_t T = c->T, N = c->d.N, I = c->d.I, H = c->d.H, G = 4 * H;
     const float *w_hh = zd_tensor_data(c->w_hh);
@@ -182,19 +216,8 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
                          1.0f, gt, (int)G);
         for (int64_t r = 0; r < N; r++) {
             float *g = gt + r * G;
-            for (int64_t j = 0; j < H; j++) {
-                const float i = rnn_sigmoid(g[j]), f = rnn_sigmoid(g[H + j]);
-                const float gg = tanhf(g[2 * H + j]), o = rnn_sigmoid(g[3 * H + j]);
-                const float cv = f * (cprev ? cprev[r * H + j] : 0.0f) + i * gg;
-                const float tcv = tanhf(cv);
-                g[j] = i;
-                g[H + j] = f;
-                g[2 * H + j] = gg;
-                g[3 * H + j] = o;
-                ct[r * H + j] = cv;
-                tct[r * H + j] = tcv;
-                yt[r * H + j] = o * tcv;
-            }
+            lstm_row_forward(g, g + H, g + 2 * H, g + 3 * H, cprev ? cprev + r * H : zeros,
+                             ct + r * H, tct + r * H, yt + r * H, H);
         }
     }
     memcpy(cT, c->c + (T - 1) * N * H, sizeof(float) * (size_t)(N * H));
@@ -215,7 +238,7 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     zd_tensor_t *cT = zd_tensor_empty(ZD_FLOAT32, cell ? 2 : 3, cell ? sshape + 1 : sshape);
     lstm_ctx_t *c = calloc(1, sizeof *c);
     if (c) {
-        c->gates = malloc(sizeof(float) * (size_t)(T * N * (4 * H + 2 * H)));
+        c->gates = malloc(sizeof(float) * (size_t)(T * N * (4 * H + 2 * H) + H));
         c->c = c->gates ? c->gates + T * N * 4 * H : NULL;
         c->tc = c->gates ? c->c + T * N * H : NULL;
     }
@@ -233,7 +256,9 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     c->c0 = zd_tensor_ref(c0);
     c->w_ih = zd_tensor_ref(w_ih);
     c->w_hh = zd_tensor_ref(w_hh);
-    lstm_run(c, b_ih, b_hh, zd_tensor_data(y), zd_tensor_data(cT));
+    float *zeros = c->tc + T * N * H;
+    memset(zeros, 0, sizeof(float) * (size_t)H);
+    lstm_run(c, b_ih, b_hh, zd_tensor_data(y), zd_tensor_data(cT), zeros);
     if (hT)
         memcpy(zd_tensor_data(hT), zd_tensor_data(y) + (T - 1) * N * H,
                sizeof(float) * (size_t)(N * H));
