@@ -151,7 +151,9 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     }
     if (rc == 0 && zd_autograd_node_needs_grad(n, 4)) {
         /* dw_hh = sum_t dG_t^T h_{t-1}: h_{-1} = h0, then the outputs */
-        if ((gin[4] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){G, H}))) {
+        const bool written = c->h0 || T > 1;   /* else the gradient is zero */
+        if ((gin[4] = written ? zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){G, H})
+                              : zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){G, H}))) {
             float *dw = zd_tensor_data(gin[4]);
             float beta = 0.0f;
             if (c->h0) {
@@ -166,9 +168,17 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
             rc = -1;
         }
     }
-    for (int k = 5; rc == 0 && k < 7; k++)
-        if (zd_autograd_node_needs_grad(n, k) && !(gin[k] = zd__rnn_bias_grad(dg, T * N, G)))
+    /* both biases get the same gradient: sum once, copy once */
+    for (int k = 5; rc == 0 && k < 7; k++) {
+        if (!zd_autograd_node_needs_grad(n, k))
+            continue;
+        if (k == 6 && gin[5])
+            gin[6] = zd_tensor_detach_copy(gin[5]);
+        else
+            gin[k] = zd__rnn_bias_grad(dg, T * N, G);
+        if (!gin[k])
             rc = -1;
+    }
     free(dg);
     return rc;
 }

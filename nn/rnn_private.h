@@ -12,11 +12,11 @@
     degree-6 polynomial for e^r, 2^n from the exponent bits), about 1 ulp,
     so that GCC vectorizes the gate loops around it: libm's expf and tanhf
     are calls it cannot, and they took a fifth of an LSTM's time. Inputs
-    are clamped to [-87, 88], where e^x stays a normal float. */
-static inline float rnn_exp(float x)
+    are clamped to [-87, 88], where e^x stays a normal float; a NaN gives
+    NaN. */
+static inline float rnn_exp(float v)
 {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
+    const float x = v > -87.0f ? (v < 88.0f ? v : 88.0f) : -87.0f;   /* NaN: -87 */
     const float t = x * 1.44269504088896341f + 0.5f;
     int n = (int)t;
     n -= (float)n > t;     /* floor, for negative t too */
@@ -33,7 +33,7 @@ static inline float rnn_exp(float x)
         int32_t i;
         float f;
     } scale = {.i = (n + 127) * (1 << 23)};
-    return p * scale.f;
+    return v == v ? p * scale.f : v;   /* NaN stays NaN */
 }
 
 static inline float rnn_sigmoid(float v)

@@ -685,6 +685,34 @@ static void test_errors(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
+/*  A NaN in the input comes out as NaN where it reaches (as in PyTorch),
+    not as a number made up by the fast exp. */
+static void test_nan_propagates(void **state)
+{
+    (void)state;
+    const int N = 2, I = 3, H = 4;
+    zd_tensor_t *x = randn(2, (int64_t[]){N, I}, 1.0f);
+    zd_tensor_t *w_ih = randn(2, (int64_t[]){4 * H, I}, 0.5f), *w_hh = randn(2, (int64_t[]){4 * H, H}, 0.5f);
+    zd_tensor_t *g_ih = randn(2, (int64_t[]){3 * H, I}, 0.5f), *g_hh = randn(2, (int64_t[]){3 * H, H}, 0.5f);
+    zd_tensor_t *r_ih = randn(2, (int64_t[]){H, I}, 0.5f), *r_hh = randn(2, (int64_t[]){H, H}, 0.5f);
+    zd_tensor_data(x)[0] = NAN;   /* row 0 only */
+    zd_tensor_t *h, *c, *hg, *hr;
+    assert_int_equal(zd_nn_lstm_cell(x, NULL, NULL, w_ih, w_hh, NULL, NULL, &h, &c), 0);
+    assert_int_equal(zd_nn_gru_cell(x, NULL, g_ih, g_hh, NULL, NULL, &hg), 0);
+    assert_int_equal(zd_nn_rnn_tanh_cell(x, NULL, r_ih, r_hh, NULL, NULL, &hr), 0);
+    zd_tensor_t *outs[4] = {h, c, hg, hr};
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < H; j++) {
+            assert_true(isnan(zd_tensor_data(outs[k])[j]));        /* row 0 */
+            assert_true(isfinite(zd_tensor_data(outs[k])[H + j])); /* row 1 */
+        }
+    for (int k = 0; k < 4; k++)
+        zd_tensor_unref(outs[k]);
+    zd_tensor_t *all[] = {x, w_ih, w_hh, g_ih, g_hh, r_ih, r_hh};
+    for (size_t k = 0; k < sizeof all / sizeof *all; k++)
+        zd_tensor_unref(all[k]);
+}
+
 int main(void)
 {
     zd_nn_rng_seed(&rng, 2024);
@@ -695,6 +723,7 @@ int main(void)
         cmocka_unit_test(test_layer_matches_cell_steps),
         cmocka_unit_test(test_lstm_object),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_nan_propagates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
