@@ -120,6 +120,11 @@ const char *zd_nn_lstm_param_name(const zd_nn_lstm_t *m, int i)
     return m && i >= 0 && i < m->n_params ? m->names[i] : NULL;
 }
 
+zd_tensor_t *const *zd_nn_lstm_params(const zd_nn_lstm_t *m)
+{
+    return m ? m->params : NULL;
+}
+
 void zd_nn_lstm_zero_grad(zd_nn_lstm_t *m)
 {
     for (int i = 0; m && i < m->n_params; i++)

@@ -535,6 +535,8 @@ static void test_lstm_object(void **state)
         }
         assert_true(lo >= -bound && hi < bound && hi - lo > bound);   /* spread over the range */
     }
+    for (int i = 0; i < 8; i++)
+        assert_ptr_equal(zd_nn_lstm_params(m)[i], zd_nn_lstm_param(m, i));
     assert_null(zd_nn_lstm_param(m, 8));
     assert_null(zd_nn_lstm_param_name(m, -1));
     assert_int_equal(zd_nn_lstm_input_size(m), 5);

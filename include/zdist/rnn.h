@@ -91,6 +91,10 @@ ZD_API int zd_nn_lstm_n_params(const zd_nn_lstm_t *m);
 ZD_API zd_tensor_t *zd_nn_lstm_param(const zd_nn_lstm_t *m, int i);
 ZD_API const char *zd_nn_lstm_param_name(const zd_nn_lstm_t *m, int i);
 
+/*  The n_params parameters as one array (borrowed, valid until
+    zd_nn_lstm_free), in the order zd_nn_lstm takes them. */
+ZD_API zd_tensor_t *const *zd_nn_lstm_params(const zd_nn_lstm_t *m);
+
 /*  Drops every parameter's .grad. */
 ZD_API void zd_nn_lstm_zero_grad(zd_nn_lstm_t *m);
 
