@@ -8,7 +8,11 @@
         bench_local [--csv] [--batch N] [--seconds S] [--model NAME] [--threads N]
                     [--ops]
 
-    --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines.
+    --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines, and
+    `lstm_seq_steps_per_s,<value>,steps/s`: a 2-layer LSTM (input and hidden
+    256, batch 32, 35 steps), forward + backward of sum(output * dy), in
+    time steps per second (35 x iterations per second); --model lstm runs
+    only that.
     --threads sets zd_nn_set_num_threads (a parameter server with several
     trainers runs each request on 1). --ops times each layer of the Net on
     its own instead: forward, and forward + backward, in ms per batch (the
@@ -24,6 +28,7 @@
 #include <zdist/model.h>
 #include <zdist/nn.h>
 #include <zdist/rng.h>
+#include <zdist/rnn.h>
 
 #define ROUNDS 5
 
@@ -114,6 +119,64 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     zd_tensor_unref(t);
     zd_tensor_unref(x);
     zd_nn_model_free(m);
+    return rate[ROUNDS / 2];
+}
+
+/* ---- a 2-layer LSTM over a sequence ---- */
+
+/*  PyTorch's word-language-model sizes: nn.LSTM(256, 256, 2) over 35 steps
+    of a batch of 32, forward + backward of sum(output * dy). */
+enum { LSTM_T = 35, LSTM_N = 32, LSTM_IN = 256, LSTM_H = 256, LSTM_LAYERS = 2 };
+
+static int lstm_iteration(zd_nn_lstm_t *m, zd_tensor_t *x, zd_tensor_t *dy)
+{
+    zd_tensor_t *out = NULL;
+    int rc = zd_nn_lstm_forward(m, x, NULL, NULL, &out, NULL, NULL);
+    if (rc == 0)
+        rc = zd_autograd_backward(out, dy, false);
+    zd_tensor_unref(out);
+    zd_nn_lstm_zero_grad(m);
+    return rc;
+}
+
+/*  Median time steps per second (35 per iteration) over ROUNDS rounds;
+    also the CPU time per iteration. */
+static double bench_lstm(double seconds, double *ms_per_iter, double *cpu_ms_per_iter)
+{
+    zd_nn_lstm_t *m = zd_nn_lstm_new(LSTM_IN, LSTM_H, LSTM_LAYERS, 0.0f, 1);
+    if (!m)
+        return -1;
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 4);
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 3, (int64_t[]){LSTM_T, LSTM_N, LSTM_IN});
+    zd_tensor_t *dy = zd_tensor_empty(ZD_FLOAT32, 3, (int64_t[]){LSTM_T, LSTM_N, LSTM_H});
+    for (int64_t i = 0; i < zd_tensor_numel(x); i++)
+        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+    for (int64_t i = 0; i < zd_tensor_numel(dy); i++)
+        zd_tensor_data(dy)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+    double rate[ROUNDS], t0 = now();
+    int warm = 0;
+    while (now() - t0 < 0.3 || warm < 3) {
+        if (lstm_iteration(m, x, dy) < 0) {
+            fprintf(stderr, "bench_local: lstm: %s\n", zd_error_last());
+            exit(1);
+        }
+        warm++;
+    }
+    int per_round = (int)(warm / (now() - t0) * seconds / ROUNDS) + 1;
+    double cpu0 = cpu_seconds();
+    for (int r = 0; r < ROUNDS; r++) {
+        t0 = now();
+        for (int i = 0; i < per_round; i++)
+            lstm_iteration(m, x, dy);
+        rate[r] = (double)per_round * LSTM_T / (now() - t0);
+    }
+    *cpu_ms_per_iter = 1e3 * (cpu_seconds() - cpu0) / (ROUNDS * per_round);
+    qsort(rate, ROUNDS, sizeof *rate, cmp_double);
+    *ms_per_iter = 1e3 * LSTM_T / rate[ROUNDS / 2];
+    zd_tensor_unref(dy);
+    zd_tensor_unref(x);
+    zd_nn_lstm_free(m);
     return rate[ROUNDS / 2];
 }
 
@@ -300,7 +363,8 @@ int main(int argc, char **argv)
     const char *models[] = {"net", "convnet"};
     /* fwd + bwd floating-point work per sample, for the GFLOP/s column */
     const double mflop[] = {71.6, 0.25};
-    if (!csv)
+    const bool any_model = !only || strcmp(only, "net") == 0 || strcmp(only, "convnet") == 0;
+    if (!csv && any_model)
         printf("training step, batch %d, %d threads, OpenBLAS kernels %s\n"
                "%-8s %10s %10s %14s %10s\n", batch, zd_nn_get_num_threads(), zd_nn_blas_corename(),
                "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
@@ -318,6 +382,21 @@ int main(int argc, char **argv)
         else
             printf("%-8s %10.3f %10.3f %14.0f %10.1f\n", models[i], ms, cpu_ms, r,
                    r * mflop[i] * 1e-3);
+    }
+    if (!only || strcmp(only, "lstm") == 0) {
+        double ms, cpu_ms;
+        double r = bench_lstm(seconds, &ms, &cpu_ms);
+        if (r < 0) {
+            fprintf(stderr, "bench_local: %s\n", zd_error_last());
+            return 1;
+        }
+        if (csv)
+            printf("lstm_seq_steps_per_s,%.0f,steps/s\n", r);
+        else
+            printf("%sLSTM %d layers, input %d, hidden %d, batch %d, %d steps, fwd+bwd, %d threads\n"
+                   "%-8s %10s %10s %14s\n%-8s %10.3f %10.3f %14.0f\n", any_model ? "\n" : "",
+                   LSTM_LAYERS, LSTM_IN, LSTM_H, LSTM_N, LSTM_T, zd_nn_get_num_threads(), "model",
+                   "ms/iter", "cpu ms", "steps/s", "lstm", ms, cpu_ms, r);
     }
     return 0;
 }

@@ -30,6 +30,7 @@
 /* Neural networks and data. */
 #include <zdist/rng.h>           /* seeded random numbers (xoshiro256**) */
 #include <zdist/nn.h>            /* layers, losses, PyTorch's default initialisation */
+#include <zdist/rnn.h>           /* LSTM, GRU and tanh cells, a multi-layer LSTM */
 #include <zdist/model.h>         /* the example programs' two models */
 #include <zdist/idx.h>           /* IDX files (the MNIST format), plain or gzip */
 #include <zdist/dataset.h>       /* MNIST-format data sets: loading, shuffling, batches */
