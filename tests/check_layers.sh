@@ -11,16 +11,17 @@ declare -A allowed=(
   [autograd]="error version export log tensor autograd function"
   [rpc]="error version export log tensor autograd function rpc value future"
   [dist_autograd]="error version export log tensor autograd function rpc value future dist_autograd"
-  [nn]="error version export log tensor autograd function nn model dataset idx checkpoint rng"
+  [nn]="error version export log tensor autograd function nn model dataset idx checkpoint rng module"
   [optim]="error version export log tensor autograd function optim"
   [dist_optim]="error version export log tensor autograd function rpc value future dist_autograd optim dist_optim"
+  [dist_nn]="error version export log tensor autograd function rpc value future dist_autograd nn model dataset idx checkpoint rng module dist_nn"
 )
 # the public headers: which layer each belongs to
 declare -A home=(
   [error]=autograd [log]=autograd [version]=autograd [export]=autograd [tensor]=autograd [autograd]=autograd
   [function]=autograd [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
   [nn]=nn [model]=nn [dataset]=nn [idx]=nn [checkpoint]=nn [rng]=nn [optim]=optim
-  [dist_optim]=dist_optim)
+  [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn)
 bad=0
 for layer in "${!allowed[@]}"; do
   for f in "$layer"/*.[ch]; do

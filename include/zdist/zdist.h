@@ -38,5 +38,7 @@
 /* Optimizers: local ones, and the DistributedOptimizer on RPC. */
 #include <zdist/optim.h>         /* SGD, Adam, ... with PyTorch's update rules */
 #include <zdist/dist_optim.h>    /* the DistributedOptimizer */
+#include <zdist/module.h>        /* a parameter container: nn.Module */
+#include <zdist/dist_nn.h>       /* parameter RRefs and RemoteModule */
 
 #endif
