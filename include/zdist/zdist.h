@@ -18,6 +18,7 @@
 #include <zdist/tensor.h>        /* reference-counted n-dimensional tensors */
 #include <zdist/function.h>      /* writing a differentiable operation */
 #include <zdist/autograd.h>      /* the local autograd engine, basic differentiable ops */
+#include <zdist/scope.h>         /* scopes that drop temporary tensors together */
 
 /* RPC: workers calling each other's functions, futures, remote references. */
 #include <zdist/value.h>         /* the values an RPC carries; argument helpers */
