@@ -644,7 +644,8 @@ int zd_dist_autograd_init(void)
     if (atomic_load(&installed))
         return 0;
     zd_rpc_hooks_t hooks = zd__dist_record_hooks();
-    if (zd_rpc_set_hooks(&hooks) < 0 || zd__dist_engine_register() < 0)
+    if (zd_rpc_set_hooks(&hooks) < 0 || zd__dist_engine_register() < 0 ||
+        zd__dist_rref_backward_register() < 0)
         return -1;
     atomic_store(&installed, true);
     return 0;

@@ -113,6 +113,9 @@ zd_rpc_hooks_t zd__dist_record_hooks(void);
 /*  Registers the internal functions ("__dist_*"). 0, or -1. */
 int zd__dist_engine_register(void);
 
+/*  Registers the function RRef.backward calls on owners (rref_backward.c). */
+int zd__dist_rref_backward_register(void);
+
 /*  True once zd_dist_autograd_init has installed the hooks: a context begun
     without them would record nothing, and its backward would silently skip
     every other process. */

@@ -8,19 +8,20 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # public headers each layer may include
 declare -A allowed=(
-  [autograd]="error version export log tensor autograd function"
+  [autograd]="error version export log tensor autograd function scope"
   [rpc]="error version export log tensor autograd function rpc value future"
   [dist_autograd]="error version export log tensor autograd function rpc value future dist_autograd"
-  [nn]="error version export log tensor autograd function nn model dataset idx checkpoint rng rnn"
+  [nn]="error version export log tensor autograd function nn model dataset idx checkpoint rng module rnn"
   [optim]="error version export log tensor autograd function optim"
   [dist_optim]="error version export log tensor autograd function rpc value future dist_autograd optim dist_optim"
+  [dist_nn]="error version export log tensor autograd function rpc value future dist_autograd nn model dataset idx checkpoint rng module rnn dist_nn"
 )
 # the public headers: which layer each belongs to
 declare -A home=(
   [error]=autograd [log]=autograd [version]=autograd [export]=autograd [tensor]=autograd [autograd]=autograd
   [function]=autograd [rnn]=nn [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
   [nn]=nn [model]=nn [dataset]=nn [idx]=nn [checkpoint]=nn [rng]=nn [optim]=optim
-  [dist_optim]=dist_optim)
+  [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn [scope]=autograd)
 bad=0
 for layer in "${!allowed[@]}"; do
   for f in "$layer"/*.[ch]; do

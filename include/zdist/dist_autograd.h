@@ -52,6 +52,7 @@
 
 #include <zdist/error.h>
 #include <zdist/tensor.h>
+#include <zdist/value.h>
 #include <zdist/export.h>
 
 ZD_BEGIN_DECLS
@@ -175,6 +176,15 @@ static inline void zd__dist_autograd_scope_end(int64_t *cid)
     failing process ("backward on worker \"ps\" (rank 0): ..."). */
 ZD_API int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
                            bool retain_graph);
+
+/*  PyTorch's RRef.backward(context_id, retain_graph): runs backward from
+    the loss held by r (a one-element tensor, gradient 1) on r's owner: here
+    when this process owns it, otherwise by a call to the owner, which then
+    runs the distributed pass of context_id (the owner must know the
+    context: the loss was made under it). context_id -1 runs local autograd
+    on the owner instead (.grad). Returns 0 once the whole pass is done, or
+    -1 with the owner's error. */
+ZD_API int zd_rref_backward(zd_rref_t *r, int64_t context_id, bool retain_graph);
 
 /*  ---- gradients ---- */
 

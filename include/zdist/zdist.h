@@ -18,6 +18,7 @@
 #include <zdist/tensor.h>        /* reference-counted n-dimensional tensors */
 #include <zdist/function.h>      /* writing a differentiable operation */
 #include <zdist/autograd.h>      /* the local autograd engine, basic differentiable ops */
+#include <zdist/scope.h>         /* scopes that drop temporary tensors together */
 
 /* RPC: workers calling each other's functions, futures, remote references. */
 #include <zdist/value.h>         /* the values an RPC carries; argument helpers */
@@ -39,5 +40,7 @@
 /* Optimizers: local ones, and the DistributedOptimizer on RPC. */
 #include <zdist/optim.h>         /* SGD, Adam, ... with PyTorch's update rules */
 #include <zdist/dist_optim.h>    /* the DistributedOptimizer */
+#include <zdist/module.h>        /* a parameter container: nn.Module */
+#include <zdist/dist_nn.h>       /* parameter RRefs and RemoteModule */
 
 #endif

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: MIT */
+/*  dist_nn.h: modules over RPC, in the image of torch.distributed.nn:
+    RRefs to a module's parameters for the DistributedOptimizer, and
+    RemoteModule, a module created on another worker and used through an
+    RRef.
+
+        // every process, before zd_rpc_init:
+        zd_dist_autograd_init();
+        zd_dist_optim_init();
+        zd_dist_nn_init();
+        zd_dist_nn_register_module("Linear", make_linear, NULL);
+        ...
+        zd_remote_module_t *rm = zd_remote_module_new(zd_rpc_worker("ps"), "Linear",
+                                                      ZD_ARGS(4, 2));
+        ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+            zd_tensor_t *y;
+            zd_remote_module_forward(rm, 1, &x, &y);    // runs on "ps", recorded
+            ...loss..., zd_dist_autograd_backward(ctx, &loss, 1, false);
+            zd_dist_optim_step(opt, ctx);              // opt over the module's RRefs
+        }
+        zd_remote_module_free(rm);
+
+    Module types are constructors registered by name on the processes that
+    create modules (like registered RPC functions): a remote process names
+    the type and passes arguments; the owner builds the module and keeps it
+    until the last RRef to it is released.
+
+    The forward's tensors travel as any RPC's: inside a distributed-autograd
+    context the caller's send and the owner's receive functions are
+    recorded, and the backward pass reaches the module's parameters on the
+    owner, whose gradients stay in the context there (the
+    DistributedOptimizer steps them). */
+#ifndef ZDIST_DIST_NN_H
+#define ZDIST_DIST_NN_H
+
+#include <stdint.h>
+
+#include <zdist/future.h>
+#include <zdist/module.h>
+#include <zdist/rpc.h>
+#include <zdist/value.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
+
+/*  ---- RRefs to parameters (PyTorch's _parameter_rrefs) ---- */
+
+/*  RRefs owned by this process, one per parameter of m, in
+    zd_nn_module_param order: *rrefs is a new array of n new references,
+    which zd_dist_optim_new takes as it is; free it with
+    zd_dist_nn_rrefs_free. RPC must be running. Returns 0, or -1 (nothing
+    to free then). */
+ZD_API int zd_dist_nn_parameter_rrefs(const zd_nn_module_t *m, int *n, zd_rref_t ***rrefs);
+
+/*  Drops the n RRefs and frees the array. NULL-safe. */
+ZD_API void zd_dist_nn_rrefs_free(int n, zd_rref_t **rrefs);
+
+/*  ---- module types ---- */
+
+/*  Builds a module from the creator's arguments (borrowed; an empty list
+    when none were given). Returns a new module (the RemoteModule owns it),
+    or NULL with zd_error_set(): the creator gets the message. */
+typedef zd_nn_module_t *(zd_dist_nn_module_ctor_fn)(zd_value_t *args, void *arg);
+
+/*  Registers the internal functions RemoteModule calls on owners. Call
+    before zd_rpc_init in every process that may own remote modules;
+    calling it again does nothing. Returns 0, or -1. */
+ZD_API int zd_dist_nn_init(void);
+
+/*  Registers (or replaces) the module type called type_name in this
+    process. Returns 0, or -1 on a bad name or out of memory. */
+ZD_API int zd_dist_nn_register_module(const char *type_name, zd_dist_nn_module_ctor_fn *ctor,
+                                      void *arg);
+
+/*  ---- RemoteModule ---- */
+
+typedef struct zd_remote_module zd_remote_module_t;
+
+/*  Creates a module of type type_name on worker `to` with args (a list;
+    taken over and released in every case, so ZD_ARGS(...) can be written
+    in place; NULL: no arguments) and waits until it exists. Returns the
+    handle (free with zd_remote_module_free), or NULL with an error naming
+    the worker: unknown type, the constructor's own error, unreachable
+    worker, zd_dist_nn_init missing there. */
+ZD_API zd_remote_module_t *zd_remote_module_new(int to, const char *type_name,
+                                                zd_value_t *args);
+
+/*  Runs the module's forward on its owner with the n_in tensors (borrowed)
+    and waits: 0 and *out (a new reference), or -1 with the owner's error. */
+ZD_API int zd_remote_module_forward(zd_remote_module_t *rm, int n_in, zd_tensor_t *const *in,
+                                    zd_tensor_t **out);
+
+/*  The same without waiting: a future (new reference) that completes with
+    a tensor value or the error; NULL when the call could not be made. */
+ZD_API zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, int n_in,
+                                                   zd_tensor_t *const *in);
+
+/*  RRefs to the module's parameters, owned by its owner (PyTorch's
+    RemoteModule.remote_parameters()), for zd_dist_optim_new: as
+    zd_dist_nn_parameter_rrefs. Returns 0, or -1. */
+ZD_API int zd_remote_module_remote_parameters(zd_remote_module_t *rm, int *n,
+                                              zd_rref_t ***rrefs);
+
+/*  The RRef to the module (borrowed; its value is an object of type
+    "RemoteModule", for functions of one's own called through it), and the
+    owner's rank. */
+ZD_API zd_rref_t *zd_remote_module_rref(const zd_remote_module_t *rm);
+ZD_API int zd_remote_module_owner(const zd_remote_module_t *rm);
+
+/*  On the owner, in a function called through zd_remote_module_rref: the
+    module inside such an object value (borrowed). 0, or -1. */
+ZD_API int zd_remote_module_local(zd_value_t *object, zd_nn_module_t **module);
+
+/*  Releases the handle: the owner frees the module once no other RRef to
+    it remains. NULL-safe. */
+ZD_API void zd_remote_module_free(zd_remote_module_t *rm);
+
+ZD_END_DECLS
+
+#endif

@@ -1,0 +1,145 @@
+/* SPDX-License-Identifier: MIT */
+/*  module.h: a parameter container, in the image of PyTorch's nn.Module.
+
+    A module holds named parameters (leaf float32 tensors that require
+    grad), submodules whose parameters appear under dotted names
+    ("fc1.weight"), a training/evaluation mode, and a forward function with
+    the user's own state, so that a model is defined in C as a Module
+    subclass is in Python:
+
+        typedef struct { zd_tensor_t *w, *b; } mlp_t;   // borrowed from m
+        static int mlp_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+                               zd_tensor_t **out)
+        {
+            mlp_t *s = zd_nn_module_state(m);
+            return zd_nn_linear(in[0], s->w, s->b, out);
+        }
+        ...
+        zd_nn_module_t *m = zd_nn_module_new("Mlp", mlp_forward, s, free);
+        s->w = zd_nn_module_add_parameter(m, "weight", 2, (int64_t[]){10, 4});
+
+    Parameters are listed as PyTorch's named_parameters() lists them: the
+    module's own, in registration order, then each submodule's, in the order
+    the submodules were registered. Accessors return borrowed pointers,
+    valid while the module lives and no parameter or submodule is added.
+
+    Forward passes may run concurrently on one module from several threads
+    (an RPC server's pool); registering, switching mode, loading and freeing
+    must not race with them. */
+#ifndef ZDIST_NN_MODULE_H
+#define ZDIST_NN_MODULE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <zdist/tensor.h>
+#include <zdist/rng.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
+
+typedef struct zd_nn_module zd_nn_module_t;
+
+/*  A module's forward: n_in borrowed inputs give *out (a new reference).
+    Returns 0, or -1 with zd_error_set(). */
+typedef int (zd_nn_module_forward_fn)(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+                                      zd_tensor_t **out);
+
+/*  Frees the user state of a module. */
+typedef void (zd_nn_module_free_fn)(void *state);
+
+/*  A new, empty module in training mode. type_name ("Linear", copied) names
+    it in errors; forward may be NULL (a pure container); free_state(state)
+    runs when the module is freed (NULL: the module does not own state).
+    NULL when out of memory (free_state(state) has run then). */
+ZD_API zd_nn_module_t *zd_nn_module_new(const char *type_name, zd_nn_module_forward_fn *forward,
+                                        void *state, zd_nn_module_free_fn *free_state);
+
+/*  Frees the module, its submodules and its user state, and drops its
+    references to the parameters (tensors still referenced elsewhere live
+    on). NULL-safe. */
+ZD_API void zd_nn_module_free(zd_nn_module_t *m);
+
+/*  The type name given to zd_nn_module_new. Borrowed. */
+ZD_API const char *zd_nn_module_type(const zd_nn_module_t *m);
+
+/*  The user state given to zd_nn_module_new. Borrowed. */
+ZD_API void *zd_nn_module_state(const zd_nn_module_t *m);
+
+/*  Registers t as the parameter called name (no dots; unique among the
+    module's parameters and submodules): takes its own reference, marks it
+    as requiring grad (t must be a float32 leaf) and names the tensor with
+    its dotted name when it has none yet. Returns 0, or -1 (t untouched). */
+ZD_API int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, zd_tensor_t *t);
+
+/*  A new zero-filled float32 parameter of that shape, registered as name.
+    Returns it (borrowed from the module), or NULL. */
+ZD_API zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, int ndim,
+                                               const int64_t *shape);
+
+/*  Makes child a submodule called name: its parameters are listed as
+    "name.<its names>". Takes ownership of child (freed with m), also on
+    failure. A module can be the child of one parent only. Returns 0, or
+    -1. */
+ZD_API int zd_nn_module_register_module(zd_nn_module_t *m, const char *name,
+                                        zd_nn_module_t *child);
+
+/*  The submodule called name (a direct child; borrowed), or NULL with
+    zd_error_last(). */
+ZD_API zd_nn_module_t *zd_nn_module_child(const zd_nn_module_t *m, const char *name);
+
+/*  ---- parameters, submodules included ---- */
+
+/*  Number of parameters. */
+ZD_API int zd_nn_module_n_params(const zd_nn_module_t *m);
+
+/*  Parameter i (borrowed), or NULL with zd_error_last() for a bad index. */
+ZD_API zd_tensor_t *zd_nn_module_param(const zd_nn_module_t *m, int i);
+
+/*  The dotted name of parameter i ("fc1.weight"; borrowed), or NULL. */
+ZD_API const char *zd_nn_module_param_name(const zd_nn_module_t *m, int i);
+
+/*  The parameter with that dotted name (borrowed), or NULL with
+    zd_error_last() naming it. */
+ZD_API zd_tensor_t *zd_nn_module_find(const zd_nn_module_t *m, const char *name);
+
+/*  Total number of parameter elements. */
+ZD_API int64_t zd_nn_module_numel(const zd_nn_module_t *m);
+
+/*  Drops every parameter's .grad (PyTorch's zero_grad(set_to_none=True)). */
+ZD_API void zd_nn_module_zero_grad(zd_nn_module_t *m);
+
+/*  ---- mode and forward ---- */
+
+/*  Training (true) or evaluation mode, for the module and its submodules;
+    returns the module's previous mode. */
+ZD_API bool zd_nn_module_train(zd_nn_module_t *m, bool training);
+ZD_API bool zd_nn_module_is_training(const zd_nn_module_t *m);
+
+/*  Runs the module's forward. Returns 0 and *out (new reference), or -1
+    (a module without forward, or the forward's error prefixed with the
+    module's type). */
+ZD_API int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+                                zd_tensor_t **out);
+
+/*  ---- checkpoints (the format of <zdist/checkpoint.h>) ---- */
+
+/*  Saves every parameter under its dotted name. 0, or -1. */
+ZD_API int zd_nn_module_save(const zd_nn_module_t *m, const char *path);
+
+/*  Loads the parameters in place from a file holding exactly these names,
+    shapes and dtypes (all or nothing). 0, or -1. */
+ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
+
+/*  ---- a ready-made module ---- */
+
+/*  PyTorch's nn.Linear(in_features, out_features, bias): parameters
+    "weight" (out, in) and "bias" (out) when bias is true, initialised as
+    PyTorch does from rng; forward takes one input (..., in). NULL on bad
+    sizes or out of memory. */
+ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features,
+                                               bool bias, zd_nn_rng_t *rng);
+
+ZD_END_DECLS
+
+#endif

@@ -1,0 +1,416 @@
+/* SPDX-License-Identifier: MIT */
+/*  Modules over RPC between real processes: parameter RRefs and RemoteModule
+    (SPEC N5, R14) trained by distributed autograd and the
+    DistributedOptimizer, with the numbers SGD gives checked on the owner;
+    RRef.backward (R15) from a loss held by another process and by this
+    one; the errors of RemoteModule. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/dist_nn.h>
+#include <zdist/dist_optim.h>
+#include <zdist/error.h>
+#include <zdist/module.h>
+#include <zdist/nn.h>
+#include <zdist/rpc.h>
+#include "tests/support/world.h"
+
+#define LR 0.125
+
+/*  Deterministic values, so that the test computes the expected numbers. */
+static float w_init(int which, int i, int j) { return 0.25f * (float)(i + 1) - 0.125f * (float)j + (float)which; }
+static float b_init(int which, int i) { return 0.5f * (float)i - (float)which; }
+
+static void fill_linear(zd_nn_module_t *m, int which)
+{
+    zd_tensor_t *w = zd_nn_module_find(m, "weight"), *b = zd_nn_module_find(m, "bias");
+    int64_t out = zd_tensor_size(w, 0), in = zd_tensor_size(w, 1);
+    for (int64_t i = 0; i < out; i++) {
+        for (int64_t j = 0; j < in; j++)
+            zd_tensor_data(w)[i * in + j] = w_init(which, (int)i, (int)j);
+        zd_tensor_data(b)[i] = b_init(which, (int)i);
+    }
+}
+
+/*  "Linear"(in, out, which): a Linear with the values above. */
+static zd_nn_module_t *make_linear(zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t in, out, which;
+    if (ZD_UNPACK(args, &in, &out, &which) < 0)
+        return NULL;
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 1);
+    zd_nn_module_t *m = zd_nn_module_linear_new(in, out, true, &rng);
+    if (m)
+        fill_linear(m, (int)which);
+    return m;
+}
+
+static zd_nn_module_t *make_refusing(zd_value_t *args, void *arg)
+{
+    (void)args, (void)arg;
+    zd_error_set("this constructor says no");
+    return NULL;
+}
+
+/*  Called through a RemoteModule's RRef: copies of the module's parameters. */
+static zd_value_t *fn_read_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    zd_nn_module_t *m;
+    if (zd_remote_module_local(zd_list_get(args, 0), &m) < 0)
+        return NULL;
+    zd_value_t *list = zd_value_list(2);
+    for (int i = 0; i < zd_nn_module_n_params(m); i++) {
+        zd_tensor_t *c = zd_tensor_detach_copy(zd_nn_module_param(m, i));
+        zd_list_append(list, zd_value_tensor(c));
+        zd_tensor_unref(c);
+    }
+    return list;
+}
+
+/*  R15: loss = sum(x * w_loss), kept where it is computed. */
+static zd_tensor_t *w_loss;
+
+static zd_value_t *fn_remote_loss(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    zd_tensor_t *x, *p, *loss = NULL;
+    if (ZD_UNPACK(args, &x) < 0 || zd_tensor_mul(x, w_loss, &p) < 0)
+        return NULL;
+    int rc = zd_tensor_sum(p, &loss);
+    zd_tensor_unref(p);
+    if (rc < 0)
+        return NULL;
+    zd_value_t *v = zd_value_tensor(loss);
+    zd_tensor_unref(loss);
+    return v;
+}
+
+/*  The gradient of w_loss in a context, read on its owner. */
+static zd_value_t *fn_w_loss_grad(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    int64_t ctx;
+    zd_tensor_t *g;
+    if (ZD_UNPACK(args, &ctx) < 0 || zd_dist_autograd_get_gradient(ctx, w_loss, &g) < 0)
+        return NULL;
+    if (!g)
+        return zd_value_none();
+    zd_value_t *v = zd_value_tensor(g);
+    zd_tensor_unref(g);
+    return v;
+}
+
+static int setup(const world_t *w)
+{
+    int64_t n = 3;
+    float v[3] = {2.0f + (float)w->rank, -1.0f, 0.5f};
+    w_loss = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    zd_tensor_set_requires_grad(w_loss, true);
+    if (zd_dist_optim_init() < 0 || zd_dist_nn_init() < 0 ||
+        zd_dist_nn_register_module("Linear", make_linear, NULL) < 0 ||
+        zd_dist_nn_register_module("Refusing", make_refusing, NULL) < 0)
+        return -1;
+    return zd_rpc_register("read_params", fn_read_params, NULL) |
+           zd_rpc_register("remote_loss", fn_remote_loss, NULL) |
+           zd_rpc_register("w_loss_grad", fn_w_loss_grad, NULL);
+}
+
+static bool near(double a, double b) { return fabs(a - b) <= 1e-5 * (1.0 + fabs(b)); }
+
+/*  x (1,3) -> local Linear(3,4) on rank 0 -> h (1,4) -> RemoteModule
+    Linear(4,2) on rank 1 -> y (1,2) -> loss = sum(y); one SGD step over
+    both modules' parameters through one DistributedOptimizer. */
+static int train_step_body(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    const float xv[3] = {1.0f, -2.0f, 0.5f};
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 1);
+    zd_nn_module_t *local = zd_nn_module_linear_new(3, 4, true, &rng);
+    WCHECK(local);
+    fill_linear(local, 0);
+    zd_remote_module_t *rm = zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 1));
+    WCHECK(rm);
+    WCHECK(zd_remote_module_owner(rm) == 1);
+
+    /* The optimizer over both: local RRefs and the remote module's. */
+    int n_local, n_remote;
+    zd_rref_t **lr, **rr;
+    WTRY(zd_dist_nn_parameter_rrefs(local, &n_local, &lr));
+    WTRY(zd_remote_module_remote_parameters(rm, &n_remote, &rr));
+    WCHECK(n_local == 2 && n_remote == 2);
+    WCHECK(zd_rref_is_owner(lr[0]) && !zd_rref_is_owner(rr[0]) && zd_rref_owner(rr[0]) == 1);
+    zd_rref_t *all[4] = {lr[0], lr[1], rr[0], rr[1]};
+    zd_dist_optim_t *opt;
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(LR);
+    WTRY(zd_dist_optim_new(&cfg, all, 4, &opt));
+    WCHECK(zd_dist_optim_num_owners(opt) == 2);
+
+    /* Expected numbers, in doubles. */
+    double h[4], dh[4];
+    for (int k = 0; k < 4; k++) {
+        h[k] = b_init(0, k);
+        for (int j = 0; j < 3; j++)
+            h[k] += (double)w_init(0, k, j) * xv[j];
+        dh[k] = 0;
+        for (int i = 0; i < 2; i++)
+            dh[k] += w_init(1, i, k);
+    }
+    double y[2];
+    for (int i = 0; i < 2; i++) {
+        y[i] = b_init(1, i);
+        for (int k = 0; k < 4; k++)
+            y[i] += (double)w_init(1, i, k) * h[k];
+    }
+
+    int rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+        int64_t one_three[2] = {1, 3};
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, one_three, xv), *hh = NULL,
+                    *yy = NULL, *loss = NULL;
+        if (zd_nn_module_forward(local, 1, &x, &hh) == 0 &&
+            zd_remote_module_forward(rm, 1, &hh, &yy) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
+            near(zd_tensor_data(yy)[0], y[0]) && near(zd_tensor_data(yy)[1], y[1]) &&
+            zd_dist_autograd_backward(ctx, &loss, 1, false) == 0 &&
+            zd_dist_optim_step(opt, ctx) == 0)
+            rc = 0;
+        else
+            world_fail(w, "step: %s", zd_error_last());
+        zd_tensor_unref(loss);
+        zd_tensor_unref(yy);
+        zd_tensor_unref(hh);
+        zd_tensor_unref(x);
+    }
+    WTRY(rc);
+
+    /* The local parameters, stepped here. */
+    zd_tensor_t *w0 = zd_nn_module_find(local, "weight"), *b0 = zd_nn_module_find(local, "bias");
+    for (int k = 0; k < 4; k++) {
+        for (int j = 0; j < 3; j++)
+            WCHECK(near(zd_tensor_data(w0)[k * 3 + j], w_init(0, k, j) - LR * dh[k] * xv[j]));
+        WCHECK(near(zd_tensor_data(b0)[k], b_init(0, k) - LR * dh[k]));
+    }
+    /* The remote ones, read on their owner: dL/dW1[i][k] = h[k], dL/db1 = 1. */
+    zd_value_t *p;
+    WTRY(zd_rref_rpc_sync(zd_remote_module_rref(rm), "read_params", NULL, ZD_TIMEOUT_DEFAULT, &p));
+    zd_tensor_t *w1, *b1;
+    WTRY(zd_rpc_arg_tensor(p, 0, &w1));
+    WTRY(zd_rpc_arg_tensor(p, 1, &b1));
+    for (int i = 0; i < 2; i++) {
+        for (int k = 0; k < 4; k++)
+            WCHECK(near(zd_tensor_data(w1)[i * 4 + k], w_init(1, i, k) - LR * h[k]));
+        WCHECK(near(zd_tensor_data(b1)[i], b_init(1, i) - LR));
+    }
+    zd_value_unref(p);
+
+    /* forward_async: the stepped module's output, as a future. */
+    int64_t one_four[2] = {1, 4};
+    float ones[4] = {1, 1, 1, 1};
+    zd_tensor_t *x1 = zd_tensor_from_data(ZD_FLOAT32, 2, one_four, ones);
+    zd_future_t *f = zd_remote_module_forward_async(rm, 1, &x1);
+    WCHECK(f);
+    WTRY(zd_future_wait(f, ZD_TIMEOUT_NONE));
+    zd_tensor_t *ya;
+    WTRY(zd_value_get_tensor(zd_future_value(f), &ya));
+    for (int i = 0; i < 2; i++) {
+        double e = b_init(1, i) - LR;
+        for (int k = 0; k < 4; k++)
+            e += w_init(1, i, k) - LR * h[k];
+        WCHECK(near(zd_tensor_data(ya)[i], e));
+    }
+    zd_future_unref(f);
+    zd_tensor_unref(x1);
+
+    zd_dist_optim_free(opt);
+    zd_dist_nn_rrefs_free(n_local, lr);
+    zd_dist_nn_rrefs_free(n_remote, rr);
+    zd_remote_module_free(rm);
+    zd_nn_module_free(local);
+    zd_tensor_unref(w_loss);
+    return 0;
+}
+
+static void test_remote_module_trains_with_dist_optim(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 2, .setup = setup, .fn = train_step_body,
+                         .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/*  Errors: each names the worker and the cause; nothing is left behind. */
+static int errors_body(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;   /* serves; w_loss stays for the handlers */
+    WCHECK(!zd_remote_module_new(1, "Conv9d", ZD_ARGS(1)));
+    WCHECK(strstr(zd_error_last(), "unknown module type \"Conv9d\""));
+    WCHECK(strstr(zd_error_last(), "registered: "));
+    WCHECK(!zd_remote_module_new(1, "Refusing", NULL));
+    WCHECK(strstr(zd_error_last(), "this constructor says no"));
+    WCHECK(!zd_remote_module_new(1, "Linear", ZD_ARGS("four", 2, 0)));
+    WCHECK(strstr(zd_error_last(), "argument 0"));
+    WCHECK(!zd_remote_module_new(7, "Linear", ZD_ARGS(4, 2, 0)));
+    WCHECK(!zd_remote_module_new(1, NULL, ZD_ARGS(4, 2, 0)));
+
+    zd_tensor_t *out = NULL;
+    WCHECK(zd_remote_module_forward(NULL, 0, NULL, &out) == -1 && !out);
+    WCHECK(zd_error_code() == ZD_ERR_ARGUMENT);
+    WCHECK(!zd_remote_module_forward_async(NULL, 0, NULL));
+
+    zd_remote_module_t *rm = zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 0));
+    WCHECK(rm);
+    /* the owner's forward error comes back: two inputs, a wrong shape */
+    int64_t s[2] = {1, 3};
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 2, s), *two[2] = {x, x};
+    WCHECK(zd_remote_module_forward(rm, 2, two, &out) == -1 && !out);
+    WCHECK(strstr(zd_error_last(), "Linear forward: takes 1 input, got 2"));
+    WCHECK(zd_remote_module_forward(rm, 1, &x, &out) == -1);
+    WCHECK(strstr(zd_error_last(), "RemoteModule Linear forward"));
+    /* a function called with the module RRef that wants another object */
+    zd_value_t *r;
+    WCHECK(zd_rref_rpc_sync(zd_remote_module_rref(rm), "w_loss_grad", NULL, -1, &r) == -1);
+    /* the module dies with its last handle: its owner frees it */
+    zd_remote_module_free(rm);
+    zd_tensor_unref(x);
+    WTRY(zd_rref_drain(10000));
+    int64_t owned = -1;
+    for (int64_t t0 = world_now_ms(); world_now_ms() - t0 < 10000;) {
+        zd_value_t *v;
+        WTRY(zd_rpc_sync(1, "owned", NULL, -1, &v));
+        zd_value_get_int(v, &owned);
+        zd_value_unref(v);
+        if (owned == 0)
+            break;
+    }
+    WCHECK(owned == 0);
+    zd_tensor_unref(w_loss);
+    return 0;
+}
+
+static zd_value_t *fn_owned(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_value_int(zd_rpc_debug_owner_rrefs());
+}
+
+static int errors_setup(const world_t *w)
+{
+    return setup(w) | zd_rpc_register("owned", fn_owned, NULL);
+}
+
+static void test_remote_module_errors(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 2, .setup = errors_setup, .fn = errors_body,
+                         .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/*  R15: loss = sum(x * w_loss[1]) computed on rank 1 and kept there
+    (rpc_remote); backward through the RRef from rank 0 brings dL/dx =
+    w_loss[1] to rank 0's context and dL/dw = x to rank 1's. Then the same
+    with a loss this process owns, in a context and with local autograd. */
+static int rref_backward_body(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;   /* serves; w_loss stays for the handlers */
+    int64_t n = 3;
+    const float xv[3] = {1.5f, -2.0f, 4.0f};
+    const float w1[3] = {3.0f, -1.0f, 0.5f};   /* rank 1's w_loss */
+    int rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *g = NULL;
+        zd_tensor_set_requires_grad(x, true);
+        zd_rref_t *loss = zd_rpc_remote_take(1, "remote_loss", ZD_ARGS(x), ZD_TIMEOUT_DEFAULT);
+        zd_value_t *wg = NULL;
+        zd_tensor_t *wgt;
+        if (loss && zd_rref_backward(loss, ctx, false) == 0 &&
+            zd_dist_autograd_get_gradient(ctx, x, &g) == 0 && g &&
+            zd_rpc_sync_take(1, "w_loss_grad", ZD_ARGS(ctx), -1, &wg) == 0 &&
+            zd_value_get_tensor(wg, &wgt) == 0) {
+            rc = 0;
+            for (int i = 0; i < 3; i++)
+                if (zd_tensor_data(g)[i] != w1[i] || zd_tensor_data(wgt)[i] != xv[i])
+                    rc = world_fail(w, "gradient %d: %g %g", i, zd_tensor_data(g)[i],
+                                    zd_tensor_data(wgt)[i]);
+            /* the graph is gone: a second backward fails, naming why */
+            if (rc == 0 && zd_rref_backward(loss, ctx, false) == 0)
+                rc = world_fail(w, "a second backward succeeded");
+        } else {
+            world_fail(w, "remote RRef.backward: %s", zd_error_last());
+        }
+        zd_value_unref(wg);
+        zd_tensor_unref(g);
+        zd_rref_unref(loss);
+        zd_tensor_unref(x);
+    }
+    WTRY(rc);
+
+    /* A loss owned here, in a context: backward runs here. */
+    rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *p = NULL, *l = NULL,
+                    *g = NULL;
+        zd_tensor_set_requires_grad(x, true);
+        zd_value_t *lv = NULL;
+        zd_rref_t *r = NULL;
+        if (zd_tensor_mul(x, x, &p) == 0 && zd_tensor_sum(p, &l) == 0 &&
+            (lv = zd_value_tensor(l)) && (r = zd_rref_new(lv)) &&
+            zd_rref_backward(r, ctx, true) == 0 &&
+            zd_dist_autograd_get_gradient(ctx, x, &g) == 0 && g) {
+            rc = 0;
+            for (int i = 0; i < 3; i++)
+                if (zd_tensor_data(g)[i] != 2 * xv[i])
+                    rc = world_fail(w, "local gradient %d: %g", i, zd_tensor_data(g)[i]);
+            /* -1: local autograd, into .grad (the graph was retained) */
+            zd_tensor_t *lg = NULL;
+            if (rc == 0 && (zd_rref_backward(r, -1, false) < 0 || !(lg = zd_tensor_grad(x)) ||
+                            zd_tensor_data(lg)[2] != 2 * xv[2]))
+                rc = world_fail(w, "RRef.backward(-1): %s", zd_error_last());
+            zd_tensor_unref(lg);
+        } else {
+            world_fail(w, "local RRef.backward: %s", zd_error_last());
+        }
+        zd_tensor_unref(g);
+        zd_rref_unref(r);
+        zd_value_unref(lv);
+        zd_tensor_unref(l);
+        zd_tensor_unref(p);
+        zd_tensor_unref(x);
+    }
+    WTRY(rc);
+    WCHECK(zd_rref_backward(NULL, 1, false) == -1);
+    zd_tensor_unref(w_loss);
+    return 0;
+}
+
+static void test_rref_backward(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 2, .setup = setup, .fn = rref_backward_body,
+                         .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_remote_module_trains_with_dist_optim),
+        cmocka_unit_test(test_remote_module_errors),
+        cmocka_unit_test(test_rref_backward),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,236 @@
+/* SPDX-License-Identifier: MIT */
+/*  The parameter container (SPEC N5): dotted names in PyTorch's order,
+    submodules, a module defined in C with its own forward, train/eval,
+    zero_grad, checkpoints, errors; nothing leaks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zdist/autograd.h>
+#include <zdist/checkpoint.h>
+#include <zdist/error.h>
+#include <zdist/module.h>
+#include <zdist/nn.h>
+
+/*  A two-layer perceptron written as a user would: fc1 -> relu -> fc2. */
+typedef struct {
+    zd_nn_module_t *fc1, *fc2;   /* borrowed: children of the module */
+    int forwards;
+} mlp_t;
+
+static int mlp_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+{
+    mlp_t *s = zd_nn_module_state(m);
+    zd_tensor_t *h, *r;
+    if (n_in != 1)
+        return zd_error_set("takes 1 input");
+    if (zd_nn_module_forward(s->fc1, 1, in, &h) < 0)
+        return -1;
+    int rc = zd_nn_relu(h, &r);
+    zd_tensor_unref(h);
+    if (rc == 0) {
+        rc = zd_nn_module_forward(s->fc2, 1, &r, out);
+        zd_tensor_unref(r);
+    }
+    s->forwards++;
+    return rc;
+}
+
+static zd_nn_module_t *mlp_new(uint64_t seed)
+{
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, seed);
+    mlp_t *s = calloc(1, sizeof *s);
+    zd_nn_module_t *m = zd_nn_module_new("Mlp", mlp_forward, s, free);
+    if (!m)
+        return NULL;
+    s->fc1 = zd_nn_module_linear_new(3, 4, true, &rng);
+    s->fc2 = zd_nn_module_linear_new(4, 2, false, &rng);
+    if (zd_nn_module_register_module(m, "fc1", s->fc1) < 0 ||
+        zd_nn_module_register_module(m, "fc2", s->fc2) < 0) {
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void test_names_order_and_lookup(void **state)
+{
+    (void)state;
+    int64_t live = zd_tensor_live_count();
+    zd_nn_module_t *m = mlp_new(1);
+    assert_non_null(m);
+    /* the module's own parameters come first, then the children's */
+    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2});
+    assert_non_null(scale);
+    assert_int_equal(zd_nn_module_n_params(m), 4);
+    const char *expect[] = {"scale", "fc1.weight", "fc1.bias", "fc2.weight"};
+    for (int i = 0; i < 4; i++) {
+        assert_string_equal(zd_nn_module_param_name(m, i), expect[i]);
+        assert_ptr_equal(zd_nn_module_find(m, expect[i]), zd_nn_module_param(m, i));
+        assert_true(zd_tensor_requires_grad(zd_nn_module_param(m, i)));
+    }
+    assert_int_equal(zd_tensor_size(zd_nn_module_find(m, "fc1.weight"), 0), 4);
+    assert_int_equal(zd_tensor_size(zd_nn_module_find(m, "fc1.weight"), 1), 3);
+    assert_int_equal(zd_nn_module_numel(m), 2 + 12 + 4 + 8);
+    assert_string_equal(zd_tensor_name(scale), "scale");
+    assert_string_equal(zd_tensor_name(zd_nn_module_param(m, 1)), "fc1.weight");
+    assert_ptr_equal(zd_nn_module_child(m, "fc2"), ((mlp_t *)zd_nn_module_state(m))->fc2);
+    assert_string_equal(zd_nn_module_type(zd_nn_module_child(m, "fc1")), "Linear");
+
+    /* errors name what is wrong and change nothing */
+    assert_null(zd_nn_module_find(m, "fc3.weight"));
+    assert_non_null(strstr(zd_error_last(), "fc3.weight"));
+    assert_null(zd_nn_module_param(m, 4));
+    assert_null(zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2}));
+    assert_non_null(strstr(zd_error_last(), "already has a parameter"));
+    assert_null(zd_nn_module_add_parameter(m, "fc1", 1, (int64_t[]){2}));
+    assert_non_null(strstr(zd_error_last(), "already has a submodule"));
+    assert_null(zd_nn_module_add_parameter(m, "a.b", 1, (int64_t[]){2}));
+    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
+    assert_int_equal(zd_nn_module_register_parameter(m, "ints", ints), -1);
+    zd_tensor_unref(ints);
+    zd_nn_module_t *other = zd_nn_module_new("Empty", NULL, NULL, NULL);
+    assert_int_equal(zd_nn_module_register_module(m, "fc1", other), -1);   /* freed */
+    assert_int_equal(zd_nn_module_n_params(m), 4);
+
+    /* a parameter registered in a child after it joined shows at once */
+    assert_non_null(zd_nn_module_add_parameter(zd_nn_module_child(m, "fc2"), "extra", 0, NULL));
+    assert_int_equal(zd_nn_module_n_params(m), 5);
+    assert_string_equal(zd_nn_module_param_name(m, 4), "fc2.extra");
+    assert_string_equal(zd_tensor_name(zd_nn_module_param(m, 4)), "fc2.extra");
+
+    zd_nn_module_free(m);
+    assert_int_equal(zd_tensor_live_count(), live);
+}
+
+static void test_forward_backward_zero_grad_and_modes(void **state)
+{
+    (void)state;
+    int64_t live = zd_tensor_live_count();
+    zd_nn_module_t *m = mlp_new(7);
+    float xv[6] = {1, -2, 0.5f, 3, 0.25f, -1};
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, xv), *y, *loss;
+    assert_int_equal(zd_nn_module_forward(m, 1, &x, &y), 0);
+    assert_int_equal(zd_tensor_size(y, 0), 2);
+    assert_int_equal(zd_tensor_size(y, 1), 2);
+
+    /* the same numbers as the layers called by hand */
+    zd_tensor_t *h, *r, *y2;
+    assert_int_equal(zd_nn_linear(x, zd_nn_module_find(m, "fc1.weight"),
+                                  zd_nn_module_find(m, "fc1.bias"), &h), 0);
+    assert_int_equal(zd_nn_relu(h, &r), 0);
+    assert_int_equal(zd_nn_linear(r, zd_nn_module_find(m, "fc2.weight"), NULL, &y2), 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(zd_tensor_data(y)[i] == zd_tensor_data(y2)[i]);
+    zd_tensor_unref(h);
+    zd_tensor_unref(r);
+    zd_tensor_unref(y2);
+
+    assert_int_equal(zd_tensor_sum(y, &loss), 0);
+    assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
+    for (int i = 0; i < zd_nn_module_n_params(m); i++) {
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_module_param(m, i));
+        assert_non_null(g);
+        zd_tensor_unref(g);
+    }
+    /* dL/d fc2.weight[o][k] = sum over the batch of relu(h)[n][k] */
+    zd_tensor_t *g2 = zd_tensor_grad(zd_nn_module_find(m, "fc2.weight"));
+    zd_tensor_t *w1 = zd_nn_module_find(m, "fc1.weight"), *b1 = zd_nn_module_find(m, "fc1.bias");
+    for (int k = 0; k < 4; k++) {
+        double sum = 0;
+        for (int n = 0; n < 2; n++) {
+            double hk = zd_tensor_data(b1)[k];
+            for (int j = 0; j < 3; j++)
+                hk += (double)zd_tensor_data(w1)[k * 3 + j] * xv[n * 3 + j];
+            sum += hk > 0 ? hk : 0;
+        }
+        assert_true(fabs(zd_tensor_data(g2)[k] - sum) < 1e-5);
+        assert_true(fabs(zd_tensor_data(g2)[4 + k] - sum) < 1e-5);
+    }
+    zd_tensor_unref(g2);
+    zd_nn_module_zero_grad(m);
+    for (int i = 0; i < zd_nn_module_n_params(m); i++)
+        assert_null(zd_tensor_grad(zd_nn_module_param(m, i)));
+
+    /* modes reach the children */
+    assert_true(zd_nn_module_is_training(m));
+    assert_true(zd_nn_module_train(m, false));
+    assert_false(zd_nn_module_is_training(zd_nn_module_child(m, "fc1")));
+    assert_false(zd_nn_module_train(m, true));
+    assert_true(zd_nn_module_is_training(zd_nn_module_child(m, "fc2")));
+
+    /* forward errors carry the module's type */
+    zd_tensor_t *two[2] = {x, x}, *bad = (zd_tensor_t *)1;
+    assert_int_equal(zd_nn_module_forward(m, 2, two, &bad), -1);
+    assert_null(bad);
+    assert_non_null(strstr(zd_error_last(), "Mlp forward"));
+    zd_nn_module_t *empty = zd_nn_module_new("Box", NULL, NULL, NULL);
+    assert_int_equal(zd_nn_module_forward(empty, 1, &x, &bad), -1);
+    assert_non_null(strstr(zd_error_last(), "no forward"));
+    zd_nn_module_free(empty);
+    assert_int_equal(((mlp_t *)zd_nn_module_state(m))->forwards, 1);
+
+    zd_tensor_unref(loss);
+    zd_tensor_unref(y);
+    zd_tensor_unref(x);
+    zd_nn_module_free(m);
+    assert_int_equal(zd_tensor_live_count(), live);
+}
+
+static void test_save_load(void **state)
+{
+    (void)state;
+    int64_t live = zd_tensor_live_count();
+    char path[] = "/tmp/zd_test_module_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    zd_nn_module_t *a = mlp_new(1), *b = mlp_new(2);
+    assert_int_equal(zd_nn_module_save(a, path), 0);
+    zd_tensor_t *wa = zd_nn_module_find(a, "fc2.weight"), *wb = zd_nn_module_find(b, "fc2.weight");
+    assert_false(zd_tensor_data(wa)[0] == zd_tensor_data(wb)[0]);
+    assert_int_equal(zd_nn_module_load(b, path), 0);
+    for (int i = 0; i < zd_nn_module_n_params(a); i++) {
+        zd_tensor_t *p = zd_nn_module_param(a, i), *q = zd_nn_module_param(b, i);
+        assert_memory_equal(zd_tensor_data(p), zd_tensor_data(q), zd_tensor_nbytes(p));
+    }
+    /* the file is written with the dotted names */
+    int n;
+    char **names;
+    zd_tensor_t **ts;
+    assert_int_equal(zd_checkpoint_read(path, &n, &names, &ts), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(names[1], "fc1.bias");
+    zd_checkpoint_free_list(n, names, ts);
+
+    /* a module of another shape refuses the file and keeps its values */
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, 3);
+    zd_nn_module_t *c = zd_nn_module_linear_new(3, 4, true, &rng);
+    float before = zd_tensor_data(zd_nn_module_param(c, 0))[0];
+    assert_int_equal(zd_nn_module_load(c, path), -1);
+    assert_true(zd_tensor_data(zd_nn_module_param(c, 0))[0] == before);
+    unlink(path);
+    zd_nn_module_free(a);
+    zd_nn_module_free(b);
+    zd_nn_module_free(c);
+    assert_null(zd_nn_module_linear_new(0, 2, true, &rng));
+    assert_int_equal(zd_tensor_live_count(), live);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_names_order_and_lookup),
+        cmocka_unit_test(test_forward_backward_zero_grad_and_modes),
+        cmocka_unit_test(test_save_load),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
