@@ -3,7 +3,7 @@
     part of PyTorch's "Getting Started with Distributed RPC Framework"
     (pytorch/examples distributed/rpc/rl) on zdist.
 
-        tools/launch --nproc=3 -- rl_rpc [--seed=543] [--max_episodes=N]
+        tools/launch --nproc=3 -- rl_rpc [--seed=543] [--max_episodes=N] [--max_seconds=S]
 
     Rank 0 is the agent: it holds the policy network and learns with
     REINFORCE. Ranks 1..world_size-1 are observers, each with its own
@@ -277,8 +277,10 @@ static int agent_select_action_in(agent_t *a, record_t *rec, zd_tensor_t *x, int
     pthread_mutex_lock(&a->lock);
     int rc = policy_forward(&a->policy, x, &a->rng, &logp);
     /* Categorical(probs).sample(): action 0 with probability exp(logp[0]) */
-    if (rc == 0)
-        *action = (double)zd_nn_rng_uniform(&a->rng) < exp((double)zd_tensor_data(logp)[0]) ? 0 : 1;
+    if (rc == 0) {
+        double p0 = exp((double)zd_tensor_data(logp)[0]);
+        *action = (double)zd_nn_rng_uniform(&a->rng) < p0 ? 0 : 1;
+    }
     pthread_mutex_unlock(&a->lock);
     /* m.log_prob(action) = logp[0, action], whose gradient flows back into logp */
     if (rc == 0)
@@ -409,7 +411,8 @@ static int agent_finish_episode(agent_t *a, double *episode_reward)
 
     /* loss = sum(-log_prob * return) */
     zd_optim_zero_grad(a->optimizer, true);
-    if (zd_tensor_cat(log_probs, (int)total, 0, &lp) < 0 || zd_tensor_mul(lp, returns, &prod) < 0 || zd_tensor_sum(prod, &sum) < 0 ||
+    if (zd_tensor_cat(log_probs, (int)total, 0, &lp) < 0 ||
+        zd_tensor_mul(lp, returns, &prod) < 0 || zd_tensor_sum(prod, &sum) < 0 ||
         zd_tensor_scale(sum, -1.0f, &loss) < 0 || zd_autograd_backward(loss, NULL, false) < 0 ||
         zd_optim_step_grad(a->optimizer) < 0)
         goto out;
@@ -520,8 +523,10 @@ int main(int argc, char **argv)
         {"seed", FLAG_INT, &o.seed, "random seed: policy weights, dropout, actions, environments"},
         {"gamma", FLAG_DOUBLE, &o.gamma, "discount factor"},
         {"lr", FLAG_DOUBLE, &o.lr, "Adam's learning rate"},
-        {"log_interval", FLAG_INT, &o.log_interval, "print the rewards every N episodes"},
-        {"max_episodes", FLAG_INT, &o.max_episodes, "stop after N episodes if not solved (0: never)"},
+        {"log_interval", FLAG_INT, &o.log_interval,
+         "print the rewards every N episodes (0: never)"},
+        {"max_episodes", FLAG_INT, &o.max_episodes,
+         "stop after N episodes if not solved (0: never)"},
         {"total_episode_steps", FLAG_INT, &o.total_episode_steps,
          "steps of an episode shared among the observers (each runs at most "
          "total / (world_size - 1); CartPole-v1 ends episodes at 500)"},
