@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: MIT */
+/*  rl_rpc (the RPC tutorial's reinforcement learning): the CartPole
+    environment against values worked out by hand, and the program itself
+    in worlds of real processes started through the launcher, as a user
+    would. Programs are found in ZDIST_BUILD_DIR. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include <zdist/error.h>
+#include "examples/cartpole.h"
+
+/*  ---- the environment ---- */
+
+static void assert_state(const cartpole_t *env, double x, double x_dot, double theta,
+                         double theta_dot)
+{
+    const double want[4] = {x, x_dot, theta, theta_dot};
+    for (int i = 0; i < 4; i++)
+        if (fabs(env->state[i] - want[i]) > 1e-12)
+            fail_msg("state[%d] = %.17g, expected %.17g", i, env->state[i], want[i]);
+}
+
+/*  From rest, upright, with sin(theta) = 0 and cos(theta) = 1, the
+    equations reduce to fractions: a push of +10 N gives temp = 100/11,
+    thetaacc = -(100/11) / (0.5 (4/3 - 0.1/1.1)) = -600/41 and xacc =
+    100/11 - 0.05 (-600/41) / 1.1 = 400/41. Euler's step moves positions
+    with the old velocities, so after one push right the cart has not moved
+    yet: (0, 8/41, 0, -12/41); a push left then undoes the velocities:
+    (0.16/41, 0, -0.24/41, 0). */
+static void test_cartpole_steps_from_rest(void **state)
+{
+    (void)state;
+    cartpole_t env;
+    cartpole_seed(&env, 1);
+    const double rest[4] = {0, 0, 0, 0};
+    cartpole_set_state(&env, rest);
+    float obs[4];
+    cartpole_step_t r;
+    assert_int_equal(cartpole_step(&env, 1, obs, &r), 0);
+    assert_state(&env, 0, 8.0 / 41, 0, -12.0 / 41);
+    assert_true(r.reward == 1.0 && !r.terminated && !r.truncated);
+    assert_true(obs[1] == (float)(8.0 / 41) && obs[3] == (float)(-12.0 / 41));
+    assert_int_equal(cartpole_step(&env, 0, obs, &r), 0);
+    assert_state(&env, 0.16 / 41, 0, -0.24 / 41, 0);
+    assert_int_equal(env.steps, 2);
+}
+
+/*  A general state, where the trigonometric and centripetal terms count:
+    three steps (right, right, left) from (0.1, -0.2, 0.05, 0.3), the
+    expected values from Gym's step() transcribed into Python and run in
+    double precision. */
+static void test_cartpole_steps_general(void **state)
+{
+    (void)state;
+    cartpole_t env;
+    cartpole_seed(&env, 1);
+    const double s0[4] = {0.1, -0.2, 0.05, 0.3};
+    cartpole_set_state(&env, s0);
+    float obs[4];
+    cartpole_step_t r;
+    assert_int_equal(cartpole_step(&env, 1, obs, &r), 0);
+    assert_state(&env, 0.096, -0.005625065781779709, 0.056, 0.02349585151852651);
+    assert_int_equal(cartpole_step(&env, 1, obs, &r), 0);
+    assert_state(&env, 0.09588749868436441, 0.18865093898455243, 0.056469917030370534,
+                 -0.2510059417029993);
+    assert_int_equal(cartpole_step(&env, 0, obs, &r), 0);
+    assert_state(&env, 0.09966051746405546, -0.007230027226275915, 0.05144979819631055,
+                 0.058940488981630124);
+    for (int i = 0; i < 4; i++)
+        assert_true(obs[i] == (float)env.state[i]);
+}
+
+/*  Terminated when |x| > 2.4 or |theta| > 12 degrees after the step, on
+    either side; the reward of that last step is still 1. */
+static void test_cartpole_terminates(void **state)
+{
+    (void)state;
+    const double theta_max = CARTPOLE_THETA_THRESHOLD;   /* 0.20944 */
+    const struct {
+        double s[4];
+        int action;
+        bool terminated;
+    } cases[] = {
+        {{0, 0, 0.2, 0.5}, 1, true},              /* theta 0.2 + 0.02 * 0.5 = 0.21 */
+        {{0, 0, -0.2, -0.5}, 0, true},
+        {{0, 0, 0.2, 0.4}, 1, false},             /* 0.208 < 0.20944 */
+        {{2.39, 1.0, 0, 0}, 1, true},             /* x 2.39 + 0.02 = 2.41 */
+        {{-2.39, -1.0, 0, 0}, 0, true},
+        {{2.39, 0.4, 0, 0}, 1, false},            /* 2.398 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cartpole_t env;
+        cartpole_seed(&env, 1);
+        cartpole_set_state(&env, cases[i].s);
+        float obs[4];
+        cartpole_step_t r;
+        assert_int_equal(cartpole_step(&env, cases[i].action, obs, &r), 0);
+        if (r.terminated != cases[i].terminated)
+            fail_msg("case %zu: terminated %d at x %g theta %g (limit %g)", i, r.terminated,
+                     env.state[0], env.state[2], theta_max);
+        assert_true(r.reward == 1.0 && !r.truncated);
+        if (r.terminated) {   /* the episode is over: reset first */
+            assert_int_equal(cartpole_step(&env, 0, obs, &r), -1);
+            assert_non_null(strstr(zd_error_last(), "reset first"));
+        }
+    }
+}
+
+/*  A controller that pushes towards the side the pole falls to keeps it up
+    (checked in Python for this start): the episode is truncated at exactly
+    500 steps, CartPole-v1's limit, and not terminated. */
+static void test_cartpole_truncates_at_500(void **state)
+{
+    (void)state;
+    cartpole_t env;
+    cartpole_seed(&env, 1);
+    const double s0[4] = {0.01, -0.02, 0.03, -0.04};
+    cartpole_set_state(&env, s0);
+    float obs[4];
+    cartpole_step_t r = {0};
+    int steps = 0;
+    do {
+        int action = env.state[2] + 0.5 * env.state[3] > 0;
+        assert_int_equal(cartpole_step(&env, action, obs, &r), 0);
+        steps++;
+    } while (!r.terminated && !r.truncated);
+    assert_int_equal(steps, CARTPOLE_MAX_STEPS);
+    assert_true(r.truncated && !r.terminated);
+    assert_int_equal(cartpole_step(&env, 0, obs, &r), -1);
+}
+
+/*  reset: a state uniform in [-0.05, 0.05), the same for the same seed. */
+static void test_cartpole_reset_and_seed(void **state)
+{
+    (void)state;
+    cartpole_t a, b, c;
+    cartpole_seed(&a, 543);
+    cartpole_seed(&b, 543);
+    cartpole_seed(&c, 544);
+    float oa[4], ob[4], oc[4];
+    bool differ = false;
+    double lo = 1, hi = -1;
+    for (int episode = 0; episode < 200; episode++) {
+        cartpole_reset(&a, oa);
+        cartpole_reset(&b, ob);
+        cartpole_reset(&c, oc);
+        assert_memory_equal(oa, ob, sizeof oa);
+        differ |= memcmp(oa, oc, sizeof oa) != 0;
+        for (int i = 0; i < 4; i++) {
+            assert_true(a.state[i] >= -0.05 && a.state[i] < 0.05);
+            assert_true(oa[i] == (float)a.state[i]);
+            lo = fmin(lo, a.state[i]);
+            hi = fmax(hi, a.state[i]);
+        }
+    }
+    assert_true(differ);
+    assert_true(lo < -0.045 && hi > 0.045);   /* the whole range, not a corner of it */
+    float obs[4];
+    cartpole_step_t r;
+    assert_int_equal(cartpole_step(&a, 2, obs, &r), -1);
+    assert_non_null(strstr(zd_error_last(), "action 2"));
+    assert_int_equal(cartpole_step(&a, 1, obs, &r), 0);
+}
+
+/*  ---- the program, in worlds of real processes ---- */
+
+static char launch_bin[1024], rl_bin[1024];
+
+static int setup(void **state)
+{
+    (void)state;
+    const char *b = getenv("ZDIST_BUILD_DIR");
+    snprintf(launch_bin, sizeof launch_bin, "%s/tools/launch", b ? b : ".");
+    snprintf(rl_bin, sizeof rl_bin, "%s/examples/rl_rpc", b ? b : ".");
+    return 0;
+}
+
+/*  Runs "launch --nproc=n -- rl_rpc flags" (stdout and stderr together,
+    stopped by launch after 600 s); returns its exit status and the output
+    (to free), which it prints when the status is not the one expected. */
+static int run_world(int n, const char *flags, bool expect_ok, char **output)
+{
+    char cmd[3072];
+    snprintf(cmd, sizeof cmd, "%s --nproc=%d --timeout_s=600 -- %s %s 2>&1", launch_bin, n,
+             rl_bin, flags);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t len = 0, cap = 65536;
+    char *out = malloc(cap);
+    size_t got;
+    while ((got = fread(out + len, 1, cap - len - 1, p)) > 0)
+        if ((len += got) + 1 >= cap)
+            out = realloc(out, cap *= 2);
+    out[len] = '\0';
+    int status = pclose(p);
+    *output = out;
+    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+    if ((rc == 0) != expect_ok)
+        fprintf(stderr, "%s\nexited with %d:\n%s\n", cmd, rc, out);
+    return rc;
+}
+
+typedef struct {
+    int n;
+    long long episode[1024];
+    double last[1024], running[1024];
+} log_t;
+
+/*  The agent's "Episode N\tLast reward: X\tAverage reward: Y" lines. */
+static void parse_log(const char *out, log_t *log)
+{
+    log->n = 0;
+    const char *key = "[rank 0] Episode ";
+    for (const char *p = out; (p = strstr(p, key)) && log->n < 1024; p++) {
+        int i = log->n;
+        if (sscanf(p + strlen(key), "%lld\tLast reward: %lf\tAverage reward: %lf",
+                   &log->episode[i], &log->last[i], &log->running[i]) != 3)
+            fail_msg("malformed line at \"%.80s\"", p);
+        log->n++;
+    }
+}
+
+/*  A world of three (an agent, two observers) for 60 episodes, logging
+    every one. The episode's reward is the smaller of the two observers'
+    (a whole number of steps, 1 to 500), the running reward follows 0.05 *
+    reward + 0.95 * running from 0 (to the printed precision), the run ends
+    at --max_episodes, saying so, and everyone exits 0.
+
+    And the policy learns: a random one lasts 22.4 steps on average, the
+    smaller of two episodes 16.3, and its running reward after 60 episodes
+    is 15.5 (median; at most 20.6 in 2000 simulated runs of Gym's
+    dynamics). Trained, it was 50 to 172 in 13 runs of seeds 1-8 and 543 (the
+    order in which the two observers' calls reach the agent varies, so
+    runs with one seed differ too). 30 is twice what random gets. */
+#define LEARN_EPISODES 60
+#define LEARNED_RUNNING_REWARD 30.0
+
+static void test_world_of_three_learns(void **state)
+{
+    (void)state;
+    char *out;
+    char flags[128];
+    snprintf(flags, sizeof flags, "--seed=543 --max_episodes=%d --log_interval=1 --max_seconds=0",
+             LEARN_EPISODES);
+    assert_int_equal(run_world(3, flags, true, &out), 0);
+    static log_t log;
+    parse_log(out, &log);
+    assert_int_equal(log.n, LEARN_EPISODES);
+    double running = 0;
+    for (int i = 0; i < log.n; i++) {
+        assert_int_equal(log.episode[i], i + 1);
+        if (!(log.last[i] >= 1 && log.last[i] <= CARTPOLE_MAX_STEPS) ||
+            log.last[i] != floor(log.last[i]))
+            fail_msg("episode %d: reward %g", i + 1, log.last[i]);
+        double want = 0.05 * log.last[i] + 0.95 * running;
+        if (fabs(log.running[i] - want) > 0.011)
+            fail_msg("episode %d: running reward %.2f, expected %.3f", i + 1, log.running[i],
+                     want);
+        running = log.running[i];
+    }
+    char want[128];
+    snprintf(want, sizeof want, "[rank 0] Not solved after %d episodes (--max_episodes)",
+             LEARN_EPISODES);
+    if (running > CARTPOLE_REWARD_THRESHOLD)
+        snprintf(want, sizeof want, "[rank 0] Solved! Running reward is now");
+    assert_non_null(strstr(out, want));
+    assert_non_null(strstr(out, "launch: 3 processes finished"));
+    fprintf(stderr, "running reward after %d episodes: %.2f\n", LEARN_EPISODES, running);
+    if (!(running > LEARNED_RUNNING_REWARD))
+        fail_msg("running reward %.2f after %d episodes: no better than random (expected > %g)",
+                 running, LEARN_EPISODES, LEARNED_RUNNING_REWARD);
+    free(out);
+}
+
+/*  The smallest world (one observer) and a larger one (four) run too,
+    logging every --log_interval episodes. */
+static void test_worlds_of_two_and_five(void **state)
+{
+    (void)state;
+    const int sizes[2] = {2, 5};
+    for (int k = 0; k < 2; k++) {
+        char *out;
+        assert_int_equal(run_world(sizes[k], "--max_episodes=6 --log_interval=3", true, &out), 0);
+        static log_t log;
+        parse_log(out, &log);
+        assert_int_equal(log.n, 2);
+        assert_int_equal(log.episode[0], 3);
+        assert_int_equal(log.episode[1], 6);
+        assert_non_null(strstr(out, "Not solved after 6 episodes"));
+        free(out);
+    }
+}
+
+/*  Bad flags are refused before anyone joins a world. */
+static void test_bad_flags(void **state)
+{
+    (void)state;
+    char *out;
+    assert_int_not_equal(run_world(1, "", false, &out), 0);
+    assert_non_null(strstr(out, "at least 2 processes"));
+    free(out);
+    assert_int_not_equal(run_world(2, "--gamma=2", false, &out), 0);
+    assert_non_null(strstr(out, "--gamma"));
+    free(out);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_cartpole_steps_from_rest),
+        cmocka_unit_test(test_cartpole_steps_general),
+        cmocka_unit_test(test_cartpole_terminates),
+        cmocka_unit_test(test_cartpole_truncates_at_500),
+        cmocka_unit_test(test_cartpole_reset_and_seed),
+        cmocka_unit_test(test_bad_flags),
+        cmocka_unit_test(test_world_of_three_learns),
+        cmocka_unit_test(test_worlds_of_two_and_five),
+    };
+    return cmocka_run_group_tests(tests, setup, NULL);
+}
