@@ -1,0 +1,550 @@
+/* SPDX-License-Identifier: MIT */
+/*  rnn_rpc: PyTorch's "Getting Started with Distributed RPC Framework",
+    part 2 (a distributed RNN with RRefs, RemoteModule, distributed autograd
+    and the DistributedOptimizer), on zdist.
+
+        tools/launch --nproc=2 -- rnn_rpc
+
+    Rank 0 is the parameter server "ps"; ranks 1.. are trainers. Each
+    trainer builds the tutorial's RNNModel: its EmbeddingTable and Decoder
+    are RemoteModules living on "ps", its LSTM is local. One step: indices go
+    to the embedding on ps, the embeddings come back through the local LSTM,
+    its output goes to the decoder on ps, and the logits come back for the
+    loss; distributed autograd carries the gradients back over both hops,
+    and one DistributedOptimizer steps the parameters where they live.
+
+    The tutorial trains on uninitialised LongTensors, which teaches nothing.
+    Here the task is a character-level language model of a text Debian
+    always has: the GNU GPL version 3 from base-files
+    (/usr/share/common-licenses/GPL-3; --data=FILE takes any text). ln(V)
+    is the loss of a guess; the loss falls well below it within a few
+    hundred steps. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "examples/flags.h"
+#include "examples/train_common.h"
+#include <zdist/zdist.h>
+
+#define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
+#define MAX_TEXT (64 << 20)
+
+typedef struct {
+    const char *data;
+    int64_t iterations, batch, bptt, ninp, nhid, nlayers, seed, log_interval;
+    double dropout, lr;
+    const char *optimizer;
+    bool sample;
+} options_t;
+
+/* ---- the two modules that live on the parameter server ---- */
+
+/*  What the EmbeddingTable and the Decoder keep beside their parameters:
+    the dropout of their forward and its mask generator. */
+typedef struct {
+    float dropout;
+    zd_nn_rng_t rng;
+} drop_state_t;
+
+static drop_state_t *drop_state_new(double p, int64_t seed)
+{
+    drop_state_t *s = malloc(sizeof *s);
+    if (!s)
+        return NULL;
+    s->dropout = (float)p;
+    zd_nn_rng_seed(&s->rng, (uint64_t)seed);
+    return s;
+}
+
+/*  EmbeddingTable.forward: drop(encoder(input)). */
+static int embedding_table_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+                                   zd_tensor_t **out)
+{
+    if (n_in != 1)
+        return zd_error_set("EmbeddingTable takes 1 input, got %d", n_in);
+    drop_state_t *s = zd_nn_module_state(m);
+    zd_tensor_t *e;
+    if (zd_nn_embedding(in[0], zd_nn_module_find(m, "encoder.weight"), ZD_NN_NO_PADDING, &e) < 0)
+        return -1;
+    int rc = zd_nn_dropout(e, s->dropout, zd_nn_module_is_training(m), &s->rng, out);
+    zd_tensor_unref(e);
+    return rc;
+}
+
+/*  Decoder.forward: decoder(drop(output)). */
+static int decoder_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+                           zd_tensor_t **out)
+{
+    if (n_in != 1)
+        return zd_error_set("Decoder takes 1 input, got %d", n_in);
+    drop_state_t *s = zd_nn_module_state(m);
+    zd_tensor_t *d;
+    if (zd_nn_dropout(in[0], s->dropout, zd_nn_module_is_training(m), &s->rng, &d) < 0)
+        return -1;
+    int rc = zd_nn_linear(d, zd_nn_module_find(m, "decoder.weight"),
+                          zd_nn_module_find(m, "decoder.bias"), out);
+    zd_tensor_unref(d);
+    return rc;
+}
+
+/*  A parent module with its forward and dropout, and one child (the
+    tutorial's self.encoder / self.decoder) whose weight is uniform in
+    +-0.1 as the tutorial's init_weights draws it. */
+static zd_nn_module_t *module_with_child(const char *type, zd_nn_module_forward_fn *forward,
+                                         double dropout, int64_t seed, const char *child_name,
+                                         zd_nn_module_t *child)
+{
+    drop_state_t *s = child ? drop_state_new(dropout, seed) : NULL;
+    zd_nn_module_t *m = s ? zd_nn_module_new(type, forward, s, free) : NULL;
+    if (!m) {
+        free(s);
+        zd_nn_module_free(child);
+        return NULL;
+    }
+    if (zd_nn_module_register_module(m, child_name, child) < 0) {
+        zd_nn_module_free(child);
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/*  "EmbeddingTable"(ntoken, ninp, dropout, seed). */
+static zd_nn_module_t *make_embedding_table(zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t ntoken, ninp, seed;
+    double dropout;
+    if (ZD_UNPACK(args, &ntoken, &ninp, &dropout, &seed) < 0)
+        return NULL;
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, (uint64_t)seed);
+    zd_nn_module_t *enc = zd_nn_module_new("Embedding", NULL, NULL, NULL);
+    zd_tensor_t *w = enc ? zd_nn_module_add_parameter(enc, "weight", 2,
+                                                      (int64_t[]){ntoken, ninp})
+                         : NULL;
+    if (!w || zd_nn_init_uniform(w, -0.1f, 0.1f, &rng) < 0) {
+        zd_nn_module_free(enc);
+        return NULL;
+    }
+    return module_with_child("EmbeddingTable", embedding_table_forward, dropout, seed + 1,
+                             "encoder", enc);
+}
+
+/*  "Decoder"(ntoken, nhid, dropout, seed). */
+static zd_nn_module_t *make_decoder(zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t ntoken, nhid, seed;
+    double dropout;
+    if (ZD_UNPACK(args, &ntoken, &nhid, &dropout, &seed) < 0)
+        return NULL;
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, (uint64_t)seed);
+    zd_nn_module_t *lin = zd_nn_module_linear_new(nhid, ntoken, true, &rng);
+    if (!lin || zd_nn_init_uniform(zd_nn_module_find(lin, "weight"), -0.1f, 0.1f, &rng) < 0) {
+        zd_nn_module_free(lin);
+        return NULL;
+    }
+    zd_tensor_zero_(zd_nn_module_find(lin, "bias"));
+    return module_with_child("Decoder", decoder_forward, dropout, seed + 1, "decoder", lin);
+}
+
+/* ---- the text ---- */
+
+typedef struct {
+    uint8_t *tokens;        /* the text as token ids */
+    int64_t n;
+    int ntoken;
+    unsigned char chars[256]; /* token id -> byte */
+} corpus_t;
+
+static int corpus_load(const char *path, corpus_t *c)
+{
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return zd_error_set("cannot open the text %s: %s", path, strerror(errno));
+    c->tokens = malloc(MAX_TEXT);
+    size_t n = c->tokens ? fread(c->tokens, 1, MAX_TEXT, f) : 0;
+    fclose(f);
+    if (!c->tokens)
+        return zd_error_set("out of memory reading %s", path);
+    if (n < 1000) {
+        free(c->tokens);
+        c->tokens = NULL;
+        return zd_error_set("the text %s has %zu bytes: too short to learn from (1000 at least)",
+                            path, n);
+    }
+    /* token ids in byte order, so that a run is the same on every host */
+    int id[256];
+    bool seen[256] = {false};
+    for (size_t i = 0; i < n; i++)
+        seen[c->tokens[i]] = true;
+    for (int b = 0; b < 256; b++)
+        if (seen[b]) {
+            id[b] = c->ntoken;
+            c->chars[c->ntoken++] = (unsigned char)b;
+        }
+    for (size_t i = 0; i < n; i++)
+        c->tokens[i] = (uint8_t)id[c->tokens[i]];
+    c->n = (int64_t)n;
+    return 0;
+}
+
+/*  Batch `it`: `batch` streams, each reading its own stretch of the text,
+    bptt characters a step, carried from step to step as the hidden state
+    is (the tutorial's "detach and go on"). x (bptt, batch) int64, y
+    (bptt * batch) the next characters. */
+static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t batch,
+                         zd_tensor_t *x, zd_tensor_t *y)
+{
+    int64_t stretch = (c->n - 1) / batch, steps = stretch / bptt;
+    int64_t base = (it % steps) * bptt;
+    int64_t *xd = zd_tensor_data_i64(x), *yd = zd_tensor_data_i64(y);
+    for (int64_t t = 0; t < bptt; t++)
+        for (int64_t b = 0; b < batch; b++) {
+            int64_t at = b * stretch + base + t;
+            xd[t * batch + b] = c->tokens[at];
+            yd[t * batch + b] = c->tokens[at + 1];
+        }
+}
+
+/* ---- the trainer ---- */
+
+typedef struct {
+    zd_remote_module_t *emb, *dec;
+    zd_nn_lstm_t *lstm;
+    zd_nn_module_t *rnn; /* the LSTM's parameters, for parameter_rrefs */
+} rnn_model_t;
+
+static void model_free(rnn_model_t *m)
+{
+    zd_remote_module_free(m->emb);
+    zd_remote_module_free(m->dec);
+    zd_nn_module_free(m->rnn);
+    zd_nn_lstm_free(m->lstm);
+}
+
+static int model_new(const options_t *o, int ntoken, int ps, rnn_model_t *m)
+{
+    memset(m, 0, sizeof *m);
+    m->emb = zd_remote_module_new(ps, "EmbeddingTable",
+                                  ZD_ARGS((int64_t)ntoken, o->ninp, o->dropout, o->seed));
+    m->lstm = m->emb ? zd_nn_lstm_new(o->ninp, o->nhid, (int)o->nlayers, (float)o->dropout,
+                                      (uint64_t)o->seed + 10)
+                     : NULL;
+    m->dec = m->lstm ? zd_remote_module_new(ps, "Decoder",
+                                            ZD_ARGS((int64_t)ntoken, o->nhid, o->dropout,
+                                                    o->seed + 20))
+                     : NULL;
+    m->rnn = m->dec ? zd_nn_module_new("LSTM", NULL, NULL, NULL) : NULL;
+    if (!m->rnn)
+        goto fail;
+    for (int i = 0; i < zd_nn_lstm_n_params(m->lstm); i++)
+        if (zd_nn_module_register_parameter(m->rnn, zd_nn_lstm_param_name(m->lstm, i),
+                                            zd_nn_lstm_param(m->lstm, i)) < 0)
+            goto fail;
+    return 0;
+fail:
+    model_free(m);
+    return -1;
+}
+
+/*  The tutorial's RNNModel.parameter_rrefs(): the embedding's (remote),
+    the LSTM's (local, wrapped in local RRefs), the decoder's (remote). */
+static int model_parameter_rrefs(rnn_model_t *m, int *n, zd_rref_t ***all)
+{
+    int n_e = 0, n_l = 0, n_d = 0;
+    zd_rref_t **e = NULL, **l = NULL, **d = NULL;
+    int rc = -1;
+    if (zd_remote_module_remote_parameters(m->emb, &n_e, &e) < 0 ||
+        zd_dist_nn_parameter_rrefs(m->rnn, &n_l, &l) < 0 ||
+        zd_remote_module_remote_parameters(m->dec, &n_d, &d) < 0)
+        goto out;
+    *all = malloc(sizeof **all * (size_t)(n_e + n_l + n_d));
+    if (!*all)
+        goto out;
+    for (int i = 0; i < n_e; i++)
+        (*all)[i] = zd_rref_ref(e[i]);
+    for (int i = 0; i < n_l; i++)
+        (*all)[n_e + i] = zd_rref_ref(l[i]);
+    for (int i = 0; i < n_d; i++)
+        (*all)[n_e + n_l + i] = zd_rref_ref(d[i]);
+    *n = n_e + n_l + n_d;
+    rc = 0;
+out:
+    zd_dist_nn_rrefs_free(n_e, e);
+    zd_dist_nn_rrefs_free(n_l, l);
+    zd_dist_nn_rrefs_free(n_d, d);
+    return rc;
+}
+
+/*  RNNModel.forward: logits (bptt * batch, ntoken) and the new hidden
+    state, all handed to the caller's scope. */
+static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
+                         zd_tensor_t **logits, zd_tensor_t **h_n, zd_tensor_t **c_n)
+{
+    zd_tensor_t *emb, *out, *dec, *flat;
+    if (zd_remote_module_forward(m->emb, 1, &x, &emb) < 0 || !zd_scope_add(emb) ||
+        zd_nn_lstm_forward(m->lstm, emb, h, c, &out, h_n, c_n) < 0 || !zd_scope_add(out) ||
+        !zd_scope_add(*h_n) || !zd_scope_add(*c_n) ||
+        zd_remote_module_forward(m->dec, 1, &out, &dec) < 0 || !zd_scope_add(dec))
+        return -1;
+    int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
+    if (zd_tensor_reshape(dec, 2, shape, &flat) < 0 || !zd_scope_add(flat))
+        return -1;
+    *logits = flat;
+    return 0;
+}
+
+/*  The model writes: n characters after a prompt, each drawn from its
+    softmax (evaluation mode, no gradients). */
+static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, int ps_rank,
+                        int n, char *text)
+{
+    (void)ps_rank;
+    zd_nn_lstm_train(m->lstm, false);
+    bool grad = zd_autograd_set_grad_enabled(false);
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, (uint64_t)o->seed + 99);
+    int rc = -1;
+    zd_scope_t *s = zd_scope_begin();
+    int64_t hs[3] = {o->nlayers, 1, o->nhid}, xs[2] = {1, 1};
+    zd_tensor_t *h = zd_scope_add(zd_tensor_new(ZD_FLOAT32, 3, hs));
+    zd_tensor_t *cc = zd_scope_add(zd_tensor_new(ZD_FLOAT32, 3, hs));
+    if (!h || !cc)
+        goto out;
+    int64_t tok = c->tokens[0];
+    for (int i = 0; i < n; i++) {
+        zd_tensor_t *x = zd_scope_add(zd_tensor_from_data(ZD_INT64, 2, xs, &tok)), *logits,
+                    *hn, *cn, *p;
+        if (!x || model_forward(m, x, h, cc, &logits, &hn, &cn) < 0 ||
+            zd_nn_softmax(logits, 1, &p) < 0 || !zd_scope_add(p))
+            goto out;
+        float u = zd_nn_rng_uniform(&rng), acc = 0;
+        int64_t pick = c->ntoken - 1;
+        for (int64_t k = 0; k < c->ntoken; k++)
+            if ((acc += zd_tensor_data(p)[k]) > u) {
+                pick = k;
+                break;
+            }
+        text[i] = (char)c->chars[pick];
+        tok = pick;
+        h = hn;
+        cc = cn;
+    }
+    text[n] = '\0';
+    rc = 0;
+out:
+    zd_scope_end(s);
+    zd_autograd_set_grad_enabled(grad);
+    zd_nn_lstm_train(m->lstm, true);
+    return rc;
+}
+
+static int run_trainer(options_t o_in, int rank, const char *me)
+{
+    /* each trainer its own initial weights and dropout masks */
+    options_t opts = o_in;
+    opts.seed += 1000 * (rank - 1);
+    const options_t *o = &opts;
+    corpus_t c;
+    if (corpus_load(o->data, &c) < 0) {
+        fprintf(stderr, "rnn_rpc: %s: %s\n", me, zd_error_last());
+        return 1;
+    }
+    if ((c.n - 1) / o->batch < o->bptt) {
+        fprintf(stderr, "rnn_rpc: %s: %lld streams of %lld characters do not fit in %lld\n",
+                me, (long long)o->batch, (long long)o->bptt, (long long)c.n);
+        free(c.tokens);
+        return 1;
+    }
+    int ps = zd_rpc_worker("ps");
+    rnn_model_t m;
+    zd_rref_t **params = NULL;
+    int n_params = 0;
+    zd_dist_optim_t *opt = NULL;
+    zd_optim_config_t cfg;
+    if (strcmp(o->optimizer, "sgd") == 0) {
+        cfg = zd_optim_sgd_defaults(o->lr);
+    } else {
+        cfg = zd_optim_adam_defaults();
+        cfg.lr = o->lr;
+    }
+    int status = 1;
+    if (model_new(o, c.ntoken, ps, &m) < 0) {
+        fprintf(stderr, "rnn_rpc: %s: building the model: %s\n", me, zd_error_last());
+        free(c.tokens);
+        return 1;
+    }
+    if (model_parameter_rrefs(&m, &n_params, &params) < 0 ||
+        zd_dist_optim_new(&cfg, params, n_params, &opt) < 0) {
+        fprintf(stderr, "rnn_rpc: %s: %s\n", me, zd_error_last());
+        goto out;
+    }
+    printf("%s: %lld characters of %s, %d distinct; %d parameter tensors on %d owners; "
+           "%s lr %g\n", me, (long long)c.n, o->data, c.ntoken, n_params,
+           zd_dist_optim_num_owners(opt), o->optimizer, o->lr);
+    printf("%s: a guess scores ln(%d) = %.3f\n", me, c.ntoken, log((double)c.ntoken));
+    fflush(stdout);
+
+    int64_t hs[3] = {o->nlayers, o->batch, o->nhid}, xs[2] = {o->bptt, o->batch},
+            ys[1] = {o->bptt * o->batch};
+    zd_tensor_t *h = zd_tensor_new(ZD_FLOAT32, 3, hs), *cc = zd_tensor_new(ZD_FLOAT32, 3, hs);
+    zd_tensor_t *x = zd_tensor_new(ZD_INT64, 2, xs), *y = zd_tensor_new(ZD_INT64, 1, ys);
+    double first = 0, recent = 0;
+    int64_t n_first = 0, n_recent = 0;
+    double t0 = train_now();
+    for (int64_t it = 0; h && cc && x && y && it < o->iterations; it++) {
+        corpus_batch(&c, it, o->bptt, o->batch, x, y);
+        double loss_value = NAN;
+        zd_tensor_t *h_next = NULL, *c_next = NULL;
+        ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+            zd_scope_t *s = zd_scope_begin();
+            zd_tensor_t *logits, *hn, *cn, *loss;
+            if (model_forward(&m, x, h, cc, &logits, &hn, &cn) == 0 &&
+                zd_nn_cross_entropy(logits, y, &loss) == 0 && zd_scope_add(loss) &&
+                zd_dist_autograd_backward(ctx, &loss, 1, false) == 0 &&
+                zd_dist_optim_step(opt, ctx) == 0) {
+                loss_value = zd_tensor_data(loss)[0];
+                /* the tutorial's hidden[k].detach_(): the next step starts
+                   from these values, without their history */
+                h_next = zd_tensor_detach(hn);
+                c_next = zd_tensor_detach(cn);
+            }
+            zd_scope_end(s);
+        }
+        if (!h_next || !c_next) {
+            fprintf(stderr, "rnn_rpc: %s: step %lld: %s\n", me, (long long)it + 1,
+                    zd_error_last());
+            zd_tensor_unref(h_next);
+            zd_tensor_unref(c_next);
+            goto steps_done;
+        }
+        zd_tensor_unref(h);
+        zd_tensor_unref(cc);
+        h = h_next;
+        cc = c_next;
+        if (it < 10) {
+            first += loss_value;
+            n_first++;
+        }
+        recent += loss_value;
+        n_recent++;
+        if ((it + 1) % o->log_interval == 0 || it + 1 == o->iterations) {
+            double dt = train_now() - t0;
+            printf("%s: step %5lld/%lld  loss %.4f  (mean of last %lld: %.4f)  %.1f ms/step\n",
+                   me, (long long)it + 1, (long long)o->iterations, loss_value,
+                   (long long)n_recent, recent / (double)n_recent,
+                   1e3 * dt / (double)(it + 1));
+            fflush(stdout);
+            if (it + 1 < o->iterations) {
+                recent = 0;
+                n_recent = 0;
+            }
+        }
+    }
+    if (n_recent > 0) {
+        printf("%s: loss went from %.4f (mean of the first %lld steps) to %.4f (mean of the "
+               "last %lld)\n", me, first / (double)n_first, (long long)n_first,
+               recent / (double)n_recent, (long long)n_recent);
+        status = 0;
+    }
+    if (status == 0 && o->sample) {
+        char text[121];
+        if (model_sample(&m, o, &c, ps, 120, text) < 0) {
+            fprintf(stderr, "rnn_rpc: %s: sampling: %s\n", me, zd_error_last());
+            status = 1;
+        } else {
+            for (char *p = text; *p; p++)
+                if (*p == '\n')
+                    *p = ' ';
+            printf("%s: the model writes: \"%s\"\n", me, text);
+        }
+    }
+steps_done:
+    zd_tensor_unref(h);
+    zd_tensor_unref(cc);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+out:
+    zd_dist_optim_free(opt);
+    zd_dist_nn_rrefs_free(n_params, params);
+    model_free(&m);
+    free(c.tokens);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
+    const char *prog = "rnn_rpc";
+    options_t o = {
+        .data = DEFAULT_TEXT, .iterations = 300, .batch = 16, .bptt = 35, .ninp = 32,
+        .nhid = 128, .nlayers = 2, .seed = 1, .log_interval = 25, .dropout = 0.2,
+        .lr = 0.005, .optimizer = "adam", .sample = true,
+    };
+    flags_world_t w = flags_world_default();
+    const flag_t flags[] = {
+        {"data", FLAG_STRING, &o.data, "the text to model (default: base-files' GPL-3)"},
+        {"iterations", FLAG_INT, &o.iterations, "training steps of each trainer"},
+        {"batch", FLAG_INT, &o.batch, "character streams per step"},
+        {"bptt", FLAG_INT, &o.bptt, "characters per stream and step"},
+        {"ninp", FLAG_INT, &o.ninp, "embedding size"},
+        {"nhid", FLAG_INT, &o.nhid, "LSTM hidden size"},
+        {"nlayers", FLAG_INT, &o.nlayers, "LSTM layers"},
+        {"dropout", FLAG_DOUBLE, &o.dropout, "dropout of the embedding, between the LSTM's "
+                                            "layers and before the decoder"},
+        {"optimizer", FLAG_STRING, &o.optimizer, "adam, or sgd (the tutorial's, at lr 0.05)"},
+        {"lr", FLAG_DOUBLE, &o.lr, "learning rate"},
+        {"seed", FLAG_INT, &o.seed, "initial weights and dropout masks"},
+        {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N steps"},
+        {"sample", FLAG_BOOL, &o.sample, "let the trained model write a line"},
+        FLAGS_WORLD(w),
+    };
+    int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
+                         "Distributed RNN: embedding and decoder on a parameter server, "
+                         "LSTM on the trainers.");
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    if (o.iterations < 1 || o.batch < 1 || o.bptt < 1 || o.ninp < 1 || o.nhid < 1 ||
+        o.nlayers < 1 || o.log_interval < 1 || o.lr <= 0 || o.dropout < 0 || o.dropout >= 1 ||
+        (strcmp(o.optimizer, "adam") != 0 && strcmp(o.optimizer, "sgd") != 0)) {
+        fprintf(stderr, "%s: --iterations, --batch, --bptt, --ninp, --nhid, --nlayers, "
+                        "--log_interval and --lr must be positive, --dropout in [0, 1), "
+                        "--optimizer adam or sgd\n", prog);
+        return 2;
+    }
+    if (flags_world_resolve(&w, 2, prog) < 0)
+        return 2;
+    if (w.world_size < 2) {
+        fprintf(stderr, "%s: needs a world of 2 processes at least (a ps and a trainer)\n",
+                prog);
+        return 2;
+    }
+    char name[32];
+    if (w.rank == 0)
+        snprintf(name, sizeof name, "ps");
+    else
+        snprintf(name, sizeof name, "trainer%lld", (long long)w.rank);
+    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0 || zd_dist_nn_init() < 0 ||
+        zd_dist_nn_register_module("EmbeddingTable", make_embedding_table, NULL) < 0 ||
+        zd_dist_nn_register_module("Decoder", make_decoder, NULL) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
+        return 1;
+    }
+    if (flags_world_init(&w, name, -1, prog) < 0)
+        return 1;
+    /* the parameter server does nothing of its own: it serves the modules
+       until every trainer is done, so it waits without a time limit */
+    int status = w.rank == 0 ? 0 : run_trainer(o, (int)w.rank, name);
+    if (zd_rpc_shutdown(true, w.rank == 0 ? ZD_TIMEOUT_NONE : ZD_TIMEOUT_DEFAULT) < 0) {
+        fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, zd_error_last());
+        status = 1;
+    }
+    return status;
+}
