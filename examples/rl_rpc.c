@@ -501,8 +501,9 @@ reported:
         zd_rref_unref(ob_rrefs[i]);
     free(ob_rrefs);
     zd_rref_unref(agent_rref);
-    /* The observers' handles to the agent go away during the shutdown,
-       which waits for them: free the agent after it. */
+    /* Each observer releases its handle to the agent's RRef after its
+       last run_episode, by a message that may still be on its way: the
+       graceful shutdown waits for it, and only then can the agent go. */
     if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0) {
         fprintf(stderr, PROG ": agent: shutdown: %s\n", zd_error_last());
         rc = -1;
