@@ -215,6 +215,12 @@ zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value
         zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_remote_module_new: out of memory");
     }
     zd_value_unref(type);
+    if (!rm && strstr(zd_error_last(), "unknown function \"__remote_module_")) {
+        char text[768];
+        snprintf(text, sizeof text, "%s", zd_error_last());
+        zd_error_set_code(zd_error_code(), "%s (did worker %d call zd_dist_nn_init() before "
+                          "zd_rpc_init?)", text, to);
+    }
     if (!rm)
         zd_error_wrap("RemoteModule %s on worker %d", type_name, to);
     zd_rref_unref(r);

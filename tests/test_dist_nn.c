@@ -397,6 +397,30 @@ static int rref_backward_body(const world_t *w)
     return 0;
 }
 
+/*  An owner that never called zd_dist_nn_init: the error says so. */
+static int no_init_setup(const world_t *w)
+{
+    return w->rank == 1 ? 0 : setup(w);
+}
+
+static int no_init_body(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    WCHECK(!zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 0)));
+    WCHECK(strstr(zd_error_last(), "did worker 1 call zd_dist_nn_init()"));
+    zd_tensor_unref(w_loss);
+    return 0;
+}
+
+static void test_remote_module_owner_without_init(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 2, .setup = no_init_setup, .fn = no_init_body,
+                         .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
+}
+
 static void test_rref_backward(void **state)
 {
     (void)state;
@@ -410,6 +434,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_remote_module_trains_with_dist_optim),
         cmocka_unit_test(test_remote_module_errors),
+        cmocka_unit_test(test_remote_module_owner_without_init),
         cmocka_unit_test(test_rref_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
