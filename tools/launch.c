@@ -182,8 +182,10 @@ static int parse_flags(launch_t *L, int argc, char **argv)
             rc = bad_flag("--%s needs a non-empty value%s", key, "");
         else if (!strcmp(key, "log_dir"))
             L->log_dir = v;
-        else
-            L->master_addr = v, L->addr_given = true;
+        else {
+            L->master_addr = v;
+            L->addr_given = true;
+        }
         if (rc < 0)
             return -1;
     }

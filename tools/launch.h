@@ -16,7 +16,7 @@
 #define LINE_MAX_BYTES (1 << 20)    /* longer lines are relayed in pieces this long */
 #define DRAIN_MAX_BYTES (16 << 20)  /* read at most this much from a dead rank's pipe */
 #define KILL_WAIT_S 5.0             /* how long SIGKILLed processes get to disappear */
-#define TAIL_LINES 20                /* of a failed rank's log shown with --log_dir */
+#define TAIL_LINES 20               /* of a failed rank's log shown with --log_dir */
 #define TAIL_BYTES 16384            /* at most this much of it */
 #define EXIT_USAGE 2
 #define EXIT_TIMEOUT 124            /* as timeout(1) */
