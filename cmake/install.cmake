@@ -47,3 +47,8 @@ install(FILES ${PROJECT_BINARY_DIR}/zdist.pc DESTINATION ${zd_pc_dir})
 if(TARGET launch)
   install(PROGRAMS $<TARGET_FILE:launch> DESTINATION ${CMAKE_INSTALL_BINDIR} RENAME zdist-launch)
 endif()
+# The metrics table, for worlds run with ZDIST_METRICS: zdist-metrics-summary.
+if(TARGET metrics_summary)
+  install(PROGRAMS $<TARGET_FILE:metrics_summary> DESTINATION ${CMAKE_INSTALL_BINDIR}
+          RENAME zdist-metrics-summary)
+endif()

@@ -21,6 +21,8 @@ static atomic_uint_fast64_t id_counter = 1;
 
 _Thread_local int64_t zd__dist_current_ctx = -1;
 atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes, zd__dist_stat_flushed;
+atomic_int_fast64_t zd__dist_total_contexts, zd__dist_total_backward, zd__dist_total_grad_messages,
+    zd__dist_total_sends;
 
 uint64_t zd__dist_next_id(void)
 {
@@ -42,6 +44,7 @@ static dist_context_t *context_new(int64_t id)
         return NULL;
     }
     atomic_init(&c->refs, 1);
+    atomic_fetch_add(&zd__dist_total_contexts, 1);
     c->id = id;
     c->last_query = -1;
     pthread_mutex_init(&c->lock, NULL);
@@ -199,6 +202,8 @@ int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_au
     if (rc == 0) {
         (*fns)[(*n)++] = (dist_fn_t){msg_id, zd_autograd_node_ref(node), peer};
         atomic_fetch_add(send ? &zd__dist_stat_sends : &zd__dist_stat_recvs, 1);
+        if (send)
+            atomic_fetch_add(&zd__dist_total_sends, 1);
     }
     pthread_mutex_unlock(&c->lock);
     return rc;
@@ -347,4 +352,8 @@ void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out)
     out->send_functions = atomic_load(&zd__dist_stat_sends);
     out->recv_functions = atomic_load(&zd__dist_stat_recvs);
     out->flushed_nodes = atomic_load(&zd__dist_stat_flushed);
+    out->total_contexts = atomic_load(&zd__dist_total_contexts);
+    out->total_backward = atomic_load(&zd__dist_total_backward);
+    out->total_grad_messages = atomic_load(&zd__dist_total_grad_messages);
+    out->total_send_functions = atomic_load(&zd__dist_total_sends);
 }

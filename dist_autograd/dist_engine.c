@@ -236,6 +236,7 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
         rc = zd_rpc_arg_tensor(args, (size_t)(4 + i), &grads[i]);
 
     atomic_fetch_add(&zd__dist_stat_passes, 1);
+    atomic_fetch_add(&zd__dist_total_grad_messages, 1);
     pthread_mutex_lock(&c->pass_lock);
     zd_autograd_node_t *send = rc == 0 ? zd__dist_context_find_send(c, (uint64_t)msg_id) : NULL;
     if (rc == 0 && !send)
@@ -406,6 +407,7 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
                                  (long long)context_id);
+    atomic_fetch_add(&zd__dist_total_backward, 1);
     zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
     feed_t fd = {.ctx_id = context_id, .pass_id = (int64_t)zd__dist_next_id(),
                  .retain = retain_graph};

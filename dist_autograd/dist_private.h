@@ -102,6 +102,9 @@ extern _Thread_local int64_t zd__dist_current_ctx;
 /*  Counters behind zd_dist_autograd_stats(). */
 extern atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes,
     zd__dist_stat_flushed;
+/*  Running totals since the process started (for metrics over time). */
+extern atomic_int_fast64_t zd__dist_total_contexts, zd__dist_total_backward,
+    zd__dist_total_grad_messages, zd__dist_total_sends;
 
 /*  ---- recording (dist_record.c) ---- */
 

@@ -276,6 +276,10 @@ static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
         {"num_send_functions", st.send_functions},
         {"num_recv_functions", st.recv_functions},
         {"num_flushed_nodes", st.flushed_nodes},
+        {"total_autograd_contexts", st.total_contexts},
+        {"total_backward_calls", st.total_backward},
+        {"total_grad_messages", st.total_grad_messages},
+        {"total_send_functions", st.total_send_functions},
     };
     int n = (int)(sizeof all / sizeof all[0]);
     for (int i = 0; i < n && i < max; i++) {

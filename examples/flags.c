@@ -183,6 +183,11 @@ int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog
 int flags_world_init(const flags_world_t *w, const char *name, int64_t init_timeout_ms,
                      const char *prog)
 {
+    /* The library reads the folder from the environment at zd_rpc_init. */
+    if (w->metrics && *w->metrics && setenv("ZDIST_METRICS", w->metrics, 1) < 0) {
+        fprintf(stderr, "%s: --metrics: %s\n", prog, strerror(errno));
+        return -1;
+    }
     zd_rpc_options_t opts = zd_rpc_options_default();
     opts.master_addr = w->master_addr;
     opts.master_port = (int)w->master_port;

@@ -36,9 +36,10 @@ typedef struct {
     int64_t world_size;         /* 0: $WORLD_SIZE, else the program's default */
     const char *master_addr;    /* NULL: $MASTER_ADDR, else "localhost" */
     int64_t master_port;        /* 0: $MASTER_PORT, else 29500 */
+    const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
 } flags_world_t;
 
-/*  The four flag_t entries, to put in a program's flags array. */
+/*  The flag_t entries, to put in a program's flags array. */
 #define FLAGS_WORLD(w)                                                                      \
     {"rank", FLAG_INT, &(w).rank, "this process's rank (-1: $RANK)"},                       \
     {"world_size", FLAG_INT, &(w).world_size,                                               \
@@ -46,7 +47,9 @@ typedef struct {
     {"master_addr", FLAG_STRING, &(w).master_addr,                                          \
      "rank 0's address (unset: $MASTER_ADDR, else localhost)"},                             \
     {"master_port", FLAG_INT, &(w).master_port,                                             \
-     "rank 0's rendezvous port (0: $MASTER_PORT, else 29500)"}
+     "rank 0's rendezvous port (0: $MASTER_PORT, else 29500)"},                             \
+    {"metrics", FLAG_STRING, &(w).metrics,                                                  \
+     "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"}
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);

@@ -28,6 +28,7 @@
 
 #include <cblas.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -35,6 +36,7 @@
 #include <strings.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include <zdist/nn.h>
 
 typedef char *(corename_fn)(void);
@@ -86,6 +88,26 @@ static void choose_blas_kernels(void)
     unsetenv("OPENBLAS_CORETYPE");
 }
 
+/*  ZDIST_NUM_THREADS: the layers' thread count, for launchers that share a
+    node's cores out between its processes (tools/launch sets it). Values
+    above what the layers support are taken as their maximum; a value that
+    is no number is reported and ignored. */
+static void threads_from_env(void)
+{
+    const char *env = getenv("ZDIST_NUM_THREADS");
+    if (!env || !*env)
+        return;
+    char *end;
+    errno = 0;
+    long n = strtol(env, &end, 10);
+    if (end == env || *end || errno || n < 1) {
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_NUM_THREADS=\"%s\" is not a number >= 1: ignored", env);
+        return;
+    }
+    if (zd_nn_set_num_threads(n > NN_MAX_THREADS ? NN_MAX_THREADS : (int)n) < 0)
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_NUM_THREADS ignored: %s", zd_error_last());
+}
+
 int zd_nn_process_setup(unsigned flags)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
@@ -97,6 +119,7 @@ int zd_nn_process_setup(unsigned flags)
         keep_big_blocks();
     if (flags & ZD_NN_SETUP_BLAS)
         choose_blas_kernels();
+    threads_from_env();
     pthread_mutex_unlock(&lock);
     return 0;
 }

@@ -167,6 +167,7 @@ static agent_t *agent_new(const init_params_t *p)
    call left waiting, no pool thread, then the sockets. */
 static void agent_teardown(agent_t *a, bool graceful)
 {
+    zd__metrics_out_close(a);
     atomic_store(&a->closing, true);
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
@@ -223,7 +224,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
     zd__log_set_who(who);
     if (zd__transport_bind(a, ip) < 0 || zd__rref_ctx_new(a) < 0 || zd__serve_register_internal() < 0 ||
-        !(a->pool = zd__pool_new(a->n_threads)) ||
+        !(a->pool = zd__pool_new(a->n_threads)) || zd__metrics_out_open(a) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         agent_teardown(a, false);
@@ -249,6 +250,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         zd__log_set_who(NULL);
         goto fail;
     }
+    zd__metrics_out_start(a);
     zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->world, a->rank,
             a->peers[a->rank].endpoint);
     pthread_mutex_unlock(&g_init_lock);
@@ -276,6 +278,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
     zd_error_code_t code = zd_error_code();
     if (rc < 0)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
+    zd__metrics_out_close(a);   /* the last line: after the final barrier, while the agent runs */
     zd__agent_publish_identity(NULL);
     zd__agent_set_busy_poll_ns(0);
     agent_teardown(a, graceful);

@@ -19,6 +19,7 @@
       shutdown.c     the graceful shutdown's barrier rounds
       rref.c, rref_fork.c, rref_api.c   remote references
       metrics.c                         counters
+      metrics_out.c                     ZDIST_METRICS: counters as JSON lines
     and, touching no socket: wire.c (the header frame), codec.c and value*.c
     (values), future.c (futures; the agent's part in waits: future_hook.h).
     Log lines go through zd__log (<zdist/log.h>, autograd/log.c); the agent
@@ -121,6 +122,8 @@ typedef struct agent {
 
     pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
     struct barrier_round *barrier;
+
+    struct metrics_out *metrics_out;    /* ZDIST_METRICS's writer, or NULL */
 } agent_t;
 
 /*  ---- agent.c: the running agent ---- */
@@ -377,5 +380,18 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
 void zd__metrics_init(peer_metrics_t *m);
 void zd__metrics_destroy(peer_metrics_t *m);
 void zd__metrics_latency(peer_metrics_t *m, int64_t ns);
+/*  The counters of one peer (peer < 0: all of them) into *out. */
+void zd__metrics_collect(agent_t *a, int peer, zd_rpc_metrics_t *out);
+
+/*  ---- metrics_out.c: ZDIST_METRICS ---- */
+
+/*  When ZDIST_METRICS is set: creates the process's file (at init, before
+    the rendezvous, so that a bad folder fails zd_rpc_init). 0, or -1. */
+int zd__metrics_out_open(agent_t *a);
+/*  Starts the periodic lines once the world is up. */
+void zd__metrics_out_start(agent_t *a);
+/*  Stops them, writes the last line (if started) and closes the file;
+    harmless when nothing was opened. Before the agent is torn down. */
+void zd__metrics_out_close(agent_t *a);
 
 #endif

@@ -87,7 +87,7 @@ static void add_peer(peer_metrics_t *m, zd_rpc_metrics_t *out, uint32_t *hist, d
     pthread_mutex_unlock(&m->lock);
 }
 
-static void collect(agent_t *a, int peer, zd_rpc_metrics_t *out)
+void zd__metrics_collect(agent_t *a, int peer, zd_rpc_metrics_t *out)
 {
     static __thread uint32_t hist[RPC_LAT_BUCKETS];
     memset(out, 0, sizeof *out);
@@ -116,7 +116,7 @@ int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out)
         rc = zd_error_set("zd_rpc_metrics_get: no worker with rank %d (world size %d)", peer,
                        a->world);
     else
-        collect(a, peer, out);
+        zd__metrics_collect(a, peer, out);
     zd__agent_release(a);
     return rc;
 }
@@ -143,10 +143,10 @@ void zd_rpc_metrics_print(FILE *f)
             "mean_us", "p50_us", "p99_us");
     zd_rpc_metrics_t m;
     for (int i = 0; i < a->world; i++) {
-        collect(a, i, &m);
+        zd__metrics_collect(a, i, &m);
         print_line(f, a->peers[i].name, i, &m);
     }
-    collect(a, -1, &m);
+    zd__metrics_collect(a, -1, &m);
     print_line(f, "(all)", -1, &m);
     zd__agent_release(a);
     zd_rpc_debug_item_t items[DEBUG_MAX];
@@ -175,7 +175,7 @@ int zd_rpc_get_debug_info(zd_rpc_debug_item_t *items, int max)
     if (!items || max < 0)
         max = 0;
     zd_rpc_metrics_t m;
-    collect(a, -1, &m);
+    zd__metrics_collect(a, -1, &m);
     int threads, idle;
     zd__pool_stats(a->pool, &threads, &idle);
     int n = 0;

@@ -1,16 +1,25 @@
 /* SPDX-License-Identifier: MIT */
 /*  launch: starts a whole local world of one program, like torchrun for the
-    programs of this project (SPEC P6):
+    programs of this project (SPEC P6), or this node's share of a world
+    spread over several nodes, like torchrun's static rendezvous:
 
         launch --nproc=4 [--master_port=P] -- prog [prog flags]
+        launch --nnodes=2 --node_rank=K --master_addr=H --master_port=P
+               --nproc_per_node=4 -- prog [prog flags]
 
-    Rank R runs "prog [prog flags] --rank=R --world_size=N --master_addr=A
-    --master_port=P" (the flags are left out with --no_rank_flags) with RANK,
-    WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and LOCAL_WORLD_SIZE set.
-    Every line a process writes is relayed with a "[rank R] " prefix, stdout
-    to stdout and stderr to stderr. When one process fails the others are
+    The process with local index i gets the global rank R = K * M + i (M
+    processes per node) and runs "prog [prog flags] --rank=R --world_size=N
+    --master_addr=A --master_port=P" (the flags are left out with
+    --no_rank_flags) with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT,
+    LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE set, and
+    the compute threads of the node's cores shared out (OPENBLAS_NUM_THREADS,
+    ZDIST_NUM_THREADS). Every line a process writes is relayed with a
+    "[rank R] " prefix, stdout to stdout and stderr to stderr, or goes to
+    its own file with --log_dir. When one process fails the others are
     stopped (SIGTERM, then SIGKILL after --grace_s) and launch exits with the
-    first failure's status (128+signal for a signal).
+    first failure's status (128+signal for a signal). Each node's launch
+    stops only its own processes: those of the other nodes learn of the
+    failure from RPC (their calls to the lost peers fail).
 
     This file: flags, finding the program, starting the ranks. Each rank
     leads its own process group, so that stopping it also stops whatever it
@@ -30,6 +39,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -43,15 +53,26 @@ static void usage(FILE *f)
 {
     fprintf(f,
         "usage: launch --nproc=N [flags] [--] program [program flags]\n"
-        "Starts ranks 0..N-1 of program on this machine, relays their output with a\n"
-        "\"[rank R] \" prefix, and stops all of them when one fails.\n"
+        "       launch --nnodes=N --node_rank=K --master_addr=A --master_port=P\n"
+        "              --nproc_per_node=M [flags] [--] program [program flags]\n"
+        "Starts ranks 0..N-1 of program on this machine (or ranks K*M..K*M+M-1 of a\n"
+        "world of N*M spread over N nodes), relays their output with a \"[rank R] \"\n"
+        "prefix, and stops all of them when one fails.\n"
         "Each rank gets \"--rank=R --world_size=N --master_addr=A --master_port=P\" after\n"
-        "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK and\n"
-        "LOCAL_WORLD_SIZE in its environment.\n\n"
+        "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,\n"
+        "LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE in its environment, and\n"
+        "OPENBLAS_NUM_THREADS and ZDIST_NUM_THREADS (unless set) such that the\n"
+        "processes of this node share its cores.\n\n"
         "flags:\n"
-        "  --nproc=N          number of processes, 1..%d (required)\n"
-        "  --master_addr=A    rendezvous address (default: 127.0.0.1)\n"
-        "  --master_port=P    rendezvous port (default: a free port)\n"
+        "  --nproc=N          number of processes on this node, 1..%d (required)\n"
+        "  --nproc_per_node=N the same\n"
+        "  --nnodes=N         number of nodes (default: 1)\n"
+        "  --node_rank=K      this node's rank, 0..N-1 (default: 0)\n"
+        "  --master_addr=A    rendezvous address: node 0's (default: 127.0.0.1; required\n"
+        "                     with --nnodes > 1)\n"
+        "  --master_port=P    rendezvous port (default: a free port, picked on node 0;\n"
+        "                     required on the other nodes)\n"
+        "  --log_dir=D        each rank's stdout and stderr go to D/rank_RR.log\n"
         "  --no_rank_flags    pass the rank only through the environment\n"
         "  --grace_s=S        time between SIGTERM and SIGKILL when stopping (default: 5)\n"
         "  --timeout_s=S      stop the world after S seconds; 0: never (default: 0)\n"
@@ -102,7 +123,8 @@ static int parse_seconds(const char *name, const char *v, double *out)
     --help, -1 on a bad flag (message printed). */
 static int parse_flags(launch_t *L, int argc, char **argv)
 {
-    static const char *const valued[] = {"nproc", "master_addr", "master_port", "grace_s",
+    static const char *const valued[] = {"nproc", "nproc_per_node", "nnodes", "node_rank",
+                                         "master_addr", "master_port", "log_dir", "grace_s",
                                          "timeout_s"};
     int i = 1;
     while (i < argc) {
@@ -144,8 +166,12 @@ static int parse_flags(launch_t *L, int argc, char **argv)
         }
         i++;
         int rc = 0;
-        if (!strcmp(key, "nproc"))
+        if (!strcmp(key, "nproc") || !strcmp(key, "nproc_per_node"))
             rc = parse_int(key, v, 1, MAX_PROCS, &L->nproc);
+        else if (!strcmp(key, "nnodes"))
+            rc = parse_int(key, v, 1, MAX_NODES, &L->nnodes);
+        else if (!strcmp(key, "node_rank"))
+            rc = parse_int(key, v, 0, MAX_NODES - 1, &L->node_rank);
         else if (!strcmp(key, "master_port"))
             rc = parse_int(key, v, 1, 65535, &L->master_port);
         else if (!strcmp(key, "grace_s"))
@@ -154,13 +180,31 @@ static int parse_flags(launch_t *L, int argc, char **argv)
             rc = parse_seconds(key, v, &L->timeout_s);
         else if (!*v)
             rc = bad_flag("--%s needs a non-empty value%s", key, "");
-        else
+        else if (!strcmp(key, "log_dir"))
+            L->log_dir = v;
+        else {
             L->master_addr = v;
+            L->addr_given = true;
+        }
         if (rc < 0)
             return -1;
     }
     if (L->nproc == 0)
         return bad_flag("--nproc=N is required%s%s", "", "");
+    if (L->node_rank >= L->nnodes) {
+        fprintf(stderr, "launch: --node_rank=%d but --nnodes=%d: node ranks are 0..%d\n",
+                L->node_rank, L->nnodes, L->nnodes - 1);
+        return -1;
+    }
+    if (L->nnodes > 1 && !L->addr_given)
+        return bad_flag("--nnodes > 1 needs --master_addr: the address of node 0, which the "
+                        "other nodes reach%s%s", "", "");
+    if (L->node_rank > 0 && L->master_port == 0) {
+        fprintf(stderr, "launch: --node_rank=%d needs --master_port: only node 0 may pick a "
+                "free port (it prints it), the other nodes must be told\n", L->node_rank);
+        return -1;
+    }
+    L->rank_base = L->node_rank * L->nproc;
     if (i >= argc)
         return bad_flag("no program to run: launch --nproc=N [flags] -- program%s%s", "", "");
     L->prog_argv = argv + i;
@@ -247,9 +291,10 @@ static char *str_printf(const char *fmt, ...)
 }
 
 /*  The variables a rank gets; the inherited ones of the same names go. */
-enum { NVARS = 6 };
+enum { NVARS = 8 };
 static const char *const rank_vars[NVARS] = {"RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                             "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+                                             "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                                             "GROUP_RANK", "GROUP_WORLD_SIZE"};
 
 static bool is_rank_var(const char *entry)
 {
@@ -264,7 +309,7 @@ static bool is_rank_var(const char *entry)
 /*  Returns the environment of a rank: inherited entries (not copied), then
     NVARS allocated ones, then NULL; NULL when out of memory. *nkept tells
     where the allocated ones start. */
-static char **rank_env(launch_t *L, int rank, size_t *nkept)
+static char **rank_env(launch_t *L, int i, size_t *nkept)
 {
     size_t n = 0, k = 0;
     while (environ[n])
@@ -276,7 +321,8 @@ static char **rank_env(launch_t *L, int rank, size_t *nkept)
         if (!is_rank_var(environ[i]))
             env[k++] = environ[i];
     *nkept = k;
-    const int values[NVARS] = {rank, L->nproc, 0, L->master_port, rank, L->nproc};
+    const int values[NVARS] = {launch_rank(L, i), L->nnodes * L->nproc, 0, L->master_port,
+                               i, L->nproc, L->node_rank, L->nnodes};
     bool ok = true;
     for (int j = 0; j < NVARS; j++) {
         env[k] = j == 2 ? str_printf("%s=%s", rank_vars[j], L->master_addr)
@@ -301,7 +347,7 @@ static void free_rank_env(char **env, size_t nkept)
 
 /*  The program's argv with the rank flags appended (allocated: those four
     strings and the array); NULL when out of memory. */
-static char **rank_argv(launch_t *L, int rank)
+static char **rank_argv(launch_t *L, int i)
 {
     char **argv = calloc(L->prog_argc + 5, sizeof *argv);
     if (!argv)
@@ -310,8 +356,8 @@ static char **rank_argv(launch_t *L, int rank)
         argv[i] = L->prog_argv[i];
     if (L->rank_flags) {
         char **a = argv + L->prog_argc;
-        a[0] = str_printf("--rank=%d", rank);
-        a[1] = str_printf("--world_size=%d", L->nproc);
+        a[0] = str_printf("--rank=%d", launch_rank(L, i));
+        a[1] = str_printf("--world_size=%d", L->nnodes * L->nproc);
         a[2] = str_printf("--master_addr=%s", L->master_addr);
         a[3] = str_printf("--master_port=%d", L->master_port);
         if (!a[0] || !a[1] || !a[2] || !a[3]) {
@@ -354,18 +400,83 @@ static void exec_child(launch_t *L, pid_t parent, int out_w, int err_w, int devn
     _exit(127);
 }
 
-static int start_rank(launch_t *L, int rank, int devnull)
+/*  --log_dir: DIR/rank_RR.log, R the global rank, at least two digits
+    and as many as the world's last rank has, so that the files sort. */
+static char *log_path(launch_t *L, int i)
 {
-    proc_t *p = &L->procs[rank];
+    int width = 2;
+    for (int last = L->nnodes * L->nproc - 1; last >= 100; last /= 10)
+        width++;
+    return str_printf("%s/rank_%0*d.log", L->log_dir, width, launch_rank(L, i));
+}
+
+/*  A new, empty log for process i, open for writing (close-on-exec: the
+    child gets it through dup2). Mode 0644 whatever the umask: anyone
+    allowed into the folder may read the logs. Returns the fd, or -1 with
+    a message printed. */
+static int open_log(launch_t *L, int i)
+{
+    proc_t *p = &L->procs[i];
+    if (!p->log_path && !(p->log_path = log_path(L, i))) {
+        fprintf(stderr, "launch: out of memory\n");
+        return -1;
+    }
+    int fd = open(p->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || fchmod(fd, 0644) < 0) {
+        fprintf(stderr, "launch: cannot create %s: %s\n", p->log_path, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/*  mkdir -p, mode 0755. */
+static int make_dirs(const char *dir)
+{
+    char *path = strdup(dir);
+    if (!path)
+        return -1;
+    int rc = 0;
+    for (char *p = path + 1; rc == 0; p++) {
+        if (*p != '/' && *p)
+            continue;
+        char c = *p;
+        *p = '\0';
+        if (mkdir(path, 0755) < 0 && errno != EEXIST)
+            rc = -1;
+        *p = c;
+        if (!c)
+            break;
+    }
+    struct stat st;
+    if (rc == 0 && (stat(path, &st) < 0 || !S_ISDIR(st.st_mode))) {
+        errno = ENOTDIR;
+        rc = -1;
+    }
+    if (rc < 0)
+        fprintf(stderr, "launch: cannot create the folder %s: %s\n", dir, strerror(errno));
+    free(path);
+    return rc;
+}
+
+static int start_rank(launch_t *L, int i, int devnull)
+{
+    proc_t *p = &L->procs[i];
     int out[2] = {-1, -1}, err[2] = {-1, -1};
+    int logfd = L->log_dir ? open_log(L, i) : -1;
+    if (L->log_dir && logfd < 0)
+        return -1;
     size_t nkept = 0;
-    char **argv = rank_argv(L, rank), **env = rank_env(L, rank, &nkept);
+    char **argv = rank_argv(L, i), **env = rank_env(L, i, &nkept);
     pid_t pid = -1;
-    if (argv && env && pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0) {
+    if (argv && env &&
+        (logfd >= 0 || (pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0))) {
         pid_t parent = getpid();
         pid = fork();
         if (pid == 0)
-            exec_child(L, parent, out[1], err[1], devnull, argv, env);
+            exec_child(L, parent, logfd >= 0 ? logfd : out[1], logfd >= 0 ? logfd : err[1],
+                       devnull, argv, env);
     }
     int saved = errno;
     if (argv)
@@ -376,8 +487,11 @@ static int start_rank(launch_t *L, int rank, int devnull)
         close(out[1]);
     if (err[1] >= 0)
         close(err[1]);
+    if (logfd >= 0)
+        close(logfd);
     if (pid < 0) {
-        fprintf(stderr, "launch: cannot start rank %d: %s\n", rank, strerror(saved));
+        fprintf(stderr, "launch: cannot start rank %d: %s\n", launch_rank(L, i),
+                strerror(saved));
         if (out[0] >= 0)
             close(out[0]);
         if (err[0] >= 0)
@@ -385,8 +499,10 @@ static int start_rank(launch_t *L, int rank, int devnull)
         return -1;
     }
     setpgid(pid, pid);   /* also here: signals may be sent before the child runs */
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    if (out[0] >= 0) {
+        fcntl(out[0], F_SETFL, O_NONBLOCK);
+        fcntl(err[0], F_SETFL, O_NONBLOCK);
+    }
     p->pid = pid;
     p->alive = true;
     p->streams[0] = (stream_t){.fd = out[0], .out = STDOUT_FILENO};
@@ -396,10 +512,45 @@ static int start_rank(launch_t *L, int rank, int devnull)
     return 0;
 }
 
+/*  The compute threads of each process: the user's choice when the
+    environment holds one (ZDIST_NUM_THREADS, else OPENBLAS_NUM_THREADS),
+    else this node's cores (those launch may run on) shared out between its
+    processes, so that they do not oversubscribe them. launch sets both
+    variables for the ranks where they are unset: OpenBLAS reads the one,
+    zd_nn_process_setup the other. */
+static void share_cores(launch_t *L)
+{
+    cpu_set_t set;
+    long cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                             : sysconf(_SC_NPROCESSORS_ONLN);
+    if (cores < 1)
+        cores = 1;
+    const char *zd = getenv("ZDIST_NUM_THREADS"), *ob = getenv("OPENBLAS_NUM_THREADS");
+    const char *from = zd && *zd ? "ZDIST_NUM_THREADS" : ob && *ob ? "OPENBLAS_NUM_THREADS"
+                                                                   : NULL;
+    char n[32];
+    if (from) {
+        snprintf(n, sizeof n, "%s", getenv(from));
+    } else {
+        long t = cores / L->nproc;
+        snprintf(n, sizeof n, "%ld", t < 1 ? 1 : t);
+    }
+    if (!(zd && *zd))
+        setenv("ZDIST_NUM_THREADS", n, 1);
+    if (!(ob && *ob))
+        setenv("OPENBLAS_NUM_THREADS", n, 1);
+    if (from)
+        fprintf(stderr, "launch: %s compute threads per process (%s set)\n", n, from);
+    else
+        fprintf(stderr, "launch: %s compute %s per process (%ld %s, %d %s on this node)\n", n,
+                strcmp(n, "1") ? "threads" : "thread", cores, cores == 1 ? "core" : "cores",
+                L->nproc, launch_processes(L->nproc));
+}
+
 int main(int argc, char **argv)
 {
-    static launch_t launch = {.master_addr = "127.0.0.1", .rank_flags = true, .grace_s = 5,
-                              .exit_code = -1, .sigfd = -1};
+    static launch_t launch = {.nnodes = 1, .master_addr = "127.0.0.1", .rank_flags = true,
+                              .grace_s = 5, .exit_code = -1, .sigfd = -1};
     launch_t *L = &launch;
     int rc = parse_flags(L, argc, argv);
     if (rc == 1) {
@@ -418,8 +569,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "launch: /dev/null: %s\n", strerror(errno));
         return 1;
     }
-    if (L->master_port == 0 && (L->master_port = pick_port(L->master_addr)) < 0)
+    if (L->master_port == 0) {
+        if ((L->master_port = pick_port(L->master_addr)) < 0)
+            return 1;
+        if (L->nnodes > 1)
+            fprintf(stderr, "launch: picked master port %d: start the other nodes with "
+                    "--master_port=%d\n", L->master_port, L->master_port);
+    }
+    if (L->log_dir && make_dirs(L->log_dir) < 0)
         return 1;
+    share_cores(L);
 
     /* Signals arrive through the signalfd; SIGCHLD must not be ignored (that
        would reap children behind our back). */
@@ -453,13 +612,24 @@ int main(int argc, char **argv)
         size_t len = 0;
         for (int r = 0; r < L->started; r++)
             len += snprintf(pids + len, sizeof pids - len, " %d", (int)L->procs[r].pid);
-        fprintf(stderr, "launch: started %d %s of %s, master %s:%d, pids%s\n", L->nproc,
-                launch_processes(L->nproc), L->prog_argv[0], L->master_addr, L->master_port,
-                pids);
+        char ranks[96] = "";
+        if (L->nnodes > 1)
+            snprintf(ranks, sizeof ranks, " (ranks %d..%d of %d, node %d of %d)",
+                     launch_rank(L, 0), launch_rank(L, L->nproc - 1), L->nnodes * L->nproc,
+                     L->node_rank, L->nnodes);
+        fprintf(stderr, "launch: started %d %s%s of %s, master %s:%d, pids%s\n", L->nproc,
+                launch_processes(L->nproc), ranks, L->prog_argv[0], L->master_addr,
+                L->master_port, pids);
+        if (L->log_dir)
+            fprintf(stderr, "launch: output of rank %d in %s%s%s\n", launch_rank(L, 0),
+                    L->procs[0].log_path, L->nproc > 1 ? " ... " : "",
+                    L->nproc > 1 ? L->procs[L->nproc - 1].log_path : "");
     }
     launch_run(L);
     close(L->sigfd);
     free(L->prog_path);
+    for (int r = 0; r < L->nproc; r++)
+        free(L->procs[r].log_path);
     double took = launch_now() - L->start;
     if (L->exit_code < 0) {
         fprintf(stderr, "launch: %d %s finished in %.1f s\n", L->nproc,

@@ -10,11 +10,14 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#define MAX_PROCS 64
+#define MAX_PROCS 64                /* on one node */
+#define MAX_NODES 1024
 #define READ_CHUNK 65536
 #define LINE_MAX_BYTES (1 << 20)    /* longer lines are relayed in pieces this long */
 #define DRAIN_MAX_BYTES (16 << 20)  /* read at most this much from a dead rank's pipe */
 #define KILL_WAIT_S 5.0             /* how long SIGKILLed processes get to disappear */
+#define TAIL_LINES 20               /* of a failed rank's log shown with --log_dir */
+#define TAIL_BYTES 16384            /* at most this much of it */
 #define EXIT_USAGE 2
 #define EXIT_TIMEOUT 124            /* as timeout(1) */
 
@@ -29,13 +32,18 @@ typedef struct {
     pid_t pid;          /* 0: not started */
     bool alive;         /* started and not yet reaped */
     stream_t streams[2];
+    char *log_path;     /* with --log_dir: where its output goes (its streams stay closed) */
 } proc_t;
 
 typedef enum { RUNNING, STOPPING, KILLING } phase_t;
 
 typedef struct {
     /* flags */
-    int nproc;
+    int nproc;          /* processes on this node (--nproc, --nproc_per_node) */
+    int nnodes, node_rank;
+    int rank_base;      /* global rank of this node's first process: node_rank * nproc */
+    const char *log_dir;
+    bool addr_given;
     const char *master_addr;
     int master_port;
     bool rank_flags;
@@ -67,6 +75,12 @@ double launch_now(void);
     forwards) to every running rank's process group, SIGKILL --grace_s
     later; SIGKILL at once when sig is SIGKILL or --grace_s is 0. */
 void launch_stop(launch_t *L, int sig);
+
+/*  The global rank of this node's i-th process. */
+static inline int launch_rank(const launch_t *L, int i)
+{
+    return L->rank_base + i;
+}
 
 /*  Runs the world until every rank and everything they started is reaped
     (or has not died KILL_WAIT_S after SIGKILL): relays output, reports the

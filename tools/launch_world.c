@@ -77,9 +77,11 @@ typedef struct {
     int n;
 } batch_t;
 
-static void batch_init(batch_t *b, int rank)
+/*  i: the process's index on this node; the prefix names its global rank. */
+static void batch_init(const launch_t *L, batch_t *b, int i)
 {
-    b->prefix_len = (size_t)snprintf(b->prefix, sizeof b->prefix, "[rank %d] ", rank);
+    b->prefix_len = (size_t)snprintf(b->prefix, sizeof b->prefix, "[rank %d] ",
+                                     launch_rank(L, i));
     b->n = 0;
 }
 
@@ -102,7 +104,7 @@ static void batch_add(launch_t *L, int fd, batch_t *b, const char *data, size_t 
 static void write_line(launch_t *L, int fd, int rank, const char *data, size_t n)
 {
     batch_t b;
-    batch_init(&b, rank);
+    batch_init(L, &b, rank);
     b.iov[0] = (struct iovec){b.prefix, b.prefix_len};
     b.iov[1] = (struct iovec){(void *)data, n};
     b.iov[2] = (struct iovec){"\n", 1};
@@ -130,7 +132,7 @@ static ssize_t stream_read(launch_t *L, int rank, stream_t *s)
         if (!b) {
             stream_close(L, rank, s);
             fprintf(stderr, "launch: out of memory: no more output relayed from rank %d\n",
-                    rank);
+                    launch_rank(L, rank));
             return -1;
         }
         s->buf = b;
@@ -146,7 +148,7 @@ static ssize_t stream_read(launch_t *L, int rank, stream_t *s)
     size_t start = 0;
     char *nl = s->buf + s->len, *end = nl + n;
     batch_t b;
-    batch_init(&b, rank);
+    batch_init(L, &b, rank);
     while ((nl = memchr(nl, '\n', end - nl)) != NULL) {
         nl++;
         batch_add(L, s->out, &b, s->buf + start, nl - (s->buf + start));
@@ -179,6 +181,43 @@ static void drain(launch_t *L, int rank)
         }
         if (s->fd >= 0)
             stream_close(L, rank, s);
+    }
+}
+
+/*  With --log_dir the failing rank's output is in its file, not on the
+    terminal: show its last lines, where the reason usually is. */
+static void print_log_tail(launch_t *L, int i)
+{
+    const char *path = L->procs[i].log_path;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "launch: cannot read %s: %s\n", path, strerror(errno));
+        return;
+    }
+    static char buf[TAIL_BYTES + 1];
+    long size = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    long from = size > TAIL_BYTES ? size - TAIL_BYTES : 0;
+    size_t n = size >= 0 && fseek(f, from, SEEK_SET) == 0 ? fread(buf, 1, TAIL_BYTES, f) : 0;
+    fclose(f);
+    buf[n] = '\0';
+    while (n > 0 && buf[n - 1] == '\n')
+        buf[--n] = '\0';
+    size_t start = n;
+    int lines = 0;
+    while (start > 0 && lines < TAIL_LINES)
+        lines += buf[--start] == '\n';
+    if (buf[start] == '\n')
+        start++;
+    if (n == 0) {
+        fprintf(stderr, "launch: %s is empty\n", path);
+        return;
+    }
+    fprintf(stderr, "launch: last lines of %s:\n", path);
+    for (char *l = buf + start; l < buf + n;) {
+        char *nl = strchr(l, '\n');
+        size_t len = nl ? (size_t)(nl - l) : strlen(l);
+        write_line(L, STDERR_FILENO, i, l, len);
+        l += len + 1;
     }
 }
 
@@ -247,11 +286,14 @@ static void on_exit_status(launch_t *L, int rank, int status)
     if (L->phase != RUNNING || code == 0)
         return;   /* after a stop began, exits are the stop's doing */
     if (WIFEXITED(status))
-        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n", rank, code,
-                (int)p->pid);
+        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n",
+                launch_rank(L, rank), code, (int)p->pid);
     else
-        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n", rank,
-                WTERMSIG(status), sig_name(WTERMSIG(status)), (int)p->pid);
+        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n",
+                launch_rank(L, rank), WTERMSIG(status), sig_name(WTERMSIG(status)),
+                (int)p->pid);
+    if (p->log_path)
+        print_log_tail(L, rank);
     L->exit_code = code;
     if (L->alive > 0) {
         fprintf(stderr, "launch: stopping the other %d %s\n", L->alive,
@@ -292,7 +334,7 @@ static void check_deadlines(launch_t *L)
         for (int r = 0; r < L->started; r++)
             if (L->procs[r].alive)
                 fprintf(stderr, "launch: rank %d still running %g s after %s; "
-                        "sending SIGKILL\n", r, L->grace_s, sig_name(L->stop_sig));
+                        "sending SIGKILL\n", launch_rank(L, r), L->grace_s, sig_name(L->stop_sig));
         if (L->leftovers)
             fprintf(stderr, "launch: processes left behind still running %g s after "
                     "%s; sending SIGKILL\n", L->grace_s, sig_name(L->stop_sig));

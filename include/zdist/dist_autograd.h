@@ -208,6 +208,11 @@ typedef struct {
     int64_t send_functions;       /* recorded, over all live contexts */
     int64_t recv_functions;
     int64_t flushed_nodes;        /* nodes run with missing gradients as zeros */
+    /* running totals since the process started */
+    int64_t total_contexts;       /* contexts created here or for calls from peers */
+    int64_t total_backward;       /* zd_dist_autograd_backward calls */
+    int64_t total_grad_messages;  /* gradient messages from peers processed */
+    int64_t total_send_functions; /* send functions recorded */
 } zd_dist_autograd_stats_t;
 
 ZD_API void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out);

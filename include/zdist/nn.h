@@ -154,7 +154,9 @@ ZD_API int zd_nn_get_num_threads(void);
 /*  Sets up this process for training with the layers (flags: ZD_NN_SETUP_*);
     call it first thing in main(), before other threads start and before any
     BLAS call (it may restart OpenBLAS); calling it again is harmless.
-    Returns 0, or -1 for unknown flags. */
+    When ZDIST_NUM_THREADS is set (tools/launch sets it), also sets the
+    layers' thread count to it (zd_nn_set_num_threads; at most the layers'
+    maximum, 16). Returns 0, or -1 for unknown flags. */
 ZD_API int zd_nn_process_setup(unsigned flags);
 
 /*  Name of the OpenBLAS kernel set in use ("SkylakeX", "Haswell", ...;
