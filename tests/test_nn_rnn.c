@@ -385,7 +385,8 @@ static void test_gradcheck_cells(void **state)
     cell_case("gru_cell", fn_gru_cell, 3, 5, 2, 1, true, true);
 }
 
-static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states, float dropout)
+static void lstm_case_scaled(int T, int N, int I, int H, int L, bool bias, bool states,
+                             float dropout, float wscale)
 {
     char label[128];
     snprintf(label, sizeof label, "lstm T%d N%d I%d H%d L%d%s%s dropout %g", T, N, I, H, L,
@@ -399,8 +400,8 @@ static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states,
     }
     for (int l = 0; l < L; l++) {
         zd_tensor_t **p = c.in + 3 + 4 * l;
-        p[0] = leaf(randn(2, (int64_t[]){4 * H, l ? H : I}, 0.5f));
-        p[1] = leaf(randn(2, (int64_t[]){4 * H, H}, 0.5f));
+        p[0] = leaf(randn(2, (int64_t[]){4 * H, l ? H : I}, wscale));
+        p[1] = leaf(randn(2, (int64_t[]){4 * H, H}, wscale));
         if (bias) {
             p[2] = leaf(randn(1, (int64_t[]){4 * H}, 0.5f));
             p[3] = leaf(randn(1, (int64_t[]){4 * H}, 0.5f));
@@ -408,6 +409,11 @@ static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states,
     }
     gradcheck(&c);
     release(&c);
+}
+
+static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states, float dropout)
+{
+    lstm_case_scaled(T, N, I, H, L, bias, states, dropout, 0.5f);
 }
 
 static void test_gradcheck_lstm(void **state)
@@ -419,6 +425,8 @@ static void test_gradcheck_lstm(void **state)
     lstm_case(1, 1, 2, 2, 1, true, true, 0.0f);     /* one step */
     lstm_case(6, 2, 3, 3, 3, true, true, 0.0f);     /* three layers */
     lstm_case(4, 2, 3, 4, 2, true, true, 0.4f);     /* dropout between layers */
+    /* large enough for the steps to be split between chunks (units) */
+    lstm_case_scaled(3, 16, 8, 128, 1, true, true, 0.0f, 0.1f);
 }
 
 /* ---- a layer against its own cell ---- */
