@@ -50,40 +50,6 @@ static void lstm_release(zd_autograd_node_t *n)
     lstm_ctx_free(zd_autograd_node_ctx(n));
 }
 
-/*  Steps run on the pool of nn/parallel.c, split by hidden units: chunk
-    c owns units [lo, hi), so it computes those columns of all four gates
-    (four GEMMs over the rows of w_hh for them) and then their
-    nonlinearities, and no chunk waits for another within a step. OpenBLAS
-    runs single-threaded meanwhile: its own threads split each small
-    product again and, on a busy machine, wait for each other (one thread
-    ran 2-3x faster than two that way). */
-typedef struct {
-    const lstm_ctx_t *c;
-    int64_t t;
-    float *y;
-    const float *zeros;
-    int n_chunks;
-    /* backward */
-    const float *dh;
-    float *dc, *dgt, *dhn;
-    int phase;            /* 0: gates, 1: dhn = dG_t w_hh */
-} lstm_step_job_t;
-
-/*  Chunks for one step's work over H units, once a step's product reaches
-    2^20 multiply-adds: at least 4 (the pool hands them out as threads come
-    free), each of at least 16 units. The split does not depend on the
-    threads, so neither do the results. */
-static int lstm_step_chunks(int64_t N, int64_t H)
-{
-    if (N * 4 * H * H < (1 << 20))
-        return 1;
-    int n = zd__nn_parallel_chunks();
-    n = n < 4 ? 4 : n;
-    while (n > 1 && H / n < 16)
-        n--;
-    return n;
-}
-
 /*  One row of one step's gradients: from dh (the h output's gradient,
     this step's output gradient included) and dc (the c output's), the
     pre-activation gradients of the four gates, and dc turned into the
@@ -107,31 +73,20 @@ static void lstm_row_backward(const float *restrict i_, const float *restrict f_
     }
 }
 
-/*  Backward of step t on the pool: phase 0 the gates' gradients of units
-    [lo, hi), phase 1 the columns [lo, hi) of dhn = dG_t w_hh. */
-static void lstm_backward_chunk(void *arg, int chunk, float *scratch)
+/*  One step's gradients (N, 4H) into dgt; zeros: H zeros, the previous
+    cell state of step 0 without c0. */
+static void lstm_step_backward(const lstm_ctx_t *c, int64_t t, const float *dh, float *dc,
+                               float *dgt, const float *zeros)
 {
-    (void)scratch;
-    const lstm_step_job_t *j = arg;
-    const lstm_ctx_t *c = j->c;
-    const int64_t t = j->t, N = c->d.N, H = c->d.H, G = 4 * H;
-    int64_t lo, hi;
-    nn_chunk_range(H, j->n_chunks, chunk, &lo, &hi);
-    if (hi <= lo)
-        return;
-    if (j->phase == 1) {
-        zd__nn_sgemm(false, false, (int)N, (int)(hi - lo), (int)G, 1.0f, j->dgt, (int)G,
-                     zd_tensor_data(c->w_hh) + lo, (int)H, 0.0f, j->dhn + lo, (int)H);
-        return;
-    }
+    const int64_t N = c->d.N, H = c->d.H, G = 4 * H;
     const float *gates = c->gates + t * N * G, *tc = c->tc + t * N * H;
     const float *cprev = t > 0 ? c->c + (t - 1) * N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
     for (int64_t r = 0; r < N; r++) {
-        const float *g = gates + r * G + lo;
-        float *d = j->dgt + r * G + lo;
-        lstm_row_backward(g, g + H, g + 2 * H, g + 3 * H, tc + r * H + lo,
-                          (cprev ? cprev + r * H : j->zeros) + lo, j->dh + r * H + lo,
-                          j->dc + r * H + lo, d, d + H, d + 2 * H, d + 3 * H, hi - lo);
+        const float *g = gates + r * G;
+        float *d = dgt + r * G;
+        lstm_row_backward(g, g + H, g + 2 * H, g + 3 * H, tc + r * H,
+                          cprev ? cprev + r * H : zeros, dh + r * H, dc + r * H, d, d + H,
+                          d + 2 * H, d + 3 * H, H);
     }
 }
 
@@ -155,22 +110,19 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         memcpy(dhn, dhT, sizeof(float) * (size_t)(N * H));
     else
         memset(dhn, 0, sizeof(float) * (size_t)(N * H));
-    const float *w_ih = zd_tensor_data(c->w_ih);
+    const float *w_ih = zd_tensor_data(c->w_ih), *w_hh = zd_tensor_data(c->w_hh);
     const bool want_h0 = zd_autograd_node_needs_grad(n, 1);
-    lstm_step_job_t j = {.c = c, .zeros = zeros, .n_chunks = lstm_step_chunks(N, H), .dh = dh,
-                         .dc = dc, .dhn = dhn};
-    int rc = 0;
-    for (j.t = T - 1; j.t >= 0 && rc == 0; j.t--) {
-        const float *dyt = dy + j.t * N * H;
+    for (int64_t t = T - 1; t >= 0; t--) {
+        const float *dyt = dy + t * N * H;
         for (int64_t k = 0; k < N * H; k++)
             dh[k] = dyt[k] + dhn[k];
-        j.dgt = dg + j.t * N * G;
-        j.phase = 0;
-        rc = zd__nn_parallel_run(j.n_chunks, 0, lstm_backward_chunk, &j);
-        j.phase = 1;   /* dhn: the gradient of the previous step's h */
-        if (rc == 0 && (j.t > 0 || want_h0))
-            rc = zd__nn_parallel_run(j.n_chunks, 0, lstm_backward_chunk, &j);
+        float *dgt = dg + t * N * G;
+        lstm_step_backward(c, t, dh, dc, dgt, zeros);
+        if (t > 0 || want_h0)   /* dhn: the gradient of the previous step's h */
+            zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
+                         0.0f, dhn, (int)H);
     }
+    int rc = 0;
     zd_tensor_t *in_x = c->x, *in_h0 = c->h0, *in_c0 = c->c0;
     if (zd_autograd_node_needs_grad(n, 0)) {
         if ((gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(in_x), zd_tensor_shape(in_x))))
@@ -255,47 +207,31 @@ static void lstm_row_forward(float *restrict i_, float *restrict f_, float *rest
     }
 }
 
-static void lstm_forward_chunk(void *arg, int chunk, float *scratch)
-{
-    (void)scratch;
-    const lstm_step_job_t *j = arg;
-    const lstm_ctx_t *c = j->c;
-    const int64_t t = j->t, N = c->d.N, H = c->d.H, G = 4 * H;
-    int64_t lo, hi;
-    nn_chunk_range(H, j->n_chunks, chunk, &lo, &hi);
-    if (hi <= lo)
-        return;
-    float *gt = c->gates + t * N * G, *ct = c->c + t * N * H, *tct = c->tc + t * N * H;
-    float *yt = j->y + t * N * H;
-    const float *hprev = t > 0 ? yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
-    const float *cprev = t > 0 ? ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
-    const float *w_hh = zd_tensor_data(c->w_hh);
-    if (hprev)
-        for (int64_t q = 0; q < 4; q++)
-            zd__nn_sgemm(false, true, (int)N, (int)(hi - lo), (int)H, 1.0f, hprev, (int)H,
-                         w_hh + (q * H + lo) * H, (int)H, 1.0f, gt + q * H + lo, (int)G);
-    for (int64_t r = 0; r < N; r++) {
-        float *g = gt + r * G + lo;
-        lstm_row_forward(g, g + H, g + 2 * H, g + 3 * H, (cprev ? cprev + r * H : j->zeros) + lo,
-                         ct + r * H + lo, tct + r * H + lo, yt + r * H + lo, hi - lo);
-    }
-}
-
 /*  The forward pass over T steps into y (T*N, H) and the ctx's buffers;
     c_T goes to cT. zeros: H zeros (the previous cell state without c0). */
-static int lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, float *y,
-                    float *cT, const float *zeros)
+static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, float *y,
+                     float *cT, const float *zeros)
 {
     const int64_t T = c->T, N = c->d.N, I = c->d.I, H = c->d.H, G = 4 * H;
+    const float *w_hh = zd_tensor_data(c->w_hh);
     zd__nn_sgemm(false, true, (int)(T * N), (int)G, (int)I, 1.0f, zd_tensor_data(c->x), (int)I,
                  zd_tensor_data(c->w_ih), (int)I, 0.0f, c->gates, (int)G);
     zd__rnn_add_bias(c->gates, T * N, G, b_ih, b_hh);
-    lstm_step_job_t j = {.c = c, .y = y, .zeros = zeros, .n_chunks = lstm_step_chunks(N, H)};
-    for (j.t = 0; j.t < T; j.t++)
-        if (zd__nn_parallel_run(j.n_chunks, 0, lstm_forward_chunk, &j) < 0)
-            return -1;
+    for (int64_t t = 0; t < T; t++) {
+        float *gt = c->gates + t * N * G, *ct = c->c + t * N * H, *tct = c->tc + t * N * H;
+        float *yt = y + t * N * H;
+        const float *hprev = t > 0 ? yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
+        const float *cprev = t > 0 ? ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
+        if (hprev)
+            zd__nn_sgemm(false, true, (int)N, (int)G, (int)H, 1.0f, hprev, (int)H, w_hh, (int)H,
+                         1.0f, gt, (int)G);
+        for (int64_t r = 0; r < N; r++) {
+            float *g = gt + r * G;
+            lstm_row_forward(g, g + H, g + 2 * H, g + 3 * H, cprev ? cprev + r * H : zeros,
+                             ct + r * H, tct + r * H, yt + r * H, H);
+        }
+    }
     memcpy(cT, c->c + (T - 1) * N * H, sizeof(float) * (size_t)(N * H));
-    return 0;
 }
 
 /*  One layer: x (T, N, I), or (N, I) for a cell; h0, c0 of N*H elements
@@ -337,13 +273,7 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     c->w_hh = zd_tensor_ref(w_hh);
     float *zeros = c->tc + T * N * H;
     memset(zeros, 0, sizeof(float) * (size_t)H);
-    if (lstm_run(c, b_ih, b_hh, zd_tensor_data(y), zd_tensor_data(cT), zeros) < 0) {
-        zd_tensor_unref(y);
-        zd_tensor_unref(hT);
-        zd_tensor_unref(cT);
-        lstm_ctx_free(c);
-        return -1;
-    }
+    lstm_run(c, b_ih, b_hh, zd_tensor_data(y), zd_tensor_data(cT), zeros);
     if (hT)
         memcpy(zd_tensor_data(hT), zd_tensor_data(y) + (T - 1) * N * H,
                sizeof(float) * (size_t)(N * H));

@@ -425,7 +425,7 @@ static void test_gradcheck_lstm(void **state)
     lstm_case(1, 1, 2, 2, 1, true, true, 0.0f);     /* one step */
     lstm_case(6, 2, 3, 3, 3, true, true, 0.0f);     /* three layers */
     lstm_case(4, 2, 3, 4, 2, true, true, 0.4f);     /* dropout between layers */
-    /* large enough for the steps to be split between chunks (units) */
+    /* a wider one, where OpenBLAS runs the products on its own kernels */
     lstm_case_scaled(3, 16, 8, 128, 1, true, true, 0.0f, 0.1f);
 }
 
