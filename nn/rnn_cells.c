@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  rnn_cells.c: the GRU and tanh cells, each one autograd node, and the
     shape checks every recurrent layer shares. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,10 @@ int zd__rnn_check_weights(const char *op, int gates, const zd_tensor_t *x, int x
     d->H = H;
     if (d->N < 1 || d->I < 1 || zd_tensor_numel(x) < 1)
         return shape_error(op, "x", x, "no empty dimension");
+    if (G > INT32_MAX / H || G > INT32_MAX / d->I || d->N > INT32_MAX / G ||
+        d->N > INT32_MAX / d->I)
+        return zd_error_set("%s: sizes too large (batch %lld, input %lld, hidden %lld)", op,
+                            (long long)d->N, (long long)d->I, (long long)H);
     if (zd_tensor_size(w_ih, 0) != G || zd_tensor_size(w_ih, 1) != d->I) {
         snprintf(want, sizeof want, "(%lld, %lld) for x's %lld features", (long long)G,
                  (long long)d->I, (long long)d->I);

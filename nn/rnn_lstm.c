@@ -9,6 +9,7 @@
     steps. One node per layer instead of one per step saves the engine's
     per-node work and, more, lets those three products run at T*N rows
     instead of N. The cell is the same node with T = 1. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,10 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     const bool cell = hT_out == NULL;
     const int64_t N = d->N, H = d->H, T = cell ? 1 : zd_tensor_size(x, 0);
     const int64_t yshape[3] = {T, N, H}, sshape[3] = {1, N, H};
+    /* BLAS takes int sizes: every matrix handed to it must fit */
+    if (T * N > INT32_MAX / (4 * H) || T * N > INT32_MAX / d->I)
+        return zd_error_set("lstm: %lld steps of batch %lld, hidden %lld, input %lld: too large",
+                            (long long)T, (long long)N, (long long)H, (long long)d->I);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, cell ? 2 : 3, cell ? yshape + 1 : yshape);
     zd_tensor_t *hT = cell ? NULL : zd_tensor_empty(ZD_FLOAT32, 3, sshape);
     zd_tensor_t *cT = zd_tensor_empty(ZD_FLOAT32, cell ? 2 : 3, cell ? sshape + 1 : sshape);

@@ -385,7 +385,8 @@ static void test_gradcheck_cells(void **state)
     cell_case("gru_cell", fn_gru_cell, 3, 5, 2, 1, true, true);
 }
 
-static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states, float dropout)
+static void lstm_case_scaled(int T, int N, int I, int H, int L, bool bias, bool states,
+                             float dropout, float wscale)
 {
     char label[128];
     snprintf(label, sizeof label, "lstm T%d N%d I%d H%d L%d%s%s dropout %g", T, N, I, H, L,
@@ -399,8 +400,8 @@ static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states,
     }
     for (int l = 0; l < L; l++) {
         zd_tensor_t **p = c.in + 3 + 4 * l;
-        p[0] = leaf(randn(2, (int64_t[]){4 * H, l ? H : I}, 0.5f));
-        p[1] = leaf(randn(2, (int64_t[]){4 * H, H}, 0.5f));
+        p[0] = leaf(randn(2, (int64_t[]){4 * H, l ? H : I}, wscale));
+        p[1] = leaf(randn(2, (int64_t[]){4 * H, H}, wscale));
         if (bias) {
             p[2] = leaf(randn(1, (int64_t[]){4 * H}, 0.5f));
             p[3] = leaf(randn(1, (int64_t[]){4 * H}, 0.5f));
@@ -408,6 +409,11 @@ static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states,
     }
     gradcheck(&c);
     release(&c);
+}
+
+static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states, float dropout)
+{
+    lstm_case_scaled(T, N, I, H, L, bias, states, dropout, 0.5f);
 }
 
 static void test_gradcheck_lstm(void **state)
@@ -419,6 +425,8 @@ static void test_gradcheck_lstm(void **state)
     lstm_case(1, 1, 2, 2, 1, true, true, 0.0f);     /* one step */
     lstm_case(6, 2, 3, 3, 3, true, true, 0.0f);     /* three layers */
     lstm_case(4, 2, 3, 4, 2, true, true, 0.4f);     /* dropout between layers */
+    /* a wider one, where OpenBLAS runs the products on its own kernels */
+    lstm_case_scaled(3, 16, 8, 128, 1, true, true, 0.0f, 0.1f);
 }
 
 /* ---- a layer against its own cell ---- */
@@ -604,6 +612,66 @@ static void test_lstm_object(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
+/*  The cell objects: PyTorch's shapes, names and bound, and the same
+    numbers as the functions with their parameters. */
+static void test_cell_objects(void **state)
+{
+    (void)state;
+    const int64_t live = zd_tensor_live_count();
+    zd_nn_rnn_cell_t *cells[3] = {zd_nn_lstm_cell_new(3, 5, 1), zd_nn_gru_cell_new(3, 5, 1),
+                                  zd_nn_rnn_tanh_cell_new(3, 5, 1)};
+    const int gates[3] = {4, 3, 1};
+    static const char *const names[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
+    zd_tensor_t *x = randn(2, (int64_t[]){2, 3}, 1.0f), *h = randn(2, (int64_t[]){2, 5}, 1.0f);
+    for (int k = 0; k < 3; k++) {
+        zd_nn_rnn_cell_t *m = cells[k];
+        assert_non_null(m);
+        assert_int_equal(zd_nn_rnn_cell_n_params(m), 4);
+        assert_null(zd_nn_rnn_cell_param(m, 4));
+        zd_tensor_t *p[4];
+        for (int i = 0; i < 4; i++) {
+            p[i] = zd_nn_rnn_cell_param(m, i);
+            assert_string_equal(zd_nn_rnn_cell_param_name(m, i), names[i]);
+            assert_true(zd_tensor_requires_grad(p[i]));
+            assert_int_equal(zd_tensor_size(p[i], 0), gates[k] * 5);
+            for (int64_t j = 0; j < zd_tensor_numel(p[i]); j++)
+                assert_true(fabsf(zd_tensor_data(p[i])[j]) <= 1.0f / sqrtf(5.0f));
+        }
+        assert_int_equal(zd_tensor_size(p[0], 1), 3);
+        assert_int_equal(zd_tensor_size(p[1], 1), 5);
+        zd_tensor_t *a = NULL, *b = NULL, *ca = NULL, *cb = NULL;
+        if (k == 0) {
+            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, h, &a, &ca), 0);
+            assert_int_equal(zd_nn_lstm_cell(x, h, h, p[0], p[1], p[2], p[3], &b, &cb), 0);
+            assert_memory_equal(zd_tensor_data(ca), zd_tensor_data(cb), zd_tensor_nbytes(ca));
+            zd_tensor_t *none = NULL;
+            zd_error_clear();
+            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, h, &none, NULL), -1);
+            assert_null(none);
+        } else {
+            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, NULL, &a, NULL), 0);
+            if (k == 1)
+                assert_int_equal(zd_nn_gru_cell(x, h, p[0], p[1], p[2], p[3], &b), 0);
+            else
+                assert_int_equal(zd_nn_rnn_tanh_cell(x, h, p[0], p[1], p[2], p[3], &b), 0);
+            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, h, &ca, &cb), -1);
+            assert_null(ca);
+            assert_null(cb);
+        }
+        assert_memory_equal(zd_tensor_data(a), zd_tensor_data(b), zd_tensor_nbytes(a));
+        zd_tensor_unref(a);
+        zd_tensor_unref(b);
+        zd_tensor_unref(ca);
+        zd_tensor_unref(cb);
+        zd_nn_rnn_cell_free(m);
+    }
+    assert_null(zd_nn_gru_cell_new(0, 5, 1));
+    zd_nn_rnn_cell_free(NULL);
+    zd_tensor_unref(x);
+    zd_tensor_unref(h);
+    assert_int_equal(zd_tensor_live_count(), live);
+}
+
 /* ---- error paths ---- */
 
 /*  The call failed with a message, and left its outputs NULL. */
@@ -724,6 +792,7 @@ int main(void)
         cmocka_unit_test(test_gradcheck_lstm),
         cmocka_unit_test(test_layer_matches_cell_steps),
         cmocka_unit_test(test_lstm_object),
+        cmocka_unit_test(test_cell_objects),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_nan_propagates),
     };

@@ -108,6 +108,33 @@ ZD_API int64_t zd_nn_lstm_input_size(const zd_nn_lstm_t *m);
 ZD_API int64_t zd_nn_lstm_hidden_size(const zd_nn_lstm_t *m);
 ZD_API int zd_nn_lstm_num_layers(const zd_nn_lstm_t *m);
 
+/*  ---- single cells as objects (nn.LSTMCell, nn.GRUCell, nn.RNNCell) ---- */
+
+typedef struct zd_nn_rnn_cell zd_nn_rnn_cell_t;
+
+/*  New cells with biases, parameters uniform in +-1/sqrt(hidden_size) drawn
+    from `seed` in the order weight_ih, weight_hh, bias_ih, bias_hh (the
+    names they get). NULL with zd_error_last() on bad sizes or out of memory.
+    Free with zd_nn_rnn_cell_free(). */
+ZD_API zd_nn_rnn_cell_t *zd_nn_lstm_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
+ZD_API zd_nn_rnn_cell_t *zd_nn_gru_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
+ZD_API zd_nn_rnn_cell_t *zd_nn_rnn_tanh_cell_new(int64_t input_size, int64_t hidden_size,
+                                                 uint64_t seed);
+
+/*  Frees m and drops its references to its parameters. NULL-safe. */
+ZD_API void zd_nn_rnn_cell_free(zd_nn_rnn_cell_t *m);
+
+/*  One step of m's cell: h' from x and h (NULL: zeros); an LSTM cell also
+    takes c and gives c' (c_out non-NULL), the others take c NULL and
+    c_out NULL. */
+ZD_API int zd_nn_rnn_cell_forward(zd_nn_rnn_cell_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
+                                  zd_tensor_t **h_out, zd_tensor_t **c_out);
+
+/*  The 4 parameters, as for zd_nn_lstm_t (borrowed; NULL out of range). */
+ZD_API int zd_nn_rnn_cell_n_params(const zd_nn_rnn_cell_t *m);
+ZD_API zd_tensor_t *zd_nn_rnn_cell_param(const zd_nn_rnn_cell_t *m, int i);
+ZD_API const char *zd_nn_rnn_cell_param_name(const zd_nn_rnn_cell_t *m, int i);
+
 ZD_END_DECLS
 
 #endif
