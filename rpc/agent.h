@@ -5,6 +5,7 @@
       agent.c        the running agent (acquire/release), zd_rpc_init and
                      zd_rpc_shutdown, hooks, ids, the default timeout
       options.c      init options completed from the environment
+      launch_env.c   rank, world and master from launchers' variables
       worker_info.c  the world table for users, rank checks
       rendezvous.c   rank 0's table of names, ranks and endpoints at init
       transport.c    sockets: bind, connect, send, receive and validate
