@@ -163,6 +163,12 @@ typedef struct {
 int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
                           init_params_t *p);
 
+/*  ---- launch_env.c ---- */
+
+/*  An integer environment variable: 1 when set and in [lo, hi], 0 when
+    unset or empty, -1 (error set, naming it and its value) otherwise. */
+int zd__rpc_env_long(const char *var, long lo, long hi, long *out);
+
 /*  The IP this process binds and advertises: the one that routes to the
     master (127.0.0.1 for a local one). 0, or -1. */
 int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size);

@@ -47,9 +47,7 @@ static const char *env_str(const char *var)
     return s && *s ? s : NULL;
 }
 
-/* An integer variable: 1 when set and in [lo, hi], 0 when unset or empty,
-   -1 (error set, naming it) otherwise. */
-static int env_long(const char *var, long lo, long hi, long *out)
+int zd__rpc_env_long(const char *var, long lo, long hi, long *out)
 {
     const char *s = env_str(var);
     if (!s)
@@ -70,7 +68,7 @@ static int take_int(const char *var, long lo, long hi, int *value, const char **
 {
     long v;
     int rc;
-    if (*from || !var || (rc = env_long(var, lo, hi, &v)) == 0)
+    if (*from || !var || (rc = zd__rpc_env_long(var, lo, hi, &v)) == 0)
         return 0;
     if (rc < 0)
         return -1;
@@ -129,7 +127,7 @@ static int slurm_first_host(const char *var, const char *list, char *out, size_t
 static int derived_port(const char *var, long div, int *port)
 {
     long id;
-    int rc = env_long(var, 0, 4294967295L, &id);
+    int rc = zd__rpc_env_long(var, 0, 4294967295L, &id);
     if (rc == 1)
         *port = DERIVED_PORT_BASE + (int)((id / div) % DERIVED_PORT_SPAN);
     return rc;
@@ -216,7 +214,7 @@ static int master_port(const launcher_t *L, int arg, zd_rpc_env_t *e)
     if (L == &TORCHRUN) {
         /* torchrun's agent on the first node hosts its TCP store on
            MASTER_PORT and keeps it open while the workers run. */
-        if ((rc = env_long("MASTER_PORT", 1, 65534, &v)) <= 0)
+        if ((rc = zd__rpc_env_long("MASTER_PORT", 1, 65534, &v)) <= 0)
             return rc;
         e->master_port = (int)v + 1;
         e->master_port_from = "MASTER_PORT+1";
@@ -329,8 +327,9 @@ int zd_rpc_env_resolve(int rank, int world_size, const char *addr, int port, zd_
                                  env_str("PMIX_RANK"));
     if (e->rank_from && e->world_size_from && e->rank >= e->world_size)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "rank %d (from %s) is outside the world of %d (from %s)", e->rank,
-                                 e->rank_from, e->world_size, e->world_size_from);
+                                 "rank %d is outside the world of size %d (rank from %s, world "
+                                 "size from %s)", e->rank, e->world_size, e->rank_from,
+                                 e->world_size_from);
     if (master_addr(rest, addr, e) < 0 || master_port(rest, port, e) < 0)
         return -1;
     summarize(e);

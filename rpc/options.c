@@ -31,23 +31,6 @@ zd_rpc_options_t zd_rpc_options_default(void)
     return o;
 }
 
-/* Reads an integer environment variable: 1 when set and valid, 0 when
-   unset, -1 (error set) when set to something else. */
-static int env_int(const char *var, long lo, long hi, long *out)
-{
-    const char *s = getenv(var);
-    if (!s || !*s)
-        return 0;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
-    *out = v;
-    return 1;
-}
-
 /* The IP this process should bind and advertise: the one the kernel would
    use to reach the master (a UDP "connect" sends nothing). */
 int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size)
@@ -137,8 +120,8 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: negative timeout");
     if (p->o.busy_poll_us < 0) {
         p->o.busy_poll_us = 100;
-        if ((rc = env_int("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
-            return -1;
+        if ((rc = zd__rpc_env_long("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
+            return zd_error_wrap("zd_rpc_init");
         if (rc == 1)
             p->o.busy_poll_us = v;
     }

@@ -119,8 +119,8 @@ static void test_arguments_beat_everything(void **state)
                                    "arguments [env]");
     /* an argument's rank checked against the environment's world */
     assert_int_equal(zd_rpc_env_resolve(2, 0, NULL, 0, &e), -1);
-    assert_non_null(strstr(zd_error_last(), "rank 2 (from the arguments) is outside the world "
-                                            "of 2 (from WORLD_SIZE)"));
+    assert_non_null(strstr(zd_error_last(), "rank 2 is outside the world of size 2 (rank from "
+                                            "the arguments, world size from WORLD_SIZE)"));
     assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 70000, &e), -1);
 }
 
@@ -350,8 +350,8 @@ static void test_malformed(void **state)
     set("SLURM_PROCID=1", "SLURM_NTASKS=2", "SLURM_JOB_ID=-5", "SLURM_JOB_NODELIST=n", NULL);
     resolve_fails("SLURM_JOB_ID=\"-5\"", NULL);
     set("SLURM_PROCID=2", "SLURM_JOB_ID=5", NULL);
-    resolve_fails("rank 2 (from SLURM_PROCID) is outside the world of 2 (from SLURM_NTASKS)",
-                  NULL);
+    resolve_fails("rank 2 is outside the world of size 2 (rank from SLURM_PROCID, world size "
+                  "from SLURM_NTASKS)", NULL);
     clear_env(NULL);
     set("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=four", NULL);
     resolve_fails("OMPI_COMM_WORLD_SIZE=\"four\"", NULL);
