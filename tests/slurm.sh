@@ -4,10 +4,10 @@
 # a one-node cluster of its own (munged, slurmctld, slurmd, all in a
 # temporary folder, on free ports, killed on exit), then runs
 #     srun -n 4 rpc_ps --max_batches=50
-# and the same from an sbatch script, and checks that each exits 0 with
-# four ranks that took their rank from SLURM_PROCID, their master from the
-# node list and their port from SLURM_JOB_ID, and the trainers' accuracy
-# lines.
+# the same from an sbatch script, and with srun --mpi=pmix (when Slurm has
+# the plugin), and checks that each exits 0 with four ranks that took their
+# rank from SLURM_PROCID (PMIX_RANK), their master from the node list and
+# their port from SLURM_JOB_ID, and the trainers' accuracy lines.
 #   usage: tests/slurm.sh BUILD_DIR     (ctest passes it)
 # Exits 77 (skipped) when not root (slurmd runs jobs as their user) or
 # when slurm-wlm or munge are missing (tools/install_deps.sh installs them).
@@ -118,14 +118,15 @@ pids+=($!)
 node_idle() { [ "$(sinfo -h -n "$host" -o %t)" = idle ]; }
 wait_for "node $host idle" 60 node_idle
 
-# ---- the checks on one run's output ($1: file, $2: job id) ----
+# ---- the checks on one run's output ($1: file, $2: job id, $3: the
+# variable the rank came from, $4: the launcher) ----
 check_run() {
-  local out=$1 job=$2 port=$((10000 + $2 % 20000)) n
+  local out=$1 job=$2 from=$3 launcher=$4 port=$((10000 + $2 % 20000)) n
   n=$(grep -c "joining a world of 4" "$out" || true)
   [ "$n" -eq 4 ] || { echo "FAIL: $n of 4 ranks started"; return 1; }
   for r in 0 1 2 3; do
-    grep -q "rpc: rank $r of 4 from SLURM_PROCID, world size from SLURM_NTASKS, local rank $r from SLURM_LOCALID, master $host:$port from SLURM_STEP_NODELIST/SLURM_JOB_ID \[slurm\]" "$out" ||
-      { echo "FAIL: no start line of rank $r with master $host:$port"; return 1; }
+    grep -q "rpc: rank $r of 4 from $from, world size from SLURM_NTASKS, local rank $r from SLURM_LOCALID, master $host:$port from SLURM_STEP_NODELIST/SLURM_JOB_ID \[$launcher\]" "$out" ||
+      { echo "FAIL: no start line of rank $r from $from with master $host:$port"; return 1; }
   done
   n=$(grep -cE "^Rank [123] test accuracy [0-9.]+ %" "$out" || true)
   [ "$n" -eq 3 ] || { echo "FAIL: $n of 3 trainers' accuracy lines"; return 1; }
@@ -140,7 +141,7 @@ start=$SECONDS
 if ! timeout 600 srun -n 4 --time=10 "$rpc_ps" "${args[@]}" > "$dir/srun.out.log" 2>&1; then
   echo "FAIL: srun exited with $?"; cat "$dir/srun.out.log"; exit 1
 fi
-check_run "$dir/srun.out.log" "$first_job" || { cat "$dir/srun.out.log"; exit 1; }
+check_run "$dir/srun.out.log" "$first_job" SLURM_PROCID slurm || { cat "$dir/srun.out.log"; exit 1; }
 echo "srun -n 4 rpc_ps: ok in $((SECONDS - start)) s (job $first_job)"
 
 # ---- sbatch ----
@@ -158,5 +159,18 @@ wait_for "job $job" 600 job_done
 state=$(scontrol show job "$job" 2> /dev/null | grep -o 'JobState=[A-Z]*' || true)
 [ "$state" = JobState=COMPLETED ] ||
   { echo "FAIL: job $job: ${state:-gone}"; cat "$dir/sbatch.out.log"; exit 1; }
-check_run "$dir/sbatch.out.log" "$job" || { cat "$dir/sbatch.out.log"; exit 1; }
+check_run "$dir/sbatch.out.log" "$job" SLURM_PROCID slurm || { cat "$dir/sbatch.out.log"; exit 1; }
 echo "sbatch (srun -n 4 rpc_ps): ok in $((SECONDS - start)) s (job $job)"
+
+# ---- srun --mpi=pmix: PMIX_RANK, and Slurm's variables for the rest ----
+if srun --mpi=list 2>&1 | grep -qw pmix; then
+  start=$SECONDS
+  if ! timeout 600 srun -n 4 --mpi=pmix --time=10 "$rpc_ps" "${args[@]}" > "$dir/pmix.out.log" 2>&1; then
+    echo "FAIL: srun --mpi=pmix exited with $?"; cat "$dir/pmix.out.log"; exit 1
+  fi
+  check_run "$dir/pmix.out.log" $((first_job + 2)) PMIX_RANK pmix ||
+    { cat "$dir/pmix.out.log"; exit 1; }
+  echo "srun -n 4 --mpi=pmix rpc_ps: ok in $((SECONDS - start)) s (job $((first_job + 2)))"
+else
+  echo "srun --mpi=pmix: not run (Slurm has no pmix plugin here)"
+fi

@@ -5,7 +5,8 @@
 
         free_port N        N distinct free TCP ports (ephemeral ones), one a line
         free_port --job-id a Slurm job id J whose derived rendezvous ports,
-                           10000 + J % 20000 and the next job's, are free now
+                           10000 + J % 20000 and the next two jobs', are
+                           free now
 
     The second serves tests/slurm.sh, which tests the port zd_rpc_env_resolve
     derives from SLURM_JOB_ID (rpc/launch_env.c): those ports lie below the
@@ -39,19 +40,21 @@ static int bind_port(int port, int *bound)
     return fd;
 }
 
+/* How many jobs in a row the test runs. */
+#define JOBS 3
+
 static int job_id(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     unsigned start = (unsigned)(ts.tv_nsec ^ getpid() * 2654435761u);
     for (unsigned k = 0; k < 20000; k++) {
-        int id = 1 + (int)((start + k) % 19999), p0, p1;
-        int a = bind_port(10000 + id % 20000, &p0);
-        int b = a < 0 ? -1 : bind_port(10000 + (id + 1) % 20000, &p1);
-        if (a >= 0)
-            close(a);
-        if (b >= 0) {
-            close(b);
+        int id = 1 + (int)((start + k) % 19990), fds[JOBS], n = 0, port;
+        while (n < JOBS && (fds[n] = bind_port(10000 + (id + n) % 20000, &port)) >= 0)
+            n++;
+        for (int i = 0; i < n; i++)
+            close(fds[i]);
+        if (n == JOBS) {
             printf("%d\n", id);
             return 0;
         }
