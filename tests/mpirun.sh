@@ -30,11 +30,11 @@ export MASTER_PORT=$("$free_port" 1) ZDIST_LOG_LEVEL=info OPENBLAS_NUM_THREADS=1
 start=$SECONDS
 root=()
 [ "$(id -u)" -ne 0 ] || root=(--allow-run-as-root)
-if ! timeout 600 mpirun "${root[@]}" --oversubscribe -np 4 -x MASTER_PORT -x ZDIST_LOG_LEVEL \
-     -x OPENBLAS_NUM_THREADS "$rpc_ps" --max_batches=50 --eval_samples=1000 > "$out" 2>&1; then
-  echo "FAIL: mpirun exited with $?"; cat "$out"; exit 1
-fi
 fail() { echo "FAIL: $*"; cat "$out"; exit 1; }
+rc=0
+timeout 600 mpirun "${root[@]}" --oversubscribe -np 4 -x MASTER_PORT -x ZDIST_LOG_LEVEL \
+  -x OPENBLAS_NUM_THREADS "$rpc_ps" --max_batches=50 --eval_samples=1000 > "$out" 2>&1 || rc=$?
+[ $rc -eq 0 ] || fail "mpirun exited with $rc"
 n=$(grep -c "joining a world of 4" "$out" || true)
 [ "$n" -eq 4 ] || fail "$n of 4 ranks started"
 for r in 0 1 2 3; do

@@ -138,9 +138,9 @@ unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT ZDIST_MASTER_PORT
 
 # ---- srun ----
 start=$SECONDS
-if ! timeout 600 srun -n 4 --time=10 "$rpc_ps" "${args[@]}" > "$dir/srun.out.log" 2>&1; then
-  echo "FAIL: srun exited with $?"; cat "$dir/srun.out.log"; exit 1
-fi
+rc=0
+timeout 600 srun -n 4 --time=10 "$rpc_ps" "${args[@]}" > "$dir/srun.out.log" 2>&1 || rc=$?
+[ $rc -eq 0 ] || { echo "FAIL: srun exited with $rc"; cat "$dir/srun.out.log"; exit 1; }
 check_run "$dir/srun.out.log" "$first_job" SLURM_PROCID slurm || { cat "$dir/srun.out.log"; exit 1; }
 echo "srun -n 4 rpc_ps: ok in $((SECONDS - start)) s (job $first_job)"
 
@@ -165,9 +165,11 @@ echo "sbatch (srun -n 4 rpc_ps): ok in $((SECONDS - start)) s (job $job)"
 # ---- srun --mpi=pmix: PMIX_RANK, and Slurm's variables for the rest ----
 if srun --mpi=list 2>&1 | grep -qw pmix; then
   start=$SECONDS
-  if ! timeout 600 srun -n 4 --mpi=pmix --time=10 "$rpc_ps" "${args[@]}" > "$dir/pmix.out.log" 2>&1; then
-    echo "FAIL: srun --mpi=pmix exited with $?"; cat "$dir/pmix.out.log"; exit 1
-  fi
+  rc=0
+  timeout 600 srun -n 4 --mpi=pmix --time=10 "$rpc_ps" "${args[@]}" > "$dir/pmix.out.log" 2>&1 ||
+    rc=$?
+  [ $rc -eq 0 ] ||
+    { echo "FAIL: srun --mpi=pmix exited with $rc"; cat "$dir/pmix.out.log"; exit 1; }
   check_run "$dir/pmix.out.log" $((first_job + 2)) PMIX_RANK pmix ||
     { cat "$dir/pmix.out.log"; exit 1; }
   echo "srun -n 4 --mpi=pmix rpc_ps: ok in $((SECONDS - start)) s (job $((first_job + 2)))"
