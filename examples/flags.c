@@ -119,65 +119,41 @@ flags_world_t flags_world_default(void)
                            .master_port = 0};
 }
 
-/*  An integer from the environment: 1 if set and well formed, 0 if unset,
-    -1 (with a message) if malformed. */
-static int env_int(const char *name, int64_t *out, const char *prog)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return 0;
-    char *end;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (*end || errno) {
-        fprintf(stderr, "%s: %s=\"%s\" is not an integer\n", prog, name, v);
-        return -1;
-    }
-    *out = x;
-    return 1;
-}
-
-/*  *value from the environment variable when unset (<= unset), else
-    fallback. 0, or -1 (malformed). */
-static int env_or(const char *name, int64_t *value, int64_t unset, int64_t fallback,
-                  const char *prog)
-{
-    if (*value > unset)
-        return 0;
-    int r = env_int(name, value, prog);
-    if (r == 0)
-        *value = fallback;
-    return r < 0 ? -1 : 0;
-}
-
 int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog)
 {
-    if (w->rank < 0) {
-        int r = env_int("RANK", &w->rank, prog);
-        if (r == 0)
-            fprintf(stderr, "%s: no rank: pass --rank=N or set RANK (tools/launch does)\n",
-                    prog);
-        if (r <= 0)
-            return -1;
-    }
-    if (env_or("WORLD_SIZE", &w->world_size, 0, default_size, prog) < 0 ||
-        env_or("MASTER_PORT", &w->master_port, 0, 29500, prog) < 0)
+    if (w->rank > INT32_MAX || w->world_size > INT32_MAX || w->master_port < 0 ||
+        w->master_port > 65535) {
+        fprintf(stderr, "%s: --rank, --world_size or --master_port out of range\n", prog);
         return -1;
-    if (!w->master_addr) {
-        const char *v = getenv("MASTER_ADDR");
-        w->master_addr = v && *v ? v : "localhost";
     }
-    if (w->rank < 0 || w->rank >= w->world_size) {
+    zd_rpc_env_t *e = &w->env;
+    if (zd_rpc_env_resolve(w->rank < 0 ? -1 : (int)w->rank,
+                           w->world_size < 0 ? 0 : (int)w->world_size, w->master_addr,
+                           (int)w->master_port, e) < 0) {
+        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
+        return -1;
+    }
+    if (!e->rank_from) {
+        fprintf(stderr, "%s: no rank: pass --rank=N, set RANK, or start it with a launcher "
+                        "(tools/launch, torchrun, srun, mpirun)\n", prog);
+        return -1;
+    }
+    w->rank = e->rank;
+    w->world_size = e->world_size_from ? e->world_size : default_size;
+    w->master_addr = e->master_addr_from ? e->master_addr : "localhost";
+    w->master_port = e->master_port_from ? e->master_port : 29500;
+    if (w->rank >= w->world_size) {
         fprintf(stderr, "%s: rank %lld is outside a world of %lld processes\n", prog,
                 (long long)w->rank, (long long)w->world_size);
         return -1;
     }
-    if (w->master_port < 1 || w->master_port > 65535) {
-        fprintf(stderr, "%s: master port %lld is not a TCP port (1..65535)\n", prog,
-                (long long)w->master_port);
-        return -1;
-    }
     return 0;
+}
+
+/*  What the environment gave (rather than a flag or a default). */
+static bool from_env(const char *from)
+{
+    return from && strcmp(from, "the arguments") != 0;
 }
 
 int flags_world_init(const flags_world_t *w, const char *name, int64_t init_timeout_ms,
@@ -188,12 +164,14 @@ int flags_world_init(const flags_world_t *w, const char *name, int64_t init_time
         fprintf(stderr, "%s: --metrics: %s\n", prog, strerror(errno));
         return -1;
     }
+    const zd_rpc_env_t *e = &w->env;
     zd_rpc_options_t opts = zd_rpc_options_default();
-    opts.master_addr = w->master_addr;
-    opts.master_port = (int)w->master_port;
+    opts.master_addr = from_env(e->master_addr_from) ? NULL : w->master_addr;
+    opts.master_port = from_env(e->master_port_from) ? 0 : (int)w->master_port;
     if (init_timeout_ms >= 0)
         opts.init_timeout_ms = init_timeout_ms;
-    if (zd_rpc_init(name, (int)w->rank, (int)w->world_size, &opts) < 0) {
+    if (zd_rpc_init(name, from_env(e->rank_from) ? -1 : (int)w->rank,
+                    from_env(e->world_size_from) ? 0 : (int)w->world_size, &opts) < 0) {
         fprintf(stderr, "%s: rank %lld: zd_rpc_init: %s\n", prog, (long long)w->rank,
                 zd_error_last());
         return -1;

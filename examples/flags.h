@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <zdist/rpc.h>
+
 typedef enum { FLAG_INT, FLAG_DOUBLE, FLAG_STRING, FLAG_BOOL } flag_type_t;
 
 typedef struct {
@@ -27,42 +29,45 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
 
 /*  ---- the world flags of the distributed programs ----
     --rank, --world_size, --master_addr and --master_port. What the flags
-    leave unset comes from the environment variables that torchrun, Slurm
-    scripts and tools/launch set (RANK, WORLD_SIZE, MASTER_ADDR,
-    MASTER_PORT), then from the defaults. */
+    leave unset comes from the variables the launcher set (tools/launch,
+    torchrun, srun/sbatch, mpirun: zd_rpc_env_resolve in <zdist/rpc.h>),
+    then from the defaults. */
 
 typedef struct {
-    int64_t rank;               /* -1: $RANK (required somewhere) */
-    int64_t world_size;         /* 0: $WORLD_SIZE, else the program's default */
-    const char *master_addr;    /* NULL: $MASTER_ADDR, else "localhost" */
-    int64_t master_port;        /* 0: $MASTER_PORT, else 29500 */
+    int64_t rank;               /* -1: the launcher's (required somewhere) */
+    int64_t world_size;         /* 0: the launcher's, else the program's default */
+    const char *master_addr;    /* NULL: the launcher's, else "localhost" */
+    int64_t master_port;        /* 0: the launcher's, else 29500 */
     const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
+    zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
 /*  The flag_t entries, to put in a program's flags array. */
 #define FLAGS_WORLD(w)                                                                      \
-    {"rank", FLAG_INT, &(w).rank, "this process's rank (-1: $RANK)"},                       \
+    {"rank", FLAG_INT, &(w).rank, "this process's rank (-1: the launcher's, e.g. $RANK)"},  \
     {"world_size", FLAG_INT, &(w).world_size,                                               \
-     "number of processes (0: $WORLD_SIZE, else what the program's layout needs)"},         \
+     "number of processes (0: the launcher's, else what the program's layout needs)"},      \
     {"master_addr", FLAG_STRING, &(w).master_addr,                                          \
-     "rank 0's address (unset: $MASTER_ADDR, else localhost)"},                             \
+     "rank 0's address (unset: the launcher's, else localhost)"},                           \
     {"master_port", FLAG_INT, &(w).master_port,                                             \
-     "rank 0's rendezvous port (0: $MASTER_PORT, else 29500)"},                             \
+     "rank 0's rendezvous port (0: the launcher's, else 29500)"},                           \
     {"metrics", FLAG_STRING, &(w).metrics,                                                  \
      "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"}
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);
 
-/*  Fills in what the flags left unset from the environment, then the
-    defaults (default_size for the world size), and checks the result.
-    Returns 0, or -1 with a message on stderr starting with prog: no rank
-    anywhere, a malformed variable, a rank outside the world, a port
-    outside 1..65535. */
+/*  Fills in what the flags left unset from the launcher's environment
+    (zd_rpc_env_resolve), then the defaults (default_size for the world
+    size), and checks the result. Returns 0, or -1 with a message on stderr
+    starting with prog: no rank anywhere, a malformed variable, a rank
+    outside the world, a port outside 1..65535. */
 int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog);
 
-/*  zd_rpc_init with the resolved flags, name for this process and
-    init_timeout_ms (< 0: the RPC default). 0, or -1 with "prog: rank N:
+/*  zd_rpc_init with the resolved flags (what came from the environment is
+    left for zd_rpc_init to read again, so that its start line names the
+    variables), name for this process and init_timeout_ms (< 0: the RPC
+    default). 0, or -1 with "prog: rank N:
     zd_rpc_init: why" on stderr. */
 int flags_world_init(const flags_world_t *w, const char *name, int64_t init_timeout_ms,
                      const char *prog);

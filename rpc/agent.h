@@ -5,6 +5,7 @@
       agent.c        the running agent (acquire/release), zd_rpc_init and
                      zd_rpc_shutdown, hooks, ids, the default timeout
       options.c      init options completed from the environment
+      launch_env.c   rank, world and master from launchers' variables
       worker_info.c  the world table for users, rank checks
       rendezvous.c   rank 0's table of names, ranks and endpoints at init
       transport.c    sockets: bind, connect, send, receive and validate
@@ -164,6 +165,12 @@ typedef struct {
     missing or wrong. */
 int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
                           init_params_t *p);
+
+/*  ---- launch_env.c ---- */
+
+/*  An integer environment variable: 1 when set and in [lo, hi], 0 when
+    unset or empty, -1 (error set, naming it and its value) otherwise. */
+int zd__rpc_env_long(const char *var, long lo, long hi, long *out);
 
 /*  The IP this process binds and advertises: the one that routes to the
     master (127.0.0.1 for a local one). 0, or -1. */

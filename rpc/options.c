@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  options.c: zd_rpc_init's options, completed from the environment
-    ($RANK, $WORLD_SIZE, $MASTER_ADDR, $MASTER_PORT, $ZDIST_BUSY_POLL_US, as
-    torchrun sets them) and checked, and the address this process listens
+    (the launcher's variables through zd_rpc_env_resolve, launch_env.c;
+    $ZDIST_BUSY_POLL_US) and checked, and the address this process listens
     on. */
 #include "rpc/agent.h"
 
@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 
 zd_rpc_options_t zd_rpc_options_default(void)
 {
@@ -28,23 +29,6 @@ zd_rpc_options_t zd_rpc_options_default(void)
         .busy_poll_us = -1,
     };
     return o;
-}
-
-/* Reads an integer environment variable: 1 when set and valid, 0 when
-   unset, -1 (error set) when set to something else. */
-static int env_int(const char *var, long lo, long hi, long *out)
-{
-    const char *s = getenv(var);
-    if (!s || !*s)
-        return 0;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: %s=\"%s\" is not a number in [%ld, %ld]", var, s, lo, hi);
-    *out = v;
-    return 1;
 }
 
 /* The IP this process should bind and advertise: the one the kernel would
@@ -85,24 +69,21 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
 {
     memset(p, 0, sizeof *p);
     p->o = opts ? *opts : zd_rpc_options_default();
-    long v;
+    long v = 0;
     int rc;
-    if (rank < 0) {
-        if ((rc = env_int("RANK", 0, RPC_WIRE_MAX_RANK, &v)) < 0)
-            return -1;
-        if (rc == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                     "zd_rpc_init: no rank given and RANK is not set");
-        rank = (int)v;
-    }
-    if (world <= 0) {
-        if ((rc = env_int("WORLD_SIZE", 1, RPC_WIRE_MAX_RANK + 1, &v)) < 0)
-            return -1;
-        if (rc == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                     "zd_rpc_init: no world size given and WORLD_SIZE is not set");
-        world = (int)v;
-    }
+    zd_rpc_env_t env;
+    if (zd_rpc_env_resolve(rank, world, p->o.master_addr, p->o.master_port, &env) < 0)
+        return zd_error_wrap("zd_rpc_init");
+    if (!env.rank_from)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no rank given, and no launcher variable gives one "
+                                 "(RANK, OMPI_COMM_WORLD_RANK, PMIX_RANK, SLURM_PROCID)");
+    if (!env.world_size_from)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no world size given, and no launcher variable gives "
+                                 "one (WORLD_SIZE, OMPI_COMM_WORLD_SIZE, SLURM_NTASKS)");
+    rank = env.rank;
+    world = env.world_size;
     if (world > RPC_WIRE_MAX_RANK + 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
@@ -119,24 +100,16 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
                                  "no spaces)", name, ZD_RPC_MAX_NAME);
-    const char *addr = p->o.master_addr ? p->o.master_addr : getenv("MASTER_ADDR");
-    if (!addr || !*addr)
+    if (!env.master_addr_from)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: no master address: set options.master_addr or "
                                  "MASTER_ADDR");
-    if (strlen(addr) >= sizeof p->master)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master address too long");
-    snprintf(p->master, sizeof p->master, "%s", addr);
-    p->port = p->o.master_port;
-    if (p->port == 0) {
-        if ((rc = env_int("MASTER_PORT", 1, 65535, &v)) < 0)
-            return -1;
-        if (rc == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                     "zd_rpc_init: no master port: set options.master_port or "
-                                     "MASTER_PORT");
-        p->port = (int)v;
-    }
+    snprintf(p->master, sizeof p->master, "%s", env.master_addr);
+    if (!env.master_port_from)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: no master port: set options.master_port or "
+                                 "MASTER_PORT");
+    p->port = env.master_port;
     if (p->port < 1 || p->port > 65535)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: master port %d is not in [1, 65535]", p->port);
@@ -147,13 +120,14 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: negative timeout");
     if (p->o.busy_poll_us < 0) {
         p->o.busy_poll_us = 100;
-        if ((rc = env_int("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
-            return -1;
+        if ((rc = zd__rpc_env_long("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
+            return zd_error_wrap("zd_rpc_init");
         if (rc == 1)
             p->o.busy_poll_us = v;
     }
     if (p->o.busy_poll_us > 1000000)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
                                  (long long)p->o.busy_poll_us);
+    zd__log(ZD_LOG_INFO, "rpc: %s", env.summary);
     return 0;
 }

@@ -4,10 +4,12 @@
 # need. Quick when everything is already there: apt is only run for what is
 # missing. build-essential brings cc, c++ (the consumer test builds a C++
 # program against the installed headers) and binutils (readelf); cmake and
-# pkg-config serve the build and the consumer test alike.
+# pkg-config serve the build and the consumer test alike. slurm-wlm, munge
+# and openmpi-bin run the launcher tests (tests/slurm.sh, tests/mpirun.sh).
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
-      libcmocka-dev zlib1g-dev dataset-fashion-mnist clang libclang-rt-14-dev)
+      libcmocka-dev zlib1g-dev dataset-fashion-mnist clang libclang-rt-14-dev
+      slurm-wlm munge openmpi-bin)
 pkgs+=(libjansson-dev)   # tools/metrics_summary parses JSON with it
 pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespaces
 missing=()

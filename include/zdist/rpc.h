@@ -86,8 +86,9 @@ typedef struct {
                                    change it later with zd_rpc_set_timeout */
     int num_worker_threads;     /* pool threads running handlers (16) */
     int64_t init_timeout_ms;    /* rendezvous limit; 0 = none (300000) */
-    const char *master_addr;    /* rendezvous host; NULL: $MASTER_ADDR */
-    int master_port;            /* rendezvous port; 0: $MASTER_PORT */
+    const char *master_addr;    /* rendezvous host; NULL: the environment's
+                                   (zd_rpc_env_resolve) */
+    int master_port;            /* rendezvous port; 0: the environment's */
     const char *listen_addr;    /* IP this process binds and advertises; NULL: the
                                    address that routes to master_addr (127.0.0.1
                                    when the master is on this machine) */
@@ -99,9 +100,47 @@ typedef struct {
 /*  PyTorch's defaults (above). */
 ZD_API zd_rpc_options_t zd_rpc_options_default(void);
 
-/*  Joins the world. rank < 0 takes $RANK, world_size <= 0 takes
-    $WORLD_SIZE, a NULL name becomes "worker<rank>"; opts may be NULL (the
-    defaults; master address and port then come from the environment).
+/*  ---- where a process learns its place: launchers' environments ---- */
+
+/*  A process's rank, world size and rendezvous, as explicit arguments and
+    the environment that its launcher set give them (docs/launch.md has the
+    table): an argument beats every variable; RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT (and ZDIST_MASTER_PORT) beat the launchers'
+    own; among launchers the innermost wins: torchrun
+    (TORCHELASTIC_RUN_ID; rank 0 then binds MASTER_PORT+1, since torchrun's
+    agent holds MASTER_PORT), Open MPI (OMPI_COMM_WORLD_*), PMIx
+    (PMIX_RANK), Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, the
+    first host of SLURM_STEP_NODELIST, port 10000 + SLURM_JOB_ID % 20000).
+    Each *_from names where its value came from: a variable (or
+    "NAME/NAME" when two made it), "the arguments", or NULL when nothing
+    gave it; all are static strings. */
+typedef struct {
+    int rank;                   /* -1: nothing gave it */
+    int world_size;             /* 0: nothing gave it */
+    int local_rank;             /* rank among this host's processes; -1: unknown */
+    int local_world_size;       /* processes on this host; 0: unknown */
+    char master_addr[256];      /* rank 0's host; "": nothing gave it */
+    int master_port;            /* the rendezvous port; 0: nothing gave it */
+    const char *launcher;       /* "torchrun", "openmpi", "pmix", "slurm", "env" or NULL */
+    const char *rank_from, *world_size_from, *local_rank_from, *local_world_size_from,
+        *master_addr_from, *master_port_from;
+    char summary[512];          /* one line: "rank 2 of 4 from SLURM_PROCID, ..." */
+} zd_rpc_env_t;
+
+/*  Fills env from the arguments (rank < 0, world_size <= 0, master_addr
+    NULL or "", master_port 0: not given) and the environment, reading only
+    the variables it uses. What nothing gives stays unset (see the fields),
+    for the caller's defaults or errors. 0, or -1 (ZD_ERR_ARGUMENT) naming
+    the variable: a malformed number or host list, a rank outside the world,
+    PMIX_RANK without a world size, Open MPI across hosts without
+    MASTER_ADDR. */
+ZD_API int zd_rpc_env_resolve(int rank, int world_size, const char *master_addr, int master_port,
+                              zd_rpc_env_t *env);
+
+/*  Joins the world. rank < 0, world_size <= 0 and the options' unset
+    master address and port come from the launcher's environment
+    (zd_rpc_env_resolve; the result is logged once at info level), a NULL
+    name becomes "worker<rank>"; opts may be NULL (the defaults).
     Rank 0 hosts the rendezvous: every process binds its own endpoint and
     registers; when all world_size have registered each gets the table of
     names, ranks and endpoints, connects to every peer, and returns.
