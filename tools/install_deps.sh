@@ -8,6 +8,8 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
       libcmocka-dev zlib1g-dev dataset-fashion-mnist clang libclang-rt-14-dev)
+# cairo and a font draw the example programs' --curves plots
+pkgs+=(libcairo2-dev fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
