@@ -158,11 +158,11 @@ int curves_add_accuracy(curves_t *c, int64_t batch, double accuracy)
 
 /* ---- layout ---- */
 
-#define TOP 50.0            /* title, epoch labels */
+#define TOP 64.0            /* title, the first panel's legend */
 #define BOTTOM 58.0         /* x tick labels, x axis title */
 #define LEFT 92.0           /* y tick labels, y axis title */
 #define RIGHT 28.0
-#define GAP 22.0            /* between panels */
+#define GAP 30.0            /* between panels: the next one's legend */
 
 typedef struct {
     bool drawn;
@@ -360,7 +360,7 @@ static void draw_frame(cairo_t *cr, const layout_t *L, const panel_t *p, const c
 }
 
 /* Dashed lines where epochs begin (every k-th when there are more than
-   40); the labels above the first panel when they have room. */
+   40); the labels inside the top of the first panel when they have room. */
 static void draw_epochs(cairo_t *cr, const curves_t *c, const layout_t *L, bool label)
 {
     if (c->per_epoch <= 0)
@@ -387,36 +387,32 @@ static void draw_epochs(cairo_t *cr, const curves_t *c, const layout_t *L, bool 
             if (label && i == CURVES_LOSS) {
                 char buf[32];
                 snprintf(buf, sizeof buf, "epoch %lld", (long long)(k + 1));
-                text(cr, x + 3, p->y0 - 4, 0, 1, buf);
+                text(cr, x + 4, p->y0 + 5, 0, 0, buf);
             }
         }
     }
 }
 
+/* The legend in the band above the panel, right-aligned: it never hides
+   a point. */
 static void draw_legend(cairo_t *cr, const panel_t *p, rgb_t color, bool marker,
                         const char *name)
 {
     font(cr, 12, false);
     cairo_text_extents_t e;
     cairo_text_extents(cr, name, &e);
-    double w = 26 + 6 + e.x_advance + 14, h = 22, x = p->x1 - w - 8, y = p->y0 + 8;
-    cairo_set_source_rgba(cr, 1, 1, 1, 0.9);
-    cairo_rectangle(cr, x, y, w, h);
-    cairo_fill_preserve(cr);
-    set_color(cr, grid);
-    cairo_set_line_width(cr, 1);
-    cairo_stroke(cr);
+    double y = p->y0 - 11, x = p->x1 - e.x_advance - 32;
     set_color(cr, color);
     cairo_set_line_width(cr, 2);
-    cairo_move_to(cr, x + 7, y + h / 2);
-    cairo_line_to(cr, x + 33, y + h / 2);
+    cairo_move_to(cr, x, y);
+    cairo_line_to(cr, x + 24, y);
     cairo_stroke(cr);
     if (marker) {
-        cairo_arc(cr, x + 20, y + h / 2, 3.5, 0, 2 * CURVES_PI);
+        cairo_arc(cr, x + 12, y, 3.5, 0, 2 * CURVES_PI);
         cairo_fill(cr);
     }
     set_color(cr, ink);
-    text(cr, x + 39, y + h / 2, 0, 0.5, name);
+    text(cr, x + 30, y, 0, 0.5, name);
 }
 
 typedef double (*value_fn)(const curves_t *c, int i, int64_t *batch);

@@ -123,7 +123,8 @@ static int run(const options_t *o)
             progress_step(&prog, now, loss);
             if (o->log_interval > 0 && b % o->log_interval == 0) {
                 progress_clear(&prog);
-                printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch, (long long)b, loss);
+                printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch + 1, (long long)b,
+                       loss);
             }
             point_loss += loss;
             point_n++;
@@ -141,7 +142,7 @@ static int run(const options_t *o)
                     goto out;
                 progress_clear(&prog);
                 printf("after batch %lld (epoch %lld): accuracy %.2f %%\n", (long long)done,
-                       (long long)epoch, 100.0 * acc);
+                       (long long)epoch + 1, 100.0 * acc);
                 if (curves && curves_add_accuracy(curves, done, acc) < 0)
                     goto out;
                 double after = train_now();
