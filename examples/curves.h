@@ -1,39 +1,64 @@
 /* SPDX-License-Identifier: MIT */
-/*  curves.h: training curves (SPEC B4), written as CSV and drawn as a PNG.
+/*  curves.h: training curves of the example programs (--curves=PREFIX),
+    written while the run goes on.
 
-    A program adds points as it trains (batch, loss, samples/s) and, at
-    the end, its test accuracy; curves_write then writes PATH.csv, one row
-    a point, and PATH.png, the loss and the throughput over the batches in
-    two panels, with the accuracy in the title. The PNG is encoded here with
-    zlib (already needed for .gz data sets): no other library. */
+    PREFIX.csv gets a row per point as it comes (appended and flushed, so a
+    killed run keeps every point it had):
+
+        batch,epoch,loss,samples_per_s,test_accuracy
+        50,1,0.8123,1490.2,             a training point
+        100,1,,,0.7712                  an evaluation
+
+    batch counts the batches done across epochs, epoch is the (1-based)
+    epoch of the last of them; loss is the mean over the batches since the
+    previous point. PREFIX.png is the plot, drawn with cairo: the loss, the
+    test accuracy (when there are evaluations) and the throughput in panels
+    over a shared batch axis, with ticks, gridlines, axis titles, legends
+    and the epoch boundaries. It is redrawn at every evaluation and by
+    curves_draw, written to a temporary file renamed over the old one, so
+    a reader never sees half a PNG. */
 #ifndef ZDIST_EXAMPLES_CURVES_H
 #define ZDIST_EXAMPLES_CURVES_H
 
 #include <stdint.h>
 
+#define CURVES_PNG_WIDTH 960
+#define CURVES_PNG_HEIGHT 720
+
 typedef struct curves curves_t;
 
-/*  An empty set of curves titled title (copied). NULL (error set) when out
-    of memory. */
-curves_t *curves_new(const char *title);
+/*  Creates (or truncates) prefix.csv and writes its header; the plot will
+    be prefix.png, titled title. per_epoch: batches in an epoch (for the
+    epoch column and the boundaries; 0: one endless epoch). NULL, with an
+    error naming the file, when it cannot be written. */
+curves_t *curves_open(const char *prefix, const char *title, int64_t per_epoch);
 
-/*  Frees c and its points (NULL-safe). */
-void curves_free(curves_t *c);
+/*  Closes the CSV and frees c (NULL-safe); the PNG stays as last drawn. */
+void curves_close(curves_t *c);
 
-/*  One point: after `batch` batches, the loss and the throughput so far.
-    0, or -1 when out of memory. */
+/*  A training point after `batch` batches: the mean loss since the
+    previous point and the samples/s (NaN: not known). Appended to the CSV
+    at once. 0, or -1 with an error. */
 int curves_add(curves_t *c, int64_t batch, double loss, double samples_per_s);
 
-/*  The final test accuracy, in [0, 1]: the CSV's last row, the title's end. */
-void curves_set_accuracy(curves_t *c, double accuracy);
+/*  The test accuracy in [0, 1] after `batch` batches: appended to the
+    CSV, then the PNG is redrawn. 0, or -1 with an error. */
+int curves_add_accuracy(curves_t *c, int64_t batch, double accuracy);
 
-/*  Writes path_prefix.csv ("batch,loss,samples_per_s,test_accuracy", then
-    the points, then a row with the accuracy) and path_prefix.png (640x480).
-    0, or -1 with an error naming the file that could not be written. */
-int curves_write(const curves_t *c, const char *path_prefix);
+/*  Draws the PNG from every point so far (atomically: a temporary file,
+    then rename). 0, or -1 with an error naming the file. */
+int curves_draw(const curves_t *c);
 
-/*  The PNG encoder on its own: w x h pixels, 3 bytes (RGB) each, rows top
-    to bottom. 0, or -1 with an error naming the file. */
-int curves_png_write(const char *path, const uint8_t *rgb, int w, int h);
+/*  The PNG's path (owned by c). */
+const char *curves_png_path(const curves_t *c);
+
+typedef enum { CURVES_LOSS, CURVES_ACCURACY, CURVES_SPEED } curves_panel_t;
+
+/*  Where the PNG as curves_draw would draw it now puts the point (batch,
+    value) of a panel's series (accuracy in [0, 1]), in pixels from the top
+    left corner: for tests. 0, or -1 when that panel is not drawn (the
+    accuracy panel without evaluations). */
+int curves_locate(const curves_t *c, curves_panel_t panel, int64_t batch, double value,
+                  double *x, double *y);
 
 #endif

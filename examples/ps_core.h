@@ -56,6 +56,7 @@ typedef struct {
     int64_t max_staleness;      /* async: a worker runs at most this many updates
                                    ahead of the slowest (0: no bound; SPEC B3) */
     int64_t straggler_ms;       /* worker 0 takes this much longer per gradient */
+    double progress_s;          /* > 0: the driver prints a progress line every N s (progress.h) */
     bool quiet;                 /* print nothing */
     bool track;                 /* actors record gradient hashes (tests) */
 } ps_options_t;

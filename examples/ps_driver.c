@@ -3,12 +3,15 @@
     and asynchronous training loops over the actors of ps_objects.c. */
 #include "examples/ps_core.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zdist/error.h>
 #include "examples/actor.h"
+#include "examples/progress.h"
 #include "examples/train_common.h"
 #include <zdist/dataset.h>
 #include <zdist/rpc.h>
@@ -64,6 +67,7 @@ typedef struct {
     zd_dataset_t *test;
     double eval_seconds;
     double accuracy;
+    progress_t progress;        /* off unless o->progress_s > 0 and not quiet */
 } driver_t;
 
 /*  The tensor a completed future holds (a new reference), or NULL. */
@@ -139,7 +143,9 @@ static int evaluate(driver_t *d, double *acc)
     int rc = ps_model_load(d->model, d->weights, d->S);
     if (rc == 0)
         rc = train_evaluate(d->model, d->test, acc);
-    d->eval_seconds += train_now() - t0;
+    double dt = train_now() - t0;
+    d->eval_seconds += dt;
+    progress_skip(&d->progress, dt);
     return rc;
 }
 
@@ -149,8 +155,10 @@ static int maybe_evaluate(driver_t *d, int64_t i)
         return 0;
     if (evaluate(d, &d->accuracy) < 0)
         return -1;
-    if (!d->o->quiet)
+    if (!d->o->quiet) {
+        progress_clear(&d->progress);
         printf("Iter %lld: accuracy is %.1f\n", (long long)i, 100.0 * d->accuracy);
+    }
     return 0;
 }
 
@@ -219,6 +227,7 @@ static int train_sync(driver_t *d, int64_t *updates)
         if (rc < 0)
             return -1;
         ++*updates;
+        progress_step(&d->progress, train_now(), NAN);
         if (maybe_evaluate(d, i) < 0)
             return -1;
     }
@@ -276,6 +285,7 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
         if (rc < 0)
             break;
         ++*updates;
+        progress_step(&d->progress, train_now(), NAN);
         applied[w]++;
         int64_t low = slowest(d, applied);
         if (applied[w] - low > *max_lead)
@@ -340,9 +350,19 @@ static int run(driver_t *d, ps_result_t *res)
     }
     int64_t updates = 0, applied[PS_MAX_WORKERS] = {0}, max_lead = 0;
     double t0 = train_now();
+    /* a sync iteration is a round of every worker's gradient, an async one
+       a single gradient applied */
+    progress_init(&d->progress, stdout, isatty(STDOUT_FILENO),
+                  &(progress_config_t){.label = "driver",
+                                       .unit = o->async ? "update" : "iteration",
+                                       .total = o->async ? o->iterations * d->W : o->iterations,
+                                       .samples_per_step = o->batch_size * (o->async ? 1 : d->W),
+                                       .every_s = o->quiet ? 0 : o->progress_s},
+                  t0);
     if ((o->async ? train_async(d, &updates, applied, &max_lead)
                   : train_sync(d, &updates)) < 0)
         return -1;
+    progress_end(&d->progress, train_now());
     double secs = train_now() - t0 - d->eval_seconds;
     if (evaluate(d, &d->accuracy) < 0)
         return -1;

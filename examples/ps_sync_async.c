@@ -8,7 +8,8 @@
     Rank 0 is the driver, ranks 1..S the parameter servers, the next
     num_workers ranks the data workers. Each rank runs this same program;
     the driver creates the actors on the others (ps_core.h) and prints the
-    test accuracy every 10 iterations. */
+    test accuracy every 10 iterations, and a progress line every
+    --progress_s seconds (progress.h). */
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ int main(int argc, char **argv)
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     const char *prog = "ps_sync_async", *mode = "sync";
     ps_options_t o = ps_options_default();
+    o.progress_s = 5;
     flags_world_t w = flags_world_default();
     int64_t workers = o.num_workers, servers = o.num_servers;
     const flag_t flags[] = {
@@ -40,6 +42,9 @@ int main(int argc, char **argv)
         {"seed", FLAG_INT, &o.seed, "initial weights and the workers' data orders"},
         {"model", FLAG_STRING, &o.model, "convnet (SPEC Y2) or net"},
         {"eval_interval", FLAG_INT, &o.eval_interval, "test accuracy every N iterations"},
+        {"progress_s", FLAG_DOUBLE, &o.progress_s,
+         "the driver prints a progress line (iteration, samples/s, time left) every N "
+         "seconds (0: none)"},
         {"test_size", FLAG_INT, &o.test_size, "evaluate on the first N test images (0: all)"},
         {"train_size", FLAG_INT, &o.train_size, "train on the first N images (0: all)"},
         {"max_staleness", FLAG_INT, &o.max_staleness,
@@ -61,6 +66,10 @@ int main(int argc, char **argv)
     o.num_servers = servers > PS_MAX_SERVERS || servers < 0 ? -1 : (int)servers;
     if (flags_world_resolve(&w, 1 + servers + workers, prog) < 0)
         return 2;
+    if (!(o.progress_s >= 0)) {
+        fprintf(stderr, "%s: --progress_s must be >= 0\n", prog);
+        return 2;
+    }
     if (ps_options_check(&o, (int)w.world_size) < 0) {
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 2;

@@ -12,17 +12,23 @@
     pass on the server, nll loss, distributed backward, the check that the
     server holds gradients for the context, and an optimizer step. Then it
     prints its test accuracy (dropout off). The servers leave only after
-    every trainer has finished (graceful shutdown). */
+    every trainer has finished (graceful shutdown).
+
+    While it trains, a trainer prints a progress line every --progress_s
+    seconds (progress.h); the tutorial's per-batch loss lines come with
+    --log_interval=5. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include "examples/curves.h"
 #include "examples/flags.h"
+#include "examples/progress.h"
 #include "examples/ps_net.h"
 #include "examples/train_common.h"
 #include <zdist/dataset.h>
@@ -35,6 +41,8 @@ typedef struct {
     int64_t num_gpus, num_servers;
     const char *data_dir;
     const char *curves;         /* prefix of each trainer's curve files, or NULL */
+    int64_t eval_every;         /* batches of a trainer between its evaluations (0: at the end) */
+    double progress_s;          /* seconds between progress lines (0: none) */
     const char *checkpoint;     /* prefix of the servers' checkpoint files, or NULL */
     int64_t checkpoint_every;   /* batches of a trainer between checkpoints */
     bool resume;                /* start from the checkpoint */
@@ -141,14 +149,8 @@ static int run_trainer(const options_t *o)
     zd_dist_optim_t *opt = NULL;
     int64_t *order = NULL, done = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
-    double t0 = 0, t1 = 0;
-    char title[64];
-    snprintf(title, sizeof title, "rpc_ps rank %lld", (long long)o->world.rank);
-    curves_t *curves = o->curves ? curves_new(title) : NULL;
-    if (o->curves && !curves) {
-        zd_error_set("out of memory");
-        goto out;
-    }
+    double t0 = 0, t1 = 0, eval_secs = 0;
+    curves_t *curves = NULL;
 
     if (o->data_dir)
         snprintf(dir, sizeof dir, "%s", o->data_dir);
@@ -171,6 +173,17 @@ static int run_trainer(const options_t *o)
     if (call_none(ps, "ps_trainer_started", ZD_ARGS()) < 0)
         goto out;
     int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
+    if (o->curves) {
+        char prefix[4096], title[64];
+        if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves,
+                     (long long)o->world.rank) >= (int)sizeof prefix) {
+            zd_error_set("--curves: prefix too long");
+            goto out;
+        }
+        snprintf(title, sizeof title, "rpc_ps rank %lld", (long long)o->world.rank);
+        if (!(curves = curves_open(prefix, title, nb)))
+            goto out;
+    }
     if (o->resume) {
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
@@ -193,7 +206,21 @@ static int run_trainer(const options_t *o)
         done = start;
     }
     t0 = train_now();
-    int64_t first_epoch, first_batch;
+    int64_t first_epoch, first_batch, total = o->epochs * nb;
+    if (o->max_batches > 0 && o->max_batches < total)
+        total = o->max_batches;
+    char label[32];
+    snprintf(label, sizeof label, "Rank %lld", (long long)o->world.rank);
+    progress_t prog;
+    progress_init(&prog, stdout, isatty(STDOUT_FILENO),
+                  &(progress_config_t){.label = label, .first = start, .total = total,
+                                       .per_epoch = nb, .epochs = o->epochs,
+                                       .samples_per_step = o->batch_size,
+                                       .every_s = o->progress_s},
+                  t0);
+    /* a curve point every --log_interval batches, or 10 without loss lines */
+    int64_t point_every = o->log_interval > 0 ? o->log_interval : 10, point_n = 0;
+    double point_loss = 0, point_t = t0;
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
@@ -215,13 +242,40 @@ static int run_trainer(const options_t *o)
             if (brc < 0)
                 goto out;
             done++;
+            double now = train_now();
+            progress_step(&prog, now, loss);
             if (o->log_interval > 0 && b % o->log_interval == 0) {
-                printf("Rank %lld training batch %lld loss %.6f\n", (long long)o->world.rank,
-                       (long long)b, loss);
-                double secs = train_now() - t0;
-                if (curves && curves_add(curves, done, loss, secs > 0 ? (double)((done - start) *
-                                         o->batch_size) / secs : 0) < 0)
+                /* the tutorial's line (its batch restarts each epoch) */
+                progress_clear(&prog);
+                printf("Rank %lld training batch %lld loss %.6f (epoch %lld)\n",
+                       (long long)o->world.rank, (long long)b, loss, (long long)epoch + 1);
+            }
+            point_loss += loss;
+            point_n++;
+            if (curves && done % point_every == 0) {
+                if (curves_add(curves, done, point_loss / (double)point_n,
+                               now > point_t ? (double)(point_n * o->batch_size) /
+                                                   (now - point_t) : NAN) < 0)
                     goto out;
+                point_loss = 0, point_n = 0, point_t = now;
+            }
+            /* (the last batch's evaluation is the final one, below) */
+            if (o->eval_every > 0 && done % o->eval_every == 0 && done < total) {
+                /* this trainer's own look at the weights as they are now,
+                   while the other trainers go on */
+                double acc;
+                if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+                    goto out;
+                progress_clear(&prog);
+                printf("Rank %lld after batch %lld (epoch %lld): accuracy %.2f %%\n",
+                       (long long)o->world.rank, (long long)done, (long long)epoch + 1,
+                       100 * acc);
+                if (curves && curves_add_accuracy(curves, done, acc) < 0)
+                    goto out;
+                double after = train_now();
+                eval_secs += after - now;
+                point_t += after - now;   /* the throughput is the training's */
+                progress_skip(&prog, after - now);
             }
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
                 call_none(ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0)
@@ -229,6 +283,7 @@ static int run_trainer(const options_t *o)
         }
     }
     t1 = train_now();
+    progress_end(&prog, t1);
     if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
     if (call_none(ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
@@ -252,28 +307,21 @@ static int run_trainer(const options_t *o)
     }
     printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
     printf("Rank %lld throughput %.0f samples/s\n", (long long)o->world.rank,
-           (double)((done - start) * o->batch_size) / (t1 - t0));
+           (double)((done - start) * o->batch_size) / (t1 - t0 - eval_secs));
     if (curves) {
-        char prefix[4096];
-        if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves,
-                     (long long)o->world.rank) >= (int)sizeof prefix) {
-            zd_error_set("--curves: prefix too long");
+        if (curves_add_accuracy(curves, done, acc) < 0)
             goto out;
-        }
-        curves_set_accuracy(curves, acc);
-        if (curves_add(curves, done, NAN, (double)((done - start) * o->batch_size) /
-                                              (t1 - t0)) < 0 ||
-            curves_write(curves, prefix) < 0)
-            goto out;
-        printf("Rank %lld curves in %s.csv and %s.png\n", (long long)o->world.rank, prefix,
-               prefix);
+        printf("Rank %lld curves in %s.rank%lld.csv and %s\n", (long long)o->world.rank,
+               o->curves, (long long)o->world.rank, curves_png_path(curves));
     }
     rc = 0;
 out:
     if (rc < 0)
         fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, zd_error_last());
+    if (rc < 0 && curves)   /* the plot of what there is */
+        curves_draw(curves);
     free(order);
-    curves_free(curves);
+    curves_close(curves);
     zd_dist_optim_free(opt);
     zd_value_unref(param_list);
     zd_rref_unref(ps);
@@ -305,6 +353,10 @@ static int check_options(const options_t *o)
                 PS_NET_MAX_TRAINERS, (long long)(world_size - o->num_servers));
         return -1;
     }
+    if (o->progress_s < 0 || o->eval_every < 0 || o->log_interval < 0) {
+        fprintf(stderr, "rpc_ps: --progress_s, --eval_every and --log_interval must be >= 0\n");
+        return -1;
+    }
     if (o->checkpoint_every < 1) {
         fprintf(stderr, "rpc_ps: --checkpoint_every must be >= 1\n");
         return -1;
@@ -331,7 +383,8 @@ int main(int argc, char **argv)
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
-                   .epochs = 1, .seed = 1, .log_interval = 5, .check_interval = 5, .lr = 0.03,
+                   .epochs = 1, .seed = 1, .log_interval = 0, .check_interval = 5, .lr = 0.03,
+                   .progress_s = 5,
                    .init_timeout_s = 60, .checkpoint_every = 100};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
@@ -344,7 +397,12 @@ int main(int argc, char **argv)
         {"epochs", FLAG_INT, &o.epochs, "passes over the training set"},
         {"max_batches", FLAG_INT, &o.max_batches, "stop each trainer after N batches (0: none)"},
         {"seed", FLAG_INT, &o.seed, "seed of the weights, shuffling and dropout"},
-        {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"log_interval", FLAG_INT, &o.log_interval,
+         "print the tutorial's loss line every N batches of an epoch (0: none; the tutorial "
+         "has 5)"},
+        {"progress_s", FLAG_DOUBLE, &o.progress_s,
+         "print a progress line (batch, samples/s, mean loss, time left) every N seconds "
+         "(0: none)"},
         {"checkpoint", FLAG_STRING, &o.checkpoint,
          "servers save their parameters to PREFIX.shardK every --checkpoint_every batches of a "
          "trainer"},
@@ -352,7 +410,10 @@ int main(int argc, char **argv)
         {"resume", FLAG_BOOL, &o.resume,
          "start from the --checkpoint files: weights, and each trainer's position"},
         {"curves", FLAG_STRING, &o.curves,
-         "each trainer writes its loss and throughput curves to PREFIX.rankN.csv/.png"},
+         "each trainer writes its loss, throughput and accuracy curves to PREFIX.rankN.csv "
+         "(as they come) and .png (at each evaluation)"},
+        {"eval_every", FLAG_INT, &o.eval_every,
+         "each trainer evaluates the weights every N of its batches (0: only at the end)"},
         {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
         {"check_interval", FLAG_INT, &o.check_interval,
          "fetch the server's gradients to check them every N batches (0: never)"},

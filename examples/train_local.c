@@ -3,18 +3,24 @@
     trained in one process: the baseline that rpc_ps is compared against.
 
         train_local [--data_dir=DIR] [--epochs=1] [--batch_size=32] [--lr=0.03]
-                    [--seed=1] [--max_batches=0] [--log_interval=100]
+                    [--seed=1] [--max_batches=0] [--log_interval=0] [--progress_s=5]
+                    [--curves=PREFIX] [--eval_every=0]
                     [--model=net|convnet] [--save=CKPT] [--load=CKPT]
 
-    Prints the loss every --log_interval batches, then the test accuracy
-    (dropout off) and the time taken. */
+    Prints a progress line every --progress_s seconds (progress.h), the
+    loss every --log_interval batches, then the test accuracy (dropout off)
+    and the time taken. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
+#include "examples/curves.h"
 #include "examples/flags.h"
+#include "examples/progress.h"
 #include "examples/train_common.h"
 #include <zdist/checkpoint.h>
 #include <zdist/dataset.h>
@@ -24,9 +30,9 @@
 
 typedef struct {
     const char *data_dir;
-    int64_t epochs, batch_size, seed, max_batches, log_interval;
-    double lr;
-    const char *model, *save, *load;
+    int64_t epochs, batch_size, seed, max_batches, log_interval, eval_every;
+    double lr, progress_s;
+    const char *model, *save, *load, *curves;
     bool no_dropout;
 } options_t;
 
@@ -53,6 +59,7 @@ static int run(const options_t *o)
     zd_dataset_t *train = NULL, *test = NULL;
     zd_nn_model_t *m = NULL;
     zd_optim_t *opt = NULL;
+    curves_t *curves = NULL;
     int64_t *order = NULL;
     int rc = -1;
 
@@ -78,8 +85,21 @@ static int run(const options_t *o)
         goto out;
     zd_nn_model_train(m, !o->no_dropout);
 
-    double t0 = train_now();
-    int64_t nb = zd_dataset_num_batches(train, o->batch_size), done = 0;
+    int64_t nb = zd_dataset_num_batches(train, o->batch_size), done = 0, total = o->epochs * nb;
+    if (o->max_batches > 0 && o->max_batches < total)
+        total = o->max_batches;
+    if (o->curves && !(curves = curves_open(o->curves, "train_local", nb)))
+        goto out;
+    double t0 = train_now(), eval_secs = 0;
+    progress_t prog;
+    progress_init(&prog, stdout, isatty(STDOUT_FILENO),
+                  &(progress_config_t){.total = total, .per_epoch = nb, .epochs = o->epochs,
+                                       .samples_per_step = o->batch_size,
+                                       .every_s = o->progress_s},
+                  t0);
+    /* a curve point every --log_interval batches, or 10 without loss lines */
+    int64_t point_every = o->log_interval > 0 ? o->log_interval : 10, point_n = 0;
+    double point_loss = 0, point_t = t0;
     for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
         free(order);
         if (!(order = zd_dataset_order(train, (uint64_t)(o->seed + epoch)))) {
@@ -99,11 +119,41 @@ static int run(const options_t *o)
             if (brc < 0)
                 goto out;
             done++;
-            if (o->log_interval > 0 && b % o->log_interval == 0)
-                printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch, (long long)b, loss);
+            double now = train_now();
+            progress_step(&prog, now, loss);
+            if (o->log_interval > 0 && b % o->log_interval == 0) {
+                progress_clear(&prog);
+                printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch + 1, (long long)b,
+                       loss);
+            }
+            point_loss += loss;
+            point_n++;
+            if (curves && done % point_every == 0) {
+                if (curves_add(curves, done, point_loss / (double)point_n,
+                               now > point_t ? (double)(point_n * o->batch_size) /
+                                                   (now - point_t) : NAN) < 0)
+                    goto out;
+                point_loss = 0, point_n = 0, point_t = now;
+            }
+            /* (the last batch's evaluation is the final one, below) */
+            if (o->eval_every > 0 && done % o->eval_every == 0 && done < total) {
+                double acc;
+                if (train_evaluate(m, test, &acc) < 0)
+                    goto out;
+                progress_clear(&prog);
+                printf("after batch %lld (epoch %lld): accuracy %.2f %%\n", (long long)done,
+                       (long long)epoch + 1, 100.0 * acc);
+                if (curves && curves_add_accuracy(curves, done, acc) < 0)
+                    goto out;
+                double after = train_now();
+                eval_secs += after - now;
+                point_t += after - now;   /* the throughput is the training's */
+                progress_skip(&prog, after - now);
+            }
         }
     }
-    double secs = train_now() - t0;
+    progress_end(&prog, train_now());
+    double secs = train_now() - t0 - eval_secs;
     printf("trained %lld batches in %.1f s (%.0f samples/s)\n", (long long)done, secs,
            (double)done * (double)o->batch_size / secs);
     if (o->save) {
@@ -115,10 +165,18 @@ static int run(const options_t *o)
     if (train_evaluate(m, test, &acc) < 0)
         goto out;
     printf("Test accuracy: %.2f %%\n", 100.0 * acc);
+    if (curves) {
+        if (curves_add_accuracy(curves, done, acc) < 0)
+            goto out;
+        printf("curves in %s.csv and %s\n", o->curves, curves_png_path(curves));
+    }
     rc = 0;
 out:
     if (rc < 0)
         fprintf(stderr, "train_local: %s\n", zd_error_last());
+    if (rc < 0 && curves)   /* the plot of what there is */
+        curves_draw(curves);
+    curves_close(curves);
     free(order);
     zd_optim_free(opt);
     zd_nn_model_free(m);
@@ -135,7 +193,8 @@ int main(int argc, char **argv)
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
     options_t o = {.data_dir = NULL, .epochs = 1, .batch_size = 32, .seed = 1,
-                   .max_batches = 0, .log_interval = 100, .lr = 0.03, .model = "net"};
+                   .max_batches = 0, .log_interval = 0, .lr = 0.03, .model = "net",
+                   .progress_s = 5};
     const flag_t flags[] = {
         {"data_dir", FLAG_STRING, &o.data_dir,
          "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
@@ -144,7 +203,16 @@ int main(int argc, char **argv)
         {"lr", FLAG_DOUBLE, &o.lr, "SGD learning rate"},
         {"seed", FLAG_INT, &o.seed, "seed of the initial weights, shuffling and dropout"},
         {"max_batches", FLAG_INT, &o.max_batches, "stop after this many batches (0: no limit)"},
-        {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"log_interval", FLAG_INT, &o.log_interval,
+         "print the loss every N batches of an epoch (0: none)"},
+        {"progress_s", FLAG_DOUBLE, &o.progress_s,
+         "print a progress line (batch, samples/s, mean loss, time left) every N seconds "
+         "(0: none)"},
+        {"curves", FLAG_STRING, &o.curves,
+         "write the loss, throughput and accuracy curves to PREFIX.csv (as they come) and "
+         "PREFIX.png (at each evaluation)"},
+        {"eval_every", FLAG_INT, &o.eval_every,
+         "evaluate on the test set every N batches (0: only at the end)"},
         {"model", FLAG_STRING, &o.model, "net (the tutorial's) or convnet"},
         {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
         {"save", FLAG_STRING, &o.save, "write the trained parameters to this checkpoint"},
@@ -154,9 +222,10 @@ int main(int argc, char **argv)
     int pr = flags_parse(argc, argv, flags, n, "Trains a model in one process.");
     if (pr != 0)
         return pr > 0 ? 0 : 2;
-    if (o.epochs < 1 || o.batch_size < 1 || o.lr <= 0 || o.max_batches < 0) {
+    if (o.epochs < 1 || o.batch_size < 1 || o.lr <= 0 || o.max_batches < 0 ||
+        o.log_interval < 0 || o.eval_every < 0 || o.progress_s < 0) {
         fprintf(stderr, "train_local: --epochs and --batch_size must be >= 1, --lr > 0, "
-                        "--max_batches >= 0\n");
+                        "--max_batches, --log_interval, --eval_every and --progress_s >= 0\n");
         return 2;
     }
     return run(&o) == 0 ? 0 : 1;

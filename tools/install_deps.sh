@@ -12,6 +12,8 @@ pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
       slurm-wlm munge openmpi-bin)
 pkgs+=(libjansson-dev)   # tools/metrics_summary parses JSON with it
 pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespaces
+# cairo and a font draw the example programs' --curves plots
+pkgs+=(libcairo2-dev fonts-dejavu-core)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
