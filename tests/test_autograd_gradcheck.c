@@ -3,10 +3,8 @@
     are not layers: tanh, sigmoid, exp, log, permute, transpose, and add,
     sub, mul, div between shapes that broadcast; and their errors.
 
-    As in test_nn_gradcheck: for an op f and a fixed random r, L(inputs) =
-    sum(f(inputs) * r) in double; the analytic gradient comes from
-    zd_autograd_backward(f, r), the numeric one from central differences
-    with eps = 1e-2 in float32, every element of every input probed. */
+    The check is tests/support/gradcheck.h's, every element of every
+    input probed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,9 +17,7 @@
 #include <zdist/error.h>
 #include <zdist/rng.h>
 
-#define EPS 1e-2f
-#define ATOL 2e-3
-#define RTOL 1e-2
+#include "tests/support/gradcheck.h"
 
 typedef struct check check_t;
 typedef int (fn_t)(check_t *c, zd_tensor_t **out);
@@ -35,93 +31,31 @@ struct check {
     int ndims;
 };
 
-static zd_nn_rng_t rng;
-
-static zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
-{
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
-    assert_non_null(t);
-    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
-    return t;
-}
-
 /*  Values in [lo, hi) with a random sign: away from 0 for div and log. */
 static zd_tensor_t *away_from_zero(int ndim, const int64_t *shape, float lo, float hi, bool sign)
 {
+    zd_nn_rng_t *rng = gradcheck_rng();
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
     assert_non_null(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++) {
-        float v = zd_nn_rng_uniform_range(&rng, lo, hi);
-        zd_tensor_data(t)[i] = sign && zd_nn_rng_below(&rng, 2) ? -v : v;
+        float v = zd_nn_rng_uniform_range(rng, lo, hi);
+        zd_tensor_data(t)[i] = sign && zd_nn_rng_below(rng, 2) ? -v : v;
     }
     return t;
 }
 
-static zd_tensor_t *param(zd_tensor_t *t)
+static int run(void *arg, zd_tensor_t **outs)
 {
-    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
-    return t;
+    check_t *c = arg;
+    return c->fn(c, &outs[0]) < 0 ? -1 : 1;
 }
 
-static double eval_loss(check_t *c, zd_tensor_t *r)
+/*  Every element of every input probed; inputs not requiring grad must
+    get no gradient. */
+static void check(check_t *c)
 {
-    zd_tensor_t *y;
-    bool prev = zd_autograd_set_grad_enabled(false);
-    if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_autograd_set_grad_enabled(prev);
-    double l = 0;
-    for (int64_t i = 0; i < zd_tensor_numel(y); i++)
-        l += (double)zd_tensor_data(y)[i] * zd_tensor_data(r)[i];
-    zd_tensor_unref(y);
-    return l;
-}
-
-static void gradcheck(check_t *c)
-{
-    int64_t live = zd_tensor_live_count();
-    zd_tensor_t *y;
-    if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_tensor_t *r = randn(zd_tensor_ndim(y), zd_tensor_shape(y), 1.0f);
-    zd_tensor_t *r_grad = zd_tensor_detach_copy(r);
-    if (zd_autograd_backward(y, r_grad, false) < 0)
-        fail_msg("%s: backward: %s", c->name, zd_error_last());
-    zd_tensor_unref(r_grad);
-    zd_tensor_unref(y);
-    int checked = 0;
-    for (int i = 0; i < c->n_in; i++) {
-        zd_tensor_t *x = c->in[i];
-        if (!zd_tensor_requires_grad(x)) {
-            assert_null(zd_tensor_grad(x));
-            continue;
-        }
-        zd_tensor_t *g = zd_tensor_grad(x);
-        if (!g)
-            fail_msg("%s: input %d got no gradient", c->name, i);
-        assert_int_equal(zd_tensor_ndim(g), zd_tensor_ndim(x));
-        assert_true(zd_tensor_same_shape(g, x));
-        float *p = zd_tensor_data(x);
-        for (int64_t j = 0; j < zd_tensor_numel(x); j++) {
-            float keep = p[j];
-            p[j] = keep + EPS;
-            double lp = eval_loss(c, r);
-            p[j] = keep - EPS;
-            double lm = eval_loss(c, r);
-            p[j] = keep;
-            double num = (lp - lm) / (2.0 * (double)EPS), ana = zd_tensor_data(g)[j];
-            if (!(fabs(num - ana) <= ATOL + RTOL * fabs(ana)))
-                fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", c->name, i,
-                         (long long)j, ana, num);
-        }
-        checked++;
-        zd_tensor_clear_grad(x);
-        zd_tensor_unref(g);
-    }
-    assert_true(checked > 0);
-    zd_tensor_unref(r);
-    assert_int_equal(zd_tensor_live_count(), live);
+    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in,
+                             .n_inputs = c->n_in});
 }
 
 static void release(check_t *c)
@@ -139,8 +73,8 @@ static int fn_log(check_t *c, zd_tensor_t **out) { return zd_tensor_log(c->in[0]
 
 static void unary_case(const char *name, fn_t *fn, zd_tensor_t *x)
 {
-    check_t c = {.name = name, .fn = fn, .n_in = 1, .in = {param(x)}};
-    gradcheck(&c);
+    check_t c = {.name = name, .fn = fn, .n_in = 1, .in = {leaf(x)}};
+    check(&c);
     release(&c);
 }
 
@@ -199,10 +133,10 @@ static void binary_cases(int na, const int64_t *sa, int nb, const int64_t *sb, i
         c.in[1] = binops[k].fn == fn_div ? away_from_zero(nb, sb, 0.5f, 2.0f, true)
                                          : randn(nb, sb, 1.0f);
         if (which & 1)
-            param(c.in[0]);
+            leaf(c.in[0]);
         if (which & 2)
-            param(c.in[1]);
-        gradcheck(&c);
+            leaf(c.in[1]);
+        check(&c);
         release(&c);
     }
 }
@@ -273,8 +207,8 @@ static void permute_case(int nd, const int64_t *shape, const int *dims)
 {
     check_t c = {.name = "permute", .fn = fn_permute, .n_in = 1, .ndims = nd};
     memcpy(c.dims, dims, sizeof(int) * (size_t)nd);
-    c.in[0] = param(randn(nd, shape, 1.0f));
-    gradcheck(&c);
+    c.in[0] = leaf(randn(nd, shape, 1.0f));
+    check(&c);
     release(&c);
 }
 
@@ -288,17 +222,17 @@ static void test_permute_gradients(void **state)
     permute_case(4, (int64_t[]){3, 2, 2, 3}, (int[]){-1, 0, -2, 1});   /* negative dims */
     permute_case(2, (int64_t[]){3, 5}, (int[]){0, 1});                 /* identity */
     check_t t = {.name = "transpose", .fn = fn_transpose, .n_in = 1, .dims = {0, 2}};
-    t.in[0] = param(randn(3, (int64_t[]){2, 3, 4}, 1.0f));
-    gradcheck(&t);
+    t.in[0] = leaf(randn(3, (int64_t[]){2, 3, 4}, 1.0f));
+    check(&t);
     t.dims[0] = -1;
     t.dims[1] = -2;
-    gradcheck(&t);
+    check(&t);
     release(&t);
     check_t m = {.name = "permute then mul", .fn = fn_permute_mul, .n_in = 2, .ndims = 3,
                  .dims = {2, 0, 1}};
-    m.in[0] = param(randn(3, (int64_t[]){2, 3, 4}, 1.0f));
-    m.in[1] = param(randn(2, (int64_t[]){1, 3}, 1.0f));          /* broadcast over (4,2,3) */
-    gradcheck(&m);
+    m.in[0] = leaf(randn(3, (int64_t[]){2, 3, 4}, 1.0f));
+    m.in[1] = leaf(randn(2, (int64_t[]){1, 3}, 1.0f));          /* broadcast over (4,2,3) */
+    check(&m);
     release(&m);
 }
 
@@ -357,7 +291,7 @@ static void test_errors(void **state)
 
 int main(void)
 {
-    zd_nn_rng_seed(&rng, 20261125);
+    gradcheck_seed(20261125);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_unary),
         cmocka_unit_test(test_unary_values),

@@ -3,12 +3,9 @@
     padding, stride, non-square and odd sizes, batches, overlapping pools,
     dropout with a fixed mask, the losses, and a whole model.
 
-    For an op f and a fixed random r, L(inputs) = sum(f(inputs) * r) (in
-    double). The analytic gradient comes from zd_autograd_backward(f, r); the
-    numeric one from central differences (L(x+eps) - L(x-eps)) / 2eps with
-    eps = 1e-2 in float32. Outputs not touched by a perturbation are
-    bit-identical between the two evaluations, so the rounding noise stays
-    around 1e-4; inputs of relu and max_pool keep clear of their kinks. */
+    The check is tests/support/gradcheck.h's, on up to MAX_PROBES random
+    elements of each input; inputs of relu and max_pool keep clear of their
+    kinks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,10 +20,10 @@
 #include <zdist/nn.h>
 #include <zdist/rng.h>
 
-#define EPS 1e-2f
-#define ATOL 2e-3
-#define RTOL 1e-2
+#include "tests/support/gradcheck.h"
+
 #define MAX_PROBES 48       /* numeric probes per input (random elements) */
+#define MAX_INPUTS 32
 
 typedef struct check check_t;
 typedef int (fn_t)(check_t *c, zd_tensor_t **out);
@@ -41,97 +38,33 @@ struct check {
     float p;
     uint64_t mask_seed;
     zd_nn_model_t *model;
-    float eps;              /* 0: EPS */
+    float eps;              /* 0: GRADCHECK_EPS */
 };
-
-static zd_nn_rng_t rng;
-
-static zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
-{
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
-    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
-    return t;
-}
-
-static zd_tensor_t *param(zd_tensor_t *t)
-{
-    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
-    return t;
-}
 
 static int rand_int(int lo, int hi)
 {
-    return lo + (int)zd_nn_rng_below(&rng, (uint64_t)(hi - lo + 1));
+    return lo + (int)zd_nn_rng_below(gradcheck_rng(), (uint64_t)(hi - lo + 1));
 }
 
-static double weighted_sum(zd_tensor_t *y, zd_tensor_t *r)
+static int run(void *arg, zd_tensor_t **outs)
 {
-    double acc = 0;
-    for (int64_t i = 0; i < zd_tensor_numel(y); i++)
-        acc += (double)zd_tensor_data(y)[i] * zd_tensor_data(r)[i];
-    return acc;
+    check_t *c = arg;
+    return c->fn(c, &outs[0]) < 0 ? -1 : 1;
 }
 
-static double eval_loss(check_t *c, zd_tensor_t *r)
+/*  The inputs, then the model's parameters. */
+static void check(check_t *c)
 {
-    zd_tensor_t *y;
-    bool prev = zd_autograd_set_grad_enabled(false);
-    if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_autograd_set_grad_enabled(prev);
-    double l = weighted_sum(y, r);
-    zd_tensor_unref(y);
-    return l;
-}
-
-static void gradcheck(check_t *c)
-{
-    int64_t live = zd_tensor_live_count();
-    zd_tensor_t *y;
-    if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_tensor_t *r = randn(zd_tensor_ndim(y), zd_tensor_shape(y), 1.0f);
-    zd_tensor_t *r_grad = zd_tensor_detach_copy(r);
-    if (zd_autograd_backward(y, r_grad, false) < 0)
-        fail_msg("%s: backward: %s", c->name, zd_error_last());
-    zd_tensor_unref(r_grad);
-    zd_tensor_unref(y);
-
-    zd_tensor_t *ins[8];
+    zd_tensor_t *ins[MAX_INPUTS];
     int n = 0;
     for (int i = 0; i < c->n_in; i++)
-        if (c->in[i] && zd_tensor_requires_grad(c->in[i]))
-            ins[n++] = c->in[i];
-    for (int i = 0; c->model && i < zd_nn_model_n_params(c->model); i++)
+        ins[n++] = c->in[i];
+    for (int i = 0; c->model && i < zd_nn_model_n_params(c->model); i++) {
+        assert_true(n < MAX_INPUTS);
         ins[n++] = zd_nn_model_param(c->model, i);
-    assert_true(n > 0);
-    for (int i = 0; i < n; i++) {
-        zd_tensor_t *g = zd_tensor_grad(ins[i]);
-        if (!g)
-            fail_msg("%s: input %d got no gradient", c->name, i);
-        float *x = zd_tensor_data(ins[i]);
-        int64_t numel = zd_tensor_numel(ins[i]);
-        int probes = numel < MAX_PROBES ? (int)numel : MAX_PROBES;
-        for (int k = 0; k < probes; k++) {
-            int64_t j = numel <= MAX_PROBES ? k : (int64_t)zd_nn_rng_below(&rng, (uint64_t)numel);
-            float keep = x[j];
-            float eps = c->eps > 0 ? c->eps : EPS;
-            x[j] = keep + eps;
-            double lp = eval_loss(c, r);
-            x[j] = keep - eps;
-            double lm = eval_loss(c, r);
-            x[j] = keep;
-            double num = (lp - lm) / (2.0 * (double)eps), ana = zd_tensor_data(g)[j];
-            if (!(fabs(num - ana) <= ATOL + RTOL * fabs(ana)))
-                fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", c->name, i,
-                         (long long)j, ana, num);
-        }
-        zd_tensor_clear_grad(ins[i]);
-        zd_tensor_unref(g);
     }
-    zd_tensor_unref(r);
-    assert_int_equal(zd_tensor_live_count(), live);
+    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = ins, .n_inputs = n,
+                             .eps = c->eps, .max_probes = MAX_PROBES});
 }
 
 static void release(check_t *c)
@@ -155,10 +88,10 @@ static void conv_case(int N, int C, int H, int W, int O, int kh, int kw, int str
     snprintf(name, sizeof name, "conv2d x(%d,%d,%d,%d) w(%d,%d,%d,%d) s%d p%d%s", N, C, H, W, O,
              C, kh, kw, stride, padding, bias ? "" : " no bias");
     check_t c = {.name = name, .fn = fn_conv, .n_in = 3, .stride = stride, .padding = padding};
-    c.in[0] = param(randn(4, (int64_t[]){N, C, H, W}, 1.0f));
-    c.in[1] = param(randn(4, (int64_t[]){O, C, kh, kw}, 0.5f));
-    c.in[2] = bias ? param(randn(1, (int64_t[]){O}, 0.5f)) : NULL;
-    gradcheck(&c);
+    c.in[0] = leaf(randn(4, (int64_t[]){N, C, H, W}, 1.0f));
+    c.in[1] = leaf(randn(4, (int64_t[]){O, C, kh, kw}, 0.5f));
+    c.in[2] = bias ? leaf(randn(1, (int64_t[]){O}, 0.5f)) : NULL;
+    check(&c);
     release(&c);
 }
 
@@ -189,10 +122,10 @@ static int fn_linear(check_t *c, zd_tensor_t **out)
 static void linear_case(int ndim, const int64_t *xshape, int out_f, bool bias)
 {
     check_t c = {.name = "linear", .fn = fn_linear, .n_in = 3};
-    c.in[0] = param(randn(ndim, xshape, 1.0f));
-    c.in[1] = param(randn(2, (int64_t[]){out_f, xshape[ndim - 1]}, 0.5f));
-    c.in[2] = bias ? param(randn(1, (int64_t[]){out_f}, 0.5f)) : NULL;
-    gradcheck(&c);
+    c.in[0] = leaf(randn(ndim, xshape, 1.0f));
+    c.in[1] = leaf(randn(2, (int64_t[]){out_f, xshape[ndim - 1]}, 0.5f));
+    c.in[2] = bias ? leaf(randn(1, (int64_t[]){out_f}, 0.5f)) : NULL;
+    check(&c);
     release(&c);
 }
 
@@ -218,8 +151,8 @@ static void test_relu(void **state)
     float *d = zd_tensor_data(c.in[0]);
     for (int64_t i = 0; i < zd_tensor_numel(c.in[0]); i++)
         d[i] = d[i] >= 0 ? d[i] + 0.05f : d[i] - 0.05f;
-    param(c.in[0]);
-    gradcheck(&c);
+    leaf(c.in[0]);
+    check(&c);
     release(&c);
 }
 
@@ -228,14 +161,14 @@ static int fn_pool(check_t *c, zd_tensor_t **out)
     return zd_nn_max_pool2d(c->in[0], c->kernel, c->stride, out);
 }
 
-/*  Distinct values at least 0.05 apart, shuffled: no perturbation of EPS
+/*  Distinct values at least 0.05 apart, shuffled: no perturbation of GRADCHECK_EPS
     changes which element wins a window. */
 static zd_tensor_t *spread(int ndim, const int64_t *shape)
 {
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
     int64_t n = zd_tensor_numel(t), perm[4096];
     assert_true(n <= 4096);
-    zd_nn_rng_permutation(&rng, perm, (size_t)n);
+    zd_nn_rng_permutation(gradcheck_rng(), perm, (size_t)n);
     for (int64_t i = 0; i < n; i++)
         zd_tensor_data(t)[i] = (float)(perm[i] - n / 2) * 0.05f;
     return t;
@@ -246,8 +179,8 @@ static void pool_case(int N, int C, int H, int W, int k, int s)
     char name[96];
     snprintf(name, sizeof name, "max_pool2d (%d,%d,%d,%d) k%d s%d", N, C, H, W, k, s);
     check_t c = {.name = name, .fn = fn_pool, .n_in = 1, .kernel = k, .stride = s};
-    c.in[0] = param(spread(4, (int64_t[]){N, C, H, W}));
-    gradcheck(&c);
+    c.in[0] = leaf(spread(4, (int64_t[]){N, C, H, W}));
+    check(&c);
     release(&c);
 }
 
@@ -280,13 +213,13 @@ static void test_dropout(void **state)
 {
     (void)state;
     check_t c = {.name = "dropout", .fn = fn_dropout, .n_in = 1, .p = 0.4f, .mask_seed = 3};
-    c.in[0] = param(randn(2, (int64_t[]){6, 9}, 1.0f));
-    gradcheck(&c);
+    c.in[0] = leaf(randn(2, (int64_t[]){6, 9}, 1.0f));
+    check(&c);
     release(&c);
     check_t d = {.name = "dropout2d", .fn = fn_dropout, .n_in = 1, .p = 0.3f, .mask_seed = 4,
                  .kernel = 2};
-    d.in[0] = param(randn(4, (int64_t[]){3, 5, 3, 2}, 1.0f));
-    gradcheck(&d);
+    d.in[0] = leaf(randn(4, (int64_t[]){3, 5, 3, 2}, 1.0f));
+    check(&d);
     release(&d);
 }
 
@@ -306,9 +239,9 @@ static void test_flatten(void **state)
 {
     (void)state;
     check_t c = {.name = "flatten+linear", .fn = fn_flatten_scale, .n_in = 2};
-    c.in[0] = param(randn(4, (int64_t[]){2, 3, 2, 2}, 1.0f));
-    c.in[1] = param(randn(2, (int64_t[]){3, 12}, 1.0f));
-    gradcheck(&c);
+    c.in[0] = leaf(randn(4, (int64_t[]){2, 3, 2, 2}, 1.0f));
+    c.in[1] = leaf(randn(2, (int64_t[]){3, 12}, 1.0f));
+    check(&c);
     release(&c);
 }
 
@@ -323,8 +256,8 @@ static void test_log_softmax(void **state)
     int64_t shapes[][2] = {{4, 10}, {3, 7}, {1, 1}, {5, 2}};
     for (size_t i = 0; i < 4; i++) {
         check_t c = {.name = "log_softmax", .fn = fn_log_softmax, .n_in = 1};
-        c.in[0] = param(randn(2, shapes[i], 2.0f));
-        gradcheck(&c);
+        c.in[0] = leaf(randn(2, shapes[i], 2.0f));
+        check(&c);
         release(&c);
     }
 }
@@ -336,7 +269,7 @@ static zd_tensor_t *targets(zd_tensor_dtype_t dtype, int n, int classes)
 {
     zd_tensor_t *t = zd_tensor_empty(dtype, 1, (int64_t[]){n});
     for (int i = 0; i < n; i++) {
-        int64_t v = (int64_t)zd_nn_rng_below(&rng, (uint64_t)classes);
+        int64_t v = (int64_t)zd_nn_rng_below(gradcheck_rng(), (uint64_t)classes);
         if (dtype == ZD_INT64)
             zd_tensor_data_i64(t)[i] = v;
         else
@@ -350,14 +283,14 @@ static void test_losses(void **state)
     (void)state;
     for (int k = 0; k < 2; k++) {
         check_t c = {.name = k ? "nll_loss u8" : "nll_loss", .fn = fn_nll, .n_in = 1};
-        c.in[0] = param(randn(2, (int64_t[]){5, 4}, 1.0f));
+        c.in[0] = leaf(randn(2, (int64_t[]){5, 4}, 1.0f));
         c.target = targets(k ? ZD_UINT8 : ZD_INT64, 5, 4);
-        gradcheck(&c);
+        check(&c);
         release(&c);
         check_t d = {.name = "cross_entropy", .fn = fn_ce, .n_in = 1};
-        d.in[0] = param(randn(2, (int64_t[]){6, 3 + k * 7}, 2.0f));
+        d.in[0] = leaf(randn(2, (int64_t[]){6, 3 + k * 7}, 2.0f));
         d.target = targets(k ? ZD_UINT8 : ZD_INT64, 6, 3 + k * 7);
-        gradcheck(&d);
+        check(&d);
         release(&d);
     }
 }
@@ -384,14 +317,14 @@ static void test_convnet_model(void **state)
     zd_nn_model_train(c.model, false);
     c.in[0] = randn(4, (int64_t[]){2, 1, 28, 28}, 1.0f);
     c.target = targets(ZD_INT64, 2, 10);
-    gradcheck(&c);
+    check(&c);
     release(&c);
     zd_nn_model_free(c.model);
 }
 
 int main(void)
 {
-    zd_nn_rng_seed(&rng, 20240601);
+    gradcheck_seed(20240601);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_conv2d),
         cmocka_unit_test(test_linear),

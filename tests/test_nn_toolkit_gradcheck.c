@@ -3,10 +3,8 @@
     mse_loss and embedding (padding row, repeated indices, uint8 and int64
     indices of several dimensions), their errors, and init_normal.
 
-    As in test_nn_gradcheck: for an op f and a fixed random r, L(inputs) =
-    sum(f(inputs) * r) in double; the analytic gradient comes from
-    zd_autograd_backward(f, r), the numeric one from central differences
-    with eps = 1e-2 in float32, every element of every input probed. */
+    The check is tests/support/gradcheck.h's, every element of every
+    input probed. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,9 +18,7 @@
 #include <zdist/nn.h>
 #include <zdist/rng.h>
 
-#define EPS 1e-2f
-#define ATOL 2e-3
-#define RTOL 1e-2
+#include "tests/support/gradcheck.h"
 
 typedef struct check check_t;
 typedef int (fn_t)(check_t *c, zd_tensor_t **out);
@@ -37,89 +33,22 @@ struct check {
     int64_t padding_idx;       /* embedding: its row's gradient must be 0 */
 };
 
-static zd_nn_rng_t rng;
-
-static zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
+static int run(void *arg, zd_tensor_t **outs)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
-    assert_non_null(t);
-    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
-    return t;
+    check_t *c = arg;
+    return c->fn(c, &outs[0]) < 0 ? -1 : 1;
 }
 
-static zd_tensor_t *param(zd_tensor_t *t)
+/*  Every element of every input probed. With a padding row (embedding's
+    input 0, the weight), the row's elements must have an analytic
+    gradient of exactly 0, although the output does depend on them
+    (PyTorch's padding_idx). */
+static void check(check_t *c)
 {
-    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
-    return t;
-}
-
-static double eval_loss(check_t *c, zd_tensor_t *r)
-{
-    zd_tensor_t *y;
-    bool prev = zd_autograd_set_grad_enabled(false);
-    if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_autograd_set_grad_enabled(prev);
-    double l = 0;
-    for (int64_t i = 0; i < zd_tensor_numel(y); i++)
-        l += (double)zd_tensor_data(y)[i] * zd_tensor_data(r)[i];
-    zd_tensor_unref(y);
-    return l;
-}
-
-/*  With a padding row (embedding's input 0, the weight), the rows'
-    elements must have an analytic gradient of exactly 0, although the
-    output does depend on them (PyTorch's padding_idx). */
-static void gradcheck(check_t *c)
-{
-    int64_t live = zd_tensor_live_count();
-    zd_tensor_t *y;
-    if (c->fn(c, &y) < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_tensor_t *r = randn(zd_tensor_ndim(y), zd_tensor_shape(y), 1.0f);
-    zd_tensor_t *r_grad = zd_tensor_detach_copy(r);
-    if (zd_autograd_backward(y, r_grad, false) < 0)
-        fail_msg("%s: backward: %s", c->name, zd_error_last());
-    zd_tensor_unref(r_grad);
-    zd_tensor_unref(y);
-    int checked = 0;
-    for (int i = 0; i < c->n_in; i++) {
-        zd_tensor_t *x = c->in[i];
-        if (!x || !zd_tensor_requires_grad(x))
-            continue;
-        zd_tensor_t *g = zd_tensor_grad(x);
-        if (!g)
-            fail_msg("%s: input %d got no gradient", c->name, i);
-        assert_true(zd_tensor_same_shape(g, x));
-        float *p = zd_tensor_data(x);
-        const int64_t row = zd_tensor_ndim(x) ? zd_tensor_numel(x) / zd_tensor_size(x, 0) : 1;
-        for (int64_t j = 0; j < zd_tensor_numel(x); j++) {
-            double ana = zd_tensor_data(g)[j];
-            if (c->indices && c->padding_idx >= 0 && j / row == c->padding_idx) {
-                if (ana != 0.0)
-                    fail_msg("%s: padding row %lld has gradient %g", c->name,
-                             (long long)c->padding_idx, ana);
-                continue;
-            }
-            float keep = p[j];
-            p[j] = keep + EPS;
-            double lp = eval_loss(c, r);
-            p[j] = keep - EPS;
-            double lm = eval_loss(c, r);
-            p[j] = keep;
-            double num = (lp - lm) / (2.0 * (double)EPS);
-            if (!(fabs(num - ana) <= ATOL + RTOL * fabs(ana)))
-                fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", c->name, i,
-                         (long long)j, ana, num);
-        }
-        checked++;
-        zd_tensor_clear_grad(x);
-        zd_tensor_unref(g);
-    }
-    assert_true(checked > 0);
-    zd_tensor_unref(r);
-    assert_int_equal(zd_tensor_live_count(), live);
+    const bool padding = c->indices && c->padding_idx >= 0;
+    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in,
+                             .n_inputs = c->n_in, .zero_row_of = padding ? c->in[0] : NULL,
+                             .zero_row = c->padding_idx});
 }
 
 static void release(check_t *c)
@@ -140,13 +69,13 @@ static void test_softmax(void **state)
     const int dims[] = {0, 1, 2, -1, -2};
     for (size_t k = 0; k < sizeof dims / sizeof dims[0]; k++) {
         check_t c = {.name = "softmax (2,3,4)", .fn = fn_softmax, .n_in = 1, .dim = dims[k]};
-        c.in[0] = param(randn(3, (int64_t[]){2, 3, 4}, 2.0f));
-        gradcheck(&c);
+        c.in[0] = leaf(randn(3, (int64_t[]){2, 3, 4}, 2.0f));
+        check(&c);
         release(&c);
     }
     check_t c = {.name = "softmax (4,10)", .fn = fn_softmax, .n_in = 1, .dim = 1};
-    c.in[0] = param(randn(2, (int64_t[]){4, 10}, 3.0f));
-    gradcheck(&c);
+    c.in[0] = leaf(randn(2, (int64_t[]){4, 10}, 3.0f));
+    check(&c);
     /* rows sum to 1, also with large inputs */
     zd_tensor_data(c.in[0])[0] = 1000.0f;
     zd_tensor_t *y;
@@ -166,8 +95,8 @@ static void test_gelu(void **state)
 {
     (void)state;
     check_t c = {.name = "gelu", .fn = fn_gelu, .n_in = 1};
-    c.in[0] = param(randn(3, (int64_t[]){2, 5, 3}, 2.0f));
-    gradcheck(&c);
+    c.in[0] = leaf(randn(3, (int64_t[]){2, 5, 3}, 2.0f));
+    check(&c);
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){0, 1, -1}), *y;
     assert_int_equal(zd_nn_gelu(x, &y), 0);
     /* x Phi(x): Phi(1) = 0.8413447460685429 */
@@ -192,11 +121,11 @@ static void ln_case(int nd, const int64_t *shape, int norm_ndim, bool weight, bo
     snprintf(name, sizeof name, "layer_norm over %d dims%s%s", norm_ndim, weight ? ", weight" : "",
              bias ? ", bias" : "");
     check_t c = {.name = name, .fn = fn_layer_norm, .n_in = 3, .dim = norm_ndim};
-    c.in[0] = param(randn(nd, shape, 2.0f));
+    c.in[0] = leaf(randn(nd, shape, 2.0f));
     const int64_t *wshape = shape + nd - norm_ndim;
-    c.in[1] = weight ? param(randn(norm_ndim, wshape, 1.0f)) : NULL;
-    c.in[2] = bias ? param(randn(norm_ndim, wshape, 1.0f)) : NULL;
-    gradcheck(&c);
+    c.in[1] = weight ? leaf(randn(norm_ndim, wshape, 1.0f)) : NULL;
+    c.in[2] = bias ? leaf(randn(norm_ndim, wshape, 1.0f)) : NULL;
+    check(&c);
     release(&c);
 }
 
@@ -222,10 +151,10 @@ static void test_mse_loss(void **state)
         c.in[0] = randn(3, (int64_t[]){2, 3, 2}, 1.0f);
         c.in[1] = randn(3, (int64_t[]){2, 3, 2}, 1.0f);
         if (which & 1)
-            param(c.in[0]);
+            leaf(c.in[0]);
         if (which & 2)
-            param(c.in[1]);
-        gradcheck(&c);
+            leaf(c.in[1]);
+        check(&c);
         release(&c);
     }
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 3});
@@ -266,10 +195,10 @@ static void test_embedding_gradients(void **state)
         check_t c = {.name = k & 1 ? "embedding, padding 0" : "embedding",
                      .fn = fn_embedding, .n_in = 1,
                      .padding_idx = k & 1 ? 0 : ZD_NN_NO_PADDING};
-        c.in[0] = param(randn(2, (int64_t[]){7, 3}, 1.0f));
+        c.in[0] = leaf(randn(2, (int64_t[]){7, 3}, 1.0f));
         c.indices = k & 2 ? indices(ZD_UINT8, 2, (int64_t[]){2, 4}, v)
                           : indices(ZD_INT64, 1, (int64_t[]){8}, v);
-        gradcheck(&c);
+        check(&c);
         release(&c);
     }
 }
@@ -278,7 +207,7 @@ static void test_embedding_values(void **state)
 {
     (void)state;
     int64_t live = zd_tensor_live_count();
-    zd_tensor_t *w = param(randn(2, (int64_t[]){4, 2}, 1.0f));
+    zd_tensor_t *w = leaf(randn(2, (int64_t[]){4, 2}, 1.0f));
     zd_tensor_t *idx = indices(ZD_INT64, 2, (int64_t[]){1, 3}, (const int[]){2, 2, 1}), *y, *s;
     assert_int_equal(zd_nn_embedding(idx, w, 1, &y), 0);
     assert_int_equal(zd_tensor_ndim(y), 3);
@@ -333,7 +262,7 @@ static void test_errors(void **state)
     assert_non_null(strstr(zd_error_last(), "(5, 3) and target (3, 5)"));
     assert_int_equal(zd_nn_gelu(idx, &y), -1);
     assert_null(y);
-    assert_int_equal(zd_nn_init_normal(w, 0.0f, -1.0f, &rng), -1);
+    assert_int_equal(zd_nn_init_normal(w, 0.0f, -1.0f, gradcheck_rng()), -1);
     assert_int_equal(zd_nn_init_normal(w, 0.0f, 1.0f, NULL), -1);
     zd_tensor_unref(t);
     zd_tensor_unref(b);
@@ -346,7 +275,7 @@ static void test_init_normal(void **state)
 {
     (void)state;
     zd_tensor_t *w = zd_tensor_zeros2(100, 100);
-    assert_int_equal(zd_nn_init_normal(w, 0.0f, 1.0f, &rng), 0);
+    assert_int_equal(zd_nn_init_normal(w, 0.0f, 1.0f, gradcheck_rng()), 0);
     double s = 0, sq = 0;
     for (int i = 0; i < 10000; i++) {
         s += zd_tensor_data(w)[i];
@@ -360,7 +289,7 @@ static void test_init_normal(void **state)
 
 int main(void)
 {
-    zd_nn_rng_seed(&rng, 20261126);
+    gradcheck_seed(20261126);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_gelu),

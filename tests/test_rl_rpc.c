@@ -11,10 +11,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #include <zdist/error.h>
 #include "examples/cartpole.h"
+#include "tests/support/program.h"
 
 /*  ---- the environment ---- */
 
@@ -171,40 +171,11 @@ static void test_cartpole_reset_and_seed(void **state)
 
 /*  ---- the program, in worlds of real processes ---- */
 
-static char launch_bin[1024], rl_bin[1024];
-
-static int setup(void **state)
-{
-    (void)state;
-    const char *b = getenv("ZDIST_BUILD_DIR");
-    snprintf(launch_bin, sizeof launch_bin, "%s/tools/launch", b ? b : ".");
-    snprintf(rl_bin, sizeof rl_bin, "%s/examples/rl_rpc", b ? b : ".");
-    return 0;
-}
-
-/*  Runs "launch --nproc=n -- rl_rpc flags" (stdout and stderr together,
-    stopped by launch after 600 s); returns its exit status and the output
-    (to free), which it prints when the status is not the one expected. */
+/*  "launch --nproc=n -- rl_rpc flags" to its end: its exit status and
+    output (to free). */
 static int run_world(int n, const char *flags, bool expect_ok, char **output)
 {
-    char cmd[3072];
-    snprintf(cmd, sizeof cmd, "%s --nproc=%d --timeout_s=600 -- %s %s 2>&1", launch_bin, n,
-             rl_bin, flags);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t len = 0, cap = 65536;
-    char *out = malloc(cap);
-    size_t got;
-    while ((got = fread(out + len, 1, cap - len - 1, p)) > 0)
-        if ((len += got) + 1 >= cap)
-            out = realloc(out, cap *= 2);
-    out[len] = '\0';
-    int status = pclose(p);
-    *output = out;
-    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    if ((rc == 0) != expect_ok)
-        fprintf(stderr, "%s\nexited with %d:\n%s\n", cmd, rc, out);
-    return rc;
+    return program_run_world("examples/rl_rpc", n, flags, expect_ok, output);
 }
 
 typedef struct {
@@ -324,5 +295,5 @@ int main(void)
         cmocka_unit_test(test_world_of_three_learns),
         cmocka_unit_test(test_worlds_of_two_and_five),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -12,42 +12,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
-static char launch_bin[1024], rnn_bin[1024];
+#include "tests/support/program.h"
 
-static int setup(void **state)
-{
-    (void)state;
-    const char *b = getenv("ZDIST_BUILD_DIR");
-    snprintf(launch_bin, sizeof launch_bin, "%s/tools/launch", b ? b : ".");
-    snprintf(rnn_bin, sizeof rnn_bin, "%s/examples/rnn_rpc", b ? b : ".");
-    return 0;
-}
-
-/*  Runs "launch --nproc=n -- rnn_rpc flags" (stdout and stderr together,
-    stopped by launch after 600 s); returns its exit status and the output
-    (to free), printed when the status is not the one expected. */
+/*  "launch --nproc=n -- rnn_rpc flags" to its end: its exit status and
+    output (to free). */
 static int run_world(int n, const char *flags, bool expect_ok, char **output)
 {
-    char cmd[3072];
-    snprintf(cmd, sizeof cmd, "%s --nproc=%d --timeout_s=600 -- %s %s 2>&1", launch_bin, n,
-             rnn_bin, flags);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t len = 0, cap = 65536;
-    char *out = malloc(cap);
-    size_t got;
-    while ((got = fread(out + len, 1, cap - len - 1, p)) > 0)
-        if ((len += got) + 1 >= cap)
-            out = realloc(out, cap *= 2);
-    out[len] = '\0';
-    int status = pclose(p);
-    *output = out;
-    int rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
-    if ((rc == 0) != expect_ok)
-        fprintf(stderr, "%s\nexited with %d:\n%s\n", cmd, rc, out);
-    return rc;
+    return program_run_world("examples/rnn_rpc", n, flags, expect_ok, output);
 }
 
 /*  "<who>: loss went from A (mean of the first 10 steps) to B (...)". */
@@ -125,5 +97,5 @@ int main(void)
         cmocka_unit_test(test_two_trainers_share_the_ps),
         cmocka_unit_test(test_bad_input),
     };
-    return cmocka_run_group_tests(tests, setup, NULL);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

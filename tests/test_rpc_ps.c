@@ -8,110 +8,14 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <math.h>
-#include <sys/syscall.h>
-#include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
 
-extern char **environ;
+#include "tests/support/program.h"
 
 static char launch_bin[1024], ps_bin[1024], local_bin[1024];
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-typedef struct {
-    pid_t pid;
-    int fd;          /* stdout and stderr of the child, merged */
-    char *out;
-    size_t len, cap;
-} proc_t;
-
-static int proc_start(proc_t *p, char *const argv[])
-{
-    int fds[2];
-    memset(p, 0, sizeof *p);
-    if (pipe(fds) < 0)
-        return -1;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    posix_spawn_file_actions_addclose(&fa, fds[0]);
-    int rc = posix_spawn(&p->pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    close(fds[1]);
-    if (rc != 0) {
-        close(fds[0]);
-        return -1;
-    }
-    p->fd = fds[0];
-    return 0;
-}
-
-/*  Reads output until `until` appears (NULL: until EOF) or the deadline.
-    Returns 1 when found / EOF reached, 0 on timeout. */
-static int proc_read(proc_t *p, const char *until, double deadline)
-{
-    for (;;) {
-        if (until && p->out && strstr(p->out, until))
-            return 1;
-        double left = deadline - now_s();
-        if (left <= 0)
-            return 0;
-        struct pollfd pfd = {p->fd, POLLIN, 0};
-        if (poll(&pfd, 1, (int)(left * 1000) + 1) <= 0)
-            continue;
-        if (p->len + 4097 > p->cap) {
-            p->cap = p->cap ? p->cap * 2 : 65536;
-            p->out = realloc(p->out, p->cap);
-        }
-        ssize_t n = read(p->fd, p->out + p->len, 4096);
-        if (n <= 0)
-            return until ? 0 : 1;
-        p->len += (size_t)n;
-        p->out[p->len] = '\0';
-    }
-}
-
-/*  Waits for the child (killing it at the deadline); returns its exit status
-    (128 + signal for a signal). */
-static int proc_wait(proc_t *p, double deadline)
-{
-    proc_read(p, NULL, deadline);
-    int status, pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
-    struct pollfd pfd = {pidfd, POLLIN, 0};
-    double left = deadline - now_s();
-    if (pidfd < 0 || poll(&pfd, 1, left > 0 ? (int)(left * 1000) + 1 : 0) <= 0)
-        kill(p->pid, SIGKILL);   /* out of time */
-    waitpid(p->pid, &status, 0);
-    if (pidfd >= 0)
-        close(pidfd);
-    close(p->fd);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-static int run(char *const argv[], int timeout_s, char **output)
-{
-    proc_t p;
-    if (proc_start(&p, argv) < 0)
-        return -1;
-    int rc = proc_wait(&p, now_s() + timeout_s);
-    *output = p.out ? p.out : strdup("");
-    if (rc != 0)
-        fprintf(stderr, "%s exited with %d:\n%s\n", argv[0], rc, *output);
-    return rc;
-}
 
 /*  Every number after `key` in text, in order (at most max). */
 static int numbers_after(const char *text, const char *key, double *out, int max)
@@ -125,10 +29,9 @@ static int numbers_after(const char *text, const char *key, double *out, int max
 static int setup(void **state)
 {
     (void)state;
-    const char *b = getenv("ZDIST_BUILD_DIR");
-    snprintf(launch_bin, sizeof launch_bin, "%s/tools/launch", b ? b : ".");
-    snprintf(ps_bin, sizeof ps_bin, "%s/examples/rpc_ps", b ? b : ".");
-    snprintf(local_bin, sizeof local_bin, "%s/examples/train_local", b ? b : ".");
+    snprintf(launch_bin, sizeof launch_bin, "%s", program_path("tools/launch"));
+    snprintf(ps_bin, sizeof ps_bin, "%s", program_path("examples/rpc_ps"));
+    snprintf(local_bin, sizeof local_bin, "%s", program_path("examples/train_local"));
     return 0;
 }
 
@@ -146,7 +49,7 @@ static void check_world(const char *nproc, const char *servers, int trainers)
     char *argv[] = {launch_bin, (char *)nproc, "--", ps_bin, (char *)servers,
                     "--max_batches=40", "--eval_samples=1000", "--log_interval=10", curves,
                     NULL};
-    assert_int_equal(run(argv, 300, &out), 0);
+    assert_int_equal(program_run(argv, 300, true, &out), 0);
     double acc[8];
     int n = numbers_after(out, "test accuracy ", acc, 8);
     assert_int_equal(n, trainers);
@@ -216,9 +119,9 @@ static void test_same_losses_as_one_process_and_across_shards(void **state)
     char *ps2_argv[] = {launch_bin, "--nproc=3", "--", ps_bin, "--num_servers=2", "--no_dropout",
                         "--max_batches=20", "--log_interval=1", "--seed=7",
                         "--eval_samples=100", NULL};
-    assert_int_equal(run(local_argv, 300, &local_out), 0);
-    assert_int_equal(run(ps1_argv, 300, &ps1_out), 0);
-    assert_int_equal(run(ps2_argv, 300, &ps2_out), 0);
+    assert_int_equal(program_run(local_argv, 300, true, &local_out), 0);
+    assert_int_equal(program_run(ps1_argv, 300, true, &ps1_out), 0);
+    assert_int_equal(program_run(ps2_argv, 300, true, &ps2_out), 0);
     double a[BATCHES], b[BATCHES], c[BATCHES];
     assert_int_equal(numbers_after(local_out, " loss ", a, BATCHES), BATCHES);
     assert_int_equal(numbers_after(ps1_out, " loss ", b, BATCHES), BATCHES);
@@ -254,12 +157,12 @@ static void test_checkpoint_and_resume_continue_exactly(void **state)
                         NULL};
     char *other_argv[] = {WORLD, "--max_batches=20", ck, "--batch_size=64", "--resume", NULL};
 #undef WORLD
-    assert_int_equal(run(whole_argv, 300, &whole), 0);
-    assert_int_equal(run(first_argv, 300, &first), 0);
-    assert_int_equal(run(rest_argv, 300, &rest), 0);
-    assert_int_not_equal(run(bad_argv, 300, &bad), 0);
+    assert_int_equal(program_run(whole_argv, 300, true, &whole), 0);
+    assert_int_equal(program_run(first_argv, 300, true, &first), 0);
+    assert_int_equal(program_run(rest_argv, 300, true, &rest), 0);
+    assert_int_not_equal(program_run(bad_argv, 300, false, &bad), 0);
     char *other;
-    assert_int_not_equal(run(other_argv, 300, &other), 0);
+    assert_int_not_equal(program_run(other_argv, 300, false, &other), 0);
     assert_non_null(strstr(other, "was written by a run with --batch_size=32 --seed=7"));
     free(other);
     double a[BATCHES], b[BATCHES];
@@ -286,18 +189,18 @@ static void test_checkpoint_and_resume_continue_exactly(void **state)
 static void test_launcher_stops_the_world_when_a_trainer_dies(void **state)
 {
     (void)state;
-    proc_t p;
+    program_t p;
     char *argv[] = {launch_bin, "--nproc=3", "--grace_s=5", "--", ps_bin, "--max_batches=100000",
                     "--log_interval=1", NULL};
-    assert_int_equal(proc_start(&p, argv), 0);
-    double deadline = now_s() + 120;
-    assert_int_equal(proc_read(&p, "[rank 2] Rank 2 training batch 2 ", deadline), 1);
+    assert_int_equal(program_start(&p, argv), 0);
+    double deadline = program_now_s() + 120;
+    assert_int_equal(program_read(&p, "[rank 2] Rank 2 training batch 2 ", deadline), 1);
     const char *pids = strstr(p.out, "pids ");
     assert_non_null(pids);
     long pid[3];
     assert_int_equal(sscanf(pids, "pids %ld %ld %ld", &pid[0], &pid[1], &pid[2]), 3);
     assert_int_equal(kill((pid_t)pid[2], SIGKILL), 0);
-    int rc = proc_wait(&p, deadline);
+    int rc = program_wait(&p, deadline);
     printf("launch exited with %d\n", rc);
     assert_int_equal(rc, 137);
     assert_non_null(strstr(p.out, "rank 2 killed by signal 9"));

@@ -15,9 +15,11 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <math.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zdist/error.h>
@@ -31,6 +33,56 @@ static inline const char *golden_root(void)
     return d && *d ? d : "/work/shared/golden";
 }
 
+/*  $ZDIST_GOLDEN_TOOLKIT_DIR (set by ctest), else the golden root's sibling. */
+static inline const char *golden_toolkit_root(void)
+{
+    const char *d = getenv("ZDIST_GOLDEN_TOOLKIT_DIR");
+    return d && *d ? d : "/work/shared/golden-toolkit";
+}
+
+/*  Calls fn on the path of each case folder under root (those with a
+    manifest.txt), in directory order; returns how many, or -1 when root
+    cannot be read. */
+static inline int golden_each_dir(const char *root, void (*fn)(const char *dir, void *arg),
+                                  void *arg)
+{
+    DIR *d = opendir(root);
+    if (!d)
+        return -1;
+    int n = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        char dir[2048], manifest[2100];
+        snprintf(dir, sizeof dir, "%s/%s", root, de->d_name);
+        snprintf(manifest, sizeof manifest, "%s/manifest.txt", dir);
+        if (de->d_name[0] == '.' || access(manifest, F_OK) != 0)
+            continue;
+        fn(dir, arg);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+typedef struct {
+    const char *kind;
+    void (*fn)(golden_case_t *c, void *arg);
+    void *arg;
+    int n;
+} golden_each_t;
+
+static inline void golden_each_one(const char *dir, void *arg)
+{
+    golden_each_t *e = arg;
+    golden_case_t *c = golden_case_load(dir);
+    if (!c)
+        fail_msg("%s", zd_error_last());
+    if (strcmp(c->kind, e->kind) == 0) {
+        e->fn(c, e->arg);
+        e->n++;
+    }
+    golden_case_free(c);
+}
+
 /*  Loads each case folder of this kind under the golden root in turn, calls
     fn on it and frees it; returns how many, or -1 when the root cannot be
     read. Folders without a manifest are passed over; a manifest that does
@@ -38,27 +90,53 @@ static inline const char *golden_root(void)
 static inline int golden_each(const char *kind, void (*fn)(golden_case_t *c, void *arg),
                               void *arg)
 {
-    DIR *d = opendir(golden_root());
-    if (!d)
+    golden_each_t e = {.kind = kind, .fn = fn, .arg = arg};
+    return golden_each_dir(golden_root(), golden_each_one, &e) < 0 ? -1 : e.n;
+}
+
+/*  Runs tools/golden_check --quiet on a case folder (the program from
+    $ZDIST_BUILD_DIR): its exit status (0 all match, 1 a mismatch, 3 a kind
+    it does not know; 128 for a signal), or -1 when it cannot run. */
+static inline int golden_check_run(const char *case_dir)
+{
+    extern char **environ;
+    char exe[1024];
+    const char *build = getenv("ZDIST_BUILD_DIR");
+    snprintf(exe, sizeof exe, "%s/tools/golden_check", build ? build : ".");
+    char *argv[] = {exe, "--quiet", (char *)case_dir, NULL};
+    pid_t pid;
+    if (posix_spawn(&pid, exe, NULL, NULL, argv, environ) != 0)
         return -1;
-    int n = 0;
-    for (struct dirent *de; (de = readdir(d));) {
-        char dir[2048], manifest[2100];
-        snprintf(dir, sizeof dir, "%s/%s", golden_root(), de->d_name);
-        snprintf(manifest, sizeof manifest, "%s/manifest.txt", dir);
-        if (de->d_name[0] == '.' || access(manifest, F_OK) != 0)
-            continue;
-        golden_case_t *c = golden_case_load(dir);
-        if (!c)
-            fail_msg("%s", zd_error_last());
-        if (strcmp(c->kind, kind) == 0) {
-            fn(c, arg);
-            n++;
-        }
-        golden_case_free(c);
-    }
-    closedir(d);
-    return n;
+    int status;
+    if (waitpid(pid, &status, 0) != pid)
+        return -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/*  Copies case `name` of root to a temporary folder, checks that the copy
+    passes, writes 42.0 over the float at byte `at` of `file` (negative:
+    from the end) and expects golden_check to report a mismatch (exit 1). */
+static inline void golden_expect_caught(const char *root, const char *name, const char *file,
+                                        long at)
+{
+    char tmpl[] = "/tmp/zdist-golden-XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    assert_non_null(dir);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cp %s/%s/* %s/ && chmod u+w %s/*", root, name, dir, dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(golden_check_run(dir), 0);   /* the copy itself passes */
+    char path[2048];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, at, at < 0 ? SEEK_END : SEEK_SET), 0);
+    const unsigned char bad[4] = {0x42, 0x28, 0, 0};   /* 42.0 big-endian */
+    assert_int_equal(fwrite(bad, 1, 4, f), 4);
+    fclose(f);
+    assert_int_equal(golden_check_run(dir), 1);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 /*  |a - e| <= 1e-5 + 1e-4 |e| everywhere, same element count; a failure
