@@ -27,30 +27,12 @@
 #include <zdist/rnn.h>
 #include "tools/golden_manifest.h"
 
-#define EPS 1e-2f
-#define ATOL 2e-3
-#define RTOL 1e-2
 #define MAX_PROBES 40
 #define GOLDEN_RTOL 1e-4
 #define GOLDEN_ATOL 1e-5
 #define MAX_OUT 3
 
-static zd_nn_rng_t rng;
-
-static zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
-{
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
-    assert_non_null(t);
-    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
-    return t;
-}
-
-static zd_tensor_t *leaf(zd_tensor_t *t)
-{
-    assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
-    return t;
-}
+#include "tests/support/gradcheck.h"
 
 /* ---- golden cases ---- */
 
@@ -243,72 +225,16 @@ struct check {
     uint64_t mask_seed;
 };
 
-static double eval_loss(check_t *c, zd_tensor_t *const *r)
+static int run(void *arg, zd_tensor_t **outs)
 {
-    zd_tensor_t *outs[MAX_OUT] = {NULL};
-    bool prev = zd_autograd_set_grad_enabled(false);
-    int n = c->fn(c, outs);
-    zd_autograd_set_grad_enabled(prev);
-    if (n < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    double l = 0;
-    for (int k = 0; k < n; k++) {
-        for (int64_t i = 0; i < zd_tensor_numel(outs[k]); i++)
-            l += (double)zd_tensor_data(outs[k])[i] * zd_tensor_data(r[k])[i];
-        zd_tensor_unref(outs[k]);
-    }
-    return l;
+    check_t *c = arg;
+    return c->fn(c, outs);
 }
 
-static void gradcheck(check_t *c)
+static void check(check_t *c)
 {
-    const int64_t live = zd_tensor_live_count();
-    zd_tensor_t *outs[MAX_OUT] = {NULL}, *r[MAX_OUT] = {NULL};
-    int n = c->fn(c, outs);
-    if (n < 0)
-        fail_msg("%s: %s", c->name, zd_error_last());
-    zd_autograd_root_t roots[MAX_OUT] = {{0}};
-    for (int k = 0; k < n; k++) {
-        r[k] = randn(zd_tensor_ndim(outs[k]), zd_tensor_shape(outs[k]), 1.0f);
-        roots[k].tensor = outs[k];
-        roots[k].grad = r[k];
-    }
-    if (zd_autograd_run(roots, n, NULL) < 0)
-        fail_msg("%s: backward: %s", c->name, zd_error_last());
-    for (int k = 0; k < n; k++)
-        zd_tensor_unref(outs[k]);
-    int checked = 0;
-    for (int i = 0; i < c->n_in; i++) {
-        zd_tensor_t *t = c->in[i];
-        if (!t || !zd_tensor_requires_grad(t))
-            continue;
-        zd_tensor_t *g = zd_tensor_grad(t);
-        if (!g)
-            fail_msg("%s: input %d got no gradient", c->name, i);
-        float *x = zd_tensor_data(t);
-        const int64_t numel = zd_tensor_numel(t);
-        const int probes = numel < MAX_PROBES ? (int)numel : MAX_PROBES;
-        for (int k = 0; k < probes; k++) {
-            int64_t j = numel <= MAX_PROBES ? k : (int64_t)zd_nn_rng_below(&rng, (uint64_t)numel);
-            float keep = x[j];
-            x[j] = keep + EPS;
-            double lp = eval_loss(c, r);
-            x[j] = keep - EPS;
-            double lm = eval_loss(c, r);
-            x[j] = keep;
-            double num = (lp - lm) / (2.0 * (double)EPS), ana = zd_tensor_data(g)[j];
-            if (!(fabs(num - ana) <= ATOL + RTOL * fabs(ana)))
-                fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", c->name, i,
-                         (long long)j, ana, num);
-        }
-        checked++;
-        zd_tensor_clear_grad(t);
-        zd_tensor_unref(g);
-    }
-    assert_true(checked > 0);
-    for (int k = 0; k < n; k++)
-        zd_tensor_unref(r[k]);
-    assert_int_equal(zd_tensor_live_count(), live);
+    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in,
+                             .n_inputs = c->n_in, .max_probes = MAX_PROBES});
 }
 
 static void release(check_t *c)
@@ -366,7 +292,7 @@ static void cell_case(const char *name, fn_t *fn, int gates, int N, int I, int H
         c.in[5] = leaf(randn(1, (int64_t[]){gates * H}, 0.5f));
         c.in[6] = leaf(randn(1, (int64_t[]){gates * H}, 0.5f));
     }
-    gradcheck(&c);
+    check(&c);
     release(&c);
 }
 
@@ -407,7 +333,7 @@ static void lstm_case_scaled(int T, int N, int I, int H, int L, bool bias, bool 
             p[3] = leaf(randn(1, (int64_t[]){4 * H}, 0.5f));
         }
     }
-    gradcheck(&c);
+    check(&c);
     release(&c);
 }
 
@@ -785,7 +711,7 @@ static void test_nan_propagates(void **state)
 
 int main(void)
 {
-    zd_nn_rng_seed(&rng, 2024);
+    gradcheck_seed(2024);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_cases),
         cmocka_unit_test(test_gradcheck_cells),
