@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include <zdist/rpc.h>
 
 void flags_usage(const char *prog, const flag_t *flags, int n, const char *summary)
@@ -176,5 +177,10 @@ int flags_world_init(const flags_world_t *w, const char *name, int64_t init_time
                 zd_error_last());
         return -1;
     }
+    /* Where rank, world and master came from, once per process: the
+       library logs it at info level, below the default one, and a user of
+       srun or mpirun wants to see it without asking. */
+    if (!zd_log_enabled(ZD_LOG_INFO))
+        printf("%s: %s\n", prog, e->summary);
     return 0;
 }
