@@ -91,6 +91,12 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
     int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 1), &out);
     if (rc == 0)
         rc = zd_nn_nll_loss(out, y, &loss);
+    /* A model that diverged must not take this batch's gradients: they
+       would spread nan to every trainer through the shared weights. */
+    if (rc == 0 && !isfinite(zd_tensor_data(loss)[0])) {
+        *loss_out = zd_tensor_data(loss)[0];
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
+    }
     if (rc == 0)
         rc = zd_dist_autograd_backward(cid, &loss, 1, false);
     if (rc == 0 && check) {
@@ -239,6 +245,14 @@ static int run_trainer(const options_t *o)
             int brc = train_batch(ps, opt, x, y, check, &loss);
             zd_tensor_unref(x);
             zd_tensor_unref(y);
+            if (brc < 0 && !isfinite(loss)) {
+                progress_clear(&prog);
+                zd_error_set("batch %lld (epoch %lld): the loss is %g: the model diverged, and "
+                             "this batch's gradients were not applied. Remedies: a lower --lr "
+                             "(now %g), or fewer trainers per server (their updates arrive "
+                             "stale)", (long long)done + 1, (long long)epoch + 1,
+                             (double)loss, o->lr);
+            }
             if (brc < 0)
                 goto out;
             done++;

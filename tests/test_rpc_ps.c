@@ -209,6 +209,24 @@ static void test_launcher_stops_the_world_when_a_trainer_dies(void **state)
     free(p.out);
 }
 
+/*  Divergence is never silent (SPEC B3): at lr 1000 the loss is nan within
+    a few batches; the trainer does not apply that batch, names it, the
+    loss and the remedies, and the world exits non-zero instead of
+    printing an accuracy. */
+static void test_divergence_stops_the_run(void **state)
+{
+    (void)state;
+    char *out;
+    char *argv[] = {launch_bin, "--nproc=3", "--", ps_bin, "--lr=1000", "--max_batches=100",
+                    "--eval_samples=100", NULL};
+    assert_int_not_equal(program_run(argv, 300, false, &out), 0);
+    assert_non_null(strstr(out, "the loss is nan: the model diverged, and this batch's "
+                                "gradients were not applied"));
+    assert_non_null(strstr(out, "a lower --lr (now 1000)"));
+    assert_null(strstr(out, "test accuracy"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -217,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_two_shards_two_trainers_learn),
         cmocka_unit_test(test_checkpoint_and_resume_continue_exactly),
         cmocka_unit_test(test_launcher_stops_the_world_when_a_trainer_dies),
+        cmocka_unit_test(test_divergence_stops_the_run),
     };
     return cmocka_run_group_tests(tests, setup, NULL);
 }
