@@ -5,18 +5,20 @@
     are compiled with the instruction sets enabled per function (see
     NN_AVX512_BEGIN) and taken when the CPU has them. The choice is made at
     the first call, not at load time, and kept. ZDIST_CPU=generic forces
-    the portable kernels (to test them, or to compare); any other value, or
-    none, lets the CPU decide.
+    the portable kernels (to test them, or to compare); "avx512", "auto" or
+    none lets the CPU decide, and any other value does too, with a warning.
 
     The features come from CPUID and XGETBV directly rather than from
     __builtin_cpu_supports, whose libgcc support code brings a constructor
     of its own into the library (nothing of ours runs at load time). */
 #include <cpuid.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include "nn/nn_private.h"
 
 enum { CPU_UNKNOWN, CPU_GENERIC, CPU_AVX512 };
@@ -62,7 +64,16 @@ static int detect(void)
     const char *env = getenv("ZDIST_CPU");
     if (env && strcmp(env, "generic") == 0)
         return CPU_GENERIC;
-    return has_avx512() ? CPU_AVX512 : CPU_GENERIC;
+    bool avx512 = has_avx512();
+    /* a misspelt "generic" would otherwise run the AVX-512 kernels while
+       the user believes the portable ones ran */
+    if (env && strcmp(env, "avx512") == 0 && !avx512)
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=avx512, but this CPU lacks AVX-512 (F, BW, DQ, "
+                             "VL): the generic kernels run");
+    else if (env && *env && strcmp(env, "auto") != 0 && strcmp(env, "avx512") != 0)
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=\"%.40s\" is not generic, avx512 or auto: the "
+                             "CPU decides", env);
+    return avx512 ? CPU_AVX512 : CPU_GENERIC;
 }
 
 static int current(void)

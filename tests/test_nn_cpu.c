@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
 
@@ -99,12 +100,53 @@ static void test_process_setup(void **state)
         assert_true(strcmp(core, "Prescott") != 0);
 }
 
+static char warned[256];
+
+static void keep_line(zd_log_level_t level, const char *who, const char *line, void *arg)
+{
+    (void)who, (void)arg;
+    if (level == ZD_LOG_WARN)
+        snprintf(warned, sizeof warned, "%s", line);
+}
+
+/*  A ZDIST_CPU the library does not know is reported, not silently taken
+    for "let the CPU decide" (a misspelt generic would test the wrong
+    kernels); the known values say nothing. */
+static void test_unknown_env_warns(void **state)
+{
+    (void)state;
+    const char *was = getenv("ZDIST_CPU");
+    char *saved = was ? strdup(was) : NULL;
+    zd_log_set_sink(keep_line, NULL);
+    setenv("ZDIST_CPU", "genric", 1);
+    warned[0] = '\0';
+    assert_int_equal(zd__nn_cpu_set(NULL), 0);
+    assert_non_null(strstr(warned, "ZDIST_CPU=\"genric\" is not generic, avx512 or auto"));
+    assert_string_equal(zd__nn_cpu_name(), cpu_has_avx512() ? "avx512" : "generic");
+    const char *quiet[] = {"generic", "auto", ""};
+    for (int i = 0; i < 3; i++) {
+        setenv("ZDIST_CPU", quiet[i], 1);
+        warned[0] = '\0';
+        assert_int_equal(zd__nn_cpu_set(NULL), 0);
+        assert_string_equal(warned, "");
+    }
+    zd_log_set_sink(NULL, NULL);
+    if (saved)
+        setenv("ZDIST_CPU", saved, 1);
+    else
+        unsetenv("ZDIST_CPU");
+    free(saved);
+    assert_int_equal(zd__nn_cpu_set(NULL), 0);
+    assert_string_equal(zd__nn_cpu_name(), expected());
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_process_setup),
         cmocka_unit_test(test_choice),
         cmocka_unit_test(test_set),
+        cmocka_unit_test(test_unknown_env_warns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
