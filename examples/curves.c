@@ -548,3 +548,23 @@ int curves_draw(const curves_t *c)
     free(tmp);
     return rc;
 }
+
+void curves_points_init(curves_points_t *p, int64_t every, double now)
+{
+    *p = (curves_points_t){.every = every, .since = now};
+}
+
+int curves_batch(curves_t *c, curves_points_t *p, int64_t done, double loss, int64_t samples,
+                 double now)
+{
+    p->loss += loss;
+    p->n++;
+    if (!c || done % p->every != 0)
+        return 0;
+    double rate = now > p->since ? (double)(p->n * samples) / (now - p->since) : NAN;
+    int rc = curves_add(c, done, p->loss / (double)p->n, rate);
+    p->loss = 0, p->n = 0, p->since = now;
+    return rc;
+}
+
+void curves_points_skip(curves_points_t *p, double seconds) { p->since += seconds; }

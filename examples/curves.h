@@ -41,6 +41,24 @@ void curves_close(curves_t *c);
     at once. 0, or -1 with an error. */
 int curves_add(curves_t *c, int64_t batch, double loss, double samples_per_s);
 
+/*  Batches gathered into training points: every `every` batches, the mean
+    loss and the samples/s since the previous point. */
+typedef struct {
+    int64_t every, n;
+    double loss, since;
+} curves_points_t;
+
+void curves_points_init(curves_points_t *p, int64_t every, double now);
+
+/*  One batch's loss and samples at time now, `done` batches in all; adds a
+    point to c (NULL: none kept) when done is a multiple of every. 0, or -1
+    with an error. */
+int curves_batch(curves_t *c, curves_points_t *p, int64_t done, double loss, int64_t samples,
+                 double now);
+
+/*  Leaves seconds spent elsewhere (an evaluation) out of the throughput. */
+void curves_points_skip(curves_points_t *p, double seconds);
+
 /*  The test accuracy in [0, 1] after `batch` batches: appended to the
     CSV, then the PNG is redrawn. 0, or -1 with an error. */
 int curves_add_accuracy(curves_t *c, int64_t batch, double accuracy);

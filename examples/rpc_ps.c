@@ -225,8 +225,8 @@ static int run_trainer(const options_t *o)
                                        .every_s = o->progress_s},
                   t0);
     /* a curve point every --log_interval batches, or 10 without loss lines */
-    int64_t point_every = o->log_interval > 0 ? o->log_interval : 10, point_n = 0;
-    double point_loss = 0, point_t = t0;
+    curves_points_t points;
+    curves_points_init(&points, o->log_interval > 0 ? o->log_interval : 10, t0);
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
@@ -264,15 +264,8 @@ static int run_trainer(const options_t *o)
                 printf("Rank %lld training batch %lld loss %.6f (epoch %lld)\n",
                        (long long)o->world.rank, (long long)b, loss, (long long)epoch + 1);
             }
-            point_loss += loss;
-            point_n++;
-            if (curves && done % point_every == 0) {
-                if (curves_add(curves, done, point_loss / (double)point_n,
-                               now > point_t ? (double)(point_n * o->batch_size) /
-                                                   (now - point_t) : NAN) < 0)
-                    goto out;
-                point_loss = 0, point_n = 0, point_t = now;
-            }
+            if (curves_batch(curves, &points, done, loss, o->batch_size, now) < 0)
+                goto out;
             /* (the last batch's evaluation is the final one, below) */
             if (o->eval_every > 0 && done % o->eval_every == 0 && done < total) {
                 /* this trainer's own look at the weights as they are now,
@@ -288,7 +281,7 @@ static int run_trainer(const options_t *o)
                     goto out;
                 double after = train_now();
                 eval_secs += after - now;
-                point_t += after - now;   /* the throughput is the training's */
+                curves_points_skip(&points, after - now);   /* the training's rate */
                 progress_skip(&prog, after - now);
             }
             if (o->checkpoint && done % o->checkpoint_every == 0 &&

@@ -98,8 +98,8 @@ static int run(const options_t *o)
                                        .every_s = o->progress_s},
                   t0);
     /* a curve point every --log_interval batches, or 10 without loss lines */
-    int64_t point_every = o->log_interval > 0 ? o->log_interval : 10, point_n = 0;
-    double point_loss = 0, point_t = t0;
+    curves_points_t points;
+    curves_points_init(&points, o->log_interval > 0 ? o->log_interval : 10, t0);
     for (int64_t epoch = 0; epoch < o->epochs; epoch++) {
         free(order);
         if (!(order = zd_dataset_order(train, (uint64_t)(o->seed + epoch)))) {
@@ -126,15 +126,8 @@ static int run(const options_t *o)
                 printf("epoch %lld batch %lld loss %.6f\n", (long long)epoch + 1, (long long)b,
                        loss);
             }
-            point_loss += loss;
-            point_n++;
-            if (curves && done % point_every == 0) {
-                if (curves_add(curves, done, point_loss / (double)point_n,
-                               now > point_t ? (double)(point_n * o->batch_size) /
-                                                   (now - point_t) : NAN) < 0)
-                    goto out;
-                point_loss = 0, point_n = 0, point_t = now;
-            }
+            if (curves_batch(curves, &points, done, loss, o->batch_size, now) < 0)
+                goto out;
             /* (the last batch's evaluation is the final one, below) */
             if (o->eval_every > 0 && done % o->eval_every == 0 && done < total) {
                 double acc;
@@ -147,7 +140,7 @@ static int run(const options_t *o)
                     goto out;
                 double after = train_now();
                 eval_secs += after - now;
-                point_t += after - now;   /* the throughput is the training's */
+                curves_points_skip(&points, after - now);   /* the training's rate */
                 progress_skip(&prog, after - now);
             }
         }

@@ -27,6 +27,7 @@
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "tests/support/fixtures.h"
 
 extern char **environ;
 
@@ -70,29 +71,12 @@ static int teardown(void **state)
 }
 
 /*  The script every rank runs: $d is the fixture's folder. */
-static void write_script(const fixture_t *f, const char *body)
+static void write_rank_script(const fixture_t *f, const char *body)
 {
-    FILE *fp = fopen(f->script, "w");
-    assert_non_null(fp);
-    fprintf(fp, "#!/bin/sh\nd=%s\n%s", f->dir, body);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(chmod(f->script, 0755), 0);
-}
-
-static char *slurp(const char *path)
-{
-    FILE *fp = fopen(path, "rb");
-    assert_non_null(fp);
-    assert_int_equal(fseek(fp, 0, SEEK_END), 0);
-    long n = ftell(fp);
-    assert_true(n >= 0);
-    rewind(fp);
-    char *s = malloc(n + 1);
-    assert_non_null(s);
-    assert_int_equal(fread(s, 1, n, fp), (size_t)n);
-    s[n] = '\0';
-    fclose(fp);
-    return s;
+    char *text;
+    assert_true(asprintf(&text, "d=%s\n%s", f->dir, body) > 0);
+    write_script(f->script, text);
+    free(text);
 }
 
 /*  Starts launch with args (NULL-terminated, without argv[0]); its stdout and
@@ -157,8 +141,10 @@ static int wait_launch(pid_t pid)
 static int run_launch(const fixture_t *f, const char *const *args, char **out, char **err)
 {
     int rc = wait_launch(spawn_launch(f, args));
-    *out = slurp(f->out);
-    *err = slurp(f->err);
+    *out = read_text(f->out);
+    *err = read_text(f->err);
+    assert_non_null(*out);
+    assert_non_null(*err);
     return rc;
 }
 
@@ -166,7 +152,8 @@ static pid_t read_pid(const fixture_t *f, const char *name)
 {
     char path[256];
     snprintf(path, sizeof path, "%s/%s", f->dir, name);
-    char *s = slurp(path);
+    char *s = read_text(path);
+    assert_non_null(s);
     pid_t pid = (pid_t)atoi(s);
     free(s);
     assert_true(pid > 1);
@@ -203,16 +190,10 @@ static void wait_ready(int fd, int n)
     }
 }
 
-static void assert_contains(const char *text, const char *needle)
-{
-    if (!strstr(text, needle))
-        fail_msg("expected \"%s\" in:\n%s", needle, text);
-}
-
 static void test_ranks_get_flags_env_and_labelled_lines(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
+    write_rank_script(f, "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
                     "\"$LOCAL_WORLD_SIZE args $(printf '<%s>' \"$@\")\"\n"
                     "echo \"to stderr $RANK\" >&2\n"
                     "printf 'no newline %s' \"$RANK\"\n");
@@ -254,7 +235,7 @@ static void test_ranks_get_flags_env_and_labelled_lines(void **state)
 static void test_no_rank_flags_given_port_and_address(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
+    write_rank_script(f, "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
                     "\"args $(printf '<%s>' \"$@\")\"\n");
     /* Inherited values of the variables launch sets must not leak through. */
     setenv("RANK", "99", 1);
@@ -277,7 +258,7 @@ static void test_no_rank_flags_given_port_and_address(void **state)
 static void test_long_lines_are_never_mixed(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "s=$(head -c 3000 /dev/zero | tr '\\0' \"$RANK\")\n"
+    write_rank_script(f, "s=$(head -c 3000 /dev/zero | tr '\\0' \"$RANK\")\n"
                     "i=0\n"
                     "while [ $i -lt 200 ]; do echo \"$s\"; i=$((i + 1)); done\n"
                     "if [ \"$RANK\" = 1 ]; then head -c 300000 /dev/zero | tr '\\0' x >&2; fi\n");
@@ -313,7 +294,7 @@ static void test_long_lines_are_never_mixed(void **state)
 static void test_failure_stops_the_others(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "echo $$ > $d/pid.$RANK\n"
+    write_rank_script(f, "echo $$ > $d/pid.$RANK\n"
                     "if [ \"$RANK\" = 1 ]; then\n"
                     "    exec 3<>$d/ready\n"
                     "    read a <&3; read b <&3\n"
@@ -349,7 +330,7 @@ static void test_failure_stops_the_others(void **state)
 static void test_signal_death_is_128_plus_signal(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "echo $$ > $d/pid.$RANK\n"
+    write_rank_script(f, "echo $$ > $d/pid.$RANK\n"
                     "if [ \"$RANK\" = 0 ]; then\n"
                     "    exec 3<>$d/ready\n"
                     "    read a <&3; read b <&3\n"
@@ -374,7 +355,7 @@ static void test_signal_death_is_128_plus_signal(void **state)
 static void test_sigterm_ignored_gets_sigkill_after_grace(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "echo $$ > $d/pid.$RANK\n"
+    write_rank_script(f, "echo $$ > $d/pid.$RANK\n"
                     "if [ \"$RANK\" = 0 ]; then\n"
                     "    exec 3<>$d/ready\n"
                     "    read a <&3; read b <&3\n"
@@ -401,7 +382,7 @@ static const char *const sleepers = "echo $$ > $d/pid.$RANK\n"
 static void test_sigterm_to_launch_stops_the_world(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, sleepers);
+    write_rank_script(f, sleepers);
     int ready = open(f->fifo, O_RDWR | O_CLOEXEC);
     assert_true(ready >= 0);
     const char *args[] = {"--nproc=3", "--no_rank_flags", f->script, NULL};
@@ -410,7 +391,7 @@ static void test_sigterm_to_launch_stops_the_world(void **state)
     close(ready);
     assert_int_equal(kill(pid, SIGTERM), 0);
     assert_int_equal(wait_launch(pid), 143);
-    char *err = slurp(f->err);
+    char *err = read_text(f->err);
     assert_contains(err, "launch: received SIGTERM; stopping 3 processes\n");
     assert_gone(f, (const char *const[]){"pid.0", "pid.1", "pid.2", NULL});
     free(err);
@@ -422,7 +403,7 @@ static void test_sigterm_to_launch_stops_the_world(void **state)
 static void test_sigkill_to_launch_kills_the_ranks(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, sleepers);
+    write_rank_script(f, sleepers);
     int ready = open(f->fifo, O_RDWR | O_CLOEXEC);
     assert_true(ready >= 0);
     const char *args[] = {"--nproc=2", "--no_rank_flags", f->script, NULL};
@@ -447,7 +428,7 @@ static void test_sigkill_to_launch_kills_the_ranks(void **state)
 static void test_sigint_is_forwarded(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "trap 'echo \"rank $RANK got INT\"; kill $child; exit 0' INT\n"
+    write_rank_script(f, "trap 'echo \"rank $RANK got INT\"; kill $child; exit 0' INT\n"
                     "sleep 300 &\n"
                     "child=$!\n"
                     "echo $child > $d/child.$RANK\n"
@@ -461,7 +442,7 @@ static void test_sigint_is_forwarded(void **state)
     close(ready);
     assert_int_equal(kill(pid, SIGINT), 0);
     assert_int_equal(wait_launch(pid), 130);
-    char *out = slurp(f->out), *err = slurp(f->err);
+    char *out = read_text(f->out), *err = read_text(f->err);
     assert_contains(out, "[rank 0] rank 0 got INT\n");
     assert_contains(out, "[rank 1] rank 1 got INT\n");
     assert_contains(err, "launch: received SIGINT; stopping 2 processes\n");
@@ -476,7 +457,7 @@ static void test_sigint_is_forwarded(void **state)
 static void test_processes_left_behind_are_stopped(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "sleep 300 &\n"
+    write_rank_script(f, "sleep 300 &\n"
                     "echo $! > $d/child.$RANK\n");
     char *out, *err;
     const char *args[] = {"--nproc=2", "--no_rank_flags", f->script, NULL};
@@ -491,7 +472,7 @@ static void test_processes_left_behind_are_stopped(void **state)
 static void test_timeout_stops_the_world(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, sleepers);
+    write_rank_script(f, sleepers);
     char *out, *err;
     const char *args[] = {"--nproc=2", "--timeout_s=0.2", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 124);
@@ -521,7 +502,7 @@ static void test_exec_failure_is_a_failure(void **state)
 static void test_bad_flags_and_missing_program(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "exit 0\n");
+    write_rank_script(f, "exit 0\n");
     static const struct {
         const char *args[6];
         const char *message;

@@ -35,6 +35,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "tests/support/fixtures.h"
 
 extern char **environ;
 
@@ -89,38 +90,6 @@ static int64_t now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp)
-        return NULL;
-    char *s = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&s, &len);
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof buf, fp)) > 0)
-        fwrite(buf, 1, n, m);
-    fclose(m);
-    fclose(fp);
-    return s;
-}
-
-static void assert_contains(const char *text, const char *needle)
-{
-    if (!text || !strstr(text, needle))
-        fail_msg("expected \"%s\" in:\n%s", needle, text ? text : "(no file)");
-}
-
-static void write_script(const fixture_t *f, const char *body)
-{
-    FILE *fp = fopen(f->script, "w");
-    assert_non_null(fp);
-    fprintf(fp, "#!/bin/sh\n%s", body);
-    assert_int_equal(fclose(fp), 0);
-    assert_int_equal(chmod(f->script, 0755), 0);
-}
-
 /*  Runs argv (NULL-terminated) with stdout and stderr to files out and err. */
 static pid_t spawn(char *const *argv, const char *out, const char *err)
 {
@@ -161,7 +130,7 @@ static int wait_number_after(const char *path, const char *key, pid_t alive)
 {
     int64_t until = now_ms() + 30000;
     while (now_ms() < until) {
-        char *s = slurp(path);
+        char *s = read_text(path);
         const char *p = s ? strstr(s, key) : NULL;
         int v = p ? atoi(p + strlen(key)) : 0;
         free(s);
@@ -182,7 +151,7 @@ static void assert_log(const char *path, const char *needle)
     if (stat(path, &st) < 0)
         fail_msg("no log %s: %s", path, strerror(errno));
     assert_int_equal(st.st_mode & 0777, 0644);
-    char *s = slurp(path);
+    char *s = read_text(path);
     assert_contains(s, needle);
     assert_null(strstr(s, "[rank "));   /* the program's own lines, unprefixed */
     free(s);
@@ -242,7 +211,7 @@ static void run_two_nodes(fixture_t *f, const char *ns0, const char *ns1, const 
     int rc1 = wait_exit(p1, deadline), rc0 = wait_exit(p0, deadline);
     unsetenv("ZDIST_METRICS");
     unsetenv("ZDIST_METRICS_INTERVAL_S");
-    char *e0 = slurp(err[0]), *e1 = slurp(err[1]);
+    char *e0 = read_text(err[0]), *e1 = read_text(err[1]);
     if (rc0 != 0 || rc1 != 0)
         fail_msg("node 0 exited %d, node 1 %d\nnode 0:\n%s\nnode 1:\n%s", rc0, rc1, e0, e1);
     char want[1024];
@@ -272,7 +241,7 @@ static void run_two_nodes(fixture_t *f, const char *ns0, const char *ns1, const 
     }
     /* Nothing but launch's own lines reached the terminal. */
     for (int k = 0; k < 2; k++) {
-        char *o = slurp(out[k]);
+        char *o = read_text(out[k]);
         assert_string_equal(o, "");
         free(o);
     }
@@ -376,15 +345,15 @@ static int run_launch(fixture_t *f, char *const *args, char **out, char **err)
         argv[n] = args[n - 1];
     argv[n] = NULL;
     int rc = wait_exit(spawn(argv, o, e), now_ms() + 60000);
-    *out = slurp(o);
-    *err = slurp(e);
+    *out = read_text(o);
+    *err = read_text(e);
     return rc;
 }
 
 static void test_processes_share_the_cores(void **state)
 {
     fixture_t *f = *state;
-    write_script(f, "echo \"threads $RANK $OPENBLAS_NUM_THREADS $ZDIST_NUM_THREADS\"\n");
+    write_script(f->script, "echo \"threads $RANK $OPENBLAS_NUM_THREADS $ZDIST_NUM_THREADS\"\n");
     unsetenv("OPENBLAS_NUM_THREADS");
     unsetenv("ZDIST_NUM_THREADS");
     char *out, *err, want[128];
@@ -428,7 +397,7 @@ static void test_failed_rank_log_tail(void **state)
              "echo \"rank $RANK is fine\"\n"
              "echo $RANK > %s\n"
              "exec sleep 300\n", fifo, fifo);
-    write_script(f, body);
+    write_script(f->script, body);
     char logdir[128], flag[160], *out, *err, want[256];
     snprintf(logdir, sizeof logdir, "%s/new/logs", f->dir);
     snprintf(flag, sizeof flag, "--log_dir=%s", logdir);

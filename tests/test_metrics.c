@@ -24,6 +24,7 @@
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
 #define CALLS 5
@@ -109,22 +110,6 @@ static int body(const world_t *w)
     return rc;
 }
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return NULL;
-    char *s = NULL;
-    size_t len = 0;
-    FILE *m = open_memstream(&s, &len);
-    int c;
-    while ((c = fgetc(f)) != EOF)
-        fputc(c, m);
-    fclose(m);
-    fclose(f);
-    return s;
-}
-
 /*  The integer after "key": in s (the first one: the totals come before
     the per-peer counters), or -1. */
 static long long field(const char *s, const char *key)
@@ -151,7 +136,7 @@ static void test_world_writes_json_lines_and_the_summary_reads_them(void **state
     for (int r = 0; r < 3; r++) {
         char path[128];
         snprintf(path, sizeof path, "%s/%s", dir, files[r]);
-        char *text = slurp(path);
+        char *text = read_text(path);
         if (!text)
             fail_msg("no file %s", path);
         int lines = 0;

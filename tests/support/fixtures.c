@@ -10,6 +10,8 @@
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <zdist/dataset.h>
@@ -64,4 +66,37 @@ void need_data(void)
         fprintf(stderr, "no MNIST-format data: %s\n", zd_error_last());
         skip();
     }
+}
+
+char *read_text(const char *path)
+{
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return NULL;
+    char *s = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&s, &len);
+    char buf[4096];
+    size_t n;
+    while (m && (n = fread(buf, 1, sizeof buf, fp)) > 0)
+        fwrite(buf, 1, n, m);
+    if (m)
+        fclose(m);
+    fclose(fp);
+    return s;
+}
+
+void assert_contains(const char *text, const char *needle)
+{
+    if (!text || !strstr(text, needle))
+        fail_msg("expected \"%s\" in:\n%s", needle, text ? text : "(no file)");
+}
+
+void write_script(const char *path, const char *body)
+{
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    fprintf(fp, "#!/bin/sh\n%s", body);
+    assert_int_equal(fclose(fp), 0);
+    assert_int_equal(chmod(path, 0755), 0);
 }

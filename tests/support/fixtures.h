@@ -25,4 +25,13 @@ const char *tmp_path(const char *name);
 /*  Skips the running test when no MNIST-format data is found (saying why). */
 void need_data(void);
 
+/*  The whole file as a string (to free), or NULL when it cannot be read. */
+char *read_text(const char *path);
+
+/*  Fails the test, showing text, unless it holds needle (NULL text: "(no file)"). */
+void assert_contains(const char *text, const char *needle);
+
+/*  Writes a /bin/sh script with that body at path, executable. */
+void write_script(const char *path, const char *body);
+
 #endif
