@@ -98,7 +98,7 @@ int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_e
         return say(why, size, "rendezvous: malformed answer from the master");
     if (!strcmp(tag, RDV_ERR_TAG)) {
         zframe_t *f = zmsg_next(m);
-        if (zmsg_size(m) != 2 || !f)
+        if (zmsg_size(m) != 2 || !f || zframe_size(f) == 0)
             return say(why, size, "rendezvous: the master reported an error");
         size_t n = zframe_size(f) < RDV_MAX_TEXT ? zframe_size(f) : RDV_MAX_TEXT;
         n = n < size ? n : size - 1;
