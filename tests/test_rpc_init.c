@@ -89,7 +89,9 @@ static int world_env(const world_t *w)
     unsetenv("MASTER_PORT");    /* a malformed one is reported first */
     unsetenv("MASTER_ADDR");
     WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == -1);
-    WCHECK(strstr(zd_error_last(), "MASTER_ADDR") != NULL);
+    /* Rank 0 may go without a master address (it then listens on every
+       interface), not without a port. */
+    WCHECK(strstr(zd_error_last(), w->rank == 0 ? "MASTER_PORT" : "MASTER_ADDR") != NULL);
     return 0;
 }
 
@@ -99,7 +101,11 @@ static void test_environment_variables_are_the_defaults(void **state)
     assert_int_equal(world_run_simple(2, 60, world_env, NULL), 0);
 }
 
-/* ---- misconfigured worlds fail everywhere, quickly, with a reason ---- */
+/* ---- misconfigured worlds fail everywhere, with a reason ----
+   Rank 0 turns away the registration that conflicts (the later one), and
+   that process fails at once; the others fail at the init timeout, with
+   rank 0's message naming what it turned away. One stray message does not
+   abort a world (rendezvous.c). */
 
 typedef struct {
     int ranks[4];
@@ -107,6 +113,7 @@ typedef struct {
     const char *names[4];
     const char *expect;         /* in every failing process's error */
     bool must_fail[4];
+    const char *also;           /* or this (a process rank 0 kept may time out first) */
 } bad_world_t;
 
 static int world_bad(const world_t *w)
@@ -123,7 +130,8 @@ static int world_bad(const world_t *w)
         return 0;
     }
     WCHECK(took < 4000);
-    if (b->must_fail[w->rank] && !strstr(zd_error_last(), b->expect)) {
+    if (b->must_fail[w->rank] && !strstr(zd_error_last(), b->expect) &&
+        !(w->rank > 0 && b->also && strstr(zd_error_last(), b->also))) {
         fprintf(stderr, "[%d] unexpected error: %s\n", w->rank, zd_error_last());
         return 1;
     }
@@ -133,23 +141,23 @@ static int world_bad(const world_t *w)
 static void test_duplicate_rank_fails_everyone(void **state)
 {
     (void)state;
-    bad_world_t b = {{0, 1, 1}, {3, 3, 3}, {"a", "b", "c"}, "rank 1 claimed twice",
-                     {true, true, true}};
+    bad_world_t b = {{0, 1, 1}, {3, 3, 3}, {"a", "b", "c"}, "rank 1 is taken by",
+                     {true, true, true}, "no answer from the master"};
     assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
 static void test_duplicate_name_fails_everyone(void **state)
 {
     (void)state;
-    bad_world_t b = {{0, 1, 2}, {3, 3, 3}, {"a", "same", "same"}, "name \"same\" used twice",
-                     {true, true, true}};
+    bad_world_t b = {{0, 1, 2}, {3, 3, 3}, {"a", "same", "same"}, "has the name of rank",
+                     {true, true, true}, "no answer from the master"};
     assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
 static void test_world_size_mismatch_fails_everyone(void **state)
 {
     (void)state;
-    bad_world_t b = {{0, 1}, {2, 3}, {"a", "b"}, "world size mismatch", {true, true}};
+    bad_world_t b = {{0, 1}, {2, 3}, {"a", "b"}, "world size mismatch", {true, true}, NULL};
     assert_int_equal(world_run_simple(2, 60, world_bad, &b), 0);
 }
 
@@ -158,7 +166,7 @@ static void test_rank_outside_world(void **state)
     (void)state;
     /* The bad process refuses at once; the master gives up at its timeout
        and says who is missing. */
-    bad_world_t b = {{0, 5}, {2, 2}, {"a", "b"}, "", {true, true}};
+    bad_world_t b = {{0, 5}, {2, 2}, {"a", "b"}, "", {true, true}, NULL};
     assert_int_equal(world_run_simple(2, 60, world_bad, &b), 0);
     zd_rpc_options_t o = world_rpc_options(world_free_port());
     assert_int_equal(zd_rpc_init("b", 5, 2, &o), -1);
@@ -195,7 +203,7 @@ static int world_no_master(const world_t *w)
     WCHECK(zd_rpc_init("lonely", 1, 2, &o) == -1);
     int64_t took = world_now_ms() - start;
     WCHECK(took >= 450 && took < 2000);
-    WCHECK(strstr(zd_error_last(), "no answer from the master") != NULL);
+    WCHECK(strstr(zd_error_last(), "could not reach the master at tcp://127.0.0.1:") != NULL);
     WCHECK(strstr(zd_error_last(), "lonely") != NULL);
     /* A master whose workers never come says which ranks are missing. */
     o.master_port = world_free_port();
