@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
@@ -218,6 +219,85 @@ static void test_master_that_never_answers(void **state)
     assert_int_equal(world_run_simple(1, 60, world_no_master, NULL), 0);
 }
 
+/* ---- strangers at the rendezvous port ----
+   Before rank 1 joins, it plays a stranger: registrations that are
+   malformed, point rank 0 at a non-TCP endpoint, or claim another world
+   size or rank 0's rank. Each is turned away with an answer to its
+   sender alone; the world then forms as if nothing had happened. */
+
+static int send_frames(void *sock, const char *const *frames, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (zmq_send(sock, frames[i], strlen(frames[i]), i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+            return -1;
+    return 0;
+}
+
+/* The answer to one stray registration: its text, which must hold want. */
+static int stray_answer(void *sock, const char *want)
+{
+    char tag[16] = "", text[1024] = "";
+    zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 10000) != 1)
+        return -1;
+    int n = zmq_recv(sock, tag, sizeof tag - 1, 0), more = 0;
+    size_t len = sizeof more;
+    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len);
+    int t = more ? zmq_recv(sock, text, sizeof text - 1, 0) : -1;
+    if (n < 0 || t < 0)
+        return -1;
+    tag[n] = '\0';
+    text[t < (int)sizeof text ? t : (int)sizeof text - 1] = '\0';
+    if (strcmp(tag, "ZDERR1") != 0 || !strstr(text, want) || !strstr(text, "turned away")) {
+        fprintf(stderr, "stray registration: answer %s \"%s\", expected \"%s\"\n", tag, text,
+                want);
+        return -1;
+    }
+    return 0;
+}
+
+static int world_strays(const world_t *w)
+{
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    if (w->rank == 1) {
+        void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+        char ep[64];
+        int zero = 0;
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", w->port);
+        zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+        WCHECK(zmq_connect(sock, ep) == 0);
+        static const struct {
+            const char *frames[6];
+            int n;
+            const char *answer;
+        } strays[] = {
+            {{"ZDREG1", "1", "2", "evil", "ipc:///tmp/evil"}, 5, "not tcp://IP:PORT"},
+            {{"ZDREG1", "1", "2", "evil", "tcp://example.org:80"}, 5, "not tcp://IP:PORT"},
+            {{"ZDREG1", "1", "2", "evil"}, 4, "4 frames instead of 5"},
+            {{"ZDREG1", "01", "2", "evil", "tcp://127.0.0.1:9"}, 5, "a bad rank"},
+            {{"ZDREG1", "1", "3", "evil", "tcp://127.0.0.1:9"}, 5, "world size mismatch"},
+            {{"ZDREG1", "0", "2", "evil", "tcp://127.0.0.1:9"}, 5, "rank 0's own"},
+            {{"hello"}, 1, "1 frames instead of 5"},
+        };
+        for (size_t i = 0; i < sizeof strays / sizeof strays[0]; i++) {
+            WCHECK(send_frames(sock, strays[i].frames, strays[i].n) == 0);
+            WCHECK(stray_answer(sock, strays[i].answer) == 0);
+        }
+        zmq_close(sock);
+        zmq_ctx_term(ctx);
+    }
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    WCHECK(zd_rpc_worker("worker1") == 1);
+    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
+    return 0;
+}
+
+static void test_strangers_do_not_abort_the_world(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(2, 60, world_strays, NULL), 0);
+}
+
 /* ---- init again after shutdown ---- */
 
 static int world_twice(const world_t *w)
@@ -251,6 +331,7 @@ int main(void)
         cmocka_unit_test(test_bad_options_refused),
         cmocka_unit_test(test_master_that_never_answers),
         cmocka_unit_test(test_init_again_after_shutdown),
+        cmocka_unit_test(test_strangers_do_not_abort_the_world),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
