@@ -84,6 +84,9 @@ fails() {
     [ -n "$reb" ] && [ "${r##*/}" != r0.log ] && ! grep -Eq -- "$reb" "$r" &&
       bad="$bad ${r##*/} did not say /$reb/;"
   done
+  # Failing cleanly: no sanitizer report on the way (sanitizer builds).
+  grep -lE "ERROR: (Address|Leak)Sanitizer|runtime error:" "$T/$name"/r*.log > /dev/null &&
+    bad="$bad a sanitizer report;"
   [ "$(cat "$T/$name/seconds")" -gt "$within" ] &&
     bad="$bad took $(cat "$T/$name/seconds") s, more than $within;"
   if [ -n "$bad" ]; then
