@@ -117,7 +117,7 @@ int flags_parse(int argc, char **argv, const flag_t *flags, int n, const char *s
 flags_world_t flags_world_default(void)
 {
     return (flags_world_t){.rank = -1, .world_size = 0, .master_addr = NULL,
-                           .master_port = 0};
+                           .master_port = 0, .listen_addr = NULL};
 }
 
 int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog)
@@ -141,7 +141,10 @@ int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog
     }
     w->rank = e->rank;
     w->world_size = e->world_size_from ? e->world_size : default_size;
-    w->master_addr = e->master_addr_from ? e->master_addr : "localhost";
+    /* Rank 0 without a master address listens on every interface (as
+       PyTorch's TCPStore does): what the one-line recipe for several hosts,
+       "--rank=0" on the server and "--master_addr=HOST" elsewhere, needs. */
+    w->master_addr = e->master_addr_from ? e->master_addr : w->rank == 0 ? NULL : "localhost";
     w->master_port = e->master_port_from ? e->master_port : 29500;
     if (w->rank >= w->world_size) {
         fprintf(stderr, "%s: rank %lld is outside a world of %lld processes\n", prog,
@@ -169,6 +172,7 @@ int flags_world_init(const flags_world_t *w, const char *name, int64_t init_time
     zd_rpc_options_t opts = zd_rpc_options_default();
     opts.master_addr = from_env(e->master_addr_from) ? NULL : w->master_addr;
     opts.master_port = from_env(e->master_port_from) ? 0 : (int)w->master_port;
+    opts.listen_addr = w->listen_addr;   /* NULL: $ZDIST_LISTEN_ADDR, else the route's */
     if (init_timeout_ms >= 0)
         opts.init_timeout_ms = init_timeout_ms;
     if (zd_rpc_init(name, from_env(e->rank_from) ? -1 : (int)w->rank,

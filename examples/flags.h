@@ -36,9 +36,11 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
 typedef struct {
     int64_t rank;               /* -1: the launcher's (required somewhere) */
     int64_t world_size;         /* 0: the launcher's, else the program's default */
-    const char *master_addr;    /* NULL: the launcher's, else "localhost" */
+    const char *master_addr;    /* NULL: the launcher's, else "localhost" (rank 0: none, it
+                                   listens on every interface) */
     int64_t master_port;        /* 0: the launcher's, else 29500 */
     const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
+    const char *listen_addr;    /* NULL: $ZDIST_LISTEN_ADDR, else the address routing to rank 0 */
     zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
@@ -48,11 +50,15 @@ typedef struct {
     {"world_size", FLAG_INT, &(w).world_size,                                               \
      "number of processes (0: the launcher's, else what the program's layout needs)"},      \
     {"master_addr", FLAG_STRING, &(w).master_addr,                                          \
-     "rank 0's address (unset: the launcher's, else localhost)"},                           \
+     "rank 0's address (unset: the launcher's, else localhost; rank 0 then listens on "     \
+     "every interface)"},                                                                   \
     {"master_port", FLAG_INT, &(w).master_port,                                             \
      "rank 0's rendezvous port (0: the launcher's, else 29500)"},                           \
     {"metrics", FLAG_STRING, &(w).metrics,                                                  \
-     "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"}
+     "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"},   \
+    {"listen_addr", FLAG_STRING, &(w).listen_addr,                                          \
+     "IP address (IPv4 or IPv6) this process listens on and advertises ($ZDIST_LISTEN_ADDR; "\
+     "unset: the one that routes to rank 0)"}
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);

@@ -467,7 +467,7 @@ int main(int argc, char **argv)
                                  (int)(o.world.world_size - o.num_servers)) < 0)
         goto fail;
     printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o.world.world_size,
-           o.world.master_addr, (long long)o.world.master_port);
+           o.world.master_addr ? o.world.master_addr : "*", (long long)o.world.master_port);
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);

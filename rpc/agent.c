@@ -210,10 +210,12 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     int64_t deadline = p.o.init_timeout_ms
                            ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
                            : INT64_MAX;
-    char ip[64];
-    if (p.o.listen_addr)
-        snprintf(ip, sizeof ip, "%s", p.o.listen_addr);
-    else if (zd__agent_listen_ip(p.master, p.port, ip, sizeof ip) < 0)
+    /* Rank 0 without a listen address binds after the rendezvous, on the
+       addresses that route to the workers that registered. */
+    char ip[64] = "";
+    if (p.listen[0])
+        snprintf(ip, sizeof ip, "%s", p.listen);
+    else if (p.rank != 0 && zd__agent_listen_ip(p.master, ip, sizeof ip) < 0)
         goto fail;
     agent_t *a = agent_new(&p);
     if (!a)
@@ -223,7 +225,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     char who[ZD_RPC_MAX_NAME + 16];
     snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
     zd__log_set_who(who);
-    if (zd__transport_bind(a, ip) < 0 || zd__rref_ctx_new(a) < 0 || zd__serve_register_internal() < 0 ||
+    if (zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 || zd__serve_register_internal() < 0 ||
         !(a->pool = zd__pool_new(a->n_threads)) || zd__metrics_out_open(a) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);

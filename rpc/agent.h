@@ -157,8 +157,9 @@ typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
     zd_rpc_options_t o;
-    char master[256];
+    char master[256];           /* "": none given (rank 0 only) */
     int port;
+    char listen[64];            /* options.listen_addr or $ZDIST_LISTEN_ADDR; "": none */
 } init_params_t;
 
 /*  Fills p from the arguments and the environment: 0, or -1 naming what is
@@ -174,7 +175,7 @@ int zd__rpc_env_long(const char *var, long lo, long hi, long *out);
 
 /*  The IP this process binds and advertises: the one that routes to the
     master (127.0.0.1 for a local one). 0, or -1. */
-int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size);
+int zd__agent_listen_ip(const char *master, char *ip, size_t size);
 
 /*  ---- worker_info.c ---- */
 
@@ -213,8 +214,11 @@ bool zd__agent_io_poll_wanted(agent_t *a);
 /*  ---- rendezvous.c ---- */
 
 /*  Registers with the master at addr:port (hosting it on rank 0) and fills
-    a->peers[*].name/endpoint. a->name/rank/world and our own endpoint in
-    a->peers[a->rank] are set. 0, or -1. */
+    a->peers[*].name/endpoint. a->name/rank/world are set, and our own
+    endpoint in a->peers[a->rank], except on rank 0 when its ROUTER is not
+    bound yet (empty endpoint): rank 0 then binds it on the addresses that
+    route to the workers that registered (addr "": no master address, the
+    rendezvous listens on every interface). 0, or -1. */
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
 
 /*  ---- transport.c ---- */
@@ -224,9 +228,19 @@ typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
 thread_role_t zd__transport_thread_role(void);
 void zd__transport_set_thread_role(thread_role_t role);
 
-/*  Creates the context and binds the ROUTER on listen_ip (port chosen by the
-    OS); fills a->peers[a->rank].endpoint. */
+/*  Creates the context and the ROUTER, and binds it on listen_ip (port
+    chosen by the OS), filling a->peers[a->rank].endpoint; listen_ip NULL
+    leaves the binding to zd__transport_listen (rank 0 binds once it knows
+    where its peers are, rendezvous.c). */
 int zd__transport_bind(agent_t *a, const char *listen_ip);
+
+/*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
+    the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
+    0, or -1 naming the address. */
+int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size);
+
+/*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
+void zd__transport_use_ipv6(void *sock, const char *endpoint);
 
 /*  Creates and connects the DEALERs to every peer, starts the I/O thread,
     then makes sure every peer is reachable (HELLO) before deadline_ns. */

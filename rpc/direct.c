@@ -128,6 +128,7 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
        peer that is gone just waits; the call's deadline or the peer's lost
        connection (seen on the shared socket) ends the wait. */
 
+    zd__transport_use_ipv6(sock, a->peers[peer].endpoint);
     if (zmq_connect(sock, a->peers[peer].endpoint) < 0) {
         zmq_close(sock);
         return NULL;

@@ -271,7 +271,8 @@ static void summarize(zd_rpc_env_t *e)
         say(e, ", world size from %s", or_nothing(e->world_size_from));
     if (e->local_rank >= 0)
         say(e, ", local rank %d from %s", e->local_rank, e->local_rank_from);
-    say(e, ", master %s:", e->master_addr[0] ? e->master_addr : "?");
+    /* Rank 0 without one listens on every interface (rendezvous.c). */
+    say(e, ", master %s:", e->master_addr[0] ? e->master_addr : e->rank == 0 ? "*" : "?");
     if (e->master_port > 0)
         say(e, "%d", e->master_port);
     else

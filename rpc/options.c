@@ -16,6 +16,7 @@
 
 #include <zdist/error.h>
 #include <zdist/log.h>
+#include "rpc/address.h"
 
 zd_rpc_options_t zd_rpc_options_default(void)
 {
@@ -32,35 +33,34 @@ zd_rpc_options_t zd_rpc_options_default(void)
 }
 
 /* The IP this process should bind and advertise: the one the kernel would
-   use to reach the master (a UDP "connect" sends nothing). */
-int zd__agent_listen_ip(const char *master, int port, char *ip, size_t size)
+   use to reach the master (a UDP "connect" sends nothing); loopback for a
+   master on this machine's loopback. */
+int zd__agent_listen_ip(const char *master, char *ip, size_t size)
 {
-    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_DGRAM}, *res;
-    int rc = getaddrinfo(master, NULL, &hints, &res);
-    if (rc != 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: cannot resolve master address \"%s\": %s", master,
-                                 gai_strerror(rc));
-    struct sockaddr_in to = *(struct sockaddr_in *)res->ai_addr;
-    freeaddrinfo(res);
-    to.sin_port = htons((uint16_t)port);
-    if ((ntohl(to.sin_addr.s_addr) >> 24) == 127 || to.sin_addr.s_addr == INADDR_ANY) {
-        snprintf(ip, size, "127.0.0.1");
+    char addr[1][ZD_ADDR_MAX];
+    if (zd__addr_resolve(master, addr, 1) < 0 || zd__addr_route_from(addr[0], ip, size) < 0)
+        return zd_error_wrap("zd_rpc_init: master address \"%s\"", master);
+    return 0;
+}
+
+/* The address to listen on from the options or $ZDIST_LISTEN_ADDR, into
+   p->listen ("" when neither gives one). */
+static int listen_addr(init_params_t *p)
+{
+    const char *s = p->o.listen_addr, *from = "options.listen_addr";
+    if (!s || !*s) {
+        s = getenv("ZDIST_LISTEN_ADDR");
+        from = "ZDIST_LISTEN_ADDR";
+    }
+    if (!s || !*s)
         return 0;
-    }
-    int fd = socket(AF_INET, SOCK_DGRAM, 0);
-    struct sockaddr_in me;
-    socklen_t len = sizeof me;
-    if (fd < 0 || connect(fd, (struct sockaddr *)&to, sizeof to) < 0 ||
-        getsockname(fd, (struct sockaddr *)&me, &len) < 0) {
-        int e = errno;
-        if (fd >= 0)
-            close(fd);
+    /* A literal only: a name could resolve to several addresses, and the
+       endpoint a process advertises has to be one its peers can dial. */
+    if (zd__addr_normalize(s, p->listen, sizeof p->listen) < 0 || !strcmp(p->listen, "0.0.0.0") ||
+        !strcmp(p->listen, "::"))
         return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: no route to master %s: %s", master, strerror(e));
-    }
-    close(fd);
-    inet_ntop(AF_INET, &me.sin_addr, ip, (socklen_t)size);
+                                 "zd_rpc_init: %s=\"%s\" is not the IPv4 or IPv6 address of one "
+                                 "of this host's interfaces (like 10.0.0.5 or fd00::5)", from, s);
     return 0;
 }
 
@@ -100,11 +100,15 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
                                  "no spaces)", name, ZD_RPC_MAX_NAME);
-    if (!env.master_addr_from)
+    /* Rank 0 may go without: its rendezvous then listens on every
+       interface, as PyTorch's TCPStore does (rendezvous.c). */
+    if (!env.master_addr_from && rank != 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: no master address: set options.master_addr or "
                                  "MASTER_ADDR");
-    snprintf(p->master, sizeof p->master, "%s", env.master_addr);
+    snprintf(p->master, sizeof p->master, "%s", env.master_addr_from ? env.master_addr : "");
+    if (listen_addr(p) < 0)
+        return -1;
     if (!env.master_port_from)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: no master port: set options.master_port or "

@@ -1,38 +1,67 @@
 /* SPDX-License-Identifier: MIT */
 /*  rendezvous.c: every process learns every other's name and endpoint.
 
-    Rank 0 binds a ROUTER at master_addr:master_port. Every other process
-    sends, from a DEALER:
-        "ZDREG1" rank world_size name endpoint
-    and waits for either
-        "ZDTAB1" world_size (name endpoint) * world_size     ranks in order
-        "ZDERR1" text
-    Rank 0 answers all at once when the world is complete. On a conflict (a
-    rank or a name twice, a rank outside the world, world sizes that differ)
-    it sends the error to every process that registered, including the
-    offender, and fails itself: every process involved fails with the same
-    text. A process whose master never answers fails at its init timeout.
-    Messages are czmq zmsg_t's of string frames. */
+    Rank 0 binds a ROUTER at master_addr:master_port: that address only
+    when it is an IP literal, each of its addresses when it is a host name,
+    and every interface when rank 0 was given no master address at all (as
+    PyTorch's TCPStore does, so that the documented command line, rank 0
+    without --master_addr, serves other hosts) or when the name resolves to
+    loopback only on rank 0's host (Debian's /etc/hosts maps the host name
+    to 127.0.1.1, which other hosts do not reach). Every other process
+    sends, from a DEALER, a registration and waits for a table or an error
+    (the messages: rendezvous.h, read in rendezvous_msg.c).
+
+    Rank 0 learns where each registration came from (its connection's
+    Peer-Address) and, unless told where to listen, binds its agent ROUTER
+    only now, on the local address that routes to each worker (loopback
+    when they are all on its host): the table a worker gets carries the
+    rank-0 endpoint it can reach. Workers advertise the address that routes
+    to the master, so a worker started with a loopback master address on
+    rank 0's host is unreachable from other hosts: rank 0 says so, naming
+    both, and fails the world.
+
+    Nothing one message does aborts the world. A malformed registration,
+    another world size, a rank outside the world, a rank or a name that is
+    already taken are answered with an error to that sender alone, logged
+    and remembered; the first registration of a rank stays, except that the
+    same name from the same host replaces it (that process restarted).
+    Genuine misconfiguration thus fails at once on the process that is
+    wrong, and rank 0's timeout names what it turned away. A process whose
+    master never answers fails at its init timeout, saying whether it
+    reached the master at all. */
 #include "rpc/agent.h"
 
-#include <arpa/inet.h>
 #include <czmq.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <zdist/error.h>
+#include "rpc/address.h"
+#include "rpc/rendezvous.h"
 
-#define REG_TAG "ZDREG1"
-#define TAB_TAG "ZDTAB1"
-#define ERR_TAG "ZDERR1"
+#define MAX_BINDS 8     /* addresses rank 0 listens on, per socket */
 
 typedef struct {
     bool present;
     zframe_t *identity;     /* NULL for rank 0 itself */
     char name[ZD_RPC_MAX_NAME + 1];
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char peer[ZD_ADDR_MAX];     /* where the registration came from */
+    int via;                    /* rank 0's endpoint for it (index into bound[]) */
 } slot_t;
+
+typedef struct {
+    agent_t *a;
+    void *sock;
+    slot_t *slots;
+    char turned_away[512];      /* the last rejections, for the timeout's message */
+    char bound[MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];   /* rank 0's agent endpoints */
+    char bound_ip[MAX_BINDS][ZD_ADDR_MAX];
+    int n_bound;
+} host_t;
 
 static int remaining_ms(int64_t deadline)
 {
@@ -42,17 +71,9 @@ static int remaining_ms(int64_t deadline)
     return left < 0 ? 0 : (int)(left > 1000000 ? 1000000 : left);
 }
 
-static int parse_int(const char *s, long lo, long hi, long *out)
+static void set_int(void *sock, int opt, int value)
 {
-    if (!s || !*s)
-        return -1;
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || *end || v < lo || v > hi)
-        return -1;
-    *out = v;
-    return 0;
+    zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
 static void send_to(void *sock, zframe_t *identity, zmsg_t *body)
@@ -64,76 +85,162 @@ static void send_to(void *sock, zframe_t *identity, zmsg_t *body)
     zmsg_send(&m, sock);
 }
 
-static void broadcast_error(void *sock, slot_t *slots, int world, zframe_t *offender,
-                            const char *text)
+static void send_error(void *sock, zframe_t *identity, const char *text)
 {
     zmsg_t *body = zmsg_new();
-    zmsg_addstr(body, ERR_TAG);
+    zmsg_addstr(body, RDV_ERR_TAG);
     zmsg_addstr(body, text);
-    for (int i = 0; i < world; i++)
-        if (slots[i].present && slots[i].identity)
-            send_to(sock, slots[i].identity, body);
-    if (offender)
-        send_to(sock, offender, body);
+    send_to(sock, identity, body);
     zmsg_destroy(&body);
 }
 
-/* Checks one registration; 0 and the rank, or -1 with the text of the
-   conflict (fatal to the whole rendezvous). A malformed message is just
-   dropped (*rank = -1, returns 0). */
-static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id, int *rank)
+static void broadcast_error(host_t *h, const char *text)
 {
-    *rank = -1;
-    if (zmsg_size(m) != 5)
+    for (int i = 0; i < h->a->world; i++)
+        if (h->slots[i].present && h->slots[i].identity)
+            send_error(h->sock, h->slots[i].identity, text);
+}
+
+/* ---- rank 0: the rendezvous socket ---- */
+
+static int bind_one(void *sock, const char *ip, int port, char *ep, size_t size)
+{
+    char p[8];
+    snprintf(p, sizeof p, "%d", port);
+    zd__addr_endpoint(ip, p, ep, size);
+    set_int(sock, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
+    return zmq_bind(sock, ep);
+}
+
+/* Every interface, IPv6 and IPv4 alike when the host has IPv6. */
+static int bind_all(void *sock, int port)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://*:%d", port);
+    set_int(sock, ZMQ_IPV6, 1);
+    if (zmq_bind(sock, ep) == 0)
         return 0;
-    char *tag = zmsg_popstr(m), *rs = zmsg_popstr(m), *ws = zmsg_popstr(m);
-    char *name = zmsg_popstr(m), *ep = zmsg_popstr(m);
-    long r, w;
-    int rc = 0;
-    if (!tag || strcmp(tag, REG_TAG) != 0 || parse_int(rs, 0, RPC_WIRE_MAX_RANK, &r) < 0 ||
-        parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 ||
-        !zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
-        !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT)) {
-        zd__log(ZD_LOG_WARN, "rpc: rendezvous: dropped a malformed registration");
-        goto done;
+    set_int(sock, ZMQ_IPV6, 0);
+    if (zmq_bind(sock, ep) == 0)
+        return 0;
+    return zd_error_set("rendezvous: rank 0 cannot listen on port %d: %s", port,
+                        zmq_strerror(errno));
+}
+
+/* Binds the rendezvous socket where master (see the top) says. */
+static int listen_rendezvous(void *sock, const char *master, int port)
+{
+    if (!*master) {
+        zd__log(ZD_LOG_INFO, "rpc: rendezvous: no master address given: rank 0 listens on port "
+                "%d of every interface", port);
+        return bind_all(sock, port);
     }
-    if (w != a->world) {
-        rc = zd_error_set("rendezvous: world size mismatch: \"%s\" (rank %ld) says %ld, "
-                       "rank 0 (\"%s\") says %d", name, r, w, a->name, a->world);
-        goto done;
+    char addrs[MAX_BINDS][ZD_ADDR_MAX], ep[ZD_RPC_MAX_ENDPOINT + 1], tried[256] = "";
+    int n = zd__addr_resolve(master, addrs, MAX_BINDS), bound = 0, loopback = 0;
+    if (n < 0)
+        return zd_error_wrap("rendezvous: master address");
+    for (int i = 0; i < n; i++)
+        loopback += zd__addr_is_loopback(addrs[i]);
+    if (!zd__addr_family(master) && loopback == n) {
+        /* A name that means "this host" only here: other hosts resolve it to
+           an address we cannot know, so listen everywhere. */
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: master address \"%s\" resolves to %s on this "
+                "host, which other hosts cannot reach: rank 0 listens on port %d of every "
+                "interface (give rank 0 an IP address to listen on one)", master, addrs[0], port);
+        return bind_all(sock, port);
     }
-    if (r >= a->world) {
-        rc = zd_error_set("rendezvous: \"%s\" has rank %ld, outside the world of size %d",
-                       name, r, a->world);
-        goto done;
-    }
-    slot_t *s = &slots[r];
-    bool same_sender = s->present && s->identity && zframe_eq(s->identity, id);
-    if (s->present && !same_sender) {
-        rc = zd_error_set("rendezvous: rank %ld claimed twice, by \"%s\" (%s) and by \"%s\" (%s)",
-                       r, s->name, s->endpoint, name, ep);
-        goto done;
-    }
-    for (int i = 0; i < a->world; i++)
-        if (i != r && slots[i].present && strcmp(slots[i].name, name) == 0) {
-            rc = zd_error_set("rendezvous: name \"%s\" used twice, by ranks %d and %ld", name, i,
-                           r);
-            goto done;
+    for (int i = 0; i < n; i++) {
+        if (bind_one(sock, addrs[i], port, ep, sizeof ep) == 0) {
+            bound++;
+            continue;
         }
-    if (!same_sender) {
-        s->present = true;
-        s->identity = zframe_dup(id);
-        snprintf(s->name, sizeof s->name, "%s", name);
-        snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
+        size_t len = strlen(tried);
+        snprintf(tried + len, sizeof tried - len, "%s%s (%s)", len ? ", " : "", ep,
+                 zmq_strerror(errno));
     }
-    *rank = (int)r;
-done:
-    free(tag);
-    free(rs);
-    free(ws);
-    free(name);
-    free(ep);
-    return rc;
+    if (bound)
+        return 0;
+    return zd_error_set("rendezvous: rank 0 cannot listen at %s: rank 0 must run on the host "
+                        "that master address \"%s\" names (or be given no master address, and "
+                        "then it listens on every interface)", tried, master);
+}
+
+/* ---- rank 0: registrations ---- */
+
+/* Logs a registration that is turned away, answers its sender alone and
+   remembers it for the timeout's message. */
+static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt, ...)
+{
+    char why[400], text[640];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") turned away a registration from "
+             "%s: %s", h->a->name, peer, why);
+    zd__log(ZD_LOG_WARN, "rpc: %s", text);
+    send_error(h->sock, id, text);
+    size_t len = strlen(h->turned_away);
+    if (len + 80 < sizeof h->turned_away)
+        snprintf(h->turned_away + len, sizeof h->turned_away - len, "%s%s from %s",
+                 len ? "; " : "", why, peer);
+}
+
+/* Takes one registration (the frames after the routing id): 1 when it
+   filled a new slot, 0 when it filled none. */
+static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
+{
+    agent_t *a = h->a;
+    char peer[ZD_ADDR_MAX] = "", why[160];
+    /* The routing id frame is made by the ROUTER; the connection's
+       properties ride on the frames that came over it. */
+    zframe_t *first = zmsg_first(m);
+    const char *pa = first ? zframe_meta(first, "Peer-Address") : NULL;
+    if (!pa || zd__addr_normalize(pa, peer, sizeof peer) < 0)
+        snprintf(peer, sizeof peer, "an unknown address");
+    rdv_entry_t r;
+    if (zd__rdv_parse_registration(m, &r, why, sizeof why) < 0) {
+        turn_away(h, id, peer, "malformed (%s)", why);
+        return 0;
+    }
+    if (r.world != a->world) {
+        turn_away(h, id, peer, "world size mismatch: \"%s\" (rank %d) says %d, rank 0 says %d",
+                  r.name, r.rank, r.world, a->world);
+        return 0;
+    }
+    if (r.rank == 0 || r.rank >= a->world) {
+        turn_away(h, id, peer, "\"%s\" claims rank %d, which is %s", r.name, r.rank,
+                  r.rank ? "outside the world" : "rank 0's own");
+        return 0;
+    }
+    slot_t *s = &h->slots[r.rank];
+    if (s->present && zframe_eq(s->identity, id))
+        return 0;   /* said twice on one connection */
+    for (int i = 0; i < a->world; i++)
+        if (i != r.rank && h->slots[i].present && !strcmp(h->slots[i].name, r.name)) {
+            turn_away(h, id, peer, "\"%s\" (rank %d) has the name of rank %d", r.name, r.rank, i);
+            return 0;
+        }
+    bool restarted = s->present && !strcmp(s->name, r.name) && !strcmp(s->peer, peer);
+    if (s->present && !restarted) {
+        turn_away(h, id, peer, "rank %d is taken by \"%s\" from %s (%s)", r.rank, s->name,
+                  s->peer, s->endpoint);
+        return 0;
+    }
+    if (restarted) {
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: \"%s\" (rank %d) registered again from %s, at %s "
+                "instead of %s: taking the new one", r.name, r.rank, peer, r.endpoint,
+                s->endpoint);
+        zframe_destroy(&s->identity);
+    }
+    s->present = true;
+    s->identity = zframe_dup(id);
+    snprintf(s->name, sizeof s->name, "%s", r.name);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", r.endpoint);
+    snprintf(s->peer, sizeof s->peer, "%s", peer);
+    return !restarted;
 }
 
 static void missing_ranks(slot_t *slots, int world, char *buf, size_t size)
@@ -145,139 +252,234 @@ static void missing_ranks(slot_t *slots, int world, char *buf, size_t size)
             n += (size_t)snprintf(buf + n, size - n, "%s%d", n ? ", " : "", i);
 }
 
+/* ---- rank 0: where it listens, and whether the world can form ---- */
+
+static bool on_this_host(const char *ip)
+{
+    return zd__addr_is_loopback(ip) || zd__addr_is_local(ip);
+}
+
+/* A worker that advertises a loopback address is reachable from rank 0's
+   host only: fails (naming who cannot reach whom) when another process
+   lives elsewhere. */
+static int check_reachable(host_t *h)
+{
+    agent_t *a = h->a;
+    char ip[ZD_ADDR_MAX];
+    int port, far = -1;
+    for (int i = 1; i < a->world && far < 0; i++)
+        if (!on_this_host(h->slots[i].peer))
+            far = i;
+    if (far < 0)
+        return 0;
+    slot_t *f = &h->slots[far];
+    if (a->peers[0].endpoint[0] &&
+        zd__addr_parse_endpoint(a->peers[0].endpoint, ip, sizeof ip, &port) == 0 &&
+        zd__addr_is_loopback(ip))
+        return zd_error_set("rendezvous: rank 0 (\"%s\") listens at %s (its listen address), "
+                            "which \"%s\" (rank %d) on %s cannot reach: give rank 0 a listen "
+                            "address that the other hosts reach", a->name,
+                            a->peers[0].endpoint, f->name, far, f->peer);
+    for (int i = 1; i < a->world; i++) {
+        slot_t *s = &h->slots[i];
+        if (zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
+            zd__addr_is_loopback(ip))
+            return zd_error_set("rendezvous: \"%s\" (rank %d, on %s) advertises %s, which "
+                                "\"%s\" (rank %d) on %s cannot reach: start rank %d with a "
+                                "--master_addr (or --listen_addr, ZDIST_LISTEN_ADDR) that the "
+                                "other hosts reach, not a loopback one", s->name, i,
+                                on_this_host(s->peer) ? "rank 0's host" : s->peer, s->endpoint,
+                                i == far ? a->name : f->name, i == far ? 0 : far,
+                                i == far ? "rank 0's host" : f->peer, i);
+    }
+    return 0;
+}
+
+/* Rank 0's endpoint for an address: bound once per local address. */
+static int endpoint_for(host_t *h, const char *ip)
+{
+    for (int k = 0; k < h->n_bound; k++)
+        if (!strcmp(h->bound_ip[k], ip))
+            return k;
+    if (h->n_bound == MAX_BINDS)
+        return zd_error_set("rendezvous: rank 0's workers need more than %d local addresses",
+                            MAX_BINDS);
+    int k = h->n_bound;
+    if (zd__transport_listen(h->a, ip, h->bound[k], sizeof h->bound[k]) < 0)
+        return zd_error_wrap("rendezvous: rank 0");
+    snprintf(h->bound_ip[k], sizeof h->bound_ip[k], "%s", ip);
+    h->n_bound++;
+    return k;
+}
+
+/* Binds rank 0's agent ROUTER where its workers reach it (unless it was
+   bound already, on the listen address) and picks each worker's endpoint. */
+static int listen_agent(host_t *h, const char *master)
+{
+    agent_t *a = h->a;
+    char ip[ZD_ADDR_MAX];
+    if (a->peers[0].endpoint[0]) {
+        snprintf(h->bound[0], sizeof h->bound[0], "%s", a->peers[0].endpoint);
+        h->n_bound = 1;
+        return 0;
+    }
+    for (int i = 1; i < a->world; i++) {
+        slot_t *s = &h->slots[i];
+        int port;
+        /* Where the registration came from; the advertised address when
+           the connection does not say (it always does over TCP). */
+        const char *to = s->peer;
+        if (!zd__addr_family(to) &&
+            zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0)
+            to = ip;
+        char from[ZD_ADDR_MAX];
+        if (zd__addr_route_from(to, from, sizeof from) < 0)
+            return zd_error_wrap("rendezvous: rank 0 cannot reach \"%s\" (rank %d)", s->name, i);
+        if ((s->via = endpoint_for(h, from)) < 0)
+            return -1;
+    }
+    if (a->world == 1) {
+        if (*master ? zd__agent_listen_ip(master, ip, sizeof ip) < 0
+                    : snprintf(ip, sizeof ip, "127.0.0.1") < 0)
+            return -1;
+        if (endpoint_for(h, ip) < 0)
+            return -1;
+    }
+    snprintf(a->peers[0].endpoint, sizeof a->peers[0].endpoint, "%s", h->bound[0]);
+    char list[512] = "";
+    for (int k = 0; k < h->n_bound; k++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", h->bound[k]);
+    }
+    zd__log(ZD_LOG_INFO, "rpc: rank 0 listens at %s (where its workers reach it)", list);
+    return 0;
+}
+
+static int send_tables(host_t *h)
+{
+    agent_t *a = h->a;
+    for (int i = 0; i < a->world; i++) {
+        snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", h->slots[i].name);
+        if (i)
+            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s",
+                     h->slots[i].endpoint);
+    }
+    for (int j = 1; j < a->world; j++) {
+        zmsg_t *table = zmsg_new();
+        zmsg_addstr(table, RDV_TAB_TAG);
+        zmsg_addstrf(table, "%d", a->world);
+        for (int i = 0; i < a->world; i++) {
+            zmsg_addstr(table, h->slots[i].name);
+            zmsg_addstr(table, i ? h->slots[i].endpoint : h->bound[h->slots[j].via]);
+        }
+        send_to(h->sock, h->slots[j].identity, table);
+        zmsg_destroy(&table);
+    }
+    return 0;
+}
+
 static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
 {
-    slot_t *slots = calloc((size_t)a->world, sizeof *slots);
-    void *sock = zmq_socket(a->ctx, ZMQ_ROUTER);
-    if (!slots || !sock) {
-        free(slots);
-        if (sock)
-            zmq_close(sock);
+    host_t h = {.a = a};
+    h.slots = calloc((size_t)a->world, sizeof *h.slots);
+    h.sock = zmq_socket(a->ctx, ZMQ_ROUTER);
+    if (!h.slots || !h.sock) {
+        free(h.slots);
+        if (h.sock)
+            zmq_close(h.sock);
         return zd_error_set("rendezvous: cannot create the master socket");
     }
-    int linger = 2000;   /* lets the table reach everyone after we return */
-    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
-    char ep[300];
-    struct in_addr ignored;
-    bool numeric = inet_pton(AF_INET, addr, &ignored) == 1;
-    snprintf(ep, sizeof ep, "tcp://%s:%d", numeric ? addr : "*", port);
+    set_int(h.sock, ZMQ_LINGER, 2000);   /* lets the table reach everyone after we return */
+    set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
     int rc = -1;
-    if (zmq_bind(sock, ep) < 0) {
-        zd_error_set("rendezvous: rank 0 cannot listen at %s: %s", ep, zmq_strerror(errno));
+    if (listen_rendezvous(h.sock, addr, port) < 0)
         goto out;
-    }
-    slots[0].present = true;
-    snprintf(slots[0].name, sizeof slots[0].name, "%s", a->name);
-    snprintf(slots[0].endpoint, sizeof slots[0].endpoint, "%s", a->peers[0].endpoint);
+    h.slots[0].present = true;
+    snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
     int count = 1;
     while (count < a->world) {
-        zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
+        zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
         int n = zmq_poll(&item, 1, remaining_ms(deadline));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
             char miss[256];
-            missing_ranks(slots, a->world, miss, sizeof miss);
+            missing_ranks(h.slots, a->world, miss, sizeof miss);
             zd_error_set("rendezvous: timed out with %d of %d workers registered (missing "
-                      "ranks %s)", count, a->world, miss);
-            broadcast_error(sock, slots, a->world, NULL, zd_error_last());
+                         "ranks %s)%s%s", count, a->world, miss,
+                         h.turned_away[0] ? "; turned away: " : "", h.turned_away);
+            broadcast_error(&h, zd_error_last());
             goto out;
         }
-        zmsg_t *m = zmsg_recv(sock);
+        zmsg_t *m = zmsg_recv(h.sock);
         if (!m)
             continue;
         zframe_t *id = zmsg_pop(m);
-        int r = -1;
-        bool conflict = id && check_registration(a, slots, m, id, &r) < 0;
-        if (conflict)
-            broadcast_error(sock, slots, a->world, id, zd_error_last());
+        if (id)
+            count += take_registration(&h, m, id);
         zframe_destroy(&id);
         zmsg_destroy(&m);
-        if (conflict)
-            goto out;
-        if (r >= 0) {
-            count = 0;
-            for (int i = 0; i < a->world; i++)
-                count += slots[i].present;
-        }
     }
-    zmsg_t *table = zmsg_new();
-    zmsg_addstr(table, TAB_TAG);
-    zmsg_addstrf(table, "%d", a->world);
-    for (int i = 0; i < a->world; i++) {
-        zmsg_addstr(table, slots[i].name);
-        zmsg_addstr(table, slots[i].endpoint);
-        snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", slots[i].name);
-        snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", slots[i].endpoint);
+    if (check_reachable(&h) < 0 || listen_agent(&h, addr) < 0) {
+        broadcast_error(&h, zd_error_last());
+        goto out;
     }
-    for (int i = 1; i < a->world; i++)
-        send_to(sock, slots[i].identity, table);
-    zmsg_destroy(&table);
-    rc = 0;
+    rc = send_tables(&h);
 out:
     for (int i = 0; i < a->world; i++)
-        zframe_destroy(&slots[i].identity);
-    free(slots);
-    zmq_close(sock);
+        zframe_destroy(&h.slots[i].identity);
+    free(h.slots);
+    zmq_close(h.sock);
     return rc;
 }
 
-static int read_table(agent_t *a, zmsg_t *m)
+/* ---- the other ranks ---- */
+
+/* The master's address as a numeric literal, and the endpoint to dial. */
+static int master_endpoint(const char *addr, int port, char *ep, size_t size)
 {
-    char *tag = zmsg_popstr(m);
-    if (tag && strcmp(tag, ERR_TAG) == 0) {
-        free(tag);
-        char *text = zmsg_popstr(m);
-        zd_error_set("%s", text ? text : "rendezvous: the master reported an error");
-        free(text);
-        return -1;
-    }
-    char *ws = zmsg_popstr(m);
-    long w;
-    int rc = 0;
-    if (!tag || strcmp(tag, TAB_TAG) != 0 || parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 ||
-        w != a->world || zmsg_size(m) != (size_t)(2 * w)) {
-        rc = zd_error_set("rendezvous: malformed answer from the master");
-        goto out;
-    }
-    for (int i = 0; i < a->world && rc == 0; i++) {
-        char *name = zmsg_popstr(m), *ep = zmsg_popstr(m);
-        if (!zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
-            !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT) || strncmp(ep, "tcp://", 6) != 0)
-            rc = zd_error_set("rendezvous: malformed entry for rank %d from the master", i);
-        else {
-            snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", name);
-            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", ep);
-        }
-        free(name);
-        free(ep);
-    }
-    if (rc == 0 && strcmp(a->peers[a->rank].name, a->name) != 0)
-        rc = zd_error_set("rendezvous: the master's table gives rank %d to \"%s\"", a->rank,
-                       a->peers[a->rank].name);
-out:
-    free(tag);
-    free(ws);
-    return rc;
+    char ip[1][ZD_ADDR_MAX], p[8];
+    if (zd__addr_resolve(addr, ip, 1) < 0)
+        return zd_error_wrap("rendezvous: master address");
+    snprintf(p, sizeof p, "%d", port);
+    zd__addr_endpoint(ip[0], p, ep, size);
+    return 0;
 }
 
 static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
 {
+    char ep[ZD_RPC_MAX_ENDPOINT + 1];
+    if (master_endpoint(addr, port, ep, sizeof ep) < 0)
+        return -1;
     void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!sock)
         return zd_error_set("rendezvous: cannot create a socket");
-    int linger = 0;
-    zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
-    char ep[300];
-    snprintf(ep, sizeof ep, "tcp://%s:%d", addr, port);
+    set_int(sock, ZMQ_LINGER, 0);
+    set_int(sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    zd__transport_use_ipv6(sock, ep);
+    /* Whether the master was reached at all, for the timeout's message. */
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://zd-rendezvous-%u", a->gen);
+    void *mon = NULL;
+    if (zmq_socket_monitor(sock, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0 &&
+        (mon = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(mon, mon_ep) < 0) {
+        zmq_close(mon);
+        mon = NULL;
+    }
+    bool reached = false;
+    rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
     int rc = -1;
+    if (!table) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
+        goto out;
+    }
     if (zmq_connect(sock, ep) < 0) {
         zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep,
-                  zmq_strerror(errno));
+                     zmq_strerror(errno));
         goto out;
     }
     zmsg_t *reg = zmsg_new();
-    zmsg_addstr(reg, REG_TAG);
+    zmsg_addstr(reg, RDV_REG_TAG);
     zmsg_addstrf(reg, "%d", a->rank);
     zmsg_addstrf(reg, "%d", a->world);
     zmsg_addstr(reg, a->name);
@@ -288,23 +490,47 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         goto out;
     }
     for (;;) {
-        zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
-        int n = zmq_poll(&item, 1, remaining_ms(deadline));
+        zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
+        int n = zmq_poll(items, mon ? 2 : 1, remaining_ms(deadline));
         if (n < 0 && errno == EINTR)
             continue;
         if (n <= 0) {
-            zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
-                      "running there, and are all %d workers started?)", ep, a->world);
+            if (reached || !mon)
+                zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
+                             "running there, and are all %d workers started?)", ep, a->world);
+            else
+                zd_error_set("rendezvous: could not reach the master at %s in time (no "
+                             "connection: is rank 0 running there and listening on that "
+                             "address, and does a firewall let the port through?)", ep);
             goto out;
+        }
+        if (mon && (items[1].revents & ZMQ_POLLIN)) {
+            zmsg_t *ev = zmsg_recv(mon);
+            zmsg_destroy(&ev);
+            reached = true;
+            continue;
         }
         zmsg_t *m = zmsg_recv(sock);
         if (!m)
             continue;
-        rc = read_table(a, m);
+        char why[RDV_MAX_TEXT + 64];
+        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, why, sizeof why);
         zmsg_destroy(&m);
+        if (rc < 0) {
+            zd_error_set("%s", why);
+            goto out;
+        }
+        for (int i = 0; i < a->world; i++) {
+            snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", table[i].name);
+            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", table[i].endpoint);
+        }
         break;
     }
 out:
+    free(table);
+    zmq_socket_monitor(sock, NULL, 0);
+    if (mon)
+        zmq_close(mon);
     zmq_close(sock);
     return rc;
 }

@@ -16,6 +16,7 @@
 #include "rpc/agent.h"
 
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -23,6 +24,7 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
+#include "rpc/address.h"
 #include "rpc/bufcache.h"
 #include "rpc/stream.h"
 
@@ -65,20 +67,40 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
     set_int(a->router, ZMQ_SNDHWM, 0);
     set_int(a->router, ZMQ_ROUTER_HANDOVER, 1);
     set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
-    char ep[ZD_RPC_MAX_ENDPOINT + 1];
-    snprintf(ep, sizeof ep, "tcp://%s:*", listen_ip);
-    if (zmq_bind(a->router, ep) < 0)
-        return zd_error_set("cannot listen at %s: %s", ep, zmq_strerror(errno));
-    size_t len = sizeof a->peers[a->rank].endpoint;
-    if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, a->peers[a->rank].endpoint, &len) < 0)
-        return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
-    len = sizeof a->router_fd;
+    if (listen_ip && zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
+                                          sizeof a->peers[a->rank].endpoint) < 0)
+        return -1;
+    size_t len = sizeof a->router_fd;
     if (zmq_getsockopt(a->router, ZMQ_FD, &a->router_fd, &len) < 0)
         return zd_error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
     a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (a->wake_fd < 0)
         return zd_error_set("cannot create an eventfd: %s", strerror(errno));
     return 0;
+}
+
+int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size)
+{
+    char ep[ZD_RPC_MAX_ENDPOINT + 1];
+    zd__addr_endpoint(ip, "*", ep, sizeof ep);
+    /* The option is read at bind time: on for an IPv6 address only, so
+       that an IPv4 one stays a plain IPv4 socket. */
+    set_int(a->router, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
+    int rc = zmq_bind(a->router, ep);
+    int e = errno;
+    set_int(a->router, ZMQ_IPV6, 0);
+    if (rc < 0)
+        return zd_error_set("cannot listen at %s: %s%s", ep, zmq_strerror(e),
+                            e == EADDRNOTAVAIL ? " (not an address of this host)" : "");
+    if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
+        return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
+    return 0;
+}
+
+void zd__transport_use_ipv6(void *sock, const char *endpoint)
+{
+    if (strncmp(endpoint, "tcp://[", 7) == 0)
+        set_int(sock, ZMQ_IPV6, 1);
 }
 
 static int open_peer(agent_t *a, peer_t *p)
@@ -106,6 +128,7 @@ static int open_peer(agent_t *a, peer_t *p)
             p->monitor = NULL;
         }
     }
+    zd__transport_use_ipv6(p->sock, p->endpoint);
     if (zmq_connect(p->sock, p->endpoint) < 0)
         return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
                          p->endpoint, zmq_strerror(errno));

@@ -6,7 +6,8 @@
 # check; the input that did it is left in <build>/artifacts/.
 #
 #   tools/fuzz.sh [seconds] [target]      defaults: 60 fuzz_codec
-#                                          targets: fuzz_codec, fuzz_stream
+#                                          targets: fuzz_codec, fuzz_stream,
+#                                          fuzz_rendezvous
 #
 # Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel
 # fuzzing processes; unset: one, in the foreground), FUZZ_ARGS (extra
@@ -91,6 +92,23 @@ if [ "$target" = fuzz_stream ]; then
     msg 2 00 02 04 01 "01 02 03"; } > "$seeds/interleaved"
   { msg 11 02 01 01 00 "" "$t1"; msg 3 00 02 01 00 "01 02 03 04 05"; } > "$seeds/expired"
   { msg 1 01 00 05 00 "01 02"; msg 2 02 00 05 00; } > "$seeds/plain"
+fi
+
+if [ "$target" = fuzz_rendezvous ]; then
+  # rdv BYTE0 TEXT...: byte 0 as fuzz_rendezvous.c describes, then each
+  # text as a frame (u8 length, bytes).
+  rdv() {
+    local t
+    bytes "$1"
+    shift
+    for t in "$@"; do bytes "$(printf '%02x' ${#t})"; printf '%s' "$t"; done
+  }
+  rdv 00 ZDREG1 1 2 trainer_1 tcp://10.0.0.2:41000 > "$seeds/reg"
+  rdv 00 ZDREG1 3 4 w3 "tcp://[fd00::2]:5" > "$seeds/reg_ipv6"
+  # world 2, rank 1 (byte 0: answer, (2-1)<<1, 1<<4)
+  rdv 13 ZDTAB1 2 w0 tcp://10.0.0.1:4000 w1 tcp://10.0.0.2:4001 > "$seeds/table"
+  rdv 13 ZDTAB1 2 w0 "tcp://[fd00::1]:4000" w1 "tcp://[::ffff:10.0.0.2]:4001" > "$seeds/table_ipv6"
+  rdv 01 ZDERR1 "rendezvous: world size mismatch" > "$seeds/error"
 fi
 
 echo "fuzzing $target for ${seconds}s (corpus $corpus, seeds $seeds)"

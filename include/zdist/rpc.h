@@ -87,11 +87,14 @@ typedef struct {
     int num_worker_threads;     /* pool threads running handlers (16) */
     int64_t init_timeout_ms;    /* rendezvous limit; 0 = none (300000) */
     const char *master_addr;    /* rendezvous host; NULL: the environment's
-                                   (zd_rpc_env_resolve) */
+                                   (zd_rpc_env_resolve); rank 0 with none at
+                                   all listens on every interface */
     int master_port;            /* rendezvous port; 0: the environment's */
-    const char *listen_addr;    /* IP this process binds and advertises; NULL: the
-                                   address that routes to master_addr (127.0.0.1
-                                   when the master is on this machine) */
+    const char *listen_addr;    /* IP (v4 or v6) this process binds and advertises;
+                                   NULL: $ZDIST_LISTEN_ADDR, else the address that
+                                   routes to master_addr (127.0.0.1 when the master
+                                   is on this machine; rank 0: those that route to
+                                   the workers that registered) */
     int64_t busy_poll_us;       /* a thread waiting for a message polls this long
                                    before it sleeps; 0 = never; < 0: take
                                    $ZDIST_BUSY_POLL_US, else 100 (-1) */
@@ -147,7 +150,9 @@ ZD_API int zd_rpc_env_resolve(int rank, int world_size, const char *master_addr,
     Register functions before calling this: a peer may call them as soon as
     its own init returns. Fails (every process involved, within
     init_timeout_ms) on a duplicate rank or name, a rank outside the world,
-    world sizes that differ, or a master that never answers. */
+    world sizes that differ, a peer that cannot be reached (named, with its
+    address), or a master that never answers; the process whose
+    registration conflicts fails at once. */
 ZD_API int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options_t *opts);
 
 /*  Leaves the world. Graceful: waits until every worker has called
