@@ -39,6 +39,8 @@ typedef struct {
     const char *master_addr;    /* NULL: the launcher's, else "localhost" */
     int64_t master_port;        /* 0: the launcher's, else 29500 */
     const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
+    const char *key_file;       /* NULL: $ZDIST_KEY_FILE, else the default world key if any */
+    bool insecure;              /* run without a key off loopback too ($ZDIST_INSECURE=1) */
     zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
@@ -52,7 +54,12 @@ typedef struct {
     {"master_port", FLAG_INT, &(w).master_port,                                             \
      "rank 0's rendezvous port (0: the launcher's, else 29500)"},                           \
     {"metrics", FLAG_STRING, &(w).metrics,                                                  \
-     "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"}
+     "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"},   \
+    {"key_file", FLAG_STRING, &(w).key_file,                                                \
+     "world key made by tools/keygen: every connection authenticated and encrypted "        \
+     "(unset: $ZDIST_KEY_FILE, else ~/.config/zdist/world.key if it exists)"},              \
+    {"insecure", FLAG_BOOL, &(w).insecure,                                                  \
+     "run without a world key even off loopback: no authentication, no encryption"}
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);

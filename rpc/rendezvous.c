@@ -3,16 +3,19 @@
 
     Rank 0 binds a ROUTER at master_addr:master_port. Every other process
     sends, from a DEALER:
-        "ZDREG1" rank world_size name endpoint
+        "ZDREG1" rank world_size name endpoint key
     and waits for either
-        "ZDTAB1" world_size (name endpoint) * world_size     ranks in order
+        "ZDTAB1" world_size (name endpoint key) * world_size     ranks in order
         "ZDERR1" text
     Rank 0 answers all at once when the world is complete. On a conflict (a
     rank or a name twice, a rank outside the world, world sizes that differ)
     it sends the error to every process that registered, including the
     offender, and fails itself: every process involved fails with the same
     text. A process whose master never answers fails at its init timeout.
-    Messages are czmq zmsg_t's of string frames. */
+    Messages are czmq zmsg_t's of string frames. key is the process's
+    CURVE public key in Z85, or empty in a world without a key; with a key
+    both sockets are CURVE with the world keypair, so that only holders of
+    the world key can register (security.h). */
 #include "rpc/agent.h"
 
 #include <arpa/inet.h>
@@ -22,6 +25,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "rpc/security.h"
 
 #define REG_TAG "ZDREG1"
 #define TAB_TAG "ZDTAB1"
@@ -32,6 +36,7 @@ typedef struct {
     zframe_t *identity;     /* NULL for rank 0 itself */
     char name[ZD_RPC_MAX_NAME + 1];
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char key[SECURITY_KEY_TXT];
 } slot_t;
 
 static int remaining_ms(int64_t deadline)
@@ -84,10 +89,13 @@ static void broadcast_error(void *sock, slot_t *slots, int world, zframe_t *offe
 static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id, int *rank)
 {
     *rank = -1;
-    if (zmsg_size(m) != 5)
+    if (zmsg_size(m) != 6) {
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: dropped a malformed registration (%zu frames)",
+                zmsg_size(m));
         return 0;
+    }
     char *tag = zmsg_popstr(m), *rs = zmsg_popstr(m), *ws = zmsg_popstr(m);
-    char *name = zmsg_popstr(m), *ep = zmsg_popstr(m);
+    char *name = zmsg_popstr(m), *ep = zmsg_popstr(m), *key = zmsg_popstr(m);
     long r, w;
     int rc = 0;
     if (!tag || strcmp(tag, REG_TAG) != 0 || parse_int(rs, 0, RPC_WIRE_MAX_RANK, &r) < 0 ||
@@ -95,6 +103,12 @@ static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id
         !zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
         !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT)) {
         zd__log(ZD_LOG_WARN, "rpc: rendezvous: dropped a malformed registration");
+        goto done;
+    }
+    if (!zd__security_key_ok(a, key)) {
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: dropped the registration of \"%s\" (rank %ld): "
+                "%s", name, r, zd__security_curve(a) ? "no valid public key"
+                                                     : "it has a key and this world has none");
         goto done;
     }
     if (w != a->world) {
@@ -125,9 +139,11 @@ static int check_registration(agent_t *a, slot_t *slots, zmsg_t *m, zframe_t *id
         s->identity = zframe_dup(id);
         snprintf(s->name, sizeof s->name, "%s", name);
         snprintf(s->endpoint, sizeof s->endpoint, "%s", ep);
+        snprintf(s->key, sizeof s->key, "%s", key);
     }
     *rank = (int)r;
 done:
+    free(key);
     free(tag);
     free(rs);
     free(ws);
@@ -157,6 +173,11 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     }
     int linger = 2000;   /* lets the table reach everyone after we return */
     zmq_setsockopt(sock, ZMQ_LINGER, &linger, sizeof linger);
+    if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, sock) < 0) {
+        free(slots);
+        zmq_close(sock);
+        return -1;
+    }
     char ep[300];
     struct in_addr ignored;
     bool numeric = inet_pton(AF_INET, addr, &ignored) == 1;
@@ -166,9 +187,11 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         zd_error_set("rendezvous: rank 0 cannot listen at %s: %s", ep, zmq_strerror(errno));
         goto out;
     }
+    zd__security_watch(a, sock, "the rendezvous");
     slots[0].present = true;
     snprintf(slots[0].name, sizeof slots[0].name, "%s", a->name);
     snprintf(slots[0].endpoint, sizeof slots[0].endpoint, "%s", a->peers[0].endpoint);
+    snprintf(slots[0].key, sizeof slots[0].key, "%s", zd__security_public_key(a));
     int count = 1;
     while (count < a->world) {
         zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
@@ -207,6 +230,8 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     for (int i = 0; i < a->world; i++) {
         zmsg_addstr(table, slots[i].name);
         zmsg_addstr(table, slots[i].endpoint);
+        zmsg_addstr(table, slots[i].key);
+        snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", slots[i].key);
         snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", slots[i].name);
         snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", slots[i].endpoint);
     }
@@ -236,19 +261,22 @@ static int read_table(agent_t *a, zmsg_t *m)
     long w;
     int rc = 0;
     if (!tag || strcmp(tag, TAB_TAG) != 0 || parse_int(ws, 1, RPC_WIRE_MAX_RANK + 1, &w) < 0 ||
-        w != a->world || zmsg_size(m) != (size_t)(2 * w)) {
+        w != a->world || zmsg_size(m) != (size_t)(3 * w)) {
         rc = zd_error_set("rendezvous: malformed answer from the master");
         goto out;
     }
     for (int i = 0; i < a->world && rc == 0; i++) {
-        char *name = zmsg_popstr(m), *ep = zmsg_popstr(m);
+        char *name = zmsg_popstr(m), *ep = zmsg_popstr(m), *key = zmsg_popstr(m);
         if (!zd__rpc_wire_name_ok(name, ZD_RPC_MAX_NAME) ||
-            !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT) || strncmp(ep, "tcp://", 6) != 0)
+            !zd__rpc_wire_name_ok(ep, ZD_RPC_MAX_ENDPOINT) || strncmp(ep, "tcp://", 6) != 0 ||
+            !zd__security_key_ok(a, key))
             rc = zd_error_set("rendezvous: malformed entry for rank %d from the master", i);
         else {
             snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", name);
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", ep);
+            snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", key);
         }
+        free(key);
         free(name);
         free(ep);
     }
@@ -271,6 +299,8 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     char ep[300];
     snprintf(ep, sizeof ep, "tcp://%s:%d", addr, port);
     int rc = -1;
+    if (zd__security_rendezvous_client(a, sock) < 0)
+        goto out;
     if (zmq_connect(sock, ep) < 0) {
         zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep,
                   zmq_strerror(errno));
@@ -282,6 +312,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     zmsg_addstrf(reg, "%d", a->world);
     zmsg_addstr(reg, a->name);
     zmsg_addstr(reg, a->peers[a->rank].endpoint);
+    zmsg_addstr(reg, zd__security_public_key(a));
     if (zmsg_send(&reg, sock) < 0) {
         zmsg_destroy(&reg);
         zd_error_set("rendezvous: cannot send to the master at %s", ep);
@@ -294,7 +325,10 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             continue;
         if (n <= 0) {
             zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
-                      "running there, and are all %d workers started?)", ep, a->world);
+                      "running there, and are all %d workers started?%s)", ep, a->world,
+                      zd__security_curve(a)
+                          ? " Every process needs the same world key file"
+                          : " If the world uses a key, this process needs it too");
             goto out;
         }
         zmsg_t *m = zmsg_recv(sock);
@@ -312,7 +346,10 @@ out:
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
     int64_t deadline = timeout_ms ? zd__agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
-    if (a->rank == 0)
-        return host_rendezvous(a, addr, port, deadline);
-    return join_rendezvous(a, addr, port, deadline);
+    snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s",
+             zd__security_public_key(a));
+    int rc = a->rank == 0 ? host_rendezvous(a, addr, port, deadline)
+                          : join_rendezvous(a, addr, port, deadline);
+    /* The keys of the table are who may connect from now on. */
+    return rc < 0 ? rc : zd__security_table_ready(a);
 }
