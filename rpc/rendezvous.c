@@ -183,11 +183,11 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     bool numeric = inet_pton(AF_INET, addr, &ignored) == 1;
     snprintf(ep, sizeof ep, "tcp://%s:%d", numeric ? addr : "*", port);
     int rc = -1;
+    zd__security_watch(a, sock, "the rendezvous");   /* before the first connection */
     if (zmq_bind(sock, ep) < 0) {
         zd_error_set("rendezvous: rank 0 cannot listen at %s: %s", ep, zmq_strerror(errno));
         goto out;
     }
-    zd__security_watch(a, sock, "the rendezvous");
     slots[0].present = true;
     snprintf(slots[0].name, sizeof slots[0].name, "%s", a->name);
     snprintf(slots[0].endpoint, sizeof slots[0].endpoint, "%s", a->peers[0].endpoint);

@@ -71,7 +71,8 @@ struct security {
     int n_watch;
     zmsg_t *held[MAX_HELD];
     int n_held;
-    limit_t lim_zap, lim_watch, lim_spoof;
+    limit_t lim_rdv, lim_zap, lim_nocurve, lim_crypto, lim_other, lim_spoof;
+    atomic_int_fast64_t spoofs;     /* messages dropped by zd__security_sender_ok */
 };
 
 static void limit_init(limit_t *l)
@@ -330,9 +331,10 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
     if (!s)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_init(&s->lock, NULL);
-    limit_init(&s->lim_zap);
-    limit_init(&s->lim_watch);
-    limit_init(&s->lim_spoof);
+    limit_t *lims[] = {&s->lim_rdv, &s->lim_zap, &s->lim_nocurve, &s->lim_crypto, &s->lim_other,
+                       &s->lim_spoof};
+    for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
+        limit_init(lims[i]);
     s->deadline_ns = p->o.init_timeout_ms ? zd__agent_now_ns() + p->o.init_timeout_ms * 1000000
                                           : INT64_MAX;
     a->sec = s;
@@ -452,9 +454,10 @@ void zd__security_watch(agent_t *a, void *sock, const char *what)
         char ep[64];
         snprintf(ep, sizeof ep, "inproc://zd-security-watch-%d", s->n_watch);
         void *pair = NULL;
-        /* Not HANDSHAKE_FAILED_NO_DETAIL: that is mostly a peer that went
-           away mid-handshake (a world shutting down), not an intruder. */
-        if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) == 0 &&
+        /* NO_DETAIL too: a peer without CURVE that sees our greeting first
+           hangs up before we see its own, and we only see the hang-up. */
+        if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0 &&
             (pair = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(pair, ep) == 0) {
             snprintf(s->watch_what[s->n_watch], sizeof s->watch_what[0], "%s", what);
             s->watch[s->n_watch++] = pair;
@@ -581,7 +584,7 @@ static bool zap_answer(security_t *s, zmsg_t *req, int64_t now)
         if (memcmp(zframe_data(key), s->world_pub_bin, 32) == 0) {
             zap_reply(s, req, "200", "OK", "rendezvous");
         } else {
-            warn_limited(&s->lim_zap, "rpc: rendezvous: refused a registration from %s: "
+            warn_limited(&s->lim_rdv, "rpc: rendezvous: refused a registration from %s: "
                          "its key (%.8s...) is not the world key", address, ktxt);
             zap_reply(s, req, "400", "not the world key", "");
         }
@@ -627,15 +630,19 @@ static void watch_event(security_t *s, void *pair, const char *what)
     zmsg_destroy(&m);
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
         value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-        warn_limited(&s->lim_watch, "rpc: %s (%s) refused a connection that does not use CURVE "
+        warn_limited(&s->lim_nocurve, "rpc: %s (%s) refused a connection that does not use CURVE "
                      "(a process without the world key?)", what, ep);
     else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
              value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
-        warn_limited(&s->lim_watch, "rpc: %s (%s) refused a connection whose CURVE handshake "
+        warn_limited(&s->lim_crypto, "rpc: %s (%s) refused a connection whose CURVE handshake "
                      "failed (another world's key?)", what, ep);
     else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        warn_limited(&s->lim_watch, "rpc: %s (%s) refused a connection: handshake failed "
+        warn_limited(&s->lim_other, "rpc: %s (%s) refused a connection: handshake failed "
                      "(error 0x%x)", what, ep, value);
+    else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+        warn_limited(&s->lim_other, "rpc: %s (%s) lost a connection before its CURVE handshake "
+                     "completed (%s: a process without the world key, or one that went away)",
+                     what, ep, zmq_strerror((int)value));
 }
 
 static void *zap_main(void *arg)
@@ -726,9 +733,10 @@ void zd__security_free(agent_t *a)
         zmq_close(s->watch[i]);
     free(s->keys);
     pthread_mutex_destroy(&s->lock);
-    pthread_mutex_destroy(&s->lim_zap.lock);
-    pthread_mutex_destroy(&s->lim_watch.lock);
-    pthread_mutex_destroy(&s->lim_spoof.lock);
+    limit_t *lims[] = {&s->lim_rdv, &s->lim_zap, &s->lim_nocurve, &s->lim_crypto, &s->lim_other,
+                       &s->lim_spoof};
+    for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
+        pthread_mutex_destroy(&lims[i]->lock);
     /* The secrets do not outlive the world. */
     explicit_bzero(s->world_sec, sizeof s->world_sec);
     explicit_bzero(s->sec, sizeof s->sec);
@@ -747,6 +755,7 @@ bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src)
     long who = user ? strtol(user, &end, 10) : -1;
     if (user && *end == 0 && who == src)
         return true;
+    atomic_fetch_add(&a->sec->spoofs, 1);
     if (user && *end == 0 && who >= 0 && who < a->world)
         warn_limited(&a->sec->lim_spoof, "rpc: dropped a message claiming to be from \"%s\" "
                      "(rank %d) sent by \"%s\" (rank %ld), authenticated by its key",
@@ -755,4 +764,9 @@ bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src)
         warn_limited(&a->sec->lim_spoof, "rpc: dropped a message claiming to be from rank %d "
                      "on an unauthenticated connection", src);
     return false;
+}
+
+int64_t zd__security_spoofs_dropped(const agent_t *a)
+{
+    return a->sec ? atomic_load(&a->sec->spoofs) : 0;
 }

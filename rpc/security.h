@@ -76,6 +76,9 @@ int zd__security_table_ready(agent_t *a);
     mismatch (rate limited) otherwise. Always true without CURVE. */
 bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src);
 
+/*  How many messages zd__security_sender_ok dropped (for tests). */
+int64_t zd__security_spoofs_dropped(const agent_t *a);
+
 /*  ---- keys on disk (tools/keygen, tools/launch, tests) ---- */
 
 /*  The default key file: ${XDG_CONFIG_HOME:-$HOME/.config}/zdist/world.key.
