@@ -358,19 +358,21 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
                 path, s->world_pub);
         return 0;
     }
-    if (s->insecure) {
+    bool loopback = host_is_loopback(p->master) && ip_is_loopback(listen_ip);
+    if (s->insecure && !loopback) {
         zd__log(ZD_LOG_WARN, "rpc: insecure: no authentication and no encryption; anyone who "
                 "reaches this world's ports can call, read and change everything");
         return 0;
     }
-    if (!host_is_loopback(p->master) || !ip_is_loopback(listen_ip))
+    if (!loopback && !s->insecure)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "no world key, and this world is not on loopback only (master "
                                  "\"%s\", this process at %s): refusing to run unauthenticated "
                                  "and unencrypted; %s", p->master, listen_ip, remedies);
     if (a->rank == 0)
-        zd__log(ZD_LOG_INFO, "rpc: no world key: this loopback-only world is unauthenticated "
-                "(any local user can connect); tools/keygen makes a key");
+        zd__log(ZD_LOG_INFO, "rpc: no world key%s: this loopback-only world is unauthenticated "
+                "(any local user can connect); tools/keygen makes a key",
+                s->insecure ? " (insecure)" : "");
     return 0;
 }
 
