@@ -108,6 +108,20 @@ static zd_value_t *h_saw(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(log_wait(needle, 10000));
 }
 
+/* Asks rank `to` whether it logged a line with needle (within 10 s): 1,
+   0, or -1 when the call failed. */
+static int peer_saw(int to, const char *needle)
+{
+    zd_value_t *args = zd_rpc_args("s", needle), *r = NULL;
+    int64_t v = 0;
+    int rc = zd_rpc_sync(to, "saw", args, -1, &r);
+    zd_value_unref(args);
+    if (rc < 0 || zd_value_get_int(r, &v) < 0)
+        v = -1;
+    zd_value_unref(r);
+    return (int)v;
+}
+
 /* The legitimate work: bumps rank `to` n times (sync and async), 0 when
    every answer was right. */
 static int legit_work(int to, int n)
@@ -205,9 +219,7 @@ static int world_outsiders(const world_t *w)
 {
     WTRY(init_with_key(w, g_key));
     if (w->rank == 1) {
-        zd_value_t *r;
-        WTRY(zd_rpc_sync(0, "saw", zd_rpc_args("s", "attacked"), -1, &r));
-        zd_value_unref(r);
+        WCHECK(peer_saw(0, "attacked") == 1);
         WCHECK(legit_work(0, 6) == 0);
         WTRY(zd_rpc_shutdown(true, 10000));
         return 0;
@@ -292,9 +304,7 @@ static int world_spoof(const world_t *w)
         zd_future_t *held = zd_rpc_async(1, "hold", NULL, -1);
         WCHECK(held != NULL);
         WCHECK(zd_future_wait(g_hold.arrived, 10000) == 0);
-        zd_value_t *r;
-        WTRY(zd_rpc_sync(0, "saw", zd_rpc_args("s", "spoofed"), -1, &r));
-        zd_value_unref(r);
+        WCHECK(peer_saw(0, "spoofed") == 1);
         agent_t *a = zd__agent_acquire();
         WCHECK(a != NULL);
         int64_t t0 = world_now_ms();
@@ -338,11 +348,7 @@ static int world_spoof(const world_t *w)
     }
     zd__log(ZD_LOG_WARN, "test: spoofed");
     /* The socket stays open until rank 1 has seen everything. */
-    zd_value_t *r;
-    int64_t v = 0;
-    WTRY(zd_rpc_sync(1, "saw", zd_rpc_args("s", "test: all dropped"), -1, &r));
-    WCHECK(zd_value_get_int(r, &v) == 0 && v == 1);
-    zd_value_unref(r);
+    WCHECK(peer_saw(1, "test: all dropped") == 1);
     WCHECK(!got_anything(sock, 0));
     zmq_close(sock);
     WTRY(zd_rpc_shutdown(true, 30000));
@@ -415,14 +421,8 @@ static int world_hijack(const world_t *w)
     WTRY(zd_rpc_get_worker_info_by_rank(1, &info));
     WCHECK(strcmp(info.name, "worker1") == 0 && strcmp(info.endpoint, "tcp://127.0.0.1:9") != 0);
     if (w->rank == 2) {
-        zd_value_t *r;
-        int64_t v = 0;
-        WTRY(zd_rpc_sync(0, "saw", zd_rpc_args("s", "the rendezvous (tcp"), -1, &r));
-        WCHECK(zd_value_get_int(r, &v) == 0 && v == 1);
-        zd_value_unref(r);
-        WTRY(zd_rpc_sync(0, "saw", zd_rpc_args("s", "is not the world key"), -1, &r));
-        WCHECK(zd_value_get_int(r, &v) == 0 && v == 1);
-        zd_value_unref(r);
+        WCHECK(peer_saw(0, "the rendezvous (tcp") == 1);
+        WCHECK(peer_saw(0, "is not the world key") == 1);
         for (int i = 0; i < 2; i++) {
             WCHECK(!got_anything(s[i], 0));
             zmq_close(s[i]);
