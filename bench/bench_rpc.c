@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  bench_rpc: figures of the RPC agent between two processes on this machine.
 
-        bench_rpc [--raw] [--csv] [--iters N] [--bw] [--bw-reps N]
+        bench_rpc [--raw] [--csv] [--iters N] [--bw] [--bw-reps N] [--no-curve]
 
     Prints zd_rpc_sync round trips (no tensor, a 1x10 tensor), remote + to_here,
     one-way throughput of 1, 16 and 64 MiB tensors (the best of 20, 8 and 6
@@ -12,7 +12,11 @@
     taking turns with the RPC measurements, so that both see the same
     machine. --csv prints one line per figure: name,value,unit. The two
     processes are forked; the figures come back to the parent through a
-    pipe. */
+    pipe. Then a second world of two, with a fresh world key (every
+    connection CURVE: authenticated and encrypted), measures the round trip
+    and the 64 MiB throughput again (rpc_rtt_curve_us_p50,
+    rpc_bw_64MiB_curve_GBps); --no-curve leaves it out. The first world
+    runs without a key whatever the user's default key file says. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -29,6 +33,7 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "rpc/security.h"
 
 #define MAX_FIGURES 32
 
@@ -137,6 +142,8 @@ static void *raw_server(void *arg)
     return NULL;
 }
 
+static const char *g_key_file;   /* the CURVE world's key, NULL for the plain one */
+
 static int setup(int rank, int port)
 {
     zd_rpc_register_inline("echo", h_echo, NULL);
@@ -147,6 +154,8 @@ static int setup(int rank, int port)
     o.master_addr = "127.0.0.1";
     o.master_port = port;
     o.init_timeout_ms = 30000;
+    o.key_file = g_key_file;
+    o.insecure = g_key_file == NULL;
     if (zd_rpc_init(rank ? "server" : "client", rank, 2, &o) < 0) {
         fprintf(stderr, "bench_rpc: %s\n", zd_error_last());
         return -1;
@@ -261,6 +270,30 @@ static double calls_per_second(int window, int total)
 static bool bw_only;   /* --bw */
 static int bw_reps;    /* --bw-reps */
 
+/* The CURVE world: the plain round trip and 64 MiB one way, as above. */
+static void client_curve(int iters, figures_t *fs)
+{
+    rpc_block("echo", NULL, iters / 10, NULL);
+    samples_t plain = {0};
+    for (int b = 0; b < 20 && !bw_only; b++)
+        if (rpc_block("echo", NULL, iters / 20, &plain) < 0)
+            break;
+    if (plain.n)
+        add(fs, "rpc_rtt_curve_us_p50", quantile(plain.t, plain.n, 0.5), "us");
+    free(plain.t);
+    size_t size = (size_t)64 << 20;
+    zd_value_t *args = tensor_args(size);
+    double best = 0;
+    int reps = bw_reps ? bw_reps : 6;
+    for (int i = -1; i < reps; i++) {
+        double g = rpc_bw(args, size);
+        if (i >= 0 && g > best)
+            best = g;
+    }
+    zd_value_unref(args);
+    add(fs, "rpc_bw_64MiB_curve_GBps", best, "GB/s");
+}
+
 static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
 {
     void *ctx = NULL, *req = NULL;
@@ -373,10 +406,11 @@ static int run(int iters, bool raw, figures_t *fs)
     if (server == 0) {
         close(fd[0]);
         pthread_t t;
-        if (raw)
+        bool with_raw = raw && !g_key_file;
+        if (with_raw)
             pthread_create(&t, NULL, raw_server, raw_ep);
         int rc = setup(1, port) == 0 && zd_rpc_shutdown(true, 0) == 0 ? 0 : 1;
-        if (raw)
+        if (with_raw)
             pthread_join(t, NULL);
         _exit(rc);
     }
@@ -385,7 +419,10 @@ static int run(int iters, bool raw, figures_t *fs)
         close(fd[0]);
         figures_t mine = {0};
         if (setup(0, port) == 0) {
-            client(iters, raw, raw_ep, &mine);
+            if (g_key_file)
+                client_curve(iters, &mine);
+            else
+                client(iters, raw, raw_ep, &mine);
             zd_rpc_shutdown(true, 0);
         }
         if (write(fd[1], &mine, sizeof mine) != (ssize_t)sizeof mine)
@@ -404,9 +441,31 @@ static int run(int iters, bool raw, figures_t *fs)
     return 0;
 }
 
+/* The same two processes in a world with a fresh key (a 0700 folder of
+   its own, removed after); its figures are added to fs. */
+static int curve_run(int iters, figures_t *fs)
+{
+    char dir[] = "/tmp/bench-rpc-key-XXXXXX", path[64];
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(path, sizeof path, "%s/world.key", dir);
+    figures_t got = {0};
+    int rc = zd__security_keygen(path, false);
+    if (rc == 0) {
+        g_key_file = path;
+        rc = run(iters, false, &got);
+        g_key_file = NULL;
+    }
+    unlink(path);
+    rmdir(dir);
+    for (int i = 0; rc == 0 && i < got.n && fs->n < MAX_FIGURES; i++)
+        fs->f[fs->n++] = got.f[i];
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
-    bool raw = false, csv = false;
+    bool raw = false, csv = false, curve = true;
     int iters = 4000;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--raw") == 0)
@@ -415,13 +474,15 @@ int main(int argc, char **argv)
             csv = true;
         else if (strcmp(argv[i], "--bw") == 0)
             bw_only = true;
+        else if (strcmp(argv[i], "--no-curve") == 0)
+            curve = false;
         else if (strcmp(argv[i], "--bw-reps") == 0 && i + 1 < argc)
             bw_reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--raw] [--csv] [--iters N] [--bw] [--bw-reps N]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--raw] [--csv] [--iters N] [--bw] [--bw-reps N] "
+                    "[--no-curve]\n", argv[0]);
             return 2;
         }
     }
@@ -430,6 +491,10 @@ int main(int argc, char **argv)
     figures_t fs = {0};
     if (run(iters, raw, &fs) < 0) {
         fprintf(stderr, "bench_rpc: the run failed\n");
+        return 1;
+    }
+    if (curve && curve_run(iters, &fs) < 0) {
+        fprintf(stderr, "bench_rpc: the CURVE run failed\n");
         return 1;
     }
     for (int i = 0; i < fs.n; i++) {

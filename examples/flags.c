@@ -175,6 +175,8 @@ int flags_world_init(const flags_world_t *w, const char *name, int64_t init_time
     opts.listen_addr = w->listen_addr;   /* NULL: $ZDIST_LISTEN_ADDR, else the route's */
     if (init_timeout_ms >= 0)
         opts.init_timeout_ms = init_timeout_ms;
+    opts.key_file = w->key_file;
+    opts.insecure = w->insecure;
     if (zd_rpc_init(name, from_env(e->rank_from) ? -1 : (int)w->rank,
                     from_env(e->world_size_from) ? 0 : (int)w->world_size, &opts) < 0) {
         fprintf(stderr, "%s: rank %lld: zd_rpc_init: %s\n", prog, (long long)w->rank,

@@ -41,6 +41,8 @@ typedef struct {
     int64_t master_port;        /* 0: the launcher's, else 29500 */
     const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
     const char *listen_addr;    /* NULL: $ZDIST_LISTEN_ADDR, else the address routing to rank 0 */
+    const char *key_file;       /* NULL: $ZDIST_KEY_FILE, else the default world key if any */
+    bool insecure;              /* run without a key off loopback too ($ZDIST_INSECURE=1) */
     zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
@@ -58,7 +60,12 @@ typedef struct {
      "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"},   \
     {"listen_addr", FLAG_STRING, &(w).listen_addr,                                          \
      "IP address (IPv4 or IPv6) this process listens on and advertises ($ZDIST_LISTEN_ADDR; "\
-     "unset: the one that routes to rank 0)"}
+     "unset: the one that routes to rank 0)"},                                            \
+    {"key_file", FLAG_STRING, &(w).key_file,                                                \
+     "world key made by tools/keygen: every connection authenticated and encrypted "        \
+     "(unset: $ZDIST_KEY_FILE, else ~/.config/zdist/world.key if it exists)"},              \
+    {"insecure", FLAG_BOOL, &(w).insecure,                                                  \
+     "run without a world key even off loopback: no authentication, no encryption"}
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);

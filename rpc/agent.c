@@ -13,6 +13,7 @@
 #include <zdist/error.h>
 #include "rpc/future_hook.h"
 #include "rpc/rref.h"
+#include "rpc/security.h"
 
 /*  The running agent. Users are counted outside the agent so that a thread
     can announce itself before it even reads the pointer. */
@@ -225,7 +226,9 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     char who[ZD_RPC_MAX_NAME + 16];
     snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
     zd__log_set_who(who);
-    if (zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 || zd__serve_register_internal() < 0 ||
+    if (zd__security_new(a, &p, ip[0] ? ip : NULL) < 0 ||
+        zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
+        zd__serve_register_internal() < 0 ||
         !(a->pool = zd__pool_new(a->n_threads)) || zd__metrics_out_open(a) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);

@@ -9,6 +9,7 @@
       worker_info.c  the world table for users, rank checks
       rendezvous.c   rank 0's table of names, ranks and endpoints at init
       transport.c    sockets: bind, connect, send, receive and validate
+      security.c     CURVE, the key file, the ZAP handler (security.h)
       io.c           the I/O thread: receives, dispatches, expires calls
       direct.c       each thread's own zd_rpc_sync sockets
       stream.c       large tensors sent and put together in pieces
@@ -54,6 +55,9 @@
 typedef struct pool pool_t;
 typedef struct pending pending_t;
 typedef struct rref_ctx rref_ctx_t;
+typedef struct security security_t;
+
+#define SECURITY_KEY_TXT 41     /* a Z85 CURVE key and its terminating 0 */
 
 #define RPC_LAT_BUCKETS 448     /* 16 per octave from 1 us: up to 2^28 us */
 
@@ -71,6 +75,7 @@ typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank;
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char key[SECURITY_KEY_TXT]; /* its CURVE public key (Z85), "" without CURVE */
     void *sock;                 /* DEALER to the peer's ROUTER */
     pthread_mutex_t lock;       /* serialises use of sock */
     void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
@@ -125,6 +130,8 @@ typedef struct agent {
     struct barrier_round *barrier;
 
     struct metrics_out *metrics_out;    /* ZDIST_METRICS's writer, or NULL */
+
+    security_t *sec;                /* keys and the ZAP handler (security.h) */
 } agent_t;
 
 /*  ---- agent.c: the running agent ---- */

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "rpc/security.h"
 
 typedef struct sync_set {
     unsigned gen;
@@ -127,8 +128,11 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
        sender closed the connection would be thrown away unread. A send to a
        peer that is gone just waits; the call's deadline or the peer's lost
        connection (seen on the shared socket) ends the wait. */
-
     zd__transport_use_ipv6(sock, a->peers[peer].endpoint);
+    if (zd__security_client(a, sock, peer) < 0) {
+        zmq_close(sock);
+        return NULL;
+    }
     if (zmq_connect(sock, a->peers[peer].endpoint) < 0) {
         zmq_close(sock);
         return NULL;

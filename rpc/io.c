@@ -23,6 +23,7 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
+#include "rpc/security.h"
 #include "rpc/stream.h"
 
 #define IO_TICK_MS 20
@@ -141,6 +142,10 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
                 "(routing id not a rank)");
         goto drop;
     }
+    /* Under CURVE the routing id must be the rank whose key the connection
+       authenticated with; not even an error goes back to a spoofer. */
+    if (routed && !zd__security_sender_ok(a, &m->hm, src))
+        goto drop;
     atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
     rpc_wire_header_t *h = &m->h;
     if (n < 0) {

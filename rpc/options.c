@@ -28,6 +28,8 @@ zd_rpc_options_t zd_rpc_options_default(void)
         .master_port = 0,
         .listen_addr = NULL,
         .busy_poll_us = -1,
+        .key_file = NULL,
+        .insecure = false,
     };
     return o;
 }

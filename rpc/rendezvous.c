@@ -28,7 +28,12 @@
     Genuine misconfiguration thus fails at once on the process that is
     wrong, and rank 0's timeout names what it turned away. A process whose
     master never answers fails at its init timeout, saying whether it
-    reached the master at all. */
+    reached the master at all.
+
+    With a world key both rendezvous sockets are CURVE with the world
+    keypair, so that only holders of the key can register at all, and each
+    process's registration carries its own public key, which the table hands
+    to every peer (security.h). */
 #include "rpc/agent.h"
 
 #include <czmq.h>
@@ -41,6 +46,7 @@
 #include <zdist/error.h>
 #include "rpc/address.h"
 #include "rpc/rendezvous.h"
+#include "rpc/security.h"
 
 #define MAX_BINDS 8     /* addresses rank 0 listens on, per socket */
 
@@ -51,6 +57,7 @@ typedef struct {
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
     char peer[ZD_ADDR_MAX];     /* where the registration came from */
     int via;                    /* rank 0's endpoint for it (index into bound[]) */
+    char key[SECURITY_KEY_TXT];
 } slot_t;
 
 typedef struct {
@@ -205,6 +212,12 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         turn_away(h, id, peer, "malformed (%s)", why);
         return 0;
     }
+    if (!zd__security_key_ok(a, r.key)) {
+        turn_away(h, id, peer, "\"%s\" (rank %d) %s", r.name, r.rank,
+                  zd__security_curve(a) ? "has no valid public key"
+                                        : "has a key and this world has none");
+        return 0;
+    }
     if (r.world != a->world) {
         turn_away(h, id, peer, "world size mismatch: \"%s\" (rank %d) says %d, rank 0 says %d",
                   r.name, r.rank, r.world, a->world);
@@ -240,6 +253,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     snprintf(s->name, sizeof s->name, "%s", r.name);
     snprintf(s->endpoint, sizeof s->endpoint, "%s", r.endpoint);
     snprintf(s->peer, sizeof s->peer, "%s", peer);
+    snprintf(s->key, sizeof s->key, "%s", r.key);
     return !restarted;
 }
 
@@ -360,6 +374,7 @@ static int send_tables(host_t *h)
     agent_t *a = h->a;
     for (int i = 0; i < a->world; i++) {
         snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", h->slots[i].name);
+        snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", h->slots[i].key);
         if (i)
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s",
                      h->slots[i].endpoint);
@@ -371,6 +386,7 @@ static int send_tables(host_t *h)
         for (int i = 0; i < a->world; i++) {
             zmsg_addstr(table, h->slots[i].name);
             zmsg_addstr(table, i ? h->slots[i].endpoint : h->bound[h->slots[j].via]);
+            zmsg_addstr(table, h->slots[i].key);
         }
         send_to(h->sock, h->slots[j].identity, table);
         zmsg_destroy(&table);
@@ -392,10 +408,14 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     set_int(h.sock, ZMQ_LINGER, 2000);   /* lets the table reach everyone after we return */
     set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
     int rc = -1;
+    if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
+        goto out;
+    zd__security_watch(a, h.sock, "the rendezvous");   /* before the first connection */
     if (listen_rendezvous(h.sock, addr, port) < 0)
         goto out;
     h.slots[0].present = true;
     snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
+    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(a));
     int count = 1;
     while (count < a->world) {
         zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
@@ -473,6 +493,8 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
         goto out;
     }
+    if (zd__security_rendezvous_client(a, sock) < 0)
+        goto out;
     if (zmq_connect(sock, ep) < 0) {
         zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep,
                      zmq_strerror(errno));
@@ -484,6 +506,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     zmsg_addstrf(reg, "%d", a->world);
     zmsg_addstr(reg, a->name);
     zmsg_addstr(reg, a->peers[a->rank].endpoint);
+    zmsg_addstr(reg, zd__security_public_key(a));
     if (zmsg_send(&reg, sock) < 0) {
         zmsg_destroy(&reg);
         zd_error_set("rendezvous: cannot send to the master at %s", ep);
@@ -497,11 +520,17 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         if (n <= 0) {
             if (reached || !mon)
                 zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
-                             "running there, and are all %d workers started?)", ep, a->world);
+                             "running there, and are all %d workers started?%s)", ep, a->world,
+                             zd__security_curve(a)
+                                 ? " Every process needs the same world key file"
+                                 : " If the world uses a key, this process needs it too");
             else
                 zd_error_set("rendezvous: could not reach the master at %s in time (no "
                              "connection: is rank 0 running there and listening on that "
-                             "address, and does a firewall let the port through?)", ep);
+                             "address, and does a firewall let the port through?%s)", ep,
+                             zd__security_curve(a)
+                                 ? " Every process needs the same world key file"
+                                 : " If the world uses a key, this process needs it too");
             goto out;
         }
         if (mon && (items[1].revents & ZMQ_POLLIN)) {
@@ -523,6 +552,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         for (int i = 0; i < a->world; i++) {
             snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", table[i].name);
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", table[i].endpoint);
+            snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", table[i].key);
         }
         break;
     }
@@ -538,7 +568,10 @@ out:
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
     int64_t deadline = timeout_ms ? zd__agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
-    if (a->rank == 0)
-        return host_rendezvous(a, addr, port, deadline);
-    return join_rendezvous(a, addr, port, deadline);
+    snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s",
+             zd__security_public_key(a));
+    int rc = a->rank == 0 ? host_rendezvous(a, addr, port, deadline)
+                          : join_rendezvous(a, addr, port, deadline);
+    /* The keys of the table are who may connect from now on. */
+    return rc < 0 ? rc : zd__security_table_ready(a);
 }

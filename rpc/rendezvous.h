@@ -3,11 +3,14 @@
     functions so that tools/fuzz_rendezvous.c can drive them without
     sockets. The exchange itself is rendezvous.c; the format:
 
-        registration (joiner -> rank 0):  "ZDREG1" rank world_size name endpoint
-        table (rank 0 -> joiner):         "ZDTAB1" world_size (name endpoint) * world_size
+        registration (joiner -> rank 0):  "ZDREG1" rank world_size name endpoint key
+        table (rank 0 -> joiner):         "ZDTAB1" world_size (name endpoint key) * world_size
         error (rank 0 -> joiner):         "ZDERR1" text
 
-    every field one frame of text (no terminating NUL on the wire). */
+    every field one frame of text (no terminating NUL on the wire). key is
+    the process's CURVE public key in Z85 (RDV_KEY_LEN characters), or empty
+    in a world without a key; whether it fits the world is rendezvous.c's
+    business (security.h). */
 #ifndef ZDIST_RPC_RENDEZVOUS_H
 #define ZDIST_RPC_RENDEZVOUS_H
 
@@ -24,11 +27,13 @@
    an error text at most RDV_MAX_TEXT. */
 #define RDV_MAX_FRAME 4096
 #define RDV_MAX_TEXT 1024
+#define RDV_KEY_LEN 40          /* a Z85 CURVE public key */
 
 typedef struct {
     int rank, world;
     char name[ZD_RPC_MAX_NAME + 1];
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char key[RDV_KEY_LEN + 1];  /* "" in a world without a key */
 } rdv_entry_t;
 
 /*  Reads a registration: the frames after the sender's routing id (m is

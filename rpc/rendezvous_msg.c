@@ -54,7 +54,16 @@ static int say(char *why, size_t size, const char *fmt, ...)
     return -1;
 }
 
-/* A name and an endpoint from the next two frames of m. */
+/* Z85's alphabet (ZeroMQ's RFC 32). */
+static bool key_syntax_ok(const char *k)
+{
+    static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                              ".-:+=^!/*?&<>()[]{}@%$#";
+    size_t n = strlen(k);
+    return n == 0 || (n == RDV_KEY_LEN && strspn(k, z85) == n);
+}
+
+/* A name, an endpoint and a key from the next three frames of m. */
 static int read_entry(zmsg_t *m, rdv_entry_t *e, char *why, size_t size)
 {
     char ip[ZD_ADDR_MAX];
@@ -65,6 +74,9 @@ static int read_entry(zmsg_t *m, rdv_entry_t *e, char *why, size_t size)
     if (!frame_text(zmsg_next(m), e->endpoint, sizeof e->endpoint) ||
         zd__addr_parse_endpoint(e->endpoint, ip, sizeof ip, &port) < 0)
         return say(why, size, "a bad endpoint for \"%s\" (not tcp://IP:PORT)", e->name);
+    if (!frame_text(zmsg_next(m), e->key, sizeof e->key) || !key_syntax_ok(e->key))
+        return say(why, size, "a bad key for \"%s\" (not empty nor %d Z85 characters)", e->name,
+                   RDV_KEY_LEN);
     return 0;
 }
 
@@ -72,8 +84,8 @@ int zd__rdv_parse_registration(zmsg_t *m, rdv_entry_t *out, char *why, size_t si
 {
     char tag[8], num[16];
     memset(out, 0, sizeof *out);
-    if (zmsg_size(m) != 5)
-        return say(why, size, "%zu frames instead of 5", zmsg_size(m));
+    if (zmsg_size(m) != 6)
+        return say(why, size, "%zu frames instead of 6", zmsg_size(m));
     if (!frame_text(zmsg_first(m), tag, sizeof tag) || strcmp(tag, RDV_REG_TAG) != 0)
         return say(why, size, "not a registration");
     if (!frame_text(zmsg_next(m), num, sizeof num) ||
@@ -108,7 +120,7 @@ int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_e
         why[n] = '\0';
         return -1;
     }
-    if (strcmp(tag, RDV_TAB_TAG) != 0 || zmsg_size(m) != 2 + 2 * (size_t)world)
+    if (strcmp(tag, RDV_TAB_TAG) != 0 || zmsg_size(m) != 2 + 3 * (size_t)world)
         return say(why, size, "rendezvous: malformed answer from the master");
     int w;
     if (!frame_text(zmsg_next(m), num, sizeof num) ||

@@ -26,6 +26,7 @@
 #include <zdist/error.h>
 #include "rpc/address.h"
 #include "rpc/bufcache.h"
+#include "rpc/security.h"
 #include "rpc/stream.h"
 
 static __thread thread_role_t tls_role;
@@ -57,6 +58,8 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
     /* Every thread that calls zd_rpc_sync has a socket per peer it calls: the
        descriptor limit is the real bound, not ZeroMQ's default of 1023. */
     zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, 16384);
+    if (zd__security_start(a) < 0)
+        return -1;
     a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
     if (!a->router)
         return zd_error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
@@ -65,7 +68,13 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
     /* A ROUTER drops what it cannot queue: a streamed answer is hundreds
        of messages, and none may be lost. */
     set_int(a->router, ZMQ_SNDHWM, 0);
-    set_int(a->router, ZMQ_ROUTER_HANDOVER, 1);
+    /* A connection with a routing id already taken replaces the old one
+       (a peer that reconnects before its old connection is seen dead);
+       only under CURVE, where connecting at all needs a key of the table. */
+    set_int(a->router, ZMQ_ROUTER_HANDOVER, zd__security_curve(a) ? 1 : 0);
+    if (zd__security_server(a, a->router) < 0)
+        return -1;
+    zd__security_watch(a, a->router, "the RPC socket");
     set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
     if (listen_ip && zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
                                           sizeof a->peers[a->rank].endpoint) < 0)
@@ -118,6 +127,8 @@ static int open_peer(agent_t *a, peer_t *p)
     set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
     set_int(p->sock, ZMQ_HEARTBEAT_IVL, 5000);
     set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, 30000);
+    if (zd__security_client(a, p->sock, p->rank) < 0)
+        return -1;
     char mon[96];
     snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d", a->gen, p->rank);
     if (zmq_socket_monitor(p->sock, mon,
@@ -206,6 +217,7 @@ void zd__transport_close(agent_t *a, bool graceful)
     if (a->wake_fd >= 0)
         close(a->wake_fd);
     a->wake_fd = -1;
+    zd__security_free(a);   /* its thread's sockets close before the context ends */
     if (a->ctx)
         zmq_ctx_term(a->ctx);
     a->ctx = NULL;

@@ -134,6 +134,10 @@ check_run() {
 }
 args=(--max_batches=50 --eval_samples=1000)
 export ZDIST_LOG_LEVEL=info OPENBLAS_NUM_THREADS=1
+# A world key, shared like munge's: the master is this host's name, which
+# may resolve to an address that is not loopback (a container's).
+"$build/tools/keygen" "$dir/world.key" > /dev/null
+export ZDIST_KEY_FILE=$dir/world.key
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR MASTER_PORT ZDIST_MASTER_PORT
 
 # ---- srun ----

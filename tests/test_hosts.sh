@@ -5,7 +5,9 @@
 # started as the README says, without --master_addr; the others on B with
 # --master_addr=<A>. Also IPv6, --listen_addr, a master host name that
 # means loopback on rank 0's host, and worlds that cannot form, which must
-# say who could not reach what within the init timeout.
+# say who could not reach what within the init timeout. Every world off
+# loopback needs the world key (tools/keygen) or --insecure: the cases run
+# with a key, and a few without one (refused) and with --insecure.
 #
 #   tests/test_hosts.sh BUILD_DIR        (ctest: test_hosts; 77 = skipped)
 #
@@ -23,6 +25,11 @@ trap 'netns_cleanup; rm -rf "$T"' EXIT
 WAIT=${HOSTS_WAIT_S:-240}      # bound on one world; a passing one takes seconds
 PORT=29500                     # each namespace has its own ports
 export OPENBLAS_NUM_THREADS=1 ZDIST_NUM_THREADS=1 ZDIST_LOG_LEVEL=info
+# No default key from the machine's user: each case says which key it has.
+export XDG_CONFIG_HOME=$T/config HOME=$T
+"$build/tools/keygen" "$T/world.key" > /dev/null || { echo "FAIL keygen"; exit 1; }
+"$build/tools/keygen" "$T/other.key" > /dev/null || { echo "FAIL keygen"; exit 1; }
+export ZDIST_KEY_FILE=$T/world.key
 failed=0
 
 # run NAME PROG HOSTS F0 FA FB COMMON...: starts the world, waits for every
@@ -122,6 +129,16 @@ ok listen_addr_ipv6 rpc_ps AB "--listen_addr=$ADDR6_A" "" \
    "--master_addr=$ADDR_A --listen_addr=$ADDR6_B" $ps
 # A host name that /etc/hosts maps to 127.0.1.1 on rank 0's host (Debian).
 ok hostname rpc_ps AB "--master_addr=zdmaster" "" "--master_addr=zdmaster" $ps
+
+# Without the key: refused at once on every host, naming the remedies;
+# with --insecure everywhere it runs; a trainer with another key cannot
+# join (and the world fails at its init timeout).
+nokey() { ZDIST_KEY_FILE= "$@"; }
+nokey fails no_key "refusing to run unauthenticated.*tools/keygen.*--insecure" \
+      "refusing to run unauthenticated" 30 rpc_ps ABB "" "" "--master_addr=$ADDR_A" $ps
+nokey ok insecure rpc_ps ABB "--insecure" "" "--master_addr=$ADDR_A --insecure" $ps
+fails other_key "timed out with 1 of 2 workers registered" "the same world key file" 30 \
+      rpc_ps AB "" "" "--master_addr=$ADDR_A --key_file=$T/other.key" --init_timeout_s=5 $ps
 
 # Worlds that cannot form, each saying why within the init timeout (5 s).
 fails loopback_trainer "advertises tcp://127\.0\.0\.1:[0-9]+, which \"trainer_2\" \(rank 2\)" \

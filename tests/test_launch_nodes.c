@@ -35,6 +35,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "rpc/security.h"
 #include "tests/support/fixtures.h"
 
 extern char **environ;
@@ -198,6 +199,12 @@ static void run_two_nodes(fixture_t *f, const char *ns0, const char *ns1, const 
     snprintf(metrics, sizeof metrics, "%s/metrics", f->dir);
     setenv("ZDIST_METRICS", metrics, 1);
     setenv("ZDIST_METRICS_INTERVAL_S", "1", 1);
+    /* A world over several nodes shares a key, as users do (launch makes
+       one only for a world on one node); off loopback it needs one. */
+    char key[160];
+    snprintf(key, sizeof key, "%s/world.key", f->dir);
+    assert_int_equal(zd__security_keygen(key, true), 0);
+    setenv("ZDIST_KEY_FILE", key, 1);
     char addr_flag[64];
     snprintf(addr_flag, sizeof addr_flag, "--master_addr=%s", addr);
     char *node0[24], *node1[24];
@@ -211,6 +218,7 @@ static void run_two_nodes(fixture_t *f, const char *ns0, const char *ns1, const 
     int rc1 = wait_exit(p1, deadline), rc0 = wait_exit(p0, deadline);
     unsetenv("ZDIST_METRICS");
     unsetenv("ZDIST_METRICS_INTERVAL_S");
+    unsetenv("ZDIST_KEY_FILE");
     char *e0 = read_text(err[0]), *e1 = read_text(err[1]);
     if (rc0 != 0 || rc1 != 0)
         fail_msg("node 0 exited %d, node 1 %d\nnode 0:\n%s\nnode 1:\n%s", rc0, rc1, e0, e1);

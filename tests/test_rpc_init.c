@@ -271,13 +271,16 @@ static int world_strays(const world_t *w)
             int n;
             const char *answer;
         } strays[] = {
-            {{"ZDREG1", "1", "2", "evil", "ipc:///tmp/evil"}, 5, "not tcp://IP:PORT"},
-            {{"ZDREG1", "1", "2", "evil", "tcp://example.org:80"}, 5, "not tcp://IP:PORT"},
-            {{"ZDREG1", "1", "2", "evil"}, 4, "4 frames instead of 5"},
-            {{"ZDREG1", "01", "2", "evil", "tcp://127.0.0.1:9"}, 5, "a bad rank"},
-            {{"ZDREG1", "1", "3", "evil", "tcp://127.0.0.1:9"}, 5, "world size mismatch"},
-            {{"ZDREG1", "0", "2", "evil", "tcp://127.0.0.1:9"}, 5, "rank 0's own"},
-            {{"hello"}, 1, "1 frames instead of 5"},
+            {{"ZDREG1", "1", "2", "evil", "ipc:///tmp/evil", ""}, 6, "not tcp://IP:PORT"},
+            {{"ZDREG1", "1", "2", "evil", "tcp://example.org:80", ""}, 6, "not tcp://IP:PORT"},
+            {{"ZDREG1", "1", "2", "evil", "tcp://127.0.0.1:9"}, 5, "5 frames instead of 6"},
+            {{"ZDREG1", "01", "2", "evil", "tcp://127.0.0.1:9", ""}, 6, "a bad rank"},
+            {{"ZDREG1", "1", "3", "evil", "tcp://127.0.0.1:9", ""}, 6, "world size mismatch"},
+            {{"ZDREG1", "0", "2", "evil", "tcp://127.0.0.1:9", ""}, 6, "rank 0's own"},
+            {{"ZDREG1", "1", "2", "evil", "tcp://127.0.0.1:9", "short"}, 6, "a bad key"},
+            {{"ZDREG1", "1", "2", "evil", "tcp://127.0.0.1:9",
+              "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}, 6, "has a key and this world has none"},
+            {{"hello"}, 1, "1 frames instead of 6"},
         };
         for (size_t i = 0; i < sizeof strays / sizeof strays[0]; i++) {
             WCHECK(send_frames(sock, strays[i].frames, strays[i].n) == 0);

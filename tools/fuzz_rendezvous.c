@@ -10,13 +10,14 @@
                     world size of the joiner minus 1 (1-8); bits 4-6: its
                     rank (modulo the world size)
         frames      per frame: u8 length, then that many bytes (fewer when
-                    the input runs out); at most 24 frames
+                    the input runs out); at most 32 frames
 
     The joiner's name is "w<rank>".
 
     Checks, beyond "no crash, no sanitizer report": an accepted
     registration has a rank and a world size in the wire's bounds, a
-    printable name and a tcp:// endpoint with a numeric address and a port;
+    printable name, a tcp:// endpoint with a numeric address and a port
+    and a key that is empty or a whole Z85 key;
     an accepted table has one such entry per rank, no name twice, and the
     joiner's own name at its rank; a refusal always says why, in printable
     text that fits. Every frame read as an endpoint that parses prints back
@@ -36,7 +37,7 @@
 #define FUZZ_NAME "fuzz_rendezvous"
 #include "tools/fuzz_check.h"
 
-#define MAX_FRAMES 24
+#define MAX_FRAMES 32
 
 static void check_text(const char *why, size_t size)
 {
@@ -44,6 +45,12 @@ static void check_text(const char *why, size_t size)
     CHECK(n > 0 && n < size, "a refusal without a reason");
     for (size_t i = 0; i < n; i++)
         CHECK(why[i] >= 32 && why[i] < 127, "unprintable byte %d in \"%s\"", why[i], why);
+}
+
+static void check_key_ok(const char *key)
+{
+    size_t n = strlen(key);
+    CHECK(n == 0 || n == RDV_KEY_LEN, "key of %zu characters accepted", n);
 }
 
 static void check_endpoint_ok(const char *ep)
@@ -106,6 +113,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(r.world >= 1 && r.world <= RPC_WIRE_MAX_RANK + 1, "world %d", r.world);
             CHECK(zd__rpc_wire_name_ok(r.name, ZD_RPC_MAX_NAME), "name \"%s\"", r.name);
             check_endpoint_ok(r.endpoint);
+            check_key_ok(r.key);
         } else {
             check_text(why, sizeof why);
         }
@@ -118,6 +126,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             for (int i = 0; i < world; i++) {
                 CHECK(zd__rpc_wire_name_ok(table[i].name, ZD_RPC_MAX_NAME), "name of %d", i);
                 check_endpoint_ok(table[i].endpoint);
+                check_key_ok(table[i].key);
                 for (int k = 0; k < i; k++)
                     CHECK(strcmp(table[k].name, table[i].name) != 0, "name \"%s\" twice",
                           table[i].name);

@@ -579,6 +579,8 @@ int main(int argc, char **argv)
     if (L->log_dir && make_dirs(L->log_dir) < 0)
         return 1;
     share_cores(L);
+    if (launch_key_prepare(L) < 0)
+        return 1;
 
     /* Signals arrive through the signalfd; SIGCHLD must not be ignored (that
        would reap children behind our back). */

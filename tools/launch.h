@@ -87,4 +87,10 @@ static inline int launch_rank(const launch_t *L, int i)
     first failure, stops the others. Closes every stream before returning. */
 void launch_run(launch_t *L);
 
+/*  launch_key.c: unless the user chose a key or --insecure, or the world
+    spans several nodes, makes a fresh world key (0700 folder, 0600 file),
+    passes it to the processes in ZDIST_KEY_FILE and removes it at exit.
+    0, or -1 with a message printed. */
+int launch_key_prepare(const launch_t *L);
+
 #endif

@@ -98,6 +98,13 @@ typedef struct {
     int64_t busy_poll_us;       /* a thread waiting for a message polls this long
                                    before it sleeps; 0 = never; < 0: take
                                    $ZDIST_BUSY_POLL_US, else 100 (-1) */
+    const char *key_file;       /* the world key (tools/keygen): every connection is
+                                   then authenticated and encrypted (CURVE); NULL:
+                                   $ZDIST_KEY_FILE, else ~/.config/zdist/world.key
+                                   if it exists, else none (loopback worlds only) */
+    bool insecure;              /* run without a key even off loopback (also
+                                   ZDIST_INSECURE=1): no authentication, no
+                                   encryption (false) */
 } zd_rpc_options_t;
 
 /*  PyTorch's defaults (above). */
