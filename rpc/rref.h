@@ -107,6 +107,7 @@ typedef struct owner {
     owner_state_t state;
     zd_future_t *value;
     uint64_t *forks;
+    int *holders;               /* per fork: the rank holding it */
     int n_forks, cap_forks;
     zd_rref_t *handle;         /* the local handle while referenced (weak) */
     int64_t expire_ns;          /* placeholders */
@@ -154,7 +155,9 @@ void zd__rref_handle_free(zd_rref_t *r);
     (its value may hold RRefs, whose release takes the lock). */
 owner_t *zd__rref_owner_find(rref_ctx_t *x, uint64_t id);
 owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state);
-int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id);
+int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id, int holder);
+/*  The rank holding fork_id of e, or -1 when e has no such fork. */
+int zd__rref_owner_fork_holder(const owner_t *e, uint64_t fork_id);
 void zd__rref_owner_del_fork(owner_t *e, uint64_t fork_id);
 owner_t *zd__rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e);
 void zd__rref_owner_free(owner_t *e);
