@@ -520,7 +520,31 @@ int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
             e = next;
         }
     }
+    /* Children sent to it: their CHILD_ACCEPT will never come, and the
+       parents they keep alive would hold up the shutdown's drain. */
+    child_t *orphans = NULL;
+    for (size_t b = 0; b < CHILD_BUCKETS; b++) {
+        child_t **pp = &x->children[b];
+        while (*pp) {
+            child_t *c = *pp;
+            if (c->holder != rank) {
+                pp = &c->next;
+                continue;
+            }
+            *pp = c->next;
+            x->n_children--;
+            dropped++;
+            c->next = orphans;
+            orphans = c;
+        }
+    }
     pthread_mutex_unlock(&x->lock);
+    while (orphans) {   /* parents are released outside the lock: it is theirs too */
+        child_t *next = orphans->next;
+        zd_rref_unref(orphans->parent);
+        free(orphans);
+        orphans = next;
+    }
     while (to_free) {
         owner_t *next = to_free->next;
         zd__rref_owner_free(to_free);

@@ -116,6 +116,7 @@ typedef struct owner {
 
 typedef struct child {
     uint64_t fork_id;
+    int holder;                 /* the rank it was sent to */
     zd_rref_t *parent;         /* a reference, dropped on RREF_CHILD_ACCEPT */
     struct child *next;
 } child_t;

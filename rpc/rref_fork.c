@@ -136,6 +136,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         }
         c->fork_id = fork_id;
+        c->holder = dst;
         c->parent = zd_rref_ref(r);
         size_t b = child_bucket(fork_id);
         c->next = x->children[b];
