@@ -9,6 +9,8 @@
       - rpc_ps, a trainer frozen (SIGSTOP) with a 1 s heartbeat: the server
         declares it lost, the others finish; woken up, it is told it was
         declared lost and exits 1; --min_trainers=2 makes the server fail;
+      - ps_sync_async in sync mode, a worker killed: the driver goes on
+        with the worker it has, says so, and everyone else exits 0;
       - pipeline, a stage killed: the driver fails at once, naming it.
     Each case is bounded in time. */
 #include <setjmp.h>
@@ -23,7 +25,7 @@
 #include "tests/support/program.h"
 #include "tests/support/world.h"
 
-#define MAX_RANKS 3
+#define MAX_RANKS 4
 
 typedef struct {
     program_t p[MAX_RANKS];
@@ -139,6 +141,27 @@ static void test_rpc_ps_trainer_frozen_is_declared_lost(void **state)
     free_world(&w);
 }
 
+static void test_ps_sync_worker_killed_driver_goes_on(void **state)
+{
+    (void)state;
+    ranks_t w;
+    static const char *const flags[] = {"--mode=sync", "--num_workers=2", "--iterations=40",
+                                        "--eval_interval=0", "--test_size=500",
+                                        "--progress_s=0", NULL};
+    setenv("ZDIST_FAULT", "3:backward:kill:10", 1);   /* worker 1, its 10th gradient */
+    double t0 = program_now_s();
+    start_world(&w, program_path("examples/ps_sync_async"), 4, flags, NULL);
+    unsetenv("ZDIST_FAULT");
+    wait_world(&w, t0 + 180);
+    assert_int_equal(w.rc[3], 128 + SIGKILL);
+    for (int r = 0; r < 3; r++)
+        assert_int_equal(w.rc[r], 0);
+    assert_non_null(strstr(out(&w, 0), "worker 1 (rank 3) lost at iteration 9"));
+    assert_non_null(strstr(out(&w, 0), "going on with the 1 worker(s) left"));
+    assert_non_null(strstr(out(&w, 0), "Final accuracy is "));
+    free_world(&w);
+}
+
 static void test_pipeline_stage_killed_fails_fast(void **state)
 {
     (void)state;
@@ -163,6 +186,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rpc_ps_trainer_killed_others_finish),
         cmocka_unit_test(test_rpc_ps_trainer_frozen_is_declared_lost),
+        cmocka_unit_test(test_ps_sync_worker_killed_driver_goes_on),
         cmocka_unit_test(test_pipeline_stage_killed_fails_fast),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
