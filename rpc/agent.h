@@ -300,6 +300,8 @@ typedef struct {
     uint64_t a, b;              /* header fields */
     int64_t timeout_ms;         /* < 0 default */
     bool hooked;                /* run the hooks (user-visible requests) */
+    bool shared_only;           /* zd__call_sync: on the shared socket, after what
+                                   was sent there (an RRef's fork request) */
     uint64_t *id_out;           /* if set, receives the request id */
     void *sock;                 /* a zd_rpc_sync socket of the calling thread, or NULL */
     int wake_fd;                /* the caller's eventfd (with sock) */

@@ -513,7 +513,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
     r.timeout_ms = timeout;   /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
-    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost))
+    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost) && !req->shared_only)
         r.sock = zd__direct_socket(a, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread

@@ -314,6 +314,26 @@ zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_
     return f;
 }
 
+zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
+{
+    rref_ctx_t *x = a->rrefs;
+    if (src != a->rank && zd__rref_id_ok(a, rref_id)) {
+        pthread_mutex_lock(&x->lock);
+        owner_t *e = zd__rref_owner_find(x, rref_id);
+        bool holds = !e || e->state != OWNER_CREATED;   /* not made yet: the REMOTE decides */
+        for (int i = 0; e && !holds && i < e->n_forks; i++)
+            holds = e->holders[i] == src;
+        pthread_mutex_unlock(&x->lock);
+        if (!holds) {
+            zd__log(ZD_LOG_WARN, "rpc: refused a fetch of RRef %" PRIx64 " from \"%s\" (rank %d), "
+                    "which holds no fork of it", rref_id, a->peers[src].name, src);
+            return zd_error_set("RRef %" PRIx64 ": rank %d holds no fork of it", rref_id, src),
+                   NULL;
+        }
+    }
+    return zd__rref_owner_value(a, rref_id, timeout_ms);
+}
+
 zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
 {
     rref_ctx_t *x = a->rrefs;

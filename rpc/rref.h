@@ -71,6 +71,10 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     when the REMOTE creating it has not arrived; NULL on a bad id. */
 zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
 
+/*  zd__rref_owner_value for a RREF_FETCH from rank src: refused (NULL,
+    error set) when the RRef exists here and src holds no fork of it. */
+zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src);
+
 /*  A user handle for a REMOTE about to be sent to owner (pending until
     zd__rref_user_created), or the owner handle when owner is this process. */
 zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner);
