@@ -5,7 +5,9 @@
     it held (and the values behind them) and the distributed autograd
     contexts it left, and the survivors' graceful shutdown goes on without
     it. Also the checks of issue 11 point 3 that come with the holder of
-    a fork being known: the shutdown barrier refuses rounds out of order. */
+    a fork being known: a rank that holds no fork of an RRef can neither
+    fetch its value nor delete or claim another rank's fork, and the
+    shutdown barrier refuses rounds out of order. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -21,7 +23,9 @@
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
 
+#include "rpc/rref.h"
 #include "tests/support/handlers.h"
+#include "tests/support/intruder.h"
 #include "tests/support/world.h"
 
 static zd_future_t *ready;
@@ -124,10 +128,77 @@ static void test_lost_peer_released_and_refused(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/* ---- forks are the holder's ---- */
+
+/*  Sends a control message about RRef rref_id / fork fork_id to rank 0 as
+    if from rank `as` (its zd_rpc_sync identity) and returns the ERROR's
+    text in text ("" when the answer was not an ERROR). */
+static int forged(int as, uint8_t type, uint64_t rref_id, uint64_t fork_id, char *text,
+                  size_t size)
+{
+    zd_rpc_worker_info_t info;
+    intruder_t in;
+    if (zd_rpc_get_worker_info_by_rank(0, &info) < 0 ||
+        intruder_open_as(&in, info.endpoint, as, 65534) < 0)
+        return -1;
+    rpc_wire_header_t h = {.type = type, .src = as, .dst = 0, .id = ++in.next_id, .a = rref_id,
+                           .b = fork_id, .timeout_ms = 1000};
+    intruder_answer_t ans;
+    int rc = intruder_send(&in, &h, 0, NULL, NULL) == 0 && intruder_answer(&in, 10000, &ans) == 1
+                 ? 0 : -1;
+    if (rc == 0) {
+        snprintf(text, size, "%s", ans.type == RPC_MSG_ERROR ? ans.text : "");
+        intruder_answer_clear(&ans);
+    }
+    intruder_close(&in);
+    return rc;
+}
+
+static int body_forks(const world_t *w)
+{
+    if (w->rank != 1)
+        return 0;
+    zd_rref_t *r = zd_rpc_remote_take(0, "echo", ZD_ARGS(42), -1);
+    zd_value_t *v = NULL;
+    WCHECK(r && zd_rref_to_here(r, -1, &v) == 0);
+    zd_value_unref(v);
+    char text[512];
+    /* Rank 2 holds no fork of it: no value for it, and rank 1's fork is
+       not its to delete or to claim. */
+    WCHECK(forged(2, RPC_MSG_RREF_FETCH, r->rref_id, 0, text, sizeof text) == 0);
+    WCHECK(strstr(text, "rank 2 holds no fork of it") != NULL);
+    WCHECK(forged(2, RPC_MSG_RREF_USER_DELETE, r->rref_id, r->fork_id, text, sizeof text) == 0);
+    WCHECK(strstr(text, "from rank 2, which does not hold it") != NULL);
+    WCHECK(forged(2, RPC_MSG_RREF_FORK_REQUEST, r->rref_id, r->fork_id, text, sizeof text) == 0);
+    WCHECK(strstr(text, "from rank 2, which does not hold it") != NULL);
+    /* The holder itself still fetches it: nothing was deleted. */
+    WCHECK(world_call_int(0, "owner_count") == 1);
+    WCHECK(zd_rref_to_here(r, -1, &v) == 0 && v != NULL);
+    zd_value_unref(v);
+    zd_rref_unref(r);
+    return 0;
+}
+
+static int setup_forks(const world_t *w)
+{
+    (void)w;
+    return zd_rpc_register("echo", world_h_echo, NULL) |
+           zd_rpc_register("owner_count", world_h_owner_count, NULL);
+}
+
+static void test_only_the_holder_fetches_or_deletes(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 3, .setup = setup_forks, .fn = body_forks,
+                         .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lost_peer_released_and_refused),
+        cmocka_unit_test(test_only_the_holder_fetches_or_deletes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
