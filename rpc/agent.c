@@ -200,17 +200,17 @@ static void agent_teardown(agent_t *a, bool graceful)
     wait_users(a, "callers");
     bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    if (a->pool)
-        zd__pool_destroy(a->pool, TEARDOWN_WAIT_MS);
+    bool pool_stopped = !a->pool || zd__pool_destroy(a->pool, TEARDOWN_WAIT_MS) == 0;
     a->pool = NULL;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     zd__shutdown_abort_barrier(a);
     /* Answers still on their way (they may be sent while closing) finish
        before the sockets go. */
     atomic_store(&g_agent, NULL);
-    if (!wait_users(a, "answers") || !io_stopped) {
+    if (!wait_users(a, "answers") || !io_stopped || !pool_stopped) {
         zd__log(ZD_LOG_ERROR, "rpc: shutdown: the agent's sockets and memory stay with the "
-                "process: %s still use them", io_stopped ? "threads" : "the I/O thread");
+                "process: %s still use them", !io_stopped ? "the I/O thread"
+                : !pool_stopped ? "handler threads" : "threads");
         return;
     }
     zd__rref_ctx_free(a);
