@@ -357,3 +357,49 @@ void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out)
     out->total_grad_messages = atomic_load(&zd__dist_total_grad_messages);
     out->total_send_functions = atomic_load(&zd__dist_total_sends);
 }
+
+/* ---- a lost peer ---- */
+
+/* A context dies with its creator (the rank in its id's top bits), and with
+   its participants when every one of them is lost: nobody is left to run
+   its backward pass or release it. Removed from the registry only; a pass
+   still running keeps its reference until it ends. */
+static bool orphaned(dist_context_t *c, int lost)
+{
+    if ((int)((uint64_t)c->id >> 48) == lost && lost != zd_rpc_rank())
+        return true;
+    int *peers, n;
+    if (zd__dist_context_peers(c, &peers, &n) < 0)
+        return false;
+    bool all_lost = n > 0;
+    for (int i = 0; i < n && all_lost; i++)
+        all_lost = peers[i] == zd_rpc_rank() || zd_rpc_peer_is_lost(peers[i]);
+    free(peers);
+    return all_lost;
+}
+
+int64_t zd__dist_context_release_lost(int lost)
+{
+    pthread_mutex_lock(&registry_lock);
+    int64_t n = 0, cap = live_contexts;
+    dist_context_t **all = malloc(sizeof *all * (size_t)(cap ? cap : 1));
+    for (int b = 0; all && b < BUCKETS; b++)
+        for (entry_t *e = buckets[b]; e && n < cap; e = e->next) {
+            atomic_fetch_add(&e->ctx->refs, 1);
+            all[n++] = e->ctx;
+        }
+    pthread_mutex_unlock(&registry_lock);
+    if (!all)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
+    int64_t released = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (orphaned(all[i], lost)) {
+            dist_context_t *c = zd__dist_context_remove(all[i]->id);
+            released += c != NULL;
+            zd__dist_context_unref(c);   /* the registry's reference */
+        }
+        zd__dist_context_unref(all[i]);
+    }
+    free(all);
+    return released;
+}

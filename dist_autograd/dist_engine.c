@@ -360,9 +360,17 @@ static int wait_value(zd_future_t *f, int64_t *out)
 
 /*  Finds and flushes pending nodes, highest Lamport number first, until
     none is left anywhere. */
+/*  Each round flushes one pending node somewhere: a graph has far fewer
+    than this many, so more rounds mean a peer that keeps reporting work. */
+#define FLUSH_MAX_ROUNDS 65536
+
 static int flush_all(dist_context_t *c, int64_t pass_id)
 {
     for (int round = 0;; round++) {
+        if (round == FLUSH_MAX_ROUNDS)
+            return zd_error_set("dist_autograd: context %lld still has pending nodes after %d "
+                                "flush rounds (a peer keeps reporting work)", (long long)c->id,
+                                FLUSH_MAX_ROUNDS);
         int64_t query = (int64_t)zd__dist_next_id();
         zd_value_t *args = zd_rpc_args("iii", c->id, pass_id, query);
         if (!args)

@@ -76,6 +76,10 @@ dist_context_t *zd__dist_context_remove(int64_t id);
 
 void zd__dist_context_unref(dist_context_t *c);
 
+/*  Removes the contexts a lost peer leaves behind: those it created, and
+    those whose participants are all lost. Returns how many, or -1. */
+int64_t zd__dist_context_release_lost(int lost);
+
 /*  Records peer as a participant (idempotent). 0, or -1. */
 int zd__dist_context_add_peer(dist_context_t *c, int peer);
 

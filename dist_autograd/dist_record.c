@@ -15,6 +15,7 @@
 
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include <zdist/value.h>
 
 #define REQ_EXTRA 26
@@ -289,6 +290,18 @@ static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
     return n;
 }
 
+/* RPC declared a peer lost (pool thread): what it left here goes. */
+static void on_peer_lost(void *arg, int peer)
+{
+    (void)arg;
+    int64_t n = zd__dist_context_release_lost(peer);
+    if (n < 0)
+        zd__log(ZD_LOG_WARN, "dist_autograd: contexts of lost rank %d: %s", peer, zd_error_last());
+    else
+        zd__log(ZD_LOG_WARN, "dist_autograd: released %lld context(s) of lost rank %d",
+                (long long)n, peer);
+}
+
 zd_rpc_hooks_t zd__dist_record_hooks(void)
 {
     return (zd_rpc_hooks_t){
@@ -300,5 +313,6 @@ zd_rpc_hooks_t zd__dist_record_hooks(void)
         .debug_info = debug_info,
         .module = "distributed-autograd",
         .init_call = "zd_dist_autograd_init()",
+        .on_peer_lost = on_peer_lost,
     };
 }

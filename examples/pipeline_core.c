@@ -2,6 +2,7 @@
 /*  The two shards of the pipelined Net, and the driver's view of them
     (pipeline_core.h). The training loop is in pipeline_driver.c. */
 #include "examples/pipeline_core.h"
+#include "examples/fault.h"
 
 #include <stdlib.h>
 
@@ -62,6 +63,7 @@ static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg
 /*  "NetShard.forward"(x_rref) */
 static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
+    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
     (void)call, (void)arg;
     actor_t *a = actor_get(args, &shard_class);
     if (!a)

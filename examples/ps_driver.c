@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zdist/error.h>
@@ -208,22 +209,64 @@ static zd_future_t *compute(driver_t *d, int w)
     return f;
 }
 
+/*  Sync mode: a worker whose process is gone (RPC declared it lost) is
+    left out of the rounds from then on, and the driver says so; any other
+    failure, or no worker left, ends the training. Returns 1 when worker w
+    was lost (the future's error is then consumed), 0 otherwise. */
+static int sync_worker_lost(driver_t *d, zd_future_t *f, int w, int64_t i, bool *gone, int *live)
+{
+    if (f ? zd_future_error_code(f) != ZD_ERR_PEER : zd_error_code() != ZD_ERR_PEER)
+        return 0;
+    /* A send can fail before RPC has declared the peer lost (about 1 s
+       after its connection went down): wait that long for the verdict. */
+    int rank = zd_rref_owner(d->workers[w]);
+    double until = train_now() + 5;
+    while (!zd_rpc_peer_is_lost(rank) && train_now() < until) {
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    if (!zd_rpc_peer_is_lost(rank))
+        return 0;
+    gone[w] = true;
+    --*live;
+    progress_clear(&d->progress);
+    printf("worker %d (rank %d) lost at iteration %lld: %s; going on with the %d worker(s) "
+           "left\n", w, zd_rref_owner(d->workers[w]), (long long)i,
+           f ? zd_future_error(f) : zd_error_last(), *live);
+    fflush(stdout);
+    return 1;
+}
+
 static int train_sync(driver_t *d, int64_t *updates)
 {
     zd_future_t *f[PS_MAX_WORKERS];
     zd_value_t *grads[PS_MAX_WORKERS];
+    bool gone[PS_MAX_WORKERS] = {false};
+    int live = d->W;
     for (int64_t i = 0; i < d->o->iterations; i++) {
-        int rc = 0, n = 0;
-        for (; n < d->W; n++)
-            if (!(f[n] = compute(d, n)))
-                break;
-        rc = n == d->W ? zd_future_wait_all(f, n, -1) : -1;
-        for (int w = 0; w < n; w++)
-            grads[w] = zd_future_value(f[w]);
-        if (rc == 0)
-            rc = apply(d, grads, n);
-        for (int w = 0; w < n; w++)
-            zd_future_unref(f[w]);
+        int rc = 0, n = 0, who[PS_MAX_WORKERS];
+        for (int w = 0; w < d->W && rc == 0; w++) {
+            if (gone[w])
+                continue;
+            if ((f[n] = compute(d, w)))
+                who[n++] = w;
+            else if (!sync_worker_lost(d, NULL, w, i, gone, &live))
+                rc = -1;
+        }
+        /* Each wait ends: with the gradient, or once its worker is lost. */
+        int k = 0;
+        for (int j = 0; j < n; j++) {
+            if (zd_future_wait(f[j], -1) == 0)
+                grads[k++] = zd_future_value(f[j]);
+            else if (rc == 0 && !sync_worker_lost(d, f[j], who[j], i, gone, &live))
+                rc = -1;
+        }
+        if (rc == 0 && live == 0)
+            rc = zd_error_set("every worker was lost");
+        if (rc == 0 && k > 0)
+            rc = apply(d, grads, k);
+        for (int j = 0; j < n; j++)
+            zd_future_unref(f[j]);
         if (rc < 0)
             return -1;
         ++*updates;

@@ -38,6 +38,10 @@
       ps_trainer_started(server) / ps_trainer_finished(server, samples)
       ps_evaluate(server, samples)      -> test accuracy of the final weights,
                                            once every trainer has finished
+                                           or was lost
+      ps_staleness_gate(server, done, K)-> answered once the caller is at most
+                                           K batches ahead of the slowest
+                                           trainer still training
     The test set is read from data_dir (NULL: the default place) when the
     first evaluation runs. Call before zd_rpc_init. Prints the split to out.
     Returns 0, or -1. */
@@ -69,6 +73,11 @@ void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);
 /*  On shard 0 after the world finished: total samples and seconds from the
     first trainer's start to the last trainer's end (0 when none). */
 void ps_net_throughput(int64_t *samples, double *seconds);
+
+/*  On shard 0 after the world finished: prints a line to out for each
+    trainer that was lost (its rank and the batch it was at) and returns
+    how many trainers finished their batches. */
+int ps_net_trainers_report(FILE *out);
 
 /*  Frees the shard's state (after zd_rpc_shutdown). */
 void ps_net_free(void);

@@ -7,6 +7,7 @@
 #include "examples/train_common.h"
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -26,7 +27,46 @@ static struct {
     zd_future_t *waiting[64];     /* evaluations waiting for the last trainer */
     int n_waiting;
     int64_t eval_samples;
+    /* Per rank (allocated at the first call, world-sized): what shard 0
+       knows of each trainer: TR_* flags, training forwards (its batch),
+       and the gates of --max_staleness parked until the slowest catches
+       up. */
+    int world;
+    unsigned char *state;
+    int64_t *batches, *progress;
+    zd_future_t **gate;
+    int64_t *gate_done, *gate_bound;
 } ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER};
+
+enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4 };
+
+/*  Under stats_lock: the per-rank tables, made at first use. false (error
+    set) when out of memory or rank is outside the world. */
+static bool tables_ready(int rank)
+{
+    if (!ev.state) {
+        int w = zd_rpc_world_size();
+        if (w < 1)
+            return zd_error_set("RPC is not running"), false;
+        ev.state = calloc((size_t)w, 1);
+        ev.batches = calloc((size_t)w, sizeof *ev.batches);
+        ev.progress = calloc((size_t)w, sizeof *ev.progress);
+        ev.gate = calloc((size_t)w, sizeof *ev.gate);
+        ev.gate_done = calloc((size_t)w, sizeof *ev.gate_done);
+        ev.gate_bound = calloc((size_t)w, sizeof *ev.gate_bound);
+        if (!ev.state || !ev.batches || !ev.progress || !ev.gate || !ev.gate_done ||
+            !ev.gate_bound) {
+            free(ev.state), free(ev.batches), free(ev.progress), free(ev.gate);
+            free(ev.gate_done), free(ev.gate_bound);
+            ev.state = NULL;
+            return zd_error_set("out of memory"), false;
+        }
+        ev.world = w;
+    }
+    if (rank < ps_shard.num_shards || rank >= ev.world)
+        return zd_error_set("rank %d is not a trainer", rank), false;
+    return true;
+}
 
 /*  One evaluation thread's share of the test set. */
 typedef struct {
@@ -103,9 +143,13 @@ static int evaluate(int64_t limit, double *acc)
     stats_lock held; the evaluation itself runs outside it. */
 static void finish_evaluations(void)
 {
-    int trainers = zd_rpc_world_size() - ps_shard.num_shards;
-    if (ev.finished < trainers || ev.n_waiting < ev.finished)
+    /* Every trainer is either waiting here or lost: a dead trainer does
+       not hold up the survivors' evaluation. */
+    if (!ev.state || ev.n_waiting == 0)
         return;
+    for (int r = ps_shard.num_shards; r < ev.world; r++)
+        if (!(ev.state[r] & TR_LOST) && !(ev.state[r] & TR_WAITING))
+            return;
     zd_future_t *fs[64];
     int n = ev.n_waiting;
     memcpy(fs, ev.waiting, sizeof fs[0] * (size_t)n);
@@ -131,14 +175,21 @@ static void finish_evaluations(void)
     has finished (a trainer whose call times out evaluates by itself). */
 static zd_future_t *fn_evaluate(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)arg;
+    (void)arg;
     int64_t samples;
     if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
     zd_future_t *f = zd_future_new();
     if (!f)
         return NULL;
+    int src = zd_rpc_call_caller_rank(call);
     pthread_mutex_lock(&ev.stats_lock);
+    if (!tables_ready(src)) {
+        pthread_mutex_unlock(&ev.stats_lock);
+        zd_future_unref(f);
+        return NULL;
+    }
+    ev.state[src] |= TR_WAITING;
     if (ev.n_waiting == 64) {
         pthread_mutex_unlock(&ev.stats_lock);
         zd_future_unref(f);
@@ -163,14 +214,23 @@ static zd_value_t *fn_trainer_started(zd_rpc_call_t *call, zd_value_t *args, voi
     return zd_value_none();
 }
 
+static void open_gates(void);
+
 static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)arg;
+    (void)arg;
     int64_t samples;
+    int src = zd_rpc_call_caller_rank(call);
     if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
     double now = train_now();
     pthread_mutex_lock(&ev.stats_lock);
+    if (!tables_ready(src)) {
+        pthread_mutex_unlock(&ev.stats_lock);
+        return NULL;
+    }
+    ev.state[src] |= TR_FINISHED;
+    open_gates();   /* a finished trainer holds nobody back */
     ev.finished++;
     ev.samples += samples;
     ev.last_finish = now;
@@ -187,11 +247,145 @@ void ps_net_throughput(int64_t *samples, double *seconds)
     pthread_mutex_unlock(&ev.stats_lock);
 }
 
+/* ---- lost trainers, and --max_staleness ---- */
+
+/*  The slowest trainer still training (not finished, not lost): its
+    batches done, or INT64_MAX when none is. Under stats_lock. */
+static int64_t slowest_live(void)
+{
+    int64_t low = INT64_MAX;
+    for (int r = ps_shard.num_shards; r < ev.world; r++)
+        if (!(ev.state[r] & (TR_FINISHED | TR_LOST)) && ev.progress[r] < low)
+            low = ev.progress[r];
+    return low;
+}
+
+/*  Answers the parked gates that are within their bound now. Under
+    stats_lock (completing a gate's future only sends its answer). */
+static void open_gates(void)
+{
+    if (!ev.state)
+        return;
+    int64_t low = slowest_live();
+    for (int r = ps_shard.num_shards; r < ev.world; r++)
+        if (ev.gate[r] && (low == INT64_MAX || ev.gate_done[r] - low <= ev.gate_bound[r])) {
+            zd_value_t *v = zd_value_int(ev.gate_done[r] - (low == INT64_MAX ? ev.gate_done[r]
+                                                                             : low));
+            if (v)
+                zd_future_set_value(ev.gate[r], v);
+            else
+                zd_future_set_error(ev.gate[r], "out of memory");
+            zd_value_unref(v);
+            zd_future_unref(ev.gate[r]);
+            ev.gate[r] = NULL;
+        }
+}
+
+/*  ps_staleness_gate(server, done, bound) -> lead: answered once the
+    caller, having done `done` batches, is at most `bound` batches ahead
+    of the slowest trainer still training (finished and lost trainers do
+    not count; the caller counts with its own `done`). */
+static zd_future_t *fn_staleness_gate(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t done, bound;
+    int src = zd_rpc_call_caller_rank(call);
+    if (zd_rpc_arg_int(args, 1, &done) < 0 || zd_rpc_arg_int(args, 2, &bound) < 0)
+        return NULL;
+    if (done < 0 || bound < 1)
+        return zd_error_set("ps_staleness_gate: done %lld, bound %lld", (long long)done,
+                            (long long)bound), NULL;
+    zd_future_t *f = zd_future_new();
+    if (!f)
+        return NULL;
+    pthread_mutex_lock(&ev.stats_lock);
+    if (!tables_ready(src) || ev.gate[src]) {
+        if (ev.state && src < ev.world && ev.gate[src])
+            zd_error_set("ps_staleness_gate: rank %d already waits", src);
+        pthread_mutex_unlock(&ev.stats_lock);
+        zd_future_unref(f);
+        return NULL;
+    }
+    ev.progress[src] = done;
+    ev.gate[src] = zd_future_ref(f);
+    ev.gate_done[src] = done;
+    ev.gate_bound[src] = bound;
+    open_gates();   /* this one, and those this trainer held back */
+    pthread_mutex_unlock(&ev.stats_lock);
+    return f;
+}
+
+void ps_net_eval_note_batch(int rank)
+{
+    pthread_mutex_lock(&ev.stats_lock);
+    if (tables_ready(rank))
+        ev.batches[rank]++;
+    pthread_mutex_unlock(&ev.stats_lock);
+}
+
+/*  RPC declared a peer lost (a pool thread): the evaluation and the gates
+    stop waiting for it. */
+static void trainer_lost(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    pthread_mutex_lock(&ev.stats_lock);
+    if (!tables_ready(peer)) {
+        pthread_mutex_unlock(&ev.stats_lock);
+        return;
+    }
+    ev.state[peer] |= TR_LOST;
+    printf("trainer \"%s\" (rank %d) lost at batch %lld%s; the others go on\n", name, peer,
+           (long long)ev.batches[peer], ev.state[peer] & TR_FINISHED ? ", having finished" : "");
+    fflush(stdout);
+    if (ev.gate[peer]) {
+        zd_future_set_error(ev.gate[peer], "lost");
+        zd_future_unref(ev.gate[peer]);
+        ev.gate[peer] = NULL;
+    }
+    open_gates();
+    finish_evaluations();
+    pthread_mutex_unlock(&ev.stats_lock);
+}
+
+int ps_net_trainers_report(FILE *out)
+{
+    int finished = 0;
+    pthread_mutex_lock(&ev.stats_lock);
+    for (int r = ps_shard.num_shards; ev.state && r < ev.world; r++) {
+        if (ev.state[r] & TR_FINISHED)
+            finished++;
+        if (ev.state[r] & TR_LOST)
+            fprintf(out, "trainer rank %d was lost at batch %lld%s\n", r,
+                    (long long)ev.batches[r],
+                    ev.state[r] & TR_FINISHED ? " (after finishing its batches)" : "");
+    }
+    pthread_mutex_unlock(&ev.stats_lock);
+    return finished;
+}
+
 int ps_net_eval_register(const char *data_dir)
 {
     snprintf(ev.data_dir, sizeof ev.data_dir, "%s", data_dir ? data_dir : "");
+    if (zd_rpc_register_peer_lost(trainer_lost, NULL) < 0 ||
+        zd_rpc_register_async("ps_staleness_gate", fn_staleness_gate, NULL) < 0)
+        return -1;
     if (zd_rpc_register("ps_trainer_started", fn_trainer_started, NULL) < 0 ||
         zd_rpc_register("ps_trainer_finished", fn_trainer_finished, NULL) < 0)
         return -1;
     return zd_rpc_register_async("ps_evaluate", fn_evaluate, NULL);
+}
+
+void ps_net_eval_free(void)
+{
+    pthread_mutex_lock(&ev.stats_lock);
+    for (int r = 0; ev.state && r < ev.world; r++)
+        if (ev.gate[r]) {
+            zd_future_set_error(ev.gate[r], "the server stopped");
+            zd_future_unref(ev.gate[r]);
+        }
+    free(ev.state), free(ev.batches), free(ev.progress), free(ev.gate);
+    free(ev.gate_done), free(ev.gate_bound);
+    ev.state = NULL;
+    ev.world = 0;
+    pthread_mutex_unlock(&ev.stats_lock);
 }

@@ -240,6 +240,7 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
 
 void ps_net_free(void)
 {
+    ps_net_eval_free();
     for (int i = 0; i < ps_shard.n; i++)
         zd_tensor_unref_p(&ps_shard.params[i]);
     ps_shard.n = 0;

@@ -32,6 +32,8 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     int64_t training;
     if (zd_rpc_arg_tensor(args, 1, &x) < 0 || zd_rpc_arg_int(args, 2, &training) < 0)
         return NULL;
+    if (training)
+        ps_net_eval_note_batch(zd_rpc_call_caller_rank(call));
     bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = ps_net_forward(x, training != 0, &out);
     zd_autograd_set_grad_enabled(prev);

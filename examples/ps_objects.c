@@ -2,6 +2,7 @@
 /*  The two actors of the parameter-server example: ParameterServer and
     DataWorker (see ps_core.h), and the flat weight slices they exchange. */
 #include "examples/ps_core.h"
+#include "examples/fault.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -394,6 +395,7 @@ static zd_value_t *fn_worker_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
 /*  "DataWorker.compute_gradients"(actor, w_1, ..., w_S) -> [g_1, ..., g_S] */
 static zd_value_t *fn_compute_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
+    fault_point(zd_rpc_rank(), "backward");   /* tests only (fault.h) */
     (void)call, (void)arg;
     actor_t *a = actor_get(args, &worker_class);
     if (!a)

@@ -27,6 +27,7 @@
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include "examples/curves.h"
+#include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/progress.h"
 #include "examples/ps_net.h"
@@ -50,6 +51,8 @@ typedef struct {
     int64_t threads, init_timeout_s;
     double lr;
     bool no_dropout;
+    int64_t min_trainers;       /* servers: fail when fewer trainers finished */
+    int64_t max_staleness;      /* trainers: at most this many batches ahead (0: no bound) */
 } options_t;
 
 #define EVAL_BATCH 500
@@ -83,11 +86,13 @@ static int call_none(zd_rref_t *ps, const char *method, zd_value_t *args)
 static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, bool check,
                        float *loss_out)
 {
+    int rank = zd_rpc_rank();
     int64_t cid;
     zd_tensor_t *out = NULL, *loss = NULL;
     zd_value_t *grads = NULL;
     if (zd_dist_autograd_context_begin(&cid) < 0)
         return -1;
+    fault_point(rank, "forward");
     int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 1), &out);
     if (rc == 0)
         rc = zd_nn_nll_loss(out, y, &loss);
@@ -97,6 +102,8 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
         *loss_out = zd_tensor_data(loss)[0];
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
     }
+    if (rc == 0)
+        fault_point(rank, "backward");
     if (rc == 0)
         rc = zd_dist_autograd_backward(cid, &loss, 1, false);
     if (rc == 0 && check) {
@@ -110,6 +117,8 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
         if (rc == 0 && zd_list_len(grads) == 0)
             rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
     }
+    if (rc == 0)
+        fault_point(rank, "step");
     if (rc == 0)
         rc = zd_dist_optim_step(opt, cid);
     if (rc == 0)
@@ -144,6 +153,25 @@ static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, doub
     }
     *acc = n ? (double)correct / (double)n : 0;
     return 0;
+}
+
+/*  --max_staleness: waits until this trainer, with `done` batches, is at
+    most K batches ahead of the slowest trainer still training (the server
+    answers; finished and lost trainers do not count). Bounded by the RPC
+    timeout: past it the trainer says so and goes on. */
+static int staleness_gate(zd_rref_t *ps, const options_t *o, int64_t done)
+{
+    zd_value_t *a = zd_rpc_args("ii", done, o->max_staleness), *r = NULL;
+    int rc = a ? zd_rref_rpc_sync(ps, "ps_staleness_gate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
+    zd_value_unref(a);
+    zd_value_unref(r);
+    if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT) {
+        fprintf(stderr, "rpc_ps trainer %lld: waited the RPC timeout for the slowest trainer "
+                "(--max_staleness=%lld); going on\n", (long long)o->world.rank,
+                (long long)o->max_staleness);
+        return 0;
+    }
+    return rc;
 }
 
 static int run_trainer(const options_t *o)
@@ -239,6 +267,8 @@ static int run_trainer(const options_t *o)
         for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
             zd_tensor_t *x, *y;
             float loss = 0;
+            if (o->max_staleness > 0 && staleness_gate(ps, o, done) < 0)
+                goto out;
             if (zd_dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
                 goto out;
             bool check = o->check_interval > 0 && done % o->check_interval == 0;
@@ -284,6 +314,8 @@ static int run_trainer(const options_t *o)
                 curves_points_skip(&points, after - now);   /* the training's rate */
                 progress_skip(&prog, after - now);
             }
+            if (o->checkpoint && done % o->checkpoint_every == 0)
+                fault_point(o->world.rank, "checkpoint");
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
                 call_none(ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0)
                 goto out;
@@ -296,6 +328,7 @@ static int run_trainer(const options_t *o)
     if (call_none(ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
+    fault_point(o->world.rank, "evaluation");
     /* Trainers share one evaluation of the final weights on the server
        (it answers when the last trainer is done); one that waits longer
        than the RPC timeout evaluates by itself. */
@@ -368,6 +401,12 @@ static int check_options(const options_t *o)
         fprintf(stderr, "rpc_ps: --checkpoint_every must be >= 1\n");
         return -1;
     }
+    if (o->min_trainers < 0 || o->min_trainers > world_size - o->num_servers ||
+        o->max_staleness < 0) {
+        fprintf(stderr, "rpc_ps: --min_trainers must be in [0, %lld] (the trainers), "
+                "--max_staleness >= 0\n", (long long)(world_size - o->num_servers));
+        return -1;
+    }
     if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0) {
         fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0\n");
         return -1;
@@ -392,7 +431,7 @@ int main(int argc, char **argv)
     options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
                    .epochs = 1, .seed = 1, .log_interval = 0, .check_interval = 5, .lr = 0.03,
                    .progress_s = 5,
-                   .init_timeout_s = 60, .checkpoint_every = 100};
+                   .init_timeout_s = 60, .checkpoint_every = 100, .min_trainers = 1};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
@@ -425,6 +464,12 @@ int main(int argc, char **argv)
         {"check_interval", FLAG_INT, &o.check_interval,
          "fetch the server's gradients to check them every N batches (0: never)"},
         {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
+        {"min_trainers", FLAG_INT, &o.min_trainers,
+         "the server exits with an error when fewer trainers finished their batches (a lost "
+         "trainer does not stop the others)"},
+        {"max_staleness", FLAG_INT, &o.max_staleness,
+         "a trainer more than N batches ahead of the slowest trainer still training waits "
+         "for it (0: no bound)"},
         {"init_timeout_s", FLAG_INT, &o.init_timeout_s,
          "give up when the world has not gathered after this long"},
         {"threads", FLAG_INT, &o.threads,
@@ -471,15 +516,18 @@ int main(int argc, char **argv)
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
+    fault_point(rank, "rendezvous");
     if (flags_world_init(&o.world, name, o.init_timeout_s * 1000, "rpc_ps") < 0)
         return 1;
     if (server)
         printf("RPC initialized! Running parameter server...\n");
     int rc = server ? 0 : run_trainer(&o);
     fflush(stdout);
+    fault_point(rank, "shutdown");
     /* Everyone waits here until every trainer is done: no limit (the
-       default), since training takes as long as it takes; a dead trainer
-       is detected by the RPC layer and ends the wait with an error. */
+       default), since training takes as long as it takes; a trainer that
+       dies or freezes is declared lost by the RPC layer (the heartbeat:
+       ZDIST_HEARTBEAT_S), and the others finish without it. */
     if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0) {
         fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
         rc = -1;
@@ -491,6 +539,14 @@ int main(int argc, char **argv)
         if (secs > 0)
             printf("aggregate throughput %.0f samples/s (%lld samples in %.2f s)\n",
                    (double)samples / secs, (long long)samples, secs);
+        int finished = ps_net_trainers_report(stdout);
+        printf("%d of %lld trainers finished\n", finished,
+               (long long)(o.world.world_size - o.num_servers));
+        if (finished < o.min_trainers) {
+            fprintf(stderr, "rpc_ps %s: only %d trainer(s) finished, fewer than --min_trainers=%lld\n",
+                    name, finished, (long long)o.min_trainers);
+            rc = -1;
+        }
     }
     if (server)
         ps_net_free();

@@ -114,6 +114,7 @@ static void agent_free(agent_t *a)
         free(a->peers);
     }
     free(a->buckets);
+    free(a->barrier_last);
     pthread_mutex_destroy(&a->pending_lock);
     pthread_mutex_destroy(&a->barrier_lock);
     pthread_mutex_destroy(&a->router_lock);
@@ -134,6 +135,7 @@ static agent_t *agent_new(const init_params_t *p)
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
     a->busy_poll_ns = p->o.busy_poll_us * 1000;
+    a->heartbeat_ms = p->o.heartbeat_ms;
     a->gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->wake_fd = -1;
     atomic_init(&a->next_id, 1);
@@ -166,6 +168,29 @@ static agent_t *agent_new(const init_params_t *p)
 /* Stops everything the agent started, in an order where nothing can touch
    what is already gone: no new users, no incoming messages, no pending
    call left waiting, no pool thread, then the sockets. */
+/* Every wait of the teardown is bounded by this; what is still held then
+   is logged, and left to the process rather than freed under its users. */
+#define TEARDOWN_WAIT_MS 30000
+
+/* Waits for the threads inside the agent to leave: true, or false (logged,
+   naming what may hold them) after TEARDOWN_WAIT_MS. */
+static bool wait_users(agent_t *a, const char *stage)
+{
+    int64_t until = zd__agent_now_ns() + TEARDOWN_WAIT_MS * 1000000LL;
+    while (atomic_load(&g_users) > 0) {
+        if (zd__agent_now_ns() >= until) {
+            zd__log(ZD_LOG_ERROR, "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
+                    "%d s (%lld call(s) pending, %lld being served): going on without them",
+                    stage, atomic_load(&g_users), TEARDOWN_WAIT_MS / 1000,
+                    (long long)a->n_pending, (long long)atomic_load(&a->serving));
+            return false;
+        }
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
 static void agent_teardown(agent_t *a, bool graceful)
 {
     zd__metrics_out_close(a);
@@ -173,23 +198,21 @@ static void agent_teardown(agent_t *a, bool graceful)
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    while (atomic_load(&g_users) > 0) {
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
-    }
-    zd__transport_stop_io(a);
+    wait_users(a, "callers");
+    bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    if (a->pool)
-        zd__pool_destroy(a->pool);
+    bool pool_stopped = !a->pool || zd__pool_destroy(a->pool, TEARDOWN_WAIT_MS) == 0;
     a->pool = NULL;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     zd__shutdown_abort_barrier(a);
     /* Answers still on their way (they may be sent while closing) finish
        before the sockets go. */
     atomic_store(&g_agent, NULL);
-    while (atomic_load(&g_users) > 0) {
-        struct timespec ts = {0, 100000};
-        nanosleep(&ts, NULL);
+    if (!wait_users(a, "answers") || !io_stopped || !pool_stopped) {
+        zd__log(ZD_LOG_ERROR, "rpc: shutdown: the agent's sockets and memory stay with the "
+                "process: %s still use them", !io_stopped ? "the I/O thread"
+                : !pool_stopped ? "handler threads" : "threads");
+        return;
     }
     zd__rref_ctx_free(a);
     zd__direct_close_all(a);

@@ -81,6 +81,8 @@ typedef struct {
     void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
     atomic_bool lost;           /* the connection is down */
     int64_t fail_at_ns;         /* I/O thread: when to fail calls to it (0: no) */
+    int64_t down_since_ns;      /* I/O thread: when the connection went down */
+    _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c), for good; 0: alive */
     peer_metrics_t m;
 } peer_t;
 
@@ -90,6 +92,8 @@ typedef struct agent {
     _Atomic int64_t timeout_ms;     /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
     int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
+    int64_t heartbeat_ms;           /* see zd_rpc_options_t.heartbeat_ms */
+    atomic_int n_lost;              /* peers declared lost */
     unsigned gen;                   /* distinguishes successive inits */
 
     void *ctx;                      /* ZeroMQ context */
@@ -128,6 +132,7 @@ typedef struct agent {
 
     pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
     struct barrier_round *barrier;
+    int64_t *barrier_last;          /* rank 0: each rank's last round entered */
 
     struct metrics_out *metrics_out;    /* ZDIST_METRICS's writer, or NULL */
 
@@ -299,8 +304,10 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
 /*  The I/O thread's body (io.c). */
 void *zd__transport_io_main(void *arg);
 
-/*  Stops the I/O thread and closes every socket and the context. */
-void zd__transport_stop_io(agent_t *a);
+/*  Stops the I/O thread (waiting up to wait_ms for it: -1, logged and left
+    running, when it does not stop) and closes every socket and the
+    context. */
+int zd__transport_stop_io(agent_t *a, int64_t wait_ms);
 void zd__transport_close(agent_t *a, bool graceful);
 
 /*  ---- call.c: outgoing requests ---- */
@@ -314,6 +321,8 @@ typedef struct {
     uint64_t a, b;              /* header fields */
     int64_t timeout_ms;         /* < 0 default */
     bool hooked;                /* run the hooks (user-visible requests) */
+    bool shared_only;           /* zd__call_sync: on the shared socket, after what
+                                   was sent there (an RRef's fork request) */
     uint64_t *id_out;           /* if set, receives the request id */
     void *sock;                 /* a zd_rpc_sync socket of the calling thread, or NULL */
     int wake_fd;                /* the caller's eventfd (with sock) */
@@ -376,13 +385,19 @@ void zd__pool_block_begin(void);
 void zd__pool_block_end(void);
 /*  Threads alive and threads waiting for work, now. */
 void zd__pool_stats(pool_t *p, int *threads, int *idle);
-/*  Stops taking work, drops queued tasks, joins every thread. */
-void zd__pool_destroy(pool_t *p);
+/*  Stops taking work, drops queued tasks, joins every thread, waiting up to
+    wait_ms in all: 0, or -1 when handlers still run then (logged; the pool
+    is left to them, not freed). */
+int zd__pool_destroy(pool_t *p, int64_t wait_ms);
 
 /*  ---- rref.c ---- */
 
 int zd__rref_ctx_new(agent_t *a);
 void zd__rref_ctx_free(agent_t *a);
+/*  Drops every fork that rank holds of RRefs owned here (a lost peer),
+    freeing the values nothing else holds. Returns the forks dropped;
+    *freed (may be NULL) gets the values freed. */
+int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed);
 /*  Control messages from peers (I/O thread): answer with a REPLY or ERROR. */
 void zd__rref_handle_control(agent_t *a, const inmsg_t *m);
 /*  Periodic work: placeholder expiry (I/O thread). */
@@ -402,6 +417,16 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns);
 void zd__shutdown_abort_barrier(agent_t *a);
 /*  The barrier's handler on rank 0 (registered by zd__serve_register_internal). */
 zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
+
+/*  ---- peer_lost.c: peers that are gone ---- */
+
+/*  I/O thread: peer rank is lost for good (its connection down since
+    since_ns): fails its calls, then on a pool thread releases its RRef
+    forks and runs the hooks' and the application's callbacks. */
+void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns);
+/*  True when rank was declared lost; text (may be NULL) gets
+    'peer "NAME" (rank N) lost 3.1 s ago'. */
+bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size);
 
 /*  ---- metrics.c ---- */
 

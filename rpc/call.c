@@ -197,6 +197,9 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         return NULL;
     if (atomic_load(&a->closing))
         return zd_error_set_code(ZD_ERR_SHUTDOWN, "%s: RPC is shutting down", req->api), NULL;
+    char lost[256];
+    if (zd__peer_lost(a, to, lost, sizeof lost))
+        return zd_error_set_code(ZD_ERR_PEER, "%s: %s", req->api, lost), NULL;
     bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
     if (has_value && !zd__rpc_wire_name_ok(req->fn, ZD_RPC_MAX_FUNCTION))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d): bad function name "
@@ -510,7 +513,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
     r.timeout_ms = timeout;   /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
-    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost))
+    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost) && !req->shared_only)
         r.sock = zd__direct_socket(a, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread

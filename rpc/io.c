@@ -198,8 +198,27 @@ int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     return rc;
 }
 
+/* A peer declared lost stays lost (peer_lost.c): what it held here is
+   released, so a request from it (a frozen process that woke up) is
+   refused, and it learns why. */
+static bool refuse_lost(agent_t *a, inmsg_t *m)
+{
+    if (!atomic_load(&a->peers[m->h.src].lost_at_ns))
+        return false;
+    release_frames(m->frames, m->n);
+    if (is_request(m->h.type)) {
+        char text[256];
+        snprintf(text, sizeof text, "\"%s\" (rank %d) declared you lost and released what you "
+                 "held: leave the world", a->name, a->rank);
+        zd__transport_answer_error(a, m, m->h.id, text);
+    }
+    return true;
+}
+
 static void dispatch(agent_t *a, inmsg_t *m)
 {
+    if (refuse_lost(a, m))
+        return;
     switch (m->h.type) {
     case RPC_MSG_HELLO:
         release_frames(m->frames, m->n);
@@ -267,7 +286,8 @@ static void handle_monitor(peer_t *p)
         p->fail_at_ns = 0;
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
         atomic_store(&p->lost, true);
-        p->fail_at_ns = zd__agent_now_ns() + LOST_GRACE_MS * 1000000LL;
+        p->down_since_ns = zd__agent_now_ns();
+        p->fail_at_ns = p->down_since_ns + LOST_GRACE_MS * 1000000LL;
     }
 }
 
@@ -278,9 +298,7 @@ static void fail_lost_peers(agent_t *a, int64_t now)
         if (!p->fail_at_ns || now < p->fail_at_ns || atomic_load(&a->closing))
             continue;
         p->fail_at_ns = 0;
-        char text[256];
-        snprintf(text, sizeof text, "peer unreachable: connection to %s lost", p->endpoint);
-        zd__call_fail_peer(a, i, text, ZD_ERR_PEER);
+        zd__peer_declare_lost(a, i, p->down_since_ns);   /* peer_lost.c */
     }
 }
 

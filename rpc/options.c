@@ -30,6 +30,7 @@ zd_rpc_options_t zd_rpc_options_default(void)
         .busy_poll_us = -1,
         .key_file = NULL,
         .insecure = false,
+        .heartbeat_ms = 0,
     };
     return o;
 }
@@ -63,6 +64,23 @@ static int listen_addr(init_params_t *p)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: %s=\"%s\" is not the IPv4 or IPv6 address of one "
                                  "of this host's interfaces (like 10.0.0.5 or fd00::5)", from, s);
+    return 0;
+}
+
+/* The heartbeat timeout: the option, else $ZDIST_HEARTBEAT_S, else 30 s
+   (ZeroMQ's heartbeats, transport.c). */
+static int agent_heartbeat(zd_rpc_options_t *o)
+{
+    if (o->heartbeat_ms < 0 || o->heartbeat_ms > 86400000)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: heartbeat_ms %lld is not in "
+                                 "[0, 86400000]", (long long)o->heartbeat_ms);
+    if (o->heartbeat_ms)
+        return 0;
+    long v;
+    int rc = zd__rpc_env_long("ZDIST_HEARTBEAT_S", 1, 86400, &v);
+    if (rc < 0)
+        return zd_error_wrap("zd_rpc_init");
+    o->heartbeat_ms = rc == 1 ? v * 1000 : 30000;
     return 0;
 }
 
@@ -134,6 +152,8 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     if (p->o.busy_poll_us > 1000000)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
                                  (long long)p->o.busy_poll_us);
+    if (agent_heartbeat(&p->o) < 0)
+        return -1;
     zd__log(ZD_LOG_INFO, "rpc: %s", env.summary);
     return 0;
 }

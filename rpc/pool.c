@@ -7,6 +7,7 @@
     pool starts another thread when work is queued and fewer than `core`
     threads are runnable. Threads above `core` leave after a few idle
     seconds. The hard limit only guards against runaway recursion. */
+#define _GNU_SOURCE   /* pthread_timedjoin_np: bounded joins at shutdown */
 #include "rpc/agent.h"
 
 #include <errno.h>
@@ -207,10 +208,26 @@ void zd__pool_block_end(void)
     pthread_mutex_unlock(&p->lock);
 }
 
-void zd__pool_destroy(pool_t *p)
+/* pthread_timedjoin_np's deadline: wait_ms from now, on the real-time clock. */
+static struct timespec join_deadline(int64_t wait_ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += wait_ms / 1000;
+    t.tv_nsec += (wait_ms % 1000) * 1000000;
+    if (t.tv_nsec >= 1000000000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000;
+    }
+    return t;
+}
+
+int zd__pool_destroy(pool_t *p, int64_t wait_ms)
 {
     if (!p)
-        return;
+        return 0;
+    struct timespec until = join_deadline(wait_ms);
+    int stuck = 0;
     pthread_mutex_lock(&p->lock);
     p->stop = true;
     pthread_cond_broadcast(&p->cond);
@@ -231,9 +248,17 @@ void zd__pool_destroy(pool_t *p)
     pthread_mutex_unlock(&p->lock);
     while (live) {
         worker_t *next = live->next;
-        pthread_join(live->thread, NULL);
+        if (pthread_timedjoin_np(live->thread, NULL, &until) != 0) {
+            pthread_detach(live->thread);   /* a handler stuck in user code */
+            stuck++;
+        }
         free(live);
         live = next;
+    }
+    if (stuck) {
+        zd__log(ZD_LOG_ERROR, "rpc: shutdown: %d handler thread(s) still running after %lld ms "
+                "(stuck in a handler?): left running, with the pool", stuck, (long long)wait_ms);
+        return -1;
     }
     pthread_mutex_lock(&p->lock);
     reap(p);
@@ -242,4 +267,5 @@ void zd__pool_destroy(pool_t *p)
     pthread_cond_destroy(&p->gone);
     pthread_mutex_destroy(&p->lock);
     free(p);
+    return 0;
 }

@@ -86,7 +86,7 @@ owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
     return e;
 }
 
-int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id)
+int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id, int holder)
 {
     for (int i = 0; i < e->n_forks; i++)
         if (e->forks[i] == fork_id)
@@ -94,20 +94,34 @@ int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id)
     if (e->n_forks == e->cap_forks) {
         int cap = e->cap_forks ? 2 * e->cap_forks : 4;
         uint64_t *f = realloc(e->forks, (size_t)cap * sizeof *f);
-        if (!f)
+        if (f)
+            e->forks = f;
+        int *h = f ? realloc(e->holders, (size_t)cap * sizeof *h) : NULL;
+        if (!h)
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
-        e->forks = f;
+        e->holders = h;
         e->cap_forks = cap;
     }
+    e->holders[e->n_forks] = holder;
     e->forks[e->n_forks++] = fork_id;
     return 0;
+}
+
+int zd__rref_owner_fork_holder(const owner_t *e, uint64_t fork_id)
+{
+    for (int i = 0; e && i < e->n_forks; i++)
+        if (e->forks[i] == fork_id)
+            return e->holders[i];
+    return -1;
 }
 
 void zd__rref_owner_del_fork(owner_t *e, uint64_t fork_id)
 {
     for (int i = 0; i < e->n_forks; i++)
         if (e->forks[i] == fork_id) {
-            e->forks[i] = e->forks[--e->n_forks];
+            e->n_forks--;
+            e->forks[i] = e->forks[e->n_forks];
+            e->holders[i] = e->holders[e->n_forks];
             return;
         }
 }
@@ -132,6 +146,7 @@ void zd__rref_owner_free(owner_t *e)
         return;
     zd_future_unref(e->value);
     free(e->forks);
+    free(e->holders);
     free(e);
 }
 
@@ -266,7 +281,7 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
         pthread_mutex_unlock(&x->lock);
         return zd_error_set("RRef %" PRIx64 " created twice", rref_id), NULL;
     }
-    if (!e || (fork_id && zd__rref_owner_add_fork(e, fork_id) < 0)) {
+    if (!e || (fork_id && zd__rref_owner_add_fork(e, fork_id, src) < 0)) {
         pthread_mutex_unlock(&x->lock);
         return NULL;
     }
@@ -297,6 +312,26 @@ zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_
     if (fresh)
         zd__rref_watch_value(a, f, rref_id);
     return f;
+}
+
+zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
+{
+    rref_ctx_t *x = a->rrefs;
+    if (src != a->rank && zd__rref_id_ok(a, rref_id)) {
+        pthread_mutex_lock(&x->lock);
+        owner_t *e = zd__rref_owner_find(x, rref_id);
+        bool holds = !e || e->state != OWNER_CREATED;   /* not made yet: the REMOTE decides */
+        for (int i = 0; e && !holds && i < e->n_forks; i++)
+            holds = e->holders[i] == src;
+        pthread_mutex_unlock(&x->lock);
+        if (!holds) {
+            zd__log(ZD_LOG_WARN, "rpc: refused a fetch of RRef %" PRIx64 " from \"%s\" (rank %d), "
+                    "which holds no fork of it", rref_id, a->peers[src].name, src);
+            return zd_error_set("RRef %" PRIx64 ": rank %d holds no fork of it", rref_id, src),
+                   NULL;
+        }
+    }
+    return zd__rref_owner_value(a, rref_id, timeout_ms);
 }
 
 zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
@@ -373,6 +408,26 @@ static void send_ack(agent_t *a, const inmsg_t *m)
     zd_value_unref(none);
 }
 
+/* Under x->lock: a fork is deleted or registered only by the rank that
+   holds it (recorded when the owner learnt of it); any other sender is
+   answered with an error. Unknown forks pass: the messages are
+   idempotent. */
+static bool control_refused(agent_t *a, const inmsg_t *m)
+{
+    const rpc_wire_header_t *h = &m->h;
+    if (h->type != RPC_MSG_RREF_USER_DELETE && h->type != RPC_MSG_RREF_FORK_REQUEST)
+        return false;
+    int holder = zd__rref_owner_fork_holder(zd__rref_owner_find(a->rrefs, h->a), h->b);
+    if (holder < 0 || holder == h->src)
+        return false;
+    char text[200];
+    snprintf(text, sizeof text, "%s of fork %" PRIx64 " of RRef %" PRIx64 " from rank %d, "
+             "which does not hold it", zd__rpc_wire_type_name(h->type), h->b, h->a, h->src);
+    zd__log(ZD_LOG_WARN, "rpc: refused a %s", text);
+    zd__transport_answer_error(a, m, h->id, text);
+    return true;
+}
+
 void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
 {
     rref_ctx_t *x = a->rrefs;
@@ -389,6 +444,10 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     zd_rref_t *parent = NULL;
     zd_future_t *watch = NULL;
     pthread_mutex_lock(&x->lock);
+    if (control_refused(a, m)) {
+        pthread_mutex_unlock(&x->lock);
+        return;
+    }
     switch (h->type) {
     case RPC_MSG_RREF_USER_DELETE: {
         owner_t *e = zd__rref_owner_find(x, h->a);
@@ -403,7 +462,7 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
             e->expire_ns = placeholder_expiry(a, h->timeout_ms);
             watch = zd_future_ref(e->value);
         }
-        if (!e || zd__rref_owner_add_fork(e, h->b) < 0) {
+        if (!e || zd__rref_owner_add_fork(e, h->b, h->src) < 0) {
             pthread_mutex_unlock(&x->lock);
             zd_future_unref(watch);
             zd__transport_answer_error(a, m, h->id, "out of memory");
@@ -447,6 +506,73 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
                              "on \"%s\" (rank %d) in time", ids[i], a->name, a->rank);
         zd_future_unref(expired[i]);
     }
+}
+
+/* ---- a lost holder ---- */
+
+int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
+{
+    rref_ctx_t *x = a->rrefs;
+    int64_t dropped = 0, freed = 0;
+    if (!x)
+        return 0;
+    /* Entries to free are unlinked under the lock and freed after it: their
+       values may hold RRefs, whose release takes it. */
+    owner_t *to_free = NULL;
+    pthread_mutex_lock(&x->lock);
+    for (size_t b = 0; b < OWNER_BUCKETS; b++) {
+        owner_t *e = x->owners[b];
+        while (e) {
+            owner_t *next = e->next;
+            bool had = false;
+            for (int i = e->n_forks - 1; i >= 0; i--)
+                if (e->holders[i] == rank) {
+                    zd__rref_owner_del_fork(e, e->forks[i]);
+                    dropped++;
+                    had = true;
+                }
+            owner_t *gone = had ? zd__rref_owner_maybe_unlink(x, e) : NULL;
+            if (gone) {
+                gone->next = to_free;
+                to_free = gone;
+                freed++;
+            }
+            e = next;
+        }
+    }
+    /* Children sent to it: their CHILD_ACCEPT will never come, and the
+       parents they keep alive would hold up the shutdown's drain. */
+    child_t *orphans = NULL;
+    for (size_t b = 0; b < CHILD_BUCKETS; b++) {
+        child_t **pp = &x->children[b];
+        while (*pp) {
+            child_t *c = *pp;
+            if (c->holder != rank) {
+                pp = &c->next;
+                continue;
+            }
+            *pp = c->next;
+            x->n_children--;
+            dropped++;
+            c->next = orphans;
+            orphans = c;
+        }
+    }
+    pthread_mutex_unlock(&x->lock);
+    while (orphans) {   /* parents are released outside the lock: it is theirs too */
+        child_t *next = orphans->next;
+        zd_rref_unref(orphans->parent);
+        free(orphans);
+        orphans = next;
+    }
+    while (to_free) {
+        owner_t *next = to_free->next;
+        zd__rref_owner_free(to_free);
+        to_free = next;
+    }
+    if (freed_out)
+        *freed_out = freed;
+    return dropped;
 }
 
 /* ---- the context ---- */

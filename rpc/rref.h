@@ -71,6 +71,10 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     when the REMOTE creating it has not arrived; NULL on a bad id. */
 zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
 
+/*  zd__rref_owner_value for a RREF_FETCH from rank src: refused (NULL,
+    error set) when the RRef exists here and src holds no fork of it. */
+zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src);
+
 /*  A user handle for a REMOTE about to be sent to owner (pending until
     zd__rref_user_created), or the owner handle when owner is this process. */
 zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner);
@@ -107,6 +111,7 @@ typedef struct owner {
     owner_state_t state;
     zd_future_t *value;
     uint64_t *forks;
+    int *holders;               /* per fork: the rank holding it */
     int n_forks, cap_forks;
     zd_rref_t *handle;         /* the local handle while referenced (weak) */
     int64_t expire_ns;          /* placeholders */
@@ -115,6 +120,7 @@ typedef struct owner {
 
 typedef struct child {
     uint64_t fork_id;
+    int holder;                 /* the rank it was sent to */
     zd_rref_t *parent;         /* a reference, dropped on RREF_CHILD_ACCEPT */
     struct child *next;
 } child_t;
@@ -154,7 +160,9 @@ void zd__rref_handle_free(zd_rref_t *r);
     (its value may hold RRefs, whose release takes the lock). */
 owner_t *zd__rref_owner_find(rref_ctx_t *x, uint64_t id);
 owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state);
-int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id);
+int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id, int holder);
+/*  The rank holding fork_id of e, or -1 when e has no such fork. */
+int zd__rref_owner_fork_holder(const owner_t *e, uint64_t fork_id);
 void zd__rref_owner_del_fork(owner_t *e, uint64_t fork_id);
 owner_t *zd__rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e);
 void zd__rref_owner_free(owner_t *e);

@@ -128,8 +128,11 @@ int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value)
     if (error[0])
         return zd_error_set("to_here to \"%s\" (rank %d): %s", zd_rref_owner_name(r), r->owner,
                          error);
+    /* The owner serves only ranks that hold a fork: until it has confirmed
+       ours, the fetch follows our fork request on the same connection. */
     call_req_t req = {.type = RPC_MSG_RREF_FETCH, .api = "to_here", .a = r->rref_id,
-                      .timeout_ms = timeout_ms, .hooked = true};
+                      .timeout_ms = timeout_ms, .hooked = true,
+                      .shared_only = !atomic_load(&r->confirmed)};
     return zd__call_sync(&req, r->owner, value);
 }
 

@@ -104,7 +104,6 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
     rref_txn_t *t = arg;
     agent_t *a = t->a;
     rref_ctx_t *x = a->rrefs;
-    (void)dst;
     if (r->gen != a->gen)
         return zd_error_set("RRef from an earlier RPC session cannot be sent");
     char error[1024];
@@ -124,7 +123,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
     if (r->is_owner) {
         /* Early registration: the owner adds the child itself. */
         owner_t *e = zd__rref_owner_find(x, r->rref_id);
-        if (!e || zd__rref_owner_add_fork(e, fork_id) < 0) {
+        if (!e || zd__rref_owner_add_fork(e, fork_id, dst) < 0) {
             pthread_mutex_unlock(&x->lock);
             return e ? -1 : zd_error_set("RRef %" PRIx64 " is no longer owned here", r->rref_id);
         }
@@ -137,6 +136,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         }
         c->fork_id = fork_id;
+        c->holder = dst;
         c->parent = zd_rref_ref(r);
         size_t b = child_bucket(fork_id);
         c->next = x->children[b];

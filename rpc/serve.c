@@ -533,7 +533,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     if (h->type == RPC_MSG_RREF_FETCH) {
         snprintf(c->fn, sizeof c->fn, "__to_here");
         c->f.flags = ZD_RPC_FN_INLINE;   /* only waits for a future */
-        c->owner_value = zd__rref_owner_value(a, h->a, h->timeout_ms);
+        c->owner_value = zd__rref_owner_value_for(a, h->a, h->timeout_ms, h->src);
         if (!c->owner_value) {
             snprintf(text, sizeof text, "to_here: %s", zd_error_last());
             finish_error(c, text, ZD_ERR_REMOTE);

@@ -64,6 +64,56 @@ static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t
                                   atomic_load(&a->peers[i].lost) ? " unreachable" : "");
 }
 
+/* Missing workers the round still waits for: from round 0 on, a peer
+   declared lost (peer_lost.c) is not waited for (the survivors finish
+   without it); init's round -1 waits for everyone. */
+static int missing_live(agent_t *a, const barrier_round_t *r)
+{
+    int n = 0;
+    for (int i = 0; i < r->world; i++)
+        if (!r->waiting[i] && (r->round < 0 || !atomic_load(&a->peers[i].lost_at_ns)))
+            n++;
+    return n;
+}
+
+/* Under barrier_lock: whether rank src may enter round with count: only
+   its own rounds, in order (-1, 0, 1, ...: the one it is in again, or the
+   next), with a count that is not negative. The first time a rank is seen
+   it must be at init's round -1 or, for a world that started before this
+   check was made, any round. */
+static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t timeout_ms,
+                     barrier_round_t *open)
+{
+    if (count < 0 || round < -1 || timeout_ms < 0)
+        return zd_error_set("shutdown barrier: rank %d sent round %" PRId64 ", count %" PRId64
+                            ", timeout %" PRId64 " ms", src, round, count, timeout_ms), false;
+    if (!a->barrier_last) {
+        a->barrier_last = malloc((size_t)a->world * sizeof *a->barrier_last);
+        if (!a->barrier_last)
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory"), false;
+        for (int i = 0; i < a->world; i++)
+            a->barrier_last[i] = -2;
+    }
+    int64_t last = a->barrier_last[src];
+    if (round == last + 1 || (round == last && open && !open->waiting[src])) {
+        a->barrier_last[src] = round;
+        return true;
+    }
+    if (round == last && open)
+        return true;   /* the same rank again in its open round: the same answer */
+    return zd_error_set("shutdown barrier: rank %d asked for round %" PRId64 " after round %"
+                        PRId64, src, round, last), false;
+}
+
+/* Names the lost workers a round went on without, for the log. */
+static void log_without(agent_t *a, const barrier_round_t *r)
+{
+    for (int i = 0; i < r->world; i++)
+        if (!r->waiting[i])
+            zd__log(ZD_LOG_WARN, "rpc: shutdown barrier round %" PRId64 ": going on without "
+                    "\"%s\" (rank %d), lost", r->round, a->peers[i].name, i);
+}
+
 zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;
@@ -81,10 +131,17 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     if (zd_rpc_arg_int(args, 0, &round) < 0 || zd_rpc_arg_int(args, 1, &count) < 0 ||
         zd_rpc_arg_int(args, 2, &timeout_ms) < 0)
         goto out;
+    /* Bounded so that the deadline arithmetic cannot overflow: a week. */
+    if (timeout_ms > 604800000)
+        timeout_ms = 604800000;
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t *r = a->barrier;
     while (r && r->round != round)
         r = r->next;
+    if (!entry_ok(a, src, round, count, timeout_ms, r)) {
+        pthread_mutex_unlock(&a->barrier_lock);
+        goto out;
+    }
     if (!r) {
         r = calloc(1, sizeof *r);
         if (r)
@@ -114,7 +171,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         r->total += count;
     }
     f = zd_future_ref(r->waiting[src]);
-    bool complete = r->arrived == a->world;
+    bool complete = missing_live(a, r) == 0;
     int64_t total = r->total;
     if (complete) {
         barrier_round_t **pp = &a->barrier;
@@ -124,6 +181,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     }
     pthread_mutex_unlock(&a->barrier_lock);
     if (complete) {
+        if (r->arrived < a->world)
+            log_without(a, r);
         zd_value_t *v = zd_value_int(total);
         round_answer(r, v, "out of memory");
         zd_value_unref(v);
@@ -139,11 +198,17 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
 {
     if (a->rank != 0)
         return;
-    barrier_round_t *failed = NULL;
+    barrier_round_t *failed = NULL, *done = NULL;
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t **pp = &a->barrier;
     while (*pp) {
         barrier_round_t *r = *pp;
+        if (missing_live(a, r) == 0) {   /* the rest were lost while it waited */
+            *pp = r->next;
+            r->next = done;
+            done = r;
+            continue;
+        }
         /* Early only when everyone still reachable is here: the living
            keep their barrier among themselves until the timeout. */
         bool lost = false, waiting_for_living = false;
@@ -163,6 +228,15 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
         }
     }
     pthread_mutex_unlock(&a->barrier_lock);
+    while (done) {
+        barrier_round_t *next = done->next;
+        log_without(a, done);
+        zd_value_t *v = zd_value_int(done->total);
+        round_answer(done, v, "out of memory");
+        zd_value_unref(v);
+        round_free(done);
+        done = next;
+    }
     while (failed) {
         barrier_round_t *next = failed->next;
         char missing[1024], text[1200];
@@ -190,11 +264,14 @@ void zd__shutdown_abort_barrier(agent_t *a)
     }
 }
 
+/* Calls being served for a lost peer do not count: nobody waits for
+   their answers. */
 static int64_t outstanding(agent_t *a)
 {
     int64_t n = atomic_load(&a->user_in_flight) + zd__rref_outstanding(a);
     for (int i = 0; i < a->world; i++)
-        n += atomic_load(&a->peers[i].m.serving);
+        if (!atomic_load(&a->peers[i].lost_at_ns))
+            n += atomic_load(&a->peers[i].m.serving);
     return n;
 }
 
@@ -235,6 +312,18 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
     return rc;
 }
 
+/* The deadline of one drain: the shutdown's, but never unbounded. Without
+   a shutdown timeout, work that outlives twice the call timeout (10 min
+   when calls have none) is stuck, not slow: a handler waiting for
+   something that will never come. */
+static int64_t drain_deadline(agent_t *a, int64_t deadline)
+{
+    int64_t call = atomic_load(&a->timeout_ms);
+    int64_t bound_ms = call > 0 && call < 300000 ? 2 * call : 600000;
+    int64_t bound = zd__agent_now_ns() + bound_ms * 1000000;
+    return bound < deadline ? bound : deadline;
+}
+
 int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
     /* Default: no limit, like PyTorch's rpc.shutdown(). */
@@ -244,7 +333,7 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
        until a round finds no work anywhere. */
     for (int64_t round = 0;; round++) {
         int64_t sum = -1;
-        if ((round > 0 && drain_local(a, deadline) < 0) ||
+        if ((round > 0 && drain_local(a, drain_deadline(a, deadline)) < 0) ||
             zd__barrier_all(round, outstanding(a), deadline, "zd_rpc_shutdown", &sum) < 0)
             return zd_error_wrap("zd_rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
         if (sum == 0)

@@ -13,6 +13,7 @@
     fail at once ("unreachable") instead of queueing forever. They never
     receive, which matters: with ZMQ_IMMEDIATE, messages that arrived but
     were not read yet are lost when the connection closes. */
+#define _GNU_SOURCE   /* pthread_timedjoin_np: bounded joins at shutdown */
 #include "rpc/agent.h"
 
 #include <errno.h>
@@ -112,6 +113,16 @@ void zd__transport_use_ipv6(void *sock, const char *endpoint)
         set_int(sock, ZMQ_IPV6, 1);
 }
 
+/* ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
+   cut off (the monitor then reports the disconnection, io.c). Pings every
+   sixth of it (5 s for the default 30 s), at least every 100 ms. */
+static void set_heartbeat(void *sock, int64_t timeout_ms)
+{
+    int64_t ivl = timeout_ms / 6;
+    set_int(sock, ZMQ_HEARTBEAT_IVL, (int)(ivl < 100 ? 100 : ivl));
+    set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, (int)timeout_ms);
+}
+
 static int open_peer(agent_t *a, peer_t *p)
 {
     p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
@@ -125,8 +136,7 @@ static int open_peer(agent_t *a, peer_t *p)
     set_int(p->sock, ZMQ_SNDHWM, 0);
     set_int(p->sock, ZMQ_IMMEDIATE, 1);
     set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
-    set_int(p->sock, ZMQ_HEARTBEAT_IVL, 5000);
-    set_int(p->sock, ZMQ_HEARTBEAT_TIMEOUT, 30000);
+    set_heartbeat(p->sock, a->heartbeat_ms);
     if (zd__security_client(a, p->sock, p->rank) < 0)
         return -1;
     char mon[96];
@@ -178,17 +188,33 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
     return 0;
 }
 
-void zd__transport_stop_io(agent_t *a)
+int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
 {
     if (!a->io_started)
-        return;
+        return 0;
     atomic_store(&a->io_stop, true);
     uint64_t one = 1;
     if (write(a->wake_fd, &one, sizeof one) < 0) {
         /* The eventfd cannot be full; the tick wakes the thread anyway. */
     }
-    pthread_join(a->io_thread, NULL);
+    /* Bounded: a future callback stuck in user code would hold it. */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += wait_ms / 1000;
+    until.tv_nsec += (wait_ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    if (pthread_timedjoin_np(a->io_thread, NULL, &until) != 0) {
+        zd__log(ZD_LOG_ERROR, "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
+                "future callback stuck in user code?)", (long long)wait_ms);
+        pthread_detach(a->io_thread);
+        a->io_started = false;
+        return -1;
+    }
     a->io_started = false;
+    return 0;
 }
 
 void zd__transport_close(agent_t *a, bool graceful)

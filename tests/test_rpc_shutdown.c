@@ -179,7 +179,7 @@ static int world_abrupt(const world_t *w)
         WCHECK(zd_future_wait(slow.arrived, 10000) == 0);
         zd_value_t *r;
         int rc = zd_rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
-        WCHECK(rc == -1 && (strstr(zd_error_last(), "unreachable") ||
+        WCHECK(rc == -1 && (strstr(zd_error_last(), "peer \"worker0\" (rank 0) lost") ||
                             strstr(zd_error_last(), "RPC shut down")));
         WCHECK(zd_rpc_shutdown(false, 0) == 0);
         finish();   /* completes our held call: freed without an answer */
@@ -225,7 +225,7 @@ static int world_missing(const world_t *w)
     if (w->rank == 1) {
         /* Busy (waiting for an answer that never comes) until rank 0 leaves. */
         WCHECK(zd_rpc_sync(0, "slow", NULL, 0, &r) == -1);
-        WCHECK(strstr(zd_error_last(), "unreachable") != NULL);
+        WCHECK(strstr(zd_error_last(), "peer \"worker0\" (rank 0) lost") != NULL);
         WCHECK(zd_rpc_shutdown(true, 500) == -1);   /* rank 0 is gone */
         finish();
         return 0;

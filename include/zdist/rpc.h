@@ -105,6 +105,9 @@ typedef struct {
     bool insecure;              /* run without a key even off loopback (also
                                    ZDIST_INSECURE=1): no authentication, no
                                    encryption (false) */
+    int64_t heartbeat_ms;       /* a peer whose connection carries nothing (not even
+                                   heartbeats) this long is lost, like a dead one;
+                                   0: $ZDIST_HEARTBEAT_S seconds, else 30000 (0) */
 } zd_rpc_options_t;
 
 /*  PyTorch's defaults (above). */
@@ -445,6 +448,9 @@ typedef struct {
        May be NULL. */
     const char *module;
     const char *init_call;
+    /* A peer was declared lost (pool thread, once per peer): release what
+       the module keeps for it. May be NULL. */
+    void (*on_peer_lost)(void *arg, int peer);
 } zd_rpc_hooks_t;
 
 /*  Installs hooks (copied; NULL removes them). Only while not running. */
@@ -454,6 +460,22 @@ ZD_API int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks);
 ZD_API void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state);
 ZD_API void *zd_rpc_call_hook_state(const zd_rpc_call_t *call);
 ZD_API zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call);
+
+/*  ---- lost peers ---- */
+
+/*  Called once for each peer declared lost (its process gone: about 1 s after
+    its connection dropped; frozen: after heartbeat_ms without a sign of life),
+    on an RPC pool thread, before the owner releases what the peer held. */
+typedef void (zd_rpc_peer_lost_fn)(void *arg, int peer, const char *name);
+
+/*  Adds fn(arg) to the callbacks run when a peer is lost (at most 8, kept for
+    the life of the process; the same pair twice is one). 0, or -1. */
+ZD_API int zd_rpc_register_peer_lost(zd_rpc_peer_lost_fn *fn, void *arg);
+
+/*  True when the running agent has declared rank lost (false when not
+    running or the rank is alive). Calls to a lost peer fail at once
+    (ZD_ERR_PEER, "peer \"NAME\" (rank N) lost 3.1 s ago"). */
+ZD_API bool zd_rpc_peer_is_lost(int rank);
 
 /*  ---- metrics ---- */
 
