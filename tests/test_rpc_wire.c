@@ -18,6 +18,7 @@
 #include "rpc/codec.h"
 #include "rpc/wire.h"
 #include "tests/support/handlers.h"
+#include "tests/support/intruder.h"
 #include "tests/support/world.h"
 
 /* ---- the header decoder ---- */
@@ -310,51 +311,25 @@ static void test_routing_ids(void **state)
 
 /* ---- malformed messages to a live agent ---- */
 
-typedef struct {
-    void *sock;
-    uint64_t next_id;
-} raw_t;
-
-/* Sends header h (then n frames of the given sizes, zero-filled). */
-static int raw_send(raw_t *r, rpc_wire_header_t *h, int n, const size_t *sizes)
+/* Waits for an answer on the raw socket: 1 with its type and text, 0 when
+   none came within timeout_ms. */
+static int raw_answer(intruder_t *r, int timeout_ms, int *type, char *text, size_t size)
 {
-    uint8_t buf[1024];
-    size_t len = build(h, buf);
-    if (zmq_send(r->sock, buf, len, n ? ZMQ_SNDMORE : 0) < 0)
-        return -1;
-    for (int i = 0; i < n; i++) {
-        static uint8_t zeros[4096];
-        if (zmq_send(r->sock, zeros, sizes[i], i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* Waits for an answer on the raw socket: 1 with its header (type, text) in
-   *out, 0 when none came within timeout_ms. */
-static int raw_answer(raw_t *r, int timeout_ms, int *type, char *text, size_t size)
-{
-    zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&it, 1, timeout_ms) <= 0)
+    intruder_answer_t a;
+    if (!intruder_answer(r, timeout_ms, &a))
         return 0;
-    zmq_msg_t m;
-    zmq_msg_init(&m);
-    zmq_msg_recv(&m, r->sock, 0);
-    rpc_wire_header_t h;
-    int ok = zd__rpc_wire_parse(zmq_msg_data(&m), zmq_msg_size(&m), &h) == 0;
-    *type = ok ? h.type : -1;
-    snprintf(text, size, "%.*s", ok && h.type == RPC_MSG_ERROR ? (int)h.meta_len : 0,
-             ok ? (const char *)h.meta : "");
-    while (zmq_msg_more(&m)) {
-        zmq_msg_close(&m);
-        zmq_msg_init(&m);
-        zmq_msg_recv(&m, r->sock, 0);
-    }
-    zmq_msg_close(&m);
+    *type = a.type;
+    snprintf(text, size, "%s", a.text);
+    intruder_answer_clear(&a);
     return 1;
 }
 
-static int expect_error(raw_t *r, rpc_wire_header_t *h, int n, const size_t *sizes,
+static int raw_send(intruder_t *r, rpc_wire_header_t *h, int n, const size_t *sizes)
+{
+    return intruder_send(r, h, n, NULL, sizes);
+}
+
+static int expect_error(intruder_t *r, rpc_wire_header_t *h, int n, const size_t *sizes,
                         const char *why)
 {
     char text[512];
@@ -371,7 +346,7 @@ static int expect_error(raw_t *r, rpc_wire_header_t *h, int n, const size_t *siz
     return 0;
 }
 
-static rpc_wire_header_t call_to_1(raw_t *r, const char *fn, const uint8_t *meta,
+static rpc_wire_header_t call_to_1(intruder_t *r, const char *fn, const uint8_t *meta,
                                    size_t meta_len, uint32_t n_tensors)
 {
     rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 0, .dst = 1, .id = ++r->next_id,
@@ -389,15 +364,9 @@ static int world_garbage(const world_t *w)
     if (w->rank == 0) {
         zd_rpc_worker_info_t info;
         WCHECK(zd_rpc_get_worker_info_by_rank(1, &info) == 0);
-        void *ctx = zmq_ctx_new();
-        raw_t r = {zmq_socket(ctx, ZMQ_DEALER), 1000};
-        uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-        zd__rpc_wire_sync_identity(0, 65534, id);   /* rank 0, a slot the agent never uses */
-        zmq_setsockopt(r.sock, ZMQ_ROUTING_ID, id, sizeof id);
-        int zero = 0;
-        zmq_setsockopt(r.sock, ZMQ_LINGER, &zero, sizeof zero);
-        WCHECK(zmq_connect(r.sock, info.endpoint) == 0);
-
+        intruder_t r;
+        /* Rank 0, a slot the agent never uses. */
+        WCHECK(intruder_open_as(&r, info.endpoint, 0, 65534) == 0);
         static const uint8_t args_ok[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 2, ZD_VALUE_INT, 2, ZD_VALUE_INT,
                                           4};
         rpc_wire_header_t h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
@@ -462,20 +431,21 @@ static int world_garbage(const world_t *w)
         zmq_send(r.sock, "", 0, 0);
         WCHECK(raw_answer(&r, 300, &type, text, sizeof text) == 0);
         /* A stranger's routing id: dropped. */
-        void *stranger = zmq_socket(ctx, ZMQ_DEALER);
-        zmq_setsockopt(stranger, ZMQ_ROUTING_ID, "zzz", 3);
-        zmq_setsockopt(stranger, ZMQ_LINGER, &zero, sizeof zero);
-        zmq_connect(stranger, info.endpoint);
+        intruder_t stranger;
+        WCHECK(intruder_open(&stranger, info.endpoint, 0, "zzz", 3) == 0);
         h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
         hlen = build(&h, hbuf);
-        zmq_send(stranger, hbuf, hlen, 0);
-        zmq_close(stranger);
+        zmq_send(stranger.sock, hbuf, hlen, 0);
+        intruder_close(&stranger);
         /* A well-formed call on the raw socket works, and so does the agent. */
-        h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
-        WCHECK(raw_send(&r, &h, 0, NULL) == 0);
-        WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1 && type == RPC_MSG_REPLY);
-        zmq_close(r.sock);
-        zmq_ctx_term(ctx);
+        zd_value_t *two = zd_rpc_args("ii", (int64_t)2, (int64_t)4);
+        intruder_answer_t ans;
+        int64_t sum = 0;
+        WCHECK(intruder_call_wait(&r, 1, "add", two, 5000, &ans) == 1);
+        zd_value_unref(two);
+        WCHECK(ans.type == RPC_MSG_REPLY && zd_value_get_int(ans.value, &sum) == 0 && sum == 6);
+        intruder_answer_clear(&ans);
+        intruder_close(&r);
         zd_value_t *res, *args = zd_rpc_args("ii", (int64_t)40, (int64_t)2);
         int64_t v;
         WCHECK(zd_rpc_sync(1, "add", args, -1, &res) == 0);
