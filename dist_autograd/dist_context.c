@@ -110,16 +110,23 @@ static dist_context_t *find_locked(int64_t id)
     return NULL;
 }
 
+static int sweep_locked(int64_t now, dist_context_t **out, int max);
+static void release_expired(dist_context_t **expired, int n, int64_t now);
+
 dist_context_t *zd__dist_context_get(int64_t id)
 {
+    dist_context_t *expired[16];
+    int64_t now = now_ms();
     pthread_mutex_lock(&registry_lock);
+    int n_expired = sweep_locked(now, expired, 16);
     dist_context_t *c = find_locked(id);
     if (c) {
         atomic_fetch_add(&c->refs, 1);
         if (c->made_by >= 0)
-            atomic_store(&c->last_used_ms, now_ms());
+            atomic_store(&c->last_used_ms, now);
     }
     pthread_mutex_unlock(&registry_lock);
+    release_expired(expired, n_expired, now);
     return c;
 }
 
@@ -345,9 +352,13 @@ bool zd__dist_context_may_release(dist_context_t *c, int peer)
 
 int64_t zd_dist_autograd_num_contexts(void)
 {
+    dist_context_t *expired[16];
+    int64_t now = now_ms();
     pthread_mutex_lock(&registry_lock);
+    int n_expired = sweep_locked(now, expired, 16);
     int64_t n = live_contexts;
     pthread_mutex_unlock(&registry_lock);
+    release_expired(expired, n_expired, now);
     return n;
 }
 
