@@ -25,15 +25,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 #include <zmq.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
+#include <zdist/dist_optim.h>
 #include <zdist/error.h>
 #include <zdist/log.h>
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
+#include "examples/ps_net.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
 
@@ -494,10 +498,231 @@ static void test_hostile_peer_against_distributed_autograd(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/* ---- rpc_ps's parameter server against a hostile trainer ----
+
+    Rank 0 serves the tutorial's Net (examples/ps_net.h) with checkpoints
+    and --max_batch_size=64; rank 1, trainer 0, records its position and
+    steps; rank 2, trainer 1, tries to falsify trainer 0's position, read
+    it, send oversized and malformed batches, ask for a part of fc1, and
+    step with a nan gradient. */
+
+#define PS_MAX_BATCH 64
+
+static char ps_prefix[256];
+static pthread_mutex_t ps_done_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ps_done_cond = PTHREAD_COND_INITIALIZER;
+static int ps_done;
+
+static zd_value_t *fn_ps_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    pthread_mutex_lock(&ps_done_lock);
+    ps_done++;
+    pthread_cond_broadcast(&ps_done_cond);
+    pthread_mutex_unlock(&ps_done_lock);
+    return zd_value_none();
+}
+
+static int ps_setup(const world_t *w)
+{
+    if (zd_dist_optim_init() < 0)
+        return -1;
+    if (w->rank != 0)
+        return 0;
+    FILE *quiet = fopen("/dev/null", "w");
+    int rc = ps_net_serve(0, 1, 1, false, NULL, quiet ? quiet : stderr);
+    if (quiet)
+        fclose(quiet);
+    ps_net_set_max_batch(PS_MAX_BATCH);
+    if (rc == 0)
+        rc = ps_net_checkpoint_enable(ps_prefix, false, 32, 2);
+    if (rc == 0)
+        rc = zd_rpc_register("t_done", fn_ps_done, NULL);
+    zd_log_set_sink(log_sink, NULL);
+    return rc;
+}
+
+/*  An MNIST-shaped batch of n images of c channels, every pixel v. */
+static zd_tensor_t *images(int64_t n, int64_t c, float v)
+{
+    int64_t shape[4] = {n, c, 28, 28};
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 4, shape);
+    if (x)
+        zd_tensor_fill_(x, v);
+    return x;
+}
+
+/*  Calls fn on the server; 0 when it failed with an error containing why. */
+static int ps_refused(zd_value_t *args, const char *fn, const char *why)
+{
+    zd_value_t *r = NULL;
+    int rc = zd_rpc_sync(0, fn, args, ZD_TIMEOUT_DEFAULT, &r);
+    zd_value_unref(args);
+    zd_value_unref(r);
+    if (rc == 0 || !strstr(zd_error_last(), why)) {
+        fprintf(stderr, "%s: %s, expected an error with \"%s\"\n", fn,
+                rc == 0 ? "succeeded" : zd_error_last(), why);
+        return -1;
+    }
+    return 0;
+}
+
+static int ps_int(zd_value_t *args, const char *fn, int64_t *out)
+{
+    zd_value_t *r = NULL;
+    int rc = zd_rpc_sync(0, fn, args, ZD_TIMEOUT_DEFAULT, &r);
+    zd_value_unref(args);
+    if (rc == 0 && out)
+        rc = zd_value_get_int(r, out);
+    zd_value_unref(r);
+    return rc;
+}
+
+/*  One step of the Net on batch x under a new context with the
+    parameters' RRefs; the first parameter's value before and after. */
+static int ps_step(zd_tensor_t *x, float *before, float *after)
+{
+    zd_value_t *list = NULL, *v = NULL;
+    zd_dist_optim_t *opt = NULL;
+    zd_tensor_t *out = NULL, *loss = NULL, *p;
+    int64_t ctx = -1;
+    zd_rref_t *params[16];
+    int rc = zd_rpc_sync(0, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &list);
+    int n = rc == 0 ? (int)zd_list_len(list) : 0;
+    for (int i = 0; rc == 0 && i < n && i < 16; i++)
+        rc = zd_rpc_arg_rref(list, (size_t)i, &params[i]);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
+    if (rc == 0)
+        rc = zd_dist_optim_new(&cfg, params, n, &opt);
+    if (rc == 0 && (rc = zd_rref_to_here(params[0], ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
+        (rc = zd_value_get_tensor(v, &p)) == 0)
+        *before = ((float *)zd_tensor_data(p))[0];
+    zd_value_unref(v);
+    v = NULL;
+    if (rc == 0)
+        rc = zd_dist_autograd_context_begin(&ctx);
+    zd_value_t *r = NULL;
+    if (rc == 0 && (rc = zd_rpc_sync(0, "ps_forward", zd_rpc_args("iti", (int64_t)0, x, (int64_t)1),
+                                     ZD_TIMEOUT_DEFAULT, &r)) == 0 &&
+        (rc = zd_value_get_tensor(r, &out)) == 0)
+        zd_tensor_ref(out);
+    zd_value_unref(r);
+    if (rc == 0)
+        rc = zd_tensor_mean(out, &loss);
+    if (rc == 0)
+        rc = zd_dist_autograd_backward(ctx, &loss, 1, false);
+    int step_rc = rc == 0 ? zd_dist_optim_step(opt, ctx) : -1;
+    char step_error[512];
+    snprintf(step_error, sizeof step_error, "%s", zd_error_last());
+    if (ctx != -1)
+        zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
+    if (rc == 0 && (rc = zd_rref_to_here(params[0], ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
+        (rc = zd_value_get_tensor(v, &p)) == 0)
+        *after = ((float *)zd_tensor_data(p))[0];
+    zd_value_unref(v);
+    zd_tensor_unref(out);
+    zd_tensor_unref(loss);
+    zd_dist_optim_free(opt);
+    zd_value_unref(list);
+    if (rc < 0)
+        return -2;
+    if (step_rc < 0)
+        zd_error_set("%s", step_error);
+    return step_rc;
+}
+
+static int ps_server(const world_t *w)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 120;
+    pthread_mutex_lock(&ps_done_lock);
+    while (ps_done < 2 && pthread_cond_timedwait(&ps_done_cond, &ps_done_lock, &until) == 0)
+        ;
+    int done = ps_done;
+    pthread_mutex_unlock(&ps_done_lock);
+    WCHECK(done == 2);
+    WCHECK(check_logged(w, "step refused, nothing applied", "worker \"worker2\" (rank 2)") == 0);
+    zd_log_set_sink(NULL, NULL);
+    return 0;
+}
+
+static int ps_trainer0(const world_t *w)
+{
+    (void)w;
+    int64_t at = -1;
+    WTRY(ps_int(zd_rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)5), "ps_checkpoint", NULL));
+    float before = 0, after = 0;
+    zd_tensor_t *x = images(8, 1, 0.5f);
+    WCHECK(ps_step(x, &before, &after) == 0);
+    zd_tensor_unref(x);
+    WCHECK(before != after);   /* a legitimate step is applied */
+    WTRY(ps_int(zd_rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)7), "ps_checkpoint", NULL));
+    WTRY(ps_int(zd_rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point", &at));
+    WCHECK(at == 7);
+    WTRY(ps_int(NULL, "t_done", NULL));
+    return 0;
+}
+
+static int ps_trainer1(const world_t *w)
+{
+    (void)w;
+    /* Trainer 1 (rank 2) cannot move or read trainer 0's position. */
+    WTRY(ps_refused(zd_rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)999), "ps_checkpoint",
+                    "the caller is trainer 1"));
+    WTRY(ps_refused(zd_rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point",
+                    "the caller is trainer 1"));
+    int64_t own = -1;
+    WTRY(ps_int(zd_rpc_args("ii", (int64_t)0, (int64_t)1), "ps_resume_point", &own));
+    WCHECK(own == 0);
+    /* Batches the server does not take. */
+    zd_tensor_t *big = images(PS_MAX_BATCH + 1, 1, 0.5f), *rgb = images(4, 3, 0.5f);
+    WTRY(ps_refused(zd_rpc_args("iti", (int64_t)0, big, (int64_t)1), "ps_forward",
+                    "a batch of 65 images; this server takes 1 to 64"));
+    WTRY(ps_refused(zd_rpc_args("iti", (int64_t)0, rgb, (int64_t)1), "ps_forward",
+                    "this one is float32 [4,3,28,28]"));
+    WTRY(ps_refused(zd_rpc_args("ti", big, (int64_t)1), "ps_fc1_part", "only shard 0"));
+    zd_tensor_unref(big);
+    zd_tensor_unref(rgb);
+    /* A nan batch: its gradients are not finite, the step is refused and
+       the parameters stay as they were. */
+    float before = 0, after = 1;
+    zd_tensor_t *x = images(4, 1, NAN);
+    int rc = ps_step(x, &before, &after);
+    zd_tensor_unref(x);
+    if (rc != -1 || !strstr(zd_error_last(), "the step was refused and nothing applied"))
+        return world_fail(w, "a nan step: rc %d, \"%s\"", rc, zd_error_last());
+    WCHECK(before == after);
+    WTRY(ps_int(NULL, "t_done", NULL));
+    return 0;
+}
+
+static int ps_run(const world_t *w)
+{
+    return w->rank == 0 ? ps_server(w) : w->rank == 1 ? ps_trainer0(w) : ps_trainer1(w);
+}
+
+static void test_hostile_trainer_against_the_parameter_server(void **state)
+{
+    (void)state;
+    snprintf(ps_prefix, sizeof ps_prefix, "/tmp/zd_hostile_ps_%d/ck", (int)getpid());
+    char dir[256];
+    snprintf(dir, sizeof dir, "/tmp/zd_hostile_ps_%d", (int)getpid());
+    assert_int_equal(mkdir(dir, 0700), 0);
+    world_options_t o = {.world_size = 3, .setup = ps_setup, .fn = ps_run, .timeout_s = 180,
+                         .dist_autograd = true};
+    int rc = world_run(&o);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(rc, 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_hostile_peer_against_distributed_autograd),
+        cmocka_unit_test(test_hostile_trainer_against_the_parameter_server),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
