@@ -19,11 +19,14 @@ uint64_t zd_autograd_seq_current(void)
     broken one sending UINT64_MAX would otherwise wrap ours to 0, and a node
     numbered 0 reads as "nothing pending" to the distributed engine. */
 #define SEQ_MAX_JUMP (UINT64_C(1) << 32)
+/*  And never past this: a clock moved 2^32 at a time by a flood of
+    messages still stays far from wrapping (no process makes 2^62 nodes). */
+#define SEQ_CEILING (UINT64_C(1) << 62)
 
 bool zd_autograd_seq_plausible(uint64_t remote_seq)
 {
     uint64_t cur = atomic_load(&next_seq);
-    return remote_seq <= cur || remote_seq - cur <= SEQ_MAX_JUMP;
+    return remote_seq < SEQ_CEILING && (remote_seq <= cur || remote_seq - cur <= SEQ_MAX_JUMP);
 }
 
 void zd_autograd_seq_observe(uint64_t remote_seq)
@@ -34,8 +37,8 @@ void zd_autograd_seq_observe(uint64_t remote_seq)
         if (to < cur)
             return;
         if (to - cur > SEQ_MAX_JUMP)
-            to = cur + SEQ_MAX_JUMP;   /* clamped: far below UINT64_MAX for ages */
-        if (to == UINT64_MAX)
+            to = cur + SEQ_MAX_JUMP;
+        if (to >= SEQ_CEILING)
             return;
         if (atomic_compare_exchange_weak(&next_seq, &cur, to + 1))
             return;

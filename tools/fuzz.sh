@@ -6,7 +6,8 @@
 # check; the input that did it is left in <build>/artifacts/.
 #
 #   tools/fuzz.sh [seconds] [target]      defaults: 60 fuzz_codec
-#                                          targets: fuzz_codec, fuzz_stream
+#                                          targets: fuzz_codec, fuzz_stream,
+#                                          fuzz_dist
 #
 # Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel
 # fuzzing processes; unset: one, in the foreground), FUZZ_ARGS (extra
@@ -91,6 +92,24 @@ if [ "$target" = fuzz_stream ]; then
     msg 2 00 02 04 01 "01 02 03"; } > "$seeds/interleaved"
   { msg 11 02 01 01 00 "" "$t1"; msg 3 00 02 01 00 "01 02 03 04 05"; } > "$seeds/expired"
   { msg 1 01 00 05 00 "01 02"; msg 2 02 00 05 00; } > "$seeds/plain"
+fi
+
+if [ "$target" = fuzz_dist ]; then
+  # Operations in the layout fuzz_dist.c describes: a well-shaped gradient
+  # for the recorded graph (accepted), a one-float one (E2), a uint8 one;
+  # queries, flushes, releases from participants and strangers; a request
+  # under a new context; our own call and its backward; RRef control
+  # messages, fetches, wire forms, expiry and owned RRefs.
+  bytes 00 01 00 01 01 00 01 01 > "$seeds/backward_ok"
+  bytes 00 01 00 01 01 00 00 00 01 04 01 > "$seeds/backward_one_float"
+  bytes 00 01 00 01 01 00 00 01 02 04 05 > "$seeds/backward_uint8"
+  bytes 01 01 00 02 07 02 01 00 02 03 01 00 03 01 03 > "$seeds/queries"
+  bytes 04 02 00 09 00 05 01 04 03 00 0d 00 05 01 > "$seeds/requests"
+  bytes 05 01 00 03 01 01 05 02 00 03 01 00 > "$seeds/own_calls"
+  bytes 06 03 01 04 02 00 0d 00 05 01 04 02 00 11 00 05 01 04 02 00 15 00 05 01 > "$seeds/limits"
+  bytes 07 01 01 05 09 00 07 01 00 05 09 00 08 05 01 09 05 09 01 00 00 01 0a 07 0b 01 0b 00 \
+        > "$seeds/rrefs"
+  bytes 00 01 00 01 ff $(printf '00 %.0s' {1..8}) 00 > "$seeds/backward_raw_seq"
 fi
 
 echo "fuzzing $target for ${seconds}s (corpus $corpus, seeds $seeds)"
