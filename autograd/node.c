@@ -237,11 +237,6 @@ void zd_autograd_node_set_output_shape(zd_autograd_node_t *n, const zd_tensor_t 
     }
 }
 
-bool zd_autograd_node_output_known(const zd_autograd_node_t *n, int i)
-{
-    return i >= 0 && i < n->n_outputs && i < n->outputs_set;
-}
-
 bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j)
 {
     return j >= 0 && j < n->n_inputs && (n->edges[j].node || n->edges[j].leaf);

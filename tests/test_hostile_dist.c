@@ -602,12 +602,12 @@ static int ps_step(zd_tensor_t *x, float *before, float *after)
     v = NULL;
     if (rc == 0)
         rc = zd_dist_autograd_context_begin(&ctx);
-    zd_value_t *r = NULL;
-    if (rc == 0 && (rc = zd_rpc_sync(0, "ps_forward", zd_rpc_args("iti", (int64_t)0, x, (int64_t)1),
-                                     ZD_TIMEOUT_DEFAULT, &r)) == 0 &&
+    zd_value_t *r = NULL, *fargs = zd_rpc_args("iti", (int64_t)0, x, (int64_t)1);
+    if (rc == 0 && (rc = zd_rpc_sync(0, "ps_forward", fargs, ZD_TIMEOUT_DEFAULT, &r)) == 0 &&
         (rc = zd_value_get_tensor(r, &out)) == 0)
         zd_tensor_ref(out);
     zd_value_unref(r);
+    zd_value_unref(fargs);
     if (rc == 0)
         rc = zd_tensor_mean(out, &loss);
     if (rc == 0)

@@ -108,9 +108,6 @@ ZD_API void zd_autograd_node_set_output(zd_autograd_node_t *n, zd_tensor_t *out)
     the tensors sent). Gradients fed to that output must have this shape. */
 ZD_API void zd_autograd_node_set_output_shape(zd_autograd_node_t *n, const zd_tensor_t *like);
 
-/*  Whether output i's shape was recorded (set_output or set_output_shape). */
-ZD_API bool zd_autograd_node_output_known(const zd_autograd_node_t *n, int i);
-
 /*  Whether input j gets a gradient at all (so backward can skip work). */
 ZD_API bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j);
 
