@@ -148,10 +148,28 @@ static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
         snprintf(buf + at, size - at, "]");
 }
 
+/*  Whether two shapes are the same but for dimensions of size 1 ([1] and
+    [], [n,1] and [n]): the same elements in the same order. */
+static bool same_layout(int na, const int64_t *a, int nb, const int64_t *b)
+{
+    int i = 0, j = 0;
+    for (;;) {
+        while (i < na && a[i] == 1)
+            i++;
+        while (j < nb && b[j] == 1)
+            j++;
+        if (i == na || j == nb)
+            return i == na && j == nb;
+        if (a[i++] != b[j++])
+            return false;
+    }
+}
+
 /*  A gradient for output i of n must be float32 and, where the output's
-    shape was recorded, of exactly that shape: backward functions read as
+    shape was recorded, of that shape (up to dimensions of size 1, as a
+    gradient of shape [1] for a scalar loss): backward functions read as
     many elements as their output had, whatever the gradient holds (a
-    gradient from another process is checked before it gets here too). */
+    gradient from another process is checked exactly before it gets here). */
 static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g)
 {
     if (g->dtype != ZD_FLOAT32)
@@ -161,10 +179,7 @@ static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g)
         return 0;
     int ndim = n->out_ndim[i];
     const int64_t *shape = n->out_dims + (size_t)i * ZD_TENSOR_MAX_DIMS;
-    bool same = ndim == g->ndim;
-    for (int d = 0; same && d < ndim; d++)
-        same = shape[d] == g->shape[d];
-    if (same)
+    if (same_layout(ndim, shape, g->ndim, g->shape))
         return 0;
     char want[128], got[128];
     shape_str(want, sizeof want, ndim, shape);
