@@ -8,6 +8,7 @@
     them, exactly as PyTorch's engine does. */
 #include "autograd/autograd_private.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -138,6 +139,55 @@ static int stack_push(node_stack_t *s, zd_autograd_node_t *n)
     return 0;
 }
 
+static void shape_str(char *buf, size_t size, int ndim, const int64_t *shape)
+{
+    size_t at = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < ndim && at < size; d++)
+        at += (size_t)snprintf(buf + at, size - at, d ? ",%lld" : "%lld", (long long)shape[d]);
+    if (at < size)
+        snprintf(buf + at, size - at, "]");
+}
+
+/*  Whether two shapes are the same but for dimensions of size 1 ([1] and
+    [], [n,1] and [n]): the same elements in the same order. */
+static bool same_layout(int na, const int64_t *a, int nb, const int64_t *b)
+{
+    int i = 0, j = 0;
+    for (;;) {
+        while (i < na && a[i] == 1)
+            i++;
+        while (j < nb && b[j] == 1)
+            j++;
+        if (i == na || j == nb)
+            return i == na && j == nb;
+        if (a[i++] != b[j++])
+            return false;
+    }
+}
+
+/*  A gradient for output i of n must be float32 and, where the output's
+    shape was recorded, of that shape (up to dimensions of size 1, as a
+    gradient of shape [1] for a scalar loss): backward functions read as
+    many elements as their output had, whatever the gradient holds (a
+    gradient from another process is checked exactly before it gets here). */
+static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g)
+{
+    if (g->dtype != ZD_FLOAT32)
+        return zd_error_set("autograd: a gradient of dtype %s for output %d of %s (float32 "
+                            "expected)", zd_tensor_dtype_name(g->dtype), i, n->ops->name);
+    if (i >= n->outputs_set || i >= n->n_outputs)
+        return 0;
+    int ndim = n->out_ndim[i];
+    const int64_t *shape = n->out_dims + (size_t)i * ZD_TENSOR_MAX_DIMS;
+    if (same_layout(ndim, shape, g->ndim, g->shape))
+        return 0;
+    char want[128], got[128];
+    shape_str(want, sizeof want, ndim, shape);
+    shape_str(got, sizeof got, g->ndim, g->shape);
+    return zd_error_set("autograd: a gradient of shape %s for output %d of %s, whose shape is %s",
+                        got, i, n->ops->name, want);
+}
+
 /*  Adds g into *slot, taking a reference; sums in place only into a buffer
     nobody else can see. */
 static int grad_add(zd_tensor_t **slot, zd_tensor_t *g)
@@ -174,6 +224,9 @@ static int default_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)
 
 static int leaf_accumulate(const zd_autograd_options_t *o, zd_tensor_t *leaf, zd_tensor_t *grad)
 {
+    if (grad->dtype != leaf->dtype || grad->dtype != ZD_FLOAT32)
+        return zd_error_set("autograd: a gradient of dtype %s for a %s leaf",
+                            zd_tensor_dtype_name(grad->dtype), zd_tensor_dtype_name(leaf->dtype));
     if (grad->numel != leaf->numel)
         return zd_error_set("autograd: gradient of %lld elements for a leaf of %lld",
                          (long long)grad->numel, (long long)leaf->numel);
@@ -275,6 +328,8 @@ static int run_node(zd_autograd_task_t *t, task_entry_t *e)
         } else if (edge->node) {
             task_entry_t *next = map_lookup(&t->map, edge->node);
             if (gin[j] && next)
+                rc = check_grad(edge->node, edge->output_nr, gin[j]);
+            if (gin[j] && next && rc == 0)
                 rc = grad_add(&next->grads[edge->output_nr], gin[j]);
             if (rc == 0)
                 rc = edge_done(t, edge->node);
@@ -333,7 +388,8 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
     if (e->done)
         return zd_error_set("autograd: %s already ran in this backward pass", node->ops->name);
     for (int k = 0; k < node->n_outputs; k++)
-        if (grads && grads[k] && grad_add(&e->grads[k], grads[k]) < 0)
+        if (grads && grads[k] && (check_grad(node, k, grads[k]) < 0 ||
+                                  grad_add(&e->grads[k], grads[k]) < 0))
             return -1;
     e->fed = true;
     if (entry_ready(e) && stack_push(&t->ready, node) < 0)
@@ -480,7 +536,9 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
         }
         zd_autograd_node_t *n = r->tensor->grad_fn;
         task_entry_t *e = map_lookup(&t->map, n);
-        rc = grad_add(&e->grads[r->tensor->output_nr], g);
+        rc = check_grad(n, r->tensor->output_nr, g);
+        if (rc == 0)
+            rc = grad_add(&e->grads[r->tensor->output_nr], g);
         if (rc == 0 && !e->fed) {
             e->fed = true;
             if (entry_ready(e))

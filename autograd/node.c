@@ -15,11 +15,34 @@ uint64_t zd_autograd_seq_current(void)
     return atomic_load(&next_seq);
 }
 
+/*  A peer's clock is only believed this far ahead of ours: a hostile or
+    broken one sending UINT64_MAX would otherwise wrap ours to 0, and a node
+    numbered 0 reads as "nothing pending" to the distributed engine. */
+#define SEQ_MAX_JUMP (UINT64_C(1) << 32)
+/*  And never past this: a clock moved 2^32 at a time by a flood of
+    messages still stays far from wrapping (no process makes 2^62 nodes). */
+#define SEQ_CEILING (UINT64_C(1) << 62)
+
+bool zd_autograd_seq_plausible(uint64_t remote_seq)
+{
+    uint64_t cur = atomic_load(&next_seq);
+    return remote_seq < SEQ_CEILING && (remote_seq <= cur || remote_seq - cur <= SEQ_MAX_JUMP);
+}
+
 void zd_autograd_seq_observe(uint64_t remote_seq)
 {
     uint_fast64_t cur = atomic_load(&next_seq);
-    while (cur <= remote_seq && !atomic_compare_exchange_weak(&next_seq, &cur, remote_seq + 1))
-        ;
+    for (;;) {
+        uint64_t to = remote_seq;
+        if (to < cur)
+            return;
+        if (to - cur > SEQ_MAX_JUMP)
+            to = cur + SEQ_MAX_JUMP;
+        if (to >= SEQ_CEILING)
+            return;
+        if (atomic_compare_exchange_weak(&next_seq, &cur, to + 1))
+            return;
+    }
 }
 
 int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs, zd_tensor_t *const *inputs,
@@ -202,6 +225,16 @@ void zd_autograd_node_set_output(zd_autograd_node_t *n, zd_tensor_t *out)
     out->grad_fn = zd_autograd_node_ref(n);
     out->output_nr = i;
     out->requires_grad = true;
+}
+
+void zd_autograd_node_set_output_shape(zd_autograd_node_t *n, const zd_tensor_t *like)
+{
+    int i = n->outputs_set++;
+    if (i < n->n_outputs) {
+        n->out_ndim[i] = like->ndim;
+        memcpy(n->out_dims + (size_t)i * ZD_TENSOR_MAX_DIMS, like->shape,
+               sizeof(int64_t) * (size_t)like->ndim);
+    }
 }
 
 bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j)

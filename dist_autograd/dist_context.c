@@ -1,11 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*  dist_context.c: the registry of distributed autograd contexts, their
     tables of send/receive functions, participants and gradients. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
+#include <zdist/log.h>
 
 #define BUCKETS 64   /* contexts live for one iteration: few at a time */
 
@@ -19,6 +22,17 @@ static entry_t *buckets[BUCKETS];
 static int64_t live_contexts;
 static atomic_uint_fast64_t id_counter = 1;
 
+/*  Contexts peers made here: how many per peer (indexed by rank), in all,
+    the limits, and when the idle ones were last looked for. All under
+    registry_lock. */
+#define DEFAULT_MAX_CONTEXTS 4096
+#define DEFAULT_MAX_PER_PEER 256
+static int64_t *made_per_peer;
+static int made_cap;
+static int64_t made_total;
+static zd_dist_autograd_limits_t limits;
+static int64_t last_sweep_ms;
+
 _Thread_local int64_t zd__dist_current_ctx = -1;
 atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes, zd__dist_stat_flushed;
 atomic_int_fast64_t zd__dist_total_contexts, zd__dist_total_backward, zd__dist_total_grad_messages,
@@ -28,6 +42,13 @@ uint64_t zd__dist_next_id(void)
 {
     uint64_t rank = (uint64_t)(zd_rpc_rank() < 0 ? 0 : zd_rpc_rank()) & 0xffff;
     return rank << 48 | (atomic_fetch_add(&id_counter, 1) & 0xffffffffffffULL);
+}
+
+static int64_t now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static size_t bucket_of(int64_t id)
@@ -46,6 +67,7 @@ static dist_context_t *context_new(int64_t id)
     atomic_init(&c->refs, 1);
     atomic_fetch_add(&zd__dist_total_contexts, 1);
     c->id = id;
+    c->made_by = -1;
     c->last_query = -1;
     pthread_mutex_init(&c->lock, NULL);
     pthread_mutex_init(&c->grad_lock, NULL);
@@ -88,13 +110,23 @@ static dist_context_t *find_locked(int64_t id)
     return NULL;
 }
 
+static int sweep_locked(int64_t now, dist_context_t **out, int max);
+static void release_expired(dist_context_t **expired, int n, int64_t now);
+
 dist_context_t *zd__dist_context_get(int64_t id)
 {
+    dist_context_t *expired[16];
+    int64_t now = now_ms();
     pthread_mutex_lock(&registry_lock);
+    int n_expired = sweep_locked(now, expired, 16);
     dist_context_t *c = find_locked(id);
-    if (c)
+    if (c) {
         atomic_fetch_add(&c->refs, 1);
+        if (c->made_by >= 0)
+            atomic_store(&c->last_used_ms, now);
+    }
     pthread_mutex_unlock(&registry_lock);
+    release_expired(expired, n_expired, now);
     return c;
 }
 
@@ -132,6 +164,10 @@ dist_context_t *zd__dist_context_remove(int64_t id)
             *p = e->next;
             free(e);
             live_contexts--;
+            if (c->made_by >= 0 && c->made_by < made_cap) {
+                made_per_peer[c->made_by]--;
+                made_total--;
+            }
             break;
         }
     }
@@ -139,11 +175,190 @@ dist_context_t *zd__dist_context_remove(int64_t id)
     return c;
 }
 
-int64_t zd_dist_autograd_num_contexts(void)
+const char *zd__dist_peer_desc(int rank, char *buf, size_t size)
+{
+    zd_rpc_worker_info_t info;
+    if (zd_rpc_get_worker_info_by_rank(rank, &info) == 0)
+        snprintf(buf, size, "peer \"%s\" (rank %d)", info.name, rank);
+    else
+        snprintf(buf, size, "peer of rank %d", rank);
+    return buf;
+}
+
+void zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *l)
 {
     pthread_mutex_lock(&registry_lock);
+    limits = l ? *l : (zd_dist_autograd_limits_t){0};
+    last_sweep_ms = 0;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static int64_t idle_timeout_ms(void)
+{
+    if (limits.idle_timeout_ms)
+        return limits.idle_timeout_ms;
+    int64_t rpc = zd_rpc_get_timeout();
+    return rpc > 0 ? 10 * rpc : 10 * 60 * 1000;
+}
+
+/*  Takes out of the registry, under registry_lock, peers' contexts nobody
+    used for the idle timeout and nobody holds; returns how many are in
+    out (at most max) for the caller to log and free after unlocking. */
+static int sweep_locked(int64_t now, dist_context_t **out, int max)
+{
+    int64_t ttl = idle_timeout_ms();
+    int n = 0;
+    if (ttl < 0 || made_total == 0 || now - last_sweep_ms < (ttl < 4000 ? ttl / 4 : 1000))
+        return 0;
+    last_sweep_ms = now;
+    for (int b = 0; b < BUCKETS && n < max; b++) {
+        for (entry_t **p = &buckets[b]; *p && n < max;) {
+            dist_context_t *c = (*p)->ctx;
+            if (c->made_by < 0 || atomic_load(&c->refs) != 1 ||
+                now - atomic_load(&c->last_used_ms) < ttl) {
+                p = &(*p)->next;
+                continue;
+            }
+            entry_t *e = *p;
+            *p = e->next;
+            free(e);
+            live_contexts--;
+            if (c->made_by < made_cap) {
+                made_per_peer[c->made_by]--;
+                made_total--;
+            }
+            out[n++] = c;
+        }
+    }
+    return n;
+}
+
+static void release_expired(dist_context_t **expired, int n, int64_t now)
+{
+    for (int i = 0; i < n; i++) {
+        char who[160];
+        zd__log(ZD_LOG_WARN, "dist_autograd: context %lld made by %s unused for %lld s: released",
+                (long long)expired[i]->id, zd__dist_peer_desc(expired[i]->made_by, who, sizeof who),
+                (long long)((now - atomic_load(&expired[i]->last_used_ms)) / 1000));
+        zd__dist_context_unref(expired[i]);
+    }
+}
+
+/*  Why peer may not make context id here ("" when it may), under
+    registry_lock. */
+static const char *refuse_locked(int64_t id, int peer, char *why, size_t size)
+{
+    int creator = (int)((uint64_t)id >> 48);
+    int64_t max_all = limits.max_contexts > 0 ? limits.max_contexts : DEFAULT_MAX_CONTEXTS;
+    int64_t max_peer = limits.max_contexts_per_peer > 0 ? limits.max_contexts_per_peer
+                                                        : DEFAULT_MAX_PER_PEER;
+    why[0] = '\0';
+    if (id <= 0 || creator >= zd_rpc_world_size() || (id & 0xffffffffffffLL) == 0)
+        snprintf(why, size, "context id %llx was not made by a member of this world",
+                 (unsigned long long)id);
+    else if (creator == zd_rpc_rank())
+        snprintf(why, size, "context %llx would be this process's own, and it has no such "
+                 "context", (unsigned long long)id);
+    else if (peer < made_cap && made_per_peer[peer] >= max_peer)
+        snprintf(why, size, "it already has %lld contexts here (the limit per peer)",
+                 (long long)made_per_peer[peer]);
+    else if (made_total >= max_all)
+        snprintf(why, size, "peers already have %lld contexts here (the limit)",
+                 (long long)made_total);
+    return why;
+}
+
+dist_context_t *zd__dist_context_get_or_create_for(int64_t id, int peer)
+{
+    dist_context_t *expired[16];
+    char why[200];
+    int64_t now = now_ms();
+    if (peer < 0 || peer > 0xffff) {
+        zd_error_set("dist_autograd: a context request from rank %d", peer);
+        return NULL;
+    }
+    pthread_mutex_lock(&registry_lock);
+    int n_expired = sweep_locked(now, expired, 16);
+    dist_context_t *c = find_locked(id);
+    if (!c && refuse_locked(id, peer, why, sizeof why)[0] == '\0' && peer >= made_cap) {
+        int ncap = peer + 16;
+        int64_t *p = realloc(made_per_peer, sizeof *p * (size_t)ncap);
+        if (p) {
+            memset(p + made_cap, 0, sizeof *p * (size_t)(ncap - made_cap));
+            made_per_peer = p;
+            made_cap = ncap;
+        } else {
+            snprintf(why, sizeof why, "out of memory");
+        }
+    }
+    if (!c && why[0] == '\0') {
+        entry_t *e = malloc(sizeof *e);
+        c = e ? context_new(id) : NULL;
+        if (c) {
+            c->made_by = peer;
+            e->ctx = c;
+            e->next = buckets[bucket_of(id)];
+            buckets[bucket_of(id)] = e;
+            live_contexts++;
+            made_per_peer[peer]++;
+            made_total++;
+        } else {
+            free(e);
+            snprintf(why, sizeof why, "out of memory");
+        }
+    }
+    if (c) {
+        atomic_fetch_add(&c->refs, 1);
+        atomic_store(&c->last_used_ms, now);
+    }
+    pthread_mutex_unlock(&registry_lock);
+    release_expired(expired, n_expired, now);
+    if (!c) {
+        char who[160];
+        zd__dist_peer_desc(peer, who, sizeof who);
+        zd__log(ZD_LOG_WARN, "dist_autograd: refused a new context %llx from %s: %s",
+                (unsigned long long)id, who, why);
+        zd_error_set("dist_autograd: refused a new context from %s: %s", who, why);
+    }
+    return c;
+}
+
+bool zd__dist_context_is_participant(dist_context_t *c, int peer)
+{
+    if ((int)((uint64_t)c->id >> 48) == peer)
+        return true;
+    pthread_mutex_lock(&c->lock);
+    bool known = false;
+    for (int i = 0; i < c->n_peers && !known; i++)
+        known = c->peers[i] == peer;
+    pthread_mutex_unlock(&c->lock);
+    return known;
+}
+
+bool zd__dist_context_may_release(dist_context_t *c, int peer)
+{
+    int creator = (int)((uint64_t)c->id >> 48);
+    if (peer == creator)
+        return true;
+    if (peer != c->made_by)
+        return false;
+    pthread_mutex_lock(&c->lock);
+    bool creator_came = false;
+    for (int i = 0; i < c->n_peers && !creator_came; i++)
+        creator_came = c->peers[i] == creator;
+    pthread_mutex_unlock(&c->lock);
+    return !creator_came;
+}
+
+int64_t zd_dist_autograd_num_contexts(void)
+{
+    dist_context_t *expired[16];
+    int64_t now = now_ms();
+    pthread_mutex_lock(&registry_lock);
+    int n_expired = sweep_locked(now, expired, 16);
     int64_t n = live_contexts;
     pthread_mutex_unlock(&registry_lock);
+    release_expired(expired, n_expired, now);
     return n;
 }
 
@@ -218,6 +433,17 @@ zd_autograd_node_t *zd__dist_context_find_send(dist_context_t *c, uint64_t msg_i
             node = c->sends[i].node;
     pthread_mutex_unlock(&c->lock);
     return node;
+}
+
+int zd__dist_context_send_peer(dist_context_t *c, uint64_t msg_id)
+{
+    int peer = -1;
+    pthread_mutex_lock(&c->lock);
+    for (int i = c->n_sends - 1; i >= 0 && peer < 0; i--)
+        if (c->sends[i].msg_id == msg_id)
+            peer = c->sends[i].peer;
+    pthread_mutex_unlock(&c->lock);
+    return peer;
 }
 
 int zd__dist_context_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)

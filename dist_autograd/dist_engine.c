@@ -26,6 +26,7 @@
 
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include <zdist/value.h>
 
 /*  ---- joining futures ---- */
@@ -213,9 +214,53 @@ static const char *self_desc(char *buf, size_t size)
 
 /*  ---- __dist_backward ---- */
 
+/*  The gradients of a __dist_backward must be what the send function
+    sent: float32 tensors of exactly its tensors' shapes (backward
+    functions read as many elements as their output had). */
+static int check_grads(zd_autograd_node_t *send, zd_tensor_t *const *grads, int n, int from,
+                       uint64_t msg_id)
+{
+    for (int i = 0; i < n; i++) {
+        int ndim;
+        const int64_t *shape = zd_autograd_node_output_shape(send, i, &ndim);
+        bool ok = zd_tensor_dtype(grads[i]) == ZD_FLOAT32 && zd_tensor_ndim(grads[i]) == ndim;
+        for (int d = 0; ok && d < ndim; d++)
+            ok = zd_tensor_shape(grads[i])[d] == shape[d];
+        if (ok)
+            continue;
+        char who[160], want[96] = "[", got[96] = "[";
+        for (int d = 0; d < ndim; d++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), d ? ",%lld" : "%lld",
+                     (long long)shape[d]);
+        for (int d = 0; d < zd_tensor_ndim(grads[i]); d++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), d ? ",%lld" : "%lld",
+                     (long long)zd_tensor_shape(grads[i])[d]);
+        zd__dist_peer_desc(from, who, sizeof who);
+        zd__log(ZD_LOG_WARN, "dist_autograd: gradient %d from %s for message %llu is %s %s]; "
+                "the tensor sent was float32 %s]: refused", i, who, (unsigned long long)msg_id,
+                zd_tensor_dtype_name(zd_tensor_dtype(grads[i])), got, want);
+        return zd_error_set("gradient %d from %s for message %llu is %s %s], the tensor sent "
+                            "was float32 %s]", i, who, (unsigned long long)msg_id,
+                            zd_tensor_dtype_name(zd_tensor_dtype(grads[i])), got, want);
+    }
+    return 0;
+}
+
+/*  A __dist_* message about a context from a rank that did not take part
+    in it: refused, with a line naming the peer. */
+static int not_participant(const char *what, int64_t ctx_id, int from)
+{
+    char who[160];
+    zd__dist_peer_desc(from, who, sizeof who);
+    zd__log(ZD_LOG_WARN, "dist_autograd: %s for context %lld from %s, which took no part in it: "
+            "refused", what, (long long)ctx_id, who);
+    return zd_error_set("%s for context %lld from %s, which took no part in it", what,
+                        (long long)ctx_id, who);
+}
+
 static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)arg;
+    (void)arg;
     int64_t ctx_id, msg_id, pass_id, retain;
     char me[200];
     if (zd_rpc_arg_int(args, 0, &ctx_id) < 0 || zd_rpc_arg_int(args, 1, &msg_id) < 0 ||
@@ -228,12 +273,17 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
         return NULL;
     }
     int n = (int)zd_list_len(args) - 4;
+    int from = call ? zd_rpc_call_caller_rank(call) : zd_rpc_rank();
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     feed_t fd = {.ctx_id = ctx_id, .pass_id = pass_id, .retain = retain != 0};
     zd_future_t *out = NULL;
     int rc = grads ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         rc = zd_rpc_arg_tensor(args, (size_t)(4 + i), &grads[i]);
+    /* Only the peer the tensors went to sends their gradients. */
+    if (rc == 0 && call && zd__dist_context_send_peer(c, (uint64_t)msg_id) >= 0 &&
+        zd__dist_context_send_peer(c, (uint64_t)msg_id) != from)
+        rc = not_participant("gradients of another peer's message", ctx_id, from);
 
     atomic_fetch_add(&zd__dist_stat_passes, 1);
     atomic_fetch_add(&zd__dist_total_grad_messages, 1);
@@ -245,6 +295,8 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     if (rc == 0 && zd_autograd_node_n_outputs(send) != n)
         rc = zd_error_set("message %llu carries %d gradients for a send function of %d tensors",
                        (unsigned long long)msg_id, n, zd_autograd_node_n_outputs(send));
+    if (rc == 0)
+        rc = check_grads(send, grads, n, from, (uint64_t)msg_id);
     if (rc == 0)
         rc = ensure_task(c, pass_id, fd.retain, NULL, 0);
     if (rc == 0) {
@@ -266,6 +318,19 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     return out;
 }
 
+/*  Queries and flushes come from participants, or from the process that
+    started the current pass (its rank is in the pass id), which may never
+    have talked to this one directly. */
+static bool may_drive(dist_context_t *c, int from)
+{
+    if (zd__dist_context_is_participant(c, from))
+        return true;
+    pthread_mutex_lock(&c->pass_lock);
+    bool starter = c->task && (int)((uint64_t)c->pass_id >> 48) == from;
+    pthread_mutex_unlock(&c->pass_lock);
+    return starter;
+}
+
 /*  ---- __dist_pending: flooded query for the highest pending node ---- */
 
 static zd_future_t *handle_pending(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -277,6 +342,11 @@ static zd_future_t *handle_pending(zd_rpc_call_t *call, zd_value_t *args, void *
         return NULL;
     int from = call ? zd_rpc_call_caller_rank(call) : -1;
     dist_context_t *c = zd__dist_context_get(ctx_id);
+    if (c && call && !may_drive(c, from)) {
+        not_participant("a query for pending nodes", ctx_id, from);
+        zd__dist_context_unref(c);
+        return NULL;
+    }
     int64_t seq = 0;
     int *peers = NULL, n_peers = 0, n_fs = 0;
     zd_future_t **fs = NULL;
@@ -316,7 +386,7 @@ static zd_future_t *handle_pending(zd_rpc_call_t *call, zd_value_t *args, void *
 
 static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)arg;
+    (void)arg;
     int64_t ctx_id, pass_id;
     char me[200];
     if (zd_rpc_arg_int(args, 0, &ctx_id) < 0 || zd_rpc_arg_int(args, 1, &pass_id) < 0)
@@ -325,6 +395,11 @@ static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *ar
     if (!c) {
         zd_error_set("backward on %s: no context %lld here", self_desc(me, sizeof me),
                   (long long)ctx_id);
+        return NULL;
+    }
+    if (call && !may_drive(c, zd_rpc_call_caller_rank(call))) {
+        not_participant("a flush", ctx_id, zd_rpc_call_caller_rank(call));
+        zd__dist_context_unref(c);
         return NULL;
     }
     feed_t fd = {.ctx_id = ctx_id, .pass_id = pass_id};
@@ -455,8 +530,15 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
             rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
             break;
         }
-        grads[zd_tensor_output_nr(roots[i])] = one;
-        rc = zd_autograd_task_feed(c->task, node, grads);
+        /* The seed has the root's own shape ([] or [1], ...): the engine
+           takes only gradients shaped as the outputs they are for. */
+        zd_tensor_t *seed = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(roots[i]),
+                                          zd_tensor_shape(roots[i]));
+        if (seed)
+            zd_tensor_fill_(seed, 1.0f);
+        grads[zd_tensor_output_nr(roots[i])] = seed;
+        rc = seed ? zd_autograd_task_feed(c->task, node, grads) : -1;
+        zd_tensor_unref(seed);
         free(grads);
     }
     current_feed = NULL;
@@ -513,7 +595,19 @@ static zd_future_t *handle_release(zd_rpc_call_t *call, zd_value_t *args, void *
     int64_t ctx_id;
     if (zd_rpc_arg_int(args, 0, &ctx_id) < 0)
         return NULL;
-    dist_context_t *c = zd__dist_context_remove(ctx_id);
+    int from = zd_rpc_call_caller_rank(call);
+    dist_context_t *c = zd__dist_context_get(ctx_id);
+    if (c && !zd__dist_context_is_participant(c, from)) {
+        not_participant("a release", ctx_id, from);
+        zd__dist_context_unref(c);
+        return NULL;
+    }
+    /* A participant other than the context's owner here (a server that
+       forwarded it, say) is answered but changes nothing: the owner's own
+       release, or the idle expiry, frees it. */
+    bool may = c && zd__dist_context_may_release(c, from);
+    zd__dist_context_unref(c);
+    c = may ? zd__dist_context_remove(ctx_id) : NULL;
     zd_future_t **fs = NULL;
     int n_fs = 0;
     if (c)

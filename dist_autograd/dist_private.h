@@ -49,6 +49,12 @@ typedef struct dist_context {
     pthread_mutex_t pass_lock;
     int64_t pass_id;           /* 0: no pass yet */
     zd_autograd_task_t *task;
+
+    /* Who may act on it (dist_context.c, under registry_lock): the peer
+       whose request made it here (-1: begun here), and when it was last
+       looked up (for the idle expiry of peers' contexts). */
+    int made_by;
+    _Atomic int64_t last_used_ms;
 } dist_context_t;
 
 /*  What a receive function needs to send its gradients back. */
@@ -68,6 +74,23 @@ dist_context_t *zd__dist_context_get(int64_t id);
 
 /*  The context with that id, created when absent (a new reference). */
 dist_context_t *zd__dist_context_get_or_create(int64_t id);
+
+/*  The context with that id for a request from peer: created when absent,
+    if the id is one a world member could have made and the peer is within
+    its caps (zd_dist_autograd_limits_t). A new reference, or NULL with the
+    error set (naming the peer). */
+dist_context_t *zd__dist_context_get_or_create_for(int64_t id, int peer);
+
+/*  Whether peer took part in the context here (sent to or received from
+    us under it) or made its id. */
+bool zd__dist_context_is_participant(dist_context_t *c, int peer);
+
+/*  Whether peer may release the context here: its creator (by id), or the
+    peer whose request made it here while the creator never came itself. */
+bool zd__dist_context_may_release(dist_context_t *c, int peer);
+
+/*  "worker \"name\" (rank N)" for a peer, into buf. */
+const char *zd__dist_peer_desc(int rank, char *buf, size_t size);
 
 /*  Removes the context from the registry (its memory goes with the last
     reference). Returns it (the registry's reference, now the caller's), or
@@ -93,6 +116,9 @@ int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_au
 /*  The send function recorded under msg_id (borrowed; valid while the
     context lives), or NULL. */
 zd_autograd_node_t *zd__dist_context_find_send(dist_context_t *c, uint64_t msg_id);
+
+/*  The peer the send function recorded under msg_id sent to, or -1. */
+int zd__dist_context_send_peer(dist_context_t *c, uint64_t msg_id);
 
 /*  The accumulate hook of the engine: adds grad into the context's map. */
 int zd__dist_context_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad);

@@ -85,6 +85,10 @@ static int record_send(dist_context_t *c, const zd_value_t *v, int peer, uint64_
     if (rc == 0 && tl.n > 0) {
         zd_autograd_node_t *node;
         rc = zd_autograd_node_new(&zd__dist_send_ops, tl.n, tl.items, tl.n, &node);
+        /* The gradients that come back must have the shapes sent (all
+           float32: only float32 tensors require grad). */
+        for (int i = 0; rc == 0 && node && i < tl.n; i++)
+            zd_autograd_node_set_output_shape(node, tl.items[i]);
         if (rc == 0 && node) {
             *msg_id = zd__dist_next_id();
             rc = zd__dist_context_add_fn(c, true, *msg_id, node, peer);
@@ -119,6 +123,23 @@ static int record_recv(dist_context_t *c, const zd_value_t *v, int peer, uint64_
     }
     free(tl.items);
     return rc;
+}
+
+/*  A peer's Lamport number far ahead of ours is refused: believed, it could
+    wrap the clock (zd_autograd_seq_observe clamps it too). */
+static int observe_seq(uint64_t seq, int peer, const char *what)
+{
+    if (zd_autograd_seq_plausible(seq)) {
+        zd_autograd_seq_observe(seq);
+        return 0;
+    }
+    char who[160];
+    zd__dist_peer_desc(peer, who, sizeof who);
+    zd__log(ZD_LOG_WARN, "dist_autograd: %s from %s carries sequence number %llu, more than 2^32 "
+            "ahead of ours (%llu): refused", what, who, (unsigned long long)seq,
+            (unsigned long long)zd_autograd_seq_current());
+    return zd_error_set("dist_autograd: %s from %s carries an implausible sequence number %llu",
+                        what, who, (unsigned long long)seq);
 }
 
 static bool internal_fn(const char *fn)
@@ -172,8 +193,8 @@ static int on_recv_reply(void *arg, const zd_rpc_hook_msg_t *m, void *state, con
         return 0;
     if (*result && len == REP_EXTRA && ((const uint8_t *)extra)[0] == 'D') {
         uint64_t msg_id = get_u64((const uint8_t *)extra + 2);
-        zd_autograd_seq_observe(get_u64((const uint8_t *)extra + 10));
-        if (msg_id)
+        rc = observe_seq(get_u64((const uint8_t *)extra + 10), m->peer, "a reply");
+        if (rc == 0 && msg_id)
             rc = record_recv(c, *result, m->peer, msg_id);
     } else if (*result && len != 0) {
         rc = zd_error_set("dist_autograd: malformed reply metadata (%zu bytes)", len);
@@ -202,12 +223,13 @@ static int on_recv_request(void *arg, zd_rpc_call_t *call, const void *extra, si
     uint64_t msg_id = get_u64(x + 10);
     if (ctx_id < 0)
         return zd_error_set("dist_autograd: bad context id %lld", (long long)ctx_id);
-    zd_autograd_seq_observe(get_u64(x + 18));
+    int peer = zd_rpc_call_caller_rank(call);
+    if (observe_seq(get_u64(x + 18), peer, "a request") < 0)
+        return -1;
     call_state_t *st = malloc(sizeof *st);
     if (!st)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
-    st->ctx = zd__dist_context_get_or_create(ctx_id);
-    int peer = zd_rpc_call_caller_rank(call);
+    st->ctx = zd__dist_context_get_or_create_for(ctx_id, peer);
     int rc = st->ctx ? zd__dist_context_add_peer(st->ctx, peer) : -1;
     if (rc == 0 && msg_id)
         rc = record_recv(st->ctx, *args, peer, msg_id);

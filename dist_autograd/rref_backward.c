@@ -25,10 +25,23 @@ static int backward_value(zd_value_t *v, int64_t context_id, bool retain_graph)
 /* [value, context_id, retain_graph] on the owner. */
 static zd_value_t *handle_rref_backward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)arg;
+    (void)arg;
     zd_value_t *v;
     int64_t ctx, retain;
-    if (ZD_UNPACK(args, &v, &ctx, &retain) < 0 || backward_value(v, ctx, retain != 0) < 0)
+    if (ZD_UNPACK(args, &v, &ctx, &retain) < 0)
+        return NULL;
+    /* A backward of a context only for a rank that took part in it. */
+    dist_context_t *c = ctx == -1 ? NULL : zd__dist_context_get(ctx);
+    bool allowed = !c || zd__dist_context_is_participant(c, zd_rpc_call_caller_rank(call));
+    zd__dist_context_unref(c);
+    if (!allowed) {
+        char who[160];
+        zd_error_set("RRef.backward of context %lld from %s, which took no part in it",
+                     (long long)ctx, zd__dist_peer_desc(zd_rpc_call_caller_rank(call), who,
+                                                        sizeof who));
+        return NULL;
+    }
+    if (backward_value(v, ctx, retain != 0) < 0)
         return NULL;
     return zd_value_none();
 }

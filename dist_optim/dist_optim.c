@@ -7,6 +7,7 @@
     optimizers on their owners. */
 #include <zdist/dist_optim.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@
 
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
+#include <zdist/log.h>
 
 /*  ---- owner side ---- */
 
@@ -85,7 +87,43 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
     return r;
 }
 
+/*  A step never applies a gradient that is not finite: one nan would
+    spread to every user of the parameters (issue 12 point 5). from is the
+    rank that asked for the step (-1: this process). */
+static int local_step_from(zd_optim_t *opt, int64_t ctx, int from);
+
+static int check_finite(zd_tensor_t *const *grads, int n, int64_t ctx, int from)
+{
+    for (int i = 0; i < n; i++) {
+        if (!grads[i])
+            continue;
+        const float *d = zd_tensor_data(grads[i]);
+        int64_t bad = -1;
+        for (int64_t k = 0; k < zd_tensor_numel(grads[i]) && bad < 0; k++)
+            if (!isfinite(d[k]))
+                bad = k;
+        if (bad < 0)
+            continue;
+        char who[160] = "this process";
+        zd_rpc_worker_info_t info;
+        if (from >= 0 && zd_rpc_get_worker_info_by_rank(from, &info) == 0)
+            snprintf(who, sizeof who, "worker \"%s\" (rank %d)", info.name, from);
+        zd__log(ZD_LOG_WARN, "dist_optim: the gradient of parameter %d in context %lld of %s "
+                "holds %g at element %lld: step refused, nothing applied", i, (long long)ctx, who,
+                (double)d[bad], (long long)bad);
+        return zd_error_set("dist_optim: the gradient of parameter %d holds %g (element %lld) "
+                            "in context %lld of %s: the step was refused and nothing applied",
+                            i, (double)d[bad], (long long)bad, (long long)ctx, who);
+    }
+    return 0;
+}
+
 static int local_step(zd_optim_t *opt, int64_t ctx)
+{
+    return local_step_from(opt, ctx, -1);
+}
+
+static int local_step_from(zd_optim_t *opt, int64_t ctx, int from)
 {
     int n = zd_optim_n_params(opt), rc = 0;
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
@@ -93,6 +131,8 @@ static int local_step(zd_optim_t *opt, int64_t ctx)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     for (int i = 0; rc == 0 && i < n; i++)
         rc = zd_dist_autograd_get_gradient(ctx, zd_optim_param(opt, i), &grads[i]);
+    if (rc == 0)
+        rc = check_finite(grads, n, ctx, from);
     if (rc == 0) {
         pthread_once(&params_lock_once, params_lock_init);
         pthread_rwlock_wrlock(&params_lock);
@@ -130,7 +170,7 @@ static zd_value_t *handle_step(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     void *opt;
     int64_t ctx;
     if (zd_rpc_arg_object(args, 0, LOCAL_OPTIMIZER, &opt) < 0 || zd_rpc_arg_int(args, 1, &ctx) < 0 ||
-        local_step(opt, ctx) < 0)
+        local_step_from(opt, ctx, call ? zd_rpc_call_caller_rank(call) : -1) < 0)
         return NULL;
     return zd_value_none();
 }

@@ -67,6 +67,12 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const c
 int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
                              int num_trainers);
 
+/*  The largest batch ps_forward takes (--max_batch_size; 0: 1024). A
+    larger one, or one that is not [N,1,28,28] float32, is refused with an
+    error naming the caller: a peer cannot make the server allocate
+    activations without bound. Call before zd_rpc_init. */
+void ps_net_set_max_batch(int64_t n);
+
 /*  How many fc1 rows shard s of S holds, and the first one. */
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);
 

@@ -104,6 +104,8 @@ static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *ar
                   (long long)trainer, (long long)batches, PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
+    if (ps_net_guard_trainer(call, trainer) < 0)
+        return NULL;
     /* The other shards first, all at once: once they hold this trainer's
        steps, its position may be recorded (and saved with shard 0). */
     zd_future_t *fs[64];
@@ -151,6 +153,8 @@ static zd_value_t *fn_resume_point(zd_rpc_call_t *call, zd_value_t *args, void *
                   PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
+    if (ps_net_guard_trainer(call, trainer) < 0)
+        return NULL;
     pthread_mutex_lock(&ck.lock);
     int64_t batches = ck.progress[trainer];
     pthread_mutex_unlock(&ck.lock);

@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include <zdist/autograd.h>
+#include <zdist/rpc.h>
 
 #define PS_NET_MAX_PARAMS 8
 
@@ -52,5 +53,11 @@ void ps_net_eval_note_batch(int rank);
 /*  Frees ps_net_eval.c's tables (ps_net_free). */
 void ps_net_eval_free(void);
 int ps_net_checkpoint_register(void);
+
+/*  The caller checks of ps_net_guard.c; each returns 0, or -1 with the
+    error set for the caller (and a line on stderr naming it). */
+int ps_net_guard_batch(const zd_rpc_call_t *call, const zd_tensor_t *x);
+int ps_net_guard_features(const zd_rpc_call_t *call, const zd_tensor_t *flat);
+int ps_net_guard_trainer(const zd_rpc_call_t *call, int64_t trainer);
 
 #endif

@@ -53,9 +53,33 @@ typedef struct {
     bool no_dropout;
     int64_t min_trainers;       /* servers: fail when fewer trainers finished */
     int64_t max_staleness;      /* trainers: at most this many batches ahead (0: no bound) */
+    int64_t max_batch_size;     /* servers: the largest batch ps_forward takes (0: default) */
 } options_t;
 
 #define EVAL_BATCH 500
+/*  The trainer holds the parameters' RRefs in an array of this many: with S
+    shards there are 2 S + 6 of them (ps_net.h), so S stays well below. */
+#define MAX_PARAM_RREFS 64
+#define MAX_SERVERS 16
+
+/*  A loss this large, or this many times the first one, means the model is
+    diverging even while it is still finite (issue 12 point 5). */
+#define LOSS_EXPLODED 1e4
+#define LOSS_GROWTH 100
+
+/*  Sets the error and returns true when the loss of batch `done` has
+    exploded: the run stops before the shared weights are ruined. */
+static bool loss_exploded(const options_t *o, int64_t done, int64_t epoch, float first,
+                          float loss)
+{
+    if (loss <= LOSS_EXPLODED && !(first > 0 && loss > LOSS_GROWTH * first))
+        return false;
+    zd_error_set("batch %lld (epoch %lld): the loss is %g (the first batch's was %g): the model "
+                 "is diverging. Remedies: a lower --lr (now %g), or --max_staleness=K (fewer "
+                 "stale updates from the other trainers)", (long long)done, (long long)epoch + 1,
+                 (double)loss, (double)first, o->lr);
+    return true;
+}
 
 /*  The result of server.method(args) as a tensor (a new reference); args
     (from ZD_ARGS) is taken over, like call_none's. */
@@ -182,6 +206,7 @@ static int run_trainer(const options_t *o)
     zd_value_t *param_list = NULL;
     zd_dist_optim_t *opt = NULL;
     int64_t *order = NULL, done = 0;
+    float first_loss = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
     double t0 = 0, t1 = 0, eval_secs = 0;
     curves_t *curves = NULL;
@@ -197,8 +222,13 @@ static int run_trainer(const options_t *o)
     if (zd_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &param_list) < 0)
         goto out;
     int n = (int)zd_list_len(param_list);
-    zd_rref_t *params[64];
-    for (int i = 0; i < n && i < 64; i++)
+    zd_rref_t *params[MAX_PARAM_RREFS];
+    if (n > MAX_PARAM_RREFS) {
+        zd_error_set("the server offers %d parameter RRefs; a trainer takes at most %d", n,
+                     MAX_PARAM_RREFS);
+        goto out;
+    }
+    for (int i = 0; i < n; i++)
         if (zd_rpc_arg_rref(param_list, (size_t)i, &params[i]) < 0)
             goto out;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
@@ -286,6 +316,12 @@ static int run_trainer(const options_t *o)
             if (brc < 0)
                 goto out;
             done++;
+            if (done == start + 1)
+                first_loss = loss;
+            if (loss_exploded(o, done, epoch, first_loss, loss)) {
+                progress_clear(&prog);
+                goto out;
+            }
             double now = train_now();
             progress_step(&prog, now, loss);
             if (o->log_interval > 0 && b % o->log_interval == 0) {
@@ -384,6 +420,16 @@ static int check_options(const options_t *o)
                 (long long)world_size, (long long)o->num_servers);
         return -1;
     }
+    if (o->num_servers > MAX_SERVERS) {
+        fprintf(stderr, "rpc_ps: --num_servers=%lld: at most %d shards\n",
+                (long long)o->num_servers, MAX_SERVERS);
+        return -1;
+    }
+    if (o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)) {
+        fprintf(stderr, "rpc_ps: --max_batch_size=%lld: 0 (the default) or at least %d (the "
+                "evaluation's batches)\n", (long long)o->max_batch_size, EVAL_BATCH);
+        return -1;
+    }
     if (o->resume && !o->checkpoint) {
         fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
         return -1;
@@ -472,6 +518,8 @@ int main(int argc, char **argv)
          "for it (0: no bound)"},
         {"init_timeout_s", FLAG_INT, &o.init_timeout_s,
          "give up when the world has not gathered after this long"},
+        {"max_batch_size", FLAG_INT, &o.max_batch_size,
+         "servers refuse a larger batch (0: 4 x --batch_size, at least 1024)"},
         {"threads", FLAG_INT, &o.threads,
          "compute threads of this process (0: 1 for trainers and for servers of several "
          "trainers, which run their passes side by side; else every core)"},
@@ -507,6 +555,9 @@ int main(int argc, char **argv)
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
         goto fail;
+    if (server)
+        ps_net_set_max_batch(o.max_batch_size > 0 ? o.max_batch_size
+                             : 4 * o.batch_size > 1024 ? 4 * o.batch_size : 1024);
     if (server && o.checkpoint &&
         ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
                                  (int)(o.world.world_size - o.num_servers)) < 0)

@@ -7,7 +7,7 @@
 #
 #   tools/fuzz.sh [seconds] [target]      defaults: 60 fuzz_codec
 #                                          targets: fuzz_codec, fuzz_stream,
-#                                          fuzz_rendezvous
+#                                          fuzz_rendezvous, fuzz_dist
 #
 # Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel
 # fuzzing processes; unset: one, in the foreground), FUZZ_ARGS (extra
@@ -103,12 +103,30 @@ if [ "$target" = fuzz_rendezvous ]; then
     shift
     for t in "$@"; do bytes "$(printf '%02x' ${#t})"; printf '%s' "$t"; done
   }
-  rdv 00 ZDREG1 1 2 trainer_1 tcp://10.0.0.2:41000 > "$seeds/reg"
-  rdv 00 ZDREG1 3 4 w3 "tcp://[fd00::2]:5" > "$seeds/reg_ipv6"
+  rdv 00 ZDREG1 1 2 trainer_1 tcp://10.0.0.2:41000 "" > "$seeds/reg"
+  rdv 00 ZDREG1 3 4 w3 "tcp://[fd00::2]:5" "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7" > "$seeds/reg_ipv6"
   # world 2, rank 1 (byte 0: answer, (2-1)<<1, 1<<4)
-  rdv 13 ZDTAB1 2 w0 tcp://10.0.0.1:4000 w1 tcp://10.0.0.2:4001 > "$seeds/table"
-  rdv 13 ZDTAB1 2 w0 "tcp://[fd00::1]:4000" w1 "tcp://[::ffff:10.0.0.2]:4001" > "$seeds/table_ipv6"
+  rdv 13 ZDTAB1 2 w0 tcp://10.0.0.1:4000 "" w1 tcp://10.0.0.2:4001 "" > "$seeds/table"
+  rdv 13 ZDTAB1 2 w0 "tcp://[fd00::1]:4000" "" w1 "tcp://[::ffff:10.0.0.2]:4001" "" > "$seeds/table_ipv6"
   rdv 01 ZDERR1 "rendezvous: world size mismatch" > "$seeds/error"
+fi
+
+if [ "$target" = fuzz_dist ]; then
+  # Operations in the layout fuzz_dist.c describes: a well-shaped gradient
+  # for the recorded graph (accepted), a one-float one (E2), a uint8 one;
+  # queries, flushes, releases from participants and strangers; a request
+  # under a new context; our own call and its backward; RRef control
+  # messages, fetches, wire forms, expiry and owned RRefs.
+  bytes 00 01 00 01 01 00 01 01 > "$seeds/backward_ok"
+  bytes 00 01 00 01 01 00 00 00 01 04 01 > "$seeds/backward_one_float"
+  bytes 00 01 00 01 01 00 00 01 02 04 05 > "$seeds/backward_uint8"
+  bytes 01 01 00 02 07 02 01 00 02 03 01 00 03 01 03 > "$seeds/queries"
+  bytes 04 02 00 09 00 05 01 04 03 00 0d 00 05 01 > "$seeds/requests"
+  bytes 05 01 00 03 01 01 05 02 00 03 01 00 > "$seeds/own_calls"
+  bytes 06 03 01 04 02 00 0d 00 05 01 04 02 00 11 00 05 01 04 02 00 15 00 05 01 > "$seeds/limits"
+  bytes 07 01 01 05 09 00 07 01 00 05 09 00 08 05 01 09 05 09 01 00 00 01 0a 07 0b 01 0b 00 \
+        > "$seeds/rrefs"
+  bytes 00 01 00 01 ff $(printf '00 %.0s' {1..8}) 00 > "$seeds/backward_raw_seq"
 fi
 
 echo "fuzzing $target for ${seconds}s (corpus $corpus, seeds $seeds)"

@@ -34,7 +34,12 @@ ZD_API bool zd_autograd_is_grad_enabled(void);
     zd_autograd_seq_observe() with it: a node created after receiving a
     message then numbers higher than every node its sender had made. */
 ZD_API uint64_t zd_autograd_seq_current(void);
+/*  Moves the clock past remote_seq, but never more than 2^32 ahead of where
+    it was nor past 2^62 (the clock never wraps, whatever a peer sends). */
 ZD_API void zd_autograd_seq_observe(uint64_t remote_seq);
+/*  Whether remote_seq is at most 2^32 ahead of this process's clock and
+    below 2^62: a peer whose number is not is broken or hostile. */
+ZD_API bool zd_autograd_seq_plausible(uint64_t remote_seq);
 
 /*  ---- the engine ---- */
 

@@ -107,6 +107,23 @@ ZD_API bool zd_dist_autograd_context_exists(int64_t context_id);
 /*  Number of live contexts in this process. */
 ZD_API int64_t zd_dist_autograd_num_contexts(void);
 
+/*  Bounds on the contexts other processes can make here. A request under a
+    context this process does not know creates it; a peer (or a hostile
+    process posing as one) could otherwise fill memory with them. A field
+    of 0 keeps the default. */
+typedef struct {
+    int64_t max_contexts;           /* all contexts made by peers (default 4096) */
+    int64_t max_contexts_per_peer;  /* made by one peer (default 256) */
+    int64_t idle_timeout_ms;        /* a peer's context unused this long is released,
+                                       with a log line (default 10x the RPC timeout,
+                                       10 min when that is none; -1: never) */
+} zd_dist_autograd_limits_t;
+
+/*  Sets the bounds (NULL: the defaults), for the whole process. Contexts
+    begun here (zd_dist_autograd_context_begin) are never counted nor
+    expired. Never fails. */
+ZD_API void zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
+
 /*  ---- a scoped context: PyTorch's `with dist_autograd.context() as cid:` ----
 
         ZD_DIST_AUTOGRAD_CONTEXT(cid) {

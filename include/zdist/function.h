@@ -103,6 +103,11 @@ ZD_API void *zd_autograd_node_ctx(const zd_autograd_node_t *n);
     in order. */
 ZD_API void zd_autograd_node_set_output(zd_autograd_node_t *n, zd_tensor_t *out);
 
+/*  Records the shape of n's next output without attaching a tensor to it:
+    for nodes whose outputs live elsewhere (a send function's outputs are
+    the tensors sent). Gradients fed to that output must have this shape. */
+ZD_API void zd_autograd_node_set_output_shape(zd_autograd_node_t *n, const zd_tensor_t *like);
+
 /*  Whether input j gets a gradient at all (so backward can skip work). */
 ZD_API bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j);
 
