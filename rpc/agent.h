@@ -227,6 +227,8 @@ void zd__transport_set_thread_role(thread_role_t role);
 /*  Creates the context and binds the ROUTER on listen_ip (port chosen by the
     OS); fills a->peers[a->rank].endpoint. */
 int zd__transport_bind(agent_t *a, const char *listen_ip);
+/*  Sets the limits of a socket that receives from peers (transport.c). */
+void zd__transport_set_limits(void *sock);
 
 /*  Creates and connects the DEALERs to every peer, starts the I/O thread,
     then makes sure every peer is reachable (HELLO) before deadline_ns. */
@@ -333,6 +335,9 @@ void zd__serve_request(agent_t *a, inmsg_t *m);
 
 /*  Registers the agent's own functions (shutdown barrier). */
 int zd__serve_register_internal(void);
+/*  Calls one peer may have queued or running here at once; more are
+    answered "busy" (ZDIST_RPC_MAX_CALLS_PER_PEER). */
+int64_t zd__serve_max_calls_per_peer(void);
 
 /*  ---- direct.c: each thread's zd_rpc_sync sockets ---- */
 
