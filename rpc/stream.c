@@ -239,6 +239,42 @@ static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
     return -1;
 }
 
+/* The streamed messages dropped last (connection and id): their pieces,
+   which keep coming, are then dropped without a line each, since one line
+   already said why (a stream bomb would otherwise fill the log's lines). */
+#define REFUSED_KEEP 64
+typedef struct {
+    void *sock;
+    int src;
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+    uint64_t id;
+} refused_t;
+static refused_t refused[REFUSED_KEEP];
+static unsigned n_refused;
+
+static void remember_refused(void *sock, const inmsg_t *m, uint64_t id)
+{
+    pthread_mutex_lock(&lock);
+    refused_t *r = &refused[n_refused++ % REFUSED_KEEP];
+    *r = (refused_t){.sock = sock, .src = m->src, .route_len = m->route_len, .id = id};
+    memcpy(r->route, m->route, m->route_len);
+    pthread_mutex_unlock(&lock);
+}
+
+static bool was_refused(void *sock, const inmsg_t *m, uint64_t id)
+{
+    bool found = false;
+    pthread_mutex_lock(&lock);
+    for (unsigned i = 0; i < REFUSED_KEEP && i < n_refused && !found; i++) {
+        const refused_t *r = &refused[i];
+        found = r->sock == sock && r->id == id && r->src == m->src &&
+                r->route_len == m->route_len && memcmp(r->route, m->route, m->route_len) == 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return found;
+}
+
 /* A streamed message: checks its table and keeps it until its pieces are in. */
 static int start(agent_t *a, void *sock, inmsg_t *m)
 {
@@ -318,6 +354,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
 fail:
     stream_free(s);
     drop_msg(m);
+    remember_refused(sock, m, id);
     return refuse(a, sock, m, type, id);
 }
 
@@ -359,10 +396,11 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     const rpc_wire_header_t *h = &m->h;
     stream_t *s = take(sock, m);
     if (!s) {
+        bool known = was_refused(sock, m, h->id);
         zd_error_set("stream piece %llu of %llx, but no streamed message is pending on its "
                   "connection", (unsigned long long)h->a, (unsigned long long)h->id);
         drop_msg(m);
-        return refuse(a, sock, m, 0, 0);
+        return known ? -1 : refuse(a, sock, m, 0, 0);
     }
     const rpc_wire_stream_t *e = &s->entries[s->entry];
     uint64_t want = e->bytes - s->at < s->chunk ? e->bytes - s->at : s->chunk;
@@ -376,6 +414,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         uint64_t id = s->id;
         stream_free(s);
         drop_msg(m);
+        remember_refused(sock, m, id);
         return refuse(a, sock, m, type, id);
     }
     memcpy((char *)s->bufs[s->entry]->data + s->at, f->data, f->size);
@@ -417,6 +456,7 @@ void zd__transport_stream_clear(void)
     stream_t *s = streams;
     streams = NULL;
     n_streams = 0;
+    n_refused = 0;   /* its sockets close: their addresses may come back */
     pthread_mutex_unlock(&lock);
     while (s) {
         stream_t *next = s->next;
