@@ -245,6 +245,8 @@ void zd__transport_set_thread_role(thread_role_t role);
     leaves the binding to zd__transport_listen (rank 0 binds once it knows
     where its peers are, rendezvous.c). */
 int zd__transport_bind(agent_t *a, const char *listen_ip);
+/*  Sets the limits of a socket that receives from peers (transport.c). */
+void zd__transport_set_limits(void *sock);
 
 /*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
     the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
@@ -363,6 +365,9 @@ void zd__serve_request(agent_t *a, inmsg_t *m);
 
 /*  Registers the agent's own functions (shutdown barrier). */
 int zd__serve_register_internal(void);
+/*  Calls one peer may have queued or running here at once; more are
+    answered "busy" (ZDIST_RPC_MAX_CALLS_PER_PEER). */
+int64_t zd__serve_max_calls_per_peer(void);
 
 /*  ---- direct.c: each thread's zd_rpc_sync sockets ---- */
 

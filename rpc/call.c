@@ -160,8 +160,12 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
     } else {
         if (!p->internal)
             atomic_fetch_add_explicit(&peer->m.errors, 1, memory_order_relaxed);
-        zd_future_set_error_code(p->future, code, "%s to \"%s\" (rank %d) calling \"%s\": %s",
-                                 p->api, peer->name, p->dst, p->fn, detail ? detail : "failed");
+        if (p->internal || p->type == RPC_MSG_RREF_FETCH)   /* no internal name for users */
+            zd_future_set_error_code(p->future, code, "%s to \"%s\" (rank %d): %s", p->api,
+                                     peer->name, p->dst, detail ? detail : "failed");
+        else
+            zd_future_set_error_code(p->future, code, "%s to \"%s\" (rank %d) calling \"%s\": %s",
+                                     p->api, peer->name, p->dst, p->fn, detail ? detail : "failed");
     }
     pending_free(p);
 }

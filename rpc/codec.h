@@ -105,7 +105,11 @@ typedef struct {
 
 #define RPC_CODEC_MAX_DEPTH 32            /* list nesting */
 #define RPC_CODEC_MAX_TENSORS 4096
-#define RPC_CODEC_MAX_META (64u << 20)
+/*  Values travel in the metadata, tensors in frames of their own: 16 MiB of
+    metadata is millions of numbers or strings. It bounds the header frame,
+    one term of the largest frame a socket accepts (stream.h RPC_MAX_FRAME),
+    and what a peer makes the decoder build (about 4 objects per 64 bytes). */
+#define RPC_CODEC_MAX_META (16u << 20)
 
 /* Serialise v. rrefs may be NULL when v holds no RRef (else error). dst_rank is
    passed to rrefs->encode. Returns 0 or -1; on failure *out is left empty.

@@ -124,10 +124,13 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_RCVHWM, &zero, sizeof zero);
+    zd__transport_set_limits(sock);   /* it receives answers: bounded like the ROUTER */
     /* Not ZMQ_IMMEDIATE: with it, an answer that arrived just before its
        sender closed the connection would be thrown away unread. A send to a
        peer that is gone just waits; the call's deadline or the peer's lost
-       connection (seen on the shared socket) ends the wait. */
+       connection (seen on the shared socket) ends the wait. (libzmq drops
+       a connection's unread messages at once when ZMQ_IMMEDIATE is set:
+       session_base reconnect terminates the pipe without delay.) */
     zd__transport_use_ipv6(sock, a->peers[peer].endpoint);
     if (zd__security_client(a, sock, peer) < 0) {
         zmq_close(sock);

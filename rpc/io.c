@@ -43,7 +43,14 @@ static void release_frames(rpc_frame_t *frames, int n)
 }
 
 /* Reads the rest of a multipart message from sock into m's frames (grown
-   as needed); frames past RPC_CODEC_MAX_TENSORS are read and dropped.
+   as needed); frames past RPC_CODEC_MAX_TENSORS are read and dropped, and
+   the message is refused (logged naming the sender). libzmq hands a
+   message over only once its last frame is in, so a message whose frames
+   never end is held inside libzmq, beyond our reach (ZMQ_RCVHWM counts
+   whole messages, ZMQ_MAXMSGSIZE single frames): what bounds it is that
+   only an authenticated peer can connect (CURVE), not this reader. A
+   ROUTER cannot drop one peer's connection either (libzmq has no call for
+   it): the message is dropped, the connection stays.
    Returns the count, or -1 when too many arrived (all released). */
 static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
 {
@@ -104,6 +111,25 @@ void zd__transport_msg_done(inmsg_t *m)
     zmq_msg_close(&m->hm);
 }
 
+/* A message from a routing id that is no rank: libzmq also takes a
+   connection that does not start with a ZMTP 3 greeting for a ZMTP 1.0
+   peer, so noise sent at the port arrives as a stream of such messages.
+   Logged once a second with the count, so that the flood does not use up
+   the log's lines for everything else. I/O thread only. */
+static void log_unknown_sender(void)
+{
+    static int64_t last_ns;
+    static long dropped;
+    dropped++;
+    int64_t now = zd__agent_now_ns();
+    if (now - last_ns < 1000000000)
+        return;
+    zd__log(ZD_LOG_WARN, "rpc: dropped %ld message(s) from an unknown sender (routing id not "
+            "a rank)", dropped);
+    last_ns = now;
+    dropped = 0;
+}
+
 static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
 {
     bool routed = expect_src < 0;
@@ -138,8 +164,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
     int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes) : 0;
     if (src < 0 || src >= a->world) {
-        zd__log(ZD_LOG_WARN, "rpc: dropped a message from an unknown sender "
-                "(routing id not a rank)");
+        log_unknown_sender();
         goto drop;
     }
     /* Under CURVE the routing id must be the rank whose key the connection

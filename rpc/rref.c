@@ -77,13 +77,49 @@ owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
     e->rref_id = id;
     e->state = state;
     e->expire_ns = INT64_MAX;
+    e->ph_src = -1;
     size_t b = owner_bucket(id);
     e->next = x->owners[b];
     x->owners[b] = e;
     x->n_owners++;
-    if (state == OWNER_PLACEHOLDER)
+    if (state == OWNER_PLACEHOLDER) {
         x->n_placeholders++;
+        e->ph_next = x->placeholders;
+        if (e->ph_next)
+            e->ph_next->ph_prev = e;
+        x->placeholders = e;
+    }
     return e;
+}
+
+/* e stops being a placeholder (its REMOTE came, or it expired). Locked. */
+static void placeholder_done(rref_ctx_t *x, owner_t *e)
+{
+    e->state = OWNER_CREATED;
+    e->expire_ns = INT64_MAX;
+    x->n_placeholders--;
+    if (e->ph_prev)
+        e->ph_prev->ph_next = e->ph_next;
+    else
+        x->placeholders = e->ph_next;
+    if (e->ph_next)
+        e->ph_next->ph_prev = e->ph_prev;
+    e->ph_next = e->ph_prev = NULL;
+    if (e->ph_src >= 0 && e->ph_src < x->ph_world)
+        x->ph_by_peer[e->ph_src]--;
+    e->ph_src = -1;
+}
+
+int zd__rref_placeholder_admit(agent_t *a, rref_ctx_t *x, int src)
+{
+    if (x->n_placeholders >= RREF_MAX_PLACEHOLDERS)
+        return zd_error_set("too many RRefs awaited before their creation (%d; asked by rank %d)",
+                            RREF_MAX_PLACEHOLDERS, src);
+    if (src >= 0 && src < x->ph_world && src != a->rank &&
+        x->ph_by_peer[src] >= RREF_MAX_PLACEHOLDERS_PEER)
+        return zd_error_set("too many RRefs awaited before their creation asked by rank %d (%d)",
+                            src, RREF_MAX_PLACEHOLDERS_PEER);
+    return 0;
 }
 
 int zd__rref_owner_add_fork(owner_t *e, uint64_t fork_id, int holder)
@@ -246,14 +282,33 @@ void zd_rref_unref(zd_rref_t *r)
 
 /* ---- owner side ---- */
 
-/* When a placeholder (a value whose REMOTE has not arrived) is given up:
-   at the caller's timeout, or, when the caller set none (0), at the agent's
-   default, so that a REMOTE that never comes does not leave the entry
-   behind (no limit only when the default is none too). */
+/* When a placeholder (a value whose REMOTE has not arrived) is given up: at
+   the caller's timeout or the agent's default, the smaller one set (the
+   caller's comes from the wire: it may not hold the entry longer than
+   this process would), and never later than RREF_PLACEHOLDER_MAX_MS, so
+   that a REMOTE that never comes does not leave the entry behind. */
 static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
 {
-    int64_t t = timeout_ms > 0 ? timeout_ms : zd__agent_timeout(a, -1);
-    return t > 0 ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
+    int64_t t = RREF_PLACEHOLDER_MAX_MS, local = zd__agent_timeout(a, -1);
+    if (timeout_ms > 0 && timeout_ms < t)
+        t = timeout_ms;
+    if (local > 0 && local < t)
+        t = local;
+    return zd__agent_now_ns() + t * 1000000;
+}
+
+void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src,
+                              int64_t timeout_ms)
+{
+    e->expire_ns = placeholder_expiry(a, timeout_ms);
+    if (e->expire_ns < x->ph_due_ns || x->n_placeholders == 1)
+        x->ph_due_ns = e->expire_ns;
+    if (!x->ph_by_peer && a->world > 0 && (x->ph_by_peer = calloc((size_t)a->world, sizeof *x->ph_by_peer)))
+        x->ph_world = a->world;
+    if (src >= 0 && src < x->ph_world && src != a->rank) {
+        e->ph_src = src;
+        x->ph_by_peer[src]++;
+    }
 }
 
 zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src)
@@ -272,9 +327,7 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
         e = zd__rref_owner_create(x, rref_id, OWNER_CREATED);
         fresh = e != NULL;
     } else if (e->state == OWNER_PLACEHOLDER) {
-        e->state = OWNER_CREATED;
-        e->expire_ns = INT64_MAX;
-        x->n_placeholders--;
+        placeholder_done(x, e);
     } else if (e->state == OWNER_AWAITING_REMOTE && src == a->rank) {
         e->state = OWNER_CREATED;
     } else {
@@ -292,7 +345,9 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     return f;
 }
 
-zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms)
+/* The value future of rref_id, a placeholder made for it counting as
+   src's (zd__rref_placeholder_admit). */
+static zd_future_t *owner_value_admit(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
 {
     rref_ctx_t *x = a->rrefs;
     if (!zd__rref_id_ok(a, rref_id))
@@ -300,11 +355,11 @@ zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_
     pthread_mutex_lock(&x->lock);
     owner_t *e = zd__rref_owner_find(x, rref_id);
     bool fresh = false;
-    if (!e) {
+    if (!e && zd__rref_placeholder_admit(a, x, src) == 0) {
         e = zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
         if (e) {
             fresh = true;
-            e->expire_ns = placeholder_expiry(a, timeout_ms);
+            zd__rref_placeholder_arm(a, x, e, src, timeout_ms);
         }
     }
     zd_future_t *f = e ? zd_future_ref(e->value) : NULL;
@@ -312,6 +367,11 @@ zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_
     if (fresh)
         zd__rref_watch_value(a, f, rref_id);
     return f;
+}
+
+zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms)
+{
+    return owner_value_admit(a, rref_id, timeout_ms, a->rank);
 }
 
 zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
@@ -331,7 +391,7 @@ zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t time
                    NULL;
         }
     }
-    return zd__rref_owner_value(a, rref_id, timeout_ms);
+    return owner_value_admit(a, rref_id, timeout_ms, src);
 }
 
 zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
@@ -393,6 +453,18 @@ void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error)
 }
 
 /* ---- control messages received (I/O thread) ---- */
+
+/* Whether a refused placeholder is worth a log line now: once a second. */
+static bool placeholder_log_due(rref_ctx_t *x)
+{
+    static int64_t last;
+    (void)x;
+    int64_t now = zd__agent_now_ns();
+    if (now - last < 1000000000)
+        return false;
+    last = now;
+    return true;
+}
 
 static void send_ack(agent_t *a, const inmsg_t *m)
 {
@@ -458,8 +530,18 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     }
     case RPC_MSG_RREF_FORK_REQUEST: {
         owner_t *e = zd__rref_owner_find(x, h->a);
+        if (!e && zd__rref_placeholder_admit(a, x, h->src) < 0) {
+            pthread_mutex_unlock(&x->lock);
+            char text[256];
+            snprintf(text, sizeof text, "%s", zd_error_last());
+            if (placeholder_log_due(x))
+                zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): fork request refused: %s",
+                        a->peers[h->src].name, h->src, text);
+            zd__transport_answer_error(a, m, h->id, text);
+            return;
+        }
         if (!e && (e = zd__rref_owner_create(x, h->a, OWNER_PLACEHOLDER))) {
-            e->expire_ns = placeholder_expiry(a, h->timeout_ms);
+            zd__rref_placeholder_arm(a, x, e, h->src, h->timeout_ms);
             watch = zd_future_ref(e->value);
         }
         if (!e || zd__rref_owner_add_fork(e, h->b, h->src) < 0) {
@@ -484,6 +566,12 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     send_ack(a, m);
 }
 
+/* The expiry looks at the placeholders only when one is due, and then at
+   most every RREF_SCAN_NS: a flood of them (bounded by the caps) costs the
+   I/O thread a walk of their list a few times a second, not of every owner
+   entry every tick. */
+#define RREF_SCAN_NS ((int64_t)10000000)
+
 void zd__rref_tick(agent_t *a, int64_t now_ns)
 {
     rref_ctx_t *x = a->rrefs;
@@ -492,14 +580,23 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
     uint64_t ids[MAX_EXPIRED];
     int n = 0;
     pthread_mutex_lock(&x->lock);
-    for (size_t b = 0; x->n_placeholders && b < OWNER_BUCKETS && n < MAX_EXPIRED; b++)
-        for (owner_t *e = x->owners[b]; e && n < MAX_EXPIRED; e = e->next)
-            if (e->state == OWNER_PLACEHOLDER && e->expire_ns <= now_ns) {
-                e->state = OWNER_CREATED;   /* failed: freed like any other */
-                x->n_placeholders--;
-                ids[n] = e->rref_id;
-                expired[n++] = zd_future_ref(e->value);
-            }
+    if (!x->n_placeholders || now_ns < x->ph_due_ns || now_ns - x->ph_scan_ns < RREF_SCAN_NS) {
+        pthread_mutex_unlock(&x->lock);
+        return;
+    }
+    x->ph_scan_ns = now_ns;
+    int64_t due = INT64_MAX;
+    for (owner_t *e = x->placeholders, *next; e; e = next) {
+        next = e->ph_next;
+        if (e->expire_ns <= now_ns && n < MAX_EXPIRED) {
+            placeholder_done(x, e);   /* failed: freed like any other */
+            ids[n] = e->rref_id;
+            expired[n++] = zd_future_ref(e->value);
+        } else if (e->expire_ns < due) {
+            due = e->expire_ns;
+        }
+    }
+    x->ph_due_ns = due;
     pthread_mutex_unlock(&x->lock);
     for (int i = 0; i < n; i++) {
         zd_future_set_error(expired[i], "unknown RRef %" PRIx64 ": no remote() created it "
@@ -637,6 +734,7 @@ void zd__rref_ctx_free(agent_t *a)
             free(c);
         }
     pthread_mutex_destroy(&x->lock);
+    free(x->ph_by_peer);
     free(x);
     a->rrefs = NULL;
 }

@@ -70,9 +70,9 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     new reference), creating a placeholder that expires after timeout_ms
     when the REMOTE creating it has not arrived; NULL on a bad id. */
 zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
-
 /*  zd__rref_owner_value for a RREF_FETCH from rank src: refused (NULL,
-    error set) when the RRef exists here and src holds no fork of it. */
+    error set) when the RRef exists here and src holds no fork of it; a
+    placeholder it makes counts as src's (zd__rref_placeholder_admit). */
 zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src);
 
 /*  A user handle for a REMOTE about to be sent to owner (pending until
@@ -116,6 +116,10 @@ typedef struct owner {
     zd_rref_t *handle;         /* the local handle while referenced (weak) */
     int64_t expire_ns;          /* placeholders */
     struct owner *next;
+    /* Placeholders only: who asked for it (counted per peer, -1: none),
+       and their own list, which the expiry scans instead of every owner. */
+    int ph_src;
+    struct owner *ph_next, *ph_prev;
 } owner_t;
 
 typedef struct child {
@@ -130,6 +134,11 @@ struct rref_ctx {
     bool closing;
     owner_t *owners[OWNER_BUCKETS];
     int64_t n_owners, n_placeholders;
+    owner_t *placeholders;      /* the list of OWNER_PLACEHOLDER entries */
+    int64_t ph_due_ns;          /* no placeholder expires before this */
+    int64_t ph_scan_ns;         /* when the expiry last scanned them */
+    int *ph_by_peer;            /* placeholders per rank that asked (world) */
+    int ph_world;
     child_t *children[CHILD_BUCKETS];
     int64_t n_children, n_pending_users, n_ctrl;
 };
@@ -168,6 +177,23 @@ owner_t *zd__rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e);
 void zd__rref_owner_free(owner_t *e);
 /*  The entry's local handle with one more reference (made if needed). */
 zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e);
+
+/*  Placeholders, which a peer makes with a fetch, a fork request or an RRef
+    inside a message before the REMOTE creating it arrived (docs/rpc.md,
+    "Limits"): at most RREF_MAX_PLACEHOLDERS in all and
+    RREF_MAX_PLACEHOLDERS_PEER asked for by one rank, each given up after
+    the smaller of the asker's timeout and the local default, never more
+    than RREF_PLACEHOLDER_MAX_MS. */
+#define RREF_MAX_PLACEHOLDERS 16384
+#define RREF_MAX_PLACEHOLDERS_PEER 1024
+#define RREF_PLACEHOLDER_MAX_MS ((int64_t)600000)
+/*  Whether rank src (or -1: this process) may make one more placeholder;
+    -1 with the error set (naming the rank) when not. Under x->lock. */
+int zd__rref_placeholder_admit(agent_t *a, rref_ctx_t *x, int src);
+/*  Arms the new placeholder e for src: its expiry, counted for src.
+    Under x->lock. */
+void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src,
+                              int64_t timeout_ms);
 /*  After creating an entry (lock released): frees it when its value comes
     and nothing else holds it. */
 void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id);

@@ -260,12 +260,11 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
         bool fresh = false;
         if (!e) {
             /* The REMOTE creating it may still be on its way. */
-            e = zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
+            e = zd__rref_placeholder_admit(a, x, src) == 0
+                    ? zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER) : NULL;
             if (e) {
                 fresh = true;
-                e->expire_ns = zd__agent_now_ns() + zd__agent_timeout(a, -1) * 1000000;
-                if (e->expire_ns < zd__agent_now_ns())
-                    e->expire_ns = INT64_MAX;
+                zd__rref_placeholder_arm(a, x, e, src, 0);
             }
         }
         zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;

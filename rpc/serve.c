@@ -5,10 +5,18 @@
     that RRefs inside it follow their protocol) and then either runs the
     handler at once (ZD_RPC_FN_INLINE) or queues it for the pool. The answer is
     sent by whichever thread finishes the call: the handler's thread, or the
-    thread that completes an async handler's future. */
+    thread that completes an async handler's future.
+
+    Nothing the peer says about itself is trusted: whether a call is
+    internal (the RPC layer's own, like the shutdown barrier: no hooks, not
+    a user call in metrics or the shutdown drain) is what this registry
+    says of the function, never RPC_WIRE_F_INTERNAL; and a peer has at most
+    max_calls_per_peer() calls queued or running here, beyond which it is
+    answered "busy" instead of queued. */
 #include "rpc/agent.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,6 +28,7 @@
 typedef struct entry {
     char *name;
     zd_rpc_function_t f;
+    const char *what;               /* internal (the RPC layer's own): what it is, for users */
     struct entry *next;
 } entry_t;
 
@@ -86,6 +95,7 @@ int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
     }
     e->name = copy;
     e->f = *f;
+    e->what = NULL;
     e->next = registry[b];
     registry[b] = e;
     pthread_rwlock_unlock(&registry_lock);
@@ -130,10 +140,67 @@ int zd_rpc_unregister(const char *name)
     return 0;
 }
 
+/* Marks name, registered, as the RPC layer's own, described to users as what. */
+static void registry_mark_internal(const char *name, const char *what)
+{
+    pthread_rwlock_wrlock(&registry_lock);
+    for (entry_t *e = registry[name_hash(name, strlen(name))]; e; e = e->next)
+        if (strcmp(e->name, name) == 0)
+            e->what = what;
+    pthread_rwlock_unlock(&registry_lock);
+}
+
+/* The description of an internal function name[0..len), or NULL when it is
+   unknown or not internal. */
+static const char *registry_internal(const char *name, size_t len)
+{
+    const char *what = NULL;
+    pthread_rwlock_rdlock(&registry_lock);
+    for (entry_t *e = registry[name_hash(name, len)]; e; e = e->next)
+        if (strlen(e->name) == len && memcmp(e->name, name, len) == 0) {
+            what = e->what;
+            break;
+        }
+    pthread_rwlock_unlock(&registry_lock);
+    return what;
+}
+
 int zd__serve_register_internal(void)
 {
     zd_rpc_function_t barrier = {.async_fn = zd__shutdown_barrier_handler, .flags = ZD_RPC_FN_INLINE};
-    return zd_rpc_register_function("__zd_barrier", &barrier);
+    if (zd_rpc_register_function("__zd_barrier", &barrier) < 0)
+        return -1;
+    registry_mark_internal("__zd_barrier", "the shutdown barrier");
+    return 0;
+}
+
+/* Calls one peer may have queued or running here at once (ZDIST_RPC_MAX_CALLS_PER_PEER,
+   default RPC_MAX_CALLS_PER_PEER). Far above what a program makes (a
+   trainer of rpc_ps has a handful in flight), low enough that a flood
+   is refused rather than queued without end. */
+#define RPC_MAX_CALLS_PER_PEER 4096
+static int64_t max_calls;
+static pthread_once_t max_calls_once = PTHREAD_ONCE_INIT;
+
+static void max_calls_init(void)
+{
+    max_calls = RPC_MAX_CALLS_PER_PEER;
+    const char *v = getenv("ZDIST_RPC_MAX_CALLS_PER_PEER");
+    if (!v)
+        return;
+    char *end;
+    long long n = strtoll(v, &end, 10);
+    if (end != v && !*end && n > 0)
+        max_calls = n;
+    else
+        zd__log(ZD_LOG_WARN, "rpc: ZDIST_RPC_MAX_CALLS_PER_PEER=\"%s\" is not a positive "
+                "number: using %d", v, RPC_MAX_CALLS_PER_PEER);
+}
+
+int64_t zd__serve_max_calls_per_peer(void)
+{
+    pthread_once(&max_calls_once, max_calls_init);
+    return max_calls;
 }
 
 /* ---- incoming calls ---- */
@@ -146,6 +213,7 @@ struct zd_rpc_call {
     uint8_t type;
     uint16_t flags;
     bool internal;
+    const char *what;               /* internal: the description for users */
     bool found;
     bool hooked;                    /* on_recv_request ran: on_send_reply is due */
     char fn[ZD_RPC_MAX_FUNCTION + 1];
@@ -196,6 +264,15 @@ zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call)
     if (call && call->type == RPC_MSG_RREF_FETCH)
         return ZD_RPC_KIND_FETCH;
     return ZD_RPC_KIND_CALL;
+}
+
+/* How texts for users name c's function: quoted, or what an internal one is. */
+static const char *call_name(const zd_rpc_call_t *c, char *buf, size_t size)
+{
+    if (c->what)
+        return c->what;
+    snprintf(buf, size, "\"%s\"", c->fn);
+    return buf;
 }
 
 static void call_free(zd_rpc_call_t *c, bool counted)
@@ -306,8 +383,9 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
     rpc_encoded_t enc = {0};
     if (zd__value_encode(v, &codec, c->src, &enc) < 0) {
         char text[512];
-        snprintf(text, sizeof text, "cannot send the result of \"%s\": %s", c->fn,
-                 zd_error_last());
+        char name[ZD_RPC_MAX_FUNCTION + 3];
+        snprintf(text, sizeof text, "cannot send the result of %s: %s",
+                 call_name(c, name, sizeof name), zd_error_last());
         zd__rref_txn_rollback(&txn);
         zd_value_unref(v);
         free(extra.data);
@@ -423,13 +501,14 @@ static void run_call(void *arg)
 {
     zd_rpc_call_t *c = arg;
     agent_t *a = c->a;
-    char text[1024];
+    char text[1024], name[ZD_RPC_MAX_FUNCTION + 3];
     if (c->flags & RPC_WIRE_F_DEREF_FIRST) {
         int rc = deref_first(c);
         if (rc == 0)
             return;
         if (rc < 0) {
-            snprintf(text, sizeof text, "RRef argument of \"%s\": %s", c->fn, zd_error_last());
+            snprintf(text, sizeof text, "RRef argument of %s: %s", call_name(c, name, sizeof name),
+                     zd_error_last());
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
@@ -494,6 +573,28 @@ static void run_call(void *arg)
     zd_future_then(f, future_done, c);
 }
 
+/* Whether to log that src is refused as busy now: once a second per peer
+   at most (the I/O thread alone calls this). */
+static bool busy_log_due(agent_t *a, int src)
+{
+    static int64_t *last;
+    static int n_last;
+    static unsigned gen;
+    if (!last || n_last < a->world || gen != a->gen) {
+        free(last);
+        last = calloc((size_t)a->world, sizeof *last);
+        n_last = last ? a->world : 0;
+        gen = a->gen;
+        if (!last)
+            return true;
+    }
+    int64_t now = zd__agent_now_ns();
+    if (now - last[src] < 1000000000)
+        return false;
+    last[src] = now;
+    return true;
+}
+
 void zd__serve_request(agent_t *a, inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;
@@ -518,7 +619,13 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     c->id = h->id;
     c->type = h->type;
     c->flags = h->flags;
-    c->internal = h->flags & RPC_WIRE_F_INTERNAL;
+    if (h->type == RPC_MSG_CALL)
+        c->what = registry_internal(h->fn, h->fn_len);
+    c->internal = c->what != NULL;
+    if ((h->flags & RPC_WIRE_F_INTERNAL) && !c->internal)
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): a %s of \"%.*s\" marked internal, "
+                "which it is not here: served as a user call", a->peers[h->src].name, h->src,
+                zd__rpc_wire_type_name(h->type), (int)h->fn_len, h->fn);
     c->rref_id = h->a;
     c->fork_id = h->b;
     c->timeout_ms = h->timeout_ms;
@@ -526,16 +633,34 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         memcpy(extra, h->extra, h->extra_len);
     c->extra = extra;
     c->extra_len = h->extra_len;
+    /* Counted before the look, so that the count is what this call would
+       make it: at most max_calls_per_peer queued or running. */
     atomic_fetch_add_explicit(&a->serving, 1, memory_order_relaxed);
+    bool busy = false;
     if (!c->internal)
-        atomic_fetch_add_explicit(&a->peers[c->src].m.serving, 1, memory_order_relaxed);
-    char text[1024];
+        busy = atomic_fetch_add_explicit(&a->peers[c->src].m.serving, 1,
+                                         memory_order_relaxed) >= zd__serve_max_calls_per_peer();
+    char text[1024], name[ZD_RPC_MAX_FUNCTION + 3];
+    if (busy)
+        snprintf(text, sizeof text, "busy: too many calls from rank %d in flight on \"%s\" "
+                 "(rank %d; at most %lld, ZDIST_RPC_MAX_CALLS_PER_PEER)", c->src, a->name,
+                 a->rank, (long long)zd__serve_max_calls_per_peer());
+    if (busy && busy_log_due(a, c->src))
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src,
+                text);
     if (h->type == RPC_MSG_RREF_FETCH) {
         snprintf(c->fn, sizeof c->fn, "__to_here");
+        c->what = "to_here";
         c->f.flags = ZD_RPC_FN_INLINE;   /* only waits for a future */
+        if (busy) {
+            finish_error(c, text, ZD_ERR_REMOTE);
+            return;
+        }
         c->owner_value = zd__rref_owner_value_for(a, h->a, h->timeout_ms, h->src);
         if (!c->owner_value) {
             snprintf(text, sizeof text, "to_here: %s", zd_error_last());
+            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name,
+                    c->src, text);
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
@@ -547,15 +672,23 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     /* Decoded first, whatever happens next: see the top of this file. */
     int rc = zd__value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src,
                               &c->args);
-    if (rc < 0)
-        snprintf(text, sizeof text, "bad arguments for \"%s\": %s", c->fn, zd_error_last());
+    if (rc < 0 && !busy)
+        snprintf(text, sizeof text, "bad arguments for %s: %s", call_name(c, name, sizeof name),
+                 zd_error_last());
     if (h->type == RPC_MSG_REMOTE) {
+        /* Even when busy: the owner entry takes the failure, the RRef
+           protocol goes on (answer_error). */
         c->owner_value = zd__rref_owner_remote(a, h->a, h->b, h->src);
         if (!c->owner_value) {
-            snprintf(text, sizeof text, "remote \"%s\": %s", c->fn, zd_error_last());
+            snprintf(text, sizeof text, "remote %s: %s", call_name(c, name, sizeof name),
+                     zd_error_last());
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
+    }
+    if (busy) {
+        finish_error(c, text, ZD_ERR_REMOTE);
+        return;
     }
     if (rc < 0) {
         zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);

@@ -11,12 +11,21 @@
     so the lock guards the list, not the copies, and the I/O thread's
     expiry (which frees entries of any socket) only meets idle entries.
     The buffers come from bufcache.h and become the tensors' storage (no
-    second copy). */
+    second copy).
+
+    What a peer can make us hold (stream.h): a stream reserves its declared
+    size against a budget for all pending streams and a share per rank
+    before anything is allocated, and at most RPC_STREAM_MAX_PENDING_PEER
+    of a rank's streams wait at once. The key includes the routing id, so
+    another identity can neither inject pieces into a stream nor replace
+    it; only its own connection can (and authentication decides who that
+    is). */
 #include "rpc/stream.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <zdist/error.h>
 #include "rpc/bufcache.h"
@@ -39,12 +48,120 @@ typedef struct stream {
     uint64_t seq;                   /* number of the next piece */
     int64_t touched_ns;             /* when the last piece (or the message) came */
     int64_t stalled_ns;             /* when an expiry pass found it stalled; 0: not */
+    uint64_t reserved;              /* bytes counted in the budget (budget_release) */
+    bool counted;                   /* counted in the pending limits */
     struct stream *next;
 } stream_t;
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static stream_t *streams;
 static int n_streams;
+
+/* ---- the budget (under lock) ---- */
+
+static uint64_t budget_total, budget_peer;
+static pthread_once_t budget_once = PTHREAD_ONCE_INIT;
+static uint64_t reserved_total;
+static int live_total;              /* streams counted, in the list or being filled */
+static uint64_t *peer_reserved;     /* per rank, grown to the world's size */
+static int *peer_live;
+static int n_peer_slots;
+
+/* MiB from the environment, or fallback when unset or not a positive number. */
+static uint64_t env_mib(const char *name, uint64_t fallback)
+{
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long mib = v ? strtoull(v, &end, 10) : 0;
+    if (!v || end == v || *end || mib == 0 || mib > ((uint64_t)1 << 40)) {
+        if (v)
+            zd__log(ZD_LOG_WARN, "rpc: %s=\"%s\" is not a size in MiB: using %llu MiB", name,
+                    v, (unsigned long long)(fallback >> 20));
+        return fallback;
+    }
+    return (uint64_t)mib << 20;
+}
+
+static void budget_init(void)
+{
+    uint64_t total = RPC_STREAM_BUDGET_DEFAULT;
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0 && (uint64_t)pages * (uint64_t)page / 4 < total)
+        total = (uint64_t)pages * (uint64_t)page / 4;
+    budget_total = env_mib("ZDIST_STREAM_BUDGET_MB", total);
+    budget_peer = env_mib("ZDIST_STREAM_PEER_MB", budget_total / 2);
+    if (budget_peer > budget_total)
+        budget_peer = budget_total;
+}
+
+void zd__transport_stream_budget(uint64_t *total, uint64_t *peer)
+{
+    pthread_once(&budget_once, budget_init);
+    *total = budget_total;
+    *peer = budget_peer;
+}
+
+/* Counts s (bytes declared by rank src) in the limits, or fails naming
+   which one it would pass. Under lock. */
+static int budget_take(stream_t *s, int src, int world, uint64_t bytes)
+{
+    if (src >= world)
+        world = src + 1;   /* the receive loop checked src against the world */
+    if (world > n_peer_slots) {
+        uint64_t *r = realloc(peer_reserved, (size_t)world * sizeof *r);
+        if (r)
+            peer_reserved = r;
+        int *l = r ? realloc(peer_live, (size_t)world * sizeof *l) : NULL;
+        if (!r || !l)
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for the stream table");
+        peer_live = l;
+        for (int i = n_peer_slots; i < world; i++) {
+            peer_reserved[i] = 0;
+            peer_live[i] = 0;
+        }
+        n_peer_slots = world;
+    }
+    if (live_total >= RPC_STREAM_MAX_PENDING)
+        return zd_error_set("more than %d streamed messages pending", RPC_STREAM_MAX_PENDING);
+    if (peer_live[src] >= RPC_STREAM_MAX_PENDING_PEER)
+        return zd_error_set("more than %d streamed messages pending from this rank",
+                            RPC_STREAM_MAX_PENDING_PEER);
+    if (bytes > budget_peer - peer_reserved[src])
+        return zd_error_set("a streamed message of %llu MiB would pass this rank's share of "
+                            "memory for streams (%llu of %llu MiB pending; "
+                            "ZDIST_STREAM_PEER_MB raises it)",
+                            (unsigned long long)(bytes >> 20),
+                            (unsigned long long)(peer_reserved[src] >> 20),
+                            (unsigned long long)(budget_peer >> 20));
+    if (bytes > budget_total - reserved_total)
+        return zd_error_set("a streamed message of %llu MiB would pass the memory budget for "
+                            "streams (%llu of %llu MiB pending; ZDIST_STREAM_BUDGET_MB raises "
+                            "it)", (unsigned long long)(bytes >> 20),
+                            (unsigned long long)(reserved_total >> 20),
+                            (unsigned long long)(budget_total >> 20));
+    live_total++;
+    peer_live[src]++;
+    reserved_total += bytes;
+    peer_reserved[src] += bytes;
+    s->reserved = bytes;
+    s->counted = true;
+    return 0;
+}
+
+static void budget_release(stream_t *s)
+{
+    if (!s->counted)
+        return;
+    pthread_mutex_lock(&lock);
+    live_total--;
+    reserved_total -= s->reserved;
+    if (s->src >= 0 && s->src < n_peer_slots) {
+        peer_live[s->src]--;
+        peer_reserved[s->src] -= s->reserved;
+    }
+    pthread_mutex_unlock(&lock);
+    s->counted = false;
+}
 
 static void release_frames(rpc_frame_t *frames, int n)
 {
@@ -65,6 +182,7 @@ static void stream_free(stream_t *s)
 {
     if (!s)
         return;
+    budget_release(s);
     release_frames(s->frames, s->n);
     for (uint32_t i = 0; s->bufs && i < s->count; i++)
         zd__rpc_bufcache_put(s->bufs[i]);
@@ -111,8 +229,50 @@ static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
     if (sock == a->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
         snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
         m->reject_id = id;
+    } else if (type == RPC_MSG_REPLY && id) {
+        /* The answer to one of our calls: that call fails now, not at its
+           timeout. */
+        char text[sizeof m->reject];
+        snprintf(text, sizeof text, "answer dropped: %s", zd_error_last());
+        zd__call_fail_answer(a, id, m->src, text);
     }
     return -1;
+}
+
+/* The streamed messages dropped last (connection and id): their pieces,
+   which keep coming, are then dropped without a line each, since one line
+   already said why (a stream bomb would otherwise fill the log's lines). */
+#define REFUSED_KEEP 64
+typedef struct {
+    void *sock;
+    int src;
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+    uint64_t id;
+} refused_t;
+static refused_t refused[REFUSED_KEEP];
+static unsigned n_refused;
+
+static void remember_refused(void *sock, const inmsg_t *m, uint64_t id)
+{
+    pthread_mutex_lock(&lock);
+    refused_t *r = &refused[n_refused++ % REFUSED_KEEP];
+    *r = (refused_t){.sock = sock, .src = m->src, .route_len = m->route_len, .id = id};
+    memcpy(r->route, m->route, m->route_len);
+    pthread_mutex_unlock(&lock);
+}
+
+static bool was_refused(void *sock, const inmsg_t *m, uint64_t id)
+{
+    bool found = false;
+    pthread_mutex_lock(&lock);
+    for (unsigned i = 0; i < REFUSED_KEEP && i < n_refused && !found; i++) {
+        const refused_t *r = &refused[i];
+        found = r->sock == sock && r->id == id && r->src == m->src &&
+                r->route_len == m->route_len && memcmp(r->route, m->route, m->route_len) == 0;
+    }
+    pthread_mutex_unlock(&lock);
+    return found;
 }
 
 /* A streamed message: checks its table and keeps it until its pieces are in. */
@@ -138,6 +298,27 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
                       s->entries[i].frame, m->frames[s->entries[i].frame].size);
             goto fail;
         }
+    /* A message still pending on this connection lost its pieces (the
+       peer went away and came back): its place is taken, and its share. */
+    stream_t *old = take(sock, m);
+    if (old) {
+        zd_error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
+                  "message", zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
+                  (unsigned long long)old->seq);
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src,
+                zd_error_last());
+        stream_free(old);
+    }
+    uint64_t declared = 0;
+    for (uint32_t i = 0; i < s->count; i++)
+        declared += s->entries[i].bytes;   /* < 4096 * 2^34: no overflow */
+    s->src = m->src;
+    pthread_once(&budget_once, budget_init);
+    pthread_mutex_lock(&lock);
+    int rc = budget_take(s, m->src, a->world, declared);
+    pthread_mutex_unlock(&lock);
+    if (rc < 0)
+        goto fail;
     s->bufs = calloc(s->count, sizeof *s->bufs);
     s->frames = malloc((size_t)(m->n - 1) * sizeof *s->frames);
     if (!s->bufs || !s->frames) {
@@ -164,34 +345,16 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     s->n = m->n - 1;
     memcpy(s->frames, m->frames, (size_t)s->n * sizeof *s->frames);
     m->n = 0;
-    /* A message still pending on this connection lost its pieces (the
-       peer went away and came back): its place is taken. */
-    stream_t *old = take(sock, m);
     pthread_mutex_lock(&lock);
-    bool full = n_streams >= RPC_STREAM_MAX_PENDING;
-    if (!full) {
-        s->next = streams;
-        streams = s;
-        n_streams++;
-    }
+    s->next = streams;
+    streams = s;
+    n_streams++;
     pthread_mutex_unlock(&lock);
-    if (old) {
-        zd_error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
-                  "message", zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
-                  (unsigned long long)old->seq);
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src,
-                zd_error_last());
-        stream_free(old);
-    }
-    if (full) {
-        stream_free(s);
-        zd_error_set("more than %d streamed messages pending", RPC_STREAM_MAX_PENDING);
-        return refuse(a, sock, m, type, id);
-    }
     return 0;
 fail:
     stream_free(s);
     drop_msg(m);
+    remember_refused(sock, m, id);
     return refuse(a, sock, m, type, id);
 }
 
@@ -233,10 +396,11 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     const rpc_wire_header_t *h = &m->h;
     stream_t *s = take(sock, m);
     if (!s) {
+        bool known = was_refused(sock, m, h->id);
         zd_error_set("stream piece %llu of %llx, but no streamed message is pending on its "
                   "connection", (unsigned long long)h->a, (unsigned long long)h->id);
         drop_msg(m);
-        return refuse(a, sock, m, 0, 0);
+        return known ? -1 : refuse(a, sock, m, 0, 0);
     }
     const rpc_wire_stream_t *e = &s->entries[s->entry];
     uint64_t want = e->bytes - s->at < s->chunk ? e->bytes - s->at : s->chunk;
@@ -250,6 +414,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         uint64_t id = s->id;
         stream_free(s);
         drop_msg(m);
+        remember_refused(sock, m, id);
         return refuse(a, sock, m, type, id);
     }
     memcpy((char *)s->bufs[s->entry]->data + s->at, f->data, f->size);
@@ -291,6 +456,7 @@ void zd__transport_stream_clear(void)
     stream_t *s = streams;
     streams = NULL;
     n_streams = 0;
+    n_refused = 0;   /* its sockets close: their addresses may come back */
     pthread_mutex_unlock(&lock);
     while (s) {
         stream_t *next = s->next;

@@ -25,6 +25,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "rpc/agent.h"
 
@@ -37,6 +38,34 @@
     (its sender queues a message and all its pieces at once); this only
     bounds what a flood of connections can make us hold. */
 #define RPC_STREAM_MAX_PENDING 1024
+
+/*  The largest frame a receiving socket accepts (ZMQ_MAXMSGSIZE, set by
+    zd__transport_set_limits): a header with the longest name, hook metadata
+    and value metadata, plus a margin. Tensor frames (at most RPC_STREAM_OVER
+    bytes, larger ones are streamed) and stream pieces (at most
+    RPC_WIRE_MAX_CHUNK) are smaller. A larger frame makes libzmq close the
+    connection before it allocates the frame. */
+#define RPC_MAX_FRAME (RPC_WIRE_FIXED + RPC_WIRE_MAX_FN + RPC_WIRE_MAX_EXTRA + \
+                       RPC_CODEC_MAX_META + ((size_t)1 << 20))
+_Static_assert(RPC_STREAM_OVER <= RPC_MAX_FRAME && RPC_WIRE_MAX_CHUNK <= RPC_MAX_FRAME,
+               "every legitimate frame must pass ZMQ_MAXMSGSIZE");
+/*  Messages a receiving socket queues per connection before libzmq stops
+    reading that connection (ZMQ_RCVHWM). Inbound, a full queue is
+    backpressure (the sender's queue and TCP fill up), not loss, so a
+    stream of a thousand pieces still arrives whole, only paced. */
+#define RPC_RCVHWM 1000
+/*  A connection must finish its ZMTP (or CURVE) handshake within this. */
+#define RPC_HANDSHAKE_MS 5000
+
+/*  Pending streamed messages from one rank (all its connections). */
+#define RPC_STREAM_MAX_PENDING_PEER 64
+/*  The memory all pending streamed messages may reserve together (their
+    declared sizes), by default: ZDIST_STREAM_BUDGET_MB overrides it. One
+    rank may reserve at most half of it (ZDIST_STREAM_PEER_MB overrides),
+    so that one peer cannot starve the others' streams. A buffer is mapped
+    when its stream is announced but its pages are touched only as the
+    pieces arrive, so resident memory follows what really came. */
+#define RPC_STREAM_BUDGET_DEFAULT ((uint64_t)2 << 30)
 
 /*  A streamed message that got no piece for this long is dropped
     (zd__transport_stream_expire): its sender died or froze in the middle of
@@ -69,6 +98,10 @@ void zd__transport_stream_clear(void);
     frozen learns of it; an answer fails the call that waits for it. The
     I/O thread calls it about once a second. Returns how many it dropped. */
 int zd__transport_stream_expire(agent_t *a, int64_t now);
+
+/*  The memory budget for pending streams and one rank's share of it, in
+    bytes (from the environment on first use; see RPC_STREAM_BUDGET_DEFAULT). */
+void zd__transport_stream_budget(uint64_t *total, uint64_t *peer);
 
 /*  Streamed messages waiting for pieces now (tests). */
 int zd__transport_stream_pending(void);

@@ -49,6 +49,21 @@ static void set_int(void *sock, int opt, int value)
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
+/* What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
+   frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
+   a handshake within RPC_HANDSHAKE_MS. libzmq counts the high-water mark at
+   the last frame of a message and limits each frame, not the message: a
+   multipart message that never ends is held whole inside libzmq until it
+   does, so what bounds it is authentication (a stranger cannot connect),
+   not these options. */
+void zd__transport_set_limits(void *sock)
+{
+    int64_t max = (int64_t)RPC_MAX_FRAME;
+    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    set_int(sock, ZMQ_RCVHWM, RPC_RCVHWM);
+    set_int(sock, ZMQ_HANDSHAKE_IVL, RPC_HANDSHAKE_MS);
+}
+
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
@@ -77,6 +92,7 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
         return -1;
     zd__security_watch(a, a->router, "the RPC socket");
     set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
+    zd__transport_set_limits(a->router);
     if (listen_ip && zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
                                           sizeof a->peers[a->rank].endpoint) < 0)
         return -1;

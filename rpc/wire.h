@@ -111,8 +111,11 @@ typedef enum {
 /*  CALL/REMOTE: args[0] is an RRef owned by the receiver; the handler gets its
     value instead (the methods of zd_rref_rpc_sync and friends). */
 #define RPC_WIRE_F_DEREF_FIRST 0x0001u
-/*  The request is internal (barrier, RRef control): not counted as a user
-    call in metrics or in the shutdown drain. */
+/*  The sender ran no request hooks for this call (the RPC layer's own
+    calls: the shutdown barrier). A hint only, never trusted: whether a call
+    is internal (no hooks, not counted as a user call in metrics or in the
+    shutdown drain) is what the receiver's own registry says of the function
+    (serve.c); a peer cannot make a user function skip its hooks with it. */
 #define RPC_WIRE_F_INTERNAL 0x0002u
 /*  The message's large tensors are streamed: see above. */
 #define RPC_WIRE_F_STREAMED 0x0004u
@@ -121,10 +124,13 @@ typedef enum {
 #define RPC_WIRE_F_KNOWN (RPC_WIRE_F_DEREF_FIRST | RPC_WIRE_F_INTERNAL | \
                           RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)
 
-/*  Limits of the stream table. */
+/*  Limits of the stream table. A piece is one frame: MAX_CHUNK is one of the
+    terms of the largest frame a socket accepts (stream.h RPC_MAX_FRAME). The
+    sender takes pieces of 1 MiB, larger ones only past 1 GiB per tensor (at
+    most RPC_STREAM_MAX_PIECES of them), so 16 MiB pieces carry up to 16 GiB. */
 #define RPC_WIRE_MIN_CHUNK ((size_t)4 << 10)
-#define RPC_WIRE_MAX_CHUNK ((size_t)64 << 20)
-#define RPC_WIRE_MAX_STREAM ((uint64_t)1 << 40)
+#define RPC_WIRE_MAX_CHUNK ((size_t)16 << 20)
+#define RPC_WIRE_MAX_STREAM ((uint64_t)16 << 30)
 #define RPC_WIRE_STREAM_ENTRY 16
 
 /*  A parsed header; the pointers point into the frame it was parsed from. */

@@ -758,7 +758,7 @@ static void test_depth_and_size_bombs(void **state)
     /* a meta longer than the limit is refused without being read */
     assert_int_equal(zd__value_decode(bomb, (size_t)RPC_CODEC_MAX_META + 1, NULL, 0, NULL, 0,
                                       &out), -1);
-    assert_string_equal(zd_error_last(), "codec: meta of 67108865 bytes (at most 67108864)");
+    assert_string_equal(zd_error_last(), "codec: meta of 16777217 bytes (at most 16777216)");
     assert_int_equal(zd__value_decode(NULL, 0, NULL, 0, NULL, 0, &out), -1);
     assert_string_equal(zd_error_last(), "codec: empty meta");
     free(bomb);

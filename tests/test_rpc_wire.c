@@ -245,7 +245,7 @@ static void put_le(uint8_t *p, uint64_t v, int n)
 static void test_stream_tables(void **state)
 {
     (void)state;
-    const rpc_wire_stream_t in[3] = {{1, 70000}, {2, 1}, {5, (uint64_t)3 << 33}};
+    const rpc_wire_stream_t in[3] = {{1, 70000}, {2, 1}, {5, (uint64_t)3 << 32}};
     uint8_t buf[128], bad[128];
     size_t len = zd__rpc_wire_stream_table_size(3);
     assert_int_equal(len, 8 + 3 * 16);
