@@ -24,6 +24,7 @@
 
 #include <zdist/error.h>
 #include "rpc/bufcache.h"
+#include "rpc/shm.h"
 #include "rpc/stream.h"
 
 static __thread thread_role_t tls_role;
@@ -48,6 +49,7 @@ static void set_int(void *sock, int opt, int value)
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
+    zd__shm_start(a);
     a->ctx = zmq_ctx_new();
     if (!a->ctx)
         return zd_error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
@@ -141,6 +143,7 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
             return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
                                      p->name, p->rank, p->endpoint);
     }
+    zd__shm_offer_all(a);
     return 0;
 }
 
@@ -187,6 +190,7 @@ void zd__transport_close(agent_t *a, bool graceful)
         zmq_ctx_term(a->ctx);
     a->ctx = NULL;
     zd__rpc_bufcache_enable(false);
+    zd__shm_stop();
 }
 
 /* ---- sending ---- */
@@ -306,12 +310,51 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
     return 0;
 }
 
+/* send_message for a message whose large tensors are in shared-memory
+   segments (shm.h): their frames are empty, the segment table follows. */
+static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_len,
+                                rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+                                int n_tensors, const rpc_shm_out_t *so)
+{
+    h->flags |= RPC_WIRE_F_SHM;
+    h->n_tensors = (uint32_t)n_tensors + 1;
+    if (route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0)
+        return -1;
+    size_t size = zd__rpc_wire_size(h);
+    zmq_msg_t m;
+    if (zmq_msg_init_size(&m, size) < 0)
+        return -1;
+    zd__rpc_wire_write(h, zmq_msg_data(&m));
+    if (send_frame(sock, &m, ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    int64_t sent = (int64_t)(size + so->table_len);
+    for (int i = 0; i < n_tensors; i++) {
+        size_t nb = zd_tensor_nbytes(tensors[i]);
+        bool in_segment = zd__shm_in_segment(so, i);
+        if (send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), in_segment ? 0 : nb,
+                              ZMQ_SNDMORE) < 0)
+            return -1;
+        sent += (int64_t)nb;
+    }
+    return send_copy(sock, so->table, so->table_len, 0) < 0 ? -1 : sent;
+}
+
 /* Sends [route] header tensors... on sock (the caller owns or locked it);
-   tensors of more than RPC_STREAM_OVER bytes are streamed (wire.h). Returns
-   the bytes sent, or -1. */
+   tensors of more than RPC_SHM_OVER bytes go through shared memory to a
+   peer of this host that accepted it (shm.h), else those of more than
+   RPC_STREAM_OVER bytes are streamed (wire.h). Returns the bytes sent, or
+   -1. */
 static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
                             rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
 {
+    rpc_shm_out_t so;
+    if (zd__shm_send_prepare(h, tensors, n_tensors, &so) > 0) {
+        int64_t shm_bytes = send_shm_message(sock, route, route_len, h, tensors, n_tensors, &so);
+        zd__shm_send_done(&so, shm_bytes >= 0);
+        return shm_bytes;
+    }
     const size_t over = RPC_STREAM_OVER;
     uint8_t *table = NULL;
     size_t table_len = 0;
