@@ -101,6 +101,142 @@ static long stat_fallbacks(void)
     return v;
 }
 
+/* ---- the receiving filter refuses what it cannot trust ---- */
+
+static int live_frames;
+
+static void frame_free(void *data, void *arg)
+{
+    (void)arg;
+    free(data);
+    live_frames--;
+}
+
+static rpc_frame_t frame_of(const void *data, size_t size)
+{
+    void *copy = malloc(size ? size : 1);
+    assert_non_null(copy);
+    if (size)
+        memcpy(copy, data, size);
+    live_frames++;
+    return (rpc_frame_t){copy, size, frame_free, NULL};
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+    for (int i = 0; i < n; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* A CALL from rank 1 whose frames are [4 bytes] [empty] [table], the table
+   naming frame `frame` in slot 0 with `bytes` of a 1 MiB segment; table_len
+   other than the right size makes a malformed table. */
+static void shm_call(inmsg_t *m, uint32_t frame, uint64_t bytes, size_t table_len)
+{
+    static uint8_t meta[] = {1, 0};
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_SHM, .src = 1, .dst = 0,
+                           .id = 77, .fn = "f", .fn_len = 1, .meta = meta,
+                           .meta_len = sizeof meta, .n_tensors = 3};
+    memset(m, 0, sizeof *m);
+    zmq_msg_init_size(&m->hm, zd__rpc_wire_size(&h));
+    zd__rpc_wire_write(&h, zmq_msg_data(&m->hm));
+    assert_int_equal(zd__rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), &m->h), 0);
+    uint8_t table[8 + RPC_SHM_ENTRY] = {0};
+    put_le(table, 1, 4);
+    put_le(table + 8, frame, 4);
+    put_le(table + 8 + 8, 3, 4);                     /* fd */
+    put_le(table + 8 + 16, 0x1234, 8);               /* token */
+    put_le(table + 8 + 24, 1 << 20, 8);              /* cap */
+    put_le(table + 8 + 32, bytes, 8);
+    m->frames = malloc(3 * sizeof *m->frames);
+    assert_non_null(m->frames);
+    m->frames[0] = frame_of("abcd", 4);
+    m->frames[1] = frame_of(NULL, 0);
+    m->frames[2] = frame_of(table, table_len ? table_len : sizeof table);
+    m->n = m->cap = 3;
+    m->src = 1;
+}
+
+static void test_filter_refuses(void **state)
+{
+    (void)state;
+    static int router_tag;
+    static void *buckets[1];
+    agent_t fake;
+    memset(&fake, 0, sizeof fake);
+    fake.rank = 0;
+    fake.world = 2;
+    fake.router = &router_tag;
+    pthread_mutex_init(&fake.pending_lock, NULL);
+    fake.buckets = (void *)buckets;
+    fake.n_buckets = 1;
+    zd__shm_start(&fake);
+    struct {
+        uint32_t frame;
+        uint64_t bytes;
+        size_t table_len;
+        const char *why;
+    } cases[] = {
+        {1, 1000, 0, "whose offer was not accepted"},    /* well formed, no offer */
+        {1, 1000, 20, "shared-memory table of 20 bytes"},
+        {0, 1000, 0, "is not valid"},                    /* a frame with bytes */
+        {2, 1000, 0, "is not valid"},                    /* the table itself */
+        {1, 0, 0, "is not valid"},                       /* empty */
+        {1, (2 << 20), 0, "is not valid"},               /* more than the segment */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        inmsg_t m;
+        shm_call(&m, cases[i].frame, cases[i].bytes, cases[i].table_len);
+        assert_int_equal(zd__shm_filter(&fake, &router_tag, &m), -1);
+        if (!strstr(zd_error_last(), cases[i].why))
+            fail_msg("case %zu: \"%s\" does not say \"%s\"", i, zd_error_last(), cases[i].why);
+        assert_int_equal(m.reject_id, 77);               /* the caller hears of it */
+        assert_int_equal(m.n, 0);
+        assert_int_equal(live_frames, 0);
+        free(m.frames);
+    }
+    /* A message without the flag goes through untouched. */
+    inmsg_t m;
+    shm_call(&m, 1, 1000, 0);
+    m.h.flags = 0;
+    assert_int_equal(zd__shm_filter(&fake, &router_tag, &m), 1);
+    assert_int_equal(m.n, 3);
+    for (int i = 0; i < 3; i++)
+        m.frames[i].release(m.frames[i].data, m.frames[i].release_arg);
+    zmq_msg_close(&m.hm);
+    free(m.frames);
+    zd__shm_stop();
+    pthread_mutex_destroy(&fake.pending_lock);
+}
+
+/* The flag only on messages with a value and a table, never with streaming. */
+static void test_wire_flag(void **state)
+{
+    (void)state;
+    uint8_t buf[256];
+    rpc_wire_header_t p;
+    rpc_wire_header_t hello = {.type = RPC_MSG_HELLO, .flags = RPC_WIRE_F_SHM};
+    zd__rpc_wire_write(&hello, buf);
+    assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&hello), &p), -1);
+    static const uint8_t meta[] = {1, 0};
+    rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_SHM, .id = 3, .meta = meta,
+                           .meta_len = 2, .n_tensors = 2};
+    zd__rpc_wire_write(&r, buf);
+    assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&r), &p), 0);
+    r.flags |= RPC_WIRE_F_STREAMED;
+    zd__rpc_wire_write(&r, buf);
+    assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&r), &p), -1);
+    r.flags = RPC_WIRE_F_SHM;
+    r.n_tensors = 1;
+    zd__rpc_wire_write(&r, buf);
+    assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&r), &p), -1);
+    rpc_wire_header_t offer = {.type = RPC_MSG_SHM_OFFER, .id = 9, .extra = meta,
+                               .extra_len = 2};
+    zd__rpc_wire_write(&offer, buf);
+    assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&offer), &p), 0);
+    assert_string_equal(zd__rpc_wire_type_name(RPC_MSG_SHM_ACCEPT), "SHM_ACCEPT");
+}
+
 /* ---- rank 1 keeps what it is sent ---- */
 
 #define KEEP_MAX 32
@@ -367,6 +503,8 @@ int main(void)
 {
     unsetenv("ZDIST_SHM");
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_wire_flag),
+        cmocka_unit_test(test_filter_refuses),
         cmocka_unit_test(test_same_host),
         cmocka_unit_test(test_turned_off),
         cmocka_unit_test(test_other_network_namespace),
