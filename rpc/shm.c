@@ -89,6 +89,11 @@ static size_t tx_bytes;             /* under tx_total_lock */
 static pthread_mutex_t tx_total_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t rx_lock = PTHREAD_MUTEX_INITIALIZER;
 static rx_peer_t *rx;
+/* An offer may come before this process's own connections are up (its I/O
+   thread runs while it still connects): the answer waits until they are. */
+static pthread_mutex_t answer_lock = PTHREAD_MUTEX_INITIALIZER;
+static bool connected;
+static signed char *pending;        /* per rank: 1 accept, -1 refuse, 0 none */
 static atomic_long n_sent, n_received, n_fallbacks, n_made;
 
 /* ---- identity and segments ---- */
@@ -211,7 +216,11 @@ void zd__shm_start(agent_t *a)
     world = a->world;
     tx = calloc((size_t)world, sizeof *tx);
     rx = calloc((size_t)world, sizeof *rx);
-    if (!tx || !rx) {
+    pthread_mutex_lock(&answer_lock);
+    connected = false;
+    pending = calloc((size_t)world, sizeof *pending);
+    pthread_mutex_unlock(&answer_lock);
+    if (!tx || !rx || !pending) {
         on = false;
     } else {
         for (int i = 0; i < world; i++)
@@ -233,12 +242,20 @@ void zd__shm_start(agent_t *a)
     atomic_store(&enabled, on);
 }
 
+static void answer_offer(agent_t *a, int src, bool yes);
+
 void zd__shm_offer_all(agent_t *a)
 {
-    if (!atomic_load(&enabled))
-        return;
+    pthread_mutex_lock(&answer_lock);
+    connected = true;
+    pthread_mutex_unlock(&answer_lock);
+    for (int i = 0; pending && i < a->world; i++)
+        if (pending[i]) {
+            answer_offer(a, i, pending[i] > 0);
+            pending[i] = 0;
+        }
     for (int i = 0; i < a->world; i++) {
-        if (i == a->rank)
+        if (i == a->rank || !atomic_load(&enabled))
             continue;
         rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER, .flags = RPC_WIRE_F_INTERNAL,
                                .id = zd__agent_new_id(a), .extra = (const uint8_t *)&me,
@@ -279,6 +296,11 @@ void zd__shm_stop(void)
     free(rx);
     rx = NULL;
     pthread_mutex_unlock(&rx_lock);
+    pthread_mutex_lock(&answer_lock);
+    free(pending);
+    pending = NULL;
+    connected = false;
+    pthread_mutex_unlock(&answer_lock);
     if (probe_fd >= 0) {
         munmap(probe_map, SHM_HEADER);
         close(probe_fd);
@@ -630,6 +652,17 @@ static void answer_offer(agent_t *a, int src, bool yes)
                 zd_error_last());
 }
 
+static void queue_answer(agent_t *a, int src, bool yes)
+{
+    pthread_mutex_lock(&answer_lock);
+    bool now = connected;
+    if (!now && pending)
+        pending[src] = yes ? 1 : -1;
+    pthread_mutex_unlock(&answer_lock);
+    if (now)
+        answer_offer(a, src, yes);
+}
+
 /* Why the offer of another process cannot be taken, or NULL. */
 static const char *offer_mismatch(const identity_t *o)
 {
@@ -671,7 +704,7 @@ static void handle_offer(agent_t *a, inmsg_t *m)
     if (why) {
         zd__log(ZD_LOG_INFO, "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
                 "memory: %s", a->peers[src].name, src, why);
-        answer_offer(a, src, false);
+        queue_answer(a, src, false);
         return;
     }
     pthread_mutex_lock(&rx_lock);
@@ -686,7 +719,7 @@ static void handle_offer(agent_t *a, inmsg_t *m)
     pthread_mutex_unlock(&rx_lock);
     zd__log(ZD_LOG_DEBUG, "rpc: tensors from \"%s\" (rank %d) may come through shared memory",
             a->peers[src].name, src);
-    answer_offer(a, src, true);
+    queue_answer(a, src, true);
 }
 
 void zd__shm_handle(agent_t *a, inmsg_t *m)

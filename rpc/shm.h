@@ -78,7 +78,8 @@ typedef struct {
 /*  At bind: reads ZDIST_SHM and this process's identity. */
 void zd__shm_start(agent_t *a);
 
-/*  After the connections are up: sends every other peer an OFFER. */
+/*  After the connections are up: sends every other peer an OFFER, and the
+    answers to offers that came before. */
 void zd__shm_offer_all(agent_t *a);
 
 /*  At close (no sends any more): frees the segments and what the receiving
@@ -88,14 +89,17 @@ void zd__shm_stop(void);
 /*  For a message h (h->dst set) about to be sent with these tensors: when
     the peer accepted and every tensor of more than RPC_SHM_OVER bytes got a
     segment, copies them in, fills *out and returns 1; else 0 (send it the
-    ZeroMQ way). After 1, call zd__shm_send_done. Any thread. */
+    ZeroMQ way). Fills *out either way, for zd__shm_send_done. Any thread;
+    called before the socket's lock is taken, so that the copy does not
+    hold up the other users of the socket. */
 int zd__shm_send_prepare(const rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                          rpc_shm_out_t *out);
 
 /*  Whether tensor i of a prepared message travels in a segment. */
 bool zd__shm_in_segment(const rpc_shm_out_t *out, int i);
 
-/*  Frees out's table; when the message was not sent, frees its segments. */
+/*  Frees out's table; when the message was not sent, frees its segments.
+    Nothing to do when prepare returned 0. */
 void zd__shm_send_done(rpc_shm_out_t *out, bool sent);
 
 /*  For the receive loop, on every complete message (after the stream

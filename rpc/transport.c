@@ -342,19 +342,15 @@ static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_l
 }
 
 /* Sends [route] header tensors... on sock (the caller owns or locked it);
-   tensors of more than RPC_SHM_OVER bytes go through shared memory to a
-   peer of this host that accepted it (shm.h), else those of more than
-   RPC_STREAM_OVER bytes are streamed (wire.h). Returns the bytes sent, or
-   -1. */
+   the tensors so placed in shared-memory segments travel there (shm.h),
+   else those of more than RPC_STREAM_OVER bytes are streamed (wire.h).
+   Returns the bytes sent, or -1. */
 static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
-                            rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
+                            rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
+                            const rpc_shm_out_t *so)
 {
-    rpc_shm_out_t so;
-    if (zd__shm_send_prepare(h, tensors, n_tensors, &so) > 0) {
-        int64_t shm_bytes = send_shm_message(sock, route, route_len, h, tensors, n_tensors, &so);
-        zd__shm_send_done(&so, shm_bytes >= 0);
-        return shm_bytes;
-    }
+    if (so->table)
+        return send_shm_message(sock, route, route_len, h, tensors, n_tensors, so);
     const size_t over = RPC_STREAM_OVER;
     uint8_t *table = NULL;
     size_t table_len = 0;
@@ -406,9 +402,12 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
     pthread_mutex_lock(&p->lock);
-    int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors) : -1;
+    int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors, &so) : -1;
     pthread_mutex_unlock(&p->lock);
+    zd__shm_send_done(&so, bytes >= 0);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
                                  p->endpoint);
@@ -424,14 +423,17 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
     pthread_mutex_lock(&a->router_lock);
-    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors);
+    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors, &so);
     /* Sending may have taken the signal that something arrived: the I/O
        thread polls ZMQ_FD, which is edge-triggered. */
     int events = 0;
     size_t len = sizeof events;
     zmq_getsockopt(a->router, ZMQ_EVENTS, &events, &len);
     pthread_mutex_unlock(&a->router_lock);
+    zd__shm_send_done(&so, bytes >= 0);
     if ((events & ZMQ_POLLIN) && zd__transport_thread_role() != ROLE_IO) {
         uint64_t one = 1;
         if (write(a->wake_fd, &one, sizeof one) < 0) {
@@ -450,7 +452,10 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
-    int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors);
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);
+    int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors, &so);
+    zd__shm_send_done(&so, bytes >= 0);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "cannot send to \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);

@@ -47,10 +47,11 @@ static bool same(zd_tensor_t *a, zd_tensor_t *b)
            memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
-/* Waits (up to 10 s) until this process's offer to peer got the answer want. */
+/* Waits (up to 60 s: sanitizers on a loaded machine) until this process's
+   offer to peer got the answer want. */
 static bool wait_state(int peer, int want)
 {
-    int64_t end = world_now_ms() + 10000;
+    int64_t end = world_now_ms() + 60000;
     while (zd__shm_peer_state(peer) != want) {
         if (world_now_ms() > end)
             return false;
