@@ -361,11 +361,31 @@ static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
     return 0;
 }
 
+/* A receiver lets a tensor go a moment after it answered the call that
+   brought it (the answer leaves first): a sender calling again at once may
+   find that segment still busy. Making another large one costs more than
+   waiting this long for it (page faults: ~0.1 s for 16 MiB on a VM). */
+#define SHM_WAIT_OVER ((size_t)4 << 20)
+#define SHM_WAIT_NS 300000
+
+/* Whether a busy segment of p could take nb bytes. */
+static bool busy_fits(const tx_peer_t *p, size_t nb)
+{
+    for (int k = 0; k < p->n_segs; k++)
+        if (p->segs[k].cap >= nb && atomic_load(&seg_head(&p->segs[k])->busy))
+            return true;
+    return false;
+}
+
 /* Takes a segment of at least nb bytes: the smallest free one that fits,
    else a new one, else a free one remade larger. Returns its slot or -1. */
 static int claim(tx_peer_t *p, int peer, size_t nb)
 {
     int best = -1, small = -1;
+    int64_t wait_until = 0;
+again:
+    best = -1;
+    small = -1;
     for (int k = 0; k < p->n_segs; k++) {
         uint32_t busy = atomic_load_explicit(&seg_head(&p->segs[k])->busy, memory_order_acquire);
         if (busy)
@@ -375,6 +395,15 @@ static int claim(tx_peer_t *p, int peer, size_t nb)
                 best = k;
         } else if (small < 0) {
             small = k;
+        }
+    }
+    if (best < 0 && nb >= SHM_WAIT_OVER && busy_fits(p, nb)) {
+        int64_t now = zd__agent_now_ns();
+        if (!wait_until)
+            wait_until = now + SHM_WAIT_NS;
+        if (now < wait_until) {
+            sched_yield();
+            goto again;
         }
     }
     if (best < 0 && p->n_segs < RPC_SHM_MAX_SEGS && make_segment(p, peer, p->n_segs,
