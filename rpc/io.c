@@ -24,6 +24,7 @@
 
 #include <zdist/error.h>
 #include "rpc/security.h"
+#include "rpc/shm.h"
 #include "rpc/stream.h"
 
 #define IO_TICK_MS 20
@@ -220,6 +221,8 @@ int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     while ((rc = recv_message(a, sock, expect_src, m)) > 0 &&
            (rc = zd__transport_stream_filter(a, sock, m)) == 0) {
     }
+    if (rc > 0)
+        rc = zd__shm_filter(a, sock, m);
     return rc;
 }
 
@@ -256,6 +259,10 @@ static void dispatch(agent_t *a, inmsg_t *m)
     case RPC_MSG_REMOTE:
     case RPC_MSG_RREF_FETCH:
         zd__serve_request(a, m);
+        break;
+    case RPC_MSG_SHM_OFFER:
+    case RPC_MSG_SHM_ACCEPT:
+        zd__shm_handle(a, m);
         break;
     default:
         release_frames(m->frames, m->n);

@@ -28,6 +28,7 @@
 #include "rpc/address.h"
 #include "rpc/bufcache.h"
 #include "rpc/security.h"
+#include "rpc/shm.h"
 #include "rpc/stream.h"
 
 static __thread thread_role_t tls_role;
@@ -67,6 +68,7 @@ void zd__transport_set_limits(void *sock)
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
+    zd__shm_start(a);
     a->ctx = zmq_ctx_new();
     if (!a->ctx)
         return zd_error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
@@ -201,6 +203,7 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
             return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
                                      p->name, p->rank, p->endpoint);
     }
+    zd__shm_offer_all(a);
     return 0;
 }
 
@@ -264,6 +267,7 @@ void zd__transport_close(agent_t *a, bool graceful)
         zmq_ctx_term(a->ctx);
     a->ctx = NULL;
     zd__rpc_bufcache_enable(false);
+    zd__shm_stop();
 }
 
 /* ---- sending ---- */
@@ -383,12 +387,47 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
     return 0;
 }
 
-/* Sends [route] header tensors... on sock (the caller owns or locked it);
-   tensors of more than RPC_STREAM_OVER bytes are streamed (wire.h). Returns
-   the bytes sent, or -1. */
-static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
-                            rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
+/* send_message for a message whose large tensors are in shared-memory
+   segments (shm.h): their frames are empty, the segment table follows. */
+static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_len,
+                                rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+                                int n_tensors, const rpc_shm_out_t *so)
 {
+    h->flags |= RPC_WIRE_F_SHM;
+    h->n_tensors = (uint32_t)n_tensors + 1;
+    if (route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0)
+        return -1;
+    size_t size = zd__rpc_wire_size(h);
+    zmq_msg_t m;
+    if (zmq_msg_init_size(&m, size) < 0)
+        return -1;
+    zd__rpc_wire_write(h, zmq_msg_data(&m));
+    if (send_frame(sock, &m, ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    int64_t sent = (int64_t)(size + so->table_len);
+    for (int i = 0; i < n_tensors; i++) {
+        size_t nb = zd_tensor_nbytes(tensors[i]);
+        bool in_segment = zd__shm_in_segment(so, i);
+        if (send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), in_segment ? 0 : nb,
+                              ZMQ_SNDMORE) < 0)
+            return -1;
+        sent += (int64_t)nb;
+    }
+    return send_copy(sock, so->table, so->table_len, 0) < 0 ? -1 : sent;
+}
+
+/* Sends [route] header tensors... on sock (the caller owns or locked it);
+   the tensors so placed in shared-memory segments travel there (shm.h),
+   else those of more than RPC_STREAM_OVER bytes are streamed (wire.h).
+   Returns the bytes sent, or -1. */
+static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
+                            rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
+                            const rpc_shm_out_t *so)
+{
+    if (so->table)
+        return send_shm_message(sock, route, route_len, h, tensors, n_tensors, so);
     const size_t over = RPC_STREAM_OVER;
     uint8_t *table = NULL;
     size_t table_len = 0;
@@ -440,9 +479,12 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
     pthread_mutex_lock(&p->lock);
-    int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors) : -1;
+    int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors, &so) : -1;
     pthread_mutex_unlock(&p->lock);
+    zd__shm_send_done(&so, bytes >= 0);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
                                  p->endpoint);
@@ -458,14 +500,17 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
     pthread_mutex_lock(&a->router_lock);
-    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors);
+    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors, &so);
     /* Sending may have taken the signal that something arrived: the I/O
        thread polls ZMQ_FD, which is edge-triggered. */
     int events = 0;
     size_t len = sizeof events;
     zmq_getsockopt(a->router, ZMQ_EVENTS, &events, &len);
     pthread_mutex_unlock(&a->router_lock);
+    zd__shm_send_done(&so, bytes >= 0);
     if ((events & ZMQ_POLLIN) && zd__transport_thread_role() != ROLE_IO) {
         uint64_t one = 1;
         if (write(a->wake_fd, &one, sizeof one) < 0) {
@@ -484,7 +529,10 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
-    int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors);
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);
+    int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors, &so);
+    zd__shm_send_done(&so, bytes >= 0);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "cannot send to \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);

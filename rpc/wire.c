@@ -157,6 +157,8 @@ const char *zd__rpc_wire_type_name(int type)
     case RPC_MSG_RREF_USER_DELETE: return "RREF_USER_DELETE";
     case RPC_MSG_RREF_FORK_REQUEST: return "RREF_FORK_REQUEST";
     case RPC_MSG_RREF_CHILD_ACCEPT: return "RREF_CHILD_ACCEPT";
+    case RPC_MSG_SHM_OFFER: return "SHM_OFFER";
+    case RPC_MSG_SHM_ACCEPT: return "SHM_ACCEPT";
     }
     if (type >= RPC_MSG_EXT_FIRST && type <= RPC_MSG_EXT_LAST)
         return "EXTENSION";
@@ -165,7 +167,7 @@ const char *zd__rpc_wire_type_name(int type)
 
 static bool type_known(int type)
 {
-    return type >= RPC_MSG_HELLO && type <= RPC_MSG_RREF_CHILD_ACCEPT;
+    return type >= RPC_MSG_HELLO && type <= RPC_MSG_SHM_ACCEPT;
 }
 
 /* A piece of a streamed message carries nothing but its number and data. */
@@ -213,6 +215,10 @@ static int check_type_fields(const rpc_wire_header_t *h)
         return zd_error_set("wire: %s with the deref-first flag", name);
     if ((h->flags & RPC_WIRE_F_STREAMED) && (!has_value || h->n_tensors < 2))
         return zd_error_set("wire: %s with the streamed flag and %u frames", name, h->n_tensors);
+    if ((h->flags & RPC_WIRE_F_SHM) &&
+        (!has_value || h->n_tensors < 2 || (h->flags & RPC_WIRE_F_STREAMED)))
+        return zd_error_set("wire: %s with the shared-memory flag, flags 0x%04x and %u frames",
+                            name, h->flags, h->n_tensors);
     bool rref_msg = h->type == RPC_MSG_REMOTE || h->type == RPC_MSG_RREF_FETCH ||
                     h->type == RPC_MSG_RREF_USER_DELETE ||
                     h->type == RPC_MSG_RREF_FORK_REQUEST;

@@ -74,6 +74,11 @@
         connection) drops the message, logged, with an ERROR answer to a
         request.
 
+    Tensors through shared memory between two processes of one host (the
+    flag RPC_WIRE_F_SHM, a segment table as the last frame, and the
+    SHM_OFFER / SHM_ACCEPT handshake, neither of which is answered
+    otherwise): see shm.h.
+
     Requests (CALL, REMOTE, RREF_FETCH, the RRef control messages, BARRIER)
     are answered by exactly one REPLY (a value; for control messages an
     empty acknowledgement: PyTorch's RREF_ACK / REMOTE_RET) or one ERROR
@@ -104,6 +109,8 @@ typedef enum {
     RPC_MSG_RREF_USER_DELETE = 7,   /* fork b of RRef a is gone */
     RPC_MSG_RREF_FORK_REQUEST = 8,  /* child -> owner: register fork b of RRef a */
     RPC_MSG_RREF_CHILD_ACCEPT = 9,  /* child -> parent: fork b confirmed by the owner */
+    RPC_MSG_SHM_OFFER = 10,         /* same-host shared memory offered, extra = identity (shm.h) */
+    RPC_MSG_SHM_ACCEPT = 11,        /* answer to an offer: a = 1 accepted, 0 refused */
     RPC_MSG_EXT_FIRST = 64,
     RPC_MSG_EXT_LAST = 127,
 } rpc_msg_type_t;
@@ -121,8 +128,11 @@ typedef enum {
 #define RPC_WIRE_F_STREAMED 0x0004u
 /*  A piece of a streamed message's tensor data: see above. */
 #define RPC_WIRE_F_CHUNK 0x0008u
+/*  Some tensors are in shared-memory segments, named by a last frame
+    (shm.h); never with RPC_WIRE_F_STREAMED. */
+#define RPC_WIRE_F_SHM 0x0010u
 #define RPC_WIRE_F_KNOWN (RPC_WIRE_F_DEREF_FIRST | RPC_WIRE_F_INTERNAL | \
-                          RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)
+                          RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK | RPC_WIRE_F_SHM)
 
 /*  Limits of the stream table. A piece is one frame: MAX_CHUNK is one of the
     terms of the largest frame a socket accepts (stream.h RPC_MAX_FRAME). The

@@ -366,17 +366,32 @@ static void test_member_cannot_claim_another_rank(void **state)
 
 /* ---- the rendezvous ---- */
 
-/* Waits for a handshake failure on sock's monitor: true when it came. */
-static bool handshake_refused(void *ctx, void *sock, const char *name)
+/* A monitor of sock's handshake failures, attached before sock connects
+   (a failure that came before the monitor would never be seen). */
+static void *watch_handshake(void *ctx, void *sock, const char *name)
 {
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://hostile-%s", name);
-    zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                     ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                     ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL);
+    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) < 0)
+        return NULL;
     void *mon = zmq_socket(ctx, ZMQ_PAIR);
-    zmq_connect(mon, ep);
-    return mon != NULL && got_anything(mon, 15000) && (zmq_close(mon), true);
+    if (mon && zmq_connect(mon, ep) < 0) {
+        zmq_close(mon);
+        return NULL;
+    }
+    return mon;
+}
+
+/* Waits for a handshake failure on a watch_handshake monitor (and closes
+   it): true when one came. */
+static bool handshake_refused(void *mon)
+{
+    bool got = mon != NULL && got_anything(mon, 15000);
+    if (mon)
+        zmq_close(mon);
+    return got;
 }
 
 static void send_registration(void *sock, int rank, int world, const char *name)
@@ -409,12 +424,13 @@ static int world_hijack(const world_t *w)
         snprintf(master, sizeof master, "tcp://127.0.0.1:%d", w->port);
         s[0] = intruder(ctx, (const uint8_t *)"x", 1, NULL, NULL, NULL);
         s[1] = intruder(ctx, (const uint8_t *)"y", 1, world_pub, pub, sec);
+        void *mon[2] = {watch_handshake(ctx, s[0], "plain"), watch_handshake(ctx, s[1], "curve")};
         for (int i = 0; i < 2; i++) {
-            WCHECK(zmq_connect(s[i], master) == 0);
+            WCHECK(mon[i] != NULL && zmq_connect(s[i], master) == 0);
             send_registration(s[i], 1, w->world_size, "evil");
         }
-        WCHECK(handshake_refused(ctx, s[0], "plain"));
-        WCHECK(handshake_refused(ctx, s[1], "curve"));
+        WCHECK(handshake_refused(mon[0]));
+        WCHECK(handshake_refused(mon[1]));
     }
     WTRY(init_with_key(w, g_key));
     zd_rpc_worker_info_t info;

@@ -818,6 +818,9 @@ static void test_stalled_answer_fails_its_call(void **state)
 
 int main(void)
 {
+    /* The streamed ZeroMQ path: between two processes of one host large
+       tensors would go through shared memory instead (test_rpc_shm). */
+    setenv("ZDIST_SHM", "0", 1);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pieces_make_the_message),
         cmocka_unit_test(test_connections_interleave),
