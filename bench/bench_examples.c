@@ -13,8 +13,8 @@
                                 200 batches each): the largest trainer's peak
                                 resident set
       server_rss_mb_per_trainer the server's peak resident set in worlds of 1 + 4
-                                and 1 + 16 trainers (50 batches each): its growth
-                                per added trainer
+                                and 1 + 16 trainers (50 batches each, lr 0.003):
+                                its growth per added trainer
 
         bench_examples [--csv] [--iterations N] [--batches N] [--only ps|pipeline|start|memory]
                        [--rpc_ps PATH]
@@ -158,11 +158,15 @@ static int world_memory(const char *rpc_ps)
     int64_t server[2];
     const int trainers[2] = {4, 16};
     for (int i = 0; i < 2; i++) {
+        /* the step of ps64_start_s: 16 trainers diverge at the default */
         o = (bench_world_options_t){.world_size = 1 + trainers[i], .max_batches = 50,
-                                    .timeout_s = 600};
+                                    .lr = 0.003, .timeout_s = 600};
         if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
             return -1;
         server[i] = w.peak_rss_kb[0];
+        if (getenv("BENCH_VERBOSE"))
+            fprintf(stderr, "server of 1 + %d trainers: peak RSS %.1f MB\n", trainers[i],
+                    (double)server[i] / 1024.0);
     }
     add("server_rss_mb_per_trainer",
         (double)(server[1] - server[0]) / 1024.0 / (trainers[1] - trainers[0]), "MB");
