@@ -6,12 +6,23 @@
                                 rounds (N gradients + 1 update) per second
       ps_async_iters_per_s_wN   --mode=async: updates (1 gradient each) per second
       pipeline_samples_per_s_splitK   pipeline, batch 128 in K micro-batches
+      ps64_start_s              rpc_ps, 1 server + 64 trainers started at once:
+                                seconds from the start to every trainer's first
+                                batch done (then the world is stopped)
+      trainer_rss_mb            rpc_ps's default world (1 server + 3 trainers,
+                                200 batches each): the largest trainer's peak
+                                resident set
+      server_rss_mb_per_trainer the server's peak resident set in worlds of 1 + 4
+                                and 1 + 16 trainers (50 batches each, lr 0.003):
+                                its growth per added trainer
 
-        bench_examples [--csv] [--iterations N] [--batches N] [--only ps|pipeline]
+        bench_examples [--csv] [--iterations N] [--batches N] [--only ps|pipeline|start|memory]
+                       [--rpc_ps PATH]
 
     The PS figures time the training loop only (actors created, no test
-    evaluation); the pipeline's skip each run's first batch. --csv prints
-    `name,value,unit` lines. */
+    evaluation); the pipeline's skip each run's first batch. The rpc_ps
+    figures run the rpc_ps program itself, one process per rank
+    (bench_worlds.h). --csv prints `name,value,unit` lines. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,9 +33,10 @@
 #include <zdist/nn.h>
 #include "examples/pipeline_core.h"
 #include "examples/ps_core.h"
+#include "bench/bench_worlds.h"
 #include "tests/support/world.h"
 
-#define MAX_FIGURES 16
+#define MAX_FIGURES 24
 
 typedef struct {
     int n;
@@ -108,6 +120,59 @@ static int pipe_fn(const world_t *w)
     return 0;
 }
 
+#ifndef BENCH_RPC_PS
+#define BENCH_RPC_PS "rpc_ps"
+#endif
+
+/*  The rpc_ps figures: start time of a world of 65, memory of a trainer and
+    of the server. */
+static int world_start(const char *rpc_ps)
+{
+    bench_world_t w;
+    /* 64 trainers' stale updates need a smaller step than 3 trainers' */
+    bench_world_options_t o = {.world_size = 65, .max_batches = 10, .lr = 0.003,
+                               .start_only = true, .timeout_s = 600};
+    if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
+        return -1;
+    add("ps64_start_s", w.first_batch_s, "s");
+    if (getenv("BENCH_VERBOSE")) {
+        double trainers = 0;
+        for (int r = 1; r < o.world_size; r++)
+            trainers += w.cpu_s[r];
+        fprintf(stderr, "ps64: server %.1f s CPU, trainers %.2f s CPU each on average\n",
+                w.cpu_s[0], trainers / (o.world_size - 1));
+    }
+    return 0;
+}
+
+static int world_memory(const char *rpc_ps)
+{
+    bench_world_t w;
+    bench_world_options_t o = {.world_size = 4, .max_batches = 200, .timeout_s = 600};
+    if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
+        return -1;
+    int64_t trainer = 0;
+    for (int r = 1; r < 4; r++)
+        trainer = w.peak_rss_kb[r] > trainer ? w.peak_rss_kb[r] : trainer;
+    add("trainer_rss_mb", (double)trainer / 1024.0, "MB");
+    int64_t server[2];
+    const int trainers[2] = {4, 16};
+    for (int i = 0; i < 2; i++) {
+        /* the step of ps64_start_s: 16 trainers diverge at the default */
+        o = (bench_world_options_t){.world_size = 1 + trainers[i], .max_batches = 50,
+                                    .lr = 0.003, .timeout_s = 600};
+        if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
+            return -1;
+        server[i] = w.peak_rss_kb[0];
+        if (getenv("BENCH_VERBOSE"))
+            fprintf(stderr, "server of 1 + %d trainers: peak RSS %.1f MB\n", trainers[i],
+                    (double)server[i] / 1024.0);
+    }
+    add("server_rss_mb_per_trainer",
+        (double)(server[1] - server[0]) / 1024.0 / (trainers[1] - trainers[0]), "MB");
+    return 0;
+}
+
 static int run(int size, world_setup_fn *setup, world_fn *fn, void *arg, bool dist)
 {
     world_options_t o = {.world_size = size, .setup = setup, .fn = fn, .arg = arg,
@@ -122,7 +187,7 @@ int main(int argc, char **argv)
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     bool csv = false;
     int64_t iterations = 200, batches = 10;
-    const char *only = NULL;
+    const char *only = NULL, *rpc_ps = BENCH_RPC_PS;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--csv") == 0)
             csv = true;
@@ -132,9 +197,11 @@ int main(int argc, char **argv)
             batches = atoll(argv[++i]);
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--rpc_ps") == 0 && i + 1 < argc)
+            rpc_ps = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--csv] [--iterations N] [--batches N] "
-                            "[--only ps|pipeline]\n", argv[0]);
+                            "[--only ps|pipeline|start|memory] [--rpc_ps PATH]\n", argv[0]);
             return 2;
         }
     }
@@ -160,6 +227,10 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && (!only || strcmp(only, "pipeline") == 0))
         rc = run(PIPELINE_WORLD_SIZE, pipe_setup, pipe_fn, &batches, true);
+    if (rc == 0 && (!only || strcmp(only, "start") == 0))
+        rc = world_start(rpc_ps);
+    if (rc == 0 && (!only || strcmp(only, "memory") == 0))
+        rc = world_memory(rpc_ps);
     if (rc < 0) {
         fprintf(stderr, "bench_examples: a world failed\n");
         return 1;

@@ -17,6 +17,7 @@
     While it trains, a trainer prints a progress line every --progress_s
     seconds (progress.h); the tutorial's per-batch loss lines come with
     --log_interval=5. */
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -406,6 +407,20 @@ out:
     return rc;
 }
 
+/*  A server runs a handler thread per trainer in flight, and glibc gives
+    threads arenas of their own (up to 8 per core), each keeping the blocks
+    its threads freed: with 16 trainers that cost the server 160 MB (peak
+    572 MB, 412 MB with two arenas, measured on 2 cores). One arena per
+    core serves threads that run no more than that many at once. Left alone
+    when the user tuned malloc. */
+static void server_arenas(void)
+{
+    if (getenv("MALLOC_ARENA_MAX") || getenv("GLIBC_TUNABLES"))
+        return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    mallopt(M_ARENA_MAX, cores < 1 ? 1 : (int)cores);
+}
+
 static int check_options(const options_t *o)
 {
     if (o->num_gpus != 0) {
@@ -534,6 +549,8 @@ int main(int argc, char **argv)
 
     int rank = (int)o.world.rank;
     bool server = rank < o.num_servers;
+    if (server)
+        server_arenas();
     char name[64];
     if (server && rank == 0)
         snprintf(name, sizeof name, "parameter_server");

@@ -4,12 +4,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <zdist/error.h>
 #include <zdist/dataset.h>
 #include <zdist/idx.h>
 #include <zdist/rng.h>
+
+#include "nn/dataset_cache.h"
 
 struct zd_dataset {
     zd_tensor_t *images;   /* (N, H, W) uint8 */
@@ -17,6 +21,12 @@ struct zd_dataset {
     int64_t n, rows, cols;
     char *images_path;
     char *labels_path;
+    /* The images file read in place (dataset_cache.c): batches are read
+       from it with pread, so the pages stay in the page cache, shared by
+       every process of the host, and out of this one's resident set.
+       -1: the images are in memory only. */
+    int fd;
+    int64_t data_off;
 };
 
 static bool is_file(const char *path)
@@ -133,14 +143,63 @@ static int check_and_convert(const char *ipath, zd_tensor_t *img, const char *lp
     return 0;
 }
 
+typedef struct {
+    void *map;
+    size_t len;
+} mapping_t;
+
+static void unmap(void *data, void *arg)
+{
+    (void)data;
+    mapping_t *m = arg;
+    munmap(m->map, m->len);
+    free(m);
+}
+
+/*  A uint8 IDX file as a tensor over its read-only mapping (the cache's
+    copy of a gzip file, or a plain file itself), or, when that cannot be
+    had, read into memory (which reports a bad file). With fd_out, the
+    file stays open there (-1 for memory) and *off_out says where the
+    elements start. */
+static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t *off_out)
+{
+    zd__idx_view_t v;
+    mapping_t *m = NULL;
+    *t = NULL;
+    if (fd_out)
+        *fd_out = -1;
+    if (zd__idx_view_open(path, &v) == 0 && (m = malloc(sizeof *m))) {
+        m->map = v.map;
+        m->len = v.map_len;
+        v.map = NULL;   /* the tensor unmaps it */
+        *t = zd_tensor_wrap(ZD_UINT8, v.ndim, v.dims, (char *)m->map + v.data_off,
+                            v.data_bytes, unmap, m);
+        if (*t && fd_out) {
+            *fd_out = v.fd;
+            *off_out = v.data_off;
+            v.fd = -1;
+        }
+        zd__idx_view_close(&v);
+        if (*t)
+            return 0;
+    } else {
+        zd__idx_view_close(&v);
+    }
+    return zd_idx_load(path, t);
+}
+
 int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out)
 {
     zd_tensor_t *img = NULL, *lab = NULL, *lab64 = NULL;
+    int fd = -1;
+    int64_t data_off = 0;
     *out = NULL;
-    if (zd_idx_load(images_path, &img) < 0)
+    if (load_in_place(images_path, &img, &fd, &data_off) < 0)
         return zd_error_wrap("dataset: images");
-    if (zd_idx_load(labels_path, &lab) < 0) {
+    if (load_in_place(labels_path, &lab, NULL, NULL) < 0) {
         zd_tensor_unref(img);
+        if (fd >= 0)
+            close(fd);
         return zd_error_wrap("dataset: labels");
     }
     int rc = check_and_convert(images_path, img, labels_path, lab, &lab64);
@@ -160,8 +219,12 @@ int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_d
         }
         zd_tensor_unref(img);
         zd_tensor_unref(lab64);
+        if (fd >= 0)
+            close(fd);
         return -1;
     }
+    ds->fd = fd;
+    ds->data_off = data_off;
     ds->images = img;
     ds->labels = lab64;
     ds->n = zd_tensor_size(img, 0);
@@ -177,6 +240,8 @@ void zd_dataset_free(zd_dataset_t *ds)
         return;
     zd_tensor_unref(ds->images);
     zd_tensor_unref(ds->labels);
+    if (ds->fd >= 0)
+        close(ds->fd);
     free(ds->images_path);
     free(ds->labels_path);
     free(ds);
@@ -272,6 +337,47 @@ int64_t zd_dataset_num_batches(const zd_dataset_t *ds, int64_t batch_size)
     return (ds->n + batch_size - 1) / batch_size;
 }
 
+static int pread_full(int fd, void *buf, size_t n, off_t off)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return -1;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+/*  The batch's images, uint8, from the file (a new array the caller
+    frees): one read for consecutive samples, else one per sample. Through
+    pread rather than the mapping, so that an epoch leaves no data set
+    pages in this process's resident set. */
+static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start, int64_t b,
+                     uint8_t **rows)
+{
+    const size_t pix = (size_t)(ds->rows * ds->cols);
+    uint8_t *r = malloc((size_t)b * pix);
+    errno = 0;
+    if (!r)
+        return zd_error_set("zd_dataset_batch: out of memory for %lld images", (long long)b);
+    int rc = 0;
+    if (!order)
+        rc = pread_full(ds->fd, r, (size_t)b * pix, (off_t)(ds->data_off + start * (int64_t)pix));
+    for (int64_t i = 0; order && i < b && rc == 0; i++)
+        rc = pread_full(ds->fd, r + (size_t)i * pix, pix,
+                        (off_t)(ds->data_off + order[start + i] * (int64_t)pix));
+    if (rc < 0) {
+        free(r);
+        return zd_error_set("zd_dataset_batch: reading %s: %s", ds->images_path,
+                            errno ? strerror(errno) : "the file is shorter than it was");
+    }
+    *rows = r;
+    return 0;
+}
+
 int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
                   int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y)
 {
@@ -302,12 +408,19 @@ int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start
     const int64_t *lab = zd_tensor_data_i64(ds->labels);
     float *dx = zd_tensor_data(*x);
     int64_t *dy = zd_tensor_data_i64(*y);
+    uint8_t *rows = NULL;
+    if (ds->fd >= 0 && read_rows(ds, order, start, b, &rows) < 0) {
+        zd_tensor_unref_p(x);
+        zd_tensor_unref_p(y);
+        return -1;
+    }
     for (int64_t i = 0; i < b; i++) {
         int64_t k = order ? order[start + i] : start + i;
-        const uint8_t *img = src + k * pix;
+        const uint8_t *img = rows ? rows + i * pix : src + k * pix;
         for (int64_t p = 0; p < pix; p++)
             dx[i * pix + p] = table[img[p]];
         dy[i] = lab[k];
     }
+    free(rows);
     return 0;
 }

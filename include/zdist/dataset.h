@@ -12,9 +12,17 @@
     or the variants with '.' before "idx" (train-images.idx3-ubyte), each
     optionally ending in ".gz" (a plain file is preferred when both exist).
 
-    Images stay uint8 in memory (a quarter of the float size); batches are
+    Images stay uint8 (a quarter of the float size); batches are
     normalised as torchvision's ToTensor + Normalize((0.1307,), (0.3081,))
     do, in float32: x = (v / 255 - 0.1307) / 0.3081.
+
+    Gzip files are decompressed once per host into a cache directory
+    ($ZDIST_CACHE_DIR, else ${XDG_CACHE_HOME:-~/.cache}/zdist; "off": none)
+    and read in place from there, as plain files are: the images are
+    mapped read-only and batches read from the file, so the data sit once
+    in the host's page cache rather than in every process. Where the cache
+    cannot be used, the files are read into memory (docs/nn.md, "The data
+    set cache").
 
     A zd_dataset_t is immutable after loading except for zd_dataset_limit(); it
     may be read from several threads at once. */
@@ -79,7 +87,8 @@ ZD_API const char *zd_dataset_images_path(const zd_dataset_t *ds);
 ZD_API const char *zd_dataset_labels_path(const zd_dataset_t *ds);
 
 /*  The raw images (N, H, W) uint8 and the labels (N) int64. Borrowed:
-    valid until zd_dataset_free() or zd_dataset_limit(). */
+    valid until zd_dataset_free() or zd_dataset_limit(). The images may be
+    a read-only mapping of the file: never write to them. */
 ZD_API zd_tensor_t *zd_dataset_images_u8(const zd_dataset_t *ds);
 ZD_API zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds);
 
