@@ -18,29 +18,12 @@
 #include <zdist/rpc.h>
 #include "rpc/bufcache.h"
 #include "rpc/stream.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
 /* ---- frames that count their releases ---- */
 
-static int live_frames;
-
-static void frame_free(void *data, void *arg)
-{
-    (void)arg;
-    free(data);
-    live_frames--;
-}
-
-static rpc_frame_t frame_of(const void *data, size_t size)
-{
-    void *copy = malloc(size ? size : 1);
-    assert_non_null(copy);
-    if (size)
-        memcpy(copy, data, size);
-    live_frames++;
-    return (rpc_frame_t){copy, size, frame_free, NULL};
-}
 
 static int router_tag, dealer_tag;
 static agent_t fake;
@@ -232,7 +215,7 @@ static void test_pieces_make_the_message(void **state)
         assert_int_equal(zd__transport_stream_pending(), 0);
         check_delivered(&s, &m);
         streamed_free(&s);
-        assert_int_equal(live_frames, 0);
+        assert_int_equal(frames_live(), 0);
     }
     /* The second message took the buffers the first one gave back. */
     long hits, misses;
@@ -283,7 +266,7 @@ static void test_connections_interleave(void **state)
     streamed_free(&a);
     streamed_free(&b);
     assert_int_equal(zd__transport_stream_pending(), 0);
-    assert_int_equal(live_frames, 0);
+    assert_int_equal(frames_live(), 0);
 }
 
 /* Starts a streamed CALL on the ROUTER and feeds n good pieces. */
@@ -308,7 +291,7 @@ static void expect_refused(inmsg_t *m, void *sock, uint64_t reject_id, const cha
     if (!strstr(zd_error_last(), why))
         fail_msg("expected \"%s\" in \"%s\"", why, zd_error_last());
     assert_int_equal(zd__transport_stream_pending(), 0);
-    assert_int_equal(live_frames, 0);
+    assert_int_equal(frames_live(), 0);
 }
 
 static void test_bad_pieces_are_refused(void **state)
@@ -392,7 +375,7 @@ static void test_replaced_bounded_and_cleared(void **state)
     check_delivered(&b, &m);
     streamed_free(&a);
     streamed_free(&b);
-    assert_int_equal(live_frames, 0);
+    assert_int_equal(frames_live(), 0);
     /* At most RPC_STREAM_MAX_PENDING at once, over all connections. */
     streamed_t s;
     streamed_make(&s, 33, CHUNK);
@@ -410,7 +393,7 @@ static void test_replaced_bounded_and_cleared(void **state)
     /* Shutdown drops what waits. */
     zd__transport_stream_clear();
     assert_int_equal(zd__transport_stream_pending(), 0);
-    assert_int_equal(live_frames, 0);
+    assert_int_equal(frames_live(), 0);
     streamed_free(&s);
 }
 
@@ -444,7 +427,7 @@ static void test_stalled_streams_expire(void **state)
     assert_int_equal(zd__transport_stream_expire(&fake, now + stall + sec), 0);
     assert_int_equal(zd__transport_stream_expire(&fake, now + stall + sec + grace), 1);
     assert_int_equal(zd__transport_stream_pending(), 0);
-    assert_int_equal(live_frames, 0);
+    assert_int_equal(frames_live(), 0);
     /* Its late pieces find nothing to join. */
     streamed_piece(&s, &m, 4, 4, 1, NULL, 0, CHUNK);
     expect_refused(&m, &dealer_tag, 0, "no streamed message is pending");

@@ -24,6 +24,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "rpc/shm.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
@@ -117,24 +118,6 @@ static long stat_fallbacks(void)
 
 /* ---- the receiving filter refuses what it cannot trust ---- */
 
-static int live_frames;
-
-static void frame_free(void *data, void *arg)
-{
-    (void)arg;
-    free(data);
-    live_frames--;
-}
-
-static rpc_frame_t frame_of(const void *data, size_t size)
-{
-    void *copy = malloc(size ? size : 1);
-    assert_non_null(copy);
-    if (size)
-        memcpy(copy, data, size);
-    live_frames++;
-    return (rpc_frame_t){copy, size, frame_free, NULL};
-}
 
 static void put_le(uint8_t *p, uint64_t v, int n)
 {
@@ -206,7 +189,7 @@ static void test_filter_refuses(void **state)
             fail_msg("case %zu: \"%s\" does not say \"%s\"", i, zd_error_last(), cases[i].why);
         assert_int_equal(m.reject_id, 77);               /* the caller hears of it */
         assert_int_equal(m.n, 0);
-        assert_int_equal(live_frames, 0);
+        assert_int_equal(frames_live(), 0);
         free(m.frames);
     }
     /* A message without the flag goes through untouched. */

@@ -100,3 +100,28 @@ void write_script(const char *path, const char *body)
     assert_int_equal(fclose(fp), 0);
     assert_int_equal(chmod(path, 0755), 0);
 }
+
+static int live_frames;
+
+static void frame_free(void *data, void *arg)
+{
+    (void)arg;
+    free(data);
+    live_frames--;
+}
+
+rpc_frame_t frame_of(const void *data, size_t size)
+{
+    void *copy = malloc(size ? size : 1);
+    if (!copy)
+        fail_msg("out of memory");
+    if (size)
+        memcpy(copy, data, size);
+    live_frames++;
+    return (rpc_frame_t){copy, size, frame_free, NULL};
+}
+
+int frames_live(void)
+{
+    return live_frames;
+}

@@ -5,6 +5,10 @@
 #ifndef ZDIST_TESTS_FIXTURES_H
 #define ZDIST_TESTS_FIXTURES_H
 
+#include <stddef.h>
+
+#include "rpc/codec.h"
+
 /*  Makes a fresh directory /tmp/zd_<tag>_XXXXXX for the tests that follow:
     0, or -1 (as a cmocka group setup returns). */
 int tmpdir_setup(const char *tag);
@@ -24,6 +28,15 @@ const char *tmp_path(const char *name);
 
 /*  Skips the running test when no MNIST-format data is found (saying why). */
 void need_data(void);
+
+/*  A received frame for the decoders: a copy of size bytes of data (NULL
+    and 0: an empty frame) whose release frees it; fails the test when out
+    of memory. */
+rpc_frame_t frame_of(const void *data, size_t size);
+
+/*  Frames frame_of made that were not released yet (0 when the code under
+    test released each exactly once). */
+int frames_live(void);
 
 /*  The whole file as a string (to free), or NULL when it cannot be read. */
 char *read_text(const char *path);
