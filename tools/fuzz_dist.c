@@ -204,6 +204,7 @@ bool zd_rpc_is_running(void) { return true; }
 const char *zd_rpc_name(void) { return "fuzz"; }
 int zd_rpc_rank(void) { return 0; }
 int zd_rpc_world_size(void) { return WORLD; }
+bool zd_rpc_peer_is_lost(int rank) { (void)rank; return false; }
 
 int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
 {
