@@ -337,20 +337,6 @@ int64_t zd_dataset_num_batches(const zd_dataset_t *ds, int64_t batch_size)
     return (ds->n + batch_size - 1) / batch_size;
 }
 
-static int pread_full(int fd, void *buf, size_t n, off_t off)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return -1;
-        got += (size_t)r;
-    }
-    return 0;
-}
-
 /*  The batch's images, uint8, from the file (a new array the caller
     frees): one read for consecutive samples, else one per sample. Through
     pread rather than the mapping, so that an epoch leaves no data set
@@ -363,13 +349,14 @@ static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start
     errno = 0;
     if (!r)
         return zd_error_set("zd_dataset_batch: out of memory for %lld images", (long long)b);
-    int rc = 0;
+    bool ok = true;
     if (!order)
-        rc = pread_full(ds->fd, r, (size_t)b * pix, (off_t)(ds->data_off + start * (int64_t)pix));
-    for (int64_t i = 0; order && i < b && rc == 0; i++)
-        rc = pread_full(ds->fd, r + (size_t)i * pix, pix,
-                        (off_t)(ds->data_off + order[start + i] * (int64_t)pix));
-    if (rc < 0) {
+        ok = zd__pread_full(ds->fd, r, (size_t)b * pix,
+                            (off_t)(ds->data_off + start * (int64_t)pix));
+    for (int64_t i = 0; order && i < b && ok; i++)
+        ok = zd__pread_full(ds->fd, r + (size_t)i * pix, pix,
+                            (off_t)(ds->data_off + order[start + i] * (int64_t)pix));
+    if (!ok) {
         free(r);
         return zd_error_set("zd_dataset_batch: reading %s: %s", ds->images_path,
                             errno ? strerror(errno) : "the file is shorter than it was");

@@ -81,7 +81,7 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
     return h;
 }
 
-static bool pread_full(int fd, void *buf, size_t n, off_t off)
+bool zd__pread_full(int fd, void *buf, size_t n, off_t off)
 {
     size_t got = 0;
     while (got < n) {
@@ -114,14 +114,14 @@ static bool write_full(int fd, const void *buf, size_t n)
 static bool parse_idx(int fd, off_t off, uint64_t total, zd__idx_view_t *v)
 {
     unsigned char head[4 + 4 * IDX_MAX_DIMS];
-    if (total < 4 || !pread_full(fd, head, 4, off))
+    if (total < 4 || !zd__pread_full(fd, head, 4, off))
         return false;
     if (head[0] != 0 || head[1] != 0 || head[2] != ZD_IDX_TYPE_U8 || head[3] < 1 ||
         head[3] > IDX_MAX_DIMS)
         return false;
     int ndim = head[3];
     uint64_t hbytes = 4 + 4 * (uint64_t)ndim;
-    if (total < hbytes || !pread_full(fd, head + 4, 4 * (size_t)ndim, off + 4))
+    if (total < hbytes || !zd__pread_full(fd, head + 4, 4 * (size_t)ndim, off + 4))
         return false;
     uint64_t count = 1;
     for (int i = 0; i < ndim; i++) {
@@ -185,7 +185,7 @@ static bool crc_of(int fd, off_t off, uint64_t len, uint32_t *crc)
     bool ok = buf != NULL;
     for (uint64_t at = 0; ok && at < len;) {
         size_t n = len - at < CHUNK ? (size_t)(len - at) : CHUNK;
-        ok = pread_full(fd, buf, n, off + (off_t)at);
+        ok = zd__pread_full(fd, buf, n, off + (off_t)at);
         if (ok)
             c = crc32(c, buf, (uInt)n);
         at += n;
@@ -212,7 +212,7 @@ static int open_cached(const char *cpath, const header_t *want, zd__idx_view_t *
         goto bad;
     h = malloc(sizeof *h);
     *why = "unreadable header";
-    if (!h || !pread_full(fd, h, sizeof *h, 0))
+    if (!h || !zd__pread_full(fd, h, sizeof *h, 0))
         goto bad;
     *why = "made from another version of the source";
     if (memcmp(h->magic, want->magic, sizeof magic) != 0 || h->dev != want->dev ||
@@ -337,7 +337,7 @@ static bool orphan(const char *p)
     header_t *h = malloc(sizeof *h);
     int fd = open(p, O_RDONLY | O_CLOEXEC);
     bool gone = false;
-    if (h && fd >= 0 && pread_full(fd, h, sizeof *h, 0) &&
+    if (h && fd >= 0 && zd__pread_full(fd, h, sizeof *h, 0) &&
         memcmp(h->magic, magic, sizeof magic) == 0 && h->path_len < sizeof h->path) {
         h->path[h->path_len] = '\0';
         struct stat st;
@@ -450,7 +450,7 @@ int zd__idx_view_open(const char *path, zd__idx_view_t *v)
     unsigned char head[2];
     if (fd < 0)
         return 1;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !pread_full(fd, head, 2, 0)) {
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || !zd__pread_full(fd, head, 2, 0)) {
         close(fd);
         return 1;
     }

@@ -4,8 +4,10 @@
 #ifndef ZDIST_NN_DATASET_CACHE_H
 #define ZDIST_NN_DATASET_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 /*  A uint8 IDX file open for reading in place: the cache file of a gzip
     source, or a plain source itself. The whole file is mapped read-only
@@ -37,5 +39,9 @@ void zd__idx_view_close(zd__idx_view_t *v);
     ${XDG_CACHE_HOME:-$HOME/.cache}/zdist; "" when the cache is off
     (ZDIST_CACHE_DIR=off, or no home). Copies it into buf. */
 void zd__dataset_cache_dir(char *buf, size_t size);
+
+/*  Reads exactly n bytes at off (retrying short reads and EINTR): true, or
+    false at an error (errno set) or the end of the file (errno as it was). */
+bool zd__pread_full(int fd, void *buf, size_t n, off_t off);
 
 #endif
