@@ -6,7 +6,9 @@
     restarted process knows it rejoined, everyone can call it and it can
     call everyone, the others' peer_joined callbacks run, what the old
     process held was released, and the whole world then shuts down
-    gracefully, the newcomer counted in the barrier.
+    gracefully, the newcomer counted in the barrier. Each also with a world
+    key: the restarted process comes with a keypair of its own, which every
+    member's ZAP handler must take in place of the old one.
 
     The first incarnation of the restarted rank is a child that rank's
     process forks before any ZeroMQ context exists; it dies by SIGKILL at
@@ -19,6 +21,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -26,12 +29,14 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 
+#include "rpc/security.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
 #define WAIT_MS 30000
 
 static zd_future_t *joined;
+static char g_key[256];     /* the world key file (made in the parent) */
 
 static void on_joined(void *arg, int peer, const char *name)
 {
@@ -45,6 +50,7 @@ static zd_rpc_options_t options(const world_t *w)
     zd_rpc_options_t o = world_rpc_options(w->port);
     o.master_wait_ms = WAIT_MS;
     o.init_timeout_ms = WAIT_MS;
+    o.key_file = w->arg;    /* NULL: none (a loopback world) */
     return o;
 }
 
@@ -143,6 +149,12 @@ static void test_a_restarted_worker_rejoins(void **state)
     assert_int_equal(world_run_simple(3, 90, worker_restarts, NULL), 0);
 }
 
+static void test_a_restarted_worker_rejoins_with_a_key(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, worker_restarts, g_key), 0);
+}
+
 static int master_restarts(const world_t *w)
 {
     if (w->rank == 0) {
@@ -162,11 +174,30 @@ static void test_a_restarted_rank_0_gets_the_world_back(void **state)
     assert_int_equal(world_run_simple(3, 90, master_restarts, NULL), 0);
 }
 
+static void test_a_restarted_rank_0_gets_the_world_back_with_a_key(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, master_restarts, g_key), 0);
+}
+
 int main(void)
 {
+    char dir[] = "/tmp/zd-rejoin-XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(g_key, sizeof g_key, "%s/world.key", dir);
+    if (zd__security_keygen(g_key, false) < 0) {
+        fprintf(stderr, "%s\n", zd_error_last());
+        return 1;
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_restarted_worker_rejoins),
         cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back),
+        cmocka_unit_test(test_a_restarted_worker_rejoins_with_a_key),
+        cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back_with_a_key),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    unlink(g_key);
+    rmdir(dir);
+    return rc;
 }
