@@ -25,11 +25,13 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 
 #include "rpc/security.h"
+#include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
@@ -180,6 +182,73 @@ static void test_a_restarted_rank_0_gets_the_world_back_with_a_key(void **state)
     assert_int_equal(world_run_simple(3, 90, master_restarts, g_key), 0);
 }
 
+/* Registrations at a running world's rank 0 that must not take a place: a
+   rank whose process is alive (asked to wait: it may be a restart whose
+   old process is not noticed gone yet), another name for a rank, a
+   running member's status naming ranks outside the world. The world goes
+   on untouched. */
+static zd_future_t *strangers_done;
+
+static zd_value_t *h_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    zd_future_set_value(strangers_done, NULL);
+    return zd_value_none();
+}
+
+static int strangers(const world_t *w)
+{
+    strangers_done = zd_future_new();
+    WCHECK(strangers_done && zd_rpc_register_inline("done", h_done, NULL) == 0);
+    WTRY(init(w));
+    if (w->rank != 1) {   /* rank 0's desk stays open until rank 1 is through */
+        WTRY(zd_future_wait(strangers_done, WAIT_MS));
+    } else {
+        void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+        char ep[64];
+        int zero = 0;
+        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", w->port);
+        zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+        WCHECK(zmq_connect(sock, ep) == 0);
+        static const struct {
+            const char *frames[7];
+            int n;
+            const char *tag, *answer;
+        } cases[] = {
+            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", ""}, 6, "ZDBSY1", "still connected"},
+            {{"ZDREG1", "2", "3", "evil", "tcp://127.0.0.1:9", ""}, 6, "ZDERR1",
+             "which is \"w2\" in this world"},
+            {{"ZDREG1", "1", "3", "w1", "tcp://127.0.0.1:9", ""}, 6, "ZDBSY1", "still connected"},
+            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", "", "running:7"}, 7, "ZDERR1",
+             "a bad status"},
+            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", "", "walking"}, 7, "ZDERR1",
+             "a bad status"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+            WCHECK(raw_send_frames(sock, cases[i].frames, cases[i].n) == 0);
+            WCHECK(raw_rendezvous_answer(sock, cases[i].tag, cases[i].answer) == 0);
+        }
+        zmq_close(sock);
+        zmq_ctx_term(ctx);
+        WTRY(echo(2, 5));
+        WTRY(echo(0, 6));
+        for (int i = 0; i < 3; i += 2) {
+            zd_value_t *r = NULL;
+            WTRY(zd_rpc_sync(i, "done", NULL, WAIT_MS, &r));
+            zd_value_unref(r);
+        }
+    }
+    zd_future_unref(strangers_done);
+    WCHECK(!zd_rpc_peer_is_lost((w->rank + 1) % 3) && !zd_future_done(joined));
+    return shutdown_all();
+}
+
+static void test_strangers_take_no_place(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 60, strangers, NULL), 0);
+}
+
 int main(void)
 {
     char dir[] = "/tmp/zd-rejoin-XXXXXX";
@@ -195,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back),
         cmocka_unit_test(test_a_restarted_worker_rejoins_with_a_key),
         cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back_with_a_key),
+        cmocka_unit_test(test_strangers_take_no_place),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     unlink(g_key);

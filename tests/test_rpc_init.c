@@ -13,6 +13,7 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
 /* ---- a world comes together ---- */
@@ -225,37 +226,6 @@ static void test_master_that_never_answers(void **state)
    size or rank 0's rank. Each is turned away with an answer to its
    sender alone; the world then forms as if nothing had happened. */
 
-static int send_frames(void *sock, const char *const *frames, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (zmq_send(sock, frames[i], strlen(frames[i]), i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
-            return -1;
-    return 0;
-}
-
-/* The answer to one stray registration: its text, which must hold want. */
-static int stray_answer(void *sock, const char *want)
-{
-    char tag[16] = "", text[1024] = "";
-    zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
-    if (zmq_poll(&item, 1, 10000) != 1)
-        return -1;
-    int n = zmq_recv(sock, tag, sizeof tag - 1, 0), more = 0;
-    size_t len = sizeof more;
-    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len);
-    int t = more ? zmq_recv(sock, text, sizeof text - 1, 0) : -1;
-    if (n < 0 || t < 0)
-        return -1;
-    tag[n] = '\0';
-    text[t < (int)sizeof text ? t : (int)sizeof text - 1] = '\0';
-    if (strcmp(tag, "ZDERR1") != 0 || !strstr(text, want) || !strstr(text, "turned away")) {
-        fprintf(stderr, "stray registration: answer %s \"%s\", expected \"%s\"\n", tag, text,
-                want);
-        return -1;
-    }
-    return 0;
-}
-
 static int world_strays(const world_t *w)
 {
     zd_rpc_options_t o = world_rpc_options(w->port);
@@ -283,8 +253,8 @@ static int world_strays(const world_t *w)
             {{"hello"}, 1, "1 frames instead of 6"},
         };
         for (size_t i = 0; i < sizeof strays / sizeof strays[0]; i++) {
-            WCHECK(send_frames(sock, strays[i].frames, strays[i].n) == 0);
-            WCHECK(stray_answer(sock, strays[i].answer) == 0);
+            WCHECK(raw_send_frames(sock, strays[i].frames, strays[i].n) == 0);
+            WCHECK(raw_rendezvous_answer(sock, "ZDERR1", strays[i].answer) == 0);
         }
         zmq_close(sock);
         zmq_ctx_term(ctx);

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zmq.h>
 #include <unistd.h>
 
 #include <zdist/dataset.h>
@@ -124,4 +125,36 @@ rpc_frame_t frame_of(const void *data, size_t size)
 int frames_live(void)
 {
     return live_frames;
+}
+
+int raw_send_frames(void *sock, const char *const *frames, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (zmq_send(sock, frames[i], strlen(frames[i]), i + 1 < n ? ZMQ_SNDMORE : 0) < 0)
+            return -1;
+    return 0;
+}
+
+int raw_rendezvous_answer(void *sock, const char *tag, const char *want)
+{
+    char got[16] = "", text[1024] = "";
+    zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
+    if (zmq_poll(&item, 1, 10000) != 1) {
+        fprintf(stderr, "rendezvous: no answer, expected %s \"%s\"\n", tag, want);
+        return -1;
+    }
+    int n = zmq_recv(sock, got, sizeof got - 1, 0), more = 0;
+    size_t len = sizeof more;
+    zmq_getsockopt(sock, ZMQ_RCVMORE, &more, &len);
+    int t = more ? zmq_recv(sock, text, sizeof text - 1, 0) : -1;
+    if (n < 0 || t < 0)
+        return -1;
+    got[n < (int)sizeof got ? n : (int)sizeof got - 1] = '\0';
+    text[t < (int)sizeof text ? t : (int)sizeof text - 1] = '\0';
+    if (strcmp(got, tag) != 0 || !strstr(text, want)) {
+        fprintf(stderr, "rendezvous: answer %s \"%s\", expected %s \"%s\"\n", got, text, tag,
+                want);
+        return -1;
+    }
+    return 0;
 }

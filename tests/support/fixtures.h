@@ -41,6 +41,13 @@ int frames_live(void);
 /*  The whole file as a string (to free), or NULL when it cannot be read. */
 char *read_text(const char *path);
 
+/*  Sends frames[0..n-1] as one message on a raw ZeroMQ socket: 0, or -1. */
+int raw_send_frames(void *sock, const char *const *frames, int n);
+
+/*  Reads a rendezvous answer of two frames from sock (10 s at most): 0 when
+    its tag is tag and its text holds want, else -1 (printed). */
+int raw_rendezvous_answer(void *sock, const char *tag, const char *want);
+
 /*  Fails the test, showing text, unless it holds needle (NULL text: "(no file)"). */
 void assert_contains(const char *text, const char *needle);
 
