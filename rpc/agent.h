@@ -441,6 +441,10 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     since_ns): fails its calls, then on a pool thread releases its RRef
     forks and runs the hooks' and the application's callbacks. */
 void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns);
+/*  serve.c: stops waiting for the futures of the calls src made (async
+    handlers, RRef fetches) and answers them with text; the futures stay
+    their owners'. Returns how many. */
+int zd__serve_cancel_peer(agent_t *a, int src, const char *text);
 /*  True when rank was declared lost; text (may be NULL) gets
     'peer "NAME" (rank N) lost 3.1 s ago'. */
 bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size);

@@ -368,6 +368,19 @@ static bool future_remove(zd_future_t *f, callback_t *c)
     return found;
 }
 
+bool zd__future_unthen(zd_future_t *f, zd_future_fn *cb, void *arg)
+{
+    callback_t *found = NULL;
+    pthread_mutex_lock(&f->lock);
+    for (callback_t *c = f->callbacks; c; c = c->next)
+        if (c->cb == cb && c->arg == arg) {
+            found = c;
+            break;
+        }
+    pthread_mutex_unlock(&f->lock);
+    return found && future_remove(f, found);
+}
+
 int zd_future_then(zd_future_t *f, zd_future_fn *cb, void *arg)
 {
     if (!f || !cb)

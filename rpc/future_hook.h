@@ -26,4 +26,8 @@ typedef struct {
 /*  Installs hooks (static storage; NULL removes them). Any thread. */
 void zd__future_set_wait_hooks(const rpc_future_wait_hooks_t *hooks);
 
+/*  Takes cb(arg), given to zd_future_then, out of f's pending callbacks:
+    true, or false when it has run or is about to (completion took it). */
+bool zd__future_unthen(zd_future_t *f, zd_future_fn *cb, void *arg);
+
 #endif

@@ -120,12 +120,16 @@ static void release_peer(void *arg)
     agent_t *a = r->a;
     const char *name = a->peers[r->rank].name;
     int64_t freed = 0;
+    char text[256];
+    snprintf(text, sizeof text, "the caller, \"%s\" (rank %d), was lost", name, r->rank);
+    int cancelled = zd__serve_cancel_peer(a, r->rank, text);
     int64_t forks = zd__rref_release_holder(a, r->rank, &freed);
     if (a->has_hooks && a->hooks.on_peer_lost)
         a->hooks.on_peer_lost(a->hooks.arg, r->rank);
     listeners_run(&g_lost, r->rank, name);
     zd__log(ZD_LOG_WARN, "rpc: released what lost \"%s\" (rank %d) held: %lld RRef fork(s), "
-            "%lld value(s) freed", name, r->rank, (long long)forks, (long long)freed);
+            "%lld value(s) freed, %d call(s) no longer waited for", name, r->rank,
+            (long long)forks, (long long)freed, cancelled);
     atomic_store(&a->peers[r->rank].releasing, false);   /* it may rejoin (membership.c) */
     free(r);
 }

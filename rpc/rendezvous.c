@@ -569,7 +569,12 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
                      zmq_strerror(errno));
         goto out;
     }
-    int64_t resend_at = 0;      /* after a "not yet" */
+    /* Said again every 2 s until answered: a registration that reached a
+       rendezvous socket being closed (rank 0 of a previous world on the
+       same port, a restarted rank 0's predecessor) is lost with it. Rank 0
+       takes a repeat on one connection as one, and one on a new connection
+       from the same host as a replacement. */
+    int64_t resend_at = 0;
     bool busy_said = false;
     for (bool send = true;;) {
         zmsg_t *reg = send ? zd__rendezvous_registration(a, NULL) : NULL;
@@ -578,6 +583,8 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             zd_error_set("rendezvous: cannot send to the master at %s", ep);
             goto out;
         }
+        if (send)
+            resend_at = zd__agent_now_ns() + 2000000000LL;
         send = false;
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
         int wait = remaining_ms(deadline);

@@ -233,7 +233,85 @@ struct zd_rpc_call {
     zd_rpc_hooks_t hooks;              /* a copy: a call may outlive its agent */
     uint8_t route[RPC_WIRE_SYNC_ID_LEN];   /* answer on the caller's zd_rpc_sync socket */
     size_t route_len;
+    struct zd_rpc_call *wprev, *wnext;     /* in g_waiting while waiting is pending */
+    bool listed;
 };
+
+/* Calls whose answer waits for a future (an async handler's, an RRef's
+   value): when their caller is lost, nobody will read the answer, and
+   whatever the future stands for is work for nobody (cancel_peer). */
+static pthread_mutex_t g_waiting_lock = PTHREAD_MUTEX_INITIALIZER;
+static zd_rpc_call_t *g_waiting;
+
+static void waiting_add(zd_rpc_call_t *c)
+{
+    pthread_mutex_lock(&g_waiting_lock);
+    c->wprev = NULL;
+    c->wnext = g_waiting;
+    if (g_waiting)
+        g_waiting->wprev = c;
+    g_waiting = c;
+    c->listed = true;
+    pthread_mutex_unlock(&g_waiting_lock);
+}
+
+static void waiting_remove(zd_rpc_call_t *c)
+{
+    pthread_mutex_lock(&g_waiting_lock);
+    if (c->listed) {
+        if (c->wprev)
+            c->wprev->wnext = c->wnext;
+        else
+            g_waiting = c->wnext;
+        if (c->wnext)
+            c->wnext->wprev = c->wprev;
+        c->listed = false;
+    }
+    pthread_mutex_unlock(&g_waiting_lock);
+}
+
+static void future_done(zd_future_t *f, void *arg);
+static void finish_error(zd_rpc_call_t *c, const char *text, zd_error_code_t code);
+
+int zd__serve_cancel_peer(agent_t *a, int src, const char *text)
+{
+    int n = 0, cap = 16;
+    zd_rpc_call_t **cs = malloc((size_t)cap * sizeof *cs);
+    zd_future_t **fs = malloc((size_t)cap * sizeof *fs);
+    pthread_mutex_lock(&g_waiting_lock);
+    for (zd_rpc_call_t *c = g_waiting; c && cs && fs; c = c->wnext) {
+        if (c->a != a || c->src != src)
+            continue;
+        if (n == cap) {
+            zd_rpc_call_t **more_c = realloc(cs, (size_t)cap * 2 * sizeof *cs);
+            if (more_c)
+                cs = more_c;
+            zd_future_t **more_f = more_c ? realloc(fs, (size_t)cap * 2 * sizeof *fs) : NULL;
+            if (!more_f)
+                break;
+            fs = more_f;
+            cap *= 2;
+        }
+        cs[n] = c;
+        fs[n++] = zd_future_ref(c->waiting);
+    }
+    pthread_mutex_unlock(&g_waiting_lock);
+    /* Outside the lock. A call whose callback is still pending is ours
+       once it is taken out (nothing else frees it); one whose future is
+       completing finishes by itself. The future stays the application's. */
+    int cancelled = 0;
+    for (int i = 0; i < n; i++) {
+        if (zd__future_unthen(fs[i], future_done, cs[i])) {
+            waiting_remove(cs[i]);
+            finish_error(cs[i], text, ZD_ERR_PEER);
+            cancelled++;
+        }
+        zd_future_unref(fs[i]);
+    }
+    free(cs);
+    free(fs);
+    return cancelled;
+}
 
 int zd_rpc_call_caller_rank(const zd_rpc_call_t *call)
 {
@@ -433,6 +511,7 @@ static void finish_value(zd_rpc_call_t *c, zd_value_t *value)
 static void future_done(zd_future_t *f, void *arg)
 {
     zd_rpc_call_t *c = arg;
+    waiting_remove(c);
     if (zd_future_value(f))
         finish_value(c, zd_future_value(f));
     else
@@ -545,6 +624,7 @@ static void run_call(void *arg)
     }
     if (c->type == RPC_MSG_RREF_FETCH) {
         c->waiting = zd_future_ref(c->owner_value);
+        waiting_add(c);
         zd_future_then(c->waiting, future_done, c);
         return;
     }
@@ -574,6 +654,7 @@ static void run_call(void *arg)
     }
     zd_future_unref(c->waiting);
     c->waiting = f;   /* keeps it alive until it completes */
+    waiting_add(c);
     zd_future_then(f, future_done, c);
 }
 

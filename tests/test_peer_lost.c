@@ -28,7 +28,14 @@
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
 
-static zd_future_t *ready;
+static zd_future_t *ready, *hang;
+
+/* An async handler whose future nobody completes while its caller lives. */
+static zd_future_t *h_hang(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_future_ref(hang);
+}
 
 static zd_value_t *h_ready(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -41,8 +48,10 @@ static int setup(const world_t *w)
 {
     (void)w;
     ready = zd_future_new();
+    hang = zd_future_new();
     return zd_rpc_register("echo", world_h_echo, NULL) | zd_rpc_register("add", world_h_add, NULL) |
-           zd_rpc_register_inline("ready", h_ready, NULL);
+           zd_rpc_register_inline("ready", h_ready, NULL) |
+           zd_rpc_register_async("hang", h_hang, NULL);
 }
 
 static int64_t debug_value(const char *name)
@@ -58,7 +67,7 @@ static bool released(int64_t deadline_ms)
 {
     for (;;) {
         bool done = zd_rpc_peer_is_lost(2) && debug_value("num_owner_rrefs") == 0 &&
-                    debug_value("num_autograd_contexts") == 0;
+                    debug_value("num_autograd_contexts") == 0 && debug_value("num_serving") == 0;
         if (done || world_now_ms() >= deadline_ms)
             return done;
         struct timespec ts = {0, 2000000};
@@ -84,6 +93,9 @@ static int body(const world_t *w)
         WCHECK(zd_rpc_sync(0, "echo", args, -1, &v) == 0);
         zd_value_unref(v);
         zd_value_unref(args);
+        /* ... and a call rank 0 serves with a future it never completes. */
+        zd_future_t *hanging = zd_rpc_async(0, "hang", NULL, -1);
+        WCHECK(hanging != NULL);
         WCHECK(zd_rpc_sync(0, "ready", NULL, -1, &v) == 0);
         raise(SIGKILL);
     }
@@ -93,6 +105,10 @@ static int body(const world_t *w)
         WCHECK(debug_value("num_owner_rrefs") == 1);
         WCHECK(debug_value("num_autograd_contexts") == 1);
         WCHECK(released(t0 + 10000));
+        /* The hanging call is no longer waited for; its future is still
+           the handler's to complete (nobody hears of it now). */
+        WCHECK(!zd_future_done(hang));
+        WCHECK(zd_future_set_value(hang, NULL) == 0);
         int64_t took = world_now_ms() - t0;
         printf("rank 0: rank 2 declared lost and released %lld ms after its last call\n",
                (long long)took);
@@ -117,6 +133,7 @@ static int body(const world_t *w)
     }
     /* The harness's graceful shutdown: ranks 0 and 1 leave without rank 2. */
     zd_future_unref(ready);
+    zd_future_unref(hang);
     return rc;
 }
 

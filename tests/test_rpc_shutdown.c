@@ -198,7 +198,7 @@ static int world_abrupt(const world_t *w)
     /* Rank 1 calls us only once its init is over: a non-graceful stop
        drops what the network has not delivered yet, its init's answer too. */
     WCHECK(zd_future_wait(slow.arrived, 10000) == 0);
-    zd_future_t *f = zd_rpc_async(1, "add", NULL, -1);
+    zd_future_t *f = zd_rpc_async_take(1, "add", ZD_ARGS(1, 2), -1);
     int64_t t0 = world_now_ms();
     WCHECK(zd_rpc_shutdown(false, 0) == 0);
     WCHECK(world_now_ms() - t0 < 2000);
