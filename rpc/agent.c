@@ -307,10 +307,6 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
     zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
-    /* No process joins a world that is ending: rank 0's rendezvous port is
-       free again at once, for the next world's (a process may init again). */
-    if (graceful)
-        zd__membership_free(a);
     int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
     zd_error_code_t code = zd_error_code();

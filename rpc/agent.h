@@ -102,6 +102,7 @@ typedef struct agent {
     bool rejoined;                  /* this process joined a running world */
     struct membership *mb;          /* restarted processes (membership.c) */
     atomic_bool renew_pending;      /* a peer's sockets await renewal (membership.c) */
+    atomic_bool ending;             /* rank 0: shutdown's round 0 is complete */
     unsigned gen;                   /* distinguishes successive inits */
 
     void *ctx;                      /* ZeroMQ context */

@@ -366,6 +366,12 @@ static void desk_serve(agent_t *a, membership_t *mb)
         if (i != r.rank && !strcmp(a->peers[i].name, r.name))
             rc = -1, snprintf(why, sizeof why, "\"%s\" for rank %d, the name of rank %d", r.name,
                               r.rank, i);
+    if (atomic_load(&a->ending)) {
+        /* The world is leaving: no answer, so that a process of the next
+           world on this port (one that init again) says it again there. */
+        zframe_destroy(&id);
+        return;
+    }
     if (rc == 0 && atomic_load(&a->closing))
         rc = -1, snprintf(why, sizeof why, "rank 0 is shutting down");
     if (rc < 0) {
@@ -477,6 +483,7 @@ static void await_master(agent_t *a, membership_t *mb)
     if (!table || !lost || !sock)
         goto out;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero);   /* see join_rendezvous */
     zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     zd__transport_use_ipv6(sock, ep);
     if (zd__security_rendezvous_client(a, sock) < 0 || zmq_connect(sock, ep) < 0)

@@ -545,6 +545,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         return zd_error_set("rendezvous: cannot create a socket");
     set_int(sock, ZMQ_LINGER, 0);
     set_int(sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    set_int(sock, ZMQ_SNDTIMEO, 0);
     zd__transport_use_ipv6(sock, ep);
     /* Whether the master was reached at all, for the timeout's message. */
     char mon_ep[64];
@@ -575,14 +576,20 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
        takes a repeat on one connection as one, and one on a new connection
        from the same host as a replacement. */
     int64_t resend_at = 0;
-    bool busy_said = false;
+    bool busy_said = false, said = false;
     for (bool send = true;;) {
+        /* Never blocking: a connection that failed its handshake (no key,
+           another key) is not made again, and a DEALER without one would
+           hold a send for ever. Only the first send must go. */
         zmsg_t *reg = send ? zd__rendezvous_registration(a, NULL) : NULL;
         if (send && zmsg_send(&reg, sock) < 0) {
             zmsg_destroy(&reg);
-            zd_error_set("rendezvous: cannot send to the master at %s", ep);
-            goto out;
+            if (!said) {
+                zd_error_set("rendezvous: cannot send to the master at %s", ep);
+                goto out;
+            }
         }
+        said = said || send;
         if (send)
             resend_at = zd__agent_now_ns() + 2000000000LL;
         send = false;

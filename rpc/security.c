@@ -12,7 +12,9 @@
     to a peer that connects before this process has the table (the peers
     get the table at about the same time, not at the same time): those
     answers go out as soon as the table is known, or are refusals once the
-    init deadline has passed. */
+    init deadline has passed. A key the table lacks is held 3 s too before
+    it is refused: a restarted peer's new key may reach this process a
+    moment after the peer itself. */
 #include "rpc/security.h"
 
 #include <arpa/inet.h>
@@ -36,6 +38,10 @@
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define MAX_WATCH 4
 #define MAX_HELD 4096       /* handshakes waiting for the table */
+/* A key the table does not have is held this long before it is refused: a
+   restarted peer may connect a moment before this process has taken its
+   new key (membership.c), and libzmq does not reconnect after a refusal. */
+#define UNKNOWN_HOLD_NS 3000000000LL
 #define KEY_FILE_MAX 4096
 
 /* At most one line a second per kind of refusal, with a count of the
@@ -70,6 +76,7 @@ struct security {
     char watch_what[MAX_WATCH][32];
     int n_watch;
     zmsg_t *held[MAX_HELD];
+    int64_t held_at[MAX_HELD];      /* when each came */
     int n_held;
     limit_t lim_rdv, lim_zap, lim_nocurve, lim_crypto, lim_other, lim_spoof;
     atomic_int_fast64_t spoofs;     /* messages dropped by zd__security_sender_ok */
@@ -597,7 +604,7 @@ static char *frame_str(zframe_t *f, char *buf, size_t size)
 }
 
 /* Answers one request; false when it has to wait for the table. */
-static bool zap_answer(security_t *s, zmsg_t *req, int64_t now)
+static bool zap_answer(security_t *s, zmsg_t *req, int64_t now, int64_t came)
 {
     /* [route] [""] version request-id domain address identity mechanism key */
     if (zmsg_size(req) < 9) {
@@ -641,6 +648,8 @@ static bool zap_answer(security_t *s, zmsg_t *req, int64_t now)
         return true;
     }
     int rank = rank_of_key(s, zframe_data(key));
+    if (rank < 0 && now - came < UNKNOWN_HOLD_NS && !atomic_load(&s->stop))
+        return false;
     if (rank < 0) {
         warn_limited(&s->lim_zap, "rpc: refused a connection from %s: its key (%.8s...) is not "
                      "one of this world's", address, ktxt);
@@ -712,11 +721,12 @@ static void *zap_main(void *arg)
                 zmsg_t *req = zmsg_recv(s->zap);
                 if (!req)
                     break;
-                if (zap_answer(s, req, now))
+                if (zap_answer(s, req, now, now)) {
                     zmsg_destroy(&req);
-                else if (s->n_held < MAX_HELD)
+                } else if (s->n_held < MAX_HELD) {
+                    s->held_at[s->n_held] = now;
                     s->held[s->n_held++] = req;
-                else {
+                } else {
                     zap_reply(s, req, "400", "too many handshakes held", "");
                     zmsg_destroy(&req);
                 }
@@ -727,10 +737,12 @@ static void *zap_main(void *arg)
                 watch_event(s, items[i].socket, what[i - 1]);
         int kept = 0;
         for (int i = 0; i < s->n_held; i++) {
-            if (zap_answer(s, s->held[i], now))
+            if (zap_answer(s, s->held[i], now, s->held_at[i])) {
                 zmsg_destroy(&s->held[i]);
-            else
+            } else {
+                s->held_at[kept] = s->held_at[i];
                 s->held[kept++] = s->held[i];
+            }
         }
         s->n_held = kept;
     }

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "rpc/membership.h"
 #include "rpc/rref.h"
 
 typedef struct barrier_round {
@@ -182,6 +183,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     }
     pthread_mutex_unlock(&a->barrier_lock);
     if (complete) {
+        if (round == 0)
+            atomic_store(&a->ending, true);   /* before anyone hears it: membership.c */
         if (r->arrived < a->world)
             log_without(a, r);
         zd_value_t *v = zd_value_int(total);
@@ -231,6 +234,8 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
     pthread_mutex_unlock(&a->barrier_lock);
     while (done) {
         barrier_round_t *next = done->next;
+        if (done->round == 0)
+            atomic_store(&a->ending, true);
         log_without(a, done);
         zd_value_t *v = zd_value_int(done->total);
         round_answer(done, v, "out of memory");
@@ -337,6 +342,13 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
         if ((round > 0 && drain_local(a, drain_deadline(a, deadline)) < 0) ||
             zd__barrier_all(round, outstanding(a), deadline, "zd_rpc_shutdown", &sum) < 0)
             return zd_error_wrap("zd_rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
+        /* Once every live member is leaving, nobody joins any more: rank
+           0's rendezvous port is free again before anyone has left, for a
+           next world's (a process may init again). Until then a process
+           restarted under a lost rank may still come back (a server waits
+           in zd_rpc_shutdown while its trainers train). */
+        if (round == 0)
+            zd__membership_free(a);
         if (sum == 0)
             return 0;
     }
