@@ -91,8 +91,9 @@ static void usage(FILE *f)
         "                     does)\n"
         "  --help             this text\n\n"
         "exit status: 0 when every process finally exits 0; else the status of the\n"
-        "failure that stopped the world (128+signal for a process killed by a signal), 130/143 when launch is\n"
-        "interrupted by SIGINT/SIGTERM, 124 on timeout, 2 for bad flags.\n",
+        "failure that stopped the world (128+signal for a process killed by a\n"
+        "signal), 130/143 when launch is interrupted by SIGINT/SIGTERM, 124 on\n"
+        "timeout, 2 for bad flags.\n",
         MAX_PROCS);
 }
 
