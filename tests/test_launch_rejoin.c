@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: MIT */
+/*  tools/launch --max_restarts with RPC (issue 12 points 3 and 6): launch
+    restarts a rank that died, in place, and the new process rejoins the
+    running world (rpc/membership.c) with the world key launch made.
+
+    This program is both the test and its ranks. The test runs
+        launch --nproc=3 --max_restarts=1 --no_rank_flags -- <this program> --rank DIR
+    Rank 2's first life joins, calls rank 0, leaves a marker in DIR and
+    kills itself (SIGKILL); launch restarts it and its second life (the
+    marker tells them apart) rejoins. Ranks 0 and 1 wait (bounded) to be
+    told that rank 2 rejoined, then call it; everyone then shuts down
+    gracefully, so that launch and the world exit 0. Nothing sleeps: the
+    ranks wait on the rejoin callback and on calls. */
+#define _GNU_SOURCE
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+
+#include "tests/support/fixtures.h"
+#include "tests/support/handlers.h"
+
+extern char **environ;
+
+#define WAIT_MS 60000           /* a rank's bound on each of its waits */
+#define LAUNCH_WAIT_MS 180000   /* the test's bound on the whole world */
+
+/*  ---- the ranks ---- */
+
+static zd_future_t *joined;
+
+static void on_joined(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    printf("rank %d told that \"%s\" (rank %d) rejoined\n", zd_rpc_rank(), name, peer);
+    zd_future_set_value(joined, NULL);
+}
+
+static int echo(int to, int64_t v)
+{
+    zd_value_t *args = zd_rpc_args("i", v), *r = NULL;
+    int64_t got = -1;
+    int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
+    zd_value_unref(args);
+    if (rc == 0 && (zd_value_get_int(r, &got) < 0 || got != v))
+        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
+                          (long long)v);
+    zd_value_unref(r);
+    return rc;
+}
+
+static int rank_failed(const char *what)
+{
+    fprintf(stderr, "%s: %s\n", what, zd_error_last());
+    return 1;
+}
+
+static int rank_main(const char *dir)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    const char *r = getenv("RANK");
+    int rank = r ? atoi(r) : -1;
+    char marker[512];
+    snprintf(marker, sizeof marker, "%s/rank_2_died", dir);
+    bool first_life = rank == 2 && access(marker, F_OK) != 0;
+    char name[16];
+    snprintf(name, sizeof name, "w%d", rank);
+    zd_rpc_options_t o = zd_rpc_options_default();
+    o.init_timeout_ms = WAIT_MS;
+    joined = zd_future_new();
+    if (!joined || zd_rpc_register("echo", world_h_echo, NULL) < 0 ||
+        zd_rpc_register_peer_joined(on_joined, NULL) < 0 ||
+        zd_rpc_init(name, -1, 0, &o) < 0)
+        return rank_failed("init");
+    if (first_life) {
+        if (echo(0, 7) < 0)
+            return rank_failed("first life: echo");
+        int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL, 0600);
+        if (fd < 0)
+            return rank_failed("first life: marker");
+        close(fd);
+        printf("rank 2 dies\n");
+        raise(SIGKILL);
+    }
+    if (rank == 2) {
+        if (!zd_rpc_rejoined())
+            return rank_failed("second life: not marked as rejoined");
+        if (echo(0, 100) < 0 || echo(1, 101) < 0)
+            return rank_failed("second life: echo");
+        printf("rank 2 rejoined and called ranks 0 and 1\n");
+    } else {
+        if (zd_future_wait(joined, WAIT_MS) < 0 || zd_rpc_wait_peer(2, WAIT_MS) < 0)
+            return rank_failed("waiting for rank 2");
+        if (echo(2, 200 + rank) < 0)
+            return rank_failed("echo to the restarted rank 2");
+        printf("rank %d called the restarted rank 2\n", rank);
+    }
+    if (zd_rpc_shutdown(true, WAIT_MS) < 0)
+        return rank_failed("shutdown");
+    zd_future_unref(joined);
+    return 0;
+}
+
+/*  ---- the test ---- */
+
+static void test_a_rank_restarted_by_launch_rejoins(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zdist-launch-rejoin-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char self[1024], exe[1024];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = '\0';
+    const char *build = getenv("ZDIST_BUILD_DIR");
+    snprintf(exe, sizeof exe, "%s/tools/launch", build && *build ? build : "..");
+    /* launch makes the world key only when the user gave none */
+    unsetenv("ZDIST_KEY_FILE");
+    unsetenv("ZDIST_INSECURE");
+    char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--no_rank_flags", "--grace_s=2",
+                    "--", self, "--rank", dir, NULL};
+    const char *out = path_in(dir, "out.txt"), *err = path_in(dir, "err.txt");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    pid_t pid;
+    int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0)
+        fail_msg("cannot run %s: %s (build the launch target)", exe, strerror(rc));
+    int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    assert_true(pfd >= 0);
+    struct pollfd p = {.fd = pfd, .events = POLLIN};
+    int ready = poll(&p, 1, LAUNCH_WAIT_MS);
+    close(pfd);
+    if (ready != 1) {
+        kill(pid, SIGKILL);   /* its ranks die of PR_SET_PDEATHSIG */
+        waitpid(pid, NULL, 0);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), ready == 1 ? pid : -1);
+    char *o = read_text(out), *e = read_text(err);
+    assert_non_null(o);
+    assert_non_null(e);
+    if (ready != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        fail_msg("launch %s\nstdout:\n%s\nstderr:\n%s",
+                 ready != 1 ? "did not finish in time" : "failed", o, e);
+    assert_contains(o, "[rank 2] rank 2 dies\n");
+    assert_contains(e, "was killed by SIGKILL; restarting it (restart 1 of 1)\n");
+    assert_contains(o, "[rank 2] rank 2 rejoined and called ranks 0 and 1\n");
+    assert_contains(o, "[rank 0] rank 0 told that \"w2\" (rank 2) rejoined\n");
+    assert_contains(o, "[rank 0] rank 0 called the restarted rank 2\n");
+    assert_contains(o, "[rank 1] rank 1 called the restarted rank 2\n");
+    assert_contains(e, "launch: 3 processes finished in ");
+    assert_contains(e, " after 1 restart\n");
+    free(o);
+    free(e);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 3 && !strcmp(argv[1], "--rank"))
+        return rank_main(argv[2]);
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_rank_restarted_by_launch_rejoins),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
