@@ -4,13 +4,14 @@
     running world (rpc/membership.c) with the world key launch made.
 
     This program is both the test and its ranks. The test runs
-        launch --nproc=3 --max_restarts=1 --no_rank_flags -- <this program> --rank DIR
-    Rank 2's first life joins, calls rank 0, leaves a marker in DIR and
-    kills itself (SIGKILL); launch restarts it and its second life (the
-    marker tells them apart) rejoins. Ranks 0 and 1 wait (bounded) to be
-    told that rank 2 rejoined, then call it; everyone then shuts down
-    gracefully, so that launch and the world exit 0. Nothing sleeps: the
-    ranks wait on the rejoin callback and on calls. */
+        launch --nproc=3 --max_restarts=1 --no_rank_flags -- <this program> --rank DIR R
+    The first life of rank R (2, a worker, or 0, the rendezvous host)
+    joins, calls another rank, leaves a marker in DIR and kills itself
+    (SIGKILL); launch restarts it and its second life (the marker tells
+    them apart) rejoins. The others wait (bounded) to be told that it
+    rejoined, then call it; everyone then shuts down gracefully, so that
+    launch and the world exit 0. Nothing sleeps: the ranks wait on the
+    rejoin callback and on calls. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -70,14 +71,16 @@ static int rank_failed(const char *what)
     return 1;
 }
 
-static int rank_main(const char *dir)
+/*  dying: the rank that dies in its first life and is restarted. */
+static int rank_main(const char *dir, int dying)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *r = getenv("RANK");
     int rank = r ? atoi(r) : -1;
+    int other = dying == 0 ? 1 : 0;   /* whom the first life calls */
     char marker[512];
-    snprintf(marker, sizeof marker, "%s/rank_2_died", dir);
-    bool first_life = rank == 2 && access(marker, F_OK) != 0;
+    snprintf(marker, sizeof marker, "%s/rank_%d_died", dir, dying);
+    bool first_life = rank == dying && access(marker, F_OK) != 0;
     char name[16];
     snprintf(name, sizeof name, "w%d", rank);
     zd_rpc_options_t o = zd_rpc_options_default();
@@ -88,27 +91,28 @@ static int rank_main(const char *dir)
         zd_rpc_init(name, -1, 0, &o) < 0)
         return rank_failed("init");
     if (first_life) {
-        if (echo(0, 7) < 0)
+        if (echo(other, 7) < 0)
             return rank_failed("first life: echo");
         int fd = open(marker, O_WRONLY | O_CREAT | O_EXCL, 0600);
         if (fd < 0)
             return rank_failed("first life: marker");
         close(fd);
-        printf("rank 2 dies\n");
+        printf("rank %d dies\n", rank);
         raise(SIGKILL);
     }
-    if (rank == 2) {
+    if (rank == dying) {
         if (!zd_rpc_rejoined())
             return rank_failed("second life: not marked as rejoined");
-        if (echo(0, 100) < 0 || echo(1, 101) < 0)
-            return rank_failed("second life: echo");
-        printf("rank 2 rejoined and called ranks 0 and 1\n");
+        for (int i = 0; i < 3; i++)
+            if (i != rank && echo(i, 100 + i) < 0)
+                return rank_failed("second life: echo");
+        printf("rank %d rejoined and called the others\n", rank);
     } else {
-        if (zd_future_wait(joined, WAIT_MS) < 0 || zd_rpc_wait_peer(2, WAIT_MS) < 0)
-            return rank_failed("waiting for rank 2");
-        if (echo(2, 200 + rank) < 0)
-            return rank_failed("echo to the restarted rank 2");
-        printf("rank %d called the restarted rank 2\n", rank);
+        if (zd_future_wait(joined, WAIT_MS) < 0 || zd_rpc_wait_peer(dying, WAIT_MS) < 0)
+            return rank_failed("waiting for the restarted rank");
+        if (echo(dying, 200 + rank) < 0)
+            return rank_failed("echo to the restarted rank");
+        printf("rank %d called the restarted rank %d\n", rank, dying);
     }
     if (zd_rpc_shutdown(true, WAIT_MS) < 0)
         return rank_failed("shutdown");
@@ -118,22 +122,23 @@ static int rank_main(const char *dir)
 
 /*  ---- the test ---- */
 
-static void test_a_rank_restarted_by_launch_rejoins(void **state)
+/*  Runs the world in which rank dying dies once; checks that it ended well. */
+static void run_world(int dying)
 {
-    (void)state;
     char dir[] = "/tmp/zdist-launch-rejoin-XXXXXX";
     assert_non_null(mkdtemp(dir));
-    char self[1024], exe[1024];
+    char self[1024], exe[1024], dying_arg[16];
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     assert_true(n > 0);
     self[n] = '\0';
     const char *build = getenv("ZDIST_BUILD_DIR");
     snprintf(exe, sizeof exe, "%s/tools/launch", build && *build ? build : "..");
+    snprintf(dying_arg, sizeof dying_arg, "%d", dying);
     /* launch makes the world key only when the user gave none */
     unsetenv("ZDIST_KEY_FILE");
     unsetenv("ZDIST_INSECURE");
     char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--no_rank_flags", "--grace_s=2",
-                    "--", self, "--rank", dir, NULL};
+                    "--", self, "--rank", dir, dying_arg, NULL};
     const char *out = path_in(dir, "out.txt"), *err = path_in(dir, "err.txt");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -149,24 +154,35 @@ static void test_a_rank_restarted_by_launch_rejoins(void **state)
     struct pollfd p = {.fd = pfd, .events = POLLIN};
     int ready = poll(&p, 1, LAUNCH_WAIT_MS);
     close(pfd);
-    if (ready != 1) {
+    if (ready != 1)
         kill(pid, SIGKILL);   /* its ranks die of PR_SET_PDEATHSIG */
-        waitpid(pid, NULL, 0);
-    }
     int status = 0;
-    assert_int_equal(waitpid(pid, &status, 0), ready == 1 ? pid : -1);
+    assert_int_equal(waitpid(pid, &status, 0), pid);
     char *o = read_text(out), *e = read_text(err);
     assert_non_null(o);
     assert_non_null(e);
     if (ready != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
         fail_msg("launch %s\nstdout:\n%s\nstderr:\n%s",
                  ready != 1 ? "did not finish in time" : "failed", o, e);
-    assert_contains(o, "[rank 2] rank 2 dies\n");
+    char want[160];
+    snprintf(want, sizeof want, "[rank %d] rank %d dies\n", dying, dying);
+    assert_contains(o, want);
+    snprintf(want, sizeof want, "launch: rank %d (pid ", dying);
+    assert_contains(e, want);
     assert_contains(e, "was killed by SIGKILL; restarting it (restart 1 of 1)\n");
-    assert_contains(o, "[rank 2] rank 2 rejoined and called ranks 0 and 1\n");
-    assert_contains(o, "[rank 0] rank 0 told that \"w2\" (rank 2) rejoined\n");
-    assert_contains(o, "[rank 0] rank 0 called the restarted rank 2\n");
-    assert_contains(o, "[rank 1] rank 1 called the restarted rank 2\n");
+    snprintf(want, sizeof want, "[rank %d] rank %d rejoined and called the others\n", dying,
+             dying);
+    assert_contains(o, want);
+    for (int r = 0; r < 3; r++) {
+        if (r == dying)
+            continue;
+        snprintf(want, sizeof want, "[rank %d] rank %d told that \"w%d\" (rank %d) rejoined\n",
+                 r, r, dying, dying);
+        assert_contains(o, want);
+        snprintf(want, sizeof want, "[rank %d] rank %d called the restarted rank %d\n", r, r,
+                 dying);
+        assert_contains(o, want);
+    }
     assert_contains(e, "launch: 3 processes finished in ");
     assert_contains(e, " after 1 restart\n");
     free(o);
@@ -176,12 +192,28 @@ static void test_a_rank_restarted_by_launch_rejoins(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+static void test_a_worker_restarted_by_launch_rejoins(void **state)
+{
+    (void)state;
+    run_world(2);
+}
+
+/*  Rank 0 is the rendezvous host: the others get it back because launch
+    set ZDIST_MASTER_WAIT_S for them (--max_restarts). */
+static void test_rank_0_restarted_by_launch_gets_the_world_back(void **state)
+{
+    (void)state;
+    unsetenv("ZDIST_MASTER_WAIT_S");
+    run_world(0);
+}
+
 int main(int argc, char **argv)
 {
-    if (argc == 3 && !strcmp(argv[1], "--rank"))
-        return rank_main(argv[2]);
+    if (argc == 4 && !strcmp(argv[1], "--rank"))
+        return rank_main(argv[2], atoi(argv[3]));
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_a_rank_restarted_by_launch_rejoins),
+        cmocka_unit_test(test_a_worker_restarted_by_launch_rejoins),
+        cmocka_unit_test(test_rank_0_restarted_by_launch_gets_the_world_back),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

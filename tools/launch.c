@@ -88,13 +88,14 @@ static void usage(FILE *f)
         "                     process started is killed first. The others keep\n"
         "                     running. Once a rank's N restarts are used, its next\n"
         "                     failure stops the world (default: 0: the first failure\n"
-        "                     does)\n"
+        "                     does). Sets ZDIST_MASTER_WAIT_S=%s unless set, so that\n"
+        "                     the others wait for a restarted rank 0\n"
         "  --help             this text\n\n"
         "exit status: 0 when every process finally exits 0; else the status of the\n"
         "failure that stopped the world (128+signal for a process killed by a\n"
         "signal), 130/143 when launch is interrupted by SIGINT/SIGTERM, 124 on\n"
         "timeout, 2 for bad flags.\n",
-        MAX_PROCS);
+        MAX_PROCS, MASTER_WAIT_S);
 }
 
 static int bad_flag(const char *fmt, const char *a, const char *b)
@@ -625,6 +626,13 @@ int main(int argc, char **argv)
     if (L->log_dir && make_dirs(L->log_dir) < 0)
         return 1;
     share_cores(L);
+    /* A restarted rank 0 gets the running world back only from members that
+       keep registering with the master port while it is lost (rpc/
+       membership.c): with restarts on, they do for a while, unless the
+       user chose how long. */
+    const char *wait = getenv("ZDIST_MASTER_WAIT_S");
+    if (L->max_restarts > 0 && !(wait && *wait))
+        setenv("ZDIST_MASTER_WAIT_S", MASTER_WAIT_S, 1);
     if (launch_key_prepare(L) < 0)
         return 1;
 

@@ -13,6 +13,7 @@
 #define MAX_PROCS 64                /* on one node */
 #define MAX_NODES 1024
 #define MAX_RESTARTS 1000000        /* per rank */
+#define MASTER_WAIT_S "60"          /* ZDIST_MASTER_WAIT_S with --max_restarts */
 #define READ_CHUNK 65536
 #define LINE_MAX_BYTES (1 << 20)    /* longer lines are relayed in pieces this long */
 #define DRAIN_MAX_BYTES (16 << 20)  /* read at most this much from a dead rank's pipe */
