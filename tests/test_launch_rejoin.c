@@ -161,9 +161,13 @@ static void run_world(int dying)
     char *o = read_text(out), *e = read_text(err);
     assert_non_null(o);
     assert_non_null(e);
-    if (ready != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        fail_msg("launch %s\nstdout:\n%s\nstderr:\n%s",
-                 ready != 1 ? "did not finish in time" : "failed", o, e);
+    if (ready != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n(kept in %s)\n", o, e, dir);
+        free(o);
+        free(e);
+        fail_msg("launch %s (its output above)",
+                 ready != 1 ? "did not finish in time" : "failed");
+    }
     char want[160];
     snprintf(want, sizeof want, "[rank %d] rank %d dies\n", dying, dying);
     assert_contains(o, want);
