@@ -499,6 +499,256 @@ static void test_exec_failure_is_a_failure(void **state)
     free(err);
 }
 
+/*  ---- --max_restarts ---- */
+
+/*  The pids a rank's lives wrote, one a line, into pids (at most max);
+    returns how many. */
+static int read_lives(const fixture_t *f, int rank, pid_t *pids, int max)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/pids.%d", f->dir, rank);
+    char *s = read_text(path);
+    assert_non_null(s);
+    int n = 0;
+    for (char *l = s; *l && n < max; n++) {
+        pids[n] = (pid_t)strtol(l, &l, 10);
+        assert_true(pids[n] > 1);
+        l += *l == '\n';
+    }
+    free(s);
+    return n;
+}
+
+/*  Every life of a rank appends its pid to pids.R and numbers itself. */
+#define LIVES "echo $$ >> $d/pids.$RANK\n"                               \
+              "life=$(wc -l < $d/pids.$RANK)\n"                          \
+              "env | sort > $d/env.$RANK.$life\n"                        \
+              "echo \"rank $RANK life $life args $(printf '<%s>' \"$@\")\"\n"
+
+/*  Rank 1 exits 5 and rank 2 is killed by SIGKILL in their first lives;
+    their second lives succeed. Rank 0 must still be running then (it exits
+    only once both second lives said ready): restarting one rank stops
+    nobody. Rank 1's first life leaves a process behind that holds a lock
+    its second life waits for: launch must kill it before the restart. */
+static void test_failed_ranks_restart_in_place(void **state)
+{
+    fixture_t *f = *state;
+    write_rank_script(f, LIVES
+                    "case \"$RANK.$life\" in\n"
+                    "0.1) exec 3<>$d/ready; read a <&3; read b <&3; exit 0 ;;\n"
+                    "1.1) exec 9>$d/lock; flock 9; sleep 300 & echo $! > $d/child.1; exit 5 ;;\n"
+                    "1.2) flock $d/lock true; echo 1 > $d/ready; exit 0 ;;\n"
+                    "2.1) kill -9 $$ ;;\n"
+                    "2.2) echo 2 > $d/ready; exit 0 ;;\n"
+                    "esac\n"
+                    "exit 9\n");
+    char ck[160];
+    snprintf(ck, sizeof ck, "--checkpoint=%s/ck", f->dir);
+    char *out, *err;
+    const char *args[] = {"--nproc=3", "--max_restarts=2", "--", f->script, ck, NULL};
+    assert_int_equal(run_launch(f, args, &out, &err), 0);
+
+    pid_t p0[4], p1[4], p2[4];
+    assert_int_equal(read_lives(f, 0, p0, 4), 1);   /* exited 0: never restarted */
+    assert_int_equal(read_lives(f, 1, p1, 4), 2);
+    assert_int_equal(read_lives(f, 2, p2, 4), 2);
+    char want[512];
+    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 5; restarting it "
+             "(restart 1 of 2)\n", (int)p1[0]);
+    assert_contains(err, want);
+    snprintf(want, sizeof want, "launch: rank 1 restarted as pid %d with --resume\n",
+             (int)p1[1]);
+    assert_contains(err, want);
+    snprintf(want, sizeof want, "launch: rank 2 (pid %d) was killed by SIGKILL; restarting it "
+             "(restart 1 of 2)\n", (int)p2[0]);
+    assert_contains(err, want);
+    snprintf(want, sizeof want, "launch: rank 2 restarted as pid %d with --resume\n",
+             (int)p2[1]);
+    assert_contains(err, want);
+    assert_contains(err, " after 2 restarts\n");
+    assert_contains(err, "launch: 3 processes finished in ");
+    assert_null(strstr(err, "stopping"));
+
+    /* Same rank, flags and environment (the world key launch made too),
+       plus --resume since the program takes --checkpoint. */
+    for (int r = 1; r <= 2; r++) {
+        snprintf(want, sizeof want, "[rank %d] rank %d life 1 args <%s><--rank=%d>"
+                 "<--world_size=3><--master_addr=127.0.0.1><--master_port=", r, r, ck, r);
+        assert_contains(out, want);
+        snprintf(want, sizeof want, "[rank %d] rank %d life 2 args <%s><--resume><--rank=%d>"
+                 "<--world_size=3><--master_addr=127.0.0.1><--master_port=", r, r, ck, r);
+        assert_contains(out, want);
+        char a[256], b[256];
+        snprintf(a, sizeof a, "%s/env.%d.1", f->dir, r);
+        snprintf(b, sizeof b, "%s/env.%d.2", f->dir, r);
+        char *env1 = read_text(a), *env2 = read_text(b);
+        assert_non_null(env1);
+        assert_non_null(env2);
+        assert_string_equal(env1, env2);
+        assert_contains(env1, "ZDIST_KEY_FILE=");
+        snprintf(want, sizeof want, "\nRANK=%d\n", r);
+        assert_contains(env1, want);
+        free(env1);
+        free(env2);
+    }
+    assert_gone(f, (const char *const[]){"child.1", NULL});
+    pid_t all[] = {p0[0], p1[0], p1[1], p2[0], p2[1]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        assert_true(kill(all[i], 0) < 0 && errno == ESRCH);
+    free(out);
+    free(err);
+}
+
+/*  Rank 1 fails every time: after its 2 restarts the world is stopped as
+    without --max_restarts, with the last failure's status. No --checkpoint:
+    no --resume. */
+static void test_restarts_run_out(void **state)
+{
+    fixture_t *f = *state;
+    write_rank_script(f, LIVES
+                    "if [ \"$RANK\" = 0 ]; then echo 0 > $d/ready; exec sleep 300; fi\n"
+                    "if [ \"$life\" = 1 ]; then exec 3<>$d/ready; read a <&3; fi\n"
+                    "echo \"rank 1 gives up\" >&2\n"
+                    "exit 4\n");
+    char *out, *err;
+    const char *args[] = {"--nproc=2", "--max_restarts=2", f->script, "--flag", NULL};
+    assert_int_equal(run_launch(f, args, &out, &err), 4);
+    pid_t p0[4], p1[4];
+    assert_int_equal(read_lives(f, 0, p0, 4), 1);
+    assert_int_equal(read_lives(f, 1, p1, 4), 3);
+    char want[256];
+    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 4; restarting it "
+             "(restart 1 of 2)\nlaunch: rank 1 restarted as pid %d\n", (int)p1[0], (int)p1[1]);
+    assert_contains(err, want);
+    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 4; restarting it "
+             "(restart 2 of 2)\nlaunch: rank 1 restarted as pid %d\n", (int)p1[1], (int)p1[2]);
+    assert_contains(err, want);
+    snprintf(want, sizeof want, "launch: rank 1 exited with status 4 (pid %d)\n"
+             "launch: rank 1 has no restarts left (--max_restarts=2)\n"
+             "launch: stopping the other 1 process\n", (int)p1[2]);
+    assert_contains(err, want);
+    assert_contains(err, "exit status 4\n");
+    assert_null(strstr(err, "restart 3"));
+    assert_null(strstr(out, "--resume"));
+    assert_contains(out, "[rank 1] rank 1 life 3 args <--flag><--rank=1>");
+    assert_gone(f, (const char *const[]){"pids.0", NULL});
+    free(out);
+    free(err);
+}
+
+/*  A rank killed by a signal every time: the world's status is 128+signal. */
+static void test_restarts_run_out_on_signals(void **state)
+{
+    fixture_t *f = *state;
+    write_rank_script(f, LIVES "kill -9 $$\n");
+    char *out, *err;
+    const char *args[] = {"--nproc=1", "--max_restarts=1", "--no_rank_flags", f->script, NULL};
+    assert_int_equal(run_launch(f, args, &out, &err), 137);
+    pid_t p[4];
+    assert_int_equal(read_lives(f, 0, p, 4), 2);
+    char want[256];
+    snprintf(want, sizeof want, "launch: rank 0 (pid %d) was killed by SIGKILL; restarting it "
+             "(restart 1 of 1)\n", (int)p[0]);
+    assert_contains(err, want);
+    snprintf(want, sizeof want, "launch: rank 0 killed by signal 9 (SIGKILL, pid %d)\n"
+             "launch: rank 0 has no restarts left (--max_restarts=1)\n", (int)p[1]);
+    assert_contains(err, want);
+    free(out);
+    free(err);
+}
+
+/*  Which programs get --resume on a restart: those given --checkpoint (in
+    either flag form, with a value) and not --resume already. */
+static void test_resume_only_with_checkpoints(void **state)
+{
+    fixture_t *f = *state;
+    write_rank_script(f, LIVES "[ \"$life\" = 2 ] || exit 1\n");
+    static const struct {
+        const char *flags[3];
+        const char *second_life;   /* the restarted process's arguments */
+    } cases[] = {
+        {{"--checkpoint=ck"}, "<--checkpoint=ck><--resume>"},
+        {{"--checkpoint", "ck"}, "<--checkpoint><ck><--resume>"},
+        {{"--checkpoint=ck", "--resume"}, "<--checkpoint=ck><--resume>"},
+        {{"--resume=false", "--checkpoint=ck"}, "<--resume=false><--checkpoint=ck>"},
+        {{"--checkpoint_every=5"}, "<--checkpoint_every=5>"},
+        {{"--checkpoint="}, "<--checkpoint=>"},
+        {{NULL}, "<>"},   /* printf's format used once with no arguments */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char pids[256];
+        snprintf(pids, sizeof pids, "%s/pids.0", f->dir);
+        unlink(pids);
+        const char *args[8] = {"--nproc=1", "--max_restarts=1", "--no_rank_flags", f->script};
+        int n = 4;
+        for (int k = 0; k < 3 && cases[i].flags[k]; k++)
+            args[n++] = cases[i].flags[k];
+        args[n] = NULL;
+        char *out, *err;
+        assert_int_equal(run_launch(f, args, &out, &err), 0);
+        char want[256];
+        snprintf(want, sizeof want, "[rank 0] rank 0 life 2 args %s\n", cases[i].second_life);
+        assert_contains(out, want);
+        bool resumed = strstr(cases[i].second_life, "<--resume>") &&
+                       !strstr(cases[i].flags[1] ? cases[i].flags[1] : "", "--resume");
+        if (resumed)
+            assert_contains(err, " with --resume\n");
+        else
+            assert_null(strstr(err, " with --resume"));
+        free(out);
+        free(err);
+    }
+}
+
+/*  With --log_dir a restarted rank appends to its log, after a line that
+    says so, and launch shows the tail of the failed life. */
+static void test_restart_appends_to_the_log(void **state)
+{
+    fixture_t *f = *state;
+    write_rank_script(f, LIVES
+                    "if [ \"$life\" = 1 ]; then echo 'first life dies' >&2; exit 3; fi\n");
+    char logs[128];
+    snprintf(logs, sizeof logs, "--log_dir=%s/logs", f->dir);
+    char *out, *err;
+    const char *args[] = {"--nproc=1", "--max_restarts=1", "--no_rank_flags", logs,
+                          f->script, NULL};
+    assert_int_equal(run_launch(f, args, &out, &err), 0);
+    assert_string_equal(out, "");
+    char path[256];
+    snprintf(path, sizeof path, "%s/logs/rank_00.log", f->dir);
+    char *log = read_text(path);
+    assert_non_null(log);
+    assert_string_equal(log, "rank 0 life 1 args <>\nfirst life dies\n"
+                        "launch: rank 0 restarted (restart 1 of 1)\nrank 0 life 2 args <>\n");
+    char want[512];
+    snprintf(want, sizeof want, "launch: last lines of %s:\n[rank 0] rank 0 life 1 args <>\n"
+             "[rank 0] first life dies\n", path);
+    assert_contains(err, want);
+    free(log);
+    free(out);
+    free(err);
+}
+
+/*  Ranks that die because launch stops the world are not restarted. */
+static void test_no_restarts_while_stopping(void **state)
+{
+    fixture_t *f = *state;
+    write_rank_script(f, sleepers);
+    int ready = open(f->fifo, O_RDWR | O_CLOEXEC);
+    assert_true(ready >= 0);
+    const char *args[] = {"--nproc=2", "--max_restarts=3", "--no_rank_flags", f->script, NULL};
+    pid_t pid = spawn_launch(f, args);
+    wait_ready(ready, 2);
+    close(ready);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    assert_int_equal(wait_launch(pid), 143);
+    char *err = read_text(f->err);
+    assert_contains(err, "launch: received SIGTERM; stopping 2 processes\n");
+    assert_null(strstr(err, "restart"));
+    assert_gone(f, (const char *const[]){"pid.0", "pid.1", NULL});
+    free(err);
+}
+
 static void test_bad_flags_and_missing_program(void **state)
 {
     fixture_t *f = *state;
@@ -516,6 +766,8 @@ static void test_bad_flags_and_missing_program(void **state)
         {{"--nproc=2", "--grace_s=-1", "/bin/true"}, "launch: --grace_s expects a number"},
         {{"--nproc=2", "--master_port=70000", "/bin/true"}, "launch: --master_port expects"},
         {{"--nproc=2", "--master_port"}, "launch: --master_port needs a value"},
+        {{"--nproc=2", "--max_restarts=-1", "/bin/true"},
+         "launch: --max_restarts expects an integer in 0..1000000, got \"-1\""},
         {{"--nproc=2", "/nonexistent/program"}, "launch: cannot run \"/nonexistent/program\""},
         {{"--nproc=2", "no-such-program-zdist"}, "not found in PATH"},
         {{"--nproc=2", "/tmp"}, "launch: cannot run \"/tmp\": not an executable file"},
@@ -532,6 +784,8 @@ static void test_bad_flags_and_missing_program(void **state)
     const char *help[] = {"--help", NULL};
     assert_int_equal(run_launch(f, help, &out, &err), 0);
     assert_contains(out, "usage: launch --nproc=N");
+    assert_contains(out, "  --max_restarts=N ");
+    assert_contains(out, "at most N times per rank");
     free(out);
     free(err);
 }
@@ -563,6 +817,12 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_timeout_stops_the_world, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failure_is_a_failure, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_failed_ranks_restart_in_place, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restarts_run_out, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restarts_run_out_on_signals, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_resume_only_with_checkpoints, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_restart_appends_to_the_log, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_no_restarts_while_stopping, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_flags_and_missing_program, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

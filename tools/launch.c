@@ -19,7 +19,10 @@
     stopped (SIGTERM, then SIGKILL after --grace_s) and launch exits with the
     first failure's status (128+signal for a signal). Each node's launch
     stops only its own processes: those of the other nodes learn of the
-    failure from RPC (their calls to the lost peers fail).
+    failure from RPC (their calls to the lost peers fail). With
+    --max_restarts=N a failed process is instead started again in place (same
+    rank, flags and environment, plus --resume when the program was given
+    --checkpoint), at most N times per rank.
 
     This file: flags, finding the program, starting the ranks. Each rank
     leads its own process group, so that stopping it also stops whatever it
@@ -57,7 +60,8 @@ static void usage(FILE *f)
         "              --nproc_per_node=M [flags] [--] program [program flags]\n"
         "Starts ranks 0..N-1 of program on this machine (or ranks K*M..K*M+M-1 of a\n"
         "world of N*M spread over N nodes), relays their output with a \"[rank R] \"\n"
-        "prefix, and stops all of them when one fails.\n"
+        "prefix, and stops all of them when one fails (or restarts it, with\n"
+        "--max_restarts).\n"
         "Each rank gets \"--rank=R --world_size=N --master_addr=A --master_port=P\" after\n"
         "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,\n"
         "LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE in its environment, and\n"
@@ -76,11 +80,22 @@ static void usage(FILE *f)
         "  --no_rank_flags    pass the rank only through the environment\n"
         "  --grace_s=S        time between SIGTERM and SIGKILL when stopping (default: 5)\n"
         "  --timeout_s=S      stop the world after S seconds; 0: never (default: 0)\n"
+        "  --max_restarts=N   restart a process that fails (non-zero exit or a signal)\n"
+        "                     in place, at most N times per rank (unlike torchrun,\n"
+        "                     which counts restarts of the whole group): same rank,\n"
+        "                     flags and environment, plus --resume if the program's\n"
+        "                     flags have --checkpoint and no --resume; what the dead\n"
+        "                     process started is killed first. The others keep\n"
+        "                     running. Once a rank's N restarts are used, its next\n"
+        "                     failure stops the world (default: 0: the first failure\n"
+        "                     does). Sets ZDIST_MASTER_WAIT_S=%s unless set, so that\n"
+        "                     the others wait for a restarted rank 0\n"
         "  --help             this text\n\n"
-        "exit status: 0 when every process exits 0; else the first failure's status\n"
-        "(128+signal for a process killed by a signal), 130/143 when launch is\n"
-        "interrupted by SIGINT/SIGTERM, 124 on timeout, 2 for bad flags.\n",
-        MAX_PROCS);
+        "exit status: 0 when every process finally exits 0; else the status of the\n"
+        "failure that stopped the world (128+signal for a process killed by a\n"
+        "signal), 130/143 when launch is interrupted by SIGINT/SIGTERM, 124 on\n"
+        "timeout, 2 for bad flags.\n",
+        MAX_PROCS, MASTER_WAIT_S);
 }
 
 static int bad_flag(const char *fmt, const char *a, const char *b)
@@ -118,6 +133,23 @@ static int parse_seconds(const char *name, const char *v, double *out)
     return 0;
 }
 
+/*  Whether a restarted process should get --resume: its flags (as the
+    examples parse them: "--name=value" or "--name value") name checkpoints
+    and do not say --resume already, in either form. */
+static bool wants_resume(char *const *argv)
+{
+    bool checkpoint = false;
+    for (int i = 1; argv[i]; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--resume") || !strncmp(a, "--resume=", 9))
+            return false;
+        if ((!strncmp(a, "--checkpoint=", 13) && a[13]) ||
+            (!strcmp(a, "--checkpoint") && argv[i + 1]))
+            checkpoint = true;
+    }
+    return checkpoint;
+}
+
 /*  Flags come first, as "--name=value" or "--name value"; the program starts
     after "--" or at the first argument that is not a flag. Returns 0, 1 for
     --help, -1 on a bad flag (message printed). */
@@ -125,7 +157,7 @@ static int parse_flags(launch_t *L, int argc, char **argv)
 {
     static const char *const valued[] = {"nproc", "nproc_per_node", "nnodes", "node_rank",
                                          "master_addr", "master_port", "log_dir", "grace_s",
-                                         "timeout_s"};
+                                         "timeout_s", "max_restarts"};
     int i = 1;
     while (i < argc) {
         const char *a = argv[i];
@@ -178,6 +210,8 @@ static int parse_flags(launch_t *L, int argc, char **argv)
             rc = parse_seconds(key, v, &L->grace_s);
         else if (!strcmp(key, "timeout_s"))
             rc = parse_seconds(key, v, &L->timeout_s);
+        else if (!strcmp(key, "max_restarts"))
+            rc = parse_int(key, v, 0, MAX_RESTARTS, &L->max_restarts);
         else if (!*v)
             rc = bad_flag("--%s needs a non-empty value%s", key, "");
         else if (!strcmp(key, "log_dir"))
@@ -209,6 +243,7 @@ static int parse_flags(launch_t *L, int argc, char **argv)
         return bad_flag("no program to run: launch --nproc=N [flags] -- program%s%s", "", "");
     L->prog_argv = argv + i;
     L->prog_argc = argc - i;
+    L->add_resume = wants_resume(L->prog_argv);
     return 0;
 }
 
@@ -345,27 +380,32 @@ static void free_rank_env(char **env, size_t nkept)
     free(env);
 }
 
-/*  The program's argv with the rank flags appended (allocated: those four
-    strings and the array); NULL when out of memory. */
+/*  The program's argv with --resume (on a restart, when add_resume) and the
+    rank flags appended (allocated: those strings and the array); NULL when
+    out of memory. */
 static char **rank_argv(launch_t *L, int i)
 {
-    char **argv = calloc(L->prog_argc + 5, sizeof *argv);
+    char **argv = calloc(L->prog_argc + 6, sizeof *argv);
     if (!argv)
         return NULL;
     for (int i = 0; i < L->prog_argc; i++)
         argv[i] = L->prog_argv[i];
+    char **a = argv + L->prog_argc;
+    int n = 0;
+    bool ok = true;
+    if (L->procs[i].restarts > 0 && L->add_resume)
+        ok = ok && (a[n++] = strdup("--resume"));
     if (L->rank_flags) {
-        char **a = argv + L->prog_argc;
-        a[0] = str_printf("--rank=%d", launch_rank(L, i));
-        a[1] = str_printf("--world_size=%d", L->nnodes * L->nproc);
-        a[2] = str_printf("--master_addr=%s", L->master_addr);
-        a[3] = str_printf("--master_port=%d", L->master_port);
-        if (!a[0] || !a[1] || !a[2] || !a[3]) {
-            for (int i = 0; i < 4; i++)
-                free(a[i]);
-            free(argv);
-            return NULL;
-        }
+        ok = ok && (a[n++] = str_printf("--rank=%d", launch_rank(L, i)));
+        ok = ok && (a[n++] = str_printf("--world_size=%d", L->nnodes * L->nproc));
+        ok = ok && (a[n++] = str_printf("--master_addr=%s", L->master_addr));
+        ok = ok && (a[n++] = str_printf("--master_port=%d", L->master_port));
+    }
+    if (!ok) {
+        for (int k = 0; k < n; k++)
+            free(a[k]);
+        free(argv);
+        return NULL;
     }
     return argv;
 }
@@ -412,8 +452,9 @@ static char *log_path(launch_t *L, int i)
 
 /*  A new, empty log for process i, open for writing (close-on-exec: the
     child gets it through dup2). Mode 0644 whatever the umask: anyone
-    allowed into the folder may read the logs. Returns the fd, or -1 with
-    a message printed. */
+    allowed into the folder may read the logs. A restarted process appends
+    to the log of its earlier lives, after a line that says so. Returns the
+    fd, or -1 with a message printed. */
 static int open_log(launch_t *L, int i)
 {
     proc_t *p = &L->procs[i];
@@ -421,7 +462,11 @@ static int open_log(launch_t *L, int i)
         fprintf(stderr, "launch: out of memory\n");
         return -1;
     }
-    int fd = open(p->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int mode = p->restarts > 0 ? O_APPEND : O_TRUNC;
+    int fd = open(p->log_path, O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644);
+    if (fd >= 0 && p->restarts > 0)
+        dprintf(fd, "launch: rank %d restarted (restart %d of %d)\n", launch_rank(L, i),
+                p->restarts, L->max_restarts);
     if (fd < 0 || fchmod(fd, 0644) < 0) {
         fprintf(stderr, "launch: cannot create %s: %s\n", p->log_path, strerror(errno));
         if (fd >= 0)
@@ -460,7 +505,7 @@ static int make_dirs(const char *dir)
     return rc;
 }
 
-static int start_rank(launch_t *L, int i, int devnull)
+int launch_start_rank(launch_t *L, int i)
 {
     proc_t *p = &L->procs[i];
     int out[2] = {-1, -1}, err[2] = {-1, -1};
@@ -476,7 +521,7 @@ static int start_rank(launch_t *L, int i, int devnull)
         pid = fork();
         if (pid == 0)
             exec_child(L, parent, logfd >= 0 ? logfd : out[1], logfd >= 0 ? logfd : err[1],
-                       devnull, argv, env);
+                       L->devnull, argv, env);
     }
     int saved = errno;
     if (argv)
@@ -503,11 +548,12 @@ static int start_rank(launch_t *L, int i, int devnull)
         fcntl(out[0], F_SETFL, O_NONBLOCK);
         fcntl(err[0], F_SETFL, O_NONBLOCK);
     }
+    if (p->pid == 0)
+        L->started++;
     p->pid = pid;
     p->alive = true;
     p->streams[0] = (stream_t){.fd = out[0], .out = STDOUT_FILENO};
     p->streams[1] = (stream_t){.fd = err[0], .out = STDERR_FILENO};
-    L->started++;
     L->alive++;
     return 0;
 }
@@ -565,6 +611,7 @@ int main(int argc, char **argv)
     int devnull;
     while ((devnull = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && devnull <= 2)
         fcntl(devnull, F_SETFD, 0);
+    L->devnull = devnull;
     if (devnull < 0) {
         fprintf(stderr, "launch: /dev/null: %s\n", strerror(errno));
         return 1;
@@ -579,6 +626,13 @@ int main(int argc, char **argv)
     if (L->log_dir && make_dirs(L->log_dir) < 0)
         return 1;
     share_cores(L);
+    /* A restarted rank 0 gets the running world back only from members that
+       keep registering with the master port while it is lost (rpc/
+       membership.c): with restarts on, they do for a while, unless the
+       user chose how long. */
+    const char *wait = getenv("ZDIST_MASTER_WAIT_S");
+    if (L->max_restarts > 0 && !(wait && *wait))
+        setenv("ZDIST_MASTER_WAIT_S", MASTER_WAIT_S, 1);
     if (launch_key_prepare(L) < 0)
         return 1;
 
@@ -602,13 +656,12 @@ int main(int argc, char **argv)
 
     L->start = launch_now();
     for (int r = 0; r < L->nproc; r++) {
-        if (start_rank(L, r, devnull) < 0) {
+        if (launch_start_rank(L, r) < 0) {
             L->exit_code = 1;
             launch_stop(L, SIGTERM);
             break;
         }
     }
-    close(devnull);
     if (L->started == L->nproc) {
         char pids[MAX_PROCS * 12] = "";
         size_t len = 0;
@@ -629,13 +682,21 @@ int main(int argc, char **argv)
     }
     launch_run(L);
     close(L->sigfd);
+    close(L->devnull);
     free(L->prog_path);
     for (int r = 0; r < L->nproc; r++)
         free(L->procs[r].log_path);
     double took = launch_now() - L->start;
+    int restarts = 0;
+    for (int r = 0; r < L->nproc; r++)
+        restarts += L->procs[r].restarts;
+    char after[48] = "";
+    if (restarts > 0)
+        snprintf(after, sizeof after, " after %d %s", restarts,
+                 restarts == 1 ? "restart" : "restarts");
     if (L->exit_code < 0) {
-        fprintf(stderr, "launch: %d %s finished in %.1f s\n", L->nproc,
-                launch_processes(L->nproc), took);
+        fprintf(stderr, "launch: %d %s finished in %.1f s%s\n", L->nproc,
+                launch_processes(L->nproc), took, after);
         return 0;
     }
     fprintf(stderr, "launch: stopped after %.1f s; exit status %d\n", took, L->exit_code);

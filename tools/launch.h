@@ -12,6 +12,8 @@
 
 #define MAX_PROCS 64                /* on one node */
 #define MAX_NODES 1024
+#define MAX_RESTARTS 1000000        /* per rank */
+#define MASTER_WAIT_S "60"          /* ZDIST_MASTER_WAIT_S with --max_restarts */
 #define READ_CHUNK 65536
 #define LINE_MAX_BYTES (1 << 20)    /* longer lines are relayed in pieces this long */
 #define DRAIN_MAX_BYTES (16 << 20)  /* read at most this much from a dead rank's pipe */
@@ -31,6 +33,7 @@ typedef struct {
 typedef struct {
     pid_t pid;          /* 0: not started */
     bool alive;         /* started and not yet reaped */
+    int restarts;       /* times it was restarted after failing (--max_restarts) */
     stream_t streams[2];
     char *log_path;     /* with --log_dir: where its output goes (its streams stay closed) */
 } proc_t;
@@ -48,6 +51,8 @@ typedef struct {
     int master_port;
     bool rank_flags;
     double grace_s, timeout_s;
+    int max_restarts;   /* per rank; 0: the first failure stops the world */
+    bool add_resume;    /* the program has --checkpoint and no --resume: restarts get one */
     char **prog_argv;   /* program and its flags (points into main's argv) */
     int prog_argc;
     char *prog_path;    /* the program's resolved path */
@@ -55,6 +60,7 @@ typedef struct {
     proc_t procs[MAX_PROCS];
     int started, alive; /* ranks started; started and not yet reaped */
     int sigfd;
+    int devnull;        /* the ranks' stdin, kept open for restarts */
     sigset_t orig_mask;
     double start;
     phase_t phase;
@@ -82,9 +88,15 @@ static inline int launch_rank(const launch_t *L, int i)
     return L->rank_base + i;
 }
 
+/*  Starts (or, when its restarts count is above 0, restarts in place) this
+    node's i-th process: same rank, flags and environment, plus --resume on
+    a restart when add_resume. 0, or -1 with a message printed. */
+int launch_start_rank(launch_t *L, int i);
+
 /*  Runs the world until every rank and everything they started is reaped
-    (or has not died KILL_WAIT_S after SIGKILL): relays output, reports the
-    first failure, stops the others. Closes every stream before returning. */
+    (or has not died KILL_WAIT_S after SIGKILL): relays output, restarts a
+    failed rank while it has restarts left, else reports the failure and
+    stops the others. Closes every stream before returning. */
 void launch_run(launch_t *L);
 
 /*  launch_key.c: unless the user chose a key or --insecure, or the world

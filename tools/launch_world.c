@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  launch_world.c: the running world of tools/launch: one poll() loop over
     the ranks' pipes and a signalfd. Output is relayed line by line with a
-    "[rank R] " prefix; the first rank to fail is reported and the others are
+    "[rank R] " prefix; a rank that fails is started again while it has
+    restarts left (--max_restarts), else it is reported and the others are
     stopped (SIGTERM to each rank's process group, SIGKILL --grace_s later).
     launch is a child subreaper, so what the ranks started is reparented to
     it when they die; the loop ends only when waitpid() says no child is left,
@@ -276,6 +277,53 @@ static void on_signal(launch_t *L, int sig)
     }
 }
 
+/*  The failure that stops the world. */
+static void report_failure(launch_t *L, int rank, int status)
+{
+    proc_t *p = &L->procs[rank];
+    if (WIFEXITED(status))
+        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n",
+                launch_rank(L, rank), WEXITSTATUS(status), (int)p->pid);
+    else
+        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n",
+                launch_rank(L, rank), WTERMSIG(status), sig_name(WTERMSIG(status)),
+                (int)p->pid);
+    if (p->log_path)
+        print_log_tail(L, rank);
+    if (L->max_restarts > 0)
+        fprintf(stderr, "launch: rank %d has no restarts left (--max_restarts=%d)\n",
+                launch_rank(L, rank), L->max_restarts);
+}
+
+/*  --max_restarts: the failed rank starts again in place while the others
+    keep running. Whatever it started goes first (SIGKILL to its process
+    group): orphans of a dead rank may hold its ports or files, and the new
+    process starts its own. Returns 1 when the rank runs again, 0 when it has
+    no restarts left, -1 when it could not be started again (said why). */
+static int restart(launch_t *L, int rank, int status)
+{
+    proc_t *p = &L->procs[rank];
+    if (p->restarts >= L->max_restarts)
+        return 0;
+    p->restarts++;
+    if (WIFEXITED(status))
+        fprintf(stderr, "launch: rank %d (pid %d) exited with status %d; restarting it "
+                "(restart %d of %d)\n", launch_rank(L, rank), (int)p->pid, WEXITSTATUS(status),
+                p->restarts, L->max_restarts);
+    else
+        fprintf(stderr, "launch: rank %d (pid %d) was killed by %s; restarting it "
+                "(restart %d of %d)\n", launch_rank(L, rank), (int)p->pid,
+                sig_name(WTERMSIG(status)), p->restarts, L->max_restarts);
+    if (p->log_path)
+        print_log_tail(L, rank);
+    kill(-p->pid, SIGKILL);
+    if (launch_start_rank(L, rank) < 0)
+        return -1;
+    fprintf(stderr, "launch: rank %d restarted as pid %d%s\n", launch_rank(L, rank),
+            (int)p->pid, L->add_resume ? " with --resume" : "");
+    return 1;
+}
+
 static void on_exit_status(launch_t *L, int rank, int status)
 {
     proc_t *p = &L->procs[rank];
@@ -285,15 +333,11 @@ static void on_exit_status(launch_t *L, int rank, int status)
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (L->phase != RUNNING || code == 0)
         return;   /* after a stop began, exits are the stop's doing */
-    if (WIFEXITED(status))
-        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n",
-                launch_rank(L, rank), code, (int)p->pid);
-    else
-        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n",
-                launch_rank(L, rank), WTERMSIG(status), sig_name(WTERMSIG(status)),
-                (int)p->pid);
-    if (p->log_path)
-        print_log_tail(L, rank);
+    int restarted = restart(L, rank, status);
+    if (restarted == 1)
+        return;
+    if (restarted == 0)
+        report_failure(L, rank, status);
     L->exit_code = code;
     if (L->alive > 0) {
         fprintf(stderr, "launch: stopping the other %d %s\n", L->alive,
