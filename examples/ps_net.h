@@ -36,6 +36,8 @@
       ps_forward(server, x, training)   -> log-probabilities (shard 0)
       ps_get_param_rrefs(server)        -> RRefs to every parameter slice
       ps_get_dist_gradients(server, cid)-> [[name, grad], ...] of all shards
+      ps_dist_gradient_sizes(server, cid)-> [[name, elements], ...]: the same
+                                           question, without the tensors
       ps_trainer_started(server) / ps_trainer_finished(server, samples)
       ps_evaluate(server, samples)      -> test accuracy of the final weights,
                                            once every trainer has finished

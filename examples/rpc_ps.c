@@ -134,14 +134,21 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
         rc = zd_dist_autograd_backward(cid, &loss, 1, false);
     if (rc == 0 && check) {
         /* The tutorial's check: the server holds gradients for this context.
-           It moves every gradient (4.8 MB) over the wire, so by default it
-           runs on the logged batches only (--check_interval). */
+           The tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their
+           names and sizes tell as much, and leave the server no buffer of
+           that size per trainer to send them through. */
         zd_value_t *a = zd_rpc_args("i", cid);
-        rc = a ? zd_rref_rpc_sync(ps, "ps_get_dist_gradients", a, ZD_TIMEOUT_DEFAULT, &grads)
+        rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads)
                : -1;
         zd_value_unref(a);
         if (rc == 0 && zd_list_len(grads) == 0)
             rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
+        for (size_t i = 0; rc == 0 && i < zd_list_len(grads); i++) {
+            int64_t numel;
+            if (zd_rpc_arg_int(zd_list_get(grads, i), 1, &numel) < 0 || numel < 1)
+                rc = zd_error_set("the server's gradient %zu for context %lld is empty", i,
+                                  (long long)cid);
+        }
     }
     if (rc == 0)
         fault_point(rank, "step");
