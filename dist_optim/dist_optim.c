@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +45,14 @@ void zd_dist_optim_read_lock(void)
 void zd_dist_optim_read_unlock(void)
 {
     pthread_rwlock_unlock(&params_lock);
+}
+
+/*  Steps applied here: changed only under the write lock. */
+static _Atomic uint64_t params_version;
+
+uint64_t zd_dist_optim_version(void)
+{
+    return atomic_load(&params_version);
 }
 
 static const char *self_desc(char *buf, size_t size)
@@ -137,6 +146,8 @@ static int local_step_from(zd_optim_t *opt, int64_t ctx, int from)
         pthread_once(&params_lock_once, params_lock_init);
         pthread_rwlock_wrlock(&params_lock);
         rc = zd_optim_step(opt, grads);
+        /* even a failed step may have changed some parameters */
+        atomic_fetch_add(&params_version, 1);
         pthread_rwlock_unlock(&params_lock);
     }
     for (int i = 0; i < n; i++)

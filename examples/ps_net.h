@@ -15,10 +15,11 @@
     finishes with fc2 and log_softmax. Every step is recorded by
     distributed autograd, so the trainer's backward reaches every shard.
 
-    Concurrent trainers: each forward works on a private copy of the
-    parameters taken under zd_dist_optim_read_lock() (a step of another
-    trainer never changes what a running backward uses), and gradients
-    flow back to the shared parameters through that copy. A trainer's
+    Concurrent trainers: each forward works on a copy of the parameters
+    taken under zd_dist_optim_read_lock() (a step of another trainer never
+    changes what a running backward uses; forwards between two steps share
+    one copy), and gradients flow back to the shared parameters through
+    that copy. A trainer's
     gradients are therefore exact for the weights its forward saw, and
     updates from several trainers interleave whole: asynchronous SGD with
     a staleness of at most the number of trainers. */
@@ -35,6 +36,8 @@
       ps_forward(server, x, training)   -> log-probabilities (shard 0)
       ps_get_param_rrefs(server)        -> RRefs to every parameter slice
       ps_get_dist_gradients(server, cid)-> [[name, grad], ...] of all shards
+      ps_dist_gradient_sizes(server, cid)-> [[name, elements], ...]: the same
+                                           question, without the tensors
       ps_trainer_started(server) / ps_trainer_finished(server, samples)
       ps_evaluate(server, samples)      -> test accuracy of the final weights,
                                            once every trainer has finished
@@ -72,6 +75,14 @@ int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size
     error naming the caller: a peer cannot make the server allocate
     activations without bound. Call before zd_rpc_init. */
 void ps_net_set_max_batch(int64_t n);
+
+/*  How many training forwards this shard holds at once, between their
+    forward and the end of their backward here (--max_inflight; 0: 2 per
+    core, -1: no limit). Later ones wait, in order, for one to finish:
+    the server's memory stays that of n batches (about 10 MB each for a
+    batch of 32) however many trainers there are. Call before
+    zd_rpc_init. */
+void ps_net_set_max_inflight(int n);
 
 /*  How many fc1 rows shard s of S holds, and the first one. */
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);

@@ -4,6 +4,8 @@
     pieces each file offers the others.
 
     ps_net_model.c       the Net's slice and its forward pass
+    ps_net_snapshot.c    the parameters a forward computes with, and the
+                         bound on training forwards in flight
     ps_net_serve.c       ps_net_serve and the forward/parameter/gradient RPCs
     ps_net_eval.c        trainers' start/finish, throughput, the shared final
                          evaluation
@@ -41,6 +43,16 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool dropout, F
 /*  Shard 0: the whole forward pass, asking the other shards for their
     rows of fc1. 0 with *out a new tensor, or -1. */
 int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out);
+
+/*  Views of the named parameters as they are now, for a forward: recorded
+    so that gradients flow back to the shared parameters, unchanged by the
+    steps that follow. With training, first waits for one of the slots of
+    batches in flight (ps_net_set_max_inflight), held until the backward
+    has gone through the views (or their graph is dropped). 0 with out[0..n)
+    new references, or -1. */
+int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t **out);
+/*  Drops the shared copies (ps_net_free). */
+void ps_net_snapshot_free(void);
 
 /*  relu(flat fc1_slice^T + b) then dropout: this shard's part of fc1. */
 int ps_net_fc1_part(zd_tensor_t *flat, bool training, zd_tensor_t **out);

@@ -8,7 +8,6 @@
 #include <string.h>
 
 #include <zdist/autograd.h>
-#include <zdist/dist_optim.h>
 #include <zdist/error.h>
 #include <zdist/model.h>
 #include <zdist/nn.h>
@@ -27,14 +26,6 @@ static struct {
     pthread_mutex_t rng_lock;
     zd_nn_rng_t rng;
 } model = {.rng_lock = PTHREAD_MUTEX_INITIALIZER};
-
-static zd_tensor_t *param(const char *name)
-{
-    for (int i = 0; i < ps_shard.n; i++)
-        if (!strcmp(ps_shard.names[i], name))
-            return ps_shard.params[i];
-    return NULL;
-}
 
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count)
 {
@@ -81,24 +72,6 @@ static zd_tensor_t *rows_of(zd_tensor_t *t, int first, int count)
     return r;
 }
 
-/*  Private copies of the named parameters, recorded so that gradients flow
-    back to the shared ones, taken while no step is writing them. */
-static int snapshot(const char *const *names, int n, zd_tensor_t **out)
-{
-    int rc = 0;
-    memset(out, 0, sizeof *out * (size_t)n);
-    zd_dist_optim_read_lock();
-    for (int i = 0; i < n && rc == 0; i++) {
-        zd_tensor_t *p = param(names[i]);
-        rc = p ? zd_tensor_clone(p, &out[i]) : zd_error_set("no parameter %s on this shard", names[i]);
-    }
-    zd_dist_optim_read_unlock();
-    if (rc < 0)
-        for (int i = 0; i < n; i++)
-            zd_tensor_unref_p(&out[i]);
-    return rc;
-}
-
 static int dropout(zd_tensor_t *x, float p, bool training, bool channels, zd_tensor_t **out)
 {
     if (!training || !model.dropout) {
@@ -118,7 +91,8 @@ int ps_net_fc1_part(zd_tensor_t *flat, bool training, zd_tensor_t **out)
     *out = NULL;
     if (model.fc1_count == 0)
         return zd_error_set("this shard holds no rows of fc1");
-    if (snapshot(names, 2, p) < 0)
+    /* (part of a forward that holds its slot already) */
+    if (ps_net_snapshot(names, 2, false, p) < 0)
         return -1;
     int rc = zd_nn_linear(flat, p[0], p[1], &l);
     if (rc == 0)
@@ -141,7 +115,7 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
     zd_future_t *fs[64] = {0};
     int S = ps_shard.num_shards, rc;
     *out = NULL;
-    if (snapshot(names, 6, p) < 0)
+    if (ps_net_snapshot(names, 6, training, p) < 0)
         return -1;
     rc = zd_nn_conv2d_relu(x, p[0], p[1], 1, 0, &h1);
     if (rc == 0)
@@ -241,6 +215,7 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
 void ps_net_free(void)
 {
     ps_net_eval_free();
+    ps_net_snapshot_free();
     for (int i = 0; i < ps_shard.n; i++)
         zd_tensor_unref_p(&ps_shard.params[i]);
     ps_shard.n = 0;

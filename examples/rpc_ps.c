@@ -55,6 +55,7 @@ typedef struct {
     int64_t min_trainers;       /* servers: fail when fewer trainers finished */
     int64_t max_staleness;      /* trainers: at most this many batches ahead (0: no bound) */
     int64_t max_batch_size;     /* servers: the largest batch ps_forward takes (0: default) */
+    int64_t max_inflight;       /* servers: training forwards held at once (0: 2 per core) */
 } options_t;
 
 #define EVAL_BATCH 500
@@ -133,14 +134,21 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
         rc = zd_dist_autograd_backward(cid, &loss, 1, false);
     if (rc == 0 && check) {
         /* The tutorial's check: the server holds gradients for this context.
-           It moves every gradient (4.8 MB) over the wire, so by default it
-           runs on the logged batches only (--check_interval). */
+           The tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their
+           names and sizes tell as much, and leave the server no buffer of
+           that size per trainer to send them through. */
         zd_value_t *a = zd_rpc_args("i", cid);
-        rc = a ? zd_rref_rpc_sync(ps, "ps_get_dist_gradients", a, ZD_TIMEOUT_DEFAULT, &grads)
+        rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads)
                : -1;
         zd_value_unref(a);
         if (rc == 0 && zd_list_len(grads) == 0)
             rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
+        for (size_t i = 0; rc == 0 && i < zd_list_len(grads); i++) {
+            int64_t numel;
+            if (zd_rpc_arg_int(zd_list_get(grads, i), 1, &numel) < 0 || numel < 1)
+                rc = zd_error_set("the server's gradient %zu for context %lld is empty", i,
+                                  (long long)cid);
+        }
     }
     if (rc == 0)
         fault_point(rank, "step");
@@ -445,6 +453,11 @@ static int check_options(const options_t *o)
                 "evaluation's batches)\n", (long long)o->max_batch_size, EVAL_BATCH);
         return -1;
     }
+    if (o->max_inflight < -1 || o->max_inflight > 1000000) {
+        fprintf(stderr, "rpc_ps: --max_inflight=%lld: -1 (no limit), 0 (2 per core) or a "
+                "number of batches\n", (long long)o->max_inflight);
+        return -1;
+    }
     if (o->resume && !o->checkpoint) {
         fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
         return -1;
@@ -535,6 +548,9 @@ int main(int argc, char **argv)
          "give up when the world has not gathered after this long"},
         {"max_batch_size", FLAG_INT, &o.max_batch_size,
          "servers refuse a larger batch (0: 4 x --batch_size, at least 1024)"},
+        {"max_inflight", FLAG_INT, &o.max_inflight,
+         "a server holds the batches of at most N trainers between their forward and the end "
+         "of their backward; the others wait their turn (0: 2 per core, -1: no limit)"},
         {"threads", FLAG_INT, &o.threads,
          "compute threads of this process (0: 1 for trainers and for servers of several "
          "trainers, which run their passes side by side; else every core)"},
@@ -575,6 +591,8 @@ int main(int argc, char **argv)
     if (server)
         ps_net_set_max_batch(o.max_batch_size > 0 ? o.max_batch_size
                              : 4 * o.batch_size > 1024 ? 4 * o.batch_size : 1024);
+    if (server)
+        ps_net_set_max_inflight((int)o.max_inflight);
     if (server && o.checkpoint &&
         ps_net_checkpoint_enable(o.checkpoint, o.resume, o.batch_size,
                                  (int)(o.world.world_size - o.num_servers)) < 0)

@@ -10,9 +10,10 @@
 
     The I/O thread polls the ROUTER's ZMQ_FD (not the socket: pool threads
     answer through the ROUTER under router_lock, and zmq_poll on the socket
-    would touch it without the lock), the wake-up eventfd and the monitors
-    of the shared sockets, and every IO_TICK_MS at least it expires calls,
-    placeholders and barrier rounds (and once a second, stalled streams). */
+    would touch it without the lock) and the wake-up eventfd, and every
+    IO_TICK_MS at least it looks at the monitors of the shared sockets and
+    expires calls, placeholders and barrier rounds (and once a second,
+    stalled streams). */
 #include "rpc/agent.h"
 
 #include <errno.h>
@@ -328,6 +329,24 @@ static void handle_monitor(agent_t *a, peer_t *p)
     }
 }
 
+/* The monitors are looked at on the ticks, at most every MONITOR_POLL_MS,
+   not on every pass: they tell of connections going down or coming back,
+   which waits for LOST_GRACE_MS anyway, and zmq_poll on a ZeroMQ socket
+   costs a system call or more each (libzmq checks getpid for a fork):
+   with every peer's monitor in each pass, getpid and poll were the
+   largest CPU cost (perf) of the processes of a world of 65 gathering.
+   items[0..n) are monitors, of the peers item_peer[0..n). */
+#define MONITOR_POLL_MS 50
+
+static void poll_monitors(agent_t *a, zmq_pollitem_t *items, const int *item_peer, int n)
+{
+    if (n < 1 || zmq_poll(items, n, 0) <= 0)
+        return;
+    for (int i = 0; i < n; i++)
+        if (items[i].revents & ZMQ_POLLIN)
+            handle_monitor(a, &a->peers[item_peer[i]]);
+}
+
 static void fail_lost_peers(agent_t *a, int64_t now)
 {
     for (int i = 0; i < a->world; i++) {
@@ -371,7 +390,7 @@ void *zd__transport_io_main(void *arg)
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
        future: see zd__agent_poll_future. */
-    int64_t poll_until = 0, next_tick = 0, next_stream_check = 0;
+    int64_t poll_until = 0, next_tick = 0, next_stream_check = 0, next_monitor_poll = 0;
     bool polling = false, look_again = false;
     while (!atomic_load(&a->io_stop)) {
         if (polling && zd__agent_now_ns() >= poll_until) {
@@ -387,7 +406,7 @@ void *zd__transport_io_main(void *arg)
                 may_sleep = false;
             }
         }
-        int rc = zmq_poll(items, n_items, may_sleep ? IO_TICK_MS : 0);
+        int rc = zmq_poll(items, 2, may_sleep ? IO_TICK_MS : 0);   /* monitors: on ticks */
         if (may_sleep)   /* while polling the flag stays down: no store per look */
             atomic_store(&a->io_asleep, false);
         if (rc < 0 && errno != EINTR)
@@ -410,9 +429,6 @@ void *zd__transport_io_main(void *arg)
         int got = 0;
         while (got < RECV_BATCH && recv_one(a, &msg))
             got++;
-        for (int i = 2; rc > 0 && i < n_items; i++)
-            if (items[i].revents & ZMQ_POLLIN)
-                handle_monitor(a, &a->peers[item_peer[i]]);
         int64_t now = zd__agent_now_ns();
         if ((got || rc > 0) && (polling || (polling = zd__agent_poll_begin() > 0)))
             poll_until = now + a->busy_poll_ns;
@@ -421,6 +437,10 @@ void *zd__transport_io_main(void *arg)
             continue;
         }       /* an empty look while polling: the ticks can wait */
         next_tick = now + 1000000;
+        if (now >= next_monitor_poll) {
+            next_monitor_poll = now + MONITOR_POLL_MS * 1000000LL;
+            poll_monitors(a, items + 2, item_peer + 2, n_items - 2);
+        }
         fail_lost_peers(a, now);
         zd__call_expire(a, now);
         if (now >= next_stream_check) {

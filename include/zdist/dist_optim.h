@@ -68,6 +68,12 @@ ZD_API int zd_dist_optim_num_owners(const zd_dist_optim_t *opt);
 ZD_API void zd_dist_optim_read_lock(void);
 ZD_API void zd_dist_optim_read_unlock(void);
 
+/*  On an owner: how many steps distributed optimizers have applied here
+    (PyTorch's tensor._version, for all parameters at once). Read under
+    zd_dist_optim_read_lock(), an unchanged count means unchanged
+    parameters: a copy taken at that count is still current. */
+ZD_API uint64_t zd_dist_optim_version(void);
+
 ZD_END_DECLS
 
 #endif
