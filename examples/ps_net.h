@@ -60,7 +60,11 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const c
           next generation, has every other shard save it (ps_save_shard),
           then records the trainer's position and saves its own file last;
           each file is replaced whole (checkpoint.h)
-      ps_resume_point(server, trainer) -> batches that trainer had done
+      ps_resume_point(server, trainer) -> batches that trainer had done;
+          when a shard came back from its files while the others ran
+          (restarted with resume into the running world), shard 0 first
+          has every shard load its last generation again (ps_reload_shard),
+          so that weights and positions are of one checkpoint
     Temporary files this shard's writes left behind (a process killed
     mid-write) are removed first. With resume, the shard loads its file of
     shard 0's generation (its .prev one when a checkpoint did not reach

@@ -38,6 +38,13 @@ static struct {
        the others: a write), so that generations reach the files in order. */
     pthread_mutex_t serial;
     int64_t generation;         /* of the file this shard last wrote or loaded (0: none) */
+    /* This process loaded its files at start (--resume) and nobody has
+       rolled the shards back to one checkpoint since: see rollback(). */
+    bool restored;
+    /* What this shard loaded came from .prev: its current file is of a
+       checkpoint that never reached shard 0, and the next write replaces
+       it without keeping it. */
+    bool from_prev;
 } ck = {.lock = PTHREAD_MUTEX_INITIALIZER, .serial = PTHREAD_MUTEX_INITIALIZER};
 
 #define PROGRESS_NAME "trainer_progress"
@@ -124,13 +131,17 @@ static int save_shard(int64_t generation)
     }
     shard_path(path, sizeof path, ps_shard.shard, false);
     zd_dist_optim_read_lock();
-    int rc = keep_previous(path);
+    /* A generation written again (its first round did not reach shard 0)
+       keeps the .prev of the one before it. */
+    int rc = generation == ck.generation || ck.from_prev ? 0 : keep_previous(path);
     if (rc == 0)
         rc = zd_checkpoint_save(path, f.n, f.names, f.tensors);
     zd_dist_optim_read_unlock();
     shard_file_clear(&f);
-    if (rc == 0)
+    if (rc == 0) {
         ck.generation = generation;
+        ck.restored = ck.from_prev = false;
+    }
     return rc;
 }
 
@@ -202,9 +213,96 @@ static zd_value_t *fn_save_shard(zd_rpc_call_t *call, zd_value_t *args, void *ar
     }
     pthread_mutex_lock(&ck.serial);
     /* An older generation never replaces a newer one. */
-    int rc = generation > ck.generation ? save_shard(generation) : 0;
+    int rc = generation >= ck.generation ? save_shard(generation) : 0;
     pthread_mutex_unlock(&ck.serial);
     return rc == 0 ? zd_value_none() : NULL;
+}
+
+static int load_generation(int64_t want);
+
+/*  ps_shard_restored() -> 1 when this shard loaded its files at start and
+    was not rolled back or saved since, else 0. */
+static zd_value_t *fn_shard_restored(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    pthread_mutex_lock(&ck.serial);
+    bool restored = ck.restored;
+    pthread_mutex_unlock(&ck.serial);
+    return zd_value_int(restored);
+}
+
+/*  ps_reload_shard(generation): shard 0 has this shard load its file of
+    that generation again (rollback()). */
+static zd_value_t *fn_reload_shard(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t generation;
+    if (zd_rpc_arg_int(args, 0, &generation) < 0)
+        return NULL;
+    if (!ck.prefix[0] || zd_rpc_call_caller_rank(call) != 0) {
+        zd_error_set("ps_reload_shard: only shard 0 rolls shards back, with --checkpoint");
+        return NULL;
+    }
+    pthread_mutex_lock(&ck.serial);
+    /* Restored from that very generation, it holds it already. */
+    int rc = ck.restored && ck.generation == generation ? 0 : load_generation(generation);
+    if (rc == 0)
+        ck.restored = false;
+    pthread_mutex_unlock(&ck.serial);
+    return rc == 0 ? zd_value_none() : NULL;
+}
+
+/*  Shard 0, when a trainer asks where to resume: a shard that came back
+    from its files while the others ran (this one, or another: it says it
+    was restored) holds the last checkpoint, the others have gone on
+    since. Every shard then loads shard 0's last generation again, and the
+    trainers' positions are those of that checkpoint: the world is back at
+    one checkpoint, and at most one interval of updates is lost. (When the
+    whole world resumed, every shard already holds that generation, and
+    loading it again changes nothing.) */
+static int rollback(void)
+{
+    pthread_mutex_lock(&ck.serial);
+    bool any = ck.restored, all = ck.restored;
+    for (int s = 1; s < ps_shard.num_shards; s++) {
+        zd_value_t *r = NULL;
+        int64_t restored = 0;
+        if (zd_rpc_sync(s, "ps_shard_restored", NULL, ZD_TIMEOUT_DEFAULT, &r) < 0 ||
+            zd_value_get_int(r, &restored) < 0) {
+            zd_value_unref(r);
+            pthread_mutex_unlock(&ck.serial);
+            return zd_error_wrap("asking shard %d whether it was restarted", s);
+        }
+        zd_value_unref(r);
+        any = any || restored != 0;
+        all = all && restored != 0;
+    }
+    int rc = 0;
+    if (any && ck.generation == 0) {
+        rc = zd_error_set("a server shard came back from its checkpoint, and shard 0 has none "
+                          "to roll the others back to");
+    } else if (any) {
+        if (!all)
+            printf("shard 0: a server shard came back: every shard goes back to checkpoint "
+                   "generation %lld\n", (long long)ck.generation);
+        fflush(stdout);
+        zd_value_t *gargs = zd_rpc_args("i", ck.generation);
+        for (int s = 1; rc == 0 && s < ps_shard.num_shards; s++) {
+            zd_value_t *r = NULL;
+            rc = gargs ? zd_rpc_sync(s, "ps_reload_shard", gargs, ZD_TIMEOUT_DEFAULT, &r) : -1;
+            zd_value_unref(r);
+            if (rc < 0)
+                zd_error_wrap("rolling shard %d back to generation %lld", s,
+                              (long long)ck.generation);
+        }
+        zd_value_unref(gargs);
+        if (rc == 0 && !ck.restored)
+            rc = load_generation(ck.generation);
+        if (rc == 0)
+            ck.restored = false;
+    }
+    pthread_mutex_unlock(&ck.serial);
+    return rc;
 }
 
 /*  ps_resume_point(server, trainer) -> batches the trainer had done. */
@@ -223,7 +321,7 @@ static zd_value_t *fn_resume_point(zd_rpc_call_t *call, zd_value_t *args, void *
                   PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
-    if (ps_net_guard_trainer(call, trainer) < 0)
+    if (ps_net_guard_trainer(call, trainer) < 0 || rollback() < 0)
         return NULL;
     pthread_mutex_lock(&ck.lock);
     int64_t batches = ck.progress[trainer];
@@ -345,12 +443,13 @@ static int load_generation(int64_t want)
             rc = zd_error_set("%s: trainer %d at batch %lld", path, t, (long long)progress[t]);
     if (rc == 0) {
         ck.generation = zd_tensor_data_i64(f.generation)[0];
+        ck.from_prev = use_prev;
         if (f.progress) {
             pthread_mutex_lock(&ck.lock);
             memcpy(ck.progress, progress, sizeof progress);
             pthread_mutex_unlock(&ck.lock);
         }
-        printf("shard %d: resuming from %s (generation %lld)\n", ps_shard.shard, path,
+        printf("shard %d: loaded %s (generation %lld)\n", ps_shard.shard, path,
                (long long)ck.generation);
     }
     shard_file_clear(&f);
@@ -430,13 +529,17 @@ int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size
         rc = ps_shard.shard == 0 ? check_other_shards(want) : 0;
     if (rc == 0)
         rc = load_generation(want);
+    if (rc == 0)
+        ck.restored = true;
     return rc < 0 ? zd_error_wrap("resuming shard %d", ps_shard.shard) : 0;
 }
 
 int ps_net_checkpoint_register(void)
 {
     if (zd_rpc_register("ps_checkpoint", fn_checkpoint, NULL) < 0 ||
-        zd_rpc_register("ps_save_shard", fn_save_shard, NULL) < 0)
+        zd_rpc_register("ps_save_shard", fn_save_shard, NULL) < 0 ||
+        zd_rpc_register("ps_shard_restored", fn_shard_restored, NULL) < 0 ||
+        zd_rpc_register("ps_reload_shard", fn_reload_shard, NULL) < 0)
         return -1;
     return zd_rpc_register("ps_resume_point", fn_resume_point, NULL);
 }
