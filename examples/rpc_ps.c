@@ -199,13 +199,75 @@ static int staleness_gate(zd_rref_t *ps, const options_t *o, int64_t done)
     return rc;
 }
 
+/*  What a trainer holds of the servers: an RRef to the server, RRefs to
+    the parameters, and the DistributedOptimizer over them. */
+typedef struct {
+    zd_rref_t *ps;
+    zd_value_t *param_list;
+    zd_dist_optim_t *opt;
+} server_t;
+
+static void server_detach(server_t *s)
+{
+    zd_dist_optim_free(s->opt);
+    zd_value_unref(s->param_list);
+    zd_rref_unref(s->ps);
+    memset(s, 0, sizeof *s);
+}
+
+/*  Takes what a trainer needs of the servers (at its start, and again
+    when a server shard came back: what the old process owned is gone)
+    and tells shard 0 that it trains. 0, or -1 with nothing held. */
+static int server_attach(const options_t *o, server_t *s)
+{
+    memset(s, 0, sizeof *s);
+    zd_rref_t *params[MAX_PARAM_RREFS];
+    if (!(s->ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)) ||
+        zd_rref_rpc_sync(s->ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT,
+                         &s->param_list) < 0)
+        goto fail;
+    int n = (int)zd_list_len(s->param_list);
+    if (n > MAX_PARAM_RREFS) {
+        zd_error_set("the server offers %d parameter RRefs; a trainer takes at most %d", n,
+                     MAX_PARAM_RREFS);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &params[i]) < 0)
+            goto fail;
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
+    if (zd_dist_optim_new(&cfg, params, n, &s->opt) < 0 ||
+        call_none(s->ps, "ps_trainer_started", ZD_ARGS()) < 0)
+        goto fail;
+    return 0;
+fail:
+    server_detach(s);
+    return -1;
+}
+
+/*  Where trainer `trainer` was at the last checkpoint (shard 0 keeps it):
+    its batches done, at most `most`. 0, or -1. */
+static int server_resume_point(const options_t *o, server_t *s, int trainer, int64_t most,
+                               int64_t *start)
+{
+    zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
+    int rc = a ? zd_rref_rpc_sync(s->ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
+    if (rc == 0)
+        rc = zd_value_get_int(r, start);
+    zd_value_unref(a);
+    zd_value_unref(r);
+    if (rc == 0 && (*start < 0 || *start > most))
+        rc = zd_error_set("checkpoint %s: trainer %d had done %lld batches, outside 0 to %lld "
+                          "(%lld epoch(s))", o->checkpoint, trainer, (long long)*start,
+                          (long long)most, (long long)o->epochs);
+    return rc;
+}
+
 static int run_trainer(const options_t *o)
 {
     char dir[1024];
     zd_dataset_t *train = NULL, *test = NULL;
-    zd_rref_t *ps = NULL;
-    zd_value_t *param_list = NULL;
-    zd_dist_optim_t *opt = NULL;
+    server_t srv = {0};
     int64_t *order = NULL, done = 0;
     float first_loss = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
@@ -218,24 +280,7 @@ static int run_trainer(const options_t *o)
         goto out;
     if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
         goto out;
-    if (!(ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)))
-        goto out;
-    if (zd_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &param_list) < 0)
-        goto out;
-    int n = (int)zd_list_len(param_list);
-    zd_rref_t *params[MAX_PARAM_RREFS];
-    if (n > MAX_PARAM_RREFS) {
-        zd_error_set("the server offers %d parameter RRefs; a trainer takes at most %d", n,
-                     MAX_PARAM_RREFS);
-        goto out;
-    }
-    for (int i = 0; i < n; i++)
-        if (zd_rpc_arg_rref(param_list, (size_t)i, &params[i]) < 0)
-            goto out;
-    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
-    if (zd_dist_optim_new(&cfg, params, n, &opt) < 0)
-        goto out;
-    if (call_none(ps, "ps_trainer_started", ZD_ARGS()) < 0)
+    if (server_attach(o, &srv) < 0)
         goto out;
     int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
     if (o->curves) {
@@ -252,20 +297,8 @@ static int run_trainer(const options_t *o)
     if (o->resume) {
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
-        zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
-        int prc = a ? zd_rref_rpc_sync(ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
-        if (prc == 0)
-            prc = zd_value_get_int(r, &start);
-        zd_value_unref(a);
-        zd_value_unref(r);
-        if (prc < 0)
+        if (server_resume_point(o, &srv, trainer, o->epochs * nb, &start) < 0)
             goto out;
-        if (start > o->epochs * nb) {
-            zd_error_set("checkpoint %s: trainer %d had done %lld batches, more than %lld "
-                      "epoch(s) of %lld", o->checkpoint, trainer, (long long)start,
-                      (long long)o->epochs, (long long)nb);
-            goto out;
-        }
         printf("Rank %lld resuming at batch %lld (%lld batches done)\n",
                (long long)o->world.rank, (long long)start, (long long)start);
         done = start;
@@ -298,12 +331,12 @@ static int run_trainer(const options_t *o)
         for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
             zd_tensor_t *x, *y;
             float loss = 0;
-            if (o->max_staleness > 0 && staleness_gate(ps, o, done) < 0)
+            if (o->max_staleness > 0 && staleness_gate(srv.ps, o, done) < 0)
                 goto out;
             if (zd_dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
                 goto out;
             bool check = o->check_interval > 0 && done % o->check_interval == 0;
-            int brc = train_batch(ps, opt, x, y, check, &loss);
+            int brc = train_batch(srv.ps, srv.opt, x, y, check, &loss);
             zd_tensor_unref(x);
             zd_tensor_unref(y);
             if (brc < 0 && !isfinite(loss)) {
@@ -338,7 +371,7 @@ static int run_trainer(const options_t *o)
                 /* this trainer's own look at the weights as they are now,
                    while the other trainers go on */
                 double acc;
-                if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+                if (evaluate(srv.ps, test, o->eval_samples, &acc) < 0)
                     goto out;
                 progress_clear(&prog);
                 printf("Rank %lld after batch %lld (epoch %lld): accuracy %.2f %%\n",
@@ -354,7 +387,7 @@ static int run_trainer(const options_t *o)
             if (o->checkpoint && done % o->checkpoint_every == 0)
                 fault_point(o->world.rank, "checkpoint");
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
-                call_none(ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0)
+                call_none(srv.ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0)
                 goto out;
         }
     }
@@ -362,7 +395,7 @@ static int run_trainer(const options_t *o)
     progress_end(&prog, t1);
     if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
+    if (call_none(srv.ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
         goto out;
     printf("Training complete!\nGetting accuracy....\n");
     fault_point(o->world.rank, "evaluation");
@@ -371,7 +404,7 @@ static int run_trainer(const options_t *o)
        than the RPC timeout evaluates by itself. */
     double acc;
     zd_value_t *a = zd_rpc_args("i", o->eval_samples), *r = NULL;
-    int erc = a ? zd_rref_rpc_sync(ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
+    int erc = a ? zd_rref_rpc_sync(srv.ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (erc == 0)
         erc = zd_value_get_float(r, &acc);
     zd_value_unref(a);
@@ -379,7 +412,7 @@ static int run_trainer(const options_t *o)
     if (erc < 0) {
         fprintf(stderr, "rpc_ps trainer %lld: shared evaluation failed (%s); evaluating alone\n",
                 (long long)o->world.rank, zd_error_last());
-        if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+        if (evaluate(srv.ps, test, o->eval_samples, &acc) < 0)
             goto out;
     }
     printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
@@ -399,9 +432,7 @@ out:
         curves_draw(curves);
     free(order);
     curves_close(curves);
-    zd_dist_optim_free(opt);
-    zd_value_unref(param_list);
-    zd_rref_unref(ps);
+    server_detach(&srv);
     zd_dataset_free(train);
     zd_dataset_free(test);
     return rc;
