@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "rpc/membership.h"
 #include "rpc/future_hook.h"
 #include "rpc/rref.h"
 #include "rpc/security.h"
@@ -136,6 +137,7 @@ static agent_t *agent_new(const init_params_t *p)
     a->n_threads = p->o.num_worker_threads;
     a->busy_poll_ns = p->o.busy_poll_us * 1000;
     a->heartbeat_ms = p->o.heartbeat_ms;
+    a->master_wait_ms = p->o.master_wait_ms;
     a->gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->wake_fd = -1;
     atomic_init(&a->next_id, 1);
@@ -198,6 +200,7 @@ static void agent_teardown(agent_t *a, bool graceful)
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
+    zd__membership_free(a);   /* before the I/O thread stops: a renewal waits for it */
     wait_users(a, "callers");
     bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
@@ -253,6 +256,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 ||
         !(a->pool = zd__pool_new(a->n_threads)) || zd__metrics_out_open(a) < 0 ||
+        zd__membership_new(a, p.master, p.port) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         agent_teardown(a, false);
@@ -267,10 +271,12 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     zd__agent_publish_identity(a);
     zd__agent_set_busy_poll_ns(a->busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
-       every other and may be called. */
+       every other and may be called. A process that joins a running world
+       has no barrier to meet: the others passed it long ago. */
     int64_t sum;
     if (zd__transport_connect(a, deadline) < 0 ||
-        zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) < 0) {
+        (!a->rejoined && zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) < 0) ||
+        zd__membership_start(a) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         zd__agent_publish_identity(NULL);
         zd__agent_set_busy_poll_ns(0);
@@ -301,6 +307,10 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
     zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
+    /* No process joins a world that is ending: rank 0's rendezvous port is
+       free again at once, for the next world's (a process may init again). */
+    if (graceful)
+        zd__membership_free(a);
     int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
     zd_error_code_t code = zd_error_code();

@@ -82,7 +82,11 @@ typedef struct {
     atomic_bool lost;           /* the connection is down */
     int64_t fail_at_ns;         /* I/O thread: when to fail calls to it (0: no) */
     int64_t down_since_ns;      /* I/O thread: when the connection went down */
-    _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c), for good; 0: alive */
+    _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c); 0: alive (again,
+                                   once a restarted process rejoined: membership.c) */
+    atomic_bool releasing;      /* what it held is being released (peer_lost.c) */
+    atomic_uint incarnation;    /* its process: one more at each rejoin */
+    bool reoffer;               /* I/O thread: offer shared memory once connected */
     peer_metrics_t m;
 } peer_t;
 
@@ -94,6 +98,10 @@ typedef struct agent {
     int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
     int64_t heartbeat_ms;           /* see zd_rpc_options_t.heartbeat_ms */
     atomic_int n_lost;              /* peers declared lost */
+    int64_t master_wait_ms;         /* see zd_rpc_options_t.master_wait_ms */
+    bool rejoined;                  /* this process joined a running world */
+    struct membership *mb;          /* restarted processes (membership.c) */
+    atomic_bool renew_pending;      /* a peer's sockets await renewal (membership.c) */
     unsigned gen;                   /* distinguishes successive inits */
 
     void *ctx;                      /* ZeroMQ context */
@@ -259,6 +267,10 @@ void zd__transport_use_ipv6(void *sock, const char *endpoint);
 /*  Creates and connects the DEALERs to every peer, starts the I/O thread,
     then makes sure every peer is reachable (HELLO) before deadline_ns. */
 int zd__transport_connect(agent_t *a, int64_t deadline_ns);
+/*  I/O thread: closes the peer's DEALER and monitor and makes them anew for
+    its endpoint and key (a restarted process, membership.c). 0, or -1 (the
+    peer then has no socket: sends to it fail). */
+int zd__transport_renew_peer(agent_t *a, peer_t *p);
 
 /*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
     to rank dst. Any thread. 0, or -1 ("peer unreachable"). */

@@ -29,6 +29,7 @@ typedef struct sync_set {
     int slot;
     int wake_fd;
     void **socks;               /* per peer, NULL until first used */
+    unsigned *incs;             /* per peer: the incarnation its socket reaches */
     int world;
     struct sync_set *next;
 } sync_set_t;
@@ -40,12 +41,13 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 
 static void set_free(sync_set_t *s)
 {
-    for (int i = 0; i < s->world; i++)
+    for (int i = 0; s->socks && i < s->world; i++)
         if (s->socks[i])
             zmq_close(s->socks[i]);
     if (s->wake_fd >= 0)
         close(s->wake_fd);
     free(s->socks);
+    free(s->incs);
     free(s);
 }
 
@@ -90,8 +92,9 @@ static sync_set_t *set_get(agent_t *a)
     s->slot = slot;
     s->world = a->world;
     s->socks = calloc((size_t)a->world, sizeof *s->socks);
+    s->incs = calloc((size_t)a->world, sizeof *s->incs);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (!s->socks || s->wake_fd < 0) {
+    if (!s->socks || !s->incs || s->wake_fd < 0) {
         s->wake_fd = s->wake_fd < 0 ? -1 : s->wake_fd;
         set_free(s);
         return NULL;
@@ -112,8 +115,13 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
     if (!s)
         return NULL;
     *wake_fd = s->wake_fd;
-    if (s->socks[peer])
+    unsigned inc = atomic_load(&a->peers[peer].incarnation);
+    if (s->socks[peer] && s->incs[peer] == inc)
         return s->socks[peer];
+    if (s->socks[peer]) {   /* it reaches a process that is gone: the peer rejoined */
+        zmq_close(s->socks[peer]);
+        s->socks[peer] = NULL;
+    }
     void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!sock)
         return NULL;
@@ -141,6 +149,7 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
         return NULL;
     }
     s->socks[peer] = sock;
+    s->incs[peer] = inc;
     return sock;
 }
 

@@ -23,6 +23,7 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
+#include "rpc/membership.h"
 #include "rpc/security.h"
 #include "rpc/shm.h"
 #include "rpc/stream.h"
@@ -295,7 +296,7 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    us) arrive first. */
 #define LOST_GRACE_MS 1000
 
-static void handle_monitor(peer_t *p)
+static void handle_monitor(agent_t *a, peer_t *p)
 {
     zmq_msg_t m;
     zmq_msg_init(&m);
@@ -316,6 +317,10 @@ static void handle_monitor(peer_t *p)
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         atomic_store(&p->lost, false);
         p->fail_at_ns = 0;
+        if (p->reoffer) {   /* a restarted peer: now a send cannot block */
+            p->reoffer = false;
+            zd__shm_offer(a, p->rank);
+        }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__agent_now_ns();
@@ -334,6 +339,20 @@ static void fail_lost_peers(agent_t *a, int64_t now)
     }
 }
 
+/* What the thread waits on: the ROUTER, the wake-up, each peer's monitor. */
+static int poll_items(agent_t *a, zmq_pollitem_t *items, int *item_peer)
+{
+    items[0] = (zmq_pollitem_t){NULL, a->router_fd, ZMQ_POLLIN, 0};
+    items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
+    int n = 2;
+    for (int i = 0; i < a->world; i++)
+        if (a->peers[i].monitor) {
+            item_peer[n] = i;
+            items[n++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
+        }
+    return n;
+}
+
 void *zd__transport_io_main(void *arg)
 {
     agent_t *a = arg;
@@ -348,14 +367,7 @@ void *zd__transport_io_main(void *arg)
         free(item_peer);
         return NULL;
     }
-    items[0] = (zmq_pollitem_t){NULL, a->router_fd, ZMQ_POLLIN, 0};
-    items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
-    n_items = 2;
-    for (int i = 0; i < a->world; i++)
-        if (a->peers[i].monitor) {
-            item_peer[n_items] = i;
-            items[n_items++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
-        }
+    n_items = poll_items(a, items, item_peer);
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
        future: see zd__agent_poll_future. */
@@ -388,12 +400,19 @@ void *zd__transport_io_main(void *arg)
         }
         if (atomic_load(&a->io_stop))
             break;
+        /* A restarted peer's new sockets (membership.c): the old monitor
+           is closed, so its events of this pass are not read. */
+        if (atomic_load(&a->renew_pending) && zd__membership_io_renew(a)) {
+            n_items = poll_items(a, items, item_peer);
+            rc = 0;
+            look_again = true;
+        }
         int got = 0;
         while (got < RECV_BATCH && recv_one(a, &msg))
             got++;
         for (int i = 2; rc > 0 && i < n_items; i++)
             if (items[i].revents & ZMQ_POLLIN)
-                handle_monitor(&a->peers[item_peer[i]]);
+                handle_monitor(a, &a->peers[item_peer[i]]);
         int64_t now = zd__agent_now_ns();
         if ((got || rc > 0) && (polling || (polling = zd__agent_poll_begin() > 0)))
             poll_until = now + a->busy_poll_ns;

@@ -31,6 +31,7 @@ zd_rpc_options_t zd_rpc_options_default(void)
         .key_file = NULL,
         .insecure = false,
         .heartbeat_ms = 0,
+        .master_wait_ms = 0,
     };
     return o;
 }
@@ -81,6 +82,23 @@ static int agent_heartbeat(zd_rpc_options_t *o)
     if (rc < 0)
         return zd_error_wrap("zd_rpc_init");
     o->heartbeat_ms = rc == 1 ? v * 1000 : 30000;
+    return 0;
+}
+
+/* How long members wait for a lost rank 0: the option, else
+   $ZDIST_MASTER_WAIT_S, else not at all. */
+static int master_wait(zd_rpc_options_t *o)
+{
+    if (o->master_wait_ms < 0 || o->master_wait_ms > 604800000)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master_wait_ms %lld is not in "
+                                 "[0, 604800000]", (long long)o->master_wait_ms);
+    if (o->master_wait_ms)
+        return 0;
+    long v;
+    int rc = zd__rpc_env_long("ZDIST_MASTER_WAIT_S", 0, 604800, &v);
+    if (rc < 0)
+        return zd_error_wrap("zd_rpc_init");
+    o->master_wait_ms = rc == 1 ? v * 1000 : 0;
     return 0;
 }
 
@@ -152,7 +170,7 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     if (p->o.busy_poll_us > 1000000)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
                                  (long long)p->o.busy_poll_us);
-    if (agent_heartbeat(&p->o) < 0)
+    if (agent_heartbeat(&p->o) < 0 || master_wait(&p->o) < 0)
         return -1;
     zd__log(ZD_LOG_INFO, "rpc: %s", env.summary);
     return 0;

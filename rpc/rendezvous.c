@@ -45,10 +45,11 @@
 
 #include <zdist/error.h>
 #include "rpc/address.h"
+#include "rpc/membership.h"
 #include "rpc/rendezvous.h"
 #include "rpc/security.h"
 
-#define MAX_BINDS 8     /* addresses rank 0 listens on, per socket */
+#define MAX_BINDS MEMBERSHIP_MAX_BINDS   /* addresses rank 0 listens on, per socket */
 
 typedef struct {
     bool present;
@@ -68,6 +69,8 @@ typedef struct {
     char bound[MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];   /* rank 0's agent endpoints */
     char bound_ip[MAX_BINDS][ZD_ADDR_MAX];
     int n_bound;
+    bool running;               /* a member of a running world registered */
+    bool *gone;                 /* ranks lost to one of those members */
 } host_t;
 
 static int remaining_ms(int64_t deadline)
@@ -236,6 +239,15 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
             turn_away(h, id, peer, "\"%s\" (rank %d) has the name of rank %d", r.name, r.rank, i);
             return 0;
         }
+    if (r.running) {
+        /* A member of the world that ran before this process (a restarted
+           rank 0): the world is waited for minus the ranks it lost. */
+        h->running = true;
+        if (zd__rdv_parse_ranks(r.lost_list, a->world, h->gone) < 0) {
+            turn_away(h, id, peer, "a bad list of lost ranks");
+            return 0;
+        }
+    }
     bool restarted = s->present && !strcmp(s->name, r.name) && !strcmp(s->peer, peer);
     if (s->present && !restarted) {
         turn_away(h, id, peer, "rank %d is taken by \"%s\" from %s (%s)", r.rank, s->name,
@@ -282,7 +294,7 @@ static int check_reachable(host_t *h)
     char ip[ZD_ADDR_MAX];
     int port, far = -1;
     for (int i = 1; i < a->world && far < 0; i++)
-        if (!on_this_host(h->slots[i].peer))
+        if (h->slots[i].present && !on_this_host(h->slots[i].peer))
             far = i;
     if (far < 0)
         return 0;
@@ -296,7 +308,7 @@ static int check_reachable(host_t *h)
                             a->peers[0].endpoint, f->name, far, f->peer);
     for (int i = 1; i < a->world; i++) {
         slot_t *s = &h->slots[i];
-        if (zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
+        if (s->present && zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
             zd__addr_is_loopback(ip))
             return zd_error_set("rendezvous: \"%s\" (rank %d, on %s) advertises %s, which "
                                 "\"%s\" (rank %d) on %s cannot reach: start rank %d with a "
@@ -340,6 +352,8 @@ static int listen_agent(host_t *h, const char *master)
     for (int i = 1; i < a->world; i++) {
         slot_t *s = &h->slots[i];
         int port;
+        if (!s->present)
+            continue;
         /* Where the registration came from; the advertised address when
            the connection does not say (it always does over TCP). */
         const char *to = s->peer;
@@ -369,6 +383,31 @@ static int listen_agent(host_t *h, const char *master)
     return 0;
 }
 
+zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
+{
+    zmsg_t *table = zmsg_new();
+    zmsg_addstr(table, RDV_TAB_TAG);
+    zmsg_addstrf(table, "%d", a->world);
+    for (int i = 0; i < a->world; i++) {
+        zmsg_addstr(table, a->peers[i].name);
+        zmsg_addstr(table, i ? a->peers[i].endpoint : ep0);
+        zmsg_addstr(table, a->peers[i].key);
+    }
+    if (status)
+        zmsg_addstr(table, status);
+    return table;
+}
+
+/* Whether every rank the world needs has registered: all of them, or, in a
+   world that was running, those its members did not lose. */
+static bool complete(const host_t *h)
+{
+    for (int i = 1; i < h->a->world; i++)
+        if (!h->slots[i].present && !(h->running && h->gone[i]))
+            return false;
+    return true;
+}
+
 static int send_tables(host_t *h)
 {
     agent_t *a = h->a;
@@ -379,15 +418,24 @@ static int send_tables(host_t *h)
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s",
                      h->slots[i].endpoint);
     }
+    char status[RDV_MAX_TEXT];
+    if (h->running) {
+        /* This process restarted: the ranks that did not come are gone. */
+        a->rejoined = true;
+        for (int i = 1; i < a->world; i++)
+            h->gone[i] = !h->slots[i].present;
+        zd__rdv_status(h->gone, a->world, status);
+        for (int i = 1; i < a->world; i++)
+            if (h->gone[i])
+                zd__membership_mark_lost(a, i);
+        zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") restarted and joined the running world "
+                "(%s)", a->name, status);
+    }
     for (int j = 1; j < a->world; j++) {
-        zmsg_t *table = zmsg_new();
-        zmsg_addstr(table, RDV_TAB_TAG);
-        zmsg_addstrf(table, "%d", a->world);
-        for (int i = 0; i < a->world; i++) {
-            zmsg_addstr(table, h->slots[i].name);
-            zmsg_addstr(table, i ? h->slots[i].endpoint : h->bound[h->slots[j].via]);
-            zmsg_addstr(table, h->slots[i].key);
-        }
+        if (!h->slots[j].present)
+            continue;
+        zmsg_t *table = zd__rendezvous_table(a, h->bound[h->slots[j].via],
+                                             h->running ? status : NULL);
         send_to(h->sock, h->slots[j].identity, table);
         zmsg_destroy(&table);
     }
@@ -398,9 +446,11 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
 {
     host_t h = {.a = a};
     h.slots = calloc((size_t)a->world, sizeof *h.slots);
+    h.gone = calloc((size_t)a->world, sizeof *h.gone);
     h.sock = zmq_socket(a->ctx, ZMQ_ROUTER);
-    if (!h.slots || !h.sock) {
+    if (!h.slots || !h.gone || !h.sock) {
         free(h.slots);
+        free(h.gone);
         if (h.sock)
             zmq_close(h.sock);
         return zd_error_set("rendezvous: cannot create the master socket");
@@ -417,7 +467,7 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
     snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(a));
     int count = 1;
-    while (count < a->world) {
+    while (!complete(&h)) {
         zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
         int n = zmq_poll(&item, 1, remaining_ms(deadline));
         if (n < 0 && errno == EINTR)
@@ -445,18 +495,37 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         goto out;
     }
     rc = send_tables(&h);
+    /* The socket stays open for processes that restart (membership.c). */
+    zd__membership_keep_desk(a, h.sock, h.bound, h.bound_ip, h.n_bound);
+    h.sock = NULL;
 out:
     for (int i = 0; i < a->world; i++)
         zframe_destroy(&h.slots[i].identity);
     free(h.slots);
-    zmq_close(h.sock);
+    free(h.gone);
+    if (h.sock)
+        zmq_close(h.sock);
     return rc;
 }
 
 /* ---- the other ranks ---- */
 
+zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
+{
+    zmsg_t *reg = zmsg_new();
+    zmsg_addstr(reg, RDV_REG_TAG);
+    zmsg_addstrf(reg, "%d", a->rank);
+    zmsg_addstrf(reg, "%d", a->world);
+    zmsg_addstr(reg, a->name);
+    zmsg_addstr(reg, a->peers[a->rank].endpoint);
+    zmsg_addstr(reg, zd__security_public_key(a));
+    if (status)
+        zmsg_addstr(reg, status);
+    return reg;
+}
+
 /* The master's address as a numeric literal, and the endpoint to dial. */
-static int master_endpoint(const char *addr, int port, char *ep, size_t size)
+int zd__rendezvous_master_endpoint(const char *addr, int port, char *ep, size_t size)
 {
     char ip[1][ZD_ADDR_MAX], p[8];
     if (zd__addr_resolve(addr, ip, 1) < 0)
@@ -469,7 +538,7 @@ static int master_endpoint(const char *addr, int port, char *ep, size_t size)
 static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
 {
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
-    if (master_endpoint(addr, port, ep, sizeof ep) < 0)
+    if (zd__rendezvous_master_endpoint(addr, port, ep, sizeof ep) < 0)
         return -1;
     void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!sock)
@@ -500,23 +569,30 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
                      zmq_strerror(errno));
         goto out;
     }
-    zmsg_t *reg = zmsg_new();
-    zmsg_addstr(reg, RDV_REG_TAG);
-    zmsg_addstrf(reg, "%d", a->rank);
-    zmsg_addstrf(reg, "%d", a->world);
-    zmsg_addstr(reg, a->name);
-    zmsg_addstr(reg, a->peers[a->rank].endpoint);
-    zmsg_addstr(reg, zd__security_public_key(a));
-    if (zmsg_send(&reg, sock) < 0) {
-        zmsg_destroy(&reg);
-        zd_error_set("rendezvous: cannot send to the master at %s", ep);
-        goto out;
-    }
-    for (;;) {
+    int64_t resend_at = 0;      /* after a "not yet" */
+    bool busy_said = false;
+    for (bool send = true;;) {
+        zmsg_t *reg = send ? zd__rendezvous_registration(a, NULL) : NULL;
+        if (send && zmsg_send(&reg, sock) < 0) {
+            zmsg_destroy(&reg);
+            zd_error_set("rendezvous: cannot send to the master at %s", ep);
+            goto out;
+        }
+        send = false;
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
-        int n = zmq_poll(items, mon ? 2 : 1, remaining_ms(deadline));
+        int wait = remaining_ms(deadline);
+        if (resend_at) {
+            int64_t until = (resend_at - zd__agent_now_ns()) / 1000000;
+            wait = until < 0 ? 0 : (wait >= 0 && wait < until ? wait : (int)until);
+        }
+        int n = zmq_poll(items, mon ? 2 : 1, wait);
         if (n < 0 && errno == EINTR)
             continue;
+        if (n == 0 && resend_at && zd__agent_now_ns() < deadline) {
+            resend_at = 0;
+            send = true;
+            continue;
+        }
         if (n <= 0) {
             if (reached || !mon)
                 zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
@@ -543,8 +619,20 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         if (!m)
             continue;
         char why[RDV_MAX_TEXT + 64];
-        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, why, sizeof why);
+        bool running;
+        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why,
+                                  sizeof why);
         zmsg_destroy(&m);
+        if (rc == -2) {
+            /* The process this one replaces is not gone yet at rank 0. */
+            if (!busy_said)
+                zd__log(ZD_LOG_INFO, "rpc: rendezvous: %s; asking again", why);
+            busy_said = true;
+            resend_at = zd__agent_now_ns() + 500000000LL;
+            rc = -1;
+            zd_error_set("%s", why);
+            continue;
+        }
         if (rc < 0) {
             zd_error_set("%s", why);
             goto out;
@@ -553,6 +641,13 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", table[i].name);
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", table[i].endpoint);
             snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", table[i].key);
+            if (table[i].lost)
+                zd__membership_mark_lost(a, i);
+        }
+        if (running) {
+            a->rejoined = true;
+            zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) restarted and joins the running world",
+                    a->name, a->rank);
         }
         break;
     }

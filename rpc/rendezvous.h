@@ -3,9 +3,19 @@
     functions so that tools/fuzz_rendezvous.c can drive them without
     sockets. The exchange itself is rendezvous.c; the format:
 
-        registration (joiner -> rank 0):  "ZDREG1" rank world_size name endpoint key
+        registration (joiner -> rank 0):  "ZDREG1" rank world_size name endpoint key [status]
         table (rank 0 -> joiner):         "ZDTAB1" world_size (name endpoint key) * world_size
+                                          [status]
         error (rank 0 -> joiner):         "ZDERR1" text
+        not yet (rank 0 -> joiner):       "ZDBSY1" text
+
+    status, when present, says that the world is already running
+    (membership.c): "running", or "running:" and the ranks lost to the
+    sender, comma-separated. A registration with it comes from a member
+    that lost rank 0 and re-registers with a restarted one; a table with it
+    answers a process that restarted, and its list names the ranks that
+    are gone. "Not yet" answers a restarted process whose old connection
+    is still up at rank 0: it asks again until its timeout.
 
     every field one frame of text (no terminating NUL on the wire). key is
     the process's CURVE public key in Z85 (RDV_KEY_LEN characters), or empty
@@ -21,6 +31,8 @@
 #define RDV_REG_TAG "ZDREG1"
 #define RDV_TAB_TAG "ZDTAB1"
 #define RDV_ERR_TAG "ZDERR1"
+#define RDV_BUSY_TAG "ZDBSY1"
+#define RDV_RUNNING "running"
 
 /* Longest frame either side accepts (ZMQ_MAXMSGSIZE on both sockets): a
    registration's frames are a name and an endpoint of at most 127 bytes,
@@ -34,6 +46,9 @@ typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
     char key[RDV_KEY_LEN + 1];  /* "" in a world without a key */
+    bool running;               /* registration: the sender is a running member */
+    bool lost;                  /* table of a running world: this rank is gone */
+    char lost_list[RDV_MAX_TEXT];   /* registration: the ranks lost to the sender */
 } rdv_entry_t;
 
 /*  Reads a registration: the frames after the sender's routing id (m is
@@ -43,10 +58,22 @@ typedef struct {
 int zd__rdv_parse_registration(zmsg_t *m, rdv_entry_t *out, char *why, size_t size);
 
 /*  Reads rank 0's answer to a joiner of rank `rank` named `name` in a
-    world of `world`: a table fills out[0..world-1] and returns 0; an error
-    answer returns -1 with rank 0's text (made printable, at most
-    RDV_MAX_TEXT bytes) in why; anything malformed returns -1 saying so. */
+    world of `world`: a table fills out[0..world-1] and returns 0, with
+    *running set when the world was already running (and out[i].lost for
+    the ranks gone from it); an error answer returns -1 with rank 0's text
+    (made printable, at most RDV_MAX_TEXT bytes) in why, a "not yet" -2;
+    anything malformed returns -1 saying so. */
 int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_entry_t *out,
-                         char *why, size_t size);
+                         bool *running, char *why, size_t size);
+
+/*  Marks in lost[0..world-1] the ranks of a status's list ("1,5"): 0, or
+    -1 when a rank is out of the world or the list is malformed. */
+int zd__rdv_parse_ranks(const char *list, int world, bool *lost);
+
+/*  Writes the status of a running member or world, with the ranks lost[i]
+    is set for: "running" or "running:1,5". A list longer than the buffer
+    stops at the last rank that fits (a world with that many lost ranks
+    only waits longer for the ones left out). */
+void zd__rdv_status(const bool *lost, int world, char buf[RDV_MAX_TEXT]);
 
 #endif

@@ -487,7 +487,7 @@ int zd__security_table_ready(agent_t *a)
         return 0;
     if (!s->curve) {
         for (int i = 0; i < a->world && !s->insecure; i++)
-            if (!endpoint_is_loopback(a->peers[i].endpoint))
+            if (a->peers[i].endpoint[0] && !endpoint_is_loopback(a->peers[i].endpoint))
                 return zd_error_set_code(ZD_ERR_ARGUMENT,
                                          "no world key, and \"%s\" (rank %d) is at %s, not on "
                                          "loopback: refusing to run unauthenticated and "
@@ -498,16 +498,21 @@ int zd__security_table_ready(agent_t *a)
     key_rank_t *k = malloc((size_t)a->world * sizeof *k);
     if (!k)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    static const uint8_t none[32];
     for (int i = 0; i < a->world; i++) {
         k[i].rank = i;
-        if (!z85_key(a->peers[i].key, k[i].key)) {
+        /* A rank gone from the running world this process joined has no
+           key until it rejoins (zd__security_renew_key): no key matches. */
+        if (!a->peers[i].key[0] && atomic_load(&a->peers[i].lost_at_ns)) {
+            memset(k[i].key, 0, 32);
+        } else if (!z85_key(a->peers[i].key, k[i].key)) {
             free(k);
             return zd_error_set("rendezvous: rank %d has no valid public key", i);
         }
     }
     qsort(k, (size_t)a->world, sizeof *k, key_cmp);
     for (int i = 1; i < a->world; i++)
-        if (key_cmp(&k[i - 1], &k[i]) == 0) {
+        if (key_cmp(&k[i - 1], &k[i]) == 0 && memcmp(k[i].key, none, 32) != 0) {
             int r1 = k[i - 1].rank, r2 = k[i].rank;
             free(k);
             return zd_error_set("rendezvous: ranks %d and %d registered the same public key", r1,
@@ -519,12 +524,42 @@ int zd__security_table_ready(agent_t *a)
     return 0;
 }
 
+/* A restarted process rejoins with a key of its own (membership.c): the
+   handler's thread reads the table under s->lock from then on. */
+int zd__security_renew_key(agent_t *a, int rank)
+{
+    security_t *s = a->sec;
+    if (!s || !s->curve)
+        return 0;
+    uint8_t bin[32];
+    if (!z85_key(a->peers[rank].key, bin))
+        return zd_error_set("rank %d has no valid public key", rank);
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; i < s->n_keys; i++)
+        if (s->keys[i].rank != rank && memcmp(s->keys[i].key, bin, 32) == 0) {
+            int other = s->keys[i].rank;
+            pthread_mutex_unlock(&s->lock);
+            return zd_error_set("rank %d rejoined with the public key of rank %d", rank, other);
+        }
+    for (int i = 0; i < s->n_keys; i++)
+        if (s->keys[i].rank == rank)
+            memcpy(s->keys[i].key, bin, 32);
+    qsort(s->keys, (size_t)s->n_keys, sizeof *s->keys, key_cmp);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
 static int rank_of_key(security_t *s, const uint8_t *key)
 {
     key_rank_t probe;
     memcpy(probe.key, key, 32);
-    key_rank_t *k = bsearch(&probe, s->keys, (size_t)s->n_keys, sizeof *k, key_cmp);
-    return k ? k->rank : -1;
+    pthread_mutex_lock(&s->lock);
+    static const uint8_t none[32];
+    key_rank_t *k = memcmp(key, none, 32) ? bsearch(&probe, s->keys, (size_t)s->n_keys,
+                                                     sizeof *k, key_cmp) : NULL;
+    int rank = k ? k->rank : -1;
+    pthread_mutex_unlock(&s->lock);
+    return rank;
 }
 
 /* Sends the answer to a ZAP request: [route][""] "1.0" id status text

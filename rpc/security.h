@@ -71,6 +71,11 @@ bool zd__security_key_ok(const agent_t *a, const char *key);
     insecure). 0, or -1. */
 int zd__security_table_ready(agent_t *a);
 
+/*  Rank's key changed (a restarted process rejoined; a->peers[rank].key
+    holds the new one): connections with the old key are refused from now
+    on. 0, or -1 when the key is invalid or another rank's. */
+int zd__security_renew_key(agent_t *a, int rank);
+
 /*  Whether a message that arrived on the ROUTER with routing id of rank
     src really comes from rank src (its connection's User-Id); logs the
     mismatch (rate limited) otherwise. Always true without CURVE. */

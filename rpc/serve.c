@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "rpc/membership.h"
 #include "rpc/rref.h"
 
 /* ---- registry (process-wide, kept across inits) ---- */
@@ -171,6 +172,9 @@ int zd__serve_register_internal(void)
     if (zd_rpc_register_function("__zd_barrier", &barrier) < 0)
         return -1;
     registry_mark_internal("__zd_barrier", "the shutdown barrier");
+    if (zd_rpc_register("__zd_member", zd__membership_handler, NULL) < 0)
+        return -1;
+    registry_mark_internal("__zd_member", "a restarted process's new address");
     return 0;
 }
 

@@ -254,16 +254,50 @@ void zd__shm_offer_all(agent_t *a)
             answer_offer(a, i, pending[i] > 0);
             pending[i] = 0;
         }
-    for (int i = 0; i < a->world; i++) {
-        if (i == a->rank || !atomic_load(&enabled))
-            continue;
-        rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER, .flags = RPC_WIRE_F_INTERNAL,
-                               .id = zd__agent_new_id(a), .extra = (const uint8_t *)&me,
-                               .extra_len = sizeof me};
-        if (zd__transport_send(a, i, &h, NULL, 0) < 0)
-            zd__log(ZD_LOG_DEBUG, "rpc: cannot offer shared memory to rank %d: %s", i,
-                    zd_error_last());
+    for (int i = 0; i < a->world; i++)
+        if (!atomic_load(&a->peers[i].lost_at_ns))
+            zd__shm_offer(a, i);
+}
+
+void zd__shm_offer(agent_t *a, int peer)
+{
+    if (peer == a->rank || !atomic_load(&enabled))
+        return;
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER, .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(a), .extra = (const uint8_t *)&me,
+                           .extra_len = sizeof me};
+    if (zd__transport_send(a, peer, &h, NULL, 0) < 0)
+        zd__log(ZD_LOG_DEBUG, "rpc: cannot offer shared memory to rank %d: %s", peer,
+                zd_error_last());
+}
+
+/* The process behind peer is gone: its tensors (which kept segments busy)
+   died with it, and a new one under that rank has mapped none of ours.
+   New sends go over ZeroMQ from now; the segments go once no sender can
+   be inside one (a sender copies outside the lock); if that takes too
+   long they stay until shutdown. */
+void zd__shm_peer_reset(int peer)
+{
+    if (!tx || peer < 0 || peer >= world)
+        return;
+    tx_peer_t *p = &tx[peer];
+    atomic_store(&p->state, 0);
+    int64_t until = zd__agent_now_ns() + 1000000000LL;
+    while (atomic_load(&senders) > 0 && zd__agent_now_ns() < until)
+        sched_yield();
+    if (atomic_load(&senders) > 0)
+        return;
+    pthread_mutex_lock(&p->lock);
+    pthread_mutex_lock(&tx_total_lock);
+    for (int k = 0; k < p->n_segs; k++) {
+        munmap(p->segs[k].map, SHM_HEADER + p->segs[k].cap);
+        close(p->segs[k].fd);
+        tx_bytes -= p->segs[k].cap;
     }
+    pthread_mutex_unlock(&tx_total_lock);
+    p->n_segs = 0;
+    p->bytes = 0;
+    pthread_mutex_unlock(&p->lock);
 }
 
 static void rx_unref(rx_seg_t *s)

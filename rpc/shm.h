@@ -82,6 +82,14 @@ void zd__shm_start(agent_t *a);
     answers to offers that came before. */
 void zd__shm_offer_all(agent_t *a);
 
+/*  Sends peer an OFFER (a restarted process under that rank, once connected). */
+void zd__shm_offer(agent_t *a, int peer);
+
+/*  Peer's process is gone (it is being replaced by a restarted one): sends
+    to it go over ZeroMQ until it accepts a new offer, and the segments made
+    for the old one are freed. */
+void zd__shm_peer_reset(int peer);
+
 /*  At close (no sends any more): frees the segments and what the receiving
     side holds; tensors still alive keep their mapping until they die. */
 void zd__shm_stop(void);

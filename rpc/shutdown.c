@@ -91,8 +91,9 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
         a->barrier_last = malloc((size_t)a->world * sizeof *a->barrier_last);
         if (!a->barrier_last)
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory"), false;
+        /* A restarted rank 0's members passed their init round long ago. */
         for (int i = 0; i < a->world; i++)
-            a->barrier_last[i] = -2;
+            a->barrier_last[i] = a->rejoined ? -1 : -2;
     }
     int64_t last = a->barrier_last[src];
     if (round == last + 1 || (round == last && open && !open->waiting[src])) {

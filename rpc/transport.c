@@ -158,7 +158,8 @@ static int open_peer(agent_t *a, peer_t *p)
     if (zd__security_client(a, p->sock, p->rank) < 0)
         return -1;
     char mon[96];
-    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d", a->gen, p->rank);
+    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->gen, p->rank,
+             atomic_load(&p->incarnation));
     if (zmq_socket_monitor(p->sock, mon,
                             ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
         p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
@@ -176,6 +177,33 @@ static int open_peer(agent_t *a, peer_t *p)
     return 0;
 }
 
+static void close_peer(peer_t *p, int linger_ms)
+{
+    if (p->sock) {
+        zmq_socket_monitor(p->sock, NULL, 0);
+        set_int(p->sock, ZMQ_LINGER, linger_ms);
+        zmq_close(p->sock);
+        p->sock = NULL;
+    }
+    if (p->monitor) {
+        zmq_close(p->monitor);
+        p->monitor = NULL;
+    }
+}
+
+/* The old connection leads to a process that is gone; the new one may be
+   at another endpoint, with another key (set in p before). */
+int zd__transport_renew_peer(agent_t *a, peer_t *p)
+{
+    pthread_mutex_lock(&p->lock);
+    close_peer(p, 0);
+    int rc = open_peer(a, p);
+    if (rc < 0)
+        close_peer(p, 0);   /* a half-made socket: sends fail until it is made again */
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
 int zd__transport_connect(agent_t *a, int64_t deadline_ns)
 {
     for (int i = 0; i < a->world; i++)
@@ -188,6 +216,8 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
        after this loop every peer is known to be reachable. */
     for (int i = 0; i < a->world; i++) {
         peer_t *p = &a->peers[i];
+        if (atomic_load(&p->lost_at_ns))
+            continue;   /* gone from the running world this process joined */
         int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - zd__agent_now_ns()) / 1000000;
         if (deadline_ns != INT64_MAX && left < 1)
             left = 1;
@@ -239,20 +269,9 @@ int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
 void zd__transport_close(agent_t *a, bool graceful)
 {
     zd__transport_stream_clear();
-    for (int i = 0; a->peers && i < a->world; i++) {
-        peer_t *p = &a->peers[i];
-        if (p->sock) {
-            zmq_socket_monitor(p->sock, NULL, 0);
-            /* Graceful: let the last answers reach their destination. */
-            set_int(p->sock, ZMQ_LINGER, graceful ? 2000 : 0);
-            zmq_close(p->sock);
-            p->sock = NULL;
-        }
-        if (p->monitor) {
-            zmq_close(p->monitor);
-            p->monitor = NULL;
-        }
-    }
+    /* Graceful: let the last answers reach their destination. */
+    for (int i = 0; a->peers && i < a->world; i++)
+        close_peer(&a->peers[i], graceful ? 2000 : 0);
     if (a->router) {
         /* Graceful: answers to zd_rpc_sync sockets leave through the ROUTER. */
         set_int(a->router, ZMQ_LINGER, graceful ? 2000 : 0);

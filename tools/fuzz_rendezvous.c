@@ -114,6 +114,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             CHECK(zd__rpc_wire_name_ok(r.name, ZD_RPC_MAX_NAME), "name \"%s\"", r.name);
             check_endpoint_ok(r.endpoint);
             check_key_ok(r.key);
+            if (r.running) {
+                bool lost[RPC_WIRE_MAX_RANK + 1] = {0};
+                CHECK(zd__rdv_parse_ranks(r.lost_list, r.world, lost) == 0, "lost list \"%s\"",
+                      r.lost_list);
+            }
         } else {
             check_text(why, sizeof why);
         }
@@ -122,7 +127,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         char name[16];
         snprintf(name, sizeof name, "w%d", rank);
         memset(table, 0, sizeof table);
-        if (zd__rdv_parse_answer(m, world, rank, name, table, why, sizeof why) == 0) {
+        bool running;
+        if (zd__rdv_parse_answer(m, world, rank, name, table, &running, why, sizeof why) == 0) {
+            CHECK(!table[rank].lost, "rank %d is told it is lost", rank);
             for (int i = 0; i < world; i++) {
                 CHECK(zd__rpc_wire_name_ok(table[i].name, ZD_RPC_MAX_NAME), "name of %d", i);
                 check_endpoint_ok(table[i].endpoint);

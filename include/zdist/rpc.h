@@ -108,6 +108,10 @@ typedef struct {
     int64_t heartbeat_ms;       /* a peer whose connection carries nothing (not even
                                    heartbeats) this long is lost, like a dead one;
                                    0: $ZDIST_HEARTBEAT_S seconds, else 30000 (0) */
+    int64_t master_wait_ms;     /* when rank 0 is lost, keep registering with
+                                   master_addr:master_port this long, so that a
+                                   restarted rank 0 gets the running world back;
+                                   0: $ZDIST_MASTER_WAIT_S seconds, else never (0) */
 } zd_rpc_options_t;
 
 /*  PyTorch's defaults (above). */
@@ -476,6 +480,30 @@ ZD_API int zd_rpc_register_peer_lost(zd_rpc_peer_lost_fn *fn, void *arg);
     running or the rank is alive). Calls to a lost peer fail at once
     (ZD_ERR_PEER, "peer \"NAME\" (rank N) lost 3.1 s ago"). */
 ZD_API bool zd_rpc_peer_is_lost(int rank);
+
+/*  ---- peers that come back ---- */
+
+/*  A process restarted with the rank and name of a lost peer joins the
+    running world (zd_rpc_init registers with rank 0, which tells the
+    others); a restarted rank 0 gets the world back from the members that
+    waited for it (master_wait_ms). What the old process owned (its RRefs,
+    objects, autograd contexts) is gone: the application makes them anew. */
+
+/*  Called once each time a lost peer has rejoined, on an RPC pool thread,
+    after calls to it work again. */
+typedef void (zd_rpc_peer_joined_fn)(void *arg, int peer, const char *name);
+
+/*  Adds fn(arg) to the callbacks run when a lost peer rejoins (at most 8, kept
+    for the life of the process; the same pair twice is one). 0, or -1. */
+ZD_API int zd_rpc_register_peer_joined(zd_rpc_peer_joined_fn *fn, void *arg);
+
+/*  Waits until rank is a live member (not lost: a lost one has rejoined): 0, or
+    -1 with ZD_ERR_TIMEOUT after timeout_ms (0: no limit), ZD_ERR_NOT_INITIALIZED. */
+ZD_API int zd_rpc_wait_peer(int rank, int64_t timeout_ms);
+
+/*  True in a process whose zd_rpc_init joined a world that was already
+    running (it was restarted), false when it formed the world or not running. */
+ZD_API bool zd_rpc_rejoined(void);
 
 /*  ---- metrics ---- */
 

@@ -1,0 +1,633 @@
+/* SPDX-License-Identifier: MIT */
+/*  membership.c: a process restarted under the rank and name of a lost
+    peer joins the running world (dynamic membership, SPEC B10).
+
+    Rank 0 keeps its rendezvous socket for the life of the world, and a
+    thread answers it: a restarted process registers there as at the
+    start. Rank 0 makes its own sockets to it anew, has every other live
+    member do the same ("__zd_member"), and only then answers with the
+    table, marked as a running world's: the new process skips the init
+    barrier, and its first messages find every member ready for its new
+    endpoint and key. While the old process's connection is still up at
+    rank 0 (it may be frozen rather than dead), the answer is "not yet",
+    and the new process asks again until its init timeout.
+
+    Rank 0 itself has nobody to tell: when it is lost, the members that
+    were given master_wait_ms register with master_addr:master_port again,
+    marked as running members, until a restarted rank 0 answers. A rank 0
+    that gets such registrations knows it restarted: it forms the world
+    from those that come (the ranks every member lost are left out), and
+    the members point their sockets at it.
+
+    What the old process held was released when it was declared lost
+    (peer_lost.c): a renewal waits for that release to finish, so that
+    nothing of the new process is taken for the old one's. Sockets belong
+    to the I/O thread, which makes them anew (zd__membership_io_renew);
+    zd_rpc_sync's per-thread sockets notice the new incarnation when next
+    used (direct.c). */
+#define _GNU_SOURCE   /* pthread_timedjoin_np: a bounded join at shutdown */
+#include "rpc/membership.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zdist/error.h>
+#include "rpc/rendezvous.h"
+#include "rpc/security.h"
+#include "rpc/shm.h"
+
+#define RENEW_WAIT_MS 10000     /* a renewal: the release before, the I/O thread */
+#define NOTIFY_WAIT_MS 5000     /* rank 0: the members' acknowledgements */
+#define DESK_POLL_MS 200        /* how often the thread looks at its stop flag */
+#define RESEND_MS 2000          /* a member's registration with a lost rank 0 */
+
+struct membership {
+    char master[256];
+    int port;
+    void *desk;                 /* rank 0: the rendezvous ROUTER */
+    char bound[MEMBERSHIP_MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];
+    char bound_ip[MEMBERSHIP_MAX_BINDS][ZD_ADDR_MAX];
+    int n_bound;
+
+    pthread_t thread;
+    bool started;
+    atomic_bool stop;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;        /* master lost, a renewal done, stop */
+    bool master_lost;
+
+    pthread_mutex_t serial;     /* one renewal at a time */
+    int renew_rank;
+    char renew_ep[ZD_RPC_MAX_ENDPOINT + 1];
+    char renew_key[SECURITY_KEY_TXT];
+    bool renew_done;
+    int renew_rc;
+    char renew_error[256];
+};
+
+static int64_t now_ns(void)
+{
+    return zd__agent_now_ns();
+}
+
+/* An absolute CLOCK_REALTIME time ms from now, for pthread_cond_timedwait. */
+static struct timespec abs_in(int64_t ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000;
+    if (t.tv_nsec >= 1000000000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000;
+    }
+    return t;
+}
+
+int zd__membership_new(agent_t *a, const char *master, int port)
+{
+    membership_t *mb = calloc(1, sizeof *mb);
+    if (!mb)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    snprintf(mb->master, sizeof mb->master, "%s", master ? master : "");
+    mb->port = port;
+    pthread_mutex_init(&mb->lock, NULL);
+    pthread_cond_init(&mb->cond, NULL);
+    pthread_mutex_init(&mb->serial, NULL);
+    a->mb = mb;
+    return 0;
+}
+
+void zd__membership_keep_desk(agent_t *a, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
+                              char bound_ip[][ZD_ADDR_MAX], int n_bound)
+{
+    membership_t *mb = a->mb;
+    mb->desk = sock;
+    mb->n_bound = n_bound < MEMBERSHIP_MAX_BINDS ? n_bound : MEMBERSHIP_MAX_BINDS;
+    for (int k = 0; k < mb->n_bound; k++) {
+        snprintf(mb->bound[k], sizeof mb->bound[k], "%s", bound[k]);
+        snprintf(mb->bound_ip[k], sizeof mb->bound_ip[k], "%s", bound_ip[k]);
+    }
+}
+
+void zd__membership_mark_lost(agent_t *a, int rank)
+{
+    peer_t *p = &a->peers[rank];
+    int64_t expected = 0;
+    if (atomic_compare_exchange_strong(&p->lost_at_ns, &expected, now_ns())) {
+        atomic_store(&p->lost, true);
+        atomic_fetch_add(&a->n_lost, 1);
+    }
+}
+
+void zd__membership_peer_lost(agent_t *a, int rank)
+{
+    membership_t *mb = a->mb;
+    if (!mb || rank != 0)
+        return;
+    pthread_mutex_lock(&mb->lock);
+    mb->master_lost = true;
+    pthread_cond_broadcast(&mb->cond);
+    pthread_mutex_unlock(&mb->lock);
+}
+
+/* ---- renewing a peer ---- */
+
+/* Waits (bounded) until what the old process held has been released. */
+static bool release_over(agent_t *a, int rank, int64_t deadline)
+{
+    while (atomic_load(&a->peers[rank].releasing)) {
+        if (now_ns() >= deadline)
+            return false;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
+int zd__membership_renew(agent_t *a, int rank, const char *endpoint, const char *key)
+{
+    membership_t *mb = a->mb;
+    if (rank < 0 || rank >= a->world || rank == a->rank)
+        return zd_error_set("rejoin: rank %d is not a peer", rank);
+    int64_t deadline = now_ns() + RENEW_WAIT_MS * 1000000LL;
+    /* The old process is gone even if its connection here has not said so
+       yet: what it held goes first. */
+    if (!atomic_load(&a->peers[rank].lost_at_ns))
+        zd__peer_declare_lost(a, rank, now_ns());
+    pthread_mutex_lock(&mb->serial);
+    if (!release_over(a, rank, deadline)) {
+        pthread_mutex_unlock(&mb->serial);
+        return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: what its old process held "
+                                 "is still being released after %d s", rank,
+                                 RENEW_WAIT_MS / 1000);
+    }
+    pthread_mutex_lock(&mb->lock);
+    mb->renew_rank = rank;
+    snprintf(mb->renew_ep, sizeof mb->renew_ep, "%s", endpoint);
+    snprintf(mb->renew_key, sizeof mb->renew_key, "%s", key);
+    mb->renew_done = false;
+    pthread_mutex_unlock(&mb->lock);
+    atomic_store(&a->renew_pending, true);
+    uint64_t one = 1;
+    if (write(a->wake_fd, &one, sizeof one) < 0) {
+        /* the I/O thread's tick finds the flag anyway */
+    }
+    pthread_mutex_lock(&mb->lock);
+    struct timespec until = abs_in(RENEW_WAIT_MS);
+    while (!mb->renew_done && !atomic_load(&mb->stop))
+        if (pthread_cond_timedwait(&mb->cond, &mb->lock, &until) == ETIMEDOUT)
+            break;
+    bool done = mb->renew_done;
+    int rc = mb->renew_rc;
+    char error[256];
+    snprintf(error, sizeof error, "%s", mb->renew_error);
+    pthread_mutex_unlock(&mb->lock);
+    pthread_mutex_unlock(&mb->serial);
+    if (!done)
+        return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: the I/O thread did not "
+                                 "renew its sockets in time", rank);
+    if (rc < 0)
+        return zd_error_set("rejoin of rank %d: %s", rank, error);
+    return 0;
+}
+
+static void run_joined(void *arg)
+{
+    int *job = arg;
+    agent_t *a = zd__agent_try_acquire();
+    if (a)
+        zd__peer_run_joined(a, *job);
+    zd__agent_release(a);
+    free(job);
+}
+
+bool zd__membership_io_renew(agent_t *a)
+{
+    membership_t *mb = a->mb;
+    if (!mb || !atomic_exchange(&a->renew_pending, false))
+        return false;
+    pthread_mutex_lock(&mb->lock);
+    int rank = mb->renew_rank;
+    peer_t *p = &a->peers[rank];
+    bool was_lost = atomic_load(&p->lost_at_ns) != 0;
+    char old_key[SECURITY_KEY_TXT];
+    snprintf(old_key, sizeof old_key, "%s", p->key);
+    snprintf(p->key, sizeof p->key, "%s", mb->renew_key);
+    int rc = zd__security_renew_key(a, rank);
+    if (rc == 0) {
+        snprintf(p->endpoint, sizeof p->endpoint, "%s", mb->renew_ep);
+        zd__shm_peer_reset(rank);
+        atomic_fetch_add(&p->incarnation, 1);
+        rc = zd__transport_renew_peer(a, p);
+    } else {
+        snprintf(p->key, sizeof p->key, "%s", old_key);
+    }
+    if (rc == 0) {
+        p->fail_at_ns = 0;
+        p->down_since_ns = 0;
+        p->reoffer = true;
+        atomic_store(&p->lost, false);
+        if (was_lost) {
+            atomic_store(&p->lost_at_ns, 0);
+            atomic_fetch_sub(&a->n_lost, 1);
+        }
+        if (a->rank == 0) {
+            /* Its shutdown rounds start again, after its (skipped) init round. */
+            pthread_mutex_lock(&a->barrier_lock);
+            if (a->barrier_last)
+                a->barrier_last[rank] = -1;
+            pthread_mutex_unlock(&a->barrier_lock);
+        }
+    }
+    mb->renew_rc = rc;
+    snprintf(mb->renew_error, sizeof mb->renew_error, "%s", rc < 0 ? zd_error_last() : "");
+    mb->renew_done = true;
+    pthread_cond_broadcast(&mb->cond);
+    pthread_mutex_unlock(&mb->lock);
+    if (rc == 0) {
+        zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) is back, at %s", p->name, rank, p->endpoint);
+        int *job = malloc(sizeof *job);
+        if (job) {
+            *job = rank;
+            if (zd__pool_submit(a->pool, run_joined, free, job) < 0)
+                zd__log(ZD_LOG_WARN, "rpc: the callbacks for rank %d's return did not run", rank);
+        }
+    }
+    return true;
+}
+
+/* ---- rank 0: the desk ---- */
+
+static void reply(void *sock, zframe_t *id, zmsg_t *body)
+{
+    zframe_t *route = zframe_dup(id);
+    zmsg_prepend(body, &route);
+    zmsg_send(&body, sock);
+    zmsg_destroy(&body);
+}
+
+static void reply_text(void *sock, zframe_t *id, const char *tag, const char *text)
+{
+    zmsg_t *m = zmsg_new();
+    zmsg_addstr(m, tag);
+    zmsg_addstr(m, text);
+    reply(sock, id, m);
+}
+
+/* Rank 0's endpoint for a process at peer (an address): the one it bound
+   on the interface that routes there. */
+static const char *endpoint_for(membership_t *mb, const char *peer)
+{
+    char from[ZD_ADDR_MAX];
+    if (zd__addr_family(peer) && zd__addr_route_from(peer, from, sizeof from) == 0)
+        for (int k = 0; k < mb->n_bound; k++)
+            if (!strcmp(mb->bound_ip[k], from))
+                return mb->bound[k];
+    return mb->bound[0];
+}
+
+/* Tells every other live member that rank now lives at endpoint (bounded). */
+static void notify_members(agent_t *a, int rank, const char *endpoint, const char *key)
+{
+    zd_future_t **fs = calloc((size_t)a->world, sizeof *fs);
+    zd_value_t *args = zd_rpc_args("iss", (int64_t)rank, endpoint, key);
+    if (!fs || !args) {
+        free(fs);
+        zd_value_unref(args);
+        zd__log(ZD_LOG_ERROR, "rpc: rejoin of rank %d: out of memory", rank);
+        return;
+    }
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_member", .api = "rejoin", .args = args,
+                      .timeout_ms = NOTIFY_WAIT_MS, .hooked = false};
+    for (int i = 1; i < a->world; i++)
+        if (i != rank && !atomic_load(&a->peers[i].lost_at_ns))
+            fs[i] = zd__call_start(a, i, &req);
+    for (int i = 1; i < a->world; i++) {
+        if (!fs[i])
+            continue;
+        if (zd_future_wait(fs[i], NOTIFY_WAIT_MS) < 0)
+            zd__log(ZD_LOG_WARN, "rpc: rejoin of rank %d: \"%s\" (rank %d) did not take it: %s",
+                    rank, a->peers[i].name, i, zd_error_last());
+        zd_future_unref(fs[i]);
+    }
+    zd_value_unref(args);
+    free(fs);
+}
+
+/* The table for a process that restarted: the world as it is, with the
+   ranks gone from it. */
+static zmsg_t *running_table(agent_t *a, const char *ep0, int joiner)
+{
+    bool *lost = calloc((size_t)a->world, sizeof *lost);
+    if (!lost)
+        return NULL;
+    for (int i = 0; i < a->world; i++)
+        lost[i] = i != joiner && atomic_load(&a->peers[i].lost_at_ns) != 0;
+    char status[RDV_MAX_TEXT];
+    zd__rdv_status(lost, a->world, status);
+    free(lost);
+    /* Ranks whose name this rank 0 never learnt go as empty entries. */
+    zmsg_t *t = zd__rendezvous_table(a, ep0, status);
+    return t;
+}
+
+static void desk_serve(agent_t *a, membership_t *mb)
+{
+    zmsg_t *m = zmsg_recv(mb->desk);
+    if (!m)
+        return;
+    zframe_t *id = zmsg_pop(m);
+    char peer[ZD_ADDR_MAX] = "", why[400], text[700];
+    zframe_t *first = zmsg_first(m);
+    const char *pa = first ? zframe_meta(first, "Peer-Address") : NULL;
+    if (!pa || zd__addr_normalize(pa, peer, sizeof peer) < 0)
+        snprintf(peer, sizeof peer, "an unknown address");
+    rdv_entry_t r;
+    int rc = zd__rdv_parse_registration(m, &r, why, sizeof why);
+    zmsg_destroy(&m);
+    if (!id)
+        return;
+    if (rc == 0 && !zd__security_key_ok(a, r.key))
+        rc = -1, snprintf(why, sizeof why, "a key that does not fit this world");
+    else if (rc == 0 && r.world != a->world)
+        rc = -1, snprintf(why, sizeof why, "world size %d, this world's is %d", r.world, a->world);
+    else if (rc == 0 && (r.rank == 0 || r.rank >= a->world))
+        rc = -1, snprintf(why, sizeof why, "rank %d, which is %s", r.rank,
+                          r.rank ? "outside the world" : "rank 0's own");
+    else if (rc == 0 && a->peers[r.rank].name[0] && strcmp(a->peers[r.rank].name, r.name) != 0)
+        rc = -1, snprintf(why, sizeof why, "\"%s\" for rank %d, which is \"%s\" in this world",
+                          r.name, r.rank, a->peers[r.rank].name);
+    for (int i = 0; rc == 0 && i < a->world; i++)
+        if (i != r.rank && !strcmp(a->peers[i].name, r.name))
+            rc = -1, snprintf(why, sizeof why, "\"%s\" for rank %d, the name of rank %d", r.name,
+                              r.rank, i);
+    if (rc == 0 && atomic_load(&a->closing))
+        rc = -1, snprintf(why, sizeof why, "rank 0 is shutting down");
+    if (rc < 0) {
+        snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") of a running world turned away "
+                 "a registration from %s: %s", a->name, peer, why);
+        zd__log(ZD_LOG_WARN, "rpc: %s", text);
+        reply_text(mb->desk, id, RDV_ERR_TAG, text);
+        zframe_destroy(&id);
+        return;
+    }
+    peer_t *p = &a->peers[r.rank];
+    const char *ep0 = endpoint_for(mb, peer);
+    bool alive = !atomic_load(&p->lost_at_ns);
+    if (alive && r.running) {
+        /* It lost this rank 0 for a while (a freeze): nothing changed here. */
+        zmsg_t *t = running_table(a, ep0, r.rank);
+        if (t)
+            reply(mb->desk, id, t);
+        zframe_destroy(&id);
+        return;
+    }
+    if (alive && !atomic_load(&p->lost)) {
+        snprintf(text, sizeof text, "rank %d (\"%s\") is still connected to rank 0: its old "
+                 "process may be alive (frozen?) or not noticed gone yet", r.rank, r.name);
+        reply_text(mb->desk, id, RDV_BUSY_TAG, text);
+        zframe_destroy(&id);
+        return;
+    }
+    snprintf(p->name, sizeof p->name, "%s", r.name);
+    if (zd__membership_renew(a, r.rank, r.endpoint, r.key) < 0) {
+        snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") could not take back \"%s\" "
+                 "(rank %d): %s", a->name, r.name, r.rank, zd_error_last());
+        zd__log(ZD_LOG_WARN, "rpc: %s", text);
+        reply_text(mb->desk, id, RDV_ERR_TAG, text);
+        zframe_destroy(&id);
+        return;
+    }
+    notify_members(a, r.rank, r.endpoint, r.key);
+    zmsg_t *t = running_table(a, ep0, r.rank);
+    if (t)
+        reply(mb->desk, id, t);
+    zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) rejoined from %s", r.name, r.rank, peer);
+    zframe_destroy(&id);
+}
+
+zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)arg;
+    agent_t *a = zd__agent_acquire();
+    if (!a)
+        return NULL;
+    zd_value_t *result = NULL;
+    int64_t rank;
+    const char *endpoint, *key;
+    char ip[ZD_ADDR_MAX];
+    int port;
+    if (zd_rpc_call_caller_rank(call) != 0) {
+        zd_error_set("rejoin: only rank 0 announces restarted processes");
+    } else if (zd_rpc_arg_int(args, 0, &rank) < 0 || zd_rpc_arg_string(args, 1, &endpoint) < 0 ||
+               zd_rpc_arg_string(args, 2, &key) < 0) {
+        zd_error_wrap("rejoin");
+    } else if (rank < 1 || rank >= a->world || rank == a->rank) {
+        zd_error_set("rejoin: rank %lld is not another member", (long long)rank);
+    } else if (zd__addr_parse_endpoint(endpoint, ip, sizeof ip, &port) < 0 ||
+               !zd__security_key_ok(a, key)) {
+        zd_error_set("rejoin: a bad endpoint or key for rank %lld", (long long)rank);
+    } else {
+        zd__pool_block_begin();
+        int rc = zd__membership_renew(a, (int)rank, endpoint, key);
+        zd__pool_block_end();
+        if (rc == 0)
+            result = zd_value_none();
+    }
+    zd__agent_release(a);
+    return result;
+}
+
+/* ---- the others: waiting for a restarted rank 0 ---- */
+
+/* Points the peers whose entries changed at the processes now there. */
+static void take_table(agent_t *a, const rdv_entry_t *t)
+{
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        if (i == a->rank || t[i].lost || !t[i].endpoint[0])
+            continue;
+        bool moved = i == 0 || atomic_load(&p->lost_at_ns) || strcmp(p->endpoint, t[i].endpoint) ||
+                     strcmp(p->key, t[i].key);
+        if (moved && zd__membership_renew(a, i, t[i].endpoint, t[i].key) < 0)
+            zd__log(ZD_LOG_WARN, "rpc: %s", zd_error_last());
+    }
+}
+
+static void await_master(agent_t *a, membership_t *mb)
+{
+    int64_t deadline = now_ns() + a->master_wait_ms * 1000000;
+    char ep[ZD_RPC_MAX_ENDPOINT + 1];
+    if (zd__rendezvous_master_endpoint(mb->master, mb->port, ep, sizeof ep) < 0) {
+        zd__log(ZD_LOG_WARN, "rpc: rank 0 is lost and cannot be waited for: %s", zd_error_last());
+        return;
+    }
+    zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting up to %lld s for it to restart "
+            "at %s", a->peers[0].name, (long long)(a->master_wait_ms / 1000), ep);
+    rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
+    bool *lost = calloc((size_t)a->world, sizeof *lost);
+    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    int zero = 0;
+    int64_t max = RDV_MAX_FRAME;
+    if (!table || !lost || !sock)
+        goto out;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    zd__transport_use_ipv6(sock, ep);
+    if (zd__security_rendezvous_client(a, sock) < 0 || zmq_connect(sock, ep) < 0)
+        goto out;
+    int64_t resend = 0;
+    bool said = false;
+    while (!atomic_load(&mb->stop) && now_ns() < deadline) {
+        if (now_ns() >= resend) {
+            for (int i = 0; i < a->world; i++)
+                lost[i] = i != 0 && i != a->rank && atomic_load(&a->peers[i].lost_at_ns);
+            char status[RDV_MAX_TEXT];
+            zd__rdv_status(lost, a->world, status);
+            zmsg_t *reg = zd__rendezvous_registration(a, status);
+            if (zmsg_send(&reg, sock) < 0)
+                zmsg_destroy(&reg);
+            resend = now_ns() + RESEND_MS * 1000000LL;
+        }
+        zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, DESK_POLL_MS) <= 0)
+            continue;
+        zmsg_t *m = zmsg_recv(sock);
+        if (!m)
+            continue;
+        char why[RDV_MAX_TEXT + 64];
+        bool running;
+        int rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why,
+                                      sizeof why);
+        zmsg_destroy(&m);
+        if (rc == 0) {
+            take_table(a, table);
+            goto out;
+        }
+        if (!said)
+            zd__log(ZD_LOG_WARN, "rpc: waiting for rank 0: %s", why);
+        said = true;
+    }
+    if (!atomic_load(&mb->stop))
+        zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") did not come back within %lld s",
+                a->peers[0].name, (long long)(a->master_wait_ms / 1000));
+out:
+    if (sock)
+        zmq_close(sock);
+    free(table);
+    free(lost);
+}
+
+/* ---- the thread ---- */
+
+static void *membership_main(void *arg)
+{
+    agent_t *a = arg;
+    membership_t *mb = a->mb;
+    while (!atomic_load(&mb->stop)) {
+        if (mb->desk) {
+            zmq_pollitem_t item = {mb->desk, 0, ZMQ_POLLIN, 0};
+            if (zmq_poll(&item, 1, DESK_POLL_MS) > 0)
+                desk_serve(a, mb);
+            continue;
+        }
+        pthread_mutex_lock(&mb->lock);
+        while (!mb->master_lost && !atomic_load(&mb->stop)) {
+            struct timespec until = abs_in(DESK_POLL_MS);
+            pthread_cond_timedwait(&mb->cond, &mb->lock, &until);
+        }
+        bool lost = mb->master_lost;
+        mb->master_lost = false;
+        pthread_mutex_unlock(&mb->lock);
+        if (lost && a->master_wait_ms > 0 && !atomic_load(&mb->stop))
+            await_master(a, mb);
+    }
+    return NULL;
+}
+
+int zd__membership_start(agent_t *a)
+{
+    membership_t *mb = a->mb;
+    if (pthread_create(&mb->thread, NULL, membership_main, a) != 0)
+        return zd_error_set("cannot start the membership thread");
+    mb->started = true;
+    return 0;
+}
+
+void zd__membership_free(agent_t *a)
+{
+    membership_t *mb = a->mb;
+    if (!mb)
+        return;
+    atomic_store(&mb->stop, true);
+    pthread_mutex_lock(&mb->lock);
+    pthread_cond_broadcast(&mb->cond);
+    pthread_mutex_unlock(&mb->lock);
+    if (mb->started) {
+        /* Its waits are bounded: a poll, a renewal, the members' answers. */
+        struct timespec until = abs_in(RENEW_WAIT_MS + NOTIFY_WAIT_MS + 1000);
+        if (pthread_timedjoin_np(mb->thread, NULL, &until) != 0) {
+            zd__log(ZD_LOG_ERROR, "rpc: shutdown: the membership thread did not stop");
+            pthread_detach(mb->thread);
+            a->mb = NULL;   /* left to the process: the thread may still use it */
+            return;
+        }
+    }
+    if (mb->desk)
+        zmq_close(mb->desk);
+    pthread_cond_destroy(&mb->cond);
+    pthread_mutex_destroy(&mb->lock);
+    pthread_mutex_destroy(&mb->serial);
+    free(mb);
+    a->mb = NULL;
+}
+
+/* ---- public ---- */
+
+bool zd_rpc_rejoined(void)
+{
+    agent_t *a = zd__agent_try_acquire();
+    bool r = a && a->rejoined;
+    zd__agent_release(a);
+    return r;
+}
+
+int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
+{
+    agent_t *a = zd__agent_acquire();
+    if (!a)
+        return zd_error_wrap("zd_rpc_wait_peer");
+    int rc = 0;
+    if (rank < 0 || rank >= a->world) {
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_wait_peer: no rank %d in a world of %d",
+                               rank, a->world);
+        goto out;
+    }
+    int64_t deadline = timeout_ms > 0 ? now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    peer_t *p = &a->peers[rank];
+    while (atomic_load(&p->lost_at_ns) || (rank != a->rank && atomic_load(&p->lost))) {
+        if (atomic_load(&a->closing)) {
+            rc = zd_error_set_code(ZD_ERR_SHUTDOWN, "zd_rpc_wait_peer: RPC shut down");
+            goto out;
+        }
+        if (now_ns() >= deadline) {
+            char text[256] = "";
+            zd__peer_lost(a, rank, text, sizeof text);
+            rc = zd_error_set_code(ZD_ERR_TIMEOUT, "zd_rpc_wait_peer: %s did not come back "
+                                   "within %lld ms", text[0] ? text : "the peer",
+                                   (long long)timeout_ms);
+            goto out;
+        }
+        /* The state changes on the I/O thread: a short look each time. */
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+out:
+    zd__agent_release(a);
+    return rc;
+}

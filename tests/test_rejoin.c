@@ -1,0 +1,203 @@
+/* SPDX-License-Identifier: MIT */
+/*  A process restarted with the rank and name of a lost peer joins the
+    running world (issue 12 point 3; membership.c), in worlds of real
+    processes: a worker killed and started again, and rank 0 itself killed
+    and started again while the others wait for it (master_wait_ms). The
+    restarted process knows it rejoined, everyone can call it and it can
+    call everyone, the others' peer_joined callbacks run, what the old
+    process held was released, and the whole world then shuts down
+    gracefully, the newcomer counted in the barrier. Each also with a world
+    key: the restarted process comes with a keypair of its own, which every
+    member's ZAP handler must take in place of the old one.
+
+    The first incarnation of the restarted rank is a child that rank's
+    process forks before any ZeroMQ context exists; it dies by SIGKILL at
+    a point the test picks, and the rank's process, having reaped it, joins
+    as the second incarnation. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zdist/error.h>
+#include <zdist/rpc.h>
+
+#include "rpc/security.h"
+#include "tests/support/handlers.h"
+#include "tests/support/world.h"
+
+#define WAIT_MS 30000
+
+static zd_future_t *joined;
+static char g_key[256];     /* the world key file (made in the parent) */
+
+static void on_joined(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    fprintf(stderr, "test: \"%s\" (rank %d) rejoined\n", name, peer);
+    zd_future_set_value(joined, NULL);
+}
+
+static zd_rpc_options_t options(const world_t *w)
+{
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    o.master_wait_ms = WAIT_MS;
+    o.init_timeout_ms = WAIT_MS;
+    o.key_file = w->arg;    /* NULL: none (a loopback world) */
+    return o;
+}
+
+static int init(const world_t *w)
+{
+    zd_rpc_options_t o = options(w);
+    char name[16];
+    snprintf(name, sizeof name, "w%d", w->rank);
+    joined = zd_future_new();
+    WCHECK(joined && zd_rpc_register("echo", world_h_echo, NULL) == 0 &&
+           zd_rpc_register_peer_joined(on_joined, NULL) == 0);
+    WCHECK(zd_rpc_init(name, w->rank, w->world_size, &o) == 0);
+    return 0;
+}
+
+static int echo(int to, int64_t v)
+{
+    zd_value_t *args = zd_rpc_args("i", v), *r = NULL;
+    int64_t got = -1;
+    int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
+    zd_value_unref(args);
+    if (rc == 0 && zd_value_get_int(r, &got) == 0 && got == v)
+        rc = 0;
+    else if (rc == 0)
+        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
+                          (long long)v);
+    zd_value_unref(r);
+    return rc;
+}
+
+/* The first incarnation: joins, shows it works, then dies without a word. */
+static void first_life(const world_t *w, int peer)
+{
+    if (init(w) != 0 || echo(peer, 7) != 0)
+        _exit(1);
+    raise(SIGKILL);
+}
+
+/* The rank's process: forks the first incarnation, reaps it, then joins as
+   the second. */
+static int restart(const world_t *w, int peer)
+{
+    pid_t pid = fork();
+    WCHECK(pid >= 0);
+    if (pid == 0)
+        first_life(w, peer);
+    int status = 0;
+    WCHECK(waitpid(pid, &status, 0) == pid);
+    WCHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+    return init(w);
+}
+
+/* The restarted rank: it knows, and every other rank answers it. */
+static int newcomer(const world_t *w)
+{
+    WCHECK(zd_rpc_rejoined());
+    for (int i = 0; i < w->world_size; i++)
+        if (i != w->rank)
+            WTRY(echo(i, 100 + i));
+    return 0;
+}
+
+/* The others: told of the newcomer, they call it. */
+static int survivor(const world_t *w, int back)
+{
+    WCHECK(!zd_rpc_rejoined());
+    WTRY(zd_future_wait(joined, WAIT_MS));
+    WTRY(zd_rpc_wait_peer(back, WAIT_MS));
+    WCHECK(!zd_rpc_peer_is_lost(back));
+    WTRY(echo(back, 200 + w->rank));
+    return 0;
+}
+
+static int shutdown_all(void)
+{
+    WTRY(zd_rpc_shutdown(true, WAIT_MS));
+    zd_future_unref(joined);
+    return 0;
+}
+
+static int worker_restarts(const world_t *w)
+{
+    if (w->rank == 2) {
+        WTRY(restart(w, 0));
+        WTRY(newcomer(w));
+    } else {
+        WTRY(init(w));
+        WTRY(survivor(w, 2));
+    }
+    return shutdown_all();
+}
+
+static void test_a_restarted_worker_rejoins(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, worker_restarts, NULL), 0);
+}
+
+static void test_a_restarted_worker_rejoins_with_a_key(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, worker_restarts, g_key), 0);
+}
+
+static int master_restarts(const world_t *w)
+{
+    if (w->rank == 0) {
+        WTRY(restart(w, 1));
+        WTRY(newcomer(w));
+    } else {
+        WTRY(init(w));
+        WTRY(survivor(w, 0));
+        WTRY(echo(3 - w->rank, 300));   /* and the members still reach each other */
+    }
+    return shutdown_all();
+}
+
+static void test_a_restarted_rank_0_gets_the_world_back(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, master_restarts, NULL), 0);
+}
+
+static void test_a_restarted_rank_0_gets_the_world_back_with_a_key(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, master_restarts, g_key), 0);
+}
+
+int main(void)
+{
+    char dir[] = "/tmp/zd-rejoin-XXXXXX";
+    if (!mkdtemp(dir))
+        return 1;
+    snprintf(g_key, sizeof g_key, "%s/world.key", dir);
+    if (zd__security_keygen(g_key, false) < 0) {
+        fprintf(stderr, "%s\n", zd_error_last());
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_restarted_worker_rejoins),
+        cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back),
+        cmocka_unit_test(test_a_restarted_worker_rejoins_with_a_key),
+        cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back_with_a_key),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    unlink(g_key);
+    rmdir(dir);
+    return rc;
+}
