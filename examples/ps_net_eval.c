@@ -38,7 +38,7 @@ static struct {
     int64_t *gate_done, *gate_bound;
 } ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER};
 
-enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4 };
+enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4, TR_REJOINED = 8 };
 
 /*  Under stats_lock: the per-rank tables, made at first use. false (error
     set) when out of memory or rank is outside the world. */
@@ -347,6 +347,24 @@ static void trainer_lost(void *arg, int peer, const char *name)
     pthread_mutex_unlock(&ev.stats_lock);
 }
 
+/*  RPC saw a lost peer rejoin (a pool thread): a trainer restarted with
+    the same rank trains again from its checkpoint; it counts again for
+    the shared evaluation, the staleness gates and --min_trainers. */
+static void trainer_joined(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    pthread_mutex_lock(&ev.stats_lock);
+    if (peer >= ps_shard.num_shards && tables_ready(peer)) {
+        printf("trainer \"%s\" (rank %d), lost at batch %lld, rejoined; counted again\n", name,
+               peer, (long long)ev.batches[peer]);
+        fflush(stdout);
+        ev.state[peer] = TR_REJOINED;
+        ev.batches[peer] = 0;
+        ev.progress[peer] = 0;
+    }
+    pthread_mutex_unlock(&ev.stats_lock);
+}
+
 int ps_net_trainers_report(FILE *out)
 {
     int finished = 0;
@@ -358,6 +376,9 @@ int ps_net_trainers_report(FILE *out)
             fprintf(out, "trainer rank %d was lost at batch %lld%s\n", r,
                     (long long)ev.batches[r],
                     ev.state[r] & TR_FINISHED ? " (after finishing its batches)" : "");
+        else if (ev.state[r] & TR_REJOINED)
+            fprintf(out, "trainer rank %d was lost and rejoined%s\n", r,
+                    ev.state[r] & TR_FINISHED ? "; it finished its batches" : "");
     }
     pthread_mutex_unlock(&ev.stats_lock);
     return finished;
@@ -367,6 +388,7 @@ int ps_net_eval_register(const char *data_dir)
 {
     snprintf(ev.data_dir, sizeof ev.data_dir, "%s", data_dir ? data_dir : "");
     if (zd_rpc_register_peer_lost(trainer_lost, NULL) < 0 ||
+        zd_rpc_register_peer_joined(trainer_joined, NULL) < 0 ||
         zd_rpc_register_async("ps_staleness_gate", fn_staleness_gate, NULL) < 0)
         return -1;
     if (zd_rpc_register("ps_trainer_started", fn_trainer_started, NULL) < 0 ||
