@@ -317,8 +317,13 @@ static int server_came_back(const options_t *o, server_t *srv, int trainer, int6
            "(--server_wait_s) for it to come back\n", (long long)o->world.rank, shard,
            (long long)done, why, (long long)o->server_wait_s);
     fflush(stdout);
-    /* What the old process owned is gone: let go of it while it is lost. */
+    /* What the old process owned is gone: let go of it while it is lost,
+       and of the releases of contexts it held (they fail: it is gone), so
+       that their failures do not stop the batches that follow. */
     server_detach(srv);
+    if (zd_dist_autograd_wait_releases(1000) < 0)
+        printf("Rank %lld: contexts of the lost server's process not released: %s\n",
+               (long long)o->world.rank, zd_error_last());
     for (int s = 0; s < o->num_servers; s++) {
         int64_t left = (int64_t)((t0 + (double)o->server_wait_s - train_now()) * 1000);
         if (zd_rpc_wait_peer(s, left > 0 ? left : 1) < 0)
