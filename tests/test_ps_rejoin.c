@@ -93,8 +93,8 @@ static double accuracy(const char *text, int rank)
 static void test_server_killed_and_restarted_with_resume(void **state)
 {
     (void)state;
-    static const char *const flags[] = {"--max_batches=100", NULL};
-    static const char *const resume[] = {"--max_batches=100", "--resume", NULL};
+    static const char *const flags[] = {"--max_batches=60", NULL};
+    static const char *const resume[] = {"--max_batches=60", "--resume", NULL};
     world_procs_t whole, w;
 
     /* The run that never stops. */
@@ -154,7 +154,7 @@ static void test_server_killed_and_restarted_with_resume(void **state)
 static void test_server_killed_and_not_back_trainers_fail(void **state)
 {
     (void)state;
-    static const char *const flags[] = {"--max_batches=100", "--server_wait_s=3", NULL};
+    static const char *const flags[] = {"--max_batches=60", "--server_wait_s=3", NULL};
     world_procs_t w;
     world_init(&w);
     double t0 = program_now_s();
