@@ -94,6 +94,14 @@ void ps_net_throughput(int64_t *samples, double *seconds);
     how many trainers finished their batches. */
 int ps_net_trainers_report(FILE *out);
 
+/*  On shard 0 before its shutdown: waits until every trainer has finished
+    its batches, or was lost and has not come back within wait_s seconds.
+    A graceful zd_rpc_shutdown stops taking back restarted processes (rank
+    0's rendezvous closes), and a server calls it as soon as it serves: with
+    checkpoints, a trainer restarted into the running world must still find
+    the rendezvous open. */
+void ps_net_wait_trainers(double wait_s);
+
 /*  Frees the shard's state (after zd_rpc_shutdown). */
 void ps_net_free(void);
 

@@ -751,6 +751,8 @@ int main(int argc, char **argv)
     if (server)
         printf("RPC initialized! Running parameter server...\n");
     int rc = server ? 0 : run_trainer(&o);
+    if (server && rank == 0 && o.checkpoint)
+        ps_net_wait_trainers((double)o.server_wait_s);
     fflush(stdout);
     fault_point(rank, "shutdown");
     /* Everyone waits here until every trainer is done: no limit (the

@@ -4,6 +4,9 @@
     launcher, which stops the world at the first death); the fault is
     pinned with the ZDIST_FAULT hook (examples/fault.h), and the test
     starts the process again with the same flags:
+      - a trainer killed before its 25th batch and started again rejoins
+        the running world, goes on from its last checkpointed position
+        (batch 20), finishes, and the server counts it again;
       - the server killed in its third checkpoint (before writing it) and
         started again with --resume: the trainers wait for it, take their
         RRefs again, go back to the last checkpoint and finish; the final
@@ -88,6 +91,40 @@ static double accuracy(const char *text, int rank)
     const char *p = strstr(text, key);
     assert_non_null(p);
     return strtod(p + strlen(key), NULL);
+}
+
+static void test_trainer_killed_and_restarted_rejoins(void **state)
+{
+    (void)state;
+    world_procs_t w;
+    world_init(&w);
+    static const char *const flags[] = {"--max_batches=60", NULL};
+    double t0 = program_now_s(), deadline = t0 + 300;
+    start_rank(&w, 0, flags);
+    start_rank(&w, 1, flags);
+    setenv("ZDIST_FAULT", "2:forward:kill:25", 1);   /* before its 25th batch */
+    start_rank(&w, 2, flags);
+    unsetenv("ZDIST_FAULT");
+    int rc = program_wait(&w.p[2], deadline);
+    printf("---- rank 2 (first life) exited with %d:\n%s\n", rc, out(&w, 2));
+    assert_int_equal(rc, 128 + SIGKILL);
+    free(w.p[2].out);
+    double restarted = program_now_s();
+    start_rank(&w, 2, flags);   /* the same flags: no --resume */
+    assert_int_equal(program_read(&w.p[2], "resuming at batch", deadline), 1);
+    printf("restarted trainer resumed %.2f s after its start\n", program_now_s() - restarted);
+    world_wait(&w, deadline);
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(w.rc[r], 0);
+    /* Its last checkpoint was at batch 20 (every 10 batches). */
+    assert_non_null(strstr(out(&w, 2), "Rank 2 rejoined the world; resuming at batch 20 (20 "
+                                       "batches done)"));
+    assert_non_null(strstr(out(&w, 2), "Rank 2 test accuracy "));
+    assert_non_null(strstr(out(&w, 1), "Rank 1 test accuracy "));
+    assert_non_null(strstr(out(&w, 0), "(rank 2), lost at batch"));
+    assert_non_null(strstr(out(&w, 0), "rejoined; counted again"));
+    assert_non_null(strstr(out(&w, 0), "2 of 2 trainers finished"));
+    world_free(&w);
 }
 
 static void test_server_killed_and_restarted_with_resume(void **state)
@@ -177,6 +214,7 @@ static void test_server_killed_and_not_back_trainers_fail(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trainer_killed_and_restarted_rejoins),
         cmocka_unit_test(test_server_killed_and_restarted_with_resume),
         cmocka_unit_test(test_server_killed_and_not_back_trainers_fail),
     };
