@@ -55,18 +55,27 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const c
 
 /*  Checkpoints (SPEC B2), after ps_net_serve and before zd_rpc_init, on
     every shard with the same prefix: the shard's parameters go to
-    prefix.shardK; shard 0's file also holds how many batches each trainer
-    had done, and the run's batch size, seed and number of trainers. The
-    functions this adds:
-      ps_checkpoint(server, trainer, batches) -> none: has every other
-          shard save (ps_save_shard), then records the trainer's position
-          and saves shard 0; each file is replaced whole (checkpoint.h)
-      ps_resume_point(server, trainer) -> batches that trainer had done
-    With resume, the shard first loads its file, refusing (with the file
-    named) a missing or damaged one, one of another layout, or one of a
-    run with another batch size, seed or number of trainers. With several
-    trainers the shards are saved while others step: a trainer may redo
-    up to a checkpoint interval of batches, never skip one. 0, or -1. */
+    prefix.shardK with the checkpoint's generation number (the previous
+    file stays as prefix.shardK.prev); shard 0's file also holds how many
+    batches each trainer had done, and the run's batch size, seed and
+    number of trainers. The functions this adds:
+      ps_checkpoint(server, trainer, batches) -> none: shard 0 takes the
+          next generation, has every other shard save it (ps_save_shard),
+          then records the trainer's position and saves its own file last;
+          each file is replaced whole (checkpoint.h)
+      ps_resume_point(server, trainer) -> batches that trainer had done;
+          when a shard came back from its files while the others ran
+          (restarted with resume into the running world), shard 0 first
+          has every shard load its last generation again (ps_reload_shard),
+          so that weights and positions are of one checkpoint
+    Temporary files this shard's writes left behind (a process killed
+    mid-write) are removed first. With resume, the shard loads its file of
+    shard 0's generation (its .prev one when a checkpoint did not reach
+    shard 0), refusing (with the files and their generations named) a mix
+    of generations, a missing or damaged file, one of another layout, or
+    one of a run with another batch size, seed or number of trainers. With
+    several trainers the shards are saved while others step: a trainer may
+    redo up to a checkpoint interval of batches, never skip one. 0, or -1. */
 int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
                              int num_trainers);
 
@@ -95,6 +104,14 @@ void ps_net_throughput(int64_t *samples, double *seconds);
     trainer that was lost (its rank and the batch it was at) and returns
     how many trainers finished their batches. */
 int ps_net_trainers_report(FILE *out);
+
+/*  On shard 0 before its shutdown: waits until every trainer has finished
+    its batches, or was lost and has not come back within wait_s seconds.
+    A graceful zd_rpc_shutdown stops taking back restarted processes (rank
+    0's rendezvous closes), and a server calls it as soon as it serves: with
+    checkpoints, a trainer restarted into the running world must still find
+    the rendezvous open. */
+void ps_net_wait_trainers(double wait_s);
 
 /*  Frees the shard's state (after zd_rpc_shutdown). */
 void ps_net_free(void);

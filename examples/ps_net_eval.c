@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
@@ -36,9 +37,11 @@ static struct {
     int64_t *batches, *progress;
     zd_future_t **gate;
     int64_t *gate_done, *gate_bound;
-} ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER};
+    double *lost_at;              /* train_now() when each was lost */
+    pthread_cond_t changed;       /* a trainer finished, was lost or came back */
+} ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
-enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4 };
+enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4, TR_REJOINED = 8 };
 
 /*  Under stats_lock: the per-rank tables, made at first use. false (error
     set) when out of memory or rank is outside the world. */
@@ -54,10 +57,11 @@ static bool tables_ready(int rank)
         ev.gate = calloc((size_t)w, sizeof *ev.gate);
         ev.gate_done = calloc((size_t)w, sizeof *ev.gate_done);
         ev.gate_bound = calloc((size_t)w, sizeof *ev.gate_bound);
+        ev.lost_at = calloc((size_t)w, sizeof *ev.lost_at);
         if (!ev.state || !ev.batches || !ev.progress || !ev.gate || !ev.gate_done ||
-            !ev.gate_bound) {
+            !ev.gate_bound || !ev.lost_at) {
             free(ev.state), free(ev.batches), free(ev.progress), free(ev.gate);
-            free(ev.gate_done), free(ev.gate_bound);
+            free(ev.gate_done), free(ev.gate_bound), free(ev.lost_at);
             ev.state = NULL;
             return zd_error_set("out of memory"), false;
         }
@@ -230,6 +234,7 @@ static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, vo
         return NULL;
     }
     ev.state[src] |= TR_FINISHED;
+    pthread_cond_broadcast(&ev.changed);
     open_gates();   /* a finished trainer holds nobody back */
     ev.finished++;
     ev.samples += samples;
@@ -334,6 +339,8 @@ static void trainer_lost(void *arg, int peer, const char *name)
         return;
     }
     ev.state[peer] |= TR_LOST;
+    ev.lost_at[peer] = train_now();
+    pthread_cond_broadcast(&ev.changed);
     printf("trainer \"%s\" (rank %d) lost at batch %lld%s; the others go on\n", name, peer,
            (long long)ev.batches[peer], ev.state[peer] & TR_FINISHED ? ", having finished" : "");
     fflush(stdout);
@@ -344,6 +351,47 @@ static void trainer_lost(void *arg, int peer, const char *name)
     }
     open_gates();
     finish_evaluations();
+    pthread_mutex_unlock(&ev.stats_lock);
+}
+
+/*  RPC saw a lost peer rejoin (a pool thread): a trainer restarted with
+    the same rank trains again from its checkpoint; it counts again for
+    the shared evaluation, the staleness gates and --min_trainers. */
+static void trainer_joined(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    pthread_mutex_lock(&ev.stats_lock);
+    if (peer >= ps_shard.num_shards && tables_ready(peer)) {
+        printf("trainer \"%s\" (rank %d), lost at batch %lld, rejoined; counted again\n", name,
+               peer, (long long)ev.batches[peer]);
+        fflush(stdout);
+        ev.state[peer] = TR_REJOINED;
+        pthread_cond_broadcast(&ev.changed);
+        ev.batches[peer] = 0;
+        ev.progress[peer] = 0;
+    }
+    pthread_mutex_unlock(&ev.stats_lock);
+}
+
+void ps_net_wait_trainers(double wait_s)
+{
+    pthread_mutex_lock(&ev.stats_lock);
+    for (;;) {
+        bool done = ev.state != NULL;
+        double now = train_now();
+        for (int r = ps_shard.num_shards; done && r < ev.world; r++)
+            if (ev.state[r] & TR_LOST ? now - ev.lost_at[r] < wait_s
+                                      : !(ev.state[r] & TR_FINISHED))
+                done = false;
+        if (done)
+            break;
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 200000000;
+        if (until.tv_nsec >= 1000000000)
+            until.tv_sec++, until.tv_nsec -= 1000000000;
+        pthread_cond_timedwait(&ev.changed, &ev.stats_lock, &until);
+    }
     pthread_mutex_unlock(&ev.stats_lock);
 }
 
@@ -358,6 +406,9 @@ int ps_net_trainers_report(FILE *out)
             fprintf(out, "trainer rank %d was lost at batch %lld%s\n", r,
                     (long long)ev.batches[r],
                     ev.state[r] & TR_FINISHED ? " (after finishing its batches)" : "");
+        else if (ev.state[r] & TR_REJOINED)
+            fprintf(out, "trainer rank %d was lost and rejoined%s\n", r,
+                    ev.state[r] & TR_FINISHED ? "; it finished its batches" : "");
     }
     pthread_mutex_unlock(&ev.stats_lock);
     return finished;
@@ -367,6 +418,7 @@ int ps_net_eval_register(const char *data_dir)
 {
     snprintf(ev.data_dir, sizeof ev.data_dir, "%s", data_dir ? data_dir : "");
     if (zd_rpc_register_peer_lost(trainer_lost, NULL) < 0 ||
+        zd_rpc_register_peer_joined(trainer_joined, NULL) < 0 ||
         zd_rpc_register_async("ps_staleness_gate", fn_staleness_gate, NULL) < 0)
         return -1;
     if (zd_rpc_register("ps_trainer_started", fn_trainer_started, NULL) < 0 ||
@@ -384,7 +436,7 @@ void ps_net_eval_free(void)
             zd_future_unref(ev.gate[r]);
         }
     free(ev.state), free(ev.batches), free(ev.progress), free(ev.gate);
-    free(ev.gate_done), free(ev.gate_bound);
+    free(ev.gate_done), free(ev.gate_bound), free(ev.lost_at);
     ev.state = NULL;
     ev.world = 0;
     pthread_mutex_unlock(&ev.stats_lock);

@@ -19,9 +19,11 @@
     --log_interval=5. */
 #include <malloc.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
@@ -56,6 +58,7 @@ typedef struct {
     int64_t max_staleness;      /* trainers: at most this many batches ahead (0: no bound) */
     int64_t max_batch_size;     /* servers: the largest batch ps_forward takes (0: default) */
     int64_t max_inflight;       /* servers: training forwards held at once (0: 2 per core) */
+    int64_t server_wait_s;      /* trainers: how long a lost server shard may take to come back */
 } options_t;
 
 #define EVAL_BATCH 500
@@ -207,14 +210,158 @@ static int staleness_gate(zd_rref_t *ps, const options_t *o, int64_t done)
     return rc;
 }
 
+/*  Times each rank rejoined the world (zd_rpc_register_peer_joined): a
+    trainer whose server shard came back before it noticed the loss sees
+    the count change. */
+static atomic_int rank_joins[MAX_SERVERS];
+
+static void peer_joined(void *arg, int rank, const char *name)
+{
+    (void)arg, (void)name;
+    if (rank >= 0 && rank < MAX_SERVERS)
+        atomic_fetch_add(&rank_joins[rank], 1);
+}
+
+/*  What a trainer holds of the servers: an RRef to the server, RRefs to
+    the parameters, and the DistributedOptimizer over them; and the shards'
+    join counts when it took them. */
+typedef struct {
+    zd_rref_t *ps;
+    zd_value_t *param_list;
+    zd_dist_optim_t *opt;
+    int joins[MAX_SERVERS];
+} server_t;
+
+static void server_detach(server_t *s)
+{
+    zd_dist_optim_free(s->opt);
+    zd_value_unref(s->param_list);
+    zd_rref_unref(s->ps);
+    memset(s, 0, sizeof *s);
+}
+
+/*  Takes what a trainer needs of the servers (at its start, and again
+    when a server shard came back: what the old process owned is gone)
+    and tells shard 0 that it trains. 0, or -1 with nothing held. */
+static int server_attach(const options_t *o, server_t *s)
+{
+    memset(s, 0, sizeof *s);
+    for (int i = 0; i < MAX_SERVERS; i++)
+        s->joins[i] = atomic_load(&rank_joins[i]);
+    zd_rref_t *params[MAX_PARAM_RREFS];
+    if (!(s->ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)) ||
+        zd_rref_rpc_sync(s->ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT,
+                         &s->param_list) < 0)
+        goto fail;
+    int n = (int)zd_list_len(s->param_list);
+    if (n > MAX_PARAM_RREFS) {
+        zd_error_set("the server offers %d parameter RRefs; a trainer takes at most %d", n,
+                     MAX_PARAM_RREFS);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &params[i]) < 0)
+            goto fail;
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
+    if (zd_dist_optim_new(&cfg, params, n, &s->opt) < 0 ||
+        call_none(s->ps, "ps_trainer_started", ZD_ARGS()) < 0)
+        goto fail;
+    return 0;
+fail:
+    server_detach(s);
+    return -1;
+}
+
+/*  Where trainer `trainer` was at the last checkpoint (shard 0 keeps it):
+    its batches done, at most `most`. 0, or -1. */
+static int server_resume_point(const options_t *o, server_t *s, int trainer, int64_t most,
+                               int64_t *start)
+{
+    zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
+    int rc = a ? zd_rref_rpc_sync(s->ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
+    if (rc == 0)
+        rc = zd_value_get_int(r, start);
+    zd_value_unref(a);
+    zd_value_unref(r);
+    if (rc == 0 && (*start < 0 || *start > most))
+        rc = zd_error_set("checkpoint %s: trainer %d had done %lld batches, outside 0 to %lld "
+                          "(%lld epoch(s))", o->checkpoint, trainer, (long long)*start,
+                          (long long)most, (long long)o->epochs);
+    return rc;
+}
+
+/*  A call to the servers failed. With --checkpoint, when a server shard
+    was lost (or came back since the trainer took its RRefs), waits up to
+    --server_wait_s for every shard to be a member again, takes what it
+    needs of the servers anew (what the old process owned is gone) and
+    sets *start to this trainer's checkpointed position: returns 1. 0:
+    no server went away (the error is the call's, for the caller to
+    report); -1: a shard did not come back (the error names it). */
+static int server_came_back(const options_t *o, server_t *srv, int trainer, int64_t done,
+                            int64_t most, int64_t *start)
+{
+    if (!o->checkpoint)
+        return 0;
+    char why[512];
+    snprintf(why, sizeof why, "%s", zd_error_last());
+    /* RPC declares a peer lost about 1 s after its connection dropped:
+       wait that long for the verdict. */
+    int shard = -1;
+    for (double until = train_now() + 5; shard < 0;) {
+        for (int s = 0; s < o->num_servers && shard < 0; s++)
+            if (zd_rpc_peer_is_lost(s) || atomic_load(&rank_joins[s]) != srv->joins[s])
+                shard = s;
+        if (shard >= 0 || train_now() >= until)
+            break;
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    if (shard < 0) {
+        zd_error_set("%s", why);
+        return 0;
+    }
+    double t0 = train_now();
+    printf("Rank %lld: server shard %d lost at batch %lld (%s); waiting up to %lld s "
+           "(--server_wait_s) for it to come back\n", (long long)o->world.rank, shard,
+           (long long)done, why, (long long)o->server_wait_s);
+    fflush(stdout);
+    /* What the old process owned is gone: let go of it while it is lost,
+       and of the releases of contexts it held (they fail: it is gone), so
+       that their failures do not stop the batches that follow. */
+    server_detach(srv);
+    if (zd_dist_autograd_wait_releases(1000) < 0)
+        printf("Rank %lld: contexts of the lost server's process not released: %s\n",
+               (long long)o->world.rank, zd_error_last());
+    for (int s = 0; s < o->num_servers; s++) {
+        int64_t left = (int64_t)((t0 + (double)o->server_wait_s - train_now()) * 1000);
+        if (zd_rpc_wait_peer(s, left > 0 ? left : 1) < 0)
+            return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
+                                "--server_wait_s=%lld s: %s", s, s, why,
+                                (long long)o->server_wait_s, zd_error_last());
+    }
+    /* Just back, a shard may not take calls from everyone yet (its new
+       connections are being made): try again until the wait is up. */
+    while (server_attach(o, srv) < 0 || server_resume_point(o, srv, trainer, most, start) < 0) {
+        server_detach(srv);
+        if (train_now() - t0 > (double)o->server_wait_s)
+            return zd_error_wrap("server shard %d came back, but", shard);
+        struct timespec ts = {0, 100000000};
+        nanosleep(&ts, NULL);
+    }
+    printf("Rank %lld: the servers are back after %.2f s; going on from batch %lld (the last "
+           "checkpoint; %lld batch(es) of this trainer to take again)\n",
+           (long long)o->world.rank, train_now() - t0, (long long)*start,
+           (long long)(done - *start));
+    fflush(stdout);
+    return 1;
+}
+
 static int run_trainer(const options_t *o)
 {
     char dir[1024];
     zd_dataset_t *train = NULL, *test = NULL;
-    zd_rref_t *ps = NULL;
-    zd_value_t *param_list = NULL;
-    zd_dist_optim_t *opt = NULL;
-    int64_t *order = NULL, done = 0;
+    server_t srv = {0};
+    int64_t *order = NULL, done = 0, trained = 0;   /* position; batches trained here */
     float first_loss = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
     double t0 = 0, t1 = 0, eval_secs = 0;
@@ -226,24 +373,7 @@ static int run_trainer(const options_t *o)
         goto out;
     if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
         goto out;
-    if (!(ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)))
-        goto out;
-    if (zd_rref_rpc_sync(ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &param_list) < 0)
-        goto out;
-    int n = (int)zd_list_len(param_list);
-    zd_rref_t *params[MAX_PARAM_RREFS];
-    if (n > MAX_PARAM_RREFS) {
-        zd_error_set("the server offers %d parameter RRefs; a trainer takes at most %d", n,
-                     MAX_PARAM_RREFS);
-        goto out;
-    }
-    for (int i = 0; i < n; i++)
-        if (zd_rpc_arg_rref(param_list, (size_t)i, &params[i]) < 0)
-            goto out;
-    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
-    if (zd_dist_optim_new(&cfg, params, n, &opt) < 0)
-        goto out;
-    if (call_none(ps, "ps_trainer_started", ZD_ARGS()) < 0)
+    if (server_attach(o, &srv) < 0)
         goto out;
     int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
     if (o->curves) {
@@ -257,25 +387,21 @@ static int run_trainer(const options_t *o)
         if (!(curves = curves_open(prefix, title, nb)))
             goto out;
     }
-    if (o->resume) {
+    /* A trainer restarted into the running world (it rejoined) goes on
+       as one started with --resume: from its last checkpointed position,
+       or from its first batch without checkpoints. */
+    bool rejoined = zd_rpc_rejoined();
+    if (rejoined && !o->checkpoint)
+        printf("Rank %lld rejoined the world; without --checkpoint it starts from its first "
+               "batch\n", (long long)o->world.rank);
+    if (o->checkpoint && (o->resume || rejoined)) {
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
-        zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
-        int prc = a ? zd_rref_rpc_sync(ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
-        if (prc == 0)
-            prc = zd_value_get_int(r, &start);
-        zd_value_unref(a);
-        zd_value_unref(r);
-        if (prc < 0)
+        if (server_resume_point(o, &srv, trainer, o->epochs * nb, &start) < 0)
             goto out;
-        if (start > o->epochs * nb) {
-            zd_error_set("checkpoint %s: trainer %d had done %lld batches, more than %lld "
-                      "epoch(s) of %lld", o->checkpoint, trainer, (long long)start,
-                      (long long)o->epochs, (long long)nb);
-            goto out;
-        }
-        printf("Rank %lld resuming at batch %lld (%lld batches done)\n",
-               (long long)o->world.rank, (long long)start, (long long)start);
+        printf("Rank %lld %s at batch %lld (%lld batches done)\n", (long long)o->world.rank,
+               rejoined ? "rejoined the world; resuming" : "resuming", (long long)start,
+               (long long)start);
         done = start;
     }
     t0 = train_now();
@@ -294,6 +420,7 @@ static int run_trainer(const options_t *o)
     /* a curve point every --log_interval batches, or 10 without loss lines */
     curves_points_t points;
     curves_points_init(&points, o->log_interval > 0 ? o->log_interval : 10, t0);
+again:   /* from `start`, after a server shard came back */
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
@@ -306,12 +433,16 @@ static int run_trainer(const options_t *o)
         for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
             zd_tensor_t *x, *y;
             float loss = 0;
-            if (o->max_staleness > 0 && staleness_gate(ps, o, done) < 0)
-                goto out;
+            if (o->max_staleness > 0 && staleness_gate(srv.ps, o, done) < 0) {
+                if (server_came_back(o, &srv, trainer, done, o->epochs * nb, &start) != 1)
+                    goto out;
+                done = start;
+                goto again;
+            }
             if (zd_dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
                 goto out;
             bool check = o->check_interval > 0 && done % o->check_interval == 0;
-            int brc = train_batch(ps, opt, x, y, check, &loss);
+            int brc = train_batch(srv.ps, srv.opt, x, y, check, &loss);
             zd_tensor_unref(x);
             zd_tensor_unref(y);
             if (brc < 0 && !isfinite(loss)) {
@@ -322,10 +453,18 @@ static int run_trainer(const options_t *o)
                              "stale)", (long long)done + 1, (long long)epoch + 1,
                              (double)loss, o->lr);
             }
+            if (brc < 0 && isfinite(loss)) {
+                int back = server_came_back(o, &srv, trainer, done, o->epochs * nb, &start);
+                progress_clear(&prog);
+                if (back != 1)
+                    goto out;
+                done = start;
+                goto again;
+            }
             if (brc < 0)
                 goto out;
             done++;
-            if (done == start + 1)
+            if (++trained == 1)
                 first_loss = loss;
             if (loss_exploded(o, done, epoch, first_loss, loss)) {
                 progress_clear(&prog);
@@ -346,7 +485,7 @@ static int run_trainer(const options_t *o)
                 /* this trainer's own look at the weights as they are now,
                    while the other trainers go on */
                 double acc;
-                if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+                if (evaluate(srv.ps, test, o->eval_samples, &acc) < 0)
                     goto out;
                 progress_clear(&prog);
                 printf("Rank %lld after batch %lld (epoch %lld): accuracy %.2f %%\n",
@@ -362,16 +501,24 @@ static int run_trainer(const options_t *o)
             if (o->checkpoint && done % o->checkpoint_every == 0)
                 fault_point(o->world.rank, "checkpoint");
             if (o->checkpoint && done % o->checkpoint_every == 0 &&
-                call_none(ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0)
-                goto out;
+                call_none(srv.ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0) {
+                if (server_came_back(o, &srv, trainer, done, o->epochs * nb, &start) != 1)
+                    goto out;
+                done = start;
+                goto again;
+            }
         }
     }
     t1 = train_now();
     progress_end(&prog, t1);
     if (zd_dist_autograd_wait_releases(-1) < 0)
         goto out;
-    if (call_none(ps, "ps_trainer_finished", ZD_ARGS((done - start) * o->batch_size)) < 0)
-        goto out;
+    if (call_none(srv.ps, "ps_trainer_finished", ZD_ARGS(trained * o->batch_size)) < 0) {
+        if (server_came_back(o, &srv, trainer, done, o->epochs * nb, &start) != 1)
+            goto out;
+        done = start;
+        goto again;
+    }
     printf("Training complete!\nGetting accuracy....\n");
     fault_point(o->world.rank, "evaluation");
     /* Trainers share one evaluation of the final weights on the server
@@ -379,7 +526,7 @@ static int run_trainer(const options_t *o)
        than the RPC timeout evaluates by itself. */
     double acc;
     zd_value_t *a = zd_rpc_args("i", o->eval_samples), *r = NULL;
-    int erc = a ? zd_rref_rpc_sync(ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
+    int erc = a ? zd_rref_rpc_sync(srv.ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (erc == 0)
         erc = zd_value_get_float(r, &acc);
     zd_value_unref(a);
@@ -387,12 +534,12 @@ static int run_trainer(const options_t *o)
     if (erc < 0) {
         fprintf(stderr, "rpc_ps trainer %lld: shared evaluation failed (%s); evaluating alone\n",
                 (long long)o->world.rank, zd_error_last());
-        if (evaluate(ps, test, o->eval_samples, &acc) < 0)
+        if (evaluate(srv.ps, test, o->eval_samples, &acc) < 0)
             goto out;
     }
     printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
     printf("Rank %lld throughput %.0f samples/s\n", (long long)o->world.rank,
-           (double)((done - start) * o->batch_size) / (t1 - t0 - eval_secs));
+           (double)(trained * o->batch_size) / (t1 - t0 - eval_secs));
     if (curves) {
         if (curves_add_accuracy(curves, done, acc) < 0)
             goto out;
@@ -407,9 +554,7 @@ out:
         curves_draw(curves);
     free(order);
     curves_close(curves);
-    zd_dist_optim_free(opt);
-    zd_value_unref(param_list);
-    zd_rref_unref(ps);
+    server_detach(&srv);
     zd_dataset_free(train);
     zd_dataset_free(test);
     return rc;
@@ -471,8 +616,9 @@ static int check_options(const options_t *o)
         fprintf(stderr, "rpc_ps: --progress_s, --eval_every and --log_interval must be >= 0\n");
         return -1;
     }
-    if (o->checkpoint_every < 1) {
-        fprintf(stderr, "rpc_ps: --checkpoint_every must be >= 1\n");
+    if (o->checkpoint_every < 1 || o->server_wait_s < 1 || o->server_wait_s > 86400) {
+        fprintf(stderr, "rpc_ps: --checkpoint_every must be >= 1, --server_wait_s in [1, "
+                "86400]\n");
         return -1;
     }
     if (o->min_trainers < 0 || o->min_trainers > world_size - o->num_servers ||
@@ -505,7 +651,8 @@ int main(int argc, char **argv)
     options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
                    .epochs = 1, .seed = 1, .log_interval = 0, .check_interval = 5, .lr = 0.03,
                    .progress_s = 5,
-                   .init_timeout_s = 60, .checkpoint_every = 100, .min_trainers = 1};
+                   .init_timeout_s = 60, .checkpoint_every = 100, .min_trainers = 1,
+                   .server_wait_s = 120};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
@@ -528,7 +675,11 @@ int main(int argc, char **argv)
          "trainer"},
         {"checkpoint_every", FLAG_INT, &o.checkpoint_every, "batches between checkpoints"},
         {"resume", FLAG_BOOL, &o.resume,
-         "start from the --checkpoint files: weights, and each trainer's position"},
+         "start from the --checkpoint files: weights, and each trainer's position (a server "
+         "shard restarted with it into the running world serves from its checkpoint)"},
+        {"server_wait_s", FLAG_INT, &o.server_wait_s,
+         "with --checkpoint, a trainer whose server shard was lost waits this long for it to "
+         "come back (restarted with --resume), then goes on from its last checkpoint"},
         {"curves", FLAG_STRING, &o.curves,
          "each trainer writes its loss, throughput and accuracy curves to PREFIX.rankN.csv "
          "(as they come) and .png (at each evaluation)"},
@@ -603,11 +754,23 @@ int main(int argc, char **argv)
         printf("PS master initializing RPC\n");
     fflush(stdout);
     fault_point(rank, "rendezvous");
+    /* With checkpoints a lost rank 0 may come back: the others keep
+       registering with the rendezvous address while trainers wait for it
+       (set for every rank: rank 0 hands it to its members). */
+    char wait_s[32];
+    snprintf(wait_s, sizeof wait_s, "%lld", (long long)o.server_wait_s);
+    if (o.checkpoint && !getenv("ZDIST_MASTER_WAIT_S") &&
+        setenv("ZDIST_MASTER_WAIT_S", wait_s, 1) < 0)
+        goto fail;
+    if (!server && zd_rpc_register_peer_joined(peer_joined, NULL) < 0)
+        goto fail;
     if (flags_world_init(&o.world, name, o.init_timeout_s * 1000, "rpc_ps") < 0)
         return 1;
     if (server)
         printf("RPC initialized! Running parameter server...\n");
     int rc = server ? 0 : run_trainer(&o);
+    if (server && rank == 0 && o.checkpoint)
+        ps_net_wait_trainers((double)o.server_wait_s);
     fflush(stdout);
     fault_point(rank, "shutdown");
     /* Everyone waits here until every trainer is done: no limit (the

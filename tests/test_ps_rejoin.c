@@ -1,0 +1,222 @@
+/* SPDX-License-Identifier: MIT */
+/*  rpc_ps with processes that die and come back (issue 12 points 3 and
+    4). Every rank is a process of its own, started as a user would (no
+    launcher, which stops the world at the first death); the fault is
+    pinned with the ZDIST_FAULT hook (examples/fault.h), and the test
+    starts the process again with the same flags:
+      - a trainer killed before its 25th batch and started again rejoins
+        the running world, goes on from its last checkpointed position
+        (batch 20), finishes, and the server counts it again;
+      - the server killed in its third checkpoint (before writing it) and
+        started again with --resume: the trainers wait for it, take their
+        RRefs again, go back to the last checkpoint and finish; the final
+        accuracy is close to that of a run that never stopped;
+      - the server killed and not started again: after --server_wait_s
+        the trainers fail, naming it.
+    Each case is bounded in time. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/support/program.h"
+#include "tests/support/world.h"
+
+#define RANKS 3
+
+typedef struct {
+    program_t p[RANKS];
+    int rc[RANKS];
+    char a_world[32], a_port[32], ck[96];
+    char dir[32];
+} world_procs_t;
+
+/*  Starts rank r with the world's flags and extra (NULL-terminated). */
+static void start_rank(world_procs_t *w, int r, const char *const *extra)
+{
+    char a_rank[32];
+    snprintf(a_rank, sizeof a_rank, "--rank=%d", r);
+    char *argv[32] = {(char *)program_path("examples/rpc_ps"), a_rank, w->a_world,
+                      "--master_addr=127.0.0.1", w->a_port, w->ck, "--eval_samples=1000",
+                      "--progress_s=0", "--checkpoint_every=10"};
+    int k = 9;
+    for (int i = 0; extra && extra[i]; i++)
+        argv[k++] = (char *)extra[i];
+    argv[k] = NULL;
+    assert_int_equal(program_start(&w->p[r], argv), 0);
+}
+
+static void world_init(world_procs_t *w)
+{
+    memset(w, 0, sizeof *w);
+    snprintf(w->dir, sizeof w->dir, "/tmp/zdist_rejoinXXXXXX");
+    assert_non_null(mkdtemp(w->dir));
+    int port = world_free_port();
+    assert_true(port > 0);
+    snprintf(w->a_world, sizeof w->a_world, "--world_size=%d", RANKS);
+    snprintf(w->a_port, sizeof w->a_port, "--master_port=%d", port);
+    snprintf(w->ck, sizeof w->ck, "--checkpoint=%s/c", w->dir);
+}
+
+static const char *out(const world_procs_t *w, int r)
+{
+    return w->p[r].out ? w->p[r].out : "";
+}
+
+static void world_wait(world_procs_t *w, double deadline)
+{
+    for (int r = 0; r < RANKS; r++) {
+        w->rc[r] = program_wait(&w->p[r], deadline);
+        printf("---- rank %d exited with %d:\n%s\n", r, w->rc[r], out(w, r));
+    }
+}
+
+static void world_free(world_procs_t *w)
+{
+    for (int r = 0; r < RANKS; r++)
+        free(w->p[r].out);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", w->dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static double accuracy(const char *text, int rank)
+{
+    char key[64];
+    snprintf(key, sizeof key, "Rank %d test accuracy ", rank);
+    const char *p = strstr(text, key);
+    assert_non_null(p);
+    return strtod(p + strlen(key), NULL);
+}
+
+static void test_trainer_killed_and_restarted_rejoins(void **state)
+{
+    (void)state;
+    world_procs_t w;
+    world_init(&w);
+    static const char *const flags[] = {"--max_batches=60", NULL};
+    double t0 = program_now_s(), deadline = t0 + 300;
+    start_rank(&w, 0, flags);
+    start_rank(&w, 1, flags);
+    setenv("ZDIST_FAULT", "2:forward:kill:25", 1);   /* before its 25th batch */
+    start_rank(&w, 2, flags);
+    unsetenv("ZDIST_FAULT");
+    int rc = program_wait(&w.p[2], deadline);
+    printf("---- rank 2 (first life) exited with %d:\n%s\n", rc, out(&w, 2));
+    assert_int_equal(rc, 128 + SIGKILL);
+    free(w.p[2].out);
+    double restarted = program_now_s();
+    start_rank(&w, 2, flags);   /* the same flags: no --resume */
+    assert_int_equal(program_read(&w.p[2], "resuming at batch", deadline), 1);
+    printf("restarted trainer resumed %.2f s after its start\n", program_now_s() - restarted);
+    world_wait(&w, deadline);
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(w.rc[r], 0);
+    /* Its last checkpoint was at batch 20 (every 10 batches). */
+    assert_non_null(strstr(out(&w, 2), "Rank 2 rejoined the world; resuming at batch 20 (20 "
+                                       "batches done)"));
+    assert_non_null(strstr(out(&w, 2), "Rank 2 test accuracy "));
+    assert_non_null(strstr(out(&w, 1), "Rank 1 test accuracy "));
+    assert_non_null(strstr(out(&w, 0), "(rank 2), lost at batch"));
+    assert_non_null(strstr(out(&w, 0), "rejoined; counted again"));
+    assert_non_null(strstr(out(&w, 0), "2 of 2 trainers finished"));
+    world_free(&w);
+}
+
+static void test_server_killed_and_restarted_with_resume(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--max_batches=60", NULL};
+    static const char *const resume[] = {"--max_batches=60", "--resume", NULL};
+    world_procs_t whole, w;
+
+    /* The run that never stops. */
+    world_init(&whole);
+    double t0 = program_now_s();
+    for (int r = 0; r < RANKS; r++)
+        start_rank(&whole, r, flags);
+    world_wait(&whole, t0 + 300);
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(whole.rc[r], 0);
+    double acc_whole = accuracy(out(&whole, 1), 1);
+
+    world_init(&w);
+    t0 = program_now_s();
+    double deadline = t0 + 300;
+    /* The third checkpoint of the world is not written: the last one the
+       server holds is the second. */
+    setenv("ZDIST_FAULT", "0:checkpoint:kill:3", 1);
+    start_rank(&w, 0, flags);
+    unsetenv("ZDIST_FAULT");
+    start_rank(&w, 1, flags);
+    start_rank(&w, 2, flags);
+    int rc = program_wait(&w.p[0], deadline);
+    printf("---- rank 0 (first life) exited with %d:\n%s\n", rc, out(&w, 0));
+    assert_int_equal(rc, 128 + SIGKILL);
+    free(w.p[0].out);
+    double restarted = program_now_s();
+    start_rank(&w, 0, resume);
+    /* Time from the restart to a trainer's first batch on it. */
+    int back = -1;
+    while (back < 0 && program_now_s() < deadline) {
+        for (int r = 1; r < RANKS && back < 0; r++)
+            if (program_read(&w.p[r], "going on from batch", program_now_s() + 0.2) == 1 &&
+                strstr(out(&w, r), "going on from batch"))
+                back = r;
+    }
+    assert_true(back > 0);
+    double took = program_now_s() - restarted;
+    world_wait(&w, deadline);
+    for (int r = 0; r < RANKS; r++)
+        assert_int_equal(w.rc[r], 0);
+    printf("server restarted: trainer rank %d back in service %.2f s after the restart\n", back,
+           took);
+    for (int r = 1; r < RANKS; r++) {
+        const char *p = strstr(out(&w, r), "going on from batch ");
+        assert_non_null(p);
+        printf("rank %d: %s", r, p);
+    }
+    double acc = accuracy(out(&w, 1), 1);
+    printf("final accuracy: %.2f %% (never stopped: %.2f %%)\n", acc, acc_whole);
+    assert_true(acc > acc_whole - 5);
+    assert_non_null(strstr(out(&w, 0), "shard 0: loaded "));
+    world_free(&whole);
+    world_free(&w);
+}
+
+static void test_server_killed_and_not_back_trainers_fail(void **state)
+{
+    (void)state;
+    static const char *const flags[] = {"--max_batches=60", "--server_wait_s=3", NULL};
+    world_procs_t w;
+    world_init(&w);
+    double t0 = program_now_s();
+    setenv("ZDIST_FAULT", "0:checkpoint:kill:1", 1);
+    start_rank(&w, 0, flags);
+    unsetenv("ZDIST_FAULT");
+    start_rank(&w, 1, flags);
+    start_rank(&w, 2, flags);
+    world_wait(&w, t0 + 120);
+    assert_int_equal(w.rc[0], 128 + SIGKILL);
+    for (int r = 1; r < RANKS; r++) {
+        assert_int_equal(w.rc[r], 1);
+        assert_non_null(strstr(out(&w, r), "server shard 0 (rank 0) lost ("));
+        assert_non_null(strstr(out(&w, r), "not back within --server_wait_s=3 s"));
+    }
+    printf("world done in %.1f s\n", program_now_s() - t0);
+    world_free(&w);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trainer_killed_and_restarted_rejoins),
+        cmocka_unit_test(test_server_killed_and_restarted_with_resume),
+        cmocka_unit_test(test_server_killed_and_not_back_trainers_fail),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
