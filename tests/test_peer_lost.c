@@ -155,8 +155,11 @@ static int forged(int as, uint8_t type, uint64_t rref_id, uint64_t fork_id, char
 {
     zd_rpc_worker_info_t info;
     intruder_t in;
+    /* A routing id of its own each time: the previous socket's may still be
+       known to rank 0's ROUTER, which drops a second connection under it. */
+    static int slot = 65534;
     if (zd_rpc_get_worker_info_by_rank(0, &info) < 0 ||
-        intruder_open_as(&in, info.endpoint, as, 65534) < 0)
+        intruder_open_as(&in, info.endpoint, as, slot--) < 0)
         return -1;
     rpc_wire_header_t h = {.type = type, .src = as, .dst = 0, .id = ++in.next_id, .a = rref_id,
                            .b = fork_id, .timeout_ms = 1000};
