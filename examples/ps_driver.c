@@ -2,6 +2,7 @@
 /*  The driver of the parameter-server example (rank 0): Ray's synchronous
     and asynchronous training loops over the actors of ps_objects.c. */
 #include "examples/ps_core.h"
+#include "examples/fault.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -140,6 +141,7 @@ static int update_weights(driver_t *d, const char *method, zd_value_t *const *ar
 
 static int evaluate(driver_t *d, double *acc)
 {
+    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
     double t0 = train_now();
     int rc = ps_model_load(d->model, d->weights, d->S);
     if (rc == 0)

@@ -2,6 +2,7 @@
 /*  ps_net_checkpoint.c: checkpoints and resume of the parameter server
     (SPEC B2: a run stopped and resumed takes the steps of one that never
     stopped); see ps_net_checkpoint_enable in ps_net.h. */
+#include "examples/fault.h"
 #include "examples/ps_net.h"
 #include "examples/ps_net_internal.h"
 
@@ -76,6 +77,7 @@ static int save_shard(void)
         memcpy(zd_tensor_data_i64(f.config), ck.config, sizeof ck.config);
     }
     shard_path(path, sizeof path, ps_shard.shard);
+    fault_point(zd_rpc_rank(), "checkpoint");   /* tests only (fault.h) */
     /* Under the read lock to the rename: no step half applied, and an older
        save cannot replace a newer one. */
     zd_dist_optim_read_lock();
