@@ -47,6 +47,7 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
         return -1;
     zd_tensor_t *logprobs = NULL, *l = NULL;
     double t0 = train_now();
+    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
     int rc = pipeline_net_forward(net, x, split, &logprobs);
     *forward_s += train_now() - t0;
     if (rc == 0)

@@ -181,6 +181,7 @@ static zd_value_t *weights_args(driver_t *d)
     to every server: server s gets slice s of each. */
 static int apply(driver_t *d, zd_value_t *const *grads, int n)
 {
+    fault_point(zd_rpc_rank(), "step");   /* tests only (fault.h) */
     zd_value_t *args[PS_MAX_SERVERS] = {0};
     int rc = 0;
     for (int s = 0; s < d->S && rc == 0; s++) {
