@@ -46,7 +46,7 @@ extern char **environ;
 #define MAX_RANKS 5
 
 #if defined(__SANITIZE_ADDRESS__)
-#define SLOW 3   /* the sanitizers' processes run about three times slower */
+#define SLOW 4   /* the sanitizers' processes run three to four times slower */
 #else
 #define SLOW 1
 #endif
@@ -54,7 +54,7 @@ extern char **environ;
 #define BOUND_S (60 * SLOW)
 /*  Cases at once: each is a world of 3 to 4 processes, most of them
     waiting for a verdict on a lost peer. */
-#define CONCURRENT (SLOW > 1 ? 4 : 6)
+#define CONCURRENT (SLOW > 1 ? 3 : 6)
 /*  The world's rendezvous gives up after this (a rank lost before it). */
 #define INIT_TIMEOUT_S (5 * SLOW)
 
