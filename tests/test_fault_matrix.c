@@ -224,13 +224,15 @@ static const row_t rows[] = {
     /* pipeline: a lost stage is fatal, the driver says which. */
     {PL, 2, "rendezvous", "kill", 1, "11K", "", 0, 0, "(missing ranks 2)"},
     {PL, 2, "forward", "kill", 5, "10K", "0", 0, -1, NULL},
-    {PL, 2, "forward", "stop", 5, "101", "0", 0, -1, NULL},
+    /* (woken only once the other stage also gave its verdict: see the
+       finding on requests lost while a connection is down) */
+    {PL, 2, "forward", "stop", 5, "101", "01", 0, -1, NULL},
     {PL, 2, "forward", "freeze", 5, "10K", "0", 0, -1, NULL},
     {PL, 2, "shutdown", "kill", 1, "10K", "0", 0, -1, NULL},
     {PL, 2, "shutdown", "freeze", 1, "10K", "0", 0, -1, NULL},
     {PL, 1, "rendezvous", "kill", 1, "1K1", "", 0, 0, "(missing ranks 1)"},
     {PL, 1, "forward", "kill", 5, "1K0", "0", 0, -1, NULL},
-    {PL, 1, "forward", "stop", 5, "110", "0", 0, -1, NULL},
+    {PL, 1, "forward", "stop", 5, "110", "02", 0, -1, NULL},
     {PL, 1, "forward", "freeze", 5, "1K0", "0", 0, -1, NULL},
     /* pipeline, the driver. */
     {PL, 0, "rendezvous", "kill", 1, "K11", "", 0, 1, "could not reach the master"},
@@ -399,6 +401,7 @@ static void read_some(proc_t *p)
     if (p->len + 4097 > p->cap) {
         p->cap = p->cap ? p->cap * 2 : 65536;
         p->out = realloc(p->out, p->cap);
+        p->out[p->len] = '\0';
     }
     ssize_t n = read(p->fd, p->out + p->len, 4096);
     if (n <= 0) {
