@@ -6,9 +6,23 @@
     the named point PHASE of an example (fault_point): kill (raise
     SIGKILL: a crash) or stop (raise SIGSTOP: frozen, with its sockets
     alive, until a SIGCONT). Phases: rendezvous, forward, backward, step,
-    checkpoint, evaluation, shutdown. Tests use it to pin a fault to a
-    phase without sleeping; without the variable it costs a load and a
-    compare. */
+    checkpoint, evaluation, shutdown; where each role reaches them:
+      rpc_ps        trainer: all seven; server shards: rendezvous,
+                    forward (a trainer's ps_forward on shard 0, ps_fc1_part
+                    on the others), checkpoint (each save), evaluation
+                    (shard 0, a trainer's ps_evaluate), shutdown;
+      ps_sync_async driver: rendezvous, step (applying gradients),
+                    evaluation, shutdown; parameter server: rendezvous,
+                    step (apply_gradients), shutdown; worker: rendezvous,
+                    backward (compute_gradients), shutdown;
+      pipeline      driver: rendezvous, forward, backward, step,
+                    evaluation, shutdown; stages: rendezvous, forward,
+                    shutdown.
+    A server's, a worker's or a stage's shutdown starts as soon as it has
+    joined: it serves the others from inside zd_rpc_shutdown. Their
+    backward and step run inside the library: no point there. Tests use
+    it to pin a fault to a phase without sleeping; without the variable it
+    costs a load and a compare. */
 #ifndef ZDIST_EXAMPLES_FAULT_H
 #define ZDIST_EXAMPLES_FAULT_H
 

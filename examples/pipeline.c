@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include <zdist/error.h>
+#include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/pipeline_core.h"
 #include <zdist/nn.h>
@@ -24,7 +25,7 @@ int main(int argc, char **argv)
     const char *prog = "pipeline";
     pipeline_options_t o = pipeline_options_default();
     flags_world_t w = flags_world_default();
-    int64_t split_size = 0;
+    int64_t split_size = 0, init_timeout_s = 0;
     bool no_dropout = false;
     const flag_t flags[] = {
         {"num_split", FLAG_INT, &o.num_split, "micro-batches per batch"},
@@ -41,6 +42,8 @@ int main(int argc, char **argv)
         {"no_dropout", FLAG_BOOL, &no_dropout, "train with dropout off"},
         {"test_size", FLAG_INT, &o.test_size, "test images evaluated at the end (0: none)"},
         {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N batches"},
+        {"init_timeout_s", FLAG_INT, &init_timeout_s,
+         "give up when the world has not gathered after this long (0: the RPC default)"},
         FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
@@ -61,13 +64,16 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
-    if (flags_world_init(&w, names[w.rank], -1, prog) < 0)
+    fault_point((int)w.rank, "rendezvous");   /* tests only (fault.h) */
+    if (flags_world_init(&w, names[w.rank], init_timeout_s > 0 ? init_timeout_s * 1000 : -1,
+                         prog) < 0)
         return 1;
     int rc = 0;
     if (w.rank == 0 && pipeline_run_driver(&o, NULL) < 0) {
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         rc = 1;
     }
+    fault_point((int)w.rank, "shutdown");
     if (zd_rpc_shutdown(true, 0) < 0) {
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, names[w.rank], zd_error_last());
         rc = 1;

@@ -2,6 +2,7 @@
 /*  The pipeline program's driver (rank 0): the tutorial's run_master with
     Fashion-MNIST batches, timed for 1 micro-batch and for several. */
 #include "examples/pipeline_core.h"
+#include "examples/fault.h"
 #include "examples/train_common.h"
 
 #include <stdio.h>
@@ -46,12 +47,17 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
         return -1;
     zd_tensor_t *logprobs = NULL, *l = NULL;
     double t0 = train_now();
+    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
     int rc = pipeline_net_forward(net, x, split, &logprobs);
     *forward_s += train_now() - t0;
     if (rc == 0)
         rc = zd_nn_nll_loss(logprobs, y, &l);
     if (rc == 0)
+        fault_point(zd_rpc_rank(), "backward");   /* tests only (fault.h) */
+    if (rc == 0)
         rc = zd_dist_autograd_backward(ctx, &l, 1, false);
+    if (rc == 0)
+        fault_point(zd_rpc_rank(), "step");
     if (rc == 0)
         rc = zd_dist_optim_step(opt, ctx);
     if (rc == 0)
@@ -71,6 +77,7 @@ static int evaluate(pipeline_net_t *net, const zd_dataset_t *test, int64_t batch
                     double *accuracy)
 {
     int64_t correct = 0, n = zd_dataset_size(test);
+    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
     int rc = pipeline_net_train(net, false);
     for (int64_t start = 0; rc == 0 && start < n; start += batch) {
         zd_tensor_t *x = NULL, *y = NULL, *lp = NULL;

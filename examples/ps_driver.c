@@ -2,6 +2,7 @@
 /*  The driver of the parameter-server example (rank 0): Ray's synchronous
     and asynchronous training loops over the actors of ps_objects.c. */
 #include "examples/ps_core.h"
+#include "examples/fault.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -140,6 +141,7 @@ static int update_weights(driver_t *d, const char *method, zd_value_t *const *ar
 
 static int evaluate(driver_t *d, double *acc)
 {
+    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
     double t0 = train_now();
     int rc = ps_model_load(d->model, d->weights, d->S);
     if (rc == 0)
@@ -179,6 +181,7 @@ static zd_value_t *weights_args(driver_t *d)
     to every server: server s gets slice s of each. */
 static int apply(driver_t *d, zd_value_t *const *grads, int n)
 {
+    fault_point(zd_rpc_rank(), "step");   /* tests only (fault.h) */
     zd_value_t *args[PS_MAX_SERVERS] = {0};
     int rc = 0;
     for (int s = 0; s < d->S && rc == 0; s++) {

@@ -130,6 +130,10 @@ static int save_shard(int64_t generation)
         memcpy(zd_tensor_data_i64(f.config), ck.config, sizeof ck.config);
     }
     shard_path(path, sizeof path, ps_shard.shard, false);
+    /* Shard 0 reaches its checkpoint phase in fn_checkpoint, between the
+       others' saves and its own; the others here. Tests only (fault.h). */
+    if (ps_shard.shard != 0)
+        fault_point(zd_rpc_rank(), "checkpoint");
     zd_dist_optim_read_lock();
     /* A generation written again (its first round did not reach shard 0)
        keeps the .prev of the one before it. */

@@ -2,6 +2,7 @@
 /*  ps_net_eval.c: shard 0's book-keeping of the trainers (start, finish,
     samples: the aggregate throughput) and the final evaluation they all
     share. */
+#include "examples/fault.h"
 #include "examples/ps_net.h"
 #include "examples/ps_net_internal.h"
 #include "examples/train_common.h"
@@ -187,6 +188,7 @@ static zd_future_t *fn_evaluate(zd_rpc_call_t *call, zd_value_t *args, void *arg
     if (!f)
         return NULL;
     int src = zd_rpc_call_caller_rank(call);
+    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
     pthread_mutex_lock(&ev.stats_lock);
     if (!tables_ready(src)) {
         pthread_mutex_unlock(&ev.stats_lock);

@@ -3,6 +3,7 @@
     pass, the parameters' RRefs and the gradients, gathered over the shards;
     and ps_net_serve, which sets the shard up and registers every function
     of the server. */
+#include "examples/fault.h"
 #include "examples/ps_net.h"
 #include "examples/ps_net_internal.h"
 
@@ -35,6 +36,7 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         return NULL;
     if (training)
         ps_net_eval_note_batch(zd_rpc_call_caller_rank(call));
+    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
     bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = ps_net_forward(x, training != 0, &out);
     zd_autograd_set_grad_enabled(prev);
@@ -49,6 +51,7 @@ static zd_value_t *fn_fc1_part(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     if (zd_rpc_arg_tensor(args, 0, &flat) < 0 || zd_rpc_arg_int(args, 1, &training) < 0 ||
         ps_net_guard_features(call, flat) < 0)
         return NULL;
+    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
     bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = ps_net_fc1_part(flat, training != 0, &out);
     zd_autograd_set_grad_enabled(prev);

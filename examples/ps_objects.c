@@ -309,6 +309,7 @@ static zd_value_t *fn_apply_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
     actor_t *a = actor_get(args, &server_class);
     if (!a)
         return NULL;
+    fault_point(zd_rpc_rank(), "step");   /* tests only (fault.h) */
     ps_server_t *ps = actor_object(a);
     size_t k = zd_list_len(args);
     int64_t n = zd_tensor_numel(ps->weights);

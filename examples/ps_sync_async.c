@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/ps_core.h"
 #include <zdist/nn.h>
@@ -28,7 +29,7 @@ int main(int argc, char **argv)
     ps_options_t o = ps_options_default();
     o.progress_s = 5;
     flags_world_t w = flags_world_default();
-    int64_t workers = o.num_workers, servers = o.num_servers;
+    int64_t workers = o.num_workers, servers = o.num_servers, init_timeout_s = 0;
     const flag_t flags[] = {
         {"mode", FLAG_STRING, &mode, "sync or async"},
         {"num_workers", FLAG_INT, &workers, "data workers (one process each)"},
@@ -51,6 +52,8 @@ int main(int argc, char **argv)
          "async: a worker runs at most K updates ahead of the slowest (0: no bound)"},
         {"straggler_ms", FLAG_INT, &o.straggler_ms,
          "worker 0 takes this many ms longer per gradient (to see a straggler)"},
+        {"init_timeout_s", FLAG_INT, &init_timeout_s,
+         "give up when the world has not gathered after this long (0: the RPC default)"},
         FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
@@ -86,13 +89,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
-    if (flags_world_init(&w, name, -1, prog) < 0)
+    fault_point((int)w.rank, "rendezvous");   /* tests only (fault.h) */
+    if (flags_world_init(&w, name, init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) < 0)
         return 1;
     int rc = 0;
     if (w.rank == 0 && ps_run_driver(&o, NULL) < 0) {
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         rc = 1;
     }
+    fault_point((int)w.rank, "shutdown");
     /* The servers and workers serve the driver's calls until everyone is here. */
     if (zd_rpc_shutdown(true, 0) < 0) {
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, zd_error_last());

@@ -214,11 +214,14 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
             continue;
         }
         /* Early only when everyone still reachable is here: the living
-           keep their barrier among themselves until the timeout. */
+           keep their barrier among themselves until the timeout. From
+           round 0 on, a peer whose connection just went down is waited
+           for: within the grace of io.c it is declared lost (and the round
+           completes without it) or it is back. */
         bool lost = false, waiting_for_living = false;
         for (int i = 0; i < a->world; i++)
             if (!r->waiting[i]) {
-                if (atomic_load(&a->peers[i].lost))
+                if (atomic_load(&a->peers[i].lost) && r->round < 0)
                     lost = true;
                 else
                     waiting_for_living = true;
