@@ -377,10 +377,25 @@ static void trainer_joined(void *arg, int peer, const char *name)
 
 void ps_net_wait_trainers(double wait_s)
 {
+    /* Another shard lost for longer than the wait: the trainers gave up on
+       it (they fail, so they never say they finished). */
+    enum { MAX_SHARDS = 16 };   /* rpc_ps's limit on --num_servers */
+    double shard_lost_at[MAX_SHARDS] = {0};
     pthread_mutex_lock(&ev.stats_lock);
     for (;;) {
-        bool done = ev.state != NULL;
+        bool gave_up = false;
         double now = train_now();
+        for (int s = 1; s < ps_shard.num_shards && s < MAX_SHARDS; s++) {
+            if (!zd_rpc_peer_is_lost(s))
+                shard_lost_at[s] = 0;
+            else if (!shard_lost_at[s])
+                shard_lost_at[s] = now;
+            else if (now - shard_lost_at[s] > wait_s + 1)
+                gave_up = true;
+        }
+        if (gave_up)
+            break;
+        bool done = ev.state != NULL;
         for (int r = ps_shard.num_shards; done && r < ev.world; r++)
             if (ev.state[r] & TR_LOST ? now - ev.lost_at[r] < wait_s
                                       : !(ev.state[r] & TR_FINISHED))

@@ -385,11 +385,16 @@ static void desk_serve(agent_t *a, membership_t *mb)
     peer_t *p = &a->peers[r.rank];
     const char *ep0 = endpoint_for(mb, peer);
     bool alive = !atomic_load(&p->lost_at_ns);
-    if (alive && r.running) {
-        /* It lost this rank 0 for a while (a freeze): nothing changed here. */
-        zmsg_t *t = running_table(a, ep0, r.rank);
-        if (t)
-            reply(mb->desk, id, t);
+    if (r.running) {
+        /* A member that declared this very process lost (it was frozen, or
+           cut off): it has released what this process held, and this
+           process may release what it holds. That is not a restart, and
+           nothing safe can go on from it. */
+        snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") was not restarted: it is the "
+                 "process \"%s\" (rank %d) declared lost (frozen or cut off), which cannot take "
+                 "it back", a->name, r.name, r.rank);
+        zd__log(ZD_LOG_WARN, "rpc: %s", text);
+        reply_text(mb->desk, id, RDV_ERR_TAG, text);
         zframe_destroy(&id);
         return;
     }

@@ -83,11 +83,11 @@ static const prog_t progs[] = {
              "test accuracy ", 0xc, false},
     [PSCK] = {"rpc_ps ckpt", "examples/rpc_ps", 3,
               "--max_batches=20 --eval_samples=500 --progress_s=0 "
-              "--checkpoint_every=5",
+              "--checkpoint_every=5 --server_wait_s=3",
               {"parameter_server", "trainer_1", "trainer_2"}, "test accuracy ", 0x6, true},
     [PS2CK] = {"rpc_ps S=2 ckpt", "examples/rpc_ps", 4,
                "--num_servers=2 --max_batches=20 --eval_samples=500 --progress_s=0 "
-               "--checkpoint_every=5",
+               "--checkpoint_every=5 --server_wait_s=3",
                {"parameter_server", "parameter_server_1", "trainer_2", "trainer_3"},
                "test accuracy ", 0xc, true},
     [SA] = {"ps_sync_async", "examples/ps_sync_async", 4,
