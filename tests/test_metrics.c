@@ -98,13 +98,14 @@ static int body(const world_t *w)
        calling us: the shutdown barrier does that. */
     char path[128];
     snprintf(path, sizeof path, "%s/%s", dir, files[w->rank]);
-    int64_t until = world_now_ms() + WAIT_MS;
+    int64_t until = world_now_ms() + world_scaled_ms(WAIT_MS);
     while (rc == 0 && count_lines(path) < 1 && world_now_ms() < until) {
         struct timespec ts = {0, 5000000};
         nanosleep(&ts, NULL);
     }
     if (rc == 0 && count_lines(path) < 1)
-        rc = world_fail(w, "no periodic line in %s after %d ms", path, WAIT_MS);
+        rc = world_fail(w, "no periodic line in %s after %lld ms", path,
+                        (long long)world_scaled_ms(WAIT_MS));
     if (zd_rpc_shutdown(true, -1) < 0 && rc == 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     return rc;

@@ -652,7 +652,7 @@ static int world_big(const world_t *w)
     WCHECK(zd_rpc_register_inline("pending", h_pending, NULL) == 0);
     WCHECK(zd_rpc_register("expire", h_expire, NULL) == 0);
     zd_rpc_options_t o = world_rpc_options(w->port);
-    o.rpc_timeout_ms = 60000;
+    o.rpc_timeout_ms = world_scaled_ms(60000);
     WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
     if (w->rank == 0) {
         zd_tensor_t *big = pattern(ZD_UINT8, (64 << 20) + 12, 1);
@@ -714,7 +714,7 @@ static int world_big(const world_t *w)
         zd_tensor_unref(small);
         zd_tensor_unref(edge);
     }
-    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(30000)) == 0);
     return 0;
 }
 

@@ -103,6 +103,15 @@ static void test_environment_variables_are_the_defaults(void **state)
     assert_int_equal(world_run_simple(2, 60, world_env, NULL), 0);
 }
 
+/*  How much later than its init timeout a process that gives up may
+    return: setting up before the rendezvous and tearing down after it. A
+    few hundred milliseconds on a quiet machine, over a second with the
+    load at 90 to 115 (others building beside ctest): a bound of 1 s failed
+    3 of 40 runs there. What the bound guards
+    against is a wait that ignores the timeout (another timeout's worth, or
+    the world's 60 s), so it may be loose. */
+#define GIVE_UP_SLACK_MS 3000
+
 /* ---- misconfigured worlds fail everywhere, with a reason ----
    Rank 0 turns away the registration that conflicts (the later one), and
    that process fails at once; the others fail at the init timeout, with
@@ -131,7 +140,11 @@ static int world_bad(const world_t *w)
         zd_rpc_shutdown(false, 0);
         return 0;
     }
-    WCHECK(took < 4000);
+    if (took >= o.init_timeout_ms + world_scaled_ms(GIVE_UP_SLACK_MS)) {
+        fprintf(stderr, "[%d] failed %lld ms after its start, init timeout %lld ms: %s\n",
+                w->rank, (long long)took, (long long)o.init_timeout_ms, zd_error_last());
+        return 1;
+    }
     if (b->must_fail[w->rank] && !strstr(zd_error_last(), b->expect) &&
         !(w->rank > 0 && b->also && strstr(zd_error_last(), b->also))) {
         fprintf(stderr, "[%d] unexpected error: %s\n", w->rank, zd_error_last());
@@ -204,7 +217,11 @@ static int world_no_master(const world_t *w)
     int64_t start = world_now_ms();
     WCHECK(zd_rpc_init("lonely", 1, 2, &o) == -1);
     int64_t took = world_now_ms() - start;
-    WCHECK(took >= 450 && took < 2000);
+    if (took < 450 || took >= o.init_timeout_ms + world_scaled_ms(GIVE_UP_SLACK_MS)) {
+        fprintf(stderr, "gave up %lld ms after its start, init timeout %lld ms\n",
+                (long long)took, (long long)o.init_timeout_ms);
+        return 1;
+    }
     WCHECK(strstr(zd_error_last(), "could not reach the master at tcp://127.0.0.1:") != NULL);
     WCHECK(strstr(zd_error_last(), "lonely") != NULL);
     /* A master whose workers never come says which ranks are missing. */

@@ -119,7 +119,7 @@ static void *caller_main(void *arg)
     int first = 1 + c->index % (WORLD - 1);
     zd_value_t *args = zd_rpc_args("i", (int64_t)DEPTH), *r = NULL;
     int64_t sum = -1;
-    if (zd_rpc_sync(first, c->fn, args, 30000, &r) < 0 || zd_value_get_int(r, &sum) < 0 ||
+    if (zd_rpc_sync(first, c->fn, args, world_scaled_ms(30000), &r) < 0 || zd_value_get_int(r, &sum) < 0 ||
         sum != expected_sum(first, DEPTH)) {
         fprintf(stderr, "caller %d via %s: sum %lld, expected %lld (%s)\n", c->index, c->fn,
                 (long long)sum, (long long)expected_sum(first, DEPTH), zd_error_last());
@@ -154,7 +154,7 @@ static int world_nested(const world_t *w)
     WCHECK(zd_rpc_register_inline("bad_inline", h_bad_inline, NULL) == 0);
     zd_rpc_options_t o = world_rpc_options(w->port);
     o.num_worker_threads = 2;
-    o.rpc_timeout_ms = 30000;
+    o.rpc_timeout_ms = world_scaled_ms(30000);
     WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
     if (w->rank == 0) {
         WCHECK(run_callers("chain_async") == 0);
@@ -166,7 +166,7 @@ static int world_nested(const world_t *w)
         WCHECK(strstr(s, "I/O thread") != NULL);
         zd_value_unref(r);
     }
-    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(30000)) == 0);
     return 0;
 }
 

@@ -388,7 +388,7 @@ static int world_same_host(const world_t *w)
             return 1;
     }
     WCHECK(open_segments() > 0 && mapped_segments() > 0);
-    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(30000)) == 0);
     /* Every segment closed and unmapped: its memory is gone. */
     WCHECK(open_segments() == 0 && mapped_segments() == 0);
     return 0;
@@ -416,7 +416,7 @@ static int world_off(const world_t *w)
         if (rank0_roundtrips(false))
             return 1;
     }
-    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(30000)) == 0);
     WCHECK(stat_sent() == 0 && stat_received() == 0);
     return 0;
 }
@@ -464,7 +464,7 @@ static int world_netns(const world_t *w)
     WCHECK(wait_state(1 - w->rank, -1));
     if (w->rank == 0 && rank0_roundtrips(false))
         return 1;
-    WCHECK(zd_rpc_shutdown(true, 30000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(30000)) == 0);
     return 0;
 }
 

@@ -62,13 +62,26 @@ int64_t world_now_ms(void)
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+double world_time_scale(void)
+{
+    const char *s = getenv("ZDIST_TEST_TIME_SCALE");
+    char *end;
+    double v = s && *s ? strtod(s, &end) : 1;
+    return s && *s && *end == '\0' && v >= 1 && v <= 100 ? v : 1;
+}
+
+int64_t world_scaled_ms(int64_t ms)
+{
+    return (int64_t)((double)ms * world_time_scale());
+}
+
 zd_rpc_options_t world_rpc_options(int port)
 {
     zd_rpc_options_t o = zd_rpc_options_default();
     o.master_addr = "127.0.0.1";
     o.master_port = port;
-    o.init_timeout_ms = 10000;
-    o.rpc_timeout_ms = 10000;
+    o.init_timeout_ms = world_scaled_ms(10000);
+    o.rpc_timeout_ms = world_scaled_ms(10000);
     return o;
 }
 
@@ -115,9 +128,9 @@ static int child(const world_options_t *o, int rank, int port)
     zd_rpc_options_t opts = zd_rpc_options_default();
     opts.master_addr = "127.0.0.1";
     opts.master_port = port;
-    opts.init_timeout_ms = 30000;
+    opts.init_timeout_ms = world_scaled_ms(30000);
     if (o->rpc_timeout_ms)
-        opts.rpc_timeout_ms = o->rpc_timeout_ms;
+        opts.rpc_timeout_ms = world_scaled_ms(o->rpc_timeout_ms);
     char name[32];
     snprintf(name, sizeof name, "worker%d", rank);
     if (zd_rpc_init(name, rank, o->world_size, &opts) < 0)
@@ -126,7 +139,7 @@ static int child(const world_options_t *o, int rank, int port)
     if (rc != 0)
         fprintf(stderr, "rank %d: failed (last error: %s)\n", rank, zd_error_last());
     /* Ranks that finish early wait here for the others: as long as the run. */
-    int64_t wait_ms = (int64_t)(o->timeout_s > 0 ? o->timeout_s : 60) * 1000;
+    int64_t wait_ms = world_scaled_ms((int64_t)(o->timeout_s > 0 ? o->timeout_s : 60) * 1000);
     if (zd_rpc_is_running() && zd_rpc_shutdown(true, wait_ms) < 0) {
         fprintf(stderr, "rank %d: shutdown: %s\n", rank, zd_error_last());
         rc = rc ? rc : 1;
@@ -136,7 +149,8 @@ static int child(const world_options_t *o, int rank, int port)
 
 int world_run(const world_options_t *o)
 {
-    int n = o->world_size, timeout = o->timeout_s > 0 ? o->timeout_s : 60;
+    int n = o->world_size;
+    double timeout = (o->timeout_s > 0 ? o->timeout_s : 60) * world_time_scale();
     pid_t pids[16];
     int status[16];
     bool done[16] = {0};
@@ -189,7 +203,7 @@ int world_run(const world_options_t *o)
     int rc = 0;
     for (int r = 0; r < n; r++) {
         if (!done[r]) {
-            fprintf(stderr, "world: rank %d did not finish within %d s: killed\n", r, timeout);
+            fprintf(stderr, "world: rank %d did not finish within %.0f s: killed\n", r, timeout);
             kill(pids[r], SIGKILL);
             waitpid(pids[r], &status[r], 0);
             rc = -1;

@@ -41,7 +41,7 @@ typedef struct {
     world_setup_fn *setup;        /* may be NULL */
     world_fn *fn;
     void *arg;
-    int timeout_s;                /* whole run (default 60) */
+    int timeout_s;                /* whole run (default 60), times world_time_scale() */
     int64_t rpc_timeout_ms;       /* 0: the RPC default */
     bool dist_autograd;           /* call zd_dist_autograd_init before zd_rpc_init */
     int expect_exit[16];          /* per rank: expected exit status (default 0;
@@ -59,7 +59,8 @@ int world_run(const world_options_t *o);
 int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg);
 
 /*  The options a test world uses on 127.0.0.1:port (short init and call
-    timeouts); for own_init worlds and for tests of zd_rpc_init. */
+    timeouts, 10 s times world_time_scale()); for own_init worlds and for
+    tests of zd_rpc_init. */
 zd_rpc_options_t world_rpc_options(int port);
 
 /*  A free TCP port on 127.0.0.1, kept reserved (bound, not listening) for
@@ -74,6 +75,16 @@ int64_t world_rss_bytes(void);
 
 /*  Milliseconds on the monotonic clock. */
 int64_t world_now_ms(void);
+
+/*  How much longer than usual a test may wait: $ZDIST_TEST_TIME_SCALE (a
+    number from 1 to 100), 1 without it. ctest sets it in the
+    ThreadSanitizer build, whose processes run 5 to 15 times slower; the
+    harness scales its own deadlines and the timeouts of
+    world_rpc_options, and a test scales its bounds with world_scaled_ms. */
+double world_time_scale(void);
+
+/*  ms times world_time_scale(). */
+int64_t world_scaled_ms(int64_t ms);
 
 /*  Prints "[rank N] file:line: what (last error: ...)" to stderr and
     returns 1: what WCHECK and WTRY do on failure. */
