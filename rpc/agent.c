@@ -107,6 +107,7 @@ static void agent_free(agent_t *a)
 {
     if (!a)
         return;
+    zd__membership_free(a);
     if (a->peers) {
         for (int i = 0; i < a->world; i++) {
             pthread_mutex_destroy(&a->peers[i].lock);
@@ -200,7 +201,7 @@ static void agent_teardown(agent_t *a, bool graceful)
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    zd__membership_free(a);   /* before the I/O thread stops: a renewal waits for it */
+    zd__membership_stop(a);   /* before the I/O thread stops: a renewal waits for it */
     wait_users(a, "callers");
     bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);

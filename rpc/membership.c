@@ -55,6 +55,7 @@ struct membership {
 
     pthread_t thread;
     bool started;
+    bool abandoned;             /* its thread did not stop: nothing is freed */
     atomic_bool stop;
     pthread_mutex_t lock;
     pthread_cond_t cond;        /* master lost, a renewal done, stop */
@@ -571,7 +572,7 @@ int zd__membership_start(agent_t *a)
     return 0;
 }
 
-void zd__membership_free(agent_t *a)
+void zd__membership_stop(agent_t *a)
 {
     membership_t *mb = a->mb;
     if (!mb)
@@ -583,20 +584,33 @@ void zd__membership_free(agent_t *a)
     if (mb->started) {
         /* Its waits are bounded: a poll, a renewal, the members' answers. */
         struct timespec until = abs_in(RENEW_WAIT_MS + NOTIFY_WAIT_MS + 1000);
+        mb->started = false;
         if (pthread_timedjoin_np(mb->thread, NULL, &until) != 0) {
             zd__log(ZD_LOG_ERROR, "rpc: shutdown: the membership thread did not stop");
             pthread_detach(mb->thread);
-            a->mb = NULL;   /* left to the process: the thread may still use it */
+            mb->abandoned = true;   /* left to the process: the thread may still use it */
             return;
         }
     }
-    if (mb->desk)
+    if (mb->desk && !mb->abandoned) {
         zmq_close(mb->desk);
+        mb->desk = NULL;
+    }
+}
+
+void zd__membership_free(agent_t *a)
+{
+    membership_t *mb = a->mb;
+    if (!mb)
+        return;
+    zd__membership_stop(a);
+    a->mb = NULL;
+    if (mb->abandoned)
+        return;
     pthread_cond_destroy(&mb->cond);
     pthread_mutex_destroy(&mb->lock);
     pthread_mutex_destroy(&mb->serial);
     free(mb);
-    a->mb = NULL;
 }
 
 /* ---- public ---- */

@@ -26,7 +26,11 @@ void zd__membership_keep_desk(agent_t *a, void *sock,
     processes (rank 0) or waits for a lost rank 0 (the others). 0, or -1. */
 int zd__membership_start(agent_t *a);
 
-/*  Teardown: stops the thread (bounded) and frees a->mb. */
+/*  Stops the thread (bounded) and closes rank 0's rendezvous socket; a->mb
+    stays for the threads that may still look at it. Idempotent. */
+void zd__membership_stop(agent_t *a);
+
+/*  When the agent is freed (no thread left): stops and frees a->mb. */
 void zd__membership_free(agent_t *a);
 
 /*  Rank was declared lost (peer_lost.c). */

@@ -351,7 +351,7 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
            restarted under a lost rank may still come back (a server waits
            in zd_rpc_shutdown while its trainers train). */
         if (round == 0)
-            zd__membership_free(a);
+            zd__membership_stop(a);
         if (sum == 0)
             return 0;
     }

@@ -30,7 +30,11 @@ static float w0(int rank, int i) { return (float)rank + 1.0f + 0.5f * (float)i; 
 static zd_value_t *fn_mul_w(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
-    return dist_mul_by(args, w_param);
+    /* As a parameter server's forward: never while a step writes w. */
+    zd_dist_optim_read_lock();
+    zd_value_t *v = dist_mul_by(args, w_param);
+    zd_dist_optim_read_unlock();
+    return v;
 }
 
 /*  [RRef(w)], as the tutorial's get_param_rrefs. */
