@@ -74,6 +74,19 @@ int64_t zd__agent_now_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+struct timespec zd__agent_realtime_in(int64_t ms)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += ms / 1000;
+    t.tv_nsec += (ms % 1000) * 1000000;
+    if (t.tv_nsec >= 1000000000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000000000;
+    }
+    return t;
+}
+
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
 {
     return timeout_ms < 0 ? a->timeout_ms : timeout_ms;

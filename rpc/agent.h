@@ -167,6 +167,10 @@ uint64_t zd__agent_new_id(agent_t *a);
 /*  Monotonic clock in ns. */
 int64_t zd__agent_now_ns(void);
 
+/*  The real-time clock ms from now: the deadline pthread_cond_timedwait
+    and pthread_timedjoin_np take. */
+struct timespec zd__agent_realtime_in(int64_t ms);
+
 /*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
     (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);

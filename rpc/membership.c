@@ -75,20 +75,6 @@ static int64_t now_ns(void)
     return zd__agent_now_ns();
 }
 
-/* An absolute CLOCK_REALTIME time ms from now, for pthread_cond_timedwait. */
-static struct timespec abs_in(int64_t ms)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += (ms % 1000) * 1000000;
-    if (t.tv_nsec >= 1000000000) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000;
-    }
-    return t;
-}
-
 int zd__membership_new(agent_t *a, const char *master, int port)
 {
     membership_t *mb = calloc(1, sizeof *mb);
@@ -179,7 +165,7 @@ int zd__membership_renew(agent_t *a, int rank, const char *endpoint, const char 
         /* the I/O thread's tick finds the flag anyway */
     }
     pthread_mutex_lock(&mb->lock);
-    struct timespec until = abs_in(RENEW_WAIT_MS);
+    struct timespec until = zd__agent_realtime_in(RENEW_WAIT_MS);
     while (!mb->renew_done && !atomic_load(&mb->stop))
         if (pthread_cond_timedwait(&mb->cond, &mb->lock, &until) == ETIMEDOUT)
             break;
@@ -551,7 +537,7 @@ static void *membership_main(void *arg)
         }
         pthread_mutex_lock(&mb->lock);
         while (!mb->master_lost && !atomic_load(&mb->stop)) {
-            struct timespec until = abs_in(DESK_POLL_MS);
+            struct timespec until = zd__agent_realtime_in(DESK_POLL_MS);
             pthread_cond_timedwait(&mb->cond, &mb->lock, &until);
         }
         bool lost = mb->master_lost;
@@ -583,7 +569,7 @@ void zd__membership_stop(agent_t *a)
     pthread_mutex_unlock(&mb->lock);
     if (mb->started) {
         /* Its waits are bounded: a poll, a renewal, the members' answers. */
-        struct timespec until = abs_in(RENEW_WAIT_MS + NOTIFY_WAIT_MS + 1000);
+        struct timespec until = zd__agent_realtime_in(RENEW_WAIT_MS + NOTIFY_WAIT_MS + 1000);
         mb->started = false;
         if (pthread_timedjoin_np(mb->thread, NULL, &until) != 0) {
             zd__log(ZD_LOG_ERROR, "rpc: shutdown: the membership thread did not stop");

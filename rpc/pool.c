@@ -208,25 +208,11 @@ void zd__pool_block_end(void)
     pthread_mutex_unlock(&p->lock);
 }
 
-/* pthread_timedjoin_np's deadline: wait_ms from now, on the real-time clock. */
-static struct timespec join_deadline(int64_t wait_ms)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += wait_ms / 1000;
-    t.tv_nsec += (wait_ms % 1000) * 1000000;
-    if (t.tv_nsec >= 1000000000) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000;
-    }
-    return t;
-}
-
 int zd__pool_destroy(pool_t *p, int64_t wait_ms)
 {
     if (!p)
         return 0;
-    struct timespec until = join_deadline(wait_ms);
+    struct timespec until = zd__agent_realtime_in(wait_ms);
     int stuck = 0;
     pthread_mutex_lock(&p->lock);
     p->stop = true;

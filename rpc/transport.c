@@ -247,14 +247,7 @@ int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
         /* The eventfd cannot be full; the tick wakes the thread anyway. */
     }
     /* Bounded: a future callback stuck in user code would hold it. */
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    until.tv_sec += wait_ms / 1000;
-    until.tv_nsec += (wait_ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
+    struct timespec until = zd__agent_realtime_in(wait_ms);
     if (pthread_timedjoin_np(a->io_thread, NULL, &until) != 0) {
         zd__log(ZD_LOG_ERROR, "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
                 "future callback stuck in user code?)", (long long)wait_ms);

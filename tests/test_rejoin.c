@@ -204,12 +204,8 @@ static int strangers(const world_t *w)
     if (w->rank != 1) {   /* rank 0's desk stays open until rank 1 is through */
         WTRY(zd_future_wait(strangers_done, WAIT_MS));
     } else {
-        void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
-        char ep[64];
-        int zero = 0;
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", w->port);
-        zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-        WCHECK(zmq_connect(sock, ep) == 0);
+        void *ctx = zmq_ctx_new(), *sock = raw_rendezvous_dealer(ctx, w->port);
+        WCHECK(sock != NULL);
         static const struct {
             const char *frames[7];
             int n;

@@ -247,12 +247,8 @@ static int world_strays(const world_t *w)
 {
     zd_rpc_options_t o = world_rpc_options(w->port);
     if (w->rank == 1) {
-        void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
-        char ep[64];
-        int zero = 0;
-        snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", w->port);
-        zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-        WCHECK(zmq_connect(sock, ep) == 0);
+        void *ctx = zmq_ctx_new(), *sock = raw_rendezvous_dealer(ctx, w->port);
+        WCHECK(sock != NULL);
         static const struct {
             const char *frames[6];
             int n;

@@ -127,6 +127,20 @@ int frames_live(void)
     return live_frames;
 }
 
+void *raw_rendezvous_dealer(void *ctx, int port)
+{
+    void *sock = ctx ? zmq_socket(ctx, ZMQ_DEALER) : NULL;
+    char ep[64];
+    int zero = 0;
+    snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
+    if (sock && (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) < 0 ||
+                 zmq_connect(sock, ep) < 0)) {
+        zmq_close(sock);
+        sock = NULL;
+    }
+    return sock;
+}
+
 int raw_send_frames(void *sock, const char *const *frames, int n)
 {
     for (int i = 0; i < n; i++)

@@ -41,6 +41,10 @@ int frames_live(void);
 /*  The whole file as a string (to free), or NULL when it cannot be read. */
 char *read_text(const char *path);
 
+/*  A raw DEALER in ctx connected to the rendezvous at 127.0.0.1:port (no
+    linger), playing a stranger there; NULL on failure. */
+void *raw_rendezvous_dealer(void *ctx, int port);
+
 /*  Sends frames[0..n-1] as one message on a raw ZeroMQ socket: 0, or -1. */
 int raw_send_frames(void *sock, const char *const *frames, int n);
 
