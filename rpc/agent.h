@@ -142,6 +142,8 @@ typedef struct agent {
     pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
     struct barrier_round *barrier;
     int64_t *barrier_last;          /* rank 0: each rank's last round entered */
+    bool barrier_done;              /* rank 0: a round completed: the last one, */
+    int64_t barrier_done_round, barrier_done_total;   /* with its total */
 
     struct metrics_out *metrics_out;    /* ZDIST_METRICS's writer, or NULL */
 

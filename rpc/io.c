@@ -18,6 +18,7 @@
 
 #include <errno.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -297,6 +298,23 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    us) arrive first. */
 #define LOST_GRACE_MS 1000
 
+/* A connection that went down and came back may have taken requests with
+   it (those libzmq had already taken from its queue), and their answers
+   would never come: the caller would wait out its timeout, or forever
+   with none. Which of them reached the peer cannot be known, so every
+   call still waiting for this peer fails now, saying that it may have
+   run. Answers that do come later find no call and are dropped. */
+static void fail_interrupted(agent_t *a, peer_t *p)
+{
+    int64_t down_ms = (zd__agent_now_ns() - p->down_since_ns) / 1000000;
+    char text[192];
+    snprintf(text, sizeof text, "the connection to it was down for %lld ms and came back; "
+             "the request may or may not have run", (long long)down_ms);
+    zd__log(ZD_LOG_WARN, "rpc: connection to \"%s\" (rank %d) came back after %lld ms down; "
+            "calls waiting for it fail", p->name, p->rank, (long long)down_ms);
+    zd__call_fail_peer(a, p->rank, text, ZD_ERR_PEER);
+}
+
 static void handle_monitor(agent_t *a, peer_t *p)
 {
     zmq_msg_t m;
@@ -317,12 +335,17 @@ static void handle_monitor(agent_t *a, peer_t *p)
     }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         atomic_store(&p->lost, false);
+        if (p->fail_at_ns)   /* back within the grace, not declared lost */
+            fail_interrupted(a, p);
         p->fail_at_ns = 0;
         if (p->reoffer) {   /* a restarted peer: now a send cannot block */
             p->reoffer = false;
             zd__shm_offer(a, p->rank);
         }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
+        if (!atomic_load(&a->closing))
+            zd__log(ZD_LOG_INFO, "rpc: connection to \"%s\" (rank %d) went down", p->name,
+                    p->rank);
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__agent_now_ns();
         p->fail_at_ns = p->down_since_ns + LOST_GRACE_MS * 1000000LL;

@@ -107,6 +107,23 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
                         PRId64, src, round, last), false;
 }
 
+/* Under barrier_lock: whether src asks again for the round completed last,
+   which it had entered: a caller whose connection to rank 0 went down and
+   came back before the answer reached it (zd__barrier_all asks again). */
+static bool repeated(agent_t *a, int src, int64_t round)
+{
+    return a->barrier_done && round == a->barrier_done_round && a->barrier_last &&
+           a->barrier_last[src] == round;
+}
+
+/* Under barrier_lock: remembers the round completed last, for repeated(). */
+static void round_done(agent_t *a, const barrier_round_t *r)
+{
+    a->barrier_done = true;
+    a->barrier_done_round = r->round;
+    a->barrier_done_total = r->total;
+}
+
 /* Names the lost workers a round went on without, for the log. */
 static void log_without(agent_t *a, const barrier_round_t *r)
 {
@@ -140,6 +157,16 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     barrier_round_t *r = a->barrier;
     while (r && r->round != round)
         r = r->next;
+    if (!r && repeated(a, src, round)) {   /* its answer was lost on the way */
+        int64_t total = a->barrier_done_total;
+        pthread_mutex_unlock(&a->barrier_lock);
+        f = zd_future_new();
+        zd_value_t *v = zd_value_int(total);
+        if (f && v)
+            zd_future_set_value(f, v);
+        zd_value_unref(v);
+        goto out;
+    }
     if (!entry_ok(a, src, round, count, timeout_ms, r)) {
         pthread_mutex_unlock(&a->barrier_lock);
         goto out;
@@ -180,6 +207,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         while (*pp != r)
             pp = &(*pp)->next;
         *pp = r->next;
+        round_done(a, r);
     }
     pthread_mutex_unlock(&a->barrier_lock);
     if (complete) {
@@ -208,6 +236,7 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
     while (*pp) {
         barrier_round_t *r = *pp;
         if (missing_live(a, r) == 0) {   /* the rest were lost while it waited */
+            round_done(a, r);
             *pp = r->next;
             r->next = done;
             done = r;
@@ -314,6 +343,16 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
                       .timeout_ms = left, .hooked = false};
     zd_value_t *total = NULL;
     int rc = args ? zd__call_sync(&req, 0, &total) : -1;
+    /* A connection to rank 0 that went down and came back took the call
+       with it, or refused it while down (io.c): ask again, which rank 0
+       answers alike (see join_round), until it is declared lost or the
+       deadline passes. */
+    while (rc < 0 && args && zd_error_code() == ZD_ERR_PEER && !zd_rpc_peer_is_lost(0) &&
+           zd__agent_now_ns() < deadline_ns) {
+        struct timespec ts = {0, 20000000};
+        nanosleep(&ts, NULL);
+        rc = zd__call_sync(&req, 0, &total);
+    }
     zd_value_unref(args);
     if (rc == 0 && zd_value_get_int(total, sum) < 0)
         rc = -1;

@@ -133,12 +133,17 @@ void zd__transport_use_ipv6(void *sock, const char *endpoint)
 
 /* ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
    cut off (the monitor then reports the disconnection, io.c). Pings every
-   sixth of it (5 s for the default 30 s), at least every 100 ms. */
+   sixth of it (5 s for the default 30 s), at least every 100 ms. A PING
+   waits behind the message being sent, though: to a frozen peer whose
+   buffers filled mid-message none is ever sent, and the connection would
+   stay up forever. TCP_USER_TIMEOUT (ZMQ_TCP_MAXRT) cuts it off when data
+   stays unacknowledged, or the window shut, that long. */
 static void set_heartbeat(void *sock, int64_t timeout_ms)
 {
     int64_t ivl = timeout_ms / 6;
     set_int(sock, ZMQ_HEARTBEAT_IVL, (int)(ivl < 100 ? 100 : ivl));
     set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, (int)timeout_ms);
+    set_int(sock, ZMQ_TCP_MAXRT, (int)timeout_ms);
 }
 
 static int open_peer(agent_t *a, peer_t *p)
