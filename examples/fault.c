@@ -18,6 +18,11 @@ void fault_point(int rank, const char *phase)
     const char *spec = getenv("ZDIST_FAULT");
     if (!spec || !*spec)
         return;
+    /* A process launch restarted (tools/launch --max_restarts) got the same
+       environment: the fault was its first life's, once. */
+    const char *restarts = getenv("ZDIST_RESTART_COUNT");
+    if (restarts && atoi(restarts) > 0)
+        return;
     int r = -1;
     char ph[32] = "", action[16] = "";
     long nth = 1;

@@ -22,7 +22,9 @@
     joined: it serves the others from inside zd_rpc_shutdown. Their
     backward and step run inside the library: no point there. Tests use
     it to pin a fault to a phase without sleeping; without the variable it
-    costs a load and a compare. */
+    costs a load and a compare. A process that tools/launch restarted
+    (ZDIST_RESTART_COUNT above 0) does nothing: the fault was its first
+    life's. */
 #ifndef ZDIST_EXAMPLES_FAULT_H
 #define ZDIST_EXAMPLES_FAULT_H
 

@@ -11,7 +11,10 @@
     them apart) rejoins. The others wait (bounded) to be told that it
     rejoined, then call it; everyone then shuts down gracefully, so that
     launch and the world exit 0. Nothing sleeps: the ranks wait on the
-    rejoin callback and on calls. */
+    rejoin callback and on calls.
+    Then rpc_ps with checkpoints, a trainer and then the server killed by
+    the ZDIST_FAULT hook: launch restarts it with --resume and the world
+    finishes. */
 #define _GNU_SOURCE
 #include <setjmp.h>
 #include <stdarg.h>
@@ -122,33 +125,21 @@ static int rank_main(const char *dir, int dying)
 
 /*  ---- the test ---- */
 
-/*  Runs the world in which rank dying dies once; checks that it ended well. */
-static void run_world(int dying)
+/*  Runs launch with argv (its path first) in dir, with the output in
+    dir/out.txt and dir/err.txt, read into *o and *e. Fails the test,
+    printing them, unless launch exits 0 within LAUNCH_WAIT_MS. */
+static void run_launch(char *const argv[], const char *dir, char **o, char **e)
 {
-    char dir[] = "/tmp/zdist-launch-rejoin-XXXXXX";
-    assert_non_null(mkdtemp(dir));
-    char self[1024], exe[1024], dying_arg[16];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    assert_true(n > 0);
-    self[n] = '\0';
-    const char *build = getenv("ZDIST_BUILD_DIR");
-    snprintf(exe, sizeof exe, "%s/tools/launch", build && *build ? build : "..");
-    snprintf(dying_arg, sizeof dying_arg, "%d", dying);
-    /* launch makes the world key only when the user gave none */
-    unsetenv("ZDIST_KEY_FILE");
-    unsetenv("ZDIST_INSECURE");
-    char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--no_rank_flags", "--grace_s=2",
-                    "--", self, "--rank", dir, dying_arg, NULL};
     const char *out = path_in(dir, "out.txt"), *err = path_in(dir, "err.txt");
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_addopen(&fa, 1, out, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     posix_spawn_file_actions_addopen(&fa, 2, err, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     pid_t pid;
-    int rc = posix_spawn(&pid, exe, &fa, NULL, argv, environ);
+    int rc = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0)
-        fail_msg("cannot run %s: %s (build the launch target)", exe, strerror(rc));
+        fail_msg("cannot run %s: %s (build the launch target)", argv[0], strerror(rc));
     int pfd = (int)syscall(SYS_pidfd_open, pid, 0);
     assert_true(pfd >= 0);
     struct pollfd p = {.fd = pfd, .events = POLLIN};
@@ -158,16 +149,48 @@ static void run_world(int dying)
         kill(pid, SIGKILL);   /* its ranks die of PR_SET_PDEATHSIG */
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
-    char *o = read_text(out), *e = read_text(err);
-    assert_non_null(o);
-    assert_non_null(e);
+    *o = read_text(out);
+    *e = read_text(err);
+    assert_non_null(*o);
+    assert_non_null(*e);
     if (ready != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n(kept in %s)\n", o, e, dir);
-        free(o);
-        free(e);
+        fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n(kept in %s)\n", *o, *e, dir);
         fail_msg("launch %s (its output above)",
                  ready != 1 ? "did not finish in time" : "failed");
     }
+}
+
+static void remove_dir(const char *dir)
+{
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void launch_path(char *exe, size_t size)
+{
+    const char *build = getenv("ZDIST_BUILD_DIR");
+    snprintf(exe, size, "%s/tools/launch", build && *build ? build : "..");
+    /* launch makes the world key only when the user gave none */
+    unsetenv("ZDIST_KEY_FILE");
+    unsetenv("ZDIST_INSECURE");
+}
+
+/*  Runs the world in which rank dying dies once; checks that it ended well. */
+static void run_world(int dying)
+{
+    char dir[] = "/tmp/zdist-launch-rejoin-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char self[1024], exe[1024], dying_arg[16];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    assert_true(n > 0);
+    self[n] = '\0';
+    launch_path(exe, sizeof exe);
+    snprintf(dying_arg, sizeof dying_arg, "%d", dying);
+    char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--no_rank_flags", "--grace_s=2",
+                    "--", self, "--rank", dir, dying_arg, NULL};
+    char *o, *e;
+    run_launch(argv, dir, &o, &e);
     char want[160];
     snprintf(want, sizeof want, "[rank %d] rank %d dies\n", dying, dying);
     assert_contains(o, want);
@@ -191,9 +214,42 @@ static void run_world(int dying)
     assert_contains(e, " after 1 restart\n");
     free(o);
     free(e);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    assert_int_equal(system(cmd), 0);
+    remove_dir(dir);
+}
+
+/*  rpc_ps (a server and two trainers) with checkpoints under launch
+    --max_restarts=1, the rank of fault (ZDIST_FAULT) killed at its phase
+    once (the hook leaves a restarted process alone): launch restarts it
+    with --resume, it rejoins, and the whole world finishes, exit 0. */
+static void run_ps(const char *fault, int dying)
+{
+    char dir[] = "/tmp/zdist-launch-ps-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char exe[1024], ps[1024], ck[160];
+    launch_path(exe, sizeof exe);
+    const char *build = getenv("ZDIST_BUILD_DIR");
+    snprintf(ps, sizeof ps, "%s/examples/rpc_ps", build && *build ? build : "..");
+    snprintf(ck, sizeof ck, "--checkpoint=%s/c", dir);
+    setenv("ZDIST_FAULT", fault, 1);
+    char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--grace_s=2", "--", ps,
+                    "--max_batches=60", "--eval_samples=500", "--progress_s=0",
+                    "--checkpoint_every=10", ck, NULL};
+    char *o, *e;
+    run_launch(argv, dir, &o, &e);
+    unsetenv("ZDIST_FAULT");
+    char want[160];
+    snprintf(want, sizeof want, "[rank %d] ZDIST_FAULT: rank %d: kill at ", dying, dying);
+    assert_contains(e, want);
+    assert_contains(e, "was killed by SIGKILL; restarting it (restart 1 of 1)\n");
+    snprintf(want, sizeof want, "launch: rank %d restarted as pid ", dying);
+    assert_contains(e, want);
+    assert_contains(e, " with --resume\n");
+    assert_contains(e, "launch: 3 processes finished in ");
+    assert_contains(e, " after 1 restart\n");
+    assert_contains(o, "test accuracy");
+    free(o);
+    free(e);
+    remove_dir(dir);
 }
 
 static void test_a_worker_restarted_by_launch_rejoins(void **state)
@@ -211,6 +267,18 @@ static void test_rank_0_restarted_by_launch_gets_the_world_back(void **state)
     run_world(0);
 }
 
+static void test_a_trainer_killed_under_launch_finishes(void **state)
+{
+    (void)state;
+    run_ps("2:forward:kill:25", 2);
+}
+
+static void test_the_server_killed_under_launch_finishes(void **state)
+{
+    (void)state;
+    run_ps("0:checkpoint:kill:3", 0);
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 4 && !strcmp(argv[1], "--rank"))
@@ -218,6 +286,8 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_worker_restarted_by_launch_rejoins),
         cmocka_unit_test(test_rank_0_restarted_by_launch_gets_the_world_back),
+        cmocka_unit_test(test_a_trainer_killed_under_launch_finishes),
+        cmocka_unit_test(test_the_server_killed_under_launch_finishes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -64,7 +64,8 @@ static void usage(FILE *f)
         "--max_restarts).\n"
         "Each rank gets \"--rank=R --world_size=N --master_addr=A --master_port=P\" after\n"
         "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,\n"
-        "LOCAL_WORLD_SIZE, GROUP_RANK and GROUP_WORLD_SIZE in its environment, and\n"
+        "LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE and ZDIST_RESTART_COUNT (how\n"
+        "many times it was restarted) in its environment, and\n"
         "OPENBLAS_NUM_THREADS and ZDIST_NUM_THREADS (unless set) such that the\n"
         "processes of this node share its cores.\n\n"
         "flags:\n"
@@ -326,10 +327,11 @@ static char *str_printf(const char *fmt, ...)
 }
 
 /*  The variables a rank gets; the inherited ones of the same names go. */
-enum { NVARS = 8 };
+enum { NVARS = 9 };
 static const char *const rank_vars[NVARS] = {"RANK", "WORLD_SIZE", "MASTER_ADDR",
                                              "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                             "GROUP_RANK", "GROUP_WORLD_SIZE"};
+                                             "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                             "ZDIST_RESTART_COUNT"};
 
 static bool is_rank_var(const char *entry)
 {
@@ -357,7 +359,7 @@ static char **rank_env(launch_t *L, int i, size_t *nkept)
             env[k++] = environ[i];
     *nkept = k;
     const int values[NVARS] = {launch_rank(L, i), L->nnodes * L->nproc, 0, L->master_port,
-                               i, L->nproc, L->node_rank, L->nnodes};
+                               i, L->nproc, L->node_rank, L->nnodes, L->procs[i].restarts};
     bool ok = true;
     for (int j = 0; j < NVARS; j++) {
         env[k] = j == 2 ? str_printf("%s=%s", rank_vars[j], L->master_addr)
