@@ -136,7 +136,8 @@ static bool release_over(agent_t *a, int rank, int64_t deadline)
     return true;
 }
 
-int zd__membership_renew(agent_t *a, int rank, const char *endpoint, const char *key)
+int zd__membership_renew(agent_t *a, int rank, const char *name, const char *endpoint,
+                         const char *key)
 {
     membership_t *mb = a->mb;
     if (rank < 0 || rank >= a->world || rank == a->rank)
@@ -153,6 +154,8 @@ int zd__membership_renew(agent_t *a, int rank, const char *endpoint, const char 
                                  "is still being released after %d s", rank,
                                  RENEW_WAIT_MS / 1000);
     }
+    if (name)
+        snprintf(a->peers[rank].name, sizeof a->peers[rank].name, "%s", name);
     pthread_mutex_lock(&mb->lock);
     mb->renew_rank = rank;
     snprintf(mb->renew_ep, sizeof mb->renew_ep, "%s", endpoint);
@@ -392,8 +395,7 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
-    snprintf(p->name, sizeof p->name, "%s", r.name);
-    if (zd__membership_renew(a, r.rank, r.endpoint, r.key) < 0) {
+    if (zd__membership_renew(a, r.rank, r.name, r.endpoint, r.key) < 0) {
         snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") could not take back \"%s\" "
                  "(rank %d): %s", a->name, r.name, r.rank, zd_error_last());
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
@@ -432,7 +434,7 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
         zd_error_set("rejoin: a bad endpoint or key for rank %lld", (long long)rank);
     } else {
         zd__pool_block_begin();
-        int rc = zd__membership_renew(a, (int)rank, endpoint, key);
+        int rc = zd__membership_renew(a, (int)rank, NULL, endpoint, key);
         zd__pool_block_end();
         if (rc == 0)
             result = zd_value_none();
@@ -452,7 +454,7 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
             continue;
         bool moved = i == 0 || atomic_load(&p->lost_at_ns) || strcmp(p->endpoint, t[i].endpoint) ||
                      strcmp(p->key, t[i].key);
-        if (moved && zd__membership_renew(a, i, t[i].endpoint, t[i].key) < 0)
+        if (moved && zd__membership_renew(a, i, NULL, t[i].endpoint, t[i].key) < 0)
             zd__log(ZD_LOG_WARN, "rpc: %s", zd_error_last());
     }
 }

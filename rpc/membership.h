@@ -39,10 +39,13 @@ void zd__membership_peer_lost(agent_t *a, int rank);
 /*  From the start: rank is gone from the running world this process joins. */
 void zd__membership_mark_lost(agent_t *a, int rank);
 
-/*  Points peer rank at a restarted process (endpoint, key): waits, bounded,
-    until the I/O thread has made its sockets anew; rank is alive again
-    then. Not on the I/O thread. 0, or -1. */
-int zd__membership_renew(agent_t *a, int rank, const char *endpoint, const char *key);
+/*  Points peer rank at a restarted process (endpoint, key; name, unless
+    NULL, once what the old process held is released: the release logs the
+    old name from the pool): waits, bounded, until the I/O thread has made
+    its sockets anew; rank is alive again then. Not on the I/O thread. 0,
+    or -1. */
+int zd__membership_renew(agent_t *a, int rank, const char *name, const char *endpoint,
+                         const char *key);
 
 /*  I/O thread: carries out a pending renewal; true when a peer's sockets
     changed (the thread polls other sockets now). */

@@ -388,7 +388,7 @@ static void *watch_handshake(void *ctx, void *sock, const char *name)
    it): true when one came. */
 static bool handshake_refused(void *mon)
 {
-    bool got = mon != NULL && got_anything(mon, 15000);
+    bool got = mon != NULL && got_anything(mon, (int)world_scaled_ms(15000));
     if (mon)
         zmq_close(mon);
     return got;

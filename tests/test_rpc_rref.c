@@ -312,7 +312,7 @@ static int world_basics(const world_t *w)
         for (int peer = 0; peer < w->world_size; peer++)
             WCHECK(world_call_int(peer, "owner_count") == 0);
     }
-    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(10000)) == 0);
     return 0;
 }
 
@@ -427,7 +427,7 @@ static int world_refcount(const world_t *w)
         for (int peer = 0; peer < w->world_size; peer++)
             WCHECK(world_call_int(peer, "owner_count") == 0);
     }
-    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(10000)) == 0);
     return 0;
 }
 
@@ -492,7 +492,7 @@ static int world_rref_errors(const world_t *w)
         WCHECK(drain_all(w->world_size) == 0);
         WCHECK(world_call_int(1, "owner_count") == 0);
     }
-    WCHECK(zd_rpc_shutdown(true, 10000) == 0);
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(10000)) == 0);
     return 0;
 }
 
