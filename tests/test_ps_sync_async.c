@@ -79,18 +79,10 @@ static int fn_accuracy(const world_t *w)
     message those do not already exercise (the same driver, actors and
     exchange, checked there to the bit): the Release and ASan+UBSan builds
     check it. */
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 static void test_sync_accuracy(void **state)
 {
     (void)state;
-#ifdef UNDER_TSAN
+#ifdef WORLD_UNDER_TSAN
     fprintf(stderr, "skipped under ThreadSanitizer: the accuracy after 200 iterations is "
                     "checked by the other builds\n");
     skip();

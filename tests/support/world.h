@@ -104,4 +104,14 @@ int world_check_failed(const char *file, int line, const char *what, const char 
             return world_check_failed(__FILE__, __LINE__, "failed", #call);                 \
     } while (0)
 
+/*  WORLD_UNDER_TSAN is defined in a ThreadSanitizer build: for the few
+    cases too slow there (whole training runs), which the other builds run. */
+#if defined(__SANITIZE_THREAD__)
+#define WORLD_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define WORLD_UNDER_TSAN 1
+#endif
+#endif
+
 #endif
