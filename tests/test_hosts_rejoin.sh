@@ -118,6 +118,8 @@ rejoin server 0 "0:checkpoint:kill:3" "--resume"
 expect server r0.log "rpc: CURVE on every connection, world key "
 expect server r0.log "rpc: rank 0 \(\"parameter_server\"\) restarted and joined the running world"
 expect server r0.log "shard 0: loaded "
+# (the members' registrations queued before it listened are answered once)
+grep -q "was not restarted" "$T/server/r0.log" && bad="$bad r0.log turned a member away;"
 expect server r0.log "2 of 2 trainers finished"
 for r in 1 2; do
   expect server r$r.log "rpc: rank 0 \(\"parameter_server\"\) is lost: waiting up to "
