@@ -375,6 +375,15 @@ static void desk_serve(agent_t *a, membership_t *mb)
     peer_t *p = &a->peers[r.rank];
     const char *ep0 = endpoint_for(mb, peer);
     bool alive = !atomic_load(&p->lost_at_ns);
+    if (r.running && a->rejoined && alive && !strcmp(p->endpoint, r.endpoint) &&
+        !strcmp(p->key, r.key)) {
+        /* A restarted rank 0 formed the world from one registration of
+           each member, but a member waiting for it sends one every 2 s,
+           and ZeroMQ delivers those queued before this process listened:
+           they come here, already answered. */
+        zframe_destroy(&id);
+        return;
+    }
     if (r.running) {
         /* A member that declared this very process lost (it was frozen, or
            cut off): it has released what this process held, and this

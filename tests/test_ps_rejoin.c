@@ -12,7 +12,11 @@
         RRefs again, go back to the last checkpoint and finish; the final
         accuracy is close to that of a run that never stopped;
       - the server killed and not started again: after --server_wait_s
-        the trainers fail, naming it.
+        the trainers fail, naming it;
+      - with two server shards, shard 1 killed mid-training and started
+        again with --resume: the trainers wait for it, take their RRefs
+        again, every shard goes back to one checkpoint generation, and
+        they finish; both shards' last files are of one generation.
     Each case is bounded in time. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,14 +27,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zdist/checkpoint.h>
+#include <zdist/tensor.h>
 #include "tests/support/program.h"
 #include "tests/support/world.h"
 
-#define RANKS 3
+#define RANKS 3         /* one server, two trainers */
+#define MAX_RANKS 4     /* two server shards, two trainers */
 
 typedef struct {
-    program_t p[RANKS];
-    int rc[RANKS];
+    int n;
+    program_t p[MAX_RANKS];
+    int rc[MAX_RANKS];
     char a_world[32], a_port[32], ck[96];
     char dir[32];
 } world_procs_t;
@@ -50,16 +58,22 @@ static void start_rank(world_procs_t *w, int r, const char *const *extra)
     assert_int_equal(program_start(&w->p[r], argv), 0);
 }
 
-static void world_init(world_procs_t *w)
+static void world_init_n(world_procs_t *w, int n)
 {
     memset(w, 0, sizeof *w);
+    w->n = n;
     snprintf(w->dir, sizeof w->dir, "/tmp/zdist_rejoinXXXXXX");
     assert_non_null(mkdtemp(w->dir));
     int port = world_free_port();
     assert_true(port > 0);
-    snprintf(w->a_world, sizeof w->a_world, "--world_size=%d", RANKS);
+    snprintf(w->a_world, sizeof w->a_world, "--world_size=%d", n);
     snprintf(w->a_port, sizeof w->a_port, "--master_port=%d", port);
     snprintf(w->ck, sizeof w->ck, "--checkpoint=%s/c", w->dir);
+}
+
+static void world_init(world_procs_t *w)
+{
+    world_init_n(w, RANKS);
 }
 
 static const char *out(const world_procs_t *w, int r)
@@ -69,7 +83,7 @@ static const char *out(const world_procs_t *w, int r)
 
 static void world_wait(world_procs_t *w, double deadline)
 {
-    for (int r = 0; r < RANKS; r++) {
+    for (int r = 0; r < w->n; r++) {
         w->rc[r] = program_wait(&w->p[r], deadline);
         printf("---- rank %d exited with %d:\n%s\n", r, w->rc[r], out(w, r));
     }
@@ -77,7 +91,7 @@ static void world_wait(world_procs_t *w, double deadline)
 
 static void world_free(world_procs_t *w)
 {
-    for (int r = 0; r < RANKS; r++)
+    for (int r = 0; r < w->n; r++)
         free(w->p[r].out);
     char cmd[64];
     snprintf(cmd, sizeof cmd, "rm -rf %s", w->dir);
@@ -184,6 +198,10 @@ static void test_server_killed_and_restarted_with_resume(void **state)
     printf("final accuracy: %.2f %% (never stopped: %.2f %%)\n", acc, acc_whole);
     assert_true(acc > acc_whole - 5);
     assert_non_null(strstr(out(&w, 0), "shard 0: loaded "));
+    /* The registrations the trainers sent again while it was away, queued
+       until it listened, are not taken for those of processes that
+       declared it lost. */
+    assert_null(strstr(out(&w, 0), "was not restarted"));
     world_free(&whole);
     world_free(&w);
 }
@@ -211,12 +229,122 @@ static void test_server_killed_and_not_back_trainers_fail(void **state)
     world_free(&w);
 }
 
+/*  The generation recorded in the checkpoint file dir/c.shardS. */
+static int64_t file_generation(const world_procs_t *w, int shard)
+{
+    char path[128];
+    snprintf(path, sizeof path, "%s/c.shard%d", w->dir, shard);
+    int n = 0;
+    char **names = NULL;
+    zd_tensor_t **tensors = NULL;
+    assert_int_equal(zd_checkpoint_read(path, &n, &names, &tensors), 0);
+    int64_t gen = -1;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], "generation"))
+            gen = zd_tensor_data_i64(tensors[i])[0];
+    zd_checkpoint_free_list(n, names, tensors);
+    printf("%s: generation %lld\n", path, (long long)gen);
+    return gen;
+}
+
+/*  The number after `key` in text (the first occurrence), or -1. */
+static long long number_after(const char *text, const char *key)
+{
+    const char *p = strstr(text, key);
+    return p ? strtoll(p + strlen(key), NULL, 10) : -1;
+}
+
+/*  The generation shard `shard` loaded last ("shard S: loaded PATH
+    (generation G)"), or -1. */
+static long long last_loaded(const char *text, int shard)
+{
+    char key[32];
+    snprintf(key, sizeof key, "shard %d: loaded ", shard);
+    const char *last = NULL;
+    for (const char *p = strstr(text, key); p; p = strstr(p + 1, key))
+        last = p;
+    return last ? number_after(last, "(generation ") : -1;
+}
+
+static void test_shard_1_killed_and_restarted_with_resume(void **state)
+{
+    (void)state;
+    enum { SHARDS = 2, N = 4 };
+    static const char *const flags[] = {"--max_batches=60", "--num_servers=2", NULL};
+    static const char *const resume[] = {"--max_batches=60", "--num_servers=2", "--resume",
+                                         NULL};
+    world_procs_t w;
+    world_init_n(&w, N);
+    double t0 = program_now_s(), deadline = t0 + 300;
+    start_rank(&w, 0, flags);
+    /* Shard 1 serves a part of every forward (ps_fc1_part): its 50th is
+       about the 25th batch of each trainer, after their checkpoints at
+       batches 10 and 20, between two checkpoints. */
+    setenv("ZDIST_FAULT", "1:forward:kill:50", 1);
+    start_rank(&w, 1, flags);
+    unsetenv("ZDIST_FAULT");
+    for (int r = SHARDS; r < N; r++)
+        start_rank(&w, r, flags);
+    int rc = program_wait(&w.p[1], deadline);
+    printf("---- rank 1 (first life) exited with %d:\n%s\n", rc, out(&w, 1));
+    assert_int_equal(rc, 128 + SIGKILL);
+    assert_non_null(strstr(out(&w, 1), "ZDIST_FAULT: rank 1: kill at forward #50"));
+    free(w.p[1].out);
+    w.p[1].out = NULL;
+    double restarted = program_now_s();
+    start_rank(&w, 1, resume);
+    int back = -1;
+    while (back < 0 && program_now_s() < deadline) {
+        for (int r = SHARDS; r < N && back < 0; r++)
+            if (program_read(&w.p[r], "going on from batch", program_now_s() + 0.2) == 1 &&
+                strstr(out(&w, r), "going on from batch"))
+                back = r;
+    }
+    assert_true(back >= SHARDS);
+    printf("shard 1 restarted: trainer rank %d back in service %.2f s after the restart\n", back,
+           program_now_s() - restarted);
+    world_wait(&w, deadline);
+    for (int r = 0; r < N; r++)
+        assert_int_equal(w.rc[r], 0);
+
+    for (int r = SHARDS; r < N; r++) {
+        char key[96];
+        snprintf(key, sizeof key, "Rank %d: server shard 1 lost at batch ", r);
+        assert_non_null(strstr(out(&w, r), key));
+        const char *p = strstr(out(&w, r), "the servers are back after ");
+        assert_non_null(p);
+        printf("rank %d: %.*s\n", r, (int)strcspn(p, "\n"), p);
+        double acc = accuracy(out(&w, r), r);
+        printf("rank %d: final accuracy %.2f %%\n", r, acc);
+        assert_true(acc > 40);   /* chance is 10 % */
+    }
+    /* Shard 1 came back from its file; shard 0 rolled every shard back to
+       its own last generation (that of shard 1's file, or of the one it
+       kept as .prev when it died inside a checkpoint) and reloaded it. */
+    long long loaded1 = last_loaded(out(&w, 1), 1);
+    long long back_to = number_after(out(&w, 0), "every shard goes back to checkpoint generation ");
+    long long loaded0 = last_loaded(out(&w, 0), 0);
+    printf("shard 1 holds generation %lld; shard 0 went back to %lld and loaded %lld\n", loaded1,
+           back_to, loaded0);
+    assert_true(back_to >= 2);   /* each trainer checkpoints at batches 10, 20, ... */
+    assert_true(loaded1 == back_to);
+    assert_true(loaded0 == back_to);
+    assert_non_null(strstr(out(&w, 0), "2 of 2 trainers finished"));
+    /* The checkpoints written since are of one generation on both shards,
+       past the one they went back to. */
+    int64_t g0 = file_generation(&w, 0), g1 = file_generation(&w, 1);
+    assert_true(g0 == g1);
+    assert_true(g0 > back_to);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trainer_killed_and_restarted_rejoins),
         cmocka_unit_test(test_server_killed_and_restarted_with_resume),
         cmocka_unit_test(test_server_killed_and_not_back_trainers_fail),
+        cmocka_unit_test(test_shard_1_killed_and_restarted_with_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
