@@ -288,9 +288,10 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
        every other and may be called. A process that joins a running world
        has no barrier to meet: the others passed it long ago. */
     int64_t sum;
-    if (zd__transport_connect(a, deadline) < 0 ||
-        (!a->rejoined && zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) < 0) ||
-        zd__membership_start(a) < 0) {
+    bool joined = zd__transport_connect(a, deadline) == 0 &&
+                  (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
+    atomic_store(&a->joined, joined);   /* from now on a peer down is lost (io.c) */
+    if (!joined || zd__membership_start(a) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         zd__agent_publish_identity(NULL);
         zd__agent_set_busy_poll_ns(0);

@@ -103,6 +103,7 @@ typedef struct agent {
     struct membership *mb;          /* restarted processes (membership.c) */
     atomic_bool renew_pending;      /* a peer's sockets await renewal (membership.c) */
     atomic_bool ending;             /* rank 0: shutdown's round 0 is complete */
+    atomic_bool joined;             /* the init barrier is passed (or a rejoin done) */
     unsigned gen;                   /* distinguishes successive inits */
 
     void *ctx;                      /* ZeroMQ context */

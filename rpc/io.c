@@ -370,8 +370,14 @@ static void poll_monitors(agent_t *a, zmq_pollitem_t *items, const int *item_pee
             handle_monitor(a, &a->peers[item_peer[i]]);
 }
 
+/* Not while joining: on a host with far more processes than cores (65 on
+   2), a handshake may outlast libzmq's limit and the connection drop and
+   come back; the init barrier's deadline bounds that wait, and a peer
+   still down once it is passed is declared lost then. */
 static void fail_lost_peers(agent_t *a, int64_t now)
 {
+    if (!atomic_load(&a->joined))
+        return;
     for (int i = 0; i < a->world; i++) {
         peer_t *p = &a->peers[i];
         if (!p->fail_at_ns || now < p->fail_at_ns || atomic_load(&a->closing))

@@ -39,8 +39,11 @@ static void ctrl_answer(zd_future_t *f, void *arg)
         ctrl_send(c);
         return;
     }
+    /* One line per message would repeat the loss of a peer, logged once
+       already, for every RRef it shared with this process. */
     if (!ok)
-        zd__log(ZD_LOG_WARN, "rpc: %s", zd_future_error(f));
+        zd__log(zd_future_error_code(f) == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns)
+                    ? ZD_LOG_DEBUG : ZD_LOG_WARN, "rpc: %s", zd_future_error(f));
     if (c->done)
         c->done(a, c, ok);
     pthread_mutex_lock(&a->rrefs->lock);

@@ -225,6 +225,17 @@ out:
     return f;
 }
 
+/* I/O thread: whether a peer missing from init's round has had its
+   connection down for INIT_DOWN_MS: on a host crowded past its cores a
+   handshake may time out and the connection come back seconds later. */
+#define INIT_DOWN_MS 10000
+
+static bool down_for_good(const peer_t *p, int64_t now_ns)
+{
+    return atomic_load(&p->lost) && p->down_since_ns &&
+           now_ns - p->down_since_ns >= INIT_DOWN_MS * 1000000LL;
+}
+
 /* Rank 0, I/O thread: fails rounds that cannot complete any more. */
 void zd__shutdown_tick(agent_t *a, int64_t now_ns)
 {
@@ -250,7 +261,7 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
         bool lost = false, waiting_for_living = false;
         for (int i = 0; i < a->world; i++)
             if (!r->waiting[i]) {
-                if (atomic_load(&a->peers[i].lost) && r->round < 0)
+                if (r->round < 0 && down_for_good(&a->peers[i], now_ns))
                     lost = true;
                 else
                     waiting_for_living = true;
