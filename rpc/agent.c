@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zdist/error.h>
+#include "rpc/address.h"
 #include "rpc/membership.h"
 #include "rpc/future_hook.h"
 #include "rpc/rref.h"
@@ -207,6 +209,40 @@ static bool wait_users(agent_t *a, const char *stage)
     return true;
 }
 
+/*  Busy polling lends a core to a waiting thread. With more processes of
+    the world on this host than it has cores, every poller takes a core
+    that another process needs: a world of 65 processes on 2 cores took
+    longer to gather with it. So it is off then, unless it was asked for
+    (the option or $ZDIST_BUSY_POLL_US). The peers' endpoints, known after
+    the rendezvous, tell which of them run on this host. */
+static void busy_poll_fit(agent_t *a, bool by_default)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->world <= cores)
+        return;
+    char ip[ZD_ADDR_MAX], last[ZD_ADDR_MAX] = "";
+    bool last_local = false;
+    int here = 0, port;
+    for (int i = 0; i < a->world; i++) {
+        if (i == a->rank) {
+            here++;
+            continue;
+        }
+        if (zd__addr_parse_endpoint(a->peers[i].endpoint, ip, sizeof ip, &port) < 0)
+            continue;
+        if (strcmp(ip, last) != 0) {   /* most peers share a few addresses */
+            snprintf(last, sizeof last, "%s", ip);
+            last_local = zd__addr_is_local(ip);
+        }
+        here += last_local;
+    }
+    if (here > cores) {
+        a->busy_poll_ns = 0;
+        zd__log(ZD_LOG_DEBUG, "rpc: no busy polling: %d processes of the world on this host's "
+                "%ld cores", here, cores);
+    }
+}
+
 static void agent_teardown(agent_t *a, bool graceful)
 {
     zd__metrics_out_close(a);
@@ -283,6 +319,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
        init may call us already, and handlers may call out. */
     atomic_store(&g_agent, a);
     zd__agent_publish_identity(a);
+    busy_poll_fit(a, p.busy_poll_default);
     zd__agent_set_busy_poll_ns(a->busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
        every other and may be called. A process that joins a running world

@@ -188,6 +188,8 @@ typedef struct {
     char master[256];           /* "": none given (rank 0 only) */
     int port;
     char listen[64];            /* options.listen_addr or $ZDIST_LISTEN_ADDR; "": none */
+    bool busy_poll_default;     /* busy_poll_us came from neither the option nor the
+                                   environment (agent.c may turn it off) */
 } init_params_t;
 
 /*  Fills p from the arguments and the environment: 0, or -1 naming what is

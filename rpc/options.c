@@ -166,6 +166,7 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
             return zd_error_wrap("zd_rpc_init");
         if (rc == 1)
             p->o.busy_poll_us = v;
+        p->busy_poll_default = rc != 1;
     }
     if (p->o.busy_poll_us > 1000000)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",

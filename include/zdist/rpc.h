@@ -97,7 +97,9 @@ typedef struct {
                                    the workers that registered) */
     int64_t busy_poll_us;       /* a thread waiting for a message polls this long
                                    before it sleeps; 0 = never; < 0: take
-                                   $ZDIST_BUSY_POLL_US, else 100 (-1) */
+                                   $ZDIST_BUSY_POLL_US, else 100 (-1), or 0
+                                   when the host has fewer cores than
+                                   processes of the world */
     const char *key_file;       /* the world key (tools/keygen): every connection is
                                    then authenticated and encrypted (CURVE); NULL:
                                    $ZDIST_KEY_FILE, else ~/.config/zdist/world.key
