@@ -8,8 +8,10 @@
     would (no launcher, which stops the world at the first death): the
     server (rank 0) and two trainers, with --checkpoint in a temporary
     directory. Trainer 2 is killed (SIGKILL, pinned with the ZDIST_FAULT
-    hook: before the 15th batch of its life, after its checkpoint at 10
-    batches) and started again with the same flags N times (100); each new
+    hook: in the 15th batch of its life, its forward pass done and its
+    backward pass not begun, so that the server holds that batch's
+    autograd context with its activations; one checkpoint, at 10 batches,
+    lies behind it) and started again with the same flags N times (100); each new
     life rejoins the running world and goes on from its checkpointed
     position. The last life trains to the end, and every process must
     exit 0.
@@ -39,7 +41,7 @@
 #define RANKS 3
 #define VICTIM 2
 #define CHECKPOINT_EVERY 10
-#define KILL_AT 15          /* forward passes into a life: one checkpoint behind it */
+#define KILL_AT 15          /* batches into a life: one checkpoint behind it */
 #define CYCLE_S 120.0       /* the most one death and rejoin may take */
 #define MIN_CYCLES 4
 
@@ -158,7 +160,7 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
 {
     double t0 = program_now_s();
     char fault[64];
-    snprintf(fault, sizeof fault, "%d:forward:kill:%d", VICTIM, KILL_AT);
+    snprintf(fault, sizeof fault, "%d:backward:kill:%d", VICTIM, KILL_AT);
     if (start_rank(w, 0, NULL) < 0 || start_rank(w, 1, NULL) < 0 ||
         start_rank(w, VICTIM, fault) < 0)
         return -1;
@@ -178,8 +180,12 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
         }
         /* the release line, for the progress report */
         char what[160] = "";
+        long long contexts = -1;
         const char *rel = strstr(w->p[0].out + seen, released);
         sscanf(rel + strlen(released), " %159[^\n]", what);
+        const char *ctx = strstr(w->p[0].out + seen, "dist_autograd: released ");
+        if (ctx && ctx < rel)
+            sscanf(ctx + strlen("dist_autograd: released "), "%lld", &contexts);
         seen = w->p[0].len;
         rss[k] = rss_mb(w->p[0].pid);
         free(w->p[VICTIM].out);
@@ -201,9 +207,9 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
         const char *res = strstr(w->p[VICTIM].out, "resuming at batch ");
         sscanf(res + strlen("resuming at batch "), "%lld", &batch);
         fprintf(stderr, "bench_ps_churn: cycle %d/%d (%.0f s): server RSS %.1f MB after "
-                "releasing %s; the new trainer resumed at batch %lld, first batch %.2f s "
-                "after its start\n", k + 1, cycles, program_now_s() - t0, rss[k], what, batch,
-                rejoin_s[k]);
+                "releasing %lld autograd context(s), %s; the new trainer resumed at batch "
+                "%lld, first batch %.2f s after its start\n", k + 1, cycles,
+                program_now_s() - t0, rss[k], contexts, what, batch, rejoin_s[k]);
     }
     int bad = 0;
     double deadline = program_now_s() + CYCLE_S * 5;
