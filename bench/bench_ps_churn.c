@@ -167,6 +167,7 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
     char released[64];
     snprintf(released, sizeof released, "(rank %d) held:", VICTIM);
     size_t seen = 0;   /* the server's output up to the last release */
+    bool other_done = false;
     for (int k = 0; k < cycles; k++) {
         double deadline = program_now_s() + CYCLE_S;
         int rc = finish(w, VICTIM, deadline);
@@ -210,6 +211,11 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
                 "releasing %lld autograd context(s), %s; the new trainer resumed at batch "
                 "%lld, first batch %.2f s after its start\n", k + 1, cycles,
                 program_now_s() - t0, rss[k], contexts, what, batch, rejoin_s[k]);
+        if (!other_done && w->p[1].out && strstr(w->p[1].out, "Training complete!")) {
+            other_done = true;
+            fprintf(stderr, "bench_ps_churn: trainer 1 finished its batches before cycle %d; "
+                    "it waits for the final evaluation\n", k + 1);
+        }
     }
     int bad = 0;
     double deadline = program_now_s() + CYCLE_S * 5;
