@@ -14,7 +14,10 @@
     lies behind it) and started again with the same flags N times (100); each new
     life rejoins the running world and goes on from its checkpointed
     position. The last life trains to the end, and every process must
-    exit 0.
+    exit 0. Trainer 1 has as many batches to train but never stops, so it
+    finishes early (about the 15th cycle of 100 on a loaded 2-core
+    machine) and waits for the shared final evaluation while trainer 2
+    goes on dying and coming back.
 
     After each death, once the server logs that it released what the dead
     trainer held (RRef forks, calls; its autograd contexts go just before),
