@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
@@ -525,7 +526,14 @@ static int world_dead_peer(const world_t *w)
     if (w->rank == 1)
         WCHECK(zd_future_wait(finished, 10000) == 0);
     /* The survivors shut down without the dead one (declared lost: calls to
-       it fail at once), and rank 0 logs that it went on without it. */
+       it fail at once), and rank 0 logs that it went on without it. Each
+       declares it lost on its own, 1 s after its own connection went down:
+       rank 1 may be a few ms behind rank 0. */
+    int64_t until = world_now_ms() + world_scaled_ms(5000);
+    while (!zd_rpc_peer_is_lost(2) && world_now_ms() < until) {
+        struct timespec ts = {0, 2000000};
+        nanosleep(&ts, NULL);
+    }
     int64_t t0 = world_now_ms();
     WCHECK(zd_rpc_peer_is_lost(2));
     WCHECK(zd_rpc_shutdown(true, 1000) == 0);
