@@ -164,6 +164,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         zd_value_t *v = zd_value_int(total);
         if (f && v)
             zd_future_set_value(f, v);
+        else if (f)   /* never leave the caller a future nobody completes */
+            zd_future_set_error(f, "shutdown barrier: out of memory");
         zd_value_unref(v);
         goto out;
     }
