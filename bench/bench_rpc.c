@@ -82,17 +82,21 @@ static double quantile(double *v, int n, double q)
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
-/* A TCP port the kernel just handed out (bound to 0, read back, closed). */
+/* A TCP port the kernel handed out. Its socket stays open, with
+   SO_REUSEADDR and never listening, until the process exits, so that no
+   outgoing connection is handed the port before its listener binds it
+   (which ZeroMQ's SO_REUSEADDR allows). */
 static int free_port(void)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
     int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
         getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
         port = ntohs(sa.sin_port);
-    if (fd >= 0)
+    if (fd >= 0 && port < 0)
         close(fd);
     return port;
 }

@@ -10,9 +10,11 @@
 # Exits 77 (skipped) when mpirun is missing (Debian package openmpi-bin;
 # tools/install_deps.sh installs it).
 #
-# MASTER_PORT is a free port the kernel hands out, so that tests running
-# side by side do not meet; the port zd_rpc_env_resolve derives from Open
-# MPI's job id when MASTER_PORT is unset is checked by test_rpc_env.
+# MASTER_PORT is a free port the kernel hands out, held by free_port until
+# this script exits, so that tests running side by side do not meet and no
+# connection's local end (a trainer's own, made before rank 0 listens)
+# takes it. The port zd_rpc_env_resolve derives from Open MPI's job id when
+# MASTER_PORT is unset is checked by test_rpc_env.
 set -euo pipefail
 build=${1:?usage: tests/mpirun.sh BUILD_DIR}
 skip() { echo "SKIP: $*"; exit 77; }
@@ -26,7 +28,7 @@ out=$(mktemp /tmp/zdist-mpirun.XXXXXX)
 trap 'rm -f "$out"' EXIT
 
 unset RANK WORLD_SIZE LOCAL_RANK MASTER_ADDR ZDIST_MASTER_PORT
-export MASTER_PORT=$("$free_port" 1) ZDIST_LOG_LEVEL=info OPENBLAS_NUM_THREADS=1
+export MASTER_PORT=$("$free_port" 1 $$) ZDIST_LOG_LEVEL=info OPENBLAS_NUM_THREADS=1
 start=$SECONDS
 root=()
 [ "$(id -u)" -ne 0 ] || root=(--allow-run-as-root)

@@ -73,7 +73,7 @@ wait_for "munged's socket" 30 test -S "$socket"
 
 # ---- slurmctld and slurmd ----
 host=$(hostname -s)
-ports=($("$free_port" 2))
+ports=($("$free_port" 2 $$))
 ctld_port=${ports[0]} slurmd_port=${ports[1]}
 first_job=$("$free_port" --job-id)
 mkdir -p "$dir/state" "$dir/spool"

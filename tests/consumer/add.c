@@ -41,18 +41,23 @@ static zd_value_t *h_add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(a + b);
 }
 
-/* A TCP port on loopback that was free a moment ago (the OS picked it). */
+/* A TCP port on loopback the OS picked. Its socket stays open, with
+   SO_REUSEADDR and never listening, until the process exits: no outgoing
+   connection (rank 1's own, made before rank 0 listens) can be handed the
+   port, while ZeroMQ's listener, which sets SO_REUSEADDR too, can bind it. */
 static int free_port(void)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof sa;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+    int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1, one = 1;
     if (fd < 0)
         return -1;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+        bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
         getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
         port = ntohs(sa.sin_port);
-    close(fd);
+    if (port < 0)
+        close(fd);
     return port;
 }
 
