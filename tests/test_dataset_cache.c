@@ -2,8 +2,8 @@
 /*  The per-host cache of decompressed data sets (nn/dataset_cache.c): the
     batches read in place equal the in-memory ones bit for bit; processes
     starting together decompress once; a corrupt, truncated or stale cache
-    file is rebuilt; a cache directory that cannot be written falls back to
-    memory. */
+    file is rebuilt; its CRC is checked once per boot; a cache directory
+    that cannot be written falls back to memory. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -17,6 +17,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zdist/dataset.h>
@@ -330,6 +332,90 @@ static void test_corrupt_cache_rebuilt(void **state)
     spoil_and_rebuild("a bad header", overwrite_header);
 }
 
+#define MARK "user.zdist.verified"
+
+/*  Sets path's modification time secs before now, as if written then. */
+static void age(const char *path, int secs)
+{
+    struct timespec t[2];
+    clock_gettime(CLOCK_REALTIME, &t[1]);
+    t[1].tv_sec -= secs;
+    t[0] = t[1];
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+/*  The mark on path ("" when there is none). */
+static void mark_of(const char *path, char *buf, size_t size)
+{
+    ssize_t n = getxattr(path, MARK, buf, size - 1);
+    buf[n < 0 ? 0 : n] = '\0';
+}
+
+/*  A restore of the modification time after a write. */
+static struct timespec kept_mtime;
+
+static void flip_behind_kept_mtime(const char *path, off_t size)
+{
+    flip_payload_byte(path, size);
+    struct timespec t[2] = {kept_mtime, kept_mtime};
+    assert_int_equal(utimensat(AT_FDCWD, path, t, 0), 0);
+}
+
+static void test_crc_checked_once_per_boot(void **state)
+{
+    (void)state;
+    char path[600], mark[256], boot[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    assert_non_null(f);
+    assert_non_null(fgets(boot, sizeof boot, f));
+    fclose(f);
+    boot[strcspn(boot, "\n")] = '\0';
+    reference();
+    assert_same_batches();
+    images_cache_file(path, sizeof path);
+    if (setxattr(path, "user.zdist.probe", "1", 1, 0) < 0)
+        skip();   /* a file system without user extended attributes: checked every time */
+    removexattr(path, "user.zdist.probe");
+    /* just written: not marked, since a write in the same tick of the
+       clock would not change the modification time */
+    assert_same_batches();
+    mark_of(path, mark, sizeof mark);
+    assert_string_equal(mark, "");
+    /* written long enough ago: the first check marks it for this boot */
+    age(path, 10);
+    assert_same_batches();
+    mark_of(path, mark, sizeof mark);
+    assert_true(strncmp(mark, boot, strlen(boot)) == 0);
+    /* a marked file is not read through again (the point: 65 processes
+       starting together check it once), even when its bytes changed behind
+       a modification time put back as it was */
+    struct stat st;
+    assert_int_equal(stat(path, &st), 0);
+    kept_mtime = st.st_mtim;
+    flip_behind_kept_mtime(path, st.st_size);
+    listen_log();
+    zd_dataset_t *ds;
+    assert_int_equal(zd_dataset_load(src, ZD_DATASET_TRAIN, &ds), 0);
+    zd_dataset_free(ds);
+    stop_log();
+    assert_int_equal(atomic_load(&builds), 0);
+    flip_behind_kept_mtime(path, st.st_size);   /* the byte back */
+    assert_same_batches();
+    assert_int_equal(atomic_load(&builds), 0);
+    /* a write changes the modification time: checked again, rebuilt */
+    spoil_and_rebuild("a byte flipped after the mark", flip_payload_byte);
+    /* another boot's mark is no mark: checked again, rebuilt */
+    images_cache_file(path, sizeof path);
+    age(path, 10);
+    assert_same_batches();
+    assert_int_equal(stat(path, &st), 0);
+    snprintf(mark, sizeof mark, "00000000-0000-0000-0000-000000000000 %lld %lld.%09ld",
+             (long long)st.st_size, (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
+    assert_int_equal(setxattr(path, MARK, mark, strlen(mark), 0), 0);
+    kept_mtime = st.st_mtim;
+    spoil_and_rebuild("a byte flipped under another boot's mark", flip_behind_kept_mtime);
+}
+
 static void test_changed_source_replaces_entry(void **state)
 {
     (void)state;
@@ -425,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_in_place_equals_float_path),
         cmocka_unit_test(test_concurrent_first_use),
         cmocka_unit_test(test_corrupt_cache_rebuilt),
+        cmocka_unit_test(test_crc_checked_once_per_boot),
         cmocka_unit_test(test_changed_source_replaces_entry),
         cmocka_unit_test(test_unwritable_cache_falls_back),
         cmocka_unit_test(test_fashion_mnist_in_place),
