@@ -14,7 +14,11 @@
 #   - server: rank 0 killed in its third checkpoint and started again with
 #     --resume: the trainers on B wait for it (--server_wait_s, which rpc_ps
 #     hands to the RPC layer as ZDIST_MASTER_WAIT_S), register with it
-#     again, take their RRefs anew and finish from the last checkpoint.
+#     again, take their RRefs anew and finish from the last checkpoint;
+#   - shard: two server shards, rank 0 and trainer 2 on A, shard 1 and
+#     trainer 3 on B; shard 1 killed mid-training and started again on B
+#     with --resume: every shard goes back to one checkpoint generation and
+#     both trainers finish.
 #
 #   tests/test_hosts_rejoin.sh BUILD_DIR     (ctest: test_hosts_rejoin; 77 = skipped)
 set -u
@@ -32,16 +36,18 @@ export XDG_CONFIG_HOME=$T/config HOME=$T
 export ZDIST_KEY_FILE=$T/world.key
 unset ZDIST_FAULT ZDIST_MASTER_WAIT_S
 failed=0
-N=3                            # rank 0 (the server) on A, trainers 1 and 2 on B
+N=3                            # ranks of the case's world
+ON_A=" 0 "                     # the ranks on host A; the others are on B
 pids=()
 
 # start CASE R LOG EXTRA...: starts rank R of the case's world on its host
-# (rank 0 on A, the others on B) with the world's flags, EXTRA and
+# (those of $ON_A on A, the others on B) with the world's flags, EXTRA and
 # $common; its output goes to $T/CASE/LOG. Its pid is left in pids[R].
 start() {
   local name=$1 r=$2 log=$3 ns=$NS_B master="--master_addr=$ADDR_A"
   shift 3
-  [ "$r" = 0 ] && ns=$NS_A master=""
+  [[ "$ON_A" == *" $r "* ]] && ns=$NS_A
+  [ "$r" = 0 ] && master=""
   # shellcheck disable=SC2086
   ip netns exec "$ns" timeout -k 5 "$WAIT" "$build/examples/rpc_ps" --world_size=$N \
     --rank="$r" --master_port=$PORT $master "--checkpoint=$T/$name/ck" $common "$@" \
@@ -128,5 +134,25 @@ for r in 1 2; do
   expect server r$r.log "Rank $r test accuracy "
 done
 report server
+
+# Two shards: shard 1 on B killed about its 50th forward (each trainer's
+# 25th batch, between the checkpoints at batches 20 and 30) and started
+# again on B with --resume.
+N=4 ON_A=" 0 2 "
+common="$common --num_servers=2"
+rejoin shard 1 "1:forward:kill:50" "--resume"
+expect shard r1.first.log "rpc: CURVE on every connection, world key "
+expect shard r1.log "rpc: CURVE on every connection, world key "
+expect shard r1.log "shard 1: loaded "
+expect shard r0.log "rpc: \"parameter_server_1\" \(rank 1\) rejoined from "
+expect shard r0.log "every shard goes back to checkpoint generation "
+expect shard r0.log "2 of 2 trainers finished"
+for r in 2 3; do
+  expect shard r$r.log "Rank $r: server shard 1 lost at batch "
+  expect shard r$r.log "rpc: \"parameter_server_1\" \(rank 1\) is back, at tcp://"
+  expect shard r$r.log "Rank $r: the servers are back after [0-9.]+ s; going on from batch "
+  expect shard r$r.log "Rank $r test accuracy "
+done
+report shard
 
 exit $failed
