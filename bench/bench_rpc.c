@@ -21,15 +21,12 @@
     rpc_bw_64MiB_curve_GBps, over ZeroMQ as between hosts: shared memory
     off); --no-curve leaves it out. The first world
     runs without a key whatever the user's default key file says. */
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,6 +35,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "rpc/security.h"
+#include "tests/support/world.h"
 
 #define MAX_FIGURES 32
 
@@ -80,25 +78,6 @@ static double quantile(double *v, int n, double q)
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     int i = (int)ceil(q * n) - 1;
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
-/* A TCP port the kernel handed out. Its socket stays open, with
-   SO_REUSEADDR and never listening, until the process exits, so that no
-   outgoing connection is handed the port before its listener binds it
-   (which ZeroMQ's SO_REUSEADDR allows). */
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof sa;
-    int port = -1;
-    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
-        bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0 && port < 0)
-        close(fd);
-    return port;
 }
 
 /* ---- the server ---- */
@@ -435,9 +414,9 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
 
 static int run(int iters, bool raw, figures_t *fs)
 {
-    int port = free_port();
+    int port = world_free_port();
     char raw_ep[64];
-    snprintf(raw_ep, sizeof raw_ep, "tcp://127.0.0.1:%d", free_port());
+    snprintf(raw_ep, sizeof raw_ep, "tcp://127.0.0.1:%d", world_free_port());
     int fd[2];
     if (port < 0 || pipe(fd) < 0)
         return -1;
