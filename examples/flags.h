@@ -43,6 +43,7 @@ typedef struct {
     const char *listen_addr;    /* NULL: $ZDIST_LISTEN_ADDR, else the address routing to rank 0 */
     const char *key_file;       /* NULL: $ZDIST_KEY_FILE, else the default world key if any */
     bool insecure;              /* run without a key off loopback too ($ZDIST_INSECURE=1) */
+    int64_t rpc_timeout_s;      /* 0: $ZDIST_RPC_TIMEOUT_S, else the library's 60 s */
     zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
@@ -65,7 +66,10 @@ typedef struct {
      "world key made by tools/keygen: every connection authenticated and encrypted "        \
      "(unset: $ZDIST_KEY_FILE, else ~/.config/zdist/world.key if it exists)"},              \
     {"insecure", FLAG_BOOL, &(w).insecure,                                                  \
-     "run without a world key even off loopback: no authentication, no encryption"}
+     "run without a world key even off loopback: no authentication, no encryption"},        \
+    {"rpc_timeout_s", FLAG_INT, &(w).rpc_timeout_s,                                         \
+     "default timeout of a call, in seconds, as PyTorch's rpc_timeout (0: "                 \
+     "$ZDIST_RPC_TIMEOUT_S, else 60)"}
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);
@@ -74,7 +78,7 @@ flags_world_t flags_world_default(void);
     (zd_rpc_env_resolve), then the defaults (default_size for the world
     size), and checks the result. Returns 0, or -1 with a message on stderr
     starting with prog: no rank anywhere, a malformed variable, a rank
-    outside the world, a port outside 1..65535. */
+    outside the world, a port outside 1..65535, a timeout outside 0..604800. */
 int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog);
 
 /*  zd_rpc_init with the resolved flags (what came from the environment is

@@ -281,6 +281,21 @@ static void test_bad_flags(void **state)
     assert_int_not_equal(run_world(2, "--gamma=2", false, &out), 0);
     assert_non_null(strstr(out, "--gamma"));
     free(out);
+    /* the world flags every example shares */
+    assert_int_not_equal(run_world(2, "--rpc_timeout_s=-1", false, &out), 0);
+    assert_non_null(strstr(out, "--rpc_timeout_s=-1 is outside 0..604800 seconds"));
+    free(out);
+    const char *had = getenv("ZDIST_RPC_TIMEOUT_S");   /* the TSan stage sets it */
+    char *kept = had ? strdup(had) : NULL;
+    setenv("ZDIST_RPC_TIMEOUT_S", "soon", 1);
+    assert_int_not_equal(run_world(2, "", false, &out), 0);
+    if (kept)
+        setenv("ZDIST_RPC_TIMEOUT_S", kept, 1);
+    else
+        unsetenv("ZDIST_RPC_TIMEOUT_S");
+    free(kept);
+    assert_non_null(strstr(out, "ZDIST_RPC_TIMEOUT_S=\"soon\" is not a number of seconds"));
+    free(out);
 }
 
 int main(void)
