@@ -214,11 +214,14 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
     for (int i = 0; i < a->world; i++)
         if (open_peer(a, &a->peers[i]) < 0)
             return -1;
-    if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
-        return zd_error_set("cannot start the I/O thread");
-    a->io_started = true;
     /* A blocking send with ZMQ_IMMEDIATE returns once the connection is up:
-       after this loop every peer is known to be reachable. */
+       after this loop every peer is known to be reachable. The I/O thread
+       starts after it, so that nothing that arrived is dispatched before
+       this process can answer its sender: a restarted process is called
+       by the running world as soon as rank 0 announces it, and its answers
+       (RRef acknowledgements among them) to a peer it had no connection to
+       yet were lost, leaving that peer waiting for them. What arrives
+       meanwhile waits in the receiving socket. */
     for (int i = 0; i < a->world; i++) {
         peer_t *p = &a->peers[i];
         if (atomic_load(&p->lost_at_ns))
@@ -238,6 +241,9 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
             return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
                                      p->name, p->rank, p->endpoint);
     }
+    if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
+        return zd_error_set("cannot start the I/O thread");
+    a->io_started = true;
     zd__shm_offer_all(a);
     return 0;
 }
