@@ -55,11 +55,14 @@ done
 # - the whole training runs of rpc_ps and rnn_rpc (test_rpc_ps,
 #   test_fault_matrix, test_hosts, test_launch_nodes, test_launch_netns,
 #   test_ps_resume, test_ps_rejoin, launcher_slurm, launcher_mpirun,
-#   test_rnn_rpc): the examples' own 60 s RPC timeout, a wall-clock bound
-#   the tests do not stretch, expired under TSan (ps_forward in
-#   test_launch_nodes, test_launch_netns and test_ps_resume;
+#   test_rnn_rpc): the examples' own 60 s RPC timeout expired under TSan
+#   (ps_forward in test_launch_nodes, test_launch_netns and test_ps_resume;
 #   __dist_backward in test_rnn_rpc; load average 15-35), and they take 2
-#   to over 7 minutes each (test_ps_rejoin had not finished in 6.5);
+#   to over 7 minutes each (test_ps_rejoin had not finished in 6.5). That
+#   timeout now stretches tenfold here too (ZDIST_RPC_TIMEOUT_S,
+#   tests/CMakeLists.txt), but test_rnn_rpc and test_ps_resume, run at a
+#   low priority beside a loop of Release runs, had still not finished in
+#   the 20 minutes ctest gives them: not yet shown to fit CI's budget;
 # - test_faults: its deadlines are wall-clock bounds on rpc_ps runs (a
 #   trainer at its 20th batch within 240 s, a frozen one found within 10 s
 #   at a 1 s heartbeat); under TSan the trainer had not reached its 20th
