@@ -62,7 +62,7 @@ done
 #   timeout now stretches tenfold here too (ZDIST_RPC_TIMEOUT_S,
 #   tests/CMakeLists.txt), but test_rnn_rpc and test_ps_resume, run at a
 #   low priority beside a loop of Release runs, had still not finished in
-#   the 20 minutes ctest gives them: not yet shown to fit CI's budget;
+#   the 10 minutes ctest gives each: not yet shown to fit CI's budget;
 # - test_faults: its deadlines are wall-clock bounds on rpc_ps runs (a
 #   trainer at its 20th batch within 240 s, a frozen one found within 10 s
 #   at a 1 s heartbeat); under TSan the trainer had not reached its 20th
