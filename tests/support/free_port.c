@@ -24,6 +24,7 @@
     takers are other runs of that test; starting the search at a place drawn
     from the clock and pid makes two runs at once unlikely to meet. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -107,8 +108,8 @@ static int hold(pid_t pid)
         close(null);
     }
     struct pollfd p = {.fd = pfd, .events = POLLIN};
-    while (poll(&p, 1, HOLD_MAX_MS) < 0)
-        ;   /* EINTR: poll again */
+    while (poll(&p, 1, HOLD_MAX_MS) < 0 && errno == EINTR)
+        ;   /* interrupted: poll again; any other error ends the hold */
     _exit(0);
 }
 
