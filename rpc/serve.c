@@ -438,16 +438,19 @@ static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_erro
     call_free(c, true);
 }
 
-/* Answers with value (borrowed). */
+/* Answers with value (taken over). A result that cannot be sent is released
+   before the error goes out, so that a caller who sees the error also sees
+   the handler's objects freed, if it held the only reference. */
 static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
 {
     zd_value_t *v;
     if (c->type == RPC_MSG_REMOTE) {
         if (c->owner_value && value)
             zd_future_set_value(c->owner_value, value);
+        zd_value_unref(value);
         v = zd_value_none();
     } else {
-        v = zd_value_ref(value);
+        v = value;
     }
     zd_rpc_bytes_t extra = reply_hook(c, &v);
     if (!v) {
@@ -499,12 +502,15 @@ static void finish_error(zd_rpc_call_t *c, const char *text, zd_error_code_t cod
     }
 }
 
+/* value taken over. */
 static void finish_value(zd_rpc_call_t *c, zd_value_t *value)
 {
     agent_t *a = answer_begin(c);
     if (a) {
         answer_value(a, c, value);
         zd__agent_release(a);
+    } else {
+        zd_value_unref(value);
     }
 }
 
@@ -513,7 +519,7 @@ static void future_done(zd_future_t *f, void *arg)
     zd_rpc_call_t *c = arg;
     waiting_remove(c);
     if (zd_future_value(f))
-        finish_value(c, zd_future_value(f));
+        finish_value(c, zd_value_ref(zd_future_value(f)));
     else
         finish_error(c, zd_future_error(f), ZD_ERR_REMOTE);
 }
@@ -635,7 +641,6 @@ static void run_call(void *arg)
             c->hooks.on_handler_return(c->hooks.arg, c);
         if (result) {
             finish_value(c, result);
-            zd_value_unref(result);
         } else {
             snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
                                                                 : "handler failed (no reason given)");
