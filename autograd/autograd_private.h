@@ -14,9 +14,24 @@ typedef struct {
     atomic_int refcount;
     void *data;
     size_t bytes;
-    zd_tensor_release_fn *release;   /* NULL: data came from tensor_alloc */
+    zd_tensor_release_fn *release;   /* NULL: data is the tensor's own */
     void *release_arg;
+    size_t block;                    /* data's size from zd__block_alloc; 0: malloc */
 } tensor_storage_t;
+
+/*  Large tensors' memory (blocks.c): a tensor of ZD_BLOCK_MIN bytes or more
+    gets a mapping of its own, reused once freed. */
+#define ZD_BLOCK_MIN ((size_t)256 << 10)
+
+/*  At least bytes (>= ZD_BLOCK_MIN) of page-aligned memory, contents
+    undefined, its whole size in *size; NULL when out of memory. */
+void *zd__block_alloc(size_t bytes, size_t *size);
+/*  Gives back a block of zd__block_alloc and its *size. NULL-safe. */
+void zd__block_free(void *data, size_t size);
+/*  Bytes of the idle blocks kept for reuse (tests). */
+size_t zd__blocks_idle_bytes(void);
+/*  Unmaps every idle block (tests). */
+void zd__blocks_trim(void);
 
 struct zd_tensor {
     atomic_int refcount;

@@ -80,7 +80,9 @@ static tensor_storage_t *storage_new(size_t bytes, bool zero)
     if (!s)
         return NULL;
     size_t alloc = (bytes + TENSOR_ALIGN - 1) / TENSOR_ALIGN * TENSOR_ALIGN;
-    s->data = aligned_alloc(TENSOR_ALIGN, alloc ? alloc : TENSOR_ALIGN);
+    s->block = 0;
+    s->data = bytes >= ZD_BLOCK_MIN ? zd__block_alloc(bytes, &s->block)
+                                    : aligned_alloc(TENSOR_ALIGN, alloc ? alloc : TENSOR_ALIGN);
     if (!s->data) {
         free(s);
         return NULL;
@@ -100,6 +102,8 @@ static void storage_unref(tensor_storage_t *s)
         return;
     if (s->release)
         s->release(s->data, s->release_arg);
+    else if (s->block)
+        zd__block_free(s->data, s->block);
     else
         free(s->data);
     free(s);
@@ -185,6 +189,7 @@ zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, int ndim, const int64_t *sh
     s->bytes = bytes;
     s->release = release;
     s->release_arg = arg;
+    s->block = 0;
     t->storage = s;
     return t;
 fail:

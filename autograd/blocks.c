@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: MIT */
+/*  blocks.c: the memory of large tensors.
+
+    glibc serves blocks below its mmap threshold (32 MB once nn's allocator
+    set-up ran) from heaps it shares with every small allocation. A server
+    whose trainers' batches live and die out of step (activations of 1 to
+    5 MB each) fragments those heaps, and memory freed in their middle is
+    never given back: rpc_ps's server of 1 + 16 trainers held 108 MB at its
+    peak and was 270 MB resident, 100 MB more than with 4 trainers for 8 MB
+    more data. Blocks above the threshold are fresh mappings instead, whose
+    pages the kernel faults in and zeroes on first touch: about 30 % of a
+    training step.
+
+    So a large tensor's block (ZD_BLOCK_MIN bytes and more) is a mapping of
+    its own, its size rounded up to one of eight classes per power of two.
+    Freed, it waits among the idle blocks, pages still mapped, for the next
+    request: of its class first (the last freed first: its pages are the
+    likeliest in cache), else the smallest at most twice the request's
+    size. A request none fits unmaps idle blocks (the oldest first) of at
+    least its size before it maps a new one: what the process has mapped
+    then grows only when its live blocks do, and a step that allocates what
+    the last one freed finds it mapped. The idle blocks are also bounded
+    (BLOCKS_IDLE_BYTES, BLOCKS_IDLE_COUNT).
+
+    Under AddressSanitizer nothing is kept: a block is unmapped when freed,
+    so that a use after free still faults. */
+#define _GNU_SOURCE
+#include "autograd/autograd_private.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define BLOCKS_KEEP 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BLOCKS_KEEP 0
+#endif
+#endif
+#ifndef BLOCKS_KEEP
+#define BLOCKS_KEEP 1
+#endif
+
+#define BLOCKS_IDLE_BYTES ((size_t)256 << 20)
+#define BLOCKS_IDLE_COUNT 64
+#define BLOCK_PAGE 4096
+#define BLOCKS_STALE 256
+
+typedef struct {
+    void *data;
+    size_t size;
+    uint64_t freed_at;                /* blocks.clock then */
+} idle_t;
+
+static struct {
+    pthread_mutex_t lock;
+    idle_t idle[BLOCKS_IDLE_COUNT];   /* oldest first */
+    int n;
+    size_t bytes;
+    uint64_t clock;                   /* requests so far */
+} blocks = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/*  The class of a block of `bytes` (>= BLOCK_MIN): rounded up to a multiple
+    of an eighth of the power of two below it, and to whole pages. */
+static size_t class_size(size_t bytes)
+{
+    int log2 = 63 - __builtin_clzll((unsigned long long)bytes);
+    size_t step = (size_t)1 << (log2 - 3);
+    return (bytes + step - 1) / step * step;
+}
+
+/*  Removes idle block i (under the lock). */
+static idle_t take(int i)
+{
+    idle_t b = blocks.idle[i];
+    blocks.bytes -= b.size;
+    memmove(&blocks.idle[i], &blocks.idle[i + 1], sizeof b * (size_t)(blocks.n - i - 1));
+    blocks.n--;
+    return b;
+}
+
+/*  The idle block to reuse for a block of class size, or -1 (under the
+    lock). */
+static int fit(size_t size)
+{
+    int best = -1;
+    for (int i = blocks.n - 1; i >= 0; i--) {
+        size_t s = blocks.idle[i].size;
+        if (s == size)
+            return i;
+        if (s > size && s / 2 <= size && (best < 0 || s < blocks.idle[best].size))
+            best = i;
+    }
+    return best;
+}
+
+/*  Where a tensor's data starts in its block: blocks are page-aligned, and
+    tensors that all started at one page offset would compete for the same
+    cache sets (the tutorial Net's local step ran at half its speed). Each
+    new block starts its data one 64-byte line further, over a page. */
+static void *colored(uint8_t *base)
+{
+    static atomic_uint next;
+    return base + (atomic_fetch_add(&next, 1) % 64) * 64;
+}
+
+static uint8_t *base_of(void *data)
+{
+    return (uint8_t *)((uintptr_t)data & ~(uintptr_t)(BLOCK_PAGE - 1));
+}
+
+void *zd__block_alloc(size_t bytes, size_t *size)
+{
+    size_t want = class_size(bytes + BLOCK_PAGE);
+    idle_t gone[BLOCKS_IDLE_COUNT];
+    int n_gone = 0;
+    size_t freed = 0;
+    pthread_mutex_lock(&blocks.lock);
+    blocks.clock++;
+    int i = fit(want);
+    if (i >= 0) {
+        idle_t b = take(i);
+        pthread_mutex_unlock(&blocks.lock);
+        *size = b.size;
+        return colored(b.data);
+    }
+    while (blocks.n > 0 && freed < want && blocks.clock - blocks.idle[0].freed_at > BLOCKS_STALE) {
+        gone[n_gone] = take(0);
+        freed += gone[n_gone++].size;
+    }
+    pthread_mutex_unlock(&blocks.lock);
+    for (int k = 0; k < n_gone; k++)
+        munmap(gone[k].data, gone[k].size);
+    void *data = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (data == MAP_FAILED)
+        return NULL;
+    *size = want;
+    return colored(data);
+}
+
+void zd__block_free(void *data, size_t size)
+{
+    if (!data)
+        return;
+    data = base_of(data);
+    idle_t gone[BLOCKS_IDLE_COUNT + 1];
+    int n_gone = 0;
+    pthread_mutex_lock(&blocks.lock);
+    if (!BLOCKS_KEEP || size > BLOCKS_IDLE_BYTES) {
+        gone[n_gone++] = (idle_t){data, size, 0};
+    } else {
+        while (blocks.n > 0 && (blocks.n >= BLOCKS_IDLE_COUNT ||
+                                blocks.bytes + size > BLOCKS_IDLE_BYTES))
+            gone[n_gone++] = take(0);
+        blocks.idle[blocks.n++] = (idle_t){data, size, blocks.clock};
+        blocks.bytes += size;
+    }
+    pthread_mutex_unlock(&blocks.lock);
+    for (int i = 0; i < n_gone; i++)
+        munmap(gone[i].data, gone[i].size);
+}
+
+void zd__blocks_trim(void)
+{
+    pthread_mutex_lock(&blocks.lock);
+    idle_t gone[BLOCKS_IDLE_COUNT];
+    int n = blocks.n;
+    memcpy(gone, blocks.idle, sizeof gone[0] * (size_t)n);
+    blocks.n = 0;
+    blocks.bytes = 0;
+    pthread_mutex_unlock(&blocks.lock);
+    for (int i = 0; i < n; i++)
+        munmap(gone[i].data, gone[i].size);
+}
+
+size_t zd__blocks_idle_bytes(void)
+{
+    pthread_mutex_lock(&blocks.lock);
+    size_t b = blocks.bytes;
+    pthread_mutex_unlock(&blocks.lock);
+    return b;
+}
