@@ -112,8 +112,27 @@ static uint8_t *base_of(void *data)
     return (uint8_t *)((uintptr_t)data & ~(uintptr_t)(BLOCK_PAGE - 1));
 }
 
+/*  A fork while another thread holds the lock would leave the child's copy
+    locked for good: the lock is taken around fork, as malloc's are. */
+static void fork_lock(void)
+{
+    pthread_mutex_lock(&blocks.lock);
+}
+
+static void fork_unlock(void)
+{
+    pthread_mutex_unlock(&blocks.lock);
+}
+
+static void install_fork_handlers(void)
+{
+    pthread_atfork(fork_lock, fork_unlock, fork_unlock);
+}
+
 void *zd__block_alloc(size_t bytes, size_t *size)
 {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, install_fork_handlers);
     size_t want = class_size(bytes + BLOCK_PAGE);
     idle_t gone[BLOCKS_IDLE_COUNT];
     int n_gone = 0;
