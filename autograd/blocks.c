@@ -28,7 +28,6 @@
 #include "autograd/autograd_private.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -46,7 +45,6 @@
 
 #define BLOCKS_IDLE_BYTES ((size_t)256 << 20)
 #define BLOCKS_IDLE_COUNT 64
-#define BLOCK_PAGE 4096
 #define BLOCKS_STALE 256
 
 typedef struct {
@@ -63,8 +61,8 @@ static struct {
     uint64_t clock;                   /* requests so far */
 } blocks = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
-/*  The class of a block of `bytes` (>= BLOCK_MIN): rounded up to a multiple
-    of an eighth of the power of two below it, and to whole pages. */
+/*  The class of a block of `bytes` (>= ZD_BLOCK_MIN): rounded up to a
+    multiple of an eighth of the power of two below it (whole pages, then). */
 static size_t class_size(size_t bytes)
 {
     int log2 = 63 - __builtin_clzll((unsigned long long)bytes);
@@ -97,21 +95,6 @@ static int fit(size_t size)
     return best;
 }
 
-/*  Where a tensor's data starts in its block: blocks are page-aligned, and
-    tensors that all started at one page offset would compete for the same
-    cache sets (the tutorial Net's local step ran at half its speed). Each
-    new block starts its data one 64-byte line further, over a page. */
-static void *colored(uint8_t *base)
-{
-    static atomic_uint next;
-    return base + (atomic_fetch_add(&next, 1) % 64) * 64;
-}
-
-static uint8_t *base_of(void *data)
-{
-    return (uint8_t *)((uintptr_t)data & ~(uintptr_t)(BLOCK_PAGE - 1));
-}
-
 /*  A fork while another thread holds the lock would leave the child's copy
     locked for good: the lock is taken around fork, as malloc's are. */
 static void fork_lock(void)
@@ -133,7 +116,7 @@ void *zd__block_alloc(size_t bytes, size_t *size)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, install_fork_handlers);
-    size_t want = class_size(bytes + BLOCK_PAGE);
+    size_t want = class_size(bytes);
     idle_t gone[BLOCKS_IDLE_COUNT];
     int n_gone = 0;
     size_t freed = 0;
@@ -144,7 +127,7 @@ void *zd__block_alloc(size_t bytes, size_t *size)
         idle_t b = take(i);
         pthread_mutex_unlock(&blocks.lock);
         *size = b.size;
-        return colored(b.data);
+        return b.data;
     }
     while (blocks.n > 0 && freed < want && blocks.clock - blocks.idle[0].freed_at > BLOCKS_STALE) {
         gone[n_gone] = take(0);
@@ -157,14 +140,13 @@ void *zd__block_alloc(size_t bytes, size_t *size)
     if (data == MAP_FAILED)
         return NULL;
     *size = want;
-    return colored(data);
+    return data;
 }
 
 void zd__block_free(void *data, size_t size)
 {
     if (!data)
         return;
-    data = base_of(data);
     idle_t gone[BLOCKS_IDLE_COUNT + 1];
     int n_gone = 0;
     pthread_mutex_lock(&blocks.lock);
