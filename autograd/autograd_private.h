@@ -22,6 +22,18 @@ typedef struct {
 /*  Large tensors' memory (blocks.c): a tensor of ZD_BLOCK_MIN bytes or more
     gets a mapping of its own, reused once freed. */
 #define ZD_BLOCK_MIN ((size_t)256 << 10)
+/*  1 when freed blocks are kept for reuse; 0 under AddressSanitizer, so
+    that a use after free still faults. */
+#if defined(__SANITIZE_ADDRESS__)
+#define ZD_BLOCKS_KEEP 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define ZD_BLOCKS_KEEP 0
+#endif
+#endif
+#ifndef ZD_BLOCKS_KEEP
+#define ZD_BLOCKS_KEEP 1
+#endif
 
 /*  At least bytes (>= ZD_BLOCK_MIN) of page-aligned memory, contents
     undefined, its whole size in *size; NULL when out of memory. */

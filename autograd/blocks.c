@@ -16,11 +16,13 @@
     Freed, it waits among the idle blocks, pages still mapped, for the next
     request: of its class first (the last freed first: its pages are the
     likeliest in cache), else the smallest at most twice the request's
-    size. A request none fits unmaps idle blocks (the oldest first) of at
-    least its size before it maps a new one: what the process has mapped
-    then grows only when its live blocks do, and a step that allocates what
-    the last one freed finds it mapped. The idle blocks are also bounded
-    (BLOCKS_IDLE_BYTES, BLOCKS_IDLE_COUNT).
+    size, so that a step that allocates what the last one freed finds it
+    mapped. A request none fits first unmaps, the oldest first, idle blocks
+    no request took for BLOCKS_STALE requests (up to its own size): what
+    the process has mapped then follows what it holds, as the server's
+    phases change, without unmapping what the next step wants back (doing
+    that on every miss halved a local training step). The idle blocks are
+    also bounded (BLOCKS_IDLE_BYTES, BLOCKS_IDLE_COUNT).
 
     Under AddressSanitizer nothing is kept: a block is unmapped when freed,
     so that a use after free still faults. */
@@ -31,17 +33,6 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
-
-#if defined(__SANITIZE_ADDRESS__)
-#define BLOCKS_KEEP 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define BLOCKS_KEEP 0
-#endif
-#endif
-#ifndef BLOCKS_KEEP
-#define BLOCKS_KEEP 1
-#endif
 
 #define BLOCKS_IDLE_BYTES ((size_t)256 << 20)
 #define BLOCKS_IDLE_COUNT 64
@@ -150,7 +141,7 @@ void zd__block_free(void *data, size_t size)
     idle_t gone[BLOCKS_IDLE_COUNT + 1];
     int n_gone = 0;
     pthread_mutex_lock(&blocks.lock);
-    if (!BLOCKS_KEEP || size > BLOCKS_IDLE_BYTES) {
+    if (!ZD_BLOCKS_KEEP || size > BLOCKS_IDLE_BYTES) {
         gone[n_gone++] = (idle_t){data, size, 0};
     } else {
         while (blocks.n > 0 && (blocks.n >= BLOCKS_IDLE_COUNT ||

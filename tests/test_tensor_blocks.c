@@ -13,17 +13,6 @@
 #include "autograd/autograd_private.h"
 #include <zdist/tensor.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define KEEPS 0
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define KEEPS 0
-#endif
-#endif
-#ifndef KEEPS
-#define KEEPS 1
-#endif
-
 static zd_tensor_t *floats(int64_t n, bool zero)
 {
     zd_tensor_t *t = zero ? zd_tensor_new(ZD_FLOAT32, 1, &n) : zd_tensor_empty(ZD_FLOAT32, 1, &n);
@@ -47,10 +36,10 @@ static void test_freed_block_is_reused_and_zeroed(void **state)
         d[i] = 1.0f;
     uintptr_t page = page_of(a);
     zd_tensor_unref(a);
-    assert_int_equal(zd__blocks_idle_bytes() > 0, KEEPS);
+    assert_int_equal(zd__blocks_idle_bytes() > 0, ZD_BLOCKS_KEEP);
 
     zd_tensor_t *b = floats(100000, true);    /* zd_tensor_new: zeros */
-    if (KEEPS) {
+    if (ZD_BLOCKS_KEEP) {
         assert_int_equal(page_of(b), page);
         assert_int_equal(zd__blocks_idle_bytes(), 0);
     }
@@ -62,7 +51,7 @@ static void test_freed_block_is_reused_and_zeroed(void **state)
     /* A smaller one of the same block's half or more takes it too; a small
        tensor never comes from a block. */
     zd_tensor_t *c = floats(70000, false);
-    if (KEEPS)
+    if (ZD_BLOCKS_KEEP)
         assert_int_equal(page_of(c), page);
     zd_tensor_unref(c);
     size_t idle = zd__blocks_idle_bytes();
@@ -85,7 +74,7 @@ static void test_idle_blocks_are_bounded(void **state)
         zd_tensor_unref(t[i]);
     size_t idle = zd__blocks_idle_bytes();
     assert_true(idle <= (size_t)256 << 20);
-    if (KEEPS)
+    if (ZD_BLOCKS_KEEP)
         assert_true(idle >= (size_t)200 << 20);
     else
         assert_int_equal(idle, 0);
@@ -101,7 +90,7 @@ static void test_stale_blocks_make_room(void **state)
     for (int i = 0; i < 300; i++)
         zd_tensor_unref(floats(500000, false));
     size_t both = zd__blocks_idle_bytes();
-    if (!KEEPS) {
+    if (!ZD_BLOCKS_KEEP) {
         assert_int_equal(both, 0);
         return;
     }
