@@ -493,7 +493,7 @@ static void test_other_network_namespace(void **state)
         skip();
     }
     rc = world_run(&(world_options_t){.world_size = 2, .fn = world_netns, .arg = &n,
-                                      .timeout_s = 120, .own_init = true});
+                                      .timeout_s = 120, .own_init = true, .port_addr = n.ip0});
     sh("ip link del zsa%d 2>/dev/null; ip netns del %s", id, n.ns);
     assert_int_equal(rc, 0);
 }

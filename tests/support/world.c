@@ -3,6 +3,7 @@
 #include "tests/support/world.h"
 
 #include <errno.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -30,11 +31,17 @@ static int n_reserved;
 
 int world_free_port(void)
 {
+    return world_free_port_at("127.0.0.1");
+}
+
+int world_free_port_at(const char *ip)
+{
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    struct sockaddr_in a = {.sin_family = AF_INET};
     socklen_t len = sizeof a;
     int port = -1;
-    if (fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+    if (fd >= 0 && inet_pton(AF_INET, ip, &a.sin_addr) == 1 &&
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
         bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
         getsockname(fd, (struct sockaddr *)&a, &len) == 0)
         port = ntohs(a.sin_port);
@@ -156,7 +163,7 @@ int world_run(const world_options_t *o)
     bool done[16] = {0};
     if (n < 1 || n > 16)
         return -1;
-    int port = world_free_port();
+    int port = world_free_port_at(o->port_addr ? o->port_addr : "127.0.0.1");
     if (port < 0)
         return -1;
     sigset_t set, old;

@@ -26,7 +26,7 @@ typedef struct {
     int world_size;
     int rank;
     void *arg;
-    int port;                     /* the master's port on 127.0.0.1 */
+    int port;                     /* the master's port (on 127.0.0.1 unless port_addr) */
 } world_t;
 
 /*  Runs in every process (after zd_rpc_init unless own_init); returns 0 for
@@ -47,6 +47,8 @@ typedef struct {
     int expect_exit[16];          /* per rank: expected exit status (default 0;
                                      128 + N for death by signal N) */
     bool own_init;                /* fn inits and shuts down RPC itself */
+    const char *port_addr;        /* where to reserve the master's port
+                                     (default 127.0.0.1); see world_free_port_at */
 } world_options_t;
 
 /*  0 when every process exited with its expected status; -1 otherwise, with
@@ -66,6 +68,12 @@ zd_rpc_options_t world_rpc_options(int port);
 /*  A free TCP port on 127.0.0.1, kept reserved (bound, not listening) for
     this process's life so that nothing else takes it before rank 0 binds it. */
 int world_free_port(void);
+
+/*  The same on the IPv4 address ip. A world whose rank 0 listens on another
+    address of this host reserves its port there: a reservation on 127.0.0.1
+    does not keep the kernel from handing the same port to an ephemeral bind
+    on that other address (rank 0's own RPC socket, say). */
+int world_free_port_at(const char *ip);
 
 /*  Prints "rank N: message" to stderr and returns -1: for test bodies. */
 int world_fail(const world_t *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
