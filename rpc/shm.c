@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "rpc/copy.h"
 
 #define SHM_HEADER 4096
 #define SHM_NAME "zdist-shm"
@@ -531,7 +532,7 @@ int zd__shm_send_prepare(const rpc_wire_header_t *h, zd_tensor_t *const *tensors
         const tx_seg_t *s = &p->segs[out->slots[j]];
         zd_tensor_t *t = tensors[out->frames[j]];
         size_t nb = zd_tensor_nbytes(t);
-        memcpy(s->map + SHM_HEADER, zd_tensor_raw(t), nb);
+        zd__rpc_copy(s->map + SHM_HEADER, zd_tensor_raw(t), nb);
         uint8_t *e = out->table + 8 + (size_t)RPC_SHM_ENTRY * (size_t)j;
         put(e, (uint64_t)out->frames[j], 4);
         put(e + 4, (uint64_t)out->slots[j], 4);

@@ -25,7 +25,8 @@
     ("zdist-shm"), each a page of header (magic, random token, ranks, size,
     a busy flag) and the data, made on demand and kept (warm, pre-faulted)
     until the agent stops. A tensor of more than RPC_SHM_OVER bytes to an
-    accepting peer takes a free segment that fits (busy 0 -> 1, one memcpy);
+    accepting peer takes a free segment that fits (busy 0 -> 1, one copy,
+    shared with a helper thread when large: copy.h);
     the message gets flag RPC_WIRE_F_SHM, the tensor's frame is empty and a
     last frame, the segment table, says where its bytes are:
 

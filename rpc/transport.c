@@ -27,6 +27,7 @@
 #include <zdist/error.h>
 #include "rpc/address.h"
 #include "rpc/bufcache.h"
+#include "rpc/copy.h"
 #include "rpc/security.h"
 #include "rpc/shm.h"
 #include "rpc/stream.h"
@@ -68,6 +69,7 @@ void zd__transport_set_limits(void *sock)
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
+    zd__rpc_copy_enable(true);
     zd__shm_start(a);
     a->ctx = zmq_ctx_new();
     if (!a->ctx)
@@ -291,6 +293,7 @@ void zd__transport_close(agent_t *a, bool graceful)
     a->ctx = NULL;
     zd__rpc_bufcache_enable(false);
     zd__shm_stop();
+    zd__rpc_copy_enable(false);
 }
 
 /* ---- sending ---- */
