@@ -315,6 +315,12 @@ typedef struct {
 int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
 void zd__transport_msg_done(inmsg_t *m);
 
+/*  Fault injection for tests of the retries: the next count messages of
+    wire type `type` that reach the I/O thread are dropped unseen, as if
+    lost on the way. count 0 disarms it. Returns how many the previous
+    call had left to drop. */
+int zd__transport_drop_next(uint8_t type, int count);
+
 /*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
     else through the shared socket. */
 int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
@@ -344,6 +350,9 @@ typedef struct {
     zd_value_t *args;          /* CALL/REMOTE, borrowed, NULL = none */
     uint64_t a, b;              /* header fields */
     int64_t timeout_ms;         /* < 0 default */
+    int64_t wait_ms;            /* > 0: stop waiting for the answer after this
+                                   long, though the peer is told timeout_ms
+                                   (one attempt of a retried message) */
     bool hooked;                /* run the hooks (user-visible requests) */
     bool shared_only;           /* zd__call_sync: on the shared socket, after what
                                    was sent there (an RRef's fork request) */

@@ -229,7 +229,9 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     p->future = f;
     p->wake_fd = req->sock ? req->wake_fd : -1;
     p->owner = pthread_self();
-    p->timeout_ms = zd__agent_timeout(a, req->timeout_ms);
+    int64_t told_ms = zd__agent_timeout(a, req->timeout_ms);
+    p->timeout_ms = req->wait_ms > 0 && (told_ms == 0 || req->wait_ms < told_ms) ? req->wait_ms
+                                                                                  : told_ms;
     p->start_ns = zd__agent_now_ns();
     p->deadline_ns = p->timeout_ms ? p->start_ns + p->timeout_ms * 1000000 : INT64_MAX;
     if (req->id_out)
@@ -277,7 +279,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     rpc_wire_header_t h = {
         .type = req->type, .flags = req->flags | (req->hooked ? 0 : RPC_WIRE_F_INTERNAL),
         .id = p->id, .a = req->a, .b = req->b,
-        .timeout_ms = p->timeout_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)p->timeout_ms,
+        .timeout_ms = told_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)told_ms,
         .fn = req->fn, .fn_len = has_value ? strlen(req->fn) : 0,
         .extra = extra.data, .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len,
     };

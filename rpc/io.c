@@ -246,8 +246,36 @@ static bool refuse_lost(agent_t *a, inmsg_t *m)
     return true;
 }
 
+static atomic_int drop_type = -1, drop_count;
+
+int zd__transport_drop_next(uint8_t type, int count)
+{
+    int left = atomic_exchange(&drop_count, 0);
+    atomic_store(&drop_type, type);
+    atomic_store(&drop_count, count);
+    return left;
+}
+
+static bool dropped_by_test(const inmsg_t *m)
+{
+    if (m->h.type != atomic_load_explicit(&drop_type, memory_order_relaxed))
+        return false;
+    int n = atomic_load(&drop_count);
+    while (n > 0 && !atomic_compare_exchange_weak(&drop_count, &n, n - 1)) {
+    }
+    if (n <= 0)
+        return false;
+    zd__log(ZD_LOG_DEBUG, "rpc: dropped a %s from rank %d (fault injection)",
+            zd__rpc_wire_type_name(m->h.type), m->h.src);
+    return true;
+}
+
 static void dispatch(agent_t *a, inmsg_t *m)
 {
+    if (dropped_by_test(m)) {
+        release_frames(m->frames, m->n);
+        return;
+    }
     if (refuse_lost(a, m))
         return;
     switch (m->h.type) {

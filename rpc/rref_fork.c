@@ -12,7 +12,17 @@
 
 #include <zdist/error.h>
 
+/*  A control message that gets no answer may have been lost on the way (a
+    connection that broke with it in flight): it is sent again after 1 s,
+    then 2, 4, ... (at most CTRL_MAX_WAIT_MS), until the RPC timeout has
+    passed since the first attempt. Waiting the whole timeout for each
+    attempt would leave the first retry after a shutdown had given up. The
+    peer is still told the whole timeout: a fork request's placeholder
+    lives that long. An attempt that fails otherwise (the peer refused it,
+    or is lost) is made CTRL_RETRIES times in all. */
 #define CTRL_RETRIES 3
+#define CTRL_FIRST_WAIT_MS 1000
+#define CTRL_MAX_WAIT_MS 30000
 
 enum { TXN_OWNER_FORK, TXN_CHILD };
 
@@ -30,12 +40,31 @@ static size_t child_bucket(uint64_t id)
 
 static void ctrl_send(ctrl_t *c);
 
+/* How long the next attempt waits for its answer; 0 when the time is up. */
+static int64_t next_wait_ms(const ctrl_t *c)
+{
+    int64_t wait = CTRL_FIRST_WAIT_MS << (c->attempts < 5 ? c->attempts : 5);
+    if (wait > CTRL_MAX_WAIT_MS)
+        wait = CTRL_MAX_WAIT_MS;
+    int64_t total = zd__agent_timeout(c->a, -1);
+    if (total == 0 || c->attempts == 0)
+        return total && total < wait ? total : wait;
+    int64_t left = total - (zd__agent_now_ns() - c->first_ns) / 1000000;
+    return left <= 0 ? 0 : left < wait ? left : wait;
+}
+
 static void ctrl_answer(zd_future_t *f, void *arg)
 {
     ctrl_t *c = arg;
     agent_t *a = c->a;
     bool ok = zd_future_value(f) != NULL;
-    if (!ok && c->attempts < CTRL_RETRIES && !atomic_load(&a->closing)) {
+    bool again = false;
+    if (!ok && !atomic_load(&a->closing))
+        again = zd_future_error_code(f) == ZD_ERR_TIMEOUT ? next_wait_ms(c) > 0
+                                                           : c->attempts < CTRL_RETRIES;
+    if (again) {
+        zd__log(ZD_LOG_DEBUG, "rpc: %s to rank %d, attempt %d: %s: sending it again",
+                zd__rpc_wire_type_name(c->type), c->dst, c->attempts, zd_future_error(f));
         ctrl_send(c);
         return;
     }
@@ -43,7 +72,8 @@ static void ctrl_answer(zd_future_t *f, void *arg)
        already, for every RRef it shared with this process. */
     if (!ok)
         zd__log(zd_future_error_code(f) == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns)
-                    ? ZD_LOG_DEBUG : ZD_LOG_WARN, "rpc: %s", zd_future_error(f));
+                    ? ZD_LOG_DEBUG : ZD_LOG_WARN, "rpc: %s (attempt %d)", zd_future_error(f),
+                c->attempts);
     if (c->done)
         c->done(a, c, ok);
     pthread_mutex_lock(&a->rrefs->lock);
@@ -54,9 +84,11 @@ static void ctrl_answer(zd_future_t *f, void *arg)
 
 static void ctrl_send(ctrl_t *c)
 {
-    c->attempts++;
+    int64_t wait = next_wait_ms(c);
+    if (c->attempts++ == 0)
+        c->first_ns = zd__agent_now_ns();
     call_req_t req = {.type = c->type, .api = "RRef protocol", .a = c->rref_id,
-                      .b = c->fork_id, .timeout_ms = -1, .hooked = false};
+                      .b = c->fork_id, .timeout_ms = -1, .wait_ms = wait, .hooked = false};
     zd_future_t *f = zd__call_start(c->a, c->dst, &req);
     if (!f) {
         /* Not even sent (shutting down): finish as failed. */
@@ -85,7 +117,7 @@ void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, ui
         }
         return;
     }
-    *c = (ctrl_t){a, dst, type, rref_id, fork_id, 0, done, r, parent};
+    *c = (ctrl_t){a, dst, type, rref_id, fork_id, 0, 0, done, r, parent};
     pthread_mutex_lock(&a->rrefs->lock);
     a->rrefs->n_ctrl++;
     pthread_mutex_unlock(&a->rrefs->lock);

@@ -18,6 +18,7 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
+#include "rpc/agent.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
@@ -194,10 +195,32 @@ static zd_value_t *h_drain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_none();
 }
 
+/* Arms the drop of the next message of wire type args[0] arriving here;
+   answers how many the previous arming had left to drop. */
+static zd_value_t *h_drop_next(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    int64_t type, count;
+    if (zd_rpc_arg_int(args, 0, &type) < 0 || zd_rpc_arg_int(args, 1, &count) < 0)
+        return NULL;
+    return zd_value_int(zd__transport_drop_next((uint8_t)type, (int)count));
+}
+
+static zd_value_t *h_drain_long(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    if (zd_rref_drain(world_scaled_ms(20000)) < 0)
+        return NULL;
+    return zd_value_none();
+}
+
 /* "slow" answers 99 only on "release_slow". */
 static world_hold_t slow = {.answer = 99};
 
-static int start(int rank, int world, int port)
+static int start_with(int rank, int world, int port, int64_t rpc_timeout_ms)
 {
     if (zd_rpc_register("make_tensor", h_make_tensor, NULL) < 0 ||
         zd_rpc_register("sum", h_sum, NULL) < 0 || zd_rpc_register("scaled", h_scaled, NULL) < 0 ||
@@ -211,10 +234,19 @@ static int start(int rank, int world, int port)
         zd_rpc_register("drain", h_drain, NULL) < 0 ||
         zd_rpc_register("fail", world_h_fail, "no value for you") < 0 ||
         zd_rpc_register_async("slow", world_h_hold, &slow) < 0 ||
-        zd_rpc_register_inline("release_slow", world_h_release, &slow) < 0)
+        zd_rpc_register_inline("release_slow", world_h_release, &slow) < 0 ||
+        zd_rpc_register_inline("drop_next", h_drop_next, NULL) < 0 ||
+        zd_rpc_register("drain_long", h_drain_long, NULL) < 0)
         return -1;
     zd_rpc_options_t o = world_rpc_options(port);
+    if (rpc_timeout_ms)
+        o.rpc_timeout_ms = rpc_timeout_ms;
     return zd_rpc_init(NULL, rank, world, &o);
+}
+
+static int start(int rank, int world, int port)
+{
+    return start_with(rank, world, port, 0);
 }
 
 /* ---- helpers on the driving process ---- */
@@ -502,12 +534,90 @@ static void test_rref_failures(void **state)
     assert_int_equal(world_run_simple(2, 60, world_rref_errors, NULL), 0);
 }
 
+/* ---- control messages lost on the way ---- */
+
+static int drop_next(int rank, int type, int count)
+{
+    zd_value_t *args = zd_rpc_args("ii", (int64_t)type, (int64_t)count), *r = NULL;
+    int64_t left = -1;
+    if (zd_rpc_sync(rank, "drop_next", args, -1, &r) == 0)
+        zd_value_get_int(r, &left);
+    zd_value_unref(r);
+    zd_value_unref(args);
+    return (int)left;
+}
+
+/* Every process in turn waits until its RRef messages are acknowledged. */
+static int drain_all_long(int world)
+{
+    for (int pass = 0; pass < 2; pass++)
+        for (int r = 0; r < world; r++) {
+            zd_value_t *res;
+            if (zd_rpc_sync(r, "drain_long", NULL, -1, &res) < 0)
+                return -1;
+            zd_value_unref(res);
+        }
+    return 0;
+}
+
+/*  A lost RREF_USER_DELETE, RREF_FORK_REQUEST or RREF_CHILD_ACCEPT is sent
+    again within seconds, well inside this world's RPC timeout of 60 s that
+    each attempt used to wait for; the drains are bounded by 20 s (scaled).
+    Rank 1 owns, rank 0 drives, rank 2 is a third user. */
+static int world_lost_control(const world_t *w)
+{
+    WCHECK(start_with(w->rank, w->world_size, w->port, 60000) == 0);
+    if (w->rank == 0) {
+        zd_value_t *v;
+        /* The user's deletion. */
+        zd_rref_t *r = remote_tensor(1, 4, 2.0);
+        WCHECK(zd_rref_to_here(r, -1, &v) == 0);
+        zd_value_unref(v);
+        WCHECK(drop_next(1, RPC_MSG_RREF_USER_DELETE, 1) == 0);
+        zd_rref_unref(r);
+        WCHECK(zd_rref_drain(world_scaled_ms(20000)) == 0);
+        WCHECK(drop_next(1, RPC_MSG_RREF_USER_DELETE, 0) == 0);   /* it was dropped */
+        WCHECK(world_call_int(1, "owner_count") == 0);
+
+        /* A third user's fork request, then the child's accept to its parent. */
+        static const int lost[] = {RPC_MSG_RREF_FORK_REQUEST, RPC_MSG_RREF_CHILD_ACCEPT};
+        for (int k = 0; k < 2; k++) {
+            int at = lost[k] == RPC_MSG_RREF_FORK_REQUEST ? 1 : 0;
+            r = remote_tensor(1, 4, 2.0);
+            WCHECK(zd_rref_to_here(r, -1, &v) == 0);
+            zd_value_unref(v);
+            WCHECK(drop_next(at, lost[k], 1) == 0);
+            zd_value_t *args = zd_rpc_args("r", r);
+            zd_value_t *res = NULL;
+            WCHECK(zd_rpc_sync(2, "keep", args, -1, &res) == 0);
+            zd_value_unref(res);
+            zd_value_unref(args);
+            zd_rref_unref(r);
+            WCHECK(drain_all_long(w->world_size) == 0);
+            WCHECK(drop_next(at, lost[k], 0) == 0);
+            WCHECK(world_call_int(1, "owner_count") == 1);   /* rank 2 holds it */
+            WCHECK(world_call_int(2, "drop_kept") == 1);
+            WCHECK(drain_all_long(w->world_size) == 0);
+            WCHECK(world_call_int(1, "owner_count") == 0);
+        }
+    }
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(20000)) == 0);
+    return 0;
+}
+
+static void test_lost_control_messages_are_sent_again(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 120, world_lost_control, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_remote_to_here_and_methods),
         cmocka_unit_test(test_owner_frees_exactly_when_no_user_holds),
         cmocka_unit_test(test_rref_failures),
+        cmocka_unit_test(test_lost_control_messages_are_sent_again),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
