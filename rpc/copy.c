@@ -85,11 +85,17 @@ static void register_fork(void)
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
-/* Under the lock. The helper takes no signal meant for the application. */
-static bool start_helper(void)
+/* Before the lock is first taken: a fork while another thread holds it
+   would leave the child a lock nobody can release. */
+static void ensure_fork_handlers(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, register_fork);
+}
+
+/* Under the lock. The helper takes no signal meant for the application. */
+static bool start_helper(void)
+{
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
@@ -106,6 +112,7 @@ void zd__rpc_copy(void *dst, const void *src, size_t n)
     }
     job_t j = {.dst = dst, .src = src, .n = n};
     atomic_init(&j.next, 0);
+    ensure_fork_handlers();
     pthread_mutex_lock(&lock);
     bool shared = allowed && !busy && (running || start_helper());
     if (shared) {
@@ -129,6 +136,7 @@ void zd__rpc_copy(void *dst, const void *src, size_t n)
 
 void zd__rpc_copy_enable(bool on)
 {
+    ensure_fork_handlers();
     pthread_mutex_lock(&lock);
     allowed = on;
     bool join = !on && running;

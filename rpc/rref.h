@@ -152,6 +152,7 @@ struct ctrl {
     uint8_t type;
     uint64_t rref_id, fork_id;
     int attempts;
+    int failures;          /* attempts that failed other than by timing out */
     int64_t first_ns;      /* when the first attempt left */
     ctrl_done_fn *done;
     zd_rref_t *r;          /* for done */

@@ -18,8 +18,9 @@
     passed since the first attempt. Waiting the whole timeout for each
     attempt would leave the first retry after a shutdown had given up. The
     peer is still told the whole timeout: a fork request's placeholder
-    lives that long. An attempt that fails otherwise (the peer refused it,
-    or is lost) is made CTRL_RETRIES times in all. */
+    lives that long. Attempts that fail otherwise (the peer refused it, is
+    lost, or its connection came back under the call) are made again up to
+    CTRL_RETRIES times, within the same time. */
 #define CTRL_RETRIES 3
 #define CTRL_FIRST_WAIT_MS 1000
 #define CTRL_MAX_WAIT_MS 30000
@@ -59,9 +60,11 @@ static void ctrl_answer(zd_future_t *f, void *arg)
     agent_t *a = c->a;
     bool ok = zd_future_value(f) != NULL;
     bool again = false;
-    if (!ok && !atomic_load(&a->closing))
-        again = zd_future_error_code(f) == ZD_ERR_TIMEOUT ? next_wait_ms(c) > 0
-                                                           : c->attempts < CTRL_RETRIES;
+    if (!ok && !atomic_load(&a->closing)) {
+        if (zd_future_error_code(f) != ZD_ERR_TIMEOUT)
+            c->failures++;
+        again = c->failures < CTRL_RETRIES && next_wait_ms(c) > 0;
+    }
     if (again) {
         zd__log(ZD_LOG_DEBUG, "rpc: %s to rank %d, attempt %d: %s: sending it again",
                 zd__rpc_wire_type_name(c->type), c->dst, c->attempts, zd_future_error(f));
@@ -85,6 +88,8 @@ static void ctrl_answer(zd_future_t *f, void *arg)
 static void ctrl_send(ctrl_t *c)
 {
     int64_t wait = next_wait_ms(c);
+    if (wait <= 0)
+        wait = 1;   /* the time ran out since ctrl_answer looked: one last short try */
     if (c->attempts++ == 0)
         c->first_ns = zd__agent_now_ns();
     call_req_t req = {.type = c->type, .api = "RRef protocol", .a = c->rref_id,
@@ -92,7 +97,7 @@ static void ctrl_send(ctrl_t *c)
     zd_future_t *f = zd__call_start(c->a, c->dst, &req);
     if (!f) {
         /* Not even sent (shutting down): finish as failed. */
-        c->attempts = CTRL_RETRIES;
+        c->failures = CTRL_RETRIES - 1;
         zd_future_t *failed = zd_future_new();
         if (failed) {
             zd_future_set_error(failed, "%s", zd_error_last());
@@ -117,7 +122,7 @@ void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, ui
         }
         return;
     }
-    *c = (ctrl_t){a, dst, type, rref_id, fork_id, 0, 0, done, r, parent};
+    *c = (ctrl_t){a, dst, type, rref_id, fork_id, 0, 0, 0, done, r, parent};
     pthread_mutex_lock(&a->rrefs->lock);
     a->rrefs->n_ctrl++;
     pthread_mutex_unlock(&a->rrefs->lock);

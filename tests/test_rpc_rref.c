@@ -562,11 +562,12 @@ static int drain_all_long(int world)
 
 /*  A lost RREF_USER_DELETE, RREF_FORK_REQUEST or RREF_CHILD_ACCEPT is sent
     again within seconds, well inside this world's RPC timeout of 60 s that
-    each attempt used to wait for; the drains are bounded by 20 s (scaled).
+    each attempt used to wait for; the drains are bounded by 20 s (both
+    scaled alike under the sanitizers).
     Rank 1 owns, rank 0 drives, rank 2 is a third user. */
 static int world_lost_control(const world_t *w)
 {
-    WCHECK(start_with(w->rank, w->world_size, w->port, 60000) == 0);
+    WCHECK(start_with(w->rank, w->world_size, w->port, world_scaled_ms(60000)) == 0);
     if (w->rank == 0) {
         zd_value_t *v;
         /* The user's deletion. */
