@@ -196,7 +196,13 @@ static void test_server_killed_and_restarted_with_resume(void **state)
     }
     double acc = accuracy(out(&w, 1), 1);
     printf("final accuracy: %.2f %% (never stopped: %.2f %%)\n", acc, acc_whole);
-    assert_true(acc > acc_whole - 5);
+    /* Two single runs of 60 asynchronous batches per trainer, evaluated on
+       1000 images, differ by chance: 18 runs that never stopped gave 69.8 to
+       77.2 %, 18 resumed ones 71.2 to 77.3 % (with the code of before and
+       after 2026-11-26 alike), and one pair 5.5 points apart. This guards
+       against parameters spoilt on the way back (chance is 10 %); that the
+       server resumed from its checkpoint is checked below. */
+    assert_true(acc > acc_whole - 8);
     assert_non_null(strstr(out(&w, 0), "shard 0: loaded "));
     /* The registrations the trainers sent again while it was away, queued
        until it listened, are not taken for those of processes that
