@@ -97,7 +97,7 @@ static void ctrl_send(ctrl_t *c)
     zd_future_t *f = zd__call_start(c->a, c->dst, &req);
     if (!f) {
         /* Not even sent (shutting down): finish as failed. */
-        c->failures = CTRL_RETRIES - 1;
+        c->failures = CTRL_RETRIES;
         zd_future_t *failed = zd_future_new();
         if (failed) {
             zd_future_set_error(failed, "%s", zd_error_last());
@@ -122,7 +122,8 @@ void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, ui
         }
         return;
     }
-    *c = (ctrl_t){a, dst, type, rref_id, fork_id, 0, 0, 0, done, r, parent};
+    *c = (ctrl_t){.a = a, .dst = dst, .type = type, .rref_id = rref_id, .fork_id = fork_id,
+                  .done = done, .r = r, .parent = parent};
     pthread_mutex_lock(&a->rrefs->lock);
     a->rrefs->n_ctrl++;
     pthread_mutex_unlock(&a->rrefs->lock);

@@ -263,17 +263,23 @@ static double call_float(int to, const char *fn, zd_value_t *args)
 }
 
 /* Every process has no RRef message in flight, in order: the releases of
-   the earlier ones may be what the later ones wait for. */
-static int drain_all(int world)
+   the earlier ones may be what the later ones wait for. drain_fn is the
+   handler that waits ("drain", or "drain_long"). */
+static int drain_every(int world, const char *drain_fn)
 {
     for (int pass = 0; pass < 2; pass++)
         for (int r = 0; r < world; r++) {
             zd_value_t *res;
-            if (zd_rpc_sync(r, "drain", NULL, -1, &res) < 0)
+            if (zd_rpc_sync(r, drain_fn, NULL, -1, &res) < 0)
                 return -1;
             zd_value_unref(res);
         }
     return 0;
+}
+
+static int drain_all(int world)
+{
+    return drain_every(world, "drain");
 }
 
 static zd_rref_t *remote_tensor(int owner, int64_t n, double v)
@@ -547,19 +553,6 @@ static int drop_next(int rank, int type, int count)
     return (int)left;
 }
 
-/* Every process in turn waits until its RRef messages are acknowledged. */
-static int drain_all_long(int world)
-{
-    for (int pass = 0; pass < 2; pass++)
-        for (int r = 0; r < world; r++) {
-            zd_value_t *res;
-            if (zd_rpc_sync(r, "drain_long", NULL, -1, &res) < 0)
-                return -1;
-            zd_value_unref(res);
-        }
-    return 0;
-}
-
 /*  A lost RREF_USER_DELETE, RREF_FORK_REQUEST or RREF_CHILD_ACCEPT is sent
     again within seconds, well inside this world's RPC timeout of 60 s that
     each attempt used to wait for; the drains are bounded by 20 s (both
@@ -594,11 +587,11 @@ static int world_lost_control(const world_t *w)
             zd_value_unref(res);
             zd_value_unref(args);
             zd_rref_unref(r);
-            WCHECK(drain_all_long(w->world_size) == 0);
+            WCHECK(drain_every(w->world_size, "drain_long") == 0);
             WCHECK(drop_next(at, lost[k], 0) == 0);
             WCHECK(world_call_int(1, "owner_count") == 1);   /* rank 2 holds it */
             WCHECK(world_call_int(2, "drop_kept") == 1);
-            WCHECK(drain_all_long(w->world_size) == 0);
+            WCHECK(drain_every(w->world_size, "drain_long") == 0);
             WCHECK(world_call_int(1, "owner_count") == 0);
         }
     }
