@@ -21,7 +21,7 @@
 static const char *golden_dir(void)
 {
     const char *d = getenv("ZDIST_GOLDEN_DIR");
-    return d && *d ? d : "/work/shared/golden";
+    return d && *d ? d : ZD_TEST_GOLDEN_DEFAULT;
 }
 
 static bool exists(const char *path)

@@ -5,7 +5,7 @@
     and serves "mul_w"(x) = x * w; chains, fan-out, repeated tensors and
     RRefs are built from it, and every gradient is checked against the
     closed form. The tutorial Net split over three processes is checked
-    against PyTorch's gradients in ../shared/golden/net. */
+    against PyTorch's gradients in tests/golden/net. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -634,7 +634,7 @@ static int net_setup(const world_t *w)
 {
     const char *dir = getenv("ZDIST_GOLDEN_DIR");
     char path[1024];
-    snprintf(path, sizeof path, "%s/net", dir && *dir ? dir : "../shared/golden");
+    snprintf(path, sizeof path, "%s/net", dir && *dir ? dir : ZD_TEST_GOLDEN_DEFAULT);
     if (!(golden = golden_case_load(path)) || !(net = zd_nn_net_new(1)))
         return -1;
     zd_nn_model_train(net, false);

@@ -239,7 +239,7 @@ static void test_golden_file_bytes(void **state)
     (void)state;
     const char *dir = getenv("ZDIST_GOLDEN_DIR");
     char path[1024];
-    snprintf(path, sizeof path, "%s/relu/input.x.idx", dir ? dir : "/work/shared/golden");
+    snprintf(path, sizeof path, "%s/relu/input.x.idx", dir ? dir : ZD_TEST_GOLDEN_DEFAULT);
     struct stat st;
     if (stat(path, &st) < 0)
         skip();

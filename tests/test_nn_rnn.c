@@ -39,7 +39,7 @@
 static const char *toolkit_dir(void)
 {
     const char *d = getenv("ZDIST_GOLDEN_TOOLKIT_DIR");
-    return d && *d ? d : "../shared/golden-toolkit";
+    return d && *d ? d : ZD_TEST_GOLDEN_TOOLKIT_DEFAULT;
 }
 
 /*  Every element of `got` within the README's tolerance of `want`. */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  Local optimizers: PyTorch's numbers from ../shared/golden (SGD, momentum,
+/*  Local optimizers: PyTorch's numbers from tests/golden (SGD, momentum,
     Adam on the net and convnet parameters), a double-precision reference of
     PyTorch's documented algorithms for every other option, argument checks,
     skipped parameters, .grad handling, the text form of configs, state

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  golden_check: checks one case folder of ../shared/golden against this
+/*  golden_check: checks one case folder of tests/golden against this
     project's ops, models and optimizers.
 
         golden_check [--quiet] CASE_DIR

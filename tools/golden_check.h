@@ -42,7 +42,7 @@ int golden_run_nll_loss(golden_case_t *c, results_t *r);
 int golden_run_net(golden_case_t *c, results_t *r);
 int golden_run_convnet(golden_case_t *c, results_t *r);
 
-/*  The single-op kinds of ../shared/golden-toolkit (golden_toolkit.c). */
+/*  The single-op kinds of tests/golden-toolkit (golden_toolkit.c). */
 int golden_run_tanh(golden_case_t *c, results_t *r);
 int golden_run_sigmoid(golden_case_t *c, results_t *r);
 int golden_run_exp(golden_case_t *c, results_t *r);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
-/*  golden_manifest.h: reading one case folder of ../shared/golden.
+/*  golden_manifest.h: reading one case folder of tests/golden.
 
     A case is a manifest (kind, attributes, one line per tensor) and IDX
-    files; its format is specified in ../shared/golden/README.md. Names may
+    files; its format is specified in tests/golden/README.md. Names may
     carry a row subset, "fc1.weight[rows=0,15,117,127]", kept apart here as
     `rows`. */
 #ifndef ZDIST_GOLDEN_MANIFEST_H

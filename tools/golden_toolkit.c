@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  golden_toolkit.c: the single-op kinds of ../shared/golden-toolkit
+/*  golden_toolkit.c: the single-op kinds of tests/golden-toolkit
     (element-wise functions, softmax, layer_norm, mse_loss, embedding,
     permute, broadcasting add and mul). Each computes the case's one output
     y from its inputs and params, then backpropagates the case's dy, so the

@@ -10,6 +10,9 @@ set -euo pipefail
 pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
       libcmocka-dev zlib1g-dev dataset-fashion-mnist clang libclang-rt-14-dev
       slurm-wlm munge openmpi-bin)
+# srun --mpi=pmix (tests/slurm.sh) opens libpmix.so, which only the -dev
+# package provides
+pkgs+=(libpmix-dev)
 pkgs+=(libjansson-dev)   # tools/metrics_summary parses JSON with it
 pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespaces
 # cairo and a font draw the example programs' --curves plots

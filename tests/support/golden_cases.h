@@ -30,14 +30,14 @@
 static inline const char *golden_root(void)
 {
     const char *d = getenv("ZDIST_GOLDEN_DIR");
-    return d && *d ? d : "/work/shared/golden";
+    return d && *d ? d : ZD_TEST_GOLDEN_DEFAULT;
 }
 
 /*  $ZDIST_GOLDEN_TOOLKIT_DIR (set by ctest), else the golden root's sibling. */
 static inline const char *golden_toolkit_root(void)
 {
     const char *d = getenv("ZDIST_GOLDEN_TOOLKIT_DIR");
-    return d && *d ? d : "/work/shared/golden-toolkit";
+    return d && *d ? d : ZD_TEST_GOLDEN_TOOLKIT_DEFAULT;
 }
 
 /*  Calls fn on the path of each case folder under root (those with a
