@@ -80,8 +80,9 @@ static int64_t target_at(const zd_tensor_t *t, int64_t i)
     return ((const uint8_t *)zd_tensor_raw(t))[i];
 }
 
-/*  target must be (N) int64/uint8 with every class in [0, C). */
-static int check_target(const char *op, const zd_tensor_t *scores, const zd_tensor_t *target)
+/*  target must be (N) int64/uint8 matching scores; its classes are checked
+    by check_classes on the copy the op will use. */
+static int check_target_shape(const char *op, const zd_tensor_t *scores, const zd_tensor_t *target)
 {
     char ss[96], st[96];
     if (!target)
@@ -94,14 +95,30 @@ static int check_target(const char *op, const zd_tensor_t *scores, const zd_tens
                          zd_tensor_shape_str(target, st, sizeof st),
                          zd_tensor_shape_str(scores, ss, sizeof ss),
                          (long long)zd_tensor_size(scores, 0));
-    const int64_t C = zd_tensor_size(scores, 1);
-    for (int64_t i = 0; i < zd_tensor_size(target, 0); i++) {
-        int64_t t = target_at(target, i);
-        if (t < 0 || t >= C)
-            return zd_error_set("%s: target[%lld] = %lld is out of range for %lld classes", op,
-                             (long long)i, (long long)t, (long long)C);
-    }
     return 0;
+}
+
+/*  Every class of idx[0..n) in [0, C). */
+static int check_classes(const char *op, const int64_t *idx, int64_t n, int64_t C)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (idx[i] < 0 || idx[i] >= C)
+            return zd_error_set("%s: target[%lld] = %lld is out of range for %lld classes", op,
+                             (long long)i, (long long)idx[i], (long long)C);
+    return 0;
+}
+
+/*  The targets are read once, into idx, and only the copy is checked and
+    used: a target tensor whose memory changes under the op (shared with
+    another process, another thread) cannot pass the check with one value
+    and index with another. */
+static int read_target(const char *op, const zd_tensor_t *scores, const zd_tensor_t *target,
+                       int64_t *idx)
+{
+    const int64_t N = zd_tensor_size(target, 0);
+    for (int64_t i = 0; i < N; i++)
+        idx[i] = target_at(target, i);
+    return check_classes(op, idx, N, zd_tensor_size(scores, 1));
 }
 
 /* ---- nll_loss ---- */
@@ -131,24 +148,27 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
     *out = NULL;
     if (zd__nn_check_f32("nll_loss: input", logprobs) < 0 ||
         zd__nn_check_ndim("nll_loss: input", logprobs, 2) < 0 ||
-        check_target("nll_loss", logprobs, target) < 0)
+        check_target_shape("nll_loss", logprobs, target) < 0)
         return -1;
     const int64_t N = zd_tensor_size(logprobs, 0), C = zd_tensor_size(logprobs, 1);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 0, NULL);
     nll_ctx_t *ctx = malloc(sizeof *ctx + sizeof(int64_t) * (size_t)N);
-    if (!y || !ctx) {
-        zd_tensor_unref(y);
+    if (!ctx)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "nll_loss: out of memory");
+    if (read_target("nll_loss", logprobs, target, ctx->target) < 0) {
         free(ctx);
-        return zd_error_set("nll_loss: out of memory");
+        return -1;
+    }
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 0, NULL);
+    if (!y) {
+        free(ctx);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "nll_loss: out of memory");
     }
     ctx->shape[0] = N;
     ctx->shape[1] = C;
     const float *lp = zd_tensor_data(logprobs);
     double acc = 0.0;
-    for (int64_t i = 0; i < N; i++) {
-        ctx->target[i] = target_at(target, i);
+    for (int64_t i = 0; i < N; i++)
         acc += lp[i * C + ctx->target[i]];
-    }
     zd_tensor_data(y)[0] = (float)(-acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
     if (zd__nn_record(&nll_ops, 1, &logprobs, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
@@ -199,12 +219,17 @@ int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target)
 {
     if (zd__nn_check_f32("accuracy: input", scores) < 0 ||
         zd__nn_check_ndim("accuracy: input", scores, 2) < 0 ||
-        check_target("accuracy", scores, target) < 0)
+        check_target_shape("accuracy", scores, target) < 0)
         return -1;
     const int64_t N = zd_tensor_size(scores, 0), C = zd_tensor_size(scores, 1);
     int64_t correct = 0;
-    for (int64_t i = 0; i < N; i++)
-        correct += row_argmax(zd_tensor_data(scores) + i * C, C) == target_at(target, i);
+    for (int64_t i = 0; i < N; i++) {
+        int64_t t = target_at(target, i);   /* read once: checked and compared */
+        if (check_classes("accuracy", &t, 1, C) < 0)
+            return zd_error_set("accuracy: target[%lld] = %lld is out of range for %lld classes",
+                                (long long)i, (long long)t, (long long)C);
+        correct += row_argmax(zd_tensor_data(scores) + i * C, C) == t;
+    }
     return correct;
 }
 

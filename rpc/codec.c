@@ -7,6 +7,7 @@
     builds the value and can only fail on out-of-memory or an RRef the agent
     refuses. */
 #include "rpc/codec.h"
+#include "rpc/copy.h"
 
 #include <stdbool.h>
 #include <stdlib.h>
@@ -279,6 +280,17 @@ static zd_tensor_t *frame_tensor(rpc_frame_t *fr, zd_tensor_dtype_t dtype, int n
                               const int64_t *shape)
 {
     size_t es = zd_tensor_dtype_size(dtype);
+    if (fr->peer_writable) {
+        /* A check on the tensor must see the bytes it will use: a wrap
+           would let the peer change them after the check (time of check,
+           time of use). */
+        zd_tensor_t *t = zd_tensor_new(dtype, ndim, shape);
+        if (t)
+            zd__rpc_copy(zd_tensor_raw(t), fr->data, fr->size);
+        if (fr->release)
+            fr->release(fr->data, fr->release_arg);
+        return t;
+    }
     if (fr->size && fr->release && (uintptr_t)fr->data % es == 0)
         return zd_tensor_wrap(dtype, ndim, shape, fr->data, fr->size, fr->release,
                            fr->release_arg);

@@ -36,6 +36,7 @@
 #ifndef ZDIST_RPC_CODEC_H
 #define ZDIST_RPC_CODEC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -101,6 +102,9 @@ typedef struct {
     size_t size;
     zd_tensor_release_fn *release;   /* may be NULL: memory not owned */
     void *release_arg;
+    /* data is memory a peer can still write (a shared segment): the tensor
+       made of it gets a copy, taken before anything looks at the bytes. */
+    bool peer_writable;
 } rpc_frame_t;
 
 #define RPC_CODEC_MAX_DEPTH 32            /* list nesting */

@@ -94,7 +94,8 @@ static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
             m->frames = nf;
             m->cap = ncap;
         }
-        m->frames[n++] = (rpc_frame_t){zmq_msg_data(z), zmq_msg_size(z), frame_release, z};
+        m->frames[n++] = (rpc_frame_t){.data = zmq_msg_data(z), .size = zmq_msg_size(z),
+                                       .release = frame_release, .release_arg = z};
     }
     if (too_many) {
         release_frames(m->frames, n);

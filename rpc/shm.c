@@ -5,11 +5,12 @@
     Sending: a peer's segments sit behind its own lock, held only to pick a
     segment (or make one); the copy into it happens outside. The busy flag
     in the segment's header is the only thing both processes write: the
-    sender sets it when it takes the segment, the receiver's tensor clears
-    it when it dies, so a segment is never written while the receiver still
-    holds a tensor in it. Receiving: the segments seen from each peer are
-    kept mapped in a table under one lock; every tensor made from one holds
-    a reference to its mapping, so tensors may outlive the agent. */
+    sender sets it when it takes the segment, the receiver clears it once
+    it has copied the tensor out (when the message is decoded, or dropped),
+    so a segment is never rewritten before the receiver has its copy.
+    Receiving: the segments seen from each peer are kept mapped in a table
+    under one lock; a frame in a segment holds a reference to its mapping
+    until it is copied out. */
 #define _GNU_SOURCE
 #include "rpc/shm.h"
 
@@ -138,15 +139,23 @@ static int read_identity(identity_t *id)
     return 0;
 }
 
-/* A new memfd of a header page and cap bytes, mapped and pre-faulted. */
+/* The seals every segment carries: its size can never change again, so
+   that a receiver reading it cannot be killed by SIGBUS (a sender that
+   shrinks the file under the receiver's mapping), and no seal can be added
+   or taken away. Its bytes stay writable for the sender: the receiver
+   copies a tensor out before it looks at it (codec.c, peer_writable). */
+#define SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+/* A new memfd of a header page and cap bytes, sealed to that size, mapped
+   and pre-faulted. */
 static int make_memfd(size_t cap, uint64_t token, int src, int dst, int *fd_out, uint8_t **map_out)
 {
-    int fd = memfd_create(SHM_NAME, MFD_CLOEXEC);
+    int fd = memfd_create(SHM_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0)
         return -1;
     size_t len = SHM_HEADER + cap;
     uint8_t *map = MAP_FAILED;
-    if (ftruncate(fd, (off_t)len) == 0)
+    if (ftruncate(fd, (off_t)len) == 0 && fcntl(fd, F_ADD_SEALS, SHM_SEALS) == 0)
         map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
     if (map == MAP_FAILED) {
         close(fd);
@@ -165,9 +174,10 @@ static int make_memfd(size_t cap, uint64_t token, int src, int dst, int *fd_out,
 }
 
 /* Opens and maps memfd number fd of process pid (of our uid), checking it
-   is one of ours: a memfd by its name, a regular file of our uid, of
-   exactly header + cap bytes, with the header the sender announced.
-   Returns the mapping, or NULL with the error set. */
+   is one of ours: a memfd by its name, a regular file of our uid, sealed
+   against any change of size (seals cannot be removed: a mapping checked
+   once stays safe to read), of exactly header + cap bytes, with the header
+   the sender announced. Returns the mapping, or NULL with the error set. */
 static uint8_t *open_remote(uint32_t pid, uint32_t fd, uint64_t token, uint64_t cap, int src,
                             int dst)
 {
@@ -191,8 +201,11 @@ static uint8_t *open_remote(uint32_t pid, uint32_t fd, uint64_t token, uint64_t 
     struct stat st;
     size_t len = SHM_HEADER + cap;
     uint8_t *map = MAP_FAILED;
-    if (fstat(f, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-        (uint64_t)st.st_size != (uint64_t)len)
+    int seals = fcntl(f, F_GET_SEALS);
+    if (seals < 0 || (seals & SHM_SEALS) != SHM_SEALS)
+        zd_error_set("%s is not sealed against resizing (seals %#x)", path, seals < 0 ? 0 : seals);
+    else if (fstat(f, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+             (uint64_t)st.st_size != (uint64_t)len)
         zd_error_set("%s is not the segment announced (owner, type or size)", path);
     else if ((map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, f, 0)) == MAP_FAILED)
         zd_error_set("cannot map %s: %s", path, strerror(errno));
@@ -396,9 +409,9 @@ static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
     return 0;
 }
 
-/* A receiver lets a tensor go a moment after it answered the call that
-   brought it (the answer leaves first): a sender calling again at once may
-   find that segment still busy. Making another large one costs more than
+/* A receiver lets a segment go once it decoded the message (for an
+   answer, when its future's value is first read): a sender calling again
+   at once may find that segment still busy. Making another large one costs more than
    waiting this long for it (page faults: ~0.1 s for 16 MiB on a VM). */
 #define SHM_WAIT_OVER ((size_t)4 << 20)
 #define SHM_WAIT_NS 300000
@@ -688,8 +701,9 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
         rpc_frame_t *f = &m->frames[get(entries[i], 4)];
         if (f->release)
             f->release(f->data, f->release_arg);   /* the empty placeholder */
-        *f = (rpc_frame_t){segs[i]->map + SHM_HEADER, (size_t)get(entries[i] + 32, 8),
-                           segment_release, segs[i]};
+        *f = (rpc_frame_t){.data = segs[i]->map + SHM_HEADER,
+                           .size = (size_t)get(entries[i] + 32, 8), .release = segment_release,
+                           .release_arg = segs[i], .peer_writable = true};
     }
     uint64_t bytes = 0;
     for (int i = 0; i < count; i++)

@@ -4,8 +4,9 @@
 
     Over loopback TCP a tensor is copied twice (into the kernel and out of
     it) and libzmq receives it into fresh heap pages; through a shared
-    segment it is copied once, by the sender, and the receiver's tensor is
-    the segment itself. The control message (header, value, the smaller
+    segment it is copied by the sender, then out of the segment by the
+    receiver (the sender could still write the segment: the receiver's
+    tensor must not be it). The control message (header, value, the smaller
     tensors) still travels on ZeroMQ, over the connection the world already
     authenticated.
 
@@ -44,8 +45,9 @@
 
     The receiver opens a segment the first time it sees (slot, token), only
     from a peer whose offer it accepted, checks it as it checked the probe
-    (and its header: magic, token, size, ranks), maps it and keeps it; the
-    tensor wraps the mapped bytes and, when it dies, sets busy back to 0.
+    (and its header: magic, token, size, ranks, and its seals against any
+    change of size), maps it and keeps it; decoding the message copies the
+    tensor out and sets busy back to 0.
     When no segment is free and no new one may be made, the message goes
     the ZeroMQ way. A memfd goes away with the last process that maps it:
     nothing is left behind by a crash. */

@@ -372,8 +372,8 @@ static int finish(stream_t *s, inmsg_t *m)
     for (uint32_t i = 0; i < s->count; i++) {
         rpc_frame_t *f = &s->frames[s->entries[i].frame];
         f->release(f->data, f->release_arg);   /* the empty placeholder */
-        *f = (rpc_frame_t){s->bufs[i]->data, (size_t)s->entries[i].bytes,
-                           zd__rpc_bufcache_release, s->bufs[i]};
+        *f = (rpc_frame_t){.data = s->bufs[i]->data, .size = (size_t)s->entries[i].bytes,
+                           .release = zd__rpc_bufcache_release, .release_arg = s->bufs[i]};
         s->bufs[i] = NULL;
     }
     memcpy(m->frames, s->frames, (size_t)s->n * sizeof *m->frames);

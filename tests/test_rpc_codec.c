@@ -427,8 +427,8 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
     assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
     rpc_frame_t lent[2];
     for (int i = 0; i < 2; i++)
-        lent[i] = (rpc_frame_t){zd_tensor_raw(e.tensors[i]), zd_tensor_nbytes(e.tensors[i]), NULL,
-                                NULL};
+        lent[i] = (rpc_frame_t){.data = zd_tensor_raw(e.tensors[i]),
+                                .size = zd_tensor_nbytes(e.tensors[i])};
     assert_int_equal(zd__value_decode(e.meta, e.meta_len, lent, 2, NULL, 0, &out), 0);
     assert_int_equal(zd_rpc_arg_tensor(out, 0, &ga), 0);
     assert_ptr_not_equal(zd_tensor_raw(ga), zd_tensor_raw(a));
@@ -608,7 +608,7 @@ static void test_wrong_frames(void **state)
     static rpc_frame_t frames[RPC_CODEC_MAX_TENSORS + 1];
     static int released[RPC_CODEC_MAX_TENSORS + 1];
     for (int i = 0; i <= RPC_CODEC_MAX_TENSORS; i++)
-        frames[i] = (rpc_frame_t){released, 0, NULL, NULL};
+        frames[i] = (rpc_frame_t){.data = released};
     assert_int_equal(zd__value_decode(e.meta, e.meta_len, frames, RPC_CODEC_MAX_TENSORS + 1,
                                       NULL, 0, &out), -1);
     assert_string_equal(zd_error_last(), "codec: 4097 frames (at most 4096 tensors)");

@@ -106,7 +106,7 @@ static rpc_frame_t frame_new(const uint8_t *data, size_t size)
     if (size)
         memcpy(f->bytes, data, size);
     live_frames++;
-    return (rpc_frame_t){f->bytes, size, frame_release, f};
+    return (rpc_frame_t){.data = f->bytes, .size = size, .release = frame_release, .release_arg = f};
 }
 
 static void frames_free(void)

@@ -119,7 +119,7 @@ rpc_frame_t frame_of(const void *data, size_t size)
     if (size)
         memcpy(copy, data, size);
     live_frames++;
-    return (rpc_frame_t){copy, size, frame_free, NULL};
+    return (rpc_frame_t){.data = copy, .size = size, .release = frame_free};
 }
 
 int frames_live(void)

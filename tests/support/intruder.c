@@ -159,8 +159,8 @@ int intruder_answer(intruder_t *in, int timeout_ms, intruder_answer_t *out)
         if (h.type == RPC_MSG_REPLY && frames && msgs) {
             /* Borrowed frames (release NULL): the decoder copies them. */
             for (int i = 0; i < n; i++)
-                frames[i] = (rpc_frame_t){zmq_msg_data(&msgs[i]), zmq_msg_size(&msgs[i]), NULL,
-                                          NULL};
+                frames[i] = (rpc_frame_t){.data = zmq_msg_data(&msgs[i]),
+                                          .size = zmq_msg_size(&msgs[i])};
             if (zd__value_decode(h.meta, h.meta_len, frames, n, NULL, h.src, &out->value) < 0)
                 snprintf(out->text, sizeof out->text, "undecodable reply: %s",
                          zd_error_last());
