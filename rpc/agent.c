@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -273,6 +274,22 @@ static void agent_teardown(agent_t *a, bool graceful)
     agent_free(a);
 }
 
+/* A process of a world holds a descriptor per connection, per shared
+   segment being opened, per data file; the common soft limit of 1024 is
+   one a stranger holding connections to an open port can use up, while
+   the hard limit (usually far higher) is the machine's real budget. */
+static void raise_fd_limit(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+        rlim_t was = r.rlim_cur;
+        r.rlim_cur = r.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &r) == 0)
+            zd__log(ZD_LOG_DEBUG, "rpc: open files limit raised from %llu to %llu",
+                    (unsigned long long)was, (unsigned long long)r.rlim_max);
+    }
+}
+
 int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options_t *opts)
 {
     init_params_t p;
@@ -287,6 +304,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     int64_t deadline = p.o.init_timeout_ms
                            ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
                            : INT64_MAX;
+    raise_fd_limit();
     /* Rank 0 without a listen address binds after the rendezvous, on the
        addresses that route to the workers that registered. */
     char ip[64] = "";

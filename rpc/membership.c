@@ -344,6 +344,9 @@ static void desk_serve(agent_t *a, membership_t *mb)
         return;
     if (rc == 0 && !zd__security_key_ok(a, r.key))
         rc = -1, snprintf(why, sizeof why, "a key that does not fit this world");
+    else if (rc == 0 && zd__security_registration_refused(a, peer, r.endpoint))
+        rc = -1, snprintf(why, sizeof why, "\"%s\" (rank %d): %s", r.name, r.rank,
+                          zd__security_registration_refused(a, peer, r.endpoint));
     else if (rc == 0 && r.world != a->world)
         rc = -1, snprintf(why, sizeof why, "world size %d, this world's is %d", r.world, a->world);
     else if (rc == 0 && (r.rank == 0 || r.rank >= a->world))

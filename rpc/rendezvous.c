@@ -137,8 +137,10 @@ static int bind_all(void *sock, int port)
                         zmq_strerror(errno));
 }
 
-/* Binds the rendezvous socket where master (see the top) says. */
-static int listen_rendezvous(void *sock, const char *master, int port)
+/* Binds the rendezvous socket where master (see the top) says; a world
+   without a key (loopback only) binds master's loopback addresses and
+   nothing else, whatever the name. */
+static int listen_rendezvous(void *sock, const char *master, int port, bool loopback_only)
 {
     if (!*master) {
         zd__log(ZD_LOG_INFO, "rpc: rendezvous: no master address given: rank 0 listens on port "
@@ -151,7 +153,7 @@ static int listen_rendezvous(void *sock, const char *master, int port)
         return zd_error_wrap("rendezvous: master address");
     for (int i = 0; i < n; i++)
         loopback += zd__addr_is_loopback(addrs[i]);
-    if (!zd__addr_family(master) && loopback == n) {
+    if (!zd__addr_family(master) && loopback == n && !loopback_only) {
         /* A name that means "this host" only here: other hosts resolve it to
            an address we cannot know, so listen everywhere. */
         zd__log(ZD_LOG_WARN, "rpc: rendezvous: master address \"%s\" resolves to %s on this "
@@ -160,6 +162,8 @@ static int listen_rendezvous(void *sock, const char *master, int port)
         return bind_all(sock, port);
     }
     for (int i = 0; i < n; i++) {
+        if (loopback_only && !zd__addr_is_loopback(addrs[i]))
+            continue;
         if (bind_one(sock, addrs[i], port, ep, sizeof ep) == 0) {
             bound++;
             continue;
@@ -213,6 +217,11 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     rdv_entry_t r;
     if (zd__rdv_parse_registration(m, &r, why, sizeof why) < 0) {
         turn_away(h, id, peer, "malformed (%s)", why);
+        return 0;
+    }
+    const char *policy = zd__security_registration_refused(a, peer, r.endpoint);
+    if (policy) {
+        turn_away(h, id, peer, "\"%s\" (rank %d): %s", r.name, r.rank, policy);
         return 0;
     }
     if (!zd__security_key_ok(a, r.key)) {
@@ -457,11 +466,12 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     }
     set_int(h.sock, ZMQ_LINGER, 2000);   /* lets the table reach everyone after we return */
     set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     int rc = -1;
     if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
         goto out;
     zd__security_watch(a, h.sock, "the rendezvous");   /* before the first connection */
-    if (listen_rendezvous(h.sock, addr, port) < 0)
+    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(a)) < 0)
         goto out;
     h.slots[0].present = true;
     snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);

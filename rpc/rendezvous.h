@@ -38,6 +38,11 @@
    registration's frames are a name and an endpoint of at most 127 bytes,
    an error text at most RDV_MAX_TEXT. */
 #define RDV_MAX_FRAME 4096
+/*  A connection to the rendezvous that has not finished its ZMTP (and, with
+    a key, CURVE) handshake within this is dropped: a legitimate process
+    finishes in milliseconds, and each one held open costs rank 0 a
+    descriptor. */
+#define RDV_HANDSHAKE_MS 3000
 #define RDV_MAX_TEXT 1024
 #define RDV_KEY_LEN 40          /* a Z85 CURVE public key */
 

@@ -396,6 +396,24 @@ const char *zd__security_public_key(const agent_t *a)
     return zd__security_curve(a) ? a->sec->pub : "";
 }
 
+bool zd__security_loopback_only(const agent_t *a)
+{
+    return a->sec && !a->sec->curve && !a->sec->insecure;
+}
+
+const char *zd__security_registration_refused(const agent_t *a, const char *peer,
+                                              const char *endpoint)
+{
+    if (!zd__security_loopback_only(a))
+        return NULL;
+    if (!ip_is_loopback(peer))
+        return "it comes from off this host, and this world has no key (loopback only)";
+    if (!endpoint_is_loopback(endpoint))
+        return "it advertises an endpoint off loopback, and this world has no key "
+               "(loopback only)";
+    return NULL;
+}
+
 bool zd__security_key_ok(const agent_t *a, const char *key)
 {
     uint8_t bin[32];

@@ -65,6 +65,17 @@ void zd__security_watch(agent_t *a, void *sock, const char *what);
     world (a key under CURVE, none without). */
 bool zd__security_key_ok(const agent_t *a, const char *key);
 
+/*  A world without a key and not insecure: it runs on loopback only, so its
+    rendezvous listens on loopback only and takes registrations only from
+    there. */
+bool zd__security_loopback_only(const agent_t *a);
+
+/*  Why a registration (at init or a rejoin) from address peer, advertising
+    endpoint, breaks this world's policy (a loopback-only world and either
+    off loopback), or NULL when it does not. */
+const char *zd__security_registration_refused(const agent_t *a, const char *peer,
+                                              const char *endpoint);
+
 /*  After the rendezvous (a->peers[*].key and endpoints set): hands the
     table's keys to the ZAP handler, which then answers the connections it
     held back; without a key, fails when an endpoint is not loopback (unless
