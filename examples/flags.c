@@ -2,7 +2,9 @@
 #include "examples/flags.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,18 @@
 #include <zdist/error.h>
 #include <zdist/log.h>
 #include <zdist/rpc.h>
+
+/*  The range of an integer flag's type: [lo, hi], and how to say it. */
+static void int_range(flag_type_t type, long long *lo, long long *hi, const char **what)
+{
+    *lo = LLONG_MIN, *hi = LLONG_MAX, *what = "an integer";
+    if (type == FLAG_COUNT)
+        *lo = 1, *what = "an integer of at least 1";
+    else if (type == FLAG_INDEX)
+        *lo = 0, *what = "an integer of at least 0";
+    else if (type == FLAG_PORT)
+        *lo = 1, *hi = 65535, *what = "a port from 1 to 65535";
+}
 
 void flags_usage(const char *prog, const flag_t *flags, int n, const char *summary)
 {
@@ -19,6 +33,18 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
         char def[64] = "";
         switch (f->type) {
         case FLAG_INT: snprintf(def, sizeof def, "%" PRId64, *(int64_t *)f->ptr); break;
+        case FLAG_COUNT:
+        case FLAG_INDEX:
+        case FLAG_PORT: {
+            long long lo, hi, v = *(int64_t *)f->ptr;
+            const char *what;
+            int_range(f->type, &lo, &hi, &what);
+            if (v < lo || v > hi)
+                snprintf(def, sizeof def, "unset");
+            else
+                snprintf(def, sizeof def, "%lld", v);
+            break;
+        }
         case FLAG_DOUBLE: snprintf(def, sizeof def, "%g", *(double *)f->ptr); break;
         case FLAG_STRING: {
             const char *v = *(const char **)f->ptr;
@@ -36,10 +62,20 @@ static int set_value(const char *prog, const flag_t *f, const char *v)
     char *end;
     errno = 0;
     switch (f->type) {
-    case FLAG_INT: {
-        long long x = strtoll(v, &end, 10);
-        if (end == v || *end || errno) {
-            fprintf(stderr, "%s: --%s expects an integer, got \"%s\"\n", prog, f->name, v);
+    case FLAG_INT:
+    case FLAG_COUNT:
+    case FLAG_INDEX:
+    case FLAG_PORT: {
+        long long lo, hi, x = strtoll(v, &end, 10);
+        const char *what;
+        int_range(f->type, &lo, &hi, &what);
+        if (end == v || *end || errno || x < lo || x > hi) {
+            /* The value a variable holds for "unset" is no value to type:
+               it would silently become the default. */
+            fprintf(stderr, "%s: --%s expects %s, got \"%s\"%s\n", prog, f->name, what, v,
+                    f->type == FLAG_INT ? ""
+                                        : " (leave the flag out: the launcher's value, else "
+                                          "the default)");
             return -1;
         }
         *(int64_t *)f->ptr = x;
@@ -47,8 +83,11 @@ static int set_value(const char *prog, const flag_t *f, const char *v)
     }
     case FLAG_DOUBLE: {
         double x = strtod(v, &end);
-        if (end == v || *end || errno) {
-            fprintf(stderr, "%s: --%s expects a number, got \"%s\"\n", prog, f->name, v);
+        /* nan passes every "x <= 0" check a program makes, and inf is
+           applied as it is (a learning rate of inf diverges at once). */
+        if (end == v || *end || errno || !isfinite(x)) {
+            fprintf(stderr, "%s: --%s expects a finite number, got \"%s\"\n", prog, f->name,
+                    v);
             return -1;
         }
         *(double *)f->ptr = x;

@@ -9,19 +9,26 @@
 
 #include <zdist/rpc.h>
 
-typedef enum { FLAG_INT, FLAG_DOUBLE, FLAG_STRING, FLAG_BOOL } flag_type_t;
+/*  FLAG_COUNT (at least 1), FLAG_INDEX (0 or more) and FLAG_PORT (1 to
+    65535) are integers whose variable may hold a value outside that range
+    to mean "not given" (the world flags: the launcher's then): a user who
+    types such a value is refused, not silently given the default. */
+typedef enum {
+    FLAG_INT, FLAG_DOUBLE, FLAG_STRING, FLAG_BOOL, FLAG_COUNT, FLAG_INDEX, FLAG_PORT
+} flag_type_t;
 
 typedef struct {
     const char *name;       /* without the leading "--" */
     flag_type_t type;
-    void *ptr;              /* int64_t *, double *, const char **, bool * */
+    void *ptr;              /* int64_t * (every integer type), double *, const char **, bool * */
     const char *help;
 } flag_t;
 
 /*  Parses argv into the flags' variables (which hold the defaults). Prints
     usage and returns 1 for --help; prints a clear message naming the flag
-    and returns -1 for an unknown flag, a missing value or a malformed
-    number; returns 0 otherwise. */
+    and returns -1 for an unknown flag, a missing value, a malformed
+    number, a number that is not finite (nan, inf) or an integer outside
+    its type's range; returns 0 otherwise. */
 int flags_parse(int argc, char **argv, const flag_t *flags, int n, const char *summary);
 
 /*  Prints the flags with their defaults/current values. */
@@ -34,11 +41,11 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
     then from the defaults. */
 
 typedef struct {
-    int64_t rank;               /* -1: the launcher's (required somewhere) */
-    int64_t world_size;         /* 0: the launcher's, else the program's default */
+    int64_t rank;               /* -1 (unset): the launcher's (required somewhere) */
+    int64_t world_size;         /* 0 (unset): the launcher's, else the program's default */
     const char *master_addr;    /* NULL: the launcher's, else "localhost" (rank 0: none, it
                                    listens on every interface) */
-    int64_t master_port;        /* 0: the launcher's, else 29500 */
+    int64_t master_port;        /* 0 (unset): the launcher's, else 29500 */
     const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
     const char *listen_addr;    /* NULL: $ZDIST_LISTEN_ADDR, else the address routing to rank 0 */
     const char *key_file;       /* NULL: $ZDIST_KEY_FILE, else the default world key if any */
@@ -47,16 +54,18 @@ typedef struct {
     zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
-/*  The flag_t entries, to put in a program's flags array. */
+/*  The flag_t entries, to put in a program's flags array. Given, a rank
+    is 0 or more, a world size 1 or more and a port in 1..65535 (issue 24
+    point 9: --world_size=0 used to mean "unset"). */
 #define FLAGS_WORLD(w)                                                                      \
-    {"rank", FLAG_INT, &(w).rank, "this process's rank (-1: the launcher's, e.g. $RANK)"},  \
-    {"world_size", FLAG_INT, &(w).world_size,                                               \
-     "number of processes (0: the launcher's, else what the program's layout needs)"},      \
+    {"rank", FLAG_INDEX, &(w).rank, "this process's rank (unset: the launcher's, e.g. $RANK)"},\
+    {"world_size", FLAG_COUNT, &(w).world_size,                                             \
+     "number of processes (unset: the launcher's, else what the program's layout needs)"},  \
     {"master_addr", FLAG_STRING, &(w).master_addr,                                          \
      "rank 0's address (unset: the launcher's, else localhost; rank 0 then listens on "     \
      "every interface)"},                                                                   \
-    {"master_port", FLAG_INT, &(w).master_port,                                             \
-     "rank 0's rendezvous port (0: the launcher's, else 29500)"},                           \
+    {"master_port", FLAG_PORT, &(w).master_port,                                            \
+     "rank 0's rendezvous port (unset: the launcher's, else 29500)"},                       \
     {"metrics", FLAG_STRING, &(w).metrics,                                                  \
      "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"},   \
     {"listen_addr", FLAG_STRING, &(w).listen_addr,                                          \

@@ -39,6 +39,11 @@
       ps_dist_gradient_sizes(server, cid)-> [[name, elements], ...]: the same
                                            question, without the tensors
       ps_trainer_started(server) / ps_trainer_finished(server, samples)
+      ps_trainer_failed(batches, why)   the caller's run failed (why: its
+                                           error); the servers stop waiting for
+                                           it and name it (a plain function of
+                                           rank 0, no server RRef: it may have
+                                           failed before it had one)
       ps_evaluate(server, samples)      -> test accuracy of the final weights,
                                            once every trainer has finished
                                            or was lost
@@ -69,7 +74,11 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const c
           has every shard load its last generation again (ps_reload_shard),
           so that weights and positions are of one checkpoint
     Temporary files this shard's writes left behind (a process killed
-    mid-write) are removed first. With resume, the shard loads its file of
+    mid-write) are removed first; then the shard checks that it can write
+    there (a probe file created and removed) and refuses, naming the path,
+    a prefix it cannot write. A write that fails (a full disk) leaves the
+    shard's files as they were: the new generation is written whole to
+    prefix.shardK.new before the files move. With resume, the shard loads its file of
     shard 0's generation (its .prev one when a checkpoint did not reach
     shard 0), refusing (with the files and their generations named) a mix
     of generations, a missing or damaged file, one of another layout, or
@@ -96,17 +105,25 @@ void ps_net_set_max_inflight(int n);
 /*  How many fc1 rows shard s of S holds, and the first one. */
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count);
 
-/*  On shard 0 after the world finished: total samples and seconds from the
-    first trainer's start to the last trainer's end (0 when none). */
+/*  On shard 0 after the world finished: the samples of every training
+    forward it served (those of trainers lost or failed on the way too) and
+    the seconds from the first trainer's start to the last trainer's finish
+    or last training forward, whichever came later (0 when none). */
 void ps_net_throughput(int64_t *samples, double *seconds);
 
 /*  On shard 0 after the world finished: prints a line to out for each
-    trainer that was lost (its rank and the batch it was at) and returns
-    how many trainers finished their batches. */
+    trainer that failed (its rank, the batch it was at and its error) or
+    was lost (its rank and the batch it was at) and returns how many
+    trainers finished their batches. */
 int ps_net_trainers_report(FILE *out);
 
+/*  On shard 0: how many trainers said their run failed, and the first
+    one's "trainer rank R failed at batch B: why" in first (of size). */
+int ps_net_trainers_failed(char *first, size_t size);
+
 /*  On shard 0 before its shutdown: waits until every trainer has finished
-    its batches, or was lost and has not come back within wait_s seconds.
+    its batches, said that its run failed (ps_trainer_failed), or was lost
+    and has not come back within wait_s seconds.
     A graceful zd_rpc_shutdown stops taking back restarted processes (rank
     0's rendezvous closes), and a server calls it as soon as it serves: with
     checkpoints, a trainer restarted into the running world must still find

@@ -7,8 +7,10 @@
     shard's file records the number of the checkpoint it belongs to. Shard 0
     has the others write generation G first and writes its own last: its
     file is the commit point, and the trainers' positions it holds are
-    never ahead of any shard's weights. Before a shard replaces its file it
-    keeps the one it replaces as PREFIX.shardK.prev, so that when a shard
+    never ahead of any shard's weights. A shard writes generation G to
+    PREFIX.shardK.new, and only then keeps the file it replaces as
+    PREFIX.shardK.prev and moves the new one in place (a write that fails
+    leaves both older generations as they were), so that when a shard
     dies between the others' writes and shard 0's (the others at G, shard 0
     still at G-1) every shard still has a file of generation G-1. A resume
     takes, on every shard, the file of shard 0's generation (the current
@@ -19,7 +21,9 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -95,7 +99,10 @@ static int shard_file_init(shard_file_t *f)
 }
 
 /*  The file at path becomes path.prev (a hard link, then a rename: path
-    stays in place throughout). Nothing to keep before the first write. */
+    stays in place throughout). Nothing to keep before the first write.
+    Called once the new file is written whole (save_shard): a write that
+    fails must leave .prev the generation before path's, not a second copy
+    of path. */
 static int keep_previous(const char *path)
 {
     char tmp[1200], prev[1200];
@@ -134,14 +141,30 @@ static int save_shard(int64_t generation)
        others' saves and its own; the others here. Tests only (fault.h). */
     if (ps_shard.shard != 0)
         fault_point(zd_rpc_rank(), "checkpoint");
+    /* The new generation goes to PREFIX.shardK.new first; only once it is
+       there whole does the current file become .prev and the new one take
+       its place. A write that fails (a full disk, a file system turned
+       read-only) then leaves both generations as they were. */
+    char next[1200];
+    snprintf(next, sizeof next, "%s.new", path);
     zd_dist_optim_read_lock();
-    /* A generation written again (its first round did not reach shard 0)
-       keeps the .prev of the one before it. */
-    int rc = generation == ck.generation || ck.from_prev ? 0 : keep_previous(path);
-    if (rc == 0)
-        rc = zd_checkpoint_save(path, f.n, f.names, f.tensors);
+    int rc = zd_checkpoint_save(next, f.n, f.names, f.tensors);
     zd_dist_optim_read_unlock();
     shard_file_clear(&f);
+    /* A generation written again (its first round did not reach shard 0)
+       keeps the .prev of the one before it. */
+    if (rc == 0 && generation != ck.generation && !ck.from_prev)
+        rc = keep_previous(path);
+    if (rc == 0 && rename(next, path) < 0)
+        rc = zd_error_set("checkpoint: cannot rename %s to %s: %s", next, path,
+                          strerror(errno));
+    if (rc < 0) {
+        unlink(next);
+        /* The trainer whose checkpoint this was fails with this error; the
+           server names it too, where its operator looks. */
+        fprintf(stderr, "parameter server %d: checkpoint generation %lld not written: %s\n",
+                ps_shard.shard, (long long)generation, zd_error_last());
+    }
     if (rc == 0) {
         ck.generation = generation;
         ck.restored = ck.from_prev = false;
@@ -461,9 +484,11 @@ static int load_generation(int64_t want)
 }
 
 /*  Removes what writes of this shard's files left behind when their
-    process died mid-write: PREFIX.shardK.tmp.PID.N (zd_checkpoint_save)
-    and PREFIX.shardK.prev.tmp.PID (keep_previous). Only shard K writes
-    them, and this process is shard K now: any there are stale. */
+    process died mid-write: PREFIX.shardK.tmp.PID.N (zd_checkpoint_save),
+    PREFIX.shardK.prev.tmp.PID (keep_previous), PREFIX.shardK.new and its
+    PREFIX.shardK.new.tmp.PID.N (save_shard), PREFIX.shardK.probe.PID
+    (check_prefix). Only shard K writes them, and this process is shard K
+    now: any there are stale. */
 static int remove_stale_temps(void)
 {
     char dir[1100], lead[1100];
@@ -484,14 +509,17 @@ static int remove_stale_temps(void)
         if (strncmp(rest, lead, n) != 0)
             continue;
         rest += n;
-        if (!strncmp(rest, "tmp.", 4))
-            rest += 4;
-        else if (!strncmp(rest, "prev.tmp.", 9))
-            rest += 9;
-        else
-            continue;
-        if (!rest[0] || strspn(rest, "0123456789.") != strlen(rest))
-            continue;
+        static const char *const kinds[] = {"tmp.", "prev.tmp.", "new.tmp.", "probe."};
+        size_t k = 0, nk = sizeof kinds / sizeof kinds[0];
+        while (k < nk && strncmp(rest, kinds[k], strlen(kinds[k])) != 0)
+            k++;
+        if (strcmp(rest, "new") != 0) {
+            if (k == nk)
+                continue;
+            rest += strlen(kinds[k]);
+            if (!rest[0] || strspn(rest, "0123456789.") != strlen(rest))
+                continue;
+        }
         char path[2400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (unlink(path) == 0)
@@ -502,6 +530,31 @@ static int remove_stale_temps(void)
                     strerror(errno));
     }
     closedir(d);
+    return 0;
+}
+
+/*  Whether this shard can write its files: creates, writes a byte to and
+    removes PREFIX.shardK.probe.PID. A prefix in a folder that is not
+    there, under a regular file, read-only or full fails here, at start,
+    naming the path, rather than at the first checkpoint, deep in a run. */
+static int check_prefix(void)
+{
+    char path[1200];
+    snprintf(path, sizeof path, "%s.shard%d.probe.%ld", ck.prefix, ps_shard.shard,
+             (long)getpid());
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int e = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        if (write(fd, "", 1) != 1 || fsync(fd) < 0)
+            e = errno ? errno : EIO;
+        if (close(fd) < 0 && !e)
+            e = errno;
+        unlink(path);
+    }
+    if (e)
+        return zd_error_set("checkpoint: --checkpoint=%s: cannot write %s: %s (the prefix "
+                            "must name files in a folder this process can write)", ck.prefix,
+                            path, strerror(e));
     return 0;
 }
 
@@ -519,6 +572,8 @@ int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size
     ck.config[1] = (int64_t)ps_shard.seed;
     ck.config[2] = num_trainers;
     remove_stale_temps();
+    if (check_prefix() < 0)
+        return -1;
     if (!resume)
         return 0;
     /* Shard 0's generation is the one to resume; another shard reads it

@@ -19,12 +19,16 @@
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
 
+/*  What a failed trainer said of its failure, at most this long. */
+#define WHY_MAX 400
+
 /*  Shard 0: throughput book-keeping and the shared final evaluation. */
 static struct {
     pthread_mutex_t stats_lock;
     int started, finished;
     double first_start, last_finish;   /* train_now() */
-    int64_t samples;
+    double last_batch;            /* train_now() of the last training forward */
+    int64_t samples;              /* of every training forward, lost trainers' too */
     char data_dir[1024];
     zd_future_t *waiting[64];     /* evaluations waiting for the last trainer */
     int n_waiting;
@@ -39,10 +43,15 @@ static struct {
     zd_future_t **gate;
     int64_t *gate_done, *gate_bound;
     double *lost_at;              /* train_now() when each was lost */
-    pthread_cond_t changed;       /* a trainer finished, was lost or came back */
+    char (*why)[WHY_MAX];         /* why each failed trainer failed (TR_FAILED) */
+    int64_t *failed_at;           /* the batch it was at, by its own count */
+    pthread_cond_t changed;       /* a trainer finished, failed, was lost or came back */
 } ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
-enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4, TR_REJOINED = 8 };
+/*  TR_FAILED: the trainer's run failed and it said so (ps_trainer_failed):
+    nobody waits for it any more, as for a finished one, but it does not
+    count as finished. */
+enum { TR_FINISHED = 1, TR_LOST = 2, TR_WAITING = 4, TR_REJOINED = 8, TR_FAILED = 16 };
 
 /*  Under stats_lock: the per-rank tables, made at first use. false (error
     set) when out of memory or rank is outside the world. */
@@ -59,10 +68,13 @@ static bool tables_ready(int rank)
         ev.gate_done = calloc((size_t)w, sizeof *ev.gate_done);
         ev.gate_bound = calloc((size_t)w, sizeof *ev.gate_bound);
         ev.lost_at = calloc((size_t)w, sizeof *ev.lost_at);
+        ev.why = calloc((size_t)w, sizeof *ev.why);
+        ev.failed_at = calloc((size_t)w, sizeof *ev.failed_at);
         if (!ev.state || !ev.batches || !ev.progress || !ev.gate || !ev.gate_done ||
-            !ev.gate_bound || !ev.lost_at) {
+            !ev.gate_bound || !ev.lost_at || !ev.why || !ev.failed_at) {
             free(ev.state), free(ev.batches), free(ev.progress), free(ev.gate);
             free(ev.gate_done), free(ev.gate_bound), free(ev.lost_at);
+            free(ev.why), free(ev.failed_at);
             ev.state = NULL;
             return zd_error_set("out of memory"), false;
         }
@@ -154,12 +166,12 @@ static int evaluate(int64_t limit, double *acc)
     stats_lock held; the evaluation itself runs outside it. */
 static void finish_evaluations(void)
 {
-    /* Every trainer is either waiting here or lost: a dead trainer does
-       not hold up the survivors' evaluation. */
+    /* Every trainer is either waiting here, lost or failed: a dead or
+       failed trainer does not hold up the survivors' evaluation. */
     if (!ev.state || ev.n_waiting == 0)
         return;
     for (int r = ps_shard.num_shards; r < ev.world; r++)
-        if (!(ev.state[r] & TR_LOST) && !(ev.state[r] & TR_WAITING))
+        if (!(ev.state[r] & (TR_LOST | TR_FAILED | TR_WAITING)))
             return;
     zd_future_t *fs[64];
     int n = ev.n_waiting;
@@ -231,7 +243,7 @@ static void open_gates(void);
 static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;
-    int64_t samples;
+    int64_t samples;   /* the trainer's count; the server counts its forwards */
     int src = zd_rpc_call_caller_rank(call);
     if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
@@ -245,8 +257,42 @@ static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, vo
     pthread_cond_broadcast(&ev.changed);
     open_gates();   /* a finished trainer holds nobody back */
     ev.finished++;
-    ev.samples += samples;
     ev.last_finish = now;
+    finish_evaluations();
+    pthread_mutex_unlock(&ev.stats_lock);
+    return zd_value_none();
+}
+
+/*  ps_trainer_failed(batches, why): the caller's run failed (its error
+    in why): the servers stop waiting for it and name it, and the world
+    ends as soon as the others are done, instead of waiting for a trainer
+    that will never finish (issue 24 point 7). */
+static zd_value_t *fn_trainer_failed(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t batches;
+    const char *text;
+    int src = zd_rpc_call_caller_rank(call);
+    if (zd_rpc_arg_int(args, 0, &batches) < 0 || zd_rpc_arg_string(args, 1, &text) < 0)
+        return NULL;
+    pthread_mutex_lock(&ev.stats_lock);
+    if (!tables_ready(src)) {
+        pthread_mutex_unlock(&ev.stats_lock);
+        return NULL;
+    }
+    /* A peer's text goes to this server's terminal: printable bytes only. */
+    char *why = ev.why[src];
+    snprintf(why, WHY_MAX, "%s", text);
+    for (char *c = why; *c; c++)
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    ev.state[src] |= TR_FAILED;
+    ev.failed_at[src] = batches;
+    pthread_cond_broadcast(&ev.changed);
+    printf("trainer \"%s\" (rank %d) failed at batch %lld: %s\n",
+           zd_rpc_call_caller_name(call), src, (long long)batches, why);
+    fflush(stdout);
+    open_gates();
     finish_evaluations();
     pthread_mutex_unlock(&ev.stats_lock);
     return zd_value_none();
@@ -256,7 +302,8 @@ void ps_net_throughput(int64_t *samples, double *seconds)
 {
     pthread_mutex_lock(&ev.stats_lock);
     *samples = ev.samples;
-    *seconds = ev.finished ? ev.last_finish - ev.first_start : 0.0;
+    double end = ev.last_finish > ev.last_batch ? ev.last_finish : ev.last_batch;
+    *seconds = ev.started && end > ev.first_start ? end - ev.first_start : 0.0;
     pthread_mutex_unlock(&ev.stats_lock);
 }
 
@@ -268,7 +315,7 @@ static int64_t slowest_live(void)
 {
     int64_t low = INT64_MAX;
     for (int r = ps_shard.num_shards; r < ev.world; r++)
-        if (!(ev.state[r] & (TR_FINISHED | TR_LOST)) && ev.progress[r] < low)
+        if (!(ev.state[r] & (TR_FINISHED | TR_LOST | TR_FAILED)) && ev.progress[r] < low)
             low = ev.progress[r];
     return low;
 }
@@ -328,11 +375,15 @@ static zd_future_t *fn_staleness_gate(zd_rpc_call_t *call, zd_value_t *args, voi
     return f;
 }
 
-void ps_net_eval_note_batch(int rank)
+void ps_net_eval_note_batch(int rank, int64_t samples)
 {
+    double now = train_now();
     pthread_mutex_lock(&ev.stats_lock);
-    if (tables_ready(rank))
+    if (tables_ready(rank)) {
         ev.batches[rank]++;
+        ev.samples += samples;
+        ev.last_batch = now;
+    }
     pthread_mutex_unlock(&ev.stats_lock);
 }
 
@@ -373,7 +424,7 @@ static void trainer_joined(void *arg, int peer, const char *name)
         printf("trainer \"%s\" (rank %d), lost at batch %lld, rejoined; counted again\n", name,
                peer, (long long)ev.batches[peer]);
         fflush(stdout);
-        ev.state[peer] = TR_REJOINED;
+        ev.state[peer] = TR_REJOINED;   /* not failed any more either: it tries again */
         pthread_cond_broadcast(&ev.changed);
         ev.batches[peer] = 0;
         ev.progress[peer] = 0;
@@ -401,10 +452,13 @@ void ps_net_wait_trainers(double wait_s)
         }
         if (gave_up)
             break;
+        /* A failed trainer is done with, lost or not: it said so. */
         bool done = ev.state != NULL;
         for (int r = ps_shard.num_shards; done && r < ev.world; r++)
-            if (ev.state[r] & TR_LOST ? now - ev.lost_at[r] < wait_s
-                                      : !(ev.state[r] & TR_FINISHED))
+            if (ev.state[r] & TR_FAILED)
+                continue;
+            else if (ev.state[r] & TR_LOST ? now - ev.lost_at[r] < wait_s
+                                           : !(ev.state[r] & TR_FINISHED))
                 done = false;
         if (done)
             break;
@@ -425,7 +479,10 @@ int ps_net_trainers_report(FILE *out)
     for (int r = ps_shard.num_shards; ev.state && r < ev.world; r++) {
         if (ev.state[r] & TR_FINISHED)
             finished++;
-        if (ev.state[r] & TR_LOST)
+        if (ev.state[r] & TR_FAILED)
+            fprintf(out, "trainer rank %d failed at batch %lld: %s\n", r,
+                    (long long)ev.failed_at[r], ev.why[r]);
+        else if (ev.state[r] & TR_LOST)
             fprintf(out, "trainer rank %d was lost at batch %lld%s\n", r,
                     (long long)ev.batches[r],
                     ev.state[r] & TR_FINISHED ? " (after finishing its batches)" : "");
@@ -437,6 +494,20 @@ int ps_net_trainers_report(FILE *out)
     return finished;
 }
 
+int ps_net_trainers_failed(char *first, size_t size)
+{
+    int failed = 0;
+    if (size)
+        first[0] = 0;
+    pthread_mutex_lock(&ev.stats_lock);
+    for (int r = ps_shard.num_shards; ev.state && r < ev.world; r++)
+        if ((ev.state[r] & TR_FAILED) && failed++ == 0 && size)
+            snprintf(first, size, "trainer rank %d failed at batch %lld: %s", r,
+                     (long long)ev.failed_at[r], ev.why[r]);
+    pthread_mutex_unlock(&ev.stats_lock);
+    return failed;
+}
+
 int ps_net_eval_register(const char *data_dir)
 {
     snprintf(ev.data_dir, sizeof ev.data_dir, "%s", data_dir ? data_dir : "");
@@ -445,7 +516,8 @@ int ps_net_eval_register(const char *data_dir)
         zd_rpc_register_async("ps_staleness_gate", fn_staleness_gate, NULL) < 0)
         return -1;
     if (zd_rpc_register("ps_trainer_started", fn_trainer_started, NULL) < 0 ||
-        zd_rpc_register("ps_trainer_finished", fn_trainer_finished, NULL) < 0)
+        zd_rpc_register("ps_trainer_finished", fn_trainer_finished, NULL) < 0 ||
+        zd_rpc_register("ps_trainer_failed", fn_trainer_failed, NULL) < 0)
         return -1;
     return zd_rpc_register_async("ps_evaluate", fn_evaluate, NULL);
 }
@@ -460,6 +532,7 @@ void ps_net_eval_free(void)
         }
     free(ev.state), free(ev.batches), free(ev.progress), free(ev.gate);
     free(ev.gate_done), free(ev.gate_bound), free(ev.lost_at);
+    free(ev.why), free(ev.failed_at);
     ev.state = NULL;
     ev.world = 0;
     pthread_mutex_unlock(&ev.stats_lock);

@@ -60,8 +60,9 @@ int ps_net_fc1_part(zd_tensor_t *flat, bool training, zd_tensor_t **out);
 /*  Register the RPC functions of ps_net_eval.c (the test set is read from
     data_dir, NULL: the default place) and of ps_net_checkpoint.c. 0, or -1. */
 int ps_net_eval_register(const char *data_dir);
-/*  Shard 0: a training forward of trainer rank began (its batch count). */
-void ps_net_eval_note_batch(int rank);
+/*  Shard 0: a training forward of trainer rank began, of `samples` images
+    (its batch count, and the aggregate throughput). */
+void ps_net_eval_note_batch(int rank, int64_t samples);
 /*  Frees ps_net_eval.c's tables (ps_net_free). */
 void ps_net_eval_free(void);
 int ps_net_checkpoint_register(void);

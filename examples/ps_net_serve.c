@@ -35,7 +35,7 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         ps_net_guard_batch(call, x) < 0)
         return NULL;
     if (training)
-        ps_net_eval_note_batch(zd_rpc_call_caller_rank(call));
+        ps_net_eval_note_batch(zd_rpc_call_caller_rank(call), zd_tensor_shape(x)[0]);
     fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
     bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = ps_net_forward(x, training != 0, &out);

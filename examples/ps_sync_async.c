@@ -25,6 +25,8 @@ int main(int argc, char **argv)
     /* first, before any thread or BLAS call: the allocator and OpenBLAS
        set-up the layers' speed relies on (zdist/nn.h) */
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
+    /* Line by line even into a pipe (the launcher labels lines as they come). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char *prog = "ps_sync_async", *mode = "sync";
     ps_options_t o = ps_options_default();
     o.progress_s = 5;

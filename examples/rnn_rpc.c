@@ -482,6 +482,8 @@ out:
 int main(int argc, char **argv)
 {
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
+    /* Line by line even into a pipe (the launcher labels lines as they come). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const char *prog = "rnn_rpc";
     options_t o = {
         .data = DEFAULT_TEXT, .iterations = 300, .batch = 16, .bptt = 35, .ninp = 32,

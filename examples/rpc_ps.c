@@ -356,6 +356,28 @@ static int server_came_back(const options_t *o, server_t *srv, int trainer, int6
     return 1;
 }
 
+/*  Tells shard 0 that this trainer's run failed, and why: the servers stop
+    waiting for it (with --checkpoint rank 0 waits for every trainer to
+    finish before its shutdown), name it with its error, and the world ends
+    once the others are done, instead of waiting for a trainer that will
+    never finish (issue 24 point 7). Best effort, within the RPC timeout: a
+    server that is gone learns nothing, and the trainer fails all the same.
+    The error stays set. */
+static void report_failure(const options_t *o, int64_t done)
+{
+    char why[1024];
+    snprintf(why, sizeof why, "%s", zd_error_last());
+    if (zd_rpc_peer_is_lost(0))
+        return;
+    zd_value_t *a = zd_rpc_args("is", done, why), *r = NULL;
+    if (!a || zd_rpc_sync(0, "ps_trainer_failed", a, ZD_TIMEOUT_DEFAULT, &r) < 0)
+        fprintf(stderr, "rpc_ps trainer %lld: could not tell the server that this run failed: "
+                "%s\n", (long long)o->world.rank, zd_error_last());
+    zd_value_unref(a);
+    zd_value_unref(r);
+    zd_error_set("%s", why);
+}
+
 static int run_trainer(const options_t *o)
 {
     char dir[1024];
@@ -548,8 +570,10 @@ again:   /* from `start`, after a server shard came back */
     }
     rc = 0;
 out:
-    if (rc < 0)
+    if (rc < 0) {
         fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, zd_error_last());
+        report_failure(o, done);
+    }
     if (rc < 0 && curves)   /* the plot of what there is */
         curves_draw(curves);
     free(order);
@@ -776,8 +800,14 @@ int main(int argc, char **argv)
     /* Everyone waits here until every trainer is done: no limit (the
        default), since training takes as long as it takes; a trainer that
        dies or freezes is declared lost by the RPC layer (the heartbeat:
-       ZDIST_HEARTBEAT_S), and the others finish without it. */
-    if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0) {
+       ZDIST_HEARTBEAT_S), and the others finish without it. A trainer
+       whose run failed has nothing to wait for: it leaves with the others
+       when they are done within the RPC timeout (--rpc_timeout_s), else
+       alone (PyTorch's rpc.shutdown takes a timeout too). */
+    int64_t shutdown_ms = ZD_TIMEOUT_DEFAULT;
+    if (rc < 0)
+        shutdown_ms = zd_rpc_get_timeout() > 0 ? zd_rpc_get_timeout() : 60000;
+    if (zd_rpc_shutdown(true, shutdown_ms) < 0) {
         fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
         rc = -1;
     }
@@ -792,8 +822,15 @@ int main(int argc, char **argv)
         printf("%d of %lld trainers finished\n", finished,
                (long long)(o.world.world_size - o.num_servers));
         if (finished < o.min_trainers) {
-            fprintf(stderr, "rpc_ps %s: only %d trainer(s) finished, fewer than --min_trainers=%lld\n",
-                    name, finished, (long long)o.min_trainers);
+            /* Why, when a trainer said: the server's error names the cause. */
+            char why[600];
+            int failed = ps_net_trainers_failed(why, sizeof why);
+            fprintf(stderr, "rpc_ps %s: only %d trainer(s) finished, fewer than "
+                    "--min_trainers=%lld%s%s", name, finished, (long long)o.min_trainers,
+                    failed ? "; " : "", why);
+            if (failed > 1)
+                fprintf(stderr, " (and %d more failed)", failed - 1);
+            fprintf(stderr, "\n");
             rc = -1;
         }
     }

@@ -212,6 +212,55 @@ static int make_parents(const char *path)
     return 0;
 }
 
+/* Writes text to fd (mode 0600) and closes it: 0, or -1 naming path. */
+static int key_write(int fd, const char *path, const char *text)
+{
+    size_t len = strlen(text);
+    int rc = 0;
+    if (fchmod(fd, 0600) < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
+        rc = zd_error_set_code(ZD_ERR_OTHER, "cannot write %s: %s", path, strerror(errno));
+    if (close(fd) < 0 && rc == 0)
+        rc = zd_error_set_code(ZD_ERR_OTHER, "cannot write %s: %s", path, strerror(errno));
+    return rc;
+}
+
+/* A new key file at path, which must not exist. */
+static int key_create(const char *path, const char *text)
+{
+    /* Created 0600 (never a moment more open), not following a link. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return errno == EEXIST
+                   ? zd_error_set_code(ZD_ERR_ARGUMENT, "%s already exists (pass --force to "
+                                       "replace it: every process of its world needs the new "
+                                       "one)", path)
+                   : zd_error_set_code(ZD_ERR_OTHER, "cannot create %s: %s", path,
+                                       strerror(errno));
+    return key_write(fd, path, text);
+}
+
+/* --force: a new file beside path, renamed over it. Whatever path was (a
+   hard link to a file something else uses, a symbolic link) is replaced as
+   a name, never written through: truncating it in place gave the linked
+   file the key and mode 0600 (issue 24 point 11). */
+static int key_replace(const char *path, const char *text)
+{
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "key file path too long");
+    int fd = mkstemp(tmp);   /* 0600, a name nobody else has */
+    if (fd < 0)
+        return zd_error_set_code(ZD_ERR_OTHER, "cannot create a file beside %s: %s", path,
+                                 strerror(errno));
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    int rc = key_write(fd, tmp, text);
+    if (rc == 0 && rename(tmp, path) < 0)
+        rc = zd_error_set_code(ZD_ERR_OTHER, "cannot replace %s: %s", path, strerror(errno));
+    if (rc < 0)
+        unlink(tmp);
+    return rc;
+}
+
 int zd__security_keygen(const char *path, bool force)
 {
     if (make_parents(path) < 0)
@@ -231,23 +280,7 @@ int zd__security_keygen(const char *path, bool force)
     zcert_destroy(&cert);
     if (!text)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "cannot write the key");
-    /* Created 0600 (never a moment more open), not following a link. */
-    int fd = open(path, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | (force ? O_TRUNC : O_EXCL),
-                  0600);
-    int rc = 0;
-    if (fd < 0) {
-        rc = errno == EEXIST
-                 ? zd_error_set_code(ZD_ERR_ARGUMENT, "%s already exists (pass --force to "
-                                     "replace it: every process of its world needs the new one)",
-                                     path)
-                 : zd_error_set_code(ZD_ERR_OTHER, "cannot create %s: %s", path, strerror(errno));
-    } else {
-        size_t len = strlen(text);
-        if (fchmod(fd, 0600) < 0 || write(fd, text, len) != (ssize_t)len || fsync(fd) < 0)
-            rc = zd_error_set_code(ZD_ERR_OTHER, "cannot write %s: %s", path, strerror(errno));
-        if (close(fd) < 0 && rc == 0)
-            rc = zd_error_set_code(ZD_ERR_OTHER, "cannot write %s: %s", path, strerror(errno));
-    }
+    int rc = force ? key_replace(path, text) : key_create(path, text);
     zstr_free(&text);
     return rc;
 }
@@ -259,8 +292,12 @@ static bool z85_key(const char *txt, uint8_t bin[32])
 
 int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT], char sec[SECURITY_KEY_TXT])
 {
-    /* Read through one descriptor: what is checked is what is read. */
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Read through one descriptor: what is checked is what is read.
+       Non-blocking, so that a FIFO (or a device) in the key file's place
+       is refused by the check below instead of blocking zd_rpc_init past
+       its init timeout, for ever when no writer comes; it changes nothing
+       for a regular file. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0)
         return zd_error_set_code(ZD_ERR_OTHER, "cannot read the key file %s: %s", path,
                                  strerror(errno));

@@ -5,7 +5,8 @@
     phase with the ZDIST_FAULT hook (examples/fault.h), not with sleeps.
       - rpc_ps, a trainer killed mid-training: the other trainer finishes
         and exits 0, the server exits 0 naming the lost trainer and its
-        batch, and releases what the trainer held;
+        batch, releases what the trainer held, and counts its batches in
+        the aggregate throughput;
       - rpc_ps, a trainer frozen (SIGSTOP) with a 1 s heartbeat: the server
         declares it lost, the others finish; woken up, it is told it was
         declared lost and exits 1; --min_trainers=2 makes the server fail;
@@ -98,6 +99,9 @@ static void test_rpc_ps_trainer_killed_others_finish(void **state)
        trainer died before sending its 20th). */
     assert_non_null(strstr(out(&w, 0), "trainer rank 2 was lost at batch 19"));
     assert_non_null(strstr(out(&w, 0), "1 of 2 trainers finished"));
+    /* The aggregate throughput counts the lost trainer's 19 batches too
+       (issue 24 point 12): (60 + 19) x 32 samples. */
+    assert_non_null(strstr(out(&w, 0), "(2528 samples in "));
     /* What the trainer held on the server was released while the world
        ran, and nothing is left at shutdown. */
     const char *rel = strstr(out(&w, 0), "released what lost \"trainer_2\" (rank 2) held: ");

@@ -6,7 +6,9 @@
 
     PATH defaults to ${XDG_CONFIG_HOME:-$HOME/.config}/zdist/world.key, the
     file zd_rpc_init finds by itself. The file is made mode 0600 (its
-    folder 0700 when missing); an existing one is kept unless --force.
+    folder 0700 when missing); an existing one is kept unless --force,
+    which writes a new file beside it and renames it over PATH: a hard or
+    symbolic link at PATH is replaced, never written through.
     Every process of the world needs the same file: put it in a home
     folder the hosts share, or copy it to each host (mode 0600). */
 #include <stdbool.h>
