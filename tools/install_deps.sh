@@ -15,6 +15,8 @@ pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
 pkgs+=(libpmix-dev)
 pkgs+=(libjansson-dev)   # tools/metrics_summary parses JSON with it
 pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespaces
+pkgs+=(debootstrap)      # tools/test.sh runs the Release stage in a fresh root
+pkgs+=(gcovr)            # tools/coverage.sh
 # cairo and a font draw the example programs' --curves plots
 pkgs+=(libcairo2-dev fonts-dejavu-core)
 missing=()

@@ -1,39 +1,88 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: MIT
-# Installs what is missing, then builds and runs every test twice: a normal
-# (Release) build and an AddressSanitizer + UndefinedBehaviorSanitizer build.
-# Warnings are errors in both. The Release build is also installed into a
-# temporary prefix, and tests/consumer/run.sh builds and runs programs
-# against it (pkg-config, find_package, add_subdirectory). Last, a
-# ThreadSanitizer build runs the tests of the threaded code (see below).
+#   tools/test.sh            every test, in three builds (what CI runs)
+#   tools/test.sh --quick    the quick tier of the Release build: a minute
+#
+# The full run installs what is missing, then:
+# 1. in a fresh Debian root (tools/fresh_root.sh: debootstrap, then nothing
+#    but tools/install_deps.sh), the Release build and every test, and the
+#    library installed into a temporary prefix with programs built against
+#    it (tests/consumer/run.sh: pkg-config, find_package, add_subdirectory).
+#    A package the list lacks fails here even when this machine has it.
+#    --no-fresh-root runs this stage on this machine instead;
+# 2. an AddressSanitizer + UndefinedBehaviorSanitizer build and every test;
+# 3. a ThreadSanitizer build and the tests of the threaded code (below).
+# Warnings are errors in every build. Tests carry a tier label (quick,
+# world, slow: tests/CMakeLists.txt); --stage release|sanitize|tsan runs one
+# stage here (the fresh root runs "--stage release").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix=""
 trap '[ -z "$prefix" ] || rm -rf "$prefix"' EXIT
+mode=all
+fresh=1
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) mode=quick ;;
+    --stage) mode=${2:?--stage needs release, sanitize or tsan}; shift ;;
+    --no-fresh-root) fresh=0 ;;
+    *) echo "usage: $0 [--quick | --stage release|sanitize|tsan] [--no-fresh-root]" >&2; exit 2 ;;
+  esac
+  shift
+done
 tools/install_deps.sh
 jobs=$(nproc)
-for kind in release sanitize; do
-  dir=build-test-$kind
-  flags=(-DCMAKE_BUILD_TYPE=Release -DZDIST_WERROR=ON)
-  [ $kind = sanitize ] && flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_SANITIZE=ON)
-  echo "=== $kind build ==="
-  cmake -S . -B "$dir" "${flags[@]}" > /dev/null
+# OpenBLAS's thread pool is capped at two threads (unless
+# OPENBLAS_NUM_THREADS is already set) so that tests running side by side,
+# each forking a world of processes, do not start a thread per core in
+# every process. Leak checking is on (ASan's default on Linux).
+export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
+
+build() {   # build DIR CMAKE_FLAGS...
+  local dir=$1
+  shift
+  cmake -S . -B "$dir" "$@" > /dev/null
   cmake --build "$dir" -j "$jobs"
-  echo "=== $kind tests ==="
-  # Leak checking is on (ASan's default on Linux). OpenBLAS's thread pool is
-  # capped at two threads (unless OPENBLAS_NUM_THREADS is already set) so that
-  # tests running side by side, each forking a world of processes, do not
-  # start a thread per core in every process.
-  (cd "$dir" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2} ctest -j "$jobs" --output-on-failure --timeout 900)
-  if [ $kind = release ]; then
+}
+
+if [ $mode = quick ]; then
+  echo "=== release build ==="
+  build build-test-release -DCMAKE_BUILD_TYPE=Release -DZDIST_WERROR=ON
+  echo "=== quick tier ==="
+  start=$SECONDS
+  (cd build-test-release && ctest -j "$jobs" -L quick --output-on-failure)
+  echo "quick tier passed in $((SECONDS - start)) s"
+  exit 0
+fi
+
+if [ $mode = all ] || [ $mode = release ]; then
+  if [ $mode = all ] && [ $fresh = 1 ]; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    echo "=== release stage, in a fresh Debian root ==="
+    $SUDO tools/fresh_root.sh env OPENBLAS_NUM_THREADS="$OPENBLAS_NUM_THREADS" \
+      tools/test.sh --stage release
+  else
+    echo "=== release build ==="
+    build build-test-release -DCMAKE_BUILD_TYPE=Release -DZDIST_WERROR=ON
+    echo "=== release tests ==="
+    (cd build-test-release && ctest -j "$jobs" --output-on-failure)
     echo "=== install and consume ==="
     prefix=$(mktemp -d)
-    cmake --install "$dir" --prefix "$prefix" > /dev/null
+    cmake --install build-test-release --prefix "$prefix" > /dev/null
     tests/consumer/run.sh "$prefix"
     rm -rf "$prefix"
     prefix=""
   fi
-done
+fi
+
+if [ $mode = all ] || [ $mode = sanitize ]; then
+  echo "=== sanitize build ==="
+  build build-test-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_SANITIZE=ON
+  echo "=== sanitize tests ==="
+  (cd build-test-sanitize && ctest -j "$jobs" --output-on-failure)
+fi
+[ $mode = all ] || [ $mode = tsan ] || exit 0
 
 # ThreadSanitizer (-DZDIST_TSAN=ON; tests/CMakeLists.txt sets its options and
 # tests/tsan.supp). Its processes run 5 to 15 times slower, too slow for the
@@ -71,14 +120,13 @@ done
 #   its RSS: under TSan the stream bomb left rank 0 at 803 MiB for a bound
 #   of +224 MiB (TSan's shadow memory and allocator change what RSS
 #   measures).
-tsan_tests='^(test_rpc_.*|test_dist_.*|test_peer_lost|test_hostile_auth|test_hostile_dist|test_nn_model|test_scope|test_log|test_metrics|test_launch|test_launch_rejoin|test_rejoin|test_pipeline|test_ps_sync_async|test_rl_rpc)$'
+tsan_tests='^(test_rpc_.*|test_dist_.*|test_peer_lost|test_hostile_auth|test_hostile_dist|test_hostile_shm|test_hostile_rendezvous|test_nn_model|test_scope|test_log|test_metrics|test_launch|test_launch_rejoin|test_rejoin|test_pipeline|test_ps_sync_async|test_rl_rpc)$'
 tsan_skip='^(test_rpc_ps)$'
 dir=build-test-tsan
 echo "=== tsan build ==="
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_TSAN=ON > /dev/null
-cmake --build "$dir" -j "$jobs"
+build "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_TSAN=ON
 echo "=== tsan tests ==="
-(cd "$dir" && OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2} ctest -j "$jobs" --output-on-failure --timeout 900 -R "$tsan_tests" -E "$tsan_skip")
+(cd "$dir" && ctest -j "$jobs" --output-on-failure -R "$tsan_tests" -E "$tsan_skip")
 # A report fails the process it happens in (exit status 66); this catches
 # the ones in processes whose status no test looks at (a rank killed on
 # purpose, a program expected to fail).
