@@ -294,6 +294,8 @@ static void dispatch(agent_t *a, inmsg_t *m)
         break;
     case RPC_MSG_SHM_OFFER:
     case RPC_MSG_SHM_ACCEPT:
+    case RPC_MSG_SHM_SEGMENT:
+    case RPC_MSG_SHM_MAPPED:
         zd__shm_handle(a, m);
         break;
     default:

@@ -58,6 +58,7 @@ typedef struct {
     uint8_t *map;                   /* header page, then cap bytes */
     size_t cap;
     uint64_t token;
+    atomic_int mapped;              /* the peer's answer: 1 mapped, 0 none yet, -1 refused */
 } tx_seg_t;
 
 typedef struct {
@@ -82,6 +83,7 @@ typedef struct {
 
 static atomic_bool enabled;
 static atomic_int senders;          /* threads between prepare and done */
+static agent_t *agent;              /* to announce segments from a sender's thread */
 static int my_rank, world;
 static identity_t me;
 static int probe_fd = -1;
@@ -96,7 +98,11 @@ static rx_peer_t *rx;
 static pthread_mutex_t answer_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool connected;
 static signed char *pending;        /* per rank: 1 accept, -1 refuse, 0 none */
-static atomic_long n_sent, n_received, n_fallbacks, n_made;
+static atomic_long n_sent, n_received, n_fallbacks, n_made, n_refused;
+/* A descriptor held in reserve: opening a peer's segment when the process
+   has run out of them (a stranger holding connections) closes it, opens
+   the segment, and takes it again. Under rx_lock. */
+static int reserve_fd = -1;
 
 /* ---- identity and segments ---- */
 
@@ -194,6 +200,11 @@ static uint8_t *open_remote(uint32_t pid, uint32_t fd, uint64_t token, uint64_t 
         return NULL;
     }
     int f = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0 && (errno == EMFILE || errno == ENFILE) && reserve_fd >= 0) {
+        close(reserve_fd);
+        f = open(path, O_RDWR | O_NONBLOCK | O_CLOEXEC);
+        reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    }
     if (f < 0) {
         zd_error_set("cannot open %s: %s", path, strerror(errno));
         return NULL;
@@ -226,6 +237,7 @@ void zd__shm_start(agent_t *a)
 {
     const char *env = getenv("ZDIST_SHM");
     bool on = !(env && strcmp(env, "0") == 0);
+    agent = a;
     my_rank = a->rank;
     world = a->world;
     tx = calloc((size_t)world, sizeof *tx);
@@ -240,6 +252,8 @@ void zd__shm_start(agent_t *a)
         for (int i = 0; i < world; i++)
             pthread_mutex_init(&tx[i].lock, NULL);
     }
+    if (on && reserve_fd < 0)
+        reserve_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (on && read_identity(&me) < 0) {
         zd__log(ZD_LOG_DEBUG, "rpc: shared memory off: cannot read this process's identity");
         on = false;
@@ -353,6 +367,9 @@ void zd__shm_stop(void)
         munmap(probe_map, SHM_HEADER);
         close(probe_fd);
     }
+    if (reserve_fd >= 0)
+        close(reserve_fd);
+    reserve_fd = -1;
     probe_fd = -1;
     probe_map = NULL;
 }
@@ -389,6 +406,7 @@ static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
     if (!fits)
         return -1;
     tx_seg_t s = {.cap = cap, .token = random_token()};
+    atomic_init(&s.mapped, 0);
     if (make_memfd(cap, s.token, my_rank, peer, &s.fd, &s.map) < 0) {
         pthread_mutex_lock(&tx_total_lock);
         tx_bytes = tx_bytes + old - cap;
@@ -425,12 +443,24 @@ static bool busy_fits(const tx_peer_t *p, size_t nb)
     return false;
 }
 
-/* Takes a segment of at least nb bytes: the smallest free one that fits,
-   else a new one, else a free one remade larger. Returns its slot or -1. */
-static int claim(tx_peer_t *p, int peer, size_t nb)
+/* A segment made for a message, to be announced once p->lock is let go. */
+typedef struct {
+    int slot, fd;
+    uint64_t token, cap;
+} announce_t;
+
+/* Takes a segment of at least nb bytes that the peer has mapped: the
+   smallest free one that fits. Returns its slot, or -1 when there is none
+   for now: then, unless one that fits is already on its way, a new one is
+   made (or a free one remade larger) and described in *made, to be
+   announced (made->slot >= 0); the peer maps it when the announcement
+   arrives, and this message goes the ZeroMQ way. */
+static int claim(tx_peer_t *p, int peer, size_t nb, announce_t *made)
 {
     int best = -1, small = -1;
+    bool coming = false;
     int64_t wait_until = 0;
+    made->slot = -1;
 again:
     best = -1;
     small = -1;
@@ -438,10 +468,13 @@ again:
         uint32_t busy = atomic_load_explicit(&seg_head(&p->segs[k])->busy, memory_order_acquire);
         if (busy)
             continue;
-        if (p->segs[k].cap >= nb) {
+        int mapped = atomic_load(&p->segs[k].mapped);
+        if (mapped == 0 && p->segs[k].cap >= nb)
+            coming = true;
+        if (mapped == 1 && p->segs[k].cap >= nb) {
             if (best < 0 || p->segs[k].cap < p->segs[best].cap)
                 best = k;
-        } else if (small < 0) {
+        } else if (p->segs[k].cap < nb && small < 0) {
             small = k;
         }
     }
@@ -454,13 +487,19 @@ again:
             goto again;
         }
     }
-    if (best < 0 && p->n_segs < RPC_SHM_MAX_SEGS && make_segment(p, peer, p->n_segs,
-                                                                 segment_cap(nb)) == 0)
-        best = p->n_segs - 1;
-    if (best < 0 && small >= 0 && make_segment(p, peer, small, segment_cap(nb)) == 0)
-        best = small;
-    if (best < 0)
+    if (best < 0) {
+        int k = -1;
+        if (coming)
+            return -1;
+        if (p->n_segs < RPC_SHM_MAX_SEGS && make_segment(p, peer, p->n_segs, segment_cap(nb)) == 0)
+            k = p->n_segs - 1;
+        else if (small >= 0 && make_segment(p, peer, small, segment_cap(nb)) == 0)
+            k = small;
+        if (k >= 0)
+            *made = (announce_t){.slot = k, .fd = p->segs[k].fd, .token = p->segs[k].token,
+                                 .cap = p->segs[k].cap};
         return -1;
+    }
     uint32_t zero = 0;
     /* Only this process sets busy, under p->lock: the exchange cannot fail
        on a segment found free. */
@@ -491,6 +530,22 @@ static void unclaim(tx_peer_t *p, const rpc_shm_out_t *out)
                               memory_order_release);
 }
 
+/* Tells peer of a new segment (SHM_SEGMENT): it maps it, checked, and
+   answers SHM_MAPPED. No lock held: this is a send like any other. */
+static void announce(int peer, const announce_t *s)
+{
+    uint8_t extra[16];
+    put(extra, (uint64_t)s->fd, 4);
+    put(extra + 4, 0, 4);
+    put(extra + 8, s->cap, 8);
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_SEGMENT, .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(agent), .a = (uint64_t)s->slot,
+                           .b = s->token, .extra = extra, .extra_len = sizeof extra};
+    if (zd__transport_send(agent, peer, &h, NULL, 0) < 0)
+        zd__log(ZD_LOG_DEBUG, "rpc: cannot announce a shared segment to rank %d: %s", peer,
+                zd_error_last());
+}
+
 int zd__shm_send_prepare(const rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                          rpc_shm_out_t *out)
 {
@@ -510,12 +565,13 @@ int zd__shm_send_prepare(const rpc_wire_header_t *h, zd_tensor_t *const *tensors
     tx_peer_t *p = &tx[dst];
     out->peer = dst;
     bool ok = big <= RPC_SHM_MAX_SEGS;
+    announce_t made = {.slot = -1};
     pthread_mutex_lock(&p->lock);
     for (int i = 0; ok && i < n_tensors; i++) {
         size_t nb = zd_tensor_nbytes(tensors[i]);
         if (nb <= RPC_SHM_OVER)
             continue;
-        int k = claim(p, dst, nb);
+        int k = claim(p, dst, nb, &made);
         if (k < 0)
             ok = false;
         else {
@@ -526,6 +582,8 @@ int zd__shm_send_prepare(const rpc_wire_header_t *h, zd_tensor_t *const *tensors
     if (!ok)
         unclaim(p, out);
     pthread_mutex_unlock(&p->lock);
+    if (made.slot >= 0)
+        announce(dst, &made);
     if (ok) {
         out->table_len = 8 + (size_t)RPC_SHM_ENTRY * (size_t)out->count;
         out->table = calloc(1, out->table_len);
@@ -539,7 +597,8 @@ int zd__shm_send_prepare(const rpc_wire_header_t *h, zd_tensor_t *const *tensors
         out->count = 0;
         return 0;
     }
-    /* The segments are ours until the receiver's tensors die: no lock. */
+    /* The segments are ours until the receiver has copied the tensors out:
+       no lock. */
     put(out->table, (uint64_t)out->count, 4);
     for (int j = 0; j < out->count; j++) {
         const tx_seg_t *s = &p->segs[out->slots[j]];
@@ -589,38 +648,44 @@ static void segment_release(void *data, void *arg)
     rx_unref(s);
 }
 
-/* The mapping of src's segment described by entry e, opened when new (a
-   reference for the caller), or NULL with the error set. Under rx_lock. */
+/* The mapping of src's segment described by entry e (a reference for the
+   caller), or NULL with the error set: only a segment src announced and
+   this process mapped is taken. Under rx_lock. */
 static rx_seg_t *rx_segment(int src, const uint8_t *e)
 {
-    uint32_t slot = (uint32_t)get(e + 4, 4), fd = (uint32_t)get(e + 8, 4);
+    uint32_t slot = (uint32_t)get(e + 4, 4);
     uint64_t token = get(e + 16, 8), cap = get(e + 24, 8);
-    if (slot >= RPC_SHM_MAX_SEGS || cap > RPC_SHM_PEER_BYTES) {
-        zd_error_set("shared-memory table names segment %u of %llu bytes", slot,
-                     (unsigned long long)cap);
+    rx_seg_t *s = slot < RPC_SHM_MAX_SEGS ? rx[src].segs[slot] : NULL;
+    if (!s || s->token != token || s->cap != cap) {
+        zd_error_set("shared-memory table names segment %u of %llu bytes, which rank %d did "
+                     "not announce", slot, (unsigned long long)cap, src);
         return NULL;
     }
-    rx_seg_t **sp = &rx[src].segs[slot];
-    if (*sp && ((*sp)->token != token || (*sp)->cap != cap)) {
-        rx_unref(*sp);
-        *sp = NULL;
+    atomic_fetch_add(&s->refs, 1);
+    return s;
+}
+
+/* Maps the segment src announced in slot (under rx_lock), replacing the one
+   that was there. 0, or -1 with the error set. */
+static int rx_map(int src, uint32_t slot, uint32_t fd, uint64_t token, uint64_t cap)
+{
+    if (!rx || rx[src].pid == 0)
+        return zd_error_set("its offer was not accepted");
+    if (slot >= RPC_SHM_MAX_SEGS || cap == 0 || cap > RPC_SHM_PEER_BYTES)
+        return zd_error_set("segment %u of %llu bytes", slot, (unsigned long long)cap);
+    uint8_t *map = open_remote(rx[src].pid, fd, token, cap, src, my_rank);
+    if (!map)
+        return -1;
+    rx_seg_t *s = malloc(sizeof *s);
+    if (!s) {
+        munmap(map, SHM_HEADER + cap);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a segment");
     }
-    if (!*sp) {
-        uint8_t *map = open_remote(rx[src].pid, fd, token, cap, src, my_rank);
-        if (!map)
-            return NULL;
-        rx_seg_t *s = malloc(sizeof *s);
-        if (!s) {
-            munmap(map, SHM_HEADER + cap);
-            zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a segment");
-            return NULL;
-        }
-        *s = (rx_seg_t){.map = map, .len = SHM_HEADER + cap, .token = token, .cap = cap};
-        atomic_init(&s->refs, 1);
-        *sp = s;
-    }
-    atomic_fetch_add(&(*sp)->refs, 1);
-    return *sp;
+    *s = (rx_seg_t){.map = map, .len = SHM_HEADER + cap, .token = token, .cap = cap};
+    atomic_init(&s->refs, 1);
+    rx_unref(rx[src].segs[slot]);
+    rx[src].segs[slot] = s;
+    return 0;
 }
 
 static void release_frames(rpc_frame_t *frames, int n)
@@ -800,6 +865,67 @@ static void handle_offer(agent_t *a, inmsg_t *m)
     queue_answer(a, src, true);
 }
 
+/* A peer announced a segment: map it now, checked, and say whether, so
+   that its messages name only segments mapped here. A failure (a segment
+   that is not what it says, or no descriptor left to open it) costs
+   nothing but the shared memory: the peer sends the ZeroMQ way. */
+static void handle_segment(agent_t *a, inmsg_t *m)
+{
+    int src = m->src;
+    const char *why = NULL;
+    if (!atomic_load(&enabled))
+        why = "shared memory is off here";
+    else if (m->h.extra_len != 16 || get(m->h.extra + 4, 4) != 0)
+        why = "a malformed announcement";
+    if (!why) {
+        pthread_mutex_lock(&rx_lock);
+        if (rx_map(src, (uint32_t)m->h.a, (uint32_t)get(m->h.extra, 4), m->h.b,
+                   get(m->h.extra + 8, 8)) < 0)
+            why = zd_error_last();
+        pthread_mutex_unlock(&rx_lock);
+    }
+    char answer[1 + 200];
+    answer[0] = why == NULL;
+    size_t len = 1;
+    if (why) {
+        len += (size_t)snprintf(answer + 1, sizeof answer - 1, "%s", why);
+        len = len < sizeof answer ? len : sizeof answer - 1;
+        atomic_fetch_add(&n_refused, 1);
+        zd__log(ZD_LOG_WARN, "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
+                "memory: its segment %llu: %s", a->peers[src].name, src,
+                (unsigned long long)m->h.a, why);
+    }
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_MAPPED, .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(a), .a = m->h.a, .b = m->h.b,
+                           .extra = (const uint8_t *)answer, .extra_len = len};
+    if (zd__transport_send(a, src, &h, NULL, 0) < 0)
+        zd__log(ZD_LOG_DEBUG, "rpc: cannot answer rank %d's segment: %s", src, zd_error_last());
+}
+
+/* The answer to an announcement: the segment serves once mapped; a peer
+   that could not map it gets the ZeroMQ way from now on. */
+static void handle_mapped(agent_t *a, inmsg_t *m)
+{
+    int src = m->src;
+    bool ok = m->h.extra_len >= 1 && m->h.extra[0] == 1;
+    tx_peer_t *p = &tx[src];
+    bool ours = false;
+    pthread_mutex_lock(&p->lock);
+    for (int k = 0; k < p->n_segs; k++)
+        if ((uint64_t)k == m->h.a && p->segs[k].token == m->h.b) {
+            atomic_store(&p->segs[k].mapped, ok ? 1 : -1);
+            ours = true;
+        }
+    pthread_mutex_unlock(&p->lock);
+    if (ours && !ok) {
+        atomic_store(&p->state, -1);
+        zd__log(ZD_LOG_WARN, "rpc: tensors to \"%s\" (rank %d) go over ZeroMQ: it could not "
+                "map a shared segment (%.*s)", a->peers[src].name, src,
+                (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
+                m->h.extra_len > 1 ? (const char *)m->h.extra + 1 : "");
+    }
+}
+
 void zd__shm_handle(agent_t *a, inmsg_t *m)
 {
     release_frames(m->frames, m->n);
@@ -807,7 +933,11 @@ void zd__shm_handle(agent_t *a, inmsg_t *m)
     int src = m->src;
     if (src < 0 || src >= world || src == my_rank || !tx)
         return;
-    if (m->h.type == RPC_MSG_SHM_OFFER) {
+    if (m->h.type == RPC_MSG_SHM_SEGMENT) {
+        handle_segment(a, m);
+    } else if (m->h.type == RPC_MSG_SHM_MAPPED) {
+        handle_mapped(a, m);
+    } else if (m->h.type == RPC_MSG_SHM_OFFER) {
         handle_offer(a, m);
     } else if (m->h.type == RPC_MSG_SHM_ACCEPT && atomic_load(&enabled)) {
         atomic_store(&tx[src].state, m->h.a == 1 ? 1 : -1);
@@ -823,8 +953,10 @@ int zd__shm_peer_state(int peer)
     return atomic_load(&tx[peer].state);
 }
 
-void zd__shm_stats(long *sent, long *received, long *fallbacks, long *made)
+void zd__shm_stats(long *sent, long *received, long *fallbacks, long *made, long *refused)
 {
+    if (refused)
+        *refused = atomic_load(&n_refused);
     if (sent)
         *sent = atomic_load(&n_sent);
     if (received)

@@ -37,20 +37,28 @@
         8 + 40*i    entry i:
                4    frame   index of the tensor's (empty) frame, increasing
                4    slot    the sender's segment number, < RPC_SHM_MAX_SEGS
-               4    fd      its descriptor number in the sender
+               4    fd      its descriptor number in the sender (as announced)
                4    reserved, 0
                8    token   the segment's token
                8    cap     its data size
                8    bytes   the tensor's size, 1..cap
 
-    The receiver opens a segment the first time it sees (slot, token), only
-    from a peer whose offer it accepted, checks it as it checked the probe
-    (and its header: magic, token, size, ranks, and its seals against any
-    change of size), maps it and keeps it; decoding the message copies the
-    tensor out and sets busy back to 0.
-    When no segment is free and no new one may be made, the message goes
-    the ZeroMQ way. A memfd goes away with the last process that maps it:
-    nothing is left behind by a crash. */
+    Announcement. A sender uses a segment only once the receiver has mapped
+    it. A new segment (or one remade larger) is announced with SHM_SEGMENT
+    (a = slot, b = token, extra = fd u32, 0 u32, cap u64) and the message
+    that needed it goes the ZeroMQ way; the receiver, only for a peer whose
+    offer it accepted, opens it as it opened the probe, checks it (its
+    header: magic, token, size, ranks; its seals against any change of
+    size), maps it, keeps it under (slot, token) in place of what that
+    slot held, and answers SHM_MAPPED (a, b as announced, extra = 1, or 0
+    and the reason). A segment it could not map (a descriptor it could not
+    get, even with the one it keeps in reserve; a segment that is not what
+    was announced) costs only the shared memory: the sender sends to it the
+    ZeroMQ way from then on. A table may name only a mapped (slot, token);
+    decoding the message copies the tensor out and sets busy back to 0.
+    When no mapped segment is free and no new one may be made, the message
+    goes the ZeroMQ way. A memfd goes away with the last process that maps
+    it: nothing is left behind by a crash. */
 #ifndef ZDIST_RPC_SHM_H
 #define ZDIST_RPC_SHM_H
 
@@ -128,8 +136,8 @@ int zd__shm_peer_state(int peer);
 
 /*  Counters since the process started (tests, benchmarks): messages sent
     with segments, received with segments, large messages to an accepting
-    peer sent the ZeroMQ way for want of a segment, segments made. Any
-    pointer may be NULL. */
-void zd__shm_stats(long *sent, long *received, long *fallbacks, long *made);
+    peer sent the ZeroMQ way for want of a mapped segment, segments made,
+    peers' segments this process refused to map. Any pointer may be NULL. */
+void zd__shm_stats(long *sent, long *received, long *fallbacks, long *made, long *refused);
 
 #endif

@@ -159,6 +159,8 @@ const char *zd__rpc_wire_type_name(int type)
     case RPC_MSG_RREF_CHILD_ACCEPT: return "RREF_CHILD_ACCEPT";
     case RPC_MSG_SHM_OFFER: return "SHM_OFFER";
     case RPC_MSG_SHM_ACCEPT: return "SHM_ACCEPT";
+    case RPC_MSG_SHM_SEGMENT: return "SHM_SEGMENT";
+    case RPC_MSG_SHM_MAPPED: return "SHM_MAPPED";
     }
     if (type >= RPC_MSG_EXT_FIRST && type <= RPC_MSG_EXT_LAST)
         return "EXTENSION";
@@ -167,7 +169,7 @@ const char *zd__rpc_wire_type_name(int type)
 
 static bool type_known(int type)
 {
-    return type >= RPC_MSG_HELLO && type <= RPC_MSG_SHM_ACCEPT;
+    return type >= RPC_MSG_HELLO && type <= RPC_MSG_SHM_MAPPED;
 }
 
 /* A piece of a streamed message carries nothing but its number and data. */

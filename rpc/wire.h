@@ -76,8 +76,9 @@
 
     Tensors through shared memory between two processes of one host (the
     flag RPC_WIRE_F_SHM, a segment table as the last frame, and the
-    SHM_OFFER / SHM_ACCEPT handshake, neither of which is answered
-    otherwise): see shm.h.
+    SHM_OFFER / SHM_ACCEPT handshake and the SHM_SEGMENT / SHM_MAPPED
+    announcement of each segment, none of which is answered otherwise):
+    see shm.h.
 
     Requests (CALL, REMOTE, RREF_FETCH, the RRef control messages, BARRIER)
     are answered by exactly one REPLY (a value; for control messages an
@@ -111,6 +112,9 @@ typedef enum {
     RPC_MSG_RREF_CHILD_ACCEPT = 9,  /* child -> parent: fork b confirmed by the owner */
     RPC_MSG_SHM_OFFER = 10,         /* same-host shared memory offered, extra = identity (shm.h) */
     RPC_MSG_SHM_ACCEPT = 11,        /* answer to an offer: a = 1 accepted, 0 refused */
+    RPC_MSG_SHM_SEGMENT = 12,       /* a new segment: a = slot, b = token, extra = fd, cap */
+    RPC_MSG_SHM_MAPPED = 13,        /* its answer: a = slot, b = token, extra = 1 mapped, or 0
+                                       and why not */
     RPC_MSG_EXT_FIRST = 64,
     RPC_MSG_EXT_LAST = 127,
 } rpc_msg_type_t;

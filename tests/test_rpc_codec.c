@@ -118,12 +118,10 @@ static void frames_add(frameset_t *fs, const void *data, size_t size, size_t mis
     fs->slots[i].base = malloc(size + misalign + 1);   /* malloc: 16-byte aligned */
     assert_non_null(fs->slots[i].base);
     fs->slots[i].released = 0;
-    fs->frames[i].data = (char *)fs->slots[i].base + misalign;
-    fs->frames[i].size = size;
+    fs->frames[i] = (rpc_frame_t){.data = (char *)fs->slots[i].base + misalign, .size = size,
+                                  .release = slot_release, .release_arg = &fs->slots[i]};
     if (size)
         memcpy(fs->frames[i].data, data, size);
-    fs->frames[i].release = slot_release;
-    fs->frames[i].release_arg = &fs->slots[i];
 }
 
 static void frames_from(frameset_t *fs, const rpc_encoded_t *e, size_t misalign)

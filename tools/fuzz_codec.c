@@ -125,12 +125,11 @@ static int fuzz_value_codec(const uint8_t *data, size_t size)
         slots[i].base = malloc(n + misalign > 0 ? n + misalign : 1);
         CHECK(slots[i].base, "out of memory");
         slots[i].released = 0;
-        frames[i].data = (uint8_t *)slots[i].base + misalign;
+        frames[i] = (rpc_frame_t){.data = (uint8_t *)slots[i].base + misalign, .size = n,
+                                  .release = lent ? NULL : slot_release,
+                                  .release_arg = &slots[i]};
         if (n)
             memcpy(frames[i].data, src[i], n);
-        frames[i].size = n;
-        frames[i].release = lent ? NULL : slot_release;
-        frames[i].release_arg = &slots[i];
         at += n;
     }
 
