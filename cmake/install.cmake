@@ -40,12 +40,20 @@ else()
   set(zd_pc_includedir "\${prefix}/${CMAKE_INSTALL_INCLUDEDIR}")
 endif()
 configure_file(${PROJECT_SOURCE_DIR}/cmake/zdist.pc.in ${PROJECT_BINARY_DIR}/zdist.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/zdist.pc DESTINATION ${zd_pc_dir})
+configure_file(${PROJECT_SOURCE_DIR}/cmake/zdist-static.pc.in ${PROJECT_BINARY_DIR}/zdist-static.pc
+               @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/zdist.pc ${PROJECT_BINARY_DIR}/zdist-static.pc
+        DESTINATION ${zd_pc_dir})
 
 # The launcher, for starting worlds of a user's own programs (the tutorial
 # does): installed as zdist-launch, a name no other package takes.
 if(TARGET launch)
   install(PROGRAMS $<TARGET_FILE:launch> DESTINATION ${CMAKE_INSTALL_BINDIR} RENAME zdist-launch)
+endif()
+# The world key's maker, for worlds across hosts (rpc.h's key_file):
+# zdist-keygen.
+if(TARGET keygen)
+  install(PROGRAMS $<TARGET_FILE:keygen> DESTINATION ${CMAKE_INSTALL_BINDIR} RENAME zdist-keygen)
 endif()
 # The metrics table, for worlds run with ZDIST_METRICS: zdist-metrics-summary.
 if(TARGET metrics_summary)

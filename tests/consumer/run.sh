@@ -57,13 +57,14 @@ run_static() {  # $1: program
   "$1"
 }
 
-# pkg-config --static gives libzdist.a's dependencies; two edits make the
-# linker take the archive: -lzdist would pick libzdist.so, which sits beside
-# it, so it becomes -l:libzdist.a; and Debian 12's norm.pc (needed by
-# libzmq) names a bare "libprotokit.a", which becomes -l:libprotokit.a.
+# pkg-config --static --libs zdist-static gives libzdist.a's dependencies;
+# two edits make the linker take the archive: -lzdist would pick
+# libzdist.so, which sits beside it, so it becomes -l:libzdist.a; and
+# Debian 12's norm.pc (needed by libzmq) names a bare "libprotokit.a",
+# which becomes -l:libprotokit.a.
 static_libs() {
   local f out=()
-  for f in $(pkg-config --static --libs zdist); do
+  for f in $(pkg-config --static --libs zdist-static); do
     case $f in
       -lzdist) out+=(-l:libzdist.a) ;;
       lib*.a) out+=("-l:$f") ;;
@@ -75,6 +76,16 @@ static_libs() {
 
 use_prefix "$prefix"
 echo "consumer: zdist $(pkg-config --modversion zdist) in $prefix ($libdir)"
+
+step "pkg-config: zdist.pc needs no other package's .pc (no -dev package of a dependency)"
+# Hide every other .pc file: --cflags and --libs must still answer.
+mkdir -p "$work/pc-alone"
+cp "$pc" "$work/pc-alone/"
+PKG_CONFIG_LIBDIR="$work/pc-alone" PKG_CONFIG_PATH="" pkg-config --cflags --libs zdist > /dev/null
+
+step "zdist-keygen is installed and makes a key"
+"$prefix/bin/zdist-keygen" "$work/world.key" > /dev/null
+[ "$(stat -c %a "$work/world.key")" = 600 ]
 
 step "pkg-config: cc, libzdist.so"
 # shellcheck disable=SC2046  # pkg-config's output is a list of flags
