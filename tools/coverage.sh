@@ -24,7 +24,7 @@ export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
 lib='(autograd|rpc|dist_autograd|dist_nn|dist_optim|nn|optim)/'
 mkdir -p "$dir/coverage"
 gcovr -r . --object-directory "$dir" --filter "$lib" --exclude-unreachable-branches \
-  --exclude-throw-branches --html-details "$dir/coverage/index.html" \
+  --exclude-throw-branches --gcov-ignore-parse-errors --html-details "$dir/coverage/index.html" \
   --json-summary "$dir/coverage/summary.json" --print-summary > "$dir/coverage/summary.txt"
 python3 - "$dir/coverage/summary.json" "$csv" <<'PY'
 import json, sys, collections
