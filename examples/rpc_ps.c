@@ -763,6 +763,13 @@ int main(int argc, char **argv)
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
         goto fail;
+    /* The servers take only their own optimizer (this --lr): a trainer
+       started with another is refused by name, instead of its steps
+       ruining the weights every trainer shares (issue 24 point 6). */
+    zd_optim_config_t server_cfg = zd_optim_sgd_defaults(o.lr);
+    zd_dist_optim_owner_limits_t limits = {.config = &server_cfg};
+    if (server && zd_dist_optim_set_owner_limits(&limits) < 0)
+        goto fail;
     if (server)
         ps_net_set_max_batch(o.max_batch_size > 0 ? o.max_batch_size
                              : 4 * o.batch_size > 1024 ? 4 * o.batch_size : 1024);

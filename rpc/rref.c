@@ -12,10 +12,14 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <zdist/error.h>
 
-/* ---- small helpers ---- */
+/* ---- ids ---- */
+
+#define ID_MASK ((UINT64_C(1) << 48) - 1)
 
 int zd__rref_creator(uint64_t id)
 {
@@ -24,8 +28,69 @@ int zd__rref_creator(uint64_t id)
 
 bool zd__rref_id_ok(agent_t *a, uint64_t id)
 {
-    return (id & ((UINT64_C(1) << 48) - 1)) != 0 && zd__rref_creator(id) < a->world;
+    return (id & ID_MASK) != 0 && zd__rref_creator(id) < a->world;
 }
+
+static uint64_t rotl(uint64_t v, int b)
+{
+    return v << b | v >> (64 - b);
+}
+
+#define SIPROUND                                                                            \
+    do {                                                                                    \
+        v0 += v1, v1 = rotl(v1, 13), v1 ^= v0, v0 = rotl(v0, 32);                           \
+        v2 += v3, v3 = rotl(v3, 16), v3 ^= v2;                                              \
+        v0 += v3, v3 = rotl(v3, 21), v3 ^= v0;                                              \
+        v2 += v1, v1 = rotl(v1, 17), v1 ^= v2, v2 = rotl(v2, 32);                           \
+    } while (0)
+
+/* SipHash-2-4 of one 64-bit word under key k. */
+static uint64_t siphash_word(const uint64_t k[2], uint64_t m)
+{
+    uint64_t v0 = k[0] ^ UINT64_C(0x736f6d6570736575), v1 = k[1] ^ UINT64_C(0x646f72616e646f6d);
+    uint64_t v2 = k[0] ^ UINT64_C(0x6c7967656e657261), v3 = k[1] ^ UINT64_C(0x7465646279746573);
+    const uint64_t last = UINT64_C(8) << 56;   /* the length byte of an 8-byte message */
+    v3 ^= m;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= m;
+    v3 ^= last;
+    SIPROUND;
+    SIPROUND;
+    v0 ^= last;
+    v2 ^= 0xff;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    SIPROUND;
+    return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/*  Ids used to be a counter, the same from run to run: a member could name
+    any RRef by guessing (issue 24 point 5). A counter is still what keeps
+    them unique, so each id is the counter through a permutation of 48 bits
+    keyed by a secret of this agent: a Feistel network of 24-bit halves
+    with SipHash as its round function. Seeing some ids tells nothing of
+    the others without the key. */
+uint64_t zd__rref_new_id(agent_t *a)
+{
+    rref_ctx_t *x = a->rrefs;
+    for (;;) {
+        uint64_t n = atomic_fetch_add(&x->id_next, 1) & ID_MASK;
+        uint64_t l = n >> 24, r = n & 0xffffff;
+        for (uint64_t round = 0; round < 6; round++) {
+            uint64_t f = siphash_word(x->id_key, round << 32 | r) & 0xffffff;
+            uint64_t t = r;
+            r = l ^ f;
+            l = t;
+        }
+        uint64_t v = l << 24 | r;
+        if (v)   /* 0 is no id: the next counter value maps elsewhere */
+            return (uint64_t)a->rank << 48 | v;
+    }
+}
+
+/* ---- small helpers ---- */
 
 static size_t owner_bucket(uint64_t id)
 {
@@ -280,6 +345,164 @@ void zd_rref_unref(zd_rref_t *r)
     zd__rref_handle_free(r);
 }
 
+/* ---- fork requests waiting for their parent (rref.h) ---- */
+
+static void send_ack(agent_t *a, const inmsg_t *m)
+{
+    zd_value_t *none = zd_value_none();
+    rpc_encoded_t enc = {0};
+    if (none && zd__value_encode(none, NULL, m->src, &enc) == 0) {
+        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta,
+                               .meta_len = enc.meta_len};
+        if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+            zd__log(ZD_LOG_WARN, "rpc: cannot acknowledge to rank %d: %s", m->src, zd_error_last());
+    }
+    zd__rpc_encoded_clear(&enc);
+    zd_value_unref(none);
+}
+
+/* The name of rank for a log line ("?" when the agent has no table: a
+   stand-in agent of the fuzzers). */
+static const char *peer_name(const agent_t *a, int rank)
+{
+    return a->peers && rank >= 0 && rank < a->world ? a->peers[rank].name : "?";
+}
+
+/* Whether rank holds a fork of e recorded here. */
+static bool has_holder(const owner_t *e, int rank)
+{
+    for (int i = 0; e && i < e->n_forks; i++)
+        if (e->holders[i] == rank)
+            return true;
+    return false;
+}
+
+/* Under the lock: the wait of src for fork_id of rref_id (fork_id 0: any
+   of its forks of rref_id), or NULL. */
+static fork_wait_t *wait_find(rref_ctx_t *x, uint64_t rref_id, uint64_t fork_id, int src)
+{
+    fork_wait_t *w = x->waits;
+    while (w && !(w->rref_id == rref_id && w->src == src && (!fork_id || w->fork_id == fork_id)))
+        w = w->next;
+    return w;
+}
+
+/* Under the lock: takes w, which *pp points to, off the list. */
+static void wait_unlink(rref_ctx_t *x, fork_wait_t **pp)
+{
+    fork_wait_t *w = *pp;
+    *pp = w->next;
+    w->next = NULL;
+    x->n_waits--;
+    if (w->src >= 0 && w->src < x->waits_world)
+        x->waits_by_peer[w->src]--;
+}
+
+/* Under the lock: whether src may leave one more request waiting; -1 with
+   the error set when not. */
+static int wait_admit(agent_t *a, rref_ctx_t *x, int src)
+{
+    if (!x->waits_by_peer && a->world > 0 &&
+        (x->waits_by_peer = calloc((size_t)a->world, sizeof *x->waits_by_peer)))
+        x->waits_world = a->world;
+    if (x->n_waits >= RREF_MAX_FORK_WAITS)
+        return zd_error_set("too many fork requests waiting for their parent (%d; asked by "
+                            "rank %d)", RREF_MAX_FORK_WAITS, src);
+    if (src >= 0 && src < x->waits_world && x->waits_by_peer[src] >= RREF_MAX_FORK_WAITS_PEER)
+        return zd_error_set("too many fork requests waiting for their parent asked by rank %d "
+                            "(%d)", src, RREF_MAX_FORK_WAITS_PEER);
+    return 0;
+}
+
+/* Under the lock: moves the waits on e whose parent now holds a fork of it
+   to *ready, their forks registered; each may make another parent a
+   holder, so until none is left. */
+static void waits_release(rref_ctx_t *x, owner_t *e, fork_wait_t **ready)
+{
+    for (bool more = x->n_waits > 0; more;) {
+        more = false;
+        for (fork_wait_t **pp = &x->waits; *pp;) {
+            fork_wait_t *w = *pp;
+            if (w->rref_id != e->rref_id || !has_holder(e, w->parent)) {
+                pp = &w->next;
+                continue;
+            }
+            wait_unlink(x, pp);
+            int holder = zd__rref_owner_fork_holder(e, w->fork_id);
+            if (holder >= 0 && holder != w->src) {
+                w->refused = true;
+                snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of "
+                         "RRef %" PRIx64 " refused: rank %d holds that fork", w->src, w->fork_id,
+                         w->rref_id, holder);
+            } else if (zd__rref_owner_add_fork(e, w->fork_id, w->src) < 0) {
+                w->refused = true;
+                snprintf(w->why, sizeof w->why, "RRef: out of memory");
+            } else {
+                more = true;
+                if (w->settled)
+                    w->value = zd_future_ref(e->value);
+            }
+            w->next = *ready;
+            *ready = w;
+        }
+    }
+}
+
+/* The value (or error) of the future it follows, into arg's future. */
+static void forward_value(zd_future_t *f, void *arg)
+{
+    zd_future_t *to = arg;
+    if (zd_future_value(f))
+        zd_future_set_value(to, zd_future_value(f));
+    else
+        zd_future_set_error_code(to, zd_future_error_code(f), "%s", zd_future_error(f));
+    zd_future_unref(to);
+}
+
+/* Whether a refusal of the kind *last stands for is worth a log line now:
+   once a second. */
+static bool log_due(_Atomic int64_t *last)
+{
+    int64_t now = zd__agent_now_ns(), then = atomic_load(last);
+    return now - then >= 1000000000 && atomic_compare_exchange_strong(last, &then, now);
+}
+
+/* After unlocking: answers the requests of list (taken off the waits) and
+   settles the fetches that waited with them; frees them. */
+static void waits_answer(agent_t *a, fork_wait_t *list)
+{
+    while (list) {
+        fork_wait_t *w = list;
+        list = w->next;
+        inmsg_t m;
+        memset(&m, 0, sizeof m);
+        m.src = w->src;
+        m.h.id = w->req_id;
+        memcpy(m.route, w->route, w->route_len);
+        m.route_len = w->route_len;
+        if (w->refused) {
+            static _Atomic int64_t last;
+            if (!w->silent && log_due(&last))
+                zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, w->src),
+                        w->src, w->why);
+            if (!w->silent)
+                zd__transport_answer_error(a, &m, w->req_id, w->why);
+            if (w->settled)
+                zd_future_set_error(w->settled, "%s", w->why);
+        } else {
+            send_ack(a, &m);
+            if (w->settled && w->value && zd_future_then(w->value, forward_value,
+                                                         zd_future_ref(w->settled)) < 0) {
+                zd_future_unref(w->settled);   /* the reference given to forward_value */
+                zd_future_set_error(w->settled, "RRef: out of memory");
+            }
+        }
+        zd_future_unref(w->value);
+        zd_future_unref(w->settled);
+        free(w);
+    }
+}
+
 /* ---- owner side ---- */
 
 /* When a placeholder (a value whose REMOTE has not arrived) is given up: at
@@ -338,8 +561,12 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
         pthread_mutex_unlock(&x->lock);
         return NULL;
     }
+    /* The creator is a holder now: forks it made before may be accepted. */
+    fork_wait_t *ready = NULL;
+    waits_release(x, e, &ready);
     zd_future_t *f = zd_future_ref(e->value);
     pthread_mutex_unlock(&x->lock);
+    waits_answer(a, ready);
     if (fresh)
         zd__rref_watch_value(a, f, rref_id);
     return f;
@@ -381,9 +608,16 @@ zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t time
         pthread_mutex_lock(&x->lock);
         owner_t *e = zd__rref_owner_find(x, rref_id);
         bool holds = !e || e->state != OWNER_CREATED;   /* not made yet: the REMOTE decides */
-        for (int i = 0; e && !holds && i < e->n_forks; i++)
-            holds = e->holders[i] == src;
+        holds = holds || has_holder(e, src);
+        /* Its fork request waits for its parent: so does the fetch, for
+           the value if the request is accepted, else for its refusal. */
+        fork_wait_t *w = holds ? NULL : wait_find(x, rref_id, 0, src);
+        if (w && !w->settled)
+            w->settled = zd_future_new();
+        zd_future_t *settled = w && w->settled ? zd_future_ref(w->settled) : NULL;
         pthread_mutex_unlock(&x->lock);
+        if (settled)
+            return settled;
         if (!holds) {
             zd__log(ZD_LOG_WARN, "rpc: refused a fetch of RRef %" PRIx64 " from \"%s\" (rank %d), "
                     "which holds no fork of it", rref_id, a->peers[src].name, src);
@@ -397,9 +631,9 @@ zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t time
 zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
 {
     rref_ctx_t *x = a->rrefs;
-    uint64_t rref_id = zd__agent_new_id(a);
+    uint64_t rref_id = zd__rref_new_id(a);
     if (owner != a->rank) {
-        zd_rref_t *h = zd__rref_handle_new(a, rref_id, zd__agent_new_id(a), owner);
+        zd_rref_t *h = zd__rref_handle_new(a, rref_id, zd__rref_new_id(a), owner);
         if (!h)
             return NULL;
         zd_rref_ref(h);   /* pending user until the REMOTE is answered */
@@ -454,32 +688,6 @@ void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error)
 
 /* ---- control messages received (I/O thread) ---- */
 
-/* Whether a refused placeholder is worth a log line now: once a second. */
-static bool placeholder_log_due(rref_ctx_t *x)
-{
-    static int64_t last;
-    (void)x;
-    int64_t now = zd__agent_now_ns();
-    if (now - last < 1000000000)
-        return false;
-    last = now;
-    return true;
-}
-
-static void send_ack(agent_t *a, const inmsg_t *m)
-{
-    zd_value_t *none = zd_value_none();
-    rpc_encoded_t enc = {0};
-    if (none && zd__value_encode(none, NULL, m->src, &enc) == 0) {
-        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta,
-                               .meta_len = enc.meta_len};
-        if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
-            zd__log(ZD_LOG_WARN, "rpc: cannot acknowledge to rank %d: %s", m->src, zd_error_last());
-    }
-    zd__rpc_encoded_clear(&enc);
-    zd_value_unref(none);
-}
-
 /* Under x->lock: a fork is deleted or registered only by the rank that
    holds it (recorded when the owner learnt of it); any other sender is
    answered with an error. Unknown forks pass: the messages are
@@ -500,6 +708,77 @@ static bool control_refused(agent_t *a, const inmsg_t *m)
     return true;
 }
 
+enum { FORK_ACK, FORK_WAIT, FORK_REFUSE };
+
+/*  Under x->lock: what becomes of a fork request (the rule in rref.h).
+    FORK_ACK when the fork is registered (forks that waited for the child
+    to become a holder go to *ready), FORK_WAIT when it waits for its parent
+    (*watch: a placeholder it made), FORK_REFUSE with why. */
+static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_wait_t **ready,
+                        char *why, size_t size)
+{
+    rref_ctx_t *x = a->rrefs;
+    const rpc_wire_header_t *h = &m->h;
+    int src = h->src, parent = zd__rref_creator(h->b);
+    owner_t *e = zd__rref_owner_find(x, h->a);
+    if (zd__rref_owner_fork_holder(e, h->b) == src)
+        return FORK_ACK;   /* a retry */
+    if (parent == a->rank) {
+        snprintf(why, size, "fork request of rank %d for fork %" PRIx64 " of RRef %" PRIx64
+                 " refused: forks made by the owner (rank %d) are registered when sent, never "
+                 "requested", src, h->b, h->a, a->rank);
+        return FORK_REFUSE;
+    }
+    if (has_holder(e, parent)) {
+        if (zd__rref_owner_add_fork(e, h->b, src) < 0) {
+            snprintf(why, size, "%s", zd_error_last());
+            return FORK_REFUSE;
+        }
+        waits_release(x, e, ready);   /* src is a holder now */
+        return FORK_ACK;
+    }
+    fork_wait_t *w = wait_find(x, h->a, h->b, src);
+    if (w) {
+        /* An attempt again (the last one timed out waiting): the answer
+           goes to the newest, which its sender waits for. */
+        w->req_id = h->id;
+        memcpy(w->route, m->route, m->route_len);
+        w->route_len = m->route_len;
+        return FORK_WAIT;
+    }
+    if ((!e && zd__rref_placeholder_admit(a, x, src) < 0) || wait_admit(a, x, src) < 0) {
+        snprintf(why, size, "%s", zd_error_last());
+        return FORK_REFUSE;
+    }
+    if (!(w = calloc(1, sizeof *w))) {
+        snprintf(why, size, "RRef: out of memory");
+        return FORK_REFUSE;
+    }
+    if (!e) {   /* the REMOTE creating it may still be on its way */
+        if (!(e = zd__rref_owner_create(x, h->a, OWNER_PLACEHOLDER))) {
+            free(w);
+            snprintf(why, size, "%s", zd_error_last());
+            return FORK_REFUSE;
+        }
+        zd__rref_placeholder_arm(a, x, e, src, h->timeout_ms);
+        *watch = zd_future_ref(e->value);
+    }
+    *w = (fork_wait_t){.rref_id = h->a, .fork_id = h->b, .src = src, .parent = parent,
+                       .req_id = h->id, .route_len = m->route_len,
+                       .since_ns = zd__agent_now_ns(), .next = x->waits};
+    memcpy(w->route, m->route, m->route_len);
+    /* As long as a placeholder would wait for its REMOTE. */
+    w->expire_ns = placeholder_expiry(a, h->timeout_ms);
+    if (w->expire_ns < x->waits_due_ns || x->n_waits == 0)
+        x->waits_due_ns = w->expire_ns;
+    x->waits = w;
+    x->n_waits++;
+    x->n_waited++;
+    if (src >= 0 && src < x->waits_world)
+        x->waits_by_peer[src]++;
+    return FORK_WAIT;
+}
+
 void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
 {
     rref_ctx_t *x = a->rrefs;
@@ -515,6 +794,9 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     owner_t *freed = NULL;
     zd_rref_t *parent = NULL;
     zd_future_t *watch = NULL;
+    fork_wait_t *ready = NULL;
+    int outcome = FORK_ACK;
+    char why[256];
     pthread_mutex_lock(&x->lock);
     if (control_refused(a, m)) {
         pthread_mutex_unlock(&x->lock);
@@ -526,32 +808,22 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
         if (e)
             zd__rref_owner_del_fork(e, h->b);
         freed = zd__rref_owner_maybe_unlink(x, e);
+        /* A child that gave up waiting: its request goes too, unanswered. */
+        for (fork_wait_t **pp = &x->waits; *pp; pp = &(*pp)->next)
+            if ((*pp)->rref_id == h->a && (*pp)->fork_id == h->b && (*pp)->src == h->src) {
+                fork_wait_t *w = *pp;
+                wait_unlink(x, pp);
+                w->refused = w->silent = true;
+                snprintf(w->why, sizeof w->why, "RRef %" PRIx64 ": rank %d deleted its fork",
+                         h->a, h->src);
+                ready = w;
+                break;
+            }
         break;
     }
-    case RPC_MSG_RREF_FORK_REQUEST: {
-        owner_t *e = zd__rref_owner_find(x, h->a);
-        if (!e && zd__rref_placeholder_admit(a, x, h->src) < 0) {
-            pthread_mutex_unlock(&x->lock);
-            char text[256];
-            snprintf(text, sizeof text, "%s", zd_error_last());
-            if (placeholder_log_due(x))
-                zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): fork request refused: %s",
-                        a->peers[h->src].name, h->src, text);
-            zd__transport_answer_error(a, m, h->id, text);
-            return;
-        }
-        if (!e && (e = zd__rref_owner_create(x, h->a, OWNER_PLACEHOLDER))) {
-            zd__rref_placeholder_arm(a, x, e, h->src, h->timeout_ms);
-            watch = zd_future_ref(e->value);
-        }
-        if (!e || zd__rref_owner_add_fork(e, h->b, h->src) < 0) {
-            pthread_mutex_unlock(&x->lock);
-            zd_future_unref(watch);
-            zd__transport_answer_error(a, m, h->id, "out of memory");
-            return;
-        }
+    case RPC_MSG_RREF_FORK_REQUEST:
+        outcome = fork_request(a, m, &watch, &ready, why, sizeof why);
         break;
-    }
     case RPC_MSG_RREF_CHILD_ACCEPT:
         parent = zd__rref_child_take(x, h->b);
         break;
@@ -563,7 +835,16 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     }
     zd__rref_owner_free(freed);
     zd_rref_unref(parent);
-    send_ack(a, m);
+    if (outcome == FORK_ACK) {
+        send_ack(a, m);
+    } else if (outcome == FORK_REFUSE) {
+        static _Atomic int64_t last;
+        if (log_due(&last))
+            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): fork request refused: %s",
+                    peer_name(a, h->src), h->src, why);
+        zd__transport_answer_error(a, m, h->id, why);
+    }
+    waits_answer(a, ready);
 }
 
 /* The expiry looks at the placeholders only when one is due, and then at
@@ -572,6 +853,34 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
    entry every tick. */
 #define RREF_SCAN_NS ((int64_t)10000000)
 
+/* Under the lock: takes the fork requests that waited too long off the
+   list, refused, into *out (at most every RREF_SCAN_NS, when one is due). */
+static void waits_expire(rref_ctx_t *x, int64_t now_ns, fork_wait_t **out)
+{
+    if (!x->n_waits || now_ns < x->waits_due_ns || now_ns - x->waits_scan_ns < RREF_SCAN_NS)
+        return;
+    x->waits_scan_ns = now_ns;
+    int64_t due = INT64_MAX;
+    for (fork_wait_t **pp = &x->waits; *pp;) {
+        fork_wait_t *w = *pp;
+        if (w->expire_ns > now_ns) {
+            if (w->expire_ns < due)
+                due = w->expire_ns;
+            pp = &w->next;
+            continue;
+        }
+        wait_unlink(x, pp);
+        w->refused = true;
+        snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of RRef %"
+                 PRIx64 " refused: rank %d, which made the fork, holds no fork of that RRef "
+                 "(waited %lld ms)", w->src, w->fork_id, w->rref_id, w->parent,
+                 (long long)((now_ns - w->since_ns) / 1000000));
+        w->next = *out;
+        *out = w;
+    }
+    x->waits_due_ns = due;
+}
+
 void zd__rref_tick(agent_t *a, int64_t now_ns)
 {
     rref_ctx_t *x = a->rrefs;
@@ -579,25 +888,26 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
     zd_future_t *expired[MAX_EXPIRED];
     uint64_t ids[MAX_EXPIRED];
     int n = 0;
+    fork_wait_t *refused = NULL;
     pthread_mutex_lock(&x->lock);
-    if (!x->n_placeholders || now_ns < x->ph_due_ns || now_ns - x->ph_scan_ns < RREF_SCAN_NS) {
-        pthread_mutex_unlock(&x->lock);
-        return;
-    }
-    x->ph_scan_ns = now_ns;
-    int64_t due = INT64_MAX;
-    for (owner_t *e = x->placeholders, *next; e; e = next) {
-        next = e->ph_next;
-        if (e->expire_ns <= now_ns && n < MAX_EXPIRED) {
-            placeholder_done(x, e);   /* failed: freed like any other */
-            ids[n] = e->rref_id;
-            expired[n++] = zd_future_ref(e->value);
-        } else if (e->expire_ns < due) {
-            due = e->expire_ns;
+    waits_expire(x, now_ns, &refused);
+    if (x->n_placeholders && now_ns >= x->ph_due_ns && now_ns - x->ph_scan_ns >= RREF_SCAN_NS) {
+        x->ph_scan_ns = now_ns;
+        int64_t due = INT64_MAX;
+        for (owner_t *e = x->placeholders, *next; e; e = next) {
+            next = e->ph_next;
+            if (e->expire_ns <= now_ns && n < MAX_EXPIRED) {
+                placeholder_done(x, e);   /* failed: freed like any other */
+                ids[n] = e->rref_id;
+                expired[n++] = zd_future_ref(e->value);
+            } else if (e->expire_ns < due) {
+                due = e->expire_ns;
+            }
         }
+        x->ph_due_ns = due;
     }
-    x->ph_due_ns = due;
     pthread_mutex_unlock(&x->lock);
+    waits_answer(a, refused);
     for (int i = 0; i < n; i++) {
         zd_future_set_error(expired[i], "unknown RRef %" PRIx64 ": no remote() created it "
                              "on \"%s\" (rank %d) in time", ids[i], a->name, a->rank);
@@ -637,6 +947,24 @@ int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
             e = next;
         }
     }
+    /* Its fork requests waiting here: nobody to answer. Those waiting for
+       it to become a holder: it never will. */
+    fork_wait_t *waits = NULL;
+    for (fork_wait_t **pp = &x->waits; *pp;) {
+        fork_wait_t *w = *pp;
+        if (w->src != rank && w->parent != rank) {
+            pp = &w->next;
+            continue;
+        }
+        wait_unlink(x, pp);
+        w->refused = true;
+        w->silent = w->src == rank;
+        snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of RRef %"
+                 PRIx64 " refused: rank %d, which made the fork, was lost before it held one",
+                 w->src, w->fork_id, w->rref_id, w->parent);
+        w->next = waits;
+        waits = w;
+    }
     /* Children sent to it: their CHILD_ACCEPT will never come, and the
        parents they keep alive would hold up the shutdown's drain. */
     child_t *orphans = NULL;
@@ -656,6 +984,7 @@ int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
         }
     }
     pthread_mutex_unlock(&x->lock);
+    waits_answer(a, waits);
     while (orphans) {   /* parents are released outside the lock: it is theirs too */
         child_t *next = orphans->next;
         zd_rref_unref(orphans->parent);
@@ -687,6 +1016,14 @@ int zd__rref_ctx_new(agent_t *a)
     if (!x)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
     pthread_mutex_init(&x->lock, NULL);
+    if (getrandom(x->id_key, sizeof x->id_key, 0) != (ssize_t)sizeof x->id_key) {
+        /* No kernel entropy (a kernel before 3.17): unique ids still, but
+           a peer that knows the clock could guess them. */
+        zd__log(ZD_LOG_WARN, "rpc: getrandom failed: RRef ids are less hard to guess");
+        x->id_key[0] = (uint64_t)zd__agent_now_ns() ^ (uint64_t)(uintptr_t)x;
+        x->id_key[1] = (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&x;
+    }
+    atomic_init(&x->id_next, 1);
     a->rrefs = x;
     a->rref_codec = (rpc_rref_codec_t){NULL, zd__rref_decode, a};
     return 0;
@@ -710,11 +1047,19 @@ void zd__rref_ctx_free(agent_t *a)
             if (open && !zd_future_done(e->value))
                 open[n_open++] = zd_future_ref(e->value);
         }
+    fork_wait_t *waits = x->waits;   /* and fetches waiting with them */
+    x->waits = NULL;
+    x->n_waits = 0;
     pthread_mutex_unlock(&x->lock);
     for (int i = 0; i < n_open; i++) {
         zd_future_set_error(open[i], "RPC shut down");
         zd_future_unref(open[i]);
     }
+    for (fork_wait_t *w = waits; w; w = w->next) {
+        w->refused = w->silent = true;
+        snprintf(w->why, sizeof w->why, "RPC shut down");
+    }
+    waits_answer(a, waits);
     free(open);
     if (leaked)
         zd__log(ZD_LOG_WARN, "rpc: shutdown: %" PRId64 " owned RRef value(s) still referenced",
@@ -734,6 +1079,7 @@ void zd__rref_ctx_free(agent_t *a)
             free(c);
         }
     pthread_mutex_destroy(&x->lock);
+    free(x->waits_by_peer);
     free(x->ph_by_peer);
     free(x);
     a->rrefs = NULL;
@@ -760,7 +1106,7 @@ int64_t zd__rref_owner_count(agent_t *a)
 zd_rref_t *zd__rref_new_local(agent_t *a, zd_value_t *value)
 {
     rref_ctx_t *x = a->rrefs;
-    uint64_t rref_id = zd__agent_new_id(a);
+    uint64_t rref_id = zd__rref_new_id(a);
     pthread_mutex_lock(&x->lock);
     owner_t *e = zd__rref_owner_create(x, rref_id, OWNER_CREATED);
     zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;

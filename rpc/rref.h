@@ -3,10 +3,10 @@
 
     Protocol (BACKGROUND B, PyTorch's rref.md). One OwnerRRef (an owner
     entry holding the value) on the owner; any number of UserRRefs
-    elsewhere, each a distinct fork with a globally unique fork id
-    (creator rank << 48 | counter). The owner keeps the set of forks it
-    knows; it frees the value when that set is empty and no local handle
-    holds it. Guarantees:
+    elsewhere, each a distinct fork with a world-unique fork id. The owner
+    keeps the set of forks it knows, each with the rank holding it; it
+    frees the value when that set is empty and no local handle holds it.
+    Guarantees:
       G1  the owner hears of every user's deletion: the last unref of a user
           handle sends RREF_USER_DELETE, retried until acknowledged;
       G2  a parent is not deleted before the owner has confirmed its child:
@@ -16,6 +16,32 @@
           user handle keeps itself alive (pending_users) until confirmed.
     The owner forking its own RRef registers the fork at once (no message).
     Control messages are idempotent, so retrying them is safe.
+
+    Ids. RRef ids and fork ids are creator rank << 48 | 48 bits that are a
+    secret permutation of a counter (zd__rref_new_id): unique for the life
+    of the agent, never 0, and not guessable from the ids a peer has seen.
+    An RRef's id is what lets a member name it at all; only the processes
+    it was sent to (and the owner's log) learn it.
+
+    Who may become a holder (issue 24 point 5). A fork is bound to the
+    parent that made it, the rank in its id's top bits. The owner accepts
+    an RREF_FORK_REQUEST for fork f of RRef x from rank s only when
+      - f is already recorded as s's (a retry: acknowledged again), or
+      - f's creator c is not the owner (the owner's own forks are
+        registered when it sends them, never requested) and c holds a
+        fork of x recorded here (through its REMOTE, an accepted fork
+        request of its own, or the owner sending it x).
+    A request whose creator holds nothing yet waits (fork_wait_t): the
+    parent may be a creator whose REMOTE is still on its way, or a user
+    whose own fork request is (a chain of forks made before the owner
+    confirmed any). It is accepted, and answered, as soon as c becomes a
+    holder, which may accept requests waiting for s in turn; it is refused
+    (answered with an error, logged naming s) when it has waited as long as
+    a placeholder would, when c is lost, or at once when f is another
+    rank's (control_refused) or the owner's. A fetch from s while its
+    request waits waits for the outcome. So a member can become a holder
+    only of an RRef whose id it knows, and only in the name of a rank that
+    holds it; a member never sent the RRef does not know its id.
 
     Wire form of an RRef inside a value (RPC_RREF_WIRE_SIZE = 40 bytes,
     little-endian): rref_id u64, fork_id u64, owner u16, parent u16, then
@@ -61,9 +87,10 @@ void zd__rref_value_ref_hook(zd_rref_t *r);
 void zd__rref_value_unref_hook(zd_rref_t *r);
 
 /*  Owner side of REMOTE: registers the caller's fork (fork_id 0: created by
-    this process for itself) on entry rref_id and returns the entry's value
-    future (a new reference) to be completed with the result, or NULL when
-    the id is bad (error set). */
+    this process for itself) on entry rref_id, accepts (and answers) the
+    fork requests that waited for the caller to become a holder, and
+    returns the entry's value future (a new reference) to be completed with
+    the result, or NULL when the id is bad (error set). */
 zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src);
 
 /*  Owner side of RREF_FETCH / deref-first: the value future of rref_id (a
@@ -71,8 +98,10 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     when the REMOTE creating it has not arrived; NULL on a bad id. */
 zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms);
 /*  zd__rref_owner_value for a RREF_FETCH from rank src: refused (NULL,
-    error set) when the RRef exists here and src holds no fork of it; a
-    placeholder it makes counts as src's (zd__rref_placeholder_admit). */
+    error set) when the RRef exists here and src holds no fork of it, but
+    while a fork request of src waits for its parent, a future of the
+    value if the request is accepted, of the refusal if not; a placeholder
+    it makes counts as src's (zd__rref_placeholder_admit). */
 zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src);
 
 /*  A user handle for a REMOTE about to be sent to owner (pending until
@@ -129,9 +158,29 @@ typedef struct child {
     struct child *next;
 } child_t;
 
+/*  A fork request whose parent holds no fork yet (see the top). */
+typedef struct fork_wait {
+    uint64_t rref_id, fork_id;
+    int src;                    /* the child, which asked */
+    int parent;                 /* the fork's creator, which must become a holder */
+    uint64_t req_id;            /* the request answered: the latest attempt */
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+    int64_t since_ns, expire_ns;
+    zd_future_t *settled;       /* fetches from src while it waits: the value,
+                                   or the refusal (NULL until one comes) */
+    bool refused;               /* (when answered) refused, with why */
+    bool silent;                /* refused without an answer (nobody to read it) */
+    char why[256];
+    zd_future_t *value;         /* (when accepted with settled) the entry's value */
+    struct fork_wait *next;
+} fork_wait_t;
+
 struct rref_ctx {
     pthread_mutex_t lock;
     bool closing;
+    uint64_t id_key[2];         /* zd__rref_new_id's secret */
+    atomic_uint_fast64_t id_next;
     owner_t *owners[OWNER_BUCKETS];
     int64_t n_owners, n_placeholders;
     owner_t *placeholders;      /* the list of OWNER_PLACEHOLDER entries */
@@ -141,6 +190,11 @@ struct rref_ctx {
     int ph_world;
     child_t *children[CHILD_BUCKETS];
     int64_t n_children, n_pending_users, n_ctrl;
+    fork_wait_t *waits;         /* fork requests waiting for their parent */
+    int64_t n_waits, waits_due_ns, waits_scan_ns;
+    int *waits_by_peer;         /* per rank that asked (world) */
+    int waits_world;
+    int64_t n_waited;           /* fork requests that ever waited (for tests) */
 };
 
 typedef struct ctrl ctrl_t;
@@ -159,9 +213,11 @@ struct ctrl {
     int parent;             /* for done */
 };
 
-/*  Ids: creator rank << 48 | counter, counter never 0. */
+/*  Ids: creator rank << 48 | 48 bits never 0 (see the top). */
 int zd__rref_creator(uint64_t id);
 bool zd__rref_id_ok(agent_t *a, uint64_t id);
+/*  A new RRef or fork id made by this process. */
+uint64_t zd__rref_new_id(agent_t *a);
 
 zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner);
 void zd__rref_handle_free(zd_rref_t *r);
@@ -189,6 +245,10 @@ zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e);
 #define RREF_MAX_PLACEHOLDERS 16384
 #define RREF_MAX_PLACEHOLDERS_PEER 1024
 #define RREF_PLACEHOLDER_MAX_MS ((int64_t)600000)
+/*  Fork requests waiting for their parent (fork_wait_t): at most this many
+    in all and asked by one rank; each waits as long as a placeholder. */
+#define RREF_MAX_FORK_WAITS 16384
+#define RREF_MAX_FORK_WAITS_PEER 1024
 /*  Whether rank src (or -1: this process) may make one more placeholder;
     -1 with the error set (naming the rank) when not. Under x->lock. */
 int zd__rref_placeholder_admit(agent_t *a, rref_ctx_t *x, int src);

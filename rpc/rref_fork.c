@@ -159,7 +159,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
         t->items = it;
         t->cap = cap;
     }
-    uint64_t fork_id = zd__agent_new_id(a);
+    uint64_t fork_id = zd__rref_new_id(a);
     pthread_mutex_lock(&x->lock);
     if (r->is_owner) {
         /* Early registration: the owner adds the child itself. */

@@ -19,6 +19,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "rpc/agent.h"
+#include "rpc/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 
@@ -167,6 +168,38 @@ static zd_value_t *h_forward_keep(zd_rpc_call_t *call, zd_value_t *args, void *a
     return res;
 }
 
+/* A user forwards its RRef to another user, who fetches it: the sum. */
+static zd_value_t *h_forward_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    (void)arg;
+    zd_rref_t *r;
+    int64_t to;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0 || zd_rpc_arg_int(args, 1, &to) < 0)
+        return NULL;
+    zd_value_t *fwd = zd_rpc_args("r", r), *res = NULL;
+    int rc = zd_rpc_sync((int)to, "to_here_sum", fwd, -1, &res);
+    zd_value_unref(fwd);
+    return rc < 0 ? NULL : res;
+}
+
+/* Fork requests that waited here for their parent to become a holder. */
+static zd_value_t *h_waited(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    (void)arg;
+    agent_t *a = zd__agent_try_acquire();
+    int64_t n = 0;
+    if (a) {
+        pthread_mutex_lock(&a->rrefs->lock);
+        n = a->rrefs->n_waited;
+        pthread_mutex_unlock(&a->rrefs->lock);
+    }
+    zd__agent_release(a);
+    return zd_value_int(n);
+}
+
 /* An RRef as a result: owned by the callee. */
 static zd_value_t *h_make_rref(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -229,6 +262,8 @@ static int start_with(int rank, int world, int port, int64_t rpc_timeout_ms)
         zd_rpc_register("keep", h_keep, NULL) < 0 ||
         zd_rpc_register("drop_kept", h_drop_kept, NULL) < 0 ||
         zd_rpc_register("forward_keep", h_forward_keep, NULL) < 0 ||
+        zd_rpc_register("forward_sum", h_forward_sum, NULL) < 0 ||
+        zd_rpc_register_inline("waited", h_waited, NULL) < 0 ||
         zd_rpc_register("make_rref", h_make_rref, NULL) < 0 ||
         zd_rpc_register_inline("owner_count", world_h_owner_count, NULL) < 0 ||
         zd_rpc_register("drain", h_drain, NULL) < 0 ||
@@ -605,6 +640,39 @@ static void test_lost_control_messages_are_sent_again(void **state)
     assert_int_equal(world_run_simple(3, 120, world_lost_control, NULL), 0);
 }
 
+/* ---- a fork request that reaches the owner before its parent's ---- */
+
+/*  Rank 1 owns, rank 0 creates, rank 2 forwards to rank 3, which fetches.
+    The owner drops rank 2's fork request once: rank 3's arrives while its
+    parent (rank 2) holds nothing yet, and waits, and so does rank 3's
+    fetch, until rank 2's request comes again (a second later) and makes
+    rank 2 a holder: both are accepted, the fetch answered. */
+static int world_fork_waits(const world_t *w)
+{
+    WCHECK(start_with(w->rank, w->world_size, w->port, world_scaled_ms(60000)) == 0);
+    if (w->rank == 0) {
+        zd_rref_t *r = remote_tensor(1, 4, 2.5);
+        zd_value_t *v;
+        WCHECK(zd_rref_to_here(r, -1, &v) == 0);   /* rank 0 is a holder */
+        zd_value_unref(v);
+        WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 1) == 0);
+        WCHECK(call_float(2, "forward_sum", zd_rpc_args("ri", r, (int64_t)3)) == 10.0);
+        WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 0) == 0);   /* it was dropped */
+        WCHECK(world_call_int(1, "waited") >= 1);
+        zd_rref_unref(r);
+        WCHECK(drain_every(w->world_size, "drain_long") == 0);
+        WCHECK(world_call_int(1, "owner_count") == 0);
+    }
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(20000)) == 0);
+    return 0;
+}
+
+static void test_fork_request_waits_for_its_parent(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(4, 120, world_fork_waits, NULL), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -612,6 +680,7 @@ int main(void)
         cmocka_unit_test(test_owner_frees_exactly_when_no_user_holds),
         cmocka_unit_test(test_rref_failures),
         cmocka_unit_test(test_lost_control_messages_are_sent_again),
+        cmocka_unit_test(test_fork_request_waits_for_its_parent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

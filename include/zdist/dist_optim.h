@@ -19,6 +19,17 @@
     without a gradient in the context are skipped, as PyTorch skips
     parameters whose .grad is None.
 
+    Owners guard the parameters they share. Each local optimizer is made
+    from its caller's config, so a caller with an absurd learning rate
+    would ruin the parameters for every caller with finite gradients.
+    An owner therefore publishes a step only when every parameter it
+    stepped is finite (and, with a max_change set, moved no more than
+    that): otherwise it puts the parameters back as they were before the
+    step and refuses it, naming the caller, the parameter and the element;
+    the other callers go on. (Gradients that are not finite are refused
+    before the step.) zd_dist_optim_set_owner_limits goes further: callers
+    must then use exactly the owner's config.
+
     Concurrency: steps on one owner are serialised by the local optimizer's
     lock, so concurrent trainers never interleave inside one update. Each
     owner also has a readers-writer lock per optimizer that writers (steps)
@@ -44,6 +55,20 @@ typedef struct zd_dist_optim zd_dist_optim_t;
 /*  Registers the functions owners serve. Call before zd_rpc_init. 0, or -1. */
 ZD_API int zd_dist_optim_init(void);
 
+/*  What this process, as an owner, accepts from the callers that create
+    optimizers over its parameters (zd_dist_optim_set_owner_limits). */
+typedef struct {
+    const zd_optim_config_t *config;   /* callers must use exactly this config
+                                          (NULL: any valid one) */
+    double max_change;                  /* a step may move a parameter by at most this
+                                          times max(its RMS, 1), in RMS (0: no bound) */
+} zd_dist_optim_owner_limits_t;
+
+/*  On an owner: callers must use exactly limits->config (others are
+    refused, naming the caller and the field) and steps are bounded by
+    max_change; NULL: no limits. 0, or -1 for invalid limits. */
+ZD_API int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *limits);
+
 /*  Creates one optimizer per owner over the parameters referenced by
     params[0..n) (RRefs whose values are float32 tensors; borrowed). Returns
     0 and *out, or -1 naming the owner that refused (bad hyper-parameters,
@@ -53,7 +78,9 @@ ZD_API int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *par
 
 /*  Steps every owner with the gradients of context_id and waits for all.
     Returns 0, or -1 with the error of the first owner that failed, named
-    ("step on \"ps\" (rank 0): ..."). */
+    ("step on \"ps\" (rank 0): ..."); an owner that refused the step (a
+    gradient or a stepped parameter not finite, a change over its
+    max_change) left its parameters as they were. */
 ZD_API int zd_dist_optim_step(zd_dist_optim_t *opt, int64_t context_id);
 
 /*  Releases the RRefs to the local optimizers, so that their owners free
