@@ -19,6 +19,7 @@
 #include <zdist/function.h>      /* writing a differentiable operation */
 #include <zdist/autograd.h>      /* the local autograd engine, basic differentiable ops */
 #include <zdist/scope.h>         /* scopes that drop temporary tensors together */
+#include <zdist/named_tensors.h> /* (name, tensor) lists: state dicts, checkpoints */
 
 /* RPC: workers calling each other's functions, futures, remote references. */
 #include <zdist/value.h>         /* the values an RPC carries; argument helpers */
