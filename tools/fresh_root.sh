@@ -30,6 +30,10 @@ mirror=${mirror:-http://deb.debian.org/debian}
 
 root=${ZDIST_FRESH_KEEP:-$(mktemp -d /tmp/zdist-root.XXXXXX)}
 mkdir -p "$root"
+# mktemp's 0700 would keep every user but root out of the whole root: the
+# packages' own users (munge's postinst runs mungekey as munge) could not
+# even run /bin/sh.
+chmod 755 "$root"
 mounted=()
 cleanup() {
   local rc=$?
@@ -43,13 +47,14 @@ trap cleanup EXIT
 
 echo "fresh_root: debootstrap $suite from $mirror into $root"
 start=$SECONDS
-if ! debootstrap --variant=minbase "$suite" "$root" "$mirror" > "$root.log" 2>&1; then
-  tail -n 20 "$root.log" >&2
-  rm -f "$root.log"
+log=$(mktemp /tmp/zdist-debootstrap.XXXXXX)
+if ! debootstrap --variant=minbase "$suite" "$root" "$mirror" > "$log" 2>&1; then
+  tail -n 20 "$log" >&2
+  rm -f "$log"
   echo "fresh_root: debootstrap failed (is $mirror reachable?)" >&2
   exit 1
 fi
-rm -f "$root.log"
+rm -f "$log"
 echo "fresh_root: the root took $((SECONDS - start)) s"
 
 # What a booted machine has: / a mount point (ip netns remounts it), /proc,
