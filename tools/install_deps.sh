@@ -13,7 +13,12 @@ pkgs=(build-essential cmake pkg-config libzmq3-dev libczmq-dev libopenblas-dev
 # srun --mpi=pmix (tests/slurm.sh) opens libpmix.so, which only the -dev
 # package provides
 pkgs+=(libpmix-dev)
-pkgs+=(libjansson-dev)   # tools/metrics_summary parses JSON with it
+# A static link of libzdist.a (tests/consumer, zdist-static.pc) takes
+# libxml2's -llzma, behind libzmq's norm
+pkgs+=(liblzma-dev)
+pkgs+=(libjansson-dev)   # the library parses safetensors headers with it, metrics_summary its JSON lines
+# tests/test_safetensors moves files between zdist and PyTorch (tools/safetensors/st.py)
+pkgs+=(python3-torch)
 pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespaces
 pkgs+=(debootstrap)      # tools/test.sh runs the Release stage in a fresh root
 pkgs+=(gcovr)            # tools/coverage.sh
