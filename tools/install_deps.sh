@@ -16,6 +16,8 @@ pkgs+=(libpmix-dev)
 # A static link of libzdist.a (tests/consumer, zdist-static.pc) takes
 # libxml2's -llzma, behind libzmq's norm
 pkgs+=(liblzma-dev)
+# and OpenBLAS's -lgfortran (openblas.pc), which only gfortran's -dev brings
+pkgs+=(gfortran)
 pkgs+=(libjansson-dev)   # the library parses safetensors headers with it, metrics_summary its JSON lines
 # tests/test_safetensors moves files between zdist and PyTorch (tools/safetensors/st.py)
 pkgs+=(python3-torch)
