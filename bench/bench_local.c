@@ -16,12 +16,28 @@
     --threads sets zd_nn_set_num_threads (a parameter server with several
     trainers runs each request on 1). --ops times each layer of the Net on
     its own instead: forward, and forward + backward, in ms per batch (the
-    fastest of several rounds). */
+    fastest of several rounds). --no-taps keeps the layers to im2col and
+    BLAS (zd__nn_use_taps(false)), to compare. The kernels are the CPU's
+    best, or those ZDIST_CPU names (generic, avx2, avx512).
+
+    safetensors (--model safetensors runs only it): a 400 MB file of 100
+    float32 tensors (1000 x 1000) in $TMPDIR (default /tmp), medians of
+    ROUNDS rounds. safetensors_save_GBps: zd_safetensors_write, flushed to
+    disk as it always is; safetensors_load_GBps: zd_safetensors_read of the
+    file just written (from the page cache) and one read per 4 KiB page of
+    every tensor, which maps each page; beside them, for the same 400 MB:
+    read_400MB_GBps, read() of the whole file into a buffer already written
+    (the page cache's copy, without page faults), read_fresh_400MB_GBps,
+    the same into newly allocated memory (what a loader that copies pays),
+    and memcpy_400MB_GBps, one memcpy between two buffers already written. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
@@ -29,6 +45,8 @@
 #include <zdist/nn.h>
 #include <zdist/rng.h>
 #include <zdist/rnn.h>
+#include <zdist/safetensors.h>
+#include "nn/nn_private.h"
 
 #define ROUNDS 5
 
@@ -322,6 +340,141 @@ static int bench_ops(int batch, double seconds)
     return rc;
 }
 
+#define ST_TENSORS 100
+#define ST_SIDE 1000   /* 100 tensors of 1000 x 1000 float32: 400 MB */
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/*  Reads one byte per 4 KiB page of every tensor (mapping the pages of a
+    borrowed one). */
+static unsigned touch_pages(const zd_named_tensors_t *nt)
+{
+    unsigned sum = 0;
+    for (int i = 0; i < zd_named_tensors_len(nt); i++) {
+        const volatile unsigned char *p = zd_tensor_raw(zd_named_tensors_tensor(nt, i));
+        size_t n = zd_tensor_nbytes(zd_named_tensors_tensor(nt, i));
+        for (size_t k = 0; k < n; k += 4096)
+            sum += p[k];
+    }
+    return sum;
+}
+
+static int read_whole(const char *path, char *buf, size_t size)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return -1;
+    size_t got = 0;
+    ssize_t r = 1;
+    while (got < size && (r = read(fd, buf + got, size - got)) > 0)
+        got += (size_t)r;
+    close(fd);
+    return got == size ? 0 : -1;
+}
+
+/*  The safetensors figures (see the top of the file); GB/s, medians. */
+static int bench_safetensors(bool csv)
+{
+    const char *dir = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char path[512];
+    snprintf(path, sizeof path, "%s/bench_local_%ld.safetensors", dir, (long)getpid());
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    for (int i = 0; nt && i < ST_TENSORS; i++) {
+        zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){ST_SIDE, ST_SIDE});
+        char name[32];
+        snprintf(name, sizeof name, "layers.%d.weight", i);
+        if (!t || zd_named_tensors_add(nt, name, t) < 0) {
+            zd_tensor_unref(t);
+            zd_named_tensors_free(nt);
+            return -1;
+        }
+        for (int64_t k = 0; k < zd_tensor_numel(t); k++)
+            zd_tensor_data(t)[k] = (float)i + (float)k * 1e-6f;
+        zd_tensor_unref(t);
+    }
+    if (!nt)
+        return -1;
+    double save[ROUNDS], load[ROUNDS], rd[ROUNDS], fresh[ROUNDS], cp[ROUNDS];
+    size_t size = 0;
+    char *a = NULL, *b = NULL;
+    volatile unsigned sink = 0;
+    int rc = 0;
+    for (int r = 0; r < ROUNDS && rc == 0; r++) {
+        double t0 = now();
+        rc = zd_safetensors_write(path, nt, NULL, 0);
+        save[r] = now() - t0;
+        struct stat st;
+        if (rc < 0 || stat(path, &st) < 0) {
+            rc = -1;
+            break;
+        }
+        size = (size_t)st.st_size;
+        if (!a) {
+            a = malloc(size);
+            b = malloc(size);
+            if (!a || !b) {
+                rc = zd_error_set("bench_local: out of memory for %zu bytes", size);
+                break;
+            }
+            memset(a, 1, size);   /* written once: no page faults in the timings */
+            memset(b, 2, size);
+        }
+        t0 = now();
+        zd_named_tensors_t *in = zd_safetensors_read(path, NULL, NULL);
+        if (!in) {
+            rc = -1;
+            break;
+        }
+        sink += touch_pages(in);
+        load[r] = now() - t0;
+        zd_named_tensors_free(in);
+        t0 = now();
+        if (read_whole(path, a, size) < 0) {
+            rc = zd_error_set("bench_local: cannot read %s", path);
+            break;
+        }
+        rd[r] = now() - t0;
+        char *c = malloc(size);
+        t0 = now();
+        if (!c || read_whole(path, c, size) < 0) {
+            free(c);
+            rc = zd_error_set("bench_local: cannot read %s into new memory", path);
+            break;
+        }
+        fresh[r] = now() - t0;
+        free(c);
+        t0 = now();
+        memcpy(b, a, size);
+        __asm__ volatile("" : : "r"(b) : "memory");
+        cp[r] = now() - t0;
+    }
+    unlink(path);
+    free(a);
+    free(b);
+    zd_named_tensors_free(nt);
+    if (rc < 0)
+        return -1;
+    double gb = (double)size * 1e-9;
+    double fs = gb / median(save, ROUNDS), fl = gb / median(load, ROUNDS);
+    double fr = gb / median(rd, ROUNDS), ff = gb / median(fresh, ROUNDS);
+    double fc = gb / median(cp, ROUNDS);
+    if (csv)
+        printf("safetensors_save_GBps,%.2f,GB/s\nsafetensors_load_GBps,%.2f,GB/s\n"
+               "read_400MB_GBps,%.2f,GB/s\nread_fresh_400MB_GBps,%.2f,GB/s\n"
+               "memcpy_400MB_GBps,%.2f,GB/s\n", fs, fl, fr, ff, fc);
+    else
+        printf("safetensors, %d float32 tensors, %.0f MB in %s (GB/s, median of %d)\n"
+               "%-30s %8.2f\n%-30s %8.2f\n%-30s %8.2f\n%-30s %8.2f\n%-30s %8.2f\n",
+               ST_TENSORS, gb * 1e3, dir, ROUNDS, "save (write + fsync)", fs,
+               "load (map + touch pages)", fl, "read() into written memory", fr,
+               "read() into new memory", ff, "memcpy", fc);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     /* first, before any thread or BLAS call: the allocator and OpenBLAS
@@ -397,6 +550,14 @@ int main(int argc, char **argv)
                    "%-8s %10s %10s %14s\n%-8s %10.3f %10.3f %14.0f\n", any_model ? "\n" : "",
                    LSTM_LAYERS, LSTM_IN, LSTM_H, LSTM_N, LSTM_T, zd_nn_get_num_threads(), "model",
                    "ms/iter", "cpu ms", "steps/s", "lstm", ms, cpu_ms, r);
+    }
+    if (!only || strcmp(only, "safetensors") == 0) {
+        if (!csv && !only)
+            printf("\n");
+        if (bench_safetensors(csv) < 0) {
+            fprintf(stderr, "bench_local: %s\n", zd_error_last());
+            return 1;
+        }
     }
     return 0;
 }

@@ -7,7 +7,8 @@
 #
 #   tools/fuzz.sh [seconds] [target]      defaults: 60 fuzz_codec
 #                                          targets: fuzz_codec, fuzz_stream,
-#                                          fuzz_rendezvous, fuzz_dist
+#                                          fuzz_rendezvous, fuzz_dist,
+#                                          fuzz_safetensors
 #
 # Environment: FUZZ_BUILD_DIR (default build-fuzz), FUZZ_JOBS (parallel
 # fuzzing processes; unset: one, in the foreground), FUZZ_ARGS (extra
@@ -129,8 +130,36 @@ if [ "$target" = fuzz_dist ]; then
   bytes 00 01 00 01 ff $(printf '00 %.0s' {1..8}) 00 > "$seeds/backward_raw_seq"
 fi
 
+dict=""
+if [ "$target" = fuzz_safetensors ]; then
+  # st NAME JSON [HEX...]: a safetensors file, the header's length (in
+  # bytes) filled in, the data after it.
+  st() {
+    local name=$1 json=$2 n
+    shift 2
+    n=$(printf '%s' "$json" | wc -c)
+    { bytes "$(printf '%02x' $((n & 255)))" "$(printf '%02x' $((n >> 8)))" 00 00 00 00 00 00
+      printf '%s' "$json"
+      # shellcheck disable=SC2068
+      [ $# -eq 0 ] || bytes $@; } > "$seeds/$name"
+  }
+  st f32 '{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}' 00 00 80 3f 00 00 00 40
+  st empty '{}'
+  st padded '{"__metadata__":{"format":"pt"}}     '
+  # every dtype zdist reads, with metadata, out of order, zero-sized ones
+  st dtypes '{"__metadata__":{"format":"pt","step":"200"},"v":{"dtype":"U8","shape":[3],"data_offsets":[24,27]},"i":{"dtype":"I64","shape":[1],"data_offsets":[0,8]},"d":{"dtype":"F64","shape":[1],"data_offsets":[8,16]},"f":{"dtype":"F32","shape":[],"data_offsets":[16,20]},"b":{"dtype":"BF16","shape":[1],"data_offsets":[20,22]},"h":{"dtype":"F16","shape":[1],"data_offsets":[22,24]},"u":{"dtype":"U8","shape":[2,0],"data_offsets":[24,24]}}' \
+     ff ff ff ff ff ff ff 7f 00 00 00 00 00 00 f0 3f 00 00 c0 7f 80 3f 01 00 01 02 03
+  st escapes '{"a\"\\\n\u0001é/x":{"dtype":"U8","shape":[1,1],"data_offsets":[0,1]}}' 2a
+  # the words of a header, for the mutations
+  dict="$build/fuzz_safetensors.dict"
+  printf '%s\n' '"\"dtype\""' '"\"shape\""' '"\"data_offsets\""' '"\"__metadata__\""' \
+    '"\"F32\""' '"\"F64\""' '"\"F16\""' '"\"BF16\""' '"\"I64\""' '"\"U8\""' '"\"I32\""' \
+    '"\"BOOL\""' '"\\u00"' '"\\\""' '"[0,"' '"]}"' '":{"' '",\""' > "$dict"
+fi
+
 echo "fuzzing $target for ${seconds}s (corpus $corpus, seeds $seeds)"
 # shellcheck disable=SC2086
 "$build/tools/$target" -max_total_time="$seconds" -max_len=4096 -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$build/artifacts/" \
-    ${FUZZ_JOBS:+-jobs=$FUZZ_JOBS -workers=$FUZZ_JOBS} ${FUZZ_ARGS:-} "$corpus" "$seeds"
+    ${FUZZ_JOBS:+-jobs=$FUZZ_JOBS -workers=$FUZZ_JOBS} ${dict:+-dict="$dict"} ${FUZZ_ARGS:-} \
+    "$corpus" "$seeds"

@@ -37,6 +37,7 @@
 #include <zdist/idx.h>           /* IDX files (the MNIST format), plain or gzip */
 #include <zdist/dataset.h>       /* MNIST-format data sets: loading, shuffling, batches */
 #include <zdist/checkpoint.h>    /* saving and loading named tensors */
+#include <zdist/safetensors.h>   /* safetensors files: weights to and from PyTorch */
 
 /* Optimizers: local ones, and the DistributedOptimizer on RPC. */
 #include <zdist/optim.h>         /* SGD, Adam, ... with PyTorch's update rules */

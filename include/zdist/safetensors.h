@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+/*  safetensors.h: named tensors in and out of safetensors files, the
+    format PyTorch's and Hugging Face's tools share.
+
+        char **meta;
+        int n_meta;
+        zd_named_tensors_t *w = zd_safetensors_read("model.safetensors", &meta, &n_meta);
+        if (!w)
+            fprintf(stderr, "%s\n", zd_error_last());   // names the file and the problem
+
+    The format (https://github.com/huggingface/safetensors): an unsigned
+    64-bit little-endian N, N bytes of UTF-8 JSON starting with '{', then
+    the tensors' bytes, row-major and little-endian. The JSON maps each
+    name to {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin,
+    end]} (offsets from the first byte after the header; the tensors cover
+    that data without gap or overlap, up to the end of the file), and the
+    optional key "__metadata__" to an object of string values.
+
+    dtypes: F32, I64 and U8 are read and written as zdist's float32, int64
+    and uint8; F64, F16 and BF16 are read and converted to float32 (zdist
+    has no such tensors), rounding to nearest. Any other dtype is refused.
+
+    Reading maps the file: a tensor whose data is aligned for its dtype in
+    the file (every tensor of a file written by safetensors or by zdist)
+    borrows the mapping instead of being copied, and the mapping goes away
+    with the last tensor that borrows it. The mapping is private: writing
+    into such a tensor (training the weights) changes this process's copy,
+    never the file. Tensors of converted dtypes, and misaligned ones, are
+    copies. Do not shorten the file while tensors borrow it (rewriting it
+    with zd_safetensors_write is safe: that makes a new file).
+
+    Writing does what safetensors' own writer (the Python package's
+    save_file) does, so that the two write alike: tensors laid out by dtype
+    (I64, then F32, then U8: its order, by alignment) then by name, the
+    JSON compact with "__metadata__" first, padded with spaces to a
+    multiple of 8 bytes. The file is written to a temporary name beside
+    path, flushed to disk and renamed over path.
+
+    Bad files are refused with an error naming the file and what is wrong,
+    without reading outside it or allocating more than the header's size
+    calls for; the limits below bound what a file may ask for. */
+#ifndef ZDIST_SAFETENSORS_H
+#define ZDIST_SAFETENSORS_H
+
+#include <zdist/named_tensors.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
+
+#define ZD_SAFETENSORS_MAX_HEADER 100000000   /* bytes of JSON: the format's own limit */
+#define ZD_SAFETENSORS_MAX_TENSORS 20000      /* tensors in one file */
+#define ZD_SAFETENSORS_MAX_NAME 1024          /* bytes of a tensor's name */
+#define ZD_SAFETENSORS_MAX_META 4096          /* entries of "__metadata__" */
+
+/*  Reads every tensor of the file, in the order of their data in it: a
+    new list (zd_named_tensors_free), or NULL with zd_error_last() naming
+    the file and the problem. meta_kv and n_meta (both, or both NULL)
+    receive the "__metadata__" entries as 2 * *n_meta strings, key then
+    value (NULL and 0 when there are none), to free with
+    zd_safetensors_free_meta. */
+ZD_API zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *n_meta);
+
+/*  Writes nt's tensors (float32, int64 or uint8) under their names, and
+    n_meta metadata entries: meta_kv[2i] the key, meta_kv[2i+1] its value
+    (n_meta 0: no "__metadata__"). Names, keys and values are UTF-8; a
+    name may not be "__metadata__", a key may not repeat. Returns 0, or -1
+    with zd_error_last() naming the file (path is then left as it was). */
+ZD_API int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
+                                const char *const *meta_kv, int n_meta);
+
+/*  Frees what zd_safetensors_read gave in meta_kv (NULL-safe). */
+ZD_API void zd_safetensors_free_meta(char **meta_kv, int n_meta);
+
+ZD_END_DECLS
+
+#endif
