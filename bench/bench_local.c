@@ -6,7 +6,7 @@
     the step runs in several timed rounds; the median round is reported.
 
         bench_local [--csv] [--batch N] [--seconds S] [--model NAME] [--threads N]
-                    [--ops]
+                    [--ops] [--no-taps]
 
     --csv prints `local_<model>_samples_per_s,<value>,samples/s` lines, and
     `lstm_seq_steps_per_s,<value>,steps/s`: a 2-layer LSTM (input and hidden
@@ -313,8 +313,9 @@ static int bench_ops(int batch, double seconds)
     b.target = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){batch});
     for (int i = 0; i < batch; i++)
         zd_tensor_data_i64(b.target)[i] = (int64_t)zd_nn_rng_below(&b.rng, 10);
-    printf("Net layers, batch %d, %d threads (ms per batch)\n%-24s %9s %9s %9s\n", batch,
-           zd_nn_get_num_threads(), "layer", "forward", "backward", "total");
+    printf("Net layers, batch %d, %d threads, kernels %s (ms per batch)\n%-24s %9s %9s %9s\n",
+           batch, zd_nn_get_num_threads(), zd__nn_cpu_name(), "layer", "forward", "backward",
+           "total");
     double sum_f = 0, sum_t = 0;
     int rc = 0;
     for (int l = 0; l < N_LAYERS && rc == 0; l++) {
@@ -496,6 +497,8 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--ops") == 0)
             ops = true;
+        else if (strcmp(argv[i], "--no-taps") == 0)
+            zd__nn_use_taps(false);
         else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
             if (zd_nn_set_num_threads(atoi(argv[++i])) < 0) {
                 fprintf(stderr, "bench_local: %s\n", zd_error_last());
@@ -503,7 +506,7 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME] "
-                    "[--threads N] [--ops]\n", argv[0]);
+                    "[--threads N] [--ops] [--no-taps]\n", argv[0]);
             return 2;
         }
     }
@@ -518,8 +521,9 @@ int main(int argc, char **argv)
     const double mflop[] = {71.6, 0.25};
     const bool any_model = !only || strcmp(only, "net") == 0 || strcmp(only, "convnet") == 0;
     if (!csv && any_model)
-        printf("training step, batch %d, %d threads, OpenBLAS kernels %s\n"
-               "%-8s %10s %10s %14s %10s\n", batch, zd_nn_get_num_threads(), zd_nn_blas_corename(),
+        printf("training step, batch %d, %d threads, kernels %s, OpenBLAS kernels %s\n"
+               "%-8s %10s %10s %14s %10s\n", batch, zd_nn_get_num_threads(), zd__nn_cpu_name(),
+               zd_nn_blas_corename(),
                "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
     for (int i = 0; i < 2; i++) {
         if (only && strcmp(only, models[i]) != 0)

@@ -16,16 +16,19 @@
 
     The AVX-512 kernels keep a block of the result in registers (8 rows x
     48 positions; for the weight gradient, 6 taps x 64 channels) and run at
-    the FMA units' peak when the operands are in L1/L2. CPUs without
-    AVX-512 (or ZDIST_CPU=generic) get plain loops with the same results up
-    to rounding (conv.c then keeps to im2col and OpenBLAS, which are faster
-    there). */
+    the FMA units' peak when the operands are in L1/L2. The AVX2 ones do
+    the same with half as many registers of half the width (4 rows x 24
+    positions, half of a packed panel of 8 rows; 6 taps x 16 channels).
+    Without either (or with ZDIST_CPU=generic) come plain loops with the
+    same results up to rounding (conv.c then keeps to im2col and OpenBLAS,
+    which are faster there). */
 #include <stdatomic.h>
 #include <string.h>
 #include <immintrin.h>
 
 #include "nn/conv_private.h"
 #include "nn/nn_private.h"
+#include "nn/simd_avx2.h"
 
 static atomic_bool taps_off;
 
@@ -59,18 +62,23 @@ size_t zd__nn_taps_packed_floats(int M, int K)
     return (size_t)((M + MR - 1) / MR) * MR * (size_t)K;
 }
 
+/*  The 8 biases of a block (zeros past its rows, or without bias). Not
+    as one conditional loop: GCC makes that a masked load for AVX2, which
+    AMD's CPUs run as a slow microcode assist when the masked-off lanes
+    point at nothing (bias NULL), hundreds of cycles per block. */
+static inline void block_bias(const float *bias, int rows, float b[MR])
+{
+    for (int i = 0; i < MR; i++)
+        b[i] = 0.0f;
+    for (int i = 0; bias && i < rows && i < MR; i++)
+        b[i] = bias[i];
+}
+
 NN_AVX512_BEGIN
 
 static inline __mmask16 tail_mask(int n)
 {
     return (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
-}
-
-/*  The 8 biases of a block (zeros past its rows, or without bias). */
-static inline void block_bias(const float *bias, int rows, float b[MR])
-{
-    for (int i = 0; i < MR; i++)
-        b[i] = bias && i < rows ? bias[i] : 0.0f;
 }
 
 /*  Row i of a block's accumulators, NV vectors: written out by name so
@@ -289,6 +297,221 @@ static void transpose_avx512(const float *src, int rows, int cols, int lds, floa
 
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+
+/*  Row i of a block's accumulators (see ROW3), 3 vectors of 8. */
+#define AROW3(i) __m256 c##i##0 = _mm256_set1_ps(b[i]), c##i##1 = c##i##0, c##i##2 = c##i##0
+#define AFMA3(i)                                                 \
+    do {                                                         \
+        __m256 av = _mm256_broadcast_ss(a + (i));                \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);              \
+        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);              \
+        c##i##2 = _mm256_fmadd_ps(av, b2, c##i##2);              \
+    } while (0)
+#define AFROM3(i)                                                \
+    do {                                                         \
+        if (i < rows) {                                          \
+            const float *d = c + (size_t)(i) * ldc;              \
+            c##i##0 = _mm256_loadu_ps(d);                        \
+            c##i##1 = _mm256_loadu_ps(d + 8);                    \
+            c##i##2 = _mm256_loadu_ps(d + 16);                   \
+        }                                                        \
+    } while (0)
+#define ASTORE3(i)                                               \
+    do {                                                         \
+        if (i < rows) {                                          \
+            float *d = c + (size_t)(i) * ldc;                    \
+            _mm256_storeu_ps(d, c##i##0);                        \
+            _mm256_storeu_ps(d + 8, c##i##1);                    \
+            _mm256_storeu_ps(d + 16, c##i##2);                   \
+        }                                                        \
+    } while (0)
+
+/*  One 4 x 24 block: c[i][q] = bias[i] + sum_k ap[k*MR + i] * src[offs[k] + q]
+    (ap: half of a packed panel), or c[i][q] += the sum when `add`. 12
+    accumulators, 3 vectors of src and a broadcast: the 16 registers. */
+static void taps_block3_avx2(const float *restrict ap, int K, const int32_t *restrict offs,
+                             const float *restrict src, const float *bias, bool add, int rows,
+                             float *restrict c, int ldc)
+{
+    float b[MR];
+    block_bias(bias, rows, b);
+    AROW3(0); AROW3(1); AROW3(2); AROW3(3);
+    if (add) {
+        AFROM3(0); AFROM3(1); AFROM3(2); AFROM3(3);
+    }
+    for (int k = 0; k < K; k++) {
+        const float *s = src + offs[k], *a = ap + (size_t)k * MR;
+        __m256 b0 = _mm256_loadu_ps(s), b1 = _mm256_loadu_ps(s + 8);
+        __m256 b2 = _mm256_loadu_ps(s + 16);
+        AFMA3(0); AFMA3(1); AFMA3(2); AFMA3(3);
+    }
+    ASTORE3(0); ASTORE3(1); ASTORE3(2); ASTORE3(3);
+}
+
+#define AROW1(i) __m256 c##i = _mm256_set1_ps(b[i])
+#define AFMA1(i) c##i = _mm256_fmadd_ps(_mm256_broadcast_ss(a + (i)), b0, c##i)
+#define ASTORE1(i)                                               \
+    do {                                                         \
+        if (i < rows)                                            \
+            avx2_storen(c + (size_t)(i) * ldc, n, c##i);         \
+    } while (0)
+
+/*  One 8 x 8 block, the first n lanes only. */
+static void taps_block1_avx2(const float *restrict ap, int K, const int32_t *restrict offs,
+                             const float *restrict src, int n, const float *bias, int rows,
+                             float *restrict c, int ldc)
+{
+    float b[MR];
+    block_bias(bias, rows, b);
+    AROW1(0); AROW1(1); AROW1(2); AROW1(3); AROW1(4); AROW1(5); AROW1(6); AROW1(7);
+    const __m256i m = avx2_lanes(n);
+    for (int k = 0; k < K; k++) {
+        const float *a = ap + (size_t)k * MR;
+        __m256 b0 = _mm256_maskload_ps(src + offs[k], m);
+        AFMA1(0); AFMA1(1); AFMA1(2); AFMA1(3); AFMA1(4); AFMA1(5); AFMA1(6); AFMA1(7);
+    }
+    ASTORE1(0); ASTORE1(1); ASTORE1(2); ASTORE1(3);
+    ASTORE1(4); ASTORE1(5); ASTORE1(6); ASTORE1(7);
+}
+
+/*  Taps per chunk of the copy below. */
+#define KC 256
+
+/*  With half panels, every block of 24 positions is read by M/4 blocks of
+    the result. The taps' runs are rows of a plane or a matrix, often a
+    multiple of 4 KB apart (a linear layer of 1024 or 9216 inputs): then
+    they all fall into the same few sets of the L1 cache, and each of the
+    M/4 passes reads them from L2 again. So the 24 positions of up to KC
+    taps are first copied next to each other (as BLAS packs its operand). */
+static void taps_gemm_avx2(const float *packed, int M, int K, const int32_t *offs,
+                           const float *src, int L, const float *bias, float *c, int ldc)
+{
+    const int full = L / 24 * 24;
+    float run[KC * 24] __attribute__((aligned(32)));
+    int32_t run_offs[KC];
+    for (int k = 0; k < KC; k++)
+        run_offs[k] = 24 * k;
+    for (int q = 0; q < full; q += 24) {
+        if (M <= 4) {
+            taps_block3_avx2(packed, K, offs, src + q, bias, false, M, c + q, ldc);
+            continue;
+        }
+        for (int k0 = 0; k0 < K; k0 += KC) {
+            const int kc = K - k0 < KC ? K - k0 : KC;
+            for (int k = 0; k < kc; k++) {
+                const float *s = src + offs[k0 + k] + q;
+                _mm256_store_ps(run + 24 * k, _mm256_loadu_ps(s));
+                _mm256_store_ps(run + 24 * k + 8, _mm256_loadu_ps(s + 8));
+                _mm256_store_ps(run + 24 * k + 16, _mm256_loadu_ps(s + 16));
+            }
+            for (int m0 = 0; m0 < M; m0 += 4)
+                taps_block3_avx2(packed + (size_t)(m0 / MR * MR) * K + (size_t)k0 * MR + m0 % MR,
+                                 kc, run_offs, run, bias ? bias + m0 : NULL, k0 > 0, M - m0,
+                                 c + (size_t)m0 * ldc + q, ldc);
+        }
+    }
+    for (int q = full; q < L; q += 8)
+        for (int m0 = 0; m0 < M; m0 += MR)
+            taps_block1_avx2(packed + (size_t)m0 * K, K, offs, src + q, L - q,
+                             bias ? bias + m0 : NULL, M - m0, c + (size_t)m0 * ldc + q, ldc);
+}
+
+/*  6 taps x 16 columns of c += taps(src) b (see taps_bt_block4): 12
+    accumulators, b's 2 vectors and a broadcast. `full`: all 16 columns
+    (a constant in each copy: loads and stores without masks). */
+#define BROW(i) __m256 e##i##0 = _mm256_setzero_ps(), e##i##1 = e##i##0
+#define BFMA(i)                                                  \
+    do {                                                         \
+        __m256 sv = _mm256_broadcast_ss(s##i + q);               \
+        e##i##0 = _mm256_fmadd_ps(sv, b0, e##i##0);              \
+        e##i##1 = _mm256_fmadd_ps(sv, b1, e##i##1);              \
+    } while (0)
+#define BSTORE(i)                                                                        \
+    do {                                                                                 \
+        if (i < rows) {                                                                  \
+            float *d = c + (size_t)(i) * ldc;                                            \
+            if (full) {                                                                  \
+                _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), e##i##0));         \
+                _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8), e##i##1)); \
+            } else {                                                                     \
+                _mm256_maskstore_ps(d, m0, _mm256_add_ps(_mm256_maskload_ps(d, m0), e##i##0)); \
+                _mm256_maskstore_ps(d + 8, m1,                                           \
+                                    _mm256_add_ps(_mm256_maskload_ps(d + 8, m1), e##i##1)); \
+            }                                                                            \
+        }                                                                                \
+    } while (0)
+
+static inline __attribute__((always_inline)) void
+taps_bt_block_avx2(const float *const s[6], const float *restrict b, int ldb, int cols,
+                   int nrun, int run, int stride, int rows, float *restrict c, int ldc,
+                   bool full)
+{
+    const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
+    const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
+    const __m256i m0 = avx2_lanes(cols), m1 = avx2_lanes(cols - 8);
+    BROW(0); BROW(1); BROW(2); BROW(3); BROW(4); BROW(5);
+    FOR_POSITIONS(nrun, run, stride) {
+        const float *bq = b + (size_t)q * ldb;
+        __m256 b0 = full ? _mm256_loadu_ps(bq) : _mm256_maskload_ps(bq, m0);
+        __m256 b1 = full ? _mm256_loadu_ps(bq + 8) : _mm256_maskload_ps(bq + 8, m1);
+        BFMA(0); BFMA(1); BFMA(2); BFMA(3); BFMA(4); BFMA(5);
+    }
+    BSTORE(0); BSTORE(1); BSTORE(2); BSTORE(3); BSTORE(4); BSTORE(5);
+}
+
+static void taps_bt_block_full_avx2(const float *const s[6], const float *b, int ldb,
+                                    int nrun, int run, int stride, int rows, float *c, int ldc)
+{
+    taps_bt_block_avx2(s, b, ldb, 16, nrun, run, stride, rows, c, ldc, true);
+}
+
+static void taps_bt_block_part_avx2(const float *const s[6], const float *b, int ldb, int cols,
+                                    int nrun, int run, int stride, int rows, float *c, int ldc)
+{
+    taps_bt_block_avx2(s, b, ldb, cols, nrun, run, stride, rows, c, ldc, false);
+}
+
+static void taps_gemm_bt_avx2(const int32_t *offs, int K, const float *src, const float *b,
+                              int ldb, int N, int nrun, int run, int stride, float *c, int ldc)
+{
+    const int runs_per_pass = stride >= BT_Q_CHUNK ? 1 : BT_Q_CHUNK / stride;
+    for (int r0 = 0; r0 < nrun; r0 += runs_per_pass) {
+        const int n_runs = nrun - r0 < runs_per_pass ? nrun - r0 : runs_per_pass;
+        const size_t q0 = (size_t)r0 * stride;
+        for (int n0 = 0; n0 < N; n0 += 16)
+            for (int k0 = 0; k0 < K; k0 += 6) {
+                const float *s[6];
+                for (int i = 0; i < 6; i++)
+                    s[i] = src + offs[k0 + i < K ? k0 + i : k0] + q0;
+                const float *bq = b + q0 * ldb + n0;
+                float *cb = c + (size_t)k0 * ldc + n0;
+                if (N - n0 >= 16)
+                    taps_bt_block_full_avx2(s, bq, ldb, n_runs, run, stride, K - k0, cb, ldc);
+                else
+                    taps_bt_block_part_avx2(s, bq, ldb, N - n0, n_runs, run, stride, K - k0, cb,
+                                            ldc);
+            }
+    }
+}
+
+static void transpose_avx2(const float *src, int rows, int cols, int lds, float *dst, int ldd)
+{
+    for (int r0 = 0; r0 < rows; r0 += 8)
+        for (int c0 = 0; c0 < cols; c0 += 8) {
+            const int nr = rows - r0 < 8 ? rows - r0 : 8, nc = cols - c0 < 8 ? cols - c0 : 8;
+            __m256 v[8];
+            for (int i = 0; i < 8; i++)
+                v[i] = i < nr ? avx2_loadn(src + (size_t)(r0 + i) * lds + c0, nc)
+                              : _mm256_setzero_ps();
+            avx2_transpose8(v);
+            for (int j = 0; j < nc; j++)
+                avx2_storen(dst + (size_t)(c0 + j) * ldd + r0, nr, v[j]);
+        }
+}
+
+NN_AVX2_END
+
 /* ---- portable loops ---- */
 
 static void taps_gemm_generic(const float *packed, int M, int K, const int32_t *offs,
@@ -332,31 +555,49 @@ static void transpose_generic(const float *src, int rows, int cols, int lds, flo
 
 bool zd__nn_conv_direct_available(void)
 {
-    return zd__nn_cpu_avx512();
+    return zd__nn_cpu_isa() != NN_ISA_GENERIC;
 }
 
 void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
                   int L, const float *bias, float *c, int ldc)
 {
-    if (zd__nn_cpu_avx512())
+    switch (zd__nn_cpu_isa()) {
+    case NN_ISA_AVX512:
         taps_gemm_avx512(packed, M, K, offs, src, L, bias, c, ldc);
-    else
+        break;
+    case NN_ISA_AVX2:
+        taps_gemm_avx2(packed, M, K, offs, src, L, bias, c, ldc);
+        break;
+    default:
         taps_gemm_generic(packed, M, K, offs, src, L, bias, c, ldc);
+    }
 }
 
 void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
                      int N, int nrun, int run, int stride, float *c, int ldc)
 {
-    if (zd__nn_cpu_avx512())
+    switch (zd__nn_cpu_isa()) {
+    case NN_ISA_AVX512:
         taps_gemm_bt_avx512(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
-    else
+        break;
+    case NN_ISA_AVX2:
+        taps_gemm_bt_avx2(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
+        break;
+    default:
         taps_gemm_bt_generic(offs, K, src, b, ldb, N, nrun, run, stride, c, ldc);
+    }
 }
 
 void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst, int ldd)
 {
-    if (zd__nn_cpu_avx512())
+    switch (zd__nn_cpu_isa()) {
+    case NN_ISA_AVX512:
         transpose_avx512(src, rows, cols, lds, dst, ldd);
-    else
+        break;
+    case NN_ISA_AVX2:
+        transpose_avx2(src, rows, cols, lds, dst, ldd);
+        break;
+    default:
         transpose_generic(src, rows, cols, lds, dst, ldd);
+    }
 }

@@ -58,6 +58,7 @@ typedef struct {
     int32_t *argmax;              /* EPI_POOL: N*O*Hp*Wp winners in the conv plane (taps
                                      path: in its numbering, rows t.Wp apart) */
     bool taps;                    /* the stride-1 path (conv_taps.c) */
+    nn_isa_t isa;                 /* taps path: its kernels (AVX-512 or AVX2), as planned */
     bool sparse;                  /* taps path through a pool: backward over the winners
                                      (conv_sparse.c) */
     conv_taps_geom_t t;
@@ -118,7 +119,8 @@ typedef struct {
 /*  ---- the stride-1 path (conv_taps.c) ---- */
 
 /*  Whether ctx (geometry filled in) takes the stride-1 path; if so, fills
-    ctx->t and sets ctx->taps. */
+    ctx->t and sets ctx->taps and ctx->isa (the kernels chosen now: the
+    backward pass runs on the same ones). */
 void zd__conv_taps_plan(conv_ctx_t *ctx);
 
 /*  Scratch floats per chunk of the forward / backward pass. */

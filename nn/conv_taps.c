@@ -12,14 +12,16 @@
     a forward pass. Through a fused pool, the backward pass runs over the
     pool's winners instead (conv_sparse.c).
 
-    zd__conv_taps_plan takes this path only with the AVX-512 kernels
-    (zd__nn_cpu_avx512): the chunks below are compiled for them. */
+    zd__conv_taps_plan takes this path only with the AVX-512 or AVX2
+    kernels (zd__nn_cpu_isa): the chunks below are compiled for each, and
+    run those the plan chose. */
 #include <stdlib.h>
 #include <string.h>
 #include <immintrin.h>
 
 #include <zdist/error.h>
 #include "nn/conv_private.h"
+#include "nn/simd_avx2.h"
 
 static int round16(int n)
 {
@@ -55,6 +57,42 @@ static inline void relu_run(float *dst, const float *src, const float *keep, int
 }
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+static inline void copy_run_avx2(float *dst, const float *src, int n)
+{
+    for (int i = 0; i < n; i += 8)
+        avx2_storen(dst + i, n - i, avx2_loadn(src + i, n - i));
+}
+
+static inline void relu_run_avx2(float *dst, const float *src, const float *keep, int n)
+{
+    for (int i = 0; i < n; i += 8) {
+        __m256 pos = _mm256_cmp_ps(avx2_loadn(keep + i, n - i), _mm256_setzero_ps(), _CMP_GT_OQ);
+        avx2_storen(dst + i, n - i, _mm256_and_ps(pos, avx2_loadn(src + i, n - i)));
+    }
+}
+NN_AVX2_END
+
+/*  The chunks below are written once: `isa` (a constant in each copy)
+    picks the runs' kernels. */
+#define NN_BODY static inline __attribute__((always_inline))
+
+NN_BODY void copy_run_isa(float *dst, const float *src, int n, nn_isa_t isa)
+{
+    if (isa == NN_ISA_AVX512)
+        copy_run(dst, src, n);
+    else
+        copy_run_avx2(dst, src, n);
+}
+
+NN_BODY void relu_run_isa(float *dst, const float *src, const float *keep, int n, nn_isa_t isa)
+{
+    if (isa == NN_ISA_AVX512)
+        relu_run(dst, src, keep, n);
+    else
+        relu_run_avx2(dst, src, keep, n);
+}
+
 void zd__conv_taps_plan(conv_ctx_t *ctx)
 {
     const nn_conv_geom_t *g = &ctx->g;
@@ -81,6 +119,7 @@ void zd__conv_taps_plan(conv_ctx_t *ctx)
     t.ldx = round16(t.Lx);
     ctx->t = t;
     ctx->taps = true;
+    ctx->isa = zd__nn_cpu_isa();
     ctx->sparse = ctx->epi == EPI_POOL;
 }
 
@@ -133,8 +172,7 @@ static const float *sample_input(const conv_ctx_t *ctx, const float *x, int64_t 
     return pad;
 }
 
-NN_AVX512_BEGIN
-void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
+NN_BODY void taps_fwd_chunk(void *arg, int c, float *scratch, nn_isa_t isa)
 {
     const conv_fwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
@@ -161,13 +199,35 @@ void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
                 const float *src = yext + (size_t)o * t->ldy + (size_t)oh * t->Wp;
                 float *dst = ys + ((size_t)o * Ho + oh) * Wo;
                 if (ctx->epi == EPI_RELU)
-                    relu_run(dst, src, src, Wo);
+                    relu_run_isa(dst, src, src, Wo, isa);
                 else
-                    copy_run(dst, src, Wo);
+                    copy_run_isa(dst, src, Wo, isa);
             }
     }
 }
+
+NN_AVX512_BEGIN
+static void taps_fwd_chunk_avx512(void *arg, int c, float *scratch)
+{
+    taps_fwd_chunk(arg, c, scratch, NN_ISA_AVX512);
+}
 NN_AVX512_END
+
+NN_AVX2_BEGIN
+static void taps_fwd_chunk_avx2(void *arg, int c, float *scratch)
+{
+    taps_fwd_chunk(arg, c, scratch, NN_ISA_AVX2);
+}
+NN_AVX2_END
+
+void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
+{
+    const conv_fwd_job_t *j = arg;
+    if (j->ctx->isa == NN_ISA_AVX512)
+        taps_fwd_chunk_avx512(arg, c, scratch);
+    else
+        taps_fwd_chunk_avx2(arg, c, scratch);
+}
 
 
 /* ---- backward ---- */
@@ -256,15 +316,10 @@ int zd__conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints
     return 0;
 }
 
-NN_AVX512_BEGIN
-void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch)
+NN_BODY void taps_bwd_chunk(void *arg, int c, float *scratch, nn_isa_t isa)
 {
     const conv_bwd_job_t *j = arg;
     const conv_ctx_t *ctx = j->ctx;
-    if (ctx->sparse) {
-        zd__conv_sparse_bwd_chunk(arg, c, scratch);
-        return;
-    }
     const nn_conv_geom_t *g = &ctx->g;
     const conv_taps_geom_t *t = &ctx->t;
     const int O = ctx->O, C = g->C, K = C * g->kh * g->kw, Kx = O * g->kh * g->kw;
@@ -289,9 +344,34 @@ void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch)
             float *dxs = j->dx + (size_t)s * C * g->H * g->W;
             for (int ch = 0; ch < C; ch++)
                 for (int i = 0; i < g->H; i++)
-                    copy_run(dxs + ((size_t)ch * g->H + i) * g->W,
-                             b.dxext + (size_t)ch * t->ldx + (size_t)(i + p) * t->Wq + p, g->W);
+                    copy_run_isa(dxs + ((size_t)ch * g->H + i) * g->W,
+                                 b.dxext + (size_t)ch * t->ldx + (size_t)(i + p) * t->Wq + p,
+                                 g->W, isa);
         }
     }
 }
+
+NN_AVX512_BEGIN
+static void taps_bwd_chunk_avx512(void *arg, int c, float *scratch)
+{
+    taps_bwd_chunk(arg, c, scratch, NN_ISA_AVX512);
+}
 NN_AVX512_END
+
+NN_AVX2_BEGIN
+static void taps_bwd_chunk_avx2(void *arg, int c, float *scratch)
+{
+    taps_bwd_chunk(arg, c, scratch, NN_ISA_AVX2);
+}
+NN_AVX2_END
+
+void zd__conv_taps_bwd_chunk(void *arg, int c, float *scratch)
+{
+    const conv_bwd_job_t *j = arg;
+    if (j->ctx->sparse)
+        zd__conv_sparse_bwd_chunk(arg, c, scratch);
+    else if (j->ctx->isa == NN_ISA_AVX512)
+        taps_bwd_chunk_avx512(arg, c, scratch);
+    else
+        taps_bwd_chunk_avx2(arg, c, scratch);
+}

@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include "nn/nn_private.h"
+#include "nn/simd_avx2.h"
 
 /*  Output columns ow whose input column ow*stride - padding + kj lies in
     [0, W): [*lo, *hi). */
@@ -25,7 +26,7 @@ static void valid_range(const nn_conv_geom_t *g, int kj, int *lo, int *hi)
 
 /*  Rows of a few dozen floats (one output row of the convolution):
     copied and added a vector at a time, the last partial vector under a
-    mask with AVX-512; no memcpy call per row. */
+    mask with AVX-512 and AVX2; no memcpy call per row. */
 NN_AVX512_BEGIN
 static inline void copy_row_avx512(float *restrict dst, const float *restrict src, int n)
 {
@@ -53,6 +54,28 @@ static inline void add_row_avx512(float *restrict dst, const float *restrict src
 }
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+static inline void copy_row_avx2(float *restrict dst, const float *restrict src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_loadu_ps(src + i));
+    if (i < n)
+        avx2_storen(dst + i, n - i, avx2_loadn(src + i, n - i));
+}
+
+static inline void add_row_avx2(float *restrict dst, const float *restrict src, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i),
+                                                _mm256_loadu_ps(src + i)));
+    if (i < n)
+        avx2_storen(dst + i, n - i, _mm256_add_ps(avx2_loadn(dst + i, n - i),
+                                                  avx2_loadn(src + i, n - i)));
+}
+NN_AVX2_END
+
 typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 
 /*  GCC would turn this loop back into a memmove call per row. */
@@ -77,11 +100,31 @@ static inline void add_row(float *restrict dst, const float *restrict src, int n
         dst[i] += src[i];
 }
 
-/*  im2col and col2im are written once, for both kinds of rows: `wide`
-    (a constant in each copy below) picks the AVX-512 ones. */
+/*  im2col and col2im are written once, for every kind of rows: `isa` (a
+    constant in each copy below) picks the AVX-512, AVX2 or portable ones. */
 #define NN_BODY static inline __attribute__((always_inline))
 
-NN_BODY void im2col(const nn_conv_geom_t *g, const float *x, float *col, bool wide)
+NN_BODY void copy_row_isa(float *dst, const float *src, int n, nn_isa_t isa)
+{
+    if (isa == NN_ISA_AVX512)
+        copy_row_avx512(dst, src, n);
+    else if (isa == NN_ISA_AVX2)
+        copy_row_avx2(dst, src, n);
+    else
+        copy_row(dst, src, n);
+}
+
+NN_BODY void add_row_isa(float *dst, const float *src, int n, nn_isa_t isa)
+{
+    if (isa == NN_ISA_AVX512)
+        add_row_avx512(dst, src, n);
+    else if (isa == NN_ISA_AVX2)
+        add_row_avx2(dst, src, n);
+    else
+        add_row(dst, src, n);
+}
+
+NN_BODY void im2col(const nn_conv_geom_t *g, const float *x, float *col, nn_isa_t isa)
 {
     const int P = g->Ho * g->Wo;
     for (int c = 0; c < g->C; c++) {
@@ -103,10 +146,7 @@ NN_BODY void im2col(const nn_conv_geom_t *g, const float *x, float *col, bool wi
                     for (int ow = 0; ow < lo; ow++)
                         dst[ow] = 0.0f;
                     if (g->stride == 1) {
-                        if (wide)
-                            copy_row_avx512(dst + lo, src + lo + off, hi - lo);
-                        else
-                            copy_row(dst + lo, src + lo + off, hi - lo);
+                        copy_row_isa(dst + lo, src + lo + off, hi - lo, isa);
                     } else {
                         for (int ow = lo; ow < hi; ow++)
                             dst[ow] = src[ow * g->stride + off];
@@ -120,7 +160,7 @@ NN_BODY void im2col(const nn_conv_geom_t *g, const float *x, float *col, bool wi
 }
 
 /*  dx (C,H,W) += fold(dcol); dx must be initialised by the caller. */
-NN_BODY void col2im(const nn_conv_geom_t *g, const float *dcol, float *dx, bool wide)
+NN_BODY void col2im(const nn_conv_geom_t *g, const float *dcol, float *dx, nn_isa_t isa)
 {
     const int P = g->Ho * g->Wo;
     for (int c = 0; c < g->C; c++) {
@@ -138,10 +178,7 @@ NN_BODY void col2im(const nn_conv_geom_t *g, const float *dcol, float *dx, bool 
                     float *dst = xc + (size_t)ih * g->W + off;
                     const float *src = row + (size_t)oh * g->Wo;
                     if (g->stride == 1) {
-                        if (wide)
-                            add_row_avx512(dst + lo, src + lo, hi - lo);
-                        else
-                            add_row(dst + lo, src + lo, hi - lo);
+                        add_row_isa(dst + lo, src + lo, hi - lo, isa);
                     } else {
                         for (int ow = lo; ow < hi; ow++)
                             dst[ow * g->stride] += src[ow];
@@ -155,27 +192,51 @@ NN_BODY void col2im(const nn_conv_geom_t *g, const float *dcol, float *dx, bool 
 NN_AVX512_BEGIN
 static void im2col_avx512(const nn_conv_geom_t *g, const float *x, float *col)
 {
-    im2col(g, x, col, true);
+    im2col(g, x, col, NN_ISA_AVX512);
 }
 
 static void col2im_avx512(const nn_conv_geom_t *g, const float *dcol, float *dx)
 {
-    col2im(g, dcol, dx, true);
+    col2im(g, dcol, dx, NN_ISA_AVX512);
 }
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+static void im2col_avx2(const nn_conv_geom_t *g, const float *x, float *col)
+{
+    im2col(g, x, col, NN_ISA_AVX2);
+}
+
+static void col2im_avx2(const nn_conv_geom_t *g, const float *dcol, float *dx)
+{
+    col2im(g, dcol, dx, NN_ISA_AVX2);
+}
+NN_AVX2_END
+
 void zd__nn_im2col(const nn_conv_geom_t *g, const float *x, float *col)
 {
-    if (zd__nn_cpu_avx512())
+    switch (zd__nn_cpu_isa()) {
+    case NN_ISA_AVX512:
         im2col_avx512(g, x, col);
-    else
-        im2col(g, x, col, false);
+        break;
+    case NN_ISA_AVX2:
+        im2col_avx2(g, x, col);
+        break;
+    default:
+        im2col(g, x, col, NN_ISA_GENERIC);
+    }
 }
 
 void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx)
 {
-    if (zd__nn_cpu_avx512())
+    switch (zd__nn_cpu_isa()) {
+    case NN_ISA_AVX512:
         col2im_avx512(g, dcol, dx);
-    else
-        col2im(g, dcol, dx, false);
+        break;
+    case NN_ISA_AVX2:
+        col2im_avx2(g, dcol, dx);
+        break;
+    default:
+        col2im(g, dcol, dx, NN_ISA_GENERIC);
+    }
 }

@@ -1,12 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*  cpu.c: which kernels the layers run, chosen at run time.
 
-    Builds no longer assume the build machine's CPU: the AVX-512 kernels
-    are compiled with the instruction sets enabled per function (see
-    NN_AVX512_BEGIN) and taken when the CPU has them. The choice is made at
-    the first call, not at load time, and kept. ZDIST_CPU=generic forces
-    the portable kernels (to test them, or to compare); "avx512", "auto" or
-    none lets the CPU decide, and any other value does too, with a warning.
+    Builds no longer assume the build machine's CPU: the AVX-512 and AVX2
+    kernels are compiled with the instruction sets enabled per function
+    (see NN_AVX512_BEGIN, NN_AVX2_BEGIN) and taken when the CPU has them,
+    the best first. The choice is made at the first call, not at load time,
+    and kept. ZDIST_CPU=generic forces the portable kernels and
+    ZDIST_CPU=avx2 the AVX2 ones (to test them, or to compare, on a CPU with
+    more); "avx512", "auto" or none lets the CPU decide. Kernels the CPU
+    lacks, or a value that names none, are reported and the CPU decides.
 
     The features come from CPUID and XGETBV directly rather than from
     __builtin_cpu_supports, whose libgcc support code brings a constructor
@@ -21,9 +23,8 @@
 #include <zdist/log.h>
 #include "nn/nn_private.h"
 
-enum { CPU_UNKNOWN, CPU_GENERIC, CPU_AVX512 };
-
-static atomic_int chosen;      /* CPU_UNKNOWN until the first call */
+/*  NN_ISA_* + 1 once chosen, 0 until the first call. */
+static atomic_int chosen;
 
 /*  The register state the OS saves on a context switch (XCR0). */
 static uint64_t os_saved_state(void)
@@ -54,64 +55,84 @@ unsigned zd__nn_cpu_features(void)
     return f;
 }
 
-static bool has_avx512(void)
+/*  The best kernels this CPU runs. */
+static nn_isa_t best(void)
 {
-    return zd__nn_cpu_features() & NN_CPU_AVX512;
+    const unsigned f = zd__nn_cpu_features();
+    return f & NN_CPU_AVX512 ? NN_ISA_AVX512 : f & NN_CPU_AVX2 ? NN_ISA_AVX2 : NN_ISA_GENERIC;
 }
 
-static int detect(void)
+static const char *const names[] = {"generic", "avx2", "avx512"};
+static const char *const needs[] = {"", "AVX2 and FMA", "AVX-512 (F, BW, DQ, VL)"};
+
+/*  The kernels `name` asks for, or -1 for a name that is none of them. */
+static int by_name(const char *name)
+{
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+static nn_isa_t detect(void)
 {
     const char *env = getenv("ZDIST_CPU");
-    if (env && strcmp(env, "generic") == 0)
-        return CPU_GENERIC;
-    bool avx512 = has_avx512();
-    /* a misspelt "generic" would otherwise run the AVX-512 kernels while
-       the user believes the portable ones ran */
-    if (env && strcmp(env, "avx512") == 0 && !avx512)
-        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=avx512, but this CPU lacks AVX-512 (F, BW, DQ, "
-                             "VL): the generic kernels run");
-    else if (env && *env && strcmp(env, "auto") != 0 && strcmp(env, "avx512") != 0)
-        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=\"%.40s\" is not generic, avx512 or auto: the "
-                             "CPU decides", env);
-    return avx512 ? CPU_AVX512 : CPU_GENERIC;
+    const nn_isa_t cpu = best();
+    if (!env || !*env || strcmp(env, "auto") == 0)
+        return cpu;
+    const int want = by_name(env);
+    /* a misspelt "generic" would otherwise run the fast kernels while the
+       user believes the portable ones ran */
+    if (want < 0) {
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=\"%.40s\" is not generic, avx2, avx512 or auto: "
+                             "the CPU decides (%s)", env, names[cpu]);
+        return cpu;
+    }
+    if ((nn_isa_t)want > cpu) {
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=%s, but this CPU lacks %s: the %s kernels run",
+                env, needs[want], names[cpu]);
+        return cpu;
+    }
+    return (nn_isa_t)want;
 }
 
-static int current(void)
+nn_isa_t zd__nn_cpu_isa(void)
 {
     int c = atomic_load_explicit(&chosen, memory_order_relaxed);
-    if (c == CPU_UNKNOWN) {
+    if (c == 0) {
         /* two first calls at once detect the same; the first store wins */
-        int expected = CPU_UNKNOWN;
-        c = detect();
+        int expected = 0;
+        c = (int)detect() + 1;
         if (!atomic_compare_exchange_strong(&chosen, &expected, c))
             c = expected;
     }
-    return c;
+    return (nn_isa_t)(c - 1);
 }
 
 bool zd__nn_cpu_avx512(void)
 {
-    return current() == CPU_AVX512;
+    return zd__nn_cpu_isa() == NN_ISA_AVX512;
 }
 
 const char *zd__nn_cpu_name(void)
 {
-    return current() == CPU_AVX512 ? "avx512" : "generic";
+    return names[zd__nn_cpu_isa()];
 }
 
 int zd__nn_cpu_set(const char *name)
 {
-    int c;
-    if (!name || strcmp(name, "auto") == 0)
-        c = detect();
-    else if (strcmp(name, "generic") == 0)
-        c = CPU_GENERIC;
-    else if (strcmp(name, "avx512") == 0 && has_avx512())
-        c = CPU_AVX512;
-    else if (strcmp(name, "avx512") == 0)
-        return zd_error_set("zd__nn_cpu_set: this CPU lacks AVX-512 (F, BW, DQ, VL)");
-    else
-        return zd_error_set("zd__nn_cpu_set: unknown kernels '%s' (generic, avx512, auto)", name);
-    atomic_store(&chosen, c);
+    nn_isa_t isa;
+    if (!name || strcmp(name, "auto") == 0) {
+        isa = detect();
+    } else {
+        const int want = by_name(name);
+        if (want < 0)
+            return zd_error_set("zd__nn_cpu_set: unknown kernels '%s' (generic, avx2, avx512, "
+                                "auto)", name);
+        if ((nn_isa_t)want > best())
+            return zd_error_set("zd__nn_cpu_set: this CPU lacks %s", needs[want]);
+        isa = (nn_isa_t)want;
+    }
+    atomic_store(&chosen, (int)isa + 1);
     return 0;
 }

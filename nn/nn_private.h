@@ -10,39 +10,56 @@
 #include <zdist/tensor.h>
 
 /*  ---- the CPU's kernels (cpu.c) ----
-    The AVX-512 kernels are compiled in every build, the instruction sets
-    enabled for the functions between NN_AVX512_BEGIN and NN_AVX512_END
-    only, and called only when zd__nn_cpu_avx512() is true: one binary runs
-    on any x86-64 CPU and takes the fast kernels where it can. Everything
-    inside the region, inline helpers too, carries the target (GCC will not
-    inline an AVX-512 function into one without it). */
+    The AVX-512 and AVX2 kernels are compiled in every build, the
+    instruction sets enabled for the functions between NN_AVX512_BEGIN and
+    NN_AVX512_END (AVX-512 F, BW, DQ, VL and FMA) or NN_AVX2_BEGIN and
+    NN_AVX2_END (AVX2 and FMA) only, and called only when zd__nn_cpu_isa()
+    says so: one binary runs on any x86-64 CPU and takes the fastest kernels
+    it can. Everything inside a region, inline helpers too, carries the
+    target (GCC will not inline an AVX-512 function into one without it);
+    tests/check_isa.sh checks that no AVX instruction runs outside them,
+    and no AVX-512 one inside an AVX2 region. */
 #if defined(__clang__)
 #define NN_AVX512_BEGIN                                                                   \
     _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\"))), apply_to = function)")
 #define NN_AVX512_END _Pragma("clang attribute pop")
+#define NN_AVX2_BEGIN                                                                     \
+    _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
+#define NN_AVX2_END _Pragma("clang attribute pop")
 #else
 #define NN_AVX512_BEGIN                                                                   \
     _Pragma("GCC push_options")                                                           \
     _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\")")
 #define NN_AVX512_END _Pragma("GCC pop_options")
+#define NN_AVX2_BEGIN                                                                     \
+    _Pragma("GCC push_options")                                                           \
+    _Pragma("GCC target(\"avx2,fma\")")
+#define NN_AVX2_END _Pragma("GCC pop_options")
 #endif
 
-/*  What the CPU has, and the OS supports (CPUID, XGETBV): NN_CPU_* bits. */
+/*  What the CPU has, and the OS supports (CPUID, XGETBV): NN_CPU_* bits.
+    NN_CPU_AVX2 means AVX2 and FMA with the YMM state saved. */
 enum { NN_CPU_AVX2 = 1, NN_CPU_AVX512 = 2, NN_CPU_AVX512CD = 4 };
 unsigned zd__nn_cpu_features(void);
 
-/*  True when the AVX-512 kernels run: the CPU has AVX-512 F, BW, DQ and
-    VL (with FMA), and neither ZDIST_CPU=generic (read once, at the first call) nor
-    zd__nn_cpu_set chose the portable ones. */
+/*  The kernels the layers run, best last. */
+typedef enum { NN_ISA_GENERIC, NN_ISA_AVX2, NN_ISA_AVX512 } nn_isa_t;
+
+/*  The kernels chosen at the first call (and kept): the best the CPU has
+    (AVX-512 F, BW, DQ and VL; else AVX2 and FMA; else the portable ones),
+    unless ZDIST_CPU (read then) or zd__nn_cpu_set asks for lesser ones. */
+nn_isa_t zd__nn_cpu_isa(void);
+
+/*  zd__nn_cpu_isa() == NN_ISA_AVX512. */
 bool zd__nn_cpu_avx512(void);
 
-/*  "avx512" or "generic": the kernels zd__nn_cpu_avx512 picks. Static. */
+/*  "avx512", "avx2" or "generic": the kernels zd__nn_cpu_isa picks. Static. */
 const char *zd__nn_cpu_name(void);
 
-/*  For tests: "generic" or "avx512" forces those kernels, NULL or "auto"
-    goes back to the CPU's (and ZDIST_CPU's) choice. Between ops only, not
-    while a layer runs. 0, or -1 (zd_error_set) for an unknown name or
-    "avx512" on a CPU without it. */
+/*  For tests: "generic", "avx2" or "avx512" forces those kernels, NULL or
+    "auto" goes back to the CPU's (and ZDIST_CPU's) choice. Between ops
+    only, not while a layer runs. 0, or -1 (zd_error_set) for an unknown
+    name or kernels this CPU cannot run. */
 int zd__nn_cpu_set(const char *name);
 
 /*  Fails (zd_error_set) unless t is a non-NULL float32 tensor; `what` names
@@ -130,8 +147,8 @@ void zd__nn_col2im(const nn_conv_geom_t *g, const float *dcol, float *dx);
     Wp wide has one tap per (channel, ki, kj): offs = c*plane + ki*Wp + kj,
     and q = oh*Wp + ow numbers its outputs (see conv_direct.c). */
 
-/*  True when the kernels below are the fast (AVX-512) ones; otherwise they
-    are plain loops, correct but slower than im2col + BLAS. */
+/*  True when the kernels below are the fast (AVX-512 or AVX2) ones;
+    otherwise they are plain loops, correct but slower than im2col + BLAS. */
 bool zd__nn_conv_direct_available(void);
 
 /*  Whether stride-1 convolutions and the backward pass of large linear

@@ -9,12 +9,19 @@
 #include <zdist/error.h>
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
+#include "nn/simd_avx2.h"
 
 NN_AVX512_BEGIN
 /*  Later candidates win when strictly larger, or NaN. */
 static inline __mmask16 wins(__m512 v, __m512 best)
 {
     return _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+}
+
+/*  The first n of 16 lanes (none for n <= 0). */
+static inline __mmask16 tail16(int n)
+{
+    return (__mmask16)(n >= 16 ? 0xffff : n <= 0 ? 0 : (1u << n) - 1);
 }
 
 /*  One output row of 2x2/2 pooling, 16 outputs at a time: the even and odd
@@ -67,7 +74,158 @@ static void pool_2x2_avx512(const float *x, int ld, int idx_ld, int Ho, int Wo, 
         pool_row_2x2_avx512(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
                             argmax + oh * Wo, Wo);
 }
+
+/*  Every output row of 3x3/3 pooling, 16 outputs at a time: the 48 input
+    columns of a window row are split into the windows' first, second and
+    third columns (lane l of x[j] = column 3l + j) with permutes; then the
+    nine candidates in PyTorch's order, as for 2x2. Arguments as in
+    zd__nn_pool_plane. */
+static void pool_3x3_avx512(const float *x, int ld, int idx_ld, int Ho, int Wo, float *y,
+                            int32_t *argmax)
+{
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i step = _mm512_mullo_epi32(lane, _mm512_set1_epi32(3));
+    __m512i col[3];
+    __mmask16 from_c[3];
+    for (int j = 0; j < 3; j++) {
+        col[j] = _mm512_add_epi32(step, _mm512_set1_epi32(j));
+        from_c[j] = _mm512_cmpge_epi32_mask(col[j], _mm512_set1_epi32(32));
+    }
+    for (int oh = 0; oh < Ho; oh++)
+        for (int ow = 0; ow < Wo; ow += 16) {
+            const int n = Wo - ow < 16 ? Wo - ow : 16, m = 3 * n;
+            const __mmask16 out = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
+            __m512 best = _mm512_setzero_ps();
+            __m512i bi = _mm512_setzero_si512();
+            for (int i = 0; i < 3; i++) {
+                const float *r = x + (size_t)(3 * oh + i) * ld + 3 * ow;
+                const __m512 a = _mm512_maskz_loadu_ps(tail16(m), r);
+                const __m512 b = _mm512_maskz_loadu_ps(tail16(m - 16), r + 16);
+                const __m512 c = _mm512_maskz_loadu_ps(tail16(m - 32), r + 32);
+                const __m512i idx = _mm512_add_epi32(
+                    _mm512_set1_epi32((3 * oh + i) * idx_ld + 3 * ow), step);
+                for (int j = 0; j < 3; j++) {
+                    __m512 v = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(a, col[j], b),
+                                                          from_c[j], col[j], c);
+                    __m512i vi = _mm512_add_epi32(idx, _mm512_set1_epi32(j));
+                    if (i == 0 && j == 0) {
+                        best = v;
+                        bi = vi;
+                        continue;
+                    }
+                    __mmask16 t = wins(v, best);
+                    best = _mm512_mask_mov_ps(best, t, v);
+                    bi = _mm512_mask_mov_epi32(bi, t, vi);
+                }
+            }
+            _mm512_mask_storeu_ps(y + (size_t)oh * Wo + ow, out, best);
+            _mm512_mask_storeu_epi32(argmax + (size_t)oh * Wo + ow, out, bi);
+        }
+}
 NN_AVX512_END
+
+NN_AVX2_BEGIN
+/*  The same as a mask vector: lanes where v wins over best. */
+static inline __m256 wins_avx2(__m256 v, __m256 best)
+{
+    return _mm256_or_ps(_mm256_cmp_ps(v, best, _CMP_GT_OQ), _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+}
+
+/*  The even and odd lanes of the 16 floats lo, hi (in order). */
+static inline void split_avx2(__m256 lo, __m256 hi, __m256 *even, __m256 *odd)
+{
+    const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256 a = _mm256_permutevar8x32_ps(lo, perm), b = _mm256_permutevar8x32_ps(hi, perm);
+    *even = _mm256_permute2f128_ps(a, b, 0x20);
+    *odd = _mm256_permute2f128_ps(a, b, 0x31);
+}
+
+/*  pool_row_2x2_avx512, 8 outputs at a time. */
+static inline void pool_row_2x2_avx2(const float *restrict r0, int ld, int W, int32_t base,
+                                     float *restrict y, int32_t *restrict am, int Wo)
+{
+    const float *restrict r1 = r0 + ld;
+    const __m256i step = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
+    for (int ow = 0; ow < Wo; ow += 8) {
+        const int n = Wo - ow < 8 ? Wo - ow : 8;       /* outputs in this block */
+        const float *a = r0 + 2 * ow, *b = r1 + 2 * ow;
+        __m256 best, v, t, c, d;
+        split_avx2(avx2_loadn(a, 2 * n), avx2_loadn(a + 8, 2 * n - 8), &best, &v);
+        split_avx2(avx2_loadn(b, 2 * n), avx2_loadn(b + 8, 2 * n - 8), &c, &d);
+        const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(base + 2 * ow), step);
+        __m256 bi = _mm256_castsi256_ps(idx);
+        t = wins_avx2(v, best);
+        best = _mm256_blendv_ps(best, v, t);
+        bi = _mm256_blendv_ps(bi, _mm256_castsi256_ps(_mm256_add_epi32(idx, _mm256_set1_epi32(1))),
+                              t);
+        t = wins_avx2(c, best);
+        best = _mm256_blendv_ps(best, c, t);
+        bi = _mm256_blendv_ps(bi, _mm256_castsi256_ps(_mm256_add_epi32(idx, _mm256_set1_epi32(W))),
+                              t);
+        t = wins_avx2(d, best);
+        best = _mm256_blendv_ps(best, d, t);
+        bi = _mm256_blendv_ps(
+            bi, _mm256_castsi256_ps(_mm256_add_epi32(idx, _mm256_set1_epi32(W + 1))), t);
+        avx2_storen(y + ow, n, best);
+        avx2_storen_epi32(am + ow, n, _mm256_castps_si256(bi));
+    }
+}
+
+static void pool_2x2_avx2(const float *x, int ld, int idx_ld, int Ho, int Wo, float *y,
+                          int32_t *argmax)
+{
+    for (int oh = 0; oh < Ho; oh++)
+        pool_row_2x2_avx2(x + 2 * oh * ld, ld, idx_ld, 2 * oh * idx_ld, y + oh * Wo,
+                          argmax + oh * Wo, Wo);
+}
+
+/*  The 24 floats p[0 .. m) (zeros past m) as the windows' first, second
+    and third columns: lane l of x[j] is p[3l + j]. Each x[j] takes its
+    lanes from the three vectors by two blends, then one permute puts them
+    in order. */
+static inline void split3_avx2(const float *p, int m, __m256 x[3])
+{
+    const __m256 a = avx2_loadn(p, m), b = avx2_loadn(p + 8, m - 8);
+    const __m256 c = avx2_loadn(p + 16, m - 16);
+    x[0] = _mm256_permutevar8x32_ps(_mm256_blend_ps(_mm256_blend_ps(a, b, 0x92), c, 0x24),
+                                    _mm256_setr_epi32(0, 3, 6, 1, 4, 7, 2, 5));
+    x[1] = _mm256_permutevar8x32_ps(_mm256_blend_ps(_mm256_blend_ps(a, b, 0x24), c, 0x49),
+                                    _mm256_setr_epi32(1, 4, 7, 2, 5, 0, 3, 6));
+    x[2] = _mm256_permutevar8x32_ps(_mm256_blend_ps(_mm256_blend_ps(a, b, 0x49), c, 0x92),
+                                    _mm256_setr_epi32(2, 5, 0, 3, 6, 1, 4, 7));
+}
+
+/*  pool_3x3_avx512, 8 outputs at a time. */
+static void pool_3x3_avx2(const float *x, int ld, int idx_ld, int Ho, int Wo, float *y,
+                          int32_t *argmax)
+{
+    const __m256i step = _mm256_setr_epi32(0, 3, 6, 9, 12, 15, 18, 21);
+    for (int oh = 0; oh < Ho; oh++)
+        for (int ow = 0; ow < Wo; ow += 8) {
+            const int n = Wo - ow < 8 ? Wo - ow : 8;
+            __m256 best = _mm256_setzero_ps(), bi = _mm256_setzero_ps();
+            for (int i = 0; i < 3; i++) {
+                __m256 v[3];
+                split3_avx2(x + (size_t)(3 * oh + i) * ld + 3 * ow, 3 * n, v);
+                const __m256i idx = _mm256_add_epi32(
+                    _mm256_set1_epi32((3 * oh + i) * idx_ld + 3 * ow), step);
+                for (int j = 0; j < 3; j++) {
+                    __m256 vi = _mm256_castsi256_ps(_mm256_add_epi32(idx, _mm256_set1_epi32(j)));
+                    if (i == 0 && j == 0) {
+                        best = v[0];
+                        bi = vi;
+                        continue;
+                    }
+                    __m256 t = wins_avx2(v[j], best);
+                    best = _mm256_blendv_ps(best, v[j], t);
+                    bi = _mm256_blendv_ps(bi, vi, t);
+                }
+            }
+            avx2_storen(y + (size_t)oh * Wo + ow, n, best);
+            avx2_storen_epi32(argmax + (size_t)oh * Wo + ow, n, _mm256_castps_si256(bi));
+        }
+}
+NN_AVX2_END
 
 /*  One output row of 2x2/2 pooling, branch-free so that it vectorises:
     candidates in PyTorch's order (row-major in the window), a later one
@@ -97,7 +255,7 @@ static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
 
 /*  Any window: running maxima over the window's rows, one output row at
     a time, so the inner loops run along contiguous memory (and vectorise:
-    compiled twice, for AVX-512 below). */
+    compiled again for AVX-512 and AVX2 below). */
 static inline __attribute__((always_inline)) void pool_any(const float *x, int ld, int idx_ld,
                                                            int k, int s, int Ho, int Wo,
                                                            float *y, int32_t *argmax)
@@ -129,13 +287,26 @@ static void pool_any_avx512(const float *x, int ld, int idx_ld, int k, int s, in
 }
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+static void pool_any_avx2(const float *x, int ld, int idx_ld, int k, int s, int Ho, int Wo,
+                          float *y, int32_t *argmax)
+{
+    pool_any(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
+}
+NN_AVX2_END
+
 void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
                    int32_t *argmax)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
+    const nn_isa_t isa = zd__nn_cpu_isa();
     if (k == 2 && s == 2) {
-        if (zd__nn_cpu_avx512()) {
+        if (isa == NN_ISA_AVX512) {
             pool_2x2_avx512(x, ld, idx_ld, Ho, Wo, y, argmax);
+            return;
+        }
+        if (isa == NN_ISA_AVX2) {
+            pool_2x2_avx2(x, ld, idx_ld, Ho, Wo, y, argmax);
             return;
         }
         for (int oh = 0; oh < Ho; oh++)
@@ -143,8 +314,18 @@ void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, 
                          argmax + oh * Wo, Wo);
         return;
     }
-    if (zd__nn_cpu_avx512())
+    if (k == 3 && s == 3 && isa == NN_ISA_AVX512) {
+        pool_3x3_avx512(x, ld, idx_ld, Ho, Wo, y, argmax);
+        return;
+    }
+    if (k == 3 && s == 3 && isa == NN_ISA_AVX2) {
+        pool_3x3_avx2(x, ld, idx_ld, Ho, Wo, y, argmax);
+        return;
+    }
+    if (isa == NN_ISA_AVX512)
         pool_any_avx512(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
+    else if (isa == NN_ISA_AVX2)
+        pool_any_avx2(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
     else
         pool_any(x, ld, idx_ld, k, s, Ho, Wo, y, argmax);
 }

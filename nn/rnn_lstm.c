@@ -20,6 +20,7 @@
 #include <zdist/rnn.h>
 #include "nn/nn_private.h"
 #include "nn/rnn_private.h"
+#include "nn/simd_avx2.h"
 
 typedef struct {
     rnn_dims_t d;
@@ -50,17 +51,22 @@ static void lstm_release(zd_autograd_node_t *n)
     lstm_ctx_free(zd_autograd_node_ctx(n));
 }
 
+/*  The gate loops for each kind of kernels (nn/cpu.c): the portable ones
+    vectorize 4 floats wide; the backward loop is the same C compiled for
+    AVX2 and AVX-512 (8 and 16 wide), the forward one is written out for
+    them below. */
+#define NN_BODY static inline __attribute__((always_inline))
+
 /*  One row of one step's gradients: from dh (the h output's gradient,
     this step's output gradient included) and dc (the c output's), the
     pre-activation gradients of the four gates, and dc turned into the
     gradient of the previous cell state. Separate restrict pointers per
     gate, so that GCC vectorizes the loop. */
-static void lstm_row_backward(const float *restrict i_, const float *restrict f_,
-                              const float *restrict g_, const float *restrict o_,
-                              const float *restrict tc, const float *restrict cp,
-                              const float *restrict dh, float *restrict dc, float *restrict di,
-                              float *restrict df, float *restrict dg, float *restrict do_,
-                              int64_t H)
+NN_BODY void row_backward(const float *restrict i_, const float *restrict f_,
+                          const float *restrict g_, const float *restrict o_,
+                          const float *restrict tc, const float *restrict cp,
+                          const float *restrict dh, float *restrict dc, float *restrict di,
+                          float *restrict df, float *restrict dg, float *restrict do_, int64_t H)
 {
     for (int64_t j = 0; j < H; j++) {
         const float i = i_[j], f = f_[j], g = g_[j], o = o_[j], t = tc[j];
@@ -73,10 +79,192 @@ static void lstm_row_backward(const float *restrict i_, const float *restrict f_
     }
 }
 
+/*  One row of one step: the gates' pre-activations i, f, g, o become
+    their activations in place; c, tanh(c) and h = o tanh(c) from the
+    previous cell state cp. */
+NN_BODY void row_forward(float *restrict i_, float *restrict f_, float *restrict g_,
+                         float *restrict o_, const float *restrict cp, float *restrict c,
+                         float *restrict tc, float *restrict h, int64_t H)
+{
+    for (int64_t j = 0; j < H; j++) {
+        const float i = rnn_sigmoid(i_[j]), f = rnn_sigmoid(f_[j]);
+        const float g = rnn_tanh(g_[j]), o = rnn_sigmoid(o_[j]);
+        const float cv = f * cp[j] + i * g, t = rnn_tanh(cv);
+        i_[j] = i;
+        f_[j] = f;
+        g_[j] = g;
+        o_[j] = o;
+        c[j] = cv;
+        tc[j] = t;
+        h[j] = o * t;
+    }
+}
+
+#define FORWARD_ARGS                                                                    \
+    float *restrict i_, float *restrict f_, float *restrict g_, float *restrict o_,       \
+        const float *restrict cp, float *restrict c, float *restrict tc, float *restrict h, \
+        int64_t H
+#define BACKWARD_ARGS                                                                   \
+    const float *restrict i_, const float *restrict f_, const float *restrict g_,       \
+        const float *restrict o_, const float *restrict tc, const float *restrict cp,   \
+        const float *restrict dh, float *restrict dc, float *restrict di,               \
+        float *restrict df, float *restrict dg, float *restrict do_, int64_t H
+
+typedef void (row_forward_fn)(FORWARD_ARGS);
+typedef void (row_backward_fn)(BACKWARD_ARGS);
+
+static void row_forward_generic(FORWARD_ARGS)
+{
+    row_forward(i_, f_, g_, o_, cp, c, tc, h, H);
+}
+
+static void row_backward_generic(BACKWARD_ARGS)
+{
+    row_backward(i_, f_, g_, o_, tc, cp, dh, dc, di, df, dg, do_, H);
+}
+
+/*  The forward rows with AVX2 and AVX-512: rnn_exp's steps on vectors (GCC
+    does not vectorize it for these targets: it splits the loop at the
+    clamps), with FMA, so the last bit may differ from the portable loop's. */
+NN_AVX2_BEGIN
+static inline __m256 exp_avx2(__m256 v)
+{
+    const __m256 x = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-87.0f)), _mm256_set1_ps(88.0f));
+    const __m256 fn = _mm256_floor_ps(
+        _mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    const __m256 r = _mm256_fmadd_ps(fn, _mm256_set1_ps(2.12194440e-4f),
+                                     _mm256_fnmadd_ps(fn, _mm256_set1_ps(0.693359375f), x));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(fn), _mm256_set1_epi32(127));
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+    return _mm256_blendv_ps(v, y, _mm256_cmp_ps(v, v, _CMP_ORD_Q));   /* NaN stays NaN */
+}
+
+static inline __m256 sigmoid_avx2(__m256 v)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), v));
+    return _mm256_div_ps(one, _mm256_add_ps(one, e));
+}
+
+static inline __m256 tanh_avx2(__m256 v)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 e = exp_avx2(_mm256_mul_ps(v, _mm256_set1_ps(-2.0f)));
+    return _mm256_sub_ps(_mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(one, e)), one);
+}
+
+static void row_forward_avx2(FORWARD_ARGS)
+{
+    for (int64_t j = 0; j < H; j += 8) {
+        const int n = H - j < 8 ? (int)(H - j) : 8;
+        const __m256 i = sigmoid_avx2(avx2_loadn(i_ + j, n));
+        const __m256 f = sigmoid_avx2(avx2_loadn(f_ + j, n));
+        const __m256 g = tanh_avx2(avx2_loadn(g_ + j, n));
+        const __m256 o = sigmoid_avx2(avx2_loadn(o_ + j, n));
+        const __m256 cv = _mm256_fmadd_ps(f, avx2_loadn(cp + j, n), _mm256_mul_ps(i, g));
+        const __m256 t = tanh_avx2(cv);
+        avx2_storen(i_ + j, n, i);
+        avx2_storen(f_ + j, n, f);
+        avx2_storen(g_ + j, n, g);
+        avx2_storen(o_ + j, n, o);
+        avx2_storen(c + j, n, cv);
+        avx2_storen(tc + j, n, t);
+        avx2_storen(h + j, n, _mm256_mul_ps(o, t));
+    }
+}
+
+static void row_backward_avx2(BACKWARD_ARGS)
+{
+    row_backward(i_, f_, g_, o_, tc, cp, dh, dc, di, df, dg, do_, H);
+}
+NN_AVX2_END
+
+NN_AVX512_BEGIN
+static inline __m512 exp_avx512(__m512 v)
+{
+    const __m512 x = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    const __m512 fn = _mm512_roundscale_ps(
+        _mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512 r = _mm512_fmadd_ps(fn, _mm512_set1_ps(2.12194440e-4f),
+                                     _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), x));
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127));
+    const __m512 y = _mm512_mul_ps(p, _mm512_castsi512_ps(_mm512_slli_epi32(e, 23)));
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v, y);
+}
+
+static inline __m512 sigmoid_avx512(__m512 v)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), v));
+    return _mm512_div_ps(one, _mm512_add_ps(one, e));
+}
+
+static inline __m512 tanh_avx512(__m512 v)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp_avx512(_mm512_mul_ps(v, _mm512_set1_ps(-2.0f)));
+    return _mm512_sub_ps(_mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(one, e)), one);
+}
+
+static void row_forward_avx512(FORWARD_ARGS)
+{
+    for (int64_t j = 0; j < H; j += 16) {
+        const __mmask16 m = (__mmask16)(H - j >= 16 ? 0xffff : (1u << (H - j)) - 1);
+        const __m512 i = sigmoid_avx512(_mm512_maskz_loadu_ps(m, i_ + j));
+        const __m512 f = sigmoid_avx512(_mm512_maskz_loadu_ps(m, f_ + j));
+        const __m512 g = tanh_avx512(_mm512_maskz_loadu_ps(m, g_ + j));
+        const __m512 o = sigmoid_avx512(_mm512_maskz_loadu_ps(m, o_ + j));
+        const __m512 cv = _mm512_fmadd_ps(f, _mm512_maskz_loadu_ps(m, cp + j), _mm512_mul_ps(i, g));
+        const __m512 t = tanh_avx512(cv);
+        _mm512_mask_storeu_ps(i_ + j, m, i);
+        _mm512_mask_storeu_ps(f_ + j, m, f);
+        _mm512_mask_storeu_ps(g_ + j, m, g);
+        _mm512_mask_storeu_ps(o_ + j, m, o);
+        _mm512_mask_storeu_ps(c + j, m, cv);
+        _mm512_mask_storeu_ps(tc + j, m, t);
+        _mm512_mask_storeu_ps(h + j, m, _mm512_mul_ps(o, t));
+    }
+}
+
+static void row_backward_avx512(BACKWARD_ARGS)
+{
+    row_backward(i_, f_, g_, o_, tc, cp, dh, dc, di, df, dg, do_, H);
+}
+NN_AVX512_END
+
+static row_forward_fn *forward_kernel(void)
+{
+    nn_isa_t isa = zd__nn_cpu_isa();
+    return isa == NN_ISA_AVX512 ? row_forward_avx512
+           : isa == NN_ISA_AVX2 ? row_forward_avx2 : row_forward_generic;
+}
+
+static row_backward_fn *backward_kernel(void)
+{
+    nn_isa_t isa = zd__nn_cpu_isa();
+    return isa == NN_ISA_AVX512 ? row_backward_avx512
+           : isa == NN_ISA_AVX2 ? row_backward_avx2 : row_backward_generic;
+}
+
 /*  One step's gradients (N, 4H) into dgt; zeros: H zeros, the previous
     cell state of step 0 without c0. */
-static void lstm_step_backward(const lstm_ctx_t *c, int64_t t, const float *dh, float *dc,
-                               float *dgt, const float *zeros)
+static void lstm_step_backward(const lstm_ctx_t *c, row_backward_fn *kernel, int64_t t,
+                               const float *dh, float *dc, float *dgt, const float *zeros)
 {
     const int64_t N = c->d.N, H = c->d.H, G = 4 * H;
     const float *gates = c->gates + t * N * G, *tc = c->tc + t * N * H;
@@ -84,9 +272,8 @@ static void lstm_step_backward(const lstm_ctx_t *c, int64_t t, const float *dh, 
     for (int64_t r = 0; r < N; r++) {
         const float *g = gates + r * G;
         float *d = dgt + r * G;
-        lstm_row_backward(g, g + H, g + 2 * H, g + 3 * H, tc + r * H,
-                          cprev ? cprev + r * H : zeros, dh + r * H, dc + r * H, d, d + H,
-                          d + 2 * H, d + 3 * H, H);
+        kernel(g, g + H, g + 2 * H, g + 3 * H, tc + r * H, cprev ? cprev + r * H : zeros,
+               dh + r * H, dc + r * H, d, d + H, d + 2 * H, d + 3 * H, H);
     }
 }
 
@@ -102,7 +289,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     const float *dcT = zd_tensor_data(gout[cell ? 1 : 2]);
     float *dg = malloc(sizeof(float) * (size_t)(T * N * G + 3 * N * H + H));
     if (!dg)
-        return zd_error_set("LstmBackward: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "LstmBackward: out of memory");
     float *dh = dg + T * N * G, *dc = dh + N * H, *dhn = dc + N * H, *zeros = dhn + N * H;
     memset(zeros, 0, sizeof(float) * (size_t)H);
     memcpy(dc, dcT, sizeof(float) * (size_t)(N * H));
@@ -112,12 +299,13 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         memset(dhn, 0, sizeof(float) * (size_t)(N * H));
     const float *w_ih = zd_tensor_data(c->w_ih), *w_hh = zd_tensor_data(c->w_hh);
     const bool want_h0 = zd_autograd_node_needs_grad(n, 1);
+    row_backward_fn *kernel = backward_kernel();
     for (int64_t t = T - 1; t >= 0; t--) {
         const float *dyt = dy + t * N * H;
         for (int64_t k = 0; k < N * H; k++)
             dh[k] = dyt[k] + dhn[k];
         float *dgt = dg + t * N * G;
-        lstm_step_backward(c, t, dh, dc, dgt, zeros);
+        lstm_step_backward(c, kernel, t, dh, dc, dgt, zeros);
         if (t > 0 || want_h0)   /* dhn: the gradient of the previous step's h */
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
                          0.0f, dhn, (int)H);
@@ -186,27 +374,6 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
 
 static const zd_autograd_node_ops_t lstm_ops = {"LstmBackward", lstm_backward, lstm_release};
 
-/*  One row of one step: the gates' pre-activations i, f, g, o become
-    their activations in place; c, tanh(c) and h = o tanh(c) from the
-    previous cell state cp. */
-static void lstm_row_forward(float *restrict i_, float *restrict f_, float *restrict g_,
-                             float *restrict o_, const float *restrict cp, float *restrict c,
-                             float *restrict tc, float *restrict h, int64_t H)
-{
-    for (int64_t j = 0; j < H; j++) {
-        const float i = rnn_sigmoid(i_[j]), f = rnn_sigmoid(f_[j]);
-        const float g = rnn_tanh(g_[j]), o = rnn_sigmoid(o_[j]);
-        const float cv = f * cp[j] + i * g, t = rnn_tanh(cv);
-        i_[j] = i;
-        f_[j] = f;
-        g_[j] = g;
-        o_[j] = o;
-        c[j] = cv;
-        tc[j] = t;
-        h[j] = o * t;
-    }
-}
-
 /*  The forward pass over T steps into y (T*N, H) and the ctx's buffers;
     c_T goes to cT. zeros: H zeros (the previous cell state without c0). */
 static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, float *y,
@@ -217,6 +384,7 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
     zd__nn_sgemm(false, true, (int)(T * N), (int)G, (int)I, 1.0f, zd_tensor_data(c->x), (int)I,
                  zd_tensor_data(c->w_ih), (int)I, 0.0f, c->gates, (int)G);
     zd__rnn_add_bias(c->gates, T * N, G, b_ih, b_hh);
+    row_forward_fn *kernel = forward_kernel();
     for (int64_t t = 0; t < T; t++) {
         float *gt = c->gates + t * N * G, *ct = c->c + t * N * H, *tct = c->tc + t * N * H;
         float *yt = y + t * N * H;
@@ -227,8 +395,8 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
                          1.0f, gt, (int)G);
         for (int64_t r = 0; r < N; r++) {
             float *g = gt + r * G;
-            lstm_row_forward(g, g + H, g + 2 * H, g + 3 * H, cprev ? cprev + r * H : zeros,
-                             ct + r * H, tct + r * H, yt + r * H, H);
+            kernel(g, g + H, g + 2 * H, g + 3 * H, cprev ? cprev + r * H : zeros, ct + r * H,
+                   tct + r * H, yt + r * H, H);
         }
     }
     memcpy(cT, c->c + (T - 1) * N * H, sizeof(float) * (size_t)(N * H));
@@ -262,7 +430,7 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
         zd_tensor_unref(hT);
         zd_tensor_unref(cT);
         lstm_ctx_free(c);
-        return zd_error_set("lstm: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm: out of memory");
     }
     c->d = *d;
     c->T = T;
@@ -287,7 +455,7 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
         zd_tensor_unref(hT);
         zd_tensor_unref(cT);
         lstm_ctx_free(c);
-        return zd_error_set("lstm: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm: out of memory");
     }
     if (n) {
         zd_autograd_node_set_ctx(n, c);
@@ -378,7 +546,7 @@ int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *co
         return zd_error_set("lstm: dropout in training needs a random generator");
     zd_tensor_t **states = calloc(2 * (size_t)num_layers, sizeof *states);
     if (!states)
-        return zd_error_set("lstm: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm: out of memory");
     zd_tensor_t **hs = states, **cs = states + num_layers;
     zd_tensor_t *input = zd_tensor_ref(x), *y = NULL;
     int rc = 0;

@@ -17,9 +17,10 @@
 
     The AVX-512 transforms handle up to 16 tiles of one tile row at once,
     one tile per lane, reading the input planes in place (masked loads give
-    the zeros of the padding and of the partial last tile of odd sizes).
-    The portable ones (CPUs without AVX-512, or ZDIST_CPU=generic) go one
-    tile at a time through a zero-padded copy of each input plane. */
+    the zeros of the padding and of the partial last tile of odd sizes);
+    the AVX2 ones do the same 8 tiles at a time. The portable ones (CPUs
+    without AVX2, or ZDIST_CPU=generic) go one tile at a time through a
+    zero-padded copy of each input plane. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,7 @@
 
 #include <zdist/error.h>
 #include "nn/nn_private.h"
+#include "nn/simd_avx2.h"
 #include "nn/winograd.h"
 
 /*  The geometry of one call, as a forward convolution (the input gradient
@@ -36,7 +38,7 @@ typedef struct {
     int Ho, Wo;
     int th, tw, tiles;    /* tile rows, tile columns, tiles per sample */
     int hp, ldp;          /* portable path's staging plane: hp rows, ldp floats apart */
-    bool avx512;          /* the AVX-512 transforms (zd__nn_cpu_avx512 when planned) */
+    nn_isa_t isa;         /* the transforms' kernels (zd__nn_cpu_isa when planned) */
 } wg_plan_t;
 
 typedef struct {
@@ -107,6 +109,12 @@ static void transform_filters(const float *w, int O, int C, bool flip, float *u)
 /*  ---- input transform: V = B^T d B ----
     B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]. */
 
+/*  Input row r of the plane x (H x W), or NULL outside it (padding). */
+static inline const float *plane_row(const wg_plan_t *p, const float *x, int r)
+{
+    return r >= 0 && r < p->H ? x + (size_t)r * p->W : NULL;
+}
+
 NN_AVX512_BEGIN
 static inline __mmask16 first_lanes(int n)
 {
@@ -165,12 +173,6 @@ static inline void input_row(const float *row, const cols_t *cc, __m512 *t0, __m
     *t3 = _mm512_sub_ps(d1, d3);
 }
 
-/*  Input row r of the plane x (H x W), or NULL outside it (padding). */
-static inline const float *plane_row(const wg_plan_t *p, const float *x, int r)
-{
-    return r >= 0 && r < p->H ? x + (size_t)r * p->W : NULL;
-}
-
 /*  Every tile of the input plane x (read in place: rows and columns
     outside it are zeros) into v (tile t of the sample at v[t]), 16 tiles
     of a tile row at a time, one per lane. Tile row ty reads input rows
@@ -215,6 +217,108 @@ static void input_transform_avx512(const wg_plan_t *p, const float *x, float *v,
 }
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+/*  cols_t for runs of 8 tiles: lanes n[k] of the three vectors loaded (none
+    when <= 0). */
+typedef struct {
+    int start, shift;
+    int n[3];
+} cols8_t;
+
+/*  The 16 floats hi:lo shifted right by `shift` lanes: the low 8. */
+static inline __m256 shift_in_avx2(__m256 hi, __m256 lo, int shift)
+{
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i idx = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(shift)),
+                                         _mm256_set1_epi32(7));
+    const __m256i from_hi = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(shift - 1));
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
+                            _mm256_castsi256_ps(from_hi));
+}
+
+/*  Lanes 2..9 of the 16 floats hi:lo. */
+static inline __m256 skip2_avx2(__m256 hi, __m256 lo)
+{
+    __m256 mid = _mm256_permute2f128_ps(lo, hi, 0x21);
+    return _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(mid),
+                                                  _mm256_castps_si256(lo), 8));
+}
+
+/*  The even and odd lanes of the 16 floats hi:lo. */
+static inline void split_avx2(__m256 lo, __m256 hi, __m256 *even, __m256 *odd)
+{
+    const __m256i perm = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    __m256 a = _mm256_permutevar8x32_ps(lo, perm), b = _mm256_permutevar8x32_ps(hi, perm);
+    *even = _mm256_permute2f128_ps(a, b, 0x20);
+    *odd = _mm256_permute2f128_ps(a, b, 0x31);
+}
+
+/*  input_row for a run of 8 tiles. */
+static inline void input_row_avx2(const float *row, const cols8_t *cc, __m256 *t0, __m256 *t1,
+                                  __m256 *t2, __m256 *t3)
+{
+    if (!row) {
+        *t0 = *t1 = *t2 = *t3 = _mm256_setzero_ps();
+        return;
+    }
+    row += cc->start;
+    __m256 c0 = avx2_loadn(row, cc->n[0]);
+    __m256 c1 = cc->n[1] > 0 ? avx2_loadn(row + 8, cc->n[1]) : _mm256_setzero_ps();
+    __m256 c2 = cc->n[2] > 0 ? avx2_loadn(row + 16, cc->n[2]) : _mm256_setzero_ps();
+    if (cc->shift) {
+        c2 = shift_in_avx2(c2, c1, cc->shift);
+        c1 = shift_in_avx2(c1, c0, cc->shift);
+        c0 = shift_in_avx2(c0, _mm256_setzero_ps(), cc->shift);
+    }
+    __m256 d0, d1, d2, d3;
+    split_avx2(c0, c1, &d0, &d1);
+    split_avx2(skip2_avx2(c1, c0), skip2_avx2(c2, c1), &d2, &d3);
+    *t0 = _mm256_sub_ps(d0, d2);
+    *t1 = _mm256_add_ps(d1, d2);
+    *t2 = _mm256_sub_ps(d2, d1);
+    *t3 = _mm256_sub_ps(d1, d3);
+}
+
+/*  input_transform_avx512, 8 tiles of a tile row at a time. */
+static void input_transform_avx2(const wg_plan_t *p, const float *x, float *v, size_t ldv)
+{
+    for (int tx0 = 0; tx0 < p->tw; tx0 += 8) {
+        const int nt = p->tw - tx0 < 8 ? p->tw - tx0 : 8;
+        const int c0 = 2 * tx0 - p->pad;
+        cols8_t cc = {.start = c0 < 0 ? 0 : c0, .shift = c0 < 0 ? -c0 : 0};
+        for (int k = 0; k < 3; k++)
+            cc.n[k] = p->W - cc.start - 8 * k;
+        __m256 a0, a1, a2, a3, b0, b1, b2, b3, c0v, c1v, c2v, c3v, d0, d1, d2, d3;
+        input_row_avx2(plane_row(p, x, -p->pad), &cc, &a0, &a1, &a2, &a3);
+        input_row_avx2(plane_row(p, x, 1 - p->pad), &cc, &b0, &b1, &b2, &b3);
+        for (int ty = 0; ty < p->th; ty++) {
+            const int r2 = 2 * ty + 2 - p->pad;
+            float *vt = v + (size_t)ty * p->tw + tx0;
+            input_row_avx2(plane_row(p, x, r2), &cc, &c0v, &c1v, &c2v, &c3v);
+            input_row_avx2(plane_row(p, x, r2 + 1), &cc, &d0, &d1, &d2, &d3);
+#define STORE4(i, e0, e1, e2, e3)                                 \
+    do {                                                          \
+        avx2_storen(vt + (4 * (i) + 0) * ldv, nt, e0);            \
+        avx2_storen(vt + (4 * (i) + 1) * ldv, nt, e1);            \
+        avx2_storen(vt + (4 * (i) + 2) * ldv, nt, e2);            \
+        avx2_storen(vt + (4 * (i) + 3) * ldv, nt, e3);            \
+    } while (0)
+            STORE4(0, _mm256_sub_ps(a0, c0v), _mm256_sub_ps(a1, c1v), _mm256_sub_ps(a2, c2v),
+                   _mm256_sub_ps(a3, c3v));
+            STORE4(1, _mm256_add_ps(b0, c0v), _mm256_add_ps(b1, c1v), _mm256_add_ps(b2, c2v),
+                   _mm256_add_ps(b3, c3v));
+            STORE4(2, _mm256_sub_ps(c0v, b0), _mm256_sub_ps(c1v, b1), _mm256_sub_ps(c2v, b2),
+                   _mm256_sub_ps(c3v, b3));
+            STORE4(3, _mm256_sub_ps(b0, d0), _mm256_sub_ps(b1, d1), _mm256_sub_ps(b2, d2),
+                   _mm256_sub_ps(b3, d3));
+#undef STORE4
+            a0 = c0v, a1 = c1v, a2 = c2v, a3 = c3v;
+            b0 = d0, b1 = d1, b2 = d2, b3 = d3;
+        }
+    }
+}
+NN_AVX2_END
+
 /*  One tile at plane[0] (rows ldp apart) into v[xi * ldv]. */
 static void input_tile(const float *plane, int ldp, float *v, size_t ldv)
 {
@@ -250,12 +354,14 @@ static void input_transform_generic(const wg_plan_t *p, const float *x, float *s
 }
 
 /*  The plane x into v, by the transforms planned (`stage`: the portable
-    ones' staging plane, unused by the AVX-512 ones). */
+    ones' staging plane, unused by the others). */
 static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v,
                             size_t ldv)
 {
-    if (p->avx512)
+    if (p->isa == NN_ISA_AVX512)
         input_transform_avx512(p, x, v, ldv);
+    else if (p->isa == NN_ISA_AVX2)
+        input_transform_avx2(p, x, v, ldv);
     else
         input_transform_generic(p, x, stage, v, ldv);
 }
@@ -316,6 +422,51 @@ static void output_transform_avx512(const wg_plan_t *p, const float *m, size_t l
 }
 NN_AVX512_END
 
+NN_AVX2_BEGIN
+/*  output_tiles_avx512 for up to 8 tiles. */
+static inline void output_tiles_avx2(const float *m, size_t ldm, float bias, int ty, int tx0,
+                                     int n, int Ho, int Wo, float *y)
+{
+    __m256 s0[4], s1[4];
+    for (int r = 0; r < 4; r++) {
+        __m256 m0 = avx2_loadn(m + (4 * r + 0) * ldm, n);
+        __m256 m1 = avx2_loadn(m + (4 * r + 1) * ldm, n);
+        __m256 m2 = avx2_loadn(m + (4 * r + 2) * ldm, n);
+        __m256 m3 = avx2_loadn(m + (4 * r + 3) * ldm, n);
+        s0[r] = _mm256_add_ps(_mm256_add_ps(m0, m1), m2);
+        s1[r] = _mm256_sub_ps(_mm256_sub_ps(m1, m2), m3);
+    }
+    const __m256 b = _mm256_set1_ps(bias);
+    __m256 y00 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s0[0], s0[1]), s0[2]), b);
+    __m256 y01 = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(s1[0], s1[1]), s1[2]), b);
+    __m256 y10 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s0[1], s0[2]), s0[3]), b);
+    __m256 y11 = _mm256_add_ps(_mm256_sub_ps(_mm256_sub_ps(s1[1], s1[2]), s1[3]), b);
+    const int cols = 2 * n < Wo - 2 * tx0 ? 2 * n : Wo - 2 * tx0;
+    float *row = y + (size_t)2 * ty * Wo + 2 * tx0;
+    for (int i = 0; i < 2 && 2 * ty + i < Ho; i++, row += Wo) {
+        /* the tiles' two columns interleaved */
+        __m256 e = i ? y10 : y00, o = i ? y11 : y01;
+        __m256 lo = _mm256_unpacklo_ps(e, o), hi = _mm256_unpackhi_ps(e, o);
+        avx2_storen(row, cols, _mm256_permute2f128_ps(lo, hi, 0x20));
+        if (cols > 8)
+            avx2_storen(row + 8, cols - 8, _mm256_permute2f128_ps(lo, hi, 0x31));
+    }
+}
+
+/*  One output plane (Ho x Wo) from its sample's 16 rows m[xi * ldm]. */
+static void output_transform_avx2(const wg_plan_t *p, const float *m, size_t ldm, float bias,
+                                  float *y)
+{
+    for (int ty = 0; ty < p->th; ty++) {
+        const float *mr = m + (size_t)ty * p->tw;
+        for (int tx = 0; tx < p->tw; tx += 8) {
+            int n = p->tw - tx < 8 ? p->tw - tx : 8;
+            output_tiles_avx2(mr + tx, ldm, bias, ty, tx, n, p->Ho, p->Wo, y);
+        }
+    }
+}
+NN_AVX2_END
+
 /*  One tile from m[xi * ldm] to the (up to) 2x2 outputs at y (rows Wo
     apart), rows and cols of them kept. */
 static void output_tile(const float *m, size_t ldm, float bias, int rows, int cols, int Wo,
@@ -340,8 +491,12 @@ static void output_tile(const float *m, size_t ldm, float bias, int rows, int co
 static void output_transform(const wg_plan_t *p, const float *m, size_t ldm, float bias,
                              float *y)
 {
-    if (p->avx512) {
+    if (p->isa == NN_ISA_AVX512) {
         output_transform_avx512(p, m, ldm, bias, y);
+        return;
+    }
+    if (p->isa == NN_ISA_AVX2) {
+        output_transform_avx2(p, m, ldm, bias, y);
         return;
     }
     for (int ty = 0; ty < p->th; ty++) {
@@ -411,9 +566,10 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
         return zd_error_set("%s: a 3x3 kernel does not fit the %dx%d input with padding %d", op,
                          H, W, pad);
     int64_t th = (Ho + 1) / 2, tw = (Wo + 1) / 2;
-    const bool avx512 = zd__nn_cpu_avx512();
-    /* the AVX-512 transform reads x in place, the portable one a padded copy */
-    int64_t hp = avx512 ? 0 : 2 * th + 2, ldp = avx512 ? 0 : 2 * tw + 2;
+    const nn_isa_t isa = zd__nn_cpu_isa();
+    /* the vector transforms read x in place, the portable one a padded copy */
+    const bool stage = isa == NN_ISA_GENERIC;
+    int64_t hp = stage ? 2 * th + 2 : 0, ldp = stage ? 2 * tw + 2 : 0;
     /* the largest sizes: one sample's V and M, and a sample of x or y */
     if (th * tw * 16 * ((int64_t)C + O) > INT32_MAX || hp * ldp > INT32_MAX ||
         (int64_t)H * W * C > INT32_MAX || Ho * Wo * O > INT32_MAX)
@@ -421,7 +577,7 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
     *p = (wg_plan_t){
         .N = N, .C = C, .H = H, .W = W, .O = O, .pad = pad,
         .Ho = (int)Ho, .Wo = (int)Wo, .th = (int)th, .tw = (int)tw, .tiles = (int)(th * tw),
-        .hp = (int)hp, .ldp = (int)ldp, .avx512 = avx512,
+        .hp = (int)hp, .ldp = (int)ldp, .isa = isa,
     };
     return 0;
 }

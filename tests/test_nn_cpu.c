@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*  Which kernels nn/ runs (nn/cpu.c): the AVX-512 ones exactly when
-    /proc/cpuinfo lists AVX-512 F, BW, DQ and VL and ZDIST_CPU is not
-    "generic" (ctest runs this test both ways), so that a broken choice
-    cannot pass unnoticed by falling back to the portable kernels; and
-    zd__nn_cpu_set for the tests that compare both; and the process set-up
-    (zd_nn_process_setup), which nothing runs at load time. */
+    /proc/cpuinfo lists AVX-512 F, BW, DQ and VL and ZDIST_CPU is neither
+    "generic" nor "avx2", else the AVX2 ones when it lists AVX2 and FMA and
+    ZDIST_CPU is not "generic" (ctest runs this test all three ways), so
+    that a broken choice cannot pass unnoticed by falling back to lesser
+    kernels; and zd__nn_cpu_set for the tests that compare them; and the
+    process set-up (zd_nn_process_setup), which nothing runs at load time. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -43,12 +44,25 @@ static bool cpu_has_avx512(void)
            cpuinfo_has("avx512vl");
 }
 
+static bool cpu_has_avx2(void)
+{
+    return cpuinfo_has("avx2") && cpuinfo_has("fma");
+}
+
+/*  The best kernels of this CPU. */
+static const char *best(void)
+{
+    return cpu_has_avx512() ? "avx512" : cpu_has_avx2() ? "avx2" : "generic";
+}
+
 static const char *expected(void)
 {
     const char *env = getenv("ZDIST_CPU");
     if (env && strcmp(env, "generic") == 0)
         return "generic";
-    return cpu_has_avx512() ? "avx512" : "generic";
+    if (env && strcmp(env, "avx2") == 0 && cpu_has_avx2())
+        return "avx2";
+    return best();
 }
 
 static void test_choice(void **state)
@@ -58,8 +72,11 @@ static void test_choice(void **state)
     print_message("ZDIST_CPU=%s, kernels: %s\n", env ? env : "(unset)", zd__nn_cpu_name());
     assert_string_equal(zd__nn_cpu_name(), expected());
     assert_int_equal(zd__nn_cpu_avx512(), strcmp(expected(), "avx512") == 0);
+    assert_int_equal(zd__nn_cpu_isa(), strcmp(expected(), "avx512") == 0 ? NN_ISA_AVX512
+                                       : strcmp(expected(), "avx2") == 0 ? NN_ISA_AVX2
+                                                                         : NN_ISA_GENERIC);
     /* the layers' own view of it */
-    assert_int_equal(zd__nn_conv_direct_available(), zd__nn_cpu_avx512());
+    assert_int_equal(zd__nn_conv_direct_available(), strcmp(expected(), "generic") != 0);
 }
 
 static void test_set(void **state)
@@ -68,6 +85,14 @@ static void test_set(void **state)
     assert_int_equal(zd__nn_cpu_set("generic"), 0);
     assert_string_equal(zd__nn_cpu_name(), "generic");
     assert_false(zd__nn_taps_enabled());
+    if (cpu_has_avx2()) {
+        assert_int_equal(zd__nn_cpu_set("avx2"), 0);
+        assert_string_equal(zd__nn_cpu_name(), "avx2");
+        assert_true(zd__nn_taps_enabled());
+    } else {
+        assert_int_equal(zd__nn_cpu_set("avx2"), -1);
+        assert_non_null(strstr(zd_error_last(), "AVX2"));
+    }
     if (cpu_has_avx512()) {
         assert_int_equal(zd__nn_cpu_set("avx512"), 0);
         assert_string_equal(zd__nn_cpu_name(), "avx512");
@@ -121,10 +146,18 @@ static void test_unknown_env_warns(void **state)
     setenv("ZDIST_CPU", "genric", 1);
     warned[0] = '\0';
     assert_int_equal(zd__nn_cpu_set(NULL), 0);
-    assert_non_null(strstr(warned, "ZDIST_CPU=\"genric\" is not generic, avx512 or auto"));
-    assert_string_equal(zd__nn_cpu_name(), cpu_has_avx512() ? "avx512" : "generic");
-    const char *quiet[] = {"generic", "auto", ""};
-    for (int i = 0; i < 3; i++) {
+    assert_non_null(strstr(warned, "ZDIST_CPU=\"genric\" is not generic, avx2, avx512 or auto"));
+    assert_string_equal(zd__nn_cpu_name(), best());
+    /* kernels the CPU lacks: said so, and the best it has run */
+    if (!cpu_has_avx512()) {
+        setenv("ZDIST_CPU", "avx512", 1);
+        warned[0] = '\0';
+        assert_int_equal(zd__nn_cpu_set(NULL), 0);
+        assert_non_null(strstr(warned, "lacks AVX-512"));
+        assert_string_equal(zd__nn_cpu_name(), best());
+    }
+    const char *quiet[] = {"generic", "auto", "", cpu_has_avx2() ? "avx2" : "generic"};
+    for (int i = 0; i < 4; i++) {
         setenv("ZDIST_CPU", quiet[i], 1);
         warned[0] = '\0';
         assert_int_equal(zd__nn_cpu_set(NULL), 0);
