@@ -10,7 +10,9 @@
 #    it (tests/consumer/run.sh: pkg-config, find_package, add_subdirectory).
 #    A package the list lacks fails here even when this machine has it.
 #    --no-fresh-root runs this stage on this machine instead;
-# 2. an AddressSanitizer + UndefinedBehaviorSanitizer build and every test;
+# 2. an AddressSanitizer + UndefinedBehaviorSanitizer build with allocation
+#    failure injection (-DZDIST_FAULT_INJECT=ON) and every test, the
+#    injection driver test_fault_alloc among them;
 # 3. a ThreadSanitizer build and the tests of the threaded code (below).
 # Warnings are errors in every build. Tests carry a tier label (quick,
 # world, slow: tests/CMakeLists.txt); --stage release|sanitize|tsan runs one
@@ -78,7 +80,10 @@ fi
 
 if [ $mode = all ] || [ $mode = sanitize ]; then
   echo "=== sanitize build ==="
-  build build-test-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_SANITIZE=ON
+  # With allocation failure injection (tests/test_fault_alloc.c; its cost
+  # is a check of a thread-local counter per allocation).
+  build build-test-sanitize -DCMAKE_BUILD_TYPE=RelWithDebInfo -DZDIST_WERROR=ON -DZDIST_SANITIZE=ON \
+    -DZDIST_FAULT_INJECT=ON
   echo "=== sanitize tests ==="
   (cd build-test-sanitize && ctest -j "$jobs" --output-on-failure)
 fi
