@@ -78,6 +78,7 @@ struct zd_autograd_node {
     void *ctx;
     bool has_state;               /* saved tensors or ctx were recorded */
     bool released;                /* saved tensors freed by a backward pass */
+    bool lost_saved;              /* a tensor to save was lost (out of memory) */
     pthread_mutex_t lock;         /* guards released/saved during a run */
 };
 

@@ -28,6 +28,7 @@
     so that a use after free still faults. */
 #define _GNU_SOURCE
 #include "autograd/autograd_private.h"
+#include "autograd/fault_inject.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -127,6 +128,10 @@ void *zd__block_alloc(size_t bytes, size_t *size)
     pthread_mutex_unlock(&blocks.lock);
     for (int k = 0; k < n_gone; k++)
         munmap(gone[k].data, gone[k].size);
+#ifdef ZDIST_FAULT_INJECT
+    if (zd__fault_fail())
+        return NULL;
+#endif
     void *data = mmap(NULL, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (data == MAP_FAILED)
         return NULL;

@@ -178,7 +178,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
                             zd_tensor_dtype_name(zd_tensor_dtype(b)));
     bcast_t *bc = malloc(sizeof *bc);
     if (!bc)
-        return zd_error_set("%s: out of memory", op_name(op));
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op_name(op));
     if (bcast_plan(op, a, b, bc) < 0) {
         free(bc);
         return -1;

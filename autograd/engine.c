@@ -7,6 +7,7 @@
     consumers sent; so a node shared by several paths runs once, after all of
     them, exactly as PyTorch's engine does. */
 #include "autograd/autograd_private.h"
+#include "autograd/sized.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +67,7 @@ static int map_grow(task_map_t *m)
 {
     task_map_t bigger = {calloc(m->cap * 2, sizeof(task_entry_t)), m->cap * 2, m->used};
     if (!bigger.slots)
-        return zd_error_set("autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
     for (size_t i = 0; i < m->cap; i++)
         if (m->slots[i].node)
             *map_find(&bigger, m->slots[i].node) = m->slots[i];
@@ -98,7 +99,7 @@ static task_entry_t *map_get(task_map_t *m, zd_autograd_node_t *n, bool *created
     }
     e->grads = calloc((size_t)(n->n_outputs > 0 ? n->n_outputs : 1), sizeof(zd_tensor_t *));
     if (!e->grads) {
-        zd_error_set("autograd: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
         return NULL;
     }
     e->node = zd_autograd_node_ref(n);
@@ -131,7 +132,7 @@ static int stack_push(node_stack_t *s, zd_autograd_node_t *n)
         size_t ncap = s->cap ? s->cap * 2 : 64;
         zd_autograd_node_t **ni = realloc(s->items, ncap * sizeof *ni);
         if (!ni)
-            return zd_error_set("autograd: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
         s->items = ni;
         s->cap = ncap;
     }
@@ -311,12 +312,15 @@ static int run_node(zd_autograd_task_t *t, task_entry_t *e)
         return zd_error_set("autograd: trying to backward through %s a second time; the graph's "
                          "saved tensors were freed by the first backward (pass retain_graph)",
                          n->ops->name);
+    if (n->lost_saved)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: %s cannot run backward: out of "
+                                 "memory when its forward saved a tensor", n->ops->name);
     for (int i = 0; i < n->n_outputs; i++)
         if (!e->grads[i] && !(e->grads[i] = zeros_for_output(n, i)))
             return -1;
     zd_tensor_t **gin = calloc((size_t)(n->n_inputs > 0 ? n->n_inputs : 1), sizeof *gin);
     if (!gin)
-        return zd_error_set("autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
     if (n->ops->backward(n, e->grads, gin) < 0) {
         rc = zd_error_wrap("autograd: %s failed", n->ops->name);
         goto done;
@@ -357,22 +361,35 @@ static int drain(zd_autograd_task_t *t)
     return t->error;
 }
 
+/*  The caller's options over the defaults, as far as its size reaches. */
+static int read_options(const zd_autograd_options_t *opts, zd_autograd_options_t *o)
+{
+    *o = zd_autograd_options_default();
+    if (opts && zd__sized_read(o, sizeof *o, opts,
+                               ZD__SIZE_THROUGH(zd_autograd_options_t, accumulate_arg),
+                               "zd_autograd_options_t", "zd_autograd_options_default()") < 0)
+        return zd_error_wrap("autograd");
+    return 0;
+}
+
 zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
                                    const zd_autograd_options_t *opts)
 {
+    zd_autograd_options_t o;
+    if (read_options(opts, &o) < 0)
+        return NULL;
     zd_autograd_task_t *t = calloc(1, sizeof *t);
     if (!t) {
-        zd_error_set("autograd: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
         return NULL;
     }
     pthread_mutex_init(&t->lock, NULL);
-    if (opts)
-        t->opts = *opts;
+    t->opts = o;
     t->map.cap = 64;
     t->map.slots = calloc(t->map.cap, sizeof(task_entry_t));
     if (!t->map.slots || count_dependencies(&t->map, starts, n_starts) < 0) {
         if (!t->map.slots)
-            zd_error_set("autograd: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
         zd_autograd_task_free(t);
         return NULL;
     }
@@ -479,13 +496,15 @@ void zd_autograd_task_free(zd_autograd_task_t *t)
 
 int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autograd_options_t *opts)
 {
-    zd_autograd_options_t o = opts ? *opts : (zd_autograd_options_t){0};
+    zd_autograd_options_t o;
+    if (read_options(opts, &o) < 0)
+        return -1;
     zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
     zd_tensor_t *ones = NULL;
     zd_autograd_task_t *t = NULL;
     int n_starts = 0, rc = 0;
     if (!starts)
-        return zd_error_set("autograd: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: out of memory");
     for (int i = 0; i < n_roots; i++) {
         const zd_autograd_root_t *r = &roots[i];
         if (r->node) {
@@ -557,6 +576,7 @@ out:
 int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph)
 {
     zd_autograd_root_t r = {.tensor = root, .grad = grad};
-    zd_autograd_options_t o = {.retain_graph = retain_graph};
+    zd_autograd_options_t o = zd_autograd_options_default();
+    o.retain_graph = retain_graph;
     return zd_autograd_run(&r, 1, &o);
 }

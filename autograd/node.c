@@ -60,7 +60,7 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs, zd_ten
 
     zd_autograd_node_t *n = calloc(1, sizeof *n);
     if (!n)
-        return zd_error_set("%s: out of memory", ops->name);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", ops->name);
     n->edges = calloc((size_t)(n_inputs > 0 ? n_inputs : 1), sizeof *n->edges);
     n->out_dims = calloc((size_t)(n_outputs > 0 ? n_outputs : 1) * ZD_TENSOR_MAX_DIMS,
                          sizeof *n->out_dims);
@@ -70,7 +70,7 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs, zd_ten
         free(n->out_dims);
         free(n->out_ndim);
         free(n);
-        return zd_error_set("%s: out of memory", ops->name);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", ops->name);
     }
     atomic_init(&n->refcount, 1);
     pthread_mutex_init(&n->lock, NULL);
@@ -186,10 +186,12 @@ void zd_autograd_node_save(zd_autograd_node_t *n, int i, zd_tensor_t *t)
     zd_tensor_unref(n->saved[i]);
     /* An op that saves its own output (exp, relu) would make the output own
        the node and the node own the output: keep a view without history
-       instead, sharing the data, so the cycle never forms. */
-    n->saved[i] = t && t->grad_fn == n ? zd_tensor_detach(t) : NULL;
-    if (!n->saved[i])   /* not the output, or out of memory: keep t itself */
-        n->saved[i] = zd_tensor_ref(t);
+       instead, sharing the data, so the cycle never forms. Out of memory,
+       nothing is kept and the node's backward fails. */
+    bool own_output = t && t->grad_fn == n;
+    n->saved[i] = own_output ? zd_tensor_detach(t) : zd_tensor_ref(t);
+    if (own_output && !n->saved[i])
+        n->lost_saved = true;
     n->has_state = true;
 }
 
@@ -214,10 +216,11 @@ void zd_autograd_node_set_output(zd_autograd_node_t *n, zd_tensor_t *out)
                sizeof(int64_t) * (size_t)out->ndim);
     }
     for (int k = 0; k < ZD_AUTOGRAD_MAX_SAVED; k++) {
-        zd_tensor_t *view;
-        if (n->saved[k] == out && (view = zd_tensor_detach(out))) {
-            /* saved before it became the output: no cycle */
-            n->saved[k] = view;
+        if (n->saved[k] == out) {
+            /* saved before it became the output: a view, no cycle (as in
+               zd_autograd_node_save) */
+            n->saved[k] = zd_tensor_detach(out);
+            n->lost_saved |= !n->saved[k];
             zd_tensor_unref(out);
         }
     }

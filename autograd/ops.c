@@ -79,7 +79,7 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
     float *ctx = malloc(sizeof *ctx);
     if (!ctx) {
         zd_tensor_unref(y);
-        return zd_error_set("add: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "add: out of memory");
     }
     *ctx = sign;
     zd_tensor_t *in[2] = {a, b};
@@ -159,7 +159,7 @@ int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
     if (!y || !ctx) {
         zd_tensor_unref(y);
         free(ctx);
-        return zd_error_set("scale: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "scale: out of memory");
     }
     const float *pa = zd_tensor_data(a);
     float *py = zd_tensor_data(y);
@@ -198,7 +198,7 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
     if (!y || !ctx) {
         zd_tensor_unref(y);
         free(ctx);
-        return zd_error_set("sum: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "sum: out of memory");
     }
     double acc = 0;
     const float *pa = zd_tensor_data(a);
@@ -381,7 +381,7 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
     if (!y || !c) {
         zd_tensor_unref(y);
         free(c);
-        return zd_error_set("cat: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "cat: out of memory");
     }
     c->dim = dim;
     c->n = n;
@@ -488,7 +488,7 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
     if (!y || !c) {
         zd_tensor_unref(y);
         free(c);
-        return zd_error_set("narrow: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "narrow: out of memory");
     }
     c->dim = dim;
     c->start = start;

@@ -117,7 +117,7 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
     if (!y || !c) {
         zd_tensor_unref(y);
         free(c);
-        return zd_error_set("%s: out of memory", op);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op);
     }
     permute_copy(t, perm, y);
     for (int i = 0; i < nd; i++)

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  tensor.c: storage, shape and reference counting of tensors. */
 #include "autograd/autograd_private.h"
+#include "autograd/fault_inject.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,7 @@ static zd_tensor_t *tensor_alloc_header(zd_tensor_dtype_t dtype, int ndim, const
 {
     zd_tensor_t *t = calloc(1, sizeof *t);
     if (!t) {
-        zd_error_set("tensor: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "tensor: out of memory");
         return NULL;
     }
     atomic_init(&t->refcount, 1);
@@ -120,7 +121,8 @@ static zd_tensor_t *tensor_make(zd_tensor_dtype_t dtype, int ndim, const int64_t
     t->storage = storage_new((size_t)numel * zd_tensor_dtype_size(dtype), zero);
     if (!t->storage) {
         zd_tensor_unref(t);
-        zd_error_set("tensor: out of memory for %lld elements", (long long)numel);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "tensor: out of memory for %lld elements",
+                          (long long)numel);
         return NULL;
     }
     return t;
@@ -181,7 +183,7 @@ zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, int ndim, const int64_t *sh
     t = s ? tensor_alloc_header(dtype, ndim, shape, numel) : NULL;
     if (!t) {
         free(s);
-        zd_error_set("tensor: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "tensor: out of memory");
         goto fail;
     }
     atomic_init(&s->refcount, 1);
@@ -376,7 +378,7 @@ int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_
         if (!in) {
             zd_autograd_node_unref(n);
             zd_tensor_unref(v);
-            return zd_error_set("reshape: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "reshape: out of memory");
         }
         in[0] = t->ndim;
         memcpy(in + 1, t->shape, sizeof(int64_t) * (size_t)t->ndim);
@@ -455,10 +457,19 @@ void zd_tensor_clear_grad(zd_tensor_t *t)
     zd_tensor_unref(g);
 }
 
-void zd_tensor_set_name(zd_tensor_t *t, const char *name)
+int zd_tensor_set_name(zd_tensor_t *t, const char *name)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_set_name: NULL tensor");
     free(t->name);
+    /* Callers that name tensors only for messages may go on without one. */
+    ZD_FAULT_BENIGN(true);
     t->name = name ? strdup(name) : NULL;
+    ZD_FAULT_BENIGN(false);
+    if (name && !t->name)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_tensor_set_name: out of memory for "
+                                 "the name \"%.64s\"", name);
+    return 0;
 }
 
 const char *zd_tensor_name(const zd_tensor_t *t)

@@ -126,7 +126,7 @@ static int setup(const world_t *w)
 
 static zd_tensor_t *remote_tensor(const char *fn, zd_tensor_t *x)
 {
-    zd_value_t *a = zd_rpc_args("t", x), *r = NULL;
+    zd_value_t *a = ZD_ARGS(x), *r = NULL;
     zd_tensor_t *t = NULL;
     if (a && zd_rpc_sync(0, fn, a, -1, &r) == 0 && zd_value_get_tensor(r, &t) == 0)
         zd_tensor_ref(t);
@@ -233,10 +233,13 @@ static int trainer(const world_t *w)
         zd_tensor_data(row)[i] = 0.1f * (float)i;
     zd_value_t *list = NULL;
     zd_rref_t *refs[2];
+    zd_rref_list_t *params = zd_rref_list_new();
     zd_dist_optim_t *opt = NULL;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(1e-3);
-    if (zd_rpc_sync(0, "tiny_params", NULL, -1, &list) < 0 || zd_rpc_arg_rref(list, 0, &refs[0]) < 0 ||
-        zd_rpc_arg_rref(list, 1, &refs[1]) < 0 || zd_dist_optim_new(&cfg, refs, 2, &opt) < 0)
+    if (!params || zd_rpc_sync(0, "tiny_params", NULL, -1, &list) < 0 ||
+        zd_rpc_arg_rref(list, 0, &refs[0]) < 0 || zd_rpc_arg_rref(list, 1, &refs[1]) < 0 ||
+        zd_rref_list_append(params, refs[0]) < 0 || zd_rref_list_append(params, refs[1]) < 0 ||
+        !(opt = zd_dist_optim_new(&cfg, params)))
         return world_fail(w, "tiny setup: %s", zd_error_last());
     if (!csv)
         printf("tiny model (10x10 linear on the server, one row), median of %d\n", iters);
@@ -257,6 +260,7 @@ static int trainer(const world_t *w)
             figure("dist_tiny_step_us_p50", m, "us", "  the same + DistributedOptimizer step");
     }
     zd_dist_optim_free(opt);
+    zd_rref_list_free(params);
     zd_value_unref(list);
     zd_tensor_unref(row);
     zd_tensor_unref(x);

@@ -122,7 +122,7 @@ static void incarnation(const world_t *w, int k)
     zd_rref_t *held[4] = {0};
     for (int i = 0; i < 4; i++)
         held[i] = zd_rpc_remote(0, "block", NULL, WAIT_MS);
-    zd_value_t *args = zd_rpc_args("f", took), *r = NULL;
+    zd_value_t *args = ZD_ARGS(took), *r = NULL;
     int rc = zd_rpc_sync(0, "report", args, WAIT_MS, &r);
     zd_value_unref(args);
     zd_value_unref(r);

@@ -252,7 +252,7 @@ static zd_value_t *tensor_args(size_t bytes)
     /* Written, so that its pages are its own: untouched zeroed memory reads
        from the kernel's one zero page and copies faster than any tensor. */
     memset(zd_tensor_raw(t), 0x5a, bytes);
-    zd_value_t *args = zd_rpc_args("t", t);
+    zd_value_t *args = ZD_ARGS(t);
     zd_tensor_unref(t);
     return args;
 }
@@ -330,7 +330,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
     }
     float ten[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
     zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){1, 10}, ten);
-    zd_value_t *targs = zd_rpc_args("t", t);
+    zd_value_t *targs = ZD_ARGS(t);
     zd_tensor_unref(t);
     /* Warm up, then blocks taking turns so that every kind of call sees the
        same machine (this VM's neighbours come and go). */

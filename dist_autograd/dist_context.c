@@ -9,6 +9,7 @@
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
 #include <zdist/log.h>
+#include "autograd/sized.h"
 
 #define BUCKETS 64   /* contexts live for one iteration: few at a time */
 
@@ -185,17 +186,26 @@ const char *zd__dist_peer_desc(int rank, char *buf, size_t size)
     return buf;
 }
 
-void zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *l)
+int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *l)
 {
+    zd_dist_autograd_limits_t want = zd_dist_autograd_limits_default();
+    if (l && zd__sized_read(&want, sizeof want, l,
+                            ZD__SIZE_THROUGH(zd_dist_autograd_limits_t, idle_timeout_ms),
+                            "zd_dist_autograd_limits_t", "zd_dist_autograd_limits_default()") < 0)
+        return zd_error_wrap("zd_dist_autograd_set_limits");
     pthread_mutex_lock(&registry_lock);
-    limits = l ? *l : (zd_dist_autograd_limits_t){0};
+    limits = want;
     last_sweep_ms = 0;
     pthread_mutex_unlock(&registry_lock);
+    return 0;
 }
 
+/*  The idle timeout by error.h's rule: -1 (never) for ZD_TIMEOUT_NONE. */
 static int64_t idle_timeout_ms(void)
 {
-    if (limits.idle_timeout_ms)
+    if (limits.idle_timeout_ms == ZD_TIMEOUT_NONE)
+        return -1;
+    if (limits.idle_timeout_ms > 0)
         return limits.idle_timeout_ms;
     int64_t rpc = zd_rpc_get_timeout();
     return rpc > 0 ? 10 * rpc : 10 * 60 * 1000;
@@ -495,45 +505,34 @@ int zd_dist_autograd_get_gradient(int64_t context_id, zd_tensor_t *t, zd_tensor_
     return 0;
 }
 
-int zd_dist_autograd_get_gradients(int64_t context_id, int *n, zd_tensor_t ***tensors,
-                                zd_tensor_t ***grads)
+zd_named_tensors_t *zd_dist_autograd_get_gradients(int64_t context_id)
 {
-    *n = 0;
-    *tensors = *grads = NULL;
     dist_context_t *c = zd__dist_context_get(context_id);
-    if (!c)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
-                                 (long long)context_id);
-    int rc = 0;
+    if (!c) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
+                          (long long)context_id);
+        return NULL;
+    }
+    zd_named_tensors_t *out = zd_named_tensors_new();
     pthread_mutex_lock(&c->grad_lock);
-    size_t size = sizeof(zd_tensor_t *) * (size_t)(c->n_grads ? c->n_grads : 1);
-    *tensors = malloc(size);
-    *grads = malloc(size);
-    if (!*tensors || !*grads) {
-        free(*tensors);
-        free(*grads);
-        *tensors = *grads = NULL;
-        rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
-    } else {
-        for (int i = 0; i < c->n_grads; i++) {
-            (*tensors)[i] = zd_tensor_ref(c->grads[i].tensor);
-            (*grads)[i] = zd_tensor_ref(c->grads[i].grad);
+    for (int i = 0; out && i < c->n_grads; i++) {
+        /* Under the tensor's name, else (none, or a second tensor named
+           alike) under its place in the context. */
+        const char *name = zd_tensor_name(c->grads[i].tensor);
+        char fallback[32];
+        if (!*name || zd_named_tensors_index(out, name) >= 0) {
+            snprintf(fallback, sizeof fallback, "tensor%d", i);
+            name = fallback;
         }
-        *n = c->n_grads;
+        if (zd_named_tensors_add(out, name, c->grads[i].grad) < 0) {
+            zd_error_wrap("dist_autograd: the gradients of context %lld", (long long)context_id);
+            zd_named_tensors_free(out);
+            out = NULL;
+        }
     }
     pthread_mutex_unlock(&c->grad_lock);
     zd__dist_context_unref(c);
-    return rc;
-}
-
-void zd_dist_autograd_gradients_free(int n, zd_tensor_t **tensors, zd_tensor_t **grads)
-{
-    for (int i = 0; i < n; i++) {
-        zd_tensor_unref(tensors ? tensors[i] : NULL);
-        zd_tensor_unref(grads ? grads[i] : NULL);
-    }
-    free(tensors);
-    free(grads);
+    return out;
 }
 
 int64_t zd_dist_autograd_current_context(void)
@@ -571,17 +570,22 @@ int zd_dist_autograd_context_begin(int64_t *context_id)
     return 0;
 }
 
-void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out)
+int zd_dist_autograd_stats(zd_dist_autograd_stats_t *out, size_t size)
 {
-    out->contexts = zd_dist_autograd_num_contexts();
-    out->backward_passes = atomic_load(&zd__dist_stat_passes);
-    out->send_functions = atomic_load(&zd__dist_stat_sends);
-    out->recv_functions = atomic_load(&zd__dist_stat_recvs);
-    out->flushed_nodes = atomic_load(&zd__dist_stat_flushed);
-    out->total_contexts = atomic_load(&zd__dist_total_contexts);
-    out->total_backward = atomic_load(&zd__dist_total_backward);
-    out->total_grad_messages = atomic_load(&zd__dist_total_grad_messages);
-    out->total_send_functions = atomic_load(&zd__dist_total_sends);
+    zd_dist_autograd_stats_t s = {
+        .contexts = zd_dist_autograd_num_contexts(),
+        .backward_passes = atomic_load(&zd__dist_stat_passes),
+        .send_functions = atomic_load(&zd__dist_stat_sends),
+        .recv_functions = atomic_load(&zd__dist_stat_recvs),
+        .flushed_nodes = atomic_load(&zd__dist_stat_flushed),
+        .total_contexts = atomic_load(&zd__dist_total_contexts),
+        .total_backward = atomic_load(&zd__dist_total_backward),
+        .total_grad_messages = atomic_load(&zd__dist_total_grad_messages),
+        .total_send_functions = atomic_load(&zd__dist_total_sends),
+    };
+    return zd__sized_write(out, size, &s, sizeof s,
+                           ZD__SIZE_THROUGH(zd_dist_autograd_stats_t, total_send_functions),
+                           "zd_dist_autograd_stats");
 }
 
 /* ---- a lost peer ---- */

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "autograd/fault_inject.h"
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
 #include <zdist/log.h>
@@ -59,7 +60,7 @@ static void join_done(zd_future_t *all, void *arg)
                 best_rank = rank;
             }
         }
-        zd_value_t *v = j->max_mode ? zd_rpc_args("ii", best_seq, best_rank) : zd_value_int(sum);
+        zd_value_t *v = j->max_mode ? ZD_ARGS(best_seq, best_rank) : zd_value_int(sum);
         if (v)
             zd_future_set_value(j->out, v);
         else
@@ -147,8 +148,8 @@ static int recv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     if (!fd)
         return zd_error_set("dist_autograd: a receive function ran outside a distributed "
                          "backward pass (use zd_dist_autograd_backward)");
-    zd_value_t *args = zd_rpc_args("iiii", info->ctx_id, (int64_t)info->msg_id, fd->pass_id,
-                                 (int64_t)fd->retain);
+    zd_value_t *args = ZD_ARGS(info->ctx_id, (int64_t)info->msg_id, fd->pass_id,
+                               (int64_t)fd->retain);
     for (int i = 0; args && i < zd_autograd_node_n_outputs(n); i++)
         if (zd_list_append(args, zd_value_tensor(gout[i])) < 0)
         {
@@ -194,8 +195,10 @@ static int ensure_task(dist_context_t *c, int64_t pass_id, bool retain,
     pthread_mutex_unlock(&c->lock);
     if (!starts)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
-    zd_autograd_options_t o = {.retain_graph = retain, .accumulate = zd__dist_context_accumulate,
-                            .accumulate_arg = c};
+    zd_autograd_options_t o = zd_autograd_options_default();
+    o.retain_graph = retain;
+    o.accumulate = zd__dist_context_accumulate;
+    o.accumulate_arg = c;
     zd_autograd_task_t *t = zd_autograd_task_new(starts, n, &o);
     free(starts);
     if (!t)
@@ -447,7 +450,7 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
                                 "flush rounds (a peer keeps reporting work)", (long long)c->id,
                                 FLUSH_MAX_ROUNDS);
         int64_t query = (int64_t)zd__dist_next_id();
-        zd_value_t *args = zd_rpc_args("iii", c->id, pass_id, query);
+        zd_value_t *args = ZD_ARGS(c->id, pass_id, query);
         if (!args)
             return -1;
         zd_future_t *f = handle_pending(NULL, args, NULL);
@@ -466,7 +469,7 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
             return zd_error_wrap("dist_autograd: looking for pending nodes");
         if (seq == 0)
             return 0;
-        args = zd_rpc_args("ii", c->id, pass_id);
+        args = ZD_ARGS(c->id, pass_id);
         f = args ? (rank == zd_rpc_rank() ? handle_flush(NULL, args, NULL)
                                        : zd_rpc_async((int)rank, "__dist_flush", args,
                                                    ZD_TIMEOUT_DEFAULT))
@@ -565,7 +568,9 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
 
 #define RELEASE_TRIES 3
 
-/*  Sends __dist_release to every peer but `except`; returns the futures. */
+/*  Sends __dist_release to every peer but `except`; returns the futures.
+    0, or -1 when a peer could not be told (out of memory; the others
+    were). */
 static int release_peers(dist_context_t *c, int except, zd_future_t ***fs, int *n_fs)
 {
     int *peers, n;
@@ -573,20 +578,38 @@ static int release_peers(dist_context_t *c, int except, zd_future_t ***fs, int *
     *n_fs = 0;
     if (zd__dist_context_peers(c, &peers, &n) < 0)
         return -1;
-    *fs = calloc((size_t)(n ? n : 1), sizeof **fs);
-    zd_value_t *args = zd_rpc_args("i", c->id);
-    for (int i = 0; *fs && args && i < n; i++) {
+    zd_future_t **out = calloc((size_t)(n ? n : 1), sizeof *out);
+    zd_value_t *args = ZD_ARGS(c->id);
+    if (!out || !args) {
+        free(out);
+        zd_value_unref(args);
+        free(peers);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
+    }
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
         if (peers[i] == except || peers[i] == zd_rpc_rank())
             continue;
         zd_future_t *f = NULL;
-        for (int t = 0; t < RELEASE_TRIES && !f; t++)
+        /* A call that could not be made or sent (out of memory here) is
+           tried again: a release is idempotent. */
+        ZD_FAULT_BENIGN(true);
+        for (int t = 0; t < RELEASE_TRIES && !f; t++) {
             f = zd_rpc_async(peers[i], "__dist_release", args, ZD_TIMEOUT_DEFAULT);
+            if (f && t + 1 < RELEASE_TRIES && zd_future_done(f) &&
+                zd_future_error_code(f) == ZD_ERR_NO_MEMORY)
+                zd_future_unref(f), f = NULL;
+        }
+        ZD_FAULT_BENIGN(false);
         if (f)
-            (*fs)[(*n_fs)++] = f;
+            out[(*n_fs)++] = f;
+        else if (rc == 0)
+            rc = zd_error_wrap("dist_autograd: releasing context %lld", (long long)c->id);
     }
     zd_value_unref(args);
     free(peers);
-    return *fs ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
+    *fs = out;
+    return rc;
 }
 
 static zd_future_t *handle_release(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -627,13 +650,20 @@ static int release_start(int64_t context_id, zd_future_t **out)
     *out = NULL;
     if (zd__dist_current_ctx == context_id)
         zd__dist_current_ctx = -1;
-    dist_context_t *c = zd__dist_context_remove(context_id);
+    dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",
                                  (long long)context_id);
     zd_future_t **fs;
     int n_fs, rc = release_peers(c, -1, &fs, &n_fs);
     zd__dist_context_unref(c);
+    if (rc < 0) {   /* a peer not told (out of memory): the context stays, to be ended again */
+        for (int i = 0; i < n_fs; i++)
+            zd_future_unref(fs[i]);
+        free(fs);
+        return rc;
+    }
+    zd__dist_context_unref(zd__dist_context_remove(context_id));
     if (rc == 0 && n_fs > 0 && !(*out = join_futures(fs, n_fs, false, 0, 0)))
         rc = -1;
     for (int i = 0; i < n_fs; i++)
@@ -733,8 +763,12 @@ int zd__dist_engine_register(void)
     /* Backward and flush run graph nodes: the pool. Queries and releases
        only look things up and send messages on: the I/O thread runs them
        at once, saving two thread wake-ups per message. */
-    const zd_rpc_function_t inline_pending = {.async_fn = handle_pending, .flags = ZD_RPC_FN_INLINE};
-    const zd_rpc_function_t inline_release = {.async_fn = handle_release, .flags = ZD_RPC_FN_INLINE};
+    const zd_rpc_function_t inline_pending = {.size = sizeof(zd_rpc_function_t),
+                                              .async_fn = handle_pending,
+                                              .flags = ZD_RPC_FN_INLINE};
+    const zd_rpc_function_t inline_release = {.size = sizeof(zd_rpc_function_t),
+                                              .async_fn = handle_release,
+                                              .flags = ZD_RPC_FN_INLINE};
     if (zd_rpc_register_async("__dist_backward", handle_backward, NULL) < 0 ||
         zd_rpc_register_function("__dist_pending", &inline_pending) < 0 ||
         zd_rpc_register_async("__dist_flush", handle_flush, NULL) < 0 ||

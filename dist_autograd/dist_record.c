@@ -289,7 +289,7 @@ static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
 {
     (void)arg;
     zd_dist_autograd_stats_t st;
-    zd_dist_autograd_stats(&st);
+    zd_dist_autograd_stats(&st, sizeof st);
     const struct {
         const char *name;
         int64_t value;
@@ -327,6 +327,7 @@ static void on_peer_lost(void *arg, int peer)
 zd_rpc_hooks_t zd__dist_record_hooks(void)
 {
     return (zd_rpc_hooks_t){
+        .size = sizeof(zd_rpc_hooks_t),
         .on_send_request = on_send_request,
         .on_recv_request = on_recv_request,
         .on_handler_return = on_handler_return,

@@ -1,44 +1,36 @@
 /* SPDX-License-Identifier: MIT */
-/*  parameter_rrefs.c: RRefs to a module's parameters (SPEC N5), the array
-    the DistributedOptimizer takes. */
-#include <stdlib.h>
-
+/*  parameter_rrefs.c: RRefs to a module's parameters, the list the
+    DistributedOptimizer takes (PyTorch's _parameter_rrefs). */
 #include <zdist/dist_nn.h>
 #include <zdist/error.h>
 
-int zd_dist_nn_parameter_rrefs(const zd_nn_module_t *m, int *n, zd_rref_t ***rrefs)
+zd_rref_list_t *zd_dist_nn_parameter_rrefs(const zd_nn_module_t *m)
 {
-    if (n)
-        *n = 0;
-    if (rrefs)
-        *rrefs = NULL;
-    if (!m || !n || !rrefs)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_nn_parameter_rrefs: NULL argument");
+    if (!m) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_nn_parameter_rrefs: NULL module");
+        return NULL;
+    }
+    zd_rref_list_t *list = zd_rref_list_new();
     int count = zd_nn_module_n_params(m);
-    zd_rref_t **out = calloc(count ? (size_t)count : 1, sizeof *out);
-    if (!out)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_dist_nn_parameter_rrefs: out of memory");
-    for (int i = 0; i < count; i++) {
-        zd_value_t *v = zd_value_tensor(zd_nn_module_param(m, i));
-        out[i] = v ? zd_rref_new(v) : NULL;
+    for (int i = 0; list && i < count; i++) {
+        zd_tensor_t *p = zd_nn_module_param(m, i);
+        /* A tensor registered twice (a tied weight) gets one RRef, where it
+           was first seen: two RRefs to one tensor would step it twice. */
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = zd_nn_module_param(m, j) == p;
+        if (seen)
+            continue;
+        zd_value_t *v = zd_value_tensor(p);
+        zd_rref_t *r = v ? zd_rref_new(v) : NULL;
         zd_value_unref(v);
-        if (!out[i]) {
+        if (!r || zd_rref_list_append(list, r) < 0) {
             zd_error_wrap("zd_dist_nn_parameter_rrefs: parameter \"%s\" of %s",
                           zd_nn_module_param_name(m, i), zd_nn_module_type(m));
-            zd_dist_nn_rrefs_free(i, out);
-            return -1;
+            zd_rref_list_free(list);
+            list = NULL;
         }
+        zd_rref_unref(r);
     }
-    *n = count;
-    *rrefs = out;
-    return 0;
-}
-
-void zd_dist_nn_rrefs_free(int n, zd_rref_t **rrefs)
-{
-    if (!rrefs)
-        return;
-    for (int i = 0; i < n; i++)
-        zd_rref_unref(rrefs[i]);
-    free(rrefs);
+    return list;
 }

@@ -159,18 +159,18 @@ static zd_value_t *fn_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     zd_nn_module_t *m;
-    int n;
-    zd_rref_t **rrefs;
+    zd_rref_list_t *rrefs;
     if (zd_remote_module_local(zd_list_get(args, 0), &m) < 0 ||
-        zd_dist_nn_parameter_rrefs(m, &n, &rrefs) < 0)
+        !(rrefs = zd_dist_nn_parameter_rrefs(m)))
         return NULL;
+    int n = zd_rref_list_len(rrefs);
     zd_value_t *list = zd_value_list((size_t)n);
     for (int i = 0; list && i < n; i++)
-        if (zd_list_append(list, zd_value_rref(rrefs[i])) < 0) {
+        if (zd_list_append(list, zd_value_rref(zd_rref_list_get(rrefs, i))) < 0) {
             zd_value_unref(list);
             list = NULL;
         }
-    zd_dist_nn_rrefs_free(n, rrefs);
+    zd_rref_list_free(rrefs);
     return list;
 }
 
@@ -216,10 +216,14 @@ zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value
     }
     zd_value_unref(type);
     if (!rm && strstr(zd_error_last(), "unknown function \"__remote_module_")) {
+        /* Its functions are missing there: say what installs them, with
+           the code and words of a missing zd_dist_optim_init(). */
         char text[768];
+        zd_rpc_worker_info_t info;
         snprintf(text, sizeof text, "%s", zd_error_last());
-        zd_error_set_code(zd_error_code(), "%s (did worker %d call zd_dist_nn_init() before "
-                          "zd_rpc_init?)", text, to);
+        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "%s (zd_dist_nn_init() was not called on "
+                          "\"%s\" before zd_rpc_init())", text,
+                          zd_rpc_get_worker_info_by_rank(to, &info) == 0 ? info.name : "?");
     }
     if (!rm)
         zd_error_wrap("RemoteModule %s on worker %d", type_name, to);
@@ -268,36 +272,29 @@ zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, int n_in,
     return args ? zd_rref_rpc_async_take(rm->rref, FN_FORWARD, args, ZD_TIMEOUT_DEFAULT) : NULL;
 }
 
-int zd_remote_module_remote_parameters(zd_remote_module_t *rm, int *n, zd_rref_t ***rrefs)
+zd_rref_list_t *zd_remote_module_remote_parameters(zd_remote_module_t *rm)
 {
-    if (n)
-        *n = 0;
-    if (rrefs)
-        *rrefs = NULL;
-    if (!rm || !n || !rrefs)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "remote_parameters: NULL argument");
-    zd_value_t *list;
-    if (zd_rref_rpc_sync(rm->rref, FN_PARAMS, NULL, ZD_TIMEOUT_DEFAULT, &list) < 0)
-        return zd_error_wrap("RemoteModule %s remote_parameters", rm->type);
-    int count = (int)zd_list_len(list);
-    zd_rref_t **out = calloc(count ? (size_t)count : 1, sizeof *out);
-    if (!out) {
-        zd_value_unref(list);
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "remote_parameters: out of memory");
+    if (!rm) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "remote_parameters: NULL module");
+        return NULL;
     }
-    for (int i = 0; i < count; i++) {
+    zd_value_t *list;
+    if (zd_rref_rpc_sync(rm->rref, FN_PARAMS, NULL, ZD_TIMEOUT_DEFAULT, &list) < 0) {
+        zd_error_wrap("RemoteModule %s remote_parameters", rm->type);
+        return NULL;
+    }
+    zd_rref_list_t *out = zd_rref_list_new();
+    size_t count = zd_list_len(list);
+    for (size_t i = 0; out && i < count; i++) {
         zd_rref_t *r;
-        if (zd_rpc_arg_rref(list, (size_t)i, &r) < 0) {
-            zd_dist_nn_rrefs_free(i, out);
-            zd_value_unref(list);
-            return zd_error_wrap("RemoteModule %s remote_parameters", rm->type);
+        if (zd_rpc_arg_rref(list, i, &r) < 0 || zd_rref_list_append(out, r) < 0) {
+            zd_error_wrap("RemoteModule %s remote_parameters", rm->type);
+            zd_rref_list_free(out);
+            out = NULL;
         }
-        out[i] = zd_rref_ref(r);
     }
     zd_value_unref(list);
-    *n = count;
-    *rrefs = out;
-    return 0;
+    return out;
 }
 
 zd_rref_t *zd_remote_module_rref(const zd_remote_module_t *rm) { return rm ? rm->rref : NULL; }

@@ -18,6 +18,7 @@
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include <zdist/log.h>
+#include "autograd/sized.h"
 
 /*  ---- owner side ---- */
 
@@ -90,8 +91,16 @@ static bool owner_has_config;
 static zd_optim_config_t owner_config;
 static double owner_max_change;
 
-int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *limits)
+int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *in)
 {
+    zd_dist_optim_owner_limits_t l = zd_dist_optim_owner_limits_default(), *limits = NULL;
+    if (in && zd__sized_read(&l, sizeof l, in,
+                             ZD__SIZE_THROUGH(zd_dist_optim_owner_limits_t, max_change),
+                             "zd_dist_optim_owner_limits_t",
+                             "zd_dist_optim_owner_limits_default()") < 0)
+        return zd_error_wrap("zd_dist_optim_set_owner_limits");
+    if (in)
+        limits = &l;
     if (limits && limits->config && zd_optim_config_check(limits->config) < 0)
         return zd_error_wrap("zd_dist_optim_set_owner_limits");
     if (limits && !(limits->max_change >= 0 && limits->max_change <= DBL_MAX))
@@ -461,34 +470,39 @@ static int owner_error(int owner, const char *what)
     return -1;
 }
 
-int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, int n,
-                   zd_dist_optim_t **out)
+zd_dist_optim_t *zd_dist_optim_new(const zd_optim_config_t *cfg, const zd_rref_list_t *list)
 {
     char text[512], me[200];
-    *out = NULL;
     if (zd_optim_config_check(cfg) < 0)
-        return -1;
-    if (n < 1)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_optim: no parameters given");
+        return NULL;
+    int n = zd_rref_list_len(list);
+    if (n < 1) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "dist_optim: no parameters given");
+        return NULL;
+    }
     if (zd_optim_config_format(cfg, text, sizeof text) < 0)
-        return -1;
+        return NULL;
     zd_dist_optim_t *o = calloc(1, sizeof *o);
     int world = zd_rpc_world_size();
     if (!o || world < 1) {
         free(o);
-        return zd_error_set(world < 1 ? "dist_optim: RPC is not running" : "out of memory");
+        if (world < 1)
+            zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_optim: RPC is not running");
+        else
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_optim: out of memory");
+        return NULL;
     }
     o->owners = calloc((size_t)world, sizeof *o->owners);
     zd_future_t **fs = calloc((size_t)world, sizeof *fs);
     int rc = o->owners && fs ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     /* One call per owner, all in flight at once. */
     for (int owner = 0; rc == 0 && owner < world; owner++) {
-        zd_value_t *args = zd_rpc_args("s", text);
+        zd_value_t *args = ZD_ARGS(text);
         int count = 0;
         for (int i = 0; args && i < n; i++)
-            if (zd_rref_owner(params[i]) == owner) {
+            if (zd_rref_owner(zd_rref_list_get(list, i)) == owner) {
                 count++;
-                if (zd_list_append(args, zd_value_rref(params[i])) < 0)
+                if (zd_list_append(args, zd_value_rref(zd_rref_list_get(list, i))) < 0)
                     zd_value_unref(args), args = NULL;
             }
         if (!args) {
@@ -529,10 +543,9 @@ int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, in
     free(fs);
     if (rc < 0) {
         zd_dist_optim_free(o);
-        return -1;
+        return NULL;
     }
-    *out = o;
-    return 0;
+    return o;
 }
 
 /*  Steps our own local optimizer, without a message. */
@@ -550,8 +563,9 @@ static int step_here(zd_rref_t *r, int64_t context_id)
 int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
 {
     zd_future_t **fs = calloc((size_t)(o->n ? o->n : 1), sizeof *fs);
-    zd_value_t *args = zd_rpc_args("i", context_id);
-    int rc = fs && args ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory"), local = -1;
+    zd_value_t *args = ZD_ARGS(context_id);
+    int rc = fs && args ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_optim: out of memory"),
+        local = -1;
     char me[200];
     for (int i = 0; rc == 0 && i < o->n; i++)
         if (zd_rref_is_owner(o->owners[i]))
@@ -568,6 +582,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
     }
     char first[1024] = "";   /* the first failure is the one reported */
+    zd_error_code_t first_code = ZD_OK;
     if (rc == 0 && last_sync >= 0) {
         zd_value_t *r = NULL;
         if (zd_rref_rpc_sync(o->owners[last_sync], "__dist_optim_step", args,
@@ -576,11 +591,14 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
         zd_value_unref(r);
     }
     zd_value_unref(args);
-    if (rc < 0)
+    if (rc < 0) {
         snprintf(first, sizeof first, "%s", zd_error_last());
+        first_code = zd_error_code();
+    }
     if (rc == 0 && local >= 0 && step_here(o->owners[local], context_id) < 0) {
         rc = zd_error_wrap("step on %s", self_desc(me, sizeof me));
         snprintf(first, sizeof first, "%s", zd_error_last());
+        first_code = zd_error_code();
     }
     for (int i = 0; fs && i < o->n; i++) {
         if (!fs[i])
@@ -588,12 +606,13 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
         if (zd_future_wait(fs[i], ZD_TIMEOUT_NONE) < 0 && rc == 0) {
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
             snprintf(first, sizeof first, "%s", zd_error_last());
+            first_code = zd_error_code();
         }
         zd_future_unref(fs[i]);
     }
     free(fs);
     if (rc < 0)
-        zd_error_set("%s", first);
+        zd_error_set_code(first_code, "%s", first);
     return rc;
 }
 

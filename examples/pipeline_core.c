@@ -173,7 +173,7 @@ static zd_value_t *fn_shard_stats(zd_rpc_call_t *call, zd_value_t *args, void *a
         return NULL;
     shard_t *s = actor_object(a);
     actor_lock(a);
-    zd_value_t *v = zd_rpc_args("fi", s->busy, s->calls);
+    zd_value_t *v = ZD_ARGS(s->busy, s->calls);
     s->busy = 0;
     s->calls = 0;
     actor_unlock(a);
@@ -197,9 +197,7 @@ int pipeline_register(void)
 
 struct pipeline_net {
     zd_rref_t *shard[2];
-    zd_value_t *param_lists[2];        /* the replies of parameter_rrefs */
-    zd_rref_t *params[2 * PIPELINE_STAGE_PARAMS];
-    bool have_params;
+    zd_rref_list_t *params;            /* the replies of parameter_rrefs, in order */
 };
 
 pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropout)
@@ -211,7 +209,7 @@ pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropo
     }
     int ranks[2] = {rank1, rank2};
     for (int k = 0; k < 2; k++) {
-        zd_value_t *a = zd_rpc_args("iii", (int64_t)k + 1, (int64_t)seed, (int64_t)dropout);
+        zd_value_t *a = ZD_ARGS(k + 1, seed, dropout);
         n->shard[k] = a ? zd_rpc_remote(ranks[k], "NetShard", a, -1) : NULL;
         zd_value_unref(a);
         if (!n->shard[k]) {
@@ -226,10 +224,9 @@ void pipeline_net_free(pipeline_net_t *n)
 {
     if (!n)
         return;
-    for (int k = 0; k < 2; k++) {
-        zd_value_unref(n->param_lists[k]);
+    zd_rref_list_free(n->params);
+    for (int k = 0; k < 2; k++)
         zd_rref_unref(n->shard[k]);   /* the last RRef: the shard is freed */
-    }
     free(n);
 }
 
@@ -241,11 +238,11 @@ static zd_future_t *start_micro_batch(pipeline_net_t *n, zd_tensor_t *x)
     zd_rref_t *x_rref = xv ? zd_rref_new(xv) : NULL, *y_rref = NULL;
     zd_future_t *f = NULL;
     zd_value_unref(xv);
-    if (x_rref && (a = zd_rpc_args("r", x_rref)))
+    if (x_rref && (a = ZD_ARGS(x_rref)))
         y_rref = zd_rref_remote(n->shard[0], "NetShard.forward", a, -1);
     zd_value_unref(a);
     a = NULL;
-    if (y_rref && (a = zd_rpc_args("r", y_rref)))
+    if (y_rref && (a = ZD_ARGS(y_rref)))
         f = zd_rref_rpc_async(n->shard[1], "NetShard.forward", a, -1);
     zd_value_unref(a);
     zd_rref_unref(y_rref);
@@ -293,29 +290,33 @@ int pipeline_net_forward(pipeline_net_t *n, zd_tensor_t *x, int num_split, zd_te
     return rc;
 }
 
-int pipeline_net_parameter_rrefs(pipeline_net_t *n, zd_rref_t *const **params, int *count)
+const zd_rref_list_t *pipeline_net_parameter_rrefs(pipeline_net_t *n)
 {
-    for (int k = 0; !n->have_params && k < 2; k++) {
-        zd_value_t *l;
-        if (zd_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l) < 0)
-            return -1;
-        n->param_lists[k] = l;
-        if (zd_list_len(l) != PIPELINE_STAGE_PARAMS)
-            return zd_error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d",
-                             zd_list_len(l), PIPELINE_STAGE_PARAMS);
-        for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
-            if (zd_rpc_arg_rref(l, (size_t)i, &n->params[k * PIPELINE_STAGE_PARAMS + i]) < 0)
-                return -1;
-        n->have_params = k == 1;
+    zd_rref_list_t *params = n->params ? NULL : zd_rref_list_new();
+    for (int k = 0; params && k < 2; k++) {
+        zd_value_t *l = NULL;
+        int rc = zd_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l);
+        if (rc == 0 && zd_list_len(l) != PIPELINE_STAGE_PARAMS)
+            rc = zd_error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d",
+                              zd_list_len(l), PIPELINE_STAGE_PARAMS);
+        for (int i = 0; rc == 0 && i < PIPELINE_STAGE_PARAMS; i++) {
+            zd_rref_t *r;
+            rc = zd_rpc_arg_rref(l, (size_t)i, &r) < 0 ? -1 : zd_rref_list_append(params, r);
+        }
+        zd_value_unref(l);
+        if (rc < 0) {
+            zd_rref_list_free(params);
+            return NULL;
+        }
     }
-    *params = n->params;
-    *count = 2 * PIPELINE_STAGE_PARAMS;
-    return 0;
+    if (params)
+        n->params = params;
+    return n->params;
 }
 
 int pipeline_net_train(pipeline_net_t *n, bool training)
 {
-    zd_value_t *a = zd_rpc_args("i", (int64_t)training), *v = NULL;
+    zd_value_t *a = ZD_ARGS(training), *v = NULL;
     int rc = a ? 0 : -1;
     for (int k = 0; rc == 0 && k < 2; k++) {
         rc = zd_rref_rpc_sync(n->shard[k], "NetShard.train", a, -1, &v);
@@ -327,7 +328,7 @@ int pipeline_net_train(pipeline_net_t *n, bool training)
 
 int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, zd_tensor_t **grads)
 {
-    zd_value_t *a = zd_rpc_args("i", context_id);
+    zd_value_t *a = ZD_ARGS(context_id);
     int rc = a ? 0 : -1;
     for (int i = 0; i < 2 * PIPELINE_STAGE_PARAMS; i++)
         grads[i] = NULL;

@@ -64,9 +64,9 @@ void pipeline_net_free(pipeline_net_t *n);
     the shards do not record anything (evaluation). */
 int pipeline_net_forward(pipeline_net_t *n, zd_tensor_t *x, int num_split, zd_tensor_t **logprobs);
 
-/*  The eight parameter RRefs, stage 1's then stage 2's (borrowed; they
-    live as long as n). 0 and *params, *count, or -1. */
-int pipeline_net_parameter_rrefs(pipeline_net_t *n, zd_rref_t *const **params, int *count);
+/*  The eight parameter RRefs, stage 1's then stage 2's: borrowed, valid
+    while n lives; NULL on failure. */
+const zd_rref_list_t *pipeline_net_parameter_rrefs(pipeline_net_t *n);
 
 /*  Dropout on (training) or off on both shards. 0, or -1. */
 int pipeline_net_train(pipeline_net_t *n, bool training);

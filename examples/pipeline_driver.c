@@ -116,11 +116,11 @@ static int run_once(driver_t *d, int run, int split, bool last)
     pipeline_net_t *net = pipeline_net_new(1, 2, (uint64_t)o->seed, o->dropout);
     zd_dist_optim_t *opt = NULL;
     int64_t *order = NULL;
-    zd_rref_t *const *params;
-    int np, rc = -1;
+    const zd_rref_list_t *params;
+    int rc = -1;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
-    if (!net || pipeline_net_parameter_rrefs(net, &params, &np) < 0 ||
-        zd_dist_optim_new(&cfg, params, np, &opt) < 0)
+    if (!net || !(params = pipeline_net_parameter_rrefs(net)) ||
+        !(opt = zd_dist_optim_new(&cfg, params)))
         goto out;
     int64_t nb = zd_dataset_num_batches(d->train, o->batch_size);
     double t0 = train_now(), t1 = t0, loss = 0, fwd = 0, busy[2];

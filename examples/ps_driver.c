@@ -96,8 +96,7 @@ static int create_actors(driver_t *d)
 {
     const ps_options_t *o = d->o;
     for (int s = 0; s < d->S; s++) {
-        zd_value_t *a = zd_rpc_args("sifiii", o->model, o->seed, o->lr, (int64_t)s,
-                                  (int64_t)d->S, (int64_t)o->track);
+        zd_value_t *a = ZD_ARGS(o->model, o->seed, o->lr, s, d->S, o->track);
         d->servers[s] = a ? zd_rpc_remote(1 + s, "ParameterServer", a, -1) : NULL;
         zd_value_unref(a);
         if (!d->servers[s])
@@ -106,10 +105,10 @@ static int create_actors(driver_t *d)
     for (int w = 0; w < d->W; w++) {
         int64_t delay = w == 0 ? o->straggler_ms : 0;
         zd_value_t *a = o->data_dir
-            ? zd_rpc_args("siiisiii", o->model, (int64_t)w, o->seed, o->batch_size, o->data_dir,
-                       o->train_size, (int64_t)o->track, delay)
-            : zd_rpc_args("siiiniii", o->model, (int64_t)w, o->seed, o->batch_size,
-                       o->train_size, (int64_t)o->track, delay);
+            ? ZD_ARGS(o->model, w, o->seed, o->batch_size, o->data_dir, o->train_size, o->track,
+                      delay)
+            : ZD_ARGS(o->model, w, o->seed, o->batch_size, zd_value_none(), o->train_size,
+                      o->track, delay);
         d->workers[w] = a ? zd_rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
         zd_value_unref(a);
         if (!d->workers[w])

@@ -194,7 +194,7 @@ static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *ar
         return NULL;
     pthread_mutex_lock(&ck.serial);
     int64_t generation = ck.generation + 1;
-    zd_value_t *gargs = zd_rpc_args("i", generation);
+    zd_value_t *gargs = ZD_ARGS(generation);
     zd_future_t *fs[64];
     int n = 0, rc = gargs ? 0 : -1;
     for (int s = 1; rc == 0 && s < ps_shard.num_shards; s++)
@@ -313,7 +313,7 @@ static int rollback(void)
             printf("shard 0: a server shard came back: every shard goes back to checkpoint "
                    "generation %lld\n", (long long)ck.generation);
         fflush(stdout);
-        zd_value_t *gargs = zd_rpc_args("i", ck.generation);
+        zd_value_t *gargs = ZD_ARGS(ck.generation);
         for (int s = 1; rc == 0 && s < ps_shard.num_shards; s++) {
             zd_value_t *r = NULL;
             rc = gargs ? zd_rpc_sync(s, "ps_reload_shard", gargs, ZD_TIMEOUT_DEFAULT, &r) : -1;

@@ -126,7 +126,7 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
         rc = zd_nn_flatten(h3, &flat);
     /* The other shards compute their rows of fc1 while this one does its own. */
     for (int s = 1; rc == 0 && s < S; s++) {
-        zd_value_t *args = zd_rpc_args("ti", flat, (int64_t)training);
+        zd_value_t *args = ZD_ARGS(flat, training);
         fs[s] = args ? zd_rpc_async(s, "ps_fc1_part", args, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(args);
         if (!fs[s])

@@ -129,8 +129,8 @@ static zd_value_t *local_gradients(zd_value_t *args, bool sizes)
             return NULL;
         }
         zd_value_t *item = !g ? NULL
-                           : sizes ? zd_rpc_args("si", ps_shard.names[i], zd_tensor_numel(g))
-                                   : zd_rpc_args("st", ps_shard.names[i], g);
+                           : sizes ? ZD_ARGS(ps_shard.names[i], zd_tensor_numel(g))
+                                   : ZD_ARGS(ps_shard.names[i], g);
         if (g && zd_list_append(list, item) < 0)
             zd_value_unref(list), list = NULL;
         zd_tensor_unref(g);
@@ -157,7 +157,7 @@ static zd_value_t *all_gradients(zd_value_t *args, bool sizes, const char *fn)
     if (zd_rpc_arg_int(args, 1, &cid) < 0)
         return NULL;
     zd_value_t *list = local_gradients(args, sizes);
-    zd_value_t *cargs = zd_rpc_args("i", cid);
+    zd_value_t *cargs = ZD_ARGS(cid);
     if (list && (!cargs || gather_from_shards(list, fn, cargs) < 0)) {
         zd_value_unref(list);
         list = NULL;

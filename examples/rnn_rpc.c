@@ -255,32 +255,23 @@ fail:
 }
 
 /*  The tutorial's RNNModel.parameter_rrefs(): the embedding's (remote),
-    the LSTM's (local, wrapped in local RRefs), the decoder's (remote). */
-static int model_parameter_rrefs(rnn_model_t *m, int *n, zd_rref_t ***all)
+    the LSTM's (local, wrapped in local RRefs), the decoder's (remote), in
+    one list. A new list, or NULL. */
+static zd_rref_list_t *model_parameter_rrefs(rnn_model_t *m)
 {
-    int n_e = 0, n_l = 0, n_d = 0;
-    zd_rref_t **e = NULL, **l = NULL, **d = NULL;
-    int rc = -1;
-    if (zd_remote_module_remote_parameters(m->emb, &n_e, &e) < 0 ||
-        zd_dist_nn_parameter_rrefs(m->rnn, &n_l, &l) < 0 ||
-        zd_remote_module_remote_parameters(m->dec, &n_d, &d) < 0)
-        goto out;
-    *all = malloc(sizeof **all * (size_t)(n_e + n_l + n_d));
-    if (!*all)
-        goto out;
-    for (int i = 0; i < n_e; i++)
-        (*all)[i] = zd_rref_ref(e[i]);
-    for (int i = 0; i < n_l; i++)
-        (*all)[n_e + i] = zd_rref_ref(l[i]);
-    for (int i = 0; i < n_d; i++)
-        (*all)[n_e + n_l + i] = zd_rref_ref(d[i]);
-    *n = n_e + n_l + n_d;
-    rc = 0;
-out:
-    zd_dist_nn_rrefs_free(n_e, e);
-    zd_dist_nn_rrefs_free(n_l, l);
-    zd_dist_nn_rrefs_free(n_d, d);
-    return rc;
+    zd_rref_list_t *all = zd_rref_list_new();
+    zd_rref_list_t *e = zd_remote_module_remote_parameters(m->emb);
+    zd_rref_list_t *l = zd_dist_nn_parameter_rrefs(m->rnn);
+    zd_rref_list_t *d = zd_remote_module_remote_parameters(m->dec);
+    if (!all || !e || !l || !d || zd_rref_list_extend(all, e) < 0 ||
+        zd_rref_list_extend(all, l) < 0 || zd_rref_list_extend(all, d) < 0) {
+        zd_rref_list_free(all);
+        all = NULL;
+    }
+    zd_rref_list_free(e);
+    zd_rref_list_free(l);
+    zd_rref_list_free(d);
+    return all;
 }
 
 /*  RNNModel.forward: logits (bptt * batch, ntoken) and the new hidden
@@ -365,8 +356,7 @@ static int run_trainer(options_t o_in, int rank, const char *me)
     }
     int ps = zd_rpc_worker("ps");
     rnn_model_t m;
-    zd_rref_t **params = NULL;
-    int n_params = 0;
+    zd_rref_list_t *params = NULL;
     zd_dist_optim_t *opt = NULL;
     zd_optim_config_t cfg;
     if (strcmp(o->optimizer, "sgd") == 0) {
@@ -381,13 +371,12 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         free(c.tokens);
         return 1;
     }
-    if (model_parameter_rrefs(&m, &n_params, &params) < 0 ||
-        zd_dist_optim_new(&cfg, params, n_params, &opt) < 0) {
+    if (!(params = model_parameter_rrefs(&m)) || !(opt = zd_dist_optim_new(&cfg, params))) {
         fprintf(stderr, "rnn_rpc: %s: %s\n", me, zd_error_last());
         goto out;
     }
     printf("%s: %lld characters of %s, %d distinct; %d parameter tensors on %d owners; "
-           "%s lr %g\n", me, (long long)c.n, o->data, c.ntoken, n_params,
+           "%s lr %g\n", me, (long long)c.n, o->data, c.ntoken, zd_rref_list_len(params),
            zd_dist_optim_num_owners(opt), o->optimizer, o->lr);
     printf("%s: a guess scores ln(%d) = %.3f\n", me, c.ntoken, log((double)c.ntoken));
     fflush(stdout);
@@ -473,7 +462,7 @@ steps_done:
     zd_tensor_unref(y);
 out:
     zd_dist_optim_free(opt);
-    zd_dist_nn_rrefs_free(n_params, params);
+    zd_rref_list_free(params);
     model_free(&m);
     free(c.tokens);
     return status;

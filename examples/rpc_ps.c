@@ -140,7 +140,7 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
            The tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their
            names and sizes tell as much, and leave the server no buffer of
            that size per trainer to send them through. */
-        zd_value_t *a = zd_rpc_args("i", cid);
+        zd_value_t *a = ZD_ARGS(cid);
         rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads)
                : -1;
         zd_value_unref(a);
@@ -197,7 +197,7 @@ static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, doub
     timeout: past it the trainer says so and goes on. */
 static int staleness_gate(zd_rref_t *ps, const options_t *o, int64_t done)
 {
-    zd_value_t *a = zd_rpc_args("ii", done, o->max_staleness), *r = NULL;
+    zd_value_t *a = ZD_ARGS(done, o->max_staleness), *r = NULL;
     int rc = a ? zd_rref_rpc_sync(ps, "ps_staleness_gate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     zd_value_unref(a);
     zd_value_unref(r);
@@ -248,7 +248,7 @@ static int server_attach(const options_t *o, server_t *s)
     memset(s, 0, sizeof *s);
     for (int i = 0; i < MAX_SERVERS; i++)
         s->joins[i] = atomic_load(&rank_joins[i]);
-    zd_rref_t *params[MAX_PARAM_RREFS];
+    zd_rref_list_t *params = NULL;
     if (!(s->ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)) ||
         zd_rref_rpc_sync(s->ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT,
                          &s->param_list) < 0)
@@ -259,15 +259,22 @@ static int server_attach(const options_t *o, server_t *s)
                      MAX_PARAM_RREFS);
         goto fail;
     }
-    for (int i = 0; i < n; i++)
-        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &params[i]) < 0)
+    if (!(params = zd_rref_list_new()))
+        goto fail;
+    for (int i = 0; i < n; i++) {
+        zd_rref_t *r;
+        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &r) < 0 ||
+            zd_rref_list_append(params, r) < 0)
             goto fail;
+    }
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
-    if (zd_dist_optim_new(&cfg, params, n, &s->opt) < 0 ||
+    if (!(s->opt = zd_dist_optim_new(&cfg, params)) ||
         call_none(s->ps, "ps_trainer_started", ZD_ARGS()) < 0)
         goto fail;
+    zd_rref_list_free(params);
     return 0;
 fail:
+    zd_rref_list_free(params);
     server_detach(s);
     return -1;
 }
@@ -277,7 +284,7 @@ fail:
 static int server_resume_point(const options_t *o, server_t *s, int trainer, int64_t most,
                                int64_t *start)
 {
-    zd_value_t *r = NULL, *a = zd_rpc_args("i", (int64_t)trainer);
+    zd_value_t *r = NULL, *a = ZD_ARGS(trainer);
     int rc = a ? zd_rref_rpc_sync(s->ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (rc == 0)
         rc = zd_value_get_int(r, start);
@@ -369,7 +376,7 @@ static void report_failure(const options_t *o, int64_t done)
     snprintf(why, sizeof why, "%s", zd_error_last());
     if (zd_rpc_peer_is_lost(0))
         return;
-    zd_value_t *a = zd_rpc_args("is", done, why), *r = NULL;
+    zd_value_t *a = ZD_ARGS(done, why), *r = NULL;
     if (!a || zd_rpc_sync(0, "ps_trainer_failed", a, ZD_TIMEOUT_DEFAULT, &r) < 0)
         fprintf(stderr, "rpc_ps trainer %lld: could not tell the server that this run failed: "
                 "%s\n", (long long)o->world.rank, zd_error_last());
@@ -547,7 +554,7 @@ again:   /* from `start`, after a server shard came back */
        (it answers when the last trainer is done); one that waits longer
        than the RPC timeout evaluates by itself. */
     double acc;
-    zd_value_t *a = zd_rpc_args("i", o->eval_samples), *r = NULL;
+    zd_value_t *a = ZD_ARGS(o->eval_samples), *r = NULL;
     int erc = a ? zd_rref_rpc_sync(srv.ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (erc == 0)
         erc = zd_value_get_float(r, &acc);
@@ -767,7 +774,8 @@ int main(int argc, char **argv)
        started with another is refused by name, instead of its steps
        ruining the weights every trainer shares (issue 24 point 6). */
     zd_optim_config_t server_cfg = zd_optim_sgd_defaults(o.lr);
-    zd_dist_optim_owner_limits_t limits = {.config = &server_cfg};
+    zd_dist_optim_owner_limits_t limits = zd_dist_optim_owner_limits_default();
+    limits.config = &server_cfg;
     if (server && zd_dist_optim_set_owner_limits(&limits) < 0)
         goto fail;
     if (server)

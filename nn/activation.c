@@ -70,7 +70,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
     if (!v || !y) {
         free(v);
         zd_tensor_unref(y);
-        return zd_error_set("softmax: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "softmax: out of memory");
     }
     *v = nd ? view_around(x, dim) : (dim_view_t){1, 1, 1};
     const float *px = zd_tensor_data(x);

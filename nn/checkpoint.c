@@ -164,15 +164,14 @@ static void write_all(writer_t *w, int n, const char *const *names, zd_tensor_t 
     fsync on directories). */
 static void sync_parent(const char *path)
 {
-    char *copy = strdup(path);
-    if (!copy)
+    char copy[4096];   /* path fit in the temporary file's name */
+    if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy)
         return;
     int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
     if (fd >= 0) {
         (void)fsync(fd);
         close(fd);
     }
-    free(copy);
 }
 
 int zd_checkpoint_save(const char *path, int n, const char *const *names,
@@ -229,7 +228,8 @@ static int read_file(const char *path, parsed_t *p)
     p->buf = malloc(p->size ? p->size : 1);
     if (!p->buf) {
         fclose(f);
-        return zd_error_set("checkpoint: %s: out of memory for %zu bytes", path, p->size);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory for %zu bytes",
+                                 path, p->size);
     }
     size_t got = fread(p->buf, 1, p->size, f);
     fclose(f);
@@ -322,7 +322,7 @@ static int parse(const char *path, parsed_t *p)
     }
     p->rec = calloc(p->count ? p->count : 1, sizeof *p->rec);
     if (!p->rec) {
-        zd_error_set("checkpoint: %s: out of memory", path);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
         goto out;
     }
     size_t pos = HEADER_BYTES, end = p->size - 4;
@@ -425,7 +425,7 @@ int zd_checkpoint_load(const char *path, int n, const char *const *names,
     const record_t **which = calloc(n ? (size_t)n : 1, sizeof *which);
     if (!which) {
         parsed_free(&p);
-        return zd_error_set("checkpoint: %s: out of memory", path);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
     }
     int rc = match(path, &p, n, names, tensors, which);
     for (int i = 0; rc == 0 && i < n; i++)
@@ -458,13 +458,14 @@ int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***t
     size_t cnt = p.count ? p.count : 1;
     char **nm = calloc(cnt, sizeof *nm);
     zd_tensor_t **ts = calloc(cnt, sizeof *ts);
-    int rc = nm && ts ? 0 : zd_error_set("checkpoint: %s: out of memory", path);
+    int rc = nm && ts ? 0
+                      : zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
     for (uint32_t k = 0; rc == 0 && k < p.count; k++) {
         const record_t *r = &p.rec[k];
         nm[k] = strndup(r->name, r->name_len);
         ts[k] = zd_tensor_empty(r->dtype, r->ndim, r->shape);
         if (!nm[k] || !ts[k])
-            rc = zd_error_set("checkpoint: %s: out of memory", path);
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
         else
             copy_data(zd_tensor_raw(ts[k]), r);
     }

@@ -3,8 +3,8 @@
     relu or max pool after it: the op, its checks and its bookkeeping, and
     the im2col path.
 
-    Stride-1 convolutions (the Net's) take the taps path on AVX-512
-    (conv_taps.c): the input planes are multiplied directly, without
+    Stride-1 convolutions (the Net's) take the taps path on AVX-512 and
+    AVX2 (conv_taps.c): the input planes are multiplied directly, without
     unfolding them; through a fused pool the backward pass runs over the
     pool's winners only (conv_sparse.c); 3x3 shapes with enough channels
     (the Net's conv2) run their forward pass by Winograd's F(2x2, 3x3)

@@ -13,6 +13,7 @@
 #include <zdist/idx.h>
 #include <zdist/rng.h>
 
+#include "autograd/fault_inject.h"
 #include "nn/dataset_cache.h"
 
 struct zd_dataset {
@@ -168,6 +169,8 @@ static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t
     *t = NULL;
     if (fd_out)
         *fd_out = -1;
+    /* Failing here, out of memory too, leaves reading the file. */
+    ZD_FAULT_BENIGN(true);
     if (zd__idx_view_open(path, &v) == 0 && (m = malloc(sizeof *m))) {
         m->map = v.map;
         m->len = v.map_len;
@@ -179,13 +182,10 @@ static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t
             *off_out = v.data_off;
             v.fd = -1;
         }
-        zd__idx_view_close(&v);
-        if (*t)
-            return 0;
-    } else {
-        zd__idx_view_close(&v);
     }
-    return zd_idx_load(path, t);
+    zd__idx_view_close(&v);
+    ZD_FAULT_BENIGN(false);
+    return *t ? 0 : zd_idx_load(path, t);
 }
 
 int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out)
@@ -211,7 +211,7 @@ int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_d
     }
     if (!ds || !ds->images_path || !ds->labels_path) {
         if (rc == 0)
-            zd_error_set("dataset: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "dataset: out of memory");
         if (ds) {
             free(ds->images_path);
             free(ds->labels_path);
@@ -321,7 +321,8 @@ int64_t *zd_dataset_order(const zd_dataset_t *ds, uint64_t seed)
 {
     int64_t *order = malloc((size_t)ds->n * sizeof *order);
     if (!order) {
-        zd_error_set("dataset: out of memory for an order of %lld samples", (long long)ds->n);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "dataset: out of memory for an order of %lld samples",
+                          (long long)ds->n);
         return NULL;
     }
     for (int64_t i = 0; i < ds->n; i++)
@@ -348,7 +349,8 @@ static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start
     uint8_t *r = malloc((size_t)b * pix);
     errno = 0;
     if (!r)
-        return zd_error_set("zd_dataset_batch: out of memory for %lld images", (long long)b);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_dataset_batch: out of memory for %lld images",
+                                 (long long)b);
     bool ok = true;
     if (!order)
         ok = zd__pread_full(ds->fd, r, (size_t)b * pix,

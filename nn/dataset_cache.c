@@ -340,7 +340,7 @@ static bool build(int src, const char *dir, const char *cpath, header_t *h, cons
         gzbuffer(gz, 1 << 17);
     /* the header last, once the payload's length and CRC are known */
     static const unsigned char zeros[HEADER_BYTES];
-    *why = "cannot write there";
+    *why = gz && buf ? "cannot write there" : "out of memory";
     ok = ok && write_full(out, zeros, sizeof zeros);
     uLong crc = crc32(0, NULL, 0);
     uint64_t total = 0;

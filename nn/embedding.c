@@ -59,7 +59,7 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
     const int64_t n = zd_tensor_numel(indices);
     emb_ctx_t *c = malloc(sizeof *c + sizeof(int64_t) * (size_t)n);
     if (!c)
-        return zd_error_set("embedding: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "embedding: out of memory");
     c->rows = rows;
     c->dim = dim;
     c->padding_idx = padding_idx;

@@ -7,6 +7,7 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/nn.h>
+#include "autograd/fault_inject.h"
 #include "nn/nn_private.h"
 
 /* ---- linear ---- */
@@ -102,10 +103,10 @@ static int linear_run(linear_job_t *j)
     (nn/conv_direct.c): dx = dy W is, for each input feature q, the sum over
     outputs k of dy[., k] * W[k][q], a "tap" k reading row k of W; and
     dW = dy^T x likewise with taps on the rows of x. W is then read once,
-    in L1-sized panels, and no BLAS packing runs. With AVX-512 only, and for
-    products of at least 2^20 multiply-adds. Fills job->packed (dy packed,
-    or dy^T for which 2) and job->offs into `mem`; returns false when the
-    layer keeps to BLAS. */
+    in L1-sized panels, and no BLAS packing runs. With the AVX-512 or AVX2
+    kernels only, and for products of at least 2^20 multiply-adds. Fills
+    job->packed (dy packed, or dy^T for which 2) and job->offs into `mem`;
+    returns false when the layer keeps to BLAS. */
 static bool linear_taps(linear_job_t *j, float **mem)
 {
     *mem = NULL;
@@ -114,7 +115,9 @@ static bool linear_taps(linear_job_t *j, float **mem)
         (int64_t)k * j->in_f > INT32_MAX)
         return false;
     size_t packed = zd__nn_taps_packed_floats(m, k);
+    ZD_FAULT_BENIGN(true);
     float *p = malloc(sizeof(float) * packed + sizeof(int32_t) * 2 * (size_t)k);
+    ZD_FAULT_BENIGN(false);
     if (!p)
         return false;     /* BLAS needs no memory of ours */
     int32_t *offs = (int32_t *)(p + packed), *cols = offs + k;
@@ -135,8 +138,8 @@ static bool linear_taps(linear_job_t *j, float **mem)
 /*  The forward product of a large layer with a small batch (fc1's), on the
     taps kernel too: y^T = W x^T, taps on the rows of W, the batch (x
     transposed, positions x rows) as the register block's columns. W is
-    read once. Returns 1 when the layer keeps to BLAS (small, wide batch, no
-    AVX-512), else 0 or -1 (zd_error_set). */
+    read once. Returns 1 when the layer keeps to BLAS (small, wide batch,
+    portable kernels), else 0 or -1 (zd_error_set). */
 static int linear_forward_taps(linear_job_t *j, const float *bias)
 {
     if (!zd__nn_taps_enabled() || (int64_t)j->rows * j->in_f * j->out_f < (1 << 20) ||
@@ -148,7 +151,7 @@ static int linear_forward_taps(linear_job_t *j, const float *bias)
     if (!xt || !offs) {
         free(xt);
         free(offs);
-        return zd_error_set("linear: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "linear: out of memory");
     }
     float *yt = xt + (size_t)ldr * j->in_f;
     zd__nn_transpose(j->x, j->rows, j->in_f, j->in_f, xt, ldr);
@@ -371,7 +374,7 @@ static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *
     if (!y || !ctx) {
         zd_tensor_unref(y);
         free(ctx);
-        return zd_error_set("%s: out of memory", name);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", name);
     }
     ctx->per = per;
     const float keep = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);

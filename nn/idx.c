@@ -161,14 +161,15 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     size_t cap = bytes < CHUNK ? bytes : CHUNK, have = 0;
     unsigned char *buf = malloc(cap ? cap : 1);
     if (!buf)
-        return zd_error_set("idx: %s: out of memory", path);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "idx: %s: out of memory", path);
     while (have < bytes) {
         if (have == cap) {
             size_t ncap = cap > bytes / 2 ? bytes : cap * 2;
             unsigned char *nb = realloc(buf, ncap);
             if (!nb) {
                 free(buf);
-                return zd_error_set("idx: %s: out of memory for %zu bytes", path, ncap);
+                return zd_error_set_code(ZD_ERR_NO_MEMORY, "idx: %s: out of memory for %zu bytes",
+                                         path, ncap);
             }
             buf = nb;
             cap = ncap;

@@ -31,7 +31,7 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
     const bool need_w = zd_autograd_node_needs_grad(n, 1), need_b = zd_autograd_node_needs_grad(n, 2);
     double *acc = calloc((size_t)(2 * m + 1), sizeof *acc);   /* dweight, dbias */
     if (!acc)
-        return zd_error_set("layer_norm: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "layer_norm: out of memory");
     if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x)))) {
         free(acc);
         return -1;
@@ -125,7 +125,7 @@ int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tens
     if (!y || !c) {
         zd_tensor_unref(y);
         free(c);
-        return zd_error_set("layer_norm: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "layer_norm: out of memory");
     }
     c->rows = rows;
     c->m = m;

@@ -11,7 +11,7 @@ zd_nn_model_t *zd__nn_model_alloc(const char *name, nn_forward_fn *forward, uint
 {
     zd_nn_model_t *m = calloc(1, sizeof *m);
     if (!m) {
-        zd_error_set("model %s: out of memory", name);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "model %s: out of memory", name);
         return NULL;
     }
     m->name = name;

@@ -11,6 +11,7 @@
 #include <zdist/error.h>
 #include <zdist/module.h>
 #include <zdist/nn.h>
+#include "autograd/fault_inject.h"
 
 typedef struct {
     char *name;
@@ -224,10 +225,13 @@ int zd_nn_module_register_module(zd_nn_module_t *m, const char *name, zd_nn_modu
     child->parent = m;
     invalidate(m);
     /* Tensors still named as the child named them ("weight") take their
-       full dotted names, which the gradient maps and errors show. */
+       full dotted names, which the gradient maps and errors show (out of
+       memory, they keep their names). */
     char prefix[1024];
     dotted_name(m, name, prefix, sizeof prefix);
+    ZD_FAULT_BENIGN(true);
     zd_nn_module_t *f = flat(child);
+    ZD_FAULT_BENIGN(false);
     for (int i = 0; f && i < f->n_flat; i++) {
         const char *tn = zd_tensor_name(f->flat[i]);
         if (tn && strcmp(tn, f->flat_names[i]) == 0) {
@@ -389,9 +393,11 @@ int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd
 
 int zd_nn_module_save(const zd_nn_module_t *m, const char *path)
 {
-    zd_nn_module_t *f = m ? flat(m) : NULL;
-    if (!f)
+    if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save: NULL module");
+    zd_nn_module_t *f = flat(m);
+    if (!f)
+        return -1;
     pthread_mutex_lock(&f->lock);
     int rc = zd_checkpoint_save(path, f->n_flat, (const char *const *)f->flat_names, f->flat);
     pthread_mutex_unlock(&f->lock);
@@ -400,9 +406,11 @@ int zd_nn_module_save(const zd_nn_module_t *m, const char *path)
 
 int zd_nn_module_load(zd_nn_module_t *m, const char *path)
 {
-    zd_nn_module_t *f = m ? flat(m) : NULL;
-    if (!f)
+    if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load: NULL module");
+    zd_nn_module_t *f = flat(m);
+    if (!f)
+        return -1;
     pthread_mutex_lock(&f->lock);
     int rc = zd_checkpoint_load(path, f->n_flat, (const char *const *)f->flat_names, f->flat);
     pthread_mutex_unlock(&f->lock);

@@ -193,7 +193,8 @@ static int run_serial(int n_chunks, size_t scratch_floats, nn_chunk_fn *fn, void
 {
     float *scratch = NULL;
     if (scratch_floats && !(scratch = zd__nn_alloc_floats(scratch_floats)))
-        return zd_error_set("out of memory for %zu floats of scratch", scratch_floats);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for %zu floats of scratch",
+                                 scratch_floats);
     for (int c = 0; c < n_chunks; c++)
         fn(arg, c, scratch);
     free(scratch);
@@ -207,7 +208,8 @@ static int grow_scratch(int slots, size_t floats)
             continue;
         float *p = zd__nn_alloc_floats(floats);     /* contents need not survive */
         if (!p)
-            return zd_error_set("out of memory for %zu floats of scratch", floats);
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for %zu floats of scratch",
+                                     floats);
         free(pool.scratch[i]);
         pool.scratch[i] = p;
         pool.scratch_cap[i] = floats;

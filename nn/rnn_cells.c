@@ -196,7 +196,7 @@ static int cell_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in
     if (!c) {
         free(buf);
         zd_autograd_node_unref(n);
-        return zd_error_set("%s: out of memory", ops->name);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", ops->name);
     }
     c->d = *d;
     c->x = zd_tensor_ref(in[0]);
@@ -218,7 +218,7 @@ static int rnn_tanh_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd
     const int64_t N = c->d.N, H = c->d.H;
     float *da = malloc(sizeof(float) * (size_t)(N * H));
     if (!da)
-        return zd_error_set("RnnTanhCellBackward: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "RnnTanhCellBackward: out of memory");
     const float *dy = zd_tensor_data(gout[0]), *y = c->buf;
     for (int64_t k = 0; k < N * H; k++)
         da[k] = dy[k] * (1.0f - y[k] * y[k]);
@@ -251,7 +251,7 @@ int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_te
     if (!y || !keep) {
         zd_tensor_unref(y);
         free(keep);
-        return zd_error_set("rnn_tanh_cell: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "rnn_tanh_cell: out of memory");
     }
     float *py = zd_tensor_data(y);
     zd__nn_sgemm(false, true, N, H, I, 1.0f, zd_tensor_data(x), I, zd_tensor_data(w_ih), I, 0.0f,
@@ -279,7 +279,7 @@ static int gru_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     const int64_t N = c->d.N, H = c->d.H, G = 3 * H;
     float *gi = malloc(sizeof(float) * (size_t)(2 * N * G));
     if (!gi)
-        return zd_error_set("GruCellBackward: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "GruCellBackward: out of memory");
     float *gh = gi + N * G;
     const float *dy = zd_tensor_data(gout[0]);
     const float *hp = c->h ? zd_tensor_data(c->h) : NULL;
@@ -334,7 +334,7 @@ int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_
         zd_tensor_unref(y);
         free(tmp);
         free(keep);
-        return zd_error_set("gru_cell: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "gru_cell: out of memory");
     }
     float *gi = tmp, *gh = tmp + (size_t)N * G;
     zd__nn_sgemm(false, true, N, G, I, 1.0f, zd_tensor_data(x), I, zd_tensor_data(w_ih), I, 0.0f,

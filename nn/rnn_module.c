@@ -37,7 +37,7 @@ zd_nn_lstm_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_la
     }
     zd_nn_lstm_t *m = calloc(1, sizeof *m);
     if (!m) {
-        zd_error_set("lstm_new: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm_new: out of memory");
         return NULL;
     }
     m->input_size = input_size;
@@ -50,7 +50,7 @@ zd_nn_lstm_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_la
     m->names = calloc((size_t)m->n_params, sizeof *m->names);
     if (!m->params || !m->names) {
         zd_nn_lstm_free(m);
-        zd_error_set("lstm_new: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm_new: out of memory");
         return NULL;
     }
     zd_nn_rng_t init;
@@ -71,7 +71,7 @@ zd_nn_lstm_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_la
         if (!p || zd_nn_init_uniform(p, -bound, bound, &init) < 0 ||
             zd_tensor_set_requires_grad(p, true) < 0) {
             zd_nn_lstm_free(m);
-            zd_error_set("lstm_new: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm_new: out of memory");
             return NULL;
         }
         zd_tensor_set_name(p, m->names[i]);
@@ -165,7 +165,7 @@ static zd_nn_rnn_cell_t *cell_new(cell_kind_t kind, int gates, int64_t input_siz
     }
     zd_nn_rnn_cell_t *m = calloc(1, sizeof *m);
     if (!m) {
-        zd_error_set("rnn_cell_new: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "rnn_cell_new: out of memory");
         return NULL;
     }
     m->kind = kind;
@@ -180,7 +180,7 @@ static zd_nn_rnn_cell_t *cell_new(cell_kind_t kind, int gates, int64_t input_siz
         if (!p || zd_nn_init_uniform(p, -bound, bound, &rng) < 0 ||
             zd_tensor_set_requires_grad(p, true) < 0) {
             zd_nn_rnn_cell_free(m);
-            zd_error_set("rnn_cell_new: out of memory");
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "rnn_cell_new: out of memory");
             return NULL;
         }
         zd_tensor_set_name(p, cell_names[k]);

@@ -101,7 +101,7 @@ zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, int n, zd_tensor_t *const
             free(o->state);
         }
         free(o);
-        zd_error_set("optimizer: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer: out of memory");
         return NULL;
     }
     o->cfg = *cfg;
@@ -187,7 +187,7 @@ int zd_optim_step_grad(zd_optim_t *o)
 {
     zd_tensor_t **grads = calloc((size_t)o->n, sizeof *grads);
     if (!grads)
-        return zd_error_set("optimizer: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer: out of memory");
     for (int i = 0; i < o->n; i++)
         grads[i] = zd_tensor_grad(o->params[i]);
     int rc = zd_optim_step(o, grads);

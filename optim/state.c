@@ -42,7 +42,7 @@ static int add_entry(char **names, zd_tensor_t **tensors, int *k, int i, const c
     tensors[*k] = t;
     (*k)++;
     if (!names[*k - 1] || !t)
-        return zd_error_set("optimizer state: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
     return 0;
 }
 
@@ -51,7 +51,9 @@ static int export_locked(zd_optim_t *o, int *n, char ***names_out, zd_tensor_t *
     int total = count_entries(o), k = 0;
     char **names = calloc(total ? (size_t)total : 1, sizeof *names);
     zd_tensor_t **tensors = calloc(total ? (size_t)total : 1, sizeof *tensors);
-    int rc = names && tensors ? 0 : zd_error_set("optimizer state: out of memory");
+    int rc = names && tensors
+                 ? 0
+                 : zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
     for (int i = 0; rc == 0 && i < o->n; i++) {
         const optim_pstate_t *st = &o->state[i];
         if (!st->started)
@@ -119,7 +121,7 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, int n, const 
     char a[96], b[96];
     bool *seen = calloc((size_t)o->n * (OPTIM_SLOTS + 1), sizeof *seen);
     if (!seen)
-        return zd_error_set("optimizer state: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
     int rc = 0;
     for (int e = 0; rc == 0 && e < n; e++) {
         int i = 0, s = 0;
@@ -173,7 +175,7 @@ int zd_optim_state_import(zd_optim_t *o, int n, const char *const *names, zd_ten
         return zd_error_set("optimizer state: %d entries", n);
     optim_pstate_t *fresh = calloc((size_t)o->n, sizeof *fresh);
     if (!fresh)
-        return zd_error_set("optimizer state: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
     pthread_mutex_lock(&o->lock);
     int rc = import_into(o, fresh, n, names, tensors);
     optim_pstate_t *drop = rc == 0 ? o->state : fresh;

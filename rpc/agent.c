@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "autograd/sized.h"
 #include "rpc/address.h"
 #include "rpc/membership.h"
 #include "rpc/future_hook.h"
@@ -108,11 +109,15 @@ int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_set_hooks: only while RPC is not running");
     }
+    zd_rpc_hooks_t h = zd_rpc_hooks_default();
+    if (hooks && zd__sized_read(&h, sizeof h, hooks,
+                                ZD__SIZE_THROUGH(zd_rpc_hooks_t, on_peer_lost),
+                                "zd_rpc_hooks_t", "zd_rpc_hooks_default()") < 0) {
+        pthread_mutex_unlock(&g_init_lock);
+        return zd_error_wrap("zd_rpc_set_hooks");
+    }
     g_has_hooks = hooks != NULL;
-    if (hooks)
-        g_hooks = *hooks;
-    else
-        memset(&g_hooks, 0, sizeof g_hooks);
+    g_hooks = h;
     pthread_mutex_unlock(&g_init_lock);
     return 0;
 }
@@ -403,7 +408,7 @@ bool zd_rpc_is_running(void)
 int64_t zd_rpc_get_timeout(void)
 {
     agent_t *a = zd__agent_try_acquire();
-    int64_t t = a ? atomic_load(&a->timeout_ms) : zd_rpc_options_default().rpc_timeout_ms;
+    int64_t t = a ? atomic_load(&a->timeout_ms) : RPC_TIMEOUT_DEFAULT_MS;
     zd__agent_release(a);
     return t;
 }
@@ -411,8 +416,7 @@ int64_t zd_rpc_get_timeout(void)
 int zd_rpc_set_timeout(int64_t timeout_ms)
 {
     if (timeout_ms < 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_set_timeout: negative timeout %lld "
-                                 "(0 means none)", (long long)timeout_ms);
+        timeout_ms = RPC_TIMEOUT_DEFAULT_MS;
     agent_t *a = zd__agent_acquire();
     if (!a)
         return zd_error_wrap("zd_rpc_set_timeout");

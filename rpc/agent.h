@@ -96,9 +96,9 @@ typedef struct agent {
     _Atomic int64_t timeout_ms;     /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
     int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
-    int64_t heartbeat_ms;           /* see zd_rpc_options_t.heartbeat_ms */
+    int64_t heartbeat_ms;           /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
     atomic_int n_lost;              /* peers declared lost */
-    int64_t master_wait_ms;         /* see zd_rpc_options_t.master_wait_ms */
+    int64_t master_wait_ms;         /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
     bool rejoined;                  /* this process joined a running world */
     struct membership *mb;          /* restarted processes (membership.c) */
     atomic_bool renew_pending;      /* a peer's sockets await renewal (membership.c) */
@@ -180,7 +180,13 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
 /*  ---- options.c ---- */
 
-/*  zd_rpc_init's arguments, completed and checked. */
+/*  What ZD_TIMEOUT_DEFAULT means in zd_rpc_options_t's timeouts. */
+#define RPC_TIMEOUT_DEFAULT_MS 60000
+#define RPC_INIT_TIMEOUT_DEFAULT_MS 300000
+
+/*  zd_rpc_init's arguments, completed and checked. Every duration of o is
+    resolved (no ZD_TIMEOUT_DEFAULT left; 0 = none), except master_wait_ms:
+    0 = do not wait for rank 0, INT64_MAX = no limit. */
 typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
@@ -379,7 +385,8 @@ void zd__call_expire(agent_t *a, int64_t now_ns);
 void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code);
 /*  Fails call id with text, if it is waiting for an answer from rank src
     (an answer that was lost on its way in). */
-void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text);
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text,
+                          zd_error_code_t code);
 
 /*  Fails request id now if still pending (a waiter that timed out). */
 void zd__call_timeout_now(agent_t *a, uint64_t id);
@@ -486,5 +493,8 @@ void zd__metrics_out_start(agent_t *a);
 /*  Stops them, writes the last line (if started) and closes the file;
     harmless when nothing was opened. Before the agent is torn down. */
 void zd__metrics_out_close(agent_t *a);
+/*  Writes a line now, from the calling thread (tests: with an interval
+    that keeps the writer thread from writing meanwhile). 0, or -1. */
+int zd__metrics_out_line(void);
 
 #endif

@@ -5,6 +5,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include <zdist/value.h>
+#include "rpc/args.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -101,14 +102,14 @@ int zd_rpc_unpack_array(const zd_value_t *args, const zd_rpc_out_t *outs, size_t
     return 0;
 }
 
-int zd_rpc_unpack(const zd_value_t *args, const char *spec, ...)
+int zd__rpc_unpack(const zd_value_t *args, const char *spec, ...)
 {
     if (!spec)
-        return zd_error_set("zd_rpc_unpack: NULL spec");
+        return zd_error_set("zd__rpc_unpack: NULL spec");
     size_t n = strlen(spec);
     for (size_t i = 0; i < n; i++)
         if (!strchr("ifstrv", spec[i]))
-            return zd_error_set("zd_rpc_unpack: unknown letter '%c' in spec \"%s\"", spec[i],
+            return zd_error_set("zd__rpc_unpack: unknown letter '%c' in spec \"%s\"", spec[i],
                                 spec);
     if (arity(args, n) < 0)
         return -1;
@@ -125,7 +126,7 @@ int zd_rpc_unpack(const zd_value_t *args, const char *spec, ...)
 
 /*  ---- calls taking their arguments over ---- */
 
-/*  args NULL: the ZD_ARGS (or zd_rpc_args) that made it failed and said
+/*  args NULL: the ZD_ARGS (or zd__rpc_args) that made it failed and said
     why; say which call it was for. */
 static int no_args(const char *api, const char *fn)
 {

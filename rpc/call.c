@@ -371,8 +371,10 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
     if (rc < 0) {
         char text[512];
         snprintf(text, sizeof text, "bad reply: %s", zd_error_last());
+        zd_error_code_t code = zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
+                                                                   : ZD_ERR_OTHER;
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
-        pending_finish(a, p, NULL, text, ZD_ERR_OTHER, h->extra, h->extra_len);
+        pending_finish(a, p, NULL, text, code, h->extra, h->extra_len);
         return;
     }
     pending_finish(a, p, v, NULL, ZD_OK, h->extra, h->extra_len);
@@ -404,7 +406,8 @@ void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t 
     finish_list(a, pending_take_many(a, peer, -1), text, code);
 }
 
-void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text,
+                          zd_error_code_t code)
 {
     pending_t *p = pending_take(a, id);
     if (p && p->dst != src) {   /* not that peer's call: leave it alone */
@@ -412,7 +415,7 @@ void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
         p = NULL;
     }
     if (p)
-        finish_list(a, p, text, ZD_ERR_OTHER);
+        finish_list(a, p, text, code);
 }
 
 void zd__call_timeout_now(agent_t *a, uint64_t id)

@@ -61,6 +61,9 @@ zd_value_t *zd__value_rref_adopt(zd_rref_t *r);
     contain NUL). New reference, or NULL. */
 zd_value_t *zd__value_string_len(const char *s, size_t len);
 
+/*  Values alive in this process. */
+int64_t zd__value_live_count(void);
+
 /*  A value serialised for the wire: one metadata blob (the value tree with
     tensors replaced by descriptors) plus the tensors, in order, to be sent
     as separate frames without copying: frame i is zd_tensor_raw(tensors[i]),

@@ -55,8 +55,9 @@ static void release_frames(rpc_frame_t *frames, int n)
    only an authenticated peer can connect (CURVE), not this reader. A
    ROUTER cannot drop one peer's connection either (libzmq has no call for
    it): the message is dropped, the connection stays.
-   Returns the count, or -1 when too many arrived (all released). */
-static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
+   Returns the count, or -1 when too many arrived or (*oom) memory ran
+   out (all released). */
+static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes, bool *oom)
 {
     int n = 0;
     bool too_many = false;
@@ -64,6 +65,7 @@ static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
     while (more) {
         zmq_msg_t *z = malloc(sizeof *z);
         zmq_msg_t scratch;
+        *oom |= !z;
         if (!z || too_many)
             z = (free(z), &scratch);
         zmq_msg_init(z);
@@ -86,7 +88,7 @@ static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes)
             int ncap = m->cap ? 2 * m->cap : 8;
             rpc_frame_t *nf = realloc(m->frames, (size_t)ncap * sizeof *nf);
             if (!nf) {
-                too_many = true;
+                too_many = *oom = true;
                 zmq_msg_close(z);
                 free(z);
                 continue;
@@ -167,7 +169,8 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         return 0;
     }
     int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
-    int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes) : 0;
+    bool oom = false;
+    int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes, &oom) : 0;
     if (src < 0 || src >= a->world) {
         log_unknown_sender();
         goto drop;
@@ -178,7 +181,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         goto drop;
     atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
     rpc_wire_header_t *h = &m->h;
-    if (n < 0) {
+    if (n < 0 && !oom) {
         zd_error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
     } else if (zd__rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), h) < 0) {
         /* error set */
@@ -186,6 +189,11 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         zd_error_set("header says rank %d but the connection is rank %d's", h->src, src);
     } else if (h->dst != a->rank) {
         zd_error_set("message for rank %d delivered to rank %d", h->dst, a->rank);
+    } else if (n < 0) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for its %u frames", h->n_tensors);
+        /* An answer: its call fails now rather than at its timeout. */
+        if (h->type == RPC_MSG_REPLY || h->type == RPC_MSG_ERROR)
+            zd__call_fail_answer(a, h->id, src, zd_error_last(), ZD_ERR_NO_MEMORY);
     } else if (h->n_tensors != (uint32_t)n) {
         zd_error_set("header announces %u tensor frames but %d arrived", h->n_tensors, n);
     } else if (!routed && h->type != RPC_MSG_REPLY && h->type != RPC_MSG_ERROR) {

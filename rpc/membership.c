@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "rpc/args.h"
 #include "rpc/rendezvous.h"
 #include "rpc/security.h"
 #include "rpc/shm.h"
@@ -285,7 +286,7 @@ static const char *endpoint_for(membership_t *mb, const char *peer)
 static void notify_members(agent_t *a, int rank, const char *endpoint, const char *key)
 {
     zd_future_t **fs = calloc((size_t)a->world, sizeof *fs);
-    zd_value_t *args = zd_rpc_args("iss", (int64_t)rank, endpoint, key);
+    zd_value_t *args = zd__rpc_args("iss", (int64_t)rank, endpoint, key);
     if (!fs || !args) {
         free(fs);
         zd_value_unref(args);
@@ -473,14 +474,18 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
 
 static void await_master(agent_t *a, membership_t *mb)
 {
-    int64_t deadline = now_ns() + a->master_wait_ms * 1000000;
+    bool forever = a->master_wait_ms == INT64_MAX;
+    int64_t deadline = forever ? INT64_MAX : now_ns() + a->master_wait_ms * 1000000;
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
     if (zd__rendezvous_master_endpoint(mb->master, mb->port, ep, sizeof ep) < 0) {
         zd__log(ZD_LOG_WARN, "rpc: rank 0 is lost and cannot be waited for: %s", zd_error_last());
         return;
     }
-    zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting up to %lld s for it to restart "
-            "at %s", a->peers[0].name, (long long)(a->master_wait_ms / 1000), ep);
+    char limit[48] = "without limit";
+    if (!forever)
+        snprintf(limit, sizeof limit, "up to %lld s", (long long)(a->master_wait_ms / 1000));
+    zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting %s for it to restart at %s",
+            a->peers[0].name, limit, ep);
     rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
     bool *lost = calloc((size_t)a->world, sizeof *lost);
     void *sock = zmq_socket(a->ctx, ZMQ_DEALER);

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "autograd/sized.h"
 #include "rpc/stream.h"
 
 #define PER_OCTAVE 16
@@ -104,19 +105,22 @@ void zd__metrics_collect(agent_t *a, int peer, zd_rpc_metrics_t *out)
     }
 }
 
-int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out)
+int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out, size_t size)
 {
     agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
     int rc = 0;
-    if (!out)
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_metrics_get: NULL output");
-    else if (peer >= a->world)
-        rc = zd_error_set("zd_rpc_metrics_get: no worker with rank %d (world size %d)", peer,
-                       a->world);
-    else
-        zd__metrics_collect(a, peer, out);
+    zd_rpc_metrics_t m;
+    if (peer >= a->world) {
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_metrics_get: no worker with rank %d "
+                               "(world size %d)", peer, a->world);
+    } else {
+        zd__metrics_collect(a, peer, &m);
+        rc = zd__sized_write(out, size, &m, sizeof m,
+                             ZD__SIZE_THROUGH(zd_rpc_metrics_t, latency_p99_us),
+                             "zd_rpc_metrics_get");
+    }
     zd__agent_release(a);
     return rc;
 }

@@ -97,16 +97,24 @@ static void put_counters(FILE *f, const zd_rpc_metrics_t *m)
     put_double(f, m->latency_p99_us);
 }
 
+static int no_line(struct metrics_out *mo)
+{
+    zd__log(ZD_LOG_WARN, "rpc: metrics: out of memory: a line of %s is missing", mo->path);
+    return zd_error_set_code(ZD_ERR_NO_MEMORY, "rpc: metrics: out of memory for a line of %s",
+                             mo->path);
+}
+
 /*  One line, written whole. Called by the writer thread, or by shutdown
-    once that thread is gone: never by two threads at once. */
-static void write_line(struct metrics_out *mo, bool final)
+    once that thread is gone: never by two threads at once. 0, or -1 when
+    the line could not be made (out of memory) or written (logged). */
+static int write_line(struct metrics_out *mo, bool final)
 {
     agent_t *a = mo->a;
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f)
-        return;
+        return no_line(mo);
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     fprintf(f, "{\"time\":%lld.%03ld,\"worker\":", (long long)now.tv_sec,
@@ -136,21 +144,36 @@ static void write_line(struct metrics_out *mo, bool final)
         fputc('}', f);
     }
     fputs("]}\n", f);
-    if (fclose(f) == 0) {
-        size_t off = 0;
-        while (off < len) {
-            ssize_t w = write(mo->fd, buf + off, len - off);
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w < 0) {
-                zd__log(ZD_LOG_WARN, "rpc: metrics: cannot write %s: %s", mo->path,
-                        strerror(errno));
-                break;
-            }
-            off += (size_t)w;
+    int rc = 0;
+    if (fclose(f) != 0) {
+        rc = no_line(mo);
+        len = 0;
+    }
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(mo->fd, buf + off, len - off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0) {
+            rc = zd_error_set("rpc: metrics: cannot write %s: %s", mo->path, strerror(errno));
+            zd__log(ZD_LOG_WARN, "%s", zd_error_last());
+            break;
         }
+        off += (size_t)w;
     }
     free(buf);
+    return rc;
+}
+
+int zd__metrics_out_line(void)
+{
+    agent_t *a = zd__agent_acquire();
+    if (!a)
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "rpc: metrics: RPC is not running");
+    int rc = a->metrics_out ? write_line(a->metrics_out, false)
+                            : zd_error_set("rpc: metrics: ZDIST_METRICS is not set");
+    zd__agent_release(a);
+    return rc;
 }
 
 static void *writer(void *arg)

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  options.c: zd_rpc_init's options, completed from the environment
     (the launcher's variables through zd_rpc_env_resolve, launch_env.c;
-    $ZDIST_BUSY_POLL_US) and checked, and the address this process listens
-    on. */
+    $ZDIST_BUSY_POLL_US, $ZDIST_HEARTBEAT_S, $ZDIST_MASTER_WAIT_S) and
+    checked, and the address this process listens on. */
 #include "rpc/agent.h"
 
 #include <arpa/inet.h>
@@ -16,25 +16,8 @@
 
 #include <zdist/error.h>
 #include <zdist/log.h>
+#include "autograd/sized.h"
 #include "rpc/address.h"
-
-zd_rpc_options_t zd_rpc_options_default(void)
-{
-    zd_rpc_options_t o = {
-        .rpc_timeout_ms = 60000,
-        .num_worker_threads = 16,
-        .init_timeout_ms = 300000,
-        .master_addr = NULL,
-        .master_port = 0,
-        .listen_addr = NULL,
-        .busy_poll_us = -1,
-        .key_file = NULL,
-        .insecure = false,
-        .heartbeat_ms = 0,
-        .master_wait_ms = 0,
-    };
-    return o;
-}
 
 /* The IP this process should bind and advertise: the one the kernel would
    use to reach the master (a UDP "connect" sends nothing); loopback for a
@@ -68,37 +51,44 @@ static int listen_addr(init_params_t *p)
     return 0;
 }
 
-/* The heartbeat timeout: the option, else $ZDIST_HEARTBEAT_S, else 30 s
-   (ZeroMQ's heartbeats, transport.c). */
-static int agent_heartbeat(zd_rpc_options_t *o)
-{
-    if (o->heartbeat_ms < 0 || o->heartbeat_ms > 86400000)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: heartbeat_ms %lld is not in "
-                                 "[0, 86400000]", (long long)o->heartbeat_ms);
-    if (o->heartbeat_ms)
-        return 0;
-    long v;
-    int rc = zd__rpc_env_long("ZDIST_HEARTBEAT_S", 1, 86400, &v);
-    if (rc < 0)
-        return zd_error_wrap("zd_rpc_init");
-    o->heartbeat_ms = rc == 1 ? v * 1000 : 30000;
-    return 0;
-}
+/*  A duration field of zd_rpc_options_t, read by error.h's rule. */
+typedef struct {
+    const char *field;
+    int64_t max;            /* the largest value the field may have */
+    int64_t dflt;           /* what ZD_TIMEOUT_DEFAULT means without the variable */
+    const char *env;        /* the variable that fills the default, or NULL */
+    long env_lo, env_hi;    /* its range, in its own unit */
+    int64_t env_unit;       /* its unit in the field's: 1000 for seconds into ms */
+} duration_t;
 
-/* How long members wait for a lost rank 0: the option, else
-   $ZDIST_MASTER_WAIT_S, else not at all. */
-static int master_wait(zd_rpc_options_t *o)
+static const duration_t
+    rpc_timeout = {"rpc_timeout_ms", INT64_MAX, RPC_TIMEOUT_DEFAULT_MS, NULL, 0, 0, 0},
+    init_timeout = {"init_timeout_ms", INT64_MAX, RPC_INIT_TIMEOUT_DEFAULT_MS, NULL, 0, 0, 0},
+    /* ZeroMQ's heartbeats (transport.c) take an int of ms: at most a day. */
+    heartbeat = {"heartbeat_ms", 86400000, 30000, "ZDIST_HEARTBEAT_S", 1, 86400, 1000},
+    master_wait = {"master_wait_ms", 604800000, 0, "ZDIST_MASTER_WAIT_S", 0, 604800, 1000},
+    busy_poll = {"busy_poll_us", 1000000, 100, "ZDIST_BUSY_POLL_US", 0, 1000000, 1};
+
+/*  The one reading of a duration field: ZD_TIMEOUT_DEFAULT (< 0) becomes
+    the variable's value when it is set, else the default; ZD_TIMEOUT_NONE
+    (0) and positive values stay, up to max. *defaulted (may be NULL): the
+    field came from neither the caller nor the variable. 0, or -1. */
+static int duration(const duration_t *d, int64_t *v, bool *defaulted)
 {
-    if (o->master_wait_ms < 0 || o->master_wait_ms > 604800000)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: master_wait_ms %lld is not in "
-                                 "[0, 604800000]", (long long)o->master_wait_ms);
-    if (o->master_wait_ms)
+    if (defaulted)
+        *defaulted = false;
+    if (*v > d->max)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: %s %lld is over %lld", d->field,
+                                 (long long)*v, (long long)d->max);
+    if (*v >= 0)
         return 0;
-    long v;
-    int rc = zd__rpc_env_long("ZDIST_MASTER_WAIT_S", 0, 604800, &v);
+    long e = 0;
+    int rc = d->env ? zd__rpc_env_long(d->env, d->env_lo, d->env_hi, &e) : 0;
     if (rc < 0)
         return zd_error_wrap("zd_rpc_init");
-    o->master_wait_ms = rc == 1 ? v * 1000 : 0;
+    *v = rc == 1 ? e * d->env_unit : d->dflt;
+    if (defaulted)
+        *defaulted = rc != 1;
     return 0;
 }
 
@@ -106,9 +96,11 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
                        init_params_t *p)
 {
     memset(p, 0, sizeof *p);
-    p->o = opts ? *opts : zd_rpc_options_default();
-    long v = 0;
-    int rc;
+    p->o = zd_rpc_options_default();
+    if (opts && zd__sized_read(&p->o, sizeof p->o, opts,
+                               ZD__SIZE_THROUGH(zd_rpc_options_t, master_wait_ms),
+                               "zd_rpc_options_t", "zd_rpc_options_default()") < 0)
+        return zd_error_wrap("zd_rpc_init");
     zd_rpc_env_t env;
     if (zd_rpc_env_resolve(rank, world, p->o.master_addr, p->o.master_port, &env) < 0)
         return zd_error_wrap("zd_rpc_init");
@@ -158,21 +150,17 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
-    if (p->o.rpc_timeout_ms < 0 || p->o.init_timeout_ms < 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: negative timeout");
-    if (p->o.busy_poll_us < 0) {
-        p->o.busy_poll_us = 100;
-        if ((rc = zd__rpc_env_long("ZDIST_BUSY_POLL_US", 0, 1000000, &v)) < 0)
-            return zd_error_wrap("zd_rpc_init");
-        if (rc == 1)
-            p->o.busy_poll_us = v;
-        p->busy_poll_default = rc != 1;
-    }
-    if (p->o.busy_poll_us > 1000000)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: busy_poll_us %lld is over 1000000",
-                                 (long long)p->o.busy_poll_us);
-    if (agent_heartbeat(&p->o) < 0 || master_wait(&p->o) < 0)
+    /* Waiting for rank 0 without limit is asked for with ZD_TIMEOUT_NONE;
+       the agent's master_wait_ms 0 means not at all (agent.h). */
+    bool wait_forever = p->o.master_wait_ms == ZD_TIMEOUT_NONE;
+    if (duration(&rpc_timeout, &p->o.rpc_timeout_ms, NULL) < 0 ||
+        duration(&init_timeout, &p->o.init_timeout_ms, NULL) < 0 ||
+        duration(&busy_poll, &p->o.busy_poll_us, &p->busy_poll_default) < 0 ||
+        duration(&heartbeat, &p->o.heartbeat_ms, NULL) < 0 ||
+        duration(&master_wait, &p->o.master_wait_ms, NULL) < 0)
         return -1;
+    if (wait_forever)
+        p->o.master_wait_ms = INT64_MAX;
     zd__log(ZD_LOG_INFO, "rpc: %s", env.summary);
     return 0;
 }

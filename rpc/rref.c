@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "autograd/fault_inject.h"
 
 /* ---- ids ---- */
 
@@ -100,6 +101,10 @@ static size_t owner_bucket(uint64_t id)
 zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner)
 {
     zd_rref_t *r = calloc(1, sizeof *r);
+    if (r && owner != a->rank && !(r->del = calloc(1, sizeof *r->del))) {
+        free(r);
+        r = NULL;
+    }
     if (!r) {
         zd_error_set_code(ZD_ERR_NO_MEMORY, "RRef: out of memory");
         return NULL;
@@ -118,6 +123,7 @@ void zd__rref_handle_free(zd_rref_t *r)
 {
     zd_future_unref(r->value);
     free(r->error);
+    free(r->del);
     free(r);
 }
 
@@ -272,7 +278,9 @@ static void value_arrived(zd_future_t *f, void *arg)
 /* Called after creating e and unlocking: watches its value. */
 void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id)
 {
+    ZD_FAULT_BENIGN(true);
     value_watch_t *w = malloc(sizeof *w);
+    ZD_FAULT_BENIGN(false);
     if (!w)
         return;   /* the entry is then freed by its last release only */
     w->a = a;
@@ -337,8 +345,10 @@ void zd_rref_unref(zd_rref_t *r)
             /* G1: the owner hears of it. A user is only released once the
                owner confirmed it (pending_users hold a reference), or when
                its creation failed, where the delete is harmless. */
-            zd__rref_ctrl_start(a, r->owner, RPC_MSG_RREF_USER_DELETE, r->rref_id, r->fork_id, NULL,
-                       NULL, -1);
+            ctrl_t *del = r->del;
+            r->del = NULL;
+            zd__rref_ctrl_run(a, del, r->owner, RPC_MSG_RREF_USER_DELETE, r->rref_id, r->fork_id,
+                              NULL, NULL, -1);
         }
     }
     zd__agent_release(a);

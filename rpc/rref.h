@@ -62,6 +62,8 @@ struct zd_rref {
     atomic_bool deleted;        /* the delete was sent (users) */
     zd_future_t *value;        /* owners: completes with the value */
     char *error;                /* users: creation failed (under the ctx lock) */
+    struct ctrl *del;           /* users: the RREF_USER_DELETE of the last release,
+                                   made with the handle: releasing needs no memory */
 };
 
 /*  Records forks made while encoding one message, so that a message that is
@@ -264,6 +266,9 @@ void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id);
     runs once with the outcome. */
 void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
                      ctrl_done_fn *done, zd_rref_t *r, int parent);
+/*  The same in c, allocated beforehand (taken over). */
+void zd__rref_ctrl_run(agent_t *a, ctrl_t *c, int dst, uint8_t type, uint64_t rref_id,
+                       uint64_t fork_id, ctrl_done_fn *done, zd_rref_t *r, int parent);
 /*  Under x->lock: removes pending child fork_id, returning its parent's
     reference (or NULL). */
 zd_rref_t *zd__rref_child_take(rref_ctx_t *x, uint64_t fork_id);

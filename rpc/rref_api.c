@@ -65,18 +65,28 @@ static zd_rref_t *remote_start(int to, const char *fn, zd_value_t *args, int64_t
                       .args = args, .a = r->rref_id, .b = r->is_owner ? 0 : r->fork_id,
                       .timeout_ms = timeout_ms, .hooked = true};
     zd_future_t *f = zd__call_start(a, to, &req);
-    if (!f) {
+    /* Out of memory here, the call was not made: fail now rather than
+       from to_here (which tells a failure of the owner's). */
+    if (f && zd_future_done(f) && zd_future_error_code(f) == ZD_ERR_NO_MEMORY) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "%s", zd_future_error(f));
+        zd_future_unref(f);
+        f = NULL;
+    }
+    if (!f || zd_future_then(f, remote_answered, w) < 0) {
+        /* The handle's release still tells the owner, which may have made
+           the value. */
         char text[512];
         snprintf(text, sizeof text, "%s", zd_error_last());
+        zd_error_code_t code = zd_error_code();
+        zd_future_unref(f);
         zd__rref_user_created(a, r, text);
         zd_rref_unref(w->r);
         free(w);
         zd_rref_unref(r);
         r = NULL;
-        zd_error_set("%s", text);
+        zd_error_set_code(code, "%s", text);
         goto out;
     }
-    zd_future_then(f, remote_answered, w);
     zd_future_unref(f);
 out:
     zd__agent_release(a);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "autograd/fault_inject.h"
 
 /*  A control message that gets no answer may have been lost on the way (a
     connection that broke with it in flight): it is sent again after 1 s,
@@ -54,35 +55,38 @@ static int64_t next_wait_ms(const ctrl_t *c)
     return left <= 0 ? 0 : left < wait ? left : wait;
 }
 
-static void ctrl_answer(zd_future_t *f, void *arg)
+/* The outcome of an attempt: c is sent again, or finished and freed. */
+static void ctrl_outcome(ctrl_t *c, bool ok, zd_error_code_t code, const char *error)
 {
-    ctrl_t *c = arg;
     agent_t *a = c->a;
-    bool ok = zd_future_value(f) != NULL;
     bool again = false;
     if (!ok && !atomic_load(&a->closing)) {
-        if (zd_future_error_code(f) != ZD_ERR_TIMEOUT)
+        if (code != ZD_ERR_TIMEOUT)
             c->failures++;
         again = c->failures < CTRL_RETRIES && next_wait_ms(c) > 0;
     }
     if (again) {
         zd__log(ZD_LOG_DEBUG, "rpc: %s to rank %d, attempt %d: %s: sending it again",
-                zd__rpc_wire_type_name(c->type), c->dst, c->attempts, zd_future_error(f));
+                zd__rpc_wire_type_name(c->type), c->dst, c->attempts, error);
         ctrl_send(c);
         return;
     }
     /* One line per message would repeat the loss of a peer, logged once
        already, for every RRef it shared with this process. */
     if (!ok)
-        zd__log(zd_future_error_code(f) == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns)
-                    ? ZD_LOG_DEBUG : ZD_LOG_WARN, "rpc: %s (attempt %d)", zd_future_error(f),
-                c->attempts);
+        zd__log(code == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns)
+                    ? ZD_LOG_DEBUG : ZD_LOG_WARN, "rpc: %s (attempt %d)", error, c->attempts);
     if (c->done)
         c->done(a, c, ok);
     pthread_mutex_lock(&a->rrefs->lock);
     a->rrefs->n_ctrl--;
     pthread_mutex_unlock(&a->rrefs->lock);
     free(c);
+}
+
+static void ctrl_answer(zd_future_t *f, void *arg)
+{
+    ctrl_outcome(arg, zd_future_value(f) != NULL, zd_future_error_code(f), zd_future_error(f));
 }
 
 static void ctrl_send(ctrl_t *c)
@@ -94,26 +98,33 @@ static void ctrl_send(ctrl_t *c)
         c->first_ns = zd__agent_now_ns();
     call_req_t req = {.type = c->type, .api = "RRef protocol", .a = c->rref_id,
                       .b = c->fork_id, .timeout_ms = -1, .wait_ms = wait, .hooked = false};
+    /* An attempt that finds no memory here fails like any other: the next
+       one may, and the messages are idempotent. */
+    ZD_FAULT_BENIGN(true);
     zd_future_t *f = zd__call_start(c->a, c->dst, &req);
-    if (!f) {
-        /* Not even sent (shutting down): finish as failed. */
-        c->failures = CTRL_RETRIES;
-        zd_future_t *failed = zd_future_new();
-        if (failed) {
-            zd_future_set_error(failed, "%s", zd_error_last());
-            ctrl_answer(failed, c);
-            zd_future_unref(failed);
-        }
-        return;
-    }
-    zd_future_then(f, ctrl_answer, c);
+    int watched = f ? zd_future_then(f, ctrl_answer, c) : -1;
+    ZD_FAULT_BENIGN(false);
     zd_future_unref(f);
+    if (watched < 0) {
+        /* Not even sent (shutting down: finished as failed), or its answer
+           not watched (out of memory: sent again). */
+        if (zd_error_code() != ZD_ERR_NO_MEMORY)
+            c->failures = CTRL_RETRIES;
+        char error[512];
+        snprintf(error, sizeof error, "%s", zd_error_last());
+        ctrl_outcome(c, false, zd_error_code(), error);
+    }
 }
 
 void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
                        ctrl_done_fn *done, zd_rref_t *r, int parent)
 {
-    ctrl_t *c = calloc(1, sizeof *c);
+    zd__rref_ctrl_run(a, calloc(1, sizeof(ctrl_t)), dst, type, rref_id, fork_id, done, r, parent);
+}
+
+void zd__rref_ctrl_run(agent_t *a, ctrl_t *c, int dst, uint8_t type, uint64_t rref_id,
+                       uint64_t fork_id, ctrl_done_fn *done, zd_rref_t *r, int parent)
+{
     if (!c) {
         zd__log(ZD_LOG_ERROR, "rpc: RRef: out of memory for a %s", zd__rpc_wire_type_name(type));
         if (done) {

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "autograd/sized.h"
 #include "rpc/membership.h"
 #include "rpc/rref.h"
 
@@ -60,8 +61,12 @@ static bool registry_find(const char *name, size_t len, zd_rpc_function_t *out)
     return found;
 }
 
-int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
+int zd_rpc_register_function(const char *name, const zd_rpc_function_t *in)
 {
+    zd_rpc_function_t fn = zd_rpc_function_default(), *f = in ? &fn : NULL;
+    if (in && zd__sized_read(&fn, sizeof fn, in, ZD__SIZE_THROUGH(zd_rpc_function_t, flags),
+                             "zd_rpc_function_t", "zd_rpc_function_default()") < 0)
+        return zd_error_wrap("zd_rpc_register(\"%s\")", name ? name : "(null)");
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len > ZD_RPC_MAX_FUNCTION)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
@@ -105,19 +110,26 @@ int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f)
 
 int zd_rpc_register(const char *name, zd_rpc_handler_fn *fn, void *arg)
 {
-    zd_rpc_function_t f = {.fn = fn, .arg = arg};
+    zd_rpc_function_t f = zd_rpc_function_default();
+    f.fn = fn;
+    f.arg = arg;
     return zd_rpc_register_function(name, &f);
 }
 
 int zd_rpc_register_async(const char *name, zd_rpc_async_handler_fn *fn, void *arg)
 {
-    zd_rpc_function_t f = {.async_fn = fn, .arg = arg};
+    zd_rpc_function_t f = zd_rpc_function_default();
+    f.async_fn = fn;
+    f.arg = arg;
     return zd_rpc_register_function(name, &f);
 }
 
 int zd_rpc_register_inline(const char *name, zd_rpc_handler_fn *fn, void *arg)
 {
-    zd_rpc_function_t f = {.fn = fn, .arg = arg, .flags = ZD_RPC_FN_INLINE};
+    zd_rpc_function_t f = zd_rpc_function_default();
+    f.fn = fn;
+    f.arg = arg;
+    f.flags = ZD_RPC_FN_INLINE;
     return zd_rpc_register_function(name, &f);
 }
 
@@ -168,7 +180,9 @@ static const char *registry_internal(const char *name, size_t len)
 
 int zd__serve_register_internal(void)
 {
-    zd_rpc_function_t barrier = {.async_fn = zd__shutdown_barrier_handler, .flags = ZD_RPC_FN_INLINE};
+    zd_rpc_function_t barrier = zd_rpc_function_default();
+    barrier.async_fn = zd__shutdown_barrier_handler;
+    barrier.flags = ZD_RPC_FN_INLINE;
     if (zd_rpc_register_function("__zd_barrier", &barrier) < 0)
         return -1;
     registry_mark_internal("__zd_barrier", "the shutdown barrier");
@@ -610,12 +624,12 @@ static void run_call(void *arg)
                  "hooks installed (a module's init was not called before zd_rpc_init())",
                  a->name, a->rank);
         /* Said here too, not only to the caller: this is the process
-           whose set-up is wrong. The only module with hooks today is
-           distributed autograd, so name its call. WARN, not ERROR: a peer
+           whose set-up is wrong. Only the caller knows which module's
+           init is missing (its hooks name it). WARN, not ERROR: a peer
            can send this at will, and warnings are rate limited. */
         zd__log(ZD_LOG_WARN, "rpc: request \"%s\" from rank %d carries hook metadata but no "
-                "hooks are installed here: call zd_dist_autograd_init() before zd_rpc_init() "
-                "in this process (the caller's backward would miss it)", c->fn, c->src);
+                "hooks are installed here: call the init of the caller's module (its error "
+                "names it) before zd_rpc_init() in this process", c->fn, c->src);
         finish_error(c, text, ZD_ERR_NOT_INITIALIZED);
         return;
     }

@@ -757,7 +757,9 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
             snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
             m->reject_id = id;
         } else if (type == RPC_MSG_REPLY) {
-            zd__call_fail_answer(a, id, m->src, zd_error_last());
+            zd__call_fail_answer(a, id, m->src, zd_error_last(),
+                                 zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
+                                                                     : ZD_ERR_OTHER);
         }
         return -1;
     }

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "rpc/args.h"
 #include "rpc/membership.h"
 #include "rpc/rref.h"
 
@@ -165,7 +166,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         if (f && v)
             zd_future_set_value(f, v);
         else if (f)   /* never leave the caller a future nobody completes */
-            zd_future_set_error(f, "shutdown barrier: out of memory");
+            zd_future_set_error_code(f, ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory");
         zd_value_unref(v);
         goto out;
     }
@@ -351,7 +352,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
     int64_t left = deadline_ns == INT64_MAX ? 0 : (deadline_ns - zd__agent_now_ns()) / 1000000;
     if (deadline_ns != INT64_MAX && left < 1)
         left = 1;
-    zd_value_t *args = zd_rpc_args("iii", round, count, left);
+    zd_value_t *args = zd__rpc_args("iii", round, count, left);
     call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = api, .args = args,
                       .timeout_ms = left, .hooked = false};
     zd_value_t *total = NULL;

@@ -233,8 +233,10 @@ static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
         /* The answer to one of our calls: that call fails now, not at its
            timeout. */
         char text[sizeof m->reject];
+        zd_error_code_t code = zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
+                                                                   : ZD_ERR_OTHER;
         snprintf(text, sizeof text, "answer dropped: %s", zd_error_last());
-        zd__call_fail_answer(a, id, m->src, text);
+        zd__call_fail_answer(a, id, m->src, text, code);
     }
     return -1;
 }
@@ -505,7 +507,7 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
             memcpy(m.route, s->route, s->route_len);
             zd__transport_answer_error(a, &m, s->id, text);
         } else if (s->type == RPC_MSG_REPLY) {
-            zd__call_fail_answer(a, s->id, s->src, text);
+            zd__call_fail_answer(a, s->id, s->src, text, ZD_ERR_OTHER);
         }
         stream_free(s);
     }

@@ -142,6 +142,8 @@ void zd__transport_use_ipv6(void *sock, const char *endpoint)
    stays unacknowledged, or the window shut, that long. */
 static void set_heartbeat(void *sock, int64_t timeout_ms)
 {
+    if (timeout_ms == 0)   /* no limit: silence alone never loses a peer */
+        return;
     int64_t ivl = timeout_ms / 6;
     set_int(sock, ZMQ_HEARTBEAT_IVL, (int)(ivl < 100 ? 100 : ivl));
     set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, (int)timeout_ms);
@@ -318,9 +320,15 @@ static int send_frame(void *sock, zmq_msg_t *m, int flags)
     return zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0 ? 0 : -1;
 }
 
+/* What send_message returns when memory ran out: nothing was sent, or a
+   message its receiver refuses. */
+#define SEND_NO_MEMORY (-2)
+
 /* Queues one tensor frame: len bytes at data, which belong to t (an empty
-   frame when len is 0). */
-static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len, int flags)
+   frame when len is 0). Without memory for the frame, an empty one keeps
+   the message whole (its receiver refuses it) and *oom is set. */
+static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len, int flags,
+                             bool *oom)
 {
     zmq_msg_t m;
     if (len == 0)
@@ -328,6 +336,7 @@ static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len,
     else if (zmq_msg_init_data(&m, data, len, tensor_frame_free, zd_tensor_ref(t)) < 0) {
         zd_tensor_unref(t);
         zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
+        *oom = true;
     }
     if (send_frame(sock, &m, flags) < 0) {
         zmq_msg_close(&m);
@@ -336,14 +345,36 @@ static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len,
     return 0;
 }
 
-static int send_copy(void *sock, const void *data, size_t len, int flags)
+/* A frame holding a copy of len bytes at data: 0, or -1 (out of memory). */
+static int copy_msg(zmq_msg_t *m, const void *data, size_t len)
 {
-    zmq_msg_t m;
-    if (zmq_msg_init_size(&m, len) < 0)
+    if (zmq_msg_init_size(m, len) < 0)
         return -1;
-    memcpy(zmq_msg_data(&m), data, len);
-    if (send_frame(sock, &m, flags) < 0) {
-        zmq_msg_close(&m);
+    memcpy(zmq_msg_data(m), data, len);
+    return 0;
+}
+
+/* Queues m (taken over in every case). */
+static int send_msg(void *sock, zmq_msg_t *m, int flags)
+{
+    if (send_frame(sock, m, flags) < 0) {
+        zmq_msg_close(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* The first frames of a message, made before any is queued: a message
+   half queued cannot be taken back. The route (when route_len) in
+   f[0], then a frame of `size` bytes for the header in f[1]. 0, or -1 (out
+   of memory, nothing left to close). */
+static int first_frames(zmq_msg_t f[2], const uint8_t *route, size_t route_len, size_t size)
+{
+    if (route_len && copy_msg(&f[0], route, route_len) < 0)
+        return -1;
+    if (zmq_msg_init_size(&f[1], size) < 0) {
+        if (route_len)
+            zmq_msg_close(&f[0]);
         return -1;
     }
     return 0;
@@ -351,7 +382,7 @@ static int send_copy(void *sock, const void *data, size_t len, int flags)
 
 /* The stream table of a message whose tensors of more than `over` bytes
    are streamed (wire.h): a new frame's worth of bytes in *out (free()), or
-   -1. */
+   -1 (too large), or SEND_NO_MEMORY. */
 static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over, uint8_t **out,
                         size_t *len, uint32_t *chunk)
 {
@@ -359,7 +390,7 @@ static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over,
     size_t largest = 0;
     rpc_wire_stream_t *e = malloc((size_t)n_tensors * sizeof *e);
     if (!e)
-        return -1;
+        return SEND_NO_MEMORY;
     for (int i = 0; i < n_tensors; i++) {
         size_t nb = zd_tensor_nbytes(tensors[i]);
         if (nb > over) {
@@ -384,15 +415,17 @@ static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over,
         zd__rpc_wire_stream_table_write(e, count, (uint32_t)c, *out);
     free(e);
     *chunk = (uint32_t)c;
-    return *out ? 0 : -1;
+    return *out ? 0 : SEND_NO_MEMORY;
 }
 
 /* Sends the pieces of a streamed message's tensors, each as a message
-   [route] [header: REPLY, id, piece number] [data]. */
+   [route] [header: REPLY, id, piece number] [data]. 0, -1, or
+   SEND_NO_MEMORY (the pieces stop: the receiver drops the message). */
 static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
                        const rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                        size_t over, size_t chunk)
 {
+    bool oom = false;
     rpc_wire_header_t ph = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = h->src,
                             .dst = h->dst, .id = h->id, .n_tensors = 1};
     uint8_t head[RPC_WIRE_FIXED];
@@ -401,16 +434,19 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
         if (nb <= over)
             continue;
         char *data = zd_tensor_raw(tensors[i]);
-        for (size_t at = 0; at < nb; at += chunk, ph.a++) {
-            zd__rpc_wire_write(&ph, head);
-            if ((route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0) ||
-                send_copy(sock, head, sizeof head, ZMQ_SNDMORE) < 0 ||
+        for (size_t at = 0; at < nb && !oom; at += chunk, ph.a++) {
+            zmq_msg_t f[2];
+            if (first_frames(f, route, route_len, sizeof head) < 0)
+                return SEND_NO_MEMORY;
+            zd__rpc_wire_write(&ph, zmq_msg_data(&f[1]));
+            if ((route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) ||
+                send_msg(sock, &f[1], ZMQ_SNDMORE) < 0 ||
                 send_tensor_frame(sock, tensors[i], data + at, nb - at < chunk ? nb - at : chunk,
-                                  0) < 0)
+                                  0, &oom) < 0)
                 return -1;
         }
     }
-    return 0;
+    return oom ? SEND_NO_MEMORY : 0;
 }
 
 /* send_message for a message whose large tensors are in shared-memory
@@ -421,33 +457,44 @@ static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_l
 {
     h->flags |= RPC_WIRE_F_SHM;
     h->n_tensors = (uint32_t)n_tensors + 1;
-    if (route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0)
-        return -1;
     size_t size = zd__rpc_wire_size(h);
-    zmq_msg_t m;
-    if (zmq_msg_init_size(&m, size) < 0)
-        return -1;
-    zd__rpc_wire_write(h, zmq_msg_data(&m));
-    if (send_frame(sock, &m, ZMQ_SNDMORE) < 0) {
-        zmq_msg_close(&m);
-        return -1;
+    zmq_msg_t f[2], tab;
+    if (first_frames(f, route, route_len, size) < 0)
+        return SEND_NO_MEMORY;
+    if (copy_msg(&tab, so->table, so->table_len) < 0) {
+        if (route_len)
+            zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        return SEND_NO_MEMORY;
+    }
+    zd__rpc_wire_write(h, zmq_msg_data(&f[1]));
+    bool oom = false;
+    int rc = 0;
+    if (route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&f[1]);
+        rc = -1;
+    } else {
+        rc = send_msg(sock, &f[1], ZMQ_SNDMORE);
     }
     int64_t sent = (int64_t)(size + so->table_len);
-    for (int i = 0; i < n_tensors; i++) {
+    for (int i = 0; i < n_tensors && rc == 0; i++) {
         size_t nb = zd_tensor_nbytes(tensors[i]);
         bool in_segment = zd__shm_in_segment(so, i);
-        if (send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), in_segment ? 0 : nb,
-                              ZMQ_SNDMORE) < 0)
-            return -1;
+        rc = send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), in_segment ? 0 : nb,
+                               ZMQ_SNDMORE, &oom);
         sent += (int64_t)nb;
     }
-    return send_copy(sock, so->table, so->table_len, 0) < 0 ? -1 : sent;
+    if (rc == 0)
+        rc = send_msg(sock, &tab, 0);
+    else
+        zmq_msg_close(&tab);
+    return rc < 0 ? -1 : oom ? SEND_NO_MEMORY : sent;
 }
 
 /* Sends [route] header tensors... on sock (the caller owns or locked it);
    the tensors so placed in shared-memory segments travel there (shm.h),
    else those of more than RPC_STREAM_OVER bytes are streamed (wire.h).
-   Returns the bytes sent, or -1. */
+   Returns the bytes sent, or -1, or SEND_NO_MEMORY. */
 static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
                             rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                             const rpc_shm_out_t *so)
@@ -461,42 +508,53 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
     bool stream = false;
     for (int i = 0; i < n_tensors; i++)
         stream = stream || zd_tensor_nbytes(tensors[i]) > over;
-    if (stream && stream_table(tensors, n_tensors, over, &table, &table_len, &chunk) < 0)
-        return -1;
+    int rc = stream ? stream_table(tensors, n_tensors, over, &table, &table_len, &chunk) : 0;
+    if (rc < 0)
+        return rc;
     int n_frames = n_tensors + (stream ? 1 : 0);
     if (stream)
         h->flags |= RPC_WIRE_F_STREAMED;
     h->n_tensors = (uint32_t)n_frames;
-    int64_t bytes = -1;
-    zmq_msg_t m;
-    if (route_len && send_copy(sock, route, route_len, ZMQ_SNDMORE) < 0)
-        goto done;
     size_t size = zd__rpc_wire_size(h);
-    if (zmq_msg_init_size(&m, size) < 0)
-        goto done;
-    zd__rpc_wire_write(h, zmq_msg_data(&m));
-    if (send_frame(sock, &m, n_frames ? ZMQ_SNDMORE : 0) < 0) {
-        zmq_msg_close(&m);
-        goto done;
+    zmq_msg_t f[2], tab;
+    if (first_frames(f, route, route_len, size) < 0) {
+        free(table);
+        return SEND_NO_MEMORY;
+    }
+    if (stream && copy_msg(&tab, table, table_len) < 0) {
+        if (route_len)
+            zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        free(table);
+        return SEND_NO_MEMORY;
+    }
+    free(table);
+    zd__rpc_wire_write(h, zmq_msg_data(&f[1]));
+    if (route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&f[1]);
+        rc = -1;
+    } else {
+        rc = send_msg(sock, &f[1], n_frames ? ZMQ_SNDMORE : 0);
     }
     /* Once the first frame is queued the rest of the message follows:
        ZeroMQ applies its limits per message, not per frame. */
+    bool oom = false;
     int64_t sent = (int64_t)size;
-    for (int i = 0; i < n_tensors; i++) {
+    for (int i = 0; i < n_tensors && rc == 0; i++) {
         size_t nb = zd_tensor_nbytes(tensors[i]);
         int more = i + 1 < n_frames ? ZMQ_SNDMORE : 0;
-        if (send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), nb > over ? 0 : nb,
-                              more) < 0)
-            goto done;
+        rc = send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), nb > over ? 0 : nb,
+                               more, &oom);
         sent += (int64_t)nb;
     }
-    if (stream && (send_copy(sock, table, table_len, 0) < 0 ||
-                   send_pieces(sock, route, route_len, h, tensors, n_tensors, over, chunk) < 0))
-        goto done;
-    bytes = sent;
-done:
-    free(table);
-    return bytes;
+    if (stream && rc < 0)
+        zmq_msg_close(&tab);
+    else if (stream)
+        rc = send_msg(sock, &tab, 0);
+    /* A message with a frame missing is refused: its pieces need not follow. */
+    if (stream && rc == 0 && !oom)
+        rc = send_pieces(sock, route, route_len, h, tensors, n_tensors, over, chunk);
+    return rc < 0 ? rc : oom ? SEND_NO_MEMORY : sent;
 }
 
 int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
@@ -511,6 +569,9 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors, &so) : -1;
     pthread_mutex_unlock(&p->lock);
     zd__shm_send_done(&so, bytes >= 0);
+    if (bytes == SEND_NO_MEMORY)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a message to \"%s\" "
+                                 "(rank %d)", p->name, dst);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
                                  p->endpoint);
@@ -543,6 +604,9 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
             /* cannot fail on an eventfd this small */
         }
     }
+    if (bytes == SEND_NO_MEMORY)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for an answer to \"%s\" "
+                                 "(rank %d)", p->name, dst);
     if (bytes < 0)
         return zd_error_set("cannot answer \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
@@ -559,6 +623,9 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
     zd__shm_send_prepare(h, tensors, n_tensors, &so);
     int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors, &so);
     zd__shm_send_done(&so, bytes >= 0);
+    if (bytes == SEND_NO_MEMORY)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a message to \"%s\" "
+                                 "(rank %d)", p->name, dst);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "cannot send to \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "rpc/args.h"
 #include "rpc/codec.h"
 
 struct zd_value {
@@ -52,13 +53,22 @@ static void rref_unref(zd_rref_t *r)
         fn(r);
 }
 
+/* Values alive in this process (tests count them back after a failure). */
+static atomic_int_fast64_t live_values;
+
+int64_t zd__value_live_count(void)
+{
+    return atomic_load_explicit(&live_values, memory_order_relaxed);
+}
+
 static zd_value_t *value_new(zd_value_kind_t kind)
 {
     zd_value_t *v = calloc(1, sizeof *v);
     if (!v) {
-        zd_error_set("rpc value: out of memory");
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "rpc value: out of memory");
         return NULL;
     }
+    atomic_fetch_add_explicit(&live_values, 1, memory_order_relaxed);
     atomic_init(&v->refcount, 1);
     v->kind = kind;
     return v;
@@ -96,9 +106,9 @@ static zd_value_t *value_blob(zd_value_kind_t kind, const void *data, size_t len
         return NULL;
     v->u.s.data = malloc(len + 1);
     if (!v->u.s.data) {
-        free(v);
-        zd_error_set("rpc value: out of memory for a %zu-byte %s", len,
-                  zd_value_kind_name(kind));
+        zd_value_unref(v);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "rpc value: out of memory for a %zu-byte %s", len,
+                          zd_value_kind_name(kind));
         return NULL;
     }
     if (len)
@@ -208,8 +218,9 @@ zd_value_t *zd_value_list(size_t capacity)
     if (capacity) {
         v->u.list.items = malloc(capacity * sizeof(zd_value_t *));
         if (!v->u.list.items) {
-            free(v);
-            zd_error_set("rpc value: out of memory for a list of %zu", capacity);
+            zd_value_unref(v);
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "rpc value: out of memory for a list of %zu",
+                              capacity);
             return NULL;
         }
         v->u.list.cap = capacity;
@@ -239,7 +250,7 @@ int zd_list_append(zd_value_t *list, zd_value_t *item)
             items = realloc(list->u.list.items, cap * sizeof *items);
         if (!items) {
             zd_value_unref(item);
-            return zd_error_set("zd_list_append: out of memory");
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_list_append: out of memory");
         }
         list->u.list.items = items;
         list->u.list.cap = cap;
@@ -262,9 +273,11 @@ static zd_value_t *args_item(char c, va_list *ap)
         return zd_value_bytes(data, va_arg(*ap, size_t));
     }
     case 'v': {
+        /* NULL: most likely a constructor that failed, whose reason is kept
+           (as ZD_ARGS does). */
         zd_value_t *v = va_arg(*ap, zd_value_t *);
         if (!v)
-            zd_error_set("NULL value");
+            zd_error_wrap("NULL value");
         return v;
     }
     }
@@ -286,10 +299,10 @@ static void args_skip(char c, va_list *ap)
     }
 }
 
-zd_value_t *zd_rpc_args(const char *spec, ...)
+zd_value_t *zd__rpc_args(const char *spec, ...)
 {
     if (!spec) {
-        zd_error_set("zd_rpc_args: NULL spec");
+        zd_error_set("zd__rpc_args: NULL spec");
         return NULL;
     }
     /* Check the spec first: with an unknown letter the types of the varargs
@@ -297,7 +310,7 @@ zd_value_t *zd_rpc_args(const char *spec, ...)
     size_t n = strlen(spec);
     for (size_t i = 0; i < n; i++)
         if (!strchr("ifstrnbv", spec[i])) {
-            zd_error_set("zd_rpc_args: unknown letter '%c' in spec \"%s\"", spec[i], spec);
+            zd_error_set("zd__rpc_args: unknown letter '%c' in spec \"%s\"", spec[i], spec);
             return NULL;
         }
     zd_value_t *list = zd_value_list(n);
@@ -312,7 +325,7 @@ zd_value_t *zd_rpc_args(const char *spec, ...)
         }
         zd_value_t *item = args_item(spec[i], &ap);
         if (!item) {
-            zd_error_wrap("zd_rpc_args: argument %zu ('%c')", i, spec[i]);
+            zd_error_wrap("zd__rpc_args: argument %zu ('%c')", i, spec[i]);
             failed = (int)i;
             continue;
         }
@@ -360,6 +373,7 @@ void zd_value_unref(zd_value_t *v)
     default:
         break;
     }
+    atomic_fetch_sub_explicit(&live_values, 1, memory_order_relaxed);
     free(v);
 }
 

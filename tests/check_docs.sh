@@ -43,7 +43,7 @@
 # Environment: CC (cc), ZD_DOCS_CFLAGS (extra compile and link flags, e.g.
 # the sanitizers' when the library was built with them), ZD_DOCS_LIBS (the
 # link line after libzdist.a; default: pkg-config --libs libzmq libczmq
-# openblas zlib, then -lpthread -lm -ldl).
+# openblas zlib jansson, then -lpthread -lm -ldl).
 set -u
 exec 2>&1   # one stream, in order, for ctest's log
 
@@ -63,7 +63,7 @@ read -r -a extra_flags <<< "${ZD_DOCS_CFLAGS:-}"
 if [ -n "${ZD_DOCS_LIBS:-}" ]; then
     read -r -a libs <<< "$ZD_DOCS_LIBS"
 else
-    read -r -a libs <<< "$(pkg-config --libs libzmq libczmq openblas zlib) -lpthread -lm -ldl"
+    read -r -a libs <<< "$(pkg-config --libs libzmq libczmq openblas zlib jansson) -lpthread -lm -ldl"
 fi
 lib="$build/libzdist.a"
 if [ ! -f "$lib" ]; then

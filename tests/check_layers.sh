@@ -3,7 +3,8 @@
 # The layers' include arrows point down only. Each folder may include the
 # public headers of the layers below it (and its own), and private headers
 # of its own folder only (and autograd/fault_inject.h, which every library
-# source sees anyway in a -DZDIST_FAULT_INJECT=ON build).
+# source sees anyway in a -DZDIST_FAULT_INJECT=ON build, and
+# autograd/sized.h, the header-only reading of structs that carry their size).
 #   usage: tests/check_layers.sh SOURCE_DIR
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
@@ -12,16 +13,16 @@ declare -A allowed=(
   [autograd]="error version export log tensor autograd function scope named_tensors"
   [rpc]="error version export log tensor autograd function named_tensors rpc value future"
   [dist_autograd]="error version export log tensor autograd function named_tensors rpc value future dist_autograd"
-  [nn]="error version export log tensor autograd function named_tensors nn model dataset idx checkpoint rng module rnn"
+  [nn]="error version export log tensor autograd function named_tensors nn model dataset idx checkpoint safetensors rng module rnn"
   [optim]="error version export log tensor autograd function named_tensors optim"
   [dist_optim]="error version export log tensor autograd function named_tensors rpc value future dist_autograd optim dist_optim"
-  [dist_nn]="error version export log tensor autograd function named_tensors rpc value future dist_autograd nn model dataset idx checkpoint rng module rnn dist_nn"
+  [dist_nn]="error version export log tensor autograd function named_tensors rpc value future dist_autograd nn model dataset idx checkpoint safetensors rng module rnn dist_nn"
 )
 # the public headers: which layer each belongs to
 declare -A home=(
   [error]=autograd [log]=autograd [version]=autograd [export]=autograd [tensor]=autograd [autograd]=autograd
   [function]=autograd [named_tensors]=autograd [rnn]=nn [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
-  [nn]=nn [model]=nn [dataset]=nn [idx]=nn [checkpoint]=nn [rng]=nn [optim]=optim
+  [nn]=nn [model]=nn [dataset]=nn [idx]=nn [checkpoint]=nn [safetensors]=nn [rng]=nn [optim]=optim
   [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn [scope]=autograd)
 bad=0
 for layer in "${!allowed[@]}"; do
@@ -35,7 +36,8 @@ for layer in "${!allowed[@]}"; do
           fi ;;
         '"'*)
           p=${inc#\"}; p=${p%\"}
-          if [[ "$p" == */* && "${p%%/*}" != "$layer" && "$p" != autograd/fault_inject.h ]]; then
+          if [[ "$p" == */* && "${p%%/*}" != "$layer" && "$p" != autograd/fault_inject.h
+              && "$p" != autograd/sized.h ]]; then
             echo "$f includes the private header $p of another layer"; bad=1
           fi ;;
       esac

@@ -199,7 +199,8 @@ static void test_task_waits_for_every_start_then_flush(void **state)
     zd_tensor_t *g1 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 1});
     zd_tensor_t *g2 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 2});
 
-    zd_autograd_options_t keep = {.retain_graph = true};
+    zd_autograd_options_t keep = zd_autograd_options_default();
+    keep.retain_graph = true;
     zd_autograd_task_t *t = zd_autograd_task_new(starts, 2, &keep);
     assert_non_null(t);
     assert_int_equal(zd_autograd_task_feed(t, s1, &g1), 0);

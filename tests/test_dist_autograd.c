@@ -25,6 +25,7 @@
 #include "tests/support/dist_fixtures.h"
 #include "tests/support/world.h"
 #include "tools/golden_manifest.h"
+#include "rpc/args.h"
 
 #define N 4
 
@@ -97,7 +98,7 @@ static zd_value_t *fn_chain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         return v;
     }
     int next = zd_rpc_rank() % (zd_rpc_world_size() - 1) + 1;
-    zd_value_t *a = zd_rpc_args("ti", y, hops - 1), *r = NULL;
+    zd_value_t *a = zd__rpc_args("ti", y, hops - 1), *r = NULL;
     zd_tensor_unref(y);
     if (zd_rpc_sync(next, "chain", a, -1, &r) < 0)
         r = NULL;
@@ -105,16 +106,27 @@ static zd_value_t *fn_chain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return r;
 }
 
-/*  The gradient of w in a context, or none. */
+/*  The gradient of w in a context, or none: from the context's named
+    gradients (w is named "w"), which the per-tensor getter agrees with. */
 static zd_value_t *fn_get_grad(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     int64_t ctx;
     zd_tensor_t *g;
-    if (zd_rpc_arg_int(args, 0, &ctx) < 0 || zd_dist_autograd_get_gradient(ctx, w_param, &g) < 0)
+    zd_named_tensors_t *all;
+    if (zd_rpc_arg_int(args, 0, &ctx) < 0 || !(all = zd_dist_autograd_get_gradients(ctx)))
         return NULL;
-    zd_value_t *v = g ? zd_value_tensor(g) : zd_value_none();
-    zd_tensor_unref(g);
+    zd_tensor_t *named = zd_named_tensors_find(all, "w");
+    zd_value_t *v = NULL;
+    if (zd_dist_autograd_get_gradient(ctx, w_param, &g) == 0) {
+        if (g != named || zd_named_tensors_len(all) != (g ? 1 : 0))
+            zd_error_set("get_gradients: %d gradients, \"w\" %s the getter's",
+                         zd_named_tensors_len(all), g == named ? "is" : "is not");
+        else
+            v = g ? zd_value_tensor(g) : zd_value_none();
+        zd_tensor_unref(g);
+    }
+    zd_named_tensors_free(all);
     return v;
 }
 
@@ -134,7 +146,8 @@ static zd_value_t *fn_flushed(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
     zd_dist_autograd_stats_t st;
-    zd_dist_autograd_stats(&st);
+    if (zd_dist_autograd_stats(&st, sizeof st) < 0)
+        return NULL;
     return zd_value_int(st.flushed_nodes);
 }
 
@@ -260,7 +273,7 @@ static zd_tensor_t *call_tensor(int to, const char *fn, zd_value_t *args)
 /*  Compares rank's gradient of w in ctx with expect (NULL: none expected). */
 static int check_remote_grad(const world_t *w, int rank, int64_t ctx, const float *expect)
 {
-    zd_value_t *r, *a = zd_rpc_args("i", ctx);
+    zd_value_t *r, *a = zd__rpc_args("i", ctx);
     int src = zd_rpc_sync(rank, "get_grad", a, -1, &r);
     zd_value_unref(a);
     if (src < 0)
@@ -281,6 +294,22 @@ static int check_local_grad(const world_t *w, int64_t ctx, zd_tensor_t *t, const
     zd_tensor_t *g;
     if (zd_dist_autograd_get_gradient(ctx, t, &g) < 0 || !g)
         return world_fail(w, "no local gradient: %s", zd_error_last());
+    /* Among the context's gradients, under t's name or, t having none,
+       under "tensor<i>". */
+    zd_named_tensors_t *all = zd_dist_autograd_get_gradients(ctx);
+    bool listed = false;
+    for (int i = 0; all && i < zd_named_tensors_len(all); i++) {
+        char want[32];
+        snprintf(want, sizeof want, "tensor%d", i);
+        listed |= zd_named_tensors_tensor(all, i) == g &&
+                  !strcmp(zd_named_tensors_name(all, i), *zd_tensor_name(t) ? zd_tensor_name(t)
+                                                                            : want);
+    }
+    zd_named_tensors_free(all);
+    if (!listed) {
+        zd_tensor_unref(g);
+        return world_fail(w, "the local gradient is not in zd_dist_autograd_get_gradients");
+    }
     int ok = close_to(zd_tensor_data(g), expect, N, 1e-5f);
     if (!ok)
         world_fail(w, "local grad %g %g %g %g, expected %g %g %g %g", zd_tensor_data(g)[0],
@@ -326,7 +355,7 @@ static int chain_body(const world_t *w)
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return world_fail(w, "begin: %s", zd_error_last());
     int hops = 5, visits[N] = {0};
-    zd_tensor_t *y = call_tensor(1, "chain", zd_rpc_args("ti", x, (int64_t)(hops - 1)));
+    zd_tensor_t *y = call_tensor(1, "chain", zd__rpc_args("ti", x, (int64_t)(hops - 1)));
     if (!y || backward_sum(ctx, y) < 0)
         return world_fail(w, "chain: %s", zd_error_last());
     int r = 1;
@@ -368,7 +397,7 @@ static int fanout_body(const world_t *w)
     zd_tensor_t *x = x_leaf(2.0f);
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return -1;
-    zd_value_t *ax = zd_rpc_args("t", x);
+    zd_value_t *ax = zd__rpc_args("t", x);
     zd_future_t *f1 = zd_rpc_async(1, "mul_w", ax, -1);
     zd_future_t *f2 = zd_rpc_async(2, "mul_w", ax, -1);
     zd_value_unref(ax);
@@ -377,7 +406,7 @@ static int fanout_body(const world_t *w)
         return world_fail(w, "fan-out: %s", zd_error_last());
     zd_value_get_tensor(zd_future_value(f1), &y1);
     zd_value_get_tensor(zd_future_value(f2), &y2);
-    p = call_tensor(1, "pair", zd_rpc_args("tt", x, x));   /* same tensor twice */
+    p = call_tensor(1, "pair", zd__rpc_args("tt", x, x));   /* same tensor twice */
     if (!p || zd_tensor_add(y1, y2, &s) < 0 || zd_tensor_add(s, p, &s2) < 0 ||
         backward_sum(ctx, s2) < 0)
         return world_fail(w, "fan-out backward: %s", zd_error_last());
@@ -403,7 +432,7 @@ static int fanout_body(const world_t *w)
     /* An RRef created and fetched under a context. */
     zd_tensor_t *xr = x_leaf(-1.0f);
     if (rc == 0 && zd_dist_autograd_context_begin(&ctx) == 0) {
-        zd_value_t *axr = zd_rpc_args("t", xr);
+        zd_value_t *axr = zd__rpc_args("t", xr);
         zd_rref_t *ref = zd_rpc_remote(2, "mul_w", axr, -1);
         zd_value_unref(axr);
         zd_value_t *v = NULL;
@@ -447,8 +476,8 @@ static int unused_body(const world_t *w)
     int64_t ctx;
     zd_tensor_t *x = x_leaf(1.0f);
     zd_dist_autograd_context_begin(&ctx);
-    zd_tensor_t *a = call_tensor(1, "split", zd_rpc_args("t", x));
-    zd_tensor_t *b = call_tensor(1, "use_h", zd_rpc_args(""));   /* never used */
+    zd_tensor_t *a = call_tensor(1, "split", zd__rpc_args("t", x));
+    zd_tensor_t *b = call_tensor(1, "use_h", zd__rpc_args(""));   /* never used */
     if (!a || !b || backward_sum(ctx, a) < 0)
         return world_fail(w, "unused output: %s", zd_error_last());
     float ex[N], ew[N];
@@ -494,7 +523,7 @@ static int trainers_body(const world_t *w)
         zd_tensor_t *x = vec(xv);
         if (zd_dist_autograd_context_begin(&ctx) < 0)
             return world_fail(w, "begin: %s", zd_error_last());
-        zd_tensor_t *y = call_tensor(0, "mul_w", zd_rpc_args("t", x));
+        zd_tensor_t *y = call_tensor(0, "mul_w", zd__rpc_args("t", x));
         int rc = y ? backward_sum(ctx, y) : -1;
         if (rc < 0)
             return world_fail(w, "iteration %d: %s", it, zd_error_last());
@@ -536,7 +565,7 @@ static int memory_body(const world_t *w)
             return world_fail(w, "begin: %s", zd_error_last());
         if (it == 0 && (zd_rpc_get_debug_value("num_autograd_contexts", &here) < 0 || here != 1))
             return world_fail(w, "one live context, debug info says %lld", (long long)here);
-        zd_tensor_t *y = call_tensor(1, "mul_w", zd_rpc_args("t", x));
+        zd_tensor_t *y = call_tensor(1, "mul_w", zd__rpc_args("t", x));
         if (!y || backward_sum(ctx, y) < 0 || zd_dist_autograd_context_end(ctx, -1) < 0)
             return world_fail(w, "iteration %d: %s", it, zd_error_last());
         zd_tensor_unref(y);
@@ -576,7 +605,7 @@ static int errors_body(const world_t *w)
     int64_t ctx;
     zd_tensor_t *x = x_leaf(1.0f);
     zd_dist_autograd_context_begin(&ctx);
-    zd_tensor_t *y = call_tensor(1, "fail_bw", zd_rpc_args("t", x));
+    zd_tensor_t *y = call_tensor(1, "fail_bw", zd__rpc_args("t", x));
     if (!y)
         return world_fail(w, "fail_bw: %s", zd_error_last());
     if (backward_sum(ctx, y) == 0)
@@ -588,7 +617,7 @@ static int errors_body(const world_t *w)
     zd_tensor_unref(y);
 
     zd_dist_autograd_context_begin(&ctx);
-    y = call_tensor(2, "die_bw", zd_rpc_args("t", x));
+    y = call_tensor(2, "die_bw", zd__rpc_args("t", x));
     if (!y)
         return world_fail(w, "die_bw: %s", zd_error_last());
     if (backward_sum(ctx, y) == 0)
@@ -717,8 +746,8 @@ static int net_body(const world_t *w)
         zd_tensor_t *target = golden_tensor(golden, "input", "target");
         zd_tensor_t *flat = NULL, *logprobs = NULL, *loss = NULL;
         zd_dist_autograd_context_begin(&ctx);
-        flat = call_tensor(1, "net_conv", zd_rpc_args("t", x));
-        logprobs = flat ? call_tensor(2, "net_fc", zd_rpc_args("t", flat)) : NULL;
+        flat = call_tensor(1, "net_conv", zd__rpc_args("t", x));
+        logprobs = flat ? call_tensor(2, "net_fc", zd__rpc_args("t", flat)) : NULL;
         if (!logprobs || zd_nn_nll_loss(logprobs, target, &loss) < 0 ||
             zd_dist_autograd_backward(ctx, &loss, 1, false) < 0)
             rc = world_fail(w, "net: %s", zd_error_last());
@@ -728,7 +757,7 @@ static int net_body(const world_t *w)
         /* conv1.*, conv2.* live on rank 1; fc1.*, fc2.* on rank 2 */
         int64_t m1 = 0, m2 = 0;
         for (int k = 1; rc == 0 && k <= 2; k++) {
-            zd_value_t *r, *a = zd_rpc_args("iii", ctx, (int64_t)(k == 1 ? 0 : 4), (int64_t)4);
+            zd_value_t *r, *a = zd__rpc_args("iii", ctx, (int64_t)(k == 1 ? 0 : 4), (int64_t)4);
             if (zd_rpc_sync(k, "net_check", a, -1, &r) == 0) {
                 zd_value_get_int(r, k == 1 ? &m1 : &m2);
                 zd_value_unref(r);

@@ -145,17 +145,40 @@ static int train_step_body(const world_t *w)
     WCHECK(rm);
     WCHECK(zd_remote_module_owner(rm) == 1);
 
-    /* The optimizer over both: local RRefs and the remote module's. */
-    int n_local, n_remote;
-    zd_rref_t **lr, **rr;
-    WTRY(zd_dist_nn_parameter_rrefs(local, &n_local, &lr));
-    WTRY(zd_remote_module_remote_parameters(rm, &n_remote, &rr));
-    WCHECK(n_local == 2 && n_remote == 2);
-    WCHECK(zd_rref_is_owner(lr[0]) && !zd_rref_is_owner(rr[0]) && zd_rref_owner(rr[0]) == 1);
-    zd_rref_t *all[4] = {lr[0], lr[1], rr[0], rr[1]};
-    zd_dist_optim_t *opt;
+    /* A tied weight (one tensor registered twice) gets one RRef, as
+       PyTorch's parameters() lists it once. */
+    int64_t two = 2;
+    zd_nn_module_t *tied = zd_nn_module_new("Tied", NULL, NULL, NULL);
+    zd_tensor_t *tw = zd_tensor_new(ZD_FLOAT32, 1, &two);
+    WCHECK(tied && tw);
+    WTRY(zd_nn_module_register_parameter(tied, "a", tw));
+    WTRY(zd_nn_module_register_parameter(tied, "b", tw));
+    zd_rref_list_t *tl = zd_dist_nn_parameter_rrefs(tied);
+    WCHECK(tl && zd_rref_list_len(tl) == 1);
+    zd_rref_list_free(tl);
+    zd_tensor_unref(tw);
+    zd_nn_module_free(tied);
+    WCHECK(!zd_dist_nn_parameter_rrefs(NULL) && zd_error_code() == ZD_ERR_ARGUMENT);
+
+    /* The optimizer over both: local RRefs and the remote module's,
+       gathered as PyTorch's params.extend(m.remote_parameters()). */
+    zd_rref_list_t *lr = zd_dist_nn_parameter_rrefs(local);
+    zd_rref_list_t *rr = zd_remote_module_remote_parameters(rm);
+    zd_rref_list_t *all = zd_rref_list_new();
+    WCHECK(lr && rr && all);
+    WCHECK(zd_rref_list_len(lr) == 2 && zd_rref_list_len(rr) == 2);
+    WCHECK(zd_rref_is_owner(zd_rref_list_get(lr, 0)));
+    WCHECK(!zd_rref_is_owner(zd_rref_list_get(rr, 0)) && zd_rref_owner(zd_rref_list_get(rr, 0)) == 1);
+    WTRY(zd_rref_list_extend(all, lr));
+    WTRY(zd_rref_list_extend(all, rr));
+    WCHECK(zd_rref_list_len(all) == 4 && zd_rref_list_get(all, 2) == zd_rref_list_get(rr, 0));
+    /* The same RRefs again change nothing: each value is listed once. */
+    WTRY(zd_rref_list_extend(all, rr));
+    WTRY(zd_rref_list_append(all, zd_rref_list_get(lr, 1)));
+    WCHECK(zd_rref_list_len(all) == 4 && !zd_rref_list_get(all, 4) && !zd_rref_list_get(all, -1));
     zd_optim_config_t cfg = zd_optim_sgd_defaults(LR);
-    WTRY(zd_dist_optim_new(&cfg, all, 4, &opt));
+    zd_dist_optim_t *opt = zd_dist_optim_new(&cfg, all);
+    WCHECK(opt);
     WCHECK(zd_dist_optim_num_owners(opt) == 2);
 
     /* Expected numbers, in doubles. */
@@ -234,8 +257,9 @@ static int train_step_body(const world_t *w)
     zd_tensor_unref(x1);
 
     zd_dist_optim_free(opt);
-    zd_dist_nn_rrefs_free(n_local, lr);
-    zd_dist_nn_rrefs_free(n_remote, rr);
+    zd_rref_list_free(all);
+    zd_rref_list_free(lr);
+    zd_rref_list_free(rr);
     zd_remote_module_free(rm);
     zd_nn_module_free(local);
     zd_tensor_unref(w_loss);
@@ -408,7 +432,10 @@ static int no_init_body(const world_t *w)
     if (w->rank != 0)
         return 0;
     WCHECK(!zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 0)));
-    WCHECK(strstr(zd_error_last(), "did worker 1 call zd_dist_nn_init()"));
+    /* As a missing zd_dist_optim_init(): the same code, the same words. */
+    WCHECK(zd_error_code() == ZD_ERR_NOT_INITIALIZED);
+    WCHECK(strstr(zd_error_last(), "zd_dist_nn_init() was not called on \"worker1\" before "
+                  "zd_rpc_init()"));
     zd_tensor_unref(w_loss);
     return 0;
 }

@@ -19,6 +19,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/dist_fixtures.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define N 4
 #define LR 0.125f   /* a power of two keeps the expected values exact */
@@ -110,7 +111,7 @@ static int iteration(zd_dist_optim_t *opt, int owners_from, int owners_to, const
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *total = NULL;
     int rc = 0;
     for (int k = owners_from; rc == 0 && k <= owners_to; k++) {
-        zd_value_t *a = zd_rpc_args("t", x), *r;
+        zd_value_t *a = zd__rpc_args("t", x), *r;
         zd_tensor_t *y, *s, *t2;
         if (zd_rpc_sync(k, "mul_w", a, -1, &r) < 0 || zd_value_get_tensor(r, &y) < 0 ||
             zd_tensor_sum(y, &s) < 0)
@@ -191,7 +192,7 @@ static int basic_body(const world_t *w)
     int64_t before[3], during[3], after[3];
     if (owned_counts(before) < 0)
         return world_fail(w, "owned: %s", zd_error_last());
-    if (zd_dist_optim_new(&cfg, refs, 3, &opt) < 0)
+    if (!(opt = dist_optim_over(&cfg, refs, 3)))
         return world_fail(w, "zd_dist_optim_new: %s", zd_error_last());
     if (zd_dist_optim_num_owners(opt) != 3)
         return world_fail(w, "%d owners", zd_dist_optim_num_owners(opt));
@@ -232,7 +233,7 @@ static int basic_body(const world_t *w)
 
     /* Bad hyper-parameters are refused before anything is created. */
     cfg.lr = -1;
-    if (zd_dist_optim_new(&cfg, refs, 3, &opt) == 0 || !strstr(zd_error_last(), "learning rate"))
+    if ((opt = dist_optim_over(&cfg, refs, 3)) || !strstr(zd_error_last(), "learning rate"))
         return world_fail(w, "a negative lr was accepted: %s", zd_error_last());
     for (int k = 0; k < 3; k++)
         zd_rref_unref(refs[k]);
@@ -257,7 +258,7 @@ static int concurrent_body(const world_t *w)
     zd_rref_t *ref = param_rref_of(0);
     zd_optim_config_t cfg = zd_optim_sgd_defaults(LR);
     zd_dist_optim_t *opt;
-    if (!ref || zd_dist_optim_new(&cfg, &ref, 1, &opt) < 0)
+    if (!ref || !(opt = dist_optim_over(&cfg, &ref, 1)))
         return world_fail(w, "zd_dist_optim_new: %s", zd_error_last());
     for (int s = 0; s < STEPS; s++) {
         float x[N] = {(float)w->rank, 0.5f, 0.25f, 1};

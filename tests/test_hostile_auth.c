@@ -32,6 +32,7 @@
 #include "rpc/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static char g_key[256];     /* the world key file of the test (made in the parent) */
 
@@ -112,7 +113,7 @@ static zd_value_t *h_saw(zd_rpc_call_t *call, zd_value_t *args, void *arg)
    0, or -1 when the call failed. */
 static int peer_saw(int to, const char *needle)
 {
-    zd_value_t *args = zd_rpc_args("s", needle), *r = NULL;
+    zd_value_t *args = zd__rpc_args("s", needle), *r = NULL;
     int64_t v = 0;
     int rc = zd_rpc_sync(to, "saw", args, -1, &r);
     zd_value_unref(args);

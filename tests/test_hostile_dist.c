@@ -40,6 +40,7 @@
 #include "examples/ps_net.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define B 32
 #define K 8
@@ -284,7 +285,7 @@ static int attack_gradients(intruder_t *in)
     uint8_t extra[26];
     dist_extra(extra, ctx, 0, 1);
     zd_tensor_t *x = make_x(0);
-    zd_value_t *args = zd_rpc_args("t", x);
+    zd_value_t *args = zd__rpc_args("t", x);
     zd_tensor_unref(x);
     uint64_t id = intruder_call(in, 0, "ps_fwd", args, extra, sizeof extra), msg = 0;
     zd_value_unref(args);
@@ -300,17 +301,17 @@ static int attack_gradients(intruder_t *in)
     zd_tensor_t *tiny = zd_tensor_new(ZD_FLOAT32, 1, &one);
     zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, 2, shape);
     int rc = expect_refused(in, "__dist_backward",
-                            zd_rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, tiny),
+                            zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, tiny),
                             NULL, "from peer \"worker2\" (rank 2)");
     if (rc == 0)
         rc = expect_refused(in, "__dist_backward",
-                            zd_rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, bytes),
+                            zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, bytes),
                             NULL, "is uint8 [32,10]");
     zd_tensor_unref(tiny);
     zd_tensor_unref(bytes);
     /* Its own context it may release (it made it). */
     intruder_answer_t a;
-    zd_value_t *rel = zd_rpc_args("i", ctx);
+    zd_value_t *rel = zd__rpc_args("i", ctx);
     if (rc == 0 && (intruder_call_wait(in, 0, "__dist_release", rel, 10000, &a) != 1 ||
                     a.type != RPC_MSG_REPLY)) {
         fprintf(stderr, "the intruder could not release its own context: %s\n", a.text);
@@ -326,7 +327,7 @@ static int attack_lamport(intruder_t *in)
 {
     uint8_t extra[26];
     dist_extra(extra, (int64_t)(UINT64_C(2) << 48 | 1002), 0, UINT64_MAX);
-    return expect_refused(in, "ps_ping", zd_rpc_args("i", (int64_t)0), extra,
+    return expect_refused(in, "ps_ping", zd__rpc_args("i", (int64_t)0), extra,
                           "implausible sequence number");
 }
 
@@ -340,7 +341,7 @@ static int attack_flood(intruder_t *in)
     for (int k = 0; k < FLOOD; k++) {
         uint8_t extra[26];
         dist_extra(extra, (int64_t)(UINT64_C(2) << 48 | (uint64_t)(5000 + k)), 0, 1);
-        zd_value_t *args = zd_rpc_args("i", (int64_t)k);
+        zd_value_t *args = zd__rpc_args("i", (int64_t)k);
         uint64_t id = intruder_call(in, 0, "ps_ping", args, extra, sizeof extra);
         zd_value_unref(args);
         if (!first)
@@ -365,7 +366,7 @@ static int attack_flood(intruder_t *in)
     }
     uint8_t extra[26];
     dist_extra(extra, (int64_t)(UINT64_C(9) << 48 | 1), 0, 1);
-    return expect_refused(in, "ps_ping", zd_rpc_args("i", (int64_t)0), extra,
+    return expect_refused(in, "ps_ping", zd__rpc_args("i", (int64_t)0), extra,
                           "not made by a member of this world");
 }
 
@@ -385,15 +386,15 @@ static int step(int s, intruder_t *in)
     int64_t ctx;
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         goto out;
-    zd_value_t *args = zd_rpc_args("t", x);
+    zd_value_t *args = zd__rpc_args("t", x);
     int frc = zd_rpc_sync(0, "ps_fwd", args, ZD_TIMEOUT_DEFAULT, &res);
     zd_value_unref(args);
     if (frc < 0 || zd_value_get_tensor(res, &y) < 0)
         goto end;
     zd_tensor_ref(y);
-    if (in && (expect_refused(in, "__dist_release", zd_rpc_args("i", ctx), NULL,
+    if (in && (expect_refused(in, "__dist_release", zd__rpc_args("i", ctx), NULL,
                               "which took no part in it") < 0 ||
-               expect_refused(in, "__dist_flush", zd_rpc_args("ii", ctx, (int64_t)1), NULL,
+               expect_refused(in, "__dist_flush", zd__rpc_args("ii", ctx, (int64_t)1), NULL,
                               "which took no part in it") < 0))
         goto end;
     if (zd_tensor_mul(y, m, &ym) < 0 || zd_tensor_sum(ym, &loss) < 0 ||
@@ -472,9 +473,12 @@ static int setup(const world_t *w)
     if (w->rank == 0) {
         server_w = make(K, C, w_at);
         zd_tensor_set_requires_grad(server_w, true);
-        zd_dist_autograd_limits_t l = {.max_contexts = 64, .max_contexts_per_peer = PER_PEER,
-                                       .idle_timeout_ms = IDLE_MS};
-        zd_dist_autograd_set_limits(&l);
+        zd_dist_autograd_limits_t l = zd_dist_autograd_limits_default();
+        l.max_contexts = 64;
+        l.max_contexts_per_peer = PER_PEER;
+        l.idle_timeout_ms = IDLE_MS;
+        if (zd_dist_autograd_set_limits(&l) < 0)
+            return -1;
         zd_log_set_sink(log_sink, NULL);
     }
     if (zd_rpc_register("ps_fwd", fn_fwd, NULL) < 0 || zd_rpc_register("ps_ping", fn_ping, NULL) < 0 ||
@@ -587,22 +591,25 @@ static int ps_step(zd_tensor_t *x, float *before, float *after)
     zd_dist_optim_t *opt = NULL;
     zd_tensor_t *out = NULL, *loss = NULL, *p;
     int64_t ctx = -1;
-    zd_rref_t *params[16];
-    int rc = zd_rpc_sync(0, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &list);
-    int n = rc == 0 ? (int)zd_list_len(list) : 0;
-    for (int i = 0; rc == 0 && i < n && i < 16; i++)
-        rc = zd_rpc_arg_rref(list, (size_t)i, &params[i]);
+    zd_rref_list_t *params = zd_rref_list_new();
+    int rc = params ? zd_rpc_sync(0, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &list) : -1;
+    size_t n = rc == 0 ? zd_list_len(list) : 0;
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        zd_rref_t *pr;
+        rc = zd_rpc_arg_rref(list, i, &pr) < 0 ? -1 : zd_rref_list_append(params, pr);
+    }
     zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
-    if (rc == 0)
-        rc = zd_dist_optim_new(&cfg, params, n, &opt);
-    if (rc == 0 && (rc = zd_rref_to_here(params[0], ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
+    if (rc == 0 && !(opt = zd_dist_optim_new(&cfg, params)))
+        rc = -1;
+    if (rc == 0 &&
+        (rc = zd_rref_to_here(zd_rref_list_get(params, 0), ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
         (rc = zd_value_get_tensor(v, &p)) == 0)
         *before = ((float *)zd_tensor_data(p))[0];
     zd_value_unref(v);
     v = NULL;
     if (rc == 0)
         rc = zd_dist_autograd_context_begin(&ctx);
-    zd_value_t *r = NULL, *fargs = zd_rpc_args("iti", (int64_t)0, x, (int64_t)1);
+    zd_value_t *r = NULL, *fargs = zd__rpc_args("iti", (int64_t)0, x, (int64_t)1);
     if (rc == 0 && (rc = zd_rpc_sync(0, "ps_forward", fargs, ZD_TIMEOUT_DEFAULT, &r)) == 0 &&
         (rc = zd_value_get_tensor(r, &out)) == 0)
         zd_tensor_ref(out);
@@ -617,13 +624,15 @@ static int ps_step(zd_tensor_t *x, float *before, float *after)
     snprintf(step_error, sizeof step_error, "%s", zd_error_last());
     if (ctx != -1)
         zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
-    if (rc == 0 && (rc = zd_rref_to_here(params[0], ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
+    if (rc == 0 &&
+        (rc = zd_rref_to_here(zd_rref_list_get(params, 0), ZD_TIMEOUT_DEFAULT, &v)) == 0 &&
         (rc = zd_value_get_tensor(v, &p)) == 0)
         *after = ((float *)zd_tensor_data(p))[0];
     zd_value_unref(v);
     zd_tensor_unref(out);
     zd_tensor_unref(loss);
     zd_dist_optim_free(opt);
+    zd_rref_list_free(params);
     zd_value_unref(list);
     if (rc < 0)
         return -2;
@@ -652,14 +661,14 @@ static int ps_trainer0(const world_t *w)
 {
     (void)w;
     int64_t at = -1;
-    WTRY(ps_int(zd_rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)5), "ps_checkpoint", NULL));
+    WTRY(ps_int(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)5), "ps_checkpoint", NULL));
     float before = 0, after = 0;
     zd_tensor_t *x = images(8, 1, 0.5f);
     WCHECK(ps_step(x, &before, &after) == 0);
     zd_tensor_unref(x);
     WCHECK(before != after);   /* a legitimate step is applied */
-    WTRY(ps_int(zd_rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)7), "ps_checkpoint", NULL));
-    WTRY(ps_int(zd_rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point", &at));
+    WTRY(ps_int(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)7), "ps_checkpoint", NULL));
+    WTRY(ps_int(zd__rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point", &at));
     WCHECK(at == 7);
     WTRY(ps_int(NULL, "t_done", NULL));
     return 0;
@@ -669,20 +678,20 @@ static int ps_trainer1(const world_t *w)
 {
     (void)w;
     /* Trainer 1 (rank 2) cannot move or read trainer 0's position. */
-    WTRY(ps_refused(zd_rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)999), "ps_checkpoint",
+    WTRY(ps_refused(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)999), "ps_checkpoint",
                     "the caller is trainer 1"));
-    WTRY(ps_refused(zd_rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point",
+    WTRY(ps_refused(zd__rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point",
                     "the caller is trainer 1"));
     int64_t own = -1;
-    WTRY(ps_int(zd_rpc_args("ii", (int64_t)0, (int64_t)1), "ps_resume_point", &own));
+    WTRY(ps_int(zd__rpc_args("ii", (int64_t)0, (int64_t)1), "ps_resume_point", &own));
     WCHECK(own == 0);
     /* Batches the server does not take. */
     zd_tensor_t *big = images(PS_MAX_BATCH + 1, 1, 0.5f), *rgb = images(4, 3, 0.5f);
-    WTRY(ps_refused(zd_rpc_args("iti", (int64_t)0, big, (int64_t)1), "ps_forward",
+    WTRY(ps_refused(zd__rpc_args("iti", (int64_t)0, big, (int64_t)1), "ps_forward",
                     "a batch of 65 images; this server takes 1 to 64"));
-    WTRY(ps_refused(zd_rpc_args("iti", (int64_t)0, rgb, (int64_t)1), "ps_forward",
+    WTRY(ps_refused(zd__rpc_args("iti", (int64_t)0, rgb, (int64_t)1), "ps_forward",
                     "this one is float32 [4,3,28,28]"));
-    WTRY(ps_refused(zd_rpc_args("ti", big, (int64_t)1), "ps_fc1_part", "only shard 0"));
+    WTRY(ps_refused(zd__rpc_args("ti", big, (int64_t)1), "ps_fc1_part", "only shard 0"));
     zd_tensor_unref(big);
     zd_tensor_unref(rgb);
     /* A nan batch: its gradients are not finite, the step is refused and

@@ -37,6 +37,7 @@
 #include "tests/support/dist_fixtures.h"
 #include "tests/support/program.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define N 4
 #define LR 0.125
@@ -89,7 +90,9 @@ static zd_value_t *fn_set_limits(zd_rpc_call_t *call, zd_value_t *args, void *ar
     if (zd_rpc_arg_float(args, 0, &lr) < 0 || zd_rpc_arg_float(args, 1, &max_change) < 0)
         return NULL;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(lr);
-    zd_dist_optim_owner_limits_t l = {.config = lr < 0 ? NULL : &cfg, .max_change = max_change};
+    zd_dist_optim_owner_limits_t l = zd_dist_optim_owner_limits_default();
+    l.config = lr < 0 ? NULL : &cfg;
+    l.max_change = max_change;
     return zd_dist_optim_set_owner_limits(&l) < 0 ? NULL : zd_value_none();
 }
 
@@ -167,7 +170,7 @@ static int iteration(zd_dist_optim_t *opt)
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return -1;
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *y, *s = NULL;
-    zd_value_t *a = zd_rpc_args("t", x), *r = NULL;
+    zd_value_t *a = zd__rpc_args("t", x), *r = NULL;
     int rc = zd_rpc_sync(0, "mul_w", a, -1, &r) == 0 && zd_value_get_tensor(r, &y) == 0 &&
                      zd_tensor_sum(y, &s) == 0
                  ? 0 : -1;
@@ -196,7 +199,7 @@ static int step_with(double lr)
         return -3;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(lr);
     zd_dist_optim_t *opt = NULL;
-    int rc = zd_dist_optim_new(&cfg, &p, 1, &opt) < 0 ? -1 : iteration(opt) < 0 ? -2 : 0;
+    int rc = !(opt = dist_optim_over(&cfg, &p, 1)) ? -1 : iteration(opt) < 0 ? -2 : 0;
     char error[1024];
     snprintf(error, sizeof error, "%s", zd_error_last());
     zd_dist_optim_free(opt);
@@ -214,7 +217,7 @@ static zd_value_t *fn_step_with(zd_rpc_call_t *call, zd_value_t *args, void *arg
     if (zd_rpc_arg_float(args, 0, &lr) < 0)
         return NULL;
     int rc = step_with(lr);
-    return zd_rpc_args("is", (int64_t)rc, rc < 0 ? zd_error_last() : "");
+    return zd__rpc_args("is", (int64_t)rc, rc < 0 ? zd_error_last() : "");
 }
 
 static int setup(const world_t *w)
@@ -244,7 +247,7 @@ static int setup(const world_t *w)
 /*  Rank 2 steps at lr: its rc, and its error in text. */
 static int64_t bad_step(double lr, char *text, size_t size)
 {
-    zd_value_t *args = zd_rpc_args("f", lr), *r = NULL;
+    zd_value_t *args = zd__rpc_args("f", lr), *r = NULL;
     int64_t rc = 1;
     const char *s = "";
     if (zd_rpc_sync(2, "step_with", args, -1, &r) == 0 && zd_rpc_arg_int(r, 0, &rc) == 0)
@@ -257,7 +260,7 @@ static int64_t bad_step(double lr, char *text, size_t size)
 
 static int set_limits(double lr, double max_change)
 {
-    zd_value_t *args = zd_rpc_args("ff", lr, max_change), *r = NULL;
+    zd_value_t *args = zd__rpc_args("ff", lr, max_change), *r = NULL;
     int rc = zd_rpc_sync(0, "set_limits", args, -1, &r);
     zd_value_unref(args);
     zd_value_unref(r);
@@ -266,7 +269,7 @@ static int set_limits(double lr, double max_change)
 
 static int logged(const char *a, const char *b)
 {
-    zd_value_t *args = zd_rpc_args("ss", a, b), *r = NULL;
+    zd_value_t *args = zd__rpc_args("ss", a, b), *r = NULL;
     int64_t found = 0;
     if (zd_rpc_sync(0, "logged", args, -1, &r) == 0)
         zd_value_get_int(r, &found);
@@ -306,7 +309,7 @@ static int driver(const world_t *w)
     WCHECK(p != NULL);
     zd_optim_config_t cfg = zd_optim_sgd_defaults(LR);
     zd_dist_optim_t *good = NULL;
-    WTRY(zd_dist_optim_new(&cfg, &p, 1, &good));
+    WCHECK((good = dist_optim_over(&cfg, &p, 1)) != NULL);
 
     /* 1: finite gradients, a step that makes w[3] inf (2 - 1e38 x 4) is
        undone. */
@@ -336,7 +339,7 @@ static int driver(const world_t *w)
     WTRY(iteration(good));   /* made before the limits: goes on */
     WTRY(check_w(w, 3));
     zd_dist_optim_t *again = NULL;
-    WTRY(zd_dist_optim_new(&cfg, &p, 1, &again));   /* the owner's config: taken */
+    WCHECK((again = dist_optim_over(&cfg, &p, 1)) != NULL);   /* the owner's config: taken */
     WTRY(iteration(again));
     WTRY(check_w(w, 4));
     zd_dist_optim_free(again);

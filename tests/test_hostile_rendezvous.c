@@ -37,6 +37,7 @@
 #include "rpc/security.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static char g_dir[128], g_key[256];
 
@@ -326,7 +327,7 @@ static int world_flood(const world_t *w)
         WCHECK(t);
         for (int64_t i = 0; i < count; i++)
             zd_tensor_data(t)[i] = (float)i;
-        zd_value_t *args = zd_rpc_args("t", t), *r;
+        zd_value_t *args = zd__rpc_args("t", t), *r;
         int rc = zd_rpc_sync(0, "echo", args, -1, &r);
         if (rc < 0)
             return world_fail(w, "with %lld descriptors open at rank 0, a call failed: %s",

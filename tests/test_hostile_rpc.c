@@ -37,6 +37,7 @@
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define MIB ((int64_t)1 << 20)
 
@@ -183,7 +184,7 @@ static zd_value_t *h_big_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     uint8_t *p = zd_tensor_raw(t);
     for (int64_t i = 0; i < shape[0]; i++)
         p[i] = (uint8_t)(i * 7);
-    zd_value_t *r = NULL, *a = zd_rpc_args("t", t);
+    zd_value_t *r = NULL, *a = zd__rpc_args("t", t);
     /* Not the world's 3 s call timeout: rank 0 is under attack meanwhile,
        and on a loaded machine (load 25) 20 MiB took longer than that. */
     int ok = zd_rpc_sync(0, "echo", a, world_scaled_ms(60000), &r) == 0;
@@ -231,7 +232,7 @@ static int setup(const world_t *w)
 
 static int64_t add_on_0(int64_t x, int64_t y)
 {
-    zd_value_t *r = NULL, *a = zd_rpc_args("ii", x, y);
+    zd_value_t *r = NULL, *a = zd__rpc_args("ii", x, y);
     int64_t v = -1;
     if (zd_rpc_sync(0, "add", a, -1, &r) == 0)
         zd_value_get_int(r, &v);
@@ -245,7 +246,7 @@ static int64_t add_on_0(int64_t x, int64_t y)
 static int logged_via(int via, const char *a, const char *b)
 {
     int64_t deadline = world_now_ms() + 10000;
-    zd_value_t *args = zd_rpc_args("ss", a, b);
+    zd_value_t *args = zd__rpc_args("ss", a, b);
     int64_t found = 0;
     while (!found && world_now_ms() < deadline) {
         zd_value_t *r = NULL;
@@ -372,7 +373,7 @@ static int attack_stream_bomb(const char *ep)
     }
     WCHECK(logged("(rank 1)", "would pass this rank's share of memory for streams"));
     /* A bystander's large tensor still streams in meanwhile. */
-    zd_value_t *r = NULL, *args = zd_rpc_args("s", "x");
+    zd_value_t *r = NULL, *args = zd__rpc_args("s", "x");
     int64_t ok = 0;
     WCHECK(zd_rpc_sync(2, "big_echo", NULL, 60000, &r) == 0);
     WCHECK(zd_value_get_int(r, &ok) == 0 && ok == 1);
@@ -429,7 +430,7 @@ static int attack_calls(const char *ep)
            CALLS - CAP);
     WCHECK(logged_via(2, "(rank 1)", "busy: too many calls from rank 1"));
     /* Rank 1 is at its cap; a bystander is not. */
-    zd_value_t *r = NULL, *args = zd_rpc_args("s", "release_all");
+    zd_value_t *r = NULL, *args = zd__rpc_args("s", "release_all");
     int64_t n = 0;
     WCHECK(zd_rpc_sync(2, "proxy", args, -1, &r) == 0);
     WCHECK(zd_value_get_int(r, &n) == 0 && n == CAP);
@@ -472,7 +473,7 @@ static int attack_garbage(const char *ep)
     WCHECK(intruder_open_as(&in, ep, 1, 65534) == 0);
     /* RPC_WIRE_F_INTERNAL on a user function: served as a user call (first:
        the garbage below uses up the second's log lines). */
-    zd_value_t *args = zd_rpc_args("ii", (int64_t)2, (int64_t)4);
+    zd_value_t *args = zd__rpc_args("ii", (int64_t)2, (int64_t)4);
     rpc_encoded_t e = {0};
     WCHECK(zd__value_encode(args, NULL, 0, &e) == 0);
     zd_value_unref(args);

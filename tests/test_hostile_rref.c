@@ -34,6 +34,7 @@
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define GUESSES 400           /* ids tried per creator rank */
 #define WAIT_MS 300           /* the forged requests' timeout: how long they may wait */
@@ -122,7 +123,7 @@ static zd_value_t *h_prepare(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_value_unref(res);
     if (int_value(created) != 4242 || int_value(given) != 5151)
         return NULL;
-    return zd_rpc_args("ii", (int64_t)created->rref_id, (int64_t)given->rref_id);
+    return zd__rpc_args("ii", (int64_t)created->rref_id, (int64_t)given->rref_id);
 }
 
 /*  "finish"() -> 1 when the values are still there; releases both. */
@@ -291,9 +292,9 @@ static int intruder(const world_t *w)
         rc = attack_known(&in, (uint64_t)created_id, (uint64_t)given_id);
     intruder_close(&in);
     WCHECK(rc == 0);
-    WCHECK(call_ints(0, "logged", zd_rpc_args("ss", "(rank 2)", "holds no fork of that RRef"),
+    WCHECK(call_ints(0, "logged", zd__rpc_args("ss", "(rank 2)", "holds no fork of that RRef"),
                      NULL) == 1);
-    WCHECK(call_ints(0, "logged", zd_rpc_args("ss", "(rank 2)", "forks made by the owner"),
+    WCHECK(call_ints(0, "logged", zd__rpc_args("ss", "(rank 2)", "forks made by the owner"),
                      NULL) == 1);
     /* The holder still has both values; once it lets go, the owner frees
        them: no forged fork keeps them. */

@@ -35,6 +35,7 @@
 #include "rpc/shm.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define N_TARGETS 65536   /* int64: 512 KiB, over the shared-memory threshold */
 #define CLASSES 10
@@ -103,7 +104,7 @@ static zd_value_t *h_refused(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
-    return zd_rpc_args("is", (int64_t)refused, refusal);
+    return zd__rpc_args("is", (int64_t)refused, refusal);
 }
 
 static void sink(zd_log_level_t level, const char *who, const char *line, void *arg)
@@ -198,7 +199,7 @@ static int attacker(const world_t *w)
     WCHECK(t);
     for (int64_t i = 0; i < n; i++)
         zd_tensor_data_i64(t)[i] = i % CLASSES;
-    zd_value_t *args = zd_rpc_args("t", t);
+    zd_value_t *args = zd__rpc_args("t", t);
     WCHECK(hold_through_segment(args));
     zd_value_unref(args);
     zd_tensor_unref(t);
@@ -303,7 +304,7 @@ static int unsealed(const world_t *w)
     WCHECK(t);
     for (int64_t i = 0; i < n; i++)
         zd_tensor_data_i64(t)[i] = i % CLASSES;
-    zd_value_t *args = zd_rpc_args("t", t);
+    zd_value_t *args = zd__rpc_args("t", t);
     WCHECK(hold_through_segment(args));
     int64_t same;
     WCHECK(call_int("use", NULL, &same) == 0 && same == 1);

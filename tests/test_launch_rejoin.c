@@ -39,6 +39,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 extern char **environ;
 
@@ -58,7 +59,7 @@ static void on_joined(void *arg, int peer, const char *name)
 
 static int echo(int to, int64_t v)
 {
-    zd_value_t *args = zd_rpc_args("i", v), *r = NULL;
+    zd_value_t *args = zd__rpc_args("i", v), *r = NULL;
     int64_t got = -1;
     int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
     zd_value_unref(args);

@@ -26,6 +26,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define CALLS 5
 #define WAIT_MS 30000
@@ -67,7 +68,7 @@ static int square_remotely(const world_t *w, int to)
         return world_fail(w, "begin: %s", zd_error_last());
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v), *y = NULL, *loss = NULL;
     zd_tensor_set_requires_grad(x, true);
-    zd_value_t *a = zd_rpc_args("t", x), *r = NULL;
+    zd_value_t *a = zd__rpc_args("t", x), *r = NULL;
     int rc = zd_rpc_sync(to, "square", a, -1, &r);
     if (rc == 0 && zd_value_get_tensor(r, &y) == 0 && zd_tensor_sum(y, &loss) == 0)
         rc = zd_dist_autograd_backward(ctx, &loss, 1, false);

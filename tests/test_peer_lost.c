@@ -32,6 +32,7 @@
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static zd_future_t *ready, *hang;
 
@@ -88,7 +89,7 @@ static int body(const world_t *w)
            part in; then dies without a word. */
         zd_tensor_t *x = zd_tensor_zeros1(4);
         WCHECK(x && zd_tensor_set_requires_grad(x, true) == 0);
-        zd_value_t *args = zd_rpc_args("t", x);
+        zd_value_t *args = zd__rpc_args("t", x);
         zd_rref_t *r = zd_rpc_remote(0, "echo", args, -1);
         zd_value_t *v = NULL;
         WCHECK(r && zd_rref_to_here(r, -1, &v) == 0);
@@ -269,7 +270,7 @@ static int body_interrupted(const world_t *w)
         zd_tensor_t *big = zd_tensor_zeros1(4 << 20);   /* 16 MiB: more than the
                                                            sockets' buffers hold */
         WCHECK(big != NULL);
-        zd_future_t *f = zd_rpc_async_take(1, "echo", zd_rpc_args("t", big), ZD_TIMEOUT_NONE);
+        zd_future_t *f = zd_rpc_async_take(1, "echo", zd__rpc_args("t", big), ZD_TIMEOUT_NONE);
         zd_tensor_unref(big);
         WCHECK(f != NULL);
         int64_t t0 = world_now_ms();

@@ -100,8 +100,7 @@ static int gradients_match(gradients_run_t *g, int split)
     const float lr = 0.05f;
     zd_tensor_t *ps[NPARAMS];
     zd_optim_config_t cfg = zd_optim_sgd_defaults(lr);
-    zd_rref_t *const *params;
-    int np;
+    const zd_rref_list_t *params;
     WTRY(g->net && g->pn ? 0 : -1);
     WTRY(test_batch(&g->x, &g->y));
 
@@ -128,9 +127,9 @@ static int gradients_match(gradients_run_t *g, int split)
     }
 
     /* One step of each: the shards' parameters move as the Net's. */
-    WTRY(pipeline_net_parameter_rrefs(g->pn, &params, &np));
-    WTRY(np == NPARAMS ? 0 : -1);
-    WTRY(zd_dist_optim_new(&cfg, params, np, &g->opt));
+    WTRY((params = pipeline_net_parameter_rrefs(g->pn)) ? 0 : -1);
+    WTRY(zd_rref_list_len(params) == NPARAMS ? 0 : -1);
+    WTRY((g->opt = zd_dist_optim_new(&cfg, params)) ? 0 : -1);
     WTRY(zd_dist_optim_num_owners(g->opt) == 2 ? 0 : -1);
     WTRY(zd_dist_optim_step(g->opt, g->ctx));
     WTRY((g->local = zd_optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
@@ -140,7 +139,7 @@ static int gradients_match(gradients_run_t *g, int split)
         zd_tensor_t *t = NULL;
         char what[128];
         snprintf(what, sizeof what, "%s after one step", zd_nn_model_param_name(g->net, i));
-        int r = zd_rref_to_here(params[i], -1, &v);
+        int r = zd_rref_to_here(zd_rref_list_get(params, i), -1, &v);
         if (r == 0)
             r = zd_value_get_tensor(v, &t);
         if (r == 0)

@@ -33,6 +33,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static int setup(const world_t *w)
 {
@@ -401,7 +402,7 @@ static int fn_errors(const world_t *w)
     if (w->rank != 0)
         return 0;
     int rc = 0;
-    zd_value_t *a = zd_rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)0, (int64_t)1,
+    zd_value_t *a = zd__rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)0, (int64_t)1,
                               (int64_t)0);
     zd_rref_t *ps = zd_rpc_remote(1, "ParameterServer", a, -1);
     zd_value_unref(a);
@@ -414,7 +415,7 @@ static int fn_errors(const world_t *w)
 
     /* A gradient of the wrong size is refused, naming the method. */
     zd_tensor_t *small = zd_tensor_zeros1(5);
-    a = zd_rpc_args("t", small);
+    a = zd__rpc_args("t", small);
     rc |= expect_error(w, zd_rref_rpc_sync(ps, "ParameterServer.apply_gradients", a, -1, &v),
                        "apply_gradients: gradient 0 is float32 (5)");
     zd_value_unref(a);
@@ -423,13 +424,13 @@ static int fn_errors(const world_t *w)
     rc |= expect_error(w, zd_rref_rpc_sync(ps, "DataWorker.compute_gradients", NULL, -1, &v),
                        "is a ParameterServer");
     /* A second server slice that does not exist. */
-    a = zd_rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)3, (int64_t)2, (int64_t)0);
+    a = zd__rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)3, (int64_t)2, (int64_t)0);
     zd_rref_t *bad = zd_rpc_remote(1, "ParameterServer", a, -1);
     zd_value_unref(a);
     rc |= expect_error(w, zd_rref_to_here(bad, -1, &v), "slice 3 of 2 does not exist");
     zd_rref_unref(bad);
     /* A worker whose data cannot be found. */
-    a = zd_rpc_args("siiisii", "convnet", (int64_t)0, (int64_t)1, (int64_t)8, "/nonexistent",
+    a = zd__rpc_args("siiisii", "convnet", (int64_t)0, (int64_t)1, (int64_t)8, "/nonexistent",
                  (int64_t)0, (int64_t)0);
     zd_rref_t *wk = zd_rpc_remote(2, "DataWorker", a, -1);
     zd_value_unref(a);

@@ -34,6 +34,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define WAIT_MS 30000
 
@@ -70,7 +71,7 @@ static int init(const world_t *w)
 
 static int echo(int to, int64_t v)
 {
-    zd_value_t *args = zd_rpc_args("i", v), *r = NULL;
+    zd_value_t *args = zd__rpc_args("i", v), *r = NULL;
     int64_t got = -1;
     int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
     zd_value_unref(args);

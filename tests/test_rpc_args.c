@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  Typed argument lists and the calls that take them over, through the
     public API: ZD_ARGS (every kind of C value, the conversions, nesting,
-    failures that release what was built), ZD_UNPACK and zd_rpc_unpack
+    failures that release what was built), ZD_UNPACK and zd__rpc_unpack
     (types, arity), the _take calls between two real processes (success,
     remote failure, a NULL list from a failed ZD_ARGS; no tensor leaked),
     and ZD_DIST_AUTOGRAD_CONTEXT (the context released on every way out of
@@ -26,6 +26,7 @@
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static zd_tensor_t *vec(float a, float b)
 {
@@ -96,11 +97,11 @@ static void test_args_kinds_and_values(void **state)
     assert_int_equal(zd_list_len(zd_list_get(inner, 1)), 0);
     assert_int_equal(zd_value_kind(zd_list_get(a, 14)), ZD_VALUE_NONE);
 
-    /* The same list through zd_rpc_args, casts and all. */
-    zd_value_t *b = zd_rpc_args("iiiiiiiffsssvvn", (int64_t)-1, (int64_t)-5, (int64_t)4000000000ll,
-                                INT64_MAX, (int64_t)-300, (int64_t)1, (int64_t)'A', 0.5, 2.25,
-                                "lit", "buf", "const", zd_value_tensor(t),
-                                zd_rpc_args("iv", (int64_t)7, zd_value_list(0)));
+    /* The same list through zd__rpc_args, casts and all. */
+    zd_value_t *b = zd__rpc_args("iiiiiiiffsssvvn", (int64_t)-1, (int64_t)-5, (int64_t)4000000000ll,
+                                 INT64_MAX, (int64_t)-300, (int64_t)1, (int64_t)'A', 0.5, 2.25,
+                                 "lit", "buf", "const", zd_value_tensor(t),
+                                 zd__rpc_args("iv", (int64_t)7, zd_value_list(0)));
     assert_non_null(b);
     assert_true(zd_value_equal(a, b));
     zd_value_unref(b);
@@ -174,7 +175,7 @@ static void test_args_failures_release_everything(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/*  ---- ZD_UNPACK and zd_rpc_unpack, locally ---- */
+/*  ---- ZD_UNPACK and zd__rpc_unpack, locally ---- */
 
 static void test_unpack(void **state)
 {
@@ -223,15 +224,15 @@ static void test_unpack(void **state)
 
     /* The spec function, for C++. */
     n = 0;
-    assert_int_equal(zd_rpc_unpack(one, "i", &n), 0);
+    assert_int_equal(zd__rpc_unpack(one, "i", &n), 0);
     assert_int_equal(n, 1);
-    assert_int_equal(zd_rpc_unpack(a, "ifstv", &n, &f, &s, &got, &v), 0);
+    assert_int_equal(zd__rpc_unpack(a, "ifstv", &n, &f, &s, &got, &v), 0);
     assert_int_equal(n, -3);
-    assert_int_equal(zd_rpc_unpack(a, "ifsiv", &n, &f, &s, &n, &v), -1);
+    assert_int_equal(zd__rpc_unpack(a, "ifsiv", &n, &f, &s, &n, &v), -1);
     assert_true(has("argument 3: expected int, got tensor"));
-    assert_int_equal(zd_rpc_unpack(a, "if", &n, &f), -1);
+    assert_int_equal(zd__rpc_unpack(a, "if", &n, &f), -1);
     assert_true(has("expected 2 arguments, got 5"));
-    assert_int_equal(zd_rpc_unpack(one, "x", &n), -1);
+    assert_int_equal(zd__rpc_unpack(one, "x", &n), -1);
     assert_true(has("unknown letter 'x'"));
 
     zd_value_unref(one);

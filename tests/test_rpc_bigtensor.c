@@ -21,6 +21,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 /* ---- frames that count their releases ---- */
 
@@ -110,7 +111,7 @@ static void streamed_make(streamed_t *s, uint64_t id, uint32_t chunk)
         b1[i] = (uint8_t)(i * 7 + (int)id);
     for (int i = 0; i < BIG2; i++)
         b2[i] = (float)i * 0.5f - (float)id;
-    zd_value_t *v = zd_rpc_args("ttt", t0, t1, t2);
+    zd_value_t *v = zd__rpc_args("ttt", t0, t1, t2);
     assert_int_equal(zd__value_encode(v, NULL, 0, &s->enc), 0);
     zd_value_unref(v);
     s->big1 = b1;
@@ -660,7 +661,7 @@ static int world_big(const world_t *w)
         zd_tensor_t *small = pattern(ZD_INT64, 5, 3);
         zd_tensor_t *edge = pattern(ZD_UINT8, RPC_STREAM_OVER, 4);   /* not streamed */
         /* echo answers its first argument: here a list of four tensors. */
-        zd_value_t *args = zd_rpc_args("v", zd_rpc_args("tttt", mid, small, big, edge));
+        zd_value_t *args = zd__rpc_args("v", zd__rpc_args("tttt", mid, small, big, edge));
         WCHECK(args);
         zd_tensor_t *sent[4] = {mid, small, big, edge};
         for (int i = 0; i < 2; i++) {
@@ -679,7 +680,7 @@ static int world_big(const world_t *w)
         /* Async answers come through the I/O thread, several at once. */
         zd_future_t *f[3];
         for (int i = 0; i < 3; i++) {
-            zd_value_t *a1 = zd_rpc_args("t", mid);
+            zd_value_t *a1 = zd__rpc_args("t", mid);
             f[i] = zd_rpc_async(1, "echo", a1, -1);
             zd_value_unref(a1);
         }
@@ -691,7 +692,7 @@ static int world_big(const world_t *w)
             zd_future_unref(f[i]);
         }
         /* A remote value and its fetch. */
-        zd_value_t *a2 = zd_rpc_args("t", big);
+        zd_value_t *a2 = zd__rpc_args("t", big);
         zd_rref_t *r = zd_rpc_remote(1, "echo", a2, -1);
         zd_value_unref(a2);
         zd_value_t *v;
@@ -755,7 +756,8 @@ static void *raw_stalled_answer(uint64_t id, void **ctx)
 static int world_stalled_answer(const world_t *w)
 {
     if (w->rank == 0) {
-        zd_rpc_hooks_t hooks = {.on_send_request = capture_id};
+        zd_rpc_hooks_t hooks = zd_rpc_hooks_default();
+        hooks.on_send_request = capture_id;
         WCHECK(zd_rpc_set_hooks(&hooks) == 0);
     }
     WCHECK(zd_rpc_register_async("hold", world_h_hold, &stalled_hold) == 0);

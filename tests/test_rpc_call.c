@@ -20,6 +20,7 @@
 #include "rpc/agent.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 /* ---- handlers served by every process ---- */
 
@@ -155,7 +156,7 @@ static int world_values(const world_t *w)
 {
     WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
     if (w->rank == 0) {
-        zd_value_t *r, *add_args = zd_rpc_args("ii", (int64_t)2, (int64_t)40);
+        zd_value_t *r, *add_args = zd__rpc_args("ii", (int64_t)2, (int64_t)40);
         WCHECK(zd_rpc_sync(1, "add", add_args, -1, &r) == 0);
         zd_value_unref(add_args);
         int64_t i;
@@ -174,7 +175,7 @@ static int world_values(const world_t *w)
             zd_value_none(), zd_value_int(-123456789012LL), zd_value_float(3.25),
             zd_value_string("héllo"), zd_value_bytes("\0\1\2", 3), zd_value_tensor(t),
             zd_value_tensor(big), zd_value_tensor(ti), zd_value_tensor(empty),
-            zd_rpc_args("its", (int64_t)1, t, "x"),
+            zd__rpc_args("its", (int64_t)1, t, "x"),
         };
         zd_tensor_unref(t);
         zd_tensor_unref(big);
@@ -196,7 +197,7 @@ static int world_values(const world_t *w)
             zd_value_unref(values[k]);
         /* A computed tensor comes back. */
         zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){1, -2, 3});
-        zd_value_t *args = zd_rpc_args("t", x);
+        zd_value_t *args = zd__rpc_args("t", x);
         WCHECK(zd_rpc_sync(1, "double", args, -1, &r) == 0);
         zd_tensor_t *y;
         WCHECK(zd_value_get_tensor(r, &y) == 0 && zd_tensor_numel(y) == 3);
@@ -240,7 +241,7 @@ static int world_futures(const world_t *w)
         enum { N = 32 };
         zd_future_t *fs[N];
         for (int i = 0; i < N; i++) {
-            zd_value_t *args = zd_rpc_args("ii", (int64_t)i, (int64_t)1000);
+            zd_value_t *args = zd__rpc_args("ii", (int64_t)i, (int64_t)1000);
             fs[i] = zd_rpc_async(1 + i % (w->world_size - 1), "add", args, -1);
             zd_value_unref(args);
             WCHECK(fs[i] != NULL);
@@ -257,7 +258,7 @@ static int world_futures(const world_t *w)
         /* wait_any: the held call stays pending, the other completes. */
         zd_future_t *two[2];
         two[0] = zd_rpc_async(1, "hold", NULL, -1);
-        zd_value_t *one_one = zd_rpc_args("ii", (int64_t)1, (int64_t)1);
+        zd_value_t *one_one = zd__rpc_args("ii", (int64_t)1, (int64_t)1);
         two[1] = zd_rpc_async(2, "add", one_one, -1);
         zd_value_unref(one_one);
         int index = -1;
@@ -276,7 +277,7 @@ static int world_futures(const world_t *w)
         zd_future_unref(two[0]);
         zd_future_unref(two[1]);
         /* A failing async call fails its future with the remote text. */
-        zd_value_t *by_zero = zd_rpc_args("ff", 1.0, 0.0);
+        zd_value_t *by_zero = zd__rpc_args("ff", 1.0, 0.0);
         zd_future_t *f = zd_rpc_async(2, "divide", by_zero, -1);
         zd_value_unref(by_zero);
         WCHECK(zd_future_wait(f, 10000) == -1);
@@ -305,7 +306,7 @@ static void *waiter_main(void *arg)
 {
     intptr_t me = (intptr_t)arg;
     for (int64_t i = 0; i < WAITS; i++) {
-        zd_value_t *args = zd_rpc_args("ii", (int64_t)me * 1000000, i);
+        zd_value_t *args = zd__rpc_args("ii", (int64_t)me * 1000000, i);
         zd_future_t *f = zd_rpc_async(1, "add", args, -1);
         zd_value_unref(args);
         int64_t v = -1;
@@ -375,23 +376,23 @@ static int world_errors(const world_t *w)
 {
     WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
     if (w->rank == 0) {
-        WCHECK(expect_error(1, "divide", zd_rpc_args("ff", 1.0, 0.0), -1,
+        WCHECK(expect_error(1, "divide", zd__rpc_args("ff", 1.0, 0.0), -1,
                             "zd_rpc_sync to \"w1\" (rank 1) calling \"divide\": remote error: "
                             "division by zero", NULL) == 0);
         WCHECK(expect_error(1, "nosuch", NULL, -1,
                             "zd_rpc_sync to \"w1\" (rank 1) calling \"nosuch\"",
                             "unknown function \"nosuch\"") == 0);
-        WCHECK(expect_error(1, "add", zd_rpc_args("si", "two", (int64_t)2), -1,
+        WCHECK(expect_error(1, "add", zd__rpc_args("si", "two", (int64_t)2), -1,
                             "calling \"add\": remote error: argument 0: expected int",
                             NULL) == 0);
-        WCHECK(expect_error(1, "add", zd_rpc_args("i", (int64_t)2), -1, "calling \"add\"",
+        WCHECK(expect_error(1, "add", zd__rpc_args("i", (int64_t)2), -1, "calling \"add\"",
                             "argument 1") == 0);
         WCHECK(expect_error(7, "add", NULL, -1, "no worker with rank 7", NULL) == 0);
         WCHECK(expect_error(1, "bad name", NULL, -1, "bad function name", NULL) == 0);
         WCHECK(expect_error(1, "add", zd_value_int(3), -1, "arguments must be a list",
                             NULL) == 0);
         /* After all that, both sides still serve. */
-        zd_value_t *r, *args = zd_rpc_args("ii", (int64_t)20, (int64_t)22);
+        zd_value_t *r, *args = zd__rpc_args("ii", (int64_t)20, (int64_t)22);
         int64_t v;
         WCHECK(zd_rpc_sync(1, "add", args, -1, &r) == 0);
         WCHECK(zd_value_get_int(r, &v) == 0 && v == 42);
@@ -452,7 +453,7 @@ static int world_timeouts(const world_t *w)
         zd_future_unref(f);
         /* The late answers to the timed-out calls were dropped quietly. */
         zd_rpc_metrics_t m;
-        WCHECK(zd_rpc_metrics_get(1, &m) == 0);
+        WCHECK(zd_rpc_metrics_get(1, &m, sizeof m) == 0);
         WCHECK(m.errors == 3 && m.in_flight == 0);
     }
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
@@ -497,7 +498,7 @@ static int world_dead_peer(const world_t *w)
     WCHECK(start(w->rank, w->world_size, w->port, 10000) == 0);
     zd_value_t *r;
     if (w->rank == 2) {
-        zd_value_t *args = zd_rpc_args("i", (int64_t)getpid());
+        zd_value_t *args = zd__rpc_args("i", (int64_t)getpid());
         WCHECK(zd_rpc_sync(0, "ready", args, -1, &r) == 0);
         for (;;)
             pause();   /* until rank 0 kills it */
@@ -507,7 +508,7 @@ static int world_dead_peer(const world_t *w)
         WCHECK(zd_future_wait(ready, 10000) == 0);
         WCHECK(kill((pid_t)victim_pid, SIGKILL) == 0);
         int64_t t0 = world_now_ms();
-        zd_value_t *args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
+        zd_value_t *args = zd__rpc_args("ii", (int64_t)1, (int64_t)2);
         int rc = zd_rpc_sync(2, "add", args, 3000, &r);
         zd_value_unref(args);
         int64_t took = world_now_ms() - t0;
@@ -516,7 +517,7 @@ static int world_dead_peer(const world_t *w)
         WCHECK(strstr(zd_error_last(), "peer \"w2\" (rank 2) lost") ||
                strstr(zd_error_last(), "timed out"));
         /* Still serving the living. */
-        args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
+        args = zd__rpc_args("ii", (int64_t)1, (int64_t)2);
         WCHECK(zd_rpc_sync(1, "add", args, -1, &r) == 0);
         zd_value_unref(r);
         zd_value_unref(args);

@@ -16,6 +16,7 @@
 #include <zdist/error.h>
 #include "rpc/codec.h"
 #include <zdist/value.h>
+#include "rpc/args.h"
 
 /* ---- a fake RRef world: RRefs are table entries, the wire form is the
    entry's index and the destination rank ---- */
@@ -198,7 +199,7 @@ static void test_meta_layout_is_pinned(void **state)
 {
     (void)state;
     /* version 1, list of 3: int 1 (zigzag 2), none, string "ab" */
-    zd_value_t *v = zd_rpc_args("ins", (int64_t)1, "ab");
+    zd_value_t *v = zd__rpc_args("ins", (int64_t)1, "ab");
     rpc_encoded_t e;
     assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
     const uint8_t want[] = {1, 7, 3, 1, 2, 0, 3, 2, 'a', 'b'};
@@ -212,7 +213,7 @@ static void test_meta_layout_is_pinned(void **state)
     int64_t shape[2] = {2, 200};
     zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
     zd_tensor_set_requires_grad(t, true);
-    v = zd_rpc_args("ti", t, (int64_t)-300);
+    v = zd__rpc_args("ti", t, (int64_t)-300);
     assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
     const uint8_t want2[] = {1, 7, 2, 5, 1, 1, 2, 2, 0xC8, 0x01, 1, 0xD7, 0x04};
     assert_int_equal(e.meta_len, sizeof want2);
@@ -266,9 +267,9 @@ static void test_lists_and_rrefs_round_trip(void **state)
     (void)state;
     zd_tensor_t *t = zd_tensor_zeros2(3, 4);
     zd_tensor_data(t)[5] = 2;
-    zd_value_t *v = zd_rpc_args("vrtvv", zd_rpc_args(""), rref(1), t,
-                 zd_rpc_args("rvs", rref(2), zd_rpc_args("tt", t, t), "x"),
-                 zd_rpc_args("fnb", 0.5, "zz", (size_t)2));
+    zd_value_t *v = zd__rpc_args("vrtvv", zd__rpc_args(""), rref(1), t,
+                 zd__rpc_args("rvs", rref(2), zd__rpc_args("tt", t, t), "x"),
+                 zd__rpc_args("fnb", 0.5, "zz", (size_t)2));
     assert_non_null(v);
     frameset_t fs;
     zd_value_t *out = round_trip(v, &fs, 0);
@@ -288,9 +289,9 @@ static void test_lists_and_rrefs_round_trip(void **state)
     /* 32 nested lists pass, 33 do not */
     zd_value_t *deep = zd_value_int(1);
     for (int d = 0; d < RPC_CODEC_MAX_DEPTH; d++)
-        deep = zd_rpc_args("v", deep);
+        deep = zd__rpc_args("v", deep);
     check_round_trip(zd_value_ref(deep));
-    deep = zd_rpc_args("v", deep);
+    deep = zd__rpc_args("v", deep);
     rpc_encoded_t e;
     assert_int_equal(zd__value_encode(deep, NULL, 0, &e), -1);
     assert_string_equal(zd_error_last(), "codec: lists nested more than 32 deep");
@@ -304,7 +305,7 @@ static void test_encode_errors_leave_nothing(void **state)
     (void)state;
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *t = zd_tensor_zeros1(2);
-    zd_value_t *v = zd_rpc_args("tr", t, rref(0));
+    zd_value_t *v = zd__rpc_args("tr", t, rref(0));
     rpc_encoded_t e;
     assert_int_equal(zd__value_encode(v, NULL, 0, &e), -1);
     assert_string_equal(zd_error_last(), "codec: value holds an RRef but no RRef codec was given");
@@ -313,7 +314,7 @@ static void test_encode_errors_leave_nothing(void **state)
     zd_value_unref(v);
 
     fake_rref_t stranger = {1};
-    v = zd_rpc_args("tr", t, (zd_rref_t *)&stranger);
+    v = zd__rpc_args("tr", t, (zd_rref_t *)&stranger);
     assert_int_equal(zd__value_encode(v, &fake_codec, 0, &e), -1);
     assert_string_equal(zd_error_last(), "codec: RRef: fake: not an RRef of this test");
     zd_value_unref(v);
@@ -353,7 +354,7 @@ static void test_objects_are_never_encoded(void **state)
                                       "to another process; send an RRef to it instead");
     assert_null(e.meta);
     zd_tensor_t *t = zd_tensor_zeros1(4);
-    zd_value_t *v = zd_rpc_args("trv", t, rref(1), zd_rpc_args("iv", (int64_t)2, obj));
+    zd_value_t *v = zd__rpc_args("trv", t, rref(1), zd__rpc_args("iv", (int64_t)2, obj));
     assert_int_equal(zd__value_encode(v, &fake_codec, 0, &e), -1);
     assert_non_null(strstr(zd_error_last(), "a local object (ParameterServer)"));
     assert_null(e.meta);
@@ -376,7 +377,7 @@ static void test_aligned_frames_are_wrapped_not_copied(void **state)
     zd_tensor_t *b = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
     zd_tensor_data(a)[17] = 4;
     zd_tensor_data_i64(b)[2] = -9;
-    zd_value_t *v = zd_rpc_args("tt", a, b);
+    zd_value_t *v = zd__rpc_args("tt", a, b);
     frameset_t fs;
     zd_value_t *out = round_trip(v, &fs, 0);
     zd_tensor_t *ga, *gb;
@@ -406,7 +407,7 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
     zd_tensor_t *a = zd_tensor_zeros1(5);
     zd_tensor_data(a)[3] = 1.25f;
     zd_tensor_t *b = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){3});
-    zd_value_t *v = zd_rpc_args("tt", a, b);
+    zd_value_t *v = zd__rpc_args("tt", a, b);
     frameset_t fs;
     zd_value_t *out = round_trip(v, &fs, 1);   /* odd addresses */
     zd_tensor_t *ga, *gb;
@@ -473,8 +474,8 @@ static zd_value_t *sample(rpc_encoded_t *e, frameset_t *model)
     zd_tensor_t *b = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
     zd_tensor_t *c = zd_tensor_new(ZD_UINT8, 0, NULL);
     zd_tensor_set_requires_grad(a, true);
-    zd_value_t *v = zd_rpc_args("ntvfsbrv", a, zd_rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2,
-                              rref(3), zd_rpc_args("ivt", (int64_t)-77, zd_rpc_args(""), c));
+    zd_value_t *v = zd__rpc_args("ntvfsbrv", a, zd__rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2,
+                              rref(3), zd__rpc_args("ivt", (int64_t)-77, zd__rpc_args(""), c));
     zd_tensor_unref(a);
     zd_tensor_unref(b);
     zd_tensor_unref(c);

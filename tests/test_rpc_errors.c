@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/dist_optim.h>
 #include <zdist/error.h>
@@ -98,12 +99,12 @@ static int driver(const world_t *w)
 
     /* The configured default, changed at run time. */
     TRY(zd_rpc_get_timeout() == 60000);
-    TRY(zd_rpc_set_timeout(-5) == -1 && zd_error_code() == ZD_ERR_ARGUMENT);
     TRY(zd_rpc_set_timeout(150) == 0 && zd_rpc_get_timeout() == 150);
     TRY(zd_rpc_sync(1, "hold", NULL, ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(zd_error_code() == ZD_ERR_TIMEOUT);
     TRY(strstr(zd_error_last(), "timed out after 150 ms") != NULL);
-    TRY(zd_rpc_set_timeout(60000) == 0);
+    /* ZD_TIMEOUT_DEFAULT puts the documented default back, as everywhere. */
+    TRY(zd_rpc_set_timeout(ZD_TIMEOUT_DEFAULT) == 0 && zd_rpc_get_timeout() == 60000);
     TRY(zd_rpc_sync(1, "release", NULL, ZD_TIMEOUT_DEFAULT, &r) == 0);
     zd_value_unref(r);
     r = NULL;
@@ -168,7 +169,7 @@ static void test_not_running_and_wrap(void **state)
     assert_int_equal(zd_error_code(), ZD_ERR_NOT_INITIALIZED);
     assert_int_equal(zd_rpc_set_timeout(10), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_NOT_INITIALIZED);
-    assert_int_equal(zd_rpc_get_timeout(), zd_rpc_options_default().rpc_timeout_ms);
+    assert_int_equal(zd_rpc_get_timeout(), 60000);
     int64_t ctx;
     assert_int_equal(zd_dist_autograd_context_begin(&ctx), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_NOT_INITIALIZED);
@@ -185,6 +186,67 @@ static void test_not_running_and_wrap(void **state)
     zd_error_wrap("nothing before");
     assert_int_equal(zd_error_code(), ZD_ERR_OTHER);
     zd_error_clear();
+}
+
+/*  ---- structs that carry their size, lists of RRefs: argument errors ---- */
+
+static void test_sizes_and_lists(void **state)
+{
+    (void)state;
+    /* An option struct no _default() made is refused, the old bounds kept. */
+    zd_dist_autograd_limits_t sizeless = {.max_contexts = 1};
+    assert_int_equal(zd_dist_autograd_set_limits(&sizeless), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_dist_autograd_limits_default()"));
+    zd_dist_autograd_limits_t l = zd_dist_autograd_limits_default();
+    assert_int_equal(l.size, sizeof l);
+    assert_int_equal(l.idle_timeout_ms, ZD_TIMEOUT_DEFAULT);
+    assert_int_equal(zd_dist_autograd_set_limits(&l), 0);
+    assert_int_equal(zd_dist_autograd_set_limits(NULL), 0);
+    zd_dist_optim_owner_limits_t ol = {.max_change = 1};
+    assert_int_equal(zd_dist_optim_set_owner_limits(&ol), -1);
+    ol = zd_dist_optim_owner_limits_default();
+    assert_int_equal(zd_dist_optim_set_owner_limits(&ol), 0);
+    assert_int_equal(zd_dist_optim_set_owner_limits(NULL), 0);
+    zd_autograd_options_t ao = {.retain_graph = true};
+    zd_autograd_root_t root = {0};
+    assert_int_equal(zd_autograd_run(&root, 1, &ao), -1);
+    assert_non_null(strstr(zd_error_last(), "zd_autograd_options_default()"));
+
+    /* An out-struct is written no further than the size passed. */
+    struct {
+        zd_dist_autograd_stats_t s;
+        int64_t newer;
+    } big = {.newer = 9};
+    assert_int_equal(zd_dist_autograd_stats(&big.s, sizeof big), 0);
+    assert_int_equal(big.newer, 0);
+    big.s.contexts = -5;
+    assert_int_equal(zd_dist_autograd_stats(&big.s, sizeof big.s - 1), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(big.s.contexts, -5);
+    assert_int_equal(zd_dist_autograd_stats(NULL, sizeof big.s), -1);
+
+    /* Lists of RRefs: NULL-safe readers, refused NULL writes; an optimizer
+       over no parameters is refused. */
+    zd_rref_list_t *list = zd_rref_list_new();
+    assert_non_null(list);
+    assert_int_equal(zd_rref_list_len(list), 0);
+    assert_int_equal(zd_rref_list_len(NULL), 0);
+    assert_null(zd_rref_list_get(list, 0));
+    assert_int_equal(zd_rref_list_append(list, NULL), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(zd_rref_list_extend(NULL, list), -1);
+    assert_int_equal(zd_rref_list_extend(list, list), 0);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
+    assert_null(zd_dist_optim_new(&cfg, list));
+    assert_non_null(strstr(zd_error_last(), "no parameters"));
+    assert_null(zd_dist_optim_new(&cfg, NULL));
+    zd_rref_list_free(list);
+    zd_rref_list_free(NULL);
+
+    /* A name that could not be set is reported. */
+    assert_int_equal(zd_tensor_set_name(NULL, "w"), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
 }
 
 /*  ---- distributed autograd with one process missing its init ---- */
@@ -252,10 +314,12 @@ static int half_body(const world_t *w)
     zd_rref_ref(param);
     zd_value_unref(r);
     zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
-    zd_dist_optim_t *opt = NULL;
-    rc = zd_dist_optim_new(&cfg, &param, 1, &opt);
+    zd_rref_list_t *params = zd_rref_list_new();
+    TRY(params && zd_rref_list_append(params, param) == 0);
+    zd_dist_optim_t *opt = zd_dist_optim_new(&cfg, params);
+    zd_rref_list_free(params);
     zd_rref_unref(param);
-    TRY(rc == -1 && !opt);
+    TRY(!opt);
     TRY(zd_error_code() == ZD_ERR_NOT_INITIALIZED);
     TRY(strstr(zd_error_last(), "unknown function \"__dist_optim_new\"") != NULL);
     TRY(strstr(zd_error_last(), "zd_dist_optim_init() was not called on \"worker0\" before "
@@ -275,6 +339,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_not_running_and_wrap),
+        cmocka_unit_test(test_sizes_and_lists),
         cmocka_unit_test(test_codes_of_call_failures),
         cmocka_unit_test(test_missing_dist_autograd_init_fails_loudly),
     };

@@ -19,6 +19,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static __thread int64_t current_ctx;
 
@@ -165,12 +166,13 @@ static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
     return 1;
 }
 
-static const zd_rpc_hooks_t fake_hooks = {.on_send_request = on_send_request,
-                                       .on_recv_request = on_recv_request,
-                                       .on_handler_return = on_handler_return,
-                                       .on_send_reply = on_send_reply,
-                                       .on_recv_reply = on_recv_reply,
-                                       .debug_info = debug_info};
+static const zd_rpc_hooks_t fake_hooks = {.size = sizeof(zd_rpc_hooks_t),
+                                          .on_send_request = on_send_request,
+                                          .on_recv_request = on_recv_request,
+                                          .on_handler_return = on_handler_return,
+                                          .on_send_reply = on_send_reply,
+                                          .on_recv_reply = on_recv_reply,
+                                          .debug_info = debug_info};
 
 /* ---- handlers ---- */
 
@@ -209,7 +211,7 @@ static zd_value_t *h_events(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 
 static int64_t remote_events(int rank, int kind, int what)
 {
-    zd_value_t *args = zd_rpc_args("ii", (int64_t)kind, (int64_t)what), *r = NULL;
+    zd_value_t *args = zd__rpc_args("ii", (int64_t)kind, (int64_t)what), *r = NULL;
     int64_t n = -1;
     int saved = current_ctx;
     current_ctx = 0;
@@ -223,6 +225,12 @@ static int64_t remote_events(int rank, int kind, int what)
 
 static int world_hooks(const world_t *w)
 {
+    /* Structs that no _default() made are refused, naming it. */
+    zd_rpc_hooks_t sizeless = {.on_send_request = on_send_request};
+    WCHECK(zd_rpc_set_hooks(&sizeless) == -1 && zd_error_code() == ZD_ERR_ARGUMENT);
+    WCHECK(strstr(zd_error_last(), "zd_rpc_hooks_default()") != NULL);
+    zd_rpc_function_t f = {.fn = h_ctx};
+    WCHECK(zd_rpc_register_function("ctx", &f) == -1 && zd_error_code() == ZD_ERR_ARGUMENT);
     WCHECK(zd_rpc_set_hooks(&fake_hooks) == 0);
     WCHECK(zd_rpc_register("ctx", h_ctx, NULL) == 0);
     WCHECK(zd_rpc_register_inline("ctx_inline", h_ctx, NULL) == 0);

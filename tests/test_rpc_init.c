@@ -205,9 +205,49 @@ static void test_bad_options_refused(void **state)
     assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
     assert_non_null(strstr(zd_error_last(), "0 worker threads"));
     o = world_rpc_options(world_free_port());
-    o.rpc_timeout_ms = -5;
+    o.heartbeat_ms = 86400001;
     assert_int_equal(zd_rpc_init("a", 0, 1, &o), -1);
-    assert_non_null(strstr(zd_error_last(), "negative timeout"));
+    assert_non_null(strstr(zd_error_last(), "heartbeat_ms 86400001 is over 86400000"));
+    /* Options that no zd_rpc_options_default() made. */
+    zd_rpc_options_t zeroed = {0};
+    assert_int_equal(zd_rpc_init("a", 0, 1, &zeroed), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_rpc_options_t.size is 0"));
+    assert_non_null(strstr(zd_error_last(), "zd_rpc_options_default()"));
+}
+
+/*  Every duration reads as function arguments do: ZD_TIMEOUT_DEFAULT the
+    documented default, ZD_TIMEOUT_NONE no limit; and a caller built
+    against a newer zd_rpc_options_t (a larger size) is read as far as
+    this library's struct goes. */
+static void test_duration_sentinels_and_sizes(void **state)
+{
+    (void)state;
+    zd_rpc_options_t o = zd_rpc_options_default();
+    assert_int_equal(o.size, sizeof o);
+    o.master_addr = "127.0.0.1";
+    o.master_port = world_free_port();
+    o.heartbeat_ms = ZD_TIMEOUT_NONE;
+    o.master_wait_ms = ZD_TIMEOUT_NONE;
+    o.init_timeout_ms = ZD_TIMEOUT_NONE;
+    o.busy_poll_us = 0;
+    assert_int_equal(zd_rpc_init("a", 0, 1, &o), 0);
+    assert_int_equal(zd_rpc_get_timeout(), 60000);
+    assert_int_equal(zd_rpc_shutdown(true, 10000), 0);
+
+    struct {
+        zd_rpc_options_t o;
+        int64_t newer;
+    } big = {.o = zd_rpc_options_default(), .newer = 12345};
+    big.o.size = sizeof big;
+    big.o.master_addr = "127.0.0.1";
+    big.o.master_port = world_free_port();
+    big.o.rpc_timeout_ms = 7000;
+    setenv("ZDIST_HEARTBEAT_S", "5", 1);
+    assert_int_equal(zd_rpc_init("a", 0, 1, &big.o), 0);
+    unsetenv("ZDIST_HEARTBEAT_S");
+    assert_int_equal(zd_rpc_get_timeout(), 7000);
+    assert_int_equal(zd_rpc_shutdown(true, 10000), 0);
 }
 
 static int world_no_master(const world_t *w)
@@ -315,6 +355,7 @@ int main(void)
         cmocka_unit_test(test_world_size_mismatch_fails_everyone),
         cmocka_unit_test(test_rank_outside_world),
         cmocka_unit_test(test_bad_options_refused),
+        cmocka_unit_test(test_duration_sentinels_and_sizes),
         cmocka_unit_test(test_master_that_never_answers),
         cmocka_unit_test(test_init_again_after_shutdown),
         cmocka_unit_test(test_strangers_do_not_abort_the_world),

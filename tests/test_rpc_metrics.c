@@ -14,6 +14,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 /* "hold" answers nothing until "release". */
 static world_hold_t held = {.answer_none = true};
@@ -23,9 +24,9 @@ static zd_value_t *h_metrics_of(zd_rpc_call_t *call, zd_value_t *args, void *arg
     (void)args;
     (void)arg;
     zd_rpc_metrics_t m;
-    if (zd_rpc_metrics_get(zd_rpc_call_caller_rank(call), &m) < 0)
+    if (zd_rpc_metrics_get(zd_rpc_call_caller_rank(call), &m, sizeof m) < 0)
         return NULL;
-    return zd_rpc_args("iiiii", m.calls_served, m.bytes_received, m.bytes_sent, m.serving,
+    return zd__rpc_args("iiiii", m.calls_served, m.bytes_received, m.bytes_sent, m.serving,
                     m.calls_sent);
 }
 
@@ -43,11 +44,11 @@ static int world_metrics(const world_t *w)
     WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
     if (w->rank == 0) {
         zd_rpc_metrics_t m;
-        WCHECK(zd_rpc_metrics_get(1, &m) == 0);
+        WCHECK(zd_rpc_metrics_get(1, &m, sizeof m) == 0);
         WCHECK(m.calls_sent == 0 && m.calls_served == 0 && m.in_flight == 0);
         int64_t n = 1000;
         zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
-        zd_value_t *args = zd_rpc_args("t", t), *r;
+        zd_value_t *args = zd__rpc_args("t", t), *r;
         zd_tensor_unref(t);
         for (int i = 0; i < N_CALLS; i++) {
             WCHECK(zd_rpc_sync(1, "echo", args, -1, &r) == 0);
@@ -55,7 +56,7 @@ static int world_metrics(const world_t *w)
         }
         zd_value_unref(args);
         WCHECK(zd_rpc_sync(1, "fail", NULL, -1, &r) == -1);
-        WCHECK(zd_rpc_metrics_get(1, &m) == 0);
+        WCHECK(zd_rpc_metrics_get(1, &m, sizeof m) == 0);
         WCHECK(m.calls_sent == N_CALLS + 1);
         WCHECK(m.errors == 1);
         WCHECK(m.in_flight == 0);
@@ -66,7 +67,7 @@ static int world_metrics(const world_t *w)
         WCHECK(m.latency_mean_us < 1e6);
         /* A call in flight shows on both sides. */
         zd_future_t *f = zd_rpc_async(1, "hold", NULL, -1);
-        WCHECK(zd_rpc_metrics_get(1, &m) == 0 && m.in_flight == 1);
+        WCHECK(zd_rpc_metrics_get(1, &m, sizeof m) == 0 && m.in_flight == 1);
         int64_t v = -1;
         WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 1);
         zd_value_t *seen = NULL;
@@ -91,7 +92,7 @@ static int world_metrics(const world_t *w)
         }
         WCHECK(zd_future_wait(f, 10000) == 0);
         zd_future_unref(f);
-        WCHECK(zd_rpc_metrics_get(1, &m) == 0 && m.in_flight == 0);
+        WCHECK(zd_rpc_metrics_get(1, &m, sizeof m) == 0 && m.in_flight == 0);
         WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);
         /* The agent's other counters (this rank ran no handler on the pool,
            whose threads start on demand). */
@@ -104,9 +105,21 @@ static int world_metrics(const world_t *w)
         WCHECK(strstr(zd_error_last(), "no_such_counter") != NULL);
         /* All peers together, and errors of the reader. */
         zd_rpc_metrics_t all;
-        WCHECK(zd_rpc_metrics_get(-1, &all) == 0 && all.calls_sent >= m.calls_sent);
-        WCHECK(zd_rpc_metrics_get(5, &all) == -1);
+        WCHECK(zd_rpc_metrics_get(-1, &all, sizeof all) == 0 && all.calls_sent >= m.calls_sent);
+        WCHECK(zd_rpc_metrics_get(5, &all, sizeof all) == -1);
         WCHECK(strstr(zd_error_last(), "rank 5") != NULL);
+        /* Written no further than the caller's size: a newer caller's
+           fields beyond this library's struct are zeroed; a size below
+           the struct's is refused, the struct left alone. */
+        struct {
+            zd_rpc_metrics_t m;
+            int64_t newer;
+        } big = {.newer = 7};
+        WCHECK(zd_rpc_metrics_get(1, &big.m, sizeof big) == 0 && big.newer == 0 &&
+               big.m.calls_sent >= m.calls_sent);
+        all.calls_sent = -7;
+        WCHECK(zd_rpc_metrics_get(1, &all, sizeof all - 1) == -1 &&
+               zd_error_code() == ZD_ERR_ARGUMENT && all.calls_sent == -7);
         /* Printed: one line per peer plus the total. */
         char *text = NULL;
         size_t len = 0;
@@ -119,7 +132,7 @@ static int world_metrics(const world_t *w)
         free(text);
     }
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
-    WCHECK(zd_rpc_metrics_get(0, &(zd_rpc_metrics_t){0}) == -1);
+    WCHECK(zd_rpc_metrics_get(0, &(zd_rpc_metrics_t){0}, sizeof(zd_rpc_metrics_t)) == -1);
     WCHECK(zd_rpc_get_debug_info(NULL, 0) == -1);
     return 0;
 }

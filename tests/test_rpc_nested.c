@@ -15,6 +15,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define WORLD 4
 #define CALLERS 64
@@ -40,7 +41,7 @@ static zd_value_t *h_chain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         return NULL;
     if (depth == 0)
         return zd_value_int(zd_rpc_rank());
-    zd_value_t *next = zd_rpc_args("i", depth - 1), *r = NULL;
+    zd_value_t *next = zd__rpc_args("i", depth - 1), *r = NULL;
     int rc = zd_rpc_sync((zd_rpc_rank() + 1) % WORLD, "chain", next, -1, &r);
     zd_value_unref(next);
     int64_t sum;
@@ -81,7 +82,7 @@ static zd_future_t *h_chain_async(zd_rpc_call_t *call, zd_value_t *args, void *a
         zd_value_unref(v);
         return out;
     }
-    zd_value_t *next = zd_rpc_args("i", depth - 1);
+    zd_value_t *next = zd__rpc_args("i", depth - 1);
     zd_future_t *inner = zd_rpc_async((zd_rpc_rank() + 1) % WORLD, "chain_async", next, -1);
     zd_value_unref(next);
     if (!inner) {
@@ -117,7 +118,7 @@ static void *caller_main(void *arg)
 {
     caller_t *c = arg;
     int first = 1 + c->index % (WORLD - 1);
-    zd_value_t *args = zd_rpc_args("i", (int64_t)DEPTH), *r = NULL;
+    zd_value_t *args = zd__rpc_args("i", (int64_t)DEPTH), *r = NULL;
     int64_t sum = -1;
     if (zd_rpc_sync(first, c->fn, args, world_scaled_ms(30000), &r) < 0 || zd_value_get_int(r, &sum) < 0 ||
         sum != expected_sum(first, DEPTH)) {

@@ -17,6 +17,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 #define NOT_SENDABLE "a local object (Counter) cannot be sent to another process; " \
                      "send an RRef to it instead"
@@ -151,7 +152,7 @@ static zd_value_t *fn_add_kept(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 static zd_value_t *fn_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    return zd_rpc_args("iii", (int64_t)atomic_load(&n_made), (int64_t)atomic_load(&n_freed),
+    return zd__rpc_args("iii", (int64_t)atomic_load(&n_made), (int64_t)atomic_load(&n_freed),
                     zd_rpc_debug_owner_rrefs());
 }
 
@@ -202,7 +203,7 @@ static int call_ok(int to, const char *fn, zd_value_t *args)
 
 static int64_t method_int(zd_rref_t *r, int64_t k)
 {
-    zd_value_t *a = zd_rpc_args("i", k), *res = NULL;
+    zd_value_t *a = zd__rpc_args("i", k), *res = NULL;
     int64_t v = -1;
     if (a && zd_rref_rpc_sync(r, "Counter.add", a, -1, &res) == 0 &&
         zd_value_get_int(res, &v) < 0)
@@ -218,7 +219,7 @@ static int drain_all(int world)
 {
     for (int pass = 0; pass < 2; pass++)
         for (int r = 0; r < world; r++)
-            if (call_ok(r, "drain", zd_rpc_args("")) < 0)
+            if (call_ok(r, "drain", zd__rpc_args("")) < 0)
                 return -1;
     return 0;
 }
@@ -240,12 +241,12 @@ static int driver(const world_t *w)
     WCHECK(stats_of(1, &made, &freed, &base_owned) == 0 && made == 0);
 
     /* zd_rpc_remote keeps the object on rank 1; methods get it. */
-    zd_value_t *a = zd_rpc_args("i", (int64_t)10), *v = NULL;
+    zd_value_t *a = zd__rpc_args("i", (int64_t)10), *v = NULL;
     zd_rref_t *r = zd_rpc_remote(1, "Counter", a, -1);
     zd_value_unref(a);
     WCHECK(r != NULL);
     WCHECK(method_int(r, 5) == 15);
-    a = zd_rpc_args("i", (int64_t)1);
+    a = zd__rpc_args("i", (int64_t)1);
     zd_future_t *f = zd_rref_rpc_async(r, "Counter.add", a, -1);
     WCHECK(f && zd_future_wait(f, ZD_TIMEOUT_NONE) == 0);
     WCHECK(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
@@ -262,24 +263,24 @@ static int driver(const world_t *w)
     WCHECK(strstr(zd_error_last(), NOT_SENDABLE) != NULL);
 
     /* A third worker gets a fork and calls through it. */
-    WCHECK(call_ok(2, "keep", zd_rpc_args("r", r)) == 0);
-    WCHECK(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)100)) == 117);
+    WCHECK(call_ok(2, "keep", zd__rpc_args("r", r)) == 0);
+    WCHECK(call_int(2, "add_kept", zd__rpc_args("i", (int64_t)100)) == 117);
 
     /* Our release is not the last one: the counter lives on. */
     zd_rref_unref(r);
     WCHECK(drain_all(w->world_size) == 0);
     WCHECK(stats_of(1, &made, &freed, &owned) == 0);
     WCHECK(made == 1 && freed == 0);
-    WCHECK(call_int(2, "add_kept", zd_rpc_args("i", (int64_t)1)) == 118);
+    WCHECK(call_int(2, "add_kept", zd__rpc_args("i", (int64_t)1)) == 118);
     /* The third worker's is: the owner frees the object. */
-    WCHECK(call_ok(2, "drop", zd_rpc_args("")) == 0);
+    WCHECK(call_ok(2, "drop", zd__rpc_args("")) == 0);
     WCHECK(drain_all(w->world_size) == 0);
     WCHECK(stats_of(1, &made, &freed, &owned) == 0);
     WCHECK(made == 1 && freed == 1 && owned == base_owned);
 
     /* An RRef the owner made with zd_rref_new and handed out. */
     zd_value_t *res;
-    a = zd_rpc_args("i", (int64_t)1);
+    a = zd__rpc_args("i", (int64_t)1);
     WCHECK(zd_rpc_sync(1, "counter_rref", a, -1, &res) == 0);
     zd_value_unref(a);
     zd_rref_t *r2;
@@ -295,7 +296,7 @@ static int driver(const world_t *w)
     WCHECK(stats_of(1, &made, &freed, &owned) == 0 && freed == 2 && owned == base_owned);
 
     /* A plain result cannot be an object: the call fails, the object is freed. */
-    a = zd_rpc_args("i", (int64_t)1);
+    a = zd__rpc_args("i", (int64_t)1);
     WCHECK(zd_rpc_sync(1, "counter_value", a, -1, &res) == -1);
     zd_value_unref(a);
     WCHECK(strstr(zd_error_last(), "cannot send the result of \"counter_value\"") != NULL);
@@ -303,16 +304,16 @@ static int driver(const world_t *w)
     WCHECK(stats_of(1, &made, &freed, &owned) == 0 && made == 3 && freed == 3);
 
     /* Nor an argument: refused before anything is sent. */
-    a = zd_rpc_args("i", (int64_t)0);
+    a = zd__rpc_args("i", (int64_t)0);
     v = new_counter(a);
     zd_value_unref(a);
-    a = zd_rpc_args("v", v);
+    a = zd__rpc_args("v", v);
     WCHECK(zd_rpc_sync(1, "Counter.add", a, -1, &res) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
     zd_value_unref(a);
     WCHECK(atomic_load(&n_made) == 1 && atomic_load(&n_freed) == 1);
 
     /* On the owner, its own RRef's value is the object itself. */
-    WCHECK(call_int(1, "own_rref", zd_rpc_args("i", (int64_t)0)) == 1);
+    WCHECK(call_int(1, "own_rref", zd__rpc_args("i", (int64_t)0)) == 1);
     WCHECK(drain_all(w->world_size) == 0);
     WCHECK(stats_of(1, &made, &freed, &owned) == 0 && made == 4 && freed == 4 &&
         owned == base_owned);

@@ -22,6 +22,7 @@
 #include "rpc/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 /* ---- handlers served by every process ---- */
 
@@ -160,7 +161,7 @@ static zd_value_t *h_forward_keep(zd_rpc_call_t *call, zd_value_t *args, void *a
     int64_t to;
     if (zd_rpc_arg_rref(args, 0, &r) < 0 || zd_rpc_arg_int(args, 1, &to) < 0)
         return NULL;
-    zd_value_t *fwd = zd_rpc_args("r", r), *res = NULL;
+    zd_value_t *fwd = zd__rpc_args("r", r), *res = NULL;
     int rc = zd_rpc_sync((int)to, "keep", fwd, -1, &res);
     zd_value_unref(fwd);
     if (rc < 0)
@@ -177,7 +178,7 @@ static zd_value_t *h_forward_sum(zd_rpc_call_t *call, zd_value_t *args, void *ar
     int64_t to;
     if (zd_rpc_arg_rref(args, 0, &r) < 0 || zd_rpc_arg_int(args, 1, &to) < 0)
         return NULL;
-    zd_value_t *fwd = zd_rpc_args("r", r), *res = NULL;
+    zd_value_t *fwd = zd__rpc_args("r", r), *res = NULL;
     int rc = zd_rpc_sync((int)to, "to_here_sum", fwd, -1, &res);
     zd_value_unref(fwd);
     return rc < 0 ? NULL : res;
@@ -319,7 +320,7 @@ static int drain_all(int world)
 
 static zd_rref_t *remote_tensor(int owner, int64_t n, double v)
 {
-    zd_value_t *args = zd_rpc_args("if", n, v);
+    zd_value_t *args = zd__rpc_args("if", n, v);
     zd_rref_t *r = zd_rpc_remote(owner, "make_tensor", args, -1);
     zd_value_unref(args);
     return r;
@@ -344,7 +345,7 @@ static int world_basics(const world_t *w)
         WCHECK(zd_rref_local_value(r, &v) == -1);
         WCHECK(strstr(zd_error_last(), "owned by \"worker1\" (rank 1)") != NULL);
         /* Methods run at the owner with the value first. */
-        zd_value_t *k = zd_rpc_args("f", 2.0), *res;
+        zd_value_t *k = zd__rpc_args("f", 2.0), *res;
         WCHECK(zd_rref_rpc_sync(r, "sum", k, -1, &res) == 0);
         double d;
         WCHECK(zd_value_get_float(res, &d) == 0 && d == 30.0);
@@ -355,12 +356,12 @@ static int world_basics(const world_t *w)
         zd_future_unref(f);
         zd_rref_t *r2 = zd_rref_remote(r, "scaled", k, -1);   /* stays at the owner */
         WCHECK(r2 && zd_rref_owner(r2) == 1);
-        WCHECK(call_float(2, "to_here_sum", zd_rpc_args("r", r2)) == 30.0);
+        WCHECK(call_float(2, "to_here_sum", zd__rpc_args("r", r2)) == 30.0);
         zd_value_unref(k);
         /* The owner sees its own RRef when it comes back to it. */
-        WCHECK(call_float(1, "local_sum", zd_rpc_args("r", r)) == 15.0);
+        WCHECK(call_float(1, "local_sum", zd__rpc_args("r", r)) == 15.0);
         /* An RRef as a result, owned by the callee. */
-        zd_value_t *five = zd_rpc_args("i", (int64_t)5);
+        zd_value_t *five = zd__rpc_args("i", (int64_t)5);
         WCHECK(zd_rpc_sync(2, "make_rref", five, -1, &res) == 0);
         zd_value_unref(five);
         zd_rref_t *r3;
@@ -377,7 +378,7 @@ static int world_basics(const world_t *w)
         WCHECK(zd_rref_local_value(mine, &v) == 0);
         WCHECK(zd_value_get_tensor(v, &t) == 0 && tensor_total(t) == 8.0);
         zd_value_unref(v);
-        WCHECK(call_float(1, "to_here_sum", zd_rpc_args("r", mine)) == 8.0);
+        WCHECK(call_float(1, "to_here_sum", zd__rpc_args("r", mine)) == 8.0);
         zd_rref_unref(mine);
         zd_rref_unref(r);
         zd_rref_unref(r2);
@@ -420,7 +421,7 @@ static int world_refcount(const world_t *w)
         /* create, fork to a third process that keeps it, release here:
            the owner keeps the value for the third process. */
         r = remote_tensor(owner, 8, 2.0);
-        zd_value_t *args = zd_rpc_args("r", r), *res;
+        zd_value_t *args = zd__rpc_args("r", r), *res;
         WCHECK(zd_rpc_sync(2, "keep", args, -1, &res) == 0);
         zd_value_unref(res);
         zd_value_unref(args);
@@ -438,7 +439,7 @@ static int world_refcount(const world_t *w)
             r = remote_tensor(owner, 4, 1.0);
             WCHECK(zd_rref_to_here(r, -1, &v) == 0);   /* confirmed: its delete goes at once */
             zd_value_unref(v);
-            args = zd_rpc_args("r", r);
+            args = zd__rpc_args("r", r);
             zd_future_t *f = zd_rpc_async(2, "to_here_sum", args, -1);
             zd_value_unref(args);
             zd_rref_unref(r);
@@ -452,7 +453,7 @@ static int world_refcount(const world_t *w)
 
         /* user -> user -> user: 0 forks to 2, 2 forwards to 3, 3 keeps */
         r = remote_tensor(owner, 8, 3.0);
-        args = zd_rpc_args("ri", r, (int64_t)3);
+        args = zd__rpc_args("ri", r, (int64_t)3);
         WCHECK(zd_rpc_sync(2, "forward_keep", args, -1, &res) == 0);
         zd_value_unref(res);
         zd_value_unref(args);
@@ -464,12 +465,12 @@ static int world_refcount(const world_t *w)
         WCHECK(count_on(owner) == 0);
 
         /* the owner forks to users, and a user hands it back to the owner */
-        args = zd_rpc_args("i", (int64_t)7);
+        args = zd__rpc_args("i", (int64_t)7);
         WCHECK(zd_rpc_sync(owner, "make_rref", args, -1, &res) == 0);
         zd_value_unref(args);
         zd_rref_t *back;
         WCHECK(zd_value_get_rref(res, &back) == 0);
-        args = zd_rpc_args("r", back);
+        args = zd__rpc_args("r", back);
         WCHECK(zd_rpc_sync(owner, "keep", args, -1, &v) == 0);   /* the owner keeps its own */
         zd_value_unref(v);
         zd_value_unref(args);
@@ -484,7 +485,7 @@ static int world_refcount(const world_t *w)
         r = remote_tensor(owner, 2, 1.0);
         for (int peer = 0; peer < w->world_size; peer++)
             for (int k = 0; k < 3; k++) {
-                args = zd_rpc_args("r", r);
+                args = zd__rpc_args("r", r);
                 WCHECK(zd_rpc_sync(peer, "keep", args, -1, &v) == 0);
                 zd_value_unref(v);
                 zd_value_unref(args);
@@ -579,7 +580,7 @@ static void test_rref_failures(void **state)
 
 static int drop_next(int rank, int type, int count)
 {
-    zd_value_t *args = zd_rpc_args("ii", (int64_t)type, (int64_t)count), *r = NULL;
+    zd_value_t *args = zd__rpc_args("ii", (int64_t)type, (int64_t)count), *r = NULL;
     int64_t left = -1;
     if (zd_rpc_sync(rank, "drop_next", args, -1, &r) == 0)
         zd_value_get_int(r, &left);
@@ -616,7 +617,7 @@ static int world_lost_control(const world_t *w)
             WCHECK(zd_rref_to_here(r, -1, &v) == 0);
             zd_value_unref(v);
             WCHECK(drop_next(at, lost[k], 1) == 0);
-            zd_value_t *args = zd_rpc_args("r", r);
+            zd_value_t *args = zd__rpc_args("r", r);
             zd_value_t *res = NULL;
             WCHECK(zd_rpc_sync(2, "keep", args, -1, &res) == 0);
             zd_value_unref(res);
@@ -656,7 +657,7 @@ static int world_fork_waits(const world_t *w)
         WCHECK(zd_rref_to_here(r, -1, &v) == 0);   /* rank 0 is a holder */
         zd_value_unref(v);
         WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 1) == 0);
-        WCHECK(call_float(2, "forward_sum", zd_rpc_args("ri", r, (int64_t)3)) == 10.0);
+        WCHECK(call_float(2, "forward_sum", zd__rpc_args("ri", r, (int64_t)3)) == 10.0);
         WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 0) == 0);   /* it was dropped */
         WCHECK(world_call_int(1, "waited") >= 1);
         zd_rref_unref(r);

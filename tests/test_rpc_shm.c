@@ -27,6 +27,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 /* A tensor of n elements whose bytes follow from seed. */
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
@@ -299,7 +300,7 @@ static int rank0_roundtrips(bool shm)
     zd_tensor_t *t[5] = {pattern(ZD_FLOAT32, (1 << 20) / 4 + 5, 1), pattern(ZD_UINT8, 300001, 2),
                          pattern(ZD_INT64, (3 << 20) / 8, 3), pattern(ZD_INT64, 17, 4),
                          pattern(ZD_FLOAT32, (int64_t)RPC_SHM_OVER / 4, 5)};   /* not over */
-    zd_value_t *args = zd_rpc_args("v", zd_rpc_args("ttttt", t[0], t[1], t[2], t[3], t[4]));
+    zd_value_t *args = zd__rpc_args("v", zd__rpc_args("ttttt", t[0], t[1], t[2], t[3], t[4]));
     WCHECK(args);
     if (shm) {
         /* Each side announces a segment per large tensor, and a message
@@ -349,7 +350,7 @@ static int rank0_keep(void)
     zd__shm_stats(NULL, NULL, NULL, &made0, NULL);
     for (int i = 0; i < 12; i++) {
         zd_tensor_t *x = pattern(ZD_FLOAT32, KEEP_ELEMS, i);
-        zd_value_t *a = zd_rpc_args("t", x);
+        zd_value_t *a = zd__rpc_args("t", x);
         int64_t n;
         WCHECK(call_int("keep", a, &n) == 0 && n == i + 1);
         /* The receiver holds the value at send time, not this one. */
@@ -374,7 +375,7 @@ static int rank0_in_flight(void)
     zd_future_t *f[N];
     for (int i = 0; i < N; i++) {
         x[i] = pattern(i % 2 ? ZD_FLOAT32 : ZD_UINT8, (512 << 10) + i, 100 + i);
-        zd_value_t *a = zd_rpc_args("t", x[i]);
+        zd_value_t *a = zd__rpc_args("t", x[i]);
         f[i] = zd_rpc_async(1, "echo", a, -1);
         zd_value_unref(a);
         WCHECK(f[i]);

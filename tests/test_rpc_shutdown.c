@@ -19,6 +19,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 static zd_value_t *h_make(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -127,7 +128,7 @@ static int world_graceful(const world_t *w)
     }
     /* Everyone else is inside zd_rpc_shutdown now: they still serve. */
     WCHECK(zd_future_wait(all_entered, 20000) == 0);
-    zd_value_t *args = zd_rpc_args("ii", (int64_t)1, (int64_t)2);
+    zd_value_t *args = zd__rpc_args("ii", (int64_t)1, (int64_t)2);
     for (int to = 1; to < w->world_size; to++) {
         WCHECK(zd_rpc_sync(to, "add", args, -1, &r) == 0);
         zd_value_unref(r);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  RPC values: constructors, lists, zd_rpc_args, typed argument errors,
+/*  RPC values: constructors, lists, zd__rpc_args, typed argument errors,
     equality, formatting and reference counts; local objects. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -14,6 +14,7 @@
 #include <zdist/error.h>
 #include "rpc/codec.h"
 #include <zdist/value.h>
+#include "rpc/args.h"
 
 /* Stands in for the agent's RRefs: the value layer only counts references. */
 typedef struct {
@@ -181,7 +182,7 @@ static void test_args_spec(void **state)
     int64_t before = zd_tensor_live_count();
     fake_rref_t r = {1};
     zd_tensor_t *t = vec(1, (float[]){5});
-    zd_value_t *args = zd_rpc_args("ifstrnbv", (int64_t)7, 0.25, "name", t, (zd_rref_t *)&r,
+    zd_value_t *args = zd__rpc_args("ifstrnbv", (int64_t)7, 0.25, "name", t, (zd_rref_t *)&r,
                                  "xyz", (size_t)2, zd_value_int(9));
     assert_non_null(args);
     assert_int_equal(zd_list_len(args), 8);
@@ -235,16 +236,16 @@ static void test_args_errors_release_taken_values(void **state)
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *t = vec(1, (float[]){1});
     /* the NULL string fails; the 'v' holding a tensor after it is released */
-    zd_value_t *args = zd_rpc_args("isv", (int64_t)1, (const char *)NULL, zd_value_tensor(t));
+    zd_value_t *args = zd__rpc_args("isv", (int64_t)1, (const char *)NULL, zd_value_tensor(t));
     assert_null(args);
     assert_non_null(strstr(zd_error_last(), "argument 1 ('s')"));
-    assert_null(zd_rpc_args("tv", (zd_tensor_t *)NULL, zd_value_tensor(t)));
+    assert_null(zd__rpc_args("tv", (zd_tensor_t *)NULL, zd_value_tensor(t)));
     assert_non_null(strstr(zd_error_last(), "argument 0 ('t')"));
-    assert_null(zd_rpc_args("iv", (int64_t)1, (zd_value_t *)NULL));
-    assert_null(zd_rpc_args("ix", (int64_t)1, 2));
-    assert_string_equal(zd_error_last(), "zd_rpc_args: unknown letter 'x' in spec \"ix\"");
-    assert_null(zd_rpc_args(NULL));
-    zd_value_t *empty = zd_rpc_args("");
+    assert_null(zd__rpc_args("iv", (int64_t)1, (zd_value_t *)NULL));
+    assert_null(zd__rpc_args("ix", (int64_t)1, 2));
+    assert_string_equal(zd_error_last(), "zd__rpc_args: unknown letter 'x' in spec \"ix\"");
+    assert_null(zd__rpc_args(NULL));
+    zd_value_t *empty = zd__rpc_args("");
     assert_int_equal(zd_list_len(empty), 0);
     assert_int_equal(zd_value_kind(empty), ZD_VALUE_LIST);
     zd_value_unref(empty);
@@ -258,10 +259,10 @@ static void test_equal_compares_deeply(void **state)
     zd_tensor_t *a = vec(2, (float[]){1, 2});
     zd_tensor_t *b = vec(2, (float[]){1, 2});
     zd_tensor_t *c = vec(2, (float[]){1, 3});
-    zd_value_t *x = zd_rpc_args("itsv", (int64_t)1, a, "s", zd_rpc_args("fn", NAN));
-    zd_value_t *y = zd_rpc_args("itsv", (int64_t)1, b, "s", zd_rpc_args("fn", NAN));
-    zd_value_t *z = zd_rpc_args("itsv", (int64_t)1, c, "s", zd_rpc_args("fn", NAN));
-    zd_value_t *w = zd_rpc_args("itsv", (int64_t)1, b, "s", zd_rpc_args("f", NAN));
+    zd_value_t *x = zd__rpc_args("itsv", (int64_t)1, a, "s", zd__rpc_args("fn", NAN));
+    zd_value_t *y = zd__rpc_args("itsv", (int64_t)1, b, "s", zd__rpc_args("fn", NAN));
+    zd_value_t *z = zd__rpc_args("itsv", (int64_t)1, c, "s", zd__rpc_args("fn", NAN));
+    zd_value_t *w = zd__rpc_args("itsv", (int64_t)1, b, "s", zd__rpc_args("f", NAN));
     assert_true(zd_value_equal(x, y));   /* tensors by content, NaN bit for bit */
     assert_false(zd_value_equal(x, z));
     assert_false(zd_value_equal(x, w));
@@ -293,8 +294,8 @@ static void test_format(void **state)
     (void)state;
     int64_t shape[2] = {2, 3};
     zd_tensor_t *t = zd_tensor_new(ZD_INT64, 2, shape);
-    zd_value_t *v = zd_rpc_args("ifsbtnv", (int64_t)-3, 2.5, "a\"b\n", "xyz", (size_t)3, t,
-                              zd_rpc_args(""));
+    zd_value_t *v = zd__rpc_args("ifsbtnv", (int64_t)-3, 2.5, "a\"b\n", "xyz", (size_t)3, t,
+                              zd__rpc_args(""));
     char buf[256];
     assert_string_equal(zd_value_format(v, buf, sizeof buf),
                         "[-3, 2.5, \"a\\\"b\\x0a\", bytes(3), tensor int64 (2, 3), none, []]");
@@ -346,7 +347,7 @@ static void test_object_values(void **state)
     assert_string_equal(zd_error_last(), "expected a DataWorker object, got NULL");
 
     /* Arguments: the index is named. */
-    zd_value_t *args = zd_rpc_args("vv", zd_value_ref(v), zd_value_ref(i));
+    zd_value_t *args = zd__rpc_args("vv", zd_value_ref(v), zd_value_ref(i));
     assert_int_equal(zd_rpc_arg_object(args, 0, "ParameterServer", &p), 0);
     assert_ptr_equal(p, &server);
     assert_int_equal(zd_rpc_arg_object(args, 0, "DataWorker", &p), -1);

@@ -20,6 +20,7 @@
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
+#include "rpc/args.h"
 
 /* ---- the header decoder ---- */
 
@@ -438,7 +439,7 @@ static int world_garbage(const world_t *w)
         zmq_send(stranger.sock, hbuf, hlen, 0);
         intruder_close(&stranger);
         /* A well-formed call on the raw socket works, and so does the agent. */
-        zd_value_t *two = zd_rpc_args("ii", (int64_t)2, (int64_t)4);
+        zd_value_t *two = zd__rpc_args("ii", (int64_t)2, (int64_t)4);
         intruder_answer_t ans;
         int64_t sum = 0;
         WCHECK(intruder_call_wait(&r, 1, "add", two, 5000, &ans) == 1);
@@ -446,7 +447,7 @@ static int world_garbage(const world_t *w)
         WCHECK(ans.type == RPC_MSG_REPLY && zd_value_get_int(ans.value, &sum) == 0 && sum == 6);
         intruder_answer_clear(&ans);
         intruder_close(&r);
-        zd_value_t *res, *args = zd_rpc_args("ii", (int64_t)40, (int64_t)2);
+        zd_value_t *res, *args = zd__rpc_args("ii", (int64_t)40, (int64_t)2);
         int64_t v;
         WCHECK(zd_rpc_sync(1, "add", args, -1, &res) == 0);
         WCHECK(zd_value_get_int(res, &v) == 0 && v == 42);

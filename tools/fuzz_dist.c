@@ -54,6 +54,7 @@
 #include <zdist/rpc.h>
 #include <zdist/value.h>
 #include "dist_autograd/dist_private.h"
+#include "rpc/args.h"
 #include "rpc/rref.h"
 
 #define FUZZ_NAME "fuzz_dist"
@@ -139,7 +140,7 @@ zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t time
     if (async_fails) {
         zd_future_set_error(f, "stand-in: rank %d is gone", to);
     } else if (strcmp(fn, "__dist_pending") == 0) {
-        zd_value_t *v = zd_rpc_args("ii", (int64_t)0, (int64_t)to);
+        zd_value_t *v = zd__rpc_args("ii", (int64_t)0, (int64_t)to);
         zd_future_set_value(f, v);
         zd_value_unref(v);
     } else {
@@ -340,7 +341,7 @@ static uint64_t graph_msg;         /* our send function's message id */
 static uint64_t serve_request(int caller, const void *extra, size_t len, zd_tensor_t *x)
 {
     zd_rpc_call_t call = {caller, NULL};
-    zd_value_t *args = zd_rpc_args("t", x);
+    zd_value_t *args = zd__rpc_args("t", x);
     uint64_t msg = 0;
     if (hooks.on_recv_request(hooks.arg, &call, extra, len, &args) == 0) {
         zd_tensor_t *x_in = NULL, *h = NULL, *y = NULL;
@@ -389,7 +390,7 @@ static void op_backward(input_t *in)
     int64_t msg = m < 200 ? (int64_t)graph_msg : m == 255 ? (int64_t)u64(in) : (int64_t)m;
     int caller = u8(in) % WORLD;
     int k = u8(in) % 3;
-    zd_value_t *args = zd_rpc_args("iiii", ctx, msg, (int64_t)(u8(in) % 3 + 1), (int64_t)(u8(in) & 1));
+    zd_value_t *args = zd__rpc_args("iiii", ctx, msg, (int64_t)(u8(in) % 3 + 1), (int64_t)(u8(in) & 1));
     bool exact = true;
     for (int i = 0; i < k; i++) {
         zd_tensor_t *g;
@@ -419,10 +420,10 @@ static void op_backward(input_t *in)
 static void op_query(input_t *in, const char *fn)
 {
     int64_t ctx = u8(in) & 1 ? CTX0 : pick_ctx(in);
-    zd_value_t *args = strcmp(fn, "__dist_release") == 0 ? zd_rpc_args("i", ctx)
+    zd_value_t *args = strcmp(fn, "__dist_release") == 0 ? zd__rpc_args("i", ctx)
                        : strcmp(fn, "__dist_flush") == 0
-                           ? zd_rpc_args("ii", ctx, (int64_t)(u8(in) % 3 + 1))
-                           : zd_rpc_args("iii", ctx, (int64_t)(u8(in) % 3 + 1), (int64_t)u8(in));
+                           ? zd__rpc_args("ii", ctx, (int64_t)(u8(in) % 3 + 1))
+                           : zd__rpc_args("iii", ctx, (int64_t)(u8(in) % 3 + 1), (int64_t)u8(in));
     zd_rpc_call_t call = {u8(in) % WORLD, NULL};
     finish(handler(fn)(&call, args, NULL));
     zd_value_unref(args);
@@ -463,7 +464,7 @@ static void op_own_call(input_t *in)
         return;
     int peer = 1 + u8(in) % (WORLD - 1);
     zd_tensor_t *a = ones(2, 2, true);
-    zd_value_t *args = zd_rpc_args("t", a);
+    zd_value_t *args = zd__rpc_args("t", a);
     zd_rpc_hook_msg_t m = {.peer = peer, .function = "f"};
     zd_rpc_bytes_t extra = {0};
     void *state = NULL;
@@ -500,9 +501,11 @@ static void op_own_call(input_t *in)
 
 static void op_limits(input_t *in)
 {
-    zd_dist_autograd_limits_t l = {.max_contexts = u8(in) % 8, .max_contexts_per_peer = u8(in) % 4,
-                                   .idle_timeout_ms = -1};
-    zd_dist_autograd_set_limits(&l);
+    zd_dist_autograd_limits_t l = zd_dist_autograd_limits_default();
+    l.max_contexts = u8(in) % 8;
+    l.max_contexts_per_peer = u8(in) % 4;
+    l.idle_timeout_ms = ZD_TIMEOUT_NONE;
+    CHECK(zd_dist_autograd_set_limits(&l) == 0, "set_limits: %s", zd_error_last());
 }
 
 /* ---- RRefs ---- */

@@ -166,7 +166,8 @@ static int make_data(zd_tensor_t **x, zd_tensor_t **target)
 static int train(void)
 {
     int rc = -1;
-    zd_rref_t *fc1 = NULL, *params[4] = {NULL}, *w1, *b1;
+    zd_rref_t *fc1 = NULL, *w1, *b1, *w2 = NULL, *b2 = NULL;
+    zd_rref_list_t *params = zd_rref_list_new();
     zd_value_t *reply = NULL;
     zd_dist_optim_t *opt = NULL;
     zd_tensor_t *x = NULL, *target = NULL;
@@ -175,21 +176,22 @@ static int train(void)
     /* fc1 lives on worker1: zd_rpc_remote_take returns an RRef at once. */
     fc1 = zd_rpc_remote_take(zd_rpc_worker("worker1"), "Layer.new", ZD_ARGS(IN, HIDDEN, 1),
                              ZD_TIMEOUT_DEFAULT);
-    if (!fc2 || !fc1 || make_data(&x, &target) < 0)
+    if (!params || !fc2 || !fc1 || make_data(&x, &target) < 0)
         goto out;
 
-    /* The parameters to optimise: RRefs to fc1's (on worker1) and fc2's (here). */
+    /* The parameters to optimise, in one list: RRefs to fc1's (on worker1)
+       and fc2's (here). The list takes its own references. */
     if (zd_rref_rpc_sync(fc1, "Layer.parameter_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &reply) < 0 ||
         ZD_UNPACK(reply, &w1, &b1) < 0)
         goto out;
-    params[0] = zd_rref_ref(w1);   /* keep them beyond reply */
-    params[1] = zd_rref_ref(b1);
-    params[2] = param_rref(fc2->weight);
-    params[3] = param_rref(fc2->bias);
-    if (!params[2] || !params[3])
+    w2 = param_rref(fc2->weight);
+    b2 = param_rref(fc2->bias);
+    if (!w2 || !b2 || zd_rref_list_append(params, w1) < 0 ||
+        zd_rref_list_append(params, b1) < 0 || zd_rref_list_append(params, w2) < 0 ||
+        zd_rref_list_append(params, b2) < 0)
         goto out;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(0.1);
-    if (zd_dist_optim_new(&cfg, params, 4, &opt) < 0)
+    if (!(opt = zd_dist_optim_new(&cfg, params)))
         goto out;
 
     for (int step = 1; step <= STEPS; step++) {
@@ -213,8 +215,9 @@ out:
     if (rc < 0)
         fprintf(stderr, "train: %s\n", zd_error_last());
     zd_dist_optim_free(opt);
-    for (int i = 0; i < 4; i++)
-        zd_rref_unref(params[i]);
+    zd_rref_list_free(params);
+    zd_rref_unref(w2);
+    zd_rref_unref(b2);
     zd_value_unref(reply);
     zd_rref_unref(fc1);   /* worker1 frees the layer once no one holds it */
     zd_tensor_unref(x);

@@ -14,6 +14,9 @@
 #ifndef ZDIST_AUTOGRAD_H
 #define ZDIST_AUTOGRAD_H
 
+#include <stddef.h>
+#include <string.h>
+
 #include <zdist/function.h>
 #include <zdist/tensor.h>
 #include <zdist/export.h>
@@ -57,14 +60,28 @@ typedef struct {
     zd_tensor_t *const *node_grads;
 } zd_autograd_root_t;
 
+/*  How a pass runs. Start from zd_autograd_options_default(). */
 typedef struct {
+    size_t size;                             /* set by zd_autograd_options_default() */
     bool retain_graph;
     zd_autograd_accumulate_fn *accumulate;   /* NULL: into .grad */
     void *accumulate_arg;
 } zd_autograd_options_t;
 
-/*  Runs the backward pass from the given roots on the calling thread.
-    Returns 0, or -1 with zd_error_last() naming the failing node. */
+/*  The defaults (free the graph, gradients into .grad), with size set
+    (inline: this program's size). Returns the struct. */
+static inline zd_autograd_options_t zd_autograd_options_default(void)
+{
+    zd_autograd_options_t o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    return o;
+}
+
+/*  Runs the backward pass from the given roots on the calling thread (opts
+    borrowed; NULL: the defaults). Returns 0, or -1 with zd_error_last()
+    naming the failing node (ZD_ERR_ARGUMENT: opts' size not set by
+    zd_autograd_options_default()). */
 ZD_API int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autograd_options_t *opts);
 
 /*  ---- tasks: a backward pass fed from outside ----
@@ -77,7 +94,9 @@ ZD_API int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const z
 typedef struct zd_autograd_task zd_autograd_task_t;
 
 /*  A task over the graph below starts (borrowed; the task keeps its own
-    references to every node it reaches). NULL on out of memory. */
+    references to every node it reaches; opts copied, NULL: the defaults).
+    A new object (zd_autograd_task_free), or NULL (out of memory; opts'
+    size not set by zd_autograd_options_default()). */
 ZD_API zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
                                    const zd_autograd_options_t *opts);
 

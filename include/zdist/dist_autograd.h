@@ -46,11 +46,13 @@
 #define ZDIST_DIST_AUTOGRAD_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/named_tensors.h>
 #include <zdist/tensor.h>
 #include <zdist/value.h>
 #include <zdist/export.h>
@@ -109,20 +111,34 @@ ZD_API int64_t zd_dist_autograd_num_contexts(void);
 
 /*  Bounds on the contexts other processes can make here. A request under a
     context this process does not know creates it; a peer (or a hostile
-    process posing as one) could otherwise fill memory with them. A field
-    of 0 keeps the default. */
+    process posing as one) could otherwise fill memory with them. Start
+    from zd_dist_autograd_limits_default(). */
 typedef struct {
-    int64_t max_contexts;           /* all contexts made by peers (default 4096) */
-    int64_t max_contexts_per_peer;  /* made by one peer (default 256) */
+    size_t size;                    /* set by zd_dist_autograd_limits_default() */
+    int64_t max_contexts;           /* all contexts made by peers (0: 4096) */
+    int64_t max_contexts_per_peer;  /* made by one peer (0: 256) */
     int64_t idle_timeout_ms;        /* a peer's context unused this long is released,
-                                       with a log line (default 10x the RPC timeout,
-                                       10 min when that is none; -1: never) */
+                                       with a log line; ZD_TIMEOUT_DEFAULT: 10x the RPC
+                                       timeout, 10 min when that is none;
+                                       ZD_TIMEOUT_NONE: never */
 } zd_dist_autograd_limits_t;
 
-/*  Sets the bounds (NULL: the defaults), for the whole process. Contexts
-    begun here (zd_dist_autograd_context_begin) are never counted nor
-    expired. Never fails. */
-ZD_API void zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
+/*  The defaults, with size set (inline: this program's size). Returns the
+    struct. */
+static inline zd_dist_autograd_limits_t zd_dist_autograd_limits_default(void)
+{
+    zd_dist_autograd_limits_t l;
+    memset(&l, 0, sizeof l);
+    l.size = sizeof l;
+    l.idle_timeout_ms = ZD_TIMEOUT_DEFAULT;
+    return l;
+}
+
+/*  Sets the bounds (copied; NULL: the defaults), for the whole process.
+    Contexts begun here (zd_dist_autograd_context_begin) are never counted
+    nor expired. 0, or -1 (ZD_ERR_ARGUMENT: a size that no
+    zd_dist_autograd_limits_default() set; the bounds are then unchanged). */
+ZD_API int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
 
 /*  ---- a scoped context: PyTorch's `with dist_autograd.context() as cid:` ----
 
@@ -206,16 +222,17 @@ ZD_API int zd_rref_backward(zd_rref_t *r, int64_t context_id, bool retain_graph)
 /*  ---- gradients ---- */
 
 /*  The gradient this process accumulated for tensor t in the context: 0 and
-    *grad (a new reference, or NULL when t got none), or -1 for an unknown
-    context. */
+    *grad (a new reference, or NULL when t got none), or -1
+    (ZD_ERR_ARGUMENT) for an unknown context. */
 ZD_API int zd_dist_autograd_get_gradient(int64_t context_id, zd_tensor_t *t, zd_tensor_t **grad);
 
-/*  This process's whole map: *n entries, *tensors[i] -> *grads[i] (new
-    arrays of new references; free with zd_dist_autograd_gradients_free).
-    Returns 0, or -1 for an unknown context. */
-ZD_API int zd_dist_autograd_get_gradients(int64_t context_id, int *n, zd_tensor_t ***tensors,
-                                zd_tensor_t ***grads);
-ZD_API void zd_dist_autograd_gradients_free(int n, zd_tensor_t **tensors, zd_tensor_t **grads);
+/*  This process's gradients in the context (PyTorch's
+    dist_autograd.get_gradients): a new object (zd_named_tensors_free)
+    holding each gradient under its tensor's name (zd_tensor_set_name),
+    or "tensor<i>" (i its place in the context's order) when the tensor
+    has no name or an earlier one took it. NULL (ZD_ERR_ARGUMENT) for an
+    unknown context, or out of memory. */
+ZD_API zd_named_tensors_t *zd_dist_autograd_get_gradients(int64_t context_id);
 
 /*  ---- counters ---- */
 
@@ -232,7 +249,11 @@ typedef struct {
     int64_t total_send_functions; /* send functions recorded */
 } zd_dist_autograd_stats_t;
 
-ZD_API void zd_dist_autograd_stats(zd_dist_autograd_stats_t *out);
+/*  This process's counters into *out, a struct of size bytes (sizeof
+    *out), written no further than size:
+    zd_dist_autograd_stats(&s, sizeof s). 0, or -1 (ZD_ERR_ARGUMENT: out
+    NULL or size below the 1.0 struct's; out is then left alone). */
+ZD_API int zd_dist_autograd_stats(zd_dist_autograd_stats_t *out, size_t size);
 
 ZD_END_DECLS
 

@@ -12,12 +12,17 @@
         ...
         zd_remote_module_t *rm = zd_remote_module_new(zd_rpc_worker("ps"), "Linear",
                                                       ZD_ARGS(4, 2));
+        zd_rref_list_t *params = zd_remote_module_remote_parameters(rm);
+        zd_optim_config_t cfg = zd_optim_sgd_defaults(0.05);
+        zd_dist_optim_t *opt = zd_dist_optim_new(&cfg, params);
+        zd_rref_list_free(params);
         ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
             zd_tensor_t *y;
             zd_remote_module_forward(rm, 1, &x, &y);    // runs on "ps", recorded
             ...loss..., zd_dist_autograd_backward(ctx, &loss, 1, false);
-            zd_dist_optim_step(opt, ctx);              // opt over the module's RRefs
+            zd_dist_optim_step(opt, ctx);              // steps the module on "ps"
         }
+        zd_dist_optim_free(opt);
         zd_remote_module_free(rm);
 
     Module types are constructors registered by name on the processes that
@@ -45,15 +50,12 @@ ZD_BEGIN_DECLS
 
 /*  ---- RRefs to parameters (PyTorch's _parameter_rrefs) ---- */
 
-/*  RRefs owned by this process, one per parameter of m, in
-    zd_nn_module_param order: *rrefs is a new array of n new references,
-    which zd_dist_optim_new takes as it is; free it with
-    zd_dist_nn_rrefs_free. RPC must be running. Returns 0, or -1 (nothing
-    to free then). */
-ZD_API int zd_dist_nn_parameter_rrefs(const zd_nn_module_t *m, int *n, zd_rref_t ***rrefs);
-
-/*  Drops the n RRefs and frees the array. NULL-safe. */
-ZD_API void zd_dist_nn_rrefs_free(int n, zd_rref_t **rrefs);
+/*  RRefs owned by this process, one per parameter of m in
+    zd_nn_module_param order (a tensor registered twice, a tied weight,
+    once, where first seen), for zd_dist_optim_new: a new object
+    (zd_rref_list_free). RPC must be running. NULL on failure
+    (ZD_ERR_ARGUMENT: m NULL; RPC not running; out of memory). */
+ZD_API zd_rref_list_t *zd_dist_nn_parameter_rrefs(const zd_nn_module_t *m);
 
 /*  ---- module types ---- */
 
@@ -79,9 +81,9 @@ typedef struct zd_remote_module zd_remote_module_t;
 /*  Creates a module of type type_name on worker `to` with args (a list;
     taken over and released in every case, so ZD_ARGS(...) can be written
     in place; NULL: no arguments) and waits until it exists. Returns the
-    handle (free with zd_remote_module_free), or NULL with an error naming
+    handle, a new object (zd_remote_module_free), or NULL with an error naming
     the worker: unknown type, the constructor's own error, unreachable
-    worker, zd_dist_nn_init missing there. */
+    worker, zd_dist_nn_init() missing there (ZD_ERR_NOT_INITIALIZED). */
 ZD_API zd_remote_module_t *zd_remote_module_new(int to, const char *type_name,
                                                 zd_value_t *args);
 
@@ -96,10 +98,10 @@ ZD_API zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, int n
                                                    zd_tensor_t *const *in);
 
 /*  RRefs to the module's parameters, owned by its owner (PyTorch's
-    RemoteModule.remote_parameters()), for zd_dist_optim_new: as
-    zd_dist_nn_parameter_rrefs. Returns 0, or -1. */
-ZD_API int zd_remote_module_remote_parameters(zd_remote_module_t *rm, int *n,
-                                              zd_rref_t ***rrefs);
+    RemoteModule.remote_parameters()), for zd_dist_optim_new, as
+    zd_dist_nn_parameter_rrefs lists them there: a new object
+    (zd_rref_list_free), or NULL with the owner's error. */
+ZD_API zd_rref_list_t *zd_remote_module_remote_parameters(zd_remote_module_t *rm);
 
 /*  The RRef to the module (borrowed; its value is an object of type
     "RemoteModule", for functions of one's own called through it), and the

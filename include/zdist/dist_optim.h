@@ -2,14 +2,17 @@
 /*  dist_optim.h: the DistributedOptimizer, in the image of
     torch.distributed.optim.DistributedOptimizer.
 
-        zd_dist_optim_t *opt;
         zd_optim_config_t cfg = zd_optim_sgd_defaults(0.03);
-        zd_dist_optim_new(&cfg, param_rrefs, n, &opt);   // RRefs to tensors anywhere
+        zd_dist_optim_t *opt = zd_dist_optim_new(&cfg, params);   // RRefs to tensors anywhere
+        if (!opt)
+            ...zd_error_last() names the owner that refused...
         ... zd_dist_autograd_backward(ctx, &loss, 1, false);
         zd_dist_optim_step(opt, ctx);                     // every owner, at once
         zd_dist_optim_free(opt);
 
-    The constructor groups the parameters by owner and creates one local
+    params is a zd_rref_list_t (rpc.h): zd_dist_nn_parameter_rrefs and
+    zd_remote_module_remote_parameters return one, zd_rref_list_extend
+    gathers several. The constructor groups the parameters by owner and creates one local
     optimizer per owner, on that owner (optim.h, any kind, the same
     hyper-parameters), and keeps an RRef to each, as PyTorch's keeps RRefs
     to its _LocalOptimizer objects. A step calls every owner's optimizer
@@ -32,8 +35,8 @@
 
     Concurrency: steps on one owner are serialised by the local optimizer's
     lock, so concurrent trainers never interleave inside one update. Each
-    owner also has a readers-writer lock per optimizer that writers (steps)
-    take exclusively: zd_dist_optim_read_lock() lets a forward pass copy the
+    owner also has one readers-writer lock (per process) that writers
+    (steps) take exclusively: zd_dist_optim_read_lock() lets a forward pass copy the
     parameters without seeing half an update.
 
     Requires zd_dist_autograd_init() and zd_dist_optim_init() before zd_rpc_init on
@@ -42,7 +45,9 @@
 #ifndef ZDIST_DIST_OPTIM_H
 #define ZDIST_DIST_OPTIM_H
 
+#include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
@@ -56,25 +61,40 @@ typedef struct zd_dist_optim zd_dist_optim_t;
 ZD_API int zd_dist_optim_init(void);
 
 /*  What this process, as an owner, accepts from the callers that create
-    optimizers over its parameters (zd_dist_optim_set_owner_limits). */
+    optimizers over its parameters (zd_dist_optim_set_owner_limits). Start
+    from zd_dist_optim_owner_limits_default(). */
 typedef struct {
+    size_t size;                        /* set by zd_dist_optim_owner_limits_default() */
     const zd_optim_config_t *config;   /* callers must use exactly this config
                                           (NULL: any valid one) */
     double max_change;                  /* a step may move a parameter by at most this
                                           times max(its RMS, 1), in RMS (0: no bound) */
 } zd_dist_optim_owner_limits_t;
 
-/*  On an owner: callers must use exactly limits->config (others are
-    refused, naming the caller and the field) and steps are bounded by
-    max_change; NULL: no limits. 0, or -1 for invalid limits. */
+/*  No limits, with size set (inline: this program's size). Returns the
+    struct. */
+static inline zd_dist_optim_owner_limits_t zd_dist_optim_owner_limits_default(void)
+{
+    zd_dist_optim_owner_limits_t l;
+    memset(&l, 0, sizeof l);
+    l.size = sizeof l;
+    return l;
+}
+
+/*  On an owner: callers must use exactly limits->config (copied; others
+    are refused, naming the caller and the field) and steps are bounded by
+    max_change; NULL: no limits. 0, or -1 (ZD_ERR_ARGUMENT) for invalid
+    limits or a size that no zd_dist_optim_owner_limits_default() set. */
 ZD_API int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *limits);
 
-/*  Creates one optimizer per owner over the parameters referenced by
-    params[0..n) (RRefs whose values are float32 tensors; borrowed). Returns
-    0 and *out, or -1 naming the owner that refused (bad hyper-parameters,
-    a value that is not a tensor, an unreachable owner). */
-ZD_API int zd_dist_optim_new(const zd_optim_config_t *cfg, zd_rref_t *const *params, int n,
-                   zd_dist_optim_t **out);
+/*  Creates one optimizer per owner over the parameters params lists
+    (RRefs whose values are float32 tensors; the list is borrowed). A new
+    object (zd_dist_optim_free), or NULL with an error naming the owner
+    that refused (bad hyper-parameters, a value that is not a tensor, an
+    unreachable owner; ZD_ERR_NOT_INITIALIZED: zd_dist_optim_init() not
+    called there). */
+ZD_API zd_dist_optim_t *zd_dist_optim_new(const zd_optim_config_t *cfg,
+                                          const zd_rref_list_t *params);
 
 /*  Steps every owner with the gradients of context_id and waits for all.
     Returns 0, or -1 with the error of the first owner that failed, named

@@ -65,8 +65,10 @@
 #define ZDIST_RPC_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include <zdist/error.h>
 #include <zdist/future.h>
@@ -81,11 +83,18 @@ ZD_BEGIN_DECLS
 
 /*  ---- init and shutdown ---- */
 
+/*  Durations follow error.h's rule, as function arguments do:
+    ZD_TIMEOUT_DEFAULT (< 0) is the default in parentheses, ZD_TIMEOUT_NONE
+    (0) no limit, a positive value that many ms (busy_poll_us: us, and 0 =
+    never poll). Start from zd_rpc_options_default(), then set fields: it
+    sets size, and the library reads only the fields within size. */
 typedef struct {
-    int64_t rpc_timeout_ms;     /* default call timeout; 0 = none (60000);
-                                   change it later with zd_rpc_set_timeout */
+    size_t size;                /* sizeof(zd_rpc_options_t), set by
+                                   zd_rpc_options_default() */
+    int64_t rpc_timeout_ms;     /* default call timeout (60000); change it
+                                   later with zd_rpc_set_timeout */
     int num_worker_threads;     /* pool threads running handlers (16) */
-    int64_t init_timeout_ms;    /* rendezvous limit; 0 = none (300000) */
+    int64_t init_timeout_ms;    /* rendezvous limit (300000) */
     const char *master_addr;    /* rendezvous host; NULL: the environment's
                                    (zd_rpc_env_resolve); rank 0 with none at
                                    all listens on every interface */
@@ -96,11 +105,11 @@ typedef struct {
                                    is on this machine; rank 0: those that route to
                                    the workers that registered) */
     int64_t busy_poll_us;       /* a thread waiting for a message polls this long
-                                   before it sleeps; 0 = never; < 0: take
-                                   $ZDIST_BUSY_POLL_US, else 100 (-1), or 0
-                                   when the host has fewer cores than
-                                   processes of the world */
-    const char *key_file;       /* the world key (tools/keygen): every connection is
+                                   before it sleeps, in us; 0: never
+                                   ($ZDIST_BUSY_POLL_US, else 100, or 0 when
+                                   the host has fewer cores than processes
+                                   of the world) */
+    const char *key_file;       /* the world key (zdist-keygen): every connection is
                                    then authenticated and encrypted (CURVE); NULL:
                                    $ZDIST_KEY_FILE, else ~/.config/zdist/world.key
                                    if it exists, else none (loopback worlds only) */
@@ -109,15 +118,31 @@ typedef struct {
                                    encryption (false) */
     int64_t heartbeat_ms;       /* a peer whose connection carries nothing (not even
                                    heartbeats) this long is lost, like a dead one;
-                                   0: $ZDIST_HEARTBEAT_S seconds, else 30000 (0) */
+                                   ZD_TIMEOUT_NONE: never for silence alone
+                                   ($ZDIST_HEARTBEAT_S seconds, else 30000) */
     int64_t master_wait_ms;     /* when rank 0 is lost, keep registering with
                                    master_addr:master_port this long, so that a
                                    restarted rank 0 gets the running world back;
-                                   0: $ZDIST_MASTER_WAIT_S seconds, else never (0) */
+                                   ZD_TIMEOUT_NONE: as long as it takes
+                                   ($ZDIST_MASTER_WAIT_S seconds, else not at all) */
 } zd_rpc_options_t;
 
-/*  PyTorch's defaults (above). */
-ZD_API zd_rpc_options_t zd_rpc_options_default(void);
+/*  The defaults (PyTorch's, above), with size set: every duration
+    ZD_TIMEOUT_DEFAULT, 16 threads, nothing else given. Inline, so that
+    size is the one this program was compiled with. Returns the struct. */
+static inline zd_rpc_options_t zd_rpc_options_default(void)
+{
+    zd_rpc_options_t o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    o.rpc_timeout_ms = ZD_TIMEOUT_DEFAULT;
+    o.num_worker_threads = 16;
+    o.init_timeout_ms = ZD_TIMEOUT_DEFAULT;
+    o.busy_poll_us = ZD_TIMEOUT_DEFAULT;
+    o.heartbeat_ms = ZD_TIMEOUT_DEFAULT;
+    o.master_wait_ms = ZD_TIMEOUT_DEFAULT;
+    return o;
+}
 
 /*  ---- where a process learns its place: launchers' environments ---- */
 
@@ -159,16 +184,19 @@ ZD_API int zd_rpc_env_resolve(int rank, int world_size, const char *master_addr,
 /*  Joins the world. rank < 0, world_size <= 0 and the options' unset
     master address and port come from the launcher's environment
     (zd_rpc_env_resolve; the result is logged once at info level), a NULL
-    name becomes "worker<rank>"; opts may be NULL (the defaults).
-    Rank 0 hosts the rendezvous: every process binds its own endpoint and
-    registers; when all world_size have registered each gets the table of
-    names, ranks and endpoints, connects to every peer, and returns.
+    name becomes "worker<rank>"; opts (borrowed) may be NULL: the
+    defaults. Rank 0 hosts the rendezvous: every process binds its own
+    endpoint and registers; when all world_size have registered each gets
+    the table of names, ranks and endpoints, connects to every peer, and
+    returns.
     Register functions before calling this: a peer may call them as soon as
     its own init returns. Fails (every process involved, within
     init_timeout_ms) on a duplicate rank or name, a rank outside the world,
     world sizes that differ, a peer that cannot be reached (named, with its
     address), or a master that never answers; the process whose
-    registration conflicts fails at once. */
+    registration conflicts fails at once; at once with ZD_ERR_ARGUMENT on
+    a bad option, or opts whose size no zd_rpc_options_default() set.
+    Returns 0, or -1. */
 ZD_API int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options_t *opts);
 
 /*  Leaves the world. Graceful: waits until every worker has called
@@ -187,13 +215,13 @@ ZD_API bool zd_rpc_is_running(void);
 
 /*  The default timeout of calls, RRef fetches and distributed-autograd
     operations, in ms (0: none): the running agent's, which starts as
-    zd_rpc_options_t.rpc_timeout_ms; when RPC is not running,
-    zd_rpc_options_default()'s. */
+    zd_rpc_options_t.rpc_timeout_ms; when RPC is not running, the
+    options' default (60000). Never fails. */
 ZD_API int64_t zd_rpc_get_timeout(void);
 
 /*  Changes that default for the calls started from now on (PyTorch's
-    rpc._set_rpc_timeout): timeout_ms >= 0, 0 = none. 0, or -1 when RPC is
-    not running or timeout_ms < 0. */
+    rpc._set_rpc_timeout): ZD_TIMEOUT_DEFAULT puts back 60000, 0 is no
+    limit. 0, or -1 (ZD_ERR_NOT_INITIALIZED) when RPC is not running. */
 ZD_API int zd_rpc_set_timeout(int64_t timeout_ms);
 
 /*  ---- worker info ---- */
@@ -251,23 +279,37 @@ typedef zd_future_t *(zd_rpc_async_handler_fn)(zd_rpc_call_t *call, zd_value_t *
 #define ZD_RPC_FN_INLINE 0x1u
 
 typedef struct {
+    size_t size;                         /* set by zd_rpc_function_default() */
     zd_rpc_handler_fn *fn;               /* exactly one of fn and async_fn */
     zd_rpc_async_handler_fn *async_fn;
-    void *arg;                        /* passed to the handler */
-    unsigned flags;                   /* ZD_RPC_FN_* */
+    void *arg;                           /* passed to the handler */
+    unsigned flags;                      /* ZD_RPC_FN_* */
 } zd_rpc_function_t;
 
-/*  Registers (or replaces) the function called name in this process.
-    Names starting with "__" are reserved for modules built on the agent
-    (distributed autograd). 0, or -1 on a bad name or out of memory. */
+/*  An empty zd_rpc_function_t with size set (inline: this program's
+    size); set fn or async_fn, arg and flags. Returns the struct. */
+static inline zd_rpc_function_t zd_rpc_function_default(void)
+{
+    zd_rpc_function_t f;
+    memset(&f, 0, sizeof f);
+    f.size = sizeof f;
+    return f;
+}
+
+/*  Registers (or replaces) the function called name in this process (f is
+    copied). Names starting with "__" are reserved for modules built on
+    the agent (distributed autograd). 0, or -1 (ZD_ERR_ARGUMENT: a bad
+    name, not exactly one of fn and async_fn, f's size not set by
+    zd_rpc_function_default(); ZD_ERR_NO_MEMORY). */
 ZD_API int zd_rpc_register_function(const char *name, const zd_rpc_function_t *f);
 
-/*  Shorthands: a pool handler, an async handler, an inline handler. */
+/*  Shorthands: a pool handler, an async handler, an inline handler.
+    0, or -1 as zd_rpc_register_function. */
 ZD_API int zd_rpc_register(const char *name, zd_rpc_handler_fn *fn, void *arg);
 ZD_API int zd_rpc_register_async(const char *name, zd_rpc_async_handler_fn *fn, void *arg);
 ZD_API int zd_rpc_register_inline(const char *name, zd_rpc_handler_fn *fn, void *arg);
 
-/*  Forgets name; returns -1 if it was not registered. */
+/*  Forgets name. 0, or -1 (ZD_ERR_ARGUMENT) if it was not registered. */
 ZD_API int zd_rpc_unregister(const char *name);
 
 /*  ---- calling ---- */
@@ -369,6 +411,50 @@ ZD_API zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *a
 ZD_API zd_rref_t *zd_rref_ref(zd_rref_t *r);
 ZD_API void zd_rref_unref(zd_rref_t *r);
 
+/*  ---- lists of RRefs ----
+
+    PyTorch's list of RRefs, as DistributedOptimizer takes them: gather the
+    parameters of several modules, local or remote, into one,
+
+        zd_rref_list_t *params = zd_rref_list_new();
+        zd_rref_list_t *enc = zd_remote_module_remote_parameters(encoder);
+        zd_rref_list_t *dec = zd_dist_nn_parameter_rrefs(decoder);
+        if (!params || !enc || !dec || zd_rref_list_extend(params, enc) < 0 ||
+            zd_rref_list_extend(params, dec) < 0)
+            ...error...
+        zd_rref_list_free(enc);
+        zd_rref_list_free(dec);
+
+    An RRef to a value already listed (the same owner and RRef id: the
+    same handle, or another fork of it) is listed once, where it was first
+    seen, as PyTorch's parameters() lists a tied weight once. */
+typedef struct zd_rref_list zd_rref_list_t;
+
+/*  A new, empty list: a new object (zd_rref_list_free), or NULL when out
+    of memory. */
+ZD_API zd_rref_list_t *zd_rref_list_new(void);
+
+/*  Frees the list and drops its references to the RRefs. NULL-safe. */
+ZD_API void zd_rref_list_free(zd_rref_list_t *l);
+
+/*  Appends r, taking a reference of its own (r stays the caller's); an RRef
+    to a value already in the list is skipped. 0 (appended or skipped), or
+    -1 (ZD_ERR_ARGUMENT: NULL l or r; ZD_ERR_NO_MEMORY). */
+ZD_API int zd_rref_list_append(zd_rref_list_t *l, zd_rref_t *r);
+
+/*  Appends every RRef of other in order, as zd_rref_list_append does (so
+    values already listed are skipped): PyTorch's
+    params.extend(m.remote_parameters()). other is borrowed. 0, or -1 (l
+    may then hold part of other). */
+ZD_API int zd_rref_list_extend(zd_rref_list_t *l, const zd_rref_list_t *other);
+
+/*  How many RRefs (0 for NULL). */
+ZD_API int zd_rref_list_len(const zd_rref_list_t *l);
+
+/*  RRef i: borrowed, valid while the list lives (zd_rref_ref to keep it
+    longer); NULL when i is out of range. */
+ZD_API zd_rref_t *zd_rref_list_get(const zd_rref_list_t *l, int i);
+
 /*  Waits until this process has no RRef message in flight: every deletion
     and fork notification it sent was acknowledged and every RRef it
     forked was confirmed, up to timeout_ms (default: no limit, as each of
@@ -429,6 +515,7 @@ typedef struct {
 } zd_rpc_debug_item_t;
 
 typedef struct {
+    size_t size;            /* set by zd_rpc_hooks_default() */
     /* May replace *args (unref the old value, store a new reference), set
        *extra and a per-call *state handed back to on_recv_reply. */
     int (*on_send_request)(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
@@ -459,7 +546,20 @@ typedef struct {
     void (*on_peer_lost)(void *arg, int peer);
 } zd_rpc_hooks_t;
 
-/*  Installs hooks (copied; NULL removes them). Only while not running. */
+/*  Empty hooks with size set (inline: this program's size); set the
+    hooks you need. Returns the struct. A static initialiser sets
+    .size = sizeof(zd_rpc_hooks_t) itself. */
+static inline zd_rpc_hooks_t zd_rpc_hooks_default(void)
+{
+    zd_rpc_hooks_t h;
+    memset(&h, 0, sizeof h);
+    h.size = sizeof h;
+    return h;
+}
+
+/*  Installs hooks (copied; NULL removes them). Only while not running.
+    0, or -1 (ZD_ERR_ARGUMENT: RPC is running, or a size that no
+    zd_rpc_hooks_default() set). */
 ZD_API int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks);
 
 /*  Per-call state of the callee-side hooks. */
@@ -522,8 +622,11 @@ typedef struct {
     double latency_p99_us;
 } zd_rpc_metrics_t;
 
-/*  Counters for one peer (peer < 0: all peers together). 0, or -1. */
-ZD_API int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out);
+/*  Counters for one peer (peer < 0: all peers together) into *out, a
+    struct of size bytes (sizeof *out), written no further than size:
+    zd_rpc_metrics_get(peer, &m, sizeof m). 0, or -1 (RPC not running, a
+    bad peer, a size below the 1.0 struct's; out is then left alone). */
+ZD_API int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out, size_t size);
 
 /*  One line per peer, human readable, then the debug counters. */
 ZD_API void zd_rpc_metrics_print(FILE *f);

@@ -145,9 +145,14 @@ ZD_API zd_autograd_node_t *zd_tensor_grad_fn(const zd_tensor_t *t);
 /*  Which output of its grad_fn t is. */
 ZD_API int zd_tensor_output_nr(const zd_tensor_t *t);
 
-/*  A name for debugging and for the gradient map of distributed autograd
-    ("fc1.weight"). Copied. */
-ZD_API void zd_tensor_set_name(zd_tensor_t *t, const char *name);
+/*  Names t ("fc1.weight"; copied; NULL: no name), for messages and for
+    the gradients of distributed autograd (zd_dist_autograd_get_gradients).
+    0, or -1 (ZD_ERR_NO_MEMORY: t then has no name; ZD_ERR_ARGUMENT: t
+    NULL). */
+ZD_API int zd_tensor_set_name(zd_tensor_t *t, const char *name);
+
+/*  t's name: borrowed, valid until t is renamed or freed; "" when it has
+    none. */
 ZD_API const char *zd_tensor_name(const zd_tensor_t *t);
 
 /*  Process-unique id assigned at creation: a stable key for maps keyed by

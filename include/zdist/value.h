@@ -76,21 +76,12 @@ ZD_API zd_value_t *zd_value_list(size_t capacity);
     (item is then released) when out of memory or l is not a list. */
 ZD_API int zd_list_append(zd_value_t *list, zd_value_t *item);
 
-/*  A list built from a printf-like spec (for C++, or bytes and none
-    items; from C, ZD_ARGS below is the safer way):
-      'i' int64_t, 'f' double, 's' const char *, 't' zd_tensor_t *,
-      'r' zd_rref_t *, 'n' none, 'v' zd_value_t * (reference taken over),
-      'b' const void *, size_t (bytes).
-    BEWARE: the compiler cannot check the arguments against the spec. Every
-    'i' is read as an int64_t, so an int (a literal 3, an int variable) is
-    undefined behaviour: -1 may arrive as 4294967295. Cast each one:
-    zd_rpc_args("ti", x, (int64_t)3). Likewise 'f' needs a floating value
-    (2.0, not 2; a float is promoted to double, fine). Returns NULL on
-    error; the 'v' values are released then too (unless the spec itself
-    holds an unknown letter). */
-ZD_API zd_value_t *zd_rpc_args(const char *spec, ...);
+/*  ---- call arguments: ZD_ARGS and ZD_UNPACK ----
 
-/*  ---- typed argument lists: ZD_ARGS and ZD_UNPACK ----
+    The one way to build a call's arguments is ZD_ARGS, and the one way to
+    read them in a handler is ZD_UNPACK; both are C (C11 _Generic). Their
+    function forms, for C++ and for lists built in a loop: zd_value_list +
+    zd_list_append to build, zd_list_len + zd_rpc_arg_* to read.
 
     ZD_ARGS(x, y, ...) builds a new list value (caller unrefs, or hands it
     to a _take call of rpc.h) from C values, each converted by its type,
@@ -127,12 +118,13 @@ ZD_API zd_value_t *zd_rpc_args(const char *spec, ...);
         if (ZD_UNPACK(args, &a, &b) < 0)
             return NULL;
 
-    Both are C only (_Generic); from C++ use zd_rpc_args (above) and
-    zd_rpc_unpack (below), or fill the arrays of zd_rpc_args_array and
-    zd_rpc_unpack_array yourself. */
+    Bytes and none items go in as values: ZD_ARGS(zd_value_bytes(p, n),
+    zd_value_none()), read with zd_rpc_arg_bytes and ZD_UNPACK's
+    zd_value_t **. */
 
-/*  One item of ZD_ARGS: kind is a letter of zd_rpc_args' spec ('i', 'f',
-    's', 't', 'r', 'v') or 'u' (an unsigned integer, checked to fit). */
+/*  One item of ZD_ARGS: kind 'i' int64, 'u' an unsigned integer (checked
+    to fit an int64), 'f' double, 's' string, 't' tensor, 'r' RRef, 'v' a
+    value (taken over). */
 typedef struct {
     char kind;
     union {
@@ -146,7 +138,8 @@ typedef struct {
     } u;
 } zd_rpc_arg_t;
 
-/*  One output of ZD_UNPACK: kind is a letter of zd_rpc_unpack's spec, out
+/*  One output of ZD_UNPACK: kind 'i' int64_t *, 'f' double *, 's' const
+    char **, 't' zd_tensor_t **, 'r' zd_rref_t **, 'v' zd_value_t **; out
     the pointer it fills. */
 typedef struct {
     char kind;
@@ -154,17 +147,12 @@ typedef struct {
 } zd_rpc_out_t;
 
 /*  The list of n items (n 0: empty; items may then be NULL): what ZD_ARGS
-    calls. New reference, or NULL (the 'v' items released, as above). */
+    calls. A new reference, or NULL (the 'v' items released, as above). */
 ZD_API zd_value_t *zd_rpc_args_array(const zd_rpc_arg_t *items, size_t n);
 
-/*  Unpacks args into n outputs: what ZD_UNPACK calls. 0, or -1. */
+/*  Unpacks args into n outputs: what ZD_UNPACK calls. Results borrowed
+    from args. 0, or -1. */
 ZD_API int zd_rpc_unpack_array(const zd_value_t *args, const zd_rpc_out_t *outs, size_t n);
-
-/*  ZD_UNPACK for C++ and spec lovers: one letter per output, 'i' int64_t *,
-    'f' double *, 's' const char **, 't' zd_tensor_t **, 'r' zd_rref_t **,
-    'v' zd_value_t **: zd_rpc_unpack(args, "it", &n, &t). Checks the arity
-    like ZD_UNPACK; the pointer types are not checked. 0, or -1. */
-ZD_API int zd_rpc_unpack(const zd_value_t *args, const char *spec, ...);
 
 #ifndef __cplusplus
 
@@ -303,8 +291,10 @@ ZD_API const char *zd_value_object_type(const zd_value_t *v);
 ZD_API size_t zd_list_len(const zd_value_t *v);
 ZD_API zd_value_t *zd_list_get(const zd_value_t *v, size_t i);
 
-/*  Typed access to list item i, for handlers unpacking their arguments:
-    fails with "argument i: expected tensor, got int" style errors. */
+/*  Typed access to list item i, for handlers unpacking their arguments
+    (ZD_UNPACK's function form): 0 and *out, borrowed from args (valid
+    while args lives), or -1 with "argument i: expected tensor, got int"
+    style errors. */
 ZD_API int zd_rpc_arg_int(const zd_value_t *args, size_t i, int64_t *out);
 ZD_API int zd_rpc_arg_float(const zd_value_t *args, size_t i, double *out);
 ZD_API int zd_rpc_arg_string(const zd_value_t *args, size_t i, const char **out);
