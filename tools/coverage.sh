@@ -3,7 +3,9 @@
 # Line and branch coverage of the library (the folders libzdist is built
 # from; not the tests, tools or examples) by the test suite.
 #   tools/coverage.sh [--csv] [CTEST_ARGS...]     e.g. tools/coverage.sh -L quick
-# Builds build-coverage (-DZDIST_COVERAGE=ON: gcov counters, -O0), runs the
+# Builds build-coverage (-DZDIST_COVERAGE=ON: gcov counters, -O0; with
+# -DZDIST_FAULT_INJECT=ON, so that test_fault_alloc reaches the
+# out-of-memory branches), runs the
 # tests (all of them unless CTEST_ARGS select some), and prints each
 # folder's figures and the library's with gcovr; --csv prints
 # coverage_lines_pct and coverage_branches_pct as name,value,unit lines.
@@ -14,7 +16,7 @@ csv=0
 if [ "${1:-}" = "--csv" ]; then csv=1; shift; fi
 command -v gcovr > /dev/null || { echo "coverage: gcovr is missing (tools/install_deps.sh)" >&2; exit 1; }
 dir=build-coverage
-cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DZDIST_COVERAGE=ON > /dev/null
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=Debug -DZDIST_COVERAGE=ON -DZDIST_FAULT_INJECT=ON > /dev/null
 cmake --build "$dir" -j "$(nproc)" > /dev/null
 find "$dir" -name '*.gcda' -delete
 export OPENBLAS_NUM_THREADS=${OPENBLAS_NUM_THREADS:-2}
