@@ -17,10 +17,10 @@ set(zd_cmake_dir ${CMAKE_INSTALL_LIBDIR}/cmake/zdist)
 install(EXPORT zdistTargets NAMESPACE zdist:: DESTINATION ${zd_cmake_dir})
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/zdistConfig.cmake.in
   ${PROJECT_BINARY_DIR}/zdistConfig.cmake INSTALL_DESTINATION ${zd_cmake_dir})
-# Before 1.0 a minor release may break the API: 0.2.x satisfies a request
-# for 0.2, not for 0.1 or 0.3.
+# Every 1.x keeps the API and ABI of 1.0 (docs/conventions.md, "Stability"):
+# 1.3 satisfies a request for 1.0, not 2.0.
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/zdistConfigVersion.cmake
-  COMPATIBILITY SameMinorVersion)
+  COMPATIBILITY SameMajorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/zdistConfig.cmake
               ${PROJECT_BINARY_DIR}/zdistConfigVersion.cmake
         DESTINATION ${zd_cmake_dir})

@@ -128,7 +128,7 @@ ZD_API void zd_autograd_task_free(zd_autograd_task_t *t);
     for a one-element tensor (else it is required). */
 ZD_API int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph);
 
-/*  ---- differentiable basics (float32), each: 0 and *out, or -1 ----
+/*  ---- differentiable basics (float32), each: 0 and *out (a new reference), or -1 ----
     add, sub, mul and div broadcast as NumPy and PyTorch do (shapes aligned
     at the last dimension, sizes equal or 1; the gradient of a broadcast
     input is summed back to its shape); they fail naming both shapes when
@@ -142,32 +142,36 @@ ZD_API int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out);                 /* 
 ZD_API int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out);                /* scalar, shape () */
 ZD_API int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out); /* (m,k)x(k,n) */
 
-/*  A copy of a's data whose gradient flows back to a (PyTorch's clone()):
-    later in-place changes of a do not reach what the graph saved. */
+/*  A copy of a's data whose gradient flows back to a (PyTorch's clone()), in
+    *out (a new reference): later in-place changes of a do not reach it. */
 ZD_API int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out);
 
-/*  Concatenation of n tensors along dim (the other sizes must agree). */
+/*  Concatenation of n tensors along dim (the other sizes must agree): *out,
+    a new reference. */
 ZD_API int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out);
 
 /*  Positions [start, start + length) of t along dim (PyTorch's narrow; a
     negative dim or start counts from the end), of any dtype; the gradient
     flows back into those positions of t's. When they are one contiguous
-    block of t (dim 0, or only sizes of 1 before dim) the result is a view
-    sharing t's memory, as PyTorch's is: changing t in place changes it.
-    Otherwise it is a copy. Fails on a scalar, a dim out of range, or a
-    range that does not fit. */
+    block of t (dim 0, or only sizes of 1 before dim) *out (a new reference)
+    is a view sharing t's memory, as PyTorch's is: changing t in place
+    changes it. Otherwise it is a copy. Fails on a scalar, a dim out of
+    range, or a range that does not fit. */
 ZD_API int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out);
 
-/*  Element-wise, any shape, as torch.tanh, sigmoid, exp and log (log: NaN below 0, -inf at 0). */
+/*  Element-wise, any shape, as torch.tanh, sigmoid, exp and log (log: NaN below 0, -inf at 0);
+    *out is a new reference. */
 ZD_API int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out);
 
-/*  PyTorch's t.permute(dims) (ndims = t's ndim; negative dims from the end), a copy of any dtype. */
+/*  PyTorch's t.permute(dims) (ndims = t's ndim; negative dims from the end): *out, a new
+    reference to a copy, of any dtype. */
 ZD_API int zd_tensor_permute(zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out);
 
-/*  PyTorch's t.transpose(dim0, dim1): dimensions dim0 and dim1 swapped, a copy. */
+/*  PyTorch's t.transpose(dim0, dim1): *out, a new reference to a copy with dimensions dim0
+    and dim1 swapped. */
 ZD_API int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out);
 
 ZD_END_DECLS

@@ -55,8 +55,8 @@ ZD_API int zd_checkpoint_load(const char *path, int n, const char *const *names,
 
 /*  Reads every tensor of the file without knowing them in advance (for
     tools and inspection). Sets *n, *names (an array of n strings) and
-    *tensors (an array of n new tensors); release them with
-    zd_checkpoint_free_list(). Returns 0, or -1 as zd_checkpoint_load. */
+    *tensors (an array of n new references): a new object, released whole
+    with zd_checkpoint_free_list(). Returns 0, or -1 as zd_checkpoint_load. */
 ZD_API int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***tensors);
 
 /*  Frees what zd_checkpoint_read returned (NULL-safe). */

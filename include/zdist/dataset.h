@@ -67,11 +67,11 @@ ZD_API int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const
 
 /*  Loads a split from dir (NULL: zd_dataset_find_dir()). Checks that both
     files are uint8 IDX files of N x H x W images and N labels, that the
-    counts agree and that every label is < 10. Returns 0 and sets *out (free
-    with zd_dataset_free), or -1 with *out NULL and an error naming the file. */
+    counts agree and that every label is < 10. Returns 0 and sets *out (a new
+    object: zd_dataset_free), or -1 with *out NULL and an error naming the file. */
 ZD_API int zd_dataset_load(const char *dir, zd_dataset_split_t split, zd_dataset_t **out);
 
-/*  Same, from two explicit files. */
+/*  Same (*out a new object), from two explicit files. */
 ZD_API int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out);
 
 /*  Frees a data set (NULL-safe). */
@@ -97,8 +97,8 @@ ZD_API zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds);
 ZD_API int zd_dataset_limit(zd_dataset_t *ds, int64_t k);
 
 /*  Normalises uint8 images, (N, H, W) or (N, 1, H, W), into a new float32
-    (N, 1, H, W) tensor with the formula above. Returns 0 and sets *out (the
-    caller owns it), or -1. */
+    (N, 1, H, W) tensor with the formula above. Returns 0 and sets *out (a
+    new reference), or -1. */
 ZD_API int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out);
 
 /*  Puts idx[0..n) in a pseudo-random order (Fisher-Yates driven by
@@ -119,8 +119,8 @@ ZD_API int64_t zd_dataset_num_batches(const zd_dataset_t *ds, int64_t batch_size
 /*  The batch of samples order[start], ..., order[start + B - 1] with
     B = min(batch_size, N - start) (so the last batch may be partial);
     order NULL means 0, 1, 2, ... Sets *x to a new float32 (B, 1, H, W)
-    normalised tensor and *y to a new int64 (B) label tensor (the caller
-    owns both). Returns 0, or -1 (start outside [0, N), batch_size < 1, an
+    normalised tensor and *y to a new int64 (B) label tensor (new
+    references both). Returns 0, or -1 (start outside [0, N), batch_size < 1, an
     index outside [0, N) in order, out of memory) with *x and *y NULL. */
 ZD_API int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
                   int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y);

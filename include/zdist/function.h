@@ -70,8 +70,8 @@ typedef struct {
 /*  New node for an op with n_inputs inputs and n_outputs outputs. Sets *out
     to NULL when no gradient is needed (grad mode off, or no input requires
     grad): then the op records nothing. inputs[j] may be NULL (an optional
-    bias). Returns 0 (the caller owns one reference to *out), or -1 when out
-    of memory. */
+    bias). Returns 0 (*out a new reference, or NULL), or -1 when out of
+    memory. */
 ZD_API int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs,
                       zd_tensor_t *const *inputs, int n_outputs, zd_autograd_node_t **out);
 
@@ -83,6 +83,8 @@ ZD_API int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs,
 ZD_API int zd_autograd_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
                     zd_tensor_t *const *saved, int n_saved, void *ctx);
 
+/*  zd_autograd_node_ref takes one more reference and returns n (the new
+    reference); zd_autograd_node_unref drops one. Both NULL-safe. */
 ZD_API zd_autograd_node_t *zd_autograd_node_ref(zd_autograd_node_t *n);
 ZD_API void zd_autograd_node_unref(zd_autograd_node_t *n);
 
@@ -93,8 +95,8 @@ ZD_API void zd_autograd_node_save(zd_autograd_node_t *n, int i, zd_tensor_t *t);
 /*  Slot i (borrowed), or NULL. */
 ZD_API zd_tensor_t *zd_autograd_node_saved(const zd_autograd_node_t *n, int i);
 
-/*  Private state of the op (integers, a mask…). The op allocates it and
-    frees it in its release function. */
+/*  Private state of the op (integers, a mask…), borrowed: the op allocates
+    it and frees it in its release function. */
 ZD_API void zd_autograd_node_set_ctx(zd_autograd_node_t *n, void *ctx);
 ZD_API void *zd_autograd_node_ctx(const zd_autograd_node_t *n);
 
@@ -111,12 +113,15 @@ ZD_API void zd_autograd_node_set_output_shape(zd_autograd_node_t *n, const zd_te
 /*  Whether input j gets a gradient at all (so backward can skip work). */
 ZD_API bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j);
 
+/*  Counts of inputs and outputs, the ops' name and input j's edge (NULL out
+    of range): borrowed, valid while n lives (the name: while its ops do). */
 ZD_API int zd_autograd_node_n_inputs(const zd_autograd_node_t *n);
 ZD_API int zd_autograd_node_n_outputs(const zd_autograd_node_t *n);
 ZD_API const char *zd_autograd_node_name(const zd_autograd_node_t *n);
 ZD_API const zd_autograd_edge_t *zd_autograd_node_edge(const zd_autograd_node_t *n, int j);
 
-/*  Shape of output i as recorded at set_output time (for zero gradients). */
+/*  Shape of output i as recorded at set_output time (for zero gradients), and
+    its ndim in *ndim: borrowed, valid while n lives; NULL out of range. */
 ZD_API const int64_t *zd_autograd_node_output_shape(const zd_autograd_node_t *n, int i, int *ndim);
 
 ZD_END_DECLS

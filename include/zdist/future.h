@@ -28,9 +28,11 @@ typedef struct zd_future zd_future_t;
 /*  Called when the future completes; `arg` is the pointer given to _then. */
 typedef void (zd_future_fn)(zd_future_t *f, void *arg);
 
-/*  A new incomplete future (one reference), or NULL when out of memory. */
+/*  A new incomplete future (a new reference), or NULL when out of memory. */
 ZD_API zd_future_t *zd_future_new(void);
 
+/*  zd_future_ref takes one more reference and returns f (the new reference);
+    zd_future_unref drops one. Both NULL-safe. */
 ZD_API zd_future_t *zd_future_ref(zd_future_t *f);
 ZD_API void zd_future_unref(zd_future_t *f);
 
@@ -53,8 +55,8 @@ ZD_API int zd_future_wait(zd_future_t *f, int64_t timeout_ms);
 
 ZD_API bool zd_future_done(const zd_future_t *f);
 
-/*  The value of a completed future (borrowed; NULL if failed or pending),
-    and its error text ("" if none). */
+/*  The value of a completed future and its error text ("" if none), both
+    borrowed: valid while f lives. The value is NULL if failed or pending. */
 ZD_API zd_value_t *zd_future_value(const zd_future_t *f);
 ZD_API const char *zd_future_error(const zd_future_t *f);
 
@@ -75,7 +77,7 @@ ZD_API int zd_future_wait_all(zd_future_t *const *fs, int n, int64_t timeout_ms)
     holds a value or an error: check it), or -1 on timeout. */
 ZD_API int zd_future_wait_any(zd_future_t *const *fs, int n, int64_t timeout_ms, int *index);
 
-/*  A new future (one reference) that completes once all n futures have
+/*  A new future (a new reference) that completes once all n futures have
     (PyTorch's torch.futures.collect_all, except that it completes with the
     values, not the futures): with a list of their values
     in order (n == 0: an empty list, at once), or, when any failed, with the

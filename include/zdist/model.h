@@ -31,14 +31,14 @@ ZD_BEGIN_DECLS
 
 typedef struct zd_nn_model zd_nn_model_t;
 
-/*  New models; NULL (zd_error_last()) when out of memory. The seed fixes the
-    initial parameters and the stream of dropout masks. Free with
-    zd_nn_model_free(). */
+/*  New models, each a new object (zd_nn_model_free); NULL (zd_error_last())
+    when out of memory. The seed fixes the initial parameters and the
+    stream of dropout masks. */
 ZD_API zd_nn_model_t *zd_nn_net_new(uint64_t seed);
 ZD_API zd_nn_model_t *zd_nn_convnet_new(uint64_t seed);
 
-/*  A model by name ("net" or "convnet"); NULL with a message naming the
-    known models otherwise. */
+/*  A model by name ("net" or "convnet"), a new object (zd_nn_model_free);
+    NULL with a message naming the known models otherwise. */
 ZD_API zd_nn_model_t *zd_nn_model_new(const char *name, uint64_t seed);
 
 /*  Frees the model and drops its parameters (tensors still referenced
@@ -63,8 +63,8 @@ ZD_API int zd_nn_model_forward(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t **l
 /*  The Net in two stages, so that it can be split between processes:
     forward_conv is conv1 .. flatten, x (N,1,28,28) -> flat (N,9216);
     forward_fc is fc1 .. log_softmax, flat (N,9216) -> (N,10).
-    zd_nn_model_forward of a "net" is exactly their composition. Both fail on a
-    model that is not a "net". */
+    zd_nn_model_forward of a "net" is exactly their composition. Each gives
+    0 and a new reference, or -1; both fail on a model that is not a "net". */
 ZD_API int zd_nn_net_forward_conv(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t **flat);
 ZD_API int zd_nn_net_forward_fc(zd_nn_model_t *m, zd_tensor_t *flat, zd_tensor_t **logprobs);
 
@@ -92,7 +92,7 @@ ZD_API void zd_nn_model_zero_grad(zd_nn_model_t *m);
 
 /*  A new float32 vector of zd_nn_model_numel(m) values: a copy of the
     parameters, or of their gradients (zeros for a parameter without one).
-    0 and *out (caller unrefs), or -1. */
+    0 and *out (a new reference), or -1. */
 ZD_API int zd_nn_model_params_to_vector(const zd_nn_model_t *m, zd_tensor_t **out);
 ZD_API int zd_nn_model_grads_to_vector(const zd_nn_model_t *m, zd_tensor_t **out);
 

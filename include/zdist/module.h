@@ -48,10 +48,11 @@ typedef int (zd_nn_module_forward_fn)(zd_nn_module_t *m, int n_in, zd_tensor_t *
 /*  Frees the user state of a module. */
 typedef void (zd_nn_module_free_fn)(void *state);
 
-/*  A new, empty module in training mode. type_name ("Linear", copied) names
-    it in errors; forward may be NULL (a pure container); free_state(state)
-    runs when the module is freed (NULL: the module does not own state).
-    NULL when out of memory (free_state(state) has run then). */
+/*  A new, empty module in training mode: a new object (zd_nn_module_free).
+    type_name ("Linear", copied) names it in errors; forward may be NULL (a
+    pure container); free_state(state) runs when the module is freed (NULL:
+    the module does not own state). NULL when out of memory (free_state(state)
+    has run then). */
 ZD_API zd_nn_module_t *zd_nn_module_new(const char *type_name, zd_nn_module_forward_fn *forward,
                                         void *state, zd_nn_module_free_fn *free_state);
 
@@ -135,8 +136,8 @@ ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
 
 /*  PyTorch's nn.Linear(in_features, out_features, bias): parameters
     "weight" (out, in) and "bias" (out) when bias is true, initialised as
-    PyTorch does from rng; forward takes one input (..., in). NULL on bad
-    sizes or out of memory. */
+    PyTorch does from rng; forward takes one input (..., in). A new object
+    (zd_nn_module_free), or NULL on bad sizes or out of memory. */
 ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features,
                                                bool bias, zd_nn_rng_t *rng);
 

@@ -80,7 +80,7 @@ ZD_API zd_optim_config_t zd_optim_rmsprop_defaults(void);
     zd_optim_config_check refuses until set. */
 ZD_API zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind);
 
-/*  "sgd", "adam", "adamw", "adagrad", "rmsprop"; "?" for anything else. */
+/*  "sgd", "adam", "adamw", "adagrad", "rmsprop"; "?" for anything else. Static. */
 ZD_API const char *zd_optim_kind_name(zd_optim_kind_t kind);
 
 /*  The kind named (case-insensitive: "SGD", "Adam", "AdamW", "Adagrad",
@@ -107,7 +107,7 @@ ZD_API int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg);
 
 /*  New optimizer over n float32 leaf parameters (taking a reference on
     each). Refuses invalid hyper-parameters, an empty list, non-float32,
-    non-leaf or repeated parameters. Returns NULL on failure. */
+    non-leaf or repeated parameters. A new object (zd_optim_free), or NULL. */
 ZD_API zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, int n, zd_tensor_t *const *params);
 
 /*  Frees the optimizer and drops its parameter references (NULL-safe). */
@@ -143,8 +143,8 @@ ZD_API int zd_optim_set_lr(zd_optim_t *opt, double lr);
     square_avg, grad_avg (RMSprop), and "<i>.step" (int64, shape (1)) for
     the kinds that count steps. Parameters not stepped yet have no entry. */
 
-/*  Copies the state out: *names (n strings) and *tensors (n new tensors),
-    to release with zd_optim_state_free(). Returns 0, or -1. */
+/*  Copies the state out: *names (n strings) and *tensors (n new references),
+    a new object released whole with zd_optim_state_free(). Returns 0, or -1. */
 ZD_API int zd_optim_state_export(zd_optim_t *opt, int *n, char ***names, zd_tensor_t ***tensors);
 
 /*  Replaces the whole state with the given entries (copied), which must be

@@ -33,18 +33,18 @@ ZD_BEGIN_DECLS
 /*  ---- cells: one time step, x (N, I), h and c (N, H) ---- */
 
 /*  PyTorch's lstm_cell: w_ih (4H, I), w_hh (4H, H), b_ih, b_hh (4H) or NULL;
-    gives h' and c' (N, H). */
+    gives h' and c' (N, H), new references. */
 ZD_API int zd_nn_lstm_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c, zd_tensor_t *w_ih,
                            zd_tensor_t *w_hh, zd_tensor_t *b_ih, zd_tensor_t *b_hh,
                            zd_tensor_t **h_out, zd_tensor_t **c_out);
 
 /*  PyTorch's gru_cell: w_ih (3H, I), w_hh (3H, H), b_ih, b_hh (3H) or NULL;
-    gives h' (N, H). */
+    gives h' (N, H), a new reference. */
 ZD_API int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                           zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out);
 
 /*  PyTorch's rnn_tanh_cell: w_ih (H, I), w_hh (H, H), b_ih, b_hh (H) or
-    NULL; gives h' (N, H). */
+    NULL; gives h' (N, H), a new reference. */
 ZD_API int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                                zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out);
 
@@ -56,8 +56,8 @@ ZD_API int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih
     and H above. When training and dropout > 0, each layer's output but the
     last goes through dropout(p = dropout) with masks from rng. Gives out
     (T, N, H) (the last layer's h at every step), and, when the pointers are
-    non-NULL, h_n and c_n (L, N, H). Each layer's whole sequence is one
-    autograd node (backward through time runs inside it). */
+    non-NULL, h_n and c_n (L, N, H): new references. Each layer's whole
+    sequence is one autograd node (backward through time runs inside it). */
 ZD_API int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *const *params,
                       int num_layers, float dropout, bool training, zd_nn_rng_t *rng,
                       zd_tensor_t **out, zd_tensor_t **h_n, zd_tensor_t **c_n);
@@ -68,9 +68,9 @@ typedef struct zd_nn_lstm zd_nn_lstm_t;
 
 /*  New LSTM with biases, every parameter uniform in +-1/sqrt(hidden_size)
     as PyTorch initialises it, drawn in parameter order from `seed`, which
-    also seeds the dropout masks. Starts in training mode. NULL with
-    zd_error_last() on bad sizes or out of memory. Free with
-    zd_nn_lstm_free(). */
+    also seeds the dropout masks. Starts in training mode. A new object
+    (zd_nn_lstm_free), or NULL with zd_error_last() on bad sizes or out of
+    memory. */
 ZD_API zd_nn_lstm_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
                                     float dropout, uint64_t seed);
 
@@ -79,7 +79,7 @@ ZD_API void zd_nn_lstm_free(zd_nn_lstm_t *m);
 
 /*  zd_nn_lstm with m's parameters, dropout and mode. Draws dropout masks
     from m's own generator: calls that may draw (training, dropout > 0) must
-    not run concurrently on one m. */
+    not run concurrently on one m. Outputs: new references. */
 ZD_API int zd_nn_lstm_forward(zd_nn_lstm_t *m, zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
                               zd_tensor_t **out, zd_tensor_t **h_n, zd_tensor_t **c_n);
 
@@ -114,8 +114,8 @@ typedef struct zd_nn_rnn_cell zd_nn_rnn_cell_t;
 
 /*  New cells with biases, parameters uniform in +-1/sqrt(hidden_size) drawn
     from `seed` in the order weight_ih, weight_hh, bias_ih, bias_hh (the
-    names they get). NULL with zd_error_last() on bad sizes or out of memory.
-    Free with zd_nn_rnn_cell_free(). */
+    names they get). A new object (zd_nn_rnn_cell_free), or NULL with
+    zd_error_last() on bad sizes or out of memory. */
 ZD_API zd_nn_rnn_cell_t *zd_nn_lstm_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
 ZD_API zd_nn_rnn_cell_t *zd_nn_gru_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
 ZD_API zd_nn_rnn_cell_t *zd_nn_rnn_tanh_cell_new(int64_t input_size, int64_t hidden_size,
@@ -126,7 +126,7 @@ ZD_API void zd_nn_rnn_cell_free(zd_nn_rnn_cell_t *m);
 
 /*  One step of m's cell: h' from x and h (NULL: zeros); an LSTM cell also
     takes c and gives c' (c_out non-NULL), the others take c NULL and
-    c_out NULL. */
+    c_out NULL. Outputs: new references. */
 ZD_API int zd_nn_rnn_cell_forward(zd_nn_rnn_cell_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
                                   zd_tensor_t **h_out, zd_tensor_t **c_out);
 

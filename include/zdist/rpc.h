@@ -246,7 +246,8 @@ ZD_API int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max);
 ZD_API int zd_rpc_worker(const char *name);
 
 /*  This process's rank, the world size (-1 when not running), and this
-    process's name ("" when not running). */
+    process's name ("" when not running; borrowed: valid until the next
+    zd_rpc_init or zd_rpc_shutdown). */
 ZD_API int zd_rpc_rank(void);
 ZD_API int zd_rpc_world_size(void);
 ZD_API const char *zd_rpc_name(void);
@@ -257,6 +258,8 @@ ZD_API const char *zd_rpc_name(void);
     handler returns (for async handlers: until their future completes). */
 typedef struct zd_rpc_call zd_rpc_call_t;
 
+/*  The caller's rank and name, and the function called; the strings are
+    borrowed: valid while call is. */
 ZD_API int zd_rpc_call_caller_rank(const zd_rpc_call_t *call);
 ZD_API const char *zd_rpc_call_caller_name(const zd_rpc_call_t *call);
 ZD_API const char *zd_rpc_call_function(const zd_rpc_call_t *call);
@@ -337,22 +340,22 @@ ZD_API zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64
     prefixed with the call; pass ZD_ARGS() for no arguments. Results as for
     the borrowing calls. */
 
-/*  zd_rpc_sync, taking over args (released in every case). */
+/*  zd_rpc_sync, taking over args (released in every case); *result: a new reference. */
 ZD_API int zd_rpc_sync_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
                             zd_value_t **result);
-/*  zd_rpc_async, taking over args (released in every case). */
+/*  zd_rpc_async, taking over args (released in every case): a new reference. */
 ZD_API zd_future_t *zd_rpc_async_take(int to, const char *fn, zd_value_t *args,
                                       int64_t timeout_ms);
-/*  zd_rpc_remote, taking over args (released in every case). */
+/*  zd_rpc_remote, taking over args (released in every case): a new reference. */
 ZD_API zd_rref_t *zd_rpc_remote_take(int to, const char *fn, zd_value_t *args,
                                      int64_t timeout_ms);
-/*  zd_rref_rpc_sync, taking over args (released in every case). */
+/*  zd_rref_rpc_sync, taking over args (released in every case); *result: a new reference. */
 ZD_API int zd_rref_rpc_sync_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                  int64_t timeout_ms, zd_value_t **result);
-/*  zd_rref_rpc_async, taking over args (released in every case). */
+/*  zd_rref_rpc_async, taking over args (released in every case): a new reference. */
 ZD_API zd_future_t *zd_rref_rpc_async_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                            int64_t timeout_ms);
-/*  zd_rref_remote, taking over args (released in every case). */
+/*  zd_rref_remote, taking over args (released in every case): a new reference. */
 ZD_API zd_rref_t *zd_rref_remote_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                       int64_t timeout_ms);
 
@@ -371,8 +374,8 @@ ZD_API zd_rref_t *zd_rref_remote_take(zd_rref_t *r, const char *method, zd_value
 ZD_API zd_rref_t *zd_rpc_remote(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
 
 /*  An RRef owned by this process holding value (reference taken):
-    PyTorch's RRef(value), for handing out local objects. NULL when not
-    running or out of memory. */
+    PyTorch's RRef(value), for handing out local objects: a new reference,
+    or NULL when not running or out of memory. */
 ZD_API zd_rref_t *zd_rref_new(zd_value_t *value);
 
 /*  A copy of the RRef's value fetched from its owner (the value itself,
@@ -385,6 +388,8 @@ ZD_API int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value)
     timeout). 0 and *value (new reference), or -1 (not the owner, failed). */
 ZD_API int zd_rref_local_value(zd_rref_t *r, zd_value_t **value);
 
+/*  The owner's rank and name ("" when unknown; borrowed: the calling
+    thread's buffer, valid until its next call), and whether this is it. */
 ZD_API int zd_rref_owner(const zd_rref_t *r);
 ZD_API const char *zd_rref_owner_name(const zd_rref_t *r);
 ZD_API bool zd_rref_is_owner(const zd_rref_t *r);
@@ -396,7 +401,7 @@ ZD_API bool zd_rref_confirmed_by_owner(const zd_rref_t *r);
     RRef's value as first argument followed by args (PyTorch's
     rref.rpc_sync().method(*args)): synchronously, asynchronously, or
     keeping the result at the owner. Same results as zd_rpc_sync / zd_rpc_async /
-    zd_rpc_remote. */
+    zd_rpc_remote: new references. */
 ZD_API int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
                       int64_t timeout_ms, zd_value_t **result);
 ZD_API zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *args,
@@ -407,7 +412,8 @@ ZD_API zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *a
 /*  Reference counting of RRef handles. The last zd_rref_unref of a user's
     handle tells the owner (after the owner has confirmed it); the owner
     frees the value when no user anywhere and no local handle holds it.
-    Values holding an RRef hold a reference too. Both NULL-safe. */
+    Values holding an RRef hold a reference too. zd_rref_ref returns r (the
+    new reference). Both NULL-safe. */
 ZD_API zd_rref_t *zd_rref_ref(zd_rref_t *r);
 ZD_API void zd_rref_unref(zd_rref_t *r);
 
@@ -562,7 +568,8 @@ static inline zd_rpc_hooks_t zd_rpc_hooks_default(void)
     zd_rpc_hooks_default() set). */
 ZD_API int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks);
 
-/*  Per-call state of the callee-side hooks. */
+/*  Per-call state of the callee-side hooks (borrowed: the hooks own it), and
+    the kind of call. */
 ZD_API void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state);
 ZD_API void *zd_rpc_call_hook_state(const zd_rpc_call_t *call);
 ZD_API zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call);

@@ -44,8 +44,8 @@ ZD_BEGIN_DECLS
 
 typedef struct zd_scope zd_scope_t;
 
-/*  Opens a scope, the calling thread's innermost from now on. NULL when out
-    of memory. */
+/*  Opens a scope, the calling thread's innermost from now on: a new object
+    that zd_scope_end frees. NULL when out of memory. */
 ZD_API zd_scope_t *zd_scope_begin(void);
 
 /*  Ends s and the scopes opened inside it that are still open (innermost
@@ -62,8 +62,9 @@ ZD_API zd_tensor_t *zd_scope_add(zd_tensor_t *t);
 
 /*  Takes t (its newest entry) out of the innermost scope that holds it and
     hands the reference to the enclosing scope, or, when that scope is the
-    outermost, to the caller. Returns t, or NULL (nothing changed) when no
-    open scope of this thread holds t or out of memory. */
+    outermost, to the caller. Returns t (borrowed from the enclosing scope,
+    or the caller's new reference from the outermost), or NULL (nothing
+    changed) when no open scope of this thread holds t or out of memory. */
 ZD_API zd_tensor_t *zd_scope_keep(zd_tensor_t *t);
 
 /*  The thread's innermost open scope (borrowed), or NULL. */

@@ -6,9 +6,10 @@
     and a storage can wrap memory the tensor does not own (a received ZeroMQ
     message, for instance) with a release callback.
 
-    Ownership: every function that returns a zd_tensor_t* gives the caller one
-    reference, to be dropped with zd_tensor_unref(). Arguments are borrowed
-    unless a comment says otherwise. All reference counts are atomic, so
+    Ownership: each function says whether what it hands back is a new
+    reference (the caller drops it with zd_tensor_unref()) or borrowed, as
+    docs/conventions.md's rule words it. Arguments are borrowed unless a
+    comment says otherwise. All reference counts are atomic, so
     tensors may be shared between threads; their *contents* are not locked
     (except .grad, see zd_tensor_accumulate_grad).
 
@@ -42,26 +43,30 @@ typedef void (zd_tensor_release_fn)(void *data, void *arg);
 /*  Size in bytes of one element of dtype; 0 for an unknown dtype. */
 ZD_API size_t zd_tensor_dtype_size(zd_tensor_dtype_t dtype);
 
-/*  Name of a dtype ("float32", "int64", "uint8"), "?" when unknown. */
+/*  Name of a dtype ("float32", "int64", "uint8"; "?" when unknown): static. */
 ZD_API const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype);
 
-/*  New zero-filled tensor. ndim may be 0 (a scalar with one element).
-    Returns NULL (zd_error_last() says why) on a bad shape or out of memory. */
+/*  New zero-filled tensor (a new reference); ndim may be 0 (a scalar with
+    one element). NULL (zd_error_last() says why) on a bad shape or out of memory. */
 ZD_API zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape);
 
-/*  New uninitialised tensor: for outputs the caller fully overwrites. */
+/*  New uninitialised tensor (a new reference): for outputs the caller
+    fully overwrites. */
 ZD_API zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape);
 
-/*  Shorthands for float32 tensors of 1 to 4 dimensions, zero filled. */
+/*  Shorthands for float32 tensors of 1 to 4 dimensions, zero filled: each a
+    new reference. */
 ZD_API zd_tensor_t *zd_tensor_zeros1(int64_t d0);
 ZD_API zd_tensor_t *zd_tensor_zeros2(int64_t d0, int64_t d1);
 ZD_API zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
 
-/*  New tensor holding a copy of `data` (numel elements of dtype). */
+/*  New tensor (a new reference) holding a copy of `data` (numel elements
+    of dtype). */
 ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
                            const void *data);
 
-/*  New tensor over memory it does not own, without copying: `release(data,
+/*  New tensor (a new reference) over memory it does not own, without
+    copying: `release(data,
     arg)` is called once when the last tensor viewing it is gone. `data` must
     be aligned for dtype and hold `bytes` bytes, exactly numel*elemsize.
     On failure returns NULL and calls release itself, so the caller never
@@ -69,7 +74,7 @@ ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const
 ZD_API zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
                       void *data, size_t bytes, zd_tensor_release_fn *release, void *arg);
 
-/*  Takes one more reference; returns t (NULL-safe). */
+/*  Takes one more reference and returns t: the new reference (NULL-safe). */
 ZD_API zd_tensor_t *zd_tensor_ref(zd_tensor_t *t);
 
 /*  Drops one reference; frees the tensor (and its storage, when it was the
@@ -79,7 +84,8 @@ ZD_API void zd_tensor_unref(zd_tensor_t *t);
 /*  Drops the reference in *t_p and sets it to NULL. */
 ZD_API void zd_tensor_unref_p(zd_tensor_t **t_p);
 
-/*  Shape accessors. zd_tensor_size(t, d) accepts negative d (from the end). */
+/*  Shape accessors. zd_tensor_size(t, d) accepts negative d (from the end);
+    zd_tensor_shape's array is borrowed: valid while t lives. */
 ZD_API int zd_tensor_ndim(const zd_tensor_t *t);
 ZD_API int64_t zd_tensor_size(const zd_tensor_t *t, int dim);
 ZD_API const int64_t *zd_tensor_shape(const zd_tensor_t *t);
@@ -88,7 +94,8 @@ ZD_API size_t zd_tensor_nbytes(const zd_tensor_t *t);
 ZD_API zd_tensor_dtype_t zd_tensor_dtype(const zd_tensor_t *t);
 ZD_API bool zd_tensor_same_shape(const zd_tensor_t *a, const zd_tensor_t *b);
 
-/*  Formats the shape as "(4, 1, 28, 28)" into buf; returns buf. */
+/*  Formats the shape as "(4, 1, 28, 28)" into buf; returns buf (borrowed:
+    the caller's own buffer). */
 ZD_API char *zd_tensor_shape_str(const zd_tensor_t *t, char *buf, size_t size);
 
 /*  Pointers to the first element. zd_tensor_data() is for float32 tensors,
@@ -98,8 +105,8 @@ ZD_API float *zd_tensor_data(const zd_tensor_t *t);
 ZD_API int64_t *zd_tensor_data_i64(const zd_tensor_t *t);
 ZD_API void *zd_tensor_raw(const zd_tensor_t *t);
 
-/*  A new tensor with a copy of t's data and shape, no autograd history,
-    requires_grad false. */
+/*  A new tensor (a new reference) with a copy of t's data and shape, no
+    autograd history, requires_grad false. */
 ZD_API zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t);
 
 /*  Copies src's elements into dst (same dtype and numel). Not recorded by
@@ -112,11 +119,11 @@ ZD_API void zd_tensor_zero_(zd_tensor_t *t);
 
 /*  A view of t with another shape and the same storage (numel must match;
     one dimension may be -1). Recorded by autograd when t requires grad.
-    Returns 0 and sets *out, or -1. */
+    Returns 0 and sets *out (a new reference), or -1. */
 ZD_API int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_t **out);
 
-/*  The same data without history: a view sharing storage, requires_grad
-    false (PyTorch's detach()). */
+/*  The same data without history: a new reference to a view sharing t's
+    storage, requires_grad false (PyTorch's detach()). */
 ZD_API zd_tensor_t *zd_tensor_detach(zd_tensor_t *t);
 
 /*  ---- autograd state ---- */
@@ -129,7 +136,8 @@ ZD_API bool zd_tensor_requires_grad(const zd_tensor_t *t);
 /*  True for tensors without history (created by the user, not by an op). */
 ZD_API bool zd_tensor_is_leaf(const zd_tensor_t *t);
 
-/*  The leaf's accumulated gradient, or NULL. Returns a new reference. */
+/*  The leaf's accumulated gradient, or NULL: a new reference, not borrowed,
+    since another thread may drop or replace .grad meanwhile. */
 ZD_API zd_tensor_t *zd_tensor_grad(zd_tensor_t *t);
 
 /*  Adds g into t's .grad (creating it), under t's lock, so several threads

@@ -48,8 +48,8 @@ typedef enum {
 typedef struct zd_value zd_value_t;
 typedef struct zd_rref zd_rref_t;   /* opaque: see <zdist/rpc.h> */
 
-/*  Constructors: each returns a new value with one reference (caller
-    unrefs), or NULL when out of memory (zd_error_last() says so).
+/*  Constructors: each returns a new value (a new reference), or NULL when
+    out of memory (zd_error_last() says so).
     zd_value_tensor / zd_value_rref take their own reference to t / r. */
 ZD_API zd_value_t *zd_value_none(void);
 ZD_API zd_value_t *zd_value_int(int64_t v);
@@ -65,10 +65,12 @@ ZD_API zd_value_t *zd_value_rref(zd_rref_t *r);
     value does not own ptr); it may run on the RPC I/O thread (the release
     of an RRef's last user is handled there), so it must not block. On
     failure (NULL ptr or type, out of memory) returns NULL having called
-    free_fn(ptr) already, so the caller never cleans up twice. */
+    free_fn(ptr) already, so the caller never cleans up twice. Otherwise a
+    new reference. */
 ZD_API zd_value_t *zd_value_object(void *ptr, void (*free_fn)(void *ptr), const char *type);
 
-/*  An empty list with room for `capacity` items (it grows as needed). */
+/*  An empty list with room for `capacity` items (it grows as needed): a new
+    reference, or NULL. */
 ZD_API zd_value_t *zd_value_list(size_t capacity);
 
 /*  Appends item to list, taking over the caller's reference to item (so
@@ -262,9 +264,12 @@ ZD__OUT_FN(zd__out_value, zd_value_t *, 'v')
 
 #endif /* !__cplusplus */
 
+/*  zd_value_ref takes one more reference and returns v (the new reference);
+    zd_value_unref drops one. Both NULL-safe. */
 ZD_API zd_value_t *zd_value_ref(zd_value_t *v);
 ZD_API void zd_value_unref(zd_value_t *v);
 
+/*  v's kind, and a kind's name ("tensor"; static). */
 ZD_API zd_value_kind_t zd_value_kind(const zd_value_t *v);
 ZD_API const char *zd_value_kind_name(zd_value_kind_t kind);
 
@@ -280,10 +285,12 @@ ZD_API int zd_value_get_rref(const zd_value_t *v, zd_rref_t **out);
 
 /*  The object, checked to be of `type` (compared as strings; NULL accepts
     any type): "expected a DataWorker object, got int", "expected a
-    DataWorker object; this object is a ParameterServer". */
+    DataWorker object; this object is a ParameterServer". *out is
+    borrowed: valid while v lives. */
 ZD_API int zd_value_get_object(const zd_value_t *v, const char *type, void **out);
 
-/*  The type name of an object value; NULL for other kinds. */
+/*  The type name of an object value (borrowed: valid while v lives); NULL
+    for other kinds. */
 ZD_API const char *zd_value_object_type(const zd_value_t *v);
 
 /*  List access: length (0 for a non-list) and item i (borrowed, NULL when out
@@ -311,8 +318,7 @@ ZD_API bool zd_value_equal(const zd_value_t *a, const zd_value_t *b);
 
 /*  A one-line description for logs and test failures, truncated with "..."
     to fit: [1, 2.5, "hi", bytes(3), tensor float32 (2, 3), rref@0x.., none,
-    ParameterServer@0x..].
-    Returns buf. */
+    ParameterServer@0x..]. Returns buf (borrowed: the caller's own buffer). */
 ZD_API char *zd_value_format(const zd_value_t *v, char *buf, size_t size);
 
 ZD_END_DECLS
