@@ -130,6 +130,22 @@ int ps_net_trainers_failed(char *first, size_t size);
     the rendezvous open. */
 void ps_net_wait_trainers(double wait_s);
 
+/*  Weights under PyTorch's names (ps_net_export.c), before ps_net_serve:
+    with an init_from path every shard builds the Net from that
+    safetensors file (strictly: the Net's 8 tensors and shapes) instead of
+    the seed (--resume's checkpoint still wins); with a save_model path
+    shard 0 writes the whole Net, gathered from every shard, to that file
+    after the shared final evaluation, with "step" (training batches the
+    servers served), "test_accuracy" and "test_images" in its metadata.
+    NULL or "": not wanted. */
+void ps_net_set_init_from(const char *path);
+void ps_net_set_save_model(const char *path);
+
+/*  On shard 0 after the world finished: 1 when the --save_model file was
+    written, 0 when no evaluation ran to write it, -1 when writing failed;
+    *why says why not (borrowed). */
+int ps_net_save_model_result(const char **why);
+
 /*  Frees the shard's state (after zd_rpc_shutdown). */
 void ps_net_free(void);
 

@@ -125,7 +125,7 @@ static void *evaluate_part(void *arg)
 /*  Accuracy of the current weights on the first `limit` test images (0: all),
     in evaluation mode, split over the cores: with several trainers the
     layers run on one thread per pass, and the evaluation is one pass. */
-static int evaluate(int64_t limit, double *acc)
+static int evaluate(int64_t limit, double *acc, int64_t *images)
 {
     zd_dataset_t *test = NULL;
     const char *dir = ev.data_dir[0] ? ev.data_dir : NULL;
@@ -158,6 +158,7 @@ static int evaluate(int64_t limit, double *acc)
     }
     zd_dataset_free(test);
     *acc = n ? (double)correct / (double)n : 0;
+    *images = n;
     return rc;
 }
 
@@ -177,11 +178,19 @@ static void finish_evaluations(void)
     int n = ev.n_waiting;
     memcpy(fs, ev.waiting, sizeof fs[0] * (size_t)n);
     ev.n_waiting = 0;
+    int64_t step = 0;   /* training batches served: the optimizer's steps */
+    for (int r = ps_shard.num_shards; r < ev.world; r++)
+        step += ev.batches[r];
     pthread_mutex_unlock(&ev.stats_lock);
     double acc;
-    int rc = evaluate(ev.eval_samples, &acc);
+    int64_t images;
+    int rc = evaluate(ev.eval_samples, &acc, &images);
     char err[512];
     snprintf(err, sizeof err, "%s", rc < 0 ? zd_error_last() : "");
+    /* before the trainers hear the accuracy: the file is there when they
+       finish */
+    if (rc == 0 && ps_net_save_model_wanted())
+        ps_net_save_model(step, acc, images);
     for (int i = 0; i < n; i++) {
         zd_value_t *v = rc == 0 ? zd_value_float(acc) : NULL;
         if (v)

@@ -9,7 +9,8 @@
     ps_net_serve.c       ps_net_serve and the forward/parameter/gradient RPCs
     ps_net_eval.c        trainers' start/finish, throughput, the shared final
                          evaluation
-    ps_net_checkpoint.c  checkpoints and resume (SPEC B2) */
+    ps_net_checkpoint.c  checkpoints and resume (SPEC B2)
+    ps_net_export.c      the Net in and out of safetensors files */
 #ifndef ZDIST_EXAMPLES_PS_NET_INTERNAL_H
 #define ZDIST_EXAMPLES_PS_NET_INTERNAL_H
 
@@ -66,6 +67,16 @@ void ps_net_eval_note_batch(int rank, int64_t samples);
 /*  Frees ps_net_eval.c's tables (ps_net_free). */
 void ps_net_eval_free(void);
 int ps_net_checkpoint_register(void);
+
+/*  ps_net_export.c: the --init_from path (NULL: none); whether this shard
+    writes a --save_model file; ps_net_save_model writes it (shard 0, once
+    the trainers are done: errors are printed and kept for
+    ps_net_save_model_result); ps_local_params, registered by
+    ps_net_export_register, gives it each shard's parameters. */
+const char *ps_net_init_from(void);
+bool ps_net_save_model_wanted(void);
+void ps_net_save_model(int64_t step, double accuracy, int64_t images);
+int ps_net_export_register(void);
 
 /*  The caller checks of ps_net_guard.c; each returns 0, or -1 with the
     error set for the caller (and a line on stderr naming it). */

@@ -3,6 +3,7 @@
     over all shards (see ps_net.h for the layout). */
 #include "examples/ps_net.h"
 #include "examples/ps_net_internal.h"
+#include "examples/train_common.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -168,6 +169,13 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
     zd_nn_model_t *net = zd_nn_net_new(seed);
     if (!net)
         return -1;
+    if (ps_net_init_from() && train_model_load_safetensors(net, ps_net_init_from()) < 0) {
+        zd_nn_model_free(net);
+        return zd_error_wrap("--init_from");
+    }
+    if (ps_net_init_from())
+        fprintf(out, "parameter server shard %d: initial weights from %s\n", shard,
+                ps_net_init_from());
     ps_shard.shard = shard;
     ps_shard.num_shards = num_shards;
     ps_shard.seed = seed;

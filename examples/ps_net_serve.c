@@ -200,7 +200,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (zd_rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
             return -1;
-    if (ps_net_checkpoint_register() < 0)
+    if (ps_net_checkpoint_register() < 0 || ps_net_export_register() < 0)
         return -1;
     return ps_net_eval_register(data_dir);
 }

@@ -16,7 +16,11 @@
 
     While it trains, a trainer prints a progress line every --progress_s
     seconds (progress.h); the tutorial's per-batch loss lines come with
-    --log_interval=5. */
+    --log_interval=5. --save_model=FILE.safetensors has rank 0 write the
+    trained Net at the end, under PyTorch's names, for PyTorch's
+    load_state_dict; --init_from=FILE.safetensors starts the servers from
+    such a file, PyTorch's or a previous run's (ps_net.h). */
+#include <errno.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -50,6 +54,8 @@ typedef struct {
     const char *checkpoint;     /* prefix of the servers' checkpoint files, or NULL */
     int64_t checkpoint_every;   /* batches of a trainer between checkpoints */
     bool resume;                /* start from the checkpoint */
+    const char *save_model;     /* rank 0 writes the trained Net there (safetensors), or NULL */
+    const char *init_from;      /* the servers start from the Net there (safetensors), or NULL */
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
     int64_t threads, init_timeout_s;
     double lr;
@@ -662,6 +668,28 @@ static int check_options(const options_t *o)
         fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0\n");
         return -1;
     }
+    if ((o->save_model && !o->save_model[0]) || (o->init_from && !o->init_from[0])) {
+        fprintf(stderr, "rpc_ps: --save_model and --init_from take a file name\n");
+        return -1;
+    }
+    /* Refused now rather than after the training: a file rank 0 cannot
+       write, one a server cannot read. */
+    if (o->save_model && o->world.rank == 0) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", o->save_model);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash[slash == dir ? 1 : 0] = 0;
+        if (access(slash ? dir : ".", W_OK) < 0) {
+            fprintf(stderr, "rpc_ps: --save_model=%s: cannot write in %s (%s)\n", o->save_model,
+                    slash ? dir : ".", strerror(errno));
+            return -1;
+        }
+    }
+    if (o->init_from && o->world.rank < o->num_servers && access(o->init_from, R_OK) < 0) {
+        fprintf(stderr, "rpc_ps: --init_from=%s: %s\n", o->init_from, strerror(errno));
+        return -1;
+    }
     if (o->data_dir && o->world.rank >= o->num_servers) {
         char path[2048];
         if (zd_dataset_find_file(o->data_dir, ZD_DATASET_TRAIN, "images", path, sizeof path) < 0) {
@@ -711,6 +739,12 @@ int main(int argc, char **argv)
         {"server_wait_s", FLAG_INT, &o.server_wait_s,
          "with --checkpoint, a trainer whose server shard was lost waits this long for it to "
          "come back (restarted with --resume), then goes on from its last checkpoint"},
+        {"save_model", FLAG_STRING, &o.save_model,
+         "at the end rank 0 writes the trained Net, gathered from every server shard, to this "
+         "safetensors file under PyTorch's state_dict() names (metadata: step, test_accuracy)"},
+        {"init_from", FLAG_STRING, &o.init_from,
+         "the servers start from the Net in this safetensors file (PyTorch's state_dict() "
+         "names, e.g. saved by PyTorch or by --save_model) instead of the seed's weights"},
         {"curves", FLAG_STRING, &o.curves,
          "each trainer writes its loss, throughput and accuracy curves to PREFIX.rankN.csv "
          "(as they come) and .png (at each evaluation)"},
@@ -767,6 +801,10 @@ int main(int argc, char **argv)
         goto fail;
     if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0)
         goto fail;
+    if (server) {
+        ps_net_set_init_from(o.init_from);
+        ps_net_set_save_model(o.save_model);
+    }
     if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
                                o.data_dir, stdout) < 0)
         goto fail;
@@ -846,6 +884,12 @@ int main(int argc, char **argv)
             if (failed > 1)
                 fprintf(stderr, " (and %d more failed)", failed - 1);
             fprintf(stderr, "\n");
+            rc = -1;
+        }
+        const char *why;
+        if (o.save_model && ps_net_save_model_result(&why) != 1) {
+            fprintf(stderr, "rpc_ps %s: --save_model=%s: not written: %s\n", name, o.save_model,
+                    why);
             rc = -1;
         }
     }

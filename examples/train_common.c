@@ -7,6 +7,7 @@
 #include <zdist/error.h>
 #include <zdist/checkpoint.h>
 #include <zdist/nn.h>
+#include <zdist/safetensors.h>
 
 #define EVAL_BATCH 1000
 #define MAX_PARAMS 32
@@ -66,6 +67,36 @@ int train_checkpoint_load(zd_nn_model_t *m, const char *path)
     zd_tensor_t *tensors[MAX_PARAMS];
     int n = collect(m, names, tensors);
     return n < 0 ? -1 : zd_checkpoint_load(path, n, names, tensors);
+}
+
+zd_named_tensors_t *train_model_state_dict(const zd_nn_model_t *m)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    for (int i = 0; nt && i < zd_nn_model_n_params(m); i++)
+        if (zd_named_tensors_add(nt, zd_nn_model_param_name(m, i), zd_nn_model_param(m, i)) < 0) {
+            zd_named_tensors_free(nt);
+            return NULL;
+        }
+    if (!nt)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    return nt;
+}
+
+int train_model_save_safetensors(const zd_nn_model_t *m, const char *path,
+                                 const char *const *meta_kv, int n_meta)
+{
+    zd_named_tensors_t *nt = train_model_state_dict(m);
+    int rc = nt ? zd_safetensors_write(path, nt, meta_kv, n_meta) : -1;
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
+int train_model_load_safetensors(zd_nn_model_t *m, const char *path)
+{
+    zd_named_tensors_t *nt = train_model_state_dict(m);
+    int rc = nt ? zd_safetensors_load_into(path, nt, true, NULL, NULL) : -1;
+    zd_named_tensors_free(nt);
+    return rc;
 }
 
 void train_resume_position(int64_t done, int64_t per_epoch, int64_t *epoch, int64_t *batch)

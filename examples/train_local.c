@@ -6,6 +6,7 @@
                     [--seed=1] [--max_batches=0] [--log_interval=0] [--progress_s=5]
                     [--curves=PREFIX] [--eval_every=0]
                     [--model=net|convnet] [--save=CKPT] [--load=CKPT]
+                    [--save_model=FILE.safetensors] [--init_from=FILE.safetensors]
 
     Prints a progress line every --progress_s seconds (progress.h), the
     loss every --log_interval batches, then the test accuracy (dropout off)
@@ -33,6 +34,7 @@ typedef struct {
     int64_t epochs, batch_size, seed, max_batches, log_interval, eval_every;
     double lr, progress_s;
     const char *model, *save, *load, *curves;
+    const char *save_model, *init_from;   /* safetensors files under PyTorch's names, or NULL */
     bool no_dropout;
 } options_t;
 
@@ -76,6 +78,11 @@ static int run(const options_t *o)
         goto out;
     if (o->load && train_checkpoint_load(m, o->load) < 0)
         goto out;
+    if (o->init_from) {
+        if (train_model_load_safetensors(m, o->init_from) < 0)
+            goto out;
+        printf("initial weights from %s\n", o->init_from);
+    }
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     zd_tensor_t *params[16];
     int np = zd_nn_model_n_params(m);
@@ -158,6 +165,15 @@ static int run(const options_t *o)
     if (train_evaluate(m, test, &acc) < 0)
         goto out;
     printf("Test accuracy: %.2f %%\n", 100.0 * acc);
+    if (o->save_model) {
+        char step[32], accuracy[32];
+        snprintf(step, sizeof step, "%lld", (long long)done);
+        snprintf(accuracy, sizeof accuracy, "%.6f", acc);
+        const char *meta[] = {"step", step, "test_accuracy", accuracy};
+        if (train_model_save_safetensors(m, o->save_model, meta, 2) < 0)
+            goto out;
+        printf("saved model %s (safetensors)\n", o->save_model);
+    }
     if (curves) {
         if (curves_add_accuracy(curves, done, acc) < 0)
             goto out;
@@ -210,6 +226,12 @@ int main(int argc, char **argv)
         {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
         {"save", FLAG_STRING, &o.save, "write the trained parameters to this checkpoint"},
         {"load", FLAG_STRING, &o.load, "start from the parameters in this checkpoint"},
+        {"save_model", FLAG_STRING, &o.save_model,
+         "write the trained weights to this safetensors file, under PyTorch's state_dict() "
+         "names (metadata: step, test_accuracy)"},
+        {"init_from", FLAG_STRING, &o.init_from,
+         "start from the weights in this safetensors file (PyTorch's state_dict() names; "
+         "every parameter, nothing else)"},
     };
     int n = (int)(sizeof flags / sizeof flags[0]);
     int pr = flags_parse(argc, argv, flags, n, "Trains a model in one process.");
@@ -219,6 +241,15 @@ int main(int argc, char **argv)
         o.log_interval < 0 || o.eval_every < 0 || o.progress_s < 0) {
         fprintf(stderr, "train_local: --epochs and --batch_size must be >= 1, --lr > 0, "
                         "--max_batches, --log_interval, --eval_every and --progress_s >= 0\n");
+        return 2;
+    }
+    if ((o.save_model && !o.save_model[0]) || (o.init_from && !o.init_from[0])) {
+        fprintf(stderr, "train_local: --save_model and --init_from take a file name\n");
+        return 2;
+    }
+    if (o.init_from && o.load) {
+        fprintf(stderr, "train_local: --init_from and --load both give the initial weights: "
+                        "use one\n");
         return 2;
     }
     return run(&o) == 0 ? 0 : 1;

@@ -42,6 +42,9 @@
 #ifndef ZDIST_SAFETENSORS_H
 #define ZDIST_SAFETENSORS_H
 
+#include <stdbool.h>
+
+#include <zdist/module.h>
 #include <zdist/named_tensors.h>
 #include <zdist/export.h>
 
@@ -53,7 +56,7 @@ ZD_BEGIN_DECLS
 #define ZD_SAFETENSORS_MAX_META 4096          /* entries of "__metadata__" */
 
 /*  Reads every tensor of the file, in the order of their data in it: a
-    new list (zd_named_tensors_free), or NULL with zd_error_last() naming
+    new object (zd_named_tensors_free), or NULL with zd_error_last() naming
     the file and the problem. meta_kv and n_meta (both, or both NULL)
     receive the "__metadata__" entries as 2 * *n_meta strings, key then
     value (NULL and 0 when there are none), to free with
@@ -70,6 +73,45 @@ ZD_API int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
 
 /*  Frees what zd_safetensors_read gave in meta_kv (NULL-safe). */
 ZD_API void zd_safetensors_free_meta(char **meta_kv, int n_meta);
+
+/*  ---- weights in and out of models (nn/module_safetensors.c) ----
+
+    Modules save under their dotted parameter names, which are PyTorch's
+    state_dict() names for the same model ("conv1.weight", "fc2.bias",
+    the LSTM's "weight_ih_l0"), so a file goes between zdist and PyTorch's
+    model.load_state_dict(st.load(path)[0]) / load_file() as it is.
+
+    Loading copies into the existing tensors (not recorded by autograd),
+    all or nothing: the file is checked whole before any tensor changes.
+    strict: a tensor of the destination missing from the file, or one of
+    the file the destination lacks, is an error naming it. Not strict:
+    both are skipped, and named in *skipped when skipped is non-NULL (the
+    destination's names it left as they were and the file's names it
+    ignored, in that order). A tensor of another shape or dtype is an error
+    in both modes, as in PyTorch's load_state_dict. F64, F16 and BF16 data
+    loads into float32 tensors (converted on reading). Loading must not
+    race with forward passes on the same tensors. */
+
+/*  Copies the file's tensors into dst's tensors of the same names, as
+    above. 0 with *skipped a new object, an array of *n_skipped names (NULL
+    and 0 when none; zd_safetensors_free_names), or -1 with zd_error_last()
+    naming the file and the tensor (dst untouched). */
+ZD_API int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bool strict,
+                                    char ***skipped, int *n_skipped);
+
+/*  Frees what zd_safetensors_load_into gave in skipped (NULL-safe). */
+ZD_API void zd_safetensors_free_names(char **names, int n);
+
+/*  Writes every parameter of m under its dotted name, with n_meta metadata
+    entries as zd_safetensors_write takes them. 0, or -1 (path untouched). */
+ZD_API int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
+                                         const char *const *meta_kv, int n_meta);
+
+/*  Loads m's parameters from the file, as zd_safetensors_load_into does:
+    0 with *skipped a new object (zd_safetensors_free_names; skipped and
+    n_skipped may be NULL), or -1. */
+ZD_API int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
+                                         char ***skipped, int *n_skipped);
 
 ZD_END_DECLS
 

@@ -1,0 +1,159 @@
+/* SPDX-License-Identifier: MIT */
+/*  module_safetensors.c: weights in and out of safetensors files under
+    PyTorch's names (<zdist/safetensors.h>): a module's state dict saved,
+    a file loaded into existing tensors, strict or not. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/error.h>
+#include <zdist/module.h>
+#include <zdist/safetensors.h>
+
+void zd_safetensors_free_names(char **names, int n)
+{
+    for (int i = 0; names && i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
+static const char *dtype_name(zd_tensor_dtype_t dt)
+{
+    switch (dt) {
+    case ZD_FLOAT32: return "float32";
+    case ZD_INT64: return "int64";
+    case ZD_UINT8: return "uint8";
+    default: return "another dtype";
+    }
+}
+
+/*  Appends a copy of name to *list (a NULL list: nothing to keep). */
+static int push_name(char ***list, int *n, const char *name)
+{
+    if (!list)
+        return 0;
+    char **l = realloc(*list, (size_t)(*n + 1) * sizeof *l);
+    if (!l)
+        return -1;
+    *list = l;
+    if (!(l[*n] = strdup(name)))
+        return -1;
+    (*n)++;
+    return 0;
+}
+
+int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bool strict,
+                             char ***skipped, int *n_skipped)
+{
+    if (skipped)
+        *skipped = NULL;
+    if (n_skipped)
+        *n_skipped = 0;
+    if (!path || !dst || (!skipped) != (!n_skipped))
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_safetensors_load_into: NULL %s",
+                                 !path ? "path" : !dst ? "destination" : "skipped or n_skipped");
+    zd_named_tensors_t *file = zd_safetensors_read(path, NULL, NULL);
+    if (!file)
+        return -1;
+    char **list = NULL;
+    int n_list = 0, rc = -1;
+    int n_dst = zd_named_tensors_len(dst), n_file = zd_named_tensors_len(file);
+
+    /* Everything is checked before anything is copied: a bad file leaves
+       the weights as they were. */
+    for (int i = 0; i < n_dst; i++) {
+        const char *name = zd_named_tensors_name(dst, i);
+        zd_tensor_t *d = zd_named_tensors_tensor(dst, i), *s = zd_named_tensors_find(file, name);
+        if (!s) {
+            if (strict) {
+                zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no tensor \"%s\" in the file (strict "
+                                  "loading)", path, name);
+                goto out;
+            }
+            if (push_name(skipped ? &list : NULL, &n_list, name) < 0)
+                goto oom;
+            continue;
+        }
+        if (zd_tensor_dtype(s) != zd_tensor_dtype(d) || !zd_tensor_same_shape(s, d)) {
+            char want[96], got[96];
+            zd_error_set_code(ZD_ERR_ARGUMENT, "%s: tensor \"%s\" is %s %s, the model's is %s %s",
+                              path, name, dtype_name(zd_tensor_dtype(s)),
+                              zd_tensor_shape_str(s, got, sizeof got),
+                              dtype_name(zd_tensor_dtype(d)),
+                              zd_tensor_shape_str(d, want, sizeof want));
+            goto out;
+        }
+    }
+    for (int i = 0; i < n_file; i++) {
+        const char *name = zd_named_tensors_name(file, i);
+        if (zd_named_tensors_find(dst, name))
+            continue;
+        if (strict) {
+            zd_error_set_code(ZD_ERR_ARGUMENT, "%s: tensor \"%s\" is not one of the model's "
+                              "(strict loading)", path, name);
+            goto out;
+        }
+        if (push_name(skipped ? &list : NULL, &n_list, name) < 0)
+            goto oom;
+    }
+    for (int i = 0; i < n_dst; i++) {
+        zd_tensor_t *s = zd_named_tensors_find(file, zd_named_tensors_name(dst, i));
+        if (s && zd_tensor_copy_(zd_named_tensors_tensor(dst, i), s) < 0)
+            goto out;   /* checked above: cannot happen */
+    }
+    if (skipped) {
+        *skipped = list;
+        *n_skipped = n_list;
+        list = NULL;
+    }
+    rc = 0;
+    goto out;
+oom:
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", path);
+out:
+    zd_safetensors_free_names(list, n_list);
+    zd_named_tensors_free(file);
+    return rc;
+}
+
+/*  The module's parameters as a list sharing its tensors (a tensor
+    registered under two names, a tied weight, appears under both). */
+static zd_named_tensors_t *state_dict(const zd_nn_module_t *m)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    int n = zd_nn_module_n_params(m);
+    for (int i = 0; nt && i < n; i++)
+        if (zd_named_tensors_add(nt, zd_nn_module_param_name(m, i), zd_nn_module_param(m, i)) < 0) {
+            zd_named_tensors_free(nt);
+            return NULL;
+        }
+    if (!nt)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "module %s: out of memory", zd_nn_module_type(m));
+    return nt;
+}
+
+int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
+                                  const char *const *meta_kv, int n_meta)
+{
+    if (!m)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save_safetensors: NULL module");
+    zd_named_tensors_t *nt = state_dict(m);
+    if (!nt)
+        return -1;
+    int rc = zd_safetensors_write(path, nt, meta_kv, n_meta);
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
+int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
+                                  char ***skipped, int *n_skipped)
+{
+    if (!m)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load_safetensors: NULL module");
+    zd_named_tensors_t *nt = state_dict(m);
+    if (!nt)
+        return -1;
+    int rc = zd_safetensors_load_into(path, nt, strict, skipped, n_skipped);
+    zd_named_tensors_free(nt);
+    return rc;
+}

@@ -1,0 +1,149 @@
+/* SPDX-License-Identifier: MIT */
+/*  zdist-export: one safetensors file, under PyTorch's names, from the
+    sharded checkpoint rpc_ps --checkpoint=PREFIX writes.
+
+        build/tools/zdist-export PREFIX OUT.safetensors
+
+    Reads PREFIX.shard0, PREFIX.shard1, ... (up to the first that is not
+    there), which must all be of one generation (one checkpoint), puts the
+    tutorial Net back together (fc1's rows in shard order) and writes it
+    to OUT, checked against the Net's shapes, with "generation" and "step"
+    (the batches the trainers had done, summed) in its metadata: the file
+    PyTorch's Net loads with load_state_dict, as rpc_ps --save_model
+    writes it. */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zdist/autograd.h>
+#include <zdist/checkpoint.h>
+#include <zdist/error.h>
+#include <zdist/model.h>
+#include <zdist/safetensors.h>
+
+#define MAX_SHARDS 64
+#define NET_PARAMS 8
+
+typedef struct {
+    int n;
+    char **names;
+    zd_tensor_t **tensors;
+} shard_t;
+
+static zd_tensor_t *shard_find(const shard_t *s, const char *name)
+{
+    for (int i = 0; i < s->n; i++)
+        if (strcmp(s->names[i], name) == 0)
+            return s->tensors[i];
+    return NULL;
+}
+
+/*  The int64 scalar or vector called name of shard s: its sum, or -1
+    (with the error set) when it is missing or of another kind. */
+static int64_t int_sum(const shard_t *s, const char *name, const char *path)
+{
+    zd_tensor_t *t = shard_find(s, name);
+    if (!t || zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) < 1) {
+        zd_error_set("%s: no int64 \"%s\": not a checkpoint of rpc_ps", path, name);
+        return -1;
+    }
+    int64_t sum = 0;
+    for (int64_t i = 0; i < zd_tensor_numel(t); i++)
+        sum += zd_tensor_data_i64(t)[i];
+    return sum;
+}
+
+static int export_net(const char *prefix, const char *out)
+{
+    shard_t shards[MAX_SHARDS] = {{0}};
+    int S = 0, rc = -1;
+    bool prev;
+    int64_t generation = -1, step = 0;
+    zd_nn_model_t *net = zd_nn_net_new(0);   /* names and shapes to check against */
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    if (!net || !nt)
+        goto out;
+    for (; S < MAX_SHARDS; S++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s.shard%d", prefix, S);
+        if (S > 0 && access(path, F_OK) < 0)
+            break;
+        shard_t *s = &shards[S];
+        if (zd_checkpoint_read(path, &s->n, &s->names, &s->tensors) < 0)
+            goto out;
+        int64_t g = int_sum(s, "generation", path);
+        if (g < 0)
+            goto out;
+        if (S == 0 && (step = int_sum(s, "trainer_progress", path)) < 0)
+            goto out;
+        if (S > 0 && g != generation) {
+            zd_error_set("%s is of generation %lld, %s.shard0 of %lld: the shards are not of "
+                         "one checkpoint", path, (long long)g, prefix, (long long)generation);
+            goto out;
+        }
+        generation = g;
+    }
+    prev = zd_autograd_set_grad_enabled(false);
+    rc = 0;
+    for (int k = 0; rc == 0 && k < NET_PARAMS; k++) {
+        const char *name = zd_nn_model_param_name(net, k);
+        zd_tensor_t *pieces[MAX_SHARDS], *whole = NULL, *want = zd_nn_model_param(net, k);
+        int n = 0;
+        for (int s = 0; s < S; s++)
+            if ((pieces[n] = shard_find(&shards[s], name)))
+                n++;
+        for (int i = 0; i < n; i++)
+            if (zd_tensor_dtype(pieces[i]) != ZD_FLOAT32)
+                n = 0;
+        if (n == 1)
+            whole = zd_tensor_ref(pieces[0]);
+        else if (n > 1 && zd_tensor_cat(pieces, n, 0, &whole) < 0)
+            whole = NULL;
+        if (!whole || !zd_tensor_same_shape(whole, want)) {
+            char a[96], b[96];
+            rc = zd_error_set("%s.shard0-%d: \"%s\" is %s, the Net's %s", prefix, S - 1, name,
+                              whole ? zd_tensor_shape_str(whole, a, sizeof a) : "missing",
+                              zd_tensor_shape_str(want, b, sizeof b));
+        }
+        if (rc == 0)
+            rc = zd_named_tensors_add(nt, name, whole);
+        zd_tensor_unref(whole);
+    }
+    zd_autograd_set_grad_enabled(prev);
+    char s_gen[32], s_step[32];
+    snprintf(s_gen, sizeof s_gen, "%lld", (long long)generation);
+    snprintf(s_step, sizeof s_step, "%lld", (long long)step);
+    const char *meta[] = {"format", "pt", "generation", s_gen, "step", s_step};
+    if (rc == 0)
+        rc = zd_safetensors_write(out, nt, meta, 3);
+    if (rc == 0)
+        printf("%s: the Net of %d shard(s), generation %lld, step %lld\n", out, S,
+               (long long)generation, (long long)step);
+out:
+    for (int s = 0; s < MAX_SHARDS; s++)
+        zd_checkpoint_free_list(shards[s].n, shards[s].names, shards[s].tensors);
+    zd_named_tensors_free(nt);
+    zd_nn_model_free(net);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
+        printf("usage: %s PREFIX OUT.safetensors\n"
+               "writes the Net of rpc_ps's checkpoint PREFIX.shard0, PREFIX.shard1, ... to one\n"
+               "safetensors file under PyTorch's names\n", argv[0]);
+        return 0;
+    }
+    if (argc != 3 || argv[1][0] == '-' || argv[2][0] == '-' || !argv[1][0] || !argv[2][0]) {
+        fprintf(stderr, "usage: %s PREFIX OUT.safetensors (--help)\n", argv[0]);
+        return 2;
+    }
+    if (export_net(argv[1], argv[2]) < 0) {
+        fprintf(stderr, "zdist-export: %s\n", zd_error_last());
+        return 1;
+    }
+    return 0;
+}
