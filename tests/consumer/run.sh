@@ -10,7 +10,9 @@
 #   3. the installed tree moved elsewhere: no file names the old prefix, and
 #      pkg-config and find_package still work;
 #   4. add_subdirectory: tests/consumer/subdir builds zdist from source as
-#      part of its own project, with cmocka hidden from pkg-config.
+#      part of its own project, with cmocka hidden from pkg-config;
+#   5. (between 2 and 3) examples/ built as a project of its own against
+#      the install, as a user copying an example would.
 #   usage: tests/consumer/run.sh PREFIX     (after cmake --install BUILD --prefix PREFIX)
 set -euo pipefail
 if [ $# -ne 1 ] || [ ! -d "$1" ]; then
@@ -113,6 +115,14 @@ step "find_package(zdist): run add_c, add_cpp (zdist::zdist), add_c_static (zdis
 run_shared "$work/cmake/add_c"
 run_shared "$work/cmake/add_cpp"
 run_static "$work/cmake/add_c_static"
+
+step "examples/ as a project of its own against the install: build, rpc_ps --help"
+cmake -S "$src/examples" -B "$work/examples" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS=-Werror > "$work/cmake.log" ||
+  { cat "$work/cmake.log"; false; }
+cmake --build "$work/examples" -j "$jobs" > "$work/build.log" || { cat "$work/build.log"; false; }
+LD_LIBRARY_PATH=$libdir "$work/examples/rpc_ps" --help > "$work/help.txt" 2>&1
+grep -q -- "--world_size" "$work/help.txt"
 
 step "relocation: the installed tree copied elsewhere"
 cp -a "$prefix" "$work/moved"
