@@ -18,12 +18,24 @@
     always has: the GNU GPL version 3 from base-files
     (/usr/share/common-licenses/GPL-3; --data=FILE takes any text). ln(V)
     is the loss of a guess; the loss falls well below it within a few
-    hundred steps. */
+    hundred steps.
+
+    --save_model=FILE.safetensors has the first trainer write its model at
+    the end, under the names PyTorch's state_dict() gives the tutorial's
+    RNNModel written as one module (the word_language_model example's):
+    encoder.weight, rnn.weight_ih_l0 ... rnn.bias_hh_l<n-1>, decoder.weight,
+    decoder.bias; the embedding and decoder fetched from "ps". The metadata
+    hold the sizes, the steps, the last loss and the vocabulary (token id
+    -> byte). --init_from=FILE.safetensors starts every trainer from such
+    a file (strictly: those tensors, their shapes): the trainer reads it
+    and sends the embedding and decoder to "ps", which copies them into
+    its modules. --iterations=0 only loads, samples and saves. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "examples/flags.h"
 #include "examples/train_common.h"
@@ -34,6 +46,7 @@
 
 typedef struct {
     const char *data;
+    const char *save_model, *init_from;   /* safetensors files, or NULL */
     int64_t iterations, batch, bptt, ninp, nhid, nlayers, seed, log_interval;
     double dropout, lr;
     const char *optimizer;
@@ -337,6 +350,145 @@ out:
     return rc;
 }
 
+/* ---- weights in and out: --save_model, --init_from ---- */
+
+/*  The remote modules' parameters under PyTorch's names, in their
+    zd_nn_module_param order (the module's own child "encoder" / "decoder"). */
+static const char *const emb_names[] = {"encoder.weight"};
+static const char *const dec_names[] = {"decoder.weight", "decoder.bias"};
+
+/*  rnn_copy_(param, src), called through a parameter's RRef on its owner
+    (param is the parameter itself there): copies src into it. src comes
+    from a peer, so its dtype and shape must be the parameter's. */
+static zd_value_t *fn_copy_param(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    zd_tensor_t *param, *src;
+    if (ZD_UNPACK(args, &param, &src) < 0)
+        return NULL;
+    if (zd_tensor_dtype(src) != zd_tensor_dtype(param) || !zd_tensor_same_shape(src, param)) {
+        char a[96], b[96];
+        zd_error_set("rnn_copy_: a tensor of shape %s for a parameter of shape %s",
+                     zd_tensor_shape_str(src, a, sizeof a), zd_tensor_shape_str(param, b, sizeof b));
+        return NULL;
+    }
+    return zd_tensor_copy_(param, src) < 0 ? NULL : zd_value_none();
+}
+
+/*  Adds copies of rm's n parameters, fetched from its owner, to nt under
+    names. 0, or -1. */
+static int add_remote(zd_named_tensors_t *nt, zd_remote_module_t *rm,
+                      const char *const *names, int n)
+{
+    zd_rref_list_t *l = zd_remote_module_remote_parameters(rm);
+    if (!l)
+        return -1;
+    int rc = zd_rref_list_len(l) == n
+                 ? 0
+                 : zd_error_set("the remote module has %d parameters, expected %d",
+                                zd_rref_list_len(l), n);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        zd_value_t *v = NULL;
+        zd_tensor_t *t;
+        rc = zd_rref_to_here(zd_rref_list_get(l, i), ZD_TIMEOUT_DEFAULT, &v);
+        if (rc == 0)
+            rc = zd_value_get_tensor(v, &t);
+        if (rc == 0)
+            rc = zd_named_tensors_add(nt, names[i], t);
+        zd_value_unref(v);
+    }
+    zd_rref_list_free(l);
+    return rc;
+}
+
+/*  Sends nt's tensors called names into rm's parameters on its owner. */
+static int push_remote(const zd_named_tensors_t *nt, zd_remote_module_t *rm,
+                       const char *const *names, int n)
+{
+    zd_rref_list_t *l = zd_remote_module_remote_parameters(rm);
+    if (!l)
+        return -1;
+    int rc = zd_rref_list_len(l) == n
+                 ? 0
+                 : zd_error_set("the remote module has %d parameters, expected %d",
+                                zd_rref_list_len(l), n);
+    for (int i = 0; rc == 0 && i < n; i++) {
+        zd_value_t *r = NULL;
+        rc = zd_rref_rpc_sync_take(zd_rref_list_get(l, i), "rnn_copy_",
+                                   ZD_ARGS(zd_named_tensors_find(nt, names[i])),
+                                   ZD_TIMEOUT_DEFAULT, &r);
+        zd_value_unref(r);
+    }
+    zd_rref_list_free(l);
+    return rc;
+}
+
+/*  The whole model under the names of PyTorch's state_dict() for the
+    RNNModel as one module: the embedding's and decoder's tensors are
+    copies fetched from their owner, the LSTM's its own. A new list, or
+    NULL. */
+static zd_named_tensors_t *model_state_dict(rnn_model_t *m)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    int rc = nt ? add_remote(nt, m->emb, emb_names, 1) : -1;
+    for (int i = 0; rc == 0 && i < zd_nn_lstm_n_params(m->lstm); i++) {
+        char name[128];
+        snprintf(name, sizeof name, "rnn.%s", zd_nn_lstm_param_name(m->lstm, i));
+        rc = zd_named_tensors_add(nt, name, zd_nn_lstm_param(m->lstm, i));
+    }
+    if (rc == 0)
+        rc = add_remote(nt, m->dec, dec_names, 2);
+    if (rc < 0) {
+        if (!nt)
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+        zd_named_tensors_free(nt);
+        return NULL;
+    }
+    return nt;
+}
+
+/*  --init_from: the file checked whole against the model (strictly) and
+    copied into it; the embedding and decoder then go to their owner. */
+static int model_load(rnn_model_t *m, const char *path)
+{
+    zd_named_tensors_t *nt = model_state_dict(m);
+    int rc = nt ? zd_safetensors_load_into(path, nt, true, NULL, NULL) : -1;
+    if (rc == 0)
+        rc = push_remote(nt, m->emb, emb_names, 1);
+    if (rc == 0)
+        rc = push_remote(nt, m->dec, dec_names, 2);
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
+/*  --save_model: the model with what it takes to use it in metadata: the
+    sizes, the steps and last loss, the vocabulary as a JSON list of the
+    bytes of token ids 0, 1, ... */
+static int model_save(rnn_model_t *m, const options_t *o, const corpus_t *c, int64_t steps,
+                      double loss)
+{
+    char ntoken[24], ninp[24], nhid[24], nlayers[24], step[24], sloss[32], vocab[1100];
+    snprintf(ntoken, sizeof ntoken, "%d", c->ntoken);
+    snprintf(ninp, sizeof ninp, "%lld", (long long)o->ninp);
+    snprintf(nhid, sizeof nhid, "%lld", (long long)o->nhid);
+    snprintf(nlayers, sizeof nlayers, "%lld", (long long)o->nlayers);
+    snprintf(step, sizeof step, "%lld", (long long)steps);
+    snprintf(sloss, sizeof sloss, "%.6f", loss);
+    size_t at = 0;
+    vocab[at++] = '[';
+    for (int k = 0; k < c->ntoken; k++)
+        at += (size_t)snprintf(vocab + at, sizeof vocab - at, "%s%d", k ? "," : "",
+                               c->chars[k]);
+    snprintf(vocab + at, sizeof vocab - at, "]");
+    const char *meta[] = {"format", "pt", "model", "RNNModel(LSTM)", "ntoken", ntoken,
+                          "ninp", ninp, "nhid", nhid, "nlayers", nlayers, "vocab", vocab,
+                          "step", step, "loss", sloss};
+    zd_named_tensors_t *nt = model_state_dict(m);
+    int rc = nt ? zd_safetensors_write(o->save_model, nt, meta, steps > 0 ? 9 : 7) : -1;
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
 static int run_trainer(options_t o_in, int rank, const char *me)
 {
     /* each trainer its own initial weights and dropout masks */
@@ -371,6 +523,14 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         free(c.tokens);
         return 1;
     }
+    if (o->init_from) {
+        if (model_load(&m, o->init_from) < 0) {
+            fprintf(stderr, "rnn_rpc: %s: --init_from=%s: %s\n", me, o->init_from,
+                    zd_error_last());
+            goto out;
+        }
+        printf("%s: initial weights from %s\n", me, o->init_from);
+    }
     if (!(params = model_parameter_rrefs(&m)) || !(opt = zd_dist_optim_new(&cfg, params))) {
         fprintf(stderr, "rnn_rpc: %s: %s\n", me, zd_error_last());
         goto out;
@@ -385,8 +545,8 @@ static int run_trainer(options_t o_in, int rank, const char *me)
             ys[1] = {o->bptt * o->batch};
     zd_tensor_t *h = zd_tensor_new(ZD_FLOAT32, 3, hs), *cc = zd_tensor_new(ZD_FLOAT32, 3, hs);
     zd_tensor_t *x = zd_tensor_new(ZD_INT64, 2, xs), *y = zd_tensor_new(ZD_INT64, 1, ys);
-    double first = 0, recent = 0;
-    int64_t n_first = 0, n_recent = 0;
+    double first = 0, recent = 0, last_loss = NAN;
+    int64_t n_first = 0, n_recent = 0, done = 0;
     double t0 = train_now();
     for (int64_t it = 0; h && cc && x && y && it < o->iterations; it++) {
         corpus_batch(&c, it, o->bptt, o->batch, x, y);
@@ -418,6 +578,8 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         zd_tensor_unref(cc);
         h = h_next;
         cc = c_next;
+        done++;
+        last_loss = loss_value;
         if (it < 10) {
             first += loss_value;
             n_first++;
@@ -441,7 +603,18 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         printf("%s: loss went from %.4f (mean of the first %lld steps) to %.4f (mean of the "
                "last %lld)\n", me, first / (double)n_first, (long long)n_first,
                recent / (double)n_recent, (long long)n_recent);
+    }
+    if (h && cc && x && y && done == o->iterations)
         status = 0;
+    /* the first trainer's model: each trainer has its own */
+    if (status == 0 && o->save_model && rank == 1) {
+        if (model_save(&m, o, &c, done, last_loss) < 0) {
+            fprintf(stderr, "rnn_rpc: %s: --save_model=%s: %s\n", me, o->save_model,
+                    zd_error_last());
+            status = 1;
+        } else {
+            printf("%s: saved model %s (safetensors, PyTorch's names)\n", me, o->save_model);
+        }
     }
     if (status == 0 && o->sample) {
         char text[121];
@@ -482,7 +655,7 @@ int main(int argc, char **argv)
     flags_world_t w = flags_world_default();
     const flag_t flags[] = {
         {"data", FLAG_STRING, &o.data, "the text to model (default: base-files' GPL-3)"},
-        {"iterations", FLAG_INT, &o.iterations, "training steps of each trainer"},
+        {"iterations", FLAG_INT, &o.iterations, "training steps of each trainer (0: none)"},
         {"batch", FLAG_INT, &o.batch, "character streams per step"},
         {"bptt", FLAG_INT, &o.bptt, "characters per stream and step"},
         {"ninp", FLAG_INT, &o.ninp, "embedding size"},
@@ -495,6 +668,13 @@ int main(int argc, char **argv)
         {"seed", FLAG_INT, &o.seed, "initial weights and dropout masks"},
         {"log_interval", FLAG_INT, &o.log_interval, "print the loss every N steps"},
         {"sample", FLAG_BOOL, &o.sample, "let the trained model write a line"},
+        {"save_model", FLAG_STRING, &o.save_model,
+         "at the end the first trainer writes its model to this safetensors file under the "
+         "names of PyTorch's state_dict() (encoder.weight, rnn.weight_ih_l0, ..., "
+         "decoder.bias), with the sizes and vocabulary in the metadata"},
+        {"init_from", FLAG_STRING, &o.init_from,
+         "every trainer starts from the model in this safetensors file (those names, e.g. "
+         "saved by --save_model or by PyTorch) instead of the seed's weights"},
         FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
@@ -502,12 +682,16 @@ int main(int argc, char **argv)
                          "LSTM on the trainers.");
     if (pr != 0)
         return pr > 0 ? 0 : 2;
-    if (o.iterations < 1 || o.batch < 1 || o.bptt < 1 || o.ninp < 1 || o.nhid < 1 ||
+    if (o.iterations < 0 || o.batch < 1 || o.bptt < 1 || o.ninp < 1 || o.nhid < 1 ||
         o.nlayers < 1 || o.log_interval < 1 || o.lr <= 0 || o.dropout < 0 || o.dropout >= 1 ||
         (strcmp(o.optimizer, "adam") != 0 && strcmp(o.optimizer, "sgd") != 0)) {
-        fprintf(stderr, "%s: --iterations, --batch, --bptt, --ninp, --nhid, --nlayers, "
-                        "--log_interval and --lr must be positive, --dropout in [0, 1), "
+        fprintf(stderr, "%s: --batch, --bptt, --ninp, --nhid, --nlayers, --log_interval and "
+                        "--lr must be positive, --iterations >= 0, --dropout in [0, 1), "
                         "--optimizer adam or sgd\n", prog);
+        return 2;
+    }
+    if ((o.save_model && !o.save_model[0]) || (o.init_from && !o.init_from[0])) {
+        fprintf(stderr, "%s: --save_model and --init_from take a file name\n", prog);
         return 2;
     }
     if (flags_world_resolve(&w, 2, prog) < 0)
@@ -517,6 +701,24 @@ int main(int argc, char **argv)
                 prog);
         return 2;
     }
+    /* Refused now rather than after the training: a file the first
+       trainer cannot write, one a trainer cannot read. */
+    if (o.save_model && w.rank == 1) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", o.save_model);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash[slash == dir ? 1 : 0] = 0;
+        if (access(slash ? dir : ".", W_OK) < 0) {
+            fprintf(stderr, "%s: --save_model=%s: cannot write in %s (%s)\n", prog,
+                    o.save_model, slash ? dir : ".", strerror(errno));
+            return 2;
+        }
+    }
+    if (o.init_from && w.rank >= 1 && access(o.init_from, R_OK) < 0) {
+        fprintf(stderr, "%s: --init_from=%s: %s\n", prog, o.init_from, strerror(errno));
+        return 2;
+    }
     char name[32];
     if (w.rank == 0)
         snprintf(name, sizeof name, "ps");
@@ -524,7 +726,8 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "trainer%lld", (long long)w.rank);
     if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0 || zd_dist_nn_init() < 0 ||
         zd_dist_nn_register_module("EmbeddingTable", make_embedding_table, NULL) < 0 ||
-        zd_dist_nn_register_module("Decoder", make_decoder, NULL) < 0) {
+        zd_dist_nn_register_module("Decoder", make_decoder, NULL) < 0 ||
+        zd_rpc_register("rnn_copy_", fn_copy_param, NULL) < 0) {
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }

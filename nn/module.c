@@ -350,6 +350,30 @@ zd_tensor_t *zd_nn_module_find(const zd_nn_module_t *m, const char *name)
     return NULL;
 }
 
+zd_named_tensors_t *zd_nn_module_state_dict(const zd_nn_module_t *m)
+{
+    if (!m) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_state_dict: NULL module");
+        return NULL;
+    }
+    zd_nn_module_t *f = flat(m);
+    if (!f)
+        return NULL;
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    int rc = nt ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "module %s: out of memory", m->type);
+    pthread_mutex_lock(&f->lock);
+    /* A tied weight appears under each of its names, as in PyTorch's
+       state_dict() (its parameters() lists it once). */
+    for (int i = 0; rc == 0 && i < f->n_flat; i++)
+        rc = zd_named_tensors_add(nt, f->flat_names[i], f->flat[i]);
+    pthread_mutex_unlock(&f->lock);
+    if (rc < 0) {
+        zd_named_tensors_free(nt);
+        return NULL;
+    }
+    return nt;
+}
+
 int64_t zd_nn_module_numel(const zd_nn_module_t *m)
 {
     int64_t n = 0;

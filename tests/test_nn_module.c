@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  The parameter container (SPEC N5): dotted names in PyTorch's order,
     submodules, a module defined in C with its own forward, train/eval,
-    zero_grad, checkpoints, errors; nothing leaks. */
+    zero_grad, checkpoints, state_dict, errors; nothing leaks. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -225,12 +225,62 @@ static void test_save_load(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
+/*  state_dict: PyTorch's names and order, children included, the module's
+    own tensors (a write through the list is a write to the weights, and
+    the list keeps them alive after the module), a tied weight under each
+    of its names, as PyTorch's state_dict() lists it. */
+static void test_state_dict(void **state)
+{
+    (void)state;
+    int64_t live = zd_tensor_live_count();
+    zd_nn_module_t *m = mlp_new(1);
+    assert_non_null(m);
+    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2});
+    assert_non_null(scale);
+    /* fc2 also holds fc1's weight: listed under both names */
+    zd_tensor_t *w1 = zd_nn_module_find(m, "fc1.weight");
+    assert_int_equal(zd_nn_module_register_parameter(zd_nn_module_child(m, "fc2"), "tied", w1),
+                     0);
+    assert_int_equal(zd_nn_module_n_params(m), 5);
+
+    zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
+    assert_non_null(sd);
+    const char *expect[] = {"scale", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.tied"};
+    assert_int_equal(zd_named_tensors_len(sd), 5);
+    for (int i = 0; i < 5; i++) {
+        assert_string_equal(zd_named_tensors_name(sd, i), expect[i]);
+        assert_ptr_equal(zd_named_tensors_tensor(sd, i), zd_nn_module_find(m, expect[i]));
+    }
+    assert_ptr_equal(zd_named_tensors_find(sd, "fc2.tied"), w1);
+    zd_tensor_data(zd_named_tensors_find(sd, "fc1.weight"))[0] = 42.0f;
+    assert_true(zd_tensor_data(w1)[0] == 42.0f);
+    assert_true(zd_tensor_data(zd_nn_module_find(m, "fc2.tied"))[0] == 42.0f);
+
+    zd_tensor_t *kept = zd_named_tensors_find(sd, "fc1.bias");
+    float b0 = zd_tensor_data(kept)[0];
+    zd_nn_module_free(m);
+    assert_true(zd_tensor_data(kept)[0] == b0);   /* the list's references */
+    zd_named_tensors_free(sd);
+    assert_int_equal(zd_tensor_live_count(), live);
+
+    /* an empty module: an empty list; no module: an error */
+    zd_nn_module_t *e = zd_nn_module_new("Empty", NULL, NULL, NULL);
+    sd = zd_nn_module_state_dict(e);
+    assert_non_null(sd);
+    assert_int_equal(zd_named_tensors_len(sd), 0);
+    zd_named_tensors_free(sd);
+    zd_nn_module_free(e);
+    assert_null(zd_nn_module_state_dict(NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_names_order_and_lookup),
         cmocka_unit_test(test_forward_backward_zero_grad_and_modes),
         cmocka_unit_test(test_save_load),
+        cmocka_unit_test(test_state_dict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

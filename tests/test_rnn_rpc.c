@@ -2,8 +2,9 @@
 /*  rnn_rpc (the RPC tutorial's distributed RNN: RemoteModules on a
     parameter server, the LSTM on the trainers) in worlds of real processes
     started through the launcher, as a user would: the loss falls, several
-    trainers share one server, bad input is refused clearly. Programs are
-    found in ZDIST_BUILD_DIR. */
+    trainers share one server, bad input is refused clearly, the model goes
+    out to a safetensors file under PyTorch's names and back in
+    (--save_model, --init_from). Programs are found in ZDIST_BUILD_DIR. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,6 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zdist/error.h>
+#include <zdist/safetensors.h>
+#include "tests/support/fixtures.h"
 #include "tests/support/program.h"
 
 /*  "launch --nproc=n -- rnn_rpc flags" to its end: its exit status and
@@ -90,12 +94,150 @@ static void test_bad_input(void **state)
     free(out);
 }
 
+static const char *tests_dir(void)
+{
+    static char dir[1024];
+    snprintf(dir, sizeof dir, "%s", __FILE__);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = 0;
+    return dir;
+}
+
+static zd_named_tensors_t *read_file(const char *path, char ***kv, int *n_meta)
+{
+    zd_named_tensors_t *nt = zd_safetensors_read(path, kv, n_meta);
+    if (!nt)
+        fail_msg("%s", zd_error_last());
+    return nt;
+}
+
+/*  The value of metadata key (NULL when absent). */
+static const char *meta_get(char **kv, int n, const char *key)
+{
+    for (int i = 0; i < n; i++)
+        if (strcmp(kv[2 * i], key) == 0)
+            return kv[2 * i + 1];
+    return NULL;
+}
+
+/*  Whether tensor `name` holds the same bytes in a and b. */
+static bool same_tensor(const zd_named_tensors_t *a, const zd_named_tensors_t *b,
+                        const char *name)
+{
+    zd_tensor_t *x = zd_named_tensors_find(a, name), *y = zd_named_tensors_find(b, name);
+    if (!x || !y)
+        fail_msg("no tensor \"%s\"", name);
+    return zd_tensor_dtype(x) == zd_tensor_dtype(y) && zd_tensor_same_shape(x, y) &&
+           memcmp(zd_tensor_raw(x), zd_tensor_raw(y), zd_tensor_nbytes(x)) == 0;
+}
+
+/*  --save_model after a few steps writes the whole model (the embedding
+    and decoder fetched from ps) under PyTorch's names; --init_from of that
+    file with no training step saves the same tensors again, bit for bit,
+    where the seed alone gives other weights (so the remote parts were
+    loaded on ps, not only the local LSTM). A file of another model (the
+    Net) and bad file names are refused, naming what is wrong. */
+static void test_save_model_init_from(void **state)
+{
+    (void)state;
+    char a[700], b[700], seed[700], flags[2400];
+    snprintf(a, sizeof a, "%s", tmp_path("a.safetensors"));
+    snprintf(b, sizeof b, "%s", tmp_path("b.safetensors"));
+    snprintf(seed, sizeof seed, "%s", tmp_path("seed.safetensors"));
+    const char *model = "--nhid=32 --nlayers=2 --bptt=10 --sample=false";
+    char *out;
+
+    snprintf(flags, sizeof flags, "%s --iterations=5 --save_model=%s", model, a);
+    assert_int_equal(run_world(2, flags, true, &out), 0);
+    assert_contains(out, "trainer1: saved model ");
+    free(out);
+    snprintf(flags, sizeof flags, "%s --iterations=0 --init_from=%s --save_model=%s", model, a,
+             b);
+    assert_int_equal(run_world(2, flags, true, &out), 0);
+    assert_contains(out, "trainer1: initial weights from ");
+    assert_contains(out, "trainer1: saved model ");
+    free(out);
+    snprintf(flags, sizeof flags, "%s --iterations=0 --save_model=%s", model, seed);
+    assert_int_equal(run_world(2, flags, true, &out), 0);
+    free(out);
+
+    char **kv;
+    int n_meta;
+    zd_named_tensors_t *ta = read_file(a, &kv, &n_meta);
+    assert_non_null(meta_get(kv, n_meta, "step"));
+    assert_string_equal(meta_get(kv, n_meta, "step"), "5");
+    assert_string_equal(meta_get(kv, n_meta, "ntoken"), "76");
+    assert_string_equal(meta_get(kv, n_meta, "nlayers"), "2");
+    assert_non_null(meta_get(kv, n_meta, "vocab"));
+    zd_safetensors_free_meta(kv, n_meta);
+    zd_named_tensors_t *tb = read_file(b, NULL, NULL), *ts = read_file(seed, NULL, NULL);
+    static const char *const names[] = {
+        "encoder.weight",   "rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
+        "rnn.bias_hh_l0",   "rnn.weight_ih_l1", "rnn.weight_hh_l1", "rnn.bias_ih_l1",
+        "rnn.bias_hh_l1",   "decoder.weight",   "decoder.bias",
+    };
+    int n = (int)(sizeof names / sizeof names[0]);
+    assert_int_equal(zd_named_tensors_len(ta), n);
+    assert_int_equal(zd_named_tensors_len(tb), n);
+    /* the embedding is (ntoken, ninp): the GPL's 76 characters, --ninp's 32 */
+    zd_tensor_t *e = zd_named_tensors_find(ta, "encoder.weight");
+    assert_non_null(e);
+    assert_int_equal(zd_tensor_size(e, 0), 76);
+    assert_int_equal(zd_tensor_size(e, 1), 32);
+    for (int i = 0; i < n; i++) {
+        if (!same_tensor(ta, tb, names[i]))
+            fail_msg("\"%s\" saved after --init_from differs from the file given", names[i]);
+        if (same_tensor(ta, ts, names[i]))
+            fail_msg("\"%s\" of the seed's weights equals the trained one", names[i]);
+    }
+    zd_named_tensors_free(ta);
+    zd_named_tensors_free(tb);
+    zd_named_tensors_free(ts);
+
+    /* the Net's file: the first tensor of the model it lacks */
+    snprintf(flags, sizeof flags, "%s --iterations=1 --init_from=%s/safetensors/net.safetensors",
+             model, tests_dir());
+    assert_int_not_equal(run_world(2, flags, false, &out), 0);
+    assert_contains(out, "no tensor \"encoder.weight\" in the file");
+    free(out);
+    /* another LSTM size: the tensor and both shapes */
+    snprintf(flags, sizeof flags, "--nhid=64 --sample=false --iterations=1 --init_from=%s", a);
+    assert_int_not_equal(run_world(2, flags, false, &out), 0);
+    assert_contains(out, "tensor \"rnn.weight_ih_l0\" is float32 (128, 32), the model's is "
+                         "float32 (256, 32)");
+    free(out);
+    assert_int_not_equal(run_world(2, "--init_from=/nonexistent.safetensors", false, &out), 0);
+    assert_contains(out, "--init_from=/nonexistent.safetensors: No such file");
+    free(out);
+    assert_int_not_equal(run_world(2, "--save_model=/nonexistent/zdist/m.safetensors", false,
+                                   &out), 0);
+    assert_contains(out, "cannot write in /nonexistent/zdist");
+    free(out);
+    assert_int_not_equal(run_world(2, "--save_model=", false, &out), 0);
+    assert_contains(out, "take a file name");
+    free(out);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    return tmpdir_setup("rnn_rpc");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    return tmpdir_teardown();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loss_falls),
         cmocka_unit_test(test_two_trainers_share_the_ps),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_save_model_init_from),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, setup, teardown);
 }

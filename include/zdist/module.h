@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <zdist/named_tensors.h>
 #include <zdist/tensor.h>
 #include <zdist/rng.h>
 #include <zdist/export.h>
@@ -103,6 +104,12 @@ ZD_API const char *zd_nn_module_param_name(const zd_nn_module_t *m, int i);
 /*  The parameter with that dotted name (borrowed), or NULL with
     zd_error_last() naming it. */
 ZD_API zd_tensor_t *zd_nn_module_find(const zd_nn_module_t *m, const char *name);
+
+/*  PyTorch's state_dict(): every parameter under its dotted name (a tied
+    tensor under each of its names, as there): a new object
+    (zd_named_tensors_free) holding new references to the module's own
+    tensors, so writing into them writes its weights; NULL on failure. */
+ZD_API zd_named_tensors_t *zd_nn_module_state_dict(const zd_nn_module_t *m);
 
 /*  Total number of parameter elements. */
 ZD_API int64_t zd_nn_module_numel(const zd_nn_module_t *m);

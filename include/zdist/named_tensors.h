@@ -2,16 +2,18 @@
 /*  named_tensors.h: an ordered list of (name, tensor) pairs, PyTorch's
     state_dict (an OrderedDict[str, Tensor]).
 
-        zd_named_tensors_t *sd = zd_nn_module_state_dict(model);
-        for (int i = 0; i < zd_named_tensors_len(sd); i++)
-            printf("%s\n", zd_named_tensors_name(sd, i));
+        zd_named_tensors_t *sd = zd_nn_module_state_dict(module);   // <zdist/module.h>
+        for (int i = 0; sd && i < zd_named_tensors_len(sd); i++)
+            printf("%s\n", zd_named_tensors_name(sd, i));   // "fc1.weight", ...
         zd_named_tensors_free(sd);
 
-    The one container of named tensors: checkpoints, optimizer state,
-    module state dicts and a context's gradients all come in it. It holds
-    a reference to each tensor (a state dict shares the module's tensors,
-    as PyTorch's does) and a copy of each name; names are unique, and the
-    order is the order of adding. */
+    The container of named tensors: a module's state dict
+    (zd_nn_module_state_dict), a context's gradients
+    (zd_dist_autograd_get_gradients) and the tensors of a safetensors file
+    (zd_safetensors_read) come in it. It holds a reference to each tensor
+    (a state dict shares the module's tensors, as PyTorch's does) and a
+    copy of each name; names are unique, and the order is the order of
+    adding. */
 #ifndef ZDIST_NAMED_TENSORS_H
 #define ZDIST_NAMED_TENSORS_H
 
