@@ -42,8 +42,16 @@ int zd_error_wrap(const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(last_error, sizeof last_error, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof last_error && prev[0])
-        snprintf(last_error + n, sizeof last_error - (size_t)n, ": %s", prev);
+    /* ": " and the previous text, cut to what is left (snprintf would do
+       it too, but gcc warns of the truncation that is meant here). */
+    if (n >= 0 && (size_t)n + 3 <= sizeof last_error && prev[0]) {
+        char *p = last_error + n;
+        size_t k = strnlen(prev, sizeof last_error - (size_t)n - 3);
+        p[0] = ':';
+        p[1] = ' ';
+        memcpy(p + 2, prev, k);
+        p[2 + k] = '\0';
+    }
     if (last_code == ZD_OK)
         last_code = ZD_ERR_OTHER;
     return -1;
