@@ -85,6 +85,11 @@ typedef struct {
     _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c); 0: alive (again,
                                    once a restarted process rejoined: membership.c) */
     atomic_bool releasing;      /* what it held is being released (peer_lost.c) */
+    atomic_bool unreached;      /* lost because it did not answer when this process
+                                   joined a running world; alive again once its
+                                   connection comes up (membership.c) */
+    int64_t remake_at_ns;       /* I/O thread: make its socket again then (0: no),
+                                   the peer having refused our key */
     atomic_uint incarnation;    /* its process: one more at each rejoin */
     bool reoffer;               /* I/O thread: offer shared memory once connected */
     peer_metrics_t m;

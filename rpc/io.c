@@ -240,16 +240,23 @@ int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
 
 /* A peer declared lost stays lost (peer_lost.c): what it held here is
    released, so a request from it (a frozen process that woke up) is
-   refused, and it learns why. */
+   refused, and it learns why. One this process has not reached since it
+   joined the world is refused too, until it is reached (membership.c):
+   it is alive, but answers to it could not leave. */
 static bool refuse_lost(agent_t *a, inmsg_t *m)
 {
-    if (!atomic_load(&a->peers[m->h.src].lost_at_ns))
+    peer_t *p = &a->peers[m->h.src];
+    if (!atomic_load(&p->lost_at_ns))
         return false;
     release_frames(m->frames, m->n);
     if (is_request(m->h.type)) {
         char text[256];
-        snprintf(text, sizeof text, "\"%s\" (rank %d) declared you lost and released what you "
-                 "held: leave the world", a->name, a->rank);
+        if (atomic_load(&p->unreached))
+            snprintf(text, sizeof text, "\"%s\" (rank %d) has not reached you since it joined "
+                     "the running world: try again later", a->name, a->rank);
+        else
+            snprintf(text, sizeof text, "\"%s\" (rank %d) declared you lost and released what "
+                     "you held: leave the world", a->name, a->rank);
         zd__transport_answer_error(a, m, m->h.id, text);
     }
     return true;
@@ -336,6 +343,8 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    lets answers already on their way (over the peer's own connection to
    us) arrive first. */
 #define LOST_GRACE_MS 1000
+/* How long after a refusal of our key the socket to that peer is made again. */
+#define REMAKE_MS 1000
 
 /* A connection that went down and came back may have taken requests with
    it (those libzmq had already taken from its queue), and their answers
@@ -373,6 +382,8 @@ static void handle_monitor(agent_t *a, peer_t *p)
         zmq_msg_close(&m);
     }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+        p->remake_at_ns = 0;
+        zd__membership_reached(a, p->rank);   /* when it was not reached at the join */
         atomic_store(&p->lost, false);
         if (p->fail_at_ns)   /* back within the grace, not declared lost */
             fail_interrupted(a, p);
@@ -388,7 +399,37 @@ static void handle_monitor(agent_t *a, peer_t *p)
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__agent_now_ns();
         p->fail_at_ns = p->down_since_ns + LOST_GRACE_MS * 1000000LL;
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH &&
+               (!atomic_load(&p->lost_at_ns) || atomic_load(&p->unreached))) {
+        /* The peer does not know our key yet (it joined, or we did, and
+           rank 0's word has not reached it): libzmq does not connect again
+           after a refusal, so the socket is made anew a little later. */
+        zd__log(ZD_LOG_INFO, "rpc: \"%s\" (rank %d) refused this process's key; connecting "
+                "again in %d ms", p->name, p->rank, REMAKE_MS);
+        p->remake_at_ns = zd__agent_now_ns() + REMAKE_MS * 1000000LL;
     }
+}
+
+/* Makes again the sockets of peers that refused our key (handle_monitor);
+   true when one was made (the thread polls other monitors now). */
+static bool remake_refused(agent_t *a, int64_t now)
+{
+    bool made = false;
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        if (!p->remake_at_ns || now < p->remake_at_ns)
+            continue;
+        p->remake_at_ns = 0;
+        if (atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached))
+            continue;   /* lost meanwhile: its rejoin makes it */
+        /* Another monitor name, and zd_rpc_sync's sockets are made again too. */
+        atomic_fetch_add(&p->incarnation, 1);
+        if (zd__transport_renew_peer(a, p) < 0)
+            zd__log(ZD_LOG_WARN, "rpc: cannot connect to \"%s\" (rank %d) again: %s", p->name,
+                    p->rank, zd_error_last());
+        made = true;
+    }
+    return made;
 }
 
 /* The monitors are looked at on the ticks, at most every MONITOR_POLL_MS,
@@ -510,6 +551,10 @@ void *zd__transport_io_main(void *arg)
             poll_monitors(a, items + 2, item_peer + 2, n_items - 2);
         }
         fail_lost_peers(a, now);
+        if (remake_refused(a, now)) {
+            n_items = poll_items(a, items, item_peer);
+            look_again = true;
+        }
         zd__call_expire(a, now);
         if (now >= next_stream_check) {
             next_stream_check = now + 1000000000;

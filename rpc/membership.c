@@ -19,6 +19,14 @@
     from those that come (the ranks every member lost are left out), and
     the members point their sockets at it.
 
+    A process joining the running world needs rank 0 to answer, not every
+    member: one that does not answer in time (down, or restarting itself
+    and not told of the newcomer yet) is lost to the newcomer until the
+    connection to it comes up or rank 0 announces it again. A member that
+    did not acknowledge an announcement is told again, every RETELL_MS,
+    until it does, or either of the two is lost: the newcomer reaches it
+    only once it has taken the newcomer's key.
+
     What the old process held was released when it was declared lost
     (peer_lost.c): a renewal waits for that release to finish, so that
     nothing of the new process is taken for the old one's. Sockets belong
@@ -45,6 +53,7 @@
 #define NOTIFY_WAIT_MS 5000     /* rank 0: the members' acknowledgements */
 #define DESK_POLL_MS 200        /* how often the thread looks at its stop flag */
 #define RESEND_MS 2000          /* a member's registration with a lost rank 0 */
+#define RETELL_MS 1000          /* rank 0: an announcement a member did not take */
 
 struct membership {
     char master[256];
@@ -61,6 +70,18 @@ struct membership {
     pthread_mutex_t lock;
     pthread_cond_t cond;        /* master lost, a renewal done, stop */
     bool master_lost;
+
+    /* Rank 0's desk thread: owed[i * world + r], member i has not taken
+       rank r's return yet; retell[] the announcements being made again;
+       told[r], how many returns of rank r it announced. */
+    bool *owed;
+    zd_future_t **retell;
+    int64_t retell_at;
+    int64_t *told;
+    /* The others: seen[r], the last of rank r's returns taken (under
+       serial), so that an announcement made again, or late, changes
+       nothing. */
+    int64_t *seen;
 
     pthread_mutex_t serial;     /* one renewal at a time */
     int renew_rank;
@@ -81,6 +102,14 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     membership_t *mb = calloc(1, sizeof *mb);
     if (!mb)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    mb->told = calloc((size_t)a->world, sizeof *mb->told);
+    mb->seen = calloc((size_t)a->world, sizeof *mb->seen);
+    if (!mb->told || !mb->seen) {
+        free(mb->told);
+        free(mb->seen);
+        free(mb);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    }
     snprintf(mb->master, sizeof mb->master, "%s", master ? master : "");
     mb->port = port;
     pthread_mutex_init(&mb->lock, NULL);
@@ -112,6 +141,45 @@ void zd__membership_mark_lost(agent_t *a, int rank)
     }
 }
 
+void zd__membership_mark_unreached(agent_t *a, int rank)
+{
+    peer_t *p = &a->peers[rank];
+    atomic_store(&p->unreached, true);
+    zd__membership_mark_lost(a, rank);
+    zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) at %s did not answer within %d ms of this "
+            "process joining the running world: lost until its connection comes up or it "
+            "rejoins", p->name, rank, p->endpoint, JOIN_PEER_WAIT_MS);
+}
+
+/* Rank counts again: alive, and (on rank 0) in the shutdown rounds after
+   its (skipped) init round. */
+static void count_again(agent_t *a, int rank)
+{
+    peer_t *p = &a->peers[rank];
+    atomic_store(&p->lost, false);
+    atomic_store(&p->unreached, false);
+    if (atomic_exchange(&p->lost_at_ns, 0))
+        atomic_fetch_sub(&a->n_lost, 1);
+    if (a->rank == 0) {
+        pthread_mutex_lock(&a->barrier_lock);
+        if (a->barrier_last)
+            a->barrier_last[rank] = -1;
+        pthread_mutex_unlock(&a->barrier_lock);
+    }
+}
+
+void zd__membership_reached(agent_t *a, int rank)
+{
+    peer_t *p = &a->peers[rank];
+    if (!atomic_load(&p->unreached))
+        return;
+    /* It held nothing here: what it sent while unreached was refused. */
+    count_again(a, rank);
+    zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) answers at %s: no longer lost", p->name, rank,
+            p->endpoint);
+    zd__shm_offer(a, rank);
+}
+
 void zd__membership_peer_lost(agent_t *a, int rank)
 {
     membership_t *mb = a->mb;
@@ -138,17 +206,24 @@ static bool release_over(agent_t *a, int rank, int64_t deadline)
 }
 
 int zd__membership_renew(agent_t *a, int rank, const char *name, const char *endpoint,
-                         const char *key)
+                         const char *key, int64_t turn)
 {
     membership_t *mb = a->mb;
     if (rank < 0 || rank >= a->world || rank == a->rank)
         return zd_error_set("rejoin: rank %d is not a peer", rank);
     int64_t deadline = now_ns() + RENEW_WAIT_MS * 1000000LL;
+    peer_t *p = &a->peers[rank];
+    pthread_mutex_lock(&mb->serial);
+    if (turn > 0 && turn <= mb->seen[rank]) {
+        /* Taken before: rank 0 did not hear it acknowledged (or this is an
+           older word, late). */
+        pthread_mutex_unlock(&mb->serial);
+        return 0;
+    }
     /* The old process is gone even if its connection here has not said so
        yet: what it held goes first. */
-    if (!atomic_load(&a->peers[rank].lost_at_ns))
+    if (!atomic_load(&p->lost_at_ns))
         zd__peer_declare_lost(a, rank, now_ns());
-    pthread_mutex_lock(&mb->serial);
     if (!release_over(a, rank, deadline)) {
         pthread_mutex_unlock(&mb->serial);
         return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: what its old process held "
@@ -178,6 +253,8 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
     char error[256];
     snprintf(error, sizeof error, "%s", mb->renew_error);
     pthread_mutex_unlock(&mb->lock);
+    if (done && rc == 0 && turn > 0)
+        mb->seen[rank] = turn;
     pthread_mutex_unlock(&mb->serial);
     if (!done)
         return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: the I/O thread did not "
@@ -205,7 +282,6 @@ bool zd__membership_io_renew(agent_t *a)
     pthread_mutex_lock(&mb->lock);
     int rank = mb->renew_rank;
     peer_t *p = &a->peers[rank];
-    bool was_lost = atomic_load(&p->lost_at_ns) != 0;
     char old_key[SECURITY_KEY_TXT];
     snprintf(old_key, sizeof old_key, "%s", p->key);
     snprintf(p->key, sizeof p->key, "%s", mb->renew_key);
@@ -221,19 +297,9 @@ bool zd__membership_io_renew(agent_t *a)
     if (rc == 0) {
         p->fail_at_ns = 0;
         p->down_since_ns = 0;
+        p->remake_at_ns = 0;
         p->reoffer = true;
-        atomic_store(&p->lost, false);
-        if (was_lost) {
-            atomic_store(&p->lost_at_ns, 0);
-            atomic_fetch_sub(&a->n_lost, 1);
-        }
-        if (a->rank == 0) {
-            /* Its shutdown rounds start again, after its (skipped) init round. */
-            pthread_mutex_lock(&a->barrier_lock);
-            if (a->barrier_last)
-                a->barrier_last[rank] = -1;
-            pthread_mutex_unlock(&a->barrier_lock);
-        }
+        count_again(a, rank);
     }
     mb->renew_rc = rc;
     snprintf(mb->renew_error, sizeof mb->renew_error, "%s", rc < 0 ? zd_error_last() : "");
@@ -282,32 +348,109 @@ static const char *endpoint_for(membership_t *mb, const char *peer)
     return mb->bound[0];
 }
 
-/* Tells every other live member that rank now lives at endpoint (bounded). */
-static void notify_members(agent_t *a, int rank, const char *endpoint, const char *key)
+/* Announces to member `to` that rank lives at its endpoint, with its key,
+   as its return number told[rank]; the call's future, or NULL. */
+static zd_future_t *announce(agent_t *a, membership_t *mb, int to, int rank)
 {
-    zd_future_t **fs = calloc((size_t)a->world, sizeof *fs);
-    zd_value_t *args = zd__rpc_args("iss", (int64_t)rank, endpoint, key);
-    if (!fs || !args) {
+    zd_value_t *args = zd__rpc_args("issi", (int64_t)rank, a->peers[rank].endpoint,
+                                    a->peers[rank].key, mb->told[rank]);
+    if (!args)
+        return NULL;
+    call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_member", .api = "rejoin", .args = args,
+                      .timeout_ms = NOTIFY_WAIT_MS, .hooked = false};
+    zd_future_t *f = zd__call_start(a, to, &req);
+    zd_value_unref(args);
+    return f;
+}
+
+/* Lost for good here: its own rejoin gets the table afresh. */
+static bool gone(peer_t *p)
+{
+    return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
+}
+
+static bool owed_alloc(agent_t *a, membership_t *mb)
+{
+    size_t n = (size_t)a->world * (size_t)a->world;
+    if (!mb->owed)
+        mb->owed = calloc(n, sizeof *mb->owed);
+    if (!mb->retell)
+        mb->retell = calloc(n, sizeof *mb->retell);
+    return mb->owed && mb->retell;
+}
+
+/* Tells every other live member that rank (its entry in a->peers) came
+   back (bounded); those that do not take it are told again later
+   (retell). */
+static void notify_members(agent_t *a, membership_t *mb, int rank)
+{
+    int w = a->world;
+    zd_future_t **fs = calloc((size_t)w, sizeof *fs);
+    if (!fs || !owed_alloc(a, mb)) {
         free(fs);
-        zd_value_unref(args);
         zd__log(ZD_LOG_ERROR, "rpc: rejoin of rank %d: out of memory", rank);
         return;
     }
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_member", .api = "rejoin", .args = args,
-                      .timeout_ms = NOTIFY_WAIT_MS, .hooked = false};
-    for (int i = 1; i < a->world; i++)
-        if (i != rank && !atomic_load(&a->peers[i].lost_at_ns))
-            fs[i] = zd__call_start(a, i, &req);
-    for (int i = 1; i < a->world; i++) {
+    /* Its table is the world as it is now: nothing is owed to it. What is
+       being told again of its old process no longer counts either. */
+    for (int i = 0; i < w; i++) {
+        size_t to_it = (size_t)rank * (size_t)w + (size_t)i;
+        size_t of_it = (size_t)i * (size_t)w + (size_t)rank;
+        mb->owed[to_it] = mb->owed[of_it] = false;
+        zd_future_unref(mb->retell[to_it]);
+        zd_future_unref(mb->retell[of_it]);
+        mb->retell[to_it] = mb->retell[of_it] = NULL;
+    }
+    for (int i = 1; i < w; i++) {
+        if (i != rank && !gone(&a->peers[i]))
+            fs[i] = announce(a, mb, i, rank);
+        if (!fs[i] && i != rank && !gone(&a->peers[i]))
+            mb->owed[(size_t)i * (size_t)w + (size_t)rank] = true;
+    }
+    for (int i = 1; i < w; i++) {
         if (!fs[i])
             continue;
-        if (zd_future_wait(fs[i], NOTIFY_WAIT_MS) < 0)
-            zd__log(ZD_LOG_WARN, "rpc: rejoin of rank %d: \"%s\" (rank %d) did not take it: %s",
-                    rank, a->peers[i].name, i, zd_error_last());
+        if (zd_future_wait(fs[i], NOTIFY_WAIT_MS) < 0) {
+            zd__log(ZD_LOG_WARN, "rpc: rejoin of rank %d: \"%s\" (rank %d) did not take it: %s "
+                    "(told again until it does)", rank, a->peers[i].name, i, zd_error_last());
+            mb->owed[(size_t)i * (size_t)w + (size_t)rank] = true;
+        }
         zd_future_unref(fs[i]);
     }
-    zd_value_unref(args);
     free(fs);
+}
+
+/* Rank 0's desk thread, each pass: tells again the members that did not
+   take an announcement (every RETELL_MS), and takes the answers of those
+   told again. An announcement is owed while both ranks are alive; one
+   lost for good gets it all afresh when it rejoins. */
+static void retell(agent_t *a, membership_t *mb)
+{
+    if (!mb->owed)
+        return;
+    size_t w = (size_t)a->world;
+    bool due = now_ns() >= mb->retell_at;
+    if (due)
+        mb->retell_at = now_ns() + RETELL_MS * 1000000LL;
+    for (size_t k = 0; k < w * w; k++) {
+        zd_future_t *f = mb->retell[k];
+        if (f && zd_future_done(f)) {
+            if (zd_future_error_code(f) == ZD_OK)
+                mb->owed[k] = false;
+            zd_future_unref(f);
+            mb->retell[k] = f = NULL;
+        }
+        if (!mb->owed[k] || f || !due)
+            continue;
+        peer_t *to = &a->peers[k / w], *about = &a->peers[k % w];
+        if (gone(to) || gone(about)) {
+            mb->owed[k] = false;
+            continue;
+        }
+        if (atomic_load(&to->lost_at_ns) || atomic_load(&about->lost_at_ns))
+            continue;   /* not reached yet */
+        mb->retell[k] = announce(a, mb, (int)(k / w), (int)(k % w));
+    }
 }
 
 /* The table for a process that restarted: the world as it is, with the
@@ -318,7 +461,7 @@ static zmsg_t *running_table(agent_t *a, const char *ep0, int joiner)
     if (!lost)
         return NULL;
     for (int i = 0; i < a->world; i++)
-        lost[i] = i != joiner && atomic_load(&a->peers[i].lost_at_ns) != 0;
+        lost[i] = i != joiner && gone(&a->peers[i]);
     char status[RDV_MAX_TEXT];
     zd__rdv_status(lost, a->world, status);
     free(lost);
@@ -408,7 +551,8 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
-    if (zd__membership_renew(a, r.rank, r.name, r.endpoint, r.key) < 0) {
+    mb->told[r.rank]++;
+    if (zd__membership_renew(a, r.rank, r.name, r.endpoint, r.key, 0) < 0) {
         snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") could not take back \"%s\" "
                  "(rank %d): %s", a->name, r.name, r.rank, zd_error_last());
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
@@ -416,7 +560,7 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
-    notify_members(a, r.rank, r.endpoint, r.key);
+    notify_members(a, mb, r.rank);
     zmsg_t *t = running_table(a, ep0, r.rank);
     if (t)
         reply(mb->desk, id, t);
@@ -431,7 +575,7 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
     if (!a)
         return NULL;
     zd_value_t *result = NULL;
-    int64_t rank;
+    int64_t rank, turn = 0;
     const char *endpoint, *key;
     char ip[ZD_ADDR_MAX];
     int port;
@@ -446,8 +590,11 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
                !zd__security_key_ok(a, key)) {
         zd_error_set("rejoin: a bad endpoint or key for rank %lld", (long long)rank);
     } else {
+        /* The return's number (retell), which older ranks 0 leave out. */
+        if (zd_list_len(args) > 3 && zd_rpc_arg_int(args, 3, &turn) < 0)
+            turn = 0;
         zd__pool_block_begin();
-        int rc = zd__membership_renew(a, (int)rank, NULL, endpoint, key);
+        int rc = zd__membership_renew(a, (int)rank, NULL, endpoint, key, turn);
         zd__pool_block_end();
         if (rc == 0)
             result = zd_value_none();
@@ -461,13 +608,18 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
 /* Points the peers whose entries changed at the processes now there. */
 static void take_table(agent_t *a, const rdv_entry_t *t)
 {
+    /* Another rank 0 counts the returns from 1 again. */
+    membership_t *mb = a->mb;
+    pthread_mutex_lock(&mb->serial);
+    memset(mb->seen, 0, (size_t)a->world * sizeof *mb->seen);
+    pthread_mutex_unlock(&mb->serial);
     for (int i = 0; i < a->world; i++) {
         peer_t *p = &a->peers[i];
         if (i == a->rank || t[i].lost || !t[i].endpoint[0])
             continue;
         bool moved = i == 0 || atomic_load(&p->lost_at_ns) || strcmp(p->endpoint, t[i].endpoint) ||
                      strcmp(p->key, t[i].key);
-        if (moved && zd__membership_renew(a, i, NULL, t[i].endpoint, t[i].key) < 0)
+        if (moved && zd__membership_renew(a, i, NULL, t[i].endpoint, t[i].key, 0) < 0)
             zd__log(ZD_LOG_WARN, "rpc: %s", zd_error_last());
     }
 }
@@ -552,6 +704,7 @@ static void *membership_main(void *arg)
             zmq_pollitem_t item = {mb->desk, 0, ZMQ_POLLIN, 0};
             if (zmq_poll(&item, 1, DESK_POLL_MS) > 0)
                 desk_serve(a, mb);
+            retell(a, mb);
             continue;
         }
         pthread_mutex_lock(&mb->lock);
@@ -601,6 +754,11 @@ void zd__membership_stop(agent_t *a)
         zmq_close(mb->desk);
         mb->desk = NULL;
     }
+    for (size_t k = 0; mb->retell && !mb->abandoned && k < (size_t)a->world * (size_t)a->world;
+         k++) {
+        zd_future_unref(mb->retell[k]);
+        mb->retell[k] = NULL;
+    }
 }
 
 void zd__membership_free(agent_t *a)
@@ -615,6 +773,10 @@ void zd__membership_free(agent_t *a)
     pthread_cond_destroy(&mb->cond);
     pthread_mutex_destroy(&mb->lock);
     pthread_mutex_destroy(&mb->serial);
+    free(mb->owed);
+    free(mb->retell);
+    free(mb->told);
+    free(mb->seen);
     free(mb);
 }
 

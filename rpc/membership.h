@@ -10,6 +10,9 @@
 #include "rpc/agent.h"
 
 #define MEMBERSHIP_MAX_BINDS 8
+/*  How long a process joining a running world waits for members other than
+    rank 0 to answer before it treats them as lost (transport.c). */
+#define JOIN_PEER_WAIT_MS 2000
 
 typedef struct membership membership_t;
 
@@ -39,13 +42,23 @@ void zd__membership_peer_lost(agent_t *a, int rank);
 /*  From the start: rank is gone from the running world this process joins. */
 void zd__membership_mark_lost(agent_t *a, int rank);
 
+/*  From the start: rank did not answer when this process joined a running
+    world: lost (calls to it fail at once) until its connection comes up
+    (zd__membership_reached) or rank 0 announces it again. */
+void zd__membership_mark_unreached(agent_t *a, int rank);
+
+/*  I/O thread: the connection to rank, unreached when this process joined,
+    came up: it is alive. */
+void zd__membership_reached(agent_t *a, int rank);
+
 /*  Points peer rank at a restarted process (endpoint, key; name, unless
     NULL, once what the old process held is released: the release logs the
     old name from the pool): waits, bounded, until the I/O thread has made
-    its sockets anew; rank is alive again then. Not on the I/O thread. 0,
-    or -1. */
+    its sockets anew; rank is alive again then. turn: rank 0's number for
+    this return of rank (0: none), a number taken already changing nothing
+    (an announcement made again, or late). Not on the I/O thread. 0, or -1. */
 int zd__membership_renew(agent_t *a, int rank, const char *name, const char *endpoint,
-                         const char *key);
+                         const char *key, int64_t turn);
 
 /*  I/O thread: carries out a pending renewal; true when a peer's sockets
     changed (the thread polls other sockets now). */

@@ -28,6 +28,7 @@
 #include "rpc/address.h"
 #include "rpc/bufcache.h"
 #include "rpc/copy.h"
+#include "rpc/membership.h"
 #include "rpc/security.h"
 #include "rpc/shm.h"
 #include "rpc/stream.h"
@@ -170,7 +171,8 @@ static int open_peer(agent_t *a, peer_t *p)
     snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->gen, p->rank,
              atomic_load(&p->incarnation));
     if (zmq_socket_monitor(p->sock, mon,
-                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0) {
+                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
         p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
         if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
             zmq_close(p->monitor);
@@ -213,11 +215,35 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
     return rc;
 }
 
+/* A blocking send of a HELLO returns once the connection to p is up
+   (ZMQ_IMMEDIATE), or fails at deadline_ns. 0, or -1. */
+static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
+{
+    int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - zd__agent_now_ns()) / 1000000;
+    if (deadline_ns != INT64_MAX && left < 1)
+        left = 1;
+    rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = p->rank};
+    uint8_t buf[RPC_WIRE_FIXED];
+    zd__rpc_wire_write(&h, buf);
+    pthread_mutex_lock(&p->lock);
+    set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
+    int rc = zmq_send(p->sock, buf, sizeof buf, 0);
+    set_int(p->sock, ZMQ_SNDTIMEO, -1);
+    pthread_mutex_unlock(&p->lock);
+    return rc < 0 ? -1 : 0;
+}
+
 int zd__transport_connect(agent_t *a, int64_t deadline_ns)
 {
-    for (int i = 0; i < a->world; i++)
-        if (open_peer(a, &a->peers[i]) < 0)
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        /* A rank gone from the world a restarted rank 0 formed left no key
+           to pin: it gets its socket when it rejoins (renew_peer). */
+        if (zd__security_curve(a) && !p->key[0] && atomic_load(&p->lost_at_ns))
+            continue;
+        if (open_peer(a, p) < 0)
             return -1;
+    }
     /* A blocking send with ZMQ_IMMEDIATE returns once the connection is up:
        after this loop every peer is known to be reachable. The I/O thread
        starts after it, so that nothing that arrived is dispatched before
@@ -225,25 +251,31 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
        by the running world as soon as rank 0 announces it, and its answers
        (RRef acknowledgements among them) to a peer it had no connection to
        yet were lost, leaving that peer waiting for them. What arrives
-       meanwhile waits in the receiving socket. */
-    for (int i = 0; i < a->world; i++) {
-        peer_t *p = &a->peers[i];
-        if (atomic_load(&p->lost_at_ns))
-            continue;   /* gone from the running world this process joined */
-        int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - zd__agent_now_ns()) / 1000000;
-        if (deadline_ns != INT64_MAX && left < 1)
-            left = 1;
-        rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = i};
-        uint8_t buf[RPC_WIRE_FIXED];
-        zd__rpc_wire_write(&h, buf);
-        pthread_mutex_lock(&p->lock);
-        set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
-        int rc = zmq_send(p->sock, buf, sizeof buf, 0);
-        set_int(p->sock, ZMQ_SNDTIMEO, -1);
-        pthread_mutex_unlock(&p->lock);
-        if (rc < 0)
-            return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
-                                     p->name, p->rank, p->endpoint);
+       meanwhile waits in the receiving socket.
+       A process joining a running world needs rank 0 only (and itself):
+       any other member may be down at that moment, or restarting too and
+       not yet told of this process's key, and waiting for each of them
+       had two ranks restarting at once keep each other out for ever.
+       Those get JOIN_PEER_WAIT_MS (the connections are made meanwhile,
+       all at once); one that did not answer is lost to this process until
+       its connection comes up or it rejoins (membership.c). */
+    bool joining = a->rejoined;
+    int64_t others_by = deadline_ns;
+    for (int pass = 0; pass < (joining ? 2 : 1); pass++) {
+        for (int i = 0; i < a->world; i++) {
+            peer_t *p = &a->peers[i];
+            bool needed = !joining || i == 0 || i == a->rank;
+            if (atomic_load(&p->lost_at_ns) || (joining && needed != (pass == 0)))
+                continue;   /* gone from the running world this process joined */
+            if (say_hello(a, p, needed ? deadline_ns : others_by) == 0)
+                continue;
+            if (needed)
+                return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
+                                         p->name, p->rank, p->endpoint);
+            zd__membership_mark_unreached(a, i);
+        }
+        int64_t by = zd__agent_now_ns() + JOIN_PEER_WAIT_MS * 1000000LL;
+        others_by = by < deadline_ns ? by : deadline_ns;
     }
     if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
         return zd_error_set("cannot start the I/O thread");
