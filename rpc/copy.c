@@ -73,7 +73,10 @@ static void after_fork_parent(void)
 
 static void after_fork_child(void)
 {
-    pthread_mutex_init(&lock, NULL);
+    /* The thread that forked holds the lock here (before_fork): it
+       unlocks it, rather than making it again, so that ThreadSanitizer
+       does not take it for still held. */
+    pthread_mutex_unlock(&lock);
     pthread_cond_init(&wake, NULL);
     pthread_cond_init(&left, NULL);
     allowed = running = stopping = busy = working = false;
