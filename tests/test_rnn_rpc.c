@@ -94,16 +94,6 @@ static void test_bad_input(void **state)
     free(out);
 }
 
-static const char *tests_dir(void)
-{
-    static char dir[1024];
-    snprintf(dir, sizeof dir, "%s", __FILE__);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    return dir;
-}
-
 static zd_named_tensors_t *read_file(const char *path, char ***kv, int *n_meta)
 {
     zd_named_tensors_t *nt = zd_safetensors_read(path, kv, n_meta);

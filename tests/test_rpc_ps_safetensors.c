@@ -36,16 +36,6 @@
 
 static char launch_bin[1024], ps_bin[1024], local_bin[1024], export_bin[1024];
 
-static const char *tests_dir(void)
-{
-    static char dir[1024];
-    snprintf(dir, sizeof dir, "%s", __FILE__);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    return dir;
-}
-
 /*  The number after the last `key` in text (-1 when none). */
 static double number_after(const char *text, const char *key)
 {
@@ -169,19 +159,9 @@ static void test_save_model_loads_in_pytorch(void **state)
     assert_true(again == acc);
 
     /* PyTorch's Net from the file */
-    char line[3200], pout[8192];
-    snprintf(line, sizeof line, "timeout 300 /usr/bin/python3 %s/safetensors_models_torch.py "
-             "%s %s 2>&1", tests_dir(), model, io_path);
-    FILE *p = popen(line, "r");
-    assert_non_null(p);
-    size_t n = fread(pout, 1, sizeof pout - 1, p);
-    pout[n] = 0;
-    int st = pclose(p);
-    printf("%s", pout);
-    if (WIFEXITED(st) && (WEXITSTATUS(st) == 77 || WEXITSTATUS(st) == 127))
-        skip();   /* no torch; no /usr/bin/python3 */
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        fail_msg("PyTorch's side failed (status %d)", st);
+    char args[2200], pout[8192];
+    snprintf(args, sizeof args, "%s %s", model, io_path);
+    torch_script("safetensors_models_torch.py", args, pout, sizeof pout);
     assert_contains(pout, "PyTorch's outputs equal zdist's");
     char want[64];
     snprintf(want, sizeof want, "PyTorch's accuracy: %lld of %d", (long long)correct, IMAGES);

@@ -627,35 +627,12 @@ static void test_write_refused(void **state)
 
 /*  ---- PyTorch ---- */
 
-/*  tests/, from this file's path. */
-static const char *tests_dir(void)
-{
-    static char dir[1024];
-    snprintf(dir, sizeof dir, "%s", __FILE__);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    return dir;
-}
-
-/*  Runs tests/safetensors_torch.py FROM_ZDIST TO_ZDIST with
-    /usr/bin/python3 (300 s at most), showing its output. Skips the test
-    when python3 cannot import torch (the script exits 77). */
+/*  Runs tests/safetensors_torch.py FROM_ZDIST TO_ZDIST (see torch_script). */
 static void torch_run(const char *from_zdist, const char *to_zdist)
 {
-    char line[2400], out[4096];
-    snprintf(line, sizeof line, "timeout 300 /usr/bin/python3 %s/safetensors_torch.py %s %s 2>&1",
-             tests_dir(), from_zdist, to_zdist);
-    FILE *p = popen(line, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    printf("%s", out);
-    if (WIFEXITED(st) && (WEXITSTATUS(st) == 77 || WEXITSTATUS(st) == 127))
-        skip();   /* no torch; no /usr/bin/python3 */
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        fail_msg("PyTorch's side failed (status %d)", st);
+    char args[1300], out[4096];
+    snprintf(args, sizeof args, "%s %s", from_zdist, to_zdist);
+    torch_script("safetensors_torch.py", args, out, sizeof out);
     assert_non_null(strstr(out, "identical to PyTorch's"));
 }
 

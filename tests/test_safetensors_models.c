@@ -34,17 +34,6 @@
 
 #define TOL 1e-5
 
-/*  tests/, from this file's path. */
-static const char *tests_dir(void)
-{
-    static char dir[1024];
-    snprintf(dir, sizeof dir, "%s", __FILE__);
-    char *slash = strrchr(dir, '/');
-    if (slash)
-        *slash = 0;
-    return dir;
-}
-
 /*  tests/safetensors/name. */
 static const char *ref_path(const char *name)
 {
@@ -302,22 +291,12 @@ static void fill_normal(zd_tensor_t *t, zd_nn_rng_t *r)
         zd_tensor_data(t)[i] = zd_nn_rng_normal(r, 0, 1);
 }
 
-/*  Runs safetensors_models_torch.py MODEL IO; skips when torch is missing. */
+/*  Runs safetensors_models_torch.py MODEL IO (see torch_script). */
 static void torch_check(const char *model, const char *io)
 {
-    char line[2600], out[8192];
-    snprintf(line, sizeof line, "timeout 300 /usr/bin/python3 %s/safetensors_models_torch.py "
-             "%s %s 2>&1", tests_dir(), model, io);
-    FILE *p = popen(line, "r");
-    assert_non_null(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    int st = pclose(p);
-    printf("%s", out);
-    if (WIFEXITED(st) && (WEXITSTATUS(st) == 77 || WEXITSTATUS(st) == 127))
-        skip();   /* no torch; no /usr/bin/python3 */
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        fail_msg("PyTorch's side failed (status %d)", st);
+    char args[1300], out[8192];
+    snprintf(args, sizeof args, "%s %s", model, io);
+    torch_script("safetensors_models_torch.py", args, out, sizeof out);
     assert_contains(out, "PyTorch's outputs equal zdist's");
 }
 

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <zmq.h>
 #include <unistd.h>
 
@@ -91,6 +92,39 @@ void assert_contains(const char *text, const char *needle)
 {
     if (!text || !strstr(text, needle))
         fail_msg("expected \"%s\" in:\n%s", needle, text ? text : "(no file)");
+}
+
+const char *tests_dir(void)
+{
+    static char dir[1024];
+    snprintf(dir, sizeof dir, "%s", __FILE__);   /* .../tests/support/fixtures.c */
+    for (int up = 0; up < 2; up++) {
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = 0;
+    }
+    return dir;
+}
+
+void torch_script(const char *script, const char *args, char *out, size_t size)
+{
+    char line[4096];
+    if (snprintf(line, sizeof line, "timeout 300 /usr/bin/python3 %s/%s %s 2>&1", tests_dir(),
+                 script, args) >= (int)sizeof line)
+        fail_msg("torch_script: command too long");
+    FILE *p = popen(line, "r");
+    assert_non_null(p);
+    size_t n = fread(out, 1, size - 1, p);
+    out[n] = 0;
+    char rest[512];   /* past size: read to the end, so that the script is not left blocked */
+    while (fread(rest, 1, sizeof rest, p) > 0) {
+    }
+    int st = pclose(p);
+    printf("%s", out);
+    if (WIFEXITED(st) && (WEXITSTATUS(st) == 77 || WEXITSTATUS(st) == 127))
+        skip();   /* no torch; no /usr/bin/python3 */
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        fail_msg("PyTorch's side (%s) failed (status %d)", script, st);
 }
 
 void write_script(const char *path, const char *body)

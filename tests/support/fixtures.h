@@ -57,5 +57,12 @@ void assert_contains(const char *text, const char *needle);
 
 /*  Writes a /bin/sh script with that body at path, executable. */
 void write_script(const char *path, const char *body);
+/*  The tests/ folder of the source tree (where the Python scripts are). */
+const char *tests_dir(void);
+/*  Runs tests/SCRIPT ARGS with /usr/bin/python3 (300 s at most) and puts
+    what it printed (cut to size) in out, showing it; skips the test when
+    python3 or torch is missing (status 127, or 77 from the script), fails
+    it on any other status but 0. */
+void torch_script(const char *script, const char *args, char *out, size_t size);
 
 #endif
