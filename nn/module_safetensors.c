@@ -17,16 +17,6 @@ void zd_safetensors_free_names(char **names, int n)
     free(names);
 }
 
-static const char *dtype_name(zd_tensor_dtype_t dt)
-{
-    switch (dt) {
-    case ZD_FLOAT32: return "float32";
-    case ZD_INT64: return "int64";
-    case ZD_UINT8: return "uint8";
-    default: return "another dtype";
-    }
-}
-
 /*  Appends a copy of name to *list (a NULL list: nothing to keep). */
 static int push_name(char ***list, int *n, const char *name)
 {
@@ -77,9 +67,9 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
         if (zd_tensor_dtype(s) != zd_tensor_dtype(d) || !zd_tensor_same_shape(s, d)) {
             char want[96], got[96];
             zd_error_set_code(ZD_ERR_ARGUMENT, "%s: tensor \"%s\" is %s %s, the model's is %s %s",
-                              path, name, dtype_name(zd_tensor_dtype(s)),
+                              path, name, zd_tensor_dtype_name(zd_tensor_dtype(s)),
                               zd_tensor_shape_str(s, got, sizeof got),
-                              dtype_name(zd_tensor_dtype(d)),
+                              zd_tensor_dtype_name(zd_tensor_dtype(d)),
                               zd_tensor_shape_str(d, want, sizeof want));
             goto out;
         }
@@ -116,28 +106,12 @@ out:
     return rc;
 }
 
-/*  The module's parameters as a list sharing its tensors (a tensor
-    registered under two names, a tied weight, appears under both). */
-static zd_named_tensors_t *state_dict(const zd_nn_module_t *m)
-{
-    zd_named_tensors_t *nt = zd_named_tensors_new();
-    int n = zd_nn_module_n_params(m);
-    for (int i = 0; nt && i < n; i++)
-        if (zd_named_tensors_add(nt, zd_nn_module_param_name(m, i), zd_nn_module_param(m, i)) < 0) {
-            zd_named_tensors_free(nt);
-            return NULL;
-        }
-    if (!nt)
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "module %s: out of memory", zd_nn_module_type(m));
-    return nt;
-}
-
 int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
                                   const char *const *meta_kv, int n_meta)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save_safetensors: NULL module");
-    zd_named_tensors_t *nt = state_dict(m);
+    zd_named_tensors_t *nt = zd_nn_module_state_dict(m);   /* a tied weight under each name */
     if (!nt)
         return -1;
     int rc = zd_safetensors_write(path, nt, meta_kv, n_meta);
@@ -150,7 +124,7 @@ int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool stri
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load_safetensors: NULL module");
-    zd_named_tensors_t *nt = state_dict(m);
+    zd_named_tensors_t *nt = zd_nn_module_state_dict(m);
     if (!nt)
         return -1;
     int rc = zd_safetensors_load_into(path, nt, strict, skipped, n_skipped);
