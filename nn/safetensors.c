@@ -252,9 +252,8 @@ static const char *kind(const json_t *v)
 /*  Before jansson: valid UTF-8, a '{' first, no deeper than a header nests
     (3: the top object, an entry, its shape), and no more items than
     MAX_ITEMS or top-level members than the tensors allowed. */
-static int header_scan(parse_t *p)
+static int header_scan(parse_t *p, const unsigned char *h)
 {
-    const unsigned char *h = p->bytes + 8;
     size_t n = (size_t)p->header_len, bad = utf8_check(h, n);
     if (bad < n)
         return FAIL(p, "the header is not valid UTF-8 (byte %zu of it)", bad);
@@ -402,11 +401,20 @@ static int parse_header(parse_t *p)
                     "length (a truncated file?)", p->header_len, p->size - 8);
     p->data = p->bytes + 8 + p->header_len;
     p->data_size = p->size - 8 - p->header_len;
-    if (header_scan(p) < 0)
+    /* Scanned and parsed from one copy: the file under a mapping can be
+       rewritten by another process between the two reads. */
+    unsigned char *h = malloc(p->header_len ? (size_t)p->header_len : 1);
+    if (!h)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
+                                 "header", p->path);
+    memcpy(h, p->bytes + 8, (size_t)p->header_len);
+    if (header_scan(p, h) < 0) {
+        free(h);
         return -1;
+    }
     json_error_t je;
-    p->root = json_loadb((const char *)p->bytes + 8, (size_t)p->header_len,
-                         JSON_REJECT_DUPLICATES, &je);
+    p->root = json_loadb((const char *)h, (size_t)p->header_len, JSON_REJECT_DUPLICATES, &je);
+    free(h);
     if (!p->root) {
         if (json_error_code(&je) == json_error_duplicate_key)
             return FAIL(p, "the header names a tensor or key twice (at byte %d of it)",
@@ -624,13 +632,20 @@ zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *
                           "n_meta both or neither");
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* Non-blocking: opening a FIFO would otherwise wait for a writer
+       before the check below could refuse it (mmap does not mind). */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         fail(path, "cannot open: %s", strerror(errno));
         return NULL;
     }
     struct stat st;
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) < 0) {
+        fail(path, "cannot stat: %s", strerror(errno));
+        close(fd);
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
         close(fd);
         fail(path, "not a regular file");
         return NULL;

@@ -26,8 +26,12 @@
     with the last tensor that borrows it. The mapping is private: writing
     into such a tensor (training the weights) changes this process's copy,
     never the file. Tensors of converted dtypes, and misaligned ones, are
-    copies. Do not shorten the file while tensors borrow it (rewriting it
-    with zd_safetensors_write is safe: that makes a new file).
+    copies. Do not shorten or rewrite the file in place while tensors
+    borrow it or a read is under way: a shortened file kills the process
+    with SIGBUS, and pages not yet written here follow the file. Writers
+    that truncate and rewrite the same file do that (safetensors' own
+    save_file, torch.save); zd_safetensors_write is safe, it makes a new
+    file and renames it over the path.
 
     Writing does what safetensors' own writer (the Python package's
     save_file) does, so that the two write alike: tensors laid out by dtype
