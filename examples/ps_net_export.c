@@ -57,10 +57,13 @@ int ps_net_save_model_result(const char **why)
 }
 
 /*  ps_local_params() -> [[name, tensor], ...]: copies of this shard's
-    parameters, taken between optimizer steps. */
+    parameters, taken between optimizer steps; asked by shard 0 only (call
+    NULL: shard 0's own). */
 static zd_value_t *fn_local_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)args, (void)arg;
+    (void)args, (void)arg;
+    if (call && ps_net_guard_shard0(call, "the shard's parameters") < 0)
+        return NULL;
     zd_value_t *list = zd_value_list((size_t)ps_shard.n);
     zd_dist_optim_read_lock();
     for (int i = 0; list && i < ps_shard.n; i++) {

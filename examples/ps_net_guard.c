@@ -59,10 +59,17 @@ int ps_net_guard_batch(const zd_rpc_call_t *call, const zd_tensor_t *x)
     return 0;
 }
 
-int ps_net_guard_features(const zd_rpc_call_t *call, const zd_tensor_t *flat)
+int ps_net_guard_shard0(const zd_rpc_call_t *call, const char *what)
 {
     if (zd_rpc_call_caller_rank(call) != 0)
-        return refuse(call, "only shard 0 (rank 0) asks for a part of fc1");
+        return refuse(call, "only shard 0 (rank 0) asks for %s", what);
+    return 0;
+}
+
+int ps_net_guard_features(const zd_rpc_call_t *call, const zd_tensor_t *flat)
+{
+    if (ps_net_guard_shard0(call, "a part of fc1") < 0)
+        return -1;
     int64_t max = atomic_load(&max_batch);
     if (zd_tensor_dtype(flat) != ZD_FLOAT32 || zd_tensor_ndim(flat) != 2 ||
         zd_tensor_shape(flat)[0] < 1 || zd_tensor_shape(flat)[0] > max)

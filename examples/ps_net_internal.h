@@ -81,6 +81,7 @@ int ps_net_export_register(void);
 /*  The caller checks of ps_net_guard.c; each returns 0, or -1 with the
     error set for the caller (and a line on stderr naming it). */
 int ps_net_guard_batch(const zd_rpc_call_t *call, const zd_tensor_t *x);
+int ps_net_guard_shard0(const zd_rpc_call_t *call, const char *what);
 int ps_net_guard_features(const zd_rpc_call_t *call, const zd_tensor_t *flat);
 int ps_net_guard_trainer(const zd_rpc_call_t *call, int64_t trainer);
 
