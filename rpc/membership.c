@@ -156,10 +156,12 @@ void zd__membership_mark_unreached(agent_t *a, int rank)
 static void count_again(agent_t *a, int rank)
 {
     peer_t *p = &a->peers[rank];
+    /* lost_at_ns before unreached: in between, gone() must not see a
+       peer lost for good. */
     atomic_store(&p->lost, false);
-    atomic_store(&p->unreached, false);
     if (atomic_exchange(&p->lost_at_ns, 0))
         atomic_fetch_sub(&a->n_lost, 1);
+    atomic_store(&p->unreached, false);
     if (a->rank == 0) {
         pthread_mutex_lock(&a->barrier_lock);
         if (a->barrier_last)
@@ -352,8 +354,11 @@ static const char *endpoint_for(membership_t *mb, const char *peer)
    as its return number told[rank]; the call's future, or NULL. */
 static zd_future_t *announce(agent_t *a, membership_t *mb, int to, int rank)
 {
+    /* The I/O thread rewrites them under mb->lock (a renewal). */
+    pthread_mutex_lock(&mb->lock);
     zd_value_t *args = zd__rpc_args("issi", (int64_t)rank, a->peers[rank].endpoint,
                                     a->peers[rank].key, mb->told[rank]);
+    pthread_mutex_unlock(&mb->lock);
     if (!args)
         return NULL;
     call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_member", .api = "rejoin", .args = args,
