@@ -2,8 +2,9 @@
 /*  rref_list.c: lists of RRefs (<zdist/rpc.h>), PyTorch's list of
     parameter RRefs for the DistributedOptimizer. An RRef is listed once
     per value: two handles with the same owner and RRef id (the same
-    handle twice, or two forks of it) name the same value, as a tied
-    weight gathered from two modules does. The lookup is linear: lists
+    handle twice, or two forks of it) name the same value. Two RRefs made
+    apart to one tensor (two RemoteModules sharing a weight, each making
+    its own) have two ids and are both listed. The lookup is linear: lists
     are a module's parameters, a few to a few hundred, built once. */
 #include "rpc/rref.h"
 

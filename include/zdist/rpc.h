@@ -433,7 +433,9 @@ ZD_API void zd_rref_unref(zd_rref_t *r);
 
     An RRef to a value already listed (the same owner and RRef id: the
     same handle, or another fork of it) is listed once, where it was first
-    seen, as PyTorch's parameters() lists a tied weight once. */
+    seen, as PyTorch's parameters() lists a tied weight once. RRefs made
+    apart to one tensor (two RemoteModules sharing a weight) have two ids:
+    tie weights inside one module, whose parameter RRefs list it once. */
 typedef struct zd_rref_list zd_rref_list_t;
 
 /*  A new, empty list: a new object (zd_rref_list_free), or NULL when out
