@@ -90,10 +90,18 @@ typedef struct {
                                    connection comes up (membership.c) */
     int64_t remake_at_ns;       /* I/O thread: make its socket again then (0: no),
                                    the peer having refused our key */
-    atomic_uint incarnation;    /* its process: one more at each rejoin */
+    atomic_uint incarnation;    /* its process: one more at each rejoin, and at
+                                   each socket made again after a refused key */
     bool reoffer;               /* I/O thread: offer shared memory once connected */
     peer_metrics_t m;
 } peer_t;
+
+/* Lost for good here (not merely unreached): only its own rejoin brings
+   it back, with a table of its own. */
+static inline bool zd__peer_gone(peer_t *p)
+{
+    return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
+}
 
 typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];

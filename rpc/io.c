@@ -399,8 +399,7 @@ static void handle_monitor(agent_t *a, peer_t *p)
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__agent_now_ns();
         p->fail_at_ns = p->down_since_ns + LOST_GRACE_MS * 1000000LL;
-    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH &&
-               (!atomic_load(&p->lost_at_ns) || atomic_load(&p->unreached))) {
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !zd__peer_gone(p)) {
         /* The peer does not know our key yet (it joined, or we did, and
            rank 0's word has not reached it): libzmq does not connect again
            after a refusal, so the socket is made anew a little later. */
@@ -420,7 +419,7 @@ static bool remake_refused(agent_t *a, int64_t now)
         if (!p->remake_at_ns || now < p->remake_at_ns)
             continue;
         p->remake_at_ns = 0;
-        if (atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached))
+        if (zd__peer_gone(p))
             continue;   /* lost meanwhile: its rejoin makes it */
         /* Another monitor name, and zd_rpc_sync's sockets are made again too. */
         atomic_fetch_add(&p->incarnation, 1);

@@ -156,7 +156,7 @@ void zd__membership_mark_unreached(agent_t *a, int rank)
 static void count_again(agent_t *a, int rank)
 {
     peer_t *p = &a->peers[rank];
-    /* lost_at_ns before unreached: in between, gone() must not see a
+    /* lost_at_ns before unreached: in between, zd__peer_gone() must not see a
        peer lost for good. */
     atomic_store(&p->lost, false);
     if (atomic_exchange(&p->lost_at_ns, 0))
@@ -368,12 +368,6 @@ static zd_future_t *announce(agent_t *a, membership_t *mb, int to, int rank)
     return f;
 }
 
-/* Lost for good here: its own rejoin gets the table afresh. */
-static bool gone(peer_t *p)
-{
-    return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
-}
-
 static bool owed_alloc(agent_t *a, membership_t *mb)
 {
     size_t n = (size_t)a->world * (size_t)a->world;
@@ -407,9 +401,9 @@ static void notify_members(agent_t *a, membership_t *mb, int rank)
         mb->retell[to_it] = mb->retell[of_it] = NULL;
     }
     for (int i = 1; i < w; i++) {
-        if (i != rank && !gone(&a->peers[i]))
+        if (i != rank && !zd__peer_gone(&a->peers[i]))
             fs[i] = announce(a, mb, i, rank);
-        if (!fs[i] && i != rank && !gone(&a->peers[i]))
+        if (!fs[i] && i != rank && !zd__peer_gone(&a->peers[i]))
             mb->owed[(size_t)i * (size_t)w + (size_t)rank] = true;
     }
     for (int i = 1; i < w; i++) {
@@ -448,7 +442,7 @@ static void retell(agent_t *a, membership_t *mb)
         if (!mb->owed[k] || f || !due)
             continue;
         peer_t *to = &a->peers[k / w], *about = &a->peers[k % w];
-        if (gone(to) || gone(about)) {
+        if (zd__peer_gone(to) || zd__peer_gone(about)) {
             mb->owed[k] = false;
             continue;
         }
@@ -466,7 +460,7 @@ static zmsg_t *running_table(agent_t *a, const char *ep0, int joiner)
     if (!lost)
         return NULL;
     for (int i = 0; i < a->world; i++)
-        lost[i] = i != joiner && gone(&a->peers[i]);
+        lost[i] = i != joiner && zd__peer_gone(&a->peers[i]);
     char status[RDV_MAX_TEXT];
     zd__rdv_status(lost, a->world, status);
     free(lost);
