@@ -59,15 +59,7 @@ static void on_joined(void *arg, int peer, const char *name)
 
 static int echo(int to, int64_t v)
 {
-    zd_value_t *args = zd__rpc_args("i", v), *r = NULL;
-    int64_t got = -1;
-    int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
-    zd_value_unref(args);
-    if (rc == 0 && (zd_value_get_int(r, &got) < 0 || got != v))
-        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
-                          (long long)v);
-    zd_value_unref(r);
-    return rc;
+    return world_echo_int(to, v, WAIT_MS);
 }
 
 static int rank_failed(const char *what)

@@ -71,17 +71,7 @@ static int init(const world_t *w)
 
 static int echo(int to, int64_t v)
 {
-    zd_value_t *args = zd__rpc_args("i", v), *r = NULL;
-    int64_t got = -1;
-    int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
-    zd_value_unref(args);
-    if (rc == 0 && zd_value_get_int(r, &got) == 0 && got == v)
-        rc = 0;
-    else if (rc == 0)
-        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
-                          (long long)v);
-    zd_value_unref(r);
-    return rc;
+    return world_echo_int(to, v, WAIT_MS);
 }
 
 /* The first incarnation: joins, shows it works, then dies without a word. */

@@ -102,15 +102,7 @@ static int init(const world_t *w)
 
 static int echo(int to, int64_t v)
 {
-    zd_value_t *args = zd__rpc_args("i", v), *r = NULL;
-    int64_t got = -1;
-    int rc = zd_rpc_sync(to, "echo", args, WAIT_MS, &r);
-    zd_value_unref(args);
-    if (rc == 0 && (zd_value_get_int(r, &got) < 0 || got != v))
-        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
-                          (long long)v);
-    zd_value_unref(r);
-    return rc;
+    return world_echo_int(to, v, WAIT_MS);
 }
 
 static int echo_all(const world_t *w, int64_t base)

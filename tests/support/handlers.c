@@ -78,3 +78,16 @@ int64_t world_call_int(int to, const char *fn)
     zd_value_unref(r);
     return v;
 }
+
+int world_echo_int(int to, int64_t v, int timeout_ms)
+{
+    zd_value_t *args = ZD_ARGS(v), *r = NULL;
+    int64_t got = -1;
+    int rc = zd_rpc_sync(to, "echo", args, timeout_ms, &r);
+    zd_value_unref(args);
+    if (rc == 0 && (zd_value_get_int(r, &got) < 0 || got != v))
+        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
+                          (long long)v);
+    zd_value_unref(r);
+    return rc;
+}

@@ -44,5 +44,9 @@ zd_value_t *world_h_release(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 /*  The int fn answers on rank `to` without arguments, or -1 when the call
     fails. */
 int64_t world_call_int(int to, const char *fn);
+/*  Calls "echo" (world_h_echo) on rank `to` with v within timeout_ms: 0
+    when it answers v, or -1 with the error set (the call's, or what it
+    answered instead). */
+int world_echo_int(int to, int64_t v, int timeout_ms);
 
 #endif
