@@ -375,18 +375,27 @@ static zd_value_t *fn_copy_param(zd_rpc_call_t *call, zd_value_t *args, void *ar
     return zd_tensor_copy_(param, src) < 0 ? NULL : zd_value_none();
 }
 
+/*  rm's parameter RRefs, which must be n: a new list, or NULL. */
+static zd_rref_list_t *remote_params(zd_remote_module_t *rm, int n)
+{
+    zd_rref_list_t *l = zd_remote_module_remote_parameters(rm);
+    if (l && zd_rref_list_len(l) != n) {
+        zd_error_set("the remote module has %d parameters, expected %d", zd_rref_list_len(l), n);
+        zd_rref_list_free(l);
+        return NULL;
+    }
+    return l;
+}
+
 /*  Adds copies of rm's n parameters, fetched from its owner, to nt under
     names. 0, or -1. */
 static int add_remote(zd_named_tensors_t *nt, zd_remote_module_t *rm,
                       const char *const *names, int n)
 {
-    zd_rref_list_t *l = zd_remote_module_remote_parameters(rm);
+    zd_rref_list_t *l = remote_params(rm, n);
     if (!l)
         return -1;
-    int rc = zd_rref_list_len(l) == n
-                 ? 0
-                 : zd_error_set("the remote module has %d parameters, expected %d",
-                                zd_rref_list_len(l), n);
+    int rc = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         zd_value_t *v = NULL;
         zd_tensor_t *t;
@@ -405,13 +414,10 @@ static int add_remote(zd_named_tensors_t *nt, zd_remote_module_t *rm,
 static int push_remote(const zd_named_tensors_t *nt, zd_remote_module_t *rm,
                        const char *const *names, int n)
 {
-    zd_rref_list_t *l = zd_remote_module_remote_parameters(rm);
+    zd_rref_list_t *l = remote_params(rm, n);
     if (!l)
         return -1;
-    int rc = zd_rref_list_len(l) == n
-                 ? 0
-                 : zd_error_set("the remote module has %d parameters, expected %d",
-                                zd_rref_list_len(l), n);
+    int rc = 0;
     for (int i = 0; rc == 0 && i < n; i++) {
         zd_value_t *r = NULL;
         rc = zd_rref_rpc_sync_take(zd_rref_list_get(l, i), "rnn_copy_",
@@ -438,9 +444,7 @@ static zd_named_tensors_t *model_state_dict(rnn_model_t *m)
     }
     if (rc == 0)
         rc = add_remote(nt, m->dec, dec_names, 2);
-    if (rc < 0) {
-        if (!nt)
-            zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    if (rc < 0) {   /* the error is set (zd_named_tensors_new's too) */
         zd_named_tensors_free(nt);
         return NULL;
     }
