@@ -77,9 +77,7 @@ zd_named_tensors_t *train_model_state_dict(const zd_nn_model_t *m)
             zd_named_tensors_free(nt);
             return NULL;
         }
-    if (!nt)
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
-    return nt;
+    return nt;   /* NULL: zd_named_tensors_new set the error */
 }
 
 int train_model_save_safetensors(const zd_nn_model_t *m, const char *path,
