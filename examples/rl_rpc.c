@@ -129,15 +129,16 @@ typedef struct {
 /*  What the agent recorded of one observer's episode. */
 typedef struct {
     pthread_mutex_t lock;      /* uncontended: one observer's calls come one at a time */
+    zd_nn_rng_t rng;           /* its dropout masks and actions: a stream per observer, so a
+                                  run does not depend on how the observers' calls interleave */
     zd_tensor_t **log_probs;   /* one (1, 1) tensor with history per step */
     double *rewards;
     int64_t n_log_probs, n_rewards, cap_log_probs, cap_rewards;
 } record_t;
 
 typedef struct {
-    pthread_mutex_t lock;      /* the policy and rng, for the observers' select_action */
+    pthread_mutex_t lock;      /* the policy, for the observers' select_action */
     policy_t policy;
-    zd_nn_rng_t rng;           /* dropout masks and the actions drawn */
     zd_optim_t *optimizer;
     int n_observers;
     record_t *records;         /* [id - 1] */
@@ -240,12 +241,13 @@ static agent_t *agent_new(const options_t *o, int n_observers)
     pthread_mutex_init(&a->lock, NULL);
     a->n_observers = n_observers;
     a->gamma = o->gamma;
-    zd_nn_rng_seed(&a->rng, (uint64_t)o->seed + 1);
     a->records = calloc((size_t)n_observers, sizeof *a->records);
     if (!a->records)
         zd_error_set("agent: out of memory");
-    for (int i = 0; a->records && i < n_observers; i++)
+    for (int i = 0; a->records && i < n_observers; i++) {
         pthread_mutex_init(&a->records[i].lock, NULL);
+        zd_nn_rng_seed(&a->records[i].rng, (uint64_t)o->seed * 1000 + 500 + (uint64_t)i + 1);
+    }
     if (!a->records || policy_init(&a->policy, (uint64_t)o->seed) < 0)
         goto fail;
     zd_optim_config_t cfg = zd_optim_adam_defaults();
@@ -275,11 +277,11 @@ static int agent_select_action_in(agent_t *a, record_t *rec, zd_tensor_t *x, int
 {
     zd_tensor_t *logp = NULL, *chosen = NULL;
     pthread_mutex_lock(&a->lock);
-    int rc = policy_forward(&a->policy, x, &a->rng, &logp);
+    int rc = policy_forward(&a->policy, x, &rec->rng, &logp);
     /* Categorical(probs).sample(): action 0 with probability exp(logp[0]) */
     if (rc == 0) {
         double p0 = exp((double)zd_tensor_data(logp)[0]);
-        *action = (double)zd_nn_rng_uniform(&a->rng) < p0 ? 0 : 1;
+        *action = (double)zd_nn_rng_uniform(&rec->rng) < p0 ? 0 : 1;
     }
     pthread_mutex_unlock(&a->lock);
     /* m.log_prob(action) = logp[0, action], whose gradient flows back into logp */
