@@ -7,7 +7,7 @@
     consumers sent; so a node shared by several paths runs once, after all of
     them, exactly as PyTorch's engine does. */
 #include "autograd/autograd_private.h"
-#include "autograd/sized.h"
+#include "core/sized.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  tensor.c: storage, shape and reference counting of tensors. */
 #include "autograd/autograd_private.h"
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -27,8 +27,8 @@
     Under AddressSanitizer nothing is kept: a block is unmapped when freed,
     so that a use after free still faults. */
 #define _GNU_SOURCE
-#include "autograd/autograd_private.h"
-#include "autograd/fault_inject.h"
+#include "core/blocks.h"
+#include "core/fault_inject.h"
 
 #include <pthread.h>
 #include <stdint.h>

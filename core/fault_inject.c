@@ -2,7 +2,7 @@
 /*  fault_inject.c: the allocators behind fault_inject.h's macros, built with
     -DZDIST_FAULT_INJECT=ON only. The cost is a check of a thread-local
     counter per allocation. */
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 
 #include <errno.h>
 #include <execinfo.h>

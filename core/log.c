@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  log.c: the library's log lines: level, rate limit, stderr or a sink. */
-#include <zdist/log.h>
+#include "core/log_private.h"
 
 #include <pthread.h>
 #include <stdarg.h>

@@ -8,8 +8,8 @@
 
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
-#include <zdist/log.h>
-#include "autograd/sized.h"
+#include "core/log_private.h"
+#include "core/sized.h"
 
 #define BUCKETS 64   /* contexts live for one iteration: few at a time */
 

@@ -24,10 +24,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include <zdist/value.h>
 
 /*  ---- joining futures ---- */

@@ -15,7 +15,7 @@
 
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include <zdist/value.h>
 
 #define REQ_EXTRA 26

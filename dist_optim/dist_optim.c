@@ -17,8 +17,8 @@
 
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
-#include <zdist/log.h>
-#include "autograd/sized.h"
+#include "core/log_private.h"
+#include "core/sized.h"
 
 /*  ---- owner side ---- */
 

@@ -36,7 +36,7 @@
 #include <strings.h>
 
 #include <zdist/error.h>
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include <zdist/nn.h>
 
 typedef char *(corename_fn)(void);

@@ -20,7 +20,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include "nn/nn_private.h"
 
 /*  NN_ISA_* + 1 once chosen, 0 until the first call. */

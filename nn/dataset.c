@@ -13,7 +13,7 @@
 #include <zdist/idx.h>
 #include <zdist/rng.h>
 
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 #include "nn/dataset_cache.h"
 
 struct zd_dataset {

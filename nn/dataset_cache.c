@@ -49,7 +49,7 @@
 
 #include <zdist/error.h>
 #include <zdist/idx.h>
-#include <zdist/log.h>
+#include "core/log_private.h"
 
 #define HEADER_BYTES 4096
 #define CHUNK (1u << 20)

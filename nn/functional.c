@@ -7,7 +7,7 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/nn.h>
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 #include "nn/nn_private.h"
 
 /* ---- linear ---- */

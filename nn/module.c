@@ -11,7 +11,7 @@
 #include <zdist/error.h>
 #include <zdist/module.h>
 #include <zdist/nn.h>
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 
 typedef struct {
     char *name;

@@ -2,7 +2,7 @@
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
     timeout. Options: options.c; worker info: worker_info.c; busy polling:
-    poll.c. Log lines: zd__log (autograd/log.c). */
+    poll.c. Log lines: zd__log (core/log.c). */
 #include "rpc/agent.h"
 
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "autograd/sized.h"
+#include "core/sized.h"
 #include "rpc/address.h"
 #include "rpc/membership.h"
 #include "rpc/future_hook.h"

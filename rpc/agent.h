@@ -24,7 +24,7 @@
       metrics_out.c                     ZDIST_METRICS: counters as JSON lines
     and, touching no socket: wire.c (the header frame), codec.c and value*.c
     (values), future.c (futures; the agent's part in waits: future_hook.h).
-    Log lines go through zd__log (<zdist/log.h>, autograd/log.c); the agent
+    Log lines go through zd__log (core/log_private.h, core/log.c); the agent
     sets the worker they name while it runs.
 
     Sockets. One ROUTER per process, bound: the I/O thread receives
@@ -48,7 +48,7 @@
 
 #include "rpc/codec.h"
 #include "rpc/future_hook.h"
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include <zdist/rpc.h>
 #include "rpc/wire.h"
 

@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "autograd/sized.h"
+#include "core/sized.h"
 #include "rpc/stream.h"
 
 #define PER_OCTAVE 16

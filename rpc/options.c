@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include <zdist/log.h>
-#include "autograd/sized.h"
+#include "core/log_private.h"
+#include "core/sized.h"
 #include "rpc/address.h"
 
 /* The IP this process should bind and advertise: the one the kernel would

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 
 /* ---- ids ---- */
 

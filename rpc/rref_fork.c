@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 
 /*  A control message that gets no answer may have been lost on the way (a
     connection that broke with it in flight): it is sent again after 1 s,

@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "autograd/sized.h"
+#include "core/sized.h"
 #include "rpc/membership.h"
 #include "rpc/rref.h"
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  Allocation failure injection, SQLite's way (issue 25 point 2). Built
-    with -DZDIST_FAULT_INJECT=ON only (autograd/fault_inject.h): each
+    with -DZDIST_FAULT_INJECT=ON only (core/fault_inject.h): each
     scenario runs with the N-th allocation of its thread failing, for
     N = 1, 2, 3, ... until a run makes fewer than N allocations, which must
     then succeed. At every N that failed:
@@ -37,7 +37,7 @@
 #include <zdist/nn.h>
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
-#include "autograd/fault_inject.h"
+#include "core/fault_inject.h"
 #include "rpc/agent.h"
 #include "rpc/codec.h"
 #include "tests/support/fixtures.h"
@@ -178,7 +178,7 @@ static zd_tensor_t *filled(int ndim, const int64_t *shape, float scale, bool gra
 }
 
 /*  x (256, 256) @ w1^T is a 256 KiB activation and w1's gradient another:
-    tensors of that size get blocks of their own (autograd/blocks.c). */
+    tensors of that size get blocks of their own (core/blocks.c). */
 static void mlp_make(mlp_t *m)
 {
     m->x = filled(2, (int64_t[]){256, 256}, 1.0f, false);

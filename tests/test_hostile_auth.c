@@ -24,7 +24,7 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include <zdist/rpc.h>
 #include "rpc/agent.h"
 #include "rpc/codec.h"

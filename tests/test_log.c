@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <zdist/log.h>
+#include "core/log_private.h"
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
 

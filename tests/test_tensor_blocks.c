@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  Large tensors' memory (autograd/blocks.c): a freed block is reused by the
+/*  Large tensors' memory (core/blocks.c): a freed block is reused by the
     next tensor of its size, zeroed when the tensor asks for zeros, its idle
     blocks are bounded, and a request none fits gives back blocks that sat
     unused. Under AddressSanitizer nothing is kept. */

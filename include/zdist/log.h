@@ -58,20 +58,6 @@ ZD_API void zd_log_set_sink(zd_log_sink_fn *fn, void *arg);
     limit): lets a caller skip building an expensive message. */
 ZD_API int zd_log_enabled(zd_log_level_t level);
 
-/*  ---- library-internal (hidden: not exported by libzdist.so) ---- */
-
-/*  Logs one line (printf-style) at level, through the level, the rate limit
-    and the sink. */
-void zd__log(zd_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-/*  Sets who appears on each line ("worker1/1"); NULL or "" clears it. rpc/
-    sets it while its agent runs: the bottom layer never asks rpc/. */
-void zd__log_set_who(const char *who);
-
-/*  Tests: forgets the level so that ZDIST_LOG_LEVEL is read again, and
-    resets the rate limit. */
-void zd__log_reset(void);
-
 ZD_END_DECLS
 
 #endif
