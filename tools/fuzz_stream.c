@@ -68,9 +68,9 @@ void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const
           m->route_len);
 }
 
-void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text)
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd_error_code_t code)
 {
-    (void)a, (void)id, (void)src;
+    (void)a, (void)id, (void)src, (void)code;
     CHECK(text && text[0], "a call failed without text");
 }
 

@@ -13,9 +13,12 @@
 # 2. an AddressSanitizer + UndefinedBehaviorSanitizer build with allocation
 #    failure injection (-DZDIST_FAULT_INJECT=ON) and every test, the
 #    injection driver test_fault_alloc among them;
-# 3. a ThreadSanitizer build and the tests of the threaded code (below).
+# 3. a ThreadSanitizer build and the tests of the threaded code (below);
+# 4. every libFuzzer target built (clang, ASan + UBSan) and run 15 s from
+#    its seeds (tools/fuzz.sh), so that none rots between the developers'
+#    hour-long runs.
 # Warnings are errors in every build. Tests carry a tier label (quick,
-# world, slow: tests/CMakeLists.txt); --stage release|sanitize|tsan runs one
+# world, slow: tests/CMakeLists.txt); --stage release|sanitize|tsan|fuzz runs one
 # stage here (the fresh root runs "--stage release").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,9 +29,9 @@ fresh=1
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) mode=quick ;;
-    --stage) mode=${2:?--stage needs release, sanitize or tsan}; shift ;;
+    --stage) mode=${2:?--stage needs release, sanitize, tsan or fuzz}; shift ;;
     --no-fresh-root) fresh=0 ;;
-    *) echo "usage: $0 [--quick | --stage release|sanitize|tsan] [--no-fresh-root]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick | --stage release|sanitize|tsan|fuzz] [--no-fresh-root]" >&2; exit 2 ;;
   esac
   shift
 done
@@ -87,7 +90,7 @@ if [ $mode = all ] || [ $mode = sanitize ]; then
   echo "=== sanitize tests ==="
   (cd build-test-sanitize && ctest -j "$jobs" --output-on-failure)
 fi
-[ $mode = all ] || [ $mode = tsan ] || exit 0
+if [ $mode = all ] || [ $mode = tsan ]; then
 
 # ThreadSanitizer (-DZDIST_TSAN=ON; tests/CMakeLists.txt sets its options and
 # tests/tsan.supp). Its processes run 5 to 15 times slower, too slow for the
@@ -147,3 +150,11 @@ if grep -q "WARNING: ThreadSanitizer" "$dir/Testing/Temporary/LastTest.log"; the
   exit 1
 fi
 echo "all tests passed in the three builds; the installed library works for other programs"
+fi
+
+if [ $mode = all ] || [ $mode = fuzz ]; then
+  echo "=== fuzz targets, 15 s each ==="
+  for target in fuzz_codec fuzz_stream fuzz_rendezvous fuzz_dist fuzz_safetensors; do
+    FUZZ_BUILD_DIR=build-test-fuzz tools/fuzz.sh 15 "$target"
+  done
+fi
