@@ -199,8 +199,8 @@ int pipeline_run_driver(const pipeline_options_t *o, pipeline_result_t *res)
     if (pipeline_options_check(o, zd_rpc_world_size()) < 0)
         return -1;
     int rc = -1;
-    if (zd_dataset_load(o->data_dir, ZD_DATASET_TRAIN, &d.train) < 0 ||
-        (o->test_size > 0 && (zd_dataset_load(o->data_dir, ZD_DATASET_TEST, &d.test) < 0 ||
+    if (!(d.train = zd_dataset_load(o->data_dir, ZD_DATASET_TRAIN)) ||
+        (o->test_size > 0 && (!(d.test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
                               zd_dataset_limit(d.test, o->test_size) < 0)))
         goto out;
     if (!o->quiet) {

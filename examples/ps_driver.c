@@ -382,7 +382,7 @@ static int run(driver_t *d, ps_result_t *res)
 {
     const ps_options_t *o = d->o;
     if (!(d->model = zd_nn_model_new(o->model, (uint64_t)o->seed)) ||
-        zd_dataset_load(o->data_dir, ZD_DATASET_TEST, &d->test) < 0 ||
+        !(d->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
         (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) ||
         create_actors(d) < 0 || wait_created(d->servers, d->S) < 0 ||
         wait_created(d->workers, d->W) < 0 ||

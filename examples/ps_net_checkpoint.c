@@ -62,40 +62,45 @@ static void shard_path(char *buf, size_t size, int shard, bool prev)
 
 /*  What a shard's file holds: its parameters and its generation, and on
     shard 0 also the trainers' progress and the run's configuration
-    (tensors of their own). */
+    (tensors of their own, borrowed here from the list). */
 typedef struct {
-    const char *names[PS_NET_MAX_PARAMS + 3];
-    zd_tensor_t *tensors[PS_NET_MAX_PARAMS + 3];
-    int n;
+    zd_named_tensors_t *tensors;
     zd_tensor_t *progress, *config, *generation;
 } shard_file_t;
 
 static void shard_file_clear(shard_file_t *f)
 {
-    zd_tensor_unref_p(&f->progress);
-    zd_tensor_unref_p(&f->config);
-    zd_tensor_unref_p(&f->generation);
+    zd_named_tensors_free(f->tensors);
+    memset(f, 0, sizeof *f);
+}
+
+/*  Adds a new int64 tensor of len elements under name; *t borrows it. */
+static int add_own(shard_file_t *f, const char *name, int64_t len, zd_tensor_t **t)
+{
+    zd_tensor_t *own = zd_tensor_new(ZD_INT64, 1, &len);
+    int rc = own ? zd_named_tensors_add(f->tensors, name, own) : -1;
+    zd_tensor_unref(own);
+    *t = rc == 0 ? own : NULL;
+    return rc;
 }
 
 static int shard_file_init(shard_file_t *f)
 {
     memset(f, 0, sizeof *f);
-    for (int i = 0; i < ps_shard.n; i++, f->n++)
-        f->names[f->n] = ps_shard.names[i], f->tensors[f->n] = ps_shard.params[i];
-    if (!(f->generation = zd_tensor_new(ZD_INT64, 1, (int64_t[]){1})))
+    if (!(f->tensors = zd_named_tensors_new()))
         return -1;
-    f->names[f->n] = GENERATION_NAME, f->tensors[f->n++] = f->generation;
-    if (ps_shard.shard != 0)
-        return 0;
-    f->progress = zd_tensor_new(ZD_INT64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
-    f->config = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
-    if (!f->progress || !f->config) {
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < ps_shard.n; i++)
+        rc = zd_named_tensors_add(f->tensors, ps_shard.names[i], ps_shard.params[i]);
+    if (rc == 0)
+        rc = add_own(f, GENERATION_NAME, 1, &f->generation);
+    if (rc == 0 && ps_shard.shard == 0 &&
+        (add_own(f, PROGRESS_NAME, PS_NET_MAX_TRAINERS, &f->progress) < 0 ||
+         add_own(f, CONFIG_NAME, 3, &f->config) < 0))
+        rc = -1;
+    if (rc < 0)
         shard_file_clear(f);
-        return -1;
-    }
-    f->names[f->n] = PROGRESS_NAME, f->tensors[f->n++] = f->progress;
-    f->names[f->n] = CONFIG_NAME, f->tensors[f->n++] = f->config;
-    return 0;
+    return rc;
 }
 
 /*  The file at path becomes path.prev (a hard link, then a rename: path
@@ -148,7 +153,7 @@ static int save_shard(int64_t generation)
     char next[1200];
     snprintf(next, sizeof next, "%s.new", path);
     zd_dist_optim_read_lock();
-    int rc = zd_checkpoint_save(next, f.n, f.names, f.tensors);
+    int rc = zd_checkpoint_save(next, f.tensors);
     zd_dist_optim_read_unlock();
     shard_file_clear(&f);
     /* A generation written again (its first round did not reach shard 0)
@@ -364,20 +369,17 @@ static int file_generation(const char *path, int64_t *gen)
 {
     if (access(path, F_OK) < 0 && errno == ENOENT)
         return 0;
-    int n;
-    char **names;
-    zd_tensor_t **tensors;
-    if (zd_checkpoint_read(path, &n, &names, &tensors) < 0)
+    zd_named_tensors_t *nt = zd_checkpoint_read(path);
+    if (!nt)
         return -1;
-    int rc = zd_error_set("%s holds no %s: a checkpoint of an older rpc_ps", path,
+    zd_tensor_t *g = zd_named_tensors_find(nt, GENERATION_NAME);
+    int rc = 1;
+    if (g && zd_tensor_dtype(g) == ZD_INT64 && zd_tensor_numel(g) == 1)
+        *gen = zd_tensor_data_i64(g)[0];
+    else
+        rc = zd_error_set("%s holds no %s: a checkpoint of an older rpc_ps", path,
                           GENERATION_NAME);
-    for (int i = 0; i < n; i++)
-        if (!strcmp(names[i], GENERATION_NAME) && zd_tensor_dtype(tensors[i]) == ZD_INT64 &&
-            zd_tensor_numel(tensors[i]) == 1) {
-            *gen = zd_tensor_data_i64(tensors[i])[0];
-            rc = 1;
-        }
-    zd_checkpoint_free_list(n, names, tensors);
+    zd_named_tensors_free(nt);
     return rc;
 }
 
@@ -457,7 +459,7 @@ static int load_generation(int64_t want)
                "shard 0: resuming from %s (generation %lld)\n", ps_shard.shard, ck.prefix,
                ps_shard.shard, (long long)cur, path, (long long)want);
     shard_file_t f;
-    int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(path, f.n, f.names, f.tensors);
+    int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(path, f.tensors);
     const int64_t *got = f.config && rc == 0 ? zd_tensor_data_i64(f.config) : NULL;
     if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
         rc = zd_error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "

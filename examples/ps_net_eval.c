@@ -127,9 +127,9 @@ static void *evaluate_part(void *arg)
     layers run on one thread per pass, and the evaluation is one pass. */
 static int evaluate(int64_t limit, double *acc, int64_t *images)
 {
-    zd_dataset_t *test = NULL;
     const char *dir = ev.data_dir[0] ? ev.data_dir : NULL;
-    if (zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
+    zd_dataset_t *test = zd_dataset_load(dir, ZD_DATASET_TEST);
+    if (!test)
         return -1;
     int64_t n = zd_dataset_size(test), correct = 0;
     if (limit > 0 && limit < n)

@@ -158,7 +158,7 @@ ps_worker_t *ps_worker_new(const char *model, int index, uint64_t seed, int64_t 
     w->batch_size = batch_size;
     w->track = track;
     if (!(w->model = zd_nn_model_new(model, seed)) ||
-        zd_dataset_load(data_dir, ZD_DATASET_TRAIN, &w->train) < 0 ||
+        !(w->train = zd_dataset_load(data_dir, ZD_DATASET_TRAIN)) ||
         (train_size > 0 && zd_dataset_limit(w->train, train_size) < 0)) {
         ps_worker_free(w);
         return NULL;

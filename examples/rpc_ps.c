@@ -406,7 +406,7 @@ static int run_trainer(const options_t *o)
         snprintf(dir, sizeof dir, "%s", o->data_dir);
     else if (zd_dataset_find_dir(dir, sizeof dir) < 0)
         goto out;
-    if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
+    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) || !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
         goto out;
     if (server_attach(o, &srv) < 0)
         goto out;

@@ -10,7 +10,6 @@
 #include <zdist/safetensors.h>
 
 #define EVAL_BATCH 1000
-#define MAX_PARAMS 32
 
 int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy)
 {
@@ -41,32 +40,20 @@ int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy)
     return rc;
 }
 
-static int collect(zd_nn_model_t *m, const char **names, zd_tensor_t **tensors)
-{
-    int n = zd_nn_model_n_params(m);
-    if (n > MAX_PARAMS)
-        return zd_error_set("model has %d parameters, more than %d", n, MAX_PARAMS);
-    for (int i = 0; i < n; i++) {
-        names[i] = zd_nn_model_param_name(m, i);
-        tensors[i] = zd_nn_model_param(m, i);
-    }
-    return n;
-}
-
 int train_checkpoint_save(zd_nn_model_t *m, const char *path)
 {
-    const char *names[MAX_PARAMS];
-    zd_tensor_t *tensors[MAX_PARAMS];
-    int n = collect(m, names, tensors);
-    return n < 0 ? -1 : zd_checkpoint_save(path, n, names, tensors);
+    zd_named_tensors_t *nt = train_model_state_dict(m);
+    int rc = nt ? zd_checkpoint_save(path, nt) : -1;
+    zd_named_tensors_free(nt);
+    return rc;
 }
 
 int train_checkpoint_load(zd_nn_model_t *m, const char *path)
 {
-    const char *names[MAX_PARAMS];
-    zd_tensor_t *tensors[MAX_PARAMS];
-    int n = collect(m, names, tensors);
-    return n < 0 ? -1 : zd_checkpoint_load(path, n, names, tensors);
+    zd_named_tensors_t *nt = train_model_state_dict(m);
+    int rc = nt ? zd_checkpoint_load(path, nt) : -1;
+    zd_named_tensors_free(nt);
+    return rc;
 }
 
 zd_named_tensors_t *train_model_state_dict(const zd_nn_model_t *m)

@@ -70,7 +70,7 @@ static int run(const options_t *o)
     } else if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
         goto out;
     }
-    if (zd_dataset_load(dir, ZD_DATASET_TRAIN, &train) < 0 || zd_dataset_load(dir, ZD_DATASET_TEST, &test) < 0)
+    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) || !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
         goto out;
     printf("data: %s (%lld training, %lld test images)\n", dir, (long long)zd_dataset_size(train),
            (long long)zd_dataset_size(test));

@@ -113,36 +113,37 @@ static void emit_data(writer_t *w, const zd_tensor_t *t)
     }
 }
 
-static int check_inputs(const char *path, int n, const char *const *names,
-                        zd_tensor_t *const *tensors)
+/*  The list holds unique, non-empty names and a tensor for each: what is
+    left to check is what the file format bounds. */
+static int check_inputs(const char *path, const zd_named_tensors_t *nt)
 {
-    if (n < 0 || n > ZD_CHECKPOINT_MAX_COUNT)
+    if (!nt)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: no tensors given (NULL)",
+                                 path);
+    int n = zd_named_tensors_len(nt);
+    if (n > ZD_CHECKPOINT_MAX_COUNT)
         return zd_error_set("checkpoint: %s: %d tensors (0 to %d)", path, n, ZD_CHECKPOINT_MAX_COUNT);
     for (int i = 0; i < n; i++) {
-        if (!names[i] || !tensors[i])
-            return zd_error_set("checkpoint: %s: entry %d has no %s", path, i,
-                             names[i] ? "tensor" : "name");
-        size_t len = strlen(names[i]);
-        if (len == 0 || len > ZD_CHECKPOINT_MAX_NAME)
+        size_t len = strlen(zd_named_tensors_name(nt, i));
+        if (len > ZD_CHECKPOINT_MAX_NAME)
             return zd_error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path,
                              i, len, ZD_CHECKPOINT_MAX_NAME);
-        for (int j = 0; j < i; j++)
-            if (strcmp(names[i], names[j]) == 0)
-                return zd_error_set("checkpoint: %s: name '%s' given twice", path, names[i]);
     }
     return 0;
 }
 
-static void write_all(writer_t *w, int n, const char *const *names, zd_tensor_t *const *tensors)
+static void write_all(writer_t *w, const zd_named_tensors_t *nt)
 {
+    int n = zd_named_tensors_len(nt);
     emit(w, ZD_CHECKPOINT_MAGIC, 8);
     emit_u32(w, ZD_CHECKPOINT_VERSION);
     emit_u32(w, (uint32_t)n);
     for (int i = 0; i < n; i++) {
-        const zd_tensor_t *t = tensors[i];
-        uint32_t len = (uint32_t)strlen(names[i]);
+        const char *name = zd_named_tensors_name(nt, i);
+        const zd_tensor_t *t = zd_named_tensors_tensor(nt, i);
+        uint32_t len = (uint32_t)strlen(name);
         emit_u32(w, len);
-        emit(w, names[i], len);
+        emit(w, name, len);
         emit_u32(w, (uint32_t)zd_tensor_dtype(t));
         emit_u32(w, (uint32_t)zd_tensor_ndim(t));
         for (int d = 0; d < zd_tensor_ndim(t); d++) {
@@ -174,11 +175,10 @@ static void sync_parent(const char *path)
     }
 }
 
-int zd_checkpoint_save(const char *path, int n, const char *const *names,
-                    zd_tensor_t *const *tensors)
+int zd_checkpoint_save(const char *path, const zd_named_tensors_t *tensors)
 {
     static atomic_uint counter;
-    if (check_inputs(path, n, names, tensors) < 0)
+    if (check_inputs(path, tensors) < 0)
         return -1;
     char tmp[4096];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
@@ -194,7 +194,7 @@ int zd_checkpoint_save(const char *path, int n, const char *const *names,
         unlink(tmp);
         return zd_error_set("checkpoint: %s: %s", path, strerror(e));
     }
-    write_all(&w, n, names, tensors);
+    write_all(&w, tensors);
     int e = w.failed ? errno : 0;
     if (!e && fflush(w.f) != 0)
         e = errno;
@@ -255,6 +255,9 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
                          "(corrupt file)", path, k + 1, p->count, r->name_len);
     NEED(r->name_len + 8, "name, dtype and ndim");
     r->name = (const char *)b + *pos;
+    if (memchr(r->name, '\0', r->name_len))
+        return zd_error_set("checkpoint: %s: tensor %u of %u: a NUL byte in its name (corrupt "
+                         "file)", path, k + 1, p->count);
     *pos += r->name_len;
     uint32_t dtype = le32(b + *pos), ndim = le32(b + *pos + 4);
     *pos += 8;
@@ -375,21 +378,23 @@ static void copy_data(void *dst, const record_t *r)
 }
 
 /*  Finds, for every requested name, its record; checks dtypes and shapes. */
-static int match(const char *path, const parsed_t *p, int n, const char *const *names,
-                 zd_tensor_t *const *tensors, const record_t **which)
+static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *nt,
+                 const record_t **which)
 {
+    int n = zd_named_tensors_len(nt);
     for (int i = 0; i < n; i++) {
+        const char *name = zd_named_tensors_name(nt, i);
         which[i] = NULL;
         for (uint32_t k = 0; k < p->count && !which[i]; k++)
-            if (name_is(&p->rec[k], names[i]))
+            if (name_is(&p->rec[k], name))
                 which[i] = &p->rec[k];
         if (!which[i])
-            return zd_error_set("checkpoint: %s: no tensor '%s' in the file", path, names[i]);
+            return zd_error_set("checkpoint: %s: no tensor '%s' in the file", path, name);
         const record_t *r = which[i];
-        const zd_tensor_t *t = tensors[i];
+        const zd_tensor_t *t = zd_named_tensors_tensor(nt, i);
         if (r->dtype != zd_tensor_dtype(t))
             return zd_error_set("checkpoint: %s: tensor '%s' is %s in the file but %s here", path,
-                             names[i], zd_tensor_dtype_name(r->dtype),
+                             name, zd_tensor_dtype_name(r->dtype),
                              zd_tensor_dtype_name(zd_tensor_dtype(t)));
         bool same = r->ndim == zd_tensor_ndim(t);
         for (int d = 0; same && d < r->ndim; d++)
@@ -399,7 +404,7 @@ static int match(const char *path, const parsed_t *p, int n, const char *const *
             shape_str(r->ndim, r->shape, a, sizeof a);
             shape_str(zd_tensor_ndim(t), zd_tensor_shape(t), b, sizeof b);
             return zd_error_set("checkpoint: %s: tensor '%s' has shape %s in the file but %s "
-                             "here", path, names[i], a, b);
+                             "here", path, name, a, b);
         }
     }
     for (uint32_t k = 0; k < p->count; k++) {
@@ -414,69 +419,52 @@ static int match(const char *path, const parsed_t *p, int n, const char *const *
     return 0;
 }
 
-int zd_checkpoint_load(const char *path, int n, const char *const *names,
-                    zd_tensor_t *const *tensors)
+int zd_checkpoint_load(const char *path, const zd_named_tensors_t *into)
 {
-    if (check_inputs(path, n, names, tensors) < 0)
+    if (check_inputs(path, into) < 0)
         return -1;
     parsed_t p;
     if (parse(path, &p) < 0)
         return -1;
+    int n = zd_named_tensors_len(into);
     const record_t **which = calloc(n ? (size_t)n : 1, sizeof *which);
     if (!which) {
         parsed_free(&p);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
     }
-    int rc = match(path, &p, n, names, tensors, which);
+    int rc = match(path, &p, into, which);
     for (int i = 0; rc == 0 && i < n; i++)
-        copy_data(zd_tensor_raw(tensors[i]), which[i]);
+        copy_data(zd_tensor_raw(zd_named_tensors_tensor(into, i)), which[i]);
     free(which);
     parsed_free(&p);
     return rc;
 }
 
-void zd_checkpoint_free_list(int n, char **names, zd_tensor_t **tensors)
+zd_named_tensors_t *zd_checkpoint_read(const char *path)
 {
-    for (int i = 0; i < n; i++) {
-        if (names)
-            free(names[i]);
-        if (tensors)
-            zd_tensor_unref(tensors[i]);
-    }
-    free(names);
-    free(tensors);
-}
-
-int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***tensors)
-{
-    *n = 0;
-    *names = NULL;
-    *tensors = NULL;
     parsed_t p;
     if (parse(path, &p) < 0)
-        return -1;
-    size_t cnt = p.count ? p.count : 1;
-    char **nm = calloc(cnt, sizeof *nm);
-    zd_tensor_t **ts = calloc(cnt, sizeof *ts);
-    int rc = nm && ts ? 0
-                      : zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
+        return NULL;
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    int rc = nt ? 0 : -1;
     for (uint32_t k = 0; rc == 0 && k < p.count; k++) {
         const record_t *r = &p.rec[k];
-        nm[k] = strndup(r->name, r->name_len);
-        ts[k] = zd_tensor_empty(r->dtype, r->ndim, r->shape);
-        if (!nm[k] || !ts[k])
+        char name[ZD_CHECKPOINT_MAX_NAME + 1];
+        memcpy(name, r->name, r->name_len);
+        name[r->name_len] = '\0';
+        zd_tensor_t *t = zd_tensor_empty(r->dtype, r->ndim, r->shape);
+        if (!t)
             rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
         else
-            copy_data(zd_tensor_raw(ts[k]), r);
+            copy_data(zd_tensor_raw(t), r);
+        if (rc == 0 && zd_named_tensors_add(nt, name, t) < 0)
+            rc = zd_error_wrap("checkpoint: %s", path);
+        zd_tensor_unref(t);
     }
-    if (rc < 0) {
-        zd_checkpoint_free_list((int)p.count, nm, ts);
-        parsed_free(&p);
-        return -1;
-    }
-    *n = (int)p.count;
-    *names = nm;
-    *tensors = ts;
     parsed_free(&p);
-    return 0;
+    if (rc < 0) {
+        zd_named_tensors_free(nt);
+        return NULL;
+    }
+    return nt;
 }

@@ -96,19 +96,18 @@ int zd_dataset_find_dir(char *buf, size_t size)
                      ZD_DATASET_LOCAL_DIR, ZD_DATASET_SYSTEM_DIR, ZD_DATASET_LOCAL_DIR);
 }
 
-int zd_dataset_load(const char *dir, zd_dataset_split_t split, zd_dataset_t **out)
+zd_dataset_t *zd_dataset_load(const char *dir, zd_dataset_split_t split)
 {
     char found[4096], images[4096], labels[4096];
-    *out = NULL;
     if (!dir) {
         if (zd_dataset_find_dir(found, sizeof found) < 0)
-            return -1;
+            return NULL;
         dir = found;
     }
     if (zd_dataset_find_file(dir, split, "images", images, sizeof images) < 0
         || zd_dataset_find_file(dir, split, "labels", labels, sizeof labels) < 0)
-        return -1;
-    return zd_dataset_load_files(images, labels, out);
+        return NULL;
+    return zd_dataset_load_files(images, labels);
 }
 
 /*  Checks the two tensors and turns the labels into int64. */
@@ -185,10 +184,12 @@ static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t
     }
     zd__idx_view_close(&v);
     ZD_FAULT_BENIGN(false);
-    return *t ? 0 : zd_idx_load(path, t);
+    if (!*t)
+        *t = zd_idx_load(path);
+    return *t ? 0 : -1;
 }
 
-int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out)
+static int load_files(const char *images_path, const char *labels_path, zd_dataset_t **out)
 {
     zd_tensor_t *img = NULL, *lab = NULL, *lab64 = NULL;
     int fd = -1;
@@ -232,6 +233,12 @@ int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_d
     ds->cols = zd_tensor_size(img, 2);
     *out = ds;
     return 0;
+}
+
+zd_dataset_t *zd_dataset_load_files(const char *images_path, const char *labels_path)
+{
+    zd_dataset_t *ds;
+    return load_files(images_path, labels_path, &ds) < 0 ? NULL : ds;
 }
 
 void zd_dataset_free(zd_dataset_t *ds)

@@ -220,7 +220,7 @@ static zd_tensor_t *make_tensor(int type, int ndim, const int64_t *dims, const u
     return t;
 }
 
-int zd_idx_load(const char *path, zd_tensor_t **out)
+static int load(const char *path, zd_tensor_t **out)
 {
     *out = NULL;
     struct stat st;
@@ -268,6 +268,12 @@ int zd_idx_load(const char *path, zd_tensor_t **out)
     if (!*out)
         return zd_error_wrap("idx: %s", path);
     return 0;
+}
+
+zd_tensor_t *zd_idx_load(const char *path)
+{
+    zd_tensor_t *t;
+    return load(path, &t) < 0 ? NULL : t;
 }
 
 int zd_idx_save(const char *path, const zd_tensor_t *t)

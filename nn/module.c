@@ -419,12 +419,9 @@ int zd_nn_module_save(const zd_nn_module_t *m, const char *path)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save: NULL module");
-    zd_nn_module_t *f = flat(m);
-    if (!f)
-        return -1;
-    pthread_mutex_lock(&f->lock);
-    int rc = zd_checkpoint_save(path, f->n_flat, (const char *const *)f->flat_names, f->flat);
-    pthread_mutex_unlock(&f->lock);
+    zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
+    int rc = sd ? zd_checkpoint_save(path, sd) : -1;
+    zd_named_tensors_free(sd);
     return rc;
 }
 
@@ -432,12 +429,9 @@ int zd_nn_module_load(zd_nn_module_t *m, const char *path)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load: NULL module");
-    zd_nn_module_t *f = flat(m);
-    if (!f)
-        return -1;
-    pthread_mutex_lock(&f->lock);
-    int rc = zd_checkpoint_load(path, f->n_flat, (const char *const *)f->flat_names, f->flat);
-    pthread_mutex_unlock(&f->lock);
+    zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
+    int rc = sd ? zd_checkpoint_load(path, sd) : -1;
+    zd_named_tensors_free(sd);
     return rc;
 }
 

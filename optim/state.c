@@ -8,85 +8,50 @@
 #include <zdist/error.h>
 #include "optim/optim_private.h"
 
-void zd_optim_state_free(int n, char **names, zd_tensor_t **tensors)
-{
-    for (int i = 0; i < n; i++) {
-        if (names)
-            free(names[i]);
-        if (tensors)
-            zd_tensor_unref(tensors[i]);
-    }
-    free(names);
-    free(tensors);
-}
-
-static int count_entries(const zd_optim_t *o)
-{
-    int k = 0;
-    for (int i = 0; i < o->n; i++) {
-        if (!o->state[i].started)
-            continue;
-        for (int s = 0; s < OPTIM_SLOTS; s++)
-            k += o->state[i].slot[s] != NULL;
-        k += zd__optim_counts_steps(o->cfg.kind);
-    }
-    return k;
-}
-
-static int add_entry(char **names, zd_tensor_t **tensors, int *k, int i, const char *slot,
-                     zd_tensor_t *t)
+/*  Adds t (taken over: dropped whatever happens) as "<i>.<slot>". */
+static int add_entry(zd_named_tensors_t *nt, int i, const char *slot, zd_tensor_t *t)
 {
     char name[64];
     snprintf(name, sizeof name, "%d.%s", i, slot);
-    names[*k] = strdup(name);
-    tensors[*k] = t;
-    (*k)++;
-    if (!names[*k - 1] || !t)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
-    return 0;
+    int rc = !t ? zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory")
+             : zd_named_tensors_add(nt, name, t) < 0 ? zd_error_wrap("optimizer state")
+                                                     : 0;
+    zd_tensor_unref(t);
+    return rc;
 }
 
-static int export_locked(zd_optim_t *o, int *n, char ***names_out, zd_tensor_t ***tensors_out)
+static int export_locked(zd_optim_t *o, zd_named_tensors_t *nt)
 {
-    int total = count_entries(o), k = 0;
-    char **names = calloc(total ? (size_t)total : 1, sizeof *names);
-    zd_tensor_t **tensors = calloc(total ? (size_t)total : 1, sizeof *tensors);
-    int rc = names && tensors
-                 ? 0
-                 : zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
+    int rc = 0;
     for (int i = 0; rc == 0 && i < o->n; i++) {
         const optim_pstate_t *st = &o->state[i];
         if (!st->started)
             continue;
         for (int s = 0; rc == 0 && s < OPTIM_SLOTS; s++)
             if (st->slot[s])
-                rc = add_entry(names, tensors, &k, i, zd__optim_slot_name(o->cfg.kind, s),
+                rc = add_entry(nt, i, zd__optim_slot_name(o->cfg.kind, s),
                                zd_tensor_detach_copy(st->slot[s]));
         if (rc == 0 && zd__optim_counts_steps(o->cfg.kind)) {
             int64_t one = 1;
-            rc = add_entry(names, tensors, &k, i, "step",
-                           zd_tensor_from_data(ZD_INT64, 1, &one, &st->step));
+            rc = add_entry(nt, i, "step", zd_tensor_from_data(ZD_INT64, 1, &one, &st->step));
         }
     }
-    if (rc < 0) {
-        zd_optim_state_free(k, names, tensors);
-        return -1;
-    }
-    *n = k;
-    *names_out = names;
-    *tensors_out = tensors;
-    return 0;
+    return rc;
 }
 
-int zd_optim_state_export(zd_optim_t *o, int *n, char ***names, zd_tensor_t ***tensors)
+zd_named_tensors_t *zd_optim_state_export(zd_optim_t *o)
 {
-    *n = 0;
-    *names = NULL;
-    *tensors = NULL;
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    if (!nt)
+        return NULL;
     pthread_mutex_lock(&o->lock);
-    int rc = export_locked(o, n, names, tensors);
+    int rc = export_locked(o, nt);
     pthread_mutex_unlock(&o->lock);
-    return rc;
+    if (rc < 0) {
+        zd_named_tensors_free(nt);
+        return NULL;
+    }
+    return nt;
 }
 
 /*  Splits "<i>.<slot>" into the parameter index and the slot number
@@ -115,23 +80,23 @@ static int parse_name(const zd_optim_t *o, const char *name, int *index, int *sl
 }
 
 /*  Fills fresh[] from the entries; checks shapes, duplicates, completeness. */
-static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, int n, const char *const *names,
-                       zd_tensor_t *const *tensors)
+static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_named_tensors_t *state)
 {
     char a[96], b[96];
     bool *seen = calloc((size_t)o->n * (OPTIM_SLOTS + 1), sizeof *seen);
     if (!seen)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
     int rc = 0;
-    for (int e = 0; rc == 0 && e < n; e++) {
+    for (int e = 0; rc == 0 && e < zd_named_tensors_len(state); e++) {
+        const char *name = zd_named_tensors_name(state, e);
         int i = 0, s = 0;
-        if (parse_name(o, names[e], &i, &s) < 0) {
+        if (parse_name(o, name, &i, &s) < 0) {
             rc = -1;
             break;
         }
-        const zd_tensor_t *t = tensors[e], *p = o->params[i];
+        const zd_tensor_t *t = zd_named_tensors_tensor(state, e), *p = o->params[i];
         if (seen[i * (OPTIM_SLOTS + 1) + s]) {
-            rc = zd_error_set("optimizer state: entry '%s' given twice", names[e]);
+            rc = zd_error_set("optimizer state: entry '%s' given twice", name);
             break;
         }
         seen[i * (OPTIM_SLOTS + 1) + s] = true;
@@ -139,14 +104,14 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, int n, const 
         if (s == OPTIM_SLOTS) {
             if (zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) != 1
                 || zd_tensor_data_i64(t)[0] < 1)
-                rc = zd_error_set("optimizer state: '%s' must be one int64 >= 1", names[e]);
+                rc = zd_error_set("optimizer state: '%s' must be one int64 >= 1", name);
             else
                 fresh[i].step = zd_tensor_data_i64(t)[0];
             continue;
         }
         if (zd_tensor_dtype(t) != ZD_FLOAT32 || !zd_tensor_same_shape(t, p)) {
             rc = zd_error_set("optimizer state: '%s' is %s %s, the parameter float32 %s",
-                           names[e], zd_tensor_dtype_name(zd_tensor_dtype(t)),
+                           name, zd_tensor_dtype_name(zd_tensor_dtype(t)),
                            zd_tensor_shape_str(t, a, sizeof a), zd_tensor_shape_str(p, b, sizeof b));
             break;
         }
@@ -169,15 +134,15 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, int n, const 
     return rc;
 }
 
-int zd_optim_state_import(zd_optim_t *o, int n, const char *const *names, zd_tensor_t *const *tensors)
+int zd_optim_state_import(zd_optim_t *o, const zd_named_tensors_t *state)
 {
-    if (n < 0)
-        return zd_error_set("optimizer state: %d entries", n);
+    if (!state)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer state: no entries given (NULL)");
     optim_pstate_t *fresh = calloc((size_t)o->n, sizeof *fresh);
     if (!fresh)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory");
     pthread_mutex_lock(&o->lock);
-    int rc = import_into(o, fresh, n, names, tensors);
+    int rc = import_into(o, fresh, state);
     optim_pstate_t *drop = rc == 0 ? o->state : fresh;
     if (rc == 0)
         o->state = fresh;

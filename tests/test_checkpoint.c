@@ -75,6 +75,32 @@ static void free_model(zd_tensor_t **t)
         zd_tensor_unref(t[k]);
 }
 
+/*  The pairs (nm[i], t[i]) as a list, the API's container. */
+static zd_named_tensors_t *list_of(int n, const char *const *nm, zd_tensor_t *const *t)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    assert_non_null(nt);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(zd_named_tensors_add(nt, nm[i], t[i]), 0);
+    return nt;
+}
+
+static int save(const char *path, int n, const char *const *nm, zd_tensor_t *const *t)
+{
+    zd_named_tensors_t *nt = list_of(n, nm, t);
+    int rc = zd_checkpoint_save(path, nt);
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
+static int load(const char *path, int n, const char *const *nm, zd_tensor_t *const *t)
+{
+    zd_named_tensors_t *nt = list_of(n, nm, t);
+    int rc = zd_checkpoint_load(path, nt);
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
 static void assert_model_equal(zd_tensor_t **a, zd_tensor_t **b)
 {
     for (int k = 0; k < NT; k++) {
@@ -90,7 +116,7 @@ static void expect_refused(const char *path, const char *expect)
     zd_tensor_t *t[NT], *orig[NT];
     make_model(t, -7.0f);
     make_model(orig, -7.0f);
-    assert_int_equal(zd_checkpoint_load(path, NT, names, t), -1);
+    assert_int_equal(load(path, NT, names, t), -1);
     if (!strstr(zd_error_last(), expect) || !strstr(zd_error_last(), path))
         fail_msg("loading %s: error '%s' lacks '%s' or the path", path, zd_error_last(), expect);
     assert_model_equal(t, orig);
@@ -118,7 +144,7 @@ static void test_round_trip(void **state)
     make_model(a, 1.0f);
     make_model(b, 50.0f);
     const char *p = tmp_path("model.ckpt");
-    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(save(p, NT, names, a), 0);
     assert_int_equal(count_files(".tmp."), 0);
 
     /* Loading matches by name, in any order. */
@@ -128,7 +154,7 @@ static void test_round_trip(void **state)
         rev_names[k] = names[NT - 1 - k];
         rev[k] = b[NT - 1 - k];
     }
-    assert_int_equal(zd_checkpoint_load(p, NT, rev_names, rev), 0);
+    assert_int_equal(load(p, NT, rev_names, rev), 0);
     assert_model_equal(a, b);
 
     /* The documented layout: magic, version 1, count, then the first record. */
@@ -140,33 +166,37 @@ static void test_round_trip(void **state)
     assert_int_equal(n, 16 + NT * 12 + names_bytes + 8 * (4 + 1 + 2) + data_bytes + 4);
     free(raw);
 
-    /* zd_checkpoint_read: everything, without knowing it in advance. */
-    int cnt;
-    char **rn;
-    zd_tensor_t **rt;
-    assert_int_equal(zd_checkpoint_read(p, &cnt, &rn, &rt), 0);
-    assert_int_equal(cnt, NT);
+    /* zd_checkpoint_read: everything, without knowing it in advance, in
+       the file's order. */
+    zd_named_tensors_t *rd = zd_checkpoint_read(p);
+    assert_non_null(rd);
+    assert_int_equal(zd_named_tensors_len(rd), NT);
     for (int k = 0; k < NT; k++) {
-        assert_string_equal(rn[k], names[k]);
-        assert_true(zd_tensor_same_shape(rt[k], a[k]));
-        assert_memory_equal(zd_tensor_data(rt[k]), zd_tensor_data(a[k]), zd_tensor_nbytes(a[k]));
+        zd_tensor_t *rt = zd_named_tensors_tensor(rd, k);
+        assert_string_equal(zd_named_tensors_name(rd, k), names[k]);
+        assert_true(zd_tensor_same_shape(rt, a[k]));
+        assert_memory_equal(zd_tensor_data(rt), zd_tensor_data(a[k]), zd_tensor_nbytes(a[k]));
     }
-    zd_checkpoint_free_list(cnt, rn, rt);
+    zd_named_tensors_free(rd);
 
     /* Other dtypes and an empty checkpoint work too. */
     int64_t two = 2;
     zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, &two);
     zd_tensor_data_i64(i64)[1] = -5000000000LL;
     const char *iname = "counter";
-    assert_int_equal(zd_checkpoint_save(tmp_path("i64.ckpt"), 1, &iname, &i64), 0);
+    assert_int_equal(save(tmp_path("i64.ckpt"), 1, &iname, &i64), 0);
     zd_tensor_t *i64b = zd_tensor_new(ZD_INT64, 1, &two);
-    assert_int_equal(zd_checkpoint_load(tmp_path("i64.ckpt"), 1, &iname, &i64b), 0);
+    assert_int_equal(load(tmp_path("i64.ckpt"), 1, &iname, &i64b), 0);
     assert_int_equal(zd_tensor_data_i64(i64b)[1], -5000000000LL);
     zd_tensor_t *f32 = zd_tensor_new(ZD_FLOAT32, 1, &two);
-    assert_int_equal(zd_checkpoint_load(tmp_path("i64.ckpt"), 1, &iname, &f32), -1);
+    assert_int_equal(load(tmp_path("i64.ckpt"), 1, &iname, &f32), -1);
     assert_non_null(strstr(zd_error_last(), "'counter' is int64 in the file but float32 here"));
-    assert_int_equal(zd_checkpoint_save(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
-    assert_int_equal(zd_checkpoint_load(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
+    assert_int_equal(save(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
+    assert_int_equal(load(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
+    rd = zd_checkpoint_read(tmp_path("empty.ckpt"));
+    assert_non_null(rd);
+    assert_int_equal(zd_named_tensors_len(rd), 0);
+    zd_named_tensors_free(rd);
     zd_tensor_unref(i64);
     zd_tensor_unref(i64b);
     zd_tensor_unref(f32);
@@ -182,7 +212,7 @@ static void test_corruption_refused(void **state)
     zd_tensor_t *a[NT];
     make_model(a, 2.0f);
     const char *p = tmp_path("good.ckpt");
-    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(save(p, NT, names, a), 0);
     size_t n;
     unsigned char *good = read_file(p, &n), *bad = malloc(n);
 
@@ -232,10 +262,21 @@ static void test_corruption_refused(void **state)
     bad[14] = 0xff;
     write_file(tmp_path("count.ckpt"), bad, n);
     expect_refused(tmp_path("count.ckpt"), "corrupt file");
+    memcpy(bad, good, n);
+    bad[16 + 4 + 5] = '\0';   /* in "conv1.weight" */
+    write_file(tmp_path("nul.ckpt"), bad, n);
+    expect_refused(tmp_path("nul.ckpt"), "a NUL byte in its name (corrupt file)");
+    assert_null(zd_checkpoint_read(tmp_path("nul.ckpt")));
+    assert_non_null(strstr(zd_error_last(), "a NUL byte in its name"));
     write_file(tmp_path("nothing.ckpt"), "", 0);
     expect_refused(tmp_path("nothing.ckpt"), "truncated");
     expect_refused(tmp_path("missing.ckpt"), "No such file");
     expect_refused(tmpdir(), "not a regular file");
+    /* zd_checkpoint_read refuses what loading refuses. */
+    assert_null(zd_checkpoint_read(tmp_path("flip.ckpt")));
+    assert_non_null(strstr(zd_error_last(), "CRC mismatch"));
+    assert_null(zd_checkpoint_read(tmp_path("missing.ckpt")));
+    assert_non_null(strstr(zd_error_last(), "No such file"));
     free(good);
     free(bad);
     free_model(a);
@@ -248,7 +289,7 @@ static void test_mismatches_refused(void **state)
     zd_tensor_t *a[NT];
     make_model(a, 3.0f);
     const char *p = tmp_path("m.ckpt");
-    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(save(p, NT, names, a), 0);
 
     /* A model whose fc.weight is (7, 10) instead of (10, 7). */
     zd_tensor_t *b[NT];
@@ -256,7 +297,7 @@ static void test_mismatches_refused(void **state)
     zd_tensor_t *orig_fc = b[2];
     b[2] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){ 7, 10 });
     zd_tensor_t *before = zd_tensor_detach_copy(b[0]);
-    assert_int_equal(zd_checkpoint_load(p, NT, names, b), -1);
+    assert_int_equal(load(p, NT, names, b), -1);
     assert_non_null(strstr(zd_error_last(),
                            "tensor 'fc.weight' has shape (10, 7) in the file but (7, 10) here"));
     assert_memory_equal(zd_tensor_data(b[0]), zd_tensor_data(before), zd_tensor_nbytes(before));
@@ -266,23 +307,38 @@ static void test_mismatches_refused(void **state)
     /* The model has a tensor the file lacks. */
     const char *more_names[NT + 1] = { names[0], names[1], names[2], names[3], "fc.bias" };
     zd_tensor_t *more[NT + 1] = { b[0], b[1], b[2], b[3], zd_tensor_zeros1(10) };
-    assert_int_equal(zd_checkpoint_load(p, NT + 1, more_names, more), -1);
+    assert_int_equal(load(p, NT + 1, more_names, more), -1);
     assert_non_null(strstr(zd_error_last(), "no tensor 'fc.bias' in the file"));
     zd_tensor_unref(more[NT]);
 
     /* The file has a tensor the model lacks. */
-    assert_int_equal(zd_checkpoint_load(p, NT - 1, names, b), -1);
+    assert_int_equal(load(p, NT - 1, names, b), -1);
     assert_non_null(strstr(zd_error_last(), "unexpected tensor 'step' in the file"));
     assert_memory_equal(zd_tensor_data(b[0]), zd_tensor_data(before), zd_tensor_nbytes(before));
 
-    /* Bad requests: repeated or empty names. */
-    const char *twice[2] = { "conv1.bias", "conv1.bias" };
-    assert_int_equal(zd_checkpoint_load(p, 2, twice, b), -1);
-    assert_non_null(strstr(zd_error_last(), "given twice"));
-    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), 2, twice, b), -1);
-    const char *empty[1] = { "" };
-    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), 1, empty, b), -1);
+    /* Bad requests: repeated or empty names never make it into a list;
+       no list at all, or a name longer than the format's, is refused. */
+    zd_named_tensors_t *bad = list_of(1, names, b);
+    assert_int_equal(zd_named_tensors_add(bad, "conv1.weight", b[1]), -1);
+    assert_non_null(strstr(zd_error_last(), "is there already"));
+    assert_int_equal(zd_named_tensors_add(bad, "", b[1]), -1);
+    assert_int_equal(zd_named_tensors_len(bad), 1);
+    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), NULL), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(zd_checkpoint_load(p, NULL), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    char *long_name = malloc(ZD_CHECKPOINT_MAX_NAME + 2);
+    memset(long_name, 'w', ZD_CHECKPOINT_MAX_NAME + 1);
+    long_name[ZD_CHECKPOINT_MAX_NAME + 1] = '\0';
+    assert_int_equal(zd_named_tensors_add(bad, long_name, b[1]), 0);
+    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), bad), -1);
+    assert_non_null(strstr(zd_error_last(), "name of tensor 1 is 4097 bytes (1 to 4096)"));
+    assert_int_equal(zd_checkpoint_load(p, bad), -1);
+    assert_non_null(strstr(zd_error_last(), "name of tensor 1 is 4097 bytes"));
+    assert_memory_equal(zd_tensor_data(b[0]), zd_tensor_data(before), zd_tensor_nbytes(before));
     assert_false(access(tmp_path("x.ckpt"), F_OK) == 0);
+    free(long_name);
+    zd_named_tensors_free(bad);
     zd_tensor_unref(before);
     free_model(a);
     free_model(b);
@@ -297,7 +353,7 @@ static void test_failed_save_keeps_old_file(void **state)
     zd_tensor_t *a[NT];
     make_model(a, 4.0f);
     const char *p = tmp_path("keep.ckpt");
-    assert_int_equal(zd_checkpoint_save(p, NT, names, a), 0);
+    assert_int_equal(save(p, NT, names, a), 0);
     size_t n_old;
     unsigned char *old = read_file(p, &n_old);
 
@@ -309,7 +365,7 @@ static void test_failed_save_keeps_old_file(void **state)
         setrlimit(RLIMIT_FSIZE, &rl);
         zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){ 100000 });
         const char *bn = "big";
-        int rc = zd_checkpoint_save(p, 1, &bn, &big);
+        int rc = save(p, 1, &bn, &big);
         int ok = rc == -1 && strstr(zd_error_last(), "cannot write") != NULL;
         zd_tensor_unref(big);
         _exit(ok ? 0 : 1);
@@ -327,17 +383,17 @@ static void test_failed_save_keeps_old_file(void **state)
     /* Overwriting works, and leaves no temporary file either. */
     zd_tensor_t *b[NT];
     make_model(b, 9.0f);
-    assert_int_equal(zd_checkpoint_save(p, NT, names, b), 0);
-    assert_int_equal(zd_checkpoint_load(p, NT, names, a), 0);
+    assert_int_equal(save(p, NT, names, b), 0);
+    assert_int_equal(load(p, NT, names, a), 0);
     assert_model_equal(a, b);
     assert_int_equal(count_files(".tmp."), 0);
 
     /* A path that cannot be written: a missing directory, a directory. */
-    assert_int_equal(zd_checkpoint_save("/nonexistent-zd-dir/x.ckpt", NT, names, a), -1);
+    assert_int_equal(save("/nonexistent-zd-dir/x.ckpt", NT, names, a), -1);
     assert_non_null(strstr(zd_error_last(), "cannot create"));
     const char *sub = tmp_path("subdir");
     assert_int_equal(mkdir(sub, 0700), 0);
-    assert_int_equal(zd_checkpoint_save(sub, NT, names, a), -1);
+    assert_int_equal(save(sub, NT, names, a), -1);
     assert_non_null(strstr(zd_error_last(), "cannot write"));
     assert_int_equal(count_files(".tmp."), 0);
     free(old);

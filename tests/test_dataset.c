@@ -100,7 +100,7 @@ static void test_normalisation_matches_golden(void **state)
         skip();
     zd_dataset_t *train = NULL;
     if (exists(ZD_DATASET_SYSTEM_DIR "/train-images-idx3-ubyte.gz"))
-        assert_int_equal(zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TRAIN, &train), 0);
+        assert_non_null(train = zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TRAIN));
     int cases = 0, found = 0;
     struct dirent *e;
     while ((e = readdir(d))) {
@@ -110,9 +110,9 @@ static void test_normalisation_matches_golden(void **state)
         if (strcmp(kind, "net") != 0 && strcmp(kind, "convnet") != 0)
             continue;
         zd_tensor_t *images, *x, *target, *mine;
-        assert_int_equal(zd_idx_load(path_in(dir, "input.images.idx"), &images), 0);
-        assert_int_equal(zd_idx_load(path_in(dir, "input.x.idx"), &x), 0);
-        assert_int_equal(zd_idx_load(path_in(dir, "input.target.idx"), &target), 0);
+        assert_non_null(images = zd_idx_load(path_in(dir, "input.images.idx")));
+        assert_non_null(x = zd_idx_load(path_in(dir, "input.x.idx")));
+        assert_non_null(target = zd_idx_load(path_in(dir, "input.target.idx")));
         assert_int_equal(zd_dataset_normalise(images, &mine), 0);
         assert_true(zd_tensor_same_shape(mine, x));
         for (int64_t i = 0; i < zd_tensor_numel(x); i++)
@@ -171,8 +171,8 @@ static void test_find_files_and_load(void **state)
     assert_string_equal(path, path_in(tmpdir(), "t10k-labels.idx1-ubyte.gz"));
 
     zd_dataset_t *train, *test;
-    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN, &train), 0);
-    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TEST, &test), 0);
+    assert_non_null(train = zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN));
+    assert_non_null(test = zd_dataset_load(tmpdir(), ZD_DATASET_TEST));
     assert_int_equal(zd_dataset_size(train), 10);
     assert_int_equal(zd_dataset_size(test), 7);
     assert_int_equal(zd_dataset_rows(train), 3);
@@ -188,8 +188,7 @@ static void test_find_files_and_load(void **state)
     snprintf(empty, sizeof empty, "%s/empty", tmpdir());
     assert_int_equal(mkdir(empty, 0700), 0);
     write_set(empty, "train-images-idx3-ubyte.gz", "other-name", 2, 2, 2);
-    assert_int_equal(zd_dataset_load(empty, ZD_DATASET_TRAIN, &train), -1);
-    assert_null(train);
+    assert_null(zd_dataset_load(empty, ZD_DATASET_TRAIN));
     assert_non_null(strstr(zd_error_last(), "no train labels in"));
     assert_non_null(strstr(zd_error_last(), "train-labels-idx1-ubyte[.gz]"));
     assert_non_null(strstr(zd_error_last(), "train-labels.idx1-ubyte[.gz]"));
@@ -228,7 +227,7 @@ static void test_default_dir(void **state)
     assert_int_equal(zd_dataset_find_dir(dir, sizeof dir), 0);
     assert_string_equal(dir, "./data");
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(NULL, ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(NULL, ZD_DATASET_TRAIN));
     assert_int_equal(zd_dataset_size(ds), 3);
     zd_dataset_free(ds);
     assert_int_equal(chdir(cwd), 0);
@@ -238,7 +237,7 @@ static void test_shuffle_is_seeded_permutation(void **state)
 {
     (void)state;
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN));
     int64_t *a = zd_dataset_order(ds, 42), *b = zd_dataset_order(ds, 42), *c = zd_dataset_order(ds, 43);
     assert_non_null(a);
     assert_memory_equal(a, b, 10 * sizeof *a);
@@ -307,7 +306,7 @@ static void test_batches_and_subset(void **state)
     (void)state;
     int64_t live = zd_tensor_live_count();
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN));
     assert_int_equal(zd_dataset_num_batches(ds, 4), 3);
     assert_int_equal(zd_dataset_num_batches(ds, 10), 1);
     assert_int_equal(zd_dataset_num_batches(ds, 11), 1);
@@ -355,7 +354,7 @@ static void test_real_test_split(void **state)
     if (!exists(ZD_DATASET_SYSTEM_DIR "/t10k-images-idx3-ubyte.gz"))
         skip();
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TEST, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TEST));
     assert_int_equal(zd_dataset_size(ds), 10000);
     assert_int_equal(zd_dataset_rows(ds), 28);
     assert_int_equal(zd_dataset_cols(ds), 28);

@@ -165,7 +165,7 @@ static void reference(void)
 {
     setenv("ZDIST_CACHE_DIR", "off", 1);
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(src, ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(src, ZD_DATASET_TRAIN));
     batches(ds, ref_x, ref_y);
     zd_dataset_free(ds);
     setenv("ZDIST_CACHE_DIR", cache, 1);
@@ -176,7 +176,7 @@ static void assert_same_batches(void)
     static float x[2 * N * SIDE * SIDE];
     static int64_t y[2 * N];
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(src, ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(src, ZD_DATASET_TRAIN));
     batches(ds, x, y);
     zd_dataset_free(ds);
     assert_memory_equal(x, ref_x, sizeof x);
@@ -189,7 +189,7 @@ static void test_in_place_equals_float_path(void **state)
     reference();
     /* the old float path: the whole file normalised, then indexed */
     zd_tensor_t *img, *all;
-    assert_int_equal(zd_idx_load(path_in(src, "train-images-idx3-ubyte.gz"), &img), 0);
+    assert_non_null(img = zd_idx_load(path_in(src, "train-images-idx3-ubyte.gz")));
     assert_int_equal(zd_dataset_normalise(img, &all), 0);
     int64_t order[N];
     for (int64_t i = 0; i < N; i++)
@@ -212,7 +212,7 @@ static void test_in_place_equals_float_path(void **state)
 
     /* the whole images tensor, over the mapping */
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(src, ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(src, ZD_DATASET_TRAIN));
     assert_int_equal(zd_tensor_size(zd_dataset_images_u8(ds), 0), N);
     assert_int_equal(((uint8_t *)zd_tensor_raw(zd_dataset_images_u8(ds)))[N * SIDE * SIDE - 1],
                      (uint8_t)(((N * SIDE * SIDE - 1) * 131) % 256));
@@ -246,7 +246,7 @@ static int concurrent_child(const world_t *w)
     static float x[2 * N * SIDE * SIDE];
     static int64_t y[2 * N];
     zd_dataset_t *ds;
-    WTRY(zd_dataset_load(src, ZD_DATASET_TRAIN, &ds));
+    WTRY((ds = zd_dataset_load(src, ZD_DATASET_TRAIN)) ? 0 : -1);
     batches(ds, x, y);
     zd_dataset_free(ds);
     if (memcmp(x, ref_x, sizeof x) != 0 || memcmp(y, ref_y, sizeof y) != 0)
@@ -395,7 +395,7 @@ static void test_crc_checked_once_per_boot(void **state)
     flip_behind_kept_mtime(path, st.st_size);
     listen_log();
     zd_dataset_t *ds;
-    assert_int_equal(zd_dataset_load(src, ZD_DATASET_TRAIN, &ds), 0);
+    assert_non_null(ds = zd_dataset_load(src, ZD_DATASET_TRAIN));
     zd_dataset_free(ds);
     stop_log();
     assert_int_equal(atomic_load(&builds), 0);
@@ -481,9 +481,9 @@ static void test_fashion_mnist_in_place(void **state)
         skip();
     zd_dataset_t *mem, *cached;
     setenv("ZDIST_CACHE_DIR", "off", 1);
-    assert_int_equal(zd_dataset_load(dir, ZD_DATASET_TEST, &mem), 0);
+    assert_non_null(mem = zd_dataset_load(dir, ZD_DATASET_TEST));
     setenv("ZDIST_CACHE_DIR", cache, 1);
-    assert_int_equal(zd_dataset_load(dir, ZD_DATASET_TEST, &cached), 0);
+    assert_non_null(cached = zd_dataset_load(dir, ZD_DATASET_TEST));
     int64_t n = zd_dataset_size(mem);
     assert_int_equal(zd_dataset_size(cached), n);
     int64_t *order = zd_dataset_order(mem, 11);

@@ -412,14 +412,18 @@ static int ckpt_round(void *arg)
     ckpt_arg_t *c = arg;
     const char *names[] = {"weights", "steps", "mask"};
     const char *path = path_in(c->dir, "model.ckpt");
-    int n = 0;
-    char **got_names = NULL;
-    zd_tensor_t **got = NULL;
-    if (zd_checkpoint_save(path, 3, names, c->t) < 0 ||
-        zd_checkpoint_load(path, 3, names, c->t) < 0 ||
-        zd_checkpoint_read(path, &n, &got_names, &got) < 0)
+    zd_named_tensors_t *nt = zd_named_tensors_new(), *got = NULL;
+    int rc = nt ? 0 : -1;
+    for (int i = 0; rc == 0 && i < 3; i++)
+        rc = zd_named_tensors_add(nt, names[i], c->t[i]);
+    if (rc == 0 && (zd_checkpoint_save(path, nt) < 0 || zd_checkpoint_load(path, nt) < 0 ||
+                    !(got = zd_checkpoint_read(path))))
+        rc = -1;
+    int n = zd_named_tensors_len(got);
+    zd_named_tensors_free(nt);
+    zd_named_tensors_free(got);
+    if (rc < 0)
         return -1;
-    zd_checkpoint_free_list(n, got_names, got);
     return n == 3 ? 0 : zd_error_set("checkpoint: read %d tensors, not 3", n);
 }
 
@@ -489,15 +493,15 @@ static int data_use(zd_dataset_t *ds)
 static int data_round(void *arg)
 {
     data_arg_t *d = arg;
-    zd_dataset_t *ds = NULL;
     empty_dir(d->cache);
-    if (zd_dataset_load_files(path_in(d->dir, "images.idx"), path_in(d->dir, "labels.idx"),
-                              &ds) < 0)
+    zd_dataset_t *ds = zd_dataset_load_files(path_in(d->dir, "images.idx"),
+                                             path_in(d->dir, "labels.idx"));
+    if (!ds)
         return -1;
     int rc = data_use(ds);
     zd_dataset_free(ds);
     for (int pass = 0; rc == 0 && pass < 2; pass++) {
-        if (zd_dataset_load(d->gz_dir, ZD_DATASET_TRAIN, &ds) < 0)
+        if (!(ds = zd_dataset_load(d->gz_dir, ZD_DATASET_TRAIN)))
             return -1;
         rc = data_use(ds);
         zd_dataset_free(ds);

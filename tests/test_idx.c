@@ -88,11 +88,9 @@ static size_t make_idx(unsigned char *buf, int type, int ndim, const uint32_t *d
 /*  zd_idx_load must fail with a message containing `expect` and the path. */
 static void expect_refused(const char *path, const char *expect)
 {
-    zd_tensor_t *t = (zd_tensor_t *)0x1;
     int64_t live = zd_tensor_live_count();
     zd_error_clear();
-    assert_int_equal(zd_idx_load(path, &t), -1);
-    assert_null(t);
+    assert_null(zd_idx_load(path));
     if (!strstr(zd_error_last(), expect) || !strstr(zd_error_last(), path))
         fail_msg("loading %s: error '%s' lacks '%s' or the path", path, zd_error_last(), expect);
     assert_int_equal(zd_tensor_live_count(), live);
@@ -137,8 +135,8 @@ static void test_fashion_mnist_gz(void **state)
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", FMNIST, files[k].file);
-        zd_tensor_t *t;
-        if (zd_idx_load(path, &t) < 0)
+        zd_tensor_t *t = zd_idx_load(path);
+        if (!t)
             fail_msg("%s", zd_error_last());
         assert_int_equal(zd_tensor_dtype(t), ZD_UINT8);
         assert_int_equal(zd_tensor_ndim(t), files[k].ndim);
@@ -171,8 +169,8 @@ static void test_plain_copy_equals_gz(void **state)
         snprintf(plain, sizeof plain, "%s", tmp_path(names[k]));
         gunzip_to(gz, plain);
         zd_tensor_t *a, *b;
-        assert_int_equal(zd_idx_load(gz, &a), 0);
-        assert_int_equal(zd_idx_load(plain, &b), 0);
+        assert_non_null(a = zd_idx_load(gz));
+        assert_non_null(b = zd_idx_load(plain));
         assert_true(zd_tensor_same_shape(a, b));
         assert_memory_equal(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a));
         zd_tensor_unref(a);
@@ -182,7 +180,7 @@ static void test_plain_copy_equals_gz(void **state)
         char renamed[600];
         snprintf(renamed, sizeof renamed, "%s.plain.gz", plain);
         assert_int_equal(rename(plain, renamed), 0);
-        assert_int_equal(zd_idx_load(renamed, &a), 0);
+        assert_non_null(a = zd_idx_load(renamed));
         zd_tensor_unref(a);
         unlink(renamed);
     }
@@ -193,7 +191,7 @@ static void test_plain_copy_equals_gz(void **state)
     write_file(gz_no_ext, raw, n);
     free(raw);
     zd_tensor_t *t;
-    assert_int_equal(zd_idx_load(gz_no_ext, &t), 0);
+    assert_non_null(t = zd_idx_load(gz_no_ext));
     assert_int_equal(zd_tensor_size(t, 0), 10000);
     zd_tensor_unref(t);
 }
@@ -212,7 +210,7 @@ static void test_round_trip_f32_and_u8(void **state)
         zd_tensor_t *src = k < 2 ? f : u, *back;
         const char *p = tmp_path(files[k]);
         assert_int_equal(zd_idx_save(p, src), 0);
-        assert_int_equal(zd_idx_load(p, &back), 0);
+        assert_non_null(back = zd_idx_load(p));
         assert_int_equal(zd_tensor_dtype(back), zd_tensor_dtype(src));
         assert_true(zd_tensor_same_shape(back, src));
         assert_memory_equal(zd_tensor_raw(back), zd_tensor_raw(src), zd_tensor_nbytes(src));
@@ -244,7 +242,7 @@ static void test_golden_file_bytes(void **state)
     if (stat(path, &st) < 0)
         skip();
     zd_tensor_t *t;
-    assert_int_equal(zd_idx_load(path, &t), 0);
+    assert_non_null(t = zd_idx_load(path));
     assert_int_equal(zd_tensor_dtype(t), ZD_FLOAT32);
     /* Writing it back gives the same bytes: byte order and header agree. */
     assert_int_equal(zd_idx_save_f32(tmp_path("again.idx"), t), 0);
@@ -352,9 +350,7 @@ static void test_broken_gzip(void **state)
     memcpy(z, gz, zn);
     z[zn / 2] ^= 0x55;
     write_file(tmp_path("flipped.gz"), z, zn);
-    zd_tensor_t *t = NULL;
-    assert_int_equal(zd_idx_load(tmp_path("flipped.gz"), &t), -1);
-    assert_null(t);
+    assert_null(zd_idx_load(tmp_path("flipped.gz")));
     assert_non_null(strstr(zd_error_last(), "flipped.gz: corrupt gzip data"));
     free(gz);
 }
@@ -369,10 +365,8 @@ static void test_dataset_level_checks(void **state)
     n = make_idx(buf, 0x08, 1, ldims, 0);
     memcpy(buf + n, "\x01\x02\x03\x04", 4);
     write_file(tmp_path("labels4"), buf, n + 4);
-    zd_dataset_t *ds = (zd_dataset_t *)0x1;
     int64_t live = zd_tensor_live_count();
-    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels4"), &ds), -1);
-    assert_null(ds);
+    assert_null(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels4")));
     assert_non_null(strstr(zd_error_last(), "counts differ"));
     assert_non_null(strstr(zd_error_last(), "images5 holds 5 images"));
     assert_non_null(strstr(zd_error_last(), "labels4 holds 4 labels"));
@@ -381,17 +375,17 @@ static void test_dataset_level_checks(void **state)
     n = make_idx(buf, 0x08, 1, five, 0);
     memcpy(buf + n, "\x01\x02\x0c\x04\x05", 5);
     write_file(tmp_path("labels-bad"), buf, n + 5);
-    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-bad"), &ds), -1);
+    assert_null(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-bad")));
     assert_non_null(strstr(zd_error_last(), "label 12 at index 2"));
 
     /* Images given where labels belong, and a broken labels file. */
-    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("images5"), &ds), -1);
+    assert_null(zd_dataset_load_files(tmp_path("images5"), tmp_path("images5")));
     assert_non_null(strstr(zd_error_last(), "expected uint8 labels"));
     buf[0] = 0x12;
     write_file(tmp_path("labels-magic"), buf, n + 5);
-    assert_int_equal(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-magic"), &ds), -1);
+    assert_null(zd_dataset_load_files(tmp_path("images5"), tmp_path("labels-magic")));
     assert_non_null(strstr(zd_error_last(), "bad magic"));
-    assert_int_equal(zd_dataset_load(tmpdir(), ZD_DATASET_TEST, &ds), -1);
+    assert_null(zd_dataset_load(tmpdir(), ZD_DATASET_TEST));
     assert_non_null(strstr(zd_error_last(), "no t10k images"));
     assert_int_equal(zd_tensor_live_count(), live);
 }

@@ -202,13 +202,11 @@ static void test_save_load(void **state)
         assert_memory_equal(zd_tensor_data(p), zd_tensor_data(q), zd_tensor_nbytes(p));
     }
     /* the file is written with the dotted names */
-    int n;
-    char **names;
-    zd_tensor_t **ts;
-    assert_int_equal(zd_checkpoint_read(path, &n, &names, &ts), 0);
-    assert_int_equal(n, 3);
-    assert_string_equal(names[1], "fc1.bias");
-    zd_checkpoint_free_list(n, names, ts);
+    zd_named_tensors_t *nt = zd_checkpoint_read(path);
+    assert_non_null(nt);
+    assert_int_equal(zd_named_tensors_len(nt), 3);
+    assert_string_equal(zd_named_tensors_name(nt, 1), "fc1.bias");
+    zd_named_tensors_free(nt);
 
     /* a module of another shape refuses the file and keeps its values */
     zd_nn_rng_t rng;

@@ -591,6 +591,18 @@ static void test_config_text(void **state)
     assert_string_equal(zd_optim_kind_name(ZD_OPTIM_ADAGRAD), "adagrad");
 }
 
+/*  Imports the pairs (names[i], ts[i]) as a list. */
+static int import(zd_optim_t *o, int n, const char *const *names, zd_tensor_t *const *ts)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    assert_non_null(nt);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(zd_named_tensors_add(nt, names[i], ts[i]), 0);
+    int rc = zd_optim_state_import(o, nt);
+    zd_named_tensors_free(nt);
+    return rc;
+}
+
 /*  Export after two steps, import into a fresh optimizer over copies of the
     parameters: both continue identically. */
 static void check_resume(zd_optim_config_t c)
@@ -605,19 +617,17 @@ static void check_resume(zd_optim_config_t c)
             zd_tensor_data(g)[i] = (float)grad_at(s, i);
         assert_int_equal(zd_optim_step(a, &g), 0);
     }
-    int n;
-    char **names;
-    zd_tensor_t **ts;
-    assert_int_equal(zd_optim_state_export(a, &n, &names, &ts), 0);
+    zd_named_tensors_t *st = zd_optim_state_export(a);
+    assert_non_null(st);
     zd_tensor_t *q = zd_tensor_detach_copy(p);
     zd_optim_t *b = zd_optim_new(&c, 1, &q);
-    assert_int_equal(zd_optim_state_import(b, n, (const char *const *)names, ts), 0);
+    assert_int_equal(zd_optim_state_import(b, st), 0);
     for (int i = 0; i < 9; i++)
         zd_tensor_data(g)[i] = (float)grad_at(3, i);
     assert_int_equal(zd_optim_step(a, &g), 0);
     assert_int_equal(zd_optim_step(b, &g), 0);
     assert_memory_equal(zd_tensor_data(p), zd_tensor_data(q), 9 * sizeof(float));
-    zd_optim_state_free(n, names, ts);
+    zd_named_tensors_free(st);
     zd_optim_free(a);
     zd_optim_free(b);
     zd_tensor_unref(p);
@@ -647,15 +657,20 @@ static void test_state_export_import(void **state)
     zd_tensor_t *p0 = zd_tensor_zeros1(2), *p = zd_tensor_zeros1(4), *g = zd_tensor_zeros1(4);
     zd_tensor_fill_(g, 0.5f);
     zd_optim_t *o = zd_optim_new(&c, 2, (zd_tensor_t *[]){ p0, p });
-    int n;
-    char **names;
-    zd_tensor_t **ts;
-    assert_int_equal(zd_optim_state_export(o, &n, &names, &ts), 0);
-    assert_int_equal(n, 0);
-    zd_optim_state_free(n, names, ts);
+    zd_named_tensors_t *st = zd_optim_state_export(o);
+    assert_non_null(st);
+    assert_int_equal(zd_named_tensors_len(st), 0);
+    zd_named_tensors_free(st);
     assert_int_equal(zd_optim_step(o, (zd_tensor_t *[]){ NULL, g }), 0);
-    assert_int_equal(zd_optim_state_export(o, &n, &names, &ts), 0);
-    assert_int_equal(n, 3);
+    st = zd_optim_state_export(o);
+    assert_non_null(st);
+    assert_int_equal(zd_named_tensors_len(st), 3);
+    const char *names[3];
+    zd_tensor_t *ts[3];
+    for (int i = 0; i < 3; i++) {
+        names[i] = zd_named_tensors_name(st, i);
+        ts[i] = zd_named_tensors_tensor(st, i);
+    }
     assert_string_equal(names[0], "1.exp_avg");
     assert_string_equal(names[1], "1.exp_avg_sq");
     assert_string_equal(names[2], "1.step");
@@ -663,24 +678,35 @@ static void test_state_export_import(void **state)
 
     /* Broken states are refused whole. */
     const char *bad_names[3] = { "1.exp_avg", "1.exp_avg_sq", "1.max_exp_avg_sq" };
-    assert_int_equal(zd_optim_state_import(o, 3, bad_names, ts), -1);
+    assert_int_equal(import(o, 3, bad_names, ts), -1);
     assert_non_null(strstr(zd_error_last(), "no state 'max_exp_avg_sq'"));
-    assert_int_equal(zd_optim_state_import(o, 2, (const char *const *)names, ts), -1);
+    assert_int_equal(import(o, 2, names, ts), -1);
     assert_non_null(strstr(zd_error_last(), "parameter 1 has some state but no '1.step'"));
     const char *far[1] = { "7.exp_avg" };
-    assert_int_equal(zd_optim_state_import(o, 1, far, ts), -1);
+    assert_int_equal(import(o, 1, far, ts), -1);
     assert_non_null(strstr(zd_error_last(), "index below 2"));
+    const char *twice[3] = { "1.exp_avg", "01.exp_avg", "1.step" };
+    assert_int_equal(import(o, 3, twice, ts), -1);
+    assert_non_null(strstr(zd_error_last(), "entry '01.exp_avg' given twice"));
     zd_tensor_t *wrong = zd_tensor_zeros1(5);
-    assert_int_equal(zd_optim_state_import(o, 3, (const char *const *)names,
-                                        (zd_tensor_t *[]){ wrong, ts[1], ts[2] }), -1);
+    assert_int_equal(import(o, 3, names, (zd_tensor_t *[]){ wrong, ts[1], ts[2] }), -1);
     assert_non_null(strstr(zd_error_last(), "'1.exp_avg' is float32 (5), the parameter float32 (4)"));
     zd_tensor_unref(wrong);
+    assert_int_equal(zd_optim_state_import(o, NULL), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    /* The refused imports left the state as it was. */
+    zd_named_tensors_t *again = zd_optim_state_export(o);
+    assert_non_null(again);
+    assert_int_equal(zd_named_tensors_len(again), 3);
+    assert_int_equal(zd_tensor_data_i64(zd_named_tensors_find(again, "1.step"))[0], 1);
+    zd_named_tensors_free(again);
     /* An empty state is a fresh start. */
-    assert_int_equal(zd_optim_state_import(o, 0, NULL, NULL), 0);
-    zd_optim_state_free(n, names, ts);
-    assert_int_equal(zd_optim_state_export(o, &n, &names, &ts), 0);
-    assert_int_equal(n, 0);
-    zd_optim_state_free(n, names, ts);
+    assert_int_equal(import(o, 0, NULL, NULL), 0);
+    zd_named_tensors_free(st);
+    st = zd_optim_state_export(o);
+    assert_non_null(st);
+    assert_int_equal(zd_named_tensors_len(st), 0);
+    zd_named_tensors_free(st);
     zd_optim_free(o);
     zd_tensor_unref(p0);
     zd_tensor_unref(p);

@@ -52,8 +52,8 @@ static int setup(const world_t *w)
 /*  The first BATCH test images. */
 static int test_batch(zd_tensor_t **x, zd_tensor_t **y)
 {
-    zd_dataset_t *ds;
-    if (zd_dataset_load(NULL, ZD_DATASET_TEST, &ds) < 0)
+    zd_dataset_t *ds = zd_dataset_load(NULL, ZD_DATASET_TEST);
+    if (!ds)
         return -1;
     int rc = zd_dataset_batch(ds, NULL, 0, BATCH, x, y);
     zd_dataset_free(ds);

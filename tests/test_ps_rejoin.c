@@ -240,15 +240,11 @@ static int64_t file_generation(const world_procs_t *w, int shard)
 {
     char path[128];
     snprintf(path, sizeof path, "%s/c.shard%d", w->dir, shard);
-    int n = 0;
-    char **names = NULL;
-    zd_tensor_t **tensors = NULL;
-    assert_int_equal(zd_checkpoint_read(path, &n, &names, &tensors), 0);
-    int64_t gen = -1;
-    for (int i = 0; i < n; i++)
-        if (!strcmp(names[i], "generation"))
-            gen = zd_tensor_data_i64(tensors[i])[0];
-    zd_checkpoint_free_list(n, names, tensors);
+    zd_named_tensors_t *nt = zd_checkpoint_read(path);
+    assert_non_null(nt);
+    zd_tensor_t *g = zd_named_tensors_find(nt, "generation");
+    int64_t gen = g ? zd_tensor_data_i64(g)[0] : -1;
+    zd_named_tensors_free(nt);
     printf("%s: generation %lld\n", path, (long long)gen);
     return gen;
 }

@@ -26,25 +26,11 @@
 #define MAX_SHARDS 64
 #define NET_PARAMS 8
 
-typedef struct {
-    int n;
-    char **names;
-    zd_tensor_t **tensors;
-} shard_t;
-
-static zd_tensor_t *shard_find(const shard_t *s, const char *name)
-{
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->names[i], name) == 0)
-            return s->tensors[i];
-    return NULL;
-}
-
 /*  The int64 scalar or vector called name of shard s: its sum, or -1
     (with the error set) when it is missing or of another kind. */
-static int64_t int_sum(const shard_t *s, const char *name, const char *path)
+static int64_t int_sum(const zd_named_tensors_t *s, const char *name, const char *path)
 {
-    zd_tensor_t *t = shard_find(s, name);
+    zd_tensor_t *t = zd_named_tensors_find(s, name);
     if (!t || zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) < 1) {
         zd_error_set("%s: no int64 \"%s\": not a checkpoint of rpc_ps", path, name);
         return -1;
@@ -57,7 +43,7 @@ static int64_t int_sum(const shard_t *s, const char *name, const char *path)
 
 static int export_net(const char *prefix, const char *out)
 {
-    shard_t shards[MAX_SHARDS] = {{0}};
+    zd_named_tensors_t *shards[MAX_SHARDS] = {0};
     int S = 0, rc = -1;
     bool prev;
     int64_t generation = -1, step = 0;
@@ -70,8 +56,8 @@ static int export_net(const char *prefix, const char *out)
         snprintf(path, sizeof path, "%s.shard%d", prefix, S);
         if (S > 0 && access(path, F_OK) < 0)
             break;
-        shard_t *s = &shards[S];
-        if (zd_checkpoint_read(path, &s->n, &s->names, &s->tensors) < 0)
+        zd_named_tensors_t *s = shards[S] = zd_checkpoint_read(path);
+        if (!s)
             goto out;
         int64_t g = int_sum(s, "generation", path);
         if (g < 0)
@@ -92,7 +78,7 @@ static int export_net(const char *prefix, const char *out)
         zd_tensor_t *pieces[MAX_SHARDS], *whole = NULL, *want = zd_nn_model_param(net, k);
         int n = 0;
         for (int s = 0; s < S; s++)
-            if ((pieces[n] = shard_find(&shards[s], name)))
+            if ((pieces[n] = zd_named_tensors_find(shards[s], name)))
                 n++;
         for (int i = 0; i < n; i++)
             if (zd_tensor_dtype(pieces[i]) != ZD_FLOAT32)
@@ -123,7 +109,7 @@ static int export_net(const char *prefix, const char *out)
                (long long)generation, (long long)step);
 out:
     for (int s = 0; s < MAX_SHARDS; s++)
-        zd_checkpoint_free_list(shards[s].n, shards[s].names, shards[s].tensors);
+        zd_named_tensors_free(shards[s]);
     zd_named_tensors_free(nt);
     zd_nn_model_free(net);
     return rc;

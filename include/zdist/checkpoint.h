@@ -8,7 +8,7 @@
         0       8         magic "ZDCKPT\r\n" (5A 44 43 4B 50 54 0D 0A)
         8       4         version = 1
         12      4         count: number of tensors (at most 1,000,000)
-        16      ...       count records, one per tensor, in the order given:
+        16      ...       count records, one per tensor, in the list's order:
                   4         name length L (1 to 4096)
                   L         name, bytes without a terminating NUL
                   4         dtype: 1 float32, 2 int64, 3 uint8 (zd_tensor_dtype_t)
@@ -29,6 +29,7 @@
 #ifndef ZDIST_CHECKPOINT_H
 #define ZDIST_CHECKPOINT_H
 
+#include <zdist/named_tensors.h>
 #include <zdist/tensor.h>
 #include <zdist/export.h>
 
@@ -39,28 +40,23 @@ ZD_BEGIN_DECLS
 #define ZD_CHECKPOINT_MAX_NAME 4096
 #define ZD_CHECKPOINT_MAX_COUNT 1000000
 
-/*  Writes n tensors (any dtype) under the given names (unique, 1 to 4096
-    bytes). Not recorded by autograd. Returns 0, or -1 with zd_error_last()
-    naming the file and the problem (then path is left as it was). */
-ZD_API int zd_checkpoint_save(const char *path, int n, const char *const *names,
-                    zd_tensor_t *const *tensors);
+/*  Writes the tensors of the list (any dtype) under their names (1 to
+    4096 bytes). Not recorded by autograd. Returns 0, or -1 with
+    zd_error_last() naming the file and the problem (then path is left as
+    it was). */
+ZD_API int zd_checkpoint_save(const char *path, const zd_named_tensors_t *tensors);
 
-/*  Reads the file into tensors[i] for each names[i]: the file must hold
-    exactly these n names (in any order), each with the tensor's dtype and
-    shape. Data is copied in place (no autograd record). All or nothing:
-    returns 0, or -1 with zd_error_last() naming the file (and the tensor and
-    both shapes for a shape mismatch) and no tensor changed. */
-ZD_API int zd_checkpoint_load(const char *path, int n, const char *const *names,
-                    zd_tensor_t *const *tensors);
+/*  Reads the file into the list's tensors, each under its name: the file
+    must hold exactly these names (in any order), each with the tensor's
+    dtype and shape. Data is copied in place (no autograd record). All or
+    nothing: returns 0, or -1 with zd_error_last() naming the file (and the
+    tensor and both shapes for a shape mismatch) and no tensor changed. */
+ZD_API int zd_checkpoint_load(const char *path, const zd_named_tensors_t *into);
 
 /*  Reads every tensor of the file without knowing them in advance (for
-    tools and inspection). Sets *n, *names (an array of n strings) and
-    *tensors (an array of n new references): a new object, released whole
-    with zd_checkpoint_free_list(). Returns 0, or -1 as zd_checkpoint_load. */
-ZD_API int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***tensors);
-
-/*  Frees what zd_checkpoint_read returned (NULL-safe). */
-ZD_API void zd_checkpoint_free_list(int n, char **names, zd_tensor_t **tensors);
+    tools and inspection), in the file's order: a new object
+    (zd_named_tensors_free), or NULL as zd_checkpoint_load fails. */
+ZD_API zd_named_tensors_t *zd_checkpoint_read(const char *path);
 
 ZD_END_DECLS
 

@@ -67,12 +67,12 @@ ZD_API int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const
 
 /*  Loads a split from dir (NULL: zd_dataset_find_dir()). Checks that both
     files are uint8 IDX files of N x H x W images and N labels, that the
-    counts agree and that every label is < 10. Returns 0 and sets *out (a new
-    object: zd_dataset_free), or -1 with *out NULL and an error naming the file. */
-ZD_API int zd_dataset_load(const char *dir, zd_dataset_split_t split, zd_dataset_t **out);
+    counts agree and that every label is < 10. Returns the data set, a new
+    object (zd_dataset_free), or NULL with an error naming the file. */
+ZD_API zd_dataset_t *zd_dataset_load(const char *dir, zd_dataset_split_t split);
 
-/*  Same (*out a new object), from two explicit files. */
-ZD_API int zd_dataset_load_files(const char *images_path, const char *labels_path, zd_dataset_t **out);
+/*  Same (a new object, or NULL), from two explicit files. */
+ZD_API zd_dataset_t *zd_dataset_load_files(const char *images_path, const char *labels_path);
 
 /*  Frees a data set (NULL-safe). */
 ZD_API void zd_dataset_free(zd_dataset_t *ds);

@@ -26,9 +26,9 @@ ZD_BEGIN_DECLS
     float32 data a ZD_FLOAT32 tensor, both with the file's shape. Other
     element types, a bad magic, 0 or more than 8 dimensions, dimensions
     whose product overflows, and a size that disagrees with the dimensions
-    (truncated or trailing data) are refused. Returns 0 and sets *out (a new
-    reference), or -1 with *out NULL and zd_error_last() set. */
-ZD_API int zd_idx_load(const char *path, zd_tensor_t **out);
+    (truncated or trailing data) are refused. Returns the tensor, a new
+    reference, or NULL with zd_error_last() set. */
+ZD_API zd_tensor_t *zd_idx_load(const char *path);
 
 /*  Writes t (ZD_UINT8 or ZD_FLOAT32, 1 to 8 dimensions, each < 2^32) as an
     IDX file: gzip-compressed when path ends in ".gz", plain otherwise.

@@ -9,8 +9,10 @@
 
     The container of named tensors: a module's state dict
     (zd_nn_module_state_dict), a context's gradients
-    (zd_dist_autograd_get_gradients) and the tensors of a safetensors file
-    (zd_safetensors_read) come in it. It holds a reference to each tensor
+    (zd_dist_autograd_get_gradients), an optimizer's state
+    (zd_optim_state_export) and the tensors of a checkpoint
+    (zd_checkpoint_read) or a safetensors file (zd_safetensors_read) come
+    in it, and checkpoints are saved from and loaded into it. It holds a reference to each tensor
     (a state dict shares the module's tensors, as PyTorch's does) and a
     copy of each name; names are unique, and the order is the order of
     adding. */

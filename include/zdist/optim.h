@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include <zdist/named_tensors.h>
 #include <zdist/tensor.h>
 #include <zdist/export.h>
 
@@ -143,18 +144,15 @@ ZD_API int zd_optim_set_lr(zd_optim_t *opt, double lr);
     square_avg, grad_avg (RMSprop), and "<i>.step" (int64, shape (1)) for
     the kinds that count steps. Parameters not stepped yet have no entry. */
 
-/*  Copies the state out: *names (n strings) and *tensors (n new references),
-    a new object released whole with zd_optim_state_free(). Returns 0, or -1. */
-ZD_API int zd_optim_state_export(zd_optim_t *opt, int *n, char ***names, zd_tensor_t ***tensors);
+/*  Copies the state out: a new object (zd_named_tensors_free) holding a
+    copy of each entry, or NULL. */
+ZD_API zd_named_tensors_t *zd_optim_state_export(zd_optim_t *opt);
 
-/*  Replaces the whole state with the given entries (copied), which must be
-    exactly what zd_optim_state_export of an optimizer of the same kind,
+/*  Replaces the whole state with the list's entries (copied), which must
+    be exactly what zd_optim_state_export of an optimizer of the same kind,
     flags and parameter shapes produces. All or nothing. Returns 0, or -1
     with zd_error_last() naming the entry. */
-ZD_API int zd_optim_state_import(zd_optim_t *opt, int n, const char *const *names,
-                       zd_tensor_t *const *tensors);
-
-ZD_API void zd_optim_state_free(int n, char **names, zd_tensor_t **tensors);
+ZD_API int zd_optim_state_import(zd_optim_t *opt, const zd_named_tensors_t *state);
 
 ZD_END_DECLS
 

@@ -6,9 +6,13 @@
     Never linked: only -fsyntax-only. */
 #include <stddef.h>
 #include <stdint.h>
+#include <zdist/checkpoint.h>
+#include <zdist/dataset.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/dist_nn.h>
 #include <zdist/dist_optim.h>
+#include <zdist/idx.h>
+#include <zdist/optim.h>
 #include <zdist/rpc.h>
 
 int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm, int64_t ctx);
@@ -24,9 +28,19 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_dist_optim_free(zd_dist_optim_new(cfg, params));
     zd_rref_list_free(params);
     zd_named_tensors_free(zd_dist_autograd_get_gradients(ctx));
+    zd_dataset_free(zd_dataset_load(NULL, ZD_DATASET_TEST));
+    zd_dataset_free(zd_dataset_load_files("images.idx", "labels.idx"));
+    zd_tensor_unref(zd_idx_load("x.idx"));
+    zd_named_tensors_t *nt = zd_checkpoint_read("x.ckpt");
+    int rc = zd_checkpoint_save("y.ckpt", nt) + zd_checkpoint_load("y.ckpt", nt);
+    zd_named_tensors_free(nt);
+    zd_optim_t *opt = NULL;
+    zd_named_tensors_t *state = zd_optim_state_export(opt);
+    rc += zd_optim_state_import(opt, state);
+    zd_named_tensors_free(state);
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
-    return zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st);
+    return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st);
 #elif defined(CASE_dist_optim_new)
     zd_rref_t **params = NULL;
     zd_dist_optim_t *opt;
@@ -55,6 +69,55 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_dist_autograd_stats_t st;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     zd_dist_autograd_stats(&st);
+    return 0;
+#elif defined(CASE_dataset_load)
+    zd_dataset_t *ds;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_dataset_load(NULL, ZD_DATASET_TEST, &ds) < 0 ? -1 : 0;
+#elif defined(CASE_dataset_load_files)
+    zd_dataset_t *ds;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_dataset_load_files("images.idx", "labels.idx", &ds) < 0 ? -1 : 0;
+#elif defined(CASE_idx_load)
+    zd_tensor_t *t;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_idx_load("x.idx", &t) < 0 ? -1 : 0;
+#elif defined(CASE_checkpoint_save)
+    const char *names[1] = {"w"};
+    zd_tensor_t *tensors[1] = {NULL};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_checkpoint_save("x.ckpt", 1, names, tensors);
+#elif defined(CASE_checkpoint_load)
+    const char *names[1] = {"w"};
+    zd_tensor_t *tensors[1] = {NULL};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_checkpoint_load("x.ckpt", 1, names, tensors);
+#elif defined(CASE_checkpoint_read)
+    int n;
+    char **names;
+    zd_tensor_t **tensors;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_checkpoint_read("x.ckpt", &n, &names, &tensors) < 0 ? -1 : 0;
+#elif defined(CASE_checkpoint_free_list)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_checkpoint_free_list(0, NULL, NULL);
+    return 0;
+#elif defined(CASE_optim_state_export)
+    zd_optim_t *opt = NULL;
+    int n;
+    char **names;
+    zd_tensor_t **tensors;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_optim_state_export(opt, &n, &names, &tensors) < 0 ? -1 : 0;
+#elif defined(CASE_optim_state_import)
+    zd_optim_t *opt = NULL;
+    const char *names[1] = {"0.step"};
+    zd_tensor_t *tensors[1] = {NULL};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_optim_state_import(opt, 1, names, tensors);
+#elif defined(CASE_optim_state_free)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_optim_state_free(0, NULL, NULL);
     return 0;
 #elif defined(CASE_rpc_args)
     (void)cfg, (void)m, (void)rm, (void)ctx;
