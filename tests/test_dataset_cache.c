@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  The per-host cache of decompressed data sets (nn/dataset_cache.c): the
+/*  The per-host cache of decompressed data sets (data/dataset_cache.c): the
     batches read in place equal the in-memory ones bit for bit; processes
     starting together decompress once; a corrupt, truncated or stale cache
     file is rebuilt; its CRC is checked once per boot; a cache directory

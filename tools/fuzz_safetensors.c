@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  fuzz_safetensors.c: libFuzzer target for the safetensors reader
-    (nn/safetensors.c).
+    (data/safetensors.c).
 
     The input is a whole file. The reader gets an exact-size heap copy of
     it, as zd_safetensors_read gives it the file's mapping, so that ASan
@@ -21,7 +21,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "nn/safetensors_private.h"
+#include "data/safetensors_private.h"
 
 #define FUZZ_NAME "fuzz_safetensors"
 #include "tools/fuzz_check.h"

@@ -148,6 +148,25 @@ ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
 ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features,
                                                bool bias, zd_nn_rng_t *rng);
 
+/*  ---- weights in and out of safetensors files (nn/module_safetensors.c) ----
+
+    Modules save under their dotted parameter names, which are PyTorch's
+    state_dict() names for the same model ("conv1.weight", "fc2.bias",
+    the LSTM's "weight_ih_l0"), so a file goes between zdist and PyTorch's
+    model.load_state_dict(st.load(path)[0]) / load_file() as it is.
+    Loading goes as zd_safetensors_load_into (<zdist/safetensors.h>) says. */
+
+/*  Writes every parameter of m under its dotted name, with n_meta metadata
+    entries as zd_safetensors_write takes them. 0, or -1 (path untouched). */
+ZD_API int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
+                                         const char *const *meta_kv, int n_meta);
+
+/*  Loads m's parameters from the file, as zd_safetensors_load_into does:
+    0 with *skipped a new object (zd_safetensors_free_names; skipped and
+    n_skipped may be NULL), or -1. */
+ZD_API int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
+                                         char ***skipped, int *n_skipped);
+
 ZD_END_DECLS
 
 #endif

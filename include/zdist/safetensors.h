@@ -48,7 +48,6 @@
 
 #include <stdbool.h>
 
-#include <zdist/module.h>
 #include <zdist/named_tensors.h>
 #include <zdist/export.h>
 
@@ -78,12 +77,7 @@ ZD_API int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
 /*  Frees what zd_safetensors_read gave in meta_kv (NULL-safe). */
 ZD_API void zd_safetensors_free_meta(char **meta_kv, int n_meta);
 
-/*  ---- weights in and out of models (nn/module_safetensors.c) ----
-
-    Modules save under their dotted parameter names, which are PyTorch's
-    state_dict() names for the same model ("conv1.weight", "fc2.bias",
-    the LSTM's "weight_ih_l0"), so a file goes between zdist and PyTorch's
-    model.load_state_dict(st.load(path)[0]) / load_file() as it is.
+/*  ---- loading into existing tensors ----
 
     Loading copies into the existing tensors (not recorded by autograd),
     all or nothing: the file is checked whole before any tensor changes.
@@ -105,17 +99,6 @@ ZD_API int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *
 
 /*  Frees what zd_safetensors_load_into gave in skipped (NULL-safe). */
 ZD_API void zd_safetensors_free_names(char **names, int n);
-
-/*  Writes every parameter of m under its dotted name, with n_meta metadata
-    entries as zd_safetensors_write takes them. 0, or -1 (path untouched). */
-ZD_API int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
-                                         const char *const *meta_kv, int n_meta);
-
-/*  Loads m's parameters from the file, as zd_safetensors_load_into does:
-    0 with *skipped a new object (zd_safetensors_free_names; skipped and
-    n_skipped may be NULL), or -1. */
-ZD_API int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
-                                         char ***skipped, int *n_skipped);
 
 ZD_END_DECLS
 

@@ -27,7 +27,7 @@
 
 #include <zdist/error.h>
 #include <zdist/safetensors.h>
-#include "nn/safetensors_private.h"
+#include "data/safetensors_private.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
 #define HOST_BIG_ENDIAN 1

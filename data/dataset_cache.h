@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  dataset_cache.h: uint8 IDX files read in place, from a per-host cache of
-    their decompressed bytes (dataset_cache.c). For nn/dataset.c only. */
+    their decompressed bytes (dataset_cache.c). For data/dataset.c only. */
 #ifndef ZDIST_NN_DATASET_CACHE_H
 #define ZDIST_NN_DATASET_CACHE_H
 

@@ -30,7 +30,7 @@
     When the directory cannot be used (not writable, no home), the caller
     decompresses in memory as before: the cache makes loading cheaper, never
     impossible. */
-#include "nn/dataset_cache.h"
+#include "data/dataset_cache.h"
 
 #include <dirent.h>
 #include <errno.h>

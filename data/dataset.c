@@ -14,7 +14,7 @@
 #include <zdist/rng.h>
 
 #include "core/fault_inject.h"
-#include "nn/dataset_cache.h"
+#include "data/dataset_cache.h"
 
 struct zd_dataset {
     zd_tensor_t *images;   /* (N, H, W) uint8 */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  safetensors_private.h: the safetensors reader and writer without the
-    file around them (nn/safetensors.c), for the file functions and for
+    file around them (data/safetensors.c), for the file functions and for
     tools/fuzz_safetensors.c, which hands the reader exact-size heap copies
     of its inputs so that AddressSanitizer sees any read past the end. */
 #ifndef ZDIST_NN_SAFETENSORS_PRIVATE_H
