@@ -193,7 +193,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
     /* add and sub need no operands to go backward; mul and div need both */
     bool keep = op == ZD__BIN_MUL || op == ZD__BIN_DIV;
     zd_tensor_t *in[2] = {a, b}, *saved[2] = {keep ? a : NULL, keep ? b : NULL};
-    if (zd_autograd_record(&binary_ops[op], 2, in, y, saved, 2, bc) < 0)
+    if (zd_autograd_record(&binary_ops[op], in, 2, y, saved, 2, bc) < 0)
         return -1;
     *out = y;
     return 0;

@@ -27,11 +27,11 @@ static int check_pair(const char *op, const zd_tensor_t *a, const zd_tensor_t *b
 }
 
 /*  zd_autograd_record with up to two saved tensors. */
-static int record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+static int record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
                   zd_tensor_t *save0, zd_tensor_t *save1, void *ctx)
 {
     zd_tensor_t *saved[2] = {save0, save1};
-    return zd_autograd_record(ops, n_in, in, y, saved, 2, ctx);
+    return zd_autograd_record(ops, in, n_in, y, saved, 2, ctx);
 }
 
 static void free_ctx(zd_autograd_node_t *n)
@@ -83,7 +83,7 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
     }
     *ctx = sign;
     zd_tensor_t *in[2] = {a, b};
-    if (record(&add_ops, 2, in, y, NULL, NULL, ctx) < 0)
+    if (record(&add_ops, in, 2, y, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -127,7 +127,7 @@ int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     for (int64_t i = 0; i < zd_tensor_numel(a); i++)
         py[i] = pa[i] * pb[i];
     zd_tensor_t *in[2] = {a, b};
-    if (record(&mul_ops, 2, in, y, a, b, NULL) < 0)
+    if (record(&mul_ops, in, 2, y, a, b, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -166,7 +166,7 @@ int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
     for (int64_t i = 0; i < zd_tensor_numel(a); i++)
         py[i] = pa[i] * s;
     *ctx = s;
-    if (record(&scale_ops, 1, &a, y, NULL, NULL, ctx) < 0)
+    if (record(&scale_ops, &a, 1, y, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -209,7 +209,7 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
     memcpy(&ctx[0], &factor, sizeof factor);
     ctx[1] = zd_tensor_ndim(a);
     memcpy(ctx + 2, zd_tensor_shape(a), sizeof(int64_t) * (size_t)zd_tensor_ndim(a));
-    if (record(&sum_ops, 1, &a, y, NULL, NULL, ctx) < 0)
+    if (record(&sum_ops, &a, 1, y, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -262,7 +262,7 @@ int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     if (k == 0)
         zd_tensor_zero_(y);
     zd_tensor_t *in[2] = {a, b};
-    if (record(&matmul_ops, 2, in, y, a, b, NULL) < 0)
+    if (record(&matmul_ops, in, 2, y, a, b, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -287,7 +287,7 @@ int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
     zd_tensor_t *y = zd_tensor_detach_copy(a);
     if (!y)
         return -1;
-    if (record(&copy_ops, 1, &a, y, NULL, NULL, NULL) < 0)
+    if (record(&copy_ops, &a, 1, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -393,7 +393,7 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
         offset += sz;
     }
     zd_autograd_node_t *node;
-    if (zd_autograd_node_new(&cat_ops, n, ts, 1, &node) < 0) {
+    if (zd_autograd_node_new(&cat_ops, ts, n, 1, &node) < 0) {
         free(c);
         zd_tensor_unref(y);
         return -1;
@@ -494,7 +494,7 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
     c->start = start;
     c->ndim = ndim;
     memcpy(c->shape, zd_tensor_shape(t), sizeof(int64_t) * (size_t)ndim);
-    if (record(&narrow_ops, 1, &t, y, NULL, NULL, c) < 0)
+    if (record(&narrow_ops, &t, 1, y, NULL, NULL, c) < 0)
         return -1;
     *out = y;
     return 0;

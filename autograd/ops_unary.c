@@ -84,7 +84,7 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
     }
     zd_tensor_t *saved = op == U_LOG ? x : y;
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&unary_ops[op], 1, &x, 1, &n) < 0) {
+    if (zd_autograd_node_new(&unary_ops[op], &x, 1, 1, &n) < 0) {
         zd_tensor_unref(y);
         return -1;
     }

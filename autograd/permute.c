@@ -122,7 +122,7 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
     permute_copy(t, perm, y);
     for (int i = 0; i < nd; i++)
         c->inverse[perm[i]] = i;
-    if (zd_autograd_record(&permute_ops, 1, &t, y, NULL, 0, c) < 0)
+    if (zd_autograd_record(&permute_ops, &t, 1, y, NULL, 0, c) < 0)
         return -1;
     *out = y;
     return 0;

@@ -369,7 +369,7 @@ int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_
     if (!v)
         return -1;
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&reshape_ops, 1, &t, 1, &n) < 0) {
+    if (zd_autograd_node_new(&reshape_ops, &t, 1, 1, &n) < 0) {
         zd_tensor_unref(v);
         return -1;
     }

@@ -273,7 +273,7 @@ int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t 
     if (rc == 0 && !(ctx = malloc(sizeof *ctx)))
         rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "ps_net: out of memory");
     if (rc == 0)
-        rc = zd_autograd_node_new(&snapshot_ops, n, params, n, &node);
+        rc = zd_autograd_node_new(&snapshot_ops, params, n, n, &node);
     if (rc == 0 && node) {
         /* from here the node gives the slot back, whatever becomes of it */
         ctx->holds_slot = slot;

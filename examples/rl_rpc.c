@@ -253,7 +253,7 @@ static agent_t *agent_new(const options_t *o, int n_observers)
     zd_optim_config_t cfg = zd_optim_adam_defaults();
     cfg.lr = o->lr;
     zd_tensor_t *params[4] = {a->policy.w1, a->policy.b1, a->policy.w2, a->policy.b2};
-    if (!(a->optimizer = zd_optim_new(&cfg, 4, params)))
+    if (!(a->optimizer = zd_optim_new(&cfg, params, 4)))
         goto fail;
     return a;
 fail:

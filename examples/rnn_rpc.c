@@ -73,7 +73,7 @@ static drop_state_t *drop_state_new(double p, int64_t seed)
 }
 
 /*  EmbeddingTable.forward: drop(encoder(input)). */
-static int embedding_table_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+static int embedding_table_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                                    zd_tensor_t **out)
 {
     if (n_in != 1)
@@ -88,7 +88,7 @@ static int embedding_table_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *con
 }
 
 /*  Decoder.forward: decoder(drop(output)). */
-static int decoder_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+static int decoder_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                            zd_tensor_t **out)
 {
     if (n_in != 1)
@@ -293,10 +293,10 @@ static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tens
                          zd_tensor_t **logits, zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
     zd_tensor_t *emb, *out, *dec, *flat;
-    if (zd_remote_module_forward(m->emb, 1, &x, &emb) < 0 || !zd_scope_add(emb) ||
+    if (zd_remote_module_forward(m->emb, &x, 1, &emb) < 0 || !zd_scope_add(emb) ||
         zd_nn_lstm_forward(m->lstm, emb, h, c, &out, h_n, c_n) < 0 || !zd_scope_add(out) ||
         !zd_scope_add(*h_n) || !zd_scope_add(*c_n) ||
-        zd_remote_module_forward(m->dec, 1, &out, &dec) < 0 || !zd_scope_add(dec))
+        zd_remote_module_forward(m->dec, &out, 1, &dec) < 0 || !zd_scope_add(dec))
         return -1;
     int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
     if (zd_tensor_reshape(dec, 2, shape, &flat) < 0 || !zd_scope_add(flat))

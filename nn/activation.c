@@ -91,7 +91,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
             for (int64_t k = 0; k < v->n; k++)
                 py[base + k * v->inner] *= inv;
         }
-    if (zd__nn_record(&softmax_ops, 1, &x, y, y, NULL, NULL, v) < 0)
+    if (zd__nn_record(&softmax_ops, &x, 1, y, y, NULL, NULL, v) < 0)
         return -1;
     *out = y;
     return 0;
@@ -131,7 +131,7 @@ int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out)
     float *py = zd_tensor_data(y);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         py[i] = 0.5f * px[i] * (1.0f + erff(px[i] * 0.70710678118654752f));
-    if (zd__nn_record(&gelu_ops, 1, &x, y, x, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&gelu_ops, &x, 1, y, x, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;

@@ -401,7 +401,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
     }
     zd_tensor_t *in[3] = {x, weight, bias};
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&conv_ops, 3, in, 1, &n) < 0) {
+    if (zd_autograd_node_new(&conv_ops, in, 3, 1, &n) < 0) {
         zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);

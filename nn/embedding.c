@@ -86,7 +86,7 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
     float *py = zd_tensor_data(y);
     for (int64_t i = 0; i < n; i++)
         memcpy(py + i * dim, w + c->idx[i] * dim, sizeof(float) * (size_t)dim);
-    if (zd__nn_record(&emb_ops, 1, &weight, y, NULL, NULL, NULL, c) < 0)
+    if (zd__nn_record(&emb_ops, &weight, 1, y, NULL, NULL, NULL, c) < 0)
         return -1;
     *out = y;
     return 0;

@@ -262,7 +262,7 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
         return -1;
     }
     zd_tensor_t *in[3] = {x, weight, bias};
-    if (zd__nn_record(&linear_ops, 3, in, y, x, weight, NULL, NULL) < 0)
+    if (zd__nn_record(&linear_ops, in, 3, y, x, weight, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -330,7 +330,7 @@ int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
         zd_tensor_unref(y);
         return -1;
     }
-    if (zd__nn_record(&relu_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&relu_ops, &x, 1, y, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -387,7 +387,7 @@ static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *
         for (int64_t i = k * per; i < (k + 1) * per; i++)
             yd[i] = xd[i] * m;
     }
-    if (zd__nn_record(&dropout_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&dropout_ops, &x, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;

@@ -150,7 +150,7 @@ int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tens
         }
     }
     zd_tensor_t *in[3] = {x, weight, bias};
-    if (zd__nn_record(&ln_ops, 3, in, y, x, weight, NULL, c) < 0)
+    if (zd__nn_record(&ln_ops, in, 3, y, x, weight, NULL, c) < 0)
         return -1;
     *out = y;
     return 0;

@@ -64,7 +64,7 @@ int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
         for (int64_t c = 0; c < cols; c++)
             yr[c] = xr[c] - mx - lse;
     }
-    if (zd__nn_record(&log_softmax_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&log_softmax_ops, &x, 1, y, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -170,7 +170,7 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
     for (int64_t i = 0; i < N; i++)
         acc += lp[i * C + ctx->target[i]];
     zd_tensor_data(y)[0] = (float)(-acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
-    if (zd__nn_record(&nll_ops, 1, &logprobs, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&nll_ops, &logprobs, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -280,7 +280,7 @@ int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
     }
     zd_tensor_data(y)[0] = (float)(acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
     zd_tensor_t *in[2] = {x, target};
-    if (zd__nn_record(&mse_ops, 2, in, y, x, target, NULL, NULL) < 0)
+    if (zd__nn_record(&mse_ops, in, 2, y, x, target, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;

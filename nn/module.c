@@ -397,7 +397,7 @@ bool zd_nn_module_train(zd_nn_module_t *m, bool training)
 
 bool zd_nn_module_is_training(const zd_nn_module_t *m) { return atomic_load(&m->training); }
 
-int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
 {
     if (out)
         *out = NULL;
@@ -406,7 +406,7 @@ int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd
                                  m ? "out" : "module");
     if (!m->forward)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no forward function", m->type);
-    if (m->forward(m, n_in, in, out) < 0) {
+    if (m->forward(m, in, n_in, out) < 0) {
         zd_tensor_unref_p(out);
         return zd_error_wrap("%s forward", m->type);
     }
@@ -447,7 +447,7 @@ typedef struct {
     zd_tensor_t *weight, *bias;   /* borrowed from the module */
 } linear_t;
 
-static int linear_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+static int linear_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
 {
     linear_t *l = zd_nn_module_state(m);
     if (n_in != 1)

@@ -442,7 +442,7 @@ int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
         free(ctx);
         return -1;
     }
-    if (zd__nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&pool_ops, &x, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;

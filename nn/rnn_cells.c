@@ -184,7 +184,7 @@ static int cell_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in
                        const rnn_dims_t *d, float *buf, zd_tensor_t *y)
 {
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(ops, 6, in, 1, &n) < 0) {
+    if (zd_autograd_node_new(ops, in, 6, 1, &n) < 0) {
         free(buf);
         return -1;
     }

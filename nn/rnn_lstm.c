@@ -448,7 +448,7 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
 
     zd_tensor_t *in[7] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&lstm_ops, 7, in, cell ? 2 : 3, &n) < 0 ||
+    if (zd_autograd_node_new(&lstm_ops, in, 7, cell ? 2 : 3, &n) < 0 ||
         (n && !(c->y = zd_tensor_detach(y)))) {
         zd_autograd_node_unref(n);
         zd_tensor_unref(y);

@@ -62,7 +62,7 @@ static void pstate_clear(optim_pstate_t *st)
     st->step = 0;
 }
 
-zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, int n, zd_tensor_t *const *params)
+zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, zd_tensor_t *const *params, int n)
 {
     if (zd_optim_config_check(cfg) < 0)
         return NULL;

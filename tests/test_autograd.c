@@ -182,7 +182,7 @@ static const zd_autograd_node_ops_t send_ops = {"SendBackward", identity_backwar
 static zd_autograd_node_t *send_over(zd_tensor_t *t)
 {
     zd_autograd_node_t *n;
-    assert_int_equal(zd_autograd_node_new(&send_ops, 1, &t, 1, &n), 0);
+    assert_int_equal(zd_autograd_node_new(&send_ops, &t, 1, 1, &n), 0);
     assert_non_null(n);
     return n;
 }
@@ -403,7 +403,7 @@ static void test_saving_the_output_frees_without_backward(void **state)
     zd_tensor_t *x = leaf(1, (float[]){3});
     zd_tensor_t *y = zd_tensor_detach_copy(x);
     zd_autograd_node_t *n;
-    assert_int_equal(zd_autograd_node_new(&square_ops, 1, &x, 1, &n), 0);
+    assert_int_equal(zd_autograd_node_new(&square_ops, &x, 1, 1, &n), 0);
     zd_autograd_node_save(n, 0, y);   /* saved before becoming the output */
     zd_autograd_node_set_output(n, y);
     zd_autograd_node_save(n, 1, y);   /* and after */

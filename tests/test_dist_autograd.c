@@ -209,7 +209,7 @@ static zd_value_t *bad_op(zd_value_t *args, const zd_autograd_node_ops_t *ops)
         return NULL;
     zd_tensor_t *out = zd_tensor_detach_copy(y);
     zd_tensor_unref(y);
-    if (zd_autograd_node_new(ops, 1, &x, 1, &node) < 0 || !node) {
+    if (zd_autograd_node_new(ops, &x, 1, 1, &node) < 0 || !node) {
         zd_tensor_unref(out);
         return NULL;
     }

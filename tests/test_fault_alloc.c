@@ -224,7 +224,7 @@ static int mlp_step(void *arg)
         goto done;
     if (zd_autograd_backward(total, NULL, false) < 0)
         goto done;
-    if (!(opt = zd_optim_new(&cfg, 6, params)) || zd_optim_step_grad(opt) < 0)
+    if (!(opt = zd_optim_new(&cfg, params, 6)) || zd_optim_step_grad(opt) < 0)
         goto done;
     rc = 0;
 done:
@@ -557,7 +557,7 @@ static int module_round(void *arg)
     if (zd_nn_module_save(m, path) < 0 || zd_nn_module_load(m, path) < 0)
         goto done;
     if (!(x = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){5, 4})) ||
-        zd_nn_module_forward(zd_nn_module_child(m, "fc1"), 1, &x, &out) < 0)
+        zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &out) < 0)
         goto done;
     rc = 0;
 done:

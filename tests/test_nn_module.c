@@ -24,18 +24,18 @@ typedef struct {
     int forwards;
 } mlp_t;
 
-static int mlp_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+static int mlp_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
 {
     mlp_t *s = zd_nn_module_state(m);
     zd_tensor_t *h, *r;
     if (n_in != 1)
         return zd_error_set("takes 1 input");
-    if (zd_nn_module_forward(s->fc1, 1, in, &h) < 0)
+    if (zd_nn_module_forward(s->fc1, in, 1, &h) < 0)
         return -1;
     int rc = zd_nn_relu(h, &r);
     zd_tensor_unref(h);
     if (rc == 0) {
-        rc = zd_nn_module_forward(s->fc2, 1, &r, out);
+        rc = zd_nn_module_forward(s->fc2, &r, 1, out);
         zd_tensor_unref(r);
     }
     s->forwards++;
@@ -117,7 +117,7 @@ static void test_forward_backward_zero_grad_and_modes(void **state)
     zd_nn_module_t *m = mlp_new(7);
     float xv[6] = {1, -2, 0.5f, 3, 0.25f, -1};
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, xv), *y, *loss;
-    assert_int_equal(zd_nn_module_forward(m, 1, &x, &y), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &y), 0);
     assert_int_equal(zd_tensor_size(y, 0), 2);
     assert_int_equal(zd_tensor_size(y, 1), 2);
 
@@ -168,11 +168,11 @@ static void test_forward_backward_zero_grad_and_modes(void **state)
 
     /* forward errors carry the module's type */
     zd_tensor_t *two[2] = {x, x}, *bad = (zd_tensor_t *)1;
-    assert_int_equal(zd_nn_module_forward(m, 2, two, &bad), -1);
+    assert_int_equal(zd_nn_module_forward(m, two, 2, &bad), -1);
     assert_null(bad);
     assert_non_null(strstr(zd_error_last(), "Mlp forward"));
     zd_nn_module_t *empty = zd_nn_module_new("Box", NULL, NULL, NULL);
-    assert_int_equal(zd_nn_module_forward(empty, 1, &x, &bad), -1);
+    assert_int_equal(zd_nn_module_forward(empty, &x, 1, &bad), -1);
     assert_non_null(strstr(zd_error_last(), "no forward"));
     zd_nn_module_free(empty);
     assert_int_equal(((mlp_t *)zd_nn_module_state(m))->forwards, 1);

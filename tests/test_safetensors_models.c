@@ -312,7 +312,7 @@ static void test_net_to_pytorch(void **state)
     zd_tensor_t *params[8];
     for (int i = 0; i < 8; i++)
         params[i] = zd_nn_model_param(net, i);
-    zd_optim_t *opt = zd_optim_new(&cfg, 8, params);
+    zd_optim_t *opt = zd_optim_new(&cfg, params, 8);
     assert_non_null(opt);
     zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){16, 1, 28, 28});
     zd_tensor_t *y = zd_tensor_new(ZD_INT64, 1, (int64_t[]){16});

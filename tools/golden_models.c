@@ -148,7 +148,7 @@ static int optimizer_outputs(golden_case_t *c, results_t *r, const params_t *ps,
         if (!p[i])
             goto out;
     }
-    if (!(opt = zd_optim_new(cfg, ps->n, p)))
+    if (!(opt = zd_optim_new(cfg, p, ps->n)))
         goto out;
     for (int s = 1; s <= steps; s++) {
         if (zd_optim_step(opt, g) < 0)
