@@ -82,13 +82,13 @@ static int shard_file_init(shard_file_t *f)
     memset(f, 0, sizeof *f);
     for (int i = 0; i < ps_shard.n; i++, f->n++)
         f->names[f->n] = ps_shard.names[i], f->tensors[f->n] = ps_shard.params[i];
-    if (!(f->generation = zd_tensor_new(ZD_INT64, 1, (int64_t[]){1})))
+    if (!(f->generation = zd_tensor_new(ZD_INT64, (int64_t[]){1}, 1)))
         return -1;
     f->names[f->n] = GENERATION_NAME, f->tensors[f->n++] = f->generation;
     if (ps_shard.shard != 0)
         return 0;
-    f->progress = zd_tensor_new(ZD_INT64, 1, (int64_t[]){PS_NET_MAX_TRAINERS});
-    f->config = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
+    f->progress = zd_tensor_new(ZD_INT64, (int64_t[]){PS_NET_MAX_TRAINERS}, 1);
+    f->config = zd_tensor_new(ZD_INT64, (int64_t[]){3}, 1);
     if (!f->progress || !f->config) {
         shard_file_clear(f);
         return -1;

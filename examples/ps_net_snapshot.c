@@ -185,7 +185,7 @@ static zd_tensor_t *copy_of(int i)
     if (!data)
         return NULL;
     memcpy(data, zd_tensor_data(p), bytes);
-    return zd_tensor_wrap(zd_tensor_dtype(p), zd_tensor_ndim(p), zd_tensor_shape(p), data, bytes,
+    return zd_tensor_wrap(zd_tensor_dtype(p), zd_tensor_shape(p), zd_tensor_ndim(p), data, bytes,
                           buffer_release, (void *)(intptr_t)i);
 }
 

@@ -30,7 +30,7 @@ static int softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
 {
     zd_tensor_t *y = zd_autograd_node_saved(n, 0);
     const dim_view_t *v = zd_autograd_node_ctx(n);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(y), zd_tensor_shape(y))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), zd_tensor_ndim(y))))
         return -1;
     const float *py = zd_tensor_data(y), *g = zd_tensor_data(gout[0]);
     float *dx = zd_tensor_data(gin[0]);
@@ -66,7 +66,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
     if (dim < 0)
         dim += nd;
     dim_view_t *v = malloc(sizeof *v);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, nd, zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), nd);
     if (!v || !y) {
         free(v);
         zd_tensor_unref(y);
@@ -103,7 +103,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 static int gelu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     zd_tensor_t *x = zd_autograd_node_saved(n, 0);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x))))
         return -1;
     const float *px = zd_tensor_data(x), *g = zd_tensor_data(gout[0]);
     float *dx = zd_tensor_data(gin[0]);
@@ -124,7 +124,7 @@ int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out)
     *out = NULL;
     if (zd__nn_check_f32("gelu: input", x) < 0)
         return -1;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     if (!y)
         return -1;
     const float *px = zd_tensor_data(x);

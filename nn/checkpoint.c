@@ -463,7 +463,7 @@ int zd_checkpoint_read(const char *path, int *n, char ***names, zd_tensor_t ***t
     for (uint32_t k = 0; rc == 0 && k < p.count; k++) {
         const record_t *r = &p.rec[k];
         nm[k] = strndup(r->name, r->name_len);
-        ts[k] = zd_tensor_empty(r->dtype, r->ndim, r->shape);
+        ts[k] = zd_tensor_empty(r->dtype, r->shape, r->ndim);
         if (!nm[k] || !ts[k])
             rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
         else

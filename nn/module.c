@@ -181,10 +181,10 @@ int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, zd_tens
     return 0;
 }
 
-zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, int ndim,
-                                        const int64_t *shape)
+zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, const int64_t *shape,
+                                        int ndim)
 {
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, ndim);
     if (!t)
         return NULL;
     int rc = zd_nn_module_register_parameter(m, name, t);
@@ -472,9 +472,9 @@ zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_feature
     if (!m)
         return NULL;
     int64_t ws[2] = {out_features, in_features};
-    l->weight = zd_nn_module_add_parameter(m, "weight", 2, ws);
+    l->weight = zd_nn_module_add_parameter(m, "weight", ws, 2);
     if (bias)
-        l->bias = zd_nn_module_add_parameter(m, "bias", 1, &out_features);
+        l->bias = zd_nn_module_add_parameter(m, "bias", &out_features, 1);
     if (!l->weight || (bias && !l->bias) || zd_nn_init_default(l->weight, l->bias, rng) < 0) {
         zd_nn_module_free(m);
         return NULL;

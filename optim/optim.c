@@ -134,7 +134,7 @@ static int pstate_init(const zd_optim_t *o, int i)
     for (int s = 0; s < OPTIM_SLOTS; s++) {
         if (!zd__optim_slot_used(&o->cfg, s) || st->slot[s])
             continue;
-        st->slot[s] = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(p), zd_tensor_shape(p));
+        st->slot[s] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(p), zd_tensor_ndim(p));
         if (!st->slot[s])
             return -1;
         if (o->cfg.kind == ZD_OPTIM_ADAGRAD)

@@ -65,7 +65,7 @@ static int export_locked(zd_optim_t *o, int *n, char ***names_out, zd_tensor_t *
         if (rc == 0 && zd__optim_counts_steps(o->cfg.kind)) {
             int64_t one = 1;
             rc = add_entry(names, tensors, &k, i, "step",
-                           zd_tensor_from_data(ZD_INT64, 1, &one, &st->step));
+                           zd_tensor_from_data(ZD_INT64, &one, 1, &st->step));
         }
     }
     if (rc < 0) {

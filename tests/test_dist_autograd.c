@@ -36,7 +36,7 @@ static float w_value(int rank, int i) { return (float)rank + 1.0f + 0.1f * (floa
 static zd_tensor_t *vec(const float *v)
 {
     int64_t n = N;
-    return zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    return zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
 }
 
 static zd_tensor_t *x_leaf(float base)

@@ -67,7 +67,7 @@ static void test_names_order_and_lookup(void **state)
     zd_nn_module_t *m = mlp_new(1);
     assert_non_null(m);
     /* the module's own parameters come first, then the children's */
-    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2});
+    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1);
     assert_non_null(scale);
     assert_int_equal(zd_nn_module_n_params(m), 4);
     const char *expect[] = {"scale", "fc1.weight", "fc1.bias", "fc2.weight"};
@@ -88,12 +88,12 @@ static void test_names_order_and_lookup(void **state)
     assert_null(zd_nn_module_find(m, "fc3.weight"));
     assert_non_null(strstr(zd_error_last(), "fc3.weight"));
     assert_null(zd_nn_module_param(m, 4));
-    assert_null(zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2}));
+    assert_null(zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1));
     assert_non_null(strstr(zd_error_last(), "already has a parameter"));
-    assert_null(zd_nn_module_add_parameter(m, "fc1", 1, (int64_t[]){2}));
+    assert_null(zd_nn_module_add_parameter(m, "fc1", (int64_t[]){2}, 1));
     assert_non_null(strstr(zd_error_last(), "already has a submodule"));
-    assert_null(zd_nn_module_add_parameter(m, "a.b", 1, (int64_t[]){2}));
-    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
+    assert_null(zd_nn_module_add_parameter(m, "a.b", (int64_t[]){2}, 1));
+    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, (int64_t[]){2}, 1);
     assert_int_equal(zd_nn_module_register_parameter(m, "ints", ints), -1);
     zd_tensor_unref(ints);
     zd_nn_module_t *other = zd_nn_module_new("Empty", NULL, NULL, NULL);
@@ -101,7 +101,7 @@ static void test_names_order_and_lookup(void **state)
     assert_int_equal(zd_nn_module_n_params(m), 4);
 
     /* a parameter registered in a child after it joined shows at once */
-    assert_non_null(zd_nn_module_add_parameter(zd_nn_module_child(m, "fc2"), "extra", 0, NULL));
+    assert_non_null(zd_nn_module_add_parameter(zd_nn_module_child(m, "fc2"), "extra", NULL, 0));
     assert_int_equal(zd_nn_module_n_params(m), 5);
     assert_string_equal(zd_nn_module_param_name(m, 4), "fc2.extra");
     assert_string_equal(zd_tensor_name(zd_nn_module_param(m, 4)), "fc2.extra");
@@ -116,7 +116,7 @@ static void test_forward_backward_zero_grad_and_modes(void **state)
     int64_t live = zd_tensor_live_count();
     zd_nn_module_t *m = mlp_new(7);
     float xv[6] = {1, -2, 0.5f, 3, 0.25f, -1};
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, xv), *y, *loss;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3}, 2, xv), *y, *loss;
     assert_int_equal(zd_nn_module_forward(m, &x, 1, &y), 0);
     assert_int_equal(zd_tensor_size(y, 0), 2);
     assert_int_equal(zd_tensor_size(y, 1), 2);
@@ -235,7 +235,7 @@ static void test_state_dict(void **state)
     int64_t live = zd_tensor_live_count();
     zd_nn_module_t *m = mlp_new(1);
     assert_non_null(m);
-    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2});
+    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1);
     assert_non_null(scale);
     /* fc2 also holds fc1's weight: listed under both names */
     zd_tensor_t *w1 = zd_nn_module_find(m, "fc1.weight");

@@ -73,7 +73,7 @@ static double golden_run(golden_case_t *c, const zd_optim_config_t *cfg, const c
         assert_non_null(ge);
         /* A gradient stored for some rows only goes into those rows of a
            full-size gradient: every rule is elementwise. */
-        grads[np] = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(params[np]), zd_tensor_shape(params[np]));
+        grads[np] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(params[np]), zd_tensor_ndim(params[np]));
         int64_t row = zd_tensor_numel(params[np]) / zd_tensor_size(params[np], 0);
         int64_t n_rows = ge->n_rows ? ge->n_rows : zd_tensor_size(params[np], 0);
         assert_int_equal(zd_tensor_numel(ge->value), n_rows * row);
@@ -405,7 +405,7 @@ static void test_invalid_parameters(void **state)
     int64_t live = zd_tensor_live_count();
     zd_optim_config_t c = zd_optim_sgd_defaults(0.1);
     zd_tensor_t *a = zd_tensor_zeros1(3), *b = zd_tensor_zeros1(3);
-    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, (int64_t[]){ 3 });
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, (int64_t[]){ 3 }, 1);
     assert_null(zd_optim_new(&c, NULL, 0));
     assert_non_null(strstr(zd_error_last(), "optimizer got an empty parameter list"));
     assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ a, a }, 2));

@@ -16,7 +16,7 @@
         }
         ...
         zd_nn_module_t *m = zd_nn_module_new("Mlp", mlp_forward, s, free);
-        s->w = zd_nn_module_add_parameter(m, "weight", 2, (int64_t[]){10, 4});
+        s->w = zd_nn_module_add_parameter(m, "weight", (int64_t[]){10, 4}, 2);
 
     Parameters are listed as PyTorch's named_parameters() lists them: the
     module's own, in registration order, then each submodule's, in the order
@@ -76,8 +76,8 @@ ZD_API int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, 
 
 /*  A new zero-filled float32 parameter of that shape, registered as name.
     Returns it (borrowed from the module), or NULL. */
-ZD_API zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, int ndim,
-                                               const int64_t *shape);
+ZD_API zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name,
+                                               const int64_t *shape, int ndim);
 
 /*  Makes child a submodule called name: its parameters are listed as
     "name.<its names>". Takes ownership of child (freed with m), also on

@@ -28,6 +28,23 @@ static int forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tenso
 }
 #endif
 
+#if defined(CASE_OK)
+static int tensors(zd_nn_module_t *m)
+{
+    static float data[6];
+    const int64_t shape[2] = {2, 3};
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2), *r = NULL;
+    zd_tensor_unref(zd_tensor_empty(ZD_FLOAT32, shape, 2));
+    zd_tensor_unref(zd_tensor_from_data(ZD_FLOAT32, shape, 2, data));
+    zd_tensor_unref(zd_tensor_wrap(ZD_FLOAT32, shape, 2, data, sizeof data, NULL, NULL));
+    zd_nn_module_add_parameter(m, "w", shape, 2);
+    int rc = zd_tensor_reshape(t, (int64_t[]){6}, 1, &r);
+    zd_tensor_unref(r);
+    zd_tensor_unref(t);
+    return rc;
+}
+#endif
+
 int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm, int64_t ctx);
 
 int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm, int64_t ctx)
@@ -52,7 +69,7 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     return zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
            zd_nn_module_forward(m, &x, 1, &y) + zd_remote_module_forward(rm, &x, 1, &y) +
            zd_autograd_node_new(&ops, &x, 1, 1, &node) +
-           zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL);
+           zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
 #elif defined(CASE_dist_optim_new)
     zd_rref_t **params = NULL;
     zd_dist_optim_t *opt;
@@ -118,6 +135,35 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_tensor_t *x = NULL, *y = NULL;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     return zd_autograd_record(&ops, 1, &x, y, NULL, 0, NULL);
+#elif defined(CASE_tensor_new)
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_new(ZD_FLOAT32, 2, shape));
+    return 0;
+#elif defined(CASE_tensor_empty)
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_empty(ZD_FLOAT32, 2, shape));
+    return 0;
+#elif defined(CASE_tensor_from_data)
+    static float data[6];
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_from_data(ZD_FLOAT32, 2, shape, data));
+    return 0;
+#elif defined(CASE_tensor_wrap)
+    static float data[6];
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_wrap(ZD_FLOAT32, 2, shape, data, sizeof data, NULL, NULL));
+    return 0;
+#elif defined(CASE_tensor_reshape)
+    zd_tensor_t *t = NULL, *r;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_tensor_reshape(t, 1, (int64_t[]){6}, &r);
+#elif defined(CASE_module_add_parameter)
+    (void)cfg, (void)rm, (void)ctx;
+    return zd_nn_module_add_parameter(m, "w", 2, (int64_t[]){2, 3}) != NULL;
 #else
 #error "no CASE_ defined"
 #endif
