@@ -143,12 +143,12 @@ static int binary_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     static const kernel_t ka[] = {K_GA, K_GA, K_GA_MUL, K_GA_DIV};
     static const kernel_t kb[] = {K_GB, K_GB_NEG, K_GB_MUL, K_GB_DIV};
     if (zd_autograd_node_needs_grad(n, 0)) {
-        if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, bc->a_ndim, bc->a_shape)))
+        if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, bc->a_shape, bc->a_ndim)))
             return -1;
         walk(bc, ka[bc->op], pa, pb, g, zd_tensor_data(gin[0]));
     }
     if (zd_autograd_node_needs_grad(n, 1)) {
-        if (!(gin[1] = zd_tensor_new(ZD_FLOAT32, bc->b_ndim, bc->b_shape)))
+        if (!(gin[1] = zd_tensor_new(ZD_FLOAT32, bc->b_shape, bc->b_ndim)))
             return -1;
         walk(bc, kb[bc->op], pa, pb, g, zd_tensor_data(gin[1]));
     }
@@ -183,7 +183,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
         free(bc);
         return -1;
     }
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, bc->ndim, bc->shape);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, bc->shape, bc->ndim);
     if (!y) {
         free(bc);
         return -1;
@@ -193,7 +193,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
     /* add and sub need no operands to go backward; mul and div need both */
     bool keep = op == ZD__BIN_MUL || op == ZD__BIN_DIV;
     zd_tensor_t *in[2] = {a, b}, *saved[2] = {keep ? a : NULL, keep ? b : NULL};
-    if (zd_autograd_record(&binary_ops[op], 2, in, y, saved, 2, bc) < 0)
+    if (zd_autograd_record(&binary_ops[op], in, 2, y, saved, 2, bc) < 0)
         return -1;
     *out = y;
     return 0;

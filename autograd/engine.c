@@ -284,7 +284,7 @@ static zd_tensor_t *zeros_for_output(zd_autograd_node_t *n, int i)
 {
     int ndim;
     const int64_t *shape = zd_autograd_node_output_shape(n, i, &ndim);
-    return zd_tensor_new(ZD_FLOAT32, ndim, shape);
+    return zd_tensor_new(ZD_FLOAT32, shape, ndim);
 }
 
 static bool entry_ready(const task_entry_t *e)
@@ -542,7 +542,7 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
         }
         zd_tensor_t *g = r->grad;
         if (!g) {
-            if (!ones && !(ones = zd_tensor_empty(ZD_FLOAT32, r->tensor->ndim, r->tensor->shape))) {
+            if (!ones && !(ones = zd_tensor_empty(ZD_FLOAT32, r->tensor->shape, r->tensor->ndim))) {
                 rc = -1;
                 break;
             }

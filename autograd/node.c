@@ -45,7 +45,7 @@ void zd_autograd_seq_observe(uint64_t remote_seq)
     }
 }
 
-int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs, zd_tensor_t *const *inputs,
+int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *inputs, int n_inputs,
                       int n_outputs, zd_autograd_node_t **out)
 {
     *out = NULL;
@@ -93,11 +93,11 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs, zd_ten
     return 0;
 }
 
-int zd_autograd_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
                     zd_tensor_t *const *saved, int n_saved, void *ctx)
 {
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(ops, n_in, in, 1, &n) < 0) {
+    if (zd_autograd_node_new(ops, in, n_in, 1, &n) < 0) {
         free(ctx);
         zd_tensor_unref(y);
         return -1;

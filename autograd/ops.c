@@ -27,11 +27,11 @@ static int check_pair(const char *op, const zd_tensor_t *a, const zd_tensor_t *b
 }
 
 /*  zd_autograd_record with up to two saved tensors. */
-static int record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+static int record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
                   zd_tensor_t *save0, zd_tensor_t *save1, void *ctx)
 {
     zd_tensor_t *saved[2] = {save0, save1};
-    return zd_autograd_record(ops, n_in, in, y, saved, 2, ctx);
+    return zd_autograd_record(ops, in, n_in, y, saved, 2, ctx);
 }
 
 static void free_ctx(zd_autograd_node_t *n)
@@ -69,7 +69,7 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
     int rc = check_pair(sign > 0 ? "add" : "sub", a, b);
     if (rc != 0)
         return rc < 0 ? -1 : zd__tensor_binary(sign > 0 ? ZD__BIN_ADD : ZD__BIN_SUB, a, b, out);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(a), zd_tensor_shape(a));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(a), zd_tensor_ndim(a));
     if (!y)
         return -1;
     const float *pa = zd_tensor_data(a), *pb = zd_tensor_data(b);
@@ -83,7 +83,7 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
     }
     *ctx = sign;
     zd_tensor_t *in[2] = {a, b};
-    if (record(&add_ops, 2, in, y, NULL, NULL, ctx) < 0)
+    if (record(&add_ops, in, 2, y, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -100,7 +100,7 @@ static int mul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
         if (!zd_autograd_node_needs_grad(n, j))
             continue;
         zd_tensor_t *other = zd_autograd_node_saved(n, 1 - j);
-        gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(other), zd_tensor_shape(other));
+        gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(other), zd_tensor_ndim(other));
         if (!gin[j])
             return -1;
         const float *g = zd_tensor_data(gout[0]), *o = zd_tensor_data(other);
@@ -119,7 +119,7 @@ int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     int rc = check_pair("mul", a, b);
     if (rc != 0)
         return rc < 0 ? -1 : zd__tensor_binary(ZD__BIN_MUL, a, b, out);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(a), zd_tensor_shape(a));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(a), zd_tensor_ndim(a));
     if (!y)
         return -1;
     const float *pa = zd_tensor_data(a), *pb = zd_tensor_data(b);
@@ -127,7 +127,7 @@ int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     for (int64_t i = 0; i < zd_tensor_numel(a); i++)
         py[i] = pa[i] * pb[i];
     zd_tensor_t *in[2] = {a, b};
-    if (record(&mul_ops, 2, in, y, a, b, NULL) < 0)
+    if (record(&mul_ops, in, 2, y, a, b, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -154,7 +154,7 @@ int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
     *out = NULL;
     if (check_f32("scale", a) < 0)
         return -1;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(a), zd_tensor_shape(a));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(a), zd_tensor_ndim(a));
     float *ctx = malloc(sizeof *ctx);
     if (!y || !ctx) {
         zd_tensor_unref(y);
@@ -166,7 +166,7 @@ int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
     for (int64_t i = 0; i < zd_tensor_numel(a); i++)
         py[i] = pa[i] * s;
     *ctx = s;
-    if (record(&scale_ops, 1, &a, y, NULL, NULL, ctx) < 0)
+    if (record(&scale_ops, &a, 1, y, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -179,7 +179,7 @@ static int sum_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     const int64_t *in = zd_autograd_node_ctx(n);   /* factor bits, ndim, dims */
     float factor;
     memcpy(&factor, &in[0], sizeof factor);
-    gin[0] = zd_tensor_empty(ZD_FLOAT32, (int)in[1], in + 2);
+    gin[0] = zd_tensor_empty(ZD_FLOAT32, in + 2, (int)in[1]);
     if (!gin[0])
         return -1;
     zd_tensor_fill_(gin[0], zd_tensor_data(gout[0])[0] * factor);
@@ -193,7 +193,7 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
     *out = NULL;
     if (check_f32(mean ? "mean" : "sum", a) < 0)
         return -1;
-    zd_tensor_t *y = zd_tensor_new(ZD_FLOAT32, 0, NULL);
+    zd_tensor_t *y = zd_tensor_new(ZD_FLOAT32, NULL, 0);
     int64_t *ctx = calloc(ZD_TENSOR_MAX_DIMS + 2, sizeof *ctx);
     if (!y || !ctx) {
         zd_tensor_unref(y);
@@ -209,7 +209,7 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
     memcpy(&ctx[0], &factor, sizeof factor);
     ctx[1] = zd_tensor_ndim(a);
     memcpy(ctx + 2, zd_tensor_shape(a), sizeof(int64_t) * (size_t)zd_tensor_ndim(a));
-    if (record(&sum_ops, 1, &a, y, NULL, NULL, ctx) < 0)
+    if (record(&sum_ops, &a, 1, y, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -226,13 +226,13 @@ static int matmul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1), nn = (int)zd_tensor_size(b, 1);
     const float *g = zd_tensor_data(gout[0]);
     if (zd_autograd_node_needs_grad(n, 0)) {   /* dA = dY B^T */
-        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, 2, zd_tensor_shape(a))))
+        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(a), 2)))
             return -1;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, k, nn, 1.0f, g, nn,
                     zd_tensor_data(b), nn, 0.0f, zd_tensor_data(gin[0]), k);
     }
     if (zd_autograd_node_needs_grad(n, 1)) {   /* dB = A^T dY */
-        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, 2, zd_tensor_shape(b))))
+        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(b), 2)))
             return -1;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, nn, m, 1.0f, zd_tensor_data(a), k,
                     g, nn, 0.0f, zd_tensor_data(gin[1]), nn);
@@ -253,7 +253,7 @@ int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
                          zd_tensor_shape_str(b, sb, sizeof sb));
     }
     int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1), nn = (int)zd_tensor_size(b, 1);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){m, nn});
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){m, nn}, 2);
     if (!y)
         return -1;
     if (m && nn)
@@ -262,7 +262,7 @@ int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     if (k == 0)
         zd_tensor_zero_(y);
     zd_tensor_t *in[2] = {a, b};
-    if (record(&matmul_ops, 2, in, y, a, b, NULL) < 0)
+    if (record(&matmul_ops, in, 2, y, a, b, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -287,7 +287,7 @@ int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
     zd_tensor_t *y = zd_tensor_detach_copy(a);
     if (!y)
         return -1;
-    if (record(&copy_ops, 1, &a, y, NULL, NULL, NULL) < 0)
+    if (record(&copy_ops, &a, 1, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -338,7 +338,7 @@ static int cat_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
             int64_t shape[ZD_TENSOR_MAX_DIMS];
             memcpy(shape, zd_tensor_shape(gout[0]), sizeof(int64_t) * (size_t)zd_tensor_ndim(gout[0]));
             shape[c->dim] = sz;
-            if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(gout[0]), shape)))
+            if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, shape, zd_tensor_ndim(gout[0]))))
                 return -1;
             copy_along(gin[j], 0, gout[0], offset, c->dim, sz);
         }
@@ -376,7 +376,7 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
         total += zd_tensor_size(ts[j], dim);
     }
     shape[dim] = total;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     cat_ctx_t *c = malloc(sizeof *c + sizeof(int64_t) * (size_t)n);
     if (!y || !c) {
         zd_tensor_unref(y);
@@ -393,7 +393,7 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
         offset += sz;
     }
     zd_autograd_node_t *node;
-    if (zd_autograd_node_new(&cat_ops, n, ts, 1, &node) < 0) {
+    if (zd_autograd_node_new(&cat_ops, ts, n, 1, &node) < 0) {
         free(c);
         zd_tensor_unref(y);
         return -1;
@@ -421,7 +421,7 @@ typedef struct {
 static int narrow_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     const narrow_ctx_t *c = zd_autograd_node_ctx(n);
-    if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, c->ndim, c->shape)))
+    if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, c->shape, c->ndim)))
         return -1;
     copy_along(gin[0], c->start, gout[0], 0, c->dim, zd_tensor_size(gout[0], c->dim));
     return 0;
@@ -446,7 +446,7 @@ static zd_tensor_t *narrow_data(zd_tensor_t *t, int dim, int64_t start, int64_t 
     shape[dim] = length;
     split_dims(t, dim, &outer, &inner);
     if (outer != 1) {
-        zd_tensor_t *y = zd_tensor_empty(zd_tensor_dtype(t), ndim, shape);
+        zd_tensor_t *y = zd_tensor_empty(zd_tensor_dtype(t), shape, ndim);
         if (y)
             copy_along(y, 0, t, start, dim, length);
         return y;
@@ -457,7 +457,7 @@ static zd_tensor_t *narrow_data(zd_tensor_t *t, int dim, int64_t start, int64_t 
     if (!base)
         return NULL;
     size_t es = zd_tensor_dtype_size(zd_tensor_dtype(t));
-    return zd_tensor_wrap(zd_tensor_dtype(t), ndim, shape, (char *)zd_tensor_raw(t) +
+    return zd_tensor_wrap(zd_tensor_dtype(t), shape, ndim, (char *)zd_tensor_raw(t) +
                        (size_t)(start * inner) * es, (size_t)(length * inner) * es,
                        release_base, base);
 }
@@ -494,7 +494,7 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
     c->start = start;
     c->ndim = ndim;
     memcpy(c->shape, zd_tensor_shape(t), sizeof(int64_t) * (size_t)ndim);
-    if (record(&narrow_ops, 1, &t, y, NULL, NULL, c) < 0)
+    if (record(&narrow_ops, &t, 1, y, NULL, NULL, c) < 0)
         return -1;
     *out = y;
     return 0;

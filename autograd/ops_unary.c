@@ -16,7 +16,7 @@ static int unary_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_te
 {
     const unary_t op = (unary_t)(intptr_t)zd_autograd_node_ctx(n);
     zd_tensor_t *s = zd_autograd_node_saved(n, 0);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(s), zd_tensor_shape(s))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(s), zd_tensor_ndim(s))))
         return -1;
     const float *v = zd_tensor_data(s), *g = zd_tensor_data(gout[0]);
     float *d = zd_tensor_data(gin[0]);
@@ -58,7 +58,7 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
     if (zd_tensor_dtype(x) != ZD_FLOAT32)
         return zd_error_set("%s: expected float32, got %s", unary_names[op],
                             zd_tensor_dtype_name(zd_tensor_dtype(x)));
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     if (!y)
         return -1;
     const float *a = zd_tensor_data(x);
@@ -84,7 +84,7 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
     }
     zd_tensor_t *saved = op == U_LOG ? x : y;
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&unary_ops[op], 1, &x, 1, &n) < 0) {
+    if (zd_autograd_node_new(&unary_ops[op], &x, 1, 1, &n) < 0) {
         zd_tensor_unref(y);
         return -1;
     }

@@ -71,7 +71,7 @@ static int permute_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     for (int i = 0; i < nd; i++)
         shape[i] = zd_tensor_size(gout[0], c->inverse[i]);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, nd, shape)))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, shape, nd)))
         return -1;
     permute_copy(gout[0], c->inverse, gin[0]);
     return 0;
@@ -112,7 +112,7 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     for (int i = 0; i < nd; i++)
         shape[i] = zd_tensor_size(t, perm[i]);
-    zd_tensor_t *y = zd_tensor_empty(zd_tensor_dtype(t), nd, shape);
+    zd_tensor_t *y = zd_tensor_empty(zd_tensor_dtype(t), shape, nd);
     permute_ctx_t *c = malloc(sizeof *c);
     if (!y || !c) {
         zd_tensor_unref(y);
@@ -122,7 +122,7 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
     permute_copy(t, perm, y);
     for (int i = 0; i < nd; i++)
         c->inverse[perm[i]] = i;
-    if (zd_autograd_record(&permute_ops, 1, &t, y, NULL, 0, c) < 0)
+    if (zd_autograd_record(&permute_ops, &t, 1, y, NULL, 0, c) < 0)
         return -1;
     *out = y;
     return 0;

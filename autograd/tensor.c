@@ -128,32 +128,32 @@ static zd_tensor_t *tensor_make(zd_tensor_dtype_t dtype, int ndim, const int64_t
     return t;
 }
 
-zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape)
+zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim)
 {
     return tensor_make(dtype, ndim, shape, true);
 }
 
-zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape)
+zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim)
 {
     return tensor_make(dtype, ndim, shape, false);
 }
 
 zd_tensor_t *zd_tensor_zeros1(int64_t d0)
 {
-    return zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){d0});
+    return zd_tensor_new(ZD_FLOAT32, (int64_t[]){d0}, 1);
 }
 
 zd_tensor_t *zd_tensor_zeros2(int64_t d0, int64_t d1)
 {
-    return zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){d0, d1});
+    return zd_tensor_new(ZD_FLOAT32, (int64_t[]){d0, d1}, 2);
 }
 
 zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
 {
-    return zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){d0, d1, d2, d3});
+    return zd_tensor_new(ZD_FLOAT32, (int64_t[]){d0, d1, d2, d3}, 4);
 }
 
-zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
+zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                            const void *data)
 {
     zd_tensor_t *t = tensor_make(dtype, ndim, shape, false);
@@ -162,7 +162,7 @@ zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const int64_
     return t;
 }
 
-zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
+zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                       void *data, size_t bytes, zd_tensor_release_fn *release, void *arg)
 {
     int64_t numel;
@@ -276,7 +276,7 @@ int64_t *zd_tensor_data_i64(const zd_tensor_t *t) { return (int64_t *)zd_tensor_
 
 zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t)
 {
-    return zd_tensor_from_data(t->dtype, t->ndim, t->shape, zd_tensor_raw(t));
+    return zd_tensor_from_data(t->dtype, t->shape, t->ndim, zd_tensor_raw(t));
 }
 
 int zd_tensor_copy_(zd_tensor_t *dst, const zd_tensor_t *src)
@@ -334,7 +334,7 @@ static void reshape_release(zd_autograd_node_t *n)
 static const zd_autograd_node_ops_t reshape_ops = {"ReshapeBackward", reshape_backward,
                                                 reshape_release};
 
-int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_t **out)
+int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out)
 {
     int64_t s[ZD_TENSOR_MAX_DIMS];
     int infer = -1;
@@ -369,7 +369,7 @@ int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_
     if (!v)
         return -1;
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&reshape_ops, 1, &t, 1, &n) < 0) {
+    if (zd_autograd_node_new(&reshape_ops, &t, 1, 1, &n) < 0) {
         zd_tensor_unref(v);
         return -1;
     }
@@ -432,7 +432,7 @@ int zd_tensor_accumulate_grad(zd_tensor_t *t, const zd_tensor_t *g)
         /* Nobody else can see g: keep it rather than copy 4.8 MB a step. */
         t->grad = zd_tensor_ref((zd_tensor_t *)g);
     } else if (!t->grad) {
-        t->grad = zd_tensor_empty(ZD_FLOAT32, t->ndim, t->shape);
+        t->grad = zd_tensor_empty(ZD_FLOAT32, t->shape, t->ndim);
         if (!t->grad) {
             pthread_mutex_unlock(&t->grad_lock);
             return -1;

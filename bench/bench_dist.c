@@ -190,7 +190,7 @@ static int trainer(const world_t *w)
     if (w->rank != 1)
         return 0;
     double *t = calloc((size_t)iters, sizeof *t);
-    zd_tensor_t *x = zd_tensor_zeros4(32, 1, 28, 28), *y = zd_tensor_new(ZD_INT64, 1, (int64_t[]){32});
+    zd_tensor_t *x = zd_tensor_zeros4(32, 1, 28, 28), *y = zd_tensor_new(ZD_INT64, (int64_t[]){32}, 1);
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, 5);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)

@@ -106,8 +106,8 @@ static double bench_model(const char *name, int batch, double seconds, double *m
         return -1;
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, 2);
-    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){batch, 1, 28, 28});
-    zd_tensor_t *t = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){batch});
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){batch, 1, 28, 28}, 4);
+    zd_tensor_t *t = zd_tensor_empty(ZD_INT64, (int64_t[]){batch}, 1);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     for (int i = 0; i < batch; i++)
@@ -166,8 +166,8 @@ static double bench_lstm(double seconds, double *ms_per_iter, double *cpu_ms_per
         return -1;
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, 4);
-    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 3, (int64_t[]){LSTM_T, LSTM_N, LSTM_IN});
-    zd_tensor_t *dy = zd_tensor_empty(ZD_FLOAT32, 3, (int64_t[]){LSTM_T, LSTM_N, LSTM_H});
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){LSTM_T, LSTM_N, LSTM_IN}, 3);
+    zd_tensor_t *dy = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){LSTM_T, LSTM_N, LSTM_H}, 3);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     for (int64_t i = 0; i < zd_tensor_numel(dy); i++)
@@ -255,7 +255,7 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
 #undef L
     if (rc == 0 && backward) {
         if (!b->gout[l] && zd_tensor_numel(h) > 1) {
-            b->gout[l] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(h), zd_tensor_shape(h));
+            b->gout[l] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(h), zd_tensor_ndim(h));
             zd_tensor_fill_(b->gout[l], 1.0f);
         }
         rc = zd_autograd_backward(h, b->gout[l], false);
@@ -304,13 +304,13 @@ static int bench_ops(int batch, double seconds)
         int64_t shape[4];
         memcpy(shape, shapes[l], sizeof shape);
         shape[0] = batch;
-        b.in[l] = zd_tensor_empty(ZD_FLOAT32, l >= L_FC1 ? 2 : 4, shape);
+        b.in[l] = zd_tensor_empty(ZD_FLOAT32, shape, l >= L_FC1 ? 2 : 4);
         for (int64_t i = 0; i < zd_tensor_numel(b.in[l]); i++)
             zd_tensor_data(b.in[l])[i] = zd_nn_rng_normal(&b.rng, 0.0f, 1.0f);
         if (l != L_CONV1)
             zd_tensor_set_requires_grad(b.in[l], true);
     }
-    b.target = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){batch});
+    b.target = zd_tensor_empty(ZD_INT64, (int64_t[]){batch}, 1);
     for (int i = 0; i < batch; i++)
         zd_tensor_data_i64(b.target)[i] = (int64_t)zd_nn_rng_below(&b.rng, 10);
     printf("Net layers, batch %d, %d threads, kernels %s (ms per batch)\n%-24s %9s %9s %9s\n",
@@ -385,7 +385,7 @@ static int bench_safetensors(bool csv)
     snprintf(path, sizeof path, "%s/bench_local_%ld.safetensors", dir, (long)getpid());
     zd_named_tensors_t *nt = zd_named_tensors_new();
     for (int i = 0; nt && i < ST_TENSORS; i++) {
-        zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){ST_SIDE, ST_SIDE});
+        zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){ST_SIDE, ST_SIDE}, 2);
         char name[32];
         snprintf(name, sizeof name, "layers.%d.weight", i);
         if (!t || zd_named_tensors_add(nt, name, t) < 0) {

@@ -248,7 +248,7 @@ static double rpc_bw_window(zd_value_t *args, size_t size, int window, int total
 static zd_value_t *tensor_args(size_t bytes)
 {
     int64_t n = (int64_t)bytes / 4;
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, &n, 1);
     /* Written, so that its pages are its own: untouched zeroed memory reads
        from the kernel's one zero page and copies faster than any tensor. */
     memset(zd_tensor_raw(t), 0x5a, bytes);
@@ -329,7 +329,7 @@ static void client(int iters, bool raw, const char *raw_ep, figures_t *fs)
         raw_block(req, 100, NULL);
     }
     float ten[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){1, 10}, ten);
+    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 10}, 2, ten);
     zd_value_t *targs = ZD_ARGS(t);
     zd_tensor_unref(t);
     /* Warm up, then blocks taking turns so that every kind of call sees the

@@ -123,10 +123,10 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, 5);
     const int batch = b.batch;
-    b.x = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){batch, b.C, b.H, b.W});
-    b.w = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){b.O, b.C, 3, 3});
-    b.b = zd_tensor_empty(ZD_FLOAT32, 1, (int64_t[]){b.O});
-    b.dy = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){batch, b.O, b.Ho, b.Wo});
+    b.x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){batch, b.C, b.H, b.W}, 4);
+    b.w = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){b.O, b.C, 3, 3}, 4);
+    b.b = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){b.O}, 1);
+    b.dy = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){batch, b.O, b.Ho, b.Wo}, 4);
     b.y = malloc(sizeof(float) * (size_t)batch * b.O * b.Ho * b.Wo);
     b.dx = malloc(sizeof(float) * (size_t)batch * b.C * b.H * b.W);
     if (!b.x || !b.w || !b.b || !b.dy || !b.y || !b.dx)

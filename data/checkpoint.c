@@ -452,7 +452,7 @@ zd_named_tensors_t *zd_checkpoint_read(const char *path)
         char name[ZD_CHECKPOINT_MAX_NAME + 1];
         memcpy(name, r->name, r->name_len);
         name[r->name_len] = '\0';
-        zd_tensor_t *t = zd_tensor_empty(r->dtype, r->ndim, r->shape);
+        zd_tensor_t *t = zd_tensor_empty(r->dtype, r->shape, r->ndim);
         if (!t)
             rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "checkpoint: %s: out of memory", path);
         else

@@ -134,7 +134,7 @@ static int check_and_convert(const char *ipath, zd_tensor_t *img, const char *lp
         if (l[i] >= ZD_DATASET_CLASSES)
             return zd_error_set("dataset: %s: label %d at index %lld is not a class "
                              "(0 to %d)", lpath, l[i], (long long)i, ZD_DATASET_CLASSES - 1);
-    *labels64 = zd_tensor_empty(ZD_INT64, 1, &n);
+    *labels64 = zd_tensor_empty(ZD_INT64, &n, 1);
     if (!*labels64)
         return -1;
     int64_t *d = zd_tensor_data_i64(*labels64);
@@ -174,7 +174,7 @@ static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t
         m->map = v.map;
         m->len = v.map_len;
         v.map = NULL;   /* the tensor unmaps it */
-        *t = zd_tensor_wrap(ZD_UINT8, v.ndim, v.dims, (char *)m->map + v.data_off,
+        *t = zd_tensor_wrap(ZD_UINT8, v.dims, v.ndim, (char *)m->map + v.data_off,
                             v.data_bytes, unmap, m);
         if (*t && fd_out) {
             *fd_out = v.fd;
@@ -269,8 +269,8 @@ int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
     if (k >= ds->n)
         return 0;
     int64_t shape[3] = { k, ds->rows, ds->cols };
-    zd_tensor_t *img = zd_tensor_from_data(ZD_UINT8, 3, shape, zd_tensor_raw(ds->images));
-    zd_tensor_t *lab = zd_tensor_from_data(ZD_INT64, 1, &k, zd_tensor_raw(ds->labels));
+    zd_tensor_t *img = zd_tensor_from_data(ZD_UINT8, shape, 3, zd_tensor_raw(ds->images));
+    zd_tensor_t *lab = zd_tensor_from_data(ZD_INT64, &k, 1, zd_tensor_raw(ds->labels));
     if (!img || !lab) {
         zd_tensor_unref(img);
         zd_tensor_unref(lab);
@@ -304,7 +304,7 @@ int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out)
                          zd_tensor_shape_str(images, s, sizeof s));
     int64_t shape[4] = { zd_tensor_size(images, 0), 1, zd_tensor_size(images, -2),
                          zd_tensor_size(images, -1) };
-    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 4, shape);
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, shape, 4);
     if (!x)
         return -1;
     float table[256];
@@ -390,8 +390,8 @@ int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start
                              "(0 to %lld)", (long long)(start + i),
                              (long long)order[start + i], (long long)ds->n - 1);
     int64_t xs[4] = { b, 1, ds->rows, ds->cols };
-    *x = zd_tensor_empty(ZD_FLOAT32, 4, xs);
-    *y = zd_tensor_empty(ZD_INT64, 1, &b);
+    *x = zd_tensor_empty(ZD_FLOAT32, xs, 4);
+    *y = zd_tensor_empty(ZD_INT64, &b, 1);
     if (!*x || !*y) {
         zd_tensor_unref_p(x);
         zd_tensor_unref_p(y);

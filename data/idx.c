@@ -207,8 +207,8 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
 static zd_tensor_t *make_tensor(int type, int ndim, const int64_t *dims, const unsigned char *buf)
 {
     if (type == ZD_IDX_TYPE_U8)
-        return zd_tensor_from_data(ZD_UINT8, ndim, dims, buf);
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, dims);
+        return zd_tensor_from_data(ZD_UINT8, dims, ndim, buf);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, dims, ndim);
     if (!t)
         return NULL;
     float *d = zd_tensor_data(t);

@@ -532,10 +532,10 @@ static zd_named_tensors_t *make_tensors(parse_t *p, buffer_t *buf)
         if (!HOST_BIG_ENDIAN && r->dt->conv == CONV_NONE && bytes > 0
             && (uintptr_t)src % r->dt->size == 0) {
             atomic_fetch_add(&buf->refs, 1);
-            t = zd_tensor_wrap(r->dt->to, r->ndim, r->shape, (void *)src, bytes, tensor_release,
+            t = zd_tensor_wrap(r->dt->to, r->shape, r->ndim, (void *)src, bytes, tensor_release,
                                buf);
         } else {
-            t = zd_tensor_empty(r->dt->to, r->ndim, r->shape);
+            t = zd_tensor_empty(r->dt->to, r->shape, r->ndim);
             if (t)
                 convert(r, src, zd_tensor_raw(t));
         }

@@ -477,7 +477,7 @@ int zd__dist_context_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)
         zd_tensor_t *g;
         if (zd_tensor_is_exclusive(grad) && zd_tensor_same_shape(grad, leaf)) {
             g = zd_tensor_ref(grad);
-        } else if ((g = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(leaf), zd_tensor_shape(leaf)))) {
+        } else if ((g = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(leaf), zd_tensor_ndim(leaf)))) {
             memcpy(zd_tensor_data(g), zd_tensor_data(grad), zd_tensor_nbytes(g));
         }
         if (!g)

@@ -510,7 +510,7 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         else if (zd_tensor_grad_fn(roots[i]))
             starts[n_starts++] = zd_tensor_grad_fn(roots[i]);
     }
-    zd_tensor_t *one = rc == 0 ? zd_tensor_new(ZD_FLOAT32, 0, NULL) : NULL;
+    zd_tensor_t *one = rc == 0 ? zd_tensor_new(ZD_FLOAT32, NULL, 0) : NULL;
     if (one)
         zd_tensor_fill_(one, 1.0f);
     else if (rc == 0)
@@ -535,8 +535,8 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         }
         /* The seed has the root's own shape ([] or [1], ...): the engine
            takes only gradients shaped as the outputs they are for. */
-        zd_tensor_t *seed = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(roots[i]),
-                                          zd_tensor_shape(roots[i]));
+        zd_tensor_t *seed = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(roots[i]),
+                                          zd_tensor_ndim(roots[i]));
         if (seed)
             zd_tensor_fill_(seed, 1.0f);
         grads[zd_tensor_output_nr(roots[i])] = seed;

@@ -84,7 +84,7 @@ static int record_send(dist_context_t *c, const zd_value_t *v, int peer, uint64_
     int rc = collect(v, &tl, 0);
     if (rc == 0 && tl.n > 0) {
         zd_autograd_node_t *node;
-        rc = zd_autograd_node_new(&zd__dist_send_ops, tl.n, tl.items, tl.n, &node);
+        rc = zd_autograd_node_new(&zd__dist_send_ops, tl.items, tl.n, tl.n, &node);
         /* The gradients that come back must have the shapes sent (all
            float32: only float32 tensors require grad). */
         for (int i = 0; rc == 0 && node && i < tl.n; i++)
@@ -108,7 +108,7 @@ static int record_recv(dist_context_t *c, const zd_value_t *v, int peer, uint64_
     if (rc == 0 && tl.n > 0) {
         zd_autograd_node_t *node;
         dist_recv_info_t *info = malloc(sizeof *info);
-        rc = info ? zd_autograd_node_new(&zd__dist_recv_ops, 0, NULL, tl.n, &node)
+        rc = info ? zd_autograd_node_new(&zd__dist_recv_ops, NULL, 0, tl.n, &node)
                   : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
         if (rc == 0 && node) {
             *info = (dist_recv_info_t){c->id, msg_id, peer};

@@ -146,7 +146,7 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     size_t i = 0;
     while (i < n && zd_rpc_arg_tensor(args, i + 1, &in[i]) == 0)
         i++;
-    if (i == n && zd_nn_module_forward(m, (int)n, in, &out) == 0) {
+    if (i == n && zd_nn_module_forward(m, in, (int)n, &out) == 0) {
         result = zd_value_tensor(out);
         zd_tensor_unref(out);
     }
@@ -231,7 +231,7 @@ zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value
     return rm;
 }
 
-static zd_value_t *forward_args(zd_remote_module_t *rm, int n_in, zd_tensor_t *const *in)
+static zd_value_t *forward_args(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in)
 {
     if (!rm || n_in < 0 || (n_in > 0 && !in)) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "RemoteModule forward: %s",
@@ -247,14 +247,14 @@ static zd_value_t *forward_args(zd_remote_module_t *rm, int n_in, zd_tensor_t *c
     return args;
 }
 
-int zd_remote_module_forward(zd_remote_module_t *rm, int n_in, zd_tensor_t *const *in,
+int zd_remote_module_forward(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in,
                              zd_tensor_t **out)
 {
     if (out)
         *out = NULL;
     if (!out)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "RemoteModule forward: NULL out");
-    zd_value_t *args = forward_args(rm, n_in, in), *r = NULL;
+    zd_value_t *args = forward_args(rm, in, n_in), *r = NULL;
     if (!args)
         return -1;
     zd_tensor_t *t;
@@ -265,10 +265,10 @@ int zd_remote_module_forward(zd_remote_module_t *rm, int n_in, zd_tensor_t *cons
     return rc < 0 ? zd_error_wrap("RemoteModule %s forward", rm->type) : 0;
 }
 
-zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, int n_in,
-                                            zd_tensor_t *const *in)
+zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, zd_tensor_t *const *in,
+                                            int n_in)
 {
-    zd_value_t *args = forward_args(rm, n_in, in);
+    zd_value_t *args = forward_args(rm, in, n_in);
     return args ? zd_rref_rpc_async_take(rm->rref, FN_FORWARD, args, ZD_TIMEOUT_DEFAULT) : NULL;
 }
 

@@ -202,7 +202,7 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
         else if (zd_value_get_tensor(values[i], &params[i]) < 0)
             rc = zd_error_wrap("parameter %d", i);
     }
-    zd_optim_t *opt = rc == 0 ? zd_optim_new(&cfg, n, params) : NULL;
+    zd_optim_t *opt = rc == 0 ? zd_optim_new(&cfg, params, n) : NULL;
     if (opt)
         atomic_fetch_add(&n_local, 1);   /* local_free counts it out */
     zd_value_t *v = opt ? zd_value_object(opt, local_free, LOCAL_OPTIMIZER) : NULL;

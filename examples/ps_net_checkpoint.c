@@ -77,7 +77,7 @@ static void shard_file_clear(shard_file_t *f)
 /*  Adds a new int64 tensor of len elements under name; *t borrows it. */
 static int add_own(shard_file_t *f, const char *name, int64_t len, zd_tensor_t **t)
 {
-    zd_tensor_t *own = zd_tensor_new(ZD_INT64, 1, &len);
+    zd_tensor_t *own = zd_tensor_new(ZD_INT64, &len, 1);
     int rc = own ? zd_named_tensors_add(f->tensors, name, own) : -1;
     zd_tensor_unref(own);
     *t = rc == 0 ? own : NULL;

@@ -66,7 +66,7 @@ static zd_tensor_t *rows_of(zd_tensor_t *t, int first, int count)
 {
     int64_t cols = zd_tensor_ndim(t) > 1 ? zd_tensor_size(t, 1) : 1;
     int64_t shape[2] = {count, cols};
-    zd_tensor_t *r = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(t), shape);
+    zd_tensor_t *r = zd_tensor_empty(ZD_FLOAT32, shape, zd_tensor_ndim(t));
     if (r)
         memcpy(zd_tensor_data(r), zd_tensor_data(t) + (int64_t)first * cols,
                sizeof(float) * (size_t)(count * cols));

@@ -185,7 +185,7 @@ static zd_tensor_t *copy_of(int i)
     if (!data)
         return NULL;
     memcpy(data, zd_tensor_data(p), bytes);
-    return zd_tensor_wrap(zd_tensor_dtype(p), zd_tensor_ndim(p), zd_tensor_shape(p), data, bytes,
+    return zd_tensor_wrap(zd_tensor_dtype(p), zd_tensor_shape(p), zd_tensor_ndim(p), data, bytes,
                           buffer_release, (void *)(intptr_t)i);
 }
 
@@ -273,7 +273,7 @@ int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t 
     if (rc == 0 && !(ctx = malloc(sizeof *ctx)))
         rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "ps_net: out of memory");
     if (rc == 0)
-        rc = zd_autograd_node_new(&snapshot_ops, n, params, n, &node);
+        rc = zd_autograd_node_new(&snapshot_ops, params, n, n, &node);
     if (rc == 0 && node) {
         /* from here the node gives the slot back, whatever becomes of it */
         ctx->holds_slot = slot;

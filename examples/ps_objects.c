@@ -279,7 +279,7 @@ static zd_value_t *fn_server_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
     ps_slice_range(zd_nn_model_numel(m), (int)index, (int)n, &lo, &hi);
     if (!(ps->weights = ps_model_slice(m, lo, hi)) ||
         zd_tensor_set_requires_grad(ps->weights, true) < 0 ||
-        !(ps->opt = zd_optim_new(&cfg, 1, &ps->weights)))
+        !(ps->opt = zd_optim_new(&cfg, &ps->weights, 1)))
         goto fail;
     ps->track = track != 0;
     zd_nn_model_free(m);

@@ -73,7 +73,7 @@ static int remote_select_action(zd_rref_t *agent, int64_t id, const float obs[CA
                                 int64_t *action)
 {
     const int64_t shape[2] = {1, CARTPOLE_OBS};
-    zd_tensor_t *state = zd_tensor_from_data(ZD_FLOAT32, 2, shape, obs);
+    zd_tensor_t *state = zd_tensor_from_data(ZD_FLOAT32, shape, 2, obs);
     zd_value_t *reply = NULL;
     int rc = state ? zd_rref_rpc_sync_take(agent, "Agent.select_action", ZD_ARGS(id, state),
                                            ZD_TIMEOUT_DEFAULT, &reply)
@@ -253,7 +253,7 @@ static agent_t *agent_new(const options_t *o, int n_observers)
     zd_optim_config_t cfg = zd_optim_adam_defaults();
     cfg.lr = o->lr;
     zd_tensor_t *params[4] = {a->policy.w1, a->policy.b1, a->policy.w2, a->policy.b2};
-    if (!(a->optimizer = zd_optim_new(&cfg, 4, params)))
+    if (!(a->optimizer = zd_optim_new(&cfg, params, 4)))
         goto fail;
     return a;
 fail:

@@ -73,7 +73,7 @@ static drop_state_t *drop_state_new(double p, int64_t seed)
 }
 
 /*  EmbeddingTable.forward: drop(encoder(input)). */
-static int embedding_table_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+static int embedding_table_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                                    zd_tensor_t **out)
 {
     if (n_in != 1)
@@ -88,7 +88,7 @@ static int embedding_table_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *con
 }
 
 /*  Decoder.forward: decoder(drop(output)). */
-static int decoder_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+static int decoder_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                            zd_tensor_t **out)
 {
     if (n_in != 1)
@@ -136,8 +136,8 @@ static zd_nn_module_t *make_embedding_table(zd_value_t *args, void *arg)
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, (uint64_t)seed);
     zd_nn_module_t *enc = zd_nn_module_new("Embedding", NULL, NULL, NULL);
-    zd_tensor_t *w = enc ? zd_nn_module_add_parameter(enc, "weight", 2,
-                                                      (int64_t[]){ntoken, ninp})
+    zd_tensor_t *w = enc ? zd_nn_module_add_parameter(enc, "weight", (int64_t[]){ntoken, ninp},
+                                                      2)
                          : NULL;
     if (!w || zd_nn_init_uniform(w, -0.1f, 0.1f, &rng) < 0) {
         zd_nn_module_free(enc);
@@ -293,13 +293,13 @@ static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tens
                          zd_tensor_t **logits, zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
     zd_tensor_t *emb, *out, *dec, *flat;
-    if (zd_remote_module_forward(m->emb, 1, &x, &emb) < 0 || !zd_scope_add(emb) ||
+    if (zd_remote_module_forward(m->emb, &x, 1, &emb) < 0 || !zd_scope_add(emb) ||
         zd_nn_lstm_forward(m->lstm, emb, h, c, &out, h_n, c_n) < 0 || !zd_scope_add(out) ||
         !zd_scope_add(*h_n) || !zd_scope_add(*c_n) ||
-        zd_remote_module_forward(m->dec, 1, &out, &dec) < 0 || !zd_scope_add(dec))
+        zd_remote_module_forward(m->dec, &out, 1, &dec) < 0 || !zd_scope_add(dec))
         return -1;
     int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
-    if (zd_tensor_reshape(dec, 2, shape, &flat) < 0 || !zd_scope_add(flat))
+    if (zd_tensor_reshape(dec, shape, 2, &flat) < 0 || !zd_scope_add(flat))
         return -1;
     *logits = flat;
     return 0;
@@ -318,13 +318,13 @@ static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, i
     int rc = -1;
     zd_scope_t *s = zd_scope_begin();
     int64_t hs[3] = {o->nlayers, 1, o->nhid}, xs[2] = {1, 1};
-    zd_tensor_t *h = zd_scope_add(zd_tensor_new(ZD_FLOAT32, 3, hs));
-    zd_tensor_t *cc = zd_scope_add(zd_tensor_new(ZD_FLOAT32, 3, hs));
+    zd_tensor_t *h = zd_scope_add(zd_tensor_new(ZD_FLOAT32, hs, 3));
+    zd_tensor_t *cc = zd_scope_add(zd_tensor_new(ZD_FLOAT32, hs, 3));
     if (!h || !cc)
         goto out;
     int64_t tok = c->tokens[0];
     for (int i = 0; i < n; i++) {
-        zd_tensor_t *x = zd_scope_add(zd_tensor_from_data(ZD_INT64, 2, xs, &tok)), *logits,
+        zd_tensor_t *x = zd_scope_add(zd_tensor_from_data(ZD_INT64, xs, 2, &tok)), *logits,
                     *hn, *cn, *p;
         if (!x || model_forward(m, x, h, cc, &logits, &hn, &cn) < 0 ||
             zd_nn_softmax(logits, 1, &p) < 0 || !zd_scope_add(p))
@@ -547,8 +547,8 @@ static int run_trainer(options_t o_in, int rank, const char *me)
 
     int64_t hs[3] = {o->nlayers, o->batch, o->nhid}, xs[2] = {o->bptt, o->batch},
             ys[1] = {o->bptt * o->batch};
-    zd_tensor_t *h = zd_tensor_new(ZD_FLOAT32, 3, hs), *cc = zd_tensor_new(ZD_FLOAT32, 3, hs);
-    zd_tensor_t *x = zd_tensor_new(ZD_INT64, 2, xs), *y = zd_tensor_new(ZD_INT64, 1, ys);
+    zd_tensor_t *h = zd_tensor_new(ZD_FLOAT32, hs, 3), *cc = zd_tensor_new(ZD_FLOAT32, hs, 3);
+    zd_tensor_t *x = zd_tensor_new(ZD_INT64, xs, 2), *y = zd_tensor_new(ZD_INT64, ys, 1);
     double first = 0, recent = 0, last_loss = NAN;
     int64_t n_first = 0, n_recent = 0, done = 0;
     double t0 = train_now();

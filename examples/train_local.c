@@ -88,7 +88,7 @@ static int run(const options_t *o)
     int np = zd_nn_model_n_params(m);
     for (int i = 0; i < np; i++)
         params[i] = zd_nn_model_param(m, i);
-    if (!(opt = zd_optim_new(&cfg, np, params)))
+    if (!(opt = zd_optim_new(&cfg, params, np)))
         goto out;
     zd_nn_model_train(m, !o->no_dropout);
 

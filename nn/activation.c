@@ -30,7 +30,7 @@ static int softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
 {
     zd_tensor_t *y = zd_autograd_node_saved(n, 0);
     const dim_view_t *v = zd_autograd_node_ctx(n);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(y), zd_tensor_shape(y))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), zd_tensor_ndim(y))))
         return -1;
     const float *py = zd_tensor_data(y), *g = zd_tensor_data(gout[0]);
     float *dx = zd_tensor_data(gin[0]);
@@ -66,7 +66,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
     if (dim < 0)
         dim += nd;
     dim_view_t *v = malloc(sizeof *v);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, nd, zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), nd);
     if (!v || !y) {
         free(v);
         zd_tensor_unref(y);
@@ -91,7 +91,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
             for (int64_t k = 0; k < v->n; k++)
                 py[base + k * v->inner] *= inv;
         }
-    if (zd__nn_record(&softmax_ops, 1, &x, y, y, NULL, NULL, v) < 0)
+    if (zd__nn_record(&softmax_ops, &x, 1, y, y, NULL, NULL, v) < 0)
         return -1;
     *out = y;
     return 0;
@@ -103,7 +103,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 static int gelu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     zd_tensor_t *x = zd_autograd_node_saved(n, 0);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x))))
         return -1;
     const float *px = zd_tensor_data(x), *g = zd_tensor_data(gout[0]);
     float *dx = zd_tensor_data(gin[0]);
@@ -124,14 +124,14 @@ int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out)
     *out = NULL;
     if (zd__nn_check_f32("gelu: input", x) < 0)
         return -1;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     if (!y)
         return -1;
     const float *px = zd_tensor_data(x);
     float *py = zd_tensor_data(y);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         py[i] = 0.5f * px[i] * (1.0f + erff(px[i] * 0.70710678118654752f));
-    if (zd__nn_record(&gelu_ops, 1, &x, y, x, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&gelu_ops, &x, 1, y, x, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;

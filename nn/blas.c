@@ -213,9 +213,9 @@ void zd__nn_free_ctx(zd_autograd_node_t *n)
     free(zd_autograd_node_ctx(n));
 }
 
-int zd__nn_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+int zd__nn_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
               zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx)
 {
     zd_tensor_t *saved[3] = {s0, s1, s2};
-    return zd_autograd_record(ops, n_in, in, y, saved, 3, ctx);
+    return zd_autograd_record(ops, in, n_in, y, saved, 3, ctx);
 }

@@ -204,11 +204,11 @@ static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     int32_t *offs = NULL;
     int rc = -1;
 
-    if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, 4, zd_tensor_shape(x))))
+    if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), 4)))
         goto out;
-    if (need_w && !(gin[1] = zd_tensor_empty(ZD_FLOAT32, 4, zd_tensor_shape(w))))
+    if (need_w && !(gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(w), 4)))
         goto out;
-    if (need_b && !(gin[2] = zd_tensor_empty(ZD_FLOAT32, 1, (int64_t[]){O})))
+    if (need_b && !(gin[2] = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){O}, 1)))
         goto out;
     if (need_w) {
         /* the taps path's partial sums are transposed (K x O) */
@@ -355,7 +355,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         shape[3] = ctx->Wp;
         ctx->argmax = malloc(sizeof(int32_t) * ((size_t)ctx->N * ctx->O * ctx->Hp * ctx->Wp + 1));
     }
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 4, shape);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, shape, 4);
     if (!y || (ctx->epi == EPI_POOL && !ctx->argmax)) {
         zd_tensor_unref(y);
         free(ctx->argmax);
@@ -401,7 +401,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
     }
     zd_tensor_t *in[3] = {x, weight, bias};
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&conv_ops, 3, in, 1, &n) < 0) {
+    if (zd_autograd_node_new(&conv_ops, in, 3, 1, &n) < 0) {
         zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);

@@ -19,7 +19,7 @@ typedef struct {
 static int emb_backward(zd_autograd_node_t *node, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     const emb_ctx_t *c = zd_autograd_node_ctx(node);
-    if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){c->rows, c->dim})))
+    if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){c->rows, c->dim}, 2)))
         return -1;
     const float *g = zd_tensor_data(gout[0]);
     float *dw = zd_tensor_data(gin[0]);
@@ -77,7 +77,7 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     memcpy(shape, zd_tensor_shape(indices), sizeof(int64_t) * (size_t)nd);
     shape[nd] = dim;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, nd + 1, shape);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, shape, nd + 1);
     if (!y) {
         free(c);
         return -1;
@@ -86,7 +86,7 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
     float *py = zd_tensor_data(y);
     for (int64_t i = 0; i < n; i++)
         memcpy(py + i * dim, w + c->idx[i] * dim, sizeof(float) * (size_t)dim);
-    if (zd__nn_record(&emb_ops, 1, &weight, y, NULL, NULL, NULL, c) < 0)
+    if (zd__nn_record(&emb_ops, &weight, 1, y, NULL, NULL, NULL, c) < 0)
         return -1;
     *out = y;
     return 0;

@@ -183,7 +183,7 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     float *mem;
     int rc;
     if (zd_autograd_node_needs_grad(n, 0)) {          /* dx = dy W */
-        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x))))
+        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x))))
             return -1;
         job.which = 1;
         job.out = zd_tensor_data(gin[0]);
@@ -194,7 +194,7 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
             return -1;
     }
     if (zd_autograd_node_needs_grad(n, 1)) {          /* dW = dy^T x */
-        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, 2, zd_tensor_shape(w))))
+        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(w), 2)))
             return -1;
         job.which = 2;
         job.packed = NULL;
@@ -206,7 +206,7 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
             return -1;
     }
     if (zd_autograd_node_needs_grad(n, 2)) {          /* db = column sums of dy */
-        if (!(gin[2] = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){out_f})))
+        if (!(gin[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){out_f}, 1)))
             return -1;
         float *db = zd_tensor_data(gin[2]);
         for (int r = 0; r < rows; r++)
@@ -242,7 +242,7 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     memcpy(shape, zd_tensor_shape(x), sizeof(int64_t) * (size_t)zd_tensor_ndim(x));
     shape[zd_tensor_ndim(x) - 1] = out_f;
-    zd_tensor_t *y = (bias ? zd_tensor_empty : zd_tensor_new)(ZD_FLOAT32, zd_tensor_ndim(x), shape);
+    zd_tensor_t *y = (bias ? zd_tensor_empty : zd_tensor_new)(ZD_FLOAT32, shape, zd_tensor_ndim(x));
     if (!y)
         return -1;
     float *yd = zd_tensor_data(y);
@@ -262,7 +262,7 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
         return -1;
     }
     zd_tensor_t *in[3] = {x, weight, bias};
-    if (zd__nn_record(&linear_ops, 3, in, y, x, weight, NULL, NULL) < 0)
+    if (zd__nn_record(&linear_ops, in, 3, y, x, weight, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -306,7 +306,7 @@ static void relu_backward_chunk(void *arg, int c, float *scratch)
 static int relu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     zd_tensor_t *y = zd_autograd_node_saved(n, 0);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(y), zd_tensor_shape(y))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), zd_tensor_ndim(y))))
         return -1;
     elem_job_t job = {.n = zd_tensor_numel(y), .a = zd_tensor_data(y), .b = zd_tensor_data(gout[0]),
                       .out = zd_tensor_data(gin[0])};
@@ -321,7 +321,7 @@ int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
     *out = NULL;
     if (zd__nn_check_f32("relu: input", x) < 0)
         return -1;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     if (!y)
         return -1;
     elem_job_t job = {.n = zd_tensor_numel(x), .a = zd_tensor_data(x), .out = zd_tensor_data(y)};
@@ -330,7 +330,7 @@ int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
         zd_tensor_unref(y);
         return -1;
     }
-    if (zd__nn_record(&relu_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&relu_ops, &x, 1, y, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -347,7 +347,7 @@ static int dropout_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
 {
     const dropout_ctx_t *ctx = zd_autograd_node_ctx(n);
     zd_tensor_t *g = gout[0];
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(g), zd_tensor_shape(g))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(g), zd_tensor_ndim(g))))
         return -1;
     const float *dy = zd_tensor_data(g);
     float *dx = zd_tensor_data(gin[0]);
@@ -369,7 +369,7 @@ static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *
 {
     const int64_t numel = zd_tensor_numel(x);
     const int64_t groups = per ? numel / per : 0;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     dropout_ctx_t *ctx = malloc(sizeof *ctx + sizeof(float) * (size_t)groups);
     if (!y || !ctx) {
         zd_tensor_unref(y);
@@ -387,7 +387,7 @@ static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *
         for (int64_t i = k * per; i < (k + 1) * per; i++)
             yd[i] = xd[i] * m;
     }
-    if (zd__nn_record(&dropout_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&dropout_ops, &x, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -451,5 +451,5 @@ int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
     int64_t rest = 1;
     for (int d = 1; d < zd_tensor_ndim(x); d++)
         rest *= zd_tensor_size(x, d);
-    return zd_tensor_reshape(x, 2, (int64_t[]){zd_tensor_size(x, 0), rest}, out);
+    return zd_tensor_reshape(x, (int64_t[]){zd_tensor_size(x, 0), rest}, 2, out);
 }

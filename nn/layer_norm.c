@@ -32,7 +32,7 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
     double *acc = calloc((size_t)(2 * m + 1), sizeof *acc);   /* dweight, dbias */
     if (!acc)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "layer_norm: out of memory");
-    if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x)))) {
+    if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x)))) {
         free(acc);
         return -1;
     }
@@ -64,8 +64,8 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
         if (!(j == 1 ? need_w : need_b))
             continue;
         const int nd = zd_tensor_ndim(x);   /* weight and bias: x's last norm_ndim sizes */
-        if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, c->norm_ndim,
-                                       zd_tensor_shape(x) + nd - c->norm_ndim))) {
+        if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x) + nd - c->norm_ndim,
+                                       c->norm_ndim))) {
             rc = -1;
             break;
         }
@@ -120,7 +120,7 @@ int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tens
     for (int d = nd - norm_ndim; d < nd; d++)
         m *= zd_tensor_size(x, d);
     const int64_t rows = m ? zd_tensor_numel(x) / m : 0;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, nd, zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), nd);
     ln_ctx_t *c = malloc(sizeof *c + sizeof(double) * 2 * (size_t)rows);
     if (!y || !c) {
         zd_tensor_unref(y);
@@ -150,7 +150,7 @@ int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tens
         }
     }
     zd_tensor_t *in[3] = {x, weight, bias};
-    if (zd__nn_record(&ln_ops, 3, in, y, x, weight, NULL, c) < 0)
+    if (zd__nn_record(&ln_ops, in, 3, y, x, weight, NULL, c) < 0)
         return -1;
     *out = y;
     return 0;

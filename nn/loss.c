@@ -15,7 +15,7 @@ static int log_softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout,
 {
     zd_tensor_t *y = zd_autograd_node_saved(n, 0);
     const int64_t rows = zd_tensor_size(y, 0), cols = zd_tensor_size(y, 1);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, 2, zd_tensor_shape(y))))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), 2)))
         return -1;
     const float *yd = zd_tensor_data(y), *dy = zd_tensor_data(gout[0]);
     float *dx = zd_tensor_data(gin[0]);
@@ -44,7 +44,7 @@ int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
         return zd_error_set("log_softmax: only dim 1 of a 2-D input is supported, got dim %d",
                          dim);
     const int64_t rows = zd_tensor_size(x, 0), cols = zd_tensor_size(x, 1);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 2, zd_tensor_shape(x));
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), 2);
     if (!y)
         return -1;
     const float *xd = zd_tensor_data(x);
@@ -64,7 +64,7 @@ int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
         for (int64_t c = 0; c < cols; c++)
             yr[c] = xr[c] - mx - lse;
     }
-    if (zd__nn_record(&log_softmax_ops, 1, &x, y, y, NULL, NULL, NULL) < 0)
+    if (zd__nn_record(&log_softmax_ops, &x, 1, y, y, NULL, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;
@@ -131,7 +131,7 @@ typedef struct {
 static int nll_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     const nll_ctx_t *ctx = zd_autograd_node_ctx(n);
-    if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, 2, ctx->shape)))
+    if (!(gin[0] = zd_tensor_new(ZD_FLOAT32, ctx->shape, 2)))
         return -1;
     const int64_t N = ctx->shape[0], C = ctx->shape[1];
     const float g = -zd_tensor_data(gout[0])[0] / (float)N;
@@ -158,7 +158,7 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
         free(ctx);
         return -1;
     }
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 0, NULL);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, NULL, 0);
     if (!y) {
         free(ctx);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "nll_loss: out of memory");
@@ -170,7 +170,7 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
     for (int64_t i = 0; i < N; i++)
         acc += lp[i * C + ctx->target[i]];
     zd_tensor_data(y)[0] = (float)(-acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
-    if (zd__nn_record(&nll_ops, 1, &logprobs, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&nll_ops, &logprobs, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;
@@ -206,7 +206,7 @@ int zd_nn_argmax(zd_tensor_t *x, zd_tensor_t **out)
     const int64_t N = zd_tensor_size(x, 0), C = zd_tensor_size(x, 1);
     if (C < 1 && N > 0)
         return zd_error_set("argmax: input has no columns");
-    zd_tensor_t *y = zd_tensor_empty(ZD_INT64, 1, &N);
+    zd_tensor_t *y = zd_tensor_empty(ZD_INT64, &N, 1);
     if (!y)
         return -1;
     for (int64_t i = 0; i < N; i++)
@@ -245,7 +245,7 @@ static int mse_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     for (int j = 0; j < 2; j++) {
         if (!zd_autograd_node_needs_grad(n, j))
             continue;
-        if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(x), zd_tensor_shape(x))))
+        if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x))))
             return -1;
         const float s = j == 0 ? scale : -scale;
         float *d = zd_tensor_data(gin[j]);
@@ -268,7 +268,7 @@ int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
                             zd_tensor_shape_str(x, sx, sizeof sx),
                             zd_tensor_shape_str(target, st, sizeof st));
     }
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 0, NULL);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, NULL, 0);
     if (!y)
         return -1;
     const float *px = zd_tensor_data(x), *pt = zd_tensor_data(target);
@@ -280,7 +280,7 @@ int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
     }
     zd_tensor_data(y)[0] = (float)(acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
     zd_tensor_t *in[2] = {x, target};
-    if (zd__nn_record(&mse_ops, 2, in, y, x, target, NULL, NULL) < 0)
+    if (zd__nn_record(&mse_ops, in, 2, y, x, target, NULL, NULL) < 0)
         return -1;
     *out = y;
     return 0;

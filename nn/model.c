@@ -30,7 +30,7 @@ zd_tensor_t *zd__nn_model_add_param(zd_nn_model_t *m, const char *name, int ndim
         zd_error_set("model %s: too many parameters", m->name);
         return NULL;
     }
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, ndim);
     if (!t)
         return NULL;
     zd_tensor_set_name(t, name);

@@ -16,7 +16,7 @@ static int model_to_vector(const zd_nn_model_t *m, bool grads, zd_tensor_t **out
     if (!m)
         return zd_error_set("%s_to_vector: NULL model", grads ? "grads" : "params");
     int64_t n = zd_nn_model_numel(m);
-    zd_tensor_t *v = zd_tensor_empty(ZD_FLOAT32, 1, &n);
+    zd_tensor_t *v = zd_tensor_empty(ZD_FLOAT32, &n, 1);
     if (!v)
         return -1;
     float *d = zd_tensor_data(v);

@@ -181,10 +181,10 @@ int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, zd_tens
     return 0;
 }
 
-zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, int ndim,
-                                        const int64_t *shape)
+zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, const int64_t *shape,
+                                        int ndim)
 {
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, ndim);
     if (!t)
         return NULL;
     int rc = zd_nn_module_register_parameter(m, name, t);
@@ -397,7 +397,7 @@ bool zd_nn_module_train(zd_nn_module_t *m, bool training)
 
 bool zd_nn_module_is_training(const zd_nn_module_t *m) { return atomic_load(&m->training); }
 
-int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
 {
     if (out)
         *out = NULL;
@@ -406,7 +406,7 @@ int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd
                                  m ? "out" : "module");
     if (!m->forward)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no forward function", m->type);
-    if (m->forward(m, n_in, in, out) < 0) {
+    if (m->forward(m, in, n_in, out) < 0) {
         zd_tensor_unref_p(out);
         return zd_error_wrap("%s forward", m->type);
     }
@@ -441,7 +441,7 @@ typedef struct {
     zd_tensor_t *weight, *bias;   /* borrowed from the module */
 } linear_t;
 
-static int linear_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+static int linear_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
 {
     linear_t *l = zd_nn_module_state(m);
     if (n_in != 1)
@@ -466,9 +466,9 @@ zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_feature
     if (!m)
         return NULL;
     int64_t ws[2] = {out_features, in_features};
-    l->weight = zd_nn_module_add_parameter(m, "weight", 2, ws);
+    l->weight = zd_nn_module_add_parameter(m, "weight", ws, 2);
     if (bias)
-        l->bias = zd_nn_module_add_parameter(m, "bias", 1, &out_features);
+        l->bias = zd_nn_module_add_parameter(m, "bias", &out_features, 1);
     if (!l->weight || (bias && !l->bias) || zd_nn_init_default(l->weight, l->bias, rng) < 0) {
         zd_nn_module_free(m);
         return NULL;

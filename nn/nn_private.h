@@ -71,7 +71,7 @@ int zd__nn_check_ndim(const char *what, const zd_tensor_t *t, int ndim);
 
 /*  zd_autograd_record (<zdist/function.h>) with up to three saved tensors
     (NULL slots are skipped); the op's own output may be one of them. */
-int zd__nn_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+int zd__nn_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
               zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx);
 
 /*  Release function for nodes whose ctx is one malloc'ed block. */

@@ -387,7 +387,7 @@ static void pool_backward_chunk(void *arg, int c, float *scratch)
 static int pool_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     const pool_ctx_t *ctx = zd_autograd_node_ctx(n);
-    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, 4, ctx->shape)))
+    if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, ctx->shape, 4)))
         return -1;
     pool_job_t job = {.ctx = ctx, .planes = ctx->shape[0] * ctx->shape[1],
                       .in = zd_tensor_data(gout[0]), .out = zd_tensor_data(gin[0])};
@@ -424,7 +424,7 @@ int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
     const int64_t *s = zd_tensor_shape(x);
     const int64_t Ho = (s[2] - kernel) / stride + 1, Wo = (s[3] - kernel) / stride + 1;
     const int64_t planes = s[0] * s[1], per = Ho * Wo;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){s[0], s[1], Ho, Wo});
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){s[0], s[1], Ho, Wo}, 4);
     pool_ctx_t *ctx = malloc(sizeof *ctx + sizeof(int32_t) * (size_t)(planes * per));
     if (!y || !ctx) {
         zd_tensor_unref(y);
@@ -442,7 +442,7 @@ int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
         free(ctx);
         return -1;
     }
-    if (zd__nn_record(&pool_ops, 1, &x, y, NULL, NULL, NULL, ctx) < 0)
+    if (zd__nn_record(&pool_ops, &x, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
     return 0;

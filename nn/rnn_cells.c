@@ -118,7 +118,7 @@ void zd__rnn_add_bias(float *g, int64_t rows, int64_t cols, const zd_tensor_t *b
 
 zd_tensor_t *zd__rnn_bias_grad(const float *g, int64_t rows, int64_t cols)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, 1, &cols);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, &cols, 1);
     if (t)
         zd__rnn_col_sum(g, rows, cols, zd_tensor_data(t));
     return t;
@@ -135,19 +135,19 @@ static int cell_input_grads(zd_autograd_node_t *n, const rnn_dims_t *d, int64_t 
 {
     const int N = (int)d->N, I = (int)d->I, H = (int)d->H;
     if (zd_autograd_node_needs_grad(n, 0)) {
-        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){N, I})))
+        if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){N, I}, 2)))
             return -1;
         zd__nn_sgemm(false, false, N, I, (int)G, 1.0f, gi, (int)G, zd_tensor_data(w_ih), I, 0.0f,
                      zd_tensor_data(gin[0]), I);
     }
     if (zd_autograd_node_needs_grad(n, 2)) {
-        if (!(gin[2] = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){G, I})))
+        if (!(gin[2] = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){G, I}, 2)))
             return -1;
         zd__nn_sgemm(true, false, (int)G, I, N, 1.0f, gi, (int)G, zd_tensor_data(x), I, 0.0f,
                      zd_tensor_data(gin[2]), I);
     }
     if (zd_autograd_node_needs_grad(n, 3)) {
-        if (!(gin[3] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){G, H})))
+        if (!(gin[3] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){G, H}, 2)))
             return -1;
         if (h)
             zd__nn_sgemm(true, false, (int)G, H, N, 1.0f, gh, (int)G, zd_tensor_data(h), H, 0.0f,
@@ -184,7 +184,7 @@ static int cell_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in
                        const rnn_dims_t *d, float *buf, zd_tensor_t *y)
 {
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(ops, 6, in, 1, &n) < 0) {
+    if (zd_autograd_node_new(ops, in, 6, 1, &n) < 0) {
         free(buf);
         return -1;
     }
@@ -224,7 +224,7 @@ static int rnn_tanh_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd
         da[k] = dy[k] * (1.0f - y[k] * y[k]);
     int rc = cell_input_grads(n, &c->d, H, da, da, c->x, c->h, c->w_ih, gin);
     if (rc == 0 && zd_autograd_node_needs_grad(n, 1)) {
-        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){N, H})))
+        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){N, H}, 2)))
             rc = -1;
         else
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)H, 1.0f, da, (int)H,
@@ -246,7 +246,7 @@ int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_te
         zd__rnn_check_state("rnn_tanh_cell: h", h, 2, &d) < 0)
         return -1;
     const int N = (int)d.N, I = (int)d.I, H = (int)d.H;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){N, H});
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){N, H}, 2);
     float *keep = malloc(sizeof(float) * (size_t)N * (size_t)H);
     if (!y || !keep) {
         zd_tensor_unref(y);
@@ -300,7 +300,7 @@ static int gru_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     }
     int rc = cell_input_grads(n, &c->d, G, gi, gh, c->x, c->h, c->w_ih, gin);
     if (rc == 0 && zd_autograd_node_needs_grad(n, 1)) {
-        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){N, H}))) {
+        if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){N, H}, 2))) {
             rc = -1;
         } else {
             float *dh = zd_tensor_data(gin[1]);
@@ -326,7 +326,7 @@ int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_
         zd__rnn_check_state("gru_cell: h", h, 2, &d) < 0)
         return -1;
     const int N = (int)d.N, I = (int)d.I, H = (int)d.H, G = 3 * H;
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){N, H});
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){N, H}, 2);
     /* gi and gh (N, G) each, then what backward keeps (N, 4H) */
     float *tmp = malloc(sizeof(float) * 2 * (size_t)N * (size_t)G);
     float *keep = malloc(sizeof(float) * 4 * (size_t)N * (size_t)H);

@@ -313,26 +313,26 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     int rc = 0;
     zd_tensor_t *in_x = c->x, *in_h0 = c->h0, *in_c0 = c->c0;
     if (zd_autograd_node_needs_grad(n, 0)) {
-        if ((gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(in_x), zd_tensor_shape(in_x))))
+        if ((gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(in_x), zd_tensor_ndim(in_x))))
             zd__nn_sgemm(false, false, (int)(T * N), (int)I, (int)G, 1.0f, dg, (int)G, w_ih,
                          (int)I, 0.0f, zd_tensor_data(gin[0]), (int)I);
         else
             rc = -1;
     }
     if (rc == 0 && want_h0) {
-        if ((gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(in_h0), zd_tensor_shape(in_h0))))
+        if ((gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(in_h0), zd_tensor_ndim(in_h0))))
             memcpy(zd_tensor_data(gin[1]), dhn, sizeof(float) * (size_t)(N * H));
         else
             rc = -1;
     }
     if (rc == 0 && zd_autograd_node_needs_grad(n, 2)) {
-        if ((gin[2] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(in_c0), zd_tensor_shape(in_c0))))
+        if ((gin[2] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(in_c0), zd_tensor_ndim(in_c0))))
             memcpy(zd_tensor_data(gin[2]), dc, sizeof(float) * (size_t)(N * H));
         else
             rc = -1;
     }
     if (rc == 0 && zd_autograd_node_needs_grad(n, 3)) {
-        if ((gin[3] = zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){G, I})))
+        if ((gin[3] = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){G, I}, 2)))
             zd__nn_sgemm(true, false, (int)G, (int)I, (int)(T * N), 1.0f, dg, (int)G,
                          zd_tensor_data(in_x), (int)I, 0.0f, zd_tensor_data(gin[3]), (int)I);
         else
@@ -341,8 +341,8 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     if (rc == 0 && zd_autograd_node_needs_grad(n, 4)) {
         /* dw_hh = sum_t dG_t^T h_{t-1}: h_{-1} = h0, then the outputs */
         const bool written = c->h0 || T > 1;   /* else the gradient is zero */
-        if ((gin[4] = written ? zd_tensor_empty(ZD_FLOAT32, 2, (int64_t[]){G, H})
-                              : zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){G, H}))) {
+        if ((gin[4] = written ? zd_tensor_empty(ZD_FLOAT32, (int64_t[]){G, H}, 2)
+                              : zd_tensor_new(ZD_FLOAT32, (int64_t[]){G, H}, 2))) {
             float *dw = zd_tensor_data(gin[4]);
             float beta = 0.0f;
             if (c->h0) {
@@ -416,9 +416,9 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     if (T * N > INT32_MAX / (4 * H) || T * N > INT32_MAX / d->I)
         return zd_error_set("lstm: %lld steps of batch %lld, hidden %lld, input %lld: too large",
                             (long long)T, (long long)N, (long long)H, (long long)d->I);
-    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, cell ? 2 : 3, cell ? yshape + 1 : yshape);
-    zd_tensor_t *hT = cell ? NULL : zd_tensor_empty(ZD_FLOAT32, 3, sshape);
-    zd_tensor_t *cT = zd_tensor_empty(ZD_FLOAT32, cell ? 2 : 3, cell ? sshape + 1 : sshape);
+    zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, cell ? yshape + 1 : yshape, cell ? 2 : 3);
+    zd_tensor_t *hT = cell ? NULL : zd_tensor_empty(ZD_FLOAT32, sshape, 3);
+    zd_tensor_t *cT = zd_tensor_empty(ZD_FLOAT32, cell ? sshape + 1 : sshape, cell ? 2 : 3);
     lstm_ctx_t *c = calloc(1, sizeof *c);
     if (c) {
         c->gates = malloc(sizeof(float) * (size_t)(T * N * (4 * H + 2 * H) + H));
@@ -448,7 +448,7 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
 
     zd_tensor_t *in[7] = {x, h0, c0, w_ih, w_hh, b_ih, b_hh};
     zd_autograd_node_t *n;
-    if (zd_autograd_node_new(&lstm_ops, 7, in, cell ? 2 : 3, &n) < 0 ||
+    if (zd_autograd_node_new(&lstm_ops, in, 7, cell ? 2 : 3, &n) < 0 ||
         (n && !(c->y = zd_tensor_detach(y)))) {
         zd_autograd_node_unref(n);
         zd_tensor_unref(y);

@@ -62,7 +62,7 @@ static void pstate_clear(optim_pstate_t *st)
     st->step = 0;
 }
 
-zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, int n, zd_tensor_t *const *params)
+zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, zd_tensor_t *const *params, int n)
 {
     if (zd_optim_config_check(cfg) < 0)
         return NULL;
@@ -134,7 +134,7 @@ static int pstate_init(const zd_optim_t *o, int i)
     for (int s = 0; s < OPTIM_SLOTS; s++) {
         if (!zd__optim_slot_used(&o->cfg, s) || st->slot[s])
             continue;
-        st->slot[s] = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(p), zd_tensor_shape(p));
+        st->slot[s] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(p), zd_tensor_ndim(p));
         if (!st->slot[s])
             return -1;
         if (o->cfg.kind == ZD_OPTIM_ADAGRAD)

@@ -33,7 +33,7 @@ static int export_locked(zd_optim_t *o, zd_named_tensors_t *nt)
                                zd_tensor_detach_copy(st->slot[s]));
         if (rc == 0 && zd__optim_counts_steps(o->cfg.kind)) {
             int64_t one = 1;
-            rc = add_entry(nt, i, "step", zd_tensor_from_data(ZD_INT64, 1, &one, &st->step));
+            rc = add_entry(nt, i, "step", zd_tensor_from_data(ZD_INT64, &one, 1, &st->step));
         }
     }
     return rc;

@@ -284,7 +284,7 @@ static zd_tensor_t *frame_tensor(rpc_frame_t *fr, zd_tensor_dtype_t dtype, int n
         /* A check on the tensor must see the bytes it will use: a wrap
            would let the peer change them after the check (time of check,
            time of use). */
-        zd_tensor_t *t = zd_tensor_new(dtype, ndim, shape);
+        zd_tensor_t *t = zd_tensor_new(dtype, shape, ndim);
         if (t)
             zd__rpc_copy(zd_tensor_raw(t), fr->data, fr->size);
         if (fr->release)
@@ -292,11 +292,11 @@ static zd_tensor_t *frame_tensor(rpc_frame_t *fr, zd_tensor_dtype_t dtype, int n
         return t;
     }
     if (fr->size && fr->release && (uintptr_t)fr->data % es == 0)
-        return zd_tensor_wrap(dtype, ndim, shape, fr->data, fr->size, fr->release,
+        return zd_tensor_wrap(dtype, shape, ndim, fr->data, fr->size, fr->release,
                            fr->release_arg);
     /* Empty, misaligned or borrowed: the tensor gets its own storage. */
-    zd_tensor_t *t = fr->size ? zd_tensor_from_data(dtype, ndim, shape, fr->data)
-                           : zd_tensor_new(dtype, ndim, shape);
+    zd_tensor_t *t = fr->size ? zd_tensor_from_data(dtype, shape, ndim, fr->data)
+                           : zd_tensor_new(dtype, shape, ndim);
     if (fr->release)
         fr->release(fr->data, fr->release_arg);
     return t;

@@ -13,7 +13,7 @@
 
 static zd_tensor_t *leaf(int64_t n, const float *v)
 {
-    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
     assert_non_null(t);
     assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
     return t;
@@ -85,12 +85,12 @@ static void test_no_grad_records_nothing(void **state)
 static void test_matmul_and_reshape(void **state)
 {
     (void)state;
-    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
-    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){6}, (float[]){1, 0, -1, 2, 1, 0});
+    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3}, 2, (float[]){1, 2, 3, 4, 5, 6});
+    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){6}, 1, (float[]){1, 0, -1, 2, 1, 0});
     zd_tensor_set_requires_grad(a, true);
     zd_tensor_set_requires_grad(b, true);
     zd_tensor_t *b2, *y, *s;
-    assert_int_equal(zd_tensor_reshape(b, 2, (int64_t[]){3, -1}, &b2), 0);
+    assert_int_equal(zd_tensor_reshape(b, (int64_t[]){3, -1}, 2, &b2), 0);
     assert_int_equal(zd_tensor_size(b2, 1), 2);
     assert_int_equal(zd_tensor_matmul(a, b2, &y), 0);
     /* y = [[1*1+2*-1+3*1, 1*0+2*2+3*0],[4-5+6, 0+10+0]] */
@@ -162,8 +162,8 @@ static void test_bad_shapes_are_errors(void **state)
     assert_int_equal(zd_tensor_add(a, b, &y), -1);
     assert_null(y);
     assert_non_null(strstr(zd_error_last(), "(3) and (4)"));
-    assert_int_equal(zd_tensor_reshape(a, 1, (int64_t[]){5}, &y), -1);
-    assert_null(zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){-2}));
+    assert_int_equal(zd_tensor_reshape(a, (int64_t[]){5}, 1, &y), -1);
+    assert_null(zd_tensor_new(ZD_FLOAT32, (int64_t[]){-2}, 1));
     zd_tensor_unref(a);
     zd_tensor_unref(b);
 }
@@ -182,7 +182,7 @@ static const zd_autograd_node_ops_t send_ops = {"SendBackward", identity_backwar
 static zd_autograd_node_t *send_over(zd_tensor_t *t)
 {
     zd_autograd_node_t *n;
-    assert_int_equal(zd_autograd_node_new(&send_ops, 1, &t, 1, &n), 0);
+    assert_int_equal(zd_autograd_node_new(&send_ops, &t, 1, 1, &n), 0);
     assert_non_null(n);
     return n;
 }
@@ -196,8 +196,8 @@ static void test_task_waits_for_every_start_then_flush(void **state)
     assert_int_equal(zd_tensor_mul(a, a, &b), 0);        /* b = a^2 */
     zd_autograd_node_t *s1 = send_over(a), *s2 = send_over(b);
     zd_autograd_node_t *starts[2] = {s1, s2};
-    zd_tensor_t *g1 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 1});
-    zd_tensor_t *g2 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 2});
+    zd_tensor_t *g1 = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){1, 1});
+    zd_tensor_t *g2 = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){1, 2});
 
     zd_autograd_options_t keep = zd_autograd_options_default();
     keep.retain_graph = true;
@@ -240,8 +240,8 @@ static void test_task_waits_for_every_start_then_flush(void **state)
 static void test_copy_and_cat(void **state)
 {
     (void)state;
-    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 1}, (float[]){1, 2});
-    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 2}, (float[]){3, 4, 5, 6});
+    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 1}, 2, (float[]){1, 2});
+    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 2}, 2, (float[]){3, 4, 5, 6});
     zd_tensor_set_requires_grad(a, true);
     zd_tensor_set_requires_grad(b, true);
     zd_tensor_t *ac, *cat, *w, *prod, *s;
@@ -253,7 +253,7 @@ static void test_copy_and_cat(void **state)
     float expect[6] = {1, 3, 4, 2, 5, 6};
     for (int i = 0; i < 6; i++)
         assert_float_equal(zd_tensor_data(cat)[i], expect[i], 0);
-    w = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, (float[]){1, 2, 3, 4, 5, 6});
+    w = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3}, 2, (float[]){1, 2, 3, 4, 5, 6});
     assert_int_equal(zd_tensor_mul(cat, w, &prod), 0);
     assert_int_equal(zd_tensor_sum(prod, &s), 0);
     assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
@@ -281,8 +281,8 @@ static void test_narrow_copies_inner_dims_with_gradient(void **state)
         xv[i] = (float)i;
     for (int i = 0; i < 16; i++)
         wv[i] = 0.5f * (float)(i + 1);
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 3, (int64_t[]){2, 3, 4}, xv);
-    zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, 3, (int64_t[]){2, 2, 4}, wv);
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3, 4}, 3, xv);
+    zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 2, 4}, 3, wv);
     zd_tensor_set_requires_grad(x, true);
     zd_tensor_t *y, *p, *s;
     assert_int_equal(zd_tensor_narrow(x, 1, 1, 2, &y), 0);
@@ -315,7 +315,7 @@ static void test_narrow_rows_is_a_view(void **state)
 {
     (void)state;
     int64_t before = zd_tensor_live_count();
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){4, 3},
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){4, 3}, 2,
                                    (float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
     zd_tensor_set_requires_grad(x, true);
     zd_tensor_t *y, *z, *v, *s;
@@ -329,7 +329,7 @@ static void test_narrow_rows_is_a_view(void **state)
     zd_tensor_data(x)[7] = 70;   /* in place, as PyTorch's views see it */
     assert_float_equal(zd_tensor_data(z)[1], 70, 0);
     /* Gradients go through both narrows into row 2 of x. */
-    zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){1, 3}, (float[]){1, 2, 3});
+    zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 3}, 2, (float[]){1, 2, 3});
     assert_int_equal(zd_tensor_mul(z, w, &v), 0);
     assert_int_equal(zd_tensor_sum(v, &s), 0);
     assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
@@ -340,7 +340,7 @@ static void test_narrow_rows_is_a_view(void **state)
     zd_tensor_unref(x);
     assert_float_equal(zd_tensor_data(z)[0], 6, 0);   /* x's memory lives on */
     /* Other dtypes narrow too; an empty range is a tensor of size 0. */
-    zd_tensor_t *labels = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){5},
+    zd_tensor_t *labels = zd_tensor_from_data(ZD_INT64, (int64_t[]){5}, 1,
                                         (int64_t[]){10, 11, 12, 13, 14});
     zd_tensor_t *l, *empty;
     assert_int_equal(zd_tensor_narrow(labels, 0, 3, 2, &l), 0);
@@ -363,7 +363,7 @@ static void test_narrow_rows_is_a_view(void **state)
 static void test_narrow_bad_arguments(void **state)
 {
     (void)state;
-    zd_tensor_t *x = zd_tensor_zeros2(4, 3), *scalar = zd_tensor_new(ZD_FLOAT32, 0, NULL), *y = x;
+    zd_tensor_t *x = zd_tensor_zeros2(4, 3), *scalar = zd_tensor_new(ZD_FLOAT32, NULL, 0), *y = x;
     assert_int_equal(zd_tensor_narrow(scalar, 0, 0, 1, &y), -1);
     assert_null(y);
     assert_non_null(strstr(zd_error_last(), "scalar"));
@@ -403,7 +403,7 @@ static void test_saving_the_output_frees_without_backward(void **state)
     zd_tensor_t *x = leaf(1, (float[]){3});
     zd_tensor_t *y = zd_tensor_detach_copy(x);
     zd_autograd_node_t *n;
-    assert_int_equal(zd_autograd_node_new(&square_ops, 1, &x, 1, &n), 0);
+    assert_int_equal(zd_autograd_node_new(&square_ops, &x, 1, 1, &n), 0);
     zd_autograd_node_save(n, 0, y);   /* saved before becoming the output */
     zd_autograd_node_set_output(n, y);
     zd_autograd_node_save(n, 1, y);   /* and after */

@@ -35,7 +35,7 @@ struct check {
 static zd_tensor_t *away_from_zero(int ndim, const int64_t *shape, float lo, float hi, bool sign)
 {
     zd_nn_rng_t *rng = gradcheck_rng();
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     assert_non_null(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++) {
         float v = zd_nn_rng_uniform_range(rng, lo, hi);
@@ -91,7 +91,7 @@ static void test_unary(void **state)
 static void test_unary_values(void **state)
 {
     (void)state;
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){4}, (float[]){0, 1, -100, 100});
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){4}, 1, (float[]){0, 1, -100, 100});
     zd_tensor_t *y;
     assert_int_equal(zd_tensor_sigmoid(x, &y), 0);
     assert_float_equal(zd_tensor_data(y)[0], 0.5, 1e-7);
@@ -159,8 +159,8 @@ static void test_broadcast_gradients(void **state)
 static void test_broadcast_values(void **state)
 {
     (void)state;
-    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 1}, (float[]){1, 2});
-    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){10, 20, 40});
+    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 1}, 2, (float[]){1, 2});
+    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){3}, 1, (float[]){10, 20, 40});
     zd_tensor_t *y;
     assert_int_equal(zd_tensor_sub(a, b, &y), 0);
     assert_int_equal(zd_tensor_ndim(y), 2);
@@ -240,7 +240,7 @@ static void test_permute_values(void **state)
 {
     (void)state;
     int64_t v[6] = {0, 1, 2, 3, 4, 5};
-    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, 2, (int64_t[]){2, 3}, v), *y;
+    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, (int64_t[]){2, 3}, 2, v), *y;
     assert_int_equal(zd_tensor_transpose(t, 0, 1, &y), 0);   /* any dtype */
     assert_int_equal(zd_tensor_dtype(y), ZD_INT64);
     assert_int_equal(zd_tensor_size(y, 0), 3);
@@ -277,7 +277,7 @@ static void test_errors(void **state)
     assert_int_equal(zd_tensor_transpose(a, 0, 2, &y), -1);
     assert_non_null(strstr(zd_error_last(), "out of range"));
     assert_int_equal(zd_tensor_transpose(a, -3, 0, &y), -1);
-    zd_tensor_t *i = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
+    zd_tensor_t *i = zd_tensor_new(ZD_INT64, (int64_t[]){2}, 1);
     assert_int_equal(zd_tensor_tanh(i, &y), -1);
     assert_non_null(strstr(zd_error_last(), "tanh: expected float32"));
     assert_int_equal(zd_tensor_add(a, i, &y), -1);

@@ -60,10 +60,10 @@ static const char *const names[NT] = { "conv1.weight", "conv1.bias", "fc.weight"
 
 static void make_model(zd_tensor_t **t, float base)
 {
-    t[0] = zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){ 3, 1, 3, 3 });
-    t[1] = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){ 3 });
-    t[2] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){ 10, 7 });
-    t[3] = zd_tensor_new(ZD_FLOAT32, 0, NULL);
+    t[0] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 3, 1, 3, 3 }, 4);
+    t[1] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 3 }, 1);
+    t[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 10, 7 }, 2);
+    t[3] = zd_tensor_new(ZD_FLOAT32, NULL, 0);
     for (int k = 0; k < NT; k++)
         for (int64_t i = 0; i < zd_tensor_numel(t[k]); i++)
             zd_tensor_data(t[k])[i] = base + (float)k * 100.0f + (float)i * 0.125f - 3.3f;
@@ -181,14 +181,14 @@ static void test_round_trip(void **state)
 
     /* Other dtypes and an empty checkpoint work too. */
     int64_t two = 2;
-    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, &two);
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, &two, 1);
     zd_tensor_data_i64(i64)[1] = -5000000000LL;
     const char *iname = "counter";
     assert_int_equal(save(tmp_path("i64.ckpt"), 1, &iname, &i64), 0);
-    zd_tensor_t *i64b = zd_tensor_new(ZD_INT64, 1, &two);
+    zd_tensor_t *i64b = zd_tensor_new(ZD_INT64, &two, 1);
     assert_int_equal(load(tmp_path("i64.ckpt"), 1, &iname, &i64b), 0);
     assert_int_equal(zd_tensor_data_i64(i64b)[1], -5000000000LL);
-    zd_tensor_t *f32 = zd_tensor_new(ZD_FLOAT32, 1, &two);
+    zd_tensor_t *f32 = zd_tensor_new(ZD_FLOAT32, &two, 1);
     assert_int_equal(load(tmp_path("i64.ckpt"), 1, &iname, &f32), -1);
     assert_non_null(strstr(zd_error_last(), "'counter' is int64 in the file but float32 here"));
     assert_int_equal(save(tmp_path("empty.ckpt"), 0, NULL, NULL), 0);
@@ -295,7 +295,7 @@ static void test_mismatches_refused(void **state)
     zd_tensor_t *b[NT];
     make_model(b, 0.0f);
     zd_tensor_t *orig_fc = b[2];
-    b[2] = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){ 7, 10 });
+    b[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 7, 10 }, 2);
     zd_tensor_t *before = zd_tensor_detach_copy(b[0]);
     assert_int_equal(load(p, NT, names, b), -1);
     assert_non_null(strstr(zd_error_last(),
@@ -363,7 +363,7 @@ static void test_failed_save_keeps_old_file(void **state)
         signal(SIGXFSZ, SIG_IGN);
         struct rlimit rl = { 4096, 4096 };
         setrlimit(RLIMIT_FSIZE, &rl);
-        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){ 100000 });
+        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 100000 }, 1);
         const char *bn = "big";
         int rc = save(p, 1, &bn, &big);
         int ok = rc == -1 && strstr(zd_error_last(), "cannot write") != NULL;

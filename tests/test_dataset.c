@@ -52,7 +52,7 @@ static void write_set(const char *dir, const char *images, const char *labels, i
                       int64_t h, int64_t w)
 {
     int64_t shape[3] = { n, h, w };
-    zd_tensor_t *img = zd_tensor_new(ZD_UINT8, 3, shape), *lab = zd_tensor_new(ZD_UINT8, 1, &n);
+    zd_tensor_t *img = zd_tensor_new(ZD_UINT8, shape, 3), *lab = zd_tensor_new(ZD_UINT8, &n, 1);
     uint8_t *d = zd_tensor_raw(img), *l = zd_tensor_raw(lab);
     for (int64_t i = 0; i < n; i++) {
         for (int64_t p = 0; p < h * w; p++)
@@ -151,7 +151,7 @@ static void test_normalisation_matches_golden(void **state)
         print_message("note: the golden images are not Fashion-MNIST training images\n");
     /* The formula itself, at both ends of the range. */
     int64_t two = 2;
-    zd_tensor_t *px = zd_tensor_new(ZD_UINT8, 3, (int64_t[]){ two, 1, 1 }), *out;
+    zd_tensor_t *px = zd_tensor_new(ZD_UINT8, (int64_t[]){ two, 1, 1 }, 3), *out;
     ((uint8_t *)zd_tensor_raw(px))[1] = 255;
     assert_int_equal(zd_dataset_normalise(px, &out), 0);
     assert_int_equal(zd_tensor_ndim(out), 4);

@@ -37,7 +37,7 @@ static char src[512], cache[512];
 static void write_source(unsigned salt)
 {
     int64_t shape[3] = {N, SIDE, SIDE}, n = N;
-    zd_tensor_t *img = zd_tensor_new(ZD_UINT8, 3, shape), *lab = zd_tensor_new(ZD_UINT8, 1, &n);
+    zd_tensor_t *img = zd_tensor_new(ZD_UINT8, shape, 3), *lab = zd_tensor_new(ZD_UINT8, &n, 1);
     uint8_t *d = zd_tensor_raw(img), *l = zd_tensor_raw(lab);
     for (int64_t i = 0; i < N * SIDE * SIDE; i++)
         d[i] = (uint8_t)((i * 131 + salt) % 256);

@@ -36,7 +36,7 @@ static float w_value(int rank, int i) { return (float)rank + 1.0f + 0.1f * (floa
 static zd_tensor_t *vec(const float *v)
 {
     int64_t n = N;
-    return zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    return zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
 }
 
 static zd_tensor_t *x_leaf(float base)
@@ -209,7 +209,7 @@ static zd_value_t *bad_op(zd_value_t *args, const zd_autograd_node_ops_t *ops)
         return NULL;
     zd_tensor_t *out = zd_tensor_detach_copy(y);
     zd_tensor_unref(y);
-    if (zd_autograd_node_new(ops, 1, &x, 1, &node) < 0 || !node) {
+    if (zd_autograd_node_new(ops, &x, 1, 1, &node) < 0 || !node) {
         zd_tensor_unref(out);
         return NULL;
     }

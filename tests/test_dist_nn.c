@@ -115,7 +115,7 @@ static int setup(const world_t *w)
 {
     int64_t n = 3;
     float v[3] = {2.0f + (float)w->rank, -1.0f, 0.5f};
-    w_loss = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    w_loss = zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
     zd_tensor_set_requires_grad(w_loss, true);
     if (zd_dist_optim_init() < 0 || zd_dist_nn_init() < 0 ||
         zd_dist_nn_register_module("Linear", make_linear, NULL) < 0 ||
@@ -149,7 +149,7 @@ static int train_step_body(const world_t *w)
        PyTorch's parameters() lists it once. */
     int64_t two = 2;
     zd_nn_module_t *tied = zd_nn_module_new("Tied", NULL, NULL, NULL);
-    zd_tensor_t *tw = zd_tensor_new(ZD_FLOAT32, 1, &two);
+    zd_tensor_t *tw = zd_tensor_new(ZD_FLOAT32, &two, 1);
     WCHECK(tied && tw);
     WTRY(zd_nn_module_register_parameter(tied, "a", tw));
     WTRY(zd_nn_module_register_parameter(tied, "b", tw));
@@ -201,10 +201,10 @@ static int train_step_body(const world_t *w)
     int rc = -1;
     ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
         int64_t one_three[2] = {1, 3};
-        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, one_three, xv), *hh = NULL,
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, one_three, 2, xv), *hh = NULL,
                     *yy = NULL, *loss = NULL;
-        if (zd_nn_module_forward(local, 1, &x, &hh) == 0 &&
-            zd_remote_module_forward(rm, 1, &hh, &yy) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
+        if (zd_nn_module_forward(local, &x, 1, &hh) == 0 &&
+            zd_remote_module_forward(rm, &hh, 1, &yy) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
             near(zd_tensor_data(yy)[0], y[0]) && near(zd_tensor_data(yy)[1], y[1]) &&
             zd_dist_autograd_backward(ctx, &loss, 1, false) == 0 &&
             zd_dist_optim_step(opt, ctx) == 0)
@@ -241,8 +241,8 @@ static int train_step_body(const world_t *w)
     /* forward_async: the stepped module's output, as a future. */
     int64_t one_four[2] = {1, 4};
     float ones[4] = {1, 1, 1, 1};
-    zd_tensor_t *x1 = zd_tensor_from_data(ZD_FLOAT32, 2, one_four, ones);
-    zd_future_t *f = zd_remote_module_forward_async(rm, 1, &x1);
+    zd_tensor_t *x1 = zd_tensor_from_data(ZD_FLOAT32, one_four, 2, ones);
+    zd_future_t *f = zd_remote_module_forward_async(rm, &x1, 1);
     WCHECK(f);
     WTRY(zd_future_wait(f, ZD_TIMEOUT_NONE));
     zd_tensor_t *ya;
@@ -290,18 +290,18 @@ static int errors_body(const world_t *w)
     WCHECK(!zd_remote_module_new(1, NULL, ZD_ARGS(4, 2, 0)));
 
     zd_tensor_t *out = NULL;
-    WCHECK(zd_remote_module_forward(NULL, 0, NULL, &out) == -1 && !out);
+    WCHECK(zd_remote_module_forward(NULL, NULL, 0, &out) == -1 && !out);
     WCHECK(zd_error_code() == ZD_ERR_ARGUMENT);
-    WCHECK(!zd_remote_module_forward_async(NULL, 0, NULL));
+    WCHECK(!zd_remote_module_forward_async(NULL, NULL, 0));
 
     zd_remote_module_t *rm = zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 0));
     WCHECK(rm);
     /* the owner's forward error comes back: two inputs, a wrong shape */
     int64_t s[2] = {1, 3};
-    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 2, s), *two[2] = {x, x};
-    WCHECK(zd_remote_module_forward(rm, 2, two, &out) == -1 && !out);
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, s, 2), *two[2] = {x, x};
+    WCHECK(zd_remote_module_forward(rm, two, 2, &out) == -1 && !out);
     WCHECK(strstr(zd_error_last(), "Linear forward: takes 1 input, got 2"));
-    WCHECK(zd_remote_module_forward(rm, 1, &x, &out) == -1);
+    WCHECK(zd_remote_module_forward(rm, &x, 1, &out) == -1);
     WCHECK(strstr(zd_error_last(), "RemoteModule Linear forward"));
     /* a function called with the module RRef that wants another object */
     zd_value_t *r;
@@ -356,7 +356,7 @@ static int rref_backward_body(const world_t *w)
     const float w1[3] = {3.0f, -1.0f, 0.5f};   /* rank 1's w_loss */
     int rc = -1;
     ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
-        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *g = NULL;
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *g = NULL;
         zd_tensor_set_requires_grad(x, true);
         zd_rref_t *loss = zd_rpc_remote_take(1, "remote_loss", ZD_ARGS(x), ZD_TIMEOUT_DEFAULT);
         zd_value_t *wg = NULL;
@@ -386,7 +386,7 @@ static int rref_backward_body(const world_t *w)
     /* A loss owned here, in a context: backward runs here. */
     rc = -1;
     ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
-        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *p = NULL, *l = NULL,
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *p = NULL, *l = NULL,
                     *g = NULL;
         zd_tensor_set_requires_grad(x, true);
         zd_value_t *lv = NULL;

@@ -79,7 +79,7 @@ static int setup(const world_t *w)
     for (int i = 0; i < N; i++)
         v[i] = w0(w->rank, i);
     int64_t n = N;
-    w_param = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    w_param = zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
     zd_tensor_set_requires_grad(w_param, true);
     if (zd_dist_optim_init() < 0)
         return -1;
@@ -108,7 +108,7 @@ static int iteration(zd_dist_optim_t *opt, int owners_from, int owners_to, const
     int64_t ctx, n = N;
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return -1;
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *total = NULL;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *total = NULL;
     int rc = 0;
     for (int k = owners_from; rc == 0 && k <= owners_to; k++) {
         zd_value_t *a = zd__rpc_args("t", x), *r;

@@ -168,7 +168,7 @@ typedef struct {
 
 static zd_tensor_t *filled(int ndim, const int64_t *shape, float scale, bool grad)
 {
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, ndim);
     float *d = zd_tensor_data(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
         d[i] = scale * (float)((i * 7919) % 17 - 8) / 8.0f;
@@ -188,7 +188,7 @@ static void mlp_make(mlp_t *m)
     m->b2 = filled(1, (int64_t[]){10}, 0.1f, true);
     m->a = filled(2, (int64_t[]){3, 4}, 1.0f, true);
     m->b = filled(2, (int64_t[]){2, 4}, 1.0f, true);
-    m->y = zd_tensor_new(ZD_INT64, 1, (int64_t[]){256});
+    m->y = zd_tensor_new(ZD_INT64, (int64_t[]){256}, 1);
     for (int i = 0; i < 256; i++)
         zd_tensor_data_i64(m->y)[i] = i % 10;
 }
@@ -224,7 +224,7 @@ static int mlp_step(void *arg)
         goto done;
     if (zd_autograd_backward(total, NULL, false) < 0)
         goto done;
-    if (!(opt = zd_optim_new(&cfg, 6, params)) || zd_optim_step_grad(opt) < 0)
+    if (!(opt = zd_optim_new(&cfg, params, 6)) || zd_optim_step_grad(opt) < 0)
         goto done;
     rc = 0;
 done:
@@ -348,9 +348,9 @@ static int codec_body(const world_t *w)
 {
     zd__value_set_rref_hooks(fake_ref, fake_unref);
     zd_tensor_t *f = filled(2, (int64_t[]){3, 5}, 1.0f, true);
-    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, (int64_t[]){4});
-    zd_tensor_t *u8 = zd_tensor_new(ZD_UINT8, 3, (int64_t[]){2, 2, 3});
-    zd_tensor_t *empty = zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){0});
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, (int64_t[]){4}, 1);
+    zd_tensor_t *u8 = zd_tensor_new(ZD_UINT8, (int64_t[]){2, 2, 3}, 3);
+    zd_tensor_t *empty = zd_tensor_new(ZD_FLOAT32, (int64_t[]){0}, 1);
     zd_tensor_t *scalar = filled(0, NULL, 2.0f, false);
     zd_value_t *inner = zd_value_list(0);
     zd_list_append(inner, zd_value_string("inner"));
@@ -439,8 +439,8 @@ static int ckpt_body(const world_t *w)
     snprintf(dir, sizeof dir, "%s", (const char *)w->arg);
     ckpt_arg_t c = {.dir = dir};
     c.t[0] = filled(2, (int64_t[]){300, 300}, 1.0f, false);   /* a block (blocks.c) */
-    c.t[1] = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
-    c.t[2] = zd_tensor_new(ZD_UINT8, 2, (int64_t[]){4, 4});
+    c.t[1] = zd_tensor_new(ZD_INT64, (int64_t[]){3}, 1);
+    c.t[2] = zd_tensor_new(ZD_UINT8, (int64_t[]){4, 4}, 2);
     int rc = drive(w, "checkpoint write and read", ckpt_round, &c, ckpt_counts);
     if (files_like(c.dir, "model.ckpt.tmp") != 0)
         rc = world_fail(w, "checkpoint: temporary files left in %s", c.dir);
@@ -517,8 +517,8 @@ static int data_body(const world_t *w)
     snprintf(gz, sizeof gz, "%s", path_in(root, "gz"));
     snprintf(cache, sizeof cache, "%s", path_in(root, "cache"));
     WCHECK(mkdir(dir, 0700) == 0 && mkdir(gz, 0700) == 0 && mkdir(cache, 0700) == 0);
-    zd_tensor_t *images = zd_tensor_new(ZD_UINT8, 3, (int64_t[]){12, 6, 5});
-    zd_tensor_t *labels = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){12});
+    zd_tensor_t *images = zd_tensor_new(ZD_UINT8, (int64_t[]){12, 6, 5}, 3);
+    zd_tensor_t *labels = zd_tensor_new(ZD_UINT8, (int64_t[]){12}, 1);
     for (int64_t i = 0; i < zd_tensor_numel(images); i++)
         ((uint8_t *)zd_tensor_raw(images))[i] = (uint8_t)(i * 37);
     for (int i = 0; i < 12; i++)
@@ -556,12 +556,12 @@ static int module_round(void *arg)
         goto done;
     zd_nn_module_t *fc2 = zd_nn_module_linear_new(3, 2, false, &rng);
     if (!fc2 || zd_nn_module_register_module(m, "fc2", fc2) < 0 ||
-        !zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2}))
+        !zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1))
         goto done;
     if (zd_nn_module_save(m, path) < 0 || zd_nn_module_load(m, path) < 0)
         goto done;
-    if (!(x = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){5, 4})) ||
-        zd_nn_module_forward(zd_nn_module_child(m, "fc1"), 1, &x, &out) < 0)
+    if (!(x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){5, 4}, 2)) ||
+        zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &out) < 0)
         goto done;
     rc = 0;
 done:

@@ -56,7 +56,7 @@ static float m_at(int i, int j) { return (float)((i + j) % 3) - 1.0f; }
 static zd_tensor_t *make(int rows, int cols, float (*f)(int, int))
 {
     int64_t shape[2] = {rows, cols};
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2);
     float *d = t ? zd_tensor_data(t) : NULL;
     for (int i = 0; d && i < rows; i++)
         for (int j = 0; j < cols; j++)
@@ -67,7 +67,7 @@ static zd_tensor_t *make(int rows, int cols, float (*f)(int, int))
 static zd_tensor_t *make_x(int step)
 {
     int64_t shape[2] = {B, K};
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2);
     float *d = t ? zd_tensor_data(t) : NULL;
     for (int i = 0; d && i < B; i++)
         for (int j = 0; j < K; j++)
@@ -298,8 +298,8 @@ static int attack_gradients(intruder_t *in)
     }
     int64_t pass = (int64_t)(UINT64_C(2) << 48 | 5);
     int64_t one = 1, shape[2] = {B, C};
-    zd_tensor_t *tiny = zd_tensor_new(ZD_FLOAT32, 1, &one);
-    zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, 2, shape);
+    zd_tensor_t *tiny = zd_tensor_new(ZD_FLOAT32, &one, 1);
+    zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, shape, 2);
     int rc = expect_refused(in, "__dist_backward",
                             zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, tiny),
                             NULL, "from peer \"worker2\" (rank 2)");
@@ -551,7 +551,7 @@ static int ps_setup(const world_t *w)
 static zd_tensor_t *images(int64_t n, int64_t c, float v)
 {
     int64_t shape[4] = {n, c, 28, 28};
-    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 4, shape);
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, shape, 4);
     if (x)
         zd_tensor_fill_(x, v);
     return x;

@@ -169,7 +169,7 @@ static int iteration(zd_dist_optim_t *opt)
     int64_t ctx, n = N;
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return -1;
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, xv), *y, *s = NULL;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *y, *s = NULL;
     zd_value_t *a = zd__rpc_args("t", x), *r = NULL;
     int rc = zd_rpc_sync(0, "mul_w", a, -1, &r) == 0 && zd_value_get_tensor(r, &y) == 0 &&
                      zd_tensor_sum(y, &s) == 0
@@ -227,7 +227,7 @@ static int setup(const world_t *w)
         for (int i = 0; i < N; i++)
             v[i] = w0(i);
         int64_t n = N;
-        w_param = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+        w_param = zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
         zd_tensor_set_requires_grad(w_param, true);
         zd_log_set_sink(log_sink, NULL);
     }

@@ -323,7 +323,7 @@ static int world_flood(const world_t *w)
         while (world_now_ms() < end && (base = call_fds(0)) < FLOOD)
             nap_ms(20);
         int64_t count = (1 << 20) / 4;
-        zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &count);
+        zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, &count, 1);
         WCHECK(t);
         for (int64_t i = 0; i < count; i++)
             zd_tensor_data(t)[i] = (float)i;

@@ -178,7 +178,7 @@ static zd_value_t *h_big_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     (void)args;
     (void)arg;
     int64_t shape[1] = {20 * MIB};
-    zd_tensor_t *t = zd_tensor_new(ZD_UINT8, 1, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_UINT8, shape, 1);
     if (!t)
         return NULL;
     uint8_t *p = zd_tensor_raw(t);

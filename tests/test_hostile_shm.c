@@ -195,7 +195,7 @@ static int attacker(const world_t *w)
         return 0;
     WCHECK(wait_accepted(0));
     int64_t n = N_TARGETS;
-    zd_tensor_t *t = zd_tensor_new(ZD_INT64, 1, &n);
+    zd_tensor_t *t = zd_tensor_new(ZD_INT64, &n, 1);
     WCHECK(t);
     for (int64_t i = 0; i < n; i++)
         zd_tensor_data_i64(t)[i] = i % CLASSES;
@@ -300,7 +300,7 @@ static int unsealed(const world_t *w)
     close(fake);
     /* and the shared memory of the library's own segments still serves */
     int64_t n = N_TARGETS;
-    zd_tensor_t *t = zd_tensor_new(ZD_INT64, 1, &n);
+    zd_tensor_t *t = zd_tensor_new(ZD_INT64, &n, 1);
     WCHECK(t);
     for (int64_t i = 0; i < n; i++)
         zd_tensor_data_i64(t)[i] = i % CLASSES;

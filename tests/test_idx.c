@@ -200,7 +200,7 @@ static void test_round_trip_f32_and_u8(void **state)
 {
     (void)state;
     int64_t shape[3] = { 2, 3, 5 };
-    zd_tensor_t *f = zd_tensor_new(ZD_FLOAT32, 3, shape), *u = zd_tensor_new(ZD_UINT8, 3, shape);
+    zd_tensor_t *f = zd_tensor_new(ZD_FLOAT32, shape, 3), *u = zd_tensor_new(ZD_UINT8, shape, 3);
     for (int i = 0; i < 30; i++) {
         zd_tensor_data(f)[i] = (float)i * -0.37f + 1e-20f * (float)i;
         ((uint8_t *)zd_tensor_raw(u))[i] = (uint8_t)(i * 9);

@@ -66,7 +66,7 @@ static int square_remotely(const world_t *w, int to)
     float v[4] = {1, 2, 3, 4};
     if (zd_dist_autograd_context_begin(&ctx) < 0)
         return world_fail(w, "begin: %s", zd_error_last());
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v), *y = NULL, *loss = NULL;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, v), *y = NULL, *loss = NULL;
     zd_tensor_set_requires_grad(x, true);
     zd_value_t *a = zd__rpc_args("t", x), *r = NULL;
     int rc = zd_rpc_sync(to, "square", a, -1, &r);

@@ -171,7 +171,7 @@ typedef enum { PLAIN, RELU, POOL } kind_t;
 
 static zd_tensor_t *rand_leaf(int ndim, const int64_t *shape)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
         zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
@@ -214,7 +214,7 @@ static void backward_take(zd_tensor_t *y, zd_tensor_t **dy, zd_tensor_t *const l
                           zd_tensor_t *g[3])
 {
     if (!*dy) {
-        *dy = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(y), zd_tensor_shape(y));
+        *dy = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), zd_tensor_ndim(y));
         for (int64_t i = 0; i < zd_tensor_numel(*dy); i++)
             zd_tensor_data(*dy)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     }

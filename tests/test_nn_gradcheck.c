@@ -165,7 +165,7 @@ static int fn_pool(check_t *c, zd_tensor_t **out)
     changes which element wins a window. */
 static zd_tensor_t *spread(int ndim, const int64_t *shape)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     int64_t n = zd_tensor_numel(t), perm[4096];
     assert_true(n <= 4096);
     zd_nn_rng_permutation(gradcheck_rng(), perm, (size_t)n);
@@ -267,7 +267,7 @@ static int fn_ce(check_t *c, zd_tensor_t **out) { return zd_nn_cross_entropy(c->
 
 static zd_tensor_t *targets(zd_tensor_dtype_t dtype, int n, int classes)
 {
-    zd_tensor_t *t = zd_tensor_empty(dtype, 1, (int64_t[]){n});
+    zd_tensor_t *t = zd_tensor_empty(dtype, (int64_t[]){n}, 1);
     for (int i = 0; i < n; i++) {
         int64_t v = (int64_t)zd_nn_rng_below(gradcheck_rng(), (uint64_t)classes);
         if (dtype == ZD_INT64)

@@ -38,7 +38,7 @@ static zd_tensor_t *take_rows(zd_tensor_t *t, const int64_t *rows, int n)
     memcpy(shape, zd_tensor_shape(t), sizeof(int64_t) * (size_t)zd_tensor_ndim(t));
     int64_t row = zd_tensor_numel(t) / shape[0];
     shape[0] = n;
-    zd_tensor_t *r = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(t), shape);
+    zd_tensor_t *r = zd_tensor_empty(ZD_FLOAT32, shape, zd_tensor_ndim(t));
     for (int i = 0; i < n; i++) {
         assert_in_range(rows[i], 0, zd_tensor_size(t, 0) - 1);
         memcpy(zd_tensor_data(r) + i * row, zd_tensor_data(t) + rows[i] * row,
@@ -49,7 +49,7 @@ static zd_tensor_t *take_rows(zd_tensor_t *t, const int64_t *rows, int n)
 
 static zd_tensor_t *as_i64(zd_tensor_t *t8)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_INT64, 1, zd_tensor_shape(t8));
+    zd_tensor_t *t = zd_tensor_empty(ZD_INT64, zd_tensor_shape(t8), 1);
     for (int64_t i = 0; i < zd_tensor_numel(t8); i++)
         zd_tensor_data_i64(t)[i] = ((uint8_t *)zd_tensor_raw(t8))[i];
     return t;
@@ -158,7 +158,7 @@ static void run_model_case(golden_case_t *c, void *arg)
     assert_int_equal(zd_nn_model_forward(m, x, &lp), 0);
     check_output(c, "logprobs", lp);
     assert_int_equal(zd_nn_nll_loss(lp, target, &loss), 0);
-    assert_int_equal(zd_tensor_reshape(loss, 1, (int64_t[]){1}, &loss1), 0);
+    assert_int_equal(zd_tensor_reshape(loss, (int64_t[]){1}, 1, &loss1), 0);
     check_output(c, "loss", loss1);
     assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
     check_grads(c, m);
@@ -179,7 +179,7 @@ static void run_model_case(golden_case_t *c, void *arg)
         assert_int_equal(zd_nn_model_forward(m, x, &lp2), 0);
         zd_autograd_set_grad_enabled(prev);
         assert_int_equal(zd_nn_nll_loss(lp2, t8, &l2), 0);
-        assert_int_equal(zd_tensor_reshape(l2, 1, (int64_t[]){1}, &l21), 0);
+        assert_int_equal(zd_tensor_reshape(l2, (int64_t[]){1}, 1, &l21), 0);
         golden_assert_close("loss.after_sgd", c, l21, after);
         zd_tensor_unref(l21);
         zd_tensor_unref(l2);
@@ -288,7 +288,7 @@ static zd_tensor_t *random_images(int n, uint64_t seed)
 {
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, seed);
-    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, 4, (int64_t[]){n, 1, 28, 28});
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){n, 1, 28, 28}, 4);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
     return x;
@@ -352,7 +352,7 @@ static void test_training_step_records_graph(void **state)
     int64_t live = zd_tensor_live_count();
     zd_nn_model_t *m = zd_nn_net_new(4);
     zd_tensor_t *x = random_images(2, 8), *lp, *loss;
-    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){2}, (int64_t[]){3, 7});
+    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, (int64_t[]){2}, 1, (int64_t[]){3, 7});
     assert_int_equal(zd_nn_model_forward(m, x, &lp), 0);
     assert_non_null(zd_tensor_grad_fn(lp));
     assert_int_equal(zd_nn_cross_entropy(lp, t, &loss), 0);

@@ -77,7 +77,7 @@ static void test_grads_to_vector(void **state)
     zd_tensor_t *x = zd_tensor_zeros4(2, 1, 28, 28), *y, *lp, *loss;
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         zd_tensor_data(x)[i] = (float)(i % 17) / 17.0f;
-    y = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){2}, (int64_t[]){3, 7});
+    y = zd_tensor_from_data(ZD_INT64, (int64_t[]){2}, 1, (int64_t[]){3, 7});
     assert_int_equal(zd_nn_model_forward(m, x, &lp), 0);
     assert_int_equal(zd_nn_nll_loss(lp, y, &loss), 0);
     assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
@@ -109,7 +109,7 @@ static void test_bad_vectors(void **state)
     zd_nn_model_t *m = zd_nn_convnet_new(1);
     zd_tensor_t *small = zd_tensor_zeros1(5), *flat2 = zd_tensor_zeros2(1, zd_nn_model_numel(m));
     int64_t n = zd_nn_model_numel(m);
-    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, 1, &n), *before, *after;
+    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, &n, 1), *before, *after;
     assert_int_equal(zd_nn_model_params_to_vector(m, &before), 0);
     assert_int_equal(zd_nn_model_vector_to_params(m, small), -1);
     assert_string_equal(zd_error_last(), "vector_to_params: the convnet has 1960 parameter "

@@ -24,18 +24,18 @@ typedef struct {
     int forwards;
 } mlp_t;
 
-static int mlp_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+static int mlp_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
 {
     mlp_t *s = zd_nn_module_state(m);
     zd_tensor_t *h, *r;
     if (n_in != 1)
         return zd_error_set("takes 1 input");
-    if (zd_nn_module_forward(s->fc1, 1, in, &h) < 0)
+    if (zd_nn_module_forward(s->fc1, in, 1, &h) < 0)
         return -1;
     int rc = zd_nn_relu(h, &r);
     zd_tensor_unref(h);
     if (rc == 0) {
-        rc = zd_nn_module_forward(s->fc2, 1, &r, out);
+        rc = zd_nn_module_forward(s->fc2, &r, 1, out);
         zd_tensor_unref(r);
     }
     s->forwards++;
@@ -67,7 +67,7 @@ static void test_names_order_and_lookup(void **state)
     zd_nn_module_t *m = mlp_new(1);
     assert_non_null(m);
     /* the module's own parameters come first, then the children's */
-    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2});
+    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1);
     assert_non_null(scale);
     assert_int_equal(zd_nn_module_n_params(m), 4);
     const char *expect[] = {"scale", "fc1.weight", "fc1.bias", "fc2.weight"};
@@ -88,12 +88,12 @@ static void test_names_order_and_lookup(void **state)
     assert_null(zd_nn_module_find(m, "fc3.weight"));
     assert_non_null(strstr(zd_error_last(), "fc3.weight"));
     assert_null(zd_nn_module_param(m, 4));
-    assert_null(zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2}));
+    assert_null(zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1));
     assert_non_null(strstr(zd_error_last(), "already has a parameter"));
-    assert_null(zd_nn_module_add_parameter(m, "fc1", 1, (int64_t[]){2}));
+    assert_null(zd_nn_module_add_parameter(m, "fc1", (int64_t[]){2}, 1));
     assert_non_null(strstr(zd_error_last(), "already has a submodule"));
-    assert_null(zd_nn_module_add_parameter(m, "a.b", 1, (int64_t[]){2}));
-    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
+    assert_null(zd_nn_module_add_parameter(m, "a.b", (int64_t[]){2}, 1));
+    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, (int64_t[]){2}, 1);
     assert_int_equal(zd_nn_module_register_parameter(m, "ints", ints), -1);
     zd_tensor_unref(ints);
     zd_nn_module_t *other = zd_nn_module_new("Empty", NULL, NULL, NULL);
@@ -101,7 +101,7 @@ static void test_names_order_and_lookup(void **state)
     assert_int_equal(zd_nn_module_n_params(m), 4);
 
     /* a parameter registered in a child after it joined shows at once */
-    assert_non_null(zd_nn_module_add_parameter(zd_nn_module_child(m, "fc2"), "extra", 0, NULL));
+    assert_non_null(zd_nn_module_add_parameter(zd_nn_module_child(m, "fc2"), "extra", NULL, 0));
     assert_int_equal(zd_nn_module_n_params(m), 5);
     assert_string_equal(zd_nn_module_param_name(m, 4), "fc2.extra");
     assert_string_equal(zd_tensor_name(zd_nn_module_param(m, 4)), "fc2.extra");
@@ -116,8 +116,8 @@ static void test_forward_backward_zero_grad_and_modes(void **state)
     int64_t live = zd_tensor_live_count();
     zd_nn_module_t *m = mlp_new(7);
     float xv[6] = {1, -2, 0.5f, 3, 0.25f, -1};
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){2, 3}, xv), *y, *loss;
-    assert_int_equal(zd_nn_module_forward(m, 1, &x, &y), 0);
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3}, 2, xv), *y, *loss;
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &y), 0);
     assert_int_equal(zd_tensor_size(y, 0), 2);
     assert_int_equal(zd_tensor_size(y, 1), 2);
 
@@ -168,11 +168,11 @@ static void test_forward_backward_zero_grad_and_modes(void **state)
 
     /* forward errors carry the module's type */
     zd_tensor_t *two[2] = {x, x}, *bad = (zd_tensor_t *)1;
-    assert_int_equal(zd_nn_module_forward(m, 2, two, &bad), -1);
+    assert_int_equal(zd_nn_module_forward(m, two, 2, &bad), -1);
     assert_null(bad);
     assert_non_null(strstr(zd_error_last(), "Mlp forward"));
     zd_nn_module_t *empty = zd_nn_module_new("Box", NULL, NULL, NULL);
-    assert_int_equal(zd_nn_module_forward(empty, 1, &x, &bad), -1);
+    assert_int_equal(zd_nn_module_forward(empty, &x, 1, &bad), -1);
     assert_non_null(strstr(zd_error_last(), "no forward"));
     zd_nn_module_free(empty);
     assert_int_equal(((mlp_t *)zd_nn_module_state(m))->forwards, 1);
@@ -233,7 +233,7 @@ static void test_state_dict(void **state)
     int64_t live = zd_tensor_live_count();
     zd_nn_module_t *m = mlp_new(1);
     assert_non_null(m);
-    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", 1, (int64_t[]){2});
+    zd_tensor_t *scale = zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1);
     assert_non_null(scale);
     /* fc2 also holds fc1's weight: listed under both names */
     zd_tensor_t *w1 = zd_nn_module_find(m, "fc1.weight");

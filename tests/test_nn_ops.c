@@ -144,7 +144,7 @@ static int op_nll(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t 
 {
     (void)w, (void)b;
     zd_tensor_t *t8 = golden_need(c, "input", "target");
-    zd_tensor_t *t64 = zd_tensor_empty(ZD_INT64, 1, zd_tensor_shape(t8));
+    zd_tensor_t *t64 = zd_tensor_empty(ZD_INT64, zd_tensor_shape(t8), 1);
     for (int64_t i = 0; i < zd_tensor_numel(t8); i++)
         zd_tensor_data_i64(t64)[i] = ((uint8_t *)zd_tensor_raw(t8))[i];
     zd_tensor_t *loss;
@@ -156,7 +156,7 @@ static int op_nll(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t 
     assert_int_equal(zd_nn_nll_loss(x, t8, &loss8), 0);
     assert_true(zd_tensor_data(loss8)[0] == zd_tensor_data(loss)[0]);
     zd_tensor_unref(loss8);
-    rc = zd_tensor_reshape(loss, 1, (int64_t[]){1}, y);
+    rc = zd_tensor_reshape(loss, (int64_t[]){1}, 1, y);
     zd_tensor_unref(loss);
     zd_tensor_unref(t64);
     zd_tensor_unref(t8);
@@ -204,18 +204,18 @@ static void test_errors_are_reported(void **state)
     expect_error(zd_nn_dropout(flat, 1.5f, true, NULL, &out), out, "probability");
     expect_error(zd_nn_dropout(flat, 0.5f, true, NULL, &out), out, "generator");
     expect_error(zd_nn_log_softmax(flat, 0, &out), out, "dim");
-    zd_tensor_t *i8 = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){2});
+    zd_tensor_t *i8 = zd_tensor_new(ZD_UINT8, (int64_t[]){2}, 1);
     expect_error(zd_nn_relu(i8, &out), out, "float32");
 
     /* nll_loss names the sample and the class count on a bad target */
     zd_tensor_t *lp = zd_tensor_zeros2(3, 4);
-    zd_tensor_t *t = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
+    zd_tensor_t *t = zd_tensor_new(ZD_INT64, (int64_t[]){3}, 1);
     zd_tensor_data_i64(t)[1] = 4;
     expect_error(zd_nn_nll_loss(lp, t, &out), out, "target[1] = 4 is out of range for 4 classes");
     zd_tensor_data_i64(t)[1] = -1;
     expect_error(zd_nn_cross_entropy(lp, t, &out), out, "out of range");
     assert_int_equal(zd_nn_accuracy(lp, t), -1);
-    zd_tensor_t *t2 = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
+    zd_tensor_t *t2 = zd_tensor_new(ZD_INT64, (int64_t[]){2}, 1);
     expect_error(zd_nn_nll_loss(lp, t2, &out), out, "does not match");
     zd_tensor_t *tf = zd_tensor_zeros1(3);
     expect_error(zd_nn_nll_loss(lp, tf, &out), out, "int64");
@@ -231,7 +231,7 @@ static void test_errors_are_reported(void **state)
 
 static zd_tensor_t *ramp(int ndim, const int64_t *shape)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
         zd_tensor_data(t)[i] = 1.0f + (float)(i % 97) * 0.01f;
     assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
@@ -331,7 +331,7 @@ static void test_linear_without_features(void **state)
 {
     (void)state;
     zd_tensor_t *x = zd_tensor_zeros2(3, 0), *w = zd_tensor_zeros2(2, 0), *y;
-    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1.5f, -2.0f});
+    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){1.5f, -2.0f});
     assert_int_equal(zd_nn_linear(x, w, b, &y), 0);
     assert_int_equal(zd_tensor_size(y, 0), 3);
     for (int r = 0; r < 3; r++) {
@@ -352,12 +352,12 @@ static void test_argmax_accuracy(void **state)
 {
     (void)state;
     float v[] = {0.1f, 0.9f, 0.0f, /**/ 5, -1, 2, /**/ -3, -2, -1, /**/ 1, 1, 0};
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){4, 3}, v), *am;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){4, 3}, 2, v), *am;
     assert_int_equal(zd_nn_argmax(x, &am), 0);
     assert_int_equal(zd_tensor_dtype(am), ZD_INT64);
     int64_t expect[] = {1, 0, 2, 0};   /* ties: the first */
     assert_memory_equal(zd_tensor_data_i64(am), expect, sizeof expect);
-    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){4}, (int64_t[]){1, 2, 2, 0});
+    zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, (int64_t[]){4}, 1, (int64_t[]){1, 2, 2, 0});
     assert_int_equal(zd_nn_accuracy(x, t), 3);
     zd_tensor_unref(t);
     zd_tensor_unref(am);
@@ -368,7 +368,7 @@ static void test_argmax_accuracy(void **state)
 
 static zd_tensor_t *rand_leaf(zd_nn_rng_t *rng, int ndim, const int64_t *shape, float scale)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
         zd_tensor_data(t)[i] = zd_nn_rng_normal(rng, 0.0f, scale);
     assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);

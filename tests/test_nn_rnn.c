@@ -385,12 +385,12 @@ static void test_layer_matches_cell_steps(void **state)
 
     /* by hand: the states (N, H) as views of h0, c0; x[t] by narrow */
     zd_tensor_t *h, *c;
-    assert_int_equal(zd_tensor_reshape(h0, 2, (int64_t[]){N, H}, &h), 0);
-    assert_int_equal(zd_tensor_reshape(c0, 2, (int64_t[]){N, H}, &c), 0);
+    assert_int_equal(zd_tensor_reshape(h0, (int64_t[]){N, H}, 2, &h), 0);
+    assert_int_equal(zd_tensor_reshape(c0, (int64_t[]){N, H}, 2, &c), 0);
     for (int t = 0; t < T; t++) {
         zd_tensor_t *xt3, *xt, *hn2, *cn2, *ht3;
         assert_int_equal(zd_tensor_narrow(x, 0, t, 1, &xt3), 0);
-        assert_int_equal(zd_tensor_reshape(xt3, 2, (int64_t[]){N, I}, &xt), 0);
+        assert_int_equal(zd_tensor_reshape(xt3, (int64_t[]){N, I}, 2, &xt), 0);
         assert_int_equal(zd_nn_lstm_cell(xt, h, c, p[0], p[1], p[2], p[3], &hn2, &cn2), 0);
         /* same numbers forward */
         const float *a = zd_tensor_data(hn2), *e = zd_tensor_data(out) + (int64_t)t * N * H;
@@ -400,7 +400,7 @@ static void test_layer_matches_cell_steps(void **state)
            steps' losses instead: L = sum_t sum(h_t * dy_t) */
         zd_tensor_t *dyt;
         assert_int_equal(zd_tensor_narrow(dy, 0, t, 1, &dyt), 0);
-        assert_int_equal(zd_tensor_reshape(hn2, 3, (int64_t[]){1, N, H}, &ht3), 0);
+        assert_int_equal(zd_tensor_reshape(hn2, (int64_t[]){1, N, H}, 3, &ht3), 0);
         zd_tensor_t *prod, *s;
         assert_int_equal(zd_tensor_mul(ht3, dyt, &prod), 0);
         assert_int_equal(zd_tensor_sum(prod, &s), 0);
@@ -524,7 +524,7 @@ static void test_lstm_object(void **state)
     zd_tensor_unref(o1);
     zd_tensor_unref(o2);
     /* zero states given explicitly are the NULL default */
-    zd_tensor_t *z = zd_tensor_new(ZD_FLOAT32, 3, (int64_t[]){2, 2, 7});
+    zd_tensor_t *z = zd_tensor_new(ZD_FLOAT32, (int64_t[]){2, 2, 7}, 3);
     assert_int_equal(zd_nn_lstm_forward(m, x, z, z, &o1, NULL, NULL), 0);
     assert_int_equal(zd_nn_lstm_forward(m, x, NULL, NULL, &o2, NULL, NULL), 0);
     assert_memory_equal(zd_tensor_data(o1), zd_tensor_data(o2), zd_tensor_nbytes(o1));
@@ -623,7 +623,7 @@ static void test_errors(void **state)
     zd_tensor_t *bad_x = randn(2, (int64_t[]){N, I + 1}, 1.0f);
     zd_tensor_t *bad_h = randn(2, (int64_t[]){N + 1, H}, 1.0f);
     zd_tensor_t *x3 = randn(3, (int64_t[]){1, N, I}, 1.0f);
-    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, 2, (int64_t[]){N, I});
+    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, (int64_t[]){N, I}, 2);
     zd_tensor_t *o = NULL, *o2 = NULL, *o3 = NULL;
 
     EXPECT_FAIL(zd_nn_lstm_cell(bad_x, h, h, w4i, w4h, b4, b4, &o, &o2), o, o2);

@@ -97,7 +97,7 @@ static void test_gelu(void **state)
     check_t c = {.name = "gelu", .fn = fn_gelu, .n_in = 1};
     c.in[0] = leaf(randn(3, (int64_t[]){2, 5, 3}, 2.0f));
     check(&c);
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){0, 1, -1}), *y;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){3}, 1, (float[]){0, 1, -1}), *y;
     assert_int_equal(zd_nn_gelu(x, &y), 0);
     /* x Phi(x): Phi(1) = 0.8413447460685429 */
     assert_float_equal(zd_tensor_data(y)[0], 0.0, 0);
@@ -157,8 +157,8 @@ static void test_mse_loss(void **state)
         check(&c);
         release(&c);
     }
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){1, 3});
-    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){2}, (float[]){0, 1}), *y;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){1, 3});
+    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){0, 1}), *y;
     assert_int_equal(zd_nn_mse_loss(x, t, &y), 0);
     assert_int_equal(zd_tensor_ndim(y), 0);
     assert_float_equal(zd_tensor_data(y)[0], 2.5, 0);   /* (1 + 4) / 2 */
@@ -176,7 +176,7 @@ static int fn_embedding(check_t *c, zd_tensor_t **out)
 
 static zd_tensor_t *indices(zd_tensor_dtype_t dtype, int nd, const int64_t *shape, const int *v)
 {
-    zd_tensor_t *t = zd_tensor_empty(dtype, nd, shape);
+    zd_tensor_t *t = zd_tensor_empty(dtype, shape, nd);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++) {
         if (dtype == ZD_INT64)
             zd_tensor_data_i64(t)[i] = v[i];

@@ -73,7 +73,7 @@ static double golden_run(golden_case_t *c, const zd_optim_config_t *cfg, const c
         assert_non_null(ge);
         /* A gradient stored for some rows only goes into those rows of a
            full-size gradient: every rule is elementwise. */
-        grads[np] = zd_tensor_new(ZD_FLOAT32, zd_tensor_ndim(params[np]), zd_tensor_shape(params[np]));
+        grads[np] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(params[np]), zd_tensor_ndim(params[np]));
         int64_t row = zd_tensor_numel(params[np]) / zd_tensor_size(params[np], 0);
         int64_t n_rows = ge->n_rows ? ge->n_rows : zd_tensor_size(params[np], 0);
         assert_int_equal(zd_tensor_numel(ge->value), n_rows * row);
@@ -83,7 +83,7 @@ static double golden_run(golden_case_t *c, const zd_optim_config_t *cfg, const c
         np++;
     }
     assert_true(np > 0);
-    zd_optim_t *opt = zd_optim_new(cfg, np, params);
+    zd_optim_t *opt = zd_optim_new(cfg, params, np);
     if (!opt)
         fail_msg("%s", zd_error_last());
     double worst = 0;
@@ -237,7 +237,7 @@ static void check_against_reference(const char *label, zd_optim_config_t cfg)
         zd_tensor_data(p)[i] = (float)(ref[i] = param_at(i));
     ref_t r;
     ref_init(&cfg, &r);
-    zd_optim_t *opt = zd_optim_new(&cfg, 1, &p);
+    zd_optim_t *opt = zd_optim_new(&cfg, &p, 1);
     assert_non_null(opt);
     double moved = 0;
     for (int s = 1; s <= 3; s++) {
@@ -349,7 +349,7 @@ static void expect_invalid(zd_optim_config_t c, const char *msg)
 {
     zd_tensor_t *p = zd_tensor_zeros1(2);
     assert_int_equal(zd_optim_config_check(&c), -1);
-    assert_null(zd_optim_new(&c, 1, &p));
+    assert_null(zd_optim_new(&c, &p, 1));
     if (!strstr(zd_error_last(), msg))
         fail_msg("error '%s' lacks '%s'", zd_error_last(), msg);
     zd_tensor_unref(p);
@@ -405,24 +405,24 @@ static void test_invalid_parameters(void **state)
     int64_t live = zd_tensor_live_count();
     zd_optim_config_t c = zd_optim_sgd_defaults(0.1);
     zd_tensor_t *a = zd_tensor_zeros1(3), *b = zd_tensor_zeros1(3);
-    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, 1, (int64_t[]){ 3 });
-    assert_null(zd_optim_new(&c, 0, NULL));
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, (int64_t[]){ 3 }, 1);
+    assert_null(zd_optim_new(&c, NULL, 0));
     assert_non_null(strstr(zd_error_last(), "optimizer got an empty parameter list"));
-    assert_null(zd_optim_new(&c, 2, (zd_tensor_t *[]){ a, a }));
+    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ a, a }, 2));
     assert_non_null(strstr(zd_error_last(), "parameter 1 is the same tensor as parameter 0"));
-    assert_null(zd_optim_new(&c, 2, (zd_tensor_t *[]){ a, i64 }));
+    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ a, i64 }, 2));
     assert_non_null(strstr(zd_error_last(), "parameter 1 is int64"));
     assert_int_equal(zd_tensor_set_requires_grad(a, true), 0);
     zd_tensor_t *y;
     assert_int_equal(zd_tensor_scale(a, 2.0f, &y), 0);
-    assert_null(zd_optim_new(&c, 2, (zd_tensor_t *[]){ b, y }));
+    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ b, y }, 2));
     assert_non_null(strstr(zd_error_last(), "can't optimize a non-leaf tensor (parameter 1)"));
 
     /* A gradient of the wrong shape: refused before anything moves. */
     zd_tensor_fill_(a, 1.0f);
     zd_tensor_fill_(b, 1.0f);
     zd_tensor_set_name(b, "fc.bias");
-    zd_optim_t *opt = zd_optim_new(&c, 2, (zd_tensor_t *[]){ a, b });
+    zd_optim_t *opt = zd_optim_new(&c, (zd_tensor_t *[]){ a, b }, 2);
     zd_tensor_t *g3 = zd_tensor_zeros1(3), *g4 = zd_tensor_zeros1(4);
     zd_tensor_fill_(g3, 1.0f);
     assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g3, g4 }), -1);
@@ -458,7 +458,7 @@ static void test_skipped_parameters(void **state)
     ref_t r0, r1;
     ref_init(&c, &r0);
     ref_init(&c, &r1);
-    zd_optim_t *opt = zd_optim_new(&c, 2, p);
+    zd_optim_t *opt = zd_optim_new(&c, p, 2);
     assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g, NULL }), 0);
     ref_step(&c, ref0, gd, &r0);
     for (int i = 0; i < RN; i++)
@@ -490,7 +490,7 @@ static void test_grad_field_and_zero_grad(void **state)
     assert_int_equal(zd_tensor_set_requires_grad(p, true), 0);
     assert_int_equal(zd_tensor_set_requires_grad(q, true), 0);
     assert_int_equal(zd_tensor_accumulate_grad(p, g), 0);
-    zd_optim_t *opt = zd_optim_new(&c, 2, (zd_tensor_t *[]){ p, q });
+    zd_optim_t *opt = zd_optim_new(&c, (zd_tensor_t *[]){ p, q }, 2);
     /* p: 1 - 0.5 * (2 + 0.5 * 1) = -0.25; q has no .grad: untouched. */
     assert_int_equal(zd_optim_step_grad(opt), 0);
     assert_float_equal(zd_tensor_data(p)[0], -0.25f, 1e-7);
@@ -611,7 +611,7 @@ static void check_resume(zd_optim_config_t c)
     zd_tensor_t *p = zd_tensor_zeros2(3, 3), *g = zd_tensor_zeros2(3, 3);
     for (int i = 0; i < 9; i++)
         zd_tensor_data(p)[i] = (float)param_at(i);
-    zd_optim_t *a = zd_optim_new(&c, 1, &p);
+    zd_optim_t *a = zd_optim_new(&c, &p, 1);
     for (int s = 1; s <= 2; s++) {
         for (int i = 0; i < 9; i++)
             zd_tensor_data(g)[i] = (float)grad_at(s, i);
@@ -620,7 +620,7 @@ static void check_resume(zd_optim_config_t c)
     zd_named_tensors_t *st = zd_optim_state_export(a);
     assert_non_null(st);
     zd_tensor_t *q = zd_tensor_detach_copy(p);
-    zd_optim_t *b = zd_optim_new(&c, 1, &q);
+    zd_optim_t *b = zd_optim_new(&c, &q, 1);
     assert_int_equal(zd_optim_state_import(b, st), 0);
     for (int i = 0; i < 9; i++)
         zd_tensor_data(g)[i] = (float)grad_at(3, i);
@@ -656,7 +656,7 @@ static void test_state_export_import(void **state)
     c = zd_optim_adam_defaults();
     zd_tensor_t *p0 = zd_tensor_zeros1(2), *p = zd_tensor_zeros1(4), *g = zd_tensor_zeros1(4);
     zd_tensor_fill_(g, 0.5f);
-    zd_optim_t *o = zd_optim_new(&c, 2, (zd_tensor_t *[]){ p0, p });
+    zd_optim_t *o = zd_optim_new(&c, (zd_tensor_t *[]){ p0, p }, 2);
     zd_named_tensors_t *st = zd_optim_state_export(o);
     assert_non_null(st);
     assert_int_equal(zd_named_tensors_len(st), 0);
@@ -737,7 +737,7 @@ static void test_concurrent_steps(void **state)
     zd_tensor_t *p = zd_tensor_zeros1(1000);
     shared_grad = zd_tensor_zeros1(1000);
     zd_tensor_fill_(shared_grad, 1.0f);
-    shared_opt = zd_optim_new(&c, 1, &p);
+    shared_opt = zd_optim_new(&c, &p, 1);
     pthread_t th[THREADS];
     for (int i = 0; i < THREADS; i++)
         assert_int_equal(pthread_create(&th[i], NULL, stepper, NULL), 0);

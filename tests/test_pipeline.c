@@ -132,7 +132,7 @@ static int gradients_match(gradients_run_t *g, int split)
     WTRY((g->opt = zd_dist_optim_new(&cfg, params)) ? 0 : -1);
     WTRY(zd_dist_optim_num_owners(g->opt) == 2 ? 0 : -1);
     WTRY(zd_dist_optim_step(g->opt, g->ctx));
-    WTRY((g->local = zd_optim_new(&cfg, NPARAMS, ps)) ? 0 : -1);
+    WTRY((g->local = zd_optim_new(&cfg, ps, NPARAMS)) ? 0 : -1);
     WTRY(zd_optim_step_grad(g->local));
     for (int i = 0; i < NPARAMS; i++) {
         zd_value_t *v = NULL;

@@ -123,7 +123,7 @@ static zd_tensor_t *local_weights(const ps_options_t *o)
     zd_optim_t *opt = NULL;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     int rc = -1;
-    if (!w || zd_tensor_set_requires_grad(w, true) < 0 || !(opt = zd_optim_new(&cfg, 1, &w)))
+    if (!w || zd_tensor_set_requires_grad(w, true) < 0 || !(opt = zd_optim_new(&cfg, &w, 1)))
         goto out;
     for (int k = 0; k < 2; k++)
         if (!(wk[k] = ps_worker_new(o->model, k, (uint64_t)o->seed, o->batch_size, o->data_dir,

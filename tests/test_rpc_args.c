@@ -32,7 +32,7 @@ static zd_tensor_t *vec(float a, float b)
 {
     int64_t shape[1] = {2};
     float data[2] = {a, b};
-    return zd_tensor_from_data(ZD_FLOAT32, 1, shape, data);
+    return zd_tensor_from_data(ZD_FLOAT32, shape, 1, data);
 }
 
 static bool has(const char *text)

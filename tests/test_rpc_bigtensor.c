@@ -102,9 +102,9 @@ static void streamed_make(streamed_t *s, uint64_t id, uint32_t chunk)
 {
     memset(s, 0, sizeof *s);
     s->id = id;
-    zd_tensor_t *t0 = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){1, 2, 3});
-    zd_tensor_t *t1 = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){BIG1});
-    zd_tensor_t *t2 = zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){BIG2 / 10, 10});
+    zd_tensor_t *t0 = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){3}, 1, (float[]){1, 2, 3});
+    zd_tensor_t *t1 = zd_tensor_new(ZD_UINT8, (int64_t[]){BIG1}, 1);
+    zd_tensor_t *t2 = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BIG2 / 10, 10}, 2);
     uint8_t *b1 = zd_tensor_raw(t1);
     float *b2 = zd_tensor_data(t2);
     for (int i = 0; i < BIG1; i++)
@@ -487,7 +487,7 @@ static void test_buffer_cache(void **state)
 
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 {
-    zd_tensor_t *t = zd_tensor_new(dtype, 1, &n);
+    zd_tensor_t *t = zd_tensor_new(dtype, &n, 1);
     uint8_t *p = zd_tensor_raw(t);
     for (size_t i = 0; i < zd_tensor_nbytes(t); i++)
         p[i] = (uint8_t)(i * 131 + (size_t)seed + (i >> 12));

@@ -163,14 +163,14 @@ static int world_values(const world_t *w)
         WCHECK(zd_value_get_int(r, &i) == 0 && i == 42);
         zd_value_unref(r);
         float data[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
-        zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 2, (int64_t[]){1, 10}, data);
+        zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 10}, 2, data);
         int64_t big_n = 1 << 18;
-        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, 1, &big_n);
+        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, &big_n, 1);
         for (int64_t k = 0; k < big_n; k++)
             zd_tensor_data(big)[k] = (float)k;
         int64_t ints[3] = {-1, 0, 1LL << 40};
-        zd_tensor_t *ti = zd_tensor_from_data(ZD_INT64, 1, (int64_t[]){3}, ints);
-        zd_tensor_t *empty = zd_tensor_new(ZD_UINT8, 2, (int64_t[]){0, 5});
+        zd_tensor_t *ti = zd_tensor_from_data(ZD_INT64, (int64_t[]){3}, 1, ints);
+        zd_tensor_t *empty = zd_tensor_new(ZD_UINT8, (int64_t[]){0, 5}, 2);
         zd_value_t *values[] = {
             zd_value_none(), zd_value_int(-123456789012LL), zd_value_float(3.25),
             zd_value_string("héllo"), zd_value_bytes("\0\1\2", 3), zd_value_tensor(t),
@@ -196,7 +196,7 @@ static int world_values(const world_t *w)
         for (size_t k = 0; k < n; k++)
             zd_value_unref(values[k]);
         /* A computed tensor comes back. */
-        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, (int64_t[]){3}, (float[]){1, -2, 3});
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){3}, 1, (float[]){1, -2, 3});
         zd_value_t *args = zd__rpc_args("t", x);
         WCHECK(zd_rpc_sync(1, "double", args, -1, &r) == 0);
         zd_tensor_t *y;

@@ -211,7 +211,7 @@ static void test_meta_layout_is_pinned(void **state)
 
     /* tensor descriptor: dtype, flags, ndim, varint dims; -300 -> zigzag 599 */
     int64_t shape[2] = {2, 200};
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2);
     zd_tensor_set_requires_grad(t, true);
     v = zd__rpc_args("ti", t, (int64_t)-300);
     assert_int_equal(zd__value_encode(v, NULL, 0, &e), 0);
@@ -234,13 +234,13 @@ static void test_tensors_round_trip(void **state)
     uint8_t u8[4] = {0, 1, 128, 255};
     float scalar = 7;
     zd_tensor_t *ts[] = {
-        zd_tensor_from_data(ZD_FLOAT32, 2, s23, f),
-        zd_tensor_new(ZD_FLOAT32, 2, s05),            /* empty */
-        zd_tensor_from_data(ZD_FLOAT32, 0, NULL, &scalar),   /* 0-dim */
-        zd_tensor_from_data(ZD_INT64, 1, s4, i64),
-        zd_tensor_from_data(ZD_UINT8, 1, s4, u8),
-        zd_tensor_from_data(ZD_UINT8, 3, s111, u8),
-        zd_tensor_new(ZD_INT64, 1, (int64_t[]){0}),
+        zd_tensor_from_data(ZD_FLOAT32, s23, 2, f),
+        zd_tensor_new(ZD_FLOAT32, s05, 2),            /* empty */
+        zd_tensor_from_data(ZD_FLOAT32, NULL, 0, &scalar),   /* 0-dim */
+        zd_tensor_from_data(ZD_INT64, s4, 1, i64),
+        zd_tensor_from_data(ZD_UINT8, s4, 1, u8),
+        zd_tensor_from_data(ZD_UINT8, s111, 3, u8),
+        zd_tensor_new(ZD_INT64, (int64_t[]){0}, 1),
     };
     int n = (int)(sizeof ts / sizeof *ts);
     for (int i = 0; i < n; i++) {
@@ -374,7 +374,7 @@ static void test_aligned_frames_are_wrapped_not_copied(void **state)
     (void)state;
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *a = zd_tensor_zeros2(16, 16);
-    zd_tensor_t *b = zd_tensor_new(ZD_INT64, 1, (int64_t[]){3});
+    zd_tensor_t *b = zd_tensor_new(ZD_INT64, (int64_t[]){3}, 1);
     zd_tensor_data(a)[17] = 4;
     zd_tensor_data_i64(b)[2] = -9;
     zd_value_t *v = zd__rpc_args("tt", a, b);
@@ -406,7 +406,7 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *a = zd_tensor_zeros1(5);
     zd_tensor_data(a)[3] = 1.25f;
-    zd_tensor_t *b = zd_tensor_new(ZD_UINT8, 1, (int64_t[]){3});
+    zd_tensor_t *b = zd_tensor_new(ZD_UINT8, (int64_t[]){3}, 1);
     zd_value_t *v = zd__rpc_args("tt", a, b);
     frameset_t fs;
     zd_value_t *out = round_trip(v, &fs, 1);   /* odd addresses */
@@ -470,9 +470,9 @@ static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *mod
 static zd_value_t *sample(rpc_encoded_t *e, frameset_t *model)
 {
     int64_t shape[3] = {2, 1, 3};
-    zd_tensor_t *a = zd_tensor_new(ZD_FLOAT32, 3, shape);
-    zd_tensor_t *b = zd_tensor_new(ZD_INT64, 1, (int64_t[]){2});
-    zd_tensor_t *c = zd_tensor_new(ZD_UINT8, 0, NULL);
+    zd_tensor_t *a = zd_tensor_new(ZD_FLOAT32, shape, 3);
+    zd_tensor_t *b = zd_tensor_new(ZD_INT64, (int64_t[]){2}, 1);
+    zd_tensor_t *c = zd_tensor_new(ZD_UINT8, NULL, 0);
     zd_tensor_set_requires_grad(a, true);
     zd_value_t *v = zd__rpc_args("ntvfsbrv", a, zd__rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2,
                               rref(3), zd__rpc_args("ivt", (int64_t)-77, zd__rpc_args(""), c));

@@ -256,7 +256,7 @@ static zd_value_t *fn_param(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
     int64_t shape[2] = {2, 2};
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2);
     zd_value_t *v = t ? zd_value_tensor(t) : NULL;
     zd_tensor_unref(t);
     zd_rref_t *r = v ? zd_rref_new(v) : NULL;
@@ -289,7 +289,7 @@ static int half_body(const world_t *w)
     }
     TRY(zd_dist_autograd_context_begin(&ctx) == 0);
     int64_t shape[2] = {2, 2};
-    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, shape, 2);
     TRY(x != NULL);
     zd_tensor_fill_(x, 1.0f);
     zd_tensor_set_requires_grad(x, true);

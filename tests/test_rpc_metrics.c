@@ -47,7 +47,7 @@ static int world_metrics(const world_t *w)
         WCHECK(zd_rpc_metrics_get(1, &m, sizeof m) == 0);
         WCHECK(m.calls_sent == 0 && m.calls_served == 0 && m.in_flight == 0);
         int64_t n = 1000;
-        zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
+        zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, &n, 1);
         zd_value_t *args = zd__rpc_args("t", t), *r;
         zd_tensor_unref(t);
         for (int i = 0; i < N_CALLS; i++) {

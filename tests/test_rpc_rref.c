@@ -35,7 +35,7 @@ static zd_value_t *h_make_tensor(zd_rpc_call_t *call, zd_value_t *args, void *ar
     double v;
     if (zd_rpc_arg_int(args, 0, &n) < 0 || zd_rpc_arg_float(args, 1, &v) < 0)
         return NULL;
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 1, &n);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, &n, 1);
     zd_tensor_fill_(t, (float)v);
     zd_value_t *r = zd_value_tensor(t);
     zd_tensor_unref(t);

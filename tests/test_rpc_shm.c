@@ -32,7 +32,7 @@
 /* A tensor of n elements whose bytes follow from seed. */
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 {
-    zd_tensor_t *t = zd_tensor_new(dtype, 1, &n);
+    zd_tensor_t *t = zd_tensor_new(dtype, &n, 1);
     if (!t)
         return NULL;
     uint8_t *p = zd_tensor_raw(t);

@@ -33,7 +33,7 @@ static int setup(void **state)
 
 static zd_tensor_t *vec(int64_t n, const float *v)
 {
-    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
     assert_non_null(t);
     return t;
 }
@@ -277,7 +277,7 @@ static void test_equal_compares_deeply(void **state)
     assert_false(zd_value_equal(s1, b1));
 
     int64_t shape[2] = {1, 2};
-    zd_tensor_t *d = zd_tensor_from_data(ZD_FLOAT32, 2, shape, (float[]){1, 2});
+    zd_tensor_t *d = zd_tensor_from_data(ZD_FLOAT32, shape, 2, (float[]){1, 2});
     zd_value_t *vd = zd_value_tensor(d), *va = zd_value_tensor(a);
     assert_false(zd_value_equal(vd, va));   /* same bytes, other shape */
 
@@ -293,7 +293,7 @@ static void test_format(void **state)
 {
     (void)state;
     int64_t shape[2] = {2, 3};
-    zd_tensor_t *t = zd_tensor_new(ZD_INT64, 2, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_INT64, shape, 2);
     zd_value_t *v = zd__rpc_args("ifsbtnv", (int64_t)-3, 2.5, "a\"b\n", "xyz", (size_t)3, t,
                               zd__rpc_args(""));
     char buf[256];

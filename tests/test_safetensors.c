@@ -87,7 +87,7 @@ static bool mapped(const char *path, const void *p)
 
 static zd_tensor_t *f32_tensor(int ndim, const int64_t *shape, float first, float step)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     assert_non_null(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
         zd_tensor_data(t)[i] = first + step * (float)i;
@@ -130,18 +130,18 @@ static void test_round_trip(void **state)
     add(nt, "fc.weight", f32_tensor(2, (int64_t[]){3, 4}, -1.5f, 0.125f));
     add(nt, "fc.bias", f32_tensor(1, (int64_t[]){3}, 2, -0.5f));
     add(nt, "scale", f32_tensor(0, NULL, 7.25f, 0));
-    add(nt, "none", zd_tensor_new(ZD_FLOAT32, 1, (int64_t[]){0}));
-    add(nt, "none_2d", zd_tensor_new(ZD_FLOAT32, 3, (int64_t[]){2, 0, 3}));
+    add(nt, "none", zd_tensor_new(ZD_FLOAT32, (int64_t[]){0}, 1));
+    add(nt, "none_2d", zd_tensor_new(ZD_FLOAT32, (int64_t[]){2, 0, 3}, 3));
     add(nt, "eight_dims", f32_tensor(8, (int64_t[]){1, 2, 1, 2, 1, 2, 1, 2}, 0, 1));
-    zd_tensor_t *i64 = zd_tensor_empty(ZD_INT64, 2, (int64_t[]){2, 3});
+    zd_tensor_t *i64 = zd_tensor_empty(ZD_INT64, (int64_t[]){2, 3}, 2);
     int64_t iv[6] = {INT64_MIN, -1, 0, 1, 1LL << 40, INT64_MAX};
     memcpy(zd_tensor_data_i64(i64), iv, sizeof iv);
     add(nt, "counts", i64);
-    zd_tensor_t *u8 = zd_tensor_empty(ZD_UINT8, 3, (int64_t[]){2, 3, 5});
+    zd_tensor_t *u8 = zd_tensor_empty(ZD_UINT8, (int64_t[]){2, 3, 5}, 3);
     for (int i = 0; i < 30; i++)
         ((uint8_t *)zd_tensor_raw(u8))[i] = (uint8_t)(i * 37);
     add(nt, "pixels", u8);
-    add(nt, "step", zd_tensor_new(ZD_INT64, 0, NULL));
+    add(nt, "step", zd_tensor_new(ZD_INT64, NULL, 0));
 
     const char *path = tmp_path("round.safetensors");
     const char *meta[] = {"step", "200", "accuracy", "0.8541"};
@@ -203,14 +203,14 @@ static void test_upstream_bytes(void **state)
     (void)state;
     float v[6] = {0, 1, 2, 3, 4, 5};
     zd_named_tensors_t *nt = zd_named_tensors_new();
-    add(nt, "attn.0", zd_tensor_from_data(ZD_FLOAT32, 3, (int64_t[]){1, 2, 3}, v));
+    add(nt, "attn.0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 2, 3}, 3, v));
     assert_int_equal(zd_safetensors_write(tmp_path("attn.0"), nt, NULL, 0), 0);
     expect_file(tmp_path("attn.0"),
                 "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", v, 24);
     zd_named_tensors_free(nt);
 
     nt = zd_named_tensors_new();
-    add(nt, "attn0", zd_tensor_from_data(ZD_FLOAT32, 4, (int64_t[]){1, 1, 2, 3}, v));
+    add(nt, "attn0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 1, 2, 3}, 4, v));
     assert_int_equal(zd_safetensors_write(tmp_path("attn0"), nt, NULL, 0), 0);
     expect_file(tmp_path("attn0"), "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],"
                 "\"data_offsets\":[0,24]}}       ", v, 24);
@@ -330,11 +330,11 @@ static void test_borrowed_and_copied(void **state)
     int64_t live = zd_tensor_live_count();
     zd_named_tensors_t *nt = zd_named_tensors_new();
     add(nt, "w", f32_tensor(2, (int64_t[]){64, 64}, 0, 1));
-    zd_tensor_t *i64 = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){5});
+    zd_tensor_t *i64 = zd_tensor_empty(ZD_INT64, (int64_t[]){5}, 1);
     for (int i = 0; i < 5; i++)
         zd_tensor_data_i64(i64)[i] = 1000 + i;
     add(nt, "n", i64);
-    add(nt, "u", zd_tensor_new(ZD_UINT8, 1, (int64_t[]){3}));
+    add(nt, "u", zd_tensor_new(ZD_UINT8, (int64_t[]){3}, 1));
     char path[600];
     snprintf(path, sizeof path, "%s", tmp_path("aligned.safetensors"));
     assert_int_equal(zd_safetensors_write(path, nt, NULL, 0), 0);
@@ -643,16 +643,16 @@ static zd_named_tensors_t *reference(void)
 {
     zd_named_tensors_t *nt = zd_named_tensors_new();
     add(nt, "layer.weight", f32_tensor(3, (int64_t[]){2, 3, 4}, -3, 0.25f));
-    zd_tensor_t *steps = zd_tensor_empty(ZD_INT64, 1, (int64_t[]){4});
+    zd_tensor_t *steps = zd_tensor_empty(ZD_INT64, (int64_t[]){4}, 1);
     int64_t sv[4] = {INT64_MIN, -1, 0, INT64_MAX};
     memcpy(zd_tensor_data_i64(steps), sv, sizeof sv);
     add(nt, "steps", steps);
-    zd_tensor_t *pixels = zd_tensor_empty(ZD_UINT8, 2, (int64_t[]){16, 16});
+    zd_tensor_t *pixels = zd_tensor_empty(ZD_UINT8, (int64_t[]){16, 16}, 2);
     for (int i = 0; i < 256; i++)
         ((uint8_t *)zd_tensor_raw(pixels))[i] = (uint8_t)i;
     add(nt, "pixels", pixels);
     add(nt, "scale", f32_tensor(0, NULL, 7.5f, 0));
-    add(nt, "empty", zd_tensor_new(ZD_FLOAT32, 2, (int64_t[]){0, 5}));
+    add(nt, "empty", zd_tensor_new(ZD_FLOAT32, (int64_t[]){0, 5}, 2));
     return nt;
 }
 

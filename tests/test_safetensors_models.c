@@ -240,8 +240,8 @@ static void test_strict_and_not(void **state)
        the rest is named. */
     zd_nn_module_t *conv1 = zd_nn_module_new("Conv1Only", NULL, NULL, NULL);
     zd_nn_module_t *c = zd_nn_module_new("Conv2d", NULL, NULL, NULL);
-    zd_tensor_t *w = zd_nn_module_add_parameter(c, "weight", 4, (int64_t[]){32, 1, 3, 3});
-    assert_non_null(zd_nn_module_add_parameter(c, "bias", 1, (int64_t[]){32}));
+    zd_tensor_t *w = zd_nn_module_add_parameter(c, "weight", (int64_t[]){32, 1, 3, 3}, 4);
+    assert_non_null(zd_nn_module_add_parameter(c, "bias", (int64_t[]){32}, 1));
     assert_int_equal(zd_nn_module_register_module(conv1, "conv1", c), 0);
     expect_refused(conv1, net_file, true, "\"conv2.bias\" is not one of the model's");
     assert_true(all_zero(w));
@@ -263,10 +263,10 @@ static void test_strict_and_not(void **state)
        changes (conv1.weight, checked first, still zero). */
     zd_nn_module_t *bad = zd_nn_module_new("Bad", NULL, NULL, NULL);
     c = zd_nn_module_new("Conv2d", NULL, NULL, NULL);
-    w = zd_nn_module_add_parameter(c, "weight", 4, (int64_t[]){32, 1, 3, 3});
+    w = zd_nn_module_add_parameter(c, "weight", (int64_t[]){32, 1, 3, 3}, 4);
     assert_int_equal(zd_nn_module_register_module(bad, "conv1", c), 0);
     c = zd_nn_module_new("Linear", NULL, NULL, NULL);
-    assert_non_null(zd_nn_module_add_parameter(c, "bias", 1, (int64_t[]){5}));
+    assert_non_null(zd_nn_module_add_parameter(c, "bias", (int64_t[]){5}, 1));
     assert_int_equal(zd_nn_module_register_module(bad, "fc2", c), 0);
     expect_refused(bad, net_file, false,
                    "\"fc2.bias\" is float32 (10), the model's is float32 (5)");
@@ -312,10 +312,10 @@ static void test_net_to_pytorch(void **state)
     zd_tensor_t *params[8];
     for (int i = 0; i < 8; i++)
         params[i] = zd_nn_model_param(net, i);
-    zd_optim_t *opt = zd_optim_new(&cfg, 8, params);
+    zd_optim_t *opt = zd_optim_new(&cfg, params, 8);
     assert_non_null(opt);
-    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){16, 1, 28, 28});
-    zd_tensor_t *y = zd_tensor_new(ZD_INT64, 1, (int64_t[]){16});
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){16, 1, 28, 28}, 4);
+    zd_tensor_t *y = zd_tensor_new(ZD_INT64, (int64_t[]){16}, 1);
     for (int step = 0; step < 3; step++) {
         fill_normal(x, &r);
         for (int i = 0; i < 16; i++)
@@ -341,7 +341,7 @@ static void test_net_to_pytorch(void **state)
 
     zd_nn_model_train(net, false);
     bool prev = zd_autograd_set_grad_enabled(false);
-    zd_tensor_t *test = zd_tensor_new(ZD_FLOAT32, 4, (int64_t[]){64, 1, 28, 28}), *lp;
+    zd_tensor_t *test = zd_tensor_new(ZD_FLOAT32, (int64_t[]){64, 1, 28, 28}, 4), *lp;
     fill_normal(test, &r);
     assert_int_equal(zd_nn_model_forward(net, test, &lp), 0);
 

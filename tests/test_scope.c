@@ -19,7 +19,7 @@ static zd_tensor_t *vec(float a, float b, float c)
 {
     float v[3] = {a, b, c};
     int64_t n = 3;
-    return zd_tensor_from_data(ZD_FLOAT32, 1, &n, v);
+    return zd_tensor_from_data(ZD_FLOAT32, &n, 1, v);
 }
 
 static void test_add_and_end(void **state)

@@ -15,7 +15,7 @@
 
 static zd_tensor_t *floats(int64_t n, bool zero)
 {
-    zd_tensor_t *t = zero ? zd_tensor_new(ZD_FLOAT32, 1, &n) : zd_tensor_empty(ZD_FLOAT32, 1, &n);
+    zd_tensor_t *t = zero ? zd_tensor_new(ZD_FLOAT32, &n, 1) : zd_tensor_empty(ZD_FLOAT32, &n, 1);
     assert_non_null(t);
     return t;
 }

@@ -295,7 +295,7 @@ static zd_tensor_t *fuzz_tensor(input_t *in)
     int64_t shape[3];
     for (int d = 0; d < ndim; d++)
         shape[d] = u8(in) % 7;
-    zd_tensor_t *t = zd_tensor_new(dt, ndim, shape);
+    zd_tensor_t *t = zd_tensor_new(dt, shape, ndim);
     if (t && dt == ZD_FLOAT32)
         for (int64_t i = 0; i < zd_tensor_numel(t) && in->n; i++)
             ((float *)zd_tensor_data(t))[i] = (float)(int8_t)u8(in) / 16.0f;
@@ -305,7 +305,7 @@ static zd_tensor_t *fuzz_tensor(input_t *in)
 static zd_tensor_t *ones(int64_t r, int64_t c, bool grad)
 {
     int64_t shape[2] = {r, c};
-    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, 2, shape);
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2);
     zd_tensor_fill_(t, 0.25f);
     if (grad)
         zd_tensor_set_requires_grad(t, true);

@@ -140,7 +140,7 @@ static int optimizer_outputs(golden_case_t *c, results_t *r, const params_t *ps,
             int64_t shape[ZD_TENSOR_MAX_DIMS];
             memcpy(shape, zd_tensor_shape(full), sizeof(int64_t) * (size_t)zd_tensor_ndim(full));
             shape[0] = ge->n_rows;
-            p[i] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_ndim(full), shape);
+            p[i] = zd_tensor_empty(ZD_FLOAT32, shape, zd_tensor_ndim(full));
             for (int k = 0; p[i] && k < ge->n_rows; k++)
                 memcpy(zd_tensor_data(p[i]) + k * row, zd_tensor_data(full) + ge->rows[k] * row,
                        sizeof(float) * (size_t)row);
@@ -148,7 +148,7 @@ static int optimizer_outputs(golden_case_t *c, results_t *r, const params_t *ps,
         if (!p[i])
             goto out;
     }
-    if (!(opt = zd_optim_new(cfg, ps->n, p)))
+    if (!(opt = zd_optim_new(cfg, p, ps->n)))
         goto out;
     for (int s = 1; s <= steps; s++) {
         if (zd_optim_step(opt, g) < 0)

@@ -21,7 +21,7 @@
 
         y = ...forward...;
         zd_autograd_node_t *n;
-        if (zd_autograd_node_new(&exp_ops, 1, &x, 1, &n) < 0) ...fail...
+        if (zd_autograd_node_new(&exp_ops, &x, 1, 1, &n) < 0) ...fail...
         if (n) {
             zd_autograd_node_save(n, 0, y);
             zd_autograd_node_set_output(n, y);   // y now owns n; drop ours
@@ -72,15 +72,15 @@ typedef struct {
     grad): then the op records nothing. inputs[j] may be NULL (an optional
     bias). Returns 0 (*out a new reference, or NULL), or -1 when out of
     memory. */
-ZD_API int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, int n_inputs,
-                      zd_tensor_t *const *inputs, int n_outputs, zd_autograd_node_t **out);
+ZD_API int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *inputs,
+                      int n_inputs, int n_outputs, zd_autograd_node_t **out);
 
 /*  The common case in one call: a node of ops over the n_in inputs with
     one output y, keeping the non-NULL saved[0..n_saved) in slots 0.. and
     taking ownership of ctx (malloc'ed; freed by ops->release later, or
     here at once when nothing is recorded). Returns 0 (recorded or not
     needed), or -1 out of memory, after freeing ctx and dropping y. */
-ZD_API int zd_autograd_record(const zd_autograd_node_ops_t *ops, int n_in, zd_tensor_t *const *in, zd_tensor_t *y,
+ZD_API int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
                     zd_tensor_t *const *saved, int n_saved, void *ctx);
 
 /*  zd_autograd_node_ref takes one more reference and returns n (the new

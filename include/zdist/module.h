@@ -8,7 +8,7 @@
     subclass is in Python:
 
         typedef struct { zd_tensor_t *w, *b; } mlp_t;   // borrowed from m
-        static int mlp_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+        static int mlp_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                                zd_tensor_t **out)
         {
             mlp_t *s = zd_nn_module_state(m);
@@ -16,7 +16,7 @@
         }
         ...
         zd_nn_module_t *m = zd_nn_module_new("Mlp", mlp_forward, s, free);
-        s->w = zd_nn_module_add_parameter(m, "weight", 2, (int64_t[]){10, 4});
+        s->w = zd_nn_module_add_parameter(m, "weight", (int64_t[]){10, 4}, 2);
 
     Parameters are listed as PyTorch's named_parameters() lists them: the
     module's own, in registration order, then each submodule's, in the order
@@ -43,7 +43,7 @@ typedef struct zd_nn_module zd_nn_module_t;
 
 /*  A module's forward: n_in borrowed inputs give *out (a new reference).
     Returns 0, or -1 with zd_error_set(). */
-typedef int (zd_nn_module_forward_fn)(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+typedef int (zd_nn_module_forward_fn)(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                                       zd_tensor_t **out);
 
 /*  Frees the user state of a module. */
@@ -76,8 +76,8 @@ ZD_API int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, 
 
 /*  A new zero-filled float32 parameter of that shape, registered as name.
     Returns it (borrowed from the module), or NULL. */
-ZD_API zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, int ndim,
-                                               const int64_t *shape);
+ZD_API zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name,
+                                               const int64_t *shape, int ndim);
 
 /*  Makes child a submodule called name: its parameters are listed as
     "name.<its names>". Takes ownership of child (freed with m), also on
@@ -127,7 +127,7 @@ ZD_API bool zd_nn_module_is_training(const zd_nn_module_t *m);
 /*  Runs the module's forward. Returns 0 and *out (new reference), or -1
     (a module without forward, or the forward's error prefixed with the
     module's type). */
-ZD_API int zd_nn_module_forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in,
+ZD_API int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
                                 zd_tensor_t **out);
 
 /*  ---- checkpoints (the format of <zdist/checkpoint.h>) ---- */

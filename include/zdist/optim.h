@@ -109,7 +109,7 @@ ZD_API int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg);
 /*  New optimizer over n float32 leaf parameters (taking a reference on
     each). Refuses invalid hyper-parameters, an empty list, non-float32,
     non-leaf or repeated parameters. A new object (zd_optim_free), or NULL. */
-ZD_API zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, int n, zd_tensor_t *const *params);
+ZD_API zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, zd_tensor_t *const *params, int n);
 
 /*  Frees the optimizer and drops its parameter references (NULL-safe). */
 ZD_API void zd_optim_free(zd_optim_t *opt);

@@ -48,11 +48,11 @@ ZD_API const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype);
 
 /*  New zero-filled tensor (a new reference); ndim may be 0 (a scalar with
     one element). NULL (zd_error_last() says why) on a bad shape or out of memory. */
-ZD_API zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape);
+ZD_API zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim);
 
 /*  New uninitialised tensor (a new reference): for outputs the caller
     fully overwrites. */
-ZD_API zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape);
+ZD_API zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim);
 
 /*  Shorthands for float32 tensors of 1 to 4 dimensions, zero filled: each a
     new reference. */
@@ -62,7 +62,7 @@ ZD_API zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t
 
 /*  New tensor (a new reference) holding a copy of `data` (numel elements
     of dtype). */
-ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
+ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                            const void *data);
 
 /*  New tensor (a new reference) over memory it does not own, without
@@ -71,7 +71,7 @@ ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, int ndim, const
     be aligned for dtype and hold `bytes` bytes, exactly numel*elemsize.
     On failure returns NULL and calls release itself, so the caller never
     has to clean up twice. */
-ZD_API zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
+ZD_API zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                       void *data, size_t bytes, zd_tensor_release_fn *release, void *arg);
 
 /*  Takes one more reference and returns t: the new reference (NULL-safe). */
@@ -120,7 +120,7 @@ ZD_API void zd_tensor_zero_(zd_tensor_t *t);
 /*  A view of t with another shape and the same storage (numel must match;
     one dimension may be -1). Recorded by autograd when t requires grad.
     Returns 0 and sets *out (a new reference), or -1. */
-ZD_API int zd_tensor_reshape(zd_tensor_t *t, int ndim, const int64_t *shape, zd_tensor_t **out);
+ZD_API int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out);
 
 /*  The same data without history: a new reference to a view sharing t's
     storage, requires_grad false (PyTorch's detach()). */

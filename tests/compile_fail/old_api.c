@@ -11,9 +11,42 @@
 #include <zdist/dist_autograd.h>
 #include <zdist/dist_nn.h>
 #include <zdist/dist_optim.h>
+#include <zdist/function.h>
 #include <zdist/idx.h>
+#include <zdist/module.h>
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
+
+#if defined(CASE_OK)
+static int forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+{
+    (void)m, (void)in, (void)n_in, (void)out;
+    return 0;
+}
+#elif defined(CASE_forward_fn)
+static int forward(zd_nn_module_t *m, int n_in, zd_tensor_t *const *in, zd_tensor_t **out)
+{
+    (void)m, (void)in, (void)n_in, (void)out;
+    return 0;
+}
+#endif
+
+#if defined(CASE_OK)
+static int tensors(zd_nn_module_t *m)
+{
+    static float data[6];
+    const int64_t shape[2] = {2, 3};
+    zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, 2), *r = NULL;
+    zd_tensor_unref(zd_tensor_empty(ZD_FLOAT32, shape, 2));
+    zd_tensor_unref(zd_tensor_from_data(ZD_FLOAT32, shape, 2, data));
+    zd_tensor_unref(zd_tensor_wrap(ZD_FLOAT32, shape, 2, data, sizeof data, NULL, NULL));
+    zd_nn_module_add_parameter(m, "w", shape, 2);
+    int rc = zd_tensor_reshape(t, (int64_t[]){6}, 1, &r);
+    zd_tensor_unref(r);
+    zd_tensor_unref(t);
+    return rc;
+}
+#endif
 
 int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm, int64_t ctx);
 
@@ -38,9 +71,18 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_named_tensors_t *state = zd_optim_state_export(opt);
     rc += zd_optim_state_import(opt, state);
     zd_named_tensors_free(state);
+    zd_tensor_t *x = NULL, *y = NULL;
+    zd_autograd_node_t *node = NULL;
+    zd_optim_free(zd_optim_new(cfg, &x, 1));
+    zd_nn_module_free(zd_nn_module_new("M", forward, NULL, NULL));
+    zd_future_unref(zd_remote_module_forward_async(rm, &x, 1));
+    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
-    return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st);
+    return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
+           zd_nn_module_forward(m, &x, 1, &y) + zd_remote_module_forward(rm, &x, 1, &y) +
+           zd_autograd_node_new(&ops, &x, 1, 1, &node) +
+           zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
 #elif defined(CASE_dist_optim_new)
     zd_rref_t **params = NULL;
     zd_dist_optim_t *opt;
@@ -123,6 +165,67 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     (void)cfg, (void)m, (void)rm, (void)ctx;
     zd_value_unref(zd_rpc_args("i", (int64_t)3));
     return 0;
+#elif defined(CASE_optim_new)
+    zd_tensor_t *x = NULL;
+    (void)m, (void)rm, (void)ctx;
+    return zd_optim_new(cfg, 1, &x) != NULL;
+#elif defined(CASE_module_forward)
+    zd_tensor_t *x = NULL, *y;
+    (void)cfg, (void)rm, (void)ctx;
+    return zd_nn_module_forward(m, 1, &x, &y);
+#elif defined(CASE_forward_fn)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_nn_module_free(zd_nn_module_new("M", forward, NULL, NULL));
+    return 0;
+#elif defined(CASE_remote_module_forward)
+    zd_tensor_t *x = NULL, *y;
+    (void)cfg, (void)m, (void)ctx;
+    return zd_remote_module_forward(rm, 1, &x, &y);
+#elif defined(CASE_remote_module_forward_async)
+    zd_tensor_t *x = NULL;
+    (void)cfg, (void)m, (void)ctx;
+    zd_future_unref(zd_remote_module_forward_async(rm, 1, &x));
+    return 0;
+#elif defined(CASE_autograd_node_new)
+    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
+    zd_tensor_t *x = NULL;
+    zd_autograd_node_t *node;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_autograd_node_new(&ops, 1, &x, 1, &node);
+#elif defined(CASE_autograd_record)
+    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
+    zd_tensor_t *x = NULL, *y = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_autograd_record(&ops, 1, &x, y, NULL, 0, NULL);
+#elif defined(CASE_tensor_new)
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_new(ZD_FLOAT32, 2, shape));
+    return 0;
+#elif defined(CASE_tensor_empty)
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_empty(ZD_FLOAT32, 2, shape));
+    return 0;
+#elif defined(CASE_tensor_from_data)
+    static float data[6];
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_from_data(ZD_FLOAT32, 2, shape, data));
+    return 0;
+#elif defined(CASE_tensor_wrap)
+    static float data[6];
+    const int64_t shape[2] = {2, 3};
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_unref(zd_tensor_wrap(ZD_FLOAT32, 2, shape, data, sizeof data, NULL, NULL));
+    return 0;
+#elif defined(CASE_tensor_reshape)
+    zd_tensor_t *t = NULL, *r;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_tensor_reshape(t, 1, (int64_t[]){6}, &r);
+#elif defined(CASE_module_add_parameter)
+    (void)cfg, (void)rm, (void)ctx;
+    return zd_nn_module_add_parameter(m, "w", 2, (int64_t[]){2, 3}) != NULL;
 #else
 #error "no CASE_ defined"
 #endif

@@ -29,7 +29,7 @@ int main()
     // y = sum(x * x), so dy/dx = 2x.
     const int64_t shape[1] = {3};
     const float xs[3] = {1.0f, 2.0f, -3.0f};
-    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, 1, shape, xs);
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, shape, 1, xs);
     check(x != nullptr, "zd_tensor_from_data");
     if (x == nullptr)
         return 1;

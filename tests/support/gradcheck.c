@@ -26,7 +26,7 @@ zd_nn_rng_t *gradcheck_rng(void)
 
 zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
 {
-    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, ndim, shape);
+    zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     assert_non_null(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
         zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
