@@ -9,8 +9,8 @@
     against older headers works with a newer library. An out-struct the
     library fills (metrics, counters) is written only up to the size the
     caller passes. Header only: no symbol crosses a layer. */
-#ifndef ZDIST_AUTOGRAD_SIZED_H
-#define ZDIST_AUTOGRAD_SIZED_H
+#ifndef ZDIST_CORE_SIZED_H
+#define ZDIST_CORE_SIZED_H
 
 #include <stddef.h>
 #include <string.h>
