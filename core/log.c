@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  log.c: the library's log lines: level, rate limit, stderr or a sink. */
 #include "core/log_private.h"
+#include "core/clock.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -61,7 +62,7 @@ static void emit(zd_log_level_t level, const char *text)
         gmtime_r(&ts.tv_sec, &tm);
         char stamp[40];
         size_t n = strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%S", &tm);
-        snprintf(stamp + n, sizeof stamp - n, ".%03dZ", (int)(ts.tv_nsec / 1000000));
+        snprintf(stamp + n, sizeof stamp - n, ".%03dZ", (int)(ts.tv_nsec / ZD__NS_PER_MS));
         char line[1400];
         snprintf(line, sizeof line, "%s %-5s zdist%s%s%s %s\n", stamp, level_name(level),
                  g_who[0] ? " [" : "", g_who, g_who[0] ? "]" : "", text);

@@ -8,6 +8,7 @@
 
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
+#include "core/clock.h"
 #include "core/log_private.h"
 #include "core/sized.h"
 
@@ -28,6 +29,9 @@ static atomic_uint_fast64_t id_counter = 1;
     registry_lock. */
 #define DEFAULT_MAX_CONTEXTS 4096
 #define DEFAULT_MAX_PER_PEER 256
+/* How often the idle contexts are swept: every second, or four times per
+   idle timeout when that is shorter. */
+#define SWEEP_EVERY_MS ZD__MS_PER_S
 static int64_t *made_per_peer;
 static int made_cap;
 static int64_t made_total;
@@ -47,9 +51,7 @@ uint64_t zd__dist_next_id(void)
 
 static int64_t now_ms(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    return zd__now_ns() / ZD__NS_PER_MS;
 }
 
 static size_t bucket_of(int64_t id)
@@ -208,7 +210,7 @@ static int64_t idle_timeout_ms(void)
     if (limits.idle_timeout_ms > 0)
         return limits.idle_timeout_ms;
     int64_t rpc = zd_rpc_get_timeout();
-    return rpc > 0 ? 10 * rpc : 10 * 60 * 1000;
+    return rpc > 0 ? 10 * rpc : 10 * 60 * ZD__MS_PER_S;
 }
 
 /*  Takes out of the registry, under registry_lock, peers' contexts nobody
@@ -218,7 +220,8 @@ static int sweep_locked(int64_t now, dist_context_t **out, int max)
 {
     int64_t ttl = idle_timeout_ms();
     int n = 0;
-    if (ttl < 0 || made_total == 0 || now - last_sweep_ms < (ttl < 4000 ? ttl / 4 : 1000))
+    if (ttl < 0 || made_total == 0 ||
+        now - last_sweep_ms < (ttl < 4 * SWEEP_EVERY_MS ? ttl / 4 : SWEEP_EVERY_MS))
         return 0;
     last_sweep_ms = now;
     for (int b = 0; b < BUCKETS && n < max; b++) {
@@ -249,7 +252,7 @@ static void release_expired(dist_context_t **expired, int n, int64_t now)
         char who[160];
         zd__log(ZD_LOG_WARN, "dist_autograd: context %lld made by %s unused for %lld s: released",
                 (long long)expired[i]->id, zd__dist_peer_desc(expired[i]->made_by, who, sizeof who),
-                (long long)((now - atomic_load(&expired[i]->last_used_ms)) / 1000));
+                (long long)((now - atomic_load(&expired[i]->last_used_ms)) / ZD__MS_PER_S));
         zd__dist_context_unref(expired[i]);
     }
 }

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
 
@@ -57,9 +58,7 @@ static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static uint64_t now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    return (uint64_t)zd__now_ns();
 }
 
 /*  Takes chunks until none is left; `slot` picks the scratch buffer. */

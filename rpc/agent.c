@@ -73,22 +73,7 @@ uint64_t zd__agent_new_id(agent_t *a)
 
 int64_t zd__agent_now_ns(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
-struct timespec zd__agent_realtime_in(int64_t ms)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_sec += ms / 1000;
-    t.tv_nsec += (ms % 1000) * 1000000;
-    if (t.tv_nsec >= 1000000000) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000000000;
-    }
-    return t;
+    return zd__now_ns();
 }
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
@@ -157,7 +142,7 @@ static agent_t *agent_new(const init_params_t *p)
     a->world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
-    a->busy_poll_ns = p->o.busy_poll_us * 1000;
+    a->busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
     a->heartbeat_ms = p->o.heartbeat_ms;
     a->master_wait_ms = p->o.master_wait_ms;
     a->gen = atomic_fetch_add(&g_gen, 1) + 1;
@@ -200,12 +185,12 @@ static agent_t *agent_new(const init_params_t *p)
    naming what may hold them) after TEARDOWN_WAIT_MS. */
 static bool wait_users(agent_t *a, const char *stage)
 {
-    int64_t until = zd__agent_now_ns() + TEARDOWN_WAIT_MS * 1000000LL;
+    int64_t until = zd__deadline_after(zd__agent_now_ns(), TEARDOWN_WAIT_MS);
     while (atomic_load(&g_users) > 0) {
         if (zd__agent_now_ns() >= until) {
             zd__log(ZD_LOG_ERROR, "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
                     "%d s (%lld call(s) pending, %lld being served): going on without them",
-                    stage, atomic_load(&g_users), TEARDOWN_WAIT_MS / 1000,
+                    stage, atomic_load(&g_users), (int)(TEARDOWN_WAIT_MS / ZD__MS_PER_S),
                     (long long)a->n_pending, (long long)atomic_load(&a->serving));
             return false;
         }

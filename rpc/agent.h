@@ -46,6 +46,7 @@
 
 #include <zmq.h>
 
+#include "core/clock.h"
 #include "rpc/codec.h"
 #include "rpc/future_hook.h"
 #include "core/log_private.h"
@@ -180,12 +181,9 @@ agent_t *zd__agent_acquire_gen(unsigned gen);
 /*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
 uint64_t zd__agent_new_id(agent_t *a);
 
-/*  Monotonic clock in ns. */
+/*  Monotonic clock in ns (zd__now_ns, core/clock.h), a function of its own
+    so that the fuzz targets can stand in for the agent's clock. */
 int64_t zd__agent_now_ns(void);
-
-/*  The real-time clock ms from now: the deadline pthread_cond_timedwait
-    and pthread_timedjoin_np take. */
-struct timespec zd__agent_realtime_in(int64_t ms);
 
 /*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
     (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */

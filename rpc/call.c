@@ -233,7 +233,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     p->timeout_ms = req->wait_ms > 0 && (told_ms == 0 || req->wait_ms < told_ms) ? req->wait_ms
                                                                                   : told_ms;
     p->start_ns = zd__agent_now_ns();
-    p->deadline_ns = p->timeout_ms ? p->start_ns + p->timeout_ms * 1000000 : INT64_MAX;
+    p->deadline_ns = zd__deadline_after(p->start_ns, p->timeout_ms);
     if (req->id_out)
         *req->id_out = p->id;
     zd_future_ref(f);   /* the caller's */
@@ -452,7 +452,7 @@ static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
 static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t *f,
                        uint64_t id, int64_t timeout_ms)
 {
-    int64_t deadline = timeout_ms ? zd__agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
     int64_t poll_ns = zd__agent_poll_begin();                  /* see zd__agent_poll_future */
     int64_t poll_until = zd__agent_now_ns() + poll_ns;
     inmsg_t m = {0};
@@ -465,7 +465,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
             zd_future_wait(f, ZD_TIMEOUT_NONE);
             break;
         }
-        int64_t left = deadline == INT64_MAX ? -1 : (deadline - now + 999999) / 1000000;
+        int64_t left = zd__ms_left(now, deadline);
         if (left > 1000000)
             left = 1000000;
         if (now < poll_until)

@@ -22,6 +22,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
 #include "rpc/future_hook.h"
 
 typedef struct callback {
@@ -71,21 +72,23 @@ typedef struct {
     struct timespec at;        /* CLOCK_MONOTONIC */
 } deadline_t;
 
+/* Beyond a century "later" is as good as never, and cannot overflow. */
+#define CENTURY_MS (ZD__MS_PER_S * 3600 * 24 * 365 * 100)
+
 /* timeout_ms as in error.h: <= 0 (default or none) is no limit for waits. */
 static deadline_t deadline_in(int64_t timeout_ms)
 {
     deadline_t d = {timeout_ms <= 0, {0, 0}};
     if (d.forever)
         return d;
-    /* Beyond a century "later" is as good as never, and cannot overflow. */
-    if (timeout_ms > (int64_t)100 * 365 * 24 * 3600 * 1000)
-        timeout_ms = (int64_t)100 * 365 * 24 * 3600 * 1000;
+    if (timeout_ms > CENTURY_MS)
+        timeout_ms = CENTURY_MS;
     clock_gettime(CLOCK_MONOTONIC, &d.at);
-    d.at.tv_sec += (time_t)(timeout_ms / 1000);
-    d.at.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (d.at.tv_nsec >= 1000000000L) {
+    d.at.tv_sec += (time_t)(timeout_ms / ZD__MS_PER_S);
+    d.at.tv_nsec += (long)((timeout_ms % ZD__MS_PER_S) * ZD__NS_PER_MS);
+    if (d.at.tv_nsec >= ZD__NS_PER_S) {
         d.at.tv_sec++;
-        d.at.tv_nsec -= 1000000000L;
+        d.at.tv_nsec -= ZD__NS_PER_S;
     }
     return d;
 }
@@ -297,8 +300,9 @@ int zd_future_wait(zd_future_t *f, int64_t timeout_ms)
     if (zd_future_done(f))
         return future_result(f);
     const rpc_future_wait_hooks_t *h = atomic_load(&g_wait_hooks);
-    int64_t max_ns = timeout_ms > 0 && timeout_ms < INT64_MAX / 1000000 ? timeout_ms * 1000000
-                                                                         : INT64_MAX;
+    int64_t max_ns = timeout_ms > 0 && timeout_ms < ZD__NEVER / ZD__NS_PER_MS
+                         ? timeout_ms * ZD__NS_PER_MS
+                         : ZD__NEVER;
     if (h && h->poll && h->poll(f, max_ns))
         return future_result(f);
     deadline_t d = deadline_in(timeout_ms);

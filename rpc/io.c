@@ -129,7 +129,7 @@ static void log_unknown_sender(void)
     static long dropped;
     dropped++;
     int64_t now = zd__agent_now_ns();
-    if (now - last_ns < 1000000000)
+    if (now - last_ns < ZD__NS_PER_S)
         return;
     zd__log(ZD_LOG_WARN, "rpc: dropped %ld message(s) from an unknown sender (routing id not "
             "a rank)", dropped);
@@ -354,7 +354,7 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    run. Answers that do come later find no call and are dropped. */
 static void fail_interrupted(agent_t *a, peer_t *p)
 {
-    int64_t down_ms = (zd__agent_now_ns() - p->down_since_ns) / 1000000;
+    int64_t down_ms = (zd__agent_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
     char text[192];
     snprintf(text, sizeof text, "the connection to it was down for %lld ms and came back; "
              "the request may or may not have run", (long long)down_ms);
@@ -398,14 +398,14 @@ static void handle_monitor(agent_t *a, peer_t *p)
                     p->rank);
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__agent_now_ns();
-        p->fail_at_ns = p->down_since_ns + LOST_GRACE_MS * 1000000LL;
+        p->fail_at_ns = zd__deadline_after(p->down_since_ns, LOST_GRACE_MS);
     } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !zd__peer_gone(p)) {
         /* The peer does not know our key yet (it joined, or we did, and
            rank 0's word has not reached it): libzmq does not connect again
            after a refusal, so the socket is made anew a little later. */
         zd__log(ZD_LOG_INFO, "rpc: \"%s\" (rank %d) refused this process's key; connecting "
                 "again in %d ms", p->name, p->rank, REMAKE_MS);
-        p->remake_at_ns = zd__agent_now_ns() + REMAKE_MS * 1000000LL;
+        p->remake_at_ns = zd__deadline_after(zd__agent_now_ns(), REMAKE_MS);
     }
 }
 
@@ -544,9 +544,9 @@ void *zd__transport_io_main(void *arg)
             sched_yield();
             continue;
         }       /* an empty look while polling: the ticks can wait */
-        next_tick = now + 1000000;
+        next_tick = now + ZD__NS_PER_MS;
         if (now >= next_monitor_poll) {
-            next_monitor_poll = now + MONITOR_POLL_MS * 1000000LL;
+            next_monitor_poll = zd__deadline_after(now, MONITOR_POLL_MS);
             poll_monitors(a, items + 2, item_peer + 2, n_items - 2);
         }
         fail_lost_peers(a, now);
@@ -556,7 +556,7 @@ void *zd__transport_io_main(void *arg)
         }
         zd__call_expire(a, now);
         if (now >= next_stream_check) {
-            next_stream_check = now + 1000000000;
+            next_stream_check = now + ZD__NS_PER_S;
             /* Answering on the ROUTER may have taken the edge of its
                ZMQ_FD: look at it once more before sleeping. */
             look_again = zd__transport_stream_expire(a, now) > 0;

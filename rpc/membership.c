@@ -201,7 +201,7 @@ static bool release_over(agent_t *a, int rank, int64_t deadline)
     while (atomic_load(&a->peers[rank].releasing)) {
         if (now_ns() >= deadline)
             return false;
-        struct timespec ts = {0, 1000000};
+        struct timespec ts = {0, ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
     }
     return true;
@@ -213,7 +213,7 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
     membership_t *mb = a->mb;
     if (rank < 0 || rank >= a->world || rank == a->rank)
         return zd_error_set("rejoin: rank %d is not a peer", rank);
-    int64_t deadline = now_ns() + RENEW_WAIT_MS * 1000000LL;
+    int64_t deadline = zd__deadline_after(now_ns(), RENEW_WAIT_MS);
     peer_t *p = &a->peers[rank];
     pthread_mutex_lock(&mb->serial);
     if (turn > 0 && turn <= mb->seen[rank]) {
@@ -230,7 +230,7 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
         pthread_mutex_unlock(&mb->serial);
         return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: what its old process held "
                                  "is still being released after %d s", rank,
-                                 RENEW_WAIT_MS / 1000);
+                                 (int)(RENEW_WAIT_MS / ZD__MS_PER_S));
     }
     if (name)
         snprintf(a->peers[rank].name, sizeof a->peers[rank].name, "%s", name);
@@ -246,7 +246,7 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
         /* the I/O thread's tick finds the flag anyway */
     }
     pthread_mutex_lock(&mb->lock);
-    struct timespec until = zd__agent_realtime_in(RENEW_WAIT_MS);
+    struct timespec until = zd__realtime_in(RENEW_WAIT_MS);
     while (!mb->renew_done && !atomic_load(&mb->stop))
         if (pthread_cond_timedwait(&mb->cond, &mb->lock, &until) == ETIMEDOUT)
             break;
@@ -430,7 +430,7 @@ static void retell(agent_t *a, membership_t *mb)
     size_t w = (size_t)a->world;
     bool due = now_ns() >= mb->retell_at;
     if (due)
-        mb->retell_at = now_ns() + RETELL_MS * 1000000LL;
+        mb->retell_at = zd__deadline_after(now_ns(), RETELL_MS);
     for (size_t k = 0; k < w * w; k++) {
         zd_future_t *f = mb->retell[k];
         if (f && zd_future_done(f)) {
@@ -626,7 +626,7 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
 static void await_master(agent_t *a, membership_t *mb)
 {
     bool forever = a->master_wait_ms == INT64_MAX;
-    int64_t deadline = forever ? INT64_MAX : now_ns() + a->master_wait_ms * 1000000;
+    int64_t deadline = forever ? ZD__NEVER : zd__deadline_after(now_ns(), a->master_wait_ms);
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
     if (zd__rendezvous_master_endpoint(mb->master, mb->port, ep, sizeof ep) < 0) {
         zd__log(ZD_LOG_WARN, "rpc: rank 0 is lost and cannot be waited for: %s", zd_error_last());
@@ -634,7 +634,7 @@ static void await_master(agent_t *a, membership_t *mb)
     }
     char limit[48] = "without limit";
     if (!forever)
-        snprintf(limit, sizeof limit, "up to %lld s", (long long)(a->master_wait_ms / 1000));
+        snprintf(limit, sizeof limit, "up to %lld s", (long long)(a->master_wait_ms / ZD__MS_PER_S));
     zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting %s for it to restart at %s",
             a->peers[0].name, limit, ep);
     rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
@@ -661,7 +661,7 @@ static void await_master(agent_t *a, membership_t *mb)
             zmsg_t *reg = zd__rendezvous_registration(a, status);
             if (zmsg_send(&reg, sock) < 0)
                 zmsg_destroy(&reg);
-            resend = now_ns() + RESEND_MS * 1000000LL;
+            resend = zd__deadline_after(now_ns(), RESEND_MS);
         }
         zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&item, 1, DESK_POLL_MS) <= 0)
@@ -684,7 +684,7 @@ static void await_master(agent_t *a, membership_t *mb)
     }
     if (!atomic_load(&mb->stop))
         zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") did not come back within %lld s",
-                a->peers[0].name, (long long)(a->master_wait_ms / 1000));
+                a->peers[0].name, (long long)(a->master_wait_ms / ZD__MS_PER_S));
 out:
     if (sock)
         zmq_close(sock);
@@ -708,7 +708,7 @@ static void *membership_main(void *arg)
         }
         pthread_mutex_lock(&mb->lock);
         while (!mb->master_lost && !atomic_load(&mb->stop)) {
-            struct timespec until = zd__agent_realtime_in(DESK_POLL_MS);
+            struct timespec until = zd__realtime_in(DESK_POLL_MS);
             pthread_cond_timedwait(&mb->cond, &mb->lock, &until);
         }
         bool lost = mb->master_lost;
@@ -740,7 +740,7 @@ void zd__membership_stop(agent_t *a)
     pthread_mutex_unlock(&mb->lock);
     if (mb->started) {
         /* Its waits are bounded: a poll, a renewal, the members' answers. */
-        struct timespec until = zd__agent_realtime_in(RENEW_WAIT_MS + NOTIFY_WAIT_MS + 1000);
+        struct timespec until = zd__realtime_in(RENEW_WAIT_MS + NOTIFY_WAIT_MS + ZD__MS_PER_S);
         mb->started = false;
         if (pthread_timedjoin_np(mb->thread, NULL, &until) != 0) {
             zd__log(ZD_LOG_ERROR, "rpc: shutdown: the membership thread did not stop");
@@ -800,7 +800,7 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
                                rank, a->world);
         goto out;
     }
-    int64_t deadline = timeout_ms > 0 ? now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    int64_t deadline = zd__deadline_after(now_ns(), timeout_ms);
     peer_t *p = &a->peers[rank];
     while (atomic_load(&p->lost_at_ns) || (rank != a->rank && atomic_load(&p->lost))) {
         if (atomic_load(&a->closing)) {

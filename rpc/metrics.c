@@ -44,7 +44,7 @@ static double bucket_value(int b)
 
 void zd__metrics_latency(peer_metrics_t *m, int64_t ns)
 {
-    double us = (double)ns / 1000.0;
+    double us = (double)ns / (double)ZD__NS_PER_US;
     int b = bucket_of(us);
     pthread_mutex_lock(&m->lock);
     m->lat_count++;

@@ -118,7 +118,7 @@ static int write_line(struct metrics_out *mo, bool final)
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     fprintf(f, "{\"time\":%lld.%03ld,\"worker\":", (long long)now.tv_sec,
-            now.tv_nsec / 1000000);
+            now.tv_nsec / ZD__NS_PER_MS);
     put_string(f, a->name);
     fprintf(f, ",\"rank\":%d,\"world_size\":%d,\"final\":%s,\"uptime_s\":%.3f,", a->rank,
             a->world, final ? "true" : "false", mono_s() - mo->start);
@@ -183,7 +183,7 @@ static void *writer(void *arg)
     pthread_mutex_lock(&mo->lock);
     while (!mo->stop) {
         struct timespec ts = {.tv_sec = (time_t)next,
-                              .tv_nsec = (long)((next - floor(next)) * 1e9)};
+                              .tv_nsec = (long)((next - floor(next)) * (double)ZD__NS_PER_S)};
         if (pthread_cond_timedwait(&mo->wake, &mo->lock, &ts) != ETIMEDOUT || mo->stop)
             continue;
         pthread_mutex_unlock(&mo->lock);

@@ -212,7 +212,7 @@ int zd__pool_destroy(pool_t *p, int64_t wait_ms)
 {
     if (!p)
         return 0;
-    struct timespec until = zd__agent_realtime_in(wait_ms);
+    struct timespec until = zd__realtime_in(wait_ms);
     int stuck = 0;
     pthread_mutex_lock(&p->lock);
     p->stop = true;

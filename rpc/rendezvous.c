@@ -50,6 +50,7 @@
 #include "rpc/security.h"
 
 #define MAX_BINDS MEMBERSHIP_MAX_BINDS   /* addresses rank 0 listens on, per socket */
+#define RESEND_MS 2000                  /* a joiner registers again if unanswered */
 
 typedef struct {
     bool present;
@@ -75,10 +76,8 @@ typedef struct {
 
 static int remaining_ms(int64_t deadline)
 {
-    if (deadline == INT64_MAX)
-        return -1;
-    int64_t left = (deadline - zd__agent_now_ns()) / 1000000;
-    return left < 0 ? 0 : (int)(left > 1000000 ? 1000000 : left);
+    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline);
+    return left < 0 ? -1 : (int)(left > 1000000 ? 1000000 : left);
 }
 
 static void set_int(void *sock, int opt, int value)
@@ -601,13 +600,13 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         }
         said = said || send;
         if (send)
-            resend_at = zd__agent_now_ns() + 2000000000LL;
+            resend_at = zd__deadline_after(zd__agent_now_ns(), RESEND_MS);
         send = false;
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
         int wait = remaining_ms(deadline);
         if (resend_at) {
-            int64_t until = (resend_at - zd__agent_now_ns()) / 1000000;
-            wait = until < 0 ? 0 : (wait >= 0 && wait < until ? wait : (int)until);
+            int64_t until = zd__ms_left(zd__agent_now_ns(), resend_at);
+            wait = wait >= 0 && wait < until ? wait : (int)until;
         }
         int n = zmq_poll(items, mon ? 2 : 1, wait);
         if (n < 0 && errno == EINTR)
@@ -686,7 +685,7 @@ out:
 
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
-    int64_t deadline = timeout_ms ? zd__agent_now_ns() + timeout_ms * 1000000 : INT64_MAX;
+    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
     snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s",
              zd__security_public_key(a));
     int rc = a->rank == 0 ? host_rendezvous(a, addr, port, deadline)

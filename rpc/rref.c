@@ -474,7 +474,7 @@ static void forward_value(zd_future_t *f, void *arg)
 static bool log_due(_Atomic int64_t *last)
 {
     int64_t now = zd__agent_now_ns(), then = atomic_load(last);
-    return now - then >= 1000000000 && atomic_compare_exchange_strong(last, &then, now);
+    return now - then >= ZD__NS_PER_S && atomic_compare_exchange_strong(last, &then, now);
 }
 
 /* After unlocking: answers the requests of list (taken off the waits) and
@@ -527,7 +527,7 @@ static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
         t = timeout_ms;
     if (local > 0 && local < t)
         t = local;
-    return zd__agent_now_ns() + t * 1000000;
+    return zd__deadline_after(zd__agent_now_ns(), t);
 }
 
 void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src,
@@ -884,7 +884,7 @@ static void waits_expire(rref_ctx_t *x, int64_t now_ns, fork_wait_t **out)
         snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of RRef %"
                  PRIx64 " refused: rank %d, which made the fork, holds no fork of that RRef "
                  "(waited %lld ms)", w->src, w->fork_id, w->rref_id, w->parent,
-                 (long long)((now_ns - w->since_ns) / 1000000));
+                 (long long)((now_ns - w->since_ns) / ZD__NS_PER_MS));
         w->next = *out;
         *out = w;
     }

@@ -270,7 +270,7 @@ int zd_rref_drain(int64_t timeout_ms)
     if (!a)
         return zd_error_wrap("zd_rref_drain");
     int64_t t = timeout_ms > 0 ? timeout_ms : 0;   /* default: no limit */
-    int64_t deadline = t ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
+    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), t);
     zd__agent_release(a);
     /* Polls rather than waits on a condition: the agent may shut down
        meanwhile, and nothing may be held across that. */

@@ -51,7 +51,7 @@ static int64_t next_wait_ms(const ctrl_t *c)
     int64_t total = zd__agent_timeout(c->a, -1);
     if (total == 0 || c->attempts == 0)
         return total && total < wait ? total : wait;
-    int64_t left = total - (zd__agent_now_ns() - c->first_ns) / 1000000;
+    int64_t left = total - (zd__agent_now_ns() - c->first_ns) / ZD__NS_PER_MS;
     return left <= 0 ? 0 : left < wait ? left : wait;
 }
 

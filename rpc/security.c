@@ -101,7 +101,7 @@ static void warn_limited(limit_t *l, const char *fmt, ...)
     }
     long more = l->suppressed;
     l->suppressed = 0;
-    l->next_ns = now + 1000000000;
+    l->next_ns = now + ZD__NS_PER_S;
     pthread_mutex_unlock(&l->lock);
     char text[512];
     va_list ap;

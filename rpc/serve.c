@@ -693,7 +693,7 @@ static bool busy_log_due(agent_t *a, int src)
             return true;
     }
     int64_t now = zd__agent_now_ns();
-    if (now - last[src] < 1000000000)
+    if (now - last[src] < ZD__NS_PER_S)
         return false;
     last[src] = now;
     return true;

@@ -310,7 +310,7 @@ void zd__shm_peer_reset(int peer)
         return;
     tx_peer_t *p = &tx[peer];
     atomic_store(&p->state, 0);
-    int64_t until = zd__agent_now_ns() + 1000000000LL;
+    int64_t until = zd__agent_now_ns() + ZD__NS_PER_S;
     while (atomic_load(&senders) > 0 && zd__agent_now_ns() < until)
         sched_yield();
     if (atomic_load(&senders) > 0)

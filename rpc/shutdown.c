@@ -236,7 +236,7 @@ out:
 static bool down_for_good(const peer_t *p, int64_t now_ns)
 {
     return atomic_load(&p->lost) && p->down_since_ns &&
-           now_ns - p->down_since_ns >= INIT_DOWN_MS * 1000000LL;
+           now_ns - p->down_since_ns >= INIT_DOWN_MS * ZD__NS_PER_MS;
 }
 
 /* Rank 0, I/O thread: fails rounds that cannot complete any more. */
@@ -349,8 +349,9 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
 int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
                 int64_t *sum)
 {
-    int64_t left = deadline_ns == INT64_MAX ? 0 : (deadline_ns - zd__agent_now_ns()) / 1000000;
-    if (deadline_ns != INT64_MAX && left < 1)
+    /* 0 asks rank 0 to wait without limit */
+    int64_t left = deadline_ns == ZD__NEVER ? 0 : zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
     zd_value_t *args = zd__rpc_args("iii", round, count, left);
     call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = api, .args = args,
@@ -363,7 +364,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
        deadline passes. */
     while (rc < 0 && args && zd_error_code() == ZD_ERR_PEER && !zd_rpc_peer_is_lost(0) &&
            zd__agent_now_ns() < deadline_ns) {
-        struct timespec ts = {0, 20000000};
+        struct timespec ts = {0, 20 * ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
         rc = zd__call_sync(&req, 0, &total);
     }
@@ -382,7 +383,7 @@ static int64_t drain_deadline(agent_t *a, int64_t deadline)
 {
     int64_t call = atomic_load(&a->timeout_ms);
     int64_t bound_ms = call > 0 && call < 300000 ? 2 * call : 600000;
-    int64_t bound = zd__agent_now_ns() + bound_ms * 1000000;
+    int64_t bound = zd__deadline_after(zd__agent_now_ns(), bound_ms);
     return bound < deadline ? bound : deadline;
 }
 
@@ -390,7 +391,7 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
     /* Default: no limit, like PyTorch's rpc.shutdown(). */
     int64_t t = timeout_ms > 0 ? timeout_ms : 0;
-    int64_t deadline = t ? zd__agent_now_ns() + t * 1000000 : INT64_MAX;
+    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), t);
     /* Round 0: everyone has called zd_rpc_shutdown. Then drain and repeat
        until a round finds no work anywhere. */
     for (int64_t round = 0;; round++) {

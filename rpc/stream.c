@@ -500,7 +500,7 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
         char text[256];
         snprintf(text, sizeof text, "streamed %s %llx dropped: no piece for %lld s after "
                  "%llu pieces", zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
-                 (long long)(RPC_STREAM_STALL_NS / 1000000000), (unsigned long long)s->seq);
+                 (long long)(RPC_STREAM_STALL_NS / ZD__NS_PER_S), (unsigned long long)s->seq);
         zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
         if (s->sock == a->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
             inmsg_t m = {.src = s->src, .route_len = s->route_len};

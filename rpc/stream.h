@@ -71,11 +71,11 @@ _Static_assert(RPC_STREAM_OVER <= RPC_MAX_FRAME && RPC_WIRE_MAX_CHUNK <= RPC_MAX
     (zd__transport_stream_expire): its sender died or froze in the middle of
     it. A live sender queues all the pieces right behind the message, so
     its pieces never pause that long. */
-#define RPC_STREAM_STALL_NS ((int64_t)60 * 1000000000)
+#define RPC_STREAM_STALL_NS (60 * ZD__NS_PER_S)
 /*  ... and stayed so for this long after an expiry pass first found it
     stalled: a receiver that was itself paused (a debugger, SIGSTOP) gets
     the time to read the pieces that waited in its sockets meanwhile. */
-#define RPC_STREAM_GRACE_NS ((int64_t)1000000000)
+#define RPC_STREAM_GRACE_NS ZD__NS_PER_S
 
 /*  For the receive loop, on every valid message it read from sock (m as
     zd__transport_recv fills it). Returns 1 when m is a message to dispatch

@@ -219,8 +219,8 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
    (ZMQ_IMMEDIATE), or fails at deadline_ns. 0, or -1. */
 static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
 {
-    int64_t left = deadline_ns == INT64_MAX ? -1 : (deadline_ns - zd__agent_now_ns()) / 1000000;
-    if (deadline_ns != INT64_MAX && left < 1)
+    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
     rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = p->rank};
     uint8_t buf[RPC_WIRE_FIXED];
@@ -274,7 +274,7 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
                                          p->name, p->rank, p->endpoint);
             zd__membership_mark_unreached(a, i);
         }
-        int64_t by = zd__agent_now_ns() + JOIN_PEER_WAIT_MS * 1000000LL;
+        int64_t by = zd__deadline_after(zd__agent_now_ns(), JOIN_PEER_WAIT_MS);
         others_by = by < deadline_ns ? by : deadline_ns;
     }
     if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
@@ -294,7 +294,7 @@ int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
         /* The eventfd cannot be full; the tick wakes the thread anyway. */
     }
     /* Bounded: a future callback stuck in user code would hold it. */
-    struct timespec until = zd__agent_realtime_in(wait_ms);
+    struct timespec until = zd__realtime_in(wait_ms);
     if (pthread_timedjoin_np(a->io_thread, NULL, &until) != 0) {
         zd__log(ZD_LOG_ERROR, "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
                 "future callback stuck in user code?)", (long long)wait_ms);
