@@ -7,23 +7,32 @@
       options.c      init options completed from the environment
       launch_env.c   rank, world and master from launchers' variables
       worker_info.c  the world table for users, rank checks
-      rendezvous.c   rank 0's table of names, ranks and endpoints at init
+      rendezvous.c   rank 0's table of names, ranks and endpoints at init;
+                     rendezvous_msg.c reads its messages (rendezvous.h)
+      membership.c   restarted processes joining the running world
+      peer_lost.c    peers that are gone: callbacks, what they held
+      address.c      IP literals and tcp:// endpoints (address.h)
       transport.c    sockets: bind, connect, send, receive and validate
       security.c     CURVE, the key file, the ZAP handler (security.h)
       io.c           the I/O thread: receives, dispatches, expires calls
       direct.c       each thread's own zd_rpc_sync sockets
       stream.c       large tensors sent and put together in pieces
+      shm.c          large tensors through shared memory on one host (shm.h)
+      copy.c         large copies shared with a helper thread (copy.h)
       bufcache.c     the cache of large receive buffers
       call.c         outgoing requests and their pending table
+      args.c         ZD_ARGS / ZD_UNPACK and the calls that take their list
       serve.c        the registry and incoming calls
       pool.c         the handler threads, which grow while threads block
       poll.c         the busy-poll policy of waiting threads
       shutdown.c     the graceful shutdown's barrier rounds
       rref.c, rref_fork.c, rref_api.c   remote references
+      rref_list.c                       lists of RRefs
       metrics.c                         counters
       metrics_out.c                     ZDIST_METRICS: counters as JSON lines
-    and, touching no socket: wire.c (the header frame), codec.c and value*.c
-    (values), future.c (futures; the agent's part in waits: future_hook.h).
+    and, touching no socket: wire.c (the header frame), codec.c, value.c
+    and value_format.c (values), future.c (futures; the agent's part in
+    waits: future_hook.h).
     Log lines go through zd__log (core/log_private.h, core/log.c); the agent
     sets the worker they name while it runs.
 
