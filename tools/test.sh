@@ -153,8 +153,16 @@ fi
 
 if [ $mode = all ] || [ $mode = fuzz ]; then
   echo "=== fuzz targets, 15 s each ==="
+  mkdir -p build-test-fuzz
   for target in fuzz_codec fuzz_stream fuzz_rendezvous fuzz_dist fuzz_safetensors; do
-    FUZZ_BUILD_DIR=build-test-fuzz tools/fuzz.sh 15 "$target"
+    # libFuzzer's progress lines go to a log, shown whole only on failure
+    log=build-test-fuzz/$target.log
+    if ! FUZZ_BUILD_DIR=build-test-fuzz tools/fuzz.sh 15 "$target" > "$log" 2>&1; then
+      cat "$log"
+      echo "fuzz stage: $target failed (its log above; the input is in build-test-fuzz/artifacts/)"
+      exit 1
+    fi
+    echo "$target: $(grep -E '^Done [0-9]+ runs' "$log" | tail -1)"
   done
 fi
 [ $mode = all ] &&
