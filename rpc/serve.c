@@ -374,17 +374,21 @@ static const char *call_name(const zd_rpc_call_t *c, char *buf, size_t size)
 static void call_free(zd_rpc_call_t *c, bool counted)
 {
     agent_t *a = c->a;
-    if (counted && !c->internal) {
-        atomic_fetch_sub_explicit(&a->peers[c->src].m.serving, 1, memory_order_relaxed);
-        atomic_fetch_add_explicit(&a->peers[c->src].m.calls_served, 1, memory_order_relaxed);
-    }
-    if (counted)
-        atomic_fetch_sub_explicit(&a->serving, 1, memory_order_relaxed);
+    int src = c->src;
+    bool internal = c->internal;
     zd_value_unref(c->args);
     zd_future_unref(c->owner_value);
     zd_future_unref(c->waiting);
     free(c->extra);
     free(c);
+    /* Counted out only now: whoever sees no call being served (shutdown's
+       count of work, a test counting objects back) sees its objects gone. */
+    if (counted && !internal) {
+        atomic_fetch_sub_explicit(&a->peers[src].m.serving, 1, memory_order_release);
+        atomic_fetch_add_explicit(&a->peers[src].m.calls_served, 1, memory_order_relaxed);
+    }
+    if (counted)
+        atomic_fetch_sub_explicit(&a->serving, 1, memory_order_release);
 }
 
 /* Runs the reply hook; returns its extra bytes (or none). */

@@ -107,10 +107,29 @@ static void print_counts_diff(const world_t *w, const char *name, long n, const 
 
 /*  Runs fn with allocation N failing, N = 1, 2, ... (see the top). Every
     problem is printed; 0 when there was none. */
+/*  Waits (up to 10 s) until this process serves no more than `calls`
+    calls: a call's answer reaches its caller before the server has
+    released the call's arguments (zd_rpc_init's barrier among them). */
+static int wait_serving(int64_t calls)
+{
+    int64_t until = world_now_ms() + world_scaled_ms(10000);
+    for (;;) {
+        agent_t *a = zd__agent_acquire();
+        int64_t serving = a ? atomic_load_explicit(&a->serving, memory_order_acquire) : 0;
+        if (a)
+            zd__agent_release(a);
+        if (serving <= calls)
+            return 0;
+        if (world_now_ms() > until)
+            return zd_error_set("still serving %lld calls after 10 s", (long long)serving);
+        usleep(2000);
+    }
+}
+
 static int drive(const world_t *w, const char *name, scenario_fn *fn, void *arg, counts_fn *counts)
 {
     counts_t before, after;
-    if (counts(&before) < 0)
+    if (wait_serving(0) < 0 || counts(&before) < 0)
         return world_fail(w, "%s: counts: %s", name, zd_error_last());
     int problems = 0, benign_ok = 0;
     /* ZD_FAULT_FROM and ZD_FAULT_TO: only those N (to look at one failure). */
@@ -611,6 +630,8 @@ static zd_value_t *h_counts(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_dist_autograd_wait_releases(world_scaled_ms(10000));
     /* The arguments of this call are one value, alive at every count. */
     (void)args;
+    if (wait_serving(1) < 0)
+        return NULL;
     counts_t c = {0};
     local_counts_into(&c);
     return ZD_ARGS(c.v[0], c.v[1], c.v[2], c.v[3]);
