@@ -13,7 +13,6 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -27,6 +26,7 @@
 
 #include <zdist/error.h>
 #include <zdist/safetensors.h>
+#include "data/files.h"
 #include "data/safetensors_private.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -86,14 +86,6 @@ static int dtype_rank(zd_tensor_dtype_t dt)
         if (strcmp(dtypes[i].name, name) == 0)
             return i;
     return -1;
-}
-
-static uint64_t le64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
 }
 
 static uint16_t le16(const unsigned char *p)
@@ -163,16 +155,6 @@ static bool utf8_ok(const char *s)
 {
     size_t n = strlen(s);
     return utf8_check((const unsigned char *)s, n) == n;
-}
-
-static void shape_str(int ndim, const int64_t *shape, char *buf, size_t size)
-{
-    size_t off = (size_t)snprintf(buf, size, "(");
-    for (int i = 0; i < ndim && off < size; i++)
-        off += (size_t)snprintf(buf + off, size - off, "%s%lld", i ? ", " : "",
-                                (long long)shape[i]);
-    if (off < size)
-        snprintf(buf + off, size - off, ")");
 }
 
 /*  ---- reading ---- */
@@ -375,7 +357,7 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
     uint64_t need = r->numel * r->dt->size;
     if (r->end - r->begin != need) {
         char s[200];
-        shape_str(r->ndim, r->shape, s, sizeof s);
+        zd__shape_str(r->shape, r->ndim, s, sizeof s);
         return FAIL(p, "tensor '%.*s': shape %s of %s is %" PRIu64 " bytes, but data_offsets "
                     "[%" PRIu64 ", %" PRIu64 "] hold %" PRIu64, SHOW, name, s, r->dt->name, need,
                     r->begin, r->end, r->end - r->begin);
@@ -392,7 +374,7 @@ static int parse_header(parse_t *p)
 {
     if (p->size < 8)
         return FAIL(p, "%zu bytes, too short for the header's 8-byte length", p->size);
-    p->header_len = le64(p->bytes);
+    p->header_len = zd__le64(p->bytes);
     if (p->header_len > ZD_SAFETENSORS_MAX_HEADER)
         return FAIL(p, "a header of %" PRIu64 " bytes: over the format's limit of %d",
                     p->header_len, ZD_SAFETENSORS_MAX_HEADER);
@@ -497,7 +479,7 @@ static void convert(const record_t *r, const unsigned char *src, void *dst)
         break;
     case CONV_F64:
         for (uint64_t i = 0; i < r->numel; i++) {
-            uint64_t bits = le64(src + 8 * i);
+            uint64_t bits = zd__le64(src + 8 * i);
             double x;
             memcpy(&x, &bits, sizeof x);
             f[i] = (float)x;   /* rounds to nearest; inf past FLT_MAX, as PyTorch's .float() */
@@ -897,56 +879,26 @@ int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tens
     return rc;
 }
 
-/*  Makes the rename itself durable; best effort (some file systems refuse
-    fsync on directories). */
-static void sync_parent(const char *path)
+typedef struct {
+    const char *path;
+    const zd_named_tensors_t *nt;
+    const char *const *meta_kv;
+    int n_meta;
+} write_t;
+
+static int write_to(FILE *f, void *arg)
 {
-    char copy[4096];
-    if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy)
-        return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
+    write_t *w = arg;
+    return zd__safetensors_write_stream(f, w->path, w->nt, w->meta_kv, w->n_meta);
 }
 
 int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
                          const char *const *meta_kv, int n_meta)
 {
-    static atomic_uint counter;
     if (!path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: write needs a path");
     if (check_write(path, nt, meta_kv, n_meta) < 0)   /* before any file is made */
         return -1;
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
-                         atomic_fetch_add(&counter, 1)) >= sizeof tmp)
-        return fail(path, "path too long");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return fail(path, "cannot create %s: %s", tmp, strerror(errno));
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return fail(path, "%s", strerror(e));
-    }
-    int rc = zd__safetensors_write_stream(f, path, nt, meta_kv, n_meta);
-    int e = 0;
-    if (rc == 0 && fflush(f) != 0)
-        e = errno;
-    if (rc == 0 && !e && fsync(fileno(f)) != 0)
-        e = errno;
-    if (fclose(f) != 0 && rc == 0 && !e)
-        e = errno;
-    if (rc == 0 && !e && rename(tmp, path) != 0)
-        e = errno;
-    if (rc < 0 || e) {
-        unlink(tmp);
-        return rc < 0 ? -1 : fail(path, "cannot write: %s", strerror(e));
-    }
-    sync_parent(path);
-    return 0;
+    return zd__file_replace("safetensors", path, write_to,
+                            &(write_t){path, nt, meta_kv, n_meta});
 }
