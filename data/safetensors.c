@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -370,8 +371,44 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
     return 0;
 }
 
+/*  jansson reports most failed allocations as invalid JSON, and takes its
+    allocator process-wide. Ours wraps whichever was there (the program's
+    own, if it set one) and marks the thread whose allocation failed, so
+    that a header that did not parse for want of memory is reported as
+    such. In fault-injection builds it fails when a test says so. */
+static _Thread_local bool json_failed_alloc;
+static json_malloc_t json_prev_malloc;
+static json_free_t json_prev_free;
+
+static void *json_malloc(size_t n)
+{
+#ifdef ZDIST_FAULT_INJECT
+    if (zd__fault_fail()) {
+        json_failed_alloc = true;
+        return NULL;
+    }
+#endif
+    void *ptr = json_prev_malloc(n);
+    if (!ptr)
+        json_failed_alloc = true;
+    return ptr;
+}
+
+static void json_free(void *ptr)
+{
+    json_prev_free(ptr);
+}
+
+static void json_wrap_allocator(void)
+{
+    json_get_alloc_funcs(&json_prev_malloc, &json_prev_free);
+    json_set_alloc_funcs(json_malloc, json_free);
+}
+
 static int parse_header(parse_t *p)
 {
+    static pthread_once_t wrapped = PTHREAD_ONCE_INIT;
+    pthread_once(&wrapped, json_wrap_allocator);
     if (p->size < 8)
         return FAIL(p, "%zu bytes, too short for the header's 8-byte length", p->size);
     p->header_len = zd__le64(p->bytes);
@@ -395,15 +432,16 @@ static int parse_header(parse_t *p)
         return -1;
     }
     json_error_t je;
+    json_failed_alloc = false;
     p->root = json_loadb((const char *)h, (size_t)p->header_len, JSON_REJECT_DUPLICATES, &je);
     free(h);
     if (!p->root) {
+        if (json_failed_alloc || json_error_code(&je) == json_error_out_of_memory)
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
+                                     "header", p->path);
         if (json_error_code(&je) == json_error_duplicate_key)
             return FAIL(p, "the header names a tensor or key twice (at byte %d of it)",
                         je.position);
-        if (json_error_code(&je) == json_error_out_of_memory)
-            return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
-                                     "header", p->path);
         return FAIL(p, "the header is not valid JSON (byte %d of it: %s)", je.position, je.text);
     }
     if (!json_is_object(p->root))
