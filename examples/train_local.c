@@ -23,7 +23,6 @@
 #include "examples/flags.h"
 #include "examples/progress.h"
 #include "examples/train_common.h"
-#include <zdist/checkpoint.h>
 #include <zdist/dataset.h>
 #include <zdist/model.h>
 #include <zdist/nn.h>
@@ -76,10 +75,10 @@ static int run(const options_t *o)
            (long long)zd_dataset_size(test));
     if (!(m = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)))
         goto out;
-    if (o->load && train_checkpoint_load(m, o->load) < 0)
+    if (o->load && zd_nn_module_load(m, o->load) < 0)
         goto out;
     if (o->init_from) {
-        if (train_model_load_safetensors(m, o->init_from) < 0)
+        if (zd_nn_module_load_safetensors(m, o->init_from, true, NULL, NULL) < 0)
             goto out;
         printf("initial weights from %s\n", o->init_from);
     }
@@ -157,7 +156,7 @@ static int run(const options_t *o)
     printf("trained %lld batches in %.1f s (%.0f samples/s)\n", (long long)done, secs,
            (double)done * (double)o->batch_size / secs);
     if (o->save) {
-        if (train_checkpoint_save(m, o->save) < 0)
+        if (zd_nn_module_save(m, o->save) < 0)
             goto out;
         printf("saved checkpoint %s\n", o->save);
     }
@@ -170,7 +169,7 @@ static int run(const options_t *o)
         snprintf(step, sizeof step, "%lld", (long long)done);
         snprintf(accuracy, sizeof accuracy, "%.6f", acc);
         const char *meta[] = {"step", step, "test_accuracy", accuracy};
-        if (train_model_save_safetensors(m, o->save_model, meta, 2) < 0)
+        if (zd_nn_module_save_safetensors(m, o->save_model, meta, 2) < 0)
             goto out;
         printf("saved model %s (safetensors)\n", o->save_model);
     }
