@@ -16,7 +16,7 @@
 #include "core/sized.h"
 #include "rpc/address.h"
 #include "rpc/membership.h"
-#include "rpc/future_hook.h"
+#include "rpc/value/future_hook.h"
 #include "rpc/rref.h"
 #include "rpc/security.h"
 

@@ -56,8 +56,8 @@
 #include <zmq.h>
 
 #include "core/clock.h"
-#include "rpc/codec.h"
-#include "rpc/future_hook.h"
+#include "rpc/value/codec.h"
+#include "rpc/value/future_hook.h"
 #include "core/log_private.h"
 #include <zdist/rpc.h>
 #include "rpc/wire.h"

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "rpc/future_hook.h"
+#include "rpc/value/future_hook.h"
 #include "rpc/rref.h"
 
 struct pending {

@@ -44,7 +44,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 #include "rpc/rendezvous.h"
 #include "rpc/security.h"
 #include "rpc/shm.h"

@@ -26,7 +26,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "rpc/copy.h"
+#include "rpc/value/copy.h"
 
 #define SHM_HEADER 4096
 #define SHM_NAME "zdist-shm"

@@ -18,7 +18,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 #include "rpc/membership.h"
 #include "rpc/rref.h"
 

@@ -27,7 +27,7 @@
 #include <zdist/error.h>
 #include "rpc/address.h"
 #include "rpc/bufcache.h"
-#include "rpc/copy.h"
+#include "rpc/value/copy.h"
 #include "rpc/membership.h"
 #include "rpc/security.h"
 #include "rpc/shm.h"

@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 
 static void put16(uint8_t *p, uint16_t v)
 {

@@ -39,10 +39,10 @@
 #include <zdist/rpc.h>
 #include "core/fault_inject.h"
 #include "rpc/agent.h"
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- the driver ---- */
 

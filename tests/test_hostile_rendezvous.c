@@ -37,7 +37,7 @@
 #include "rpc/security.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static char g_dir[128], g_key[256];
 

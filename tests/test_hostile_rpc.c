@@ -37,7 +37,7 @@
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define MIB ((int64_t)1 << 20)
 

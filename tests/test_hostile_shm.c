@@ -35,7 +35,7 @@
 #include "rpc/shm.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define N_TARGETS 65536   /* int64: 512 KiB, over the shared-memory threshold */
 #define CLASSES 10

@@ -26,7 +26,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define CALLS 5
 #define WAIT_MS 30000

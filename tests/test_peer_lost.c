@@ -32,7 +32,7 @@
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static zd_future_t *ready, *hang;
 

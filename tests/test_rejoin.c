@@ -34,7 +34,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define WAIT_MS 30000
 

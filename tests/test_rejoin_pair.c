@@ -35,7 +35,7 @@
 #include "rpc/security.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define WORLD 4
 #define WAIT_MS 30000

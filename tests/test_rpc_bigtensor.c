@@ -21,7 +21,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- frames that count their releases ---- */
 

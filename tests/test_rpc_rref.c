@@ -22,7 +22,7 @@
 #include "rpc/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- handlers served by every process ---- */
 

@@ -27,7 +27,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* A tensor of n elements whose bytes follow from seed. */
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)

@@ -54,7 +54,7 @@
 #include <zdist/rpc.h>
 #include <zdist/value.h>
 #include "dist_autograd/dist_private.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 #include "rpc/rref.h"
 
 #define FUZZ_NAME "fuzz_dist"

@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/args.h"
-#include "rpc/codec.h"
+#include "rpc/value/args.h"
+#include "rpc/value/codec.h"
 
 struct zd_value {
     atomic_int refcount;

@@ -6,8 +6,8 @@
     hostile input is rejected before any memory is touched; the second pass
     builds the value and can only fail on out-of-memory or an RRef the agent
     refuses. */
-#include "rpc/codec.h"
-#include "rpc/copy.h"
+#include "rpc/value/codec.h"
+#include "rpc/value/copy.h"
 
 #include <stdbool.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  copy.c: large copies shared with a helper thread (see copy.h). */
-#include "rpc/copy.h"
+#include "rpc/value/copy.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -7,7 +7,7 @@
     one shared waiter, and unregister it when they leave.
 
     A thread that sleeps in a wait tells the RPC agent first, through the
-    hooks it installs (rpc/future_hook.h): on a pool thread the pool starts
+    hooks it installs (rpc/value/future_hook.h): on a pool thread the pool starts
     another thread meanwhile, so waits inside handlers cannot deadlock it. */
 #include <zdist/future.h>
 
@@ -23,7 +23,7 @@
 
 #include <zdist/error.h>
 #include "core/clock.h"
-#include "rpc/future_hook.h"
+#include "rpc/value/future_hook.h"
 
 typedef struct callback {
     zd_future_fn *cb;

@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 #include <zdist/value.h>
 
 static bool tensor_equal(const zd_tensor_t *a, const zd_tensor_t *b)

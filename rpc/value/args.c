@@ -5,7 +5,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include <zdist/value.h>
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
