@@ -38,7 +38,7 @@
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
 #include "core/fault_inject.h"
-#include "rpc/agent.h"
+#include "rpc/agent/agent.h"
 #include "rpc/value/codec.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"

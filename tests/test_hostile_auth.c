@@ -26,10 +26,10 @@
 #include <zdist/error.h>
 #include "core/log_private.h"
 #include <zdist/rpc.h>
-#include "rpc/agent.h"
+#include "rpc/agent/agent.h"
 #include "rpc/value/codec.h"
-#include "rpc/security.h"
-#include "rpc/wire.h"
+#include "rpc/agent/security.h"
+#include "rpc/net/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 #include "rpc/value/args.h"

@@ -31,9 +31,9 @@
 #include <zdist/log.h>
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
-#include "rpc/agent.h"
-#include "rpc/rref.h"
-#include "rpc/stream.h"
+#include "rpc/agent/agent.h"
+#include "rpc/agent/rref.h"
+#include "rpc/agent/stream.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"

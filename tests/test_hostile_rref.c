@@ -30,7 +30,7 @@
 #include <zdist/log.h>
 #include <zdist/rpc.h>
 
-#include "rpc/rref.h"
+#include "rpc/agent/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"

@@ -28,7 +28,7 @@
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
 
-#include "rpc/rref.h"
+#include "rpc/agent/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"

@@ -17,7 +17,7 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/agent.h"
+#include "rpc/agent/agent.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 #include "rpc/value/args.h"

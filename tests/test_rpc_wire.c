@@ -16,7 +16,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "rpc/value/codec.h"
-#include "rpc/wire.h"
+#include "rpc/net/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"

@@ -46,7 +46,7 @@
 #define RPC_CODEC_VERSION 1
 
 /*  RRef reference counting used by zd_value_rref() and by freeing an RRef
-    value. Implemented by the agent (rpc/rref.c), which installs them with
+    value. Implemented by the agent (rpc/agent/rref.c), which installs them with
     zd__value_set_rref_hooks() when it starts; until then both are no-ops.
     Either may be NULL (no-op). */
 typedef void (rpc_rref_hook_fn)(zd_rref_t *r);
