@@ -52,7 +52,7 @@ for layer in "${!allowed[@]}"; do
 done
 # rpc/'s rooms, bottom up; the top level (no room yet) above them all
 declare -A room_rank=([value]=0 [net]=1 [world]=2 [agent]=3)
-room_of() {   # rpc/net/io.c -> net; rpc/io.c -> "" (no room)
+room_of() {   # rpc/net/io.c -> net; rpc/agent/io.c -> "" (no room)
   local rest=${1#rpc/}
   [[ "$rest" == */* ]] && echo "${rest%%/*}" || echo ""
 }
@@ -72,6 +72,21 @@ for f in $(find rpc -name '*.[ch]' | sort); do
     fi
   done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
 done
+# rpc/README.md's table of files is rpc/'s map: it names the same .c
+# files, in the same rooms, as rpc/CMakeLists.txt builds, and those are
+# the .c files there are.
+built=$(grep -o '[a-z_]*/[a-z_]*\.c' rpc/CMakeLists.txt | sort -u)
+mapped=$(sed -n 's/^| \([a-z]*\) | `\([a-z_]*\.c\)` |.*/\1\/\2/p' rpc/README.md | sort -u)
+present=$(cd rpc && find . -name '*.c' | sed 's|^\./||' | sort -u)
+while IFS= read -r c; do
+  [ -n "$c" ] && { echo "rpc/$c is built by rpc/CMakeLists.txt but not in rpc/README.md's table"; bad=1; }
+done < <(comm -23 <(echo "$built") <(echo "$mapped"))
+while IFS= read -r c; do
+  [ -n "$c" ] && { echo "rpc/README.md's table lists rpc/$c, which rpc/CMakeLists.txt does not build"; bad=1; }
+done < <(comm -13 <(echo "$built") <(echo "$mapped"))
+while IFS= read -r c; do
+  [ -n "$c" ] && { echo "rpc/$c is not built by rpc/CMakeLists.txt"; bad=1; }
+done < <(comm -13 <(echo "$built") <(echo "$present"))
 # public headers: the same rule
 for f in include/zdist/*.h; do
   h=$(basename "$f" .h)
