@@ -5,6 +5,11 @@
 # of its own folder only, and of core/, the floor every layer stands on
 # (the log's writer, large tensors' memory, fault injection, sized structs).
 # core/ itself includes no other layer's header, public or private.
+# Inside rpc/, the rooms (rpc/README.md) have an order of their own,
+# value < net < world < agent: a file of a room may include the private
+# headers of its own room and of the rooms below it, and none above.
+# A file at rpc/'s top level is in no room yet and stands above them all;
+# no room may include its headers.
 #   usage: tests/check_layers.sh SOURCE_DIR
 set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
@@ -28,7 +33,7 @@ declare -A home=(
   [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn [scope]=autograd)
 bad=0
 for layer in "${!allowed[@]}"; do
-  for f in "$layer"/*.[ch]; do
+  for f in $(find "$layer" -name '*.[ch]' | sort); do
     while IFS= read -r inc; do
       case "$inc" in
         '<zdist/'*)
@@ -45,6 +50,43 @@ for layer in "${!allowed[@]}"; do
     done < <(sed -n 's/^#include \([<"][^>"]*[>"]\).*/\1/p' "$f")
   done
 done
+# rpc/'s rooms, bottom up; the top level (no room yet) above them all
+declare -A room_rank=([value]=0 [net]=1 [world]=2 [agent]=3)
+room_of() {   # rpc/net/io.c -> net; rpc/agent/io.c -> "" (no room)
+  local rest=${1#rpc/}
+  [[ "$rest" == */* ]] && echo "${rest%%/*}" || echo ""
+}
+rank_of() {   # a room's rank; the top level, 4
+  [ -z "$1" ] && echo 4 || echo "${room_rank[$1]:-9}"
+}
+for f in $(find rpc -name '*.[ch]' | sort); do
+  r=$(room_of "$f")
+  if [ -n "$r" ] && [ -z "${room_rank[$r]:-}" ]; then
+    echo "$f is in rpc/$r/, which is not one of rpc/'s rooms (value net world agent)"; bad=1; continue
+  fi
+  while IFS= read -r p; do
+    [[ "$p" == rpc/* ]] || continue
+    ir=$(room_of "$p"); irn=${ir:-none, the top level}
+    if [ "$(rank_of "$ir")" -gt "$(rank_of "$r")" ]; then
+      echo "$f (room ${r:-none}) includes $p of room $irn, above it"; bad=1
+    fi
+  done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
+done
+# rpc/README.md's table of files is rpc/'s map: it names the same .c
+# files, in the same rooms, as rpc/CMakeLists.txt builds, and those are
+# the .c files there are.
+built=$(grep -o '[a-z_]*/[a-z_]*\.c' rpc/CMakeLists.txt | sort -u)
+mapped=$(sed -n 's/^| \([a-z]*\) | `\([a-z_]*\.c\)` |.*/\1\/\2/p' rpc/README.md | sort -u)
+present=$(cd rpc && find . -name '*.c' | sed 's|^\./||' | sort -u)
+while IFS= read -r c; do
+  [ -n "$c" ] && { echo "rpc/$c is built by rpc/CMakeLists.txt but not in rpc/README.md's table"; bad=1; }
+done < <(comm -23 <(echo "$built") <(echo "$mapped"))
+while IFS= read -r c; do
+  [ -n "$c" ] && { echo "rpc/README.md's table lists rpc/$c, which rpc/CMakeLists.txt does not build"; bad=1; }
+done < <(comm -13 <(echo "$built") <(echo "$mapped"))
+while IFS= read -r c; do
+  [ -n "$c" ] && { echo "rpc/$c is not built by rpc/CMakeLists.txt"; bad=1; }
+done < <(comm -13 <(echo "$built") <(echo "$present"))
 # public headers: the same rule
 for f in include/zdist/*.h; do
   h=$(basename "$f" .h)
@@ -66,5 +108,5 @@ for f in examples/*.[ch]; do
     fi
   done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
 done
-[ $bad -eq 0 ] && echo "layers: every include points down; examples use the public headers"
+[ $bad -eq 0 ] && echo "layers: every include points down, within rpc/'s rooms too; examples use the public headers"
 exit $bad

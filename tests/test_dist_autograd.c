@@ -25,7 +25,7 @@
 #include "tests/support/dist_fixtures.h"
 #include "tests/support/world.h"
 #include "tools/golden_manifest.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define N 4
 

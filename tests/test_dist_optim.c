@@ -19,7 +19,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/dist_fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define N 4
 #define LR 0.125f   /* a power of two keeps the expected values exact */

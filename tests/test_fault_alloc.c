@@ -38,11 +38,11 @@
 #include <zdist/optim.h>
 #include <zdist/rpc.h>
 #include "core/fault_inject.h"
-#include "rpc/agent.h"
-#include "rpc/codec.h"
+#include "rpc/agent/agent.h"
+#include "rpc/value/codec.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- the driver ---- */
 

@@ -26,13 +26,13 @@
 #include <zdist/error.h>
 #include "core/log_private.h"
 #include <zdist/rpc.h>
-#include "rpc/agent.h"
-#include "rpc/codec.h"
-#include "rpc/security.h"
-#include "rpc/wire.h"
+#include "rpc/agent/agent.h"
+#include "rpc/value/codec.h"
+#include "rpc/agent/security.h"
+#include "rpc/net/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static char g_key[256];     /* the world key file of the test (made in the parent) */
 

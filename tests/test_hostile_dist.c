@@ -40,7 +40,7 @@
 #include "examples/ps_net.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define B 32
 #define K 8

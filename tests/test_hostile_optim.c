@@ -37,7 +37,7 @@
 #include "tests/support/dist_fixtures.h"
 #include "tests/support/program.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define N 4
 #define LR 0.125

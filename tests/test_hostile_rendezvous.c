@@ -34,10 +34,10 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/security.h"
+#include "rpc/agent/security.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static char g_dir[128], g_key[256];
 

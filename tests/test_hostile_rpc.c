@@ -31,13 +31,13 @@
 #include <zdist/log.h>
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
-#include "rpc/agent.h"
-#include "rpc/rref.h"
-#include "rpc/stream.h"
+#include "rpc/agent/agent.h"
+#include "rpc/agent/rref.h"
+#include "rpc/agent/stream.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define MIB ((int64_t)1 << 20)
 

@@ -30,11 +30,11 @@
 #include <zdist/log.h>
 #include <zdist/rpc.h>
 
-#include "rpc/rref.h"
+#include "rpc/agent/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define GUESSES 400           /* ids tried per creator rank */
 #define WAIT_MS 300           /* the forged requests' timeout: how long they may wait */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  test_hostile_shm.c: a member on the same host attacks a peer through
-    the shared segments its large tensors travel in (rpc/shm.h; issue 24,
+    the shared segments its large tensors travel in (rpc/agent/shm.h; issue 24,
     findings 1 and 2).
 
     The attacker is a real member (rank 1, the library's own sender) that
@@ -32,10 +32,10 @@
 #include <zdist/log.h>
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
-#include "rpc/shm.h"
+#include "rpc/agent/shm.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define N_TARGETS 65536   /* int64: 512 KiB, over the shared-memory threshold */
 #define CLASSES 10

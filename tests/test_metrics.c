@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  ZDIST_METRICS (rpc/metrics_out.c) and tools/metrics_summary: a world of
+/*  ZDIST_METRICS (rpc/agent/metrics_out.c) and tools/metrics_summary: a world of
     three forked processes with distributed autograd makes RPC calls and a
     distributed backward pass with ZDIST_METRICS set; each process must
     leave a file of JSON lines, periodic ones and a final one, with its
@@ -26,7 +26,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define CALLS 5
 #define WAIT_MS 30000

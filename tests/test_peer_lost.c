@@ -28,11 +28,11 @@
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
 
-#include "rpc/rref.h"
+#include "rpc/agent/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static zd_future_t *ready, *hang;
 

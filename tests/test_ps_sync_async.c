@@ -33,7 +33,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static int setup(const world_t *w)
 {

@@ -30,11 +30,11 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 
-#include "rpc/security.h"
+#include "rpc/agent/security.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define WAIT_MS 30000
 

@@ -26,7 +26,7 @@
 #include <zdist/rpc.h>
 #include <zdist/tensor.h>
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static zd_tensor_t *vec(float a, float b)
 {

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  Large tensors streamed in pieces (rpc/stream.h, format in rpc/wire.h):
+/*  Large tensors streamed in pieces (rpc/agent/stream.h, format in rpc/net/wire.h):
     the receiving filter fed messages by hand (pieces in order, interleaved
     connections, every kind of bad piece or table, replacement, the pending
     bound, shutdown), the buffer cache, and tensors of tens of MiB through a
@@ -16,12 +16,12 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/bufcache.h"
-#include "rpc/stream.h"
+#include "rpc/net/bufcache.h"
+#include "rpc/agent/stream.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- frames that count their releases ---- */
 

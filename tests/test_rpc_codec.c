@@ -14,9 +14,9 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 #include <zdist/value.h>
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- a fake RRef world: RRefs are table entries, the wire form is the
    entry's index and the destination rank ---- */

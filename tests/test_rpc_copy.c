@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  Large copies shared with a helper thread (rpc/copy.c): every byte
+/*  Large copies shared with a helper thread (rpc/value/copy.c): every byte
     arrives and none beyond, at any size and alignment; the helper takes
     chunks once allowed and none after it is stopped; callers in several
     threads at once each get their own bytes; a forked child copies alone
@@ -17,7 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "rpc/copy.h"
+#include "rpc/value/copy.h"
 #include "tests/support/world.h"
 
 #define BIG ((size_t)33 << 20)

@@ -19,7 +19,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static __thread int64_t current_ctx;
 

@@ -14,7 +14,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* "hold" answers nothing until "release". */
 static world_hold_t held = {.answer_none = true};

@@ -15,7 +15,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define WORLD 4
 #define CALLERS 64

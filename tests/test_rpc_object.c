@@ -17,7 +17,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 #define NOT_SENDABLE "a local object (Counter) cannot be sent to another process; " \
                      "send an RRef to it instead"

@@ -18,11 +18,11 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/agent.h"
-#include "rpc/rref.h"
+#include "rpc/agent/agent.h"
+#include "rpc/agent/rref.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- handlers served by every process ---- */
 

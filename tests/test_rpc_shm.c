@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  Large tensors through shared memory between two processes of one host
-    (rpc/shm.h): tensors of several sizes and dtypes come back exactly, both
+    (rpc/agent/shm.h): tensors of several sizes and dtypes come back exactly, both
     ways; a receiver keeps tensors alive while the sender sends more (each
     was copied out of its segment, so the segments serve again at once and
     the receiver sees the values at send time); many calls in
@@ -23,11 +23,11 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/shm.h"
+#include "rpc/agent/shm.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* A tensor of n elements whose bytes follow from seed. */
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)

@@ -19,7 +19,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 static zd_value_t *h_make(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {

@@ -12,9 +12,9 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 #include <zdist/value.h>
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* Stands in for the agent's RRefs: the value layer only counts references. */
 typedef struct {

@@ -15,12 +15,12 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/codec.h"
-#include "rpc/wire.h"
+#include "rpc/value/codec.h"
+#include "rpc/net/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"
-#include "rpc/args.h"
+#include "rpc/value/args.h"
 
 /* ---- the header decoder ---- */
 

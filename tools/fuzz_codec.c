@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  fuzz_codec.c: libFuzzer target for the value decoder (rpc/codec.h).
+/*  fuzz_codec.c: libFuzzer target for the value decoder (rpc/value/codec.h).
 
     Input layout (everything the network could send us, plus switches):
 
@@ -22,7 +22,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 
 #define MAX_FRAMES 15
 

@@ -2,7 +2,7 @@
 /*  fuzz_dist.c: libFuzzer target for what a peer can make distributed
     autograd and the RRef owner do: the "__dist_*" handlers and the RPC
     hooks of dist_autograd/, against a recorded graph, and the RRef control
-    messages, fetches and wire forms of rpc/rref.c.
+    messages, fetches and wire forms of rpc/agent/rref.c.
 
     No network: the RPC layer around these files is a stand-in. This
     process is rank 0 of a world of 4; handlers are called directly with a
@@ -54,8 +54,8 @@
 #include <zdist/rpc.h>
 #include <zdist/value.h>
 #include "dist_autograd/dist_private.h"
-#include "rpc/args.h"
-#include "rpc/rref.h"
+#include "rpc/value/args.h"
+#include "rpc/agent/rref.h"
 
 #define FUZZ_NAME "fuzz_dist"
 #include "tools/fuzz_check.h"

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*  fuzz_rendezvous.c: libFuzzer target for the rendezvous messages
-    (rpc/rendezvous.h): the registration rank 0 reads from whoever
+    (rpc/world/rendezvous.h): the registration rank 0 reads from whoever
     connects to its rendezvous port, and the answer (table or error) a
     joiner reads from rank 0, with the endpoint and address parsing under
-    both (rpc/address.h).
+    both (rpc/net/address.h).
 
     Input:
         byte 0      bit 0: an answer (else a registration); bits 1-3: the
@@ -30,9 +30,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "rpc/address.h"
-#include "rpc/rendezvous.h"
-#include "rpc/wire.h"
+#include "rpc/net/address.h"
+#include "rpc/world/rendezvous.h"
+#include "rpc/net/wire.h"
 
 #define FUZZ_NAME "fuzz_rendezvous"
 #include "tools/fuzz_check.h"

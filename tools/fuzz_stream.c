@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  fuzz_stream.c: libFuzzer target for the wire header parser and the
-    reassembly of streamed messages (rpc/wire.h, rpc/stream.h).
+    reassembly of streamed messages (rpc/net/wire.h, rpc/agent/stream.h).
 
     The input is a sequence of messages, each read as a receive loop would
     have read it from one of four connections, then passed through
@@ -42,9 +42,9 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/bufcache.h"
-#include "rpc/stream.h"
-#include "rpc/wire.h"
+#include "rpc/net/bufcache.h"
+#include "rpc/agent/stream.h"
+#include "rpc/net/wire.h"
 
 #define MAX_FRAMES 7
 

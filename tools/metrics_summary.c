@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  metrics_summary: one table of a world's counters, from the folder its
-    processes wrote with ZDIST_METRICS=DIR (rpc/metrics_out.c):
+    processes wrote with ZDIST_METRICS=DIR (rpc/agent/metrics_out.c):
 
         metrics_summary DIR
 

@@ -7,7 +7,7 @@
 
 #include <stddef.h>
 
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 
 /*  Makes a fresh directory /tmp/zd_<tag>_XXXXXX for the tests that follow:
     0, or -1 (as a cmocka group setup returns). */

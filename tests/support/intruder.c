@@ -11,7 +11,7 @@
 
 #include <zdist/error.h>
 #include <zdist/tensor.h>
-#include "rpc/codec.h"
+#include "rpc/value/codec.h"
 
 int intruder_open(intruder_t *in, const char *endpoint, int rank, const void *id, size_t id_len)
 {

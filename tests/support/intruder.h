@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include <zdist/value.h>
-#include "rpc/wire.h"
+#include "rpc/net/wire.h"
 
 typedef struct {
     void *ctx;                    /* the intruder's own ZeroMQ context */

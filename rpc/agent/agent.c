@@ -1,0 +1,411 @@
+/* SPDX-License-Identifier: MIT */
+/*  agent.c: the running agent (who may use it, and when shutdown may free
+    it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
+    timeout. Options: options.c; worker info: worker_info.c; busy polling:
+    poll.c. Log lines: zd__log (core/log.c). */
+#include "rpc/agent/agent.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zdist/error.h>
+#include "core/sized.h"
+#include "rpc/net/address.h"
+#include "rpc/agent/membership.h"
+#include "rpc/value/future_hook.h"
+#include "rpc/agent/rref.h"
+#include "rpc/agent/security.h"
+
+/*  The running agent. Users are counted outside the agent so that a thread
+    can announce itself before it even reads the pointer. */
+static _Atomic(agent_t *) g_agent;
+static atomic_int g_users;
+static atomic_uint g_gen;
+static pthread_mutex_t g_init_lock = PTHREAD_MUTEX_INITIALIZER;
+
+agent_t *zd__agent_acquire(void)
+{
+    atomic_fetch_add(&g_users, 1);
+    agent_t *a = atomic_load(&g_agent);
+    if (a && !atomic_load(&a->closing))
+        return a;
+    atomic_fetch_sub(&g_users, 1);
+    zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
+                      "RPC is not running (call zd_rpc_init first, and not after zd_rpc_shutdown)");
+    return NULL;
+}
+
+agent_t *zd__agent_try_acquire(void)
+{
+    atomic_fetch_add(&g_users, 1);
+    agent_t *a = atomic_load(&g_agent);
+    if (a && !atomic_load(&a->closing))
+        return a;
+    atomic_fetch_sub(&g_users, 1);
+    return NULL;
+}
+
+agent_t *zd__agent_acquire_gen(unsigned gen)
+{
+    atomic_fetch_add(&g_users, 1);
+    agent_t *a = atomic_load(&g_agent);
+    if (a && a->gen == gen)
+        return a;
+    atomic_fetch_sub(&g_users, 1);
+    return NULL;
+}
+
+void zd__agent_release(agent_t *a)
+{
+    if (a)
+        atomic_fetch_sub(&g_users, 1);
+}
+
+uint64_t zd__agent_new_id(agent_t *a)
+{
+    uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
+    return (uint64_t)a->rank << 48 | n;
+}
+
+int64_t zd__agent_now_ns(void)
+{
+    return zd__now_ns();
+}
+
+int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
+{
+    return timeout_ms < 0 ? a->timeout_ms : timeout_ms;
+}
+
+/* ---- hooks ---- */
+
+static zd_rpc_hooks_t g_hooks;
+static bool g_has_hooks;
+
+int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
+{
+    pthread_mutex_lock(&g_init_lock);
+    if (atomic_load(&g_agent)) {
+        pthread_mutex_unlock(&g_init_lock);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_set_hooks: only while RPC is not running");
+    }
+    zd_rpc_hooks_t h = zd_rpc_hooks_default();
+    if (hooks && zd__sized_read(&h, sizeof h, hooks,
+                                ZD__SIZE_THROUGH(zd_rpc_hooks_t, on_peer_lost),
+                                "zd_rpc_hooks_t", "zd_rpc_hooks_default()") < 0) {
+        pthread_mutex_unlock(&g_init_lock);
+        return zd_error_wrap("zd_rpc_set_hooks");
+    }
+    g_has_hooks = hooks != NULL;
+    g_hooks = h;
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
+}
+
+/* ---- lifecycle ---- */
+
+static void agent_free(agent_t *a)
+{
+    if (!a)
+        return;
+    zd__membership_free(a);
+    if (a->peers) {
+        for (int i = 0; i < a->world; i++) {
+            pthread_mutex_destroy(&a->peers[i].lock);
+            zd__metrics_destroy(&a->peers[i].m);
+        }
+        free(a->peers);
+    }
+    free(a->buckets);
+    free(a->barrier_last);
+    pthread_mutex_destroy(&a->pending_lock);
+    pthread_mutex_destroy(&a->barrier_lock);
+    pthread_mutex_destroy(&a->router_lock);
+    pthread_mutex_destroy(&a->sync_lock);
+    free(a);
+}
+
+static agent_t *agent_new(const init_params_t *p)
+{
+    agent_t *a = calloc(1, sizeof *a);
+    if (!a) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_init: out of memory");
+        return NULL;
+    }
+    snprintf(a->name, sizeof a->name, "%s", p->name);
+    a->rank = p->rank;
+    a->world = p->world;
+    a->timeout_ms = p->o.rpc_timeout_ms;
+    a->n_threads = p->o.num_worker_threads;
+    a->busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
+    a->heartbeat_ms = p->o.heartbeat_ms;
+    a->master_wait_ms = p->o.master_wait_ms;
+    a->gen = atomic_fetch_add(&g_gen, 1) + 1;
+    a->wake_fd = -1;
+    atomic_init(&a->next_id, 1);
+    pthread_mutex_init(&a->pending_lock, NULL);
+    pthread_mutex_init(&a->barrier_lock, NULL);
+    pthread_mutex_init(&a->router_lock, NULL);
+    pthread_mutex_init(&a->sync_lock, NULL);
+    atomic_init(&a->next_slot, 1);
+    a->n_buckets = 1024;
+    a->buckets = calloc(a->n_buckets, sizeof *a->buckets);
+    a->peers = calloc((size_t)a->world, sizeof *a->peers);
+    if (!a->buckets || !a->peers) {
+        free(a->buckets);
+        free(a->peers);
+        a->buckets = NULL;
+        a->peers = NULL;
+        agent_free(a);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_init: out of memory");
+        return NULL;
+    }
+    for (int i = 0; i < a->world; i++) {
+        a->peers[i].rank = i;
+        pthread_mutex_init(&a->peers[i].lock, NULL);
+        zd__metrics_init(&a->peers[i].m);
+    }
+    snprintf(a->peers[a->rank].name, sizeof a->peers[a->rank].name, "%s", a->name);
+    return a;
+}
+
+/* Stops everything the agent started, in an order where nothing can touch
+   what is already gone: no new users, no incoming messages, no pending
+   call left waiting, no pool thread, then the sockets. */
+/* Every wait of the teardown is bounded by this; what is still held then
+   is logged, and left to the process rather than freed under its users. */
+#define TEARDOWN_WAIT_MS 30000
+
+/* Waits for the threads inside the agent to leave: true, or false (logged,
+   naming what may hold them) after TEARDOWN_WAIT_MS. */
+static bool wait_users(agent_t *a, const char *stage)
+{
+    int64_t until = zd__deadline_after(zd__agent_now_ns(), TEARDOWN_WAIT_MS);
+    while (atomic_load(&g_users) > 0) {
+        if (zd__agent_now_ns() >= until) {
+            zd__log(ZD_LOG_ERROR, "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
+                    "%d s (%lld call(s) pending, %lld being served): going on without them",
+                    stage, atomic_load(&g_users), (int)(TEARDOWN_WAIT_MS / ZD__MS_PER_S),
+                    (long long)a->n_pending, (long long)atomic_load(&a->serving));
+            return false;
+        }
+        struct timespec ts = {0, 100000};
+        nanosleep(&ts, NULL);
+    }
+    return true;
+}
+
+/*  Busy polling lends a core to a waiting thread. With more processes of
+    the world on this host than it has cores, every poller takes a core
+    that another process needs: a world of 65 processes on 2 cores took
+    longer to gather with it. So it is off then, unless it was asked for
+    (the option or $ZDIST_BUSY_POLL_US). The peers' endpoints, known after
+    the rendezvous, tell which of them run on this host. */
+static void busy_poll_fit(agent_t *a, bool by_default)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->world <= cores)
+        return;
+    char ip[ZD_ADDR_MAX], last[ZD_ADDR_MAX] = "";
+    bool last_local = false;
+    int here = 0, port;
+    for (int i = 0; i < a->world; i++) {
+        if (i == a->rank) {
+            here++;
+            continue;
+        }
+        if (zd__addr_parse_endpoint(a->peers[i].endpoint, ip, sizeof ip, &port) < 0)
+            continue;
+        if (strcmp(ip, last) != 0) {   /* most peers share a few addresses */
+            snprintf(last, sizeof last, "%s", ip);
+            last_local = zd__addr_is_local(ip);
+        }
+        here += last_local;
+    }
+    if (here > cores) {
+        a->busy_poll_ns = 0;
+        zd__log(ZD_LOG_DEBUG, "rpc: no busy polling: %d processes of the world on this host's "
+                "%ld cores", here, cores);
+    }
+}
+
+static void agent_teardown(agent_t *a, bool graceful)
+{
+    zd__metrics_out_close(a);
+    atomic_store(&a->closing, true);
+    /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
+       failure of their calls is what releases them. */
+    zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
+    zd__membership_stop(a);   /* before the I/O thread stops: a renewal waits for it */
+    wait_users(a, "callers");
+    bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
+    zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
+    bool pool_stopped = !a->pool || zd__pool_destroy(a->pool, TEARDOWN_WAIT_MS) == 0;
+    a->pool = NULL;
+    zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
+    zd__shutdown_abort_barrier(a);
+    /* Answers still on their way (they may be sent while closing) finish
+       before the sockets go. */
+    atomic_store(&g_agent, NULL);
+    if (!wait_users(a, "answers") || !io_stopped || !pool_stopped) {
+        zd__log(ZD_LOG_ERROR, "rpc: shutdown: the agent's sockets and memory stay with the "
+                "process: %s still use them", !io_stopped ? "the I/O thread"
+                : !pool_stopped ? "handler threads" : "threads");
+        return;
+    }
+    zd__rref_ctx_free(a);
+    zd__direct_close_all(a);
+    zd__transport_close(a, graceful);
+    agent_free(a);
+}
+
+/* A process of a world holds a descriptor per connection, per shared
+   segment being opened, per data file; the common soft limit of 1024 is
+   one a stranger holding connections to an open port can use up, while
+   the hard limit (usually far higher) is the machine's real budget. */
+static void raise_fd_limit(void)
+{
+    struct rlimit r;
+    if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+        rlim_t was = r.rlim_cur;
+        r.rlim_cur = r.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &r) == 0)
+            zd__log(ZD_LOG_DEBUG, "rpc: open files limit raised from %llu to %llu",
+                    (unsigned long long)was, (unsigned long long)r.rlim_max);
+    }
+}
+
+int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options_t *opts)
+{
+    init_params_t p;
+    if (zd__agent_init_params(name, rank, world_size, opts, &p) < 0)
+        return -1;
+    pthread_mutex_lock(&g_init_lock);
+    if (atomic_load(&g_agent)) {
+        pthread_mutex_unlock(&g_init_lock);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
+    }
+    int64_t deadline = p.o.init_timeout_ms
+                           ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
+                           : INT64_MAX;
+    raise_fd_limit();
+    /* Rank 0 without a listen address binds after the rendezvous, on the
+       addresses that route to the workers that registered. */
+    char ip[64] = "";
+    if (p.listen[0])
+        snprintf(ip, sizeof ip, "%s", p.listen);
+    else if (p.rank != 0 && zd__agent_listen_ip(p.master, ip, sizeof ip) < 0)
+        goto fail;
+    agent_t *a = agent_new(&p);
+    if (!a)
+        goto fail;
+    a->hooks = g_hooks;
+    a->has_hooks = g_has_hooks;
+    char who[ZD_RPC_MAX_NAME + 16];
+    snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
+    zd__log_set_who(who);
+    if (zd__security_new(a, &p, ip[0] ? ip : NULL) < 0 ||
+        zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
+        zd__serve_register_internal() < 0 ||
+        !(a->pool = zd__pool_new(a->n_threads)) || zd__metrics_out_open(a) < 0 ||
+        zd__membership_new(a, p.master, p.port) < 0 ||
+        zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        agent_teardown(a, false);
+        zd__log_set_who(NULL);
+        goto fail;
+    }
+    zd__value_set_rref_hooks(zd__rref_value_ref_hook, zd__rref_value_unref_hook);
+    zd__future_set_wait_hooks(&zd__call_wait_hooks);
+    /* Published before the I/O thread starts: peers that finished their
+       init may call us already, and handlers may call out. */
+    atomic_store(&g_agent, a);
+    zd__agent_publish_identity(a);
+    busy_poll_fit(a, p.busy_poll_default);
+    zd__agent_set_busy_poll_ns(a->busy_poll_ns);
+    /* The init barrier: when zd_rpc_init returns, every peer is connected to
+       every other and may be called. A process that joins a running world
+       has no barrier to meet: the others passed it long ago. */
+    int64_t sum;
+    bool joined = zd__transport_connect(a, deadline) == 0 &&
+                  (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
+    atomic_store(&a->joined, joined);   /* from now on a peer down is lost (io.c) */
+    if (!joined || zd__membership_start(a) < 0) {
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        zd__agent_publish_identity(NULL);
+        zd__agent_set_busy_poll_ns(0);
+        agent_teardown(a, false);
+        zd__log_set_who(NULL);
+        goto fail;
+    }
+    zd__metrics_out_start(a);
+    zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->world, a->rank,
+            a->peers[a->rank].endpoint);
+    pthread_mutex_unlock(&g_init_lock);
+    return 0;
+fail:   /* unlocks g_init_lock */
+    pthread_mutex_unlock(&g_init_lock);
+    return -1;
+}
+
+int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
+{
+    if (zd__transport_thread_role() != ROLE_USER)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
+                                 "callback), which shutdown has to stop: call it from another thread");
+    pthread_mutex_lock(&g_init_lock);
+    agent_t *a = atomic_load(&g_agent);
+    if (!a || atomic_load(&a->closing)) {
+        pthread_mutex_unlock(&g_init_lock);
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
+    }
+    zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
+    int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
+    char saved[1024] = "";
+    zd_error_code_t code = zd_error_code();
+    if (rc < 0)
+        snprintf(saved, sizeof saved, "%s", zd_error_last());
+    zd__metrics_out_close(a);   /* the last line: after the final barrier, while the agent runs */
+    zd__agent_publish_identity(NULL);
+    zd__agent_set_busy_poll_ns(0);
+    agent_teardown(a, graceful);
+    zd__log(ZD_LOG_INFO, "rpc: shutdown complete");
+    zd__log_set_who(NULL);
+    pthread_mutex_unlock(&g_init_lock);
+    if (rc < 0)
+        return zd_error_set_code(code, "%s", saved);
+    return 0;
+}
+
+bool zd_rpc_is_running(void)
+{
+    agent_t *a = atomic_load(&g_agent);
+    return a && !atomic_load(&a->closing);
+}
+
+int64_t zd_rpc_get_timeout(void)
+{
+    agent_t *a = zd__agent_try_acquire();
+    int64_t t = a ? atomic_load(&a->timeout_ms) : RPC_TIMEOUT_DEFAULT_MS;
+    zd__agent_release(a);
+    return t;
+}
+
+int zd_rpc_set_timeout(int64_t timeout_ms)
+{
+    if (timeout_ms < 0)
+        timeout_ms = RPC_TIMEOUT_DEFAULT_MS;
+    agent_t *a = zd__agent_acquire();
+    if (!a)
+        return zd_error_wrap("zd_rpc_set_timeout");
+    atomic_store(&a->timeout_ms, timeout_ms);
+    zd__agent_release(a);
+    return 0;
+}

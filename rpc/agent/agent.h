@@ -1,0 +1,490 @@
+/* SPDX-License-Identifier: MIT */
+/*  agent.h: state shared by the files of the RPC agent (private to rpc/).
+
+    Which file does what, and which room (value/ net/ world/ agent/) it
+    lives in: rpc/README.md.
+    Log lines go through zd__log (core/log_private.h, core/log.c); the agent
+    sets the worker they name while it runs.
+
+    Sockets. One ROUTER per process, bound: the I/O thread receives
+    everything on it, and other threads answer on it (under router_lock)
+    requests that came from a peer thread's zd_rpc_sync socket. One DEALER
+    per peer (identity = our rank, see wire.h) sends to that peer's ROUTER:
+    requests, and the replies to requests that came through the peer's
+    shared socket. It never receives, so any thread may send on it while
+    holding the peer's lock. A thread calling zd_rpc_sync has a DEALER of
+    its own per peer (direct.c), sends its request there and reads the
+    answer itself: no hand-off between our threads on that path. */
+#ifndef ZDIST_RPC_AGENT_H
+#define ZDIST_RPC_AGENT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <zmq.h>
+
+#include "core/clock.h"
+#include "rpc/value/codec.h"
+#include "rpc/value/future_hook.h"
+#include "core/log_private.h"
+#include <zdist/rpc.h>
+#include "rpc/net/wire.h"
+
+typedef struct pool pool_t;
+typedef struct pending pending_t;
+typedef struct rref_ctx rref_ctx_t;
+typedef struct security security_t;
+
+#define SECURITY_KEY_TXT 41     /* a Z85 CURVE key and its terminating 0 */
+
+#define RPC_LAT_BUCKETS 448     /* 16 per octave from 1 us: up to 2^28 us */
+
+typedef struct {
+    atomic_int_fast64_t calls_sent, calls_served, errors;
+    atomic_int_fast64_t bytes_sent, bytes_received;
+    atomic_int_fast64_t in_flight, serving;
+    pthread_mutex_t lock;                   /* guards the latency fields */
+    int64_t lat_count;
+    double lat_sum_us;
+    uint32_t lat_hist[RPC_LAT_BUCKETS];
+} peer_metrics_t;
+
+typedef struct {
+    char name[ZD_RPC_MAX_NAME + 1];
+    int rank;
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char key[SECURITY_KEY_TXT]; /* its CURVE public key (Z85), "" without CURVE */
+    void *sock;                 /* DEALER to the peer's ROUTER */
+    pthread_mutex_t lock;       /* serialises use of sock */
+    void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
+    atomic_bool lost;           /* the connection is down */
+    int64_t fail_at_ns;         /* I/O thread: when to fail calls to it (0: no) */
+    int64_t down_since_ns;      /* I/O thread: when the connection went down */
+    _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c); 0: alive (again,
+                                   once a restarted process rejoined: membership.c) */
+    atomic_bool releasing;      /* what it held is being released (peer_lost.c) */
+    atomic_bool unreached;      /* lost because it did not answer when this process
+                                   joined a running world; alive again once its
+                                   connection comes up (membership.c) */
+    int64_t remake_at_ns;       /* I/O thread: make its socket again then (0: no),
+                                   the peer having refused our key */
+    atomic_uint incarnation;    /* its process: one more at each rejoin, and at
+                                   each socket made again after a refused key */
+    bool reoffer;               /* I/O thread: offer shared memory once connected */
+    peer_metrics_t m;
+} peer_t;
+
+/* Lost for good here (not merely unreached): only its own rejoin brings
+   it back, with a table of its own. */
+static inline bool zd__peer_gone(peer_t *p)
+{
+    return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
+}
+
+typedef struct agent {
+    char name[ZD_RPC_MAX_NAME + 1];
+    int rank, world;
+    _Atomic int64_t timeout_ms;     /* default call timeout, 0 = none (zd_rpc_set_timeout) */
+    int n_threads;
+    int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
+    int64_t heartbeat_ms;           /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
+    atomic_int n_lost;              /* peers declared lost */
+    int64_t master_wait_ms;         /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
+    bool rejoined;                  /* this process joined a running world */
+    struct membership *mb;          /* restarted processes (membership.c) */
+    atomic_bool renew_pending;      /* a peer's sockets await renewal (membership.c) */
+    atomic_bool ending;             /* rank 0: shutdown's round 0 is complete */
+    atomic_bool joined;             /* the init barrier is passed (or a rejoin done) */
+    unsigned gen;                   /* distinguishes successive inits */
+
+    void *ctx;                      /* ZeroMQ context */
+    void *router;
+    int router_fd;                  /* its ZMQ_FD, polled by the I/O thread */
+    pthread_mutex_t router_lock;    /* the I/O thread receives, pool threads answer */
+    pthread_mutex_t sync_lock;      /* threads' zd_rpc_sync sockets (direct.c) */
+    struct sync_set *sync_sets;
+    atomic_int next_slot;
+    int wake_fd;                    /* eventfd that wakes the I/O thread */
+    peer_t *peers;                  /* world entries */
+
+    pthread_t io_thread;
+    bool io_started;
+    atomic_bool io_stop;
+    atomic_int io_poll_waiters;     /* threads in zd__agent_poll_future */
+    atomic_bool io_asleep;          /* the I/O thread sleeps in zmq_poll */
+    atomic_bool closing;            /* no new calls */
+
+    pool_t *pool;
+
+    pthread_mutex_t pending_lock;
+    pending_t **buckets;
+    size_t n_buckets;
+    int64_t n_pending;
+    int64_t earliest_ns;                    /* no pending deadline before this */
+    atomic_int_fast64_t user_in_flight;     /* non-internal outgoing calls */
+    atomic_int_fast64_t serving;            /* incoming calls not answered yet */
+    atomic_uint_fast64_t next_id;
+
+    rref_ctx_t *rrefs;
+    rpc_rref_codec_t rref_codec;
+
+    zd_rpc_hooks_t hooks;
+    bool has_hooks;
+
+    pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
+    struct barrier_round *barrier;
+    int64_t *barrier_last;          /* rank 0: each rank's last round entered */
+    bool barrier_done;              /* rank 0: a round completed: the last one, */
+    int64_t barrier_done_round, barrier_done_total;   /* with its total */
+
+    struct metrics_out *metrics_out;    /* ZDIST_METRICS's writer, or NULL */
+
+    security_t *sec;                /* keys and the ZAP handler (security.h) */
+} agent_t;
+
+/*  ---- agent.c: the running agent ---- */
+
+/*  The running agent with one more user, or NULL ("RPC is not running"
+    error). Every public entry point brackets its use of the agent with
+    zd__agent_acquire/zd__agent_release, so shutdown can wait for them. */
+agent_t *zd__agent_acquire(void);
+void zd__agent_release(agent_t *a);
+/*  Same without setting an error (for release paths). */
+agent_t *zd__agent_try_acquire(void);
+/*  The agent of generation gen, even while it shuts down (until its sockets
+    close): for answers to calls it already took. NULL, no error. */
+agent_t *zd__agent_acquire_gen(unsigned gen);
+
+/*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
+uint64_t zd__agent_new_id(agent_t *a);
+
+/*  Monotonic clock in ns (zd__now_ns, core/clock.h), a function of its own
+    so that the fuzz targets can stand in for the agent's clock. */
+int64_t zd__agent_now_ns(void);
+
+/*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
+    (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
+int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
+
+/*  ---- options.c ---- */
+
+/*  What ZD_TIMEOUT_DEFAULT means in zd_rpc_options_t's timeouts. */
+#define RPC_TIMEOUT_DEFAULT_MS 60000
+#define RPC_INIT_TIMEOUT_DEFAULT_MS 300000
+
+/*  zd_rpc_init's arguments, completed and checked. Every duration of o is
+    resolved (no ZD_TIMEOUT_DEFAULT left; 0 = none), except master_wait_ms:
+    0 = do not wait for rank 0, INT64_MAX = no limit. */
+typedef struct {
+    char name[ZD_RPC_MAX_NAME + 1];
+    int rank, world;
+    zd_rpc_options_t o;
+    char master[256];           /* "": none given (rank 0 only) */
+    int port;
+    char listen[64];            /* options.listen_addr or $ZDIST_LISTEN_ADDR; "": none */
+    bool busy_poll_default;     /* busy_poll_us came from neither the option nor the
+                                   environment (agent.c may turn it off) */
+} init_params_t;
+
+/*  Fills p from the arguments and the environment: 0, or -1 naming what is
+    missing or wrong. */
+int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
+                          init_params_t *p);
+
+/*  ---- launch_env.c ---- */
+
+/*  An integer environment variable: 1 when set and in [lo, hi], 0 when
+    unset or empty, -1 (error set, naming it and its value) otherwise. */
+int zd__rpc_env_long(const char *var, long lo, long hi, long *out);
+
+/*  The IP this process binds and advertises: the one that routes to the
+    master (127.0.0.1 for a local one). 0, or -1. */
+int zd__agent_listen_ip(const char *master, char *ip, size_t size);
+
+/*  ---- worker_info.c ---- */
+
+/*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7", or
+    the name whose lookup gave -1). */
+int zd__agent_check_rank(agent_t *a, int rank, const char *api);
+
+/*  Publishes this process's rank, world size and name for zd_rpc_rank and
+    friends, which read them without taking the agent (NULL: not running). */
+void zd__agent_publish_identity(agent_t *a);
+
+/*  ---- poll.c: the busy-poll policy (why: the top of poll.c) ---- */
+
+/*  The running agent's busy-poll time in ns (0 when not running), and its
+    setter (init and shutdown). */
+int64_t zd__agent_busy_poll_ns(void);
+void zd__agent_set_busy_poll_ns(int64_t ns);
+
+/*  The right to busy-poll, for one thread of the process at a time.
+    Returns the time to poll in ns, or 0 (polling off, or another thread
+    polls); after a non-zero answer, zd__agent_poll_end gives it back. */
+int64_t zd__agent_poll_begin(void);
+void zd__agent_poll_end(void);
+
+/*  Polls zd_future_done(f) for up to the busy-poll time (at most max_ns;
+    not at all on the I/O thread), yielding the CPU between looks, with
+    the I/O thread polling too while calls are in flight; true once it
+    holds. Measured (bench_dist, medians of 8 interleaved runs): a 10x10
+    forward + distributed backward 299 -> 237 us. */
+bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns);
+
+/*  True while some thread waits in zd__agent_poll_future: the I/O thread then
+    polls instead of sleeping (it sets io_asleep around its sleeps). */
+bool zd__agent_io_poll_wanted(agent_t *a);
+
+/*  ---- rendezvous.c ---- */
+
+/*  Registers with the master at addr:port (hosting it on rank 0) and fills
+    a->peers[*].name/endpoint. a->name/rank/world are set, and our own
+    endpoint in a->peers[a->rank], except on rank 0 when its ROUTER is not
+    bound yet (empty endpoint): rank 0 then binds it on the addresses that
+    route to the workers that registered (addr "": no master address, the
+    rendezvous listens on every interface). 0, or -1. */
+int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
+
+/*  ---- transport.c ---- */
+
+/*  Roles of threads, for guards and for the pool's compensation. */
+typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
+thread_role_t zd__transport_thread_role(void);
+void zd__transport_set_thread_role(thread_role_t role);
+
+/*  Creates the context and the ROUTER, and binds it on listen_ip (port
+    chosen by the OS), filling a->peers[a->rank].endpoint; listen_ip NULL
+    leaves the binding to zd__transport_listen (rank 0 binds once it knows
+    where its peers are, rendezvous.c). */
+int zd__transport_bind(agent_t *a, const char *listen_ip);
+/*  Sets the limits of a socket that receives from peers (transport.c). */
+void zd__transport_set_limits(void *sock);
+
+/*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
+    the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
+    0, or -1 naming the address. */
+int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size);
+
+/*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
+void zd__transport_use_ipv6(void *sock, const char *endpoint);
+
+/*  Creates and connects the DEALERs to every peer, starts the I/O thread,
+    then makes sure every peer is reachable (HELLO) before deadline_ns. */
+int zd__transport_connect(agent_t *a, int64_t deadline_ns);
+/*  I/O thread: closes the peer's DEALER and monitor and makes them anew for
+    its endpoint and key (a restarted process, membership.c). 0, or -1 (the
+    peer then has no socket: sends to it fail). */
+int zd__transport_renew_peer(agent_t *a, peer_t *p);
+
+/*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
+    to rank dst. Any thread. 0, or -1 ("peer unreachable"). */
+int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+                   int n_tensors);
+
+/*  Sends an ERROR answer to request id of rank dst. */
+void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
+
+/*  A received message, validated: header h points into hm; frames (a buffer
+    the reader reuses) hold n tensor frames; route is the routing id of an
+    zd_rpc_sync socket, to answer on the same connection (route_len 0: answer
+    through the shared socket). */
+typedef struct {
+    zmq_msg_t hm;
+    rpc_wire_header_t h;
+    rpc_frame_t *frames;
+    int n, cap;
+    int src;
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+    uint64_t reject_id;         /* a dropped request to answer with reject */
+    char reject[512];
+} inmsg_t;
+
+/*  Reads one message from sock without waiting: the ROUTER (expect_src < 0,
+    under router_lock), or a thread's zd_rpc_sync socket connected to rank
+    expect_src (answers only). Returns 1 for a valid message (dispatch it,
+    then zd__transport_msg_done), 0 when none is there, -1 when one was dropped
+    (logged, answered with an ERROR when it was a request). The pieces of
+    streamed tensors are read and put together on the way (stream.h). */
+int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
+void zd__transport_msg_done(inmsg_t *m);
+
+/*  Fault injection for tests of the retries: the next count messages of
+    wire type `type` that reach the I/O thread are dropped unseen, as if
+    lost on the way. count 0 disarms it. Returns how many the previous
+    call had left to drop. */
+int zd__transport_drop_next(uint8_t type, int count);
+
+/*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
+    else through the shared socket. */
+int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+                          rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors);
+void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text);
+
+/*  Sends on a socket the calling thread owns (direct.c). */
+int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+                      zd_tensor_t *const *tensors, int n_tensors);
+
+/*  The I/O thread's body (io.c). */
+void *zd__transport_io_main(void *arg);
+
+/*  Stops the I/O thread (waiting up to wait_ms for it: -1, logged and left
+    running, when it does not stop) and closes every socket and the
+    context. */
+int zd__transport_stop_io(agent_t *a, int64_t wait_ms);
+void zd__transport_close(agent_t *a, bool graceful);
+
+/*  ---- call.c: outgoing requests ---- */
+
+typedef struct {
+    uint8_t type;               /* CALL, REMOTE, RREF_FETCH or a control type */
+    uint16_t flags;             /* RPC_WIRE_F_* */
+    const char *fn;             /* CALL/REMOTE */
+    const char *api;            /* "zd_rpc_sync", ... for error texts */
+    zd_value_t *args;          /* CALL/REMOTE, borrowed, NULL = none */
+    uint64_t a, b;              /* header fields */
+    int64_t timeout_ms;         /* < 0 default */
+    int64_t wait_ms;            /* > 0: stop waiting for the answer after this
+                                   long, though the peer is told timeout_ms
+                                   (one attempt of a retried message) */
+    bool hooked;                /* run the hooks (user-visible requests) */
+    bool shared_only;           /* zd__call_sync: on the shared socket, after what
+                                   was sent there (an RRef's fork request) */
+    uint64_t *id_out;           /* if set, receives the request id */
+    void *sock;                 /* a zd_rpc_sync socket of the calling thread, or NULL */
+    int wake_fd;                /* the caller's eventfd (with sock) */
+} call_req_t;
+
+/*  Sends a request and returns the future of its answer (a new reference),
+    or NULL when it could not be sent (error set). */
+zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req);
+
+/*  Sends a request and waits for its answer (not on the I/O thread):
+    0 and *result (new reference), or -1 with the request's error. */
+int zd__call_sync(const call_req_t *req, int to, zd_value_t **result);
+
+/*  Handles a REPLY / ERROR (I/O thread); consumes frames. */
+void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
+
+/*  Fails the pending calls whose deadline has passed (I/O thread). */
+void zd__call_expire(agent_t *a, int64_t now_ns);
+
+/*  Fails pending calls to peer (or every one with peer < 0) with text. */
+void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code);
+/*  Fails call id with text, if it is waiting for an answer from rank src
+    (an answer that was lost on its way in). */
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text,
+                          zd_error_code_t code);
+
+/*  Fails request id now if still pending (a waiter that timed out). */
+void zd__call_timeout_now(agent_t *a, uint64_t id);
+
+/*  The agent's part in every zd_future_wait* (future_hook.h): busy-polls
+    (zd__agent_poll_future), and a pool thread lets the pool compensate
+    while it sleeps. Installed by zd_rpc_init. */
+extern const rpc_future_wait_hooks_t zd__call_wait_hooks;
+
+/*  ---- serve.c: incoming requests ---- */
+
+/*  Handles CALL / REMOTE / RREF_FETCH (I/O thread); consumes the frames. */
+void zd__serve_request(agent_t *a, inmsg_t *m);
+
+/*  Registers the agent's own functions (shutdown barrier). */
+int zd__serve_register_internal(void);
+/*  Calls one peer may have queued or running here at once; more are
+    answered "busy" (ZDIST_RPC_MAX_CALLS_PER_PEER). */
+int64_t zd__serve_max_calls_per_peer(void);
+
+/*  ---- direct.c: each thread's zd_rpc_sync sockets ---- */
+
+/*  The calling thread's socket to peer (made on first use) and its wake-up
+    eventfd; NULL when none can be made (use the shared path). */
+void *zd__direct_socket(agent_t *a, int peer, int *wake_fd);
+/*  Teardown: closes every thread's sockets. */
+void zd__direct_close_all(agent_t *a);
+
+/*  ---- pool.c ---- */
+
+typedef void (pool_fn)(void *arg);
+
+pool_t *zd__pool_new(int n_threads);
+/*  Queues fn(arg); drop(arg) runs instead if the pool is destroyed first.
+    0, or -1 (out of memory, stopping: drop has run). */
+int zd__pool_submit(pool_t *p, pool_fn *fn, pool_fn *drop, void *arg);
+/*  Bracket a blocking wait on a pool thread (no-op on other threads). */
+void zd__pool_block_begin(void);
+void zd__pool_block_end(void);
+/*  Threads alive and threads waiting for work, now. */
+void zd__pool_stats(pool_t *p, int *threads, int *idle);
+/*  Stops taking work, drops queued tasks, joins every thread, waiting up to
+    wait_ms in all: 0, or -1 when handlers still run then (logged; the pool
+    is left to them, not freed). */
+int zd__pool_destroy(pool_t *p, int64_t wait_ms);
+
+/*  ---- rref.c ---- */
+
+int zd__rref_ctx_new(agent_t *a);
+void zd__rref_ctx_free(agent_t *a);
+/*  Drops every fork that rank holds of RRefs owned here (a lost peer),
+    freeing the values nothing else holds. Returns the forks dropped;
+    *freed (may be NULL) gets the values freed. */
+int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed);
+/*  Control messages from peers (I/O thread): answer with a REPLY or ERROR. */
+void zd__rref_handle_control(agent_t *a, const inmsg_t *m);
+/*  Periodic work: placeholder expiry (I/O thread). */
+void zd__rref_tick(agent_t *a, int64_t now_ns);
+
+/*  ---- shutdown.c ---- */
+
+int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms);
+/*  One round of the barrier hosted by rank 0: returns once every worker has
+    entered round `round`, with *sum the total of their counts. Round -1 is
+    init's. 0, or -1 (timeout, rank 0 unreachable, a worker lost). */
+int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
+                int64_t *sum);
+/*  Rank 0, I/O thread: fails barrier rounds that cannot complete. */
+void zd__shutdown_tick(agent_t *a, int64_t now_ns);
+/*  Teardown: fails the barrier rounds still open. */
+void zd__shutdown_abort_barrier(agent_t *a);
+/*  The barrier's handler on rank 0 (registered by zd__serve_register_internal). */
+zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
+
+/*  ---- peer_lost.c: peers that are gone ---- */
+
+/*  I/O thread: peer rank is lost for good (its connection down since
+    since_ns): fails its calls, then on a pool thread releases its RRef
+    forks and runs the hooks' and the application's callbacks. */
+void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns);
+/*  serve.c: stops waiting for the futures of the calls src made (async
+    handlers, RRef fetches) and answers them with text; the futures stay
+    their owners'. Returns how many. */
+int zd__serve_cancel_peer(agent_t *a, int src, const char *text);
+/*  True when rank was declared lost; text (may be NULL) gets
+    'peer "NAME" (rank N) lost 3.1 s ago'. */
+bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size);
+
+/*  ---- metrics.c ---- */
+
+void zd__metrics_init(peer_metrics_t *m);
+void zd__metrics_destroy(peer_metrics_t *m);
+void zd__metrics_latency(peer_metrics_t *m, int64_t ns);
+/*  The counters of one peer (peer < 0: all of them) into *out. */
+void zd__metrics_collect(agent_t *a, int peer, zd_rpc_metrics_t *out);
+
+/*  ---- metrics_out.c: ZDIST_METRICS ---- */
+
+/*  When ZDIST_METRICS is set: creates the process's file (at init, before
+    the rendezvous, so that a bad folder fails zd_rpc_init). 0, or -1. */
+int zd__metrics_out_open(agent_t *a);
+/*  Starts the periodic lines once the world is up. */
+void zd__metrics_out_start(agent_t *a);
+/*  Stops them, writes the last line (if started) and closes the file;
+    harmless when nothing was opened. Before the agent is torn down. */
+void zd__metrics_out_close(agent_t *a);
+/*  Writes a line now, from the calling thread (tests: with an interval
+    that keeps the writer thread from writing meanwhile). 0, or -1. */
+int zd__metrics_out_line(void);
+
+#endif

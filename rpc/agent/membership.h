@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+/*  membership.h: processes that restart rejoin the running world
+    (membership.c; private to rpc/). */
+#ifndef ZDIST_RPC_MEMBERSHIP_H
+#define ZDIST_RPC_MEMBERSHIP_H
+
+#include <czmq.h>
+
+#include "rpc/net/address.h"
+#include "rpc/agent/agent.h"
+
+#define MEMBERSHIP_MAX_BINDS 8
+/*  How long a process joining a running world waits for members other than
+    rank 0 to answer before it treats them as lost (transport.c). */
+#define JOIN_PEER_WAIT_MS 2000
+
+typedef struct membership membership_t;
+
+/*  Before the rendezvous: a->mb, remembering where the master is. 0, or -1. */
+int zd__membership_new(agent_t *a, const char *master, int port);
+
+/*  Rank 0, at the end of its rendezvous: keeps its socket (taken) and rank
+    0's agent endpoints, to answer processes that restart later. */
+void zd__membership_keep_desk(agent_t *a, void *sock,
+                              char bound[][ZD_RPC_MAX_ENDPOINT + 1],
+                              char bound_ip[][ZD_ADDR_MAX], int n_bound);
+
+/*  After zd_rpc_init's last step: starts the thread that answers restarted
+    processes (rank 0) or waits for a lost rank 0 (the others). 0, or -1. */
+int zd__membership_start(agent_t *a);
+
+/*  Stops the thread (bounded) and closes rank 0's rendezvous socket; a->mb
+    stays for the threads that may still look at it. Idempotent. */
+void zd__membership_stop(agent_t *a);
+
+/*  When the agent is freed (no thread left): stops and frees a->mb. */
+void zd__membership_free(agent_t *a);
+
+/*  Rank was declared lost (peer_lost.c). */
+void zd__membership_peer_lost(agent_t *a, int rank);
+
+/*  From the start: rank is gone from the running world this process joins. */
+void zd__membership_mark_lost(agent_t *a, int rank);
+
+/*  From the start: rank did not answer when this process joined a running
+    world: lost (calls to it fail at once) until its connection comes up
+    (zd__membership_reached) or rank 0 announces it again. */
+void zd__membership_mark_unreached(agent_t *a, int rank);
+
+/*  I/O thread: the connection to rank, unreached when this process joined,
+    came up: it is alive. */
+void zd__membership_reached(agent_t *a, int rank);
+
+/*  Points peer rank at a restarted process (endpoint, key; name, unless
+    NULL, once what the old process held is released: the release logs the
+    old name from the pool): waits, bounded, until the I/O thread has made
+    its sockets anew; rank is alive again then. turn: rank 0's number for
+    this return of rank (0: none), a number taken already changing nothing
+    (an announcement made again, or late). Not on the I/O thread. 0, or -1. */
+int zd__membership_renew(agent_t *a, int rank, const char *name, const char *endpoint,
+                         const char *key, int64_t turn);
+
+/*  I/O thread: carries out a pending renewal; true when a peer's sockets
+    changed (the thread polls other sockets now). */
+bool zd__membership_io_renew(agent_t *a);
+
+/*  "__zd_member": rank 0 tells a member that a process restarted. */
+zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
+
+/*  Runs the zd_rpc_register_peer_joined callbacks (peer_lost.c). */
+void zd__peer_run_joined(agent_t *a, int rank);
+
+/*  rendezvous.c: the table of the world as a->peers has it, with ep0 for
+    rank 0 and, when status is not NULL, its status frame. */
+zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status);
+
+/*  rendezvous.c: this process's registration, with status when not NULL. */
+zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status);
+
+/*  rendezvous.c: the master's numeric endpoint for addr:port. 0, or -1. */
+int zd__rendezvous_master_endpoint(const char *addr, int port, char *ep, size_t size);
+
+#endif

@@ -1,0 +1,695 @@
+/* SPDX-License-Identifier: MIT */
+/*  rendezvous.c: every process learns every other's name and endpoint.
+
+    Rank 0 binds a ROUTER at master_addr:master_port: that address only
+    when it is an IP literal, each of its addresses when it is a host name,
+    and every interface when rank 0 was given no master address at all (as
+    PyTorch's TCPStore does, so that the documented command line, rank 0
+    without --master_addr, serves other hosts) or when the name resolves to
+    loopback only on rank 0's host (Debian's /etc/hosts maps the host name
+    to 127.0.1.1, which other hosts do not reach). Every other process
+    sends, from a DEALER, a registration and waits for a table or an error
+    (the messages: rendezvous.h, read in rendezvous_msg.c).
+
+    Rank 0 learns where each registration came from (its connection's
+    Peer-Address) and, unless told where to listen, binds its agent ROUTER
+    only now, on the local address that routes to each worker (loopback
+    when they are all on its host): the table a worker gets carries the
+    rank-0 endpoint it can reach. Workers advertise the address that routes
+    to the master, so a worker started with a loopback master address on
+    rank 0's host is unreachable from other hosts: rank 0 says so, naming
+    both, and fails the world.
+
+    Nothing one message does aborts the world. A malformed registration,
+    another world size, a rank outside the world, a rank or a name that is
+    already taken are answered with an error to that sender alone, logged
+    and remembered; the first registration of a rank stays, except that the
+    same name from the same host replaces it (that process restarted).
+    Genuine misconfiguration thus fails at once on the process that is
+    wrong, and rank 0's timeout names what it turned away. A process whose
+    master never answers fails at its init timeout, saying whether it
+    reached the master at all.
+
+    With a world key both rendezvous sockets are CURVE with the world
+    keypair, so that only holders of the key can register at all, and each
+    process's registration carries its own public key, which the table hands
+    to every peer (security.h). */
+#include "rpc/agent/agent.h"
+
+#include <czmq.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/error.h>
+#include "rpc/net/address.h"
+#include "rpc/agent/membership.h"
+#include "rpc/world/rendezvous.h"
+#include "rpc/agent/security.h"
+
+#define MAX_BINDS MEMBERSHIP_MAX_BINDS   /* addresses rank 0 listens on, per socket */
+#define RESEND_MS 2000                  /* a joiner registers again if unanswered */
+
+typedef struct {
+    bool present;
+    zframe_t *identity;     /* NULL for rank 0 itself */
+    char name[ZD_RPC_MAX_NAME + 1];
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char peer[ZD_ADDR_MAX];     /* where the registration came from */
+    int via;                    /* rank 0's endpoint for it (index into bound[]) */
+    char key[SECURITY_KEY_TXT];
+} slot_t;
+
+typedef struct {
+    agent_t *a;
+    void *sock;
+    slot_t *slots;
+    char turned_away[512];      /* the last rejections, for the timeout's message */
+    char bound[MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];   /* rank 0's agent endpoints */
+    char bound_ip[MAX_BINDS][ZD_ADDR_MAX];
+    int n_bound;
+    bool running;               /* a member of a running world registered */
+    bool *gone;                 /* ranks lost to one of those members */
+} host_t;
+
+static int remaining_ms(int64_t deadline)
+{
+    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline);
+    return left < 0 ? -1 : (int)(left > 1000000 ? 1000000 : left);
+}
+
+static void set_int(void *sock, int opt, int value)
+{
+    zmq_setsockopt(sock, opt, &value, sizeof value);
+}
+
+static void send_to(void *sock, zframe_t *identity, zmsg_t *body)
+{
+    zmsg_t *m = zmsg_dup(body);
+    if (!m)
+        return;
+    zmsg_pushmem(m, zframe_data(identity), zframe_size(identity));
+    zmsg_send(&m, sock);
+}
+
+static void send_error(void *sock, zframe_t *identity, const char *text)
+{
+    zmsg_t *body = zmsg_new();
+    zmsg_addstr(body, RDV_ERR_TAG);
+    zmsg_addstr(body, text);
+    send_to(sock, identity, body);
+    zmsg_destroy(&body);
+}
+
+static void broadcast_error(host_t *h, const char *text)
+{
+    for (int i = 0; i < h->a->world; i++)
+        if (h->slots[i].present && h->slots[i].identity)
+            send_error(h->sock, h->slots[i].identity, text);
+}
+
+/* ---- rank 0: the rendezvous socket ---- */
+
+static int bind_one(void *sock, const char *ip, int port, char *ep, size_t size)
+{
+    char p[8];
+    snprintf(p, sizeof p, "%d", port);
+    zd__addr_endpoint(ip, p, ep, size);
+    set_int(sock, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
+    return zmq_bind(sock, ep);
+}
+
+/* Every interface, IPv6 and IPv4 alike when the host has IPv6. */
+static int bind_all(void *sock, int port)
+{
+    char ep[64];
+    snprintf(ep, sizeof ep, "tcp://*:%d", port);
+    set_int(sock, ZMQ_IPV6, 1);
+    if (zmq_bind(sock, ep) == 0)
+        return 0;
+    set_int(sock, ZMQ_IPV6, 0);
+    if (zmq_bind(sock, ep) == 0)
+        return 0;
+    return zd_error_set("rendezvous: rank 0 cannot listen on port %d: %s", port,
+                        zmq_strerror(errno));
+}
+
+/* Binds the rendezvous socket where master (see the top) says; a world
+   without a key (loopback only) binds master's loopback addresses and
+   nothing else, whatever the name. */
+static int listen_rendezvous(void *sock, const char *master, int port, bool loopback_only)
+{
+    if (!*master) {
+        zd__log(ZD_LOG_INFO, "rpc: rendezvous: no master address given: rank 0 listens on port "
+                "%d of every interface", port);
+        return bind_all(sock, port);
+    }
+    char addrs[MAX_BINDS][ZD_ADDR_MAX], ep[ZD_RPC_MAX_ENDPOINT + 1], tried[256] = "";
+    int n = zd__addr_resolve(master, addrs, MAX_BINDS), bound = 0, loopback = 0;
+    if (n < 0)
+        return zd_error_wrap("rendezvous: master address");
+    for (int i = 0; i < n; i++)
+        loopback += zd__addr_is_loopback(addrs[i]);
+    if (!zd__addr_family(master) && loopback == n && !loopback_only) {
+        /* A name that means "this host" only here: other hosts resolve it to
+           an address we cannot know, so listen everywhere. */
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: master address \"%s\" resolves to %s on this "
+                "host, which other hosts cannot reach: rank 0 listens on port %d of every "
+                "interface (give rank 0 an IP address to listen on one)", master, addrs[0], port);
+        return bind_all(sock, port);
+    }
+    for (int i = 0; i < n; i++) {
+        if (loopback_only && !zd__addr_is_loopback(addrs[i]))
+            continue;
+        if (bind_one(sock, addrs[i], port, ep, sizeof ep) == 0) {
+            bound++;
+            continue;
+        }
+        size_t len = strlen(tried);
+        snprintf(tried + len, sizeof tried - len, "%s%s (%s)", len ? ", " : "", ep,
+                 zmq_strerror(errno));
+    }
+    if (bound)
+        return 0;
+    return zd_error_set("rendezvous: rank 0 cannot listen at %s: rank 0 must run on the host "
+                        "that master address \"%s\" names (or be given no master address, and "
+                        "then it listens on every interface)", tried, master);
+}
+
+/* ---- rank 0: registrations ---- */
+
+/* Logs a registration that is turned away, answers its sender alone and
+   remembers it for the timeout's message. */
+static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt, ...)
+{
+    char why[400], text[640];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") turned away a registration from "
+             "%s: %s", h->a->name, peer, why);
+    zd__log(ZD_LOG_WARN, "rpc: %s", text);
+    send_error(h->sock, id, text);
+    size_t len = strlen(h->turned_away);
+    if (len + 80 < sizeof h->turned_away)
+        snprintf(h->turned_away + len, sizeof h->turned_away - len, "%s%s from %s",
+                 len ? "; " : "", why, peer);
+}
+
+/* Takes one registration (the frames after the routing id): 1 when it
+   filled a new slot, 0 when it filled none. */
+static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
+{
+    agent_t *a = h->a;
+    char peer[ZD_ADDR_MAX] = "", why[160];
+    /* The routing id frame is made by the ROUTER; the connection's
+       properties ride on the frames that came over it. */
+    zframe_t *first = zmsg_first(m);
+    const char *pa = first ? zframe_meta(first, "Peer-Address") : NULL;
+    if (!pa || zd__addr_normalize(pa, peer, sizeof peer) < 0)
+        snprintf(peer, sizeof peer, "an unknown address");
+    rdv_entry_t r;
+    if (zd__rdv_parse_registration(m, &r, why, sizeof why) < 0) {
+        turn_away(h, id, peer, "malformed (%s)", why);
+        return 0;
+    }
+    const char *policy = zd__security_registration_refused(a, peer, r.endpoint);
+    if (policy) {
+        turn_away(h, id, peer, "\"%s\" (rank %d): %s", r.name, r.rank, policy);
+        return 0;
+    }
+    if (!zd__security_key_ok(a, r.key)) {
+        turn_away(h, id, peer, "\"%s\" (rank %d) %s", r.name, r.rank,
+                  zd__security_curve(a) ? "has no valid public key"
+                                        : "has a key and this world has none");
+        return 0;
+    }
+    if (r.world != a->world) {
+        turn_away(h, id, peer, "world size mismatch: \"%s\" (rank %d) says %d, rank 0 says %d",
+                  r.name, r.rank, r.world, a->world);
+        return 0;
+    }
+    if (r.rank == 0 || r.rank >= a->world) {
+        turn_away(h, id, peer, "\"%s\" claims rank %d, which is %s", r.name, r.rank,
+                  r.rank ? "outside the world" : "rank 0's own");
+        return 0;
+    }
+    slot_t *s = &h->slots[r.rank];
+    if (s->present && zframe_eq(s->identity, id))
+        return 0;   /* said twice on one connection */
+    for (int i = 0; i < a->world; i++)
+        if (i != r.rank && h->slots[i].present && !strcmp(h->slots[i].name, r.name)) {
+            turn_away(h, id, peer, "\"%s\" (rank %d) has the name of rank %d", r.name, r.rank, i);
+            return 0;
+        }
+    if (r.running) {
+        /* A member of the world that ran before this process (a restarted
+           rank 0): the world is waited for minus the ranks it lost. */
+        h->running = true;
+        if (zd__rdv_parse_ranks(r.lost_list, a->world, h->gone) < 0) {
+            turn_away(h, id, peer, "a bad list of lost ranks");
+            return 0;
+        }
+    }
+    bool restarted = s->present && !strcmp(s->name, r.name) && !strcmp(s->peer, peer);
+    if (s->present && !restarted) {
+        turn_away(h, id, peer, "rank %d is taken by \"%s\" from %s (%s)", r.rank, s->name,
+                  s->peer, s->endpoint);
+        return 0;
+    }
+    if (restarted) {
+        zd__log(ZD_LOG_WARN, "rpc: rendezvous: \"%s\" (rank %d) registered again from %s, at %s "
+                "instead of %s: taking the new one", r.name, r.rank, peer, r.endpoint,
+                s->endpoint);
+        zframe_destroy(&s->identity);
+    }
+    s->present = true;
+    s->identity = zframe_dup(id);
+    snprintf(s->name, sizeof s->name, "%s", r.name);
+    snprintf(s->endpoint, sizeof s->endpoint, "%s", r.endpoint);
+    snprintf(s->peer, sizeof s->peer, "%s", peer);
+    snprintf(s->key, sizeof s->key, "%s", r.key);
+    return !restarted;
+}
+
+static void missing_ranks(slot_t *slots, int world, char *buf, size_t size)
+{
+    size_t n = 0;
+    buf[0] = 0;
+    for (int i = 0; i < world && n + 16 < size; i++)
+        if (!slots[i].present)
+            n += (size_t)snprintf(buf + n, size - n, "%s%d", n ? ", " : "", i);
+}
+
+/* ---- rank 0: where it listens, and whether the world can form ---- */
+
+static bool on_this_host(const char *ip)
+{
+    return zd__addr_is_loopback(ip) || zd__addr_is_local(ip);
+}
+
+/* A worker that advertises a loopback address is reachable from rank 0's
+   host only: fails (naming who cannot reach whom) when another process
+   lives elsewhere. */
+static int check_reachable(host_t *h)
+{
+    agent_t *a = h->a;
+    char ip[ZD_ADDR_MAX];
+    int port, far = -1;
+    for (int i = 1; i < a->world && far < 0; i++)
+        if (h->slots[i].present && !on_this_host(h->slots[i].peer))
+            far = i;
+    if (far < 0)
+        return 0;
+    slot_t *f = &h->slots[far];
+    if (a->peers[0].endpoint[0] &&
+        zd__addr_parse_endpoint(a->peers[0].endpoint, ip, sizeof ip, &port) == 0 &&
+        zd__addr_is_loopback(ip))
+        return zd_error_set("rendezvous: rank 0 (\"%s\") listens at %s (its listen address), "
+                            "which \"%s\" (rank %d) on %s cannot reach: give rank 0 a listen "
+                            "address that the other hosts reach", a->name,
+                            a->peers[0].endpoint, f->name, far, f->peer);
+    for (int i = 1; i < a->world; i++) {
+        slot_t *s = &h->slots[i];
+        if (s->present && zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
+            zd__addr_is_loopback(ip))
+            return zd_error_set("rendezvous: \"%s\" (rank %d, on %s) advertises %s, which "
+                                "\"%s\" (rank %d) on %s cannot reach: start rank %d with a "
+                                "--master_addr (or --listen_addr, ZDIST_LISTEN_ADDR) that the "
+                                "other hosts reach, not a loopback one", s->name, i,
+                                on_this_host(s->peer) ? "rank 0's host" : s->peer, s->endpoint,
+                                i == far ? a->name : f->name, i == far ? 0 : far,
+                                i == far ? "rank 0's host" : f->peer, i);
+    }
+    return 0;
+}
+
+/* Rank 0's endpoint for an address: bound once per local address. */
+static int endpoint_for(host_t *h, const char *ip)
+{
+    for (int k = 0; k < h->n_bound; k++)
+        if (!strcmp(h->bound_ip[k], ip))
+            return k;
+    if (h->n_bound == MAX_BINDS)
+        return zd_error_set("rendezvous: rank 0's workers need more than %d local addresses",
+                            MAX_BINDS);
+    int k = h->n_bound;
+    if (zd__transport_listen(h->a, ip, h->bound[k], sizeof h->bound[k]) < 0)
+        return zd_error_wrap("rendezvous: rank 0");
+    snprintf(h->bound_ip[k], sizeof h->bound_ip[k], "%s", ip);
+    h->n_bound++;
+    return k;
+}
+
+/* Binds rank 0's agent ROUTER where its workers reach it (unless it was
+   bound already, on the listen address) and picks each worker's endpoint. */
+static int listen_agent(host_t *h, const char *master)
+{
+    agent_t *a = h->a;
+    char ip[ZD_ADDR_MAX];
+    if (a->peers[0].endpoint[0]) {
+        snprintf(h->bound[0], sizeof h->bound[0], "%s", a->peers[0].endpoint);
+        h->n_bound = 1;
+        return 0;
+    }
+    for (int i = 1; i < a->world; i++) {
+        slot_t *s = &h->slots[i];
+        int port;
+        if (!s->present)
+            continue;
+        /* Where the registration came from; the advertised address when
+           the connection does not say (it always does over TCP). */
+        const char *to = s->peer;
+        if (!zd__addr_family(to) &&
+            zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0)
+            to = ip;
+        char from[ZD_ADDR_MAX];
+        if (zd__addr_route_from(to, from, sizeof from) < 0)
+            return zd_error_wrap("rendezvous: rank 0 cannot reach \"%s\" (rank %d)", s->name, i);
+        if ((s->via = endpoint_for(h, from)) < 0)
+            return -1;
+    }
+    if (a->world == 1) {
+        if (*master ? zd__agent_listen_ip(master, ip, sizeof ip) < 0
+                    : snprintf(ip, sizeof ip, "127.0.0.1") < 0)
+            return -1;
+        if (endpoint_for(h, ip) < 0)
+            return -1;
+    }
+    snprintf(a->peers[0].endpoint, sizeof a->peers[0].endpoint, "%s", h->bound[0]);
+    char list[512] = "";
+    for (int k = 0; k < h->n_bound; k++) {
+        size_t len = strlen(list);
+        snprintf(list + len, sizeof list - len, "%s%s", k ? ", " : "", h->bound[k]);
+    }
+    zd__log(ZD_LOG_INFO, "rpc: rank 0 listens at %s (where its workers reach it)", list);
+    return 0;
+}
+
+zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
+{
+    zmsg_t *table = zmsg_new();
+    zmsg_addstr(table, RDV_TAB_TAG);
+    zmsg_addstrf(table, "%d", a->world);
+    for (int i = 0; i < a->world; i++) {
+        zmsg_addstr(table, a->peers[i].name);
+        zmsg_addstr(table, i ? a->peers[i].endpoint : ep0);
+        zmsg_addstr(table, a->peers[i].key);
+    }
+    if (status)
+        zmsg_addstr(table, status);
+    return table;
+}
+
+/* Whether every rank the world needs has registered: all of them, or, in a
+   world that was running, those its members did not lose. */
+static bool complete(const host_t *h)
+{
+    for (int i = 1; i < h->a->world; i++)
+        if (!h->slots[i].present && !(h->running && h->gone[i]))
+            return false;
+    return true;
+}
+
+static int send_tables(host_t *h)
+{
+    agent_t *a = h->a;
+    for (int i = 0; i < a->world; i++) {
+        snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", h->slots[i].name);
+        snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", h->slots[i].key);
+        if (i)
+            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s",
+                     h->slots[i].endpoint);
+    }
+    char status[RDV_MAX_TEXT];
+    if (h->running) {
+        /* This process restarted: the ranks that did not come are gone. */
+        a->rejoined = true;
+        for (int i = 1; i < a->world; i++)
+            h->gone[i] = !h->slots[i].present;
+        zd__rdv_status(h->gone, a->world, status);
+        for (int i = 1; i < a->world; i++)
+            if (h->gone[i])
+                zd__membership_mark_lost(a, i);
+        zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") restarted and joined the running world "
+                "(%s)", a->name, status);
+    }
+    for (int j = 1; j < a->world; j++) {
+        if (!h->slots[j].present)
+            continue;
+        zmsg_t *table = zd__rendezvous_table(a, h->bound[h->slots[j].via],
+                                             h->running ? status : NULL);
+        send_to(h->sock, h->slots[j].identity, table);
+        zmsg_destroy(&table);
+    }
+    return 0;
+}
+
+static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
+{
+    host_t h = {.a = a};
+    h.slots = calloc((size_t)a->world, sizeof *h.slots);
+    h.gone = calloc((size_t)a->world, sizeof *h.gone);
+    h.sock = zmq_socket(a->ctx, ZMQ_ROUTER);
+    if (!h.slots || !h.gone || !h.sock) {
+        free(h.slots);
+        free(h.gone);
+        if (h.sock)
+            zmq_close(h.sock);
+        return zd_error_set("rendezvous: cannot create the master socket");
+    }
+    set_int(h.sock, ZMQ_LINGER, 2000);   /* lets the table reach everyone after we return */
+    set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
+    int rc = -1;
+    if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
+        goto out;
+    zd__security_watch(a, h.sock, "the rendezvous");   /* before the first connection */
+    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(a)) < 0)
+        goto out;
+    h.slots[0].present = true;
+    snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
+    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(a));
+    int count = 1;
+    while (!complete(&h)) {
+        zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
+        int n = zmq_poll(&item, 1, remaining_ms(deadline));
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            char miss[256];
+            missing_ranks(h.slots, a->world, miss, sizeof miss);
+            zd_error_set("rendezvous: timed out with %d of %d workers registered (missing "
+                         "ranks %s)%s%s", count, a->world, miss,
+                         h.turned_away[0] ? "; turned away: " : "", h.turned_away);
+            broadcast_error(&h, zd_error_last());
+            goto out;
+        }
+        zmsg_t *m = zmsg_recv(h.sock);
+        if (!m)
+            continue;
+        zframe_t *id = zmsg_pop(m);
+        if (id)
+            count += take_registration(&h, m, id);
+        zframe_destroy(&id);
+        zmsg_destroy(&m);
+    }
+    if (check_reachable(&h) < 0 || listen_agent(&h, addr) < 0) {
+        broadcast_error(&h, zd_error_last());
+        goto out;
+    }
+    rc = send_tables(&h);
+    /* The socket stays open for processes that restart (membership.c). */
+    zd__membership_keep_desk(a, h.sock, h.bound, h.bound_ip, h.n_bound);
+    h.sock = NULL;
+out:
+    for (int i = 0; i < a->world; i++)
+        zframe_destroy(&h.slots[i].identity);
+    free(h.slots);
+    free(h.gone);
+    if (h.sock)
+        zmq_close(h.sock);
+    return rc;
+}
+
+/* ---- the other ranks ---- */
+
+zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
+{
+    zmsg_t *reg = zmsg_new();
+    zmsg_addstr(reg, RDV_REG_TAG);
+    zmsg_addstrf(reg, "%d", a->rank);
+    zmsg_addstrf(reg, "%d", a->world);
+    zmsg_addstr(reg, a->name);
+    zmsg_addstr(reg, a->peers[a->rank].endpoint);
+    zmsg_addstr(reg, zd__security_public_key(a));
+    if (status)
+        zmsg_addstr(reg, status);
+    return reg;
+}
+
+/* The master's address as a numeric literal, and the endpoint to dial. */
+int zd__rendezvous_master_endpoint(const char *addr, int port, char *ep, size_t size)
+{
+    char ip[1][ZD_ADDR_MAX], p[8];
+    if (zd__addr_resolve(addr, ip, 1) < 0)
+        return zd_error_wrap("rendezvous: master address");
+    snprintf(p, sizeof p, "%d", port);
+    zd__addr_endpoint(ip[0], p, ep, size);
+    return 0;
+}
+
+static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
+{
+    char ep[ZD_RPC_MAX_ENDPOINT + 1];
+    if (zd__rendezvous_master_endpoint(addr, port, ep, sizeof ep) < 0)
+        return -1;
+    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    if (!sock)
+        return zd_error_set("rendezvous: cannot create a socket");
+    set_int(sock, ZMQ_LINGER, 0);
+    set_int(sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    set_int(sock, ZMQ_SNDTIMEO, 0);
+    zd__transport_use_ipv6(sock, ep);
+    /* Whether the master was reached at all, for the timeout's message. */
+    char mon_ep[64];
+    snprintf(mon_ep, sizeof mon_ep, "inproc://zd-rendezvous-%u", a->gen);
+    void *mon = NULL;
+    if (zmq_socket_monitor(sock, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0 &&
+        (mon = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(mon, mon_ep) < 0) {
+        zmq_close(mon);
+        mon = NULL;
+    }
+    bool reached = false;
+    rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
+    int rc = -1;
+    if (!table) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
+        goto out;
+    }
+    if (zd__security_rendezvous_client(a, sock) < 0)
+        goto out;
+    if (zmq_connect(sock, ep) < 0) {
+        zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep,
+                     zmq_strerror(errno));
+        goto out;
+    }
+    /* Said again every 2 s until answered: a registration that reached a
+       rendezvous socket being closed (rank 0 of a previous world on the
+       same port, a restarted rank 0's predecessor) is lost with it. Rank 0
+       takes a repeat on one connection as one, and one on a new connection
+       from the same host as a replacement. */
+    int64_t resend_at = 0;
+    bool busy_said = false, said = false;
+    for (bool send = true;;) {
+        /* Never blocking: a connection that failed its handshake (no key,
+           another key) is not made again, and a DEALER without one would
+           hold a send for ever. Only the first send must go. */
+        zmsg_t *reg = send ? zd__rendezvous_registration(a, NULL) : NULL;
+        if (send && zmsg_send(&reg, sock) < 0) {
+            zmsg_destroy(&reg);
+            if (!said) {
+                zd_error_set("rendezvous: cannot send to the master at %s", ep);
+                goto out;
+            }
+        }
+        said = said || send;
+        if (send)
+            resend_at = zd__deadline_after(zd__agent_now_ns(), RESEND_MS);
+        send = false;
+        zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
+        int wait = remaining_ms(deadline);
+        if (resend_at) {
+            int64_t until = zd__ms_left(zd__agent_now_ns(), resend_at);
+            wait = wait >= 0 && wait < until ? wait : (int)until;
+        }
+        int n = zmq_poll(items, mon ? 2 : 1, wait);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n == 0 && resend_at && zd__agent_now_ns() < deadline) {
+            resend_at = 0;
+            send = true;
+            continue;
+        }
+        if (n <= 0) {
+            if (reached || !mon)
+                zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
+                             "running there, and are all %d workers started?%s)", ep, a->world,
+                             zd__security_curve(a)
+                                 ? " Every process needs the same world key file"
+                                 : " If the world uses a key, this process needs it too");
+            else
+                zd_error_set("rendezvous: could not reach the master at %s in time (no "
+                             "connection: is rank 0 running there and listening on that "
+                             "address, and does a firewall let the port through?%s)", ep,
+                             zd__security_curve(a)
+                                 ? " Every process needs the same world key file"
+                                 : " If the world uses a key, this process needs it too");
+            goto out;
+        }
+        if (mon && (items[1].revents & ZMQ_POLLIN)) {
+            zmsg_t *ev = zmsg_recv(mon);
+            zmsg_destroy(&ev);
+            reached = true;
+            continue;
+        }
+        zmsg_t *m = zmsg_recv(sock);
+        if (!m)
+            continue;
+        char why[RDV_MAX_TEXT + 64];
+        bool running;
+        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why,
+                                  sizeof why);
+        zmsg_destroy(&m);
+        if (rc == -2) {
+            /* The process this one replaces is not gone yet at rank 0. */
+            if (!busy_said)
+                zd__log(ZD_LOG_INFO, "rpc: rendezvous: %s; asking again", why);
+            busy_said = true;
+            resend_at = zd__agent_now_ns() + 500000000LL;
+            rc = -1;
+            zd_error_set("%s", why);
+            continue;
+        }
+        if (rc < 0) {
+            zd_error_set("%s", why);
+            goto out;
+        }
+        for (int i = 0; i < a->world; i++) {
+            snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", table[i].name);
+            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", table[i].endpoint);
+            snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", table[i].key);
+            if (table[i].lost)
+                zd__membership_mark_lost(a, i);
+        }
+        if (running) {
+            a->rejoined = true;
+            zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) restarted and joins the running world",
+                    a->name, a->rank);
+        }
+        break;
+    }
+out:
+    free(table);
+    zmq_socket_monitor(sock, NULL, 0);
+    if (mon)
+        zmq_close(mon);
+    zmq_close(sock);
+    return rc;
+}
+
+int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
+{
+    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
+    snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s",
+             zd__security_public_key(a));
+    int rc = a->rank == 0 ? host_rendezvous(a, addr, port, deadline)
+                          : join_rendezvous(a, addr, port, deadline);
+    /* The keys of the table are who may connect from now on. */
+    return rc < 0 ? rc : zd__security_table_ready(a);
+}

@@ -1,0 +1,688 @@
+/* SPDX-License-Identifier: MIT */
+/*  transport.c: the sockets and sending (receiving: io.c).
+
+    Sending (any thread): the header frame is built in a ZeroMQ message,
+    tensors follow as zmq_msg_init_data frames whose free callback drops the
+    tensor reference, so tensor memory goes to the kernel without a copy.
+    Tensors of more than RPC_STREAM_OVER bytes are streamed instead: an
+    empty frame in the message, a stream table, then the data in pieces,
+    messages of their own queued right behind it (wire.h, stream.h); the
+    pieces point into the tensor too. Sends on the shared sockets never
+    block: those DEALERs have
+    ZMQ_IMMEDIATE set, so a peer without a live connection makes the send
+    fail at once ("unreachable") instead of queueing forever. They never
+    receive, which matters: with ZMQ_IMMEDIATE, messages that arrived but
+    were not read yet are lost when the connection closes. */
+#define _GNU_SOURCE   /* pthread_timedjoin_np: bounded joins at shutdown */
+#include "rpc/agent/agent.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <zdist/error.h>
+#include "rpc/net/address.h"
+#include "rpc/net/bufcache.h"
+#include "rpc/value/copy.h"
+#include "rpc/agent/membership.h"
+#include "rpc/agent/security.h"
+#include "rpc/agent/shm.h"
+#include "rpc/agent/stream.h"
+
+static __thread thread_role_t tls_role;
+
+thread_role_t zd__transport_thread_role(void)
+{
+    return tls_role;
+}
+
+void zd__transport_set_thread_role(thread_role_t role)
+{
+    tls_role = role;
+}
+
+/* ---- setup ---- */
+
+static void set_int(void *sock, int opt, int value)
+{
+    zmq_setsockopt(sock, opt, &value, sizeof value);
+}
+
+/* What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
+   frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
+   a handshake within RPC_HANDSHAKE_MS. libzmq counts the high-water mark at
+   the last frame of a message and limits each frame, not the message: a
+   multipart message that never ends is held whole inside libzmq until it
+   does, so what bounds it is authentication (a stranger cannot connect),
+   not these options. */
+void zd__transport_set_limits(void *sock)
+{
+    int64_t max = (int64_t)RPC_MAX_FRAME;
+    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
+    set_int(sock, ZMQ_RCVHWM, RPC_RCVHWM);
+    set_int(sock, ZMQ_HANDSHAKE_IVL, RPC_HANDSHAKE_MS);
+}
+
+int zd__transport_bind(agent_t *a, const char *listen_ip)
+{
+    zd__rpc_bufcache_enable(true);
+    zd__rpc_copy_enable(true);
+    zd__shm_start(a);
+    a->ctx = zmq_ctx_new();
+    if (!a->ctx)
+        return zd_error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
+    zmq_ctx_set(a->ctx, ZMQ_BLOCKY, 0);
+    /* Every thread that calls zd_rpc_sync has a socket per peer it calls: the
+       descriptor limit is the real bound, not ZeroMQ's default of 1023. */
+    zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, 16384);
+    if (zd__security_start(a) < 0)
+        return -1;
+    a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
+    if (!a->router)
+        return zd_error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
+    set_int(a->router, ZMQ_LINGER, 0);
+    set_int(a->router, ZMQ_RCVHWM, 0);
+    /* A ROUTER drops what it cannot queue: a streamed answer is hundreds
+       of messages, and none may be lost. */
+    set_int(a->router, ZMQ_SNDHWM, 0);
+    /* A connection with a routing id already taken replaces the old one
+       (a peer that reconnects before its old connection is seen dead);
+       only under CURVE, where connecting at all needs a key of the table. */
+    set_int(a->router, ZMQ_ROUTER_HANDOVER, zd__security_curve(a) ? 1 : 0);
+    if (zd__security_server(a, a->router) < 0)
+        return -1;
+    zd__security_watch(a, a->router, "the RPC socket");
+    set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
+    zd__transport_set_limits(a->router);
+    if (listen_ip && zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
+                                          sizeof a->peers[a->rank].endpoint) < 0)
+        return -1;
+    size_t len = sizeof a->router_fd;
+    if (zmq_getsockopt(a->router, ZMQ_FD, &a->router_fd, &len) < 0)
+        return zd_error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
+    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->wake_fd < 0)
+        return zd_error_set("cannot create an eventfd: %s", strerror(errno));
+    return 0;
+}
+
+int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size)
+{
+    char ep[ZD_RPC_MAX_ENDPOINT + 1];
+    zd__addr_endpoint(ip, "*", ep, sizeof ep);
+    /* The option is read at bind time: on for an IPv6 address only, so
+       that an IPv4 one stays a plain IPv4 socket. */
+    set_int(a->router, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
+    int rc = zmq_bind(a->router, ep);
+    int e = errno;
+    set_int(a->router, ZMQ_IPV6, 0);
+    if (rc < 0)
+        return zd_error_set("cannot listen at %s: %s%s", ep, zmq_strerror(e),
+                            e == EADDRNOTAVAIL ? " (not an address of this host)" : "");
+    if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
+        return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
+    return 0;
+}
+
+void zd__transport_use_ipv6(void *sock, const char *endpoint)
+{
+    if (strncmp(endpoint, "tcp://[", 7) == 0)
+        set_int(sock, ZMQ_IPV6, 1);
+}
+
+/* ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
+   cut off (the monitor then reports the disconnection, io.c). Pings every
+   sixth of it (5 s for the default 30 s), at least every 100 ms. A PING
+   waits behind the message being sent, though: to a frozen peer whose
+   buffers filled mid-message none is ever sent, and the connection would
+   stay up forever. TCP_USER_TIMEOUT (ZMQ_TCP_MAXRT) cuts it off when data
+   stays unacknowledged, or the window shut, that long. */
+static void set_heartbeat(void *sock, int64_t timeout_ms)
+{
+    if (timeout_ms == 0)   /* no limit: silence alone never loses a peer */
+        return;
+    int64_t ivl = timeout_ms / 6;
+    set_int(sock, ZMQ_HEARTBEAT_IVL, (int)(ivl < 100 ? 100 : ivl));
+    set_int(sock, ZMQ_HEARTBEAT_TIMEOUT, (int)timeout_ms);
+    set_int(sock, ZMQ_TCP_MAXRT, (int)timeout_ms);
+}
+
+static int open_peer(agent_t *a, peer_t *p)
+{
+    p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    if (!p->sock)
+        return zd_error_set("cannot create a socket for peer \"%s\": %s", p->name,
+                         zmq_strerror(errno));
+    uint8_t id[RPC_WIRE_ID_LEN];
+    zd__rpc_wire_identity(a->rank, id);
+    zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, id, sizeof id);
+    set_int(p->sock, ZMQ_LINGER, 0);
+    set_int(p->sock, ZMQ_SNDHWM, 0);
+    set_int(p->sock, ZMQ_IMMEDIATE, 1);
+    set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
+    set_heartbeat(p->sock, a->heartbeat_ms);
+    if (zd__security_client(a, p->sock, p->rank) < 0)
+        return -1;
+    char mon[96];
+    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->gen, p->rank,
+             atomic_load(&p->incarnation));
+    if (zmq_socket_monitor(p->sock, mon,
+                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+        p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
+        if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
+            zmq_close(p->monitor);
+            p->monitor = NULL;
+        }
+    }
+    zd__transport_use_ipv6(p->sock, p->endpoint);
+    if (zmq_connect(p->sock, p->endpoint) < 0)
+        return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
+                         p->endpoint, zmq_strerror(errno));
+    zd__log(ZD_LOG_DEBUG, "rpc: connecting to \"%s\" (rank %d) at %s", p->name, p->rank,
+            p->endpoint);
+    return 0;
+}
+
+static void close_peer(peer_t *p, int linger_ms)
+{
+    if (p->sock) {
+        zmq_socket_monitor(p->sock, NULL, 0);
+        set_int(p->sock, ZMQ_LINGER, linger_ms);
+        zmq_close(p->sock);
+        p->sock = NULL;
+    }
+    if (p->monitor) {
+        zmq_close(p->monitor);
+        p->monitor = NULL;
+    }
+}
+
+/* The old connection leads to a process that is gone; the new one may be
+   at another endpoint, with another key (set in p before). */
+int zd__transport_renew_peer(agent_t *a, peer_t *p)
+{
+    pthread_mutex_lock(&p->lock);
+    close_peer(p, 0);
+    int rc = open_peer(a, p);
+    if (rc < 0)
+        close_peer(p, 0);   /* a half-made socket: sends fail until it is made again */
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+/* A blocking send of a HELLO returns once the connection to p is up
+   (ZMQ_IMMEDIATE), or fails at deadline_ns. 0, or -1. */
+static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
+{
+    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    if (deadline_ns != ZD__NEVER && left < 1)
+        left = 1;
+    rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = p->rank};
+    uint8_t buf[RPC_WIRE_FIXED];
+    zd__rpc_wire_write(&h, buf);
+    pthread_mutex_lock(&p->lock);
+    set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
+    int rc = zmq_send(p->sock, buf, sizeof buf, 0);
+    set_int(p->sock, ZMQ_SNDTIMEO, -1);
+    pthread_mutex_unlock(&p->lock);
+    return rc < 0 ? -1 : 0;
+}
+
+int zd__transport_connect(agent_t *a, int64_t deadline_ns)
+{
+    for (int i = 0; i < a->world; i++) {
+        peer_t *p = &a->peers[i];
+        /* A rank gone from the world a restarted rank 0 formed left no key
+           to pin: it gets its socket when it rejoins (renew_peer). */
+        if (zd__security_curve(a) && !p->key[0] && atomic_load(&p->lost_at_ns))
+            continue;
+        if (open_peer(a, p) < 0)
+            return -1;
+    }
+    /* A blocking send with ZMQ_IMMEDIATE returns once the connection is up:
+       after this loop every peer is known to be reachable. The I/O thread
+       starts after it, so that nothing that arrived is dispatched before
+       this process can answer its sender: a restarted process is called
+       by the running world as soon as rank 0 announces it, and its answers
+       (RRef acknowledgements among them) to a peer it had no connection to
+       yet were lost, leaving that peer waiting for them. What arrives
+       meanwhile waits in the receiving socket.
+       A process joining a running world needs rank 0 only (and itself):
+       any other member may be down at that moment, or restarting too and
+       not yet told of this process's key, and waiting for each of them
+       had two ranks restarting at once keep each other out for ever.
+       Those get JOIN_PEER_WAIT_MS (the connections are made meanwhile,
+       all at once); one that did not answer is lost to this process until
+       its connection comes up or it rejoins (membership.c). */
+    bool joining = a->rejoined;
+    int64_t others_by = deadline_ns;
+    for (int pass = 0; pass < (joining ? 2 : 1); pass++) {
+        for (int i = 0; i < a->world; i++) {
+            peer_t *p = &a->peers[i];
+            bool needed = !joining || i == 0 || i == a->rank;
+            if (atomic_load(&p->lost_at_ns) || (joining && needed != (pass == 0)))
+                continue;   /* gone from the running world this process joined */
+            if (say_hello(a, p, needed ? deadline_ns : others_by) == 0)
+                continue;
+            if (needed)
+                return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
+                                         p->name, p->rank, p->endpoint);
+            zd__membership_mark_unreached(a, i);
+        }
+        int64_t by = zd__deadline_after(zd__agent_now_ns(), JOIN_PEER_WAIT_MS);
+        others_by = by < deadline_ns ? by : deadline_ns;
+    }
+    if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
+        return zd_error_set("cannot start the I/O thread");
+    a->io_started = true;
+    zd__shm_offer_all(a);
+    return 0;
+}
+
+int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
+{
+    if (!a->io_started)
+        return 0;
+    atomic_store(&a->io_stop, true);
+    uint64_t one = 1;
+    if (write(a->wake_fd, &one, sizeof one) < 0) {
+        /* The eventfd cannot be full; the tick wakes the thread anyway. */
+    }
+    /* Bounded: a future callback stuck in user code would hold it. */
+    struct timespec until = zd__realtime_in(wait_ms);
+    if (pthread_timedjoin_np(a->io_thread, NULL, &until) != 0) {
+        zd__log(ZD_LOG_ERROR, "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
+                "future callback stuck in user code?)", (long long)wait_ms);
+        pthread_detach(a->io_thread);
+        a->io_started = false;
+        return -1;
+    }
+    a->io_started = false;
+    return 0;
+}
+
+void zd__transport_close(agent_t *a, bool graceful)
+{
+    zd__transport_stream_clear();
+    /* Graceful: let the last answers reach their destination. */
+    for (int i = 0; a->peers && i < a->world; i++)
+        close_peer(&a->peers[i], graceful ? 2000 : 0);
+    if (a->router) {
+        /* Graceful: answers to zd_rpc_sync sockets leave through the ROUTER. */
+        set_int(a->router, ZMQ_LINGER, graceful ? 2000 : 0);
+        zmq_close(a->router);
+    }
+    a->router = NULL;
+    if (a->wake_fd >= 0)
+        close(a->wake_fd);
+    a->wake_fd = -1;
+    zd__security_free(a);   /* its thread's sockets close before the context ends */
+    if (a->ctx)
+        zmq_ctx_term(a->ctx);
+    a->ctx = NULL;
+    zd__rpc_bufcache_enable(false);
+    zd__shm_stop();
+    zd__rpc_copy_enable(false);
+}
+
+/* ---- sending ---- */
+
+static void tensor_frame_free(void *data, void *hint)
+{
+    (void)data;
+    zd_tensor_unref(hint);
+}
+
+/* Sends one frame; on a full or missing pipe, lets the socket process its
+   pending commands (a reconnection may be waiting) and tries once more. */
+static int send_frame(void *sock, zmq_msg_t *m, int flags)
+{
+    if (zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0)
+        return 0;
+    if (errno != EAGAIN)
+        return -1;
+    int events;
+    size_t len = sizeof events;
+    zmq_getsockopt(sock, ZMQ_EVENTS, &events, &len);
+    return zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0 ? 0 : -1;
+}
+
+/* What send_message returns when memory ran out: nothing was sent, or a
+   message its receiver refuses. */
+#define SEND_NO_MEMORY (-2)
+
+/* Queues one tensor frame: len bytes at data, which belong to t (an empty
+   frame when len is 0). Without memory for the frame, an empty one keeps
+   the message whole (its receiver refuses it) and *oom is set. */
+static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len, int flags,
+                             bool *oom)
+{
+    zmq_msg_t m;
+    if (len == 0)
+        zmq_msg_init(&m);
+    else if (zmq_msg_init_data(&m, data, len, tensor_frame_free, zd_tensor_ref(t)) < 0) {
+        zd_tensor_unref(t);
+        zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
+        *oom = true;
+    }
+    if (send_frame(sock, &m, flags) < 0) {
+        zmq_msg_close(&m);
+        return -1;
+    }
+    return 0;
+}
+
+/* A frame holding a copy of len bytes at data: 0, or -1 (out of memory). */
+static int copy_msg(zmq_msg_t *m, const void *data, size_t len)
+{
+    if (zmq_msg_init_size(m, len) < 0)
+        return -1;
+    memcpy(zmq_msg_data(m), data, len);
+    return 0;
+}
+
+/* Queues m (taken over in every case). */
+static int send_msg(void *sock, zmq_msg_t *m, int flags)
+{
+    if (send_frame(sock, m, flags) < 0) {
+        zmq_msg_close(m);
+        return -1;
+    }
+    return 0;
+}
+
+/* The first frames of a message, made before any is queued: a message
+   half queued cannot be taken back. The route (when route_len) in
+   f[0], then a frame of `size` bytes for the header in f[1]. 0, or -1 (out
+   of memory, nothing left to close). */
+static int first_frames(zmq_msg_t f[2], const uint8_t *route, size_t route_len, size_t size)
+{
+    if (route_len && copy_msg(&f[0], route, route_len) < 0)
+        return -1;
+    if (zmq_msg_init_size(&f[1], size) < 0) {
+        if (route_len)
+            zmq_msg_close(&f[0]);
+        return -1;
+    }
+    return 0;
+}
+
+/* The stream table of a message whose tensors of more than `over` bytes
+   are streamed (wire.h): a new frame's worth of bytes in *out (free()), or
+   -1 (too large), or SEND_NO_MEMORY. */
+static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over, uint8_t **out,
+                        size_t *len, uint32_t *chunk)
+{
+    uint32_t count = 0;
+    size_t largest = 0;
+    rpc_wire_stream_t *e = malloc((size_t)n_tensors * sizeof *e);
+    if (!e)
+        return SEND_NO_MEMORY;
+    for (int i = 0; i < n_tensors; i++) {
+        size_t nb = zd_tensor_nbytes(tensors[i]);
+        if (nb > over) {
+            e[count].frame = (uint32_t)i;
+            e[count++].bytes = nb;
+            if (nb > largest)
+                largest = nb;
+        }
+    }
+    /* Pieces of RPC_STREAM_CHUNK, larger ones for huge tensors. */
+    size_t c = RPC_STREAM_CHUNK;
+    size_t least = largest / RPC_STREAM_MAX_PIECES + 1;
+    if (least > c)
+        c = (least + RPC_STREAM_CHUNK - 1) / RPC_STREAM_CHUNK * RPC_STREAM_CHUNK;
+    if (c > RPC_WIRE_MAX_CHUNK || largest > RPC_WIRE_MAX_STREAM) {
+        free(e);
+        return -1;
+    }
+    *len = zd__rpc_wire_stream_table_size(count);
+    *out = malloc(*len);
+    if (*out)
+        zd__rpc_wire_stream_table_write(e, count, (uint32_t)c, *out);
+    free(e);
+    *chunk = (uint32_t)c;
+    return *out ? 0 : SEND_NO_MEMORY;
+}
+
+/* Sends the pieces of a streamed message's tensors, each as a message
+   [route] [header: REPLY, id, piece number] [data]. 0, -1, or
+   SEND_NO_MEMORY (the pieces stop: the receiver drops the message). */
+static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
+                       const rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
+                       size_t over, size_t chunk)
+{
+    bool oom = false;
+    rpc_wire_header_t ph = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = h->src,
+                            .dst = h->dst, .id = h->id, .n_tensors = 1};
+    uint8_t head[RPC_WIRE_FIXED];
+    for (int i = 0; i < n_tensors; i++) {
+        size_t nb = zd_tensor_nbytes(tensors[i]);
+        if (nb <= over)
+            continue;
+        char *data = zd_tensor_raw(tensors[i]);
+        for (size_t at = 0; at < nb && !oom; at += chunk, ph.a++) {
+            zmq_msg_t f[2];
+            if (first_frames(f, route, route_len, sizeof head) < 0)
+                return SEND_NO_MEMORY;
+            zd__rpc_wire_write(&ph, zmq_msg_data(&f[1]));
+            if ((route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) ||
+                send_msg(sock, &f[1], ZMQ_SNDMORE) < 0 ||
+                send_tensor_frame(sock, tensors[i], data + at, nb - at < chunk ? nb - at : chunk,
+                                  0, &oom) < 0)
+                return -1;
+        }
+    }
+    return oom ? SEND_NO_MEMORY : 0;
+}
+
+/* send_message for a message whose large tensors are in shared-memory
+   segments (shm.h): their frames are empty, the segment table follows. */
+static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_len,
+                                rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+                                int n_tensors, const rpc_shm_out_t *so)
+{
+    h->flags |= RPC_WIRE_F_SHM;
+    h->n_tensors = (uint32_t)n_tensors + 1;
+    size_t size = zd__rpc_wire_size(h);
+    zmq_msg_t f[2], tab;
+    if (first_frames(f, route, route_len, size) < 0)
+        return SEND_NO_MEMORY;
+    if (copy_msg(&tab, so->table, so->table_len) < 0) {
+        if (route_len)
+            zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        return SEND_NO_MEMORY;
+    }
+    zd__rpc_wire_write(h, zmq_msg_data(&f[1]));
+    bool oom = false;
+    int rc = 0;
+    if (route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&f[1]);
+        rc = -1;
+    } else {
+        rc = send_msg(sock, &f[1], ZMQ_SNDMORE);
+    }
+    int64_t sent = (int64_t)(size + so->table_len);
+    for (int i = 0; i < n_tensors && rc == 0; i++) {
+        size_t nb = zd_tensor_nbytes(tensors[i]);
+        bool in_segment = zd__shm_in_segment(so, i);
+        rc = send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), in_segment ? 0 : nb,
+                               ZMQ_SNDMORE, &oom);
+        sent += (int64_t)nb;
+    }
+    if (rc == 0)
+        rc = send_msg(sock, &tab, 0);
+    else
+        zmq_msg_close(&tab);
+    return rc < 0 ? -1 : oom ? SEND_NO_MEMORY : sent;
+}
+
+/* Sends [route] header tensors... on sock (the caller owns or locked it);
+   the tensors so placed in shared-memory segments travel there (shm.h),
+   else those of more than RPC_STREAM_OVER bytes are streamed (wire.h).
+   Returns the bytes sent, or -1, or SEND_NO_MEMORY. */
+static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
+                            rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
+                            const rpc_shm_out_t *so)
+{
+    if (so->table)
+        return send_shm_message(sock, route, route_len, h, tensors, n_tensors, so);
+    const size_t over = RPC_STREAM_OVER;
+    uint8_t *table = NULL;
+    size_t table_len = 0;
+    uint32_t chunk = 0;
+    bool stream = false;
+    for (int i = 0; i < n_tensors; i++)
+        stream = stream || zd_tensor_nbytes(tensors[i]) > over;
+    int rc = stream ? stream_table(tensors, n_tensors, over, &table, &table_len, &chunk) : 0;
+    if (rc < 0)
+        return rc;
+    int n_frames = n_tensors + (stream ? 1 : 0);
+    if (stream)
+        h->flags |= RPC_WIRE_F_STREAMED;
+    h->n_tensors = (uint32_t)n_frames;
+    size_t size = zd__rpc_wire_size(h);
+    zmq_msg_t f[2], tab;
+    if (first_frames(f, route, route_len, size) < 0) {
+        free(table);
+        return SEND_NO_MEMORY;
+    }
+    if (stream && copy_msg(&tab, table, table_len) < 0) {
+        if (route_len)
+            zmq_msg_close(&f[0]);
+        zmq_msg_close(&f[1]);
+        free(table);
+        return SEND_NO_MEMORY;
+    }
+    free(table);
+    zd__rpc_wire_write(h, zmq_msg_data(&f[1]));
+    if (route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) {
+        zmq_msg_close(&f[1]);
+        rc = -1;
+    } else {
+        rc = send_msg(sock, &f[1], n_frames ? ZMQ_SNDMORE : 0);
+    }
+    /* Once the first frame is queued the rest of the message follows:
+       ZeroMQ applies its limits per message, not per frame. */
+    bool oom = false;
+    int64_t sent = (int64_t)size;
+    for (int i = 0; i < n_tensors && rc == 0; i++) {
+        size_t nb = zd_tensor_nbytes(tensors[i]);
+        int more = i + 1 < n_frames ? ZMQ_SNDMORE : 0;
+        rc = send_tensor_frame(sock, tensors[i], zd_tensor_raw(tensors[i]), nb > over ? 0 : nb,
+                               more, &oom);
+        sent += (int64_t)nb;
+    }
+    if (stream && rc < 0)
+        zmq_msg_close(&tab);
+    else if (stream)
+        rc = send_msg(sock, &tab, 0);
+    /* A message with a frame missing is refused: its pieces need not follow. */
+    if (stream && rc == 0 && !oom)
+        rc = send_pieces(sock, route, route_len, h, tensors, n_tensors, over, chunk);
+    return rc < 0 ? rc : oom ? SEND_NO_MEMORY : sent;
+}
+
+int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+                   int n_tensors)
+{
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
+    pthread_mutex_lock(&p->lock);
+    int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors, &so) : -1;
+    pthread_mutex_unlock(&p->lock);
+    zd__shm_send_done(&so, bytes >= 0);
+    if (bytes == SEND_NO_MEMORY)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a message to \"%s\" "
+                                 "(rank %d)", p->name, dst);
+    if (bytes < 0)
+        return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
+                                 p->endpoint);
+    atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
+    return 0;
+}
+
+int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+                          rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
+{
+    if (!route_len)
+        return zd__transport_send(a, dst, h, tensors, n_tensors);
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
+    pthread_mutex_lock(&a->router_lock);
+    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors, &so);
+    /* Sending may have taken the signal that something arrived: the I/O
+       thread polls ZMQ_FD, which is edge-triggered. */
+    int events = 0;
+    size_t len = sizeof events;
+    zmq_getsockopt(a->router, ZMQ_EVENTS, &events, &len);
+    pthread_mutex_unlock(&a->router_lock);
+    zd__shm_send_done(&so, bytes >= 0);
+    if ((events & ZMQ_POLLIN) && zd__transport_thread_role() != ROLE_IO) {
+        uint64_t one = 1;
+        if (write(a->wake_fd, &one, sizeof one) < 0) {
+            /* cannot fail on an eventfd this small */
+        }
+    }
+    if (bytes == SEND_NO_MEMORY)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for an answer to \"%s\" "
+                                 "(rank %d)", p->name, dst);
+    if (bytes < 0)
+        return zd_error_set("cannot answer \"%s\" (rank %d)", p->name, dst);
+    atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
+    return 0;
+}
+
+int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+                      zd_tensor_t *const *tensors, int n_tensors)
+{
+    peer_t *p = &a->peers[dst];
+    h->src = a->rank;
+    h->dst = dst;
+    rpc_shm_out_t so;
+    zd__shm_send_prepare(h, tensors, n_tensors, &so);
+    int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors, &so);
+    zd__shm_send_done(&so, bytes >= 0);
+    if (bytes == SEND_NO_MEMORY)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a message to \"%s\" "
+                                 "(rank %d)", p->name, dst);
+    if (bytes < 0)
+        return zd_error_set_code(ZD_ERR_PEER, "cannot send to \"%s\" (rank %d)", p->name, dst);
+    atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
+    return 0;
+}
+
+void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
+{
+    size_t len = strlen(text);
+    if (len == 0) {
+        text = "unknown error";
+        len = strlen(text);
+    }
+    if (len > 65536)
+        len = 65536;   /* an error text, not a payload */
+    rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text,
+                           .meta_len = len};
+    if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+        zd__log(ZD_LOG_WARN, "rpc: cannot answer request %llx of rank %d: %s",
+                (unsigned long long)id, m->src, zd_error_last());
+}
+
+void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
+{
+    inmsg_t m = {.src = dst};
+    zd__transport_answer_error(a, &m, id, text);
+}
+
