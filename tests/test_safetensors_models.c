@@ -68,17 +68,6 @@ static zd_nn_module_t *net_module(zd_nn_model_t *net)
     return m;
 }
 
-/*  A module "LSTM" holding the LSTM's tensors under their own names. */
-static zd_nn_module_t *lstm_module(zd_nn_lstm_t *lstm)
-{
-    zd_nn_module_t *m = zd_nn_module_new("LSTM", NULL, NULL, NULL);
-    assert_non_null(m);
-    for (int i = 0; i < zd_nn_lstm_n_params(lstm); i++)
-        assert_int_equal(zd_nn_module_register_parameter(m, zd_nn_lstm_param_name(lstm, i),
-                                                         zd_nn_lstm_param(lstm, i)), 0);
-    return m;
-}
-
 static zd_named_tensors_t *read_ref(const char *name)
 {
     zd_named_tensors_t *nt = zd_safetensors_read(ref_path(name), NULL, NULL);
@@ -161,17 +150,17 @@ static void test_net_from_pytorch(void **state)
 static void test_lstm_from_pytorch(void **state)
 {
     (void)state;
-    zd_nn_lstm_t *lstm = zd_nn_lstm_new(6, 12, 2, 0.2f, 99);
-    assert_non_null(lstm);
-    zd_nn_module_t *m = lstm_module(lstm);
+    zd_nn_module_t *m = zd_nn_lstm_new(6, 12, 2, 0.2f, 99);
+    assert_non_null(m);
     if (zd_nn_module_load_safetensors(m, ref_path("lstm.safetensors"), true, NULL, NULL) < 0)
         fail_msg("%s", zd_error_last());
     zd_named_tensors_t *io = read_ref("lstm_io.safetensors");
-    zd_nn_lstm_train(lstm, false);
+    zd_nn_module_train(m, false);
     bool prev = zd_autograd_set_grad_enabled(false);
-    zd_tensor_t *out, *h_n, *c_n;
-    assert_int_equal(zd_nn_lstm_forward(lstm, find(io, "x"), find(io, "h0"), find(io, "c0"),
-                                        &out, &h_n, &c_n), 0);
+    zd_tensor_t *outs[3];
+    zd_tensor_t *in[3] = {find(io, "x"), find(io, "h0"), find(io, "c0")};
+    assert_int_equal(zd_nn_module_forward(m, in, 3, outs, 3), 0);
+    zd_tensor_t *out = outs[0], *h_n = outs[1], *c_n = outs[2];
     zd_autograd_set_grad_enabled(prev);
     assert_close(out, find(io, "out"), "LSTM out");
     assert_close(h_n, find(io, "h_n"), "LSTM h_n");
@@ -181,7 +170,6 @@ static void test_lstm_from_pytorch(void **state)
     zd_tensor_unref(c_n);
     zd_named_tensors_free(io);
     zd_nn_module_free(m);
-    zd_nn_lstm_free(lstm);
 }
 
 static bool has_name(char **names, int n, const char *name)
@@ -218,9 +206,9 @@ static void test_strict_and_not(void **state)
     const char *net_file = "net.safetensors";
 
     /* Missing and extra tensors: the LSTM's names are not the Net's. */
-    zd_nn_lstm_t *lstm = zd_nn_lstm_new(6, 12, 2, 0, 5);
-    zd_nn_module_t *lm = lstm_module(lstm);
-    zd_tensor_t *before = zd_tensor_detach_copy(zd_nn_lstm_param(lstm, 0));
+    zd_nn_module_t *lm = zd_nn_lstm_new(6, 12, 2, 0, 5);
+    assert_non_null(lm);
+    zd_tensor_t *before = zd_tensor_detach_copy(zd_nn_module_param(lm, 0));
     expect_refused(lm, net_file, true, "no tensor \"weight_ih_l0\" in the file");
     char **skipped;
     int n;
@@ -231,10 +219,9 @@ static void test_strict_and_not(void **state)
     assert_string_equal(skipped[7], "bias_hh_l1");
     assert_true(has_name(skipped, n, "conv1.weight") && has_name(skipped, n, "fc2.bias"));
     zd_safetensors_free_names(skipped, n);
-    assert_equal_data(zd_nn_lstm_param(lstm, 0), before, "weight_ih_l0 left as it was");
+    assert_equal_data(zd_nn_module_param(lm, 0), before, "weight_ih_l0 left as it was");
     zd_tensor_unref(before);
     zd_nn_module_free(lm);
-    zd_nn_lstm_free(lstm);
 
     /* An extra tensor: a model of conv1 only. Not strict, conv1 loads and
        the rest is named. */
