@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*  named_tensors.c: an ordered list of (name, tensor) pairs
-    (<zdist/named_tensors.h>). Lookups by name are linear: the lists are
-    state dicts of a few to a few hundred tensors, read once per save,
-    load or step. */
+    (<zdist/named_tensors.h>), with a hash index of the names beside it:
+    the lists are mostly state dicts of a few hundred tensors, but a file
+    read from elsewhere may name a million, and checking each new name
+    against the others must not take quadratic time. */
 #include <zdist/named_tensors.h>
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,7 +16,46 @@ struct zd_named_tensors {
     int n, cap;
     char **names;
     zd_tensor_t **tensors;
+    int *slots;         /* open addressing: index + 1 into names, 0 = empty */
+    size_t n_slots;     /* a power of two, at least twice n */
 };
+
+/*  FNV-1a. */
+static size_t name_hash(const char *s)
+{
+    uint64_t h = 14695981039346656037ULL;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return (size_t)h;
+}
+
+/*  The slot holding name, or the empty slot where it would go. */
+static size_t slot_of(const zd_named_tensors_t *nt, const char *name)
+{
+    size_t mask = nt->n_slots - 1, k = name_hash(name) & mask;
+    while (nt->slots[k] && strcmp(nt->names[nt->slots[k] - 1], name) != 0)
+        k = (k + 1) & mask;
+    return k;
+}
+
+/*  Room in the index for n names: 0, or -1 (out of memory, index as it was). */
+static int index_reserve(zd_named_tensors_t *nt, int n)
+{
+    size_t want = 16;
+    while (want < 2 * (size_t)n)
+        want *= 2;
+    if (want <= nt->n_slots)
+        return 0;
+    int *slots = calloc(want, sizeof *slots);
+    if (!slots)
+        return -1;
+    free(nt->slots);
+    nt->slots = slots;
+    nt->n_slots = want;
+    for (int i = 0; i < nt->n; i++)
+        nt->slots[slot_of(nt, nt->names[i])] = i + 1;
+    return 0;
+}
 
 zd_named_tensors_t *zd_named_tensors_new(void)
 {
@@ -34,15 +75,15 @@ void zd_named_tensors_free(zd_named_tensors_t *nt)
     }
     free(nt->names);
     free(nt->tensors);
+    free(nt->slots);
     free(nt);
 }
 
 int zd_named_tensors_index(const zd_named_tensors_t *nt, const char *name)
 {
-    for (int i = 0; nt && name && i < nt->n; i++)
-        if (strcmp(nt->names[i], name) == 0)
-            return i;
-    return -1;
+    if (!nt || !name || !nt->n_slots)
+        return -1;
+    return nt->slots[slot_of(nt, name)] - 1;
 }
 
 int zd_named_tensors_add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *t)
@@ -53,6 +94,8 @@ int zd_named_tensors_add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *
     if (zd_named_tensors_index(nt, name) >= 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: \"%s\" is there already",
                                  name);
+    if (nt->n == INT32_MAX - 1 || index_reserve(nt, nt->n + 1) < 0)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "named tensors: out of memory");
     if (nt->n == nt->cap) {
         int cap = nt->cap ? 2 * nt->cap : 8;
         char **names = realloc(nt->names, (size_t)cap * sizeof *names);
@@ -69,7 +112,9 @@ int zd_named_tensors_add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *
     if (!copy)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "named tensors: out of memory");
     nt->names[nt->n] = copy;
-    nt->tensors[nt->n++] = zd_tensor_ref(t);
+    nt->tensors[nt->n] = zd_tensor_ref(t);
+    size_t k = slot_of(nt, copy);
+    nt->slots[k] = ++nt->n;
     return 0;
 }
 

@@ -40,7 +40,7 @@
 #define NET_BLOCK 10
 static int iters = 2000, net_iters = 60;
 static bool csv;
-static zd_nn_model_t *net;
+static zd_nn_module_t *net;
 static zd_tensor_t *tiny_w, *tiny_b;
 
 static double now_us(void)
@@ -68,7 +68,7 @@ static zd_value_t *fn_net_forward(zd_rpc_call_t *call, zd_value_t *args, void *a
 {
     (void)call, (void)arg;
     zd_tensor_t *x, *out;
-    if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_nn_model_forward(net, x, &out) < 0)
+    if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_nn_module_forward(net, &x, 1, &out, 1) < 0)
         return NULL;
     zd_value_t *v = zd_value_tensor(out);
     zd_tensor_unref(out);
@@ -106,7 +106,7 @@ static int setup(const world_t *w)
     (void)w;
     if (!(net = zd_nn_net_new(1)))
         return -1;
-    zd_nn_model_train(net, false);
+    zd_nn_module_train(net, false);
     tiny_w = zd_tensor_zeros2(10, 10);
     tiny_b = zd_tensor_zeros1(10);
     zd_nn_rng_t rng;
@@ -142,14 +142,14 @@ static int net_iteration(zd_tensor_t *x, zd_tensor_t *y, bool distributed)
     int rc = distributed ? zd_dist_autograd_context_begin(&ctx) : 0;
     if (rc == 0)
         out = distributed ? remote_tensor("net_forward", x)
-                          : (zd_nn_model_forward(net, x, &out) == 0 ? out : NULL);
+                          : (zd_nn_module_forward(net, &x, 1, &out, 1) == 0 ? out : NULL);
     if (!out || zd_nn_nll_loss(out, y, &loss) < 0)
         rc = -1;
     if (rc == 0)
         rc = distributed ? zd_dist_autograd_backward(ctx, &loss, 1, false)
                          : zd_autograd_backward(loss, NULL, false);
     if (!distributed)
-        zd_nn_model_zero_grad(net);
+        zd_nn_module_zero_grad(net);
     if (ctx != -1 && zd_dist_autograd_context_release(ctx) < 0)
         rc = -1;
     zd_tensor_unref(out);

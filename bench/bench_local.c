@@ -66,18 +66,18 @@ static double cpu_seconds(void)
            1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
-static int step(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t *target, float lr)
+static int step(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *target, float lr)
 {
     zd_tensor_t *lp = NULL, *loss = NULL;
-    int rc = zd_nn_model_forward(m, x, &lp);
+    int rc = zd_nn_module_forward(m, &x, 1, &lp, 1);
     if (rc == 0)
         rc = zd_nn_nll_loss(lp, target, &loss);
     if (rc == 0)
         rc = zd_autograd_backward(loss, NULL, false);
     zd_tensor_unref(loss);
     zd_tensor_unref(lp);
-    for (int i = 0; rc == 0 && i < zd_nn_model_n_params(m); i++) {
-        zd_tensor_t *p = zd_nn_model_param(m, i), *g = zd_tensor_grad(p);
+    for (int i = 0; rc == 0 && i < zd_nn_module_n_params(m); i++) {
+        zd_tensor_t *p = zd_nn_module_param(m, i), *g = zd_tensor_grad(p);
         float *restrict pd = zd_tensor_data(p);
         const float *restrict gd = zd_tensor_data(g);
         const int64_t n = zd_tensor_numel(p);
@@ -85,7 +85,7 @@ static int step(zd_nn_model_t *m, zd_tensor_t *x, zd_tensor_t *target, float lr)
             pd[k] -= lr * gd[k];
         zd_tensor_unref(g);
     }
-    zd_nn_model_zero_grad(m);
+    zd_nn_module_zero_grad(m);
     return rc;
 }
 
@@ -101,7 +101,7 @@ static int cmp_double(const void *a, const void *b)
 static double bench_model(const char *name, int batch, double seconds, double *ms_per_step,
                           double *cpu_ms_per_step)
 {
-    zd_nn_model_t *m = zd_nn_model_new(name, 1);
+    zd_nn_module_t *m = zd_nn_tutorial_model_new(name, 1);
     if (!m)
         return -1;
     zd_nn_rng_t rng;
@@ -136,7 +136,7 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     *ms_per_step = 1e3 * batch / rate[ROUNDS / 2];
     zd_tensor_unref(t);
     zd_tensor_unref(x);
-    zd_nn_model_free(m);
+    zd_nn_module_free(m);
     return rate[ROUNDS / 2];
 }
 
@@ -207,7 +207,7 @@ static const char *layer_names[N_LAYERS] = {
 };
 
 typedef struct {
-    zd_nn_model_t *m;
+    zd_nn_module_t *m;
     zd_nn_rng_t rng;
     zd_tensor_t *in[N_LAYERS];       /* each layer's input (leaf; grad from conv2 on) */
     zd_tensor_t *gout[N_LAYERS];     /* ones in the shape of each layer's output (made once) */
@@ -219,7 +219,7 @@ typedef struct {
 static int run_layer(ops_bench_t *b, int l, bool backward)
 {
     zd_tensor_t *h = zd_tensor_ref(b->in[l]), *next = NULL;
-    zd_nn_model_t *m = b->m;
+    zd_nn_module_t *m = b->m;
     int rc = 0;
 #define L(call)                  \
     do {                         \
@@ -231,10 +231,10 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
     } while (0)
     switch (l) {
     case L_CONV1:
-        L(zd_nn_conv2d_relu(h, zd_nn_model_param(m, 0), zd_nn_model_param(m, 1), 1, 0, &next));
+        L(zd_nn_conv2d_relu(h, zd_nn_module_param(m, 0), zd_nn_module_param(m, 1), 1, 0, &next));
         break;
     case L_CONV2:
-        L(zd_nn_conv2d_max_pool2d(h, zd_nn_model_param(m, 2), zd_nn_model_param(m, 3), 1, 0, 2, 2,
+        L(zd_nn_conv2d_max_pool2d(h, zd_nn_module_param(m, 2), zd_nn_module_param(m, 3), 1, 0, 2, 2,
                                &next));
         break;
     case L_DROP2D:
@@ -242,12 +242,12 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
         L(zd_nn_flatten(h, &next));
         break;
     case L_FC1:
-        L(zd_nn_linear(h, zd_nn_model_param(m, 4), zd_nn_model_param(m, 5), &next));
+        L(zd_nn_linear(h, zd_nn_module_param(m, 4), zd_nn_module_param(m, 5), &next));
         break;
     default:
         L(zd_nn_relu(h, &next));
         L(zd_nn_dropout(h, 0.5f, true, &b->rng, &next));
-        L(zd_nn_linear(h, zd_nn_model_param(m, 6), zd_nn_model_param(m, 7), &next));
+        L(zd_nn_linear(h, zd_nn_module_param(m, 6), zd_nn_module_param(m, 7), &next));
         L(zd_nn_log_softmax(h, 1, &next));
         L(zd_nn_nll_loss(h, b->target, &next));
         break;
@@ -259,7 +259,7 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
             zd_tensor_fill_(b->gout[l], 1.0f);
         }
         rc = zd_autograd_backward(h, b->gout[l], false);
-        zd_nn_model_zero_grad(m);
+        zd_nn_module_zero_grad(m);
         zd_tensor_clear_grad(b->in[l]);
     }
     zd_tensor_unref(h);
@@ -296,7 +296,7 @@ static int bench_ops(int batch, double seconds)
     static const int64_t shapes[N_LAYERS][4] = {
         {0, 1, 28, 28}, {0, 32, 26, 26}, {0, 64, 12, 12}, {0, 9216}, {0, 128},
     };
-    ops_bench_t b = {.m = zd_nn_model_new("net", 1)};
+    ops_bench_t b = {.m = zd_nn_tutorial_model_new("net", 1)};
     if (!b.m)
         return -1;
     zd_nn_rng_seed(&b.rng, 3);
@@ -337,7 +337,7 @@ static int bench_ops(int batch, double seconds)
         zd_tensor_unref(b.gout[l]);
     }
     zd_tensor_unref(b.target);
-    zd_nn_model_free(b.m);
+    zd_nn_module_free(b.m);
     return rc;
 }
 

@@ -9,7 +9,8 @@
     runs each scenario for N = 1, 2, 3, ... until nothing fails). The
     counter is per thread so that a failure surfaces as the error of the
     call the test made, not as a message lost on the I/O thread. Allocators
-    the macros cannot reach ask zd__fault_fail() (core/blocks.c).
+    the macros cannot reach ask zd__fault_fail() (core/blocks.c; jansson's,
+    through its allocator hook, in data/safetensors.c).
 
     Not routed: czmq's (the rendezvous at init, the membership and ZAP
     threads: never the thread of a call, and czmq aborts when its own

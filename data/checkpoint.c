@@ -1,19 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /*  checkpoint.c: the checkpoint file format described in checkpoint.h. */
 #include <errno.h>
-#include <fcntl.h>
-#include <libgen.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 #include <zlib.h>
 
 #include <zdist/error.h>
 #include <zdist/checkpoint.h>
+#include "data/files.h"
 
 #define HEADER_BYTES 16
 
@@ -42,32 +39,6 @@ typedef struct {
     record_t *rec;
 } parsed_t;
 
-static void put_le32(unsigned char *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static uint32_t le32(const unsigned char *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static uint64_t le64(const unsigned char *p)
-{
-    return (uint64_t)le32(p) | (uint64_t)le32(p + 4) << 32;
-}
-
-static void shape_str(int ndim, const int64_t *shape, char *buf, size_t size)
-{
-    size_t off = (size_t)snprintf(buf, size, "(");
-    for (int i = 0; i < ndim && off < size; i++)
-        off += (size_t)snprintf(buf + off, size - off, "%s%lld", i ? ", " : "",
-                                (long long)shape[i]);
-    if (off < size)
-        snprintf(buf + off, size - off, ")");
-}
-
 /*  ---- saving ---- */
 
 typedef struct {
@@ -90,7 +61,7 @@ static void emit(writer_t *w, const void *p, size_t n)
 static void emit_u32(writer_t *w, uint32_t v)
 {
     unsigned char b[4];
-    put_le32(b, v);
+    zd__put_le32(b, v);
     emit(w, b, 4);
 }
 
@@ -149,67 +120,37 @@ static void write_all(writer_t *w, const zd_named_tensors_t *nt)
         for (int d = 0; d < zd_tensor_ndim(t); d++) {
             unsigned char b[8];
             uint64_t v = (uint64_t)zd_tensor_size(t, d);
-            put_le32(b, (uint32_t)v);
-            put_le32(b + 4, (uint32_t)(v >> 32));
+            zd__put_le32(b, (uint32_t)v);
+            zd__put_le32(b + 4, (uint32_t)(v >> 32));
             emit(w, b, 8);
         }
         emit_data(w, t);
     }
     unsigned char b[4];
-    put_le32(b, (uint32_t)w->crc);
+    zd__put_le32(b, (uint32_t)w->crc);
     if (!w->failed && fwrite(b, 1, 4, w->f) != 4)
         w->failed = true;
 }
 
-/*  Makes the rename itself durable; best effort (some file systems refuse
-    fsync on directories). */
-static void sync_parent(const char *path)
+typedef struct {
+    const char *path;
+    const zd_named_tensors_t *nt;
+} save_t;
+
+static int save_to(FILE *f, void *arg)
 {
-    char copy[4096];   /* path fit in the temporary file's name */
-    if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy)
-        return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
+    save_t *s = arg;
+    writer_t w = {f, crc32(0L, Z_NULL, 0), false};
+    write_all(&w, s->nt);
+    return w.failed ? zd_error_set("checkpoint: %s: cannot write: %s", s->path, strerror(errno))
+                    : 0;
 }
 
 int zd_checkpoint_save(const char *path, const zd_named_tensors_t *tensors)
 {
-    static atomic_uint counter;
     if (check_inputs(path, tensors) < 0)
         return -1;
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
-                         atomic_fetch_add(&counter, 1)) >= sizeof tmp)
-        return zd_error_set("checkpoint: %s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return zd_error_set("checkpoint: %s: cannot create %s: %s", path, tmp, strerror(errno));
-    writer_t w = { fdopen(fd, "wb"), crc32(0L, Z_NULL, 0), false };
-    if (!w.f) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return zd_error_set("checkpoint: %s: %s", path, strerror(e));
-    }
-    write_all(&w, tensors);
-    int e = w.failed ? errno : 0;
-    if (!e && fflush(w.f) != 0)
-        e = errno;
-    if (!e && fsync(fileno(w.f)) != 0)
-        e = errno;
-    if (fclose(w.f) != 0 && !e)
-        e = errno;
-    if (!e && rename(tmp, path) != 0)
-        e = errno;
-    if (e) {
-        unlink(tmp);
-        return zd_error_set("checkpoint: %s: cannot write: %s", path, strerror(e));
-    }
-    sync_parent(path);
-    return 0;
+    return zd__file_replace("checkpoint", path, save_to, &(save_t){path, tensors});
 }
 
 /*  ---- loading ---- */
@@ -248,7 +189,7 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
         return zd_error_set("checkpoint: %s: truncated: tensor %u of %u needs %zu bytes of %s, " \
                          "only %zu left", path, k + 1, p->count, (size_t)(n), what, end - *pos)
     NEED(4, "name length");
-    r->name_len = le32(b + *pos);
+    r->name_len = zd__le32(b + *pos);
     *pos += 4;
     if (r->name_len == 0 || r->name_len > ZD_CHECKPOINT_MAX_NAME)
         return zd_error_set("checkpoint: %s: tensor %u of %u: name length %u out of range "
@@ -259,7 +200,7 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
         return zd_error_set("checkpoint: %s: tensor %u of %u: a NUL byte in its name (corrupt "
                          "file)", path, k + 1, p->count);
     *pos += r->name_len;
-    uint32_t dtype = le32(b + *pos), ndim = le32(b + *pos + 4);
+    uint32_t dtype = zd__le32(b + *pos), ndim = zd__le32(b + *pos + 4);
     *pos += 8;
     size_t es = zd_tensor_dtype_size((zd_tensor_dtype_t)dtype);
     if (es == 0 || ndim > ZD_TENSOR_MAX_DIMS)
@@ -270,7 +211,7 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
     NEED(8 * ndim, "dimensions");
     uint64_t numel = 1;
     for (uint32_t d = 0; d < ndim; d++) {
-        uint64_t v = le64(b + *pos + 8 * d);
+        uint64_t v = zd__le64(b + *pos + 8 * d);
         if (v > (uint64_t)INT64_MAX || (v && numel > (uint64_t)INT64_MAX / 16 / v))
             return zd_error_set("checkpoint: %s: tensor '%.*s': dimensions too large (corrupt "
                              "file)", path, (int)r->name_len, r->name);
@@ -312,13 +253,13 @@ static int parse(const char *path, parsed_t *p)
         zd_error_set("checkpoint: %s: truncated: %zu bytes, shorter than a header", path, p->size);
         goto out;
     }
-    uint32_t version = le32(p->buf + 8);
+    uint32_t version = zd__le32(p->buf + 8);
     if (version != ZD_CHECKPOINT_VERSION) {
         zd_error_set("checkpoint: %s: version %u not supported (this build reads version %d)",
                   path, version, ZD_CHECKPOINT_VERSION);
         goto out;
     }
-    p->count = le32(p->buf + 12);
+    p->count = zd__le32(p->buf + 12);
     if (p->count > ZD_CHECKPOINT_MAX_COUNT) {
         zd_error_set("checkpoint: %s: %u tensors (corrupt file)", path, p->count);
         goto out;
@@ -332,7 +273,7 @@ static int parse(const char *path, parsed_t *p)
     for (uint32_t k = 0; k < p->count; k++)
         if (parse_record(path, p, k, &pos, end) < 0)
             goto out;
-    uint32_t stored = le32(p->buf + end), actual = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0),
+    uint32_t stored = zd__le32(p->buf + end), actual = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0),
                                                                        p->buf, end);
     if (stored != actual) {
         zd_error_set("checkpoint: %s: CRC mismatch (stored %08x, computed %08x): the file is "
@@ -401,8 +342,8 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
             same = r->shape[d] == zd_tensor_size(t, d);
         if (!same) {
             char a[160], b[160];
-            shape_str(r->ndim, r->shape, a, sizeof a);
-            shape_str(zd_tensor_ndim(t), zd_tensor_shape(t), b, sizeof b);
+            zd__shape_str(r->shape, r->ndim, a, sizeof a);
+            zd__shape_str(zd_tensor_shape(t), zd_tensor_ndim(t), b, sizeof b);
             return zd_error_set("checkpoint: %s: tensor '%s' has shape %s in the file but %s "
                              "here", path, name, a, b);
         }

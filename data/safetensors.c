@@ -13,7 +13,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
-#include <libgen.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -27,6 +27,7 @@
 
 #include <zdist/error.h>
 #include <zdist/safetensors.h>
+#include "data/files.h"
 #include "data/safetensors_private.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
@@ -86,14 +87,6 @@ static int dtype_rank(zd_tensor_dtype_t dt)
         if (strcmp(dtypes[i].name, name) == 0)
             return i;
     return -1;
-}
-
-static uint64_t le64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 7; i >= 0; i--)
-        v = v << 8 | p[i];
-    return v;
 }
 
 static uint16_t le16(const unsigned char *p)
@@ -163,16 +156,6 @@ static bool utf8_ok(const char *s)
 {
     size_t n = strlen(s);
     return utf8_check((const unsigned char *)s, n) == n;
-}
-
-static void shape_str(int ndim, const int64_t *shape, char *buf, size_t size)
-{
-    size_t off = (size_t)snprintf(buf, size, "(");
-    for (int i = 0; i < ndim && off < size; i++)
-        off += (size_t)snprintf(buf + off, size - off, "%s%lld", i ? ", " : "",
-                                (long long)shape[i]);
-    if (off < size)
-        snprintf(buf + off, size - off, ")");
 }
 
 /*  ---- reading ---- */
@@ -375,7 +358,7 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
     uint64_t need = r->numel * r->dt->size;
     if (r->end - r->begin != need) {
         char s[200];
-        shape_str(r->ndim, r->shape, s, sizeof s);
+        zd__shape_str(r->shape, r->ndim, s, sizeof s);
         return FAIL(p, "tensor '%.*s': shape %s of %s is %" PRIu64 " bytes, but data_offsets "
                     "[%" PRIu64 ", %" PRIu64 "] hold %" PRIu64, SHOW, name, s, r->dt->name, need,
                     r->begin, r->end, r->end - r->begin);
@@ -388,11 +371,47 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
     return 0;
 }
 
+/*  jansson reports most failed allocations as invalid JSON, and takes its
+    allocator process-wide. Ours wraps whichever was there (the program's
+    own, if it set one) and marks the thread whose allocation failed, so
+    that a header that did not parse for want of memory is reported as
+    such. In fault-injection builds it fails when a test says so. */
+static _Thread_local bool json_failed_alloc;
+static json_malloc_t json_prev_malloc;
+static json_free_t json_prev_free;
+
+static void *json_malloc(size_t n)
+{
+#ifdef ZDIST_FAULT_INJECT
+    if (zd__fault_fail()) {
+        json_failed_alloc = true;
+        return NULL;
+    }
+#endif
+    void *ptr = json_prev_malloc(n);
+    if (!ptr)
+        json_failed_alloc = true;
+    return ptr;
+}
+
+static void json_free(void *ptr)
+{
+    json_prev_free(ptr);
+}
+
+static void json_wrap_allocator(void)
+{
+    json_get_alloc_funcs(&json_prev_malloc, &json_prev_free);
+    json_set_alloc_funcs(json_malloc, json_free);
+}
+
 static int parse_header(parse_t *p)
 {
+    static pthread_once_t wrapped = PTHREAD_ONCE_INIT;
+    pthread_once(&wrapped, json_wrap_allocator);
     if (p->size < 8)
         return FAIL(p, "%zu bytes, too short for the header's 8-byte length", p->size);
-    p->header_len = le64(p->bytes);
+    p->header_len = zd__le64(p->bytes);
     if (p->header_len > ZD_SAFETENSORS_MAX_HEADER)
         return FAIL(p, "a header of %" PRIu64 " bytes: over the format's limit of %d",
                     p->header_len, ZD_SAFETENSORS_MAX_HEADER);
@@ -413,15 +432,16 @@ static int parse_header(parse_t *p)
         return -1;
     }
     json_error_t je;
+    json_failed_alloc = false;
     p->root = json_loadb((const char *)h, (size_t)p->header_len, JSON_REJECT_DUPLICATES, &je);
     free(h);
     if (!p->root) {
+        if (json_failed_alloc || json_error_code(&je) == json_error_out_of_memory)
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
+                                     "header", p->path);
         if (json_error_code(&je) == json_error_duplicate_key)
             return FAIL(p, "the header names a tensor or key twice (at byte %d of it)",
                         je.position);
-        if (json_error_code(&je) == json_error_out_of_memory)
-            return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
-                                     "header", p->path);
         return FAIL(p, "the header is not valid JSON (byte %d of it: %s)", je.position, je.text);
     }
     if (!json_is_object(p->root))
@@ -497,7 +517,7 @@ static void convert(const record_t *r, const unsigned char *src, void *dst)
         break;
     case CONV_F64:
         for (uint64_t i = 0; i < r->numel; i++) {
-            uint64_t bits = le64(src + 8 * i);
+            uint64_t bits = zd__le64(src + 8 * i);
             double x;
             memcpy(&x, &bits, sizeof x);
             f[i] = (float)x;   /* rounds to nearest; inf past FLT_MAX, as PyTorch's .float() */
@@ -897,56 +917,26 @@ int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tens
     return rc;
 }
 
-/*  Makes the rename itself durable; best effort (some file systems refuse
-    fsync on directories). */
-static void sync_parent(const char *path)
+typedef struct {
+    const char *path;
+    const zd_named_tensors_t *nt;
+    const char *const *meta_kv;
+    int n_meta;
+} write_t;
+
+static int write_to(FILE *f, void *arg)
 {
-    char copy[4096];
-    if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy)
-        return;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        (void)fsync(fd);
-        close(fd);
-    }
+    write_t *w = arg;
+    return zd__safetensors_write_stream(f, w->path, w->nt, w->meta_kv, w->n_meta);
 }
 
 int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
                          const char *const *meta_kv, int n_meta)
 {
-    static atomic_uint counter;
     if (!path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: write needs a path");
     if (check_write(path, nt, meta_kv, n_meta) < 0)   /* before any file is made */
         return -1;
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%u", path, (long)getpid(),
-                         atomic_fetch_add(&counter, 1)) >= sizeof tmp)
-        return fail(path, "path too long");
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return fail(path, "cannot create %s: %s", tmp, strerror(errno));
-    FILE *f = fdopen(fd, "wb");
-    if (!f) {
-        int e = errno;
-        close(fd);
-        unlink(tmp);
-        return fail(path, "%s", strerror(e));
-    }
-    int rc = zd__safetensors_write_stream(f, path, nt, meta_kv, n_meta);
-    int e = 0;
-    if (rc == 0 && fflush(f) != 0)
-        e = errno;
-    if (rc == 0 && !e && fsync(fileno(f)) != 0)
-        e = errno;
-    if (fclose(f) != 0 && rc == 0 && !e)
-        e = errno;
-    if (rc == 0 && !e && rename(tmp, path) != 0)
-        e = errno;
-    if (rc < 0 || e) {
-        unlink(tmp);
-        return rc < 0 ? -1 : fail(path, "cannot write: %s", strerror(e));
-    }
-    sync_parent(path);
-    return 0;
+    return zd__file_replace("safetensors", path, write_to,
+                            &(write_t){path, nt, meta_kv, n_meta});
 }

@@ -18,7 +18,7 @@
 
 typedef struct {
     int stage;                          /* 1 or 2 */
-    zd_nn_model_t *net;                    /* the whole Net; only the stage's half is used */
+    zd_nn_module_t *net;                    /* the whole Net; only the stage's half is used */
     zd_tensor_t *params[PIPELINE_STAGE_PARAMS];    /* borrowed from net */
     double busy;                        /* seconds spent in forward since the last stats */
     int64_t calls;
@@ -27,7 +27,7 @@ typedef struct {
 static void shard_free(void *obj)
 {
     shard_t *s = obj;
-    zd_nn_model_free(s->net);
+    zd_nn_module_free(s->net);
     free(s);
 }
 
@@ -53,10 +53,10 @@ static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg
         return NULL;
     }
     s->stage = (int)stage;
-    zd_nn_model_train(s->net, dropout != 0);
+    zd_nn_module_train(s->net, dropout != 0);
     /* Stage 1 holds conv1 and conv2, stage 2 fc1 and fc2. */
     for (int i = 0; i < PIPELINE_STAGE_PARAMS; i++)
-        s->params[i] = zd_nn_model_param(s->net, (s->stage - 1) * PIPELINE_STAGE_PARAMS + i);
+        s->params[i] = zd_nn_module_param(s->net, (s->stage - 1) * PIPELINE_STAGE_PARAMS + i);
     return actor_new(&shard_class, s);
 }
 
@@ -132,7 +132,7 @@ static zd_value_t *fn_shard_train(zd_rpc_call_t *call, zd_value_t *args, void *a
     zd_value_t *v = NULL;
     if (zd_rpc_arg_int(args, 1, &on) == 0) {
         actor_lock(a);
-        zd_nn_model_train(((shard_t *)actor_object(a))->net, on != 0);
+        zd_nn_module_train(((shard_t *)actor_object(a))->net, on != 0);
         actor_unlock(a);
         v = zd_value_none();
     }

@@ -107,11 +107,11 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res);
 void ps_slice_range(int64_t numel, int s, int n, int64_t *lo, int64_t *hi);
 
 /*  A new flat float32 tensor with elements [lo, hi) of m's parameters. */
-zd_tensor_t *ps_model_slice(zd_nn_model_t *m, int64_t lo, int64_t hi);
+zd_tensor_t *ps_model_slice(zd_nn_module_t *m, int64_t lo, int64_t hi);
 
 /*  Copies n flat slices, in order, into m's parameters; their sizes must
-    add up to zd_nn_model_numel(m). 0, or -1. */
-int ps_model_load(zd_nn_model_t *m, zd_tensor_t *const *slices, int n);
+    add up to zd_nn_module_numel(m). 0, or -1. */
+int ps_model_load(zd_nn_module_t *m, zd_tensor_t *const *slices, int n);
 
 /*  FNV-1a over a tensor's bytes. */
 uint64_t ps_hash(const zd_tensor_t *t);

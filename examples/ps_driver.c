@@ -65,7 +65,7 @@ typedef struct {
     zd_rref_t *servers[PS_MAX_SERVERS];
     zd_rref_t *workers[PS_MAX_WORKERS];
     zd_tensor_t *weights[PS_MAX_SERVERS];      /* the current slices */
-    zd_nn_model_t *model;                      /* for evaluation */
+    zd_nn_module_t *model;                      /* for evaluation */
     zd_dataset_t *test;
     double eval_seconds;
     double accuracy;
@@ -381,7 +381,7 @@ static int fetch_stats(zd_rref_t *r, ps_stats_t *st)
 static int run(driver_t *d, ps_result_t *res)
 {
     const ps_options_t *o = d->o;
-    if (!(d->model = zd_nn_model_new(o->model, (uint64_t)o->seed)) ||
+    if (!(d->model = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)) ||
         !(d->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
         (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) ||
         create_actors(d) < 0 || wait_created(d->servers, d->S) < 0 ||
@@ -433,7 +433,7 @@ static int run(driver_t *d, ps_result_t *res)
     if (!o->async)   /* every round applies one gradient of each */
         for (int w = 0; w < d->W; w++)
             res->applied[w] = updates;
-    if (zd_nn_model_params_to_vector(d->model, &res->weights) < 0)
+    if (zd_nn_module_params_to_vector(d->model, &res->weights) < 0)
         return -1;
     for (int s = 0; o->track && s < d->S; s++)
         if (fetch_stats(d->servers[s], &res->servers[s]) < 0)
@@ -461,7 +461,7 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res)
     }
     for (int w = 0; w < d.W; w++)
         zd_rref_unref(d.workers[w]);
-    zd_nn_model_free(d.model);
+    zd_nn_module_free(d.model);
     zd_dataset_free(d.test);
     if (rc < 0) {
         zd_error_set("%s", err);

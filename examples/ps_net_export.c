@@ -112,13 +112,13 @@ static int take_pieces(gathered_t *g, zd_value_t *list, int shard)
 
 static int save(int64_t step, double accuracy, int64_t images)
 {
-    zd_nn_model_t *net = zd_nn_net_new(0);   /* the shapes to check against */
+    zd_nn_module_t *net = zd_nn_net_new(0);   /* the shapes to check against */
     zd_value_t *answers[MAX_PIECES] = {0};
     zd_named_tensors_t *nt = zd_named_tensors_new();
     gathered_t g[NET_PARAMS] = {{0}};
     int rc = net && nt ? 0 : -1, S = ps_shard.num_shards;
     for (int k = 0; net && k < NET_PARAMS; k++)
-        g[k] = (gathered_t){.name = zd_nn_model_param_name(net, k)};
+        g[k] = (gathered_t){.name = zd_nn_module_param_name(net, k)};
     /* shard 0's own, then the others' in shard order: fc1's rows in order */
     if (rc == 0)
         rc = (answers[0] = fn_local_params(NULL, NULL, NULL)) ? 0 : -1;
@@ -127,7 +127,7 @@ static int save(int64_t step, double accuracy, int64_t images)
     for (int s = 0; rc == 0 && s < S && s < MAX_PIECES; s++)
         rc = take_pieces(g, answers[s], s);
     for (int k = 0; rc == 0 && k < NET_PARAMS; k++) {
-        zd_tensor_t *whole = NULL, *want = zd_nn_model_param(net, k);
+        zd_tensor_t *whole = NULL, *want = zd_nn_module_param(net, k);
         if (g[k].n == 1)
             whole = zd_tensor_ref(g[k].piece[0]);
         else if (g[k].n > 1 && zd_tensor_cat(g[k].piece, g[k].n, 0, &whole) < 0)
@@ -153,7 +153,7 @@ static int save(int64_t step, double accuracy, int64_t images)
     for (int s = 0; s < MAX_PIECES; s++)
         zd_value_unref(answers[s]);
     zd_named_tensors_free(nt);
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
     return rc;
 }
 

@@ -166,11 +166,11 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
 {
     if (num_shards < 1 || num_shards > 64 || shard < 0 || shard >= num_shards)
         return zd_error_set("ps_net: shard %d of %d", shard, num_shards);
-    zd_nn_model_t *net = zd_nn_net_new(seed);
+    zd_nn_module_t *net = zd_nn_net_new(seed);
     if (!net)
         return -1;
-    if (ps_net_init_from() && train_model_load_safetensors(net, ps_net_init_from()) < 0) {
-        zd_nn_model_free(net);
+    if (ps_net_init_from() && zd_nn_module_load_safetensors(net, ps_net_init_from(), true, NULL, NULL) < 0) {
+        zd_nn_module_free(net);
         return zd_error_wrap("--init_from");
     }
     if (ps_net_init_from())
@@ -186,21 +186,21 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
     if (shard == 0) {
         const char *own[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias"};
         for (int i = 0; i < 4 && rc == 0; i++)
-            rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_model_find_param(net, own[i])));
+            rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_module_find(net, own[i])));
     }
     if (rc == 0 && model.fc1_count > 0) {
-        rc = add_param("fc1.weight", rows_of(zd_nn_model_find_param(net, "fc1.weight"),
+        rc = add_param("fc1.weight", rows_of(zd_nn_module_find(net, "fc1.weight"),
                                              model.fc1_first, model.fc1_count));
         if (rc == 0)
-            rc = add_param("fc1.bias", rows_of(zd_nn_model_find_param(net, "fc1.bias"),
+            rc = add_param("fc1.bias", rows_of(zd_nn_module_find(net, "fc1.bias"),
                                                model.fc1_first, model.fc1_count));
     }
     if (rc == 0 && shard == 0) {
         const char *own[] = {"fc2.weight", "fc2.bias"};
         for (int i = 0; i < 2 && rc == 0; i++)
-            rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_model_find_param(net, own[i])));
+            rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_module_find(net, own[i])));
     }
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
     if (rc < 0)
         return -1;
 

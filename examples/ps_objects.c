@@ -35,22 +35,22 @@ static zd_tensor_t *flat_range(zd_tensor_t *v, int64_t lo, int64_t hi)
     return copy;
 }
 
-zd_tensor_t *ps_model_slice(zd_nn_model_t *m, int64_t lo, int64_t hi)
+zd_tensor_t *ps_model_slice(zd_nn_module_t *m, int64_t lo, int64_t hi)
 {
-    if (lo < 0 || hi > zd_nn_model_numel(m) || lo >= hi) {
+    if (lo < 0 || hi > zd_nn_module_numel(m) || lo >= hi) {
         zd_error_set("slice [%lld, %lld) outside the model's %lld weights", (long long)lo,
-                  (long long)hi, (long long)zd_nn_model_numel(m));
+                  (long long)hi, (long long)zd_nn_module_numel(m));
         return NULL;
     }
     zd_tensor_t *all;
-    if (zd_nn_model_params_to_vector(m, &all) < 0)
+    if (zd_nn_module_params_to_vector(m, &all) < 0)
         return NULL;
     zd_tensor_t *t = lo == 0 && hi == zd_tensor_numel(all) ? zd_tensor_ref(all) : flat_range(all, lo, hi);
     zd_tensor_unref(all);
     return t;
 }
 
-static int check_slices(zd_nn_model_t *m, zd_tensor_t *const *slices, int n)
+static int check_slices(zd_nn_module_t *m, zd_tensor_t *const *slices, int n)
 {
     int64_t total = 0;
     for (int s = 0; s < n; s++) {
@@ -59,22 +59,22 @@ static int check_slices(zd_nn_model_t *m, zd_tensor_t *const *slices, int n)
                              zd_tensor_dtype_name(zd_tensor_dtype(slices[s])));
         total += zd_tensor_numel(slices[s]);
     }
-    if (total != zd_nn_model_numel(m))
+    if (total != zd_nn_module_numel(m))
         return zd_error_set("%d weight slices hold %lld values; the %s has %lld", n,
-                         (long long)total, zd_nn_model_name(m), (long long)zd_nn_model_numel(m));
+                         (long long)total, zd_nn_module_type(m), (long long)zd_nn_module_numel(m));
     return 0;
 }
 
-int ps_model_load(zd_nn_model_t *m, zd_tensor_t *const *slices, int n)
+int ps_model_load(zd_nn_module_t *m, zd_tensor_t *const *slices, int n)
 {
     if (check_slices(m, slices, n) < 0)
         return -1;
     if (n == 1)
-        return zd_nn_model_vector_to_params(m, slices[0]);
+        return zd_nn_module_vector_to_params(m, slices[0]);
     zd_tensor_t *all;
     if (zd_tensor_cat(slices, n, 0, &all) < 0)
         return -1;
-    int rc = zd_nn_model_vector_to_params(m, all);
+    int rc = zd_nn_module_vector_to_params(m, all);
     zd_tensor_unref(all);
     return rc;
 }
@@ -120,7 +120,7 @@ fail:
 /*  ---- DataWorker ---- */
 
 struct ps_worker {
-    zd_nn_model_t *model;
+    zd_nn_module_t *model;
     zd_dataset_t *train;
     int index;
     uint64_t seed;
@@ -157,7 +157,7 @@ ps_worker_t *ps_worker_new(const char *model, int index, uint64_t seed, int64_t 
     w->seed = seed;
     w->batch_size = batch_size;
     w->track = track;
-    if (!(w->model = zd_nn_model_new(model, seed)) ||
+    if (!(w->model = zd_nn_tutorial_model_new(model, seed)) ||
         !(w->train = zd_dataset_load(data_dir, ZD_DATASET_TRAIN)) ||
         (train_size > 0 && zd_dataset_limit(w->train, train_size) < 0)) {
         ps_worker_free(w);
@@ -170,7 +170,7 @@ void ps_worker_free(ps_worker_t *w)
 {
     if (!w)
         return;
-    zd_nn_model_free(w->model);
+    zd_nn_module_free(w->model);
     zd_dataset_free(w->train);
     free(w->order);
     free(w->stats.hashes);
@@ -199,13 +199,13 @@ int ps_worker_compute(ps_worker_t *w, zd_tensor_t *const *weights, int n, zd_ten
     for (int s = 0; s < n; s++)
         grads[s] = NULL;
     int rc = -1;
-    zd_nn_model_zero_grad(w->model);
+    zd_nn_module_zero_grad(w->model);
     if (ps_model_load(w->model, weights, n) < 0 || next_batch(w, &x, &y) < 0 ||
-        zd_nn_model_forward(w->model, x, &logprobs) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0 ||
+        zd_nn_module_forward(w->model, &x, 1, &logprobs, 1) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0 ||
         zd_autograd_backward(loss, NULL, false) < 0)
         goto out;
     /* The slices are views of one vector of every gradient. */
-    if (zd_nn_model_grads_to_vector(w->model, &all) < 0)
+    if (zd_nn_module_grads_to_vector(w->model, &all) < 0)
         goto out;
     int64_t off = 0;
     for (int s = 0; s < n; s++) {
@@ -219,7 +219,7 @@ int ps_worker_compute(ps_worker_t *w, zd_tensor_t *const *weights, int n, zd_ten
     w->stats.count++;
     rc = 0;
 out:
-    zd_nn_model_zero_grad(w->model);
+    zd_nn_module_zero_grad(w->model);
     zd_tensor_unref(all);
     zd_tensor_unref(loss);
     zd_tensor_unref(logprobs);
@@ -271,23 +271,23 @@ static zd_value_t *fn_server_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
         return NULL;
     }
     ps_server_t *ps = calloc(1, sizeof *ps);
-    zd_nn_model_t *m = zd_nn_model_new(model, (uint64_t)seed);
+    zd_nn_module_t *m = zd_nn_tutorial_model_new(model, (uint64_t)seed);
     zd_optim_config_t cfg = zd_optim_sgd_defaults(lr);
     int64_t lo, hi;
     if (!ps || !m)
         goto fail;
-    ps_slice_range(zd_nn_model_numel(m), (int)index, (int)n, &lo, &hi);
+    ps_slice_range(zd_nn_module_numel(m), (int)index, (int)n, &lo, &hi);
     if (!(ps->weights = ps_model_slice(m, lo, hi)) ||
         zd_tensor_set_requires_grad(ps->weights, true) < 0 ||
         !(ps->opt = zd_optim_new(&cfg, &ps->weights, 1)))
         goto fail;
     ps->track = track != 0;
-    zd_nn_model_free(m);
+    zd_nn_module_free(m);
     return actor_new(&server_class, ps);
 fail:
     if (!ps)
         zd_error_set("out of memory");
-    zd_nn_model_free(m);
+    zd_nn_module_free(m);
     if (ps)
         server_free(ps);
     return NULL;

@@ -5,15 +5,13 @@
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
-#include <zdist/checkpoint.h>
 #include <zdist/nn.h>
-#include <zdist/safetensors.h>
 
 #define EVAL_BATCH 1000
 
-int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy)
+int train_evaluate(zd_nn_module_t *m, const zd_dataset_t *ds, double *accuracy)
 {
-    bool was_training = zd_nn_model_train(m, false);
+    bool was_training = zd_nn_module_train(m, false);
     bool grad = zd_autograd_set_grad_enabled(false);
     int64_t correct = 0, n = zd_dataset_size(ds);
     int rc = 0;
@@ -21,7 +19,7 @@ int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy)
         zd_tensor_t *x = NULL, *y = NULL, *logprobs = NULL;
         rc = zd_dataset_batch(ds, NULL, start, EVAL_BATCH, &x, &y);
         if (rc == 0)
-            rc = zd_nn_model_forward(m, x, &logprobs);
+            rc = zd_nn_module_forward(m, &x, 1, &logprobs, 1);
         if (rc == 0) {
             int64_t c = zd_nn_accuracy(logprobs, y);
             if (c < 0)
@@ -34,53 +32,9 @@ int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy)
         zd_tensor_unref(y);
     }
     zd_autograd_set_grad_enabled(grad);
-    zd_nn_model_train(m, was_training);
+    zd_nn_module_train(m, was_training);
     if (rc == 0)
         *accuracy = n ? (double)correct / (double)n : 0.0;
-    return rc;
-}
-
-int train_checkpoint_save(zd_nn_model_t *m, const char *path)
-{
-    zd_named_tensors_t *nt = train_model_state_dict(m);
-    int rc = nt ? zd_checkpoint_save(path, nt) : -1;
-    zd_named_tensors_free(nt);
-    return rc;
-}
-
-int train_checkpoint_load(zd_nn_model_t *m, const char *path)
-{
-    zd_named_tensors_t *nt = train_model_state_dict(m);
-    int rc = nt ? zd_checkpoint_load(path, nt) : -1;
-    zd_named_tensors_free(nt);
-    return rc;
-}
-
-zd_named_tensors_t *train_model_state_dict(const zd_nn_model_t *m)
-{
-    zd_named_tensors_t *nt = zd_named_tensors_new();
-    for (int i = 0; nt && i < zd_nn_model_n_params(m); i++)
-        if (zd_named_tensors_add(nt, zd_nn_model_param_name(m, i), zd_nn_model_param(m, i)) < 0) {
-            zd_named_tensors_free(nt);
-            return NULL;
-        }
-    return nt;   /* NULL: zd_named_tensors_new set the error */
-}
-
-int train_model_save_safetensors(const zd_nn_model_t *m, const char *path,
-                                 const char *const *meta_kv, int n_meta)
-{
-    zd_named_tensors_t *nt = train_model_state_dict(m);
-    int rc = nt ? zd_safetensors_write(path, nt, meta_kv, n_meta) : -1;
-    zd_named_tensors_free(nt);
-    return rc;
-}
-
-int train_model_load_safetensors(zd_nn_model_t *m, const char *path)
-{
-    zd_named_tensors_t *nt = train_model_state_dict(m);
-    int rc = nt ? zd_safetensors_load_into(path, nt, true, NULL, NULL) : -1;
-    zd_named_tensors_free(nt);
     return rc;
 }
 

@@ -5,27 +5,11 @@
 
 #include <zdist/dataset.h>
 #include <zdist/model.h>
-#include <zdist/named_tensors.h>
 
 /*  Accuracy of m on the whole of ds, in evaluation mode (dropout off) and
     without recording gradients; m's mode is restored. Returns 0 and sets
     *accuracy in [0, 1], or -1. */
-int train_evaluate(zd_nn_model_t *m, const zd_dataset_t *ds, double *accuracy);
-
-/*  Saves / loads m's named parameters (the <zdist/checkpoint.h> format). */
-int train_checkpoint_save(zd_nn_model_t *m, const char *path);
-int train_checkpoint_load(zd_nn_model_t *m, const char *path);
-
-/*  m's parameters under their (PyTorch's) names, sharing m's tensors: a
-    new list (zd_named_tensors_free), or NULL. */
-zd_named_tensors_t *train_model_state_dict(const zd_nn_model_t *m);
-
-/*  Saves m's parameters to a safetensors file with n_meta metadata
-    entries (<zdist/safetensors.h>); loads them strictly (every parameter,
-    nothing else, the same shapes). 0, or -1. */
-int train_model_save_safetensors(const zd_nn_model_t *m, const char *path,
-                                 const char *const *meta_kv, int n_meta);
-int train_model_load_safetensors(zd_nn_model_t *m, const char *path);
+int train_evaluate(zd_nn_module_t *m, const zd_dataset_t *ds, double *accuracy);
 
 /*  Where a run that had done `done` batches of `per_epoch` each goes on:
     the epoch and the batch within it (the epoch's order depends only on

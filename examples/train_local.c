@@ -23,7 +23,6 @@
 #include "examples/flags.h"
 #include "examples/progress.h"
 #include "examples/train_common.h"
-#include <zdist/checkpoint.h>
 #include <zdist/dataset.h>
 #include <zdist/model.h>
 #include <zdist/nn.h>
@@ -38,11 +37,11 @@ typedef struct {
     bool no_dropout;
 } options_t;
 
-static int train_batch(zd_nn_model_t *m, zd_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, float *loss_out)
+static int train_batch(zd_nn_module_t *m, zd_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, float *loss_out)
 {
     zd_tensor_t *logprobs = NULL, *loss = NULL;
     int rc = -1;
-    if (zd_nn_model_forward(m, x, &logprobs) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0)
+    if (zd_nn_module_forward(m, &x, 1, &logprobs, 1) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0)
         goto out;
     zd_optim_zero_grad(opt, true);
     if (zd_autograd_backward(loss, NULL, false) < 0 || zd_optim_step_grad(opt) < 0)
@@ -59,7 +58,7 @@ static int run(const options_t *o)
 {
     char dir[1024];
     zd_dataset_t *train = NULL, *test = NULL;
-    zd_nn_model_t *m = NULL;
+    zd_nn_module_t *m = NULL;
     zd_optim_t *opt = NULL;
     curves_t *curves = NULL;
     int64_t *order = NULL;
@@ -74,23 +73,23 @@ static int run(const options_t *o)
         goto out;
     printf("data: %s (%lld training, %lld test images)\n", dir, (long long)zd_dataset_size(train),
            (long long)zd_dataset_size(test));
-    if (!(m = zd_nn_model_new(o->model, (uint64_t)o->seed)))
+    if (!(m = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)))
         goto out;
-    if (o->load && train_checkpoint_load(m, o->load) < 0)
+    if (o->load && zd_nn_module_load(m, o->load) < 0)
         goto out;
     if (o->init_from) {
-        if (train_model_load_safetensors(m, o->init_from) < 0)
+        if (zd_nn_module_load_safetensors(m, o->init_from, true, NULL, NULL) < 0)
             goto out;
         printf("initial weights from %s\n", o->init_from);
     }
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     zd_tensor_t *params[16];
-    int np = zd_nn_model_n_params(m);
+    int np = zd_nn_module_n_params(m);
     for (int i = 0; i < np; i++)
-        params[i] = zd_nn_model_param(m, i);
+        params[i] = zd_nn_module_param(m, i);
     if (!(opt = zd_optim_new(&cfg, params, np)))
         goto out;
-    zd_nn_model_train(m, !o->no_dropout);
+    zd_nn_module_train(m, !o->no_dropout);
 
     int64_t nb = zd_dataset_num_batches(train, o->batch_size), done = 0, total = o->epochs * nb;
     if (o->max_batches > 0 && o->max_batches < total)
@@ -157,7 +156,7 @@ static int run(const options_t *o)
     printf("trained %lld batches in %.1f s (%.0f samples/s)\n", (long long)done, secs,
            (double)done * (double)o->batch_size / secs);
     if (o->save) {
-        if (train_checkpoint_save(m, o->save) < 0)
+        if (zd_nn_module_save(m, o->save) < 0)
             goto out;
         printf("saved checkpoint %s\n", o->save);
     }
@@ -170,7 +169,7 @@ static int run(const options_t *o)
         snprintf(step, sizeof step, "%lld", (long long)done);
         snprintf(accuracy, sizeof accuracy, "%.6f", acc);
         const char *meta[] = {"step", step, "test_accuracy", accuracy};
-        if (train_model_save_safetensors(m, o->save_model, meta, 2) < 0)
+        if (zd_nn_module_save_safetensors(m, o->save_model, meta, 2) < 0)
             goto out;
         printf("saved model %s (safetensors)\n", o->save_model);
     }
@@ -188,7 +187,7 @@ out:
     curves_close(curves);
     free(order);
     zd_optim_free(opt);
-    zd_nn_model_free(m);
+    zd_nn_module_free(m);
     zd_dataset_free(train);
     zd_dataset_free(test);
     return rc;

@@ -12,6 +12,7 @@
 #include <zdist/module.h>
 #include <zdist/nn.h>
 #include "core/fault_inject.h"
+#include "nn/nn_private.h"
 
 typedef struct {
     char *name;
@@ -106,6 +107,7 @@ void zd_nn_module_free(zd_nn_module_t *m)
 
 const char *zd_nn_module_type(const zd_nn_module_t *m) { return m->type; }
 void *zd_nn_module_state(const zd_nn_module_t *m) { return m->state; }
+zd_nn_module_forward_fn *zd__nn_module_forward_of(const zd_nn_module_t *m) { return m->forward; }
 
 static zd_nn_module_t *flat(const zd_nn_module_t *cm);
 
@@ -374,6 +376,16 @@ zd_tensor_t *zd_nn_module_find(const zd_nn_module_t *m, const char *name)
     zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no parameter \"%s\"", m ? m->type : "?",
                       name ? name : "(null)");
     return NULL;
+}
+
+int zd_nn_module_param_index(const zd_nn_module_t *m, const char *name)
+{
+    zd_nn_module_t *f = m && name ? flat(m) : NULL;
+    for (int i = 0; f && i < f->n_flat; i++)
+        if (strcmp(f->flat_names[i], name) == 0)
+            return i;
+    return zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no parameter \"%s\"",
+                             m ? m->type : "?", name ? name : "(null)");
 }
 
 zd_named_tensors_t *zd_nn_module_state_dict(const zd_nn_module_t *m)

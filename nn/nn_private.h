@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include <zdist/function.h>
+#include <zdist/module.h>
 #include <zdist/tensor.h>
 
 /*  ---- the CPU's kernels (cpu.c) ----
@@ -202,5 +203,11 @@ int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stri
     the argmax of each window, zero elsewhere. */
 void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
                             float *dx);
+
+/*  ---- modules (module.c) ---- */
+
+/*  The forward function m was made with: tells the modules zdist builds
+    (model_net.c) from a user's module of the same type name. */
+zd_nn_module_forward_fn *zd__nn_module_forward_of(const zd_nn_module_t *m);
 
 #endif

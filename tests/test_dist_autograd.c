@@ -656,7 +656,7 @@ static void test_errors_in_backward_reach_the_caller(void **state)
 
 /*  ---- the tutorial Net split over three processes ---- */
 
-static zd_nn_model_t *net;
+static zd_nn_module_t *net;
 static golden_case_t *golden;
 
 static int net_setup(const world_t *w)
@@ -666,10 +666,10 @@ static int net_setup(const world_t *w)
     snprintf(path, sizeof path, "%s/net", dir && *dir ? dir : ZD_TEST_GOLDEN_DEFAULT);
     if (!(golden = golden_case_load(path)) || !(net = zd_nn_net_new(1)))
         return -1;
-    zd_nn_model_train(net, false);
-    for (int i = 0; i < zd_nn_model_n_params(net); i++) {
-        zd_tensor_t *src = golden_tensor(golden, "param", zd_nn_model_param_name(net, i));
-        if (!src || zd_tensor_copy_(zd_nn_model_param(net, i), src) < 0)
+    zd_nn_module_train(net, false);
+    for (int i = 0; i < zd_nn_module_n_params(net); i++) {
+        zd_tensor_t *src = golden_tensor(golden, "param", zd_nn_module_param_name(net, i));
+        if (!src || zd_tensor_copy_(zd_nn_module_param(net, i), src) < 0)
             return -1;
     }
     return setup(w);
@@ -707,10 +707,10 @@ static zd_value_t *fn_net_check(zd_rpc_call_t *call, zd_value_t *args, void *arg
         zd_rpc_arg_int(args, 2, &count) < 0)
         return NULL;
     for (int i = (int)first; i < first + count; i++) {
-        const char *name = zd_nn_model_param_name(net, i);
+        const char *name = zd_nn_module_param_name(net, i);
         golden_entry_t *e = golden_find(golden, "grad", name);
         zd_tensor_t *g;
-        if (!e || zd_dist_autograd_get_gradient(ctx, zd_nn_model_param(net, i), &g) < 0 || !g)
+        if (!e || zd_dist_autograd_get_gradient(ctx, zd_nn_module_param(net, i), &g) < 0 || !g)
             continue;
         int64_t row = zd_tensor_numel(g) / zd_tensor_size(g, 0), bad = 0;
         int64_t n = zd_tensor_numel(e->value);

@@ -559,7 +559,8 @@ static void test_dataset(void **state)
     assert_int_equal(world_run_simple(1, 60, data_body, (void *)tmpdir()), 0);
 }
 
-/*  A module of two Linear children made, saved, loaded and run. */
+/*  A module of two Linear children made, saved, loaded (as a checkpoint
+    and as a safetensors file) and run. */
 static int module_round(void *arg)
 {
     const char *path = arg;
@@ -578,6 +579,12 @@ static int module_round(void *arg)
         !zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1))
         goto done;
     if (zd_nn_module_save(m, path) < 0 || zd_nn_module_load(m, path) < 0)
+        goto done;
+    /* The safetensors reader allocates through jansson too (routed). */
+    char st[600];
+    snprintf(st, sizeof st, "%s.safetensors", path);
+    if (zd_nn_module_save_safetensors(m, st, (const char *const[]){"format", "pt"}, 1) < 0 ||
+        zd_nn_module_load_safetensors(m, st, true, NULL, NULL) < 0)
         goto done;
     if (!(x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){5, 4}, 2)) ||
         zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &out, 1) < 0)

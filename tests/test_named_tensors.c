@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/*  zd_named_tensors_t: order, lookups, references held and dropped, and
-    the adds it refuses. */
+/*  zd_named_tensors_t: order, lookups, references held and dropped, the
+    adds it refuses, and lists of many names. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -59,11 +59,37 @@ static void test_refused_adds(void **state)
     zd_named_tensors_free(nt);
 }
 
+/*  A file may name a million tensors: each add checks its name against the
+    others through the index, not by walking the list (walking took about
+    10^11 comparisons for these, past the test's timeout). */
+static void test_many_names(void **state)
+{
+    (void)state;
+    enum { N = 300000 };
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    zd_tensor_t *t = zd_tensor_zeros1(1);
+    char name[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof name, "layer.%d.weight", i);
+        assert_int_equal(zd_named_tensors_add(nt, name, t), 0);
+    }
+    for (int i = 0; i < N; i += 997) {
+        snprintf(name, sizeof name, "layer.%d.weight", i);
+        assert_int_equal(zd_named_tensors_index(nt, name), i);
+        assert_int_equal(zd_named_tensors_add(nt, name, t), -1);
+    }
+    assert_int_equal(zd_named_tensors_index(nt, "layer.300000.weight"), -1);
+    assert_int_equal(zd_named_tensors_len(nt), N);
+    zd_tensor_unref(t);
+    zd_named_tensors_free(nt);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order_lookup_and_references),
         cmocka_unit_test(test_refused_adds),
+        cmocka_unit_test(test_many_names),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -37,7 +37,7 @@ struct check {
     int stride, padding, kernel;
     float p;
     uint64_t mask_seed;
-    zd_nn_model_t *model;
+    zd_nn_module_t *model;
     float eps;              /* 0: GRADCHECK_EPS */
 };
 
@@ -59,9 +59,9 @@ static void check(check_t *c)
     int n = 0;
     for (int i = 0; i < c->n_in; i++)
         ins[n++] = c->in[i];
-    for (int i = 0; c->model && i < zd_nn_model_n_params(c->model); i++) {
+    for (int i = 0; c->model && i < zd_nn_module_n_params(c->model); i++) {
         assert_true(n < MAX_INPUTS);
-        ins[n++] = zd_nn_model_param(c->model, i);
+        ins[n++] = zd_nn_module_param(c->model, i);
     }
     gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = ins, .n_inputs = n,
                              .eps = c->eps, .max_probes = MAX_PROBES});
@@ -300,7 +300,7 @@ static void test_losses(void **state)
 static int fn_model(check_t *c, zd_tensor_t **out)
 {
     zd_tensor_t *lp;
-    if (zd_nn_model_forward(c->model, c->in[0], &lp) < 0)
+    if (zd_nn_module_forward(c->model, &c->in[0], 1, &lp, 1) < 0)
         return -1;
     int rc = zd_nn_nll_loss(lp, c->target, out);
     zd_tensor_unref(lp);
@@ -314,12 +314,12 @@ static void test_convnet_model(void **state)
        unlikely; the loss is one scalar, so rounding noise stays small. */
     check_t c = {.name = "convnet", .fn = fn_model, .n_in = 1, .eps = 1e-3f};
     c.model = zd_nn_convnet_new(21);
-    zd_nn_model_train(c.model, false);
+    zd_nn_module_train(c.model, false);
     c.in[0] = randn(4, (int64_t[]){2, 1, 28, 28}, 1.0f);
     c.target = targets(ZD_INT64, 2, 10);
     check(&c);
     release(&c);
-    zd_nn_model_free(c.model);
+    zd_nn_module_free(c.model);
 }
 
 int main(void)

@@ -88,7 +88,7 @@ static int64_t shard_contexts(int rank)
 typedef struct {
     zd_tensor_t *x, *y, *lp, *loss, *dlp, *dloss;
     zd_tensor_t *grads[NPARAMS], *want[NPARAMS];
-    zd_nn_model_t *net;
+    zd_nn_module_t *net;
     pipeline_net_t *pn;
     zd_dist_optim_t *opt;
     zd_optim_t *local;
@@ -105,12 +105,12 @@ static int gradients_match(gradients_run_t *g, int split)
     WTRY(test_batch(&g->x, &g->y));
 
     /* One process: the whole Net, dropout off. */
-    zd_nn_model_train(g->net, false);
-    WTRY(zd_nn_model_forward(g->net, g->x, &g->lp));
+    zd_nn_module_train(g->net, false);
+    WTRY(zd_nn_module_forward(g->net, &g->x, 1, &g->lp, 1));
     WTRY(zd_nn_nll_loss(g->lp, g->y, &g->loss));
     WTRY(zd_autograd_backward(g->loss, NULL, false));
     for (int i = 0; i < NPARAMS; i++)
-        g->want[i] = zd_tensor_grad(ps[i] = zd_nn_model_param(g->net, i));
+        g->want[i] = zd_tensor_grad(ps[i] = zd_nn_module_param(g->net, i));
 
     /* The pipeline, in a context. */
     WTRY(zd_dist_autograd_context_begin(&g->ctx));
@@ -122,7 +122,7 @@ static int gradients_match(gradients_run_t *g, int split)
     for (int i = 0; i < NPARAMS; i++) {
         char what[128];
         snprintf(what, sizeof what, "%d micro-batches: gradient of %s", split,
-                 zd_nn_model_param_name(g->net, i));
+                 zd_nn_module_param_name(g->net, i));
         WTRY(close_to(what, g->grads[i], g->want[i]));
     }
 
@@ -138,7 +138,7 @@ static int gradients_match(gradients_run_t *g, int split)
         zd_value_t *v = NULL;
         zd_tensor_t *t = NULL;
         char what[128];
-        snprintf(what, sizeof what, "%s after one step", zd_nn_model_param_name(g->net, i));
+        snprintf(what, sizeof what, "%s after one step", zd_nn_module_param_name(g->net, i));
         int r = zd_rref_to_here(zd_rref_list_get(params, i), -1, &v);
         if (r == 0)
             r = zd_value_get_tensor(v, &t);
@@ -168,7 +168,7 @@ static int fn_gradients(const world_t *w)
     zd_optim_free(g.local);
     zd_dist_optim_free(g.opt);
     pipeline_net_free(g.pn);
-    zd_nn_model_free(g.net);
+    zd_nn_module_free(g.net);
     zd_tensor_unref(g.dloss);
     zd_tensor_unref(g.dlp);
     zd_tensor_unref(g.loss);
@@ -207,11 +207,11 @@ static int fn_eval(const world_t *w)
     if (w->rank != 0)
         return 0;
     zd_tensor_t *x = NULL, *y = NULL, *lp = NULL, *dlp = NULL;
-    zd_nn_model_t *net = zd_nn_net_new(SEED);
+    zd_nn_module_t *net = zd_nn_net_new(SEED);
     pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, true);
     int rc = -1;
-    zd_nn_model_train(net, false);
-    if (!net || !pn || test_batch(&x, &y) < 0 || zd_nn_model_forward(net, x, &lp) < 0 ||
+    zd_nn_module_train(net, false);
+    if (!net || !pn || test_batch(&x, &y) < 0 || zd_nn_module_forward(net, &x, 1, &lp, 1) < 0 ||
         pipeline_net_train(pn, false) < 0 || pipeline_net_forward(pn, x, 3, &dlp) < 0) {
         world_fail(w, "%s", zd_error_last());
         goto out;
@@ -228,7 +228,7 @@ static int fn_eval(const world_t *w)
         rc = world_fail(w, "unclear error: %s", zd_error_last());
 out:
     pipeline_net_free(pn);
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
     zd_tensor_unref(dlp);
     zd_tensor_unref(lp);
     zd_tensor_unref(x);

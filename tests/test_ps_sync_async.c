@@ -118,8 +118,8 @@ static ps_options_t small_options(int servers, bool async)
 static zd_tensor_t *local_weights(const ps_options_t *o)
 {
     ps_worker_t *wk[2] = {NULL, NULL};
-    zd_nn_model_t *m = zd_nn_model_new(o->model, (uint64_t)o->seed);
-    zd_tensor_t *w = m ? ps_model_slice(m, 0, zd_nn_model_numel(m)) : NULL;
+    zd_nn_module_t *m = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed);
+    zd_tensor_t *w = m ? ps_model_slice(m, 0, zd_nn_module_numel(m)) : NULL;
     zd_optim_t *opt = NULL;
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     int rc = -1;
@@ -154,7 +154,7 @@ out:
     zd_optim_free(opt);
     ps_worker_free(wk[0]);
     ps_worker_free(wk[1]);
-    zd_nn_model_free(m);
+    zd_nn_module_free(m);
     if (rc < 0)
         zd_tensor_unref_p(&w);
     return w;
@@ -186,14 +186,14 @@ static int fn_sync_matches_local(const world_t *w)
                                 servers, (long long)j, a[j], e[j]);
         /* ...and training moved them: the comparison is not of two copies of
            the initial weights. */
-        zd_nn_model_t *m = zd_nn_model_new(o.model, (uint64_t)o.seed);
-        zd_tensor_t *init = m ? ps_model_slice(m, 0, zd_nn_model_numel(m)) : NULL;
+        zd_nn_module_t *m = zd_nn_tutorial_model_new(o.model, (uint64_t)o.seed);
+        zd_tensor_t *init = m ? ps_model_slice(m, 0, zd_nn_module_numel(m)) : NULL;
         for (int64_t j = 0; init && j < zd_tensor_numel(init); j++)
             moved = fmaxf(moved, fabsf(zd_tensor_data(init)[j] - e[j]));
         if (!(moved > 1e-3f))
             rc = world_fail(w, "training moved the weights by only %g", moved);
         zd_tensor_unref(init);
-        zd_nn_model_free(m);
+        zd_nn_module_free(m);
     }
     if (res.updates != SMALL_ITERS || res.servers[0].count != SMALL_ITERS ||
         res.workers[0].count != SMALL_ITERS || res.workers[1].count != SMALL_ITERS)
@@ -476,23 +476,23 @@ static void test_slices_cover_the_weights(void **state)
         assert_int_equal(prev, 1960);
     }
     /* Loading slices and reading them back gives the same weights. */
-    zd_nn_model_t *a = zd_nn_convnet_new(1), *b = zd_nn_convnet_new(2);
+    zd_nn_module_t *a = zd_nn_convnet_new(1), *b = zd_nn_convnet_new(2);
     zd_tensor_t *sl[3];
     for (int s = 0; s < 3; s++) {
         int64_t lo, hi;
-        ps_slice_range(zd_nn_model_numel(a), s, 3, &lo, &hi);
+        ps_slice_range(zd_nn_module_numel(a), s, 3, &lo, &hi);
         assert_non_null(sl[s] = ps_model_slice(a, lo, hi));
     }
     assert_int_equal(ps_model_load(b, sl, 3), 0);
-    for (int i = 0; i < zd_nn_model_n_params(a); i++)
-        assert_memory_equal(zd_tensor_data(zd_nn_model_param(a, i)), zd_tensor_data(zd_nn_model_param(b, i)),
-                            zd_tensor_nbytes(zd_nn_model_param(a, i)));
+    for (int i = 0; i < zd_nn_module_n_params(a); i++)
+        assert_memory_equal(zd_tensor_data(zd_nn_module_param(a, i)), zd_tensor_data(zd_nn_module_param(b, i)),
+                            zd_tensor_nbytes(zd_nn_module_param(a, i)));
     assert_int_equal(ps_model_load(b, sl, 2), -1);
     assert_non_null(strstr(zd_error_last(), "2 weight slices hold"));
     for (int s = 0; s < 3; s++)
         zd_tensor_unref(sl[s]);
-    zd_nn_model_free(a);
-    zd_nn_model_free(b);
+    zd_nn_module_free(a);
+    zd_nn_module_free(b);
 }
 
 int main(void)

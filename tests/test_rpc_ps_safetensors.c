@@ -115,21 +115,21 @@ static void test_save_model_loads_in_pytorch(void **state)
     zd_named_tensors_free(e);
     zd_named_tensors_free(w);
 
-    zd_nn_model_t *net = zd_nn_net_new(1);
+    zd_nn_module_t *net = zd_nn_net_new(1);
     zd_named_tensors_t *sd = zd_named_tensors_new();
-    for (int i = 0; i < zd_nn_model_n_params(net); i++)
-        assert_int_equal(zd_named_tensors_add(sd, zd_nn_model_param_name(net, i),
-                                              zd_nn_model_param(net, i)), 0);
+    for (int i = 0; i < zd_nn_module_n_params(net); i++)
+        assert_int_equal(zd_named_tensors_add(sd, zd_nn_module_param_name(net, i),
+                                              zd_nn_module_param(net, i)), 0);
     if (zd_safetensors_load_into(model, sd, true, NULL, NULL) < 0)
         fail_msg("%s", zd_error_last());
     zd_named_tensors_free(sd);
-    zd_nn_model_train(net, false);
+    zd_nn_module_train(net, false);
     zd_dataset_t *test = zd_dataset_load(NULL, ZD_DATASET_TEST);
     assert_non_null(test);
     zd_tensor_t *x, *y, *lp;
     assert_int_equal(zd_dataset_batch(test, NULL, 0, IMAGES, &x, &y), 0);
     bool prev = zd_autograd_set_grad_enabled(false);
-    assert_int_equal(zd_nn_model_forward(net, x, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp, 1), 0);
     zd_autograd_set_grad_enabled(prev);
     int64_t correct = zd_nn_accuracy(lp, y);
     printf("zdist's Net from the file: %lld of %d images, rpc_ps %.2f %%, metadata %lld\n",
@@ -147,7 +147,7 @@ static void test_save_model_loads_in_pytorch(void **state)
     zd_tensor_unref(y);
     zd_tensor_unref(lp);
     zd_dataset_free(test);
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
 
     /* back into rpc_ps: the same weights score the same */
     snprintf(init, sizeof init, "--init_from=%s", model);

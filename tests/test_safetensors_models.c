@@ -47,7 +47,7 @@ static const char *ref_path(const char *name)
 /*  A container module "Net" whose submodules conv1, conv2, fc1, fc2 hold
     the model's own tensors as "weight" and "bias": PyTorch's module tree,
     so the module's names are the Net's state_dict() names. */
-static zd_nn_module_t *net_module(zd_nn_model_t *net)
+static zd_nn_module_t *net_module(zd_nn_module_t *net)
 {
     zd_nn_module_t *m = zd_nn_module_new("Net", NULL, NULL, NULL);
     assert_non_null(m);
@@ -59,7 +59,7 @@ static zd_nn_module_t *net_module(zd_nn_model_t *net)
         for (int k = 0; k < 2; k++) {
             char name[64];
             snprintf(name, sizeof name, "%s.%s", layers[l], kinds[k]);
-            zd_tensor_t *t = zd_nn_model_find_param(net, name);
+            zd_tensor_t *t = zd_nn_module_find(net, name);
             assert_non_null(t);
             assert_int_equal(zd_nn_module_register_parameter(c, kinds[k], t), 0);
         }
@@ -117,7 +117,7 @@ static void assert_equal_data(const zd_tensor_t *a, const zd_tensor_t *b, const 
 static void test_net_from_pytorch(void **state)
 {
     (void)state;
-    zd_nn_model_t *net = zd_nn_net_new(99);
+    zd_nn_module_t *net = zd_nn_net_new(99);
     assert_non_null(net);
     zd_nn_module_t *m = net_module(net);
     char **skipped = (char **)1;
@@ -129,22 +129,23 @@ static void test_net_from_pytorch(void **state)
     assert_int_equal(n_skipped, 0);
     zd_named_tensors_t *w = read_ref("net.safetensors");
     assert_int_equal(zd_named_tensors_len(w), 8);
-    for (int i = 0; i < zd_nn_model_n_params(net); i++)
-        assert_equal_data(zd_nn_model_param(net, i),
-                          find(w, zd_nn_model_param_name(net, i)), zd_nn_model_param_name(net, i));
+    for (int i = 0; i < zd_nn_module_n_params(net); i++)
+        assert_equal_data(zd_nn_module_param(net, i),
+                          find(w, zd_nn_module_param_name(net, i)), zd_nn_module_param_name(net, i));
     zd_named_tensors_free(w);
 
     zd_named_tensors_t *io = read_ref("net_io.safetensors");
-    zd_nn_model_train(net, false);
+    zd_nn_module_train(net, false);
     bool prev = zd_autograd_set_grad_enabled(false);
     zd_tensor_t *lp;
-    assert_int_equal(zd_nn_model_forward(net, find(io, "x"), &lp), 0);
+    zd_tensor_t *x_in = find(io, "x");
+    assert_int_equal(zd_nn_module_forward(net, &x_in, 1, &lp, 1), 0);
     zd_autograd_set_grad_enabled(prev);
     assert_close(lp, find(io, "logprobs"), "Net log-probabilities");
     zd_tensor_unref(lp);
     zd_named_tensors_free(io);
     zd_nn_module_free(m);
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
 }
 
 static void test_lstm_from_pytorch(void **state)
@@ -293,12 +294,12 @@ static void test_net_to_pytorch(void **state)
     (void)state;
     zd_nn_rng_t r;
     zd_nn_rng_seed(&r, 30);
-    zd_nn_model_t *net = zd_nn_net_new(7);
+    zd_nn_module_t *net = zd_nn_net_new(7);
     zd_nn_module_t *m = net_module(net);
     zd_optim_config_t cfg = zd_optim_sgd_defaults(0.05);
     zd_tensor_t *params[8];
     for (int i = 0; i < 8; i++)
-        params[i] = zd_nn_model_param(net, i);
+        params[i] = zd_nn_module_param(net, i);
     zd_optim_t *opt = zd_optim_new(&cfg, params, 8);
     assert_non_null(opt);
     zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){16, 1, 28, 28}, 4);
@@ -308,7 +309,7 @@ static void test_net_to_pytorch(void **state)
         for (int i = 0; i < 16; i++)
             zd_tensor_data_i64(y)[i] = (int64_t)zd_nn_rng_below(&r, 10);
         zd_tensor_t *lp, *loss;
-        assert_int_equal(zd_nn_model_forward(net, x, &lp), 0);
+        assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp, 1), 0);
         assert_int_equal(zd_nn_nll_loss(lp, y, &loss), 0);
         assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
         assert_int_equal(zd_optim_step_grad(opt), 0);
@@ -326,19 +327,19 @@ static void test_net_to_pytorch(void **state)
     if (zd_nn_module_save_safetensors(m, model, meta, 1) < 0)
         fail_msg("%s", zd_error_last());
 
-    zd_nn_model_train(net, false);
+    zd_nn_module_train(net, false);
     bool prev = zd_autograd_set_grad_enabled(false);
     zd_tensor_t *test = zd_tensor_new(ZD_FLOAT32, (int64_t[]){64, 1, 28, 28}, 4), *lp;
     fill_normal(test, &r);
-    assert_int_equal(zd_nn_model_forward(net, test, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(net, &test, 1, &lp, 1), 0);
 
     /* zdist reads its own file back: another Net gives the same outputs. */
-    zd_nn_model_t *again = zd_nn_net_new(8);
-    zd_nn_model_train(again, false);
+    zd_nn_module_t *again = zd_nn_net_new(8);
+    zd_nn_module_train(again, false);
     zd_nn_module_t *am = net_module(again);
     assert_int_equal(zd_nn_module_load_safetensors(am, model, true, NULL, NULL), 0);
     zd_tensor_t *lp2;
-    assert_int_equal(zd_nn_model_forward(again, test, &lp2), 0);
+    assert_int_equal(zd_nn_module_forward(again, &test, 1, &lp2, 1), 0);
     assert_equal_data(lp2, lp, "the reloaded Net's log-probabilities");
     zd_autograd_set_grad_enabled(prev);
     char **kv;
@@ -360,9 +361,9 @@ static void test_net_to_pytorch(void **state)
     zd_tensor_unref(test);
     zd_tensor_unref(x);
     zd_nn_module_free(am);
-    zd_nn_model_free(again);
+    zd_nn_module_free(again);
     zd_nn_module_free(m);
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
     torch_check(model, io_path);
 }
 

@@ -47,7 +47,7 @@ static int export_net(const char *prefix, const char *out)
     int S = 0, rc = -1;
     bool prev;
     int64_t generation = -1, step = 0;
-    zd_nn_model_t *net = zd_nn_net_new(0);   /* names and shapes to check against */
+    zd_nn_module_t *net = zd_nn_net_new(0);   /* names and shapes to check against */
     zd_named_tensors_t *nt = zd_named_tensors_new();
     if (!net || !nt)
         goto out;
@@ -74,8 +74,8 @@ static int export_net(const char *prefix, const char *out)
     prev = zd_autograd_set_grad_enabled(false);
     rc = 0;
     for (int k = 0; rc == 0 && k < NET_PARAMS; k++) {
-        const char *name = zd_nn_model_param_name(net, k);
-        zd_tensor_t *pieces[MAX_SHARDS], *whole = NULL, *want = zd_nn_model_param(net, k);
+        const char *name = zd_nn_module_param_name(net, k);
+        zd_tensor_t *pieces[MAX_SHARDS], *whole = NULL, *want = zd_nn_module_param(net, k);
         int n = 0;
         for (int s = 0; s < S; s++)
             if ((pieces[n] = zd_named_tensors_find(shards[s], name)))
@@ -111,7 +111,7 @@ out:
     for (int s = 0; s < MAX_SHARDS; s++)
         zd_named_tensors_free(shards[s]);
     zd_named_tensors_free(nt);
-    zd_nn_model_free(net);
+    zd_nn_module_free(net);
     return rc;
 }
 

@@ -115,6 +115,10 @@ ZD_API const char *zd_nn_module_param_name(const zd_nn_module_t *m, int i);
     zd_error_last() naming it. */
 ZD_API zd_tensor_t *zd_nn_module_find(const zd_nn_module_t *m, const char *name);
 
+/*  Index of the parameter with that dotted name, or -1 with
+    zd_error_last() (ZD_ERR_ARGUMENT) naming it. */
+ZD_API int zd_nn_module_param_index(const zd_nn_module_t *m, const char *name);
+
 /*  PyTorch's state_dict(): every parameter under its dotted name (a tied
     tensor under each of its names, as there): a new object
     (zd_named_tensors_free) holding new references to the module's own
@@ -126,6 +130,22 @@ ZD_API int64_t zd_nn_module_numel(const zd_nn_module_t *m);
 
 /*  Drops every parameter's .grad (PyTorch's zero_grad(set_to_none=True)). */
 ZD_API void zd_nn_module_zero_grad(zd_nn_module_t *m);
+
+/*  ---- the parameters as one flat vector (nn/module_flat.c) ----
+    Every parameter flattened, one after the other in the order above, as
+    PyTorch's torch.nn.utils.parameters_to_vector lays them out. */
+
+/*  A new float32 vector of zd_nn_module_numel(m) values: a copy of the
+    parameters, or of their gradients (zeros for a parameter without one).
+    0 and *out (a new reference), or -1. */
+ZD_API int zd_nn_module_params_to_vector(const zd_nn_module_t *m, zd_tensor_t **out);
+ZD_API int zd_nn_module_grads_to_vector(const zd_nn_module_t *m, zd_tensor_t **out);
+
+/*  Copies v (float32, shape (zd_nn_module_numel(m))) into the parameters,
+    in place and not recorded by autograd (PyTorch's vector_to_parameters);
+    must not race with forward passes. 0, or -1 (ZD_ERR_ARGUMENT) naming
+    both sizes. */
+ZD_API int zd_nn_module_vector_to_params(zd_nn_module_t *m, const zd_tensor_t *v);
 
 /*  ---- mode and forward ---- */
 

@@ -91,7 +91,7 @@ int main(void)
     CHECK(zd_rpc_register_function("add_one", &f) == 0, "zd_rpc_register_function");
     zd_value_t *r = NULL;
     int64_t v = 0;
-    CHECK(zd_rpc_sync(0, "add_one", ZD_ARGS(41), ZD_TIMEOUT_DEFAULT, &r) == 0 &&
+    CHECK(zd_rpc_sync_take(0, "add_one", ZD_ARGS(41), ZD_TIMEOUT_DEFAULT, &r) == 0 &&
               zd_value_get_int(r, &v) == 0 && v == 42,
           "a call to itself: %lld", (long long)v);
     zd_value_unref(r);

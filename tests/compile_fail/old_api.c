@@ -13,6 +13,7 @@
 #include <zdist/dist_optim.h>
 #include <zdist/function.h>
 #include <zdist/idx.h>
+#include <zdist/model.h>
 #include <zdist/module.h>
 #include <zdist/optim.h>
 #include <zdist/rnn.h>
@@ -79,6 +80,9 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_nn_module_free(zd_nn_module_new("M", forward, NULL, NULL));
     zd_nn_module_free(zd_nn_lstm_new(4, 8, 1, 0.0f, 1));
     zd_nn_module_free(zd_nn_gru_cell_new(4, 8, 1));
+    zd_nn_module_t *net = zd_nn_net_new(1);
+    rc += zd_nn_net_forward_conv(net, x, &y);
+    zd_nn_module_free(net);
     zd_future_unref(zd_remote_module_forward_async(rm, &x, 1));
     static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
     zd_rpc_metrics_t mt;
@@ -87,6 +91,15 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
            zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
            zd_autograd_node_new(&ops, &x, 1, 1, &node) +
            zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
+#elif defined(CASE_model_t)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_nn_model_t *net = zd_nn_net_new(1);
+    return net != NULL;
+#elif defined(CASE_net_forward_conv)
+    struct zd_nn_model *net = NULL;
+    zd_tensor_t *x = NULL, *flat;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_nn_net_forward_conv(net, x, &flat);
 #elif defined(CASE_dist_optim_new)
     zd_rref_t **params = NULL;
     zd_dist_optim_t *opt;
