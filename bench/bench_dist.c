@@ -68,7 +68,7 @@ static zd_value_t *fn_net_forward(zd_rpc_call_t *call, zd_value_t *args, void *a
 {
     (void)call, (void)arg;
     zd_tensor_t *x, *out;
-    if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_nn_module_forward(net, &x, 1, &out) < 0)
+    if (zd_rpc_arg_tensor(args, 0, &x) < 0 || zd_nn_module_forward(net, &x, 1, &out, 1) < 0)
         return NULL;
     zd_value_t *v = zd_value_tensor(out);
     zd_tensor_unref(out);
@@ -142,7 +142,7 @@ static int net_iteration(zd_tensor_t *x, zd_tensor_t *y, bool distributed)
     int rc = distributed ? zd_dist_autograd_context_begin(&ctx) : 0;
     if (rc == 0)
         out = distributed ? remote_tensor("net_forward", x)
-                          : (zd_nn_module_forward(net, &x, 1, &out) == 0 ? out : NULL);
+                          : (zd_nn_module_forward(net, &x, 1, &out, 1) == 0 ? out : NULL);
     if (!out || zd_nn_nll_loss(out, y, &loss) < 0)
         rc = -1;
     if (rc == 0)

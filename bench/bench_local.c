@@ -69,7 +69,7 @@ static double cpu_seconds(void)
 static int step(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *target, float lr)
 {
     zd_tensor_t *lp = NULL, *loss = NULL;
-    int rc = zd_nn_module_forward(m, &x, 1, &lp);
+    int rc = zd_nn_module_forward(m, &x, 1, &lp, 1);
     if (rc == 0)
         rc = zd_nn_nll_loss(lp, target, &loss);
     if (rc == 0)
@@ -146,14 +146,14 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     of a batch of 32, forward + backward of sum(output * dy). */
 enum { LSTM_T = 35, LSTM_N = 32, LSTM_IN = 256, LSTM_H = 256, LSTM_LAYERS = 2 };
 
-static int lstm_iteration(zd_nn_lstm_t *m, zd_tensor_t *x, zd_tensor_t *dy)
+static int lstm_iteration(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *dy)
 {
     zd_tensor_t *out = NULL;
-    int rc = zd_nn_lstm_forward(m, x, NULL, NULL, &out, NULL, NULL);
+    int rc = zd_nn_module_forward(m, &x, 1, &out, 1);
     if (rc == 0)
         rc = zd_autograd_backward(out, dy, false);
     zd_tensor_unref(out);
-    zd_nn_lstm_zero_grad(m);
+    zd_nn_module_zero_grad(m);
     return rc;
 }
 
@@ -161,7 +161,7 @@ static int lstm_iteration(zd_nn_lstm_t *m, zd_tensor_t *x, zd_tensor_t *dy)
     also the CPU time per iteration. */
 static double bench_lstm(double seconds, double *ms_per_iter, double *cpu_ms_per_iter)
 {
-    zd_nn_lstm_t *m = zd_nn_lstm_new(LSTM_IN, LSTM_H, LSTM_LAYERS, 0.0f, 1);
+    zd_nn_module_t *m = zd_nn_lstm_new(LSTM_IN, LSTM_H, LSTM_LAYERS, 0.0f, 1);
     if (!m)
         return -1;
     zd_nn_rng_t rng;
@@ -194,7 +194,7 @@ static double bench_lstm(double seconds, double *ms_per_iter, double *cpu_ms_per
     *ms_per_iter = 1e3 * LSTM_T / rate[ROUNDS / 2];
     zd_tensor_unref(dy);
     zd_tensor_unref(x);
-    zd_nn_lstm_free(m);
+    zd_nn_module_free(m);
     return rate[ROUNDS / 2];
 }
 

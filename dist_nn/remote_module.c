@@ -146,7 +146,7 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     size_t i = 0;
     while (i < n && zd_rpc_arg_tensor(args, i + 1, &in[i]) == 0)
         i++;
-    if (i == n && zd_nn_module_forward(m, in, (int)n, &out) == 0) {
+    if (i == n && zd_nn_module_forward(m, in, (int)n, &out, 1) == 0) {
         result = zd_value_tensor(out);
         zd_tensor_unref(out);
     }

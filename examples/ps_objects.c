@@ -201,7 +201,7 @@ int ps_worker_compute(ps_worker_t *w, zd_tensor_t *const *weights, int n, zd_ten
     int rc = -1;
     zd_nn_module_zero_grad(w->model);
     if (ps_model_load(w->model, weights, n) < 0 || next_batch(w, &x, &y) < 0 ||
-        zd_nn_module_forward(w->model, &x, 1, &logprobs) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0 ||
+        zd_nn_module_forward(w->model, &x, 1, &logprobs, 1) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0 ||
         zd_autograd_backward(loss, NULL, false) < 0)
         goto out;
     /* The slices are views of one vector of every gradient. */

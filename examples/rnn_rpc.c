@@ -74,13 +74,13 @@ static drop_state_t *drop_state_new(double p, int64_t seed)
 
 /*  EmbeddingTable.forward: drop(encoder(input)). */
 static int embedding_table_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                                   zd_tensor_t **out)
+                                   zd_tensor_t **out, int n_out)
 {
-    if (n_in != 1)
-        return zd_error_set("EmbeddingTable takes 1 input, got %d", n_in);
+    if (n_in != 1 || n_out != 1)
+        return zd_error_set("EmbeddingTable takes 1 input and gives 1 output");
     drop_state_t *s = zd_nn_module_state(m);
     zd_tensor_t *e;
-    if (zd_nn_embedding(in[0], zd_nn_module_find(m, "encoder.weight"), ZD_NN_NO_PADDING, &e) < 0)
+    if (zd_nn_module_forward(zd_nn_module_child(m, "encoder"), in, 1, &e, 1) < 0)
         return -1;
     int rc = zd_nn_dropout(e, s->dropout, zd_nn_module_is_training(m), &s->rng, out);
     zd_tensor_unref(e);
@@ -89,16 +89,15 @@ static int embedding_table_forward(zd_nn_module_t *m, zd_tensor_t *const *in, in
 
 /*  Decoder.forward: decoder(drop(output)). */
 static int decoder_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                           zd_tensor_t **out)
+                           zd_tensor_t **out, int n_out)
 {
-    if (n_in != 1)
-        return zd_error_set("Decoder takes 1 input, got %d", n_in);
+    if (n_in != 1 || n_out != 1)
+        return zd_error_set("Decoder takes 1 input and gives 1 output");
     drop_state_t *s = zd_nn_module_state(m);
     zd_tensor_t *d;
     if (zd_nn_dropout(in[0], s->dropout, zd_nn_module_is_training(m), &s->rng, &d) < 0)
         return -1;
-    int rc = zd_nn_linear(d, zd_nn_module_find(m, "decoder.weight"),
-                          zd_nn_module_find(m, "decoder.bias"), out);
+    int rc = zd_nn_module_forward(zd_nn_module_child(m, "decoder"), &d, 1, out, 1);
     zd_tensor_unref(d);
     return rc;
 }
@@ -135,10 +134,8 @@ static zd_nn_module_t *make_embedding_table(zd_value_t *args, void *arg)
         return NULL;
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, (uint64_t)seed);
-    zd_nn_module_t *enc = zd_nn_module_new("Embedding", NULL, NULL, NULL);
-    zd_tensor_t *w = enc ? zd_nn_module_add_parameter(enc, "weight", (int64_t[]){ntoken, ninp},
-                                                      2)
-                         : NULL;
+    zd_nn_module_t *enc = zd_nn_embedding_new(ntoken, ninp, ZD_NN_NO_PADDING, (uint64_t)seed);
+    zd_tensor_t *w = enc ? zd_nn_module_find(enc, "weight") : NULL;
     if (!w || zd_nn_init_uniform(w, -0.1f, 0.1f, &rng) < 0) {
         zd_nn_module_free(enc);
         return NULL;
@@ -230,16 +227,14 @@ static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t ba
 
 typedef struct {
     zd_remote_module_t *emb, *dec;
-    zd_nn_lstm_t *lstm;
-    zd_nn_module_t *rnn; /* the LSTM's parameters, for parameter_rrefs */
+    zd_nn_module_t *lstm;
 } rnn_model_t;
 
 static void model_free(rnn_model_t *m)
 {
     zd_remote_module_free(m->emb);
     zd_remote_module_free(m->dec);
-    zd_nn_module_free(m->rnn);
-    zd_nn_lstm_free(m->lstm);
+    zd_nn_module_free(m->lstm);
 }
 
 static int model_new(const options_t *o, int ntoken, int ps, rnn_model_t *m)
@@ -254,17 +249,11 @@ static int model_new(const options_t *o, int ntoken, int ps, rnn_model_t *m)
                                             ZD_ARGS((int64_t)ntoken, o->nhid, o->dropout,
                                                     o->seed + 20))
                      : NULL;
-    m->rnn = m->dec ? zd_nn_module_new("LSTM", NULL, NULL, NULL) : NULL;
-    if (!m->rnn)
-        goto fail;
-    for (int i = 0; i < zd_nn_lstm_n_params(m->lstm); i++)
-        if (zd_nn_module_register_parameter(m->rnn, zd_nn_lstm_param_name(m->lstm, i),
-                                            zd_nn_lstm_param(m->lstm, i)) < 0)
-            goto fail;
+    if (!m->dec) {
+        model_free(m);
+        return -1;
+    }
     return 0;
-fail:
-    model_free(m);
-    return -1;
 }
 
 /*  The tutorial's RNNModel.parameter_rrefs(): the embedding's (remote),
@@ -274,7 +263,7 @@ static zd_rref_list_t *model_parameter_rrefs(rnn_model_t *m)
 {
     zd_rref_list_t *all = zd_rref_list_new();
     zd_rref_list_t *e = zd_remote_module_remote_parameters(m->emb);
-    zd_rref_list_t *l = zd_dist_nn_parameter_rrefs(m->rnn);
+    zd_rref_list_t *l = zd_dist_nn_parameter_rrefs(m->lstm);
     zd_rref_list_t *d = zd_remote_module_remote_parameters(m->dec);
     if (!all || !e || !l || !d || zd_rref_list_extend(all, e) < 0 ||
         zd_rref_list_extend(all, l) < 0 || zd_rref_list_extend(all, d) < 0) {
@@ -292,10 +281,11 @@ static zd_rref_list_t *model_parameter_rrefs(rnn_model_t *m)
 static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
                          zd_tensor_t **logits, zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
-    zd_tensor_t *emb, *out, *dec, *flat;
+    zd_tensor_t *emb, *out, *dec, *flat, *lstm_out[3];
     if (zd_remote_module_forward(m->emb, &x, 1, &emb) < 0 || !zd_scope_add(emb) ||
-        zd_nn_lstm_forward(m->lstm, emb, h, c, &out, h_n, c_n) < 0 || !zd_scope_add(out) ||
-        !zd_scope_add(*h_n) || !zd_scope_add(*c_n) ||
+        zd_nn_module_forward(m->lstm, (zd_tensor_t *[]){emb, h, c}, 3, lstm_out, 3) < 0 ||
+        !zd_scope_add(out = lstm_out[0]) || !zd_scope_add(*h_n = lstm_out[1]) ||
+        !zd_scope_add(*c_n = lstm_out[2]) ||
         zd_remote_module_forward(m->dec, &out, 1, &dec) < 0 || !zd_scope_add(dec))
         return -1;
     int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
@@ -311,7 +301,7 @@ static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, i
                         int n, char *text)
 {
     (void)ps_rank;
-    zd_nn_lstm_train(m->lstm, false);
+    zd_nn_module_train(m->lstm, false);
     bool grad = zd_autograd_set_grad_enabled(false);
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, (uint64_t)o->seed + 99);
@@ -346,7 +336,7 @@ static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, i
 out:
     zd_scope_end(s);
     zd_autograd_set_grad_enabled(grad);
-    zd_nn_lstm_train(m->lstm, true);
+    zd_nn_module_train(m->lstm, true);
     return rc;
 }
 
@@ -437,10 +427,10 @@ static zd_named_tensors_t *model_state_dict(rnn_model_t *m)
 {
     zd_named_tensors_t *nt = zd_named_tensors_new();
     int rc = nt ? add_remote(nt, m->emb, emb_names, 1) : -1;
-    for (int i = 0; rc == 0 && i < zd_nn_lstm_n_params(m->lstm); i++) {
+    for (int i = 0; rc == 0 && i < zd_nn_module_n_params(m->lstm); i++) {
         char name[128];
-        snprintf(name, sizeof name, "rnn.%s", zd_nn_lstm_param_name(m->lstm, i));
-        rc = zd_named_tensors_add(nt, name, zd_nn_lstm_param(m->lstm, i));
+        snprintf(name, sizeof name, "rnn.%s", zd_nn_module_param_name(m->lstm, i));
+        rc = zd_named_tensors_add(nt, name, zd_nn_module_param(m->lstm, i));
     }
     if (rc == 0)
         rc = add_remote(nt, m->dec, dec_names, 2);

@@ -19,7 +19,7 @@ int train_evaluate(zd_nn_module_t *m, const zd_dataset_t *ds, double *accuracy)
         zd_tensor_t *x = NULL, *y = NULL, *logprobs = NULL;
         rc = zd_dataset_batch(ds, NULL, start, EVAL_BATCH, &x, &y);
         if (rc == 0)
-            rc = zd_nn_module_forward(m, &x, 1, &logprobs);
+            rc = zd_nn_module_forward(m, &x, 1, &logprobs, 1);
         if (rc == 0) {
             int64_t c = zd_nn_accuracy(logprobs, y);
             if (c < 0)

@@ -41,7 +41,7 @@ static int train_batch(zd_nn_module_t *m, zd_optim_t *opt, zd_tensor_t *x, zd_te
 {
     zd_tensor_t *logprobs = NULL, *loss = NULL;
     int rc = -1;
-    if (zd_nn_module_forward(m, &x, 1, &logprobs) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0)
+    if (zd_nn_module_forward(m, &x, 1, &logprobs, 1) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0)
         goto out;
     zd_optim_zero_grad(opt, true);
     if (zd_autograd_backward(loss, NULL, false) < 0 || zd_optim_step_grad(opt) < 0)

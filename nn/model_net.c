@@ -41,9 +41,10 @@ static void net_state_free(void *state)
     free(s);
 }
 
-static int net_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out);
+static int net_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                       int n_out);
 static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                           zd_tensor_t **out);
+                           zd_tensor_t **out, int n_out);
 
 /*  The state of a module made here, or NULL with ZD_ERR_ARGUMENT. The
     forward function tells our modules from a user's module of the same
@@ -92,10 +93,13 @@ static int check_images(const char *model, zd_tensor_t *x)
 
 /*  A Conv2d submodule (stride 1, no padding), its forward for completeness:
     the Net runs its layers fused. */
-static int conv2d_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+static int conv2d_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                          int n_out)
 {
     if (n_in != 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes 1 input, got %d", n_in);
+    if (n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "gives 1 output, asked for %d", n_out);
     return zd_nn_conv2d(in[0], zd_nn_module_find(m, "weight"), zd_nn_module_find(m, "bias"), 1, 0,
                         out);
 }
@@ -209,10 +213,13 @@ int zd_nn_net_forward_fc(zd_nn_module_t *m, zd_tensor_t *flat, zd_tensor_t **log
     return 0;
 }
 
-static int net_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+static int net_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                       int n_out)
 {
     if (n_in != 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes 1 input, got %d", n_in);
+    if (n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "gives 1 output, asked for %d", n_out);
     zd_tensor_t *h = NULL;
     STEP(zd_nn_net_forward_conv(m, in[0], &next));
     STEP(zd_nn_net_forward_fc(m, h, &next));
@@ -231,10 +238,13 @@ zd_nn_module_t *zd_nn_net_new(uint64_t seed)
 
 /* ---- ConvNet ---- */
 
-static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                           int n_out)
 {
     if (n_in != 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes 1 input, got %d", n_in);
+    if (n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "gives 1 output, asked for %d", n_out);
     if (check_images("ConvNet", in[0]) < 0)
         return -1;
     net_state_t *s = zd_nn_module_state(m);

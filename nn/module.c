@@ -37,12 +37,15 @@ struct zd_nn_module {
     int n_children, cap_children;
 
     /* Every parameter with its dotted name, submodules included: built on
-       first use after a registration, so that lookups by index are O(1). */
+       first use after a registration, so that lookups by index are O(1).
+       all/all_names hold every name (state_dict()); flat/flat_names each
+       tensor once, under the name it was first seen with (parameters()),
+       pointing into all_names. */
     pthread_mutex_t lock;
     bool flat_valid;
-    int n_flat;
-    zd_tensor_t **flat;
-    char **flat_names;
+    int n_flat, n_all;
+    zd_tensor_t **flat, **all;
+    char **flat_names, **all_names;
 };
 
 zd_nn_module_t *zd_nn_module_new(const char *type_name, zd_nn_module_forward_fn *forward,
@@ -68,13 +71,15 @@ zd_nn_module_t *zd_nn_module_new(const char *type_name, zd_nn_module_forward_fn 
 
 static void flat_clear(zd_nn_module_t *m)
 {
-    for (int i = 0; i < m->n_flat; i++)
-        free(m->flat_names[i]);
+    for (int i = 0; i < m->n_all; i++)
+        free(m->all_names[i]);
+    free(m->all);
+    free(m->all_names);
     free(m->flat);
     free(m->flat_names);
-    m->flat = NULL;
-    m->flat_names = NULL;
-    m->n_flat = 0;
+    m->all = m->flat = NULL;
+    m->all_names = m->flat_names = NULL;
+    m->n_all = m->n_flat = 0;
     m->flat_valid = false;
 }
 
@@ -258,14 +263,14 @@ zd_nn_module_t *zd_nn_module_child(const zd_nn_module_t *m, const char *name)
 static int flat_push(zd_nn_module_t *m, int *cap, zd_tensor_t *t, const char *prefix,
                      const char *name)
 {
-    if (m->n_flat == *cap) {
+    if (m->n_all == *cap) {
         int c = *cap ? 2 * *cap : 8;
-        zd_tensor_t **f = realloc(m->flat, (size_t)c * sizeof *f);
+        zd_tensor_t **f = realloc(m->all, (size_t)c * sizeof *f);
         if (f)
-            m->flat = f;
-        char **n = f ? realloc(m->flat_names, (size_t)c * sizeof *n) : NULL;
+            m->all = f;
+        char **n = f ? realloc(m->all_names, (size_t)c * sizeof *n) : NULL;
         if (n)
-            m->flat_names = n;
+            m->all_names = n;
         if (!f || !n)
             return -1;
         *cap = c;
@@ -275,8 +280,29 @@ static int flat_push(zd_nn_module_t *m, int *cap, zd_tensor_t *t, const char *pr
     if (!s)
         return -1;
     snprintf(s, len, "%s%s%s", prefix, prefix[0] ? "." : "", name);
-    m->flat[m->n_flat] = t;
-    m->flat_names[m->n_flat++] = s;
+    m->all[m->n_all] = t;
+    m->all_names[m->n_all++] = s;
+    return 0;
+}
+
+/* parameters() from named state: a tied tensor once, where first seen
+   (quadratic, but only when the list is rebuilt after a registration). */
+static int flat_dedup(zd_nn_module_t *m)
+{
+    size_t n = m->n_all ? (size_t)m->n_all : 1;
+    m->flat = malloc(n * sizeof *m->flat);
+    m->flat_names = malloc(n * sizeof *m->flat_names);
+    if (!m->flat || !m->flat_names)
+        return -1;
+    for (int i = 0; i < m->n_all; i++) {
+        bool seen = false;
+        for (int j = 0; j < m->n_flat && !seen; j++)
+            seen = m->flat[j] == m->all[i];
+        if (!seen) {
+            m->flat[m->n_flat] = m->all[i];
+            m->flat_names[m->n_flat++] = m->all_names[i];
+        }
+    }
     return 0;
 }
 
@@ -303,7 +329,7 @@ static zd_nn_module_t *flat(const zd_nn_module_t *cm)
     if (!m->flat_valid) {
         flat_clear(m);
         int cap = 0;
-        if (flat_build(m, &cap, m, "") < 0) {
+        if (flat_build(m, &cap, m, "") < 0 || flat_dedup(m) < 0) {
             flat_clear(m);
             pthread_mutex_unlock(&m->lock);
             zd_error_set_code(ZD_ERR_NO_MEMORY, "module %s: out of memory", m->type);
@@ -344,9 +370,9 @@ const char *zd_nn_module_param_name(const zd_nn_module_t *m, int i)
 zd_tensor_t *zd_nn_module_find(const zd_nn_module_t *m, const char *name)
 {
     zd_nn_module_t *f = m && name ? flat(m) : NULL;
-    for (int i = 0; f && i < f->n_flat; i++)
-        if (strcmp(f->flat_names[i], name) == 0)
-            return f->flat[i];
+    for (int i = 0; f && i < f->n_all; i++)
+        if (strcmp(f->all_names[i], name) == 0)
+            return f->all[i];
     zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no parameter \"%s\"", m ? m->type : "?",
                       name ? name : "(null)");
     return NULL;
@@ -376,8 +402,8 @@ zd_named_tensors_t *zd_nn_module_state_dict(const zd_nn_module_t *m)
     pthread_mutex_lock(&f->lock);
     /* A tied weight appears under each of its names, as in PyTorch's
        state_dict() (its parameters() lists it once). */
-    for (int i = 0; rc == 0 && i < f->n_flat; i++)
-        rc = zd_named_tensors_add(nt, f->flat_names[i], f->flat[i]);
+    for (int i = 0; rc == 0 && i < f->n_all; i++)
+        rc = zd_named_tensors_add(nt, f->all_names[i], f->all[i]);
     pthread_mutex_unlock(&f->lock);
     if (rc < 0) {
         zd_named_tensors_free(nt);
@@ -388,16 +414,18 @@ zd_named_tensors_t *zd_nn_module_state_dict(const zd_nn_module_t *m)
 
 int64_t zd_nn_module_numel(const zd_nn_module_t *m)
 {
+    zd_nn_module_t *f = m ? flat(m) : NULL;
     int64_t n = 0;
-    for (int i = 0; i < zd_nn_module_n_params(m); i++)
-        n += zd_tensor_numel(zd_nn_module_param(m, i));
+    for (int i = 0; f && i < f->n_flat; i++)
+        n += zd_tensor_numel(f->flat[i]);
     return n;
 }
 
 void zd_nn_module_zero_grad(zd_nn_module_t *m)
 {
-    for (int i = 0; i < zd_nn_module_n_params(m); i++)
-        zd_tensor_clear_grad(zd_nn_module_param(m, i));
+    zd_nn_module_t *f = m ? flat(m) : NULL;
+    for (int i = 0; f && i < f->n_flat; i++)
+        zd_tensor_clear_grad(f->flat[i]);
 }
 
 bool zd_nn_module_train(zd_nn_module_t *m, bool training)
@@ -409,21 +437,27 @@ bool zd_nn_module_train(zd_nn_module_t *m, bool training)
 
 bool zd_nn_module_is_training(const zd_nn_module_t *m) { return atomic_load(&m->training); }
 
-int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                         int n_out)
 {
-    if (out)
-        *out = NULL;
-    if (!m || !out)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_forward: NULL %s",
-                                 m ? "out" : "module");
+    for (int i = 0; out && i < n_out; i++)
+        out[i] = NULL;
+    if (!m || !out || n_out < 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_forward: %s",
+                                 !m ? "NULL module" : !out ? "NULL out" : "n_out < 1");
     if (!m->forward)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no forward function", m->type);
-    if (m->forward(m, in, n_in, out) < 0) {
-        zd_tensor_unref_p(out);
+    if (m->forward(m, in, n_in, out, n_out) < 0) {
+        for (int i = 0; i < n_out; i++)
+            zd_tensor_unref_p(&out[i]);
         return zd_error_wrap("%s forward", m->type);
     }
-    if (!*out)
-        return zd_error_set("%s forward returned no tensor", m->type);
+    for (int i = 0; i < n_out; i++)
+        if (!out[i]) {
+            for (int j = 0; j < n_out; j++)
+                zd_tensor_unref_p(&out[j]);
+            return zd_error_set("%s forward gave no output %d (asked for %d)", m->type, i, n_out);
+        }
     return 0;
 }
 
@@ -453,11 +487,14 @@ typedef struct {
     zd_tensor_t *weight, *bias;   /* borrowed from the module */
 } linear_t;
 
-static int linear_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+static int linear_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                          int n_out)
 {
     linear_t *l = zd_nn_module_state(m);
     if (n_in != 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes 1 input, got %d", n_in);
+    if (n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "gives 1 output, asked for %d", n_out);
     return zd_nn_linear(in[0], l->weight, l->bias, out);
 }
 
@@ -484,6 +521,60 @@ zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_feature
     if (!l->weight || (bias && !l->bias) || zd_nn_init_default(l->weight, l->bias, rng) < 0) {
         zd_nn_module_free(m);
         return NULL;
+    }
+    return m;
+}
+
+/*  ---- nn.Embedding ---- */
+
+typedef struct {
+    int64_t padding_idx;
+    zd_tensor_t *weight;   /* borrowed from the module */
+} embedding_t;
+
+static int embedding_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
+                             zd_tensor_t **out, int n_out)
+{
+    embedding_t *e = zd_nn_module_state(m);
+    if (n_in != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes 1 input, got %d", n_in);
+    if (n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "gives 1 output, asked for %d", n_out);
+    return zd_nn_embedding(in[0], e->weight, e->padding_idx, out);
+}
+
+zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embedding_dim,
+                                    int64_t padding_idx, uint64_t seed)
+{
+    if (num_embeddings <= 0 || embedding_dim <= 0 || padding_idx < ZD_NN_NO_PADDING ||
+        padding_idx >= num_embeddings) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "Embedding(%lld, %lld, padding_idx %lld): sizes must "
+                          "be positive, padding_idx -1 or a row", (long long)num_embeddings,
+                          (long long)embedding_dim, (long long)padding_idx);
+        return NULL;
+    }
+    embedding_t *e = calloc(1, sizeof *e);
+    if (!e) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "Embedding: out of memory");
+        return NULL;
+    }
+    e->padding_idx = padding_idx;
+    zd_nn_module_t *m = zd_nn_module_new("Embedding", embedding_forward, e, free);
+    if (!m)
+        return NULL;
+    zd_nn_rng_t rng;
+    zd_nn_rng_seed(&rng, seed);
+    e->weight = zd_nn_module_add_parameter(m, "weight", (int64_t[]){num_embeddings, embedding_dim},
+                                           2);
+    if (!e->weight || zd_nn_init_normal(e->weight, 0.0f, 1.0f, &rng) < 0) {
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    /* PyTorch's reset_parameters: normal_, then the padding row filled with 0 */
+    if (padding_idx != ZD_NN_NO_PADDING) {
+        float *w = zd_tensor_data(e->weight);
+        for (int64_t k = 0; k < embedding_dim; k++)
+            w[padding_idx * embedding_dim + k] = 0.0f;
     }
     return m;
 }

@@ -1,248 +1,185 @@
 /* SPDX-License-Identifier: MIT */
-/*  rnn_module.c: zd_nn_lstm_t, nn.LSTM as an object: its parameters (an
-    array of named leaf tensors, in PyTorch's order), its mode and its
-    dropout generator; and the single cells as objects. */
+/*  rnn_module.c: nn.LSTM, nn.LSTMCell, nn.GRUCell and nn.RNNCell as
+    modules: parameters registered under PyTorch's names, in its order, and
+    a forward that passes the state's array of them (borrowed from the
+    module) to the functional form, with no lookup per call. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include <zdist/autograd.h>
 #include <zdist/error.h>
+#include <zdist/module.h>
 #include <zdist/nn.h>
 #include <zdist/rnn.h>
 
-struct zd_nn_lstm {
-    int64_t input_size, hidden_size;
-    int num_layers;
-    float dropout;
-    bool training;
-    zd_nn_rng_t rng;          /* dropout masks */
-    int n_params;
-    zd_tensor_t **params;     /* 4 per layer */
-    char (*names)[32];
-};
-
-zd_nn_lstm_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
-                             float dropout, uint64_t seed)
+/* Registers 4 parameters per layer (names[k] with suffix) uniform in
+   +-1/sqrt(H), PyTorch's reset_parameters, drawn in order from init. */
+static int add_rnn_params(zd_nn_module_t *m, zd_tensor_t **params, int n_layers, int64_t gates,
+                          int64_t input_size, int64_t hidden_size, bool suffix, zd_nn_rng_t *init)
 {
-    if (input_size < 1 || hidden_size < 1 || num_layers < 1 || hidden_size > (INT32_MAX / 4) ||
-        input_size > INT32_MAX) {
-        zd_error_set("lstm_new: sizes input %lld, hidden %lld, layers %d: each must be >= 1",
-                     (long long)input_size, (long long)hidden_size, num_layers);
-        return NULL;
-    }
-    if (!(dropout >= 0.0f && dropout <= 1.0f)) {
-        zd_error_set("lstm_new: dropout %g is not in [0, 1]", (double)dropout);
-        return NULL;
-    }
-    zd_nn_lstm_t *m = calloc(1, sizeof *m);
-    if (!m) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm_new: out of memory");
-        return NULL;
-    }
-    m->input_size = input_size;
-    m->hidden_size = hidden_size;
-    m->num_layers = num_layers;
-    m->dropout = dropout;
-    m->training = true;
-    m->n_params = 4 * num_layers;
-    m->params = calloc((size_t)m->n_params, sizeof *m->params);
-    m->names = calloc((size_t)m->n_params, sizeof *m->names);
-    if (!m->params || !m->names) {
-        zd_nn_lstm_free(m);
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm_new: out of memory");
-        return NULL;
-    }
-    zd_nn_rng_t init;
-    zd_nn_rng_seed(&init, seed);
-    m->rng = init;
-    zd_nn_rng_jump(&m->rng);   /* a stream of its own, apart from the weights' */
-    /* PyTorch's reset_parameters: every parameter uniform(-1/sqrt(H), 1/sqrt(H)) */
-    const float bound = (float)(1.0 / sqrt((double)hidden_size));
     static const char *const kinds[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
-    const int64_t G = 4 * hidden_size;
-    for (int i = 0; i < m->n_params; i++) {
+    const float bound = (float)(1.0 / sqrt((double)hidden_size));
+    const int64_t G = gates * hidden_size;
+    for (int i = 0; i < 4 * n_layers; i++) {
         const int l = i / 4, k = i % 4;
         const int64_t in = l == 0 ? input_size : hidden_size;
-        zd_tensor_t *p = k < 2 ? zd_tensor_zeros2(G, k == 0 ? in : hidden_size)
-                               : zd_tensor_zeros1(G);
-        m->params[i] = p;
-        snprintf(m->names[i], sizeof m->names[i], "%s_l%d", kinds[k], l);
-        if (!p || zd_nn_init_uniform(p, -bound, bound, &init) < 0 ||
-            zd_tensor_set_requires_grad(p, true) < 0) {
-            zd_nn_lstm_free(m);
-            zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm_new: out of memory");
-            return NULL;
-        }
-        zd_tensor_set_name(p, m->names[i]);
+        int64_t shape[2] = {G, k == 0 ? in : hidden_size};
+        char name[32];
+        if (suffix)
+            snprintf(name, sizeof name, "%s_l%d", kinds[k], l);
+        else
+            snprintf(name, sizeof name, "%s", kinds[k]);
+        params[i] = zd_nn_module_add_parameter(m, name, shape, k < 2 ? 2 : 1);
+        if (!params[i] || zd_nn_init_uniform(params[i], -bound, bound, init) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int check_sizes(const char *type, int64_t input_size, int64_t hidden_size, int num_layers)
+{
+    if (input_size < 1 || hidden_size < 1 || num_layers < 1 || hidden_size > INT32_MAX / 4 ||
+        input_size > INT32_MAX)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: sizes input %lld, hidden %lld, layers %d: "
+                                 "each must be >= 1", type, (long long)input_size,
+                                 (long long)hidden_size, num_layers);
+    return 0;
+}
+
+/* ---- nn.LSTM ---- */
+
+typedef struct {
+    int num_layers;
+    float dropout;
+    zd_nn_rng_t rng;          /* dropout masks */
+    zd_tensor_t *params[];    /* 4 per layer, borrowed from the module */
+} lstm_state_t;
+
+/* (x[, h0, c0]) -> (output[, h_n[, c_n]]) */
+static int lstm_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                        int n_out)
+{
+    lstm_state_t *s = zd_nn_module_state(m);
+    if ((n_in != 1 && n_in != 3) || n_out > 3)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x) or (x, h0, c0) and gives up to 3 "
+                                 "outputs (output, h_n, c_n), asked %d -> %d", n_in, n_out);
+    return zd_nn_lstm(in[0], n_in == 3 ? in[1] : NULL, n_in == 3 ? in[2] : NULL, s->params,
+                      s->num_layers, s->dropout, zd_nn_module_is_training(m), &s->rng, &out[0],
+                      n_out > 1 ? &out[1] : NULL, n_out > 2 ? &out[2] : NULL);
+}
+
+zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
+                               float dropout, uint64_t seed)
+{
+    if (check_sizes("LSTM", input_size, hidden_size, num_layers) < 0)
+        return NULL;
+    if (!(dropout >= 0.0f && dropout <= 1.0f)) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "LSTM: dropout %g is not in [0, 1]", (double)dropout);
+        return NULL;
+    }
+    lstm_state_t *s = calloc(1, sizeof *s + 4 * (size_t)num_layers * sizeof s->params[0]);
+    if (!s) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "LSTM: out of memory");
+        return NULL;
+    }
+    s->num_layers = num_layers;
+    s->dropout = dropout;
+    zd_nn_module_t *m = zd_nn_module_new("LSTM", lstm_forward, s, free);
+    if (!m)
+        return NULL;
+    zd_nn_rng_t init;
+    zd_nn_rng_seed(&init, seed);
+    s->rng = init;
+    zd_nn_rng_jump(&s->rng);   /* a stream of its own, apart from the weights' */
+    if (add_rnn_params(m, s->params, num_layers, 4, input_size, hidden_size, true, &init) < 0) {
+        zd_error_wrap("LSTM");
+        zd_nn_module_free(m);
+        return NULL;
     }
     return m;
 }
-
-void zd_nn_lstm_free(zd_nn_lstm_t *m)
-{
-    if (!m)
-        return;
-    for (int i = 0; m->params && i < m->n_params; i++)
-        zd_tensor_unref(m->params[i]);
-    free(m->params);
-    free(m->names);
-    free(m);
-}
-
-int zd_nn_lstm_forward(zd_nn_lstm_t *m, zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
-                       zd_tensor_t **out, zd_tensor_t **h_n, zd_tensor_t **c_n)
-{
-    if (!m) {
-        *out = NULL;
-        if (h_n)
-            *h_n = NULL;
-        if (c_n)
-            *c_n = NULL;
-        return zd_error_set("lstm_forward: model is NULL");
-    }
-    return zd_nn_lstm(x, h0, c0, m->params, m->num_layers, m->dropout, m->training, &m->rng, out,
-                      h_n, c_n);
-}
-
-int zd_nn_lstm_n_params(const zd_nn_lstm_t *m)
-{
-    return m ? m->n_params : 0;
-}
-
-zd_tensor_t *zd_nn_lstm_param(const zd_nn_lstm_t *m, int i)
-{
-    return m && i >= 0 && i < m->n_params ? m->params[i] : NULL;
-}
-
-const char *zd_nn_lstm_param_name(const zd_nn_lstm_t *m, int i)
-{
-    return m && i >= 0 && i < m->n_params ? m->names[i] : NULL;
-}
-
-zd_tensor_t *const *zd_nn_lstm_params(const zd_nn_lstm_t *m)
-{
-    return m ? m->params : NULL;
-}
-
-void zd_nn_lstm_zero_grad(zd_nn_lstm_t *m)
-{
-    for (int i = 0; m && i < m->n_params; i++)
-        zd_tensor_clear_grad(m->params[i]);
-}
-
-bool zd_nn_lstm_train(zd_nn_lstm_t *m, bool training)
-{
-    bool prev = m->training;
-    m->training = training;
-    return prev;
-}
-
-bool zd_nn_lstm_is_training(const zd_nn_lstm_t *m) { return m->training; }
-int64_t zd_nn_lstm_input_size(const zd_nn_lstm_t *m) { return m->input_size; }
-int64_t zd_nn_lstm_hidden_size(const zd_nn_lstm_t *m) { return m->hidden_size; }
-int zd_nn_lstm_num_layers(const zd_nn_lstm_t *m) { return m->num_layers; }
 
 /* ---- single cells ---- */
 
-typedef enum { CELL_LSTM, CELL_GRU, CELL_TANH } cell_kind_t;
+typedef struct {
+    zd_tensor_t *p[4];   /* weight_ih, weight_hh, bias_ih, bias_hh; borrowed */
+} cell_state_t;
 
-struct zd_nn_rnn_cell {
-    cell_kind_t kind;
-    zd_tensor_t *params[4];   /* weight_ih, weight_hh, bias_ih, bias_hh */
-};
-
-static const char *const cell_names[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
-
-static zd_nn_rnn_cell_t *cell_new(cell_kind_t kind, int gates, int64_t input_size,
-                                  int64_t hidden_size, uint64_t seed)
+/* (x[, h[, c]]) -> (h'[, c']) */
+static int lstm_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
+                             zd_tensor_t **out, int n_out)
 {
-    if (input_size < 1 || hidden_size < 1 || hidden_size > INT32_MAX / 4 ||
-        input_size > INT32_MAX) {
-        zd_error_set("rnn_cell_new: sizes input %lld, hidden %lld: each must be >= 1",
-                     (long long)input_size, (long long)hidden_size);
+    cell_state_t *s = zd_nn_module_state(m);
+    if (n_in < 1 || n_in > 3 || n_out > 2)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x[, h[, c]]) and gives up to 2 outputs "
+                                 "(h', c'), asked %d -> %d", n_in, n_out);
+    zd_tensor_t *c_out = NULL;
+    int rc = zd_nn_lstm_cell(in[0], n_in > 1 ? in[1] : NULL, n_in > 2 ? in[2] : NULL, s->p[0],
+                             s->p[1], s->p[2], s->p[3], &out[0], &c_out);
+    if (n_out > 1)
+        out[1] = c_out;
+    else
+        zd_tensor_unref(c_out);
+    return rc;
+}
+
+/* (x[, h]) -> h' */
+static int gru_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
+                            zd_tensor_t **out, int n_out)
+{
+    cell_state_t *s = zd_nn_module_state(m);
+    if (n_in < 1 || n_in > 2 || n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x[, h]) and gives h', asked %d -> %d",
+                                 n_in, n_out);
+    return zd_nn_gru_cell(in[0], n_in > 1 ? in[1] : NULL, s->p[0], s->p[1], s->p[2], s->p[3],
+                          out);
+}
+
+static int tanh_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
+                             zd_tensor_t **out, int n_out)
+{
+    cell_state_t *s = zd_nn_module_state(m);
+    if (n_in < 1 || n_in > 2 || n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x[, h]) and gives h', asked %d -> %d",
+                                 n_in, n_out);
+    return zd_nn_rnn_tanh_cell(in[0], n_in > 1 ? in[1] : NULL, s->p[0], s->p[1], s->p[2],
+                               s->p[3], out);
+}
+
+static zd_nn_module_t *cell_new(const char *type, zd_nn_module_forward_fn *forward, int gates,
+                                int64_t input_size, int64_t hidden_size, uint64_t seed)
+{
+    if (check_sizes(type, input_size, hidden_size, 1) < 0)
+        return NULL;
+    cell_state_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", type);
         return NULL;
     }
-    zd_nn_rnn_cell_t *m = calloc(1, sizeof *m);
-    if (!m) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "rnn_cell_new: out of memory");
+    zd_nn_module_t *m = zd_nn_module_new(type, forward, s, free);
+    if (!m)
         return NULL;
-    }
-    m->kind = kind;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
-    const float bound = (float)(1.0 / sqrt((double)hidden_size));
-    const int64_t G = gates * hidden_size;
-    for (int k = 0; k < 4; k++) {
-        zd_tensor_t *p = k < 2 ? zd_tensor_zeros2(G, k == 0 ? input_size : hidden_size)
-                               : zd_tensor_zeros1(G);
-        m->params[k] = p;
-        if (!p || zd_nn_init_uniform(p, -bound, bound, &rng) < 0 ||
-            zd_tensor_set_requires_grad(p, true) < 0) {
-            zd_nn_rnn_cell_free(m);
-            zd_error_set_code(ZD_ERR_NO_MEMORY, "rnn_cell_new: out of memory");
-            return NULL;
-        }
-        zd_tensor_set_name(p, cell_names[k]);
+    zd_nn_rng_t init;
+    zd_nn_rng_seed(&init, seed);
+    if (add_rnn_params(m, s->p, 1, gates, input_size, hidden_size, false, &init) < 0) {
+        zd_error_wrap("%s", type);
+        zd_nn_module_free(m);
+        return NULL;
     }
     return m;
 }
 
-zd_nn_rnn_cell_t *zd_nn_lstm_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed)
+zd_nn_module_t *zd_nn_lstm_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed)
 {
-    return cell_new(CELL_LSTM, 4, input_size, hidden_size, seed);
+    return cell_new("LSTMCell", lstm_cell_forward, 4, input_size, hidden_size, seed);
 }
 
-zd_nn_rnn_cell_t *zd_nn_gru_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed)
+zd_nn_module_t *zd_nn_gru_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed)
 {
-    return cell_new(CELL_GRU, 3, input_size, hidden_size, seed);
+    return cell_new("GRUCell", gru_cell_forward, 3, input_size, hidden_size, seed);
 }
 
-zd_nn_rnn_cell_t *zd_nn_rnn_tanh_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed)
+zd_nn_module_t *zd_nn_rnn_tanh_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed)
 {
-    return cell_new(CELL_TANH, 1, input_size, hidden_size, seed);
-}
-
-void zd_nn_rnn_cell_free(zd_nn_rnn_cell_t *m)
-{
-    if (!m)
-        return;
-    for (int k = 0; k < 4; k++)
-        zd_tensor_unref(m->params[k]);
-    free(m);
-}
-
-int zd_nn_rnn_cell_forward(zd_nn_rnn_cell_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
-                           zd_tensor_t **h_out, zd_tensor_t **c_out)
-{
-    *h_out = NULL;
-    if (c_out)
-        *c_out = NULL;
-    if (!m)
-        return zd_error_set("rnn_cell_forward: cell is NULL");
-    zd_tensor_t *const *p = m->params;
-    if (m->kind == CELL_LSTM) {
-        if (!c_out)
-            return zd_error_set("rnn_cell_forward: an LSTM cell needs c_out");
-        return zd_nn_lstm_cell(x, h, c, p[0], p[1], p[2], p[3], h_out, c_out);
-    }
-    if (c || c_out)
-        return zd_error_set("rnn_cell_forward: only an LSTM cell has a cell state c");
-    return m->kind == CELL_GRU ? zd_nn_gru_cell(x, h, p[0], p[1], p[2], p[3], h_out)
-                               : zd_nn_rnn_tanh_cell(x, h, p[0], p[1], p[2], p[3], h_out);
-}
-
-int zd_nn_rnn_cell_n_params(const zd_nn_rnn_cell_t *m)
-{
-    return m ? 4 : 0;
-}
-
-zd_tensor_t *zd_nn_rnn_cell_param(const zd_nn_rnn_cell_t *m, int i)
-{
-    return m && i >= 0 && i < 4 ? m->params[i] : NULL;
-}
-
-const char *zd_nn_rnn_cell_param_name(const zd_nn_rnn_cell_t *m, int i)
-{
-    return m && i >= 0 && i < 4 ? cell_names[i] : NULL;
+    return cell_new("RNNCell", tanh_cell_forward, 1, input_size, hidden_size, seed);
 }

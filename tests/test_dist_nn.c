@@ -203,7 +203,7 @@ static int train_step_body(const world_t *w)
         int64_t one_three[2] = {1, 3};
         zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, one_three, 2, xv), *hh = NULL,
                     *yy = NULL, *loss = NULL;
-        if (zd_nn_module_forward(local, &x, 1, &hh) == 0 &&
+        if (zd_nn_module_forward(local, &x, 1, &hh, 1) == 0 &&
             zd_remote_module_forward(rm, &hh, 1, &yy) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
             near(zd_tensor_data(yy)[0], y[0]) && near(zd_tensor_data(yy)[1], y[1]) &&
             zd_dist_autograd_backward(ctx, &loss, 1, false) == 0 &&

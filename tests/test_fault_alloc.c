@@ -587,7 +587,7 @@ static int module_round(void *arg)
         zd_nn_module_load_safetensors(m, st, true, NULL, NULL) < 0)
         goto done;
     if (!(x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){5, 4}, 2)) ||
-        zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &out) < 0)
+        zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &out, 1) < 0)
         goto done;
     rc = 0;
 done:

@@ -300,7 +300,7 @@ static void test_losses(void **state)
 static int fn_model(check_t *c, zd_tensor_t **out)
 {
     zd_tensor_t *lp;
-    if (zd_nn_module_forward(c->model, &c->in[0], 1, &lp) < 0)
+    if (zd_nn_module_forward(c->model, &c->in[0], 1, &lp, 1) < 0)
         return -1;
     int rc = zd_nn_nll_loss(lp, c->target, out);
     zd_tensor_unref(lp);

@@ -155,7 +155,7 @@ static void run_model_case(golden_case_t *c, void *arg)
     zd_autograd_set_grad_enabled(prev);
 
     zd_tensor_t *lp, *loss, *loss1;
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp, 1), 0);
     check_output(c, "logprobs", lp);
     assert_int_equal(zd_nn_nll_loss(lp, target, &loss), 0);
     assert_int_equal(zd_tensor_reshape(loss, (int64_t[]){1}, 1, &loss1), 0);
@@ -176,7 +176,7 @@ static void run_model_case(golden_case_t *c, void *arg)
         }
         zd_tensor_t *lp2, *l2, *l21;
         prev = zd_autograd_set_grad_enabled(false);
-        assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp2), 0);
+        assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp2, 1), 0);
         zd_autograd_set_grad_enabled(prev);
         assert_int_equal(zd_nn_nll_loss(lp2, t8, &l2), 0);
         assert_int_equal(zd_tensor_reshape(l2, (int64_t[]){1}, 1, &l21), 0);
@@ -294,7 +294,7 @@ static void test_bad_input_is_refused(void **state)
     (void)state;
     zd_nn_module_t *m = zd_nn_net_new(1);
     zd_tensor_t *x = zd_tensor_zeros4(2, 1, 27, 28), *out;
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &out), -1);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &out, 1), -1);
     assert_null(out);
     assert_non_null(strstr(zd_error_last(), "(2, 1, 27, 28)"));
     zd_tensor_t *flat = zd_tensor_zeros2(2, 100);
@@ -332,8 +332,8 @@ static void test_train_and_eval_modes(void **state)
     assert_true(zd_nn_module_is_training(m));          /* as in PyTorch */
     assert_true(zd_nn_module_train(m, false));
     assert_false(zd_nn_module_is_training(m));
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &e1), 0);
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &e2), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &e1, 1), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &e2, 1), 0);
     assert_true(same(e1, e2));                      /* eval: deterministic */
     /* the two stages compose to the whole */
     assert_int_equal(zd_nn_net_forward_conv(m, x, &flat), 0);
@@ -342,10 +342,10 @@ static void test_train_and_eval_modes(void **state)
 
     zd_nn_module_train(m, true);
     zd_nn_net_seed_dropout(m, 77);
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t1), 0);
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t2), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t1, 1), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t2, 1), 0);
     zd_nn_net_seed_dropout(m, 77);
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t3), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t3, 1), 0);
     assert_false(same(t1, e1));                     /* dropout is active */
     assert_false(same(t1, t2));                     /* fresh masks each pass */
     assert_true(same(t1, t3));                      /* reproducible by seed */
@@ -357,9 +357,9 @@ static void test_train_and_eval_modes(void **state)
     /* the convnet has no dropout: both modes agree */
     m = zd_nn_convnet_new(9);
     x = random_images(2, 6);
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t1), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &t1, 1), 0);
     zd_nn_module_train(m, false);
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &e1), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &e1, 1), 0);
     assert_true(same(t1, e1));
     zd_tensor_unref(t1);
     zd_tensor_unref(e1);
@@ -376,7 +376,7 @@ static void test_training_step_records_graph(void **state)
     zd_nn_module_t *m = zd_nn_net_new(4);
     zd_tensor_t *x = random_images(2, 8), *lp, *loss;
     zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, (int64_t[]){2}, 1, (int64_t[]){3, 7});
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp, 1), 0);
     assert_non_null(zd_tensor_grad_fn(lp));
     assert_int_equal(zd_nn_cross_entropy(lp, t, &loss), 0);
     assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
@@ -419,7 +419,7 @@ static void *forward_loop(void *p)
     fwd_arg_t *a = p;
     for (int i = 0; i < 6; i++) {
         zd_tensor_t *lp;
-        if (zd_nn_module_forward(a->m, &a->x, 1, &lp) < 0 || !close_enough(lp, a->expect))
+        if (zd_nn_module_forward(a->m, &a->x, 1, &lp, 1) < 0 || !close_enough(lp, a->expect))
             a->mismatches++;
         zd_tensor_unref(lp);
     }
@@ -435,7 +435,7 @@ static void test_concurrent_forwards(void **state)
     zd_nn_module_t *m = zd_nn_net_new(12);
     zd_nn_module_train(m, false);
     zd_tensor_t *x = random_images(4, 13), *expect;
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &expect), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &expect, 1), 0);
     fwd_arg_t args[3];
     pthread_t t[3];
     for (int i = 0; i < 3; i++) {
@@ -459,12 +459,12 @@ static void test_forward_after_fork(void **state)
     zd_nn_module_t *m = zd_nn_net_new(14);
     zd_nn_module_train(m, false);
     zd_tensor_t *x = random_images(4, 15), *expect;
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &expect), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &expect, 1), 0);
     pid_t pid = fork();
     assert_true(pid >= 0);
     if (pid == 0) {
         zd_tensor_t *lp;
-        int ok = zd_nn_module_forward(m, &x, 1, &lp) == 0 && close_enough(lp, expect);
+        int ok = zd_nn_module_forward(m, &x, 1, &lp, 1) == 0 && close_enough(lp, expect);
         _exit(ok ? 0 : 1);
     }
     int status;

@@ -78,7 +78,7 @@ static void test_grads_to_vector(void **state)
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
         zd_tensor_data(x)[i] = (float)(i % 17) / 17.0f;
     y = zd_tensor_from_data(ZD_INT64, (int64_t[]){2}, 1, (int64_t[]){3, 7});
-    assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &lp, 1), 0);
     assert_int_equal(zd_nn_nll_loss(lp, y, &loss), 0);
     assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
     assert_int_equal(zd_nn_module_grads_to_vector(m, &g), 0);

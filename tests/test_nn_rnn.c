@@ -445,17 +445,19 @@ static void test_lstm_object(void **state)
 {
     (void)state;
     const int64_t live = zd_tensor_live_count();
-    zd_nn_lstm_t *m = zd_nn_lstm_new(5, 7, 2, 0.5f, 3);
+    zd_nn_module_t *m = zd_nn_lstm_new(5, 7, 2, 0.5f, 3);
     assert_non_null(m);
-    assert_int_equal(zd_nn_lstm_n_params(m), 8);
+    assert_string_equal(zd_nn_module_type(m), "LSTM");
+    assert_int_equal(zd_nn_module_n_params(m), 8);
     static const char *const names[8] = {"weight_ih_l0", "weight_hh_l0", "bias_ih_l0",
                                          "bias_hh_l0",   "weight_ih_l1", "weight_hh_l1",
                                          "bias_ih_l1",   "bias_hh_l1"};
     const int64_t cols[8] = {5, 7, 0, 0, 7, 7, 0, 0};
     const float bound = 1.0f / sqrtf(7.0f);
     for (int i = 0; i < 8; i++) {
-        zd_tensor_t *p = zd_nn_lstm_param(m, i);
-        assert_string_equal(zd_nn_lstm_param_name(m, i), names[i]);
+        zd_tensor_t *p = zd_nn_module_param(m, i);
+        assert_string_equal(zd_nn_module_param_name(m, i), names[i]);
+        assert_string_equal(zd_tensor_name(p), names[i]);
         assert_true(zd_tensor_requires_grad(p) && zd_tensor_is_leaf(p));
         assert_int_equal(zd_tensor_size(p, 0), 28);
         assert_int_equal(zd_tensor_ndim(p), cols[i] ? 2 : 1);
@@ -469,34 +471,31 @@ static void test_lstm_object(void **state)
         }
         assert_true(lo >= -bound && hi < bound && hi - lo > bound);   /* spread over the range */
     }
-    for (int i = 0; i < 8; i++)
-        assert_ptr_equal(zd_nn_lstm_params(m)[i], zd_nn_lstm_param(m, i));
-    assert_null(zd_nn_lstm_param(m, 8));
-    assert_null(zd_nn_lstm_param_name(m, -1));
-    assert_int_equal(zd_nn_lstm_input_size(m), 5);
-    assert_int_equal(zd_nn_lstm_hidden_size(m), 7);
-    assert_int_equal(zd_nn_lstm_num_layers(m), 2);
+    assert_null(zd_nn_module_param(m, 8));
+    assert_null(zd_nn_module_param_name(m, -1));
+    assert_int_equal(zd_nn_module_numel(m), 28 * (5 + 7 + 1 + 1) + 28 * (7 + 7 + 1 + 1));
 
     /* the same seed, the same parameters */
-    zd_nn_lstm_t *m2 = zd_nn_lstm_new(5, 7, 2, 0.5f, 3);
+    zd_nn_module_t *m2 = zd_nn_lstm_new(5, 7, 2, 0.5f, 3);
     assert_non_null(m2);
     for (int i = 0; i < 8; i++)
-        assert_memory_equal(zd_tensor_data(zd_nn_lstm_param(m, i)),
-                            zd_tensor_data(zd_nn_lstm_param(m2, i)),
-                            zd_tensor_nbytes(zd_nn_lstm_param(m, i)));
+        assert_memory_equal(zd_tensor_data(zd_nn_module_param(m, i)),
+                            zd_tensor_data(zd_nn_module_param(m2, i)),
+                            zd_tensor_nbytes(zd_nn_module_param(m, i)));
 
     zd_tensor_t *x = randn(3, (int64_t[]){4, 2, 5}, 1.0f);
-    zd_tensor_t *o1, *o2, *hn, *cn;
+    zd_tensor_t *o1, *o2, *hn, *cn, *outs[3];
     /* training: dropout differs between calls; eval: identical, no dropout */
-    assert_true(zd_nn_lstm_is_training(m));
-    assert_int_equal(zd_nn_lstm_forward(m, x, NULL, NULL, &o1, &hn, &cn), 0);
+    assert_true(zd_nn_module_is_training(m));
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, outs, 3), 0);
+    o1 = outs[0], hn = outs[1], cn = outs[2];
     assert_int_equal(zd_tensor_ndim(o1), 3);
     assert_int_equal(zd_tensor_size(o1, 0), 4);
     assert_int_equal(zd_tensor_size(o1, 1), 2);
     assert_int_equal(zd_tensor_size(o1, 2), 7);
     assert_int_equal(zd_tensor_size(hn, 0), 2);
     assert_int_equal(zd_tensor_size(cn, 2), 7);
-    assert_int_equal(zd_nn_lstm_forward(m, x, NULL, NULL, &o2, NULL, NULL), 0);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &o2, 1), 0);
     assert_memory_not_equal(zd_tensor_data(o1), zd_tensor_data(o2), zd_tensor_nbytes(o1));
     /* gradients reach every parameter */
     zd_tensor_t *s;
@@ -504,37 +503,36 @@ static void test_lstm_object(void **state)
     assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
     zd_tensor_unref(s);
     for (int i = 0; i < 8; i++) {
-        zd_tensor_t *g = zd_tensor_grad(zd_nn_lstm_param(m, i));
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_module_param(m, i));
         assert_non_null(g);
         zd_tensor_unref(g);
     }
-    zd_nn_lstm_zero_grad(m);
+    zd_nn_module_zero_grad(m);
     for (int i = 0; i < 8; i++)
-        assert_null(zd_tensor_grad(zd_nn_lstm_param(m, i)));
+        assert_null(zd_tensor_grad(zd_nn_module_param(m, i)));
     zd_tensor_unref(o1);
     zd_tensor_unref(o2);
     zd_tensor_unref(hn);
     zd_tensor_unref(cn);
-    assert_true(zd_nn_lstm_train(m, false));
-    assert_false(zd_nn_lstm_is_training(m));
-    zd_nn_lstm_train(m2, false);
-    assert_int_equal(zd_nn_lstm_forward(m, x, NULL, NULL, &o1, NULL, NULL), 0);
-    assert_int_equal(zd_nn_lstm_forward(m2, x, NULL, NULL, &o2, NULL, NULL), 0);
+    assert_true(zd_nn_module_train(m, false));
+    assert_false(zd_nn_module_is_training(m));
+    zd_nn_module_train(m2, false);
+    assert_int_equal(zd_nn_module_forward(m, &x, 1, &o1, 1), 0);
+    assert_int_equal(zd_nn_module_forward(m2, &x, 1, &o2, 1), 0);
     assert_memory_equal(zd_tensor_data(o1), zd_tensor_data(o2), zd_tensor_nbytes(o1));
     zd_tensor_unref(o1);
     zd_tensor_unref(o2);
     /* zero states given explicitly are the NULL default */
     zd_tensor_t *z = zd_tensor_new(ZD_FLOAT32, (int64_t[]){2, 2, 7}, 3);
-    assert_int_equal(zd_nn_lstm_forward(m, x, z, z, &o1, NULL, NULL), 0);
-    assert_int_equal(zd_nn_lstm_forward(m, x, NULL, NULL, &o2, NULL, NULL), 0);
+    assert_int_equal(zd_nn_module_forward(m, (zd_tensor_t *[]){x, z, z}, 3, &o1, 1), 0);
+    assert_int_equal(zd_nn_module_forward(m, (zd_tensor_t *[]){x, NULL, NULL}, 3, &o2, 1), 0);
     assert_memory_equal(zd_tensor_data(o1), zd_tensor_data(o2), zd_tensor_nbytes(o1));
     zd_tensor_unref(o1);
     zd_tensor_unref(o2);
     zd_tensor_unref(z);
     zd_tensor_unref(x);
-    zd_nn_lstm_free(m);
-    zd_nn_lstm_free(m2);
-    zd_nn_lstm_free(NULL);
+    zd_nn_module_free(m);
+    zd_nn_module_free(m2);
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
@@ -544,20 +542,22 @@ static void test_cell_objects(void **state)
 {
     (void)state;
     const int64_t live = zd_tensor_live_count();
-    zd_nn_rnn_cell_t *cells[3] = {zd_nn_lstm_cell_new(3, 5, 1), zd_nn_gru_cell_new(3, 5, 1),
-                                  zd_nn_rnn_tanh_cell_new(3, 5, 1)};
+    zd_nn_module_t *cells[3] = {zd_nn_lstm_cell_new(3, 5, 1), zd_nn_gru_cell_new(3, 5, 1),
+                                zd_nn_rnn_tanh_cell_new(3, 5, 1)};
     const int gates[3] = {4, 3, 1};
+    static const char *const types[3] = {"LSTMCell", "GRUCell", "RNNCell"};
     static const char *const names[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
     zd_tensor_t *x = randn(2, (int64_t[]){2, 3}, 1.0f), *h = randn(2, (int64_t[]){2, 5}, 1.0f);
     for (int k = 0; k < 3; k++) {
-        zd_nn_rnn_cell_t *m = cells[k];
+        zd_nn_module_t *m = cells[k];
         assert_non_null(m);
-        assert_int_equal(zd_nn_rnn_cell_n_params(m), 4);
-        assert_null(zd_nn_rnn_cell_param(m, 4));
+        assert_string_equal(zd_nn_module_type(m), types[k]);
+        assert_int_equal(zd_nn_module_n_params(m), 4);
+        assert_null(zd_nn_module_param(m, 4));
         zd_tensor_t *p[4];
         for (int i = 0; i < 4; i++) {
-            p[i] = zd_nn_rnn_cell_param(m, i);
-            assert_string_equal(zd_nn_rnn_cell_param_name(m, i), names[i]);
+            p[i] = zd_nn_module_param(m, i);
+            assert_string_equal(zd_nn_module_param_name(m, i), names[i]);
             assert_true(zd_tensor_requires_grad(p[i]));
             assert_int_equal(zd_tensor_size(p[i], 0), gates[k] * 5);
             for (int64_t j = 0; j < zd_tensor_numel(p[i]); j++)
@@ -565,34 +565,42 @@ static void test_cell_objects(void **state)
         }
         assert_int_equal(zd_tensor_size(p[0], 1), 3);
         assert_int_equal(zd_tensor_size(p[1], 1), 5);
-        zd_tensor_t *a = NULL, *b = NULL, *ca = NULL, *cb = NULL;
+        zd_tensor_t *a = NULL, *b = NULL, *ca = NULL, *cb = NULL, *outs[3] = {NULL};
+        zd_tensor_t *xhh[3] = {x, h, h};
         if (k == 0) {
-            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, h, &a, &ca), 0);
+            assert_int_equal(zd_nn_module_forward(m, xhh, 3, outs, 2), 0);
+            a = outs[0], ca = outs[1];
             assert_int_equal(zd_nn_lstm_cell(x, h, h, p[0], p[1], p[2], p[3], &b, &cb), 0);
             assert_memory_equal(zd_tensor_data(ca), zd_tensor_data(cb), zd_tensor_nbytes(ca));
-            zd_tensor_t *none = NULL;
+            /* h' alone; and no third output */
+            zd_tensor_t *h1 = NULL;
+            assert_int_equal(zd_nn_module_forward(m, xhh, 3, &h1, 1), 0);
+            assert_memory_equal(zd_tensor_data(h1), zd_tensor_data(b), zd_tensor_nbytes(b));
+            zd_tensor_unref(h1);
             zd_error_clear();
-            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, h, &none, NULL), -1);
-            assert_null(none);
+            assert_int_equal(zd_nn_module_forward(m, xhh, 3, outs, 3), -1);
+            assert_true(zd_error_code() == ZD_ERR_ARGUMENT);
+            assert_true(!outs[0] && !outs[1] && !outs[2]);
         } else {
-            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, NULL, &a, NULL), 0);
+            assert_int_equal(zd_nn_module_forward(m, xhh, 2, &a, 1), 0);
             if (k == 1)
                 assert_int_equal(zd_nn_gru_cell(x, h, p[0], p[1], p[2], p[3], &b), 0);
             else
                 assert_int_equal(zd_nn_rnn_tanh_cell(x, h, p[0], p[1], p[2], p[3], &b), 0);
-            assert_int_equal(zd_nn_rnn_cell_forward(m, x, h, h, &ca, &cb), -1);
-            assert_null(ca);
-            assert_null(cb);
+            /* no cell state in or out */
+            assert_int_equal(zd_nn_module_forward(m, xhh, 3, outs, 1), -1);
+            assert_int_equal(zd_nn_module_forward(m, xhh, 2, outs, 2), -1);
+            assert_true(!outs[0] && !outs[1]);
         }
         assert_memory_equal(zd_tensor_data(a), zd_tensor_data(b), zd_tensor_nbytes(a));
         zd_tensor_unref(a);
         zd_tensor_unref(b);
         zd_tensor_unref(ca);
         zd_tensor_unref(cb);
-        zd_nn_rnn_cell_free(m);
+        zd_nn_module_free(m);
     }
     assert_null(zd_nn_gru_cell_new(0, 5, 1));
-    zd_nn_rnn_cell_free(NULL);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     zd_tensor_unref(x);
     zd_tensor_unref(h);
     assert_int_equal(zd_tensor_live_count(), live);
@@ -669,11 +677,15 @@ static void test_errors(void **state)
     assert_true(zd_error_last()[0] != '\0');
     assert_null(zd_nn_lstm_new(3, 4, 0, 0, 1));
     assert_null(zd_nn_lstm_new(3, 4, 1, -0.5f, 1));
-    zd_nn_lstm_t *m = zd_nn_lstm_new(3, 4, 2, 0, 1);
+    zd_nn_module_t *m = zd_nn_lstm_new(3, 4, 2, 0, 1);
     assert_non_null(m);
-    EXPECT_FAIL(zd_nn_lstm_forward(m, bad_x, NULL, NULL, &o, &o2, &o3), o, o2, o3);
-    EXPECT_FAIL(zd_nn_lstm_forward(NULL, seq, NULL, NULL, &o, &o2, &o3), o);
-    zd_nn_lstm_free(m);
+    zd_tensor_t *outs[4] = {NULL};
+    EXPECT_FAIL(zd_nn_module_forward(m, &bad_x, 1, outs, 3), outs[0], outs[1], outs[2]);
+    EXPECT_FAIL(zd_nn_module_forward(m, &seq, 1, outs, 4), outs[0], outs[1], outs[2], outs[3]);
+    EXPECT_FAIL(zd_nn_module_forward(m, (zd_tensor_t *[]){seq, s2}, 2, outs, 1), outs[0]);
+    EXPECT_FAIL(zd_nn_module_forward(m, &seq, 1, outs, 0), outs[0]);
+    EXPECT_FAIL(zd_nn_module_forward(NULL, &seq, 1, outs, 1), outs[0]);
+    zd_nn_module_free(m);
 
     zd_tensor_t *all[] = {x, h, w4i, w4h, w3i, w3h, b4, b3, bad_x, bad_h, x3, ints, seq, w1i, s2, s1};
     for (size_t k = 0; k < sizeof all / sizeof *all; k++)

@@ -106,7 +106,7 @@ static int gradients_match(gradients_run_t *g, int split)
 
     /* One process: the whole Net, dropout off. */
     zd_nn_module_train(g->net, false);
-    WTRY(zd_nn_module_forward(g->net, &g->x, 1, &g->lp));
+    WTRY(zd_nn_module_forward(g->net, &g->x, 1, &g->lp, 1));
     WTRY(zd_nn_nll_loss(g->lp, g->y, &g->loss));
     WTRY(zd_autograd_backward(g->loss, NULL, false));
     for (int i = 0; i < NPARAMS; i++)
@@ -211,7 +211,7 @@ static int fn_eval(const world_t *w)
     pipeline_net_t *pn = pipeline_net_new(1, 2, SEED, true);
     int rc = -1;
     zd_nn_module_train(net, false);
-    if (!net || !pn || test_batch(&x, &y) < 0 || zd_nn_module_forward(net, &x, 1, &lp) < 0 ||
+    if (!net || !pn || test_batch(&x, &y) < 0 || zd_nn_module_forward(net, &x, 1, &lp, 1) < 0 ||
         pipeline_net_train(pn, false) < 0 || pipeline_net_forward(pn, x, 3, &dlp) < 0) {
         world_fail(w, "%s", zd_error_last());
         goto out;

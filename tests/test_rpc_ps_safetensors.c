@@ -129,7 +129,7 @@ static void test_save_model_loads_in_pytorch(void **state)
     zd_tensor_t *x, *y, *lp;
     assert_int_equal(zd_dataset_batch(test, NULL, 0, IMAGES, &x, &y), 0);
     bool prev = zd_autograd_set_grad_enabled(false);
-    assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp, 1), 0);
     zd_autograd_set_grad_enabled(prev);
     int64_t correct = zd_nn_accuracy(lp, y);
     printf("zdist's Net from the file: %lld of %d images, rpc_ps %.2f %%, metadata %lld\n",

@@ -68,17 +68,6 @@ static zd_nn_module_t *net_module(zd_nn_module_t *net)
     return m;
 }
 
-/*  A module "LSTM" holding the LSTM's tensors under their own names. */
-static zd_nn_module_t *lstm_module(zd_nn_lstm_t *lstm)
-{
-    zd_nn_module_t *m = zd_nn_module_new("LSTM", NULL, NULL, NULL);
-    assert_non_null(m);
-    for (int i = 0; i < zd_nn_lstm_n_params(lstm); i++)
-        assert_int_equal(zd_nn_module_register_parameter(m, zd_nn_lstm_param_name(lstm, i),
-                                                         zd_nn_lstm_param(lstm, i)), 0);
-    return m;
-}
-
 static zd_named_tensors_t *read_ref(const char *name)
 {
     zd_named_tensors_t *nt = zd_safetensors_read(ref_path(name), NULL, NULL);
@@ -150,7 +139,7 @@ static void test_net_from_pytorch(void **state)
     bool prev = zd_autograd_set_grad_enabled(false);
     zd_tensor_t *lp;
     zd_tensor_t *x_in = find(io, "x");
-    assert_int_equal(zd_nn_module_forward(net, &x_in, 1, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(net, &x_in, 1, &lp, 1), 0);
     zd_autograd_set_grad_enabled(prev);
     assert_close(lp, find(io, "logprobs"), "Net log-probabilities");
     zd_tensor_unref(lp);
@@ -162,17 +151,17 @@ static void test_net_from_pytorch(void **state)
 static void test_lstm_from_pytorch(void **state)
 {
     (void)state;
-    zd_nn_lstm_t *lstm = zd_nn_lstm_new(6, 12, 2, 0.2f, 99);
-    assert_non_null(lstm);
-    zd_nn_module_t *m = lstm_module(lstm);
+    zd_nn_module_t *m = zd_nn_lstm_new(6, 12, 2, 0.2f, 99);
+    assert_non_null(m);
     if (zd_nn_module_load_safetensors(m, ref_path("lstm.safetensors"), true, NULL, NULL) < 0)
         fail_msg("%s", zd_error_last());
     zd_named_tensors_t *io = read_ref("lstm_io.safetensors");
-    zd_nn_lstm_train(lstm, false);
+    zd_nn_module_train(m, false);
     bool prev = zd_autograd_set_grad_enabled(false);
-    zd_tensor_t *out, *h_n, *c_n;
-    assert_int_equal(zd_nn_lstm_forward(lstm, find(io, "x"), find(io, "h0"), find(io, "c0"),
-                                        &out, &h_n, &c_n), 0);
+    zd_tensor_t *outs[3];
+    zd_tensor_t *in[3] = {find(io, "x"), find(io, "h0"), find(io, "c0")};
+    assert_int_equal(zd_nn_module_forward(m, in, 3, outs, 3), 0);
+    zd_tensor_t *out = outs[0], *h_n = outs[1], *c_n = outs[2];
     zd_autograd_set_grad_enabled(prev);
     assert_close(out, find(io, "out"), "LSTM out");
     assert_close(h_n, find(io, "h_n"), "LSTM h_n");
@@ -182,7 +171,6 @@ static void test_lstm_from_pytorch(void **state)
     zd_tensor_unref(c_n);
     zd_named_tensors_free(io);
     zd_nn_module_free(m);
-    zd_nn_lstm_free(lstm);
 }
 
 static bool has_name(char **names, int n, const char *name)
@@ -219,9 +207,9 @@ static void test_strict_and_not(void **state)
     const char *net_file = "net.safetensors";
 
     /* Missing and extra tensors: the LSTM's names are not the Net's. */
-    zd_nn_lstm_t *lstm = zd_nn_lstm_new(6, 12, 2, 0, 5);
-    zd_nn_module_t *lm = lstm_module(lstm);
-    zd_tensor_t *before = zd_tensor_detach_copy(zd_nn_lstm_param(lstm, 0));
+    zd_nn_module_t *lm = zd_nn_lstm_new(6, 12, 2, 0, 5);
+    assert_non_null(lm);
+    zd_tensor_t *before = zd_tensor_detach_copy(zd_nn_module_param(lm, 0));
     expect_refused(lm, net_file, true, "no tensor \"weight_ih_l0\" in the file");
     char **skipped;
     int n;
@@ -232,10 +220,9 @@ static void test_strict_and_not(void **state)
     assert_string_equal(skipped[7], "bias_hh_l1");
     assert_true(has_name(skipped, n, "conv1.weight") && has_name(skipped, n, "fc2.bias"));
     zd_safetensors_free_names(skipped, n);
-    assert_equal_data(zd_nn_lstm_param(lstm, 0), before, "weight_ih_l0 left as it was");
+    assert_equal_data(zd_nn_module_param(lm, 0), before, "weight_ih_l0 left as it was");
     zd_tensor_unref(before);
     zd_nn_module_free(lm);
-    zd_nn_lstm_free(lstm);
 
     /* An extra tensor: a model of conv1 only. Not strict, conv1 loads and
        the rest is named. */
@@ -322,7 +309,7 @@ static void test_net_to_pytorch(void **state)
         for (int i = 0; i < 16; i++)
             zd_tensor_data_i64(y)[i] = (int64_t)zd_nn_rng_below(&r, 10);
         zd_tensor_t *lp, *loss;
-        assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp), 0);
+        assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp, 1), 0);
         assert_int_equal(zd_nn_nll_loss(lp, y, &loss), 0);
         assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
         assert_int_equal(zd_optim_step_grad(opt), 0);
@@ -344,7 +331,7 @@ static void test_net_to_pytorch(void **state)
     bool prev = zd_autograd_set_grad_enabled(false);
     zd_tensor_t *test = zd_tensor_new(ZD_FLOAT32, (int64_t[]){64, 1, 28, 28}, 4), *lp;
     fill_normal(test, &r);
-    assert_int_equal(zd_nn_module_forward(net, &test, 1, &lp), 0);
+    assert_int_equal(zd_nn_module_forward(net, &test, 1, &lp, 1), 0);
 
     /* zdist reads its own file back: another Net gives the same outputs. */
     zd_nn_module_t *again = zd_nn_net_new(8);
@@ -352,7 +339,7 @@ static void test_net_to_pytorch(void **state)
     zd_nn_module_t *am = net_module(again);
     assert_int_equal(zd_nn_module_load_safetensors(am, model, true, NULL, NULL), 0);
     zd_tensor_t *lp2;
-    assert_int_equal(zd_nn_module_forward(again, &test, 1, &lp2), 0);
+    assert_int_equal(zd_nn_module_forward(again, &test, 1, &lp2, 1), 0);
     assert_equal_data(lp2, lp, "the reloaded Net's log-probabilities");
     zd_autograd_set_grad_enabled(prev);
     char **kv;

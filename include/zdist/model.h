@@ -9,7 +9,7 @@
               conv1 (1->3, 3x3) -> max_pool 3 -> relu -> flatten (192)
               -> fc (192->10) -> log_softmax
 
-    Both are zd_nn_module_t: zd_nn_module_forward(m, &x, 1, &logprobs)
+    Both are zd_nn_module_t: zd_nn_module_forward(m, &x, 1, &logprobs, 1)
     takes x (N,1,28,28) float32 and gives log-probabilities (N,10); the
     parameters, the mode, state_dict, the flat vector and the checkpoint and
     safetensors functions are the module's. The submodules (Conv2d conv1,

@@ -9,7 +9,7 @@
 
         typedef struct { zd_tensor_t *w, *b; } mlp_t;   // borrowed from m
         static int mlp_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                               zd_tensor_t **out)
+                               zd_tensor_t **out, int n_out)
         {
             mlp_t *s = zd_nn_module_state(m);
             return zd_nn_linear(in[0], s->w, s->b, out);
@@ -20,7 +20,13 @@
 
     Parameters are listed as PyTorch's named_parameters() lists them: the
     module's own, in registration order, then each submodule's, in the order
-    the submodules were registered. Accessors return borrowed pointers,
+    the submodules were registered. A tensor registered under several names
+    (a tied weight: an embedding's weight registered again as the decoder's)
+    is one parameter: zd_nn_module_n_params, _param, _param_name, _numel,
+    _zero_grad and zd_dist_nn_parameter_rrefs see it once, under the name
+    it was first seen with, as PyTorch's parameters(); the state_dict (and
+    so save, load and safetensors) and zd_nn_module_find have it under each
+    name, as PyTorch's state_dict(). Accessors return borrowed pointers,
     valid while the module lives and no parameter or submodule is added.
 
     Forward passes may run concurrently on one module from several threads
@@ -41,10 +47,12 @@ ZD_BEGIN_DECLS
 
 typedef struct zd_nn_module zd_nn_module_t;
 
-/*  A module's forward: n_in borrowed inputs give *out (a new reference).
-    Returns 0, or -1 with zd_error_set(). */
+/*  A module's forward: n_in borrowed inputs give the first n_out of its
+    outputs in out[0..n_out-1] (new references; the LSTM gives output, h_n,
+    c_n); asked for more outputs than it has, it fails. Returns 0, or -1
+    with zd_error_set(). */
 typedef int (zd_nn_module_forward_fn)(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                                      zd_tensor_t **out);
+                                      zd_tensor_t **out, int n_out);
 
 /*  Frees the user state of a module. */
 typedef void (zd_nn_module_free_fn)(void *state);
@@ -71,7 +79,9 @@ ZD_API void *zd_nn_module_state(const zd_nn_module_t *m);
 /*  Registers t as the parameter called name (no dots; unique among the
     module's parameters and submodules): takes its own reference, marks it
     as requiring grad (t must be a float32 leaf) and names the tensor with
-    its dotted name when it has none yet. Returns 0, or -1 (t untouched). */
+    its dotted name when it has none yet. t may already be a parameter of
+    this module or another (a tied weight, listed once). Returns 0, or -1
+    (t untouched). */
 ZD_API int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, zd_tensor_t *t);
 
 /*  A new zero-filled float32 parameter of that shape, registered as name.
@@ -92,7 +102,7 @@ ZD_API zd_nn_module_t *zd_nn_module_child(const zd_nn_module_t *m, const char *n
 
 /*  ---- parameters, submodules included ---- */
 
-/*  Number of parameters. */
+/*  Number of parameters, each tensor once. */
 ZD_API int zd_nn_module_n_params(const zd_nn_module_t *m);
 
 /*  Parameter i (borrowed), or NULL with zd_error_last() for a bad index. */
@@ -115,7 +125,7 @@ ZD_API int zd_nn_module_param_index(const zd_nn_module_t *m, const char *name);
     tensors, so writing into them writes its weights; NULL on failure. */
 ZD_API zd_named_tensors_t *zd_nn_module_state_dict(const zd_nn_module_t *m);
 
-/*  Total number of parameter elements. */
+/*  Total number of parameter elements, each tensor once. */
 ZD_API int64_t zd_nn_module_numel(const zd_nn_module_t *m);
 
 /*  Drops every parameter's .grad (PyTorch's zero_grad(set_to_none=True)). */
@@ -144,11 +154,13 @@ ZD_API int zd_nn_module_vector_to_params(zd_nn_module_t *m, const zd_tensor_t *v
 ZD_API bool zd_nn_module_train(zd_nn_module_t *m, bool training);
 ZD_API bool zd_nn_module_is_training(const zd_nn_module_t *m);
 
-/*  Runs the module's forward. Returns 0 and *out (new reference), or -1
-    (a module without forward, or the forward's error prefixed with the
+/*  Runs the module's forward on the n_in inputs (borrowed), asking for its
+    first n_out >= 1 outputs. Returns 0 and out[0..n_out-1] (new
+    references), or -1 with them NULL (a module without forward, more
+    outputs than it gives, or the forward's error prefixed with the
     module's type). */
 ZD_API int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                                zd_tensor_t **out);
+                                zd_tensor_t **out, int n_out);
 
 /*  ---- checkpoints (the format of <zdist/checkpoint.h>) ---- */
 
@@ -159,7 +171,7 @@ ZD_API int zd_nn_module_save(const zd_nn_module_t *m, const char *path);
     shapes and dtypes (all or nothing). 0, or -1. */
 ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
 
-/*  ---- a ready-made module ---- */
+/*  ---- ready-made modules (the recurrent ones are in <zdist/rnn.h>) ---- */
 
 /*  PyTorch's nn.Linear(in_features, out_features, bias): parameters
     "weight" (out, in) and "bias" (out) when bias is true, initialised as
@@ -167,6 +179,17 @@ ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
     (zd_nn_module_free), or NULL on bad sizes or out of memory. */
 ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features,
                                                bool bias, zd_nn_rng_t *rng);
+
+/*  PyTorch's nn.Embedding(num_embeddings, embedding_dim, padding_idx):
+    type "Embedding", parameter "weight" (num_embeddings, embedding_dim)
+    drawn N(0, 1) from `seed`, row padding_idx zeroed unless it is
+    ZD_NN_NO_PADDING (-1; <zdist/nn.h>). Forward: one input, int64 or
+    uint8 indices (S...), gives (S..., embedding_dim) as zd_nn_embedding
+    does, the padding row getting no gradient. A new object
+    (zd_nn_module_free), or NULL with zd_error_last() (ZD_ERR_ARGUMENT: bad
+    sizes or padding_idx). */
+ZD_API zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embedding_dim,
+                                           int64_t padding_idx, uint64_t seed);
 
 /*  ---- weights in and out of safetensors files (nn/module_safetensors.c) ----
 

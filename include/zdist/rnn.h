@@ -24,6 +24,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <zdist/module.h>
 #include <zdist/tensor.h>
 #include <zdist/rng.h>
 #include <zdist/export.h>
@@ -62,78 +63,35 @@ ZD_API int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
                       int num_layers, float dropout, bool training, zd_nn_rng_t *rng,
                       zd_tensor_t **out, zd_tensor_t **h_n, zd_tensor_t **c_n);
 
-/*  ---- the LSTM as an object owning its parameters (nn.LSTM) ---- */
+/*  ---- modules (<zdist/module.h>): nn.LSTM, nn.LSTMCell, nn.GRUCell, nn.RNNCell ----
 
-typedef struct zd_nn_lstm zd_nn_lstm_t;
+    Their parameters, leaf tensors that require grad, are listed by
+    zd_nn_module_param under PyTorch's names and in its order, each drawn
+    uniform in +-1/sqrt(hidden_size) from `seed` in that order, as PyTorch's
+    reset_parameters does; they start in training mode. */
 
-/*  New LSTM with biases, every parameter uniform in +-1/sqrt(hidden_size)
-    as PyTorch initialises it, drawn in parameter order from `seed`, which
-    also seeds the dropout masks. Starts in training mode. A new object
-    (zd_nn_lstm_free), or NULL with zd_error_last() on bad sizes or out of
-    memory. */
-ZD_API zd_nn_lstm_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
-                                    float dropout, uint64_t seed);
+/*  nn.LSTM with biases: type "LSTM", 4 parameters per layer,
+    "weight_ih_l<k>" (4H, in), "weight_hh_l<k>" (4H, H), "bias_ih_l<k>",
+    "bias_hh_l<k>" (4H), in the order zd_nn_lstm takes them. Forward
+    (zd_nn_module_forward): inputs (x) or (x, h0, c0) as zd_nn_lstm takes
+    them (h0, c0 may be NULL), up to 3 outputs (output, h_n, c_n). In
+    training mode with dropout > 0 it draws dropout masks from a stream of
+    its own seeded by `seed`: such forwards must not run concurrently on
+    one module. A new object (zd_nn_module_free), or NULL with
+    zd_error_last() (ZD_ERR_ARGUMENT: bad sizes or dropout not in [0, 1]). */
+ZD_API zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
+                                      float dropout, uint64_t seed);
 
-/*  Frees m and drops its references to its parameters. NULL-safe. */
-ZD_API void zd_nn_lstm_free(zd_nn_lstm_t *m);
-
-/*  zd_nn_lstm with m's parameters, dropout and mode. Draws dropout masks
-    from m's own generator: calls that may draw (training, dropout > 0) must
-    not run concurrently on one m. Outputs: new references. */
-ZD_API int zd_nn_lstm_forward(zd_nn_lstm_t *m, zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
-                              zd_tensor_t **out, zd_tensor_t **h_n, zd_tensor_t **c_n);
-
-/*  Parameters: leaf tensors that require grad, 4 per layer, named and
-    ordered as PyTorch's ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0",
-    "bias_hh_l0", "weight_ih_l1", ...). param and param_name are borrowed,
-    NULL when i is out of range. */
-ZD_API int zd_nn_lstm_n_params(const zd_nn_lstm_t *m);
-ZD_API zd_tensor_t *zd_nn_lstm_param(const zd_nn_lstm_t *m, int i);
-ZD_API const char *zd_nn_lstm_param_name(const zd_nn_lstm_t *m, int i);
-
-/*  The n_params parameters as one array (borrowed, valid until
-    zd_nn_lstm_free), in the order zd_nn_lstm takes them. */
-ZD_API zd_tensor_t *const *zd_nn_lstm_params(const zd_nn_lstm_t *m);
-
-/*  Drops every parameter's .grad. */
-ZD_API void zd_nn_lstm_zero_grad(zd_nn_lstm_t *m);
-
-/*  Training mode (dropout active) or evaluation mode; returns the previous
-    mode. */
-ZD_API bool zd_nn_lstm_train(zd_nn_lstm_t *m, bool training);
-ZD_API bool zd_nn_lstm_is_training(const zd_nn_lstm_t *m);
-
-/*  Sizes given at creation. */
-ZD_API int64_t zd_nn_lstm_input_size(const zd_nn_lstm_t *m);
-ZD_API int64_t zd_nn_lstm_hidden_size(const zd_nn_lstm_t *m);
-ZD_API int zd_nn_lstm_num_layers(const zd_nn_lstm_t *m);
-
-/*  ---- single cells as objects (nn.LSTMCell, nn.GRUCell, nn.RNNCell) ---- */
-
-typedef struct zd_nn_rnn_cell zd_nn_rnn_cell_t;
-
-/*  New cells with biases, parameters uniform in +-1/sqrt(hidden_size) drawn
-    from `seed` in the order weight_ih, weight_hh, bias_ih, bias_hh (the
-    names they get). A new object (zd_nn_rnn_cell_free), or NULL with
-    zd_error_last() on bad sizes or out of memory. */
-ZD_API zd_nn_rnn_cell_t *zd_nn_lstm_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
-ZD_API zd_nn_rnn_cell_t *zd_nn_gru_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
-ZD_API zd_nn_rnn_cell_t *zd_nn_rnn_tanh_cell_new(int64_t input_size, int64_t hidden_size,
-                                                 uint64_t seed);
-
-/*  Frees m and drops its references to its parameters. NULL-safe. */
-ZD_API void zd_nn_rnn_cell_free(zd_nn_rnn_cell_t *m);
-
-/*  One step of m's cell: h' from x and h (NULL: zeros); an LSTM cell also
-    takes c and gives c' (c_out non-NULL), the others take c NULL and
-    c_out NULL. Outputs: new references. */
-ZD_API int zd_nn_rnn_cell_forward(zd_nn_rnn_cell_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
-                                  zd_tensor_t **h_out, zd_tensor_t **c_out);
-
-/*  The 4 parameters, as for zd_nn_lstm_t (borrowed; NULL out of range). */
-ZD_API int zd_nn_rnn_cell_n_params(const zd_nn_rnn_cell_t *m);
-ZD_API zd_tensor_t *zd_nn_rnn_cell_param(const zd_nn_rnn_cell_t *m, int i);
-ZD_API const char *zd_nn_rnn_cell_param_name(const zd_nn_rnn_cell_t *m, int i);
+/*  Single cells with biases: types "LSTMCell", "GRUCell", "RNNCell"
+    (tanh); parameters "weight_ih", "weight_hh", "bias_ih", "bias_hh".
+    Forward: an LSTM cell takes (x[, h[, c]]) and gives up to 2 outputs
+    (h', c'); the others take (x[, h]) and give h'. A missing or NULL state
+    is zeros. A new object (zd_nn_module_free), or NULL with
+    zd_error_last() (ZD_ERR_ARGUMENT: bad sizes). */
+ZD_API zd_nn_module_t *zd_nn_lstm_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
+ZD_API zd_nn_module_t *zd_nn_gru_cell_new(int64_t input_size, int64_t hidden_size, uint64_t seed);
+ZD_API zd_nn_module_t *zd_nn_rnn_tanh_cell_new(int64_t input_size, int64_t hidden_size,
+                                               uint64_t seed);
 
 ZD_END_DECLS
 

@@ -16,12 +16,14 @@
 #include <zdist/model.h>
 #include <zdist/module.h>
 #include <zdist/optim.h>
+#include <zdist/rnn.h>
 #include <zdist/rpc.h>
 
 #if defined(CASE_OK)
-static int forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out)
+static int forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                   int n_out)
 {
-    (void)m, (void)in, (void)n_in, (void)out;
+    (void)m, (void)in, (void)n_in, (void)out, (void)n_out;
     return 0;
 }
 #elif defined(CASE_forward_fn)
@@ -76,6 +78,8 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_autograd_node_t *node = NULL;
     zd_optim_free(zd_optim_new(cfg, &x, 1));
     zd_nn_module_free(zd_nn_module_new("M", forward, NULL, NULL));
+    zd_nn_module_free(zd_nn_lstm_new(4, 8, 1, 0.0f, 1));
+    zd_nn_module_free(zd_nn_gru_cell_new(4, 8, 1));
     zd_nn_module_t *net = zd_nn_net_new(1);
     rc += zd_nn_net_forward_conv(net, x, &y);
     zd_nn_module_free(net);
@@ -84,7 +88,7 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
     return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
-           zd_nn_module_forward(m, &x, 1, &y) + zd_remote_module_forward(rm, &x, 1, &y) +
+           zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
            zd_autograd_node_new(&ops, &x, 1, 1, &node) +
            zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
 #elif defined(CASE_model_t)
@@ -186,6 +190,18 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_tensor_t *x = NULL, *y;
     (void)cfg, (void)rm, (void)ctx;
     return zd_nn_module_forward(m, 1, &x, &y);
+#elif defined(CASE_module_forward_one)
+    zd_tensor_t *x = NULL, *y;
+    (void)cfg, (void)rm, (void)ctx;
+    return zd_nn_module_forward(m, &x, 1, &y);
+#elif defined(CASE_lstm_new)
+    zd_tensor_t *x = NULL, *y;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_nn_lstm_forward(zd_nn_lstm_new(4, 8, 1, 0.0f, 1), x, NULL, NULL, &y, NULL, NULL);
+#elif defined(CASE_rnn_cell_new)
+    zd_tensor_t *x = NULL, *y;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_nn_rnn_cell_forward(zd_nn_gru_cell_new(4, 8, 1), x, NULL, NULL, &y, NULL);
 #elif defined(CASE_forward_fn)
     (void)cfg, (void)m, (void)rm, (void)ctx;
     zd_nn_module_free(zd_nn_module_new("M", forward, NULL, NULL));
