@@ -115,6 +115,14 @@ typedef struct agent {
     atomic_bool io_stop;
     atomic_int io_poll_waiters;     /* threads in zd__agent_poll_future */
     atomic_bool io_asleep;          /* the I/O thread sleeps in zmq_poll */
+    /* The hook by which the I/O thread makes a restarted peer's sockets
+       anew without calling up into world/: while renew_pending is set,
+       each pass calls io_renew(io_renew_arg), true when a peer's sockets
+       changed. membership.c installs it before the I/O thread starts
+       (zd__membership_new) and clears it once the thread is gone
+       (zd__membership_free); NULL: nothing to renew. */
+    bool (*io_renew)(void *arg);
+    void *io_renew_arg;
     atomic_bool closing;            /* no new calls */
 
     pool_t *pool;
