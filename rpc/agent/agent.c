@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
-    timeout. Options: options.c; worker info: worker_info.c; busy polling:
+    timeout. Options: world/options.c; worker info: worker_info.c; busy polling:
     poll.c. Log lines: zd__log (core/log.c). */
 #include "rpc/agent/agent.h"
 

@@ -31,6 +31,7 @@
 #include "core/log_private.h"
 #include <zdist/rpc.h>
 #include "rpc/net/wire.h"
+#include "rpc/world/options.h"
 
 typedef struct pool pool_t;
 typedef struct pending pending_t;
@@ -114,6 +115,14 @@ typedef struct agent {
     atomic_bool io_stop;
     atomic_int io_poll_waiters;     /* threads in zd__agent_poll_future */
     atomic_bool io_asleep;          /* the I/O thread sleeps in zmq_poll */
+    /* The hook by which the I/O thread makes a restarted peer's sockets
+       anew without calling up into world/: while renew_pending is set,
+       each pass calls io_renew(io_renew_arg), true when a peer's sockets
+       changed. membership.c installs it before the I/O thread starts
+       (zd__membership_new) and clears it once the thread is gone
+       (zd__membership_free); NULL: nothing to renew. */
+    bool (*io_renew)(void *arg);
+    void *io_renew_arg;
     atomic_bool closing;            /* no new calls */
 
     pool_t *pool;
@@ -168,40 +177,7 @@ int64_t zd__agent_now_ns(void);
     (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
-/*  ---- options.c ---- */
-
-/*  What ZD_TIMEOUT_DEFAULT means in zd_rpc_options_t's timeouts. */
-#define RPC_TIMEOUT_DEFAULT_MS 60000
-#define RPC_INIT_TIMEOUT_DEFAULT_MS 300000
-
-/*  zd_rpc_init's arguments, completed and checked. Every duration of o is
-    resolved (no ZD_TIMEOUT_DEFAULT left; 0 = none), except master_wait_ms:
-    0 = do not wait for rank 0, INT64_MAX = no limit. */
-typedef struct {
-    char name[ZD_RPC_MAX_NAME + 1];
-    int rank, world;
-    zd_rpc_options_t o;
-    char master[256];           /* "": none given (rank 0 only) */
-    int port;
-    char listen[64];            /* options.listen_addr or $ZDIST_LISTEN_ADDR; "": none */
-    bool busy_poll_default;     /* busy_poll_us came from neither the option nor the
-                                   environment (agent.c may turn it off) */
-} init_params_t;
-
-/*  Fills p from the arguments and the environment: 0, or -1 naming what is
-    missing or wrong. */
-int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
-                          init_params_t *p);
-
-/*  ---- launch_env.c ---- */
-
-/*  An integer environment variable: 1 when set and in [lo, hi], 0 when
-    unset or empty, -1 (error set, naming it and its value) otherwise. */
-int zd__rpc_env_long(const char *var, long lo, long hi, long *out);
-
-/*  The IP this process binds and advertises: the one that routes to the
-    master (127.0.0.1 for a local one). 0, or -1. */
-int zd__agent_listen_ip(const char *master, char *ip, size_t size);
+/*  options.c, launch_env.c: rpc/world/options.h */
 
 /*  ---- worker_info.c ---- */
 

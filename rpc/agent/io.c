@@ -527,9 +527,9 @@ void *zd__transport_io_main(void *arg)
         }
         if (atomic_load(&a->io_stop))
             break;
-        /* A restarted peer's new sockets (membership.c): the old monitor
+        /* A restarted peer's new sockets (a->io_renew): the old monitor
            is closed, so its events of this pass are not read. */
-        if (atomic_load(&a->renew_pending) && zd__membership_io_renew(a)) {
+        if (atomic_load(&a->renew_pending) && a->io_renew && a->io_renew(a->io_renew_arg)) {
             n_items = poll_items(a, items, item_peer);
             rc = 0;
             look_again = true;

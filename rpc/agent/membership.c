@@ -30,7 +30,7 @@
     What the old process held was released when it was declared lost
     (peer_lost.c): a renewal waits for that release to finish, so that
     nothing of the new process is taken for the old one's. Sockets belong
-    to the I/O thread, which makes them anew (zd__membership_io_renew);
+    to the I/O thread, which makes them anew (io_renew, its a->io_renew);
     zd_rpc_sync's per-thread sockets notice the new incarnation when next
     used (direct.c). */
 #define _GNU_SOURCE   /* pthread_timedjoin_np: a bounded join at shutdown */
@@ -92,6 +92,8 @@ struct membership {
     char renew_error[256];
 };
 
+static bool io_renew(void *arg);
+
 static int64_t now_ns(void)
 {
     return zd__agent_now_ns();
@@ -116,6 +118,8 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     pthread_cond_init(&mb->cond, NULL);
     pthread_mutex_init(&mb->serial, NULL);
     a->mb = mb;
+    a->io_renew_arg = a;
+    a->io_renew = io_renew;
     return 0;
 }
 
@@ -276,8 +280,11 @@ static void run_joined(void *arg)
     free(job);
 }
 
-bool zd__membership_io_renew(agent_t *a)
+/* The I/O thread's hook (a->io_renew): carries out a pending renewal; true
+   when a peer's sockets changed (the thread polls other sockets now). */
+static bool io_renew(void *arg)
 {
+    agent_t *a = arg;
     membership_t *mb = a->mb;
     if (!mb || !atomic_exchange(&a->renew_pending, false))
         return false;
@@ -766,6 +773,8 @@ void zd__membership_free(agent_t *a)
     if (!mb)
         return;
     zd__membership_stop(a);
+    a->io_renew = NULL;
+    a->io_renew_arg = NULL;
     a->mb = NULL;
     if (mb->abandoned)
         return;

@@ -60,10 +60,6 @@ void zd__membership_reached(agent_t *a, int rank);
 int zd__membership_renew(agent_t *a, int rank, const char *name, const char *endpoint,
                          const char *key, int64_t turn);
 
-/*  I/O thread: carries out a pending renewal; true when a peer's sockets
-    changed (the thread polls other sockets now). */
-bool zd__membership_io_renew(agent_t *a);
-
 /*  "__zd_member": rank 0 tells a member that a process restarted. */
 zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 

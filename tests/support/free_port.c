@@ -19,7 +19,7 @@
     (ZeroMQ's, Slurm's) can still bind them.
 
     The second serves tests/slurm.sh, which tests the port zd_rpc_env_resolve
-    derives from SLURM_JOB_ID (rpc/agent/launch_env.c): those ports lie below the
+    derives from SLURM_JOB_ID (rpc/world/launch_env.c): those ports lie below the
     ephemeral range, where the kernel hands out nothing, so the only other
     takers are other runs of that test; starting the search at a place drawn
     from the clock and pid makes two runs at once unlikely to meet. */

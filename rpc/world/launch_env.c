@@ -10,7 +10,7 @@
     inherited by everything started inside an allocation: an mpirun in a
     batch script hands every rank SLURM_PROCID=0, while OMPI_COMM_WORLD_RANK
     is set only by the mpirun that started the process. */
-#include "rpc/agent/agent.h"
+#include "rpc/world/options.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "rpc/net/wire.h"
 
 /* Ports derived from a job id fall in [10000, 30000): below Linux's
    ephemeral range (32768 and up), so they never meet the ports the kernel

@@ -3,7 +3,7 @@
     (the launcher's variables through zd_rpc_env_resolve, launch_env.c;
     $ZDIST_BUSY_POLL_US, $ZDIST_HEARTBEAT_S, $ZDIST_MASTER_WAIT_S) and
     checked, and the address this process listens on. */
-#include "rpc/agent/agent.h"
+#include "rpc/world/options.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -18,6 +18,7 @@
 #include "core/log_private.h"
 #include "core/sized.h"
 #include "rpc/net/address.h"
+#include "rpc/net/wire.h"
 
 /* The IP this process should bind and advertise: the one the kernel would
    use to reach the master (a UDP "connect" sends nothing); loopback for a
