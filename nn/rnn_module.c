@@ -4,6 +4,8 @@
     a forward that passes the state's array of them (borrowed from the
     module) to the functional form, with no lookup per call. */
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -51,9 +53,17 @@ static int check_sizes(const char *type, int64_t input_size, int64_t hidden_size
 typedef struct {
     int num_layers;
     float dropout;
+    pthread_mutex_t rng_lock; /* forwards that draw masks take turns */
     zd_nn_rng_t rng;          /* dropout masks */
     zd_tensor_t *params[];    /* 4 per layer, borrowed from the module */
 } lstm_state_t;
+
+static void lstm_state_free(void *state)
+{
+    lstm_state_t *s = state;
+    pthread_mutex_destroy(&s->rng_lock);
+    free(s);
+}
 
 /* (x[, h0, c0]) -> (output[, h_n[, c_n]]) */
 static int lstm_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
@@ -63,9 +73,19 @@ static int lstm_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_
     if ((n_in != 1 && n_in != 3) || n_out > 3)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x) or (x, h0, c0) and gives up to 3 "
                                  "outputs (output, h_n, c_n), asked %d -> %d", n_in, n_out);
-    return zd_nn_lstm(in[0], n_in == 3 ? in[1] : NULL, n_in == 3 ? in[2] : NULL, s->params,
-                      s->num_layers, s->dropout, zd_nn_module_is_training(m), &s->rng, &out[0],
-                      n_out > 1 ? &out[1] : NULL, n_out > 2 ? &out[2] : NULL);
+    /* A module may serve several callers at once (a RemoteModule's owner
+       runs each call on a pool thread): forwards that draw dropout masks
+       run one at a time, so that the stream stays whole and one seed still
+       gives one sequence of masks; the others run side by side. */
+    bool training = zd_nn_module_is_training(m), draws = training && s->dropout > 0.0f;
+    if (draws)
+        pthread_mutex_lock(&s->rng_lock);
+    int rc = zd_nn_lstm(in[0], n_in == 3 ? in[1] : NULL, n_in == 3 ? in[2] : NULL, s->params,
+                        s->num_layers, s->dropout, training, &s->rng, &out[0],
+                        n_out > 1 ? &out[1] : NULL, n_out > 2 ? &out[2] : NULL);
+    if (draws)
+        pthread_mutex_unlock(&s->rng_lock);
+    return rc;
 }
 
 zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
@@ -84,7 +104,8 @@ zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_
     }
     s->num_layers = num_layers;
     s->dropout = dropout;
-    zd_nn_module_t *m = zd_nn_module_new("LSTM", lstm_forward, s, free);
+    pthread_mutex_init(&s->rng_lock, NULL);
+    zd_nn_module_t *m = zd_nn_module_new("LSTM", lstm_forward, s, lstm_state_free);
     if (!m)
         return NULL;
     zd_nn_rng_t init;

@@ -15,6 +15,8 @@
 #include <cmocka.h>
 #include <dirent.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -538,6 +540,65 @@ static void test_lstm_object(void **state)
 
 /*  The cell objects: PyTorch's shapes, names and bound, and the same
     numbers as the functions with their parameters. */
+/*  Forwards that draw dropout masks, from two threads on one LSTM (a
+    RemoteModule's owner runs each call on a pool thread): each output is
+    one the same model gives in some sequential order of the 2 x N calls,
+    as the masks come from one stream drawn whole by one forward at a time
+    (ThreadSanitizer sees the draws in the threaded test builds). */
+enum { CONC_N = 8 };
+
+typedef struct {
+    zd_nn_module_t *m;
+    zd_tensor_t *x;
+    zd_tensor_t *out[CONC_N];
+    int rc;
+} conc_arg_t;
+
+static void *conc_worker(void *p)
+{
+    conc_arg_t *a = p;
+    for (int i = 0; i < CONC_N && a->rc == 0; i++)
+        a->rc = zd_nn_module_forward(a->m, &a->x, 1, &a->out[i], 1);
+    return NULL;
+}
+
+static void test_lstm_concurrent_forwards(void **state)
+{
+    (void)state;
+    zd_nn_module_t *m = zd_nn_lstm_new(5, 7, 2, 0.5f, 11), *ref = zd_nn_lstm_new(5, 7, 2, 0.5f, 11);
+    assert_non_null(m);
+    assert_non_null(ref);
+    zd_tensor_t *x = randn(3, (int64_t[]){4, 2, 5}, 1.0f);
+    zd_tensor_t *seq[2 * CONC_N];
+    for (int i = 0; i < 2 * CONC_N; i++)
+        assert_int_equal(zd_nn_module_forward(ref, &x, 1, &seq[i], 1), 0);
+    conc_arg_t a[2] = {{.m = m, .x = x}, {.m = m, .x = x}};
+    pthread_t t[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(pthread_create(&t[k], NULL, conc_worker, &a[k]), 0);
+    for (int k = 0; k < 2; k++)
+        pthread_join(t[k], NULL);
+    bool used[2 * CONC_N] = {false};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(a[k].rc, 0);
+        for (int i = 0; i < CONC_N; i++) {
+            int found = -1;
+            for (int j = 0; j < 2 * CONC_N && found < 0; j++)
+                if (!used[j] && memcmp(zd_tensor_data(a[k].out[i]), zd_tensor_data(seq[j]),
+                                       zd_tensor_nbytes(seq[j])) == 0)
+                    found = j;
+            assert_true(found >= 0);   /* masks a sequential run draws too */
+            used[found] = true;
+            zd_tensor_unref(a[k].out[i]);
+        }
+    }
+    for (int i = 0; i < 2 * CONC_N; i++)
+        zd_tensor_unref(seq[i]);
+    zd_tensor_unref(x);
+    zd_nn_module_free(m);
+    zd_nn_module_free(ref);
+}
+
 static void test_cell_objects(void **state)
 {
     (void)state;
@@ -730,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_gradcheck_lstm),
         cmocka_unit_test(test_layer_matches_cell_steps),
         cmocka_unit_test(test_lstm_object),
+        cmocka_unit_test(test_lstm_concurrent_forwards),
         cmocka_unit_test(test_cell_objects),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_nan_propagates),

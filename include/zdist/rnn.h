@@ -76,8 +76,8 @@ ZD_API int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     (zd_nn_module_forward): inputs (x) or (x, h0, c0) as zd_nn_lstm takes
     them (h0, c0 may be NULL), up to 3 outputs (output, h_n, c_n). In
     training mode with dropout > 0 it draws dropout masks from a stream of
-    its own seeded by `seed`: such forwards must not run concurrently on
-    one module. A new object (zd_nn_module_free), or NULL with
+    its own seeded by `seed`; such forwards on one module run one at a
+    time (the others concurrently). A new object (zd_nn_module_free), or NULL with
     zd_error_last() (ZD_ERR_ARGUMENT: bad sizes or dropout not in [0, 1]). */
 ZD_API zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_layers,
                                       float dropout, uint64_t seed);
