@@ -16,9 +16,9 @@
 
 typedef struct {
     zd__bin_op_t op;
-    int ndim;                              /* the result's */
+    int ndim; /* the result's */
     int64_t shape[ZD_TENSOR_MAX_DIMS];
-    int64_t sa[ZD_TENSOR_MAX_DIMS];        /* a's stride per result dimension */
+    int64_t sa[ZD_TENSOR_MAX_DIMS]; /* a's stride per result dimension */
     int64_t sb[ZD_TENSOR_MAX_DIMS];
     int a_ndim, b_ndim;
     int64_t a_shape[ZD_TENSOR_MAX_DIMS], b_shape[ZD_TENSOR_MAX_DIMS];
@@ -62,7 +62,8 @@ static int bcast_plan(zd__bin_op_t op, const zd_tensor_t *a, const zd_tensor_t *
         if (sa != sb && sa != 1 && sb != 1) {
             char s1[96], s2[96];
             return zd_error_set("%s: shapes %s and %s do not broadcast (dimension %d: %lld and "
-                                "%lld)", op_name(op), zd_tensor_shape_str(a, s1, sizeof s1),
+                                "%lld)",
+                                op_name(op), zd_tensor_shape_str(a, s1, sizeof s1),
                                 zd_tensor_shape_str(b, s2, sizeof s2), d, (long long)sa,
                                 (long long)sb);
         }
@@ -76,9 +77,17 @@ static int bcast_plan(zd__bin_op_t op, const zd_tensor_t *a, const zd_tensor_t *
 /*  What one walk over the result's index does at each position i (a and b
     at their broadcast positions ia, ib; g the result's gradient). */
 typedef enum {
-    K_ADD, K_SUB, K_MUL, K_DIV,            /* o[i] = a[ia] op b[ib] */
-    K_GA, K_GA_MUL, K_GA_DIV,              /* o[ia] += g[i] * d(result)/da */
-    K_GB, K_GB_NEG, K_GB_MUL, K_GB_DIV,    /* o[ib] += g[i] * d(result)/db */
+    K_ADD,
+    K_SUB,
+    K_MUL,
+    K_DIV, /* o[i] = a[ia] op b[ib] */
+    K_GA,
+    K_GA_MUL,
+    K_GA_DIV, /* o[ia] += g[i] * d(result)/da */
+    K_GB,
+    K_GB_NEG,
+    K_GB_MUL,
+    K_GB_DIV, /* o[ib] += g[i] * d(result)/db */
 } kernel_t;
 
 static void walk(const bcast_t *bc, kernel_t k, const float *a, const float *b, const float *g,
@@ -96,11 +105,26 @@ static void walk(const bcast_t *bc, kernel_t k, const float *a, const float *b, 
     for (int64_t r = 0; r < rows; r++) {
         const int64_t i0 = r * n;
         switch (k) {
-        case K_ADD: for (int64_t j = 0; j < n; j++) o[i0 + j] = a[oa + j * da] + b[ob + j * db]; break;
-        case K_SUB: for (int64_t j = 0; j < n; j++) o[i0 + j] = a[oa + j * da] - b[ob + j * db]; break;
-        case K_MUL: for (int64_t j = 0; j < n; j++) o[i0 + j] = a[oa + j * da] * b[ob + j * db]; break;
-        case K_DIV: for (int64_t j = 0; j < n; j++) o[i0 + j] = a[oa + j * da] / b[ob + j * db]; break;
-        case K_GA: for (int64_t j = 0; j < n; j++) o[oa + j * da] += g[i0 + j]; break;
+        case K_ADD:
+            for (int64_t j = 0; j < n; j++)
+                o[i0 + j] = a[oa + j * da] + b[ob + j * db];
+            break;
+        case K_SUB:
+            for (int64_t j = 0; j < n; j++)
+                o[i0 + j] = a[oa + j * da] - b[ob + j * db];
+            break;
+        case K_MUL:
+            for (int64_t j = 0; j < n; j++)
+                o[i0 + j] = a[oa + j * da] * b[ob + j * db];
+            break;
+        case K_DIV:
+            for (int64_t j = 0; j < n; j++)
+                o[i0 + j] = a[oa + j * da] / b[ob + j * db];
+            break;
+        case K_GA:
+            for (int64_t j = 0; j < n; j++)
+                o[oa + j * da] += g[i0 + j];
+            break;
         case K_GA_MUL:
             for (int64_t j = 0; j < n; j++)
                 o[oa + j * da] += g[i0 + j] * b[ob + j * db];
@@ -109,8 +133,14 @@ static void walk(const bcast_t *bc, kernel_t k, const float *a, const float *b, 
             for (int64_t j = 0; j < n; j++)
                 o[oa + j * da] += g[i0 + j] / b[ob + j * db];
             break;
-        case K_GB: for (int64_t j = 0; j < n; j++) o[ob + j * db] += g[i0 + j]; break;
-        case K_GB_NEG: for (int64_t j = 0; j < n; j++) o[ob + j * db] -= g[i0 + j]; break;
+        case K_GB:
+            for (int64_t j = 0; j < n; j++)
+                o[ob + j * db] += g[i0 + j];
+            break;
+        case K_GB_NEG:
+            for (int64_t j = 0; j < n; j++)
+                o[ob + j * db] -= g[i0 + j];
+            break;
         case K_GB_MUL:
             for (int64_t j = 0; j < n; j++)
                 o[ob + j * db] += g[i0 + j] * a[oa + j * da];
@@ -122,7 +152,7 @@ static void walk(const bcast_t *bc, kernel_t k, const float *a, const float *b, 
             }
             break;
         }
-        for (int d = nd - 2; d >= 0; d--) {   /* next row: an odometer over the outer dims */
+        for (int d = nd - 2; d >= 0; d--) { /* next row: an odometer over the outer dims */
             oa += bc->sa[d];
             ob += bc->sb[d];
             if (++idx[d] < bc->shape[d])

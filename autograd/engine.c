@@ -33,16 +33,16 @@ bool zd_autograd_is_grad_enabled(void)
 /*  Per-node state of one task, in a pointer-keyed open-addressing table. */
 typedef struct {
     zd_autograd_node_t *node;
-    int deps;             /* edges from not-yet-run nodes of the task */
-    bool start;           /* runs only once fed from outside */
+    int deps;   /* edges from not-yet-run nodes of the task */
+    bool start; /* runs only once fed from outside */
     bool fed;
     bool done;
-    zd_tensor_t **grads;     /* n_outputs buffered input gradients */
+    zd_tensor_t **grads; /* n_outputs buffered input gradients */
 } task_entry_t;
 
 typedef struct {
     task_entry_t *slots;
-    size_t cap;           /* power of two */
+    size_t cap; /* power of two */
     size_t used;
 } task_map_t;
 
@@ -175,7 +175,8 @@ static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g)
 {
     if (g->dtype != ZD_FLOAT32)
         return zd_error_set("autograd: a gradient of dtype %s for output %d of %s (float32 "
-                            "expected)", zd_tensor_dtype_name(g->dtype), i, n->ops->name);
+                            "expected)",
+                            zd_tensor_dtype_name(g->dtype), i, n->ops->name);
     if (i >= n->outputs_set || i >= n->n_outputs)
         return 0;
     int ndim = n->out_ndim[i];
@@ -200,9 +201,9 @@ static int grad_add(zd_tensor_t **slot, zd_tensor_t *g)
     zd_tensor_t *acc = *slot;
     if (acc->numel != g->numel)
         return zd_error_set("autograd: gradients of %lld and %lld elements meet at one tensor",
-                         (long long)acc->numel, (long long)g->numel);
+                            (long long)acc->numel, (long long)g->numel);
     bool exclusive = atomic_load(&acc->refcount) == 1 &&
-                     atomic_load(&acc->storage->refcount) == 1 && !acc->storage->release;
+        atomic_load(&acc->storage->refcount) == 1 && !acc->storage->release;
     if (!exclusive) {
         zd_tensor_t *copy = zd_tensor_detach_copy(acc);
         if (!copy)
@@ -230,7 +231,7 @@ static int leaf_accumulate(const zd_autograd_options_t *o, zd_tensor_t *leaf, zd
                             zd_tensor_dtype_name(grad->dtype), zd_tensor_dtype_name(leaf->dtype));
     if (grad->numel != leaf->numel)
         return zd_error_set("autograd: gradient of %lld elements for a leaf of %lld",
-                         (long long)grad->numel, (long long)leaf->numel);
+                            (long long)grad->numel, (long long)leaf->numel);
     zd_autograd_accumulate_fn *fn = o->accumulate ? o->accumulate : default_accumulate;
     return fn(o->accumulate_arg, leaf, grad);
 }
@@ -240,7 +241,7 @@ struct zd_autograd_task {
     zd_autograd_options_t opts;
     task_map_t map;
     node_stack_t ready;
-    int error;            /* a failed node poisons the task */
+    int error; /* a failed node poisons the task */
 };
 
 /*  Walks the graph below the start nodes and counts dependencies. */
@@ -297,7 +298,8 @@ static int edge_done(zd_autograd_task_t *t, zd_autograd_node_t *node)
 {
     task_entry_t *next = map_lookup(&t->map, node);
     if (!next)
-        return zd_error_set("autograd: internal error: %s is not part of the task", node->ops->name);
+        return zd_error_set("autograd: internal error: %s is not part of the task",
+                            node->ops->name);
     next->deps--;
     return entry_ready(next) ? stack_push(&t->ready, node) : 0;
 }
@@ -310,11 +312,13 @@ static int run_node(zd_autograd_task_t *t, task_entry_t *e)
     e->done = true;
     if (n->released && n->has_state)
         return zd_error_set("autograd: trying to backward through %s a second time; the graph's "
-                         "saved tensors were freed by the first backward (pass retain_graph)",
-                         n->ops->name);
+                            "saved tensors were freed by the first backward (pass retain_graph)",
+                            n->ops->name);
     if (n->lost_saved)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "autograd: %s cannot run backward: out of "
-                                 "memory when its forward saved a tensor", n->ops->name);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "autograd: %s cannot run backward: out of "
+                                 "memory when its forward saved a tensor",
+                                 n->ops->name);
     for (int i = 0; i < n->n_outputs; i++)
         if (!e->grads[i] && !(e->grads[i] = zeros_for_output(n, i)))
             return -1;
@@ -365,15 +369,15 @@ static int drain(zd_autograd_task_t *t)
 static int read_options(const zd_autograd_options_t *opts, zd_autograd_options_t *o)
 {
     *o = zd_autograd_options_default();
-    if (opts && zd__sized_read(o, sizeof *o, opts,
-                               ZD__SIZE_THROUGH(zd_autograd_options_t, accumulate_arg),
-                               "zd_autograd_options_t", "zd_autograd_options_default()") < 0)
+    if (opts &&
+        zd__sized_read(o, sizeof *o, opts, ZD__SIZE_THROUGH(zd_autograd_options_t, accumulate_arg),
+                       "zd_autograd_options_t", "zd_autograd_options_default()") < 0)
         return zd_error_wrap("autograd");
     return 0;
 }
 
 zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
-                                   const zd_autograd_options_t *opts)
+                                         const zd_autograd_options_t *opts)
 {
     zd_autograd_options_t o;
     if (read_options(opts, &o) < 0)
@@ -401,12 +405,12 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
     task_entry_t *e = map_lookup(&t->map, node);
     if (!e || !e->start)
         return zd_error_set("autograd: %s was not given as a start of this backward pass",
-                         node->ops->name);
+                            node->ops->name);
     if (e->done)
         return zd_error_set("autograd: %s already ran in this backward pass", node->ops->name);
     for (int k = 0; k < node->n_outputs; k++)
-        if (grads && grads[k] && (check_grad(node, k, grads[k]) < 0 ||
-                                  grad_add(&e->grads[k], grads[k]) < 0))
+        if (grads && grads[k] &&
+            (check_grad(node, k, grads[k]) < 0 || grad_add(&e->grads[k], grads[k]) < 0))
             return -1;
     e->fed = true;
     if (entry_ready(e) && stack_push(&t->ready, node) < 0)
@@ -414,7 +418,8 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
     return 0;
 }
 
-int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tensor_t *const *grads)
+int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node,
+                          zd_tensor_t *const *grads)
 {
     pthread_mutex_lock(&t->lock);
     int rc = t->error ? zd_error_set("autograd: the backward pass already failed") : 0;
@@ -513,17 +518,19 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
         }
         if (!r->tensor->requires_grad) {
             rc = zd_error_set("autograd: element %d of the roots does not require grad and has "
-                           "no grad_fn", i);
+                              "no grad_fn",
+                              i);
             goto out;
         }
         if (!r->grad && r->tensor->numel != 1) {
             rc = zd_error_set("autograd: grad can be implicitly created only for scalar outputs "
-                           "(root %d has %lld elements)", i, (long long)r->tensor->numel);
+                              "(root %d has %lld elements)",
+                              i, (long long)r->tensor->numel);
             goto out;
         }
         if (r->grad && r->grad->numel != r->tensor->numel) {
             rc = zd_error_set("autograd: root %d has %lld elements but its gradient %lld", i,
-                           (long long)r->tensor->numel, (long long)r->grad->numel);
+                              (long long)r->tensor->numel, (long long)r->grad->numel);
             goto out;
         }
         if (r->tensor->grad_fn)

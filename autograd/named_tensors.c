@@ -16,8 +16,8 @@ struct zd_named_tensors {
     int n, cap;
     char **names;
     zd_tensor_t **tensors;
-    int *slots;         /* open addressing: index + 1 into names, 0 = empty */
-    size_t n_slots;     /* a power of two, at least twice n */
+    int *slots;     /* open addressing: index + 1 into names, 0 = empty */
+    size_t n_slots; /* a power of two, at least twice n */
 };
 
 /*  FNV-1a. */
@@ -89,11 +89,11 @@ int zd_named_tensors_index(const zd_named_tensors_t *nt, const char *name)
 int zd_named_tensors_add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *t)
 {
     if (!nt || !t || !name || !*name)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: add needs a list, a name and "
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "named tensors: add needs a list, a name and "
                                  "a tensor");
     if (zd_named_tensors_index(nt, name) >= 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: \"%s\" is there already",
-                                 name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: \"%s\" is there already", name);
     if (nt->n == INT32_MAX - 1 || index_reserve(nt, nt->n + 1) < 0)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "named tensors: out of memory");
     if (nt->n == nt->cap) {

@@ -45,8 +45,8 @@ void zd_autograd_seq_observe(uint64_t remote_seq)
     }
 }
 
-int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *inputs, int n_inputs,
-                      int n_outputs, zd_autograd_node_t **out)
+int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *inputs,
+                         int n_inputs, int n_outputs, zd_autograd_node_t **out)
 {
     *out = NULL;
     if (!zd_autograd_is_grad_enabled())
@@ -62,8 +62,8 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *
     if (!n)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", ops->name);
     n->edges = calloc((size_t)(n_inputs > 0 ? n_inputs : 1), sizeof *n->edges);
-    n->out_dims = calloc((size_t)(n_outputs > 0 ? n_outputs : 1) * ZD_TENSOR_MAX_DIMS,
-                         sizeof *n->out_dims);
+    n->out_dims =
+        calloc((size_t)(n_outputs > 0 ? n_outputs : 1) * ZD_TENSOR_MAX_DIMS, sizeof *n->out_dims);
     n->out_ndim = calloc((size_t)(n_outputs > 0 ? n_outputs : 1), sizeof *n->out_ndim);
     if (!n->edges || !n->out_dims || !n->out_ndim) {
         free(n->edges);
@@ -93,8 +93,8 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *
     return 0;
 }
 
-int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
-                    zd_tensor_t *const *saved, int n_saved, void *ctx)
+int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in,
+                       zd_tensor_t *y, zd_tensor_t *const *saved, int n_saved, void *ctx)
 {
     zd_autograd_node_t *n;
     if (zd_autograd_node_new(ops, in, n_in, 1, &n) < 0) {
@@ -205,7 +205,10 @@ void zd_autograd_node_set_ctx(zd_autograd_node_t *n, void *ctx)
     n->ctx = ctx;
     n->has_state = true;
 }
-void *zd_autograd_node_ctx(const zd_autograd_node_t *n) { return n->ctx; }
+void *zd_autograd_node_ctx(const zd_autograd_node_t *n)
+{
+    return n->ctx;
+}
 
 void zd_autograd_node_set_output(zd_autograd_node_t *n, zd_tensor_t *out)
 {
@@ -245,9 +248,18 @@ bool zd_autograd_node_needs_grad(const zd_autograd_node_t *n, int j)
     return j >= 0 && j < n->n_inputs && (n->edges[j].node || n->edges[j].leaf);
 }
 
-int zd_autograd_node_n_inputs(const zd_autograd_node_t *n) { return n->n_inputs; }
-int zd_autograd_node_n_outputs(const zd_autograd_node_t *n) { return n->n_outputs; }
-const char *zd_autograd_node_name(const zd_autograd_node_t *n) { return n->ops->name; }
+int zd_autograd_node_n_inputs(const zd_autograd_node_t *n)
+{
+    return n->n_inputs;
+}
+int zd_autograd_node_n_outputs(const zd_autograd_node_t *n)
+{
+    return n->n_outputs;
+}
+const char *zd_autograd_node_name(const zd_autograd_node_t *n)
+{
+    return n->ops->name;
+}
 
 const zd_autograd_edge_t *zd_autograd_node_edge(const zd_autograd_node_t *n, int j)
 {

@@ -12,7 +12,8 @@
 static int check_f32(const char *op, const zd_tensor_t *t)
 {
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s", op, zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        return zd_error_set("%s: expected float32, got %s", op,
+                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return 0;
 }
 
@@ -27,8 +28,8 @@ static int check_pair(const char *op, const zd_tensor_t *a, const zd_tensor_t *b
 }
 
 /*  zd_autograd_record with up to two saved tensors. */
-static int record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
-                  zd_tensor_t *save0, zd_tensor_t *save1, void *ctx)
+static int record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in,
+                  zd_tensor_t *y, zd_tensor_t *save0, zd_tensor_t *save1, void *ctx)
 {
     zd_tensor_t *saved[2] = {save0, save1};
     return zd_autograd_record(ops, in, n_in, y, saved, 2, ctx);
@@ -89,8 +90,14 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
     return 0;
 }
 
-int zd_tensor_add(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out) { return add_sub(a, b, 1.0f, out); }
-int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out) { return add_sub(a, b, -1.0f, out); }
+int zd_tensor_add(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
+{
+    return add_sub(a, b, 1.0f, out);
+}
+int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
+{
+    return add_sub(a, b, -1.0f, out);
+}
 
 /* ---- mul ---- */
 
@@ -176,7 +183,7 @@ int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
 
 static int sum_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
-    const int64_t *in = zd_autograd_node_ctx(n);   /* factor bits, ndim, dims */
+    const int64_t *in = zd_autograd_node_ctx(n); /* factor bits, ndim, dims */
     float factor;
     memcpy(&factor, &in[0], sizeof factor);
     gin[0] = zd_tensor_empty(ZD_FLOAT32, in + 2, (int)in[1]);
@@ -205,7 +212,8 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
     for (int64_t i = 0; i < zd_tensor_numel(a); i++)
         acc += pa[i];
     float factor = mean && zd_tensor_numel(a) ? 1.0f / (float)zd_tensor_numel(a) : 1.0f;
-    zd_tensor_data(y)[0] = (float)(mean && zd_tensor_numel(a) ? acc / (double)zd_tensor_numel(a) : acc);
+    zd_tensor_data(y)[0] =
+        (float)(mean && zd_tensor_numel(a) ? acc / (double)zd_tensor_numel(a) : acc);
     memcpy(&ctx[0], &factor, sizeof factor);
     ctx[1] = zd_tensor_ndim(a);
     memcpy(ctx + 2, zd_tensor_shape(a), sizeof(int64_t) * (size_t)zd_tensor_ndim(a));
@@ -215,23 +223,30 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
     return 0;
 }
 
-int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out) { return reduce(a, false, out); }
-int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out) { return reduce(a, true, out); }
+int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out)
+{
+    return reduce(a, false, out);
+}
+int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out)
+{
+    return reduce(a, true, out);
+}
 
 /* ---- matmul ---- */
 
 static int matmul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
     zd_tensor_t *a = zd_autograd_node_saved(n, 0), *b = zd_autograd_node_saved(n, 1);
-    int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1), nn = (int)zd_tensor_size(b, 1);
+    int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1),
+        nn = (int)zd_tensor_size(b, 1);
     const float *g = zd_tensor_data(gout[0]);
-    if (zd_autograd_node_needs_grad(n, 0)) {   /* dA = dY B^T */
+    if (zd_autograd_node_needs_grad(n, 0)) { /* dA = dY B^T */
         if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(a), 2)))
             return -1;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, k, nn, 1.0f, g, nn,
                     zd_tensor_data(b), nn, 0.0f, zd_tensor_data(gin[0]), k);
     }
-    if (zd_autograd_node_needs_grad(n, 1)) {   /* dB = A^T dY */
+    if (zd_autograd_node_needs_grad(n, 1)) { /* dB = A^T dY */
         if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(b), 2)))
             return -1;
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, k, nn, m, 1.0f, zd_tensor_data(a), k,
@@ -247,12 +262,15 @@ int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     *out = NULL;
     if (check_f32("matmul", a) < 0 || check_f32("matmul", b) < 0)
         return -1;
-    if (zd_tensor_ndim(a) != 2 || zd_tensor_ndim(b) != 2 || zd_tensor_size(a, 1) != zd_tensor_size(b, 0)) {
+    if (zd_tensor_ndim(a) != 2 || zd_tensor_ndim(b) != 2 ||
+        zd_tensor_size(a, 1) != zd_tensor_size(b, 0)) {
         char sa[96], sb[96];
-        return zd_error_set("matmul: cannot multiply %s by %s", zd_tensor_shape_str(a, sa, sizeof sa),
-                         zd_tensor_shape_str(b, sb, sizeof sb));
+        return zd_error_set("matmul: cannot multiply %s by %s",
+                            zd_tensor_shape_str(a, sa, sizeof sa),
+                            zd_tensor_shape_str(b, sb, sizeof sb));
     }
-    int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1), nn = (int)zd_tensor_size(b, 1);
+    int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1),
+        nn = (int)zd_tensor_size(b, 1);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){m, nn}, 2);
     if (!y)
         return -1;
@@ -325,7 +343,7 @@ static void copy_along(zd_tensor_t *dst, int64_t dst_at, const zd_tensor_t *src,
 typedef struct {
     int dim;
     int n;
-    int64_t sizes[];   /* each input's size along dim */
+    int64_t sizes[]; /* each input's size along dim */
 } cat_ctx_t;
 
 static int cat_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
@@ -336,7 +354,8 @@ static int cat_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
         int64_t sz = c->sizes[j];
         if (zd_autograd_node_needs_grad(n, j)) {
             int64_t shape[ZD_TENSOR_MAX_DIMS];
-            memcpy(shape, zd_tensor_shape(gout[0]), sizeof(int64_t) * (size_t)zd_tensor_ndim(gout[0]));
+            memcpy(shape, zd_tensor_shape(gout[0]),
+                   sizeof(int64_t) * (size_t)zd_tensor_ndim(gout[0]));
             shape[c->dim] = sz;
             if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, shape, zd_tensor_ndim(gout[0]))))
                 return -1;
@@ -370,8 +389,8 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
         if (!ok) {
             char sa[96], sb[96];
             return zd_error_set("cat: tensor %d has shape %s, which does not fit %s along %d", j,
-                             zd_tensor_shape_str(ts[j], sa, sizeof sa),
-                             zd_tensor_shape_str(ts[0], sb, sizeof sb), dim);
+                                zd_tensor_shape_str(ts[j], sa, sizeof sa),
+                                zd_tensor_shape_str(ts[0], sb, sizeof sb), dim);
         }
         total += zd_tensor_size(ts[j], dim);
     }
@@ -415,7 +434,7 @@ typedef struct {
     int dim;
     int64_t start;
     int ndim;
-    int64_t shape[ZD_TENSOR_MAX_DIMS];     /* the input's */
+    int64_t shape[ZD_TENSOR_MAX_DIMS]; /* the input's */
 } narrow_ctx_t;
 
 static int narrow_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
@@ -457,9 +476,9 @@ static zd_tensor_t *narrow_data(zd_tensor_t *t, int dim, int64_t start, int64_t 
     if (!base)
         return NULL;
     size_t es = zd_tensor_dtype_size(zd_tensor_dtype(t));
-    return zd_tensor_wrap(zd_tensor_dtype(t), shape, ndim, (char *)zd_tensor_raw(t) +
-                       (size_t)(start * inner) * es, (size_t)(length * inner) * es,
-                       release_base, base);
+    return zd_tensor_wrap(zd_tensor_dtype(t), shape, ndim,
+                          (char *)zd_tensor_raw(t) + (size_t)(start * inner) * es,
+                          (size_t)(length * inner) * es, release_base, base);
 }
 
 int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out)
@@ -480,8 +499,9 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
     if (start < 0 || start > size || length < 0 || length > size - start) {
         char s[96];
         return zd_error_set("narrow: start %lld and length %lld do not fit dimension %d of "
-                         "shape %s", (long long)start, (long long)length, dim,
-                         zd_tensor_shape_str(t, s, sizeof s));
+                            "shape %s",
+                            (long long)start, (long long)length, dim,
+                            zd_tensor_shape_str(t, s, sizeof s));
     }
     zd_tensor_t *y = narrow_data(t, dim, start, length);
     narrow_ctx_t *c = malloc(sizeof *c);

@@ -69,7 +69,7 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
         for (int64_t i = 0; i < numel; i++)
             b[i] = tanhf(a[i]);
         break;
-    case U_SIGMOID:   /* exp(-x) overflows to inf for x < -88: 1/inf is the right 0 */
+    case U_SIGMOID: /* exp(-x) overflows to inf for x < -88: 1/inf is the right 0 */
         for (int64_t i = 0; i < numel; i++)
             b[i] = 1.0f / (1.0f + expf(-a[i]));
         break;
@@ -77,7 +77,7 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
         for (int64_t i = 0; i < numel; i++)
             b[i] = expf(a[i]);
         break;
-    case U_LOG:       /* log(0) = -inf, log(<0) = NaN, as in PyTorch */
+    case U_LOG: /* log(0) = -inf, log(<0) = NaN, as in PyTorch */
         for (int64_t i = 0; i < numel; i++)
             b[i] = logf(a[i]);
         break;
@@ -98,7 +98,19 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
     return 0;
 }
 
-int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out) { return unary(U_TANH, x, out); }
-int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out) { return unary(U_SIGMOID, x, out); }
-int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out) { return unary(U_EXP, x, out); }
-int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out) { return unary(U_LOG, x, out); }
+int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out)
+{
+    return unary(U_TANH, x, out);
+}
+int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out)
+{
+    return unary(U_SIGMOID, x, out);
+}
+int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out)
+{
+    return unary(U_EXP, x, out);
+}
+int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out)
+{
+    return unary(U_LOG, x, out);
+}

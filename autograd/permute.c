@@ -36,7 +36,7 @@ static void permute_copy(const zd_tensor_t *src, const int *perm, zd_tensor_t *d
     const int64_t n = shape[nd - 1], step = st[nd - 1];
     int64_t idx[ZD_TENSOR_MAX_DIMS] = {0}, off = 0;
     for (int64_t i0 = 0; i0 < numel; i0 += n) {
-        switch (es) {   /* the common sizes as typed loops, which the compiler can unroll */
+        switch (es) { /* the common sizes as typed loops, which the compiler can unroll */
         case 4:
             for (int64_t j = 0; j < n; j++)
                 memcpy(o + (size_t)(i0 + j) * 4, in + (size_t)(off + j * step) * 4, 4);
@@ -85,7 +85,8 @@ static void free_ctx(zd_autograd_node_t *n)
 static const zd_autograd_node_ops_t permute_ops = {"PermuteBackward", permute_backward, free_ctx};
 
 /*  perm: ndim entries, negative ones counting from the end. */
-static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out)
+static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndims,
+                        zd_tensor_t **out)
 {
     *out = NULL;
     if (!t)
@@ -142,8 +143,8 @@ int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out)
     int d0 = dim0 < 0 ? dim0 + nd : dim0, d1 = dim1 < 0 ? dim1 + nd : dim1;
     if (d0 < 0 || d0 >= nd || d1 < 0 || d1 >= nd) {
         char s[96];
-        return zd_error_set("transpose: dimensions %d and %d out of range for shape %s", dim0,
-                            dim1, zd_tensor_shape_str(t, s, sizeof s));
+        return zd_error_set("transpose: dimensions %d and %d out of range for shape %s", dim0, dim1,
+                            zd_tensor_shape_str(t, s, sizeof s));
     }
     int perm[ZD_TENSOR_MAX_DIMS];
     for (int i = 0; i < nd; i++)

@@ -7,7 +7,7 @@
 #include <zdist/scope.h>
 
 struct zd_scope {
-    zd_scope_t *parent;   /* the enclosing scope on the same thread */
+    zd_scope_t *parent; /* the enclosing scope on the same thread */
     zd_tensor_t **items;
     size_t n, cap;
 };
@@ -48,7 +48,8 @@ int zd_scope_end(zd_scope_t *s)
     while (c && c != s)
         c = c->parent;
     if (!c)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_scope_end: not an open scope of this "
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_scope_end: not an open scope of this "
                                  "thread (ended already, or begun on another thread)");
     zd_scope_t *end;
     do {
@@ -65,7 +66,7 @@ int zd_scope_end(zd_scope_t *s)
 zd_tensor_t *zd_scope_add(zd_tensor_t *t)
 {
     if (!t)
-        return NULL;   /* the failed call's error stays */
+        return NULL; /* the failed call's error stays */
     if (!top) {
         zd_tensor_unref(t);
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_scope_add: no scope is open on this thread");
@@ -91,10 +92,17 @@ zd_tensor_t *zd_scope_keep(zd_tensor_t *t)
             return t;
         }
     }
-    zd_error_set_code(ZD_ERR_ARGUMENT, "zd_scope_keep: no open scope of this thread holds "
+    zd_error_set_code(ZD_ERR_ARGUMENT,
+                      "zd_scope_keep: no open scope of this thread holds "
                       "this tensor");
     return NULL;
 }
 
-zd_scope_t *zd_scope_current(void) { return top; }
-size_t zd_scope_size(const zd_scope_t *s) { return s ? s->n : 0; }
+zd_scope_t *zd_scope_current(void)
+{
+    return top;
+}
+size_t zd_scope_size(const zd_scope_t *s)
+{
+    return s ? s->n : 0;
+}

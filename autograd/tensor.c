@@ -19,9 +19,12 @@ static atomic_int_fast64_t live_tensors = 0;
 size_t zd_tensor_dtype_size(zd_tensor_dtype_t dtype)
 {
     switch (dtype) {
-    case ZD_FLOAT32: return 4;
-    case ZD_INT64: return 8;
-    case ZD_UINT8:  return 1;
+    case ZD_FLOAT32:
+        return 4;
+    case ZD_INT64:
+        return 8;
+    case ZD_UINT8:
+        return 1;
     }
     return 0;
 }
@@ -29,9 +32,12 @@ size_t zd_tensor_dtype_size(zd_tensor_dtype_t dtype)
 const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype)
 {
     switch (dtype) {
-    case ZD_FLOAT32: return "float32";
-    case ZD_INT64: return "int64";
-    case ZD_UINT8:  return "uint8";
+    case ZD_FLOAT32:
+        return "float32";
+    case ZD_INT64:
+        return "int64";
+    case ZD_UINT8:
+        return "uint8";
     }
     return "?";
 }
@@ -45,8 +51,8 @@ static int shape_check(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape, 
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return zd_error_set("tensor: negative size %lld in dimension %d",
-                             (long long)shape[i], i);
+            return zd_error_set("tensor: negative size %lld in dimension %d", (long long)shape[i],
+                                i);
         if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
             return zd_error_set("tensor: shape too large");
         n *= shape[i];
@@ -56,7 +62,7 @@ static int shape_check(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape, 
 }
 
 static zd_tensor_t *tensor_alloc_header(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape,
-                                     int64_t numel)
+                                        int64_t numel)
 {
     zd_tensor_t *t = calloc(1, sizeof *t);
     if (!t) {
@@ -154,7 +160,7 @@ zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
 }
 
 zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
-                           const void *data)
+                                 const void *data)
 {
     zd_tensor_t *t = tensor_make(dtype, ndim, shape, false);
     if (t)
@@ -162,8 +168,8 @@ zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, 
     return t;
 }
 
-zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
-                      void *data, size_t bytes, zd_tensor_release_fn *release, void *arg)
+zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim, void *data,
+                            size_t bytes, zd_tensor_release_fn *release, void *arg)
 {
     int64_t numel;
     zd_tensor_t *t = NULL;
@@ -171,8 +177,8 @@ zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int n
     if (shape_check(dtype, ndim, shape, &numel) < 0)
         goto fail;
     if ((size_t)numel * zd_tensor_dtype_size(dtype) != bytes) {
-        zd_error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes,
-                  (long long)numel, zd_tensor_dtype_name(dtype));
+        zd_error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes, (long long)numel,
+                     zd_tensor_dtype_name(dtype));
         goto fail;
     }
     if (bytes && ((uintptr_t)data % zd_tensor_dtype_size(dtype)) != 0) {
@@ -228,10 +234,22 @@ void zd_tensor_unref_p(zd_tensor_t **t_p)
     }
 }
 
-int zd_tensor_ndim(const zd_tensor_t *t) { return t->ndim; }
-const int64_t *zd_tensor_shape(const zd_tensor_t *t) { return t->shape; }
-int64_t zd_tensor_numel(const zd_tensor_t *t) { return t->numel; }
-zd_tensor_dtype_t zd_tensor_dtype(const zd_tensor_t *t) { return t->dtype; }
+int zd_tensor_ndim(const zd_tensor_t *t)
+{
+    return t->ndim;
+}
+const int64_t *zd_tensor_shape(const zd_tensor_t *t)
+{
+    return t->shape;
+}
+int64_t zd_tensor_numel(const zd_tensor_t *t)
+{
+    return t->numel;
+}
+zd_tensor_dtype_t zd_tensor_dtype(const zd_tensor_t *t)
+{
+    return t->dtype;
+}
 
 size_t zd_tensor_nbytes(const zd_tensor_t *t)
 {
@@ -271,8 +289,14 @@ void *zd_tensor_raw(const zd_tensor_t *t)
     return (char *)t->storage->data + t->offset;
 }
 
-float *zd_tensor_data(const zd_tensor_t *t) { return (float *)zd_tensor_raw(t); }
-int64_t *zd_tensor_data_i64(const zd_tensor_t *t) { return (int64_t *)zd_tensor_raw(t); }
+float *zd_tensor_data(const zd_tensor_t *t)
+{
+    return (float *)zd_tensor_raw(t);
+}
+int64_t *zd_tensor_data_i64(const zd_tensor_t *t)
+{
+    return (int64_t *)zd_tensor_raw(t);
+}
 
 zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t)
 {
@@ -283,8 +307,8 @@ int zd_tensor_copy_(zd_tensor_t *dst, const zd_tensor_t *src)
 {
     if (dst->dtype != src->dtype || dst->numel != src->numel)
         return zd_error_set("zd_tensor_copy_: %lld %s elements into %lld %s elements",
-                         (long long)src->numel, zd_tensor_dtype_name(src->dtype),
-                         (long long)dst->numel, zd_tensor_dtype_name(dst->dtype));
+                            (long long)src->numel, zd_tensor_dtype_name(src->dtype),
+                            (long long)dst->numel, zd_tensor_dtype_name(dst->dtype));
     memmove(zd_tensor_raw(dst), zd_tensor_raw(src), zd_tensor_nbytes(src));
     return 0;
 }
@@ -332,7 +356,7 @@ static void reshape_release(zd_autograd_node_t *n)
 }
 
 static const zd_autograd_node_ops_t reshape_ops = {"ReshapeBackward", reshape_backward,
-                                                reshape_release};
+                                                   reshape_release};
 
 int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out)
 {
@@ -362,8 +386,8 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
     if (numel != t->numel) {
         char buf[128];
         return zd_error_set("reshape: cannot view %s (%lld elements) with %lld elements",
-                         zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel,
-                         (long long)numel);
+                            zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel,
+                            (long long)numel);
     }
     zd_tensor_t *v = tensor_view(t, ndim, s);
     if (!v)
@@ -393,25 +417,44 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
 int zd_tensor_set_requires_grad(zd_tensor_t *t, bool requires_grad)
 {
     if (t->dtype != ZD_FLOAT32)
-        return zd_error_set("requires_grad: only float32 tensors can require gradients (this is %s)",
-                         zd_tensor_dtype_name(t->dtype));
+        return zd_error_set(
+            "requires_grad: only float32 tensors can require gradients (this is %s)",
+            zd_tensor_dtype_name(t->dtype));
     if (t->grad_fn)
         return zd_error_set("requires_grad: can only be changed on leaf tensors");
     t->requires_grad = requires_grad;
     return 0;
 }
 
-bool zd_tensor_requires_grad(const zd_tensor_t *t) { return t->requires_grad; }
-bool zd_tensor_is_leaf(const zd_tensor_t *t) { return t->grad_fn == NULL; }
-zd_autograd_node_t *zd_tensor_grad_fn(const zd_tensor_t *t) { return t->grad_fn; }
-int zd_tensor_output_nr(const zd_tensor_t *t) { return t->output_nr; }
-uint64_t zd_tensor_id(const zd_tensor_t *t) { return t->id; }
-int64_t zd_tensor_live_count(void) { return atomic_load(&live_tensors); }
+bool zd_tensor_requires_grad(const zd_tensor_t *t)
+{
+    return t->requires_grad;
+}
+bool zd_tensor_is_leaf(const zd_tensor_t *t)
+{
+    return t->grad_fn == NULL;
+}
+zd_autograd_node_t *zd_tensor_grad_fn(const zd_tensor_t *t)
+{
+    return t->grad_fn;
+}
+int zd_tensor_output_nr(const zd_tensor_t *t)
+{
+    return t->output_nr;
+}
+uint64_t zd_tensor_id(const zd_tensor_t *t)
+{
+    return t->id;
+}
+int64_t zd_tensor_live_count(void)
+{
+    return atomic_load(&live_tensors);
+}
 
 bool zd_tensor_is_exclusive(const zd_tensor_t *t)
 {
     return atomic_load(&t->refcount) == 1 && atomic_load(&t->storage->refcount) == 1 &&
-           !t->storage->release && !t->grad_fn;
+        !t->storage->release && !t->grad_fn;
 }
 
 zd_tensor_t *zd_tensor_grad(zd_tensor_t *t)
@@ -426,7 +469,7 @@ int zd_tensor_accumulate_grad(zd_tensor_t *t, const zd_tensor_t *g)
 {
     if (g->numel != t->numel || g->dtype != ZD_FLOAT32)
         return zd_error_set("accumulate_grad: gradient of %lld elements for a tensor of %lld",
-                         (long long)g->numel, (long long)t->numel);
+                            (long long)g->numel, (long long)t->numel);
     pthread_mutex_lock(&t->grad_lock);
     if (!t->grad && zd_tensor_is_exclusive(g) && zd_tensor_same_shape(g, t)) {
         /* Nobody else can see g: keep it rather than copy 4.8 MB a step. */
@@ -467,8 +510,10 @@ int zd_tensor_set_name(zd_tensor_t *t, const char *name)
     t->name = name ? strdup(name) : NULL;
     ZD_FAULT_BENIGN(false);
     if (name && !t->name)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_tensor_set_name: out of memory for "
-                                 "the name \"%.64s\"", name);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "zd_tensor_set_name: out of memory for "
+                                 "the name \"%.64s\"",
+                                 name);
     return 0;
 }
 

@@ -117,9 +117,9 @@ static int setup(const world_t *w)
     if (zd_dist_optim_init() < 0)
         return -1;
     return zd_rpc_register("net_forward", fn_net_forward, NULL) |
-           /* A 10x10 layer returns at once: run it on the I/O thread. */
-           zd_rpc_register_inline("tiny_forward", fn_tiny_forward, NULL) |
-           zd_rpc_register("tiny_params", fn_tiny_params, NULL);
+        /* A 10x10 layer returns at once: run it on the I/O thread. */
+        zd_rpc_register_inline("tiny_forward", fn_tiny_forward, NULL) |
+        zd_rpc_register("tiny_params", fn_tiny_params, NULL);
 }
 
 /*  ---- trainer ---- */
@@ -190,7 +190,8 @@ static int trainer(const world_t *w)
     if (w->rank != 1)
         return 0;
     double *t = calloc((size_t)iters, sizeof *t);
-    zd_tensor_t *x = zd_tensor_zeros4(32, 1, 28, 28), *y = zd_tensor_new(ZD_INT64, (int64_t[]){32}, 1);
+    zd_tensor_t *x = zd_tensor_zeros4(32, 1, 28, 28),
+                *y = zd_tensor_new(ZD_INT64, (int64_t[]){32}, 1);
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, 5);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
@@ -200,12 +201,13 @@ static int trainer(const world_t *w)
     /* Alternating blocks: a slow patch of a shared machine lands on both
        loops rather than on one. */
     double *nt[2] = {calloc((size_t)net_iters, sizeof(double)),
-                     calloc((size_t)net_iters, sizeof(double))}, med[2];
+                     calloc((size_t)net_iters, sizeof(double))},
+           med[2];
     if (!t || !nt[0] || !nt[1])
         return world_fail(w, "out of memory");
     for (int i = -NET_BLOCK, first = 0; i < net_iters; i += NET_BLOCK, first = !first)
         for (int j = 0; j < 2; j++) {
-            int d = j ^ first;   /* who goes first changes every block */
+            int d = j ^ first; /* who goes first changes every block */
             for (int k = i; k < i + NET_BLOCK && k < net_iters; k++) {
                 double t0 = now_us();
                 if (net_iteration(x, y, d == 1) < 0)
@@ -285,7 +287,7 @@ int main(int argc, char **argv)
         }
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    world_options_t o = {.world_size = 2, .setup = setup, .fn = trainer, .dist_autograd = true,
-                         .timeout_s = 600};
+    world_options_t o = {
+        .world_size = 2, .setup = setup, .fn = trainer, .dist_autograd = true, .timeout_s = 600};
     return world_run(&o) == 0 ? 0 : 1;
 }

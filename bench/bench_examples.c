@@ -86,8 +86,7 @@ static int ps_fn(const world_t *w)
     if (ps_run_driver(&o, &res) < 0)
         return world_fail(w, "%s", zd_error_last());
     char name[48];
-    snprintf(name, sizeof name, "ps_%s_iters_per_s_w%d", b->async ? "async" : "sync",
-             b->workers);
+    snprintf(name, sizeof name, "ps_%s_iters_per_s_w%d", b->async ? "async" : "sync", b->workers);
     add(name, res.iters_per_s, "iters/s");
     ps_result_free(&res);
     return 0;
@@ -130,8 +129,8 @@ static int world_start(const char *rpc_ps)
 {
     bench_world_t w;
     /* 64 trainers' stale updates need a smaller step than 3 trainers' */
-    bench_world_options_t o = {.world_size = 65, .max_batches = 10, .lr = 0.003,
-                               .start_only = true, .timeout_s = 600};
+    bench_world_options_t o = {
+        .world_size = 65, .max_batches = 10, .lr = 0.003, .start_only = true, .timeout_s = 600};
     if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
         return -1;
     add("ps64_start_s", w.first_batch_s, "s");
@@ -159,8 +158,8 @@ static int world_memory(const char *rpc_ps)
     const int trainers[2] = {4, 16};
     for (int i = 0; i < 2; i++) {
         /* the step of ps64_start_s: 16 trainers diverge at the default */
-        o = (bench_world_options_t){.world_size = 1 + trainers[i], .max_batches = 50,
-                                    .lr = 0.003, .timeout_s = 600};
+        o = (bench_world_options_t){
+            .world_size = 1 + trainers[i], .max_batches = 50, .lr = 0.003, .timeout_s = 600};
         if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
             return -1;
         server[i] = w.peak_rss_kb[0];
@@ -175,8 +174,12 @@ static int world_memory(const char *rpc_ps)
 
 static int run(int size, world_setup_fn *setup, world_fn *fn, void *arg, bool dist)
 {
-    world_options_t o = {.world_size = size, .setup = setup, .fn = fn, .arg = arg,
-                         .timeout_s = 600, .dist_autograd = dist};
+    world_options_t o = {.world_size = size,
+                         .setup = setup,
+                         .fn = fn,
+                         .arg = arg,
+                         .timeout_s = 600,
+                         .dist_autograd = dist};
     return world_run(&o);
 }
 
@@ -200,8 +203,10 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--rpc_ps") == 0 && i + 1 < argc)
             rpc_ps = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--csv] [--iterations N] [--batches N] "
-                            "[--only ps|pipeline|start|memory] [--rpc_ps PATH]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--csv] [--iterations N] [--batches N] "
+                    "[--only ps|pipeline|start|memory] [--rpc_ps PATH]\n",
+                    argv[0]);
             return 2;
         }
     }

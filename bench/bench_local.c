@@ -63,7 +63,7 @@ static double cpu_seconds(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return (double)ru.ru_utime.tv_sec + (double)ru.ru_stime.tv_sec +
-           1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+        1e-6 * (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 static int step(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *target, float lr)
@@ -209,8 +209,8 @@ static const char *layer_names[N_LAYERS] = {
 typedef struct {
     zd_nn_module_t *m;
     zd_nn_rng_t rng;
-    zd_tensor_t *in[N_LAYERS];       /* each layer's input (leaf; grad from conv2 on) */
-    zd_tensor_t *gout[N_LAYERS];     /* ones in the shape of each layer's output (made once) */
+    zd_tensor_t *in[N_LAYERS];   /* each layer's input (leaf; grad from conv2 on) */
+    zd_tensor_t *gout[N_LAYERS]; /* ones in the shape of each layer's output (made once) */
     zd_tensor_t *target;
 } ops_bench_t;
 
@@ -221,13 +221,13 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
     zd_tensor_t *h = zd_tensor_ref(b->in[l]), *next = NULL;
     zd_nn_module_t *m = b->m;
     int rc = 0;
-#define L(call)                  \
-    do {                         \
-        if (rc == 0)             \
-            rc = (call);         \
-        zd_tensor_unref(h);         \
-        h = next;                \
-        next = NULL;             \
+#define L(call)                                                                                    \
+    do {                                                                                           \
+        if (rc == 0)                                                                               \
+            rc = (call);                                                                           \
+        zd_tensor_unref(h);                                                                        \
+        h = next;                                                                                  \
+        next = NULL;                                                                               \
     } while (0)
     switch (l) {
     case L_CONV1:
@@ -235,7 +235,7 @@ static int run_layer(ops_bench_t *b, int l, bool backward)
         break;
     case L_CONV2:
         L(zd_nn_conv2d_max_pool2d(h, zd_nn_module_param(m, 2), zd_nn_module_param(m, 3), 1, 0, 2, 2,
-                               &next));
+                                  &next));
         break;
     case L_DROP2D:
         L(zd_nn_dropout2d(h, 0.25f, true, &b->rng, &next));
@@ -342,7 +342,7 @@ static int bench_ops(int batch, double seconds)
 }
 
 #define ST_TENSORS 100
-#define ST_SIDE 1000   /* 100 tensors of 1000 x 1000 float32: 400 MB */
+#define ST_SIDE    1000 /* 100 tensors of 1000 x 1000 float32: 400 MB */
 
 static double median(double *v, int n)
 {
@@ -421,7 +421,7 @@ static int bench_safetensors(bool csv)
                 rc = zd_error_set("bench_local: out of memory for %zu bytes", size);
                 break;
             }
-            memset(a, 1, size);   /* written once: no page faults in the timings */
+            memset(a, 1, size); /* written once: no page faults in the timings */
             memset(b, 2, size);
         }
         t0 = now();
@@ -466,7 +466,8 @@ static int bench_safetensors(bool csv)
     if (csv)
         printf("safetensors_save_GBps,%.2f,GB/s\nsafetensors_load_GBps,%.2f,GB/s\n"
                "read_400MB_GBps,%.2f,GB/s\nread_fresh_400MB_GBps,%.2f,GB/s\n"
-               "memcpy_400MB_GBps,%.2f,GB/s\n", fs, fl, fr, ff, fc);
+               "memcpy_400MB_GBps,%.2f,GB/s\n",
+               fs, fl, fr, ff, fc);
     else
         printf("safetensors, %d float32 tensors, %.0f MB in %s (GB/s, median of %d)\n"
                "%-30s %8.2f\n%-30s %8.2f\n%-30s %8.2f\n%-30s %8.2f\n%-30s %8.2f\n",
@@ -505,8 +506,10 @@ int main(int argc, char **argv)
                 return 2;
             }
         } else {
-            fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME] "
-                    "[--threads N] [--ops] [--no-taps]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--csv] [--batch N] [--seconds S] [--model NAME] "
+                    "[--threads N] [--ops] [--no-taps]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -522,9 +525,9 @@ int main(int argc, char **argv)
     const bool any_model = !only || strcmp(only, "net") == 0 || strcmp(only, "convnet") == 0;
     if (!csv && any_model)
         printf("training step, batch %d, %d threads, kernels %s, OpenBLAS kernels %s\n"
-               "%-8s %10s %10s %14s %10s\n", batch, zd_nn_get_num_threads(), zd__nn_cpu_name(),
-               zd_nn_blas_corename(),
-               "model", "ms/step", "cpu ms", "samples/s", "GFLOP/s");
+               "%-8s %10s %10s %14s %10s\n",
+               batch, zd_nn_get_num_threads(), zd__nn_cpu_name(), zd_nn_blas_corename(), "model",
+               "ms/step", "cpu ms", "samples/s", "GFLOP/s");
     for (int i = 0; i < 2; i++) {
         if (only && strcmp(only, models[i]) != 0)
             continue;
@@ -550,10 +553,12 @@ int main(int argc, char **argv)
         if (csv)
             printf("lstm_seq_steps_per_s,%.0f,steps/s\n", r);
         else
-            printf("%sLSTM %d layers, input %d, hidden %d, batch %d, %d steps, fwd+bwd, %d threads\n"
-                   "%-8s %10s %10s %14s\n%-8s %10.3f %10.3f %14.0f\n", any_model ? "\n" : "",
-                   LSTM_LAYERS, LSTM_IN, LSTM_H, LSTM_N, LSTM_T, zd_nn_get_num_threads(), "model",
-                   "ms/iter", "cpu ms", "steps/s", "lstm", ms, cpu_ms, r);
+            printf(
+                "%sLSTM %d layers, input %d, hidden %d, batch %d, %d steps, fwd+bwd, %d threads\n"
+                "%-8s %10s %10s %14s\n%-8s %10.3f %10.3f %14.0f\n",
+                any_model ? "\n" : "", LSTM_LAYERS, LSTM_IN, LSTM_H, LSTM_N, LSTM_T,
+                zd_nn_get_num_threads(), "model", "ms/iter", "cpu ms", "steps/s", "lstm", ms,
+                cpu_ms, r);
     }
     if (!only || strcmp(only, "safetensors") == 0) {
         if (!csv && !only)

@@ -41,19 +41,19 @@
 #include "tests/support/program.h"
 #include "tests/support/world.h"
 
-#define RANKS 3
-#define VICTIM 2
+#define RANKS            3
+#define VICTIM           2
 #define CHECKPOINT_EVERY 10
-#define KILL_AT 15          /* batches into a life: one checkpoint behind it */
-#define CYCLE_S 120.0       /* the most one death and rejoin may take */
-#define MIN_CYCLES 4
+#define KILL_AT          15    /* batches into a life: one checkpoint behind it */
+#define CYCLE_S          120.0 /* the most one death and rejoin may take */
+#define MIN_CYCLES       4
 
 static int cycles = 100;
 static bool csv;
 
 typedef struct {
     program_t p[RANKS];
-    bool live[RANKS];   /* its output is still open */
+    bool live[RANKS]; /* its output is still open */
     char a_world[32], a_port[32], a_ck[96], a_max[48], dir[32];
 } ps_world_t;
 
@@ -76,9 +76,19 @@ static int start_rank(ps_world_t *w, int r, const char *fault)
 {
     char a_rank[32];
     snprintf(a_rank, sizeof a_rank, "--rank=%d", r);
-    char *argv[] = {BENCH_RPC_PS, a_rank, w->a_world, "--master_addr=127.0.0.1", w->a_port,
-                    w->a_ck, w->a_max, "--eval_samples=200", "--eval_every=0",
-                    "--progress_s=0", "--log_interval=1", "--checkpoint_every=10", NULL};
+    char *argv[] = {BENCH_RPC_PS,
+                    a_rank,
+                    w->a_world,
+                    "--master_addr=127.0.0.1",
+                    w->a_port,
+                    w->a_ck,
+                    w->a_max,
+                    "--eval_samples=200",
+                    "--eval_every=0",
+                    "--progress_s=0",
+                    "--log_interval=1",
+                    "--checkpoint_every=10",
+                    NULL};
     if (fault)
         setenv("ZDIST_FAULT", fault, 1);
     int rc = program_start(&w->p[r], argv);
@@ -169,7 +179,7 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
         return -1;
     char released[64];
     snprintf(released, sizeof released, "(rank %d) held:", VICTIM);
-    size_t seen = 0;   /* the server's output up to the last release */
+    size_t seen = 0; /* the server's output up to the last release */
     bool other_done = false;
     for (int k = 0; k < cycles; k++) {
         double deadline = program_now_s() + CYCLE_S;
@@ -210,14 +220,17 @@ static int run(ps_world_t *w, double *rss, double *rejoin_s)
         long long batch = -1;
         const char *res = strstr(w->p[VICTIM].out, "resuming at batch ");
         sscanf(res + strlen("resuming at batch "), "%lld", &batch);
-        fprintf(stderr, "bench_ps_churn: cycle %d/%d (%.0f s): server RSS %.1f MB after "
+        fprintf(stderr,
+                "bench_ps_churn: cycle %d/%d (%.0f s): server RSS %.1f MB after "
                 "releasing %lld autograd context(s), %s; the new trainer resumed at batch "
-                "%lld, first batch %.2f s after its start\n", k + 1, cycles,
-                program_now_s() - t0, rss[k], contexts, what, batch, rejoin_s[k]);
+                "%lld, first batch %.2f s after its start\n",
+                k + 1, cycles, program_now_s() - t0, rss[k], contexts, what, batch, rejoin_s[k]);
         if (!other_done && w->p[1].out && strstr(w->p[1].out, "Training complete!")) {
             other_done = true;
-            fprintf(stderr, "bench_ps_churn: trainer 1 finished its batches before cycle %d; "
-                    "it waits for the final evaluation\n", k + 1);
+            fprintf(stderr,
+                    "bench_ps_churn: trainer 1 finished its batches before cycle %d; "
+                    "it waits for the final evaluation\n",
+                    k + 1);
         }
     }
     int bad = 0;
@@ -269,9 +282,10 @@ int main(int argc, char **argv)
         return 1;
     if (!csv)
         printf("bench_ps_churn: rpc_ps, a server and two trainers; trainer %d killed and "
-               "restarted %d times\n", VICTIM, cycles);
+               "restarted %d times\n",
+               VICTIM, cycles);
     int rc = run(&w, rss, rejoin_s);
-    if (rc < 0) {   /* what is still running goes */
+    if (rc < 0) { /* what is still running goes */
         for (int r = 0; r < RANKS; r++)
             if (w.p[r].pid > 0 && waitpid(w.p[r].pid, NULL, WNOHANG) == 0) {
                 kill(w.p[r].pid, SIGKILL);

@@ -31,7 +31,7 @@
 #include <zdist/tensor.h>
 #include "tests/support/world.h"
 
-#define WAIT_MS 60000
+#define WAIT_MS    60000
 #define MIN_CYCLES 10
 
 static int cycles = 100;
@@ -61,7 +61,7 @@ static void figure(const char *name, double value, const char *unit, const char 
 
 /* ---- rank 0's functions ---- */
 
-static double *init_ms;         /* per cycle, reported by each incarnation */
+static double *init_ms; /* per cycle, reported by each incarnation */
 static int reports;
 static double rss_warm_mb, rss_last_mb;
 static zd_future_t *all_in;
@@ -69,7 +69,7 @@ static zd_future_t *all_in;
 static zd_value_t *h_block(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    zd_tensor_t *t = zd_tensor_zeros1(256 * 1024);   /* 1 MiB of float32 */
+    zd_tensor_t *t = zd_tensor_zeros1(256 * 1024); /* 1 MiB of float32 */
     zd_value_t *v = t ? zd_value_tensor(t) : NULL;
     zd_tensor_unref(t);
     return v;
@@ -196,7 +196,7 @@ static int world_master_restarts(const world_t *w)
     WCHECK(pipe(fd) == 0);
     pid_t pid = fork();
     WCHECK(pid >= 0);
-    if (pid == 0) {   /* the first rank 0: joins, then dies, saying when */
+    if (pid == 0) { /* the first rank 0: joins, then dies, saying when */
         if (join(w) != 0)
             _exit(1);
         double t = now_ms();
@@ -233,8 +233,7 @@ int main(int argc, char **argv)
         } else if (strncmp(argv[i], "--cycles=", 9) == 0 && atoi(argv[i] + 9) >= MIN_CYCLES) {
             cycles = atoi(argv[i] + 9);
         } else {
-            fprintf(stderr, "usage: bench_rejoin [--csv] [--cycles=N (at least %d)]\n",
-                    MIN_CYCLES);
+            fprintf(stderr, "usage: bench_rejoin [--csv] [--cycles=N (at least %d)]\n", MIN_CYCLES);
             return 2;
         }
     }
@@ -246,7 +245,7 @@ int main(int argc, char **argv)
                cycles);
     int timeout_s = cycles * 5 + 60;
     int rc = world_run_simple(2, timeout_s, world_worker_cycles, NULL) |
-             world_run_simple(2, 120, world_master_restarts, NULL);
+        world_run_simple(2, 120, world_master_restarts, NULL);
     free(init_ms);
     return rc ? 1 : 0;
 }

@@ -130,7 +130,7 @@ static void *raw_server(void *arg)
     return NULL;
 }
 
-static const char *g_key_file;   /* the CURVE world's key, NULL for the plain one */
+static const char *g_key_file; /* the CURVE world's key, NULL for the plain one */
 
 static int setup(int rank, int port)
 {
@@ -292,8 +292,8 @@ static double memcpy_bw(char *dst, const char *src, size_t size)
     return size / (dt * 1e3);
 }
 
-static bool bw_only;   /* --bw */
-static int bw_reps;    /* --bw-reps */
+static bool bw_only; /* --bw */
+static int bw_reps;  /* --bw-reps */
 
 /* The CURVE world: the plain round trip and 64 MiB one way, as above. */
 static void client_curve(int iters, figures_t *fs)
@@ -543,8 +543,10 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--raw] [--csv] [--iters N] [--bw] [--bw-reps N] "
-                    "[--no-curve]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--raw] [--csv] [--iters N] [--bw] [--bw-reps N] "
+                    "[--no-curve]\n",
+                    argv[0]);
             return 2;
         }
     }

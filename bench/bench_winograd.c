@@ -43,8 +43,8 @@ enum { WINO_FWD, CONV_FWD, WINO_DX, CONV_FWD_BWD, CONV_FWD_G, N_MEASURES };
 
 typedef struct {
     int batch, C, O, H, W, pad, Ho, Wo;
-    zd_tensor_t *x, *xg, *w, *b, *dy;   /* xg: x with requires_grad */
-    float *y, *dx;                   /* Winograd's outputs */
+    zd_tensor_t *x, *xg, *w, *b, *dy; /* xg: x with requires_grad */
+    float *y, *dx;                    /* Winograd's outputs */
 } bench_t;
 
 static double now(void)
@@ -67,11 +67,12 @@ static int run(bench_t *b, int what)
     switch (what) {
     case WINO_FWD:
         return zd__nn_winograd_forward(zd_tensor_data(b->x), b->batch, b->C, b->H, b->W,
-                                   zd_tensor_data(b->w), b->O, zd_tensor_data(b->b), b->pad, b->y,
-                                   NULL, NULL);
+                                       zd_tensor_data(b->w), b->O, zd_tensor_data(b->b), b->pad,
+                                       b->y, NULL, NULL);
     case WINO_DX:
         return zd__nn_winograd_backward_input(zd_tensor_data(b->dy), b->batch, b->O, b->Ho, b->Wo,
-                                          zd_tensor_data(b->w), b->C, b->pad, b->dx, NULL, NULL);
+                                              zd_tensor_data(b->w), b->C, b->pad, b->dx, NULL,
+                                              NULL);
     case CONV_FWD:
         rc = zd_nn_conv2d(b->x, b->w, b->b, 1, b->pad, &y);
         break;
@@ -135,7 +136,7 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
     for (int t = 0; t < 4; t++)
         for (int64_t i = 0; i < zd_tensor_numel(all[t]); i++)
             zd_tensor_data(all[t])[i] = zd_nn_rng_uniform_range(&rng, -1.0f, 1.0f) *
-                                     (t == 1 ? 1.0f / sqrtf(9.0f * b.C) : 1.0f);
+                (t == 1 ? 1.0f / sqrtf(9.0f * b.C) : 1.0f);
     b.xg = zd_tensor_detach_copy(b.x);
     if (!b.xg || zd_tensor_set_requires_grad(b.xg, true) < 0)
         return -1;
@@ -178,8 +179,9 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
             printf("winograd_%s_t%d_ms,%.3f,ms\n", names[i], threads, res[i]);
     } else {
         printf("conv %dx%dx%dx%d -> %d channels, padding %d, %d threads (max |wino - conv2d|: "
-               "y %.2g, dx %.2g)\n%-12s %10s %10s %10s\n", batch, b.C, b.H, b.W, b.O, b.pad,
-               threads, dfwd, ddx, "", "median ms", "best ms", "GFLOP/s");
+               "y %.2g, dx %.2g)\n%-12s %10s %10s %10s\n",
+               batch, b.C, b.H, b.W, b.O, b.pad, threads, dfwd, ddx, "", "median ms", "best ms",
+               "GFLOP/s");
         for (int i = 0; i < 4; i++)
             printf("  %-12s %8.3f   %8.3f   %8.1f\n", names[i], res[i], low[i],
                    gflop / res[i] * 1e3);
@@ -215,16 +217,19 @@ int main(int argc, char **argv)
                  sscanf(argv[i + 1], "%d,%d,%d,%d,%d", &b.C, &b.O, &b.H, &b.W, &b.pad) == 5)
             i++;
         else {
-            fprintf(stderr, "usage: %s [--csv] [--batch N] [--seconds S] [--threads N] "
-                    "[--shape C,O,H,W,padding]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--csv] [--batch N] [--seconds S] [--threads N] "
+                    "[--shape C,O,H,W,padding]\n",
+                    argv[0]);
             return 2;
         }
     }
     b.Ho = b.H + 2 * b.pad - 2;
     b.Wo = b.W + 2 * b.pad - 2;
-    if (b.batch < 1 || seconds <= 0 || only < 0 || b.C < 1 || b.O < 1 || b.pad < 0 ||
-        b.pad > 1 || b.Ho < 1 || b.Wo < 1) {
-        fprintf(stderr, "bench_winograd: batch, seconds, threads and the shape must be "
+    if (b.batch < 1 || seconds <= 0 || only < 0 || b.C < 1 || b.O < 1 || b.pad < 0 || b.pad > 1 ||
+        b.Ho < 1 || b.Wo < 1) {
+        fprintf(stderr,
+                "bench_winograd: batch, seconds, threads and the shape must be "
                 "positive, padding 0 or 1, and the kernel must fit\n");
         return 2;
     }

@@ -5,7 +5,7 @@
     arrives whole); a trainer's first batch is its tutorial loss line of
     batch 0 (--log_interval larger than the run prints that one only). The
     peak resident set of each rank comes from wait4. */
-#define _GNU_SOURCE   /* pipe2 */
+#define _GNU_SOURCE /* pipe2 */
 #include "bench/bench_worlds.h"
 
 #include <errno.h>
@@ -111,7 +111,7 @@ int bench_rpc_ps_world(const char *exe, const bench_world_options_t *o, bench_wo
         if (n < 0 && (errno == EINTR || errno == EAGAIN))
             continue;
         if (n <= 0)
-            break;   /* every rank has closed its stdout */
+            break; /* every rank has closed its stdout */
         have += (size_t)n;
         buf[have] = '\0';
         char *line = buf, *nl;
@@ -128,7 +128,7 @@ int bench_rpc_ps_world(const char *exe, const bench_world_options_t *o, bench_wo
         have = strlen(line);
         memmove(buf, line, have);
         if (have == sizeof buf - 1)
-            have = 0;   /* a line longer than the buffer: dropped */
+            have = 0; /* a line longer than the buffer: dropped */
         if (o->start_only && first == trainers)
             break;
     }
@@ -148,10 +148,10 @@ int bench_rpc_ps_world(const char *exe, const bench_world_options_t *o, bench_wo
             ;
         out->peak_rss_kb[r] = ru.ru_maxrss;
         out->cpu_s[r] = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec +
-                        (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
+            (double)ru.ru_stime.tv_sec + 1e-6 * (double)ru.ru_stime.tv_usec;
         if (!o->start_only && (!WIFEXITED(status) || WEXITSTATUS(status) != 0)) {
-            fprintf(stderr, "bench: rpc_ps rank %d of %d failed (status 0x%x)\n", r,
-                    world_size, status);
+            fprintf(stderr, "bench: rpc_ps rank %d of %d failed (status 0x%x)\n", r, world_size,
+                    status);
             rc = -1;
         }
     }

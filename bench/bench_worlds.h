@@ -10,17 +10,17 @@
 #define BENCH_WORLD_MAX 80
 
 typedef struct {
-    double first_batch_s;             /* start to every trainer's first batch done */
-    double total_s;                   /* start to every process's exit */
-    int64_t peak_rss_kb[BENCH_WORLD_MAX];   /* per rank, from wait4's ru_maxrss */
-    double cpu_s[BENCH_WORLD_MAX];          /* per rank: user + system time */
+    double first_batch_s;                 /* start to every trainer's first batch done */
+    double total_s;                       /* start to every process's exit */
+    int64_t peak_rss_kb[BENCH_WORLD_MAX]; /* per rank, from wait4's ru_maxrss */
+    double cpu_s[BENCH_WORLD_MAX];        /* per rank: user + system time */
 } bench_world_t;
 
 typedef struct {
-    int world_size;         /* 1 server, world_size - 1 trainers */
-    int64_t max_batches;    /* per trainer */
-    double lr;              /* 0: rpc_ps's default */
-    bool start_only;        /* stop the world once every trainer did its first batch */
+    int world_size;      /* 1 server, world_size - 1 trainers */
+    int64_t max_batches; /* per trainer */
+    double lr;           /* 0: rpc_ps's default */
+    bool start_only;     /* stop the world once every trainer did its first batch */
     int timeout_s;
 } bench_world_options_t;
 

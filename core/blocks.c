@@ -37,20 +37,20 @@
 
 #define BLOCKS_IDLE_BYTES ((size_t)256 << 20)
 #define BLOCKS_IDLE_COUNT 64
-#define BLOCKS_STALE 256
+#define BLOCKS_STALE      256
 
 typedef struct {
     void *data;
     size_t size;
-    uint64_t freed_at;                /* blocks.clock then */
+    uint64_t freed_at; /* blocks.clock then */
 } idle_t;
 
 static struct {
     pthread_mutex_t lock;
-    idle_t idle[BLOCKS_IDLE_COUNT];   /* oldest first */
+    idle_t idle[BLOCKS_IDLE_COUNT]; /* oldest first */
     int n;
     size_t bytes;
-    uint64_t clock;                   /* requests so far */
+    uint64_t clock; /* requests so far */
 } blocks = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
 /*  The class of a block of `bytes` (>= ZD_BLOCK_MIN): rounded up to a
@@ -149,8 +149,8 @@ void zd__block_free(void *data, size_t size)
     if (!ZD_BLOCKS_KEEP || size > BLOCKS_IDLE_BYTES) {
         gone[n_gone++] = (idle_t){data, size, 0};
     } else {
-        while (blocks.n > 0 && (blocks.n >= BLOCKS_IDLE_COUNT ||
-                                blocks.bytes + size > BLOCKS_IDLE_BYTES))
+        while (blocks.n > 0 &&
+               (blocks.n >= BLOCKS_IDLE_COUNT || blocks.bytes + size > BLOCKS_IDLE_BYTES))
             gone[n_gone++] = take(0);
         blocks.idle[blocks.n++] = (idle_t){data, size, blocks.clock};
         blocks.bytes += size;

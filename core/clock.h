@@ -12,8 +12,8 @@
 
 #define ZD__NS_PER_US INT64_C(1000)
 #define ZD__NS_PER_MS INT64_C(1000000)
-#define ZD__NS_PER_S INT64_C(1000000000)
-#define ZD__MS_PER_S INT64_C(1000)
+#define ZD__NS_PER_S  INT64_C(1000000000)
+#define ZD__MS_PER_S  INT64_C(1000)
 
 /*  No deadline: later than any instant. */
 #define ZD__NEVER INT64_MAX

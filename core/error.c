@@ -70,16 +70,26 @@ zd_error_code_t zd_error_code(void)
 const char *zd_error_code_name(zd_error_code_t code)
 {
     switch (code) {
-    case ZD_OK: return "ok";
-    case ZD_ERR_OTHER: return "other";
-    case ZD_ERR_TIMEOUT: return "timeout";
-    case ZD_ERR_PEER: return "peer";
-    case ZD_ERR_REMOTE: return "remote";
-    case ZD_ERR_NO_FUNCTION: return "no function";
-    case ZD_ERR_ARGUMENT: return "argument";
-    case ZD_ERR_NOT_INITIALIZED: return "not initialized";
-    case ZD_ERR_NO_MEMORY: return "no memory";
-    case ZD_ERR_SHUTDOWN: return "shutdown";
+    case ZD_OK:
+        return "ok";
+    case ZD_ERR_OTHER:
+        return "other";
+    case ZD_ERR_TIMEOUT:
+        return "timeout";
+    case ZD_ERR_PEER:
+        return "peer";
+    case ZD_ERR_REMOTE:
+        return "remote";
+    case ZD_ERR_NO_FUNCTION:
+        return "no function";
+    case ZD_ERR_ARGUMENT:
+        return "argument";
+    case ZD_ERR_NOT_INITIALIZED:
+        return "not initialized";
+    case ZD_ERR_NO_MEMORY:
+        return "no memory";
+    case ZD_ERR_SHUTDOWN:
+        return "shutdown";
     }
     return "unknown";
 }

@@ -12,10 +12,10 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-static _Thread_local long armed;   /* the allocation that fails; 0: none */
-static _Thread_local long count;   /* allocations since armed */
+static _Thread_local long armed; /* the allocation that fails; 0: none */
+static _Thread_local long count; /* allocations since armed */
 static _Thread_local bool fired;
-static _Thread_local int benign;   /* depth of zd__fault_benign brackets */
+static _Thread_local int benign; /* depth of zd__fault_benign brackets */
 static _Thread_local bool fired_benign;
 
 void zd__fault_arm(long n)

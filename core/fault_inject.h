@@ -66,16 +66,16 @@ int zd__fi_zmq_msg_init_size(zmq_msg_t *m, size_t n);
 int zd__fi_zmq_msg_init_data(zmq_msg_t *m, void *data, size_t n, zmq_free_fn *ffn, void *hint);
 
 #ifndef ZD_FAULT_INJECT_API_ONLY
-#define malloc(n) zd__fi_malloc(n)
-#define calloc(n, size) zd__fi_calloc(n, size)
-#define realloc(p, n) zd__fi_realloc(p, n)
-#define strdup(s) zd__fi_strdup(s)
-#define strndup(s, n) zd__fi_strndup(s, n)
-#define aligned_alloc(align, n) zd__fi_aligned_alloc(align, n)
-#define posix_memalign(p, align, n) zd__fi_posix_memalign(p, align, n)
-#define asprintf(...) zd__fi_asprintf(__VA_ARGS__)
-#define open_memstream(buf, len) zd__fi_open_memstream(buf, len)
-#define zmq_msg_init_size(m, n) zd__fi_zmq_msg_init_size(m, n)
+#define malloc(n)                                zd__fi_malloc(n)
+#define calloc(n, size)                          zd__fi_calloc(n, size)
+#define realloc(p, n)                            zd__fi_realloc(p, n)
+#define strdup(s)                                zd__fi_strdup(s)
+#define strndup(s, n)                            zd__fi_strndup(s, n)
+#define aligned_alloc(align, n)                  zd__fi_aligned_alloc(align, n)
+#define posix_memalign(p, align, n)              zd__fi_posix_memalign(p, align, n)
+#define asprintf(...)                            zd__fi_asprintf(__VA_ARGS__)
+#define open_memstream(buf, len)                 zd__fi_open_memstream(buf, len)
+#define zmq_msg_init_size(m, n)                  zd__fi_zmq_msg_init_size(m, n)
 #define zmq_msg_init_data(m, data, n, ffn, hint) zd__fi_zmq_msg_init_data(m, data, n, ffn, hint)
 #endif
 

@@ -37,10 +37,14 @@ static atomic_int g_dropped;
 static const char *level_name(zd_log_level_t level)
 {
     switch (level) {
-    case ZD_LOG_ERROR: return "ERROR";
-    case ZD_LOG_WARN: return "WARN";
-    case ZD_LOG_INFO: return "INFO";
-    case ZD_LOG_DEBUG: return "DEBUG";
+    case ZD_LOG_ERROR:
+        return "ERROR";
+    case ZD_LOG_WARN:
+        return "WARN";
+    case ZD_LOG_INFO:
+        return "INFO";
+    case ZD_LOG_DEBUG:
+        return "DEBUG";
     }
     return "?";
 }
@@ -120,8 +124,10 @@ zd_log_level_t zd_log_get_level(void)
        once however many threads log first. */
     if (atomic_compare_exchange_strong(&g_level, &expected, parsed)) {
         if (bad)
-            zd__log(ZD_LOG_WARN, "log: ZDIST_LOG_LEVEL=\"%.40s\" is not error, warn, info or "
-                    "debug: using warn", env);
+            zd__log(ZD_LOG_WARN,
+                    "log: ZDIST_LOG_LEVEL=\"%.40s\" is not error, warn, info or "
+                    "debug: using warn",
+                    env);
         return (zd_log_level_t)parsed;
     }
     return (zd_log_level_t)expected;

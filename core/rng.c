@@ -58,7 +58,7 @@ float zd_nn_rng_uniform(zd_nn_rng_t *r)
 float zd_nn_rng_uniform_range(zd_nn_rng_t *r, float lo, float hi)
 {
     float v = lo + (hi - lo) * zd_nn_rng_uniform(r);
-    return v < hi ? v : lo;   /* rounding of lo + (hi-lo)*u can reach hi */
+    return v < hi ? v : lo; /* rounding of lo + (hi-lo)*u can reach hi */
 }
 
 float zd_nn_rng_normal(zd_nn_rng_t *r, float mean, float std)

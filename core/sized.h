@@ -33,8 +33,10 @@ static inline int zd__sized_read(void *defaults, size_t defaults_size, const voi
     size_t size;
     memcpy(&size, in, sizeof size);
     if (size < min_size)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s.size is %zu, not the size of a %s: "
-                                 "start from %s, then set the fields", what, size, what, init);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s.size is %zu, not the size of a %s: "
+                                 "start from %s, then set the fields",
+                                 what, size, what, init);
     memcpy(defaults, in, size < defaults_size ? size : defaults_size);
     memcpy(defaults, &defaults_size, sizeof defaults_size);
     return 0;
@@ -47,11 +49,12 @@ static inline int zd__sized_write(void *out, size_t size, const void *src, size_
                                   size_t min_size, const char *what)
 {
     if (!out || size < min_size)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: %s of %zu bytes (pass sizeof of the "
-                                 "struct, at least %zu)", what, out ? "a struct" : "NULL",
-                                 size, min_size);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: %s of %zu bytes (pass sizeof of the "
+                                 "struct, at least %zu)",
+                                 what, out ? "a struct" : "NULL", size, min_size);
     memcpy(out, src, size < src_size ? size : src_size);
-    if (size > src_size)   /* a newer caller's fields this library does not know */
+    if (size > src_size) /* a newer caller's fields this library does not know */
         memset((char *)out + src_size, 0, size - src_size);
     return 0;
 }

@@ -3,7 +3,7 @@
 #include <zdist/version.h>
 
 #define ZD_STR_(x) #x
-#define ZD_STR(x) ZD_STR_(x)
+#define ZD_STR(x)  ZD_STR_(x)
 
 const char *zd_version(void)
 {

@@ -22,7 +22,7 @@
 
 /*  One tensor record of a file held in memory. */
 typedef struct {
-    const char *name;       /* not NUL-terminated */
+    const char *name; /* not NUL-terminated */
     uint32_t name_len;
     zd_tensor_dtype_t dtype;
     int ndim;
@@ -89,16 +89,16 @@ static void emit_data(writer_t *w, const zd_tensor_t *t)
 static int check_inputs(const char *path, const zd_named_tensors_t *nt)
 {
     if (!nt)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: no tensors given (NULL)",
-                                 path);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: no tensors given (NULL)", path);
     int n = zd_named_tensors_len(nt);
     if (n > ZD_CHECKPOINT_MAX_COUNT)
-        return zd_error_set("checkpoint: %s: %d tensors (0 to %d)", path, n, ZD_CHECKPOINT_MAX_COUNT);
+        return zd_error_set("checkpoint: %s: %d tensors (0 to %d)", path, n,
+                            ZD_CHECKPOINT_MAX_COUNT);
     for (int i = 0; i < n; i++) {
         size_t len = strlen(zd_named_tensors_name(nt, i));
         if (len > ZD_CHECKPOINT_MAX_NAME)
-            return zd_error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path,
-                             i, len, ZD_CHECKPOINT_MAX_NAME);
+            return zd_error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path, i,
+                                len, ZD_CHECKPOINT_MAX_NAME);
     }
     return 0;
 }
@@ -184,28 +184,32 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
 {
     record_t *r = &p->rec[k];
     const unsigned char *b = p->buf;
-#define NEED(n, what)                                                                        \
-    if (end - *pos < (size_t)(n))                                                            \
-        return zd_error_set("checkpoint: %s: truncated: tensor %u of %u needs %zu bytes of %s, " \
-                         "only %zu left", path, k + 1, p->count, (size_t)(n), what, end - *pos)
+#define NEED(n, what)                                                                              \
+    if (end - *pos < (size_t)(n))                                                                  \
+    return zd_error_set("checkpoint: %s: truncated: tensor %u of %u needs %zu bytes of %s, "       \
+                        "only %zu left",                                                           \
+                        path, k + 1, p->count, (size_t)(n), what, end - *pos)
     NEED(4, "name length");
     r->name_len = zd__le32(b + *pos);
     *pos += 4;
     if (r->name_len == 0 || r->name_len > ZD_CHECKPOINT_MAX_NAME)
         return zd_error_set("checkpoint: %s: tensor %u of %u: name length %u out of range "
-                         "(corrupt file)", path, k + 1, p->count, r->name_len);
+                            "(corrupt file)",
+                            path, k + 1, p->count, r->name_len);
     NEED(r->name_len + 8, "name, dtype and ndim");
     r->name = (const char *)b + *pos;
     if (memchr(r->name, '\0', r->name_len))
         return zd_error_set("checkpoint: %s: tensor %u of %u: a NUL byte in its name (corrupt "
-                         "file)", path, k + 1, p->count);
+                            "file)",
+                            path, k + 1, p->count);
     *pos += r->name_len;
     uint32_t dtype = zd__le32(b + *pos), ndim = zd__le32(b + *pos + 4);
     *pos += 8;
     size_t es = zd_tensor_dtype_size((zd_tensor_dtype_t)dtype);
     if (es == 0 || ndim > ZD_TENSOR_MAX_DIMS)
         return zd_error_set("checkpoint: %s: tensor '%.*s': dtype %u, %u dimensions (corrupt "
-                         "file)", path, (int)r->name_len, r->name, dtype, ndim);
+                            "file)",
+                            path, (int)r->name_len, r->name, dtype, ndim);
     r->dtype = (zd_tensor_dtype_t)dtype;
     r->ndim = (int)ndim;
     NEED(8 * ndim, "dimensions");
@@ -214,15 +218,17 @@ static int parse_record(const char *path, parsed_t *p, uint32_t k, size_t *pos, 
         uint64_t v = zd__le64(b + *pos + 8 * d);
         if (v > (uint64_t)INT64_MAX || (v && numel > (uint64_t)INT64_MAX / 16 / v))
             return zd_error_set("checkpoint: %s: tensor '%.*s': dimensions too large (corrupt "
-                             "file)", path, (int)r->name_len, r->name);
+                                "file)",
+                                path, (int)r->name_len, r->name);
         numel *= v;
         r->shape[d] = (int64_t)v;
     }
     *pos += 8 * ndim;
     if (numel > (end - *pos) / es)
         return zd_error_set("checkpoint: %s: truncated: tensor '%.*s' needs %llu bytes of "
-                         "data, only %zu left", path, (int)r->name_len, r->name,
-                         (unsigned long long)(numel * es), end - *pos);
+                            "data, only %zu left",
+                            path, (int)r->name_len, r->name, (unsigned long long)(numel * es),
+                            end - *pos);
     r->data = b + *pos;
     r->bytes = (size_t)numel * es;
     *pos += r->bytes;
@@ -255,8 +261,8 @@ static int parse(const char *path, parsed_t *p)
     }
     uint32_t version = zd__le32(p->buf + 8);
     if (version != ZD_CHECKPOINT_VERSION) {
-        zd_error_set("checkpoint: %s: version %u not supported (this build reads version %d)",
-                  path, version, ZD_CHECKPOINT_VERSION);
+        zd_error_set("checkpoint: %s: version %u not supported (this build reads version %d)", path,
+                     version, ZD_CHECKPOINT_VERSION);
         goto out;
     }
     p->count = zd__le32(p->buf + 12);
@@ -273,24 +279,24 @@ static int parse(const char *path, parsed_t *p)
     for (uint32_t k = 0; k < p->count; k++)
         if (parse_record(path, p, k, &pos, end) < 0)
             goto out;
-    uint32_t stored = zd__le32(p->buf + end), actual = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0),
-                                                                       p->buf, end);
+    uint32_t stored = zd__le32(p->buf + end),
+             actual = (uint32_t)crc32_z(crc32(0L, Z_NULL, 0), p->buf, end);
     if (stored != actual) {
         zd_error_set("checkpoint: %s: CRC mismatch (stored %08x, computed %08x): the file is "
-                  "corrupt", path, stored, actual);
+                     "corrupt",
+                     path, stored, actual);
         goto out;
     }
     if (pos != end) {
-        zd_error_set("checkpoint: %s: %zu unexpected bytes after the last tensor", path,
-                  end - pos);
+        zd_error_set("checkpoint: %s: %zu unexpected bytes after the last tensor", path, end - pos);
         goto out;
     }
     for (uint32_t k = 0; k < p->count; k++)
         for (uint32_t j = 0; j < k; j++)
-            if (p->rec[j].name_len == p->rec[k].name_len
-                && memcmp(p->rec[j].name, p->rec[k].name, p->rec[k].name_len) == 0) {
+            if (p->rec[j].name_len == p->rec[k].name_len &&
+                memcmp(p->rec[j].name, p->rec[k].name, p->rec[k].name_len) == 0) {
                 zd_error_set("checkpoint: %s: tensor '%.*s' appears twice", path,
-                          (int)p->rec[k].name_len, p->rec[k].name);
+                             (int)p->rec[k].name_len, p->rec[k].name);
                 goto out;
             }
     rc = 0;
@@ -335,8 +341,8 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
         const zd_tensor_t *t = zd_named_tensors_tensor(nt, i);
         if (r->dtype != zd_tensor_dtype(t))
             return zd_error_set("checkpoint: %s: tensor '%s' is %s in the file but %s here", path,
-                             name, zd_tensor_dtype_name(r->dtype),
-                             zd_tensor_dtype_name(zd_tensor_dtype(t)));
+                                name, zd_tensor_dtype_name(r->dtype),
+                                zd_tensor_dtype_name(zd_tensor_dtype(t)));
         bool same = r->ndim == zd_tensor_ndim(t);
         for (int d = 0; same && d < r->ndim; d++)
             same = r->shape[d] == zd_tensor_size(t, d);
@@ -345,7 +351,8 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
             zd__shape_str(r->shape, r->ndim, a, sizeof a);
             zd__shape_str(zd_tensor_shape(t), zd_tensor_ndim(t), b, sizeof b);
             return zd_error_set("checkpoint: %s: tensor '%s' has shape %s in the file but %s "
-                             "here", path, name, a, b);
+                                "here",
+                                path, name, a, b);
         }
     }
     for (uint32_t k = 0; k < p->count; k++) {
@@ -354,8 +361,8 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
             wanted = which[i] == &p->rec[k];
         if (!wanted)
             return zd_error_set("checkpoint: %s: unexpected tensor '%.*s' in the file (not "
-                             "among the %d requested)", path, (int)p->rec[k].name_len,
-                             p->rec[k].name, n);
+                                "among the %d requested)",
+                                path, (int)p->rec[k].name_len, p->rec[k].name, n);
     }
     return 0;
 }

@@ -17,8 +17,8 @@
 #include "data/dataset_cache.h"
 
 struct zd_dataset {
-    zd_tensor_t *images;   /* (N, H, W) uint8 */
-    zd_tensor_t *labels;   /* (N) int64 */
+    zd_tensor_t *images; /* (N, H, W) uint8 */
+    zd_tensor_t *labels; /* (N) int64 */
     int64_t n, rows, cols;
     char *images_path;
     char *labels_path;
@@ -37,7 +37,7 @@ static bool is_file(const char *path)
 }
 
 int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind, char *buf,
-                      size_t size)
+                         size_t size)
 {
     const char *prefix = split == ZD_DATASET_TEST ? "t10k" : "train";
     if (strcmp(kind, "images") != 0 && strcmp(kind, "labels") != 0)
@@ -45,7 +45,10 @@ int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *
     const char *idx = strcmp(kind, "labels") == 0 ? "idx1" : "idx3";
     /* Plain before gzip: both hold the same data and plain reads faster. */
     static const char *const patterns[] = {
-        "%s/%s-%s-%s-ubyte", "%s/%s-%s.%s-ubyte", "%s/%s-%s-%s-ubyte.gz", "%s/%s-%s.%s-ubyte.gz",
+        "%s/%s-%s-%s-ubyte",
+        "%s/%s-%s.%s-ubyte",
+        "%s/%s-%s-%s-ubyte.gz",
+        "%s/%s-%s.%s-ubyte.gz",
     };
     for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++) {
         int n = snprintf(buf, size, patterns[i], dir, prefix, kind, idx);
@@ -55,15 +58,15 @@ int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *
             return 0;
     }
     return zd_error_set("dataset: no %s %s in %s (looked for %s-%s-%s-ubyte[.gz] and "
-                     "%s-%s.%s-ubyte[.gz])", prefix, kind, dir, prefix, kind, idx, prefix,
-                     kind, idx);
+                        "%s-%s.%s-ubyte[.gz])",
+                        prefix, kind, dir, prefix, kind, idx, prefix, kind, idx);
 }
 
 static bool holds_train_files(const char *dir)
 {
     char path[4096];
-    return zd_dataset_find_file(dir, ZD_DATASET_TRAIN, "images", path, sizeof path) == 0
-        && zd_dataset_find_file(dir, ZD_DATASET_TRAIN, "labels", path, sizeof path) == 0;
+    return zd_dataset_find_file(dir, ZD_DATASET_TRAIN, "images", path, sizeof path) == 0 &&
+        zd_dataset_find_file(dir, ZD_DATASET_TRAIN, "labels", path, sizeof path) == 0;
 }
 
 /*  The directory found: the places tried before it left their error text,
@@ -82,8 +85,8 @@ int zd_dataset_find_dir(char *buf, size_t size)
     if (env && *env) {
         if (!holds_train_files(env))
             return zd_error_set("dataset: ZDIST_DATA_DIR=%s holds no MNIST-format files "
-                             "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz])",
-                             env);
+                                "(train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz])",
+                                env);
         return copy_dir(env, buf, size);
     }
     if (holds_train_files(ZD_DATASET_LOCAL_DIR))
@@ -91,9 +94,9 @@ int zd_dataset_find_dir(char *buf, size_t size)
     if (holds_train_files(ZD_DATASET_SYSTEM_DIR))
         return copy_dir(ZD_DATASET_SYSTEM_DIR, buf, size);
     return zd_error_set("dataset: no MNIST-format data found: neither %s nor %s holds "
-                     "train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
-                     "(put MNIST or Fashion-MNIST files in %s, or set ZDIST_DATA_DIR)",
-                     ZD_DATASET_LOCAL_DIR, ZD_DATASET_SYSTEM_DIR, ZD_DATASET_LOCAL_DIR);
+                        "train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz] "
+                        "(put MNIST or Fashion-MNIST files in %s, or set ZDIST_DATA_DIR)",
+                        ZD_DATASET_LOCAL_DIR, ZD_DATASET_SYSTEM_DIR, ZD_DATASET_LOCAL_DIR);
 }
 
 zd_dataset_t *zd_dataset_load(const char *dir, zd_dataset_split_t split)
@@ -104,36 +107,39 @@ zd_dataset_t *zd_dataset_load(const char *dir, zd_dataset_split_t split)
             return NULL;
         dir = found;
     }
-    if (zd_dataset_find_file(dir, split, "images", images, sizeof images) < 0
-        || zd_dataset_find_file(dir, split, "labels", labels, sizeof labels) < 0)
+    if (zd_dataset_find_file(dir, split, "images", images, sizeof images) < 0 ||
+        zd_dataset_find_file(dir, split, "labels", labels, sizeof labels) < 0)
         return NULL;
     return zd_dataset_load_files(images, labels);
 }
 
 /*  Checks the two tensors and turns the labels into int64. */
-static int check_and_convert(const char *ipath, zd_tensor_t *img, const char *lpath, zd_tensor_t *lab,
-                             zd_tensor_t **labels64)
+static int check_and_convert(const char *ipath, zd_tensor_t *img, const char *lpath,
+                             zd_tensor_t *lab, zd_tensor_t **labels64)
 {
     char s[96];
     if (zd_tensor_dtype(img) != ZD_UINT8 || zd_tensor_ndim(img) != 3)
         return zd_error_set("dataset: %s: expected uint8 images N x H x W, got %s %s", ipath,
-                         zd_tensor_dtype_name(zd_tensor_dtype(img)), zd_tensor_shape_str(img, s, sizeof s));
+                            zd_tensor_dtype_name(zd_tensor_dtype(img)),
+                            zd_tensor_shape_str(img, s, sizeof s));
     if (zd_tensor_dtype(lab) != ZD_UINT8 || zd_tensor_ndim(lab) != 1)
         return zd_error_set("dataset: %s: expected uint8 labels of shape (N), got %s %s", lpath,
-                         zd_tensor_dtype_name(zd_tensor_dtype(lab)), zd_tensor_shape_str(lab, s, sizeof s));
+                            zd_tensor_dtype_name(zd_tensor_dtype(lab)),
+                            zd_tensor_shape_str(lab, s, sizeof s));
     int64_t n = zd_tensor_size(img, 0);
     if (n == 0 || zd_tensor_size(img, 1) == 0 || zd_tensor_size(img, 2) == 0)
         return zd_error_set("dataset: %s: no images (shape %s)", ipath,
-                         zd_tensor_shape_str(img, s, sizeof s));
+                            zd_tensor_shape_str(img, s, sizeof s));
     if (zd_tensor_size(lab, 0) != n)
         return zd_error_set("dataset: image and label counts differ: %s holds %lld images, "
-                         "%s holds %lld labels", ipath, (long long)n, lpath,
-                         (long long)zd_tensor_size(lab, 0));
+                            "%s holds %lld labels",
+                            ipath, (long long)n, lpath, (long long)zd_tensor_size(lab, 0));
     const uint8_t *l = zd_tensor_raw(lab);
     for (int64_t i = 0; i < n; i++)
         if (l[i] >= ZD_DATASET_CLASSES)
             return zd_error_set("dataset: %s: label %d at index %lld is not a class "
-                             "(0 to %d)", lpath, l[i], (long long)i, ZD_DATASET_CLASSES - 1);
+                                "(0 to %d)",
+                                lpath, l[i], (long long)i, ZD_DATASET_CLASSES - 1);
     *labels64 = zd_tensor_empty(ZD_INT64, &n, 1);
     if (!*labels64)
         return -1;
@@ -173,9 +179,9 @@ static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t
     if (zd__idx_view_open(path, &v) == 0 && (m = malloc(sizeof *m))) {
         m->map = v.map;
         m->len = v.map_len;
-        v.map = NULL;   /* the tensor unmaps it */
-        *t = zd_tensor_wrap(ZD_UINT8, v.dims, v.ndim, (char *)m->map + v.data_off,
-                            v.data_bytes, unmap, m);
+        v.map = NULL; /* the tensor unmaps it */
+        *t = zd_tensor_wrap(ZD_UINT8, v.dims, v.ndim, (char *)m->map + v.data_off, v.data_bytes,
+                            unmap, m);
         if (*t && fd_out) {
             *fd_out = v.fd;
             *off_out = v.data_off;
@@ -254,13 +260,34 @@ void zd_dataset_free(zd_dataset_t *ds)
     free(ds);
 }
 
-int64_t zd_dataset_size(const zd_dataset_t *ds) { return ds->n; }
-int64_t zd_dataset_rows(const zd_dataset_t *ds) { return ds->rows; }
-int64_t zd_dataset_cols(const zd_dataset_t *ds) { return ds->cols; }
-const char *zd_dataset_images_path(const zd_dataset_t *ds) { return ds->images_path; }
-const char *zd_dataset_labels_path(const zd_dataset_t *ds) { return ds->labels_path; }
-zd_tensor_t *zd_dataset_images_u8(const zd_dataset_t *ds) { return ds->images; }
-zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds) { return ds->labels; }
+int64_t zd_dataset_size(const zd_dataset_t *ds)
+{
+    return ds->n;
+}
+int64_t zd_dataset_rows(const zd_dataset_t *ds)
+{
+    return ds->rows;
+}
+int64_t zd_dataset_cols(const zd_dataset_t *ds)
+{
+    return ds->cols;
+}
+const char *zd_dataset_images_path(const zd_dataset_t *ds)
+{
+    return ds->images_path;
+}
+const char *zd_dataset_labels_path(const zd_dataset_t *ds)
+{
+    return ds->labels_path;
+}
+zd_tensor_t *zd_dataset_images_u8(const zd_dataset_t *ds)
+{
+    return ds->images;
+}
+zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds)
+{
+    return ds->labels;
+}
 
 int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
 {
@@ -268,7 +295,7 @@ int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
         return zd_error_set("dataset: limit %lld (at least 1 sample)", (long long)k);
     if (k >= ds->n)
         return 0;
-    int64_t shape[3] = { k, ds->rows, ds->cols };
+    int64_t shape[3] = {k, ds->rows, ds->cols};
     zd_tensor_t *img = zd_tensor_from_data(ZD_UINT8, shape, 3, zd_tensor_raw(ds->images));
     zd_tensor_t *lab = zd_tensor_from_data(ZD_INT64, &k, 1, zd_tensor_raw(ds->labels));
     if (!img || !lab) {
@@ -297,13 +324,14 @@ int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out)
     char s[96];
     int nd = zd_tensor_ndim(images);
     *out = NULL;
-    if (zd_tensor_dtype(images) != ZD_UINT8 || (nd != 3 && nd != 4)
-        || (nd == 4 && zd_tensor_size(images, 1) != 1))
+    if (zd_tensor_dtype(images) != ZD_UINT8 || (nd != 3 && nd != 4) ||
+        (nd == 4 && zd_tensor_size(images, 1) != 1))
         return zd_error_set("zd_dataset_normalise: expected uint8 (N, H, W) or (N, 1, H, W), got "
-                         "%s %s", zd_tensor_dtype_name(zd_tensor_dtype(images)),
-                         zd_tensor_shape_str(images, s, sizeof s));
-    int64_t shape[4] = { zd_tensor_size(images, 0), 1, zd_tensor_size(images, -2),
-                         zd_tensor_size(images, -1) };
+                            "%s %s",
+                            zd_tensor_dtype_name(zd_tensor_dtype(images)),
+                            zd_tensor_shape_str(images, s, sizeof s));
+    int64_t shape[4] = {zd_tensor_size(images, 0), 1, zd_tensor_size(images, -2),
+                        zd_tensor_size(images, -1)};
     zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, shape, 4);
     if (!x)
         return -1;
@@ -356,8 +384,8 @@ static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start
     uint8_t *r = malloc((size_t)b * pix);
     errno = 0;
     if (!r)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_dataset_batch: out of memory for %lld images",
-                                 (long long)b);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "zd_dataset_batch: out of memory for %lld images", (long long)b);
     bool ok = true;
     if (!order)
         ok = zd__pread_full(ds->fd, r, (size_t)b * pix,
@@ -375,21 +403,23 @@ static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start
 }
 
 int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
-                  int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y)
+                     int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y)
 {
     *x = *y = NULL;
     if (batch_size < 1)
-        return zd_error_set("zd_dataset_batch: batch size %lld (at least 1)", (long long)batch_size);
+        return zd_error_set("zd_dataset_batch: batch size %lld (at least 1)",
+                            (long long)batch_size);
     if (start < 0 || start >= ds->n)
-        return zd_error_set("zd_dataset_batch: start %lld outside the %lld samples", (long long)start,
-                         (long long)ds->n);
+        return zd_error_set("zd_dataset_batch: start %lld outside the %lld samples",
+                            (long long)start, (long long)ds->n);
     int64_t b = ds->n - start < batch_size ? ds->n - start : batch_size;
     for (int64_t i = 0; order && i < b; i++)
         if (order[start + i] < 0 || order[start + i] >= ds->n)
             return zd_error_set("zd_dataset_batch: order[%lld] = %lld is not a sample index "
-                             "(0 to %lld)", (long long)(start + i),
-                             (long long)order[start + i], (long long)ds->n - 1);
-    int64_t xs[4] = { b, 1, ds->rows, ds->cols };
+                                "(0 to %lld)",
+                                (long long)(start + i), (long long)order[start + i],
+                                (long long)ds->n - 1);
+    int64_t xs[4] = {b, 1, ds->rows, ds->cols};
     *x = zd_tensor_empty(ZD_FLOAT32, xs, 4);
     *y = zd_tensor_empty(ZD_INT64, &b, 1);
     if (!*x || !*y) {

@@ -52,7 +52,7 @@
 #include "core/log_private.h"
 
 #define HEADER_BYTES 4096
-#define CHUNK (1u << 20)
+#define CHUNK        (1u << 20)
 #define IDX_MAX_DIMS 8
 static const char magic[8] = {'Z', 'D', 'C', 'A', 'C', 'H', 'E', '1'};
 
@@ -242,8 +242,8 @@ static bool verified_this_boot(int fd, const struct stat *st)
     (identity `want`): 0 with *v open, 1 otherwise (why, in *why). Unless
     check_crc, a file not yet marked verified this boot is not good either
     (the caller takes the lock and asks again with check_crc). */
-static int open_cached(const char *cpath, const header_t *want, bool check_crc,
-                       zd__idx_view_t *v, const char **why)
+static int open_cached(const char *cpath, const header_t *want, bool check_crc, zd__idx_view_t *v,
+                       const char **why)
 {
     int fd = open(cpath, O_RDONLY | O_CLOEXEC);
     struct stat st;
@@ -435,9 +435,11 @@ static void say_unused(const char *dir, const char *why)
     static _Atomic bool said;
     if (!said) {
         said = true;
-        zd__log(ZD_LOG_WARN, "dataset: the cache directory %s cannot be used (%s): "
+        zd__log(ZD_LOG_WARN,
+                "dataset: the cache directory %s cannot be used (%s): "
                 "decompressing in this process's memory (set ZDIST_CACHE_DIR to a "
-                "writable directory)", dir, why);
+                "writable directory)",
+                dir, why);
     }
 }
 
@@ -445,7 +447,7 @@ static int open_gzip(int src, const struct stat *st, const char *path, zd__idx_v
 {
     char dir[4096], abs[4096];
     zd__dataset_cache_dir(dir, sizeof dir);
-    if (!dir[0] || !realpath(path, abs) || strlen(abs) >= sizeof ((header_t *)0)->path)
+    if (!dir[0] || !realpath(path, abs) || strlen(abs) >= sizeof((header_t *)0)->path)
         return 1;
     header_t *h = malloc(sizeof *h);
     if (!h)
@@ -484,8 +486,10 @@ static int open_gzip(int src, const struct stat *st, const char *path, zd__idx_v
         clock_gettime(CLOCK_MONOTONIC, &t0);
         if (build(src, dir, cpath, h, &why)) {
             clock_gettime(CLOCK_MONOTONIC, &t1);
-            zd__log(ZD_LOG_INFO, "dataset: decompressed %s into the cache %s (%.2f s; the "
-                    "cached copy was %s)", abs, cpath,
+            zd__log(ZD_LOG_INFO,
+                    "dataset: decompressed %s into the cache %s (%.2f s; the "
+                    "cached copy was %s)",
+                    abs, cpath,
                     (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
                     was);
             prune(dir, prefix, name);
@@ -495,7 +499,7 @@ static int open_gzip(int src, const struct stat *st, const char *path, zd__idx_v
         }
     }
     if (lock >= 0)
-        close(lock);   /* releases the flock */
+        close(lock); /* releases the flock */
     free(h);
     return rc;
 }
@@ -518,7 +522,7 @@ int zd__idx_view_open(const char *path, zd__idx_view_t *v)
         rc = open_gzip(fd, &st, path, v);
         close(fd);
     } else if (parse_idx(fd, 0, (uint64_t)st.st_size, v) && map_view(fd, (uint64_t)st.st_size, v)) {
-        rc = 0;   /* a plain file is read in place: it is its own cache */
+        rc = 0; /* a plain file is read in place: it is its own cache */
     } else {
         close(fd);
     }

@@ -15,8 +15,8 @@ void zd__shape_str(const int64_t *shape, int ndim, char *buf, size_t size)
 {
     size_t off = (size_t)snprintf(buf, size, "(");
     for (int i = 0; i < ndim && off < size; i++)
-        off += (size_t)snprintf(buf + off, size - off, "%s%lld", i ? ", " : "",
-                                (long long)shape[i]);
+        off +=
+            (size_t)snprintf(buf + off, size - off, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (off < size)
         snprintf(buf + off, size - off, ")");
 }
@@ -25,7 +25,7 @@ void zd__shape_str(const int64_t *shape, int ndim, char *buf, size_t size)
     fsync on directories). */
 static void sync_parent(const char *path)
 {
-    char copy[4096];   /* path fit in the temporary file's name */
+    char copy[4096]; /* path fit in the temporary file's name */
     if ((size_t)snprintf(copy, sizeof copy, "%s", path) >= sizeof copy)
         return;
     int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);

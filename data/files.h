@@ -30,7 +30,7 @@ static inline void zd__put_le32(unsigned char *p, uint32_t v)
 void zd__shape_str(const int64_t *shape, int ndim, char *buf, size_t size);
 
 /*  Writes f's contents: 0, or -1 with the error set. */
-typedef int (zd__file_write_fn)(FILE *f, void *arg);
+typedef int(zd__file_write_fn)(FILE *f, void *arg);
 
 /*  Replaces path with what write puts in a new file: written to a
     temporary beside it, synced, renamed over it. Errors name the format

@@ -13,17 +13,23 @@
 #include <zdist/idx.h>
 
 #define IDX_MAX_DIMS 8
-#define CHUNK (1u << 20)
+#define CHUNK        (1u << 20)
 
 static const char *type_name(int type)
 {
     switch (type) {
-    case 0x08: return "uint8";
-    case 0x09: return "int8";
-    case 0x0B: return "int16";
-    case 0x0C: return "int32";
-    case 0x0D: return "float32";
-    case 0x0E: return "float64";
+    case 0x08:
+        return "uint8";
+    case 0x09:
+        return "int8";
+    case 0x0B:
+        return "int16";
+    case 0x0C:
+        return "int32";
+    case 0x0D:
+        return "float32";
+    case 0x0E:
+        return "float64";
     }
     return "unknown";
 }
@@ -110,25 +116,27 @@ static int read_header(gzFile gz, const char *path, int *type, int *ndim, int64_
     if (read_full(gz, path, head, 4, &got) < 0)
         return -1;
     if (got < 4)
-        return zd_error_set("idx: %s: truncated header: %zu bytes, an IDX file starts with 4",
-                         path, got);
+        return zd_error_set("idx: %s: truncated header: %zu bytes, an IDX file starts with 4", path,
+                            got);
     if (head[0] != 0 || head[1] != 0)
         return zd_error_set("idx: %s: bad magic %02x %02x %02x %02x (an IDX file starts with "
-                         "00 00 <type> <ndims>)", path, head[0], head[1], head[2], head[3]);
+                            "00 00 <type> <ndims>)",
+                            path, head[0], head[1], head[2], head[3]);
     *type = head[2];
     if (*type != ZD_IDX_TYPE_U8 && *type != ZD_IDX_TYPE_F32)
         return zd_error_set("idx: %s: element type 0x%02X (%s) not supported (only 0x08 uint8 "
-                         "and 0x0D float32)", path, *type, type_name(*type));
+                            "and 0x0D float32)",
+                            path, *type, type_name(*type));
     *ndim = head[3];
     if (*ndim < 1 || *ndim > IDX_MAX_DIMS)
-        return zd_error_set("idx: %s: %d dimensions (1 to %d allowed)", path, *ndim,
-                         IDX_MAX_DIMS);
+        return zd_error_set("idx: %s: %d dimensions (1 to %d allowed)", path, *ndim, IDX_MAX_DIMS);
     size_t want = 4 * (size_t)*ndim;
     if (read_full(gz, path, raw, want, &got) < 0)
         return -1;
     if (got < want)
         return zd_error_set("idx: %s: truncated header: %d dimensions need %zu bytes after "
-                         "the magic, %zu present", path, *ndim, want, got);
+                            "the magic, %zu present",
+                            path, *ndim, want, got);
     size_t esize = *type == ZD_IDX_TYPE_U8 ? 1 : 4;
     /* The product must fit tensors (which stop at INT64_MAX/16 elements)
        and size_t bytes. */
@@ -186,7 +194,8 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     if (have < bytes) {
         free(buf);
         return zd_error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "
-                         "only %zu present", path, what, bytes, have);
+                            "only %zu present",
+                            path, what, bytes, have);
     }
     unsigned char extra;
     size_t got;
@@ -197,8 +206,8 @@ static int read_data(gzFile gz, const char *path, size_t bytes, unsigned char **
     if (got) {
         free(buf);
         return zd_error_set("idx: %s: trailing bytes after the %zu data bytes the header "
-                         "announces (%s): the dimensions disagree with the file length",
-                         path, bytes, what);
+                            "announces (%s): the dimensions disagree with the file length",
+                            path, bytes, what);
     }
     *out = buf;
     return 0;
@@ -231,7 +240,7 @@ static int load(const char *path, zd_tensor_t **out)
     gzFile gz = gzopen(path, "rb");
     if (!gz)
         return zd_error_set("idx: %s: cannot open: %s", path,
-                         errno ? strerror(errno) : "out of memory");
+                            errno ? strerror(errno) : "out of memory");
     gzbuffer(gz, 1 << 17);
 
     int type = 0, ndim = 0;
@@ -247,17 +256,17 @@ static int load(const char *path, zd_tensor_t **out)
     strcat(what, type == ZD_IDX_TYPE_U8 ? " uint8" : " float32");
     /* A plain file's length is known up front: say exactly how it differs. */
     size_t header = 4 + 4 * (size_t)ndim;
-    if (S_ISREG(st.st_mode) && gzdirect(gz)
-        && (uint64_t)st.st_size != header + (uint64_t)bytes) {
+    if (S_ISREG(st.st_mode) && gzdirect(gz) && (uint64_t)st.st_size != header + (uint64_t)bytes) {
         gzclose(gz);
         if ((uint64_t)st.st_size < header + (uint64_t)bytes)
             return zd_error_set("idx: %s: truncated data: the header says %s = %zu data bytes, "
-                             "only %llu present", path, what, bytes,
-                             (unsigned long long)(st.st_size - (off_t)header));
+                                "only %llu present",
+                                path, what, bytes,
+                                (unsigned long long)(st.st_size - (off_t)header));
         return zd_error_set("idx: %s: %llu trailing bytes after the %zu data bytes the header "
-                         "announces (%s): the dimensions disagree with the file length",
-                         path, (unsigned long long)((uint64_t)st.st_size - header - bytes),
-                         bytes, what);
+                            "announces (%s): the dimensions disagree with the file length",
+                            path, (unsigned long long)((uint64_t)st.st_size - header - bytes),
+                            bytes, what);
     }
     int rc = read_data(gz, path, bytes, &buf, what);
     gzclose(gz);
@@ -281,18 +290,17 @@ int zd_idx_save(const char *path, const zd_tensor_t *t)
     zd_tensor_dtype_t dt = zd_tensor_dtype(t);
     if (dt != ZD_UINT8 && dt != ZD_FLOAT32)
         return zd_error_set("idx: %s: cannot write %s tensors (uint8 and float32 only)", path,
-                         zd_tensor_dtype_name(dt));
+                            zd_tensor_dtype_name(dt));
     int ndim = zd_tensor_ndim(t);
     if (ndim < 1 || ndim > IDX_MAX_DIMS)
-        return zd_error_set("idx: %s: cannot write a %d-dimensional tensor (1 to %d)", path,
-                         ndim, IDX_MAX_DIMS);
-    unsigned char head[4 + 4 * IDX_MAX_DIMS] = { 0, 0, dt == ZD_UINT8 ? ZD_IDX_TYPE_U8
-                                                                        : ZD_IDX_TYPE_F32,
-                                                 (unsigned char)ndim };
+        return zd_error_set("idx: %s: cannot write a %d-dimensional tensor (1 to %d)", path, ndim,
+                            IDX_MAX_DIMS);
+    unsigned char head[4 + 4 * IDX_MAX_DIMS] = {
+        0, 0, dt == ZD_UINT8 ? ZD_IDX_TYPE_U8 : ZD_IDX_TYPE_F32, (unsigned char)ndim};
     for (int i = 0; i < ndim; i++) {
         if (zd_tensor_size(t, i) > UINT32_MAX)
-            return zd_error_set("idx: %s: dimension %d is %lld, more than an IDX u32 holds",
-                             path, i, (long long)zd_tensor_size(t, i));
+            return zd_error_set("idx: %s: dimension %d is %lld, more than an IDX u32 holds", path,
+                                i, (long long)zd_tensor_size(t, i));
         put_be32(head + 4 + 4 * i, (uint32_t)zd_tensor_size(t, i));
     }
     size_t len = strlen(path);
@@ -300,7 +308,7 @@ int zd_idx_save(const char *path, const zd_tensor_t *t)
     gzFile gz = gzopen(path, gzip ? "wb6" : "wbT");
     if (!gz)
         return zd_error_set("idx: %s: cannot create: %s", path,
-                         errno ? strerror(errno) : "out of memory");
+                            errno ? strerror(errno) : "out of memory");
     bool ok = gzwrite(gz, head, 4 + 4 * (unsigned)ndim) == (int)(4 + 4 * ndim);
     if (dt == ZD_UINT8) {
         const unsigned char *p = zd_tensor_raw(t);
@@ -341,6 +349,6 @@ int zd_idx_save_f32(const char *path, const zd_tensor_t *t)
 {
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
         return zd_error_set("idx: %s: zd_idx_save_f32 got a %s tensor", path,
-                         zd_tensor_dtype_name(zd_tensor_dtype(t)));
+                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return zd_idx_save(path, t);
 }

@@ -59,13 +59,20 @@ typedef struct {
 } st_dtype_t;
 
 static const st_dtype_t dtypes[] = {
-    {"BOOL", 1, 0, CONV_NONE},          {"U8", 1, ZD_UINT8, CONV_NONE},
-    {"I8", 1, 0, CONV_NONE},            {"F8_E5M2", 1, 0, CONV_NONE},
-    {"F8_E4M3", 1, 0, CONV_NONE},       {"I16", 2, 0, CONV_NONE},
-    {"U16", 2, 0, CONV_NONE},           {"F16", 2, ZD_FLOAT32, CONV_F16},
-    {"BF16", 2, ZD_FLOAT32, CONV_BF16}, {"I32", 4, 0, CONV_NONE},
-    {"U32", 4, 0, CONV_NONE},           {"F32", 4, ZD_FLOAT32, CONV_NONE},
-    {"F64", 8, ZD_FLOAT32, CONV_F64},   {"I64", 8, ZD_INT64, CONV_NONE},
+    {"BOOL", 1, 0, CONV_NONE},
+    {"U8", 1, ZD_UINT8, CONV_NONE},
+    {"I8", 1, 0, CONV_NONE},
+    {"F8_E5M2", 1, 0, CONV_NONE},
+    {"F8_E4M3", 1, 0, CONV_NONE},
+    {"I16", 2, 0, CONV_NONE},
+    {"U16", 2, 0, CONV_NONE},
+    {"F16", 2, ZD_FLOAT32, CONV_F16},
+    {"BF16", 2, ZD_FLOAT32, CONV_BF16},
+    {"I32", 4, 0, CONV_NONE},
+    {"U32", 4, 0, CONV_NONE},
+    {"F32", 4, ZD_FLOAT32, CONV_NONE},
+    {"F64", 8, ZD_FLOAT32, CONV_F64},
+    {"I64", 8, ZD_INT64, CONV_NONE},
     {"U64", 8, 0, CONV_NONE},
 };
 #define N_DTYPES ((int)(sizeof dtypes / sizeof dtypes[0]))
@@ -81,8 +88,10 @@ static const st_dtype_t *dtype_named(const char *name)
 /*  Where a zdist dtype sits in that order (what the writer sorts by). */
 static int dtype_rank(zd_tensor_dtype_t dt)
 {
-    const char *name = dt == ZD_FLOAT32 ? "F32" : dt == ZD_INT64 ? "I64" : dt == ZD_UINT8 ? "U8"
-                                                                                          : NULL;
+    const char *name = dt == ZD_FLOAT32 ? "F32"
+        : dt == ZD_INT64                ? "I64"
+        : dt == ZD_UINT8                ? "U8"
+                                        : NULL;
     for (int i = 0; name && i < N_DTYPES; i++)
         if (strcmp(dtypes[i].name, name) == 0)
             return i;
@@ -106,10 +115,10 @@ static float half_to_float(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
     if (exp == 0x1f)
-        return float_of_bits(sign | 0x7f800000u | man << 13);   /* inf, NaN */
+        return float_of_bits(sign | 0x7f800000u | man << 13); /* inf, NaN */
     if (exp)
         return float_of_bits(sign | (exp + 112) << 23 | man << 13);
-    float f = (float)man * 0x1p-24f;                             /* zero, subnormal */
+    float f = (float)man * 0x1p-24f; /* zero, subnormal */
     return sign ? -f : f;
 }
 
@@ -184,22 +193,22 @@ static void tensor_release(void *data, void *arg)
 
 /*  One tensor's entry in the header. */
 typedef struct {
-    const char *name;            /* jansson's key: lives as long as the tree */
+    const char *name; /* jansson's key: lives as long as the tree */
     const st_dtype_t *dt;
     int ndim;
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     uint64_t numel, begin, end;
-    size_t index;                /* its place in the header: sorts ties stably */
+    size_t index; /* its place in the header: sorts ties stably */
 } record_t;
 
 typedef struct {
     const char *path;
-    const unsigned char *bytes;  /* the whole file */
+    const unsigned char *bytes; /* the whole file */
     size_t size;
-    const unsigned char *data;   /* after the header */
+    const unsigned char *data; /* after the header */
     uint64_t header_len, data_size;
     json_t *root;
-    json_t *meta;                /* "__metadata__", inside root, or NULL */
+    json_t *meta; /* "__metadata__", inside root, or NULL */
     record_t *rec;
     size_t n;
 } parse_t;
@@ -221,14 +230,22 @@ static int fail(const char *path, const char *fmt, ...)
 static const char *kind(const json_t *v)
 {
     switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE: return "true";
-    case JSON_FALSE: return "false";
-    default: return "null";
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a real number";
+    case JSON_TRUE:
+        return "true";
+    case JSON_FALSE:
+        return "false";
+    default:
+        return "null";
     }
 }
 
@@ -258,8 +275,10 @@ static int header_scan(parse_t *p, const unsigned char *h)
             in_string = true;
         } else if (c == '{' || c == '[') {
             if (++depth > 3)
-                return FAIL(p, "the header nests deeper than a safetensors header at byte %zu "
-                            "(a value of the wrong type)", i);
+                return FAIL(p,
+                            "the header nests deeper than a safetensors header at byte %zu "
+                            "(a value of the wrong type)",
+                            i);
             items++;
         } else if (c == '}' || c == ']') {
             depth -= depth > 0;
@@ -269,8 +288,10 @@ static int header_scan(parse_t *p, const unsigned char *h)
                 return FAIL(p, "the header holds more than %d tensors", ZD_SAFETENSORS_MAX_TENSORS);
         }
         if (items > MAX_ITEMS)
-            return FAIL(p, "the header holds more JSON values than %d tensors and %d metadata "
-                        "entries need", ZD_SAFETENSORS_MAX_TENSORS, ZD_SAFETENSORS_MAX_META);
+            return FAIL(p,
+                        "the header holds more JSON values than %d tensors and %d metadata "
+                        "entries need",
+                        ZD_SAFETENSORS_MAX_TENSORS, ZD_SAFETENSORS_MAX_META);
     }
     return 0;
 }
@@ -284,7 +305,8 @@ static int check_meta(parse_t *p, json_t *m)
     if (json_object_size(m) > ZD_SAFETENSORS_MAX_META)
         return FAIL(p, "__metadata__ has %zu entries (at most %d)", json_object_size(m),
                     ZD_SAFETENSORS_MAX_META);
-    json_object_foreach(m, key, v) {
+    json_object_foreach(m, key, v)
+    {
         if (!json_is_string(v))
             return FAIL(p, "__metadata__ entry \"%.*s\" is %s, not a string", SHOW, key, kind(v));
     }
@@ -312,7 +334,9 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
     json_t *offsets = json_object_get(v, "data_offsets");
     if (!dtype || !shape || !offsets)
         return FAIL(p, "tensor '%.*s' has no \"%s\"", SHOW, name,
-                    !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
+                    !dtype       ? "dtype"
+                        : !shape ? "shape"
+                                 : "data_offsets");
     if (!json_is_string(dtype))
         return FAIL(p, "tensor '%.*s': dtype is %s, not a string", SHOW, name, kind(dtype));
     r->dt = dtype_named(json_string_value(dtype));
@@ -320,8 +344,10 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
         return FAIL(p, "tensor '%.*s': unknown dtype \"%.40s\"", SHOW, name,
                     json_string_value(dtype));
     if (!r->dt->to)
-        return FAIL(p, "tensor '%.*s': dtype %s, which zdist does not read (F32, F64, F16, BF16, "
-                    "I64, U8)", SHOW, name, r->dt->name);
+        return FAIL(p,
+                    "tensor '%.*s': dtype %s, which zdist does not read (F32, F64, F16, BF16, "
+                    "I64, U8)",
+                    SHOW, name, r->dt->name);
     if (!json_is_array(shape))
         return FAIL(p, "tensor '%.*s': shape is %s, not an array", SHOW, name, kind(shape));
     if (json_array_size(shape) > ZD_TENSOR_MAX_DIMS)
@@ -338,8 +364,7 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
                         json_is_integer(e) ? "" : ", not an integer");
         /* the bound zd_tensor_new sets: numel * 16 fits in int64 */
         if (x > 0 && r->numel > (uint64_t)(INT64_MAX / 16) / (uint64_t)x)
-            return FAIL(p, "tensor '%.*s': its dimensions multiply past 2^59 elements", SHOW,
-                        name);
+            return FAIL(p, "tensor '%.*s': its dimensions multiply past 2^59 elements", SHOW, name);
         r->shape[d] = x;
         r->numel *= (uint64_t)x;
     }
@@ -348,25 +373,31 @@ static int parse_entry(parse_t *p, const char *name, json_t *v, record_t *r)
                     name, json_is_array(offsets) ? "another array" : kind(offsets));
     int64_t b = natural(json_array_get(offsets, 0)), e = natural(json_array_get(offsets, 1));
     if (b < 0 || e < 0)
-        return FAIL(p, "tensor '%.*s': data_offsets holds something other than two "
-                    "non-negative integers", SHOW, name);
+        return FAIL(p,
+                    "tensor '%.*s': data_offsets holds something other than two "
+                    "non-negative integers",
+                    SHOW, name);
     if (b > e)
-        return FAIL(p, "tensor '%.*s': data_offsets [%" PRId64 ", %" PRId64 "] ends before it "
-                    "begins", SHOW, name, b, e);
+        return FAIL(p,
+                    "tensor '%.*s': data_offsets [%" PRId64 ", %" PRId64 "] ends before it "
+                    "begins",
+                    SHOW, name, b, e);
     r->begin = (uint64_t)b;
     r->end = (uint64_t)e;
     uint64_t need = r->numel * r->dt->size;
     if (r->end - r->begin != need) {
         char s[200];
         zd__shape_str(r->shape, r->ndim, s, sizeof s);
-        return FAIL(p, "tensor '%.*s': shape %s of %s is %" PRIu64 " bytes, but data_offsets "
-                    "[%" PRIu64 ", %" PRIu64 "] hold %" PRIu64, SHOW, name, s, r->dt->name, need,
-                    r->begin, r->end, r->end - r->begin);
+        return FAIL(p,
+                    "tensor '%.*s': shape %s of %s is %" PRIu64 " bytes, but data_offsets "
+                    "[%" PRIu64 ", %" PRIu64 "] hold %" PRIu64,
+                    SHOW, name, s, r->dt->name, need, r->begin, r->end, r->end - r->begin);
     }
     if (r->end > p->data_size)
-        return FAIL(p, "tensor '%.*s': data_offsets [%" PRIu64 ", %" PRIu64 "] go past the %"
-                    PRIu64 " bytes of data after the header (a truncated file?)", SHOW, name,
-                    r->begin, r->end, p->data_size);
+        return FAIL(p,
+                    "tensor '%.*s': data_offsets [%" PRIu64 ", %" PRIu64 "] go past the %" PRIu64
+                    " bytes of data after the header (a truncated file?)",
+                    SHOW, name, r->begin, r->end, p->data_size);
     r->name = name;
     return 0;
 }
@@ -416,16 +447,20 @@ static int parse_header(parse_t *p)
         return FAIL(p, "a header of %" PRIu64 " bytes: over the format's limit of %d",
                     p->header_len, ZD_SAFETENSORS_MAX_HEADER);
     if (p->header_len > p->size - 8)
-        return FAIL(p, "a header of %" PRIu64 " bytes, longer than the %zu bytes after its "
-                    "length (a truncated file?)", p->header_len, p->size - 8);
+        return FAIL(p,
+                    "a header of %" PRIu64 " bytes, longer than the %zu bytes after its "
+                    "length (a truncated file?)",
+                    p->header_len, p->size - 8);
     p->data = p->bytes + 8 + p->header_len;
     p->data_size = p->size - 8 - p->header_len;
     /* Scanned and parsed from one copy: the file under a mapping can be
        rewritten by another process between the two reads. */
     unsigned char *h = malloc(p->header_len ? (size_t)p->header_len : 1);
     if (!h)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
-                                 "header", p->path);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "safetensors: %s: out of memory for the "
+                                 "header",
+                                 p->path);
     memcpy(h, p->bytes + 8, (size_t)p->header_len);
     if (header_scan(p, h) < 0) {
         free(h);
@@ -437,8 +472,10 @@ static int parse_header(parse_t *p)
     free(h);
     if (!p->root) {
         if (json_failed_alloc || json_error_code(&je) == json_error_out_of_memory)
-            return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory for the "
-                                     "header", p->path);
+            return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                     "safetensors: %s: out of memory for the "
+                                     "header",
+                                     p->path);
         if (json_error_code(&je) == json_error_duplicate_key)
             return FAIL(p, "the header names a tensor or key twice (at byte %d of it)",
                         je.position);
@@ -451,7 +488,8 @@ static int parse_header(parse_t *p)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory", p->path);
     const char *key;
     json_t *v;
-    json_object_foreach(p->root, key, v) {
+    json_object_foreach(p->root, key, v)
+    {
         if (strcmp(key, "__metadata__") == 0) {
             if (check_meta(p, v) < 0)
                 return -1;
@@ -486,12 +524,15 @@ static int check_layout(parse_t *p)
     for (size_t i = 0; i < p->n; i++) {
         const record_t *r = &p->rec[i];
         if (r->begin > pos)
-            return FAIL(p, "bytes %" PRIu64 " to %" PRIu64 " of the data belong to no tensor (a "
-                        "gap before '%.*s')", pos, r->begin, SHOW, r->name);
+            return FAIL(p,
+                        "bytes %" PRIu64 " to %" PRIu64 " of the data belong to no tensor (a "
+                        "gap before '%.*s')",
+                        pos, r->begin, SHOW, r->name);
         if (r->begin < pos)
-            return FAIL(p, "tensor '%.*s' (data_offsets [%" PRIu64 ", %" PRIu64 "]) overlaps "
-                        "'%.*s', which ends at %" PRIu64, SHOW, r->name, r->begin, r->end, SHOW,
-                        p->rec[i - 1].name, pos);
+            return FAIL(p,
+                        "tensor '%.*s' (data_offsets [%" PRIu64 ", %" PRIu64 "]) overlaps "
+                        "'%.*s', which ends at %" PRIu64,
+                        SHOW, r->name, r->begin, r->end, SHOW, p->rec[i - 1].name, pos);
         pos = r->end;
     }
     if (pos != p->data_size)
@@ -520,7 +561,7 @@ static void convert(const record_t *r, const unsigned char *src, void *dst)
             uint64_t bits = zd__le64(src + 8 * i);
             double x;
             memcpy(&x, &bits, sizeof x);
-            f[i] = (float)x;   /* rounds to nearest; inf past FLT_MAX, as PyTorch's .float() */
+            f[i] = (float)x; /* rounds to nearest; inf past FLT_MAX, as PyTorch's .float() */
         }
         break;
     case CONV_NONE:
@@ -549,8 +590,8 @@ static zd_named_tensors_t *make_tensors(parse_t *p, buffer_t *buf)
         const unsigned char *src = p->data + r->begin;
         size_t bytes = (size_t)(r->end - r->begin);
         zd_tensor_t *t;
-        if (!HOST_BIG_ENDIAN && r->dt->conv == CONV_NONE && bytes > 0
-            && (uintptr_t)src % r->dt->size == 0) {
+        if (!HOST_BIG_ENDIAN && r->dt->conv == CONV_NONE && bytes > 0 &&
+            (uintptr_t)src % r->dt->size == 0) {
             atomic_fetch_add(&buf->refs, 1);
             t = zd_tensor_wrap(r->dt->to, r->shape, r->ndim, (void *)src, bytes, tensor_release,
                                buf);
@@ -586,7 +627,8 @@ static int take_meta(parse_t *p, char ***meta_kv, int *n_meta)
     int i = 0;
     const char *key;
     json_t *v;
-    json_object_foreach(p->meta, key, v) {
+    json_object_foreach(p->meta, key, v)
+    {
         if (!kv)
             break;
         kv[2 * i] = strdup(key);
@@ -648,7 +690,8 @@ zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *
     if (n_meta)
         *n_meta = 0;
     if (!path || !meta_kv != !n_meta) {
-        zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: read needs a path, and meta_kv and "
+        zd_error_set_code(ZD_ERR_ARGUMENT,
+                          "safetensors: read needs a path, and meta_kv and "
                           "n_meta both or neither");
         return NULL;
     }
@@ -676,7 +719,7 @@ zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *
         return NULL;
     }
     size_t size = (size_t)st.st_size;
-    if (size < 8) {   /* mmap refuses 0 bytes: say what parse would */
+    if (size < 8) { /* mmap refuses 0 bytes: say what parse would */
         close(fd);
         fail(path, "%zu bytes, too short for the header's 8-byte length", size);
         return NULL;
@@ -737,13 +780,27 @@ static void put_string(strbuf_t *b, const char *s)
     for (const unsigned char *c = (const unsigned char *)s; *c; c++) {
         char esc[8];
         switch (*c) {
-        case '"': puts_(b, "\\\""); break;
-        case '\\': puts_(b, "\\\\"); break;
-        case '\b': puts_(b, "\\b"); break;
-        case '\f': puts_(b, "\\f"); break;
-        case '\n': puts_(b, "\\n"); break;
-        case '\r': puts_(b, "\\r"); break;
-        case '\t': puts_(b, "\\t"); break;
+        case '"':
+            puts_(b, "\\\"");
+            break;
+        case '\\':
+            puts_(b, "\\\\");
+            break;
+        case '\b':
+            puts_(b, "\\b");
+            break;
+        case '\f':
+            puts_(b, "\\f");
+            break;
+        case '\n':
+            puts_(b, "\\n");
+            break;
+        case '\r':
+            puts_(b, "\\r");
+            break;
+        case '\t':
+            puts_(b, "\\t");
+            break;
         default:
             if (*c < 0x20) {
                 snprintf(esc, sizeof esc, "\\u%04x", *c);
@@ -784,43 +841,47 @@ static int check_write(const char *path, const zd_named_tensors_t *nt, const cha
                        int n_meta)
 {
     if (!nt)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: no tensors given (NULL)",
-                                 path);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: no tensors given (NULL)", path);
     int n = zd_named_tensors_len(nt);
     if (n > ZD_SAFETENSORS_MAX_TENSORS)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: %d tensors (at most %d)",
-                                 path, n, ZD_SAFETENSORS_MAX_TENSORS);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: %d tensors (at most %d)", path,
+                                 n, ZD_SAFETENSORS_MAX_TENSORS);
     for (int i = 0; i < n; i++) {
         const char *name = zd_named_tensors_name(nt, i);
         zd_tensor_t *t = zd_named_tensors_tensor(nt, i);
         if (strlen(name) > ZD_SAFETENSORS_MAX_NAME || !utf8_ok(name) ||
             strcmp(name, "__metadata__") == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: tensor name '%.*s' is "
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "safetensors: %s: tensor name '%.*s' is "
                                      "not one a file may hold (UTF-8, at most %d bytes, not "
-                                     "__metadata__)", path, SHOW, name, ZD_SAFETENSORS_MAX_NAME);
+                                     "__metadata__)",
+                                     path, SHOW, name, ZD_SAFETENSORS_MAX_NAME);
         if (dtype_rank(zd_tensor_dtype(t)) < 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: tensor '%.*s' is %s",
-                                     path, SHOW, name, zd_tensor_dtype_name(zd_tensor_dtype(t)));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: tensor '%.*s' is %s", path,
+                                     SHOW, name, zd_tensor_dtype_name(zd_tensor_dtype(t)));
     }
     if (n_meta < 0 || n_meta > ZD_SAFETENSORS_MAX_META || (n_meta > 0 && !meta_kv))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: %d metadata entries (0 to "
-                                 "%d, with meta_kv)", path, n_meta, ZD_SAFETENSORS_MAX_META);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "safetensors: %s: %d metadata entries (0 to "
+                                 "%d, with meta_kv)",
+                                 path, n_meta, ZD_SAFETENSORS_MAX_META);
     for (int i = 0; i < 2 * n_meta; i++) {
         if (!meta_kv[i] || !utf8_ok(meta_kv[i]))
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: metadata %s %d is %s",
-                                     path, i % 2 ? "value" : "key", i / 2,
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: metadata %s %d is %s", path,
+                                     i % 2 ? "value" : "key", i / 2,
                                      meta_kv[i] ? "not UTF-8" : "NULL");
         for (int j = 0; i % 2 == 0 && j < i; j += 2)
             if (strcmp(meta_kv[i], meta_kv[j]) == 0)
-                return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: metadata key "
-                                         "\"%.*s\" given twice", path, SHOW, meta_kv[i]);
+                return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                         "safetensors: %s: metadata key "
+                                         "\"%.*s\" given twice",
+                                         path, SHOW, meta_kv[i]);
     }
     return 0;
 }
 
 /*  The header, padded, into b; the items in layout order into items. */
-static void build_header(strbuf_t *b, item_t *items, int n, const char *const *meta_kv,
-                         int n_meta)
+static void build_header(strbuf_t *b, item_t *items, int n, const char *const *meta_kv, int n_meta)
 {
     put(b, "{", 1);
     if (n_meta > 0) {
@@ -900,8 +961,10 @@ int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tens
     if (b.failed) {
         rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory", label);
     } else if (b.len > ZD_SAFETENSORS_MAX_HEADER) {
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: a header of %zu bytes (the "
-                               "format's limit is %d)", label, b.len, ZD_SAFETENSORS_MAX_HEADER);
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                               "safetensors: %s: a header of %zu bytes (the "
+                               "format's limit is %d)",
+                               label, b.len, ZD_SAFETENSORS_MAX_HEADER);
     } else {
         unsigned char len[8];
         for (int i = 0; i < 8; i++)
@@ -930,13 +993,12 @@ static int write_to(FILE *f, void *arg)
     return zd__safetensors_write_stream(f, w->path, w->nt, w->meta_kv, w->n_meta);
 }
 
-int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
-                         const char *const *meta_kv, int n_meta)
+int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt, const char *const *meta_kv,
+                         int n_meta)
 {
     if (!path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: write needs a path");
-    if (check_write(path, nt, meta_kv, n_meta) < 0)   /* before any file is made */
+    if (check_write(path, nt, meta_kv, n_meta) < 0) /* before any file is made */
         return -1;
-    return zd__file_replace("safetensors", path, write_to,
-                            &(write_t){path, nt, meta_kv, n_meta});
+    return zd__file_replace("safetensors", path, write_to, &(write_t){path, nt, meta_kv, n_meta});
 }

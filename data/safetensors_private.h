@@ -13,7 +13,7 @@
 
 /*  Called once with the parsed bytes when the parse is over and the last
     tensor borrowing them is gone. */
-typedef void (zd__safetensors_release_fn)(void *data, size_t size);
+typedef void(zd__safetensors_release_fn)(void *data, size_t size);
 
 /*  Reads size bytes at data as a whole safetensors file (label names it in
     errors), as zd_safetensors_read reads a file. Takes data in every case:

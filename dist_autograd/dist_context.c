@@ -12,7 +12,7 @@
 #include "core/log_private.h"
 #include "core/sized.h"
 
-#define BUCKETS 64   /* contexts live for one iteration: few at a time */
+#define BUCKETS 64 /* contexts live for one iteration: few at a time */
 
 typedef struct entry {
     dist_context_t *ctx;
@@ -39,7 +39,8 @@ static zd_dist_autograd_limits_t limits;
 static int64_t last_sweep_ms;
 
 _Thread_local int64_t zd__dist_current_ctx = -1;
-atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes, zd__dist_stat_flushed;
+atomic_int_fast64_t zd__dist_stat_sends, zd__dist_stat_recvs, zd__dist_stat_passes,
+    zd__dist_stat_flushed;
 atomic_int_fast64_t zd__dist_total_contexts, zd__dist_total_backward, zd__dist_total_grad_messages,
     zd__dist_total_sends;
 
@@ -146,7 +147,7 @@ dist_context_t *zd__dist_context_get_or_create(int64_t id)
             zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
             return NULL;
         }
-        e->ctx = c;   /* the registry's reference */
+        e->ctx = c; /* the registry's reference */
         e->next = buckets[bucket_of(id)];
         buckets[bucket_of(id)] = e;
         live_contexts++;
@@ -191,9 +192,10 @@ const char *zd__dist_peer_desc(int rank, char *buf, size_t size)
 int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *l)
 {
     zd_dist_autograd_limits_t want = zd_dist_autograd_limits_default();
-    if (l && zd__sized_read(&want, sizeof want, l,
-                            ZD__SIZE_THROUGH(zd_dist_autograd_limits_t, idle_timeout_ms),
-                            "zd_dist_autograd_limits_t", "zd_dist_autograd_limits_default()") < 0)
+    if (l &&
+        zd__sized_read(&want, sizeof want, l,
+                       ZD__SIZE_THROUGH(zd_dist_autograd_limits_t, idle_timeout_ms),
+                       "zd_dist_autograd_limits_t", "zd_dist_autograd_limits_default()") < 0)
         return zd_error_wrap("zd_dist_autograd_set_limits");
     pthread_mutex_lock(&registry_lock);
     limits = want;
@@ -263,15 +265,17 @@ static const char *refuse_locked(int64_t id, int peer, char *why, size_t size)
 {
     int creator = (int)((uint64_t)id >> 48);
     int64_t max_all = limits.max_contexts > 0 ? limits.max_contexts : DEFAULT_MAX_CONTEXTS;
-    int64_t max_peer = limits.max_contexts_per_peer > 0 ? limits.max_contexts_per_peer
-                                                        : DEFAULT_MAX_PER_PEER;
+    int64_t max_peer =
+        limits.max_contexts_per_peer > 0 ? limits.max_contexts_per_peer : DEFAULT_MAX_PER_PEER;
     why[0] = '\0';
     if (id <= 0 || creator >= zd_rpc_world_size() || (id & 0xffffffffffffLL) == 0)
         snprintf(why, size, "context id %llx was not made by a member of this world",
                  (unsigned long long)id);
     else if (creator == zd_rpc_rank())
-        snprintf(why, size, "context %llx would be this process's own, and it has no such "
-                 "context", (unsigned long long)id);
+        snprintf(why, size,
+                 "context %llx would be this process's own, and it has no such "
+                 "context",
+                 (unsigned long long)id);
     else if (peer < made_cap && made_per_peer[peer] >= max_peer)
         snprintf(why, size, "it already has %lld contexts here (the limit per peer)",
                  (long long)made_per_peer[peer]);
@@ -421,7 +425,7 @@ int zd__dist_context_peers(dist_context_t *c, int **peers, int *n)
 }
 
 int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_autograd_node_t *node,
-                        int peer)
+                            int peer)
 {
     pthread_mutex_lock(&c->lock);
     dist_fn_t **fns = send ? &c->sends : &c->recvs;
@@ -473,8 +477,8 @@ int zd__dist_context_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)
         const float *s = zd_tensor_data(grad);
         for (int64_t i = 0; i < zd_tensor_numel(grad); i++)
             d[i] += s[i];
-    } else if ((rc = reserve((void **)&c->grads, c->n_grads, &c->cap_grads,
-                             sizeof(dist_grad_t))) == 0) {
+    } else if ((rc = reserve((void **)&c->grads, c->n_grads, &c->cap_grads, sizeof(dist_grad_t))) ==
+               0) {
         /* Later gradients are summed into the stored one, so keep the
            incoming buffer only when nobody else can see it; else copy. */
         zd_tensor_t *g;
@@ -556,12 +560,15 @@ int zd_dist_autograd_context_begin(int64_t *context_id)
 {
     if (zd__dist_current_ctx != -1)
         return zd_error_set("dist_autograd: this thread already has context %lld; end it before "
-                         "beginning another", (long long)zd__dist_current_ctx);
+                            "beginning another",
+                            (long long)zd__dist_current_ctx);
     if (!zd__dist_installed())
-        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_autograd: zd_dist_autograd_init() "
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
+                                 "dist_autograd: zd_dist_autograd_init() "
                                  "was not called (call it before zd_rpc_init())");
     if (!zd_rpc_is_running())
-        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "dist_autograd: RPC is not running (call "
+        return zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
+                                 "dist_autograd: RPC is not running (call "
                                  "zd_rpc_init first)");
     int64_t id = (int64_t)zd__dist_next_id();
     dist_context_t *c = zd__dist_context_get_or_create(id);
@@ -629,7 +636,7 @@ int64_t zd__dist_context_release_lost(int lost)
         if (orphaned(all[i], lost)) {
             dist_context_t *c = zd__dist_context_remove(all[i]->id);
             released += c != NULL;
-            zd__dist_context_unref(c);   /* the registry's reference */
+            zd__dist_context_unref(c); /* the registry's reference */
         }
         zd__dist_context_unref(all[i]);
     }

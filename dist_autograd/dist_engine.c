@@ -73,7 +73,7 @@ static void join_done(zd_future_t *all, void *arg)
 
 /*  A future joining fs (references borrowed). NULL when out of memory. */
 static zd_future_t *join_futures(zd_future_t *const *fs, int n, bool max_mode, int64_t local,
-                                  int64_t local_rank)
+                                 int64_t local_rank)
 {
     join_t *j = malloc(sizeof *j);
     zd_future_t *out = zd_future_new();
@@ -147,12 +147,11 @@ static int recv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     feed_t *fd = current_feed;
     if (!fd)
         return zd_error_set("dist_autograd: a receive function ran outside a distributed "
-                         "backward pass (use zd_dist_autograd_backward)");
-    zd_value_t *args = ZD_ARGS(info->ctx_id, (int64_t)info->msg_id, fd->pass_id,
-                               (int64_t)fd->retain);
+                            "backward pass (use zd_dist_autograd_backward)");
+    zd_value_t *args =
+        ZD_ARGS(info->ctx_id, (int64_t)info->msg_id, fd->pass_id, (int64_t)fd->retain);
     for (int i = 0; args && i < zd_autograd_node_n_outputs(n); i++)
-        if (zd_list_append(args, zd_value_tensor(gout[i])) < 0)
-        {
+        if (zd_list_append(args, zd_value_tensor(gout[i])) < 0) {
             zd_value_unref(args);
             args = NULL;
         }
@@ -239,11 +238,14 @@ static int check_grads(zd_autograd_node_t *send, zd_tensor_t *const *grads, int 
             snprintf(got + strlen(got), sizeof got - strlen(got), d ? ",%lld" : "%lld",
                      (long long)zd_tensor_shape(grads[i])[d]);
         zd__dist_peer_desc(from, who, sizeof who);
-        zd__log(ZD_LOG_WARN, "dist_autograd: gradient %d from %s for message %llu is %s %s]; "
-                "the tensor sent was float32 %s]: refused", i, who, (unsigned long long)msg_id,
-                zd_tensor_dtype_name(zd_tensor_dtype(grads[i])), got, want);
+        zd__log(ZD_LOG_WARN,
+                "dist_autograd: gradient %d from %s for message %llu is %s %s]; "
+                "the tensor sent was float32 %s]: refused",
+                i, who, (unsigned long long)msg_id, zd_tensor_dtype_name(zd_tensor_dtype(grads[i])),
+                got, want);
         return zd_error_set("gradient %d from %s for message %llu is %s %s], the tensor sent "
-                            "was float32 %s]", i, who, (unsigned long long)msg_id,
+                            "was float32 %s]",
+                            i, who, (unsigned long long)msg_id,
                             zd_tensor_dtype_name(zd_tensor_dtype(grads[i])), got, want);
     }
     return 0;
@@ -255,8 +257,10 @@ static int not_participant(const char *what, int64_t ctx_id, int from)
 {
     char who[160];
     zd__dist_peer_desc(from, who, sizeof who);
-    zd__log(ZD_LOG_WARN, "dist_autograd: %s for context %lld from %s, which took no part in it: "
-            "refused", what, (long long)ctx_id, who);
+    zd__log(ZD_LOG_WARN,
+            "dist_autograd: %s for context %lld from %s, which took no part in it: "
+            "refused",
+            what, (long long)ctx_id, who);
     return zd_error_set("%s for context %lld from %s, which took no part in it", what,
                         (long long)ctx_id, who);
 }
@@ -272,7 +276,7 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     dist_context_t *c = zd__dist_context_get(ctx_id);
     if (!c) {
         zd_error_set("backward on %s: no context %lld here (already released?)",
-                  self_desc(me, sizeof me), (long long)ctx_id);
+                     self_desc(me, sizeof me), (long long)ctx_id);
         return NULL;
     }
     int n = (int)zd_list_len(args) - 4;
@@ -294,10 +298,10 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     zd_autograd_node_t *send = rc == 0 ? zd__dist_context_find_send(c, (uint64_t)msg_id) : NULL;
     if (rc == 0 && !send)
         rc = zd_error_set("no send function for message %llu in context %lld",
-                       (unsigned long long)msg_id, (long long)ctx_id);
+                          (unsigned long long)msg_id, (long long)ctx_id);
     if (rc == 0 && zd_autograd_node_n_outputs(send) != n)
         rc = zd_error_set("message %llu carries %d gradients for a send function of %d tensors",
-                       (unsigned long long)msg_id, n, zd_autograd_node_n_outputs(send));
+                          (unsigned long long)msg_id, n, zd_autograd_node_n_outputs(send));
     if (rc == 0)
         rc = check_grads(send, grads, n, from, (uint64_t)msg_id);
     if (rc == 0)
@@ -397,7 +401,7 @@ static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *ar
     dist_context_t *c = zd__dist_context_get(ctx_id);
     if (!c) {
         zd_error_set("backward on %s: no context %lld here", self_desc(me, sizeof me),
-                  (long long)ctx_id);
+                     (long long)ctx_id);
         return NULL;
     }
     if (call && !may_drive(c, zd_rpc_call_caller_rank(call))) {
@@ -430,7 +434,7 @@ static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *ar
 /*  Waits for a future from a user thread or a pool thread alike. */
 static int wait_value(zd_future_t *f, int64_t *out)
 {
-    int rc = zd_future_wait(f, ZD_TIMEOUT_NONE);   /* every message below it has its own timeout */
+    int rc = zd_future_wait(f, ZD_TIMEOUT_NONE); /* every message below it has its own timeout */
     if (rc == 0 && out && zd_value_get_int(zd_future_value(f), out) < 0)
         rc = -1;
     return rc;
@@ -447,8 +451,8 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
     for (int round = 0;; round++) {
         if (round == FLUSH_MAX_ROUNDS)
             return zd_error_set("dist_autograd: context %lld still has pending nodes after %d "
-                                "flush rounds (a peer keeps reporting work)", (long long)c->id,
-                                FLUSH_MAX_ROUNDS);
+                                "flush rounds (a peer keeps reporting work)",
+                                (long long)c->id, FLUSH_MAX_ROUNDS);
         int64_t query = (int64_t)zd__dist_next_id();
         zd_value_t *args = ZD_ARGS(c->id, pass_id, query);
         if (!args)
@@ -470,9 +474,9 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
         if (seq == 0)
             return 0;
         args = ZD_ARGS(c->id, pass_id);
-        f = args ? (rank == zd_rpc_rank() ? handle_flush(NULL, args, NULL)
-                                       : zd_rpc_async((int)rank, "__dist_flush", args,
-                                                   ZD_TIMEOUT_DEFAULT))
+        f = args ? (rank == zd_rpc_rank()
+                        ? handle_flush(NULL, args, NULL)
+                        : zd_rpc_async((int)rank, "__dist_flush", args, ZD_TIMEOUT_DEFAULT))
                  : NULL;
         zd_value_unref(args);
         if (!f)
@@ -487,7 +491,7 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
 /*  ---- zd_dist_autograd_backward ---- */
 
 int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
-                           bool retain_graph)
+                              bool retain_graph)
 {
     dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
@@ -495,14 +499,14 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
                                  (long long)context_id);
     atomic_fetch_add(&zd__dist_total_backward, 1);
     zd_autograd_node_t **starts = calloc((size_t)(n_roots > 0 ? n_roots : 1), sizeof *starts);
-    feed_t fd = {.ctx_id = context_id, .pass_id = (int64_t)zd__dist_next_id(),
-                 .retain = retain_graph};
+    feed_t fd = {
+        .ctx_id = context_id, .pass_id = (int64_t)zd__dist_next_id(), .retain = retain_graph};
     int rc = starts ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
     int n_starts = 0;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
         if (!zd_tensor_requires_grad(roots[i]))
-            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
-                                   "dist_autograd: root %d does not require grad", i);
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: root %d does not require grad",
+                                   i);
         else if (zd_tensor_numel(roots[i]) != 1)
             rc = zd_error_set_code(ZD_ERR_ARGUMENT,
                                    "dist_autograd: root %d is not a scalar (%lld elements)", i,
@@ -535,8 +539,8 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         }
         /* The seed has the root's own shape ([] or [1], ...): the engine
            takes only gradients shaped as the outputs they are for. */
-        zd_tensor_t *seed = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(roots[i]),
-                                          zd_tensor_ndim(roots[i]));
+        zd_tensor_t *seed =
+            zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(roots[i]), zd_tensor_ndim(roots[i]));
         if (seed)
             zd_tensor_fill_(seed, 1.0f);
         grads[zd_tensor_output_nr(roots[i])] = seed;
@@ -657,7 +661,7 @@ static int release_start(int64_t context_id, zd_future_t **out)
     zd_future_t **fs;
     int n_fs, rc = release_peers(c, -1, &fs, &n_fs);
     zd__dist_context_unref(c);
-    if (rc < 0) {   /* a peer not told (out of memory): the context stays, to be ended again */
+    if (rc < 0) { /* a peer not told (out of memory): the context stays, to be ended again */
         for (int i = 0; i < n_fs; i++)
             zd_future_unref(fs[i]);
         free(fs);
@@ -763,12 +767,10 @@ int zd__dist_engine_register(void)
     /* Backward and flush run graph nodes: the pool. Queries and releases
        only look things up and send messages on: the I/O thread runs them
        at once, saving two thread wake-ups per message. */
-    const zd_rpc_function_t inline_pending = {.size = sizeof(zd_rpc_function_t),
-                                              .async_fn = handle_pending,
-                                              .flags = ZD_RPC_FN_INLINE};
-    const zd_rpc_function_t inline_release = {.size = sizeof(zd_rpc_function_t),
-                                              .async_fn = handle_release,
-                                              .flags = ZD_RPC_FN_INLINE};
+    const zd_rpc_function_t inline_pending = {
+        .size = sizeof(zd_rpc_function_t), .async_fn = handle_pending, .flags = ZD_RPC_FN_INLINE};
+    const zd_rpc_function_t inline_release = {
+        .size = sizeof(zd_rpc_function_t), .async_fn = handle_release, .flags = ZD_RPC_FN_INLINE};
     if (zd_rpc_register_async("__dist_backward", handle_backward, NULL) < 0 ||
         zd_rpc_register_function("__dist_pending", &inline_pending) < 0 ||
         zd_rpc_register_async("__dist_flush", handle_flush, NULL) < 0 ||

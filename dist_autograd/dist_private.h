@@ -20,8 +20,8 @@ typedef struct {
 } dist_fn_t;
 
 typedef struct {
-    zd_tensor_t *tensor;          /* the leaf (a reference) */
-    zd_tensor_t *grad;            /* owned, summed in place */
+    zd_tensor_t *tensor; /* the leaf (a reference) */
+    zd_tensor_t *grad;   /* owned, summed in place */
 } dist_grad_t;
 
 typedef struct dist_context {
@@ -35,9 +35,9 @@ typedef struct dist_context {
     int n_sends, cap_sends;
     dist_fn_t *recvs;
     int n_recvs, cap_recvs;
-    int *peers;                /* ranks that took part with this process */
+    int *peers; /* ranks that took part with this process */
     int n_peers, cap_peers;
-    int64_t last_query;        /* dedup of flooded pending queries */
+    int64_t last_query; /* dedup of flooded pending queries */
 
     /* `grad_lock` guards the gradient map. */
     pthread_mutex_t grad_lock;
@@ -47,7 +47,7 @@ typedef struct dist_context {
     /* `pass_lock` serialises the backward work of this context here: the
        task of the current pass and everything it runs. */
     pthread_mutex_t pass_lock;
-    int64_t pass_id;           /* 0: no pass yet */
+    int64_t pass_id; /* 0: no pass yet */
     zd_autograd_task_t *task;
 
     /* Who may act on it (dist_context.c, under registry_lock): the peer
@@ -111,7 +111,7 @@ int zd__dist_context_peers(dist_context_t *c, int **peers, int *n);
 
 /*  Adds a send / receive function (the context takes a node reference). */
 int zd__dist_context_add_fn(dist_context_t *c, bool send, uint64_t msg_id, zd_autograd_node_t *node,
-                        int peer);
+                            int peer);
 
 /*  The send function recorded under msg_id (borrowed; valid while the
     context lives), or NULL. */

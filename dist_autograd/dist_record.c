@@ -18,8 +18,8 @@
 #include "core/log_private.h"
 #include <zdist/value.h>
 
-#define REQ_EXTRA 26
-#define REP_EXTRA 18
+#define REQ_EXTRA        26
+#define REP_EXTRA        18
 #define MAX_GRAD_TENSORS 4096
 
 /*  ---- little-endian helpers ---- */
@@ -58,7 +58,8 @@ static int collect(const zd_value_t *v, tensor_list_t *out, int depth)
             int ncap = out->cap ? out->cap * 2 : 8;
             if (ncap > MAX_GRAD_TENSORS)
                 return zd_error_set("dist_autograd: more than %d tensors need gradients in one "
-                                 "message", MAX_GRAD_TENSORS);
+                                    "message",
+                                    MAX_GRAD_TENSORS);
             zd_tensor_t **p = realloc(out->items, sizeof *p * (size_t)ncap);
             if (!p)
                 return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
@@ -135,9 +136,10 @@ static int observe_seq(uint64_t seq, int peer, const char *what)
     }
     char who[160];
     zd__dist_peer_desc(peer, who, sizeof who);
-    zd__log(ZD_LOG_WARN, "dist_autograd: %s from %s carries sequence number %llu, more than 2^32 "
-            "ahead of ours (%llu): refused", what, who, (unsigned long long)seq,
-            (unsigned long long)zd_autograd_seq_current());
+    zd__log(ZD_LOG_WARN,
+            "dist_autograd: %s from %s carries sequence number %llu, more than 2^32 "
+            "ahead of ours (%llu): refused",
+            what, who, (unsigned long long)seq, (unsigned long long)zd_autograd_seq_current());
     return zd_error_set("dist_autograd: %s from %s carries an implausible sequence number %llu",
                         what, who, (unsigned long long)seq);
 }
@@ -159,7 +161,7 @@ static int on_send_request(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **a
     dist_context_t *c = zd__dist_context_get(ctx_id);
     if (!c)
         return zd_error_set("dist_autograd: the current context %lld was already released",
-                         (long long)ctx_id);
+                            (long long)ctx_id);
     uint64_t msg_id = 0;
     uint8_t *buf = malloc(REQ_EXTRA);
     int rc = buf ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_autograd: out of memory");
@@ -179,7 +181,7 @@ static int on_send_request(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **a
     put_u64(buf + 18, zd_autograd_seq_current());
     extra->data = buf;
     extra->len = REQ_EXTRA;
-    *state = c;   /* the reference goes to on_recv_reply */
+    *state = c; /* the reference goes to on_recv_reply */
     return 0;
 }
 
@@ -207,7 +209,7 @@ static int on_recv_reply(void *arg, const zd_rpc_hook_msg_t *m, void *state, con
 
 typedef struct {
     dist_context_t *ctx;
-    int64_t prev_ctx;          /* the thread's context before the handler */
+    int64_t prev_ctx; /* the thread's context before the handler */
 } call_state_t;
 
 static int on_recv_request(void *arg, zd_rpc_call_t *call, const void *extra, size_t len,

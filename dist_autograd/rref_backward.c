@@ -37,8 +37,8 @@ static zd_value_t *handle_rref_backward(zd_rpc_call_t *call, zd_value_t *args, v
     if (!allowed) {
         char who[160];
         zd_error_set("RRef.backward of context %lld from %s, which took no part in it",
-                     (long long)ctx, zd__dist_peer_desc(zd_rpc_call_caller_rank(call), who,
-                                                        sizeof who));
+                     (long long)ctx,
+                     zd__dist_peer_desc(zd_rpc_call_caller_rank(call), who, sizeof who));
         return NULL;
     }
     if (backward_value(v, ctx, retain != 0) < 0)

@@ -13,10 +13,10 @@
 #include <zdist/error.h>
 
 #define OBJECT_TYPE "RemoteModule"
-#define FN_NEW "__remote_module_new"
-#define FN_TYPE "__remote_module_type"
-#define FN_FORWARD "__remote_module_forward"
-#define FN_PARAMS "__remote_module_params"
+#define FN_NEW      "__remote_module_new"
+#define FN_TYPE     "__remote_module_type"
+#define FN_FORWARD  "__remote_module_forward"
+#define FN_PARAMS   "__remote_module_params"
 
 struct zd_remote_module {
     zd_rref_t *rref;
@@ -37,8 +37,8 @@ static int n_types, cap_types;
 
 int zd_dist_nn_register_module(const char *type_name, zd_dist_nn_module_ctor_fn *ctor, void *arg)
 {
-    if (!type_name || !type_name[0] || strlen(type_name) >= sizeof ((zd_remote_module_t *)0)->type
-        || !ctor)
+    if (!type_name || !type_name[0] || strlen(type_name) >= sizeof((zd_remote_module_t *)0)->type ||
+        !ctor)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_nn_register_module: %s",
                                  ctor ? "bad type name (1 to 63 bytes)" : "NULL constructor");
     int rc = 0;
@@ -87,15 +87,20 @@ static int lookup(const char *type_name, module_type_t *out)
     }
     pthread_mutex_unlock(&types_lock);
     if (found < 0)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "unknown module type \"%s\" on \"%s\" "
-                                 "(registered: %s)", type_name, zd_rpc_name(),
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "unknown module type \"%s\" on \"%s\" "
+                                 "(registered: %s)",
+                                 type_name, zd_rpc_name(),
                                  known[0] ? known : "none; call zd_dist_nn_register_module");
     return 0;
 }
 
 /*  ---- the owner's side ---- */
 
-static void module_free(void *p) { zd_nn_module_free(p); }
+static void module_free(void *p)
+{
+    zd_nn_module_free(p);
+}
 
 int zd_remote_module_local(zd_value_t *object, zd_nn_module_t **module)
 {
@@ -179,9 +184,9 @@ int zd_dist_nn_init(void)
     static atomic_bool done;
     if (atomic_load(&done))
         return 0;
-    if (zd_rpc_register(FN_NEW, fn_new, NULL) < 0 || zd_rpc_register(FN_TYPE, fn_type, NULL) < 0
-        || zd_rpc_register(FN_FORWARD, fn_forward, NULL) < 0
-        || zd_rpc_register(FN_PARAMS, fn_params, NULL) < 0)
+    if (zd_rpc_register(FN_NEW, fn_new, NULL) < 0 || zd_rpc_register(FN_TYPE, fn_type, NULL) < 0 ||
+        zd_rpc_register(FN_FORWARD, fn_forward, NULL) < 0 ||
+        zd_rpc_register(FN_PARAMS, fn_params, NULL) < 0)
         return -1;
     atomic_store(&done, true);
     return 0;
@@ -199,8 +204,8 @@ zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value
     }
     if (!args)
         args = zd_value_list(0);
-    zd_rref_t *r = args ? zd_rpc_remote_take(to, FN_NEW, ZD_ARGS(type_name, args),
-                                             ZD_TIMEOUT_DEFAULT) : NULL;
+    zd_rref_t *r =
+        args ? zd_rpc_remote_take(to, FN_NEW, ZD_ARGS(type_name, args), ZD_TIMEOUT_DEFAULT) : NULL;
     zd_value_t *type = NULL;
     /* The creation is asynchronous: asking the module's type waits for it
        and brings back the constructor's error. */
@@ -221,9 +226,10 @@ zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value
         char text[768];
         zd_rpc_worker_info_t info;
         snprintf(text, sizeof text, "%s", zd_error_last());
-        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "%s (zd_dist_nn_init() was not called on "
-                          "\"%s\" before zd_rpc_init())", text,
-                          zd_rpc_get_worker_info_by_rank(to, &info) == 0 ? info.name : "?");
+        zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
+                          "%s (zd_dist_nn_init() was not called on "
+                          "\"%s\" before zd_rpc_init())",
+                          text, zd_rpc_get_worker_info_by_rank(to, &info) == 0 ? info.name : "?");
     }
     if (!rm)
         zd_error_wrap("RemoteModule %s on worker %d", type_name, to);
@@ -297,8 +303,14 @@ zd_rref_list_t *zd_remote_module_remote_parameters(zd_remote_module_t *rm)
     return out;
 }
 
-zd_rref_t *zd_remote_module_rref(const zd_remote_module_t *rm) { return rm ? rm->rref : NULL; }
-int zd_remote_module_owner(const zd_remote_module_t *rm) { return rm ? zd_rref_owner(rm->rref) : -1; }
+zd_rref_t *zd_remote_module_rref(const zd_remote_module_t *rm)
+{
+    return rm ? rm->rref : NULL;
+}
+int zd_remote_module_owner(const zd_remote_module_t *rm)
+{
+    return rm ? zd_rref_owner(rm->rref) : -1;
+}
 
 void zd_remote_module_free(zd_remote_module_t *rm)
 {

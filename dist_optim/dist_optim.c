@@ -94,17 +94,17 @@ static double owner_max_change;
 int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *in)
 {
     zd_dist_optim_owner_limits_t l = zd_dist_optim_owner_limits_default(), *limits = NULL;
-    if (in && zd__sized_read(&l, sizeof l, in,
-                             ZD__SIZE_THROUGH(zd_dist_optim_owner_limits_t, max_change),
-                             "zd_dist_optim_owner_limits_t",
-                             "zd_dist_optim_owner_limits_default()") < 0)
+    if (in &&
+        zd__sized_read(&l, sizeof l, in, ZD__SIZE_THROUGH(zd_dist_optim_owner_limits_t, max_change),
+                       "zd_dist_optim_owner_limits_t", "zd_dist_optim_owner_limits_default()") < 0)
         return zd_error_wrap("zd_dist_optim_set_owner_limits");
     if (in)
         limits = &l;
     if (limits && limits->config && zd_optim_config_check(limits->config) < 0)
         return zd_error_wrap("zd_dist_optim_set_owner_limits");
     if (limits && !(limits->max_change >= 0 && limits->max_change <= DBL_MAX))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_optim_set_owner_limits: max_change "
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_dist_optim_set_owner_limits: max_change "
                                  "is %g; it must be a finite number >= 0 (0: no bound)",
                                  limits->max_change);
     pthread_mutex_lock(&limits_lock);
@@ -149,8 +149,10 @@ static int config_admitted(const zd_optim_config_t *cfg, int from)
         lp = strcspn(p, " "), lq = strcspn(q, " ");
     }
     caller_desc(from, who, sizeof who);
-    zd__log(ZD_LOG_WARN, "dist_optim: refused the optimizer of %s: its %.*s, where this process "
-            "takes %.*s", who, (int)lq, q, (int)lp, p);
+    zd__log(ZD_LOG_WARN,
+            "dist_optim: refused the optimizer of %s: its %.*s, where this process "
+            "takes %.*s",
+            who, (int)lq, q, (int)lp, p);
     /* Another kind: its whole config, the fields are not the same. */
     char whole[540] = "";
     if (p == mine)
@@ -196,7 +198,7 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
     for (int i = 0; rc == 0 && i < n; i++) {
         if (!zd_rref_is_owner(rrefs[i]))
             rc = zd_error_set("parameter %d is owned by rank %d, not here", i,
-                           zd_rref_owner(rrefs[i]));
+                              zd_rref_owner(rrefs[i]));
         else if (zd_rref_local_value(rrefs[i], &values[i]) < 0)
             rc = zd_error_wrap("parameter %d", i);
         else if (zd_value_get_tensor(values[i], &params[i]) < 0)
@@ -204,7 +206,7 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
     }
     zd_optim_t *opt = rc == 0 ? zd_optim_new(&cfg, params, n) : NULL;
     if (opt)
-        atomic_fetch_add(&n_local, 1);   /* local_free counts it out */
+        atomic_fetch_add(&n_local, 1); /* local_free counts it out */
     zd_value_t *v = opt ? zd_value_object(opt, local_free, LOCAL_OPTIMIZER) : NULL;
     zd_rref_t *r = v ? zd_rref_new(v) : NULL;
     zd_value_unref(v);
@@ -259,9 +261,10 @@ static int check_finite(zd_tensor_t *const *grads, int n, int64_t ctx, int from)
         int64_t bad = first_not_finite(d, zd_tensor_numel(grads[i]));
         char who[160];
         caller_desc(from, who, sizeof who);
-        zd__log(ZD_LOG_WARN, "dist_optim: the gradient of parameter %d in context %lld of %s "
-                "holds %g at element %lld: step refused, nothing applied", i, (long long)ctx, who,
-                (double)d[bad], (long long)bad);
+        zd__log(ZD_LOG_WARN,
+                "dist_optim: the gradient of parameter %d in context %lld of %s "
+                "holds %g at element %lld: step refused, nothing applied",
+                i, (long long)ctx, who, (double)d[bad], (long long)bad);
         return zd_error_set("dist_optim: the gradient of parameter %d holds %g (element %lld) "
                             "in context %lld of %s: the step was refused and nothing applied",
                             i, (double)d[bad], (long long)bad, (long long)ctx, who);
@@ -289,7 +292,7 @@ static int check_stepped(zd_optim_t *opt, int i, const float *old, int64_t ctx, 
                  param_desc(p, i, what, sizeof what), (double)d[bad], (long long)bad,
                  (double)old[bad]);
     } else if (max_change > 0 && n > 0) {
-        double dd4[4] = {0}, pp4[4] = {0}, dd = 0, pp = 0;   /* side by side, as in all_finite */
+        double dd4[4] = {0}, pp4[4] = {0}, dd = 0, pp = 0; /* side by side, as in all_finite */
         int64_t k = 0;
         for (; k + 4 <= n; k += 4)
             for (int j = 0; j < 4; j++) {
@@ -310,10 +313,11 @@ static int check_stepped(zd_optim_t *opt, int i, const float *old, int64_t ctx, 
             for (k = 1; k < n; k++)
                 if (fabsf(d[k] - old[k]) > fabsf(d[bad] - old[bad]))
                     bad = k;
-            snprintf(text, sizeof text, "moved %s by %g (RMS), more than max_change %g times "
+            snprintf(text, sizeof text,
+                     "moved %s by %g (RMS), more than max_change %g times "
                      "max(its RMS %g, 1); most at element %lld, from %g to %g",
-                     param_desc(p, i, what, sizeof what), rms_d, max_change, rms_p,
-                     (long long)bad, (double)old[bad], (double)d[bad]);
+                     param_desc(p, i, what, sizeof what), rms_d, max_change, rms_p, (long long)bad,
+                     (double)old[bad], (double)d[bad]);
         }
     }
     if (bad < 0)
@@ -322,7 +326,8 @@ static int check_stepped(zd_optim_t *opt, int i, const float *old, int64_t ctx, 
     zd__log(ZD_LOG_WARN, "dist_optim: the step of %s in context %lld %s: step refused and undone",
             who, (long long)ctx, text);
     return zd_error_set("dist_optim: the step of %s in context %lld %s: the step was refused and "
-                        "undone, the parameters are as they were", who, (long long)ctx, text);
+                        "undone, the parameters are as they were",
+                        who, (long long)ctx, text);
 }
 
 /*  Under the write lock: steps opt with grads, and publishes the result
@@ -338,8 +343,10 @@ static int step_checked(zd_optim_t *opt, zd_tensor_t *const *grads, int64_t ctx,
     if (total > scratch_cap) {
         float *s = realloc(scratch, total * sizeof *s);
         if (!s)
-            return zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_optim: out of memory for a copy of "
-                                     "%zu parameter values", total);
+            return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                     "dist_optim: out of memory for a copy of "
+                                     "%zu parameter values",
+                                     total);
         scratch = s;
         scratch_cap = total;
     }
@@ -352,7 +359,7 @@ static int step_checked(zd_optim_t *opt, zd_tensor_t *const *grads, int64_t ctx,
         off += (size_t)zd_tensor_numel(p);
     }
     if (zd_optim_step(opt, grads) < 0)
-        return -1;   /* it checks everything first: nothing moved */
+        return -1; /* it checks everything first: nothing moved */
     double max_change = max_change_now();
     int rc = 0;
     off = 0;
@@ -428,7 +435,8 @@ static zd_value_t *handle_step(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     (void)call, (void)arg;
     void *opt;
     int64_t ctx;
-    if (zd_rpc_arg_object(args, 0, LOCAL_OPTIMIZER, &opt) < 0 || zd_rpc_arg_int(args, 1, &ctx) < 0 ||
+    if (zd_rpc_arg_object(args, 0, LOCAL_OPTIMIZER, &opt) < 0 ||
+        zd_rpc_arg_int(args, 1, &ctx) < 0 ||
         local_step_from(opt, ctx, call ? zd_rpc_call_caller_rank(call) : -1) < 0)
         return NULL;
     return zd_value_none();
@@ -447,7 +455,7 @@ int zd_dist_optim_init(void)
 
 struct zd_dist_optim {
     int n;
-    zd_rref_t **owners;    /* per owner, an RRef to its local optimizer */
+    zd_rref_t **owners; /* per owner, an RRef to its local optimizer */
 };
 
 int zd_dist_optim_num_owners(const zd_dist_optim_t *opt)
@@ -461,11 +469,13 @@ static int owner_error(int owner, const char *what)
     bool no_init = zd_error_code() == ZD_ERR_NO_FUNCTION;
     const char *name = zd_rpc_get_worker_info_by_rank(owner, &info) == 0 ? info.name : "?";
     zd_error_wrap("%s on \"%s\" (rank %d)", what, name, owner);
-    if (no_init) {   /* its functions are missing there: say what installs them */
+    if (no_init) { /* its functions are missing there: say what installs them */
         char text[1024];
         snprintf(text, sizeof text, "%s", zd_error_last());
-        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "%s (zd_dist_optim_init() was not called on "
-                          "\"%s\" before zd_rpc_init())", text, name);
+        zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
+                          "%s (zd_dist_optim_init() was not called on "
+                          "\"%s\" before zd_rpc_init())",
+                          text, name);
     }
     return -1;
 }
@@ -569,7 +579,7 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
     char me[200];
     for (int i = 0; rc == 0 && i < o->n; i++)
         if (zd_rref_is_owner(o->owners[i]))
-            local = i;   /* stepped below, while the others run */
+            local = i; /* stepped below, while the others run */
     /* Without a local owner, the last owner is called with zd_rpc_sync while the
        others run: its answer comes straight to this thread, one hand-off
        fewer than a future's (most worlds have one owner). */
@@ -581,12 +591,12 @@ int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
         if (!fs[i])
             rc = owner_error(zd_rref_owner(o->owners[i]), "step");
     }
-    char first[1024] = "";   /* the first failure is the one reported */
+    char first[1024] = ""; /* the first failure is the one reported */
     zd_error_code_t first_code = ZD_OK;
     if (rc == 0 && last_sync >= 0) {
         zd_value_t *r = NULL;
-        if (zd_rref_rpc_sync(o->owners[last_sync], "__dist_optim_step", args,
-                              ZD_TIMEOUT_DEFAULT, &r) < 0)
+        if (zd_rref_rpc_sync(o->owners[last_sync], "__dist_optim_step", args, ZD_TIMEOUT_DEFAULT,
+                             &r) < 0)
             rc = owner_error(zd_rref_owner(o->owners[last_sync]), "step");
         zd_value_unref(r);
     }

@@ -12,7 +12,7 @@
 
 struct actor {
     const actor_class_t *cls;
-    pthread_mutex_t lock;       /* held by methods: one at a time */
+    pthread_mutex_t lock; /* held by methods: one at a time */
     void *obj;
 };
 
@@ -72,7 +72,7 @@ zd_value_t *actor_new(const actor_class_t *cls, void *obj)
     a->obj = obj;
     pthread_mutex_init(&a->lock, NULL);
     atomic_fetch_add(&live, 1);
-    return zd_value_object(a, actor_release, cls->name);   /* frees a on failure */
+    return zd_value_object(a, actor_release, cls->name); /* frees a on failure */
 }
 
 actor_t *actor_get(const zd_value_t *args, const actor_class_t *cls)
@@ -85,9 +85,18 @@ actor_t *actor_get(const zd_value_t *args, const actor_class_t *cls)
     return p;
 }
 
-void *actor_object(const actor_t *a) { return a->obj; }
-void actor_lock(actor_t *a) { pthread_mutex_lock(&a->lock); }
-void actor_unlock(actor_t *a) { pthread_mutex_unlock(&a->lock); }
+void *actor_object(const actor_t *a)
+{
+    return a->obj;
+}
+void actor_lock(actor_t *a)
+{
+    pthread_mutex_lock(&a->lock);
+}
+void actor_unlock(actor_t *a)
+{
+    pthread_mutex_unlock(&a->lock);
+}
 
 /*  args[0] as an actor of any class. */
 static actor_t *any_actor(const zd_value_t *args, const char *fn)
@@ -98,7 +107,7 @@ static actor_t *any_actor(const zd_value_t *args, const char *fn)
     if (type && class_known(type) && zd_value_get_object(v, type, &p) == 0)
         return p;
     zd_error_set("%s: the first argument must be an actor (an RRef's value), not %s", fn,
-              type ? type : zd_value_kind_name(zd_value_kind(v)));
+                 type ? type : zd_value_kind_name(zd_value_kind(v)));
     return NULL;
 }
 

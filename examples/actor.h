@@ -20,8 +20,8 @@
 #include <zdist/rpc.h>
 
 typedef struct {
-    const char *name;           /* "ParameterServer": the object's type, for errors */
-    void (*free)(void *obj);    /* frees obj; must not block */
+    const char *name;        /* "ParameterServer": the object's type, for errors */
+    void (*free)(void *obj); /* frees obj; must not block */
 } actor_class_t;
 
 typedef struct actor actor_t;

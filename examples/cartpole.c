@@ -5,14 +5,14 @@
 
 #include <zdist/error.h>
 
-#define GRAVITY 9.8
-#define MASSCART 1.0
-#define MASSPOLE 0.1
-#define TOTAL_MASS (MASSCART + MASSPOLE)
-#define LENGTH 0.5                        /* half the pole's length */
+#define GRAVITY         9.8
+#define MASSCART        1.0
+#define MASSPOLE        0.1
+#define TOTAL_MASS      (MASSCART + MASSPOLE)
+#define LENGTH          0.5 /* half the pole's length */
 #define POLEMASS_LENGTH (MASSPOLE * LENGTH)
-#define FORCE_MAG 10.0
-#define TAU 0.02
+#define FORCE_MAG       10.0
+#define TAU             0.02
 
 static void observe(const cartpole_t *env, float obs[CARTPOLE_OBS])
 {
@@ -44,12 +44,10 @@ void cartpole_set_state(cartpole_t *env, const double state[CARTPOLE_OBS])
     env->done = false;
 }
 
-int cartpole_step(cartpole_t *env, int64_t action, float obs[CARTPOLE_OBS],
-                  cartpole_step_t *out)
+int cartpole_step(cartpole_t *env, int64_t action, float obs[CARTPOLE_OBS], cartpole_step_t *out)
 {
     if (action != 0 && action != 1) {
-        zd_error_set("cartpole: action %lld is neither 0 (left) nor 1 (right)",
-                     (long long)action);
+        zd_error_set("cartpole: action %lld is neither 0 (left) nor 1 (right)", (long long)action);
         return -1;
     }
     if (env->done) {
@@ -64,7 +62,7 @@ int cartpole_step(cartpole_t *env, int64_t action, float obs[CARTPOLE_OBS],
        of the cart-pole system"), then one explicit Euler step. */
     double temp = (force + POLEMASS_LENGTH * theta_dot * theta_dot * sintheta) / TOTAL_MASS;
     double thetaacc = (GRAVITY * sintheta - costheta * temp) /
-                      (LENGTH * (4.0 / 3.0 - MASSPOLE * costheta * costheta / TOTAL_MASS));
+        (LENGTH * (4.0 / 3.0 - MASSPOLE * costheta * costheta / TOTAL_MASS));
     double xacc = temp - POLEMASS_LENGTH * thetaacc * costheta / TOTAL_MASS;
     x += TAU * x_dot;
     x_dot += TAU * xacc;
@@ -77,7 +75,7 @@ int cartpole_step(cartpole_t *env, int64_t action, float obs[CARTPOLE_OBS],
     env->steps++;
     out->reward = 1.0;
     out->terminated = x < -CARTPOLE_X_THRESHOLD || x > CARTPOLE_X_THRESHOLD ||
-                      theta < -CARTPOLE_THETA_THRESHOLD || theta > CARTPOLE_THETA_THRESHOLD;
+        theta < -CARTPOLE_THETA_THRESHOLD || theta > CARTPOLE_THETA_THRESHOLD;
     out->truncated = !out->terminated && env->steps >= CARTPOLE_MAX_STEPS;
     env->done = out->terminated || out->truncated;
     observe(env, obs);

@@ -21,25 +21,25 @@
 
 #include <zdist/rng.h>
 
-#define CARTPOLE_OBS 4               /* x, x_dot, theta, theta_dot */
-#define CARTPOLE_ACTIONS 2           /* push left, push right */
-#define CARTPOLE_MAX_STEPS 500       /* CartPole-v1's max_episode_steps */
-#define CARTPOLE_REWARD_THRESHOLD 475.0   /* CartPole-v1's reward_threshold */
-#define CARTPOLE_X_THRESHOLD 2.4
-#define CARTPOLE_THETA_THRESHOLD (12.0 * 2.0 * 3.14159265358979323846 / 360.0)
+#define CARTPOLE_OBS              4     /* x, x_dot, theta, theta_dot */
+#define CARTPOLE_ACTIONS          2     /* push left, push right */
+#define CARTPOLE_MAX_STEPS        500   /* CartPole-v1's max_episode_steps */
+#define CARTPOLE_REWARD_THRESHOLD 475.0 /* CartPole-v1's reward_threshold */
+#define CARTPOLE_X_THRESHOLD      2.4
+#define CARTPOLE_THETA_THRESHOLD  (12.0 * 2.0 * 3.14159265358979323846 / 360.0)
 
 typedef struct {
-    double state[CARTPOLE_OBS];      /* x, x_dot, theta, theta_dot */
-    int steps;                       /* steps since the last reset */
-    bool done;                       /* terminated or truncated: reset first */
-    zd_nn_rng_t rng;                 /* reset's draws */
+    double state[CARTPOLE_OBS]; /* x, x_dot, theta, theta_dot */
+    int steps;                  /* steps since the last reset */
+    bool done;                  /* terminated or truncated: reset first */
+    zd_nn_rng_t rng;            /* reset's draws */
 } cartpole_t;
 
 /*  The result of one step. */
 typedef struct {
-    double reward;                   /* 1 for every step, the last one included */
-    bool terminated;                 /* the pole fell or the cart left the track */
-    bool truncated;                  /* the 500th step, not terminated */
+    double reward;   /* 1 for every step, the last one included */
+    bool terminated; /* the pole fell or the cart left the track */
+    bool truncated;  /* the 500th step, not terminated */
 } cartpole_step_t;
 
 /*  Seeds env's generator (Gym's env.seed / reset(seed=...)); the episode
@@ -55,7 +55,6 @@ void cartpole_set_state(cartpole_t *env, const double state[CARTPOLE_OBS]);
 /*  Applies action (0: left, 1: right) for one step of 0.02 s and writes the
     new observation. 0, or -1 (error set) for an action other than 0 and 1
     or a step after the episode ended (reset first). */
-int cartpole_step(cartpole_t *env, int64_t action, float obs[CARTPOLE_OBS],
-                  cartpole_step_t *out);
+int cartpole_step(cartpole_t *env, int64_t action, float obs[CARTPOLE_OBS], cartpole_step_t *out);
 
 #endif

@@ -32,7 +32,7 @@ typedef struct {
 
 typedef struct {
     int64_t batch;
-    double accuracy;            /* in [0, 1] */
+    double accuracy; /* in [0, 1] */
 } eval_t;
 
 struct curves {
@@ -116,8 +116,8 @@ static int64_t epoch_of(const curves_t *c, int64_t batch)
 /* One CSV row, flushed: a run killed after this keeps it. */
 static int csv_row(curves_t *c, int64_t batch, const char *rest)
 {
-    if (fprintf(c->csv, "%lld,%lld,%s\n", (long long)batch, (long long)epoch_of(c, batch),
-                rest) < 0 ||
+    if (fprintf(c->csv, "%lld,%lld,%s\n", (long long)batch, (long long)epoch_of(c, batch), rest) <
+            0 ||
         fflush(c->csv) != 0)
         return zd_error_set("curves: cannot write %s: %s", c->csv_path, strerror(errno));
     return 0;
@@ -170,21 +170,21 @@ int curves_add_accuracy(curves_t *c, int64_t batch, double accuracy)
 
 /* ---- layout ---- */
 
-#define TOP 64.0            /* title, the first panel's legend */
-#define BOTTOM 58.0         /* x tick labels, x axis title */
-#define LEFT 92.0           /* y tick labels, y axis title */
-#define RIGHT 28.0
-#define GAP 30.0            /* between panels: the next one's legend */
+#define TOP    64.0 /* title, the first panel's legend */
+#define BOTTOM 58.0 /* x tick labels, x axis title */
+#define LEFT   92.0 /* y tick labels, y axis title */
+#define RIGHT  28.0
+#define GAP    30.0 /* between panels: the next one's legend */
 
 typedef struct {
     bool drawn;
-    double x0, y0, x1, y1;  /* the plot area, pixels */
-    double lo, hi, step;    /* the value axis (accuracy in %) */
+    double x0, y0, x1, y1; /* the plot area, pixels */
+    double lo, hi, step;   /* the value axis (accuracy in %) */
 } panel_t;
 
 typedef struct {
-    double x_hi, x_step;    /* the batch axis: 0 .. x_hi */
-    panel_t p[3];           /* by curves_panel_t */
+    double x_hi, x_step; /* the batch axis: 0 .. x_hi */
+    panel_t p[3];        /* by curves_panel_t */
 } layout_t;
 
 /* A tick step of 1, 2 or 5 times a power of ten giving about n ticks. */
@@ -227,7 +227,7 @@ static void layout(const curves_t *c, layout_t *L)
         x_max = 1;
     L->x_step = nice_step(x_max, 8);
     if (L->x_step < 1)
-        L->x_step = 1;   /* batches are whole */
+        L->x_step = 1; /* batches are whole */
     L->x_hi = ceil(x_max / L->x_step - 1e-9) * L->x_step;
 
     int n = c->n_evals > 0 ? 3 : 2;
@@ -243,7 +243,7 @@ static void layout(const curves_t *c, layout_t *L)
     zero_based(&L->p[CURVES_SPEED], speed_max);
     panel_t *a = &L->p[CURVES_ACCURACY];
     a->hi = 100;
-    a->lo = fmax(0, fmin(90, floor((acc_min - 2) / 10) * 10));   /* room for the markers */
+    a->lo = fmax(0, fmin(90, floor((acc_min - 2) / 10) * 10)); /* room for the markers */
     a->step = nice_step(a->hi - a->lo, 5);
 }
 
@@ -257,8 +257,8 @@ static double px_y(const panel_t *p, double v)
     return p->y1 - (v - p->lo) / (p->hi - p->lo) * (p->y1 - p->y0);
 }
 
-int curves_locate(const curves_t *c, curves_panel_t panel, int64_t batch, double value,
-                  double *x, double *y)
+int curves_locate(const curves_t *c, curves_panel_t panel, int64_t batch, double value, double *x,
+                  double *y)
 {
     layout_t L;
     layout(c, &L);
@@ -407,8 +407,7 @@ static void draw_epochs(cairo_t *cr, const curves_t *c, const layout_t *L, bool 
 
 /* The legend in the band above the panel, right-aligned: it never hides
    a point. */
-static void draw_legend(cairo_t *cr, const panel_t *p, rgb_t color, bool marker,
-                        const char *name)
+static void draw_legend(cairo_t *cr, const panel_t *p, rgb_t color, bool marker, const char *name)
 {
     font(cr, 12, false);
     cairo_text_extents_t e;
@@ -567,4 +566,7 @@ int curves_batch(curves_t *c, curves_points_t *p, int64_t done, double loss, int
     return rc;
 }
 
-void curves_points_skip(curves_points_t *p, double seconds) { p->since += seconds; }
+void curves_points_skip(curves_points_t *p, double seconds)
+{
+    p->since += seconds;
+}

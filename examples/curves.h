@@ -22,7 +22,7 @@
 
 #include <stdint.h>
 
-#define CURVES_PNG_WIDTH 960
+#define CURVES_PNG_WIDTH  960
 #define CURVES_PNG_HEIGHT 720
 
 typedef struct curves curves_t;
@@ -76,7 +76,7 @@ typedef enum { CURVES_LOSS, CURVES_ACCURACY, CURVES_SPEED } curves_panel_t;
     value) of a panel's series (accuracy in [0, 1]), in pixels from the top
     left corner: for tests. 0, or -1 when that panel is not drawn (the
     accuracy panel without evaluations). */
-int curves_locate(const curves_t *c, curves_panel_t panel, int64_t batch, double value,
-                  double *x, double *y);
+int curves_locate(const curves_t *c, curves_panel_t panel, int64_t batch, double value, double *x,
+                  double *y);
 
 #endif

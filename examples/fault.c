@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static long seen;   /* times the named phase was reached */
+static long seen; /* times the named phase was reached */
 
 void fault_point(int rank, const char *phase)
 {

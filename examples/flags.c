@@ -32,7 +32,9 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
         const flag_t *f = &flags[i];
         char def[64] = "";
         switch (f->type) {
-        case FLAG_INT: snprintf(def, sizeof def, "%" PRId64, *(int64_t *)f->ptr); break;
+        case FLAG_INT:
+            snprintf(def, sizeof def, "%" PRId64, *(int64_t *)f->ptr);
+            break;
         case FLAG_COUNT:
         case FLAG_INDEX:
         case FLAG_PORT: {
@@ -45,13 +47,17 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
                 snprintf(def, sizeof def, "%lld", v);
             break;
         }
-        case FLAG_DOUBLE: snprintf(def, sizeof def, "%g", *(double *)f->ptr); break;
+        case FLAG_DOUBLE:
+            snprintf(def, sizeof def, "%g", *(double *)f->ptr);
+            break;
         case FLAG_STRING: {
             const char *v = *(const char **)f->ptr;
             snprintf(def, sizeof def, "%s", v ? v : "");
             break;
         }
-        case FLAG_BOOL: snprintf(def, sizeof def, "%s", *(bool *)f->ptr ? "true" : "false"); break;
+        case FLAG_BOOL:
+            snprintf(def, sizeof def, "%s", *(bool *)f->ptr ? "true" : "false");
+            break;
         }
         fprintf(stderr, "  --%-16s %s (default: %s)\n", f->name, f->help, def);
     }
@@ -86,8 +92,7 @@ static int set_value(const char *prog, const flag_t *f, const char *v)
         /* nan passes every "x <= 0" check a program makes, and inf is
            applied as it is (a learning rate of inf diverges at once). */
         if (end == v || *end || errno || !isfinite(x)) {
-            fprintf(stderr, "%s: --%s expects a finite number, got \"%s\"\n", prog, f->name,
-                    v);
+            fprintf(stderr, "%s: --%s expects a finite number, got \"%s\"\n", prog, f->name, v);
             return -1;
         }
         *(double *)f->ptr = x;
@@ -120,8 +125,10 @@ int flags_parse(int argc, char **argv, const flag_t *flags, int n, const char *s
             return 1;
         }
         if (strncmp(arg, "--", 2) != 0) {
-            fprintf(stderr, "%s: unexpected argument \"%s\" (flags look like --name=value; "
-                            "--help lists them)\n", prog, arg);
+            fprintf(stderr,
+                    "%s: unexpected argument \"%s\" (flags look like --name=value; "
+                    "--help lists them)\n",
+                    prog, arg);
             return -1;
         }
         const char *name = arg + 2, *eq = strchr(name, '=');
@@ -155,8 +162,8 @@ int flags_parse(int argc, char **argv, const flag_t *flags, int n, const char *s
 
 flags_world_t flags_world_default(void)
 {
-    return (flags_world_t){.rank = -1, .world_size = 0, .master_addr = NULL,
-                           .master_port = 0, .listen_addr = NULL};
+    return (flags_world_t){
+        .rank = -1, .world_size = 0, .master_addr = NULL, .master_port = 0, .listen_addr = NULL};
 }
 
 int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog)
@@ -193,8 +200,10 @@ int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog
         return -1;
     }
     if (!e->rank_from) {
-        fprintf(stderr, "%s: no rank: pass --rank=N, set RANK, or start it with a launcher "
-                        "(tools/launch, torchrun, srun, mpirun)\n", prog);
+        fprintf(stderr,
+                "%s: no rank: pass --rank=N, set RANK, or start it with a launcher "
+                "(tools/launch, torchrun, srun, mpirun)\n",
+                prog);
         return -1;
     }
     w->rank = e->rank;
@@ -230,7 +239,7 @@ int flags_world_init(const flags_world_t *w, const char *name, int64_t init_time
     zd_rpc_options_t opts = zd_rpc_options_default();
     opts.master_addr = from_env(e->master_addr_from) ? NULL : w->master_addr;
     opts.master_port = from_env(e->master_port_from) ? 0 : (int)w->master_port;
-    opts.listen_addr = w->listen_addr;   /* NULL: $ZDIST_LISTEN_ADDR, else the route's */
+    opts.listen_addr = w->listen_addr; /* NULL: $ZDIST_LISTEN_ADDR, else the route's */
     if (init_timeout_ms >= 0)
         opts.init_timeout_ms = init_timeout_ms;
     opts.key_file = w->key_file;

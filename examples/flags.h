@@ -14,13 +14,19 @@
     to mean "not given" (the world flags: the launcher's then): a user who
     types such a value is refused, not silently given the default. */
 typedef enum {
-    FLAG_INT, FLAG_DOUBLE, FLAG_STRING, FLAG_BOOL, FLAG_COUNT, FLAG_INDEX, FLAG_PORT
+    FLAG_INT,
+    FLAG_DOUBLE,
+    FLAG_STRING,
+    FLAG_BOOL,
+    FLAG_COUNT,
+    FLAG_INDEX,
+    FLAG_PORT
 } flag_type_t;
 
 typedef struct {
-    const char *name;       /* without the leading "--" */
+    const char *name; /* without the leading "--" */
     flag_type_t type;
-    void *ptr;              /* int64_t * (every integer type), double *, const char **, bool * */
+    void *ptr; /* int64_t * (every integer type), double *, const char **, bool * */
     const char *help;
 } flag_t;
 
@@ -41,44 +47,46 @@ void flags_usage(const char *prog, const flag_t *flags, int n, const char *summa
     then from the defaults. */
 
 typedef struct {
-    int64_t rank;               /* -1 (unset): the launcher's (required somewhere) */
-    int64_t world_size;         /* 0 (unset): the launcher's, else the program's default */
-    const char *master_addr;    /* NULL: the launcher's, else "localhost" (rank 0: none, it
+    int64_t rank;            /* -1 (unset): the launcher's (required somewhere) */
+    int64_t world_size;      /* 0 (unset): the launcher's, else the program's default */
+    const char *master_addr; /* NULL: the launcher's, else "localhost" (rank 0: none, it
                                    listens on every interface) */
-    int64_t master_port;        /* 0 (unset): the launcher's, else 29500 */
-    const char *metrics;        /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
-    const char *listen_addr;    /* NULL: $ZDIST_LISTEN_ADDR, else the address routing to rank 0 */
-    const char *key_file;       /* NULL: $ZDIST_KEY_FILE, else the default world key if any */
-    bool insecure;              /* run without a key off loopback too ($ZDIST_INSECURE=1) */
-    int64_t rpc_timeout_s;      /* 0: $ZDIST_RPC_TIMEOUT_S, else the library's 60 s */
-    zd_rpc_env_t env;           /* set by flags_world_resolve: where each came from */
+    int64_t master_port;     /* 0 (unset): the launcher's, else 29500 */
+    const char *metrics;     /* NULL: $ZDIST_METRICS (a folder for the counters), or none */
+    const char *listen_addr; /* NULL: $ZDIST_LISTEN_ADDR, else the address routing to rank 0 */
+    const char *key_file;    /* NULL: $ZDIST_KEY_FILE, else the default world key if any */
+    bool insecure;           /* run without a key off loopback too ($ZDIST_INSECURE=1) */
+    int64_t rpc_timeout_s;   /* 0: $ZDIST_RPC_TIMEOUT_S, else the library's 60 s */
+    zd_rpc_env_t env;        /* set by flags_world_resolve: where each came from */
 } flags_world_t;
 
 /*  The flag_t entries, to put in a program's flags array. Given, a rank
     is 0 or more, a world size 1 or more and a port in 1..65535 (issue 24
     point 9: --world_size=0 used to mean "unset"). */
-#define FLAGS_WORLD(w)                                                                      \
-    {"rank", FLAG_INDEX, &(w).rank, "this process's rank (unset: the launcher's, e.g. $RANK)"},\
-    {"world_size", FLAG_COUNT, &(w).world_size,                                             \
-     "number of processes (unset: the launcher's, else what the program's layout needs)"},  \
-    {"master_addr", FLAG_STRING, &(w).master_addr,                                          \
-     "rank 0's address (unset: the launcher's, else localhost; rank 0 then listens on "     \
-     "every interface)"},                                                                   \
-    {"master_port", FLAG_PORT, &(w).master_port,                                            \
-     "rank 0's rendezvous port (unset: the launcher's, else 29500)"},                       \
-    {"metrics", FLAG_STRING, &(w).metrics,                                                  \
-     "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"},   \
-    {"listen_addr", FLAG_STRING, &(w).listen_addr,                                          \
-     "IP address (IPv4 or IPv6) this process listens on and advertises ($ZDIST_LISTEN_ADDR; "\
-     "unset: the one that routes to rank 0)"},                                            \
-    {"key_file", FLAG_STRING, &(w).key_file,                                                \
-     "world key made by tools/keygen: every connection authenticated and encrypted "        \
-     "(unset: $ZDIST_KEY_FILE, else ~/.config/zdist/world.key if it exists)"},              \
-    {"insecure", FLAG_BOOL, &(w).insecure,                                                  \
-     "run without a world key even off loopback: no authentication, no encryption"},        \
-    {"rpc_timeout_s", FLAG_INT, &(w).rpc_timeout_s,                                         \
-     "default timeout of a call, in seconds, as PyTorch's rpc_timeout (0: "                 \
-     "$ZDIST_RPC_TIMEOUT_S, else 60)"}
+#define FLAGS_WORLD(w)                                                                             \
+    {"rank", FLAG_INDEX, &(w).rank, "this process's rank (unset: the launcher's, e.g. $RANK)"},    \
+        {"world_size", FLAG_COUNT, &(w).world_size,                                                \
+         "number of processes (unset: the launcher's, else what the program's layout needs)"},     \
+        {"master_addr", FLAG_STRING, &(w).master_addr,                                             \
+         "rank 0's address (unset: the launcher's, else localhost; rank 0 then listens on "        \
+         "every interface)"},                                                                      \
+        {"master_port", FLAG_PORT, &(w).master_port,                                               \
+         "rank 0's rendezvous port (unset: the launcher's, else 29500)"},                          \
+        {"metrics", FLAG_STRING, &(w).metrics,                                                     \
+         "folder where each process writes its RPC counters as JSON lines ($ZDIST_METRICS)"},      \
+        {"listen_addr", FLAG_STRING, &(w).listen_addr,                                             \
+         "IP address (IPv4 or IPv6) this process listens on and advertises ($ZDIST_LISTEN_ADDR; "  \
+         "unset: the one that routes to rank 0)"},                                                 \
+        {"key_file", FLAG_STRING, &(w).key_file,                                                   \
+         "world key made by tools/keygen: every connection authenticated and encrypted "           \
+         "(unset: $ZDIST_KEY_FILE, else ~/.config/zdist/world.key if it exists)"},                 \
+        {"insecure", FLAG_BOOL, &(w).insecure,                                                     \
+         "run without a world key even off loopback: no authentication, no encryption"},           \
+    {                                                                                              \
+        "rpc_timeout_s", FLAG_INT, &(w).rpc_timeout_s,                                             \
+            "default timeout of a call, in seconds, as PyTorch's rpc_timeout (0: "                 \
+            "$ZDIST_RPC_TIMEOUT_S, else 60)"                                                       \
+    }
 
 /*  Everything unset. */
 flags_world_t flags_world_default(void);

@@ -66,9 +66,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
-    fault_point((int)w.rank, "rendezvous");   /* tests only (fault.h) */
-    if (flags_world_init(&w, names[w.rank], init_timeout_s > 0 ? init_timeout_s * 1000 : -1,
-                         prog) < 0)
+    fault_point((int)w.rank, "rendezvous"); /* tests only (fault.h) */
+    if (flags_world_init(&w, names[w.rank], init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) <
+        0)
         return 1;
     int rc = 0;
     if (w.rank == 0 && pipeline_run_driver(&o, NULL) < 0) {

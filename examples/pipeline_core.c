@@ -17,10 +17,10 @@
 /*  ---- the shard actor ---- */
 
 typedef struct {
-    int stage;                          /* 1 or 2 */
-    zd_nn_module_t *net;                    /* the whole Net; only the stage's half is used */
-    zd_tensor_t *params[PIPELINE_STAGE_PARAMS];    /* borrowed from net */
-    double busy;                        /* seconds spent in forward since the last stats */
+    int stage;                                  /* 1 or 2 */
+    zd_nn_module_t *net;                        /* the whole Net; only the stage's half is used */
+    zd_tensor_t *params[PIPELINE_STAGE_PARAMS]; /* borrowed from net */
+    double busy;                                /* seconds spent in forward since the last stats */
     int64_t calls;
 } shard_t;
 
@@ -63,7 +63,7 @@ static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg
 /*  "NetShard.forward"(x_rref) */
 static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "forward"); /* tests only (fault.h) */
     (void)call, (void)arg;
     actor_t *a = actor_get(args, &shard_class);
     if (!a)
@@ -83,8 +83,8 @@ static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void 
     bool grad = zd_autograd_set_grad_enabled(zd_dist_autograd_current_context() >= 0);
     actor_lock(a);
     double t0 = train_now();
-    int rc = s->stage == 1 ? zd_nn_net_forward_conv(s->net, x, &y)
-                           : zd_nn_net_forward_fc(s->net, x, &y);
+    int rc =
+        s->stage == 1 ? zd_nn_net_forward_conv(s->net, x, &y) : zd_nn_net_forward_fc(s->net, x, &y);
     s->busy += train_now() - t0;
     s->calls++;
     actor_unlock(a);
@@ -197,7 +197,7 @@ int pipeline_register(void)
 
 struct pipeline_net {
     zd_rref_t *shard[2];
-    zd_rref_list_t *params;            /* the replies of parameter_rrefs, in order */
+    zd_rref_list_t *params; /* the replies of parameter_rrefs, in order */
 };
 
 pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropout)
@@ -226,7 +226,7 @@ void pipeline_net_free(pipeline_net_t *n)
         return;
     zd_rref_list_free(n->params);
     for (int k = 0; k < 2; k++)
-        zd_rref_unref(n->shard[k]);   /* the last RRef: the shard is freed */
+        zd_rref_unref(n->shard[k]); /* the last RRef: the shard is freed */
     free(n);
 }
 
@@ -253,12 +253,13 @@ static zd_future_t *start_micro_batch(pipeline_net_t *n, zd_tensor_t *x)
 int pipeline_net_forward(pipeline_net_t *n, zd_tensor_t *x, int num_split, zd_tensor_t **logprobs)
 {
     *logprobs = NULL;
-    if (!x || zd_tensor_ndim(x) != 4 || zd_tensor_dtype(x) != ZD_FLOAT32 || zd_tensor_size(x, 0) < 1)
+    if (!x || zd_tensor_ndim(x) != 4 || zd_tensor_dtype(x) != ZD_FLOAT32 ||
+        zd_tensor_size(x, 0) < 1)
         return zd_error_set("pipeline forward: x must be a float32 (N, 1, 28, 28) batch");
     int64_t N = zd_tensor_size(x, 0);
     if (num_split < 1 || num_split > N)
         return zd_error_set("pipeline forward: %d micro-batches of a batch of %lld", num_split,
-                         (long long)N);
+                            (long long)N);
     int64_t size = (N + num_split - 1) / num_split;
     int m = (int)((N + size - 1) / size);
     zd_future_t **f = calloc((size_t)m, sizeof *f);
@@ -297,8 +298,8 @@ const zd_rref_list_t *pipeline_net_parameter_rrefs(pipeline_net_t *n)
         zd_value_t *l = NULL;
         int rc = zd_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l);
         if (rc == 0 && zd_list_len(l) != PIPELINE_STAGE_PARAMS)
-            rc = zd_error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d",
-                              zd_list_len(l), PIPELINE_STAGE_PARAMS);
+            rc = zd_error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d", zd_list_len(l),
+                              PIPELINE_STAGE_PARAMS);
         for (int i = 0; rc == 0 && i < PIPELINE_STAGE_PARAMS; i++) {
             zd_rref_t *r;
             rc = zd_rpc_arg_rref(l, (size_t)i, &r) < 0 ? -1 : zd_rref_list_append(params, r);

@@ -35,8 +35,8 @@
 #include <zdist/tensor.h>
 #include <zdist/rpc.h>
 
-#define PIPELINE_WORLD_SIZE 3
-#define PIPELINE_STAGE_PARAMS 4     /* parameters per stage */
+#define PIPELINE_WORLD_SIZE   3
+#define PIPELINE_STAGE_PARAMS 4 /* parameters per stage */
 
 /*  Registers the shard functions, and initialises distributed autograd and
     the DistributedOptimizer's functions: every rank, before zd_rpc_init.
@@ -83,33 +83,33 @@ int pipeline_net_busy(pipeline_net_t *n, double *seconds);
 /*  ---- the program ---- */
 
 typedef struct {
-    int64_t batch_size;         /* 128 */
-    int64_t num_split;          /* 4 micro-batches per batch */
-    bool baseline;              /* first run with 1 micro-batch too (true) */
-    int64_t iterations;         /* 20 batches per run */
-    double lr;                  /* 0.05, as the tutorial */
-    int64_t seed;               /* 1 */
-    const char *data_dir;       /* NULL: zd_dataset_find_dir() */
-    bool dropout;               /* true */
-    int64_t test_size;          /* test images evaluated at the end (1000; 0: none) */
-    int64_t log_interval;       /* print the loss every N batches (5; 0: never) */
+    int64_t batch_size;   /* 128 */
+    int64_t num_split;    /* 4 micro-batches per batch */
+    bool baseline;        /* first run with 1 micro-batch too (true) */
+    int64_t iterations;   /* 20 batches per run */
+    double lr;            /* 0.05, as the tutorial */
+    int64_t seed;         /* 1 */
+    const char *data_dir; /* NULL: zd_dataset_find_dir() */
+    bool dropout;         /* true */
+    int64_t test_size;    /* test images evaluated at the end (1000; 0: none) */
+    int64_t log_interval; /* print the loss every N batches (5; 0: never) */
     bool quiet;
 } pipeline_options_t;
 
 pipeline_options_t pipeline_options_default(void);
 
 typedef struct {
-    int runs;                       /* 1 or 2 */
-    int64_t num_split[2];           /* per run */
-    double samples_per_s[2];        /* after the first (warm-up) batch of each run */
-    double seconds[2];              /* whole run */
+    int runs;                /* 1 or 2 */
+    int64_t num_split[2];    /* per run */
+    double samples_per_s[2]; /* after the first (warm-up) batch of each run */
+    double seconds[2];       /* whole run */
     /* Per batch, after the first: the forward's wall time and each stage's
        compute time in it. Without overlap forward >= stage1 + stage2; the
        overlap is the share of the shorter stage hidden behind the other:
        (stage1 + stage2 - forward) / min(stage1, stage2), clamped to [0, 1]. */
     double forward_ms[2], stage_ms[2][2], overlap[2];
     double last_loss;
-    double accuracy;                /* of the last run, when test_size > 0 */
+    double accuracy; /* of the last run, when test_size > 0 */
 } pipeline_result_t;
 
 /*  Checks the options and that the world has 3 processes. 0, or -1. */

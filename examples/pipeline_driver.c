@@ -16,24 +16,30 @@
 
 pipeline_options_t pipeline_options_default(void)
 {
-    return (pipeline_options_t){.batch_size = 128, .num_split = 4, .baseline = true,
-                                .iterations = 20, .lr = 0.05, .seed = 1, .dropout = true,
-                                .test_size = 1000, .log_interval = 5};
+    return (pipeline_options_t){.batch_size = 128,
+                                .num_split = 4,
+                                .baseline = true,
+                                .iterations = 20,
+                                .lr = 0.05,
+                                .seed = 1,
+                                .dropout = true,
+                                .test_size = 1000,
+                                .log_interval = 5};
 }
 
 int pipeline_options_check(const pipeline_options_t *o, int world_size)
 {
     if (o->batch_size < 1 || o->num_split < 1 || o->num_split > o->batch_size)
         return zd_error_set("--batch_size must be >= 1 and --num_split in 1..batch_size "
-                         "(got %lld and %lld)", (long long)o->batch_size,
-                         (long long)o->num_split);
+                            "(got %lld and %lld)",
+                            (long long)o->batch_size, (long long)o->num_split);
     if (o->iterations < 1 || !(o->lr > 0) || o->test_size < 0 || o->log_interval < 0)
         return zd_error_set("--iterations must be >= 1, --lr > 0, --test_size and "
-                         "--log_interval >= 0");
+                            "--log_interval >= 0");
     if (world_size != PIPELINE_WORLD_SIZE)
         return zd_error_set("world size %d: the pipeline needs %d processes (rank 0 the "
-                         "driver, ranks 1 and 2 the two shards of the Net)", world_size,
-                         PIPELINE_WORLD_SIZE);
+                            "driver, ranks 1 and 2 the two shards of the Net)",
+                            world_size, PIPELINE_WORLD_SIZE);
     return 0;
 }
 
@@ -47,13 +53,13 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
         return -1;
     zd_tensor_t *logprobs = NULL, *l = NULL;
     double t0 = train_now();
-    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "forward"); /* tests only (fault.h) */
     int rc = pipeline_net_forward(net, x, split, &logprobs);
     *forward_s += train_now() - t0;
     if (rc == 0)
         rc = zd_nn_nll_loss(logprobs, y, &l);
     if (rc == 0)
-        fault_point(zd_rpc_rank(), "backward");   /* tests only (fault.h) */
+        fault_point(zd_rpc_rank(), "backward"); /* tests only (fault.h) */
     if (rc == 0)
         rc = zd_dist_autograd_backward(ctx, &l, 1, false);
     if (rc == 0)
@@ -77,7 +83,7 @@ static int evaluate(pipeline_net_t *net, const zd_dataset_t *test, int64_t batch
                     double *accuracy)
 {
     int64_t correct = 0, n = zd_dataset_size(test);
-    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     int rc = pipeline_net_train(net, false);
     for (int64_t start = 0; rc == 0 && start < n; start += batch) {
         zd_tensor_t *x = NULL, *y = NULL, *lp = NULL;
@@ -172,8 +178,8 @@ static int run_once(driver_t *d, int run, int split, bool last)
         printf("number of splits = %d, execution time = %.2f s, throughput = %.0f samples/s\n"
                "  forward %.1f ms per batch: stage 1 computes %.1f ms, stage 2 %.1f ms, "
                "%.1f ms of them at the same time\n",
-               split, t2 - t0, d->res->samples_per_s[run], d->res->forward_ms[run], st[0],
-               st[1], d->res->overlap[run] * shorter);
+               split, t2 - t0, d->res->samples_per_s[run], d->res->forward_ms[run], st[0], st[1],
+               d->res->overlap[run] * shorter);
         fflush(stdout);
     }
     if (last && d->test) {
@@ -200,12 +206,14 @@ int pipeline_run_driver(const pipeline_options_t *o, pipeline_result_t *res)
         return -1;
     int rc = -1;
     if (!(d.train = zd_dataset_load(o->data_dir, ZD_DATASET_TRAIN)) ||
-        (o->test_size > 0 && (!(d.test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
-                              zd_dataset_limit(d.test, o->test_size) < 0)))
+        (o->test_size > 0 &&
+         (!(d.test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
+          zd_dataset_limit(d.test, o->test_size) < 0)))
         goto out;
     if (!o->quiet) {
         printf("pipeline: the Net in 2 shards (ranks 1 and 2), batches of %lld, %lld "
-               "batches per run\n", (long long)o->batch_size, (long long)o->iterations);
+               "batches per run\n",
+               (long long)o->batch_size, (long long)o->iterations);
         fflush(stdout);
     }
     int run = 0;

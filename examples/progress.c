@@ -25,7 +25,7 @@ void progress_init(progress_t *p, FILE *out, bool tty, const progress_config_t *
 
 char *progress_duration(double seconds, char *buf, size_t size)
 {
-    if (!(seconds >= 0) || seconds > 1e9) {   /* NaN, negative, absurd */
+    if (!(seconds >= 0) || seconds > 1e9) { /* NaN, negative, absurd */
         snprintf(buf, size, "?");
         return buf;
     }

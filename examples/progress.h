@@ -22,30 +22,30 @@
 #include <stdio.h>
 
 typedef struct {
-    const char *label;          /* "Rank 1", "train_local", ... (copied) */
-    const char *unit;           /* "batch" (NULL), "iteration", ... (a literal: not copied) */
-    int64_t first;              /* steps done before this run (resume) */
-    int64_t total;              /* steps of the whole run, first included; 0: unknown */
-    int64_t per_epoch;          /* steps an epoch; 0: no epoch shown */
-    int64_t epochs;             /* shown as epoch E/epochs; 0: just E */
-    int64_t samples_per_step;   /* samples a step stands for (the rate's unit) */
-    double every_s;             /* seconds between lines; <= 0: never print */
+    const char *label;        /* "Rank 1", "train_local", ... (copied) */
+    const char *unit;         /* "batch" (NULL), "iteration", ... (a literal: not copied) */
+    int64_t first;            /* steps done before this run (resume) */
+    int64_t total;            /* steps of the whole run, first included; 0: unknown */
+    int64_t per_epoch;        /* steps an epoch; 0: no epoch shown */
+    int64_t epochs;           /* shown as epoch E/epochs; 0: just E */
+    int64_t samples_per_step; /* samples a step stands for (the rate's unit) */
+    double every_s;           /* seconds between lines; <= 0: never print */
 } progress_config_t;
 
 typedef struct {
     progress_config_t c;
     char label[48];
     FILE *out;
-    bool tty;                   /* rewrite one line in place */
-    int64_t done;               /* steps done, counting c.first */
-    double t0;                  /* when the run started */
-    double last_t;              /* when the previous line was printed */
-    int64_t last_done;          /* steps done then */
-    double loss_sum;            /* losses since the previous line */
+    bool tty;          /* rewrite one line in place */
+    int64_t done;      /* steps done, counting c.first */
+    double t0;         /* when the run started */
+    double last_t;     /* when the previous line was printed */
+    int64_t last_done; /* steps done then */
+    double loss_sum;   /* losses since the previous line */
     int64_t loss_n;
-    double shown_loss;          /* the mean printed last (NaN: none yet) */
-    bool shown;                 /* a tty line is on the screen */
-    bool redraw;                /* the line was cleared: show it again at the next step */
+    double shown_loss; /* the mean printed last (NaN: none yet) */
+    bool shown;        /* a tty line is on the screen */
+    bool redraw;       /* the line was cleared: show it again at the next step */
 } progress_t;
 
 /*  Starts a progress report on out at time now. tty: rewrite one line in

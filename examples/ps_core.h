@@ -41,24 +41,24 @@
 #define PS_MAX_SERVERS 64
 
 typedef struct {
-    bool async;                 /* --mode=async */
-    int num_workers;            /* 2 */
-    int num_servers;            /* 1 */
-    int64_t iterations;         /* 200: sync rounds; async does iterations x workers updates */
-    double lr;                  /* 0.01 */
-    int64_t batch_size;         /* 128 */
-    const char *data_dir;       /* NULL: zd_dataset_find_dir() */
-    int64_t seed;               /* 0: initial weights, data orders */
-    const char *model;          /* "convnet" */
-    int64_t eval_interval;      /* 10: print test accuracy every N iterations; 0: never */
-    int64_t test_size;          /* 0: the whole test set; else its first N images */
-    int64_t train_size;         /* 0: the whole training set; else its first N images */
-    int64_t max_staleness;      /* async: a worker runs at most this many updates
+    bool async;            /* --mode=async */
+    int num_workers;       /* 2 */
+    int num_servers;       /* 1 */
+    int64_t iterations;    /* 200: sync rounds; async does iterations x workers updates */
+    double lr;             /* 0.01 */
+    int64_t batch_size;    /* 128 */
+    const char *data_dir;  /* NULL: zd_dataset_find_dir() */
+    int64_t seed;          /* 0: initial weights, data orders */
+    const char *model;     /* "convnet" */
+    int64_t eval_interval; /* 10: print test accuracy every N iterations; 0: never */
+    int64_t test_size;     /* 0: the whole test set; else its first N images */
+    int64_t train_size;    /* 0: the whole training set; else its first N images */
+    int64_t max_staleness; /* async: a worker runs at most this many updates
                                    ahead of the slowest (0: no bound; SPEC B3) */
-    int64_t straggler_ms;       /* worker 0 takes this much longer per gradient */
-    double progress_s;          /* > 0: the driver prints a progress line every N s (progress.h) */
-    bool quiet;                 /* print nothing */
-    bool track;                 /* actors record gradient hashes (tests) */
+    int64_t straggler_ms;  /* worker 0 takes this much longer per gradient */
+    double progress_s;     /* > 0: the driver prints a progress line every N s (progress.h) */
+    bool quiet;            /* print nothing */
+    bool track;            /* actors record gradient hashes (tests) */
 } ps_options_t;
 
 /*  Ray's example's defaults. */
@@ -75,19 +75,19 @@ int ps_options_check(const ps_options_t *o, int world_size);
 typedef struct {
     int64_t count;
     int64_t n_hashes;
-    uint64_t *hashes;           /* malloc'ed */
+    uint64_t *hashes; /* malloc'ed */
 } ps_stats_t;
 
 typedef struct {
-    double final_accuracy;      /* in [0, 1] */
-    int64_t updates;            /* apply_gradients rounds (per server) */
-    double train_seconds;       /* the training loop without evaluations */
-    double iters_per_s;         /* sync: rounds/s; async: updates/s */
-    zd_tensor_t *weights;          /* the final flat weights (caller unrefs) */
-    ps_stats_t servers[PS_MAX_SERVERS];   /* with o->track */
+    double final_accuracy;              /* in [0, 1] */
+    int64_t updates;                    /* apply_gradients rounds (per server) */
+    double train_seconds;               /* the training loop without evaluations */
+    double iters_per_s;                 /* sync: rounds/s; async: updates/s */
+    zd_tensor_t *weights;               /* the final flat weights (caller unrefs) */
+    ps_stats_t servers[PS_MAX_SERVERS]; /* with o->track */
     ps_stats_t workers[PS_MAX_WORKERS];
-    int64_t applied[PS_MAX_WORKERS];      /* updates applied from each worker */
-    int64_t max_lead;           /* async: most updates a worker ever was ahead */
+    int64_t applied[PS_MAX_WORKERS]; /* updates applied from each worker */
+    int64_t max_lead;                /* async: most updates a worker ever was ahead */
 } ps_result_t;
 
 void ps_result_free(ps_result_t *r);

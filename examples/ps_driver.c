@@ -20,32 +20,37 @@
 
 ps_options_t ps_options_default(void)
 {
-    return (ps_options_t){.num_workers = 2, .num_servers = 1, .iterations = 200, .lr = 0.01,
-                          .batch_size = 128, .model = "convnet", .eval_interval = 10};
+    return (ps_options_t){.num_workers = 2,
+                          .num_servers = 1,
+                          .iterations = 200,
+                          .lr = 0.01,
+                          .batch_size = 128,
+                          .model = "convnet",
+                          .eval_interval = 10};
 }
 
 int ps_options_check(const ps_options_t *o, int world_size)
 {
     if (o->num_workers < 1 || o->num_workers > PS_MAX_WORKERS)
         return zd_error_set("--num_workers must be in 1..%d, got %d", PS_MAX_WORKERS,
-                         o->num_workers);
+                            o->num_workers);
     if (o->num_servers < 1 || o->num_servers > PS_MAX_SERVERS)
         return zd_error_set("--num_servers must be in 1..%d, got %d", PS_MAX_SERVERS,
-                         o->num_servers);
+                            o->num_servers);
     if (o->iterations < 0 || o->batch_size < 1 || !(o->lr > 0) || o->eval_interval < 0 ||
         o->test_size < 0 || o->train_size < 0 || o->max_staleness < 0)
         return zd_error_set("--iterations, --eval_interval, --test_size, --train_size and "
-                         "--max_staleness must be >= 0, --batch_size >= 1 and --lr > 0");
-    if (o->straggler_ms < 0 || o->straggler_ms > 10000)   /* well within a call's timeout */
+                            "--max_staleness must be >= 0, --batch_size >= 1 and --lr > 0");
+    if (o->straggler_ms < 0 || o->straggler_ms > 10000) /* well within a call's timeout */
         return zd_error_set("--straggler_ms must be in 0..10000, got %lld",
-                         (long long)o->straggler_ms);
+                            (long long)o->straggler_ms);
     int want = 1 + o->num_servers + o->num_workers;
     if (world_size != want)
         return zd_error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "
-                         "rank 0 is the driver, then come %d parameter server rank(s) and "
-                         "%d data worker rank(s), so the world size must be 1 + %d + %d = %d",
-                         world_size, o->num_servers, o->num_workers, o->num_servers,
-                         o->num_workers, o->num_servers, o->num_workers, want);
+                            "rank 0 is the driver, then come %d parameter server rank(s) and "
+                            "%d data worker rank(s), so the world size must be 1 + %d + %d = %d",
+                            world_size, o->num_servers, o->num_workers, o->num_servers,
+                            o->num_workers, o->num_servers, o->num_workers, want);
     return 0;
 }
 
@@ -64,12 +69,12 @@ typedef struct {
     int S, W;
     zd_rref_t *servers[PS_MAX_SERVERS];
     zd_rref_t *workers[PS_MAX_WORKERS];
-    zd_tensor_t *weights[PS_MAX_SERVERS];      /* the current slices */
-    zd_nn_module_t *model;                      /* for evaluation */
+    zd_tensor_t *weights[PS_MAX_SERVERS]; /* the current slices */
+    zd_nn_module_t *model;                /* for evaluation */
     zd_dataset_t *test;
     double eval_seconds;
     double accuracy;
-    progress_t progress;        /* off unless o->progress_s > 0 and not quiet */
+    progress_t progress; /* off unless o->progress_s > 0 and not quiet */
 } driver_t;
 
 /*  The tensor a completed future holds (a new reference), or NULL. */
@@ -104,11 +109,10 @@ static int create_actors(driver_t *d)
     }
     for (int w = 0; w < d->W; w++) {
         int64_t delay = w == 0 ? o->straggler_ms : 0;
-        zd_value_t *a = o->data_dir
-            ? ZD_ARGS(o->model, w, o->seed, o->batch_size, o->data_dir, o->train_size, o->track,
-                      delay)
-            : ZD_ARGS(o->model, w, o->seed, o->batch_size, zd_value_none(), o->train_size,
-                      o->track, delay);
+        zd_value_t *a = o->data_dir ? ZD_ARGS(o->model, w, o->seed, o->batch_size, o->data_dir,
+                                              o->train_size, o->track, delay)
+                                    : ZD_ARGS(o->model, w, o->seed, o->batch_size, zd_value_none(),
+                                              o->train_size, o->track, delay);
         d->workers[w] = a ? zd_rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
         zd_value_unref(a);
         if (!d->workers[w])
@@ -140,7 +144,7 @@ static int update_weights(driver_t *d, const char *method, zd_value_t *const *ar
 
 static int evaluate(driver_t *d, double *acc)
 {
-    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     double t0 = train_now();
     int rc = ps_model_load(d->model, d->weights, d->S);
     if (rc == 0)
@@ -180,7 +184,7 @@ static zd_value_t *weights_args(driver_t *d)
     to every server: server s gets slice s of each. */
 static int apply(driver_t *d, zd_value_t *const *grads, int n)
 {
-    fault_point(zd_rpc_rank(), "step");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
     zd_value_t *args[PS_MAX_SERVERS] = {0};
     int rc = 0;
     for (int s = 0; s < d->S && rc == 0; s++) {
@@ -190,7 +194,7 @@ static int apply(driver_t *d, zd_value_t *const *grads, int n)
             zd_value_t *g = zd_list_get(grads[k], (size_t)s);
             if (zd_list_len(grads[k]) != (size_t)d->S || !g)
                 rc = zd_error_set("compute_gradients returned %zu slices, expected %d",
-                               zd_list_len(grads[k]), d->S);
+                                  zd_list_len(grads[k]), d->S);
             else
                 rc = zd_list_append(args[s], zd_value_ref(g));
         }
@@ -205,8 +209,8 @@ static int apply(driver_t *d, zd_value_t *const *grads, int n)
 static zd_future_t *compute(driver_t *d, int w)
 {
     zd_value_t *a = weights_args(d);
-    zd_future_t *f = a ? zd_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients",
-                                             a, -1) : NULL;
+    zd_future_t *f =
+        a ? zd_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients", a, -1) : NULL;
     zd_value_unref(a);
     return f;
 }
@@ -233,8 +237,9 @@ static int sync_worker_lost(driver_t *d, zd_future_t *f, int w, int64_t i, bool 
     --*live;
     progress_clear(&d->progress);
     printf("worker %d (rank %d) lost at iteration %lld: %s; going on with the %d worker(s) "
-           "left\n", w, zd_rref_owner(d->workers[w]), (long long)i,
-           f ? zd_future_error(f) : zd_error_last(), *live);
+           "left\n",
+           w, zd_rref_owner(d->workers[w]), (long long)i, f ? zd_future_error(f) : zd_error_last(),
+           *live);
     fflush(stdout);
     return 1;
 }
@@ -383,9 +388,8 @@ static int run(driver_t *d, ps_result_t *res)
     const ps_options_t *o = d->o;
     if (!(d->model = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)) ||
         !(d->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
-        (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) ||
-        create_actors(d) < 0 || wait_created(d->servers, d->S) < 0 ||
-        wait_created(d->workers, d->W) < 0 ||
+        (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) || create_actors(d) < 0 ||
+        wait_created(d->servers, d->S) < 0 || wait_created(d->workers, d->W) < 0 ||
         update_weights(d, "ParameterServer.get_weights", NULL) < 0)
         return -1;
     if (!o->quiet) {
@@ -404,8 +408,7 @@ static int run(driver_t *d, ps_result_t *res)
                                        .samples_per_step = o->batch_size * (o->async ? 1 : d->W),
                                        .every_s = o->quiet ? 0 : o->progress_s},
                   t0);
-    if ((o->async ? train_async(d, &updates, applied, &max_lead)
-                  : train_sync(d, &updates)) < 0)
+    if ((o->async ? train_async(d, &updates, applied, &max_lead) : train_sync(d, &updates)) < 0)
         return -1;
     progress_end(&d->progress, train_now());
     double secs = train_now() - t0 - d->eval_seconds;
@@ -430,7 +433,7 @@ static int run(driver_t *d, ps_result_t *res)
     res->iters_per_s = secs > 0 ? (double)updates / secs : 0;
     memcpy(res->applied, applied, sizeof res->applied);
     res->max_lead = max_lead;
-    if (!o->async)   /* every round applies one gradient of each */
+    if (!o->async) /* every round applies one gradient of each */
         for (int w = 0; w < d->W; w++)
             res->applied[w] = updates;
     if (zd_nn_module_params_to_vector(d->model, &res->weights) < 0)
@@ -452,7 +455,7 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res)
         return -1;
     driver_t d = {.o = o, .S = o->num_servers, .W = o->num_workers};
     int rc = run(&d, res);
-    char err[1024];   /* kept through the cleanup */
+    char err[1024]; /* kept through the cleanup */
     snprintf(err, sizeof err, "%s", zd_error_last());
     /* Releasing the RRefs frees the actors on their workers. */
     for (int s = 0; s < d.S; s++) {

@@ -85,8 +85,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const c
     one of a run with another batch size, seed or number of trainers. With
     several trainers the shards are saved while others step: a trainer may
     redo up to a checkpoint interval of batches, never skip one. 0, or -1. */
-int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
-                             int num_trainers);
+int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size, int num_trainers);
 
 /*  The largest batch ps_forward takes (--max_batch_size; 0: 1024). A
     larger one, or one that is not [N,1,28,28] float32, is refused with an

@@ -34,14 +34,14 @@
 #include <zdist/rpc.h>
 
 static struct {
-    char prefix[1024];          /* "": off */
-    int64_t config[3];          /* batch_size, seed, trainers */
+    char prefix[1024]; /* "": off */
+    int64_t config[3]; /* batch_size, seed, trainers */
     pthread_mutex_t lock;
-    int64_t progress[PS_NET_MAX_TRAINERS];   /* shard 0: batches each trainer reported */
+    int64_t progress[PS_NET_MAX_TRAINERS]; /* shard 0: batches each trainer reported */
     /* One checkpoint at a time (shard 0: the whole round over the shards;
        the others: a write), so that generations reach the files in order. */
     pthread_mutex_t serial;
-    int64_t generation;         /* of the file this shard last wrote or loaded (0: none) */
+    int64_t generation; /* of the file this shard last wrote or loaded (0: none) */
     /* This process loaded its files at start (--resume) and nobody has
        rolled the shards back to one checkpoint since: see rollback(). */
     bool restored;
@@ -51,8 +51,8 @@ static struct {
     bool from_prev;
 } ck = {.lock = PTHREAD_MUTEX_INITIALIZER, .serial = PTHREAD_MUTEX_INITIALIZER};
 
-#define PROGRESS_NAME "trainer_progress"
-#define CONFIG_NAME "run_config"    /* batch_size, seed, trainers: must match on resume */
+#define PROGRESS_NAME   "trainer_progress"
+#define CONFIG_NAME     "run_config" /* batch_size, seed, trainers: must match on resume */
 #define GENERATION_NAME "generation"
 
 static void shard_path(char *buf, size_t size, int shard, bool prev)
@@ -115,8 +115,9 @@ static int keep_previous(const char *path)
     snprintf(prev, sizeof prev, "%s.prev", path);
     unlink(tmp);
     if (link(path, tmp) < 0)
-        return errno == ENOENT ? 0 : zd_error_set("checkpoint: cannot keep %s as %s: %s", path,
-                                                  prev, strerror(errno));
+        return errno == ENOENT
+            ? 0
+            : zd_error_set("checkpoint: cannot keep %s as %s: %s", path, prev, strerror(errno));
     if (rename(tmp, prev) < 0) {
         int e = errno;
         unlink(tmp);
@@ -161,8 +162,7 @@ static int save_shard(int64_t generation)
     if (rc == 0 && generation != ck.generation && !ck.from_prev)
         rc = keep_previous(path);
     if (rc == 0 && rename(next, path) < 0)
-        rc = zd_error_set("checkpoint: cannot rename %s to %s: %s", next, path,
-                          strerror(errno));
+        rc = zd_error_set("checkpoint: cannot rename %s to %s: %s", next, path, strerror(errno));
     if (rc < 0) {
         unlink(next);
         /* The trainer whose checkpoint this was fails with this error; the
@@ -192,7 +192,7 @@ static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *ar
     }
     if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS || batches < 0) {
         zd_error_set("ps_checkpoint: trainer %lld with %lld batches (trainers 0 to %d)",
-                  (long long)trainer, (long long)batches, PS_NET_MAX_TRAINERS - 1);
+                     (long long)trainer, (long long)batches, PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
     if (ps_net_guard_trainer(call, trainer) < 0)
@@ -316,7 +316,8 @@ static int rollback(void)
     } else if (any) {
         if (!all)
             printf("shard 0: a server shard came back: every shard goes back to checkpoint "
-                   "generation %lld\n", (long long)ck.generation);
+                   "generation %lld\n",
+                   (long long)ck.generation);
         fflush(stdout);
         zd_value_t *gargs = ZD_ARGS(ck.generation);
         for (int s = 1; rc == 0 && s < ps_shard.num_shards; s++) {
@@ -350,7 +351,7 @@ static zd_value_t *fn_resume_point(zd_rpc_call_t *call, zd_value_t *args, void *
     }
     if (trainer < 0 || trainer >= PS_NET_MAX_TRAINERS) {
         zd_error_set("ps_resume_point: no trainer %lld (trainers 0 to %d)", (long long)trainer,
-                  PS_NET_MAX_TRAINERS - 1);
+                     PS_NET_MAX_TRAINERS - 1);
         return NULL;
     }
     if (ps_net_guard_trainer(call, trainer) < 0 || rollback() < 0)
@@ -377,8 +378,7 @@ static int file_generation(const char *path, int64_t *gen)
     if (g && zd_tensor_dtype(g) == ZD_INT64 && zd_tensor_numel(g) == 1)
         *gen = zd_tensor_data_i64(g)[0];
     else
-        rc = zd_error_set("%s holds no %s: a checkpoint of an older rpc_ps", path,
-                          GENERATION_NAME);
+        rc = zd_error_set("%s holds no %s: a checkpoint of an older rpc_ps", path, GENERATION_NAME);
     zd_named_tensors_free(nt);
     return rc;
 }
@@ -429,8 +429,8 @@ static int check_other_shards(int64_t want)
     if (mixed)
         return zd_error_set("checkpoint generations differ: %s; shard 0's file is the commit "
                             "point (generation %lld) and a shard holds no file of it: these "
-                            "files are not of one checkpoint, refusing to resume", msg,
-                            (long long)want);
+                            "files are not of one checkpoint, refusing to resume",
+                            msg, (long long)want);
     return 0;
 }
 
@@ -451,21 +451,22 @@ static int load_generation(int64_t want)
         char msg[2048] = "";
         describe_shard(msg, sizeof msg, ps_shard.shard, cur, prev);
         return zd_error_set("checkpoint generations differ: %s, %s.shard0 (the commit point) "
-                            "generation %lld: not one checkpoint, refusing to resume", msg,
-                            ck.prefix, (long long)want);
+                            "generation %lld: not one checkpoint, refusing to resume",
+                            msg, ck.prefix, (long long)want);
     }
     if (use_prev)
         printf("shard %d: %s.shard%d holds generation %lld, a checkpoint that did not reach "
-               "shard 0: resuming from %s (generation %lld)\n", ps_shard.shard, ck.prefix,
-               ps_shard.shard, (long long)cur, path, (long long)want);
+               "shard 0: resuming from %s (generation %lld)\n",
+               ps_shard.shard, ck.prefix, ps_shard.shard, (long long)cur, path, (long long)want);
     shard_file_t f;
     int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(path, f.tensors);
     const int64_t *got = f.config && rc == 0 ? zd_tensor_data_i64(f.config) : NULL;
     if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
-        rc = zd_error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "
-                       "trainer(s); this one has %lld, %lld and %lld", path, (long long)got[0],
-                       (long long)got[1], (long long)got[2], (long long)ck.config[0],
-                       (long long)ck.config[1], (long long)ck.config[2]);
+        rc =
+            zd_error_set("%s was written by a run with --batch_size=%lld --seed=%lld and %lld "
+                         "trainer(s); this one has %lld, %lld and %lld",
+                         path, (long long)got[0], (long long)got[1], (long long)got[2],
+                         (long long)ck.config[0], (long long)ck.config[1], (long long)ck.config[2]);
     int64_t progress[PS_NET_MAX_TRAINERS];
     for (int t = 0; rc == 0 && f.progress && t < PS_NET_MAX_TRAINERS; t++)
         if ((progress[t] = zd_tensor_data_i64(f.progress)[t]) < 0)
@@ -502,7 +503,7 @@ static int remove_stale_temps(void)
         snprintf(dir, sizeof dir, ".");
     snprintf(lead, sizeof lead, "%s.shard%d.", slash ? slash + 1 : ck.prefix, ps_shard.shard);
     DIR *d = opendir(dir);
-    if (!d)   /* the first save will say what is wrong with the place */
+    if (!d) /* the first save will say what is wrong with the place */
         return 0;
     size_t n = strlen(lead);
     struct dirent *e;
@@ -525,8 +526,8 @@ static int remove_stale_temps(void)
         char path[2400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         if (unlink(path) == 0)
-            printf("shard %d: removed %s, left by a write that did not finish\n",
-                   ps_shard.shard, path);
+            printf("shard %d: removed %s, left by a write that did not finish\n", ps_shard.shard,
+                   path);
         else if (errno != ENOENT)
             fprintf(stderr, "shard %d: cannot remove %s: %s\n", ps_shard.shard, path,
                     strerror(errno));
@@ -542,8 +543,7 @@ static int remove_stale_temps(void)
 static int check_prefix(void)
 {
     char path[1200];
-    snprintf(path, sizeof path, "%s.shard%d.probe.%ld", ck.prefix, ps_shard.shard,
-             (long)getpid());
+    snprintf(path, sizeof path, "%s.shard%d.probe.%ld", ck.prefix, ps_shard.shard, (long)getpid());
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     int e = fd < 0 ? errno : 0;
     if (fd >= 0) {
@@ -555,20 +555,19 @@ static int check_prefix(void)
     }
     if (e)
         return zd_error_set("checkpoint: --checkpoint=%s: cannot write %s: %s (the prefix "
-                            "must name files in a folder this process can write)", ck.prefix,
-                            path, strerror(e));
+                            "must name files in a folder this process can write)",
+                            ck.prefix, path, strerror(e));
     return 0;
 }
 
-int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size,
-                             int num_trainers)
+int ps_net_checkpoint_enable(const char *prefix, bool resume, int64_t batch_size, int num_trainers)
 {
     if (!prefix || !prefix[0] || strlen(prefix) >= sizeof ck.prefix - 16)
         return zd_error_set("ps_net: checkpoint prefix empty or over %zu bytes",
-                         sizeof ck.prefix - 16);
+                            sizeof ck.prefix - 16);
     if (num_trainers < 1 || num_trainers > PS_NET_MAX_TRAINERS)
         return zd_error_set("ps_net: checkpoints handle 1 to %d trainers, not %d",
-                         PS_NET_MAX_TRAINERS, num_trainers);
+                            PS_NET_MAX_TRAINERS, num_trainers);
     snprintf(ck.prefix, sizeof ck.prefix, "%s", prefix);
     ck.config[0] = batch_size;
     ck.config[1] = (int64_t)ps_shard.seed;

@@ -26,11 +26,11 @@
 static struct {
     pthread_mutex_t stats_lock;
     int started, finished;
-    double first_start, last_finish;   /* train_now() */
-    double last_batch;            /* train_now() of the last training forward */
-    int64_t samples;              /* of every training forward, lost trainers' too */
+    double first_start, last_finish; /* train_now() */
+    double last_batch;               /* train_now() of the last training forward */
+    int64_t samples;                 /* of every training forward, lost trainers' too */
     char data_dir[1024];
-    zd_future_t *waiting[64];     /* evaluations waiting for the last trainer */
+    zd_future_t *waiting[64]; /* evaluations waiting for the last trainer */
     int n_waiting;
     int64_t eval_samples;
     /* Per rank (allocated at the first call, world-sized): what shard 0
@@ -42,10 +42,10 @@ static struct {
     int64_t *batches, *progress;
     zd_future_t **gate;
     int64_t *gate_done, *gate_bound;
-    double *lost_at;              /* train_now() when each was lost */
-    char (*why)[WHY_MAX];         /* why each failed trainer failed (TR_FAILED) */
-    int64_t *failed_at;           /* the batch it was at, by its own count */
-    pthread_cond_t changed;       /* a trainer finished, failed, was lost or came back */
+    double *lost_at;        /* train_now() when each was lost */
+    char (*why)[WHY_MAX];   /* why each failed trainer failed (TR_FAILED) */
+    int64_t *failed_at;     /* the batch it was at, by its own count */
+    pthread_cond_t changed; /* a trainer finished, failed, was lost or came back */
 } ev = {.stats_lock = PTHREAD_MUTEX_INITIALIZER, .changed = PTHREAD_COND_INITIALIZER};
 
 /*  TR_FAILED: the trainer's run failed and it said so (ps_trainer_failed):
@@ -145,7 +145,7 @@ static int evaluate(int64_t limit, double *acc, int64_t *images)
         if (i > 0)
             started[i] = pthread_create(&th[i], NULL, evaluate_part, &e[i]) == 0;
         if (i > 0 && !started[i])
-            evaluate_part(&e[i]);   /* no thread: do it here */
+            evaluate_part(&e[i]); /* no thread: do it here */
     }
     evaluate_part(&e[0]);
     for (int i = 1; i < parts; i++)
@@ -178,7 +178,7 @@ static void finish_evaluations(void)
     int n = ev.n_waiting;
     memcpy(fs, ev.waiting, sizeof fs[0] * (size_t)n);
     ev.n_waiting = 0;
-    int64_t step = 0;   /* training batches served: the optimizer's steps */
+    int64_t step = 0; /* training batches served: the optimizer's steps */
     for (int r = ps_shard.num_shards; r < ev.world; r++)
         step += ev.batches[r];
     pthread_mutex_unlock(&ev.stats_lock);
@@ -215,7 +215,7 @@ static zd_future_t *fn_evaluate(zd_rpc_call_t *call, zd_value_t *args, void *arg
     if (!f)
         return NULL;
     int src = zd_rpc_call_caller_rank(call);
-    fault_point(zd_rpc_rank(), "evaluation");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     pthread_mutex_lock(&ev.stats_lock);
     if (!tables_ready(src)) {
         pthread_mutex_unlock(&ev.stats_lock);
@@ -252,7 +252,7 @@ static void open_gates(void);
 static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;
-    int64_t samples;   /* the trainer's count; the server counts its forwards */
+    int64_t samples; /* the trainer's count; the server counts its forwards */
     int src = zd_rpc_call_caller_rank(call);
     if (zd_rpc_arg_int(args, 1, &samples) < 0)
         return NULL;
@@ -264,7 +264,7 @@ static zd_value_t *fn_trainer_finished(zd_rpc_call_t *call, zd_value_t *args, vo
     }
     ev.state[src] |= TR_FINISHED;
     pthread_cond_broadcast(&ev.changed);
-    open_gates();   /* a finished trainer holds nobody back */
+    open_gates(); /* a finished trainer holds nobody back */
     ev.finished++;
     ev.last_finish = now;
     finish_evaluations();
@@ -298,8 +298,8 @@ static zd_value_t *fn_trainer_failed(zd_rpc_call_t *call, zd_value_t *args, void
     ev.state[src] |= TR_FAILED;
     ev.failed_at[src] = batches;
     pthread_cond_broadcast(&ev.changed);
-    printf("trainer \"%s\" (rank %d) failed at batch %lld: %s\n",
-           zd_rpc_call_caller_name(call), src, (long long)batches, why);
+    printf("trainer \"%s\" (rank %d) failed at batch %lld: %s\n", zd_rpc_call_caller_name(call),
+           src, (long long)batches, why);
     fflush(stdout);
     open_gates();
     finish_evaluations();
@@ -338,8 +338,8 @@ static void open_gates(void)
     int64_t low = slowest_live();
     for (int r = ps_shard.num_shards; r < ev.world; r++)
         if (ev.gate[r] && (low == INT64_MAX || ev.gate_done[r] - low <= ev.gate_bound[r])) {
-            zd_value_t *v = zd_value_int(ev.gate_done[r] - (low == INT64_MAX ? ev.gate_done[r]
-                                                                             : low));
+            zd_value_t *v =
+                zd_value_int(ev.gate_done[r] - (low == INT64_MAX ? ev.gate_done[r] : low));
             if (v)
                 zd_future_set_value(ev.gate[r], v);
             else
@@ -363,7 +363,8 @@ static zd_future_t *fn_staleness_gate(zd_rpc_call_t *call, zd_value_t *args, voi
         return NULL;
     if (done < 0 || bound < 1)
         return zd_error_set("ps_staleness_gate: done %lld, bound %lld", (long long)done,
-                            (long long)bound), NULL;
+                            (long long)bound),
+               NULL;
     zd_future_t *f = zd_future_new();
     if (!f)
         return NULL;
@@ -379,7 +380,7 @@ static zd_future_t *fn_staleness_gate(zd_rpc_call_t *call, zd_value_t *args, voi
     ev.gate[src] = zd_future_ref(f);
     ev.gate_done[src] = done;
     ev.gate_bound[src] = bound;
-    open_gates();   /* this one, and those this trainer held back */
+    open_gates(); /* this one, and those this trainer held back */
     pthread_mutex_unlock(&ev.stats_lock);
     return f;
 }
@@ -433,7 +434,7 @@ static void trainer_joined(void *arg, int peer, const char *name)
         printf("trainer \"%s\" (rank %d), lost at batch %lld, rejoined; counted again\n", name,
                peer, (long long)ev.batches[peer]);
         fflush(stdout);
-        ev.state[peer] = TR_REJOINED;   /* not failed any more either: it tries again */
+        ev.state[peer] = TR_REJOINED; /* not failed any more either: it tries again */
         pthread_cond_broadcast(&ev.changed);
         ev.batches[peer] = 0;
         ev.progress[peer] = 0;
@@ -445,7 +446,7 @@ void ps_net_wait_trainers(double wait_s)
 {
     /* Another shard lost for longer than the wait: the trainers gave up on
        it (they fail, so they never say they finished). */
-    enum { MAX_SHARDS = 16 };   /* rpc_ps's limit on --num_servers */
+    enum { MAX_SHARDS = 16 }; /* rpc_ps's limit on --num_servers */
     double shard_lost_at[MAX_SHARDS] = {0};
     pthread_mutex_lock(&ev.stats_lock);
     for (;;) {
@@ -492,8 +493,7 @@ int ps_net_trainers_report(FILE *out)
             fprintf(out, "trainer rank %d failed at batch %lld: %s\n", r,
                     (long long)ev.failed_at[r], ev.why[r]);
         else if (ev.state[r] & TR_LOST)
-            fprintf(out, "trainer rank %d was lost at batch %lld%s\n", r,
-                    (long long)ev.batches[r],
+            fprintf(out, "trainer rank %d was lost at batch %lld%s\n", r, (long long)ev.batches[r],
                     ev.state[r] & TR_FINISHED ? " (after finishing its batches)" : "");
         else if (ev.state[r] & TR_REJOINED)
             fprintf(out, "trainer rank %d was lost and rejoined%s\n", r,

@@ -26,7 +26,7 @@
 #define MAX_PIECES 64
 
 static char init_path[4096], save_path[4096];
-static int save_state;   /* 0: not written (yet), 1: written, -1: failed */
+static int save_state; /* 0: not written (yet), 1: written, -1: failed */
 static char save_error[1024];
 
 void ps_net_set_init_from(const char *path)
@@ -51,8 +51,9 @@ bool ps_net_save_model_wanted(void)
 
 int ps_net_save_model_result(const char **why)
 {
-    *why = save_state < 0 ? save_error
-           : "no final evaluation ran on the server (no trainer finished its batches)";
+    *why = save_state < 0
+        ? save_error
+        : "no final evaluation ran on the server (no trainer finished its batches)";
     return save_state;
 }
 
@@ -86,7 +87,7 @@ int ps_net_export_register(void)
 
 typedef struct {
     const char *name;
-    zd_tensor_t *piece[MAX_PIECES];   /* borrowed from the shards' answers */
+    zd_tensor_t *piece[MAX_PIECES]; /* borrowed from the shards' answers */
     int n;
 } gathered_t;
 
@@ -112,7 +113,7 @@ static int take_pieces(gathered_t *g, zd_value_t *list, int shard)
 
 static int save(int64_t step, double accuracy, int64_t images)
 {
-    zd_nn_module_t *net = zd_nn_net_new(0);   /* the shapes to check against */
+    zd_nn_module_t *net = zd_nn_net_new(0); /* the shapes to check against */
     zd_value_t *answers[MAX_PIECES] = {0};
     zd_named_tensors_t *nt = zd_named_tensors_new();
     gathered_t g[NET_PARAMS] = {{0}};
@@ -146,8 +147,8 @@ static int save(int64_t step, double accuracy, int64_t images)
     snprintf(s_step, sizeof s_step, "%lld", (long long)step);
     snprintf(s_acc, sizeof s_acc, "%.6f", accuracy);
     snprintf(s_images, sizeof s_images, "%lld", (long long)images);
-    const char *meta[] = {"format", "pt", "step", s_step, "test_accuracy", s_acc,
-                          "test_images", s_images};
+    const char *meta[] = {"format",        "pt",  "step",        s_step,
+                          "test_accuracy", s_acc, "test_images", s_images};
     if (rc == 0)
         rc = zd_safetensors_write(save_path, nt, meta, 4);
     for (int s = 0; s < MAX_PIECES; s++)
@@ -165,7 +166,8 @@ void ps_net_save_model(int64_t step, double accuracy, int64_t images)
     if (rc == 0) {
         save_state = 1;
         printf("saved model %s (safetensors, PyTorch's names; step %lld, test accuracy %.2f %% "
-               "on %lld images)\n", save_path, (long long)step, 100 * accuracy, (long long)images);
+               "on %lld images)\n",
+               save_path, (long long)step, 100 * accuracy, (long long)images);
         fflush(stdout);
     } else {
         save_state = -1;

@@ -33,8 +33,8 @@ static int refuse(const zd_rpc_call_t *call, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "parameter server %d: refused %s from \"%s\" (rank %d): %s\n",
-            ps_shard.shard, zd_rpc_call_function(call), zd_rpc_call_caller_name(call),
+    fprintf(stderr, "parameter server %d: refused %s from \"%s\" (rank %d): %s\n", ps_shard.shard,
+            zd_rpc_call_function(call), zd_rpc_call_caller_name(call),
             zd_rpc_call_caller_rank(call), why);
     return zd_error_set("%s refused by parameter server %d: %s", zd_rpc_call_function(call),
                         ps_shard.shard, why);
@@ -50,12 +50,16 @@ int ps_net_guard_batch(const zd_rpc_call_t *call, const zd_tensor_t *x)
         for (int d = 0; d < zd_tensor_ndim(x); d++)
             snprintf(dims + strlen(dims), sizeof dims - strlen(dims), d ? ",%lld" : "%lld",
                      (long long)s[d]);
-        return refuse(call, "a batch must be float32 [N,1,28,28] (MNIST images), this one is "
-                      "%s [%s]", zd_tensor_dtype_name(zd_tensor_dtype(x)), dims);
+        return refuse(call,
+                      "a batch must be float32 [N,1,28,28] (MNIST images), this one is "
+                      "%s [%s]",
+                      zd_tensor_dtype_name(zd_tensor_dtype(x)), dims);
     }
     if (s[0] < 1 || s[0] > max)
-        return refuse(call, "a batch of %lld images; this server takes 1 to %lld "
-                      "(--max_batch_size)", (long long)s[0], (long long)max);
+        return refuse(call,
+                      "a batch of %lld images; this server takes 1 to %lld "
+                      "(--max_batch_size)",
+                      (long long)s[0], (long long)max);
     return 0;
 }
 
@@ -85,8 +89,9 @@ int ps_net_guard_trainer(const zd_rpc_call_t *call, int64_t trainer)
         return refuse(call, "only trainers have a position (rank %d is a server)",
                       zd_rpc_call_caller_rank(call));
     if (trainer != own)
-        return refuse(call, "the position of trainer %lld, but the caller is trainer %lld: "
-                      "a trainer records and reads only its own", (long long)trainer,
-                      (long long)own);
+        return refuse(call,
+                      "the position of trainer %lld, but the caller is trainer %lld: "
+                      "a trainer records and reads only its own",
+                      (long long)trainer, (long long)own);
     return 0;
 }

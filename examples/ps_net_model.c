@@ -14,7 +14,7 @@
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
 
-#define FC1_IN 9216
+#define FC1_IN  9216
 #define FC1_OUT 128
 
 ps_net_shard_t ps_shard;
@@ -80,7 +80,8 @@ static int dropout(zd_tensor_t *x, float p, bool training, bool channels, zd_ten
         return 0;
     }
     pthread_mutex_lock(&model.rng_lock);
-    int rc = channels ? zd_nn_dropout2d(x, p, true, &model.rng, out) : zd_nn_dropout(x, p, true, &model.rng, out);
+    int rc = channels ? zd_nn_dropout2d(x, p, true, &model.rng, out)
+                      : zd_nn_dropout(x, p, true, &model.rng, out);
     pthread_mutex_unlock(&model.rng_lock);
     return rc;
 }
@@ -140,8 +141,9 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
         if (!fs[s])
             continue;
         zd_tensor_t *t;
-        if (rc == 0 && (zd_future_wait(fs[s], ZD_TIMEOUT_NONE) < 0 ||
-                        zd_value_get_tensor(zd_future_value(fs[s]), &t) < 0))
+        if (rc == 0 &&
+            (zd_future_wait(fs[s], ZD_TIMEOUT_NONE) < 0 ||
+             zd_value_get_tensor(zd_future_value(fs[s]), &t) < 0))
             rc = -1;
         else if (rc == 0)
             parts[n_parts++] = zd_tensor_ref(t);
@@ -161,15 +163,15 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out)
     return rc;
 }
 
-int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropout,
-                       FILE *out)
+int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropout, FILE *out)
 {
     if (num_shards < 1 || num_shards > 64 || shard < 0 || shard >= num_shards)
         return zd_error_set("ps_net: shard %d of %d", shard, num_shards);
     zd_nn_module_t *net = zd_nn_net_new(seed);
     if (!net)
         return -1;
-    if (ps_net_init_from() && zd_nn_module_load_safetensors(net, ps_net_init_from(), true, NULL, NULL) < 0) {
+    if (ps_net_init_from() &&
+        zd_nn_module_load_safetensors(net, ps_net_init_from(), true, NULL, NULL) < 0) {
         zd_nn_module_free(net);
         return zd_error_wrap("--init_from");
     }
@@ -189,11 +191,13 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
             rc = add_param(own[i], zd_tensor_detach_copy(zd_nn_module_find(net, own[i])));
     }
     if (rc == 0 && model.fc1_count > 0) {
-        rc = add_param("fc1.weight", rows_of(zd_nn_module_find(net, "fc1.weight"),
-                                             model.fc1_first, model.fc1_count));
+        rc = add_param(
+            "fc1.weight",
+            rows_of(zd_nn_module_find(net, "fc1.weight"), model.fc1_first, model.fc1_count));
         if (rc == 0)
-            rc = add_param("fc1.bias", rows_of(zd_nn_module_find(net, "fc1.bias"),
-                                               model.fc1_first, model.fc1_count));
+            rc = add_param(
+                "fc1.bias",
+                rows_of(zd_nn_module_find(net, "fc1.bias"), model.fc1_first, model.fc1_count));
     }
     if (rc == 0 && shard == 0) {
         const char *own[] = {"fc2.weight", "fc2.bias"};

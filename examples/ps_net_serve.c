@@ -36,7 +36,7 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         return NULL;
     if (training)
         ps_net_eval_note_batch(zd_rpc_call_caller_rank(call), zd_tensor_shape(x)[0]);
-    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "forward"); /* tests only (fault.h) */
     bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = ps_net_forward(x, training != 0, &out);
     zd_autograd_set_grad_enabled(prev);
@@ -51,7 +51,7 @@ static zd_value_t *fn_fc1_part(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     if (zd_rpc_arg_tensor(args, 0, &flat) < 0 || zd_rpc_arg_int(args, 1, &training) < 0 ||
         ps_net_guard_features(call, flat) < 0)
         return NULL;
-    fault_point(zd_rpc_rank(), "forward");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "forward"); /* tests only (fault.h) */
     bool prev = zd_autograd_set_grad_enabled(training != 0);
     int rc = ps_net_fc1_part(flat, training != 0, &out);
     zd_autograd_set_grad_enabled(prev);
@@ -118,7 +118,7 @@ static zd_value_t *fn_get_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, voi
 static zd_value_t *local_gradients(zd_value_t *args, bool sizes)
 {
     int64_t cid;
-    size_t at = zd_list_len(args) == 2 ? 1 : 0;   /* (server, cid) or (cid) */
+    size_t at = zd_list_len(args) == 2 ? 1 : 0; /* (server, cid) or (cid) */
     if (zd_rpc_arg_int(args, at, &cid) < 0)
         return NULL;
     zd_value_t *list = zd_value_list((size_t)ps_shard.n);
@@ -129,8 +129,8 @@ static zd_value_t *local_gradients(zd_value_t *args, bool sizes)
             return NULL;
         }
         zd_value_t *item = !g ? NULL
-                           : sizes ? ZD_ARGS(ps_shard.names[i], zd_tensor_numel(g))
-                                   : ZD_ARGS(ps_shard.names[i], g);
+            : sizes           ? ZD_ARGS(ps_shard.names[i], zd_tensor_numel(g))
+                              : ZD_ARGS(ps_shard.names[i], g);
         if (g && zd_list_append(list, item) < 0)
             zd_value_unref(list), list = NULL;
         zd_tensor_unref(g);
@@ -178,8 +178,8 @@ static zd_value_t *fn_dist_gradient_sizes(zd_rpc_call_t *call, zd_value_t *args,
     return all_gradients(args, true, "ps_local_dist_gradient_sizes");
 }
 
-int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
-                 const char *data_dir, FILE *out)
+int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout, const char *data_dir,
+                 FILE *out)
 {
     if (ps_net_model_build(shard, num_shards, seed, use_dropout, out) < 0)
         return -1;
@@ -204,4 +204,3 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool use_dropout,
         return -1;
     return ps_net_eval_register(data_dir);
 }
-

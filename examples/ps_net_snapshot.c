@@ -45,13 +45,13 @@
 /*  ---- the slots ---- */
 
 typedef struct waiter {
-    zd_future_t *admitted;      /* completed when a leaving forward hands its slot over */
+    zd_future_t *admitted; /* completed when a leaving forward hands its slot over */
     struct waiter *next;
 } waiter_t;
 
 static struct {
     pthread_mutex_t lock;
-    int max;                    /* 0: no limit */
+    int max; /* 0: no limit */
     int used;
     waiter_t *head, *tail;
     bool warned;
@@ -97,7 +97,7 @@ static bool gate_enter(void)
     waiter_t w = {zd_future_new(), NULL};
     if (!w.admitted) {
         pthread_mutex_unlock(&gate.lock);
-        return false;   /* out of memory: ungated beats failing the batch */
+        return false; /* out of memory: ungated beats failing the batch */
     }
     if (gate.tail)
         gate.tail->next = &w;
@@ -117,8 +117,10 @@ static bool gate_enter(void)
     pthread_mutex_unlock(&gate.lock);
     zd_future_unref(w.admitted);
     if (warn)
-        fprintf(stderr, "ps_net: a training forward waited the RPC timeout for one of the %d "
-                "batches in flight (--max_inflight); it goes ahead without (said once)\n", max);
+        fprintf(stderr,
+                "ps_net: a training forward waited the RPC timeout for one of the %d "
+                "batches in flight (--max_inflight); it goes ahead without (said once)\n",
+                max);
     return admitted;
 }
 
@@ -151,9 +153,9 @@ static void gate_leave(void)
 
 static struct {
     pthread_mutex_t lock;
-    zd_tensor_t *copy[PS_NET_MAX_PARAMS];   /* of ps_shard.params[i], or NULL */
-    uint64_t version[PS_NET_MAX_PARAMS];    /* zd_dist_optim_version when taken */
-    pthread_mutex_t spare_lock;             /* inner: taken under lock, or alone */
+    zd_tensor_t *copy[PS_NET_MAX_PARAMS]; /* of ps_shard.params[i], or NULL */
+    uint64_t version[PS_NET_MAX_PARAMS];  /* zd_dist_optim_version when taken */
+    pthread_mutex_t spare_lock;           /* inner: taken under lock, or alone */
     void *spare[PS_NET_MAX_PARAMS][SPARE_BUFFERS];
     int n_spare[PS_NET_MAX_PARAMS];
 } shared = {.lock = PTHREAD_MUTEX_INITIALIZER, .spare_lock = PTHREAD_MUTEX_INITIALIZER};
@@ -213,8 +215,7 @@ static zd_tensor_t *current_copy(int i, uint64_t version)
     zd_tensor_t *c = zd_tensor_ref(shared.copy[i]);
     pthread_mutex_unlock(&shared.lock);
     if (!c)
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps_net: out of memory copying %s",
-                          ps_shard.names[i]);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps_net: out of memory copying %s", ps_shard.names[i]);
     return c;
 }
 
@@ -241,7 +242,7 @@ static void snapshot_release(zd_autograd_node_t *n)
 }
 
 static const zd_autograd_node_ops_t snapshot_ops = {"SnapshotBackward", snapshot_backward,
-                                                     snapshot_release};
+                                                    snapshot_release};
 
 int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t **out)
 {
@@ -285,7 +286,7 @@ int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t 
         zd_autograd_node_unref(node);
     }
     free(ctx);
-    if (slot)   /* nothing recorded (no gradients wanted) or a failure */
+    if (slot) /* nothing recorded (no gradients wanted) or a failure */
         gate_leave();
     for (int i = 0; i < n; i++) {
         zd_tensor_unref(copies[i]);
@@ -304,7 +305,7 @@ void ps_net_snapshot_free(void)
         shared.copy[i] = NULL;
     }
     pthread_mutex_unlock(&shared.lock);
-    for (int i = 0; i < PS_NET_MAX_PARAMS; i++)   /* (their buffers come back as spares) */
+    for (int i = 0; i < PS_NET_MAX_PARAMS; i++) /* (their buffers come back as spares) */
         zd_tensor_unref(copies[i]);
     pthread_mutex_lock(&shared.spare_lock);
     for (int i = 0; i < PS_NET_MAX_PARAMS; i++)

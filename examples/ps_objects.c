@@ -39,13 +39,14 @@ zd_tensor_t *ps_model_slice(zd_nn_module_t *m, int64_t lo, int64_t hi)
 {
     if (lo < 0 || hi > zd_nn_module_numel(m) || lo >= hi) {
         zd_error_set("slice [%lld, %lld) outside the model's %lld weights", (long long)lo,
-                  (long long)hi, (long long)zd_nn_module_numel(m));
+                     (long long)hi, (long long)zd_nn_module_numel(m));
         return NULL;
     }
     zd_tensor_t *all;
     if (zd_nn_module_params_to_vector(m, &all) < 0)
         return NULL;
-    zd_tensor_t *t = lo == 0 && hi == zd_tensor_numel(all) ? zd_tensor_ref(all) : flat_range(all, lo, hi);
+    zd_tensor_t *t =
+        lo == 0 && hi == zd_tensor_numel(all) ? zd_tensor_ref(all) : flat_range(all, lo, hi);
     zd_tensor_unref(all);
     return t;
 }
@@ -56,12 +57,13 @@ static int check_slices(zd_nn_module_t *m, zd_tensor_t *const *slices, int n)
     for (int s = 0; s < n; s++) {
         if (zd_tensor_dtype(slices[s]) != ZD_FLOAT32)
             return zd_error_set("weight slice %d is %s, not float32", s,
-                             zd_tensor_dtype_name(zd_tensor_dtype(slices[s])));
+                                zd_tensor_dtype_name(zd_tensor_dtype(slices[s])));
         total += zd_tensor_numel(slices[s]);
     }
     if (total != zd_nn_module_numel(m))
         return zd_error_set("%d weight slices hold %lld values; the %s has %lld", n,
-                         (long long)total, zd_nn_module_type(m), (long long)zd_nn_module_numel(m));
+                            (long long)total, zd_nn_module_type(m),
+                            (long long)zd_nn_module_numel(m));
     return 0;
 }
 
@@ -92,7 +94,7 @@ uint64_t ps_hash(const zd_tensor_t *t)
 
 static int stats_add(ps_stats_t *st, uint64_t h)
 {
-    if ((st->n_hashes & (st->n_hashes - 1)) == 0) {   /* 0, 1, 2, 4, ...: grow */
+    if ((st->n_hashes & (st->n_hashes - 1)) == 0) { /* 0, 1, 2, 4, ...: grow */
         size_t cap = st->n_hashes ? 2 * (size_t)st->n_hashes : 1;
         uint64_t *p = realloc(st->hashes, cap * sizeof *p);
         if (!p)
@@ -125,10 +127,10 @@ struct ps_worker {
     int index;
     uint64_t seed;
     int64_t batch_size;
-    int64_t *order;             /* this epoch's order */
-    int64_t epoch, next;        /* epochs begun; next sample position */
+    int64_t *order;      /* this epoch's order */
+    int64_t epoch, next; /* epochs begun; next sample position */
     bool track;
-    int64_t delay_ms;           /* a straggler: this much slower per gradient */
+    int64_t delay_ms; /* a straggler: this much slower per gradient */
     ps_stats_t stats;
 };
 
@@ -136,7 +138,7 @@ struct ps_worker {
 static uint64_t order_seed(uint64_t seed, int index, int64_t epoch)
 {
     uint64_t z = seed * 0x9e3779b97f4a7c15ull + (uint64_t)index * 0xbf58476d1ce4e5b9ull +
-                 (uint64_t)epoch * 0x94d049bb133111ebull;
+        (uint64_t)epoch * 0x94d049bb133111ebull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     return z ^ (z >> 31);
 }
@@ -201,8 +203,8 @@ int ps_worker_compute(ps_worker_t *w, zd_tensor_t *const *weights, int n, zd_ten
     int rc = -1;
     zd_nn_module_zero_grad(w->model);
     if (ps_model_load(w->model, weights, n) < 0 || next_batch(w, &x, &y) < 0 ||
-        zd_nn_module_forward(w->model, &x, 1, &logprobs, 1) < 0 || zd_nn_nll_loss(logprobs, y, &loss) < 0 ||
-        zd_autograd_backward(loss, NULL, false) < 0)
+        zd_nn_module_forward(w->model, &x, 1, &logprobs, 1) < 0 ||
+        zd_nn_nll_loss(logprobs, y, &loss) < 0 || zd_autograd_backward(loss, NULL, false) < 0)
         goto out;
     /* The slices are views of one vector of every gradient. */
     if (zd_nn_module_grads_to_vector(w->model, &all) < 0)
@@ -234,7 +236,7 @@ out:
 /*  ---- ParameterServer ---- */
 
 typedef struct {
-    zd_tensor_t *weights;          /* the flat slice, a leaf stepped by opt */
+    zd_tensor_t *weights; /* the flat slice, a leaf stepped by opt */
     zd_optim_t *opt;
     bool track;
     ps_stats_t stats;
@@ -249,7 +251,10 @@ static void server_free(void *obj)
     free(ps);
 }
 
-static void worker_free(void *obj) { ps_worker_free(obj); }
+static void worker_free(void *obj)
+{
+    ps_worker_free(obj);
+}
 
 static const actor_class_t server_class = {"ParameterServer", server_free};
 static const actor_class_t worker_class = {"DataWorker", worker_free};
@@ -267,7 +272,7 @@ static zd_value_t *fn_server_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
         return NULL;
     if (n < 1 || index < 0 || index >= n) {
         zd_error_set("ParameterServer: slice %lld of %lld does not exist", (long long)index,
-                  (long long)n);
+                     (long long)n);
         return NULL;
     }
     ps_server_t *ps = calloc(1, sizeof *ps);
@@ -309,7 +314,7 @@ static zd_value_t *fn_apply_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
     actor_t *a = actor_get(args, &server_class);
     if (!a)
         return NULL;
-    fault_point(zd_rpc_rank(), "step");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
     ps_server_t *ps = actor_object(a);
     size_t k = zd_list_len(args);
     int64_t n = zd_tensor_numel(ps->weights);
@@ -329,9 +334,9 @@ static zd_value_t *fn_apply_gradients(zd_rpc_call_t *call, zd_value_t *args, voi
         if (zd_tensor_dtype(g) != ZD_FLOAT32 || zd_tensor_numel(g) != n) {
             char shape[64];
             zd_error_set("ParameterServer.apply_gradients: gradient %zu is %s %s; this "
-                      "server's slice is float32 (%lld)", i - 1,
-                      zd_tensor_dtype_name(zd_tensor_dtype(g)), zd_tensor_shape_str(g, shape, sizeof shape),
-                      (long long)n);
+                         "server's slice is float32 (%lld)",
+                         i - 1, zd_tensor_dtype_name(zd_tensor_dtype(g)),
+                         zd_tensor_shape_str(g, shape, sizeof shape), (long long)n);
             goto out;
         }
         const float *gd = zd_tensor_data(g);
@@ -386,8 +391,8 @@ static zd_value_t *fn_worker_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
         zd_error_set("DataWorker: delay_ms must be in 0..10000, got %lld", (long long)delay);
         return NULL;
     }
-    ps_worker_t *w = ps_worker_new(model, (int)index, (uint64_t)seed, batch, dir, train_size,
-                                   track != 0);
+    ps_worker_t *w =
+        ps_worker_new(model, (int)index, (uint64_t)seed, batch, dir, train_size, track != 0);
     if (w)
         w->delay_ms = delay;
     return w ? actor_new(&worker_class, w) : NULL;
@@ -396,7 +401,7 @@ static zd_value_t *fn_worker_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
 /*  "DataWorker.compute_gradients"(actor, w_1, ..., w_S) -> [g_1, ..., g_S] */
 static zd_value_t *fn_compute_gradients(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    fault_point(zd_rpc_rank(), "backward");   /* tests only (fault.h) */
+    fault_point(zd_rpc_rank(), "backward"); /* tests only (fault.h) */
     (void)call, (void)arg;
     actor_t *a = actor_get(args, &worker_class);
     if (!a)
@@ -406,7 +411,7 @@ static zd_value_t *fn_compute_gradients(zd_rpc_call_t *call, zd_value_t *args, v
     zd_tensor_t *weights[PS_MAX_SERVERS], *grads[PS_MAX_SERVERS];
     if (n < 1 || n > PS_MAX_SERVERS) {
         zd_error_set("DataWorker.compute_gradients: %d weight slices given (1 to %d)", n,
-                  PS_MAX_SERVERS);
+                     PS_MAX_SERVERS);
         goto out;
     }
     for (int s = 0; s < n; s++)
@@ -458,8 +463,7 @@ static zd_value_t *fn_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 
 int ps_register(void)
 {
-    if (actor_register() < 0 ||
-        zd_rpc_register("ParameterServer", fn_server_new, NULL) < 0 ||
+    if (actor_register() < 0 || zd_rpc_register("ParameterServer", fn_server_new, NULL) < 0 ||
         zd_rpc_register("ParameterServer.apply_gradients", fn_apply_gradients, NULL) < 0 ||
         zd_rpc_register("ParameterServer.get_weights", fn_get_weights, NULL) < 0 ||
         zd_rpc_register("DataWorker", fn_worker_new, NULL) < 0 ||

@@ -91,7 +91,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
-    fault_point((int)w.rank, "rendezvous");   /* tests only (fault.h) */
+    fault_point((int)w.rank, "rendezvous"); /* tests only (fault.h) */
     if (flags_world_init(&w, name, init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) < 0)
         return 1;
     int rc = 0;

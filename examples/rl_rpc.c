@@ -26,10 +26,10 @@
 #include "examples/cartpole.h"
 #include "examples/flags.h"
 
-#define PROG "rl_rpc"
-#define HIDDEN 128
-#define DROPOUT 0.6f
-#define RUNNING_ALPHA 0.05   /* running reward = 0.05 episode + 0.95 running */
+#define PROG          "rl_rpc"
+#define HIDDEN        128
+#define DROPOUT       0.6f
+#define RUNNING_ALPHA 0.05 /* running reward = 0.05 episode + 0.95 running */
 
 typedef struct {
     int64_t seed;
@@ -37,14 +37,14 @@ typedef struct {
     double lr;
     int64_t log_interval;
     int64_t max_episodes;
-    int64_t total_episode_steps;   /* shared among the observers, as TOTAL_EPISODE_STEP */
+    int64_t total_episode_steps; /* shared among the observers, as TOTAL_EPISODE_STEP */
     double max_seconds;
 } options_t;
 
 /*  ==== the observer: ranks 1.. ==== */
 
 typedef struct {
-    int64_t id;                    /* this worker's rank, as rpc.get_worker_info().id */
+    int64_t id; /* this worker's rank, as rpc.get_worker_info().id */
     cartpole_t env;
 } observer_t;
 
@@ -78,7 +78,7 @@ static int remote_select_action(zd_rref_t *agent, int64_t id, const float obs[CA
     int rc = state ? zd_rref_rpc_sync_take(agent, "Agent.select_action", ZD_ARGS(id, state),
                                            ZD_TIMEOUT_DEFAULT, &reply)
                    : -1;
-    zd_tensor_unref(state);   /* the list took its own reference */
+    zd_tensor_unref(state); /* the list took its own reference */
     if (rc == 0)
         rc = zd_value_get_int(reply, action);
     zd_value_unref(reply);
@@ -98,7 +98,7 @@ static zd_value_t *observer_run_episode(zd_rpc_call_t *call, zd_value_t *args, v
     if (ZD_UNPACK(args, &self, &agent, &n_steps) < 0 ||
         zd_value_get_object(self, "Observer", &obj) < 0)
         return NULL;
-    observer_t *ob = obj;   /* the agent runs one episode at a time per observer */
+    observer_t *ob = obj; /* the agent runs one episode at a time per observer */
     float state[CARTPOLE_OBS];
     cartpole_reset(&ob->env, state);
     while (step < n_steps) {
@@ -128,20 +128,20 @@ typedef struct {
 
 /*  What the agent recorded of one observer's episode. */
 typedef struct {
-    pthread_mutex_t lock;      /* uncontended: one observer's calls come one at a time */
-    zd_nn_rng_t rng;           /* its dropout masks and actions: a stream per observer, so a
+    pthread_mutex_t lock;    /* uncontended: one observer's calls come one at a time */
+    zd_nn_rng_t rng;         /* its dropout masks and actions: a stream per observer, so a
                                   run does not depend on how the observers' calls interleave */
-    zd_tensor_t **log_probs;   /* one (1, 1) tensor with history per step */
+    zd_tensor_t **log_probs; /* one (1, 1) tensor with history per step */
     double *rewards;
     int64_t n_log_probs, n_rewards, cap_log_probs, cap_rewards;
 } record_t;
 
 typedef struct {
-    pthread_mutex_t lock;      /* the policy, for the observers' select_action */
+    pthread_mutex_t lock; /* the policy, for the observers' select_action */
     policy_t policy;
     zd_optim_t *optimizer;
     int n_observers;
-    record_t *records;         /* [id - 1] */
+    record_t *records; /* [id - 1] */
     double gamma;
     double running_reward;
 } agent_t;
@@ -180,9 +180,9 @@ static int policy_forward(policy_t *p, zd_tensor_t *x, zd_nn_rng_t *rng, zd_tens
 {
     zd_tensor_t *h = NULL, *d = NULL, *r = NULL, *scores = NULL;
     int rc = -1;
-    if (zd_nn_linear(x, p->w1, p->b1, &h) == 0 &&
-        zd_nn_dropout(h, DROPOUT, true, rng, &d) == 0 && zd_nn_relu(d, &r) == 0 &&
-        zd_nn_linear(r, p->w2, p->b2, &scores) == 0 && zd_nn_log_softmax(scores, 1, out) == 0)
+    if (zd_nn_linear(x, p->w1, p->b1, &h) == 0 && zd_nn_dropout(h, DROPOUT, true, rng, &d) == 0 &&
+        zd_nn_relu(d, &r) == 0 && zd_nn_linear(r, p->w2, p->b2, &scores) == 0 &&
+        zd_nn_log_softmax(scores, 1, out) == 0)
         rc = 0;
     /* the graph keeps what the backward pass needs */
     zd_tensor_unref(h);
@@ -289,8 +289,9 @@ static int agent_select_action_in(agent_t *a, record_t *rec, zd_tensor_t *x, int
         rc = zd_tensor_narrow(logp, 1, *action, 1, &chosen);
     zd_tensor_unref(logp);
     pthread_mutex_lock(&rec->lock);
-    if (rc == 0 && (rc = grow((void **)&rec->log_probs, &rec->cap_log_probs, rec->n_log_probs,
-                              sizeof *rec->log_probs)) == 0)
+    if (rc == 0 &&
+        (rc = grow((void **)&rec->log_probs, &rec->cap_log_probs, rec->n_log_probs,
+                   sizeof *rec->log_probs)) == 0)
         rec->log_probs[rec->n_log_probs++] = zd_tensor_ref(chosen);
     pthread_mutex_unlock(&rec->lock);
     zd_tensor_unref(chosen);
@@ -306,9 +307,8 @@ static zd_value_t *agent_select_action(zd_rpc_call_t *call, zd_value_t *args, vo
     int64_t id, action;
     void *obj;
     record_t *rec;
-    if (ZD_UNPACK(args, &self, &id, &state) < 0 ||
-        zd_value_get_object(self, "Agent", &obj) < 0 || !(rec = agent_record(obj, id)) ||
-        agent_select_action_in(obj, rec, state, &action) < 0)
+    if (ZD_UNPACK(args, &self, &id, &state) < 0 || zd_value_get_object(self, "Agent", &obj) < 0 ||
+        !(rec = agent_record(obj, id)) || agent_select_action_in(obj, rec, state, &action) < 0)
         return NULL;
     return zd_value_int(action);
 }
@@ -322,8 +322,8 @@ static zd_value_t *agent_report_reward(zd_rpc_call_t *call, zd_value_t *args, vo
     double reward;
     void *obj;
     record_t *rec;
-    if (ZD_UNPACK(args, &self, &id, &reward) < 0 ||
-        zd_value_get_object(self, "Agent", &obj) < 0 || !(rec = agent_record(obj, id)))
+    if (ZD_UNPACK(args, &self, &id, &reward) < 0 || zd_value_get_object(self, "Agent", &obj) < 0 ||
+        !(rec = agent_record(obj, id)))
         return NULL;
     pthread_mutex_lock(&rec->lock);
     int rc = grow((void **)&rec->rewards, &rec->cap_rewards, rec->n_rewards, sizeof *rec->rewards);
@@ -342,8 +342,7 @@ static int agent_run_episode(zd_rref_t *agent_rref, zd_rref_t *const *ob_rrefs, 
     int rc = futs ? 0 : -1;
     for (int i = 0; i < n && rc == 0; i++)
         if (!(futs[i] = zd_rref_rpc_async_take(ob_rrefs[i], "Observer.run_episode",
-                                               ZD_ARGS(agent_rref, n_steps),
-                                               ZD_TIMEOUT_DEFAULT)))
+                                               ZD_ARGS(agent_rref, n_steps), ZD_TIMEOUT_DEFAULT)))
             rc = -1;
     if (rc == 0)
         rc = zd_future_wait_all(futs, n, ZD_TIMEOUT_DEFAULT);
@@ -413,10 +412,9 @@ static int agent_finish_episode(agent_t *a, double *episode_reward)
 
     /* loss = sum(-log_prob * return) */
     zd_optim_zero_grad(a->optimizer, true);
-    if (zd_tensor_cat(log_probs, (int)total, 0, &lp) < 0 ||
-        zd_tensor_mul(lp, returns, &prod) < 0 || zd_tensor_sum(prod, &sum) < 0 ||
-        zd_tensor_scale(sum, -1.0f, &loss) < 0 || zd_autograd_backward(loss, NULL, false) < 0 ||
-        zd_optim_step_grad(a->optimizer) < 0)
+    if (zd_tensor_cat(log_probs, (int)total, 0, &lp) < 0 || zd_tensor_mul(lp, returns, &prod) < 0 ||
+        zd_tensor_sum(prod, &sum) < 0 || zd_tensor_scale(sum, -1.0f, &loss) < 0 ||
+        zd_autograd_backward(loss, NULL, false) < 0 || zd_optim_step_grad(a->optimizer) < 0)
         goto out;
     rc = 0;
 out:
@@ -456,8 +454,8 @@ static int run_agent(const options_t *o, int world_size)
     for (int i = 0; i < n_obs; i++) {
         char name[32];
         snprintf(name, sizeof name, "observer%d", i + 1);
-        if (!(ob_rrefs[i] = zd_rpc_remote_take(zd_rpc_worker(name), "Observer",
-                                               ZD_ARGS(o->seed), ZD_TIMEOUT_DEFAULT)))
+        if (!(ob_rrefs[i] = zd_rpc_remote_take(zd_rpc_worker(name), "Observer", ZD_ARGS(o->seed),
+                                               ZD_TIMEOUT_DEFAULT)))
             goto out;
     }
     const int64_t n_steps = o->total_episode_steps / n_obs;
@@ -476,8 +474,8 @@ static int run_agent(const options_t *o, int world_size)
             goto reported;
         }
         if (o->log_interval > 0 && episode % o->log_interval == 0)
-            printf("Episode %lld\tLast reward: %.2f\tAverage reward: %.2f\n",
-                   (long long)episode, last_reward, agent->running_reward);
+            printf("Episode %lld\tLast reward: %.2f\tAverage reward: %.2f\n", (long long)episode,
+                   last_reward, agent->running_reward);
         double secs = now_s() - start;
         if (agent->running_reward > CARTPOLE_REWARD_THRESHOLD)
             printf("Solved! Running reward is now %.2f!\n", agent->running_reward);
@@ -516,10 +514,14 @@ reported:
 
 int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0);   /* lines as they come, under launch too */
+    setvbuf(stdout, NULL, _IOLBF, 0); /* lines as they come, under launch too */
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
-    options_t o = {.seed = 543, .gamma = 0.99, .lr = 1e-2, .log_interval = 10,
-                   .max_episodes = 1000, .total_episode_steps = 5000,
+    options_t o = {.seed = 543,
+                   .gamma = 0.99,
+                   .lr = 1e-2,
+                   .log_interval = 10,
+                   .max_episodes = 1000,
+                   .total_episode_steps = 5000,
                    .max_seconds = 100};
     flags_world_t w = flags_world_default();
     const flag_t flags[] = {
@@ -545,15 +547,16 @@ int main(int argc, char **argv)
     if (flags_world_resolve(&w, 2, PROG) < 0)
         return 2;
     if (w.world_size < 2) {
-        fprintf(stderr, PROG ": needs a world of at least 2 processes: an agent and an "
-                        "observer\n");
+        fprintf(stderr,
+                PROG ": needs a world of at least 2 processes: an agent and an "
+                     "observer\n");
         return 2;
     }
     if (o.total_episode_steps < w.world_size - 1 || o.max_episodes < 0 || o.log_interval < 0 ||
-        !(o.max_seconds >= 0) ||
-        !(o.gamma >= 0 && o.gamma <= 1) || !(o.lr > 0)) {
-        fprintf(stderr, PROG ": --total_episode_steps must give each observer a step, "
-                        "--gamma be in [0, 1], --lr positive, the counts not negative\n");
+        !(o.max_seconds >= 0) || !(o.gamma >= 0 && o.gamma <= 1) || !(o.lr > 0)) {
+        fprintf(stderr,
+                PROG ": --total_episode_steps must give each observer a step, "
+                     "--gamma be in [0, 1], --lr positive, the counts not negative\n");
         return 2;
     }
     /* Several small processes on one machine: one BLAS thread each. */

@@ -42,11 +42,11 @@
 #include <zdist/zdist.h>
 
 #define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
-#define MAX_TEXT (64 << 20)
+#define MAX_TEXT     (64 << 20)
 
 typedef struct {
     const char *data;
-    const char *save_model, *init_from;   /* safetensors files, or NULL */
+    const char *save_model, *init_from; /* safetensors files, or NULL */
     int64_t iterations, batch, bptt, ninp, nhid, nlayers, seed, log_interval;
     double dropout, lr;
     const char *optimizer;
@@ -88,8 +88,8 @@ static int embedding_table_forward(zd_nn_module_t *m, zd_tensor_t *const *in, in
 }
 
 /*  Decoder.forward: decoder(drop(output)). */
-static int decoder_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                           zd_tensor_t **out, int n_out)
+static int decoder_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                           int n_out)
 {
     if (n_in != 1 || n_out != 1)
         return zd_error_set("Decoder takes 1 input and gives 1 output");
@@ -166,7 +166,7 @@ static zd_nn_module_t *make_decoder(zd_value_t *args, void *arg)
 /* ---- the text ---- */
 
 typedef struct {
-    uint8_t *tokens;        /* the text as token ids */
+    uint8_t *tokens; /* the text as token ids */
     int64_t n;
     int ntoken;
     unsigned char chars[256]; /* token id -> byte */
@@ -209,8 +209,8 @@ static int corpus_load(const char *path, corpus_t *c)
     bptt characters a step, carried from step to step as the hidden state
     is (the tutorial's "detach and go on"). x (bptt, batch) int64, y
     (bptt * batch) the next characters. */
-static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t batch,
-                         zd_tensor_t *x, zd_tensor_t *y)
+static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t batch, zd_tensor_t *x,
+                         zd_tensor_t *y)
 {
     int64_t stretch = (c->n - 1) / batch, steps = stretch / bptt;
     int64_t base = (it % steps) * bptt;
@@ -245,10 +245,10 @@ static int model_new(const options_t *o, int ntoken, int ps, rnn_model_t *m)
     m->lstm = m->emb ? zd_nn_lstm_new(o->ninp, o->nhid, (int)o->nlayers, (float)o->dropout,
                                       (uint64_t)o->seed + 10)
                      : NULL;
-    m->dec = m->lstm ? zd_remote_module_new(ps, "Decoder",
-                                            ZD_ARGS((int64_t)ntoken, o->nhid, o->dropout,
-                                                    o->seed + 20))
-                     : NULL;
+    m->dec = m->lstm
+        ? zd_remote_module_new(ps, "Decoder",
+                               ZD_ARGS((int64_t)ntoken, o->nhid, o->dropout, o->seed + 20))
+        : NULL;
     if (!m->dec) {
         model_free(m);
         return -1;
@@ -285,8 +285,8 @@ static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tens
     if (zd_remote_module_forward(m->emb, &x, 1, &emb) < 0 || !zd_scope_add(emb) ||
         zd_nn_module_forward(m->lstm, (zd_tensor_t *[]){emb, h, c}, 3, lstm_out, 3) < 0 ||
         !zd_scope_add(out = lstm_out[0]) || !zd_scope_add(*h_n = lstm_out[1]) ||
-        !zd_scope_add(*c_n = lstm_out[2]) ||
-        zd_remote_module_forward(m->dec, &out, 1, &dec) < 0 || !zd_scope_add(dec))
+        !zd_scope_add(*c_n = lstm_out[2]) || zd_remote_module_forward(m->dec, &out, 1, &dec) < 0 ||
+        !zd_scope_add(dec))
         return -1;
     int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
     if (zd_tensor_reshape(dec, shape, 2, &flat) < 0 || !zd_scope_add(flat))
@@ -297,8 +297,8 @@ static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tens
 
 /*  The model writes: n characters after a prompt, each drawn from its
     softmax (evaluation mode, no gradients). */
-static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, int ps_rank,
-                        int n, char *text)
+static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, int ps_rank, int n,
+                        char *text)
 {
     (void)ps_rank;
     zd_nn_module_train(m->lstm, false);
@@ -314,8 +314,8 @@ static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, i
         goto out;
     int64_t tok = c->tokens[0];
     for (int i = 0; i < n; i++) {
-        zd_tensor_t *x = zd_scope_add(zd_tensor_from_data(ZD_INT64, xs, 2, &tok)), *logits,
-                    *hn, *cn, *p;
+        zd_tensor_t *x = zd_scope_add(zd_tensor_from_data(ZD_INT64, xs, 2, &tok)), *logits, *hn,
+                    *cn, *p;
         if (!x || model_forward(m, x, h, cc, &logits, &hn, &cn) < 0 ||
             zd_nn_softmax(logits, 1, &p) < 0 || !zd_scope_add(p))
             goto out;
@@ -359,7 +359,8 @@ static zd_value_t *fn_copy_param(zd_rpc_call_t *call, zd_value_t *args, void *ar
     if (zd_tensor_dtype(src) != zd_tensor_dtype(param) || !zd_tensor_same_shape(src, param)) {
         char a[96], b[96];
         zd_error_set("rnn_copy_: a tensor of shape %s for a parameter of shape %s",
-                     zd_tensor_shape_str(src, a, sizeof a), zd_tensor_shape_str(param, b, sizeof b));
+                     zd_tensor_shape_str(src, a, sizeof a),
+                     zd_tensor_shape_str(param, b, sizeof b));
         return NULL;
     }
     return zd_tensor_copy_(param, src) < 0 ? NULL : zd_value_none();
@@ -379,8 +380,8 @@ static zd_rref_list_t *remote_params(zd_remote_module_t *rm, int n)
 
 /*  Adds copies of rm's n parameters, fetched from its owner, to nt under
     names. 0, or -1. */
-static int add_remote(zd_named_tensors_t *nt, zd_remote_module_t *rm,
-                      const char *const *names, int n)
+static int add_remote(zd_named_tensors_t *nt, zd_remote_module_t *rm, const char *const *names,
+                      int n)
 {
     zd_rref_list_t *l = remote_params(rm, n);
     if (!l)
@@ -411,8 +412,8 @@ static int push_remote(const zd_named_tensors_t *nt, zd_remote_module_t *rm,
     for (int i = 0; rc == 0 && i < n; i++) {
         zd_value_t *r = NULL;
         rc = zd_rref_rpc_sync_take(zd_rref_list_get(l, i), "rnn_copy_",
-                                   ZD_ARGS(zd_named_tensors_find(nt, names[i])),
-                                   ZD_TIMEOUT_DEFAULT, &r);
+                                   ZD_ARGS(zd_named_tensors_find(nt, names[i])), ZD_TIMEOUT_DEFAULT,
+                                   &r);
         zd_value_unref(r);
     }
     zd_rref_list_free(l);
@@ -434,7 +435,7 @@ static zd_named_tensors_t *model_state_dict(rnn_model_t *m)
     }
     if (rc == 0)
         rc = add_remote(nt, m->dec, dec_names, 2);
-    if (rc < 0) {   /* the error is set (zd_named_tensors_new's too) */
+    if (rc < 0) { /* the error is set (zd_named_tensors_new's too) */
         zd_named_tensors_free(nt);
         return NULL;
     }
@@ -471,12 +472,11 @@ static int model_save(rnn_model_t *m, const options_t *o, const corpus_t *c, int
     size_t at = 0;
     vocab[at++] = '[';
     for (int k = 0; k < c->ntoken; k++)
-        at += (size_t)snprintf(vocab + at, sizeof vocab - at, "%s%d", k ? "," : "",
-                               c->chars[k]);
+        at += (size_t)snprintf(vocab + at, sizeof vocab - at, "%s%d", k ? "," : "", c->chars[k]);
     snprintf(vocab + at, sizeof vocab - at, "]");
-    const char *meta[] = {"format", "pt", "model", "RNNModel(LSTM)", "ntoken", ntoken,
-                          "ninp", ninp, "nhid", nhid, "nlayers", nlayers, "vocab", vocab,
-                          "step", step, "loss", sloss};
+    const char *meta[] = {
+        "format", "pt",      "model", "RNNModel(LSTM)", "ntoken", ntoken, "ninp", ninp,   "nhid",
+        nhid,     "nlayers", nlayers, "vocab",          vocab,    "step", step,   "loss", sloss};
     zd_named_tensors_t *nt = model_state_dict(m);
     int rc = nt ? zd_safetensors_write(o->save_model, nt, meta, steps > 0 ? 9 : 7) : -1;
     zd_named_tensors_free(nt);
@@ -495,8 +495,8 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         return 1;
     }
     if ((c.n - 1) / o->batch < o->bptt) {
-        fprintf(stderr, "rnn_rpc: %s: %lld streams of %lld characters do not fit in %lld\n",
-                me, (long long)o->batch, (long long)o->bptt, (long long)c.n);
+        fprintf(stderr, "rnn_rpc: %s: %lld streams of %lld characters do not fit in %lld\n", me,
+                (long long)o->batch, (long long)o->bptt, (long long)c.n);
         free(c.tokens);
         return 1;
     }
@@ -519,8 +519,7 @@ static int run_trainer(options_t o_in, int rank, const char *me)
     }
     if (o->init_from) {
         if (model_load(&m, o->init_from) < 0) {
-            fprintf(stderr, "rnn_rpc: %s: --init_from=%s: %s\n", me, o->init_from,
-                    zd_error_last());
+            fprintf(stderr, "rnn_rpc: %s: --init_from=%s: %s\n", me, o->init_from, zd_error_last());
             goto out;
         }
         printf("%s: initial weights from %s\n", me, o->init_from);
@@ -530,7 +529,8 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         goto out;
     }
     printf("%s: %lld characters of %s, %d distinct; %d parameter tensors on %d owners; "
-           "%s lr %g\n", me, (long long)c.n, o->data, c.ntoken, zd_rref_list_len(params),
+           "%s lr %g\n",
+           me, (long long)c.n, o->data, c.ntoken, zd_rref_list_len(params),
            zd_dist_optim_num_owners(opt), o->optimizer, o->lr);
     printf("%s: a guess scores ln(%d) = %.3f\n", me, c.ntoken, log((double)c.ntoken));
     fflush(stdout);
@@ -546,7 +546,8 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         corpus_batch(&c, it, o->bptt, o->batch, x, y);
         double loss_value = NAN;
         zd_tensor_t *h_next = NULL, *c_next = NULL;
-        ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+        ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+        {
             zd_scope_t *s = zd_scope_begin();
             zd_tensor_t *logits, *hn, *cn, *loss;
             if (model_forward(&m, x, h, cc, &logits, &hn, &cn) == 0 &&
@@ -562,8 +563,7 @@ static int run_trainer(options_t o_in, int rank, const char *me)
             zd_scope_end(s);
         }
         if (!h_next || !c_next) {
-            fprintf(stderr, "rnn_rpc: %s: step %lld: %s\n", me, (long long)it + 1,
-                    zd_error_last());
+            fprintf(stderr, "rnn_rpc: %s: step %lld: %s\n", me, (long long)it + 1, zd_error_last());
             zd_tensor_unref(h_next);
             zd_tensor_unref(c_next);
             goto steps_done;
@@ -582,10 +582,9 @@ static int run_trainer(options_t o_in, int rank, const char *me)
         n_recent++;
         if ((it + 1) % o->log_interval == 0 || it + 1 == o->iterations) {
             double dt = train_now() - t0;
-            printf("%s: step %5lld/%lld  loss %.4f  (mean of last %lld: %.4f)  %.1f ms/step\n",
-                   me, (long long)it + 1, (long long)o->iterations, loss_value,
-                   (long long)n_recent, recent / (double)n_recent,
-                   1e3 * dt / (double)(it + 1));
+            printf("%s: step %5lld/%lld  loss %.4f  (mean of last %lld: %.4f)  %.1f ms/step\n", me,
+                   (long long)it + 1, (long long)o->iterations, loss_value, (long long)n_recent,
+                   recent / (double)n_recent, 1e3 * dt / (double)(it + 1));
             fflush(stdout);
             if (it + 1 < o->iterations) {
                 recent = 0;
@@ -595,8 +594,9 @@ static int run_trainer(options_t o_in, int rank, const char *me)
     }
     if (n_recent > 0) {
         printf("%s: loss went from %.4f (mean of the first %lld steps) to %.4f (mean of the "
-               "last %lld)\n", me, first / (double)n_first, (long long)n_first,
-               recent / (double)n_recent, (long long)n_recent);
+               "last %lld)\n",
+               me, first / (double)n_first, (long long)n_first, recent / (double)n_recent,
+               (long long)n_recent);
     }
     if (h && cc && x && y && done == o->iterations)
         status = 0;
@@ -642,9 +642,19 @@ int main(int argc, char **argv)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *prog = "rnn_rpc";
     options_t o = {
-        .data = DEFAULT_TEXT, .iterations = 300, .batch = 16, .bptt = 35, .ninp = 32,
-        .nhid = 128, .nlayers = 2, .seed = 1, .log_interval = 25, .dropout = 0.2,
-        .lr = 0.005, .optimizer = "adam", .sample = true,
+        .data = DEFAULT_TEXT,
+        .iterations = 300,
+        .batch = 16,
+        .bptt = 35,
+        .ninp = 32,
+        .nhid = 128,
+        .nlayers = 2,
+        .seed = 1,
+        .log_interval = 25,
+        .dropout = 0.2,
+        .lr = 0.005,
+        .optimizer = "adam",
+        .sample = true,
     };
     flags_world_t w = flags_world_default();
     const flag_t flags[] = {
@@ -655,8 +665,9 @@ int main(int argc, char **argv)
         {"ninp", FLAG_INT, &o.ninp, "embedding size"},
         {"nhid", FLAG_INT, &o.nhid, "LSTM hidden size"},
         {"nlayers", FLAG_INT, &o.nlayers, "LSTM layers"},
-        {"dropout", FLAG_DOUBLE, &o.dropout, "dropout of the embedding, between the LSTM's "
-                                            "layers and before the decoder"},
+        {"dropout", FLAG_DOUBLE, &o.dropout,
+         "dropout of the embedding, between the LSTM's "
+         "layers and before the decoder"},
         {"optimizer", FLAG_STRING, &o.optimizer, "adam, or sgd (the tutorial's, at lr 0.05)"},
         {"lr", FLAG_DOUBLE, &o.lr, "learning rate"},
         {"seed", FLAG_INT, &o.seed, "initial weights and dropout masks"},
@@ -679,9 +690,11 @@ int main(int argc, char **argv)
     if (o.iterations < 0 || o.batch < 1 || o.bptt < 1 || o.ninp < 1 || o.nhid < 1 ||
         o.nlayers < 1 || o.log_interval < 1 || o.lr <= 0 || o.dropout < 0 || o.dropout >= 1 ||
         (strcmp(o.optimizer, "adam") != 0 && strcmp(o.optimizer, "sgd") != 0)) {
-        fprintf(stderr, "%s: --batch, --bptt, --ninp, --nhid, --nlayers, --log_interval and "
-                        "--lr must be positive, --iterations >= 0, --dropout in [0, 1), "
-                        "--optimizer adam or sgd\n", prog);
+        fprintf(stderr,
+                "%s: --batch, --bptt, --ninp, --nhid, --nlayers, --log_interval and "
+                "--lr must be positive, --iterations >= 0, --dropout in [0, 1), "
+                "--optimizer adam or sgd\n",
+                prog);
         return 2;
     }
     if ((o.save_model && !o.save_model[0]) || (o.init_from && !o.init_from[0])) {
@@ -691,8 +704,7 @@ int main(int argc, char **argv)
     if (flags_world_resolve(&w, 2, prog) < 0)
         return 2;
     if (w.world_size < 2) {
-        fprintf(stderr, "%s: needs a world of 2 processes at least (a ps and a trainer)\n",
-                prog);
+        fprintf(stderr, "%s: needs a world of 2 processes at least (a ps and a trainer)\n", prog);
         return 2;
     }
     /* Refused now rather than after the training: a file the first
@@ -704,8 +716,8 @@ int main(int argc, char **argv)
         if (slash)
             slash[slash == dir ? 1 : 0] = 0;
         if (access(slash ? dir : ".", W_OK) < 0) {
-            fprintf(stderr, "%s: --save_model=%s: cannot write in %s (%s)\n", prog,
-                    o.save_model, slash ? dir : ".", strerror(errno));
+            fprintf(stderr, "%s: --save_model=%s: cannot write in %s (%s)\n", prog, o.save_model,
+                    slash ? dir : ".", strerror(errno));
             return 2;
         }
     }

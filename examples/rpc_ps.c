@@ -45,50 +45,49 @@
 #include <zdist/rpc.h>
 
 typedef struct {
-    flags_world_t world;        /* rank, world_size, master_addr, master_port */
+    flags_world_t world; /* rank, world_size, master_addr, master_port */
     int64_t num_gpus, num_servers;
     const char *data_dir;
-    const char *curves;         /* prefix of each trainer's curve files, or NULL */
-    int64_t eval_every;         /* batches of a trainer between its evaluations (0: at the end) */
-    double progress_s;          /* seconds between progress lines (0: none) */
-    const char *checkpoint;     /* prefix of the servers' checkpoint files, or NULL */
-    int64_t checkpoint_every;   /* batches of a trainer between checkpoints */
-    bool resume;                /* start from the checkpoint */
-    const char *save_model;     /* rank 0 writes the trained Net there (safetensors), or NULL */
-    const char *init_from;      /* the servers start from the Net there (safetensors), or NULL */
+    const char *curves;       /* prefix of each trainer's curve files, or NULL */
+    int64_t eval_every;       /* batches of a trainer between its evaluations (0: at the end) */
+    double progress_s;        /* seconds between progress lines (0: none) */
+    const char *checkpoint;   /* prefix of the servers' checkpoint files, or NULL */
+    int64_t checkpoint_every; /* batches of a trainer between checkpoints */
+    bool resume;              /* start from the checkpoint */
+    const char *save_model;   /* rank 0 writes the trained Net there (safetensors), or NULL */
+    const char *init_from;    /* the servers start from the Net there (safetensors), or NULL */
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
     int64_t threads, init_timeout_s;
     double lr;
     bool no_dropout;
-    int64_t min_trainers;       /* servers: fail when fewer trainers finished */
-    int64_t max_staleness;      /* trainers: at most this many batches ahead (0: no bound) */
-    int64_t max_batch_size;     /* servers: the largest batch ps_forward takes (0: default) */
-    int64_t max_inflight;       /* servers: training forwards held at once (0: 2 per core) */
-    int64_t server_wait_s;      /* trainers: how long a lost server shard may take to come back */
+    int64_t min_trainers;   /* servers: fail when fewer trainers finished */
+    int64_t max_staleness;  /* trainers: at most this many batches ahead (0: no bound) */
+    int64_t max_batch_size; /* servers: the largest batch ps_forward takes (0: default) */
+    int64_t max_inflight;   /* servers: training forwards held at once (0: 2 per core) */
+    int64_t server_wait_s;  /* trainers: how long a lost server shard may take to come back */
 } options_t;
 
 #define EVAL_BATCH 500
 /*  The trainer holds the parameters' RRefs in an array of this many: with S
     shards there are 2 S + 6 of them (ps_net.h), so S stays well below. */
 #define MAX_PARAM_RREFS 64
-#define MAX_SERVERS 16
+#define MAX_SERVERS     16
 
 /*  A loss this large, or this many times the first one, means the model is
     diverging even while it is still finite (issue 12 point 5). */
 #define LOSS_EXPLODED 1e4
-#define LOSS_GROWTH 100
+#define LOSS_GROWTH   100
 
 /*  Sets the error and returns true when the loss of batch `done` has
     exploded: the run stops before the shared weights are ruined. */
-static bool loss_exploded(const options_t *o, int64_t done, int64_t epoch, float first,
-                          float loss)
+static bool loss_exploded(const options_t *o, int64_t done, int64_t epoch, float first, float loss)
 {
     if (loss <= LOSS_EXPLODED && !(first > 0 && loss > LOSS_GROWTH * first))
         return false;
     zd_error_set("batch %lld (epoch %lld): the loss is %g (the first batch's was %g): the model "
                  "is diverging. Remedies: a lower --lr (now %g), or --max_staleness=K (fewer "
-                 "stale updates from the other trainers)", (long long)done, (long long)epoch + 1,
-                 (double)loss, (double)first, o->lr);
+                 "stale updates from the other trainers)",
+                 (long long)done, (long long)epoch + 1, (double)loss, (double)first, o->lr);
     return true;
 }
 
@@ -118,8 +117,8 @@ static int call_none(zd_rref_t *ps, const char *method, zd_value_t *args)
 }
 
 /*  One batch: the tutorial's loop body. */
-static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, bool check,
-                       float *loss_out)
+static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y,
+                       bool check, float *loss_out)
 {
     int rank = zd_rpc_rank();
     int64_t cid;
@@ -147,8 +146,7 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
            names and sizes tell as much, and leave the server no buffer of
            that size per trainer to send them through. */
         zd_value_t *a = ZD_ARGS(cid);
-        rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads)
-               : -1;
+        rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads) : -1;
         zd_value_unref(a);
         if (rc == 0 && zd_list_len(grads) == 0)
             rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
@@ -208,9 +206,10 @@ static int staleness_gate(zd_rref_t *ps, const options_t *o, int64_t done)
     zd_value_unref(a);
     zd_value_unref(r);
     if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT) {
-        fprintf(stderr, "rpc_ps trainer %lld: waited the RPC timeout for the slowest trainer "
-                "(--max_staleness=%lld); going on\n", (long long)o->world.rank,
-                (long long)o->max_staleness);
+        fprintf(stderr,
+                "rpc_ps trainer %lld: waited the RPC timeout for the slowest trainer "
+                "(--max_staleness=%lld); going on\n",
+                (long long)o->world.rank, (long long)o->max_staleness);
         return 0;
     }
     return rc;
@@ -256,8 +255,7 @@ static int server_attach(const options_t *o, server_t *s)
         s->joins[i] = atomic_load(&rank_joins[i]);
     zd_rref_list_t *params = NULL;
     if (!(s->ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)) ||
-        zd_rref_rpc_sync(s->ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT,
-                         &s->param_list) < 0)
+        zd_rref_rpc_sync(s->ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &s->param_list) < 0)
         goto fail;
     int n = (int)zd_list_len(s->param_list);
     if (n > MAX_PARAM_RREFS) {
@@ -269,8 +267,7 @@ static int server_attach(const options_t *o, server_t *s)
         goto fail;
     for (int i = 0; i < n; i++) {
         zd_rref_t *r;
-        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &r) < 0 ||
-            zd_rref_list_append(params, r) < 0)
+        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &r) < 0 || zd_rref_list_append(params, r) < 0)
             goto fail;
     }
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
@@ -298,8 +295,9 @@ static int server_resume_point(const options_t *o, server_t *s, int trainer, int
     zd_value_unref(r);
     if (rc == 0 && (*start < 0 || *start > most))
         rc = zd_error_set("checkpoint %s: trainer %d had done %lld batches, outside 0 to %lld "
-                          "(%lld epoch(s))", o->checkpoint, trainer, (long long)*start,
-                          (long long)most, (long long)o->epochs);
+                          "(%lld epoch(s))",
+                          o->checkpoint, trainer, (long long)*start, (long long)most,
+                          (long long)o->epochs);
     return rc;
 }
 
@@ -335,8 +333,8 @@ static int server_came_back(const options_t *o, server_t *srv, int trainer, int6
     }
     double t0 = train_now();
     printf("Rank %lld: server shard %d lost at batch %lld (%s); waiting up to %lld s "
-           "(--server_wait_s) for it to come back\n", (long long)o->world.rank, shard,
-           (long long)done, why, (long long)o->server_wait_s);
+           "(--server_wait_s) for it to come back\n",
+           (long long)o->world.rank, shard, (long long)done, why, (long long)o->server_wait_s);
     fflush(stdout);
     /* What the old process owned is gone: let go of it while it is lost,
        and of the releases of contexts it held (they fail: it is gone), so
@@ -349,8 +347,8 @@ static int server_came_back(const options_t *o, server_t *srv, int trainer, int6
         int64_t left = (int64_t)((t0 + (double)o->server_wait_s - train_now()) * 1000);
         if (zd_rpc_wait_peer(s, left > 0 ? left : 1) < 0)
             return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
-                                "--server_wait_s=%lld s: %s", s, s, why,
-                                (long long)o->server_wait_s, zd_error_last());
+                                "--server_wait_s=%lld s: %s",
+                                s, s, why, (long long)o->server_wait_s, zd_error_last());
     }
     /* Just back, a shard may not take calls from everyone yet (its new
        connections are being made): try again until the wait is up. */
@@ -384,8 +382,10 @@ static void report_failure(const options_t *o, int64_t done)
         return;
     zd_value_t *a = ZD_ARGS(done, why), *r = NULL;
     if (!a || zd_rpc_sync(0, "ps_trainer_failed", a, ZD_TIMEOUT_DEFAULT, &r) < 0)
-        fprintf(stderr, "rpc_ps trainer %lld: could not tell the server that this run failed: "
-                "%s\n", (long long)o->world.rank, zd_error_last());
+        fprintf(stderr,
+                "rpc_ps trainer %lld: could not tell the server that this run failed: "
+                "%s\n",
+                (long long)o->world.rank, zd_error_last());
     zd_value_unref(a);
     zd_value_unref(r);
     zd_error_set("%s", why);
@@ -396,7 +396,7 @@ static int run_trainer(const options_t *o)
     char dir[1024];
     zd_dataset_t *train = NULL, *test = NULL;
     server_t srv = {0};
-    int64_t *order = NULL, done = 0, trained = 0;   /* position; batches trained here */
+    int64_t *order = NULL, done = 0, trained = 0; /* position; batches trained here */
     float first_loss = 0;
     int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
     double t0 = 0, t1 = 0, eval_secs = 0;
@@ -406,15 +406,16 @@ static int run_trainer(const options_t *o)
         snprintf(dir, sizeof dir, "%s", o->data_dir);
     else if (zd_dataset_find_dir(dir, sizeof dir) < 0)
         goto out;
-    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) || !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
+    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) ||
+        !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
         goto out;
     if (server_attach(o, &srv) < 0)
         goto out;
     int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
     if (o->curves) {
         char prefix[4096], title[64];
-        if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves,
-                     (long long)o->world.rank) >= (int)sizeof prefix) {
+        if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves, (long long)o->world.rank) >=
+            (int)sizeof prefix) {
             zd_error_set("--curves: prefix too long");
             goto out;
         }
@@ -428,7 +429,8 @@ static int run_trainer(const options_t *o)
     bool rejoined = zd_rpc_rejoined();
     if (rejoined && !o->checkpoint)
         printf("Rank %lld rejoined the world; without --checkpoint it starts from its first "
-               "batch\n", (long long)o->world.rank);
+               "batch\n",
+               (long long)o->world.rank);
     if (o->checkpoint && (o->resume || rejoined)) {
         /* Where this trainer was at the last checkpoint: the same batches
            in the same order follow (the order depends on seed and epoch). */
@@ -447,15 +449,18 @@ static int run_trainer(const options_t *o)
     snprintf(label, sizeof label, "Rank %lld", (long long)o->world.rank);
     progress_t prog;
     progress_init(&prog, stdout, isatty(STDOUT_FILENO),
-                  &(progress_config_t){.label = label, .first = start, .total = total,
-                                       .per_epoch = nb, .epochs = o->epochs,
+                  &(progress_config_t){.label = label,
+                                       .first = start,
+                                       .total = total,
+                                       .per_epoch = nb,
+                                       .epochs = o->epochs,
                                        .samples_per_step = o->batch_size,
                                        .every_s = o->progress_s},
                   t0);
     /* a curve point every --log_interval batches, or 10 without loss lines */
     curves_points_t points;
     curves_points_init(&points, o->log_interval > 0 ? o->log_interval : 10, t0);
-again:   /* from `start`, after a server shard came back */
+again: /* from `start`, after a server shard came back */
     train_resume_position(start, nb, &first_epoch, &first_batch);
     for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
         free(order);
@@ -485,8 +490,8 @@ again:   /* from `start`, after a server shard came back */
                 zd_error_set("batch %lld (epoch %lld): the loss is %g: the model diverged, and "
                              "this batch's gradients were not applied. Remedies: a lower --lr "
                              "(now %g), or fewer trainers per server (their updates arrive "
-                             "stale)", (long long)done + 1, (long long)epoch + 1,
-                             (double)loss, o->lr);
+                             "stale)",
+                             (long long)done + 1, (long long)epoch + 1, (double)loss, o->lr);
             }
             if (brc < 0 && isfinite(loss)) {
                 int back = server_came_back(o, &srv, trainer, done, o->epochs * nb, &start);
@@ -524,13 +529,12 @@ again:   /* from `start`, after a server shard came back */
                     goto out;
                 progress_clear(&prog);
                 printf("Rank %lld after batch %lld (epoch %lld): accuracy %.2f %%\n",
-                       (long long)o->world.rank, (long long)done, (long long)epoch + 1,
-                       100 * acc);
+                       (long long)o->world.rank, (long long)done, (long long)epoch + 1, 100 * acc);
                 if (curves && curves_add_accuracy(curves, done, acc) < 0)
                     goto out;
                 double after = train_now();
                 eval_secs += after - now;
-                curves_points_skip(&points, after - now);   /* the training's rate */
+                curves_points_skip(&points, after - now); /* the training's rate */
                 progress_skip(&prog, after - now);
             }
             if (o->checkpoint && done % o->checkpoint_every == 0)
@@ -578,8 +582,8 @@ again:   /* from `start`, after a server shard came back */
     if (curves) {
         if (curves_add_accuracy(curves, done, acc) < 0)
             goto out;
-        printf("Rank %lld curves in %s.rank%lld.csv and %s\n", (long long)o->world.rank,
-               o->curves, (long long)o->world.rank, curves_png_path(curves));
+        printf("Rank %lld curves in %s.rank%lld.csv and %s\n", (long long)o->world.rank, o->curves,
+               (long long)o->world.rank, curves_png_path(curves));
     }
     rc = 0;
 out:
@@ -587,7 +591,7 @@ out:
         fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, zd_error_last());
         report_failure(o, done);
     }
-    if (rc < 0 && curves)   /* the plot of what there is */
+    if (rc < 0 && curves) /* the plot of what there is */
         curves_draw(curves);
     free(order);
     curves_close(curves);
@@ -620,8 +624,9 @@ static int check_options(const options_t *o)
     }
     int64_t world_size = o->world.world_size;
     if (world_size < 2 || o->num_servers < 1 || o->num_servers >= world_size) {
-        fprintf(stderr, "rpc_ps: --world_size=%lld with --num_servers=%lld leaves no trainer "
-                        "(need world_size > num_servers >= 1)\n",
+        fprintf(stderr,
+                "rpc_ps: --world_size=%lld with --num_servers=%lld leaves no trainer "
+                "(need world_size > num_servers >= 1)\n",
                 (long long)world_size, (long long)o->num_servers);
         return -1;
     }
@@ -631,13 +636,17 @@ static int check_options(const options_t *o)
         return -1;
     }
     if (o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)) {
-        fprintf(stderr, "rpc_ps: --max_batch_size=%lld: 0 (the default) or at least %d (the "
-                "evaluation's batches)\n", (long long)o->max_batch_size, EVAL_BATCH);
+        fprintf(stderr,
+                "rpc_ps: --max_batch_size=%lld: 0 (the default) or at least %d (the "
+                "evaluation's batches)\n",
+                (long long)o->max_batch_size, EVAL_BATCH);
         return -1;
     }
     if (o->max_inflight < -1 || o->max_inflight > 1000000) {
-        fprintf(stderr, "rpc_ps: --max_inflight=%lld: -1 (no limit), 0 (2 per core) or a "
-                "number of batches\n", (long long)o->max_inflight);
+        fprintf(stderr,
+                "rpc_ps: --max_inflight=%lld: -1 (no limit), 0 (2 per core) or a "
+                "number of batches\n",
+                (long long)o->max_inflight);
         return -1;
     }
     if (o->resume && !o->checkpoint) {
@@ -654,14 +663,17 @@ static int check_options(const options_t *o)
         return -1;
     }
     if (o->checkpoint_every < 1 || o->server_wait_s < 1 || o->server_wait_s > 86400) {
-        fprintf(stderr, "rpc_ps: --checkpoint_every must be >= 1, --server_wait_s in [1, "
+        fprintf(stderr,
+                "rpc_ps: --checkpoint_every must be >= 1, --server_wait_s in [1, "
                 "86400]\n");
         return -1;
     }
     if (o->min_trainers < 0 || o->min_trainers > world_size - o->num_servers ||
         o->max_staleness < 0) {
-        fprintf(stderr, "rpc_ps: --min_trainers must be in [0, %lld] (the trainers), "
-                "--max_staleness >= 0\n", (long long)(world_size - o->num_servers));
+        fprintf(stderr,
+                "rpc_ps: --min_trainers must be in [0, %lld] (the trainers), "
+                "--max_staleness >= 0\n",
+                (long long)(world_size - o->num_servers));
         return -1;
     }
     if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0) {
@@ -707,10 +719,18 @@ int main(int argc, char **argv)
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    options_t o = {.world = flags_world_default(), .num_servers = 1, .batch_size = 32,
-                   .epochs = 1, .seed = 1, .log_interval = 0, .check_interval = 5, .lr = 0.03,
+    options_t o = {.world = flags_world_default(),
+                   .num_servers = 1,
+                   .batch_size = 32,
+                   .epochs = 1,
+                   .seed = 1,
+                   .log_interval = 0,
+                   .check_interval = 5,
+                   .lr = 0.03,
                    .progress_s = 5,
-                   .init_timeout_s = 60, .checkpoint_every = 100, .min_trainers = 1,
+                   .init_timeout_s = 60,
+                   .checkpoint_every = 100,
+                   .min_trainers = 1,
                    .server_wait_s = 120};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
@@ -805,8 +825,9 @@ int main(int argc, char **argv)
         ps_net_set_init_from(o.init_from);
         ps_net_set_save_model(o.save_model);
     }
-    if (server && ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout,
-                               o.data_dir, stdout) < 0)
+    if (server &&
+        ps_net_serve(rank, (int)o.num_servers, (uint64_t)o.seed, !o.no_dropout, o.data_dir,
+                     stdout) < 0)
         goto fail;
     /* The servers take only their own optimizer (this --lr): a trainer
        started with another is refused by name, instead of its steps
@@ -817,8 +838,9 @@ int main(int argc, char **argv)
     if (server && zd_dist_optim_set_owner_limits(&limits) < 0)
         goto fail;
     if (server)
-        ps_net_set_max_batch(o.max_batch_size > 0 ? o.max_batch_size
-                             : 4 * o.batch_size > 1024 ? 4 * o.batch_size : 1024);
+        ps_net_set_max_batch(o.max_batch_size > 0          ? o.max_batch_size
+                                 : 4 * o.batch_size > 1024 ? 4 * o.batch_size
+                                                           : 1024);
     if (server)
         ps_net_set_max_inflight((int)o.max_inflight);
     if (server && o.checkpoint &&
@@ -878,9 +900,10 @@ int main(int argc, char **argv)
             /* Why, when a trainer said: the server's error names the cause. */
             char why[600];
             int failed = ps_net_trainers_failed(why, sizeof why);
-            fprintf(stderr, "rpc_ps %s: only %d trainer(s) finished, fewer than "
-                    "--min_trainers=%lld%s%s", name, finished, (long long)o.min_trainers,
-                    failed ? "; " : "", why);
+            fprintf(stderr,
+                    "rpc_ps %s: only %d trainer(s) finished, fewer than "
+                    "--min_trainers=%lld%s%s",
+                    name, finished, (long long)o.min_trainers, failed ? "; " : "", why);
             if (failed > 1)
                 fprintf(stderr, " (and %d more failed)", failed - 1);
             fprintf(stderr, "\n");

@@ -33,11 +33,12 @@ typedef struct {
     int64_t epochs, batch_size, seed, max_batches, log_interval, eval_every;
     double lr, progress_s;
     const char *model, *save, *load, *curves;
-    const char *save_model, *init_from;   /* safetensors files under PyTorch's names, or NULL */
+    const char *save_model, *init_from; /* safetensors files under PyTorch's names, or NULL */
     bool no_dropout;
 } options_t;
 
-static int train_batch(zd_nn_module_t *m, zd_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y, float *loss_out)
+static int train_batch(zd_nn_module_t *m, zd_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y,
+                       float *loss_out)
 {
     zd_tensor_t *logprobs = NULL, *loss = NULL;
     int rc = -1;
@@ -69,7 +70,8 @@ static int run(const options_t *o)
     } else if (zd_dataset_find_dir(dir, sizeof dir) < 0) {
         goto out;
     }
-    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) || !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
+    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) ||
+        !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
         goto out;
     printf("data: %s (%lld training, %lld test images)\n", dir, (long long)zd_dataset_size(train),
            (long long)zd_dataset_size(test));
@@ -99,7 +101,9 @@ static int run(const options_t *o)
     double t0 = train_now(), eval_secs = 0;
     progress_t prog;
     progress_init(&prog, stdout, isatty(STDOUT_FILENO),
-                  &(progress_config_t){.total = total, .per_epoch = nb, .epochs = o->epochs,
+                  &(progress_config_t){.total = total,
+                                       .per_epoch = nb,
+                                       .epochs = o->epochs,
                                        .samples_per_step = o->batch_size,
                                        .every_s = o->progress_s},
                   t0);
@@ -146,7 +150,7 @@ static int run(const options_t *o)
                     goto out;
                 double after = train_now();
                 eval_secs += after - now;
-                curves_points_skip(&points, after - now);   /* the training's rate */
+                curves_points_skip(&points, after - now); /* the training's rate */
                 progress_skip(&prog, after - now);
             }
         }
@@ -182,7 +186,7 @@ static int run(const options_t *o)
 out:
     if (rc < 0)
         fprintf(stderr, "train_local: %s\n", zd_error_last());
-    if (rc < 0 && curves)   /* the plot of what there is */
+    if (rc < 0 && curves) /* the plot of what there is */
         curves_draw(curves);
     curves_close(curves);
     free(order);
@@ -200,8 +204,14 @@ int main(int argc, char **argv)
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     /* Line by line even into a pipe (the launcher labels lines as they come). */
     setvbuf(stdout, NULL, _IOLBF, 0);
-    options_t o = {.data_dir = NULL, .epochs = 1, .batch_size = 32, .seed = 1,
-                   .max_batches = 0, .log_interval = 0, .lr = 0.03, .model = "net",
+    options_t o = {.data_dir = NULL,
+                   .epochs = 1,
+                   .batch_size = 32,
+                   .seed = 1,
+                   .max_batches = 0,
+                   .log_interval = 0,
+                   .lr = 0.03,
+                   .model = "net",
                    .progress_s = 5};
     const flag_t flags[] = {
         {"data_dir", FLAG_STRING, &o.data_dir,
@@ -236,10 +246,11 @@ int main(int argc, char **argv)
     int pr = flags_parse(argc, argv, flags, n, "Trains a model in one process.");
     if (pr != 0)
         return pr > 0 ? 0 : 2;
-    if (o.epochs < 1 || o.batch_size < 1 || o.lr <= 0 || o.max_batches < 0 ||
-        o.log_interval < 0 || o.eval_every < 0 || o.progress_s < 0) {
-        fprintf(stderr, "train_local: --epochs and --batch_size must be >= 1, --lr > 0, "
-                        "--max_batches, --log_interval, --eval_every and --progress_s >= 0\n");
+    if (o.epochs < 1 || o.batch_size < 1 || o.lr <= 0 || o.max_batches < 0 || o.log_interval < 0 ||
+        o.eval_every < 0 || o.progress_s < 0) {
+        fprintf(stderr,
+                "train_local: --epochs and --batch_size must be >= 1, --lr > 0, "
+                "--max_batches, --log_interval, --eval_every and --progress_s >= 0\n");
         return 2;
     }
     if ((o.save_model && !o.save_model[0]) || (o.init_from && !o.init_from[0])) {
@@ -247,8 +258,9 @@ int main(int argc, char **argv)
         return 2;
     }
     if (o.init_from && o.load) {
-        fprintf(stderr, "train_local: --init_from and --load both give the initial weights: "
-                        "use one\n");
+        fprintf(stderr,
+                "train_local: --init_from and --load both give the initial weights: "
+                "use one\n");
         return 2;
     }
     return run(&o) == 0 ? 0 : 1;

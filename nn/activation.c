@@ -49,7 +49,7 @@ static int softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
 }
 
 static const zd_autograd_node_ops_t softmax_ops = {"SoftmaxBackward", softmax_backward,
-                                                 zd__nn_free_ctx};
+                                                   zd__nn_free_ctx};
 
 int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {

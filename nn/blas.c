@@ -40,7 +40,7 @@
 #include <zdist/nn.h>
 
 typedef char *(corename_fn)(void);
-typedef void (dynamic_fn)(void);
+typedef void(dynamic_fn)(void);
 
 static corename_fn *lookup_corename(void)
 {
@@ -133,8 +133,8 @@ const char *zd_nn_blas_corename(void)
 
 /*  Plain loops for tiny products, arranged so the innermost loop runs over
     contiguous memory of C and B. */
-static void small_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a,
-                       int lda, const float *b, int ldb, float beta, float *c, int ldc)
+static void small_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const float *a, int lda,
+                       const float *b, int ldb, float beta, float *c, int ldc)
 {
     for (int i = 0; i < m; i++) {
         float *ci = c + (size_t)i * ldc;
@@ -169,7 +169,7 @@ static void small_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const
 }
 
 void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-              int lda, const float *b, int ldb, float beta, float *c, int ldc)
+                  int lda, const float *b, int ldb, float beta, float *c, int ldc)
 {
     if (m <= 0 || n <= 0)
         return;
@@ -182,8 +182,7 @@ void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
         return;
     }
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c,
-                ldc);
+                trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /*  ---- small shared helpers ---- */
@@ -194,7 +193,7 @@ int zd__nn_check_f32(const char *what, const zd_tensor_t *t)
         return zd_error_set("%s is NULL", what);
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
         return zd_error_set("%s: expected float32, got %s", what,
-                         zd_tensor_dtype_name(zd_tensor_dtype(t)));
+                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return 0;
 }
 
@@ -203,7 +202,7 @@ int zd__nn_check_ndim(const char *what, const zd_tensor_t *t, int ndim)
     if (zd_tensor_ndim(t) != ndim) {
         char s[96];
         return zd_error_set("%s: expected %d dimensions, got shape %s", what, ndim,
-                         zd_tensor_shape_str(t, s, sizeof s));
+                            zd_tensor_shape_str(t, s, sizeof s));
     }
     return 0;
 }
@@ -213,8 +212,8 @@ void zd__nn_free_ctx(zd_autograd_node_t *n)
     free(zd_autograd_node_ctx(n));
 }
 
-int zd__nn_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
-              zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx)
+int zd__nn_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in,
+                  zd_tensor_t *y, zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx)
 {
     zd_tensor_t *saved[3] = {s0, s1, s2};
     return zd_autograd_record(ops, in, n_in, y, saved, 3, ctx);

@@ -71,7 +71,7 @@ static void im2col_fwd_chunk(void *arg, int c, float *scratch)
                 for (int p = 0; p < P; p++)
                     dst[(size_t)o * P + p] = j->b[o];
         zd__nn_sgemm(false, false, O, P, K, 1.0f, j->w, K, col ? col : xs, P, j->b ? 1.0f : 0.0f,
-                 dst, P);
+                     dst, P);
         if (ctx->epi == EPI_RELU) {
             for (size_t i = 0; i < (size_t)O * P; i++)
                 dst[i] = dst[i] > 0.0f ? dst[i] : 0.0f;
@@ -79,7 +79,7 @@ static void im2col_fwd_chunk(void *arg, int c, float *scratch)
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
                 zd__nn_pool_plane(dst + (size_t)o * P, g->Ho, g->Wo, g->Wo, g->Wo, ctx->pool_k,
-                              ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
+                                  ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
         }
     }
 }
@@ -107,7 +107,7 @@ static const float *conv_out_grad(const conv_bwd_job_t *j, int64_t s, float *buf
     const int pp = ctx->Hp * ctx->Wp;
     for (int o = 0; o < O; o++)
         zd__nn_pool_plane_backward(dys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp, ctx->g.Ho,
-                               ctx->g.Wo, ctx->pool_k, ctx->pool_s, buf + (size_t)o * P);
+                                   ctx->g.Wo, ctx->pool_k, ctx->pool_s, buf + (size_t)o * P);
     return buf;
 }
 
@@ -135,7 +135,7 @@ static void im2col_bwd_chunk(void *arg, int c, float *scratch)
             if (!pointwise)
                 zd__nn_im2col(g, xs, col);
             zd__nn_sgemm(false, true, O, K, P, 1.0f, dys, P, pointwise ? xs : col, P,
-                     s == lo ? 0.0f : 1.0f, j->dw_part[c], K);
+                         s == lo ? 0.0f : 1.0f, j->dw_part[c], K);
         }
         if (j->db_part) {
             float *db = j->db_part + (size_t)c * O;
@@ -171,7 +171,7 @@ static size_t scratch_floats(const conv_ctx_t *ctx, bool backward, bool need_w, 
     Threads take chunks as they come, so one slowed down (by another
     process, say) does not hold the other up for more than a chunk. */
 #define MIN_BWD_CHUNKS_PER_THREAD 4
-#define MAX_BWD_CHUNKS 64
+#define MAX_BWD_CHUNKS            64
 
 static int conv_chunks(int N, bool backward)
 {
@@ -197,7 +197,10 @@ static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     const bool need_b = zd_autograd_node_needs_grad(n, 2);
     const int chunks = conv_chunks(ctx->N, true);
     conv_bwd_job_t job = {
-        .ctx = ctx, .n_chunks = chunks, .x = zd_tensor_data(x), .dy = zd_tensor_data(gout[0]),
+        .ctx = ctx,
+        .n_chunks = chunks,
+        .x = zd_tensor_data(x),
+        .dy = zd_tensor_data(gout[0]),
         .y = ctx->epi == EPI_RELU ? zd_tensor_data(zd_autograd_node_saved(n, 2)) : NULL,
     };
     float *parts[MAX_BWD_CHUNKS] = {0}, *wt = NULL;
@@ -239,7 +242,7 @@ static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         job.wt = wt;
     }
     if (zd__nn_parallel_run(chunks, scratch_floats(ctx, true, need_w, need_x),
-                        ctx->taps ? zd__conv_taps_bwd_chunk : im2col_bwd_chunk, &job) < 0)
+                            ctx->taps ? zd__conv_taps_bwd_chunk : im2col_bwd_chunk, &job) < 0)
         goto out;
     for (int c = 1; need_w && c < chunks; c++)
         for (size_t i = 0; i < (size_t)O * K; i++)
@@ -272,22 +275,22 @@ out:
     return rc;
 }
 
-static const zd_autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward,
-                                              conv_release};
+static const zd_autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward, conv_release};
 
 /* ---- entry points ---- */
 
 /*  Checks the arguments and fills ctx->g, N, O. */
-static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
-                      int padding, conv_ctx_t *ctx)
+static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias,
+                      int stride, int padding, conv_ctx_t *ctx)
 {
     char sx[96], sw[96];
     if (zd__nn_check_f32("conv2d: input", x) < 0 || zd__nn_check_ndim("conv2d: input", x, 4) < 0 ||
         zd__nn_check_f32("conv2d: weight", weight) < 0 ||
         zd__nn_check_ndim("conv2d: weight", weight, 4) < 0)
         return -1;
-    if (bias && (zd__nn_check_f32("conv2d: bias", bias) < 0 ||
-                 zd__nn_check_ndim("conv2d: bias", bias, 1) < 0))
+    if (bias &&
+        (zd__nn_check_f32("conv2d: bias", bias) < 0 ||
+         zd__nn_check_ndim("conv2d: bias", bias, 1) < 0))
         return -1;
     zd_tensor_shape_str(x, sx, sizeof sx);
     zd_tensor_shape_str(weight, sw, sizeof sw);
@@ -296,10 +299,10 @@ static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
     const int64_t *xs = zd_tensor_shape(x), *ws = zd_tensor_shape(weight);
     if (xs[1] != ws[1])
         return zd_error_set("%s: input %s has %lld channels but weight %s expects %lld", op, sx,
-                         (long long)xs[1], sw, (long long)ws[1]);
+                            (long long)xs[1], sw, (long long)ws[1]);
     if (bias && zd_tensor_size(bias, 0) != ws[0])
         return zd_error_set("%s: bias has %lld entries for %lld output channels", op,
-                         (long long)zd_tensor_size(bias, 0), (long long)ws[0]);
+                            (long long)zd_tensor_size(bias, 0), (long long)ws[0]);
     for (int d = 0; d < 4; d++)
         if (xs[d] > INT32_MAX / 4 || ws[d] > INT32_MAX / 4)
             return zd_error_set("%s: shapes %s, %s too large", op, sx, sw);
@@ -308,12 +311,19 @@ static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
     int64_t hp = xs[2] + 2 * (int64_t)padding, wp = xs[3] + 2 * (int64_t)padding;
     if (hp < ws[2] || wp < ws[3])
         return zd_error_set("%s: kernel %lldx%lld larger than the padded input %lldx%lld "
-                         "(input %s, padding %d)", op, (long long)ws[2], (long long)ws[3],
-                         (long long)hp, (long long)wp, sx, padding);
+                            "(input %s, padding %d)",
+                            op, (long long)ws[2], (long long)ws[3], (long long)hp, (long long)wp,
+                            sx, padding);
     ctx->g = (nn_conv_geom_t){
-        .C = (int)xs[1], .H = (int)xs[2], .W = (int)xs[3],
-        .kh = (int)ws[2], .kw = (int)ws[3], .stride = stride, .padding = padding,
-        .Ho = (int)((hp - ws[2]) / stride + 1), .Wo = (int)((wp - ws[3]) / stride + 1),
+        .C = (int)xs[1],
+        .H = (int)xs[2],
+        .W = (int)xs[3],
+        .kh = (int)ws[2],
+        .kw = (int)ws[3],
+        .stride = stride,
+        .padding = padding,
+        .Ho = (int)((hp - ws[2]) / stride + 1),
+        .Wo = (int)((wp - ws[3]) / stride + 1),
     };
     ctx->N = (int)xs[0];
     ctx->O = (int)ws[0];
@@ -341,7 +351,7 @@ static void winograd_epilogue(void *arg, int n, float *y_n)
     float *ys = j->y + (int64_t)n * conv_out_per_sample(ctx);
     for (int o = 0; o < O; o++)
         zd__nn_pool_plane(y_n + o * P, Ho, Wo, Wo, ctx->t.Wp, ctx->pool_k, ctx->pool_s,
-                      ys + (size_t)o * pp, ctx->argmax + ((int64_t)n * O + o) * pp);
+                          ys + (size_t)o * pp, ctx->argmax + ((int64_t)n * O + o) * pp);
 }
 
 /*  Runs the forward pass described by ctx (owned: freed on failure, else
@@ -363,19 +373,24 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         return zd_error_set("conv2d: out of memory");
     }
     conv_fwd_job_t job = {
-        .ctx = ctx, .n_chunks = conv_chunks(ctx->N, false), .x = zd_tensor_data(x),
-        .w = zd_tensor_data(weight), .b = bias ? zd_tensor_data(bias) : NULL, .y = zd_tensor_data(y),
+        .ctx = ctx,
+        .n_chunks = conv_chunks(ctx->N, false),
+        .x = zd_tensor_data(x),
+        .w = zd_tensor_data(weight),
+        .b = bias ? zd_tensor_data(bias) : NULL,
+        .y = zd_tensor_data(y),
     };
     const int K = ctx->g.C * ctx->g.kh * ctx->g.kw;
     float *wpack = NULL;
     int32_t *offs = NULL;
     int rc = 0;
     const nn_conv_geom_t *g = &ctx->g;
-    if (ctx->taps && zd__nn_winograd_applies(g->C, ctx->O, g->H, g->W, g->kh, g->kw, g->stride,
-                                         g->padding, 1, false)) {
+    if (ctx->taps &&
+        zd__nn_winograd_applies(g->C, ctx->O, g->H, g->W, g->kh, g->kw, g->stride, g->padding, 1,
+                                false)) {
         rc = zd__nn_winograd_forward(job.x, ctx->N, g->C, g->H, g->W, job.w, ctx->O, job.b,
-                                 g->padding, ctx->epi == EPI_POOL ? NULL : job.y,
-                                 ctx->epi == EPI_NONE ? NULL : winograd_epilogue, &job);
+                                     g->padding, ctx->epi == EPI_POOL ? NULL : job.y,
+                                     ctx->epi == EPI_NONE ? NULL : winograd_epilogue, &job);
     } else if (ctx->taps) {
         wpack = zd__nn_alloc_floats(zd__nn_taps_packed_floats(ctx->O, K));
         offs = malloc(sizeof(int32_t) * (size_t)K);
@@ -390,7 +405,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
     }
     if (rc == 0 && (wpack || !ctx->taps))
         rc = zd__nn_parallel_run(job.n_chunks, scratch_floats(ctx, false, false, false),
-                             ctx->taps ? zd__conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
+                                 ctx->taps ? zd__conv_taps_fwd_chunk : im2col_fwd_chunk, &job);
     free(wpack);
     free(offs);
     if (rc < 0) {
@@ -412,7 +427,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         zd_autograd_node_save(n, 1, weight);
         zd_autograd_node_set_ctx(n, ctx);
         if (ctx->epi == EPI_RELU)
-            zd_autograd_node_save(n, 2, y);   /* the output: kept as a view, no cycle */
+            zd_autograd_node_save(n, 2, y); /* the output: kept as a view, no cycle */
         zd_autograd_node_set_output(n, y);
         zd_autograd_node_unref(n);
     } else {
@@ -441,7 +456,7 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
             pool_s = pool_k;
         if (pool_k < 1 || pool_s < 1 || ctx->g.Ho < pool_k || ctx->g.Wo < pool_k) {
             zd_error_set("%s: pool kernel %d, stride %d do not fit the %dx%d convolution output",
-                      op, pool_k, pool_s, ctx->g.Ho, ctx->g.Wo);
+                         op, pool_k, pool_s, ctx->g.Ho, ctx->g.Wo);
             free(ctx);
             return -1;
         }
@@ -455,20 +470,20 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
 }
 
 int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
-              zd_tensor_t **out)
+                 zd_tensor_t **out)
 {
     return conv_entry("conv2d", x, weight, bias, stride, padding, EPI_NONE, 0, 0, out);
 }
 
-int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
-                   zd_tensor_t **out)
+int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
+                      int padding, zd_tensor_t **out)
 {
     return conv_entry("conv2d_relu", x, weight, bias, stride, padding, EPI_RELU, 0, 0, out);
 }
 
 int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
-                         int padding, int pool_kernel, int pool_stride, zd_tensor_t **out)
+                            int padding, int pool_kernel, int pool_stride, zd_tensor_t **out)
 {
-    return conv_entry("conv2d_max_pool2d", x, weight, bias, stride, padding, EPI_POOL,
-                      pool_kernel, pool_stride, out);
+    return conv_entry("conv2d_max_pool2d", x, weight, bias, stride, padding, EPI_POOL, pool_kernel,
+                      pool_stride, out);
 }

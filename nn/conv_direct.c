@@ -42,10 +42,10 @@ bool zd__nn_taps_enabled(void)
     return zd__nn_conv_direct_available() && !atomic_load(&taps_off);
 }
 
-#define MR 8              /* rows of A per block (zd__nn_taps_pack's panels) */
+#define MR 8 /* rows of A per block (zd__nn_taps_pack's panels) */
 
 void zd__nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
-                  float *packed)
+                      float *packed)
 {
     for (int m0 = 0; m0 < M; m0 += MR) {
         float *p = packed + (size_t)m0 * K;
@@ -84,46 +84,67 @@ static inline __mmask16 tail_mask(int n)
 /*  Row i of a block's accumulators, NV vectors: written out by name so
     that they stay in registers (GCC keeps an array of vectors in memory). */
 #define ROW3(i) __m512 c##i##0 = _mm512_set1_ps(b[i]), c##i##1 = c##i##0, c##i##2 = c##i##0
-#define FMA3(i)                                                  \
-    do {                                                         \
-        __m512 av = _mm512_set1_ps(a[i]);                        \
-        c##i##0 = _mm512_fmadd_ps(av, b0, c##i##0);              \
-        c##i##1 = _mm512_fmadd_ps(av, b1, c##i##1);              \
-        c##i##2 = _mm512_fmadd_ps(av, b2, c##i##2);              \
+#define FMA3(i)                                                                                    \
+    do {                                                                                           \
+        __m512 av = _mm512_set1_ps(a[i]);                                                          \
+        c##i##0 = _mm512_fmadd_ps(av, b0, c##i##0);                                                \
+        c##i##1 = _mm512_fmadd_ps(av, b1, c##i##1);                                                \
+        c##i##2 = _mm512_fmadd_ps(av, b2, c##i##2);                                                \
     } while (0)
-#define STORE3(i)                                                \
-    do {                                                         \
-        if (i < rows) {                                          \
-            float *d = c + (size_t)(i) * ldc;                    \
-            _mm512_storeu_ps(d, c##i##0);                        \
-            _mm512_storeu_ps(d + 16, c##i##1);                   \
-            _mm512_storeu_ps(d + 32, c##i##2);                   \
-        }                                                        \
+#define STORE3(i)                                                                                  \
+    do {                                                                                           \
+        if (i < rows) {                                                                            \
+            float *d = c + (size_t)(i)*ldc;                                                        \
+            _mm512_storeu_ps(d, c##i##0);                                                          \
+            _mm512_storeu_ps(d + 16, c##i##1);                                                     \
+            _mm512_storeu_ps(d + 32, c##i##2);                                                     \
+        }                                                                                          \
     } while (0)
 
 /*  One 8 x 48 block: c[i][q] = bias[i] + sum_k ap[k][i] * src[offs[k] + q]. */
 static void taps_block3(const float *restrict ap, int K, const int32_t *restrict offs,
-                        const float *restrict src, const float *bias, int rows,
-                        float *restrict c, int ldc)
+                        const float *restrict src, const float *bias, int rows, float *restrict c,
+                        int ldc)
 {
     float b[MR];
     block_bias(bias, rows, b);
-    ROW3(0); ROW3(1); ROW3(2); ROW3(3); ROW3(4); ROW3(5); ROW3(6); ROW3(7);
+    ROW3(0);
+    ROW3(1);
+    ROW3(2);
+    ROW3(3);
+    ROW3(4);
+    ROW3(5);
+    ROW3(6);
+    ROW3(7);
     for (int k = 0; k < K; k++) {
         const float *s = src + offs[k], *a = ap + (size_t)k * MR;
         __m512 b0 = _mm512_loadu_ps(s), b1 = _mm512_loadu_ps(s + 16);
         __m512 b2 = _mm512_loadu_ps(s + 32);
-        FMA3(0); FMA3(1); FMA3(2); FMA3(3); FMA3(4); FMA3(5); FMA3(6); FMA3(7);
+        FMA3(0);
+        FMA3(1);
+        FMA3(2);
+        FMA3(3);
+        FMA3(4);
+        FMA3(5);
+        FMA3(6);
+        FMA3(7);
     }
-    STORE3(0); STORE3(1); STORE3(2); STORE3(3); STORE3(4); STORE3(5); STORE3(6); STORE3(7);
+    STORE3(0);
+    STORE3(1);
+    STORE3(2);
+    STORE3(3);
+    STORE3(4);
+    STORE3(5);
+    STORE3(6);
+    STORE3(7);
 }
 
 #define ROW1(i) __m512 c##i = _mm512_set1_ps(b[i])
 #define FMA1(i) c##i = _mm512_fmadd_ps(_mm512_set1_ps(a[i]), b0, c##i)
-#define STORE1(i)                                                \
-    do {                                                         \
-        if (i < rows)                                            \
-            _mm512_mask_storeu_ps(c + (size_t)(i) * ldc, m, c##i); \
+#define STORE1(i)                                                                                  \
+    do {                                                                                           \
+        if (i < rows)                                                                              \
+            _mm512_mask_storeu_ps(c + (size_t)(i)*ldc, m, c##i);                                   \
     } while (0)
 
 /*  One 8 x 16 block, the lanes of m only. */
@@ -133,13 +154,34 @@ static void taps_block1(const float *restrict ap, int K, const int32_t *restrict
 {
     float b[MR];
     block_bias(bias, rows, b);
-    ROW1(0); ROW1(1); ROW1(2); ROW1(3); ROW1(4); ROW1(5); ROW1(6); ROW1(7);
+    ROW1(0);
+    ROW1(1);
+    ROW1(2);
+    ROW1(3);
+    ROW1(4);
+    ROW1(5);
+    ROW1(6);
+    ROW1(7);
     for (int k = 0; k < K; k++) {
         const float *a = ap + (size_t)k * MR;
         __m512 b0 = _mm512_maskz_loadu_ps(m, src + offs[k]);
-        FMA1(0); FMA1(1); FMA1(2); FMA1(3); FMA1(4); FMA1(5); FMA1(6); FMA1(7);
+        FMA1(0);
+        FMA1(1);
+        FMA1(2);
+        FMA1(3);
+        FMA1(4);
+        FMA1(5);
+        FMA1(6);
+        FMA1(7);
     }
-    STORE1(0); STORE1(1); STORE1(2); STORE1(3); STORE1(4); STORE1(5); STORE1(6); STORE1(7);
+    STORE1(0);
+    STORE1(1);
+    STORE1(2);
+    STORE1(3);
+    STORE1(4);
+    STORE1(5);
+    STORE1(6);
+    STORE1(7);
 }
 
 static void taps_gemm_avx512(const float *packed, int M, int K, const int32_t *offs,
@@ -148,8 +190,8 @@ static void taps_gemm_avx512(const float *packed, int M, int K, const int32_t *o
     const int full = L / 48 * 48;
     for (int q = 0; q < full; q += 48)
         for (int m0 = 0; m0 < M; m0 += MR)
-            taps_block3(packed + (size_t)m0 * K, K, offs, src + q, bias ? bias + m0 : NULL,
-                        M - m0, c + (size_t)m0 * ldc + q, ldc);
+            taps_block3(packed + (size_t)m0 * K, K, offs, src + q, bias ? bias + m0 : NULL, M - m0,
+                        c + (size_t)m0 * ldc + q, ldc);
     for (int q = full; q < L; q += 16)
         for (int m0 = 0; m0 < M; m0 += MR)
             taps_block1(packed + (size_t)m0 * K, K, offs, src + q, tail_mask(L - q),
@@ -161,37 +203,40 @@ static void taps_gemm_avx512(const float *packed, int M, int K, const int32_t *o
     NV vectors of b's row q are shared by all rows. */
 #define TROW2(i) __m512 e##i##0 = _mm512_setzero_ps(), e##i##1 = e##i##0
 #define TROW4(i) TROW2(i), e##i##2 = e##i##0, e##i##3 = e##i##0
-#define TFMA4(i)                                                 \
-    do {                                                         \
-        __m512 sv = _mm512_set1_ps(s##i[q]);                     \
-        e##i##0 = _mm512_fmadd_ps(sv, b0, e##i##0);              \
-        e##i##1 = _mm512_fmadd_ps(sv, b1, e##i##1);              \
-        e##i##2 = _mm512_fmadd_ps(sv, b2, e##i##2);              \
-        e##i##3 = _mm512_fmadd_ps(sv, b3, e##i##3);              \
+#define TFMA4(i)                                                                                   \
+    do {                                                                                           \
+        __m512 sv = _mm512_set1_ps(s##i[q]);                                                       \
+        e##i##0 = _mm512_fmadd_ps(sv, b0, e##i##0);                                                \
+        e##i##1 = _mm512_fmadd_ps(sv, b1, e##i##1);                                                \
+        e##i##2 = _mm512_fmadd_ps(sv, b2, e##i##2);                                                \
+        e##i##3 = _mm512_fmadd_ps(sv, b3, e##i##3);                                                \
     } while (0)
-#define TFMA2(i)                                                 \
-    do {                                                         \
-        __m512 sv = _mm512_set1_ps(s##i[q]);                     \
-        e##i##0 = _mm512_fmadd_ps(sv, b0, e##i##0);              \
-        e##i##1 = _mm512_fmadd_ps(sv, b1, e##i##1);              \
+#define TFMA2(i)                                                                                   \
+    do {                                                                                           \
+        __m512 sv = _mm512_set1_ps(s##i[q]);                                                       \
+        e##i##0 = _mm512_fmadd_ps(sv, b0, e##i##0);                                                \
+        e##i##1 = _mm512_fmadd_ps(sv, b1, e##i##1);                                                \
     } while (0)
-#define TADD(i, v)                                                             \
-    do {                                                                       \
-        float *d = c + (size_t)(i) * ldc + 16 * (v);                           \
-        _mm512_mask_storeu_ps(d, m##v, _mm512_add_ps(_mm512_maskz_loadu_ps(m##v, d), \
-                                                     e##i##v));                \
+#define TADD(i, v)                                                                                 \
+    do {                                                                                           \
+        float *d = c + (size_t)(i)*ldc + 16 * (v);                                                 \
+        _mm512_mask_storeu_ps(d, m##v, _mm512_add_ps(_mm512_maskz_loadu_ps(m##v, d), e##i##v));    \
     } while (0)
-#define TSTORE4(i)                                                              \
-    do {                                                                        \
-        if (i < rows) {                                                         \
-            TADD(i, 0); TADD(i, 1); TADD(i, 2); TADD(i, 3);                     \
-        }                                                                       \
+#define TSTORE4(i)                                                                                 \
+    do {                                                                                           \
+        if (i < rows) {                                                                            \
+            TADD(i, 0);                                                                            \
+            TADD(i, 1);                                                                            \
+            TADD(i, 2);                                                                            \
+            TADD(i, 3);                                                                            \
+        }                                                                                          \
     } while (0)
-#define TSTORE2(i)                                                              \
-    do {                                                                        \
-        if (i < rows) {                                                         \
-            TADD(i, 0); TADD(i, 1);                                             \
-        }                                                                       \
+#define TSTORE2(i)                                                                                 \
+    do {                                                                                           \
+        if (i < rows) {                                                                            \
+            TADD(i, 0);                                                                            \
+            TADD(i, 1);                                                                            \
+        }                                                                                          \
     } while (0)
 
 /*  The 16*NV columns from b's column 0 that a block covers: lane masks. */
@@ -203,34 +248,48 @@ static inline void block_masks(int cols, __mmask16 m[4])
 
 /*  The positions a block sums over: runs of `run` positions, `stride`
     apart (the good columns of the output rows). */
-#define FOR_POSITIONS(nrun, run, stride)                       \
-    for (int r_ = 0; r_ < (nrun); r_++)                        \
+#define FOR_POSITIONS(nrun, run, stride)                                                           \
+    for (int r_ = 0; r_ < (nrun); r_++)                                                            \
         for (int q = r_ * (stride); q < r_ * (stride) + (run); q++)
 
 /*  6 taps x 64 columns; taps past `rows` repeat tap 0 and are not stored. */
-static void taps_bt_block4(const float *const s[6], const float *restrict b, int ldb,
-                           int cols, int nrun, int run, int stride, int rows,
-                           float *restrict c, int ldc)
+static void taps_bt_block4(const float *const s[6], const float *restrict b, int ldb, int cols,
+                           int nrun, int run, int stride, int rows, float *restrict c, int ldc)
 {
     const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
     const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
     __mmask16 mk[4];
     block_masks(cols, mk);
     const __mmask16 m0 = mk[0], m1 = mk[1], m2 = mk[2], m3 = mk[3];
-    TROW4(0); TROW4(1); TROW4(2); TROW4(3); TROW4(4); TROW4(5);
-    FOR_POSITIONS(nrun, run, stride) {
+    TROW4(0);
+    TROW4(1);
+    TROW4(2);
+    TROW4(3);
+    TROW4(4);
+    TROW4(5);
+    FOR_POSITIONS(nrun, run, stride)
+    {
         const float *bq = b + (size_t)q * ldb;
         __m512 b0 = _mm512_maskz_loadu_ps(m0, bq), b1 = _mm512_maskz_loadu_ps(m1, bq + 16);
         __m512 b2 = _mm512_maskz_loadu_ps(m2, bq + 32), b3 = _mm512_maskz_loadu_ps(m3, bq + 48);
-        TFMA4(0); TFMA4(1); TFMA4(2); TFMA4(3); TFMA4(4); TFMA4(5);
+        TFMA4(0);
+        TFMA4(1);
+        TFMA4(2);
+        TFMA4(3);
+        TFMA4(4);
+        TFMA4(5);
     }
-    TSTORE4(0); TSTORE4(1); TSTORE4(2); TSTORE4(3); TSTORE4(4); TSTORE4(5);
+    TSTORE4(0);
+    TSTORE4(1);
+    TSTORE4(2);
+    TSTORE4(3);
+    TSTORE4(4);
+    TSTORE4(5);
 }
 
 /*  12 taps x 32 columns, for narrow b. */
-static void taps_bt_block2(const float *const s[12], const float *restrict b, int ldb,
-                           int cols, int nrun, int run, int stride, int rows,
-                           float *restrict c, int ldc)
+static void taps_bt_block2(const float *const s[12], const float *restrict b, int ldb, int cols,
+                           int nrun, int run, int stride, int rows, float *restrict c, int ldc)
 {
     const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
     const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
@@ -239,16 +298,47 @@ static void taps_bt_block2(const float *const s[12], const float *restrict b, in
     __mmask16 mk[4];
     block_masks(cols, mk);
     const __mmask16 m0 = mk[0], m1 = mk[1];
-    TROW2(0); TROW2(1); TROW2(2); TROW2(3); TROW2(4); TROW2(5);
-    TROW2(6); TROW2(7); TROW2(8); TROW2(9); TROW2(10); TROW2(11);
-    FOR_POSITIONS(nrun, run, stride) {
+    TROW2(0);
+    TROW2(1);
+    TROW2(2);
+    TROW2(3);
+    TROW2(4);
+    TROW2(5);
+    TROW2(6);
+    TROW2(7);
+    TROW2(8);
+    TROW2(9);
+    TROW2(10);
+    TROW2(11);
+    FOR_POSITIONS(nrun, run, stride)
+    {
         const float *bq = b + (size_t)q * ldb;
         __m512 b0 = _mm512_maskz_loadu_ps(m0, bq), b1 = _mm512_maskz_loadu_ps(m1, bq + 16);
-        TFMA2(0); TFMA2(1); TFMA2(2); TFMA2(3); TFMA2(4); TFMA2(5);
-        TFMA2(6); TFMA2(7); TFMA2(8); TFMA2(9); TFMA2(10); TFMA2(11);
+        TFMA2(0);
+        TFMA2(1);
+        TFMA2(2);
+        TFMA2(3);
+        TFMA2(4);
+        TFMA2(5);
+        TFMA2(6);
+        TFMA2(7);
+        TFMA2(8);
+        TFMA2(9);
+        TFMA2(10);
+        TFMA2(11);
     }
-    TSTORE2(0); TSTORE2(1); TSTORE2(2); TSTORE2(3); TSTORE2(4); TSTORE2(5);
-    TSTORE2(6); TSTORE2(7); TSTORE2(8); TSTORE2(9); TSTORE2(10); TSTORE2(11);
+    TSTORE2(0);
+    TSTORE2(1);
+    TSTORE2(2);
+    TSTORE2(3);
+    TSTORE2(4);
+    TSTORE2(5);
+    TSTORE2(6);
+    TSTORE2(7);
+    TSTORE2(8);
+    TSTORE2(9);
+    TSTORE2(10);
+    TSTORE2(11);
 }
 
 /*  Positions per pass over the taps (about): b's rows for them (32 KB at
@@ -301,30 +391,30 @@ NN_AVX2_BEGIN
 
 /*  Row i of a block's accumulators (see ROW3), 3 vectors of 8. */
 #define AROW3(i) __m256 c##i##0 = _mm256_set1_ps(b[i]), c##i##1 = c##i##0, c##i##2 = c##i##0
-#define AFMA3(i)                                                 \
-    do {                                                         \
-        __m256 av = _mm256_broadcast_ss(a + (i));                \
-        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);              \
-        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);              \
-        c##i##2 = _mm256_fmadd_ps(av, b2, c##i##2);              \
+#define AFMA3(i)                                                                                   \
+    do {                                                                                           \
+        __m256 av = _mm256_broadcast_ss(a + (i));                                                  \
+        c##i##0 = _mm256_fmadd_ps(av, b0, c##i##0);                                                \
+        c##i##1 = _mm256_fmadd_ps(av, b1, c##i##1);                                                \
+        c##i##2 = _mm256_fmadd_ps(av, b2, c##i##2);                                                \
     } while (0)
-#define AFROM3(i)                                                \
-    do {                                                         \
-        if (i < rows) {                                          \
-            const float *d = c + (size_t)(i) * ldc;              \
-            c##i##0 = _mm256_loadu_ps(d);                        \
-            c##i##1 = _mm256_loadu_ps(d + 8);                    \
-            c##i##2 = _mm256_loadu_ps(d + 16);                   \
-        }                                                        \
+#define AFROM3(i)                                                                                  \
+    do {                                                                                           \
+        if (i < rows) {                                                                            \
+            const float *d = c + (size_t)(i)*ldc;                                                  \
+            c##i##0 = _mm256_loadu_ps(d);                                                          \
+            c##i##1 = _mm256_loadu_ps(d + 8);                                                      \
+            c##i##2 = _mm256_loadu_ps(d + 16);                                                     \
+        }                                                                                          \
     } while (0)
-#define ASTORE3(i)                                               \
-    do {                                                         \
-        if (i < rows) {                                          \
-            float *d = c + (size_t)(i) * ldc;                    \
-            _mm256_storeu_ps(d, c##i##0);                        \
-            _mm256_storeu_ps(d + 8, c##i##1);                    \
-            _mm256_storeu_ps(d + 16, c##i##2);                   \
-        }                                                        \
+#define ASTORE3(i)                                                                                 \
+    do {                                                                                           \
+        if (i < rows) {                                                                            \
+            float *d = c + (size_t)(i)*ldc;                                                        \
+            _mm256_storeu_ps(d, c##i##0);                                                          \
+            _mm256_storeu_ps(d + 8, c##i##1);                                                      \
+            _mm256_storeu_ps(d + 16, c##i##2);                                                     \
+        }                                                                                          \
     } while (0)
 
 /*  One 4 x 24 block: c[i][q] = bias[i] + sum_k ap[k*MR + i] * src[offs[k] + q]
@@ -336,25 +426,37 @@ static void taps_block3_avx2(const float *restrict ap, int K, const int32_t *res
 {
     float b[MR];
     block_bias(bias, rows, b);
-    AROW3(0); AROW3(1); AROW3(2); AROW3(3);
+    AROW3(0);
+    AROW3(1);
+    AROW3(2);
+    AROW3(3);
     if (add) {
-        AFROM3(0); AFROM3(1); AFROM3(2); AFROM3(3);
+        AFROM3(0);
+        AFROM3(1);
+        AFROM3(2);
+        AFROM3(3);
     }
     for (int k = 0; k < K; k++) {
         const float *s = src + offs[k], *a = ap + (size_t)k * MR;
         __m256 b0 = _mm256_loadu_ps(s), b1 = _mm256_loadu_ps(s + 8);
         __m256 b2 = _mm256_loadu_ps(s + 16);
-        AFMA3(0); AFMA3(1); AFMA3(2); AFMA3(3);
+        AFMA3(0);
+        AFMA3(1);
+        AFMA3(2);
+        AFMA3(3);
     }
-    ASTORE3(0); ASTORE3(1); ASTORE3(2); ASTORE3(3);
+    ASTORE3(0);
+    ASTORE3(1);
+    ASTORE3(2);
+    ASTORE3(3);
 }
 
 #define AROW1(i) __m256 c##i = _mm256_set1_ps(b[i])
 #define AFMA1(i) c##i = _mm256_fmadd_ps(_mm256_broadcast_ss(a + (i)), b0, c##i)
-#define ASTORE1(i)                                               \
-    do {                                                         \
-        if (i < rows)                                            \
-            avx2_storen(c + (size_t)(i) * ldc, n, c##i);         \
+#define ASTORE1(i)                                                                                 \
+    do {                                                                                           \
+        if (i < rows)                                                                              \
+            avx2_storen(c + (size_t)(i)*ldc, n, c##i);                                             \
     } while (0)
 
 /*  One 8 x 8 block, the first n lanes only. */
@@ -364,15 +466,35 @@ static void taps_block1_avx2(const float *restrict ap, int K, const int32_t *res
 {
     float b[MR];
     block_bias(bias, rows, b);
-    AROW1(0); AROW1(1); AROW1(2); AROW1(3); AROW1(4); AROW1(5); AROW1(6); AROW1(7);
+    AROW1(0);
+    AROW1(1);
+    AROW1(2);
+    AROW1(3);
+    AROW1(4);
+    AROW1(5);
+    AROW1(6);
+    AROW1(7);
     const __m256i m = avx2_lanes(n);
     for (int k = 0; k < K; k++) {
         const float *a = ap + (size_t)k * MR;
         __m256 b0 = _mm256_maskload_ps(src + offs[k], m);
-        AFMA1(0); AFMA1(1); AFMA1(2); AFMA1(3); AFMA1(4); AFMA1(5); AFMA1(6); AFMA1(7);
+        AFMA1(0);
+        AFMA1(1);
+        AFMA1(2);
+        AFMA1(3);
+        AFMA1(4);
+        AFMA1(5);
+        AFMA1(6);
+        AFMA1(7);
     }
-    ASTORE1(0); ASTORE1(1); ASTORE1(2); ASTORE1(3);
-    ASTORE1(4); ASTORE1(5); ASTORE1(6); ASTORE1(7);
+    ASTORE1(0);
+    ASTORE1(1);
+    ASTORE1(2);
+    ASTORE1(3);
+    ASTORE1(4);
+    ASTORE1(5);
+    ASTORE1(6);
+    ASTORE1(7);
 }
 
 /*  Taps per chunk of the copy below. */
@@ -384,8 +506,8 @@ static void taps_block1_avx2(const float *restrict ap, int K, const int32_t *res
     they all fall into the same few sets of the L1 cache, and each of the
     M/4 passes reads them from L2 again. So the 24 positions of up to KC
     taps are first copied next to each other (as BLAS packs its operand). */
-static void taps_gemm_avx2(const float *packed, int M, int K, const int32_t *offs,
-                           const float *src, int L, const float *bias, float *c, int ldc)
+static void taps_gemm_avx2(const float *packed, int M, int K, const int32_t *offs, const float *src,
+                           int L, const float *bias, float *c, int ldc)
 {
     const int full = L / 24 * 24;
     float run[KC * 24] __attribute__((aligned(32)));
@@ -421,47 +543,62 @@ static void taps_gemm_avx2(const float *packed, int M, int K, const int32_t *off
     accumulators, b's 2 vectors and a broadcast. `full`: all 16 columns
     (a constant in each copy: loads and stores without masks). */
 #define BROW(i) __m256 e##i##0 = _mm256_setzero_ps(), e##i##1 = e##i##0
-#define BFMA(i)                                                  \
-    do {                                                         \
-        __m256 sv = _mm256_broadcast_ss(s##i + q);               \
-        e##i##0 = _mm256_fmadd_ps(sv, b0, e##i##0);              \
-        e##i##1 = _mm256_fmadd_ps(sv, b1, e##i##1);              \
+#define BFMA(i)                                                                                    \
+    do {                                                                                           \
+        __m256 sv = _mm256_broadcast_ss(s##i + q);                                                 \
+        e##i##0 = _mm256_fmadd_ps(sv, b0, e##i##0);                                                \
+        e##i##1 = _mm256_fmadd_ps(sv, b1, e##i##1);                                                \
     } while (0)
-#define BSTORE(i)                                                                        \
-    do {                                                                                 \
-        if (i < rows) {                                                                  \
-            float *d = c + (size_t)(i) * ldc;                                            \
-            if (full) {                                                                  \
-                _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), e##i##0));         \
-                _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8), e##i##1)); \
-            } else {                                                                     \
-                _mm256_maskstore_ps(d, m0, _mm256_add_ps(_mm256_maskload_ps(d, m0), e##i##0)); \
-                _mm256_maskstore_ps(d + 8, m1,                                           \
-                                    _mm256_add_ps(_mm256_maskload_ps(d + 8, m1), e##i##1)); \
-            }                                                                            \
-        }                                                                                \
+#define BSTORE(i)                                                                                  \
+    do {                                                                                           \
+        if (i < rows) {                                                                            \
+            float *d = c + (size_t)(i)*ldc;                                                        \
+            if (full) {                                                                            \
+                _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), e##i##0));                   \
+                _mm256_storeu_ps(d + 8, _mm256_add_ps(_mm256_loadu_ps(d + 8), e##i##1));           \
+            } else {                                                                               \
+                _mm256_maskstore_ps(d, m0, _mm256_add_ps(_mm256_maskload_ps(d, m0), e##i##0));     \
+                _mm256_maskstore_ps(d + 8, m1,                                                     \
+                                    _mm256_add_ps(_mm256_maskload_ps(d + 8, m1), e##i##1));        \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
-static inline __attribute__((always_inline)) void
-taps_bt_block_avx2(const float *const s[6], const float *restrict b, int ldb, int cols,
-                   int nrun, int run, int stride, int rows, float *restrict c, int ldc,
-                   bool full)
+static inline __attribute__((always_inline)) void taps_bt_block_avx2(
+    const float *const s[6], const float *restrict b, int ldb, int cols, int nrun, int run,
+    int stride, int rows, float *restrict c, int ldc, bool full)
 {
     const float *restrict s0 = s[0], *restrict s1 = s[1], *restrict s2 = s[2];
     const float *restrict s3 = s[3], *restrict s4 = s[4], *restrict s5 = s[5];
     const __m256i m0 = avx2_lanes(cols), m1 = avx2_lanes(cols - 8);
-    BROW(0); BROW(1); BROW(2); BROW(3); BROW(4); BROW(5);
-    FOR_POSITIONS(nrun, run, stride) {
+    BROW(0);
+    BROW(1);
+    BROW(2);
+    BROW(3);
+    BROW(4);
+    BROW(5);
+    FOR_POSITIONS(nrun, run, stride)
+    {
         const float *bq = b + (size_t)q * ldb;
         __m256 b0 = full ? _mm256_loadu_ps(bq) : _mm256_maskload_ps(bq, m0);
         __m256 b1 = full ? _mm256_loadu_ps(bq + 8) : _mm256_maskload_ps(bq + 8, m1);
-        BFMA(0); BFMA(1); BFMA(2); BFMA(3); BFMA(4); BFMA(5);
+        BFMA(0);
+        BFMA(1);
+        BFMA(2);
+        BFMA(3);
+        BFMA(4);
+        BFMA(5);
     }
-    BSTORE(0); BSTORE(1); BSTORE(2); BSTORE(3); BSTORE(4); BSTORE(5);
+    BSTORE(0);
+    BSTORE(1);
+    BSTORE(2);
+    BSTORE(3);
+    BSTORE(4);
+    BSTORE(5);
 }
 
-static void taps_bt_block_full_avx2(const float *const s[6], const float *b, int ldb,
-                                    int nrun, int run, int stride, int rows, float *c, int ldc)
+static void taps_bt_block_full_avx2(const float *const s[6], const float *b, int ldb, int nrun,
+                                    int run, int stride, int rows, float *c, int ldc)
 {
     taps_bt_block_avx2(s, b, ldb, 16, nrun, run, stride, rows, c, ldc, true);
 }
@@ -472,8 +609,8 @@ static void taps_bt_block_part_avx2(const float *const s[6], const float *b, int
     taps_bt_block_avx2(s, b, ldb, cols, nrun, run, stride, rows, c, ldc, false);
 }
 
-static void taps_gemm_bt_avx2(const int32_t *offs, int K, const float *src, const float *b,
-                              int ldb, int N, int nrun, int run, int stride, float *c, int ldc)
+static void taps_gemm_bt_avx2(const int32_t *offs, int K, const float *src, const float *b, int ldb,
+                              int N, int nrun, int run, int stride, float *c, int ldc)
 {
     const int runs_per_pass = stride >= BT_Q_CHUNK ? 1 : BT_Q_CHUNK / stride;
     for (int r0 = 0; r0 < nrun; r0 += runs_per_pass) {
@@ -543,8 +680,7 @@ static void taps_gemm_bt_generic(const int32_t *offs, int K, const float *src, c
     }
 }
 
-static void transpose_generic(const float *src, int rows, int cols, int lds, float *dst,
-                              int ldd)
+static void transpose_generic(const float *src, int rows, int cols, int lds, float *dst, int ldd)
 {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++)
@@ -559,7 +695,7 @@ bool zd__nn_conv_direct_available(void)
 }
 
 void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
-                  int L, const float *bias, float *c, int ldc)
+                      int L, const float *bias, float *c, int ldc)
 {
     switch (zd__nn_cpu_isa()) {
     case NN_ISA_AVX512:
@@ -574,7 +710,7 @@ void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, co
 }
 
 void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int nrun, int run, int stride, float *c, int ldc)
+                         int N, int nrun, int run, int stride, float *c, int ldc)
 {
     switch (zd__nn_cpu_isa()) {
     case NN_ISA_AVX512:

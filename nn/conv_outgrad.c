@@ -62,12 +62,13 @@ static float grad_sum_avx512(const float *g, const float *y, int64_t n)
     for (; i < n; i += 16) {
         __mmask16 m = (__mmask16)(n - i >= 16 ? 0xffff : (1u << (n - i)) - 1);
         if (y)
-            m = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, y + i),
-                                        _mm512_setzero_ps(), _CMP_GT_OQ);
+            m = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, y + i), _mm512_setzero_ps(),
+                                        _CMP_GT_OQ);
         __m512 v = _mm512_maskz_loadu_ps(m, g + i);
         acc0 = _mm512_add_pd(acc0, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
-        acc1 = _mm512_add_pd(acc1, _mm512_cvtps_pd(_mm256_castpd_ps(
-                                       _mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+        acc1 = _mm512_add_pd(
+            acc1,
+            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
     }
     total = _mm512_reduce_add_pd(_mm512_add_pd(acc0, acc1));
     for (; i < n; i++)
@@ -82,8 +83,8 @@ static inline __mmask16 lanes(int n)
 
 /*  v[i] = columns ow0.. (n of them) of output row oh of channel o0 + i's
     gradient (through the relu, if any), i < no; zeros past no. */
-static inline void grad_rows(const conv_bwd_job_t *j, int64_t s, int o0, int no, int oh,
-                             int ow0, int n, __m512 v[16])
+static inline void grad_rows(const conv_bwd_job_t *j, int64_t s, int o0, int no, int oh, int ow0,
+                             int n, __m512 v[16])
 {
     const conv_ctx_t *ctx = j->ctx;
     const __mmask16 m = lanes(n);
@@ -94,8 +95,7 @@ static inline void grad_rows(const conv_bwd_job_t *j, int64_t s, int o0, int no,
         __m512 g = _mm512_maskz_loadu_ps(m, j->dy + at + i * step);
         if (ctx->epi == EPI_RELU) {
             __mmask16 pos = _mm512_mask_cmp_ps_mask(
-                m, _mm512_maskz_loadu_ps(m, j->y + at + i * step), _mm512_setzero_ps(),
-                _CMP_GT_OQ);
+                m, _mm512_maskz_loadu_ps(m, j->y + at + i * step), _mm512_setzero_ps(), _CMP_GT_OQ);
             g = _mm512_maskz_mov_ps(pos, g);
         }
         v[i] = g;
@@ -141,8 +141,8 @@ static float grad_sum_avx2(const float *g, const float *y, int64_t n)
         const int k = n - i < 8 ? (int)(n - i) : 8;
         __m256 v = avx2_loadn(g + i, k);
         if (y)
-            v = _mm256_and_ps(v, _mm256_cmp_ps(avx2_loadn(y + i, k), _mm256_setzero_ps(),
-                                               _CMP_GT_OQ));
+            v = _mm256_and_ps(v,
+                              _mm256_cmp_ps(avx2_loadn(y + i, k), _mm256_setzero_ps(), _CMP_GT_OQ));
         acc0 = _mm256_add_pd(acc0, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
         acc1 = _mm256_add_pd(acc1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
     }
@@ -162,8 +162,9 @@ static inline void grad_rows_avx2(const conv_bwd_job_t *j, int64_t s, int o0, in
     for (int i = 0; i < no; i++) {
         __m256 g = avx2_loadn(j->dy + at + i * step, n);
         if (ctx->epi == EPI_RELU)
-            g = _mm256_and_ps(g, _mm256_cmp_ps(avx2_loadn(j->y + at + i * step, n),
-                                               _mm256_setzero_ps(), _CMP_GT_OQ));
+            g = _mm256_and_ps(g,
+                              _mm256_cmp_ps(avx2_loadn(j->y + at + i * step, n),
+                                            _mm256_setzero_ps(), _CMP_GT_OQ));
         v[i] = g;
     }
 }
@@ -209,8 +210,7 @@ static void bias_grad(const conv_bwd_job_t *j, int64_t s, float *db)
     const float *ys = ctx->epi == EPI_RELU ? j->y + s * conv_out_per_sample(ctx) : NULL;
     for (int o = 0; o < O; o++) {
         const float *g = dys + o * per, *y = ys ? ys + o * per : NULL;
-        db[o] += ctx->isa == NN_ISA_AVX512 ? grad_sum_avx512(g, y, per)
-                                           : grad_sum_avx2(g, y, per);
+        db[o] += ctx->isa == NN_ISA_AVX512 ? grad_sum_avx512(g, y, per) : grad_sum_avx2(g, y, per);
     }
 }
 

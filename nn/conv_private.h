@@ -54,12 +54,12 @@ typedef struct {
     nn_conv_geom_t g;
     int N, O;
     conv_epilogue_t epi;
-    int pool_k, pool_s, Hp, Wp;   /* EPI_POOL: window, stride, pooled plane */
-    int32_t *argmax;              /* EPI_POOL: N*O*Hp*Wp winners in the conv plane (taps
+    int pool_k, pool_s, Hp, Wp; /* EPI_POOL: window, stride, pooled plane */
+    int32_t *argmax;            /* EPI_POOL: N*O*Hp*Wp winners in the conv plane (taps
                                      path: in its numbering, rows t.Wp apart) */
-    bool taps;                    /* the stride-1 path (conv_taps.c) */
-    nn_isa_t isa;                 /* taps path: its kernels (AVX-512 or AVX2), as planned */
-    bool sparse;                  /* taps path through a pool: backward over the winners
+    bool taps;                  /* the stride-1 path (conv_taps.c) */
+    nn_isa_t isa;               /* taps path: its kernels (AVX-512 or AVX2), as planned */
+    bool sparse;                /* taps path through a pool: backward over the winners
                                      (conv_sparse.c) */
     conv_taps_geom_t t;
 } conv_ctx_t;
@@ -93,8 +93,8 @@ typedef struct {
     int n_chunks;
     const float *x, *w, *b;
     float *y;
-    const float *wpack;       /* taps path: weight packed by zd__nn_taps_pack */
-    const int32_t *offs;      /* taps path: the K taps into the padded input */
+    const float *wpack;  /* taps path: weight packed by zd__nn_taps_pack */
+    const int32_t *offs; /* taps path: the K taps into the padded input */
 } conv_fwd_job_t;
 
 /*  One backward pass, split by samples: chunk c handles its own samples
@@ -104,16 +104,16 @@ typedef struct {
     const conv_ctx_t *ctx;
     int n_chunks;
     const float *x, *dy;
-    const float *y;       /* EPI_RELU: the layer's output */
-    const float *wt;      /* im2col path: weight transposed, K x O */
-    const float *wflip;   /* taps path: flipped, transposed weight packed (C x O*kh*kw) */
-    const int32_t *offs;      /* taps path: the K taps into the padded input */
-    const int32_t *offs_dx;   /* taps path: the O*kh*kw taps into the padded gradient */
-    const int32_t *toff;      /* sparse: each weight-gradient vector's offset in a row */
-    const float *wr;          /* sparse: the weight as (channel block, O, tap) vectors */
-    float *dx;            /* NULL: no input gradient */
-    float **dw_part;      /* per chunk, O x K (taps path: K x O); NULL: no weight gradient */
-    float *db_part;       /* n_chunks x O; NULL: no bias gradient */
+    const float *y;         /* EPI_RELU: the layer's output */
+    const float *wt;        /* im2col path: weight transposed, K x O */
+    const float *wflip;     /* taps path: flipped, transposed weight packed (C x O*kh*kw) */
+    const int32_t *offs;    /* taps path: the K taps into the padded input */
+    const int32_t *offs_dx; /* taps path: the O*kh*kw taps into the padded gradient */
+    const int32_t *toff;    /* sparse: each weight-gradient vector's offset in a row */
+    const float *wr;        /* sparse: the weight as (channel block, O, tap) vectors */
+    float *dx;              /* NULL: no input gradient */
+    float **dw_part;        /* per chunk, O x K (taps path: K x O); NULL: no weight gradient */
+    float *db_part;         /* n_chunks x O; NULL: no bias gradient */
 } conv_bwd_job_t;
 
 /*  ---- the stride-1 path (conv_taps.c) ---- */

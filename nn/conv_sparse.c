@@ -63,8 +63,7 @@ static int n_windows(const conv_ctx_t *ctx)
 size_t zd__conv_sparse_scratch(const conv_ctx_t *ctx, bool need_w, bool need_x)
 {
     size_t rows = plane_rows(ctx) * (size_t)ldc(ctx);
-    return (need_w ? rows + (size_t)ctx->O * n_vec(ctx) * vw(ctx) : 0) +
-           (need_x ? rows : 0);
+    return (need_w ? rows + (size_t)ctx->O * n_vec(ctx) * vw(ctx) : 0) + (need_x ? rows : 0);
 }
 
 size_t zd__conv_sparse_ints(const conv_ctx_t *ctx)
@@ -145,10 +144,10 @@ static void planes_to_rows_avx512(const conv_ctx_t *ctx, const float *x, float *
                 const int n = g->W - iw0 < 16 ? g->W - iw0 : 16;
                 __m512 v[16];
                 for (int i = 0; i < 16; i++)
-                    v[i] = c0 + i < g->C ? _mm512_maskz_loadu_ps(
-                                               lanes(n), x + ((size_t)(c0 + i) * g->H + ih) *
-                                                                 g->W + iw0)
-                                         : _mm512_setzero_ps();
+                    v[i] = c0 + i < g->C
+                        ? _mm512_maskz_loadu_ps(lanes(n),
+                                                x + ((size_t)(c0 + i) * g->H + ih) * g->W + iw0)
+                        : _mm512_setzero_ps();
                 conv_transpose16(v);
                 float *d = xt + ((size_t)(ih + p) * Wp + iw0 + p) * ld + c0;
                 for (int l = 0; l < n; l++)
@@ -183,12 +182,14 @@ static void rows_to_planes_avx512(const conv_ctx_t *ctx, const float *dxt, float
     the nv vectors v of one output channel: 9 at a time in registers (not
     inlined: in its caller the 9 tap offsets would not keep registers). */
 __attribute__((noinline)) static void winners_dw_avx512(const float *xt, int ld, const int32_t *am,
-                                                 const float *g, int pp, const int32_t *toff,
-                                                 int nv, float *acc)
+                                                        const float *g, int pp, const int32_t *toff,
+                                                        int nv, float *acc)
 {
     int v0 = 0;
     for (; v0 + 9 <= nv; v0 += 9) {
-#define DECL(i) __m512 a##i = _mm512_setzero_ps(); const int32_t t##i = toff[v0 + i];
+#define DECL(i)                                                                                    \
+    __m512 a##i = _mm512_setzero_ps();                                                             \
+    const int32_t t##i = toff[v0 + i];
         A9(DECL)
 #undef DECL
         for (int w = 0; w < pp; w++) {
@@ -198,12 +199,13 @@ __attribute__((noinline)) static void winners_dw_avx512(const float *xt, int ld,
             A9(FMA)
 #undef FMA
         }
-#define ADD(i) _mm512_storeu_ps(acc + 16 * (v0 + i), \
-                                _mm512_add_ps(_mm512_loadu_ps(acc + 16 * (v0 + i)), a##i));
+#define ADD(i)                                                                                     \
+    _mm512_storeu_ps(acc + 16 * (v0 + i),                                                          \
+                     _mm512_add_ps(_mm512_loadu_ps(acc + 16 * (v0 + i)), a##i));
         A9(ADD)
 #undef ADD
     }
-    for (; v0 < nv; v0++) {          /* the rest, a vector at a time */
+    for (; v0 < nv; v0++) { /* the rest, a vector at a time */
         __m512 a = _mm512_setzero_ps();
         for (int w = 0; w < pp; w++)
             a = _mm512_fmadd_ps(_mm512_set1_ps(g[w]),
@@ -215,7 +217,7 @@ __attribute__((noinline)) static void winners_dw_avx512(const float *xt, int ld,
 /*  d[to[i*cv]] += sum over the channels o0 + bit of grp of g[o*pp] *
     wb[o*kk*16 + 16i..], i < nt: one group's input gradient. */
 static inline void group_dx_avx512(const float *wb, int kk, const float *g, int pp, int o0,
-                            uint64_t grp, int nt, const int32_t *to, int cv, float *d)
+                                   uint64_t grp, int nt, const int32_t *to, int cv, float *d)
 {
     if (nt == 9) {
 #define DECL(i) __m512 a##i = _mm512_setzero_ps();
@@ -229,13 +231,13 @@ static inline void group_dx_avx512(const float *wb, int kk, const float *g, int 
             A9(FMA)
 #undef FMA
         }
-#define ADD(i) _mm512_storeu_ps(d + to[i * cv], \
-                                _mm512_add_ps(_mm512_loadu_ps(d + to[i * cv]), a##i));
+#define ADD(i)                                                                                     \
+    _mm512_storeu_ps(d + to[i * cv], _mm512_add_ps(_mm512_loadu_ps(d + to[i * cv]), a##i));
         A9(ADD)
 #undef ADD
         return;
     }
-    for (int tt = 0; tt < nt; tt++) {    /* the last taps, one at a time */
+    for (int tt = 0; tt < nt; tt++) { /* the last taps, one at a time */
         __m512 a = _mm512_setzero_ps();
         for (uint64_t m = grp; m; m &= m - 1) {
             const int o = o0 + __builtin_ctzll(m);
@@ -272,8 +274,7 @@ static void groups_dx_avx512(const conv_bwd_job_t *j, int64_t s, float *dxt)
                             _mm512_add_epi32(lane, _mm512_set1_epi32(o0 + 16 * v)),
                             _mm512_set1_epi32(pp));
                         key[v] = _mm512_mask_i32gather_epi32(_mm512_set1_epi32(-1),
-                                                             lanes(n - 16 * v), idx, ams + w,
-                                                             4);
+                                                             lanes(n - 16 * v), idx, ams + w, 4);
                     }
                     uint64_t rem = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
                     while (rem) {
@@ -306,8 +307,8 @@ static void planes_to_rows_avx2(const conv_ctx_t *ctx, const float *x, float *xt
                 __m256 v[8];
                 for (int i = 0; i < 8; i++)
                     v[i] = c0 + i < g->C
-                               ? avx2_loadn(x + ((size_t)(c0 + i) * g->H + ih) * g->W + iw0, n)
-                               : _mm256_setzero_ps();
+                        ? avx2_loadn(x + ((size_t)(c0 + i) * g->H + ih) * g->W + iw0, n)
+                        : _mm256_setzero_ps();
                 avx2_transpose8(v);
                 float *d = xt + ((size_t)(ih + p) * Wp + iw0 + p) * ld + c0;
                 for (int l = 0; l < n; l++)
@@ -336,12 +337,14 @@ static void rows_to_planes_avx2(const conv_ctx_t *ctx, const float *dxt, float *
 
 /*  winners_dw_avx512 with vectors of 8. */
 __attribute__((noinline)) static void winners_dw_avx2(const float *xt, int ld, const int32_t *am,
-                                                      const float *g, int pp,
-                                                      const int32_t *toff, int nv, float *acc)
+                                                      const float *g, int pp, const int32_t *toff,
+                                                      int nv, float *acc)
 {
     int v0 = 0;
     for (; v0 + 9 <= nv; v0 += 9) {
-#define DECL(i) __m256 a##i = _mm256_setzero_ps(); const int32_t t##i = toff[v0 + i];
+#define DECL(i)                                                                                    \
+    __m256 a##i = _mm256_setzero_ps();                                                             \
+    const int32_t t##i = toff[v0 + i];
         A9(DECL)
 #undef DECL
         for (int w = 0; w < pp; w++) {
@@ -351,12 +354,12 @@ __attribute__((noinline)) static void winners_dw_avx2(const float *xt, int ld, c
             A9(FMA)
 #undef FMA
         }
-#define ADD(i) _mm256_storeu_ps(acc + 8 * (v0 + i), \
-                                _mm256_add_ps(_mm256_loadu_ps(acc + 8 * (v0 + i)), a##i));
+#define ADD(i)                                                                                     \
+    _mm256_storeu_ps(acc + 8 * (v0 + i), _mm256_add_ps(_mm256_loadu_ps(acc + 8 * (v0 + i)), a##i));
         A9(ADD)
 #undef ADD
     }
-    for (; v0 < nv; v0++) {          /* the rest, a vector at a time */
+    for (; v0 < nv; v0++) { /* the rest, a vector at a time */
         __m256 a = _mm256_setzero_ps();
         for (int w = 0; w < pp; w++)
             a = _mm256_fmadd_ps(_mm256_broadcast_ss(g + w),
@@ -381,13 +384,13 @@ static inline void group_dx_avx2(const float *wb, int kk, const float *g, int pp
             A9(FMA)
 #undef FMA
         }
-#define ADD(i) _mm256_storeu_ps(d + to[i * cv], \
-                                _mm256_add_ps(_mm256_loadu_ps(d + to[i * cv]), a##i));
+#define ADD(i)                                                                                     \
+    _mm256_storeu_ps(d + to[i * cv], _mm256_add_ps(_mm256_loadu_ps(d + to[i * cv]), a##i));
         A9(ADD)
 #undef ADD
         return;
     }
-    for (int tt = 0; tt < nt; tt++) {    /* the last taps, one at a time */
+    for (int tt = 0; tt < nt; tt++) { /* the last taps, one at a time */
         __m256 a = _mm256_setzero_ps();
         for (uint64_t m = grp; m; m &= m - 1) {
             const int o = o0 + __builtin_ctzll(m);
@@ -432,8 +435,9 @@ static void groups_dx_avx2(const conv_bwd_job_t *j, int64_t s, float *dxt)
                         const __m256i qv = _mm256_set1_epi32(q);
                         uint64_t grp = 0;
                         for (int v = 0; v < 8; v++)
-                            grp |= (uint64_t)(unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(
-                                       _mm256_cmpeq_epi32(key[v], qv))) << (8 * v);
+                            grp |= (uint64_t)(unsigned)_mm256_movemask_ps(
+                                       _mm256_castsi256_ps(_mm256_cmpeq_epi32(key[v], qv)))
+                                << (8 * v);
                         grp &= rem;
                         rem &= ~grp;
                         float *d = dxt + (size_t)q * ld;

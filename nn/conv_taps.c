@@ -184,14 +184,14 @@ NN_BODY void taps_fwd_chunk(void *arg, int c, float *scratch, nn_isa_t isa)
     int64_t lo, hi;
     nn_chunk_range(ctx->N, j->n_chunks, c, &lo, &hi);
     for (int64_t s = lo; s < hi; s++) {
-        zd__nn_taps_gemm(j->wpack, O, K, j->offs, sample_input(ctx, j->x, s, pad), t->L, j->b,
-                     yext, t->ldy);
+        zd__nn_taps_gemm(j->wpack, O, K, j->offs, sample_input(ctx, j->x, s, pad), t->L, j->b, yext,
+                         t->ldy);
         float *ys = j->y + s * per_out;
         if (ctx->epi == EPI_POOL) {
             const int pp = ctx->Hp * ctx->Wp;
             for (int o = 0; o < O; o++)
                 zd__nn_pool_plane(yext + (size_t)o * t->ldy, Ho, Wo, t->Wp, t->Wp, ctx->pool_k,
-                              ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
+                                  ctx->pool_s, ys + (size_t)o * pp, ctx->argmax + (s * O + o) * pp);
             continue;
         }
         for (int o = 0; o < O; o++)
@@ -229,17 +229,16 @@ void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
         taps_fwd_chunk_avx2(arg, c, scratch);
 }
 
-
 /* ---- backward ---- */
 
 /*  The per-sample buffers of the backward pass, carved from scratch at
     multiples of 16 floats (64 bytes, so aligned like scratch); NULL when
     not needed. */
 typedef struct {
-    float *pad;       /* padded input (padding > 0 and a weight gradient) */
-    float *dyt;       /* L x ldt: the output gradient, positions x channels (dW) */
-    float *dyp;       /* O planes Hq x Wq: the same, padded by the kernel (dx) */
-    float *dxext;     /* C x ldx: the padded input's gradient */
+    float *pad;   /* padded input (padding > 0 and a weight gradient) */
+    float *dyt;   /* L x ldt: the output gradient, positions x channels (dW) */
+    float *dyp;   /* O planes Hq x Wq: the same, padded by the kernel (dx) */
+    float *dxext; /* C x ldx: the padded input's gradient */
 } bwd_bufs_t;
 
 static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float *base,
@@ -247,12 +246,12 @@ static size_t bwd_layout(const conv_ctx_t *ctx, bool need_w, bool need_x, float 
 {
     const conv_taps_geom_t *t = &ctx->t;
     size_t n = 0;
-#define CARVE(field, floats)                          \
-    do {                                              \
-        size_t f_ = ((floats) + 15) / 16 * 16;        \
-        if (b)                                        \
-            b->field = base && f_ ? base + n : NULL;  \
-        n += f_;                                      \
+#define CARVE(field, floats)                                                                       \
+    do {                                                                                           \
+        size_t f_ = ((floats) + 15) / 16 * 16;                                                     \
+        if (b)                                                                                     \
+            b->field = base && f_ ? base + n : NULL;                                               \
+        n += f_;                                                                                   \
     } while (0)
     CARVE(pad, need_w ? padded_input_floats(ctx) : 0);
     CARVE(dyt, need_w ? (size_t)t->L * conv_taps_ldt(ctx) : 0);
@@ -336,8 +335,7 @@ NN_BODY void taps_bwd_chunk(void *arg, int c, float *scratch, nn_isa_t isa)
         zd__conv_out_grads(j, s, b.dyt, b.dyp, db);
         if (j->dw_part)
             zd__nn_taps_gemm_bt(j->offs, K, sample_input(ctx, j->x, s, b.pad), b.dyt,
-                            conv_taps_ldt(ctx), O,
-                            g->Ho, g->Wo, t->Wp, j->dw_part[c], O);
+                                conv_taps_ldt(ctx), O, g->Ho, g->Wo, t->Wp, j->dw_part[c], O);
         if (j->dx) {
             zd__nn_taps_gemm(j->wflip, C, Kx, j->offs_dx, b.dyp, t->Lx, NULL, b.dxext, t->ldx);
             const int p = g->padding;
@@ -345,8 +343,8 @@ NN_BODY void taps_bwd_chunk(void *arg, int c, float *scratch, nn_isa_t isa)
             for (int ch = 0; ch < C; ch++)
                 for (int i = 0; i < g->H; i++)
                     copy_run_isa(dxs + ((size_t)ch * g->H + i) * g->W,
-                                 b.dxext + (size_t)ch * t->ldx + (size_t)(i + p) * t->Wq + p,
-                                 g->W, isa);
+                                 b.dxext + (size_t)ch * t->ldx + (size_t)(i + p) * t->Wq + p, g->W,
+                                 isa);
         }
     }
 }

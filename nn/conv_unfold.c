@@ -12,9 +12,9 @@
     [0, W): [*lo, *hi). */
 static void valid_range(const nn_conv_geom_t *g, int kj, int *lo, int *hi)
 {
-    int off = kj - g->padding;          /* iw = ow*stride + off */
+    int off = kj - g->padding; /* iw = ow*stride + off */
     int l = off >= 0 ? 0 : (-off + g->stride - 1) / g->stride;
-    int last = g->W - 1 - off;          /* need ow*stride <= last */
+    int last = g->W - 1 - off; /* need ow*stride <= last */
     int h = last < 0 ? 0 : last / g->stride + 1;
     if (h > g->Wo)
         h = g->Wo;
@@ -43,12 +43,12 @@ static inline void add_row_avx512(float *restrict dst, const float *restrict src
 {
     int i = 0;
     for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_add_ps(_mm512_loadu_ps(dst + i),
-                                                _mm512_loadu_ps(src + i)));
+        _mm512_storeu_ps(dst + i,
+                         _mm512_add_ps(_mm512_loadu_ps(dst + i), _mm512_loadu_ps(src + i)));
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i),
-                                 _mm512_maskz_loadu_ps(m, src + i));
+        __m512 v =
+            _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst + i), _mm512_maskz_loadu_ps(m, src + i));
         _mm512_mask_storeu_ps(dst + i, m, v);
     }
 }
@@ -68,11 +68,11 @@ static inline void add_row_avx2(float *restrict dst, const float *restrict src, 
 {
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_add_ps(_mm256_loadu_ps(dst + i),
-                                                _mm256_loadu_ps(src + i)));
+        _mm256_storeu_ps(dst + i,
+                         _mm256_add_ps(_mm256_loadu_ps(dst + i), _mm256_loadu_ps(src + i)));
     if (i < n)
-        avx2_storen(dst + i, n - i, _mm256_add_ps(avx2_loadn(dst + i, n - i),
-                                                  avx2_loadn(src + i, n - i)));
+        avx2_storen(dst + i, n - i,
+                    _mm256_add_ps(avx2_loadn(dst + i, n - i), avx2_loadn(src + i, n - i)));
 }
 NN_AVX2_END
 
@@ -82,7 +82,8 @@ typedef float v8f __attribute__((vector_size(32), aligned(4), may_alias));
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-tree-loop-distribute-patterns")))
 #endif
-static inline void copy_row(float *restrict dst, const float *restrict src, int n)
+static inline void
+copy_row(float *restrict dst, const float *restrict src, int n)
 {
     int i = 0;
     for (; i + 8 <= n; i += 8)

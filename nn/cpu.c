@@ -37,12 +37,11 @@ static uint64_t os_saved_state(void)
 unsigned zd__nn_cpu_features(void)
 {
     unsigned a, b, c, d, f = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX) ||
-        !(c & bit_FMA))
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE) || !(c & bit_AVX) || !(c & bit_FMA))
         return 0;
     const uint64_t xcr0 = os_saved_state();
     if ((xcr0 & 0x6) != 0x6 || !__get_cpuid_count(7, 0, &a, &b, &c, &d))
-        return 0;                   /* no YMM state: no AVX at all */
+        return 0; /* no YMM state: no AVX at all */
     if (b & bit_AVX2)
         f |= NN_CPU_AVX2;
     /* AVX-512 also needs the opmask and ZMM state saved (bits 5-7) */
@@ -84,13 +83,15 @@ static nn_isa_t detect(void)
     /* a misspelt "generic" would otherwise run the fast kernels while the
        user believes the portable ones ran */
     if (want < 0) {
-        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=\"%.40s\" is not generic, avx2, avx512 or auto: "
-                             "the CPU decides (%s)", env, names[cpu]);
+        zd__log(ZD_LOG_WARN,
+                "nn: ZDIST_CPU=\"%.40s\" is not generic, avx2, avx512 or auto: "
+                "the CPU decides (%s)",
+                env, names[cpu]);
         return cpu;
     }
     if ((nn_isa_t)want > cpu) {
-        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=%s, but this CPU lacks %s: the %s kernels run",
-                env, needs[want], names[cpu]);
+        zd__log(ZD_LOG_WARN, "nn: ZDIST_CPU=%s, but this CPU lacks %s: the %s kernels run", env,
+                needs[want], names[cpu]);
         return cpu;
     }
     return (nn_isa_t)want;
@@ -128,7 +129,8 @@ int zd__nn_cpu_set(const char *name)
         const int want = by_name(name);
         if (want < 0)
             return zd_error_set("zd__nn_cpu_set: unknown kernels '%s' (generic, avx2, avx512, "
-                                "auto)", name);
+                                "auto)",
+                                name);
         if ((nn_isa_t)want > best())
             return zd_error_set("zd__nn_cpu_set: this CPU lacks %s", needs[want]);
         isa = (nn_isa_t)want;

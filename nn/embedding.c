@@ -10,8 +10,8 @@
 #include "nn/nn_private.h"
 
 typedef struct {
-    int64_t rows, dim;       /* the table's shape */
-    int64_t padding_idx;     /* < 0: none */
+    int64_t rows, dim;   /* the table's shape */
+    int64_t padding_idx; /* < 0: none */
     int64_t n;
     int64_t idx[];
 } emb_ctx_t;
@@ -36,7 +36,8 @@ static int emb_backward(zd_autograd_node_t *node, zd_tensor_t *const *gout, zd_t
 
 static const zd_autograd_node_ops_t emb_ops = {"EmbeddingBackward", emb_backward, zd__nn_free_ctx};
 
-int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx, zd_tensor_t **out)
+int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
+                    zd_tensor_t **out)
 {
     *out = NULL;
     if (zd__nn_check_f32("embedding: weight", weight) < 0 ||

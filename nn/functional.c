@@ -25,15 +25,15 @@ static int64_t leading_rows(const zd_tensor_t *x)
 /*  Linear layers split by blocks of columns of the result (features), so
     each chunk writes its own part of the output and nothing is reduced. */
 typedef struct {
-    int which;            /* 0: y = x W^T, 1: dx = dy W, 2: dW = dy^T x */
+    int which; /* 0: y = x W^T, 1: dx = dy W, 2: dW = dy^T x */
     int rows, in_f, out_f, n_chunks;
     const float *x, *w, *dy;
     float *out;
     /* the taps paths (see linear_taps and linear_forward_taps) */
-    const float *packed;  /* dy (which 1) or dy^T (which 2), packed by zd__nn_taps_pack */
-    const int32_t *offs;  /* rows of W (which 0, 1) or of x (which 2) */
-    const float *xt;      /* which 0: x transposed, in_f x ldr */
-    float *yt;            /* which 0: y transposed, out_f x ldr */
+    const float *packed; /* dy (which 1) or dy^T (which 2), packed by zd__nn_taps_pack */
+    const int32_t *offs; /* rows of W (which 0, 1) or of x (which 2) */
+    const float *xt;     /* which 0: x transposed, in_f x ldr */
+    float *yt;           /* which 0: y transposed, out_f x ldr */
     int ldr;
 } linear_job_t;
 
@@ -54,33 +54,34 @@ static void linear_chunk(void *arg, int c, float *scratch)
             const int64_t done = (int64_t)nrun * LINEAR_RUN;
             if (nrun)
                 zd__nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w, j->xt, j->ldr, j->rows,
-                                nrun, LINEAR_RUN, LINEAR_RUN, j->yt + lo * j->ldr, j->ldr);
+                                    nrun, LINEAR_RUN, LINEAR_RUN, j->yt + lo * j->ldr, j->ldr);
             if (rest)
-                zd__nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w + done, j->xt + done * j->ldr,
-                                j->ldr, j->rows, 1, rest, rest, j->yt + lo * j->ldr, j->ldr);
+                zd__nn_taps_gemm_bt(j->offs + lo, (int)(hi - lo), j->w + done,
+                                    j->xt + done * j->ldr, j->ldr, j->rows, 1, rest, rest,
+                                    j->yt + lo * j->ldr, j->ldr);
         } else
             zd__nn_sgemm(false, true, j->rows, (int)(hi - lo), j->in_f, 1.0f, j->x, j->in_f,
-                     j->w + lo * j->in_f, j->in_f, 1.0f, j->out + lo, j->out_f);
+                         j->w + lo * j->in_f, j->in_f, 1.0f, j->out + lo, j->out_f);
         break;
     case 1:
         nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
         if (j->packed)
             zd__nn_taps_gemm(j->packed, j->rows, j->out_f, j->offs, j->w + lo, (int)(hi - lo), NULL,
-                         j->out + lo, j->in_f);
+                             j->out + lo, j->in_f);
         else
             zd__nn_sgemm(false, false, j->rows, (int)(hi - lo), j->out_f, 1.0f, j->dy, j->out_f,
-                     j->w + lo, j->in_f, 0.0f, j->out + lo, j->in_f);
+                         j->w + lo, j->in_f, 0.0f, j->out + lo, j->in_f);
         break;
     default:
         if (j->packed) {
             nn_chunk_range(j->in_f, j->n_chunks, c, &lo, &hi);
-            zd__nn_taps_gemm(j->packed, j->out_f, j->rows, j->offs, j->x + lo, (int)(hi - lo),
-                         NULL, j->out + lo, j->in_f);
+            zd__nn_taps_gemm(j->packed, j->out_f, j->rows, j->offs, j->x + lo, (int)(hi - lo), NULL,
+                             j->out + lo, j->in_f);
             break;
         }
         nn_chunk_range(j->out_f, j->n_chunks, c, &lo, &hi);
         zd__nn_sgemm(true, false, (int)(hi - lo), j->in_f, j->rows, 1.0f, j->dy + lo, j->out_f,
-                 j->x, j->in_f, 0.0f, j->out + lo * j->in_f, j->in_f);
+                     j->x, j->in_f, 0.0f, j->out + lo * j->in_f, j->in_f);
         break;
     }
 }
@@ -119,15 +120,15 @@ static bool linear_taps(linear_job_t *j, float **mem)
     float *p = malloc(sizeof(float) * packed + sizeof(int32_t) * 2 * (size_t)k);
     ZD_FAULT_BENIGN(false);
     if (!p)
-        return false;     /* BLAS needs no memory of ours */
+        return false; /* BLAS needs no memory of ours */
     int32_t *offs = (int32_t *)(p + packed), *cols = offs + k;
     for (int i = 0; i < k; i++) {
         offs[i] = i * j->in_f;
         cols[i] = i * j->out_f;
     }
-    if (j->which == 1)    /* a(r, k) = dy[r][k] */
+    if (j->which == 1) /* a(r, k) = dy[r][k] */
         zd__nn_taps_pack(j->dy, m, k, j->out_f, NULL, p);
-    else                  /* a(o, r) = dy[r][o] */
+    else /* a(o, r) = dy[r][o] */
         zd__nn_taps_pack(j->dy, m, k, 1, cols, p);
     j->packed = p;
     j->offs = offs;
@@ -178,11 +179,15 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     const int out_f = (int)zd_tensor_size(w, 0), in_f = (int)zd_tensor_size(w, 1);
     const int rows = (int)leading_rows(x);
     const float *dy = zd_tensor_data(gout[0]);
-    linear_job_t job = {.rows = rows, .in_f = in_f, .out_f = out_f, .x = zd_tensor_data(x),
-                        .w = zd_tensor_data(w), .dy = dy};
+    linear_job_t job = {.rows = rows,
+                        .in_f = in_f,
+                        .out_f = out_f,
+                        .x = zd_tensor_data(x),
+                        .w = zd_tensor_data(w),
+                        .dy = dy};
     float *mem;
     int rc;
-    if (zd_autograd_node_needs_grad(n, 0)) {          /* dx = dy W */
+    if (zd_autograd_node_needs_grad(n, 0)) { /* dx = dy W */
         if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x))))
             return -1;
         job.which = 1;
@@ -193,7 +198,7 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
         if (rc < 0)
             return -1;
     }
-    if (zd_autograd_node_needs_grad(n, 1)) {          /* dW = dy^T x */
+    if (zd_autograd_node_needs_grad(n, 1)) { /* dW = dy^T x */
         if (!(gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(w), 2)))
             return -1;
         job.which = 2;
@@ -205,7 +210,7 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
         if (rc < 0)
             return -1;
     }
-    if (zd_autograd_node_needs_grad(n, 2)) {          /* db = column sums of dy */
+    if (zd_autograd_node_needs_grad(n, 2)) { /* db = column sums of dy */
         if (!(gin[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){out_f}, 1)))
             return -1;
         float *db = zd_tensor_data(gin[2]);
@@ -221,21 +226,23 @@ static const zd_autograd_node_ops_t linear_ops = {"LinearBackward", linear_backw
 int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out)
 {
     *out = NULL;
-    if (zd__nn_check_f32("linear: input", x) < 0 || zd__nn_check_f32("linear: weight", weight) < 0 ||
+    if (zd__nn_check_f32("linear: input", x) < 0 ||
+        zd__nn_check_f32("linear: weight", weight) < 0 ||
         zd__nn_check_ndim("linear: weight", weight, 2) < 0)
         return -1;
-    if (bias && (zd__nn_check_f32("linear: bias", bias) < 0 ||
-                 zd__nn_check_ndim("linear: bias", bias, 1) < 0))
+    if (bias &&
+        (zd__nn_check_f32("linear: bias", bias) < 0 ||
+         zd__nn_check_ndim("linear: bias", bias, 1) < 0))
         return -1;
     char sx[96], sw[96];
     const int64_t out_f = zd_tensor_size(weight, 0), in_f = zd_tensor_size(weight, 1);
     if (zd_tensor_ndim(x) < 1 || zd_tensor_size(x, -1) != in_f)
         return zd_error_set("linear: input %s does not end in %lld features (weight %s)",
-                         zd_tensor_shape_str(x, sx, sizeof sx), (long long)in_f,
-                         zd_tensor_shape_str(weight, sw, sizeof sw));
+                            zd_tensor_shape_str(x, sx, sizeof sx), (long long)in_f,
+                            zd_tensor_shape_str(weight, sw, sizeof sw));
     if (bias && zd_tensor_size(bias, 0) != out_f)
         return zd_error_set("linear: bias has %lld entries for %lld outputs",
-                         (long long)zd_tensor_size(bias, 0), (long long)out_f);
+                            (long long)zd_tensor_size(bias, 0), (long long)out_f);
     const int64_t rows = leading_rows(x);
     if (rows > INT32_MAX || in_f > INT32_MAX || out_f > INT32_MAX)
         return zd_error_set("linear: input %s too large", zd_tensor_shape_str(x, sx, sizeof sx));
@@ -246,10 +253,15 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
     if (!y)
         return -1;
     float *yd = zd_tensor_data(y);
-    linear_job_t job = {.which = 0, .rows = (int)rows, .in_f = (int)in_f, .out_f = (int)out_f,
-                        .x = zd_tensor_data(x), .w = zd_tensor_data(weight), .out = yd};
+    linear_job_t job = {.which = 0,
+                        .rows = (int)rows,
+                        .in_f = (int)in_f,
+                        .out_f = (int)out_f,
+                        .x = zd_tensor_data(x),
+                        .w = zd_tensor_data(weight),
+                        .out = yd};
     int rc = linear_forward_taps(&job, bias ? zd_tensor_data(bias) : NULL);
-    if (rc == 1) {                 /* not taken: BLAS, over the bias */
+    if (rc == 1) { /* not taken: BLAS, over the bias */
         if (bias) {
             const float *b = zd_tensor_data(bias);
             for (int64_t r = 0; r < rows; r++)
@@ -273,7 +285,7 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
 typedef struct {
     int64_t n;
     int n_chunks;
-    const float *a, *b;   /* forward: x; backward: y and dy */
+    const float *a, *b; /* forward: x; backward: y and dy */
     float *out;
 } elem_job_t;
 
@@ -298,7 +310,7 @@ static void relu_backward_chunk(void *arg, int c, float *scratch)
     const float *restrict y = j->a, *restrict dy = j->b;
     float *restrict dx = j->out;
     for (int64_t i = lo; i < hi; i++) {
-        float d = dy[i];      /* loaded unconditionally: the loop vectorises */
+        float d = dy[i]; /* loaded unconditionally: the loop vectorises */
         dx[i] = y[i] > 0.0f ? d : 0.0f;
     }
 }
@@ -308,7 +320,9 @@ static int relu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     zd_tensor_t *y = zd_autograd_node_saved(n, 0);
     if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), zd_tensor_ndim(y))))
         return -1;
-    elem_job_t job = {.n = zd_tensor_numel(y), .a = zd_tensor_data(y), .b = zd_tensor_data(gout[0]),
+    elem_job_t job = {.n = zd_tensor_numel(y),
+                      .a = zd_tensor_data(y),
+                      .b = zd_tensor_data(gout[0]),
                       .out = zd_tensor_data(gin[0])};
     job.n_chunks = nn_elem_chunks(job.n);
     return zd__nn_parallel_run(job.n_chunks, 0, relu_backward_chunk, &job);
@@ -339,8 +353,8 @@ int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
 /* ---- dropout / dropout2d ---- */
 
 typedef struct {
-    int64_t per;          /* consecutive elements sharing one mask entry */
-    float mask[];         /* 0 or 1/(1-p) */
+    int64_t per;  /* consecutive elements sharing one mask entry */
+    float mask[]; /* 0 or 1/(1-p) */
 } dropout_ctx_t;
 
 static int dropout_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
@@ -362,7 +376,7 @@ static int dropout_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
 }
 
 static const zd_autograd_node_ops_t dropout_ops = {"DropoutBackward", dropout_backward,
-                                                 zd__nn_free_ctx};
+                                                   zd__nn_free_ctx};
 
 static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *rng, int64_t per,
                         zd_tensor_t **out)
@@ -424,7 +438,7 @@ int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd
     if (zd_tensor_ndim(x) < 2) {
         char sx[96];
         return zd_error_set("dropout2d: input %s needs (N, C, ...) dimensions",
-                         zd_tensor_shape_str(x, sx, sizeof sx));
+                            zd_tensor_shape_str(x, sx, sizeof sx));
     }
     if (!training || p == 0.0f) {
         *out = zd_tensor_ref(x);
@@ -446,7 +460,7 @@ int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
     if (zd_tensor_ndim(x) < 2) {
         char sx[96];
         return zd_error_set("flatten: input %s needs at least 2 dimensions",
-                         zd_tensor_shape_str(x, sx, sizeof sx));
+                            zd_tensor_shape_str(x, sx, sizeof sx));
     }
     int64_t rest = 1;
     for (int d = 1; d < zd_tensor_ndim(x); d++)

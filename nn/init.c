@@ -26,7 +26,8 @@ int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_nn_rng_t *rng)
         return -1;
     if (zd_tensor_ndim(weight) < 2)
         return zd_error_set("init: weight needs at least 2 dimensions");
-    int64_t fan_in = zd_tensor_size(weight, 0) ? zd_tensor_numel(weight) / zd_tensor_size(weight, 0) : 0;
+    int64_t fan_in =
+        zd_tensor_size(weight, 0) ? zd_tensor_numel(weight) / zd_tensor_size(weight, 0) : 0;
     if (fan_in <= 0)
         return zd_error_set("init: weight has no inputs (fan_in 0)");
     /* kaiming_uniform_(a = sqrt(5)): gain sqrt(2 / (1 + 5)), bound gain *

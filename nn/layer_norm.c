@@ -14,7 +14,7 @@
 typedef struct {
     int64_t rows, m;
     int norm_ndim;
-    double stats[];       /* mean, rstd per row */
+    double stats[]; /* mean, rstd per row */
 } ln_ctx_t;
 
 /*  With xhat = (x - mean) rstd and dxhat = dy * weight:
@@ -28,8 +28,9 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
     const float *pw = w ? zd_tensor_data(w) : NULL;
     const int64_t m = c->m;
     const bool need_x = zd_autograd_node_needs_grad(n, 0);
-    const bool need_w = zd_autograd_node_needs_grad(n, 1), need_b = zd_autograd_node_needs_grad(n, 2);
-    double *acc = calloc((size_t)(2 * m + 1), sizeof *acc);   /* dweight, dbias */
+    const bool need_w = zd_autograd_node_needs_grad(n, 1),
+               need_b = zd_autograd_node_needs_grad(n, 2);
+    double *acc = calloc((size_t)(2 * m + 1), sizeof *acc); /* dweight, dbias */
     if (!acc)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "layer_norm: out of memory");
     if (need_x && !(gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x)))) {
@@ -63,7 +64,7 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
     for (int j = 1; j <= 2 && rc == 0; j++) {
         if (!(j == 1 ? need_w : need_b))
             continue;
-        const int nd = zd_tensor_ndim(x);   /* weight and bias: x's last norm_ndim sizes */
+        const int nd = zd_tensor_ndim(x); /* weight and bias: x's last norm_ndim sizes */
         if (!(gin[j] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x) + nd - c->norm_ndim,
                                        c->norm_ndim))) {
             rc = -1;
@@ -78,7 +79,7 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
 }
 
 static const zd_autograd_node_ops_t ln_ops = {"NativeLayerNormBackward", ln_backward,
-                                            zd__nn_free_ctx};
+                                              zd__nn_free_ctx};
 
 /*  weight or bias: NULL, or float32 with x's last norm_ndim sizes. */
 static int check_affine(const char *what, const zd_tensor_t *t, const zd_tensor_t *x, int norm_ndim)
@@ -131,7 +132,8 @@ int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tens
     c->m = m;
     c->norm_ndim = norm_ndim;
     const float *px = zd_tensor_data(x);
-    const float *pw = weight ? zd_tensor_data(weight) : NULL, *pb = bias ? zd_tensor_data(bias) : NULL;
+    const float *pw = weight ? zd_tensor_data(weight) : NULL,
+                *pb = bias ? zd_tensor_data(bias) : NULL;
     float *py = zd_tensor_data(y);
     for (int64_t r = 0; r < rows; r++) {
         const float *xr = px + r * m;
@@ -141,7 +143,7 @@ int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tens
         const double mean = sum / (double)m;
         for (int64_t k = 0; k < m; k++)
             sq += ((double)xr[k] - mean) * ((double)xr[k] - mean);
-        const double rstd = 1.0 / sqrt(sq / (double)m + (double)eps);   /* biased variance */
+        const double rstd = 1.0 / sqrt(sq / (double)m + (double)eps); /* biased variance */
         c->stats[2 * r] = mean;
         c->stats[2 * r + 1] = rstd;
         for (int64_t k = 0; k < m; k++) {

@@ -32,7 +32,7 @@ static int log_softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout,
 }
 
 static const zd_autograd_node_ops_t log_softmax_ops = {"LogSoftmaxBackward", log_softmax_backward,
-                                                     NULL};
+                                                       NULL};
 
 int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {
@@ -41,8 +41,7 @@ int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
         zd__nn_check_ndim("log_softmax: input", x, 2) < 0)
         return -1;
     if (dim != 1 && dim != -1)
-        return zd_error_set("log_softmax: only dim 1 of a 2-D input is supported, got dim %d",
-                         dim);
+        return zd_error_set("log_softmax: only dim 1 of a 2-D input is supported, got dim %d", dim);
     const int64_t rows = zd_tensor_size(x, 0), cols = zd_tensor_size(x, 1);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), 2);
     if (!y)
@@ -56,7 +55,7 @@ int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
         for (int64_t c = 0; c < cols; c++)
             mx = xr[c] > mx ? xr[c] : mx;
         if (isinf(mx) && mx < 0)
-            mx = 0.0f;    /* a row of -inf: keep it -inf instead of NaN */
+            mx = 0.0f; /* a row of -inf: keep it -inf instead of NaN */
         double sum = 0.0;
         for (int64_t c = 0; c < cols; c++)
             sum += exp((double)(xr[c] - mx));
@@ -89,12 +88,12 @@ static int check_target_shape(const char *op, const zd_tensor_t *scores, const z
         return zd_error_set("%s: target is NULL", op);
     if (zd_tensor_dtype(target) != ZD_INT64 && zd_tensor_dtype(target) != ZD_UINT8)
         return zd_error_set("%s: target must be int64 or uint8 class indices, got %s", op,
-                         zd_tensor_dtype_name(zd_tensor_dtype(target)));
+                            zd_tensor_dtype_name(zd_tensor_dtype(target)));
     if (zd_tensor_ndim(target) != 1 || zd_tensor_size(target, 0) != zd_tensor_size(scores, 0))
         return zd_error_set("%s: target %s does not match input %s (expected (%lld))", op,
-                         zd_tensor_shape_str(target, st, sizeof st),
-                         zd_tensor_shape_str(scores, ss, sizeof ss),
-                         (long long)zd_tensor_size(scores, 0));
+                            zd_tensor_shape_str(target, st, sizeof st),
+                            zd_tensor_shape_str(scores, ss, sizeof ss),
+                            (long long)zd_tensor_size(scores, 0));
     return 0;
 }
 
@@ -104,7 +103,7 @@ static int check_classes(const char *op, const int64_t *idx, int64_t n, int64_t 
     for (int64_t i = 0; i < n; i++)
         if (idx[i] < 0 || idx[i] >= C)
             return zd_error_set("%s: target[%lld] = %lld is out of range for %lld classes", op,
-                             (long long)i, (long long)idx[i], (long long)C);
+                                (long long)i, (long long)idx[i], (long long)C);
     return 0;
 }
 
@@ -169,7 +168,7 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
     double acc = 0.0;
     for (int64_t i = 0; i < N; i++)
         acc += lp[i * C + ctx->target[i]];
-    zd_tensor_data(y)[0] = (float)(-acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
+    zd_tensor_data(y)[0] = (float)(-acc / (double)N); /* N == 0 gives NaN, as in PyTorch */
     if (zd__nn_record(&nll_ops, &logprobs, 1, y, NULL, NULL, NULL, ctx) < 0)
         return -1;
     *out = y;
@@ -224,7 +223,7 @@ int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target)
     const int64_t N = zd_tensor_size(scores, 0), C = zd_tensor_size(scores, 1);
     int64_t correct = 0;
     for (int64_t i = 0; i < N; i++) {
-        int64_t t = target_at(target, i);   /* read once: checked and compared */
+        int64_t t = target_at(target, i); /* read once: checked and compared */
         if (check_classes("accuracy", &t, 1, C) < 0)
             return zd_error_set("accuracy: target[%lld] = %lld is out of range for %lld classes",
                                 (long long)i, (long long)t, (long long)C);
@@ -260,7 +259,8 @@ static const zd_autograd_node_ops_t mse_ops = {"MseLossBackward", mse_backward, 
 int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
 {
     *out = NULL;
-    if (zd__nn_check_f32("mse_loss: input", x) < 0 || zd__nn_check_f32("mse_loss: target", target) < 0)
+    if (zd__nn_check_f32("mse_loss: input", x) < 0 ||
+        zd__nn_check_f32("mse_loss: target", target) < 0)
         return -1;
     if (!zd_tensor_same_shape(x, target)) {
         char sx[96], st[96];
@@ -278,7 +278,7 @@ int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
         const double d = (double)px[i] - pt[i];
         acc += d * d;
     }
-    zd_tensor_data(y)[0] = (float)(acc / (double)N);   /* N == 0 gives NaN, as in PyTorch */
+    zd_tensor_data(y)[0] = (float)(acc / (double)N); /* N == 0 gives NaN, as in PyTorch */
     zd_tensor_t *in[2] = {x, target};
     if (zd__nn_record(&mse_ops, in, 2, y, x, target, NULL, NULL) < 0)
         return -1;

@@ -11,14 +11,14 @@
 #include "nn/nn_private.h"
 
 /*  Runs one layer: `call` reads h and writes next; h is then replaced. */
-#define STEP(call)                     \
-    do {                               \
-        zd_tensor_t *next = NULL;      \
-        int rc_ = (call);              \
-        zd_tensor_unref(h);            \
-        h = next;                      \
-        if (rc_ < 0)                   \
-            return -1;                 \
+#define STEP(call)                                                                                 \
+    do {                                                                                           \
+        zd_tensor_t *next = NULL;                                                                  \
+        int rc_ = (call);                                                                          \
+        zd_tensor_unref(h);                                                                        \
+        h = next;                                                                                  \
+        if (rc_ < 0)                                                                               \
+            return -1;                                                                             \
     } while (0)
 
 enum { NET_MAX_PARAMS = 8 };
@@ -28,7 +28,7 @@ enum { NET_MAX_PARAMS = 8 };
     per-forward dropout seeds. */
 typedef struct {
     zd_tensor_t *p[NET_MAX_PARAMS];
-    pthread_mutex_t rng_lock;     /* guards rng */
+    pthread_mutex_t rng_lock; /* guards rng */
     zd_nn_rng_t rng;
 } net_state_t;
 
@@ -43,8 +43,8 @@ static void net_state_free(void *state)
 
 static int net_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                        int n_out);
-static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                           zd_tensor_t **out, int n_out);
+static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                           int n_out);
 
 /*  The state of a module made here, or NULL with ZD_ERR_ARGUMENT. The
     forward function tells our modules from a user's module of the same
@@ -87,7 +87,8 @@ static int check_images(const char *model, zd_tensor_t *x)
     if (zd_tensor_dtype(x) != ZD_FLOAT32 || zd_tensor_ndim(x) != 4 || zd_tensor_size(x, 1) != 1 ||
         zd_tensor_size(x, 2) != 28 || zd_tensor_size(x, 3) != 28)
         return zd_error_set("%s: input must be float32 (N, 1, 28, 28), got %s %s", model,
-                         zd_tensor_dtype_name(zd_tensor_dtype(x)), zd_tensor_shape_str(x, s, sizeof s));
+                            zd_tensor_dtype_name(zd_tensor_dtype(x)),
+                            zd_tensor_shape_str(x, s, sizeof s));
     return 0;
 }
 
@@ -196,7 +197,7 @@ int zd_nn_net_forward_fc(zd_nn_module_t *m, zd_tensor_t *flat, zd_tensor_t **log
     if (!flat || zd_tensor_ndim(flat) != 2 || zd_tensor_size(flat, 1) != 9216) {
         char sh[96];
         return zd_error_set("Net fc stage: input must be (N, 9216), got %s",
-                         flat ? zd_tensor_shape_str(flat, sh, sizeof sh) : "NULL");
+                            flat ? zd_tensor_shape_str(flat, sh, sizeof sh) : "NULL");
     }
     const bool training = zd_nn_module_is_training(m);
     zd_nn_rng_t rng;
@@ -230,8 +231,10 @@ static int net_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_t
 zd_nn_module_t *zd_nn_net_new(uint64_t seed)
 {
     static const layer_t layers[] = {
-        {"conv1", true, 1, 32, 3}, {"conv2", true, 32, 64, 3},
-        {"fc1", false, 9216, 128, 0}, {"fc2", false, 128, 10, 0},
+        {"conv1", true, 1, 32, 3},
+        {"conv2", true, 32, 64, 3},
+        {"fc1", false, 9216, 128, 0},
+        {"fc2", false, 128, 10, 0},
     };
     return build("Net", net_forward, layers, 4, seed);
 }
@@ -262,7 +265,8 @@ static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, 
 zd_nn_module_t *zd_nn_convnet_new(uint64_t seed)
 {
     static const layer_t layers[] = {
-        {"conv1", true, 1, 3, 3}, {"fc", false, 192, 10, 0},
+        {"conv1", true, 1, 3, 3},
+        {"fc", false, 192, 10, 0},
     };
     return build("ConvNet", convnet_forward, layers, 2, seed);
 }

@@ -105,9 +105,18 @@ void zd_nn_module_free(zd_nn_module_t *m)
     free(m);
 }
 
-const char *zd_nn_module_type(const zd_nn_module_t *m) { return m->type; }
-void *zd_nn_module_state(const zd_nn_module_t *m) { return m->state; }
-zd_nn_module_forward_fn *zd__nn_module_forward_of(const zd_nn_module_t *m) { return m->forward; }
+const char *zd_nn_module_type(const zd_nn_module_t *m)
+{
+    return m->type;
+}
+void *zd_nn_module_state(const zd_nn_module_t *m)
+{
+    return m->state;
+}
+zd_nn_module_forward_fn *zd__nn_module_forward_of(const zd_nn_module_t *m)
+{
+    return m->forward;
+}
 
 static zd_nn_module_t *flat(const zd_nn_module_t *cm);
 
@@ -124,16 +133,22 @@ static void invalidate(zd_nn_module_t *m)
 static int check_name(const zd_nn_module_t *m, const char *name, const char *api)
 {
     if (!name || !name[0] || strchr(name, '.'))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: module %s: bad name \"%s\" (non-empty, "
-                                 "no dots)", api, m->type, name ? name : "(null)");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: module %s: bad name \"%s\" (non-empty, "
+                                 "no dots)",
+                                 api, m->type, name ? name : "(null)");
     for (int i = 0; i < m->n_params; i++)
         if (strcmp(m->params[i].name, name) == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: module %s already has a parameter "
-                                     "\"%s\"", api, m->type, name);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "%s: module %s already has a parameter "
+                                     "\"%s\"",
+                                     api, m->type, name);
     for (int i = 0; i < m->n_children; i++)
         if (strcmp(m->children[i].name, name) == 0)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: module %s already has a submodule "
-                                     "\"%s\"", api, m->type, name);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "%s: module %s already has a submodule "
+                                     "\"%s\"",
+                                     api, m->type, name);
     return 0;
 }
 
@@ -161,8 +176,10 @@ int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, zd_tens
     if (check_name(m, name, api) < 0)
         return -1;
     if (zd_tensor_dtype(t) != ZD_FLOAT32 || !zd_tensor_is_leaf(t))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: parameter \"%s\" of %s must be a float32 "
-                                 "leaf tensor", api, name, m->type);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: parameter \"%s\" of %s must be a float32 "
+                                 "leaf tensor",
+                                 api, name, m->type);
     if (m->n_params == m->cap_params) {
         int cap = m->cap_params ? 2 * m->cap_params : 4;
         own_param_t *p = realloc(m->params, (size_t)cap * sizeof *p);
@@ -206,8 +223,8 @@ int zd_nn_module_register_module(zd_nn_module_t *m, const char *name, zd_nn_modu
     if (!m || !child)
         zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL module", api);
     else if (child->parent || child == m)
-        zd_error_set_code(ZD_ERR_ARGUMENT, "%s: %s \"%s\" already has a parent", api,
-                          child->type, name ? name : "(null)");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "%s: %s \"%s\" already has a parent", api, child->type,
+                          name ? name : "(null)");
     else if (check_name(m, name, api) == 0)
         rc = 0;
     if (rc == 0 && m->n_children == m->cap_children) {
@@ -352,8 +369,8 @@ zd_tensor_t *zd_nn_module_param(const zd_nn_module_t *m, int i)
     zd_nn_module_t *f = m ? flat(m) : NULL;
     if (f && i >= 0 && i < f->n_flat)
         return f->flat[i];
-    zd_error_set_code(ZD_ERR_ARGUMENT, "module %s: no parameter %d (it has %d)",
-                      m ? m->type : "?", i, f ? f->n_flat : 0);
+    zd_error_set_code(ZD_ERR_ARGUMENT, "module %s: no parameter %d (it has %d)", m ? m->type : "?",
+                      i, f ? f->n_flat : 0);
     return NULL;
 }
 
@@ -362,8 +379,8 @@ const char *zd_nn_module_param_name(const zd_nn_module_t *m, int i)
     zd_nn_module_t *f = m ? flat(m) : NULL;
     if (f && i >= 0 && i < f->n_flat)
         return f->flat_names[i];
-    zd_error_set_code(ZD_ERR_ARGUMENT, "module %s: no parameter %d (it has %d)",
-                      m ? m->type : "?", i, f ? f->n_flat : 0);
+    zd_error_set_code(ZD_ERR_ARGUMENT, "module %s: no parameter %d (it has %d)", m ? m->type : "?",
+                      i, f ? f->n_flat : 0);
     return NULL;
 }
 
@@ -435,7 +452,10 @@ bool zd_nn_module_train(zd_nn_module_t *m, bool training)
     return atomic_exchange(&m->training, training);
 }
 
-bool zd_nn_module_is_training(const zd_nn_module_t *m) { return atomic_load(&m->training); }
+bool zd_nn_module_is_training(const zd_nn_module_t *m)
+{
+    return atomic_load(&m->training);
+}
 
 int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                          int n_out)
@@ -444,7 +464,9 @@ int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd
         out[i] = NULL;
     if (!m || !out || n_out < 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_forward: %s",
-                                 !m ? "NULL module" : !out ? "NULL out" : "n_out < 1");
+                                 !m         ? "NULL module"
+                                     : !out ? "NULL out"
+                                            : "n_out < 1");
     if (!m->forward)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "module %s has no forward function", m->type);
     if (m->forward(m, in, n_in, out, n_out) < 0) {
@@ -484,7 +506,7 @@ int zd_nn_module_load(zd_nn_module_t *m, const char *path)
 /*  ---- nn.Linear ---- */
 
 typedef struct {
-    zd_tensor_t *weight, *bias;   /* borrowed from the module */
+    zd_tensor_t *weight, *bias; /* borrowed from the module */
 } linear_t;
 
 static int linear_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
@@ -529,11 +551,11 @@ zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_feature
 
 typedef struct {
     int64_t padding_idx;
-    zd_tensor_t *weight;   /* borrowed from the module */
+    zd_tensor_t *weight; /* borrowed from the module */
 } embedding_t;
 
-static int embedding_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                             zd_tensor_t **out, int n_out)
+static int embedding_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                             int n_out)
 {
     embedding_t *e = zd_nn_module_state(m);
     if (n_in != 1)
@@ -548,9 +570,11 @@ zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embedding_di
 {
     if (num_embeddings <= 0 || embedding_dim <= 0 || padding_idx < ZD_NN_NO_PADDING ||
         padding_idx >= num_embeddings) {
-        zd_error_set_code(ZD_ERR_ARGUMENT, "Embedding(%lld, %lld, padding_idx %lld): sizes must "
-                          "be positive, padding_idx -1 or a row", (long long)num_embeddings,
-                          (long long)embedding_dim, (long long)padding_idx);
+        zd_error_set_code(ZD_ERR_ARGUMENT,
+                          "Embedding(%lld, %lld, padding_idx %lld): sizes must "
+                          "be positive, padding_idx -1 or a row",
+                          (long long)num_embeddings, (long long)embedding_dim,
+                          (long long)padding_idx);
         return NULL;
     }
     embedding_t *e = calloc(1, sizeof *e);
@@ -564,8 +588,8 @@ zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embedding_di
         return NULL;
     zd_nn_rng_t rng;
     zd_nn_rng_seed(&rng, seed);
-    e->weight = zd_nn_module_add_parameter(m, "weight", (int64_t[]){num_embeddings, embedding_dim},
-                                           2);
+    e->weight =
+        zd_nn_module_add_parameter(m, "weight", (int64_t[]){num_embeddings, embedding_dim}, 2);
     if (!e->weight || zd_nn_init_normal(e->weight, 0.0f, 1.0f, &rng) < 0) {
         zd_nn_module_free(m);
         return NULL;

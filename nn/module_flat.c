@@ -55,9 +55,11 @@ int zd_nn_module_vector_to_params(zd_nn_module_t *m, const zd_tensor_t *v)
     int64_t numel = zd_nn_module_numel(m);
     if (zd_tensor_dtype(v) != ZD_FLOAT32 || zd_tensor_ndim(v) != 1 || zd_tensor_numel(v) != numel) {
         char shape[96];
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "vector_to_params: the %s has %lld parameter "
-                                 "values; the vector is %s %s", zd_nn_module_type(m),
-                                 (long long)numel, zd_tensor_dtype_name(zd_tensor_dtype(v)),
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "vector_to_params: the %s has %lld parameter "
+                                 "values; the vector is %s %s",
+                                 zd_nn_module_type(m), (long long)numel,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(v)),
                                  zd_tensor_shape_str(v, shape, sizeof shape));
     }
     const float *d = zd_tensor_data(v);

@@ -41,7 +41,9 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
         *n_skipped = 0;
     if (!path || !dst || (!skipped) != (!n_skipped))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_safetensors_load_into: NULL %s",
-                                 !path ? "path" : !dst ? "destination" : "skipped or n_skipped");
+                                 !path      ? "path"
+                                     : !dst ? "destination"
+                                            : "skipped or n_skipped");
     zd_named_tensors_t *file = zd_safetensors_read(path, NULL, NULL);
     if (!file)
         return -1;
@@ -56,8 +58,10 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
         zd_tensor_t *d = zd_named_tensors_tensor(dst, i), *s = zd_named_tensors_find(file, name);
         if (!s) {
             if (strict) {
-                zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no tensor \"%s\" in the file (strict "
-                                  "loading)", path, name);
+                zd_error_set_code(ZD_ERR_ARGUMENT,
+                                  "%s: no tensor \"%s\" in the file (strict "
+                                  "loading)",
+                                  path, name);
                 goto out;
             }
             if (push_name(skipped ? &list : NULL, &n_list, name) < 0)
@@ -79,8 +83,10 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
         if (zd_named_tensors_find(dst, name))
             continue;
         if (strict) {
-            zd_error_set_code(ZD_ERR_ARGUMENT, "%s: tensor \"%s\" is not one of the model's "
-                              "(strict loading)", path, name);
+            zd_error_set_code(ZD_ERR_ARGUMENT,
+                              "%s: tensor \"%s\" is not one of the model's "
+                              "(strict loading)",
+                              path, name);
             goto out;
         }
         if (push_name(skipped ? &list : NULL, &n_list, name) < 0)
@@ -89,7 +95,7 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
     for (int i = 0; i < n_dst; i++) {
         zd_tensor_t *s = zd_named_tensors_find(file, zd_named_tensors_name(dst, i));
         if (s && zd_tensor_copy_(zd_named_tensors_tensor(dst, i), s) < 0)
-            goto out;   /* checked above: cannot happen */
+            goto out; /* checked above: cannot happen */
     }
     if (skipped) {
         *skipped = list;
@@ -111,7 +117,7 @@ int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save_safetensors: NULL module");
-    zd_named_tensors_t *nt = zd_nn_module_state_dict(m);   /* a tied weight under each name */
+    zd_named_tensors_t *nt = zd_nn_module_state_dict(m); /* a tied weight under each name */
     if (!nt)
         return -1;
     int rc = zd_safetensors_write(path, nt, meta_kv, n_meta);
@@ -119,8 +125,8 @@ int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
     return rc;
 }
 
-int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
-                                  char ***skipped, int *n_skipped)
+int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict, char ***skipped,
+                                  int *n_skipped)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load_safetensors: NULL module");

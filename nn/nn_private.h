@@ -21,21 +21,20 @@
     tests/check_isa.sh checks that no AVX instruction runs outside them,
     and no AVX-512 one inside an AVX2 region. */
 #if defined(__clang__)
-#define NN_AVX512_BEGIN                                                                   \
-    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\"))), apply_to = function)")
+#define NN_AVX512_BEGIN                                                                            \
+    _Pragma("clang attribute "                                                                     \
+            "push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\"))), apply_to "  \
+            "= function)")
 #define NN_AVX512_END _Pragma("clang attribute pop")
-#define NN_AVX2_BEGIN                                                                     \
+#define NN_AVX2_BEGIN                                                                              \
     _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
 #define NN_AVX2_END _Pragma("clang attribute pop")
 #else
-#define NN_AVX512_BEGIN                                                                   \
-    _Pragma("GCC push_options")                                                           \
-    _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\")")
+#define NN_AVX512_BEGIN                                                                            \
+    _Pragma("GCC push_options") _Pragma("GCC target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\")")
 #define NN_AVX512_END _Pragma("GCC pop_options")
-#define NN_AVX2_BEGIN                                                                     \
-    _Pragma("GCC push_options")                                                           \
-    _Pragma("GCC target(\"avx2,fma\")")
-#define NN_AVX2_END _Pragma("GCC pop_options")
+#define NN_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma\")")
+#define NN_AVX2_END   _Pragma("GCC pop_options")
 #endif
 
 /*  What the CPU has, and the OS supports (CPUID, XGETBV): NN_CPU_* bits.
@@ -72,8 +71,8 @@ int zd__nn_check_ndim(const char *what, const zd_tensor_t *t, int ndim);
 
 /*  zd_autograd_record (<zdist/function.h>) with up to three saved tensors
     (NULL slots are skipped); the op's own output may be one of them. */
-int zd__nn_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
-              zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx);
+int zd__nn_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in,
+                  zd_tensor_t *y, zd_tensor_t *s0, zd_tensor_t *s1, zd_tensor_t *s2, void *ctx);
 
 /*  Release function for nodes whose ctx is one malloc'ed block. */
 void zd__nn_free_ctx(zd_autograd_node_t *n);
@@ -82,7 +81,7 @@ void zd__nn_free_ctx(zd_autograd_node_t *n);
     flag is set), M x N result, K inner. Small products run in plain loops:
     for them OpenBLAS's call and thread hand-off cost more than the math. */
 void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float *a,
-              int lda, const float *b, int ldb, float beta, float *c, int ldc);
+                  int lda, const float *b, int ldb, float beta, float *c, int ldc);
 
 /*  ---- parallel chunks (parallel.c) ---- */
 
@@ -98,7 +97,7 @@ float *zd__nn_alloc_floats(size_t n);
 /*  Work on chunk `chunk`; `scratch` holds the scratch_floats floats asked
     for (private to this call, contents undefined, 64-byte aligned), or is
     NULL. */
-typedef void (nn_chunk_fn)(void *arg, int chunk, float *scratch);
+typedef void(nn_chunk_fn)(void *arg, int chunk, float *scratch);
 
 /*  How many threads the pool has (OpenBLAS's thread count, so
     OPENBLAS_NUM_THREADS sets both): split heavy work into this many
@@ -128,7 +127,7 @@ static inline void nn_chunk_range(int64_t n, int n_chunks, int c, int64_t *lo, i
 /*  ---- convolution geometry and unfolding (conv_unfold.c) ---- */
 
 typedef struct {
-    int C, H, W;          /* input plane */
+    int C, H, W; /* input plane */
     int kh, kw;
     int stride, padding;
     int Ho, Wo;
@@ -166,13 +165,13 @@ size_t zd__nn_taps_packed_floats(int M, int K);
     past M, each stored k-major): element (m, k) is a[m*m_stride + k], or
     a[m*m_stride + k_offs[k]] when k_offs is non-NULL. */
 void zd__nn_taps_pack(const float *a, int M, int K, int64_t m_stride, const int32_t *k_offs,
-                  float *packed);
+                      float *packed);
 
 /*  c[m][q] = bias[m] (0 without bias) + sum_k a[m][k] * src[offs[k] + q],
     m < M, q < L (row stride ldc); a is packed by zd__nn_taps_pack. Reads only
     src[offs[k] .. offs[k] + L). */
 void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, const float *src,
-                  int L, const float *bias, float *c, int ldc);
+                      int L, const float *bias, float *c, int ldc);
 
 /*  c[k][n] += sum_q src[offs[k] + q] * b[q*ldb + n], k < K, n < N (row
     stride ldc), over the positions q = r*stride + i, r < nrun, i < run (a
@@ -180,7 +179,7 @@ void zd__nn_taps_gemm(const float *packed, int M, int K, const int32_t *offs, co
     the weight gradient's product, with b the output gradient transposed
     (positions x channels). */
 void zd__nn_taps_gemm_bt(const int32_t *offs, int K, const float *src, const float *b, int ldb,
-                     int N, int nrun, int run, int stride, float *c, int ldc);
+                         int N, int nrun, int run, int stride, float *c, int ldc);
 
 /*  dst[c][r] = src[r][c] for r < rows, c < cols (row strides lds, ldd),
     in 16 x 16 tiles. */
@@ -193,7 +192,7 @@ void zd__nn_transpose(const float *src, int rows, int cols, int lds, float *dst,
     writing to argmax each winner's index row*idx_ld + column (the first
     maximum; NaN wins). */
 void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
-                   int32_t *argmax);
+                       int32_t *argmax);
 
 /*  Fails (zd_error_set, naming op) unless kernel and stride are >= 1 and a
     window fits in x's (N,C,H,W) planes. */
@@ -202,7 +201,7 @@ int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stri
 /*  dx (H x W, any contents) = the gradient of pooling: dy (Ho x Wo) sent to
     the argmax of each window, zero elsewhere. */
 void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
-                            float *dx);
+                                float *dx);
 
 /*  ---- modules (module.c) ---- */
 

@@ -37,21 +37,21 @@
 #define PAUSE_NS 20000
 
 static struct {
-    atomic_int ready;             /* the threads below exist */
-    int n;                        /* threads, the caller included */
+    atomic_int ready; /* the threads below exist */
+    int n;            /* threads, the caller included */
     pthread_mutex_t lock;
     pthread_cond_t wake;
-    atomic_uint_fast64_t generation;   /* bumped for each job */
-    atomic_int running;           /* helpers still working on the job */
-    int sleepers;                 /* helpers waiting on `wake` */
+    atomic_uint_fast64_t generation; /* bumped for each job */
+    atomic_int running;              /* helpers still working on the job */
+    int sleepers;                    /* helpers waiting on `wake` */
     nn_chunk_fn *fn;
     void *arg;
     int n_chunks;
-    atomic_int next;              /* next chunk to take */
-    atomic_flag busy;             /* set while a caller owns the pool */
+    atomic_int next;  /* next chunk to take */
+    atomic_flag busy; /* set while a caller owns the pool */
     float *scratch[NN_MAX_THREADS];
     size_t scratch_cap[NN_MAX_THREADS];
-    size_t scratch_floats;        /* of the current job */
+    size_t scratch_floats; /* of the current job */
 } pool = {.busy = ATOMIC_FLAG_INIT};
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -110,7 +110,7 @@ static void after_fork_in_child(void)
 {
     pthread_mutex_init(&init_lock, NULL);
     atomic_store(&pool.ready, 0);
-    atomic_store(&pool.generation, 0);     /* new helpers start from 0 */
+    atomic_store(&pool.generation, 0); /* new helpers start from 0 */
     atomic_flag_clear(&pool.busy);
     atomic_store(&pool.running, 0);
     pool.sleepers = 0;
@@ -135,7 +135,7 @@ static void pool_init(void)
         int rc = pthread_create(&t, &attr, helper, (void *)(intptr_t)i);
         pthread_attr_destroy(&attr);
         if (rc != 0) {
-            pool.n = i;           /* run with the threads we got */
+            pool.n = i; /* run with the threads we got */
             break;
         }
     }
@@ -161,9 +161,10 @@ int zd_nn_set_num_threads(int n)
     int rc = 0;
     if (atomic_load(&pool.ready) && pool.n != n)
         rc = zd_error_set("zd_nn_set_num_threads: the layers already run on %d threads; set the "
-                       "number before the first layer runs", pool.n);
+                          "number before the first layer runs",
+                          pool.n);
     else
-        openblas_set_num_threads(n);   /* pool_init sizes the pool from it */
+        openblas_set_num_threads(n); /* pool_init sizes the pool from it */
     pthread_mutex_unlock(&init_lock);
     return rc;
 }
@@ -205,7 +206,7 @@ static int grow_scratch(int slots, size_t floats)
     for (int i = 0; i < slots; i++) {
         if (pool.scratch_cap[i] >= floats)
             continue;
-        float *p = zd__nn_alloc_floats(floats);     /* contents need not survive */
+        float *p = zd__nn_alloc_floats(floats); /* contents need not survive */
         if (!p)
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for %zu floats of scratch",
                                      floats);

@@ -32,14 +32,14 @@ static inline void pool_row_2x2_avx512(const float *restrict r0, int ld, int W, 
                                        float *restrict y, int32_t *restrict am, int Wo)
 {
     const float *restrict r1 = r0 + ld;
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
-                                          2, 0);
+    const __m512i even =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    const __m512i step = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
-                                          2, 0);
+    const __m512i step =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     for (int ow = 0; ow < Wo; ow += 16) {
-        int n = Wo - ow < 16 ? Wo - ow : 16;          /* outputs in this block */
-        int m_in = 2 * n;                             /* input columns read */
+        int n = Wo - ow < 16 ? Wo - ow : 16; /* outputs in this block */
+        int m_in = 2 * n;                    /* input columns read */
         __mmask16 lo = (__mmask16)(m_in >= 16 ? 0xffff : (1u << m_in) - 1);
         __mmask16 hi = (__mmask16)(m_in <= 16 ? 0 : (1u << (m_in - 16)) - 1);
         __mmask16 out = (__mmask16)(n == 16 ? 0xffff : (1u << n) - 1);
@@ -102,8 +102,8 @@ static void pool_3x3_avx512(const float *x, int ld, int idx_ld, int Ho, int Wo, 
                 const __m512 a = _mm512_maskz_loadu_ps(tail16(m), r);
                 const __m512 b = _mm512_maskz_loadu_ps(tail16(m - 16), r + 16);
                 const __m512 c = _mm512_maskz_loadu_ps(tail16(m - 32), r + 32);
-                const __m512i idx = _mm512_add_epi32(
-                    _mm512_set1_epi32((3 * oh + i) * idx_ld + 3 * ow), step);
+                const __m512i idx =
+                    _mm512_add_epi32(_mm512_set1_epi32((3 * oh + i) * idx_ld + 3 * ow), step);
                 for (int j = 0; j < 3; j++) {
                     __m512 v = _mm512_mask_permutexvar_ps(_mm512_permutex2var_ps(a, col[j], b),
                                                           from_c[j], col[j], c);
@@ -147,7 +147,7 @@ static inline void pool_row_2x2_avx2(const float *restrict r0, int ld, int W, in
     const float *restrict r1 = r0 + ld;
     const __m256i step = _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14);
     for (int ow = 0; ow < Wo; ow += 8) {
-        const int n = Wo - ow < 8 ? Wo - ow : 8;       /* outputs in this block */
+        const int n = Wo - ow < 8 ? Wo - ow : 8; /* outputs in this block */
         const float *a = r0 + 2 * ow, *b = r1 + 2 * ow;
         __m256 best, v, t, c, d;
         split_avx2(avx2_loadn(a, 2 * n), avx2_loadn(a + 8, 2 * n - 8), &best, &v);
@@ -207,8 +207,8 @@ static void pool_3x3_avx2(const float *x, int ld, int idx_ld, int Ho, int Wo, fl
             for (int i = 0; i < 3; i++) {
                 __m256 v[3];
                 split3_avx2(x + (size_t)(3 * oh + i) * ld + 3 * ow, 3 * n, v);
-                const __m256i idx = _mm256_add_epi32(
-                    _mm256_set1_epi32((3 * oh + i) * idx_ld + 3 * ow), step);
+                const __m256i idx =
+                    _mm256_add_epi32(_mm256_set1_epi32((3 * oh + i) * idx_ld + 3 * ow), step);
                 for (int j = 0; j < 3; j++) {
                     __m256 vi = _mm256_castsi256_ps(_mm256_add_epi32(idx, _mm256_set1_epi32(j)));
                     if (i == 0 && j == 0) {
@@ -230,8 +230,8 @@ NN_AVX2_END
 /*  One output row of 2x2/2 pooling, branch-free so that it vectorises:
     candidates in PyTorch's order (row-major in the window), a later one
     winning only when strictly larger, or NaN. Numbering as above. */
-static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
-                         float *restrict y, int32_t *restrict am, int Wo)
+static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base, float *restrict y,
+                         int32_t *restrict am, int Wo)
 {
     const float *restrict r1 = r0 + ld;
     for (int ow = 0; ow < Wo; ow++) {
@@ -257,8 +257,8 @@ static void pool_row_2x2(const float *restrict r0, int ld, int W, int32_t base,
     a time, so the inner loops run along contiguous memory (and vectorise:
     compiled again for AVX-512 and AVX2 below). */
 static inline __attribute__((always_inline)) void pool_any(const float *x, int ld, int idx_ld,
-                                                           int k, int s, int Ho, int Wo,
-                                                           float *y, int32_t *argmax)
+                                                           int k, int s, int Ho, int Wo, float *y,
+                                                           int32_t *argmax)
 {
     for (int oh = 0; oh < Ho; oh++) {
         float *yr = y + oh * Wo;
@@ -296,7 +296,7 @@ static void pool_any_avx2(const float *x, int ld, int idx_ld, int k, int s, int 
 NN_AVX2_END
 
 void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, int s, float *y,
-                   int32_t *argmax)
+                       int32_t *argmax)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
     const nn_isa_t isa = zd__nn_cpu_isa();
@@ -331,7 +331,7 @@ void zd__nn_pool_plane(const float *x, int H, int W, int ld, int idx_ld, int k, 
 }
 
 void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, int W, int k, int s,
-                            float *dx)
+                                float *dx)
 {
     const int Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
     memset(dx, 0, sizeof(float) * (size_t)H * W);
@@ -342,17 +342,17 @@ void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, i
 /* ---- the op ---- */
 
 typedef struct {
-    int64_t shape[4];     /* input (N,C,H,W) */
+    int64_t shape[4]; /* input (N,C,H,W) */
     int kernel, stride;
-    int32_t argmax[];     /* per output: index inside its input plane */
+    int32_t argmax[]; /* per output: index inside its input plane */
 } pool_ctx_t;
 
 typedef struct {
     const pool_ctx_t *ctx;
     int64_t planes;
     int n_chunks;
-    const float *in;      /* forward: x; backward: dy */
-    float *out;           /* forward: y; backward: dx */
+    const float *in; /* forward: x; backward: dy */
+    float *out;      /* forward: y; backward: dx */
     int32_t *argmax;
 } pool_job_t;
 
@@ -367,7 +367,7 @@ static void pool_chunk(void *arg, int c, float *scratch)
     nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
     for (int64_t p = lo; p < hi; p++)
         zd__nn_pool_plane(j->in + p * H * W, H, W, W, W, k, s, j->out + p * per,
-                      j->argmax + p * per);
+                          j->argmax + p * per);
 }
 
 static void pool_backward_chunk(void *arg, int c, float *scratch)
@@ -381,7 +381,7 @@ static void pool_backward_chunk(void *arg, int c, float *scratch)
     nn_chunk_range(j->planes, j->n_chunks, c, &lo, &hi);
     for (int64_t p = lo; p < hi; p++)
         zd__nn_pool_plane_backward(j->in + p * per, ctx->argmax + p * per, H, W, k, s,
-                               j->out + p * H * W);
+                                   j->out + p * H * W);
 }
 
 static int pool_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
@@ -389,13 +389,16 @@ static int pool_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     const pool_ctx_t *ctx = zd_autograd_node_ctx(n);
     if (!(gin[0] = zd_tensor_empty(ZD_FLOAT32, ctx->shape, 4)))
         return -1;
-    pool_job_t job = {.ctx = ctx, .planes = ctx->shape[0] * ctx->shape[1],
-                      .in = zd_tensor_data(gout[0]), .out = zd_tensor_data(gin[0])};
+    pool_job_t job = {.ctx = ctx,
+                      .planes = ctx->shape[0] * ctx->shape[1],
+                      .in = zd_tensor_data(gout[0]),
+                      .out = zd_tensor_data(gin[0])};
     job.n_chunks = nn_elem_chunks(zd_tensor_numel(gin[0]));
     return zd__nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
 }
 
-static const zd_autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward, zd__nn_free_ctx};
+static const zd_autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward,
+                                                zd__nn_free_ctx};
 
 int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stride)
 {
@@ -404,10 +407,10 @@ int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stri
         return zd_error_set("%s: kernel %d and stride %d must be >= 1", op, kernel, stride);
     if (zd_tensor_size(x, 2) < kernel || zd_tensor_size(x, 3) < kernel)
         return zd_error_set("%s: kernel %d larger than input %s", op, kernel,
-                         zd_tensor_shape_str(x, sx, sizeof sx));
+                            zd_tensor_shape_str(x, sx, sizeof sx));
     if (zd_tensor_size(x, 2) * zd_tensor_size(x, 3) > INT32_MAX)
         return zd_error_set("%s: input planes of %s too large", op,
-                         zd_tensor_shape_str(x, sx, sizeof sx));
+                            zd_tensor_shape_str(x, sx, sizeof sx));
     return 0;
 }
 
@@ -434,8 +437,11 @@ int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
     memcpy(ctx->shape, s, sizeof ctx->shape);
     ctx->kernel = kernel;
     ctx->stride = stride;
-    pool_job_t job = {.ctx = ctx, .planes = planes, .in = zd_tensor_data(x),
-                      .out = zd_tensor_data(y), .argmax = ctx->argmax};
+    pool_job_t job = {.ctx = ctx,
+                      .planes = planes,
+                      .in = zd_tensor_data(x),
+                      .out = zd_tensor_data(y),
+                      .argmax = ctx->argmax};
     job.n_chunks = nn_elem_chunks(zd_tensor_numel(x));
     if (zd__nn_parallel_run(job.n_chunks, 0, pool_chunk, &job) < 0) {
         zd_tensor_unref(y);

@@ -31,8 +31,8 @@ static int shape_error(const char *op, const char *name, const zd_tensor_t *t, c
 }
 
 int zd__rnn_check_weights(const char *op, int gates, const zd_tensor_t *x, int x_ndim,
-                          const zd_tensor_t *w_ih, const zd_tensor_t *w_hh,
-                          const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, rnn_dims_t *d)
+                          const zd_tensor_t *w_ih, const zd_tensor_t *w_hh, const zd_tensor_t *b_ih,
+                          const zd_tensor_t *b_hh, rnn_dims_t *d)
 {
     char want[96];
     if (check_arg(op, "x", x, x_ndim) < 0 || check_arg(op, "w_ih", w_ih, 2) < 0 ||
@@ -129,9 +129,9 @@ zd_tensor_t *zd__rnn_bias_grad(const float *g, int64_t rows, int64_t cols)
     b_ih; gh (N, G) feeds h w_hh^T and b_hh (gh may be gi). Inputs are
     x, h, w_ih, w_hh, b_ih, b_hh in that order; gin[1] is left to the caller
     (it has a direct term as well). */
-static int cell_input_grads(zd_autograd_node_t *n, const rnn_dims_t *d, int64_t G,
-                            const float *gi, const float *gh, zd_tensor_t *x, zd_tensor_t *h,
-                            zd_tensor_t *w_ih, zd_tensor_t **gin)
+static int cell_input_grads(zd_autograd_node_t *n, const rnn_dims_t *d, int64_t G, const float *gi,
+                            const float *gh, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih,
+                            zd_tensor_t **gin)
 {
     const int N = (int)d->N, I = (int)d->I, H = (int)d->H;
     if (zd_autograd_node_needs_grad(n, 0)) {
@@ -164,7 +164,7 @@ static int cell_input_grads(zd_autograd_node_t *n, const rnn_dims_t *d, int64_t 
 typedef struct {
     rnn_dims_t d;
     zd_tensor_t *x, *h, *w_ih, *w_hh;
-    float *buf;     /* tanh: h' (N,H); GRU: r, z, n, h w_hn^T + b_hn (N, 4H) */
+    float *buf; /* tanh: h' (N,H); GRU: r, z, n, h w_hn^T + b_hn (N, 4H) */
 } cell_ctx_t;
 
 static void cell_release(zd_autograd_node_t *n)
@@ -284,7 +284,7 @@ static int gru_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     const float *dy = zd_tensor_data(gout[0]);
     const float *hp = c->h ? zd_tensor_data(c->h) : NULL;
     for (int64_t r = 0; r < N; r++) {
-        const float *s = c->buf + r * 4 * H;    /* r, z, n, hn */
+        const float *s = c->buf + r * 4 * H; /* r, z, n, hn */
         float *a = gi + r * G, *b = gh + r * G;
         for (int64_t j = 0; j < H; j++) {
             const float rg = s[j], z = s[H + j], nn = s[2 * H + j], hn = s[3 * H + j];

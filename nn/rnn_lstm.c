@@ -25,11 +25,11 @@
 typedef struct {
     rnn_dims_t d;
     int64_t T;
-    zd_tensor_t *x, *h0, *c0, *w_ih, *w_hh;   /* h0, c0 may be NULL (zeros) */
-    zd_tensor_t *y;       /* output 0 without history: the h of every step */
-    float *gates;         /* (T, N, 4H): i, f, g, o after their nonlinearities */
-    float *c;             /* (T, N, H): the cell state after each step */
-    float *tc;            /* (T, N, H): tanh of it */
+    zd_tensor_t *x, *h0, *c0, *w_ih, *w_hh; /* h0, c0 may be NULL (zeros) */
+    zd_tensor_t *y;                         /* output 0 without history: the h of every step */
+    float *gates;                           /* (T, N, 4H): i, f, g, o after their nonlinearities */
+    float *c;                               /* (T, N, H): the cell state after each step */
+    float *tc;                              /* (T, N, H): tanh of it */
 } lstm_ctx_t;
 
 static void lstm_ctx_free(lstm_ctx_t *c)
@@ -100,18 +100,18 @@ NN_BODY void row_forward(float *restrict i_, float *restrict f_, float *restrict
     }
 }
 
-#define FORWARD_ARGS                                                                    \
-    float *restrict i_, float *restrict f_, float *restrict g_, float *restrict o_,       \
-        const float *restrict cp, float *restrict c, float *restrict tc, float *restrict h, \
+#define FORWARD_ARGS                                                                               \
+    float *restrict i_, float *restrict f_, float *restrict g_, float *restrict o_,                \
+        const float *restrict cp, float *restrict c, float *restrict tc, float *restrict h,        \
         int64_t H
-#define BACKWARD_ARGS                                                                   \
-    const float *restrict i_, const float *restrict f_, const float *restrict g_,       \
-        const float *restrict o_, const float *restrict tc, const float *restrict cp,   \
-        const float *restrict dh, float *restrict dc, float *restrict di,               \
-        float *restrict df, float *restrict dg, float *restrict do_, int64_t H
+#define BACKWARD_ARGS                                                                              \
+    const float *restrict i_, const float *restrict f_, const float *restrict g_,                  \
+        const float *restrict o_, const float *restrict tc, const float *restrict cp,              \
+        const float *restrict dh, float *restrict dc, float *restrict di, float *restrict df,      \
+        float *restrict dg, float *restrict do_, int64_t H
 
-typedef void (row_forward_fn)(FORWARD_ARGS);
-typedef void (row_backward_fn)(BACKWARD_ARGS);
+typedef void(row_forward_fn)(FORWARD_ARGS);
+typedef void(row_backward_fn)(BACKWARD_ARGS);
 
 static void row_forward_generic(FORWARD_ARGS)
 {
@@ -143,7 +143,7 @@ static inline __m256 exp_avx2(__m256 v)
     p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(fn), _mm256_set1_epi32(127));
     const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
-    return _mm256_blendv_ps(v, y, _mm256_cmp_ps(v, v, _CMP_ORD_Q));   /* NaN stays NaN */
+    return _mm256_blendv_ps(v, y, _mm256_cmp_ps(v, v, _CMP_ORD_Q)); /* NaN stays NaN */
 }
 
 static inline __m256 sigmoid_avx2(__m256 v)
@@ -251,14 +251,16 @@ static row_forward_fn *forward_kernel(void)
 {
     nn_isa_t isa = zd__nn_cpu_isa();
     return isa == NN_ISA_AVX512 ? row_forward_avx512
-           : isa == NN_ISA_AVX2 ? row_forward_avx2 : row_forward_generic;
+        : isa == NN_ISA_AVX2    ? row_forward_avx2
+                                : row_forward_generic;
 }
 
 static row_backward_fn *backward_kernel(void)
 {
     nn_isa_t isa = zd__nn_cpu_isa();
     return isa == NN_ISA_AVX512 ? row_backward_avx512
-           : isa == NN_ISA_AVX2 ? row_backward_avx2 : row_backward_generic;
+        : isa == NN_ISA_AVX2    ? row_backward_avx2
+                                : row_backward_generic;
 }
 
 /*  One step's gradients (N, 4H) into dgt; zeros: H zeros, the previous
@@ -306,7 +308,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
             dh[k] = dyt[k] + dhn[k];
         float *dgt = dg + t * N * G;
         lstm_step_backward(c, kernel, t, dh, dc, dgt, zeros);
-        if (t > 0 || want_h0)   /* dhn: the gradient of the previous step's h */
+        if (t > 0 || want_h0) /* dhn: the gradient of the previous step's h */
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
                          0.0f, dhn, (int)H);
     }
@@ -314,8 +316,8 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     zd_tensor_t *in_x = c->x, *in_h0 = c->h0, *in_c0 = c->c0;
     if (zd_autograd_node_needs_grad(n, 0)) {
         if ((gin[0] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(in_x), zd_tensor_ndim(in_x))))
-            zd__nn_sgemm(false, false, (int)(T * N), (int)I, (int)G, 1.0f, dg, (int)G, w_ih,
-                         (int)I, 0.0f, zd_tensor_data(gin[0]), (int)I);
+            zd__nn_sgemm(false, false, (int)(T * N), (int)I, (int)G, 1.0f, dg, (int)G, w_ih, (int)I,
+                         0.0f, zd_tensor_data(gin[0]), (int)I);
         else
             rc = -1;
     }
@@ -340,7 +342,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     }
     if (rc == 0 && zd_autograd_node_needs_grad(n, 4)) {
         /* dw_hh = sum_t dG_t^T h_{t-1}: h_{-1} = h0, then the outputs */
-        const bool written = c->h0 || T > 1;   /* else the gradient is zero */
+        const bool written = c->h0 || T > 1; /* else the gradient is zero */
         if ((gin[4] = written ? zd_tensor_empty(ZD_FLOAT32, (int64_t[]){G, H}, 2)
                               : zd_tensor_new(ZD_FLOAT32, (int64_t[]){G, H}, 2))) {
             float *dw = zd_tensor_data(gin[4]);
@@ -507,8 +509,8 @@ static int check_lstm_args(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
         return zd_error_set("lstm: num_layers is %d, expected at least 1", num_layers);
     if (!params)
         return zd_error_set("lstm: params is NULL");
-    if (zd__rnn_check_weights("lstm: layer 0", 4, x, 3, params[0], params[1], params[2],
-                              params[3], d) < 0)
+    if (zd__rnn_check_weights("lstm: layer 0", 4, x, 3, params[0], params[1], params[2], params[3],
+                              d) < 0)
         return -1;
     const zd_tensor_t *st[2] = {h0, c0};
     for (int k = 0; k < 2; k++) {

@@ -42,9 +42,10 @@ static int check_sizes(const char *type, int64_t input_size, int64_t hidden_size
 {
     if (input_size < 1 || hidden_size < 1 || num_layers < 1 || hidden_size > INT32_MAX / 4 ||
         input_size > INT32_MAX)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: sizes input %lld, hidden %lld, layers %d: "
-                                 "each must be >= 1", type, (long long)input_size,
-                                 (long long)hidden_size, num_layers);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: sizes input %lld, hidden %lld, layers %d: "
+                                 "each must be >= 1",
+                                 type, (long long)input_size, (long long)hidden_size, num_layers);
     return 0;
 }
 
@@ -71,8 +72,10 @@ static int lstm_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_
 {
     lstm_state_t *s = zd_nn_module_state(m);
     if ((n_in != 1 && n_in != 3) || n_out > 3)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x) or (x, h0, c0) and gives up to 3 "
-                                 "outputs (output, h_n, c_n), asked %d -> %d", n_in, n_out);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "takes (x) or (x, h0, c0) and gives up to 3 "
+                                 "outputs (output, h_n, c_n), asked %d -> %d",
+                                 n_in, n_out);
     /* A module may serve several callers at once (a RemoteModule's owner
        runs each call on a pool thread): forwards that draw dropout masks
        run one at a time, so that the stream stays whole and one seed still
@@ -111,7 +114,7 @@ zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_
     zd_nn_rng_t init;
     zd_nn_rng_seed(&init, seed);
     s->rng = init;
-    zd_nn_rng_jump(&s->rng);   /* a stream of its own, apart from the weights' */
+    zd_nn_rng_jump(&s->rng); /* a stream of its own, apart from the weights' */
     if (add_rnn_params(m, s->params, num_layers, 4, input_size, hidden_size, true, &init) < 0) {
         zd_error_wrap("LSTM");
         zd_nn_module_free(m);
@@ -123,17 +126,19 @@ zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_
 /* ---- single cells ---- */
 
 typedef struct {
-    zd_tensor_t *p[4];   /* weight_ih, weight_hh, bias_ih, bias_hh; borrowed */
+    zd_tensor_t *p[4]; /* weight_ih, weight_hh, bias_ih, bias_hh; borrowed */
 } cell_state_t;
 
 /* (x[, h[, c]]) -> (h'[, c']) */
-static int lstm_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                             zd_tensor_t **out, int n_out)
+static int lstm_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                             int n_out)
 {
     cell_state_t *s = zd_nn_module_state(m);
     if (n_in < 1 || n_in > 3 || n_out > 2)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x[, h[, c]]) and gives up to 2 outputs "
-                                 "(h', c'), asked %d -> %d", n_in, n_out);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "takes (x[, h[, c]]) and gives up to 2 outputs "
+                                 "(h', c'), asked %d -> %d",
+                                 n_in, n_out);
     zd_tensor_t *c_out = NULL;
     int rc = zd_nn_lstm_cell(in[0], n_in > 1 ? in[1] : NULL, n_in > 2 ? in[2] : NULL, s->p[0],
                              s->p[1], s->p[2], s->p[3], &out[0], &c_out);
@@ -145,26 +150,25 @@ static int lstm_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in
 }
 
 /* (x[, h]) -> h' */
-static int gru_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                            zd_tensor_t **out, int n_out)
+static int gru_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                            int n_out)
 {
     cell_state_t *s = zd_nn_module_state(m);
     if (n_in < 1 || n_in > 2 || n_out != 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x[, h]) and gives h', asked %d -> %d",
                                  n_in, n_out);
-    return zd_nn_gru_cell(in[0], n_in > 1 ? in[1] : NULL, s->p[0], s->p[1], s->p[2], s->p[3],
-                          out);
+    return zd_nn_gru_cell(in[0], n_in > 1 ? in[1] : NULL, s->p[0], s->p[1], s->p[2], s->p[3], out);
 }
 
-static int tanh_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                             zd_tensor_t **out, int n_out)
+static int tanh_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                             int n_out)
 {
     cell_state_t *s = zd_nn_module_state(m);
     if (n_in < 1 || n_in > 2 || n_out != 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "takes (x[, h]) and gives h', asked %d -> %d",
                                  n_in, n_out);
-    return zd_nn_rnn_tanh_cell(in[0], n_in > 1 ? in[1] : NULL, s->p[0], s->p[1], s->p[2],
-                               s->p[3], out);
+    return zd_nn_rnn_tanh_cell(in[0], n_in > 1 ? in[1] : NULL, s->p[0], s->p[1], s->p[2], s->p[3],
+                               out);
 }
 
 static zd_nn_module_t *cell_new(const char *type, zd_nn_module_forward_fn *forward, int gates,

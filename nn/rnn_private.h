@@ -16,10 +16,10 @@
     NaN. */
 static inline float rnn_exp(float v)
 {
-    const float x = v > -87.0f ? (v < 88.0f ? v : 88.0f) : -87.0f;   /* NaN: -87 */
+    const float x = v > -87.0f ? (v < 88.0f ? v : 88.0f) : -87.0f; /* NaN: -87 */
     const float t = x * 1.44269504088896341f + 0.5f;
     int n = (int)t;
-    n -= (float)n > t;     /* floor, for negative t too */
+    n -= (float)n > t; /* floor, for negative t too */
     const float fn = (float)n;
     const float r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
     float p = 1.9875691500e-4f;
@@ -33,7 +33,7 @@ static inline float rnn_exp(float v)
         int32_t i;
         float f;
     } scale = {.i = (n + 127) * (1 << 23)};
-    return v == v ? p * scale.f : v;   /* NaN stays NaN */
+    return v == v ? p * scale.f : v; /* NaN stays NaN */
 }
 
 static inline float rnn_sigmoid(float v)
@@ -58,8 +58,8 @@ typedef struct {
     the features (x_ndim dimensions in all), filling *d. `op` names the
     function in the message. 0, or -1 with zd_error_set. */
 int zd__rnn_check_weights(const char *op, int gates, const zd_tensor_t *x, int x_ndim,
-                          const zd_tensor_t *w_ih, const zd_tensor_t *w_hh,
-                          const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, rnn_dims_t *d);
+                          const zd_tensor_t *w_ih, const zd_tensor_t *w_hh, const zd_tensor_t *b_ih,
+                          const zd_tensor_t *b_hh, rnn_dims_t *d);
 
 /*  Checks that a state (h or c) is NULL or float32 of shape (lead..., N, H)
     with `ndim` dimensions, the leading ones of size 1. */

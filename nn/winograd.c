@@ -36,9 +36,9 @@
 typedef struct {
     int N, C, H, W, O, pad;
     int Ho, Wo;
-    int th, tw, tiles;    /* tile rows, tile columns, tiles per sample */
-    int hp, ldp;          /* portable path's staging plane: hp rows, ldp floats apart */
-    nn_isa_t isa;         /* the transforms' kernels (zd__nn_cpu_isa when planned) */
+    int th, tw, tiles; /* tile rows, tile columns, tiles per sample */
+    int hp, ldp;       /* portable path's staging plane: hp rows, ldp floats apart */
+    nn_isa_t isa;      /* the transforms' kernels (zd__nn_cpu_isa when planned) */
 } wg_plan_t;
 
 typedef struct {
@@ -102,7 +102,7 @@ static void transform_filters(const float *w, int O, int C, bool flip, float *u)
                 c++;
             }
         }
-        transform_block((const float (*)[FB])g, n, u + f0, F);
+        transform_block((const float(*)[FB])g, n, u + f0, F);
     }
 }
 
@@ -140,11 +140,11 @@ static inline __m512 shift_in(__m512 hi, __m512 lo, int shift)
 /*  One input row (NULL: a row of padding) transformed along its columns:
     *t_j = (d B)[j] for the tiles of the run, one per lane. A tile's
     columns are the row's even and odd columns, split apart by permutes. */
-static inline void input_row(const float *row, const cols_t *cc, __m512 *t0, __m512 *t1,
-                             __m512 *t2, __m512 *t3)
+static inline void input_row(const float *row, const cols_t *cc, __m512 *t0, __m512 *t1, __m512 *t2,
+                             __m512 *t3)
 {
-    const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4,
-                                          2, 0);
+    const __m512i even =
+        _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     if (!row) {
         *t0 = *t1 = *t2 = *t3 = _mm512_setzero_ps();
@@ -159,10 +159,10 @@ static inline void input_row(const float *row, const cols_t *cc, __m512 *t0, __m
         c1 = shift_in(c1, c0, cc->shift);
         c0 = shift_in(c0, _mm512_setzero_ps(), cc->shift);
     }
-    __m512 a2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(c1),
-                                                        _mm512_castps_si512(c0), 2));
-    __m512 b2 = _mm512_castsi512_ps(_mm512_alignr_epi32(_mm512_castps_si512(c2),
-                                                        _mm512_castps_si512(c1), 2));
+    __m512 a2 = _mm512_castsi512_ps(
+        _mm512_alignr_epi32(_mm512_castps_si512(c1), _mm512_castps_si512(c0), 2));
+    __m512 b2 = _mm512_castsi512_ps(
+        _mm512_alignr_epi32(_mm512_castps_si512(c2), _mm512_castps_si512(c1), 2));
     __m512 d0 = _mm512_permutex2var_ps(c0, even, c1);
     __m512 d1 = _mm512_permutex2var_ps(c0, odd, c1);
     __m512 d2 = _mm512_permutex2var_ps(a2, even, b2);
@@ -194,12 +194,12 @@ static void input_transform_avx512(const wg_plan_t *p, const float *x, float *v,
             float *vt = v + (size_t)ty * p->tw + tx0;
             input_row(plane_row(p, x, r2), &cc, &c0v, &c1v, &c2v, &c3v);
             input_row(plane_row(p, x, r2 + 1), &cc, &d0, &d1, &d2, &d3);
-#define STORE4(i, e0, e1, e2, e3)                                     \
-    do {                                                              \
-        _mm512_mask_storeu_ps(vt + (4 * (i) + 0) * ldv, mask, e0);    \
-        _mm512_mask_storeu_ps(vt + (4 * (i) + 1) * ldv, mask, e1);    \
-        _mm512_mask_storeu_ps(vt + (4 * (i) + 2) * ldv, mask, e2);    \
-        _mm512_mask_storeu_ps(vt + (4 * (i) + 3) * ldv, mask, e3);    \
+#define STORE4(i, e0, e1, e2, e3)                                                                  \
+    do {                                                                                           \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 0) * ldv, mask, e0);                                 \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 1) * ldv, mask, e1);                                 \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 2) * ldv, mask, e2);                                 \
+        _mm512_mask_storeu_ps(vt + (4 * (i) + 3) * ldv, mask, e3);                                 \
     } while (0)
             STORE4(0, _mm512_sub_ps(a0, c0v), _mm512_sub_ps(a1, c1v), _mm512_sub_ps(a2, c2v),
                    _mm512_sub_ps(a3, c3v));
@@ -229,8 +229,8 @@ typedef struct {
 static inline __m256 shift_in_avx2(__m256 hi, __m256 lo, int shift)
 {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i idx = _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(shift)),
-                                         _mm256_set1_epi32(7));
+    const __m256i idx =
+        _mm256_and_si256(_mm256_sub_epi32(lane, _mm256_set1_epi32(shift)), _mm256_set1_epi32(7));
     const __m256i from_hi = _mm256_cmpgt_epi32(lane, _mm256_set1_epi32(shift - 1));
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, idx), _mm256_permutevar8x32_ps(hi, idx),
                             _mm256_castsi256_ps(from_hi));
@@ -240,8 +240,8 @@ static inline __m256 shift_in_avx2(__m256 hi, __m256 lo, int shift)
 static inline __m256 skip2_avx2(__m256 hi, __m256 lo)
 {
     __m256 mid = _mm256_permute2f128_ps(lo, hi, 0x21);
-    return _mm256_castsi256_ps(_mm256_alignr_epi8(_mm256_castps_si256(mid),
-                                                  _mm256_castps_si256(lo), 8));
+    return _mm256_castsi256_ps(
+        _mm256_alignr_epi8(_mm256_castps_si256(mid), _mm256_castps_si256(lo), 8));
 }
 
 /*  The even and odd lanes of the 16 floats hi:lo. */
@@ -296,12 +296,12 @@ static void input_transform_avx2(const wg_plan_t *p, const float *x, float *v, s
             float *vt = v + (size_t)ty * p->tw + tx0;
             input_row_avx2(plane_row(p, x, r2), &cc, &c0v, &c1v, &c2v, &c3v);
             input_row_avx2(plane_row(p, x, r2 + 1), &cc, &d0, &d1, &d2, &d3);
-#define STORE4(i, e0, e1, e2, e3)                                 \
-    do {                                                          \
-        avx2_storen(vt + (4 * (i) + 0) * ldv, nt, e0);            \
-        avx2_storen(vt + (4 * (i) + 1) * ldv, nt, e1);            \
-        avx2_storen(vt + (4 * (i) + 2) * ldv, nt, e2);            \
-        avx2_storen(vt + (4 * (i) + 3) * ldv, nt, e3);            \
+#define STORE4(i, e0, e1, e2, e3)                                                                  \
+    do {                                                                                           \
+        avx2_storen(vt + (4 * (i) + 0) * ldv, nt, e0);                                             \
+        avx2_storen(vt + (4 * (i) + 1) * ldv, nt, e1);                                             \
+        avx2_storen(vt + (4 * (i) + 2) * ldv, nt, e2);                                             \
+        avx2_storen(vt + (4 * (i) + 3) * ldv, nt, e3);                                             \
     } while (0)
             STORE4(0, _mm256_sub_ps(a0, c0v), _mm256_sub_ps(a1, c1v), _mm256_sub_ps(a2, c2v),
                    _mm256_sub_ps(a3, c3v));
@@ -341,8 +341,8 @@ static void input_tile(const float *plane, int ldp, float *v, size_t ldv)
 /*  Every tile of the input plane x into v (tile t of the sample at v[t]),
     through the staging plane `stage`, whose borders are zero: only its
     interior is written here. */
-static void input_transform_generic(const wg_plan_t *p, const float *x, float *stage,
-                                    float *v, size_t ldv)
+static void input_transform_generic(const wg_plan_t *p, const float *x, float *stage, float *v,
+                                    size_t ldv)
 {
     for (int r = 0; r < p->H; r++)
         memcpy(stage + (size_t)(r + p->pad) * p->ldp + p->pad, x + (size_t)r * p->W,
@@ -355,8 +355,7 @@ static void input_transform_generic(const wg_plan_t *p, const float *x, float *s
 
 /*  The plane x into v, by the transforms planned (`stage`: the portable
     ones' staging plane, unused by the others). */
-static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v,
-                            size_t ldv)
+static void input_transform(const wg_plan_t *p, const float *x, float *stage, float *v, size_t ldv)
 {
     if (p->isa == NN_ISA_AVX512)
         input_transform_avx512(p, x, v, ldv);
@@ -373,8 +372,8 @@ NN_AVX512_BEGIN
 /*  Tiles tx0 .. tx0+n-1 of tile row ty of one output plane y (Ho x Wo),
     from m[xi * ldm]: 2 rows (1 at the bottom of an odd Ho) of up to 2n
     columns (fewer at the right of an odd Wo). */
-static inline void output_tiles_avx512(const float *m, size_t ldm, float bias, int ty, int tx0, int n,
-                                int Ho, int Wo, float *y)
+static inline void output_tiles_avx512(const float *m, size_t ldm, float bias, int ty, int tx0,
+                                       int n, int Ho, int Wo, float *y)
 {
     const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
@@ -424,8 +423,8 @@ NN_AVX512_END
 
 NN_AVX2_BEGIN
 /*  output_tiles_avx512 for up to 8 tiles. */
-static inline void output_tiles_avx2(const float *m, size_t ldm, float bias, int ty, int tx0,
-                                     int n, int Ho, int Wo, float *y)
+static inline void output_tiles_avx2(const float *m, size_t ldm, float bias, int ty, int tx0, int n,
+                                     int Ho, int Wo, float *y)
 {
     __m256 s0[4], s1[4];
     for (int r = 0; r < 4; r++) {
@@ -488,8 +487,7 @@ static void output_tile(const float *m, size_t ldm, float bias, int rows, int co
 }
 
 /*  One output plane (Ho x Wo) from its sample's 16 rows m[xi * ldm]. */
-static void output_transform(const wg_plan_t *p, const float *m, size_t ldm, float bias,
-                             float *y)
+static void output_transform(const wg_plan_t *p, const float *m, size_t ldm, float bias, float *y)
 {
     if (p->isa == NN_ISA_AVX512) {
         output_transform_avx512(p, m, ldm, bias, y);
@@ -504,8 +502,7 @@ static void output_transform(const wg_plan_t *p, const float *m, size_t ldm, flo
         int rows = p->Ho - 2 * ty < 2 ? 1 : 2;
         for (int tx = 0; tx < p->tw; tx++) {
             int cols = p->Wo - 2 * tx < 2 ? 1 : 2;
-            output_tile(mr + tx, ldm, bias, rows, cols, p->Wo,
-                        y + (size_t)2 * ty * p->Wo + 2 * tx);
+            output_tile(mr + tx, ldm, bias, rows, cols, p->Wo, y + (size_t)2 * ty * p->Wo + 2 * tx);
         }
     }
 }
@@ -538,13 +535,13 @@ static void chunk_run(void *arg, int chunk, float *scratch)
     float *out_buf = in_buf + (j->prologue ? (size_t)p->C * plane : 0);
     if (p->hp)
         memset(stage, 0, sizeof(float) * (size_t)p->hp * p->ldp);
-    const float *xs = j->prologue ? j->prologue(j->arg, s, in_buf)
-                                  : j->x + (size_t)s * p->C * plane;
+    const float *xs =
+        j->prologue ? j->prologue(j->arg, s, in_buf) : j->x + (size_t)s * p->C * plane;
     for (int c = 0; c < p->C; c++)
         input_transform(p, xs + c * plane, stage, v + (size_t)c * 16 * T, T);
     for (int xi = 0; xi < 16; xi++)
         zd__nn_sgemm(true, false, p->O, (int)T, p->C, 1.0f, j->u + (size_t)xi * p->O * p->C, p->O,
-                 v + xi * T, (int)(16 * T), 0.0f, m + xi * T, (int)(16 * T));
+                     v + xi * T, (int)(16 * T), 0.0f, m + xi * T, (int)(16 * T));
     float *ys = j->y ? j->y + (size_t)s * p->O * out_plane : out_buf;
     for (int o = 0; o < p->O; o++)
         output_transform(p, m + (size_t)o * 16 * T, T, j->bias ? j->bias[o] : 0.0f,
@@ -560,11 +557,12 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
 {
     if (N < 0 || C < 1 || O < 1 || H < 1 || W < 1 || pad < 0 || pad > 2)
         return zd_error_set("%s: bad geometry N=%d C=%d H=%d W=%d O=%d padding=%d (padding 0 to "
-                         "2, the rest >= 1)", op, N, C, H, W, O, pad);
+                            "2, the rest >= 1)",
+                            op, N, C, H, W, O, pad);
     int64_t Ho = (int64_t)H + 2 * pad - 2, Wo = (int64_t)W + 2 * pad - 2;
     if (Ho < 1 || Wo < 1)
-        return zd_error_set("%s: a 3x3 kernel does not fit the %dx%d input with padding %d", op,
-                         H, W, pad);
+        return zd_error_set("%s: a 3x3 kernel does not fit the %dx%d input with padding %d", op, H,
+                            W, pad);
     int64_t th = (Ho + 1) / 2, tw = (Wo + 1) / 2;
     const nn_isa_t isa = zd__nn_cpu_isa();
     /* the vector transforms read x in place, the portable one a padded copy */
@@ -575,9 +573,20 @@ static int plan(const char *op, int N, int C, int H, int W, int O, int pad, wg_p
         (int64_t)H * W * C > INT32_MAX || Ho * Wo * O > INT32_MAX)
         return zd_error_set("%s: N=%d C=%d H=%d W=%d O=%d too large", op, N, C, H, W, O);
     *p = (wg_plan_t){
-        .N = N, .C = C, .H = H, .W = W, .O = O, .pad = pad,
-        .Ho = (int)Ho, .Wo = (int)Wo, .th = (int)th, .tw = (int)tw, .tiles = (int)(th * tw),
-        .hp = (int)hp, .ldp = (int)ldp, .isa = isa,
+        .N = N,
+        .C = C,
+        .H = H,
+        .W = W,
+        .O = O,
+        .pad = pad,
+        .Ho = (int)Ho,
+        .Wo = (int)Wo,
+        .th = (int)th,
+        .tw = (int)tw,
+        .tiles = (int)(th * tw),
+        .hp = (int)hp,
+        .ldp = (int)ldp,
+        .isa = isa,
     };
     return 0;
 }
@@ -592,14 +601,13 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
     transform_filters(w, p->O, p->C, flip, u);
     job->p = p;
     job->u = u;
-    int rc = zd__nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y),
-                             chunk_run, job);
+    int rc = zd__nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y), chunk_run, job);
     free(u);
     return rc < 0 ? zd_error_wrap("%s", op) : 0;
 }
 
 bool zd__nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
-                         int dilation, bool input_grad)
+                             int dilation, bool input_grad)
 {
     if (kh != 3 || kw != 3 || stride != 1 || dilation != 1 || (padding != 0 && padding != 1))
         return false;
@@ -612,8 +620,8 @@ bool zd__nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int str
 }
 
 int zd__nn_winograd_forward(const float *x, int N, int C, int H, int W, const float *w, int O,
-                        const float *bias, int padding, float *y,
-                        nn_winograd_epilogue_fn *epilogue, void *arg)
+                            const float *bias, int padding, float *y,
+                            nn_winograd_epilogue_fn *epilogue, void *arg)
 {
     const char *op = "winograd forward";
     wg_plan_t p;
@@ -626,8 +634,8 @@ int zd__nn_winograd_forward(const float *x, int N, int C, int H, int W, const fl
 }
 
 int zd__nn_winograd_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
-                               int C, int padding, float *dx, nn_winograd_prologue_fn *prologue,
-                               void *arg)
+                                   int C, int padding, float *dx, nn_winograd_prologue_fn *prologue,
+                                   void *arg)
 {
     const char *op = "winograd input gradient";
     wg_plan_t p;

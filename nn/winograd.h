@@ -38,13 +38,13 @@
     - the input gradient (input_grad true) with C >= 4 and O >= 4: it won
       on every such shape tried, 1.1x (8 -> 8 channels) to 2.3x. */
 bool zd__nn_winograd_applies(int C, int O, int H, int W, int kh, int kw, int stride, int padding,
-                         int dilation, bool input_grad);
+                             int dilation, bool input_grad);
 
 /*  Called once per sample n as soon as that sample's raw convolution output
     y_n (O planes of Ho x Wo, contiguous) is complete, on the thread that
     computed it: the place for conv.c's relu or pooling epilogue, while the
     sample is in cache. Calls for different samples may run concurrently. */
-typedef void (nn_winograd_epilogue_fn)(void *arg, int n, float *y_n);
+typedef void(nn_winograd_epilogue_fn)(void *arg, int n, float *y_n);
 
 /*  Returns sample n's output gradient (O planes of Ho x Wo, contiguous):
     a pointer into memory the caller has, or buf (room for O*Ho*Wo floats,
@@ -65,8 +65,8 @@ typedef const float *(nn_winograd_prologue_fn)(void *arg, int n, float *buf);
     it runs serially. Returns 0, or -1 (zd_error_set) for sizes out of range
     or out of memory (then y's contents are undefined). */
 int zd__nn_winograd_forward(const float *x, int N, int C, int H, int W, const float *w, int O,
-                        const float *bias, int padding, float *y,
-                        nn_winograd_epilogue_fn *epilogue, void *arg);
+                            const float *bias, int padding, float *y,
+                            nn_winograd_epilogue_fn *epilogue, void *arg);
 
 /*  The input gradient of that convolution (without bias):
     dx[n,c] = sum_o dy[n,o] (*) w[o,c] transposed, for dy [N,O,Ho,Wo] and
@@ -75,7 +75,7 @@ int zd__nn_winograd_forward(const float *x, int N, int C, int H, int W, const fl
     be NULL if a prologue is given (then it supplies each sample's dy, arg
     passed through). Threads and errors as for the forward pass. */
 int zd__nn_winograd_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
-                               int C, int padding, float *dx, nn_winograd_prologue_fn *prologue,
-                               void *arg);
+                                   int C, int padding, float *dx, nn_winograd_prologue_fn *prologue,
+                                   void *arg);
 
 #endif

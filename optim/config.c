@@ -11,11 +11,11 @@
 #include <zdist/error.h>
 #include "optim/optim_private.h"
 
-#define K_SGD (1u << ZD_OPTIM_SGD)
-#define K_ADAM (1u << ZD_OPTIM_ADAM | 1u << ZD_OPTIM_ADAMW)
+#define K_SGD     (1u << ZD_OPTIM_SGD)
+#define K_ADAM    (1u << ZD_OPTIM_ADAM | 1u << ZD_OPTIM_ADAMW)
 #define K_ADAGRAD (1u << ZD_OPTIM_ADAGRAD)
 #define K_RMSPROP (1u << ZD_OPTIM_RMSPROP)
-#define K_ALL (K_SGD | K_ADAM | K_ADAGRAD | K_RMSPROP)
+#define K_ALL     (K_SGD | K_ADAM | K_ADAGRAD | K_RMSPROP)
 
 /*  Every field with the kinds that read it, in the order the text form
     lists them. */
@@ -25,26 +25,26 @@ static const struct {
     bool is_bool;
     unsigned kinds;
 } fields[] = {
-    { "lr", offsetof(zd_optim_config_t, lr), false, K_ALL },
-    { "alpha", offsetof(zd_optim_config_t, alpha), false, K_RMSPROP },
-    { "beta1", offsetof(zd_optim_config_t, beta1), false, K_ADAM },
-    { "beta2", offsetof(zd_optim_config_t, beta2), false, K_ADAM },
-    { "lr_decay", offsetof(zd_optim_config_t, lr_decay), false, K_ADAGRAD },
-    { "momentum", offsetof(zd_optim_config_t, momentum), false, K_SGD | K_RMSPROP },
-    { "dampening", offsetof(zd_optim_config_t, dampening), false, K_SGD },
-    { "eps", offsetof(zd_optim_config_t, eps), false, K_ADAM | K_ADAGRAD | K_RMSPROP },
-    { "weight_decay", offsetof(zd_optim_config_t, weight_decay), false, K_ALL },
-    { "initial_accumulator_value", offsetof(zd_optim_config_t, initial_accumulator_value), false,
-      K_ADAGRAD },
-    { "nesterov", offsetof(zd_optim_config_t, nesterov), true, K_SGD },
-    { "amsgrad", offsetof(zd_optim_config_t, amsgrad), true, K_ADAM },
-    { "centered", offsetof(zd_optim_config_t, centered), true, K_RMSPROP },
-    { "maximize", offsetof(zd_optim_config_t, maximize), true, K_ALL },
+    {"lr", offsetof(zd_optim_config_t, lr), false, K_ALL},
+    {"alpha", offsetof(zd_optim_config_t, alpha), false, K_RMSPROP},
+    {"beta1", offsetof(zd_optim_config_t, beta1), false, K_ADAM},
+    {"beta2", offsetof(zd_optim_config_t, beta2), false, K_ADAM},
+    {"lr_decay", offsetof(zd_optim_config_t, lr_decay), false, K_ADAGRAD},
+    {"momentum", offsetof(zd_optim_config_t, momentum), false, K_SGD | K_RMSPROP},
+    {"dampening", offsetof(zd_optim_config_t, dampening), false, K_SGD},
+    {"eps", offsetof(zd_optim_config_t, eps), false, K_ADAM | K_ADAGRAD | K_RMSPROP},
+    {"weight_decay", offsetof(zd_optim_config_t, weight_decay), false, K_ALL},
+    {"initial_accumulator_value", offsetof(zd_optim_config_t, initial_accumulator_value), false,
+     K_ADAGRAD},
+    {"nesterov", offsetof(zd_optim_config_t, nesterov), true, K_SGD},
+    {"amsgrad", offsetof(zd_optim_config_t, amsgrad), true, K_ADAM},
+    {"centered", offsetof(zd_optim_config_t, centered), true, K_RMSPROP},
+    {"maximize", offsetof(zd_optim_config_t, maximize), true, K_ALL},
 };
 #define N_FIELDS (sizeof fields / sizeof fields[0])
 
-static const char *const kind_names[] = { NULL, "sgd", "adam", "adamw", "adagrad", "rmsprop" };
-static const char *const class_names[] = { NULL, "SGD", "Adam", "AdamW", "Adagrad", "RMSprop" };
+static const char *const kind_names[] = {NULL, "sgd", "adam", "adamw", "adagrad", "rmsprop"};
+static const char *const class_names[] = {NULL, "SGD", "Adam", "AdamW", "Adagrad", "RMSprop"};
 
 static bool valid_kind(zd_optim_kind_t kind)
 {
@@ -68,8 +68,8 @@ int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind)
 
 zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind)
 {
-    zd_optim_config_t c = { .kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
-                         .alpha = 0.99 };
+    zd_optim_config_t c = {
+        .kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .alpha = 0.99};
     switch (kind) {
     case ZD_OPTIM_SGD:
         c.lr = NAN;
@@ -97,10 +97,22 @@ zd_optim_config_t zd_optim_sgd_defaults(double lr)
     return c;
 }
 
-zd_optim_config_t zd_optim_adam_defaults(void) { return zd_optim_defaults(ZD_OPTIM_ADAM); }
-zd_optim_config_t zd_optim_adamw_defaults(void) { return zd_optim_defaults(ZD_OPTIM_ADAMW); }
-zd_optim_config_t zd_optim_adagrad_defaults(void) { return zd_optim_defaults(ZD_OPTIM_ADAGRAD); }
-zd_optim_config_t zd_optim_rmsprop_defaults(void) { return zd_optim_defaults(ZD_OPTIM_RMSPROP); }
+zd_optim_config_t zd_optim_adam_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_ADAM);
+}
+zd_optim_config_t zd_optim_adamw_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_ADAMW);
+}
+zd_optim_config_t zd_optim_adagrad_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_ADAGRAD);
+}
+zd_optim_config_t zd_optim_rmsprop_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_RMSPROP);
+}
 
 /*  The shortest text that reads back as exactly v. */
 static const char *shortest(double v, char *buf, size_t size)
@@ -141,13 +153,14 @@ int zd_optim_config_check(const zd_optim_config_t *c)
         return zd_error_set("%s: Invalid learning rate: %s", k, py_float(c->lr, s, sizeof s));
     if (!nonneg(c->weight_decay))
         return zd_error_set("%s: Invalid weight_decay value: %s", k,
-                         py_float(c->weight_decay, s, sizeof s));
+                            py_float(c->weight_decay, s, sizeof s));
     if (c->kind != ZD_OPTIM_SGD && !nonneg(c->eps))
         return zd_error_set("%s: Invalid epsilon value: %s", k, py_float(c->eps, s, sizeof s));
     switch (c->kind) {
     case ZD_OPTIM_SGD:
         if (!nonneg(c->momentum))
-            return zd_error_set("SGD: Invalid momentum value: %s", py_float(c->momentum, s, sizeof s));
+            return zd_error_set("SGD: Invalid momentum value: %s",
+                                py_float(c->momentum, s, sizeof s));
         if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
             return zd_error_set("SGD: Nesterov momentum requires a momentum and zero dampening");
         break;
@@ -155,25 +168,26 @@ int zd_optim_config_check(const zd_optim_config_t *c)
     case ZD_OPTIM_ADAMW:
         if (!(c->beta1 >= 0.0 && c->beta1 < 1.0))
             return zd_error_set("%s: Invalid beta parameter at index 0: %s", k,
-                             py_float(c->beta1, s, sizeof s));
+                                py_float(c->beta1, s, sizeof s));
         if (!(c->beta2 >= 0.0 && c->beta2 < 1.0))
             return zd_error_set("%s: Invalid beta parameter at index 1: %s", k,
-                             py_float(c->beta2, s, sizeof s));
+                                py_float(c->beta2, s, sizeof s));
         break;
     case ZD_OPTIM_ADAGRAD:
         if (!nonneg(c->lr_decay))
             return zd_error_set("Adagrad: Invalid lr_decay value: %s",
-                             py_float(c->lr_decay, s, sizeof s));
+                                py_float(c->lr_decay, s, sizeof s));
         if (!nonneg(c->initial_accumulator_value))
             return zd_error_set("Adagrad: Invalid initial_accumulator_value value: %s",
-                             py_float(c->initial_accumulator_value, s, sizeof s));
+                                py_float(c->initial_accumulator_value, s, sizeof s));
         break;
     case ZD_OPTIM_RMSPROP:
         if (!nonneg(c->momentum))
             return zd_error_set("RMSprop: Invalid momentum value: %s",
-                             py_float(c->momentum, s, sizeof s));
+                                py_float(c->momentum, s, sizeof s));
         if (!nonneg(c->alpha))
-            return zd_error_set("RMSprop: Invalid alpha value: %s", py_float(c->alpha, s, sizeof s));
+            return zd_error_set("RMSprop: Invalid alpha value: %s",
+                                py_float(c->alpha, s, sizeof s));
         break;
     }
     return 0;
@@ -223,7 +237,7 @@ static int parse_pair(zd_optim_config_t *c, const char *tok, size_t len)
             continue;
         if (!(fields[i].kinds & 1u << c->kind))
             return zd_error_set("optimizer config: %s has no '%s'", class_names[c->kind],
-                             fields[i].key);
+                                fields[i].key);
         char *field = (char *)c + fields[i].offset;
         if (fields[i].is_bool) {
             bool v;
@@ -233,14 +247,15 @@ static int parse_pair(zd_optim_config_t *c, const char *tok, size_t len)
                 v = false;
             else
                 return zd_error_set("optimizer config: %s=%s is not a boolean (0, 1, true, "
-                                 "false)", fields[i].key, value);
+                                    "false)",
+                                    fields[i].key, value);
             *(bool *)field = v;
         } else {
             char *end;
             double v = strtod(value, &end);
             if (*end)
                 return zd_error_set("optimizer config: %s=%s is not a number", fields[i].key,
-                                 value);
+                                    value);
             *(double *)field = v;
         }
         return 0;

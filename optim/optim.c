@@ -8,11 +8,11 @@
 #include "optim/optim_private.h"
 
 static const char *const slot_names[][OPTIM_SLOTS] = {
-    [ZD_OPTIM_SGD] = { "momentum_buffer", NULL, NULL },
-    [ZD_OPTIM_ADAM] = { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" },
-    [ZD_OPTIM_ADAMW] = { "exp_avg", "exp_avg_sq", "max_exp_avg_sq" },
-    [ZD_OPTIM_ADAGRAD] = { "sum", NULL, NULL },
-    [ZD_OPTIM_RMSPROP] = { "square_avg", "momentum_buffer", "grad_avg" },
+    [ZD_OPTIM_SGD] = {"momentum_buffer", NULL, NULL},
+    [ZD_OPTIM_ADAM] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+    [ZD_OPTIM_ADAMW] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"},
+    [ZD_OPTIM_ADAGRAD] = {"sum", NULL, NULL},
+    [ZD_OPTIM_RMSPROP] = {"square_avg", "momentum_buffer", "grad_avg"},
 };
 
 const char *zd__optim_slot_name(zd_optim_kind_t kind, int s)
@@ -76,8 +76,8 @@ zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, zd_tensor_t *const *param
             return NULL;
         }
         if (zd_tensor_dtype(params[i]) != ZD_FLOAT32) {
-            zd_error_set("optimizer: parameter %d is %s; only float32 tensors can be optimized",
-                      i, zd_tensor_dtype_name(zd_tensor_dtype(params[i])));
+            zd_error_set("optimizer: parameter %d is %s; only float32 tensors can be optimized", i,
+                         zd_tensor_dtype_name(zd_tensor_dtype(params[i])));
             return NULL;
         }
         if (!zd_tensor_is_leaf(params[i])) {
@@ -154,12 +154,14 @@ static int step_locked(zd_optim_t *o, zd_tensor_t *const *grads)
             continue;
         if (zd_tensor_dtype(g) != ZD_FLOAT32 || !zd_tensor_same_shape(g, o->params[i]))
             return zd_error_set("optimizer step: the gradient of %s is %s %s, the parameter "
-                             "float32 %s", param_label(o, i, label, sizeof label),
-                             zd_tensor_dtype_name(zd_tensor_dtype(g)), zd_tensor_shape_str(g, a, sizeof a),
-                             zd_tensor_shape_str(o->params[i], b, sizeof b));
+                                "float32 %s",
+                                param_label(o, i, label, sizeof label),
+                                zd_tensor_dtype_name(zd_tensor_dtype(g)),
+                                zd_tensor_shape_str(g, a, sizeof a),
+                                zd_tensor_shape_str(o->params[i], b, sizeof b));
         if (!o->state[i].started && pstate_init(o, i) < 0)
             return zd_error_wrap("optimizer step: state of %s",
-                              param_label(o, i, label, sizeof label));
+                                 param_label(o, i, label, sizeof label));
     }
     for (int i = 0; i < o->n; i++) {
         if (!grads[i])
@@ -167,7 +169,7 @@ static int step_locked(zd_optim_t *o, zd_tensor_t *const *grads)
         optim_pstate_t *st = &o->state[i];
         st->step++;
         zd__optim_update(&o->cfg, zd_tensor_data(o->params[i]), zd_tensor_data(grads[i]),
-                     zd_tensor_numel(o->params[i]), st);
+                         zd_tensor_numel(o->params[i]), st);
         st->started = true;
     }
     return 0;
@@ -221,8 +223,14 @@ zd_optim_config_t zd_optim_config(zd_optim_t *o)
     return c;
 }
 
-int zd_optim_n_params(const zd_optim_t *o) { return o->n; }
-zd_tensor_t *zd_optim_param(const zd_optim_t *o, int i) { return i >= 0 && i < o->n ? o->params[i] : NULL; }
+int zd_optim_n_params(const zd_optim_t *o)
+{
+    return o->n;
+}
+zd_tensor_t *zd_optim_param(const zd_optim_t *o, int i)
+{
+    return i >= 0 && i < o->n ? o->params[i] : NULL;
+}
 
 int zd_optim_set_lr(zd_optim_t *o, double lr)
 {

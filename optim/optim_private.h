@@ -14,8 +14,8 @@
     shape when the kind uses slot s (zd__optim_slot_used), NULL otherwise or
     before the first step. */
 typedef struct {
-    bool started;          /* stepped at least once */
-    int64_t step;          /* number of steps taken */
+    bool started; /* stepped at least once */
+    int64_t step; /* number of steps taken */
     zd_tensor_t *slot[OPTIM_SLOTS];
 } optim_pstate_t;
 
@@ -23,8 +23,8 @@ struct zd_optim {
     zd_optim_config_t cfg;
     int n;
     zd_tensor_t **params;
-    optim_pstate_t *state;     /* n entries */
-    pthread_mutex_t lock;      /* held by every public function */
+    optim_pstate_t *state; /* n entries */
+    pthread_mutex_t lock;  /* held by every public function */
 };
 
 /*  The PyTorch state name of slot s of a kind ("exp_avg"), NULL when the
@@ -41,6 +41,6 @@ bool zd__optim_counts_steps(zd_optim_kind_t kind);
     step; the used slots exist (zero, or the initial accumulator value for
     Adagrad) and st->started says whether an earlier step ran. */
 void zd__optim_update(const zd_optim_config_t *cfg, float *p, const float *g, int64_t n,
-                  optim_pstate_t *st);
+                      optim_pstate_t *st);
 
 #endif

@@ -14,8 +14,8 @@ static int add_entry(zd_named_tensors_t *nt, int i, const char *slot, zd_tensor_
     char name[64];
     snprintf(name, sizeof name, "%d.%s", i, slot);
     int rc = !t ? zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer state: out of memory")
-             : zd_named_tensors_add(nt, name, t) < 0 ? zd_error_wrap("optimizer state")
-                                                     : 0;
+        : zd_named_tensors_add(nt, name, t) < 0 ? zd_error_wrap("optimizer state")
+                                                : 0;
     zd_tensor_unref(t);
     return rc;
 }
@@ -63,7 +63,8 @@ static int parse_name(const zd_optim_t *o, const char *name, int *index, int *sl
     long i = strtol(name, &end, 10);
     if (end == name || *end != '.' || errno || i < 0 || i >= o->n)
         return zd_error_set("optimizer state: entry '%s' is not '<parameter index>.<slot>' with "
-                         "an index below %d", name, o->n);
+                            "an index below %d",
+                            name, o->n);
     const char *slot = end + 1;
     *index = (int)i;
     if (strcmp(slot, "step") == 0 && zd__optim_counts_steps(o->cfg.kind)) {
@@ -71,12 +72,13 @@ static int parse_name(const zd_optim_t *o, const char *name, int *index, int *sl
         return 0;
     }
     for (int s = 0; s < OPTIM_SLOTS; s++)
-        if (zd__optim_slot_used(&o->cfg, s) && strcmp(slot, zd__optim_slot_name(o->cfg.kind, s)) == 0) {
+        if (zd__optim_slot_used(&o->cfg, s) &&
+            strcmp(slot, zd__optim_slot_name(o->cfg.kind, s)) == 0) {
             *slot_out = s;
             return 0;
         }
-    return zd_error_set("optimizer state: entry '%s': %s with these flags has no state '%s'",
-                     name, zd_optim_kind_name(o->cfg.kind), slot);
+    return zd_error_set("optimizer state: entry '%s': %s with these flags has no state '%s'", name,
+                        zd_optim_kind_name(o->cfg.kind), slot);
 }
 
 /*  Fills fresh[] from the entries; checks shapes, duplicates, completeness. */
@@ -102,17 +104,18 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
         seen[i * (OPTIM_SLOTS + 1) + s] = true;
         fresh[i].started = true;
         if (s == OPTIM_SLOTS) {
-            if (zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) != 1
-                || zd_tensor_data_i64(t)[0] < 1)
+            if (zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) != 1 ||
+                zd_tensor_data_i64(t)[0] < 1)
                 rc = zd_error_set("optimizer state: '%s' must be one int64 >= 1", name);
             else
                 fresh[i].step = zd_tensor_data_i64(t)[0];
             continue;
         }
         if (zd_tensor_dtype(t) != ZD_FLOAT32 || !zd_tensor_same_shape(t, p)) {
-            rc = zd_error_set("optimizer state: '%s' is %s %s, the parameter float32 %s",
-                           name, zd_tensor_dtype_name(zd_tensor_dtype(t)),
-                           zd_tensor_shape_str(t, a, sizeof a), zd_tensor_shape_str(p, b, sizeof b));
+            rc = zd_error_set("optimizer state: '%s' is %s %s, the parameter float32 %s", name,
+                              zd_tensor_dtype_name(zd_tensor_dtype(t)),
+                              zd_tensor_shape_str(t, a, sizeof a),
+                              zd_tensor_shape_str(p, b, sizeof b));
             break;
         }
         fresh[i].slot[s] = zd_tensor_detach_copy(t);
@@ -126,8 +129,9 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
             bool needed = s == OPTIM_SLOTS ? zd__optim_counts_steps(o->cfg.kind)
                                            : zd__optim_slot_used(&o->cfg, s);
             if (needed && !seen[i * (OPTIM_SLOTS + 1) + s])
-                rc = zd_error_set("optimizer state: parameter %d has some state but no '%d.%s'",
-                               i, i, s == OPTIM_SLOTS ? "step" : zd__optim_slot_name(o->cfg.kind, s));
+                rc = zd_error_set("optimizer state: parameter %d has some state but no '%d.%s'", i,
+                                  i,
+                                  s == OPTIM_SLOTS ? "step" : zd__optim_slot_name(o->cfg.kind, s));
         }
     }
     free(seen);

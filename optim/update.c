@@ -13,8 +13,7 @@ static float *slot(optim_pstate_t *st, int s)
     return st->slot[s] ? zd_tensor_data(st->slot[s]) : NULL;
 }
 
-static void sgd(const zd_optim_config_t *c, float *p, const float *g, int64_t n,
-                optim_pstate_t *st)
+static void sgd(const zd_optim_config_t *c, float *p, const float *g, int64_t n, optim_pstate_t *st)
 {
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
     const float one_minus_damp = (float)(1.0 - c->dampening), neg_lr = (float)-c->lr;
@@ -123,7 +122,7 @@ static void rmsprop(const zd_optim_config_t *c, float *p, const float *g, int64_
 }
 
 void zd__optim_update(const zd_optim_config_t *cfg, float *p, const float *g, int64_t n,
-                  optim_pstate_t *st)
+                      optim_pstate_t *st)
 {
     switch (cfg->kind) {
     case ZD_OPTIM_SGD:

@@ -59,7 +59,7 @@ static void test_retain_graph_accumulates(void **state)
     assert_int_equal(zd_autograd_backward(s, NULL, true), 0);
     assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
     zd_tensor_t *g = zd_tensor_grad(x);
-    assert_float_equal(zd_tensor_data(g)[0], 2 * 3.0f, 1e-5);   /* 2 * (2x/2) */
+    assert_float_equal(zd_tensor_data(g)[0], 2 * 3.0f, 1e-5); /* 2 * (2x/2) */
     assert_float_equal(zd_tensor_data(g)[1], -2.0f, 1e-5);
     zd_tensor_unref(g);
     zd_tensor_unref(s);
@@ -85,8 +85,10 @@ static void test_no_grad_records_nothing(void **state)
 static void test_matmul_and_reshape(void **state)
 {
     (void)state;
-    zd_tensor_t *a = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3}, 2, (float[]){1, 2, 3, 4, 5, 6});
-    zd_tensor_t *b = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){6}, 1, (float[]){1, 0, -1, 2, 1, 0});
+    zd_tensor_t *a =
+        zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2, 3}, 2, (float[]){1, 2, 3, 4, 5, 6});
+    zd_tensor_t *b =
+        zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){6}, 1, (float[]){1, 0, -1, 2, 1, 0});
     zd_tensor_set_requires_grad(a, true);
     zd_tensor_set_requires_grad(b, true);
     zd_tensor_t *b2, *y, *s;
@@ -118,7 +120,7 @@ static void test_matmul_and_reshape(void **state)
 /*  A parameter server builds separate graphs over shared parameters on many
     threads: the shared leaf must collect every contribution. */
 #define THREADS 4
-#define ROUNDS 200
+#define ROUNDS  200
 static zd_tensor_t *shared_w;
 
 static void *worker(void *arg)
@@ -192,8 +194,8 @@ static void test_task_waits_for_every_start_then_flush(void **state)
     (void)state;
     zd_tensor_t *x = leaf(2, (float[]){1, 3});
     zd_tensor_t *a, *b;
-    assert_int_equal(zd_tensor_scale(x, 2.0f, &a), 0);   /* a = 2x */
-    assert_int_equal(zd_tensor_mul(a, a, &b), 0);        /* b = a^2 */
+    assert_int_equal(zd_tensor_scale(x, 2.0f, &a), 0); /* a = 2x */
+    assert_int_equal(zd_tensor_mul(a, a, &b), 0);      /* b = a^2 */
     zd_autograd_node_t *s1 = send_over(a), *s2 = send_over(b);
     zd_autograd_node_t *starts[2] = {s1, s2};
     zd_tensor_t *g1 = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){1, 1});
@@ -205,13 +207,13 @@ static void test_task_waits_for_every_start_then_flush(void **state)
     assert_non_null(t);
     assert_int_equal(zd_autograd_task_feed(t, s1, &g1), 0);
     zd_tensor_t *g = zd_tensor_grad(x);
-    assert_null(g);                    /* the scale node still waits for b's branch */
+    assert_null(g); /* the scale node still waits for b's branch */
     assert_int_equal(zd_autograd_task_feed(t, s2, &g2), 0);
     g = zd_tensor_grad(x);
     /* dx = 2 * (g1 + g2 * 2a) = 2 * (1 + 1*4, 1 + 2*12) */
     assert_float_equal(zd_tensor_data(g)[0], 10, 1e-5);
     assert_float_equal(zd_tensor_data(g)[1], 50, 1e-5);
-    assert_int_equal(zd_autograd_task_feed(t, s1, &g1), -1);   /* each start runs once */
+    assert_int_equal(zd_autograd_task_feed(t, s1, &g1), -1); /* each start runs once */
     zd_tensor_unref(g);
     zd_autograd_task_free(t);
     zd_tensor_clear_grad(x);
@@ -246,7 +248,7 @@ static void test_copy_and_cat(void **state)
     zd_tensor_set_requires_grad(b, true);
     zd_tensor_t *ac, *cat, *w, *prod, *s;
     assert_int_equal(zd_tensor_clone(a, &ac), 0);
-    zd_tensor_data(a)[0] = 100;   /* the copy does not see later changes */
+    zd_tensor_data(a)[0] = 100; /* the copy does not see later changes */
     zd_tensor_t *parts[2] = {ac, b};
     assert_int_equal(zd_tensor_cat(parts, 2, 1, &cat), 0);
     assert_int_equal(zd_tensor_size(cat, 1), 3);
@@ -316,7 +318,7 @@ static void test_narrow_rows_is_a_view(void **state)
     (void)state;
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){4, 3}, 2,
-                                   (float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+                                         (float[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
     zd_tensor_set_requires_grad(x, true);
     zd_tensor_t *y, *z, *v, *s;
     assert_int_equal(zd_tensor_narrow(x, 0, 1, 2, &y), 0);
@@ -326,7 +328,7 @@ static void test_narrow_rows_is_a_view(void **state)
        a view. */
     assert_int_equal(zd_tensor_narrow(y, -2, -1, 1, &z), 0);
     assert_ptr_equal(zd_tensor_data(z), zd_tensor_data(x) + 6);
-    zd_tensor_data(x)[7] = 70;   /* in place, as PyTorch's views see it */
+    zd_tensor_data(x)[7] = 70; /* in place, as PyTorch's views see it */
     assert_float_equal(zd_tensor_data(z)[1], 70, 0);
     /* Gradients go through both narrows into row 2 of x. */
     zd_tensor_t *w = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 3}, 2, (float[]){1, 2, 3});
@@ -338,10 +340,10 @@ static void test_narrow_rows_is_a_view(void **state)
     assert_memory_equal(zd_tensor_data(g), want, sizeof want);
     zd_tensor_unref(g);
     zd_tensor_unref(x);
-    assert_float_equal(zd_tensor_data(z)[0], 6, 0);   /* x's memory lives on */
+    assert_float_equal(zd_tensor_data(z)[0], 6, 0); /* x's memory lives on */
     /* Other dtypes narrow too; an empty range is a tensor of size 0. */
-    zd_tensor_t *labels = zd_tensor_from_data(ZD_INT64, (int64_t[]){5}, 1,
-                                        (int64_t[]){10, 11, 12, 13, 14});
+    zd_tensor_t *labels =
+        zd_tensor_from_data(ZD_INT64, (int64_t[]){5}, 1, (int64_t[]){10, 11, 12, 13, 14});
     zd_tensor_t *l, *empty;
     assert_int_equal(zd_tensor_narrow(labels, 0, 3, 2, &l), 0);
     assert_int_equal(zd_tensor_data_i64(l)[0], 13);
@@ -404,9 +406,9 @@ static void test_saving_the_output_frees_without_backward(void **state)
     zd_tensor_t *y = zd_tensor_detach_copy(x);
     zd_autograd_node_t *n;
     assert_int_equal(zd_autograd_node_new(&square_ops, &x, 1, 1, &n), 0);
-    zd_autograd_node_save(n, 0, y);   /* saved before becoming the output */
+    zd_autograd_node_save(n, 0, y); /* saved before becoming the output */
     zd_autograd_node_set_output(n, y);
-    zd_autograd_node_save(n, 1, y);   /* and after */
+    zd_autograd_node_save(n, 1, y); /* and after */
     zd_autograd_node_unref(n);
     zd_tensor_unref(y);
     zd_tensor_unref(x);

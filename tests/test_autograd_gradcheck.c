@@ -20,14 +20,14 @@
 #include "tests/support/gradcheck.h"
 
 typedef struct check check_t;
-typedef int (fn_t)(check_t *c, zd_tensor_t **out);
+typedef int(fn_t)(check_t *c, zd_tensor_t **out);
 
 struct check {
     const char *name;
     fn_t *fn;
     int n_in;
     zd_tensor_t *in[2];
-    int dims[ZD_TENSOR_MAX_DIMS];   /* permute; transpose uses dims[0..1] */
+    int dims[ZD_TENSOR_MAX_DIMS]; /* permute; transpose uses dims[0..1] */
     int ndims;
 };
 
@@ -54,8 +54,8 @@ static int run(void *arg, zd_tensor_t **outs)
     get no gradient. */
 static void check(check_t *c)
 {
-    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in,
-                             .n_inputs = c->n_in});
+    gradcheck(
+        &(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in, .n_inputs = c->n_in});
 }
 
 static void release(check_t *c)
@@ -66,10 +66,22 @@ static void release(check_t *c)
 
 /* ---- element-wise functions ---- */
 
-static int fn_tanh(check_t *c, zd_tensor_t **out) { return zd_tensor_tanh(c->in[0], out); }
-static int fn_sigmoid(check_t *c, zd_tensor_t **out) { return zd_tensor_sigmoid(c->in[0], out); }
-static int fn_exp(check_t *c, zd_tensor_t **out) { return zd_tensor_exp(c->in[0], out); }
-static int fn_log(check_t *c, zd_tensor_t **out) { return zd_tensor_log(c->in[0], out); }
+static int fn_tanh(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_tanh(c->in[0], out);
+}
+static int fn_sigmoid(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_sigmoid(c->in[0], out);
+}
+static int fn_exp(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_exp(c->in[0], out);
+}
+static int fn_log(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_log(c->in[0], out);
+}
 
 static void unary_case(const char *name, fn_t *fn, zd_tensor_t *x)
 {
@@ -95,7 +107,7 @@ static void test_unary_values(void **state)
     zd_tensor_t *y;
     assert_int_equal(zd_tensor_sigmoid(x, &y), 0);
     assert_float_equal(zd_tensor_data(y)[0], 0.5, 1e-7);
-    assert_float_equal(zd_tensor_data(y)[2], 0.0, 1e-30);   /* no NaN from exp overflow */
+    assert_float_equal(zd_tensor_data(y)[2], 0.0, 1e-30); /* no NaN from exp overflow */
     assert_float_equal(zd_tensor_data(y)[3], 1.0, 1e-7);
     zd_tensor_unref(y);
     assert_int_equal(zd_tensor_exp(x, &y), 0);
@@ -110,10 +122,22 @@ static void test_unary_values(void **state)
 
 /* ---- broadcasting binary ops ---- */
 
-static int fn_add(check_t *c, zd_tensor_t **out) { return zd_tensor_add(c->in[0], c->in[1], out); }
-static int fn_sub(check_t *c, zd_tensor_t **out) { return zd_tensor_sub(c->in[0], c->in[1], out); }
-static int fn_mul(check_t *c, zd_tensor_t **out) { return zd_tensor_mul(c->in[0], c->in[1], out); }
-static int fn_div(check_t *c, zd_tensor_t **out) { return zd_tensor_div(c->in[0], c->in[1], out); }
+static int fn_add(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_add(c->in[0], c->in[1], out);
+}
+static int fn_sub(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_sub(c->in[0], c->in[1], out);
+}
+static int fn_mul(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_mul(c->in[0], c->in[1], out);
+}
+static int fn_div(check_t *c, zd_tensor_t **out)
+{
+    return zd_tensor_div(c->in[0], c->in[1], out);
+}
 
 static const struct {
     const char *name;
@@ -130,8 +154,8 @@ static void binary_cases(int na, const int64_t *sa, int nb, const int64_t *sb, i
                  nb, which);
         check_t c = {.name = name, .fn = binops[k].fn, .n_in = 2};
         c.in[0] = randn(na, sa, 1.0f);
-        c.in[1] = binops[k].fn == fn_div ? away_from_zero(nb, sb, 0.5f, 2.0f, true)
-                                         : randn(nb, sb, 1.0f);
+        c.in[1] =
+            binops[k].fn == fn_div ? away_from_zero(nb, sb, 0.5f, 2.0f, true) : randn(nb, sb, 1.0f);
         if (which & 1)
             leaf(c.in[0]);
         if (which & 2)
@@ -144,16 +168,16 @@ static void binary_cases(int na, const int64_t *sa, int nb, const int64_t *sb, i
 static void test_broadcast_gradients(void **state)
 {
     (void)state;
-    binary_cases(3, (int64_t[]){3, 1, 4}, 2, (int64_t[]){2, 4}, 3);      /* (3,2,4) */
-    binary_cases(2, (int64_t[]){2, 4}, 3, (int64_t[]){3, 1, 4}, 3);      /* the other way round */
-    binary_cases(2, (int64_t[]){2, 3}, 1, (int64_t[]){1}, 3);            /* scalar-like (1,) */
+    binary_cases(3, (int64_t[]){3, 1, 4}, 2, (int64_t[]){2, 4}, 3); /* (3,2,4) */
+    binary_cases(2, (int64_t[]){2, 4}, 3, (int64_t[]){3, 1, 4}, 3); /* the other way round */
+    binary_cases(2, (int64_t[]){2, 3}, 1, (int64_t[]){1}, 3);       /* scalar-like (1,) */
     binary_cases(1, (int64_t[]){1}, 2, (int64_t[]){2, 3}, 3);
-    binary_cases(0, NULL, 2, (int64_t[]){2, 3}, 3);                      /* a true scalar */
-    binary_cases(2, (int64_t[]){4, 1}, 2, (int64_t[]){1, 5}, 3);         /* both broadcast */
+    binary_cases(0, NULL, 2, (int64_t[]){2, 3}, 3);              /* a true scalar */
+    binary_cases(2, (int64_t[]){4, 1}, 2, (int64_t[]){1, 5}, 3); /* both broadcast */
     binary_cases(4, (int64_t[]){2, 1, 3, 1}, 3, (int64_t[]){4, 1, 2}, 3);
-    binary_cases(3, (int64_t[]){2, 3, 4}, 1, (int64_t[]){4}, 1);         /* only a needs grad */
-    binary_cases(3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){3, 1}, 2);      /* only b */
-    binary_cases(2, (int64_t[]){3, 2}, 2, (int64_t[]){3, 2}, 3);         /* same shape (div) */
+    binary_cases(3, (int64_t[]){2, 3, 4}, 1, (int64_t[]){4}, 1);    /* only a needs grad */
+    binary_cases(3, (int64_t[]){2, 3, 4}, 2, (int64_t[]){3, 1}, 2); /* only b */
+    binary_cases(2, (int64_t[]){3, 2}, 2, (int64_t[]){3, 2}, 3);    /* same shape (div) */
 }
 
 static void test_broadcast_values(void **state)
@@ -219,8 +243,8 @@ static void test_permute_gradients(void **state)
     permute_case(3, (int64_t[]){2, 3, 4}, (int[]){1, 2, 0});
     permute_case(3, (int64_t[]){2, 3, 4}, (int[]){0, 2, 1});
     permute_case(4, (int64_t[]){2, 3, 1, 5}, (int[]){3, 1, 0, 2});
-    permute_case(4, (int64_t[]){3, 2, 2, 3}, (int[]){-1, 0, -2, 1});   /* negative dims */
-    permute_case(2, (int64_t[]){3, 5}, (int[]){0, 1});                 /* identity */
+    permute_case(4, (int64_t[]){3, 2, 2, 3}, (int[]){-1, 0, -2, 1}); /* negative dims */
+    permute_case(2, (int64_t[]){3, 5}, (int[]){0, 1});               /* identity */
     check_t t = {.name = "transpose", .fn = fn_transpose, .n_in = 1, .dims = {0, 2}};
     t.in[0] = leaf(randn(3, (int64_t[]){2, 3, 4}, 1.0f));
     check(&t);
@@ -228,10 +252,10 @@ static void test_permute_gradients(void **state)
     t.dims[1] = -2;
     check(&t);
     release(&t);
-    check_t m = {.name = "permute then mul", .fn = fn_permute_mul, .n_in = 2, .ndims = 3,
-                 .dims = {2, 0, 1}};
+    check_t m = {
+        .name = "permute then mul", .fn = fn_permute_mul, .n_in = 2, .ndims = 3, .dims = {2, 0, 1}};
     m.in[0] = leaf(randn(3, (int64_t[]){2, 3, 4}, 1.0f));
-    m.in[1] = leaf(randn(2, (int64_t[]){1, 3}, 1.0f));          /* broadcast over (4,2,3) */
+    m.in[1] = leaf(randn(2, (int64_t[]){1, 3}, 1.0f)); /* broadcast over (4,2,3) */
     check(&m);
     release(&m);
 }
@@ -241,7 +265,7 @@ static void test_permute_values(void **state)
     (void)state;
     int64_t v[6] = {0, 1, 2, 3, 4, 5};
     zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, (int64_t[]){2, 3}, 2, v), *y;
-    assert_int_equal(zd_tensor_transpose(t, 0, 1, &y), 0);   /* any dtype */
+    assert_int_equal(zd_tensor_transpose(t, 0, 1, &y), 0); /* any dtype */
     assert_int_equal(zd_tensor_dtype(y), ZD_INT64);
     assert_int_equal(zd_tensor_size(y, 0), 3);
     const int64_t want[] = {0, 3, 1, 4, 2, 5};
@@ -264,7 +288,7 @@ static void test_errors(void **state)
     assert_int_equal(zd_tensor_div(a, b, &y), -1);
     assert_non_null(strstr(zd_error_last(), "div:"));
     zd_tensor_t *c = zd_tensor_zeros1(3);
-    assert_int_equal(zd_tensor_mul(a, c, &y), -1);           /* (3,4) * (3): last dims 4, 3 */
+    assert_int_equal(zd_tensor_mul(a, c, &y), -1); /* (3,4) * (3): last dims 4, 3 */
     assert_non_null(strstr(zd_error_last(), "dimension 1: 4 and 3"));
     assert_int_equal(zd_tensor_permute(a, (int[]){0, 0}, 2, &y), -1);
     assert_null(y);

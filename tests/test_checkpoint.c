@@ -56,13 +56,13 @@ static int count_files(const char *part)
 
 /*  A small "model": named float32 tensors with distinct values. */
 #define NT 4
-static const char *const names[NT] = { "conv1.weight", "conv1.bias", "fc.weight", "step" };
+static const char *const names[NT] = {"conv1.weight", "conv1.bias", "fc.weight", "step"};
 
 static void make_model(zd_tensor_t **t, float base)
 {
-    t[0] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 3, 1, 3, 3 }, 4);
-    t[1] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 3 }, 1);
-    t[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 10, 7 }, 2);
+    t[0] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){3, 1, 3, 3}, 4);
+    t[1] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){3}, 1);
+    t[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){10, 7}, 2);
     t[3] = zd_tensor_new(ZD_FLOAT32, NULL, 0);
     for (int k = 0; k < NT; k++)
         for (int64_t i = 0; i < zd_tensor_numel(t[k]); i++)
@@ -217,7 +217,7 @@ static void test_corruption_refused(void **state)
     unsigned char *good = read_file(p, &n), *bad = malloc(n);
 
     /* One flipped bit anywhere in the data: CRC. */
-    size_t spots[] = { n - 5, n / 2, 100 };
+    size_t spots[] = {n - 5, n / 2, 100};
     for (size_t s = 0; s < 3; s++) {
         memcpy(bad, good, n);
         bad[spots[s]] ^= 0x04;
@@ -231,7 +231,7 @@ static void test_corruption_refused(void **state)
     expect_refused(tmp_path("crc.ckpt"), "CRC mismatch");
 
     /* Truncated: in the data, in a record header, in the file header. */
-    size_t cuts[] = { n - 1, n - 4, n - 50, 16 + 4 + 5, 30, 19, 10, 3, 0 };
+    size_t cuts[] = {n - 1, n - 4, n - 50, 16 + 4 + 5, 30, 19, 10, 3, 0};
     for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
         write_file(tmp_path("cut.ckpt"), good, cuts[c]);
         expect_refused(tmp_path("cut.ckpt"), "truncated");
@@ -263,7 +263,7 @@ static void test_corruption_refused(void **state)
     write_file(tmp_path("count.ckpt"), bad, n);
     expect_refused(tmp_path("count.ckpt"), "corrupt file");
     memcpy(bad, good, n);
-    bad[16 + 4 + 5] = '\0';   /* in "conv1.weight" */
+    bad[16 + 4 + 5] = '\0'; /* in "conv1.weight" */
     write_file(tmp_path("nul.ckpt"), bad, n);
     expect_refused(tmp_path("nul.ckpt"), "a NUL byte in its name (corrupt file)");
     assert_null(zd_checkpoint_read(tmp_path("nul.ckpt")));
@@ -295,7 +295,7 @@ static void test_mismatches_refused(void **state)
     zd_tensor_t *b[NT];
     make_model(b, 0.0f);
     zd_tensor_t *orig_fc = b[2];
-    b[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 7, 10 }, 2);
+    b[2] = zd_tensor_new(ZD_FLOAT32, (int64_t[]){7, 10}, 2);
     zd_tensor_t *before = zd_tensor_detach_copy(b[0]);
     assert_int_equal(load(p, NT, names, b), -1);
     assert_non_null(strstr(zd_error_last(),
@@ -305,8 +305,8 @@ static void test_mismatches_refused(void **state)
     b[2] = orig_fc;
 
     /* The model has a tensor the file lacks. */
-    const char *more_names[NT + 1] = { names[0], names[1], names[2], names[3], "fc.bias" };
-    zd_tensor_t *more[NT + 1] = { b[0], b[1], b[2], b[3], zd_tensor_zeros1(10) };
+    const char *more_names[NT + 1] = {names[0], names[1], names[2], names[3], "fc.bias"};
+    zd_tensor_t *more[NT + 1] = {b[0], b[1], b[2], b[3], zd_tensor_zeros1(10)};
     assert_int_equal(load(p, NT + 1, more_names, more), -1);
     assert_non_null(strstr(zd_error_last(), "no tensor 'fc.bias' in the file"));
     zd_tensor_unref(more[NT]);
@@ -361,9 +361,9 @@ static void test_failed_save_keeps_old_file(void **state)
     assert_true(pid >= 0);
     if (pid == 0) {
         signal(SIGXFSZ, SIG_IGN);
-        struct rlimit rl = { 4096, 4096 };
+        struct rlimit rl = {4096, 4096};
         setrlimit(RLIMIT_FSIZE, &rl);
-        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, (int64_t[]){ 100000 }, 1);
+        zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, (int64_t[]){100000}, 1);
         const char *bn = "big";
         int rc = save(p, 1, &bn, &big);
         int ok = rc == -1 && strstr(zd_error_last(), "cannot write") != NULL;

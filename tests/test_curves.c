@@ -111,13 +111,14 @@ static void test_csv_rows_as_points_come(void **state)
     assert_string_equal(csv, "batch,epoch,loss,samples_per_s,test_accuracy\n");
     free(csv);
     assert_int_equal(curves_add(c, 50, 2.25, 1000), 0);
-    assert_int_equal(curves_add(c, 100, 1.5, NAN), 0);   /* end of epoch 1 */
+    assert_int_equal(curves_add(c, 100, 1.5, NAN), 0); /* end of epoch 1 */
     assert_int_equal(curves_add(c, 150, NAN, 1200.5), 0);
     csv = read_all(path);
-    assert_string_equal(csv, "batch,epoch,loss,samples_per_s,test_accuracy\n"
-                             "50,1,2.25,1000,\n"
-                             "100,1,1.5,,\n"
-                             "150,2,,1200.5,\n");
+    assert_string_equal(csv,
+                        "batch,epoch,loss,samples_per_s,test_accuracy\n"
+                        "50,1,2.25,1000,\n"
+                        "100,1,1.5,,\n"
+                        "150,2,,1200.5,\n");
     free(csv);
     assert_int_equal(curves_add_accuracy(c, 150, 0.8931), 0);
     csv = read_all(path);
@@ -145,7 +146,7 @@ static void test_killed_run_keeps_its_points(void **state)
                 _exit(1);
         if (!c || curves_add_accuracy(c, 30, 0.5) < 0 || curves_add(c, 35, 0.01, 3500) < 0)
             _exit(1);
-        raise(SIGKILL);   /* no close, no exit handlers */
+        raise(SIGKILL); /* no close, no exit handlers */
         _exit(2);
     }
     int status;
@@ -253,8 +254,12 @@ static void test_points_in_any_order(void **state)
     curves_t *c = curves_open(prefix, "odd", 7);
     const int64_t batches[] = {100, 0, 200000000, 101, 5};
     for (int i = 0; i < 5; i++)
-        assert_int_equal(curves_add(c, batches[i], i == 2 ? 1e30 : i == 4 ? NAN : 1.0 / (1 + i),
-                                    i == 3 ? INFINITY : 10.0 * i), 0);
+        assert_int_equal(curves_add(c, batches[i],
+                                    i == 2       ? 1e30
+                                        : i == 4 ? NAN
+                                                 : 1.0 / (1 + i),
+                                    i == 3 ? INFINITY : 10.0 * i),
+                         0);
     assert_int_equal(curves_draw(c), 0);
     curves_close(c);
     snprintf(path, sizeof path, "%s.png", prefix);

@@ -48,10 +48,10 @@ static void case_kind(const char *dir, char *kind, size_t size)
 /*  Writes a small data set of n images (h x w) whose pixels encode the
     sample index (pixel p of sample i = (i * 16 + p) % 256) and labels i % 10,
     under the given file names. */
-static void write_set(const char *dir, const char *images, const char *labels, int64_t n,
-                      int64_t h, int64_t w)
+static void write_set(const char *dir, const char *images, const char *labels, int64_t n, int64_t h,
+                      int64_t w)
 {
-    int64_t shape[3] = { n, h, w };
+    int64_t shape[3] = {n, h, w};
     zd_tensor_t *img = zd_tensor_new(ZD_UINT8, shape, 3), *lab = zd_tensor_new(ZD_UINT8, &n, 1);
     uint8_t *d = zd_tensor_raw(img), *l = zd_tensor_raw(lab);
     for (int64_t i = 0; i < n; i++) {
@@ -120,7 +120,8 @@ static void test_normalisation_matches_golden(void **state)
                 fail_msg("%s: x[%lld] = %.9g, golden %.9g", dir, (long long)i,
                          zd_tensor_data(mine)[i], zd_tensor_data(x)[i]);
         cases++;
-        int64_t n = zd_tensor_size(images, 0), pix = zd_tensor_size(images, 1) * zd_tensor_size(images, 2);
+        int64_t n = zd_tensor_size(images, 0),
+                pix = zd_tensor_size(images, 1) * zd_tensor_size(images, 2);
         for (int64_t k = 0; train && k < n; k++) {
             const uint8_t *want = (const uint8_t *)zd_tensor_raw(images) + k * pix;
             const uint8_t *all = zd_tensor_raw(zd_dataset_images_u8(train));
@@ -151,7 +152,7 @@ static void test_normalisation_matches_golden(void **state)
         print_message("note: the golden images are not Fashion-MNIST training images\n");
     /* The formula itself, at both ends of the range. */
     int64_t two = 2;
-    zd_tensor_t *px = zd_tensor_new(ZD_UINT8, (int64_t[]){ two, 1, 1 }, 3), *out;
+    zd_tensor_t *px = zd_tensor_new(ZD_UINT8, (int64_t[]){two, 1, 1}, 3), *out;
     ((uint8_t *)zd_tensor_raw(px))[1] = 255;
     assert_int_equal(zd_dataset_normalise(px, &out), 0);
     assert_int_equal(zd_tensor_ndim(out), 4);
@@ -165,9 +166,11 @@ static void test_find_files_and_load(void **state)
 {
     (void)state;
     char path[600];
-    assert_int_equal(zd_dataset_find_file(tmpdir(), ZD_DATASET_TRAIN, "images", path, sizeof path), 0);
+    assert_int_equal(zd_dataset_find_file(tmpdir(), ZD_DATASET_TRAIN, "images", path, sizeof path),
+                     0);
     assert_string_equal(path, path_in(tmpdir(), "train-images-idx3-ubyte"));
-    assert_int_equal(zd_dataset_find_file(tmpdir(), ZD_DATASET_TEST, "labels", path, sizeof path), 0);
+    assert_int_equal(zd_dataset_find_file(tmpdir(), ZD_DATASET_TEST, "labels", path, sizeof path),
+                     0);
     assert_string_equal(path, path_in(tmpdir(), "t10k-labels.idx1-ubyte.gz"));
 
     zd_dataset_t *train, *test;
@@ -177,7 +180,8 @@ static void test_find_files_and_load(void **state)
     assert_int_equal(zd_dataset_size(test), 7);
     assert_int_equal(zd_dataset_rows(train), 3);
     assert_int_equal(zd_dataset_cols(train), 5);
-    assert_string_equal(zd_dataset_labels_path(test), path_in(tmpdir(), "t10k-labels.idx1-ubyte.gz"));
+    assert_string_equal(zd_dataset_labels_path(test),
+                        path_in(tmpdir(), "t10k-labels.idx1-ubyte.gz"));
     assert_int_equal(zd_tensor_dtype(zd_dataset_labels(train)), ZD_INT64);
     assert_int_equal(zd_tensor_data_i64(zd_dataset_labels(test))[6], 6);
     zd_dataset_free(train);
@@ -238,11 +242,12 @@ static void test_shuffle_is_seeded_permutation(void **state)
     (void)state;
     zd_dataset_t *ds;
     assert_non_null(ds = zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN));
-    int64_t *a = zd_dataset_order(ds, 42), *b = zd_dataset_order(ds, 42), *c = zd_dataset_order(ds, 43);
+    int64_t *a = zd_dataset_order(ds, 42), *b = zd_dataset_order(ds, 42),
+            *c = zd_dataset_order(ds, 43);
     assert_non_null(a);
     assert_memory_equal(a, b, 10 * sizeof *a);
     assert_memory_not_equal(a, c, 10 * sizeof *a);
-    int seen[10] = { 0 };
+    int seen[10] = {0};
     bool moved = false;
     for (int i = 0; i < 10; i++) {
         assert_true(a[i] >= 0 && a[i] < 10);
@@ -312,7 +317,7 @@ static void test_batches_and_subset(void **state)
     assert_int_equal(zd_dataset_num_batches(ds, 11), 1);
     check_batch(ds, NULL, 0, 4, 4);
     check_batch(ds, NULL, 4, 4, 4);
-    check_batch(ds, NULL, 8, 4, 2);     /* the last, partial batch */
+    check_batch(ds, NULL, 8, 4, 2); /* the last, partial batch */
     int64_t *order = zd_dataset_order(ds, 5);
     for (int64_t s = 0; s < 10; s += 3)
         check_batch(ds, order, s, 3, s + 3 <= 10 ? 3 : 10 - s);

@@ -28,7 +28,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
-#define N 60
+#define N    60
 #define SIDE 28
 
 static char src[512], cache[512];
@@ -202,9 +202,9 @@ static void test_in_place_equals_float_path(void **state)
     zd_tensor_unref(all);
 
     listen_log();
-    assert_same_batches();   /* builds the cache */
+    assert_same_batches(); /* builds the cache */
     assert_int_equal(atomic_load(&builds), 2);
-    assert_same_batches();   /* reads it */
+    assert_same_batches(); /* reads it */
     assert_int_equal(atomic_load(&builds), 2);
     stop_log();
     assert_int_equal(count_files(cache, ".idx", false), 2);
@@ -220,7 +220,8 @@ static void test_in_place_equals_float_path(void **state)
     zd_tensor_t *bx, *by;
     assert_int_equal(zd_dataset_batch(ds, NULL, 0, 8, &bx, &by), 0);
     assert_int_equal(zd_tensor_size(bx, 0), 5);
-    assert_memory_equal(zd_tensor_data(bx), ref_x + N * SIDE * SIDE, 5 * SIDE * SIDE * sizeof(float));
+    assert_memory_equal(zd_tensor_data(bx), ref_x + N * SIDE * SIDE,
+                        5 * SIDE * SIDE * sizeof(float));
     zd_tensor_unref(bx);
     zd_tensor_unref(by);
     zd_dataset_free(ds);
@@ -235,7 +236,7 @@ typedef struct {
 static int concurrent_child(const world_t *w)
 {
     shared_t *sh = w->arg;
-    atomic_store(&builds, 0);   /* the parent's count came along with the fork */
+    atomic_store(&builds, 0); /* the parent's count came along with the fork */
     zd_log_set_level(ZD_LOG_INFO);
     zd_log_set_sink(sink, NULL);
     /* all start together: wait (with a deadline) until every one is here */
@@ -263,8 +264,8 @@ static void test_concurrent_first_use(void **state)
     snprintf(dir, sizeof dir, "%s/fresh", cache);
     reference();
     setenv("ZDIST_CACHE_DIR", dir, 1);
-    shared_t *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                        -1, 0);
+    shared_t *sh =
+        mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     assert_true(sh != MAP_FAILED);
     memset(sh, 0, sizeof *sh);
     assert_int_equal(world_run_simple(6, 60, concurrent_child, sh), 0);
@@ -300,7 +301,7 @@ static void flip_payload_byte(const char *path, off_t size)
 {
     int fd = open(path, O_RDWR);
     unsigned char b;
-    off_t at = size - 100;   /* pixels of the last image */
+    off_t at = size - 100; /* pixels of the last image */
     assert_true(fd >= 0);
     assert_int_equal(pread(fd, &b, 1, at), 1);
     b ^= 0x10;
@@ -326,7 +327,7 @@ static void test_corrupt_cache_rebuilt(void **state)
 {
     (void)state;
     reference();
-    assert_same_batches();   /* the cache is there */
+    assert_same_batches(); /* the cache is there */
     spoil_and_rebuild("a flipped payload byte", flip_payload_byte);
     spoil_and_rebuild("a truncated file", truncate_payload);
     spoil_and_rebuild("a bad header", overwrite_header);
@@ -374,7 +375,7 @@ static void test_crc_checked_once_per_boot(void **state)
     assert_same_batches();
     images_cache_file(path, sizeof path);
     if (setxattr(path, "user.zdist.probe", "1", 1, 0) < 0)
-        skip();   /* a file system without user extended attributes: checked every time */
+        skip(); /* a file system without user extended attributes: checked every time */
     removexattr(path, "user.zdist.probe");
     /* just written: not marked, since a write in the same tick of the
        clock would not change the modification time */
@@ -399,7 +400,7 @@ static void test_crc_checked_once_per_boot(void **state)
     zd_dataset_free(ds);
     stop_log();
     assert_int_equal(atomic_load(&builds), 0);
-    flip_behind_kept_mtime(path, st.st_size);   /* the byte back */
+    flip_behind_kept_mtime(path, st.st_size); /* the byte back */
     assert_same_batches();
     assert_int_equal(atomic_load(&builds), 0);
     /* a write changes the modification time: checked again, rebuilt */
@@ -493,7 +494,8 @@ static void test_fashion_mnist_in_place(void **state)
             assert_int_equal(zd_dataset_batch(mem, pass ? order : NULL, s, 1000, &ax, &ay), 0);
             assert_int_equal(zd_dataset_batch(cached, pass ? order : NULL, s, 1000, &bx, &by), 0);
             assert_memory_equal(zd_tensor_data(ax), zd_tensor_data(bx), zd_tensor_nbytes(ax));
-            assert_memory_equal(zd_tensor_data_i64(ay), zd_tensor_data_i64(by), zd_tensor_nbytes(ay));
+            assert_memory_equal(zd_tensor_data_i64(ay), zd_tensor_data_i64(by),
+                                zd_tensor_nbytes(ay));
             zd_tensor_unref(ax);
             zd_tensor_unref(ay);
             zd_tensor_unref(bx);

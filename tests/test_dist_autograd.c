@@ -29,9 +29,12 @@
 
 #define N 4
 
-static zd_tensor_t *w_param;   /* this process's parameter */
+static zd_tensor_t *w_param; /* this process's parameter */
 
-static float w_value(int rank, int i) { return (float)rank + 1.0f + 0.1f * (float)i; }
+static float w_value(int rank, int i)
+{
+    return (float)rank + 1.0f + 0.1f * (float)i;
+}
 
 static zd_tensor_t *vec(const float *v)
 {
@@ -243,12 +246,17 @@ static int setup(const world_t *w)
     struct {
         const char *name;
         zd_rpc_handler_fn *fn;
-    } fns[] = {{"mul_w", fn_mul_w},     {"pair", fn_pair},
-               {"chain", fn_chain},     {"get_grad", fn_get_grad},
-               {"num_contexts", fn_num_contexts}, {"rss", fn_rss},
+    } fns[] = {{"mul_w", fn_mul_w},
+               {"pair", fn_pair},
+               {"chain", fn_chain},
+               {"get_grad", fn_get_grad},
+               {"num_contexts", fn_num_contexts},
+               {"rss", fn_rss},
                {"flushed", fn_flushed},
-               {"split", fn_split},     {"use_h", fn_use_h},
-               {"fail_bw", fn_fail_bw}, {"die_bw", fn_die_bw}};
+               {"split", fn_split},
+               {"use_h", fn_use_h},
+               {"fail_bw", fn_fail_bw},
+               {"die_bw", fn_die_bw}};
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (zd_rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
             return -1;
@@ -279,12 +287,13 @@ static int check_remote_grad(const world_t *w, int rank, int64_t ctx, const floa
     if (src < 0)
         return world_fail(w, "get_grad on %d: %s", rank, zd_error_last());
     zd_tensor_t *g = NULL;
-    int ok = expect ? zd_value_get_tensor(r, &g) == 0 && close_to(zd_tensor_data(g), expect, N, 1e-5f)
-                    : zd_value_kind(r) == ZD_VALUE_NONE;
+    int ok = expect
+        ? zd_value_get_tensor(r, &g) == 0 && close_to(zd_tensor_data(g), expect, N, 1e-5f)
+        : zd_value_kind(r) == ZD_VALUE_NONE;
     if (!ok && g)
         world_fail(w, "rank %d grad of w: %g %g %g %g, expected %g %g %g %g", rank,
-                   zd_tensor_data(g)[0], zd_tensor_data(g)[1], zd_tensor_data(g)[2], zd_tensor_data(g)[3],
-                   expect[0], expect[1], expect[2], expect[3]);
+                   zd_tensor_data(g)[0], zd_tensor_data(g)[1], zd_tensor_data(g)[2],
+                   zd_tensor_data(g)[3], expect[0], expect[1], expect[2], expect[3]);
     zd_value_unref(r);
     return ok ? 0 : world_fail(w, "rank %d: wrong gradient of w", rank);
 }
@@ -302,8 +311,7 @@ static int check_local_grad(const world_t *w, int64_t ctx, zd_tensor_t *t, const
         char want[32];
         snprintf(want, sizeof want, "tensor%d", i);
         listed |= zd_named_tensors_tensor(all, i) == g &&
-                  !strcmp(zd_named_tensors_name(all, i), *zd_tensor_name(t) ? zd_tensor_name(t)
-                                                                            : want);
+            !strcmp(zd_named_tensors_name(all, i), *zd_tensor_name(t) ? zd_tensor_name(t) : want);
     }
     zd_named_tensors_free(all);
     if (!listed) {
@@ -313,8 +321,8 @@ static int check_local_grad(const world_t *w, int64_t ctx, zd_tensor_t *t, const
     int ok = close_to(zd_tensor_data(g), expect, N, 1e-5f);
     if (!ok)
         world_fail(w, "local grad %g %g %g %g, expected %g %g %g %g", zd_tensor_data(g)[0],
-                   zd_tensor_data(g)[1], zd_tensor_data(g)[2], zd_tensor_data(g)[3], expect[0], expect[1],
-                   expect[2], expect[3]);
+                   zd_tensor_data(g)[1], zd_tensor_data(g)[2], zd_tensor_data(g)[3], expect[0],
+                   expect[1], expect[2], expect[3]);
     zd_tensor_unref(g);
     /* Gradients never land in .grad under distributed autograd. */
     zd_tensor_t *local = zd_tensor_grad(t);
@@ -383,8 +391,7 @@ static int chain_body(const world_t *w)
 static void test_chain_of_five_hops_through_four_processes(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 4, .setup = setup, .fn = chain_body,
-                         .dist_autograd = true};
+    world_options_t o = {.world_size = 4, .setup = setup, .fn = chain_body, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -406,7 +413,7 @@ static int fanout_body(const world_t *w)
         return world_fail(w, "fan-out: %s", zd_error_last());
     zd_value_get_tensor(zd_future_value(f1), &y1);
     zd_value_get_tensor(zd_future_value(f2), &y2);
-    p = call_tensor(1, "pair", zd__rpc_args("tt", x, x));   /* same tensor twice */
+    p = call_tensor(1, "pair", zd__rpc_args("tt", x, x)); /* same tensor twice */
     if (!p || zd_tensor_add(y1, y2, &s) < 0 || zd_tensor_add(s, p, &s2) < 0 ||
         backward_sum(ctx, s2) < 0)
         return world_fail(w, "fan-out backward: %s", zd_error_last());
@@ -462,8 +469,7 @@ static int fanout_body(const world_t *w)
 static void test_fan_out_repeated_tensor_and_rref(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup, .fn = fanout_body,
-                         .dist_autograd = true};
+    world_options_t o = {.world_size = 3, .setup = setup, .fn = fanout_body, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -477,7 +483,7 @@ static int unused_body(const world_t *w)
     zd_tensor_t *x = x_leaf(1.0f);
     zd_dist_autograd_context_begin(&ctx);
     zd_tensor_t *a = call_tensor(1, "split", zd__rpc_args("t", x));
-    zd_tensor_t *b = call_tensor(1, "use_h", zd__rpc_args(""));   /* never used */
+    zd_tensor_t *b = call_tensor(1, "use_h", zd__rpc_args("")); /* never used */
     if (!a || !b || backward_sum(ctx, a) < 0)
         return world_fail(w, "unused output: %s", zd_error_last());
     float ex[N], ew[N];
@@ -503,8 +509,8 @@ static int unused_body(const world_t *w)
 static void test_unused_output_is_flushed_not_hung(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup, .fn = unused_body,
-                         .dist_autograd = true, .timeout_s = 60};
+    world_options_t o = {
+        .world_size = 2, .setup = setup, .fn = unused_body, .dist_autograd = true, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -527,9 +533,10 @@ static int trainers_body(const world_t *w)
         int rc = y ? backward_sum(ctx, y) : -1;
         if (rc < 0)
             return world_fail(w, "iteration %d: %s", it, zd_error_last());
-        rc = check_remote_grad(w, 0, ctx, xv);   /* d sum(x w) / dw = x */
+        rc = check_remote_grad(w, 0, ctx, xv); /* d sum(x w) / dw = x */
         /* Half the contexts end without waiting for the server's confirmation. */
-        int erc = it % 2 ? zd_dist_autograd_context_release(ctx) : zd_dist_autograd_context_end(ctx, -1);
+        int erc =
+            it % 2 ? zd_dist_autograd_context_release(ctx) : zd_dist_autograd_context_end(ctx, -1);
         if (erc < 0 || rc < 0)
             return world_fail(w, "iteration %d: %s", it, zd_error_last());
         if (zd_dist_autograd_context_exists(ctx))
@@ -545,8 +552,11 @@ static int trainers_body(const world_t *w)
 static void test_three_trainers_keep_gradients_apart(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 4, .setup = setup, .fn = trainers_body,
-                         .dist_autograd = true, .timeout_s = 120};
+    world_options_t o = {.world_size = 4,
+                         .setup = setup,
+                         .fn = trainers_body,
+                         .dist_autograd = true,
+                         .timeout_s = 120};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -575,8 +585,8 @@ static int memory_body(const world_t *w)
     }
     int64_t rss_late = remote_int(1, "rss"), live = remote_int(1, "num_contexts");
     printf("after %d iterations: contexts here %lld, on the server %lld; server RSS %.1f MB "
-           "at %d iterations, %.1f MB at %d\n", ITERATIONS,
-           (long long)zd_dist_autograd_num_contexts(), (long long)live, rss_early / 1e6,
+           "at %d iterations, %.1f MB at %d\n",
+           ITERATIONS, (long long)zd_dist_autograd_num_contexts(), (long long)live, rss_early / 1e6,
            ITERATIONS / 5, rss_late / 1e6, ITERATIONS);
     if (live != 0 || zd_dist_autograd_num_contexts() != 0 ||
         zd_rpc_get_debug_value("num_autograd_contexts", &here) < 0 || here != 0)
@@ -592,8 +602,11 @@ static int memory_body(const world_t *w)
 static void test_ten_thousand_contexts_leave_nothing(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup, .fn = memory_body,
-                         .dist_autograd = true, .timeout_s = 300};
+    world_options_t o = {.world_size = 2,
+                         .setup = setup,
+                         .fn = memory_body,
+                         .dist_autograd = true,
+                         .timeout_s = 300};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -642,14 +655,18 @@ static int errors_body_others(const world_t *w)
         zd_rpc_shutdown(true, 20000);
         return 0;
     }
-    return 0;   /* rank 2 dies inside its backward */
+    return 0; /* rank 2 dies inside its backward */
 }
 
 static void test_errors_in_backward_reach_the_caller(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup, .fn = errors_body_others,
-                         .dist_autograd = true, .rpc_timeout_ms = 5000, .timeout_s = 90,
+    world_options_t o = {.world_size = 3,
+                         .setup = setup,
+                         .fn = errors_body_others,
+                         .dist_autograd = true,
+                         .rpc_timeout_ms = 5000,
+                         .timeout_s = 90,
                          .expect_exit = {0, 0, 7}};
     assert_int_equal(world_run(&o), 0);
 }
@@ -733,8 +750,9 @@ static int net_register(const world_t *w)
 {
     if (net_setup(w) < 0)
         return -1;
-    return zd_rpc_register("net_conv", fn_net_conv, NULL) | zd_rpc_register("net_fc", fn_net_fc, NULL) |
-           zd_rpc_register("net_check", fn_net_check, NULL);
+    return zd_rpc_register("net_conv", fn_net_conv, NULL) |
+        zd_rpc_register("net_fc", fn_net_fc, NULL) |
+        zd_rpc_register("net_check", fn_net_check, NULL);
 }
 
 static int net_body(const world_t *w)
@@ -765,8 +783,10 @@ static int net_body(const world_t *w)
             zd_value_unref(a);
         }
         if (rc == 0 && (m1 != 4 || m2 != 4))
-            rc = world_fail(w, "gradients matching golden: %lld of 4 on rank 1, %lld of 4 on "
-                            "rank 2", (long long)m1, (long long)m2);
+            rc = world_fail(w,
+                            "gradients matching golden: %lld of 4 on rank 1, %lld of 4 on "
+                            "rank 2",
+                            (long long)m1, (long long)m2);
         zd_dist_autograd_context_end(ctx, -1);
         zd_tensor_unref(loss);
         zd_tensor_unref(logprobs);
@@ -778,8 +798,11 @@ static int net_body(const world_t *w)
 static void test_net_split_over_three_processes_matches_golden(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = net_register, .fn = net_body,
-                         .dist_autograd = true, .timeout_s = 120};
+    world_options_t o = {.world_size = 3,
+                         .setup = net_register,
+                         .fn = net_body,
+                         .dist_autograd = true,
+                         .timeout_s = 120};
     assert_int_equal(world_run(&o), 0);
 }
 

@@ -26,8 +26,14 @@
 #define LR 0.125
 
 /*  Deterministic values, so that the test computes the expected numbers. */
-static float w_init(int which, int i, int j) { return 0.25f * (float)(i + 1) - 0.125f * (float)j + (float)which; }
-static float b_init(int which, int i) { return 0.5f * (float)i - (float)which; }
+static float w_init(int which, int i, int j)
+{
+    return 0.25f * (float)(i + 1) - 0.125f * (float)j + (float)which;
+}
+static float b_init(int which, int i)
+{
+    return 0.5f * (float)i - (float)which;
+}
 
 static void fill_linear(zd_nn_module_t *m, int which)
 {
@@ -122,11 +128,14 @@ static int setup(const world_t *w)
         zd_dist_nn_register_module("Refusing", make_refusing, NULL) < 0)
         return -1;
     return zd_rpc_register("read_params", fn_read_params, NULL) |
-           zd_rpc_register("remote_loss", fn_remote_loss, NULL) |
-           zd_rpc_register("w_loss_grad", fn_w_loss_grad, NULL);
+        zd_rpc_register("remote_loss", fn_remote_loss, NULL) |
+        zd_rpc_register("w_loss_grad", fn_w_loss_grad, NULL);
 }
 
-static bool near(double a, double b) { return fabs(a - b) <= 1e-5 * (1.0 + fabs(b)); }
+static bool near(double a, double b)
+{
+    return fabs(a - b) <= 1e-5 * (1.0 + fabs(b));
+}
 
 /*  x (1,3) -> local Linear(3,4) on rank 0 -> h (1,4) -> RemoteModule
     Linear(4,2) on rank 1 -> y (1,2) -> loss = sum(y); one SGD step over
@@ -168,7 +177,8 @@ static int train_step_body(const world_t *w)
     WCHECK(lr && rr && all);
     WCHECK(zd_rref_list_len(lr) == 2 && zd_rref_list_len(rr) == 2);
     WCHECK(zd_rref_is_owner(zd_rref_list_get(lr, 0)));
-    WCHECK(!zd_rref_is_owner(zd_rref_list_get(rr, 0)) && zd_rref_owner(zd_rref_list_get(rr, 0)) == 1);
+    WCHECK(!zd_rref_is_owner(zd_rref_list_get(rr, 0)) &&
+           zd_rref_owner(zd_rref_list_get(rr, 0)) == 1);
     WTRY(zd_rref_list_extend(all, lr));
     WTRY(zd_rref_list_extend(all, rr));
     WCHECK(zd_rref_list_len(all) == 4 && zd_rref_list_get(all, 2) == zd_rref_list_get(rr, 0));
@@ -199,10 +209,11 @@ static int train_step_body(const world_t *w)
     }
 
     int rc = -1;
-    ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
         int64_t one_three[2] = {1, 3};
-        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, one_three, 2, xv), *hh = NULL,
-                    *yy = NULL, *loss = NULL;
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, one_three, 2, xv), *hh = NULL, *yy = NULL,
+                    *loss = NULL;
         if (zd_nn_module_forward(local, &x, 1, &hh, 1) == 0 &&
             zd_remote_module_forward(rm, &hh, 1, &yy) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
             near(zd_tensor_data(yy)[0], y[0]) && near(zd_tensor_data(yy)[1], y[1]) &&
@@ -269,8 +280,8 @@ static int train_step_body(const world_t *w)
 static void test_remote_module_trains_with_dist_optim(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup, .fn = train_step_body,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 2, .setup = setup, .fn = train_step_body, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -278,7 +289,7 @@ static void test_remote_module_trains_with_dist_optim(void **state)
 static int errors_body(const world_t *w)
 {
     if (w->rank != 0)
-        return 0;   /* serves; w_loss stays for the handlers */
+        return 0; /* serves; w_loss stays for the handlers */
     WCHECK(!zd_remote_module_new(1, "Conv9d", ZD_ARGS(1)));
     WCHECK(strstr(zd_error_last(), "unknown module type \"Conv9d\""));
     WCHECK(strstr(zd_error_last(), "registered: "));
@@ -338,8 +349,8 @@ static int errors_setup(const world_t *w)
 static void test_remote_module_errors(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = errors_setup, .fn = errors_body,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 2, .setup = errors_setup, .fn = errors_body, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -350,12 +361,13 @@ static void test_remote_module_errors(void **state)
 static int rref_backward_body(const world_t *w)
 {
     if (w->rank != 0)
-        return 0;   /* serves; w_loss stays for the handlers */
+        return 0; /* serves; w_loss stays for the handlers */
     int64_t n = 3;
     const float xv[3] = {1.5f, -2.0f, 4.0f};
-    const float w1[3] = {3.0f, -1.0f, 0.5f};   /* rank 1's w_loss */
+    const float w1[3] = {3.0f, -1.0f, 0.5f}; /* rank 1's w_loss */
     int rc = -1;
-    ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
         zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *g = NULL;
         zd_tensor_set_requires_grad(x, true);
         zd_rref_t *loss = zd_rpc_remote_take(1, "remote_loss", ZD_ARGS(x), ZD_TIMEOUT_DEFAULT);
@@ -385,7 +397,8 @@ static int rref_backward_body(const world_t *w)
 
     /* A loss owned here, in a context: backward runs here. */
     rc = -1;
-    ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
         zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *p = NULL, *l = NULL,
                     *g = NULL;
         zd_tensor_set_requires_grad(x, true);
@@ -393,16 +406,17 @@ static int rref_backward_body(const world_t *w)
         zd_rref_t *r = NULL;
         if (zd_tensor_mul(x, x, &p) == 0 && zd_tensor_sum(p, &l) == 0 &&
             (lv = zd_value_tensor(l)) && (r = zd_rref_new(lv)) &&
-            zd_rref_backward(r, ctx, true) == 0 &&
-            zd_dist_autograd_get_gradient(ctx, x, &g) == 0 && g) {
+            zd_rref_backward(r, ctx, true) == 0 && zd_dist_autograd_get_gradient(ctx, x, &g) == 0 &&
+            g) {
             rc = 0;
             for (int i = 0; i < 3; i++)
                 if (zd_tensor_data(g)[i] != 2 * xv[i])
                     rc = world_fail(w, "local gradient %d: %g", i, zd_tensor_data(g)[i]);
             /* -1: local autograd, into .grad (the graph was retained) */
             zd_tensor_t *lg = NULL;
-            if (rc == 0 && (zd_rref_backward(r, -1, false) < 0 || !(lg = zd_tensor_grad(x)) ||
-                            zd_tensor_data(lg)[2] != 2 * xv[2]))
+            if (rc == 0 &&
+                (zd_rref_backward(r, -1, false) < 0 || !(lg = zd_tensor_grad(x)) ||
+                 zd_tensor_data(lg)[2] != 2 * xv[2]))
                 rc = world_fail(w, "RRef.backward(-1): %s", zd_error_last());
             zd_tensor_unref(lg);
         } else {
@@ -434,7 +448,8 @@ static int no_init_body(const world_t *w)
     WCHECK(!zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 0)));
     /* As a missing zd_dist_optim_init(): the same code, the same words. */
     WCHECK(zd_error_code() == ZD_ERR_NOT_INITIALIZED);
-    WCHECK(strstr(zd_error_last(), "zd_dist_nn_init() was not called on \"worker1\" before "
+    WCHECK(strstr(zd_error_last(),
+                  "zd_dist_nn_init() was not called on \"worker1\" before "
                   "zd_rpc_init()"));
     zd_tensor_unref(w_loss);
     return 0;
@@ -443,16 +458,16 @@ static int no_init_body(const world_t *w)
 static void test_remote_module_owner_without_init(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = no_init_setup, .fn = no_init_body,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 2, .setup = no_init_setup, .fn = no_init_body, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
 static void test_rref_backward(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup, .fn = rref_backward_body,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 2, .setup = setup, .fn = rref_backward_body, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 

@@ -21,12 +21,15 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define N 4
-#define LR 0.125f   /* a power of two keeps the expected values exact */
+#define N  4
+#define LR 0.125f /* a power of two keeps the expected values exact */
 
 static zd_tensor_t *w_param;
 
-static float w0(int rank, int i) { return (float)rank + 1.0f + 0.5f * (float)i; }
+static float w0(int rank, int i)
+{
+    return (float)rank + 1.0f + 0.5f * (float)i;
+}
 
 static zd_value_t *fn_mul_w(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -84,9 +87,9 @@ static int setup(const world_t *w)
     if (zd_dist_optim_init() < 0)
         return -1;
     return zd_rpc_register("mul_w", fn_mul_w, NULL) |
-           zd_rpc_register("param_rrefs", fn_param_rrefs, NULL) |
-           zd_rpc_register("get_w", fn_get_w, NULL) | zd_rpc_register("owned", fn_owned, NULL) |
-           zd_rpc_register("drain", fn_drain, NULL);
+        zd_rpc_register("param_rrefs", fn_param_rrefs, NULL) |
+        zd_rpc_register("get_w", fn_get_w, NULL) | zd_rpc_register("owned", fn_owned, NULL) |
+        zd_rpc_register("drain", fn_drain, NULL);
 }
 
 static zd_rref_t *param_rref_of(int rank)
@@ -150,8 +153,8 @@ static int check_w(const world_t *w, int rank, const float *expect)
         ok &= fabsf(zd_tensor_data(t)[i] - expect[i]) < 1e-5f;
     if (!ok)
         world_fail(w, "w on rank %d: %g %g %g %g, expected %g %g %g %g", rank, zd_tensor_data(t)[0],
-                   zd_tensor_data(t)[1], zd_tensor_data(t)[2], zd_tensor_data(t)[3], expect[0], expect[1],
-                   expect[2], expect[3]);
+                   zd_tensor_data(t)[1], zd_tensor_data(t)[2], zd_tensor_data(t)[3], expect[0],
+                   expect[1], expect[2], expect[3]);
     zd_value_unref(r);
     return ok ? 0 : -1;
 }
@@ -227,9 +230,10 @@ static int basic_body(const world_t *w)
         return world_fail(w, "owned: %s", zd_error_last());
     for (int k = 0; k < 3; k++)
         if (after[k] != before[k])
-            return world_fail(w, "rank %d still owns %lld values after zd_dist_optim_free, "
-                              "%lld before zd_dist_optim_new", k, (long long)after[k],
-                              (long long)before[k]);
+            return world_fail(w,
+                              "rank %d still owns %lld values after zd_dist_optim_free, "
+                              "%lld before zd_dist_optim_new",
+                              k, (long long)after[k], (long long)before[k]);
 
     /* Bad hyper-parameters are refused before anything is created. */
     cfg.lr = -1;
@@ -324,8 +328,11 @@ static int concurrent_check(const world_t *w)
 static void test_concurrent_trainers_step_whole_updates(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 4, .setup = concurrent_setup, .fn = concurrent_check,
-                         .dist_autograd = true, .timeout_s = 120};
+    world_options_t o = {.world_size = 4,
+                         .setup = concurrent_setup,
+                         .fn = concurrent_check,
+                         .dist_autograd = true,
+                         .timeout_s = 120};
     assert_int_equal(world_run(&o), 0);
 }
 

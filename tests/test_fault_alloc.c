@@ -52,15 +52,15 @@ typedef struct {
     int n;
 } counts_t;
 
-static const char *count_names[] = {"tensors", "values", "owned RRefs", "autograd contexts",
-                                    "peer tensors", "peer values", "peer owned RRefs",
-                                    "peer autograd contexts"};
+static const char *count_names[] = {
+    "tensors",      "values",      "owned RRefs",      "autograd contexts",
+    "peer tensors", "peer values", "peer owned RRefs", "peer autograd contexts"};
 
 /*  The calls under test: 0, or -1 with the error of the call that failed
     (what was made is released before returning either way). */
-typedef int (scenario_fn)(void *arg);
+typedef int(scenario_fn)(void *arg);
 /*  Counts once the process (and its peer) are quiet: 0, or -1. */
-typedef int (counts_fn)(counts_t *out);
+typedef int(counts_fn)(counts_t *out);
 
 static void local_counts_into(counts_t *c)
 {
@@ -150,7 +150,7 @@ static int drive(const world_t *w, const char *name, scenario_fn *fn, void *arg,
             return -1;
         }
         if (fired && rc == 0 && benign) {
-            benign_ok++;   /* a fallback the code has by design */
+            benign_ok++; /* a fallback the code has by design */
         } else if (fired && rc == 0) {
             world_fail(w, "%s: allocation %ld failed, yet every call succeeded", name, n);
             problems++;
@@ -159,18 +159,17 @@ static int drive(const world_t *w, const char *name, scenario_fn *fn, void *arg,
                        zd_error_code_name(code), text);
             problems++;
         } else if (fired && !strstr(text, "out of memory")) {
-            world_fail(w, "%s: allocation %ld failed: the text does not say so: %s", name, n,
-                       text);
+            world_fail(w, "%s: allocation %ld failed: the text does not say so: %s", name, n, text);
             problems++;
         }
         if (counts_back(counts, &before, &after) < 0) {
             print_counts_diff(w, name, n, &before, &after);
             problems++;
-            before = after;   /* one leak is reported once */
+            before = after; /* one leak is reported once */
         }
         if (!fired) {
-            printf("%s: %ld allocations; each failed in turn (N = 1 to %ld)%s", name, made,
-                   n - 1, problems ? "" : ", every failure reported and undone");
+            printf("%s: %ld allocations; each failed in turn (N = 1 to %ld)%s", name, made, n - 1,
+                   problems ? "" : ", every failure reported and undone");
             printf(benign_ok ? " (%d survived by design)\n" : "\n", benign_ok);
             fflush(stdout);
             return problems ? -1 : 0;
@@ -233,8 +232,7 @@ static int mlp_step(void *arg)
     cfg.momentum = 0.9;
     int rc = -1;
     if (zd_nn_linear(m->x, m->w1, m->b1, &h) < 0 || zd_nn_relu(h, &r) < 0 ||
-        zd_nn_linear(r, m->w2, m->b2, &logits) < 0 ||
-        zd_nn_cross_entropy(logits, m->y, &loss) < 0)
+        zd_nn_linear(r, m->w2, m->b2, &logits) < 0 || zd_nn_cross_entropy(logits, m->y, &loss) < 0)
         goto done;
     if (zd_tensor_cat((zd_tensor_t *[]){m->a, m->b}, 2, 0, &cat) < 0 ||
         zd_tensor_permute(cat, (int[]){1, 0}, 2, &perm) < 0 || zd_tensor_tanh(perm, &th) < 0 ||
@@ -278,8 +276,14 @@ static void test_tensors(void **state)
 /*  A stand-in RRef (the codec asks its callbacks; no agent runs here). */
 static int fake_rref_refs = 1;
 static char fake_rref_obj;
-static void fake_ref(zd_rref_t *r) { (void)r, fake_rref_refs++; }
-static void fake_unref(zd_rref_t *r) { (void)r, fake_rref_refs--; }
+static void fake_ref(zd_rref_t *r)
+{
+    (void)r, fake_rref_refs++;
+}
+static void fake_unref(zd_rref_t *r)
+{
+    (void)r, fake_rref_refs--;
+}
 
 static int fake_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIRE_SIZE])
 {
@@ -393,8 +397,7 @@ static int codec_body(const world_t *w)
     WCHECK(zd_list_len(c.v) == 11);
     int rc = drive(w, "codec: every value kind", codec_round, &c, codec_counts);
     if (c.frames_freed != c.frames_made)
-        rc = world_fail(w, "codec: %d received frames, %d released", c.frames_made,
-                        c.frames_freed);
+        rc = world_fail(w, "codec: %d received frames, %d released", c.frames_made, c.frames_freed);
     zd_value_unref(c.v);
     return rc;
 }
@@ -435,8 +438,9 @@ static int ckpt_round(void *arg)
     int rc = nt ? 0 : -1;
     for (int i = 0; rc == 0 && i < 3; i++)
         rc = zd_named_tensors_add(nt, names[i], c->t[i]);
-    if (rc == 0 && (zd_checkpoint_save(path, nt) < 0 || zd_checkpoint_load(path, nt) < 0 ||
-                    !(got = zd_checkpoint_read(path))))
+    if (rc == 0 &&
+        (zd_checkpoint_save(path, nt) < 0 || zd_checkpoint_load(path, nt) < 0 ||
+         !(got = zd_checkpoint_read(path))))
         rc = -1;
     int n = zd_named_tensors_len(got);
     zd_named_tensors_free(nt);
@@ -457,7 +461,7 @@ static int ckpt_body(const world_t *w)
     char dir[512];
     snprintf(dir, sizeof dir, "%s", (const char *)w->arg);
     ckpt_arg_t c = {.dir = dir};
-    c.t[0] = filled(2, (int64_t[]){300, 300}, 1.0f, false);   /* a block (blocks.c) */
+    c.t[0] = filled(2, (int64_t[]){300, 300}, 1.0f, false); /* a block (blocks.c) */
     c.t[1] = zd_tensor_new(ZD_INT64, (int64_t[]){3}, 1);
     c.t[2] = zd_tensor_new(ZD_UINT8, (int64_t[]){4, 4}, 2);
     int rc = drive(w, "checkpoint write and read", ckpt_round, &c, ckpt_counts);
@@ -475,9 +479,9 @@ static void test_checkpoint(void **state)
 }
 
 typedef struct {
-    const char *dir;        /* plain files */
-    const char *gz_dir;     /* gzip files under the classic names */
-    const char *cache;      /* a cache emptied before each run */
+    const char *dir;    /* plain files */
+    const char *gz_dir; /* gzip files under the classic names */
+    const char *cache;  /* a cache emptied before each run */
 } data_arg_t;
 
 static void empty_dir(const char *dir)
@@ -496,10 +500,10 @@ static int data_use(zd_dataset_t *ds)
     zd_tensor_t *x = NULL, *y = NULL, *norm = NULL;
     int64_t *order = zd_dataset_order(ds, 7);
     int rc = order && zd_dataset_batch(ds, order, 0, 5, &x, &y) == 0 &&
-                     zd_dataset_normalise(zd_dataset_images_u8(ds), &norm) == 0 &&
-                     zd_dataset_limit(ds, 6) == 0
-                 ? 0
-                 : -1;
+            zd_dataset_normalise(zd_dataset_images_u8(ds), &norm) == 0 &&
+            zd_dataset_limit(ds, 6) == 0
+        ? 0
+        : -1;
     free(order);
     zd_tensor_unref(x);
     zd_tensor_unref(y);
@@ -513,8 +517,8 @@ static int data_round(void *arg)
 {
     data_arg_t *d = arg;
     empty_dir(d->cache);
-    zd_dataset_t *ds = zd_dataset_load_files(path_in(d->dir, "images.idx"),
-                                             path_in(d->dir, "labels.idx"));
+    zd_dataset_t *ds =
+        zd_dataset_load_files(path_in(d->dir, "images.idx"), path_in(d->dir, "labels.idx"));
     if (!ds)
         return -1;
     int rc = data_use(ds);
@@ -704,9 +708,8 @@ static int rpc_setup(const world_t *w)
 {
     (void)w;
     return zd_rpc_register("counts", h_counts, NULL) | zd_rpc_register("echo", h_echo, NULL) |
-           zd_rpc_register("make", h_make, NULL) |
-           zd_rpc_register("use_rrefs", h_use_rrefs, NULL) |
-           zd_rpc_register("finish", h_finish, NULL);
+        zd_rpc_register("make", h_make, NULL) | zd_rpc_register("use_rrefs", h_use_rrefs, NULL) |
+        zd_rpc_register("finish", h_finish, NULL);
 }
 
 typedef struct {
@@ -768,8 +771,11 @@ static int calls_body(const world_t *w)
 static void test_calls(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = rpc_setup, .fn = calls_body,
-                         .timeout_s = 600, .rpc_timeout_ms = 10000};
+    world_options_t o = {.world_size = 2,
+                         .setup = rpc_setup,
+                         .fn = calls_body,
+                         .timeout_s = 600,
+                         .rpc_timeout_ms = 10000};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -808,7 +814,7 @@ static int dist_setup(const world_t *w)
     if (zd_dist_optim_init() < 0 || rpc_setup(w) < 0)
         return -1;
     return zd_rpc_register("mul_w", h_mul_w, NULL) |
-           zd_rpc_register("param_rref", h_param_rref, NULL);
+        zd_rpc_register("param_rref", h_param_rref, NULL);
 }
 
 typedef struct {
@@ -891,8 +897,12 @@ static int dist_body(const world_t *w)
 static void test_dist(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = dist_setup, .fn = dist_body,
-                         .timeout_s = 600, .rpc_timeout_ms = 10000, .dist_autograd = true};
+    world_options_t o = {.world_size = 2,
+                         .setup = dist_setup,
+                         .fn = dist_body,
+                         .timeout_s = 600,
+                         .rpc_timeout_ms = 10000,
+                         .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -916,7 +926,7 @@ static int metrics_round(void *arg)
 static int metrics_setup(const world_t *w)
 {
     setenv("ZDIST_METRICS", w->arg, 1);
-    setenv("ZDIST_METRICS_INTERVAL_S", "1000000", 1);   /* lines written by the test only */
+    setenv("ZDIST_METRICS_INTERVAL_S", "1000000", 1); /* lines written by the test only */
     return 0;
 }
 
@@ -928,8 +938,11 @@ static int metrics_body(const world_t *w)
 static void test_metrics(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 1, .setup = metrics_setup, .fn = metrics_body,
-                         .arg = (void *)path_in(tmpdir(), "metrics"), .timeout_s = 60};
+    world_options_t o = {.world_size = 1,
+                         .setup = metrics_setup,
+                         .fn = metrics_body,
+                         .arg = (void *)path_in(tmpdir(), "metrics"),
+                         .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -948,10 +961,10 @@ static int group_teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tensors),  cmocka_unit_test(test_codec),
+        cmocka_unit_test(test_tensors),    cmocka_unit_test(test_codec),
         cmocka_unit_test(test_checkpoint), cmocka_unit_test(test_dataset),
-        cmocka_unit_test(test_module),   cmocka_unit_test(test_metrics),
-        cmocka_unit_test(test_calls),    cmocka_unit_test(test_dist),
+        cmocka_unit_test(test_module),     cmocka_unit_test(test_metrics),
+        cmocka_unit_test(test_calls),      cmocka_unit_test(test_dist),
     };
     /* ZD_FAULT_ONLY=test_calls runs one scenario (cmocka's pattern). */
     if (getenv("ZD_FAULT_ONLY"))

@@ -18,7 +18,7 @@
         file behind;
       - a read-only file system: refused at start.
     Ranks are processes of their own, started as a user would. */
-#define _GNU_SOURCE   /* unshare */
+#define _GNU_SOURCE /* unshare */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -38,7 +38,7 @@
 #include "tests/support/world.h"
 
 #if defined(__SANITIZE_ADDRESS__)
-#define SLOW 4   /* the sanitizers' processes run three to four times slower */
+#define SLOW 4 /* the sanitizers' processes run three to four times slower */
 #else
 #define SLOW 1
 #endif
@@ -85,8 +85,7 @@ static double wait_world(ranks_t *w, double t0)
         w->rc[r] = program_wait(&w->p[r], t0 + BOUND_S);
     double took = program_now_s() - t0;
     for (int r = 0; r < w->n; r++)
-        printf("---- rank %d exited with %d:\n%s\n", r, w->rc[r],
-               w->p[r].out ? w->p[r].out : "");
+        printf("---- rank %d exited with %d:\n%s\n", r, w->rc[r], w->p[r].out ? w->p[r].out : "");
     printf("world ended in %.1f s (bound %d s)\n", took, BOUND_S);
     return took;
 }
@@ -123,7 +122,7 @@ static void server_refuses(const char *prefix)
     start_world(&w, 3, 1, extra);
     double took = wait_world(&w, t0);
     assert_int_equal(w.rc[0], 1);
-    assert_true(took < 20 * SLOW);   /* not the init timeout */
+    assert_true(took < 20 * SLOW); /* not the init timeout */
     snprintf(want, sizeof want, "cannot write %s.shard0.probe.", prefix);
     assert_non_null(strstr(out(&w, 0), want));
     free_world(&w);
@@ -151,15 +150,21 @@ static void test_prefix_unwritable_server_refuses(void **state)
 static void test_prefix_unwritable_under_launch(void **state)
 {
     (void)state;
-    char *argv[] = {(char *)program_path("tools/launch"), "--nproc=3", "--timeout_s=120", "--",
-                    (char *)program_path("examples/rpc_ps"), "--checkpoint=/nonexistent/dir/ck",
-                    "--max_batches=20", "--progress_s=0", NULL};
+    char *argv[] = {(char *)program_path("tools/launch"),
+                    "--nproc=3",
+                    "--timeout_s=120",
+                    "--",
+                    (char *)program_path("examples/rpc_ps"),
+                    "--checkpoint=/nonexistent/dir/ck",
+                    "--max_batches=20",
+                    "--progress_s=0",
+                    NULL};
     char *output = NULL;
     double t0 = program_now_s();
     int rc = program_run(argv, BOUND_S, false, &output);
     double took = program_now_s() - t0;
     printf("%s\nlaunch exited with %d after %.1f s\n", output ? output : "", rc, took);
-    assert_true(rc > 0 && rc < 128 && rc != 124);   /* failed, not stopped by time */
+    assert_true(rc > 0 && rc < 128 && rc != 124); /* failed, not stopped by time */
     assert_true(took < BOUND_S);
     assert_non_null(output);
     assert_non_null(strstr(output, "cannot write /nonexistent/dir/ck.shard0.probe."));
@@ -187,8 +192,9 @@ static void test_divergence_ends_the_world(void **state)
     assert_non_null(strstr(out(&w, 0), "trainer \"trainer_1\" (rank 1) failed at batch "));
     assert_non_null(strstr(out(&w, 0), "trainer \"trainer_2\" (rank 2) failed at batch "));
     assert_non_null(strstr(out(&w, 0), "trainer rank 1 failed at batch "));
-    const char *last = strstr(out(&w, 0), "only 0 trainer(s) finished, fewer than "
-                                          "--min_trainers=1; trainer rank ");
+    const char *last = strstr(out(&w, 0),
+                              "only 0 trainer(s) finished, fewer than "
+                              "--min_trainers=1; trainer rank ");
     assert_non_null(last);
     assert_non_null(strstr(last, " failed at batch "));
     for (int r = 1; r < 3; r++)
@@ -207,15 +213,23 @@ static void test_divergence_under_launch_restarts(void **state)
     char dir[64], flag[128];
     scratch(dir, sizeof dir);
     snprintf(flag, sizeof flag, "--checkpoint=%s/ck", dir);
-    char *argv[] = {(char *)program_path("tools/launch"), "--nproc=3", "--max_restarts=1",
-                    "--timeout_s=300", "--", (char *)program_path("examples/rpc_ps"), flag,
-                    "--lr=1000", "--max_batches=50", "--progress_s=0", NULL};
+    char *argv[] = {(char *)program_path("tools/launch"),
+                    "--nproc=3",
+                    "--max_restarts=1",
+                    "--timeout_s=300",
+                    "--",
+                    (char *)program_path("examples/rpc_ps"),
+                    flag,
+                    "--lr=1000",
+                    "--max_batches=50",
+                    "--progress_s=0",
+                    NULL};
     char *output = NULL;
     double t0 = program_now_s();
     int rc = program_run(argv, 2 * BOUND_S, false, &output);
     double took = program_now_s() - t0;
     printf("%s\nlaunch exited with %d after %.1f s\n", output ? output : "", rc, took);
-    assert_true(rc > 0 && rc < 128 && rc != 124);   /* failed, not stopped by time */
+    assert_true(rc > 0 && rc < 128 && rc != 124); /* failed, not stopped by time */
     assert_true(took < 2 * BOUND_S);
     assert_non_null(output);
     assert_non_null(strstr(output, "failed at batch "));
@@ -287,8 +301,9 @@ static void test_disk_fills(void **state)
     mount_tmpfs(7 * 1024, false);
     char flag[128];
     snprintf(flag, sizeof flag, "--checkpoint=%s/ck", g_mnt);
-    const char *const extra[] = {flag, "--checkpoint_every=5", "--max_batches=40",
-                                 "--eval_samples=500", "--progress_s=0", NULL};
+    const char *const extra[] = {
+        flag, "--checkpoint_every=5", "--max_batches=40", "--eval_samples=500", "--progress_s=0",
+        NULL};
     ranks_t w;
     double t0 = program_now_s();
     start_world(&w, 3, 3, extra);

@@ -20,7 +20,7 @@
     which stops the world at the first death); the cases run a few at a
     time, each on a port of world_free_port(). The run prints the table
     with each case's outcome and times. */
-#define _GNU_SOURCE   /* pipe2 */
+#define _GNU_SOURCE /* pipe2 */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -46,7 +46,7 @@ extern char **environ;
 #define MAX_RANKS 5
 
 #if defined(__SANITIZE_ADDRESS__)
-#define SLOW 4   /* the sanitizers' processes run three to four times slower */
+#define SLOW 4 /* the sanitizers' processes run three to four times slower */
 #else
 #define SLOW 1
 #endif
@@ -62,66 +62,94 @@ extern char **environ;
 
 typedef struct {
     const char *label;
-    const char *path;            /* in the build directory */
+    const char *path; /* in the build directory */
     int world;
-    const char *flags;           /* every rank's, space-separated */
-    const char *names[MAX_RANKS];   /* each rank's RPC name */
-    const char *result;          /* printed before an accuracy in % */
-    unsigned result_ranks;       /* bit r: rank r prints it when it finishes */
-    bool checkpoint;             /* --checkpoint in a folder of the case's own */
+    const char *flags;            /* every rank's, space-separated */
+    const char *names[MAX_RANKS]; /* each rank's RPC name */
+    const char *result;           /* printed before an accuracy in % */
+    unsigned result_ranks;        /* bit r: rank r prints it when it finishes */
+    bool checkpoint;              /* --checkpoint in a folder of the case's own */
 } prog_t;
 
 enum { PS, PS2, PSCK, PS2CK, SA, PL };
 
 static const prog_t progs[] = {
-    [PS] = {"rpc_ps", "examples/rpc_ps", 3,
+    [PS] = {"rpc_ps",
+            "examples/rpc_ps",
+            3,
             "--max_batches=20 --eval_samples=500 --progress_s=0",
-            {"parameter_server", "trainer_1", "trainer_2"}, "test accuracy ", 0x6, false},
-    [PS2] = {"rpc_ps S=2", "examples/rpc_ps", 4,
+            {"parameter_server", "trainer_1", "trainer_2"},
+            "test accuracy ",
+            0x6,
+            false},
+    [PS2] = {"rpc_ps S=2",
+             "examples/rpc_ps",
+             4,
              "--num_servers=2 --max_batches=20 --eval_samples=500 --progress_s=0",
              {"parameter_server", "parameter_server_1", "trainer_2", "trainer_3"},
-             "test accuracy ", 0xc, false},
-    [PSCK] = {"rpc_ps ckpt", "examples/rpc_ps", 3,
+             "test accuracy ",
+             0xc,
+             false},
+    [PSCK] = {"rpc_ps ckpt",
+              "examples/rpc_ps",
+              3,
               "--max_batches=20 --eval_samples=500 --progress_s=0 "
               "--checkpoint_every=5 --server_wait_s=3",
-              {"parameter_server", "trainer_1", "trainer_2"}, "test accuracy ", 0x6, true},
-    [PS2CK] = {"rpc_ps S=2 ckpt", "examples/rpc_ps", 4,
+              {"parameter_server", "trainer_1", "trainer_2"},
+              "test accuracy ",
+              0x6,
+              true},
+    [PS2CK] = {"rpc_ps S=2 ckpt",
+               "examples/rpc_ps",
+               4,
                "--num_servers=2 --max_batches=20 --eval_samples=500 --progress_s=0 "
                "--checkpoint_every=5 --server_wait_s=3",
                {"parameter_server", "parameter_server_1", "trainer_2", "trainer_3"},
-               "test accuracy ", 0xc, true},
-    [SA] = {"ps_sync_async", "examples/ps_sync_async", 4,
+               "test accuracy ",
+               0xc,
+               true},
+    [SA] = {"ps_sync_async",
+            "examples/ps_sync_async",
+            4,
             "--mode=sync --num_workers=2 --iterations=20 --eval_interval=0 --test_size=500 "
             "--progress_s=0",
-            {"driver", "ps0", "worker0", "worker1"}, "Final accuracy is ", 0x1, false},
-    [PL] = {"pipeline", "examples/pipeline", 3,
+            {"driver", "ps0", "worker0", "worker1"},
+            "Final accuracy is ",
+            0x1,
+            false},
+    [PL] = {"pipeline",
+            "examples/pipeline",
+            3,
             "--iterations=6 --batch_size=64 --num_split=2 --baseline=false --test_size=256 "
             "--log_interval=0",
-            {"master", "shard1", "shard2"}, "Test accuracy: ", 0x1, false},
+            {"master", "shard1", "shard2"},
+            "Test accuracy: ",
+            0x1,
+            false},
 };
 
 /* ---- the table ---- */
 
 /*  What a row checks besides the exits and the names. */
 enum {
-    CK_RESULT = 1,    /* the ranks of result_ranks that exit 0 print an accuracy above chance */
-    CK_RELEASE = 2,   /* rank 0 released what the victim held; nothing left at its shutdown */
-    CK_RESUME = 4,    /* a world started with --resume from the files left loads them */
-    CK_CLEAN = 8,     /* rank 0 has nothing still referenced at its shutdown */
+    CK_RESULT = 1,  /* the ranks of result_ranks that exit 0 print an accuracy above chance */
+    CK_RELEASE = 2, /* rank 0 released what the victim held; nothing left at its shutdown */
+    CK_RESUME = 4,  /* a world started with --resume from the files left loads them */
+    CK_CLEAN = 8,   /* rank 0 has nothing still referenced at its shutdown */
 };
 
 typedef struct {
     int prog;
     int victim;
     const char *phase;
-    const char *action;   /* kill; stop (SIGCONT once declared lost); freeze (never woken) */
+    const char *action; /* kill; stop (SIGCONT once declared lost); freeze (never woken) */
     int nth;
     /*  Per rank: '0' exits 0; '1' exits non-zero by itself; 'K' dies of
         SIGKILL (its own, or the test's for a process frozen for good). */
     const char *exits;
-    const char *namers;   /* ranks whose output names the victim ("NAME" (rank R)) */
+    const char *namers; /* ranks whose output names the victim ("NAME" (rank R)) */
     unsigned checks;
-    int says_rank;        /* and this rank's output has says (-1: none) */
+    int says_rank; /* and this rank's output has says (-1: none) */
     const char *says;
 } row_t;
 
@@ -149,8 +177,7 @@ static const row_t rows[] = {
     {PS, 2, "evaluation", "stop", 1, "001", "0", CK_RESULT | CK_RELEASE, 2, "declared you lost"},
     {PS, 2, "evaluation", "freeze", 1, "00K", "0", CK_RESULT | CK_RELEASE, 0,
      "lost at batch 20, having finished"},
-    {PS, 2, "shutdown", "kill", 1, "00K", "0", CK_RESULT | CK_CLEAN, 0,
-     "2 of 2 trainers finished"},
+    {PS, 2, "shutdown", "kill", 1, "00K", "0", CK_RESULT | CK_CLEAN, 0, "2 of 2 trainers finished"},
     {PS, 2, "shutdown", "stop", 1, "001", "0", CK_RESULT | CK_CLEAN, 2,
      "rpc_ps trainer_2: shutdown: "},
     {PS, 2, "shutdown", "freeze", 1, "00K", "0", CK_RESULT | CK_CLEAN, 0,
@@ -192,10 +219,8 @@ static const row_t rows[] = {
      "lost at batch 10"},
     /* ps_sync_async in sync mode: a worker lost, the driver goes on. */
     {SA, 3, "rendezvous", "kill", 1, "111K", "", 0, 0, "(missing ranks 3)"},
-    {SA, 3, "backward", "kill", 6, "000K", "0", CK_RESULT, 0,
-     "going on with the 1 worker(s) left"},
-    {SA, 3, "backward", "stop", 6, "0001", "0", CK_RESULT, 0,
-     "going on with the 1 worker(s) left"},
+    {SA, 3, "backward", "kill", 6, "000K", "0", CK_RESULT, 0, "going on with the 1 worker(s) left"},
+    {SA, 3, "backward", "stop", 6, "0001", "0", CK_RESULT, 0, "going on with the 1 worker(s) left"},
     {SA, 3, "backward", "freeze", 6, "000K", "0", CK_RESULT, 0,
      "going on with the 1 worker(s) left"},
     {SA, 3, "rendezvous", "freeze", 1, "111K", "", 0, 0, "(missing ranks 3)"},
@@ -286,7 +311,7 @@ typedef struct {
     char *out;
     size_t len, cap;
     bool reaped;
-    int rc;              /* exit status; 128 + N for death by signal N */
+    int rc; /* exit status; 128 + N for death by signal N */
 } proc_t;
 
 typedef struct {
@@ -294,14 +319,14 @@ typedef struct {
     const prog_t *prog;
     int n;
     proc_t p[MAX_RANKS];
-    char dir[256];         /* the case's checkpoint folder */
-    double started, t0, stopped_at, declared_at, ended_at;   /* t0: the current world's */
+    char dir[256];                                         /* the case's checkpoint folder */
+    double started, t0, stopped_at, declared_at, ended_at; /* t0: the current world's */
     bool woken, frozen_killed, timed_out, resuming;
     bool done;
-    char why[2048];        /* what failed, "" when the case passed */
-    char finding[128];     /* the row's known finding, as it stands */
+    char why[2048];    /* what failed, "" when the case passed */
+    char finding[128]; /* the row's known finding, as it stands */
     double resume_s;
-    int first_rc[MAX_RANKS];   /* the exits of the world with the fault */
+    int first_rc[MAX_RANKS]; /* the exits of the world with the fault */
 } case_t;
 
 /*  Starts the case's world: every rank with its flags; fault is the
@@ -334,7 +359,7 @@ static int start_world(case_t *c, const char *fault, bool resume)
         snprintf(a_ck, sizeof a_ck, "--checkpoint=%s/ps", c->dir);
         snprintf(a_init, sizeof a_init, "--init_timeout_s=%d", INIT_TIMEOUT_S);
         char *argv[40] = {(char *)program_path(g->path), a_rank, a_world,
-                          "--master_addr=127.0.0.1", a_port, a_init};
+                          "--master_addr=127.0.0.1",     a_port, a_init};
         int k = 6;
         snprintf(words, sizeof words, "%s", g->flags);
         for (char *save, *w = strtok_r(words, " ", &save); w && k < 36;
@@ -346,7 +371,7 @@ static int start_world(case_t *c, const char *fault, bool resume)
             argv[k++] = "--resume";
         argv[k] = NULL;
         int fds[2];
-        if (pipe2(fds, O_CLOEXEC) < 0)   /* (the other cases' children must not hold it) */
+        if (pipe2(fds, O_CLOEXEC) < 0) /* (the other cases' children must not hold it) */
             return -1;
         posix_spawn_file_actions_t fa;
         posix_spawn_file_actions_init(&fa);
@@ -508,10 +533,14 @@ static void note(case_t *c, const char *fmt, ...)
 static bool exit_matches(char want, int rc)
 {
     switch (want) {
-    case '0': return rc == 0;
-    case '1': return rc > 0 && rc < 128;
-    case 'K': return rc == 128 + SIGKILL;
-    default: return false;
+    case '0':
+        return rc == 0;
+    case '1':
+        return rc > 0 && rc < 128;
+    case 'K':
+        return rc == 128 + SIGKILL;
+    default:
+        return false;
     }
 }
 
@@ -542,8 +571,8 @@ static void check_world(case_t *c)
     for (const char *s = row->namers; *s; s++)
         if (!strstr(out_of(&c->p[*s - '0']), mark))
             note(c, "rank %c does not name %s", *s, mark);
-    bool said = !row->says || row->says_rank < 0 ||
-                strstr(out_of(&c->p[row->says_rank]), row->says);
+    bool said =
+        !row->says || row->says_rank < 0 || strstr(out_of(&c->p[row->says_rank]), row->says);
     const char *finding = finding_of(row);
     if (!said && !finding)
         note(c, "rank %d does not say \"%s\"", row->says_rank, row->says);
@@ -556,7 +585,7 @@ static void check_world(case_t *c)
                 continue;
             const char *at = strstr(out_of(&c->p[r]), g->result);
             double acc = at ? atof(at + strlen(g->result)) : -1;
-            if (!(acc > 20))   /* chance is 10 % */
+            if (!(acc > 20)) /* chance is 10 % */
                 note(c, "rank %d: accuracy %.1f %%", r, acc);
         }
     if (row->checks & CK_RELEASE) {
@@ -726,10 +755,12 @@ static void test_fault_matrix(void **state)
         char resume[16] = "-";
         if (c->resume_s > 0)
             snprintf(resume, sizeof resume, "%.1f", c->resume_s);
-        printf("%-15s %-18s %-10s %-6s %-2d %-5s %-15s %6.1f %6s %6s  %s\n",
-               progs[row->prog].label, progs[row->prog].names[row->victim], row->phase,
-               row->action, row->nth, row->exits, rcs, c->ended_at, lost, resume,
-               c->why[0] ? c->why : c->finding[0] ? c->finding : "as expected");
+        printf("%-15s %-18s %-10s %-6s %-2d %-5s %-15s %6.1f %6s %6s  %s\n", progs[row->prog].label,
+               progs[row->prog].names[row->victim], row->phase, row->action, row->nth, row->exits,
+               rcs, c->ended_at, lost, resume,
+               c->why[0]           ? c->why
+                   : c->finding[0] ? c->finding
+                                   : "as expected");
         failed += c->why[0] != 0;
     }
     printf("%d case(s), %d as expected, in %.1f s (%d at once)\n", ran, ran - failed,

@@ -62,8 +62,7 @@ static void wait_world(ranks_t *w, double deadline)
 {
     for (int r = 0; r < w->n; r++) {
         w->rc[r] = program_wait(&w->p[r], deadline);
-        printf("---- rank %d exited with %d:\n%s\n", r, w->rc[r],
-               w->p[r].out ? w->p[r].out : "");
+        printf("---- rank %d exited with %d:\n%s\n", r, w->rc[r], w->p[r].out ? w->p[r].out : "");
     }
 }
 
@@ -78,14 +77,14 @@ static void free_world(ranks_t *w)
         free(w->p[r].out);
 }
 
-static const char *const ps_flags[] = {"--max_batches=60", "--eval_samples=500",
-                                       "--progress_s=0", NULL};
+static const char *const ps_flags[] = {"--max_batches=60", "--eval_samples=500", "--progress_s=0",
+                                       NULL};
 
 static void test_rpc_ps_trainer_killed_others_finish(void **state)
 {
     (void)state;
     ranks_t w;
-    setenv("ZDIST_FAULT", "2:forward:kill:20", 1);   /* before its 20th batch */
+    setenv("ZDIST_FAULT", "2:forward:kill:20", 1); /* before its 20th batch */
     double t0 = program_now_s();
     start_world(&w, program_path("examples/rpc_ps"), 3, ps_flags, NULL);
     unsetenv("ZDIST_FAULT");
@@ -149,10 +148,14 @@ static void test_ps_sync_worker_killed_driver_goes_on(void **state)
 {
     (void)state;
     ranks_t w;
-    static const char *const flags[] = {"--mode=sync", "--num_workers=2", "--iterations=40",
-                                        "--eval_interval=0", "--test_size=500",
-                                        "--progress_s=0", NULL};
-    setenv("ZDIST_FAULT", "3:backward:kill:10", 1);   /* worker 1, its 10th gradient */
+    static const char *const flags[] = {"--mode=sync",
+                                        "--num_workers=2",
+                                        "--iterations=40",
+                                        "--eval_interval=0",
+                                        "--test_size=500",
+                                        "--progress_s=0",
+                                        NULL};
+    setenv("ZDIST_FAULT", "3:backward:kill:10", 1); /* worker 1, its 10th gradient */
     double t0 = program_now_s();
     start_world(&w, program_path("examples/ps_sync_async"), 4, flags, NULL);
     unsetenv("ZDIST_FAULT");
@@ -181,7 +184,7 @@ static void test_pipeline_stage_killed_fails_fast(void **state)
     assert_int_equal(w.rc[2], 128 + SIGKILL);
     assert_int_not_equal(w.rc[0], 0);
     assert_non_null(strstr(out(&w, 0), "peer \"shard2\" (rank 2) lost"));
-    assert_true(w.rc[1] >= 0 && w.rc[1] < 128);   /* left by itself, not killed */
+    assert_true(w.rc[1] >= 0 && w.rc[1] < 128); /* left by itself, not killed */
     free_world(&w);
 }
 

@@ -8,11 +8,11 @@
     the checker does not know fails. */
 #include "tests/support/golden_cases.h"
 
-static const char *const ours[] = {"tanh", "sigmoid", "exp", "log", "gelu", "softmax",
-                                   "layer_norm", "mse_loss", "embedding", "permute",
-                                   "add_broadcast", "mul_broadcast"};
+static const char *const ours[] = {"tanh",      "sigmoid", "exp",           "log",
+                                   "gelu",      "softmax", "layer_norm",    "mse_loss",
+                                   "embedding", "permute", "add_broadcast", "mul_broadcast"};
 static const char *const recurrent[] = {"lstm_cell", "gru_cell", "rnn_tanh_cell", "lstm"};
-#define N_OURS (sizeof ours / sizeof ours[0])
+#define N_OURS      (sizeof ours / sizeof ours[0])
 #define N_RECURRENT (sizeof recurrent / sizeof recurrent[0])
 
 static int index_of(const char *kind, const char *const *list, size_t n)

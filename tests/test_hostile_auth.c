@@ -34,7 +34,7 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-static char g_key[256];     /* the world key file of the test (made in the parent) */
+static char g_key[256]; /* the world key file of the test (made in the parent) */
 
 /* ---- log capture: each process keeps its lines, tests wait for one ---- */
 
@@ -196,8 +196,13 @@ static void send_header(void *sock, rpc_wire_header_t *h)
 /* A CALL of "bump" from rank src to rank dst. */
 static void send_bump(void *sock, int src, int dst, uint64_t id)
 {
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = (uint16_t)src, .dst = (uint16_t)dst,
-                           .id = id, .fn = "bump", .fn_len = 4, .meta = meta_none,
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = (uint16_t)src,
+                           .dst = (uint16_t)dst,
+                           .id = id,
+                           .fn = "bump",
+                           .fn_len = 4,
+                           .meta = meta_none,
                            .meta_len = sizeof meta_none};
     send_header(sock, &h);
 }
@@ -239,7 +244,7 @@ static int world_outsiders(const world_t *w)
 
     void *ctx = zmq_ctx_new();
     uint8_t id[RPC_WIRE_ID_LEN];
-    zd__rpc_wire_identity(1, id);   /* rank 1's shared socket's id */
+    zd__rpc_wire_identity(1, id); /* rank 1's shared socket's id */
     void *s[4] = {
         intruder(ctx, id, sizeof id, NULL, NULL, NULL),
         intruder(ctx, id, sizeof id, server_key, pub, sec),
@@ -276,8 +281,11 @@ static int world_outsiders(const world_t *w)
 static void test_outsiders_cannot_call_or_take_over(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup_world, .fn = world_outsiders,
-                         .own_init = true, .timeout_s = 90};
+    world_options_t o = {.world_size = 2,
+                         .setup = setup_world,
+                         .fn = world_outsiders,
+                         .own_init = true,
+                         .timeout_s = 90};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -331,19 +339,22 @@ static int world_spoof(const world_t *w)
     WCHECK(a != NULL);
     void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-    zd__rpc_wire_sync_identity(1, 65000, id);   /* rank 1, a slot it never uses */
+    zd__rpc_wire_sync_identity(1, 65000, id); /* rank 1, a slot it never uses */
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
-    int rc = zd__security_client(a, sock, 1);   /* our own key: authenticated as rank 0 */
+    int rc = zd__security_client(a, sock, 1); /* our own key: authenticated as rank 0 */
     rc = rc == 0 ? zmq_connect(sock, a->peers[1].endpoint) : rc;
     zd__agent_release(a);
     WCHECK(rc == 0);
     send_bump(sock, 1, 1, ((uint64_t)1 << 48) | 999999);
     static const uint8_t forged[] = {RPC_CODEC_VERSION, ZD_VALUE_INT, 7};
     for (uint64_t n = 1; n <= 256; n++) {
-        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .src = 1, .dst = 1,
-                               .id = ((uint64_t)1 << 48) | n, .meta = forged,
+        rpc_wire_header_t h = {.type = RPC_MSG_REPLY,
+                               .src = 1,
+                               .dst = 1,
+                               .id = ((uint64_t)1 << 48) | n,
+                               .meta = forged,
                                .meta_len = sizeof forged};
         send_header(sock, &h);
     }
@@ -360,8 +371,11 @@ static int world_spoof(const world_t *w)
 static void test_member_cannot_claim_another_rank(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup_spoof, .fn = world_spoof,
-                         .own_init = true, .timeout_s = 90};
+    world_options_t o = {.world_size = 2,
+                         .setup = setup_spoof,
+                         .fn = world_spoof,
+                         .own_init = true,
+                         .timeout_s = 90};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -373,9 +387,9 @@ static void *watch_handshake(void *ctx, void *sock, const char *name)
 {
     char ep[64];
     snprintf(ep, sizeof ep, "inproc://hostile-%s", name);
-    if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
-                                         ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) < 0)
+    if (zmq_socket_monitor(sock, ep,
+                           ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) < 0)
         return NULL;
     void *mon = zmq_socket(ctx, ZMQ_PAIR);
     if (mon && zmq_connect(mon, ep) < 0) {
@@ -455,8 +469,11 @@ static int world_hijack(const world_t *w)
 static void test_rendezvous_hijack_refused(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup_world, .fn = world_hijack,
-                         .own_init = true, .timeout_s = 90};
+    world_options_t o = {.world_size = 3,
+                         .setup = setup_world,
+                         .fn = world_hijack,
+                         .own_init = true,
+                         .timeout_s = 90};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -567,8 +584,11 @@ static void test_default_key_file(void **state)
     assert_int_equal(zd__security_default_path(path, sizeof path), 0);
     assert_non_null(strstr(path, "/xdg/zdist/world.key"));
     assert_int_equal(zd__security_keygen(path, false), 0);
-    world_options_t o = {.world_size = 2, .setup = setup_world, .fn = world_default_key,
-                         .own_init = true, .timeout_s = 60};
+    world_options_t o = {.world_size = 2,
+                         .setup = setup_world,
+                         .fn = world_default_key,
+                         .own_init = true,
+                         .timeout_s = 60};
     int rc = world_run(&o);
     unsetenv("XDG_CONFIG_HOME");
     assert_int_equal(rc, 0);

@@ -42,16 +42,25 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define B 32
-#define K 8
-#define C 10
-#define PER_PEER 32           /* the server's cap on contexts one peer makes */
-#define FLOOD 400
-#define IDLE_MS 3000
+#define B        32
+#define K        8
+#define C        10
+#define PER_PEER 32 /* the server's cap on contexts one peer makes */
+#define FLOOD    400
+#define IDLE_MS  3000
 
-static float w_at(int i, int j) { return 0.1f * sinf((float)(i * C + j)); }
-static float x_at(int step, int i, int j) { return 0.05f * cosf((float)(step * 7 + i * K + j)); }
-static float m_at(int i, int j) { return (float)((i + j) % 3) - 1.0f; }
+static float w_at(int i, int j)
+{
+    return 0.1f * sinf((float)(i * C + j));
+}
+static float x_at(int step, int i, int j)
+{
+    return 0.05f * cosf((float)(step * 7 + i * K + j));
+}
+static float m_at(int i, int j)
+{
+    return (float)((i + j) % 3) - 1.0f;
+}
 
 static zd_tensor_t *make(int rows, int cols, float (*f)(int, int))
 {
@@ -240,8 +249,8 @@ static int raw_reply(intruder_t *in, uint64_t id, int *type, char *text, size_t 
             zmq_msg_close(&m);
         }
         rpc_wire_header_t h;
-        bool mine = zd__rpc_wire_parse(zmq_msg_data(&head), zmq_msg_size(&head), &h) == 0 &&
-                    h.id == id;
+        bool mine =
+            zd__rpc_wire_parse(zmq_msg_data(&head), zmq_msg_size(&head), &h) == 0 && h.id == id;
         if (mine) {
             *type = h.type;
             snprintf(text, size, "%.*s", h.type == RPC_MSG_ERROR ? (int)h.meta_len : 0,
@@ -301,19 +310,20 @@ static int attack_gradients(intruder_t *in)
     zd_tensor_t *tiny = zd_tensor_new(ZD_FLOAT32, &one, 1);
     zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, shape, 2);
     int rc = expect_refused(in, "__dist_backward",
-                            zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, tiny),
-                            NULL, "from peer \"worker2\" (rank 2)");
+                            zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, tiny), NULL,
+                            "from peer \"worker2\" (rank 2)");
     if (rc == 0)
         rc = expect_refused(in, "__dist_backward",
-                            zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, bytes),
-                            NULL, "is uint8 [32,10]");
+                            zd__rpc_args("iiiit", ctx, (int64_t)msg, pass, (int64_t)0, bytes), NULL,
+                            "is uint8 [32,10]");
     zd_tensor_unref(tiny);
     zd_tensor_unref(bytes);
     /* Its own context it may release (it made it). */
     intruder_answer_t a;
     zd_value_t *rel = zd__rpc_args("i", ctx);
-    if (rc == 0 && (intruder_call_wait(in, 0, "__dist_release", rel, 10000, &a) != 1 ||
-                    a.type != RPC_MSG_REPLY)) {
+    if (rc == 0 &&
+        (intruder_call_wait(in, 0, "__dist_release", rel, 10000, &a) != 1 ||
+         a.type != RPC_MSG_REPLY)) {
         fprintf(stderr, "the intruder could not release its own context: %s\n", a.text);
         rc = -1;
     }
@@ -360,8 +370,8 @@ static int attack_flood(intruder_t *in)
         intruder_answer_clear(&a);
     }
     if (made != PER_PEER || refused != FLOOD - PER_PEER) {
-        fprintf(stderr, "flood: %d contexts made, %d refused (expected %d and %d)\n", made,
-                refused, PER_PEER, FLOOD - PER_PEER);
+        fprintf(stderr, "flood: %d contexts made, %d refused (expected %d and %d)\n", made, refused,
+                PER_PEER, FLOOD - PER_PEER);
         return -1;
     }
     uint8_t extra[26];
@@ -392,10 +402,11 @@ static int step(int s, intruder_t *in)
     if (frc < 0 || zd_value_get_tensor(res, &y) < 0)
         goto end;
     zd_tensor_ref(y);
-    if (in && (expect_refused(in, "__dist_release", zd__rpc_args("i", ctx), NULL,
-                              "which took no part in it") < 0 ||
-               expect_refused(in, "__dist_flush", zd__rpc_args("ii", ctx, (int64_t)1), NULL,
-                              "which took no part in it") < 0))
+    if (in &&
+        (expect_refused(in, "__dist_release", zd__rpc_args("i", ctx), NULL,
+                        "which took no part in it") < 0 ||
+         expect_refused(in, "__dist_flush", zd__rpc_args("ii", ctx, (int64_t)1), NULL,
+                        "which took no part in it") < 0))
         goto end;
     if (zd_tensor_mul(y, m, &ym) < 0 || zd_tensor_sum(ym, &loss) < 0 ||
         zd_dist_autograd_backward(ctx, &loss, 1, false) < 0 ||
@@ -404,9 +415,9 @@ static int step(int s, intruder_t *in)
     /* The same step locally. */
     zd_tensor_t *yl = forward(xl, w), *yml = NULL, *lossl = NULL;
     int lrc = yl && zd_tensor_mul(yl, m, &yml) == 0 && zd_tensor_sum(yml, &lossl) == 0 &&
-                      zd_autograd_backward(lossl, NULL, false) == 0
-                  ? 0
-                  : -1;
+            zd_autograd_backward(lossl, NULL, false) == 0
+        ? 0
+        : -1;
     zd_tensor_t *gl = lrc == 0 ? zd_tensor_grad(xl) : NULL;
     rc = gl && zd_tensor_numel(gl) == zd_tensor_numel(g) ? 0 : -1;
     for (int64_t i = 0; rc == 0 && i < zd_tensor_numel(g); i++) {
@@ -481,7 +492,8 @@ static int setup(const world_t *w)
             return -1;
         zd_log_set_sink(log_sink, NULL);
     }
-    if (zd_rpc_register("ps_fwd", fn_fwd, NULL) < 0 || zd_rpc_register("ps_ping", fn_ping, NULL) < 0 ||
+    if (zd_rpc_register("ps_fwd", fn_fwd, NULL) < 0 ||
+        zd_rpc_register("ps_ping", fn_ping, NULL) < 0 ||
         zd_rpc_register("ps_done", fn_done, NULL) < 0)
         return -1;
     return 0;
@@ -498,8 +510,8 @@ static int run(const world_t *w)
 static void test_hostile_peer_against_distributed_autograd(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup, .fn = run, .timeout_s = 180,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 3, .setup = setup, .fn = run, .timeout_s = 180, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -666,7 +678,7 @@ static int ps_trainer0(const world_t *w)
     zd_tensor_t *x = images(8, 1, 0.5f);
     WCHECK(ps_step(x, &before, &after) == 0);
     zd_tensor_unref(x);
-    WCHECK(before != after);   /* a legitimate step is applied */
+    WCHECK(before != after); /* a legitimate step is applied */
     WTRY(ps_int(zd__rpc_args("iii", (int64_t)0, (int64_t)0, (int64_t)7), "ps_checkpoint", NULL));
     WTRY(ps_int(zd__rpc_args("ii", (int64_t)0, (int64_t)0), "ps_resume_point", &at));
     WCHECK(at == 7);
@@ -720,8 +732,8 @@ static void test_hostile_trainer_against_the_parameter_server(void **state)
     char dir[256];
     snprintf(dir, sizeof dir, "/tmp/zd_hostile_ps_%d", (int)getpid());
     assert_int_equal(mkdir(dir, 0700), 0);
-    world_options_t o = {.world_size = 3, .setup = ps_setup, .fn = ps_run, .timeout_s = 180,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 3, .setup = ps_setup, .fn = ps_run, .timeout_s = 180, .dist_autograd = true};
     int rc = world_run(&o);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);

@@ -106,9 +106,9 @@ static void refused(const char *prog, const char *const *args, const char *want)
     int rc = program_run(argv, 30 * SLOW, false, &output);
     double took = program_now_s() - t0;
     if (rc != 2 || !output || !strstr(output, want))
-        fail_msg("%s %s: exit %d after %.1f s, wanted 2 and \"%s\"; it said:\n%s", prog,
-                 args[0], rc, took, want, output ? output : "");
-    assert_true(took < 10 * SLOW);   /* at parse time, not after an init timeout */
+        fail_msg("%s %s: exit %d after %.1f s, wanted 2 and \"%s\"; it said:\n%s", prog, args[0],
+                 rc, took, want, output ? output : "");
+    assert_true(took < 10 * SLOW); /* at parse time, not after an init timeout */
     free(output);
 }
 
@@ -124,14 +124,16 @@ static void test_world_flags_refused(void **state)
     for (size_t i = 0; i < sizeof examples / sizeof examples[0]; i++) {
         /* Everything else a world needs is there: before, these started
            one with the defaults (4 processes, port 29500) and waited. */
-        refused(examples[i], (const char *const[]){"--world_size=0", "--rank=0",
-                                                   "--master_addr=127.0.0.1", port, NULL},
+        refused(examples[i],
+                (const char *const[]){"--world_size=0", "--rank=0", "--master_addr=127.0.0.1", port,
+                                      NULL},
                 "--world_size expects an integer of at least 1, got \"0\"");
-        refused(examples[i], (const char *const[]){"--world_size=-1", "--rank=0",
-                                                   "--master_addr=127.0.0.1", port, NULL},
+        refused(examples[i],
+                (const char *const[]){"--world_size=-1", "--rank=0", "--master_addr=127.0.0.1",
+                                      port, NULL},
                 "--world_size expects an integer of at least 1, got \"-1\"");
-        refused(examples[i], (const char *const[]){"--master_port=0", "--rank=0",
-                                                   "--world_size=3", NULL},
+        refused(examples[i],
+                (const char *const[]){"--master_port=0", "--rank=0", "--world_size=3", NULL},
                 "--master_port expects a port from 1 to 65535, got \"0\"");
         refused(examples[i], (const char *const[]){"--master_port", "70000", NULL},
                 "--master_port expects a port from 1 to 65535, got \"70000\"");
@@ -143,9 +145,8 @@ static void test_world_flags_refused(void **state)
 static void test_non_finite_numbers_refused(void **state)
 {
     (void)state;
-    const char *const progs[] = {"examples/rpc_ps", "examples/pipeline",
-                                 "examples/ps_sync_async", "examples/rnn_rpc",
-                                 "examples/rl_rpc", "examples/train_local"};
+    const char *const progs[] = {"examples/rpc_ps",  "examples/pipeline", "examples/ps_sync_async",
+                                 "examples/rnn_rpc", "examples/rl_rpc",   "examples/train_local"};
     const char *const bad[] = {"nan", "inf", "-inf", "NaN", "infinity"};
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++)
         for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
@@ -258,7 +259,7 @@ static void test_keygen_force_replaces_links_not_their_targets(void **state)
             n++;
         }
     closedir(d);
-    assert_int_equal(n, 4);   /* notes.txt, world.key, target.txt, sym.key */
+    assert_int_equal(n, 4); /* notes.txt, world.key, target.txt, sym.key */
 }
 
 /* ---- point 12: output into a pipe, line by line ---- */
@@ -277,8 +278,8 @@ static void line_reaches_pipe_while_running(const char *prog, int n, const char 
     snprintf(a_port, sizeof a_port, "--master_port=%d", port);
     for (int r = 0; r < n; r++) {
         snprintf(a_rank[r], sizeof a_rank[r], "--rank=%d", r);
-        char *argv[16] = {(char *)program_path(prog), a_rank[r], a_world,
-                          "--master_addr=127.0.0.1", a_port};
+        char *argv[16] = {(char *)program_path(prog), a_rank[r], a_world, "--master_addr=127.0.0.1",
+                          a_port};
         int k = 5;
         for (int i = 0; flags[i]; i++)
             argv[k++] = (char *)flags[i];
@@ -308,12 +309,11 @@ static void test_examples_line_buffer_into_a_pipe(void **state)
     /* A stage and a parameter server frozen where they serve: what they
        printed before is in the pipe, or in a buffer that never flushes. */
     setenv("ZDIST_FAULT", "1:shutdown:stop", 1);
-    line_reaches_pipe_while_running("examples/pipeline", 3,
-                                    (const char *const[]){"--iterations=5", "--test_size=0",
-                                                          NULL}, 1);
+    line_reaches_pipe_while_running(
+        "examples/pipeline", 3, (const char *const[]){"--iterations=5", "--test_size=0", NULL}, 1);
     line_reaches_pipe_while_running("examples/ps_sync_async", 4,
-                                    (const char *const[]){"--iterations=5", "--progress_s=0",
-                                                          NULL}, 1);
+                                    (const char *const[]){"--iterations=5", "--progress_s=0", NULL},
+                                    1);
     unsetenv("ZDIST_FAULT");
     /* rnn_rpc's parameter server serves while its trainer trains. */
     line_reaches_pipe_while_running("examples/rnn_rpc", 2,

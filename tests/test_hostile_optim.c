@@ -39,13 +39,19 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define N 4
+#define N  4
 #define LR 0.125
 
 static zd_tensor_t *w_param;
 
-static float w0(int i) { return 1.0f + 0.5f * (float)i; }
-static float x_at(int i) { return (float)(i + 1); }
+static float w0(int i)
+{
+    return 1.0f + 0.5f * (float)i;
+}
+static float x_at(int i)
+{
+    return (float)(i + 1);
+}
 
 /* ---- rank 0: the owner ---- */
 
@@ -172,8 +178,9 @@ static int iteration(zd_dist_optim_t *opt)
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, &n, 1, xv), *y, *s = NULL;
     zd_value_t *a = zd__rpc_args("t", x), *r = NULL;
     int rc = zd_rpc_sync(0, "mul_w", a, -1, &r) == 0 && zd_value_get_tensor(r, &y) == 0 &&
-                     zd_tensor_sum(y, &s) == 0
-                 ? 0 : -1;
+            zd_tensor_sum(y, &s) == 0
+        ? 0
+        : -1;
     if (rc == 0)
         rc = zd_dist_autograd_backward(ctx, &s, 1, false);
     if (rc == 0)
@@ -234,12 +241,11 @@ static int setup(const world_t *w)
     if (zd_dist_optim_init() < 0)
         return -1;
     return zd_rpc_register("mul_w", fn_mul_w, NULL) |
-           zd_rpc_register("param_rrefs", fn_param_rrefs, NULL) |
-           zd_rpc_register("get_w", fn_get_w, NULL) |
-           zd_rpc_register("set_limits", fn_set_limits, NULL) |
-           zd_rpc_register("logged", fn_logged, NULL) |
-           zd_rpc_register("step_with", fn_step_with, NULL) |
-           zd_rpc_register("done", fn_done, NULL);
+        zd_rpc_register("param_rrefs", fn_param_rrefs, NULL) |
+        zd_rpc_register("get_w", fn_get_w, NULL) |
+        zd_rpc_register("set_limits", fn_set_limits, NULL) |
+        zd_rpc_register("logged", fn_logged, NULL) |
+        zd_rpc_register("step_with", fn_step_with, NULL) | zd_rpc_register("done", fn_done, NULL);
 }
 
 /* ---- rank 1 drives ---- */
@@ -322,7 +328,7 @@ static int driver(const world_t *w)
     WTRY(expect(w, text, "the step of worker \"worker2\" (rank 2)"));
     WTRY(expect(w, text, "made parameter 0 -inf at element 3 (it was 2)"));
     WTRY(expect(w, text, "refused and undone"));
-    WTRY(check_w(w, 1));   /* as before, bit for bit */
+    WTRY(check_w(w, 1)); /* as before, bit for bit */
     WTRY(iteration(good));
     WTRY(check_w(w, 2));
     WCHECK(logged("the step of worker \"worker2\" (rank 2)", "step refused and undone"));
@@ -331,15 +337,18 @@ static int driver(const world_t *w)
     WTRY(set_limits(LR, 0));
     rc = bad_step(1e30, text, sizeof text);
     if (rc != -1)
-        return world_fail(w, "an optimizer at lr 1e30 under the owner's config: rc %lld (%s), "
-                          "expected it refused", (long long)rc, text);
-    WTRY(expect(w, text, "refuses the optimizer of worker \"worker2\" (rank 2): its "
-                         "lr=1e+30, where this owner takes lr=0.125"));
+        return world_fail(w,
+                          "an optimizer at lr 1e30 under the owner's config: rc %lld (%s), "
+                          "expected it refused",
+                          (long long)rc, text);
+    WTRY(expect(w, text,
+                "refuses the optimizer of worker \"worker2\" (rank 2): its "
+                "lr=1e+30, where this owner takes lr=0.125"));
     WCHECK(logged("refused the optimizer of worker \"worker2\" (rank 2)", "lr=1e+30"));
-    WTRY(iteration(good));   /* made before the limits: goes on */
+    WTRY(iteration(good)); /* made before the limits: goes on */
     WTRY(check_w(w, 3));
     zd_dist_optim_t *again = NULL;
-    WCHECK((again = dist_optim_over(&cfg, &p, 1)) != NULL);   /* the owner's config: taken */
+    WCHECK((again = dist_optim_over(&cfg, &p, 1)) != NULL); /* the owner's config: taken */
     WTRY(iteration(again));
     WTRY(check_w(w, 4));
     zd_dist_optim_free(again);
@@ -348,8 +357,10 @@ static int driver(const world_t *w)
     WTRY(set_limits(-1, 1.0));
     rc = bad_step(100, text, sizeof text);
     if (rc != -2)
-        return world_fail(w, "a step at lr 100 under max_change 1: rc %lld (%s), expected a "
-                          "refused step", (long long)rc, text);
+        return world_fail(w,
+                          "a step at lr 100 under max_change 1: rc %lld (%s), expected a "
+                          "refused step",
+                          (long long)rc, text);
     WTRY(expect(w, text, "the step of worker \"worker2\" (rank 2)"));
     WTRY(expect(w, text, "moved parameter 0 by"));
     WTRY(expect(w, text, "more than max_change 1"));
@@ -400,8 +411,8 @@ static int run(const world_t *w)
 static void test_a_caller_cannot_ruin_the_shared_parameters(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup, .fn = run, .timeout_s = 120,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 3, .setup = setup, .fn = run, .timeout_s = 120, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -418,10 +429,16 @@ static void test_rpc_ps_refuses_a_trainer_with_another_lr(void **state)
     for (int r = 0; r < 3; r++) {
         char a_rank[32];
         snprintf(a_rank, sizeof a_rank, "--rank=%d", r);
-        char *argv[] = {(char *)program_path("examples/rpc_ps"), a_rank, "--world_size=3",
-                        "--master_addr=127.0.0.1", a_port, "--max_batches=4",
-                        "--eval_samples=200", "--progress_s=0",
-                        r == 2 ? "--lr=1e30" : "--lr=0.03", NULL};
+        char *argv[] = {(char *)program_path("examples/rpc_ps"),
+                        a_rank,
+                        "--world_size=3",
+                        "--master_addr=127.0.0.1",
+                        a_port,
+                        "--max_batches=4",
+                        "--eval_samples=200",
+                        "--progress_s=0",
+                        r == 2 ? "--lr=1e30" : "--lr=0.03",
+                        NULL};
         assert_int_equal(program_start(&p[r], argv), 0);
     }
     double deadline = program_now_s() + world_scaled_ms(300000) / 1000.0;
@@ -434,8 +451,9 @@ static void test_rpc_ps_refuses_a_trainer_with_another_lr(void **state)
     assert_int_equal(rc[0], 0);
     assert_int_equal(rc[1], 0);
     assert_int_equal(rc[2], 1);
-    assert_non_null(strstr(trainer2, "refuses the optimizer of worker \"trainer_2\" (rank 2): "
-                                     "its lr=1e+30, where this owner takes lr=0.03"));
+    assert_non_null(strstr(trainer2,
+                           "refuses the optimizer of worker \"trainer_2\" (rank 2): "
+                           "its lr=1e+30, where this owner takes lr=0.03"));
     assert_non_null(strstr(server, "refused the optimizer of worker \"trainer_2\" (rank 2)"));
     assert_non_null(strstr(p[1].out ? p[1].out : "", "Rank 1 test accuracy"));
     for (int r = 0; r < 3; r++)

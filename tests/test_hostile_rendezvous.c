@@ -56,7 +56,7 @@ static int open_fds(void)
         n++;
     if (d)
         closedir(d);
-    return n - 3;   /* ".", ".." and the directory's own */
+    return n - 3; /* ".", ".." and the directory's own */
 }
 
 /* "fds"(): the callee's open descriptors. */
@@ -99,13 +99,14 @@ static int listeners_loopback(int port)
         while (in && fgets(line, sizeof line, in)) {
             char local[64];
             unsigned lport, state;
-            if (sscanf(line, " %*d: %63[0-9A-F]:%X %*[0-9A-F]:%*X %X", local, &lport, &state) != 3 ||
+            if (sscanf(line, " %*d: %63[0-9A-F]:%X %*[0-9A-F]:%*X %X", local, &lport, &state) !=
+                    3 ||
                 (int)lport != port || state != 0x0A)
                 continue;
             found = 1;
             bool lo;
             if (strlen(local) == 8) {
-                unsigned a = (unsigned)strtoul(local, NULL, 16);   /* host order of the bytes */
+                unsigned a = (unsigned)strtoul(local, NULL, 16); /* host order of the bytes */
                 lo = (a & 0xff) == 127;
             } else {
                 /* ::1 is 00000000000000000000000001000000 in this file's byte order */
@@ -137,8 +138,10 @@ static int world_localhost(const world_t *w)
 static void test_keyless_localhost_listens_on_loopback(void **state)
 {
     (void)state;
-    assert_int_equal(world_run(&(world_options_t){.world_size = 2, .setup = setup,
-                                                  .fn = world_localhost, .own_init = true,
+    assert_int_equal(world_run(&(world_options_t){.world_size = 2,
+                                                  .setup = setup,
+                                                  .fn = world_localhost,
+                                                  .own_init = true,
                                                   .timeout_s = 60}),
                      0);
 }
@@ -224,9 +227,11 @@ static int world_rejoin_off_loopback(const world_t *w)
 static void test_keyless_rejoin_off_loopback_refused(void **state)
 {
     (void)state;
-    assert_int_equal(world_run(&(world_options_t){.world_size = 3, .setup = setup,
+    assert_int_equal(world_run(&(world_options_t){.world_size = 3,
+                                                  .setup = setup,
                                                   .fn = world_rejoin_off_loopback,
-                                                  .own_init = true, .timeout_s = 90}),
+                                                  .own_init = true,
+                                                  .timeout_s = 90}),
                      0);
 }
 
@@ -289,8 +294,10 @@ static int world_silent(const world_t *w)
 static void test_silent_connections_dropped(void **state)
 {
     (void)state;
-    assert_int_equal(world_run(&(world_options_t){.world_size = 2, .setup = setup,
-                                                  .fn = world_silent, .own_init = true,
+    assert_int_equal(world_run(&(world_options_t){.world_size = 2,
+                                                  .setup = setup,
+                                                  .fn = world_silent,
+                                                  .own_init = true,
                                                   .timeout_s = 120}),
                      0);
 }
@@ -307,7 +314,7 @@ static int world_flood(const world_t *w)
         struct rlimit r;
         WCHECK(getrlimit(RLIMIT_NOFILE, &r) == 0);
         if (r.rlim_max < 4096)
-            return 0;   /* nothing to raise to here: the parent skips */
+            return 0; /* nothing to raise to here: the parent skips */
         r.rlim_cur = 1024;
         WCHECK(setrlimit(RLIMIT_NOFILE, &r) == 0);
     }
@@ -353,8 +360,10 @@ static void test_held_connections_against_soft_limit(void **state)
         print_message("hard limit of open files under 4096 here: skipped\n");
         skip();
     }
-    assert_int_equal(world_run(&(world_options_t){.world_size = 2, .setup = setup,
-                                                  .fn = world_flood, .own_init = true,
+    assert_int_equal(world_run(&(world_options_t){.world_size = 2,
+                                                  .setup = setup,
+                                                  .fn = world_flood,
+                                                  .own_init = true,
                                                   .timeout_s = 120}),
                      0);
 }
@@ -368,7 +377,7 @@ int main(void)
     unsetenv("ZDIST_KEY_FILE");
     unsetenv("ZDIST_INSECURE");
     unsetenv("ZDIST_SHM");
-    setenv("XDG_CONFIG_HOME", g_dir, 1);   /* no default key file of the user's */
+    setenv("XDG_CONFIG_HOME", g_dir, 1); /* no default key file of the user's */
     if (zd__security_keygen(g_key, false) < 0) {
         fprintf(stderr, "%s\n", zd_error_last());
         return 1;

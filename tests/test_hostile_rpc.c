@@ -193,7 +193,7 @@ static zd_value_t *h_big_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_value_unref(a);
     zd_tensor_t *back = NULL;
     ok = ok && zd_value_get_tensor(r, &back) == 0 && zd_tensor_nbytes(back) == (size_t)shape[0] &&
-         memcmp(zd_tensor_raw(back), p, (size_t)shape[0]) == 0;
+        memcmp(zd_tensor_raw(back), p, (size_t)shape[0]) == 0;
     zd_value_unref(r);
     zd_tensor_unref(t);
     return zd_value_int(ok);
@@ -221,9 +221,10 @@ static int setup(const world_t *w)
             zd_rpc_register("echo", world_h_echo, NULL) < 0)
             return -1;
     }
-    if (w->rank == 2 && (zd_rpc_register("proxy", h_proxy, NULL) < 0 ||
-                         zd_rpc_register("log_has", h_proxy_log_has, NULL) < 0 ||
-                         zd_rpc_register("big_echo", h_big_echo, NULL) < 0))
+    if (w->rank == 2 &&
+        (zd_rpc_register("proxy", h_proxy, NULL) < 0 ||
+         zd_rpc_register("log_has", h_proxy_log_has, NULL) < 0 ||
+         zd_rpc_register("big_echo", h_big_echo, NULL) < 0))
         return -1;
     return 0;
 }
@@ -290,10 +291,16 @@ static int attack_huge_frame(const char *ep)
 {
     intruder_t in;
     WCHECK(intruder_open_as(&in, ep, 1, 65534) == 0);
-    static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR, ZD_UINT8,
-                                   0, 1, 1};
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 1, .dst = 0, .id = ++in.next_id,
-                           .fn = "echo", .fn_len = 4, .meta = meta, .meta_len = sizeof meta,
+    static const uint8_t meta[] = {
+        RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR, ZD_UINT8, 0, 1, 1};
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = 1,
+                           .dst = 0,
+                           .id = ++in.next_id,
+                           .fn = "echo",
+                           .fn_len = 4,
+                           .meta = meta,
+                           .meta_len = sizeof meta,
                            .n_tensors = 1};
     size_t size = RPC_MAX_FRAME + 1;
     for (int i = 0; i < 4; i++)
@@ -311,8 +318,14 @@ static int attack_endless(const char *ep)
     intruder_t in;
     WCHECK(intruder_open_as(&in, ep, 1, 65534) == 0);
     static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 0};
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 1, .dst = 0, .id = ++in.next_id,
-                           .fn = "add", .fn_len = 3, .meta = meta, .meta_len = sizeof meta};
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = 1,
+                           .dst = 0,
+                           .id = ++in.next_id,
+                           .fn = "add",
+                           .fn_len = 3,
+                           .meta = meta,
+                           .meta_len = sizeof meta};
     uint8_t head[512];
     zd__rpc_wire_write(&h, head);
     WCHECK(zmq_send(in.sock, head, zd__rpc_wire_size(&h), ZMQ_SNDMORE) >= 0);
@@ -333,8 +346,17 @@ static int attack_stream_bomb(const char *ep)
     enum { STREAMS = 24 };
     const size_t bytes = 16 * MIB, chunk = MIB;
     intruder_t in[STREAMS];
-    static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR, ZD_UINT8,
-                                   0, 1, 0x80, 0x80, 0x80, 0x08};   /* 16 MiB */
+    static const uint8_t meta[] = {RPC_CODEC_VERSION,
+                                   ZD_VALUE_LIST,
+                                   1,
+                                   ZD_VALUE_TENSOR,
+                                   ZD_UINT8,
+                                   0,
+                                   1,
+                                   0x80,
+                                   0x80,
+                                   0x80,
+                                   0x08}; /* 16 MiB */
     uint8_t *piece = calloc(1, chunk);
     WCHECK(piece != NULL);
     for (int s = 0; s < STREAMS; s++) {
@@ -342,15 +364,27 @@ static int attack_stream_bomb(const char *ep)
         uint8_t table[8 + RPC_WIRE_STREAM_ENTRY];
         rpc_wire_stream_t e = {0, bytes};
         zd__rpc_wire_stream_table_write(&e, 1, (uint32_t)chunk, table);
-        rpc_wire_header_t h = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_STREAMED, .src = 1,
-                               .dst = 0, .id = ++in[s].next_id, .fn = "echo", .fn_len = 4,
-                               .meta = meta, .meta_len = sizeof meta, .n_tensors = 2};
+        rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                               .flags = RPC_WIRE_F_STREAMED,
+                               .src = 1,
+                               .dst = 0,
+                               .id = ++in[s].next_id,
+                               .fn = "echo",
+                               .fn_len = 4,
+                               .meta = meta,
+                               .meta_len = sizeof meta,
+                               .n_tensors = 2};
         const void *data[2] = {NULL, table};
         size_t sizes[2] = {0, sizeof table};
         WCHECK(intruder_send(&in[s], &h, 2, data, sizes) == 0);
         for (uint64_t k = 0; k + 1 < bytes / chunk; k++) {
-            rpc_wire_header_t p = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 1,
-                                   .dst = 0, .id = h.id, .a = k, .n_tensors = 1};
+            rpc_wire_header_t p = {.type = RPC_MSG_REPLY,
+                                   .flags = RPC_WIRE_F_CHUNK,
+                                   .src = 1,
+                                   .dst = 0,
+                                   .id = h.id,
+                                   .a = k,
+                                   .n_tensors = 1};
             const void *pd[1] = {piece};
             WCHECK(intruder_send(&in[s], &p, 1, pd, &chunk) == 0);
         }
@@ -392,16 +426,19 @@ static int attack_placeholders(const char *ep)
     uint64_t x = 88172645463325252ull;
     for (int i = 0; i < FORKS + FETCHES; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        uint64_t rref = (x & 0xffffffffffull) + 1;   /* owner rank 0, a counter never used */
+        uint64_t rref = (x & 0xffffffffffull) + 1; /* owner rank 0, a counter never used */
         rpc_wire_header_t h = {.type = i < FORKS ? RPC_MSG_RREF_FORK_REQUEST : RPC_MSG_RREF_FETCH,
-                               .src = 1, .dst = 0, .id = ++in.next_id, .a = rref,
+                               .src = 1,
+                               .dst = 0,
+                               .id = ++in.next_id,
+                               .a = rref,
                                .b = i < FORKS ? ((uint64_t)1 << 48) | (uint64_t)(i + 1) : 0,
                                .timeout_ms = 0xFFFFFFFFu};
         WCHECK(intruder_send(&in, &h, 0, NULL, NULL) == 0);
     }
     int n_read = 0;
-    int refused = answers_with(&in, "too many RRefs awaited", FORKS + FETCHES - RREF_MAX_PLACEHOLDERS_PEER,
-                               &n_read);
+    int refused = answers_with(&in, "too many RRefs awaited",
+                               FORKS + FETCHES - RREF_MAX_PLACEHOLDERS_PEER, &n_read);
     if (refused != FORKS + FETCHES - RREF_MAX_PLACEHOLDERS_PEER) {
         fprintf(stderr, "rank 1: %d refused of %d answers\n", refused, n_read);
         return world_check_failed(__FILE__, __LINE__, "refused placeholders", "count");
@@ -467,7 +504,7 @@ static int attack_garbage(const char *ep)
     }
     for (int i = 0; i < 64; i++)
         if (send(fd, noise, sizeof noise, MSG_NOSIGNAL) < 0)
-            break;   /* dropped by the other side: what should happen */
+            break; /* dropped by the other side: what should happen */
     close(fd);
     intruder_t in;
     WCHECK(intruder_open_as(&in, ep, 1, 65534) == 0);
@@ -477,8 +514,14 @@ static int attack_garbage(const char *ep)
     rpc_encoded_t e = {0};
     WCHECK(zd__value_encode(args, NULL, 0, &e) == 0);
     zd_value_unref(args);
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_INTERNAL, .src = 1, .dst = 0,
-                           .id = ++in.next_id, .fn = "add", .fn_len = 3, .meta = e.meta,
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .flags = RPC_WIRE_F_INTERNAL,
+                           .src = 1,
+                           .dst = 0,
+                           .id = ++in.next_id,
+                           .fn = "add",
+                           .fn_len = 3,
+                           .meta = e.meta,
                            .meta_len = e.meta_len};
     WCHECK(intruder_send(&in, &h, 0, NULL, NULL) == 0);
     zd__rpc_encoded_clear(&e);
@@ -488,7 +531,7 @@ static int attack_garbage(const char *ep)
         intruder_answer_t ans;
         if (intruder_answer(&in, 1000, &ans)) {
             answered = ans.id == h.id && ans.type == RPC_MSG_REPLY &&
-                       zd_value_get_int(ans.value, &sum) == 0;
+                zd_value_get_int(ans.value, &sum) == 0;
             intruder_answer_clear(&ans);
         }
     }
@@ -498,7 +541,7 @@ static int attack_garbage(const char *ep)
         size_t len = 8 + (size_t)(noise[i] % 120);
         uint8_t buf[128];
         memcpy(buf, noise + 7 * i, len);
-        if (i % 2) {   /* a valid start, so that the rest is what is wrong */
+        if (i % 2) { /* a valid start, so that the rest is what is wrong */
             buf[0] = 'Z', buf[1] = 'D', buf[2] = RPC_WIRE_VERSION, buf[3] = RPC_MSG_CALL;
         }
         WCHECK(zmq_send(in.sock, buf, len, i % 3 ? 0 : ZMQ_SNDMORE) >= 0);
@@ -508,7 +551,7 @@ static int attack_garbage(const char *ep)
     WCHECK(logged("\"worker1\" (rank 1)", "dropped a bad message"));
     WCHECK(logged("from an unknown sender", "message(s)"));
     WCHECK(logged("(rank 1)", "marked internal, which it is not here"));
-    intruder_close(&in);   /* not before: closing drops what was not sent yet */
+    intruder_close(&in); /* not before: closing drops what was not sent yet */
     return 0;
 }
 
@@ -525,13 +568,27 @@ static int hostile_body(const world_t *w)
     int rc = -1;
     int64_t bound = 64 * MIB;
     switch (attack) {
-    case HUGE_FRAME: rc = attack_huge_frame(info.endpoint); break;
-    case ENDLESS: rc = attack_endless(info.endpoint); bound = 128 * MIB; break;
+    case HUGE_FRAME:
+        rc = attack_huge_frame(info.endpoint);
+        break;
+    case ENDLESS:
+        rc = attack_endless(info.endpoint);
+        bound = 128 * MIB;
+        break;
     /* 8 streams of 16 MiB held (rank 1's share), a 20 MiB one passed. */
-    case STREAM_BOMB: rc = attack_stream_bomb(info.endpoint); bound = 224 * MIB; break;
-    case PLACEHOLDERS: rc = attack_placeholders(info.endpoint); break;
-    case CALL_FLOOD: rc = attack_calls(info.endpoint); break;
-    case GARBAGE: rc = attack_garbage(info.endpoint); break;
+    case STREAM_BOMB:
+        rc = attack_stream_bomb(info.endpoint);
+        bound = 224 * MIB;
+        break;
+    case PLACEHOLDERS:
+        rc = attack_placeholders(info.endpoint);
+        break;
+    case CALL_FLOOD:
+        rc = attack_calls(info.endpoint);
+        break;
+    case GARBAGE:
+        rc = attack_garbage(info.endpoint);
+        break;
     }
     if (rc != 0)
         return rc;
@@ -551,17 +608,45 @@ static int hostile_body(const world_t *w)
 
 static void run(attack_t attack)
 {
-    world_options_t o = {.world_size = 3, .setup = setup, .fn = hostile_body, .arg = &attack,
-                         .timeout_s = 120, .rpc_timeout_ms = 3000};
+    world_options_t o = {.world_size = 3,
+                         .setup = setup,
+                         .fn = hostile_body,
+                         .arg = &attack,
+                         .timeout_s = 120,
+                         .rpc_timeout_ms = 3000};
     assert_int_equal(world_run(&o), 0);
 }
 
-static void test_huge_frame(void **state) { (void)state; run(HUGE_FRAME); }
-static void test_endless_multipart(void **state) { (void)state; run(ENDLESS); }
-static void test_stream_bomb(void **state) { (void)state; run(STREAM_BOMB); }
-static void test_placeholder_flood(void **state) { (void)state; run(PLACEHOLDERS); }
-static void test_call_flood(void **state) { (void)state; run(CALL_FLOOD); }
-static void test_garbage(void **state) { (void)state; run(GARBAGE); }
+static void test_huge_frame(void **state)
+{
+    (void)state;
+    run(HUGE_FRAME);
+}
+static void test_endless_multipart(void **state)
+{
+    (void)state;
+    run(ENDLESS);
+}
+static void test_stream_bomb(void **state)
+{
+    (void)state;
+    run(STREAM_BOMB);
+}
+static void test_placeholder_flood(void **state)
+{
+    (void)state;
+    run(PLACEHOLDERS);
+}
+static void test_call_flood(void **state)
+{
+    (void)state;
+    run(CALL_FLOOD);
+}
+static void test_garbage(void **state)
+{
+    (void)state;
+    run(GARBAGE);
+}
 
 int main(void)
 {
@@ -570,12 +655,9 @@ int main(void)
        RSS bound). */
     setenv("ZDIST_SHM", "0", 1);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_huge_frame),
-        cmocka_unit_test(test_endless_multipart),
-        cmocka_unit_test(test_stream_bomb),
-        cmocka_unit_test(test_placeholder_flood),
-        cmocka_unit_test(test_call_flood),
-        cmocka_unit_test(test_garbage),
+        cmocka_unit_test(test_huge_frame),  cmocka_unit_test(test_endless_multipart),
+        cmocka_unit_test(test_stream_bomb), cmocka_unit_test(test_placeholder_flood),
+        cmocka_unit_test(test_call_flood),  cmocka_unit_test(test_garbage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

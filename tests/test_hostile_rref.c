@@ -36,8 +36,8 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define GUESSES 400           /* ids tried per creator rank */
-#define WAIT_MS 300           /* the forged requests' timeout: how long they may wait */
+#define GUESSES 400 /* ids tried per creator rank */
+#define WAIT_MS 300 /* the forged requests' timeout: how long they may wait */
 
 /* ---- rank 0: the owner ---- */
 
@@ -150,27 +150,31 @@ static int setup(const world_t *w)
     if (w->rank == 0)
         zd_log_set_sink(log_sink, NULL);
     return zd_rpc_register("secret", h_secret, NULL) |
-           zd_rpc_register("make_rref", h_make_rref, NULL) |
-           zd_rpc_register("logged", h_logged, NULL) |
-           zd_rpc_register("prepare", h_prepare, NULL) |
-           zd_rpc_register("finish", h_finish, NULL) | zd_rpc_register("drain", h_drain, NULL) |
-           zd_rpc_register_inline("owner_count", world_h_owner_count, NULL);
+        zd_rpc_register("make_rref", h_make_rref, NULL) |
+        zd_rpc_register("logged", h_logged, NULL) | zd_rpc_register("prepare", h_prepare, NULL) |
+        zd_rpc_register("finish", h_finish, NULL) | zd_rpc_register("drain", h_drain, NULL) |
+        zd_rpc_register_inline("owner_count", world_h_owner_count, NULL);
 }
 
 /* ---- rank 2: the intruder ---- */
 
 static uint64_t send_control(intruder_t *in, uint8_t type, uint64_t rref_id, uint64_t fork_id)
 {
-    rpc_wire_header_t h = {.type = type, .src = in->rank, .dst = 0, .id = ++in->next_id,
-                           .a = rref_id, .b = fork_id, .timeout_ms = WAIT_MS};
+    rpc_wire_header_t h = {.type = type,
+                           .src = in->rank,
+                           .dst = 0,
+                           .id = ++in->next_id,
+                           .a = rref_id,
+                           .b = fork_id,
+                           .timeout_ms = WAIT_MS};
     return intruder_send(in, &h, 0, NULL, NULL) == 0 ? h.id : 0;
 }
 
 typedef struct {
     uint64_t id;
-    const char *what;            /* for the messages */
+    const char *what; /* for the messages */
     bool fetch;
-    int type;                    /* the answer's, -1 while none came */
+    int type; /* the answer's, -1 while none came */
     char text[512];
 } sent_t;
 
@@ -193,8 +197,10 @@ static int collect(intruder_t *in, sent_t *s, int n)
             int64_t v = 0;
             if (s[i].fetch && ans.type != RPC_MSG_ERROR) {
                 zd_value_get_int(ans.value, &v);
-                fprintf(stderr, "rank 2: %s returned a value (%lld): the forged fork made rank "
-                        "2 a holder\n", s[i].what, (long long)v);
+                fprintf(stderr,
+                        "rank 2: %s returned a value (%lld): the forged fork made rank "
+                        "2 a holder\n",
+                        s[i].what, (long long)v);
                 rc = -1;
             }
             break;
@@ -222,8 +228,8 @@ static int attack_guess(intruder_t *in)
             s[n] = (sent_t){send_control(in, RPC_MSG_RREF_FORK_REQUEST, rref,
                                          UINT64_C(2) << 48 | (0x7000 + k + creator * GUESSES)),
                             "a fork request", false, -1, ""};
-            s[n + 1] = (sent_t){send_control(in, RPC_MSG_RREF_FETCH, rref, 0), "a fetch", true,
-                                -1, ""};
+            s[n + 1] =
+                (sent_t){send_control(in, RPC_MSG_RREF_FETCH, rref, 0), "a fetch", true, -1, ""};
             WCHECK(s[n].id && s[n + 1].id);
             n += 2;
         }
@@ -238,14 +244,14 @@ static int attack_known(intruder_t *in, uint64_t created_id, uint64_t given_id)
     sent_t s[6] = {
         {send_control(in, RPC_MSG_RREF_FORK_REQUEST, created_id, UINT64_C(2) << 48 | 0xabc),
          "a fork of its own of the created RRef", false, -1, ""},
-        {send_control(in, RPC_MSG_RREF_FETCH, created_id, 0), "a fetch of the created RRef",
-         true, -1, ""},
+        {send_control(in, RPC_MSG_RREF_FETCH, created_id, 0), "a fetch of the created RRef", true,
+         -1, ""},
         {send_control(in, RPC_MSG_RREF_FORK_REQUEST, created_id, UINT64_C(0) << 48 | 0xabd),
          "a fork in the owner's name", false, -1, ""},
         {send_control(in, RPC_MSG_RREF_FORK_REQUEST, given_id, UINT64_C(2) << 48 | 0xabe),
          "a fork of its own of the given RRef", false, -1, ""},
-        {send_control(in, RPC_MSG_RREF_FETCH, given_id, 0), "a fetch of the given RRef", true,
-         -1, ""},
+        {send_control(in, RPC_MSG_RREF_FETCH, given_id, 0), "a fetch of the given RRef", true, -1,
+         ""},
         {send_control(in, RPC_MSG_RREF_FETCH, created_id, 0), "a second fetch", true, -1, ""},
     };
     for (int i = 0; i < 6; i++)
@@ -310,8 +316,10 @@ static int intruder(const world_t *w)
         nanosleep(&ts, NULL);
     }
     if (owned != 0)
-        return world_fail(w, "the owner still holds %lld value(s) after rank 1 released its "
-                          "RRefs", (long long)owned);
+        return world_fail(w,
+                          "the owner still holds %lld value(s) after rank 1 released its "
+                          "RRefs",
+                          (long long)owned);
     return 0;
 }
 

@@ -37,10 +37,10 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define N_TARGETS 65536   /* int64: 512 KiB, over the shared-memory threshold */
-#define CLASSES 10
+#define N_TARGETS 65536 /* int64: 512 KiB, over the shared-memory threshold */
+#define CLASSES   10
 
-static zd_tensor_t *held;   /* rank 0: the targets it checked */
+static zd_tensor_t *held; /* rank 0: the targets it checked */
 
 static bool targets_ok(const zd_tensor_t *t)
 {
@@ -63,7 +63,7 @@ static zd_value_t *h_hold(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         return NULL;
     }
     zd_tensor_unref(held);
-    held = zd_tensor_ref(t);   /* t is borrowed from args */
+    held = zd_tensor_ref(t); /* t is borrowed from args */
     return zd_value_int(1);
 }
 
@@ -89,7 +89,7 @@ static zd_value_t *h_use(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return rc == 0 ? zd_value_int(same) : NULL;
 }
 
-static char refusal[512];   /* rank 0: the last refusal its log gave */
+static char refusal[512]; /* rank 0: the last refusal its log gave */
 
 /* "refused"(): [segments this process refused to map, the log line of the
    last refusal], once one was (the announcement is handled on the I/O
@@ -99,8 +99,7 @@ static zd_value_t *h_refused(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     (void)call, (void)args, (void)arg;
     int64_t end = world_now_ms() + world_scaled_ms(10000);
     long refused = 0;
-    while (zd__shm_stats(NULL, NULL, NULL, NULL, &refused), refused == 0 &&
-                                                             world_now_ms() < end) {
+    while (zd__shm_stats(NULL, NULL, NULL, NULL, &refused), refused == 0 && world_now_ms() < end) {
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
@@ -218,12 +217,13 @@ static int attacker(const world_t *w)
             if (ftruncate(fds[k], 4096) == 0 || errno != EPERM)
                 return world_fail(w, "segment %d could be shrunk (%s)", k, strerror(errno));
             int seals = fcntl(fds[k], F_GET_SEALS);
-            WCHECK(seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
-                                     (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
+            WCHECK(seals >= 0 &&
+                   (seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) ==
+                       (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
             continue;
         }
-        uint8_t *map = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED,
-                            fds[k], 0);
+        uint8_t *map =
+            mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fds[k], 0);
         WCHECK(map != MAP_FAILED);
         /* every target out of range: -1 */
         memset(map + 4096, 0xff, (size_t)st.st_size - 4096);
@@ -241,8 +241,10 @@ static void test_rewrite_after_check(void **state)
     (void)state;
     unsetenv("ZDIST_SHM");
     static const bool shrink = false;
-    assert_int_equal(world_run(&(world_options_t){.world_size = 2, .setup = setup,
-                                                  .fn = attacker, .arg = (void *)&shrink,
+    assert_int_equal(world_run(&(world_options_t){.world_size = 2,
+                                                  .setup = setup,
+                                                  .fn = attacker,
+                                                  .arg = (void *)&shrink,
                                                   .timeout_s = 120}),
                      0);
 }
@@ -252,8 +254,10 @@ static void test_shrink_refused(void **state)
     (void)state;
     unsetenv("ZDIST_SHM");
     static const bool shrink = true;
-    assert_int_equal(world_run(&(world_options_t){.world_size = 2, .setup = setup,
-                                                  .fn = attacker, .arg = (void *)&shrink,
+    assert_int_equal(world_run(&(world_options_t){.world_size = 2,
+                                                  .setup = setup,
+                                                  .fn = attacker,
+                                                  .arg = (void *)&shrink,
                                                   .timeout_s = 120}),
                      0);
 }
@@ -269,7 +273,7 @@ static int unsealed(const world_t *w)
     const uint64_t cap = 1 << 20, token = 0x5eed5eed5eedULL;
     int fake = memfd_create("zdist-shm", MFD_CLOEXEC);
     WCHECK(fake >= 0 && ftruncate(fake, (off_t)(4096 + cap)) == 0);
-    uint8_t header[4096] = "ZDSHMSG1";                   /* the segment header (shm.c) */
+    uint8_t header[4096] = "ZDSHMSG1"; /* the segment header (shm.c) */
     memcpy(header + 8, &token, 8);
     memcpy(header + 16, &cap, 8);
     uint32_t src = 1, dst = 0;
@@ -282,9 +286,13 @@ static int unsealed(const world_t *w)
     memcpy(extra + 8, &cap, 8);
     agent_t *a = zd__agent_acquire();
     WCHECK(a);
-    rpc_wire_header_t h = {.type = RPC_MSG_SHM_SEGMENT, .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a), .a = RPC_SHM_MAX_SEGS - 1, .b = token,
-                           .extra = extra, .extra_len = sizeof extra};
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_SEGMENT,
+                           .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(a),
+                           .a = RPC_SHM_MAX_SEGS - 1,
+                           .b = token,
+                           .extra = extra,
+                           .extra_len = sizeof extra};
     int rc = zd__transport_send(a, 0, &h, NULL, 0);
     zd__agent_release(a);
     WCHECK(rc == 0);
@@ -317,8 +325,8 @@ static void test_unsealed_segment_refused(void **state)
 {
     (void)state;
     unsetenv("ZDIST_SHM");
-    assert_int_equal(world_run(&(world_options_t){.world_size = 2, .setup = setup,
-                                                  .fn = unsealed, .timeout_s = 120}),
+    assert_int_equal(world_run(&(world_options_t){
+                         .world_size = 2, .setup = setup, .fn = unsealed, .timeout_s = 120}),
                      0);
 }
 

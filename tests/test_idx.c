@@ -123,13 +123,13 @@ static void test_fashion_mnist_gz(void **state)
         const char *file;
         int ndim;
         int64_t n;
-        uint64_t sum;       /* of all bytes, computed with Python's gzip module */
-        uint8_t first[4];   /* first labels */
+        uint64_t sum;     /* of all bytes, computed with Python's gzip module */
+        uint8_t first[4]; /* first labels */
     } files[] = {
-        { "train-images-idx3-ubyte.gz", 3, 60000, 3431114169u, { 0 } },
-        { "train-labels-idx1-ubyte.gz", 1, 60000, 270000, { 9, 0, 0, 3 } },
-        { "t10k-images-idx3-ubyte.gz", 3, 10000, 573469082u, { 0 } },
-        { "t10k-labels-idx1-ubyte.gz", 1, 10000, 45000, { 9, 2, 1, 1 } },
+        {"train-images-idx3-ubyte.gz", 3, 60000, 3431114169u, {0}},
+        {"train-labels-idx1-ubyte.gz", 1, 60000, 270000, {9, 0, 0, 3}},
+        {"t10k-images-idx3-ubyte.gz", 3, 10000, 573469082u, {0}},
+        {"t10k-labels-idx1-ubyte.gz", 1, 10000, 45000, {9, 2, 1, 1}},
     };
     int64_t live = zd_tensor_live_count();
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
@@ -162,7 +162,7 @@ static void test_plain_copy_equals_gz(void **state)
     (void)state;
     if (!have_fmnist())
         skip();
-    const char *names[] = { "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte" };
+    const char *names[] = {"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"};
     for (int k = 0; k < 2; k++) {
         char gz[512], plain[512];
         snprintf(gz, sizeof gz, "%s/%s.gz", FMNIST, names[k]);
@@ -199,13 +199,13 @@ static void test_plain_copy_equals_gz(void **state)
 static void test_round_trip_f32_and_u8(void **state)
 {
     (void)state;
-    int64_t shape[3] = { 2, 3, 5 };
+    int64_t shape[3] = {2, 3, 5};
     zd_tensor_t *f = zd_tensor_new(ZD_FLOAT32, shape, 3), *u = zd_tensor_new(ZD_UINT8, shape, 3);
     for (int i = 0; i < 30; i++) {
         zd_tensor_data(f)[i] = (float)i * -0.37f + 1e-20f * (float)i;
         ((uint8_t *)zd_tensor_raw(u))[i] = (uint8_t)(i * 9);
     }
-    const char *files[] = { "f.idx", "f.idx.gz", "u.idx", "u.idx.gz" };
+    const char *files[] = {"f.idx", "f.idx.gz", "u.idx", "u.idx.gz"};
     for (int k = 0; k < 4; k++) {
         zd_tensor_t *src = k < 2 ? f : u, *back;
         const char *p = tmp_path(files[k]);
@@ -219,7 +219,7 @@ static void test_round_trip_f32_and_u8(void **state)
     size_t n;
     unsigned char *raw = read_file(tmp_path("f.idx"), &n);
     assert_int_equal(n, 4 + 12 + 30 * 4);
-    static const unsigned char head[] = { 0, 0, 0x0D, 3, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 5 };
+    static const unsigned char head[] = {0, 0, 0x0D, 3, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0, 5};
     assert_memory_equal(raw, head, sizeof head);
     free(raw);
     raw = read_file(tmp_path("f.idx.gz"), &n);
@@ -259,7 +259,7 @@ static void test_broken_files(void **state)
 {
     (void)state;
     unsigned char buf[4096];
-    uint32_t dims[3] = { 4, 8, 8 };
+    uint32_t dims[3] = {4, 8, 8};
     size_t n;
 
     expect_refused(tmp_path("does-not-exist"), "No such file");
@@ -286,7 +286,7 @@ static void test_broken_files(void **state)
     expect_refused(tmp_path("trailing"), "5 trailing bytes");
 
     /* Dimensions that disagree with the length: 4x8x9 announced, 4x8x8 there. */
-    uint32_t wrong[3] = { 4, 8, 9 };
+    uint32_t wrong[3] = {4, 8, 9};
     n = make_idx(buf, 0x08, 3, wrong, 256);
     write_file(tmp_path("dims"), buf, n);
     expect_refused(tmp_path("dims"), "4x8x9 uint8 = 288 data bytes, only 256");
@@ -294,7 +294,7 @@ static void test_broken_files(void **state)
     n = make_idx(buf, 0x08, 0, dims, 4);
     write_file(tmp_path("ndim0"), buf, n);
     expect_refused(tmp_path("ndim0"), "0 dimensions");
-    uint32_t nine[9] = { 1, 1, 1, 1, 1, 1, 1, 1, 1 };
+    uint32_t nine[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1};
     n = make_idx(buf, 0x08, 9, nine, 1);
     write_file(tmp_path("ndim9"), buf, n);
     expect_refused(tmp_path("ndim9"), "9 dimensions");
@@ -303,13 +303,13 @@ static void test_broken_files(void **state)
     write_file(tmp_path("f64"), buf, n);
     expect_refused(tmp_path("f64"), "0x0E (float64) not supported");
 
-    uint32_t huge[4] = { 0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu };
+    uint32_t huge[4] = {0xffffffffu, 0xffffffffu, 0xffffffffu, 0xffffffffu};
     n = make_idx(buf, 0x0D, 4, huge, 16);
     write_file(tmp_path("overflow"), buf, n);
     expect_refused(tmp_path("overflow"), "overflow");
 
     /* A header announcing 4 GB over a few bytes costs no 4 GB allocation. */
-    uint32_t big[1] = { 0xfffffff0u };
+    uint32_t big[1] = {0xfffffff0u};
     n = make_idx(buf, 0x08, 1, big, 16);
     write_gz(tmp_path("big.gz"), buf, n);
     expect_refused(tmp_path("big.gz"), "truncated data");
@@ -330,7 +330,7 @@ static void test_broken_gzip(void **state)
 {
     (void)state;
     unsigned char buf[4096], z[8192];
-    uint32_t dims[3] = { 4, 8, 8 };
+    uint32_t dims[3] = {4, 8, 8};
     size_t n = make_idx(buf, 0x08, 3, dims, 256);
     write_gz(tmp_path("ok.gz"), buf, n);
     size_t zn;
@@ -359,7 +359,7 @@ static void test_dataset_level_checks(void **state)
 {
     (void)state;
     unsigned char buf[4096];
-    uint32_t idims[3] = { 5, 4, 4 }, ldims[1] = { 4 };
+    uint32_t idims[3] = {5, 4, 4}, ldims[1] = {4};
     size_t n = make_idx(buf, 0x08, 3, idims, 80);
     write_file(tmp_path("images5"), buf, n);
     n = make_idx(buf, 0x08, 1, ldims, 0);
@@ -371,7 +371,7 @@ static void test_dataset_level_checks(void **state)
     assert_non_null(strstr(zd_error_last(), "images5 holds 5 images"));
     assert_non_null(strstr(zd_error_last(), "labels4 holds 4 labels"));
 
-    uint32_t five[1] = { 5 };
+    uint32_t five[1] = {5};
     n = make_idx(buf, 0x08, 1, five, 0);
     memcpy(buf + n, "\x01\x02\x0c\x04\x05", 5);
     write_file(tmp_path("labels-bad"), buf, n + 5);
@@ -393,12 +393,9 @@ static void test_dataset_level_checks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fashion_mnist_gz),
-        cmocka_unit_test(test_plain_copy_equals_gz),
-        cmocka_unit_test(test_round_trip_f32_and_u8),
-        cmocka_unit_test(test_golden_file_bytes),
-        cmocka_unit_test(test_broken_files),
-        cmocka_unit_test(test_broken_gzip),
+        cmocka_unit_test(test_fashion_mnist_gz),      cmocka_unit_test(test_plain_copy_equals_gz),
+        cmocka_unit_test(test_round_trip_f32_and_u8), cmocka_unit_test(test_golden_file_bytes),
+        cmocka_unit_test(test_broken_files),          cmocka_unit_test(test_broken_gzip),
         cmocka_unit_test(test_dataset_level_checks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

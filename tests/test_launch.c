@@ -31,12 +31,12 @@
 
 extern char **environ;
 
-#define WAIT_MS 60000   /* bound on every wait; far beyond what a passing test needs */
+#define WAIT_MS 60000 /* bound on every wait; far beyond what a passing test needs */
 
 typedef struct {
-    char dir[64];       /* the temporary folder */
-    char script[128];   /* dir/rank.sh */
-    char fifo[128];     /* dir/ready */
+    char dir[64];     /* the temporary folder */
+    char script[128]; /* dir/rank.sh */
+    char fifo[128];   /* dir/ready */
     char out[128], err[128];
 } fixture_t;
 
@@ -64,7 +64,7 @@ static int teardown(void **state)
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
     int rc = system(cmd);
-    while (waitpid(-1, NULL, WNOHANG) > 0)   /* orphans reparented to us (subreaper) */
+    while (waitpid(-1, NULL, WNOHANG) > 0) /* orphans reparented to us (subreaper) */
         ;
     free(f);
     return rc == 0 ? 0 : -1;
@@ -193,10 +193,11 @@ static void wait_ready(int fd, int n)
 static void test_ranks_get_flags_env_and_labelled_lines(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
-                    "\"$LOCAL_WORLD_SIZE args $(printf '<%s>' \"$@\")\"\n"
-                    "echo \"to stderr $RANK\" >&2\n"
-                    "printf 'no newline %s' \"$RANK\"\n");
+    write_rank_script(f,
+                      "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
+                      "\"$LOCAL_WORLD_SIZE args $(printf '<%s>' \"$@\")\"\n"
+                      "echo \"to stderr $RANK\" >&2\n"
+                      "printf 'no newline %s' \"$RANK\"\n");
     char *out, *err;
     const char *args[] = {"--nproc=3", "--", f->script, "--foo", "two words", NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 0);
@@ -208,9 +209,11 @@ static void test_ranks_get_flags_env_and_labelled_lines(void **state)
     assert_true(port > 0 && port < 65536);
     for (int r = 0; r < 3; r++) {
         char want[512];
-        snprintf(want, sizeof want, "[rank %d] env %d 3 127.0.0.1 %d %d 3 args <--foo>"
+        snprintf(want, sizeof want,
+                 "[rank %d] env %d 3 127.0.0.1 %d %d 3 args <--foo>"
                  "<two words><--rank=%d><--world_size=3><--master_addr=127.0.0.1>"
-                 "<--master_port=%d>\n", r, r, port, r, r, port);
+                 "<--master_port=%d>\n",
+                 r, r, port, r, r, port);
         assert_contains(out, want);
         snprintf(want, sizeof want, "[rank %d] no newline %d\n", r, r);
         assert_contains(out, want);
@@ -235,14 +238,21 @@ static void test_ranks_get_flags_env_and_labelled_lines(void **state)
 static void test_no_rank_flags_given_port_and_address(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
-                    "\"args $(printf '<%s>' \"$@\")\"\n");
+    write_rank_script(f,
+                      "echo \"env $RANK $WORLD_SIZE $MASTER_ADDR $MASTER_PORT $LOCAL_RANK\" "
+                      "\"args $(printf '<%s>' \"$@\")\"\n");
     /* Inherited values of the variables launch sets must not leak through. */
     setenv("RANK", "99", 1);
     setenv("MASTER_PORT", "1", 1);
     char *out, *err;
-    const char *args[] = {"--nproc", "2", "--no_rank_flags", "--master_port=29533",
-                          "--master_addr=127.0.0.2", f->script, "--foo", NULL};
+    const char *args[] = {"--nproc",
+                          "2",
+                          "--no_rank_flags",
+                          "--master_port=29533",
+                          "--master_addr=127.0.0.2",
+                          f->script,
+                          "--foo",
+                          NULL};
     int rc = run_launch(f, args, &out, &err);
     unsetenv("RANK");
     unsetenv("MASTER_PORT");
@@ -258,10 +268,11 @@ static void test_no_rank_flags_given_port_and_address(void **state)
 static void test_long_lines_are_never_mixed(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "s=$(head -c 3000 /dev/zero | tr '\\0' \"$RANK\")\n"
-                    "i=0\n"
-                    "while [ $i -lt 200 ]; do echo \"$s\"; i=$((i + 1)); done\n"
-                    "if [ \"$RANK\" = 1 ]; then head -c 300000 /dev/zero | tr '\\0' x >&2; fi\n");
+    write_rank_script(f,
+                      "s=$(head -c 3000 /dev/zero | tr '\\0' \"$RANK\")\n"
+                      "i=0\n"
+                      "while [ $i -lt 200 ]; do echo \"$s\"; i=$((i + 1)); done\n"
+                      "if [ \"$RANK\" = 1 ]; then head -c 300000 /dev/zero | tr '\\0' x >&2; fi\n");
     char *out, *err;
     const char *args[] = {"--nproc=3", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 0);
@@ -294,18 +305,20 @@ static void test_long_lines_are_never_mixed(void **state)
 static void test_failure_stops_the_others(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "echo $$ > $d/pid.$RANK\n"
-                    "if [ \"$RANK\" = 1 ]; then\n"
-                    "    exec 3<>$d/ready\n"
-                    "    read a <&3; read b <&3\n"
-                    "    i=0\n"
-                    "    while [ $i -lt 3000 ]; do echo \"last words $i\"; i=$((i + 1)); done >&2\n"
-                    "    echo 'rank 1 gives up' >&2\n"
-                    "    exit 3\n"
-                    "fi\n"
-                    "if [ \"$RANK\" = 2 ]; then sleep 300 & echo $! > $d/child.2; fi\n"
-                    "echo $RANK > $d/ready\n"
-                    "exec sleep 300\n");
+    write_rank_script(
+        f,
+        "echo $$ > $d/pid.$RANK\n"
+        "if [ \"$RANK\" = 1 ]; then\n"
+        "    exec 3<>$d/ready\n"
+        "    read a <&3; read b <&3\n"
+        "    i=0\n"
+        "    while [ $i -lt 3000 ]; do echo \"last words $i\"; i=$((i + 1)); done >&2\n"
+        "    echo 'rank 1 gives up' >&2\n"
+        "    exit 3\n"
+        "fi\n"
+        "if [ \"$RANK\" = 2 ]; then sleep 300 & echo $! > $d/child.2; fi\n"
+        "echo $RANK > $d/ready\n"
+        "exec sleep 300\n");
     char *out, *err;
     const char *args[] = {"--nproc=3", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 3);
@@ -330,14 +343,15 @@ static void test_failure_stops_the_others(void **state)
 static void test_signal_death_is_128_plus_signal(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "echo $$ > $d/pid.$RANK\n"
-                    "if [ \"$RANK\" = 0 ]; then\n"
-                    "    exec 3<>$d/ready\n"
-                    "    read a <&3; read b <&3\n"
-                    "    kill -9 $$\n"
-                    "fi\n"
-                    "echo $RANK > $d/ready\n"
-                    "exec sleep 300\n");
+    write_rank_script(f,
+                      "echo $$ > $d/pid.$RANK\n"
+                      "if [ \"$RANK\" = 0 ]; then\n"
+                      "    exec 3<>$d/ready\n"
+                      "    read a <&3; read b <&3\n"
+                      "    kill -9 $$\n"
+                      "fi\n"
+                      "echo $RANK > $d/ready\n"
+                      "exec sleep 300\n");
     char *out, *err;
     const char *args[] = {"--nproc=3", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 137);
@@ -355,15 +369,16 @@ static void test_signal_death_is_128_plus_signal(void **state)
 static void test_sigterm_ignored_gets_sigkill_after_grace(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "echo $$ > $d/pid.$RANK\n"
-                    "if [ \"$RANK\" = 0 ]; then\n"
-                    "    exec 3<>$d/ready\n"
-                    "    read a <&3; read b <&3\n"
-                    "    exit 1\n"
-                    "fi\n"
-                    "if [ \"$RANK\" = 1 ]; then trap '' TERM; fi\n"
-                    "echo $RANK > $d/ready\n"
-                    "exec sleep 300\n");
+    write_rank_script(f,
+                      "echo $$ > $d/pid.$RANK\n"
+                      "if [ \"$RANK\" = 0 ]; then\n"
+                      "    exec 3<>$d/ready\n"
+                      "    read a <&3; read b <&3\n"
+                      "    exit 1\n"
+                      "fi\n"
+                      "if [ \"$RANK\" = 1 ]; then trap '' TERM; fi\n"
+                      "echo $RANK > $d/ready\n"
+                      "exec sleep 300\n");
     char *out, *err;
     const char *args[] = {"--nproc=3", "--grace_s=0.5", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 1);
@@ -428,12 +443,13 @@ static void test_sigkill_to_launch_kills_the_ranks(void **state)
 static void test_sigint_is_forwarded(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "trap 'echo \"rank $RANK got INT\"; kill $child; exit 0' INT\n"
-                    "sleep 300 &\n"
-                    "child=$!\n"
-                    "echo $child > $d/child.$RANK\n"
-                    "echo $RANK > $d/ready\n"
-                    "wait $child\n");
+    write_rank_script(f,
+                      "trap 'echo \"rank $RANK got INT\"; kill $child; exit 0' INT\n"
+                      "sleep 300 &\n"
+                      "child=$!\n"
+                      "echo $child > $d/child.$RANK\n"
+                      "echo $RANK > $d/ready\n"
+                      "wait $child\n");
     int ready = open(f->fifo, O_RDWR | O_CLOEXEC);
     assert_true(ready >= 0);
     const char *args[] = {"--nproc=2", "--no_rank_flags", f->script, NULL};
@@ -457,8 +473,9 @@ static void test_sigint_is_forwarded(void **state)
 static void test_processes_left_behind_are_stopped(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, "sleep 300 &\n"
-                    "echo $! > $d/child.$RANK\n");
+    write_rank_script(f,
+                      "sleep 300 &\n"
+                      "echo $! > $d/child.$RANK\n");
     char *out, *err;
     const char *args[] = {"--nproc=2", "--no_rank_flags", f->script, NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 0);
@@ -520,10 +537,11 @@ static int read_lives(const fixture_t *f, int rank, pid_t *pids, int max)
 }
 
 /*  Every life of a rank appends its pid to pids.R and numbers itself. */
-#define LIVES "echo $$ >> $d/pids.$RANK\n"                               \
-              "life=$(wc -l < $d/pids.$RANK)\n"                          \
-              "env | sort > $d/env.$RANK.$life\n"                        \
-              "echo \"rank $RANK life $life args $(printf '<%s>' \"$@\")\"\n"
+#define LIVES                                                                                      \
+    "echo $$ >> $d/pids.$RANK\n"                                                                   \
+    "life=$(wc -l < $d/pids.$RANK)\n"                                                              \
+    "env | sort > $d/env.$RANK.$life\n"                                                            \
+    "echo \"rank $RANK life $life args $(printf '<%s>' \"$@\")\"\n"
 
 /*  Rank 1 exits 5 and rank 2 is killed by SIGKILL in their first lives;
     their second lives succeed. Rank 0 must still be running then (it exits
@@ -533,15 +551,16 @@ static int read_lives(const fixture_t *f, int rank, pid_t *pids, int max)
 static void test_failed_ranks_restart_in_place(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, LIVES
-                    "case \"$RANK.$life\" in\n"
-                    "0.1) exec 3<>$d/ready; read a <&3; read b <&3; exit 0 ;;\n"
-                    "1.1) exec 9>$d/lock; flock 9; sleep 300 & echo $! > $d/child.1; exit 5 ;;\n"
-                    "1.2) flock $d/lock true; echo 1 > $d/ready; exit 0 ;;\n"
-                    "2.1) kill -9 $$ ;;\n"
-                    "2.2) echo 2 > $d/ready; exit 0 ;;\n"
-                    "esac\n"
-                    "exit 9\n");
+    write_rank_script(f,
+                      LIVES
+                      "case \"$RANK.$life\" in\n"
+                      "0.1) exec 3<>$d/ready; read a <&3; read b <&3; exit 0 ;;\n"
+                      "1.1) exec 9>$d/lock; flock 9; sleep 300 & echo $! > $d/child.1; exit 5 ;;\n"
+                      "1.2) flock $d/lock true; echo 1 > $d/ready; exit 0 ;;\n"
+                      "2.1) kill -9 $$ ;;\n"
+                      "2.2) echo 2 > $d/ready; exit 0 ;;\n"
+                      "esac\n"
+                      "exit 9\n");
     char ck[160];
     snprintf(ck, sizeof ck, "--checkpoint=%s/ck", f->dir);
     char *out, *err;
@@ -549,21 +568,23 @@ static void test_failed_ranks_restart_in_place(void **state)
     assert_int_equal(run_launch(f, args, &out, &err), 0);
 
     pid_t p0[4], p1[4], p2[4];
-    assert_int_equal(read_lives(f, 0, p0, 4), 1);   /* exited 0: never restarted */
+    assert_int_equal(read_lives(f, 0, p0, 4), 1); /* exited 0: never restarted */
     assert_int_equal(read_lives(f, 1, p1, 4), 2);
     assert_int_equal(read_lives(f, 2, p2, 4), 2);
     char want[512];
-    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 5; restarting it "
-             "(restart 1 of 2)\n", (int)p1[0]);
+    snprintf(want, sizeof want,
+             "launch: rank 1 (pid %d) exited with status 5; restarting it "
+             "(restart 1 of 2)\n",
+             (int)p1[0]);
     assert_contains(err, want);
-    snprintf(want, sizeof want, "launch: rank 1 restarted as pid %d with --resume\n",
-             (int)p1[1]);
+    snprintf(want, sizeof want, "launch: rank 1 restarted as pid %d with --resume\n", (int)p1[1]);
     assert_contains(err, want);
-    snprintf(want, sizeof want, "launch: rank 2 (pid %d) was killed by SIGKILL; restarting it "
-             "(restart 1 of 2)\n", (int)p2[0]);
+    snprintf(want, sizeof want,
+             "launch: rank 2 (pid %d) was killed by SIGKILL; restarting it "
+             "(restart 1 of 2)\n",
+             (int)p2[0]);
     assert_contains(err, want);
-    snprintf(want, sizeof want, "launch: rank 2 restarted as pid %d with --resume\n",
-             (int)p2[1]);
+    snprintf(want, sizeof want, "launch: rank 2 restarted as pid %d with --resume\n", (int)p2[1]);
     assert_contains(err, want);
     assert_contains(err, " after 2 restarts\n");
     assert_contains(err, "launch: 3 processes finished in ");
@@ -572,11 +593,15 @@ static void test_failed_ranks_restart_in_place(void **state)
     /* Same rank, flags and environment (the world key launch made too),
        plus --resume since the program takes --checkpoint. */
     for (int r = 1; r <= 2; r++) {
-        snprintf(want, sizeof want, "[rank %d] rank %d life 1 args <%s><--rank=%d>"
-                 "<--world_size=3><--master_addr=127.0.0.1><--master_port=", r, r, ck, r);
+        snprintf(want, sizeof want,
+                 "[rank %d] rank %d life 1 args <%s><--rank=%d>"
+                 "<--world_size=3><--master_addr=127.0.0.1><--master_port=",
+                 r, r, ck, r);
         assert_contains(out, want);
-        snprintf(want, sizeof want, "[rank %d] rank %d life 2 args <%s><--resume><--rank=%d>"
-                 "<--world_size=3><--master_addr=127.0.0.1><--master_port=", r, r, ck, r);
+        snprintf(want, sizeof want,
+                 "[rank %d] rank %d life 2 args <%s><--resume><--rank=%d>"
+                 "<--world_size=3><--master_addr=127.0.0.1><--master_port=",
+                 r, r, ck, r);
         assert_contains(out, want);
         char a[256], b[256];
         snprintf(a, sizeof a, "%s/env.%d.1", f->dir, r);
@@ -610,11 +635,11 @@ static void test_failed_ranks_restart_in_place(void **state)
 static void test_restarts_run_out(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, LIVES
-                    "if [ \"$RANK\" = 0 ]; then echo 0 > $d/ready; exec sleep 300; fi\n"
-                    "if [ \"$life\" = 1 ]; then exec 3<>$d/ready; read a <&3; fi\n"
-                    "echo \"rank 1 gives up\" >&2\n"
-                    "exit 4\n");
+    write_rank_script(f,
+                      LIVES "if [ \"$RANK\" = 0 ]; then echo 0 > $d/ready; exec sleep 300; fi\n"
+                            "if [ \"$life\" = 1 ]; then exec 3<>$d/ready; read a <&3; fi\n"
+                            "echo \"rank 1 gives up\" >&2\n"
+                            "exit 4\n");
     char *out, *err;
     const char *args[] = {"--nproc=2", "--max_restarts=2", f->script, "--flag", NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 4);
@@ -622,15 +647,21 @@ static void test_restarts_run_out(void **state)
     assert_int_equal(read_lives(f, 0, p0, 4), 1);
     assert_int_equal(read_lives(f, 1, p1, 4), 3);
     char want[256];
-    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 4; restarting it "
-             "(restart 1 of 2)\nlaunch: rank 1 restarted as pid %d\n", (int)p1[0], (int)p1[1]);
+    snprintf(want, sizeof want,
+             "launch: rank 1 (pid %d) exited with status 4; restarting it "
+             "(restart 1 of 2)\nlaunch: rank 1 restarted as pid %d\n",
+             (int)p1[0], (int)p1[1]);
     assert_contains(err, want);
-    snprintf(want, sizeof want, "launch: rank 1 (pid %d) exited with status 4; restarting it "
-             "(restart 2 of 2)\nlaunch: rank 1 restarted as pid %d\n", (int)p1[1], (int)p1[2]);
+    snprintf(want, sizeof want,
+             "launch: rank 1 (pid %d) exited with status 4; restarting it "
+             "(restart 2 of 2)\nlaunch: rank 1 restarted as pid %d\n",
+             (int)p1[1], (int)p1[2]);
     assert_contains(err, want);
-    snprintf(want, sizeof want, "launch: rank 1 exited with status 4 (pid %d)\n"
+    snprintf(want, sizeof want,
+             "launch: rank 1 exited with status 4 (pid %d)\n"
              "launch: rank 1 has no restarts left (--max_restarts=2)\n"
-             "launch: stopping the other 1 process\n", (int)p1[2]);
+             "launch: stopping the other 1 process\n",
+             (int)p1[2]);
     assert_contains(err, want);
     assert_contains(err, "exit status 4\n");
     assert_null(strstr(err, "restart 3"));
@@ -652,11 +683,15 @@ static void test_restarts_run_out_on_signals(void **state)
     pid_t p[4];
     assert_int_equal(read_lives(f, 0, p, 4), 2);
     char want[256];
-    snprintf(want, sizeof want, "launch: rank 0 (pid %d) was killed by SIGKILL; restarting it "
-             "(restart 1 of 1)\n", (int)p[0]);
+    snprintf(want, sizeof want,
+             "launch: rank 0 (pid %d) was killed by SIGKILL; restarting it "
+             "(restart 1 of 1)\n",
+             (int)p[0]);
     assert_contains(err, want);
-    snprintf(want, sizeof want, "launch: rank 0 killed by signal 9 (SIGKILL, pid %d)\n"
-             "launch: rank 0 has no restarts left (--max_restarts=1)\n", (int)p[1]);
+    snprintf(want, sizeof want,
+             "launch: rank 0 killed by signal 9 (SIGKILL, pid %d)\n"
+             "launch: rank 0 has no restarts left (--max_restarts=1)\n",
+             (int)p[1]);
     assert_contains(err, want);
     free(out);
     free(err);
@@ -670,7 +705,7 @@ static void test_resume_only_with_checkpoints(void **state)
     write_rank_script(f, LIVES "[ \"$life\" = 2 ] || exit 1\n");
     static const struct {
         const char *flags[3];
-        const char *second_life;   /* the restarted process's arguments */
+        const char *second_life; /* the restarted process's arguments */
     } cases[] = {
         {{"--checkpoint=ck"}, "<--checkpoint=ck><--resume>"},
         {{"--checkpoint", "ck"}, "<--checkpoint><ck><--resume>"},
@@ -678,7 +713,7 @@ static void test_resume_only_with_checkpoints(void **state)
         {{"--resume=false", "--checkpoint=ck"}, "<--resume=false><--checkpoint=ck>"},
         {{"--checkpoint_every=5"}, "<--checkpoint_every=5>"},
         {{"--checkpoint="}, "<--checkpoint=>"},
-        {{NULL}, "<>"},   /* printf's format used once with no arguments */
+        {{NULL}, "<>"}, /* printf's format used once with no arguments */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char pids[256];
@@ -695,7 +730,7 @@ static void test_resume_only_with_checkpoints(void **state)
         snprintf(want, sizeof want, "[rank 0] rank 0 life 2 args %s\n", cases[i].second_life);
         assert_contains(out, want);
         bool resumed = strstr(cases[i].second_life, "<--resume>") &&
-                       !strstr(cases[i].flags[1] ? cases[i].flags[1] : "", "--resume");
+            !strstr(cases[i].flags[1] ? cases[i].flags[1] : "", "--resume");
         if (resumed)
             assert_contains(err, " with --resume\n");
         else
@@ -710,24 +745,27 @@ static void test_resume_only_with_checkpoints(void **state)
 static void test_restart_appends_to_the_log(void **state)
 {
     fixture_t *f = *state;
-    write_rank_script(f, LIVES
-                    "if [ \"$life\" = 1 ]; then echo 'first life dies' >&2; exit 3; fi\n");
+    write_rank_script(f,
+                      LIVES "if [ \"$life\" = 1 ]; then echo 'first life dies' >&2; exit 3; fi\n");
     char logs[128];
     snprintf(logs, sizeof logs, "--log_dir=%s/logs", f->dir);
     char *out, *err;
-    const char *args[] = {"--nproc=1", "--max_restarts=1", "--no_rank_flags", logs,
-                          f->script, NULL};
+    const char *args[] = {"--nproc=1", "--max_restarts=1", "--no_rank_flags",
+                          logs,        f->script,          NULL};
     assert_int_equal(run_launch(f, args, &out, &err), 0);
     assert_string_equal(out, "");
     char path[256];
     snprintf(path, sizeof path, "%s/logs/rank_00.log", f->dir);
     char *log = read_text(path);
     assert_non_null(log);
-    assert_string_equal(log, "rank 0 life 1 args <>\nfirst life dies\n"
+    assert_string_equal(log,
+                        "rank 0 life 1 args <>\nfirst life dies\n"
                         "launch: rank 0 restarted (restart 1 of 1)\nrank 0 life 2 args <>\n");
     char want[512];
-    snprintf(want, sizeof want, "launch: last lines of %s:\n[rank 0] rank 0 life 1 args <>\n"
-             "[rank 0] first life dies\n", path);
+    snprintf(want, sizeof want,
+             "launch: last lines of %s:\n[rank 0] rank 0 life 1 args <>\n"
+             "[rank 0] first life dies\n",
+             path);
     assert_contains(err, want);
     free(log);
     free(out);
@@ -806,20 +844,16 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_ranks_get_flags_env_and_labelled_lines, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_no_rank_flags_given_port_and_address, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_no_rank_flags_given_port_and_address, setup, teardown),
         cmocka_unit_test_setup_teardown(test_long_lines_are_never_mixed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failure_stops_the_others, setup, teardown),
         cmocka_unit_test_setup_teardown(test_signal_death_is_128_plus_signal, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_ignored_gets_sigkill_after_grace, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(test_sigterm_to_launch_stops_the_world, setup,
-                                        teardown),
-        cmocka_unit_test_setup_teardown(test_sigkill_to_launch_kills_the_ranks, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_to_launch_stops_the_world, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigkill_to_launch_kills_the_ranks, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigint_is_forwarded, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_processes_left_behind_are_stopped, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_processes_left_behind_are_stopped, setup, teardown),
         cmocka_unit_test_setup_teardown(test_timeout_stops_the_world, setup, teardown),
         cmocka_unit_test_setup_teardown(test_exec_failure_is_a_failure, setup, teardown),
         cmocka_unit_test_setup_teardown(test_failed_ranks_restart_in_place, setup, teardown),

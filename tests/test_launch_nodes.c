@@ -40,12 +40,12 @@
 
 extern char **environ;
 
-#define WAIT_MS 240000   /* bound on a whole world; a passing one takes seconds */
+#define WAIT_MS 240000 /* bound on a whole world; a passing one takes seconds */
 
 typedef struct {
     char dir[64];
     char script[128];
-    char ns[2][32];     /* network namespaces to delete at teardown */
+    char ns[2][32]; /* network namespaces to delete at teardown */
 } fixture_t;
 
 static char launch_bin[512], ps_bin[512], summary_bin[512];
@@ -117,7 +117,7 @@ static int wait_exit(pid_t pid, int64_t deadline)
     int rc = poll(&p, 1, left > 0 ? (int)left : 0);
     close(fd);
     if (rc <= 0) {
-        kill(pid, SIGTERM);   /* launch stops its world */
+        kill(pid, SIGTERM); /* launch stops its world */
         waitpid(pid, NULL, 0);
         fail_msg("process %d did not exit in time", (int)pid);
     }
@@ -154,7 +154,7 @@ static void assert_log(const char *path, const char *needle)
     assert_int_equal(st.st_mode & 0777, 0644);
     char *s = read_text(path);
     assert_contains(s, needle);
-    assert_null(strstr(s, "[rank "));   /* the program's own lines, unprefixed */
+    assert_null(strstr(s, "[rank ")); /* the program's own lines, unprefixed */
     free(s);
 }
 
@@ -223,14 +223,16 @@ static void run_two_nodes(fixture_t *f, const char *ns0, const char *ns1, const 
     if (rc0 != 0 || rc1 != 0)
         fail_msg("node 0 exited %d, node 1 %d\nnode 0:\n%s\nnode 1:\n%s", rc0, rc1, e0, e1);
     char want[1024];
-    snprintf(want, sizeof want, "(ranks 0..1 of 4, node 0 of 2) of %s, master %s:%d", ps_bin,
-             addr, port);
+    snprintf(want, sizeof want, "(ranks 0..1 of 4, node 0 of 2) of %s, master %s:%d", ps_bin, addr,
+             port);
     assert_contains(e0, want);
-    snprintf(want, sizeof want, "(ranks 2..3 of 4, node 1 of 2) of %s, master %s:%d", ps_bin,
-             addr, port);
+    snprintf(want, sizeof want, "(ranks 2..3 of 4, node 1 of 2) of %s, master %s:%d", ps_bin, addr,
+             port);
     assert_contains(e1, want);
-    snprintf(want, sizeof want, "launch: output of rank 2 in %s/logs/node1/rank_02.log ... "
-             "%s/logs/node1/rank_03.log\n", f->dir, f->dir);
+    snprintf(want, sizeof want,
+             "launch: output of rank 2 in %s/logs/node1/rank_02.log ... "
+             "%s/logs/node1/rank_03.log\n",
+             f->dir, f->dir);
     assert_contains(e1, want);
     assert_contains(e0, "launch: 2 processes finished in ");
     assert_contains(e1, "launch: 2 processes finished in ");
@@ -275,8 +277,9 @@ static void run_two_nodes(fixture_t *f, const char *ns0, const char *ns1, const 
     for (int r = 1; r < 4; r++) {
         snprintf(want, sizeof want, "\ntrainer_%d ", r);
         long long rank, sent, served, errors;
-        assert_int_equal(sscanf(strstr(table, want) + strlen(want), "%lld %lld %lld %lld",
-                                &rank, &sent, &served, &errors), 4);
+        assert_int_equal(sscanf(strstr(table, want) + strlen(want), "%lld %lld %lld %lld", &rank,
+                                &sent, &served, &errors),
+                         4);
         assert_int_equal(rank, r);
         assert_true(sent > 0);
         assert_int_equal(errors, 0);
@@ -303,7 +306,7 @@ static int sh(const char *fmt, ...)
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static bool netns_unavailable;   /* root, but namespaces refused (a container): skip */
+static bool netns_unavailable; /* root, but namespaces refused (a container): skip */
 
 static void test_two_nodes_in_two_network_namespaces(void **state)
 {
@@ -320,8 +323,8 @@ static void test_two_nodes_in_two_network_namespaces(void **state)
                 "ip -n %s addr add 10.77.%d.2/24 dev zdv1-%d && "
                 "ip -n %s link set zdv0-%d up && ip -n %s link set zdv1-%d up && "
                 "ip -n %s link set lo up && ip -n %s link set lo up",
-                ns0, ns1, id, id, id, ns0, id, ns1, ns0, id, id, ns1, id, id, ns0, id, ns1, id,
-                ns0, ns1);
+                ns0, ns1, id, id, id, ns0, id, ns1, ns0, id, id, ns1, id, id, ns0, id, ns1, id, ns0,
+                ns1);
     if (rc != 0) {
         sh("ip netns del %s 2>/dev/null; ip netns del %s 2>/dev/null", ns0, ns1);
         ns0[0] = ns1[0] = '\0';
@@ -371,8 +374,10 @@ static void test_processes_share_the_cores(void **state)
         snprintf(want, sizeof want, "[rank %d] threads %d %ld %ld\n", r, r, t, t);
         assert_contains(out, want);
     }
-    snprintf(want, sizeof want, "launch: %ld compute thread%s per process (%ld core%s, "
-             "3 processes on this node)\n", t, t == 1 ? "" : "s", c, c == 1 ? "" : "s");
+    snprintf(want, sizeof want,
+             "launch: %ld compute thread%s per process (%ld core%s, "
+             "3 processes on this node)\n",
+             t, t == 1 ? "" : "s", c, c == 1 ? "" : "s");
     assert_contains(err, want);
     free(out);
     free(err);
@@ -404,15 +409,20 @@ static void test_failed_rank_log_tail(void **state)
              "fi\n"
              "echo \"rank $RANK is fine\"\n"
              "echo $RANK > %s\n"
-             "exec sleep 300\n", fifo, fifo);
+             "exec sleep 300\n",
+             fifo, fifo);
     write_script(f->script, body);
     char logdir[128], flag[160], *out, *err, want[256];
     snprintf(logdir, sizeof logdir, "%s/new/logs", f->dir);
     snprintf(flag, sizeof flag, "--log_dir=%s", logdir);
-    assert_int_equal(run_launch(f, (char *[]){"--nproc=3", flag, "--no_rank_flags", f->script,
-                                              NULL}, &out, &err), 3);
-    snprintf(want, sizeof want, "launch: last lines of %s/rank_01.log:\n"
-             "[rank 1] line 11\n", logdir);
+    assert_int_equal(run_launch(f,
+                                (char *[]){"--nproc=3", flag, "--no_rank_flags", f->script, NULL},
+                                &out, &err),
+                     3);
+    snprintf(want, sizeof want,
+             "launch: last lines of %s/rank_01.log:\n"
+             "[rank 1] line 11\n",
+             logdir);
     assert_contains(err, want);
     assert_contains(err, "[rank 1] line 29\n[rank 1] rank 1 gives up\n");
     assert_null(strstr(err, "line 10\n"));

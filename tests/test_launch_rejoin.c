@@ -43,8 +43,8 @@
 
 extern char **environ;
 
-#define WAIT_MS 60000           /* a rank's bound on each of its waits */
-#define LAUNCH_WAIT_MS 180000   /* the test's bound on the whole world */
+#define WAIT_MS        60000  /* a rank's bound on each of its waits */
+#define LAUNCH_WAIT_MS 180000 /* the test's bound on the whole world */
 
 /*  ---- the ranks ---- */
 
@@ -74,7 +74,7 @@ static int rank_main(const char *dir, int dying)
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *r = getenv("RANK");
     int rank = r ? atoi(r) : -1;
-    int other = dying == 0 ? 1 : 0;   /* whom the first life calls */
+    int other = dying == 0 ? 1 : 0; /* whom the first life calls */
     char marker[512];
     snprintf(marker, sizeof marker, "%s/rank_%d_died", dir, dying);
     bool first_life = rank == dying && access(marker, F_OK) != 0;
@@ -84,8 +84,7 @@ static int rank_main(const char *dir, int dying)
     o.init_timeout_ms = WAIT_MS;
     joined = zd_future_new();
     if (!joined || zd_rpc_register("echo", world_h_echo, NULL) < 0 ||
-        zd_rpc_register_peer_joined(on_joined, NULL) < 0 ||
-        zd_rpc_init(name, -1, 0, &o) < 0)
+        zd_rpc_register_peer_joined(on_joined, NULL) < 0 || zd_rpc_init(name, -1, 0, &o) < 0)
         return rank_failed("init");
     if (first_life) {
         if (echo(other, 7) < 0)
@@ -140,7 +139,7 @@ static void run_launch(char *const argv[], const char *dir, char **o, char **e)
     int ready = poll(&p, 1, LAUNCH_WAIT_MS);
     close(pfd);
     if (ready != 1)
-        kill(pid, SIGKILL);   /* its ranks die of PR_SET_PDEATHSIG */
+        kill(pid, SIGKILL); /* its ranks die of PR_SET_PDEATHSIG */
     int status = 0;
     assert_int_equal(waitpid(pid, &status, 0), pid);
     *o = read_text(out);
@@ -149,8 +148,7 @@ static void run_launch(char *const argv[], const char *dir, char **o, char **e)
     assert_non_null(*e);
     if (ready != 1 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         fprintf(stderr, "stdout:\n%s\nstderr:\n%s\n(kept in %s)\n", *o, *e, dir);
-        fail_msg("launch %s (its output above)",
-                 ready != 1 ? "did not finish in time" : "failed");
+        fail_msg("launch %s (its output above)", ready != 1 ? "did not finish in time" : "failed");
     }
 }
 
@@ -181,8 +179,17 @@ static void run_world(int dying)
     self[n] = '\0';
     launch_path(exe, sizeof exe);
     snprintf(dying_arg, sizeof dying_arg, "%d", dying);
-    char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--no_rank_flags", "--grace_s=2",
-                    "--", self, "--rank", dir, dying_arg, NULL};
+    char *argv[] = {exe,
+                    "--nproc=3",
+                    "--max_restarts=1",
+                    "--no_rank_flags",
+                    "--grace_s=2",
+                    "--",
+                    self,
+                    "--rank",
+                    dir,
+                    dying_arg,
+                    NULL};
     char *o, *e;
     run_launch(argv, dir, &o, &e);
     char want[160];
@@ -191,14 +198,13 @@ static void run_world(int dying)
     snprintf(want, sizeof want, "launch: rank %d (pid ", dying);
     assert_contains(e, want);
     assert_contains(e, "was killed by SIGKILL; restarting it (restart 1 of 1)\n");
-    snprintf(want, sizeof want, "[rank %d] rank %d rejoined and called the others\n", dying,
-             dying);
+    snprintf(want, sizeof want, "[rank %d] rank %d rejoined and called the others\n", dying, dying);
     assert_contains(o, want);
     for (int r = 0; r < 3; r++) {
         if (r == dying)
             continue;
-        snprintf(want, sizeof want, "[rank %d] rank %d told that \"w%d\" (rank %d) rejoined\n",
-                 r, r, dying, dying);
+        snprintf(want, sizeof want, "[rank %d] rank %d told that \"w%d\" (rank %d) rejoined\n", r,
+                 r, dying, dying);
         assert_contains(o, want);
         snprintf(want, sizeof want, "[rank %d] rank %d called the restarted rank %d\n", r, r,
                  dying);
@@ -218,8 +224,9 @@ static void run_world(int dying)
 static void run_ps(const char *fault, int dying)
 {
 #ifdef WORLD_UNDER_TSAN
-    fprintf(stderr, "skipped under ThreadSanitizer: rpc_ps's own 60 s call timeout expires "
-                    "there; the other builds run it\n");
+    fprintf(stderr,
+            "skipped under ThreadSanitizer: rpc_ps's own 60 s call timeout expires "
+            "there; the other builds run it\n");
     skip();
 #endif
     char dir[] = "/tmp/zdist-launch-ps-XXXXXX";
@@ -230,9 +237,18 @@ static void run_ps(const char *fault, int dying)
     snprintf(ps, sizeof ps, "%s/examples/rpc_ps", build && *build ? build : "..");
     snprintf(ck, sizeof ck, "--checkpoint=%s/c", dir);
     setenv("ZDIST_FAULT", fault, 1);
-    char *argv[] = {exe, "--nproc=3", "--max_restarts=1", "--grace_s=2", "--", ps,
-                    "--max_batches=60", "--eval_samples=500", "--progress_s=0",
-                    "--checkpoint_every=10", ck, NULL};
+    char *argv[] = {exe,
+                    "--nproc=3",
+                    "--max_restarts=1",
+                    "--grace_s=2",
+                    "--",
+                    ps,
+                    "--max_batches=60",
+                    "--eval_samples=500",
+                    "--progress_s=0",
+                    "--checkpoint_every=10",
+                    ck,
+                    NULL};
     char *o, *e;
     run_launch(argv, dir, &o, &e);
     unsetenv("ZDIST_FAULT");

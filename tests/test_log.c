@@ -93,7 +93,7 @@ static int teardown(void **state)
 static void test_levels_filter(void **state)
 {
     (void)state;
-    assert_int_equal(zd_log_get_level(), ZD_LOG_WARN);   /* the default */
+    assert_int_equal(zd_log_get_level(), ZD_LOG_WARN); /* the default */
     zd__log(ZD_LOG_DEBUG, "line %s", "debug");
     zd__log(ZD_LOG_INFO, "line %s", "info");
     zd__log(ZD_LOG_WARN, "line %s", "warn");
@@ -112,7 +112,7 @@ static void test_levels_filter(void **state)
     assert_true(zd_log_enabled(ZD_LOG_ERROR));
     zd__log(ZD_LOG_WARN, "hidden");
     assert_null(find("hidden"));
-    zd_log_set_level((zd_log_level_t)42);     /* clamped */
+    zd_log_set_level((zd_log_level_t)42); /* clamped */
     assert_int_equal(zd_log_get_level(), ZD_LOG_DEBUG);
 }
 
@@ -121,7 +121,10 @@ static void test_levels_filter(void **state)
 static void test_env_level(void **state)
 {
     (void)state;
-    static const struct { const char *value; zd_log_level_t level; } cases[] = {
+    static const struct {
+        const char *value;
+        zd_log_level_t level;
+    } cases[] = {
         {"error", ZD_LOG_ERROR}, {"WARN", ZD_LOG_WARN}, {"Info", ZD_LOG_INFO},
         {"dEbUg", ZD_LOG_DEBUG}, {"", ZD_LOG_WARN},
     };
@@ -130,7 +133,7 @@ static void test_env_level(void **state)
         zd__log_reset();
         assert_int_equal(zd_log_get_level(), cases[i].level);
     }
-    assert_int_equal(g_n_rec, 0);   /* no warning for a known value */
+    assert_int_equal(g_n_rec, 0); /* no warning for a known value */
 
     /* An unknown value: the default and one warning, however often read. */
     setenv("ZDIST_LOG_LEVEL", "loud", 1);
@@ -204,7 +207,7 @@ static void test_null_sink_restores_stderr(void **state)
     zd_log_set_sink(NULL, NULL);
     char text[1024];
     capture_stderr(text, sizeof text, log_two_lines);
-    assert_int_equal(g_n_rec, 0);   /* the old sink is no longer called */
+    assert_int_equal(g_n_rec, 0); /* the old sink is no longer called */
     regex_t re;
     assert_int_equal(regcomp(&re,
                              "^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "

@@ -28,13 +28,12 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define CALLS 5
+#define CALLS   5
 #define WAIT_MS 30000
 
-static char top[64], dir[96];   /* the test's folder, and the metrics folder in it */
+static char top[64], dir[96]; /* the test's folder, and the metrics folder in it */
 static const char *const names[3] = {"ps", "odd\"name\\x", "w/2"};
-static const char *const files[3] = {"rank0.ps.jsonl", "rank1.odd_name_x.jsonl",
-                                     "rank2.w_2.jsonl"};
+static const char *const files[3] = {"rank0.ps.jsonl", "rank1.odd_name_x.jsonl", "rank2.w_2.jsonl"};
 
 static zd_value_t *fn_square(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -127,7 +126,7 @@ static void test_world_writes_json_lines_and_the_summary_reads_them(void **state
     (void)state;
     strcpy(top, "/tmp/zdist-metrics-XXXXXX");
     assert_non_null(mkdtemp(top));
-    snprintf(dir, sizeof dir, "%s/m", top);   /* created by the processes */
+    snprintf(dir, sizeof dir, "%s/m", top); /* created by the processes */
     setenv("ZDIST_METRICS", dir, 1);
     setenv("ZDIST_METRICS_INTERVAL_S", "0.05", 1);
     int rc = world_run_simple(3, 60, body, NULL);
@@ -153,7 +152,7 @@ static void test_world_writes_json_lines_and_the_summary_reads_them(void **state
             l = nl + 1;
         }
         printf("%s: %d lines\n", files[r], lines);
-        assert_true(lines >= 2);   /* at least one periodic line, and the last */
+        assert_true(lines >= 2); /* at least one periodic line, and the last */
         /* the last line, and only it, is final */
         assert_ptr_equal(strstr(text, "\"final\":true"), strstr(last, "\"final\":true"));
         assert_non_null(strstr(last, "\"final\":true"));
@@ -185,8 +184,8 @@ static void test_world_writes_json_lines_and_the_summary_reads_them(void **state
     int st = pclose(p);
     printf("%s", out);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        fail_msg("%s failed (build the metrics_summary target; it needs libjansson-dev):\n%s",
-                 cmd, out);
+        fail_msg("%s failed (build the metrics_summary target; it needs libjansson-dev):\n%s", cmd,
+                 out);
     assert_int_equal(strncmp(out, "worker ", 7), 0);
     const char *rows[] = {"\nps ", "\nodd\"name\\x ", "\nw/2 ", "\n(total) "};
     const char *prev = out;

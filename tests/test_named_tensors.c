@@ -21,11 +21,11 @@ static void test_order_lookup_and_references(void **state)
     char name[32];
     assert_int_equal(zd_named_tensors_add(nt, "fc.weight", w), 0);
     assert_int_equal(zd_named_tensors_add(nt, "fc.bias", b), 0);
-    for (int i = 0; i < 20; i++) {   /* past the first growth */
+    for (int i = 0; i < 20; i++) { /* past the first growth */
         snprintf(name, sizeof name, "extra.%d", i);
         assert_int_equal(zd_named_tensors_add(nt, name, b), 0);
     }
-    zd_tensor_unref(w);   /* the list holds its own references */
+    zd_tensor_unref(w); /* the list holds its own references */
     zd_tensor_unref(b);
     assert_int_equal(zd_named_tensors_len(nt), 22);
     assert_string_equal(zd_named_tensors_name(nt, 0), "fc.weight");

@@ -71,7 +71,7 @@ static void check_taps_gemm(int M, int K, int L, bool with_bias)
                 want += (double)a[m * K + k] * src[offs[k] + q];
             assert_close("taps_gemm", m * ldc + q, c[m * ldc + q], want);
         }
-        for (int q = L; q < ldc; q++)     /* nothing written past L */
+        for (int q = L; q < ldc; q++) /* nothing written past L */
             assert_true(c[m * ldc + q] == SENTINEL);
     }
     free(a);
@@ -141,7 +141,7 @@ static void check_taps_gemm_bt(int K, int N, int nrun, int run, int stride)
                     want += (double)src[offs[k] + q] * b[q * ldb + n];
             assert_close("taps_gemm_bt", k * ldc + n, c[k * ldc + n], want);
         }
-        for (int n = N; n < ldc; n++)     /* columns past N untouched */
+        for (int n = N; n < ldc; n++) /* columns past N untouched */
             assert_true(c[k * ldc + n] == c0[k * ldc + n]);
     }
     free(src);
@@ -180,12 +180,12 @@ static zd_tensor_t *rand_leaf(int ndim, const int64_t *shape)
 
 /*  The op of `kind`; POOL pools by pool_k (stride pool_s) after it. */
 static zd_tensor_t *run_op(kind_t kind, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, int padding,
-                        int pool_k, int pool_s)
+                           int pool_k, int pool_s)
 {
     zd_tensor_t *y = NULL;
-    int rc = kind == PLAIN  ? zd_nn_conv2d(x, w, b, 1, padding, &y)
-             : kind == RELU ? zd_nn_conv2d_relu(x, w, b, 1, padding, &y)
-                            : zd_nn_conv2d_max_pool2d(x, w, b, 1, padding, pool_k, pool_s, &y);
+    int rc = kind == PLAIN ? zd_nn_conv2d(x, w, b, 1, padding, &y)
+        : kind == RELU     ? zd_nn_conv2d_relu(x, w, b, 1, padding, &y)
+                           : zd_nn_conv2d_max_pool2d(x, w, b, 1, padding, pool_k, pool_s, &y);
     if (rc < 0)
         fail_msg("conv: %s", zd_error_last());
     return y;
@@ -204,8 +204,8 @@ typedef struct {
     kind_t kind;
     int N, C, H, W, O, kh, kw, pad;
     bool bias;
-    int pool_k, pool_s;   /* POOL: window and stride (0, 0: 2 and 2) */
-    unsigned grads;       /* which of x, weight, bias need gradients (bits 0-2; 0: all) */
+    int pool_k, pool_s; /* POOL: window and stride (0, 0: 2 and 2) */
+    unsigned grads;     /* which of x, weight, bias need gradients (bits 0-2; 0: all) */
 } conv_case_t;
 
 /*  Backward from y with dy (made random, in y's shape, on the first call)
@@ -298,21 +298,21 @@ static void test_ops_match_im2col(void **state)
         /* kind, N, C, H, W, O, kh, kw, pad, bias, pool k, pool s, grads */
         {PLAIN, 3, 2, 7, 9, 5, 3, 3, 0, true, 0, 0, 0},
         {PLAIN, 2, 3, 11, 6, 9, 2, 3, 1, false, 0, 0, 0},
-        {PLAIN, 1, 1, 5, 5, 1, 1, 1, 0, true, 0, 0, 0},    /* pointwise, one channel */
-        {PLAIN, 2, 4, 9, 13, 17, 5, 5, 2, true, 0, 0, 0},  /* padding 2, 17 outputs */
-        {PLAIN, 5, 1, 28, 28, 3, 3, 3, 0, true, 0, 0, 0},  /* the ConvNet's conv1 */
-        {PLAIN, 1, 7, 3, 40, 10, 3, 1, 0, true, 0, 0, 0},  /* one output row */
-        {PLAIN, 2, 3, 8, 8, 20, 3, 3, 1, true, 0, 0, 2},   /* weight gradient only */
-        {RELU, 3, 1, 28, 28, 32, 3, 3, 0, true, 0, 0, 6},  /* the Net's conv1, x no grad */
+        {PLAIN, 1, 1, 5, 5, 1, 1, 1, 0, true, 0, 0, 0},   /* pointwise, one channel */
+        {PLAIN, 2, 4, 9, 13, 17, 5, 5, 2, true, 0, 0, 0}, /* padding 2, 17 outputs */
+        {PLAIN, 5, 1, 28, 28, 3, 3, 3, 0, true, 0, 0, 0}, /* the ConvNet's conv1 */
+        {PLAIN, 1, 7, 3, 40, 10, 3, 1, 0, true, 0, 0, 0}, /* one output row */
+        {PLAIN, 2, 3, 8, 8, 20, 3, 3, 1, true, 0, 0, 2},  /* weight gradient only */
+        {RELU, 3, 1, 28, 28, 32, 3, 3, 0, true, 0, 0, 6}, /* the Net's conv1, x no grad */
         {RELU, 2, 5, 10, 12, 11, 3, 2, 1, true, 0, 0, 0},
         {RELU, 2, 3, 9, 9, 4, 3, 3, 0, true, 0, 0, 4},     /* bias gradient only */
         {POOL, 2, 32, 26, 26, 64, 3, 3, 0, true, 0, 0, 0}, /* the Net's conv2 */
         {POOL, 3, 3, 11, 9, 7, 3, 3, 1, false, 0, 0, 0},   /* odd planes: a row dropped */
         {POOL, 1, 2, 6, 30, 9, 2, 2, 0, true, 0, 0, 0},
-        {POOL, 4, 1, 28, 28, 3, 3, 3, 0, true, 3, 3, 6},   /* the ConvNet's conv1 + pool 3 */
-        {POOL, 2, 2, 13, 12, 5, 3, 3, 1, true, 3, 2, 0},   /* overlapping windows */
-        {POOL, 1, 2, 5, 44, 6, 3, 3, 0, true, 2, 2, 0},    /* 21 windows a row */
-        {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1},   /* input gradient only */
+        {POOL, 4, 1, 28, 28, 3, 3, 3, 0, true, 3, 3, 6}, /* the ConvNet's conv1 + pool 3 */
+        {POOL, 2, 2, 13, 12, 5, 3, 3, 1, true, 3, 2, 0}, /* overlapping windows */
+        {POOL, 1, 2, 5, 44, 6, 3, 3, 0, true, 2, 2, 0},  /* 21 windows a row */
+        {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1}, /* input gradient only */
         /* shapes Winograd's forward pass takes (3x3, C >= 16, O >= 32) */
         {PLAIN, 2, 16, 10, 9, 32, 3, 3, 1, true, 0, 0, 0},
         {RELU, 2, 20, 12, 12, 40, 3, 3, 0, true, 0, 0, 0},
@@ -356,16 +356,14 @@ static void test_linear_matches_blas(void **state)
     check_linear(3, 4099, 129);
     check_linear(33, 2000, 17);
     check_linear(1, 1100, 1000);
-    check_linear(4, 9216, 128);     /* the Net's fc1, small batch */
+    check_linear(4, 9216, 128); /* the Net's fc1, small batch */
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_taps_gemm),
-        cmocka_unit_test(test_taps_pack_gather),
-        cmocka_unit_test(test_taps_gemm_bt),
-        cmocka_unit_test(test_ops_match_im2col),
+        cmocka_unit_test(test_taps_gemm),           cmocka_unit_test(test_taps_pack_gather),
+        cmocka_unit_test(test_taps_gemm_bt),        cmocka_unit_test(test_ops_match_im2col),
         cmocka_unit_test(test_linear_matches_blas),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

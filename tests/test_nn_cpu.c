@@ -41,7 +41,7 @@ static bool cpuinfo_has(const char *flag)
 static bool cpu_has_avx512(void)
 {
     return cpuinfo_has("avx512f") && cpuinfo_has("avx512bw") && cpuinfo_has("avx512dq") &&
-           cpuinfo_has("avx512vl");
+        cpuinfo_has("avx512vl");
 }
 
 static bool cpu_has_avx2(void)
@@ -72,9 +72,10 @@ static void test_choice(void **state)
     print_message("ZDIST_CPU=%s, kernels: %s\n", env ? env : "(unset)", zd__nn_cpu_name());
     assert_string_equal(zd__nn_cpu_name(), expected());
     assert_int_equal(zd__nn_cpu_avx512(), strcmp(expected(), "avx512") == 0);
-    assert_int_equal(zd__nn_cpu_isa(), strcmp(expected(), "avx512") == 0 ? NN_ISA_AVX512
-                                       : strcmp(expected(), "avx2") == 0 ? NN_ISA_AVX2
-                                                                         : NN_ISA_GENERIC);
+    assert_int_equal(zd__nn_cpu_isa(),
+                     strcmp(expected(), "avx512") == 0     ? NN_ISA_AVX512
+                         : strcmp(expected(), "avx2") == 0 ? NN_ISA_AVX2
+                                                           : NN_ISA_GENERIC);
     /* the layers' own view of it */
     assert_int_equal(zd__nn_conv_direct_available(), strcmp(expected(), "generic") != 0);
 }
@@ -103,7 +104,7 @@ static void test_set(void **state)
     }
     assert_int_equal(zd__nn_cpu_set("sse9"), -1);
     assert_non_null(strstr(zd_error_last(), "sse9"));
-    assert_int_equal(zd__nn_cpu_set(NULL), 0);    /* back to the CPU's and ZDIST_CPU's */
+    assert_int_equal(zd__nn_cpu_set(NULL), 0); /* back to the CPU's and ZDIST_CPU's */
     assert_string_equal(zd__nn_cpu_name(), expected());
     assert_int_equal(zd__nn_cpu_set("auto"), 0);
     assert_string_equal(zd__nn_cpu_name(), expected());
@@ -116,7 +117,7 @@ static void test_process_setup(void **state)
     assert_int_equal(zd_nn_process_setup(0x80), -1);
     assert_non_null(strstr(zd_error_last(), "0x80"));
     assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0);
-    assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0);    /* again: harmless */
+    assert_int_equal(zd_nn_process_setup(ZD_NN_SETUP_ALL), 0); /* again: harmless */
     const char *core = zd_nn_blas_corename();
     print_message("OpenBLAS kernels: %s\n", core);
     /* OpenBLAS's generic kernels only where the CPU has nothing better,

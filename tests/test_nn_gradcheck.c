@@ -22,23 +22,23 @@
 
 #include "tests/support/gradcheck.h"
 
-#define MAX_PROBES 48       /* numeric probes per input (random elements) */
+#define MAX_PROBES 48 /* numeric probes per input (random elements) */
 #define MAX_INPUTS 32
 
 typedef struct check check_t;
-typedef int (fn_t)(check_t *c, zd_tensor_t **out);
+typedef int(fn_t)(check_t *c, zd_tensor_t **out);
 
 struct check {
     const char *name;
     fn_t *fn;
     int n_in;
-    zd_tensor_t *in[4];        /* float inputs; those requiring grad are checked */
-    zd_tensor_t *target;       /* for losses */
+    zd_tensor_t *in[4];  /* float inputs; those requiring grad are checked */
+    zd_tensor_t *target; /* for losses */
     int stride, padding, kernel;
     float p;
     uint64_t mask_seed;
     zd_nn_module_t *model;
-    float eps;              /* 0: GRADCHECK_EPS */
+    float eps; /* 0: GRADCHECK_EPS */
 };
 
 static int rand_int(int lo, int hi)
@@ -63,8 +63,13 @@ static void check(check_t *c)
         assert_true(n < MAX_INPUTS);
         ins[n++] = zd_nn_module_param(c->model, i);
     }
-    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = ins, .n_inputs = n,
-                             .eps = c->eps, .max_probes = MAX_PROBES});
+    gradcheck(&(gradcheck_t){.name = c->name,
+                             .fn = run,
+                             .arg = c,
+                             .inputs = ins,
+                             .n_inputs = n,
+                             .eps = c->eps,
+                             .max_probes = MAX_PROBES});
 }
 
 static void release(check_t *c)
@@ -85,8 +90,8 @@ static void conv_case(int N, int C, int H, int W, int O, int kh, int kw, int str
                       bool bias)
 {
     char name[160];
-    snprintf(name, sizeof name, "conv2d x(%d,%d,%d,%d) w(%d,%d,%d,%d) s%d p%d%s", N, C, H, W, O,
-             C, kh, kw, stride, padding, bias ? "" : " no bias");
+    snprintf(name, sizeof name, "conv2d x(%d,%d,%d,%d) w(%d,%d,%d,%d) s%d p%d%s", N, C, H, W, O, C,
+             kh, kw, stride, padding, bias ? "" : " no bias");
     check_t c = {.name = name, .fn = fn_conv, .n_in = 3, .stride = stride, .padding = padding};
     c.in[0] = leaf(randn(4, (int64_t[]){N, C, H, W}, 1.0f));
     c.in[1] = leaf(randn(4, (int64_t[]){O, C, kh, kw}, 0.5f));
@@ -98,12 +103,12 @@ static void conv_case(int N, int C, int H, int W, int O, int kh, int kw, int str
 static void test_conv2d(void **state)
 {
     (void)state;
-    conv_case(2, 3, 7, 5, 4, 3, 3, 1, 0, true);      /* non-square */
-    conv_case(2, 2, 6, 7, 3, 3, 3, 2, 1, true);      /* stride 2, padding */
-    conv_case(1, 2, 5, 5, 2, 3, 2, 1, 2, false);     /* kernel 3x2, padding > 1 */
-    conv_case(3, 4, 4, 3, 5, 1, 1, 1, 0, true);      /* pointwise */
-    conv_case(1, 1, 2, 2, 2, 3, 3, 1, 1, true);      /* kernel larger than input */
-    conv_case(2, 3, 9, 8, 2, 2, 3, 3, 1, true);      /* stride 3 */
+    conv_case(2, 3, 7, 5, 4, 3, 3, 1, 0, true);  /* non-square */
+    conv_case(2, 2, 6, 7, 3, 3, 3, 2, 1, true);  /* stride 2, padding */
+    conv_case(1, 2, 5, 5, 2, 3, 2, 1, 2, false); /* kernel 3x2, padding > 1 */
+    conv_case(3, 4, 4, 3, 5, 1, 1, 1, 0, true);  /* pointwise */
+    conv_case(1, 1, 2, 2, 2, 3, 3, 1, 1, true);  /* kernel larger than input */
+    conv_case(2, 3, 9, 8, 2, 2, 3, 3, 1, true);  /* stride 3 */
     for (int t = 0; t < 6; t++) {
         int k = rand_int(1, 4), kw = rand_int(1, 4), s = rand_int(1, 3), p = rand_int(0, 2);
         int H = rand_int(k, 9), W = rand_int(kw, 9);
@@ -134,14 +139,17 @@ static void test_linear(void **state)
     (void)state;
     linear_case(2, (int64_t[]){4, 7}, 3, true);
     linear_case(2, (int64_t[]){1, 13}, 5, false);
-    linear_case(3, (int64_t[]){2, 3, 5}, 4, true);     /* leading batch dims */
+    linear_case(3, (int64_t[]){2, 3, 5}, 4, true); /* leading batch dims */
     for (int t = 0; t < 4; t++)
         linear_case(2, (int64_t[]){rand_int(1, 6), rand_int(1, 40)}, rand_int(1, 12), true);
 }
 
 /* ---- relu, max_pool2d: inputs away from the kinks ---- */
 
-static int fn_relu(check_t *c, zd_tensor_t **out) { return zd_nn_relu(c->in[0], out); }
+static int fn_relu(check_t *c, zd_tensor_t **out)
+{
+    return zd_nn_relu(c->in[0], out);
+}
 
 static void test_relu(void **state)
 {
@@ -188,9 +196,9 @@ static void test_max_pool2d(void **state)
 {
     (void)state;
     pool_case(2, 3, 6, 6, 2, 0);
-    pool_case(1, 2, 7, 5, 2, 0);     /* odd sizes: trailing rows/cols dropped */
+    pool_case(1, 2, 7, 5, 2, 0); /* odd sizes: trailing rows/cols dropped */
     pool_case(2, 2, 8, 9, 3, 0);
-    pool_case(1, 3, 7, 7, 3, 2);     /* overlapping windows */
+    pool_case(1, 3, 7, 7, 3, 2); /* overlapping windows */
     pool_case(2, 1, 5, 6, 2, 1);
     for (int t = 0; t < 4; t++) {
         int k = rand_int(1, 3);
@@ -204,7 +212,7 @@ static void test_max_pool2d(void **state)
 static int fn_dropout(check_t *c, zd_tensor_t **out)
 {
     zd_nn_rng_t r;
-    zd_nn_rng_seed(&r, c->mask_seed);    /* the same mask on every evaluation */
+    zd_nn_rng_seed(&r, c->mask_seed); /* the same mask on every evaluation */
     return c->kernel == 2 ? zd_nn_dropout2d(c->in[0], c->p, true, &r, out)
                           : zd_nn_dropout(c->in[0], c->p, true, &r, out);
 }
@@ -216,8 +224,8 @@ static void test_dropout(void **state)
     c.in[0] = leaf(randn(2, (int64_t[]){6, 9}, 1.0f));
     check(&c);
     release(&c);
-    check_t d = {.name = "dropout2d", .fn = fn_dropout, .n_in = 1, .p = 0.3f, .mask_seed = 4,
-                 .kernel = 2};
+    check_t d = {
+        .name = "dropout2d", .fn = fn_dropout, .n_in = 1, .p = 0.3f, .mask_seed = 4, .kernel = 2};
     d.in[0] = leaf(randn(4, (int64_t[]){3, 5, 3, 2}, 1.0f));
     check(&d);
     release(&d);
@@ -262,8 +270,14 @@ static void test_log_softmax(void **state)
     }
 }
 
-static int fn_nll(check_t *c, zd_tensor_t **out) { return zd_nn_nll_loss(c->in[0], c->target, out); }
-static int fn_ce(check_t *c, zd_tensor_t **out) { return zd_nn_cross_entropy(c->in[0], c->target, out); }
+static int fn_nll(check_t *c, zd_tensor_t **out)
+{
+    return zd_nn_nll_loss(c->in[0], c->target, out);
+}
+static int fn_ce(check_t *c, zd_tensor_t **out)
+{
+    return zd_nn_cross_entropy(c->in[0], c->target, out);
+}
 
 static zd_tensor_t *targets(zd_tensor_dtype_t dtype, int n, int classes)
 {
@@ -326,14 +340,10 @@ int main(void)
 {
     gradcheck_seed(20240601);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv2d),
-        cmocka_unit_test(test_linear),
-        cmocka_unit_test(test_relu),
-        cmocka_unit_test(test_max_pool2d),
-        cmocka_unit_test(test_dropout),
-        cmocka_unit_test(test_flatten),
-        cmocka_unit_test(test_log_softmax),
-        cmocka_unit_test(test_losses),
+        cmocka_unit_test(test_conv2d),        cmocka_unit_test(test_linear),
+        cmocka_unit_test(test_relu),          cmocka_unit_test(test_max_pool2d),
+        cmocka_unit_test(test_dropout),       cmocka_unit_test(test_flatten),
+        cmocka_unit_test(test_log_softmax),   cmocka_unit_test(test_losses),
         cmocka_unit_test(test_convnet_model),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -60,7 +60,7 @@ static void check_pool(int H, int W, int k, int s, int nan_every)
 {
     const char *names[3];
     const int np = paths(names), Ho = (H - k) / s + 1, Wo = (W - k) / s + 1;
-    const int ld = W + 3, idx_ld = W + 5;        /* rows apart, numbered otherwise */
+    const int ld = W + 3, idx_ld = W + 5; /* rows apart, numbered otherwise */
     float *x = malloc(sizeof(float) * (size_t)H * ld);
     float *y[3];
     int32_t *am[3];
@@ -106,8 +106,8 @@ static void test_pool(void **state)
 {
     (void)state;
     zd_nn_rng_seed(&rng, 7);
-    static const int sizes[][2] = {{2, 2}, {3, 3}, {4, 7}, {5, 31}, {6, 33}, {9, 47},
-                                   {26, 26}, {24, 24}, {7, 50}, {11, 97}};
+    static const int sizes[][2] = {{2, 2},  {3, 3},   {4, 7},   {5, 31}, {6, 33},
+                                   {9, 47}, {26, 26}, {24, 24}, {7, 50}, {11, 97}};
     static const int ks[][2] = {{2, 2}, {3, 3}, {3, 2}, {2, 1}, {1, 1}};
     for (size_t a = 0; a < sizeof sizes / sizeof *sizes; a++)
         for (size_t b = 0; b < sizeof ks / sizeof *ks; b++) {

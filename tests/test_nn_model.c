@@ -111,24 +111,28 @@ static void check_activations(golden_case_t *c, zd_nn_module_t *m, zd_tensor_t *
         assert_int_equal(zd_nn_net_forward_conv(m, x, &f), 0);
         check_output(c, "act.flatten", f);
         assert_int_equal(zd_nn_linear(f, zd_nn_module_find(m, "fc1.weight"),
-                                   zd_nn_module_find(m, "fc1.bias"), &a), 0);
+                                      zd_nn_module_find(m, "fc1.bias"), &a),
+                         0);
         check_output(c, "act.fc1", a);
         assert_int_equal(zd_nn_relu(a, &b), 0);
         zd_tensor_unref(a);
         assert_int_equal(zd_nn_linear(b, zd_nn_module_find(m, "fc2.weight"),
-                                   zd_nn_module_find(m, "fc2.bias"), &a), 0);
+                                      zd_nn_module_find(m, "fc2.bias"), &a),
+                         0);
         check_output(c, "act.fc2", a);
     } else {
         zd_tensor_t *conv, *pool;
         assert_int_equal(zd_nn_conv2d(x, zd_nn_module_find(m, "conv1.weight"),
-                                   zd_nn_module_find(m, "conv1.bias"), 1, 0, &conv), 0);
+                                      zd_nn_module_find(m, "conv1.bias"), 1, 0, &conv),
+                         0);
         check_output(c, "act.conv1", conv);
         assert_int_equal(zd_nn_max_pool2d(conv, 3, 3, &pool), 0);
         assert_int_equal(zd_nn_relu(pool, &b), 0);
         assert_int_equal(zd_nn_flatten(b, &f), 0);
         check_output(c, "act.flatten", f);
-        assert_int_equal(zd_nn_linear(f, zd_nn_module_find(m, "fc.weight"),
-                                   zd_nn_module_find(m, "fc.bias"), &a), 0);
+        assert_int_equal(
+            zd_nn_linear(f, zd_nn_module_find(m, "fc.weight"), zd_nn_module_find(m, "fc.bias"), &a),
+            0);
         check_output(c, "act.fc", a);
         zd_tensor_unref(pool);
         zd_tensor_unref(conv);
@@ -199,8 +203,16 @@ static void run_kind(const char *kind)
         fail_msg("no golden case of kind %s under %s", kind, golden_root());
 }
 
-static void test_golden_net(void **s) { (void)s; run_kind("net"); }
-static void test_golden_convnet(void **s) { (void)s; run_kind("convnet"); }
+static void test_golden_net(void **s)
+{
+    (void)s;
+    run_kind("net");
+}
+static void test_golden_convnet(void **s)
+{
+    (void)s;
+    run_kind("convnet");
+}
 
 /* ---- structure ---- */
 
@@ -238,14 +250,16 @@ static void test_named_parameters(void **state)
 {
     (void)state;
     static const param_spec_t net[] = {
-        {"conv1.weight", 4, {32, 1, 3, 3}}, {"conv1.bias", 1, {32}},
+        {"conv1.weight", 4, {32, 1, 3, 3}},  {"conv1.bias", 1, {32}},
         {"conv2.weight", 4, {64, 32, 3, 3}}, {"conv2.bias", 1, {64}},
-        {"fc1.weight", 2, {128, 9216}}, {"fc1.bias", 1, {128}},
-        {"fc2.weight", 2, {10, 128}}, {"fc2.bias", 1, {10}},
+        {"fc1.weight", 2, {128, 9216}},      {"fc1.bias", 1, {128}},
+        {"fc2.weight", 2, {10, 128}},        {"fc2.bias", 1, {10}},
     };
     static const param_spec_t convnet[] = {
-        {"conv1.weight", 4, {3, 1, 3, 3}}, {"conv1.bias", 1, {3}},
-        {"fc.weight", 2, {10, 192}}, {"fc.bias", 1, {10}},
+        {"conv1.weight", 4, {3, 1, 3, 3}},
+        {"conv1.bias", 1, {3}},
+        {"fc.weight", 2, {10, 192}},
+        {"fc.bias", 1, {10}},
     };
     int64_t live = zd_tensor_live_count();
     zd_nn_module_t *m = zd_nn_net_new(3);
@@ -329,12 +343,12 @@ static void test_train_and_eval_modes(void **state)
     bool prev = zd_autograd_set_grad_enabled(false);
     zd_tensor_t *x = random_images(3, 5), *e1, *e2, *t1, *t2, *t3, *flat, *two;
     zd_nn_module_t *m = zd_nn_net_new(9);
-    assert_true(zd_nn_module_is_training(m));          /* as in PyTorch */
+    assert_true(zd_nn_module_is_training(m)); /* as in PyTorch */
     assert_true(zd_nn_module_train(m, false));
     assert_false(zd_nn_module_is_training(m));
     assert_int_equal(zd_nn_module_forward(m, &x, 1, &e1, 1), 0);
     assert_int_equal(zd_nn_module_forward(m, &x, 1, &e2, 1), 0);
-    assert_true(same(e1, e2));                      /* eval: deterministic */
+    assert_true(same(e1, e2)); /* eval: deterministic */
     /* the two stages compose to the whole */
     assert_int_equal(zd_nn_net_forward_conv(m, x, &flat), 0);
     assert_int_equal(zd_nn_net_forward_fc(m, flat, &two), 0);
@@ -346,9 +360,9 @@ static void test_train_and_eval_modes(void **state)
     assert_int_equal(zd_nn_module_forward(m, &x, 1, &t2, 1), 0);
     zd_nn_net_seed_dropout(m, 77);
     assert_int_equal(zd_nn_module_forward(m, &x, 1, &t3, 1), 0);
-    assert_false(same(t1, e1));                     /* dropout is active */
-    assert_false(same(t1, t2));                     /* fresh masks each pass */
-    assert_true(same(t1, t3));                      /* reproducible by seed */
+    assert_false(same(t1, e1)); /* dropout is active */
+    assert_false(same(t1, t2)); /* fresh masks each pass */
+    assert_true(same(t1, t3));  /* reproducible by seed */
     zd_tensor_t *objs[] = {x, e1, e2, t1, t2, t3, flat, two};
     for (size_t i = 0; i < sizeof objs / sizeof *objs; i++)
         zd_tensor_unref(objs[i]);

@@ -20,7 +20,8 @@ static void assert_layout(zd_nn_module_t *m, const zd_tensor_t *v, bool grads)
     assert_int_equal(zd_tensor_numel(v), zd_nn_module_numel(m));
     const float *d = zd_tensor_data(v);
     for (int i = 0; i < zd_nn_module_n_params(m); i++) {
-        zd_tensor_t *p = zd_nn_module_param(m, i), *src = grads ? zd_tensor_grad(p) : zd_tensor_ref(p);
+        zd_tensor_t *p = zd_nn_module_param(m, i),
+                    *src = grads ? zd_tensor_grad(p) : zd_tensor_ref(p);
         assert_non_null(src);
         assert_memory_equal(d, zd_tensor_data(src), zd_tensor_nbytes(p));
         zd_tensor_unref(src);
@@ -88,7 +89,7 @@ static void test_grads_to_vector(void **state)
     zd_tensor_t *fc_w = zd_nn_module_find(m, "fc.weight");
     zd_tensor_clear_grad(fc_w);
     assert_int_equal(zd_nn_module_grads_to_vector(m, &g), 0);
-    int64_t at = 3 * 9 + 3;   /* conv1.weight and conv1.bias come first */
+    int64_t at = 3 * 9 + 3; /* conv1.weight and conv1.bias come first */
     for (int64_t i = 0; i < zd_tensor_numel(fc_w); i++)
         assert_float_equal(zd_tensor_data(g)[at + i], 0, 0);
     zd_tensor_t *fc_b = zd_tensor_grad(zd_nn_module_find(m, "fc.bias"));
@@ -112,8 +113,9 @@ static void test_bad_vectors(void **state)
     zd_tensor_t *ints = zd_tensor_new(ZD_INT64, &n, 1), *before, *after;
     assert_int_equal(zd_nn_module_params_to_vector(m, &before), 0);
     assert_int_equal(zd_nn_module_vector_to_params(m, small), -1);
-    assert_string_equal(zd_error_last(), "vector_to_params: the ConvNet has 1960 parameter "
-                                      "values; the vector is float32 (5)");
+    assert_string_equal(zd_error_last(),
+                        "vector_to_params: the ConvNet has 1960 parameter "
+                        "values; the vector is float32 (5)");
     assert_int_equal(zd_nn_module_vector_to_params(m, ints), -1);
     assert_non_null(strstr(zd_error_last(), "int64 (1960)"));
     assert_int_equal(zd_nn_module_vector_to_params(m, flat2), -1);

@@ -20,7 +20,7 @@
 
 /*  A two-layer perceptron written as a user would: fc1 -> relu -> fc2. */
 typedef struct {
-    zd_nn_module_t *fc1, *fc2;   /* borrowed: children of the module */
+    zd_nn_module_t *fc1, *fc2; /* borrowed: children of the module */
     int forwards;
 } mlp_t;
 
@@ -98,7 +98,7 @@ static void test_names_order_and_lookup(void **state)
     assert_int_equal(zd_nn_module_register_parameter(m, "ints", ints), -1);
     zd_tensor_unref(ints);
     zd_nn_module_t *other = zd_nn_module_new("Empty", NULL, NULL, NULL);
-    assert_int_equal(zd_nn_module_register_module(m, "fc1", other), -1);   /* freed */
+    assert_int_equal(zd_nn_module_register_module(m, "fc1", other), -1); /* freed */
     assert_int_equal(zd_nn_module_n_params(m), 4);
 
     /* a parameter registered in a child after it joined shows at once */
@@ -124,8 +124,9 @@ static void test_forward_backward_zero_grad_and_modes(void **state)
 
     /* the same numbers as the layers called by hand */
     zd_tensor_t *h, *r, *y2;
-    assert_int_equal(zd_nn_linear(x, zd_nn_module_find(m, "fc1.weight"),
-                                  zd_nn_module_find(m, "fc1.bias"), &h), 0);
+    assert_int_equal(
+        zd_nn_linear(x, zd_nn_module_find(m, "fc1.weight"), zd_nn_module_find(m, "fc1.bias"), &h),
+        0);
     assert_int_equal(zd_nn_relu(h, &r), 0);
     assert_int_equal(zd_nn_linear(r, zd_nn_module_find(m, "fc2.weight"), NULL, &y2), 0);
     for (int i = 0; i < 4; i++)
@@ -238,9 +239,8 @@ static void test_state_dict(void **state)
     assert_non_null(scale);
     /* fc2 also holds fc1's weight: listed under both names */
     zd_tensor_t *w1 = zd_nn_module_find(m, "fc1.weight");
-    assert_int_equal(zd_nn_module_register_parameter(zd_nn_module_child(m, "fc2"), "tied", w1),
-                     0);
-    assert_int_equal(zd_nn_module_n_params(m), 4);   /* parameters(): w1 once */
+    assert_int_equal(zd_nn_module_register_parameter(zd_nn_module_child(m, "fc2"), "tied", w1), 0);
+    assert_int_equal(zd_nn_module_n_params(m), 4); /* parameters(): w1 once */
 
     zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
     assert_non_null(sd);
@@ -258,7 +258,7 @@ static void test_state_dict(void **state)
     zd_tensor_t *kept = zd_named_tensors_find(sd, "fc1.bias");
     float b0 = zd_tensor_data(kept)[0];
     zd_nn_module_free(m);
-    assert_true(zd_tensor_data(kept)[0] == b0);   /* the list's references */
+    assert_true(zd_tensor_data(kept)[0] == b0); /* the list's references */
     zd_named_tensors_free(sd);
     assert_int_equal(zd_tensor_live_count(), live);
 
@@ -279,7 +279,7 @@ static void test_state_dict(void **state)
     uses accumulate into the one tensor. */
 typedef struct {
     zd_nn_module_t *enc;
-    zd_tensor_t *bias;   /* borrowed */
+    zd_tensor_t *bias; /* borrowed */
 } tied_t;
 
 static int tied_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
@@ -306,7 +306,7 @@ static void test_tied_weights(void **state)
     zd_nn_module_t *dec = zd_nn_module_new("Linear", NULL, NULL, NULL);
     assert_int_equal(zd_nn_module_register_module(m, "decoder", dec), 0);
     zd_tensor_t *w = zd_nn_module_find(m, "encoder.weight");
-    assert_int_equal(zd_nn_module_register_parameter(dec, "weight", w), 0);   /* (5, 3) */
+    assert_int_equal(zd_nn_module_register_parameter(dec, "weight", w), 0); /* (5, 3) */
     t->bias = zd_nn_module_add_parameter(dec, "bias", (int64_t[]){5}, 1);
     assert_non_null(t->bias);
 
@@ -317,7 +317,7 @@ static void test_tied_weights(void **state)
     assert_string_equal(zd_nn_module_param_name(m, 1), "decoder.bias");
     assert_null(zd_nn_module_param(m, 2));
     assert_int_equal(zd_nn_module_numel(m), 15 + 5);
-    assert_int_equal(zd_nn_module_n_params(dec), 2);   /* the decoder alone has both */
+    assert_int_equal(zd_nn_module_n_params(dec), 2); /* the decoder alone has both */
     assert_string_equal(zd_tensor_name(w), "encoder.weight");
     /* state_dict(): both names, one tensor */
     zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
@@ -358,7 +358,7 @@ static void test_tied_weights(void **state)
     /* registered twice in one module: still one parameter */
     assert_int_equal(zd_nn_module_register_parameter(m, "again", w), 0);
     assert_int_equal(zd_nn_module_n_params(m), 2);
-    assert_string_equal(zd_nn_module_param_name(m, 0), "again");   /* the module's own first */
+    assert_string_equal(zd_nn_module_param_name(m, 0), "again"); /* the module's own first */
     zd_nn_module_free(m);
     assert_int_equal(zd_tensor_live_count(), live);
 }
@@ -387,7 +387,7 @@ static void test_embedding_module(void **state)
         sq += (double)v * v;
     }
     double mean = sum / 392, var = sq / 392 - mean * mean;
-    assert_true(fabs(mean) < 0.2 && var > 0.7 && var < 1.3);   /* N(0, 1) */
+    assert_true(fabs(mean) < 0.2 && var > 0.7 && var < 1.3); /* N(0, 1) */
     zd_nn_module_t *e2 = zd_nn_embedding_new(50, 8, 2, 11);
     assert_memory_equal(zd_tensor_data(w), zd_tensor_data(zd_nn_module_param(e2, 0)), 400 * 4);
     zd_nn_module_free(e2);

@@ -56,7 +56,8 @@ static zd_tensor_t *leaf_from(golden_case_t *c, const char *role, const char *na
 
 /*  Shared shape of the single-op checks: y = op(x [, weight, bias]), then
     backward with dy; the op itself is passed as a callback. */
-typedef int (op_fn)(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y);
+typedef int(op_fn)(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                   zd_tensor_t **y);
 
 typedef struct {
     op_fn *op;
@@ -101,15 +102,17 @@ static void run_kind(const char *kind, op_fn *op, bool has_params)
         fail_msg("no golden case of kind %s under %s", kind, golden_root());
 }
 
-static int op_conv(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int op_conv(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                   zd_tensor_t **y)
 {
     assert_int_equal((int)golden_attr(c, "dilation", 1), 1);
     assert_int_equal((int)golden_attr(c, "groups", 1), 1);
-    return zd_nn_conv2d(x, w, b, (int)golden_attr(c, "stride", 1), (int)golden_attr(c, "padding", 0),
-                     y);
+    return zd_nn_conv2d(x, w, b, (int)golden_attr(c, "stride", 1),
+                        (int)golden_attr(c, "padding", 0), y);
 }
 
-static int op_pool(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int op_pool(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                   zd_tensor_t **y)
 {
     (void)w, (void)b;
     int k = (int)golden_attr(c, "kernel_size", 0);
@@ -118,13 +121,15 @@ static int op_pool(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t
     return zd_nn_max_pool2d(x, k, (int)golden_attr(c, "stride", k), y);
 }
 
-static int op_linear(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int op_linear(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                     zd_tensor_t **y)
 {
     (void)c;
     return zd_nn_linear(x, w, b, y);
 }
 
-static int op_relu(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int op_relu(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                   zd_tensor_t **y)
 {
     (void)c, (void)w, (void)b;
     return zd_nn_relu(x, y);
@@ -163,16 +168,36 @@ static int op_nll(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t 
     return rc;
 }
 
-static void test_golden_conv2d(void **s) { (void)s; run_kind("conv2d", op_conv, true); }
-static void test_golden_max_pool2d(void **s) { (void)s; run_kind("max_pool2d", op_pool, false); }
-static void test_golden_linear(void **s) { (void)s; run_kind("linear", op_linear, true); }
-static void test_golden_relu(void **s) { (void)s; run_kind("relu", op_relu, false); }
+static void test_golden_conv2d(void **s)
+{
+    (void)s;
+    run_kind("conv2d", op_conv, true);
+}
+static void test_golden_max_pool2d(void **s)
+{
+    (void)s;
+    run_kind("max_pool2d", op_pool, false);
+}
+static void test_golden_linear(void **s)
+{
+    (void)s;
+    run_kind("linear", op_linear, true);
+}
+static void test_golden_relu(void **s)
+{
+    (void)s;
+    run_kind("relu", op_relu, false);
+}
 static void test_golden_log_softmax(void **s)
 {
     (void)s;
     run_kind("log_softmax", op_log_softmax, false);
 }
-static void test_golden_nll_loss(void **s) { (void)s; run_kind("nll_loss", op_nll, false); }
+static void test_golden_nll_loss(void **s)
+{
+    (void)s;
+    run_kind("nll_loss", op_nll, false);
+}
 
 /* ---- errors ---- */
 
@@ -302,7 +327,7 @@ static void test_dropout2d_zeroes_channels(void **state)
         for (int i = 0; i < 15; i++)
             assert_float_equal(yp[i], zero ? 0.0f : xp[i] / 0.75f, 1e-6);
     }
-    assert_in_range(dropped, 70, 130);    /* 100 +- 8.7 */
+    assert_in_range(dropped, 70, 130); /* 100 +- 8.7 */
     zd_tensor_unref(y);
     assert_int_equal(zd_nn_dropout2d(x, 0.25f, false, &rng, &y), 0);
     assert_ptr_equal(y, x);
@@ -355,7 +380,7 @@ static void test_argmax_accuracy(void **state)
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){4, 3}, 2, v), *am;
     assert_int_equal(zd_nn_argmax(x, &am), 0);
     assert_int_equal(zd_tensor_dtype(am), ZD_INT64);
-    int64_t expect[] = {1, 0, 2, 0};   /* ties: the first */
+    int64_t expect[] = {1, 0, 2, 0}; /* ties: the first */
     assert_memory_equal(zd_tensor_data_i64(am), expect, sizeof expect);
     zd_tensor_t *t = zd_tensor_from_data(ZD_INT64, (int64_t[]){4}, 1, (int64_t[]){1, 2, 2, 0});
     assert_int_equal(zd_nn_accuracy(x, t), 3);
@@ -434,12 +459,12 @@ static void check_fused(int N, int C, int H, int W, int O, int k, int stride, in
 static void test_fused_conv_matches_composition(void **state)
 {
     (void)state;
-    check_fused(4, 3, 12, 12, 5, 3, 1, 0, 0, 0);      /* conv + relu */
+    check_fused(4, 3, 12, 12, 5, 3, 1, 0, 0, 0); /* conv + relu */
     check_fused(3, 2, 9, 7, 4, 3, 2, 1, 0, 0);
-    check_fused(5, 3, 14, 14, 6, 3, 1, 0, 2, 2);      /* the Net's conv2 + pool 2 */
-    check_fused(4, 1, 28, 28, 3, 3, 1, 0, 3, 3);      /* the ConvNet's conv1 + pool 3 */
-    check_fused(2, 2, 11, 10, 3, 2, 1, 1, 3, 2);      /* overlapping windows */
-    check_fused(1, 2, 6, 6, 2, 1, 1, 0, 2, 0);        /* pointwise kernel */
+    check_fused(5, 3, 14, 14, 6, 3, 1, 0, 2, 2); /* the Net's conv2 + pool 2 */
+    check_fused(4, 1, 28, 28, 3, 3, 1, 0, 3, 3); /* the ConvNet's conv1 + pool 3 */
+    check_fused(2, 2, 11, 10, 3, 2, 1, 1, 3, 2); /* overlapping windows */
+    check_fused(1, 2, 6, 6, 2, 1, 1, 0, 2, 0);   /* pointwise kernel */
     zd_tensor_t *x = zd_tensor_zeros4(1, 1, 4, 4), *w = zd_tensor_zeros4(1, 1, 3, 3), *out = NULL;
     expect_error(zd_nn_conv2d_max_pool2d(x, w, NULL, 1, 0, 3, 3, &out), out, "pool kernel 3");
     zd_tensor_unref(w);
@@ -532,10 +557,10 @@ static void test_num_threads(void **state)
     assert_int_equal(zd_nn_set_num_threads(0), -1);
     assert_int_equal(zd_nn_set_num_threads(1000), -1);
     zd_tensor_t *x = zd_tensor_zeros4(4, 1, 8, 8), *w = zd_tensor_zeros4(2, 1, 3, 3), *y = NULL;
-    assert_int_equal(zd_nn_conv2d(x, w, NULL, 1, 0, &y), 0);   /* the layers now run */
+    assert_int_equal(zd_nn_conv2d(x, w, NULL, 1, 0, &y), 0); /* the layers now run */
     int n = zd_nn_get_num_threads();
     assert_true(n >= 1);
-    assert_int_equal(zd_nn_set_num_threads(n), 0);              /* no change: fine */
+    assert_int_equal(zd_nn_set_num_threads(n), 0); /* no change: fine */
     assert_int_equal(zd_nn_set_num_threads(n == 1 ? 2 : 1), -1);
     assert_non_null(strstr(zd_error_last(), "already run"));
     zd_tensor_unref(y);

@@ -29,10 +29,10 @@
 #include <zdist/rnn.h>
 #include "tools/golden_manifest.h"
 
-#define MAX_PROBES 40
+#define MAX_PROBES  40
 #define GOLDEN_RTOL 1e-4
 #define GOLDEN_ATOL 1e-5
-#define MAX_OUT 3
+#define MAX_OUT     3
 
 #include "tests/support/gradcheck.h"
 
@@ -215,13 +215,13 @@ static void test_golden_cases(void **state)
 
 typedef struct check check_t;
 /*  Fills outs with up to MAX_OUT outputs; returns how many, or -1. */
-typedef int (fn_t)(check_t *c, zd_tensor_t **outs);
+typedef int(fn_t)(check_t *c, zd_tensor_t **outs);
 
 struct check {
     const char *name;
     fn_t *fn;
     int n_in;
-    zd_tensor_t *in[16];      /* NULL allowed; those requiring grad are checked */
+    zd_tensor_t *in[16]; /* NULL allowed; those requiring grad are checked */
     int layers;
     float dropout;
     uint64_t mask_seed;
@@ -235,8 +235,12 @@ static int run(void *arg, zd_tensor_t **outs)
 
 static void check(check_t *c)
 {
-    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in,
-                             .n_inputs = c->n_in, .max_probes = MAX_PROBES});
+    gradcheck(&(gradcheck_t){.name = c->name,
+                             .fn = run,
+                             .arg = c,
+                             .inputs = c->in,
+                             .n_inputs = c->n_in,
+                             .max_probes = MAX_PROBES});
 }
 
 static void release(check_t *c)
@@ -272,7 +276,9 @@ static int fn_lstm(check_t *c, zd_tensor_t **outs)
     zd_nn_rng_t masks;
     zd_nn_rng_seed(&masks, c->mask_seed);
     return zd_nn_lstm(c->in[0], c->in[1], c->in[2], c->in + 3, c->layers, c->dropout, true, &masks,
-                      &outs[0], &outs[1], &outs[2]) < 0 ? -1 : 3;
+                      &outs[0], &outs[1], &outs[2]) < 0
+        ? -1
+        : 3;
 }
 
 static void cell_case(const char *name, fn_t *fn, int gates, int N, int I, int H, bool bias,
@@ -309,7 +315,7 @@ static void test_gradcheck_cells(void **state)
     cell_case("lstm_cell", fn_lstm_cell, 4, 2, 3, 4, true, false);
     cell_case("gru_cell", fn_gru_cell, 3, 2, 3, 4, true, false);
     cell_case("rnn_tanh_cell", fn_rnn_tanh_cell, 1, 2, 3, 4, true, false);
-    cell_case("lstm_cell", fn_lstm_cell, 4, 1, 1, 1, true, true);      /* sizes of 1 */
+    cell_case("lstm_cell", fn_lstm_cell, 4, 1, 1, 1, true, true); /* sizes of 1 */
     cell_case("gru_cell", fn_gru_cell, 3, 5, 2, 1, true, true);
 }
 
@@ -319,8 +325,12 @@ static void lstm_case_scaled(int T, int N, int I, int H, int L, bool bias, bool 
     char label[128];
     snprintf(label, sizeof label, "lstm T%d N%d I%d H%d L%d%s%s dropout %g", T, N, I, H, L,
              bias ? "" : " no bias", states ? "" : " zero states", (double)dropout);
-    check_t c = {.name = label, .fn = fn_lstm, .n_in = 3 + 4 * L, .layers = L,
-                 .dropout = dropout, .mask_seed = 11};
+    check_t c = {.name = label,
+                 .fn = fn_lstm,
+                 .n_in = 3 + 4 * L,
+                 .layers = L,
+                 .dropout = dropout,
+                 .mask_seed = 11};
     c.in[0] = leaf(randn(3, (int64_t[]){T, N, I}, 1.0f));
     if (states) {
         c.in[1] = leaf(randn(3, (int64_t[]){L, N, H}, 1.0f));
@@ -347,12 +357,12 @@ static void lstm_case(int T, int N, int I, int H, int L, bool bias, bool states,
 static void test_gradcheck_lstm(void **state)
 {
     (void)state;
-    lstm_case(4, 3, 5, 6, 2, true, true, 0.0f);     /* the golden case's sizes */
+    lstm_case(4, 3, 5, 6, 2, true, true, 0.0f); /* the golden case's sizes */
     lstm_case(5, 2, 3, 4, 2, true, true, 0.0f);
     lstm_case(3, 2, 4, 3, 2, false, false, 0.0f);
-    lstm_case(1, 1, 2, 2, 1, true, true, 0.0f);     /* one step */
-    lstm_case(6, 2, 3, 3, 3, true, true, 0.0f);     /* three layers */
-    lstm_case(4, 2, 3, 4, 2, true, true, 0.4f);     /* dropout between layers */
+    lstm_case(1, 1, 2, 2, 1, true, true, 0.0f); /* one step */
+    lstm_case(6, 2, 3, 3, 3, true, true, 0.0f); /* three layers */
+    lstm_case(4, 2, 3, 4, 2, true, true, 0.4f); /* dropout between layers */
     /* a wider one, where OpenBLAS runs the products on its own kernels */
     lstm_case_scaled(3, 16, 8, 128, 1, true, true, 0.0f, 0.1f);
 }
@@ -471,7 +481,7 @@ static void test_lstm_object(void **state)
             lo = v < lo ? v : lo;
             hi = v > hi ? v : hi;
         }
-        assert_true(lo >= -bound && hi < bound && hi - lo > bound);   /* spread over the range */
+        assert_true(lo >= -bound && hi < bound && hi - lo > bound); /* spread over the range */
     }
     assert_null(zd_nn_module_param(m, 8));
     assert_null(zd_nn_module_param_name(m, -1));
@@ -584,10 +594,11 @@ static void test_lstm_concurrent_forwards(void **state)
         for (int i = 0; i < CONC_N; i++) {
             int found = -1;
             for (int j = 0; j < 2 * CONC_N && found < 0; j++)
-                if (!used[j] && memcmp(zd_tensor_data(a[k].out[i]), zd_tensor_data(seq[j]),
-                                       zd_tensor_nbytes(seq[j])) == 0)
+                if (!used[j] &&
+                    memcmp(zd_tensor_data(a[k].out[i]), zd_tensor_data(seq[j]),
+                           zd_tensor_nbytes(seq[j])) == 0)
                     found = j;
-            assert_true(found >= 0);   /* masks a sequential run draws too */
+            assert_true(found >= 0); /* masks a sequential run draws too */
             used[found] = true;
             zd_tensor_unref(a[k].out[i]);
         }
@@ -670,14 +681,14 @@ static void test_cell_objects(void **state)
 /* ---- error paths ---- */
 
 /*  The call failed with a message, and left its outputs NULL. */
-#define EXPECT_FAIL(call, ...)                                   \
-    do {                                                         \
-        zd_error_clear();                                        \
-        assert_int_equal((call), -1);                            \
-        assert_true(zd_error_last()[0] != '\0');                 \
-        zd_tensor_t *outs_[] = {__VA_ARGS__};                    \
-        for (size_t k_ = 0; k_ < sizeof outs_ / sizeof *outs_; k_++) \
-            assert_null(outs_[k_]);                              \
+#define EXPECT_FAIL(call, ...)                                                                     \
+    do {                                                                                           \
+        zd_error_clear();                                                                          \
+        assert_int_equal((call), -1);                                                              \
+        assert_true(zd_error_last()[0] != '\0');                                                   \
+        zd_tensor_t *outs_[] = {__VA_ARGS__};                                                      \
+        for (size_t k_ = 0; k_ < sizeof outs_ / sizeof *outs_; k_++)                               \
+            assert_null(outs_[k_]);                                                                \
     } while (0)
 
 static void test_errors(void **state)
@@ -686,8 +697,10 @@ static void test_errors(void **state)
     const int64_t live = zd_tensor_live_count();
     const int N = 2, I = 3, H = 4;
     zd_tensor_t *x = randn(2, (int64_t[]){N, I}, 1.0f), *h = randn(2, (int64_t[]){N, H}, 1.0f);
-    zd_tensor_t *w4i = randn(2, (int64_t[]){4 * H, I}, 1.0f), *w4h = randn(2, (int64_t[]){4 * H, H}, 1.0f);
-    zd_tensor_t *w3i = randn(2, (int64_t[]){3 * H, I}, 1.0f), *w3h = randn(2, (int64_t[]){3 * H, H}, 1.0f);
+    zd_tensor_t *w4i = randn(2, (int64_t[]){4 * H, I}, 1.0f),
+                *w4h = randn(2, (int64_t[]){4 * H, H}, 1.0f);
+    zd_tensor_t *w3i = randn(2, (int64_t[]){3 * H, I}, 1.0f),
+                *w3h = randn(2, (int64_t[]){3 * H, H}, 1.0f);
     zd_tensor_t *b4 = randn(1, (int64_t[]){4 * H}, 1.0f), *b3 = randn(1, (int64_t[]){3 * H}, 1.0f);
     zd_tensor_t *bad_x = randn(2, (int64_t[]){N, I + 1}, 1.0f);
     zd_tensor_t *bad_h = randn(2, (int64_t[]){N + 1, H}, 1.0f);
@@ -698,23 +711,24 @@ static void test_errors(void **state)
     EXPECT_FAIL(zd_nn_lstm_cell(bad_x, h, h, w4i, w4h, b4, b4, &o, &o2), o, o2);
     EXPECT_FAIL(zd_nn_lstm_cell(x, bad_h, h, w4i, w4h, b4, b4, &o, &o2), o, o2);
     EXPECT_FAIL(zd_nn_lstm_cell(x, h, bad_h, w4i, w4h, b4, b4, &o, &o2), o, o2);
-    EXPECT_FAIL(zd_nn_lstm_cell(x, h, h, w3i, w3h, b4, b4, &o, &o2), o, o2);   /* 3 gates */
-    EXPECT_FAIL(zd_nn_lstm_cell(x, h, h, w4i, w4h, b3, b4, &o, &o2), o, o2);   /* bias size */
-    EXPECT_FAIL(zd_nn_lstm_cell(x3, h, h, w4i, w4h, b4, b4, &o, &o2), o, o2);  /* 3-D x */
+    EXPECT_FAIL(zd_nn_lstm_cell(x, h, h, w3i, w3h, b4, b4, &o, &o2), o, o2);  /* 3 gates */
+    EXPECT_FAIL(zd_nn_lstm_cell(x, h, h, w4i, w4h, b3, b4, &o, &o2), o, o2);  /* bias size */
+    EXPECT_FAIL(zd_nn_lstm_cell(x3, h, h, w4i, w4h, b4, b4, &o, &o2), o, o2); /* 3-D x */
     EXPECT_FAIL(zd_nn_lstm_cell(ints, h, h, w4i, w4h, b4, b4, &o, &o2), o, o2);
     EXPECT_FAIL(zd_nn_lstm_cell(x, h, h, NULL, w4h, b4, b4, &o, &o2), o, o2);
-    EXPECT_FAIL(zd_nn_gru_cell(x, h, w4i, w4h, b4, b4, &o), o);                /* 4 gates */
+    EXPECT_FAIL(zd_nn_gru_cell(x, h, w4i, w4h, b4, b4, &o), o); /* 4 gates */
     EXPECT_FAIL(zd_nn_gru_cell(x, bad_h, w3i, w3h, b3, b3, &o), o);
     EXPECT_FAIL(zd_nn_gru_cell(bad_x, h, w3i, w3h, b3, b3, &o), o);
-    EXPECT_FAIL(zd_nn_rnn_tanh_cell(x, h, w3i, w3h, NULL, NULL, &o), o);       /* 3H rows */
-    EXPECT_FAIL(zd_nn_rnn_tanh_cell(x, h, w4h, w4h, NULL, NULL, &o), o);       /* w_ih columns */
+    EXPECT_FAIL(zd_nn_rnn_tanh_cell(x, h, w3i, w3h, NULL, NULL, &o), o); /* 3H rows */
+    EXPECT_FAIL(zd_nn_rnn_tanh_cell(x, h, w4h, w4h, NULL, NULL, &o), o); /* w_ih columns */
 
     /* the sequence: x (T, N, I), params per layer, states (L, N, H) */
     zd_tensor_t *seq = randn(3, (int64_t[]){3, N, I}, 1.0f);
     zd_tensor_t *w1i = randn(2, (int64_t[]){4 * H, H}, 1.0f);
     zd_tensor_t *p2[8] = {w4i, w4h, b4, b4, w1i, w4h, b4, b4};
-    zd_tensor_t *p2_bad[8] = {w4i, w4h, b4, b4, w4i, w4h, b4, b4};   /* layer 1 takes I, not H */
-    zd_tensor_t *s2 = randn(3, (int64_t[]){2, N, H}, 1.0f), *s1 = randn(3, (int64_t[]){1, N, H}, 1.0f);
+    zd_tensor_t *p2_bad[8] = {w4i, w4h, b4, b4, w4i, w4h, b4, b4}; /* layer 1 takes I, not H */
+    zd_tensor_t *s2 = randn(3, (int64_t[]){2, N, H}, 1.0f),
+                *s1 = randn(3, (int64_t[]){1, N, H}, 1.0f);
     zd_nn_rng_t r;
     zd_nn_rng_seed(&r, 1);
     EXPECT_FAIL(zd_nn_lstm(seq, s2, s2, p2_bad, 2, 0, false, NULL, &o, &o2, &o3), o, o2, o3);
@@ -748,7 +762,8 @@ static void test_errors(void **state)
     EXPECT_FAIL(zd_nn_module_forward(NULL, &seq, 1, outs, 1), outs[0]);
     zd_nn_module_free(m);
 
-    zd_tensor_t *all[] = {x, h, w4i, w4h, w3i, w3h, b4, b3, bad_x, bad_h, x3, ints, seq, w1i, s2, s1};
+    zd_tensor_t *all[] = {x,     h,     w4i, w4h,  w3i, w3h, b4, b3,
+                          bad_x, bad_h, x3,  ints, seq, w1i, s2, s1};
     for (size_t k = 0; k < sizeof all / sizeof *all; k++)
         zd_tensor_unref(all[k]);
     assert_int_equal(zd_tensor_live_count(), live);
@@ -761,10 +776,13 @@ static void test_nan_propagates(void **state)
     (void)state;
     const int N = 2, I = 3, H = 4;
     zd_tensor_t *x = randn(2, (int64_t[]){N, I}, 1.0f);
-    zd_tensor_t *w_ih = randn(2, (int64_t[]){4 * H, I}, 0.5f), *w_hh = randn(2, (int64_t[]){4 * H, H}, 0.5f);
-    zd_tensor_t *g_ih = randn(2, (int64_t[]){3 * H, I}, 0.5f), *g_hh = randn(2, (int64_t[]){3 * H, H}, 0.5f);
-    zd_tensor_t *r_ih = randn(2, (int64_t[]){H, I}, 0.5f), *r_hh = randn(2, (int64_t[]){H, H}, 0.5f);
-    zd_tensor_data(x)[0] = NAN;   /* row 0 only */
+    zd_tensor_t *w_ih = randn(2, (int64_t[]){4 * H, I}, 0.5f),
+                *w_hh = randn(2, (int64_t[]){4 * H, H}, 0.5f);
+    zd_tensor_t *g_ih = randn(2, (int64_t[]){3 * H, I}, 0.5f),
+                *g_hh = randn(2, (int64_t[]){3 * H, H}, 0.5f);
+    zd_tensor_t *r_ih = randn(2, (int64_t[]){H, I}, 0.5f),
+                *r_hh = randn(2, (int64_t[]){H, H}, 0.5f);
+    zd_tensor_data(x)[0] = NAN; /* row 0 only */
     zd_tensor_t *h, *c, *hg, *hr;
     assert_int_equal(zd_nn_lstm_cell(x, NULL, NULL, w_ih, w_hh, NULL, NULL, &h, &c), 0);
     assert_int_equal(zd_nn_gru_cell(x, NULL, g_ih, g_hh, NULL, NULL, &hg), 0);
@@ -786,14 +804,10 @@ int main(void)
 {
     gradcheck_seed(2024);
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_golden_cases),
-        cmocka_unit_test(test_gradcheck_cells),
-        cmocka_unit_test(test_gradcheck_lstm),
-        cmocka_unit_test(test_layer_matches_cell_steps),
-        cmocka_unit_test(test_lstm_object),
-        cmocka_unit_test(test_lstm_concurrent_forwards),
-        cmocka_unit_test(test_cell_objects),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_golden_cases),   cmocka_unit_test(test_gradcheck_cells),
+        cmocka_unit_test(test_gradcheck_lstm), cmocka_unit_test(test_layer_matches_cell_steps),
+        cmocka_unit_test(test_lstm_object),    cmocka_unit_test(test_lstm_concurrent_forwards),
+        cmocka_unit_test(test_cell_objects),   cmocka_unit_test(test_errors),
         cmocka_unit_test(test_nan_propagates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,16 +21,16 @@
 #include "tests/support/gradcheck.h"
 
 typedef struct check check_t;
-typedef int (fn_t)(check_t *c, zd_tensor_t **out);
+typedef int(fn_t)(check_t *c, zd_tensor_t **out);
 
 struct check {
     const char *name;
     fn_t *fn;
     int n_in;
-    zd_tensor_t *in[3];        /* float inputs; those requiring grad are checked */
-    zd_tensor_t *indices;      /* embedding */
-    int dim;                   /* softmax dim, layer_norm's norm_ndim */
-    int64_t padding_idx;       /* embedding: its row's gradient must be 0 */
+    zd_tensor_t *in[3];   /* float inputs; those requiring grad are checked */
+    zd_tensor_t *indices; /* embedding */
+    int dim;              /* softmax dim, layer_norm's norm_ndim */
+    int64_t padding_idx;  /* embedding: its row's gradient must be 0 */
 };
 
 static int run(void *arg, zd_tensor_t **outs)
@@ -46,8 +46,12 @@ static int run(void *arg, zd_tensor_t **outs)
 static void check(check_t *c)
 {
     const bool padding = c->indices && c->padding_idx >= 0;
-    gradcheck(&(gradcheck_t){.name = c->name, .fn = run, .arg = c, .inputs = c->in,
-                             .n_inputs = c->n_in, .zero_row_of = padding ? c->in[0] : NULL,
+    gradcheck(&(gradcheck_t){.name = c->name,
+                             .fn = run,
+                             .arg = c,
+                             .inputs = c->in,
+                             .n_inputs = c->n_in,
+                             .zero_row_of = padding ? c->in[0] : NULL,
                              .zero_row = c->padding_idx});
 }
 
@@ -60,8 +64,14 @@ static void release(check_t *c)
 
 /* ---- softmax, gelu ---- */
 
-static int fn_softmax(check_t *c, zd_tensor_t **out) { return zd_nn_softmax(c->in[0], c->dim, out); }
-static int fn_gelu(check_t *c, zd_tensor_t **out) { return zd_nn_gelu(c->in[0], out); }
+static int fn_softmax(check_t *c, zd_tensor_t **out)
+{
+    return zd_nn_softmax(c->in[0], c->dim, out);
+}
+static int fn_gelu(check_t *c, zd_tensor_t **out)
+{
+    return zd_nn_gelu(c->in[0], out);
+}
 
 static void test_softmax(void **state)
 {
@@ -136,12 +146,15 @@ static void test_layer_norm(void **state)
     ln_case(3, (int64_t[]){2, 3, 4}, 2, true, true);
     ln_case(3, (int64_t[]){2, 3, 4}, 3, true, false);
     ln_case(2, (int64_t[]){3, 5}, 1, false, false);
-    ln_case(2, (int64_t[]){3, 5}, 1, false, true);     /* bias without weight */
+    ln_case(2, (int64_t[]){3, 5}, 1, false, true); /* bias without weight */
 }
 
 /* ---- mse_loss ---- */
 
-static int fn_mse(check_t *c, zd_tensor_t **out) { return zd_nn_mse_loss(c->in[0], c->in[1], out); }
+static int fn_mse(check_t *c, zd_tensor_t **out)
+{
+    return zd_nn_mse_loss(c->in[0], c->in[1], out);
+}
 
 static void test_mse_loss(void **state)
 {
@@ -161,7 +174,7 @@ static void test_mse_loss(void **state)
     zd_tensor_t *t = zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){2}, 1, (float[]){0, 1}), *y;
     assert_int_equal(zd_nn_mse_loss(x, t, &y), 0);
     assert_int_equal(zd_tensor_ndim(y), 0);
-    assert_float_equal(zd_tensor_data(y)[0], 2.5, 0);   /* (1 + 4) / 2 */
+    assert_float_equal(zd_tensor_data(y)[0], 2.5, 0); /* (1 + 4) / 2 */
     zd_tensor_unref(y);
     zd_tensor_unref(x);
     zd_tensor_unref(t);
@@ -193,7 +206,8 @@ static void test_embedding_gradients(void **state)
     const int v[] = {3, 0, 5, 3, 0, 1, 0, 6};
     for (int k = 0; k < 4; k++) {
         check_t c = {.name = k & 1 ? "embedding, padding 0" : "embedding",
-                     .fn = fn_embedding, .n_in = 1,
+                     .fn = fn_embedding,
+                     .n_in = 1,
                      .padding_idx = k & 1 ? 0 : ZD_NN_NO_PADDING};
         c.in[0] = leaf(randn(2, (int64_t[]){7, 3}, 1.0f));
         c.indices = k & 2 ? indices(ZD_UINT8, 2, (int64_t[]){2, 4}, v)
@@ -217,7 +231,7 @@ static void test_embedding_values(void **state)
     assert_int_equal(zd_tensor_sum(y, &s), 0);
     assert_int_equal(zd_autograd_backward(s, NULL, false), 0);
     zd_tensor_t *g = zd_tensor_grad(w);
-    const float want[] = {0, 0, 0, 0, 2, 2, 0, 0};   /* row 2 twice, row 1 padding */
+    const float want[] = {0, 0, 0, 0, 2, 2, 0, 0}; /* row 2 twice, row 1 padding */
     for (int i = 0; i < 8; i++)
         assert_float_equal(zd_tensor_data(g)[i], want[i], 0);
     zd_tensor_unref(g);

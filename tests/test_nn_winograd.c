@@ -51,7 +51,7 @@ static void ref_forward(const float *x, int N, int C, int H, int W, const float 
                                 if (r < 0 || r >= H || q < 0 || q >= W)
                                     continue;
                                 double t = (double)w[((size_t)o * C + c) * 9 + u * 3 + v] *
-                                           x[(((size_t)n * C + c) * H + r) * W + q];
+                                    x[(((size_t)n * C + c) * H + r) * W + q];
                                 acc += t;
                                 m += fabs(t);
                             }
@@ -63,8 +63,8 @@ static void ref_forward(const float *x, int N, int C, int H, int W, const float 
 
 /*  dx of the convolution above, for dy [N,O,Ho,Wo], by scattering each
     dy element back along the forward pass's terms. */
-static void ref_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w,
-                               int C, int pad, double *dx, double *mag)
+static void ref_backward_input(const float *dy, int N, int O, int Ho, int Wo, const float *w, int C,
+                               int pad, double *dx, double *mag)
 {
     const int H = Ho + 2 - 2 * pad, W = Wo + 2 - 2 * pad;
     memset(dx, 0, sizeof(double) * (size_t)N * C * H * W);
@@ -91,11 +91,11 @@ static void ref_backward_input(const float *dy, int N, int O, int Ho, int Wo, co
 /* ---- comparing ---- */
 
 typedef struct {
-    double abs_err, rel_mag;    /* largest |a-e|, and |a-e| / sum|terms| */
-    double allowance;           /* largest |a-e| / (ATOL + RTOL |e|) */
+    double abs_err, rel_mag; /* largest |a-e|, and |a-e| / sum|terms| */
+    double allowance;        /* largest |a-e| / (ATOL + RTOL |e|) */
 } err_t;
 
-static err_t worst;             /* over every case, for the final report */
+static err_t worst; /* over every case, for the final report */
 
 static void check_close(const char *what, const float *a, const double *e, const double *mag,
                         size_t n)
@@ -113,8 +113,8 @@ static void check_close(const char *what, const float *a, const double *e, const
     char rel[32] = "-";
     if (mag)
         snprintf(rel, sizeof rel, "%.3g", r.rel_mag);
-    print_message("%-40s max |a-e| %.3g, /sum|terms| %s, of allowance %.3f\n", what,
-                  r.abs_err, rel, r.allowance);
+    print_message("%-40s max |a-e| %.3g, /sum|terms| %s, of allowance %.3f\n", what, r.abs_err, rel,
+                  r.allowance);
     worst.abs_err = fmax(worst.abs_err, r.abs_err);
     worst.rel_mag = fmax(worst.rel_mag, r.rel_mag);
     worst.allowance = fmax(worst.allowance, r.allowance);
@@ -146,7 +146,7 @@ static float *nan_floats(size_t n)
 }
 
 typedef struct {
-    float *copy;          /* N x per_sample floats */
+    float *copy; /* N x per_sample floats */
     size_t per_sample;
     unsigned char seen[64];
 } epi_t;
@@ -192,34 +192,35 @@ static void run_shape(const shape_t *s, uint64_t seed)
     char what[128];
 
     ref_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, ey, my);
-    assert_int_equal(zd__nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, y,
-                                         NULL, NULL), 0);
-    snprintf(what, sizeof what, "y  N%d C%d O%d %dx%d p%d%s", s->N, s->C, s->O, s->H, s->W,
-             s->pad, s->bias ? " bias" : "");
+    assert_int_equal(
+        zd__nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, y, NULL, NULL), 0);
+    snprintf(what, sizeof what, "y  N%d C%d O%d %dx%d p%d%s", s->N, s->C, s->O, s->H, s->W, s->pad,
+             s->bias ? " bias" : "");
     check_close(what, y, ey, my, ny);
 
     /* the epilogue sees each sample's output, with or without y */
     epi_t e = {.copy = nan_floats(ny), .per_sample = ny / s->N};
     assert_true(s->N <= (int)sizeof e.seen);
     assert_int_equal(zd__nn_winograd_forward(x, s->N, s->C, s->H, s->W, w, s->O, b, s->pad, NULL,
-                                         copy_epilogue, &e), 0);
+                                             copy_epilogue, &e),
+                     0);
     for (int n = 0; n < s->N; n++)
         assert_int_equal(e.seen[n], 1);
     assert_memory_equal(e.copy, y, sizeof(float) * ny);
     free(e.copy);
 
     ref_backward_input(dy, s->N, s->O, Ho, Wo, w, s->C, s->pad, edx, mdx);
-    assert_int_equal(zd__nn_winograd_backward_input(dy, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx,
-                                                NULL, NULL), 0);
-    snprintf(what, sizeof what, "dx N%d C%d O%d %dx%d p%d", s->N, s->C, s->O, s->H, s->W,
-             s->pad);
+    assert_int_equal(
+        zd__nn_winograd_backward_input(dy, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx, NULL, NULL), 0);
+    snprintf(what, sizeof what, "dx N%d C%d O%d %dx%d p%d", s->N, s->C, s->O, s->H, s->W, s->pad);
     check_close(what, dx, edx, mdx, nx);
 
     /* the same dy through a prologue: the same bits */
     float *dx2 = nan_floats(nx);
     pro_t pr = {.dy = dy, .per_sample = ny / s->N};
     assert_int_equal(zd__nn_winograd_backward_input(NULL, s->N, s->O, Ho, Wo, w, s->C, s->pad, dx2,
-                                                dy_prologue, &pr), 0);
+                                                    dy_prologue, &pr),
+                     0);
     assert_memory_equal(dx2, dx, sizeof(float) * nx);
     free(dx2);
 
@@ -231,14 +232,13 @@ static void test_small_shapes(void **state)
 {
     (void)state;
     static const shape_t shapes[] = {
-        {2, 3, 5, 7, 9, 1, true},       /* C=3, O=5, odd sizes, padding 1 */
-        {2, 3, 5, 8, 8, 0, true},
-        {1, 1, 1, 3, 3, 0, false},      /* one output */
-        {3, 2, 3, 1, 1, 1, true},       /* one input pixel, padding 1 */
-        {1, 4, 2, 2, 5, 2, false},      /* padding 2 (the input gradient's own) */
-        {2, 4, 6, 5, 40, 1, true},      /* 20 tiles a row: two runs of lanes */
-        {1, 3, 2, 36, 35, 0, false},    /* 17 tiles a row, odd width and height */
-        {5, 7, 9, 6, 4, 1, true},       /* more samples than threads' chunks */
+        {2, 3, 5, 7, 9, 1, true},                               /* C=3, O=5, odd sizes, padding 1 */
+        {2, 3, 5, 8, 8, 0, true},    {1, 1, 1, 3, 3, 0, false}, /* one output */
+        {3, 2, 3, 1, 1, 1, true},                               /* one input pixel, padding 1 */
+        {1, 4, 2, 2, 5, 2, false},   /* padding 2 (the input gradient's own) */
+        {2, 4, 6, 5, 40, 1, true},   /* 20 tiles a row: two runs of lanes */
+        {1, 3, 2, 36, 35, 0, false}, /* 17 tiles a row, odd width and height */
+        {5, 7, 9, 6, 4, 1, true},    /* more samples than threads' chunks */
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         run_shape(&shapes[i], 1000 + i);
@@ -248,8 +248,8 @@ static void test_large_channels(void **state)
 {
     (void)state;
     static const shape_t shapes[] = {
-        {2, 16, 17, 9, 11, 0, true},    /* odd outputs 7x9 */
-        {2, 32, 64, 26, 26, 0, true},   /* the Net's conv2, batch 2 */
+        {2, 16, 17, 9, 11, 0, true},  /* odd outputs 7x9 */
+        {2, 32, 64, 26, 26, 0, true}, /* the Net's conv2, batch 2 */
         {2, 32, 24, 13, 13, 1, false},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -269,15 +269,16 @@ static void test_deterministic(void **state)
     float *w = random_floats(&r, (size_t)O * C * 9, 0.1f), *b = random_floats(&r, O, 0.1f);
     float *y = nan_floats((size_t)N * O * Ho * Wo), *y1 = nan_floats((size_t)O * Ho * Wo);
     assert_int_equal(zd__nn_winograd_forward(x, N, C, H, W, w, O, b, 0, y, NULL, NULL), 0);
-    assert_int_equal(zd__nn_winograd_forward(x + (size_t)C * H * W, 1, C, H, W, w, O, b, 0, y1,
-                                         NULL, NULL), 0);
+    assert_int_equal(
+        zd__nn_winograd_forward(x + (size_t)C * H * W, 1, C, H, W, w, O, b, 0, y1, NULL, NULL), 0);
     assert_memory_equal(y + (size_t)O * Ho * Wo, y1, sizeof(float) * O * Ho * Wo);
 
     /* y as the output gradient: dx [N,C,H,W] */
     float *dx = nan_floats((size_t)N * C * H * W), *dx1 = nan_floats((size_t)C * H * W);
     assert_int_equal(zd__nn_winograd_backward_input(y, N, O, Ho, Wo, w, C, 0, dx, NULL, NULL), 0);
     assert_int_equal(zd__nn_winograd_backward_input(y + (size_t)O * Ho * Wo, 1, O, Ho, Wo, w, C, 0,
-                                                dx1, NULL, NULL), 0);
+                                                    dx1, NULL, NULL),
+                     0);
     assert_memory_equal(dx + (size_t)C * H * W, dx1, sizeof(float) * C * H * W);
     free(x), free(w), free(b), free(y), free(y1), free(dx), free(dx1);
 }
@@ -286,18 +287,18 @@ static void test_applies_and_errors(void **state)
 {
     (void)state;
     /* C, O, H, W, kh, kw, stride, padding, dilation, input gradient */
-    assert_true(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, false));   /* Net conv2 */
+    assert_true(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, false)); /* Net conv2 */
     assert_true(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 1, true));
     assert_true(zd__nn_winograd_applies(32, 64, 8, 8, 3, 3, 1, 1, 1, false));
-    assert_false(zd__nn_winograd_applies(1, 32, 28, 28, 3, 3, 1, 0, 1, false));   /* Net conv1 */
-    assert_false(zd__nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, false));  /* thin */
+    assert_false(zd__nn_winograd_applies(1, 32, 28, 28, 3, 3, 1, 0, 1, false));  /* Net conv1 */
+    assert_false(zd__nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, false)); /* thin */
     assert_true(zd__nn_winograd_applies(32, 16, 28, 28, 3, 3, 1, 0, 1, true));
-    assert_false(zd__nn_winograd_applies(64, 64, 7, 7, 3, 3, 1, 1, 1, false));    /* small */
-    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 2, 1, 1, false));  /* stride 2 */
-    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 2, 1, true));   /* padding 2 */
+    assert_false(zd__nn_winograd_applies(64, 64, 7, 7, 3, 3, 1, 1, 1, false));   /* small */
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 2, 1, 1, false)); /* stride 2 */
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 2, 1, true));  /* padding 2 */
     assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 5, 5, 1, 0, 1, false));
-    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 2, true));   /* dilation 2 */
-    assert_false(zd__nn_winograd_applies(32, 64, 2, 2, 3, 3, 1, 0, 1, true));     /* no output */
+    assert_false(zd__nn_winograd_applies(32, 64, 26, 26, 3, 3, 1, 0, 2, true)); /* dilation 2 */
+    assert_false(zd__nn_winograd_applies(32, 64, 2, 2, 3, 3, 1, 0, 1, true));   /* no output */
 
     float x[4] = {0}, w[9] = {0}, y[4];
     assert_int_equal(zd__nn_winograd_forward(x, 1, 1, 2, 2, w, 1, NULL, 0, y, NULL, NULL), -1);
@@ -349,7 +350,7 @@ static void golden_conv(golden_case_t *c, void *arg)
 
     assert_int_equal(zd_tensor_numel(golden_tensor(c, "output", "y")), (int64_t)ny);
     assert_int_equal(zd__nn_winograd_forward(zd_tensor_data(xt), N, C, H, W, zd_tensor_data(wt), O,
-                                         golden_floats(c, "param", "bias"), pad, y, NULL, NULL),
+                                             golden_floats(c, "param", "bias"), pad, y, NULL, NULL),
                      0);
     double *e = widen(golden_floats(c, "output", "y"), ny);
     snprintf(what, sizeof what, "golden %s y", strrchr(c->dir, '/') + 1);
@@ -357,7 +358,8 @@ static void golden_conv(golden_case_t *c, void *arg)
     free(e);
 
     assert_int_equal(zd__nn_winograd_backward_input(golden_floats(c, "input", "dy"), N, O, Ho, Wo,
-                                                zd_tensor_data(wt), C, pad, dx, NULL, NULL), 0);
+                                                    zd_tensor_data(wt), C, pad, dx, NULL, NULL),
+                     0);
     e = widen(golden_floats(c, "grad", "x"), nx);
     snprintf(what, sizeof what, "golden %s dx", strrchr(c->dir, '/') + 1);
     check_close(what, dx, e, NULL, nx);
@@ -400,7 +402,8 @@ static int golden_net_cases;
 static void golden_net(golden_case_t *c, void *arg)
 {
     (void)arg;
-    zd_tensor_t *xt = golden_tensor(c, "input", "x"), *w1 = golden_tensor(c, "param", "conv1.weight");
+    zd_tensor_t *xt = golden_tensor(c, "input", "x"),
+                *w1 = golden_tensor(c, "param", "conv1.weight");
     zd_tensor_t *w2 = golden_tensor(c, "param", "conv2.weight");
     assert_true(xt && w1 && w2);
     const int N = (int)zd_tensor_size(xt, 0), H = (int)zd_tensor_size(xt, 2);
@@ -416,8 +419,9 @@ static void golden_net(golden_case_t *c, void *arg)
         h1[i] = h1d[i] > 0 ? (float)h1d[i] : 0.0f;
     pool_epi_t pe = {.O = O, .Ho = H2, .Wo = H2, .pooled = nan_floats(np)};
     assert_int_equal(zd__nn_winograd_forward(h1, N, C1, H1, H1, zd_tensor_data(w2), O,
-                                         golden_floats(c, "param", "conv2.bias"), 0, NULL,
-                                         pool_epilogue, &pe), 0);
+                                             golden_floats(c, "param", "conv2.bias"), 0, NULL,
+                                             pool_epilogue, &pe),
+                     0);
     zd_tensor_t *flat = golden_tensor(c, "output", "act.flatten");
     assert_non_null(flat);
     assert_int_equal(zd_tensor_numel(flat), (int64_t)np);
@@ -450,12 +454,9 @@ int main(void)
     if (zd_nn_set_num_threads(2) < 0)
         return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_small_shapes),
-        cmocka_unit_test(test_large_channels),
-        cmocka_unit_test(test_deterministic),
-        cmocka_unit_test(test_applies_and_errors),
-        cmocka_unit_test(test_golden_conv2d),
-        cmocka_unit_test(test_golden_net),
+        cmocka_unit_test(test_small_shapes),  cmocka_unit_test(test_large_channels),
+        cmocka_unit_test(test_deterministic), cmocka_unit_test(test_applies_and_errors),
+        cmocka_unit_test(test_golden_conv2d), cmocka_unit_test(test_golden_net),
         cmocka_unit_test(test_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

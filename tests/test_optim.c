@@ -47,8 +47,8 @@ static double compare(const zd_tensor_t *full, const golden_entry_t *e, const ch
         for (int64_t i = 0; i < row; i++) {
             double ratio = fabs((double)a[i] - x[i]) / (ATOL + RTOL * fabs((double)x[i]));
             if (ratio > 1)
-                fail_msg("%s: row %lld element %lld: %.9g, PyTorch %.9g", what,
-                         (long long)src, (long long)i, a[i], x[i]);
+                fail_msg("%s: row %lld element %lld: %.9g, PyTorch %.9g", what, (long long)src,
+                         (long long)i, a[i], x[i]);
             worst = ratio > worst ? ratio : worst;
         }
     }
@@ -73,7 +73,8 @@ static double golden_run(golden_case_t *c, const zd_optim_config_t *cfg, const c
         assert_non_null(ge);
         /* A gradient stored for some rows only goes into those rows of a
            full-size gradient: every rule is elementwise. */
-        grads[np] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(params[np]), zd_tensor_ndim(params[np]));
+        grads[np] =
+            zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(params[np]), zd_tensor_ndim(params[np]));
         int64_t row = zd_tensor_numel(params[np]) / zd_tensor_size(params[np], 0);
         int64_t n_rows = ge->n_rows ? ge->n_rows : zd_tensor_size(params[np], 0);
         assert_int_equal(zd_tensor_numel(ge->value), n_rows * row);
@@ -127,8 +128,8 @@ static void golden_optim_case(golden_case_t *c, void *arg)
     double w2 = golden_run(c, &mom, "momentum", 2, &checked);
     double w3 = golden_run(c, &adam, "adam", 2, &checked);
     print_message("%s (%s): %d tensors match; worst error %.2g (sgd), %.2g (momentum), "
-                  "%.2g (adam) of the tolerance\n", strrchr(c->dir, '/') + 1, c->kind, checked,
-                  w1, w2, w3);
+                  "%.2g (adam) of the tolerance\n",
+                  strrchr(c->dir, '/') + 1, c->kind, checked, w1, w2, w3);
     assert_true(checked >= 5 * 4);
 }
 
@@ -405,30 +406,30 @@ static void test_invalid_parameters(void **state)
     int64_t live = zd_tensor_live_count();
     zd_optim_config_t c = zd_optim_sgd_defaults(0.1);
     zd_tensor_t *a = zd_tensor_zeros1(3), *b = zd_tensor_zeros1(3);
-    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, (int64_t[]){ 3 }, 1);
+    zd_tensor_t *i64 = zd_tensor_new(ZD_INT64, (int64_t[]){3}, 1);
     assert_null(zd_optim_new(&c, NULL, 0));
     assert_non_null(strstr(zd_error_last(), "optimizer got an empty parameter list"));
-    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ a, a }, 2));
+    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){a, a}, 2));
     assert_non_null(strstr(zd_error_last(), "parameter 1 is the same tensor as parameter 0"));
-    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ a, i64 }, 2));
+    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){a, i64}, 2));
     assert_non_null(strstr(zd_error_last(), "parameter 1 is int64"));
     assert_int_equal(zd_tensor_set_requires_grad(a, true), 0);
     zd_tensor_t *y;
     assert_int_equal(zd_tensor_scale(a, 2.0f, &y), 0);
-    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){ b, y }, 2));
+    assert_null(zd_optim_new(&c, (zd_tensor_t *[]){b, y}, 2));
     assert_non_null(strstr(zd_error_last(), "can't optimize a non-leaf tensor (parameter 1)"));
 
     /* A gradient of the wrong shape: refused before anything moves. */
     zd_tensor_fill_(a, 1.0f);
     zd_tensor_fill_(b, 1.0f);
     zd_tensor_set_name(b, "fc.bias");
-    zd_optim_t *opt = zd_optim_new(&c, (zd_tensor_t *[]){ a, b }, 2);
+    zd_optim_t *opt = zd_optim_new(&c, (zd_tensor_t *[]){a, b}, 2);
     zd_tensor_t *g3 = zd_tensor_zeros1(3), *g4 = zd_tensor_zeros1(4);
     zd_tensor_fill_(g3, 1.0f);
-    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g3, g4 }), -1);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){g3, g4}), -1);
     assert_non_null(strstr(zd_error_last(), "gradient of parameter 1 ('fc.bias') is float32 (4)"));
     assert_float_equal(zd_tensor_data(a)[0], 1.0f, 0);
-    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g3, i64 }), -1);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){g3, i64}), -1);
     assert_non_null(strstr(zd_error_last(), "is int64 (3)"));
     zd_optim_free(opt);
     zd_tensor_unref(g3);
@@ -447,7 +448,7 @@ static void test_skipped_parameters(void **state)
     (void)state;
     zd_optim_config_t c = zd_optim_adam_defaults();
     c.lr = 0.1;
-    zd_tensor_t *p[2] = { zd_tensor_zeros1(RN), zd_tensor_zeros1(RN) };
+    zd_tensor_t *p[2] = {zd_tensor_zeros1(RN), zd_tensor_zeros1(RN)};
     zd_tensor_t *g = zd_tensor_zeros1(RN);
     double ref0[RN], ref1[RN], gd[RN];
     for (int i = 0; i < RN; i++) {
@@ -459,11 +460,11 @@ static void test_skipped_parameters(void **state)
     ref_init(&c, &r0);
     ref_init(&c, &r1);
     zd_optim_t *opt = zd_optim_new(&c, p, 2);
-    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g, NULL }), 0);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){g, NULL}), 0);
     ref_step(&c, ref0, gd, &r0);
     for (int i = 0; i < RN; i++)
         assert_float_equal(zd_tensor_data(p[1])[i], (float)param_at(i), 0);
-    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){ g, g }), 0);
+    assert_int_equal(zd_optim_step(opt, (zd_tensor_t *[]){g, g}), 0);
     ref_step(&c, ref0, gd, &r0);
     ref_step(&c, ref1, gd, &r1);
     for (int i = 0; i < RN; i++) {
@@ -490,7 +491,7 @@ static void test_grad_field_and_zero_grad(void **state)
     assert_int_equal(zd_tensor_set_requires_grad(p, true), 0);
     assert_int_equal(zd_tensor_set_requires_grad(q, true), 0);
     assert_int_equal(zd_tensor_accumulate_grad(p, g), 0);
-    zd_optim_t *opt = zd_optim_new(&c, (zd_tensor_t *[]){ p, q }, 2);
+    zd_optim_t *opt = zd_optim_new(&c, (zd_tensor_t *[]){p, q}, 2);
     /* p: 1 - 0.5 * (2 + 0.5 * 1) = -0.25; q has no .grad: untouched. */
     assert_int_equal(zd_optim_step_grad(opt), 0);
     assert_float_equal(zd_tensor_data(p)[0], -0.25f, 1e-7);
@@ -528,21 +529,21 @@ static void test_grad_field_and_zero_grad(void **state)
 /*  Field by field: the struct has padding. */
 static bool config_equal(const zd_optim_config_t *a, const zd_optim_config_t *b)
 {
-    return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum
-        && a->dampening == b->dampening && a->weight_decay == b->weight_decay
-        && a->beta1 == b->beta1 && a->beta2 == b->beta2 && a->eps == b->eps
-        && a->lr_decay == b->lr_decay
-        && a->initial_accumulator_value == b->initial_accumulator_value
-        && a->alpha == b->alpha && a->nesterov == b->nesterov && a->amsgrad == b->amsgrad
-        && a->centered == b->centered && a->maximize == b->maximize;
+    return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum &&
+        a->dampening == b->dampening && a->weight_decay == b->weight_decay &&
+        a->beta1 == b->beta1 && a->beta2 == b->beta2 && a->eps == b->eps &&
+        a->lr_decay == b->lr_decay &&
+        a->initial_accumulator_value == b->initial_accumulator_value && a->alpha == b->alpha &&
+        a->nesterov == b->nesterov && a->amsgrad == b->amsgrad && a->centered == b->centered &&
+        a->maximize == b->maximize;
 }
 
 static void test_config_text(void **state)
 {
     (void)state;
-    zd_optim_config_t all[5] = { zd_optim_sgd_defaults(0.03), zd_optim_adam_defaults(),
-                              zd_optim_adamw_defaults(), zd_optim_adagrad_defaults(),
-                              zd_optim_rmsprop_defaults() };
+    zd_optim_config_t all[5] = {zd_optim_sgd_defaults(0.03), zd_optim_adam_defaults(),
+                                zd_optim_adamw_defaults(), zd_optim_adagrad_defaults(),
+                                zd_optim_rmsprop_defaults()};
     all[0].momentum = 0.9;
     all[0].weight_decay = 1e-4;
     all[0].nesterov = true;
@@ -552,8 +553,9 @@ static void test_config_text(void **state)
     all[4].centered = true;
     char buf[512];
     int n = zd_optim_config_format(&all[0], buf, sizeof buf);
-    assert_string_equal(buf, "sgd lr=0.03 momentum=0.9 dampening=0 weight_decay=0.0001 "
-                             "nesterov=1 maximize=0");
+    assert_string_equal(buf,
+                        "sgd lr=0.03 momentum=0.9 dampening=0 weight_decay=0.0001 "
+                        "nesterov=1 maximize=0");
     assert_int_equal(n, (int)strlen(buf));
     for (int k = 0; k < 5; k++) {
         n = zd_optim_config_format(&all[k], buf, sizeof buf);
@@ -656,12 +658,12 @@ static void test_state_export_import(void **state)
     c = zd_optim_adam_defaults();
     zd_tensor_t *p0 = zd_tensor_zeros1(2), *p = zd_tensor_zeros1(4), *g = zd_tensor_zeros1(4);
     zd_tensor_fill_(g, 0.5f);
-    zd_optim_t *o = zd_optim_new(&c, (zd_tensor_t *[]){ p0, p }, 2);
+    zd_optim_t *o = zd_optim_new(&c, (zd_tensor_t *[]){p0, p}, 2);
     zd_named_tensors_t *st = zd_optim_state_export(o);
     assert_non_null(st);
     assert_int_equal(zd_named_tensors_len(st), 0);
     zd_named_tensors_free(st);
-    assert_int_equal(zd_optim_step(o, (zd_tensor_t *[]){ NULL, g }), 0);
+    assert_int_equal(zd_optim_step(o, (zd_tensor_t *[]){NULL, g}), 0);
     st = zd_optim_state_export(o);
     assert_non_null(st);
     assert_int_equal(zd_named_tensors_len(st), 3);
@@ -677,20 +679,21 @@ static void test_state_export_import(void **state)
     assert_int_equal(zd_tensor_data_i64(ts[2])[0], 1);
 
     /* Broken states are refused whole. */
-    const char *bad_names[3] = { "1.exp_avg", "1.exp_avg_sq", "1.max_exp_avg_sq" };
+    const char *bad_names[3] = {"1.exp_avg", "1.exp_avg_sq", "1.max_exp_avg_sq"};
     assert_int_equal(import(o, 3, bad_names, ts), -1);
     assert_non_null(strstr(zd_error_last(), "no state 'max_exp_avg_sq'"));
     assert_int_equal(import(o, 2, names, ts), -1);
     assert_non_null(strstr(zd_error_last(), "parameter 1 has some state but no '1.step'"));
-    const char *far[1] = { "7.exp_avg" };
+    const char *far[1] = {"7.exp_avg"};
     assert_int_equal(import(o, 1, far, ts), -1);
     assert_non_null(strstr(zd_error_last(), "index below 2"));
-    const char *twice[3] = { "1.exp_avg", "01.exp_avg", "1.step" };
+    const char *twice[3] = {"1.exp_avg", "01.exp_avg", "1.step"};
     assert_int_equal(import(o, 3, twice, ts), -1);
     assert_non_null(strstr(zd_error_last(), "entry '01.exp_avg' given twice"));
     zd_tensor_t *wrong = zd_tensor_zeros1(5);
-    assert_int_equal(import(o, 3, names, (zd_tensor_t *[]){ wrong, ts[1], ts[2] }), -1);
-    assert_non_null(strstr(zd_error_last(), "'1.exp_avg' is float32 (5), the parameter float32 (4)"));
+    assert_int_equal(import(o, 3, names, (zd_tensor_t *[]){wrong, ts[1], ts[2]}), -1);
+    assert_non_null(
+        strstr(zd_error_last(), "'1.exp_avg' is float32 (5), the parameter float32 (4)"));
     zd_tensor_unref(wrong);
     assert_int_equal(zd_optim_state_import(o, NULL), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
@@ -716,7 +719,7 @@ static void test_state_export_import(void **state)
 /*  Several threads stepping one optimizer: steps are serialised, none is
     lost. With lr 0.5 and gradient 1 every value stays exact. */
 #define THREADS 4
-#define ROUNDS 200
+#define ROUNDS  200
 
 static zd_optim_t *shared_opt;
 static zd_tensor_t *shared_grad;

@@ -56,8 +56,8 @@ static int setup(const world_t *w)
     ready = zd_future_new();
     hang = zd_future_new();
     return zd_rpc_register("echo", world_h_echo, NULL) | zd_rpc_register("add", world_h_add, NULL) |
-           zd_rpc_register_inline("ready", h_ready, NULL) |
-           zd_rpc_register_async("hang", h_hang, NULL);
+        zd_rpc_register_inline("ready", h_ready, NULL) |
+        zd_rpc_register_async("hang", h_hang, NULL);
 }
 
 static int64_t debug_value(const char *name)
@@ -73,7 +73,7 @@ static bool released(int64_t deadline_ms)
 {
     for (;;) {
         bool done = zd_rpc_peer_is_lost(2) && debug_value("num_owner_rrefs") == 0 &&
-                    debug_value("num_autograd_contexts") == 0 && debug_value("num_serving") == 0;
+            debug_value("num_autograd_contexts") == 0 && debug_value("num_serving") == 0;
         if (done || world_now_ms() >= deadline_ms)
             return done;
         struct timespec ts = {0, 2000000};
@@ -151,8 +151,12 @@ static int body(const world_t *w)
 static void test_lost_peer_released_and_refused(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup, .fn = body, .timeout_s = 60,
-                         .dist_autograd = true, .expect_exit = {0, 0, 128 + SIGKILL}};
+    world_options_t o = {.world_size = 3,
+                         .setup = setup,
+                         .fn = body,
+                         .timeout_s = 60,
+                         .dist_autograd = true,
+                         .expect_exit = {0, 0, 128 + SIGKILL}};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -161,8 +165,7 @@ static void test_lost_peer_released_and_refused(void **state)
 /*  Sends a control message about RRef rref_id / fork fork_id to rank 0 as
     if from rank `as` (its zd_rpc_sync identity) and returns the ERROR's
     text in text ("" when the answer was not an ERROR). */
-static int forged(int as, uint8_t type, uint64_t rref_id, uint64_t fork_id, char *text,
-                  size_t size)
+static int forged(int as, uint8_t type, uint64_t rref_id, uint64_t fork_id, char *text, size_t size)
 {
     zd_rpc_worker_info_t info;
     intruder_t in;
@@ -172,11 +175,17 @@ static int forged(int as, uint8_t type, uint64_t rref_id, uint64_t fork_id, char
     if (zd_rpc_get_worker_info_by_rank(0, &info) < 0 ||
         intruder_open_as(&in, info.endpoint, as, slot--) < 0)
         return -1;
-    rpc_wire_header_t h = {.type = type, .src = as, .dst = 0, .id = ++in.next_id, .a = rref_id,
-                           .b = fork_id, .timeout_ms = 1000};
+    rpc_wire_header_t h = {.type = type,
+                           .src = as,
+                           .dst = 0,
+                           .id = ++in.next_id,
+                           .a = rref_id,
+                           .b = fork_id,
+                           .timeout_ms = 1000};
     intruder_answer_t ans;
     int rc = intruder_send(&in, &h, 0, NULL, NULL) == 0 && intruder_answer(&in, 10000, &ans) == 1
-                 ? 0 : -1;
+        ? 0
+        : -1;
     if (rc == 0) {
         snprintf(text, size, "%s", ans.type == RPC_MSG_ERROR ? ans.text : "");
         intruder_answer_clear(&ans);
@@ -214,14 +223,13 @@ static int setup_forks(const world_t *w)
 {
     (void)w;
     return zd_rpc_register("echo", world_h_echo, NULL) |
-           zd_rpc_register("owner_count", world_h_owner_count, NULL);
+        zd_rpc_register("owner_count", world_h_owner_count, NULL);
 }
 
 static void test_only_the_holder_fetches_or_deletes(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .setup = setup_forks, .fn = body_forks,
-                         .timeout_s = 60};
+    world_options_t o = {.world_size = 3, .setup = setup_forks, .fn = body_forks, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -249,7 +257,7 @@ static int body_interrupted(const world_t *w)
     int rc = 0;
     WCHECK(zd_rpc_register("echo", world_h_echo, NULL) == 0);
     WCHECK(zd_rpc_register("pid", h_pid, NULL) == 0);
-    setenv("ZDIST_SHM", "0", 1);   /* the tensor goes over the connection */
+    setenv("ZDIST_SHM", "0", 1); /* the tensor goes over the connection */
     zd_rpc_options_t o = world_rpc_options(w->port);
     o.heartbeat_ms = world_scaled_ms(1000);
     char name[16];
@@ -267,7 +275,7 @@ static int body_interrupted(const world_t *w)
            and too big for the sockets' buffers goes down with it: without
            the failure at the connection's return, it would wait forever. */
         WCHECK(kill(pid, SIGSTOP) == 0);
-        zd_tensor_t *big = zd_tensor_zeros1(4 << 20);   /* 16 MiB: more than the
+        zd_tensor_t *big = zd_tensor_zeros1(4 << 20); /* 16 MiB: more than the
                                                            sockets' buffers hold */
         WCHECK(big != NULL);
         zd_future_t *f = zd_rpc_async_take(1, "echo", zd__rpc_args("t", big), ZD_TIMEOUT_NONE);
@@ -288,9 +296,9 @@ static int body_interrupted(const world_t *w)
         bool failed = !f || zd_future_value(f) == NULL;
         const char *why = f ? zd_future_error(f) : "";
         printf("rank 0: the call %s %lld ms after the peer was woken%s%s\n",
-               !failed ? "was answered"
-               : strstr(why, "may or may not have run") ? "failed, interrupted,"
-                                                         : "failed",
+               !failed                                      ? "was answered"
+                   : strstr(why, "may or may not have run") ? "failed, interrupted,"
+                                                            : "failed",
                (long long)(world_now_ms() - t1), failed ? ": " : "", failed ? why : "");
         WCHECK(failed && zd_future_error_code(f) == ZD_ERR_PEER);
         zd_future_unref(f);
@@ -298,7 +306,7 @@ static int body_interrupted(const world_t *w)
            peer is served again once the connection is back. */
         int64_t again = -1;
         while (!zd_rpc_peer_is_lost(1) && again < 0 && world_now_ms() < t1 + world_scaled_ms(10000))
-            again = world_call_int(1, "pid");   /* fails at once until reconnected */
+            again = world_call_int(1, "pid"); /* fails at once until reconnected */
         WCHECK(zd_rpc_peer_is_lost(1) || again == pid);
         zd_log_set_sink(NULL, NULL);
     }
@@ -312,8 +320,8 @@ static int body_interrupted(const world_t *w)
 static void test_connection_back_fails_waiting_calls(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .fn = body_interrupted, .own_init = true,
-                         .timeout_s = 90};
+    world_options_t o = {
+        .world_size = 2, .fn = body_interrupted, .own_init = true, .timeout_s = 90};
     assert_int_equal(world_run(&o), 0);
 }
 

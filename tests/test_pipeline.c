@@ -31,8 +31,8 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
-#define SEED 5
-#define BATCH 30        /* 4 micro-batches of 8, 8, 8 and 6 rows */
+#define SEED    5
+#define BATCH   30 /* 4 micro-batches of 8, 8, 8 and 6 rows */
 #define NPARAMS (2 * PIPELINE_STAGE_PARAMS)
 
 static zd_value_t *fn_num_contexts(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -60,8 +60,7 @@ static int test_batch(zd_tensor_t **x, zd_tensor_t **y)
     return rc;
 }
 
-static int close_to(const char *what, const zd_tensor_t *got,
-                    const zd_tensor_t *want)
+static int close_to(const char *what, const zd_tensor_t *got, const zd_tensor_t *want)
 {
     if (!got || !want || zd_tensor_numel(got) != zd_tensor_numel(want))
         return zd_error_set("%s: missing or of the wrong size", what);
@@ -154,8 +153,8 @@ static int fn_gradients(const world_t *w)
 {
     if (w->rank != 0)
         return 0;
-    gradients_run_t g = {.net = zd_nn_net_new(SEED), .pn = pipeline_net_new(1, 2, SEED, false),
-                         .ctx = -1};
+    gradients_run_t g = {
+        .net = zd_nn_net_new(SEED), .pn = pipeline_net_new(1, 2, SEED, false), .ctx = -1};
     int rc = gradients_match(&g, *(const int *)w->arg);
     if (g.ctx >= 0 && zd_dist_autograd_context_end(g.ctx, -1) < 0)
         rc = world_fail(w, "context_end: %s", zd_error_last());
@@ -183,8 +182,11 @@ static void test_gradients_one_micro_batch(void **state)
     (void)state;
     need_data();
     int split = 1;
-    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup,
-                         .fn = fn_gradients, .arg = &split, .timeout_s = 120,
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE,
+                         .setup = setup,
+                         .fn = fn_gradients,
+                         .arg = &split,
+                         .timeout_s = 120,
                          .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
@@ -194,8 +196,11 @@ static void test_gradients_four_micro_batches(void **state)
     (void)state;
     need_data();
     int split = 4;
-    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup,
-                         .fn = fn_gradients, .arg = &split, .timeout_s = 120,
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE,
+                         .setup = setup,
+                         .fn = fn_gradients,
+                         .arg = &split,
+                         .timeout_s = 120,
                          .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
@@ -240,8 +245,11 @@ static void test_eval_forward(void **state)
 {
     (void)state;
     need_data();
-    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup, .fn = fn_eval,
-                         .timeout_s = 120, .dist_autograd = true};
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE,
+                         .setup = setup,
+                         .fn = fn_eval,
+                         .timeout_s = 120,
+                         .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -270,8 +278,8 @@ static int fn_driver(const world_t *w)
         /* Both stages computed during the forwards, which took longer than
            either; the overlap is a share (its size depends on timing). */
         const double *st = res.stage_ms[r];
-        if (!(st[0] > 0 && st[1] > 0 && res.forward_ms[r] >= st[0] &&
-              res.forward_ms[r] >= st[1] && res.overlap[r] >= 0 && res.overlap[r] <= 1))
+        if (!(st[0] > 0 && st[1] > 0 && res.forward_ms[r] >= st[0] && res.forward_ms[r] >= st[1] &&
+              res.overlap[r] >= 0 && res.overlap[r] <= 1))
             rc = world_fail(w, "run %d: forward %g ms, stages %g and %g ms, overlap %g", r,
                             res.forward_ms[r], st[0], st[1], res.overlap[r]);
     }
@@ -286,8 +294,11 @@ static void test_driver_runs(void **state)
 {
     (void)state;
     need_data();
-    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE, .setup = setup, .fn = fn_driver,
-                         .timeout_s = 120, .dist_autograd = true};
+    world_options_t o = {.world_size = PIPELINE_WORLD_SIZE,
+                         .setup = setup,
+                         .fn = fn_driver,
+                         .timeout_s = 120,
+                         .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
 }
 

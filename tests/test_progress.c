@@ -70,41 +70,49 @@ static void test_lines_on_a_fake_clock(void **state)
     sink_t s;
     sink_open(&s);
     progress_t p;
-    progress_config_t c = {.label = "Rank 1", .total = 120, .per_epoch = 40, .epochs = 3,
-                           .samples_per_step = 32, .every_s = 5};
+    progress_config_t c = {.label = "Rank 1",
+                           .total = 120,
+                           .per_epoch = 40,
+                           .epochs = 3,
+                           .samples_per_step = 32,
+                           .every_s = 5};
     double t = 100;
     progress_init(&p, s.f, false, &c, t);
     for (int i = 1; i <= 19; i++)
         progress_step(&p, t += 0.25, i);
-    assert_int_equal(s.len, 0);   /* 4.75 s: nothing yet */
+    assert_int_equal(s.len, 0); /* 4.75 s: nothing yet */
     progress_step(&p, t += 0.25, 20);
-    assert_string_equal(sink_text(&s), "Rank 1 epoch 1/3 batch 20/120 16% 128 samples/s "
-                                       "loss(avg) 10.5000 elapsed 5s left 25s\n");
+    assert_string_equal(sink_text(&s),
+                        "Rank 1 epoch 1/3 batch 20/120 16% 128 samples/s "
+                        "loss(avg) 10.5000 elapsed 5s left 25s\n");
     /* Slower: the rate is the last interval's, the time left the run's
        average; the loss is the mean since the previous line. */
     for (int i = 21; i <= 30; i++)
         progress_step(&p, t += 0.5, i);
-    assert_string_equal(sink_text(&s) + strlen("Rank 1 epoch 1/3 batch 20/120 16% 128 samples/s "
-                                               "loss(avg) 10.5000 elapsed 5s left 25s\n"),
+    assert_string_equal(sink_text(&s) +
+                            strlen("Rank 1 epoch 1/3 batch 20/120 16% 128 samples/s "
+                                   "loss(avg) 10.5000 elapsed 5s left 25s\n"),
                         "Rank 1 epoch 1/3 batch 30/120 25% 64 samples/s loss(avg) 25.5000 "
                         "elapsed 10s left 30s\n");
     /* The batch counts across epochs: batch 41 is in epoch 2. */
     for (int i = 31; i <= 50; i++)
         progress_step(&p, t += 0.5, 1.0);
-    assert_non_null(strstr(sink_text(&s), "Rank 1 epoch 1/3 batch 40/120 33% 64 samples/s "
-                                          "loss(avg) 1.0000 elapsed 15s left 30s\n"
-                                          "Rank 1 epoch 2/3 batch 50/120 41% 64 samples/s "
-                                          "loss(avg) 1.0000 elapsed 20s left 28s\n"));
+    assert_non_null(strstr(sink_text(&s),
+                           "Rank 1 epoch 1/3 batch 40/120 33% 64 samples/s "
+                           "loss(avg) 1.0000 elapsed 15s left 30s\n"
+                           "Rank 1 epoch 2/3 batch 50/120 41% 64 samples/s "
+                           "loss(avg) 1.0000 elapsed 20s left 28s\n"));
     assert_int_equal(count(s.buf, "\n"), 4);
     /* An evaluation of 3 s is left out of the rate, not of the time left. */
     progress_skip(&p, 3);
     t += 3;
     for (int i = 51; i <= 60; i++)
         progress_step(&p, t += 0.5, 1.0);
-    assert_non_null(strstr(sink_text(&s), "Rank 1 epoch 2/3 batch 60/120 50% 64 samples/s "
-                                          "loss(avg) 1.0000 elapsed 28s left 28s\n"));
+    assert_non_null(strstr(sink_text(&s),
+                           "Rank 1 epoch 2/3 batch 60/120 50% 64 samples/s "
+                           "loss(avg) 1.0000 elapsed 28s left 28s\n"));
     assert_null(strchr(s.buf, '\r'));
-    progress_end(&p, t);   /* into a file: nothing more */
+    progress_end(&p, t); /* into a file: nothing more */
     assert_int_equal(count(sink_text(&s), "\n"), 5);
     sink_close(&s);
 }
@@ -117,14 +125,20 @@ static void test_resumed_run(void **state)
     sink_t s;
     sink_open(&s);
     progress_t p;
-    progress_config_t c = {.label = "Rank 2", .first = 40, .total = 120, .per_epoch = 40,
-                           .epochs = 3, .samples_per_step = 32, .every_s = 5};
+    progress_config_t c = {.label = "Rank 2",
+                           .first = 40,
+                           .total = 120,
+                           .per_epoch = 40,
+                           .epochs = 3,
+                           .samples_per_step = 32,
+                           .every_s = 5};
     double t = 0;
     progress_init(&p, s.f, false, &c, t);
     for (int i = 0; i < 20; i++)
         progress_step(&p, t += 0.25, 2.0);
-    assert_string_equal(sink_text(&s), "Rank 2 epoch 2/3 batch 60/120 50% 128 samples/s "
-                                       "loss(avg) 2.0000 elapsed 5s left 15s\n");
+    assert_string_equal(sink_text(&s),
+                        "Rank 2 epoch 2/3 batch 60/120 50% 128 samples/s "
+                        "loss(avg) 2.0000 elapsed 5s left 15s\n");
     sink_close(&s);
 }
 
@@ -161,8 +175,8 @@ static void test_terminal_line(void **state)
     sink_t s;
     sink_open(&s);
     progress_t p;
-    progress_config_t c = {.label = "train_local", .total = 100, .samples_per_step = 10,
-                           .every_s = 1};
+    progress_config_t c = {
+        .label = "train_local", .total = 100, .samples_per_step = 10, .every_s = 1};
     double t = 0;
     progress_init(&p, s.f, true, &c, t);
     for (int i = 0; i < 8; i++)
@@ -177,13 +191,13 @@ static void test_terminal_line(void **state)
     assert_string_equal(sink_text(&s) + before, "\r\033[K");
     fprintf(s.f, "a line of its own\n");
     before = s.len + strlen("a line of its own\n");
-    progress_step(&p, t += 0.25, 0.5);   /* drawn again at once, same interval */
+    progress_step(&p, t += 0.25, 0.5); /* drawn again at once, same interval */
     assert_string_equal(sink_text(&s) + before,
                         "\rtrain_local batch 9/100 9% 40 samples/s loss(avg) 0.5000 elapsed 2s "
                         "left 23s\033[K");
     before = s.len;
-    progress_step(&p, t += 0.25, 0.5);   /* 2.5 s: not yet */
-    progress_step(&p, t += 0.25, 0.5);   /* 2.75 s */
+    progress_step(&p, t += 0.25, 0.5); /* 2.5 s: not yet */
+    progress_step(&p, t += 0.25, 0.5); /* 2.75 s */
     assert_int_equal(s.len, before);
     progress_end(&p, t += 0.25);
     assert_string_equal(sink_text(&s) + before,
@@ -210,12 +224,9 @@ static void test_long_label_is_cut(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_duration),
-        cmocka_unit_test(test_lines_on_a_fake_clock),
-        cmocka_unit_test(test_resumed_run),
-        cmocka_unit_test(test_what_is_unknown_is_left_out),
-        cmocka_unit_test(test_terminal_line),
-        cmocka_unit_test(test_long_label_is_cut),
+        cmocka_unit_test(test_duration),      cmocka_unit_test(test_lines_on_a_fake_clock),
+        cmocka_unit_test(test_resumed_run),   cmocka_unit_test(test_what_is_unknown_is_left_out),
+        cmocka_unit_test(test_terminal_line), cmocka_unit_test(test_long_label_is_cut),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -32,8 +32,8 @@
 #include "tests/support/program.h"
 #include "tests/support/world.h"
 
-#define RANKS 3         /* one server, two trainers */
-#define MAX_RANKS 4     /* two server shards, two trainers */
+#define RANKS     3 /* one server, two trainers */
+#define MAX_RANKS 4 /* two server shards, two trainers */
 
 typedef struct {
     int n;
@@ -48,9 +48,15 @@ static void start_rank(world_procs_t *w, int r, const char *const *extra)
 {
     char a_rank[32];
     snprintf(a_rank, sizeof a_rank, "--rank=%d", r);
-    char *argv[32] = {(char *)program_path("examples/rpc_ps"), a_rank, w->a_world,
-                      "--master_addr=127.0.0.1", w->a_port, w->ck, "--eval_samples=1000",
-                      "--progress_s=0", "--checkpoint_every=10"};
+    char *argv[32] = {(char *)program_path("examples/rpc_ps"),
+                      a_rank,
+                      w->a_world,
+                      "--master_addr=127.0.0.1",
+                      w->a_port,
+                      w->ck,
+                      "--eval_samples=1000",
+                      "--progress_s=0",
+                      "--checkpoint_every=10"};
     int k = 9;
     for (int i = 0; extra && extra[i]; i++)
         argv[k++] = (char *)extra[i];
@@ -116,7 +122,7 @@ static void test_trainer_killed_and_restarted_rejoins(void **state)
     double t0 = program_now_s(), deadline = t0 + 300;
     start_rank(&w, 0, flags);
     start_rank(&w, 1, flags);
-    setenv("ZDIST_FAULT", "2:forward:kill:25", 1);   /* before its 25th batch */
+    setenv("ZDIST_FAULT", "2:forward:kill:25", 1); /* before its 25th batch */
     start_rank(&w, 2, flags);
     unsetenv("ZDIST_FAULT");
     int rc = program_wait(&w.p[2], deadline);
@@ -124,15 +130,16 @@ static void test_trainer_killed_and_restarted_rejoins(void **state)
     assert_int_equal(rc, 128 + SIGKILL);
     free(w.p[2].out);
     double restarted = program_now_s();
-    start_rank(&w, 2, flags);   /* the same flags: no --resume */
+    start_rank(&w, 2, flags); /* the same flags: no --resume */
     assert_int_equal(program_read(&w.p[2], "resuming at batch", deadline), 1);
     printf("restarted trainer resumed %.2f s after its start\n", program_now_s() - restarted);
     world_wait(&w, deadline);
     for (int r = 0; r < RANKS; r++)
         assert_int_equal(w.rc[r], 0);
     /* Its last checkpoint was at batch 20 (every 10 batches). */
-    assert_non_null(strstr(out(&w, 2), "Rank 2 rejoined the world; resuming at batch 20 (20 "
-                                       "batches done)"));
+    assert_non_null(strstr(out(&w, 2),
+                           "Rank 2 rejoined the world; resuming at batch 20 (20 "
+                           "batches done)"));
     assert_non_null(strstr(out(&w, 2), "Rank 2 test accuracy "));
     assert_non_null(strstr(out(&w, 1), "Rank 1 test accuracy "));
     assert_non_null(strstr(out(&w, 0), "(rank 2), lost at batch"));
@@ -273,8 +280,7 @@ static void test_shard_1_killed_and_restarted_with_resume(void **state)
     (void)state;
     enum { SHARDS = 2, N = 4 };
     static const char *const flags[] = {"--max_batches=60", "--num_servers=2", NULL};
-    static const char *const resume[] = {"--max_batches=60", "--num_servers=2", "--resume",
-                                         NULL};
+    static const char *const resume[] = {"--max_batches=60", "--num_servers=2", "--resume", NULL};
     world_procs_t w;
     world_init_n(&w, N);
     double t0 = program_now_s(), deadline = t0 + 300;
@@ -318,7 +324,7 @@ static void test_shard_1_killed_and_restarted_with_resume(void **state)
         printf("rank %d: %.*s\n", r, (int)strcspn(p, "\n"), p);
         double acc = accuracy(out(&w, r), r);
         printf("rank %d: final accuracy %.2f %%\n", r, acc);
-        assert_true(acc > 40);   /* chance is 10 % */
+        assert_true(acc > 40); /* chance is 10 % */
     }
     /* Shard 1 came back from its file; shard 0 rolled every shard back to
        its own last generation (that of shard 1's file, or of the one it
@@ -328,7 +334,7 @@ static void test_shard_1_killed_and_restarted_with_resume(void **state)
     long long loaded0 = last_loaded(out(&w, 0), 0);
     printf("shard 1 holds generation %lld; shard 0 went back to %lld and loaded %lld\n", loaded1,
            back_to, loaded0);
-    assert_true(back_to >= 2);   /* each trainer checkpoints at batches 10, 20, ... */
+    assert_true(back_to >= 2); /* each trainer checkpoints at batches 10, 20, ... */
     assert_true(loaded1 == back_to);
     assert_true(loaded0 == back_to);
     assert_non_null(strstr(out(&w, 0), "2 of 2 trainers finished"));

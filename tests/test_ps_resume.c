@@ -82,9 +82,9 @@ static void test_shard_killed_mid_checkpoint_resumes_last_whole_one(void **state
     assert_non_null(mkdtemp(dir));
     snprintf(ck, sizeof ck, "--checkpoint=%s/c", dir);
     const char *launch = program_path("tools/launch"), *ps = program_path("examples/rpc_ps");
-#define WORLD (char *)launch, "--nproc=3", "--", (char *)ps, "--num_servers=2", "--no_dropout", \
-              "--log_interval=1", "--seed=7", "--eval_samples=100", "--progress_s=0", \
-              "--max_batches=20"
+#define WORLD                                                                                      \
+    (char *)launch, "--nproc=3", "--", (char *)ps, "--num_servers=2", "--no_dropout",              \
+        "--log_interval=1", "--seed=7", "--eval_samples=100", "--progress_s=0", "--max_batches=20"
     char *whole_argv[] = {WORLD, NULL};
     char *ck_argv[] = {WORLD, ck, "--checkpoint_every=5", NULL};
     char *resume_argv[] = {WORLD, ck, "--checkpoint_every=5", "--resume", NULL};
@@ -97,9 +97,8 @@ static void test_shard_killed_mid_checkpoint_resumes_last_whole_one(void **state
     assert_int_not_equal(program_run(ck_argv, 300, false, &crash), 0);
     unsetenv("ZDIST_FAULT");
     assert_non_null(strstr(crash, "ZDIST_FAULT: rank 0: kill at checkpoint #2"));
-    assert_true(exists(dir, "c.shard0") && exists(dir, "c.shard1") &&
-                exists(dir, "c.shard1.prev"));
-    copy(dir, "c.shard1", "gen2.shard1");   /* for the mix below */
+    assert_true(exists(dir, "c.shard0") && exists(dir, "c.shard1") && exists(dir, "c.shard1.prev"));
+    copy(dir, "c.shard1", "gen2.shard1"); /* for the mix below */
 
     /* Writes killed half-way left these (the names zd_checkpoint_save and
        the .prev link use); the last two are not this world's. */
@@ -109,8 +108,9 @@ static void test_shard_killed_mid_checkpoint_resumes_last_whole_one(void **state
     touch(dir, "c.notes.tmp.1.0");
     touch(dir, "c.shard7.tmp.1.0");
     assert_int_equal(program_run(resume_argv, 300, true, &rest), 0);
-    assert_non_null(strstr(rest, "c.shard1 holds generation 2, a checkpoint that did not reach "
-                                 "shard 0: resuming from"));
+    assert_non_null(strstr(rest,
+                           "c.shard1 holds generation 2, a checkpoint that did not reach "
+                           "shard 0: resuming from"));
     assert_non_null(strstr(rest, "c.shard1.prev (generation 1)"));
     assert_non_null(strstr(rest, "c.shard0 (generation 1)"));
     assert_non_null(strstr(rest, "resuming at batch 5 (5 batches done)"));

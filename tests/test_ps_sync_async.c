@@ -84,8 +84,9 @@ static void test_sync_accuracy(void **state)
 {
     (void)state;
 #ifdef WORLD_UNDER_TSAN
-    fprintf(stderr, "skipped under ThreadSanitizer: the accuracy after 200 iterations is "
-                    "checked by the other builds\n");
+    fprintf(stderr,
+            "skipped under ThreadSanitizer: the accuracy after 200 iterations is "
+            "checked by the other builds\n");
     skip();
 #endif
     need_data();
@@ -96,7 +97,7 @@ static void test_sync_accuracy(void **state)
 /*  ---- sync equals one process summing the same workers' gradients ---- */
 
 #define SMALL_ITERS 12
-#define SMALL_TRAIN 1000    /* 8 batches an epoch: the workers start new epochs */
+#define SMALL_TRAIN 1000 /* 8 batches an epoch: the workers start new epochs */
 
 static ps_options_t small_options(int servers, bool async)
 {
@@ -210,8 +211,11 @@ static void test_sync_one_server_matches_local(void **state)
     (void)state;
     need_data();
     int servers = 1;
-    world_options_t o = {.world_size = 4, .setup = setup, .fn = fn_sync_matches_local,
-                         .arg = &servers, .timeout_s = 120};
+    world_options_t o = {.world_size = 4,
+                         .setup = setup,
+                         .fn = fn_sync_matches_local,
+                         .arg = &servers,
+                         .timeout_s = 120};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -220,8 +224,11 @@ static void test_sync_two_servers_match_local(void **state)
     (void)state;
     need_data();
     int servers = 2;
-    world_options_t o = {.world_size = 5, .setup = setup, .fn = fn_sync_matches_local,
-                         .arg = &servers, .timeout_s = 120};
+    world_options_t o = {.world_size = 5,
+                         .setup = setup,
+                         .fn = fn_sync_matches_local,
+                         .arg = &servers,
+                         .timeout_s = 120};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -242,8 +249,10 @@ static int check_printed(const world_t *w, FILE *f, int64_t total, int64_t every
     int rc = 0, final = 0;
     double acc;
     rewind(f);
-    if (!fgets(line, sizeof line, f) || strcmp(line, "Running Asynchronous Parameter Server "
-                                                     "Training.\n") != 0)
+    if (!fgets(line, sizeof line, f) ||
+        strcmp(line,
+               "Running Asynchronous Parameter Server "
+               "Training.\n") != 0)
         return world_fail(w, "the first line printed is not Ray's");
     while (rc == 0 && fgets(line, sizeof line, f)) {
         long long i;
@@ -290,8 +299,7 @@ static int fn_async_once(const world_t *w)
     int rc = check_printed(w, out, total, o.eval_interval);
     fclose(out);
     if (res.updates != total)
-        rc = world_fail(w, "%lld updates, expected %lld", (long long)res.updates,
-                        (long long)total);
+        rc = world_fail(w, "%lld updates, expected %lld", (long long)res.updates, (long long)total);
     int64_t computed = 0;
     for (int k = 0; k < W; k++) {
         computed += res.workers[k].count;
@@ -300,8 +308,8 @@ static int fn_async_once(const world_t *w)
                             (long long)res.workers[k].count, (long long)res.workers[k].n_hashes);
     }
     if (computed != total)
-        rc = world_fail(w, "workers computed %lld gradients, expected %lld",
-                        (long long)computed, (long long)total);
+        rc = world_fail(w, "workers computed %lld gradients, expected %lld", (long long)computed,
+                        (long long)total);
     /* Server s must have summed exactly slice s of every computed gradient. */
     for (int s = 0; s < S && rc == 0; s++) {
         uint64_t *want = calloc((size_t)total, sizeof *want);
@@ -318,8 +326,10 @@ static int fn_async_once(const world_t *w)
             qsort(st->hashes, (size_t)n, sizeof *want, cmp_u64);
             for (int64_t i = 0; i < n && rc == 0; i++)
                 if (want[i] != st->hashes[i] || (i > 0 && want[i] == want[i - 1]))
-                    rc = world_fail(w, "server %d: the gradients applied are not those "
-                                    "computed, each once (at %lld)", s, (long long)i);
+                    rc = world_fail(w,
+                                    "server %d: the gradients applied are not those "
+                                    "computed, each once (at %lld)",
+                                    s, (long long)i);
         }
         free(want);
     }
@@ -331,8 +341,7 @@ static void test_async_each_gradient_once(void **state)
 {
     (void)state;
     need_data();
-    world_options_t o = {.world_size = 5, .setup = setup, .fn = fn_async_once,
-                         .timeout_s = 120};
+    world_options_t o = {.world_size = 5, .setup = setup, .fn = fn_async_once, .timeout_s = 120};
     assert_int_equal(world_run(&o), 0);
 }
 
@@ -361,18 +370,19 @@ static int fn_staleness(const world_t *w)
         if (ps_run_driver(&o, &res) < 0)
             return world_fail(w, "driver: %s", zd_error_last());
         fprintf(stderr, "max_staleness %lld: updates per worker %lld %lld, most ahead %lld\n",
-                (long long)o.max_staleness, (long long)res.applied[0],
-                (long long)res.applied[1], (long long)res.max_lead);
+                (long long)o.max_staleness, (long long)res.applied[0], (long long)res.applied[1],
+                (long long)res.max_lead);
         if (res.updates != 2 * STALE_ITERS || res.applied[0] + res.applied[1] != res.updates)
-            rc = world_fail(w, "%lld updates (%lld + %lld), expected %d",
-                            (long long)res.updates, (long long)res.applied[0],
-                            (long long)res.applied[1], 2 * STALE_ITERS);
+            rc = world_fail(w, "%lld updates (%lld + %lld), expected %d", (long long)res.updates,
+                            (long long)res.applied[0], (long long)res.applied[1], 2 * STALE_ITERS);
         else if (bounded && res.max_lead > STALE_BOUND)
             rc = world_fail(w, "a worker ran %lld updates ahead with a bound of %d",
                             (long long)res.max_lead, STALE_BOUND);
         else if (!bounded && res.max_lead <= STALE_BOUND)
-            rc = world_fail(w, "without a bound the fast worker was only %lld ahead: the "
-                            "straggler does not straggle", (long long)res.max_lead);
+            rc = world_fail(w,
+                            "without a bound the fast worker was only %lld ahead: the "
+                            "straggler does not straggle",
+                            (long long)res.max_lead);
         ps_result_free(&res);
     }
     return rc;
@@ -402,8 +412,8 @@ static int fn_errors(const world_t *w)
     if (w->rank != 0)
         return 0;
     int rc = 0;
-    zd_value_t *a = zd__rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)0, (int64_t)1,
-                              (int64_t)0);
+    zd_value_t *a =
+        zd__rpc_args("sifiii", "convnet", (int64_t)1, 0.01, (int64_t)0, (int64_t)1, (int64_t)0);
     zd_rref_t *ps = zd_rpc_remote(1, "ParameterServer", a, -1);
     zd_value_unref(a);
     zd_value_t *v = NULL;
@@ -431,7 +441,7 @@ static int fn_errors(const world_t *w)
     zd_rref_unref(bad);
     /* A worker whose data cannot be found. */
     a = zd__rpc_args("siiisii", "convnet", (int64_t)0, (int64_t)1, (int64_t)8, "/nonexistent",
-                 (int64_t)0, (int64_t)0);
+                     (int64_t)0, (int64_t)0);
     zd_rref_t *wk = zd_rpc_remote(2, "DataWorker", a, -1);
     zd_value_unref(a);
     rc |= expect_error(w, zd_rref_to_here(wk, -1, &v), "/nonexistent");
@@ -485,7 +495,8 @@ static void test_slices_cover_the_weights(void **state)
     }
     assert_int_equal(ps_model_load(b, sl, 3), 0);
     for (int i = 0; i < zd_nn_module_n_params(a); i++)
-        assert_memory_equal(zd_tensor_data(zd_nn_module_param(a, i)), zd_tensor_data(zd_nn_module_param(b, i)),
+        assert_memory_equal(zd_tensor_data(zd_nn_module_param(a, i)),
+                            zd_tensor_data(zd_nn_module_param(b, i)),
                             zd_tensor_nbytes(zd_nn_module_param(a, i)));
     assert_int_equal(ps_model_load(b, sl, 2), -1);
     assert_non_null(strstr(zd_error_last(), "2 weight slices hold"));

@@ -39,7 +39,7 @@
 #define WAIT_MS 30000
 
 static zd_future_t *joined;
-static char g_key[256];     /* the world key file (made in the parent) */
+static char g_key[256]; /* the world key file (made in the parent) */
 
 static void on_joined(void *arg, int peer, const char *name)
 {
@@ -53,7 +53,7 @@ static zd_rpc_options_t options(const world_t *w)
     zd_rpc_options_t o = world_rpc_options(w->port);
     o.master_wait_ms = WAIT_MS;
     o.init_timeout_ms = WAIT_MS;
-    o.key_file = w->arg;    /* NULL: none (a loopback world) */
+    o.key_file = w->arg; /* NULL: none (a loopback world) */
     return o;
 }
 
@@ -156,7 +156,7 @@ static int master_restarts(const world_t *w)
     } else {
         WTRY(init(w));
         WTRY(survivor(w, 0));
-        WTRY(echo(3 - w->rank, 300));   /* and the members still reach each other */
+        WTRY(echo(3 - w->rank, 300)); /* and the members still reach each other */
     }
     return shutdown_all();
 }
@@ -192,7 +192,7 @@ static int strangers(const world_t *w)
     strangers_done = zd_future_new();
     WCHECK(strangers_done && zd_rpc_register_inline("done", h_done, NULL) == 0);
     WTRY(init(w));
-    if (w->rank != 1) {   /* rank 0's desk stays open until rank 1 is through */
+    if (w->rank != 1) { /* rank 0's desk stays open until rank 1 is through */
         WTRY(zd_future_wait(strangers_done, WAIT_MS));
     } else {
         void *ctx = zmq_ctx_new(), *sock = raw_rendezvous_dealer(ctx, w->port);
@@ -203,12 +203,18 @@ static int strangers(const world_t *w)
             const char *tag, *answer;
         } cases[] = {
             {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", ""}, 6, "ZDBSY1", "still connected"},
-            {{"ZDREG1", "2", "3", "evil", "tcp://127.0.0.1:9", ""}, 6, "ZDERR1",
+            {{"ZDREG1", "2", "3", "evil", "tcp://127.0.0.1:9", ""},
+             6,
+             "ZDERR1",
              "which is \"w2\" in this world"},
             {{"ZDREG1", "1", "3", "w1", "tcp://127.0.0.1:9", ""}, 6, "ZDBSY1", "still connected"},
-            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", "", "running:7"}, 7, "ZDERR1",
+            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", "", "running:7"},
+             7,
+             "ZDERR1",
              "a bad status"},
-            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", "", "walking"}, 7, "ZDERR1",
+            {{"ZDREG1", "2", "3", "w2", "tcp://127.0.0.1:9", "", "walking"},
+             7,
+             "ZDERR1",
              "a bad status"},
         };
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

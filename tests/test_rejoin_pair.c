@@ -37,20 +37,20 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define WORLD 4
-#define WAIT_MS 30000
-#define INIT_MS 20000       /* a join that waits for the frozen rank fails here */
+#define WORLD         4
+#define WAIT_MS       30000
+#define INIT_MS       20000 /* a join that waits for the frozen rank fails here */
 #define JOIN_BOUND_MS 15000 /* a join takes far less: rank 0's 5 s for the frozen one, 2 s */
 
 typedef struct {
-    char key[256];          /* the world key file, "" for none */
-    bool wake;              /* rank 3's first incarnation wakes up rather than dies */
-    atomic_int up[WORLD];   /* the first incarnations called everyone */
-    atomic_int frozen;      /* rank 3's first incarnation is stopped */
-    atomic_int joined2;     /* rank 2 joined again, rank 3 still frozen */
-    atomic_int lost2;       /* rank 0 case: rank 1 lost rank 2 */
-    atomic_int back0;       /* rank 0 case: rank 0 joined again */
-    atomic_int ready[WORLD];    /* every rank back */
+    char key[256];           /* the world key file, "" for none */
+    bool wake;               /* rank 3's first incarnation wakes up rather than dies */
+    atomic_int up[WORLD];    /* the first incarnations called everyone */
+    atomic_int frozen;       /* rank 3's first incarnation is stopped */
+    atomic_int joined2;      /* rank 2 joined again, rank 3 still frozen */
+    atomic_int lost2;        /* rank 0 case: rank 1 lost rank 2 */
+    atomic_int back0;        /* rank 0 case: rank 0 joined again */
+    atomic_int ready[WORLD]; /* every rank back */
 } shared_t;
 
 static zd_future_t *joined[WORLD];
@@ -150,7 +150,7 @@ static void first_life(const world_t *w)
     raise(SIGSTOP);
     /* Woken (the test's wake case): rank 2 came back meanwhile. */
     int rc = zd_future_wait(joined[2], WAIT_MS) < 0 || zd_rpc_wait_peer(2, WAIT_MS) < 0 ||
-             all_pairs(w) != 0 || finish() != 0;
+        all_pairs(w) != 0 || finish() != 0;
     if (rc)
         fprintf(stderr, "[rank 3] woken: %s\n", zd_error_last());
     exit(rc);
@@ -176,8 +176,7 @@ static int rank_2(const world_t *w)
     if (pid == 0)
         first_life(w);
     int status = 0;
-    WCHECK(waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) &&
-           WTERMSIG(status) == SIGKILL);
+    WCHECK(waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     WCHECK(timed_init(w) == 0);
     /* Rank 3 did not answer: lost here, and a call fails at once naming it. */
     WCHECK(zd_rpc_peer_is_lost(3));
@@ -186,7 +185,7 @@ static int rank_2(const world_t *w)
            strstr(zd_error_last(), "\"w3\"") != NULL);
     WCHECK(world_now_ms() - t0 < world_scaled_ms(1000));
     atomic_store(&sh->joined2, 1);
-    if (!sh->wake)   /* rank 3 joins again: rank 0 tells this process */
+    if (!sh->wake) /* rank 3 joins again: rank 0 tells this process */
         WTRY(zd_future_wait(joined[3], WAIT_MS));
     /* Else woken, it reaches this process: a connection, no rejoin. */
     WTRY(zd_rpc_wait_peer(3, WAIT_MS));
@@ -294,8 +293,7 @@ static int r0_body(const world_t *w)
         raise(SIGKILL);
     }
     int status = 0;
-    WCHECK(waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) &&
-           WTERMSIG(status) == SIGKILL);
+    WCHECK(waitpid(pid, &status, 0) == pid && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     if (w->rank == 0) {
         WCHECK(timed_init(w) == 0);
         atomic_store(&sh->back0, 1);
@@ -349,8 +347,8 @@ static void test_rank_0_rejoins_while_a_member_is_gone_with_a_key(void **state)
 
 int main(void)
 {
-    g_shared = mmap(NULL, sizeof *g_shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                    -1, 0);
+    g_shared =
+        mmap(NULL, sizeof *g_shared, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     char dir[] = "/tmp/zd-rejoin-pair-XXXXXX";
     if (g_shared == MAP_FAILED || !mkdtemp(dir))
         return 1;

@@ -82,18 +82,16 @@ static void test_cartpole_steps_general(void **state)
 static void test_cartpole_terminates(void **state)
 {
     (void)state;
-    const double theta_max = CARTPOLE_THETA_THRESHOLD;   /* 0.20944 */
+    const double theta_max = CARTPOLE_THETA_THRESHOLD; /* 0.20944 */
     const struct {
         double s[4];
         int action;
         bool terminated;
     } cases[] = {
-        {{0, 0, 0.2, 0.5}, 1, true},              /* theta 0.2 + 0.02 * 0.5 = 0.21 */
-        {{0, 0, -0.2, -0.5}, 0, true},
-        {{0, 0, 0.2, 0.4}, 1, false},             /* 0.208 < 0.20944 */
-        {{2.39, 1.0, 0, 0}, 1, true},             /* x 2.39 + 0.02 = 2.41 */
-        {{-2.39, -1.0, 0, 0}, 0, true},
-        {{2.39, 0.4, 0, 0}, 1, false},            /* 2.398 */
+        {{0, 0, 0.2, 0.5}, 1, true}, /* theta 0.2 + 0.02 * 0.5 = 0.21 */
+        {{0, 0, -0.2, -0.5}, 0, true},  {{0, 0, 0.2, 0.4}, 1, false},  /* 0.208 < 0.20944 */
+        {{2.39, 1.0, 0, 0}, 1, true},                                  /* x 2.39 + 0.02 = 2.41 */
+        {{-2.39, -1.0, 0, 0}, 0, true}, {{2.39, 0.4, 0, 0}, 1, false}, /* 2.398 */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         cartpole_t env;
@@ -106,7 +104,7 @@ static void test_cartpole_terminates(void **state)
             fail_msg("case %zu: terminated %d at x %g theta %g (limit %g)", i, r.terminated,
                      env.state[0], env.state[2], theta_max);
         assert_true(r.reward == 1.0 && !r.truncated);
-        if (r.terminated) {   /* the episode is over: reset first */
+        if (r.terminated) { /* the episode is over: reset first */
             assert_int_equal(cartpole_step(&env, 0, obs, &r), -1);
             assert_non_null(strstr(zd_error_last(), "reset first"));
         }
@@ -161,7 +159,7 @@ static void test_cartpole_reset_and_seed(void **state)
         }
     }
     assert_true(differ);
-    assert_true(lo < -0.045 && hi > 0.045);   /* the whole range, not a corner of it */
+    assert_true(lo < -0.045 && hi > 0.045); /* the whole range, not a corner of it */
     float obs[4];
     cartpole_step_t r;
     assert_int_equal(cartpole_step(&a, 2, obs, &r), -1);
@@ -191,8 +189,8 @@ static void parse_log(const char *out, log_t *log)
     const char *key = "[rank 0] Episode ";
     for (const char *p = out; (p = strstr(p, key)) && log->n < 1024; p++) {
         int i = log->n;
-        if (sscanf(p + strlen(key), "%lld\tLast reward: %lf\tAverage reward: %lf",
-                   &log->episode[i], &log->last[i], &log->running[i]) != 3)
+        if (sscanf(p + strlen(key), "%lld\tLast reward: %lf\tAverage reward: %lf", &log->episode[i],
+                   &log->last[i], &log->running[i]) != 3)
             fail_msg("malformed line at \"%.80s\"", p);
         log->n++;
     }
@@ -211,7 +209,7 @@ static void parse_log(const char *out, log_t *log)
     stream of its own, so a seed gives one run however the observers'
     calls interleave: 113.03 for 543 (generic, AVX2 and AVX-512 kernels
     alike), 34 to 143 for seeds 1-8. 30 is twice what random gets. */
-#define LEARN_EPISODES 60
+#define LEARN_EPISODES         60
 #define LEARNED_RUNNING_REWARD 30.0
 
 static void test_world_of_three_learns(void **state)
@@ -233,8 +231,7 @@ static void test_world_of_three_learns(void **state)
             fail_msg("episode %d: reward %g", i + 1, log.last[i]);
         double want = 0.05 * log.last[i] + 0.95 * running;
         if (fabs(log.running[i] - want) > 0.011)
-            fail_msg("episode %d: running reward %.2f, expected %.3f", i + 1, log.running[i],
-                     want);
+            fail_msg("episode %d: running reward %.2f, expected %.3f", i + 1, log.running[i], want);
         running = log.running[i];
     }
     char want[128];
@@ -286,7 +283,7 @@ static void test_bad_flags(void **state)
     assert_int_not_equal(run_world(2, "--rpc_timeout_s=-1", false, &out), 0);
     assert_non_null(strstr(out, "--rpc_timeout_s=-1 is outside 0..604800 seconds"));
     free(out);
-    const char *had = getenv("ZDIST_RPC_TIMEOUT_S");   /* the TSan stage sets it */
+    const char *had = getenv("ZDIST_RPC_TIMEOUT_S"); /* the TSan stage sets it */
     char *kept = had ? strdup(had) : NULL;
     setenv("ZDIST_RPC_TIMEOUT_S", "soon", 1);
     assert_int_not_equal(run_world(2, "", false, &out), 0);

@@ -35,8 +35,8 @@ static void loss_fell(const char *out, const char *who, double margin)
     if (!p)
         fail_msg("no \"%s\" line", key);
     double first, last;
-    assert_int_equal(sscanf(p + strlen(key), "%lf (mean of the first 10 steps) to %lf", &first,
-                            &last), 2);
+    assert_int_equal(
+        sscanf(p + strlen(key), "%lf (mean of the first 10 steps) to %lf", &first, &last), 2);
     fprintf(stderr, "%s: loss %.4f -> %.4f\n", who, first, last);
     if (!(last < first - margin))
         fail_msg("%s: loss %.4f -> %.4f, expected a fall of more than %g", who, first, last,
@@ -52,8 +52,8 @@ static void test_loss_falls(void **state)
 {
     (void)state;
     char *out;
-    assert_int_equal(run_world(2, "--iterations=100 --nhid=64 --bptt=20 --log_interval=50",
-                               true, &out), 0);
+    assert_int_equal(
+        run_world(2, "--iterations=100 --nhid=64 --bptt=20 --log_interval=50", true, &out), 0);
     assert_non_null(strstr(out, "trainer1: 35149 characters of"));
     assert_non_null(strstr(out, "parameter tensors on 2 owners"));
     assert_non_null(strstr(out, "trainer1: step   100/100"));
@@ -68,9 +68,11 @@ static void test_two_trainers_share_the_ps(void **state)
 {
     (void)state;
     char *out;
-    assert_int_equal(run_world(3, "--iterations=60 --nhid=32 --nlayers=1 --bptt=20 "
-                                  "--log_interval=30 --sample=false",
-                               true, &out), 0);
+    assert_int_equal(run_world(3,
+                               "--iterations=60 --nhid=32 --nlayers=1 --bptt=20 "
+                               "--log_interval=30 --sample=false",
+                               true, &out),
+                     0);
     loss_fell(out, "trainer1", 0.2);
     loss_fell(out, "trainer2", 0.2);
     assert_non_null(strstr(out, "launch: 3 processes finished"));
@@ -82,8 +84,7 @@ static void test_bad_input(void **state)
 {
     (void)state;
     char *out;
-    assert_int_not_equal(run_world(2, "--data=/nonexistent/text --iterations=5", false, &out),
-                         0);
+    assert_int_not_equal(run_world(2, "--data=/nonexistent/text --iterations=5", false, &out), 0);
     assert_non_null(strstr(out, "cannot open the text /nonexistent/text"));
     free(out);
     assert_int_not_equal(run_world(1, "--iterations=5", false, &out), 0);
@@ -112,14 +113,13 @@ static const char *meta_get(char **kv, int n, const char *key)
 }
 
 /*  Whether tensor `name` holds the same bytes in a and b. */
-static bool same_tensor(const zd_named_tensors_t *a, const zd_named_tensors_t *b,
-                        const char *name)
+static bool same_tensor(const zd_named_tensors_t *a, const zd_named_tensors_t *b, const char *name)
 {
     zd_tensor_t *x = zd_named_tensors_find(a, name), *y = zd_named_tensors_find(b, name);
     if (!x || !y)
         fail_msg("no tensor \"%s\"", name);
     return zd_tensor_dtype(x) == zd_tensor_dtype(y) && zd_tensor_same_shape(x, y) &&
-           memcmp(zd_tensor_raw(x), zd_tensor_raw(y), zd_tensor_nbytes(x)) == 0;
+        memcmp(zd_tensor_raw(x), zd_tensor_raw(y), zd_tensor_nbytes(x)) == 0;
 }
 
 /*  --save_model after a few steps writes the whole model (the embedding
@@ -142,8 +142,7 @@ static void test_save_model_init_from(void **state)
     assert_int_equal(run_world(2, flags, true, &out), 0);
     assert_contains(out, "trainer1: saved model ");
     free(out);
-    snprintf(flags, sizeof flags, "%s --iterations=0 --init_from=%s --save_model=%s", model, a,
-             b);
+    snprintf(flags, sizeof flags, "%s --iterations=0 --init_from=%s --save_model=%s", model, a, b);
     assert_int_equal(run_world(2, flags, true, &out), 0);
     assert_contains(out, "trainer1: initial weights from ");
     assert_contains(out, "trainer1: saved model ");
@@ -163,9 +162,9 @@ static void test_save_model_init_from(void **state)
     zd_safetensors_free_meta(kv, n_meta);
     zd_named_tensors_t *tb = read_file(b, NULL, NULL), *ts = read_file(seed, NULL, NULL);
     static const char *const names[] = {
-        "encoder.weight",   "rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
-        "rnn.bias_hh_l0",   "rnn.weight_ih_l1", "rnn.weight_hh_l1", "rnn.bias_ih_l1",
-        "rnn.bias_hh_l1",   "decoder.weight",   "decoder.bias",
+        "encoder.weight", "rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
+        "rnn.bias_hh_l0", "rnn.weight_ih_l1", "rnn.weight_hh_l1", "rnn.bias_ih_l1",
+        "rnn.bias_hh_l1", "decoder.weight",   "decoder.bias",
     };
     int n = (int)(sizeof names / sizeof names[0]);
     assert_int_equal(zd_named_tensors_len(ta), n);
@@ -194,14 +193,15 @@ static void test_save_model_init_from(void **state)
     /* another LSTM size: the tensor and both shapes */
     snprintf(flags, sizeof flags, "--nhid=64 --sample=false --iterations=1 --init_from=%s", a);
     assert_int_not_equal(run_world(2, flags, false, &out), 0);
-    assert_contains(out, "tensor \"rnn.weight_ih_l0\" is float32 (128, 32), the model's is "
-                         "float32 (256, 32)");
+    assert_contains(out,
+                    "tensor \"rnn.weight_ih_l0\" is float32 (128, 32), the model's is "
+                    "float32 (256, 32)");
     free(out);
     assert_int_not_equal(run_world(2, "--init_from=/nonexistent.safetensors", false, &out), 0);
     assert_contains(out, "--init_from=/nonexistent.safetensors: No such file");
     free(out);
-    assert_int_not_equal(run_world(2, "--save_model=/nonexistent/zdist/m.safetensors", false,
-                                   &out), 0);
+    assert_int_not_equal(run_world(2, "--save_model=/nonexistent/zdist/m.safetensors", false, &out),
+                         0);
     assert_contains(out, "cannot write in /nonexistent/zdist");
     free(out);
     assert_int_not_equal(run_world(2, "--save_model=", false, &out), 0);

@@ -82,12 +82,12 @@ static void test_args_kinds_and_values(void **state)
     assert_string_equal(s, "lit");
     assert_int_equal(zd_rpc_arg_string(a, 10, &s), 0);
     assert_string_equal(s, "buf");
-    assert_true(s != buf);   /* copied */
+    assert_true(s != buf); /* copied */
     assert_int_equal(zd_rpc_arg_string(a, 11, &s), 0);
     assert_string_equal(s, "const");
     zd_tensor_t *got;
     assert_int_equal(zd_rpc_arg_tensor(a, 12, &got), 0);
-    assert_ptr_equal(got, t);   /* a reference, not a copy */
+    assert_ptr_equal(got, t); /* a reference, not a copy */
 
     /* Nested lists, the empty one included. */
     zd_value_t *inner = zd_list_get(a, 13);
@@ -98,10 +98,10 @@ static void test_args_kinds_and_values(void **state)
     assert_int_equal(zd_value_kind(zd_list_get(a, 14)), ZD_VALUE_NONE);
 
     /* The same list through zd__rpc_args, casts and all. */
-    zd_value_t *b = zd__rpc_args("iiiiiiiffsssvvn", (int64_t)-1, (int64_t)-5, (int64_t)4000000000ll,
-                                 INT64_MAX, (int64_t)-300, (int64_t)1, (int64_t)'A', 0.5, 2.25,
-                                 "lit", "buf", "const", zd_value_tensor(t),
-                                 zd__rpc_args("iv", (int64_t)7, zd_value_list(0)));
+    zd_value_t *b =
+        zd__rpc_args("iiiiiiiffsssvvn", (int64_t)-1, (int64_t)-5, (int64_t)4000000000ll, INT64_MAX,
+                     (int64_t)-300, (int64_t)1, (int64_t)'A', 0.5, 2.25, "lit", "buf", "const",
+                     zd_value_tensor(t), zd__rpc_args("iv", (int64_t)7, zd_value_list(0)));
     assert_non_null(b);
     assert_true(zd_value_equal(a, b));
     zd_value_unref(b);
@@ -305,18 +305,18 @@ static int setup(const world_t *w)
     const struct {
         const char *name;
         zd_rpc_handler_fn *fn;
-    } fns[] = {{"add", fn_add}, {"echo", fn_echo}, {"tsum", fn_tsum}, {"fail", fn_fail},
-               {"plus", fn_plus}, {"num_contexts", fn_num_contexts}};
+    } fns[] = {{"add", fn_add},   {"echo", fn_echo}, {"tsum", fn_tsum},
+               {"fail", fn_fail}, {"plus", fn_plus}, {"num_contexts", fn_num_contexts}};
     for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++)
         if (zd_rpc_register(fns[i].name, fns[i].fn, NULL) < 0)
             return -1;
     return 0;
 }
 
-#define TRY(cond)                                                                        \
-    do {                                                                                 \
-        if (!(cond))                                                                     \
-            return world_fail(w, "line %d: %s failed (%s)", __LINE__, #cond, zd_error_last()); \
+#define TRY(cond)                                                                                  \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return world_fail(w, "line %d: %s failed (%s)", __LINE__, #cond, zd_error_last());     \
     } while (0)
 
 static int64_t int_of(zd_value_t *v)
@@ -337,8 +337,8 @@ static bool live_tensors_back_to(int64_t live)
     while (zd_tensor_live_count() != live) {
         clock_gettime(CLOCK_MONOTONIC, &t);
         if (t.tv_sec - t0.tv_sec > 10) {
-            fprintf(stderr, "%lld tensors live, expected %lld\n",
-                    (long long)zd_tensor_live_count(), (long long)live);
+            fprintf(stderr, "%lld tensors live, expected %lld\n", (long long)zd_tensor_live_count(),
+                    (long long)live);
             return false;
         }
         sched_yield();
@@ -417,19 +417,17 @@ static int take_calls(const world_t *w)
        releasing the rest of the list. */
     const char *null_string = NULL;
     r = (zd_value_t *)&r;
-    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(zd_value_tensor(t), null_string),
-                         ZD_TIMEOUT_DEFAULT, &r) == -1);
+    TRY(zd_rpc_sync_take(1, "add", ZD_ARGS(zd_value_tensor(t), null_string), ZD_TIMEOUT_DEFAULT,
+                         &r) == -1);
     TRY(r == NULL);
     TRY(has("zd_rpc_sync calling \"add\": ZD_ARGS: argument 1: zd_value_string: NULL string"));
     TRY(zd_rpc_async_take(1, "add", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("zd_rpc_async calling \"add\": ZD_ARGS: argument 1"));
     TRY(zd_rpc_remote_take(1, "add", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("zd_rpc_remote calling \"add\": ZD_ARGS"));
-    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT,
-                              &r) == -1);
+    TRY(zd_rref_rpc_sync_take(rr, "plus", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT, &r) == -1);
     TRY(has("rref.rpc_sync calling \"plus\": ZD_ARGS"));
-    TRY(zd_rref_rpc_async_take(rr, "plus", ZD_ARGS(t, null_string),
-                               ZD_TIMEOUT_DEFAULT) == NULL);
+    TRY(zd_rref_rpc_async_take(rr, "plus", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("rref.rpc_async calling \"plus\": ZD_ARGS"));
     TRY(zd_rref_remote_take(rr, "plus", ZD_ARGS(t, null_string), ZD_TIMEOUT_DEFAULT) == NULL);
     TRY(has("rref.remote calling \"plus\": ZD_ARGS"));
@@ -488,7 +486,8 @@ static int64_t peer_contexts(void)
 
 static int64_t scope_returning(int *ran)
 {
-    ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+    ZD_DIST_AUTOGRAD_CONTEXT(cid)
+    {
         *ran = touch_peer() == 0;
         return cid;
     }
@@ -501,7 +500,8 @@ static int scopes(const world_t *w)
 
     /* Normal exit. */
     int64_t seen = -1;
-    ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+    ZD_DIST_AUTOGRAD_CONTEXT(cid)
+    {
         TRY(cid >= 0 && zd_dist_autograd_current_context() == cid);
         TRY(zd_dist_autograd_num_contexts() == 1 && touch_peer() == 0);
         TRY(peer_contexts() == 1);
@@ -514,7 +514,8 @@ static int scopes(const world_t *w)
     /* break (and continue) leave the block, releasing the context. */
     int runs = 0;
     for (int i = 0; i < 3; i++) {
-        ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+        ZD_DIST_AUTOGRAD_CONTEXT(cid)
+        {
             runs++;
             TRY(touch_peer() == 0);
             if (i == 0)
@@ -532,7 +533,8 @@ static int scopes(const world_t *w)
     TRY(zd_dist_autograd_current_context() == -1 && peer_contexts() == 0);
 
     /* goto out of it. */
-    ZD_DIST_AUTOGRAD_CONTEXT(c) {
+    ZD_DIST_AUTOGRAD_CONTEXT(c)
+    {
         TRY(touch_peer() == 0);
         goto out;
     }
@@ -543,9 +545,11 @@ out:
        why, and the outer context is still released. A block's error (text
        and code) survives the release. */
     int inner_ran = 0, outer_ran = 0;
-    ZD_DIST_AUTOGRAD_CONTEXT(outer) {
+    ZD_DIST_AUTOGRAD_CONTEXT(outer)
+    {
         outer_ran = 1;
-        ZD_DIST_AUTOGRAD_CONTEXT(inner) {
+        ZD_DIST_AUTOGRAD_CONTEXT(inner)
+        {
             inner_ran = 1;
         }
         TRY(has("already has context") && zd_dist_autograd_current_context() == outer);
@@ -556,14 +560,16 @@ out:
 
     /* A block that succeeded leaves no error behind. */
     zd_error_set("before the block");
-    ZD_DIST_AUTOGRAD_CONTEXT(c) {
+    ZD_DIST_AUTOGRAD_CONTEXT(c)
+    {
         TRY(touch_peer() == 0);
         zd_error_clear();
     }
     TRY(zd_error_code() == ZD_OK && zd_error_last()[0] == '\0');
 
     /* A block that ends its context itself. */
-    ZD_DIST_AUTOGRAD_CONTEXT(c) {
+    ZD_DIST_AUTOGRAD_CONTEXT(c)
+    {
         TRY(touch_peer() == 0 && zd_dist_autograd_context_end(c, -1) == 0);
     }
     TRY(zd_dist_autograd_num_contexts() == 0 && peer_contexts() == 0);
@@ -575,12 +581,15 @@ static int scope_after_shutdown(void)
     /* Outside a world (this process never called zd_dist_autograd_init or
        zd_rpc_init): the block is skipped, and the error says why. */
     int ran = 0;
-    ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+    ZD_DIST_AUTOGRAD_CONTEXT(cid)
+    {
         ran = 1;
         (void)cid;
     }
     return !ran && zd_error_code() == ZD_ERR_NOT_INITIALIZED &&
-           strstr(zd_error_last(), "zd_dist_autograd_init") ? 0 : -1;
+            strstr(zd_error_last(), "zd_dist_autograd_init")
+        ? 0
+        : -1;
 }
 
 static int scope_body(const world_t *w)
@@ -591,8 +600,8 @@ static int scope_body(const world_t *w)
 static void test_scoped_context(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup, .fn = scope_body, .timeout_s = 60,
-                         .dist_autograd = true};
+    world_options_t o = {
+        .world_size = 2, .setup = setup, .fn = scope_body, .timeout_s = 60, .dist_autograd = true};
     assert_int_equal(world_run(&o), 0);
     assert_int_equal(scope_after_shutdown(), 0);
 }

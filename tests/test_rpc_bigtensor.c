@@ -25,7 +25,6 @@
 
 /* ---- frames that count their releases ---- */
 
-
 static int router_tag, dealer_tag;
 static agent_t fake;
 
@@ -84,8 +83,8 @@ static int filter(void *sock, inmsg_t *m)
 
 /* ---- a streamed REPLY: [small] [big1] [big2] ---- */
 
-#define BIG1 100000
-#define BIG2 50000     /* float32 elements */
+#define BIG1  100000
+#define BIG2  50000 /* float32 elements */
 #define CHUNK 4096
 
 typedef struct {
@@ -134,8 +133,12 @@ static void streamed_free(streamed_t *s)
 
 static rpc_wire_header_t streamed_header(const streamed_t *s, int type)
 {
-    rpc_wire_header_t h = {.type = (uint8_t)type, .flags = RPC_WIRE_F_STREAMED, .src = 0,
-                           .dst = 1, .id = s->id, .meta = s->enc.meta,
+    rpc_wire_header_t h = {.type = (uint8_t)type,
+                           .flags = RPC_WIRE_F_STREAMED,
+                           .src = 0,
+                           .dst = 1,
+                           .id = s->id,
+                           .meta = s->enc.meta,
                            .meta_len = s->enc.meta_len};
     if (type == RPC_MSG_CALL)
         h.fn = "echo", h.fn_len = 4;
@@ -143,8 +146,8 @@ static rpc_wire_header_t streamed_header(const streamed_t *s, int type)
 }
 
 /* The streamed message itself: small frame, two empty ones, the table. */
-static void streamed_main(const streamed_t *s, inmsg_t *m, int type, int src,
-                          const uint8_t *route, size_t route_len)
+static void streamed_main(const streamed_t *s, inmsg_t *m, int type, int src, const uint8_t *route,
+                          size_t route_len)
 {
     rpc_wire_header_t h = streamed_header(s, type);
     rpc_frame_t f[4] = {frame_of(zd_tensor_raw(s->enc.tensors[0]), 12), frame_of(NULL, 0),
@@ -161,8 +164,12 @@ static void streamed_piece(const streamed_t *s, inmsg_t *m, int k, uint64_t seq,
     size_t total = k < n1 ? BIG1 : (size_t)BIG2 * 4;
     size_t at = (size_t)(k < n1 ? k : k - n1) * chunk;
     size_t len = total - at < chunk ? total - at : chunk;
-    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 0, .dst = 1,
-                           .id = s->id, .a = seq};
+    rpc_wire_header_t h = {.type = RPC_MSG_REPLY,
+                           .flags = RPC_WIRE_F_CHUNK,
+                           .src = 0,
+                           .dst = 1,
+                           .id = s->id,
+                           .a = seq};
     rpc_frame_t f = frame_of(base + at, len);
     msg_make(m, src, route, route_len, &h, 1, &f);
 }
@@ -224,8 +231,8 @@ static void test_pieces_make_the_message(void **state)
     assert_int_equal(misses - misses0, 2);
     assert_int_equal(hits - hits0, 2);
     /* A message that was not streamed goes through untouched. */
-    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = 5, .meta = (const uint8_t *)"\1\0",
-                           .meta_len = 2};
+    rpc_wire_header_t h = {
+        .type = RPC_MSG_REPLY, .id = 5, .meta = (const uint8_t *)"\1\0", .meta_len = 2};
     inmsg_t m;
     msg_make(&m, 0, NULL, 0, &h, 0, NULL);
     assert_int_equal(filter(&router_tag, &m), 1);
@@ -240,7 +247,7 @@ static void test_connections_interleave(void **state)
     static const uint8_t route_b[RPC_WIRE_SYNC_ID_LEN] = {'s', 0, 0, 0, 3};
     streamed_t a, b;
     streamed_make(&a, 7, CHUNK);
-    streamed_make(&b, 8, 3 * CHUNK);   /* each message chooses its piece size */
+    streamed_make(&b, 8, 3 * CHUNK); /* each message chooses its piece size */
     inmsg_t m;
     streamed_main(&a, &m, RPC_MSG_CALL, 0, NULL, 0);
     assert_int_equal(filter(&router_tag, &m), 0);
@@ -317,7 +324,7 @@ static void test_bad_pieces_are_refused(void **state)
     m.h.id = 99;
     expect_refused(&m, &router_tag, 13, "of 63 (4096 bytes) where piece 1 of CALL d");
     streamed_free(&s);
-    start_call(&s, 14, 24);    /* the 25th piece of big1 is 1696 bytes */
+    start_call(&s, 14, 24); /* the 25th piece of big1 is 1696 bytes */
     streamed_piece(&s, &m, 23, 24, 0, NULL, 0, CHUNK);
     expect_refused(&m, &router_tag, 14, "(4096 bytes) where piece 24 of CALL e (1696 bytes)");
     streamed_free(&s);
@@ -438,7 +445,7 @@ static void test_stalled_streams_expire(void **state)
 static void test_buffer_cache(void **state)
 {
     (void)state;
-    zd__rpc_bufcache_enable(false);   /* starts empty */
+    zd__rpc_bufcache_enable(false); /* starts empty */
     zd__rpc_bufcache_enable(true);
     long h0, m0, h, mi;
     int n;
@@ -497,7 +504,7 @@ static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 static bool same(zd_tensor_t *a, zd_tensor_t *b)
 {
     return zd_tensor_dtype(a) == zd_tensor_dtype(b) && zd_tensor_nbytes(a) == zd_tensor_nbytes(b) &&
-           memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
+        memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
 static zd_value_t *h_pending(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -550,18 +557,35 @@ static void raw_stream_start(void *sock, rpc_wire_header_t *h, size_t len)
    that piece a wrong number; n_pieces >= 0 stops after that many. */
 static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece, int n_pieces)
 {
-    static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR, ZD_UINT8, 0,
-                                   1, 0x90, 0x4e};   /* 10000 */
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 0, .dst = 1, .id = id, .fn = "echo",
-                           .fn_len = 4, .meta = meta, .meta_len = sizeof meta};
+    static const uint8_t meta[] = {RPC_CODEC_VERSION,
+                                   ZD_VALUE_LIST,
+                                   1,
+                                   ZD_VALUE_TENSOR,
+                                   ZD_UINT8,
+                                   0,
+                                   1,
+                                   0x90,
+                                   0x4e}; /* 10000 */
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = 0,
+                           .dst = 1,
+                           .id = id,
+                           .fn = "echo",
+                           .fn_len = 4,
+                           .meta = meta,
+                           .meta_len = sizeof meta};
     raw_stream_start(sock, &h, len);
     uint8_t head[RPC_WIRE_FIXED];
     static uint8_t data[RPC_WIRE_MIN_CHUNK];
     memset(data, 0x5a, sizeof data);
     int k = 0;
     for (size_t at = 0; at < len && k != n_pieces; at += RPC_WIRE_MIN_CHUNK, k++) {
-        rpc_wire_header_t p = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 0,
-                               .dst = 1, .id = id, .a = (uint64_t)(k == bad_piece ? 77 : k),
+        rpc_wire_header_t p = {.type = RPC_MSG_REPLY,
+                               .flags = RPC_WIRE_F_CHUNK,
+                               .src = 0,
+                               .dst = 1,
+                               .id = id,
+                               .a = (uint64_t)(k == bad_piece ? 77 : k),
                                .n_tensors = 1};
         zd__rpc_wire_write(&p, head);
         zmq_send(sock, head, RPC_WIRE_FIXED, ZMQ_SNDMORE);
@@ -641,7 +665,7 @@ static zd_value_t *h_expire(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     if (!a)
         return NULL;
     int64_t late = zd__agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
-    int n = zd__transport_stream_expire(a, late);   /* found stalled */
+    int n = zd__transport_stream_expire(a, late); /* found stalled */
     n += zd__transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
     zd__agent_release(a);
     return zd_value_int(n);
@@ -659,7 +683,7 @@ static int world_big(const world_t *w)
         zd_tensor_t *big = pattern(ZD_UINT8, (64 << 20) + 12, 1);
         zd_tensor_t *mid = pattern(ZD_FLOAT32, (17 << 20) / 4 + 3, 2);
         zd_tensor_t *small = pattern(ZD_INT64, 5, 3);
-        zd_tensor_t *edge = pattern(ZD_UINT8, RPC_STREAM_OVER, 4);   /* not streamed */
+        zd_tensor_t *edge = pattern(ZD_UINT8, RPC_STREAM_OVER, 4); /* not streamed */
         /* echo answers its first argument: here a list of four tensors. */
         zd_value_t *args = zd__rpc_args("v", zd__rpc_args("tttt", mid, small, big, edge));
         WCHECK(args);
@@ -676,7 +700,7 @@ static int world_big(const world_t *w)
         }
         long hits, misses;
         zd__rpc_bufcache_stats(&hits, &misses, NULL, NULL);
-        WCHECK(misses >= 2 && hits >= 2);   /* the answers were streamed */
+        WCHECK(misses >= 2 && hits >= 2); /* the answers were streamed */
         /* Async answers come through the I/O thread, several at once. */
         zd_future_t *f[3];
         for (int i = 0; i < 3; i++) {
@@ -686,7 +710,7 @@ static int world_big(const world_t *w)
         }
         for (int i = 0; i < 3; i++) {
             WCHECK(zd_future_wait(f[i], ZD_TIMEOUT_NONE) == 0);
-            zd_value_t *res = zd_future_value(f[i]);   /* borrowed */
+            zd_value_t *res = zd_future_value(f[i]); /* borrowed */
             zd_tensor_t *got;
             WCHECK(res && zd_value_get_tensor(res, &got) == 0 && same(got, mid));
             zd_future_unref(f[i]);
@@ -749,8 +773,12 @@ static void *raw_stalled_answer(uint64_t id, void **ctx)
     static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_TENSOR, ZD_UINT8, 0, 1, 0x90, 0x4e};
     void *sock = raw_socket(0, 1, 65531, ctx);
     if (sock) {
-        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .src = 1, .dst = 0, .id = id,
-                               .meta = meta, .meta_len = sizeof meta};
+        rpc_wire_header_t h = {.type = RPC_MSG_REPLY,
+                               .src = 1,
+                               .dst = 0,
+                               .id = id,
+                               .meta = meta,
+                               .meta_len = sizeof meta};
         raw_stream_start(sock, &h, 10000);
     }
     return sock;

@@ -114,7 +114,8 @@ static int register_all(void)
         zd_rpc_register("echo", world_h_echo, NULL) < 0 ||
         zd_rpc_register_inline("echo_inline", world_h_echo, NULL) < 0 ||
         zd_rpc_register("divide", h_divide, NULL) < 0 ||
-        zd_rpc_register("whoami", h_whoami, NULL) < 0 || zd_rpc_register("double", h_double, NULL) < 0 ||
+        zd_rpc_register("whoami", h_whoami, NULL) < 0 ||
+        zd_rpc_register("double", h_double, NULL) < 0 ||
         zd_rpc_register_async("hold", h_hold, NULL) < 0 ||
         zd_rpc_register_inline("release", h_release, NULL) < 0 ||
         zd_rpc_register_inline("n_held", h_n_held, NULL) < 0)
@@ -172,9 +173,15 @@ static int world_values(const world_t *w)
         zd_tensor_t *ti = zd_tensor_from_data(ZD_INT64, (int64_t[]){3}, 1, ints);
         zd_tensor_t *empty = zd_tensor_new(ZD_UINT8, (int64_t[]){0, 5}, 2);
         zd_value_t *values[] = {
-            zd_value_none(), zd_value_int(-123456789012LL), zd_value_float(3.25),
-            zd_value_string("héllo"), zd_value_bytes("\0\1\2", 3), zd_value_tensor(t),
-            zd_value_tensor(big), zd_value_tensor(ti), zd_value_tensor(empty),
+            zd_value_none(),
+            zd_value_int(-123456789012LL),
+            zd_value_float(3.25),
+            zd_value_string("héllo"),
+            zd_value_bytes("\0\1\2", 3),
+            zd_value_tensor(t),
+            zd_value_tensor(big),
+            zd_value_tensor(ti),
+            zd_value_tensor(empty),
             zd__rpc_args("its", (int64_t)1, t, "x"),
         };
         zd_tensor_unref(t);
@@ -201,7 +208,8 @@ static int world_values(const world_t *w)
         WCHECK(zd_rpc_sync(1, "double", args, -1, &r) == 0);
         zd_tensor_t *y;
         WCHECK(zd_value_get_tensor(r, &y) == 0 && zd_tensor_numel(y) == 3);
-        WCHECK(zd_tensor_data(y)[0] == 2 && zd_tensor_data(y)[1] == -4 && zd_tensor_data(y)[2] == 6);
+        WCHECK(zd_tensor_data(y)[0] == 2 && zd_tensor_data(y)[1] == -4 &&
+               zd_tensor_data(y)[2] == 6);
         zd_value_unref(r);
         zd_value_unref(args);
         zd_tensor_unref(x);
@@ -266,7 +274,7 @@ static int world_futures(const world_t *w)
         WCHECK(!zd_future_done(two[0]));
         zd_value_t *r;
         int64_t n = 0;
-        while (n < 1) {   /* until the hold arrived at rank 1 */
+        while (n < 1) { /* until the hold arrived at rank 1 */
             WCHECK(zd_rpc_sync(1, "n_held", NULL, -1, &r) == 0);
             zd_value_get_int(r, &n);
             zd_value_unref(r);
@@ -299,7 +307,7 @@ static void test_async_futures(void **state)
 /* ---- many threads waiting for futures at once ---- */
 
 #define WAITERS 6
-#define WAITS 300
+#define WAITS   300
 
 /* Each waiter adds its own numbers on rank 1 and checks every sum. */
 static void *waiter_main(void *arg)
@@ -365,8 +373,8 @@ static int expect_error(int to, const char *fn, zd_value_t *args, int64_t timeou
     zd_value_unref(args);
     if (rc != -1 || r != NULL || !strstr(zd_error_last(), part1) ||
         (part2 && !strstr(zd_error_last(), part2))) {
-        fprintf(stderr, "calling %s: rc %d, error \"%s\", expected \"%s\" and \"%s\"\n", fn,
-                rc, zd_error_last(), part1, part2 ? part2 : "");
+        fprintf(stderr, "calling %s: rc %d, error \"%s\", expected \"%s\" and \"%s\"\n", fn, rc,
+                zd_error_last(), part1, part2 ? part2 : "");
         return -1;
     }
     return 0;
@@ -378,19 +386,18 @@ static int world_errors(const world_t *w)
     if (w->rank == 0) {
         WCHECK(expect_error(1, "divide", zd__rpc_args("ff", 1.0, 0.0), -1,
                             "zd_rpc_sync to \"w1\" (rank 1) calling \"divide\": remote error: "
-                            "division by zero", NULL) == 0);
+                            "division by zero",
+                            NULL) == 0);
         WCHECK(expect_error(1, "nosuch", NULL, -1,
                             "zd_rpc_sync to \"w1\" (rank 1) calling \"nosuch\"",
                             "unknown function \"nosuch\"") == 0);
         WCHECK(expect_error(1, "add", zd__rpc_args("si", "two", (int64_t)2), -1,
-                            "calling \"add\": remote error: argument 0: expected int",
-                            NULL) == 0);
+                            "calling \"add\": remote error: argument 0: expected int", NULL) == 0);
         WCHECK(expect_error(1, "add", zd__rpc_args("i", (int64_t)2), -1, "calling \"add\"",
                             "argument 1") == 0);
         WCHECK(expect_error(7, "add", NULL, -1, "no worker with rank 7", NULL) == 0);
         WCHECK(expect_error(1, "bad name", NULL, -1, "bad function name", NULL) == 0);
-        WCHECK(expect_error(1, "add", zd_value_int(3), -1, "arguments must be a list",
-                            NULL) == 0);
+        WCHECK(expect_error(1, "add", zd_value_int(3), -1, "arguments must be a list", NULL) == 0);
         /* After all that, both sides still serve. */
         zd_value_t *r, *args = zd__rpc_args("ii", (int64_t)20, (int64_t)22);
         int64_t v;
@@ -441,7 +448,7 @@ static int world_timeouts(const world_t *w)
         f = zd_rpc_async(1, "hold", NULL, 0);
         zd_value_t *r;
         int64_t n = 0;
-        while (n < 4) {   /* until all four holds arrived at rank 1 */
+        while (n < 4) { /* until all four holds arrived at rank 1 */
             WCHECK(zd_rpc_sync(1, "n_held", NULL, -1, &r) == 0);
             zd_value_get_int(r, &n);
             zd_value_unref(r);
@@ -501,7 +508,7 @@ static int world_dead_peer(const world_t *w)
         zd_value_t *args = zd__rpc_args("i", (int64_t)getpid());
         WCHECK(zd_rpc_sync(0, "ready", args, -1, &r) == 0);
         for (;;)
-            pause();   /* until rank 0 kills it */
+            pause(); /* until rank 0 kills it */
     }
     if (w->rank == 0) {
         /* Kill the peer, then call it. */
@@ -548,9 +555,12 @@ static int world_dead_peer(const world_t *w)
 static void test_dead_peer(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 3, .fn = world_dead_peer, .timeout_s = 60,
-                         .own_init = true, .expect_exit = {0, 0, 128 + SIGKILL}};
-    assert_int_equal(world_run(&o), 0);   /* rank 2 killed, the others fine */
+    world_options_t o = {.world_size = 3,
+                         .fn = world_dead_peer,
+                         .timeout_s = 60,
+                         .own_init = true,
+                         .expect_exit = {0, 0, 128 + SIGKILL}};
+    assert_int_equal(world_run(&o), 0); /* rank 2 killed, the others fine */
 }
 
 int main(void)

@@ -30,8 +30,14 @@ typedef struct {
 static fake_rref_t rrefs[N_RREFS];
 static int last_dst_rank, last_src_rank;
 
-static void fake_ref(zd_rref_t *r) { atomic_fetch_add(&((fake_rref_t *)r)->refs, 1); }
-static void fake_unref(zd_rref_t *r) { atomic_fetch_sub(&((fake_rref_t *)r)->refs, 1); }
+static void fake_ref(zd_rref_t *r)
+{
+    atomic_fetch_add(&((fake_rref_t *)r)->refs, 1);
+}
+static void fake_unref(zd_rref_t *r)
+{
+    atomic_fetch_sub(&((fake_rref_t *)r)->refs, 1);
+}
 
 static int fake_encode(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE])
 {
@@ -62,7 +68,10 @@ static int fake_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_
 
 static const rpc_rref_codec_t fake_codec = {fake_encode, fake_decode, NULL};
 
-static zd_rref_t *rref(int i) { return (zd_rref_t *)&rrefs[i]; }
+static zd_rref_t *rref(int i)
+{
+    return (zd_rref_t *)&rrefs[i];
+}
 
 static int rrefs_balanced(void)
 {
@@ -116,11 +125,13 @@ static void frames_add(frameset_t *fs, const void *data, size_t size, size_t mis
 {
     assert_true(fs->n < MAX_FRAMES);
     int i = fs->n++;
-    fs->slots[i].base = malloc(size + misalign + 1);   /* malloc: 16-byte aligned */
+    fs->slots[i].base = malloc(size + misalign + 1); /* malloc: 16-byte aligned */
     assert_non_null(fs->slots[i].base);
     fs->slots[i].released = 0;
-    fs->frames[i] = (rpc_frame_t){.data = (char *)fs->slots[i].base + misalign, .size = size,
-                                  .release = slot_release, .release_arg = &fs->slots[i]};
+    fs->frames[i] = (rpc_frame_t){.data = (char *)fs->slots[i].base + misalign,
+                                  .size = size,
+                                  .release = slot_release,
+                                  .release_arg = &fs->slots[i]};
     if (size)
         memcpy(fs->frames[i].data, data, size);
 }
@@ -158,7 +169,7 @@ static zd_value_t *round_trip(const zd_value_t *v, frameset_t *fs, size_t misali
     assert_memory_equal(e2.meta, e.meta, e.meta_len);
     zd__rpc_encoded_clear(&e2);
     zd__rpc_encoded_clear(&e);
-    zd__rpc_encoded_clear(&e);   /* idempotent */
+    zd__rpc_encoded_clear(&e); /* idempotent */
     return out;
 }
 
@@ -219,7 +230,7 @@ static void test_meta_layout_is_pinned(void **state)
     assert_int_equal(e.meta_len, sizeof want2);
     assert_memory_equal(e.meta, want2, sizeof want2);
     assert_int_equal(e.n_tensors, 1);
-    assert_ptr_equal(e.tensors[0], t);   /* a reference, not a copy */
+    assert_ptr_equal(e.tensors[0], t); /* a reference, not a copy */
     zd__rpc_encoded_clear(&e);
     zd_value_unref(v);
     zd_tensor_unref(t);
@@ -235,8 +246,8 @@ static void test_tensors_round_trip(void **state)
     float scalar = 7;
     zd_tensor_t *ts[] = {
         zd_tensor_from_data(ZD_FLOAT32, s23, 2, f),
-        zd_tensor_new(ZD_FLOAT32, s05, 2),            /* empty */
-        zd_tensor_from_data(ZD_FLOAT32, NULL, 0, &scalar),   /* 0-dim */
+        zd_tensor_new(ZD_FLOAT32, s05, 2),                 /* empty */
+        zd_tensor_from_data(ZD_FLOAT32, NULL, 0, &scalar), /* 0-dim */
         zd_tensor_from_data(ZD_INT64, s4, 1, i64),
         zd_tensor_from_data(ZD_UINT8, s4, 1, u8),
         zd_tensor_from_data(ZD_UINT8, s111, 3, u8),
@@ -268,8 +279,8 @@ static void test_lists_and_rrefs_round_trip(void **state)
     zd_tensor_t *t = zd_tensor_zeros2(3, 4);
     zd_tensor_data(t)[5] = 2;
     zd_value_t *v = zd__rpc_args("vrtvv", zd__rpc_args(""), rref(1), t,
-                 zd__rpc_args("rvs", rref(2), zd__rpc_args("tt", t, t), "x"),
-                 zd__rpc_args("fnb", 0.5, "zz", (size_t)2));
+                                 zd__rpc_args("rvs", rref(2), zd__rpc_args("tt", t, t), "x"),
+                                 zd__rpc_args("fnb", 0.5, "zz", (size_t)2));
     assert_non_null(v);
     frameset_t fs;
     zd_value_t *out = round_trip(v, &fs, 0);
@@ -279,7 +290,7 @@ static void test_lists_and_rrefs_round_trip(void **state)
     zd_rref_t *r;
     assert_int_equal(zd_value_get_rref(zd_list_get(out, 1), &r), 0);
     assert_ptr_equal(r, rref(1));
-    assert_int_equal(atomic_load(&rrefs[1].refs), 3);   /* ours, v's, out's */
+    assert_int_equal(atomic_load(&rrefs[1].refs), 3); /* ours, v's, out's */
     zd_value_unref(out);
     zd_value_unref(v);
     zd_tensor_unref(t);
@@ -350,8 +361,9 @@ static void test_objects_are_never_encoded(void **state)
     zd_value_t *obj = zd_value_object(&thing, object_free, "ParameterServer");
     rpc_encoded_t e;
     assert_int_equal(zd__value_encode(obj, NULL, 0, &e), -1);
-    assert_string_equal(zd_error_last(), "codec: a local object (ParameterServer) cannot be sent "
-                                      "to another process; send an RRef to it instead");
+    assert_string_equal(zd_error_last(),
+                        "codec: a local object (ParameterServer) cannot be sent "
+                        "to another process; send an RRef to it instead");
     assert_null(e.meta);
     zd_tensor_t *t = zd_tensor_zeros1(4);
     zd_value_t *v = zd__rpc_args("trv", t, rref(1), zd__rpc_args("iv", (int64_t)2, obj));
@@ -409,14 +421,14 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
     zd_tensor_t *b = zd_tensor_new(ZD_UINT8, (int64_t[]){3}, 1);
     zd_value_t *v = zd__rpc_args("tt", a, b);
     frameset_t fs;
-    zd_value_t *out = round_trip(v, &fs, 1);   /* odd addresses */
+    zd_value_t *out = round_trip(v, &fs, 1); /* odd addresses */
     zd_tensor_t *ga, *gb;
     assert_int_equal(zd_rpc_arg_tensor(out, 0, &ga), 0);
     assert_int_equal(zd_rpc_arg_tensor(out, 1, &gb), 0);
     assert_ptr_not_equal(zd_tensor_raw(ga), fs.frames[0].data);
     assert_int_equal((uintptr_t)zd_tensor_raw(ga) % 4, 0);
-    assert_int_equal(fs.slots[0].released, 1);   /* copied, so released at once */
-    assert_ptr_equal(zd_tensor_raw(gb), fs.frames[1].data);   /* bytes are never misaligned */
+    assert_int_equal(fs.slots[0].released, 1);              /* copied, so released at once */
+    assert_ptr_equal(zd_tensor_raw(gb), fs.frames[1].data); /* bytes are never misaligned */
     assert_int_equal(fs.slots[1].released, 0);
     zd_value_unref(out);
     assert_all_released_once(&fs);
@@ -444,8 +456,8 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
 
 /* Decodes meta against frames copied from `model` (or none), expecting
    failure; checks every frame was released once and nothing leaked. */
-static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *model,
-                          int n_frames, const char *error_part)
+static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *model, int n_frames,
+                          const char *error_part)
 {
     int64_t before = zd_tensor_live_count();
     int refs_before = rref_refs_sum();
@@ -454,7 +466,7 @@ static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *mod
         const rpc_frame_t *m = i < model->n ? &model->frames[i] : &model->frames[0];
         frames_add(&fs, m->data, m->size, 0);
     }
-    zd_value_t *out = (zd_value_t *)&fs;   /* must be reset to NULL */
+    zd_value_t *out = (zd_value_t *)&fs; /* must be reset to NULL */
     int rc = zd__value_decode(meta, len, fs.frames, fs.n, &fake_codec, 0, &out);
     if (rc != -1)
         fail_msg("accepted a bad blob of %zu bytes (expected \"%s\")", len, error_part);
@@ -474,8 +486,9 @@ static zd_value_t *sample(rpc_encoded_t *e, frameset_t *model)
     zd_tensor_t *b = zd_tensor_new(ZD_INT64, (int64_t[]){2}, 1);
     zd_tensor_t *c = zd_tensor_new(ZD_UINT8, NULL, 0);
     zd_tensor_set_requires_grad(a, true);
-    zd_value_t *v = zd__rpc_args("ntvfsbrv", a, zd__rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2,
-                              rref(3), zd__rpc_args("ivt", (int64_t)-77, zd__rpc_args(""), c));
+    zd_value_t *v =
+        zd__rpc_args("ntvfsbrv", a, zd__rpc_args("tn", b), -2.5, "name", "\0\1", (size_t)2, rref(3),
+                     zd__rpc_args("ivt", (int64_t)-77, zd__rpc_args(""), c));
     zd_tensor_unref(a);
     zd_tensor_unref(b);
     zd_tensor_unref(c);
@@ -504,8 +517,8 @@ static void test_every_truncation_is_rejected(void **state)
     for (int i = 0; i < model.n; i++)
         frames_add(&fs, model.frames[i].data, model.frames[i].size, 0);
     zd_value_t *out;
-    assert_int_equal(zd__value_decode(e.meta, e.meta_len, fs.frames, fs.n, &fake_codec, 0,
-                                      &out), 0);
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, fs.frames, fs.n, &fake_codec, 0, &out),
+                     0);
     assert_true(zd_value_equal(v, out));
     zd_value_unref(out);
     assert_all_released_once(&fs);
@@ -596,10 +609,9 @@ static void test_wrong_frames(void **state)
     frameset_t fs = {.n = 0};
     for (int i = 0; i < 3; i++)
         frames_add(&fs, model.frames[i].data, model.frames[i].size, 0);
-    fs.frames[1].data = NULL;   /* its slot still frees the memory */
+    fs.frames[1].data = NULL; /* its slot still frees the memory */
     zd_value_t *out;
-    assert_int_equal(zd__value_decode(e.meta, e.meta_len, fs.frames, 3, &fake_codec, 0, &out),
-                     -1);
+    assert_int_equal(zd__value_decode(e.meta, e.meta_len, fs.frames, 3, &fake_codec, 0, &out), -1);
     assert_string_equal(zd_error_last(), "codec: frame 1 of 16 bytes has no data");
     assert_all_released_once(&fs);
 
@@ -608,8 +620,8 @@ static void test_wrong_frames(void **state)
     static int released[RPC_CODEC_MAX_TENSORS + 1];
     for (int i = 0; i <= RPC_CODEC_MAX_TENSORS; i++)
         frames[i] = (rpc_frame_t){.data = released};
-    assert_int_equal(zd__value_decode(e.meta, e.meta_len, frames, RPC_CODEC_MAX_TENSORS + 1,
-                                      NULL, 0, &out), -1);
+    assert_int_equal(
+        zd__value_decode(e.meta, e.meta_len, frames, RPC_CODEC_MAX_TENSORS + 1, NULL, 0, &out), -1);
     assert_string_equal(zd_error_last(), "codec: 4097 frames (at most 4096 tensors)");
     assert_int_equal(zd__value_decode(e.meta, e.meta_len, NULL, 2, NULL, 0, &out), -1);
     assert_int_equal(zd__value_decode(e.meta, e.meta_len, frames, -1, NULL, 0, &out), -1);
@@ -633,19 +645,25 @@ static void test_absurd_headers(void **state)
         int frames;
     } cases[] = {
         {"meta version 2, expected 1", {2, 0}, 2, 0},
-        {"unknown kind tag 8 at byte 1", {1, 8}, 2, 0},   /* ZD_VALUE_OBJECT: no wire form */
+        {"unknown kind tag 8 at byte 1", {1, 8}, 2, 0}, /* ZD_VALUE_OBJECT: no wire form */
         {"unknown kind tag 255", {1, 255}, 2, 0},
         {"1 trailing bytes", {1, 0, 0}, 3, 0},
         {"truncated meta: float", {1, 2, 0, 0, 0, 0, 0, 0, 0}, 9, 0},
         {"truncated meta: int", {1, 1, 0x80}, 3, 0},
         {"not in shortest form", {1, 1, 0x80, 0x00}, 4, 0},
-        {"overflows 64 bits", {1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02},
-         12, 0},
-        {"overflows 64 bits", {1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff,
-                               0x01}, 13, 0},
+        {"overflows 64 bits",
+         {1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x02},
+         12,
+         0},
+        {"overflows 64 bits",
+         {1, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
+         13,
+         0},
         /* string length 2^62 in a 12-byte blob */
         {"string length at byte 2 declares 4611686018427387904 but only 0 bytes remain",
-         {1, 3, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40}, 11, 0},
+         {1, 3, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40},
+         11,
+         0},
         {"bytes length at byte 2 declares 5", {1, 4, 5, 'a', 'b'}, 5, 0},
         {"list length at byte 2 declares 1000000", {1, 7, 0xC0, 0x84, 0x3D, 0}, 6, 0},
         {"contains a NUL byte", {1, 3, 3, 'a', 0, 'b'}, 6, 0},
@@ -655,20 +673,26 @@ static void test_absurd_headers(void **state)
         {"only float32 tensors require grad", {1, 5, 2, 1, 0}, 5, 1},
         {"9 dimensions (at most 8)", {1, 5, 1, 0, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 14, 1},
         {"dimension 0 is negative",
-         {1, 5, 1, 0, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01}, 15, 1},
+         {1, 5, 1, 0, 1, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01},
+         15,
+         1},
         /* 2^40 x 2^40: the element count overflows */
-        {"shape too large", {1, 5, 1, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20,
-                             0x80, 0x80, 0x80, 0x80, 0x80, 0x20}, 17, 1},
+        {"shape too large",
+         {1, 5, 1, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20, 0x80, 0x80, 0x80, 0x80, 0x80, 0x20},
+         17,
+         1},
         /* (2^62, 0) is refused like zd_tensor_new refuses it, although empty */
-        {"shape too large", {1, 5, 3, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
-                             0x40, 0}, 15, 0},
+        {"shape too large",
+         {1, 5, 3, 0, 2, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0},
+         15,
+         0},
         {"tensor 0 declares 4 bytes but its frame has 8", {1, 5, 1, 0, 1, 1}, 6, 1},
         {"meta describes 1 tensors but 0 frames arrived", {1, 5, 1, 0, 1, 2}, 6, 0},
         {"RRef at byte 2 needs 40 bytes, 2 remain", {1, 6, 0, 0xA0}, 4, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
-        expect_reject(cases[i].meta, cases[i].len, cases[i].frames ? &one : &none,
-                      cases[i].frames, cases[i].why);
+        expect_reject(cases[i].meta, cases[i].len, cases[i].frames ? &one : &none, cases[i].frames,
+                      cases[i].why);
     free_model(&one);
 }
 
@@ -692,7 +716,7 @@ static void test_rref_failure_after_tensors_releases_everything(void **state)
     float data[2] = {1, 2};
     frames_add(&model, data, sizeof data, 0);
     expect_reject(meta, n, &model, 1, "fake: unknown RRef 7");
-    meta[sizeof head + 1 + RPC_RREF_WIRE_SIZE + 1] = 1;   /* make the second one valid */
+    meta[sizeof head + 1 + RPC_RREF_WIRE_SIZE + 1] = 1; /* make the second one valid */
     frameset_t fs = {.n = 0};
     frames_add(&fs, data, sizeof data, 0);
     zd_value_t *out;
@@ -742,12 +766,12 @@ static void test_depth_and_size_bombs(void **state)
     /* more parts than any sane value: 2^22 + 1 nones in one list */
     size_t n_nodes = (1u << 22) + 1;
     uint8_t *many = calloc(1 + 1 + 4 + n_nodes, 1);
-    const uint8_t list_head[] = {1, 7, 0x81, 0x80, 0x80, 0x02};   /* varint 2^22 + 1 */
+    const uint8_t list_head[] = {1, 7, 0x81, 0x80, 0x80, 0x02}; /* varint 2^22 + 1 */
     memcpy(many, list_head, sizeof list_head);
     expect_reject(many, sizeof list_head + n_nodes, &none, 0, "codec: more than 4194304 values");
 
     /* 4097 tensor descriptors (uint8 scalars) */
-    const uint8_t tlist[] = {1, 7, 0x81, 0x20};   /* varint 4097 */
+    const uint8_t tlist[] = {1, 7, 0x81, 0x20}; /* varint 4097 */
     memcpy(many, tlist, sizeof tlist);
     for (size_t i = 0; i < 4097; i++)
         memcpy(many + sizeof tlist + 4 * i, (uint8_t[]){5, 3, 0, 0}, 4);
@@ -755,8 +779,8 @@ static void test_depth_and_size_bombs(void **state)
     free(many);
 
     /* a meta longer than the limit is refused without being read */
-    assert_int_equal(zd__value_decode(bomb, (size_t)RPC_CODEC_MAX_META + 1, NULL, 0, NULL, 0,
-                                      &out), -1);
+    assert_int_equal(zd__value_decode(bomb, (size_t)RPC_CODEC_MAX_META + 1, NULL, 0, NULL, 0, &out),
+                     -1);
     assert_string_equal(zd_error_last(), "codec: meta of 16777217 bytes (at most 16777216)");
     assert_int_equal(zd__value_decode(NULL, 0, NULL, 0, NULL, 0, &out), -1);
     assert_string_equal(zd_error_last(), "codec: empty meta");

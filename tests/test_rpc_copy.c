@@ -49,9 +49,14 @@ static void test_sizes(void **state)
     uint8_t *src = malloc(BIG + 64), *dst = malloc(BIG + 64);
     assert_non_null(src);
     assert_non_null(dst);
-    static const size_t sizes[] = {0, 1, RPC_COPY_CHUNK - 1, RPC_COPY_SHARED_MIN - 1,
-                                   RPC_COPY_SHARED_MIN, RPC_COPY_SHARED_MIN + 1,
-                                   RPC_COPY_SHARED_MIN + RPC_COPY_CHUNK - 3, BIG};
+    static const size_t sizes[] = {0,
+                                   1,
+                                   RPC_COPY_CHUNK - 1,
+                                   RPC_COPY_SHARED_MIN - 1,
+                                   RPC_COPY_SHARED_MIN,
+                                   RPC_COPY_SHARED_MIN + 1,
+                                   RPC_COPY_SHARED_MIN + RPC_COPY_CHUNK - 3,
+                                   BIG};
     for (int on = 0; on < 2; on++) {
         zd__rpc_copy_enable(on);
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++)
@@ -135,7 +140,7 @@ static void test_forked_child(void **state)
     assert_non_null(src);
     assert_non_null(dst);
     zd__rpc_copy_enable(true);
-    assert_true(copy_checked(dst, src, BIG, 0, 1));   /* the helper runs now */
+    assert_true(copy_checked(dst, src, BIG, 0, 1)); /* the helper runs now */
     fflush(NULL);
     pid_t pid = fork();
     if (pid == 0) {
@@ -207,8 +212,7 @@ static void test_fork_during_copies(void **state)
         if (pid == 0) {
             alarm((unsigned)(world_scaled_ms(60000) / 1000));
             long h = zd__rpc_copy_helped();
-            bool ok = copy_checked(dst, src, BIG, 0, (uint32_t)i) &&
-                      zd__rpc_copy_helped() == h;
+            bool ok = copy_checked(dst, src, BIG, 0, (uint32_t)i) && zd__rpc_copy_helped() == h;
             _exit(ok ? 0 : 1);
         }
         assert_true(pid > 0);

@@ -22,12 +22,29 @@
 #include "tests/support/world.h"
 
 static const char *const VARS[] = {
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "ZDIST_MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "GROUP_RANK",
-    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-    "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_MCA_ess_base_jobid", "PMIX_RANK", "PMIX_NAMESPACE",
-    "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_NODELIST",
-    "SLURM_JOB_NODELIST", "SLURM_JOB_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "ZDIST_MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "GROUP_RANK",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "OMPI_MCA_ess_base_jobid",
+    "PMIX_RANK",
+    "PMIX_NAMESPACE",
+    "SLURM_PROCID",
+    "SLURM_NTASKS",
+    "SLURM_LOCALID",
+    "SLURM_STEP_NODELIST",
+    "SLURM_JOB_NODELIST",
+    "SLURM_JOB_ID",
 };
 
 static int clear_env(void **state)
@@ -115,12 +132,14 @@ static void test_arguments_beat_everything(void **state)
     assert_from(e.world_size_from, "the arguments");
     assert_from(e.master_addr_from, "the arguments");
     assert_from(e.master_port_from, "the arguments");
-    assert_string_equal(e.summary, "rank 5 of 6 from the arguments, master host:3000 from the "
-                                   "arguments [env]");
+    assert_string_equal(e.summary,
+                        "rank 5 of 6 from the arguments, master host:3000 from the "
+                        "arguments [env]");
     /* an argument's rank checked against the environment's world */
     assert_int_equal(zd_rpc_env_resolve(2, 0, NULL, 0, &e), -1);
-    assert_non_null(strstr(zd_error_last(), "rank 2 is outside the world of size 2 (rank from "
-                                            "the arguments, world size from WORLD_SIZE)"));
+    assert_non_null(strstr(zd_error_last(),
+                           "rank 2 is outside the world of size 2 (rank from "
+                           "the arguments, world size from WORLD_SIZE)"));
     assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 70000, &e), -1);
 }
 
@@ -137,9 +156,10 @@ static void test_generic(void **state)
     assert_string_equal(e.master_addr, "10.0.0.1");
     assert_int_equal(e.master_port, 29500);
     assert_string_equal(e.launcher, "env");
-    assert_string_equal(e.summary, "rank 2 of 4 from RANK, world size from WORLD_SIZE, local rank "
-                                   "0 from LOCAL_RANK, master 10.0.0.1:29500 from "
-                                   "MASTER_ADDR/MASTER_PORT [env]");
+    assert_string_equal(e.summary,
+                        "rank 2 of 4 from RANK, world size from WORLD_SIZE, local rank "
+                        "0 from LOCAL_RANK, master 10.0.0.1:29500 from "
+                        "MASTER_ADDR/MASTER_PORT [env]");
     /* ZDIST_MASTER_PORT beats MASTER_PORT under any launcher */
     set("ZDIST_MASTER_PORT=29600", NULL);
     e = resolve_env();
@@ -161,8 +181,9 @@ static void test_torchrun(void **state)
     /* torchrun's agent holds its store on MASTER_PORT */
     assert_int_equal(e.master_port, 29501);
     assert_from(e.master_port_from, "MASTER_PORT+1");
-    assert_non_null(strstr(e.summary, "master 127.0.0.1:29501 from MASTER_ADDR/MASTER_PORT+1 "
-                                      "(torchrun's agent holds MASTER_PORT"));
+    assert_non_null(strstr(e.summary,
+                           "master 127.0.0.1:29501 from MASTER_ADDR/MASTER_PORT+1 "
+                           "(torchrun's agent holds MASTER_PORT"));
     set("ZDIST_MASTER_PORT=31000", NULL);
     e = resolve_env();
     assert_int_equal(e.master_port, 31000);
@@ -186,9 +207,10 @@ static void test_slurm(void **state)
     assert_string_equal(e.master_addr, "node01");
     /* 10000 + SLURM_JOB_ID % 20000 */
     assert_int_equal(e.master_port, 10000 + 123456 % 20000);
-    assert_string_equal(e.summary, "rank 5 of 8 from SLURM_PROCID, world size from SLURM_NTASKS, "
-                                   "local rank 1 from SLURM_LOCALID, master node01:13456 from "
-                                   "SLURM_JOB_NODELIST/SLURM_JOB_ID [slurm]");
+    assert_string_equal(e.summary,
+                        "rank 5 of 8 from SLURM_PROCID, world size from SLURM_NTASKS, "
+                        "local rank 1 from SLURM_LOCALID, master node01:13456 from "
+                        "SLURM_JOB_NODELIST/SLURM_JOB_ID [slurm]");
     /* the step's nodes rather than the job's */
     set("SLURM_STEP_NODELIST=node[03-04]", NULL);
     e = resolve_env();
@@ -209,12 +231,8 @@ static void test_slurm_host_lists(void **state)
 {
     (void)state;
     static const char *const good[][2] = {
-        {"node[01-04,07],gpu3", "node01"},
-        {"a-[1-2]b", "a-1b"},
-        {"gpu3,node[1-2]", "gpu3"},
-        {"rack[1-2]-n[007-010]", "rack1-n007"},
-        {"n[10,2-3]", "n10"},
-        {"single", "single"},
+        {"node[01-04,07],gpu3", "node01"},      {"a-[1-2]b", "a-1b"}, {"gpu3,node[1-2]", "gpu3"},
+        {"rack[1-2]-n[007-010]", "rack1-n007"}, {"n[10,2-3]", "n10"}, {"single", "single"},
         {"node-7.cluster", "node-7.cluster"},
     };
     set("SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_JOB_ID=1", NULL);
@@ -332,9 +350,9 @@ static void test_malformed(void **state)
 {
     (void)state;
     static const char *const cases[][2] = {
-        {"RANK", "abc"}, {"RANK", "-1"}, {"RANK", "70000"}, {"WORLD_SIZE", "0"},
-        {"WORLD_SIZE", "4x"}, {"MASTER_PORT", "70000"}, {"MASTER_PORT", "port"},
-        {"LOCAL_RANK", "z"}, {"ZDIST_MASTER_PORT", "0"},
+        {"RANK", "abc"},         {"RANK", "-1"},       {"RANK", "70000"},
+        {"WORLD_SIZE", "0"},     {"WORLD_SIZE", "4x"}, {"MASTER_PORT", "70000"},
+        {"MASTER_PORT", "port"}, {"LOCAL_RANK", "z"},  {"ZDIST_MASTER_PORT", "0"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         clear_env(NULL);
@@ -351,7 +369,8 @@ static void test_malformed(void **state)
     resolve_fails("SLURM_JOB_ID=\"-5\"", NULL);
     set("SLURM_PROCID=2", "SLURM_JOB_ID=5", NULL);
     resolve_fails("rank 2 is outside the world of size 2 (rank from SLURM_PROCID, world size "
-                  "from SLURM_NTASKS)", NULL);
+                  "from SLURM_NTASKS)",
+                  NULL);
     clear_env(NULL);
     set("OMPI_COMM_WORLD_RANK=0", "OMPI_COMM_WORLD_SIZE=four", NULL);
     resolve_fails("OMPI_COMM_WORLD_SIZE=\"four\"", NULL);
@@ -412,9 +431,11 @@ static void test_rpc_init_uses_them(void **state)
     assert_int_equal(zd_rpc_shutdown(true, 10000), 0);
     zd_log_set_sink(NULL, NULL);
     char want[200];
-    snprintf(want, sizeof want, "rpc: rank 0 of 1 from SLURM_PROCID, world size from SLURM_NTASKS, "
-                                "local rank 0 from SLURM_LOCALID, master localhost:%d from "
-                                "SLURM_STEP_NODELIST/MASTER_PORT [slurm]", port);
+    snprintf(want, sizeof want,
+             "rpc: rank 0 of 1 from SLURM_PROCID, world size from SLURM_NTASKS, "
+             "local rank 0 from SLURM_LOCALID, master localhost:%d from "
+             "SLURM_STEP_NODELIST/MASTER_PORT [slurm]",
+             port);
     if (count_lines(want) != 1) {
         for (int i = 0; i < g_n_lines; i++)
             print_message("logged: %s\n", g_lines[i]);

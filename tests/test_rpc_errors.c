@@ -21,11 +21,11 @@
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
 
-#define TRY(cond)                                                                           \
-    do {                                                                                    \
-        if (!(cond))                                                                        \
-            return world_fail(w, "line %d: %s (last error [%s]: %s)", __LINE__, #cond,      \
-                              zd_error_code_name(zd_error_code()), zd_error_last());        \
+#define TRY(cond)                                                                                  \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return world_fail(w, "line %d: %s (last error [%s]: %s)", __LINE__, #cond,             \
+                              zd_error_code_name(zd_error_code()), zd_error_last());               \
     } while (0)
 
 /*  ---- rank 1's functions ---- */
@@ -131,7 +131,7 @@ static int driver(const world_t *w)
     TRY(strstr(zd_error_last(), "no worker called \"nope\"") != NULL);
     TRY(zd_rpc_worker("worker1") == 1);
     TRY(zd_rpc_sync(-1, "fail", NULL, ZD_TIMEOUT_DEFAULT, &r) == -1);
-    TRY(strstr(zd_error_last(), "no worker with rank -1") != NULL);   /* the name is forgotten */
+    TRY(strstr(zd_error_last(), "no worker with rank -1") != NULL); /* the name is forgotten */
 
     /* A code survives context added on the way up. */
     TRY(zd_rpc_sync(1, "hold", NULL, 50, &r) == -1);
@@ -300,7 +300,8 @@ static int half_body(const world_t *w)
     zd_tensor_unref(x);
     TRY(rc == -1 && !r);
     TRY(zd_error_code() == ZD_ERR_NOT_INITIALIZED);
-    TRY(strstr(zd_error_last(), "worker \"worker0\" received a distributed-autograd message but "
+    TRY(strstr(zd_error_last(),
+               "worker \"worker0\" received a distributed-autograd message but "
                "zd_dist_autograd_init() was not called before zd_rpc_init()") != NULL);
     /* The release cannot reach rank 0's missing functions; here it is freed. */
     zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
@@ -322,7 +323,8 @@ static int half_body(const world_t *w)
     TRY(!opt);
     TRY(zd_error_code() == ZD_ERR_NOT_INITIALIZED);
     TRY(strstr(zd_error_last(), "unknown function \"__dist_optim_new\"") != NULL);
-    TRY(strstr(zd_error_last(), "zd_dist_optim_init() was not called on \"worker0\" before "
+    TRY(strstr(zd_error_last(),
+               "zd_dist_optim_init() was not called on \"worker0\" before "
                "zd_rpc_init()") != NULL);
     return 0;
 }
@@ -330,8 +332,7 @@ static int half_body(const world_t *w)
 static void test_missing_dist_autograd_init_fails_loudly(void **state)
 {
     (void)state;
-    world_options_t o = {.world_size = 2, .setup = setup_half, .fn = half_body,
-                         .timeout_s = 60};
+    world_options_t o = {.world_size = 2, .setup = setup_half, .fn = half_body, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
 }
 

@@ -46,10 +46,10 @@ static void test_wait_times_out_then_completes(void **state)
     assert_string_equal(zd_future_error(f), "");
     int64_t t0 = now_ms();
     assert_int_equal(zd_future_wait(f, 20), -1);
-    assert_true(now_ms() - t0 >= 20);   /* a monotonic deadline never fires early */
+    assert_true(now_ms() - t0 >= 20); /* a monotonic deadline never fires early */
     assert_string_equal(zd_error_last(), "timed out after 20 ms");
     assert_int_equal(zd_error_code(), ZD_ERR_TIMEOUT);
-    assert_false(zd_future_done(f));   /* looking without waiting */
+    assert_false(zd_future_done(f)); /* looking without waiting */
 
     assert_int_equal(set_int(f, 5), 0);
     assert_true(zd_future_done(f));
@@ -74,13 +74,13 @@ static void test_error_completion(void **state)
     assert_null(zd_future_value(f));
     zd_future_unref(f);
 
-    f = zd_future_new();   /* an empty text must still read as an error */
+    f = zd_future_new(); /* an empty text must still read as an error */
     assert_int_equal(zd_future_set_error(f, "%s", ""), 0);
     assert_int_equal(zd_future_wait(f, 0), -1);
     assert_string_equal(zd_future_error(f), "unknown error");
     zd_future_unref(f);
 
-    f = zd_future_new();   /* a code travels with the text to every waiter */
+    f = zd_future_new(); /* a code travels with the text to every waiter */
     assert_int_equal(zd_future_error_code(f), ZD_OK);
     assert_int_equal(zd_future_set_error_code(f, ZD_ERR_PEER, "peer %s lost", "w1"), 0);
     assert_int_equal(zd_future_error_code(f), ZD_ERR_PEER);
@@ -105,13 +105,13 @@ static void test_only_first_completion_counts(void **state)
     assert_string_equal(zd_error_last(), "rpc future: already completed");
     assert_int_equal(zd_future_set_error(f, "late"), -1);
     zd_value_unref(tv);
-    assert_int_equal(zd_tensor_live_count(), before);   /* the refused value was not kept */
+    assert_int_equal(zd_tensor_live_count(), before); /* the refused value was not kept */
     assert_int_equal(value_int(f), 1);
     assert_string_equal(zd_future_error(f), "");
     zd_future_unref(f);
 
     f = zd_future_new();
-    assert_int_equal(zd_future_set_value(f, NULL), 0);   /* NULL reads as none */
+    assert_int_equal(zd_future_set_value(f, NULL), 0); /* NULL reads as none */
     assert_int_equal(zd_value_kind(zd_future_value(f)), ZD_VALUE_NONE);
     assert_int_equal(zd_future_set_value(f, NULL), -1);
     zd_future_unref(f);
@@ -264,7 +264,7 @@ static void test_wait_any(void **state)
     assert_int_equal(index, 1);
     assert_string_equal(zd_future_error(fs[index]), "bad argument");
     assert_int_equal(zd_future_wait_any(fs, 3, -1, &index), 0);
-    assert_int_equal(index, 1);   /* the first completed one */
+    assert_int_equal(index, 1); /* the first completed one */
 
     assert_int_equal(zd_future_wait_any(fs, 0, -1, &index), -1);
     assert_string_equal(zd_error_last(), "zd_future_wait_any: no futures");
@@ -278,7 +278,7 @@ static void test_collect_all_values_in_order(void **state)
 {
     (void)state;
     zd_future_t *fs[3] = {zd_future_new(), zd_future_new(), zd_future_new()};
-    assert_int_equal(set_int(fs[1], 11), 0);            /* before and after */
+    assert_int_equal(set_int(fs[1], 11), 0); /* before and after */
     zd_future_t *all = zd_future_collect_all(fs, 3);
     assert_non_null(all);
     assert_int_equal(set_int(fs[2], 12), 0);
@@ -307,7 +307,7 @@ static void test_collect_all_fails_with_the_first_error(void **state)
     zd_future_t *all = zd_future_collect_all(fs, 3);
     assert_int_equal(zd_future_set_error_code(fs[1], ZD_ERR_TIMEOUT, "first"), 0);
     assert_int_equal(zd_future_set_error(fs[0], "second"), 0);
-    assert_false(zd_future_done(all));   /* like PyTorch's: waits for all */
+    assert_false(zd_future_done(all)); /* like PyTorch's: waits for all */
     assert_int_equal(set_int(fs[2], 2), 0);
     assert_true(zd_future_done(all));
     assert_int_equal(zd_future_wait(all, ZD_TIMEOUT_NONE), -1);
@@ -344,17 +344,17 @@ static void test_collect_all_of_none(void **state)
 
 /* ---- many threads ---- */
 
-#define N_FUT 16
+#define N_FUT  16
 #define ROUNDS 2000
 
 typedef struct {
     pthread_barrier_t start, end;
     zd_future_t *fs[N_FUT];
     atomic_int wins[N_FUT];
-    atomic_int winner_value[N_FUT];   /* 1000*thread + i of the successful set */
+    atomic_int winner_value[N_FUT]; /* 1000*thread + i of the successful set */
     atomic_int cb_calls[N_FUT];
     atomic_int failures_seen;
-    atomic_int bad;                   /* cmocka asserts belong to the main thread */
+    atomic_int bad; /* cmocka asserts belong to the main thread */
 } stress_t;
 
 typedef struct {
@@ -375,7 +375,7 @@ static void *completer(void *p)
     for (int round = 0; round < ROUNDS; round++) {
         pthread_barrier_wait(&s->start);
         for (int k = 0; k < N_FUT; k++) {
-            int i = a->id ? N_FUT - 1 - k : k;   /* the two meet in the middle */
+            int i = a->id ? N_FUT - 1 - k : k; /* the two meet in the middle */
             int code = 1000 * a->id + i;
             int rc = (i + round) % 5 == 0 ? zd_future_set_error(s->fs[i], "e%d", code)
                                           : set_int(s->fs[i], code);
@@ -410,8 +410,7 @@ static void *waiter(void *p)
             memcpy(left, s->fs, sizeof left);
             int n = N_FUT, index;
             while (n > 0) {
-                if (zd_future_wait_any(left, n, -1, &index) < 0 ||
-                    !zd_future_done(left[index])) {
+                if (zd_future_wait_any(left, n, -1, &index) < 0 || !zd_future_done(left[index])) {
                     atomic_fetch_add(&s->bad, 1);
                     break;
                 }

@@ -99,7 +99,7 @@ static int on_recv_request(void *arg, zd_rpc_call_t *call, const void *extra, si
         return -1;
     }
     s->saved = current_ctx;
-    current_ctx = s->ctx;   /* current on the handler's thread */
+    current_ctx = s->ctx; /* current on the handler's thread */
     zd_rpc_call_set_hook_state(call, s);
     atomic_fetch_add(&states_live, 1);
     return 0;
@@ -114,8 +114,7 @@ static void on_handler_return(void *arg, zd_rpc_call_t *call)
         current_ctx = s->saved;
 }
 
-static int on_send_reply(void *arg, zd_rpc_call_t *call, zd_value_t **result,
-                         zd_rpc_bytes_t *extra)
+static int on_send_reply(void *arg, zd_rpc_call_t *call, zd_value_t **result, zd_rpc_bytes_t *extra)
 {
     (void)arg;
     (void)result;
@@ -144,7 +143,7 @@ static int on_recv_reply(void *arg, const zd_rpc_hook_msg_t *m, void *state, con
         /* The reply carries the context back; mark the result as seen. */
         if (get_ctx(extra, len, &ctx) < 0 || ctx != s->ctx || s->request_id != m->request_id)
             rc = zd_error_set("fake hook: reply with context %lld for %lld", (long long)ctx,
-                           (long long)s->ctx);
+                              (long long)s->ctx);
         int64_t v;
         if (rc == 0 && zd_value_get_int(*result, &v) == 0) {
             zd_value_unref(*result);
@@ -241,12 +240,12 @@ static int world_hooks(const world_t *w)
     WCHECK(zd_rpc_register_inline("events", h_events, NULL) == 0);
     zd_rpc_options_t o = world_rpc_options(w->port);
     WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
-    WCHECK(zd_rpc_set_hooks(NULL) == -1);   /* not while running */
+    WCHECK(zd_rpc_set_hooks(NULL) == -1); /* not while running */
     /* The module's counters follow the agent's in the debug info. */
     zd_rpc_debug_item_t items[16];
     int n = zd_rpc_get_debug_info(items, 16);
     WCHECK(n >= 2 && n <= 16 && !strcmp(items[n - 1].name, "fake_states_live"));
-    WCHECK(zd_rpc_get_debug_info(items, 1) == n);   /* the count even when cut short */
+    WCHECK(zd_rpc_get_debug_info(items, 1) == n); /* the count even when cut short */
     int64_t v = -1;
     WCHECK(zd_rpc_get_debug_value("fake_states_live", &v) == 0 && v == 0);
     if (w->rank == 0) {
@@ -263,7 +262,7 @@ static int world_hooks(const world_t *w)
         /* An async handler's reply, sent by another thread, still has it. */
         zd_future_t *f = zd_rpc_async(1, "ctx_later", NULL, -1);
         current_ctx = 0;
-        while (world_call_int(1, "release") == 0) {   /* until the held call has arrived */
+        while (world_call_int(1, "release") == 0) { /* until the held call has arrived */
         }
         current_ctx = 77;
         WCHECK(zd_future_wait(f, 10000) == 0);
@@ -282,7 +281,7 @@ static int world_hooks(const world_t *w)
         zd_rref_t *rr = zd_rpc_remote(1, "ctx", NULL, -1);
         WCHECK(rr != NULL);
         WCHECK(zd_rref_to_here(rr, -1, &r) == 0);
-        WCHECK(zd_value_get_int(r, &v) == 0 && v == 1000077);   /* marked by the fetch */
+        WCHECK(zd_value_get_int(r, &v) == 0 && v == 1000077); /* marked by the fetch */
         zd_value_unref(r);
         zd_rref_unref(rr);
         WCHECK(zd_rref_drain(10000) == 0);

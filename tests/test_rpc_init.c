@@ -49,7 +49,7 @@ static int world_info(const world_t *w)
     WCHECK(zd_rpc_worker("nobody") == -1);
     WCHECK(zd_rpc_get_worker_info_by_rank(w->world_size, &me) == -1);
     WCHECK(strstr(zd_error_last(), "rank 3") != NULL);
-    WCHECK(zd_rpc_init(name, w->rank, w->world_size, &o) == -1);   /* already running */
+    WCHECK(zd_rpc_init(name, w->rank, w->world_size, &o) == -1); /* already running */
     WCHECK(strstr(zd_error_last(), "already running") != NULL);
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);
     WCHECK(!zd_rpc_is_running());
@@ -88,7 +88,7 @@ static int world_env(const world_t *w)
     setenv("MASTER_PORT", "port", 1);
     WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == -1);
     WCHECK(strstr(zd_error_last(), "MASTER_PORT") != NULL);
-    unsetenv("MASTER_PORT");    /* a malformed one is reported first */
+    unsetenv("MASTER_PORT"); /* a malformed one is reported first */
     unsetenv("MASTER_ADDR");
     WCHECK(zd_rpc_init(NULL, -1, 0, NULL) == -1);
     /* Rank 0 may go without a master address (it then listens on every
@@ -122,9 +122,9 @@ typedef struct {
     int ranks[4];
     int worlds[4];
     const char *names[4];
-    const char *expect;         /* in every failing process's error */
+    const char *expect; /* in every failing process's error */
     bool must_fail[4];
-    const char *also;           /* or this (a process rank 0 kept may time out first) */
+    const char *also; /* or this (a process rank 0 kept may time out first) */
 } bad_world_t;
 
 static int world_bad(const world_t *w)
@@ -141,8 +141,8 @@ static int world_bad(const world_t *w)
         return 0;
     }
     if (took >= o.init_timeout_ms + world_scaled_ms(GIVE_UP_SLACK_MS)) {
-        fprintf(stderr, "[%d] failed %lld ms after its start, init timeout %lld ms: %s\n",
-                w->rank, (long long)took, (long long)o.init_timeout_ms, zd_error_last());
+        fprintf(stderr, "[%d] failed %lld ms after its start, init timeout %lld ms: %s\n", w->rank,
+                (long long)took, (long long)o.init_timeout_ms, zd_error_last());
         return 1;
     }
     if (b->must_fail[w->rank] && !strstr(zd_error_last(), b->expect) &&
@@ -156,7 +156,8 @@ static int world_bad(const world_t *w)
 static void test_duplicate_rank_fails_everyone(void **state)
 {
     (void)state;
-    bad_world_t b = {{0, 1, 1}, {3, 3, 3}, {"a", "b", "c"}, "rank 1 is taken by",
+    bad_world_t b = {{0, 1, 1},          {3, 3, 3},
+                     {"a", "b", "c"},    "rank 1 is taken by",
                      {true, true, true}, "no answer from the master"};
     assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
@@ -164,8 +165,12 @@ static void test_duplicate_rank_fails_everyone(void **state)
 static void test_duplicate_name_fails_everyone(void **state)
 {
     (void)state;
-    bad_world_t b = {{0, 1, 2}, {3, 3, 3}, {"a", "same", "same"}, "has the name of rank",
-                     {true, true, true}, "no answer from the master"};
+    bad_world_t b = {{0, 1, 2},
+                     {3, 3, 3},
+                     {"a", "same", "same"},
+                     "has the name of rank",
+                     {true, true, true},
+                     "no answer from the master"};
     assert_int_equal(world_run_simple(3, 60, world_bad, &b), 0);
 }
 
@@ -252,14 +257,14 @@ static void test_duration_sentinels_and_sizes(void **state)
 
 static int world_no_master(const world_t *w)
 {
-    zd_rpc_options_t o = world_rpc_options(w->port);   /* nobody listens there */
+    zd_rpc_options_t o = world_rpc_options(w->port); /* nobody listens there */
     o.init_timeout_ms = 500;
     int64_t start = world_now_ms();
     WCHECK(zd_rpc_init("lonely", 1, 2, &o) == -1);
     int64_t took = world_now_ms() - start;
     if (took < 450 || took >= o.init_timeout_ms + world_scaled_ms(GIVE_UP_SLACK_MS)) {
-        fprintf(stderr, "gave up %lld ms after its start, init timeout %lld ms\n",
-                (long long)took, (long long)o.init_timeout_ms);
+        fprintf(stderr, "gave up %lld ms after its start, init timeout %lld ms\n", (long long)took,
+                (long long)o.init_timeout_ms);
         return 1;
     }
     WCHECK(strstr(zd_error_last(), "could not reach the master at tcp://127.0.0.1:") != NULL);
@@ -302,7 +307,9 @@ static int world_strays(const world_t *w)
             {{"ZDREG1", "0", "2", "evil", "tcp://127.0.0.1:9", ""}, 6, "rank 0's own"},
             {{"ZDREG1", "1", "2", "evil", "tcp://127.0.0.1:9", "short"}, 6, "a bad key"},
             {{"ZDREG1", "1", "2", "evil", "tcp://127.0.0.1:9",
-              "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"}, 6, "has a key and this world has none"},
+              "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7"},
+             6,
+             "has a key and this world has none"},
             {{"hello"}, 1, "1 frames instead of 6"},
         };
         for (size_t i = 0; i < sizeof strays / sizeof strays[0]; i++) {
@@ -331,7 +338,7 @@ static int world_twice(const world_t *w)
     for (int round = 0; round < 2; round++) {
         /* Same master port both times: rank 0 binds it again. */
         zd_rpc_options_t o = world_rpc_options(w->port);
-        o.busy_poll_us = round == 0 ? -1 : 0;   /* the second one sleeps at once */
+        o.busy_poll_us = round == 0 ? -1 : 0; /* the second one sleeps at once */
         WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
         WCHECK(zd_rpc_world_size() == w->world_size);
         WCHECK(zd_rpc_shutdown(true, 10000) == 0);

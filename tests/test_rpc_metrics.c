@@ -27,10 +27,10 @@ static zd_value_t *h_metrics_of(zd_rpc_call_t *call, zd_value_t *args, void *arg
     if (zd_rpc_metrics_get(zd_rpc_call_caller_rank(call), &m, sizeof m) < 0)
         return NULL;
     return zd__rpc_args("iiiii", m.calls_served, m.bytes_received, m.bytes_sent, m.serving,
-                    m.calls_sent);
+                        m.calls_sent);
 }
 
-#define N_CALLS 50
+#define N_CALLS      50
 #define TENSOR_BYTES (1000 * 4)
 
 static int world_metrics(const world_t *w)
@@ -61,7 +61,7 @@ static int world_metrics(const world_t *w)
         WCHECK(m.errors == 1);
         WCHECK(m.in_flight == 0);
         WCHECK(m.bytes_sent >= N_CALLS * TENSOR_BYTES);
-        WCHECK(m.bytes_received >= N_CALLS * TENSOR_BYTES);   /* echoed back */
+        WCHECK(m.bytes_received >= N_CALLS * TENSOR_BYTES); /* echoed back */
         WCHECK(m.latency_mean_us > 0 && m.latency_p50_us > 0);
         WCHECK(m.latency_p50_us <= m.latency_p99_us);
         WCHECK(m.latency_mean_us < 1e6);
@@ -72,7 +72,7 @@ static int world_metrics(const world_t *w)
         WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 1);
         zd_value_t *seen = NULL;
         int64_t serving = 0;
-        while (serving == 0) {   /* until the hold arrived */
+        while (serving == 0) { /* until the hold arrived */
             zd_value_unref(seen);
             WCHECK(zd_rpc_sync(1, "metrics_of", NULL, -1, &seen) == 0);
             WCHECK(zd_rpc_arg_int(seen, 3, &serving) == 0);

@@ -17,9 +17,9 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define WORLD 4
+#define WORLD   4
 #define CALLERS 64
-#define DEPTH 7   /* 8 handlers: around the ring twice, back through the caller */
+#define DEPTH   7 /* 8 handlers: around the ring twice, back through the caller */
 
 /* Sum of the ranks of the handlers a chain of `depth` starting at rank
    `first` runs on. */
@@ -120,8 +120,8 @@ static void *caller_main(void *arg)
     int first = 1 + c->index % (WORLD - 1);
     zd_value_t *args = zd__rpc_args("i", (int64_t)DEPTH), *r = NULL;
     int64_t sum = -1;
-    if (zd_rpc_sync(first, c->fn, args, world_scaled_ms(30000), &r) < 0 || zd_value_get_int(r, &sum) < 0 ||
-        sum != expected_sum(first, DEPTH)) {
+    if (zd_rpc_sync(first, c->fn, args, world_scaled_ms(30000), &r) < 0 ||
+        zd_value_get_int(r, &sum) < 0 || sum != expected_sum(first, DEPTH)) {
         fprintf(stderr, "caller %d via %s: sum %lld, expected %lld (%s)\n", c->index, c->fn,
                 (long long)sum, (long long)expected_sum(first, DEPTH), zd_error_last());
         c->failed = 1;

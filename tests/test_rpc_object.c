@@ -19,8 +19,9 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-#define NOT_SENDABLE "a local object (Counter) cannot be sent to another process; " \
-                     "send an RRef to it instead"
+#define NOT_SENDABLE                                                                               \
+    "a local object (Counter) cannot be sent to another process; "                                 \
+    "send an RRef to it instead"
 
 /*  ---- the object: a counter, and how many this process made and freed ---- */
 
@@ -96,9 +97,8 @@ static zd_value_t *fn_own_rref(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_value_t *v = new_counter(args), *got = NULL;
     zd_rref_t *r = v ? zd_rref_new(v) : NULL;
     void *a, *b;
-    int ok = r && zd_rref_to_here(r, -1, &got) == 0 &&
-             zd_value_get_object(v, "Counter", &a) == 0 &&
-             zd_value_get_object(got, "Counter", &b) == 0 && a == b;
+    int ok = r && zd_rref_to_here(r, -1, &got) == 0 && zd_value_get_object(v, "Counter", &a) == 0 &&
+        zd_value_get_object(got, "Counter", &b) == 0 && a == b;
     zd_value_unref(got);
     zd_value_unref(v);
     zd_rref_unref(r);
@@ -153,7 +153,7 @@ static zd_value_t *fn_stats(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
     return zd__rpc_args("iii", (int64_t)atomic_load(&n_made), (int64_t)atomic_load(&n_freed),
-                    zd_rpc_debug_owner_rrefs());
+                        zd_rpc_debug_owner_rrefs());
 }
 
 static zd_value_t *fn_drain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -172,7 +172,8 @@ static int setup(const world_t *w)
         zd_rpc_register("own_rref", fn_own_rref, NULL) < 0 ||
         zd_rpc_register("keep", fn_keep, NULL) < 0 || zd_rpc_register("drop", fn_drop, NULL) < 0 ||
         zd_rpc_register("add_kept", fn_add_kept, NULL) < 0 ||
-        zd_rpc_register("stats", fn_stats, NULL) < 0 || zd_rpc_register("drain", fn_drain, NULL) < 0)
+        zd_rpc_register("stats", fn_stats, NULL) < 0 ||
+        zd_rpc_register("drain", fn_drain, NULL) < 0)
         return -1;
     return 0;
 }
@@ -205,8 +206,7 @@ static int64_t method_int(zd_rref_t *r, int64_t k)
 {
     zd_value_t *a = zd__rpc_args("i", k), *res = NULL;
     int64_t v = -1;
-    if (a && zd_rref_rpc_sync(r, "Counter.add", a, -1, &res) == 0 &&
-        zd_value_get_int(res, &v) < 0)
+    if (a && zd_rref_rpc_sync(r, "Counter.add", a, -1, &res) == 0 && zd_value_get_int(res, &v) < 0)
         v = -1;
     zd_value_unref(res);
     zd_value_unref(a);
@@ -251,7 +251,7 @@ static int driver(const world_t *w)
     WCHECK(f && zd_future_wait(f, ZD_TIMEOUT_NONE) == 0);
     WCHECK(zd_value_get_int(zd_future_value(f), &made) == 0 && made == 16);
     zd_future_unref(f);
-    zd_rref_t *sum = zd_rref_remote(r, "Counter.add", a, -1);   /* an int, kept there */
+    zd_rref_t *sum = zd_rref_remote(r, "Counter.add", a, -1); /* an int, kept there */
     zd_value_unref(a);
     WCHECK(sum && zd_rref_to_here(sum, -1, &v) == 0);
     WCHECK(zd_value_get_int(v, &made) == 0 && made == 17);
@@ -308,7 +308,8 @@ static int driver(const world_t *w)
     v = new_counter(a);
     zd_value_unref(a);
     a = zd__rpc_args("v", v);
-    WCHECK(zd_rpc_sync(1, "Counter.add", a, -1, &res) == -1 && strstr(zd_error_last(), NOT_SENDABLE));
+    WCHECK(zd_rpc_sync(1, "Counter.add", a, -1, &res) == -1 &&
+           strstr(zd_error_last(), NOT_SENDABLE));
     zd_value_unref(a);
     WCHECK(atomic_load(&n_made) == 1 && atomic_load(&n_freed) == 1);
 
@@ -316,7 +317,7 @@ static int driver(const world_t *w)
     WCHECK(call_int(1, "own_rref", zd__rpc_args("i", (int64_t)0)) == 1);
     WCHECK(drain_all(w->world_size) == 0);
     WCHECK(stats_of(1, &made, &freed, &owned) == 0 && made == 4 && freed == 4 &&
-        owned == base_owned);
+           owned == base_owned);
     return 0;
 }
 

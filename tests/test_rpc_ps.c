@@ -46,8 +46,15 @@ static void check_world(const char *nproc, const char *servers, int trainers)
     char *out, dir[] = "/tmp/zdist_psXXXXXX", curves[64];
     assert_non_null(mkdtemp(dir));
     snprintf(curves, sizeof curves, "--curves=%s/c", dir);
-    char *argv[] = {launch_bin, (char *)nproc, "--", ps_bin, (char *)servers,
-                    "--max_batches=40", "--eval_samples=1000", "--log_interval=10", curves,
+    char *argv[] = {launch_bin,
+                    (char *)nproc,
+                    "--",
+                    ps_bin,
+                    (char *)servers,
+                    "--max_batches=40",
+                    "--eval_samples=1000",
+                    "--log_interval=10",
+                    curves,
                     NULL};
     assert_int_equal(program_run(argv, 300, true, &out), 0);
     double acc[8];
@@ -111,14 +118,29 @@ static void test_same_losses_as_one_process_and_across_shards(void **state)
 {
     (void)state;
     char *local_out, *ps1_out, *ps2_out;
-    char *local_argv[] = {local_bin, "--no_dropout", "--max_batches=20", "--log_interval=1",
-                          "--seed=7", NULL};
-    char *ps1_argv[] = {launch_bin, "--nproc=2", "--", ps_bin, "--no_dropout",
-                        "--max_batches=20", "--log_interval=1", "--seed=7",
-                        "--eval_samples=100", NULL};
-    char *ps2_argv[] = {launch_bin, "--nproc=3", "--", ps_bin, "--num_servers=2", "--no_dropout",
-                        "--max_batches=20", "--log_interval=1", "--seed=7",
-                        "--eval_samples=100", NULL};
+    char *local_argv[] = {local_bin,          "--no_dropout", "--max_batches=20",
+                          "--log_interval=1", "--seed=7",     NULL};
+    char *ps1_argv[] = {launch_bin,
+                        "--nproc=2",
+                        "--",
+                        ps_bin,
+                        "--no_dropout",
+                        "--max_batches=20",
+                        "--log_interval=1",
+                        "--seed=7",
+                        "--eval_samples=100",
+                        NULL};
+    char *ps2_argv[] = {launch_bin,
+                        "--nproc=3",
+                        "--",
+                        ps_bin,
+                        "--num_servers=2",
+                        "--no_dropout",
+                        "--max_batches=20",
+                        "--log_interval=1",
+                        "--seed=7",
+                        "--eval_samples=100",
+                        NULL};
     assert_int_equal(program_run(local_argv, 300, true, &local_out), 0);
     assert_int_equal(program_run(ps1_argv, 300, true, &ps1_out), 0);
     assert_int_equal(program_run(ps2_argv, 300, true, &ps2_out), 0);
@@ -148,13 +170,13 @@ static void test_checkpoint_and_resume_continue_exactly(void **state)
     char dir[] = "/tmp/zdist_ckXXXXXX", ck[64], *whole, *first, *rest, *bad;
     assert_non_null(mkdtemp(dir));
     snprintf(ck, sizeof ck, "--checkpoint=%s/c", dir);
-#define WORLD launch_bin, "--nproc=3", "--", ps_bin, "--num_servers=2", "--no_dropout", \
-              "--log_interval=1", "--seed=7", "--eval_samples=100"
+#define WORLD                                                                                      \
+    launch_bin, "--nproc=3", "--", ps_bin, "--num_servers=2", "--no_dropout", "--log_interval=1",  \
+        "--seed=7", "--eval_samples=100"
     char *whole_argv[] = {WORLD, "--max_batches=20", NULL};
     char *first_argv[] = {WORLD, "--max_batches=10", ck, "--checkpoint_every=5", NULL};
     char *rest_argv[] = {WORLD, "--max_batches=20", ck, "--checkpoint_every=5", "--resume", NULL};
-    char *bad_argv[] = {WORLD, "--max_batches=20", "--checkpoint=/nonexistent/c", "--resume",
-                        NULL};
+    char *bad_argv[] = {WORLD, "--max_batches=20", "--checkpoint=/nonexistent/c", "--resume", NULL};
     char *other_argv[] = {WORLD, "--max_batches=20", ck, "--batch_size=64", "--resume", NULL};
 #undef WORLD
     assert_int_equal(program_run(whole_argv, 300, true, &whole), 0);
@@ -190,8 +212,9 @@ static void test_launcher_stops_the_world_when_a_trainer_dies(void **state)
 {
     (void)state;
     program_t p;
-    char *argv[] = {launch_bin, "--nproc=3", "--grace_s=5", "--", ps_bin, "--max_batches=100000",
-                    "--log_interval=1", NULL};
+    char *argv[] = {
+        launch_bin,         "--nproc=3", "--grace_s=5", "--", ps_bin, "--max_batches=100000",
+        "--log_interval=1", NULL};
     assert_int_equal(program_start(&p, argv), 0);
     double deadline = program_now_s() + 120;
     assert_int_equal(program_read(&p, "[rank 2] Rank 2 training batch 2 ", deadline), 1);
@@ -217,14 +240,16 @@ static void test_divergence_stops_the_run(void **state)
 {
     (void)state;
     char *out;
-    char *argv[] = {launch_bin, "--nproc=3", "--", ps_bin, "--lr=1000", "--max_batches=100",
-                    "--eval_samples=100", NULL};
+    char *argv[] = {launch_bin,          "--nproc=3",          "--", ps_bin, "--lr=1000",
+                    "--max_batches=100", "--eval_samples=100", NULL};
     assert_int_not_equal(program_run(argv, 300, false, &out), 0);
     /* Stopped while the loss is still finite but exploding, or at nan. */
-    assert_true(strstr(out, "the loss is nan: the model diverged, and this batch's "
-                            "gradients were not applied") ||
-                strstr(out, "the model is diverging. Remedies: a lower --lr (now 1000), or "
-                            "--max_staleness=K"));
+    assert_true(strstr(out,
+                       "the loss is nan: the model diverged, and this batch's "
+                       "gradients were not applied") ||
+                strstr(out,
+                       "the model is diverging. Remedies: a lower --lr (now 1000), or "
+                       "--max_staleness=K"));
     assert_non_null(strstr(out, "a lower --lr (now 1000)"));
     assert_null(strstr(out, "test accuracy"));
     free(out);

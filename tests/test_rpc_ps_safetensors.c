@@ -49,9 +49,11 @@ static double number_after(const char *text, const char *key)
 static char *run_world(const char *flag1, const char *flag2, const char *flag3)
 {
     char *out;
-    char *argv[] = {launch_bin, "--nproc=3", "--", ps_bin, "--num_servers=2",
-                    "--max_batches=30", "--seed=3", "--progress_s=0",
-                    "--eval_samples=1000", (char *)flag1, (char *)flag2, (char *)flag3, NULL};
+    char *argv[] = {launch_bin,    "--nproc=3",       "--",
+                    ps_bin,        "--num_servers=2", "--max_batches=30",
+                    "--seed=3",    "--progress_s=0",  "--eval_samples=1000",
+                    (char *)flag1, (char *)flag2,     (char *)flag3,
+                    NULL};
     assert_int_equal(program_run(argv, 300, true, &out), 0);
     return out;
 }
@@ -118,8 +120,9 @@ static void test_save_model_loads_in_pytorch(void **state)
     zd_nn_module_t *net = zd_nn_net_new(1);
     zd_named_tensors_t *sd = zd_named_tensors_new();
     for (int i = 0; i < zd_nn_module_n_params(net); i++)
-        assert_int_equal(zd_named_tensors_add(sd, zd_nn_module_param_name(net, i),
-                                              zd_nn_module_param(net, i)), 0);
+        assert_int_equal(
+            zd_named_tensors_add(sd, zd_nn_module_param_name(net, i), zd_nn_module_param(net, i)),
+            0);
     if (zd_safetensors_load_into(model, sd, true, NULL, NULL) < 0)
         fail_msg("%s", zd_error_last());
     zd_named_tensors_free(sd);

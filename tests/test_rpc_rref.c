@@ -354,7 +354,7 @@ static int world_basics(const world_t *w)
         WCHECK(zd_future_wait(f, 10000) == 0);
         WCHECK(zd_value_get_float(zd_future_value(f), &d) == 0 && d == 30.0);
         zd_future_unref(f);
-        zd_rref_t *r2 = zd_rref_remote(r, "scaled", k, -1);   /* stays at the owner */
+        zd_rref_t *r2 = zd_rref_remote(r, "scaled", k, -1); /* stays at the owner */
         WCHECK(r2 && zd_rref_owner(r2) == 1);
         WCHECK(call_float(2, "to_here_sum", zd__rpc_args("r", r2)) == 30.0);
         zd_value_unref(k);
@@ -370,8 +370,8 @@ static int world_basics(const world_t *w)
         int64_t i;
         WCHECK(zd_value_get_int(v, &i) == 0 && i == 5);
         zd_value_unref(v);
-        WCHECK(zd_rref_confirmed_by_owner(r3));   /* the owner forked it to us */
-        zd_value_unref(res);   /* and with it r3 */
+        WCHECK(zd_rref_confirmed_by_owner(r3)); /* the owner forked it to us */
+        zd_value_unref(res);                    /* and with it r3 */
         /* remote to oneself: the owner's handle. */
         zd_rref_t *mine = remote_tensor(0, 4, 2.0);
         WCHECK(mine && zd_rref_is_owner(mine) && zd_rref_confirmed_by_owner(mine));
@@ -437,7 +437,7 @@ static int world_refcount(const world_t *w)
            G2 keeps the parent until the child is accepted. */
         for (int k = 0; k < 8; k++) {
             r = remote_tensor(owner, 4, 1.0);
-            WCHECK(zd_rref_to_here(r, -1, &v) == 0);   /* confirmed: its delete goes at once */
+            WCHECK(zd_rref_to_here(r, -1, &v) == 0); /* confirmed: its delete goes at once */
             zd_value_unref(v);
             args = zd__rpc_args("r", r);
             zd_future_t *f = zd_rpc_async(2, "to_here_sum", args, -1);
@@ -471,7 +471,7 @@ static int world_refcount(const world_t *w)
         zd_rref_t *back;
         WCHECK(zd_value_get_rref(res, &back) == 0);
         args = zd__rpc_args("r", back);
-        WCHECK(zd_rpc_sync(owner, "keep", args, -1, &v) == 0);   /* the owner keeps its own */
+        WCHECK(zd_rpc_sync(owner, "keep", args, -1, &v) == 0); /* the owner keeps its own */
         zd_value_unref(v);
         zd_value_unref(args);
         zd_value_unref(res);
@@ -544,15 +544,15 @@ static int world_rref_errors(const world_t *w)
         /* Creation that times out poisons the RRef; the owner still frees
            the value once it is released. */
         r = zd_rpc_remote(1, "slow", NULL, 200);
-        zd_future_t *done = zd_rref_rpc_async(r, "sum", NULL, -1);   /* waits at the owner */
-        WCHECK(zd_rref_to_here(r, 1000, &v) == -1);   /* outlives the creation timeout */
+        zd_future_t *done = zd_rref_rpc_async(r, "sum", NULL, -1); /* waits at the owner */
+        WCHECK(zd_rref_to_here(r, 1000, &v) == -1); /* outlives the creation timeout */
         WCHECK(strstr(zd_error_last(), "timed out after 1000 ms") != NULL);
         WCHECK(zd_rref_to_here(r, -1, &v) == -1);
         WCHECK(strstr(zd_error_last(), "RRef creation via zd_rpc_remote() failed") != NULL);
         WCHECK(strstr(zd_error_last(), "timed out after 200 ms") != NULL);
         while (world_call_int(1, "release_slow") == 0) {
         }
-        WCHECK(zd_future_wait(done, 10000) == -1);   /* the method ran on the late value */
+        WCHECK(zd_future_wait(done, 10000) == -1); /* the method ran on the late value */
         WCHECK(strstr(zd_future_error(done), "argument 0: expected tensor, got int") != NULL);
         zd_future_unref(done);
         zd_rref_unref(r);
@@ -606,7 +606,7 @@ static int world_lost_control(const world_t *w)
         WCHECK(drop_next(1, RPC_MSG_RREF_USER_DELETE, 1) == 0);
         zd_rref_unref(r);
         WCHECK(zd_rref_drain(world_scaled_ms(20000)) == 0);
-        WCHECK(drop_next(1, RPC_MSG_RREF_USER_DELETE, 0) == 0);   /* it was dropped */
+        WCHECK(drop_next(1, RPC_MSG_RREF_USER_DELETE, 0) == 0); /* it was dropped */
         WCHECK(world_call_int(1, "owner_count") == 0);
 
         /* A third user's fork request, then the child's accept to its parent. */
@@ -625,7 +625,7 @@ static int world_lost_control(const world_t *w)
             zd_rref_unref(r);
             WCHECK(drain_every(w->world_size, "drain_long") == 0);
             WCHECK(drop_next(at, lost[k], 0) == 0);
-            WCHECK(world_call_int(1, "owner_count") == 1);   /* rank 2 holds it */
+            WCHECK(world_call_int(1, "owner_count") == 1); /* rank 2 holds it */
             WCHECK(world_call_int(2, "drop_kept") == 1);
             WCHECK(drain_every(w->world_size, "drain_long") == 0);
             WCHECK(world_call_int(1, "owner_count") == 0);
@@ -654,11 +654,11 @@ static int world_fork_waits(const world_t *w)
     if (w->rank == 0) {
         zd_rref_t *r = remote_tensor(1, 4, 2.5);
         zd_value_t *v;
-        WCHECK(zd_rref_to_here(r, -1, &v) == 0);   /* rank 0 is a holder */
+        WCHECK(zd_rref_to_here(r, -1, &v) == 0); /* rank 0 is a holder */
         zd_value_unref(v);
         WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 1) == 0);
         WCHECK(call_float(2, "forward_sum", zd__rpc_args("ri", r, (int64_t)3)) == 10.0);
-        WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 0) == 0);   /* it was dropped */
+        WCHECK(drop_next(1, RPC_MSG_RREF_FORK_REQUEST, 0) == 0); /* it was dropped */
         WCHECK(world_call_int(1, "waited") >= 1);
         zd_rref_unref(r);
         WCHECK(drain_every(w->world_size, "drain_long") == 0);

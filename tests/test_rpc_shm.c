@@ -45,8 +45,8 @@ static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 static bool same(zd_tensor_t *a, zd_tensor_t *b)
 {
     return a && b && zd_tensor_dtype(a) == zd_tensor_dtype(b) &&
-           zd_tensor_numel(a) == zd_tensor_numel(b) &&
-           memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
+        zd_tensor_numel(a) == zd_tensor_numel(b) &&
+        memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
 /* Waits (up to 60 s: sanitizers on a loaded machine) until this process's
@@ -119,7 +119,6 @@ static long stat_fallbacks(void)
 
 /* ---- the receiving filter refuses what it cannot trust ---- */
 
-
 static void put_le(uint8_t *p, uint64_t v, int n)
 {
     for (int i = 0; i < n; i++)
@@ -132,9 +131,16 @@ static void put_le(uint8_t *p, uint64_t v, int n)
 static void shm_call(inmsg_t *m, uint32_t frame, uint64_t bytes, size_t table_len)
 {
     static uint8_t meta[] = {1, 0};
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_SHM, .src = 1, .dst = 0,
-                           .id = 77, .fn = "f", .fn_len = 1, .meta = meta,
-                           .meta_len = sizeof meta, .n_tensors = 3};
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .flags = RPC_WIRE_F_SHM,
+                           .src = 1,
+                           .dst = 0,
+                           .id = 77,
+                           .fn = "f",
+                           .fn_len = 1,
+                           .meta = meta,
+                           .meta_len = sizeof meta,
+                           .n_tensors = 3};
     memset(m, 0, sizeof *m);
     zmq_msg_init_size(&m->hm, zd__rpc_wire_size(&h));
     zd__rpc_wire_write(&h, zmq_msg_data(&m->hm));
@@ -142,9 +148,9 @@ static void shm_call(inmsg_t *m, uint32_t frame, uint64_t bytes, size_t table_le
     uint8_t table[8 + RPC_SHM_ENTRY] = {0};
     put_le(table, 1, 4);
     put_le(table + 8, frame, 4);
-    put_le(table + 8 + 8, 3, 4);                     /* fd */
-    put_le(table + 8 + 16, 0x1234, 8);               /* token */
-    put_le(table + 8 + 24, 1 << 20, 8);              /* cap */
+    put_le(table + 8 + 8, 3, 4);        /* fd */
+    put_le(table + 8 + 16, 0x1234, 8);  /* token */
+    put_le(table + 8 + 24, 1 << 20, 8); /* cap */
     put_le(table + 8 + 32, bytes, 8);
     m->frames = malloc(3 * sizeof *m->frames);
     assert_non_null(m->frames);
@@ -175,12 +181,12 @@ static void test_filter_refuses(void **state)
         size_t table_len;
         const char *why;
     } cases[] = {
-        {1, 1000, 0, "whose offer was not accepted"},    /* well formed, no offer */
+        {1, 1000, 0, "whose offer was not accepted"}, /* well formed, no offer */
         {1, 1000, 20, "shared-memory table of 20 bytes"},
-        {0, 1000, 0, "is not valid"},                    /* a frame with bytes */
-        {2, 1000, 0, "is not valid"},                    /* the table itself */
-        {1, 0, 0, "is not valid"},                       /* empty */
-        {1, (2 << 20), 0, "is not valid"},               /* more than the segment */
+        {0, 1000, 0, "is not valid"},      /* a frame with bytes */
+        {2, 1000, 0, "is not valid"},      /* the table itself */
+        {1, 0, 0, "is not valid"},         /* empty */
+        {1, (2 << 20), 0, "is not valid"}, /* more than the segment */
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         inmsg_t m;
@@ -188,7 +194,7 @@ static void test_filter_refuses(void **state)
         assert_int_equal(zd__shm_filter(&fake, &router_tag, &m), -1);
         if (!strstr(zd_error_last(), cases[i].why))
             fail_msg("case %zu: \"%s\" does not say \"%s\"", i, zd_error_last(), cases[i].why);
-        assert_int_equal(m.reject_id, 77);               /* the caller hears of it */
+        assert_int_equal(m.reject_id, 77); /* the caller hears of it */
         assert_int_equal(m.n, 0);
         assert_int_equal(frames_live(), 0);
         free(m.frames);
@@ -217,8 +223,12 @@ static void test_wire_flag(void **state)
     zd__rpc_wire_write(&hello, buf);
     assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&hello), &p), -1);
     static const uint8_t meta[] = {1, 0};
-    rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_SHM, .id = 3, .meta = meta,
-                           .meta_len = 2, .n_tensors = 2};
+    rpc_wire_header_t r = {.type = RPC_MSG_REPLY,
+                           .flags = RPC_WIRE_F_SHM,
+                           .id = 3,
+                           .meta = meta,
+                           .meta_len = 2,
+                           .n_tensors = 2};
     zd__rpc_wire_write(&r, buf);
     assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&r), &p), 0);
     r.flags |= RPC_WIRE_F_STREAMED;
@@ -228,8 +238,7 @@ static void test_wire_flag(void **state)
     r.n_tensors = 1;
     zd__rpc_wire_write(&r, buf);
     assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&r), &p), -1);
-    rpc_wire_header_t offer = {.type = RPC_MSG_SHM_OFFER, .id = 9, .extra = meta,
-                               .extra_len = 2};
+    rpc_wire_header_t offer = {.type = RPC_MSG_SHM_OFFER, .id = 9, .extra = meta, .extra_len = 2};
     zd__rpc_wire_write(&offer, buf);
     assert_int_equal(zd__rpc_wire_parse(buf, zd__rpc_wire_size(&offer), &p), 0);
     assert_string_equal(zd__rpc_wire_type_name(RPC_MSG_SHM_ACCEPT), "SHM_ACCEPT");
@@ -237,7 +246,7 @@ static void test_wire_flag(void **state)
 
 /* ---- rank 1 keeps what it is sent ---- */
 
-#define KEEP_MAX 32
+#define KEEP_MAX   32
 #define KEEP_ELEMS ((int64_t)(1 << 20) / 4 + 16)
 static zd_tensor_t *kept[KEEP_MAX];
 static int n_kept;
@@ -299,7 +308,7 @@ static int rank0_roundtrips(bool shm)
     /* Several sizes and dtypes in one message, small ones beside. */
     zd_tensor_t *t[5] = {pattern(ZD_FLOAT32, (1 << 20) / 4 + 5, 1), pattern(ZD_UINT8, 300001, 2),
                          pattern(ZD_INT64, (3 << 20) / 8, 3), pattern(ZD_INT64, 17, 4),
-                         pattern(ZD_FLOAT32, (int64_t)RPC_SHM_OVER / 4, 5)};   /* not over */
+                         pattern(ZD_FLOAT32, (int64_t)RPC_SHM_OVER / 4, 5)}; /* not over */
     zd_value_t *args = zd__rpc_args("v", zd__rpc_args("ttttt", t[0], t[1], t[2], t[3], t[4]));
     WCHECK(args);
     if (shm) {
@@ -383,7 +392,7 @@ static int rank0_in_flight(void)
     for (int i = 0; i < N; i++) {
         WCHECK(zd_future_wait(f[i], ZD_TIMEOUT_NONE) == 0);
         zd_tensor_t *got;
-        zd_value_t *v = zd_future_value(f[i]);   /* borrowed */
+        zd_value_t *v = zd_future_value(f[i]); /* borrowed */
         WCHECK(v && zd_value_get_tensor(v, &got) == 0 && same(got, x[i]));
         zd_future_unref(f[i]);
         zd_tensor_unref(x[i]);
@@ -425,7 +434,7 @@ static int world_off(const world_t *w)
     zd_rpc_options_t o = world_rpc_options(w->port);
     WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
     if (w->rank == 1) {
-        WCHECK(wait_state(0, -1));   /* refused */
+        WCHECK(wait_state(0, -1)); /* refused */
     } else {
         WCHECK(zd__shm_peer_state(1) == 0 && open_segments() == 0);
         if (rank0_roundtrips(false))
@@ -474,7 +483,7 @@ static int world_netns(const world_t *w)
     zd_rpc_options_t o = world_rpc_options(w->port);
     o.master_addr = n->ip0;
     o.listen_addr = w->rank == 0 ? n->ip0 : n->ip1;
-    o.insecure = true;   /* off loopback, inside namespaces this test made */
+    o.insecure = true; /* off loopback, inside namespaces this test made */
     WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
     WCHECK(wait_state(1 - w->rank, -1));
     if (w->rank == 0 && rank0_roundtrips(false))
@@ -507,8 +516,12 @@ static void test_other_network_namespace(void **state)
         print_message("cannot link a network namespace here: skipped\n");
         skip();
     }
-    rc = world_run(&(world_options_t){.world_size = 2, .fn = world_netns, .arg = &n,
-                                      .timeout_s = 120, .own_init = true, .port_addr = n.ip0});
+    rc = world_run(&(world_options_t){.world_size = 2,
+                                      .fn = world_netns,
+                                      .arg = &n,
+                                      .timeout_s = 120,
+                                      .own_init = true,
+                                      .port_addr = n.ip0});
     sh("ip link del zsa%d 2>/dev/null; ip netns del %s", id, n.ns);
     assert_int_equal(rc, 0);
 }

@@ -73,7 +73,8 @@ static int start(int rank, int world, int port)
     slow.arrived = zd_future_new();
     all_entered = zd_future_new();
     expected_entries = world - 1;
-    if (zd_rpc_register("add", world_h_add, NULL) < 0 || zd_rpc_register("make", h_make, NULL) < 0 ||
+    if (zd_rpc_register("add", world_h_add, NULL) < 0 ||
+        zd_rpc_register("make", h_make, NULL) < 0 ||
         zd_rpc_register_async("slow", world_h_hold, &slow) < 0 ||
         zd_rpc_register_inline("release_slow", world_h_release, &slow) < 0 ||
         zd_rpc_register_inline("entering", h_entering, NULL) < 0 ||
@@ -118,10 +119,10 @@ static int world_graceful(const world_t *w)
             WCHECK(zd_rref_to_here(leak, -1, &r) == 0);
             zd_value_unref(r);
             WCHECK(zd_rpc_shutdown(true, 20000) == 0);
-            zd_rref_unref(leak);   /* after shutdown: released quietly */
+            zd_rref_unref(leak); /* after shutdown: released quietly */
         } else {
             WCHECK(zd_rpc_shutdown(true, 20000) == 0);
-            WCHECK(zd_rpc_debug_owner_rrefs_leaked() == 1);   /* rank 2's */
+            WCHECK(zd_rpc_debug_owner_rrefs_leaked() == 1); /* rank 2's */
         }
         finish();
         return 0;
@@ -179,11 +180,12 @@ static int world_abrupt(const world_t *w)
         /* Serves until rank 0 is gone, then stops too. */
         WCHECK(zd_future_wait(slow.arrived, 10000) == 0);
         zd_value_t *r;
-        int rc = zd_rpc_sync(0, "slow", NULL, 0, &r);   /* never answered */
-        WCHECK(rc == -1 && (strstr(zd_error_last(), "peer \"worker0\" (rank 0) lost") ||
-                            strstr(zd_error_last(), "RPC shut down")));
+        int rc = zd_rpc_sync(0, "slow", NULL, 0, &r); /* never answered */
+        WCHECK(rc == -1 &&
+               (strstr(zd_error_last(), "peer \"worker0\" (rank 0) lost") ||
+                strstr(zd_error_last(), "RPC shut down")));
         WCHECK(zd_rpc_shutdown(false, 0) == 0);
-        finish();   /* completes our held call: freed without an answer */
+        finish(); /* completes our held call: freed without an answer */
         return 0;
     }
     int ok = 0;
@@ -191,7 +193,7 @@ static int world_abrupt(const world_t *w)
     WCHECK(pthread_create(&t, NULL, blocked_caller, &ok) == 0);
     zd_value_t *r;
     int64_t n = 0;
-    while (n == 0) {   /* until the blocked call is at rank 1 */
+    while (n == 0) { /* until the blocked call is at rank 1 */
         WCHECK(zd_rpc_sync(1, "has_arrived", NULL, -1, &r) == 0);
         zd_value_get_int(r, &n);
         zd_value_unref(r);
@@ -227,7 +229,7 @@ static int world_missing(const world_t *w)
         /* Busy (waiting for an answer that never comes) until rank 0 leaves. */
         WCHECK(zd_rpc_sync(0, "slow", NULL, 0, &r) == -1);
         WCHECK(strstr(zd_error_last(), "peer \"worker0\" (rank 0) lost") != NULL);
-        WCHECK(zd_rpc_shutdown(true, 500) == -1);   /* rank 0 is gone */
+        WCHECK(zd_rpc_shutdown(true, 500) == -1); /* rank 0 is gone */
         finish();
         return 0;
     }

@@ -21,8 +21,14 @@ typedef struct {
     atomic_int refs;
 } fake_rref_t;
 
-static void fake_ref(zd_rref_t *r) { atomic_fetch_add(&((fake_rref_t *)r)->refs, 1); }
-static void fake_unref(zd_rref_t *r) { atomic_fetch_sub(&((fake_rref_t *)r)->refs, 1); }
+static void fake_ref(zd_rref_t *r)
+{
+    atomic_fetch_add(&((fake_rref_t *)r)->refs, 1);
+}
+static void fake_unref(zd_rref_t *r)
+{
+    atomic_fetch_sub(&((fake_rref_t *)r)->refs, 1);
+}
 
 static int setup(void **state)
 {
@@ -47,14 +53,14 @@ static void test_scalars(void **state)
     assert_int_equal(zd_value_kind(v), ZD_VALUE_INT);
     assert_int_equal(zd_value_get_int(v, &i), 0);
     assert_int_equal(i, -42);
-    assert_int_equal(zd_value_get_float(v, &f), 0);   /* ints convert */
+    assert_int_equal(zd_value_get_float(v, &f), 0); /* ints convert */
     assert_true(f == -42.0);
     zd_value_unref(v);
 
     v = zd_value_float(2.5);
     assert_int_equal(zd_value_get_float(v, &f), 0);
     assert_true(f == 2.5);
-    assert_int_equal(zd_value_get_int(v, &i), -1);   /* floats do not */
+    assert_int_equal(zd_value_get_int(v, &i), -1); /* floats do not */
     assert_string_equal(zd_error_last(), "expected int, got float");
     zd_value_unref(v);
 
@@ -106,7 +112,7 @@ static void test_tensor_values_hold_a_reference(void **state)
     int64_t before = zd_tensor_live_count();
     zd_tensor_t *t = vec(3, (float[]){1, 2, 3});
     zd_value_t *v = zd_value_tensor(t);
-    zd_tensor_unref(t);   /* the value keeps it alive */
+    zd_tensor_unref(t); /* the value keeps it alive */
     assert_int_equal(zd_tensor_live_count(), before + 1);
     zd_tensor_t *got = NULL;
     assert_int_equal(zd_value_get_tensor(v, &got), 0);
@@ -145,7 +151,7 @@ static void test_lists(void **state)
     (void)state;
     int64_t before = zd_tensor_live_count();
     zd_value_t *l = zd_value_list(0);
-    for (int i = 0; i < 100; i++)   /* grows past any initial capacity */
+    for (int i = 0; i < 100; i++) /* grows past any initial capacity */
         assert_int_equal(zd_list_append(l, zd_value_int(i)), 0);
     assert_int_equal(zd_list_len(l), 100);
     int64_t i = 0;
@@ -182,8 +188,8 @@ static void test_args_spec(void **state)
     int64_t before = zd_tensor_live_count();
     fake_rref_t r = {1};
     zd_tensor_t *t = vec(1, (float[]){5});
-    zd_value_t *args = zd__rpc_args("ifstrnbv", (int64_t)7, 0.25, "name", t, (zd_rref_t *)&r,
-                                 "xyz", (size_t)2, zd_value_int(9));
+    zd_value_t *args = zd__rpc_args("ifstrnbv", (int64_t)7, 0.25, "name", t, (zd_rref_t *)&r, "xyz",
+                                    (size_t)2, zd_value_int(9));
     assert_non_null(args);
     assert_int_equal(zd_list_len(args), 8);
     int64_t i;
@@ -197,7 +203,7 @@ static void test_args_spec(void **state)
     assert_int_equal(i, 7);
     assert_int_equal(zd_rpc_arg_float(args, 1, &f), 0);
     assert_true(f == 0.25);
-    assert_int_equal(zd_rpc_arg_float(args, 0, &f), 0);   /* an int passes as float */
+    assert_int_equal(zd_rpc_arg_float(args, 0, &f), 0); /* an int passes as float */
     assert_true(f == 7.0);
     assert_int_equal(zd_rpc_arg_string(args, 2, &s), 0);
     assert_string_equal(s, "name");
@@ -263,7 +269,7 @@ static void test_equal_compares_deeply(void **state)
     zd_value_t *y = zd__rpc_args("itsv", (int64_t)1, b, "s", zd__rpc_args("fn", NAN));
     zd_value_t *z = zd__rpc_args("itsv", (int64_t)1, c, "s", zd__rpc_args("fn", NAN));
     zd_value_t *w = zd__rpc_args("itsv", (int64_t)1, b, "s", zd__rpc_args("f", NAN));
-    assert_true(zd_value_equal(x, y));   /* tensors by content, NaN bit for bit */
+    assert_true(zd_value_equal(x, y)); /* tensors by content, NaN bit for bit */
     assert_false(zd_value_equal(x, z));
     assert_false(zd_value_equal(x, w));
     assert_true(zd_value_equal(NULL, NULL));
@@ -279,7 +285,7 @@ static void test_equal_compares_deeply(void **state)
     int64_t shape[2] = {1, 2};
     zd_tensor_t *d = zd_tensor_from_data(ZD_FLOAT32, shape, 2, (float[]){1, 2});
     zd_value_t *vd = zd_value_tensor(d), *va = zd_value_tensor(a);
-    assert_false(zd_value_equal(vd, va));   /* same bytes, other shape */
+    assert_false(zd_value_equal(vd, va)); /* same bytes, other shape */
 
     zd_value_t *vals[] = {x, y, z, w, p0, n0, i1, f1, s1, b1, vd, va};
     for (size_t i = 0; i < sizeof vals / sizeof *vals; i++)
@@ -294,8 +300,8 @@ static void test_format(void **state)
     (void)state;
     int64_t shape[2] = {2, 3};
     zd_tensor_t *t = zd_tensor_new(ZD_INT64, shape, 2);
-    zd_value_t *v = zd__rpc_args("ifsbtnv", (int64_t)-3, 2.5, "a\"b\n", "xyz", (size_t)3, t,
-                              zd__rpc_args(""));
+    zd_value_t *v =
+        zd__rpc_args("ifsbtnv", (int64_t)-3, 2.5, "a\"b\n", "xyz", (size_t)3, t, zd__rpc_args(""));
     char buf[256];
     assert_string_equal(zd_value_format(v, buf, sizeof buf),
                         "[-3, 2.5, \"a\\\"b\\x0a\", bytes(3), tensor int64 (2, 3), none, []]");
@@ -329,9 +335,9 @@ static void test_object_values(void **state)
     void *p = NULL;
     assert_int_equal(zd_value_get_object(v, "ParameterServer", &p), 0);
     assert_ptr_equal(p, &server);
-    char type[] = "ParameterServer";   /* types compare as strings */
+    char type[] = "ParameterServer"; /* types compare as strings */
     assert_int_equal(zd_value_get_object(v, type, &p), 0);
-    assert_int_equal(zd_value_get_object(v, NULL, &p), 0);   /* any type */
+    assert_int_equal(zd_value_get_object(v, NULL, &p), 0); /* any type */
     assert_int_equal(zd_value_get_object(v, "DataWorker", &p), -1);
     assert_string_equal(zd_error_last(),
                         "expected a DataWorker object; this object is a ParameterServer");
@@ -351,8 +357,9 @@ static void test_object_values(void **state)
     assert_int_equal(zd_rpc_arg_object(args, 0, "ParameterServer", &p), 0);
     assert_ptr_equal(p, &server);
     assert_int_equal(zd_rpc_arg_object(args, 0, "DataWorker", &p), -1);
-    assert_string_equal(zd_error_last(), "argument 0: expected a DataWorker object; this object "
-                                      "is a ParameterServer");
+    assert_string_equal(zd_error_last(),
+                        "argument 0: expected a DataWorker object; this object "
+                        "is a ParameterServer");
     assert_int_equal(zd_rpc_arg_object(args, 1, "DataWorker", &p), -1);
     assert_string_equal(zd_error_last(), "argument 1: expected a DataWorker object, got int");
     assert_int_equal(zd_rpc_arg_object(args, 2, "DataWorker", &p), -1);
@@ -370,7 +377,7 @@ static void test_object_values(void **state)
 
     /* free_fn runs once, when the last reference goes (here the list's). */
     zd_value_unref(same);
-    zd_value_unref(other);   /* no free_fn: nothing freed */
+    zd_value_unref(other); /* no free_fn: nothing freed */
     zd_value_unref(v);
     assert_int_equal(n_freed, 0);
     zd_value_unref(args);
@@ -399,7 +406,7 @@ static void *share_thread(void *p)
     for (int i = 0; i < a->rounds; i++) {
         zd_value_t *mine = zd_value_ref(a->shared);
         zd_value_t *l = zd_value_list(1);
-        zd_list_append(l, mine);   /* the list's release drops it again */
+        zd_list_append(l, mine); /* the list's release drops it again */
         zd_value_unref(l);
     }
     return NULL;

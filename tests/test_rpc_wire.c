@@ -34,9 +34,17 @@ static const uint8_t meta_none[] = {RPC_CODEC_VERSION, ZD_VALUE_NONE};
 
 static rpc_wire_header_t good_call(void)
 {
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 1, .dst = 2, .id = 77, .fn = "add",
-                           .fn_len = 3, .extra = (const uint8_t *)"xy", .extra_len = 2,
-                           .meta = meta_none, .meta_len = sizeof meta_none, .n_tensors = 0,
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = 1,
+                           .dst = 2,
+                           .id = 77,
+                           .fn = "add",
+                           .fn_len = 3,
+                           .extra = (const uint8_t *)"xy",
+                           .extra_len = 2,
+                           .meta = meta_none,
+                           .meta_len = sizeof meta_none,
+                           .n_tensors = 0,
                            .timeout_ms = 500};
     return h;
 }
@@ -68,12 +76,12 @@ static void test_valid_headers_round_trip(void **state)
     assert_memory_equal(p.extra, "xy", 2);
     assert_int_equal(p.meta_len, 2);
     /* An answer, an error text, a control message, a hello. */
-    rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .id = 9, .meta = meta_none, .meta_len = 2,
-                           .n_tensors = 3};
+    rpc_wire_header_t r = {
+        .type = RPC_MSG_REPLY, .id = 9, .meta = meta_none, .meta_len = 2, .n_tensors = 3};
     assert_int_equal(zd__rpc_wire_parse(buf, build(&r, buf), &p), 0);
     assert_int_equal(p.n_tensors, 3);
-    rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 9, .meta = (const uint8_t *)"oops",
-                           .meta_len = 4};
+    rpc_wire_header_t e = {
+        .type = RPC_MSG_ERROR, .id = 9, .meta = (const uint8_t *)"oops", .meta_len = 4};
     assert_int_equal(zd__rpc_wire_parse(buf, build(&e, buf), &p), 0);
     rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE, .id = 9, .a = 5, .b = 6};
     assert_int_equal(zd__rpc_wire_parse(buf, build(&d, buf), &p), 0);
@@ -127,7 +135,7 @@ static void test_malformed_headers_are_refused(void **state)
     bad[44] = 0xff, bad[45] = 0xff;
     expect_bad(bad, len, "tensor frames");
     memcpy(bad, buf, len);
-    bad[10] = 0, bad[11] = 1;   /* fn_len 256 */
+    bad[10] = 0, bad[11] = 1; /* fn_len 256 */
     expect_bad(bad, len, "function name of 256 bytes");
     /* Fields each type must or must not have. */
     rpc_wire_header_t x = good_call();
@@ -142,8 +150,8 @@ static void test_malformed_headers_are_refused(void **state)
     x = good_call();
     x.meta = NULL, x.meta_len = 0;
     expect_bad(buf, build(&x, buf), "CALL without a value");
-    rpc_wire_header_t r = {.type = RPC_MSG_REPLY, .id = 3, .fn = "f", .fn_len = 1,
-                           .meta = meta_none, .meta_len = 2};
+    rpc_wire_header_t r = {
+        .type = RPC_MSG_REPLY, .id = 3, .fn = "f", .fn_len = 1, .meta = meta_none, .meta_len = 2};
     expect_bad(buf, build(&r, buf), "REPLY with a function name");
     rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 3};
     expect_bad(buf, build(&e, buf), "ERROR without a text");
@@ -155,8 +163,8 @@ static void test_malformed_headers_are_refused(void **state)
     expect_bad(buf, build(&d, buf), "without an RRef id");
     d.a = 1, d.b = 0;
     expect_bad(buf, build(&d, buf), "without a fork id");
-    rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH, .id = 3, .a = 1,
-                           .flags = RPC_WIRE_F_DEREF_FIRST};
+    rpc_wire_header_t f = {
+        .type = RPC_MSG_RREF_FETCH, .id = 3, .a = 1, .flags = RPC_WIRE_F_DEREF_FIRST};
     expect_bad(buf, build(&f, buf), "deref-first");
     f.flags = 0, f.meta = meta_none, f.meta_len = 2;
     expect_bad(buf, build(&f, buf), "RREF_FETCH with 2 bytes of value");
@@ -166,8 +174,13 @@ static void test_malformed_headers_are_refused(void **state)
 
 static rpc_wire_header_t good_piece(void)
 {
-    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = 1, .dst = 2,
-                           .id = 77, .a = 5, .n_tensors = 1};
+    rpc_wire_header_t h = {.type = RPC_MSG_REPLY,
+                           .flags = RPC_WIRE_F_CHUNK,
+                           .src = 1,
+                           .dst = 2,
+                           .id = 77,
+                           .a = 5,
+                           .n_tensors = 1};
     return h;
 }
 
@@ -184,11 +197,14 @@ static void test_stream_headers(void **state)
     assert_int_equal(p.flags, RPC_WIRE_F_STREAMED);
     h.n_tensors = 1;
     expect_bad(buf, build(&h, buf), "CALL with the streamed flag and 1 frames");
-    rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH, .id = 3, .a = 1, .n_tensors = 2,
-                           .flags = RPC_WIRE_F_STREAMED};
+    rpc_wire_header_t f = {
+        .type = RPC_MSG_RREF_FETCH, .id = 3, .a = 1, .n_tensors = 2, .flags = RPC_WIRE_F_STREAMED};
     expect_bad(buf, build(&f, buf), "RREF_FETCH with 2 tensor frames");
-    rpc_wire_header_t e = {.type = RPC_MSG_ERROR, .id = 3, .meta = (const uint8_t *)"x",
-                           .meta_len = 1, .flags = RPC_WIRE_F_STREAMED};
+    rpc_wire_header_t e = {.type = RPC_MSG_ERROR,
+                           .id = 3,
+                           .meta = (const uint8_t *)"x",
+                           .meta_len = 1,
+                           .flags = RPC_WIRE_F_STREAMED};
     expect_bad(buf, build(&e, buf), "ERROR with the streamed flag");
     /* A piece, and everything a piece must not have. */
     rpc_wire_header_t x = good_piece();
@@ -252,8 +268,8 @@ static void test_stream_tables(void **state)
     assert_int_equal(len, 8 + 3 * 16);
     zd__rpc_wire_stream_table_write(in, 3, 1 << 20, buf);
     /* The layout is the one wire.h describes. */
-    static const uint8_t head[] = {3, 0, 0, 0, 0, 0, 0x10, 0, 1, 0, 0, 0, 0, 0, 0, 0,
-                                   0x70, 0x11, 1, 0, 0, 0, 0, 0};
+    static const uint8_t head[] = {3, 0, 0, 0, 0,    0,    0x10, 0, 1, 0, 0, 0,
+                                   0, 0, 0, 0, 0x70, 0x11, 1,    0, 0, 0, 0, 0};
     assert_memory_equal(buf, head, sizeof head);
     uint32_t count, chunk;
     rpc_wire_stream_t *out;
@@ -269,7 +285,7 @@ static void test_stream_tables(void **state)
     expect_bad_table(NULL, 0, 7, "stream table of 0 bytes");
     expect_bad_table(buf, 7, 7, "stream table of 7 bytes");
     expect_bad_table(buf, len - 1, 7, "in 55 bytes (56 expected)");
-    expect_bad_table(buf, len, 6, "frame index");          /* frame 5 is the table's place */
+    expect_bad_table(buf, len, 6, "frame index"); /* frame 5 is the table's place */
     expect_bad_table(buf, len, 3, "3 tensors for 2 tensor frames");
     expect_bad_table(buf, len, 1, "for 0 tensor frames");
     memcpy(bad, buf, len);
@@ -281,7 +297,7 @@ static void test_stream_tables(void **state)
     put_le(bad + 4, RPC_WIRE_MAX_CHUNK + 1, 4);
     expect_bad_table(bad, len, 7, "stream chunks of");
     memcpy(bad, buf, len);
-    put_le(bad + 8 + 16, 1, 4);                            /* entry 1: frame 1 again */
+    put_le(bad + 8 + 16, 1, 4); /* entry 1: frame 1 again */
     expect_bad_table(bad, len, 7, "entry 1 (frame 1, 1 bytes): frame index out of order");
     memcpy(bad, buf, len);
     put_le(bad + 8 + 4, 1, 4);
@@ -340,8 +356,7 @@ static int expect_error(intruder_t *r, rpc_wire_header_t *h, int n, const size_t
         return -1;
     }
     if (type != RPC_MSG_ERROR || !strstr(text, why)) {
-        fprintf(stderr, "answer type %d \"%s\", expected an ERROR with \"%s\"\n", type, text,
-                why);
+        fprintf(stderr, "answer type %d \"%s\", expected an ERROR with \"%s\"\n", type, text, why);
         return -1;
     }
     return 0;
@@ -350,8 +365,14 @@ static int expect_error(intruder_t *r, rpc_wire_header_t *h, int n, const size_t
 static rpc_wire_header_t call_to_1(intruder_t *r, const char *fn, const uint8_t *meta,
                                    size_t meta_len, uint32_t n_tensors)
 {
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = 0, .dst = 1, .id = ++r->next_id,
-                           .fn = fn, .fn_len = strlen(fn), .meta = meta, .meta_len = meta_len,
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = 0,
+                           .dst = 1,
+                           .id = ++r->next_id,
+                           .fn = fn,
+                           .fn_len = strlen(fn),
+                           .meta = meta,
+                           .meta_len = meta_len,
                            .n_tensors = n_tensors};
     return h;
 }
@@ -368,8 +389,8 @@ static int world_garbage(const world_t *w)
         intruder_t r;
         /* Rank 0, a slot the agent never uses. */
         WCHECK(intruder_open_as(&r, info.endpoint, 0, 65534) == 0);
-        static const uint8_t args_ok[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 2, ZD_VALUE_INT, 2, ZD_VALUE_INT,
-                                          4};
+        static const uint8_t args_ok[] = {
+            RPC_CODEC_VERSION, ZD_VALUE_LIST, 2, ZD_VALUE_INT, 2, ZD_VALUE_INT, 4};
         rpc_wire_header_t h = call_to_1(&r, "add", args_ok, sizeof args_ok, 0);
         h.src = 1;
         WCHECK(expect_error(&r, &h, 0, NULL, "header says rank 1") == 0);
@@ -382,17 +403,18 @@ static int world_garbage(const world_t *w)
         h = call_to_1(&r, "add", garbage, sizeof garbage, 0);
         WCHECK(expect_error(&r, &h, 0, NULL, "bad arguments for \"add\"") == 0);
         /* A float32 tensor of 10 elements whose frame has 7 bytes. */
-        static const uint8_t tensor10[] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR,
-                                           ZD_FLOAT32, 0, 1, 10};
+        static const uint8_t tensor10[] = {
+            RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_TENSOR, ZD_FLOAT32, 0, 1, 10};
         h = call_to_1(&r, "add", tensor10, sizeof tensor10, 1);
         WCHECK(expect_error(&r, &h, 1, (size_t[]){7}, "40 bytes but its frame has 7") == 0);
         h = call_to_1(&r, "nosuch", args_ok, sizeof args_ok, 0);
         WCHECK(expect_error(&r, &h, 0, NULL, "unknown function \"nosuch\"") == 0);
         /* An RRef whose fork id claims to come from rank 5 of 2. */
-        uint8_t rref_args[4 + RPC_RREF_WIRE_SIZE] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1, ZD_VALUE_RREF};
+        uint8_t rref_args[4 + RPC_RREF_WIRE_SIZE] = {RPC_CODEC_VERSION, ZD_VALUE_LIST, 1,
+                                                     ZD_VALUE_RREF};
         uint8_t *w = rref_args + 4;
-        w[0] = 1;               /* rref id: rank 0, counter 1 */
-        w[8] = 1, w[14] = 5;    /* fork id: rank 5 */
+        w[0] = 1;            /* rref id: rank 0, counter 1 */
+        w[8] = 1, w[14] = 5; /* fork id: rank 5 */
         h = call_to_1(&r, "add", rref_args, sizeof rref_args, 0);
         WCHECK(expect_error(&r, &h, 0, NULL, "RRef: inconsistent ids") == 0);
         /* Too many frames. */
@@ -414,14 +436,22 @@ static int world_garbage(const world_t *w)
         WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1);
         WCHECK(type == RPC_MSG_ERROR && strstr(text, "version 9 not supported"));
         /* Fetching an RRef nobody created: refused once its wait is over. */
-        rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH, .src = 0, .dst = 1,
-                               .id = ++r.next_id, .a = 12345, .timeout_ms = 200};
+        rpc_wire_header_t f = {.type = RPC_MSG_RREF_FETCH,
+                               .src = 0,
+                               .dst = 1,
+                               .id = ++r.next_id,
+                               .a = 12345,
+                               .timeout_ms = 200};
         int64_t t0 = world_now_ms();
         WCHECK(expect_error(&r, &f, 0, NULL, "unknown RRef") == 0);
         WCHECK(world_now_ms() - t0 < 3000);
         /* Deleting or accepting unknown forks is harmless: acknowledged. */
-        rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE, .src = 0, .dst = 1,
-                               .id = ++r.next_id, .a = 777, .b = 778};
+        rpc_wire_header_t d = {.type = RPC_MSG_RREF_USER_DELETE,
+                               .src = 0,
+                               .dst = 1,
+                               .id = ++r.next_id,
+                               .a = 777,
+                               .b = 778};
         WCHECK(raw_send(&r, &d, 0, NULL) == 0);
         WCHECK(raw_answer(&r, 5000, &type, text, sizeof text) == 1 && type == RPC_MSG_REPLY);
         d.type = RPC_MSG_RREF_CHILD_ACCEPT, d.id = ++r.next_id;
@@ -454,7 +484,7 @@ static int world_garbage(const world_t *w)
         zd_value_unref(res);
         zd_value_unref(args);
         WCHECK(zd_rpc_sync(1, "owner_count", NULL, -1, &res) == 0);
-        WCHECK(zd_value_get_int(res, &v) == 0 && v == 0);   /* no placeholder left */
+        WCHECK(zd_value_get_int(res, &v) == 0 && v == 0); /* no placeholder left */
         zd_value_unref(res);
     }
     WCHECK(zd_rpc_shutdown(true, 10000) == 0);

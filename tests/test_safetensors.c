@@ -4,7 +4,7 @@
     every kind of bad file refused with the file and the problem named, and
     files moving both ways between zdist and PyTorch (tools/safetensors/
     st.py run by /usr/bin/python3; skipped when it cannot import torch). */
-#define _GNU_SOURCE   /* memmem */
+#define _GNU_SOURCE /* memmem */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -116,8 +116,7 @@ static void assert_names(const zd_named_tensors_t *nt, const char *const *names,
     assert_int_equal(zd_named_tensors_len(nt), n);
     for (int i = 0; i < n; i++)
         if (strcmp(zd_named_tensors_name(nt, i), names[i]) != 0)
-            fail_msg("tensor %d is '%s', expected '%s'", i, zd_named_tensors_name(nt, i),
-                     names[i]);
+            fail_msg("tensor %d is '%s', expected '%s'", i, zd_named_tensors_name(nt, i), names[i]);
 }
 
 /*  ---- round trips ---- */
@@ -152,8 +151,8 @@ static void test_round_trip(void **state)
     if (!back)
         fail_msg("%s", zd_error_last());
     /* the file's order: I64, F32, U8, by name within each */
-    const char *order[] = {"counts", "step", "eight_dims", "fc.bias", "fc.weight", "none",
-                           "none_2d", "scale", "pixels"};
+    const char *order[] = {"counts", "step",    "eight_dims", "fc.bias", "fc.weight",
+                           "none",   "none_2d", "scale",      "pixels"};
     assert_names(back, order, 9);
     for (int i = 0; i < 9; i++) {
         const char *name = zd_named_tensors_name(back, i);
@@ -206,14 +205,17 @@ static void test_upstream_bytes(void **state)
     add(nt, "attn.0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 2, 3}, 3, v));
     assert_int_equal(zd_safetensors_write(tmp_path("attn.0"), nt, NULL, 0), 0);
     expect_file(tmp_path("attn.0"),
-                "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", v, 24);
+                "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", v,
+                24);
     zd_named_tensors_free(nt);
 
     nt = zd_named_tensors_new();
     add(nt, "attn0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 1, 2, 3}, 4, v));
     assert_int_equal(zd_safetensors_write(tmp_path("attn0"), nt, NULL, 0), 0);
-    expect_file(tmp_path("attn0"), "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],"
-                "\"data_offsets\":[0,24]}}       ", v, 24);
+    expect_file(tmp_path("attn0"),
+                "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],"
+                "\"data_offsets\":[0,24]}}       ",
+                v, 24);
     zd_named_tensors_free(nt);
 
     nt = zd_named_tensors_new();
@@ -221,8 +223,7 @@ static void test_upstream_bytes(void **state)
     expect_file(tmp_path("empty"), "{}      ", NULL, 0);
     const char *fw[] = {"framework", "pt"};
     assert_int_equal(zd_safetensors_write(tmp_path("empty_meta"), nt, fw, 1), 0);
-    expect_file(tmp_path("empty_meta"), "{\"__metadata__\":{\"framework\":\"pt\"}}     ", NULL,
-                0);
+    expect_file(tmp_path("empty_meta"), "{\"__metadata__\":{\"framework\":\"pt\"}}     ", NULL, 0);
     zd_named_tensors_t *back = zd_safetensors_read(tmp_path("empty"), NULL, NULL);
     assert_non_null(back);
     assert_int_equal(zd_named_tensors_len(back), 0);
@@ -346,15 +347,14 @@ static void test_borrowed_and_copied(void **state)
     assert_non_null(nt);
     for (int i = 0; i < 3; i++)
         if (!mapped(path, zd_tensor_raw(zd_named_tensors_tensor(nt, i))))
-            fail_msg("'%s' does not borrow the mapping of %s", zd_named_tensors_name(nt, i),
-                     path);
+            fail_msg("'%s' does not borrow the mapping of %s", zd_named_tensors_name(nt, i), path);
     zd_tensor_t *w = zd_tensor_ref(zd_named_tensors_find(nt, "w"));
     zd_named_tensors_free(nt);
-    assert_true(mapped(path, zd_tensor_raw(w)));   /* w still holds it */
+    assert_true(mapped(path, zd_tensor_raw(w))); /* w still holds it */
     assert_true(zd_tensor_data(w)[4095] == 4095.0f);
-    zd_tensor_fill_(w, -1);                        /* trained in place */
+    zd_tensor_fill_(w, -1); /* trained in place */
     zd_tensor_unref(w);
-    assert_false(mapped(path, NULL));              /* the last one gone: unmapped */
+    assert_false(mapped(path, NULL)); /* the last one gone: unmapped */
     size_t size2;
     unsigned char *after = read_file(path, &size2);
     assert_int_equal(size, size2);
@@ -378,8 +378,8 @@ static void test_borrowed_and_copied(void **state)
     memcpy(data, &nv, 8);
     memcpy(data + 8, fv, 8);
     memcpy(data + 16, "abc", 3);
-    snprintf(path, sizeof path, "%s", raw_file("misaligned.safetensors", hlen, header, hlen,
-                                                data, 19));
+    snprintf(path, sizeof path, "%s",
+             raw_file("misaligned.safetensors", hlen, header, hlen, data, 19));
     nt = zd_safetensors_read(path, NULL, NULL);
     if (!nt)
         fail_msg("%s", zd_error_last());
@@ -452,45 +452,64 @@ static void test_bad_files(void **state)
     expect_refused(raw_file("len_zero", 0, "{}", 2, NULL, 0), "does not start with '{'");
 
     /* the data against the offsets */
-    expect_refused(one("truncated", "{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}",
-                       10), "go past the 10 bytes of data after the header (a truncated file?)");
-    snprintf(json, sizeof json, "{\"a\":%s,\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
-             "\"data_offsets\":[4,12]}}", F32_2);
+    expect_refused(
+        one("truncated", "{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}", 10),
+        "go past the 10 bytes of data after the header (a truncated file?)");
+    snprintf(json, sizeof json,
+             "{\"a\":%s,\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
+             "\"data_offsets\":[4,12]}}",
+             F32_2);
     expect_refused(st_file("overlap", json, zeros, 12), "overlaps 'a', which ends at 8");
-    snprintf(json, sizeof json, "{\"a\":%s,\"b\":{\"dtype\":\"U8\",\"shape\":[8],"
-             "\"data_offsets\":[8,16]}}", F32_2);
+    snprintf(json, sizeof json,
+             "{\"a\":%s,\"b\":{\"dtype\":\"U8\",\"shape\":[8],"
+             "\"data_offsets\":[8,16]}}",
+             F32_2);
     expect_refused(st_file("leaves", json, zeros, 12), "'b': data_offsets [8, 16] go past");
-    snprintf(json, sizeof json, "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
-             "\"data_offsets\":[12,20]},\"a\":%s}", F32_2);
-    expect_refused(st_file("gap", json, zeros, 20), "bytes 8 to 12 of the data belong to no "
+    snprintf(json, sizeof json,
+             "{\"b\":{\"dtype\":\"F32\",\"shape\":[2],"
+             "\"data_offsets\":[12,20]},\"a\":%s}",
+             F32_2);
+    expect_refused(st_file("gap", json, zeros, 20),
+                   "bytes 8 to 12 of the data belong to no "
                    "tensor (a gap before 'b')");
     expect_refused(one("trailing", F32_2, 12), "4 bytes after the last tensor's data");
-    expect_refused(one("backwards", "{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,4]}",
-                       8), "ends before it begins");
+    expect_refused(one("backwards", "{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,4]}", 8),
+                   "ends before it begins");
     expect_refused(one("mismatch", "{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}", 8),
                    "shape (3) of F32 is 12 bytes, but data_offsets [0, 8] hold 8");
-    expect_refused(one("empty_mismatch", "{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,4]}",
-                       4), "shape (0) of F32 is 0 bytes");
+    expect_refused(
+        one("empty_mismatch", "{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[0,4]}", 4),
+        "shape (0) of F32 is 0 bytes");
 
     /* dtypes and shapes */
-    expect_refused(one("dtype_unknown", "{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}",
-                       8), "unknown dtype \"F33\"");
+    expect_refused(
+        one("dtype_unknown", "{\"dtype\":\"F33\",\"shape\":[2],\"data_offsets\":[0,8]}", 8),
+        "unknown dtype \"F33\"");
     expect_refused(one("dtype_i32", "{\"dtype\":\"I32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8),
                    "dtype I32, which zdist does not read");
-    expect_refused(one("dim_negative", "{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}",
-                       0), "dimension 0 is negative");
-    expect_refused(one("dims_huge", "{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],"
-                       "\"data_offsets\":[0,0]}", 0), "multiply past 2^59");
-    expect_refused(one("dim_too_big", "{\"dtype\":\"U8\",\"shape\":[99999999999999999999],"
-                       "\"data_offsets\":[0,0]}", 0), "not valid JSON");
-    expect_refused(one("dims_nine", "{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],"
-                       "\"data_offsets\":[0,1]}", 1), "9 dimensions");
+    expect_refused(
+        one("dim_negative", "{\"dtype\":\"U8\",\"shape\":[-1],\"data_offsets\":[0,0]}", 0),
+        "dimension 0 is negative");
+    expect_refused(one("dims_huge",
+                       "{\"dtype\":\"U8\",\"shape\":[4294967296,4294967296],"
+                       "\"data_offsets\":[0,0]}",
+                       0),
+                   "multiply past 2^59");
+    expect_refused(one("dim_too_big",
+                       "{\"dtype\":\"U8\",\"shape\":[99999999999999999999],"
+                       "\"data_offsets\":[0,0]}",
+                       0),
+                   "not valid JSON");
+    expect_refused(one("dims_nine",
+                       "{\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,1],"
+                       "\"data_offsets\":[0,1]}",
+                       1),
+                   "9 dimensions");
 
     /* UTF-8 and JSON */
     expect_refused(st_file("utf8_bad", "{\"a\xff\":{}}", NULL, 0), "not valid UTF-8 (byte 3");
     expect_refused(st_file("utf8_overlong", "{\"a\xc0\xaf\":{}}", NULL, 0), "not valid UTF-8");
-    expect_refused(st_file("utf8_surrogate", "{\"a\xed\xa0\x80\":{}}", NULL, 0),
-                   "not valid UTF-8");
+    expect_refused(st_file("utf8_surrogate", "{\"a\xed\xa0\x80\":{}}", NULL, 0), "not valid UTF-8");
     expect_refused(st_file("utf8_cut", "{\"a\":{}}\xe6\x97", NULL, 0), "not valid UTF-8");
     expect_refused(st_file("json_cut", "{\"a\":", NULL, 0), "not valid JSON");
     expect_refused(st_file("json_trailing", "{} x", NULL, 0), "not valid JSON");
@@ -503,14 +522,21 @@ static void test_bad_files(void **state)
     expect_refused(one("entry_number", "5", 0), "its entry is an integer, not an object");
     expect_refused(one("dtype_number", "{\"dtype\":5,\"shape\":[2],\"data_offsets\":[0,8]}", 8),
                    "dtype is an integer, not a string");
-    expect_refused(one("shape_string", "{\"dtype\":\"U8\",\"shape\":\"2\",\"data_offsets\":[0,2]}",
-                       2), "shape is a string, not an array");
-    expect_refused(one("dim_real", "{\"dtype\":\"U8\",\"shape\":[2.0],\"data_offsets\":[0,2]}",
-                       2), "dimension 0 is a real number, not an integer");
-    expect_refused(one("offsets_three", "{\"dtype\":\"U8\",\"shape\":[2],"
-                       "\"data_offsets\":[0,1,2]}", 2), "not an array of two integers");
-    expect_refused(one("offsets_negative", "{\"dtype\":\"U8\",\"shape\":[2],"
-                       "\"data_offsets\":[-2,0]}", 2), "two non-negative integers");
+    expect_refused(
+        one("shape_string", "{\"dtype\":\"U8\",\"shape\":\"2\",\"data_offsets\":[0,2]}", 2),
+        "shape is a string, not an array");
+    expect_refused(one("dim_real", "{\"dtype\":\"U8\",\"shape\":[2.0],\"data_offsets\":[0,2]}", 2),
+                   "dimension 0 is a real number, not an integer");
+    expect_refused(one("offsets_three",
+                       "{\"dtype\":\"U8\",\"shape\":[2],"
+                       "\"data_offsets\":[0,1,2]}",
+                       2),
+                   "not an array of two integers");
+    expect_refused(one("offsets_negative",
+                       "{\"dtype\":\"U8\",\"shape\":[2],"
+                       "\"data_offsets\":[-2,0]}",
+                       2),
+                   "two non-negative integers");
     expect_refused(one("no_offsets", "{\"dtype\":\"U8\",\"shape\":[2]}", 2),
                    "has no \"data_offsets\"");
     expect_refused(one("nested", "{\"dtype\":\"U8\",\"shape\":[[2]],\"data_offsets\":[0,2]}", 2),
@@ -541,13 +567,16 @@ static void test_bad_files(void **state)
     expect_refused(st_file("many_entries", big, NULL, 0), "more than 20000 tensors");
     len = (size_t)sprintf(big, "{");
     for (int i = 0; i <= ZD_SAFETENSORS_MAX_TENSORS; i++)
-        len += (size_t)sprintf(big + len, "%s\"t%d\":{\"dtype\":\"U8\",\"shape\":[0],"
-                               "\"data_offsets\":[0,0]}", i ? "," : "", i);
+        len += (size_t)sprintf(big + len,
+                               "%s\"t%d\":{\"dtype\":\"U8\",\"shape\":[0],"
+                               "\"data_offsets\":[0,0]}",
+                               i ? "," : "", i);
     sprintf(big + len, "}");
     expect_refused(st_file("many_tensors", big, NULL, 0), "more than 20000 tensors");
     /* one entry with an array of 600,000 numbers: what jansson would
        build for it is refused before it builds it */
-    len = (size_t)sprintf(big, "{\"a\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1],"
+    len = (size_t)sprintf(big,
+                          "{\"a\":{\"dtype\":\"U8\",\"shape\":[],\"data_offsets\":[0,1],"
                           "\"x\":[0");
     for (int i = 0; i < 600000; i++) {
         big[len++] = ',';
@@ -559,8 +588,10 @@ static void test_bad_files(void **state)
 
     /* what safetensors allows, zdist too: fields it does not know, and
        tensors listed out of their data's order */
-    snprintf(json, sizeof json, "{\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[8,10],"
-             "\"extra\":[1]},\"a\":%s}", F32_2);
+    snprintf(json, sizeof json,
+             "{\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[8,10],"
+             "\"extra\":[1]},\"a\":%s}",
+             F32_2);
     zd_named_tensors_t *nt = zd_safetensors_read(st_file("lenient", json, zeros, 10), NULL, NULL);
     if (!nt)
         fail_msg("%s", zd_error_last());
@@ -676,8 +707,8 @@ static void test_pytorch_both_ways(void **state)
     nt = zd_safetensors_read(path, &kv, &n_meta);
     if (!nt)
         fail_msg("%s", zd_error_last());
-    const char *order[] = {"steps", "f64", "empty", "layer.weight", "scale", "bf16", "f16",
-                           "pixels"};
+    const char *order[] = {"steps", "f64",  "empty", "layer.weight",
+                           "scale", "bf16", "f16",   "pixels"};
     assert_names(nt, order, 8);
     zd_named_tensors_t *ref = reference();
     for (int i = 0; i < zd_named_tensors_len(ref); i++) {

@@ -122,16 +122,16 @@ static void test_net_from_pytorch(void **state)
     zd_nn_module_t *m = net_module(net);
     char **skipped = (char **)1;
     int n_skipped = -1;
-    if (zd_nn_module_load_safetensors(m, ref_path("net.safetensors"), true, &skipped,
-                                      &n_skipped) < 0)
+    if (zd_nn_module_load_safetensors(m, ref_path("net.safetensors"), true, &skipped, &n_skipped) <
+        0)
         fail_msg("%s", zd_error_last());
     assert_null(skipped);
     assert_int_equal(n_skipped, 0);
     zd_named_tensors_t *w = read_ref("net.safetensors");
     assert_int_equal(zd_named_tensors_len(w), 8);
     for (int i = 0; i < zd_nn_module_n_params(net); i++)
-        assert_equal_data(zd_nn_module_param(net, i),
-                          find(w, zd_nn_module_param_name(net, i)), zd_nn_module_param_name(net, i));
+        assert_equal_data(zd_nn_module_param(net, i), find(w, zd_nn_module_param_name(net, i)),
+                          zd_nn_module_param_name(net, i));
     zd_named_tensors_free(w);
 
     zd_named_tensors_t *io = read_ref("net_io.safetensors");
@@ -213,9 +213,8 @@ static void test_strict_and_not(void **state)
     expect_refused(lm, net_file, true, "no tensor \"weight_ih_l0\" in the file");
     char **skipped;
     int n;
-    assert_int_equal(zd_nn_module_load_safetensors(lm, ref_path(net_file), false, &skipped, &n),
-                     0);
-    assert_int_equal(n, 16);   /* the LSTM's 8, then the file's 8 */
+    assert_int_equal(zd_nn_module_load_safetensors(lm, ref_path(net_file), false, &skipped, &n), 0);
+    assert_int_equal(n, 16); /* the LSTM's 8, then the file's 8 */
     assert_string_equal(skipped[0], "weight_ih_l0");
     assert_string_equal(skipped[7], "bias_hh_l1");
     assert_true(has_name(skipped, n, "conv1.weight") && has_name(skipped, n, "fc2.bias"));
@@ -233,8 +232,8 @@ static void test_strict_and_not(void **state)
     assert_int_equal(zd_nn_module_register_module(conv1, "conv1", c), 0);
     expect_refused(conv1, net_file, true, "\"conv2.bias\" is not one of the model's");
     assert_true(all_zero(w));
-    assert_int_equal(zd_nn_module_load_safetensors(conv1, ref_path(net_file), false, &skipped,
-                                                   &n), 0);
+    assert_int_equal(zd_nn_module_load_safetensors(conv1, ref_path(net_file), false, &skipped, &n),
+                     0);
     assert_int_equal(n, 6);
     assert_true(has_name(skipped, n, "conv2.weight") && has_name(skipped, n, "fc1.bias") &&
                 !has_name(skipped, n, "conv1.weight"));
@@ -264,11 +263,10 @@ static void test_strict_and_not(void **state)
 
     /* Files that are not there or not safetensors. */
     zd_nn_module_t *empty = zd_nn_module_new("Empty", NULL, NULL, NULL);
-    assert_int_equal(zd_nn_module_load_safetensors(empty, tmp_path("none.safetensors"), false,
-                                                   NULL, NULL), -1);
+    assert_int_equal(
+        zd_nn_module_load_safetensors(empty, tmp_path("none.safetensors"), false, NULL, NULL), -1);
     assert_contains(zd_error_last(), "none.safetensors");
-    assert_int_equal(zd_nn_module_load_safetensors(NULL, ref_path(net_file), true, NULL, NULL),
-                     -1);
+    assert_int_equal(zd_nn_module_load_safetensors(NULL, ref_path(net_file), true, NULL, NULL), -1);
     zd_nn_module_free(empty);
 }
 

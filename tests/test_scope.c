@@ -63,7 +63,7 @@ static void test_autograd_after_the_scope(void **state)
     zd_scope_add(p);
     assert_int_equal(zd_tensor_sum(p, &loss), 0);
     zd_scope_add(loss);
-    assert_ptr_equal(zd_scope_keep(loss), loss);   /* outermost: back to us */
+    assert_ptr_equal(zd_scope_keep(loss), loss); /* outermost: back to us */
     assert_int_equal(zd_scope_size(s), 3);
     assert_int_equal(zd_scope_end(s), 0);
     /* loss = sum((x w)^2): dL/dw = 2 x^2 w */
@@ -105,7 +105,7 @@ static void test_nesting_and_keep(void **state)
     assert_true(zd_tensor_data(y)[0] == 0.0f && zd_tensor_data(y)[1] == 2.0f);
     assert_ptr_equal(zd_scope_current(), outer);
     assert_int_equal(zd_scope_size(outer), 2);          /* x and y */
-    assert_int_equal(zd_tensor_live_count(), live + 3);   /* and w */
+    assert_int_equal(zd_tensor_live_count(), live + 3); /* and w */
 
     /* ending an outer scope ends the inner ones first */
     zd_scope_t *inner = zd_scope_begin(), *inner2 = zd_scope_begin();
@@ -114,7 +114,7 @@ static void test_nesting_and_keep(void **state)
     assert_ptr_equal(zd_scope_current(), inner2);
     assert_int_equal(zd_scope_end(inner), 0);
     assert_ptr_equal(zd_scope_current(), outer);
-    assert_int_equal(zd_scope_end(inner), -1);   /* already ended */
+    assert_int_equal(zd_scope_end(inner), -1); /* already ended */
     assert_non_null(strstr(zd_error_last(), "not an open scope"));
     assert_int_equal(zd_tensor_live_count(), live + 3);
 

@@ -29,7 +29,7 @@ static void test_freed_block_is_reused_and_zeroed(void **state)
 {
     (void)state;
     zd__blocks_trim();
-    zd_tensor_t *a = floats(100000, false);   /* 400 kB */
+    zd_tensor_t *a = floats(100000, false); /* 400 kB */
     assert_int_equal((uintptr_t)zd_tensor_raw(a) % 64, 0);
     float *d = zd_tensor_data(a);
     for (int i = 0; i < 100000; i++)
@@ -38,7 +38,7 @@ static void test_freed_block_is_reused_and_zeroed(void **state)
     zd_tensor_unref(a);
     assert_int_equal(zd__blocks_idle_bytes() > 0, ZD_BLOCKS_KEEP);
 
-    zd_tensor_t *b = floats(100000, true);    /* zd_tensor_new: zeros */
+    zd_tensor_t *b = floats(100000, true); /* zd_tensor_new: zeros */
     if (ZD_BLOCKS_KEEP) {
         assert_int_equal(page_of(b), page);
         assert_int_equal(zd__blocks_idle_bytes(), 0);
@@ -84,7 +84,7 @@ static void test_stale_blocks_make_room(void **state)
 {
     (void)state;
     zd__blocks_trim();
-    zd_tensor_unref(floats(300000, false));   /* 1.2 MB, then idle */
+    zd_tensor_unref(floats(300000, false)); /* 1.2 MB, then idle */
     size_t old = zd__blocks_idle_bytes();
     /* A working set reused in place: no request misses, nothing leaves. */
     for (int i = 0; i < 300; i++)

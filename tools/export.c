@@ -47,7 +47,7 @@ static int export_net(const char *prefix, const char *out)
     int S = 0, rc = -1;
     bool prev;
     int64_t generation = -1, step = 0;
-    zd_nn_module_t *net = zd_nn_net_new(0);   /* names and shapes to check against */
+    zd_nn_module_t *net = zd_nn_net_new(0); /* names and shapes to check against */
     zd_named_tensors_t *nt = zd_named_tensors_new();
     if (!net || !nt)
         goto out;
@@ -66,7 +66,8 @@ static int export_net(const char *prefix, const char *out)
             goto out;
         if (S > 0 && g != generation) {
             zd_error_set("%s is of generation %lld, %s.shard0 of %lld: the shards are not of "
-                         "one checkpoint", path, (long long)g, prefix, (long long)generation);
+                         "one checkpoint",
+                         path, (long long)g, prefix, (long long)generation);
             goto out;
         }
         generation = g;
@@ -120,7 +121,8 @@ int main(int argc, char **argv)
     if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
         printf("usage: %s PREFIX OUT.safetensors\n"
                "writes the Net of rpc_ps's checkpoint PREFIX.shard0, PREFIX.shard1, ... to one\n"
-               "safetensors file under PyTorch's names\n", argv[0]);
+               "safetensors file under PyTorch's names\n",
+               argv[0]);
         return 0;
     }
     if (argc != 3 || argv[1][0] == '-' || argv[2][0] == '-' || !argv[1][0] || !argv[2][0]) {

@@ -8,13 +8,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define CHECK(cond, ...)                                                \
-    do {                                                                \
-        if (!(cond)) {                                                  \
-            fprintf(stderr, FUZZ_NAME ": check failed: " __VA_ARGS__);  \
-            fprintf(stderr, "\n");                                      \
-            abort();                                                    \
-        }                                                               \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, FUZZ_NAME ": check failed: " __VA_ARGS__);                             \
+            fprintf(stderr, "\n");                                                                 \
+            abort();                                                                               \
+        }                                                                                          \
     } while (0)
 
 #endif

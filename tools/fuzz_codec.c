@@ -38,7 +38,10 @@ typedef struct {
 
 static int live_rrefs;
 
-static void rref_ref(zd_rref_t *r) { ((fuzz_rref_t *)r)->refs++; }
+static void rref_ref(zd_rref_t *r)
+{
+    ((fuzz_rref_t *)r)->refs++;
+}
 
 static void rref_unref(zd_rref_t *r)
 {
@@ -59,7 +62,7 @@ static int rref_encode(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RR
 
 /* Refuses some RRefs, as the agent refuses unknown ids. */
 static int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
-                       zd_rref_t **out)
+                           zd_rref_t **out)
 {
     (void)arg;
     (void)src_rank;
@@ -125,7 +128,8 @@ static int fuzz_value_codec(const uint8_t *data, size_t size)
         slots[i].base = malloc(n + misalign > 0 ? n + misalign : 1);
         CHECK(slots[i].base, "out of memory");
         slots[i].released = 0;
-        frames[i] = (rpc_frame_t){.data = (uint8_t *)slots[i].base + misalign, .size = n,
+        frames[i] = (rpc_frame_t){.data = (uint8_t *)slots[i].base + misalign,
+                                  .size = n,
                                   .release = lent ? NULL : slot_release,
                                   .release_arg = &slots[i]};
         if (n)
@@ -150,8 +154,8 @@ static int fuzz_value_codec(const uint8_t *data, size_t size)
         CHECK(e.n_tensors == n_frames, "%d tensors for %d frames", e.n_tensors, n_frames);
         for (int i = 0; i < n_frames; i++)
             CHECK(zd_tensor_nbytes(e.tensors[i]) == frames[i].size &&
-                  (frames[i].size == 0 ||
-                   memcmp(zd_tensor_raw(e.tensors[i]), src[i], frames[i].size) == 0),
+                      (frames[i].size == 0 ||
+                       memcmp(zd_tensor_raw(e.tensors[i]), src[i], frames[i].size) == 0),
                   "tensor %d data differs from its frame", i);
         zd__rpc_encoded_clear(&e);
         zd_value_unref(v);
@@ -165,8 +169,7 @@ static int fuzz_value_codec(const uint8_t *data, size_t size)
             CHECK(slots[i].released == 0, "lent frame %d was released", i);
             free(slots[i].base);
         } else {
-            CHECK(slots[i].released == 1, "frame %d released %d times", i,
-                  slots[i].released);
+            CHECK(slots[i].released == 1, "frame %d released %d times", i, slots[i].released);
         }
     }
     CHECK(zd_tensor_live_count() == tensors_before, "tensors leaked");

@@ -61,7 +61,7 @@
 #include "tools/fuzz_check.h"
 
 #define WORLD 4
-#define CTX0 ((int64_t)(UINT64_C(1) << 48 | 1))
+#define CTX0  ((int64_t)(UINT64_C(1) << 48 | 1))
 
 /* ---- the input ---- */
 
@@ -100,7 +100,7 @@ static struct {
     zd_rpc_async_handler_fn *async_fn;
 } fns[16];
 static int n_fns;
-static bool async_fails;          /* the input's choice for zd_rpc_async */
+static bool async_fails; /* the input's choice for zd_rpc_async */
 static int64_t async_calls;
 
 int zd_rpc_set_hooks(const zd_rpc_hooks_t *h)
@@ -188,7 +188,10 @@ int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args, int64_t
     return zd_error_set("stand-in: no zd_rref_rpc_sync");
 }
 
-bool zd_rref_is_owner(const zd_rref_t *r) { return r->is_owner; }
+bool zd_rref_is_owner(const zd_rref_t *r)
+{
+    return r->is_owner;
+}
 
 int zd_rref_local_value(zd_rref_t *r, zd_value_t **value)
 {
@@ -197,15 +200,43 @@ int zd_rref_local_value(zd_rref_t *r, zd_value_t **value)
     return zd_error_set("stand-in: no local value");
 }
 
-int zd_rpc_call_caller_rank(const zd_rpc_call_t *call) { return call->caller; }
-void *zd_rpc_call_hook_state(const zd_rpc_call_t *call) { return call->hook_state; }
-void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state) { call->hook_state = state; }
-int64_t zd_rpc_get_timeout(void) { return 1000; }
-bool zd_rpc_is_running(void) { return true; }
-const char *zd_rpc_name(void) { return "fuzz"; }
-int zd_rpc_rank(void) { return 0; }
-int zd_rpc_world_size(void) { return WORLD; }
-bool zd_rpc_peer_is_lost(int rank) { (void)rank; return false; }
+int zd_rpc_call_caller_rank(const zd_rpc_call_t *call)
+{
+    return call->caller;
+}
+void *zd_rpc_call_hook_state(const zd_rpc_call_t *call)
+{
+    return call->hook_state;
+}
+void zd_rpc_call_set_hook_state(zd_rpc_call_t *call, void *state)
+{
+    call->hook_state = state;
+}
+int64_t zd_rpc_get_timeout(void)
+{
+    return 1000;
+}
+bool zd_rpc_is_running(void)
+{
+    return true;
+}
+const char *zd_rpc_name(void)
+{
+    return "fuzz";
+}
+int zd_rpc_rank(void)
+{
+    return 0;
+}
+int zd_rpc_world_size(void)
+{
+    return WORLD;
+}
+bool zd_rpc_peer_is_lost(int rank)
+{
+    (void)rank;
+    return false;
+}
 
 int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
 {
@@ -223,10 +254,22 @@ static agent_t agent;
 static int64_t clock_ns = 1000000000;
 static uint64_t next_id = 1;
 
-int64_t zd__agent_now_ns(void) { return clock_ns; }
-agent_t *zd__agent_try_acquire(void) { return &agent; }
-void zd__agent_release(agent_t *a) { (void)a; }
-uint64_t zd__agent_new_id(agent_t *a) { return (uint64_t)a->rank << 48 | next_id++; }
+int64_t zd__agent_now_ns(void)
+{
+    return clock_ns;
+}
+agent_t *zd__agent_try_acquire(void)
+{
+    return &agent;
+}
+void zd__agent_release(agent_t *a)
+{
+    (void)a;
+}
+uint64_t zd__agent_new_id(agent_t *a)
+{
+    return (uint64_t)a->rank << 48 | next_id++;
+}
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
 {
@@ -333,7 +376,7 @@ static void finish(zd_future_t *f)
 /* ---- the recorded graph: peer 1's call, our reply ---- */
 
 static zd_tensor_t *server_w;
-static uint64_t graph_msg;         /* our send function's message id */
+static uint64_t graph_msg; /* our send function's message id */
 
 /*  A request from `caller` with hook bytes extra, args [x], then our answer
     log_softmax(x @ W) (or W itself when x does not fit). Returns the
@@ -390,7 +433,8 @@ static void op_backward(input_t *in)
     int64_t msg = m < 200 ? (int64_t)graph_msg : m == 255 ? (int64_t)u64(in) : (int64_t)m;
     int caller = u8(in) % WORLD;
     int k = u8(in) % 3;
-    zd_value_t *args = zd__rpc_args("iiii", ctx, msg, (int64_t)(u8(in) % 3 + 1), (int64_t)(u8(in) & 1));
+    zd_value_t *args =
+        zd__rpc_args("iiii", ctx, msg, (int64_t)(u8(in) % 3 + 1), (int64_t)(u8(in) & 1));
     bool exact = true;
     for (int i = 0; i < k; i++) {
         zd_tensor_t *g;
@@ -400,7 +444,7 @@ static void op_backward(input_t *in)
             g = fuzz_tensor(in);
             int64_t want[2] = {4, 5};
             exact = exact && g && zd_tensor_dtype(g) == ZD_FLOAT32 && zd_tensor_ndim(g) == 2 &&
-                    zd_tensor_shape(g)[0] == want[0] && zd_tensor_shape(g)[1] == want[1];
+                zd_tensor_shape(g)[0] == want[0] && zd_tensor_shape(g)[1] == want[1];
         }
         if (g)
             zd_list_append(args, zd_value_tensor(g));
@@ -421,9 +465,9 @@ static void op_query(input_t *in, const char *fn)
 {
     int64_t ctx = u8(in) & 1 ? CTX0 : pick_ctx(in);
     zd_value_t *args = strcmp(fn, "__dist_release") == 0 ? zd__rpc_args("i", ctx)
-                       : strcmp(fn, "__dist_flush") == 0
-                           ? zd__rpc_args("ii", ctx, (int64_t)(u8(in) % 3 + 1))
-                           : zd__rpc_args("iii", ctx, (int64_t)(u8(in) % 3 + 1), (int64_t)u8(in));
+        : strcmp(fn, "__dist_flush") == 0
+        ? zd__rpc_args("ii", ctx, (int64_t)(u8(in) % 3 + 1))
+        : zd__rpc_args("iii", ctx, (int64_t)(u8(in) % 3 + 1), (int64_t)u8(in));
     zd_rpc_call_t call = {u8(in) % WORLD, NULL};
     finish(handler(fn)(&call, args, NULL));
     zd_value_unref(args);
@@ -597,7 +641,8 @@ static void teardown(void)
 {
     for (int r = 0; r < WORLD; r++)
         for (int k = 1; k <= 4; k++)
-            zd__dist_context_unref(zd__dist_context_remove((int64_t)((uint64_t)r << 48 | (uint64_t)k)));
+            zd__dist_context_unref(
+                zd__dist_context_remove((int64_t)((uint64_t)r << 48 | (uint64_t)k)));
     while (n_wild > 0)
         zd__dist_context_unref(zd__dist_context_remove(wild[--n_wild]));
     while (n_owned > 0)
@@ -622,25 +667,52 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         async_fails = (op & 0x80) != 0;
         zd_error_clear();
         switch (op % 12) {
-        case 0: op_backward(&in); break;
-        case 1: op_query(&in, "__dist_pending"); break;
-        case 2: op_query(&in, "__dist_flush"); break;
-        case 3: op_query(&in, "__dist_release"); break;
-        case 4: op_request(&in); break;
-        case 5: op_own_call(&in); break;
-        case 6: op_limits(&in); break;
-        case 7: op_control(&in); break;
-        case 8: op_fetch(&in); break;
-        case 9: op_decode(&in); break;
-        case 10: clock_ns += (int64_t)(u8(&in) % 8) * 100000000; zd__rref_tick(&agent, clock_ns); break;
-        case 11: op_owned(&in); break;
+        case 0:
+            op_backward(&in);
+            break;
+        case 1:
+            op_query(&in, "__dist_pending");
+            break;
+        case 2:
+            op_query(&in, "__dist_flush");
+            break;
+        case 3:
+            op_query(&in, "__dist_release");
+            break;
+        case 4:
+            op_request(&in);
+            break;
+        case 5:
+            op_own_call(&in);
+            break;
+        case 6:
+            op_limits(&in);
+            break;
+        case 7:
+            op_control(&in);
+            break;
+        case 8:
+            op_fetch(&in);
+            break;
+        case 9:
+            op_decode(&in);
+            break;
+        case 10:
+            clock_ns += (int64_t)(u8(&in) % 8) * 100000000;
+            zd__rref_tick(&agent, clock_ns);
+            break;
+        case 11:
+            op_owned(&in);
+            break;
         }
         CHECK(zd_autograd_seq_current() >= seq0, "the Lamport clock went back (wrapped)");
         CHECK(zd_autograd_seq_current() <= (UINT64_C(1) << 62) + (UINT64_C(1) << 32),
               "the Lamport clock is at %llu", (unsigned long long)zd_autograd_seq_current());
     }
     teardown();
-    CHECK(zd_dist_autograd_num_contexts() == 0, "%lld contexts left (ids outside the input's "
-          "space were created)", (long long)zd_dist_autograd_num_contexts());
+    CHECK(zd_dist_autograd_num_contexts() == 0,
+          "%lld contexts left (ids outside the input's "
+          "space were created)",
+          (long long)zd_dist_autograd_num_contexts());
     return 0;
 }

@@ -77,8 +77,8 @@ static void fuzz_address(const uint8_t *d, size_t n)
         zd__addr_endpoint(ip, p, ep, sizeof ep);
         CHECK(zd__addr_parse_endpoint(ep, again, sizeof again, &port2) == 0,
               "\"%s\" (from \"%s\") does not parse", ep, s);
-        CHECK(!strcmp(ip, again) && port == port2, "\"%s\" -> %s %d -> %s %d", s, ip, port,
-              again, port2);
+        CHECK(!strcmp(ip, again) && port == port2, "\"%s\" -> %s %d -> %s %d", s, ip, port, again,
+              port2);
     }
     if (zd__addr_normalize(s, ip, sizeof ip) == 0) {
         CHECK(zd__addr_family(ip) != 0, "normalized \"%s\" to \"%s\", no address", s, ip);

@@ -39,11 +39,10 @@ static void release_copy(void *data, size_t size)
 static zd_named_tensors_t *parse(void *data, size_t size, char ***kv, int *n_meta)
 {
     int before = released;
-    zd_named_tensors_t *nt = zd__safetensors_parse("in.safetensors", data, size, release_copy, kv,
-                                                   n_meta);
+    zd_named_tensors_t *nt =
+        zd__safetensors_parse("in.safetensors", data, size, release_copy, kv, n_meta);
     if (!nt) {
-        CHECK(released == before + 1, "a refused input was released %d times",
-              released - before);
+        CHECK(released == before + 1, "a refused input was released %d times", released - before);
         CHECK(strncmp(zd_error_last(), "safetensors: in.safetensors: ", 29) == 0,
               "the error \"%s\" does not name the file", zd_error_last());
         CHECK(*kv == NULL && *n_meta == 0, "a refused input left metadata");
@@ -57,8 +56,8 @@ static char *write_mem(const zd_named_tensors_t *nt, char **kv, int n_meta, size
     char *buf = NULL;
     FILE *f = open_memstream(&buf, len);
     CHECK(f, "open_memstream failed");
-    int rc = zd__safetensors_write_stream(f, "out.safetensors", nt, (const char *const *)kv,
-                                          n_meta);
+    int rc =
+        zd__safetensors_write_stream(f, "out.safetensors", nt, (const char *const *)kv, n_meta);
     CHECK(fclose(f) == 0, "open_memstream's fclose failed");
     CHECK(rc == 0, "what was read does not write: %s", zd_error_last());
     return buf;
@@ -108,10 +107,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
           zd_named_tensors_len(nt2));
     for (int i = 0; i < n; i++) {
         const char *name = zd_named_tensors_name(nt, i);
-        const zd_tensor_t *a = zd_named_tensors_tensor(nt, i), *b = zd_named_tensors_find(nt2, name);
+        const zd_tensor_t *a = zd_named_tensors_tensor(nt, i),
+                          *b = zd_named_tensors_find(nt2, name);
         CHECK(b, "tensor '%s' lost in the round trip", name);
         CHECK(zd_tensor_dtype(a) == zd_tensor_dtype(b) && zd_tensor_same_shape(a, b) &&
-              memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0,
+                  memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0,
               "tensor '%s' changed in the round trip", name);
     }
     CHECK(n_meta2 == n_meta, "%d metadata entries read back as %d", n_meta, n_meta2);

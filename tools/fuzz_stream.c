@@ -106,7 +106,8 @@ static rpc_frame_t frame_new(const uint8_t *data, size_t size)
     if (size)
         memcpy(f->bytes, data, size);
     live_frames++;
-    return (rpc_frame_t){.data = f->bytes, .size = size, .release = frame_release, .release_arg = f};
+    return (rpc_frame_t){
+        .data = f->bytes, .size = size, .release = frame_release, .release_arg = f};
 }
 
 static void frames_free(void)
@@ -166,8 +167,10 @@ static bool next_header(input_t *in, bool raw, int n_frames, zmq_msg_t *hm)
         return false;
     /* Headers the parser accepts, mostly: pieces as senders make them, the
        rest with a function name and a value where their type has one. */
-    rpc_wire_header_t h = {.type = (uint8_t)(1 + type % 9), .id = (uint64_t)id % 8,
-                           .a = (uint64_t)seq, .n_tensors = (uint32_t)n_frames};
+    rpc_wire_header_t h = {.type = (uint8_t)(1 + type % 9),
+                           .id = (uint64_t)id % 8,
+                           .a = (uint64_t)seq,
+                           .n_tensors = (uint32_t)n_frames};
     if (flags & 2) {
         h.type = RPC_MSG_REPLY;
         h.flags = RPC_WIRE_F_CHUNK;
@@ -235,8 +238,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         m.reject_id = 0;
         rpc_wire_header_t *h = &m.h;
         bool valid = zd__rpc_wire_parse(zmq_msg_data(&m.hm), zmq_msg_size(&m.hm), h) == 0 &&
-                     h->n_tensors == (uint32_t)m.n &&
-                     (conn != 3 || h->type == RPC_MSG_REPLY || h->type == RPC_MSG_ERROR);
+            h->n_tensors == (uint32_t)m.n &&
+            (conn != 3 || h->type == RPC_MSG_REPLY || h->type == RPC_MSG_ERROR);
         bool verbose = getenv("FUZZ_STREAM_VERBOSE");
         /* The stream layer logs what it drops: only wanted when verbose. */
         zd_log_set_level(verbose ? ZD_LOG_DEBUG : ZD_LOG_ERROR);
@@ -259,8 +262,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             release_all(&m);
             zmq_msg_close(&m.hm);
         } else {
-            CHECK(m.n == 0, "the filter kept or dropped a message but left %d frames in it",
-                  m.n);
+            CHECK(m.n == 0, "the filter kept or dropped a message but left %d frames in it", m.n);
             CHECK(rc == 0 || rc == -1, "filter returned %d", rc);
             CHECK(rc == -1 || !m.reject_id, "a message taken in, yet to be answered");
         }

@@ -40,7 +40,7 @@ void results_put_subset(results_t *r, const char *role, const char *name, zd_ten
 }
 
 static zd_tensor_t *results_get(const results_t *r, const char *role, const char *name,
-                             bool *subset)
+                                bool *subset)
 {
     char key[160];
     snprintf(key, sizeof key, "%s:%s", role, name);
@@ -129,13 +129,14 @@ static void compare_entry(const golden_entry_t *e, const zd_tensor_t *actual, bo
     const char *rows = e->n_rows ? " (rows)" : "";
     tally->checked++;
     if (!actual) {
-        printf("FAIL %-6s %-40s not computed%s%s\n", e->role, e->name, zd_error_last()[0] ? ": " : "",
-               zd_error_last());
+        printf("FAIL %-6s %-40s not computed%s%s\n", e->role, e->name,
+               zd_error_last()[0] ? ": " : "", zd_error_last());
         tally->failed++;
         return;
     }
-    int64_t row_len = zd_tensor_ndim(actual) ? zd_tensor_numel(actual) / zd_tensor_size(actual, 0) : 1;
-    int n_rows = subset ? 0 : e->n_rows;   /* a subset result is compared as it is */
+    int64_t row_len =
+        zd_tensor_ndim(actual) ? zd_tensor_numel(actual) / zd_tensor_size(actual, 0) : 1;
+    int n_rows = subset ? 0 : e->n_rows; /* a subset result is compared as it is */
     int64_t want = n_rows ? n_rows * row_len : zd_tensor_numel(actual);
     if (zd_tensor_numel(e->value) != want) {
         printf("FAIL %-6s %-40s expected %lld elements%s, computed %lld %s\n", e->role, e->name,
@@ -154,7 +155,7 @@ static void compare_entry(const golden_entry_t *e, const zd_tensor_t *actual, bo
             break;
         }
         double err = fabs((double)a[src] - (double)x[i]) / (atol + rtol * fabs((double)x[i]));
-        if (!(err <= worst)) {   /* also catches NaN */
+        if (!(err <= worst)) { /* also catches NaN */
             worst = isnan(err) ? INFINITY : err;
             worst_i = i;
         }
@@ -174,7 +175,7 @@ static void compare_entry(const golden_entry_t *e, const zd_tensor_t *actual, bo
 
 /*  ---- kinds ---- */
 
-typedef int (kind_fn)(golden_case_t *c, results_t *r);
+typedef int(kind_fn)(golden_case_t *c, results_t *r);
 
 static const struct {
     const char *kind;
@@ -237,8 +238,8 @@ int golden_check_dir(const char *dir, bool quiet)
                 compare_entry(e, actual, subset, rtol, atol, quiet, &tally);
             }
         }
-        printf("%s: kind %s, %d tensors checked, %d passed, %d failed (rtol %g, atol %g)\n",
-               dir, c->kind, tally.checked, tally.passed, tally.failed, rtol, atol);
+        printf("%s: kind %s, %d tensors checked, %d passed, %d failed (rtol %g, atol %g)\n", dir,
+               c->kind, tally.checked, tally.passed, tally.failed, rtol, atol);
         rc = tally.failed || tally.checked == 0 ? -1 : 0;
     }
     if (r)

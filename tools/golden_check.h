@@ -14,7 +14,7 @@ typedef struct {
     int n;
     char key[RESULTS_MAX][160];
     zd_tensor_t *value[RESULTS_MAX];
-    bool subset[RESULTS_MAX];      /* already holds just the manifest's rows */
+    bool subset[RESULTS_MAX]; /* already holds just the manifest's rows */
 } results_t;
 
 /*  Stores a reference to t under role:name (a NULL t is ignored). */

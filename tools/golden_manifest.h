@@ -11,15 +11,15 @@
 #include <zdist/tensor.h>
 
 #define GOLDEN_MAX_ENTRIES 256
-#define GOLDEN_MAX_ATTRS 32
-#define GOLDEN_MAX_ROWS 64
+#define GOLDEN_MAX_ATTRS   32
+#define GOLDEN_MAX_ROWS    64
 
 typedef struct {
-    char role[32];          /* input, param, output, grad */
-    char name[128];         /* without the [rows=...] suffix */
-    int n_rows;             /* 0: the whole tensor */
+    char role[32];  /* input, param, output, grad */
+    char name[128]; /* without the [rows=...] suffix */
+    int n_rows;     /* 0: the whole tensor */
     int64_t rows[GOLDEN_MAX_ROWS];
-    zd_tensor_t *value;        /* loaded from the case's IDX file */
+    zd_tensor_t *value; /* loaded from the case's IDX file */
 } golden_entry_t;
 
 typedef struct {

@@ -41,10 +41,10 @@ static void params_free(params_t *ps)
 }
 
 /*  Unref helper so a chain of ops reads top to bottom. */
-#define STEP(call)                                                                        \
-    do {                                                                                  \
-        if ((call) < 0)                                                                   \
-            goto out;                                                                     \
+#define STEP(call)                                                                                 \
+    do {                                                                                           \
+        if ((call) < 0)                                                                            \
+            goto out;                                                                              \
     } while (0)
 
 /*  net: conv1 -> relu -> conv2 -> max_pool 2 -> flatten -> fc1 -> relu -> fc2 ->
@@ -52,7 +52,7 @@ static void params_free(params_t *ps)
 static int net_forward(zd_tensor_t *const *p, zd_tensor_t *x, results_t *r, zd_tensor_t **logprobs)
 {
     zd_tensor_t *c1 = NULL, *h1 = NULL, *h2 = NULL, *h3 = NULL, *flat = NULL, *f1 = NULL,
-             *a1 = NULL, *f2 = NULL;
+                *a1 = NULL, *f2 = NULL;
     int rc = -1;
     STEP(zd_nn_conv2d(x, p[0], p[1], 1, 0, &c1));
     STEP(zd_nn_relu(c1, &h1));
@@ -77,7 +77,8 @@ out:;
 }
 
 /*  convnet: conv1 -> max_pool 3 -> relu -> flatten -> fc -> log_softmax. */
-static int convnet_forward(zd_tensor_t *const *p, zd_tensor_t *x, results_t *r, zd_tensor_t **logprobs)
+static int convnet_forward(zd_tensor_t *const *p, zd_tensor_t *x, results_t *r,
+                           zd_tensor_t **logprobs)
 {
     zd_tensor_t *c1 = NULL, *pool = NULL, *h = NULL, *flat = NULL, *fc = NULL;
     int rc = -1;
@@ -100,7 +101,8 @@ out:;
     return rc;
 }
 
-typedef int (forward_fn)(zd_tensor_t *const *p, zd_tensor_t *x, results_t *r, zd_tensor_t **logprobs);
+typedef int(forward_fn)(zd_tensor_t *const *p, zd_tensor_t *x, results_t *r,
+                        zd_tensor_t **logprobs);
 
 static int loss_of(forward_fn *fwd, zd_tensor_t *const *p, zd_tensor_t *x, zd_tensor_t *target,
                    results_t *r, zd_tensor_t **loss)
@@ -240,9 +242,8 @@ out:
 
 int golden_run_net(golden_case_t *c, results_t *r)
 {
-    static const char *const names[] = {"conv1.weight", "conv1.bias", "conv2.weight",
-                                        "conv2.bias",   "fc1.weight", "fc1.bias",
-                                        "fc2.weight",   "fc2.bias"};
+    static const char *const names[] = {"conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias",
+                                        "fc1.weight",   "fc1.bias",   "fc2.weight",   "fc2.bias"};
     return run_model(c, r, net_forward, names, 8);
 }
 

@@ -9,14 +9,15 @@
 #include <zdist/nn.h>
 #include "tools/golden_check.h"
 
-typedef int (op_fn)(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y);
+typedef int(op_fn)(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                   zd_tensor_t **y);
 
 static int run_op(golden_case_t *c, results_t *r, op_fn *op, bool has_params)
 {
     zd_tensor_t *x = golden_leaf(c, "input", "x");
     zd_tensor_t *w = has_params ? golden_leaf(c, "param", "weight") : NULL;
-    zd_tensor_t *b = has_params && golden_tensor(c, "param", "bias") ? golden_leaf(c, "param", "bias")
-                                                                   : NULL;
+    zd_tensor_t *b =
+        has_params && golden_tensor(c, "param", "bias") ? golden_leaf(c, "param", "bias") : NULL;
     zd_tensor_t *dy = golden_tensor(c, "input", "dy");
     zd_tensor_t *y = NULL;
     int rc = -1;
@@ -43,11 +44,12 @@ static int conv2d(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t 
 {
     if (golden_attr(c, "dilation", 1) != 1 || golden_attr(c, "groups", 1) != 1)
         return zd_error_set("conv2d: only dilation=1 groups=1 are supported");
-    return zd_nn_conv2d(x, w, b, (int)golden_attr(c, "stride", 1), (int)golden_attr(c, "padding", 0),
-                     y);
+    return zd_nn_conv2d(x, w, b, (int)golden_attr(c, "stride", 1),
+                        (int)golden_attr(c, "padding", 0), y);
 }
 
-static int max_pool2d(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int max_pool2d(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                      zd_tensor_t **y)
 {
     (void)w, (void)b;
     if (golden_attr(c, "padding", 0) != 0 || golden_attr(c, "ceil_mode", 0) != 0)
@@ -68,13 +70,15 @@ static int relu(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b
     return zd_nn_relu(x, y);
 }
 
-static int log_softmax(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int log_softmax(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                       zd_tensor_t **y)
 {
     (void)w, (void)b;
     return zd_nn_log_softmax(x, (int)golden_attr(c, "dim", 1), y);
 }
 
-static int nll_loss(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b, zd_tensor_t **y)
+static int nll_loss(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_t *b,
+                    zd_tensor_t **y)
 {
     (void)w, (void)b;
     zd_tensor_t *target = golden_tensor(c, "input", "target");
@@ -89,9 +93,27 @@ static int nll_loss(golden_case_t *c, zd_tensor_t *x, zd_tensor_t *w, zd_tensor_
     return zd_nn_nll_loss(x, target, y);
 }
 
-int golden_run_conv2d(golden_case_t *c, results_t *r) { return run_op(c, r, conv2d, true); }
-int golden_run_max_pool2d(golden_case_t *c, results_t *r) { return run_op(c, r, max_pool2d, false); }
-int golden_run_linear(golden_case_t *c, results_t *r) { return run_op(c, r, linear, true); }
-int golden_run_relu(golden_case_t *c, results_t *r) { return run_op(c, r, relu, false); }
-int golden_run_log_softmax(golden_case_t *c, results_t *r) { return run_op(c, r, log_softmax, false); }
-int golden_run_nll_loss(golden_case_t *c, results_t *r) { return run_op(c, r, nll_loss, false); }
+int golden_run_conv2d(golden_case_t *c, results_t *r)
+{
+    return run_op(c, r, conv2d, true);
+}
+int golden_run_max_pool2d(golden_case_t *c, results_t *r)
+{
+    return run_op(c, r, max_pool2d, false);
+}
+int golden_run_linear(golden_case_t *c, results_t *r)
+{
+    return run_op(c, r, linear, true);
+}
+int golden_run_relu(golden_case_t *c, results_t *r)
+{
+    return run_op(c, r, relu, false);
+}
+int golden_run_log_softmax(golden_case_t *c, results_t *r)
+{
+    return run_op(c, r, log_softmax, false);
+}
+int golden_run_nll_loss(golden_case_t *c, results_t *r)
+{
+    return run_op(c, r, nll_loss, false);
+}

@@ -17,7 +17,7 @@
 
 /*  in[k] is the tensor the case names roles[k]:names[k], a leaf copy that
     requires grad when float (NULL when the case has no such tensor). */
-typedef int (fwd_fn)(golden_case_t *c, zd_tensor_t *const *in, zd_tensor_t **y);
+typedef int(fwd_fn)(golden_case_t *c, zd_tensor_t *const *in, zd_tensor_t **y);
 
 static int run(golden_case_t *c, results_t *r, fwd_fn *fwd, int n, const char *const *roles,
                const char *const *names)
@@ -122,8 +122,7 @@ static int fwd_layer_norm(golden_case_t *c, zd_tensor_t *const *in, zd_tensor_t 
         return -1;
     /* the normalised dimensions are weight's; without weight, the last one */
     int norm_ndim = in[1] ? zd_tensor_ndim(in[1]) : (int)golden_attr(c, "normalized_ndim", 1);
-    return zd_nn_layer_norm(in[0], norm_ndim, in[1], in[2], (float)golden_attr(c, "eps", 1e-5),
-                            y);
+    return zd_nn_layer_norm(in[0], norm_ndim, in[1], in[2], (float)golden_attr(c, "eps", 1e-5), y);
 }
 
 static int fwd_mse(golden_case_t *c, zd_tensor_t *const *in, zd_tensor_t **y)
@@ -170,10 +169,10 @@ static const char *const LN_ROLES[] = {"input", "param", "param"},
 static const char *const EMB_ROLES[] = {"input", "param"}, *const EMB_NAMES[] = {"idx", "weight"};
 
 /*  golden_run_<kind>: the forward function and the tensors it takes. */
-#define KIND(kind, fwd, n, roles, names)                                                  \
-    int golden_run_##kind(golden_case_t *c, results_t *r)                                 \
-    {                                                                                     \
-        return run(c, r, fwd, n, roles, names);                                           \
+#define KIND(kind, fwd, n, roles, names)                                                           \
+    int golden_run_##kind(golden_case_t *c, results_t *r)                                          \
+    {                                                                                              \
+        return run(c, r, fwd, n, roles, names);                                                    \
     }
 
 KIND(tanh, fwd_tanh, 1, X_ROLES, X_NAMES)

@@ -24,6 +24,7 @@ pkgs+=(python3-torch)
 pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespaces
 pkgs+=(debootstrap)      # tools/test.sh runs the Release stage in a fresh root
 pkgs+=(gcovr)            # tools/coverage.sh
+pkgs+=(clang-format)     # tests/check_format.sh holds the sources to .clang-format
 pkgs+=(abigail-tools)    # tests/check_abi.sh: abidw and abidiff hold libzdist.so to the 1.0 ABI
 # cairo and a font draw the example programs' --curves plots
 pkgs+=(libcairo2-dev fonts-dejavu-core)

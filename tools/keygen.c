@@ -52,7 +52,7 @@ int main(int argc, char **argv)
     }
     printf("%s: wrote a new world key to %s\n"
            "give every process of the world this file (mode 0600): --key_file=%s or "
-           "ZDIST_KEY_FILE=%s%s\n", argv[0], path, path, path,
-           path == def ? " (or nothing: it is the default)" : "");
+           "ZDIST_KEY_FILE=%s%s\n",
+           argv[0], path, path, path, path == def ? " (or nothing: it is the default)" : "");
     return 0;
 }

@@ -55,48 +55,48 @@ extern char **environ;
 static void usage(FILE *f)
 {
     fprintf(f,
-        "usage: launch --nproc=N [flags] [--] program [program flags]\n"
-        "       launch --nnodes=N --node_rank=K --master_addr=A --master_port=P\n"
-        "              --nproc_per_node=M [flags] [--] program [program flags]\n"
-        "Starts ranks 0..N-1 of program on this machine (or ranks K*M..K*M+M-1 of a\n"
-        "world of N*M spread over N nodes), relays their output with a \"[rank R] \"\n"
-        "prefix, and stops all of them when one fails (or restarts it, with\n"
-        "--max_restarts).\n"
-        "Each rank gets \"--rank=R --world_size=N --master_addr=A --master_port=P\" after\n"
-        "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,\n"
-        "LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE and ZDIST_RESTART_COUNT (how\n"
-        "many times it was restarted) in its environment, and\n"
-        "OPENBLAS_NUM_THREADS and ZDIST_NUM_THREADS (unless set) such that the\n"
-        "processes of this node share its cores.\n\n"
-        "flags:\n"
-        "  --nproc=N          number of processes on this node, 1..%d (required)\n"
-        "  --nproc_per_node=N the same\n"
-        "  --nnodes=N         number of nodes (default: 1)\n"
-        "  --node_rank=K      this node's rank, 0..N-1 (default: 0)\n"
-        "  --master_addr=A    rendezvous address: node 0's (default: 127.0.0.1; required\n"
-        "                     with --nnodes > 1)\n"
-        "  --master_port=P    rendezvous port (default: a free port, picked on node 0;\n"
-        "                     required on the other nodes)\n"
-        "  --log_dir=D        each rank's stdout and stderr go to D/rank_RR.log\n"
-        "  --no_rank_flags    pass the rank only through the environment\n"
-        "  --grace_s=S        time between SIGTERM and SIGKILL when stopping (default: 5)\n"
-        "  --timeout_s=S      stop the world after S seconds; 0: never (default: 0)\n"
-        "  --max_restarts=N   restart a process that fails (non-zero exit or a signal)\n"
-        "                     in place, at most N times per rank (unlike torchrun,\n"
-        "                     which counts restarts of the whole group): same rank,\n"
-        "                     flags and environment, plus --resume if the program's\n"
-        "                     flags have --checkpoint and no --resume; what the dead\n"
-        "                     process started is killed first. The others keep\n"
-        "                     running. Once a rank's N restarts are used, its next\n"
-        "                     failure stops the world (default: 0: the first failure\n"
-        "                     does). Sets ZDIST_MASTER_WAIT_S=%s unless set, so that\n"
-        "                     the others wait for a restarted rank 0\n"
-        "  --help             this text\n\n"
-        "exit status: 0 when every process finally exits 0; else the status of the\n"
-        "failure that stopped the world (128+signal for a process killed by a\n"
-        "signal), 130/143 when launch is interrupted by SIGINT/SIGTERM, 124 on\n"
-        "timeout, 2 for bad flags.\n",
-        MAX_PROCS, MASTER_WAIT_S);
+            "usage: launch --nproc=N [flags] [--] program [program flags]\n"
+            "       launch --nnodes=N --node_rank=K --master_addr=A --master_port=P\n"
+            "              --nproc_per_node=M [flags] [--] program [program flags]\n"
+            "Starts ranks 0..N-1 of program on this machine (or ranks K*M..K*M+M-1 of a\n"
+            "world of N*M spread over N nodes), relays their output with a \"[rank R] \"\n"
+            "prefix, and stops all of them when one fails (or restarts it, with\n"
+            "--max_restarts).\n"
+            "Each rank gets \"--rank=R --world_size=N --master_addr=A --master_port=P\" after\n"
+            "its flags, and RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,\n"
+            "LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE and ZDIST_RESTART_COUNT (how\n"
+            "many times it was restarted) in its environment, and\n"
+            "OPENBLAS_NUM_THREADS and ZDIST_NUM_THREADS (unless set) such that the\n"
+            "processes of this node share its cores.\n\n"
+            "flags:\n"
+            "  --nproc=N          number of processes on this node, 1..%d (required)\n"
+            "  --nproc_per_node=N the same\n"
+            "  --nnodes=N         number of nodes (default: 1)\n"
+            "  --node_rank=K      this node's rank, 0..N-1 (default: 0)\n"
+            "  --master_addr=A    rendezvous address: node 0's (default: 127.0.0.1; required\n"
+            "                     with --nnodes > 1)\n"
+            "  --master_port=P    rendezvous port (default: a free port, picked on node 0;\n"
+            "                     required on the other nodes)\n"
+            "  --log_dir=D        each rank's stdout and stderr go to D/rank_RR.log\n"
+            "  --no_rank_flags    pass the rank only through the environment\n"
+            "  --grace_s=S        time between SIGTERM and SIGKILL when stopping (default: 5)\n"
+            "  --timeout_s=S      stop the world after S seconds; 0: never (default: 0)\n"
+            "  --max_restarts=N   restart a process that fails (non-zero exit or a signal)\n"
+            "                     in place, at most N times per rank (unlike torchrun,\n"
+            "                     which counts restarts of the whole group): same rank,\n"
+            "                     flags and environment, plus --resume if the program's\n"
+            "                     flags have --checkpoint and no --resume; what the dead\n"
+            "                     process started is killed first. The others keep\n"
+            "                     running. Once a rank's N restarts are used, its next\n"
+            "                     failure stops the world (default: 0: the first failure\n"
+            "                     does). Sets ZDIST_MASTER_WAIT_S=%s unless set, so that\n"
+            "                     the others wait for a restarted rank 0\n"
+            "  --help             this text\n\n"
+            "exit status: 0 when every process finally exits 0; else the status of the\n"
+            "failure that stopped the world (128+signal for a process killed by a\n"
+            "signal), 130/143 when launch is interrupted by SIGINT/SIGTERM, 124 on\n"
+            "timeout, 2 for bad flags.\n",
+            MAX_PROCS, MASTER_WAIT_S);
 }
 
 static int bad_flag(const char *fmt, const char *a, const char *b)
@@ -113,8 +113,8 @@ static int parse_int(const char *name, const char *v, long lo, long hi, int *out
     errno = 0;
     long x = strtol(v, &end, 10);
     if (end == v || *end || errno || x < lo || x > hi) {
-        fprintf(stderr, "launch: --%s expects an integer in %ld..%ld, got \"%s\"\n", name, lo,
-                hi, v);
+        fprintf(stderr, "launch: --%s expects an integer in %ld..%ld, got \"%s\"\n", name, lo, hi,
+                v);
         return -1;
     }
     *out = (int)x;
@@ -156,9 +156,9 @@ static bool wants_resume(char *const *argv)
     --help, -1 on a bad flag (message printed). */
 static int parse_flags(launch_t *L, int argc, char **argv)
 {
-    static const char *const valued[] = {"nproc", "nproc_per_node", "nnodes", "node_rank",
-                                         "master_addr", "master_port", "log_dir", "grace_s",
-                                         "timeout_s", "max_restarts"};
+    static const char *const valued[] = {"nproc",       "nproc_per_node", "nnodes",  "node_rank",
+                                         "master_addr", "master_port",    "log_dir", "grace_s",
+                                         "timeout_s",   "max_restarts"};
     int i = 1;
     while (i < argc) {
         const char *a = argv[i];
@@ -233,10 +233,13 @@ static int parse_flags(launch_t *L, int argc, char **argv)
     }
     if (L->nnodes > 1 && !L->addr_given)
         return bad_flag("--nnodes > 1 needs --master_addr: the address of node 0, which the "
-                        "other nodes reach%s%s", "", "");
+                        "other nodes reach%s%s",
+                        "", "");
     if (L->node_rank > 0 && L->master_port == 0) {
-        fprintf(stderr, "launch: --node_rank=%d needs --master_port: only node 0 may pick a "
-                "free port (it prints it), the other nodes must be told\n", L->node_rank);
+        fprintf(stderr,
+                "launch: --node_rank=%d needs --master_port: only node 0 may pick a "
+                "free port (it prints it), the other nodes must be told\n",
+                L->node_rank);
         return -1;
     }
     L->rank_base = L->node_rank * L->nproc;
@@ -328,10 +331,10 @@ static char *str_printf(const char *fmt, ...)
 
 /*  The variables a rank gets; the inherited ones of the same names go. */
 enum { NVARS = 9 };
-static const char *const rank_vars[NVARS] = {"RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                             "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                             "GROUP_RANK", "GROUP_WORLD_SIZE",
-                                             "ZDIST_RESTART_COUNT"};
+static const char *const rank_vars[NVARS] = {
+    "RANK",        "WORLD_SIZE",       "MASTER_ADDR",
+    "MASTER_PORT", "LOCAL_RANK",       "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",  "GROUP_WORLD_SIZE", "ZDIST_RESTART_COUNT"};
 
 static bool is_rank_var(const char *entry)
 {
@@ -358,8 +361,9 @@ static char **rank_env(launch_t *L, int i, size_t *nkept)
         if (!is_rank_var(environ[i]))
             env[k++] = environ[i];
     *nkept = k;
-    const int values[NVARS] = {launch_rank(L, i), L->nnodes * L->nproc, 0, L->master_port,
-                               i, L->nproc, L->node_rank, L->nnodes, L->procs[i].restarts};
+    const int values[NVARS] = {
+        launch_rank(L, i), L->nnodes * L->nproc, 0,         L->master_port,      i,
+        L->nproc,          L->node_rank,         L->nnodes, L->procs[i].restarts};
     bool ok = true;
     for (int j = 0; j < NVARS; j++) {
         env[k] = j == 2 ? str_printf("%s=%s", rank_vars[j], L->master_addr)
@@ -420,12 +424,12 @@ static void free_rank_argv(launch_t *L, char **argv)
 }
 
 /*  In the child between fork and exec: only async-signal-safe calls. */
-static void exec_child(launch_t *L, pid_t parent, int out_w, int err_w, int devnull,
-                       char **argv, char **env)
+static void exec_child(launch_t *L, pid_t parent, int out_w, int err_w, int devnull, char **argv,
+                       char **env)
 {
     setpgid(0, 0);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent)   /* launch died before the line above */
+    if (getppid() != parent) /* launch died before the line above */
         _exit(128 + SIGKILL);
     if (dup2(devnull, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
         dup2(err_w, STDERR_FILENO) < 0)
@@ -435,8 +439,10 @@ static void exec_child(launch_t *L, pid_t parent, int out_w, int err_w, int devn
     execve(L->prog_path, argv, env);
     const char *msg = "launch: exec failed: ";
     const char *why = strerror(errno);
-    struct iovec iov[4] = {{(void *)msg, strlen(msg)}, {L->prog_path, strlen(L->prog_path)},
-                           {": ", 2}, {(void *)why, strlen(why)}};
+    struct iovec iov[4] = {{(void *)msg, strlen(msg)},
+                           {L->prog_path, strlen(L->prog_path)},
+                           {": ", 2},
+                           {(void *)why, strlen(why)}};
     if (writev(STDERR_FILENO, iov, 4) >= 0)
         (void)!write(STDERR_FILENO, "\n", 1);
     _exit(127);
@@ -517,8 +523,7 @@ int launch_start_rank(launch_t *L, int i)
     size_t nkept = 0;
     char **argv = rank_argv(L, i), **env = rank_env(L, i, &nkept);
     pid_t pid = -1;
-    if (argv && env &&
-        (logfd >= 0 || (pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0))) {
+    if (argv && env && (logfd >= 0 || (pipe2(out, O_CLOEXEC) == 0 && pipe2(err, O_CLOEXEC) == 0))) {
         pid_t parent = getpid();
         pid = fork();
         if (pid == 0)
@@ -537,15 +542,14 @@ int launch_start_rank(launch_t *L, int i)
     if (logfd >= 0)
         close(logfd);
     if (pid < 0) {
-        fprintf(stderr, "launch: cannot start rank %d: %s\n", launch_rank(L, i),
-                strerror(saved));
+        fprintf(stderr, "launch: cannot start rank %d: %s\n", launch_rank(L, i), strerror(saved));
         if (out[0] >= 0)
             close(out[0]);
         if (err[0] >= 0)
             close(err[0]);
         return -1;
     }
-    setpgid(pid, pid);   /* also here: signals may be sent before the child runs */
+    setpgid(pid, pid); /* also here: signals may be sent before the child runs */
     if (out[0] >= 0) {
         fcntl(out[0], F_SETFL, O_NONBLOCK);
         fcntl(err[0], F_SETFL, O_NONBLOCK);
@@ -574,8 +578,7 @@ static void share_cores(launch_t *L)
     if (cores < 1)
         cores = 1;
     const char *zd = getenv("ZDIST_NUM_THREADS"), *ob = getenv("OPENBLAS_NUM_THREADS");
-    const char *from = zd && *zd ? "ZDIST_NUM_THREADS" : ob && *ob ? "OPENBLAS_NUM_THREADS"
-                                                                   : NULL;
+    const char *from = zd && *zd ? "ZDIST_NUM_THREADS" : ob && *ob ? "OPENBLAS_NUM_THREADS" : NULL;
     char n[32];
     if (from) {
         snprintf(n, sizeof n, "%s", getenv(from));
@@ -597,8 +600,12 @@ static void share_cores(launch_t *L)
 
 int main(int argc, char **argv)
 {
-    static launch_t launch = {.nnodes = 1, .master_addr = "127.0.0.1", .rank_flags = true,
-                              .grace_s = 5, .exit_code = -1, .sigfd = -1};
+    static launch_t launch = {.nnodes = 1,
+                              .master_addr = "127.0.0.1",
+                              .rank_flags = true,
+                              .grace_s = 5,
+                              .exit_code = -1,
+                              .sigfd = -1};
     launch_t *L = &launch;
     int rc = parse_flags(L, argc, argv);
     if (rc == 1) {
@@ -622,8 +629,10 @@ int main(int argc, char **argv)
         if ((L->master_port = pick_port(L->master_addr)) < 0)
             return 1;
         if (L->nnodes > 1)
-            fprintf(stderr, "launch: picked master port %d: start the other nodes with "
-                    "--master_port=%d\n", L->master_port, L->master_port);
+            fprintf(stderr,
+                    "launch: picked master port %d: start the other nodes with "
+                    "--master_port=%d\n",
+                    L->master_port, L->master_port);
     }
     if (L->log_dir && make_dirs(L->log_dir) < 0)
         return 1;
@@ -671,12 +680,11 @@ int main(int argc, char **argv)
             len += snprintf(pids + len, sizeof pids - len, " %d", (int)L->procs[r].pid);
         char ranks[96] = "";
         if (L->nnodes > 1)
-            snprintf(ranks, sizeof ranks, " (ranks %d..%d of %d, node %d of %d)",
-                     launch_rank(L, 0), launch_rank(L, L->nproc - 1), L->nnodes * L->nproc,
-                     L->node_rank, L->nnodes);
+            snprintf(ranks, sizeof ranks, " (ranks %d..%d of %d, node %d of %d)", launch_rank(L, 0),
+                     launch_rank(L, L->nproc - 1), L->nnodes * L->nproc, L->node_rank, L->nnodes);
         fprintf(stderr, "launch: started %d %s%s of %s, master %s:%d, pids%s\n", L->nproc,
-                launch_processes(L->nproc), ranks, L->prog_argv[0], L->master_addr,
-                L->master_port, pids);
+                launch_processes(L->nproc), ranks, L->prog_argv[0], L->master_addr, L->master_port,
+                pids);
         if (L->log_dir)
             fprintf(stderr, "launch: output of rank %d in %s%s%s\n", launch_rank(L, 0),
                     L->procs[0].log_path, L->nproc > 1 ? " ... " : "",
@@ -704,4 +712,3 @@ int main(int argc, char **argv)
     fprintf(stderr, "launch: stopped after %.1f s; exit status %d\n", took, L->exit_code);
     return L->exit_code;
 }
-

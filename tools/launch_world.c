@@ -52,7 +52,7 @@ static void write_all(launch_t *L, int fd, struct iovec *v, int cnt)
         if (w < 0 && errno == EINTR)
             continue;
         if (w < 0) {
-            L->out_dead[fd] = true;   /* e.g. EPIPE: nobody reads any more */
+            L->out_dead[fd] = true; /* e.g. EPIPE: nobody reads any more */
             return;
         }
         while (cnt > 0 && (size_t)w >= v->iov_len) {
@@ -81,8 +81,7 @@ typedef struct {
 /*  i: the process's index on this node; the prefix names its global rank. */
 static void batch_init(const launch_t *L, batch_t *b, int i)
 {
-    b->prefix_len = (size_t)snprintf(b->prefix, sizeof b->prefix, "[rank %d] ",
-                                     launch_rank(L, i));
+    b->prefix_len = (size_t)snprintf(b->prefix, sizeof b->prefix, "[rank %d] ", launch_rank(L, i));
     b->n = 0;
 }
 
@@ -115,7 +114,7 @@ static void write_line(launch_t *L, int fd, int rank, const char *data, size_t n
 static void stream_close(launch_t *L, int rank, stream_t *s)
 {
     if (s->len > 0)
-        write_line(L, s->out, rank, s->buf, s->len);   /* the last line had no newline */
+        write_line(L, s->out, rank, s->buf, s->len); /* the last line had no newline */
     if (s->fd >= 0)
         close(s->fd);
     free(s->buf);
@@ -265,14 +264,14 @@ void launch_stop(launch_t *L, int sig)
 static void on_signal(launch_t *L, int sig)
 {
     if (L->phase == RUNNING) {
-        fprintf(stderr, "launch: received %s; stopping %d %s\n", sig_name(sig),
-                L->alive, launch_processes(L->alive));
+        fprintf(stderr, "launch: received %s; stopping %d %s\n", sig_name(sig), L->alive,
+                launch_processes(L->alive));
         if (L->exit_code < 0)
             L->exit_code = 128 + sig;
-        launch_stop(L, sig);    /* forwarded as it is: programs may handle SIGINT */
+        launch_stop(L, sig); /* forwarded as it is: programs may handle SIGINT */
     } else if (L->phase == STOPPING) {
-        fprintf(stderr, "launch: received %s again; killing %d %s\n", sig_name(sig),
-                L->alive, launch_processes(L->alive));
+        fprintf(stderr, "launch: received %s again; killing %d %s\n", sig_name(sig), L->alive,
+                launch_processes(L->alive));
         launch_stop(L, SIGKILL);
     }
 }
@@ -282,12 +281,11 @@ static void report_failure(launch_t *L, int rank, int status)
 {
     proc_t *p = &L->procs[rank];
     if (WIFEXITED(status))
-        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n",
-                launch_rank(L, rank), WEXITSTATUS(status), (int)p->pid);
+        fprintf(stderr, "launch: rank %d exited with status %d (pid %d)\n", launch_rank(L, rank),
+                WEXITSTATUS(status), (int)p->pid);
     else
-        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n",
-                launch_rank(L, rank), WTERMSIG(status), sig_name(WTERMSIG(status)),
-                (int)p->pid);
+        fprintf(stderr, "launch: rank %d killed by signal %d (%s, pid %d)\n", launch_rank(L, rank),
+                WTERMSIG(status), sig_name(WTERMSIG(status)), (int)p->pid);
     if (p->log_path)
         print_log_tail(L, rank);
     if (L->max_restarts > 0)
@@ -307,20 +305,24 @@ static int restart(launch_t *L, int rank, int status)
         return 0;
     p->restarts++;
     if (WIFEXITED(status))
-        fprintf(stderr, "launch: rank %d (pid %d) exited with status %d; restarting it "
-                "(restart %d of %d)\n", launch_rank(L, rank), (int)p->pid, WEXITSTATUS(status),
-                p->restarts, L->max_restarts);
+        fprintf(stderr,
+                "launch: rank %d (pid %d) exited with status %d; restarting it "
+                "(restart %d of %d)\n",
+                launch_rank(L, rank), (int)p->pid, WEXITSTATUS(status), p->restarts,
+                L->max_restarts);
     else
-        fprintf(stderr, "launch: rank %d (pid %d) was killed by %s; restarting it "
-                "(restart %d of %d)\n", launch_rank(L, rank), (int)p->pid,
-                sig_name(WTERMSIG(status)), p->restarts, L->max_restarts);
+        fprintf(stderr,
+                "launch: rank %d (pid %d) was killed by %s; restarting it "
+                "(restart %d of %d)\n",
+                launch_rank(L, rank), (int)p->pid, sig_name(WTERMSIG(status)), p->restarts,
+                L->max_restarts);
     if (p->log_path)
         print_log_tail(L, rank);
     kill(-p->pid, SIGKILL);
     if (launch_start_rank(L, rank) < 0)
         return -1;
-    fprintf(stderr, "launch: rank %d restarted as pid %d%s\n", launch_rank(L, rank),
-            (int)p->pid, L->add_resume ? " with --resume" : "");
+    fprintf(stderr, "launch: rank %d restarted as pid %d%s\n", launch_rank(L, rank), (int)p->pid,
+            L->add_resume ? " with --resume" : "");
     return 1;
 }
 
@@ -332,7 +334,7 @@ static void on_exit_status(launch_t *L, int rank, int status)
     drain(L, rank);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (L->phase != RUNNING || code == 0)
-        return;   /* after a stop began, exits are the stop's doing */
+        return; /* after a stop began, exits are the stop's doing */
     int restarted = restart(L, rank, status);
     if (restarted == 1)
         return;
@@ -340,8 +342,7 @@ static void on_exit_status(launch_t *L, int rank, int status)
         report_failure(L, rank, status);
     L->exit_code = code;
     if (L->alive > 0) {
-        fprintf(stderr, "launch: stopping the other %d %s\n", L->alive,
-                launch_processes(L->alive));
+        fprintf(stderr, "launch: stopping the other %d %s\n", L->alive, launch_processes(L->alive));
         launch_stop(L, SIGTERM);
     }
 }
@@ -377,11 +378,15 @@ static void check_deadlines(launch_t *L)
     } else if (L->phase == STOPPING && t >= L->deadline) {
         for (int r = 0; r < L->started; r++)
             if (L->procs[r].alive)
-                fprintf(stderr, "launch: rank %d still running %g s after %s; "
-                        "sending SIGKILL\n", launch_rank(L, r), L->grace_s, sig_name(L->stop_sig));
+                fprintf(stderr,
+                        "launch: rank %d still running %g s after %s; "
+                        "sending SIGKILL\n",
+                        launch_rank(L, r), L->grace_s, sig_name(L->stop_sig));
         if (L->leftovers)
-            fprintf(stderr, "launch: processes left behind still running %g s after "
-                    "%s; sending SIGKILL\n", L->grace_s, sig_name(L->stop_sig));
+            fprintf(stderr,
+                    "launch: processes left behind still running %g s after "
+                    "%s; sending SIGKILL\n",
+                    L->grace_s, sig_name(L->stop_sig));
         launch_stop(L, SIGKILL);
     }
 }
@@ -394,7 +399,7 @@ static int poll_timeout_ms(launch_t *L)
     else if (L->timeout_s > 0)
         until = L->start + L->timeout_s;
     if (until < 0)
-        return -1;   /* nothing to do until a child exits or a signal comes */
+        return -1; /* nothing to do until a child exits or a signal comes */
     double ms = ceil((until - launch_now()) * 1000);
     return ms < 0 ? 0 : ms > 3600e3 ? 3600000 : (int)ms;
 }
@@ -411,7 +416,7 @@ static void read_signals(launch_t *L)
 static void loop(launch_t *L)
 {
     struct pollfd pfd[1 + 2 * MAX_PROCS];
-    int who[1 + 2 * MAX_PROCS];   /* rank * 2 + stream for each pfd after the first */
+    int who[1 + 2 * MAX_PROCS]; /* rank * 2 + stream for each pfd after the first */
     for (;;) {
         bool children = reap(L);
         if (!children)
@@ -439,8 +444,7 @@ static void loop(launch_t *L)
             for (int k = 0; k < 2; k++)
                 if (L->procs[r].streams[k].fd >= 0) {
                     who[n] = r * 2 + k;
-                    pfd[n++] = (struct pollfd){.fd = L->procs[r].streams[k].fd,
-                                               .events = POLLIN};
+                    pfd[n++] = (struct pollfd){.fd = L->procs[r].streams[k].fd, .events = POLLIN};
                 }
         int rc = poll(pfd, n, poll_timeout_ms(L));
         if (rc < 0 && errno != EINTR) {

@@ -21,17 +21,18 @@
 
 typedef struct {
     char *file;
-    json_t *last;       /* the last line's object */
+    json_t *last; /* the last line's object */
     int rank;
 } row_t;
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: metrics_summary DIR\n"
-               "Prints one table of the counters in DIR/*.jsonl, written by the processes of\n"
-               "a world run with ZDIST_METRICS=DIR: one row per process (from the last line\n"
-               "of its file), then the total. Exit status 1 when a file is unreadable or a\n"
-               "line is not valid JSON.\n");
+    fprintf(f,
+            "usage: metrics_summary DIR\n"
+            "Prints one table of the counters in DIR/*.jsonl, written by the processes of\n"
+            "a world run with ZDIST_METRICS=DIR: one row per process (from the last line\n"
+            "of its file), then the total. Exit status 1 when a file is unreadable or a\n"
+            "line is not valid JSON.\n");
 }
 
 static long long int_of(json_t *o, const char *key)
@@ -92,8 +93,8 @@ static bool is_jsonl(const char *name)
 }
 
 #define HEADER "%-20s %5s %10s %10s %7s %13s %13s %10s %10s %10s %9s  %s\n"
-#define ROW "%-20s %5s %10lld %10lld %7lld %13lld %13lld %10.1f %10.1f %10.1f %9.1f  %s\n"
-#define TOTAL "%-20s %5s %10lld %10lld %7lld %13lld %13lld %10.1f %10s %10.1f %9.1f\n"
+#define ROW    "%-20s %5s %10lld %10lld %7lld %13lld %13lld %10.1f %10.1f %10.1f %9.1f  %s\n"
+#define TOTAL  "%-20s %5s %10lld %10lld %7lld %13lld %13lld %10.1f %10s %10.1f %9.1f\n"
 
 int main(int argc, char **argv)
 {
@@ -143,15 +144,14 @@ int main(int argc, char **argv)
     }
     closedir(d);
     if (n == 0) {
-        fprintf(stderr, "metrics_summary: no metrics in %s (no *.jsonl file with a line)\n",
-                dir);
+        fprintf(stderr, "metrics_summary: no metrics in %s (no *.jsonl file with a line)\n", dir);
         free(rows);
         return 1;
     }
     qsort(rows, n, sizeof *rows, by_rank);
 
-    printf(HEADER, "worker", "rank", "calls_sent", "served", "errors", "bytes_sent",
-           "bytes_recv", "mean_us", "p50_us", "p99_us", "uptime_s", "state");
+    printf(HEADER, "worker", "rank", "calls_sent", "served", "errors", "bytes_sent", "bytes_recv",
+           "mean_us", "p50_us", "p99_us", "uptime_s", "state");
     long long tot[5] = {0};
     double lat_weighted = 0, p99_max = 0, uptime_max = 0;
     long long world = 0;
@@ -160,9 +160,8 @@ int main(int argc, char **argv)
         const char *worker = json_string_value(json_object_get(o, "worker"));
         char rank[16];
         snprintf(rank, sizeof rank, "%d", rows[i].rank);
-        long long c[5] = {int_of(o, "calls_sent"), int_of(o, "calls_served"),
-                          int_of(o, "errors"), int_of(o, "bytes_sent"),
-                          int_of(o, "bytes_received")};
+        long long c[5] = {int_of(o, "calls_sent"), int_of(o, "calls_served"), int_of(o, "errors"),
+                          int_of(o, "bytes_sent"), int_of(o, "bytes_received")};
         double mean = num_of(o, "latency_mean_us"), p99 = num_of(o, "latency_p99_us");
         double up = num_of(o, "uptime_s");
         printf(ROW, worker ? worker : "?", rank, c[0], c[1], c[2], c[3], c[4], mean,

@@ -47,7 +47,7 @@ ZD_API bool zd_autograd_seq_plausible(uint64_t remote_seq);
 /*  ---- the engine ---- */
 
 /*  Receives a leaf's gradient. Return 0, or -1 with zd_error_set(). */
-typedef int (zd_autograd_accumulate_fn)(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad);
+typedef int(zd_autograd_accumulate_fn)(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad);
 
 /*  A starting point of a backward pass: either a tensor with the gradient of
     the objective with respect to it (NULL grad = ones, for a scalar), or a
@@ -62,9 +62,9 @@ typedef struct {
 
 /*  How a pass runs. Start from zd_autograd_options_default(). */
 typedef struct {
-    size_t size;                             /* set by zd_autograd_options_default() */
+    size_t size; /* set by zd_autograd_options_default() */
     bool retain_graph;
-    zd_autograd_accumulate_fn *accumulate;   /* NULL: into .grad */
+    zd_autograd_accumulate_fn *accumulate; /* NULL: into .grad */
     void *accumulate_arg;
 } zd_autograd_options_t;
 
@@ -82,7 +82,8 @@ static inline zd_autograd_options_t zd_autograd_options_default(void)
     borrowed; NULL: the defaults). Returns 0, or -1 with zd_error_last()
     naming the failing node (ZD_ERR_ARGUMENT: opts' size not set by
     zd_autograd_options_default()). */
-ZD_API int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autograd_options_t *opts);
+ZD_API int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots,
+                           const zd_autograd_options_t *opts);
 
 /*  ---- tasks: a backward pass fed from outside ----
 
@@ -98,12 +99,13 @@ typedef struct zd_autograd_task zd_autograd_task_t;
     A new object (zd_autograd_task_free), or NULL (out of memory; opts'
     size not set by zd_autograd_options_default()). */
 ZD_API zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
-                                   const zd_autograd_options_t *opts);
+                                                const zd_autograd_options_t *opts);
 
 /*  Gives start node `node` the gradients of its outputs (grads[k] may be
     NULL: zeros) and runs every node that became ready. Returns 0, or -1 when
     a node failed (the task is then poisoned) or node is not a start. */
-ZD_API int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tensor_t *const *grads);
+ZD_API int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node,
+                                 zd_tensor_t *const *grads);
 
 /*  Nodes that hold some gradients but still wait for producers that have
     not run: returns how many, and the highest sequence number among them
@@ -136,7 +138,7 @@ ZD_API int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retai
 ZD_API int zd_tensor_add(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);
 ZD_API int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);
 ZD_API int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);
-ZD_API int zd_tensor_div(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out);   /* a / b */
+ZD_API int zd_tensor_div(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out); /* a / b */
 ZD_API int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out);      /* a * s */
 ZD_API int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out);                 /* scalar, shape () */
 ZD_API int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out);                /* scalar, shape () */
@@ -157,7 +159,8 @@ ZD_API int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **o
     is a view sharing t's memory, as PyTorch's is: changing t in place
     changes it. Otherwise it is a copy. Fails on a scalar, a dim out of
     range, or a range that does not fit. */
-ZD_API int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out);
+ZD_API int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length,
+                            zd_tensor_t **out);
 
 /*  Element-wise, any shape, as torch.tanh, sigmoid, exp and log (log: NaN below 0, -inf at 0);
     *out is a new reference. */

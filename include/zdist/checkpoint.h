@@ -35,9 +35,9 @@
 
 ZD_BEGIN_DECLS
 
-#define ZD_CHECKPOINT_MAGIC "ZDCKPT\r\n"
-#define ZD_CHECKPOINT_VERSION 1
-#define ZD_CHECKPOINT_MAX_NAME 4096
+#define ZD_CHECKPOINT_MAGIC     "ZDCKPT\r\n"
+#define ZD_CHECKPOINT_VERSION   1
+#define ZD_CHECKPOINT_MAX_NAME  4096
 #define ZD_CHECKPOINT_MAX_COUNT 1000000
 
 /*  Writes the tensors of the list (any dtype) under their names (1 to

@@ -37,8 +37,8 @@
 
 ZD_BEGIN_DECLS
 
-#define ZD_DATASET_MEAN 0.1307f
-#define ZD_DATASET_STD  0.3081f
+#define ZD_DATASET_MEAN    0.1307f
+#define ZD_DATASET_STD     0.3081f
 #define ZD_DATASET_CLASSES 10
 
 /*  Where zd_dataset_find_dir() looks, in order (after $ZDIST_DATA_DIR). */
@@ -46,8 +46,8 @@ ZD_BEGIN_DECLS
 #define ZD_DATASET_SYSTEM_DIR "/usr/share/datasets/fashion-mnist"
 
 typedef enum {
-    ZD_DATASET_TRAIN = 0,   /* train-* files */
-    ZD_DATASET_TEST  = 1,   /* t10k-* files */
+    ZD_DATASET_TRAIN = 0, /* train-* files */
+    ZD_DATASET_TEST = 1,  /* t10k-* files */
 } zd_dataset_split_t;
 
 typedef struct zd_dataset zd_dataset_t;
@@ -62,8 +62,8 @@ ZD_API int zd_dataset_find_dir(char *buf, size_t size);
 /*  Finds the images (kind "images") or labels (kind "labels") file of a
     split in dir, under any of the names above; copies its path into buf.
     Returns 0, or -1 with an error naming dir and the names tried. */
-ZD_API int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind, char *buf,
-                      size_t size);
+ZD_API int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind,
+                                char *buf, size_t size);
 
 /*  Loads a split from dir (NULL: zd_dataset_find_dir()). Checks that both
     files are uint8 IDX files of N x H x W images and N labels, that the
@@ -123,7 +123,7 @@ ZD_API int64_t zd_dataset_num_batches(const zd_dataset_t *ds, int64_t batch_size
     references both). Returns 0, or -1 (start outside [0, N), batch_size < 1, an
     index outside [0, N) in order, out of memory) with *x and *y NULL. */
 ZD_API int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
-                  int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y);
+                            int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y);
 
 ZD_END_DECLS
 

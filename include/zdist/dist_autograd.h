@@ -114,10 +114,10 @@ ZD_API int64_t zd_dist_autograd_num_contexts(void);
     process posing as one) could otherwise fill memory with them. Start
     from zd_dist_autograd_limits_default(). */
 typedef struct {
-    size_t size;                    /* set by zd_dist_autograd_limits_default() */
-    int64_t max_contexts;           /* all contexts made by peers (0: 4096) */
-    int64_t max_contexts_per_peer;  /* made by one peer (0: 256) */
-    int64_t idle_timeout_ms;        /* a peer's context unused this long is released,
+    size_t size;                   /* set by zd_dist_autograd_limits_default() */
+    int64_t max_contexts;          /* all contexts made by peers (0: 4096) */
+    int64_t max_contexts_per_peer; /* made by one peer (0: 256) */
+    int64_t idle_timeout_ms;       /* a peer's context unused this long is released,
                                        with a log line; ZD_TIMEOUT_DEFAULT: 10x the RPC
                                        timeout, 10 min when that is none;
                                        ZD_TIMEOUT_NONE: never */
@@ -169,13 +169,13 @@ ZD_API int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
             fprintf(stderr, "%s\n", zd_error_last());
 */
 #if defined(__GNUC__) || defined(__clang__)
-#define ZD_DIST_AUTOGRAD_CONTEXT(cid)                                             \
-    for (int64_t cid __attribute__((cleanup(zd__dist_autograd_scope_end))) =     \
-             zd__dist_autograd_scope_begin(),                                     \
-             ZD__DIST_SCOPE_ONCE = cid != -1;                                     \
+#define ZD_DIST_AUTOGRAD_CONTEXT(cid)                                                              \
+    for (int64_t cid                                                                               \
+         __attribute__((cleanup(zd__dist_autograd_scope_end))) = zd__dist_autograd_scope_begin(),  \
+         ZD__DIST_SCOPE_ONCE = cid != -1;                                                          \
          ZD__DIST_SCOPE_ONCE; ZD__DIST_SCOPE_ONCE = 0)
-#define ZD__DIST_SCOPE_ONCE ZD__DIST_SCOPE_CAT(zd__dist_scope_once_, __LINE__)
-#define ZD__DIST_SCOPE_CAT(a, b) ZD__DIST_SCOPE_CAT_(a, b)
+#define ZD__DIST_SCOPE_ONCE       ZD__DIST_SCOPE_CAT(zd__dist_scope_once_, __LINE__)
+#define ZD__DIST_SCOPE_CAT(a, b)  ZD__DIST_SCOPE_CAT_(a, b)
 #define ZD__DIST_SCOPE_CAT_(a, b) a##b
 
 static inline int64_t zd__dist_autograd_scope_begin(void)
@@ -208,7 +208,7 @@ static inline void zd__dist_autograd_scope_end(int64_t *cid)
     backward in the same context. Returns 0, or -1 with the error of the
     failing process ("backward on worker \"ps\" (rank 0): ..."). */
 ZD_API int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
-                           bool retain_graph);
+                                     bool retain_graph);
 
 /*  PyTorch's RRef.backward(context_id, retain_graph): runs backward from
     the loss held by r (a one-element tensor, gradient 1) on r's owner: here
@@ -237,11 +237,11 @@ ZD_API zd_named_tensors_t *zd_dist_autograd_get_gradients(int64_t context_id);
 /*  ---- counters ---- */
 
 typedef struct {
-    int64_t contexts;             /* live contexts */
-    int64_t backward_passes;      /* gradient messages being processed */
-    int64_t send_functions;       /* recorded, over all live contexts */
+    int64_t contexts;        /* live contexts */
+    int64_t backward_passes; /* gradient messages being processed */
+    int64_t send_functions;  /* recorded, over all live contexts */
     int64_t recv_functions;
-    int64_t flushed_nodes;        /* nodes run with missing gradients as zeros */
+    int64_t flushed_nodes; /* nodes run with missing gradients as zeros */
     /* running totals since the process started */
     int64_t total_contexts;       /* contexts created here or for calls from peers */
     int64_t total_backward;       /* zd_dist_autograd_backward calls */

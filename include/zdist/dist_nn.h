@@ -84,8 +84,7 @@ typedef struct zd_remote_module zd_remote_module_t;
     handle, a new object (zd_remote_module_free), or NULL with an error naming
     the worker: unknown type, the constructor's own error, unreachable
     worker, zd_dist_nn_init() missing there (ZD_ERR_NOT_INITIALIZED). */
-ZD_API zd_remote_module_t *zd_remote_module_new(int to, const char *type_name,
-                                                zd_value_t *args);
+ZD_API zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value_t *args);
 
 /*  Runs the module's forward on its owner with the n_in tensors (borrowed)
     and waits: 0 and *out (a new reference), or -1 with the owner's error. */

@@ -64,10 +64,10 @@ ZD_API int zd_dist_optim_init(void);
     optimizers over its parameters (zd_dist_optim_set_owner_limits). Start
     from zd_dist_optim_owner_limits_default(). */
 typedef struct {
-    size_t size;                        /* set by zd_dist_optim_owner_limits_default() */
-    const zd_optim_config_t *config;   /* callers must use exactly this config
+    size_t size;                     /* set by zd_dist_optim_owner_limits_default() */
+    const zd_optim_config_t *config; /* callers must use exactly this config
                                           (NULL: any valid one) */
-    double max_change;                  /* a step may move a parameter by at most this
+    double max_change;               /* a step may move a parameter by at most this
                                           times max(its RMS, 1), in RMS (0: no bound) */
 } zd_dist_optim_owner_limits_t;
 

@@ -21,20 +21,20 @@ ZD_BEGIN_DECLS
     default, ZD_TIMEOUT_NONE (0) is no limit (as in PyTorch), and a positive
     value is that many milliseconds. */
 #define ZD_TIMEOUT_DEFAULT (-1)
-#define ZD_TIMEOUT_NONE 0
+#define ZD_TIMEOUT_NONE    0
 
 /*  What kind of failure the thread's last error is. */
 typedef enum {
     ZD_OK = 0,
-    ZD_ERR_OTHER,             /* anything not listed below */
-    ZD_ERR_TIMEOUT,           /* a timeout passed */
-    ZD_ERR_PEER,              /* the peer is unreachable, or was lost */
-    ZD_ERR_REMOTE,            /* the remote handler failed (its text follows) */
-    ZD_ERR_NO_FUNCTION,       /* the peer has no function of that name */
-    ZD_ERR_ARGUMENT,          /* a bad argument: NULL, bad rank, unknown worker name... */
-    ZD_ERR_NOT_INITIALIZED,   /* RPC is not running, or a module's init call is missing */
-    ZD_ERR_NO_MEMORY,         /* out of memory */
-    ZD_ERR_SHUTDOWN,          /* RPC shut down (or is shutting down) under the call */
+    ZD_ERR_OTHER,           /* anything not listed below */
+    ZD_ERR_TIMEOUT,         /* a timeout passed */
+    ZD_ERR_PEER,            /* the peer is unreachable, or was lost */
+    ZD_ERR_REMOTE,          /* the remote handler failed (its text follows) */
+    ZD_ERR_NO_FUNCTION,     /* the peer has no function of that name */
+    ZD_ERR_ARGUMENT,        /* a bad argument: NULL, bad rank, unknown worker name... */
+    ZD_ERR_NOT_INITIALIZED, /* RPC is not running, or a module's init call is missing */
+    ZD_ERR_NO_MEMORY,       /* out of memory */
+    ZD_ERR_SHUTDOWN,        /* RPC shut down (or is shutting down) under the call */
 } zd_error_code_t;
 
 /*  Sets the calling thread's last error (printf-style). Always returns -1, so

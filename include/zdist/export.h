@@ -14,7 +14,7 @@
 
 #ifdef __cplusplus
 #define ZD_BEGIN_DECLS extern "C" {
-#define ZD_END_DECLS }
+#define ZD_END_DECLS   }
 #else
 #define ZD_BEGIN_DECLS
 #define ZD_END_DECLS

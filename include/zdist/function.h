@@ -45,15 +45,15 @@ ZD_BEGIN_DECLS
     fills gin[j] with a new reference for every input j that needs a gradient
     (zd_autograd_node_needs_grad) and may leave the others NULL. Returns 0, or
     -1 with zd_error_set(). */
-typedef int (zd_autograd_backward_fn)(zd_autograd_node_t *node, zd_tensor_t *const *gout,
-                                   zd_tensor_t **gin);
+typedef int(zd_autograd_backward_fn)(zd_autograd_node_t *node, zd_tensor_t *const *gout,
+                                     zd_tensor_t **gin);
 
 /*  Frees the node's private state (`ctx`, see zd_autograd_node_ctx); NULL when
     it has none. Called once, when the graph is released. */
-typedef void (zd_autograd_release_fn)(zd_autograd_node_t *node);
+typedef void(zd_autograd_release_fn)(zd_autograd_node_t *node);
 
 typedef struct {
-    const char *name;                  /* "ConvolutionBackward", for errors */
+    const char *name; /* "ConvolutionBackward", for errors */
     zd_autograd_backward_fn *backward;
     zd_autograd_release_fn *release;
 } zd_autograd_node_ops_t;
@@ -73,15 +73,15 @@ typedef struct {
     bias). Returns 0 (*out a new reference, or NULL), or -1 when out of
     memory. */
 ZD_API int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *inputs,
-                      int n_inputs, int n_outputs, zd_autograd_node_t **out);
+                                int n_inputs, int n_outputs, zd_autograd_node_t **out);
 
 /*  The common case in one call: a node of ops over the n_in inputs with
     one output y, keeping the non-NULL saved[0..n_saved) in slots 0.. and
     taking ownership of ctx (malloc'ed; freed by ops->release later, or
     here at once when nothing is recorded). Returns 0 (recorded or not
     needed), or -1 out of memory, after freeing ctx and dropping y. */
-ZD_API int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in, zd_tensor_t *y,
-                    zd_tensor_t *const *saved, int n_saved, void *ctx);
+ZD_API int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in, int n_in,
+                              zd_tensor_t *y, zd_tensor_t *const *saved, int n_saved, void *ctx);
 
 /*  zd_autograd_node_ref takes one more reference and returns n (the new
     reference); zd_autograd_node_unref drops one. Both NULL-safe. */

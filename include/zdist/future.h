@@ -26,7 +26,7 @@ ZD_BEGIN_DECLS
 typedef struct zd_future zd_future_t;
 
 /*  Called when the future completes; `arg` is the pointer given to _then. */
-typedef void (zd_future_fn)(zd_future_t *f, void *arg);
+typedef void(zd_future_fn)(zd_future_t *f, void *arg);
 
 /*  A new incomplete future (a new reference), or NULL when out of memory. */
 ZD_API zd_future_t *zd_future_new(void);

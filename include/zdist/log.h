@@ -24,10 +24,10 @@ ZD_BEGIN_DECLS
 
 /*  How important a line is; a level lets through itself and those above. */
 typedef enum {
-    ZD_LOG_ERROR,   /* something failed and nobody else will report it */
-    ZD_LOG_WARN,    /* something went wrong and was dealt with (the default level) */
-    ZD_LOG_INFO,    /* lifecycle: RPC joined a world, shut down */
-    ZD_LOG_DEBUG,   /* details for whoever is chasing a problem */
+    ZD_LOG_ERROR, /* something failed and nobody else will report it */
+    ZD_LOG_WARN,  /* something went wrong and was dealt with (the default level) */
+    ZD_LOG_INFO,  /* lifecycle: RPC joined a world, shut down */
+    ZD_LOG_DEBUG, /* details for whoever is chasing a problem */
 } zd_log_level_t;
 
 /*  At most this many lines below ZD_LOG_ERROR are written (or given to the

@@ -51,11 +51,11 @@ typedef struct zd_nn_module zd_nn_module_t;
     outputs in out[0..n_out-1] (new references; the LSTM gives output, h_n,
     c_n); asked for more outputs than it has, it fails. Returns 0, or -1
     with zd_error_set(). */
-typedef int (zd_nn_module_forward_fn)(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
-                                      zd_tensor_t **out, int n_out);
+typedef int(zd_nn_module_forward_fn)(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in,
+                                     zd_tensor_t **out, int n_out);
 
 /*  Frees the user state of a module. */
-typedef void (zd_nn_module_free_fn)(void *state);
+typedef void(zd_nn_module_free_fn)(void *state);
 
 /*  A new, empty module in training mode: a new object (zd_nn_module_free).
     type_name ("Linear", copied) names it in errors; forward may be NULL (a
@@ -93,8 +93,7 @@ ZD_API zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *na
     "name.<its names>". Takes ownership of child (freed with m), also on
     failure. A module can be the child of one parent only. Returns 0, or
     -1. */
-ZD_API int zd_nn_module_register_module(zd_nn_module_t *m, const char *name,
-                                        zd_nn_module_t *child);
+ZD_API int zd_nn_module_register_module(zd_nn_module_t *m, const char *name, zd_nn_module_t *child);
 
 /*  The submodule called name (a direct child; borrowed), or NULL with
     zd_error_last(). */
@@ -177,8 +176,8 @@ ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
     "weight" (out, in) and "bias" (out) when bias is true, initialised as
     PyTorch does from rng; forward takes one input (..., in). A new object
     (zd_nn_module_free), or NULL on bad sizes or out of memory. */
-ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features,
-                                               bool bias, zd_nn_rng_t *rng);
+ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features, bool bias,
+                                               zd_nn_rng_t *rng);
 
 /*  PyTorch's nn.Embedding(num_embeddings, embedding_dim, padding_idx):
     type "Embedding", parameter "weight" (num_embeddings, embedding_dim)

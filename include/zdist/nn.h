@@ -29,17 +29,18 @@ ZD_BEGIN_DECLS
     groups 1): x (N,C,H,W), weight (O,C,kH,kW), bias (O) or NULL, gives
     (N,O,Ho,Wo) with Ho = (H + 2*padding - kH) / stride + 1 (same for W).
     stride >= 1, padding >= 0. *out: a new reference. */
-ZD_API int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
-              zd_tensor_t **out);
+ZD_API int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
+                        int padding, zd_tensor_t **out);
 
 /*  Fused forms, for less memory traffic: the same numbers as
     zd_nn_relu(zd_nn_conv2d(...)) and zd_nn_max_pool2d(zd_nn_conv2d(...), pool_kernel,
     pool_stride), without storing the convolution's own output for the
     batch. pool_stride 0 means pool_kernel. *out: a new reference. */
-ZD_API int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
-                   zd_tensor_t **out);
-ZD_API int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
-                         int padding, int pool_kernel, int pool_stride, zd_tensor_t **out);
+ZD_API int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
+                             int padding, zd_tensor_t **out);
+ZD_API int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias,
+                                   int stride, int padding, int pool_kernel, int pool_stride,
+                                   zd_tensor_t **out);
 
 /*  y = x weight^T + bias: x (..., in), weight (out, in), bias (out) or NULL,
     gives (..., out). *out: a new reference. */
@@ -59,11 +60,13 @@ ZD_API int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t 
     probability p and the others are scaled by 1/(1-p); the mask is drawn
     from rng (which must be non-NULL when training and 0 < p). When not
     training, returns a new reference to x itself. 0 <= p <= 1. */
-ZD_API int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out);
+ZD_API int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng,
+                         zd_tensor_t **out);
 
 /*  Like zd_nn_dropout but zeroes whole channels: x (N,C,...) draws one mask
     value per (n, c). *out: a new reference. */
-ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out);
+ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng,
+                           zd_tensor_t **out);
 
 /*  (N, ...) viewed as (N, rest): shares x's storage. *out: a new reference. */
 ZD_API int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out);
@@ -155,7 +158,7 @@ ZD_API int zd_nn_get_num_threads(void);
     recognise the CPU and fell back to its generic "Prescott" ones, four
     times slower (skipped when OPENBLAS_CORETYPE is set: choose yourself). */
 #define ZD_NN_SETUP_BLAS 2u
-#define ZD_NN_SETUP_ALL (ZD_NN_SETUP_ALLOCATOR | ZD_NN_SETUP_BLAS)
+#define ZD_NN_SETUP_ALL  (ZD_NN_SETUP_ALLOCATOR | ZD_NN_SETUP_BLAS)
 
 /*  Sets up this process for training with the layers (flags: ZD_NN_SETUP_*);
     call it first thing in main(), before other threads start and before any

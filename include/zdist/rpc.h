@@ -77,8 +77,8 @@
 
 ZD_BEGIN_DECLS
 
-#define ZD_RPC_MAX_NAME 127          /* worker names: 1..127 bytes, printable, no spaces */
-#define ZD_RPC_MAX_FUNCTION 255      /* function names: 1..255 bytes, printable, no spaces */
+#define ZD_RPC_MAX_NAME     127 /* worker names: 1..127 bytes, printable, no spaces */
+#define ZD_RPC_MAX_FUNCTION 255 /* function names: 1..255 bytes, printable, no spaces */
 #define ZD_RPC_MAX_ENDPOINT 127
 
 /*  ---- init and shutdown ---- */
@@ -89,38 +89,38 @@ ZD_BEGIN_DECLS
     never poll). Start from zd_rpc_options_default(), then set fields: it
     sets size, and the library reads only the fields within size. */
 typedef struct {
-    size_t size;                /* sizeof(zd_rpc_options_t), set by
+    size_t size;             /* sizeof(zd_rpc_options_t), set by
                                    zd_rpc_options_default() */
-    int64_t rpc_timeout_ms;     /* default call timeout (60000); change it
+    int64_t rpc_timeout_ms;  /* default call timeout (60000); change it
                                    later with zd_rpc_set_timeout */
-    int num_worker_threads;     /* pool threads running handlers (16) */
-    int64_t init_timeout_ms;    /* rendezvous limit (300000) */
-    const char *master_addr;    /* rendezvous host; NULL: the environment's
+    int num_worker_threads;  /* pool threads running handlers (16) */
+    int64_t init_timeout_ms; /* rendezvous limit (300000) */
+    const char *master_addr; /* rendezvous host; NULL: the environment's
                                    (zd_rpc_env_resolve); rank 0 with none at
                                    all listens on every interface */
-    int master_port;            /* rendezvous port; 0: the environment's */
-    const char *listen_addr;    /* IP (v4 or v6) this process binds and advertises;
+    int master_port;         /* rendezvous port; 0: the environment's */
+    const char *listen_addr; /* IP (v4 or v6) this process binds and advertises;
                                    NULL: $ZDIST_LISTEN_ADDR, else the address that
                                    routes to master_addr (127.0.0.1 when the master
                                    is on this machine; rank 0: those that route to
                                    the workers that registered) */
-    int64_t busy_poll_us;       /* a thread waiting for a message polls this long
+    int64_t busy_poll_us;    /* a thread waiting for a message polls this long
                                    before it sleeps, in us; 0: never
                                    ($ZDIST_BUSY_POLL_US, else 100, or 0 when
                                    the host has fewer cores than processes
                                    of the world) */
-    const char *key_file;       /* the world key (zdist-keygen): every connection is
+    const char *key_file;    /* the world key (zdist-keygen): every connection is
                                    then authenticated and encrypted (CURVE); NULL:
                                    $ZDIST_KEY_FILE, else ~/.config/zdist/world.key
                                    if it exists, else none (loopback worlds only) */
-    bool insecure;              /* run without a key even off loopback (also
+    bool insecure;           /* run without a key even off loopback (also
                                    ZDIST_INSECURE=1): no authentication, no
                                    encryption (false) */
-    int64_t heartbeat_ms;       /* a peer whose connection carries nothing (not even
+    int64_t heartbeat_ms;    /* a peer whose connection carries nothing (not even
                                    heartbeats) this long is lost, like a dead one;
                                    ZD_TIMEOUT_NONE: never for silence alone
                                    ($ZDIST_HEARTBEAT_S seconds, else 30000) */
-    int64_t master_wait_ms;     /* when rank 0 is lost, keep registering with
+    int64_t master_wait_ms;  /* when rank 0 is lost, keep registering with
                                    master_addr:master_port this long, so that a
                                    restarted rank 0 gets the running world back;
                                    ZD_TIMEOUT_NONE: as long as it takes
@@ -159,16 +159,16 @@ static inline zd_rpc_options_t zd_rpc_options_default(void)
     "NAME/NAME" when two made it), "the arguments", or NULL when nothing
     gave it; all are static strings. */
 typedef struct {
-    int rank;                   /* -1: nothing gave it */
-    int world_size;             /* 0: nothing gave it */
-    int local_rank;             /* rank among this host's processes; -1: unknown */
-    int local_world_size;       /* processes on this host; 0: unknown */
-    char master_addr[256];      /* rank 0's host; "": nothing gave it */
-    int master_port;            /* the rendezvous port; 0: nothing gave it */
-    const char *launcher;       /* "torchrun", "openmpi", "pmix", "slurm", "env" or NULL */
+    int rank;              /* -1: nothing gave it */
+    int world_size;        /* 0: nothing gave it */
+    int local_rank;        /* rank among this host's processes; -1: unknown */
+    int local_world_size;  /* processes on this host; 0: unknown */
+    char master_addr[256]; /* rank 0's host; "": nothing gave it */
+    int master_port;       /* the rendezvous port; 0: nothing gave it */
+    const char *launcher;  /* "torchrun", "openmpi", "pmix", "slurm", "env" or NULL */
     const char *rank_from, *world_size_from, *local_rank_from, *local_world_size_from,
         *master_addr_from, *master_port_from;
-    char summary[512];          /* one line: "rank 2 of 4 from SLURM_PROCID, ..." */
+    char summary[512]; /* one line: "rank 2 of 4 from SLURM_PROCID, ..." */
 } zd_rpc_env_t;
 
 /*  Fills env from the arguments (rank < 0, world_size <= 0, master_addr
@@ -229,7 +229,7 @@ ZD_API int zd_rpc_set_timeout(int64_t timeout_ms);
 typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank;
-    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];   /* "tcp://127.0.0.1:41873" */
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1]; /* "tcp://127.0.0.1:41873" */
 } zd_rpc_worker_info_t;
 
 /*  Info of the worker called name (NULL: this process). 0, or -1. */
@@ -282,11 +282,11 @@ typedef zd_future_t *(zd_rpc_async_handler_fn)(zd_rpc_call_t *call, zd_value_t *
 #define ZD_RPC_FN_INLINE 0x1u
 
 typedef struct {
-    size_t size;                         /* set by zd_rpc_function_default() */
-    zd_rpc_handler_fn *fn;               /* exactly one of fn and async_fn */
+    size_t size;           /* set by zd_rpc_function_default() */
+    zd_rpc_handler_fn *fn; /* exactly one of fn and async_fn */
     zd_rpc_async_handler_fn *async_fn;
-    void *arg;                           /* passed to the handler */
-    unsigned flags;                      /* ZD_RPC_FN_* */
+    void *arg;      /* passed to the handler */
+    unsigned flags; /* ZD_RPC_FN_* */
 } zd_rpc_function_t;
 
 /*  An empty zd_rpc_function_t with size set (inline: this program's
@@ -324,7 +324,7 @@ ZD_API int zd_rpc_unregister(const char *name);
     unreachable peer. Not allowed on the I/O thread (in a future callback
     or an inline handler): use zd_rpc_async there. */
 ZD_API int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
-             zd_value_t **result);
+                       zd_value_t **result);
 
 /*  Like zd_rpc_sync without waiting: returns a future (a new reference) that
     completes with the result or the error; NULL only when the call could
@@ -344,11 +344,9 @@ ZD_API zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64
 ZD_API int zd_rpc_sync_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
                             zd_value_t **result);
 /*  zd_rpc_async, taking over args (released in every case): a new reference. */
-ZD_API zd_future_t *zd_rpc_async_take(int to, const char *fn, zd_value_t *args,
-                                      int64_t timeout_ms);
+ZD_API zd_future_t *zd_rpc_async_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
 /*  zd_rpc_remote, taking over args (released in every case): a new reference. */
-ZD_API zd_rref_t *zd_rpc_remote_take(int to, const char *fn, zd_value_t *args,
-                                     int64_t timeout_ms);
+ZD_API zd_rref_t *zd_rpc_remote_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
 /*  zd_rref_rpc_sync, taking over args (released in every case); *result: a new reference. */
 ZD_API int zd_rref_rpc_sync_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                  int64_t timeout_ms, zd_value_t **result);
@@ -402,12 +400,12 @@ ZD_API bool zd_rref_confirmed_by_owner(const zd_rref_t *r);
     rref.rpc_sync().method(*args)): synchronously, asynchronously, or
     keeping the result at the owner. Same results as zd_rpc_sync / zd_rpc_async /
     zd_rpc_remote: new references. */
-ZD_API int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
-                      int64_t timeout_ms, zd_value_t **result);
+ZD_API int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args, int64_t timeout_ms,
+                            zd_value_t **result);
 ZD_API zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *args,
-                                 int64_t timeout_ms);
+                                      int64_t timeout_ms);
 ZD_API zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *args,
-                            int64_t timeout_ms);
+                                 int64_t timeout_ms);
 
 /*  Reference counting of RRef handles. The last zd_rref_unref of a user's
     handle tells the owner (after the owner has confirmed it); the owner
@@ -499,20 +497,20 @@ ZD_API int64_t zd_rpc_debug_owner_rrefs_leaked(void);
     than ignore them. */
 
 typedef enum {
-    ZD_RPC_KIND_CALL = 0,      /* zd_rpc_sync / zd_rpc_async */
-    ZD_RPC_KIND_REMOTE = 1,    /* zd_rpc_remote: the reply carries none */
-    ZD_RPC_KIND_FETCH = 2,     /* to_here: the request carries none */
+    ZD_RPC_KIND_CALL = 0,   /* zd_rpc_sync / zd_rpc_async */
+    ZD_RPC_KIND_REMOTE = 1, /* zd_rpc_remote: the reply carries none */
+    ZD_RPC_KIND_FETCH = 2,  /* to_here: the request carries none */
 } zd_rpc_call_kind_t;
 
 typedef struct {
-    int peer;               /* the other side's rank */
-    const char *function;   /* "__to_here" for fetches */
+    int peer;             /* the other side's rank */
+    const char *function; /* "__to_here" for fetches */
     zd_rpc_call_kind_t kind;
     uint64_t request_id;
 } zd_rpc_hook_msg_t;
 
 typedef struct {
-    void *data;             /* malloc'ed; the agent frees it */
+    void *data; /* malloc'ed; the agent frees it */
     size_t len;
 } zd_rpc_bytes_t;
 
@@ -523,7 +521,7 @@ typedef struct {
 } zd_rpc_debug_item_t;
 
 typedef struct {
-    size_t size;            /* set by zd_rpc_hooks_default() */
+    size_t size; /* set by zd_rpc_hooks_default() */
     /* May replace *args (unref the old value, store a new reference), set
        *extra and a per-call *state handed back to on_recv_reply. */
     int (*on_send_request)(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
@@ -581,7 +579,7 @@ ZD_API zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call);
 /*  Called once for each peer declared lost (its process gone: about 1 s after
     its connection dropped; frozen: after heartbeat_ms without a sign of life),
     on an RPC pool thread, before the owner releases what the peer held. */
-typedef void (zd_rpc_peer_lost_fn)(void *arg, int peer, const char *name);
+typedef void(zd_rpc_peer_lost_fn)(void *arg, int peer, const char *name);
 
 /*  Adds fn(arg) to the callbacks run when a peer is lost (at most 8, kept for
     the life of the process; the same pair twice is one). 0, or -1. */
@@ -602,7 +600,7 @@ ZD_API bool zd_rpc_peer_is_lost(int rank);
 
 /*  Called once each time a lost peer has rejoined, on an RPC pool thread,
     after calls to it work again. */
-typedef void (zd_rpc_peer_joined_fn)(void *arg, int peer, const char *name);
+typedef void(zd_rpc_peer_joined_fn)(void *arg, int peer, const char *name);
 
 /*  Adds fn(arg) to the callbacks run when a lost peer rejoins (at most 8, kept
     for the life of the process; the same pair twice is one). 0, or -1. */
@@ -619,15 +617,15 @@ ZD_API bool zd_rpc_rejoined(void);
 /*  ---- metrics ---- */
 
 typedef struct {
-    int64_t calls_sent;         /* CALL, REMOTE and FETCH requests to the peer */
-    int64_t calls_served;       /* requests from the peer answered */
-    int64_t errors;             /* calls to the peer that failed */
-    int64_t bytes_sent;         /* all frames, both directions of traffic */
+    int64_t calls_sent;   /* CALL, REMOTE and FETCH requests to the peer */
+    int64_t calls_served; /* requests from the peer answered */
+    int64_t errors;       /* calls to the peer that failed */
+    int64_t bytes_sent;   /* all frames, both directions of traffic */
     int64_t bytes_received;
-    int64_t in_flight;          /* calls to the peer awaiting their reply */
-    int64_t serving;            /* calls from the peer being run here */
-    double latency_mean_us;     /* round trip of calls to the peer */
-    double latency_p50_us;      /* percentiles: within ~2% (log histogram) */
+    int64_t in_flight;      /* calls to the peer awaiting their reply */
+    int64_t serving;        /* calls from the peer being run here */
+    double latency_mean_us; /* round trip of calls to the peer */
+    double latency_p50_us;  /* percentiles: within ~2% (log histogram) */
     double latency_p99_us;
 } zd_rpc_metrics_t;
 

@@ -53,10 +53,10 @@
 
 ZD_BEGIN_DECLS
 
-#define ZD_SAFETENSORS_MAX_HEADER 100000000   /* bytes of JSON: the format's own limit */
-#define ZD_SAFETENSORS_MAX_TENSORS 20000      /* tensors in one file */
-#define ZD_SAFETENSORS_MAX_NAME 1024          /* bytes of a tensor's name */
-#define ZD_SAFETENSORS_MAX_META 4096          /* entries of "__metadata__" */
+#define ZD_SAFETENSORS_MAX_HEADER  100000000 /* bytes of JSON: the format's own limit */
+#define ZD_SAFETENSORS_MAX_TENSORS 20000     /* tensors in one file */
+#define ZD_SAFETENSORS_MAX_NAME    1024      /* bytes of a tensor's name */
+#define ZD_SAFETENSORS_MAX_META    4096      /* entries of "__metadata__" */
 
 /*  Reads every tensor of the file, in the order of their data in it: a
     new object (zd_named_tensors_free), or NULL with zd_error_last() naming

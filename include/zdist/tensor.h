@@ -29,16 +29,16 @@ ZD_BEGIN_DECLS
 #define ZD_TENSOR_MAX_DIMS 8
 
 typedef enum {
-    ZD_FLOAT32 = 1,   /* IEEE binary32: every differentiable op works on this */
+    ZD_FLOAT32 = 1, /* IEEE binary32: every differentiable op works on this */
     ZD_INT64 = 2,   /* class indices (nll_loss targets), counters */
-    ZD_UINT8  = 3,   /* raw image bytes */
+    ZD_UINT8 = 3,   /* raw image bytes */
 } zd_tensor_dtype_t;
 
 typedef struct zd_tensor zd_tensor_t;
 typedef struct zd_autograd_node zd_autograd_node_t;
 
 /*  Called when the last reference to a wrapped storage goes away. */
-typedef void (zd_tensor_release_fn)(void *data, void *arg);
+typedef void(zd_tensor_release_fn)(void *data, void *arg);
 
 /*  Size in bytes of one element of dtype; 0 for an unknown dtype. */
 ZD_API size_t zd_tensor_dtype_size(zd_tensor_dtype_t dtype);
@@ -63,7 +63,7 @@ ZD_API zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t
 /*  New tensor (a new reference) holding a copy of `data` (numel elements
     of dtype). */
 ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
-                           const void *data);
+                                        const void *data);
 
 /*  New tensor (a new reference) over memory it does not own, without
     copying: `release(data,
@@ -72,7 +72,8 @@ ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *
     On failure returns NULL and calls release itself, so the caller never
     has to clean up twice. */
 ZD_API zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
-                      void *data, size_t bytes, zd_tensor_release_fn *release, void *arg);
+                                   void *data, size_t bytes, zd_tensor_release_fn *release,
+                                   void *arg);
 
 /*  Takes one more reference and returns t: the new reference (NULL-safe). */
 ZD_API zd_tensor_t *zd_tensor_ref(zd_tensor_t *t);

@@ -42,11 +42,11 @@ typedef enum {
     ZD_VALUE_TENSOR = 5,
     ZD_VALUE_RREF = 6,
     ZD_VALUE_LIST = 7,
-    ZD_VALUE_OBJECT = 8,     /* local only: never on the wire */
+    ZD_VALUE_OBJECT = 8, /* local only: never on the wire */
 } zd_value_kind_t;
 
 typedef struct zd_value zd_value_t;
-typedef struct zd_rref zd_rref_t;   /* opaque: see <zdist/rpc.h> */
+typedef struct zd_rref zd_rref_t; /* opaque: see <zdist/rpc.h> */
 
 /*  Constructors: each returns a new value (a new reference), or NULL when
     out of memory (zd_error_last() says so).
@@ -158,19 +158,19 @@ ZD_API int zd_rpc_unpack_array(const zd_value_t *args, const zd_rpc_out_t *outs,
 
 #ifndef __cplusplus
 
-#define ZD_ARGS(...) ZD__CAT(ZD__ARGS_EMPTY, ZD__ISEMPTY(__VA_ARGS__))(__VA_ARGS__)
+#define ZD_ARGS(...)   ZD__CAT(ZD__ARGS_EMPTY, ZD__ISEMPTY(__VA_ARGS__))(__VA_ARGS__)
 #define ZD_UNPACK(...) ZD__CAT(ZD__UNPACK_, ZD__HAS_COMMA(__VA_ARGS__))(__VA_ARGS__)
 
 /*  What follows is machinery: no user-serviceable parts. */
 #define ZD__ARGS_EMPTY1(...) zd_rpc_args_array(NULL, 0)
-#define ZD__ARGS_EMPTY0(...) \
+#define ZD__ARGS_EMPTY0(...)                                                                       \
     zd_rpc_args_array((const zd_rpc_arg_t[]){ZD__MAP(ZD__ARG, __VA_ARGS__)}, ZD__NARG(__VA_ARGS__))
 #define ZD__UNPACK_0(args) zd_rpc_unpack_array((args), NULL, 0)
-#define ZD__UNPACK_1(args, ...) \
-    zd_rpc_unpack_array((args), (const zd_rpc_out_t[]){ZD__MAP(ZD__OUT, __VA_ARGS__)}, \
+#define ZD__UNPACK_1(args, ...)                                                                    \
+    zd_rpc_unpack_array((args), (const zd_rpc_out_t[]){ZD__MAP(ZD__OUT, __VA_ARGS__)},             \
                         ZD__NARG(__VA_ARGS__))
 
-#define ZD__ARG(x)                                                            \
+#define ZD__ARG(x)                                                                                 \
     _Generic((x),                                                             \
         _Bool: zd__arg_int, char: zd__arg_int, signed char: zd__arg_int,      \
         unsigned char: zd__arg_int, short: zd__arg_int,                       \
@@ -183,23 +183,23 @@ ZD_API int zd_rpc_unpack_array(const zd_value_t *args, const zd_rpc_out_t *outs,
         zd_tensor_t *: zd__arg_tensor, zd_rref_t *: zd__arg_rref,             \
         zd_value_t *: zd__arg_value)(x)
 
-#define ZD__OUT(p)                                                            \
+#define ZD__OUT(p)                                                                                 \
     _Generic((p),                                                             \
         int64_t *: zd__out_int, double *: zd__out_float,                      \
         const char **: zd__out_string, zd_tensor_t **: zd__out_tensor,        \
         zd_rref_t **: zd__out_rref, zd_value_t **: zd__out_value)(p)
 
-#define ZD__ARG_FN(name, type, k, member)                                     \
-    static inline zd_rpc_arg_t name(type v)                                   \
-    {                                                                         \
-        zd_rpc_arg_t a = {k, {.member = v}};                                  \
-        return a;                                                             \
+#define ZD__ARG_FN(name, type, k, member)                                                          \
+    static inline zd_rpc_arg_t name(type v)                                                        \
+    {                                                                                              \
+        zd_rpc_arg_t a = {k, {.member = v}};                                                       \
+        return a;                                                                                  \
     }
-#define ZD__OUT_FN(name, type, k)                                             \
-    static inline zd_rpc_out_t name(type *p)                                  \
-    {                                                                         \
-        zd_rpc_out_t o = {k, p};                                              \
-        return o;                                                             \
+#define ZD__OUT_FN(name, type, k)                                                                  \
+    static inline zd_rpc_out_t name(type *p)                                                       \
+    {                                                                                              \
+        zd_rpc_out_t o = {k, p};                                                                   \
+        return o;                                                                                  \
     }
 ZD__ARG_FN(zd__arg_int, int64_t, 'i', i)
 ZD__ARG_FN(zd__arg_uint, uint64_t, 'u', u)
@@ -221,46 +221,49 @@ ZD__OUT_FN(zd__out_value, zd_value_t *, 'v')
 
 /*  Counting and mapping macro arguments (up to 24), and telling an empty
     argument list apart (Jens Gustedt's ISEMPTY, plain C99). */
-#define ZD__CAT(a, b) ZD__CAT_(a, b)
-#define ZD__CAT_(a, b) a##b
+#define ZD__CAT(a, b)   ZD__CAT_(a, b)
+#define ZD__CAT_(a, b)  a##b
 #define ZD__MAP(f, ...) ZD__CAT(ZD__MAP, ZD__NARG(__VA_ARGS__))(f, __VA_ARGS__)
-#define ZD__NTH(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, \
-    _18, _19, _20, _21, _22, _23, _24, _25, N, ...) N
-#define ZD__NARG(...) ZD__NTH(__VA_ARGS__, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, \
-    13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0)
-#define ZD__HAS_COMMA(...) ZD__NTH(__VA_ARGS__, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, \
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0)
+#define ZD__NTH(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18,   \
+                _19, _20, _21, _22, _23, _24, _25, N, ...)                                         \
+    N
+#define ZD__NARG(...)                                                                              \
+    ZD__NTH(__VA_ARGS__, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7,  \
+            6, 5, 4, 3, 2, 1, 0)
+#define ZD__HAS_COMMA(...)                                                                         \
+    ZD__NTH(__VA_ARGS__, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,   \
+            0, 0)
 #define ZD__TRIGGER(...) ,
-#define ZD__ISEMPTY(...)                                                      \
-    ZD__ISEMPTY_(ZD__HAS_COMMA(__VA_ARGS__), ZD__HAS_COMMA(ZD__TRIGGER __VA_ARGS__), \
+#define ZD__ISEMPTY(...)                                                                           \
+    ZD__ISEMPTY_(ZD__HAS_COMMA(__VA_ARGS__), ZD__HAS_COMMA(ZD__TRIGGER __VA_ARGS__),               \
                  ZD__HAS_COMMA(__VA_ARGS__()), ZD__HAS_COMMA(ZD__TRIGGER __VA_ARGS__()))
 #define ZD__ISEMPTY_(a, b, c, d) ZD__HAS_COMMA(ZD__CAT5(ZD__EMPTY_CASE_, a, b, c, d))
-#define ZD__CAT5(a, b, c, d, e) a##b##c##d##e
-#define ZD__EMPTY_CASE_0001 ,
-#define ZD__MAP1(f, x) f(x)
-#define ZD__MAP2(f, x, ...) f(x), ZD__MAP1(f, __VA_ARGS__)
-#define ZD__MAP3(f, x, ...) f(x), ZD__MAP2(f, __VA_ARGS__)
-#define ZD__MAP4(f, x, ...) f(x), ZD__MAP3(f, __VA_ARGS__)
-#define ZD__MAP5(f, x, ...) f(x), ZD__MAP4(f, __VA_ARGS__)
-#define ZD__MAP6(f, x, ...) f(x), ZD__MAP5(f, __VA_ARGS__)
-#define ZD__MAP7(f, x, ...) f(x), ZD__MAP6(f, __VA_ARGS__)
-#define ZD__MAP8(f, x, ...) f(x), ZD__MAP7(f, __VA_ARGS__)
-#define ZD__MAP9(f, x, ...) f(x), ZD__MAP8(f, __VA_ARGS__)
-#define ZD__MAP10(f, x, ...) f(x), ZD__MAP9(f, __VA_ARGS__)
-#define ZD__MAP11(f, x, ...) f(x), ZD__MAP10(f, __VA_ARGS__)
-#define ZD__MAP12(f, x, ...) f(x), ZD__MAP11(f, __VA_ARGS__)
-#define ZD__MAP13(f, x, ...) f(x), ZD__MAP12(f, __VA_ARGS__)
-#define ZD__MAP14(f, x, ...) f(x), ZD__MAP13(f, __VA_ARGS__)
-#define ZD__MAP15(f, x, ...) f(x), ZD__MAP14(f, __VA_ARGS__)
-#define ZD__MAP16(f, x, ...) f(x), ZD__MAP15(f, __VA_ARGS__)
-#define ZD__MAP17(f, x, ...) f(x), ZD__MAP16(f, __VA_ARGS__)
-#define ZD__MAP18(f, x, ...) f(x), ZD__MAP17(f, __VA_ARGS__)
-#define ZD__MAP19(f, x, ...) f(x), ZD__MAP18(f, __VA_ARGS__)
-#define ZD__MAP20(f, x, ...) f(x), ZD__MAP19(f, __VA_ARGS__)
-#define ZD__MAP21(f, x, ...) f(x), ZD__MAP20(f, __VA_ARGS__)
-#define ZD__MAP22(f, x, ...) f(x), ZD__MAP21(f, __VA_ARGS__)
-#define ZD__MAP23(f, x, ...) f(x), ZD__MAP22(f, __VA_ARGS__)
-#define ZD__MAP24(f, x, ...) f(x), ZD__MAP23(f, __VA_ARGS__)
+#define ZD__CAT5(a, b, c, d, e)  a##b##c##d##e
+#define ZD__EMPTY_CASE_0001      ,
+#define ZD__MAP1(f, x)           f(x)
+#define ZD__MAP2(f, x, ...)      f(x), ZD__MAP1(f, __VA_ARGS__)
+#define ZD__MAP3(f, x, ...)      f(x), ZD__MAP2(f, __VA_ARGS__)
+#define ZD__MAP4(f, x, ...)      f(x), ZD__MAP3(f, __VA_ARGS__)
+#define ZD__MAP5(f, x, ...)      f(x), ZD__MAP4(f, __VA_ARGS__)
+#define ZD__MAP6(f, x, ...)      f(x), ZD__MAP5(f, __VA_ARGS__)
+#define ZD__MAP7(f, x, ...)      f(x), ZD__MAP6(f, __VA_ARGS__)
+#define ZD__MAP8(f, x, ...)      f(x), ZD__MAP7(f, __VA_ARGS__)
+#define ZD__MAP9(f, x, ...)      f(x), ZD__MAP8(f, __VA_ARGS__)
+#define ZD__MAP10(f, x, ...)     f(x), ZD__MAP9(f, __VA_ARGS__)
+#define ZD__MAP11(f, x, ...)     f(x), ZD__MAP10(f, __VA_ARGS__)
+#define ZD__MAP12(f, x, ...)     f(x), ZD__MAP11(f, __VA_ARGS__)
+#define ZD__MAP13(f, x, ...)     f(x), ZD__MAP12(f, __VA_ARGS__)
+#define ZD__MAP14(f, x, ...)     f(x), ZD__MAP13(f, __VA_ARGS__)
+#define ZD__MAP15(f, x, ...)     f(x), ZD__MAP14(f, __VA_ARGS__)
+#define ZD__MAP16(f, x, ...)     f(x), ZD__MAP15(f, __VA_ARGS__)
+#define ZD__MAP17(f, x, ...)     f(x), ZD__MAP16(f, __VA_ARGS__)
+#define ZD__MAP18(f, x, ...)     f(x), ZD__MAP17(f, __VA_ARGS__)
+#define ZD__MAP19(f, x, ...)     f(x), ZD__MAP18(f, __VA_ARGS__)
+#define ZD__MAP20(f, x, ...)     f(x), ZD__MAP19(f, __VA_ARGS__)
+#define ZD__MAP21(f, x, ...)     f(x), ZD__MAP20(f, __VA_ARGS__)
+#define ZD__MAP22(f, x, ...)     f(x), ZD__MAP21(f, __VA_ARGS__)
+#define ZD__MAP23(f, x, ...)     f(x), ZD__MAP22(f, __VA_ARGS__)
+#define ZD__MAP24(f, x, ...)     f(x), ZD__MAP23(f, __VA_ARGS__)
 
 #endif /* !__cplusplus */
 
@@ -277,7 +280,7 @@ ZD_API const char *zd_value_kind_name(zd_value_kind_t kind);
     v is of another kind ("expected tensor, got string"). Borrowed results:
     valid while v is alive. */
 ZD_API int zd_value_get_int(const zd_value_t *v, int64_t *out);
-ZD_API int zd_value_get_float(const zd_value_t *v, double *out);   /* ints convert */
+ZD_API int zd_value_get_float(const zd_value_t *v, double *out); /* ints convert */
 ZD_API int zd_value_get_string(const zd_value_t *v, const char **out);
 ZD_API int zd_value_get_bytes(const zd_value_t *v, const void **data, size_t *len);
 ZD_API int zd_value_get_tensor(const zd_value_t *v, zd_tensor_t **out);

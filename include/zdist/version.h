@@ -7,11 +7,11 @@
 
 #include <zdist/export.h>
 
-#define ZD_VERSION_MAJOR 1
-#define ZD_VERSION_MINOR 0
-#define ZD_VERSION_PATCH 0
-#define ZD_MAKE_VERSION(major, minor, patch) ((major) * 10000 + (minor) * 100 + (patch))
-#define ZD_VERSION ZD_MAKE_VERSION(ZD_VERSION_MAJOR, ZD_VERSION_MINOR, ZD_VERSION_PATCH)
+#define ZD_VERSION_MAJOR                     1
+#define ZD_VERSION_MINOR                     0
+#define ZD_VERSION_PATCH                     0
+#define ZD_MAKE_VERSION(major, minor, patch) ((major)*10000 + (minor)*100 + (patch))
+#define ZD_VERSION                           ZD_MAKE_VERSION(ZD_VERSION_MAJOR, ZD_VERSION_MINOR, ZD_VERSION_PATCH)
 
 ZD_BEGIN_DECLS
 

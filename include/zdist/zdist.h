@@ -22,27 +22,27 @@
 #include <zdist/named_tensors.h> /* (name, tensor) lists: state dicts, checkpoints */
 
 /* RPC: workers calling each other's functions, futures, remote references. */
-#include <zdist/value.h>         /* the values an RPC carries; argument helpers */
-#include <zdist/future.h>        /* values that become available later */
-#include <zdist/rpc.h>           /* the RPC agent: init, calls, RRefs, shutdown */
+#include <zdist/value.h>  /* the values an RPC carries; argument helpers */
+#include <zdist/future.h> /* values that become available later */
+#include <zdist/rpc.h>    /* the RPC agent: init, calls, RRefs, shutdown */
 
 /* Distributed autograd, on RPC. */
 #include <zdist/dist_autograd.h> /* contexts and the distributed backward pass */
 
 /* Neural networks and data. */
-#include <zdist/rng.h>           /* seeded random numbers (xoshiro256**) */
-#include <zdist/nn.h>            /* layers, losses, PyTorch's default initialisation */
-#include <zdist/rnn.h>           /* LSTM, GRU and tanh cells, a multi-layer LSTM */
-#include <zdist/model.h>         /* the example programs' two models */
-#include <zdist/idx.h>           /* IDX files (the MNIST format), plain or gzip */
-#include <zdist/dataset.h>       /* MNIST-format data sets: loading, shuffling, batches */
-#include <zdist/checkpoint.h>    /* saving and loading named tensors */
-#include <zdist/safetensors.h>   /* safetensors files: weights to and from PyTorch */
+#include <zdist/rng.h>         /* seeded random numbers (xoshiro256**) */
+#include <zdist/nn.h>          /* layers, losses, PyTorch's default initialisation */
+#include <zdist/rnn.h>         /* LSTM, GRU and tanh cells, a multi-layer LSTM */
+#include <zdist/model.h>       /* the example programs' two models */
+#include <zdist/idx.h>         /* IDX files (the MNIST format), plain or gzip */
+#include <zdist/dataset.h>     /* MNIST-format data sets: loading, shuffling, batches */
+#include <zdist/checkpoint.h>  /* saving and loading named tensors */
+#include <zdist/safetensors.h> /* safetensors files: weights to and from PyTorch */
 
 /* Optimizers: local ones, and the DistributedOptimizer on RPC. */
-#include <zdist/optim.h>         /* SGD, Adam, ... with PyTorch's update rules */
-#include <zdist/dist_optim.h>    /* the DistributedOptimizer */
-#include <zdist/module.h>        /* a parameter container: nn.Module */
-#include <zdist/dist_nn.h>       /* parameter RRefs and RemoteModule */
+#include <zdist/optim.h>      /* SGD, Adam, ... with PyTorch's update rules */
+#include <zdist/dist_optim.h> /* the DistributedOptimizer */
+#include <zdist/module.h>     /* a parameter container: nn.Module */
+#include <zdist/dist_nn.h>    /* parameter RRefs and RemoteModule */
 
 #endif

@@ -95,9 +95,9 @@ int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
                                  "zd_rpc_set_hooks: only while RPC is not running");
     }
     zd_rpc_hooks_t h = zd_rpc_hooks_default();
-    if (hooks && zd__sized_read(&h, sizeof h, hooks,
-                                ZD__SIZE_THROUGH(zd_rpc_hooks_t, on_peer_lost),
-                                "zd_rpc_hooks_t", "zd_rpc_hooks_default()") < 0) {
+    if (hooks &&
+        zd__sized_read(&h, sizeof h, hooks, ZD__SIZE_THROUGH(zd_rpc_hooks_t, on_peer_lost),
+                       "zd_rpc_hooks_t", "zd_rpc_hooks_default()") < 0) {
         pthread_mutex_unlock(&g_init_lock);
         return zd_error_wrap("zd_rpc_set_hooks");
     }
@@ -188,7 +188,8 @@ static bool wait_users(agent_t *a, const char *stage)
     int64_t until = zd__deadline_after(zd__agent_now_ns(), TEARDOWN_WAIT_MS);
     while (atomic_load(&g_users) > 0) {
         if (zd__agent_now_ns() >= until) {
-            zd__log(ZD_LOG_ERROR, "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
+            zd__log(ZD_LOG_ERROR,
+                    "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
                     "%d s (%lld call(s) pending, %lld being served): going on without them",
                     stage, atomic_load(&g_users), (int)(TEARDOWN_WAIT_MS / ZD__MS_PER_S),
                     (long long)a->n_pending, (long long)atomic_load(&a->serving));
@@ -221,7 +222,7 @@ static void busy_poll_fit(agent_t *a, bool by_default)
         }
         if (zd__addr_parse_endpoint(a->peers[i].endpoint, ip, sizeof ip, &port) < 0)
             continue;
-        if (strcmp(ip, last) != 0) {   /* most peers share a few addresses */
+        if (strcmp(ip, last) != 0) { /* most peers share a few addresses */
             snprintf(last, sizeof last, "%s", ip);
             last_local = zd__addr_is_local(ip);
         }
@@ -229,8 +230,10 @@ static void busy_poll_fit(agent_t *a, bool by_default)
     }
     if (here > cores) {
         a->busy_poll_ns = 0;
-        zd__log(ZD_LOG_DEBUG, "rpc: no busy polling: %d processes of the world on this host's "
-                "%ld cores", here, cores);
+        zd__log(ZD_LOG_DEBUG,
+                "rpc: no busy polling: %d processes of the world on this host's "
+                "%ld cores",
+                here, cores);
     }
 }
 
@@ -241,7 +244,7 @@ static void agent_teardown(agent_t *a, bool graceful)
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    zd__membership_stop(a);   /* before the I/O thread stops: a renewal waits for it */
+    zd__membership_stop(a); /* before the I/O thread stops: a renewal waits for it */
     wait_users(a, "callers");
     bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
@@ -253,9 +256,12 @@ static void agent_teardown(agent_t *a, bool graceful)
        before the sockets go. */
     atomic_store(&g_agent, NULL);
     if (!wait_users(a, "answers") || !io_stopped || !pool_stopped) {
-        zd__log(ZD_LOG_ERROR, "rpc: shutdown: the agent's sockets and memory stay with the "
-                "process: %s still use them", !io_stopped ? "the I/O thread"
-                : !pool_stopped ? "handler threads" : "threads");
+        zd__log(ZD_LOG_ERROR,
+                "rpc: shutdown: the agent's sockets and memory stay with the "
+                "process: %s still use them",
+                !io_stopped         ? "the I/O thread"
+                    : !pool_stopped ? "handler threads"
+                                    : "threads");
         return;
     }
     zd__rref_ctx_free(a);
@@ -288,12 +294,11 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
-    int64_t deadline = p.o.init_timeout_ms
-                           ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000
-                           : INT64_MAX;
+    int64_t deadline =
+        p.o.init_timeout_ms ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000 : INT64_MAX;
     raise_fd_limit();
     /* Rank 0 without a listen address binds after the rendezvous, on the
        addresses that route to the workers that registered. */
@@ -312,9 +317,8 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     zd__log_set_who(who);
     if (zd__security_new(a, &p, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
-        zd__serve_register_internal() < 0 ||
-        !(a->pool = zd__pool_new(a->n_threads)) || zd__metrics_out_open(a) < 0 ||
-        zd__membership_new(a, p.master, p.port) < 0 ||
+        zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
+        zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         agent_teardown(a, false);
@@ -334,8 +338,8 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
        has no barrier to meet: the others passed it long ago. */
     int64_t sum;
     bool joined = zd__transport_connect(a, deadline) == 0 &&
-                  (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
-    atomic_store(&a->joined, joined);   /* from now on a peer down is lost (io.c) */
+        (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
+    atomic_store(&a->joined, joined); /* from now on a peer down is lost (io.c) */
     if (!joined || zd__membership_start(a) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
         zd__agent_publish_identity(NULL);
@@ -349,7 +353,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
             a->peers[a->rank].endpoint);
     pthread_mutex_unlock(&g_init_lock);
     return 0;
-fail:   /* unlocks g_init_lock */
+fail: /* unlocks g_init_lock */
     pthread_mutex_unlock(&g_init_lock);
     return -1;
 }
@@ -357,9 +361,10 @@ fail:   /* unlocks g_init_lock */
 int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
     if (zd__transport_thread_role() != ROLE_USER)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
-                                 "callback), which shutdown has to stop: call it from another thread");
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT,
+            "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
+            "callback), which shutdown has to stop: call it from another thread");
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->closing)) {
@@ -372,7 +377,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
     zd_error_code_t code = zd_error_code();
     if (rc < 0)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
-    zd__metrics_out_close(a);   /* the last line: after the final barrier, while the agent runs */
+    zd__metrics_out_close(a); /* the last line: after the final barrier, while the agent runs */
     zd__agent_publish_identity(NULL);
     zd__agent_set_busy_poll_ns(0);
     agent_teardown(a, graceful);

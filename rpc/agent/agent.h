@@ -38,15 +38,15 @@ typedef struct pending pending_t;
 typedef struct rref_ctx rref_ctx_t;
 typedef struct security security_t;
 
-#define SECURITY_KEY_TXT 41     /* a Z85 CURVE key and its terminating 0 */
+#define SECURITY_KEY_TXT 41 /* a Z85 CURVE key and its terminating 0 */
 
-#define RPC_LAT_BUCKETS 448     /* 16 per octave from 1 us: up to 2^28 us */
+#define RPC_LAT_BUCKETS 448 /* 16 per octave from 1 us: up to 2^28 us */
 
 typedef struct {
     atomic_int_fast64_t calls_sent, calls_served, errors;
     atomic_int_fast64_t bytes_sent, bytes_received;
     atomic_int_fast64_t in_flight, serving;
-    pthread_mutex_t lock;                   /* guards the latency fields */
+    pthread_mutex_t lock; /* guards the latency fields */
     int64_t lat_count;
     double lat_sum_us;
     uint32_t lat_hist[RPC_LAT_BUCKETS];
@@ -87,34 +87,34 @@ static inline bool zd__peer_gone(peer_t *p)
 typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
-    _Atomic int64_t timeout_ms;     /* default call timeout, 0 = none (zd_rpc_set_timeout) */
+    _Atomic int64_t timeout_ms; /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
-    int64_t busy_poll_ns;           /* see zd_rpc_options_t.busy_poll_us */
-    int64_t heartbeat_ms;           /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
-    atomic_int n_lost;              /* peers declared lost */
-    int64_t master_wait_ms;         /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
-    bool rejoined;                  /* this process joined a running world */
-    struct membership *mb;          /* restarted processes (membership.c) */
-    atomic_bool renew_pending;      /* a peer's sockets await renewal (membership.c) */
-    atomic_bool ending;             /* rank 0: shutdown's round 0 is complete */
-    atomic_bool joined;             /* the init barrier is passed (or a rejoin done) */
-    unsigned gen;                   /* distinguishes successive inits */
+    int64_t busy_poll_ns;      /* see zd_rpc_options_t.busy_poll_us */
+    int64_t heartbeat_ms;      /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
+    atomic_int n_lost;         /* peers declared lost */
+    int64_t master_wait_ms;    /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
+    bool rejoined;             /* this process joined a running world */
+    struct membership *mb;     /* restarted processes (membership.c) */
+    atomic_bool renew_pending; /* a peer's sockets await renewal (membership.c) */
+    atomic_bool ending;        /* rank 0: shutdown's round 0 is complete */
+    atomic_bool joined;        /* the init barrier is passed (or a rejoin done) */
+    unsigned gen;              /* distinguishes successive inits */
 
-    void *ctx;                      /* ZeroMQ context */
+    void *ctx; /* ZeroMQ context */
     void *router;
-    int router_fd;                  /* its ZMQ_FD, polled by the I/O thread */
-    pthread_mutex_t router_lock;    /* the I/O thread receives, pool threads answer */
-    pthread_mutex_t sync_lock;      /* threads' zd_rpc_sync sockets (direct.c) */
+    int router_fd;               /* its ZMQ_FD, polled by the I/O thread */
+    pthread_mutex_t router_lock; /* the I/O thread receives, pool threads answer */
+    pthread_mutex_t sync_lock;   /* threads' zd_rpc_sync sockets (direct.c) */
     struct sync_set *sync_sets;
     atomic_int next_slot;
-    int wake_fd;                    /* eventfd that wakes the I/O thread */
-    peer_t *peers;                  /* world entries */
+    int wake_fd;   /* eventfd that wakes the I/O thread */
+    peer_t *peers; /* world entries */
 
     pthread_t io_thread;
     bool io_started;
     atomic_bool io_stop;
-    atomic_int io_poll_waiters;     /* threads in zd__agent_poll_future */
-    atomic_bool io_asleep;          /* the I/O thread sleeps in zmq_poll */
+    atomic_int io_poll_waiters; /* threads in zd__agent_poll_future */
+    atomic_bool io_asleep;      /* the I/O thread sleeps in zmq_poll */
     /* The hook by which the I/O thread makes a restarted peer's sockets
        anew without calling up into world/: while renew_pending is set,
        each pass calls io_renew(io_renew_arg), true when a peer's sockets
@@ -123,7 +123,7 @@ typedef struct agent {
        (zd__membership_free); NULL: nothing to renew. */
     bool (*io_renew)(void *arg);
     void *io_renew_arg;
-    atomic_bool closing;            /* no new calls */
+    atomic_bool closing; /* no new calls */
 
     pool_t *pool;
 
@@ -131,9 +131,9 @@ typedef struct agent {
     pending_t **buckets;
     size_t n_buckets;
     int64_t n_pending;
-    int64_t earliest_ns;                    /* no pending deadline before this */
-    atomic_int_fast64_t user_in_flight;     /* non-internal outgoing calls */
-    atomic_int_fast64_t serving;            /* incoming calls not answered yet */
+    int64_t earliest_ns;                /* no pending deadline before this */
+    atomic_int_fast64_t user_in_flight; /* non-internal outgoing calls */
+    atomic_int_fast64_t serving;        /* incoming calls not answered yet */
     atomic_uint_fast64_t next_id;
 
     rref_ctx_t *rrefs;
@@ -142,15 +142,15 @@ typedef struct agent {
     zd_rpc_hooks_t hooks;
     bool has_hooks;
 
-    pthread_mutex_t barrier_lock;   /* rank 0: the shutdown barrier */
+    pthread_mutex_t barrier_lock; /* rank 0: the shutdown barrier */
     struct barrier_round *barrier;
-    int64_t *barrier_last;          /* rank 0: each rank's last round entered */
-    bool barrier_done;              /* rank 0: a round completed: the last one, */
-    int64_t barrier_done_round, barrier_done_total;   /* with its total */
+    int64_t *barrier_last;                          /* rank 0: each rank's last round entered */
+    bool barrier_done;                              /* rank 0: a round completed: the last one, */
+    int64_t barrier_done_round, barrier_done_total; /* with its total */
 
-    struct metrics_out *metrics_out;    /* ZDIST_METRICS's writer, or NULL */
+    struct metrics_out *metrics_out; /* ZDIST_METRICS's writer, or NULL */
 
-    security_t *sec;                /* keys and the ZAP handler (security.h) */
+    security_t *sec; /* keys and the ZAP handler (security.h) */
 } agent_t;
 
 /*  ---- agent.c: the running agent ---- */
@@ -257,7 +257,7 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p);
 /*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
     to rank dst. Any thread. 0, or -1 ("peer unreachable"). */
 int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
-                   int n_tensors);
+                       int n_tensors);
 
 /*  Sends an ERROR answer to request id of rank dst. */
 void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
@@ -274,7 +274,7 @@ typedef struct {
     int src;
     uint8_t route[RPC_WIRE_SYNC_ID_LEN];
     size_t route_len;
-    uint64_t reject_id;         /* a dropped request to answer with reject */
+    uint64_t reject_id; /* a dropped request to answer with reject */
     char reject[512];
 } inmsg_t;
 
@@ -296,12 +296,12 @@ int zd__transport_drop_next(uint8_t type, int count);
 /*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
     else through the shared socket. */
 int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
-                          rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors);
+                              rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors);
 void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text);
 
 /*  Sends on a socket the calling thread owns (direct.c). */
 int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
-                      zd_tensor_t *const *tensors, int n_tensors);
+                          zd_tensor_t *const *tensors, int n_tensors);
 
 /*  The I/O thread's body (io.c). */
 void *zd__transport_io_main(void *arg);
@@ -315,22 +315,22 @@ void zd__transport_close(agent_t *a, bool graceful);
 /*  ---- call.c: outgoing requests ---- */
 
 typedef struct {
-    uint8_t type;               /* CALL, REMOTE, RREF_FETCH or a control type */
-    uint16_t flags;             /* RPC_WIRE_F_* */
-    const char *fn;             /* CALL/REMOTE */
-    const char *api;            /* "zd_rpc_sync", ... for error texts */
-    zd_value_t *args;          /* CALL/REMOTE, borrowed, NULL = none */
-    uint64_t a, b;              /* header fields */
-    int64_t timeout_ms;         /* < 0 default */
-    int64_t wait_ms;            /* > 0: stop waiting for the answer after this
+    uint8_t type;       /* CALL, REMOTE, RREF_FETCH or a control type */
+    uint16_t flags;     /* RPC_WIRE_F_* */
+    const char *fn;     /* CALL/REMOTE */
+    const char *api;    /* "zd_rpc_sync", ... for error texts */
+    zd_value_t *args;   /* CALL/REMOTE, borrowed, NULL = none */
+    uint64_t a, b;      /* header fields */
+    int64_t timeout_ms; /* < 0 default */
+    int64_t wait_ms;    /* > 0: stop waiting for the answer after this
                                    long, though the peer is told timeout_ms
                                    (one attempt of a retried message) */
-    bool hooked;                /* run the hooks (user-visible requests) */
-    bool shared_only;           /* zd__call_sync: on the shared socket, after what
+    bool hooked;        /* run the hooks (user-visible requests) */
+    bool shared_only;   /* zd__call_sync: on the shared socket, after what
                                    was sent there (an RRef's fork request) */
-    uint64_t *id_out;           /* if set, receives the request id */
-    void *sock;                 /* a zd_rpc_sync socket of the calling thread, or NULL */
-    int wake_fd;                /* the caller's eventfd (with sock) */
+    uint64_t *id_out;   /* if set, receives the request id */
+    void *sock;         /* a zd_rpc_sync socket of the calling thread, or NULL */
+    int wake_fd;        /* the caller's eventfd (with sock) */
 } call_req_t;
 
 /*  Sends a request and returns the future of its answer (a new reference),
@@ -351,8 +351,7 @@ void zd__call_expire(agent_t *a, int64_t now_ns);
 void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code);
 /*  Fails call id with text, if it is waiting for an answer from rank src
     (an answer that was lost on its way in). */
-void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text,
-                          zd_error_code_t code);
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd_error_code_t code);
 
 /*  Fails request id now if still pending (a waiter that timed out). */
 void zd__call_timeout_now(agent_t *a, uint64_t id);
@@ -383,7 +382,7 @@ void zd__direct_close_all(agent_t *a);
 
 /*  ---- pool.c ---- */
 
-typedef void (pool_fn)(void *arg);
+typedef void(pool_fn)(void *arg);
 
 pool_t *zd__pool_new(int n_threads);
 /*  Queues fn(arg); drop(arg) runs instead if the pool is destroyed first.
@@ -419,7 +418,7 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms);
     entered round `round`, with *sum the total of their counts. Round -1 is
     init's. 0, or -1 (timeout, rank 0 unreachable, a worker lost). */
 int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
-                int64_t *sum);
+                    int64_t *sum);
 /*  Rank 0, I/O thread: fails barrier rounds that cannot complete. */
 void zd__shutdown_tick(agent_t *a, int64_t now_ns);
 /*  Teardown: fails the barrier rounds still open. */

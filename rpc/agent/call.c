@@ -25,16 +25,16 @@ struct pending {
     int dst;
     uint8_t type;
     bool internal;
-    bool hooked;                /* on_send_request ran: on_recv_reply is due */
+    bool hooked; /* on_send_request ran: on_recv_reply is due */
     char fn[ZD_RPC_MAX_FUNCTION + 1];
     const char *api;
     zd_future_t *future;
     int64_t start_ns;
-    int64_t deadline_ns;        /* INT64_MAX: none */
+    int64_t deadline_ns; /* INT64_MAX: none */
     int64_t timeout_ms;
     void *hook_state;
-    int wake_fd;                /* zd_rpc_sync on its own socket: wake it when */
-    pthread_t owner;            /* another thread completes the call */
+    int wake_fd;     /* zd_rpc_sync on its own socket: wake it when */
+    pthread_t owner; /* another thread completes the call */
     pending_t *next;
 };
 
@@ -115,8 +115,9 @@ static void pending_free(pending_t *p)
 
 static zd_rpc_call_kind_t kind_of(int type)
 {
-    return type == RPC_MSG_REMOTE ? ZD_RPC_KIND_REMOTE
-           : type == RPC_MSG_RREF_FETCH ? ZD_RPC_KIND_FETCH : ZD_RPC_KIND_CALL;
+    return type == RPC_MSG_REMOTE    ? ZD_RPC_KIND_REMOTE
+        : type == RPC_MSG_RREF_FETCH ? ZD_RPC_KIND_FETCH
+                                     : ZD_RPC_KIND_CALL;
 }
 
 /* Completes p with value (borrowed) or the failure detail and its code,
@@ -131,8 +132,8 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
     if (p->hooked && a->hooks.on_recv_reply) {
         zd_rpc_hook_msg_t m = {p->dst, p->fn, kind_of(p->type), p->id};
         bool had_value = v != NULL;
-        if (a->hooks.on_recv_reply(a->hooks.arg, &m, p->hook_state, extra, extra_len, &v) < 0
-            && had_value) {
+        if (a->hooks.on_recv_reply(a->hooks.arg, &m, p->hook_state, extra, extra_len, &v) < 0 &&
+            had_value) {
             snprintf(text, sizeof text, "reply hook failed: %s", zd_error_last());
             detail = text;
             code = zd_error_code();
@@ -160,7 +161,7 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
     } else {
         if (!p->internal)
             atomic_fetch_add_explicit(&peer->m.errors, 1, memory_order_relaxed);
-        if (p->internal || p->type == RPC_MSG_RREF_FETCH)   /* no internal name for users */
+        if (p->internal || p->type == RPC_MSG_RREF_FETCH) /* no internal name for users */
             zd_future_set_error_code(p->future, code, "%s to \"%s\" (rank %d): %s", p->api,
                                      peer->name, p->dst, detail ? detail : "failed");
         else
@@ -206,13 +207,18 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         return zd_error_set_code(ZD_ERR_PEER, "%s: %s", req->api, lost), NULL;
     bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
     if (has_value && !zd__rpc_wire_name_ok(req->fn, ZD_RPC_MAX_FUNCTION))
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d): bad function name "
-                                 "\"%s\"", req->api, a->peers[to].name, to,
-                                 req->fn ? req->fn : "(null)"), NULL;
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s to \"%s\" (rank %d): bad function name "
+                                 "\"%s\"",
+                                 req->api, a->peers[to].name, to, req->fn ? req->fn : "(null)"),
+               NULL;
     if (req->args && zd_value_kind(req->args) != ZD_VALUE_LIST)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s to \"%s\" (rank %d) calling \"%s\": "
-                                 "arguments must be a list, not %s", req->api, a->peers[to].name,
-                                 to, req->fn, zd_value_kind_name(zd_value_kind(req->args))), NULL;
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s to \"%s\" (rank %d) calling \"%s\": "
+                                 "arguments must be a list, not %s",
+                                 req->api, a->peers[to].name, to, req->fn,
+                                 zd_value_kind_name(zd_value_kind(req->args))),
+               NULL;
     pending_t *p = calloc(1, sizeof *p);
     zd_future_t *f = zd_future_new();
     if (!p || !f) {
@@ -230,13 +236,13 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     p->wake_fd = req->sock ? req->wake_fd : -1;
     p->owner = pthread_self();
     int64_t told_ms = zd__agent_timeout(a, req->timeout_ms);
-    p->timeout_ms = req->wait_ms > 0 && (told_ms == 0 || req->wait_ms < told_ms) ? req->wait_ms
-                                                                                  : told_ms;
+    p->timeout_ms =
+        req->wait_ms > 0 && (told_ms == 0 || req->wait_ms < told_ms) ? req->wait_ms : told_ms;
     p->start_ns = zd__agent_now_ns();
     p->deadline_ns = zd__deadline_after(p->start_ns, p->timeout_ms);
     if (req->id_out)
         *req->id_out = p->id;
-    zd_future_ref(f);   /* the caller's */
+    zd_future_ref(f); /* the caller's */
     peer_t *peer = &a->peers[to];
     if (!p->internal) {
         atomic_fetch_add_explicit(&peer->m.calls_sent, 1, memory_order_relaxed);
@@ -277,11 +283,18 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         }
     }
     rpc_wire_header_t h = {
-        .type = req->type, .flags = req->flags | (req->hooked ? 0 : RPC_WIRE_F_INTERNAL),
-        .id = p->id, .a = req->a, .b = req->b,
+        .type = req->type,
+        .flags = req->flags | (req->hooked ? 0 : RPC_WIRE_F_INTERNAL),
+        .id = p->id,
+        .a = req->a,
+        .b = req->b,
         .timeout_ms = told_ms > UINT32_MAX ? UINT32_MAX : (uint32_t)told_ms,
-        .fn = req->fn, .fn_len = has_value ? strlen(req->fn) : 0,
-        .extra = extra.data, .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len,
+        .fn = req->fn,
+        .fn_len = has_value ? strlen(req->fn) : 0,
+        .extra = extra.data,
+        .extra_len = extra.len,
+        .meta = enc.meta,
+        .meta_len = enc.meta_len,
     };
     /* In the table before the first byte leaves: the answer may come back
        before zd__transport_send returns. */
@@ -301,7 +314,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     p = pending_take(a, h.id);
     if (p)
         pending_finish(a, p, NULL, detail, code, NULL, 0);
-    return f;   /* failed: the error is in the future */
+    return f; /* failed: the error is in the future */
 fail:
     free(extra.data);
     zd_value_unref(args);
@@ -328,9 +341,10 @@ static void error_text(agent_t *a, const pending_t *p, const rpc_wire_header_t *
 {
     if (wire_error_code(h) == ZD_ERR_NOT_INITIALIZED && p->hooked && a->hooks.module &&
         a->hooks.init_call)
-        snprintf(text, size, "worker \"%s\" received a %s message but %s was not called "
-                 "before zd_rpc_init()", a->peers[p->dst].name, a->hooks.module,
-                 a->hooks.init_call);
+        snprintf(text, size,
+                 "worker \"%s\" received a %s message but %s was not called "
+                 "before zd_rpc_init()",
+                 a->peers[p->dst].name, a->hooks.module, a->hooks.init_call);
     else
         snprintf(text, size, "remote error: %.*s", (int)h->meta_len, (const char *)h->meta);
 }
@@ -339,8 +353,10 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
 {
     pending_t *p = pending_take(a, h->id);
     if (p && p->dst != h->src) {
-        zd__log(ZD_LOG_WARN, "rpc: dropped an answer to request %" PRIx64 " from rank %d: "
-                "it was sent to rank %d", h->id, h->src, p->dst);
+        zd__log(ZD_LOG_WARN,
+                "rpc: dropped an answer to request %" PRIx64 " from rank %d: "
+                "it was sent to rank %d",
+                h->id, h->src, p->dst);
         pending_insert(a, p);
         p = NULL;
         if (h->type == RPC_MSG_ERROR)
@@ -355,8 +371,8 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
         char *text = malloc(size);
         if (text)
             error_text(a, p, h, text, size);
-        pending_finish(a, p, NULL, text ? text : "remote error", wire_error_code(h),
-                       h->extra, h->extra_len);
+        pending_finish(a, p, NULL, text ? text : "remote error", wire_error_code(h), h->extra,
+                       h->extra_len);
         free(text);
         return;
     }
@@ -371,8 +387,8 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
     if (rc < 0) {
         char text[512];
         snprintf(text, sizeof text, "bad reply: %s", zd_error_last());
-        zd_error_code_t code = zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
-                                                                   : ZD_ERR_OTHER;
+        zd_error_code_t code =
+            zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY : ZD_ERR_OTHER;
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
         pending_finish(a, p, NULL, text, code, h->extra, h->extra_len);
         return;
@@ -390,8 +406,8 @@ static void finish_list(agent_t *a, pending_t *list, const char *detail, zd_erro
         char text[256];
         if (!detail)
             snprintf(text, sizeof text, "timed out after %" PRId64 " ms", list->timeout_ms);
-        pending_finish(a, list, NULL, detail ? detail : text, detail ? code : ZD_ERR_TIMEOUT,
-                       NULL, 0);
+        pending_finish(a, list, NULL, detail ? detail : text, detail ? code : ZD_ERR_TIMEOUT, NULL,
+                       0);
         list = next;
     }
 }
@@ -406,11 +422,10 @@ void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t 
     finish_list(a, pending_take_many(a, peer, -1), text, code);
 }
 
-void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text,
-                          zd_error_code_t code)
+void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd_error_code_t code)
 {
     pending_t *p = pending_take(a, id);
-    if (p && p->dst != src) {   /* not that peer's call: leave it alone */
+    if (p && p->dst != src) { /* not that peer's call: leave it alone */
         pending_insert(a, p);
         p = NULL;
     }
@@ -449,11 +464,11 @@ static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
    decoded and dropped), until the future completes or the deadline. The
    eventfd says another thread completed the call (failure, shutdown, or an
    answer that came through the shared path). */
-static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t *f,
-                       uint64_t id, int64_t timeout_ms)
+static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t *f, uint64_t id,
+                       int64_t timeout_ms)
 {
     int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
-    int64_t poll_ns = zd__agent_poll_begin();                  /* see zd__agent_poll_future */
+    int64_t poll_ns = zd__agent_poll_begin(); /* see zd__agent_poll_future */
     int64_t poll_until = zd__agent_now_ns() + poll_ns;
     inmsg_t m = {0};
     zd__pool_block_begin();
@@ -479,7 +494,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
         if (rc < 0 && errno != EINTR)
             break;
         if (rc == 0 && left == 0)
-            sched_yield();      /* polling: let the threads that bring the answer run */
+            sched_yield(); /* polling: let the threads that bring the answer run */
         if (items[1].revents & ZMQ_POLLIN) {
             uint64_t v;
             if (read(wake_fd, &v, sizeof v) < 0) {
@@ -510,9 +525,11 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     if (result)
         *result = NULL;
     if (zd__transport_thread_role() == ROLE_IO)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: called on the RPC I/O thread (in a future "
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: called on the RPC I/O thread (in a future "
                                  "callback or an inline handler), where it would wait forever: "
-                                 "use zd_rpc_async", req->api);
+                                 "use zd_rpc_async",
+                                 req->api);
     agent_t *a = zd__agent_acquire();
     if (!a)
         return zd_error_wrap("%s", req->api);
@@ -520,7 +537,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     call_req_t r = *req;
     r.id_out = &id;
     int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
-    r.timeout_ms = timeout;   /* one reading of the default for both uses */
+    r.timeout_ms = timeout; /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
     if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost) && !req->shared_only)
         r.sock = zd__direct_socket(a, to, &r.wake_fd);
@@ -553,11 +570,14 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     return rc;
 }
 
-int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
-             zd_value_t **result)
+int zd_rpc_sync(int to, const char *fn, zd_value_t *args, int64_t timeout_ms, zd_value_t **result)
 {
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "zd_rpc_sync", .args = args,
-                      .timeout_ms = timeout_ms, .hooked = true};
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .fn = fn,
+                      .api = "zd_rpc_sync",
+                      .args = args,
+                      .timeout_ms = timeout_ms,
+                      .hooked = true};
     return zd__call_sync(&req, to, result);
 }
 
@@ -568,8 +588,12 @@ zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t time
         zd_error_wrap("zd_rpc_async");
         return NULL;
     }
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = fn, .api = "zd_rpc_async", .args = args,
-                      .timeout_ms = timeout_ms, .hooked = true};
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .fn = fn,
+                      .api = "zd_rpc_async",
+                      .args = args,
+                      .timeout_ms = timeout_ms,
+                      .hooked = true};
     zd_future_t *f = zd__call_start(a, to, &req);
     zd__agent_release(a);
     return f;

@@ -28,8 +28,8 @@ typedef struct sync_set {
     unsigned gen;
     int slot;
     int wake_fd;
-    void **socks;               /* per peer, NULL until first used */
-    unsigned *incs;             /* per peer: the incarnation its socket reaches */
+    void **socks;   /* per peer, NULL until first used */
+    unsigned *incs; /* per peer: the incarnation its socket reaches */
     int world;
     struct sync_set *next;
 } sync_set_t;
@@ -84,7 +84,7 @@ static sync_set_t *set_get(agent_t *a)
     pthread_once(&key_once, make_key);
     int slot = atomic_fetch_add(&a->next_slot, 1);
     if (slot > 65535)
-        return NULL;   /* that many threads: the shared path still works */
+        return NULL; /* that many threads: the shared path still works */
     sync_set_t *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
@@ -118,7 +118,7 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
     unsigned inc = atomic_load(&a->peers[peer].incarnation);
     if (s->socks[peer] && s->incs[peer] == inc)
         return s->socks[peer];
-    if (s->socks[peer]) {   /* it reaches a process that is gone: the peer rejoined */
+    if (s->socks[peer]) { /* it reaches a process that is gone: the peer rejoined */
         zmq_close(s->socks[peer]);
         s->socks[peer] = NULL;
     }
@@ -132,7 +132,7 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_RCVHWM, &zero, sizeof zero);
-    zd__transport_set_limits(sock);   /* it receives answers: bounded like the ROUTER */
+    zd__transport_set_limits(sock); /* it receives answers: bounded like the ROUTER */
     /* Not ZMQ_IMMEDIATE: with it, an answer that arrived just before its
        sender closed the connection would be thrown away unread. A send to a
        peer that is gone just waits; the call's deadline or the peer's lost

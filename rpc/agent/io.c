@@ -96,8 +96,10 @@ static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes, bool *oom)
             m->frames = nf;
             m->cap = ncap;
         }
-        m->frames[n++] = (rpc_frame_t){.data = zmq_msg_data(z), .size = zmq_msg_size(z),
-                                       .release = frame_release, .release_arg = z};
+        m->frames[n++] = (rpc_frame_t){.data = zmq_msg_data(z),
+                                       .size = zmq_msg_size(z),
+                                       .release = frame_release,
+                                       .release_arg = z};
     }
     if (too_many) {
         release_frames(m->frames, n);
@@ -109,8 +111,8 @@ static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes, bool *oom)
 static bool is_request(int type)
 {
     return type == RPC_MSG_CALL || type == RPC_MSG_REMOTE || type == RPC_MSG_RREF_FETCH ||
-           type == RPC_MSG_RREF_USER_DELETE || type == RPC_MSG_RREF_FORK_REQUEST ||
-           type == RPC_MSG_RREF_CHILD_ACCEPT;
+        type == RPC_MSG_RREF_USER_DELETE || type == RPC_MSG_RREF_FORK_REQUEST ||
+        type == RPC_MSG_RREF_CHILD_ACCEPT;
 }
 
 void zd__transport_msg_done(inmsg_t *m)
@@ -131,8 +133,10 @@ static void log_unknown_sender(void)
     int64_t now = zd__agent_now_ns();
     if (now - last_ns < ZD__NS_PER_S)
         return;
-    zd__log(ZD_LOG_WARN, "rpc: dropped %ld message(s) from an unknown sender (routing id not "
-            "a rank)", dropped);
+    zd__log(ZD_LOG_WARN,
+            "rpc: dropped %ld message(s) from an unknown sender (routing id not "
+            "a rank)",
+            dropped);
     last_ns = now;
     dropped = 0;
 }
@@ -203,8 +207,8 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         m->n = n;
         return 1;
     }
-    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
-            a->peers[src].name, src, zd_error_last());
+    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name,
+            src, zd_error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
     if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
@@ -252,11 +256,15 @@ static bool refuse_lost(agent_t *a, inmsg_t *m)
     if (is_request(m->h.type)) {
         char text[256];
         if (atomic_load(&p->unreached))
-            snprintf(text, sizeof text, "\"%s\" (rank %d) has not reached you since it joined "
-                     "the running world: try again later", a->name, a->rank);
+            snprintf(text, sizeof text,
+                     "\"%s\" (rank %d) has not reached you since it joined "
+                     "the running world: try again later",
+                     a->name, a->rank);
         else
-            snprintf(text, sizeof text, "\"%s\" (rank %d) declared you lost and released what "
-                     "you held: leave the world", a->name, a->rank);
+            snprintf(text, sizeof text,
+                     "\"%s\" (rank %d) declared you lost and released what "
+                     "you held: leave the world",
+                     a->name, a->rank);
         zd__transport_answer_error(a, m, m->h.id, text);
     }
     return true;
@@ -356,10 +364,14 @@ static void fail_interrupted(agent_t *a, peer_t *p)
 {
     int64_t down_ms = (zd__agent_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
     char text[192];
-    snprintf(text, sizeof text, "the connection to it was down for %lld ms and came back; "
-             "the request may or may not have run", (long long)down_ms);
-    zd__log(ZD_LOG_WARN, "rpc: connection to \"%s\" (rank %d) came back after %lld ms down; "
-            "calls waiting for it fail", p->name, p->rank, (long long)down_ms);
+    snprintf(text, sizeof text,
+             "the connection to it was down for %lld ms and came back; "
+             "the request may or may not have run",
+             (long long)down_ms);
+    zd__log(ZD_LOG_WARN,
+            "rpc: connection to \"%s\" (rank %d) came back after %lld ms down; "
+            "calls waiting for it fail",
+            p->name, p->rank, (long long)down_ms);
     zd__call_fail_peer(a, p->rank, text, ZD_ERR_PEER);
 }
 
@@ -376,26 +388,25 @@ static void handle_monitor(agent_t *a, peer_t *p)
         memcpy(&event, zmq_msg_data(&m), 2);
     bool more = zmq_msg_more(&m);
     zmq_msg_close(&m);
-    while (more) {   /* the endpoint */
+    while (more) { /* the endpoint */
         zmq_msg_init(&m);
         more = zmq_msg_recv(&m, p->monitor, 0) >= 0 && zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         p->remake_at_ns = 0;
-        zd__membership_reached(a, p->rank);   /* when it was not reached at the join */
+        zd__membership_reached(a, p->rank); /* when it was not reached at the join */
         atomic_store(&p->lost, false);
-        if (p->fail_at_ns)   /* back within the grace, not declared lost */
+        if (p->fail_at_ns) /* back within the grace, not declared lost */
             fail_interrupted(a, p);
         p->fail_at_ns = 0;
-        if (p->reoffer) {   /* a restarted peer: now a send cannot block */
+        if (p->reoffer) { /* a restarted peer: now a send cannot block */
             p->reoffer = false;
             zd__shm_offer(a, p->rank);
         }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
         if (!atomic_load(&a->closing))
-            zd__log(ZD_LOG_INFO, "rpc: connection to \"%s\" (rank %d) went down", p->name,
-                    p->rank);
+            zd__log(ZD_LOG_INFO, "rpc: connection to \"%s\" (rank %d) went down", p->name, p->rank);
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__agent_now_ns();
         p->fail_at_ns = zd__deadline_after(p->down_since_ns, LOST_GRACE_MS);
@@ -403,8 +414,10 @@ static void handle_monitor(agent_t *a, peer_t *p)
         /* The peer does not know our key yet (it joined, or we did, and
            rank 0's word has not reached it): libzmq does not connect again
            after a refusal, so the socket is made anew a little later. */
-        zd__log(ZD_LOG_INFO, "rpc: \"%s\" (rank %d) refused this process's key; connecting "
-                "again in %d ms", p->name, p->rank, REMAKE_MS);
+        zd__log(ZD_LOG_INFO,
+                "rpc: \"%s\" (rank %d) refused this process's key; connecting "
+                "again in %d ms",
+                p->name, p->rank, REMAKE_MS);
         p->remake_at_ns = zd__deadline_after(zd__agent_now_ns(), REMAKE_MS);
     }
 }
@@ -420,7 +433,7 @@ static bool remake_refused(agent_t *a, int64_t now)
             continue;
         p->remake_at_ns = 0;
         if (zd__peer_gone(p))
-            continue;   /* lost meanwhile: its rejoin makes it */
+            continue; /* lost meanwhile: its rejoin makes it */
         /* Another monitor name, and zd_rpc_sync's sockets are made again too. */
         atomic_fetch_add(&p->incarnation, 1);
         if (zd__transport_renew_peer(a, p) < 0)
@@ -462,7 +475,7 @@ static void fail_lost_peers(agent_t *a, int64_t now)
         if (!p->fail_at_ns || now < p->fail_at_ns || atomic_load(&a->closing))
             continue;
         p->fail_at_ns = 0;
-        zd__peer_declare_lost(a, i, p->down_since_ns);   /* peer_lost.c */
+        zd__peer_declare_lost(a, i, p->down_since_ns); /* peer_lost.c */
     }
 }
 
@@ -508,14 +521,14 @@ void *zd__transport_io_main(void *arg)
         bool may_sleep = !polling && !look_again;
         look_again = false;
         if (may_sleep) {
-            atomic_store(&a->io_asleep, true);   /* before the look: see zd__agent_poll_future */
+            atomic_store(&a->io_asleep, true); /* before the look: see zd__agent_poll_future */
             if (zd__agent_io_poll_wanted(a)) {
                 atomic_store(&a->io_asleep, false);
                 may_sleep = false;
             }
         }
-        int rc = zmq_poll(items, 2, may_sleep ? IO_TICK_MS : 0);   /* monitors: on ticks */
-        if (may_sleep)   /* while polling the flag stays down: no store per look */
+        int rc = zmq_poll(items, 2, may_sleep ? IO_TICK_MS : 0); /* monitors: on ticks */
+        if (may_sleep) /* while polling the flag stays down: no store per look */
             atomic_store(&a->io_asleep, false);
         if (rc < 0 && errno != EINTR)
             break;
@@ -543,7 +556,7 @@ void *zd__transport_io_main(void *arg)
         else if (now < next_tick) {
             sched_yield();
             continue;
-        }       /* an empty look while polling: the ticks can wait */
+        } /* an empty look while polling: the ticks can wait */
         next_tick = now + ZD__NS_PER_MS;
         if (now >= next_monitor_poll) {
             next_monitor_poll = zd__deadline_after(now, MONITOR_POLL_MS);

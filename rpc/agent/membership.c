@@ -33,7 +33,7 @@
     to the I/O thread, which makes them anew (io_renew, its a->io_renew);
     zd_rpc_sync's per-thread sockets notice the new incarnation when next
     used (direct.c). */
-#define _GNU_SOURCE   /* pthread_timedjoin_np: a bounded join at shutdown */
+#define _GNU_SOURCE /* pthread_timedjoin_np: a bounded join at shutdown */
 #include "rpc/agent/membership.h"
 
 #include <errno.h>
@@ -49,26 +49,26 @@
 #include "rpc/agent/security.h"
 #include "rpc/agent/shm.h"
 
-#define RENEW_WAIT_MS 10000     /* a renewal: the release before, the I/O thread */
-#define NOTIFY_WAIT_MS 5000     /* rank 0: the members' acknowledgements */
-#define DESK_POLL_MS 200        /* how often the thread looks at its stop flag */
-#define RESEND_MS 2000          /* a member's registration with a lost rank 0 */
-#define RETELL_MS 1000          /* rank 0: an announcement a member did not take */
+#define RENEW_WAIT_MS  10000 /* a renewal: the release before, the I/O thread */
+#define NOTIFY_WAIT_MS 5000  /* rank 0: the members' acknowledgements */
+#define DESK_POLL_MS   200   /* how often the thread looks at its stop flag */
+#define RESEND_MS      2000  /* a member's registration with a lost rank 0 */
+#define RETELL_MS      1000  /* rank 0: an announcement a member did not take */
 
 struct membership {
     char master[256];
     int port;
-    void *desk;                 /* rank 0: the rendezvous ROUTER */
+    void *desk; /* rank 0: the rendezvous ROUTER */
     char bound[MEMBERSHIP_MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];
     char bound_ip[MEMBERSHIP_MAX_BINDS][ZD_ADDR_MAX];
     int n_bound;
 
     pthread_t thread;
     bool started;
-    bool abandoned;             /* its thread did not stop: nothing is freed */
+    bool abandoned; /* its thread did not stop: nothing is freed */
     atomic_bool stop;
     pthread_mutex_t lock;
-    pthread_cond_t cond;        /* master lost, a renewal done, stop */
+    pthread_cond_t cond; /* master lost, a renewal done, stop */
     bool master_lost;
 
     /* Rank 0's desk thread: owed[i * world + r], member i has not taken
@@ -83,7 +83,7 @@ struct membership {
        nothing. */
     int64_t *seen;
 
-    pthread_mutex_t serial;     /* one renewal at a time */
+    pthread_mutex_t serial; /* one renewal at a time */
     int renew_rank;
     char renew_ep[ZD_RPC_MAX_ENDPOINT + 1];
     char renew_key[SECURITY_KEY_TXT];
@@ -150,9 +150,11 @@ void zd__membership_mark_unreached(agent_t *a, int rank)
     peer_t *p = &a->peers[rank];
     atomic_store(&p->unreached, true);
     zd__membership_mark_lost(a, rank);
-    zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) at %s did not answer within %d ms of this "
+    zd__log(ZD_LOG_WARN,
+            "rpc: \"%s\" (rank %d) at %s did not answer within %d ms of this "
             "process joining the running world: lost until its connection comes up or it "
-            "rejoins", p->name, rank, p->endpoint, JOIN_PEER_WAIT_MS);
+            "rejoins",
+            p->name, rank, p->endpoint, JOIN_PEER_WAIT_MS);
 }
 
 /* Rank counts again: alive, and (on rank 0) in the shutdown rounds after
@@ -232,9 +234,10 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
         zd__peer_declare_lost(a, rank, now_ns());
     if (!release_over(a, rank, deadline)) {
         pthread_mutex_unlock(&mb->serial);
-        return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: what its old process held "
-                                 "is still being released after %d s", rank,
-                                 (int)(RENEW_WAIT_MS / ZD__MS_PER_S));
+        return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                 "rejoin of rank %d: what its old process held "
+                                 "is still being released after %d s",
+                                 rank, (int)(RENEW_WAIT_MS / ZD__MS_PER_S));
     }
     if (name)
         snprintf(a->peers[rank].name, sizeof a->peers[rank].name, "%s", name);
@@ -263,8 +266,10 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
         mb->seen[rank] = turn;
     pthread_mutex_unlock(&mb->serial);
     if (!done)
-        return zd_error_set_code(ZD_ERR_TIMEOUT, "rejoin of rank %d: the I/O thread did not "
-                                 "renew its sockets in time", rank);
+        return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                 "rejoin of rank %d: the I/O thread did not "
+                                 "renew its sockets in time",
+                                 rank);
     if (rc < 0)
         return zd_error_set("rejoin of rank %d: %s", rank, error);
     return 0;
@@ -368,8 +373,12 @@ static zd_future_t *announce(agent_t *a, membership_t *mb, int to, int rank)
     pthread_mutex_unlock(&mb->lock);
     if (!args)
         return NULL;
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_member", .api = "rejoin", .args = args,
-                      .timeout_ms = NOTIFY_WAIT_MS, .hooked = false};
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .fn = "__zd_member",
+                      .api = "rejoin",
+                      .args = args,
+                      .timeout_ms = NOTIFY_WAIT_MS,
+                      .hooked = false};
     zd_future_t *f = zd__call_start(a, to, &req);
     zd_value_unref(args);
     return f;
@@ -417,8 +426,10 @@ static void notify_members(agent_t *a, membership_t *mb, int rank)
         if (!fs[i])
             continue;
         if (zd_future_wait(fs[i], NOTIFY_WAIT_MS) < 0) {
-            zd__log(ZD_LOG_WARN, "rpc: rejoin of rank %d: \"%s\" (rank %d) did not take it: %s "
-                    "(told again until it does)", rank, a->peers[i].name, i, zd_error_last());
+            zd__log(ZD_LOG_WARN,
+                    "rpc: rejoin of rank %d: \"%s\" (rank %d) did not take it: %s "
+                    "(told again until it does)",
+                    rank, a->peers[i].name, i, zd_error_last());
             mb->owed[(size_t)i * (size_t)w + (size_t)rank] = true;
         }
         zd_future_unref(fs[i]);
@@ -454,7 +465,7 @@ static void retell(agent_t *a, membership_t *mb)
             continue;
         }
         if (atomic_load(&to->lost_at_ns) || atomic_load(&about->lost_at_ns))
-            continue;   /* not reached yet */
+            continue; /* not reached yet */
         mb->retell[k] = announce(a, mb, (int)(k / w), (int)(k % w));
     }
 }
@@ -495,20 +506,23 @@ static void desk_serve(agent_t *a, membership_t *mb)
     if (rc == 0 && !zd__security_key_ok(a, r.key))
         rc = -1, snprintf(why, sizeof why, "a key that does not fit this world");
     else if (rc == 0 && zd__security_registration_refused(a, peer, r.endpoint))
-        rc = -1, snprintf(why, sizeof why, "\"%s\" (rank %d): %s", r.name, r.rank,
-                          zd__security_registration_refused(a, peer, r.endpoint));
+        rc = -1,
+        snprintf(why, sizeof why, "\"%s\" (rank %d): %s", r.name, r.rank,
+                 zd__security_registration_refused(a, peer, r.endpoint));
     else if (rc == 0 && r.world != a->world)
         rc = -1, snprintf(why, sizeof why, "world size %d, this world's is %d", r.world, a->world);
     else if (rc == 0 && (r.rank == 0 || r.rank >= a->world))
-        rc = -1, snprintf(why, sizeof why, "rank %d, which is %s", r.rank,
-                          r.rank ? "outside the world" : "rank 0's own");
+        rc = -1,
+        snprintf(why, sizeof why, "rank %d, which is %s", r.rank,
+                 r.rank ? "outside the world" : "rank 0's own");
     else if (rc == 0 && a->peers[r.rank].name[0] && strcmp(a->peers[r.rank].name, r.name) != 0)
-        rc = -1, snprintf(why, sizeof why, "\"%s\" for rank %d, which is \"%s\" in this world",
-                          r.name, r.rank, a->peers[r.rank].name);
+        rc = -1,
+        snprintf(why, sizeof why, "\"%s\" for rank %d, which is \"%s\" in this world", r.name,
+                 r.rank, a->peers[r.rank].name);
     for (int i = 0; rc == 0 && i < a->world; i++)
         if (i != r.rank && !strcmp(a->peers[i].name, r.name))
-            rc = -1, snprintf(why, sizeof why, "\"%s\" for rank %d, the name of rank %d", r.name,
-                              r.rank, i);
+            rc = -1,
+            snprintf(why, sizeof why, "\"%s\" for rank %d, the name of rank %d", r.name, r.rank, i);
     if (atomic_load(&a->ending)) {
         /* The world is leaving: no answer, so that a process of the next
            world on this port (one that init again) says it again there. */
@@ -518,8 +532,10 @@ static void desk_serve(agent_t *a, membership_t *mb)
     if (rc == 0 && atomic_load(&a->closing))
         rc = -1, snprintf(why, sizeof why, "rank 0 is shutting down");
     if (rc < 0) {
-        snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") of a running world turned away "
-                 "a registration from %s: %s", a->name, peer, why);
+        snprintf(text, sizeof text,
+                 "rendezvous: rank 0 (\"%s\") of a running world turned away "
+                 "a registration from %s: %s",
+                 a->name, peer, why);
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
         reply_text(mb->desk, id, RDV_ERR_TAG, text);
         zframe_destroy(&id);
@@ -542,25 +558,31 @@ static void desk_serve(agent_t *a, membership_t *mb)
            cut off): it has released what this process held, and this
            process may release what it holds. That is not a restart, and
            nothing safe can go on from it. */
-        snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") was not restarted: it is the "
+        snprintf(text, sizeof text,
+                 "rendezvous: rank 0 (\"%s\") was not restarted: it is the "
                  "process \"%s\" (rank %d) declared lost (frozen or cut off), which cannot take "
-                 "it back", a->name, r.name, r.rank);
+                 "it back",
+                 a->name, r.name, r.rank);
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
         reply_text(mb->desk, id, RDV_ERR_TAG, text);
         zframe_destroy(&id);
         return;
     }
     if (alive && !atomic_load(&p->lost)) {
-        snprintf(text, sizeof text, "rank %d (\"%s\") is still connected to rank 0: its old "
-                 "process may be alive (frozen?) or not noticed gone yet", r.rank, r.name);
+        snprintf(text, sizeof text,
+                 "rank %d (\"%s\") is still connected to rank 0: its old "
+                 "process may be alive (frozen?) or not noticed gone yet",
+                 r.rank, r.name);
         reply_text(mb->desk, id, RDV_BUSY_TAG, text);
         zframe_destroy(&id);
         return;
     }
     mb->told[r.rank]++;
     if (zd__membership_renew(a, r.rank, r.name, r.endpoint, r.key, 0) < 0) {
-        snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") could not take back \"%s\" "
-                 "(rank %d): %s", a->name, r.name, r.rank, zd_error_last());
+        snprintf(text, sizeof text,
+                 "rendezvous: rank 0 (\"%s\") could not take back \"%s\" "
+                 "(rank %d): %s",
+                 a->name, r.name, r.rank, zd_error_last());
         zd__log(ZD_LOG_WARN, "rpc: %s", text);
         reply_text(mb->desk, id, RDV_ERR_TAG, text);
         zframe_destroy(&id);
@@ -624,7 +646,7 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
         if (i == a->rank || t[i].lost || !t[i].endpoint[0])
             continue;
         bool moved = i == 0 || atomic_load(&p->lost_at_ns) || strcmp(p->endpoint, t[i].endpoint) ||
-                     strcmp(p->key, t[i].key);
+            strcmp(p->key, t[i].key);
         if (moved && zd__membership_renew(a, i, NULL, t[i].endpoint, t[i].key, 0) < 0)
             zd__log(ZD_LOG_WARN, "rpc: %s", zd_error_last());
     }
@@ -641,7 +663,8 @@ static void await_master(agent_t *a, membership_t *mb)
     }
     char limit[48] = "without limit";
     if (!forever)
-        snprintf(limit, sizeof limit, "up to %lld s", (long long)(a->master_wait_ms / ZD__MS_PER_S));
+        snprintf(limit, sizeof limit, "up to %lld s",
+                 (long long)(a->master_wait_ms / ZD__MS_PER_S));
     zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting %s for it to restart at %s",
             a->peers[0].name, limit, ep);
     rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
@@ -652,7 +675,7 @@ static void await_master(agent_t *a, membership_t *mb)
     if (!table || !lost || !sock)
         goto out;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero);   /* see join_rendezvous */
+    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero); /* see join_rendezvous */
     zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     zd__transport_use_ipv6(sock, ep);
     if (zd__security_rendezvous_client(a, sock) < 0 || zmq_connect(sock, ep) < 0)
@@ -678,8 +701,8 @@ static void await_master(agent_t *a, membership_t *mb)
             continue;
         char why[RDV_MAX_TEXT + 64];
         bool running;
-        int rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why,
-                                      sizeof why);
+        int rc =
+            zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why, sizeof why);
         zmsg_destroy(&m);
         if (rc == 0) {
             take_table(a, table);
@@ -752,7 +775,7 @@ void zd__membership_stop(agent_t *a)
         if (pthread_timedjoin_np(mb->thread, NULL, &until) != 0) {
             zd__log(ZD_LOG_ERROR, "rpc: shutdown: the membership thread did not stop");
             pthread_detach(mb->thread);
-            mb->abandoned = true;   /* left to the process: the thread may still use it */
+            mb->abandoned = true; /* left to the process: the thread may still use it */
             return;
         }
     }
@@ -819,9 +842,10 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
         if (now_ns() >= deadline) {
             char text[256] = "";
             zd__peer_lost(a, rank, text, sizeof text);
-            rc = zd_error_set_code(ZD_ERR_TIMEOUT, "zd_rpc_wait_peer: %s did not come back "
-                                   "within %lld ms", text[0] ? text : "the peer",
-                                   (long long)timeout_ms);
+            rc = zd_error_set_code(ZD_ERR_TIMEOUT,
+                                   "zd_rpc_wait_peer: %s did not come back "
+                                   "within %lld ms",
+                                   text[0] ? text : "the peer", (long long)timeout_ms);
             goto out;
         }
         /* The state changes on the I/O thread: a short look each time. */

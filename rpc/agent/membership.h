@@ -21,8 +21,7 @@ int zd__membership_new(agent_t *a, const char *master, int port);
 
 /*  Rank 0, at the end of its rendezvous: keeps its socket (taken) and rank
     0's agent endpoints, to answer processes that restart later. */
-void zd__membership_keep_desk(agent_t *a, void *sock,
-                              char bound[][ZD_RPC_MAX_ENDPOINT + 1],
+void zd__membership_keep_desk(agent_t *a, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
                               char bound_ip[][ZD_ADDR_MAX], int n_bound);
 
 /*  After zd_rpc_init's last step: starts the thread that answers restarted

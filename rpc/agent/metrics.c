@@ -16,7 +16,7 @@
 #include "rpc/agent/stream.h"
 
 #define PER_OCTAVE 16
-#define DEBUG_MAX 64        /* counters printed or searched */
+#define DEBUG_MAX  64 /* counters printed or searched */
 
 void zd__metrics_init(peer_metrics_t *m)
 {
@@ -113,8 +113,10 @@ int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out, size_t size)
     int rc = 0;
     zd_rpc_metrics_t m;
     if (peer >= a->world) {
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_metrics_get: no worker with rank %d "
-                               "(world size %d)", peer, a->world);
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                               "zd_rpc_metrics_get: no worker with rank %d "
+                               "(world size %d)",
+                               peer, a->world);
     } else {
         zd__metrics_collect(a, peer, &m);
         rc = zd__sized_write(out, size, &m, sizeof m,
@@ -127,11 +129,10 @@ int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out, size_t size)
 
 static void print_line(FILE *f, const char *who, int rank, const zd_rpc_metrics_t *m)
 {
-    fprintf(f, "%-16s %5d %9lld %9lld %6lld %12lld %12lld %6lld %6lld %10.1f %10.1f %10.1f\n",
-            who, rank, (long long)m->calls_sent, (long long)m->calls_served,
-            (long long)m->errors, (long long)m->bytes_sent, (long long)m->bytes_received,
-            (long long)m->in_flight, (long long)m->serving, m->latency_mean_us,
-            m->latency_p50_us, m->latency_p99_us);
+    fprintf(f, "%-16s %5d %9lld %9lld %6lld %12lld %12lld %6lld %6lld %10.1f %10.1f %10.1f\n", who,
+            rank, (long long)m->calls_sent, (long long)m->calls_served, (long long)m->errors,
+            (long long)m->bytes_sent, (long long)m->bytes_received, (long long)m->in_flight,
+            (long long)m->serving, m->latency_mean_us, m->latency_p50_us, m->latency_p99_us);
 }
 
 void zd_rpc_metrics_print(FILE *f)
@@ -142,9 +143,9 @@ void zd_rpc_metrics_print(FILE *f)
         return;
     }
     fprintf(f, "rpc metrics of \"%s\" (rank %d)\n", a->name, a->rank);
-    fprintf(f, "%-16s %5s %9s %9s %6s %12s %12s %6s %6s %10s %10s %10s\n", "peer", "rank",
-            "sent", "served", "errors", "bytes_out", "bytes_in", "flight", "serve",
-            "mean_us", "p50_us", "p99_us");
+    fprintf(f, "%-16s %5s %9s %9s %6s %12s %12s %6s %6s %10s %10s %10s\n", "peer", "rank", "sent",
+            "served", "errors", "bytes_out", "bytes_in", "flight", "serve", "mean_us", "p50_us",
+            "p99_us");
     zd_rpc_metrics_t m;
     for (int i = 0; i < a->world; i++) {
         zd__metrics_collect(a, i, &m);
@@ -191,8 +192,8 @@ int zd_rpc_get_debug_info(zd_rpc_debug_item_t *items, int max)
     n = add_item(items, max, n, "num_owner_rrefs", zd_rpc_debug_owner_rrefs());
     n = add_item(items, max, n, "num_pending_streams", zd__transport_stream_pending());
     if (a->has_hooks && a->hooks.debug_info) {
-        int more = a->hooks.debug_info(a->hooks.arg, n < max ? items + n : NULL,
-                                       n < max ? max - n : 0);
+        int more =
+            a->hooks.debug_info(a->hooks.arg, n < max ? items + n : NULL, n < max ? max - n : 0);
         n += more > 0 ? more : 0;
     }
     zd__agent_release(a);

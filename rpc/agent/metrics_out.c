@@ -33,19 +33,19 @@
 #include <zdist/error.h>
 
 #define DEFAULT_INTERVAL_S 10.0
-#define DEBUG_ITEMS 64
+#define DEBUG_ITEMS        64
 
 struct metrics_out {
     agent_t *a;
     int fd;
     char *path;
     double interval_s;
-    double start;               /* monotonic seconds at zd_rpc_init */
+    double start; /* monotonic seconds at zd_rpc_init */
     pthread_t thread;
-    bool live;                  /* RPC runs: shutdown writes the last line */
-    bool started;               /* the thread runs */
+    bool live;    /* RPC runs: shutdown writes the last line */
+    bool started; /* the thread runs */
     pthread_mutex_t lock;
-    pthread_cond_t wake;        /* on the monotonic clock */
+    pthread_cond_t wake; /* on the monotonic clock */
     bool stop;
 };
 
@@ -84,9 +84,10 @@ static void put_double(FILE *f, double x)
 
 static void put_counters(FILE *f, const zd_rpc_metrics_t *m)
 {
-    fprintf(f, "\"calls_sent\":%lld,\"calls_served\":%lld,\"errors\":%lld,"
-               "\"bytes_sent\":%lld,\"bytes_received\":%lld,\"in_flight\":%lld,"
-               "\"serving\":%lld,\"latency_mean_us\":",
+    fprintf(f,
+            "\"calls_sent\":%lld,\"calls_served\":%lld,\"errors\":%lld,"
+            "\"bytes_sent\":%lld,\"bytes_received\":%lld,\"in_flight\":%lld,"
+            "\"serving\":%lld,\"latency_mean_us\":",
             (long long)m->calls_sent, (long long)m->calls_served, (long long)m->errors,
             (long long)m->bytes_sent, (long long)m->bytes_received, (long long)m->in_flight,
             (long long)m->serving);
@@ -120,8 +121,8 @@ static int write_line(struct metrics_out *mo, bool final)
     fprintf(f, "{\"time\":%lld.%03ld,\"worker\":", (long long)now.tv_sec,
             now.tv_nsec / ZD__NS_PER_MS);
     put_string(f, a->name);
-    fprintf(f, ",\"rank\":%d,\"world_size\":%d,\"final\":%s,\"uptime_s\":%.3f,", a->rank,
-            a->world, final ? "true" : "false", mono_s() - mo->start);
+    fprintf(f, ",\"rank\":%d,\"world_size\":%d,\"final\":%s,\"uptime_s\":%.3f,", a->rank, a->world,
+            final ? "true" : "false", mono_s() - mo->start);
     zd_rpc_metrics_t m;
     zd__metrics_collect(a, -1, &m);
     put_counters(f, &m);
@@ -211,8 +212,10 @@ static int interval_from_env(double *out)
     errno = 0;
     double x = strtod(env, &end);
     if (end == env || *end || errno || !isfinite(x) || x < 0.001 || x > 1e6)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "ZDIST_METRICS_INTERVAL_S=\"%s\": expected "
-                                 "a number of seconds from 0.001 to 1e6", env);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "ZDIST_METRICS_INTERVAL_S=\"%s\": expected "
+                                 "a number of seconds from 0.001 to 1e6",
+                                 env);
     *out = x;
     return 0;
 }
@@ -249,7 +252,7 @@ static char *file_path(const char *dir, const agent_t *a)
     for (; a->name[i] && i < ZD_RPC_MAX_NAME; i++) {
         char c = a->name[i];
         bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                  c == '.' || c == '_' || c == '-';
+            c == '.' || c == '_' || c == '-';
         name[i] = ok ? c : '_';
     }
     name[i] = '\0';

@@ -37,8 +37,7 @@ typedef struct {
     const char *api;
 } listeners_t;
 
-static listeners_t g_lost = {.lock = PTHREAD_MUTEX_INITIALIZER,
-                             .api = "zd_rpc_register_peer_lost"};
+static listeners_t g_lost = {.lock = PTHREAD_MUTEX_INITIALIZER, .api = "zd_rpc_register_peer_lost"};
 static listeners_t g_joined = {.lock = PTHREAD_MUTEX_INITIALIZER,
                                .api = "zd_rpc_register_peer_joined"};
 
@@ -97,8 +96,10 @@ bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size)
         return false;
     double ago = (double)(zd__agent_now_ns() - at) / (double)ZD__NS_PER_S;
     if (text && size && atomic_load(&a->peers[rank].unreached))
-        snprintf(text, size, "peer \"%s\" (rank %d) not reached since this process joined the "
-                 "running world %.1f s ago", a->peers[rank].name, rank, ago);
+        snprintf(text, size,
+                 "peer \"%s\" (rank %d) not reached since this process joined the "
+                 "running world %.1f s ago",
+                 a->peers[rank].name, rank, ago);
     else if (text && size)
         snprintf(text, size, "peer \"%s\" (rank %d) lost %.1f s ago", a->peers[rank].name, rank,
                  ago);
@@ -131,10 +132,11 @@ static void release_peer(void *arg)
     if (a->has_hooks && a->hooks.on_peer_lost)
         a->hooks.on_peer_lost(a->hooks.arg, r->rank);
     listeners_run(&g_lost, r->rank, name);
-    zd__log(ZD_LOG_WARN, "rpc: released what lost \"%s\" (rank %d) held: %lld RRef fork(s), "
-            "%lld value(s) freed, %d call(s) no longer waited for", name, r->rank,
-            (long long)forks, (long long)freed, cancelled);
-    atomic_store(&a->peers[r->rank].releasing, false);   /* it may rejoin (membership.c) */
+    zd__log(ZD_LOG_WARN,
+            "rpc: released what lost \"%s\" (rank %d) held: %lld RRef fork(s), "
+            "%lld value(s) freed, %d call(s) no longer waited for",
+            name, r->rank, (long long)forks, (long long)freed, cancelled);
+    atomic_store(&a->peers[r->rank].releasing, false); /* it may rejoin (membership.c) */
     free(r);
 }
 
@@ -150,8 +152,8 @@ void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns)
 {
     peer_t *p = &a->peers[rank];
     int64_t expected = 0;
-    if (rank == a->rank || !atomic_compare_exchange_strong(&p->lost_at_ns, &expected,
-                                                           since_ns ? since_ns : 1))
+    if (rank == a->rank ||
+        !atomic_compare_exchange_strong(&p->lost_at_ns, &expected, since_ns ? since_ns : 1))
         return;
     atomic_fetch_add(&a->n_lost, 1);
     atomic_store(&p->releasing, true);

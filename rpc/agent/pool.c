@@ -7,7 +7,7 @@
     pool starts another thread when work is queued and fewer than `core`
     threads are runnable. Threads above `core` leave after a few idle
     seconds. The hard limit only guards against runaway recursion. */
-#define _GNU_SOURCE   /* pthread_timedjoin_np: bounded joins at shutdown */
+#define _GNU_SOURCE /* pthread_timedjoin_np: bounded joins at shutdown */
 #include "rpc/agent/agent.h"
 
 #include <errno.h>
@@ -30,20 +30,20 @@ typedef struct worker {
 
 struct pool {
     pthread_mutex_t lock;
-    pthread_cond_t cond;        /* work queued, or stop */
-    pthread_cond_t gone;        /* a thread exited */
+    pthread_cond_t cond; /* work queued, or stop */
+    pthread_cond_t gone; /* a thread exited */
     task_t *head, *tail;
     int core;
-    int total;                  /* live threads */
-    int idle;                   /* waiting for work */
-    int blocked;                /* inside zd__pool_block_begin/end */
+    int total;   /* live threads */
+    int idle;    /* waiting for work */
+    int blocked; /* inside zd__pool_block_begin/end */
     bool stop;
-    worker_t *live;             /* every thread started, for joining */
-    worker_t *exited;           /* threads that left early: joined lazily */
+    worker_t *live;   /* every thread started, for joining */
+    worker_t *exited; /* threads that left early: joined lazily */
 };
 
 static __thread pool_t *tls_pool;
-static __thread int tls_blocked;    /* nesting depth of block_begin on this thread */
+static __thread int tls_blocked; /* nesting depth of block_begin on this thread */
 
 static void *worker_main(void *arg);
 
@@ -235,15 +235,17 @@ int zd__pool_destroy(pool_t *p, int64_t wait_ms)
     while (live) {
         worker_t *next = live->next;
         if (pthread_timedjoin_np(live->thread, NULL, &until) != 0) {
-            pthread_detach(live->thread);   /* a handler stuck in user code */
+            pthread_detach(live->thread); /* a handler stuck in user code */
             stuck++;
         }
         free(live);
         live = next;
     }
     if (stuck) {
-        zd__log(ZD_LOG_ERROR, "rpc: shutdown: %d handler thread(s) still running after %lld ms "
-                "(stuck in a handler?): left running, with the pool", stuck, (long long)wait_ms);
+        zd__log(ZD_LOG_ERROR,
+                "rpc: shutdown: %d handler thread(s) still running after %lld ms "
+                "(stuck in a handler?): left running, with the pool",
+                stuck, (long long)wait_ms);
         return -1;
     }
     pthread_mutex_lock(&p->lock);

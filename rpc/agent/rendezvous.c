@@ -49,16 +49,16 @@
 #include "rpc/world/rendezvous.h"
 #include "rpc/agent/security.h"
 
-#define MAX_BINDS MEMBERSHIP_MAX_BINDS   /* addresses rank 0 listens on, per socket */
-#define RESEND_MS 2000                  /* a joiner registers again if unanswered */
+#define MAX_BINDS MEMBERSHIP_MAX_BINDS /* addresses rank 0 listens on, per socket */
+#define RESEND_MS 2000                 /* a joiner registers again if unanswered */
 
 typedef struct {
     bool present;
-    zframe_t *identity;     /* NULL for rank 0 itself */
+    zframe_t *identity; /* NULL for rank 0 itself */
     char name[ZD_RPC_MAX_NAME + 1];
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
-    char peer[ZD_ADDR_MAX];     /* where the registration came from */
-    int via;                    /* rank 0's endpoint for it (index into bound[]) */
+    char peer[ZD_ADDR_MAX]; /* where the registration came from */
+    int via;                /* rank 0's endpoint for it (index into bound[]) */
     char key[SECURITY_KEY_TXT];
 } slot_t;
 
@@ -66,12 +66,12 @@ typedef struct {
     agent_t *a;
     void *sock;
     slot_t *slots;
-    char turned_away[512];      /* the last rejections, for the timeout's message */
-    char bound[MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];   /* rank 0's agent endpoints */
+    char turned_away[512]; /* the last rejections, for the timeout's message */
+    char bound[MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1]; /* rank 0's agent endpoints */
     char bound_ip[MAX_BINDS][ZD_ADDR_MAX];
     int n_bound;
-    bool running;               /* a member of a running world registered */
-    bool *gone;                 /* ranks lost to one of those members */
+    bool running; /* a member of a running world registered */
+    bool *gone;   /* ranks lost to one of those members */
 } host_t;
 
 static int remaining_ms(int64_t deadline)
@@ -142,8 +142,10 @@ static int bind_all(void *sock, int port)
 static int listen_rendezvous(void *sock, const char *master, int port, bool loopback_only)
 {
     if (!*master) {
-        zd__log(ZD_LOG_INFO, "rpc: rendezvous: no master address given: rank 0 listens on port "
-                "%d of every interface", port);
+        zd__log(ZD_LOG_INFO,
+                "rpc: rendezvous: no master address given: rank 0 listens on port "
+                "%d of every interface",
+                port);
         return bind_all(sock, port);
     }
     char addrs[MAX_BINDS][ZD_ADDR_MAX], ep[ZD_RPC_MAX_ENDPOINT + 1], tried[256] = "";
@@ -155,9 +157,11 @@ static int listen_rendezvous(void *sock, const char *master, int port, bool loop
     if (!zd__addr_family(master) && loopback == n && !loopback_only) {
         /* A name that means "this host" only here: other hosts resolve it to
            an address we cannot know, so listen everywhere. */
-        zd__log(ZD_LOG_WARN, "rpc: rendezvous: master address \"%s\" resolves to %s on this "
+        zd__log(ZD_LOG_WARN,
+                "rpc: rendezvous: master address \"%s\" resolves to %s on this "
                 "host, which other hosts cannot reach: rank 0 listens on port %d of every "
-                "interface (give rank 0 an IP address to listen on one)", master, addrs[0], port);
+                "interface (give rank 0 an IP address to listen on one)",
+                master, addrs[0], port);
         return bind_all(sock, port);
     }
     for (int i = 0; i < n; i++) {
@@ -175,7 +179,8 @@ static int listen_rendezvous(void *sock, const char *master, int port, bool loop
         return 0;
     return zd_error_set("rendezvous: rank 0 cannot listen at %s: rank 0 must run on the host "
                         "that master address \"%s\" names (or be given no master address, and "
-                        "then it listens on every interface)", tried, master);
+                        "then it listens on every interface)",
+                        tried, master);
 }
 
 /* ---- rank 0: registrations ---- */
@@ -191,14 +196,16 @@ static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt
     va_start(ap, fmt);
     vsnprintf(why, sizeof why, fmt, ap);
     va_end(ap);
-    snprintf(text, sizeof text, "rendezvous: rank 0 (\"%s\") turned away a registration from "
-             "%s: %s", h->a->name, peer, why);
+    snprintf(text, sizeof text,
+             "rendezvous: rank 0 (\"%s\") turned away a registration from "
+             "%s: %s",
+             h->a->name, peer, why);
     zd__log(ZD_LOG_WARN, "rpc: %s", text);
     send_error(h->sock, id, text);
     size_t len = strlen(h->turned_away);
     if (len + 80 < sizeof h->turned_away)
-        snprintf(h->turned_away + len, sizeof h->turned_away - len, "%s%s from %s",
-                 len ? "; " : "", why, peer);
+        snprintf(h->turned_away + len, sizeof h->turned_away - len, "%s%s from %s", len ? "; " : "",
+                 why, peer);
 }
 
 /* Takes one registration (the frames after the routing id): 1 when it
@@ -241,7 +248,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     }
     slot_t *s = &h->slots[r.rank];
     if (s->present && zframe_eq(s->identity, id))
-        return 0;   /* said twice on one connection */
+        return 0; /* said twice on one connection */
     for (int i = 0; i < a->world; i++)
         if (i != r.rank && h->slots[i].present && !strcmp(h->slots[i].name, r.name)) {
             turn_away(h, id, peer, "\"%s\" (rank %d) has the name of rank %d", r.name, r.rank, i);
@@ -258,14 +265,15 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     }
     bool restarted = s->present && !strcmp(s->name, r.name) && !strcmp(s->peer, peer);
     if (s->present && !restarted) {
-        turn_away(h, id, peer, "rank %d is taken by \"%s\" from %s (%s)", r.rank, s->name,
-                  s->peer, s->endpoint);
+        turn_away(h, id, peer, "rank %d is taken by \"%s\" from %s (%s)", r.rank, s->name, s->peer,
+                  s->endpoint);
         return 0;
     }
     if (restarted) {
-        zd__log(ZD_LOG_WARN, "rpc: rendezvous: \"%s\" (rank %d) registered again from %s, at %s "
-                "instead of %s: taking the new one", r.name, r.rank, peer, r.endpoint,
-                s->endpoint);
+        zd__log(ZD_LOG_WARN,
+                "rpc: rendezvous: \"%s\" (rank %d) registered again from %s, at %s "
+                "instead of %s: taking the new one",
+                r.name, r.rank, peer, r.endpoint, s->endpoint);
         zframe_destroy(&s->identity);
     }
     s->present = true;
@@ -312,8 +320,8 @@ static int check_reachable(host_t *h)
         zd__addr_is_loopback(ip))
         return zd_error_set("rendezvous: rank 0 (\"%s\") listens at %s (its listen address), "
                             "which \"%s\" (rank %d) on %s cannot reach: give rank 0 a listen "
-                            "address that the other hosts reach", a->name,
-                            a->peers[0].endpoint, f->name, far, f->peer);
+                            "address that the other hosts reach",
+                            a->name, a->peers[0].endpoint, f->name, far, f->peer);
     for (int i = 1; i < a->world; i++) {
         slot_t *s = &h->slots[i];
         if (s->present && zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
@@ -321,9 +329,9 @@ static int check_reachable(host_t *h)
             return zd_error_set("rendezvous: \"%s\" (rank %d, on %s) advertises %s, which "
                                 "\"%s\" (rank %d) on %s cannot reach: start rank %d with a "
                                 "--master_addr (or --listen_addr, ZDIST_LISTEN_ADDR) that the "
-                                "other hosts reach, not a loopback one", s->name, i,
-                                on_this_host(s->peer) ? "rank 0's host" : s->peer, s->endpoint,
-                                i == far ? a->name : f->name, i == far ? 0 : far,
+                                "other hosts reach, not a loopback one",
+                                s->name, i, on_this_host(s->peer) ? "rank 0's host" : s->peer,
+                                s->endpoint, i == far ? a->name : f->name, i == far ? 0 : far,
                                 i == far ? "rank 0's host" : f->peer, i);
     }
     return 0;
@@ -365,8 +373,7 @@ static int listen_agent(host_t *h, const char *master)
         /* Where the registration came from; the advertised address when
            the connection does not say (it always does over TCP). */
         const char *to = s->peer;
-        if (!zd__addr_family(to) &&
-            zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0)
+        if (!zd__addr_family(to) && zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0)
             to = ip;
         char from[ZD_ADDR_MAX];
         if (zd__addr_route_from(to, from, sizeof from) < 0)
@@ -423,8 +430,7 @@ static int send_tables(host_t *h)
         snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", h->slots[i].name);
         snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", h->slots[i].key);
         if (i)
-            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s",
-                     h->slots[i].endpoint);
+            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", h->slots[i].endpoint);
     }
     char status[RDV_MAX_TEXT];
     if (h->running) {
@@ -436,14 +442,16 @@ static int send_tables(host_t *h)
         for (int i = 1; i < a->world; i++)
             if (h->gone[i])
                 zd__membership_mark_lost(a, i);
-        zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") restarted and joined the running world "
-                "(%s)", a->name, status);
+        zd__log(ZD_LOG_WARN,
+                "rpc: rank 0 (\"%s\") restarted and joined the running world "
+                "(%s)",
+                a->name, status);
     }
     for (int j = 1; j < a->world; j++) {
         if (!h->slots[j].present)
             continue;
-        zmsg_t *table = zd__rendezvous_table(a, h->bound[h->slots[j].via],
-                                             h->running ? status : NULL);
+        zmsg_t *table =
+            zd__rendezvous_table(a, h->bound[h->slots[j].via], h->running ? status : NULL);
         send_to(h->sock, h->slots[j].identity, table);
         zmsg_destroy(&table);
     }
@@ -463,13 +471,13 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             zmq_close(h.sock);
         return zd_error_set("rendezvous: cannot create the master socket");
     }
-    set_int(h.sock, ZMQ_LINGER, 2000);   /* lets the table reach everyone after we return */
+    set_int(h.sock, ZMQ_LINGER, 2000); /* lets the table reach everyone after we return */
     set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     int rc = -1;
     if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
         goto out;
-    zd__security_watch(a, h.sock, "the rendezvous");   /* before the first connection */
+    zd__security_watch(a, h.sock, "the rendezvous"); /* before the first connection */
     if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(a)) < 0)
         goto out;
     h.slots[0].present = true;
@@ -485,8 +493,9 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             char miss[256];
             missing_ranks(h.slots, a->world, miss, sizeof miss);
             zd_error_set("rendezvous: timed out with %d of %d workers registered (missing "
-                         "ranks %s)%s%s", count, a->world, miss,
-                         h.turned_away[0] ? "; turned away: " : "", h.turned_away);
+                         "ranks %s)%s%s",
+                         count, a->world, miss, h.turned_away[0] ? "; turned away: " : "",
+                         h.turned_away);
             broadcast_error(&h, zd_error_last());
             goto out;
         }
@@ -575,8 +584,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     if (zd__security_rendezvous_client(a, sock) < 0)
         goto out;
     if (zmq_connect(sock, ep) < 0) {
-        zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep,
-                     zmq_strerror(errno));
+        zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep, zmq_strerror(errno));
         goto out;
     }
     /* Said again every 2 s until answered: a registration that reached a
@@ -619,14 +627,16 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         if (n <= 0) {
             if (reached || !mon)
                 zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
-                             "running there, and are all %d workers started?%s)", ep, a->world,
+                             "running there, and are all %d workers started?%s)",
+                             ep, a->world,
                              zd__security_curve(a)
                                  ? " Every process needs the same world key file"
                                  : " If the world uses a key, this process needs it too");
             else
                 zd_error_set("rendezvous: could not reach the master at %s in time (no "
                              "connection: is rank 0 running there and listening on that "
-                             "address, and does a firewall let the port through?%s)", ep,
+                             "address, and does a firewall let the port through?%s)",
+                             ep,
                              zd__security_curve(a)
                                  ? " Every process needs the same world key file"
                                  : " If the world uses a key, this process needs it too");
@@ -643,8 +653,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             continue;
         char why[RDV_MAX_TEXT + 64];
         bool running;
-        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why,
-                                  sizeof why);
+        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why, sizeof why);
         zmsg_destroy(&m);
         if (rc == -2) {
             /* The process this one replaces is not gone yet at rank 0. */
@@ -686,8 +695,7 @@ out:
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
     int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
-    snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s",
-             zd__security_public_key(a));
+    snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s", zd__security_public_key(a));
     int rc = a->rank == 0 ? host_rendezvous(a, addr, port, deadline)
                           : join_rendezvous(a, addr, port, deadline);
     /* The keys of the table are who may connect from now on. */

@@ -37,12 +37,12 @@ static uint64_t rotl(uint64_t v, int b)
     return v << b | v >> (64 - b);
 }
 
-#define SIPROUND                                                                            \
-    do {                                                                                    \
-        v0 += v1, v1 = rotl(v1, 13), v1 ^= v0, v0 = rotl(v0, 32);                           \
-        v2 += v3, v3 = rotl(v3, 16), v3 ^= v2;                                              \
-        v0 += v3, v3 = rotl(v3, 21), v3 ^= v0;                                              \
-        v2 += v1, v1 = rotl(v1, 17), v1 ^= v2, v2 = rotl(v2, 32);                           \
+#define SIPROUND                                                                                   \
+    do {                                                                                           \
+        v0 += v1, v1 = rotl(v1, 13), v1 ^= v0, v0 = rotl(v0, 32);                                  \
+        v2 += v3, v3 = rotl(v3, 16), v3 ^= v2;                                                     \
+        v0 += v3, v3 = rotl(v3, 21), v3 ^= v0;                                                     \
+        v2 += v1, v1 = rotl(v1, 17), v1 ^= v2, v2 = rotl(v2, 32);                                  \
     } while (0)
 
 /* SipHash-2-4 of one 64-bit word under key k. */
@@ -50,7 +50,7 @@ static uint64_t siphash_word(const uint64_t k[2], uint64_t m)
 {
     uint64_t v0 = k[0] ^ UINT64_C(0x736f6d6570736575), v1 = k[1] ^ UINT64_C(0x646f72616e646f6d);
     uint64_t v2 = k[0] ^ UINT64_C(0x6c7967656e657261), v3 = k[1] ^ UINT64_C(0x7465646279746573);
-    const uint64_t last = UINT64_C(8) << 56;   /* the length byte of an 8-byte message */
+    const uint64_t last = UINT64_C(8) << 56; /* the length byte of an 8-byte message */
     v3 ^= m;
     SIPROUND;
     SIPROUND;
@@ -86,7 +86,7 @@ uint64_t zd__rref_new_id(agent_t *a)
             l = t;
         }
         uint64_t v = l << 24 | r;
-        if (v)   /* 0 is no id: the next counter value maps elsewhere */
+        if (v) /* 0 is no id: the next counter value maps elsewhere */
             return (uint64_t)a->rank << 48 | v;
     }
 }
@@ -269,7 +269,8 @@ static void value_arrived(zd_future_t *f, void *arg)
     value_watch_t *w = arg;
     rref_ctx_t *x = w->a->rrefs;
     pthread_mutex_lock(&x->lock);
-    owner_t *e = x->closing ? NULL : zd__rref_owner_maybe_unlink(x, zd__rref_owner_find(x, w->rref_id));
+    owner_t *e =
+        x->closing ? NULL : zd__rref_owner_maybe_unlink(x, zd__rref_owner_find(x, w->rref_id));
     pthread_mutex_unlock(&x->lock);
     zd__rref_owner_free(e);
     free(w);
@@ -282,7 +283,7 @@ void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id)
     value_watch_t *w = malloc(sizeof *w);
     ZD_FAULT_BENIGN(false);
     if (!w)
-        return;   /* the entry is then freed by its last release only */
+        return; /* the entry is then freed by its last release only */
     w->a = a;
     w->rref_id = rref_id;
     zd_future_then(value, value_arrived, w);
@@ -362,8 +363,8 @@ static void send_ack(agent_t *a, const inmsg_t *m)
     zd_value_t *none = zd_value_none();
     rpc_encoded_t enc = {0};
     if (none && zd__value_encode(none, NULL, m->src, &enc) == 0) {
-        rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta,
-                               .meta_len = enc.meta_len};
+        rpc_wire_header_t h = {
+            .type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta, .meta_len = enc.meta_len};
         if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
             zd__log(ZD_LOG_WARN, "rpc: cannot acknowledge to rank %d: %s", m->src, zd_error_last());
     }
@@ -417,10 +418,12 @@ static int wait_admit(agent_t *a, rref_ctx_t *x, int src)
         x->waits_world = a->world;
     if (x->n_waits >= RREF_MAX_FORK_WAITS)
         return zd_error_set("too many fork requests waiting for their parent (%d; asked by "
-                            "rank %d)", RREF_MAX_FORK_WAITS, src);
+                            "rank %d)",
+                            RREF_MAX_FORK_WAITS, src);
     if (src >= 0 && src < x->waits_world && x->waits_by_peer[src] >= RREF_MAX_FORK_WAITS_PEER)
         return zd_error_set("too many fork requests waiting for their parent asked by rank %d "
-                            "(%d)", src, RREF_MAX_FORK_WAITS_PEER);
+                            "(%d)",
+                            src, RREF_MAX_FORK_WAITS_PEER);
     return 0;
 }
 
@@ -441,9 +444,10 @@ static void waits_release(rref_ctx_t *x, owner_t *e, fork_wait_t **ready)
             int holder = zd__rref_owner_fork_holder(e, w->fork_id);
             if (holder >= 0 && holder != w->src) {
                 w->refused = true;
-                snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of "
-                         "RRef %" PRIx64 " refused: rank %d holds that fork", w->src, w->fork_id,
-                         w->rref_id, holder);
+                snprintf(w->why, sizeof w->why,
+                         "fork request of rank %d for fork %" PRIx64 " of "
+                         "RRef %" PRIx64 " refused: rank %d holds that fork",
+                         w->src, w->fork_id, w->rref_id, holder);
             } else if (zd__rref_owner_add_fork(e, w->fork_id, w->src) < 0) {
                 w->refused = true;
                 snprintf(w->why, sizeof w->why, "RRef: out of memory");
@@ -493,17 +497,17 @@ static void waits_answer(agent_t *a, fork_wait_t *list)
         if (w->refused) {
             static _Atomic int64_t last;
             if (!w->silent && log_due(&last))
-                zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, w->src),
-                        w->src, w->why);
+                zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, w->src), w->src,
+                        w->why);
             if (!w->silent)
                 zd__transport_answer_error(a, &m, w->req_id, w->why);
             if (w->settled)
                 zd_future_set_error(w->settled, "%s", w->why);
         } else {
             send_ack(a, &m);
-            if (w->settled && w->value && zd_future_then(w->value, forward_value,
-                                                         zd_future_ref(w->settled)) < 0) {
-                zd_future_unref(w->settled);   /* the reference given to forward_value */
+            if (w->settled && w->value &&
+                zd_future_then(w->value, forward_value, zd_future_ref(w->settled)) < 0) {
+                zd_future_unref(w->settled); /* the reference given to forward_value */
                 zd_future_set_error(w->settled, "RRef: out of memory");
             }
         }
@@ -530,13 +534,13 @@ static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
     return zd__deadline_after(zd__agent_now_ns(), t);
 }
 
-void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src,
-                              int64_t timeout_ms)
+void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, int64_t timeout_ms)
 {
     e->expire_ns = placeholder_expiry(a, timeout_ms);
     if (e->expire_ns < x->ph_due_ns || x->n_placeholders == 1)
         x->ph_due_ns = e->expire_ns;
-    if (!x->ph_by_peer && a->world > 0 && (x->ph_by_peer = calloc((size_t)a->world, sizeof *x->ph_by_peer)))
+    if (!x->ph_by_peer && a->world > 0 &&
+        (x->ph_by_peer = calloc((size_t)a->world, sizeof *x->ph_by_peer)))
         x->ph_world = a->world;
     if (src >= 0 && src < x->ph_world && src != a->rank) {
         e->ph_src = src;
@@ -617,7 +621,7 @@ zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t time
     if (src != a->rank && zd__rref_id_ok(a, rref_id)) {
         pthread_mutex_lock(&x->lock);
         owner_t *e = zd__rref_owner_find(x, rref_id);
-        bool holds = !e || e->state != OWNER_CREATED;   /* not made yet: the REMOTE decides */
+        bool holds = !e || e->state != OWNER_CREATED; /* not made yet: the REMOTE decides */
         holds = holds || has_holder(e, src);
         /* Its fork request waits for its parent: so does the fetch, for
            the value if the request is accepted, else for its refusal. */
@@ -629,8 +633,10 @@ zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t time
         if (settled)
             return settled;
         if (!holds) {
-            zd__log(ZD_LOG_WARN, "rpc: refused a fetch of RRef %" PRIx64 " from \"%s\" (rank %d), "
-                    "which holds no fork of it", rref_id, a->peers[src].name, src);
+            zd__log(ZD_LOG_WARN,
+                    "rpc: refused a fetch of RRef %" PRIx64 " from \"%s\" (rank %d), "
+                    "which holds no fork of it",
+                    rref_id, a->peers[src].name, src);
             return zd_error_set("RRef %" PRIx64 ": rank %d holds no fork of it", rref_id, src),
                    NULL;
         }
@@ -646,7 +652,7 @@ zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
         zd_rref_t *h = zd__rref_handle_new(a, rref_id, zd__rref_new_id(a), owner);
         if (!h)
             return NULL;
-        zd_rref_ref(h);   /* pending user until the REMOTE is answered */
+        zd_rref_ref(h); /* pending user until the REMOTE is answered */
         pthread_mutex_lock(&x->lock);
         x->n_pending_users++;
         pthread_mutex_unlock(&x->lock);
@@ -677,7 +683,7 @@ void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error)
             pthread_mutex_unlock(&x->lock);
             if (!zd_future_done(r->value))
                 zd_future_set_error(r->value, "RRef creation via zd_rpc_remote() failed: %s",
-                                     error);
+                                    error);
         }
         return;
     }
@@ -686,14 +692,16 @@ void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error)
         size_t n = strlen(error) + 128;
         r->error = malloc(n);
         if (r->error)
-            snprintf(r->error, n, "RRef creation via zd_rpc_remote() failed, and the RRef may not "
-                     "exist on its owner: %s", error);
+            snprintf(r->error, n,
+                     "RRef creation via zd_rpc_remote() failed, and the RRef may not "
+                     "exist on its owner: %s",
+                     error);
     }
     x->n_pending_users--;
     pthread_mutex_unlock(&x->lock);
     if (!error)
         atomic_store(&r->confirmed, true);
-    zd_rref_unref(r);   /* the pending user's reference */
+    zd_rref_unref(r); /* the pending user's reference */
 }
 
 /* ---- control messages received (I/O thread) ---- */
@@ -711,8 +719,10 @@ static bool control_refused(agent_t *a, const inmsg_t *m)
     if (holder < 0 || holder == h->src)
         return false;
     char text[200];
-    snprintf(text, sizeof text, "%s of fork %" PRIx64 " of RRef %" PRIx64 " from rank %d, "
-             "which does not hold it", zd__rpc_wire_type_name(h->type), h->b, h->a, h->src);
+    snprintf(text, sizeof text,
+             "%s of fork %" PRIx64 " of RRef %" PRIx64 " from rank %d, "
+             "which does not hold it",
+             zd__rpc_wire_type_name(h->type), h->b, h->a, h->src);
     zd__log(ZD_LOG_WARN, "rpc: refused a %s", text);
     zd__transport_answer_error(a, m, h->id, text);
     return true;
@@ -732,11 +742,13 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
     int src = h->src, parent = zd__rref_creator(h->b);
     owner_t *e = zd__rref_owner_find(x, h->a);
     if (zd__rref_owner_fork_holder(e, h->b) == src)
-        return FORK_ACK;   /* a retry */
+        return FORK_ACK; /* a retry */
     if (parent == a->rank) {
-        snprintf(why, size, "fork request of rank %d for fork %" PRIx64 " of RRef %" PRIx64
+        snprintf(why, size,
+                 "fork request of rank %d for fork %" PRIx64 " of RRef %" PRIx64
                  " refused: forks made by the owner (rank %d) are registered when sent, never "
-                 "requested", src, h->b, h->a, a->rank);
+                 "requested",
+                 src, h->b, h->a, a->rank);
         return FORK_REFUSE;
     }
     if (has_holder(e, parent)) {
@@ -744,7 +756,7 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
             snprintf(why, size, "%s", zd_error_last());
             return FORK_REFUSE;
         }
-        waits_release(x, e, ready);   /* src is a holder now */
+        waits_release(x, e, ready); /* src is a holder now */
         return FORK_ACK;
     }
     fork_wait_t *w = wait_find(x, h->a, h->b, src);
@@ -764,7 +776,7 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
         snprintf(why, size, "RRef: out of memory");
         return FORK_REFUSE;
     }
-    if (!e) {   /* the REMOTE creating it may still be on its way */
+    if (!e) { /* the REMOTE creating it may still be on its way */
         if (!(e = zd__rref_owner_create(x, h->a, OWNER_PLACEHOLDER))) {
             free(w);
             snprintf(why, size, "%s", zd_error_last());
@@ -773,9 +785,14 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
         zd__rref_placeholder_arm(a, x, e, src, h->timeout_ms);
         *watch = zd_future_ref(e->value);
     }
-    *w = (fork_wait_t){.rref_id = h->a, .fork_id = h->b, .src = src, .parent = parent,
-                       .req_id = h->id, .route_len = m->route_len,
-                       .since_ns = zd__agent_now_ns(), .next = x->waits};
+    *w = (fork_wait_t){.rref_id = h->a,
+                       .fork_id = h->b,
+                       .src = src,
+                       .parent = parent,
+                       .req_id = h->id,
+                       .route_len = m->route_len,
+                       .since_ns = zd__agent_now_ns(),
+                       .next = x->waits};
     memcpy(w->route, m->route, m->route_len);
     /* As long as a placeholder would wait for its REMOTE. */
     w->expire_ns = placeholder_expiry(a, h->timeout_ms);
@@ -793,7 +810,8 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
 {
     rref_ctx_t *x = a->rrefs;
     const rpc_wire_header_t *h = &m->h;
-    if ((h->type != RPC_MSG_RREF_CHILD_ACCEPT && !zd__rref_id_ok(a, h->a)) || !zd__rref_id_ok(a, h->b)) {
+    if ((h->type != RPC_MSG_RREF_CHILD_ACCEPT && !zd__rref_id_ok(a, h->a)) ||
+        !zd__rref_id_ok(a, h->b)) {
         char text[160];
         snprintf(text, sizeof text, "bad ids in %s (rref %" PRIx64 ", fork %" PRIx64 ")",
                  zd__rpc_wire_type_name(h->type), h->a, h->b);
@@ -824,8 +842,8 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
                 fork_wait_t *w = *pp;
                 wait_unlink(x, pp);
                 w->refused = w->silent = true;
-                snprintf(w->why, sizeof w->why, "RRef %" PRIx64 ": rank %d deleted its fork",
-                         h->a, h->src);
+                snprintf(w->why, sizeof w->why, "RRef %" PRIx64 ": rank %d deleted its fork", h->a,
+                         h->src);
                 ready = w;
                 break;
             }
@@ -881,9 +899,11 @@ static void waits_expire(rref_ctx_t *x, int64_t now_ns, fork_wait_t **out)
         }
         wait_unlink(x, pp);
         w->refused = true;
-        snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of RRef %"
-                 PRIx64 " refused: rank %d, which made the fork, holds no fork of that RRef "
-                 "(waited %lld ms)", w->src, w->fork_id, w->rref_id, w->parent,
+        snprintf(w->why, sizeof w->why,
+                 "fork request of rank %d for fork %" PRIx64 " of RRef %" PRIx64
+                 " refused: rank %d, which made the fork, holds no fork of that RRef "
+                 "(waited %lld ms)",
+                 w->src, w->fork_id, w->rref_id, w->parent,
                  (long long)((now_ns - w->since_ns) / ZD__NS_PER_MS));
         w->next = *out;
         *out = w;
@@ -907,7 +927,7 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
         for (owner_t *e = x->placeholders, *next; e; e = next) {
             next = e->ph_next;
             if (e->expire_ns <= now_ns && n < MAX_EXPIRED) {
-                placeholder_done(x, e);   /* failed: freed like any other */
+                placeholder_done(x, e); /* failed: freed like any other */
                 ids[n] = e->rref_id;
                 expired[n++] = zd_future_ref(e->value);
             } else if (e->expire_ns < due) {
@@ -919,8 +939,10 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
     pthread_mutex_unlock(&x->lock);
     waits_answer(a, refused);
     for (int i = 0; i < n; i++) {
-        zd_future_set_error(expired[i], "unknown RRef %" PRIx64 ": no remote() created it "
-                             "on \"%s\" (rank %d) in time", ids[i], a->name, a->rank);
+        zd_future_set_error(expired[i],
+                            "unknown RRef %" PRIx64 ": no remote() created it "
+                            "on \"%s\" (rank %d) in time",
+                            ids[i], a->name, a->rank);
         zd_future_unref(expired[i]);
     }
 }
@@ -969,8 +991,9 @@ int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
         wait_unlink(x, pp);
         w->refused = true;
         w->silent = w->src == rank;
-        snprintf(w->why, sizeof w->why, "fork request of rank %d for fork %" PRIx64 " of RRef %"
-                 PRIx64 " refused: rank %d, which made the fork, was lost before it held one",
+        snprintf(w->why, sizeof w->why,
+                 "fork request of rank %d for fork %" PRIx64 " of RRef %" PRIx64
+                 " refused: rank %d, which made the fork, was lost before it held one",
                  w->src, w->fork_id, w->rref_id, w->parent);
         w->next = waits;
         waits = w;
@@ -995,7 +1018,7 @@ int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
     }
     pthread_mutex_unlock(&x->lock);
     waits_answer(a, waits);
-    while (orphans) {   /* parents are released outside the lock: it is theirs too */
+    while (orphans) { /* parents are released outside the lock: it is theirs too */
         child_t *next = orphans->next;
         zd_rref_unref(orphans->parent);
         free(orphans);
@@ -1057,7 +1080,7 @@ void zd__rref_ctx_free(agent_t *a)
             if (open && !zd_future_done(e->value))
                 open[n_open++] = zd_future_ref(e->value);
         }
-    fork_wait_t *waits = x->waits;   /* and fetches waiting with them */
+    fork_wait_t *waits = x->waits; /* and fetches waiting with them */
     x->waits = NULL;
     x->n_waits = 0;
     pthread_mutex_unlock(&x->lock);

@@ -53,16 +53,16 @@
 
 struct zd_rref {
     atomic_int refs;
-    unsigned gen;               /* the agent generation it belongs to */
+    unsigned gen; /* the agent generation it belongs to */
     uint64_t rref_id;
-    uint64_t fork_id;           /* users: this handle's fork; owners: 0 */
+    uint64_t fork_id; /* users: this handle's fork; owners: 0 */
     int owner;
     bool is_owner;
-    atomic_bool confirmed;      /* the owner knows of this fork */
-    atomic_bool deleted;        /* the delete was sent (users) */
-    zd_future_t *value;        /* owners: completes with the value */
-    char *error;                /* users: creation failed (under the ctx lock) */
-    struct ctrl *del;           /* users: the RREF_USER_DELETE of the last release,
+    atomic_bool confirmed; /* the owner knows of this fork */
+    atomic_bool deleted;   /* the delete was sent (users) */
+    zd_future_t *value;    /* owners: completes with the value */
+    char *error;           /* users: creation failed (under the ctx lock) */
+    struct ctrl *del;      /* users: the RREF_USER_DELETE of the last release,
                                    made with the handle: releasing needs no memory */
 };
 
@@ -132,8 +132,8 @@ zd_rref_t *zd__rref_new_local(agent_t *a, zd_value_t *value);
 #define CHILD_BUCKETS 256
 
 typedef enum {
-    OWNER_PLACEHOLDER,      /* seen in a fetch/fork before its REMOTE: expires */
-    OWNER_AWAITING_REMOTE,  /* this process's own remote() to itself, in flight */
+    OWNER_PLACEHOLDER,     /* seen in a fetch/fork before its REMOTE: expires */
+    OWNER_AWAITING_REMOTE, /* this process's own remote() to itself, in flight */
     OWNER_CREATED,
 } owner_state_t;
 
@@ -142,10 +142,10 @@ typedef struct owner {
     owner_state_t state;
     zd_future_t *value;
     uint64_t *forks;
-    int *holders;               /* per fork: the rank holding it */
+    int *holders; /* per fork: the rank holding it */
     int n_forks, cap_forks;
-    zd_rref_t *handle;         /* the local handle while referenced (weak) */
-    int64_t expire_ns;          /* placeholders */
+    zd_rref_t *handle; /* the local handle while referenced (weak) */
+    int64_t expire_ns; /* placeholders */
     struct owner *next;
     /* Placeholders only: who asked for it (counted per peer, -1: none),
        and their own list, which the expiry scans instead of every owner. */
@@ -155,52 +155,52 @@ typedef struct owner {
 
 typedef struct child {
     uint64_t fork_id;
-    int holder;                 /* the rank it was sent to */
-    zd_rref_t *parent;         /* a reference, dropped on RREF_CHILD_ACCEPT */
+    int holder;        /* the rank it was sent to */
+    zd_rref_t *parent; /* a reference, dropped on RREF_CHILD_ACCEPT */
     struct child *next;
 } child_t;
 
 /*  A fork request whose parent holds no fork yet (see the top). */
 typedef struct fork_wait {
     uint64_t rref_id, fork_id;
-    int src;                    /* the child, which asked */
-    int parent;                 /* the fork's creator, which must become a holder */
-    uint64_t req_id;            /* the request answered: the latest attempt */
+    int src;         /* the child, which asked */
+    int parent;      /* the fork's creator, which must become a holder */
+    uint64_t req_id; /* the request answered: the latest attempt */
     uint8_t route[RPC_WIRE_SYNC_ID_LEN];
     size_t route_len;
     int64_t since_ns, expire_ns;
-    zd_future_t *settled;       /* fetches from src while it waits: the value,
+    zd_future_t *settled; /* fetches from src while it waits: the value,
                                    or the refusal (NULL until one comes) */
-    bool refused;               /* (when answered) refused, with why */
-    bool silent;                /* refused without an answer (nobody to read it) */
+    bool refused;         /* (when answered) refused, with why */
+    bool silent;          /* refused without an answer (nobody to read it) */
     char why[256];
-    zd_future_t *value;         /* (when accepted with settled) the entry's value */
+    zd_future_t *value; /* (when accepted with settled) the entry's value */
     struct fork_wait *next;
 } fork_wait_t;
 
 struct rref_ctx {
     pthread_mutex_t lock;
     bool closing;
-    uint64_t id_key[2];         /* zd__rref_new_id's secret */
+    uint64_t id_key[2]; /* zd__rref_new_id's secret */
     atomic_uint_fast64_t id_next;
     owner_t *owners[OWNER_BUCKETS];
     int64_t n_owners, n_placeholders;
-    owner_t *placeholders;      /* the list of OWNER_PLACEHOLDER entries */
-    int64_t ph_due_ns;          /* no placeholder expires before this */
-    int64_t ph_scan_ns;         /* when the expiry last scanned them */
-    int *ph_by_peer;            /* placeholders per rank that asked (world) */
+    owner_t *placeholders; /* the list of OWNER_PLACEHOLDER entries */
+    int64_t ph_due_ns;     /* no placeholder expires before this */
+    int64_t ph_scan_ns;    /* when the expiry last scanned them */
+    int *ph_by_peer;       /* placeholders per rank that asked (world) */
     int ph_world;
     child_t *children[CHILD_BUCKETS];
     int64_t n_children, n_pending_users, n_ctrl;
-    fork_wait_t *waits;         /* fork requests waiting for their parent */
+    fork_wait_t *waits; /* fork requests waiting for their parent */
     int64_t n_waits, waits_due_ns, waits_scan_ns;
-    int *waits_by_peer;         /* per rank that asked (world) */
+    int *waits_by_peer; /* per rank that asked (world) */
     int waits_world;
-    int64_t n_waited;           /* fork requests that ever waited (for tests) */
+    int64_t n_waited; /* fork requests that ever waited (for tests) */
 };
 
 typedef struct ctrl ctrl_t;
-typedef void (ctrl_done_fn)(agent_t *a, ctrl_t *c, bool ok);
+typedef void(ctrl_done_fn)(agent_t *a, ctrl_t *c, bool ok);
 
 struct ctrl {
     agent_t *a;
@@ -208,11 +208,11 @@ struct ctrl {
     uint8_t type;
     uint64_t rref_id, fork_id;
     int attempts;
-    int failures;          /* attempts that failed other than by timing out */
-    int64_t first_ns;      /* when the first attempt left */
+    int failures;     /* attempts that failed other than by timing out */
+    int64_t first_ns; /* when the first attempt left */
     ctrl_done_fn *done;
-    zd_rref_t *r;          /* for done */
-    int parent;             /* for done */
+    zd_rref_t *r; /* for done */
+    int parent;   /* for done */
 };
 
 /*  Ids: creator rank << 48 | 48 bits never 0 (see the top). */
@@ -244,20 +244,19 @@ zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e);
     RREF_MAX_PLACEHOLDERS_PEER asked for by one rank, each given up after
     the smaller of the asker's timeout and the local default, never more
     than RREF_PLACEHOLDER_MAX_MS. */
-#define RREF_MAX_PLACEHOLDERS 16384
+#define RREF_MAX_PLACEHOLDERS      16384
 #define RREF_MAX_PLACEHOLDERS_PEER 1024
-#define RREF_PLACEHOLDER_MAX_MS ((int64_t)600000)
+#define RREF_PLACEHOLDER_MAX_MS    ((int64_t)600000)
 /*  Fork requests waiting for their parent (fork_wait_t): at most this many
     in all and asked by one rank; each waits as long as a placeholder. */
-#define RREF_MAX_FORK_WAITS 16384
+#define RREF_MAX_FORK_WAITS      16384
 #define RREF_MAX_FORK_WAITS_PEER 1024
 /*  Whether rank src (or -1: this process) may make one more placeholder;
     -1 with the error set (naming the rank) when not. Under x->lock. */
 int zd__rref_placeholder_admit(agent_t *a, rref_ctx_t *x, int src);
 /*  Arms the new placeholder e for src: its expiry, counted for src.
     Under x->lock. */
-void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src,
-                              int64_t timeout_ms);
+void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, int64_t timeout_ms);
 /*  After creating an entry (lock released): frees it when its value comes
     and nothing else holds it. */
 void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id);
@@ -265,7 +264,7 @@ void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id);
 /*  Sends a control message, retried until acknowledged; done (may be NULL)
     runs once with the outcome. */
 void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
-                     ctrl_done_fn *done, zd_rref_t *r, int parent);
+                         ctrl_done_fn *done, zd_rref_t *r, int parent);
 /*  The same in c, allocated beforehand (taken over). */
 void zd__rref_ctrl_run(agent_t *a, ctrl_t *c, int dst, uint8_t type, uint64_t rref_id,
                        uint64_t fork_id, ctrl_done_fn *done, zd_rref_t *r, int parent);

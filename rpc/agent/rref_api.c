@@ -42,7 +42,7 @@ static void remote_answered(zd_future_t *f, void *arg)
 }
 
 static zd_rref_t *remote_start(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
-                                uint16_t flags, const char *api)
+                               uint16_t flags, const char *api)
 {
     agent_t *a = zd__agent_acquire();
     if (!a) {
@@ -61,9 +61,15 @@ static zd_rref_t *remote_start(int to, const char *fn, zd_value_t *args, int64_t
     }
     w->a = a;
     w->r = zd_rref_ref(r);
-    call_req_t req = {.type = RPC_MSG_REMOTE, .flags = flags, .fn = fn, .api = api,
-                      .args = args, .a = r->rref_id, .b = r->is_owner ? 0 : r->fork_id,
-                      .timeout_ms = timeout_ms, .hooked = true};
+    call_req_t req = {.type = RPC_MSG_REMOTE,
+                      .flags = flags,
+                      .fn = fn,
+                      .api = api,
+                      .args = args,
+                      .a = r->rref_id,
+                      .b = r->is_owner ? 0 : r->fork_id,
+                      .timeout_ms = timeout_ms,
+                      .hooked = true};
     zd_future_t *f = zd__call_start(a, to, &req);
     /* Out of memory here, the call was not made: fail now rather than
        from to_here (which tells a failure of the owner's). */
@@ -137,11 +143,14 @@ int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value)
     zd__agent_release(a);
     if (error[0])
         return zd_error_set("to_here to \"%s\" (rank %d): %s", zd_rref_owner_name(r), r->owner,
-                         error);
+                            error);
     /* The owner serves only ranks that hold a fork: until it has confirmed
        ours, the fetch follows our fork request on the same connection. */
-    call_req_t req = {.type = RPC_MSG_RREF_FETCH, .api = "to_here", .a = r->rref_id,
-                      .timeout_ms = timeout_ms, .hooked = true,
+    call_req_t req = {.type = RPC_MSG_RREF_FETCH,
+                      .api = "to_here",
+                      .a = r->rref_id,
+                      .timeout_ms = timeout_ms,
+                      .hooked = true,
                       .shared_only = !atomic_load(&r->confirmed)};
     return zd__call_sync(&req, r->owner, value);
 }
@@ -157,7 +166,8 @@ int zd_rref_local_value(zd_rref_t *r, zd_value_t **value)
     zd__agent_release(a);
     if (!r->is_owner)
         return zd_error_set("local_value: the RRef is owned by \"%s\" (rank %d), not by this "
-                         "worker", zd_rref_owner_name(r), r->owner);
+                            "worker",
+                            zd_rref_owner_name(r), r->owner);
     if (zd_future_wait(r->value, t) < 0)
         return zd_error_wrap("local_value");
     if (value)
@@ -211,8 +221,8 @@ static zd_value_t *method_args(zd_rref_t *r, zd_value_t *args, const char *api)
     return list;
 }
 
-int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
-                      int64_t timeout_ms, zd_value_t **result)
+int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args, int64_t timeout_ms,
+                     zd_value_t **result)
 {
     if (result)
         *result = NULL;
@@ -221,8 +231,12 @@ int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
     zd_value_t *list = method_args(r, args, "rref.rpc_sync");
     if (!list)
         return -1;
-    call_req_t req = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_DEREF_FIRST, .fn = method,
-                      .api = "rref.rpc_sync", .args = list, .timeout_ms = timeout_ms,
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .flags = RPC_WIRE_F_DEREF_FIRST,
+                      .fn = method,
+                      .api = "rref.rpc_sync",
+                      .args = list,
+                      .timeout_ms = timeout_ms,
                       .hooked = true};
     int rc = zd__call_sync(&req, r->owner, result);
     zd_value_unref(list);
@@ -230,7 +244,7 @@ int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args,
 }
 
 zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *args,
-                                 int64_t timeout_ms)
+                               int64_t timeout_ms)
 {
     agent_t *a = acquire_for(r, "rref.rpc_async");
     if (!a)
@@ -238,8 +252,12 @@ zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *arg
     zd_future_t *f = NULL;
     zd_value_t *list = method_args(r, args, "rref.rpc_async");
     if (list) {
-        call_req_t req = {.type = RPC_MSG_CALL, .flags = RPC_WIRE_F_DEREF_FIRST, .fn = method,
-                          .api = "rref.rpc_async", .args = list, .timeout_ms = timeout_ms,
+        call_req_t req = {.type = RPC_MSG_CALL,
+                          .flags = RPC_WIRE_F_DEREF_FIRST,
+                          .fn = method,
+                          .api = "rref.rpc_async",
+                          .args = list,
+                          .timeout_ms = timeout_ms,
                           .hooked = true};
         f = zd__call_start(a, r->owner, &req);
         zd_value_unref(list);
@@ -248,8 +266,7 @@ zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *arg
     return f;
 }
 
-zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *args,
-                            int64_t timeout_ms)
+zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *args, int64_t timeout_ms)
 {
     if (!r) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "rref.remote: NULL RRef");
@@ -258,8 +275,8 @@ zd_rref_t *zd_rref_remote(zd_rref_t *r, const char *method, zd_value_t *args,
     zd_value_t *list = method_args(r, args, "rref.remote");
     if (!list)
         return NULL;
-    zd_rref_t *out = remote_start(r->owner, method, list, timeout_ms, RPC_WIRE_F_DEREF_FIRST,
-                                   "rref.remote");
+    zd_rref_t *out =
+        remote_start(r->owner, method, list, timeout_ms, RPC_WIRE_F_DEREF_FIRST, "rref.remote");
     zd_value_unref(list);
     return out;
 }
@@ -269,7 +286,7 @@ int zd_rref_drain(int64_t timeout_ms)
     agent_t *a = zd__agent_acquire();
     if (!a)
         return zd_error_wrap("zd_rref_drain");
-    int64_t t = timeout_ms > 0 ? timeout_ms : 0;   /* default: no limit */
+    int64_t t = timeout_ms > 0 ? timeout_ms : 0; /* default: no limit */
     int64_t deadline = zd__deadline_after(zd__agent_now_ns(), t);
     zd__agent_release(a);
     /* Polls rather than waits on a condition: the agent may shut down
@@ -283,8 +300,10 @@ int zd_rref_drain(int64_t timeout_ms)
         if (n == 0)
             return 0;
         if (zd__agent_now_ns() >= deadline)
-            return zd_error_set_code(ZD_ERR_TIMEOUT, "zd_rref_drain: %lld RRef messages still "
-                                     "outstanding after %lld ms", (long long)n, (long long)t);
+            return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                     "zd_rref_drain: %lld RRef messages still "
+                                     "outstanding after %lld ms",
+                                     (long long)n, (long long)t);
         struct timespec ts = {0, 200000};
         nanosleep(&ts, NULL);
     }

@@ -22,9 +22,9 @@
     lives that long. Attempts that fail otherwise (the peer refused it, is
     lost, or its connection came back under the call) are made again up to
     CTRL_RETRIES times, within the same time. */
-#define CTRL_RETRIES 3
+#define CTRL_RETRIES       3
 #define CTRL_FIRST_WAIT_MS 1000
-#define CTRL_MAX_WAIT_MS 30000
+#define CTRL_MAX_WAIT_MS   30000
 
 enum { TXN_OWNER_FORK, TXN_CHILD };
 
@@ -74,8 +74,9 @@ static void ctrl_outcome(ctrl_t *c, bool ok, zd_error_code_t code, const char *e
     /* One line per message would repeat the loss of a peer, logged once
        already, for every RRef it shared with this process. */
     if (!ok)
-        zd__log(code == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns)
-                    ? ZD_LOG_DEBUG : ZD_LOG_WARN, "rpc: %s (attempt %d)", error, c->attempts);
+        zd__log(code == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns) ? ZD_LOG_DEBUG
+                                                                                 : ZD_LOG_WARN,
+                "rpc: %s (attempt %d)", error, c->attempts);
     if (c->done)
         c->done(a, c, ok);
     pthread_mutex_lock(&a->rrefs->lock);
@@ -93,11 +94,16 @@ static void ctrl_send(ctrl_t *c)
 {
     int64_t wait = next_wait_ms(c);
     if (wait <= 0)
-        wait = 1;   /* the time ran out since ctrl_answer looked: one last short try */
+        wait = 1; /* the time ran out since ctrl_answer looked: one last short try */
     if (c->attempts++ == 0)
         c->first_ns = zd__agent_now_ns();
-    call_req_t req = {.type = c->type, .api = "RRef protocol", .a = c->rref_id,
-                      .b = c->fork_id, .timeout_ms = -1, .wait_ms = wait, .hooked = false};
+    call_req_t req = {.type = c->type,
+                      .api = "RRef protocol",
+                      .a = c->rref_id,
+                      .b = c->fork_id,
+                      .timeout_ms = -1,
+                      .wait_ms = wait,
+                      .hooked = false};
     /* An attempt that finds no memory here fails like any other: the next
        one may, and the messages are idempotent. */
     ZD_FAULT_BENIGN(true);
@@ -117,7 +123,7 @@ static void ctrl_send(ctrl_t *c)
 }
 
 void zd__rref_ctrl_start(agent_t *a, int dst, uint8_t type, uint64_t rref_id, uint64_t fork_id,
-                       ctrl_done_fn *done, zd_rref_t *r, int parent)
+                         ctrl_done_fn *done, zd_rref_t *r, int parent)
 {
     zd__rref_ctrl_run(a, calloc(1, sizeof(ctrl_t)), dst, type, rref_id, fork_id, done, r, parent);
 }
@@ -133,8 +139,14 @@ void zd__rref_ctrl_run(agent_t *a, ctrl_t *c, int dst, uint8_t type, uint64_t rr
         }
         return;
     }
-    *c = (ctrl_t){.a = a, .dst = dst, .type = type, .rref_id = rref_id, .fork_id = fork_id,
-                  .done = done, .r = r, .parent = parent};
+    *c = (ctrl_t){.a = a,
+                  .dst = dst,
+                  .type = type,
+                  .rref_id = rref_id,
+                  .fork_id = fork_id,
+                  .done = done,
+                  .r = r,
+                  .parent = parent};
     pthread_mutex_lock(&a->rrefs->lock);
     a->rrefs->n_ctrl++;
     pthread_mutex_unlock(&a->rrefs->lock);
@@ -211,7 +223,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
 
 rpc_rref_codec_t zd__rref_txn_codec(rref_txn_t *t)
 {
-    rpc_rref_codec_t c = {txn_encode, NULL, t};   /* encoding only */
+    rpc_rref_codec_t c = {txn_encode, NULL, t}; /* encoding only */
     return c;
 }
 
@@ -281,7 +293,7 @@ static void fork_request_done(agent_t *a, ctrl_t *c, bool ok)
     pthread_mutex_lock(&x->lock);
     x->n_pending_users--;
     pthread_mutex_unlock(&x->lock);
-    zd_rref_unref(r);   /* the pending user's reference */
+    zd_rref_unref(r); /* the pending user's reference */
 }
 
 static uint64_t get_u64(const uint8_t *p)
@@ -302,10 +314,11 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
     for (int i = 20; i < RPC_RREF_WIRE_SIZE; i++)
         if (in[i])
             return zd_error_set("RRef: reserved bytes are not 0");
-    if (owner >= a->world || parent != src || !zd__rref_id_ok(a, rref_id) || !zd__rref_id_ok(a, fork_id) ||
-        zd__rref_creator(fork_id) != src)
+    if (owner >= a->world || parent != src || !zd__rref_id_ok(a, rref_id) ||
+        !zd__rref_id_ok(a, fork_id) || zd__rref_creator(fork_id) != src)
         return zd_error_set("RRef: inconsistent ids (rref %" PRIx64 ", fork %" PRIx64 ", owner "
-                         "%d, parent %d, sender %d)", rref_id, fork_id, owner, parent, src);
+                            "%d, parent %d, sender %d)",
+                            rref_id, fork_id, owner, parent, src);
     if (owner == a->rank) {
         pthread_mutex_lock(&x->lock);
         owner_t *e = zd__rref_owner_find(x, rref_id);
@@ -313,7 +326,8 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
         if (!e) {
             /* The REMOTE creating it may still be on its way. */
             e = zd__rref_placeholder_admit(a, x, src) == 0
-                    ? zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER) : NULL;
+                ? zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER)
+                : NULL;
             if (e) {
                 fresh = true;
                 zd__rref_placeholder_arm(a, x, e, src, 0);
@@ -321,7 +335,7 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
         }
         zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;
         if (h && parent == a->rank)
-            zd__rref_owner_del_fork(e, fork_id);   /* registered early by our own encode */
+            zd__rref_owner_del_fork(e, fork_id); /* registered early by our own encode */
         zd_future_t *watch = fresh ? zd_future_ref(e->value) : NULL;
         pthread_mutex_unlock(&x->lock);
         if (watch) {
@@ -330,7 +344,7 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
         }
         if (!h)
             return -1;
-        if (parent != a->rank)   /* a phantom fork: the parent may go now */
+        if (parent != a->rank) /* a phantom fork: the parent may go now */
             zd__rref_ctrl_start(a, parent, RPC_MSG_RREF_CHILD_ACCEPT, 0, fork_id, NULL, NULL, -1);
         *out = h;
         return 0;
@@ -339,16 +353,15 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
     if (!h)
         return -1;
     if (parent == owner) {
-        atomic_store(&h->confirmed, true);   /* the owner registered it early */
+        atomic_store(&h->confirmed, true); /* the owner registered it early */
     } else {
-        zd_rref_ref(h);   /* pending user */
+        zd_rref_ref(h); /* pending user */
         pthread_mutex_lock(&x->lock);
         x->n_pending_users++;
         pthread_mutex_unlock(&x->lock);
-        zd__rref_ctrl_start(a, owner, RPC_MSG_RREF_FORK_REQUEST, rref_id, fork_id, fork_request_done, h,
-                   parent);
+        zd__rref_ctrl_start(a, owner, RPC_MSG_RREF_FORK_REQUEST, rref_id, fork_id,
+                            fork_request_done, h, parent);
     }
     *out = h;
     return 0;
 }
-

@@ -32,17 +32,17 @@
 #include <zdist/error.h>
 
 #ifndef ZMQ_ZAP_ENFORCE_DOMAIN
-#define ZMQ_ZAP_ENFORCE_DOMAIN 93   /* libzmq >= 4.3 (a draft option in its header) */
+#define ZMQ_ZAP_ENFORCE_DOMAIN 93 /* libzmq >= 4.3 (a draft option in its header) */
 #endif
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
-#define MAX_WATCH 4
-#define MAX_HELD 4096       /* handshakes waiting for the table */
+#define MAX_WATCH    4
+#define MAX_HELD     4096 /* handshakes waiting for the table */
 /* A key the table does not have is held this long before it is refused: a
    restarted peer may connect a moment before this process has taken its
    new key (membership.c), and libzmq does not reconnect after a refusal. */
 #define UNKNOWN_HOLD_NS 3000000000LL
-#define KEY_FILE_MAX 4096
+#define KEY_FILE_MAX    4096
 
 /* At most one line a second per kind of refusal, with a count of the
    others: a peer hammering a port must not drown the log. */
@@ -63,23 +63,23 @@ struct security {
     uint8_t world_pub_bin[32];
     char pub[SECURITY_KEY_TXT], sec[SECURITY_KEY_TXT];
     char domain[64], rdv_domain[64];
-    key_rank_t *keys;               /* sorted by key, once ready */
+    key_rank_t *keys; /* sorted by key, once ready */
     int n_keys;
     atomic_bool ready, stop;
     int64_t deadline_ns;
 
-    void *zap;                      /* the handler's ROUTER (its thread's) */
+    void *zap; /* the handler's ROUTER (its thread's) */
     pthread_t thread;
     bool started;
-    pthread_mutex_t lock;           /* guards the watches handed to the thread */
+    pthread_mutex_t lock; /* guards the watches handed to the thread */
     void *watch[MAX_WATCH];
     char watch_what[MAX_WATCH][32];
     int n_watch;
     zmsg_t *held[MAX_HELD];
-    int64_t held_at[MAX_HELD];      /* when each came */
+    int64_t held_at[MAX_HELD]; /* when each came */
     int n_held;
     limit_t lim_rdv, lim_zap, lim_nocurve, lim_crypto, lim_other, lim_spoof;
-    atomic_int_fast64_t spoofs;     /* messages dropped by zd__security_sender_ok */
+    atomic_int_fast64_t spoofs; /* messages dropped by zd__security_sender_ok */
 };
 
 static void limit_init(limit_t *l)
@@ -129,8 +129,7 @@ static bool ip_is_loopback(const char *ip)
     if (inet_pton(AF_INET, ip, &a4) == 1)
         return (ntohl(a4.s_addr) >> 24) == 127;
     if (inet_pton(AF_INET6, ip, &a6) == 1)
-        return IN6_IS_ADDR_LOOPBACK(&a6) ||
-               (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
+        return IN6_IS_ADDR_LOOPBACK(&a6) || (IN6_IS_ADDR_V4MAPPED(&a6) && a6.s6_addr[12] == 127);
     return false;
 }
 
@@ -146,8 +145,8 @@ static bool host_is_loopback(const char *host)
     for (r = res; r && all; r = r->ai_next) {
         char ip[INET6_ADDRSTRLEN] = "";
         const void *src = r->ai_family == AF_INET
-                              ? (const void *)&((struct sockaddr_in *)r->ai_addr)->sin_addr
-                              : (const void *)&((struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
+            ? (const void *)&((struct sockaddr_in *)r->ai_addr)->sin_addr
+            : (const void *)&((struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
         inet_ntop(r->ai_family, src, ip, sizeof ip);
         all = ip_is_loopback(ip);
     }
@@ -179,7 +178,8 @@ int zd__security_default_path(char *path, size_t size)
     else if (home && *home)
         n = snprintf(path, size, "%s/.config/zdist/world.key", home);
     else
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "no default key file: neither XDG_CONFIG_HOME "
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "no default key file: neither XDG_CONFIG_HOME "
                                  "nor HOME is set");
     if (n < 0 || (size_t)n >= size)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "the default key file's path is too long");
@@ -196,7 +196,7 @@ static int make_parents(const char *path)
     if (!slash || slash == dir)
         return 0;
     *slash = 0;
-    for (char *p = dir + 1; ; p++) {
+    for (char *p = dir + 1;; p++) {
         bool end = *p == 0;
         if (*p == '/' || end) {
             char c = *p;
@@ -231,11 +231,12 @@ static int key_create(const char *path, const char *text)
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0)
         return errno == EEXIST
-                   ? zd_error_set_code(ZD_ERR_ARGUMENT, "%s already exists (pass --force to "
-                                       "replace it: every process of its world needs the new "
-                                       "one)", path)
-                   : zd_error_set_code(ZD_ERR_OTHER, "cannot create %s: %s", path,
-                                       strerror(errno));
+            ? zd_error_set_code(ZD_ERR_ARGUMENT,
+                                "%s already exists (pass --force to "
+                                "replace it: every process of its world needs the new "
+                                "one)",
+                                path)
+            : zd_error_set_code(ZD_ERR_OTHER, "cannot create %s: %s", path, strerror(errno));
     return key_write(fd, path, text);
 }
 
@@ -248,7 +249,7 @@ static int key_replace(const char *path, const char *text)
     char tmp[4200];
     if (snprintf(tmp, sizeof tmp, "%s.XXXXXX", path) >= (int)sizeof tmp)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "key file path too long");
-    int fd = mkstemp(tmp);   /* 0600, a name nobody else has */
+    int fd = mkstemp(tmp); /* 0600, a name nobody else has */
     if (fd < 0)
         return zd_error_set_code(ZD_ERR_OTHER, "cannot create a file beside %s: %s", path,
                                  strerror(errno));
@@ -269,8 +270,10 @@ int zd__security_keygen(const char *path, bool force)
     if (!cert)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "cannot make a CURVE keypair");
     zconfig_t *root = zconfig_new("root", NULL);
-    zconfig_set_comment(root, "   zdist world key (a ZeroMQ CURVE secret certificate, czmq's zcert format)");
-    zconfig_set_comment(root, "   Every process of the world reads it; keep it mode 0600, share it only");
+    zconfig_set_comment(
+        root, "   zdist world key (a ZeroMQ CURVE secret certificate, czmq's zcert format)");
+    zconfig_set_comment(root,
+                        "   Every process of the world reads it; keep it mode 0600, share it only");
     zconfig_set_comment(root, "   with the hosts of the world.");
     zconfig_put(root, "/metadata/created-by", "zdist keygen");
     zconfig_put(root, "/curve/public-key", zcert_public_txt(cert));
@@ -310,8 +313,8 @@ int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT], char sec
     } else if (st.st_mode & 077) {
         rc = zd_error_set_code(ZD_ERR_ARGUMENT,
                                "the key file %s is readable by others (mode %03o): anyone who "
-                               "reads it can join the world; chmod 600 %s", path,
-                               (unsigned)(st.st_mode & 0777), path);
+                               "reads it can join the world; chmod 600 %s",
+                               path, (unsigned)(st.st_mode & 0777), path);
     } else if ((n = read(fd, buf, KEY_FILE_MAX)) < 0 || n == KEY_FILE_MAX) {
         rc = zd_error_set_code(ZD_ERR_OTHER, "cannot read the key file %s: %s", path,
                                n < 0 ? strerror(errno) : "too large");
@@ -326,12 +329,16 @@ int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT], char sec
     uint8_t pb[32], sb[32], derived[32];
     char dtxt[SECURITY_KEY_TXT];
     if (!z85_key(p, pb) || !z85_key(s, sb)) {
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "%s is not a world key file (no curve public-key "
-                               "and secret-key; make one with tools/keygen)", path);
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                               "%s is not a world key file (no curve public-key "
+                               "and secret-key; make one with tools/keygen)",
+                               path);
     } else if (zmq_curve_public(dtxt, s) < 0 || !z85_key(dtxt, derived) ||
                memcmp(derived, pb, 32) != 0) {
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the key file %s is damaged (its public key "
-                               "does not match its secret key)", path);
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                               "the key file %s is damaged (its public key "
+                               "does not match its secret key)",
+                               path);
     } else {
         snprintf(pub, SECURITY_KEY_TXT, "%s", p);
         snprintf(sec, SECURITY_KEY_TXT, "%s", s);
@@ -375,12 +382,12 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
     if (!s)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     pthread_mutex_init(&s->lock, NULL);
-    limit_t *lims[] = {&s->lim_rdv, &s->lim_zap, &s->lim_nocurve, &s->lim_crypto, &s->lim_other,
-                       &s->lim_spoof};
+    limit_t *lims[] = {&s->lim_rdv,    &s->lim_zap,   &s->lim_nocurve,
+                       &s->lim_crypto, &s->lim_other, &s->lim_spoof};
     for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
         limit_init(lims[i]);
-    s->deadline_ns = p->o.init_timeout_ms ? zd__agent_now_ns() + p->o.init_timeout_ms * 1000000
-                                          : INT64_MAX;
+    s->deadline_ns =
+        p->o.init_timeout_ms ? zd__agent_now_ns() + p->o.init_timeout_ms * 1000000 : INT64_MAX;
     a->sec = s;
     s->insecure = p->o.insecure || env_true("ZDIST_INSECURE");
     char path[4096];
@@ -398,15 +405,16 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
            key differs) is refused by the handshake itself anyway. */
         snprintf(s->domain, sizeof s->domain, "zdist/%.8s/rpc", s->world_pub);
         snprintf(s->rdv_domain, sizeof s->rdv_domain, "zdist/%.8s/rendezvous", s->world_pub);
-        zd__log(ZD_LOG_INFO, "rpc: CURVE on every connection, world key %s (public %.8s...)",
-                path, s->world_pub);
+        zd__log(ZD_LOG_INFO, "rpc: CURVE on every connection, world key %s (public %.8s...)", path,
+                s->world_pub);
         return 0;
     }
     /* Without a listen address rank 0 listens where its workers reach it,
        which is loopback exactly when its master address is. */
     bool loopback = host_is_loopback(p->master) && (!listen_ip || ip_is_loopback(listen_ip));
     if (s->insecure && !loopback) {
-        zd__log(ZD_LOG_WARN, "rpc: insecure: no authentication and no encryption; anyone who "
+        zd__log(ZD_LOG_WARN,
+                "rpc: insecure: no authentication and no encryption; anyone who "
                 "reaches this world's ports can call, read and change everything");
         return 0;
     }
@@ -414,10 +422,12 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "no world key, and this world is not on loopback only (master "
                                  "\"%s\", this process at %s): refusing to run unauthenticated "
-                                 "and unencrypted; %s", p->master[0] ? p->master : "none: every interface",
+                                 "and unencrypted; %s",
+                                 p->master[0] ? p->master : "none: every interface",
                                  listen_ip ? listen_ip : "where its workers reach it", remedies);
     if (a->rank == 0)
-        zd__log(ZD_LOG_INFO, "rpc: no world key%s: this loopback-only world is unauthenticated "
+        zd__log(ZD_LOG_INFO,
+                "rpc: no world key%s: this loopback-only world is unauthenticated "
                 "(any local user can connect); tools/keygen makes a key",
                 s->insecure ? " (insecure)" : "");
     return 0;
@@ -481,10 +491,10 @@ static int curve_server(void *sock, const char *secret, const char *domain)
 static int curve_client(void *sock, const char *pub, const char *secret, const char *server)
 {
     return opt(sock, ZMQ_CURVE_SERVERKEY, server, 40) < 0 ||
-                   opt(sock, ZMQ_CURVE_PUBLICKEY, pub, 40) < 0 ||
-                   opt(sock, ZMQ_CURVE_SECRETKEY, secret, 40) < 0
-               ? -1
-               : 0;
+            opt(sock, ZMQ_CURVE_PUBLICKEY, pub, 40) < 0 ||
+            opt(sock, ZMQ_CURVE_SECRETKEY, secret, 40) < 0
+        ? -1
+        : 0;
 }
 
 int zd__security_server(agent_t *a, void *sock)
@@ -507,8 +517,7 @@ int zd__security_rendezvous_server(agent_t *a, void *sock)
 int zd__security_rendezvous_client(agent_t *a, void *sock)
 {
     security_t *s = a->sec;
-    return zd__security_curve(a) ? curve_client(sock, s->world_pub, s->world_sec, s->world_pub)
-                                 : 0;
+    return zd__security_curve(a) ? curve_client(sock, s->world_pub, s->world_sec, s->world_pub) : 0;
 }
 
 void zd__security_watch(agent_t *a, void *sock, const char *what)
@@ -523,8 +532,9 @@ void zd__security_watch(agent_t *a, void *sock, const char *what)
         void *pair = NULL;
         /* NO_DETAIL too: a peer without CURVE that sees our greeting first
            hangs up before we see its own, and we only see the hang-up. */
-        if (zmq_socket_monitor(sock, ep, ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                             ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0 &&
+        if (zmq_socket_monitor(sock, ep,
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0 &&
             (pair = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(pair, ep) == 0) {
             snprintf(s->watch_what[s->n_watch], sizeof s->watch_what[0], "%s", what);
             s->watch[s->n_watch++] = pair;
@@ -553,8 +563,8 @@ int zd__security_table_ready(agent_t *a)
                 return zd_error_set_code(ZD_ERR_ARGUMENT,
                                          "no world key, and \"%s\" (rank %d) is at %s, not on "
                                          "loopback: refusing to run unauthenticated and "
-                                         "unencrypted; %s", a->peers[i].name, i,
-                                         a->peers[i].endpoint, remedies);
+                                         "unencrypted; %s",
+                                         a->peers[i].name, i, a->peers[i].endpoint, remedies);
         return 0;
     }
     key_rank_t *k = malloc((size_t)a->world * sizeof *k);
@@ -582,7 +592,7 @@ int zd__security_table_ready(agent_t *a)
         }
     s->keys = k;
     s->n_keys = a->world;
-    atomic_store(&s->ready, true);   /* publishes keys to the handler's thread */
+    atomic_store(&s->ready, true); /* publishes keys to the handler's thread */
     return 0;
 }
 
@@ -617,8 +627,9 @@ static int rank_of_key(security_t *s, const uint8_t *key)
     memcpy(probe.key, key, 32);
     pthread_mutex_lock(&s->lock);
     static const uint8_t none[32];
-    key_rank_t *k = memcmp(key, none, 32) ? bsearch(&probe, s->keys, (size_t)s->n_keys,
-                                                     sizeof *k, key_cmp) : NULL;
+    key_rank_t *k = memcmp(key, none, 32)
+        ? bsearch(&probe, s->keys, (size_t)s->n_keys, sizeof *k, key_cmp)
+        : NULL;
     int rank = k ? k->rank : -1;
     pthread_mutex_unlock(&s->lock);
     return rank;
@@ -630,7 +641,7 @@ static void zap_reply(security_t *s, zmsg_t *req, const char *status, const char
                       const char *user)
 {
     zframe_t *route = zmsg_first(req), *empty = zmsg_next(req);
-    zmsg_next(req);   /* version */
+    zmsg_next(req); /* version */
     zframe_t *id = zmsg_next(req);
     zmsg_t *r = zmsg_new();
     zmsg_append(r, &(zframe_t *){zframe_dup(route)});
@@ -673,7 +684,7 @@ static bool zap_answer(security_t *s, zmsg_t *req, int64_t now, int64_t came)
     char domain[128], address[128], mech[16];
     frame_str(f, domain, sizeof domain);
     frame_str(zmsg_next(req), address, sizeof address);
-    zmsg_next(req);   /* our own socket's routing id */
+    zmsg_next(req); /* our own socket's routing id */
     frame_str(zmsg_next(req), mech, sizeof mech);
     zframe_t *key = zmsg_next(req);
     char ktxt[SECURITY_KEY_TXT] = "?";
@@ -686,8 +697,10 @@ static bool zap_answer(security_t *s, zmsg_t *req, int64_t now, int64_t came)
         if (memcmp(zframe_data(key), s->world_pub_bin, 32) == 0) {
             zap_reply(s, req, "200", "OK", "rendezvous");
         } else {
-            warn_limited(&s->lim_rdv, "rpc: rendezvous: refused a registration from %s: "
-                         "its key (%.8s...) is not the world key", address, ktxt);
+            warn_limited(&s->lim_rdv,
+                         "rpc: rendezvous: refused a registration from %s: "
+                         "its key (%.8s...) is not the world key",
+                         address, ktxt);
             zap_reply(s, req, "400", "not the world key", "");
         }
         return true;
@@ -706,8 +719,10 @@ static bool zap_answer(security_t *s, zmsg_t *req, int64_t now, int64_t came)
     if (rank < 0 && now - came < UNKNOWN_HOLD_NS && !atomic_load(&s->stop))
         return false;
     if (rank < 0) {
-        warn_limited(&s->lim_zap, "rpc: refused a connection from %s: its key (%.8s...) is not "
-                     "one of this world's", address, ktxt);
+        warn_limited(&s->lim_zap,
+                     "rpc: refused a connection from %s: its key (%.8s...) is not "
+                     "one of this world's",
+                     address, ktxt);
         zap_reply(s, req, "400", "not a member of this world", "");
         return true;
     }
@@ -734,17 +749,24 @@ static void watch_event(security_t *s, void *pair, const char *what)
     zmsg_destroy(&m);
     if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
         value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-        warn_limited(&s->lim_nocurve, "rpc: %s (%s) refused a connection that does not use CURVE "
-                     "(a process without the world key?)", what, ep);
+        warn_limited(&s->lim_nocurve,
+                     "rpc: %s (%s) refused a connection that does not use CURVE "
+                     "(a process without the world key?)",
+                     what, ep);
     else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL &&
              value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
-        warn_limited(&s->lim_crypto, "rpc: %s (%s) refused a connection whose CURVE handshake "
-                     "failed (another world's key?)", what, ep);
+        warn_limited(&s->lim_crypto,
+                     "rpc: %s (%s) refused a connection whose CURVE handshake "
+                     "failed (another world's key?)",
+                     what, ep);
     else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        warn_limited(&s->lim_other, "rpc: %s (%s) refused a connection: handshake failed "
-                     "(error 0x%x)", what, ep, value);
+        warn_limited(&s->lim_other,
+                     "rpc: %s (%s) refused a connection: handshake failed "
+                     "(error 0x%x)",
+                     what, ep, value);
     else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-        warn_limited(&s->lim_other, "rpc: %s (%s) lost a connection before its CURVE handshake "
+        warn_limited(&s->lim_other,
+                     "rpc: %s (%s) lost a connection before its CURVE handshake "
                      "completed (%s: a process without the world key, or one that went away)",
                      what, ep, zmq_strerror((int)value));
 }
@@ -840,8 +862,8 @@ void zd__security_free(agent_t *a)
         zmq_close(s->watch[i]);
     free(s->keys);
     pthread_mutex_destroy(&s->lock);
-    limit_t *lims[] = {&s->lim_rdv, &s->lim_zap, &s->lim_nocurve, &s->lim_crypto, &s->lim_other,
-                       &s->lim_spoof};
+    limit_t *lims[] = {&s->lim_rdv,    &s->lim_zap,   &s->lim_nocurve,
+                       &s->lim_crypto, &s->lim_other, &s->lim_spoof};
     for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
         pthread_mutex_destroy(&lims[i]->lock);
     /* The secrets do not outlive the world. */
@@ -864,12 +886,15 @@ bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src)
         return true;
     atomic_fetch_add(&a->sec->spoofs, 1);
     if (user && *end == 0 && who >= 0 && who < a->world)
-        warn_limited(&a->sec->lim_spoof, "rpc: dropped a message claiming to be from \"%s\" "
+        warn_limited(&a->sec->lim_spoof,
+                     "rpc: dropped a message claiming to be from \"%s\" "
                      "(rank %d) sent by \"%s\" (rank %ld), authenticated by its key",
                      a->peers[src].name, src, a->peers[who].name, who);
     else
-        warn_limited(&a->sec->lim_spoof, "rpc: dropped a message claiming to be from rank %d "
-                     "on an unauthenticated connection", src);
+        warn_limited(&a->sec->lim_spoof,
+                     "rpc: dropped a message claiming to be from rank %d "
+                     "on an unauthenticated connection",
+                     src);
     return false;
 }
 

@@ -28,7 +28,6 @@
 
 #include "rpc/agent/agent.h"
 
-
 /*  Decides how this process secures its connections: loads the world key
     (options.key_file, else $ZDIST_KEY_FILE, else the default file if it
     exists), or accepts running without one (insecure, or master and
@@ -107,7 +106,6 @@ int zd__security_keygen(const char *path, bool force);
 
 /*  Reads a world key file: refuses one readable by group or others, or
     without a valid secret key. 0 and the Z85 keys, or -1. */
-int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT],
-                          char sec[SECURITY_KEY_TXT]);
+int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT], char sec[SECURITY_KEY_TXT]);
 
 #endif

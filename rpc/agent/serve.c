@@ -30,7 +30,7 @@
 typedef struct entry {
     char *name;
     zd_rpc_function_t f;
-    const char *what;               /* internal (the RPC layer's own): what it is, for users */
+    const char *what; /* internal (the RPC layer's own): what it is, for users */
     struct entry *next;
 } entry_t;
 
@@ -64,8 +64,9 @@ static bool registry_find(const char *name, size_t len, zd_rpc_function_t *out)
 int zd_rpc_register_function(const char *name, const zd_rpc_function_t *in)
 {
     zd_rpc_function_t fn = zd_rpc_function_default(), *f = in ? &fn : NULL;
-    if (in && zd__sized_read(&fn, sizeof fn, in, ZD__SIZE_THROUGH(zd_rpc_function_t, flags),
-                             "zd_rpc_function_t", "zd_rpc_function_default()") < 0)
+    if (in &&
+        zd__sized_read(&fn, sizeof fn, in, ZD__SIZE_THROUGH(zd_rpc_function_t, flags),
+                       "zd_rpc_function_t", "zd_rpc_function_default()") < 0)
         return zd_error_wrap("zd_rpc_register(\"%s\")", name ? name : "(null)");
     size_t len = name ? strlen(name) : 0;
     if (len == 0 || len > ZD_RPC_MAX_FUNCTION)
@@ -76,13 +77,14 @@ int zd_rpc_register_function(const char *name, const zd_rpc_function_t *in)
         if (name[i] < 0x21 || name[i] > 0x7e)
             return zd_error_set_code(ZD_ERR_ARGUMENT,
                                      "zd_rpc_register: function name \"%s\" has a space or a "
-                                     "non-printable character", name);
+                                     "non-printable character",
+                                     name);
     if (!f || (!f->fn == !f->async_fn))
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "zd_rpc_register(\"%s\"): give exactly one of fn and async_fn", name);
     if (f->flags & ~ZD_RPC_FN_INLINE)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_register(\"%s\"): unknown flags 0x%x", name, f->flags);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_register(\"%s\"): unknown flags 0x%x",
+                                 name, f->flags);
     pthread_rwlock_wrlock(&registry_lock);
     size_t b = name_hash(name, len);
     for (entry_t *e = registry[b]; e; e = e->next)
@@ -146,8 +148,8 @@ int zd_rpc_unregister(const char *name)
         *pp = e->next;
     pthread_rwlock_unlock(&registry_lock);
     if (!e)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_unregister: no function called \"%s\"", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_unregister: no function called \"%s\"",
+                                 name);
     free(e->name);
     free(e);
     return 0;
@@ -211,8 +213,10 @@ static void max_calls_init(void)
     if (end != v && !*end && n > 0)
         max_calls = n;
     else
-        zd__log(ZD_LOG_WARN, "rpc: ZDIST_RPC_MAX_CALLS_PER_PEER=\"%s\" is not a positive "
-                "number: using %d", v, RPC_MAX_CALLS_PER_PEER);
+        zd__log(ZD_LOG_WARN,
+                "rpc: ZDIST_RPC_MAX_CALLS_PER_PEER=\"%s\" is not a positive "
+                "number: using %d",
+                v, RPC_MAX_CALLS_PER_PEER);
 }
 
 int64_t zd__serve_max_calls_per_peer(void)
@@ -224,16 +228,16 @@ int64_t zd__serve_max_calls_per_peer(void)
 /* ---- incoming calls ---- */
 
 struct zd_rpc_call {
-    agent_t *a;                     /* valid only while a is running with gen */
+    agent_t *a; /* valid only while a is running with gen */
     unsigned gen;
     int src;
     uint64_t id;
     uint8_t type;
     uint16_t flags;
     bool internal;
-    const char *what;               /* internal: the description for users */
+    const char *what; /* internal: the description for users */
     bool found;
-    bool hooked;                    /* on_recv_request ran: on_send_reply is due */
+    bool hooked; /* on_recv_request ran: on_send_reply is due */
     char fn[ZD_RPC_MAX_FUNCTION + 1];
     zd_rpc_function_t f;
     zd_value_t *args;
@@ -242,12 +246,12 @@ struct zd_rpc_call {
     void *hook_state;
     uint64_t rref_id, fork_id;
     uint32_t timeout_ms;
-    zd_future_t *owner_value;      /* REMOTE: to complete; FETCH: to wait for */
-    zd_future_t *waiting;          /* an async handler's future, or a deref wait */
-    zd_rpc_hooks_t hooks;              /* a copy: a call may outlive its agent */
-    uint8_t route[RPC_WIRE_SYNC_ID_LEN];   /* answer on the caller's zd_rpc_sync socket */
+    zd_future_t *owner_value;            /* REMOTE: to complete; FETCH: to wait for */
+    zd_future_t *waiting;                /* an async handler's future, or a deref wait */
+    zd_rpc_hooks_t hooks;                /* a copy: a call may outlive its agent */
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN]; /* answer on the caller's zd_rpc_sync socket */
     size_t route_len;
-    struct zd_rpc_call *wprev, *wnext;     /* in g_waiting while waiting is pending */
+    struct zd_rpc_call *wprev, *wnext; /* in g_waiting while waiting is pending */
     bool listed;
 };
 
@@ -443,9 +447,12 @@ static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_erro
     size_t len = strlen(text);
     if (len > 65536)
         len = 65536;
-    rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = c->id, .a = (uint64_t)code,
+    rpc_wire_header_t h = {.type = RPC_MSG_ERROR,
+                           .id = c->id,
+                           .a = (uint64_t)code,
                            .extra = extra.data,
-                           .extra_len = extra.len, .meta = (const uint8_t *)text,
+                           .extra_len = extra.len,
+                           .meta = (const uint8_t *)text,
                            .meta_len = len ? len : 1};
     if (!len)
         h.meta = (const uint8_t *)"?";
@@ -474,7 +481,7 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
     if (!v) {
         free(extra.data);
         if (c->type == RPC_MSG_REMOTE) {
-            zd_future_unref(c->owner_value);   /* answer with an ERROR */
+            zd_future_unref(c->owner_value); /* answer with an ERROR */
             c->owner_value = NULL;
         }
         answer_error(a, c, "out of memory, or the reply hook failed", ZD_ERR_REMOTE);
@@ -495,10 +502,14 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
         answer_error(a, c, text, ZD_ERR_REMOTE);
         return;
     }
-    rpc_wire_header_t h = {.type = RPC_MSG_REPLY, .id = c->id, .extra = extra.data,
-                           .extra_len = extra.len, .meta = enc.meta, .meta_len = enc.meta_len};
+    rpc_wire_header_t h = {.type = RPC_MSG_REPLY,
+                           .id = c->id,
+                           .extra = extra.data,
+                           .extra_len = extra.len,
+                           .meta = enc.meta,
+                           .meta_len = enc.meta_len};
     if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, enc.tensors,
-                              enc.n_tensors) < 0) {
+                                  enc.n_tensors) < 0) {
         zd__log(ZD_LOG_WARN, "rpc: cannot answer \"%s\" to rank %d: %s", c->fn, c->src,
                 zd_error_last());
         zd__rref_txn_rollback(&txn);
@@ -581,7 +592,7 @@ static int deref_first(zd_rpc_call_t *c)
         return -1;
     if (!r->is_owner)
         return zd_error_set("the RRef in the first argument is owned by rank %d, not here",
-                         r->owner);
+                            r->owner);
     if (!zd_future_done(r->value)) {
         if (c->waiting)
             return zd_error_set("RRef value still missing after its creation completed");
@@ -624,16 +635,19 @@ static void run_call(void *arg)
         /* The caller's module (distributed autograd) counts on this process
            to take part; ignoring its metadata would lose its work silently.
            The caller names the module and its init call (call.c). */
-        snprintf(text, sizeof text, "worker \"%s\" (rank %d) received hook metadata but has no "
+        snprintf(text, sizeof text,
+                 "worker \"%s\" (rank %d) received hook metadata but has no "
                  "hooks installed (a module's init was not called before zd_rpc_init())",
                  a->name, a->rank);
         /* Said here too, not only to the caller: this is the process
            whose set-up is wrong. Only the caller knows which module's
            init is missing (its hooks name it). WARN, not ERROR: a peer
            can send this at will, and warnings are rate limited. */
-        zd__log(ZD_LOG_WARN, "rpc: request \"%s\" from rank %d carries hook metadata but no "
+        zd__log(ZD_LOG_WARN,
+                "rpc: request \"%s\" from rank %d carries hook metadata but no "
                 "hooks are installed here: call the init of the caller's module (its error "
-                "names it) before zd_rpc_init() in this process", c->fn, c->src);
+                "names it) before zd_rpc_init() in this process",
+                c->fn, c->src);
         finish_error(c, text, ZD_ERR_NOT_INITIALIZED);
         return;
     }
@@ -660,8 +674,8 @@ static void run_call(void *arg)
         if (result) {
             finish_value(c, result);
         } else {
-            snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
-                                                                : "handler failed (no reason given)");
+            snprintf(text, sizeof text, "%s",
+                     zd_error_last()[0] ? zd_error_last() : "handler failed (no reason given)");
             finish_error(c, text, ZD_ERR_REMOTE);
         }
         return;
@@ -670,13 +684,13 @@ static void run_call(void *arg)
     if (c->hooks.on_handler_return && c->hooked)
         c->hooks.on_handler_return(c->hooks.arg, c);
     if (!f) {
-        snprintf(text, sizeof text, "%s", zd_error_last()[0] ? zd_error_last()
-                                                            : "handler failed (no reason given)");
+        snprintf(text, sizeof text, "%s",
+                 zd_error_last()[0] ? zd_error_last() : "handler failed (no reason given)");
         finish_error(c, text, ZD_ERR_REMOTE);
         return;
     }
     zd_future_unref(c->waiting);
-    c->waiting = f;   /* keeps it alive until it completes */
+    c->waiting = f; /* keeps it alive until it completes */
     waiting_add(c);
     zd_future_then(f, future_done, c);
 }
@@ -731,9 +745,11 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         c->what = registry_internal(h->fn, h->fn_len);
     c->internal = c->what != NULL;
     if ((h->flags & RPC_WIRE_F_INTERNAL) && !c->internal)
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): a %s of \"%.*s\" marked internal, "
-                "which it is not here: served as a user call", a->peers[h->src].name, h->src,
-                zd__rpc_wire_type_name(h->type), (int)h->fn_len, h->fn);
+        zd__log(ZD_LOG_WARN,
+                "rpc: from \"%s\" (rank %d): a %s of \"%.*s\" marked internal, "
+                "which it is not here: served as a user call",
+                a->peers[h->src].name, h->src, zd__rpc_wire_type_name(h->type), (int)h->fn_len,
+                h->fn);
     c->rref_id = h->a;
     c->fork_id = h->b;
     c->timeout_ms = h->timeout_ms;
@@ -746,20 +762,20 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     atomic_fetch_add_explicit(&a->serving, 1, memory_order_relaxed);
     bool busy = false;
     if (!c->internal)
-        busy = atomic_fetch_add_explicit(&a->peers[c->src].m.serving, 1,
-                                         memory_order_relaxed) >= zd__serve_max_calls_per_peer();
+        busy = atomic_fetch_add_explicit(&a->peers[c->src].m.serving, 1, memory_order_relaxed) >=
+            zd__serve_max_calls_per_peer();
     char text[1024], name[ZD_RPC_MAX_FUNCTION + 3];
     if (busy)
-        snprintf(text, sizeof text, "busy: too many calls from rank %d in flight on \"%s\" "
-                 "(rank %d; at most %lld, ZDIST_RPC_MAX_CALLS_PER_PEER)", c->src, a->name,
-                 a->rank, (long long)zd__serve_max_calls_per_peer());
+        snprintf(text, sizeof text,
+                 "busy: too many calls from rank %d in flight on \"%s\" "
+                 "(rank %d; at most %lld, ZDIST_RPC_MAX_CALLS_PER_PEER)",
+                 c->src, a->name, a->rank, (long long)zd__serve_max_calls_per_peer());
     if (busy && busy_log_due(a, c->src))
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src,
-                text);
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
     if (h->type == RPC_MSG_RREF_FETCH) {
         snprintf(c->fn, sizeof c->fn, "__to_here");
         c->what = "to_here";
-        c->f.flags = ZD_RPC_FN_INLINE;   /* only waits for a future */
+        c->f.flags = ZD_RPC_FN_INLINE; /* only waits for a future */
         if (busy) {
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
@@ -767,8 +783,8 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         c->owner_value = zd__rref_owner_value_for(a, h->a, h->timeout_ms, h->src);
         if (!c->owner_value) {
             snprintf(text, sizeof text, "to_here: %s", zd_error_last());
-            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name,
-                    c->src, text);
+            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src,
+                    text);
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
@@ -778,8 +794,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     memcpy(c->fn, h->fn, h->fn_len);
     c->fn[h->fn_len] = 0;
     /* Decoded first, whatever happens next: see the top of this file. */
-    int rc = zd__value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src,
-                              &c->args);
+    int rc = zd__value_decode(h->meta, h->meta_len, frames, n, &a->rref_codec, h->src, &c->args);
     if (rc < 0 && !busy)
         snprintf(text, sizeof text, "bad arguments for %s: %s", call_name(c, name, sizeof name),
                  zd_error_last());
@@ -809,8 +824,8 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     }
     c->found = registry_find(c->fn, strlen(c->fn), &c->f);
     if (!c->found) {
-        snprintf(text, sizeof text, "unknown function \"%s\" on \"%s\" (rank %d)", c->fn,
-                 a->name, a->rank);
+        snprintf(text, sizeof text, "unknown function \"%s\" on \"%s\" (rank %d)", c->fn, a->name,
+                 a->rank);
         finish_error(c, text, ZD_ERR_NO_FUNCTION);
         return;
     }

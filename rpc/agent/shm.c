@@ -28,10 +28,10 @@
 #include <zdist/error.h>
 #include "rpc/value/copy.h"
 
-#define SHM_HEADER 4096
-#define SHM_NAME "zdist-shm"
+#define SHM_HEADER      4096
+#define SHM_NAME        "zdist-shm"
 #define SHM_OFFER_MAGIC "ZDSHMOF1"
-#define SHM_SEG_MAGIC "ZDSHMSG1"
+#define SHM_SEG_MAGIC   "ZDSHMSG1"
 
 /* The first bytes of every segment (and of the probe). */
 typedef struct {
@@ -55,15 +55,15 @@ typedef struct {
 
 typedef struct {
     int fd;
-    uint8_t *map;                   /* header page, then cap bytes */
+    uint8_t *map; /* header page, then cap bytes */
     size_t cap;
     uint64_t token;
-    atomic_int mapped;              /* the peer's answer: 1 mapped, 0 none yet, -1 refused */
+    atomic_int mapped; /* the peer's answer: 1 mapped, 0 none yet, -1 refused */
 } tx_seg_t;
 
 typedef struct {
     pthread_mutex_t lock;
-    atomic_int state;               /* 0: no answer yet, 1: accepted, -1: refused */
+    atomic_int state; /* 0: no answer yet, 1: accepted, -1: refused */
     tx_seg_t segs[RPC_SHM_MAX_SEGS];
     int n_segs;
     size_t bytes;
@@ -77,19 +77,19 @@ typedef struct {
 } rx_seg_t;
 
 typedef struct {
-    uint32_t pid;                   /* of the accepted offer; 0: none */
+    uint32_t pid; /* of the accepted offer; 0: none */
     rx_seg_t *segs[RPC_SHM_MAX_SEGS];
 } rx_peer_t;
 
 static atomic_bool enabled;
-static atomic_int senders;          /* threads between prepare and done */
-static agent_t *agent;              /* to announce segments from a sender's thread */
+static atomic_int senders; /* threads between prepare and done */
+static agent_t *agent;     /* to announce segments from a sender's thread */
 static int my_rank, world;
 static identity_t me;
 static int probe_fd = -1;
 static uint8_t *probe_map;
 static tx_peer_t *tx;
-static size_t tx_bytes;             /* under tx_total_lock */
+static size_t tx_bytes; /* under tx_total_lock */
 static pthread_mutex_t tx_total_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t rx_lock = PTHREAD_MUTEX_INITIALIZER;
 static rx_peer_t *rx;
@@ -97,7 +97,7 @@ static rx_peer_t *rx;
    thread runs while it still connects): the answer waits until they are. */
 static pthread_mutex_t answer_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool connected;
-static signed char *pending;        /* per rank: 1 accept, -1 refuse, 0 none */
+static signed char *pending; /* per rank: 1 accept, -1 refuse, 0 none */
 static atomic_long n_sent, n_received, n_fallbacks, n_made, n_refused;
 /* A descriptor held in reserve: opening a peer's segment when the process
    has run out of them (a stranger holding connections) closes it, opens
@@ -291,8 +291,10 @@ void zd__shm_offer(agent_t *a, int peer)
 {
     if (peer == a->rank || !atomic_load(&enabled))
         return;
-    rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER, .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a), .extra = (const uint8_t *)&me,
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER,
+                           .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(a),
+                           .extra = (const uint8_t *)&me,
                            .extra_len = sizeof me};
     if (zd__transport_send(a, peer, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot offer shared memory to rank %d: %s", peer,
@@ -398,8 +400,8 @@ static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
 {
     size_t old = k < p->n_segs ? p->segs[k].cap : 0;
     pthread_mutex_lock(&tx_total_lock);
-    bool fits = p->bytes - old + cap <= RPC_SHM_PEER_BYTES &&
-                tx_bytes - old + cap <= RPC_SHM_MAX_BYTES;
+    bool fits =
+        p->bytes - old + cap <= RPC_SHM_PEER_BYTES && tx_bytes - old + cap <= RPC_SHM_MAX_BYTES;
     if (fits)
         tx_bytes = tx_bytes - old + cap;
     pthread_mutex_unlock(&tx_total_lock);
@@ -432,7 +434,7 @@ static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
    at once may find that segment still busy. Making another large one costs more than
    waiting this long for it (page faults: ~0.1 s for 16 MiB on a VM). */
 #define SHM_WAIT_OVER ((size_t)4 << 20)
-#define SHM_WAIT_NS 300000
+#define SHM_WAIT_NS   300000
 
 /* Whether a busy segment of p could take nb bytes. */
 static bool busy_fits(const tx_peer_t *p, size_t nb)
@@ -496,8 +498,8 @@ again:
         else if (small >= 0 && make_segment(p, peer, small, segment_cap(nb)) == 0)
             k = small;
         if (k >= 0)
-            *made = (announce_t){.slot = k, .fd = p->segs[k].fd, .token = p->segs[k].token,
-                                 .cap = p->segs[k].cap};
+            *made = (announce_t){
+                .slot = k, .fd = p->segs[k].fd, .token = p->segs[k].token, .cap = p->segs[k].cap};
         return -1;
     }
     uint32_t zero = 0;
@@ -526,8 +528,7 @@ static uint64_t get(const uint8_t *p, int n)
 static void unclaim(tx_peer_t *p, const rpc_shm_out_t *out)
 {
     for (int i = 0; i < out->count; i++)
-        atomic_store_explicit(&seg_head(&p->segs[out->slots[i]])->busy, 0,
-                              memory_order_release);
+        atomic_store_explicit(&seg_head(&p->segs[out->slots[i]])->busy, 0, memory_order_release);
 }
 
 /* Tells peer of a new segment (SHM_SEGMENT): it maps it, checked, and
@@ -538,9 +539,13 @@ static void announce(int peer, const announce_t *s)
     put(extra, (uint64_t)s->fd, 4);
     put(extra + 4, 0, 4);
     put(extra + 8, s->cap, 8);
-    rpc_wire_header_t h = {.type = RPC_MSG_SHM_SEGMENT, .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(agent), .a = (uint64_t)s->slot,
-                           .b = s->token, .extra = extra, .extra_len = sizeof extra};
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_SEGMENT,
+                           .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(agent),
+                           .a = (uint64_t)s->slot,
+                           .b = s->token,
+                           .extra = extra,
+                           .extra_len = sizeof extra};
     if (zd__transport_send(agent, peer, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot announce a shared segment to rank %d: %s", peer,
                 zd_error_last());
@@ -658,7 +663,8 @@ static rx_seg_t *rx_segment(int src, const uint8_t *e)
     rx_seg_t *s = slot < RPC_SHM_MAX_SEGS ? rx[src].segs[slot] : NULL;
     if (!s || s->token != token || s->cap != cap) {
         zd_error_set("shared-memory table names segment %u of %llu bytes, which rank %d did "
-                     "not announce", slot, (unsigned long long)cap, src);
+                     "not announce",
+                     slot, (unsigned long long)cap, src);
         return NULL;
     }
     atomic_fetch_add(&s->refs, 1);
@@ -712,11 +718,11 @@ static int map_table(agent_t *a, inmsg_t *m, rx_seg_t **segs, const uint8_t **en
     for (uint32_t i = 0; i < count; i++) {
         const uint8_t *e = p + 8 + (size_t)RPC_SHM_ENTRY * i;
         uint64_t frame = get(e, 4), bytes = get(e + 32, 8), cap = get(e + 24, 8);
-        if ((int64_t)frame <= last || frame >= (uint64_t)(m->n - 1) ||
-            m->frames[frame].size != 0 || bytes == 0 || bytes > cap || get(e + 12, 4) != 0)
+        if ((int64_t)frame <= last || frame >= (uint64_t)(m->n - 1) || m->frames[frame].size != 0 ||
+            bytes == 0 || bytes > cap || get(e + 12, 4) != 0)
             return zd_error_set("wire: shared-memory table entry %u (frame %llu, %llu bytes) "
-                                "is not valid", i, (unsigned long long)frame,
-                                (unsigned long long)bytes);
+                                "is not valid",
+                                i, (unsigned long long)frame, (unsigned long long)bytes);
         last = (int64_t)frame;
         entries[i] = e;
     }
@@ -767,10 +773,12 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
     for (int i = 0; i < count; i++) {
         rpc_frame_t *f = &m->frames[get(entries[i], 4)];
         if (f->release)
-            f->release(f->data, f->release_arg);   /* the empty placeholder */
+            f->release(f->data, f->release_arg); /* the empty placeholder */
         *f = (rpc_frame_t){.data = segs[i]->map + SHM_HEADER,
-                           .size = (size_t)get(entries[i] + 32, 8), .release = segment_release,
-                           .release_arg = segs[i], .peer_writable = true};
+                           .size = (size_t)get(entries[i] + 32, 8),
+                           .release = segment_release,
+                           .release_arg = segs[i],
+                           .peer_writable = true};
     }
     uint64_t bytes = 0;
     for (int i = 0; i < count; i++)
@@ -790,8 +798,10 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
 
 static void answer_offer(agent_t *a, int src, bool yes)
 {
-    rpc_wire_header_t h = {.type = RPC_MSG_SHM_ACCEPT, .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a), .a = yes};
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_ACCEPT,
+                           .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(a),
+                           .a = yes};
     if (zd__transport_send(a, src, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot answer rank %d's shared-memory offer: %s", src,
                 zd_error_last());
@@ -847,8 +857,10 @@ static void handle_offer(agent_t *a, inmsg_t *m)
             why = zd_error_last();
     }
     if (why) {
-        zd__log(ZD_LOG_INFO, "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
-                "memory: %s", a->peers[src].name, src, why);
+        zd__log(ZD_LOG_INFO,
+                "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
+                "memory: %s",
+                a->peers[src].name, src, why);
         queue_answer(a, src, false);
         return;
     }
@@ -893,13 +905,18 @@ static void handle_segment(agent_t *a, inmsg_t *m)
         len += (size_t)snprintf(answer + 1, sizeof answer - 1, "%s", why);
         len = len < sizeof answer ? len : sizeof answer - 1;
         atomic_fetch_add(&n_refused, 1);
-        zd__log(ZD_LOG_WARN, "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
-                "memory: its segment %llu: %s", a->peers[src].name, src,
-                (unsigned long long)m->h.a, why);
+        zd__log(ZD_LOG_WARN,
+                "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
+                "memory: its segment %llu: %s",
+                a->peers[src].name, src, (unsigned long long)m->h.a, why);
     }
-    rpc_wire_header_t h = {.type = RPC_MSG_SHM_MAPPED, .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a), .a = m->h.a, .b = m->h.b,
-                           .extra = (const uint8_t *)answer, .extra_len = len};
+    rpc_wire_header_t h = {.type = RPC_MSG_SHM_MAPPED,
+                           .flags = RPC_WIRE_F_INTERNAL,
+                           .id = zd__agent_new_id(a),
+                           .a = m->h.a,
+                           .b = m->h.b,
+                           .extra = (const uint8_t *)answer,
+                           .extra_len = len};
     if (zd__transport_send(a, src, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot answer rank %d's segment: %s", src, zd_error_last());
 }
@@ -921,9 +938,10 @@ static void handle_mapped(agent_t *a, inmsg_t *m)
     pthread_mutex_unlock(&p->lock);
     if (ours && !ok) {
         atomic_store(&p->state, -1);
-        zd__log(ZD_LOG_WARN, "rpc: tensors to \"%s\" (rank %d) go over ZeroMQ: it could not "
-                "map a shared segment (%.*s)", a->peers[src].name, src,
-                (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
+        zd__log(ZD_LOG_WARN,
+                "rpc: tensors to \"%s\" (rank %d) go over ZeroMQ: it could not "
+                "map a shared segment (%.*s)",
+                a->peers[src].name, src, (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
                 m->h.extra_len > 1 ? (const char *)m->h.extra + 1 : "");
     }
 }

@@ -69,20 +69,20 @@
 #include "rpc/agent/agent.h"
 
 /*  Tensors of more bytes go through shared memory. */
-#define RPC_SHM_OVER ((size_t)256 << 10)
+#define RPC_SHM_OVER     ((size_t)256 << 10)
 #define RPC_SHM_MAX_SEGS 8
 /*  Bytes of segments a process makes for one peer, and for all of them. */
 #define RPC_SHM_PEER_BYTES ((size_t)512 << 20)
-#define RPC_SHM_MAX_BYTES ((size_t)1 << 30)
-#define RPC_SHM_ENTRY 40
+#define RPC_SHM_MAX_BYTES  ((size_t)1 << 30)
+#define RPC_SHM_ENTRY      40
 
 /*  A message's tensors placed in segments by zd__shm_send_prepare. */
 typedef struct {
     int peer;
     int count;
-    int frames[RPC_SHM_MAX_SEGS];   /* which tensors */
+    int frames[RPC_SHM_MAX_SEGS]; /* which tensors */
     int slots[RPC_SHM_MAX_SEGS];
-    uint8_t *table;                 /* the segment table frame (malloc) */
+    uint8_t *table; /* the segment table frame (malloc) */
     size_t table_len;
 } rpc_shm_out_t;
 

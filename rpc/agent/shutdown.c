@@ -26,9 +26,9 @@ typedef struct barrier_round {
     int64_t round;
     int arrived;
     int64_t total;
-    zd_future_t **waiting;     /* per rank: its answer, once arrived */
+    zd_future_t **waiting; /* per rank: its answer, once arrived */
     int world;
-    int64_t deadline_ns;        /* INT64_MAX: none */
+    int64_t deadline_ns; /* INT64_MAX: none */
     struct barrier_round *next;
 } barrier_round_t;
 
@@ -88,7 +88,9 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
 {
     if (count < 0 || round < -1 || timeout_ms < 0)
         return zd_error_set("shutdown barrier: rank %d sent round %" PRId64 ", count %" PRId64
-                            ", timeout %" PRId64 " ms", src, round, count, timeout_ms), false;
+                            ", timeout %" PRId64 " ms",
+                            src, round, count, timeout_ms),
+               false;
     if (!a->barrier_last) {
         a->barrier_last = malloc((size_t)a->world * sizeof *a->barrier_last);
         if (!a->barrier_last)
@@ -103,9 +105,11 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
         return true;
     }
     if (round == last && open)
-        return true;   /* the same rank again in its open round: the same answer */
-    return zd_error_set("shutdown barrier: rank %d asked for round %" PRId64 " after round %"
-                        PRId64, src, round, last), false;
+        return true; /* the same rank again in its open round: the same answer */
+    return zd_error_set("shutdown barrier: rank %d asked for round %" PRId64
+                        " after round %" PRId64,
+                        src, round, last),
+           false;
 }
 
 /* Under barrier_lock: whether src asks again for the round completed last,
@@ -114,7 +118,7 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
 static bool repeated(agent_t *a, int src, int64_t round)
 {
     return a->barrier_done && round == a->barrier_done_round && a->barrier_last &&
-           a->barrier_last[src] == round;
+        a->barrier_last[src] == round;
 }
 
 /* Under barrier_lock: remembers the round completed last, for repeated(). */
@@ -130,8 +134,10 @@ static void log_without(agent_t *a, const barrier_round_t *r)
 {
     for (int i = 0; i < r->world; i++)
         if (!r->waiting[i])
-            zd__log(ZD_LOG_WARN, "rpc: shutdown barrier round %" PRId64 ": going on without "
-                    "\"%s\" (rank %d), lost", r->round, a->peers[i].name, i);
+            zd__log(ZD_LOG_WARN,
+                    "rpc: shutdown barrier round %" PRId64 ": going on without "
+                    "\"%s\" (rank %d), lost",
+                    r->round, a->peers[i].name, i);
 }
 
 zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -158,14 +164,14 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     barrier_round_t *r = a->barrier;
     while (r && r->round != round)
         r = r->next;
-    if (!r && repeated(a, src, round)) {   /* its answer was lost on the way */
+    if (!r && repeated(a, src, round)) { /* its answer was lost on the way */
         int64_t total = a->barrier_done_total;
         pthread_mutex_unlock(&a->barrier_lock);
         f = zd_future_new();
         zd_value_t *v = zd_value_int(total);
         if (f && v)
             zd_future_set_value(f, v);
-        else if (f)   /* never leave the caller a future nobody completes */
+        else if (f) /* never leave the caller a future nobody completes */
             zd_future_set_error_code(f, ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory");
         zd_value_unref(v);
         goto out;
@@ -215,7 +221,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     pthread_mutex_unlock(&a->barrier_lock);
     if (complete) {
         if (round == 0)
-            atomic_store(&a->ending, true);   /* before anyone hears it: membership.c */
+            atomic_store(&a->ending, true); /* before anyone hears it: membership.c */
         if (r->arrived < a->world)
             log_without(a, r);
         zd_value_t *v = zd_value_int(total);
@@ -236,7 +242,7 @@ out:
 static bool down_for_good(const peer_t *p, int64_t now_ns)
 {
     return atomic_load(&p->lost) && p->down_since_ns &&
-           now_ns - p->down_since_ns >= INIT_DOWN_MS * ZD__NS_PER_MS;
+        now_ns - p->down_since_ns >= INIT_DOWN_MS * ZD__NS_PER_MS;
 }
 
 /* Rank 0, I/O thread: fails rounds that cannot complete any more. */
@@ -249,7 +255,7 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
     barrier_round_t **pp = &a->barrier;
     while (*pp) {
         barrier_round_t *r = *pp;
-        if (missing_live(a, r) == 0) {   /* the rest were lost while it waited */
+        if (missing_live(a, r) == 0) { /* the rest were lost while it waited */
             round_done(a, r);
             *pp = r->next;
             r->next = done;
@@ -332,13 +338,13 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
         if (zd__agent_now_ns() >= deadline_ns) {
-            return zd_error_set_code(ZD_ERR_TIMEOUT,
-                                     "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
-                                     " RRef messages outstanding at the deadline",
-                                     (int64_t)atomic_load(&a->user_in_flight),
-                                     outstanding(a) - atomic_load(&a->user_in_flight) -
-                                     zd__rref_outstanding(a),
-                                     zd__rref_outstanding(a));
+            return zd_error_set_code(
+                ZD_ERR_TIMEOUT,
+                "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
+                " RRef messages outstanding at the deadline",
+                (int64_t)atomic_load(&a->user_in_flight),
+                outstanding(a) - atomic_load(&a->user_in_flight) - zd__rref_outstanding(a),
+                zd__rref_outstanding(a));
         }
         struct timespec ts = {0, 500000};
         nanosleep(&ts, NULL);
@@ -347,15 +353,19 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
 }
 
 int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
-                int64_t *sum)
+                    int64_t *sum)
 {
     /* 0 asks rank 0 to wait without limit */
     int64_t left = deadline_ns == ZD__NEVER ? 0 : zd__ms_left(zd__agent_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
     zd_value_t *args = zd__rpc_args("iii", round, count, left);
-    call_req_t req = {.type = RPC_MSG_CALL, .fn = "__zd_barrier", .api = api, .args = args,
-                      .timeout_ms = left, .hooked = false};
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .fn = "__zd_barrier",
+                      .api = api,
+                      .args = args,
+                      .timeout_ms = left,
+                      .hooked = false};
     zd_value_t *total = NULL;
     int rc = args ? zd__call_sync(&req, 0, &total) : -1;
     /* A connection to rank 0 that went down and came back took the call

@@ -31,25 +31,25 @@
 #include "rpc/net/bufcache.h"
 
 typedef struct stream {
-    void *sock;                     /* the connection: socket, rank, routing id */
+    void *sock; /* the connection: socket, rank, routing id */
     int src;
     uint8_t route[RPC_WIRE_SYNC_ID_LEN];
     size_t route_len;
-    zmq_msg_t hm;                   /* the streamed message's header frame */
+    zmq_msg_t hm; /* the streamed message's header frame */
     uint8_t type;
     uint64_t id;
-    rpc_frame_t *frames;            /* its tensor frames, the table left out */
+    rpc_frame_t *frames; /* its tensor frames, the table left out */
     int n;
     uint32_t chunk, count;
     rpc_wire_stream_t *entries;
-    rpc_buf_t **bufs;               /* one per entry */
-    uint32_t entry;                 /* being received: entry, bytes of it so far */
+    rpc_buf_t **bufs; /* one per entry */
+    uint32_t entry;   /* being received: entry, bytes of it so far */
     uint64_t at;
-    uint64_t seq;                   /* number of the next piece */
-    int64_t touched_ns;             /* when the last piece (or the message) came */
-    int64_t stalled_ns;             /* when an expiry pass found it stalled; 0: not */
-    uint64_t reserved;              /* bytes counted in the budget (budget_release) */
-    bool counted;                   /* counted in the pending limits */
+    uint64_t seq;       /* number of the next piece */
+    int64_t touched_ns; /* when the last piece (or the message) came */
+    int64_t stalled_ns; /* when an expiry pass found it stalled; 0: not */
+    uint64_t reserved;  /* bytes counted in the budget (budget_release) */
+    bool counted;       /* counted in the pending limits */
     struct stream *next;
 } stream_t;
 
@@ -62,8 +62,8 @@ static int n_streams;
 static uint64_t budget_total, budget_peer;
 static pthread_once_t budget_once = PTHREAD_ONCE_INIT;
 static uint64_t reserved_total;
-static int live_total;              /* streams counted, in the list or being filled */
-static uint64_t *peer_reserved;     /* per rank, grown to the world's size */
+static int live_total;          /* streams counted, in the list or being filled */
+static uint64_t *peer_reserved; /* per rank, grown to the world's size */
 static int *peer_live;
 static int n_peer_slots;
 
@@ -75,8 +75,8 @@ static uint64_t env_mib(const char *name, uint64_t fallback)
     unsigned long long mib = v ? strtoull(v, &end, 10) : 0;
     if (!v || end == v || *end || mib == 0 || mib > ((uint64_t)1 << 40)) {
         if (v)
-            zd__log(ZD_LOG_WARN, "rpc: %s=\"%s\" is not a size in MiB: using %llu MiB", name,
-                    v, (unsigned long long)(fallback >> 20));
+            zd__log(ZD_LOG_WARN, "rpc: %s=\"%s\" is not a size in MiB: using %llu MiB", name, v,
+                    (unsigned long long)(fallback >> 20));
         return fallback;
     }
     return (uint64_t)mib << 20;
@@ -106,7 +106,7 @@ void zd__transport_stream_budget(uint64_t *total, uint64_t *peer)
 static int budget_take(stream_t *s, int src, int world, uint64_t bytes)
 {
     if (src >= world)
-        world = src + 1;   /* the receive loop checked src against the world */
+        world = src + 1; /* the receive loop checked src against the world */
     if (world > n_peer_slots) {
         uint64_t *r = realloc(peer_reserved, (size_t)world * sizeof *r);
         if (r)
@@ -136,7 +136,8 @@ static int budget_take(stream_t *s, int src, int world, uint64_t bytes)
     if (bytes > budget_total - reserved_total)
         return zd_error_set("a streamed message of %llu MiB would pass the memory budget for "
                             "streams (%llu of %llu MiB pending; ZDIST_STREAM_BUDGET_MB raises "
-                            "it)", (unsigned long long)(bytes >> 20),
+                            "it)",
+                            (unsigned long long)(bytes >> 20),
                             (unsigned long long)(reserved_total >> 20),
                             (unsigned long long)(budget_total >> 20));
     live_total++;
@@ -196,7 +197,7 @@ static void stream_free(stream_t *s)
 static bool same_connection(const stream_t *s, void *sock, const inmsg_t *m)
 {
     return s->sock == sock && s->src == m->src && s->route_len == m->route_len &&
-           memcmp(s->route, m->route, m->route_len) == 0;
+        memcmp(s->route, m->route, m->route_len) == 0;
 }
 
 /* Unlinks and returns the entry of m's connection, or NULL. */
@@ -233,8 +234,8 @@ static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
         /* The answer to one of our calls: that call fails now, not at its
            timeout. */
         char text[sizeof m->reject];
-        zd_error_code_t code = zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
-                                                                   : ZD_ERR_OTHER;
+        zd_error_code_t code =
+            zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY : ZD_ERR_OTHER;
         snprintf(text, sizeof text, "answer dropped: %s", zd_error_last());
         zd__call_fail_answer(a, id, m->src, text, code);
     }
@@ -271,7 +272,7 @@ static bool was_refused(void *sock, const inmsg_t *m, uint64_t id)
     for (unsigned i = 0; i < REFUSED_KEEP && i < n_refused && !found; i++) {
         const refused_t *r = &refused[i];
         found = r->sock == sock && r->id == id && r->src == m->src &&
-                r->route_len == m->route_len && memcmp(r->route, m->route, m->route_len) == 0;
+            r->route_len == m->route_len && memcmp(r->route, m->route, m->route_len) == 0;
     }
     pthread_mutex_unlock(&lock);
     return found;
@@ -286,18 +287,18 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     rpc_frame_t *table = &m->frames[m->n - 1];
     stream_t *s = calloc(1, sizeof *s);
     if (!s) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY,
-                          "out of memory for a streamed %s", zd__rpc_wire_type_name(type));
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a streamed %s",
+                          zd__rpc_wire_type_name(type));
         goto fail;
     }
     zmq_msg_init(&s->hm);
     if (zd__rpc_wire_stream_table_parse(table->data, table->size, (uint32_t)m->n, &s->count,
-                                    &s->chunk, &s->entries) < 0)
+                                        &s->chunk, &s->entries) < 0)
         goto fail;
     for (uint32_t i = 0; i < s->count; i++)
         if (m->frames[s->entries[i].frame].size != 0) {
             zd_error_set("wire: stream table entry %u names frame %u, which holds %zu bytes", i,
-                      s->entries[i].frame, m->frames[s->entries[i].frame].size);
+                         s->entries[i].frame, m->frames[s->entries[i].frame].size);
             goto fail;
         }
     /* A message still pending on this connection lost its pieces (the
@@ -305,15 +306,16 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     stream_t *old = take(sock, m);
     if (old) {
         zd_error_set("streamed %s %llx dropped after %llu pieces: its connection sent a new "
-                  "message", zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
-                  (unsigned long long)old->seq);
+                     "message",
+                     zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
+                     (unsigned long long)old->seq);
         zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src,
                 zd_error_last());
         stream_free(old);
     }
     uint64_t declared = 0;
     for (uint32_t i = 0; i < s->count; i++)
-        declared += s->entries[i].bytes;   /* < 4096 * 2^34: no overflow */
+        declared += s->entries[i].bytes; /* < 4096 * 2^34: no overflow */
     s->src = m->src;
     pthread_once(&budget_once, budget_init);
     pthread_mutex_lock(&lock);
@@ -324,14 +326,14 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     s->bufs = calloc(s->count, sizeof *s->bufs);
     s->frames = malloc((size_t)(m->n - 1) * sizeof *s->frames);
     if (!s->bufs || !s->frames) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY,
-                          "out of memory for a streamed %s", zd__rpc_wire_type_name(type));
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a streamed %s",
+                          zd__rpc_wire_type_name(type));
         goto fail;
     }
     for (uint32_t i = 0; i < s->count; i++)
         if (!(s->bufs[i] = zd__rpc_bufcache_get((size_t)s->entries[i].bytes))) {
             zd_error_wrap("a streamed tensor of %llu bytes",
-                       (unsigned long long)s->entries[i].bytes);
+                          (unsigned long long)s->entries[i].bytes);
             goto fail;
         }
     s->sock = sock;
@@ -373,9 +375,11 @@ static int finish(stream_t *s, inmsg_t *m)
     }
     for (uint32_t i = 0; i < s->count; i++) {
         rpc_frame_t *f = &s->frames[s->entries[i].frame];
-        f->release(f->data, f->release_arg);   /* the empty placeholder */
-        *f = (rpc_frame_t){.data = s->bufs[i]->data, .size = (size_t)s->entries[i].bytes,
-                           .release = zd__rpc_bufcache_release, .release_arg = s->bufs[i]};
+        f->release(f->data, f->release_arg); /* the empty placeholder */
+        *f = (rpc_frame_t){.data = s->bufs[i]->data,
+                           .size = (size_t)s->entries[i].bytes,
+                           .release = zd__rpc_bufcache_release,
+                           .release_arg = s->bufs[i]};
         s->bufs[i] = NULL;
     }
     memcpy(m->frames, s->frames, (size_t)s->n * sizeof *m->frames);
@@ -400,7 +404,8 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     if (!s) {
         bool known = was_refused(sock, m, h->id);
         zd_error_set("stream piece %llu of %llx, but no streamed message is pending on its "
-                  "connection", (unsigned long long)h->a, (unsigned long long)h->id);
+                     "connection",
+                     (unsigned long long)h->a, (unsigned long long)h->id);
         drop_msg(m);
         return known ? -1 : refuse(a, sock, m, 0, 0);
     }
@@ -409,9 +414,10 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     const rpc_frame_t *f = &m->frames[0];
     if (h->id != s->id || h->a != s->seq || f->size != want) {
         zd_error_set("stream piece %llu of %llx (%zu bytes) where piece %llu of %s %llx "
-                  "(%llu bytes) was due", (unsigned long long)h->a, (unsigned long long)h->id,
-                  f->size, (unsigned long long)s->seq, zd__rpc_wire_type_name(s->type),
-                  (unsigned long long)s->id, (unsigned long long)want);
+                     "(%llu bytes) was due",
+                     (unsigned long long)h->a, (unsigned long long)h->id, f->size,
+                     (unsigned long long)s->seq, zd__rpc_wire_type_name(s->type),
+                     (unsigned long long)s->id, (unsigned long long)want);
         int type = s->type;
         uint64_t id = s->id;
         stream_free(s);
@@ -458,7 +464,7 @@ void zd__transport_stream_clear(void)
     stream_t *s = streams;
     streams = NULL;
     n_streams = 0;
-    n_refused = 0;   /* its sockets close: their addresses may come back */
+    n_refused = 0; /* its sockets close: their addresses may come back */
     pthread_mutex_unlock(&lock);
     while (s) {
         stream_t *next = s->next;
@@ -498,8 +504,10 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
     for (stream_t *s = stale, *next; s; s = next, n++) {
         next = s->next;
         char text[256];
-        snprintf(text, sizeof text, "streamed %s %llx dropped: no piece for %lld s after "
-                 "%llu pieces", zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
+        snprintf(text, sizeof text,
+                 "streamed %s %llx dropped: no piece for %lld s after "
+                 "%llu pieces",
+                 zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
                  (long long)(RPC_STREAM_STALL_NS / ZD__NS_PER_S), (unsigned long long)s->seq);
         zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
         if (s->sock == a->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {

@@ -29,7 +29,7 @@
 
 #include "rpc/agent/agent.h"
 
-#define RPC_STREAM_OVER ((size_t)16 << 20)
+#define RPC_STREAM_OVER  ((size_t)16 << 20)
 #define RPC_STREAM_CHUNK ((size_t)1 << 20)
 /*  A message streams at most this many pieces per tensor: a larger tensor
     takes larger pieces (multiples of RPC_STREAM_CHUNK). */
@@ -45,8 +45,8 @@
     bytes, larger ones are streamed) and stream pieces (at most
     RPC_WIRE_MAX_CHUNK) are smaller. A larger frame makes libzmq close the
     connection before it allocates the frame. */
-#define RPC_MAX_FRAME (RPC_WIRE_FIXED + RPC_WIRE_MAX_FN + RPC_WIRE_MAX_EXTRA + \
-                       RPC_CODEC_MAX_META + ((size_t)1 << 20))
+#define RPC_MAX_FRAME                                                                              \
+    (RPC_WIRE_FIXED + RPC_WIRE_MAX_FN + RPC_WIRE_MAX_EXTRA + RPC_CODEC_MAX_META + ((size_t)1 << 20))
 _Static_assert(RPC_STREAM_OVER <= RPC_MAX_FRAME && RPC_WIRE_MAX_CHUNK <= RPC_MAX_FRAME,
                "every legitimate frame must pass ZMQ_MAXMSGSIZE");
 /*  Messages a receiving socket queues per connection before libzmq stops

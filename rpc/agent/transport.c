@@ -13,7 +13,7 @@
     fail at once ("unreachable") instead of queueing forever. They never
     receive, which matters: with ZMQ_IMMEDIATE, messages that arrived but
     were not read yet are lost when the connection closes. */
-#define _GNU_SOURCE   /* pthread_timedjoin_np: bounded joins at shutdown */
+#define _GNU_SOURCE /* pthread_timedjoin_np: bounded joins at shutdown */
 #include "rpc/agent/agent.h"
 
 #include <errno.h>
@@ -98,8 +98,9 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
     zd__security_watch(a, a->router, "the RPC socket");
     set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
     zd__transport_set_limits(a->router);
-    if (listen_ip && zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
-                                          sizeof a->peers[a->rank].endpoint) < 0)
+    if (listen_ip &&
+        zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
+                             sizeof a->peers[a->rank].endpoint) < 0)
         return -1;
     size_t len = sizeof a->router_fd;
     if (zmq_getsockopt(a->router, ZMQ_FD, &a->router_fd, &len) < 0)
@@ -143,7 +144,7 @@ void zd__transport_use_ipv6(void *sock, const char *endpoint)
    stays unacknowledged, or the window shut, that long. */
 static void set_heartbeat(void *sock, int64_t timeout_ms)
 {
-    if (timeout_ms == 0)   /* no limit: silence alone never loses a peer */
+    if (timeout_ms == 0) /* no limit: silence alone never loses a peer */
         return;
     int64_t ivl = timeout_ms / 6;
     set_int(sock, ZMQ_HEARTBEAT_IVL, (int)(ivl < 100 ? 100 : ivl));
@@ -156,7 +157,7 @@ static int open_peer(agent_t *a, peer_t *p)
     p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
     if (!p->sock)
         return zd_error_set("cannot create a socket for peer \"%s\": %s", p->name,
-                         zmq_strerror(errno));
+                            zmq_strerror(errno));
     uint8_t id[RPC_WIRE_ID_LEN];
     zd__rpc_wire_identity(a->rank, id);
     zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, id, sizeof id);
@@ -171,8 +172,8 @@ static int open_peer(agent_t *a, peer_t *p)
     snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->gen, p->rank,
              atomic_load(&p->incarnation));
     if (zmq_socket_monitor(p->sock, mon,
-                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
-                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+                           ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
         p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
         if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
             zmq_close(p->monitor);
@@ -182,7 +183,7 @@ static int open_peer(agent_t *a, peer_t *p)
     zd__transport_use_ipv6(p->sock, p->endpoint);
     if (zmq_connect(p->sock, p->endpoint) < 0)
         return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
-                         p->endpoint, zmq_strerror(errno));
+                            p->endpoint, zmq_strerror(errno));
     zd__log(ZD_LOG_DEBUG, "rpc: connecting to \"%s\" (rank %d) at %s", p->name, p->rank,
             p->endpoint);
     return 0;
@@ -210,7 +211,7 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
     close_peer(p, 0);
     int rc = open_peer(a, p);
     if (rc < 0)
-        close_peer(p, 0);   /* a half-made socket: sends fail until it is made again */
+        close_peer(p, 0); /* a half-made socket: sends fail until it is made again */
     pthread_mutex_unlock(&p->lock);
     return rc;
 }
@@ -266,7 +267,7 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
             peer_t *p = &a->peers[i];
             bool needed = !joining || i == 0 || i == a->rank;
             if (atomic_load(&p->lost_at_ns) || (joining && needed != (pass == 0)))
-                continue;   /* gone from the running world this process joined */
+                continue; /* gone from the running world this process joined */
             if (say_hello(a, p, needed ? deadline_ns : others_by) == 0)
                 continue;
             if (needed)
@@ -296,8 +297,10 @@ int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
     /* Bounded: a future callback stuck in user code would hold it. */
     struct timespec until = zd__realtime_in(wait_ms);
     if (pthread_timedjoin_np(a->io_thread, NULL, &until) != 0) {
-        zd__log(ZD_LOG_ERROR, "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
-                "future callback stuck in user code?)", (long long)wait_ms);
+        zd__log(ZD_LOG_ERROR,
+                "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
+                "future callback stuck in user code?)",
+                (long long)wait_ms);
         pthread_detach(a->io_thread);
         a->io_started = false;
         return -1;
@@ -321,7 +324,7 @@ void zd__transport_close(agent_t *a, bool graceful)
     if (a->wake_fd >= 0)
         close(a->wake_fd);
     a->wake_fd = -1;
-    zd__security_free(a);   /* its thread's sockets close before the context ends */
+    zd__security_free(a); /* its thread's sockets close before the context ends */
     if (a->ctx)
         zmq_ctx_term(a->ctx);
     a->ctx = NULL;
@@ -367,7 +370,7 @@ static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len,
         zmq_msg_init(&m);
     else if (zmq_msg_init_data(&m, data, len, tensor_frame_free, zd_tensor_ref(t)) < 0) {
         zd_tensor_unref(t);
-        zmq_msg_init(&m);   /* keep the frame count: the receiver rejects it */
+        zmq_msg_init(&m); /* keep the frame count: the receiver rejects it */
         *oom = true;
     }
     if (send_frame(sock, &m, flags) < 0) {
@@ -458,8 +461,12 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
                        size_t over, size_t chunk)
 {
     bool oom = false;
-    rpc_wire_header_t ph = {.type = RPC_MSG_REPLY, .flags = RPC_WIRE_F_CHUNK, .src = h->src,
-                            .dst = h->dst, .id = h->id, .n_tensors = 1};
+    rpc_wire_header_t ph = {.type = RPC_MSG_REPLY,
+                            .flags = RPC_WIRE_F_CHUNK,
+                            .src = h->src,
+                            .dst = h->dst,
+                            .id = h->id,
+                            .n_tensors = 1};
     uint8_t head[RPC_WIRE_FIXED];
     for (int i = 0; i < n_tensors; i++) {
         size_t nb = zd_tensor_nbytes(tensors[i]);
@@ -473,8 +480,8 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
             zd__rpc_wire_write(&ph, zmq_msg_data(&f[1]));
             if ((route_len && send_msg(sock, &f[0], ZMQ_SNDMORE) < 0) ||
                 send_msg(sock, &f[1], ZMQ_SNDMORE) < 0 ||
-                send_tensor_frame(sock, tensors[i], data + at, nb - at < chunk ? nb - at : chunk,
-                                  0, &oom) < 0)
+                send_tensor_frame(sock, tensors[i], data + at, nb - at < chunk ? nb - at : chunk, 0,
+                                  &oom) < 0)
                 return -1;
         }
     }
@@ -484,8 +491,8 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
 /* send_message for a message whose large tensors are in shared-memory
    segments (shm.h): their frames are empty, the segment table follows. */
 static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_len,
-                                rpc_wire_header_t *h, zd_tensor_t *const *tensors,
-                                int n_tensors, const rpc_shm_out_t *so)
+                                rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
+                                const rpc_shm_out_t *so)
 {
     h->flags |= RPC_WIRE_F_SHM;
     h->n_tensors = (uint32_t)n_tensors + 1;
@@ -590,20 +597,22 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
 }
 
 int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
-                   int n_tensors)
+                       int n_tensors)
 {
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
     h->dst = dst;
     rpc_shm_out_t so;
-    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
+    zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
     pthread_mutex_lock(&p->lock);
     int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors, &so) : -1;
     pthread_mutex_unlock(&p->lock);
     zd__shm_send_done(&so, bytes >= 0);
     if (bytes == SEND_NO_MEMORY)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a message to \"%s\" "
-                                 "(rank %d)", p->name, dst);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "out of memory for a message to \"%s\" "
+                                 "(rank %d)",
+                                 p->name, dst);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)",
                                  p->endpoint);
@@ -612,7 +621,7 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
 }
 
 int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
-                          rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
+                              rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
 {
     if (!route_len)
         return zd__transport_send(a, dst, h, tensors, n_tensors);
@@ -620,7 +629,7 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
     h->src = a->rank;
     h->dst = dst;
     rpc_shm_out_t so;
-    zd__shm_send_prepare(h, tensors, n_tensors, &so);   /* the copy, before the lock */
+    zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
     pthread_mutex_lock(&a->router_lock);
     int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors, &so);
     /* Sending may have taken the signal that something arrived: the I/O
@@ -637,8 +646,10 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
         }
     }
     if (bytes == SEND_NO_MEMORY)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for an answer to \"%s\" "
-                                 "(rank %d)", p->name, dst);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "out of memory for an answer to \"%s\" "
+                                 "(rank %d)",
+                                 p->name, dst);
     if (bytes < 0)
         return zd_error_set("cannot answer \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
@@ -646,7 +657,7 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
 }
 
 int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
-                      zd_tensor_t *const *tensors, int n_tensors)
+                          zd_tensor_t *const *tensors, int n_tensors)
 {
     peer_t *p = &a->peers[dst];
     h->src = a->rank;
@@ -656,8 +667,10 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
     int64_t bytes = send_message(sock, NULL, 0, h, tensors, n_tensors, &so);
     zd__shm_send_done(&so, bytes >= 0);
     if (bytes == SEND_NO_MEMORY)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for a message to \"%s\" "
-                                 "(rank %d)", p->name, dst);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY,
+                                 "out of memory for a message to \"%s\" "
+                                 "(rank %d)",
+                                 p->name, dst);
     if (bytes < 0)
         return zd_error_set_code(ZD_ERR_PEER, "cannot send to \"%s\" (rank %d)", p->name, dst);
     atomic_fetch_add_explicit(&p->m.bytes_sent, bytes, memory_order_relaxed);
@@ -672,9 +685,9 @@ void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const
         len = strlen(text);
     }
     if (len > 65536)
-        len = 65536;   /* an error text, not a payload */
-    rpc_wire_header_t h = {.type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text,
-                           .meta_len = len};
+        len = 65536; /* an error text, not a payload */
+    rpc_wire_header_t h = {
+        .type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text, .meta_len = len};
     if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_WARN, "rpc: cannot answer request %llx of rank %d: %s",
                 (unsigned long long)id, m->src, zd_error_last());
@@ -685,4 +698,3 @@ void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text
     inmsg_t m = {.src = dst};
     zd__transport_answer_error(a, &m, id, text);
 }
-

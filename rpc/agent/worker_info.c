@@ -16,11 +16,13 @@ static _Thread_local char t_unknown_name[ZD_RPC_MAX_NAME + 1];
 int zd__agent_check_rank(agent_t *a, int rank, const char *api)
 {
     if (rank == -1 && t_unknown_name[0])
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no worker called \"%s\" (zd_rpc_worker "
-                                 "returned -1)", api, t_unknown_name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: no worker called \"%s\" (zd_rpc_worker "
+                                 "returned -1)",
+                                 api, t_unknown_name);
     if (rank < 0 || rank >= a->world)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no worker with rank %d (world size %d)",
-                                 api, rank, a->world);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no worker with rank %d (world size %d)", api,
+                                 rank, a->world);
     return 0;
 }
 

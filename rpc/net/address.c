@@ -140,8 +140,9 @@ int zd__addr_route_from(const char *ip, char *out, size_t size)
     }
     close(fd);
     char buf[INET6_ADDRSTRLEN];
-    const void *a = me.ss_family == AF_INET ? (const void *)&((struct sockaddr_in *)&me)->sin_addr
-                                            : (const void *)&((struct sockaddr_in6 *)&me)->sin6_addr;
+    const void *a = me.ss_family == AF_INET
+        ? (const void *)&((struct sockaddr_in *)&me)->sin_addr
+        : (const void *)&((struct sockaddr_in6 *)&me)->sin6_addr;
     if (!inet_ntop(me.ss_family, a, buf, sizeof buf) || strlen(buf) + 1 > size)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "no route to %s", n);
     memcpy(out, buf, strlen(buf) + 1);
@@ -168,8 +169,8 @@ int zd__addr_resolve(const char *host, char out[][ZD_ADDR_MAX], int max)
         }
         for (struct addrinfo *r = res; r && n < max; r = r->ai_next) {
             const void *a = r->ai_family == AF_INET
-                                ? (const void *)&((struct sockaddr_in *)r->ai_addr)->sin_addr
-                                : (const void *)&((struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
+                ? (const void *)&((struct sockaddr_in *)r->ai_addr)->sin_addr
+                : (const void *)&((struct sockaddr_in6 *)r->ai_addr)->sin6_addr;
             char buf[INET6_ADDRSTRLEN];
             if (!inet_ntop(r->ai_family, a, buf, sizeof buf))
                 continue;

@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define ZD_ADDR_MAX 64      /* room for any numeric IPv4 or IPv6 literal */
+#define ZD_ADDR_MAX 64 /* room for any numeric IPv4 or IPv6 literal */
 
 /*  AF_INET or AF_INET6 for a numeric literal ("[fd00::1]" with brackets is
     accepted as IPv6), 0 for anything else (a host name, garbage). */

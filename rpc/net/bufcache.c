@@ -19,10 +19,10 @@
 #include <zdist/error.h>
 
 #define BUF_ALIGN ((size_t)2 << 20)
-#define PAGE ((size_t)4096)
+#define PAGE      ((size_t)4096)
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static rpc_buf_t *cached[RPC_BUFCACHE_MAX_BUFFERS];   /* oldest first */
+static rpc_buf_t *cached[RPC_BUFCACHE_MAX_BUFFERS]; /* oldest first */
 static int n_cached;
 static size_t cached_bytes;
 static bool enabled;
@@ -61,7 +61,7 @@ static rpc_buf_t *buf_new(size_t size)
     }
 #ifdef MADV_HUGEPAGE
     if (b->cap >= BUF_ALIGN)
-        madvise(b->data, b->cap, MADV_HUGEPAGE);   /* advice: failure is harmless */
+        madvise(b->data, b->cap, MADV_HUGEPAGE); /* advice: failure is harmless */
 #endif
     return b;
 }

@@ -21,7 +21,7 @@
 #include <stddef.h>
 
 #define RPC_BUFCACHE_MAX_BUFFERS 4
-#define RPC_BUFCACHE_MAX_BYTES ((size_t)512 << 20)
+#define RPC_BUFCACHE_MAX_BYTES   ((size_t)512 << 20)
 
 /*  A buffer of cap >= the requested bytes, page aligned. */
 typedef struct rpc_buf {

@@ -87,7 +87,7 @@ size_t zd__rpc_wire_stream_table_size(uint32_t count)
 }
 
 void zd__rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
-                                 uint32_t chunk, uint8_t *out)
+                                     uint32_t chunk, uint8_t *out)
 {
     put32(out, count);
     put32(out + 4, chunk);
@@ -99,8 +99,8 @@ void zd__rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t 
     }
 }
 
-int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
-                                uint32_t *count, uint32_t *chunk, rpc_wire_stream_t **entries)
+int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames, uint32_t *count,
+                                    uint32_t *chunk, rpc_wire_stream_t **entries)
 {
     const uint8_t *p = buf;
     *entries = NULL;
@@ -110,13 +110,13 @@ int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_fram
     uint32_t c = get32(p + 4);
     if (n == 0 || n_frames < 2 || n > n_frames - 1)
         return zd_error_set("wire: stream table of %u tensors for %u tensor frames", n,
-                         n_frames ? n_frames - 1 : 0);
+                            n_frames ? n_frames - 1 : 0);
     if (len != zd__rpc_wire_stream_table_size(n))
-        return zd_error_set("wire: stream table of %u tensors in %zu bytes (%zu expected)", n,
-                         len, zd__rpc_wire_stream_table_size(n));
+        return zd_error_set("wire: stream table of %u tensors in %zu bytes (%zu expected)", n, len,
+                            zd__rpc_wire_stream_table_size(n));
     if (c < RPC_WIRE_MIN_CHUNK || c > RPC_WIRE_MAX_CHUNK)
-        return zd_error_set("wire: stream chunks of %u bytes (%zu to %zu)", c,
-                         RPC_WIRE_MIN_CHUNK, RPC_WIRE_MAX_CHUNK);
+        return zd_error_set("wire: stream chunks of %u bytes (%zu to %zu)", c, RPC_WIRE_MIN_CHUNK,
+                            RPC_WIRE_MAX_CHUNK);
     rpc_wire_stream_t *e = malloc(n * sizeof *e);
     if (!e)
         return zd_error_set_code(ZD_ERR_NO_MEMORY,
@@ -133,8 +133,8 @@ int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_fram
         else if (e[i].bytes == 0 || e[i].bytes > RPC_WIRE_MAX_STREAM)
             bad = "size out of range";
         if (bad) {
-            zd_error_set("wire: stream table entry %u (frame %u, %llu bytes): %s", i,
-                      e[i].frame, (unsigned long long)e[i].bytes, bad);
+            zd_error_set("wire: stream table entry %u (frame %u, %llu bytes): %s", i, e[i].frame,
+                         (unsigned long long)e[i].bytes, bad);
             free(e);
             return -1;
         }
@@ -148,19 +148,32 @@ int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_fram
 const char *zd__rpc_wire_type_name(int type)
 {
     switch (type) {
-    case RPC_MSG_HELLO: return "HELLO";
-    case RPC_MSG_CALL: return "CALL";
-    case RPC_MSG_REPLY: return "REPLY";
-    case RPC_MSG_ERROR: return "ERROR";
-    case RPC_MSG_REMOTE: return "REMOTE";
-    case RPC_MSG_RREF_FETCH: return "RREF_FETCH";
-    case RPC_MSG_RREF_USER_DELETE: return "RREF_USER_DELETE";
-    case RPC_MSG_RREF_FORK_REQUEST: return "RREF_FORK_REQUEST";
-    case RPC_MSG_RREF_CHILD_ACCEPT: return "RREF_CHILD_ACCEPT";
-    case RPC_MSG_SHM_OFFER: return "SHM_OFFER";
-    case RPC_MSG_SHM_ACCEPT: return "SHM_ACCEPT";
-    case RPC_MSG_SHM_SEGMENT: return "SHM_SEGMENT";
-    case RPC_MSG_SHM_MAPPED: return "SHM_MAPPED";
+    case RPC_MSG_HELLO:
+        return "HELLO";
+    case RPC_MSG_CALL:
+        return "CALL";
+    case RPC_MSG_REPLY:
+        return "REPLY";
+    case RPC_MSG_ERROR:
+        return "ERROR";
+    case RPC_MSG_REMOTE:
+        return "REMOTE";
+    case RPC_MSG_RREF_FETCH:
+        return "RREF_FETCH";
+    case RPC_MSG_RREF_USER_DELETE:
+        return "RREF_USER_DELETE";
+    case RPC_MSG_RREF_FORK_REQUEST:
+        return "RREF_FORK_REQUEST";
+    case RPC_MSG_RREF_CHILD_ACCEPT:
+        return "RREF_CHILD_ACCEPT";
+    case RPC_MSG_SHM_OFFER:
+        return "SHM_OFFER";
+    case RPC_MSG_SHM_ACCEPT:
+        return "SHM_ACCEPT";
+    case RPC_MSG_SHM_SEGMENT:
+        return "SHM_SEGMENT";
+    case RPC_MSG_SHM_MAPPED:
+        return "SHM_MAPPED";
     }
     if (type >= RPC_MSG_EXT_FIRST && type <= RPC_MSG_EXT_LAST)
         return "EXTENSION";
@@ -177,7 +190,7 @@ static int check_chunk_fields(const rpc_wire_header_t *h)
 {
     if (h->type != RPC_MSG_REPLY)
         return zd_error_set("wire: a stream piece of type %s (REPLY expected)",
-                         zd__rpc_wire_type_name(h->type));
+                            zd__rpc_wire_type_name(h->type));
     if (h->flags != RPC_WIRE_F_CHUNK)
         return zd_error_set("wire: a stream piece with flags 0x%04x", h->flags);
     if (h->fn_len || h->extra_len || h->meta_len)
@@ -222,13 +235,11 @@ static int check_type_fields(const rpc_wire_header_t *h)
         return zd_error_set("wire: %s with the shared-memory flag, flags 0x%04x and %u frames",
                             name, h->flags, h->n_tensors);
     bool rref_msg = h->type == RPC_MSG_REMOTE || h->type == RPC_MSG_RREF_FETCH ||
-                    h->type == RPC_MSG_RREF_USER_DELETE ||
-                    h->type == RPC_MSG_RREF_FORK_REQUEST;
+        h->type == RPC_MSG_RREF_USER_DELETE || h->type == RPC_MSG_RREF_FORK_REQUEST;
     if (rref_msg && h->a == 0)
         return zd_error_set("wire: %s without an RRef id", name);
-    bool fork_msg = h->type == RPC_MSG_RREF_USER_DELETE ||
-                    h->type == RPC_MSG_RREF_FORK_REQUEST ||
-                    h->type == RPC_MSG_RREF_CHILD_ACCEPT;
+    bool fork_msg = h->type == RPC_MSG_RREF_USER_DELETE || h->type == RPC_MSG_RREF_FORK_REQUEST ||
+        h->type == RPC_MSG_RREF_CHILD_ACCEPT;
     if (fork_msg && h->b == 0)
         return zd_error_set("wire: %s without a fork id", name);
     return 0;
@@ -240,12 +251,12 @@ int zd__rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
     memset(h, 0, sizeof *h);
     if (!buf || len < RPC_WIRE_FIXED)
         return zd_error_set("wire: header of %zu bytes (at least %d expected)", len,
-                         RPC_WIRE_FIXED);
+                            RPC_WIRE_FIXED);
     if (p[0] != 'Z' || p[1] != 'D')
         return zd_error_set("wire: bad magic 0x%02x%02x", p[0], p[1]);
     if (p[2] != RPC_WIRE_VERSION)
         return zd_error_set("wire: version %u not supported (this build speaks %d)", p[2],
-                         RPC_WIRE_VERSION);
+                            RPC_WIRE_VERSION);
     h->type = p[3];
     h->flags = get16(p + 4);
     h->src = get16(p + 6);
@@ -268,16 +279,16 @@ int zd__rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
         return zd_error_set("wire: %s with request id 0", zd__rpc_wire_type_name(h->type));
     if (h->fn_len > RPC_WIRE_MAX_FN)
         return zd_error_set("wire: function name of %zu bytes (at most %d)", h->fn_len,
-                         RPC_WIRE_MAX_FN);
+                            RPC_WIRE_MAX_FN);
     if (h->extra_len > RPC_WIRE_MAX_EXTRA)
         return zd_error_set("wire: %zu bytes of hook metadata (at most %u)", h->extra_len,
-                         RPC_WIRE_MAX_EXTRA);
+                            RPC_WIRE_MAX_EXTRA);
     if (h->meta_len > RPC_CODEC_MAX_META)
         return zd_error_set("wire: value metadata of %zu bytes (at most %u)", h->meta_len,
-                         RPC_CODEC_MAX_META);
+                            RPC_CODEC_MAX_META);
     if (h->n_tensors > RPC_CODEC_MAX_TENSORS)
         return zd_error_set("wire: %u tensor frames (at most %d)", h->n_tensors,
-                         RPC_CODEC_MAX_TENSORS);
+                            RPC_CODEC_MAX_TENSORS);
     /* Each part is bounded above, so the sum cannot overflow. */
     size_t want = RPC_WIRE_FIXED + h->fn_len + h->extra_len + h->meta_len;
     if (want != len)
@@ -288,7 +299,7 @@ int zd__rpc_wire_parse(const void *buf, size_t len, rpc_wire_header_t *h)
     for (size_t i = 0; i < h->fn_len; i++)
         if (h->fn[i] < 0x21 || h->fn[i] > 0x7e)
             return zd_error_set("wire: function name with byte 0x%02x at %zu",
-                             (unsigned char)h->fn[i], i);
+                                (unsigned char)h->fn[i], i);
     if (h->fn_len == 0)
         h->fn = NULL;
     if (h->extra_len == 0)

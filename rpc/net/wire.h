@@ -92,28 +92,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RPC_WIRE_VERSION 2
-#define RPC_WIRE_FIXED 56
-#define RPC_WIRE_MAX_FN 255
-#define RPC_WIRE_MAX_EXTRA (1u << 20)
-#define RPC_WIRE_MAX_RANK 65535
-#define RPC_WIRE_ID_LEN 3
+#define RPC_WIRE_VERSION     2
+#define RPC_WIRE_FIXED       56
+#define RPC_WIRE_MAX_FN      255
+#define RPC_WIRE_MAX_EXTRA   (1u << 20)
+#define RPC_WIRE_MAX_RANK    65535
+#define RPC_WIRE_ID_LEN      3
 #define RPC_WIRE_SYNC_ID_LEN 5
 
 typedef enum {
-    RPC_MSG_HELLO = 1,              /* connection check at init */
-    RPC_MSG_CALL = 2,               /* run function fn on args */
-    RPC_MSG_REPLY = 3,              /* answer: a value */
-    RPC_MSG_ERROR = 4,              /* answer: an error text */
-    RPC_MSG_REMOTE = 5,             /* create OwnerRRef a (caller's fork b) from fn(args) */
-    RPC_MSG_RREF_FETCH = 6,         /* to_here of RRef a */
-    RPC_MSG_RREF_USER_DELETE = 7,   /* fork b of RRef a is gone */
-    RPC_MSG_RREF_FORK_REQUEST = 8,  /* child -> owner: register fork b of RRef a */
-    RPC_MSG_RREF_CHILD_ACCEPT = 9,  /* child -> parent: fork b confirmed by the owner */
-    RPC_MSG_SHM_OFFER = 10,         /* same-host shared memory offered, extra = identity (shm.h) */
-    RPC_MSG_SHM_ACCEPT = 11,        /* answer to an offer: a = 1 accepted, 0 refused */
-    RPC_MSG_SHM_SEGMENT = 12,       /* a new segment: a = slot, b = token, extra = fd, cap */
-    RPC_MSG_SHM_MAPPED = 13,        /* its answer: a = slot, b = token, extra = 1 mapped, or 0
+    RPC_MSG_HELLO = 1,             /* connection check at init */
+    RPC_MSG_CALL = 2,              /* run function fn on args */
+    RPC_MSG_REPLY = 3,             /* answer: a value */
+    RPC_MSG_ERROR = 4,             /* answer: an error text */
+    RPC_MSG_REMOTE = 5,            /* create OwnerRRef a (caller's fork b) from fn(args) */
+    RPC_MSG_RREF_FETCH = 6,        /* to_here of RRef a */
+    RPC_MSG_RREF_USER_DELETE = 7,  /* fork b of RRef a is gone */
+    RPC_MSG_RREF_FORK_REQUEST = 8, /* child -> owner: register fork b of RRef a */
+    RPC_MSG_RREF_CHILD_ACCEPT = 9, /* child -> parent: fork b confirmed by the owner */
+    RPC_MSG_SHM_OFFER = 10,        /* same-host shared memory offered, extra = identity (shm.h) */
+    RPC_MSG_SHM_ACCEPT = 11,       /* answer to an offer: a = 1 accepted, 0 refused */
+    RPC_MSG_SHM_SEGMENT = 12,      /* a new segment: a = slot, b = token, extra = fd, cap */
+    RPC_MSG_SHM_MAPPED = 13,       /* its answer: a = slot, b = token, extra = 1 mapped, or 0
                                        and why not */
     RPC_MSG_EXT_FIRST = 64,
     RPC_MSG_EXT_LAST = 127,
@@ -135,16 +135,17 @@ typedef enum {
 /*  Some tensors are in shared-memory segments, named by a last frame
     (shm.h); never with RPC_WIRE_F_STREAMED. */
 #define RPC_WIRE_F_SHM 0x0010u
-#define RPC_WIRE_F_KNOWN (RPC_WIRE_F_DEREF_FIRST | RPC_WIRE_F_INTERNAL | \
-                          RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK | RPC_WIRE_F_SHM)
+#define RPC_WIRE_F_KNOWN                                                                           \
+    (RPC_WIRE_F_DEREF_FIRST | RPC_WIRE_F_INTERNAL | RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK |       \
+     RPC_WIRE_F_SHM)
 
 /*  Limits of the stream table. A piece is one frame: MAX_CHUNK is one of the
     terms of the largest frame a socket accepts (stream.h RPC_MAX_FRAME). The
     sender takes pieces of 1 MiB, larger ones only past 1 GiB per tensor (at
     most RPC_STREAM_MAX_PIECES of them), so 16 MiB pieces carry up to 16 GiB. */
-#define RPC_WIRE_MIN_CHUNK ((size_t)4 << 10)
-#define RPC_WIRE_MAX_CHUNK ((size_t)16 << 20)
-#define RPC_WIRE_MAX_STREAM ((uint64_t)16 << 30)
+#define RPC_WIRE_MIN_CHUNK    ((size_t)4 << 10)
+#define RPC_WIRE_MAX_CHUNK    ((size_t)16 << 20)
+#define RPC_WIRE_MAX_STREAM   ((uint64_t)16 << 30)
 #define RPC_WIRE_STREAM_ENTRY 16
 
 /*  A parsed header; the pointers point into the frame it was parsed from. */
@@ -193,14 +194,14 @@ size_t zd__rpc_wire_stream_table_size(uint32_t count);
 /*  Writes a table of count entries (chunk bytes per piece) into out, which
     holds zd__rpc_wire_stream_table_size(count) bytes. */
 void zd__rpc_wire_stream_table_write(const rpc_wire_stream_t *entries, uint32_t count,
-                                 uint32_t chunk, uint8_t *out);
+                                     uint32_t chunk, uint8_t *out);
 
 /*  Parses and validates a received stream table of len bytes, the last of
     n_frames frames. Returns 0 and fills *count, *chunk and *entries (a new
     array, free() it), or -1 with a clear error naming the bad field. Does
     not look at the tensors' frames (the caller checks they are empty). */
-int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames,
-                                uint32_t *count, uint32_t *chunk, rpc_wire_stream_t **entries);
+int zd__rpc_wire_stream_table_parse(const void *buf, size_t len, uint32_t n_frames, uint32_t *count,
+                                    uint32_t *chunk, rpc_wire_stream_t **entries);
 
 /*  Name of a message type ("CALL"), "?" when unknown. */
 const char *zd__rpc_wire_type_name(int type);

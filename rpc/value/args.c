@@ -16,17 +16,22 @@
 static zd_value_t *arg_value(const zd_rpc_arg_t *a)
 {
     switch (a->kind) {
-    case 'i': return zd_value_int(a->u.i);
+    case 'i':
+        return zd_value_int(a->u.i);
     case 'u':
         if (a->u.u > (uint64_t)INT64_MAX) {
             zd_error_set("%llu does not fit an int value (int64)", (unsigned long long)a->u.u);
             return NULL;
         }
         return zd_value_int((int64_t)a->u.u);
-    case 'f': return zd_value_float(a->u.f);
-    case 's': return zd_value_string(a->u.s);
-    case 't': return zd_value_tensor(a->u.t);
-    case 'r': return zd_value_rref(a->u.r);
+    case 'f':
+        return zd_value_float(a->u.f);
+    case 's':
+        return zd_value_string(a->u.s);
+    case 't':
+        return zd_value_tensor(a->u.t);
+    case 'r':
+        return zd_value_rref(a->u.r);
     case 'v':
         /* NULL: most likely a constructor or a nested ZD_ARGS that failed,
            whose reason is kept. */
@@ -50,7 +55,7 @@ zd_value_t *zd_rpc_args_array(const zd_rpc_arg_t *items, size_t n)
         zd_error_wrap("ZD_ARGS");
     for (; list && i < n; i++) {
         zd_value_t *v = arg_value(&items[i]);
-        if (!v || zd_list_append(list, v) < 0) {   /* append released v */
+        if (!v || zd_list_append(list, v) < 0) { /* append released v */
             zd_error_wrap("ZD_ARGS: argument %zu", i);
             zd_value_unref(list);
             list = NULL;
@@ -71,12 +76,19 @@ static int out_fill(const zd_value_t *args, size_t i, const zd_rpc_out_t *o)
     if (!o->out)
         return zd_error_set("argument %zu: NULL output pointer", i);
     switch (o->kind) {
-    case 'i': return zd_rpc_arg_int(args, i, o->out);
-    case 'f': return zd_rpc_arg_float(args, i, o->out);
-    case 's': return zd_rpc_arg_string(args, i, o->out);
-    case 't': return zd_rpc_arg_tensor(args, i, o->out);
-    case 'r': return zd_rpc_arg_rref(args, i, o->out);
-    case 'v': *(zd_value_t **)o->out = zd_list_get(args, i); return 0;
+    case 'i':
+        return zd_rpc_arg_int(args, i, o->out);
+    case 'f':
+        return zd_rpc_arg_float(args, i, o->out);
+    case 's':
+        return zd_rpc_arg_string(args, i, o->out);
+    case 't':
+        return zd_rpc_arg_tensor(args, i, o->out);
+    case 'r':
+        return zd_rpc_arg_rref(args, i, o->out);
+    case 'v':
+        *(zd_value_t **)o->out = zd_list_get(args, i);
+        return 0;
     }
     return zd_error_set("argument %zu: unknown output kind '%c'", i, o->kind);
 }
@@ -170,8 +182,8 @@ zd_rref_t *zd_rpc_remote_take(int to, const char *fn, zd_value_t *args, int64_t 
     return r;
 }
 
-int zd_rref_rpc_sync_take(zd_rref_t *r, const char *method, zd_value_t *args,
-                          int64_t timeout_ms, zd_value_t **result)
+int zd_rref_rpc_sync_take(zd_rref_t *r, const char *method, zd_value_t *args, int64_t timeout_ms,
+                          zd_value_t **result)
 {
     if (!args) {
         if (result)

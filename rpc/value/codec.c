@@ -37,7 +37,7 @@ static int put(encoder_t *e, const void *data, size_t n)
 {
     if (n > RPC_CODEC_MAX_META - e->len)
         return zd_error_set("codec: value needs more than %u bytes of metadata",
-                         RPC_CODEC_MAX_META);
+                            RPC_CODEC_MAX_META);
     if (e->len + n > e->cap) {
         size_t cap = e->cap ? e->cap : 64;
         while (cap < e->len + n)
@@ -157,7 +157,8 @@ static int encode_node(encoder_t *e, const zd_value_t *v, int depth)
     }
     case ZD_VALUE_OBJECT:
         return zd_error_set("codec: a local object (%s) cannot be sent to another process; "
-                         "send an RRef to it instead", zd_value_object_type(v));
+                            "send an RRef to it instead",
+                            zd_value_object_type(v));
     case ZD_VALUE_LIST: {
         if (depth + 1 > RPC_CODEC_MAX_DEPTH)
             return zd_error_set("codec: lists nested more than %d deep", RPC_CODEC_MAX_DEPTH);
@@ -212,12 +213,12 @@ void zd__rpc_encoded_clear(rpc_encoded_t *e)
 typedef struct {
     const uint8_t *p;
     size_t len, pos;
-    bool build;              /* second pass: create values */
+    bool build; /* second pass: create values */
     size_t n_nodes;
-    int n_tensors;           /* descriptors seen so far */
+    int n_tensors; /* descriptors seen so far */
     rpc_frame_t *frames;
     int n_frames;
-    int next_frame;          /* second pass: frames [0, next_frame) consumed */
+    int next_frame; /* second pass: frames [0, next_frame) consumed */
     const rpc_rref_codec_t *rrefs;
     int src_rank;
 } reader_t;
@@ -226,7 +227,7 @@ static int need(reader_t *r, size_t n, const char *what)
 {
     if (n > r->len - r->pos)
         return zd_error_set("codec: truncated meta: %s at byte %zu needs %zu bytes, %zu remain",
-                         what, r->pos, n, r->len - r->pos);
+                            what, r->pos, n, r->len - r->pos);
     return 0;
 }
 
@@ -269,15 +270,15 @@ static int get_length(reader_t *r, const char *what, size_t *out)
     if (get_varint(r, what, &n) < 0)
         return -1;
     if (n > r->len - r->pos)
-        return zd_error_set("codec: %s at byte %zu declares %llu but only %zu bytes remain",
-                         what, at, (unsigned long long)n, r->len - r->pos);
+        return zd_error_set("codec: %s at byte %zu declares %llu but only %zu bytes remain", what,
+                            at, (unsigned long long)n, r->len - r->pos);
     *out = (size_t)n;
     return 0;
 }
 
 /* Takes ownership of the frame: wraps it, or copies and releases it. */
 static zd_tensor_t *frame_tensor(rpc_frame_t *fr, zd_tensor_dtype_t dtype, int ndim,
-                              const int64_t *shape)
+                                 const int64_t *shape)
 {
     size_t es = zd_tensor_dtype_size(dtype);
     if (fr->peer_writable) {
@@ -292,11 +293,10 @@ static zd_tensor_t *frame_tensor(rpc_frame_t *fr, zd_tensor_dtype_t dtype, int n
         return t;
     }
     if (fr->size && fr->release && (uintptr_t)fr->data % es == 0)
-        return zd_tensor_wrap(dtype, shape, ndim, fr->data, fr->size, fr->release,
-                           fr->release_arg);
+        return zd_tensor_wrap(dtype, shape, ndim, fr->data, fr->size, fr->release, fr->release_arg);
     /* Empty, misaligned or borrowed: the tensor gets its own storage. */
     zd_tensor_t *t = fr->size ? zd_tensor_from_data(dtype, shape, ndim, fr->data)
-                           : zd_tensor_new(dtype, shape, ndim);
+                              : zd_tensor_new(dtype, shape, ndim);
     if (fr->release)
         fr->release(fr->data, fr->release_arg);
     return t;
@@ -315,13 +315,13 @@ static int decode_tensor(reader_t *r, zd_value_t **out)
         return zd_error_set("codec: tensor %d at byte %zu has unknown dtype %u", index, at, dtype);
     if (flags & ~TENSOR_FLAG_REQUIRES_GRAD)
         return zd_error_set("codec: tensor %d at byte %zu has unknown flags 0x%02x", index, at,
-                         flags);
+                            flags);
     if ((flags & TENSOR_FLAG_REQUIRES_GRAD) && dtype != ZD_FLOAT32)
         return zd_error_set("codec: tensor %d at byte %zu: only float32 tensors require grad",
-                         index, at);
+                            index, at);
     if (ndim > ZD_TENSOR_MAX_DIMS)
         return zd_error_set("codec: tensor %d at byte %zu has %u dimensions (at most %d)", index,
-                         at, ndim, ZD_TENSOR_MAX_DIMS);
+                            at, ndim, ZD_TENSOR_MAX_DIMS);
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     int64_t numel = 1;
     for (unsigned d = 0; d < ndim; d++) {
@@ -339,11 +339,11 @@ static int decode_tensor(reader_t *r, zd_value_t **out)
     if (++r->n_tensors > RPC_CODEC_MAX_TENSORS)
         return zd_error_set("codec: more than %d tensors", RPC_CODEC_MAX_TENSORS);
     if (index >= r->n_frames)
-        return 0;   /* counted; the frame count check reports it */
+        return 0; /* counted; the frame count check reports it */
     rpc_frame_t *fr = &r->frames[index];
     if ((uint64_t)numel > SIZE_MAX / es || (size_t)numel * es != fr->size)
         return zd_error_set("codec: tensor %d declares %lld bytes but its frame has %zu", index,
-                         (long long)numel * (long long)es, fr->size);
+                            (long long)numel * (long long)es, fr->size);
     if (fr->size && !fr->data)
         return zd_error_set("codec: frame %d of %zu bytes has no data", index, fr->size);
     if (!r->build)
@@ -411,7 +411,7 @@ static int decode_node(reader_t *r, int depth, zd_value_t **out)
         if (!r->build)
             return 0;
         *out = kind == ZD_VALUE_STRING ? zd__value_string_len((const char *)data, n)
-                                  : zd_value_bytes(data, n);
+                                       : zd_value_bytes(data, n);
         return *out ? 0 : -1;
     }
     case ZD_VALUE_TENSOR:
@@ -434,7 +434,7 @@ static int decode_node(reader_t *r, int depth, zd_value_t **out)
     case ZD_VALUE_LIST: {
         if (depth + 1 > RPC_CODEC_MAX_DEPTH)
             return zd_error_set("codec: lists nested more than %d deep at byte %zu",
-                             RPC_CODEC_MAX_DEPTH, at);
+                                RPC_CODEC_MAX_DEPTH, at);
         size_t n;
         if (get_length(r, "list length", &n) < 0)
             return -1;
@@ -477,8 +477,8 @@ static int decode_pass(reader_t *r, zd_value_t **out)
     if (r->pos != r->len)
         return zd_error_set("codec: %zu trailing bytes after the value", r->len - r->pos);
     if (r->n_tensors != r->n_frames)
-        return zd_error_set("codec: meta describes %d tensors but %d frames arrived",
-                         r->n_tensors, r->n_frames);
+        return zd_error_set("codec: meta describes %d tensors but %d frames arrived", r->n_tensors,
+                            r->n_frames);
     return 0;
 }
 
@@ -496,13 +496,13 @@ int zd__value_decode(const void *meta, size_t meta_len, rpc_frame_t *frames, int
     if (n_frames > RPC_CODEC_MAX_TENSORS) {
         release_frames(frames, 0, n_frames);
         return zd_error_set("codec: %d frames (at most %d tensors)", n_frames,
-                         RPC_CODEC_MAX_TENSORS);
+                            RPC_CODEC_MAX_TENSORS);
     }
     if (!meta || meta_len == 0 || meta_len > RPC_CODEC_MAX_META) {
         release_frames(frames, 0, n_frames);
         if (meta_len > RPC_CODEC_MAX_META)
             return zd_error_set("codec: meta of %zu bytes (at most %u)", meta_len,
-                             RPC_CODEC_MAX_META);
+                                RPC_CODEC_MAX_META);
         return zd_error_set("codec: empty meta");
     }
     reader_t r = {0};

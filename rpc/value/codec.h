@@ -49,7 +49,7 @@
     value. Implemented by the agent (rpc/agent/rref.c), which installs them with
     zd__value_set_rref_hooks() when it starts; until then both are no-ops.
     Either may be NULL (no-op). */
-typedef void (rpc_rref_hook_fn)(zd_rref_t *r);
+typedef void(rpc_rref_hook_fn)(zd_rref_t *r);
 void zd__value_set_rref_hooks(rpc_rref_hook_fn *ref, rpc_rref_hook_fn *unref);
 
 /*  An RRef value that takes over the caller's reference to r (instead of
@@ -75,9 +75,9 @@ int64_t zd__value_live_count(void);
     on the sender (flag bit 0); attaching autograd recv functions is the
     distributed autograd layer's business. */
 typedef struct {
-    uint8_t *meta;          /* owned (free()) */
+    uint8_t *meta; /* owned (free()) */
     size_t meta_len;
-    zd_tensor_t **tensors;     /* owned array of references (n_tensors) */
+    zd_tensor_t **tensors; /* owned array of references (n_tensors) */
     int n_tensors;
 } rpc_encoded_t;
 
@@ -89,8 +89,7 @@ typedef struct {
     int (*encode)(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RREF_WIRE_SIZE]);
     /* Build an RRef (new reference in *out) from 40 received bytes sent by
        rank src_rank. Returns 0 or -1 (error set). */
-    int (*decode)(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
-                  zd_rref_t **out);
+    int (*decode)(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank, zd_rref_t **out);
     void *arg;
 } rpc_rref_codec_t;
 
@@ -103,14 +102,14 @@ typedef struct {
 typedef struct {
     void *data;
     size_t size;
-    zd_tensor_release_fn *release;   /* may be NULL: memory not owned */
+    zd_tensor_release_fn *release; /* may be NULL: memory not owned */
     void *release_arg;
     /* data is memory a peer can still write (a shared segment): the tensor
        made of it gets a copy, taken before anything looks at the bytes. */
     bool peer_writable;
 } rpc_frame_t;
 
-#define RPC_CODEC_MAX_DEPTH 32            /* list nesting */
+#define RPC_CODEC_MAX_DEPTH   32 /* list nesting */
 #define RPC_CODEC_MAX_TENSORS 4096
 /*  Values travel in the metadata, tensors in frames of their own: 16 MiB of
     metadata is millions of numbers or strings. It bounds the header frame,

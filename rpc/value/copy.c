@@ -11,18 +11,18 @@ typedef struct {
     char *dst;
     const char *src;
     size_t n;
-    atomic_size_t next;   /* the first byte no thread has taken yet */
+    atomic_size_t next; /* the first byte no thread has taken yet */
 } job_t;
 
 /*  The lock guards every field below; the chunks are copied outside it. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;   /* to the helper */
-static pthread_cond_t left = PTHREAD_COND_INITIALIZER;   /* to the caller */
+static pthread_cond_t wake = PTHREAD_COND_INITIALIZER; /* to the helper */
+static pthread_cond_t left = PTHREAD_COND_INITIALIZER; /* to the caller */
 static pthread_t helper;
 static bool allowed, running, stopping;
-static bool busy;         /* a caller has the helper */
-static job_t *posted;     /* offered, not yet taken */
-static bool working;      /* the helper is taking chunks of the caller's job */
+static bool busy;     /* a caller has the helper */
+static job_t *posted; /* offered, not yet taken */
+static bool working;  /* the helper is taking chunks of the caller's job */
 static atomic_long helped;
 
 static void take_chunks(job_t *j, bool by_helper)

@@ -24,7 +24,7 @@
 
 /*  Copies of fewer bytes are not shared: waking a thread costs more. */
 #define RPC_COPY_SHARED_MIN ((size_t)4 << 20)
-#define RPC_COPY_CHUNK ((size_t)1 << 20)
+#define RPC_COPY_CHUNK      ((size_t)1 << 20)
 
 /*  memcpy(dst, src, n), with the helper's help when n is large and the
     helper is free. The buffers must not overlap. */

@@ -27,7 +27,7 @@
 
 typedef struct callback {
     zd_future_fn *cb;
-    void (*drop)(void *arg);   /* if the future dies before running cb */
+    void (*drop)(void *arg); /* if the future dies before running cb */
     void *arg;
     struct callback *next;
 } callback_t;
@@ -36,11 +36,11 @@ struct zd_future {
     atomic_int refcount;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    atomic_bool done;          /* set (release) after value/error are written */
+    atomic_bool done; /* set (release) after value/error are written */
     zd_value_t *value;
-    char *error;               /* NULL while pending or after a value */
-    zd_error_code_t code;      /* the error's kind */
-    callback_t *callbacks;     /* pending callbacks, in order */
+    char *error;           /* NULL while pending or after a value */
+    zd_error_code_t code;  /* the error's kind */
+    callback_t *callbacks; /* pending callbacks, in order */
     callback_t **tail;
 };
 
@@ -69,7 +69,7 @@ static void block_end(const rpc_future_wait_hooks_t *h)
 
 typedef struct {
     bool forever;
-    struct timespec at;        /* CLOCK_MONOTONIC */
+    struct timespec at; /* CLOCK_MONOTONIC */
 } deadline_t;
 
 /* Beyond a century "later" is as good as never, and cannot overflow. */
@@ -199,7 +199,7 @@ int zd_future_set_value(zd_future_t *f, zd_value_t *value)
 {
     if (!f)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_future_set_value: NULL future");
-    if (zd_future_done(f))   /* cheap early refusal; future_complete decides */
+    if (zd_future_done(f)) /* cheap early refusal; future_complete decides */
         return zd_error_set("rpc future: already completed");
     zd_value_t *v = value ? zd_value_ref(value) : zd_value_none();
     if (!v)
@@ -301,8 +301,8 @@ int zd_future_wait(zd_future_t *f, int64_t timeout_ms)
         return future_result(f);
     const rpc_future_wait_hooks_t *h = atomic_load(&g_wait_hooks);
     int64_t max_ns = timeout_ms > 0 && timeout_ms < ZD__NEVER / ZD__NS_PER_MS
-                         ? timeout_ms * ZD__NS_PER_MS
-                         : ZD__NEVER;
+        ? timeout_ms * ZD__NS_PER_MS
+        : ZD__NEVER;
     if (h && h->poll && h->poll(f, max_ns))
         return future_result(f);
     deadline_t d = deadline_in(timeout_ms);
@@ -401,7 +401,7 @@ typedef struct {
     atomic_int refcount;
     pthread_mutex_t lock;
     pthread_cond_t cond;
-    callback_t **added;        /* per future: registered callback or NULL */
+    callback_t **added; /* per future: registered callback or NULL */
 } waiter_t;
 
 static void waiter_unref(void *arg)
@@ -504,10 +504,10 @@ int zd_future_wait_all(zd_future_t *const *fs, int n, int64_t timeout_ms)
     block_begin(h);
     pthread_mutex_lock(&w->lock);
     while ((state = all_state(fs, n, &n_done)) == 0)
-        if (!cond_wait_until(&w->cond, &w->lock, &d) &&
-            (state = all_state(fs, n, &n_done)) == 0) {
-            zd_error_set_code(ZD_ERR_TIMEOUT, "timed out after %" PRId64
-                              " ms (%d of %d futures done)", timeout_ms, n_done, n);
+        if (!cond_wait_until(&w->cond, &w->lock, &d) && (state = all_state(fs, n, &n_done)) == 0) {
+            zd_error_set_code(ZD_ERR_TIMEOUT,
+                              "timed out after %" PRId64 " ms (%d of %d futures done)", timeout_ms,
+                              n_done, n);
             state = -1;
             break;
         }
@@ -547,8 +547,9 @@ int zd_future_wait_any(zd_future_t *const *fs, int n, int64_t timeout_ms, int *i
         block_end(h);
         waiter_leave(w, fs, n);
         if (i < 0)
-            return zd_error_set_code(ZD_ERR_TIMEOUT, "timed out after %" PRId64
-                                     " ms (none of %d futures done)", timeout_ms, n);
+            return zd_error_set_code(ZD_ERR_TIMEOUT,
+                                     "timed out after %" PRId64 " ms (none of %d futures done)",
+                                     timeout_ms, n);
     }
     if (index)
         *index = i;
@@ -568,7 +569,7 @@ typedef struct {
    (or the call itself, which counts as one more) completes and frees it. */
 struct collect {
     atomic_int left;
-    atomic_bool failed;        /* error and code hold the first failure */
+    atomic_bool failed; /* error and code hold the first failure */
     char *error;
     zd_error_code_t code;
     zd_future_t *out;

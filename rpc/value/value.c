@@ -18,7 +18,7 @@ struct zd_value {
         int64_t i;
         double f;
         struct {
-            char *data;     /* strings keep a terminating NUL past len */
+            char *data; /* strings keep a terminating NUL past len */
             size_t len;
         } s;
         zd_tensor_t *t;
@@ -214,7 +214,7 @@ zd_value_t *zd_value_list(size_t capacity)
     if (!v)
         return NULL;
     if (capacity > SIZE_MAX / sizeof(zd_value_t *))
-        capacity = 0;   /* absurd hint: grow on demand instead */
+        capacity = 0; /* absurd hint: grow on demand instead */
     if (capacity) {
         v->u.list.items = malloc(capacity * sizeof(zd_value_t *));
         if (!v->u.list.items) {
@@ -237,7 +237,7 @@ int zd_list_append(zd_value_t *list, zd_value_t *item)
     if (!list || list->kind != ZD_VALUE_LIST) {
         zd_value_unref(item);
         return zd_error_set("zd_list_append: expected list, got %s",
-                         list ? zd_value_kind_name(list->kind) : "NULL");
+                            list ? zd_value_kind_name(list->kind) : "NULL");
     }
     if (item == list) {
         zd_value_unref(item);
@@ -262,12 +262,18 @@ int zd_list_append(zd_value_t *list, zd_value_t *item)
 static zd_value_t *args_item(char c, va_list *ap)
 {
     switch (c) {
-    case 'i': return zd_value_int(va_arg(*ap, int64_t));
-    case 'f': return zd_value_float(va_arg(*ap, double));
-    case 's': return zd_value_string(va_arg(*ap, const char *));
-    case 't': return zd_value_tensor(va_arg(*ap, zd_tensor_t *));
-    case 'r': return zd_value_rref(va_arg(*ap, zd_rref_t *));
-    case 'n': return zd_value_none();
+    case 'i':
+        return zd_value_int(va_arg(*ap, int64_t));
+    case 'f':
+        return zd_value_float(va_arg(*ap, double));
+    case 's':
+        return zd_value_string(va_arg(*ap, const char *));
+    case 't':
+        return zd_value_tensor(va_arg(*ap, zd_tensor_t *));
+    case 'r':
+        return zd_value_rref(va_arg(*ap, zd_rref_t *));
+    case 'n':
+        return zd_value_none();
     case 'b': {
         const void *data = va_arg(*ap, const void *);
         return zd_value_bytes(data, va_arg(*ap, size_t));
@@ -289,13 +295,28 @@ static zd_value_t *args_item(char c, va_list *ap)
 static void args_skip(char c, va_list *ap)
 {
     switch (c) {
-    case 'i': (void)va_arg(*ap, int64_t); break;
-    case 'f': (void)va_arg(*ap, double); break;
-    case 's': (void)va_arg(*ap, const char *); break;
-    case 't': (void)va_arg(*ap, zd_tensor_t *); break;
-    case 'r': (void)va_arg(*ap, zd_rref_t *); break;
-    case 'b': (void)va_arg(*ap, const void *); (void)va_arg(*ap, size_t); break;
-    case 'v': zd_value_unref(va_arg(*ap, zd_value_t *)); break;
+    case 'i':
+        (void)va_arg(*ap, int64_t);
+        break;
+    case 'f':
+        (void)va_arg(*ap, double);
+        break;
+    case 's':
+        (void)va_arg(*ap, const char *);
+        break;
+    case 't':
+        (void)va_arg(*ap, zd_tensor_t *);
+        break;
+    case 'r':
+        (void)va_arg(*ap, zd_rref_t *);
+        break;
+    case 'b':
+        (void)va_arg(*ap, const void *);
+        (void)va_arg(*ap, size_t);
+        break;
+    case 'v':
+        zd_value_unref(va_arg(*ap, zd_value_t *));
+        break;
     }
 }
 
@@ -329,7 +350,7 @@ zd_value_t *zd__rpc_args(const char *spec, ...)
             failed = (int)i;
             continue;
         }
-        list->u.list.items[list->u.list.len++] = item;   /* capacity n: no growth */
+        list->u.list.items[list->u.list.len++] = item; /* capacity n: no growth */
     }
     va_end(ap);
     if (failed >= 0) {
@@ -385,15 +406,24 @@ zd_value_kind_t zd_value_kind(const zd_value_t *v)
 const char *zd_value_kind_name(zd_value_kind_t kind)
 {
     switch (kind) {
-    case ZD_VALUE_NONE: return "none";
-    case ZD_VALUE_INT: return "int";
-    case ZD_VALUE_FLOAT: return "float";
-    case ZD_VALUE_STRING: return "string";
-    case ZD_VALUE_BYTES: return "bytes";
-    case ZD_VALUE_TENSOR: return "tensor";
-    case ZD_VALUE_RREF: return "rref";
-    case ZD_VALUE_LIST: return "list";
-    case ZD_VALUE_OBJECT: return "object";
+    case ZD_VALUE_NONE:
+        return "none";
+    case ZD_VALUE_INT:
+        return "int";
+    case ZD_VALUE_FLOAT:
+        return "float";
+    case ZD_VALUE_STRING:
+        return "string";
+    case ZD_VALUE_BYTES:
+        return "bytes";
+    case ZD_VALUE_TENSOR:
+        return "tensor";
+    case ZD_VALUE_RREF:
+        return "rref";
+    case ZD_VALUE_LIST:
+        return "list";
+    case ZD_VALUE_OBJECT:
+        return "object";
     }
     return "?";
 }
@@ -404,7 +434,7 @@ static int expect(const zd_value_t *v, zd_value_kind_t kind)
         return zd_error_set("expected %s, got NULL", zd_value_kind_name(kind));
     if (v->kind != kind)
         return zd_error_set("expected %s, got %s", zd_value_kind_name(kind),
-                         zd_value_kind_name(v->kind));
+                            zd_value_kind_name(v->kind));
     return 0;
 }
 
@@ -464,8 +494,8 @@ int zd_value_get_rref(const zd_value_t *v, zd_rref_t **out)
 int zd_value_get_object(const zd_value_t *v, const char *type, void **out)
 {
     if (!v || v->kind != ZD_VALUE_OBJECT)
-        return zd_error_set("expected %s%s object, got %s", type ? "a " : "an",
-                         type ? type : "", v ? zd_value_kind_name(v->kind) : "NULL");
+        return zd_error_set("expected %s%s object, got %s", type ? "a " : "an", type ? type : "",
+                            v ? zd_value_kind_name(v->kind) : "NULL");
     if (type && strcmp(type, v->u.obj.type) != 0)
         return zd_error_set("expected a %s object; this object is a %s", type, v->u.obj.type);
     *out = v->u.obj.ptr;
@@ -491,7 +521,7 @@ static const zd_value_t *arg(const zd_value_t *args, size_t i)
 {
     if (!args || args->kind != ZD_VALUE_LIST) {
         zd_error_set("arguments: expected list, got %s",
-                  args ? zd_value_kind_name(args->kind) : "NULL");
+                     args ? zd_value_kind_name(args->kind) : "NULL");
         return NULL;
     }
     if (i >= args->u.list.len) {
@@ -502,14 +532,14 @@ static const zd_value_t *arg(const zd_value_t *args, size_t i)
 }
 
 /* Typed argument access: the accessor's error gets the argument's index. */
-#define ARG_ACCESS(get, ...)                                  \
-    do {                                                      \
-        const zd_value_t *a = arg(args, i);                  \
-        if (!a)                                               \
-            return -1;                                        \
-        if (get(a, __VA_ARGS__) < 0)                          \
-            return zd_error_wrap("argument %zu", i);             \
-        return 0;                                             \
+#define ARG_ACCESS(get, ...)                                                                       \
+    do {                                                                                           \
+        const zd_value_t *a = arg(args, i);                                                        \
+        if (!a)                                                                                    \
+            return -1;                                                                             \
+        if (get(a, __VA_ARGS__) < 0)                                                               \
+            return zd_error_wrap("argument %zu", i);                                               \
+        return 0;                                                                                  \
     } while (0)
 
 int zd_rpc_arg_int(const zd_value_t *args, size_t i, int64_t *out)

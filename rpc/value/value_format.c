@@ -14,7 +14,7 @@ static bool tensor_equal(const zd_tensor_t *a, const zd_tensor_t *b)
     if (a == b)
         return true;
     return zd_tensor_dtype(a) == zd_tensor_dtype(b) && zd_tensor_same_shape(a, b) &&
-           memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
+        memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
 /* Strings and bytes alike: (data, len). */

@@ -177,8 +177,8 @@ static int master_addr(const launcher_t *L, const char *arg, zd_rpc_env_t *e)
         return 0;
     }
     if (L == &SLURM) {
-        const char *var = env_str("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST"
-                                                         : "SLURM_JOB_NODELIST";
+        const char *var =
+            env_str("SLURM_STEP_NODELIST") ? "SLURM_STEP_NODELIST" : "SLURM_JOB_NODELIST";
         if (!(s = env_str(var)))
             return 0;
         if (slurm_first_host(var, s, e->master_addr, sizeof e->master_addr) < 0)
@@ -312,11 +312,11 @@ int zd_rpc_env_resolve(int rank, int world_size, const char *addr, int port, zd_
     if (take_int("RANK", 0, max_rank, &e->rank, &e->rank_from) < 0 ||
         take_int(L ? L->rank : NULL, 0, max_rank, &e->rank, &e->rank_from) < 0 ||
         take_int("WORLD_SIZE", 1, max_rank + 1, &e->world_size, &e->world_size_from) < 0 ||
-        take_int(rest ? rest->size : NULL, 1, max_rank + 1, &e->world_size,
-                 &e->world_size_from) < 0 ||
+        take_int(rest ? rest->size : NULL, 1, max_rank + 1, &e->world_size, &e->world_size_from) <
+            0 ||
         take_int("LOCAL_RANK", 0, max_rank, &e->local_rank, &e->local_rank_from) < 0 ||
-        take_int(rest ? rest->local_rank : NULL, 0, max_rank, &e->local_rank,
-                 &e->local_rank_from) < 0 ||
+        take_int(rest ? rest->local_rank : NULL, 0, max_rank, &e->local_rank, &e->local_rank_from) <
+            0 ||
         take_int("LOCAL_WORLD_SIZE", 1, max_rank + 1, &e->local_world_size,
                  &e->local_world_size_from) < 0 ||
         take_int(rest ? rest->local_size : NULL, 1, max_rank + 1, &e->local_world_size,
@@ -330,8 +330,8 @@ int zd_rpc_env_resolve(int rank, int world_size, const char *addr, int port, zd_
     if (e->rank_from && e->world_size_from && e->rank >= e->world_size)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "rank %d is outside the world of size %d (rank from %s, world "
-                                 "size from %s)", e->rank, e->world_size, e->rank_from,
-                                 e->world_size_from);
+                                 "size from %s)",
+                                 e->rank, e->world_size, e->rank_from, e->world_size_from);
     if (master_addr(rest, addr, e) < 0 || master_port(rest, port, e) < 0)
         return -1;
     summarize(e);

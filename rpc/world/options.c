@@ -48,18 +48,19 @@ static int listen_addr(init_params_t *p)
         !strcmp(p->listen, "::"))
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: %s=\"%s\" is not the IPv4 or IPv6 address of one "
-                                 "of this host's interfaces (like 10.0.0.5 or fd00::5)", from, s);
+                                 "of this host's interfaces (like 10.0.0.5 or fd00::5)",
+                                 from, s);
     return 0;
 }
 
 /*  A duration field of zd_rpc_options_t, read by error.h's rule. */
 typedef struct {
     const char *field;
-    int64_t max;            /* the largest value the field may have */
-    int64_t dflt;           /* what ZD_TIMEOUT_DEFAULT means without the variable */
-    const char *env;        /* the variable that fills the default, or NULL */
-    long env_lo, env_hi;    /* its range, in its own unit */
-    int64_t env_unit;       /* its unit in the field's: 1000 for seconds into ms */
+    int64_t max;         /* the largest value the field may have */
+    int64_t dflt;        /* what ZD_TIMEOUT_DEFAULT means without the variable */
+    const char *env;     /* the variable that fills the default, or NULL */
+    long env_lo, env_hi; /* its range, in its own unit */
+    int64_t env_unit;    /* its unit in the field's: 1000 for seconds into ms */
 } duration_t;
 
 static const duration_t
@@ -94,13 +95,13 @@ static int duration(const duration_t *d, int64_t *v, bool *defaulted)
 }
 
 int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_options_t *opts,
-                       init_params_t *p)
+                          init_params_t *p)
 {
     memset(p, 0, sizeof *p);
     p->o = zd_rpc_options_default();
-    if (opts && zd__sized_read(&p->o, sizeof p->o, opts,
-                               ZD__SIZE_THROUGH(zd_rpc_options_t, master_wait_ms),
-                               "zd_rpc_options_t", "zd_rpc_options_default()") < 0)
+    if (opts &&
+        zd__sized_read(&p->o, sizeof p->o, opts, ZD__SIZE_THROUGH(zd_rpc_options_t, master_wait_ms),
+                       "zd_rpc_options_t", "zd_rpc_options_default()") < 0)
         return zd_error_wrap("zd_rpc_init");
     zd_rpc_env_t env;
     if (zd_rpc_env_resolve(rank, world, p->o.master_addr, p->o.master_port, &env) < 0)
@@ -116,11 +117,11 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     rank = env.rank;
     world = env.world_size;
     if (world > RPC_WIRE_MAX_RANK + 1)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: world size %d (at most %d)", world, RPC_WIRE_MAX_RANK + 1);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: world size %d (at most %d)", world,
+                                 RPC_WIRE_MAX_RANK + 1);
     if (rank >= world)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: rank %d is outside the world of size %d", rank, world);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "zd_rpc_init: rank %d is outside the world of size %d", rank, world);
     p->rank = rank;
     p->world = world;
     if (name)
@@ -128,9 +129,11 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
     else
         snprintf(p->name, sizeof p->name, "worker%d", rank);
     if (!zd__rpc_wire_name_ok(name ? name : p->name, ZD_RPC_MAX_NAME))
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
-                                 "no spaces)", name, ZD_RPC_MAX_NAME);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT,
+            "zd_rpc_init: bad worker name \"%s\" (1 to %d printable characters, "
+            "no spaces)",
+            name, ZD_RPC_MAX_NAME);
     /* Rank 0 may go without: its rendezvous then listens on every
        interface, as PyTorch's TCPStore does (rendezvous.c). */
     if (!env.master_addr_from && rank != 0)
@@ -149,8 +152,8 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_rpc_init: master port %d is not in [1, 65535]", p->port);
     if (p->o.num_worker_threads < 1 || p->o.num_worker_threads > 1024)
-        return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "zd_rpc_init: %d worker threads (1 to 1024)", p->o.num_worker_threads);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_init: %d worker threads (1 to 1024)",
+                                 p->o.num_worker_threads);
     /* Waiting for rank 0 without limit is asked for with ZD_TIMEOUT_NONE;
        the agent's master_wait_ms 0 means not at all (agent.h). */
     bool wait_forever = p->o.master_wait_ms == ZD_TIMEOUT_NONE;

@@ -14,7 +14,7 @@
 /*  ---- options.c ---- */
 
 /*  What ZD_TIMEOUT_DEFAULT means in zd_rpc_options_t's timeouts. */
-#define RPC_TIMEOUT_DEFAULT_MS 60000
+#define RPC_TIMEOUT_DEFAULT_MS      60000
 #define RPC_INIT_TIMEOUT_DEFAULT_MS 300000
 
 /*  zd_rpc_init's arguments, completed and checked. Every duration of o is
@@ -24,10 +24,10 @@ typedef struct {
     char name[ZD_RPC_MAX_NAME + 1];
     int rank, world;
     zd_rpc_options_t o;
-    char master[256];           /* "": none given (rank 0 only) */
+    char master[256]; /* "": none given (rank 0 only) */
     int port;
-    char listen[64];            /* options.listen_addr or $ZDIST_LISTEN_ADDR; "": none */
-    bool busy_poll_default;     /* busy_poll_us came from neither the option nor the
+    char listen[64];        /* options.listen_addr or $ZDIST_LISTEN_ADDR; "": none */
+    bool busy_poll_default; /* busy_poll_us came from neither the option nor the
                                    environment (agent.c may turn it off) */
 } init_params_t;
 

@@ -28,11 +28,11 @@
 
 #include <zdist/rpc.h>
 
-#define RDV_REG_TAG "ZDREG1"
-#define RDV_TAB_TAG "ZDTAB1"
-#define RDV_ERR_TAG "ZDERR1"
+#define RDV_REG_TAG  "ZDREG1"
+#define RDV_TAB_TAG  "ZDTAB1"
+#define RDV_ERR_TAG  "ZDERR1"
 #define RDV_BUSY_TAG "ZDBSY1"
-#define RDV_RUNNING "running"
+#define RDV_RUNNING  "running"
 
 /* Longest frame either side accepts (ZMQ_MAXMSGSIZE on both sockets): a
    registration's frames are a name and an endpoint of at most 127 bytes,
@@ -43,17 +43,17 @@
     finishes in milliseconds, and each one held open costs rank 0 a
     descriptor. */
 #define RDV_HANDSHAKE_MS 3000
-#define RDV_MAX_TEXT 1024
-#define RDV_KEY_LEN 40          /* a Z85 CURVE public key */
+#define RDV_MAX_TEXT     1024
+#define RDV_KEY_LEN      40 /* a Z85 CURVE public key */
 
 typedef struct {
     int rank, world;
     char name[ZD_RPC_MAX_NAME + 1];
     char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
-    char key[RDV_KEY_LEN + 1];  /* "" in a world without a key */
-    bool running;               /* registration: the sender is a running member */
-    bool lost;                  /* table of a running world: this rank is gone */
-    char lost_list[RDV_MAX_TEXT];   /* registration: the ranks lost to the sender */
+    char key[RDV_KEY_LEN + 1];    /* "" in a world without a key */
+    bool running;                 /* registration: the sender is a running member */
+    bool lost;                    /* table of a running world: this rank is gone */
+    char lost_list[RDV_MAX_TEXT]; /* registration: the ranks lost to the sender */
 } rdv_entry_t;
 
 /*  Reads a registration: the frames after the sender's routing id (m is

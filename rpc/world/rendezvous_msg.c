@@ -96,7 +96,7 @@ int zd__rdv_parse_ranks(const char *list, int world, bool *lost)
         lost[r] = true;
         list += n;
         if (*list == ',' && !*++list)
-            return -1;   /* a trailing comma */
+            return -1; /* a trailing comma */
     }
     return 0;
 }
@@ -128,7 +128,7 @@ static bool read_status(zframe_t *f, int world, char list[RDV_MAX_TEXT])
         (text[len] && text[len] != ':') || strlen(text + len) >= RDV_MAX_TEXT)
         return false;
     const char *from = text[len] ? text + len + 1 : "";
-    memcpy(list, from, strlen(from) + 1);   /* shorter than RDV_MAX_TEXT: checked above */
+    memcpy(list, from, strlen(from) + 1); /* shorter than RDV_MAX_TEXT: checked above */
     bool *probe = calloc((size_t)world, sizeof *probe);
     bool ok = probe && zd__rdv_parse_ranks(list, world, probe) == 0;
     free(probe);
@@ -153,8 +153,10 @@ int zd__rdv_parse_registration(zmsg_t *m, rdv_entry_t *out, char *why, size_t si
         return -1;
     if (zmsg_size(m) == 7) {
         if (!read_status(zmsg_next(m), out->world, out->lost_list))
-            return say(why, size, "a bad status for \"%s\" (not \"running\" with ranks of "
-                       "the world)", out->name);
+            return say(why, size,
+                       "a bad status for \"%s\" (not \"running\" with ranks of "
+                       "the world)",
+                       out->name);
         out->running = true;
     }
     return 0;
@@ -196,7 +198,7 @@ int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_e
         char list[RDV_MAX_TEXT];
         bool *lost = calloc((size_t)world, sizeof *lost);
         bool ok = lost && read_status(zmsg_last(m), world, list) &&
-                  zd__rdv_parse_ranks(list, world, lost) == 0 && !lost[rank];
+            zd__rdv_parse_ranks(list, world, lost) == 0 && !lost[rank];
         for (int i = 0; ok && i < world; i++)
             out[i].lost = lost[i];
         free(lost);
@@ -218,8 +220,10 @@ int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_e
         if (out[i].lost && f && zframe_size(f) == 0) {
             zframe_t *ep = zmsg_next(m), *key = zmsg_next(m);
             if (!ep || !key || zframe_size(ep) || zframe_size(key))
-                return say(why, size, "rendezvous: the master's entry for lost rank %d is not "
-                           "empty", i);
+                return say(why, size,
+                           "rendezvous: the master's entry for lost rank %d is not "
+                           "empty",
+                           i);
             out[i].name[0] = out[i].endpoint[0] = out[i].key[0] = '\0';
             continue;
         }

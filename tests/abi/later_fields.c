@@ -22,13 +22,13 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            fprintf(stderr, "later_fields: " __VA_ARGS__); \
-            fprintf(stderr, " (%s)\n", zd_error_last());  \
-            failures++;                                   \
-        }                                                 \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "later_fields: " __VA_ARGS__);                                         \
+            fprintf(stderr, " (%s)\n", zd_error_last());                                           \
+            failures++;                                                                            \
+        }                                                                                          \
     } while (0)
 
 /*  Whether the n bytes at p are all CANARY. */

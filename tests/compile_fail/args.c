@@ -17,16 +17,16 @@ int use(zd_value_t *args)
     zd_value_unref(ZD_ARGS(1, 2.0, "s", (unsigned char)3));
     return ZD_UNPACK(args, &i, &d, &s);
 #elif defined(CASE_unpack_int)
-    int i;   /* ZD_UNPACK fills int64_t: an int would be half written */
+    int i; /* ZD_UNPACK fills int64_t: an int would be half written */
     return ZD_UNPACK(args, &i);
 #elif defined(CASE_unpack_long_long)
-    long long i;   /* the same size as int64_t, but another type */
+    long long i; /* the same size as int64_t, but another type */
     return ZD_UNPACK(args, &i);
 #elif defined(CASE_unpack_char_ptr)
-    char *s;   /* strings are borrowed from args: const char * */
+    char *s; /* strings are borrowed from args: const char * */
     return ZD_UNPACK(args, &s);
 #elif defined(CASE_args_void_ptr)
-    void *p = args;   /* an untyped pointer: no way to know what it is */
+    void *p = args; /* an untyped pointer: no way to know what it is */
     zd_value_unref(ZD_ARGS(p));
     return 0;
 #elif defined(CASE_args_int_ptr)

@@ -88,9 +88,9 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
     return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
-           zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
-           zd_autograd_node_new(&ops, &x, 1, 1, &node) +
-           zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
+        zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
+        zd_autograd_node_new(&ops, &x, 1, 1, &node) +
+        zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
 #elif defined(CASE_model_t)
     (void)cfg, (void)m, (void)rm, (void)ctx;
     zd_nn_model_t *net = zd_nn_net_new(1);

@@ -5,7 +5,7 @@
     "add", rank 0 calls it and checks the sum; both check that the library
     they loaded is the version of the headers they were compiled with.
     Exits 0 when everything worked. */
-#define _POSIX_C_SOURCE 200809L   /* fork, alarm, sockets: this file is built with -std=c11 too */
+#define _POSIX_C_SOURCE 200809L /* fork, alarm, sockets: this file is built with -std=c11 too */
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -18,13 +18,13 @@
 
 #include <zdist/zdist.h>
 
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        if (!(cond)) {                                                              \
-            fprintf(stderr, "add (rank %d): %s:%d: %s failed: %s\n", rank, __FILE__, \
-                    __LINE__, #cond, zd_error_last());                              \
-            return 1;                                                               \
-        }                                                                           \
+#define CHECK(cond)                                                                                \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "add (rank %d): %s:%d: %s failed: %s\n", rank, __FILE__, __LINE__,     \
+                    #cond, zd_error_last());                                                       \
+            return 1;                                                                              \
+        }                                                                                          \
     } while (0)
 
 /* The handler: args (a, b) -> a + b. */
@@ -64,8 +64,7 @@ static int free_port(void)
 static int run(int rank, int port)
 {
     char want[32];
-    snprintf(want, sizeof want, "%d.%d.%d", ZD_VERSION_MAJOR, ZD_VERSION_MINOR,
-             ZD_VERSION_PATCH);
+    snprintf(want, sizeof want, "%d.%d.%d", ZD_VERSION_MAJOR, ZD_VERSION_MINOR, ZD_VERSION_PATCH);
     CHECK(strcmp(zd_version(), want) == 0);
 
     zd_rpc_options_t opts = zd_rpc_options_default();

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  fixtures.c: the cmocka fixtures of fixtures.h. */
-#define _GNU_SOURCE   /* nftw */
+#define _GNU_SOURCE /* nftw */
 #include "tests/support/fixtures.h"
 
 #include <setjmp.h>
@@ -19,7 +19,7 @@
 #include <zdist/dataset.h>
 #include <zdist/error.h>
 
-static char made[256];   /* the directory tmpdir_setup made */
+static char made[256]; /* the directory tmpdir_setup made */
 
 int tmpdir_setup(const char *tag)
 {
@@ -97,7 +97,7 @@ void assert_contains(const char *text, const char *needle)
 const char *tests_dir(void)
 {
     static char dir[1024];
-    snprintf(dir, sizeof dir, "%s", __FILE__);   /* .../tests/support/fixtures.c */
+    snprintf(dir, sizeof dir, "%s", __FILE__); /* .../tests/support/fixtures.c */
     for (int up = 0; up < 2; up++) {
         char *slash = strrchr(dir, '/');
         if (slash)
@@ -116,13 +116,13 @@ void torch_script(const char *script, const char *args, char *out, size_t size)
     assert_non_null(p);
     size_t n = fread(out, 1, size - 1, p);
     out[n] = 0;
-    char rest[512];   /* past size: read to the end, so that the script is not left blocked */
+    char rest[512]; /* past size: read to the end, so that the script is not left blocked */
     while (fread(rest, 1, sizeof rest, p) > 0) {
     }
     int st = pclose(p);
     printf("%s", out);
     if (WIFEXITED(st) && (WEXITSTATUS(st) == 77 || WEXITSTATUS(st) == 127))
-        skip();   /* no torch; no /usr/bin/python3 */
+        skip(); /* no torch; no /usr/bin/python3 */
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
         fail_msg("PyTorch's side (%s) failed (status %d)", script, st);
 }
@@ -167,8 +167,8 @@ void *raw_rendezvous_dealer(void *ctx, int port)
     char ep[64];
     int zero = 0;
     snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", port);
-    if (sock && (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) < 0 ||
-                 zmq_connect(sock, ep) < 0)) {
+    if (sock &&
+        (zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero) < 0 || zmq_connect(sock, ep) < 0)) {
         zmq_close(sock);
         sock = NULL;
     }
@@ -200,8 +200,7 @@ int raw_rendezvous_answer(void *sock, const char *tag, const char *want)
     got[n < (int)sizeof got ? n : (int)sizeof got - 1] = '\0';
     text[t < (int)sizeof text ? t : (int)sizeof text - 1] = '\0';
     if (strcmp(got, tag) != 0 || !strstr(text, want)) {
-        fprintf(stderr, "rendezvous: answer %s \"%s\", expected %s \"%s\"\n", got, text, tag,
-                want);
+        fprintf(stderr, "rendezvous: answer %s \"%s\", expected %s \"%s\"\n", got, text, tag, want);
         return -1;
     }
     return 0;

@@ -42,7 +42,8 @@
 static int bind_port(int port, int reuse, int *bound)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)port),
                             .sin_addr.s_addr = htonl(INADDR_ANY)};
     socklen_t len = sizeof a;
     if (fd < 0)
@@ -109,7 +110,7 @@ static int hold(pid_t pid)
     }
     struct pollfd p = {.fd = pfd, .events = POLLIN};
     while (poll(&p, 1, HOLD_MAX_MS) < 0 && errno == EINTR)
-        ;   /* interrupted: poll again; any other error ends the hold */
+        ; /* interrupted: poll again; any other error ends the hold */
     _exit(0);
 }
 

@@ -87,8 +87,7 @@ static inline void golden_each_one(const char *dir, void *arg)
     fn on it and frees it; returns how many, or -1 when the root cannot be
     read. Folders without a manifest are passed over; a manifest that does
     not load fails the test. */
-static inline int golden_each(const char *kind, void (*fn)(golden_case_t *c, void *arg),
-                              void *arg)
+static inline int golden_each(const char *kind, void (*fn)(golden_case_t *c, void *arg), void *arg)
 {
     golden_each_t e = {.kind = kind, .fn = fn, .arg = arg};
     return golden_each_dir(golden_root(), golden_each_one, &e) < 0 ? -1 : e.n;
@@ -125,13 +124,13 @@ static inline void golden_expect_caught(const char *root, const char *name, cons
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "cp %s/%s/* %s/ && chmod u+w %s/*", root, name, dir, dir);
     assert_int_equal(system(cmd), 0);
-    assert_int_equal(golden_check_run(dir), 0);   /* the copy itself passes */
+    assert_int_equal(golden_check_run(dir), 0); /* the copy itself passes */
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", dir, file);
     FILE *f = fopen(path, "r+b");
     assert_non_null(f);
     assert_int_equal(fseek(f, at, at < 0 ? SEEK_END : SEEK_SET), 0);
-    const unsigned char bad[4] = {0x42, 0x28, 0, 0};   /* 42.0 big-endian */
+    const unsigned char bad[4] = {0x42, 0x28, 0, 0}; /* 42.0 big-endian */
     assert_int_equal(fwrite(bad, 1, 4, f), 4);
     fclose(f);
     assert_int_equal(golden_check_run(dir), 1);
@@ -152,8 +151,8 @@ static inline void golden_assert_close(const char *what, const golden_case_t *c,
     const float *pa = zd_tensor_data(a), *pe = zd_tensor_data(e);
     for (int64_t i = 0; i < zd_tensor_numel(e); i++)
         if (!(fabsf(pa[i] - pe[i]) <= 1e-5f + 1e-4f * fabsf(pe[i])))
-            fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i,
-                     (double)pa[i], (double)pe[i]);
+            fail_msg("%s %s[%lld]: %.9g, expected %.9g", c->dir, what, (long long)i, (double)pa[i],
+                     (double)pe[i]);
 }
 
 #endif

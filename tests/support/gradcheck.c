@@ -89,8 +89,8 @@ static void check_input(const gradcheck_t *g, int i, zd_tensor_t *x, zd_tensor_t
         p[j] = keep;
         double num = (lp - lm) / (2.0 * (double)eps);
         if (!(fabs(num - ana) <= atol + rtol * fabs(ana)))
-            fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", g->name, i,
-                     (long long)j, ana, num);
+            fail_msg("%s: d/d input%d[%lld]: analytic %.6g, numeric %.6g", g->name, i, (long long)j,
+                     ana, num);
     }
 }
 

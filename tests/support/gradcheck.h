@@ -18,30 +18,30 @@
 #include <zdist/rng.h>
 #include <zdist/tensor.h>
 
-#define GRADCHECK_EPS 1e-2f
-#define GRADCHECK_ATOL 2e-3
-#define GRADCHECK_RTOL 1e-2
+#define GRADCHECK_EPS     1e-2f
+#define GRADCHECK_ATOL    2e-3
+#define GRADCHECK_RTOL    1e-2
 #define GRADCHECK_MAX_OUT 4
 
 /*  The function under test: its outputs from arg into outs (at most
     GRADCHECK_MAX_OUT, new references); returns how many, or -1 with the
     error set. Called with gradients on once, then off for every probe. */
-typedef int (gradcheck_fn)(void *arg, zd_tensor_t **outs);
+typedef int(gradcheck_fn)(void *arg, zd_tensor_t **outs);
 
 typedef struct {
-    const char *name;              /* in failure messages */
+    const char *name; /* in failure messages */
     gradcheck_fn *fn;
     void *arg;
-    zd_tensor_t *const *inputs;    /* float32; NULLs skipped; those requiring
+    zd_tensor_t *const *inputs; /* float32; NULLs skipped; those requiring
                                       grad are checked (at least one), the
                                       others must get no gradient */
     int n_inputs;
-    float eps;                     /* 0: GRADCHECK_EPS */
-    double atol, rtol;             /* both 0: GRADCHECK_ATOL, GRADCHECK_RTOL */
-    int max_probes;                /* 0: every element of every input; else
+    float eps;                /* 0: GRADCHECK_EPS */
+    double atol, rtol;        /* both 0: GRADCHECK_ATOL, GRADCHECK_RTOL */
+    int max_probes;           /* 0: every element of every input; else
                                       at most this many per input, random
                                       ones when it has more */
-    zd_tensor_t *zero_row_of;      /* an input whose row zero_row (along
+    zd_tensor_t *zero_row_of; /* an input whose row zero_row (along
                                       dim 0) must get a gradient of exactly
                                       0 and is not probed (embedding's
                                       padding_idx); NULL: none */

@@ -86,8 +86,8 @@ int world_echo_int(int to, int64_t v, int timeout_ms)
     int rc = zd_rpc_sync(to, "echo", args, timeout_ms, &r);
     zd_value_unref(args);
     if (rc == 0 && (zd_value_get_int(r, &got) < 0 || got != v))
-        rc = zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got,
-                          (long long)v);
+        rc =
+            zd_error_set("echo from rank %d gave %lld, not %lld", to, (long long)got, (long long)v);
     zd_value_unref(r);
     return rc;
 }

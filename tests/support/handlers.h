@@ -26,10 +26,10 @@ zd_value_t *world_h_owner_count(zd_rpc_call_t *call, zd_value_t *args, void *arg
     without sleeping: register world_h_hold (async) and world_h_release, both
     with a pointer to the same world_hold_t as arg. */
 typedef struct {
-    _Atomic(zd_future_t *) call;   /* the call held, NULL when none */
-    int64_t answer;                 /* what the held call answers, */
-    bool answer_none;               /* or no value at all when set */
-    zd_future_t *arrived;          /* when not NULL, completed as a call is held */
+    _Atomic(zd_future_t *) call; /* the call held, NULL when none */
+    int64_t answer;              /* what the held call answers, */
+    bool answer_none;            /* or no value at all when set */
+    zd_future_t *arrived;        /* when not NULL, completed as a call is held */
 } world_hold_t;
 
 /*  Holds the call: its future completes at world_hold_release. */

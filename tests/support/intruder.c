@@ -98,10 +98,16 @@ uint64_t intruder_call(intruder_t *in, int dst, const char *fn, const zd_value_t
         fprintf(stderr, "intruder: cannot encode the arguments: %s\n", zd_error_last());
         return 0;
     }
-    rpc_wire_header_t h = {.type = RPC_MSG_CALL, .src = in->rank, .dst = dst,
-                           .id = ++in->next_id, .fn = fn, .fn_len = strlen(fn),
-                           .extra = extra, .extra_len = extra ? extra_len : 0,
-                           .meta = e.meta, .meta_len = e.meta_len,
+    rpc_wire_header_t h = {.type = RPC_MSG_CALL,
+                           .src = in->rank,
+                           .dst = dst,
+                           .id = ++in->next_id,
+                           .fn = fn,
+                           .fn_len = strlen(fn),
+                           .extra = extra,
+                           .extra_len = extra ? extra_len : 0,
+                           .meta = e.meta,
+                           .meta_len = e.meta_len,
                            .n_tensors = (uint32_t)e.n_tensors};
     const void **data = calloc((size_t)e.n_tensors + 1, sizeof *data);
     size_t *sizes = calloc((size_t)e.n_tensors + 1, sizeof *sizes);
@@ -154,16 +160,14 @@ int intruder_answer(intruder_t *in, int timeout_ms, intruder_answer_t *out)
         out->type = h.type;
         out->id = h.id;
         if (h.type == RPC_MSG_ERROR)
-            snprintf(out->text, sizeof out->text, "%.*s", (int)h.meta_len,
-                     (const char *)h.meta);
+            snprintf(out->text, sizeof out->text, "%.*s", (int)h.meta_len, (const char *)h.meta);
         if (h.type == RPC_MSG_REPLY && frames && msgs) {
             /* Borrowed frames (release NULL): the decoder copies them. */
             for (int i = 0; i < n; i++)
-                frames[i] = (rpc_frame_t){.data = zmq_msg_data(&msgs[i]),
-                                          .size = zmq_msg_size(&msgs[i])};
+                frames[i] =
+                    (rpc_frame_t){.data = zmq_msg_data(&msgs[i]), .size = zmq_msg_size(&msgs[i])};
             if (zd__value_decode(h.meta, h.meta_len, frames, n, NULL, h.src, &out->value) < 0)
-                snprintf(out->text, sizeof out->text, "undecodable reply: %s",
-                         zd_error_last());
+                snprintf(out->text, sizeof out->text, "undecodable reply: %s", zd_error_last());
         }
     }
     for (int i = 0; msgs && i < n; i++)

@@ -18,27 +18,26 @@
 #include "rpc/net/wire.h"
 
 typedef struct {
-    void *ctx;                    /* the intruder's own ZeroMQ context */
-    void *sock;                   /* its DEALER */
-    int rank;                     /* the rank it claims in headers (src) */
-    uint64_t next_id;             /* request ids it uses, counting up */
+    void *ctx;        /* the intruder's own ZeroMQ context */
+    void *sock;       /* its DEALER */
+    int rank;         /* the rank it claims in headers (src) */
+    uint64_t next_id; /* request ids it uses, counting up */
 } intruder_t;
 
 /*  An answer the intruder received. */
 typedef struct {
-    int type;                     /* RPC_MSG_*, -1 when the header did not parse */
-    uint64_t id;                  /* the request id it answers */
-    char text[512];               /* an ERROR's text ("" otherwise) */
-    zd_value_t *value;            /* a REPLY's decoded value (NULL otherwise); the
+    int type;          /* RPC_MSG_*, -1 when the header did not parse */
+    uint64_t id;       /* the request id it answers */
+    char text[512];    /* an ERROR's text ("" otherwise) */
+    zd_value_t *value; /* a REPLY's decoded value (NULL otherwise); the
                                      caller unrefs it (intruder_answer_clear) */
-    int n_frames;                 /* frames after the header */
+    int n_frames;      /* frames after the header */
 } intruder_answer_t;
 
 /*  Connects a DEALER to endpoint with routing id id (id_len bytes; NULL:
     ZeroMQ picks one), claiming rank `rank` in the headers it builds.
     0, or -1 with a message on stderr. */
-int intruder_open(intruder_t *in, const char *endpoint, int rank, const void *id,
-                  size_t id_len);
+int intruder_open(intruder_t *in, const char *endpoint, int rank, const void *id, size_t id_len);
 
 /*  intruder_open with the routing id of rank's zd_rpc_sync socket of thread
     slot `slot` (65534 is a slot no agent uses), i.e. impersonating rank. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  program.c: running the built programs, as program.h says. */
-#define _GNU_SOURCE   /* syscall */
+#define _GNU_SOURCE /* syscall */
 #include "tests/support/program.h"
 
 #include <poll.h>
@@ -85,7 +85,7 @@ int program_wait(program_t *p, double deadline)
     struct pollfd pfd = {pidfd, POLLIN, 0};
     double left = deadline - program_now_s();
     if (pidfd < 0 || poll(&pfd, 1, left > 0 ? (int)(left * 1000) + 1 : 0) <= 0)
-        kill(p->pid, SIGKILL);   /* out of time */
+        kill(p->pid, SIGKILL); /* out of time */
     waitpid(p->pid, &status, 0);
     if (pidfd >= 0)
         close(pidfd);
@@ -109,8 +109,7 @@ int program_run(char *const argv[], int timeout_s, bool expect_ok, char **output
     return rc;
 }
 
-int program_run_world(const char *prog, int nproc, const char *flags, bool expect_ok,
-                      char **output)
+int program_run_world(const char *prog, int nproc, const char *flags, bool expect_ok, char **output)
 {
     char nproc_flag[32], words[2048];
     char *argv[64];

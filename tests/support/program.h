@@ -13,8 +13,8 @@
 
 typedef struct {
     pid_t pid;
-    int fd;          /* stdout and stderr of the child, merged */
-    char *out;       /* everything read so far, NUL-terminated (NULL: nothing); the caller frees */
+    int fd;    /* stdout and stderr of the child, merged */
+    char *out; /* everything read so far, NUL-terminated (NULL: nothing); the caller frees */
     size_t len, cap;
 } program_t;
 

@@ -50,7 +50,7 @@ int world_free_port_at(const char *ip)
             close(fd);
         return -1;
     }
-    if (n_reserved == RESERVED_MAX) {   /* the oldest world is long over */
+    if (n_reserved == RESERVED_MAX) { /* the oldest world is long over */
         close(reserved[0]);
         memmove(reserved, reserved + 1, sizeof reserved[0] * (RESERVED_MAX - 1));
         n_reserved--;
@@ -94,8 +94,8 @@ zd_rpc_options_t world_rpc_options(int port)
 
 int world_check_failed(const char *file, int line, const char *what, const char *expr)
 {
-    fprintf(stderr, "[rank %d] %s:%d: %s: %s (last error: %s)\n", current_rank, file, line,
-            what, expr, zd_error_last());
+    fprintf(stderr, "[rank %d] %s:%d: %s: %s (last error: %s)\n", current_rank, file, line, what,
+            expr, zd_error_last());
     return 1;
 }
 
@@ -194,8 +194,8 @@ int world_run(const world_options_t *o)
         if (left == 0)
             break;
         clock_gettime(CLOCK_MONOTONIC, &now);
-        double waited = (double)(now.tv_sec - start.tv_sec) +
-                        (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
+        double waited =
+            (double)(now.tv_sec - start.tv_sec) + (double)(now.tv_nsec - start.tv_nsec) * 1e-9;
         if (waited >= timeout)
             break;
         /* Sleep until a child changes state (or the deadline). Another
@@ -229,7 +229,7 @@ int world_run(const world_options_t *o)
 
 int world_run_simple(int n, int timeout_s, world_fn *fn, void *arg)
 {
-    world_options_t o = {.world_size = n, .fn = fn, .arg = arg, .timeout_s = timeout_s,
-                         .own_init = true};
+    world_options_t o = {
+        .world_size = n, .fn = fn, .arg = arg, .timeout_s = timeout_s, .own_init = true};
     return world_run(&o);
 }

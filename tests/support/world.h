@@ -26,28 +26,28 @@ typedef struct {
     int world_size;
     int rank;
     void *arg;
-    int port;                     /* the master's port (on 127.0.0.1 unless port_addr) */
+    int port; /* the master's port (on 127.0.0.1 unless port_addr) */
 } world_t;
 
 /*  Runs in every process (after zd_rpc_init unless own_init); returns 0 for
     success. */
-typedef int (world_fn)(const world_t *w);
+typedef int(world_fn)(const world_t *w);
 
 /*  Called in every process before zd_rpc_init (register functions here). */
-typedef int (world_setup_fn)(const world_t *w);
+typedef int(world_setup_fn)(const world_t *w);
 
 typedef struct {
     int world_size;
-    world_setup_fn *setup;        /* may be NULL */
+    world_setup_fn *setup; /* may be NULL */
     world_fn *fn;
     void *arg;
-    int timeout_s;                /* whole run (default 60), times world_time_scale() */
-    int64_t rpc_timeout_ms;       /* 0: the RPC default */
-    bool dist_autograd;           /* call zd_dist_autograd_init before zd_rpc_init */
-    int expect_exit[16];          /* per rank: expected exit status (default 0;
+    int timeout_s;          /* whole run (default 60), times world_time_scale() */
+    int64_t rpc_timeout_ms; /* 0: the RPC default */
+    bool dist_autograd;     /* call zd_dist_autograd_init before zd_rpc_init */
+    int expect_exit[16];    /* per rank: expected exit status (default 0;
                                      128 + N for death by signal N) */
-    bool own_init;                /* fn inits and shuts down RPC itself */
-    const char *port_addr;        /* where to reserve the master's port
+    bool own_init;          /* fn inits and shuts down RPC itself */
+    const char *port_addr;  /* where to reserve the master's port
                                      (default 127.0.0.1); see world_free_port_at */
 } world_options_t;
 
@@ -99,17 +99,17 @@ int64_t world_scaled_ms(int64_t ms);
 int world_check_failed(const char *file, int line, const char *what, const char *expr);
 
 /*  In a world fn: returns 1 from it unless cond holds. */
-#define WCHECK(cond)                                                                        \
-    do {                                                                                    \
-        if (!(cond))                                                                        \
-            return world_check_failed(__FILE__, __LINE__, "check failed", #cond);           \
+#define WCHECK(cond)                                                                               \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return world_check_failed(__FILE__, __LINE__, "check failed", #cond);                  \
     } while (0)
 
 /*  In a world fn: returns 1 from it when call returns < 0. */
-#define WTRY(call)                                                                          \
-    do {                                                                                    \
-        if ((call) < 0)                                                                     \
-            return world_check_failed(__FILE__, __LINE__, "failed", #call);                 \
+#define WTRY(call)                                                                                 \
+    do {                                                                                           \
+        if ((call) < 0)                                                                            \
+            return world_check_failed(__FILE__, __LINE__, "failed", #call);                        \
     } while (0)
 
 /*  WORLD_UNDER_TSAN is defined in a ThreadSanitizer build: for the few
