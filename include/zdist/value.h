@@ -96,7 +96,8 @@ ZD_API int zd_list_append(zd_value_t *list, zd_value_t *item);
       zd_tensor_t *, zd_rref_t *         -> tensor, RRef (own reference taken)
       zd_value_t *                       -> that value, reference taken over
                                             (a nested ZD_ARGS(...) is a list)
-    Any other type (void *, NULL, int *, a struct) does not compile.
+    Any other type (void *, NULL, int *, a struct) does not compile: the
+    compiler's error names ZD_ARGS_takes_integers_floats_strings_....
     ZD_ARGS() is the empty list; up to 24 items (more do not compile).
     Each argument is evaluated once. Returns NULL when an item fails (a
     NULL string, tensor or value, out of memory): "ZD_ARGS: argument 1:
@@ -114,7 +115,8 @@ ZD_API int zd_list_append(zd_value_t *list, zd_value_t *item);
       zd_rref_t ** -> RRef      zd_value_t **  -> the item itself
     Results are borrowed from args. Returns 0, or -1 (outputs before the
     failing one may have been written). Any other pointer type, notably
-    int * or long long *, does not compile: declare int64_t.
+    int * or long long *, does not compile (the error names
+    ZD_UNPACK_takes_int64_t_double_const_char_...): declare int64_t.
 
         int64_t a, b;
         if (ZD_UNPACK(args, &a, &b) < 0)
@@ -170,24 +172,30 @@ ZD_API int zd_rpc_unpack_array(const zd_value_t *args, const zd_rpc_out_t *outs,
     zd_rpc_unpack_array((args), (const zd_rpc_out_t[]){ZD__MAP(ZD__OUT, __VA_ARGS__)},             \
                         ZD__NARG(__VA_ARGS__))
 
+/*  A type ZD_ARGS or ZD_UNPACK does not take selects one of these objects,
+    declared and never defined: calling it fails to compile, and the
+    compiler's message names it, and so what the macro takes. */
+extern const struct ZD_ARGS_takes_integers_floats_strings_tensors_rrefs_or_values
+    ZD_ARGS_takes_integers_floats_strings_tensors_rrefs_or_values;
+extern const struct ZD_UNPACK_takes_int64_t_double_const_char_tensor_rref_or_value_pointers
+    ZD_UNPACK_takes_int64_t_double_const_char_tensor_rref_or_value_pointers;
+
 #define ZD__ARG(x)                                                                                 \
-    _Generic((x),                                                             \
-        _Bool: zd__arg_int, char: zd__arg_int, signed char: zd__arg_int,      \
-        unsigned char: zd__arg_int, short: zd__arg_int,                       \
-        unsigned short: zd__arg_int, int: zd__arg_int,                        \
-        unsigned int: zd__arg_int, long: zd__arg_int, long long: zd__arg_int, \
-        unsigned long: zd__arg_uint, unsigned long long: zd__arg_uint,        \
-        float: zd__arg_float, double: zd__arg_float,                          \
-        long double: zd__arg_long_double,                                     \
-        char *: zd__arg_string, const char *: zd__arg_string,                 \
-        zd_tensor_t *: zd__arg_tensor, zd_rref_t *: zd__arg_rref,             \
-        zd_value_t *: zd__arg_value)(x)
+    _Generic((x),                                                                                  \
+        _Bool: zd__arg_int, char: zd__arg_int, signed char: zd__arg_int,                           \
+        unsigned char: zd__arg_int, short: zd__arg_int, unsigned short: zd__arg_int,               \
+        int: zd__arg_int, unsigned int: zd__arg_int, long: zd__arg_int, long long: zd__arg_int,    \
+        unsigned long: zd__arg_uint, unsigned long long: zd__arg_uint,                             \
+        float: zd__arg_float, double: zd__arg_float, long double: zd__arg_long_double,             \
+        char *: zd__arg_string, const char *: zd__arg_string,                                      \
+        zd_tensor_t *: zd__arg_tensor, zd_rref_t *: zd__arg_rref, zd_value_t *: zd__arg_value,     \
+        default: ZD_ARGS_takes_integers_floats_strings_tensors_rrefs_or_values)(x)
 
 #define ZD__OUT(p)                                                                                 \
-    _Generic((p),                                                             \
-        int64_t *: zd__out_int, double *: zd__out_float,                      \
-        const char **: zd__out_string, zd_tensor_t **: zd__out_tensor,        \
-        zd_rref_t **: zd__out_rref, zd_value_t **: zd__out_value)(p)
+    _Generic((p),                                                                                  \
+        int64_t *: zd__out_int, double *: zd__out_float, const char **: zd__out_string,            \
+        zd_tensor_t **: zd__out_tensor, zd_rref_t **: zd__out_rref, zd_value_t **: zd__out_value,  \
+        default: ZD_UNPACK_takes_int64_t_double_const_char_tensor_rref_or_value_pointers)(p)
 
 #define ZD__ARG_FN(name, type, k, member)                                                          \
     static inline zd_rpc_arg_t name(type v)                                                        \
