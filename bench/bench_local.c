@@ -406,7 +406,7 @@ static int bench_safetensors(bool csv)
     int rc = 0;
     for (int r = 0; r < ROUNDS && rc == 0; r++) {
         double t0 = now();
-        rc = zd_safetensors_write(path, nt, NULL, 0);
+        rc = zd_safetensors_write(path, nt, NULL);
         save[r] = now() - t0;
         struct stat st;
         if (rc < 0 || stat(path, &st) < 0) {
@@ -425,7 +425,7 @@ static int bench_safetensors(bool csv)
             memset(b, 2, size);
         }
         t0 = now();
-        zd_named_tensors_t *in = zd_safetensors_read(path, NULL, NULL);
+        zd_named_tensors_t *in = zd_safetensors_read(path, NULL);
         if (!in) {
             rc = -1;
             break;

@@ -611,49 +611,33 @@ static zd_named_tensors_t *make_tensors(parse_t *p, buffer_t *buf)
     return nt;
 }
 
-void zd_safetensors_free_meta(char **meta_kv, int n_meta)
+/*  The file's "__metadata__" as key, value pairs in *meta (a new list,
+    empty when it has none). */
+static int take_meta(parse_t *p, zd_strings_t **meta)
 {
-    for (int i = 0; meta_kv && i < 2 * n_meta; i++)
-        free(meta_kv[i]);
-    free(meta_kv);
-}
-
-static int take_meta(parse_t *p, char ***meta_kv, int *n_meta)
-{
-    int n = p->meta ? (int)json_object_size(p->meta) : 0;
-    if (n == 0)
-        return 0;
-    char **kv = calloc(2 * (size_t)n, sizeof *kv);
-    int i = 0;
+    zd_strings_t *kv = zd_strings_new();
     const char *key;
     json_t *v;
-    json_object_foreach(p->meta, key, v)
-    {
-        if (!kv)
-            break;
-        kv[2 * i] = strdup(key);
-        kv[2 * i + 1] = strdup(json_string_value(v));
-        if (!kv[2 * i] || !kv[2 * i + 1]) {
-            zd_safetensors_free_meta(kv, n);
-            kv = NULL;
+    if (kv && p->meta)
+        json_object_foreach(p->meta, key, v)
+        {
+            if (zd_strings_append(kv, key) < 0 || zd_strings_append(kv, json_string_value(v)) < 0) {
+                zd_strings_free(kv);
+                kv = NULL;
+                break;
+            }
         }
-        i++;
-    }
     if (!kv)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory", p->path);
-    *meta_kv = kv;
-    *n_meta = n;
+    *meta = kv;
     return 0;
 }
 
 zd_named_tensors_t *zd__safetensors_parse(const char *label, void *data, size_t size,
-                                          zd__safetensors_release_fn *release, char ***meta_kv,
-                                          int *n_meta)
+                                          zd__safetensors_release_fn *release, zd_strings_t **meta)
 {
-    if (meta_kv)
-        *meta_kv = NULL;
-    if (n_meta)
-        *n_meta = 0;
+    if (meta)
+        *meta = NULL;
     buffer_t *buf = malloc(sizeof *buf);
     if (!buf) {
         release(data, size);
@@ -668,7 +652,7 @@ zd_named_tensors_t *zd__safetensors_parse(const char *label, void *data, size_t 
     zd_named_tensors_t *nt = NULL;
     if (parse_header(&p) == 0 && check_layout(&p) == 0)
         nt = make_tensors(&p, buf);
-    if (nt && meta_kv && n_meta && take_meta(&p, meta_kv, n_meta) < 0) {
+    if (nt && meta && take_meta(&p, meta) < 0) {
         zd_named_tensors_free(nt);
         nt = NULL;
     }
@@ -683,16 +667,12 @@ static void unmap(void *data, size_t size)
     munmap(data, size);
 }
 
-zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *n_meta)
+zd_named_tensors_t *zd_safetensors_read(const char *path, zd_strings_t **meta)
 {
-    if (meta_kv)
-        *meta_kv = NULL;
-    if (n_meta)
-        *n_meta = 0;
-    if (!path || !meta_kv != !n_meta) {
-        zd_error_set_code(ZD_ERR_ARGUMENT,
-                          "safetensors: read needs a path, and meta_kv and "
-                          "n_meta both or neither");
+    if (meta)
+        *meta = NULL;
+    if (!path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: read needs a path");
         return NULL;
     }
     /* Non-blocking: opening a FIFO would otherwise wait for a writer
@@ -733,7 +713,7 @@ zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *
         fail(path, "cannot map %zu bytes: %s", size, strerror(e));
         return NULL;
     }
-    return zd__safetensors_parse(path, map, size, unmap, meta_kv, n_meta);
+    return zd__safetensors_parse(path, map, size, unmap, meta);
 }
 
 /*  ---- writing ---- */
@@ -837,8 +817,7 @@ static int by_layout(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static int check_write(const char *path, const zd_named_tensors_t *nt, const char *const *meta_kv,
-                       int n_meta)
+static int check_write(const char *path, const zd_named_tensors_t *nt, const zd_strings_t *meta)
 {
     if (!nt)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: no tensors given (NULL)", path);
@@ -860,38 +839,41 @@ static int check_write(const char *path, const zd_named_tensors_t *nt, const cha
             return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: tensor '%.*s' is %s", path,
                                      SHOW, name, zd_tensor_dtype_name(zd_tensor_dtype(t)));
     }
-    if (n_meta < 0 || n_meta > ZD_SAFETENSORS_MAX_META || (n_meta > 0 && !meta_kv))
+    int n_kv = zd_strings_len(meta);
+    if (n_kv % 2 || n_kv / 2 > ZD_SAFETENSORS_MAX_META)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "safetensors: %s: %d metadata entries (0 to "
-                                 "%d, with meta_kv)",
-                                 path, n_meta, ZD_SAFETENSORS_MAX_META);
-    for (int i = 0; i < 2 * n_meta; i++) {
-        if (!meta_kv[i] || !utf8_ok(meta_kv[i]))
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: %s: metadata %s %d is %s", path,
-                                     i % 2 ? "value" : "key", i / 2,
-                                     meta_kv[i] ? "not UTF-8" : "NULL");
+                                 "safetensors: %s: metadata of %d strings (key, value pairs: "
+                                 "at most %d)",
+                                 path, n_kv, ZD_SAFETENSORS_MAX_META);
+    for (int i = 0; i < n_kv; i++) {
+        const char *si = zd_strings_get(meta, i);
+        if (!utf8_ok(si))
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "safetensors: %s: metadata %s %d is not UTF-8", path,
+                                     i % 2 ? "value" : "key", i / 2);
         for (int j = 0; i % 2 == 0 && j < i; j += 2)
-            if (strcmp(meta_kv[i], meta_kv[j]) == 0)
+            if (strcmp(si, zd_strings_get(meta, j)) == 0)
                 return zd_error_set_code(ZD_ERR_ARGUMENT,
                                          "safetensors: %s: metadata key "
                                          "\"%.*s\" given twice",
-                                         path, SHOW, meta_kv[i]);
+                                         path, SHOW, si);
     }
     return 0;
 }
 
 /*  The header, padded, into b; the items in layout order into items. */
-static void build_header(strbuf_t *b, item_t *items, int n, const char *const *meta_kv, int n_meta)
+static void build_header(strbuf_t *b, item_t *items, int n, const zd_strings_t *meta)
 {
+    int n_meta = zd_strings_len(meta) / 2;
     put(b, "{", 1);
     if (n_meta > 0) {
         puts_(b, "\"__metadata__\":{");
         for (int i = 0; i < n_meta; i++) {
             if (i)
                 put(b, ",", 1);
-            put_string(b, meta_kv[2 * i]);
+            put_string(b, zd_strings_get(meta, 2 * i));
             put(b, ":", 1);
-            put_string(b, meta_kv[2 * i + 1]);
+            put_string(b, zd_strings_get(meta, 2 * i + 1));
         }
         put(b, "}", 1);
     }
@@ -941,9 +923,9 @@ static bool emit_data(FILE *f, const zd_tensor_t *t)
 }
 
 int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tensors_t *nt,
-                                 const char *const *meta_kv, int n_meta)
+                                 const zd_strings_t *meta)
 {
-    if (check_write(label, nt, meta_kv, n_meta) < 0)
+    if (check_write(label, nt, meta) < 0)
         return -1;
     int n = zd_named_tensors_len(nt);
     item_t *items = calloc((size_t)n + 1, sizeof *items);
@@ -956,7 +938,7 @@ int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tens
     }
     qsort(items, (size_t)n, sizeof *items, by_layout);
     strbuf_t b = {0};
-    build_header(&b, items, n, meta_kv, n_meta);
+    build_header(&b, items, n, meta);
     int rc = 0;
     if (b.failed) {
         rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "safetensors: %s: out of memory", label);
@@ -983,22 +965,20 @@ int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tens
 typedef struct {
     const char *path;
     const zd_named_tensors_t *nt;
-    const char *const *meta_kv;
-    int n_meta;
+    const zd_strings_t *meta;
 } write_t;
 
 static int write_to(FILE *f, void *arg)
 {
     write_t *w = arg;
-    return zd__safetensors_write_stream(f, w->path, w->nt, w->meta_kv, w->n_meta);
+    return zd__safetensors_write_stream(f, w->path, w->nt, w->meta);
 }
 
-int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt, const char *const *meta_kv,
-                         int n_meta)
+int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt, const zd_strings_t *meta)
 {
     if (!path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: write needs a path");
-    if (check_write(path, nt, meta_kv, n_meta) < 0) /* before any file is made */
+    if (check_write(path, nt, meta) < 0) /* before any file is made */
         return -1;
-    return zd__file_replace("safetensors", path, write_to, &(write_t){path, nt, meta_kv, n_meta});
+    return zd__file_replace("safetensors", path, write_to, &(write_t){path, nt, meta});
 }

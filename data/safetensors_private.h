@@ -20,12 +20,11 @@ typedef void(zd__safetensors_release_fn)(void *data, size_t size);
     tensors borrow it where aligned, and release(data, size) runs when the
     last of them, or the parse, is done. */
 zd_named_tensors_t *zd__safetensors_parse(const char *label, void *data, size_t size,
-                                          zd__safetensors_release_fn *release, char ***meta_kv,
-                                          int *n_meta);
+                                          zd__safetensors_release_fn *release, zd_strings_t **meta);
 
 /*  Writes the bytes of a safetensors file to f, as zd_safetensors_write
     does (label names the file in errors): 0, or -1. */
 int zd__safetensors_write_stream(FILE *f, const char *label, const zd_named_tensors_t *nt,
-                                 const char *const *meta_kv, int n_meta);
+                                 const zd_strings_t *meta);
 
 #endif

@@ -171,7 +171,7 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
     if (!net)
         return -1;
     if (ps_net_init_from() &&
-        zd_nn_module_load_safetensors(net, ps_net_init_from(), true, NULL, NULL) < 0) {
+        zd_nn_module_load_safetensors(net, ps_net_init_from(), true, NULL) < 0) {
         zd_nn_module_free(net);
         return zd_error_wrap("--init_from");
     }

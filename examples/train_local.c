@@ -80,7 +80,7 @@ static int run(const options_t *o)
     if (o->load && zd_nn_module_load(m, o->load) < 0)
         goto out;
     if (o->init_from) {
-        if (zd_nn_module_load_safetensors(m, o->init_from, true, NULL, NULL) < 0)
+        if (zd_nn_module_load_safetensors(m, o->init_from, true, NULL) < 0)
             goto out;
         printf("initial weights from %s\n", o->init_from);
     }
@@ -173,7 +173,10 @@ static int run(const options_t *o)
         snprintf(step, sizeof step, "%lld", (long long)done);
         snprintf(accuracy, sizeof accuracy, "%.6f", acc);
         const char *meta[] = {"step", step, "test_accuracy", accuracy};
-        if (zd_nn_module_save_safetensors(m, o->save_model, meta, 2) < 0)
+        zd_strings_t *kv = zd_strings_from(meta, 4);
+        int saved = kv ? zd_nn_module_save_safetensors(m, o->save_model, kv) : -1;
+        zd_strings_free(kv);
+        if (saved < 0)
             goto out;
         printf("saved model %s (safetensors)\n", o->save_model);
     }

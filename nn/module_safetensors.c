@@ -10,45 +10,27 @@
 #include <zdist/module.h>
 #include <zdist/safetensors.h>
 
-void zd_safetensors_free_names(char **names, int n)
+/*  Appends name to list (a NULL list: nothing to keep). */
+static int push_name(zd_strings_t *list, const char *name)
 {
-    for (int i = 0; names && i < n; i++)
-        free(names[i]);
-    free(names);
-}
-
-/*  Appends a copy of name to *list (a NULL list: nothing to keep). */
-static int push_name(char ***list, int *n, const char *name)
-{
-    if (!list)
-        return 0;
-    char **l = realloc(*list, (size_t)(*n + 1) * sizeof *l);
-    if (!l)
-        return -1;
-    *list = l;
-    if (!(l[*n] = strdup(name)))
-        return -1;
-    (*n)++;
-    return 0;
+    return list ? zd_strings_append(list, name) : 0;
 }
 
 int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bool strict,
-                             char ***skipped, int *n_skipped)
+                             zd_strings_t **skipped)
 {
     if (skipped)
         *skipped = NULL;
-    if (n_skipped)
-        *n_skipped = 0;
-    if (!path || !dst || (!skipped) != (!n_skipped))
+    if (!path || !dst)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_safetensors_load_into: NULL %s",
-                                 !path      ? "path"
-                                     : !dst ? "destination"
-                                            : "skipped or n_skipped");
-    zd_named_tensors_t *file = zd_safetensors_read(path, NULL, NULL);
+                                 !path ? "path" : "destination");
+    zd_named_tensors_t *file = zd_safetensors_read(path, NULL);
     if (!file)
         return -1;
-    char **list = NULL;
-    int n_list = 0, rc = -1;
+    zd_strings_t *list = NULL;
+    int rc = -1;
+    if (skipped && !(list = zd_strings_new()))
+        goto oom;
     int n_dst = zd_named_tensors_len(dst), n_file = zd_named_tensors_len(file);
 
     /* Everything is checked before anything is copied: a bad file leaves
@@ -64,7 +46,7 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
                                   path, name);
                 goto out;
             }
-            if (push_name(skipped ? &list : NULL, &n_list, name) < 0)
+            if (push_name(list, name) < 0)
                 goto oom;
             continue;
         }
@@ -89,7 +71,7 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
                               path, name);
             goto out;
         }
-        if (push_name(skipped ? &list : NULL, &n_list, name) < 0)
+        if (push_name(list, name) < 0)
             goto oom;
     }
     for (int i = 0; i < n_dst; i++) {
@@ -99,41 +81,40 @@ int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bo
     }
     if (skipped) {
         *skipped = list;
-        *n_skipped = n_list;
         list = NULL;
     }
     rc = 0;
     goto out;
 oom:
-    zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", path);
+    zd_error_wrap("%s", path);
 out:
-    zd_safetensors_free_names(list, n_list);
+    zd_strings_free(list);
     zd_named_tensors_free(file);
     return rc;
 }
 
 int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
-                                  const char *const *meta_kv, int n_meta)
+                                  const zd_strings_t *meta)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save_safetensors: NULL module");
     zd_named_tensors_t *nt = zd_nn_module_state_dict(m); /* a tied weight under each name */
     if (!nt)
         return -1;
-    int rc = zd_safetensors_write(path, nt, meta_kv, n_meta);
+    int rc = zd_safetensors_write(path, nt, meta);
     zd_named_tensors_free(nt);
     return rc;
 }
 
-int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict, char ***skipped,
-                                  int *n_skipped)
+int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
+                                  zd_strings_t **skipped)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load_safetensors: NULL module");
     zd_named_tensors_t *nt = zd_nn_module_state_dict(m);
     if (!nt)
         return -1;
-    int rc = zd_safetensors_load_into(path, nt, strict, skipped, n_skipped);
+    int rc = zd_safetensors_load_into(path, nt, strict, skipped);
     zd_named_tensors_free(nt);
     return rc;
 }

@@ -15,19 +15,19 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 # public headers each layer may include
 declare -A allowed=(
-  [core]="error version export log rng"
-  [autograd]="error version export log rng tensor autograd function scope named_tensors"
-  [data]="error version export log rng tensor autograd function scope named_tensors idx dataset checkpoint safetensors"
-  [rpc]="error version export log tensor autograd function named_tensors rpc value future"
-  [dist_autograd]="error version export log tensor autograd function named_tensors rpc value future dist_autograd"
-  [nn]="error version export log tensor autograd function named_tensors nn model dataset idx checkpoint safetensors rng module rnn"
-  [optim]="error version export log tensor autograd function named_tensors optim"
-  [dist_optim]="error version export log tensor autograd function named_tensors rpc value future dist_autograd optim dist_optim"
-  [dist_nn]="error version export log tensor autograd function named_tensors rpc value future dist_autograd nn model dataset idx checkpoint safetensors rng module rnn dist_nn"
+  [core]="error version export log rng strings"
+  [autograd]="error version export log strings rng tensor autograd function scope named_tensors"
+  [data]="error version export log strings rng tensor autograd function scope named_tensors idx dataset checkpoint safetensors"
+  [rpc]="error version export log strings tensor autograd function named_tensors rpc value future"
+  [dist_autograd]="error version export log strings tensor autograd function named_tensors rpc value future dist_autograd"
+  [nn]="error version export log strings tensor autograd function named_tensors nn model dataset idx checkpoint safetensors rng module rnn"
+  [optim]="error version export log strings tensor autograd function named_tensors optim"
+  [dist_optim]="error version export log strings tensor autograd function named_tensors rpc value future dist_autograd optim dist_optim"
+  [dist_nn]="error version export log strings tensor autograd function named_tensors rpc value future dist_autograd nn model dataset idx checkpoint safetensors rng module rnn dist_nn"
 )
 # the public headers: which layer each belongs to
 declare -A home=(
-  [error]=core [log]=core [version]=core [export]=core [rng]=core [tensor]=autograd [autograd]=autograd
+  [error]=core [strings]=core [log]=core [version]=core [export]=core [rng]=core [tensor]=autograd [autograd]=autograd
   [function]=autograd [named_tensors]=autograd [rnn]=nn [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
   [nn]=nn [model]=nn [dataset]=data [idx]=data [checkpoint]=data [safetensors]=data [optim]=optim
   [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn [scope]=autograd)

@@ -587,8 +587,11 @@ static int module_round(void *arg)
     /* The safetensors reader allocates through jansson too (routed). */
     char st[600];
     snprintf(st, sizeof st, "%s.safetensors", path);
-    if (zd_nn_module_save_safetensors(m, st, (const char *const[]){"format", "pt"}, 1) < 0 ||
-        zd_nn_module_load_safetensors(m, st, true, NULL, NULL) < 0)
+    zd_strings_t *kv = zd_strings_from((const char *const[]){"format", "pt"}, 2);
+    bool failed = !kv || zd_nn_module_save_safetensors(m, st, kv) < 0 ||
+        zd_nn_module_load_safetensors(m, st, true, NULL) < 0;
+    zd_strings_free(kv);
+    if (failed)
         goto done;
     if (!(x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){5, 4}, 2)) ||
         zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &out, 1) < 0)

@@ -95,21 +95,12 @@ static void test_bad_input(void **state)
     free(out);
 }
 
-static zd_named_tensors_t *read_file(const char *path, char ***kv, int *n_meta)
+static zd_named_tensors_t *read_file(const char *path, zd_strings_t **meta)
 {
-    zd_named_tensors_t *nt = zd_safetensors_read(path, kv, n_meta);
+    zd_named_tensors_t *nt = zd_safetensors_read(path, meta);
     if (!nt)
         fail_msg("%s", zd_error_last());
     return nt;
-}
-
-/*  The value of metadata key (NULL when absent). */
-static const char *meta_get(char **kv, int n, const char *key)
-{
-    for (int i = 0; i < n; i++)
-        if (strcmp(kv[2 * i], key) == 0)
-            return kv[2 * i + 1];
-    return NULL;
 }
 
 /*  Whether tensor `name` holds the same bytes in a and b. */
@@ -151,16 +142,15 @@ static void test_save_model_init_from(void **state)
     assert_int_equal(run_world(2, flags, true, &out), 0);
     free(out);
 
-    char **kv;
-    int n_meta;
-    zd_named_tensors_t *ta = read_file(a, &kv, &n_meta);
-    assert_non_null(meta_get(kv, n_meta, "step"));
-    assert_string_equal(meta_get(kv, n_meta, "step"), "5");
-    assert_string_equal(meta_get(kv, n_meta, "ntoken"), "76");
-    assert_string_equal(meta_get(kv, n_meta, "nlayers"), "2");
-    assert_non_null(meta_get(kv, n_meta, "vocab"));
-    zd_safetensors_free_meta(kv, n_meta);
-    zd_named_tensors_t *tb = read_file(b, NULL, NULL), *ts = read_file(seed, NULL, NULL);
+    zd_strings_t *meta;
+    zd_named_tensors_t *ta = read_file(a, &meta);
+    assert_non_null(zd_strings_value(meta, "step"));
+    assert_string_equal(zd_strings_value(meta, "step"), "5");
+    assert_string_equal(zd_strings_value(meta, "ntoken"), "76");
+    assert_string_equal(zd_strings_value(meta, "nlayers"), "2");
+    assert_non_null(zd_strings_value(meta, "vocab"));
+    zd_strings_free(meta);
+    zd_named_tensors_t *tb = read_file(b, NULL), *ts = read_file(seed, NULL);
     static const char *const names[] = {
         "encoder.weight", "rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0",
         "rnn.bias_hh_l0", "rnn.weight_ih_l1", "rnn.weight_hh_l1", "rnn.bias_ih_l1",

@@ -100,6 +100,17 @@ static void add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *t)
     zd_tensor_unref(t);
 }
 
+/*  Writes nt with n metadata strings (key, value, ...): what the write
+    returns. */
+static int write_kv(const char *path, const zd_named_tensors_t *nt, const char *const *kv, int n)
+{
+    zd_strings_t *meta = zd_strings_from(kv, n);
+    assert_non_null(meta);
+    int rc = zd_safetensors_write(path, nt, meta);
+    zd_strings_free(meta);
+    return rc;
+}
+
 static void assert_same(const zd_tensor_t *a, const zd_tensor_t *b, const char *name)
 {
     if (zd_tensor_dtype(a) != zd_tensor_dtype(b) || !zd_tensor_same_shape(a, b) ||
@@ -144,10 +155,9 @@ static void test_round_trip(void **state)
 
     const char *path = tmp_path("round.safetensors");
     const char *meta[] = {"step", "200", "accuracy", "0.8541"};
-    assert_int_equal(zd_safetensors_write(path, nt, meta, 2), 0);
-    char **kv;
-    int n_meta;
-    zd_named_tensors_t *back = zd_safetensors_read(path, &kv, &n_meta);
+    assert_int_equal(write_kv(path, nt, meta, 4), 0);
+    zd_strings_t *kv;
+    zd_named_tensors_t *back = zd_safetensors_read(path, &kv);
     if (!back)
         fail_msg("%s", zd_error_last());
     /* the file's order: I64, F32, U8, by name within each */
@@ -158,16 +168,18 @@ static void test_round_trip(void **state)
         const char *name = zd_named_tensors_name(back, i);
         assert_same(zd_named_tensors_find(nt, name), zd_named_tensors_tensor(back, i), name);
     }
-    assert_int_equal(n_meta, 2);
+    assert_int_equal(zd_strings_len(kv), 4);
     for (int i = 0; i < 4; i++)
-        assert_string_equal(kv[i], meta[i]);
-    zd_safetensors_free_meta(kv, n_meta);
+        assert_string_equal(zd_strings_get(kv, i), meta[i]);
+    assert_string_equal(zd_strings_value(kv, "accuracy"), "0.8541");
+    assert_null(zd_strings_value(kv, "200")); /* a value is not a key */
+    zd_strings_free(kv);
 
     /* without asking for the metadata; and what it reads writes the same bytes */
-    zd_named_tensors_t *again = zd_safetensors_read(path, NULL, NULL);
+    zd_named_tensors_t *again = zd_safetensors_read(path, NULL);
     assert_non_null(again);
     const char *path2 = tmp_path("round2.safetensors");
-    assert_int_equal(zd_safetensors_write(path2, again, meta, 2), 0);
+    assert_int_equal(write_kv(path2, again, meta, 4), 0);
     size_t n1, n2;
     unsigned char *b1 = read_file(tmp_path("round.safetensors"), &n1);
     unsigned char *b2 = read_file(path2, &n2);
@@ -203,7 +215,7 @@ static void test_upstream_bytes(void **state)
     float v[6] = {0, 1, 2, 3, 4, 5};
     zd_named_tensors_t *nt = zd_named_tensors_new();
     add(nt, "attn.0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 2, 3}, 3, v));
-    assert_int_equal(zd_safetensors_write(tmp_path("attn.0"), nt, NULL, 0), 0);
+    assert_int_equal(zd_safetensors_write(tmp_path("attn.0"), nt, NULL), 0);
     expect_file(tmp_path("attn.0"),
                 "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", v,
                 24);
@@ -211,7 +223,7 @@ static void test_upstream_bytes(void **state)
 
     nt = zd_named_tensors_new();
     add(nt, "attn0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 1, 2, 3}, 4, v));
-    assert_int_equal(zd_safetensors_write(tmp_path("attn0"), nt, NULL, 0), 0);
+    assert_int_equal(zd_safetensors_write(tmp_path("attn0"), nt, NULL), 0);
     expect_file(tmp_path("attn0"),
                 "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],"
                 "\"data_offsets\":[0,24]}}       ",
@@ -219,12 +231,12 @@ static void test_upstream_bytes(void **state)
     zd_named_tensors_free(nt);
 
     nt = zd_named_tensors_new();
-    assert_int_equal(zd_safetensors_write(tmp_path("empty"), nt, NULL, 0), 0);
+    assert_int_equal(zd_safetensors_write(tmp_path("empty"), nt, NULL), 0);
     expect_file(tmp_path("empty"), "{}      ", NULL, 0);
     const char *fw[] = {"framework", "pt"};
-    assert_int_equal(zd_safetensors_write(tmp_path("empty_meta"), nt, fw, 1), 0);
+    assert_int_equal(write_kv(tmp_path("empty_meta"), nt, fw, 2), 0);
     expect_file(tmp_path("empty_meta"), "{\"__metadata__\":{\"framework\":\"pt\"}}     ", NULL, 0);
-    zd_named_tensors_t *back = zd_safetensors_read(tmp_path("empty"), NULL, NULL);
+    zd_named_tensors_t *back = zd_safetensors_read(tmp_path("empty"), NULL);
     assert_non_null(back);
     assert_int_equal(zd_named_tensors_len(back), 0);
     zd_named_tensors_free(back);
@@ -240,7 +252,7 @@ static void test_metadata(void **state)
     add(nt, odd, f32_tensor(1, (int64_t[]){2}, 1, 1));
     const char *meta[] = {"format", "pt", odd, odd, "empty", ""};
     const char *path = tmp_path("meta.safetensors");
-    assert_int_equal(zd_safetensors_write(path, nt, meta, 3), 0);
+    assert_int_equal(write_kv(path, nt, meta, 6), 0);
     size_t n;
     unsigned char *bytes = read_file(path, &n);
     /* escaped as serde_json and Python's json escape them */
@@ -248,23 +260,23 @@ static void test_metadata(void **state)
     assert_non_null(memmem(bytes, n, esc, strlen(esc)));
     assert_non_null(memmem(bytes, n, "{\"__metadata__\":{\"format\":\"pt\",", 31));
     free(bytes);
-    char **kv;
-    int n_meta;
-    zd_named_tensors_t *back = zd_safetensors_read(path, &kv, &n_meta);
+    zd_strings_t *kv;
+    zd_named_tensors_t *back = zd_safetensors_read(path, &kv);
     assert_non_null(back);
     assert_string_equal(zd_named_tensors_name(back, 0), odd);
-    assert_int_equal(n_meta, 3);
+    assert_int_equal(zd_strings_len(kv), 6);
     for (int i = 0; i < 6; i++)
-        assert_string_equal(kv[i], meta[i]);
-    zd_safetensors_free_meta(kv, n_meta);
+        assert_string_equal(zd_strings_get(kv, i), meta[i]);
+    zd_strings_free(kv);
     zd_named_tensors_free(back);
 
     /* no metadata: no "__metadata__", and none read */
-    assert_int_equal(zd_safetensors_write(path, nt, NULL, 0), 0);
-    back = zd_safetensors_read(path, &kv, &n_meta);
+    assert_int_equal(zd_safetensors_write(path, nt, NULL), 0);
+    back = zd_safetensors_read(path, &kv);
     assert_non_null(back);
-    assert_null(kv);
-    assert_int_equal(n_meta, 0);
+    assert_non_null(kv);
+    assert_int_equal(zd_strings_len(kv), 0);
+    zd_strings_free(kv);
     zd_named_tensors_free(back);
     zd_named_tensors_free(nt);
 }
@@ -306,7 +318,7 @@ static void test_converted_dtypes(void **state)
                        "\"h\":{\"dtype\":\"F16\",\"shape\":[2,4],\"data_offsets\":[32,48]},"
                        "\"b\":{\"dtype\":\"BF16\",\"shape\":[4],\"data_offsets\":[48,56]}}";
     const char *path = st_file("converted.safetensors", json, data, 56);
-    zd_named_tensors_t *nt = zd_safetensors_read(path, NULL, NULL);
+    zd_named_tensors_t *nt = zd_safetensors_read(path, NULL);
     if (!nt)
         fail_msg("%s", zd_error_last());
     const char *order[] = {"d", "h", "b"};
@@ -338,12 +350,12 @@ static void test_borrowed_and_copied(void **state)
     add(nt, "u", zd_tensor_new(ZD_UINT8, (int64_t[]){3}, 1));
     char path[600];
     snprintf(path, sizeof path, "%s", tmp_path("aligned.safetensors"));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL, 0), 0);
+    assert_int_equal(zd_safetensors_write(path, nt, NULL), 0);
     zd_named_tensors_free(nt);
     size_t size;
     unsigned char *before = read_file(path, &size);
 
-    nt = zd_safetensors_read(path, NULL, NULL);
+    nt = zd_safetensors_read(path, NULL);
     assert_non_null(nt);
     for (int i = 0; i < 3; i++)
         if (!mapped(path, zd_tensor_raw(zd_named_tensors_tensor(nt, i))))
@@ -380,7 +392,7 @@ static void test_borrowed_and_copied(void **state)
     memcpy(data + 16, "abc", 3);
     snprintf(path, sizeof path, "%s",
              raw_file("misaligned.safetensors", hlen, header, hlen, data, 19));
-    nt = zd_safetensors_read(path, NULL, NULL);
+    nt = zd_safetensors_read(path, NULL);
     if (!nt)
         fail_msg("%s", zd_error_last());
     assert_int_equal(zd_tensor_data_i64(zd_named_tensors_find(nt, "n"))[0], -77);
@@ -399,13 +411,11 @@ static void test_borrowed_and_copied(void **state)
 static void expect_refused(const char *path, const char *phrase)
 {
     int64_t live = zd_tensor_live_count();
-    char **kv = (char **)&kv;
-    int n = -1;
-    zd_named_tensors_t *nt = zd_safetensors_read(path, &kv, &n);
+    zd_strings_t *kv = (zd_strings_t *)&kv;
+    zd_named_tensors_t *nt = zd_safetensors_read(path, &kv);
     if (nt)
         fail_msg("%s was read, though %s", path, phrase);
     assert_null(kv);
-    assert_int_equal(n, 0);
     const char *e = zd_error_last();
     if (!strstr(e, path) || !strstr(e, phrase))
         fail_msg("%s: the error \"%s\" should name the file and say \"%s\"", path, e, phrase);
@@ -592,7 +602,7 @@ static void test_bad_files(void **state)
              "{\"b\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[8,10],"
              "\"extra\":[1]},\"a\":%s}",
              F32_2);
-    zd_named_tensors_t *nt = zd_safetensors_read(st_file("lenient", json, zeros, 10), NULL, NULL);
+    zd_named_tensors_t *nt = zd_safetensors_read(st_file("lenient", json, zeros, 10), NULL);
     if (!nt)
         fail_msg("%s", zd_error_last());
     const char *order[] = {"a", "b"};
@@ -608,28 +618,31 @@ static void test_write_refused(void **state)
     snprintf(path, sizeof path, "%s", tmp_path("kept.safetensors"));
     zd_named_tensors_t *nt = zd_named_tensors_new();
     add(nt, "a", f32_tensor(1, (int64_t[]){2}, 1, 1));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL, 0), 0);
+    assert_int_equal(zd_safetensors_write(path, nt, NULL), 0);
     size_t n;
     unsigned char *before = read_file(path, &n);
 
     const char *dup[] = {"k", "1", "k", "2"};
-    assert_int_equal(zd_safetensors_write(path, nt, dup, 2), -1);
+    assert_int_equal(write_kv(path, nt, dup, 4), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     assert_non_null(strstr(zd_error_last(), "metadata key \"k\" given twice"));
     const char *bad_utf8[] = {"k", "\xff"};
-    assert_int_equal(zd_safetensors_write(path, nt, bad_utf8, 1), -1);
+    assert_int_equal(write_kv(path, nt, bad_utf8, 2), -1);
     assert_non_null(strstr(zd_error_last(), "metadata value 0 is not UTF-8"));
+    /* a NULL never gets into a list; an odd count is not key, value pairs */
     const char *null_value[] = {"k", NULL};
-    assert_int_equal(zd_safetensors_write(path, nt, null_value, 1), -1);
-    assert_int_equal(zd_safetensors_write(path, nt, NULL, 1), -1);
+    assert_null(zd_strings_from(null_value, 2));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(write_kv(path, nt, null_value, 1), -1);
+    assert_non_null(strstr(zd_error_last(), "metadata of 1 strings"));
     add(nt, "__metadata__", f32_tensor(1, (int64_t[]){1}, 0, 0));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL, 0), -1);
+    assert_int_equal(zd_safetensors_write(path, nt, NULL), -1);
     assert_non_null(strstr(zd_error_last(), "'__metadata__' is not one a file may hold"));
     zd_named_tensors_free(nt);
     nt = zd_named_tensors_new();
     add(nt, "\xc3", f32_tensor(1, (int64_t[]){1}, 0, 0));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL, 0), -1);
-    assert_int_equal(zd_safetensors_write(path, NULL, NULL, 0), -1);
+    assert_int_equal(zd_safetensors_write(path, nt, NULL), -1);
+    assert_int_equal(zd_safetensors_write(path, NULL, NULL), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     zd_named_tensors_free(nt);
 
@@ -651,7 +664,7 @@ static void test_write_refused(void **state)
 
     /* a directory that is not there: named */
     nt = zd_named_tensors_new();
-    assert_int_equal(zd_safetensors_write(tmp_path("no/such/dir.safetensors"), nt, NULL, 0), -1);
+    assert_int_equal(zd_safetensors_write(tmp_path("no/such/dir.safetensors"), nt, NULL), -1);
     assert_non_null(strstr(zd_error_last(), "no/such/dir.safetensors: cannot create"));
     zd_named_tensors_free(nt);
 }
@@ -698,13 +711,12 @@ static void test_pytorch_both_ways(void **state)
     snprintf(path, sizeof path, "%s", tmp_path("from_torch.safetensors"));
     zd_named_tensors_t *nt = reference();
     const char *meta[] = {"format", "pt", "note", NOTE};
-    assert_int_equal(zd_safetensors_write(to_torch, nt, meta, 2), 0);
+    assert_int_equal(write_kv(to_torch, nt, meta, 4), 0);
     zd_named_tensors_free(nt);
     torch_run(to_torch, path);
 
-    char **kv;
-    int n_meta;
-    nt = zd_safetensors_read(path, &kv, &n_meta);
+    zd_strings_t *kv;
+    nt = zd_safetensors_read(path, &kv);
     if (!nt)
         fail_msg("%s", zd_error_last());
     const char *order[] = {"steps", "f64",  "empty", "layer.weight",
@@ -722,12 +734,12 @@ static void test_pytorch_both_ways(void **state)
     assert_floats(zd_named_tensors_find(nt, "f64"), want_f64, 4, "f64");
     assert_floats(zd_named_tensors_find(nt, "f16"), want_f16, 8, "f16");
     assert_floats(zd_named_tensors_find(nt, "bf16"), want_bf16, 4, "bf16");
-    assert_int_equal(n_meta, 2);
-    assert_string_equal(kv[0], "format");
-    assert_string_equal(kv[1], "pt");
-    assert_string_equal(kv[2], "note");
-    assert_string_equal(kv[3], NOTE);
-    zd_safetensors_free_meta(kv, n_meta);
+    assert_int_equal(zd_strings_len(kv), 4);
+    assert_string_equal(zd_strings_get(kv, 0), "format");
+    assert_string_equal(zd_strings_get(kv, 1), "pt");
+    assert_string_equal(zd_strings_get(kv, 2), "note");
+    assert_string_equal(zd_strings_get(kv, 3), NOTE);
+    zd_strings_free(kv);
     zd_named_tensors_free(nt);
 }
 

@@ -70,7 +70,7 @@ static zd_nn_module_t *net_module(zd_nn_module_t *net)
 
 static zd_named_tensors_t *read_ref(const char *name)
 {
-    zd_named_tensors_t *nt = zd_safetensors_read(ref_path(name), NULL, NULL);
+    zd_named_tensors_t *nt = zd_safetensors_read(ref_path(name), NULL);
     if (!nt)
         fail_msg("%s (regenerate with tools/safetensors/gen_reference.py)", zd_error_last());
     return nt;
@@ -120,13 +120,11 @@ static void test_net_from_pytorch(void **state)
     zd_nn_module_t *net = zd_nn_net_new(99);
     assert_non_null(net);
     zd_nn_module_t *m = net_module(net);
-    char **skipped = (char **)1;
-    int n_skipped = -1;
-    if (zd_nn_module_load_safetensors(m, ref_path("net.safetensors"), true, &skipped, &n_skipped) <
-        0)
+    zd_strings_t *skipped = NULL;
+    if (zd_nn_module_load_safetensors(m, ref_path("net.safetensors"), true, &skipped) < 0)
         fail_msg("%s", zd_error_last());
-    assert_null(skipped);
-    assert_int_equal(n_skipped, 0);
+    assert_int_equal(zd_strings_len(skipped), 0);
+    zd_strings_free(skipped);
     zd_named_tensors_t *w = read_ref("net.safetensors");
     assert_int_equal(zd_named_tensors_len(w), 8);
     for (int i = 0; i < zd_nn_module_n_params(net); i++)
@@ -153,7 +151,7 @@ static void test_lstm_from_pytorch(void **state)
     (void)state;
     zd_nn_module_t *m = zd_nn_lstm_new(6, 12, 2, 0.2f, 99);
     assert_non_null(m);
-    if (zd_nn_module_load_safetensors(m, ref_path("lstm.safetensors"), true, NULL, NULL) < 0)
+    if (zd_nn_module_load_safetensors(m, ref_path("lstm.safetensors"), true, NULL) < 0)
         fail_msg("%s", zd_error_last());
     zd_named_tensors_t *io = read_ref("lstm_io.safetensors");
     zd_nn_module_train(m, false);
@@ -173,10 +171,10 @@ static void test_lstm_from_pytorch(void **state)
     zd_nn_module_free(m);
 }
 
-static bool has_name(char **names, int n, const char *name)
+static bool has_name(const zd_strings_t *names, const char *name)
 {
-    for (int i = 0; i < n; i++)
-        if (strcmp(names[i], name) == 0)
+    for (int i = 0; i < zd_strings_len(names); i++)
+        if (strcmp(zd_strings_get(names, i), name) == 0)
             return true;
     return false;
 }
@@ -191,11 +189,9 @@ static bool all_zero(const zd_tensor_t *t)
 
 static void expect_refused(zd_nn_module_t *m, const char *file, bool strict, const char *needle)
 {
-    char **skipped = NULL;
-    int n = 0;
-    assert_int_equal(zd_nn_module_load_safetensors(m, ref_path(file), strict, &skipped, &n), -1);
+    zd_strings_t *skipped = (zd_strings_t *)&skipped;
+    assert_int_equal(zd_nn_module_load_safetensors(m, ref_path(file), strict, &skipped), -1);
     assert_null(skipped);
-    assert_int_equal(n, 0);
     printf("refused: %s\n", zd_error_last());
     assert_contains(zd_error_last(), needle);
     assert_contains(zd_error_last(), file);
@@ -211,14 +207,13 @@ static void test_strict_and_not(void **state)
     assert_non_null(lm);
     zd_tensor_t *before = zd_tensor_detach_copy(zd_nn_module_param(lm, 0));
     expect_refused(lm, net_file, true, "no tensor \"weight_ih_l0\" in the file");
-    char **skipped;
-    int n;
-    assert_int_equal(zd_nn_module_load_safetensors(lm, ref_path(net_file), false, &skipped, &n), 0);
-    assert_int_equal(n, 16); /* the LSTM's 8, then the file's 8 */
-    assert_string_equal(skipped[0], "weight_ih_l0");
-    assert_string_equal(skipped[7], "bias_hh_l1");
-    assert_true(has_name(skipped, n, "conv1.weight") && has_name(skipped, n, "fc2.bias"));
-    zd_safetensors_free_names(skipped, n);
+    zd_strings_t *skipped;
+    assert_int_equal(zd_nn_module_load_safetensors(lm, ref_path(net_file), false, &skipped), 0);
+    assert_int_equal(zd_strings_len(skipped), 16); /* the LSTM's 8, then the file's 8 */
+    assert_string_equal(zd_strings_get(skipped, 0), "weight_ih_l0");
+    assert_string_equal(zd_strings_get(skipped, 7), "bias_hh_l1");
+    assert_true(has_name(skipped, "conv1.weight") && has_name(skipped, "fc2.bias"));
+    zd_strings_free(skipped);
     assert_equal_data(zd_nn_module_param(lm, 0), before, "weight_ih_l0 left as it was");
     zd_tensor_unref(before);
     zd_nn_module_free(lm);
@@ -232,18 +227,16 @@ static void test_strict_and_not(void **state)
     assert_int_equal(zd_nn_module_register_module(conv1, "conv1", c), 0);
     expect_refused(conv1, net_file, true, "\"conv2.bias\" is not one of the model's");
     assert_true(all_zero(w));
-    assert_int_equal(zd_nn_module_load_safetensors(conv1, ref_path(net_file), false, &skipped, &n),
-                     0);
-    assert_int_equal(n, 6);
-    assert_true(has_name(skipped, n, "conv2.weight") && has_name(skipped, n, "fc1.bias") &&
-                !has_name(skipped, n, "conv1.weight"));
-    zd_safetensors_free_names(skipped, n);
+    assert_int_equal(zd_nn_module_load_safetensors(conv1, ref_path(net_file), false, &skipped), 0);
+    assert_int_equal(zd_strings_len(skipped), 6);
+    assert_true(has_name(skipped, "conv2.weight") && has_name(skipped, "fc1.bias") &&
+                !has_name(skipped, "conv1.weight"));
+    zd_strings_free(skipped);
     zd_named_tensors_t *ref = read_ref(net_file);
     assert_equal_data(w, find(ref, "conv1.weight"), "conv1.weight");
     zd_named_tensors_free(ref);
     /* No list wanted: loads the same. */
-    assert_int_equal(zd_nn_module_load_safetensors(conv1, ref_path(net_file), false, NULL, NULL),
-                     0);
+    assert_int_equal(zd_nn_module_load_safetensors(conv1, ref_path(net_file), false, NULL), 0);
     zd_nn_module_free(conv1);
 
     /* A tensor of another shape is refused in both modes, and nothing
@@ -264,9 +257,9 @@ static void test_strict_and_not(void **state)
     /* Files that are not there or not safetensors. */
     zd_nn_module_t *empty = zd_nn_module_new("Empty", NULL, NULL, NULL);
     assert_int_equal(
-        zd_nn_module_load_safetensors(empty, tmp_path("none.safetensors"), false, NULL, NULL), -1);
+        zd_nn_module_load_safetensors(empty, tmp_path("none.safetensors"), false, NULL), -1);
     assert_contains(zd_error_last(), "none.safetensors");
-    assert_int_equal(zd_nn_module_load_safetensors(NULL, ref_path(net_file), true, NULL, NULL), -1);
+    assert_int_equal(zd_nn_module_load_safetensors(NULL, ref_path(net_file), true, NULL), -1);
     zd_nn_module_free(empty);
 }
 
@@ -321,9 +314,10 @@ static void test_net_to_pytorch(void **state)
     char model[600], io_path[600];
     snprintf(model, sizeof model, "%s", tmp_path("zdist_net.safetensors"));
     snprintf(io_path, sizeof io_path, "%s", tmp_path("zdist_net_io.safetensors"));
-    const char *meta[] = {"step", "3"};
-    if (zd_nn_module_save_safetensors(m, model, meta, 1) < 0)
+    zd_strings_t *meta = zd_strings_from((const char *const[]){"step", "3"}, 2);
+    if (!meta || zd_nn_module_save_safetensors(m, model, meta) < 0)
         fail_msg("%s", zd_error_last());
+    zd_strings_free(meta);
 
     zd_nn_module_train(net, false);
     bool prev = zd_autograd_set_grad_enabled(false);
@@ -335,24 +329,22 @@ static void test_net_to_pytorch(void **state)
     zd_nn_module_t *again = zd_nn_net_new(8);
     zd_nn_module_train(again, false);
     zd_nn_module_t *am = net_module(again);
-    assert_int_equal(zd_nn_module_load_safetensors(am, model, true, NULL, NULL), 0);
+    assert_int_equal(zd_nn_module_load_safetensors(am, model, true, NULL), 0);
     zd_tensor_t *lp2;
     assert_int_equal(zd_nn_module_forward(again, &test, 1, &lp2, 1), 0);
     assert_equal_data(lp2, lp, "the reloaded Net's log-probabilities");
     zd_autograd_set_grad_enabled(prev);
-    char **kv;
-    int n_meta;
-    zd_named_tensors_t *back = zd_safetensors_read(model, &kv, &n_meta);
+    zd_named_tensors_t *back = zd_safetensors_read(model, &meta);
     assert_non_null(back);
-    assert_int_equal(n_meta, 1);
-    assert_string_equal(kv[1], "3");
-    zd_safetensors_free_meta(kv, n_meta);
+    assert_int_equal(zd_strings_len(meta), 2);
+    assert_string_equal(zd_strings_value(meta, "step"), "3");
+    zd_strings_free(meta);
     zd_named_tensors_free(back);
 
     zd_named_tensors_t *io = zd_named_tensors_new();
     assert_int_equal(zd_named_tensors_add(io, "x", test), 0);
     assert_int_equal(zd_named_tensors_add(io, "logprobs", lp), 0);
-    assert_int_equal(zd_safetensors_write(io_path, io, NULL, 0), 0);
+    assert_int_equal(zd_safetensors_write(io_path, io, NULL), 0);
     zd_named_tensors_free(io);
     zd_tensor_unref(lp);
     zd_tensor_unref(lp2);

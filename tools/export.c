@@ -103,8 +103,10 @@ static int export_net(const char *prefix, const char *out)
     snprintf(s_gen, sizeof s_gen, "%lld", (long long)generation);
     snprintf(s_step, sizeof s_step, "%lld", (long long)step);
     const char *meta[] = {"format", "pt", "generation", s_gen, "step", s_step};
+    zd_strings_t *kv = zd_strings_from(meta, 6);
     if (rc == 0)
-        rc = zd_safetensors_write(out, nt, meta, 3);
+        rc = kv ? zd_safetensors_write(out, nt, kv) : -1;
+    zd_strings_free(kv);
     if (rc == 0)
         printf("%s: the Net of %d shard(s), generation %lld, step %lld\n", out, S,
                (long long)generation, (long long)step);

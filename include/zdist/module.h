@@ -39,6 +39,7 @@
 #include <stdint.h>
 
 #include <zdist/named_tensors.h>
+#include <zdist/strings.h>
 #include <zdist/tensor.h>
 #include <zdist/rng.h>
 #include <zdist/export.h>
@@ -198,16 +199,17 @@ ZD_API zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embed
     model.load_state_dict(st.load(path)[0]) / load_file() as it is.
     Loading goes as zd_safetensors_load_into (<zdist/safetensors.h>) says. */
 
-/*  Writes every parameter of m under its dotted name, with n_meta metadata
-    entries as zd_safetensors_write takes them. 0, or -1 (path untouched). */
+/*  Writes every parameter of m under its dotted name, with meta's key,
+    value pairs as zd_safetensors_write takes them (meta may be NULL). 0,
+    or -1 (path untouched). */
 ZD_API int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
-                                         const char *const *meta_kv, int n_meta);
+                                         const zd_strings_t *meta);
 
 /*  Loads m's parameters from the file, as zd_safetensors_load_into does:
-    0 with *skipped a new object (zd_safetensors_free_names; skipped and
-    n_skipped may be NULL), or -1. */
+    0 with, when skipped is non-NULL, *skipped a new object
+    (zd_strings_free) listing the names skipped, or -1. */
 ZD_API int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,
-                                         char ***skipped, int *n_skipped);
+                                         zd_strings_t **skipped);
 
 ZD_END_DECLS
 

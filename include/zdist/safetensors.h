@@ -2,9 +2,8 @@
 /*  safetensors.h: named tensors in and out of safetensors files, the
     format PyTorch's and Hugging Face's tools share.
 
-        char **meta;
-        int n_meta;
-        zd_named_tensors_t *w = zd_safetensors_read("model.safetensors", &meta, &n_meta);
+        zd_strings_t *meta;
+        zd_named_tensors_t *w = zd_safetensors_read("model.safetensors", &meta);
         if (!w)
             fprintf(stderr, "%s\n", zd_error_last());   // names the file and the problem
 
@@ -49,6 +48,7 @@
 #include <stdbool.h>
 
 #include <zdist/named_tensors.h>
+#include <zdist/strings.h>
 #include <zdist/export.h>
 
 ZD_BEGIN_DECLS
@@ -60,22 +60,19 @@ ZD_BEGIN_DECLS
 
 /*  Reads every tensor of the file, in the order of their data in it: a
     new object (zd_named_tensors_free), or NULL with zd_error_last() naming
-    the file and the problem. meta_kv and n_meta (both, or both NULL)
-    receive the "__metadata__" entries as 2 * *n_meta strings, key then
-    value (NULL and 0 when there are none), to free with
-    zd_safetensors_free_meta. */
-ZD_API zd_named_tensors_t *zd_safetensors_read(const char *path, char ***meta_kv, int *n_meta);
+    the file and the problem. When meta is non-NULL, *meta receives the
+    "__metadata__" entries as key, value, key, value ... (a new object,
+    zd_strings_free; empty when there are none; zd_strings_value finds a
+    key's value). */
+ZD_API zd_named_tensors_t *zd_safetensors_read(const char *path, zd_strings_t **meta);
 
 /*  Writes nt's tensors (float32, int64 or uint8) under their names, and
-    n_meta metadata entries: meta_kv[2i] the key, meta_kv[2i+1] its value
-    (n_meta 0: no "__metadata__"). Names, keys and values are UTF-8; a
-    name may not be "__metadata__", a key may not repeat. Returns 0, or -1
+    meta's strings as "__metadata__" entries: key, value, key, value ...
+    (meta NULL or empty: none). Names, keys and values are UTF-8; a name
+    may not be "__metadata__", a key may not repeat. Returns 0, or -1
     with zd_error_last() naming the file (path is then left as it was). */
 ZD_API int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
-                                const char *const *meta_kv, int n_meta);
-
-/*  Frees what zd_safetensors_read gave in meta_kv (NULL-safe). */
-ZD_API void zd_safetensors_free_meta(char **meta_kv, int n_meta);
+                                const zd_strings_t *meta);
 
 /*  ---- loading into existing tensors ----
 
@@ -91,14 +88,11 @@ ZD_API void zd_safetensors_free_meta(char **meta_kv, int n_meta);
     race with forward passes on the same tensors. */
 
 /*  Copies the file's tensors into dst's tensors of the same names, as
-    above. 0 with *skipped a new object, an array of *n_skipped names (NULL
-    and 0 when none; zd_safetensors_free_names), or -1 with zd_error_last()
-    naming the file and the tensor (dst untouched). */
+    above. 0 with, when skipped is non-NULL, *skipped a new object
+    (zd_strings_free) listing the names skipped (empty when none), or -1
+    with zd_error_last() naming the file and the tensor (dst untouched). */
 ZD_API int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bool strict,
-                                    char ***skipped, int *n_skipped);
-
-/*  Frees what zd_safetensors_load_into gave in skipped (NULL-safe). */
-ZD_API void zd_safetensors_free_names(char **names, int n);
+                                    zd_strings_t **skipped);
 
 ZD_END_DECLS
 

@@ -15,6 +15,7 @@
 #include <zdist/version.h>       /* ZD_VERSION_* and zd_version() */
 #include <zdist/error.h>         /* the calling thread's last error */
 #include <zdist/log.h>           /* log levels, ZDIST_LOG_LEVEL, a sink for the lines */
+#include <zdist/strings.h>       /* lists of strings: skipped names, a file's metadata */
 #include <zdist/tensor.h>        /* reference-counted n-dimensional tensors */
 #include <zdist/function.h>      /* writing a differentiable operation */
 #include <zdist/autograd.h>      /* the local autograd engine, basic differentiable ops */
