@@ -109,8 +109,8 @@ static int setup(const world_t *w)
     zd_nn_module_train(net, false);
     tiny_w = zd_tensor_zeros2(10, 10);
     tiny_b = zd_tensor_zeros1(10);
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 3);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 3);
     zd_nn_init_default(tiny_w, tiny_b, &rng);
     zd_tensor_set_requires_grad(tiny_w, true);
     zd_tensor_set_requires_grad(tiny_b, true);
@@ -192,10 +192,10 @@ static int trainer(const world_t *w)
     double *t = calloc((size_t)iters, sizeof *t);
     zd_tensor_t *x = zd_tensor_zeros4(32, 1, 28, 28),
                 *y = zd_tensor_new(ZD_INT64, (int64_t[]){32}, 1);
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 5);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 5);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
-        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0, 1);
+        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0, 1);
     for (int i = 0; i < 32; i++)
         zd_tensor_data_i64(y)[i] = i % 10;
     /* Alternating blocks: a slow patch of a shared machine lands on both

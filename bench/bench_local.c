@@ -104,14 +104,14 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     zd_nn_module_t *m = zd_nn_tutorial_model_new(name, 1);
     if (!m)
         return -1;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 2);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 2);
     zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){batch, 1, 28, 28}, 4);
     zd_tensor_t *t = zd_tensor_empty(ZD_INT64, (int64_t[]){batch}, 1);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
-        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     for (int i = 0; i < batch; i++)
-        zd_tensor_data_i64(t)[i] = (int64_t)zd_nn_rng_below(&rng, 10);
+        zd_tensor_data_i64(t)[i] = (int64_t)zd_rng_below(&rng, 10);
     double rate[ROUNDS];
     /* warm-up, and an estimate of the steps per round */
     double t0 = now();
@@ -164,14 +164,14 @@ static double bench_lstm(double seconds, double *ms_per_iter, double *cpu_ms_per
     zd_nn_module_t *m = zd_nn_lstm_new(LSTM_IN, LSTM_H, LSTM_LAYERS, 0.0f, 1);
     if (!m)
         return -1;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 4);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 4);
     zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){LSTM_T, LSTM_N, LSTM_IN}, 3);
     zd_tensor_t *dy = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){LSTM_T, LSTM_N, LSTM_H}, 3);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
-        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     for (int64_t i = 0; i < zd_tensor_numel(dy); i++)
-        zd_tensor_data(dy)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+        zd_tensor_data(dy)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     double rate[ROUNDS], t0 = now();
     int warm = 0;
     while (now() - t0 < 0.3 || warm < 3) {
@@ -208,7 +208,7 @@ static const char *layer_names[N_LAYERS] = {
 
 typedef struct {
     zd_nn_module_t *m;
-    zd_nn_rng_t rng;
+    zd_rng_t rng;
     zd_tensor_t *in[N_LAYERS];   /* each layer's input (leaf; grad from conv2 on) */
     zd_tensor_t *gout[N_LAYERS]; /* ones in the shape of each layer's output (made once) */
     zd_tensor_t *target;
@@ -299,20 +299,20 @@ static int bench_ops(int batch, double seconds)
     ops_bench_t b = {.m = zd_nn_tutorial_model_new("net", 1)};
     if (!b.m)
         return -1;
-    zd_nn_rng_seed(&b.rng, 3);
+    zd_rng_seed(&b.rng, 3);
     for (int l = 0; l < N_LAYERS; l++) {
         int64_t shape[4];
         memcpy(shape, shapes[l], sizeof shape);
         shape[0] = batch;
         b.in[l] = zd_tensor_empty(ZD_FLOAT32, shape, l >= L_FC1 ? 2 : 4);
         for (int64_t i = 0; i < zd_tensor_numel(b.in[l]); i++)
-            zd_tensor_data(b.in[l])[i] = zd_nn_rng_normal(&b.rng, 0.0f, 1.0f);
+            zd_tensor_data(b.in[l])[i] = zd_rng_normal(&b.rng, 0.0f, 1.0f);
         if (l != L_CONV1)
             zd_tensor_set_requires_grad(b.in[l], true);
     }
     b.target = zd_tensor_empty(ZD_INT64, (int64_t[]){batch}, 1);
     for (int i = 0; i < batch; i++)
-        zd_tensor_data_i64(b.target)[i] = (int64_t)zd_nn_rng_below(&b.rng, 10);
+        zd_tensor_data_i64(b.target)[i] = (int64_t)zd_rng_below(&b.rng, 10);
     printf("Net layers, batch %d, %d threads, kernels %s (ms per batch)\n%-24s %9s %9s %9s\n",
            batch, zd_nn_get_num_threads(), zd__nn_cpu_name(), "layer", "forward", "backward",
            "total");

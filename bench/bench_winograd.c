@@ -121,8 +121,8 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
 {
     if (zd_nn_set_num_threads(threads) < 0)
         return -1;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 5);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 5);
     const int batch = b.batch;
     b.x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){batch, b.C, b.H, b.W}, 4);
     b.w = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){b.O, b.C, 3, 3}, 4);
@@ -135,7 +135,7 @@ static int bench_threads(int threads, bench_t b, double seconds, bool csv)
     zd_tensor_t *all[] = {b.x, b.w, b.b, b.dy};
     for (int t = 0; t < 4; t++)
         for (int64_t i = 0; i < zd_tensor_numel(all[t]); i++)
-            zd_tensor_data(all[t])[i] = zd_nn_rng_uniform_range(&rng, -1.0f, 1.0f) *
+            zd_tensor_data(all[t])[i] = zd_rng_uniform_range(&rng, -1.0f, 1.0f) *
                 (t == 1 ? 1.0f / sqrtf(9.0f * b.C) : 1.0f);
     b.xg = zd_tensor_detach_copy(b.x);
     if (!b.xg || zd_tensor_set_requires_grad(b.xg, true) < 0)

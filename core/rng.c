@@ -17,13 +17,13 @@ static inline uint64_t rotl(uint64_t x, int k)
     return (x << k) | (x >> (64 - k));
 }
 
-void zd_nn_rng_seed(zd_nn_rng_t *r, uint64_t seed)
+void zd_rng_seed(zd_rng_t *r, uint64_t seed)
 {
     for (int i = 0; i < 4; i++)
         r->s[i] = splitmix64(&seed);
 }
 
-uint64_t zd_nn_rng_u64(zd_nn_rng_t *r)
+uint64_t zd_rng_u64(zd_rng_t *r)
 {
     uint64_t *s = r->s;
     uint64_t result = rotl(s[1] * 5, 7) * 9;
@@ -37,7 +37,7 @@ uint64_t zd_nn_rng_u64(zd_nn_rng_t *r)
     return result;
 }
 
-uint64_t zd_nn_rng_below(zd_nn_rng_t *r, uint64_t n)
+uint64_t zd_rng_below(zd_rng_t *r, uint64_t n)
 {
     if (n == 0)
         return 0;
@@ -45,49 +45,49 @@ uint64_t zd_nn_rng_below(zd_nn_rng_t *r, uint64_t n)
     uint64_t limit = UINT64_MAX - UINT64_MAX % n;
     uint64_t v;
     do {
-        v = zd_nn_rng_u64(r);
+        v = zd_rng_u64(r);
     } while (v >= limit);
     return v % n;
 }
 
-float zd_nn_rng_uniform(zd_nn_rng_t *r)
+float zd_rng_uniform(zd_rng_t *r)
 {
-    return (float)(zd_nn_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
+    return (float)(zd_rng_u64(r) >> 40) * (1.0f / 16777216.0f);
 }
 
-float zd_nn_rng_uniform_range(zd_nn_rng_t *r, float lo, float hi)
+float zd_rng_uniform_range(zd_rng_t *r, float lo, float hi)
 {
-    float v = lo + (hi - lo) * zd_nn_rng_uniform(r);
+    float v = lo + (hi - lo) * zd_rng_uniform(r);
     return v < hi ? v : lo; /* rounding of lo + (hi-lo)*u can reach hi */
 }
 
-float zd_nn_rng_normal(zd_nn_rng_t *r, float mean, float std)
+float zd_rng_normal(zd_rng_t *r, float mean, float std)
 {
     /* u1 in (0, 1] so that log() stays finite. */
-    double u1 = ((double)(zd_nn_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-    double u2 = (double)(zd_nn_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
+    double u1 = ((double)(zd_rng_u64(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+    double u2 = (double)(zd_rng_u64(r) >> 11) * (1.0 / 9007199254740992.0);
     double z = sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
     return (float)(mean + std * z);
 }
 
-void zd_nn_rng_shuffle_i64(zd_nn_rng_t *r, int64_t *a, size_t n)
+void zd_rng_shuffle_i64(zd_rng_t *r, int64_t *a, size_t n)
 {
     for (size_t i = n; i > 1; i--) {
-        size_t j = (size_t)zd_nn_rng_below(r, i);
+        size_t j = (size_t)zd_rng_below(r, i);
         int64_t t = a[i - 1];
         a[i - 1] = a[j];
         a[j] = t;
     }
 }
 
-void zd_nn_rng_permutation(zd_nn_rng_t *r, int64_t *perm, size_t n)
+void zd_rng_permutation(zd_rng_t *r, int64_t *perm, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         perm[i] = (int64_t)i;
-    zd_nn_rng_shuffle_i64(r, perm, n);
+    zd_rng_shuffle_i64(r, perm, n);
 }
 
-void zd_nn_rng_jump(zd_nn_rng_t *r)
+void zd_rng_jump(zd_rng_t *r)
 {
     static const uint64_t jump[] = {0x180ec6d33cfd0abaULL, 0xd5a61266f0c9392cULL,
                                     0xa9582618e03fc9aaULL, 0x39abdc4529b1661cULL};
@@ -97,7 +97,7 @@ void zd_nn_rng_jump(zd_nn_rng_t *r)
             if (jump[i] & (1ULL << b))
                 for (int k = 0; k < 4; k++)
                     t[k] ^= r->s[k];
-            zd_nn_rng_u64(r);
+            zd_rng_u64(r);
         }
     }
     for (int k = 0; k < 4; k++)

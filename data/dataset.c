@@ -347,9 +347,9 @@ int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out)
 
 void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed)
 {
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
-    zd_nn_rng_shuffle_i64(&rng, idx, n > 0 ? (size_t)n : 0);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
+    zd_rng_shuffle_i64(&rng, idx, n > 0 ? (size_t)n : 0);
 }
 
 int64_t *zd_dataset_order(const zd_dataset_t *ds, uint64_t seed)

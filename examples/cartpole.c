@@ -22,7 +22,7 @@ static void observe(const cartpole_t *env, float obs[CARTPOLE_OBS])
 
 void cartpole_seed(cartpole_t *env, uint64_t seed)
 {
-    zd_nn_rng_seed(&env->rng, seed);
+    zd_rng_seed(&env->rng, seed);
     env->done = true;
     env->steps = 0;
 }
@@ -30,7 +30,7 @@ void cartpole_seed(cartpole_t *env, uint64_t seed)
 void cartpole_reset(cartpole_t *env, float obs[CARTPOLE_OBS])
 {
     for (int i = 0; i < CARTPOLE_OBS; i++)
-        env->state[i] = zd_nn_rng_uniform_range(&env->rng, -0.05f, 0.05f);
+        env->state[i] = zd_rng_uniform_range(&env->rng, -0.05f, 0.05f);
     env->steps = 0;
     env->done = false;
     observe(env, obs);

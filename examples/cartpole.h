@@ -32,7 +32,7 @@ typedef struct {
     double state[CARTPOLE_OBS]; /* x, x_dot, theta, theta_dot */
     int steps;                  /* steps since the last reset */
     bool done;                  /* terminated or truncated: reset first */
-    zd_nn_rng_t rng;            /* reset's draws */
+    zd_rng_t rng;               /* reset's draws */
 } cartpole_t;
 
 /*  The result of one step. */

@@ -25,7 +25,7 @@ static struct {
     bool dropout;
     int fc1_first, fc1_count;
     pthread_mutex_t rng_lock;
-    zd_nn_rng_t rng;
+    zd_rng_t rng;
 } model = {.rng_lock = PTHREAD_MUTEX_INITIALIZER};
 
 void ps_net_fc1_rows(int shard, int num_shards, int *first, int *count)
@@ -182,7 +182,7 @@ int ps_net_model_build(int shard, int num_shards, uint64_t seed, bool use_dropou
     ps_shard.num_shards = num_shards;
     ps_shard.seed = seed;
     model.dropout = use_dropout;
-    zd_nn_rng_seed(&model.rng, seed * 1000003u + (uint64_t)shard);
+    zd_rng_seed(&model.rng, seed * 1000003u + (uint64_t)shard);
     ps_net_fc1_rows(shard, num_shards, &model.fc1_first, &model.fc1_count);
     int rc = 0;
     if (shard == 0) {

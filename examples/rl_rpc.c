@@ -129,7 +129,7 @@ typedef struct {
 /*  What the agent recorded of one observer's episode. */
 typedef struct {
     pthread_mutex_t lock;    /* uncontended: one observer's calls come one at a time */
-    zd_nn_rng_t rng;         /* its dropout masks and actions: a stream per observer, so a
+    zd_rng_t rng;            /* its dropout masks and actions: a stream per observer, so a
                                   run does not depend on how the observers' calls interleave */
     zd_tensor_t **log_probs; /* one (1, 1) tensor with history per step */
     double *rewards;
@@ -148,8 +148,8 @@ typedef struct {
 
 static int policy_init(policy_t *p, uint64_t seed)
 {
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
     p->w1 = zd_tensor_zeros2(HIDDEN, CARTPOLE_OBS);
     p->b1 = zd_tensor_zeros1(HIDDEN);
     p->w2 = zd_tensor_zeros2(CARTPOLE_ACTIONS, HIDDEN);
@@ -176,7 +176,7 @@ static void policy_free(policy_t *p)
     autograd. The tutorial's softmax followed by Categorical's log is the
     same function; log_softmax computes it without rounding small
     probabilities to 0. Dropout is on: the tutorial never calls eval(). */
-static int policy_forward(policy_t *p, zd_tensor_t *x, zd_nn_rng_t *rng, zd_tensor_t **out)
+static int policy_forward(policy_t *p, zd_tensor_t *x, zd_rng_t *rng, zd_tensor_t **out)
 {
     zd_tensor_t *h = NULL, *d = NULL, *r = NULL, *scores = NULL;
     int rc = -1;
@@ -246,7 +246,7 @@ static agent_t *agent_new(const options_t *o, int n_observers)
         zd_error_set("agent: out of memory");
     for (int i = 0; a->records && i < n_observers; i++) {
         pthread_mutex_init(&a->records[i].lock, NULL);
-        zd_nn_rng_seed(&a->records[i].rng, (uint64_t)o->seed * 1000 + 500 + (uint64_t)i + 1);
+        zd_rng_seed(&a->records[i].rng, (uint64_t)o->seed * 1000 + 500 + (uint64_t)i + 1);
     }
     if (!a->records || policy_init(&a->policy, (uint64_t)o->seed) < 0)
         goto fail;
@@ -281,7 +281,7 @@ static int agent_select_action_in(agent_t *a, record_t *rec, zd_tensor_t *x, int
     /* Categorical(probs).sample(): action 0 with probability exp(logp[0]) */
     if (rc == 0) {
         double p0 = exp((double)zd_tensor_data(logp)[0]);
-        *action = (double)zd_nn_rng_uniform(&rec->rng) < p0 ? 0 : 1;
+        *action = (double)zd_rng_uniform(&rec->rng) < p0 ? 0 : 1;
     }
     pthread_mutex_unlock(&a->lock);
     /* m.log_prob(action) = logp[0, action], whose gradient flows back into logp */

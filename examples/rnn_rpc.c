@@ -59,7 +59,7 @@ typedef struct {
     the dropout of their forward and its mask generator. */
 typedef struct {
     float dropout;
-    zd_nn_rng_t rng;
+    zd_rng_t rng;
 } drop_state_t;
 
 static drop_state_t *drop_state_new(double p, int64_t seed)
@@ -68,7 +68,7 @@ static drop_state_t *drop_state_new(double p, int64_t seed)
     if (!s)
         return NULL;
     s->dropout = (float)p;
-    zd_nn_rng_seed(&s->rng, (uint64_t)seed);
+    zd_rng_seed(&s->rng, (uint64_t)seed);
     return s;
 }
 
@@ -132,8 +132,8 @@ static zd_nn_module_t *make_embedding_table(zd_value_t *args, void *arg)
     double dropout;
     if (ZD_UNPACK(args, &ntoken, &ninp, &dropout, &seed) < 0)
         return NULL;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, (uint64_t)seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)seed);
     zd_nn_module_t *enc = zd_nn_embedding_new(ntoken, ninp, ZD_NN_NO_PADDING, (uint64_t)seed);
     zd_tensor_t *w = enc ? zd_nn_module_find(enc, "weight") : NULL;
     if (!w || zd_nn_init_uniform(w, -0.1f, 0.1f, &rng) < 0) {
@@ -152,9 +152,9 @@ static zd_nn_module_t *make_decoder(zd_value_t *args, void *arg)
     double dropout;
     if (ZD_UNPACK(args, &ntoken, &nhid, &dropout, &seed) < 0)
         return NULL;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, (uint64_t)seed);
-    zd_nn_module_t *lin = zd_nn_module_linear_new(nhid, ntoken, true, &rng);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)seed);
+    zd_nn_module_t *lin = zd_nn_linear_new(nhid, ntoken, true, &rng);
     if (!lin || zd_nn_init_uniform(zd_nn_module_find(lin, "weight"), -0.1f, 0.1f, &rng) < 0) {
         zd_nn_module_free(lin);
         return NULL;
@@ -303,8 +303,8 @@ static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, i
     (void)ps_rank;
     zd_nn_module_train(m->lstm, false);
     bool grad = zd_autograd_set_grad_enabled(false);
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, (uint64_t)o->seed + 99);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)o->seed + 99);
     int rc = -1;
     zd_scope_t *s = zd_scope_begin();
     int64_t hs[3] = {o->nlayers, 1, o->nhid}, xs[2] = {1, 1};
@@ -319,7 +319,7 @@ static int model_sample(rnn_model_t *m, const options_t *o, const corpus_t *c, i
         if (!x || model_forward(m, x, h, cc, &logits, &hn, &cn) < 0 ||
             zd_nn_softmax(logits, 1, &p) < 0 || !zd_scope_add(p))
             goto out;
-        float u = zd_nn_rng_uniform(&rng), acc = 0;
+        float u = zd_rng_uniform(&rng), acc = 0;
         int64_t pick = c->ntoken - 1;
         for (int64_t k = 0; k < c->ntoken; k++)
             if ((acc += zd_tensor_data(p)[k]) > u) {

@@ -378,7 +378,7 @@ static int dropout_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
 static const zd_autograd_node_ops_t dropout_ops = {"DropoutBackward", dropout_backward,
                                                    zd__nn_free_ctx};
 
-static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *rng, int64_t per,
+static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_rng_t *rng, int64_t per,
                         zd_tensor_t **out)
 {
     const int64_t numel = zd_tensor_numel(x);
@@ -393,7 +393,7 @@ static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *
     ctx->per = per;
     const float keep = p >= 1.0f ? 0.0f : 1.0f / (1.0f - p);
     for (int64_t k = 0; k < groups; k++)
-        ctx->mask[k] = zd_nn_rng_uniform(rng) < p ? 0.0f : keep;
+        ctx->mask[k] = zd_rng_uniform(rng) < p ? 0.0f : keep;
     const float *xd = zd_tensor_data(x);
     float *yd = zd_tensor_data(y);
     for (int64_t k = 0; k < groups; k++) {
@@ -407,7 +407,7 @@ static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_nn_rng_t *
     return 0;
 }
 
-static int dropout_check(const char *name, zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng)
+static int dropout_check(const char *name, zd_tensor_t *x, float p, bool training, zd_rng_t *rng)
 {
     if (zd__nn_check_f32(name, x) < 0)
         return -1;
@@ -418,7 +418,7 @@ static int dropout_check(const char *name, zd_tensor_t *x, float p, bool trainin
     return 0;
 }
 
-int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out)
+int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out)
 {
     *out = NULL;
     if (dropout_check("dropout", x, p, training, rng) < 0)
@@ -430,7 +430,7 @@ int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_t
     return dropout_impl("dropout", x, p, rng, 1, out);
 }
 
-int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng, zd_tensor_t **out)
+int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out)
 {
     *out = NULL;
     if (dropout_check("dropout2d", x, p, training, rng) < 0)

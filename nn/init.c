@@ -6,7 +6,7 @@
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
 
-int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_nn_rng_t *rng)
+int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_rng_t *rng)
 {
     if (zd__nn_check_f32("init_uniform", t) < 0)
         return -1;
@@ -16,11 +16,11 @@ int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_nn_rng_t *rng)
         return zd_error_set("init_uniform: empty range [%g, %g)", (double)lo, (double)hi);
     float *d = zd_tensor_data(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        d[i] = zd_nn_rng_uniform_range(rng, lo, hi);
+        d[i] = zd_rng_uniform_range(rng, lo, hi);
     return 0;
 }
 
-int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_nn_rng_t *rng)
+int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_rng_t *rng)
 {
     if (zd__nn_check_f32("init: weight", weight) < 0)
         return -1;
@@ -41,7 +41,7 @@ int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_nn_rng_t *rng)
     return 0;
 }
 
-int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_nn_rng_t *rng)
+int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_rng_t *rng)
 {
     if (zd__nn_check_f32("init_normal", t) < 0)
         return -1;
@@ -51,6 +51,6 @@ int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_nn_rng_t *rng)
         return zd_error_set("init_normal: standard deviation %g is negative", (double)std);
     float *d = zd_tensor_data(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        d[i] = zd_nn_rng_normal(rng, mean, std);
+        d[i] = zd_rng_normal(rng, mean, std);
     return 0;
 }

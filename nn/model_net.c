@@ -29,7 +29,7 @@ enum { NET_MAX_PARAMS = 8 };
 typedef struct {
     zd_tensor_t *p[NET_MAX_PARAMS];
     pthread_mutex_t rng_lock; /* guards rng */
-    zd_nn_rng_t rng;
+    zd_rng_t rng;
 } net_state_t;
 
 static void net_state_free(void *state)
@@ -60,12 +60,12 @@ static net_state_t *our_state(const zd_nn_module_t *m, bool net_only, const char
 }
 
 /*  Seeds a fresh generator for one forward pass's dropout masks. */
-static void dropout_rng(net_state_t *s, zd_nn_rng_t *out)
+static void dropout_rng(net_state_t *s, zd_rng_t *out)
 {
     pthread_mutex_lock(&s->rng_lock);
-    uint64_t seed = zd_nn_rng_u64(&s->rng);
+    uint64_t seed = zd_rng_u64(&s->rng);
     pthread_mutex_unlock(&s->rng_lock);
-    zd_nn_rng_seed(out, seed);
+    zd_rng_seed(out, seed);
 }
 
 int zd_nn_net_seed_dropout(zd_nn_module_t *m, uint64_t seed)
@@ -74,7 +74,7 @@ int zd_nn_net_seed_dropout(zd_nn_module_t *m, uint64_t seed)
     if (!s)
         return -1;
     pthread_mutex_lock(&s->rng_lock);
-    zd_nn_rng_seed(&s->rng, seed);
+    zd_rng_seed(&s->rng, seed);
     pthread_mutex_unlock(&s->rng_lock);
     return 0;
 }
@@ -105,7 +105,7 @@ static int conv2d_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, z
                         out);
 }
 
-static zd_nn_module_t *conv2d_new(int64_t in_ch, int64_t out_ch, int64_t k, zd_nn_rng_t *rng)
+static zd_nn_module_t *conv2d_new(int64_t in_ch, int64_t out_ch, int64_t k, zd_rng_t *rng)
 {
     zd_nn_module_t *c = zd_nn_module_new("Conv2d", conv2d_forward, NULL, NULL);
     if (!c)
@@ -140,16 +140,16 @@ static zd_nn_module_t *build(const char *type, zd_nn_module_forward_fn *forward,
     pthread_mutex_init(&s->rng_lock, NULL);
     /* A stream distinct from the initialisation's, which uses the seed
        itself. */
-    zd_nn_rng_seed(&s->rng, seed ^ 0xd1b54a32d192ed03ULL);
+    zd_rng_seed(&s->rng, seed ^ 0xd1b54a32d192ed03ULL);
     zd_nn_module_t *m = zd_nn_module_new(type, forward, s, net_state_free);
     if (!m)
         return NULL;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
     for (int i = 0; i < n_layers; i++) {
         const layer_t *l = &layers[i];
         zd_nn_module_t *c = l->conv ? conv2d_new(l->in, l->out, l->k, &rng)
-                                    : zd_nn_module_linear_new(l->in, l->out, true, &rng);
+                                    : zd_nn_linear_new(l->in, l->out, true, &rng);
         if (!c || zd_nn_module_register_module(m, l->name, c) < 0) {
             zd_nn_module_free(m);
             return NULL;
@@ -174,7 +174,7 @@ int zd_nn_net_forward_conv(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t **flat
     if (!s || check_images("Net", x) < 0)
         return -1;
     const bool training = zd_nn_module_is_training(m);
-    zd_nn_rng_t rng;
+    zd_rng_t rng;
     if (training)
         dropout_rng(s, &rng);
     zd_tensor_t **p = s->p;
@@ -200,7 +200,7 @@ int zd_nn_net_forward_fc(zd_nn_module_t *m, zd_tensor_t *flat, zd_tensor_t **log
                             flat ? zd_tensor_shape_str(flat, sh, sizeof sh) : "NULL");
     }
     const bool training = zd_nn_module_is_training(m);
-    zd_nn_rng_t rng;
+    zd_rng_t rng;
     if (training)
         dropout_rng(s, &rng);
     zd_tensor_t **p = s->p;

@@ -520,8 +520,8 @@ static int linear_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, z
     return zd_nn_linear(in[0], l->weight, l->bias, out);
 }
 
-zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features, bool bias,
-                                        zd_nn_rng_t *rng)
+zd_nn_module_t *zd_nn_linear_new(int64_t in_features, int64_t out_features, bool bias,
+                                 zd_rng_t *rng)
 {
     if (in_features <= 0 || out_features <= 0 || !rng) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "Linear(%lld, %lld): %s", (long long)in_features,
@@ -586,8 +586,8 @@ zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embedding_di
     zd_nn_module_t *m = zd_nn_module_new("Embedding", embedding_forward, e, free);
     if (!m)
         return NULL;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
     e->weight =
         zd_nn_module_add_parameter(m, "weight", (int64_t[]){num_embeddings, embedding_dim}, 2);
     if (!e->weight || zd_nn_init_normal(e->weight, 0.0f, 1.0f, &rng) < 0) {

@@ -531,7 +531,7 @@ static int check_lstm_args(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
 }
 
 int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *const *params,
-               int num_layers, float dropout, bool training, zd_nn_rng_t *rng, zd_tensor_t **out,
+               int num_layers, float dropout, bool training, zd_rng_t *rng, zd_tensor_t **out,
                zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
     *out = NULL;

@@ -17,7 +17,7 @@
 /* Registers 4 parameters per layer (names[k] with suffix) uniform in
    +-1/sqrt(H), PyTorch's reset_parameters, drawn in order from init. */
 static int add_rnn_params(zd_nn_module_t *m, zd_tensor_t **params, int n_layers, int64_t gates,
-                          int64_t input_size, int64_t hidden_size, bool suffix, zd_nn_rng_t *init)
+                          int64_t input_size, int64_t hidden_size, bool suffix, zd_rng_t *init)
 {
     static const char *const kinds[4] = {"weight_ih", "weight_hh", "bias_ih", "bias_hh"};
     const float bound = (float)(1.0 / sqrt((double)hidden_size));
@@ -55,7 +55,7 @@ typedef struct {
     int num_layers;
     float dropout;
     pthread_mutex_t rng_lock; /* forwards that draw masks take turns */
-    zd_nn_rng_t rng;          /* dropout masks */
+    zd_rng_t rng;             /* dropout masks */
     zd_tensor_t *params[];    /* 4 per layer, borrowed from the module */
 } lstm_state_t;
 
@@ -111,10 +111,10 @@ zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_
     zd_nn_module_t *m = zd_nn_module_new("LSTM", lstm_forward, s, lstm_state_free);
     if (!m)
         return NULL;
-    zd_nn_rng_t init;
-    zd_nn_rng_seed(&init, seed);
+    zd_rng_t init;
+    zd_rng_seed(&init, seed);
     s->rng = init;
-    zd_nn_rng_jump(&s->rng); /* a stream of its own, apart from the weights' */
+    zd_rng_jump(&s->rng); /* a stream of its own, apart from the weights' */
     if (add_rnn_params(m, s->params, num_layers, 4, input_size, hidden_size, true, &init) < 0) {
         zd_error_wrap("LSTM");
         zd_nn_module_free(m);
@@ -184,8 +184,8 @@ static zd_nn_module_t *cell_new(const char *type, zd_nn_module_forward_fn *forwa
     zd_nn_module_t *m = zd_nn_module_new(type, forward, s, free);
     if (!m)
         return NULL;
-    zd_nn_rng_t init;
-    zd_nn_rng_seed(&init, seed);
+    zd_rng_t init;
+    zd_rng_seed(&init, seed);
     if (add_rnn_params(m, s->p, 1, gates, input_size, hidden_size, false, &init) < 0) {
         zd_error_wrap("%s", type);
         zd_nn_module_free(m);

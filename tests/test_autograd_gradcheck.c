@@ -34,12 +34,12 @@ struct check {
 /*  Values in [lo, hi) with a random sign: away from 0 for div and log. */
 static zd_tensor_t *away_from_zero(int ndim, const int64_t *shape, float lo, float hi, bool sign)
 {
-    zd_nn_rng_t *rng = gradcheck_rng();
+    zd_rng_t *rng = gradcheck_rng();
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     assert_non_null(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++) {
-        float v = zd_nn_rng_uniform_range(rng, lo, hi);
-        zd_tensor_data(t)[i] = sign && zd_nn_rng_below(rng, 2) ? -v : v;
+        float v = zd_rng_uniform_range(rng, lo, hi);
+        zd_tensor_data(t)[i] = sign && zd_rng_below(rng, 2) ? -v : v;
     }
     return t;
 }

@@ -53,9 +53,9 @@ static zd_nn_module_t *make_linear(zd_value_t *args, void *arg)
     int64_t in, out, which;
     if (ZD_UNPACK(args, &in, &out, &which) < 0)
         return NULL;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 1);
-    zd_nn_module_t *m = zd_nn_module_linear_new(in, out, true, &rng);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 1);
+    zd_nn_module_t *m = zd_nn_linear_new(in, out, true, &rng);
     if (m)
         fill_linear(m, (int)which);
     return m;
@@ -145,9 +145,9 @@ static int train_step_body(const world_t *w)
     if (w->rank != 0)
         return 0;
     const float xv[3] = {1.0f, -2.0f, 0.5f};
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 1);
-    zd_nn_module_t *local = zd_nn_module_linear_new(3, 4, true, &rng);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 1);
+    zd_nn_module_t *local = zd_nn_linear_new(3, 4, true, &rng);
     WCHECK(local);
     fill_linear(local, 0);
     zd_remote_module_t *rm = zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 1));

@@ -568,17 +568,17 @@ static void test_dataset(void **state)
 static int module_round(void *arg)
 {
     const char *path = arg;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 3);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 3);
     zd_nn_module_t *m = zd_nn_module_new("Pair", NULL, NULL, NULL);
     if (!m)
         return -1;
     zd_tensor_t *x = NULL, *out = NULL;
     int rc = -1;
-    zd_nn_module_t *fc1 = zd_nn_module_linear_new(4, 3, true, &rng);
+    zd_nn_module_t *fc1 = zd_nn_linear_new(4, 3, true, &rng);
     if (!fc1 || zd_nn_module_register_module(m, "fc1", fc1) < 0)
         goto done;
-    zd_nn_module_t *fc2 = zd_nn_module_linear_new(3, 2, false, &rng);
+    zd_nn_module_t *fc2 = zd_nn_linear_new(3, 2, false, &rng);
     if (!fc2 || zd_nn_module_register_module(m, "fc2", fc2) < 0 ||
         !zd_nn_module_add_parameter(m, "scale", (int64_t[]){2}, 1))
         goto done;

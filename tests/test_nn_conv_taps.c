@@ -23,14 +23,14 @@
 
 #define SENTINEL 12345.0f
 
-static zd_nn_rng_t rng;
+static zd_rng_t rng;
 
 static float *rand_floats(size_t n)
 {
     float *p = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(p);
     for (size_t i = 0; i < n; i++)
-        p[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+        p[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     return p;
 }
 
@@ -46,7 +46,7 @@ static int32_t *rand_taps(int K, int n, int L)
     int32_t *offs = malloc(sizeof(int32_t) * (size_t)K);
     assert_non_null(offs);
     for (int k = 0; k < K; k++)
-        offs[k] = (int32_t)zd_nn_rng_below(&rng, (uint64_t)(n - L + 1));
+        offs[k] = (int32_t)zd_rng_below(&rng, (uint64_t)(n - L + 1));
     return offs;
 }
 
@@ -85,7 +85,7 @@ static void check_taps_gemm(int M, int K, int L, bool with_bias)
 static void test_taps_gemm(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 1);
+    zd_rng_seed(&rng, 1);
     const int Ms[] = {1, 5, 8, 13, 17};
     const int Ks[] = {1, 3, 9, 10};
     const int Ls[] = {1, 15, 16, 17, 47, 48, 49, 100};
@@ -100,7 +100,7 @@ static void test_taps_gemm(void **state)
 static void test_taps_pack_gather(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 2);
+    zd_rng_seed(&rng, 2);
     const int M = 11, K = 6, stride = 7;
     const int32_t koff[6] = {6, 0, 3, 3, 1, 5};
     float *a = rand_floats((size_t)M * stride), gathered[11 * 6];
@@ -154,7 +154,7 @@ static void check_taps_gemm_bt(int K, int N, int nrun, int run, int stride)
 static void test_taps_gemm_bt(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 3);
+    zd_rng_seed(&rng, 3);
     const int Ks[] = {1, 5, 6, 7, 12, 13, 25};
     const int Ns[] = {1, 5, 16, 17, 32, 33, 64, 70, 130};
     /* runs: one plain run; rows of a plane (more than one pass of 128) */
@@ -173,7 +173,7 @@ static zd_tensor_t *rand_leaf(int ndim, const int64_t *shape)
 {
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+        zd_tensor_data(t)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
     return t;
 }
@@ -216,7 +216,7 @@ static void backward_take(zd_tensor_t *y, zd_tensor_t **dy, zd_tensor_t *const l
     if (!*dy) {
         *dy = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(y), zd_tensor_ndim(y));
         for (int64_t i = 0; i < zd_tensor_numel(*dy); i++)
-            zd_tensor_data(*dy)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+            zd_tensor_data(*dy)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     }
     assert_int_equal(zd_autograd_backward(y, *dy, false), 0);
     for (int i = 0; i < 3; i++)
@@ -293,7 +293,7 @@ static void check_op(conv_case_t cc)
 static void test_ops_match_im2col(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 4);
+    zd_rng_seed(&rng, 4);
     static const conv_case_t cases[] = {
         /* kind, N, C, H, W, O, kh, kw, pad, bias, pool k, pool s, grads */
         {PLAIN, 3, 2, 7, 9, 5, 3, 3, 0, true, 0, 0, 0},
@@ -352,7 +352,7 @@ static void check_linear(int rows, int in_f, int out_f)
 static void test_linear_matches_blas(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 5);
+    zd_rng_seed(&rng, 5);
     check_linear(3, 4099, 129);
     check_linear(33, 2000, 17);
     check_linear(1, 1100, 1000);

@@ -43,7 +43,7 @@ struct check {
 
 static int rand_int(int lo, int hi)
 {
-    return lo + (int)zd_nn_rng_below(gradcheck_rng(), (uint64_t)(hi - lo + 1));
+    return lo + (int)zd_rng_below(gradcheck_rng(), (uint64_t)(hi - lo + 1));
 }
 
 static int run(void *arg, zd_tensor_t **outs)
@@ -176,7 +176,7 @@ static zd_tensor_t *spread(int ndim, const int64_t *shape)
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     int64_t n = zd_tensor_numel(t), perm[4096];
     assert_true(n <= 4096);
-    zd_nn_rng_permutation(gradcheck_rng(), perm, (size_t)n);
+    zd_rng_permutation(gradcheck_rng(), perm, (size_t)n);
     for (int64_t i = 0; i < n; i++)
         zd_tensor_data(t)[i] = (float)(perm[i] - n / 2) * 0.05f;
     return t;
@@ -211,8 +211,8 @@ static void test_max_pool2d(void **state)
 
 static int fn_dropout(check_t *c, zd_tensor_t **out)
 {
-    zd_nn_rng_t r;
-    zd_nn_rng_seed(&r, c->mask_seed); /* the same mask on every evaluation */
+    zd_rng_t r;
+    zd_rng_seed(&r, c->mask_seed); /* the same mask on every evaluation */
     return c->kernel == 2 ? zd_nn_dropout2d(c->in[0], c->p, true, &r, out)
                           : zd_nn_dropout(c->in[0], c->p, true, &r, out);
 }
@@ -283,7 +283,7 @@ static zd_tensor_t *targets(zd_tensor_dtype_t dtype, int n, int classes)
 {
     zd_tensor_t *t = zd_tensor_empty(dtype, (int64_t[]){n}, 1);
     for (int i = 0; i < n; i++) {
-        int64_t v = (int64_t)zd_nn_rng_below(gradcheck_rng(), (uint64_t)classes);
+        int64_t v = (int64_t)zd_rng_below(gradcheck_rng(), (uint64_t)classes);
         if (dtype == ZD_INT64)
             zd_tensor_data_i64(t)[i] = v;
         else

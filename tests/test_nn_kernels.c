@@ -18,7 +18,7 @@
 #include <zdist/rng.h>
 #include "nn/nn_private.h"
 
-static zd_nn_rng_t rng;
+static zd_rng_t rng;
 
 /*  The paths this CPU runs, the portable one first. */
 static int paths(const char *names[3])
@@ -38,8 +38,8 @@ static int paths(const char *names[3])
 static void fill(float *p, size_t n, int nan_every)
 {
     for (size_t i = 0; i < n; i++) {
-        p[i] = (float)zd_nn_rng_below(&rng, 5) - 2.0f;
-        if (nan_every && zd_nn_rng_below(&rng, (uint64_t)nan_every) == 0)
+        p[i] = (float)zd_rng_below(&rng, 5) - 2.0f;
+        if (nan_every && zd_rng_below(&rng, (uint64_t)nan_every) == 0)
             p[i] = NAN;
     }
 }
@@ -105,7 +105,7 @@ static void check_pool(int H, int W, int k, int s, int nan_every)
 static void test_pool(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 7);
+    zd_rng_seed(&rng, 7);
     static const int sizes[][2] = {{2, 2},  {3, 3},   {4, 7},   {5, 31}, {6, 33},
                                    {9, 47}, {26, 26}, {24, 24}, {7, 50}, {11, 97}};
     static const int ks[][2] = {{2, 2}, {3, 3}, {3, 2}, {2, 1}, {1, 1}};
@@ -122,7 +122,7 @@ static void test_pool(void **state)
 static void test_transpose(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 8);
+    zd_rng_seed(&rng, 8);
     const char *names[3];
     const int np = paths(names);
     static const int sizes[][2] = {{1, 1}, {3, 5}, {8, 8}, {9, 17}, {16, 16}, {33, 20}, {47, 3}};
@@ -151,7 +151,7 @@ static void test_transpose(void **state)
 static void test_im2col_col2im(void **state)
 {
     (void)state;
-    zd_nn_rng_seed(&rng, 9);
+    zd_rng_seed(&rng, 9);
     const char *names[3];
     const int np = paths(names);
     static const nn_conv_geom_t geoms[] = {

@@ -323,11 +323,11 @@ static void test_bad_input_is_refused(void **state)
 
 static zd_tensor_t *random_images(int n, uint64_t seed)
 {
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
     zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){n, 1, 28, 28}, 4);
     for (int64_t i = 0; i < zd_tensor_numel(x); i++)
-        zd_tensor_data(x)[i] = zd_nn_rng_normal(&rng, 0.0f, 1.0f);
+        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
     return x;
 }
 

@@ -45,14 +45,14 @@ static int mlp_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_t
 
 static zd_nn_module_t *mlp_new(uint64_t seed)
 {
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
     mlp_t *s = calloc(1, sizeof *s);
     zd_nn_module_t *m = zd_nn_module_new("Mlp", mlp_forward, s, free);
     if (!m)
         return NULL;
-    s->fc1 = zd_nn_module_linear_new(3, 4, true, &rng);
-    s->fc2 = zd_nn_module_linear_new(4, 2, false, &rng);
+    s->fc1 = zd_nn_linear_new(3, 4, true, &rng);
+    s->fc2 = zd_nn_linear_new(4, 2, false, &rng);
     if (zd_nn_module_register_module(m, "fc1", s->fc1) < 0 ||
         zd_nn_module_register_module(m, "fc2", s->fc2) < 0) {
         zd_nn_module_free(m);
@@ -211,9 +211,9 @@ static void test_save_load(void **state)
     zd_named_tensors_free(nt);
 
     /* a module of another shape refuses the file and keeps its values */
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 3);
-    zd_nn_module_t *c = zd_nn_module_linear_new(3, 4, true, &rng);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 3);
+    zd_nn_module_t *c = zd_nn_linear_new(3, 4, true, &rng);
     float before = zd_tensor_data(zd_nn_module_param(c, 0))[0];
     assert_int_equal(zd_nn_module_load(c, path), -1);
     assert_true(zd_tensor_data(zd_nn_module_param(c, 0))[0] == before);
@@ -221,7 +221,7 @@ static void test_save_load(void **state)
     zd_nn_module_free(a);
     zd_nn_module_free(b);
     zd_nn_module_free(c);
-    assert_null(zd_nn_module_linear_new(0, 2, true, &rng));
+    assert_null(zd_nn_linear_new(0, 2, true, &rng));
     assert_int_equal(zd_tensor_live_count(), live);
 }
 

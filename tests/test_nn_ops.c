@@ -268,13 +268,13 @@ static void test_dropout(void **state)
     (void)state;
     int64_t live = zd_tensor_live_count();
     zd_tensor_t *x = ramp(2, (int64_t[]){100, 200}), *y, *y2;
-    zd_nn_rng_t rng, rng2;
+    zd_rng_t rng, rng2;
     /* evaluation: the input itself */
     assert_int_equal(zd_nn_dropout(x, 0.5f, false, NULL, &y), 0);
     assert_ptr_equal(y, x);
     zd_tensor_unref(y);
 
-    zd_nn_rng_seed(&rng, 7);
+    zd_rng_seed(&rng, 7);
     assert_int_equal(zd_nn_dropout(x, 0.3f, true, &rng, &y), 0);
     int64_t zeros = 0;
     for (int64_t i = 0; i < zd_tensor_numel(x); i++) {
@@ -295,7 +295,7 @@ static void test_dropout(void **state)
         assert_float_equal(zd_tensor_data(g)[i], zd_tensor_data(y)[i] == 0.0f ? 0.0f : 1.0f / 0.7f,
                            1e-6);
     /* same seed, same mask */
-    zd_nn_rng_seed(&rng2, 7);
+    zd_rng_seed(&rng2, 7);
     assert_int_equal(zd_nn_dropout(x, 0.3f, true, &rng2, &y2), 0);
     assert_memory_equal(zd_tensor_data(y), zd_tensor_data(y2), zd_tensor_nbytes(y));
     zd_tensor_unref(y2);
@@ -316,8 +316,8 @@ static void test_dropout2d_zeroes_channels(void **state)
     (void)state;
     int64_t live = zd_tensor_live_count();
     zd_tensor_t *x = ramp(4, (int64_t[]){8, 50, 3, 5}), *y;
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 11);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 11);
     assert_int_equal(zd_nn_dropout2d(x, 0.25f, true, &rng, &y), 0);
     int dropped = 0;
     for (int p = 0; p < 8 * 50; p++) {
@@ -391,11 +391,11 @@ static void test_argmax_accuracy(void **state)
 
 /* ---- fused convolutions: the numbers of the composition ---- */
 
-static zd_tensor_t *rand_leaf(zd_nn_rng_t *rng, int ndim, const int64_t *shape, float scale)
+static zd_tensor_t *rand_leaf(zd_rng_t *rng, int ndim, const int64_t *shape, float scale)
 {
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(rng, 0.0f, scale);
+        zd_tensor_data(t)[i] = zd_rng_normal(rng, 0.0f, scale);
     assert_int_equal(zd_tensor_set_requires_grad(t, true), 0);
     return t;
 }
@@ -419,8 +419,8 @@ static void check_fused(int N, int C, int H, int W, int O, int k, int stride, in
                         int pool_k, int pool_s)
 {
     int64_t live = zd_tensor_live_count();
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, (uint64_t)(N * 1000 + H * 10 + pool_k));
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)(N * 1000 + H * 10 + pool_k));
     zd_tensor_t *x = rand_leaf(&rng, 4, (int64_t[]){N, C, H, W}, 1.0f);
     zd_tensor_t *w = rand_leaf(&rng, 4, (int64_t[]){O, C, k, k}, 0.5f);
     zd_tensor_t *b = rand_leaf(&rng, 1, (int64_t[]){O}, 0.5f);
@@ -477,8 +477,8 @@ static void test_forward_only_frees_graph(void **state)
 {
     (void)state;
     int64_t live = zd_tensor_live_count();
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 5);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 5);
     zd_tensor_t *x = rand_leaf(&rng, 4, (int64_t[]){2, 3, 6, 6}, 1.0f);
     zd_tensor_t *w = rand_leaf(&rng, 4, (int64_t[]){4, 3, 3, 3}, 1.0f);
     zd_tensor_t *y, *f, *l;
@@ -500,27 +500,27 @@ static void test_forward_only_frees_graph(void **state)
 static void test_rng(void **state)
 {
     (void)state;
-    zd_nn_rng_t a, b;
-    zd_nn_rng_seed(&a, 42);
-    zd_nn_rng_seed(&b, 42);
+    zd_rng_t a, b;
+    zd_rng_seed(&a, 42);
+    zd_rng_seed(&b, 42);
     for (int i = 0; i < 100; i++)
-        assert_true(zd_nn_rng_u64(&a) == zd_nn_rng_u64(&b));
-    zd_nn_rng_seed(&b, 43);
-    assert_true(zd_nn_rng_u64(&a) != zd_nn_rng_u64(&b));
+        assert_true(zd_rng_u64(&a) == zd_rng_u64(&b));
+    zd_rng_seed(&b, 43);
+    assert_true(zd_rng_u64(&a) != zd_rng_u64(&b));
 
     double sum = 0, sq = 0;
     const int n = 200000;
     for (int i = 0; i < n; i++) {
-        float u = zd_nn_rng_uniform(&a);
+        float u = zd_rng_uniform(&a);
         assert_true(u >= 0.0f && u < 1.0f);
         sum += u;
-        float r = zd_nn_rng_uniform_range(&a, -2.0f, 3.0f);
+        float r = zd_rng_uniform_range(&a, -2.0f, 3.0f);
         assert_true(r >= -2.0f && r < 3.0f);
     }
     assert_true(fabs(sum / n - 0.5) < 0.005);
     sum = 0;
     for (int i = 0; i < n; i++) {
-        double z = zd_nn_rng_normal(&a, 1.0f, 2.0f);
+        double z = zd_rng_normal(&a, 1.0f, 2.0f);
         sum += z;
         sq += z * z;
     }
@@ -530,7 +530,7 @@ static void test_rng(void **state)
 
     int64_t perm[1000];
     int seen[1000] = {0};
-    zd_nn_rng_permutation(&a, perm, 1000);
+    zd_rng_permutation(&a, perm, 1000);
     int moved = 0;
     for (int i = 0; i < 1000; i++) {
         assert_in_range(perm[i], 0, 999);
@@ -541,13 +541,13 @@ static void test_rng(void **state)
         assert_int_equal(seen[i], 1);
     assert_true(moved > 900);
     for (int i = 0; i < 1000; i++)
-        assert_true(zd_nn_rng_below(&a, 7) < 7);
-    assert_true(zd_nn_rng_below(&a, 0) == 0);
+        assert_true(zd_rng_below(&a, 7) < 7);
+    assert_true(zd_rng_below(&a, 0) == 0);
 
     /* jumped copies are different streams */
     b = a;
-    zd_nn_rng_jump(&b);
-    assert_true(zd_nn_rng_u64(&a) != zd_nn_rng_u64(&b));
+    zd_rng_jump(&b);
+    assert_true(zd_rng_u64(&a) != zd_rng_u64(&b));
 }
 
 /*  The thread count is set before the first layer runs, and only then. */

@@ -273,8 +273,8 @@ static int fn_rnn_tanh_cell(check_t *c, zd_tensor_t **outs)
     evaluation: the generator restarts from mask_seed. */
 static int fn_lstm(check_t *c, zd_tensor_t **outs)
 {
-    zd_nn_rng_t masks;
-    zd_nn_rng_seed(&masks, c->mask_seed);
+    zd_rng_t masks;
+    zd_rng_seed(&masks, c->mask_seed);
     return zd_nn_lstm(c->in[0], c->in[1], c->in[2], c->in + 3, c->layers, c->dropout, true, &masks,
                       &outs[0], &outs[1], &outs[2]) < 0
         ? -1
@@ -729,8 +729,8 @@ static void test_errors(void **state)
     zd_tensor_t *p2_bad[8] = {w4i, w4h, b4, b4, w4i, w4h, b4, b4}; /* layer 1 takes I, not H */
     zd_tensor_t *s2 = randn(3, (int64_t[]){2, N, H}, 1.0f),
                 *s1 = randn(3, (int64_t[]){1, N, H}, 1.0f);
-    zd_nn_rng_t r;
-    zd_nn_rng_seed(&r, 1);
+    zd_rng_t r;
+    zd_rng_seed(&r, 1);
     EXPECT_FAIL(zd_nn_lstm(seq, s2, s2, p2_bad, 2, 0, false, NULL, &o, &o2, &o3), o, o2, o3);
     EXPECT_FAIL(zd_nn_lstm(seq, s1, s2, p2, 2, 0, false, NULL, &o, &o2, &o3), o, o2, o3);
     EXPECT_FAIL(zd_nn_lstm(seq, s2, s1, p2, 2, 0, false, NULL, &o, &o2, &o3), o, o2, o3);

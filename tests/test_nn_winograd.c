@@ -127,12 +127,12 @@ typedef struct {
     bool bias;
 } shape_t;
 
-static float *random_floats(zd_nn_rng_t *r, size_t n, float bound)
+static float *random_floats(zd_rng_t *r, size_t n, float bound)
 {
     float *p = malloc(sizeof(float) * (n ? n : 1));
     assert_non_null(p);
     for (size_t i = 0; i < n; i++)
-        p[i] = zd_nn_rng_uniform_range(r, -bound, bound);
+        p[i] = zd_rng_uniform_range(r, -bound, bound);
     return p;
 }
 
@@ -180,8 +180,8 @@ static void run_shape(const shape_t *s, uint64_t seed)
     const size_t nx = (size_t)s->N * s->C * s->H * s->W, nw = (size_t)s->O * s->C * 9;
     const size_t ny = (size_t)s->N * s->O * Ho * Wo;
     const float wb = 1.0f / sqrtf(9.0f * s->C);
-    zd_nn_rng_t r;
-    zd_nn_rng_seed(&r, seed);
+    zd_rng_t r;
+    zd_rng_seed(&r, seed);
     float *x = random_floats(&r, nx, 1.0f), *w = random_floats(&r, nw, wb);
     float *b = s->bias ? random_floats(&r, s->O, wb) : NULL;
     float *dy = random_floats(&r, ny, 1.0f);
@@ -263,8 +263,8 @@ static void test_deterministic(void **state)
 {
     (void)state;
     const int N = 3, C = 20, O = 18, H = 11, W = 10, Ho = 9, Wo = 8;
-    zd_nn_rng_t r;
-    zd_nn_rng_seed(&r, 7);
+    zd_rng_t r;
+    zd_rng_seed(&r, 7);
     float *x = random_floats(&r, (size_t)N * C * H * W, 1.0f);
     float *w = random_floats(&r, (size_t)O * C * 9, 0.1f), *b = random_floats(&r, O, 0.1f);
     float *y = nan_floats((size_t)N * O * Ho * Wo), *y1 = nan_floats((size_t)O * Ho * Wo);

@@ -264,10 +264,10 @@ static void test_strict_and_not(void **state)
 }
 
 /*  Fills t with normal(0, 1) values from r. */
-static void fill_normal(zd_tensor_t *t, zd_nn_rng_t *r)
+static void fill_normal(zd_tensor_t *t, zd_rng_t *r)
 {
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(r, 0, 1);
+        zd_tensor_data(t)[i] = zd_rng_normal(r, 0, 1);
 }
 
 /*  Runs safetensors_models_torch.py MODEL IO (see torch_script). */
@@ -283,8 +283,8 @@ static void torch_check(const char *model, const char *io)
 static void test_net_to_pytorch(void **state)
 {
     (void)state;
-    zd_nn_rng_t r;
-    zd_nn_rng_seed(&r, 30);
+    zd_rng_t r;
+    zd_rng_seed(&r, 30);
     zd_nn_module_t *net = zd_nn_net_new(7);
     zd_nn_module_t *m = net_module(net);
     zd_optim_config_t cfg = zd_optim_sgd_defaults(0.05);
@@ -298,7 +298,7 @@ static void test_net_to_pytorch(void **state)
     for (int step = 0; step < 3; step++) {
         fill_normal(x, &r);
         for (int i = 0; i < 16; i++)
-            zd_tensor_data_i64(y)[i] = (int64_t)zd_nn_rng_below(&r, 10);
+            zd_tensor_data_i64(y)[i] = (int64_t)zd_rng_below(&r, 10);
         zd_tensor_t *lp, *loss;
         assert_int_equal(zd_nn_module_forward(net, &x, 1, &lp, 1), 0);
         assert_int_equal(zd_nn_nll_loss(lp, y, &loss), 0);

@@ -41,8 +41,8 @@ static layer_t *layer_create(int64_t in, int64_t out, uint64_t seed)
         zd_error_set("out of memory");
         return NULL;
     }
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, seed);
     l->weight = zd_tensor_zeros2(out, in);
     l->bias = zd_tensor_zeros1(out);
     if (!l->weight || !l->bias || zd_nn_init_default(l->weight, l->bias, &rng) < 0 ||
@@ -148,8 +148,8 @@ static int forward_backward(int64_t ctx, zd_rref_t *fc1, layer_t *fc2, zd_tensor
     t = relu(x0 - x1) + 0.5 x2 x3. */
 static int make_data(zd_tensor_t **x, zd_tensor_t **target)
 {
-    zd_nn_rng_t rng;
-    zd_nn_rng_seed(&rng, 7);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 7);
     *x = zd_tensor_zeros2(N, IN);
     *target = zd_tensor_zeros2(N, 1);
     if (!*x || !*target || zd_nn_init_uniform(*x, -1.0f, 1.0f, &rng) < 0)

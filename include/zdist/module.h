@@ -177,8 +177,8 @@ ZD_API int zd_nn_module_load(zd_nn_module_t *m, const char *path);
     "weight" (out, in) and "bias" (out) when bias is true, initialised as
     PyTorch does from rng; forward takes one input (..., in). A new object
     (zd_nn_module_free), or NULL on bad sizes or out of memory. */
-ZD_API zd_nn_module_t *zd_nn_module_linear_new(int64_t in_features, int64_t out_features, bool bias,
-                                               zd_nn_rng_t *rng);
+ZD_API zd_nn_module_t *zd_nn_linear_new(int64_t in_features, int64_t out_features, bool bias,
+                                        zd_rng_t *rng);
 
 /*  PyTorch's nn.Embedding(num_embeddings, embedding_dim, padding_idx):
     type "Embedding", parameter "weight" (num_embeddings, embedding_dim)

@@ -60,12 +60,11 @@ ZD_API int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t 
     probability p and the others are scaled by 1/(1-p); the mask is drawn
     from rng (which must be non-NULL when training and 0 < p). When not
     training, returns a new reference to x itself. 0 <= p <= 1. */
-ZD_API int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng,
-                         zd_tensor_t **out);
+ZD_API int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out);
 
 /*  Like zd_nn_dropout but zeroes whole channels: x (N,C,...) draws one mask
     value per (n, c). *out: a new reference. */
-ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_nn_rng_t *rng,
+ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng,
                            zd_tensor_t **out);
 
 /*  (N, ...) viewed as (N, rest): shares x's storage. *out: a new reference. */
@@ -121,15 +120,15 @@ ZD_API int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target);
 /*  ---- initialisation (PyTorch's defaults for Conv2d and Linear) ---- */
 
 /*  Fills t with uniform values in [lo, hi), not recorded by autograd. */
-ZD_API int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_nn_rng_t *rng);
+ZD_API int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_rng_t *rng);
 
 /*  Fills t with normal(mean, std) values (PyTorch's normal_, nn.Embedding's init: 0, 1). */
-ZD_API int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_nn_rng_t *rng);
+ZD_API int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_rng_t *rng);
 
 /*  kaiming_uniform_(weight, a=sqrt(5)): uniform in +-1/sqrt(fan_in) with
     fan_in = numel / size(0) (in_features, or C*kH*kW); then, when bias is
     non-NULL, bias uniform in the same bound. Weight is drawn first. */
-ZD_API int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_nn_rng_t *rng);
+ZD_API int zd_nn_init_default(zd_tensor_t *weight, zd_tensor_t *bias, zd_rng_t *rng);
 
 /*  ---- threads (PyTorch's torch.set_num_threads) ---- */
 

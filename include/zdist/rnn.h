@@ -60,7 +60,7 @@ ZD_API int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih
     non-NULL, h_n and c_n (L, N, H): new references. Each layer's whole
     sequence is one autograd node (backward through time runs inside it). */
 ZD_API int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *const *params,
-                      int num_layers, float dropout, bool training, zd_nn_rng_t *rng,
+                      int num_layers, float dropout, bool training, zd_rng_t *rng,
                       zd_tensor_t **out, zd_tensor_t **h_n, zd_tensor_t **c_n);
 
 /*  ---- modules (<zdist/module.h>): nn.LSTM, nn.LSTMCell, nn.GRUCell, nn.RNNCell ----

@@ -12,14 +12,14 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 
-static zd_nn_rng_t rng;
+static zd_rng_t rng;
 
 void gradcheck_seed(uint64_t seed)
 {
-    zd_nn_rng_seed(&rng, seed);
+    zd_rng_seed(&rng, seed);
 }
 
-zd_nn_rng_t *gradcheck_rng(void)
+zd_rng_t *gradcheck_rng(void)
 {
     return &rng;
 }
@@ -29,7 +29,7 @@ zd_tensor_t *randn(int ndim, const int64_t *shape, float scale)
     zd_tensor_t *t = zd_tensor_empty(ZD_FLOAT32, shape, ndim);
     assert_non_null(t);
     for (int64_t i = 0; i < zd_tensor_numel(t); i++)
-        zd_tensor_data(t)[i] = zd_nn_rng_normal(&rng, 0.0f, scale);
+        zd_tensor_data(t)[i] = zd_rng_normal(&rng, 0.0f, scale);
     return t;
 }
 
@@ -73,7 +73,7 @@ static void check_input(const gradcheck_t *g, int i, zd_tensor_t *x, zd_tensor_t
     const int64_t probes = all ? numel : g->max_probes;
     float *p = zd_tensor_data(x);
     for (int64_t k = 0; k < probes; k++) {
-        int64_t j = all ? k : (int64_t)zd_nn_rng_below(&rng, (uint64_t)numel);
+        int64_t j = all ? k : (int64_t)zd_rng_below(&rng, (uint64_t)numel);
         double ana = zd_tensor_data(ga)[j];
         if (x == g->zero_row_of && j / row == g->zero_row) {
             if (ana != 0.0)

@@ -60,7 +60,7 @@ void gradcheck(const gradcheck_t *g);
 void gradcheck_seed(uint64_t seed);
 
 /*  That generator, for the tests' own draws. */
-zd_nn_rng_t *gradcheck_rng(void);
+zd_rng_t *gradcheck_rng(void);
 
 /*  A new float32 tensor of normal values (mean 0, std scale). */
 zd_tensor_t *randn(int ndim, const int64_t *shape, float scale);
