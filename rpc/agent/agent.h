@@ -76,7 +76,7 @@ typedef struct {
     bool reoffer;               /* I/O thread: offer shared memory once connected */
     atomic_bool opened;         /* sock and monitor exist (set last: the I/O thread
                                    then polls the monitor, transport.c) */
-    bool reached;               /* under lock: a HELLO went through sock since it was
+    atomic_bool reached;        /* written under lock: a HELLO went through sock since it was
                                    made (a lazily connected world, transport.c) */
     bool offered;               /* under lock: shared memory was offered to it
                                    once reached (a lazily connected world) */

@@ -196,7 +196,7 @@ static int open_peer(agent_t *a, peer_t *p)
 static void close_peer(peer_t *p, int linger_ms)
 {
     atomic_store(&p->opened, false);
-    p->reached = false;
+    atomic_store(&p->reached, false);
     if (p->sock) {
         zmq_socket_monitor(p->sock, NULL, 0);
         set_int(p->sock, ZMQ_LINGER, linger_ms);
@@ -236,7 +236,7 @@ static int hello_locked(agent_t *a, peer_t *p, int64_t deadline_ns)
     int rc = zmq_send(p->sock, buf, sizeof buf, 0);
     set_int(p->sock, ZMQ_SNDTIMEO, -1);
     if (rc >= 0)
-        p->reached = true;
+        atomic_store(&p->reached, true);
     return rc < 0 ? -1 : 0;
 }
 
@@ -275,9 +275,11 @@ int zd__transport_reach(agent_t *a, int dst)
     if (!a->lazy || dst < 0 || dst >= a->world)
         return 0;
     peer_t *p = &a->peers[dst];
+    if (atomic_load(&p->reached)) /* every send after the first: no lock */
+        return 0;
     pthread_mutex_lock(&p->lock);
     int rc = 0;
-    if (!p->reached) {
+    if (!atomic_load(&p->reached)) {
         int64_t wait = zd__transport_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
         if (!p->sock && (zd__peer_gone(p) || open_peer(a, p) < 0)) {
             close_peer(p, 0);
@@ -306,11 +308,7 @@ bool zd__transport_reached(agent_t *a, int dst)
 {
     if (!a->lazy)
         return true;
-    peer_t *p = &a->peers[dst];
-    pthread_mutex_lock(&p->lock);
-    bool r = p->reached;
-    pthread_mutex_unlock(&p->lock);
-    return r;
+    return atomic_load(&a->peers[dst].reached);
 }
 
 void zd__transport_open_back(agent_t *a, int src)
