@@ -187,8 +187,9 @@ ZD_API int zd_rpc_env_resolve(int rank, int world_size, const char *master_addr,
     name becomes "worker<rank>"; opts (borrowed) may be NULL: the
     defaults. Rank 0 hosts the rendezvous: every process binds its own
     endpoint and registers; when all world_size have registered each gets
-    the table of names, ranks and endpoints, connects to every peer, and
-    returns.
+    the table of names, ranks and endpoints, connects to every peer (in a
+    world of more than $ZDIST_RPC_EAGER_MAX processes, 16: to rank 0 only,
+    and to the others on first use), and returns.
     Register functions before calling this: a peer may call them as soon as
     its own init returns. Fails (every process involved, within
     init_timeout_ms) on a duplicate rank or name, a rank outside the world,

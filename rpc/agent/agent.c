@@ -334,7 +334,8 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     busy_poll_fit(a, p.busy_poll_default);
     zd__agent_set_busy_poll_ns(a->busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
-       every other and may be called. A process that joins a running world
+       every other (in a large world: to rank 0, and to the others on first
+       use, transport.c) and may be called. A process that joins a running world
        has no barrier to meet: the others passed it long ago. */
     int64_t sum;
     bool joined = zd__transport_connect(a, deadline) == 0 &&

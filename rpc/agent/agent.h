@@ -74,6 +74,12 @@ typedef struct {
     atomic_uint incarnation;    /* its process: one more at each rejoin, and at
                                    each socket made again after a refused key */
     bool reoffer;               /* I/O thread: offer shared memory once connected */
+    atomic_bool opened;         /* sock and monitor exist (set last: the I/O thread
+                                   then polls the monitor, transport.c) */
+    atomic_bool reached;        /* written under lock: a HELLO went through sock since it was
+                                   made (a lazily connected world, transport.c) */
+    bool offered;               /* under lock: shared memory was offered to it
+                                   once reached (a lazily connected world) */
     peer_metrics_t m;
 } peer_t;
 
@@ -94,6 +100,9 @@ typedef struct agent {
     atomic_int n_lost;         /* peers declared lost */
     int64_t master_wait_ms;    /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
     bool rejoined;             /* this process joined a running world */
+    bool lazy;                 /* peers are connected on first use (transport.c) */
+    atomic_bool peers_opened;  /* a peer's socket was made: the I/O thread polls
+                                  its monitor from now on */
     struct membership *mb;     /* restarted processes (membership.c) */
     atomic_bool renew_pending; /* a peer's sockets await renewal (membership.c) */
     atomic_bool ending;        /* rank 0: shutdown's round 0 is complete */
@@ -246,9 +255,23 @@ int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size
 /*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
 void zd__transport_use_ipv6(void *sock, const char *endpoint);
 
-/*  Creates and connects the DEALERs to every peer, starts the I/O thread,
-    then makes sure every peer is reachable (HELLO) before deadline_ns. */
+/*  Creates and connects the DEALERs, makes sure the peers needed are
+    reachable (HELLO) before deadline_ns, then starts the I/O thread. A world
+    of more than ZDIST_RPC_EAGER_MAX processes (16) is connected lazily:
+    rank 0 to everyone, the others to rank 0 and themselves, and each to the
+    others on first use (zd__transport_reach). */
 int zd__transport_connect(agent_t *a, int64_t deadline_ns);
+/*  In a lazily connected world (a->lazy), makes the shared socket to rank
+    dst if there is none and waits (bounded) until it is connected; at once
+    when it is, or in a world connected at init. 0, or -1 ("unreachable"). */
+int zd__transport_reach(agent_t *a, int dst);
+/*  Whether rank dst may be sent to without waiting: always in a world
+    connected at init; once reached in one connected lazily. */
+bool zd__transport_reached(agent_t *a, int dst);
+/*  I/O thread, a lazily connected world: a message came from rank src on
+    its shared socket; starts the connection back (no wait), so that what
+    answers it finds it made. */
+void zd__transport_open_back(agent_t *a, int src);
 /*  I/O thread: closes the peer's DEALER and monitor and makes them anew for
     its endpoint and key (a restarted process, membership.c). 0, or -1 (the
     peer then has no socket: sends to it fail). */

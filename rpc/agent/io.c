@@ -338,6 +338,10 @@ static bool recv_one(agent_t *a, inmsg_t *m)
     int rc = zd__transport_recv(a, a->router, -1, m);
     pthread_mutex_unlock(&a->router_lock);
     if (rc > 0) {
+        /* Its answer goes back on the shared socket: in a world connected
+           on first use, the connection is started now, before the work. */
+        if (!m->route_len)
+            zd__transport_open_back(a, m->src);
         dispatch(a, m);
         zd__transport_msg_done(m);
     } else if (rc < 0 && m->reject_id) {
@@ -485,8 +489,10 @@ static int poll_items(agent_t *a, zmq_pollitem_t *items, int *item_peer)
     items[0] = (zmq_pollitem_t){NULL, a->router_fd, ZMQ_POLLIN, 0};
     items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
     int n = 2;
+    /* opened before monitor: another thread may be making a peer's socket
+       (transport.c), and sets opened once it is made. */
     for (int i = 0; i < a->world; i++)
-        if (a->peers[i].monitor) {
+        if (atomic_load(&a->peers[i].opened) && a->peers[i].monitor) {
             item_peer[n] = i;
             items[n++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
         }
@@ -540,6 +546,9 @@ void *zd__transport_io_main(void *arg)
         }
         if (atomic_load(&a->io_stop))
             break;
+        /* Sockets made on first use by other threads: their monitors. */
+        if (atomic_load(&a->peers_opened) && atomic_exchange(&a->peers_opened, false))
+            n_items = poll_items(a, items, item_peer);
         /* A restarted peer's new sockets (a->io_renew): the old monitor
            is closed, so its events of this pass are not read. */
         if (atomic_load(&a->renew_pending) && a->io_renew && a->io_renew(a->io_renew_arg)) {

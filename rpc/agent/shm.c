@@ -282,8 +282,10 @@ void zd__shm_offer_all(agent_t *a)
             answer_offer(a, i, pending[i] > 0);
             pending[i] = 0;
         }
+    /* A world connected on first use: to those reached at init; the others
+       get theirs when first reached (zd__transport_reach). */
     for (int i = 0; i < a->world; i++)
-        if (!atomic_load(&a->peers[i].lost_at_ns))
+        if (!atomic_load(&a->peers[i].lost_at_ns) && zd__transport_reached(a, i))
             zd__shm_offer(a, i);
 }
 

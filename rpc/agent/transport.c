@@ -186,11 +186,17 @@ static int open_peer(agent_t *a, peer_t *p)
                             p->endpoint, zmq_strerror(errno));
     zd__log(ZD_LOG_DEBUG, "rpc: connecting to \"%s\" (rank %d) at %s", p->name, p->rank,
             p->endpoint);
+    /* The socket and its monitor are complete: the I/O thread may poll the
+       monitor from now on (it reads p->monitor only once it sees this). */
+    atomic_store(&p->opened, true);
+    atomic_store(&a->peers_opened, true);
     return 0;
 }
 
 static void close_peer(peer_t *p, int linger_ms)
 {
+    atomic_store(&p->opened, false);
+    atomic_store(&p->reached, false);
     if (p->sock) {
         zmq_socket_monitor(p->sock, NULL, 0);
         set_int(p->sock, ZMQ_LINGER, linger_ms);
@@ -217,8 +223,8 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
 }
 
 /* A blocking send of a HELLO returns once the connection to p is up
-   (ZMQ_IMMEDIATE), or fails at deadline_ns. 0, or -1. */
-static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
+   (ZMQ_IMMEDIATE), or fails at deadline_ns. Under p->lock. 0, or -1. */
+static int hello_locked(agent_t *a, peer_t *p, int64_t deadline_ns)
 {
     int64_t left = zd__ms_left(zd__agent_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
@@ -226,18 +232,111 @@ static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
     rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = p->rank};
     uint8_t buf[RPC_WIRE_FIXED];
     zd__rpc_wire_write(&h, buf);
-    pthread_mutex_lock(&p->lock);
     set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
     int rc = zmq_send(p->sock, buf, sizeof buf, 0);
     set_int(p->sock, ZMQ_SNDTIMEO, -1);
-    pthread_mutex_unlock(&p->lock);
+    if (rc >= 0)
+        atomic_store(&p->reached, true);
     return rc < 0 ? -1 : 0;
+}
+
+static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
+{
+    pthread_mutex_lock(&p->lock);
+    int rc = p->sock ? hello_locked(a, p, deadline_ns) : -1;
+    p->offered = rc == 0; /* zd__shm_offer_all offers to it */
+    pthread_mutex_unlock(&p->lock);
+    return rc;
+}
+
+/* Worlds of up to this many processes connect every pair at init (the
+   cost is N^2 connections, and their heartbeats); larger ones connect on
+   first use. $ZDIST_RPC_EAGER_MAX changes it (0: always on first use). */
+#define EAGER_MAX_DEFAULT 16
+
+static int eager_max(void)
+{
+    const char *e = getenv("ZDIST_RPC_EAGER_MAX");
+    if (!e || !*e)
+        return EAGER_MAX_DEFAULT;
+    char *end;
+    long v = strtol(e, &end, 10);
+    return *end || v < 0 || v > 1000000 ? EAGER_MAX_DEFAULT : (int)v;
+}
+
+/* How long the first send to a peer connected on first use waits for its
+   connection: the I/O thread less, since everything else waits for it
+   meanwhile (what it sends, RRef messages, is retried). */
+#define REACH_WAIT_MS    10000
+#define IO_REACH_WAIT_MS 1000
+
+int zd__transport_reach(agent_t *a, int dst)
+{
+    if (!a->lazy || dst < 0 || dst >= a->world)
+        return 0;
+    peer_t *p = &a->peers[dst];
+    if (atomic_load(&p->reached)) /* every send after the first: no lock */
+        return 0;
+    pthread_mutex_lock(&p->lock);
+    int rc = 0;
+    if (!atomic_load(&p->reached)) {
+        int64_t wait = zd__transport_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
+        if (!p->sock && (zd__peer_gone(p) || open_peer(a, p) < 0)) {
+            close_peer(p, 0);
+            rc = -1;
+        } else if (atomic_load(&p->lost)) {
+            rc = -1; /* its connection came up and went down: at once, as ZMQ_IMMEDIATE */
+        } else {
+            rc = hello_locked(a, p, zd__deadline_after(zd__agent_now_ns(), wait));
+        }
+        if (rc == 0)
+            zd__log(ZD_LOG_DEBUG, "rpc: connected to \"%s\" (rank %d) on first use", p->name, dst);
+    }
+    bool fresh = rc == 0 && !p->offered;
+    p->offered = p->offered || rc == 0;
+    pthread_mutex_unlock(&p->lock);
+    /* A new pair: shared memory is offered as at init (a send itself, now
+       one that finds the connection made). */
+    if (fresh && a->io_started)
+        zd__shm_offer(a, dst);
+    return rc < 0
+        ? zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)", p->endpoint)
+        : 0;
+}
+
+bool zd__transport_reached(agent_t *a, int dst)
+{
+    if (!a->lazy)
+        return true;
+    return atomic_load(&a->peers[dst].reached);
+}
+
+void zd__transport_open_back(agent_t *a, int src)
+{
+    peer_t *p = &a->peers[src];
+    if (!a->lazy || atomic_load(&p->opened) || atomic_load(&p->lost_at_ns))
+        return;
+    /* Taken: another thread is making it now. */
+    if (pthread_mutex_trylock(&p->lock) != 0)
+        return;
+    if (!p->sock && open_peer(a, p) < 0) {
+        zd__log(ZD_LOG_DEBUG, "rpc: cannot connect back to rank %d: %s", src, zd_error_last());
+        close_peer(p, 0);
+    }
+    pthread_mutex_unlock(&p->lock);
 }
 
 int zd__transport_connect(agent_t *a, int64_t deadline_ns)
 {
+    /* A world that is large connects on first use: rank 0 to everyone
+       (it hosts the barrier and the membership, and sees who is lost),
+       the others to rank 0 and themselves. A process joining a running
+       world connects to all (below). */
+    a->lazy = !a->rejoined && a->world > eager_max();
     for (int i = 0; i < a->world; i++) {
         peer_t *p = &a->peers[i];
+        if (a->lazy && a->rank != 0 && i != 0 && i != a->rank)
+            continue;
         /* A rank gone from the world a restarted rank 0 formed left no key
            to pin: it gets its socket when it rejoins (renew_peer). */
         if (zd__security_curve(a) && !p->key[0] && atomic_load(&p->lost_at_ns))
@@ -259,13 +358,19 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
        had two ranks restarting at once keep each other out for ever.
        Those get JOIN_PEER_WAIT_MS (the connections are made meanwhile,
        all at once); one that did not answer is lost to this process until
-       its connection comes up or it rejoins (membership.c). */
+       its connection comes up or it rejoins (membership.c).
+       A world connected lazily needs the same two (rank 0 then has its
+       sockets to the others connecting meanwhile): the first send to any
+       other waits for its connection (zd__transport_reach), so that an
+       answer is not lost for want of one. */
     bool joining = a->rejoined;
     int64_t others_by = deadline_ns;
     for (int pass = 0; pass < (joining ? 2 : 1); pass++) {
         for (int i = 0; i < a->world; i++) {
             peer_t *p = &a->peers[i];
             bool needed = !joining || i == 0 || i == a->rank;
+            if (a->lazy && i != 0 && i != a->rank)
+                continue;
             if (atomic_load(&p->lost_at_ns) || (joining && needed != (pass == 0)))
                 continue; /* gone from the running world this process joined */
             if (say_hello(a, p, needed ? deadline_ns : others_by) == 0)
@@ -603,6 +708,8 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     h->src = a->rank;
     h->dst = dst;
     rpc_shm_out_t so;
+    if (zd__transport_reach(a, dst) < 0)
+        return -1;
     zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
     pthread_mutex_lock(&p->lock);
     int64_t bytes = p->sock ? send_message(p->sock, NULL, 0, h, tensors, n_tensors, &so) : -1;
