@@ -93,6 +93,7 @@ struct membership {
 };
 
 static bool io_renew(void *arg);
+static void io_reached(void *arg, int rank);
 
 static int64_t now_ns(void)
 {
@@ -120,6 +121,8 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     a->mb = mb;
     a->io_renew_arg = a;
     a->io_renew = io_renew;
+    a->io_reached_arg = a;
+    a->io_reached = io_reached;
     return 0;
 }
 
@@ -176,8 +179,11 @@ static void count_again(agent_t *a, int rank)
     }
 }
 
-void zd__membership_reached(agent_t *a, int rank)
+/* The I/O thread's hook (a->io_reached): the connection to rank came up;
+   a rank unreached when this process joined the running world is alive. */
+static void io_reached(void *arg, int rank)
 {
+    agent_t *a = arg;
     peer_t *p = &a->peers[rank];
     if (!atomic_load(&p->unreached))
         return;
@@ -798,6 +804,8 @@ void zd__membership_free(agent_t *a)
     zd__membership_stop(a);
     a->io_renew = NULL;
     a->io_renew_arg = NULL;
+    a->io_reached = NULL;
+    a->io_reached_arg = NULL;
     a->mb = NULL;
     if (mb->abandoned)
         return;

@@ -43,12 +43,8 @@ void zd__membership_mark_lost(agent_t *a, int rank);
 
 /*  From the start: rank did not answer when this process joined a running
     world: lost (calls to it fail at once) until its connection comes up
-    (zd__membership_reached) or rank 0 announces it again. */
+    (the I/O thread's a->io_reached) or rank 0 announces it again. */
 void zd__membership_mark_unreached(agent_t *a, int rank);
-
-/*  I/O thread: the connection to rank, unreached when this process joined,
-    came up: it is alive. */
-void zd__membership_reached(agent_t *a, int rank);
 
 /*  Points peer rank at a restarted process (endpoint, key; name, unless
     NULL, once what the old process held is released: the release logs the
