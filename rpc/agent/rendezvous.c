@@ -474,7 +474,8 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         return zd_error_set("rendezvous: cannot create the master socket");
     }
     set_int(h.sock, ZMQ_LINGER, 2000); /* lets the table reach everyone after we return */
-    set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    int64_t max = RDV_MAX_FRAME;       /* an int64_t option: an int is refused (EINVAL) */
+    zmq_setsockopt(h.sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     int rc = -1;
     if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
