@@ -149,9 +149,9 @@ static void test_keyless_localhost_listens_on_loopback(void **state)
 /* ---- finding 4: a rejoin off loopback in a keyless world ---- */
 
 /* A registration of rank `rank` named name advertising endpoint; returns
-   the answer's tag and text in text (or "" when none came in 10 s). */
+   the answer's tag and text in text (or "" when none came in wait_ms). */
 static void register_raw(void *ctx, int port, int rank, int world, const char *name,
-                         const char *endpoint, char *tag, char *text, size_t size)
+                         const char *endpoint, char *tag, char *text, size_t size, int wait_ms)
 {
     void *s = zmq_socket(ctx, ZMQ_DEALER);
     int zero = 0;
@@ -169,7 +169,7 @@ static void register_raw(void *ctx, int port, int rank, int world, const char *n
         zmq_send(s, endpoint, strlen(endpoint), ZMQ_SNDMORE);
         zmq_send(s, "", 0, 0);
         zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, (long)world_scaled_ms(10000)) == 1) {
+        if (zmq_poll(&item, 1, (long)world_scaled_ms(wait_ms)) == 1) {
             int n = zmq_recv(s, tag, 7, 0);
             tag[n > 0 && n < 8 ? n : 0] = 0;
             int more = 0;
@@ -213,7 +213,7 @@ static int world_rejoin_off_loopback(const world_t *w)
         char tag[8], text[1024];
         do {
             register_raw(ctx, w->port, 2, w->world_size, "worker2", "tcp://10.9.8.7:4000", tag,
-                         text, sizeof text);
+                         text, sizeof text, 10000);
         } while (!strcmp(tag, "ZDBSY1") && world_now_ms() < end && (nap_ms(50), 1));
         zmq_ctx_term(ctx);
         if (strcmp(tag, "ZDERR1") != 0 || !strstr(text, "off loopback"))
@@ -232,6 +232,46 @@ static void test_keyless_rejoin_off_loopback_refused(void **state)
                                                   .fn = world_rejoin_off_loopback,
                                                   .own_init = true,
                                                   .timeout_s = 90}),
+                     0);
+}
+
+/* ---- a frame over RDV_MAX_FRAME: rank 0 cuts the connection ---- */
+
+/* Rank 0's rendezvous socket (kept for the life of the world) takes frames
+   of RDV_MAX_FRAME (4096) bytes at most: a larger one cuts the connection
+   before rank 0 holds it, and is not answered. The socket still answers
+   the next registration. */
+static int world_oversized_frame(const world_t *w)
+{
+    zd_rpc_options_t o = world_rpc_options(w->port);
+    WCHECK(zd_rpc_init(NULL, w->rank, w->world_size, &o) == 0);
+    if (w->rank == 1) {
+        static char name[5001];
+        memset(name, 'n', sizeof name - 1);
+        void *ctx = zmq_ctx_new();
+        char big_tag[8], tag[8], big_text[1024], text[1024];
+        register_raw(ctx, w->port, 1, w->world_size, name, "tcp://127.0.0.1:9", big_tag, big_text,
+                     sizeof big_text, 3000);
+        register_raw(ctx, w->port, 1, w->world_size, "worker1", "tcp://127.0.0.1:9", tag, text,
+                     sizeof text, 10000);
+        zmq_ctx_term(ctx);
+        if (big_tag[0])
+            return world_fail(w, "a 5000-byte frame was answered: %s \"%.80s\"", big_tag, big_text);
+        if (!tag[0])
+            return world_fail(w, "the registration after it was not answered");
+    }
+    WCHECK(zd_rpc_shutdown(true, world_scaled_ms(20000)) == 0);
+    return 0;
+}
+
+static void test_oversized_frame_dropped(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run(&(world_options_t){.world_size = 2,
+                                                  .setup = setup,
+                                                  .fn = world_oversized_frame,
+                                                  .own_init = true,
+                                                  .timeout_s = 60}),
                      0);
 }
 
@@ -385,6 +425,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_keyless_localhost_listens_on_loopback),
         cmocka_unit_test(test_keyless_rejoin_off_loopback_refused),
+        cmocka_unit_test(test_oversized_frame_dropped),
         cmocka_unit_test(test_silent_connections_dropped),
         cmocka_unit_test(test_held_connections_against_soft_limit),
     };

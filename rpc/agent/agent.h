@@ -132,6 +132,12 @@ typedef struct agent {
        (zd__membership_free); NULL: nothing to renew. */
     bool (*io_renew)(void *arg);
     void *io_renew_arg;
+    /* The same for a peer's connection coming up (its handshake done):
+       io_reached(io_reached_arg, rank) lets membership.c count a peer
+       unreached at a rejoin as alive again. Installed and cleared with
+       io_renew; NULL: nobody to tell. */
+    void (*io_reached)(void *arg, int rank);
+    void *io_reached_arg;
     atomic_bool closing; /* no new calls */
 
     pool_t *pool;

@@ -25,7 +25,6 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/membership.h"
 #include "rpc/agent/security.h"
 #include "rpc/agent/shm.h"
 #include "rpc/agent/stream.h"
@@ -399,7 +398,8 @@ static void handle_monitor(agent_t *a, peer_t *p)
     }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         p->remake_at_ns = 0;
-        zd__membership_reached(a, p->rank); /* when it was not reached at the join */
+        if (a->io_reached) /* when it was not reached at the join */
+            a->io_reached(a->io_reached_arg, p->rank);
         atomic_store(&p->lost, false);
         if (p->fail_at_ns) /* back within the grace, not declared lost */
             fail_interrupted(a, p);

@@ -14,7 +14,8 @@
 
     Rank 0 itself has nobody to tell: when it is lost, the members that
     were given master_wait_ms register with master_addr:master_port again,
-    marked as running members, until a restarted rank 0 answers. A rank 0
+    marked as running members, until a restarted rank 0 answers (the
+    client of init's rendezvous, register.c). A rank 0
     that gets such registrations knows it restarted: it forms the world
     from those that come (the ranks every member lost are left out), and
     the members point their sockets at it.
@@ -52,7 +53,6 @@
 #define RENEW_WAIT_MS  10000 /* a renewal: the release before, the I/O thread */
 #define NOTIFY_WAIT_MS 5000  /* rank 0: the members' acknowledgements */
 #define DESK_POLL_MS   200   /* how often the thread looks at its stop flag */
-#define RESEND_MS      2000  /* a member's registration with a lost rank 0 */
 #define RETELL_MS      1000  /* rank 0: an announcement a member did not take */
 
 struct membership {
@@ -93,6 +93,7 @@ struct membership {
 };
 
 static bool io_renew(void *arg);
+static void io_reached(void *arg, int rank);
 
 static int64_t now_ns(void)
 {
@@ -120,6 +121,8 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     a->mb = mb;
     a->io_renew_arg = a;
     a->io_renew = io_renew;
+    a->io_reached_arg = a;
+    a->io_reached = io_reached;
     return 0;
 }
 
@@ -176,8 +179,11 @@ static void count_again(agent_t *a, int rank)
     }
 }
 
-void zd__membership_reached(agent_t *a, int rank)
+/* The I/O thread's hook (a->io_reached): the connection to rank came up;
+   a rank unreached when this process joined the running world is alive. */
+static void io_reached(void *arg, int rank)
 {
+    agent_t *a = arg;
     peer_t *p = &a->peers[rank];
     if (!atomic_load(&p->unreached))
         return;
@@ -547,9 +553,10 @@ static void desk_serve(agent_t *a, membership_t *mb)
     if (r.running && a->rejoined && alive && !strcmp(p->endpoint, r.endpoint) &&
         !strcmp(p->key, r.key)) {
         /* A restarted rank 0 formed the world from one registration of
-           each member, but a member waiting for it sends one every 2 s,
-           and ZeroMQ delivers those queued before this process listened:
-           they come here, already answered. */
+           each member, but a member waiting for it sends one every
+           REG_RESEND_MS (register.h), and ZeroMQ delivers those queued
+           before this process listened: they come here, already
+           answered. */
         zframe_destroy(&id);
         return;
     }
@@ -652,12 +659,28 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
     }
 }
 
+/* A member's registration with a restarted rank 0: marked as running, with
+   the ranks this process lost (made anew for each send). */
+static zmsg_t *running_registration(void *arg)
+{
+    agent_t *a = arg;
+    bool *lost = calloc((size_t)a->world, sizeof *lost);
+    if (!lost)
+        return NULL;
+    for (int i = 0; i < a->world; i++)
+        lost[i] = i != 0 && i != a->rank && atomic_load(&a->peers[i].lost_at_ns);
+    char status[RDV_MAX_TEXT];
+    zd__rdv_status(lost, a->world, status);
+    free(lost);
+    return zd__rendezvous_registration(a, status);
+}
+
 static void await_master(agent_t *a, membership_t *mb)
 {
     bool forever = a->master_wait_ms == INT64_MAX;
     int64_t deadline = forever ? ZD__NEVER : zd__deadline_after(now_ns(), a->master_wait_ms);
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
-    if (zd__rendezvous_master_endpoint(mb->master, mb->port, ep, sizeof ep) < 0) {
+    if (zd__reg_master_endpoint(mb->master, mb->port, ep, sizeof ep) < 0) {
         zd__log(ZD_LOG_WARN, "rpc: rank 0 is lost and cannot be waited for: %s", zd_error_last());
         return;
     }
@@ -668,58 +691,30 @@ static void await_master(agent_t *a, membership_t *mb)
     zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting %s for it to restart at %s",
             a->peers[0].name, limit, ep);
     rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
-    bool *lost = calloc((size_t)a->world, sizeof *lost);
-    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
-    int zero = 0;
-    int64_t max = RDV_MAX_FRAME;
-    if (!table || !lost || !sock)
-        goto out;
-    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero); /* see join_rendezvous */
-    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
-    zd__transport_use_ipv6(sock, ep);
-    if (zd__security_rendezvous_client(a, sock) < 0 || zmq_connect(sock, ep) < 0)
-        goto out;
-    int64_t resend = 0;
-    bool said = false;
-    while (!atomic_load(&mb->stop) && now_ns() < deadline) {
-        if (now_ns() >= resend) {
-            for (int i = 0; i < a->world; i++)
-                lost[i] = i != 0 && i != a->rank && atomic_load(&a->peers[i].lost_at_ns);
-            char status[RDV_MAX_TEXT];
-            zd__rdv_status(lost, a->world, status);
-            zmsg_t *reg = zd__rendezvous_registration(a, status);
-            if (zmsg_send(&reg, sock) < 0)
-                zmsg_destroy(&reg);
-            resend = zd__deadline_after(now_ns(), RESEND_MS);
-        }
-        zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, DESK_POLL_MS) <= 0)
-            continue;
-        zmsg_t *m = zmsg_recv(sock);
-        if (!m)
-            continue;
-        char why[RDV_MAX_TEXT + 64];
-        bool running;
-        int rc =
-            zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why, sizeof why);
-        zmsg_destroy(&m);
-        if (rc == 0) {
-            take_table(a, table);
-            goto out;
-        }
-        if (!said)
-            zd__log(ZD_LOG_WARN, "rpc: waiting for rank 0: %s", why);
-        said = true;
+    if (!table) {
+        zd__log(ZD_LOG_ERROR, "rpc: rank 0 is lost and cannot be waited for: out of memory");
+        return;
     }
-    if (!atomic_load(&mb->stop))
-        zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") did not come back within %lld s",
-                a->peers[0].name, (long long)(a->master_wait_ms / ZD__MS_PER_S));
-out:
-    if (sock)
-        zmq_close(sock);
+    /* Until it answers with a table: an error answer comes from a rank 0
+       that is not the new one (the process this one declared lost). */
+    reg_client_t c;
+    zd__rendezvous_client(a, ep, &c);
+    c.registration = running_registration;
+    c.deadline = deadline;
+    c.stop = &mb->stop;
+    c.patient = true;
+    bool running;
+    if (zd__reg_run(&c, table, &running) == 0) {
+        take_table(a, table);
+    } else if (!atomic_load(&mb->stop)) { /* a stop is the shutdown's */
+        if (now_ns() >= deadline)
+            zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") did not come back within %lld s",
+                    a->peers[0].name, (long long)(a->master_wait_ms / ZD__MS_PER_S));
+        else
+            zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") cannot be waited for: %s", a->peers[0].name,
+                    zd_error_last());
+    }
     free(table);
-    free(lost);
 }
 
 /* ---- the thread ---- */
@@ -798,6 +793,8 @@ void zd__membership_free(agent_t *a)
     zd__membership_stop(a);
     a->io_renew = NULL;
     a->io_renew_arg = NULL;
+    a->io_reached = NULL;
+    a->io_reached_arg = NULL;
     a->mb = NULL;
     if (mb->abandoned)
         return;

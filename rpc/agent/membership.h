@@ -7,6 +7,7 @@
 #include <czmq.h>
 
 #include "rpc/net/address.h"
+#include "rpc/world/register.h"
 #include "rpc/agent/agent.h"
 
 #define MEMBERSHIP_MAX_BINDS 8
@@ -43,12 +44,8 @@ void zd__membership_mark_lost(agent_t *a, int rank);
 
 /*  From the start: rank did not answer when this process joined a running
     world: lost (calls to it fail at once) until its connection comes up
-    (zd__membership_reached) or rank 0 announces it again. */
+    (the I/O thread's a->io_reached) or rank 0 announces it again. */
 void zd__membership_mark_unreached(agent_t *a, int rank);
-
-/*  I/O thread: the connection to rank, unreached when this process joined,
-    came up: it is alive. */
-void zd__membership_reached(agent_t *a, int rank);
 
 /*  Points peer rank at a restarted process (endpoint, key; name, unless
     NULL, once what the old process held is released: the release logs the
@@ -72,7 +69,10 @@ zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status);
 /*  rendezvous.c: this process's registration, with status when not NULL. */
 zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status);
 
-/*  rendezvous.c: the master's numeric endpoint for addr:port. 0, or -1. */
-int zd__rendezvous_master_endpoint(const char *addr, int port, char *ep, size_t size);
+/*  rendezvous.c: a registration client (register.h) for this process,
+    to rank 0's rendezvous at ep: its registrations say no status, and it
+    has no deadline, no stop flag and no patience; the caller changes what
+    it needs. */
+void zd__rendezvous_client(agent_t *a, const char *ep, reg_client_t *c);
 
 #endif

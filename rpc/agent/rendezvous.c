@@ -9,7 +9,9 @@
     loopback only on rank 0's host (Debian's /etc/hosts maps the host name
     to 127.0.1.1, which other hosts do not reach). Every other process
     sends, from a DEALER, a registration and waits for a table or an error
-    (the messages: rendezvous.h, read in rendezvous_msg.c).
+    (the client: register.c, which membership.c's members waiting for a
+    restarted rank 0 use too; the messages: rendezvous.h, read in
+    rendezvous_msg.c).
 
     Rank 0 learns where each registration came from (its connection's
     Peer-Address) and, unless told where to listen, binds its agent ROUTER
@@ -46,11 +48,11 @@
 #include <zdist/error.h>
 #include "rpc/net/address.h"
 #include "rpc/agent/membership.h"
+#include "rpc/world/register.h"
 #include "rpc/world/rendezvous.h"
 #include "rpc/agent/security.h"
 
 #define MAX_BINDS MEMBERSHIP_MAX_BINDS /* addresses rank 0 listens on, per socket */
-#define RESEND_MS 2000                 /* a joiner registers again if unanswered */
 
 typedef struct {
     bool present;
@@ -472,7 +474,8 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
         return zd_error_set("rendezvous: cannot create the master socket");
     }
     set_int(h.sock, ZMQ_LINGER, 2000); /* lets the table reach everyone after we return */
-    set_int(h.sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
+    int64_t max = RDV_MAX_FRAME;       /* an int64_t option: an int is refused (EINVAL) */
+    zmq_setsockopt(h.sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     int rc = -1;
     if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
@@ -542,133 +545,44 @@ zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
     return reg;
 }
 
-/* The master's address as a numeric literal, and the endpoint to dial. */
-int zd__rendezvous_master_endpoint(const char *addr, int port, char *ep, size_t size)
+static int secure_client(void *arg, void *sock)
 {
-    char ip[1][ZD_ADDR_MAX], p[8];
-    if (zd__addr_resolve(addr, ip, 1) < 0)
-        return zd_error_wrap("rendezvous: master address");
-    snprintf(p, sizeof p, "%d", port);
-    zd__addr_endpoint(ip[0], p, ep, size);
-    return 0;
+    return zd__security_rendezvous_client(arg, sock);
+}
+
+static zmsg_t *registration(void *arg)
+{
+    return zd__rendezvous_registration(arg, NULL);
+}
+
+void zd__rendezvous_client(agent_t *a, const char *ep, reg_client_t *c)
+{
+    *c = (reg_client_t){.ctx = a->ctx,
+                        .endpoint = ep,
+                        .world = a->world,
+                        .rank = a->rank,
+                        .name = a->name,
+                        .curve = zd__security_curve(a),
+                        .secure = secure_client,
+                        .registration = registration,
+                        .arg = a,
+                        .deadline = ZD__NEVER};
 }
 
 static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
 {
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
-    if (zd__rendezvous_master_endpoint(addr, port, ep, sizeof ep) < 0)
+    if (zd__reg_master_endpoint(addr, port, ep, sizeof ep) < 0)
         return -1;
-    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
-    if (!sock)
-        return zd_error_set("rendezvous: cannot create a socket");
-    set_int(sock, ZMQ_LINGER, 0);
-    set_int(sock, ZMQ_MAXMSGSIZE, RDV_MAX_FRAME);
-    set_int(sock, ZMQ_SNDTIMEO, 0);
-    zd__transport_use_ipv6(sock, ep);
-    /* Whether the master was reached at all, for the timeout's message. */
-    char mon_ep[64];
-    snprintf(mon_ep, sizeof mon_ep, "inproc://zd-rendezvous-%u", a->gen);
-    void *mon = NULL;
-    if (zmq_socket_monitor(sock, mon_ep, ZMQ_EVENT_HANDSHAKE_SUCCEEDED) == 0 &&
-        (mon = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(mon, mon_ep) < 0) {
-        zmq_close(mon);
-        mon = NULL;
-    }
-    bool reached = false;
     rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
-    int rc = -1;
-    if (!table) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
-        goto out;
-    }
-    if (zd__security_rendezvous_client(a, sock) < 0)
-        goto out;
-    if (zmq_connect(sock, ep) < 0) {
-        zd_error_set("rendezvous: cannot connect to the master at %s: %s", ep, zmq_strerror(errno));
-        goto out;
-    }
-    /* Said again every 2 s until answered: a registration that reached a
-       rendezvous socket being closed (rank 0 of a previous world on the
-       same port, a restarted rank 0's predecessor) is lost with it. Rank 0
-       takes a repeat on one connection as one, and one on a new connection
-       from the same host as a replacement. */
-    int64_t resend_at = 0;
-    bool busy_said = false, said = false;
-    for (bool send = true;;) {
-        /* Never blocking: a connection that failed its handshake (no key,
-           another key) is not made again, and a DEALER without one would
-           hold a send for ever. Only the first send must go. */
-        zmsg_t *reg = send ? zd__rendezvous_registration(a, NULL) : NULL;
-        if (send && zmsg_send(&reg, sock) < 0) {
-            zmsg_destroy(&reg);
-            if (!said) {
-                zd_error_set("rendezvous: cannot send to the master at %s", ep);
-                goto out;
-            }
-        }
-        said = said || send;
-        if (send)
-            resend_at = zd__deadline_after(zd__agent_now_ns(), RESEND_MS);
-        send = false;
-        zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {mon, 0, ZMQ_POLLIN, 0}};
-        int wait = remaining_ms(deadline);
-        if (resend_at) {
-            int64_t until = zd__ms_left(zd__agent_now_ns(), resend_at);
-            wait = wait >= 0 && wait < until ? wait : (int)until;
-        }
-        int n = zmq_poll(items, mon ? 2 : 1, wait);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n == 0 && resend_at && zd__agent_now_ns() < deadline) {
-            resend_at = 0;
-            send = true;
-            continue;
-        }
-        if (n <= 0) {
-            if (reached || !mon)
-                zd_error_set("rendezvous: no answer from the master at %s in time (is rank 0 "
-                             "running there, and are all %d workers started?%s)",
-                             ep, a->world,
-                             zd__security_curve(a)
-                                 ? " Every process needs the same world key file"
-                                 : " If the world uses a key, this process needs it too");
-            else
-                zd_error_set("rendezvous: could not reach the master at %s in time (no "
-                             "connection: is rank 0 running there and listening on that "
-                             "address, and does a firewall let the port through?%s)",
-                             ep,
-                             zd__security_curve(a)
-                                 ? " Every process needs the same world key file"
-                                 : " If the world uses a key, this process needs it too");
-            goto out;
-        }
-        if (mon && (items[1].revents & ZMQ_POLLIN)) {
-            zmsg_t *ev = zmsg_recv(mon);
-            zmsg_destroy(&ev);
-            reached = true;
-            continue;
-        }
-        zmsg_t *m = zmsg_recv(sock);
-        if (!m)
-            continue;
-        char why[RDV_MAX_TEXT + 64];
-        bool running;
-        rc = zd__rdv_parse_answer(m, a->world, a->rank, a->name, table, &running, why, sizeof why);
-        zmsg_destroy(&m);
-        if (rc == -2) {
-            /* The process this one replaces is not gone yet at rank 0. */
-            if (!busy_said)
-                zd__log(ZD_LOG_INFO, "rpc: rendezvous: %s; asking again", why);
-            busy_said = true;
-            resend_at = zd__agent_now_ns() + 500000000LL;
-            rc = -1;
-            zd_error_set("%s", why);
-            continue;
-        }
-        if (rc < 0) {
-            zd_error_set("%s", why);
-            goto out;
-        }
+    if (!table)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
+    reg_client_t c;
+    zd__rendezvous_client(a, ep, &c);
+    c.deadline = deadline;
+    bool running;
+    int rc = zd__reg_run(&c, table, &running);
+    if (rc == 0) {
         for (int i = 0; i < a->world; i++) {
             snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", table[i].name);
             snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", table[i].endpoint);
@@ -681,14 +595,8 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) restarted and joins the running world",
                     a->name, a->rank);
         }
-        break;
     }
-out:
     free(table);
-    zmq_socket_monitor(sock, NULL, 0);
-    if (mon)
-        zmq_close(mon);
-    zmq_close(sock);
     return rc;
 }
 
