@@ -3,7 +3,9 @@
     sequence, whose every layer is one autograd node.
 
     A layer over T steps computes x w_ih^T for all steps in one GEMM (T*N
-    rows), then per step adds h w_hh^T and runs the gates. Backward through
+    rows), then per step adds h w_hh^T and runs the gates. With the AVX2
+    and AVX-512 kernels the per-step products use w_hh packed once per
+    layer (rnn_gemm.c) instead of OpenBLAS packing it again every step. Backward through
     time runs inside the node: per step one elementwise pass and one GEMM
     (dh = dG w_hh); then dx, dw_ih and dw_hh are one GEMM each over all
     steps. One node per layer instead of one per step saves the engine's
@@ -302,16 +304,24 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     const float *w_ih = zd_tensor_data(c->w_ih), *w_hh = zd_tensor_data(c->w_hh);
     const bool want_h0 = zd_autograd_node_needs_grad(n, 1);
     row_backward_fn *kernel = backward_kernel();
+    rnn_packed_t pk = {0};
+    const bool packed =
+        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)G, (int)H, false) == 0;
     for (int64_t t = T - 1; t >= 0; t--) {
         const float *dyt = dy + t * N * H;
         for (int64_t k = 0; k < N * H; k++)
             dh[k] = dyt[k] + dhn[k];
         float *dgt = dg + t * N * G;
         lstm_step_backward(c, kernel, t, dh, dc, dgt, zeros);
-        if (t > 0 || want_h0) /* dhn: the gradient of the previous step's h */
+        if (!(t > 0 || want_h0)) /* dhn: the gradient of the previous step's h */
+            continue;
+        if (packed)
+            zd__rnn_gemm_packed((int)N, dgt, (int)G, &pk, false, dhn, (int)H);
+        else
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
                          0.0f, dhn, (int)H);
     }
+    zd__rnn_packed_free(&pk);
     int rc = 0;
     zd_tensor_t *in_x = c->x, *in_h0 = c->h0, *in_c0 = c->c0;
     if (zd_autograd_node_needs_grad(n, 0)) {
@@ -387,12 +397,17 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
                  zd_tensor_data(c->w_ih), (int)I, 0.0f, c->gates, (int)G);
     zd__rnn_add_bias(c->gates, T * N, G, b_ih, b_hh);
     row_forward_fn *kernel = forward_kernel();
+    rnn_packed_t pk = {0};
+    const bool packed =
+        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)H, (int)G, true) == 0;
     for (int64_t t = 0; t < T; t++) {
         float *gt = c->gates + t * N * G, *ct = c->c + t * N * H, *tct = c->tc + t * N * H;
         float *yt = y + t * N * H;
         const float *hprev = t > 0 ? yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
         const float *cprev = t > 0 ? ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
-        if (hprev)
+        if (hprev && packed)
+            zd__rnn_gemm_packed((int)N, hprev, (int)H, &pk, true, gt, (int)G);
+        else if (hprev)
             zd__nn_sgemm(false, true, (int)N, (int)G, (int)H, 1.0f, hprev, (int)H, w_hh, (int)H,
                          1.0f, gt, (int)G);
         for (int64_t r = 0; r < N; r++) {
@@ -401,6 +416,7 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
                    tct + r * H, yt + r * H, H);
         }
     }
+    zd__rnn_packed_free(&pk);
     memcpy(cT, c->c + (T - 1) * N * H, sizeof(float) * (size_t)(N * H));
 }
 

@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: MIT */
+/*  rnn_gemm.c: the recurrent layers' per-step products with a weight
+    matrix packed once per layer.
+
+    An LSTM step multiplies a small h (batch rows, 32 in the benchmark) by
+    the same w_hh (4H x H) T times forward and T times backward. Handed to
+    OpenBLAS each product packs all of w_hh again (1 MB at H = 256) for a
+    product that reads h only a few times; the packing and OpenBLAS's
+    thread hand-off cost about as much as the arithmetic. Here w_hh is
+    packed once per layer into panels of 16 columns, and each step's
+    product runs on the layers' pool (panels split between the threads)
+    with a register-blocked kernel: rows of A broadcast, a panel row
+    loaded, rows x 16 sums kept in registers over the whole K. Only the
+    AVX2 and AVX-512 kernels use it; the portable ones keep OpenBLAS. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn/nn_private.h"
+#include "nn/rnn_private.h"
+#include "nn/simd_avx2.h"
+
+#define PANEL 16
+
+bool zd__rnn_packed_wanted(void)
+{
+    return zd__nn_cpu_isa() != NN_ISA_GENERIC;
+}
+
+int zd__rnn_pack(rnn_packed_t *pk, const float *w, int K, int N, bool trans)
+{
+    pk->K = K;
+    pk->N = N;
+    pk->panels = (N + PANEL - 1) / PANEL;
+    pk->p = zd__nn_alloc_floats((size_t)pk->panels * K * PANEL);
+    if (!pk->p)
+        return -1;
+    for (int q = 0; q < pk->panels; q++) {
+        float *p = pk->p + (size_t)q * K * PANEL;
+        const int n = N - q * PANEL < PANEL ? N - q * PANEL : PANEL;
+        if (n < PANEL)
+            memset(p, 0, sizeof(float) * (size_t)K * PANEL);
+        if (trans) { /* B(k, j) = w[j][k]: w is N x K */
+            for (int c = 0; c < n; c++) {
+                const float *wj = w + (size_t)(q * PANEL + c) * K;
+                for (int k = 0; k < K; k++)
+                    p[(size_t)k * PANEL + c] = wj[k];
+            }
+        } else { /* B(k, j) = w[k][j]: w is K x N */
+            for (int k = 0; k < K; k++)
+                memcpy(p + (size_t)k * PANEL, w + (size_t)k * N + q * PANEL,
+                       sizeof(float) * (size_t)n);
+        }
+    }
+    return 0;
+}
+
+void zd__rnn_packed_free(rnn_packed_t *pk)
+{
+    free(pk->p);
+    pk->p = NULL;
+}
+
+#define NN_BODY static inline __attribute__((always_inline))
+
+/*  Rows [i, i + mr) of C, panel q (n of its 16 columns real): the sums over
+    all of K in 2 * mr registers, then added to C (or written, when !acc). */
+NN_AVX2_BEGIN
+NN_BODY void block_avx2(int mr, const float *a, int lda, const float *bp, int K, bool acc, float *c,
+                        int ldc, int n)
+{
+    __m256 s[4][2];
+    for (int r = 0; r < mr; r++)
+        s[r][0] = s[r][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k++, bp += PANEL) {
+        const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
+        for (int r = 0; r < mr; r++) {
+            const __m256 x = _mm256_broadcast_ss(a + (size_t)r * lda + k);
+            s[r][0] = _mm256_fmadd_ps(x, b0, s[r][0]);
+            s[r][1] = _mm256_fmadd_ps(x, b1, s[r][1]);
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + (size_t)r * ldc;
+        if (acc) {
+            s[r][0] = _mm256_add_ps(s[r][0], avx2_loadn(cr, n));
+            s[r][1] = _mm256_add_ps(s[r][1], avx2_loadn(cr + 8, n - 8));
+        }
+        avx2_storen(cr, n, s[r][0]);
+        avx2_storen(cr + 8, n - 8, s[r][1]);
+    }
+}
+
+static void panel_avx2(int M, const float *a, int lda, const float *bp, int K, bool acc, float *c,
+                       int ldc, int n)
+{
+    int i = 0;
+    for (; i + 4 <= M; i += 4)
+        block_avx2(4, a + (size_t)i * lda, lda, bp, K, acc, c + (size_t)i * ldc, ldc, n);
+    for (; i < M; i++)
+        block_avx2(1, a + (size_t)i * lda, lda, bp, K, acc, c + (size_t)i * ldc, ldc, n);
+}
+NN_AVX2_END
+
+/*  AVX-512: one register holds a panel row; eight rows at a time. */
+NN_AVX512_BEGIN
+NN_BODY void block_avx512(int mr, const float *a, int lda, const float *bp, int K, bool acc,
+                          float *c, int ldc, int n)
+{
+    const __mmask16 m = (__mmask16)(n >= 16 ? 0xffff : (1u << n) - 1);
+    __m512 s[8];
+    for (int r = 0; r < mr; r++)
+        s[r] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k++, bp += PANEL) {
+        const __m512 b = _mm512_load_ps(bp);
+        for (int r = 0; r < mr; r++)
+            s[r] = _mm512_fmadd_ps(_mm512_set1_ps(a[(size_t)r * lda + k]), b, s[r]);
+    }
+    for (int r = 0; r < mr; r++) {
+        float *cr = c + (size_t)r * ldc;
+        if (acc)
+            s[r] = _mm512_add_ps(s[r], _mm512_maskz_loadu_ps(m, cr));
+        _mm512_mask_storeu_ps(cr, m, s[r]);
+    }
+}
+
+static void panel_avx512(int M, const float *a, int lda, const float *bp, int K, bool acc, float *c,
+                         int ldc, int n)
+{
+    int i = 0;
+    for (; i + 8 <= M; i += 8)
+        block_avx512(8, a + (size_t)i * lda, lda, bp, K, acc, c + (size_t)i * ldc, ldc, n);
+    for (; i < M; i++)
+        block_avx512(1, a + (size_t)i * lda, lda, bp, K, acc, c + (size_t)i * ldc, ldc, n);
+}
+NN_AVX512_END
+
+typedef void(panel_fn)(int M, const float *a, int lda, const float *bp, int K, bool acc, float *c,
+                       int ldc, int n);
+
+typedef struct {
+    panel_fn *fn;
+    int M, lda, ldc, n_chunks;
+    const float *a;
+    const rnn_packed_t *pk;
+    bool acc;
+    float *c;
+} job_t;
+
+static void run_chunk(void *arg, int chunk, float *scratch)
+{
+    (void)scratch;
+    const job_t *j = arg;
+    const rnn_packed_t *pk = j->pk;
+    int64_t lo, hi;
+    nn_chunk_range(pk->panels, j->n_chunks, chunk, &lo, &hi);
+    for (int64_t q = lo; q < hi; q++) {
+        const int n = pk->N - (int)q * PANEL < PANEL ? pk->N - (int)q * PANEL : PANEL;
+        j->fn(j->M, j->a, j->lda, pk->p + (size_t)q * pk->K * PANEL, pk->K, j->acc,
+              j->c + q * PANEL, j->ldc, n);
+    }
+}
+
+void zd__rnn_gemm_packed(int M, const float *a, int lda, const rnn_packed_t *pk, bool acc, float *c,
+                         int ldc)
+{
+    job_t j = {.fn = zd__nn_cpu_isa() == NN_ISA_AVX512 ? panel_avx512 : panel_avx2,
+               .M = M,
+               .lda = lda,
+               .ldc = ldc,
+               .a = a,
+               .pk = pk,
+               .acc = acc,
+               .c = c};
+    /* below about a million multiply-adds, waking the pool costs more than it saves */
+    const int64_t work = (int64_t)M * pk->K * pk->N;
+    j.n_chunks = work < (1 << 20) ? 1 : zd__nn_parallel_chunks();
+    if (j.n_chunks > pk->panels)
+        j.n_chunks = pk->panels;
+    zd__nn_parallel_run(j.n_chunks, 0, run_chunk, &j); /* without scratch it cannot fail */
+}
