@@ -21,34 +21,44 @@
 
 #define PANEL 16
 
+/*  Real columns of a group's panel q. */
+static int panel_cols(const rnn_packed_t *pk, int q)
+{
+    const int left = pk->N / pk->groups - q * PANEL;
+    return left < PANEL ? left : PANEL;
+}
+
 bool zd__rnn_packed_wanted(void)
 {
     return zd__nn_cpu_isa() != NN_ISA_GENERIC;
 }
 
-int zd__rnn_pack(rnn_packed_t *pk, const float *w, int K, int N, bool trans)
+int zd__rnn_pack(rnn_packed_t *pk, const float *w, int K, int N, int groups, bool trans)
 {
+    const int ng = N / groups;
     pk->K = K;
     pk->N = N;
-    pk->panels = (N + PANEL - 1) / PANEL;
-    pk->p = zd__nn_alloc_floats((size_t)pk->panels * K * PANEL);
+    pk->groups = groups;
+    pk->per_group = (ng + PANEL - 1) / PANEL;
+    const int panels = groups * pk->per_group;
+    pk->p = zd__nn_alloc_floats((size_t)panels * K * PANEL);
     if (!pk->p)
         return -1;
-    for (int q = 0; q < pk->panels; q++) {
+    for (int q = 0; q < panels; q++) {
         float *p = pk->p + (size_t)q * K * PANEL;
-        const int n = N - q * PANEL < PANEL ? N - q * PANEL : PANEL;
+        const int j0 = q / pk->per_group * ng + q % pk->per_group * PANEL; /* first column */
+        const int n = panel_cols(pk, q % pk->per_group);
         if (n < PANEL)
             memset(p, 0, sizeof(float) * (size_t)K * PANEL);
         if (trans) { /* B(k, j) = w[j][k]: w is N x K */
             for (int c = 0; c < n; c++) {
-                const float *wj = w + (size_t)(q * PANEL + c) * K;
+                const float *wj = w + (size_t)(j0 + c) * K;
                 for (int k = 0; k < K; k++)
                     p[(size_t)k * PANEL + c] = wj[k];
             }
         } else { /* B(k, j) = w[k][j]: w is K x N */
             for (int k = 0; k < K; k++)
-                memcpy(p + (size_t)k * PANEL, w + (size_t)k * N + q * PANEL,
-                       sizeof(float) * (size_t)n);
+                memcpy(p + (size_t)k * PANEL, w + (size_t)k * N + j0, sizeof(float) * (size_t)n);
         }
     }
     return 0;
@@ -144,6 +154,8 @@ typedef struct {
     const rnn_packed_t *pk;
     bool acc;
     float *c;
+    rnn_cols_fn *then;
+    void *then_arg;
 } job_t;
 
 static void run_chunk(void *arg, int chunk, float *scratch)
@@ -151,17 +163,21 @@ static void run_chunk(void *arg, int chunk, float *scratch)
     (void)scratch;
     const job_t *j = arg;
     const rnn_packed_t *pk = j->pk;
+    const int ng = pk->N / pk->groups;
     int64_t lo, hi;
-    nn_chunk_range(pk->panels, j->n_chunks, chunk, &lo, &hi);
-    for (int64_t q = lo; q < hi; q++) {
-        const int n = pk->N - (int)q * PANEL < PANEL ? pk->N - (int)q * PANEL : PANEL;
-        j->fn(j->M, j->a, j->lda, pk->p + (size_t)q * pk->K * PANEL, pk->K, j->acc,
-              j->c + q * PANEL, j->ldc, n);
-    }
+    nn_chunk_range(pk->per_group, j->n_chunks, chunk, &lo, &hi);
+    if (lo == hi)
+        return;
+    for (int g = 0; g < pk->groups; g++)
+        for (int64_t q = lo; q < hi; q++)
+            j->fn(j->M, j->a, j->lda, pk->p + (size_t)(g * pk->per_group + q) * pk->K * PANEL,
+                  pk->K, j->acc, j->c + g * ng + q * PANEL, j->ldc, panel_cols(pk, (int)q));
+    if (j->then)
+        j->then(j->then_arg, (int)lo * PANEL, hi * PANEL < ng ? (int)hi * PANEL : ng);
 }
 
 void zd__rnn_gemm_packed(int M, const float *a, int lda, const rnn_packed_t *pk, bool acc, float *c,
-                         int ldc)
+                         int ldc, rnn_cols_fn *then, void *then_arg)
 {
     job_t j = {.fn = zd__nn_cpu_isa() == NN_ISA_AVX512 ? panel_avx512 : panel_avx2,
                .M = M,
@@ -170,11 +186,13 @@ void zd__rnn_gemm_packed(int M, const float *a, int lda, const rnn_packed_t *pk,
                .a = a,
                .pk = pk,
                .acc = acc,
-               .c = c};
+               .c = c,
+               .then = then,
+               .then_arg = then_arg};
     /* below about a million multiply-adds, waking the pool costs more than it saves */
     const int64_t work = (int64_t)M * pk->K * pk->N;
     j.n_chunks = work < (1 << 20) ? 1 : zd__nn_parallel_chunks();
-    if (j.n_chunks > pk->panels)
-        j.n_chunks = pk->panels;
+    if (j.n_chunks > pk->per_group)
+        j.n_chunks = pk->per_group;
     zd__nn_parallel_run(j.n_chunks, 0, run_chunk, &j); /* without scratch it cannot fail */
 }

@@ -306,7 +306,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     row_backward_fn *kernel = backward_kernel();
     rnn_packed_t pk = {0};
     const bool packed =
-        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)G, (int)H, false) == 0;
+        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)G, (int)H, 1, false) == 0;
     for (int64_t t = T - 1; t >= 0; t--) {
         const float *dyt = dy + t * N * H;
         for (int64_t k = 0; k < N * H; k++)
@@ -316,7 +316,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
         if (!(t > 0 || want_h0)) /* dhn: the gradient of the previous step's h */
             continue;
         if (packed)
-            zd__rnn_gemm_packed((int)N, dgt, (int)G, &pk, false, dhn, (int)H);
+            zd__rnn_gemm_packed((int)N, dgt, (int)G, &pk, false, dhn, (int)H, NULL, NULL);
         else
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
                          0.0f, dhn, (int)H);
@@ -386,8 +386,30 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
 
 static const zd_autograd_node_ops_t lstm_ops = {"LstmBackward", lstm_backward, lstm_release};
 
+/*  One step's gates and states: rows of N, hidden units [lo, hi). */
+typedef struct {
+    row_forward_fn *kernel;
+    int64_t N, H;
+    float *gt, *ct, *tct, *yt;
+    const float *cprev, *zeros;
+} step_t;
+
+static void step_gates(void *arg, int lo, int hi)
+{
+    const step_t *s = arg;
+    const int64_t H = s->H, G = 4 * H;
+    for (int64_t r = 0; r < s->N; r++) {
+        float *g = s->gt + r * G + lo;
+        s->kernel(g, g + H, g + 2 * H, g + 3 * H, (s->cprev ? s->cprev + r * H : s->zeros) + lo,
+                  s->ct + r * H + lo, s->tct + r * H + lo, s->yt + r * H + lo, hi - lo);
+    }
+}
+
 /*  The forward pass over T steps into y (T*N, H) and the ctx's buffers;
-    c_T goes to cT. zeros: H zeros (the previous cell state without c0). */
+    c_T goes to cT. zeros: H zeros (the previous cell state without c0).
+    With w_hh packed, each step's product and its gates are one job on the
+    pool: the product's columns are split by hidden units, all four gates
+    of a unit on the same thread, which runs their gates right after. */
 static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, float *y,
                      float *cT, const float *zeros)
 {
@@ -396,25 +418,28 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
     zd__nn_sgemm(false, true, (int)(T * N), (int)G, (int)I, 1.0f, zd_tensor_data(c->x), (int)I,
                  zd_tensor_data(c->w_ih), (int)I, 0.0f, c->gates, (int)G);
     zd__rnn_add_bias(c->gates, T * N, G, b_ih, b_hh);
-    row_forward_fn *kernel = forward_kernel();
     rnn_packed_t pk = {0};
     const bool packed =
-        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)H, (int)G, true) == 0;
+        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)H, (int)G, 4, true) == 0;
     for (int64_t t = 0; t < T; t++) {
-        float *gt = c->gates + t * N * G, *ct = c->c + t * N * H, *tct = c->tc + t * N * H;
-        float *yt = y + t * N * H;
-        const float *hprev = t > 0 ? yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
-        const float *cprev = t > 0 ? ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
-        if (hprev && packed)
-            zd__rnn_gemm_packed((int)N, hprev, (int)H, &pk, true, gt, (int)G);
-        else if (hprev)
-            zd__nn_sgemm(false, true, (int)N, (int)G, (int)H, 1.0f, hprev, (int)H, w_hh, (int)H,
-                         1.0f, gt, (int)G);
-        for (int64_t r = 0; r < N; r++) {
-            float *g = gt + r * G;
-            kernel(g, g + H, g + 2 * H, g + 3 * H, cprev ? cprev + r * H : zeros, ct + r * H,
-                   tct + r * H, yt + r * H, H);
+        step_t s = {.kernel = forward_kernel(),
+                    .N = N,
+                    .H = H,
+                    .gt = c->gates + t * N * G,
+                    .ct = c->c + t * N * H,
+                    .tct = c->tc + t * N * H,
+                    .yt = y + t * N * H,
+                    .zeros = zeros};
+        const float *hprev = t > 0 ? s.yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
+        s.cprev = t > 0 ? s.ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
+        if (hprev && packed) {
+            zd__rnn_gemm_packed((int)N, hprev, (int)H, &pk, true, s.gt, (int)G, step_gates, &s);
+            continue;
         }
+        if (hprev)
+            zd__nn_sgemm(false, true, (int)N, (int)G, (int)H, 1.0f, hprev, (int)H, w_hh, (int)H,
+                         1.0f, s.gt, (int)G);
+        step_gates(&s, 0, (int)H);
     }
     zd__rnn_packed_free(&pk);
     memcpy(cT, c->c + (T - 1) * N * H, sizeof(float) * (size_t)(N * H));
