@@ -78,7 +78,7 @@ NN_AVX2_BEGIN
 NN_BODY void block_avx2(int mr, const float *a, int lda, const float *bp, int K, bool acc, float *c,
                         int ldc, int n)
 {
-    __m256 s[4][2];
+    __m256 s[6][2];
     for (int r = 0; r < mr; r++)
         s[r][0] = s[r][1] = _mm256_setzero_ps();
     for (int k = 0; k < K; k++, bp += PANEL) {
@@ -100,14 +100,35 @@ NN_BODY void block_avx2(int mr, const float *a, int lda, const float *bp, int K,
     }
 }
 
+/*  Blocks of 6 rows (12 sums: enough to cover the FMA latency on both
+    units), the rest in blocks of 4 and less. */
 static void panel_avx2(int M, const float *a, int lda, const float *bp, int K, bool acc, float *c,
                        int ldc, int n)
 {
     int i = 0;
-    for (; i + 4 <= M; i += 4)
-        block_avx2(4, a + (size_t)i * lda, lda, bp, K, acc, c + (size_t)i * ldc, ldc, n);
-    for (; i < M; i++)
-        block_avx2(1, a + (size_t)i * lda, lda, bp, K, acc, c + (size_t)i * ldc, ldc, n);
+    while (i < M) {
+        const int left = M - i;
+        const int mr = left >= 10 || left == 6 ? 6 : left >= 4 ? 4 : left;
+        const float *ai = a + (size_t)i * lda;
+        float *ci = c + (size_t)i * ldc;
+        switch (mr) {
+        case 6:
+            block_avx2(6, ai, lda, bp, K, acc, ci, ldc, n);
+            break;
+        case 4:
+            block_avx2(4, ai, lda, bp, K, acc, ci, ldc, n);
+            break;
+        case 3:
+            block_avx2(3, ai, lda, bp, K, acc, ci, ldc, n);
+            break;
+        case 2:
+            block_avx2(2, ai, lda, bp, K, acc, ci, ldc, n);
+            break;
+        default:
+            block_avx2(1, ai, lda, bp, K, acc, ci, ldc, n);
+        }
+        i += mr;
+    }
 }
 NN_AVX2_END
 
