@@ -3,14 +3,17 @@
     sequence, whose every layer is one autograd node.
 
     A layer over T steps computes x w_ih^T for all steps in one GEMM (T*N
-    rows), then per step adds h w_hh^T and runs the gates. With the AVX2
-    and AVX-512 kernels the per-step products use w_hh packed once per
-    layer (rnn_gemm.c) instead of OpenBLAS packing it again every step. Backward through
+    rows), then per step adds h w_hh^T and runs the gates. Backward through
     time runs inside the node: per step one elementwise pass and one GEMM
     (dh = dG w_hh); then dx, dw_ih and dw_hh are one GEMM each over all
     steps. One node per layer instead of one per step saves the engine's
     per-node work and, more, lets those three products run at T*N rows
-    instead of N. The cell is the same node with T = 1. */
+    instead of N. The cell is the same node with T = 1.
+
+    With the AVX2 and AVX-512 kernels the per-step products use w_hh
+    packed once per layer (rnn_gemm.c) instead of OpenBLAS packing it
+    again every step, and each runs with its step's gates as one job on
+    the layers' pool. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
