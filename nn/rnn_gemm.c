@@ -11,13 +11,16 @@
     product runs on the layers' pool (panels split between the threads)
     with a register-blocked kernel: rows of A broadcast, a panel row
     loaded, rows x 16 sums kept in registers over the whole K. Only the
-    AVX2 and AVX-512 kernels use it; the portable ones keep OpenBLAS. */
+    AVX-512 kernels use it: with AVX2 (half the register width, 16 of
+    them) the same scheme measured 5 % slower for the whole LSTM than
+    OpenBLAS's product (bench_local --model lstm, ZDIST_CPU=avx2,
+    alternated, 2026-11-29), so AVX2 and the portable kernels keep it. */
 #include <stdlib.h>
 #include <string.h>
+#include <immintrin.h>
 
 #include "nn/nn_private.h"
 #include "nn/rnn_private.h"
-#include "nn/simd_avx2.h"
 
 #define PANEL 16
 
@@ -30,7 +33,7 @@ static int panel_cols(const rnn_packed_t *pk, int q)
 
 bool zd__rnn_packed_wanted(void)
 {
-    return zd__nn_cpu_isa() != NN_ISA_GENERIC;
+    return zd__nn_cpu_isa() == NN_ISA_AVX512;
 }
 
 int zd__rnn_pack(rnn_packed_t *pk, const float *w, int K, int N, int groups, bool trans)
@@ -71,66 +74,6 @@ void zd__rnn_packed_free(rnn_packed_t *pk)
 }
 
 #define NN_BODY static inline __attribute__((always_inline))
-
-/*  Rows [i, i + mr) of C, panel q (n of its 16 columns real): the sums over
-    all of K in 2 * mr registers, then added to C (or written, when !acc). */
-NN_AVX2_BEGIN
-NN_BODY void block_avx2(int mr, const float *a, int lda, const float *bp, int K, bool acc, float *c,
-                        int ldc, int n)
-{
-    __m256 s[6][2];
-    for (int r = 0; r < mr; r++)
-        s[r][0] = s[r][1] = _mm256_setzero_ps();
-    for (int k = 0; k < K; k++, bp += PANEL) {
-        const __m256 b0 = _mm256_load_ps(bp), b1 = _mm256_load_ps(bp + 8);
-        for (int r = 0; r < mr; r++) {
-            const __m256 x = _mm256_broadcast_ss(a + (size_t)r * lda + k);
-            s[r][0] = _mm256_fmadd_ps(x, b0, s[r][0]);
-            s[r][1] = _mm256_fmadd_ps(x, b1, s[r][1]);
-        }
-    }
-    for (int r = 0; r < mr; r++) {
-        float *cr = c + (size_t)r * ldc;
-        if (acc) {
-            s[r][0] = _mm256_add_ps(s[r][0], avx2_loadn(cr, n));
-            s[r][1] = _mm256_add_ps(s[r][1], avx2_loadn(cr + 8, n - 8));
-        }
-        avx2_storen(cr, n, s[r][0]);
-        avx2_storen(cr + 8, n - 8, s[r][1]);
-    }
-}
-
-/*  Blocks of 6 rows (12 sums: enough to cover the FMA latency on both
-    units), the rest in blocks of 4 and less. */
-static void panel_avx2(int M, const float *a, int lda, const float *bp, int K, bool acc, float *c,
-                       int ldc, int n)
-{
-    int i = 0;
-    while (i < M) {
-        const int left = M - i;
-        const int mr = left >= 10 || left == 6 ? 6 : left >= 4 ? 4 : left;
-        const float *ai = a + (size_t)i * lda;
-        float *ci = c + (size_t)i * ldc;
-        switch (mr) {
-        case 6:
-            block_avx2(6, ai, lda, bp, K, acc, ci, ldc, n);
-            break;
-        case 4:
-            block_avx2(4, ai, lda, bp, K, acc, ci, ldc, n);
-            break;
-        case 3:
-            block_avx2(3, ai, lda, bp, K, acc, ci, ldc, n);
-            break;
-        case 2:
-            block_avx2(2, ai, lda, bp, K, acc, ci, ldc, n);
-            break;
-        default:
-            block_avx2(1, ai, lda, bp, K, acc, ci, ldc, n);
-        }
-        i += mr;
-    }
-}
-NN_AVX2_END
 
 /*  AVX-512: one register holds a panel row; eight rows at a time. */
 NN_AVX512_BEGIN
@@ -200,7 +143,7 @@ static void run_chunk(void *arg, int chunk, float *scratch)
 void zd__rnn_gemm_packed(int M, const float *a, int lda, const rnn_packed_t *pk, bool acc, float *c,
                          int ldc, rnn_cols_fn *then, void *then_arg)
 {
-    job_t j = {.fn = zd__nn_cpu_isa() == NN_ISA_AVX512 ? panel_avx512 : panel_avx2,
+    job_t j = {.fn = panel_avx512,
                .M = M,
                .lda = lda,
                .ldc = ldc,

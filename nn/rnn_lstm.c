@@ -10,7 +10,7 @@
     per-node work and, more, lets those three products run at T*N rows
     instead of N. The cell is the same node with T = 1.
 
-    With the AVX2 and AVX-512 kernels the per-step products use w_hh
+    With the AVX-512 kernels the per-step products use w_hh
     packed once per layer (rnn_gemm.c) instead of OpenBLAS packing it
     again every step, and each runs with its step's gates as one job on
     the layers' pool. */
