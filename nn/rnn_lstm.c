@@ -8,7 +8,12 @@
     (dh = dG w_hh); then dx, dw_ih and dw_hh are one GEMM each over all
     steps. One node per layer instead of one per step saves the engine's
     per-node work and, more, lets those three products run at T*N rows
-    instead of N. The cell is the same node with T = 1. */
+    instead of N. The cell is the same node with T = 1.
+
+    With the AVX-512 kernels the per-step products use w_hh
+    packed once per layer (rnn_gemm.c) instead of OpenBLAS packing it
+    again every step, and each runs with its step's gates as one job on
+    the layers' pool. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -263,19 +268,35 @@ static row_backward_fn *backward_kernel(void)
                                 : row_backward_generic;
 }
 
-/*  One step's gradients (N, 4H) into dgt; zeros: H zeros, the previous
-    cell state of step 0 without c0. */
-static void lstm_step_backward(const lstm_ctx_t *c, row_backward_fn *kernel, int64_t t,
-                               const float *dh, float *dc, float *dgt, const float *zeros)
+/*  One step's gradients, hidden units [lo, hi) of every row. */
+typedef struct {
+    const lstm_ctx_t *c;
+    row_backward_fn *kernel;
+    int64_t t;
+    const float *dy;    /* the step's output gradient (N, H) */
+    float *dh;          /* in: the gradient from the step after; dy is added in place */
+    float *dc;          /* in: the c output's gradient; out: the previous c's */
+    float *dgt;         /* out: the gates' pre-activation gradients (N, 4H) */
+    const float *zeros; /* H zeros: the previous cell state of step 0 without c0 */
+} back_t;
+
+static void step_backward(void *arg, int lo, int hi)
 {
-    const int64_t N = c->d.N, H = c->d.H, G = 4 * H;
+    const back_t *b = arg;
+    const lstm_ctx_t *c = b->c;
+    const int64_t t = b->t, N = c->d.N, H = c->d.H, G = 4 * H;
     const float *gates = c->gates + t * N * G, *tc = c->tc + t * N * H;
     const float *cprev = t > 0 ? c->c + (t - 1) * N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
     for (int64_t r = 0; r < N; r++) {
-        const float *g = gates + r * G;
-        float *d = dgt + r * G;
-        kernel(g, g + H, g + 2 * H, g + 3 * H, tc + r * H, cprev ? cprev + r * H : zeros,
-               dh + r * H, dc + r * H, d, d + H, d + 2 * H, d + 3 * H, H);
+        float *dh = b->dh + r * H;
+        const float *dy = b->dy + r * H;
+        for (int k = lo; k < hi; k++)
+            dh[k] += dy[k];
+        const float *g = gates + r * G + lo;
+        float *d = b->dgt + r * G + lo;
+        b->kernel(g, g + H, g + 2 * H, g + 3 * H, tc + r * H + lo,
+                  (cprev ? cprev + r * H : b->zeros) + lo, dh + lo, b->dc + r * H + lo, d, d + H,
+                  d + 2 * H, d + 3 * H, hi - lo);
     }
 }
 
@@ -289,29 +310,49 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     const float *dy = zd_tensor_data(gout[0]);
     const float *dhT = cell ? NULL : zd_tensor_data(gout[1]);
     const float *dcT = zd_tensor_data(gout[cell ? 1 : 2]);
-    float *dg = malloc(sizeof(float) * (size_t)(T * N * G + 3 * N * H + H));
+    float *dg = malloc(sizeof(float) * (size_t)(T * N * G + 2 * N * H + H));
     if (!dg)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "LstmBackward: out of memory");
-    float *dh = dg + T * N * G, *dc = dh + N * H, *dhn = dc + N * H, *zeros = dhn + N * H;
+    float *dc = dg + T * N * G, *dh = dc + N * H, *zeros = dh + N * H;
     memset(zeros, 0, sizeof(float) * (size_t)H);
     memcpy(dc, dcT, sizeof(float) * (size_t)(N * H));
     if (dhT)
-        memcpy(dhn, dhT, sizeof(float) * (size_t)(N * H));
+        memcpy(dh, dhT, sizeof(float) * (size_t)(N * H));
     else
-        memset(dhn, 0, sizeof(float) * (size_t)(N * H));
+        memset(dh, 0, sizeof(float) * (size_t)(N * H));
     const float *w_ih = zd_tensor_data(c->w_ih), *w_hh = zd_tensor_data(c->w_hh);
     const bool want_h0 = zd_autograd_node_needs_grad(n, 1);
-    row_backward_fn *kernel = backward_kernel();
-    for (int64_t t = T - 1; t >= 0; t--) {
-        const float *dyt = dy + t * N * H;
-        for (int64_t k = 0; k < N * H; k++)
-            dh[k] = dyt[k] + dhn[k];
-        float *dgt = dg + t * N * G;
-        lstm_step_backward(c, kernel, t, dh, dc, dgt, zeros);
-        if (t > 0 || want_h0) /* dhn: the gradient of the previous step's h */
+    rnn_packed_t pk = {0};
+    const bool packed =
+        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)G, (int)H, 1, false) == 0;
+    back_t b = {.c = c,
+                .kernel = backward_kernel(),
+                .t = T - 1,
+                .dy = dy + (T - 1) * N * H,
+                .dh = dh,
+                .dc = dc,
+                .dgt = dg + (T - 1) * N * G,
+                .zeros = zeros};
+    step_backward(&b, 0, (int)H);
+    /* dh = dG_t w_hh, the gradient of the previous step's h; with w_hh
+       packed, step t - 1's gates follow in the same job, per hidden unit */
+    for (int64_t t = T - 1; t > 0 || (t == 0 && want_h0); t--) {
+        const float *dgt = dg + t * N * G;
+        back_t prev = b;
+        prev.t = t - 1;
+        prev.dy = dy + (t - 1) * N * H;
+        prev.dgt = dg + (t - 1) * N * G;
+        rnn_cols_fn *then = t > 0 ? step_backward : NULL;
+        if (packed) {
+            zd__rnn_gemm_packed((int)N, dgt, (int)G, &pk, false, dh, (int)H, then, &prev);
+        } else {
             zd__nn_sgemm(false, false, (int)N, (int)H, (int)G, 1.0f, dgt, (int)G, w_hh, (int)H,
-                         0.0f, dhn, (int)H);
+                         0.0f, dh, (int)H);
+            if (then)
+                then(&prev, 0, (int)H);
+        }
     }
+    zd__rnn_packed_free(&pk);
     int rc = 0;
     zd_tensor_t *in_x = c->x, *in_h0 = c->h0, *in_c0 = c->c0;
     if (zd_autograd_node_needs_grad(n, 0)) {
@@ -323,7 +364,7 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     }
     if (rc == 0 && want_h0) {
         if ((gin[1] = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(in_h0), zd_tensor_ndim(in_h0))))
-            memcpy(zd_tensor_data(gin[1]), dhn, sizeof(float) * (size_t)(N * H));
+            memcpy(zd_tensor_data(gin[1]), dh, sizeof(float) * (size_t)(N * H));
         else
             rc = -1;
     }
@@ -376,8 +417,30 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
 
 static const zd_autograd_node_ops_t lstm_ops = {"LstmBackward", lstm_backward, lstm_release};
 
+/*  One step's gates and states: rows of N, hidden units [lo, hi). */
+typedef struct {
+    row_forward_fn *kernel;
+    int64_t N, H;
+    float *gt, *ct, *tct, *yt;
+    const float *cprev, *zeros;
+} step_t;
+
+static void step_gates(void *arg, int lo, int hi)
+{
+    const step_t *s = arg;
+    const int64_t H = s->H, G = 4 * H;
+    for (int64_t r = 0; r < s->N; r++) {
+        float *g = s->gt + r * G + lo;
+        s->kernel(g, g + H, g + 2 * H, g + 3 * H, (s->cprev ? s->cprev + r * H : s->zeros) + lo,
+                  s->ct + r * H + lo, s->tct + r * H + lo, s->yt + r * H + lo, hi - lo);
+    }
+}
+
 /*  The forward pass over T steps into y (T*N, H) and the ctx's buffers;
-    c_T goes to cT. zeros: H zeros (the previous cell state without c0). */
+    c_T goes to cT. zeros: H zeros (the previous cell state without c0).
+    With w_hh packed, each step's product and its gates are one job on the
+    pool: the product's columns are split by hidden units, all four gates
+    of a unit on the same thread, which runs their gates right after. */
 static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *b_hh, float *y,
                      float *cT, const float *zeros)
 {
@@ -386,21 +449,30 @@ static void lstm_run(lstm_ctx_t *c, const zd_tensor_t *b_ih, const zd_tensor_t *
     zd__nn_sgemm(false, true, (int)(T * N), (int)G, (int)I, 1.0f, zd_tensor_data(c->x), (int)I,
                  zd_tensor_data(c->w_ih), (int)I, 0.0f, c->gates, (int)G);
     zd__rnn_add_bias(c->gates, T * N, G, b_ih, b_hh);
-    row_forward_fn *kernel = forward_kernel();
+    rnn_packed_t pk = {0};
+    const bool packed =
+        T > 1 && zd__rnn_packed_wanted() && zd__rnn_pack(&pk, w_hh, (int)H, (int)G, 4, true) == 0;
     for (int64_t t = 0; t < T; t++) {
-        float *gt = c->gates + t * N * G, *ct = c->c + t * N * H, *tct = c->tc + t * N * H;
-        float *yt = y + t * N * H;
-        const float *hprev = t > 0 ? yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
-        const float *cprev = t > 0 ? ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
+        step_t s = {.kernel = forward_kernel(),
+                    .N = N,
+                    .H = H,
+                    .gt = c->gates + t * N * G,
+                    .ct = c->c + t * N * H,
+                    .tct = c->tc + t * N * H,
+                    .yt = y + t * N * H,
+                    .zeros = zeros};
+        const float *hprev = t > 0 ? s.yt - N * H : c->h0 ? zd_tensor_data(c->h0) : NULL;
+        s.cprev = t > 0 ? s.ct - N * H : c->c0 ? zd_tensor_data(c->c0) : NULL;
+        if (hprev && packed) {
+            zd__rnn_gemm_packed((int)N, hprev, (int)H, &pk, true, s.gt, (int)G, step_gates, &s);
+            continue;
+        }
         if (hprev)
             zd__nn_sgemm(false, true, (int)N, (int)G, (int)H, 1.0f, hprev, (int)H, w_hh, (int)H,
-                         1.0f, gt, (int)G);
-        for (int64_t r = 0; r < N; r++) {
-            float *g = gt + r * G;
-            kernel(g, g + H, g + 2 * H, g + 3 * H, cprev ? cprev + r * H : zeros, ct + r * H,
-                   tct + r * H, yt + r * H, H);
-        }
+                         1.0f, s.gt, (int)G);
+        step_gates(&s, 0, (int)H);
     }
+    zd__rnn_packed_free(&pk);
     memcpy(cT, c->c + (T - 1) * N * H, sizeof(float) * (size_t)(N * H));
 }
 

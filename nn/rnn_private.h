@@ -4,6 +4,7 @@
 #define ZDIST_NN_RNN_PRIVATE_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include <zdist/tensor.h>
@@ -75,5 +76,37 @@ void zd__rnn_add_bias(float *g, int64_t rows, int64_t cols, const zd_tensor_t *b
 /*  New tensor with the data of col_sum(g) for bias gradients, or NULL
     (zd_error_set). */
 zd_tensor_t *zd__rnn_bias_grad(const float *g, int64_t rows, int64_t cols);
+
+/*  ---- per-step products with a packed weight (rnn_gemm.c) ---- */
+
+/*  A K x N matrix B whose columns form `groups` equal groups (an LSTM's
+    four gates), each group in panels of 16 columns (zeros past its end):
+    panel per_group * g + q holds B(k, g N/groups + 16 q + c) at
+    p[(panel K + k) 16 + c]. */
+typedef struct {
+    int K, N, groups, per_group;
+    float *p;
+} rnn_packed_t;
+
+/*  Whether this CPU's kernels (zd__nn_cpu_isa) have the packed products;
+    without them the callers use zd__nn_sgemm. */
+bool zd__rnn_packed_wanted(void);
+
+/*  Packs B = w^T (trans: w is N x K, row-major) or B = w (w is K x N);
+    groups divides N. 0, or -1 out of memory (no error set: the callers
+    fall back to zd__nn_sgemm). */
+int zd__rnn_pack(rnn_packed_t *pk, const float *w, int K, int N, int groups, bool trans);
+
+void zd__rnn_packed_free(rnn_packed_t *pk);
+
+/*  Called when columns [lo, hi) of every group of C are final, on the
+    thread that computed them; calls for different ranges run in parallel. */
+typedef void(rnn_cols_fn)(void *arg, int lo, int hi);
+
+/*  C (M x N, row stride ldc) = A B, or += with acc; A is M x K (row stride
+    lda). Runs on the layers' pool, split by column ranges of the groups;
+    then(then_arg, lo, hi) follows each range when `then` is not NULL. */
+void zd__rnn_gemm_packed(int M, const float *a, int lda, const rnn_packed_t *pk, bool acc, float *c,
+                         int ldc, rnn_cols_fn *then, void *then_arg);
 
 #endif
