@@ -906,11 +906,13 @@ static void handle_segment(agent_t *a, inmsg_t *m)
     if (why) {
         len += (size_t)snprintf(answer + 1, sizeof answer - 1, "%s", why);
         len = len < sizeof answer ? len : sizeof answer - 1;
-        atomic_fetch_add(&n_refused, 1);
         zd__log(ZD_LOG_WARN,
                 "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
                 "memory: its segment %llu: %s",
                 a->peers[src].name, src, (unsigned long long)m->h.a, why);
+        /* Counted after the line: whoever sees the count sees the line
+           (test_hostile_shm read an empty one in between). */
+        atomic_fetch_add(&n_refused, 1);
     }
     rpc_wire_header_t h = {.type = RPC_MSG_SHM_MAPPED,
                            .flags = RPC_WIRE_F_INTERNAL,
