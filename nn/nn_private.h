@@ -20,11 +20,11 @@
     target (GCC will not inline an AVX-512 function into one without it);
     tests/check_isa.sh checks that no AVX instruction runs outside them,
     and no AVX-512 one inside an AVX2 region. */
+/* _Pragma takes one string literal: clang-format must not split it. */
+// clang-format off
 #if defined(__clang__)
 #define NN_AVX512_BEGIN                                                                            \
-    _Pragma("clang attribute "                                                                     \
-            "push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\"))), apply_to "  \
-            "= function)")
+    _Pragma("clang attribute push(__attribute__((target(\"avx512f,avx512bw,avx512dq,avx512vl,fma\"))), apply_to = function)")
 #define NN_AVX512_END _Pragma("clang attribute pop")
 #define NN_AVX2_BEGIN                                                                              \
     _Pragma("clang attribute push(__attribute__((target(\"avx2,fma\"))), apply_to = function)")
@@ -36,6 +36,7 @@
 #define NN_AVX2_BEGIN _Pragma("GCC push_options") _Pragma("GCC target(\"avx2,fma\")")
 #define NN_AVX2_END   _Pragma("GCC pop_options")
 #endif
+// clang-format on
 
 /*  What the CPU has, and the OS supports (CPUID, XGETBV): NN_CPU_* bits.
     NN_CPU_AVX2 means AVX2 and FMA with the YMM state saved. */
