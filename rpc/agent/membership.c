@@ -194,9 +194,57 @@ static void io_reached(void *arg, int rank)
     zd__shm_offer(a, rank);
 }
 
+/* Rank 0 of a lazily connected world: a loss to tell the members. */
+typedef struct {
+    agent_t *a;
+    int rank;
+    int64_t turn;
+} lost_news_t;
+
+/* On a pool thread (calls are not made from the I/O thread): one message
+   to each live member, not waited for. One that does not get it learns of
+   the loss when it next calls the lost rank, as before. */
+static void tell_lost(void *arg)
+{
+    lost_news_t *n = arg;
+    agent_t *a = n->a;
+    for (int i = 1; i < a->world && !atomic_load(&a->closing); i++) {
+        if (i == n->rank || atomic_load(&a->peers[i].lost_at_ns))
+            continue;
+        zd_value_t *args = zd__rpc_args("ii", (int64_t)n->rank, n->turn);
+        if (!args)
+            break;
+        call_req_t req = {.type = RPC_MSG_CALL,
+                          .fn = "__zd_lost",
+                          .api = "peer lost",
+                          .args = args,
+                          .timeout_ms = NOTIFY_WAIT_MS,
+                          .hooked = false};
+        zd_future_unref(zd__call_start(a, i, &req));
+        zd_value_unref(args);
+    }
+    free(n);
+}
+
 void zd__membership_peer_lost(agent_t *a, int rank)
 {
     membership_t *mb = a->mb;
+    if (mb && a->rank == 0 && a->lazy) {
+        /* The members reach only the peers they called: rank 0, which
+           reaches them all, tells them. The number of the lost process's
+           return lets a member that took a newer one ignore a late word. */
+        lost_news_t *n = malloc(sizeof *n);
+        if (n) {
+            n->a = a;
+            n->rank = rank;
+            pthread_mutex_lock(&mb->lock);
+            n->turn = mb->told[rank];
+            pthread_mutex_unlock(&mb->lock);
+        }
+        if (!n || zd__pool_submit(a->pool, tell_lost, free, n) < 0)
+            zd__log(ZD_LOG_WARN, "rpc: the members are not told that rank %d was lost", rank);
+        return;
+    }
     if (!mb || rank != 0)
         return;
     pthread_mutex_lock(&mb->lock);
@@ -584,7 +632,8 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
-    mb->told[r.rank]++;
+    /* Counted once the old process is declared lost (by the renewal, if
+       not before): the members are told of that loss under its own number. */
     if (zd__membership_renew(a, r.rank, r.name, r.endpoint, r.key, 0) < 0) {
         snprintf(text, sizeof text,
                  "rendezvous: rank 0 (\"%s\") could not take back \"%s\" "
@@ -595,6 +644,9 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
+    pthread_mutex_lock(&mb->lock);
+    mb->told[r.rank]++;
+    pthread_mutex_unlock(&mb->lock);
     notify_members(a, mb, r.rank);
     zmsg_t *t = running_table(a, ep0, r.rank);
     if (t)
@@ -633,6 +685,39 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
         zd__pool_block_end();
         if (rc == 0)
             result = zd_value_none();
+    }
+    zd__agent_release(a);
+    return result;
+}
+
+zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)arg;
+    agent_t *a = zd__agent_acquire();
+    if (!a)
+        return NULL;
+    zd_value_t *result = NULL;
+    int64_t rank, turn;
+    if (zd_rpc_call_caller_rank(call) != 0) {
+        zd_error_set("peer lost: only rank 0 tells of lost peers");
+    } else if (zd_rpc_arg_int(args, 0, &rank) < 0 || zd_rpc_arg_int(args, 1, &turn) < 0) {
+        zd_error_wrap("peer lost");
+    } else if (rank < 1 || rank >= a->world || rank == a->rank) {
+        zd_error_set("peer lost: rank %lld is not another member", (long long)rank);
+    } else if (!a->mb) {
+        zd_error_set("peer lost: this process keeps no membership yet");
+    } else {
+        /* Under serial, against a renewal: a rank whose newer return was
+           taken here is not the process rank 0 lost. */
+        membership_t *mb = a->mb;
+        pthread_mutex_lock(&mb->serial);
+        if (turn >= mb->seen[rank] && !atomic_load(&a->peers[rank].lost_at_ns)) {
+            zd__log(ZD_LOG_WARN, "rpc: rank 0 reports \"%s\" (rank %d) lost", a->peers[rank].name,
+                    (int)rank);
+            zd__peer_declare_lost(a, (int)rank, now_ns());
+        }
+        pthread_mutex_unlock(&mb->serial);
+        result = zd_value_none();
     }
     zd__agent_release(a);
     return result;

@@ -36,7 +36,8 @@ void zd__membership_stop(agent_t *a);
 /*  When the agent is freed (no thread left): stops and frees a->mb. */
 void zd__membership_free(agent_t *a);
 
-/*  Rank was declared lost (peer_lost.c). */
+/*  Rank was declared lost (peer_lost.c); rank 0 of a lazily connected
+    world tells the other members ("__zd_lost"). */
 void zd__membership_peer_lost(agent_t *a, int rank);
 
 /*  From the start: rank is gone from the running world this process joins. */
@@ -58,6 +59,10 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
 
 /*  "__zd_member": rank 0 tells a member that a process restarted. */
 zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
+
+/*  "__zd_lost": rank 0 of a lazily connected world tells a member that a
+    peer was lost. */
+zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
 /*  Runs the zd_rpc_register_peer_joined callbacks (peer_lost.c). */
 void zd__peer_run_joined(agent_t *a, int rank);

@@ -191,6 +191,9 @@ int zd__serve_register_internal(void)
     if (zd_rpc_register("__zd_member", zd__membership_handler, NULL) < 0)
         return -1;
     registry_mark_internal("__zd_member", "a restarted process's new address");
+    if (zd_rpc_register("__zd_lost", zd__membership_lost_handler, NULL) < 0)
+        return -1;
+    registry_mark_internal("__zd_lost", "a peer rank 0 lost");
     return 0;
 }
 
