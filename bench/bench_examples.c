@@ -9,6 +9,8 @@
       ps64_start_s              rpc_ps, 1 server + 64 trainers started at once:
                                 seconds from the start to every trainer's first
                                 batch done (then the world is stopped)
+      ps_start_s_N              with --scale: the same for worlds of N = 64, 256
+                                and 512 processes (1 server + N - 1 trainers)
       trainer_rss_mb            rpc_ps's default world (1 server + 3 trainers,
                                 200 batches each): the largest trainer's peak
                                 resident set
@@ -17,7 +19,7 @@
                                 its growth per added trainer
 
         bench_examples [--csv] [--iterations N] [--batches N] [--only ps|pipeline|start|memory]
-                       [--rpc_ps PATH]
+                       [--rpc_ps PATH] [--scale]
 
     The PS figures time the training loop only (actors created, no test
     evaluation); the pipeline's skip each run's first batch. The rpc_ps
@@ -144,6 +146,28 @@ static int world_start(const char *rpc_ps)
     return 0;
 }
 
+/*  ps_start_s_N: the start of worlds of hundreds of processes (issue 28's
+    figure). The step is smaller than ps64's: the first batches of 511
+    trainers land on one model before any of them pulls it again. */
+static int world_start_scale(const char *rpc_ps)
+{
+    static const int sizes[] = {64, 256, 512};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
+        bench_world_t w;
+        bench_world_options_t o = {.world_size = sizes[i],
+                                   .max_batches = 10,
+                                   .lr = 0.0005,
+                                   .start_only = true,
+                                   .timeout_s = 900};
+        if (bench_rpc_ps_world(rpc_ps, &o, &w) < 0)
+            return -1;
+        char name[32];
+        snprintf(name, sizeof name, "ps_start_s_N%d", sizes[i]);
+        add(name, w.first_batch_s, "s");
+    }
+    return 0;
+}
+
 static int world_memory(const char *rpc_ps)
 {
     bench_world_t w;
@@ -188,7 +212,7 @@ int main(int argc, char **argv)
     /* first, before any thread or BLAS call: the allocator and OpenBLAS
        set-up the layers' speed relies on (zdist/nn.h) */
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
-    bool csv = false;
+    bool csv = false, scale = false;
     int64_t iterations = 200, batches = 10;
     const char *only = NULL, *rpc_ps = BENCH_RPC_PS;
     for (int i = 1; i < argc; i++) {
@@ -202,10 +226,12 @@ int main(int argc, char **argv)
             only = argv[++i];
         else if (strcmp(argv[i], "--rpc_ps") == 0 && i + 1 < argc)
             rpc_ps = argv[++i];
+        else if (strcmp(argv[i], "--scale") == 0)
+            scale = true;
         else {
             fprintf(stderr,
                     "usage: %s [--csv] [--iterations N] [--batches N] "
-                    "[--only ps|pipeline|start|memory] [--rpc_ps PATH]\n",
+                    "[--only ps|pipeline|start|memory] [--rpc_ps PATH] [--scale]\n",
                     argv[0]);
             return 2;
         }
@@ -234,6 +260,8 @@ int main(int argc, char **argv)
         rc = run(PIPELINE_WORLD_SIZE, pipe_setup, pipe_fn, &batches, true);
     if (rc == 0 && (!only || strcmp(only, "start") == 0))
         rc = world_start(rpc_ps);
+    if (rc == 0 && scale && (!only || strcmp(only, "start") == 0))
+        rc = world_start_scale(rpc_ps);
     if (rc == 0 && (!only || strcmp(only, "memory") == 0))
         rc = world_memory(rpc_ps);
     if (rc < 0) {

@@ -98,6 +98,10 @@ int bench_rpc_ps_world(const char *exe, const bench_world_options_t *o, bench_wo
     char buf[65536];
     size_t have = 0;
     bool timed_out = false;
+    /* the world's first other lines, said if it fails: why it did */
+    enum { N_SAID = 6 };
+    char said[N_SAID][160];
+    int n_said = 0;
     for (;;) {
         double left = t0 + timeout_s - now_s();
         if (left <= 0) {
@@ -118,6 +122,8 @@ int bench_rpc_ps_world(const char *exe, const bench_world_options_t *o, bench_wo
         while ((nl = strchr(line, '\n'))) {
             *nl = '\0';
             int r = first_batch_rank(line);
+            if (r < 0 && n_said < N_SAID && line[0])
+                snprintf(said[n_said++], sizeof said[0], "%s", line);
             if (r > 0 && r < world_size && !seen[r]) {
                 seen[r] = true;
                 if (++first == trainers)
@@ -161,5 +167,7 @@ int bench_rpc_ps_world(const char *exe, const bench_world_options_t *o, bench_wo
                 timeout_s);
     else if (first < trainers)
         fprintf(stderr, "bench: %d of %d trainers reported a first batch\n", first, trainers);
+    for (int i = 0; rc < 0 && i < n_said; i++)
+        fprintf(stderr, "bench: the world said: %s\n", said[i]);
     return rc;
 }

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define BENCH_WORLD_MAX 80
+#define BENCH_WORLD_MAX 1024
 
 typedef struct {
     double first_batch_s;                 /* start to every trainer's first batch done */
