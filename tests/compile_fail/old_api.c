@@ -6,6 +6,7 @@
     Never linked: only -fsyntax-only. */
 #include <stddef.h>
 #include <stdint.h>
+#include <zdist/autograd.h>
 #include <zdist/checkpoint.h>
 #include <zdist/dataset.h>
 #include <zdist/dist_autograd.h>
@@ -255,6 +256,20 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
 #elif defined(CASE_module_add_parameter)
     (void)cfg, (void)rm, (void)ctx;
     return zd_nn_module_add_parameter(m, "w", 2, (int64_t[]){2, 3}) != NULL;
+#elif defined(CASE_tensor_clone)
+    /* 0.2's detached copy; 1.0's clone is differentiable, (a, &out) */
+    zd_tensor_t *t = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    zd_tensor_t *c = zd_tensor_clone(t);
+    return c != NULL;
+#elif defined(CASE_tensor_copy)
+    zd_tensor_t *t = NULL, *c;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_tensor_copy(t, &c);
+#elif defined(CASE_rpc_wait)
+    zd_future_t *f = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_rpc_wait(f, 1000);
 #else
 #error "no CASE_ defined"
 #endif
