@@ -121,13 +121,17 @@ ZD_API int zd_autograd_task_pending(zd_autograd_task_t *t, uint64_t *max_seq);
     never receive more gradients from another pending node. */
 ZD_API int zd_autograd_task_flush_one(zd_autograd_task_t *t);
 
-/*  zd_autograd_task_flush_one until nothing is pending; *ran counts them. */
+/*  zd_autograd_task_flush_one until nothing is pending; *ran counts them.
+    0, or -1 when a node's backward failed (its error). */
 ZD_API int zd_autograd_task_flush(zd_autograd_task_t *t, int *ran);
 
+/*  Frees a task (NULL-safe), with what it still holds. */
 ZD_API void zd_autograd_task_free(zd_autograd_task_t *t);
 
 /*  PyTorch's tensor.backward(grad, retain_graph): gradient defaults to ones
-    for a one-element tensor (else it is required). */
+    for a one-element tensor (else it is required). 0, or -1 when a node's
+    backward failed or grad does not fit (its error; gradients accumulated
+    so far stay). */
 ZD_API int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph);
 
 /*  ---- differentiable basics (float32), each: 0 and *out (a new reference), or -1 ----

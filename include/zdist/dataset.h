@@ -21,8 +21,8 @@
     and read in place from there, as plain files are: the images are
     mapped read-only and batches read from the file, so the data sit once
     in the host's page cache rather than in every process. Where the cache
-    cannot be used, the files are read into memory (docs/nn.md, "The data
-    set cache").
+    cannot be used, the files are read into memory (the user's guide,
+    "The data set cache").
 
     A zd_dataset_t is immutable after loading except for zd_dataset_limit(); it
     may be read from several threads at once. */
@@ -71,7 +71,8 @@ ZD_API int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const
     object (zd_dataset_free), or NULL with an error naming the file. */
 ZD_API zd_dataset_t *zd_dataset_load(const char *dir, zd_dataset_split_t split);
 
-/*  Same (a new object, or NULL), from two explicit files. */
+/*  Same (a new object (zd_dataset_free), or NULL with an error naming the
+    file), from two explicit files. */
 ZD_API zd_dataset_t *zd_dataset_load_files(const char *images_path, const char *labels_path);
 
 /*  Frees a data set (NULL-safe). */
@@ -82,7 +83,7 @@ ZD_API int64_t zd_dataset_size(const zd_dataset_t *ds);
 ZD_API int64_t zd_dataset_rows(const zd_dataset_t *ds);
 ZD_API int64_t zd_dataset_cols(const zd_dataset_t *ds);
 
-/*  The files it was loaded from. Borrowed. */
+/*  The files it was loaded from (borrowed: valid while ds lives). */
 ZD_API const char *zd_dataset_images_path(const zd_dataset_t *ds);
 ZD_API const char *zd_dataset_labels_path(const zd_dataset_t *ds);
 

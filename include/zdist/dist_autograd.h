@@ -68,9 +68,9 @@ ZD_API int zd_dist_autograd_init(void);
 
 /*  Starts a context and makes it the calling thread's current one. Its id
     is unique across the world: the rank in the high 16 bits, a counter
-    below. Fails when the thread already has a current context, or
-    (ZD_ERR_NOT_INITIALIZED) zd_dist_autograd_init was not called or RPC is
-    not running. */
+    below. 0 and *context_id, or -1 when the thread already has a current
+    context, or (ZD_ERR_NOT_INITIALIZED)
+    zd_dist_autograd_init was not called or RPC is not running. */
 ZD_API int zd_dist_autograd_context_begin(int64_t *context_id);
 
 /*  Ends a context: releases it here and on every process that took part
@@ -86,8 +86,9 @@ ZD_API int zd_dist_autograd_context_end(int64_t context_id, int64_t timeout_ms);
     release goes out at once (here the context is freed at once), and is
     waited for later — by zd_dist_autograd_wait_releases, or by this function
     itself when 16 releases are already in flight, so that contexts never
-    pile up on the peers (PyTorch's context exit does not wait at all).
-    Returns 0, or -1 when an older release that it had to wait for failed. */
+    pile up on the peers (PyTorch's context exit does not wait at all; that
+    wait is bounded by zd_rpc_get_timeout()). Returns 0, or -1 when an older
+    release that it had to wait for failed. */
 ZD_API int zd_dist_autograd_context_release(int64_t context_id);
 
 /*  Waits until every release started by zd_dist_autograd_context_release has

@@ -60,8 +60,9 @@ ZD_API zd_rref_list_t *zd_dist_nn_parameter_rrefs(const zd_nn_module_t *m);
 /*  ---- module types ---- */
 
 /*  Builds a module from the creator's arguments (borrowed; an empty list
-    when none were given). Returns a new module (the RemoteModule owns it),
-    or NULL with zd_error_set(): the creator gets the message. */
+    when none were given). Returns a new object (zd_nn_module_free; the
+    RemoteModule owns it), or NULL with zd_error_set(): the creator gets
+    the message. */
 typedef zd_nn_module_t *(zd_dist_nn_module_ctor_fn)(zd_value_t *args, void *arg);
 
 /*  Registers the internal functions RemoteModule calls on owners. Call
@@ -102,14 +103,15 @@ ZD_API zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, zd_te
     (zd_rref_list_free), or NULL with the owner's error. */
 ZD_API zd_rref_list_t *zd_remote_module_remote_parameters(zd_remote_module_t *rm);
 
-/*  The RRef to the module (borrowed; its value is an object of type
-    "RemoteModule", for functions of one's own called through it), and the
-    owner's rank. */
+/*  The RRef to the module (borrowed: valid while rm lives; its value is an
+    object of type "RemoteModule", for functions of one's own called
+    through it), and the owner's rank. */
 ZD_API zd_rref_t *zd_remote_module_rref(const zd_remote_module_t *rm);
 ZD_API int zd_remote_module_owner(const zd_remote_module_t *rm);
 
 /*  On the owner, in a function called through zd_remote_module_rref: the
-    module inside such an object value (borrowed). 0, or -1. */
+    module inside such an object value (borrowed: valid while the value
+    lives). 0, or -1 (ZD_ERR_ARGUMENT) when object is not a RemoteModule. */
 ZD_API int zd_remote_module_local(zd_value_t *object, zd_nn_module_t **module);
 
 /*  Releases the handle: the owner frees the module once no other RRef to

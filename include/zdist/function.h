@@ -92,7 +92,7 @@ ZD_API void zd_autograd_node_unref(zd_autograd_node_t *n);
     graph is released. */
 ZD_API void zd_autograd_node_save(zd_autograd_node_t *n, int i, zd_tensor_t *t);
 
-/*  Slot i (borrowed), or NULL. */
+/*  Slot i (borrowed: valid while n lives), or NULL. */
 ZD_API zd_tensor_t *zd_autograd_node_saved(const zd_autograd_node_t *n, int i);
 
 /*  Private state of the op (integers, a mask…), borrowed: the op allocates

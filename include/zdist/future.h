@@ -53,6 +53,7 @@ ZD_API int zd_future_set_error_code(zd_future_t *f, zd_error_code_t code, const 
     waiting, use zd_future_done. */
 ZD_API int zd_future_wait(zd_future_t *f, int64_t timeout_ms);
 
+/*  True once f completed (with a value or an error); never waits. */
 ZD_API bool zd_future_done(const zd_future_t *f);
 
 /*  The value of a completed future and its error text ("" if none), both

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  idx.h: reading and writing IDX files (the MNIST file format), plain or gzip.
 
-    Layout (tests/golden/README.md): bytes 00 00, an element type byte
+    Layout: bytes 00 00, an element type byte
     (0x08 uint8, 0x0D float32), a byte ndims, ndims big-endian u32 dimensions
     (outermost first), then the elements row-major, big-endian. A file is
     exactly 4 + 4*ndims + count*elemsize bytes: anything shorter or longer is

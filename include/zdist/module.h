@@ -131,7 +131,7 @@ ZD_API int64_t zd_nn_module_numel(const zd_nn_module_t *m);
 /*  Drops every parameter's .grad (PyTorch's zero_grad(set_to_none=True)). */
 ZD_API void zd_nn_module_zero_grad(zd_nn_module_t *m);
 
-/*  ---- the parameters as one flat vector (nn/module_flat.c) ----
+/*  ---- the parameters as one flat vector ----
     Every parameter flattened, one after the other in the order above, as
     PyTorch's torch.nn.utils.parameters_to_vector lays them out. */
 
@@ -191,7 +191,7 @@ ZD_API zd_nn_module_t *zd_nn_linear_new(int64_t in_features, int64_t out_feature
 ZD_API zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embedding_dim,
                                            int64_t padding_idx, uint64_t seed);
 
-/*  ---- weights in and out of safetensors files (nn/module_safetensors.c) ----
+/*  ---- weights in and out of safetensors files ----
 
     Modules save under their dotted parameter names, which are PyTorch's
     state_dict() names for the same model ("conv1.weight", "fc2.bias",

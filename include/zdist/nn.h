@@ -119,7 +119,8 @@ ZD_API int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target);
 
 /*  ---- initialisation (PyTorch's defaults for Conv2d and Linear) ---- */
 
-/*  Fills t with uniform values in [lo, hi), not recorded by autograd. */
+/*  Fills t with uniform values in [lo, hi), not recorded by autograd. 0,
+    or -1 (ZD_ERR_ARGUMENT) on a non-float32 tensor. The three fills alike. */
 ZD_API int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_rng_t *rng);
 
 /*  Fills t with normal(mean, std) values (PyTorch's normal_, nn.Embedding's init: 0, 1). */
@@ -162,14 +163,14 @@ ZD_API int zd_nn_get_num_threads(void);
 /*  Sets up this process for training with the layers (flags: ZD_NN_SETUP_*);
     call it first thing in main(), before other threads start and before any
     BLAS call (it may restart OpenBLAS); calling it again is harmless.
-    When ZDIST_NUM_THREADS is set (tools/launch sets it), also sets the
+    When ZDIST_NUM_THREADS is set (zdist-launch sets it), also sets the
     layers' thread count to it (zd_nn_set_num_threads; at most the layers'
     maximum, 16). Returns 0, or -1 for unknown flags. */
 ZD_API int zd_nn_process_setup(unsigned flags);
 
 /*  Name of the OpenBLAS kernel set in use ("SkylakeX", "Haswell", ...;
     after zd_nn_process_setup with ZD_NN_SETUP_BLAS, the upgraded one).
-    Borrowed, static. */
+    Static. */
 ZD_API const char *zd_nn_blas_corename(void);
 
 ZD_END_DECLS

@@ -120,7 +120,8 @@ ZD_API void zd_optim_free(zd_optim_t *opt);
     checked before anything changes: on -1 no parameter moved. */
 ZD_API int zd_optim_step(zd_optim_t *opt, zd_tensor_t *const *grads);
 
-/*  zd_optim_step with each parameter's own .grad (zd_tensor_grad()). */
+/*  zd_optim_step with each parameter's own .grad (zd_tensor_grad()): 0, or
+    -1 as zd_optim_step (no parameter moved). */
 ZD_API int zd_optim_step_grad(zd_optim_t *opt);
 
 /*  Resets the parameters' .grad: drops it when set_to_none (PyTorch 2's

@@ -59,8 +59,8 @@
     worker name, ...), ZD_ERR_NOT_INITIALIZED (RPC not running, or a peer
     missing a module's init), ZD_ERR_SHUTDOWN, ZD_ERR_NO_MEMORY.
 
-    Design notes, wire format and protocol details: docs/rpc.md in zdist's
-    source tree. */
+    Design notes, wire format and protocol details: the user's guide,
+    "RPC" (rpc.md). */
 #ifndef ZDIST_RPC_H
 #define ZDIST_RPC_H
 
@@ -119,12 +119,14 @@ typedef struct {
     int64_t heartbeat_ms;    /* a peer whose connection carries nothing (not even
                                    heartbeats) this long is lost, like a dead one;
                                    ZD_TIMEOUT_NONE: never for silence alone
-                                   ($ZDIST_HEARTBEAT_S seconds, else 30000) */
+                                   ($ZDIST_HEARTBEAT_S seconds, else 30000; at
+                                   most a day: more is refused) */
     int64_t master_wait_ms;  /* when rank 0 is lost, keep registering with
                                    master_addr:master_port this long, so that a
                                    restarted rank 0 gets the running world back;
                                    ZD_TIMEOUT_NONE: as long as it takes
-                                   ($ZDIST_MASTER_WAIT_S seconds, else not at all) */
+                                   ($ZDIST_MASTER_WAIT_S seconds, else not at all;
+                                   at most 7 days: more is refused) */
 } zd_rpc_options_t;
 
 /*  The defaults (PyTorch's, above), with size set: every duration
@@ -147,8 +149,8 @@ static inline zd_rpc_options_t zd_rpc_options_default(void)
 /*  ---- where a process learns its place: launchers' environments ---- */
 
 /*  A process's rank, world size and rendezvous, as explicit arguments and
-    the environment that its launcher set give them (docs/launch.md has the
-    table): an argument beats every variable; RANK, WORLD_SIZE, LOCAL_RANK,
+    the environment that its launcher set give them (the user's guide,
+    launch.md, has the table): an argument beats every variable; RANK, WORLD_SIZE, LOCAL_RANK,
     MASTER_ADDR, MASTER_PORT (and ZDIST_MASTER_PORT) beat the launchers'
     own; among launchers the innermost wins: torchrun
     (TORCHELASTIC_RUN_ID; rank 0 then binds MASTER_PORT+1, since torchrun's
@@ -383,8 +385,9 @@ ZD_API zd_rref_t *zd_rref_new(zd_value_t *value);
     failed, timeout, owner unreachable). */
 ZD_API int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value);
 
-/*  The value, on the owner only (waits for its creation up to the default
-    timeout). 0 and *value (new reference), or -1 (not the owner, failed). */
+/*  The value, on the owner only (waits for its creation up to
+    zd_rpc_get_timeout(); zd_rref_to_here takes a timeout of its own). 0 and
+    *value (new reference), or -1 (not the owner, failed, ZD_ERR_TIMEOUT). */
 ZD_API int zd_rref_local_value(zd_rref_t *r, zd_value_t **value);
 
 /*  The owner's rank and name ("" when unknown; borrowed: the calling
@@ -608,7 +611,8 @@ typedef void(zd_rpc_peer_joined_fn)(void *arg, int peer, const char *name);
 ZD_API int zd_rpc_register_peer_joined(zd_rpc_peer_joined_fn *fn, void *arg);
 
 /*  Waits until rank is a live member (not lost: a lost one has rejoined): 0, or
-    -1 with ZD_ERR_TIMEOUT after timeout_ms (0: no limit), ZD_ERR_NOT_INITIALIZED. */
+    -1 with ZD_ERR_TIMEOUT after timeout_ms (ZD_TIMEOUT_DEFAULT and
+    ZD_TIMEOUT_NONE: no limit), ZD_ERR_NOT_INITIALIZED. */
 ZD_API int zd_rpc_wait_peer(int rank, int64_t timeout_ms);
 
 /*  True in a process whose zd_rpc_init joined a world that was already

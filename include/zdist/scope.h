@@ -67,7 +67,8 @@ ZD_API zd_tensor_t *zd_scope_add(zd_tensor_t *t);
     changed) when no open scope of this thread holds t or out of memory. */
 ZD_API zd_tensor_t *zd_scope_keep(zd_tensor_t *t);
 
-/*  The thread's innermost open scope (borrowed), or NULL. */
+/*  The thread's innermost open scope (borrowed: valid until it ends), or
+    NULL. */
 ZD_API zd_scope_t *zd_scope_current(void);
 
 /*  Number of references s holds. */

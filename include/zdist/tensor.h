@@ -8,7 +8,8 @@
 
     Ownership: each function says whether what it hands back is a new
     reference (the caller drops it with zd_tensor_unref()) or borrowed, as
-    docs/conventions.md's rule words it. Arguments are borrowed unless a
+    the library's one ownership rule (conventions.md, in its documentation)
+    words it. Arguments are borrowed unless a
     comment says otherwise. All reference counts are atomic, so
     tensors may be shared between threads; their *contents* are not locked
     (except .grad, see zd_tensor_accumulate_grad).
@@ -51,17 +52,17 @@ ZD_API const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype);
 ZD_API zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim);
 
 /*  New uninitialised tensor (a new reference): for outputs the caller
-    fully overwrites. */
+    fully overwrites. NULL on a bad shape or out of memory. */
 ZD_API zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim);
 
 /*  Shorthands for float32 tensors of 1 to 4 dimensions, zero filled: each a
-    new reference. */
+    new reference, or NULL on a bad size or out of memory. */
 ZD_API zd_tensor_t *zd_tensor_zeros1(int64_t d0);
 ZD_API zd_tensor_t *zd_tensor_zeros2(int64_t d0, int64_t d1);
 ZD_API zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3);
 
 /*  New tensor (a new reference) holding a copy of `data` (numel elements
-    of dtype). */
+    of dtype), or NULL on a bad shape or out of memory. */
 ZD_API zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                                         const void *data);
 
@@ -107,7 +108,7 @@ ZD_API int64_t *zd_tensor_data_i64(const zd_tensor_t *t);
 ZD_API void *zd_tensor_raw(const zd_tensor_t *t);
 
 /*  A new tensor (a new reference) with a copy of t's data and shape, no
-    autograd history, requires_grad false. */
+    autograd history, requires_grad false; NULL when out of memory. */
 ZD_API zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t);
 
 /*  Copies src's elements into dst (same dtype and numel). Not recorded by
@@ -124,13 +125,14 @@ ZD_API void zd_tensor_zero_(zd_tensor_t *t);
 ZD_API int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out);
 
 /*  The same data without history: a new reference to a view sharing t's
-    storage, requires_grad false (PyTorch's detach()). */
+    storage, requires_grad false (PyTorch's detach()); NULL when out of
+    memory. */
 ZD_API zd_tensor_t *zd_tensor_detach(zd_tensor_t *t);
 
 /*  ---- autograd state ---- */
 
-/*  Marks a leaf as needing gradients (PyTorch's requires_grad_()). Fails on
-    a non-float tensor or a non-leaf. */
+/*  Marks a leaf as needing gradients (PyTorch's requires_grad_()). 0, or
+    -1 (ZD_ERR_ARGUMENT) on a non-float tensor or a non-leaf. */
 ZD_API int zd_tensor_set_requires_grad(zd_tensor_t *t, bool requires_grad);
 ZD_API bool zd_tensor_requires_grad(const zd_tensor_t *t);
 
@@ -142,13 +144,15 @@ ZD_API bool zd_tensor_is_leaf(const zd_tensor_t *t);
 ZD_API zd_tensor_t *zd_tensor_grad(zd_tensor_t *t);
 
 /*  Adds g into t's .grad (creating it), under t's lock, so several threads
-    running backward passes over the same parameter do not race. */
+    running backward passes over the same parameter do not race. 0, or -1
+    on a shape or dtype mismatch or out of memory (.grad unchanged). */
 ZD_API int zd_tensor_accumulate_grad(zd_tensor_t *t, const zd_tensor_t *g);
 
 /*  Drops t's .grad (PyTorch's zero_grad(set_to_none=True)). */
 ZD_API void zd_tensor_clear_grad(zd_tensor_t *t);
 
-/*  The node that produced t (borrowed), or NULL for leaves. */
+/*  The node that produced t (borrowed: valid while t lives), or NULL for
+    leaves. */
 ZD_API zd_autograd_node_t *zd_tensor_grad_fn(const zd_tensor_t *t);
 
 /*  Which output of its grad_fn t is. */

@@ -48,8 +48,9 @@ typedef enum {
 typedef struct zd_value zd_value_t;
 typedef struct zd_rref zd_rref_t; /* opaque: see <zdist/rpc.h> */
 
-/*  Constructors: each returns a new value (a new reference), or NULL when
-    out of memory (zd_error_last() says so).
+/*  Constructors: each returns a new value (a new reference), or NULL with
+    the error set: ZD_ERR_ARGUMENT for a NULL string, data, tensor or RRef
+    (or a string with a NUL byte inside), ZD_ERR_NO_MEMORY out of memory.
     zd_value_tensor / zd_value_rref take their own reference to t / r. */
 ZD_API zd_value_t *zd_value_none(void);
 ZD_API zd_value_t *zd_value_int(int64_t v);
