@@ -79,11 +79,20 @@ void zd_named_tensors_free(zd_named_tensors_t *nt)
     free(nt);
 }
 
-int zd_named_tensors_index(const zd_named_tensors_t *nt, const char *name)
+static int index_of(const zd_named_tensors_t *nt, const char *name)
 {
     if (!nt || !name || !nt->n_slots)
         return -1;
     return nt->slots[slot_of(nt, name)] - 1;
+}
+
+int zd_named_tensors_index(const zd_named_tensors_t *nt, const char *name)
+{
+    int i = index_of(nt, name);
+    if (i < 0)
+        zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: no tensor named \"%s\"",
+                          name ? name : "(null)");
+    return i;
 }
 
 int zd_named_tensors_add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *t)
@@ -92,7 +101,7 @@ int zd_named_tensors_add(zd_named_tensors_t *nt, const char *name, zd_tensor_t *
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "named tensors: add needs a list, a name and "
                                  "a tensor");
-    if (zd_named_tensors_index(nt, name) >= 0)
+    if (index_of(nt, name) >= 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: \"%s\" is there already", name);
     if (nt->n == INT32_MAX - 1 || index_reserve(nt, nt->n + 1) < 0)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "named tensors: out of memory");
@@ -123,17 +132,28 @@ int zd_named_tensors_len(const zd_named_tensors_t *nt)
     return nt ? nt->n : 0;
 }
 
+/* An index out of range is a bad argument, said like the others. */
+static bool in_range(const zd_named_tensors_t *nt, int i)
+{
+    if (nt && i >= 0 && i < nt->n)
+        return true;
+    zd_error_set_code(ZD_ERR_ARGUMENT, "named tensors: no tensor %d (there are %d)", i,
+                      nt ? nt->n : 0);
+    return false;
+}
+
 const char *zd_named_tensors_name(const zd_named_tensors_t *nt, int i)
 {
-    return nt && i >= 0 && i < nt->n ? nt->names[i] : NULL;
+    return in_range(nt, i) ? nt->names[i] : NULL;
 }
 
 zd_tensor_t *zd_named_tensors_tensor(const zd_named_tensors_t *nt, int i)
 {
-    return nt && i >= 0 && i < nt->n ? nt->tensors[i] : NULL;
+    return in_range(nt, i) ? nt->tensors[i] : NULL;
 }
 
 zd_tensor_t *zd_named_tensors_find(const zd_named_tensors_t *nt, const char *name)
 {
-    return zd_named_tensors_tensor(nt, zd_named_tensors_index(nt, name));
+    int i = zd_named_tensors_index(nt, name);
+    return i < 0 ? NULL : nt->tensors[i];
 }

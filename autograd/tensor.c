@@ -306,9 +306,10 @@ zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t)
 int zd_tensor_copy_(zd_tensor_t *dst, const zd_tensor_t *src)
 {
     if (dst->dtype != src->dtype || dst->numel != src->numel)
-        return zd_error_set("zd_tensor_copy_: %lld %s elements into %lld %s elements",
-                            (long long)src->numel, zd_tensor_dtype_name(src->dtype),
-                            (long long)dst->numel, zd_tensor_dtype_name(dst->dtype));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_tensor_copy_: %lld %s elements into %lld %s elements",
+                                 (long long)src->numel, zd_tensor_dtype_name(src->dtype),
+                                 (long long)dst->numel, zd_tensor_dtype_name(dst->dtype));
     memmove(zd_tensor_raw(dst), zd_tensor_raw(src), zd_tensor_nbytes(src));
     return 0;
 }
@@ -417,11 +418,13 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
 int zd_tensor_set_requires_grad(zd_tensor_t *t, bool requires_grad)
 {
     if (t->dtype != ZD_FLOAT32)
-        return zd_error_set(
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT,
             "requires_grad: only float32 tensors can require gradients (this is %s)",
             zd_tensor_dtype_name(t->dtype));
     if (t->grad_fn)
-        return zd_error_set("requires_grad: can only be changed on leaf tensors");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "requires_grad: can only be changed on leaf tensors");
     t->requires_grad = requires_grad;
     return 0;
 }
@@ -468,8 +471,9 @@ zd_tensor_t *zd_tensor_grad(zd_tensor_t *t)
 int zd_tensor_accumulate_grad(zd_tensor_t *t, const zd_tensor_t *g)
 {
     if (g->numel != t->numel || g->dtype != ZD_FLOAT32)
-        return zd_error_set("accumulate_grad: gradient of %lld elements for a tensor of %lld",
-                            (long long)g->numel, (long long)t->numel);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "accumulate_grad: gradient of %lld elements for a tensor of %lld",
+                                 (long long)g->numel, (long long)t->numel);
     pthread_mutex_lock(&t->grad_lock);
     if (!t->grad && zd_tensor_is_exclusive(g) && zd_tensor_same_shape(g, t)) {
         /* Nobody else can see g: keep it rather than copy 4.8 MB a step. */

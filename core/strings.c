@@ -73,7 +73,10 @@ int zd_strings_len(const zd_strings_t *s)
 
 const char *zd_strings_get(const zd_strings_t *s, int i)
 {
-    return s && i >= 0 && i < s->n ? s->items[i] : NULL;
+    if (s && i >= 0 && i < s->n)
+        return s->items[i];
+    zd_error_set_code(ZD_ERR_ARGUMENT, "strings: no item %d (there are %d)", i, s ? s->n : 0);
+    return NULL;
 }
 
 const char *zd_strings_value(const zd_strings_t *s, const char *key)
@@ -81,5 +84,6 @@ const char *zd_strings_value(const zd_strings_t *s, const char *key)
     for (int i = 0; s && key && i + 1 < s->n; i += 2)
         if (strcmp(s->items[i], key) == 0)
             return s->items[i + 1];
+    zd_error_set_code(ZD_ERR_ARGUMENT, "strings: no key \"%s\"", key ? key : "(null)");
     return NULL;
 }

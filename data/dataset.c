@@ -292,7 +292,8 @@ zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds)
 int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
 {
     if (k < 1)
-        return zd_error_set("dataset: limit %lld (at least 1 sample)", (long long)k);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dataset: limit %lld (at least 1 sample)",
+                                 (long long)k);
     if (k >= ds->n)
         return 0;
     int64_t shape[3] = {k, ds->rows, ds->cols};

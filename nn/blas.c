@@ -113,7 +113,8 @@ int zd_nn_process_setup(unsigned flags)
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     const unsigned unknown = flags & ~(unsigned)ZD_NN_SETUP_ALL;
     if (unknown)
-        return zd_error_set("zd_nn_process_setup: unknown flags 0x%x", unknown);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_process_setup: unknown flags 0x%x",
+                                 unknown);
     pthread_mutex_lock(&lock);
     if (flags & ZD_NN_SETUP_ALLOCATOR)
         keep_big_blocks();
@@ -190,10 +191,10 @@ void zd__nn_sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, 
 int zd__nn_check_f32(const char *what, const zd_tensor_t *t)
 {
     if (!t)
-        return zd_error_set("%s is NULL", what);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s is NULL", what);
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s", what,
-                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected float32, got %s", what,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return 0;
 }
 

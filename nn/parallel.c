@@ -156,7 +156,8 @@ static void ensure_pool(void)
 int zd_nn_set_num_threads(int n)
 {
     if (n < 1 || n > NN_MAX_THREADS)
-        return zd_error_set("zd_nn_set_num_threads: %d threads (1 to %d)", n, NN_MAX_THREADS);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_set_num_threads: %d threads (1 to %d)", n,
+                                 NN_MAX_THREADS);
     pthread_mutex_lock(&init_lock);
     int rc = 0;
     if (atomic_load(&pool.ready) && pool.n != n)

@@ -63,7 +63,8 @@ int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind)
             *kind = (zd_optim_kind_t)k;
             return 0;
         }
-    return zd_error_set("optimizer: unknown kind '%s' (sgd, adam, adamw, adagrad, rmsprop)", name);
+    return zd_error_set_code(
+        ZD_ERR_ARGUMENT, "optimizer: unknown kind '%s' (sgd, adam, adamw, adagrad, rmsprop)", name);
 }
 
 zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind)

@@ -229,13 +229,16 @@ int zd_optim_n_params(const zd_optim_t *o)
 }
 zd_tensor_t *zd_optim_param(const zd_optim_t *o, int i)
 {
-    return i >= 0 && i < o->n ? o->params[i] : NULL;
+    if (o && i >= 0 && i < o->n)
+        return o->params[i];
+    zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: no parameter %d (it has %d)", i, o ? o->n : 0);
+    return NULL;
 }
 
 int zd_optim_set_lr(zd_optim_t *o, double lr)
 {
     if (!(lr >= 0.0))
-        return zd_error_set("optimizer: Invalid learning rate: %g", lr);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: Invalid learning rate: %g", lr);
     pthread_mutex_lock(&o->lock);
     o->cfg.lr = lr;
     pthread_mutex_unlock(&o->lock);

@@ -82,5 +82,8 @@ int zd_rref_list_len(const zd_rref_list_t *l)
 
 zd_rref_t *zd_rref_list_get(const zd_rref_list_t *l, int i)
 {
-    return l && i >= 0 && i < l->n ? l->items[i] : NULL;
+    if (l && i >= 0 && i < l->n)
+        return l->items[i];
+    zd_error_set_code(ZD_ERR_ARGUMENT, "RRef list: no item %d (there are %d)", i, l ? l->n : 0);
+    return NULL;
 }

@@ -121,7 +121,7 @@ static zd_value_t *value_blob(zd_value_kind_t kind, const void *data, size_t len
 zd_value_t *zd_value_string(const char *s)
 {
     if (!s) {
-        zd_error_set("zd_value_string: NULL string");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_string: NULL string");
         return NULL;
     }
     return value_blob(ZD_VALUE_STRING, s, strlen(s));
@@ -130,11 +130,11 @@ zd_value_t *zd_value_string(const char *s)
 zd_value_t *zd__value_string_len(const char *s, size_t len)
 {
     if (!s && len) {
-        zd_error_set("zd_value_string: NULL string of %zu bytes", len);
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_string: NULL string of %zu bytes", len);
         return NULL;
     }
     if (len && memchr(s, 0, len)) {
-        zd_error_set("zd_value_string: NUL byte inside a string");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_string: NUL byte inside a string");
         return NULL;
     }
     return value_blob(ZD_VALUE_STRING, s, len);
@@ -143,7 +143,7 @@ zd_value_t *zd__value_string_len(const char *s, size_t len)
 zd_value_t *zd_value_bytes(const void *data, size_t len)
 {
     if (!data && len) {
-        zd_error_set("zd_value_bytes: NULL data for %zu bytes", len);
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_bytes: NULL data for %zu bytes", len);
         return NULL;
     }
     return value_blob(ZD_VALUE_BYTES, data, len);
@@ -152,7 +152,7 @@ zd_value_t *zd_value_bytes(const void *data, size_t len)
 zd_value_t *zd_value_tensor(zd_tensor_t *t)
 {
     if (!t) {
-        zd_error_set("zd_value_tensor: NULL tensor");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_tensor: NULL tensor");
         return NULL;
     }
     zd_value_t *v = value_new(ZD_VALUE_TENSOR);
@@ -164,7 +164,7 @@ zd_value_t *zd_value_tensor(zd_tensor_t *t)
 zd_value_t *zd__value_rref_adopt(zd_rref_t *r)
 {
     if (!r) {
-        zd_error_set("zd_value_rref: NULL RRef");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_rref: NULL RRef");
         return NULL;
     }
     zd_value_t *v = value_new(ZD_VALUE_RREF);
@@ -179,7 +179,7 @@ zd_value_t *zd__value_rref_adopt(zd_rref_t *r)
 zd_value_t *zd_value_rref(zd_rref_t *r)
 {
     if (!r) {
-        zd_error_set("zd_value_rref: NULL RRef");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_rref: NULL RRef");
         return NULL;
     }
     rpc_rref_hook_fn *fn = atomic_load(&rref_ref_hook);
@@ -514,7 +514,11 @@ size_t zd_list_len(const zd_value_t *v)
 
 zd_value_t *zd_list_get(const zd_value_t *v, size_t i)
 {
-    return v && v->kind == ZD_VALUE_LIST && i < v->u.list.len ? v->u.list.items[i] : NULL;
+    if (v && v->kind == ZD_VALUE_LIST && i < v->u.list.len)
+        return v->u.list.items[i];
+    zd_error_set_code(ZD_ERR_ARGUMENT, "zd_list_get: no item %zu (%s)", i,
+                      v && v->kind == ZD_VALUE_LIST ? "past the end" : "not a list");
+    return NULL;
 }
 
 static const zd_value_t *arg(const zd_value_t *args, size_t i)
