@@ -125,9 +125,9 @@ ZD_API void zd_ps_server_free(zd_ps_server_t *s);
 
 typedef struct zd_ps_client zd_ps_client_t;
 
-/*  A trainer's client for the replica params (borrowed: its tensors are
-    pulled into and their .grad pushed; they must outlive the client),
-    served by the shards whose ranks are shard_ranks[0..n_shards-1], with
+/*  A trainer's client for the replica params (the list is borrowed; the
+    client takes a reference to each tensor, pulls into it and pushes its
+    .grad), served by the shards whose ranks are shard_ranks[0..n_shards-1], with
     opts (NULL: the defaults; the shards' mode). Sends nothing yet. A new
     object (zd_ps_client_free), or NULL (ZD_ERR_ARGUMENT). */
 ZD_API zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
