@@ -90,6 +90,10 @@ const char *zd_error_code_name(zd_error_code_t code)
         return "no memory";
     case ZD_ERR_SHUTDOWN:
         return "shutdown";
+    case ZD_ERR_STALE:
+        return "stale";
+    case ZD_ERR_STOPPED:
+        return "stopped";
     }
     return "unknown";
 }

@@ -24,13 +24,14 @@ declare -A allowed=(
   [optim]="error version export log strings tensor autograd function named_tensors optim"
   [dist_optim]="error version export log strings tensor autograd function named_tensors rpc value future dist_autograd optim dist_optim"
   [dist_nn]="error version export log strings tensor autograd function named_tensors rpc value future dist_autograd nn model dataset idx checkpoint safetensors rng module rnn dist_nn"
+  [ps]="error version export log strings tensor autograd function scope named_tensors rpc value future dist_autograd nn model dataset idx checkpoint safetensors rng module rnn optim dist_optim dist_nn ps"
 )
 # the public headers: which layer each belongs to
 declare -A home=(
   [error]=core [strings]=core [log]=core [version]=core [export]=core [rng]=core [tensor]=autograd [autograd]=autograd
   [function]=autograd [named_tensors]=autograd [rnn]=nn [rpc]=rpc [value]=rpc [future]=rpc [dist_autograd]=dist_autograd
   [nn]=nn [model]=nn [dataset]=data [idx]=data [checkpoint]=data [safetensors]=data [optim]=optim
-  [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn [scope]=autograd)
+  [dist_optim]=dist_optim [module]=nn [dist_nn]=dist_nn [scope]=autograd [ps]=ps)
 bad=0
 for layer in "${!allowed[@]}"; do
   for f in $(find "$layer" -name '*.[ch]' | sort); do

@@ -35,6 +35,8 @@ typedef enum {
     ZD_ERR_NOT_INITIALIZED, /* RPC is not running, or a module's init call is missing */
     ZD_ERR_NO_MEMORY,       /* out of memory */
     ZD_ERR_SHUTDOWN,        /* RPC shut down (or is shutting down) under the call */
+    ZD_ERR_STALE,           /* refused as stale: computed on parameters too old (ps.h) */
+    ZD_ERR_STOPPED,         /* the server was told to stop (ps.h) */
 } zd_error_code_t;
 
 /*  Sets the calling thread's last error (printf-style). Always returns -1, so

@@ -46,4 +46,7 @@
 #include <zdist/module.h>     /* a parameter container: nn.Module */
 #include <zdist/dist_nn.h>    /* parameter RRefs and RemoteModule */
 
+/* Parameter servers for any model, on RPC and the optimizers. */
+#include <zdist/ps.h> /* push/pull over sharded servers, sync rounds or bounded staleness */
+
 #endif

@@ -1,0 +1,274 @@
+/* SPDX-License-Identifier: MIT */
+/*  ps_lstm: rnn_rpc's language model (an embedding, an LSTM and a linear
+    decoder over the characters of a text) trained by several trainers on
+    sharded parameter servers, in push/pull asynchronous mode (<zdist/ps.h>).
+
+        tools/launch --nproc=5 -- ps_lstm            # 2 shards, 3 trainers
+
+    Ranks 0 .. shards-1 serve the model's parameters, split between them by
+    size, each shard stepping its part with Adam; the other ranks are
+    trainers, each with a replica: pull the parameters, a forward and a
+    backward on its own stretch of the text, push the gradients. A push
+    computed on parameters more than --max_staleness steps behind a shard
+    is refused as stale: the trainer pulls and computes again. The layer
+    was not written for this model: the model code below is plain nn. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "examples/flags.h"
+#include <zdist/zdist.h>
+
+#define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
+#define MAX_TEXT     (64 << 20)
+
+/* ---- the model and the text (rnn_rpc's, as one local module) ---- */
+
+typedef struct {
+    const char *data;
+    int64_t iterations, batch, bptt, ninp, nhid, nlayers, seed, shards, max_staleness;
+    double lr;
+} options_t;
+
+/*  RNNModel: encoder (Embedding), rnn (LSTM), decoder (Linear), under
+    PyTorch's word_language_model names. Seeded: every process builds the
+    same initial weights. */
+static zd_nn_module_t *model_new(const options_t *o, int64_t ntoken)
+{
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)o->seed);
+    zd_nn_module_t *m = zd_nn_module_new("RNNModel", NULL, NULL, NULL);
+    if (!m ||
+        zd_nn_module_register_module(
+            m, "encoder",
+            zd_nn_embedding_new(ntoken, o->ninp, ZD_NN_NO_PADDING, (uint64_t)o->seed)) < 0 ||
+        zd_nn_module_register_module(
+            m, "rnn",
+            zd_nn_lstm_new(o->ninp, o->nhid, (int)o->nlayers, 0, (uint64_t)o->seed + 10)) < 0 ||
+        zd_nn_module_register_module(m, "decoder", zd_nn_linear_new(o->nhid, ntoken, true, &rng)) <
+            0) {
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/*  RNNModel.forward: logits (bptt * batch, ntoken) and the new hidden
+    state, all handed to the caller's scope. */
+static int model_forward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c,
+                         zd_tensor_t **logits, zd_tensor_t **h_n, zd_tensor_t **c_n)
+{
+    zd_tensor_t *emb, *out, *dec, *lstm_out[3];
+    if (zd_nn_module_forward(zd_nn_module_child(m, "encoder"), &x, 1, &emb, 1) < 0 ||
+        !zd_scope_add(emb) ||
+        zd_nn_module_forward(zd_nn_module_child(m, "rnn"), (zd_tensor_t *[]){emb, h, c}, 3,
+                             lstm_out, 3) < 0 ||
+        !zd_scope_add(out = lstm_out[0]) || !zd_scope_add(*h_n = lstm_out[1]) ||
+        !zd_scope_add(*c_n = lstm_out[2]) ||
+        zd_nn_module_forward(zd_nn_module_child(m, "decoder"), &out, 1, &dec, 1) < 0 ||
+        !zd_scope_add(dec))
+        return -1;
+    int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
+    return zd_tensor_reshape(dec, shape, 2, logits) < 0 || !zd_scope_add(*logits) ? -1 : 0;
+}
+
+typedef struct {
+    uint8_t *tokens; /* the text as token ids, in byte order */
+    int64_t n;
+    int ntoken;
+} corpus_t;
+
+static int corpus_load(const char *path, corpus_t *c)
+{
+    memset(c, 0, sizeof *c);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return zd_error_set("cannot open the text %s: %s", path, strerror(errno));
+    c->tokens = malloc(MAX_TEXT);
+    size_t n = c->tokens ? fread(c->tokens, 1, MAX_TEXT, f) : 0;
+    fclose(f);
+    if (n < 1000) {
+        free(c->tokens);
+        c->tokens = NULL;
+        return zd_error_set("the text %s has %zu bytes: 1000 at least", path, n);
+    }
+    int id[256];
+    bool seen[256] = {false};
+    for (size_t i = 0; i < n; i++)
+        seen[c->tokens[i]] = true;
+    for (int b = 0; b < 256; b++)
+        id[b] = seen[b] ? c->ntoken++ : -1;
+    for (size_t i = 0; i < n; i++)
+        c->tokens[i] = (uint8_t)id[c->tokens[i]];
+    c->n = (int64_t)n;
+    return 0;
+}
+
+/*  Batch `it`: `batch` streams, each on its own stretch of the text, bptt
+    characters a step. x (bptt, batch) int64, y (bptt * batch) the next
+    characters. */
+static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t batch, zd_tensor_t *x,
+                         zd_tensor_t *y)
+{
+    int64_t stretch = (c->n - 1) / batch, steps = stretch / bptt;
+    int64_t base = (it % steps) * bptt;
+    int64_t *xd = zd_tensor_data_i64(x), *yd = zd_tensor_data_i64(y);
+    for (int64_t t = 0; t < bptt; t++)
+        for (int64_t b = 0; b < batch; b++) {
+            int64_t at = b * stretch + base + t;
+            xd[t * batch + b] = c->tokens[at];
+            yd[t * batch + b] = c->tokens[at + 1];
+        }
+}
+
+/* ---- the parameter server ---- */
+
+/*  A training step: pull, forward, backward, push. The loss, or NAN. */
+static double train_step(zd_ps_client_t *ps, zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *y,
+                         zd_tensor_t **h, zd_tensor_t **c)
+{
+    double loss_value = NAN;
+    zd_nn_module_zero_grad(m);
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        return NAN;
+    zd_scope_t *s = zd_scope_begin();
+    zd_tensor_t *logits, *hn, *cn, *loss;
+    if (model_forward(m, x, *h, *c, &logits, &hn, &cn) == 0 &&
+        zd_nn_cross_entropy(logits, y, &loss) == 0 && zd_scope_add(loss) &&
+        zd_autograd_backward(loss, NULL, false) == 0 &&
+        zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0) {
+        loss_value = zd_tensor_data(loss)[0];
+        /* the next step starts from these values, without their history */
+        zd_tensor_unref(*h);
+        zd_tensor_unref(*c);
+        *h = zd_tensor_detach(hn);
+        *c = zd_tensor_detach(cn);
+    }
+    zd_scope_end(s);
+    return loss_value;
+}
+
+static int run_trainer(const options_t *o, zd_nn_module_t *m, const corpus_t *text, int index,
+                       const char *me)
+{
+    int ranks[64];
+    for (int s = 0; s < o->shards; s++)
+        ranks[s] = s;
+    zd_ps_options_t po = zd_ps_options_default();
+    po.max_staleness = o->max_staleness;
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, (int)o->shards, &po);
+    int64_t hs[3] = {o->nlayers, o->batch, o->nhid}, xs[2] = {o->bptt, o->batch},
+            ys[1] = {o->bptt * o->batch};
+    zd_tensor_t *h = zd_tensor_new(ZD_FLOAT32, hs, 3), *c = zd_tensor_new(ZD_FLOAT32, hs, 3);
+    zd_tensor_t *x = zd_tensor_new(ZD_INT64, xs, 2), *y = zd_tensor_new(ZD_INT64, ys, 1);
+    double first = 0, last = 0;
+    int64_t done = 0, stale = 0, n_last = 0;
+    while (ps && h && c && x && y && done < o->iterations) {
+        /* each trainer on its own stretch of the streams */
+        corpus_batch(text, done + 997 * index, o->bptt, o->batch, x, y);
+        double loss = train_step(ps, m, x, y, &h, &c);
+        if (isnan(loss) && zd_error_code() == ZD_ERR_STALE) {
+            stale++; /* computed on parameters too old: pull and compute again */
+            continue;
+        }
+        if (isnan(loss))
+            break;
+        first += done < 10 ? loss : 0;
+        last += done >= o->iterations - 10 ? loss : 0;
+        n_last += done >= o->iterations - 10;
+        if (++done % 25 == 0)
+            printf("%s: step %lld  loss %.4f\n", me, (long long)done, loss);
+    }
+    int status = done == o->iterations ? 0 : 1;
+    if (status)
+        fprintf(stderr, "ps_lstm: %s: step %lld: %s\n", me, (long long)done + 1, zd_error_last());
+    else
+        printf("%s: loss went from %.4f (mean of the first 10 steps) to %.4f (mean of the last "
+               "%lld); %lld pushes refused as stale\n",
+               me, first / 10, last / (double)n_last, (long long)n_last, (long long)stale);
+    zd_tensor_unref(h);
+    zd_tensor_unref(c);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    zd_ps_client_free(ps);
+    return status;
+}
+
+int main(int argc, char **argv)
+{
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    /* data, iterations, batch, bptt, ninp, nhid, nlayers, seed, shards, max_staleness, lr */
+    options_t o = {DEFAULT_TEXT, 100, 16, 20, 32, 64, 1, 1, 2, 8, 0.005};
+    flags_world_t w = flags_world_default();
+    const flag_t flags[] = {
+        {"data", FLAG_STRING, &o.data, "the text to model (default: base-files' GPL-3)"},
+        {"iterations", FLAG_INT, &o.iterations, "training steps of each trainer"},
+        {"batch", FLAG_INT, &o.batch, "character streams per step"},
+        {"bptt", FLAG_INT, &o.bptt, "characters per stream and step"},
+        {"ninp", FLAG_INT, &o.ninp, "embedding size"},
+        {"nhid", FLAG_INT, &o.nhid, "LSTM hidden size"},
+        {"nlayers", FLAG_INT, &o.nlayers, "LSTM layers"},
+        {"lr", FLAG_DOUBLE, &o.lr, "Adam's learning rate, on the shards"},
+        {"seed", FLAG_INT, &o.seed, "initial weights"},
+        {"shards", FLAG_INT, &o.shards, "parameter server shards: ranks 0 .. shards-1"},
+        {"max_staleness", FLAG_INT, &o.max_staleness, "versions a push may be behind (-1: any)"},
+        FLAGS_WORLD(w),
+    };
+    int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
+                         "An LSTM language model trained on sharded parameter servers.");
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    if (o.iterations < 10 || o.batch < 1 || o.bptt < 1 || o.ninp < 1 || o.nhid < 1 ||
+        o.nlayers < 1 || o.lr <= 0 || o.shards < 1 || o.shards > 64) {
+        fprintf(stderr,
+                "ps_lstm: --iterations >= 10; --shards from 1 to 64; the sizes and "
+                "--lr positive\n");
+        return 2;
+    }
+    if (flags_world_resolve(&w, o.shards + 3, "ps_lstm") < 0)
+        return 2;
+    if (w.world_size <= o.shards) {
+        fprintf(stderr, "ps_lstm: %lld shards leave no trainer in a world of %lld\n",
+                (long long)o.shards, (long long)w.world_size);
+        return 2;
+    }
+    corpus_t text;
+    zd_nn_module_t *m = NULL;
+    zd_ps_server_t *srv = NULL;
+    bool shard = w.rank < o.shards;
+    char name[32];
+    snprintf(name, sizeof name, shard ? "ps%lld" : "trainer%lld",
+             (long long)(shard ? w.rank : w.rank - o.shards));
+    if (corpus_load(o.data, &text) < 0 || !(m = model_new(&o, text.ntoken))) {
+        fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());
+        free(text.tokens);
+        return 1;
+    }
+    zd_optim_config_t adam = zd_optim_adam_defaults();
+    adam.lr = o.lr;
+    zd_ps_options_t po = zd_ps_options_default();
+    po.max_staleness = o.max_staleness;
+    if (shard && !(srv = zd_ps_server_new_module(m, (int)w.rank, (int)o.shards, &adam, &po))) {
+        fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());
+        return 1;
+    }
+    if (flags_world_init(&w, name, -1, "ps_lstm") < 0)
+        return 1;
+    printf("%s: %lld characters, %d distinct; a guess scores ln(%d) = %.3f\n", name,
+           (long long)text.n, text.ntoken, text.ntoken, log(text.ntoken));
+    /* A shard serves until every trainer is done: it waits without a limit. */
+    int status = shard ? 0 : run_trainer(&o, m, &text, (int)(w.rank - o.shards), name);
+    if (zd_rpc_shutdown(true, shard ? ZD_TIMEOUT_NONE : ZD_TIMEOUT_DEFAULT) < 0) {
+        fprintf(stderr, "ps_lstm: %s: shutdown: %s\n", name, zd_error_last());
+        status = 1;
+    }
+    if (srv)
+        printf("%s: %lld steps taken\n", name, (long long)zd_ps_server_version(srv));
+    zd_ps_server_free(srv);
+    zd_nn_module_free(m);
+    free(text.tokens);
+    return status;
+}

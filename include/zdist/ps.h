@@ -1,0 +1,166 @@
+/* SPDX-License-Identifier: MIT */
+/*  ps.h: a push/pull parameter server for any model (Ray's and ps-lite's
+    pattern), over N server shards.
+
+        // every shard process, before zd_rpc_init:
+        zd_optim_config_t sgd = zd_optim_sgd_defaults(0.05);
+        zd_ps_server_t *srv = zd_ps_server_new(params, shard, n_shards, &sgd, &opts);
+        // every trainer, after zd_rpc_init, holding a replica of the model:
+        zd_ps_client_t *ps = zd_ps_client_new(replica, shard_ranks, n_shards, &opts);
+        for (...) {
+            zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT);   // the shards' parameters, into the replica
+            ... forward, zd_autograd_backward ...
+            zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT);   // the replica's .grad, to the shards
+        }
+
+    The parameters are named tensors (a module's: zd_ps_server_new_module,
+    zd_ps_client_new_module). They are split over the shards by size, the
+    same way in every process (zd_ps_split), and each shard steps its part
+    with a local optimizer of its own (optim.h, any kind).
+
+    Two modes (zd_ps_options_t.mode):
+    - ZD_PS_SYNC, synchronous rounds (PyTorch's batch-update parameter
+      server): a shard answers the pushes of a round when all num_trainers
+      gradients are in, after one step with their mean; a push must carry
+      the version of the parameters its trainer pulled.
+    - ZD_PS_ASYNC: every push is one step at once. A push computed on
+      parameters older than the shard's version minus max_staleness is
+      refused with ZD_ERR_STALE (pull and compute again).
+
+    Every push is checked on the shard before anything changes: names it
+    serves, each once, all of them, float32 of the served shapes, finite
+    (the error names the tensor and the element). Trainer calls fail with
+    a code a program can act on: ZD_ERR_PEER (a shard lost), ZD_ERR_STALE
+    (a push refused as stale), ZD_ERR_STOPPED (the shard was told to stop:
+    zd_ps_server_stop), ZD_ERR_TIMEOUT, ZD_ERR_ARGUMENT (a push refused:
+    the text names the tensor). */
+#ifndef ZDIST_PS_H
+#define ZDIST_PS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <zdist/module.h>
+#include <zdist/named_tensors.h>
+#include <zdist/optim.h>
+#include <zdist/rpc.h>
+#include <zdist/export.h>
+
+ZD_BEGIN_DECLS
+
+typedef enum {
+    ZD_PS_ASYNC = 1, /* every push is a step at once, bounded by max_staleness */
+    ZD_PS_SYNC,      /* a step per round of num_trainers pushes, with their mean */
+} zd_ps_mode_t;
+
+/*  The options shards and trainers share (both must use the same mode).
+    Start from zd_ps_options_default(). */
+typedef struct {
+    size_t size;           /* set by zd_ps_options_default() */
+    zd_ps_mode_t mode;     /* ZD_PS_ASYNC */
+    int num_trainers;      /* ZD_PS_SYNC: pushes per round (1) */
+    int64_t max_staleness; /* ZD_PS_ASYNC: a push may be this many versions behind the
+                                shard; -1 (the default): any number */
+} zd_ps_options_t;
+
+/*  Asynchronous mode, no bound on staleness, with size set (inline: this
+    program's size). Returns the struct. */
+static inline zd_ps_options_t zd_ps_options_default(void)
+{
+    zd_ps_options_t o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    o.mode = ZD_PS_ASYNC;
+    o.num_trainers = 1;
+    o.max_staleness = -1;
+    return o;
+}
+
+/*  The split of params over n_shards, balanced by size: fills shard_of[i]
+    (n entries, n = zd_named_tensors_len(params)) with the shard of
+    tensor i. Depends on the names and sizes only, not on their order, so
+    every process computes the same split. 0, or -1 (ZD_ERR_ARGUMENT). */
+ZD_API int zd_ps_split(const zd_named_tensors_t *params, int n_shards, int *shard_of, int n);
+
+/*  ---- server side ---- */
+
+typedef struct zd_ps_server zd_ps_server_t;
+
+/*  A server of shard `shard` of n_shards of params (float32; copied: the
+    shard's part only), stepped by an optimizer made from optim, with opts
+    (NULL: the defaults). Registers the shard's RPC functions, so call it
+    before zd_rpc_init; free it after zd_rpc_shutdown. A process may serve
+    several shards. A new object (zd_ps_server_free), or NULL
+    (ZD_ERR_ARGUMENT: a bad shard, a tensor given twice (tied), a shard
+    left without tensors, a bad config). */
+ZD_API zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, int n_shards,
+                                        const zd_optim_config_t *optim,
+                                        const zd_ps_options_t *opts);
+
+/*  zd_ps_server_new over a module's parameters (each tensor once, under
+    the name it was first seen with): a new object (zd_ps_server_free), or
+    NULL. */
+ZD_API zd_ps_server_t *zd_ps_server_new_module(const zd_nn_module_t *m, int shard, int n_shards,
+                                               const zd_optim_config_t *optim,
+                                               const zd_ps_options_t *opts);
+
+/*  Stops the shard: pushes waiting for their round, and every later push
+    and pull, are answered with ZD_ERR_STOPPED. 0, or -1 for NULL. */
+ZD_API int zd_ps_server_stop(zd_ps_server_t *s);
+
+/*  The shard's version: the number of steps it took. */
+ZD_API int64_t zd_ps_server_version(zd_ps_server_t *s);
+
+/*  A copy of the shard's current parameters: a new object
+    (zd_named_tensors_free), or NULL. */
+ZD_API zd_named_tensors_t *zd_ps_server_params(zd_ps_server_t *s);
+
+/*  Unregisters the shard's functions and frees it (NULL-safe). After
+    zd_rpc_shutdown, or before zd_rpc_init. */
+ZD_API void zd_ps_server_free(zd_ps_server_t *s);
+
+/*  ---- trainer side ---- */
+
+typedef struct zd_ps_client zd_ps_client_t;
+
+/*  A trainer's client for the replica params (the list is borrowed; the
+    client takes a reference to each tensor, pulls into it and pushes its
+    .grad), served by the shards whose ranks are shard_ranks[0..n_shards-1], with
+    opts (NULL: the defaults; the shards' mode). Sends nothing yet. A new
+    object (zd_ps_client_free), or NULL (ZD_ERR_ARGUMENT). */
+ZD_API zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
+                                        int n_shards, const zd_ps_options_t *opts);
+
+/*  zd_ps_client_new over a module's parameters (each tensor once): a new
+    object (zd_ps_client_free), or NULL. */
+ZD_API zd_ps_client_t *zd_ps_client_new_module(zd_nn_module_t *m, const int *shard_ranks,
+                                               int n_shards, const zd_ps_options_t *opts);
+
+/*  Fetches the current parameters from every shard at once, waits for all
+    (each answer up to timeout_ms; default zd_rpc_get_timeout()), checks
+    them, and copies them into the replica. 0, or -1 with the replica
+    unchanged: ZD_ERR_PEER (a shard lost: the text names it),
+    ZD_ERR_STOPPED, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE (a bad answer). */
+ZD_API int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms);
+
+/*  Sends the replica's gradients (.grad of each tensor; all must have one)
+    to their shards, tagged with the versions last pulled, and waits for
+    every shard's answer (up to timeout_ms each; default
+    zd_rpc_get_timeout()): in ZD_PS_SYNC mode, until the round is complete.
+    0, or -1: ZD_ERR_STALE, ZD_ERR_PEER, ZD_ERR_STOPPED, ZD_ERR_TIMEOUT,
+    ZD_ERR_ARGUMENT (refused: the text names the tensor). A shard that
+    refused took nothing; the others may have taken theirs. */
+ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
+
+/*  The version of shard `shard`'s parameters in the replica: the last
+    pull's (-1 before the first pull, or for a bad shard). */
+ZD_API int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard);
+
+/*  Frees the client (NULL-safe); the replica stays the caller's. */
+ZD_API void zd_ps_client_free(zd_ps_client_t *c);
+
+ZD_END_DECLS
+
+#endif

@@ -1,0 +1,906 @@
+/* SPDX-License-Identifier: MIT */
+/*  ps.c: the push/pull parameter server (ps.h).
+
+    A shard serves two functions of its own, "__zd_ps_pull_<shard>" and
+    "__zd_ps_push_<shard>", so that one process may serve several shards.
+    Every answer is a list [code, version, text, ...] rather than an RPC
+    error: an RPC error reaches the caller as ZD_ERR_REMOTE whatever its
+    code, and a trainer must tell a stale push from a refused one. The
+    codes a shard may answer are a fixed few; the client reads any other
+    as a bad answer. */
+#include <zdist/ps.h>
+
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/error.h>
+#include "core/sized.h"
+
+#define FN_PULL "__zd_ps_pull_"
+#define FN_PUSH "__zd_ps_push_"
+
+static int read_options(zd_ps_options_t *o, const zd_ps_options_t *in)
+{
+    *o = zd_ps_options_default();
+    if (in &&
+        zd__sized_read(o, sizeof *o, in, ZD__SIZE_THROUGH(zd_ps_options_t, max_staleness),
+                       "zd_ps_options_t", "zd_ps_options_default()") < 0)
+        return -1;
+    if (o->mode != ZD_PS_ASYNC && o->mode != ZD_PS_SYNC)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: unknown mode %d", (int)o->mode);
+    if (o->mode == ZD_PS_SYNC && o->num_trainers < 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: num_trainers must be >= 1, got %d",
+                                 o->num_trainers);
+    return 0;
+}
+
+/*  ---- the split ---- */
+
+typedef struct {
+    const char *name;
+    int64_t numel;
+    int index;
+} split_item_t;
+
+static int by_size_then_name(const void *a, const void *b)
+{
+    const split_item_t *x = a, *y = b;
+    if (x->numel != y->numel)
+        return x->numel > y->numel ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+int zd_ps_split(const zd_named_tensors_t *params, int n_shards, int *shard_of, int n)
+{
+    if (!params || !shard_of || n_shards < 1 || n != zd_named_tensors_len(params))
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_ps_split: give the tensors, n_shards >= 1 (got %d) and an "
+                                 "array of their number (%d, got %d)",
+                                 n_shards, params ? zd_named_tensors_len(params) : 0, n);
+    if (n == 0)
+        return 0;
+    split_item_t *items = malloc((size_t)n * sizeof *items);
+    int64_t *load = calloc((size_t)n_shards, sizeof *load);
+    if (!items || !load) {
+        free(items);
+        free(load);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_split: out of memory");
+    }
+    for (int i = 0; i < n; i++)
+        items[i] = (split_item_t){zd_named_tensors_name(params, i),
+                                  zd_tensor_numel(zd_named_tensors_tensor(params, i)), i};
+    /* Largest first onto the lightest shard: sorted by size and name, so
+       that the order the process listed them in does not matter. */
+    qsort(items, (size_t)n, sizeof *items, by_size_then_name);
+    for (int i = 0; i < n; i++) {
+        int best = 0;
+        for (int s = 1; s < n_shards; s++)
+            if (load[s] < load[best])
+                best = s;
+        load[best] += items[i].numel;
+        shard_of[items[i].index] = best;
+    }
+    free(items);
+    free(load);
+    return 0;
+}
+
+/*  The tensors a process gives must be float32, and each tensor once:
+    a tied tensor under two names would be stepped twice. */
+static int check_params(const zd_named_tensors_t *params, const char *who)
+{
+    int n = zd_named_tensors_len(params);
+    if (n < 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no tensors to serve", who);
+    for (int i = 0; i < n; i++) {
+        zd_tensor_t *t = zd_named_tensors_tensor(params, i);
+        if (zd_tensor_dtype(t) != ZD_FLOAT32)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: \"%s\" is %s, not float32", who,
+                                     zd_named_tensors_name(params, i),
+                                     zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        for (int j = 0; j < i; j++)
+            if (zd_named_tensors_tensor(params, j) == t)
+                return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                         "%s: \"%s\" and \"%s\" are the same tensor (tied): give "
+                                         "it once",
+                                         who, zd_named_tensors_name(params, j),
+                                         zd_named_tensors_name(params, i));
+    }
+    return 0;
+}
+
+/*  The split of params, checked to leave no shard empty: caller frees. */
+static int *split_checked(const zd_named_tensors_t *params, int n_shards, const char *who)
+{
+    int n = zd_named_tensors_len(params);
+    int *shard_of = malloc((size_t)n * sizeof *shard_of);
+    int *count = calloc((size_t)(n_shards > 0 ? n_shards : 1), sizeof *count);
+    if (!shard_of || !count) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", who);
+        goto fail;
+    }
+    if (zd_ps_split(params, n_shards, shard_of, n) < 0) {
+        zd_error_wrap("%s", who);
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        count[shard_of[i]]++;
+    for (int s = 0; s < n_shards; s++)
+        if (count[s] == 0) {
+            zd_error_set_code(ZD_ERR_ARGUMENT, "%s: %d tensors leave shard %d of %d empty", who, n,
+                              s, n_shards);
+            goto fail;
+        }
+    free(count);
+    return shard_of;
+fail:
+    free(shard_of);
+    free(count);
+    return NULL;
+}
+
+/*  A module's parameters, each tensor once: a new object. */
+static zd_named_tensors_t *module_params(const zd_nn_module_t *m)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    for (int i = 0; nt && m && i < zd_nn_module_n_params(m); i++)
+        if (zd_named_tensors_add(nt, zd_nn_module_param_name(m, i), zd_nn_module_param(m, i)) < 0) {
+            zd_named_tensors_free(nt);
+            return NULL;
+        }
+    if (!m) {
+        zd_named_tensors_free(nt);
+        zd_error_set_code(ZD_ERR_ARGUMENT, "ps: the module is NULL");
+        return NULL;
+    }
+    return nt;
+}
+
+/*  The first element of t that is not finite, or -1. */
+static int64_t first_not_finite(const zd_tensor_t *t)
+{
+    const float *p = zd_tensor_data(t);
+    int64_t n = zd_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(p[i]))
+            return i;
+    return -1;
+}
+
+/*  t, checked against the served tensor like: dtype, shape, finite. */
+static int check_tensor(const zd_tensor_t *t, const zd_tensor_t *like, const char *name)
+{
+    char want[96], got[96];
+    if (zd_tensor_dtype(t) != ZD_FLOAT32)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" is %s, not float32", name,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(t)));
+    if (!zd_tensor_same_shape(t, like))
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" has shape %s, not %s", name,
+                                 zd_tensor_shape_str(t, got, sizeof got),
+                                 zd_tensor_shape_str(like, want, sizeof want));
+    int64_t bad = first_not_finite(t);
+    if (bad >= 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" element %" PRId64 " is %g, not finite",
+                                 name, bad, (double)zd_tensor_data(t)[bad]);
+    return 0;
+}
+
+/*  Reads the (name, tensor) pairs of list from item `from` on, for the
+    n tensors `names`/`like` (want[i] false: not expected here, as an
+    unknown name): got[i] borrowed from list. Each expected name exactly
+    once. */
+static int read_pairs(const zd_value_t *list, size_t from, char *const *names,
+                      zd_tensor_t *const *like, const bool *want, int n, zd_tensor_t **got)
+{
+    size_t len = zd_list_len(list);
+    if (len < from || (len - from) % 2 != 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "expected (name, tensor) pairs, got %zu items",
+                                 len - from);
+    for (int i = 0; i < n; i++)
+        got[i] = NULL;
+    for (size_t k = from; k < len; k += 2) {
+        const char *name;
+        zd_tensor_t *t;
+        if (zd_value_get_string(zd_list_get(list, k), &name) < 0 ||
+            zd_value_get_tensor(zd_list_get(list, k + 1), &t) < 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "item %zu: %s", k, zd_error_last());
+        int i = 0;
+        while (i < n && !(want[i] && strcmp(names[i], name) == 0))
+            i++;
+        if (i == n)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "no tensor \"%.80s\" here", name);
+        if (got[i])
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" given twice", names[i]);
+        if (check_tensor(t, like[i], names[i]) < 0)
+            return -1;
+        got[i] = t;
+    }
+    for (int i = 0; i < n; i++)
+        if (want[i] && !got[i])
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" missing", names[i]);
+    return 0;
+}
+
+/*  ---- server side ---- */
+
+struct zd_ps_server {
+    int shard, n_shards;
+    zd_ps_options_t opts;
+    char fn_pull[32], fn_push[32];
+    int n;                /* tensors served */
+    char **names;         /* theirs */
+    zd_tensor_t **params; /* the shard's own copies, stepped by opt */
+    bool *all;            /* n times true: every name is expected */
+    zd_optim_t *opt;
+
+    pthread_mutex_t lock; /* everything below; steps and pulls too */
+    int64_t version;
+    bool stopped;
+    /* ZD_PS_SYNC: the round being gathered */
+    zd_tensor_t **sums;    /* the round's sum of gradients, per tensor */
+    int n_pushed;          /* pushes in the round */
+    int *pushed_by;        /* their callers' ranks */
+    zd_future_t **waiting; /* their answers, completed with the round */
+};
+
+/*  The answer [code, version, text]: a new reference, or NULL. */
+static zd_value_t *answer_new(zd_error_code_t code, int64_t version, const char *text)
+{
+    zd_value_t *v = zd_value_list(3);
+    if (!v || zd_list_append(v, zd_value_int(code)) < 0 ||
+        zd_list_append(v, zd_value_int(version)) < 0 ||
+        zd_list_append(v, zd_value_string(text)) < 0) {
+        zd_value_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+/*  Completes f with an answer (or, out of memory, with an error). */
+static void answer(zd_future_t *f, zd_error_code_t code, int64_t version, const char *text)
+{
+    zd_value_t *v = answer_new(code, version, text);
+    if (v)
+        zd_future_set_value(f, v);
+    else
+        zd_future_set_error_code(f, ZD_ERR_NO_MEMORY, "ps: out of memory answering");
+    zd_value_unref(v);
+}
+
+/*  Takes the round's waiting answers out (under the lock): the caller
+    completes them once it let the lock go, since completing one sends it. */
+static zd_future_t **take_waiting(zd_ps_server_t *s, int *n)
+{
+    zd_future_t **out = malloc((size_t)s->opts.num_trainers * sizeof *out);
+    *n = 0;
+    if (!out)
+        return NULL;
+    for (int i = 0; i < s->n_pushed; i++)
+        out[(*n)++] = s->waiting[i];
+    s->n_pushed = 0;
+    for (int i = 0; i < s->n; i++)
+        zd_tensor_zero_(s->sums[i]);
+    return out;
+}
+
+static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t version,
+                       const char *text)
+{
+    for (int i = 0; i < n; i++) {
+        answer(fs[i], code, version, text);
+        zd_future_unref(fs[i]);
+    }
+    free(fs);
+}
+
+/*  One step with grads (under the lock). */
+static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
+{
+    if (zd_optim_step(s->opt, grads) < 0)
+        return -1;
+    s->version++;
+    return 0;
+}
+
+/*  Adds grads to the round (under the lock); when the round is complete,
+    steps with their mean. *done: the answers to send, else NULL. */
+static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t *const *grads,
+                     zd_future_t ***done, int *n_done)
+{
+    *done = NULL;
+    for (int i = 0; i < s->n_pushed; i++)
+        if (s->pushed_by[i] == caller)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "rank %d pushed twice in round %" PRId64 " of shard %d",
+                                     caller, s->version, s->shard);
+    for (int i = 0; i < s->n; i++) {
+        float *sum = zd_tensor_data(s->sums[i]);
+        const float *g = zd_tensor_data(grads[i]);
+        for (int64_t k = 0; k < zd_tensor_numel(grads[i]); k++)
+            sum[k] += g[k];
+    }
+    s->pushed_by[s->n_pushed] = caller;
+    s->waiting[s->n_pushed++] = zd_future_ref(f);
+    if (s->n_pushed < s->opts.num_trainers)
+        return 0;
+    float count = (float)s->n_pushed;
+    for (int i = 0; i < s->n; i++) {
+        float *sum = zd_tensor_data(s->sums[i]);
+        for (int64_t k = 0; k < zd_tensor_numel(s->sums[i]); k++)
+            sum[k] /= count;
+    }
+    int rc = step(s, s->sums);
+    *done = take_waiting(s, n_done);
+    if (!*done) {
+        /* Out of memory: the answers are lost with the list; their
+           callers time out rather than hang. */
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    }
+    return rc;
+}
+
+static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    zd_ps_server_t *s = arg;
+    zd_future_t *f = zd_future_new();
+    zd_tensor_t **grads = calloc((size_t)s->n, sizeof *grads);
+    if (!f || !grads) {
+        zd_future_unref(f);
+        free(grads);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+        return NULL;
+    }
+    int64_t version = -1;
+    zd_error_code_t code = ZD_OK;
+    char text[512] = "";
+    zd_future_t **done = NULL;
+    int n_done = 0;
+    bool reply = true; /* false: f waits for the round */
+    pthread_mutex_lock(&s->lock);
+    int64_t now = s->version;
+    if (s->stopped) {
+        code = ZD_ERR_STOPPED;
+        snprintf(text, sizeof text, "shard %d stopped", s->shard);
+    } else if (zd_rpc_arg_int(args, 0, &version) < 0 ||
+               read_pairs(args, 1, s->names, s->params, s->all, s->n, grads) < 0) {
+        code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text, "refused by shard %d: %s", s->shard, zd_error_last());
+    } else if (version > now || version < 0) {
+        code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text,
+                 "refused by shard %d: version %" PRId64 ", the shard is at %" PRId64, s->shard,
+                 version, now);
+    } else if (s->opts.mode == ZD_PS_SYNC
+                   ? version < now
+                   : s->opts.max_staleness >= 0 && now - version > s->opts.max_staleness) {
+        code = ZD_ERR_STALE;
+        snprintf(text, sizeof text,
+                 "refused by shard %d as stale: computed on version %" PRId64
+                 ", the shard is at %" PRId64 " (max_staleness %" PRId64 ")",
+                 s->shard, version, now, s->opts.mode == ZD_PS_SYNC ? 0 : s->opts.max_staleness);
+    } else if (s->opts.mode == ZD_PS_ASYNC) {
+        if (step(s, grads) < 0) {
+            code = ZD_ERR_OTHER;
+            snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+        }
+    } else {
+        int rc = sync_push(s, f, zd_rpc_call_caller_rank(call), grads, &done, &n_done);
+        if (rc < 0) {
+            code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
+            snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+        } else if (!done) {
+            reply = false;
+        }
+    }
+    now = s->version;
+    pthread_mutex_unlock(&s->lock);
+    free(grads);
+    if (done) {
+        /* f is among them when the round is complete (or failed at its step). */
+        answer_all(done, n_done, code, now, text);
+    } else if (reply) {
+        answer(f, code, now, text);
+    }
+    return f;
+}
+
+static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    (void)args;
+    zd_ps_server_t *s = arg;
+    zd_value_t *v = NULL;
+    pthread_mutex_lock(&s->lock);
+    if (s->stopped) {
+        char text[64];
+        snprintf(text, sizeof text, "shard %d stopped", s->shard);
+        v = answer_new(ZD_ERR_STOPPED, s->version, text);
+        goto out;
+    }
+    /* Copies taken under the lock: a step after the answer leaves cannot
+       tear what it carries. */
+    v = answer_new(ZD_OK, s->version, "");
+    for (int i = 0; v && i < s->n; i++) {
+        zd_tensor_t *copy = zd_tensor_detach_copy(s->params[i]);
+        zd_value_t *t = copy ? zd_value_tensor(copy) : NULL;
+        zd_tensor_unref(copy);
+        if (!t || zd_list_append(v, zd_value_string(s->names[i])) < 0 || zd_list_append(v, t) < 0) {
+            zd_value_unref(v);
+            v = NULL;
+        }
+    }
+out:
+    pthread_mutex_unlock(&s->lock);
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
+    return v;
+}
+
+zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, int n_shards,
+                                 const zd_optim_config_t *optim, const zd_ps_options_t *opts)
+{
+    zd_ps_options_t o;
+    if (!params || !optim) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: params and optim are required");
+        return NULL;
+    }
+    if (n_shards < 1 || shard < 0 || shard >= n_shards) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: shard %d of %d", shard, n_shards);
+        return NULL;
+    }
+    if (read_options(&o, opts) < 0 || check_params(params, "zd_ps_server_new") < 0)
+        return NULL;
+    int *shard_of = split_checked(params, n_shards, "zd_ps_server_new");
+    if (!shard_of)
+        return NULL;
+    zd_ps_server_t *s = calloc(1, sizeof *s);
+    int n = zd_named_tensors_len(params), mine = 0;
+    for (int i = 0; i < n; i++)
+        mine += shard_of[i] == shard;
+    if (!s)
+        goto oom;
+    s->shard = shard;
+    s->n_shards = n_shards;
+    s->opts = o;
+    pthread_mutex_init(&s->lock, NULL);
+    snprintf(s->fn_pull, sizeof s->fn_pull, FN_PULL "%d", shard);
+    snprintf(s->fn_push, sizeof s->fn_push, FN_PUSH "%d", shard);
+    s->names = calloc((size_t)mine, sizeof *s->names);
+    s->params = calloc((size_t)mine, sizeof *s->params);
+    s->sums = calloc((size_t)mine, sizeof *s->sums);
+    s->all = malloc((size_t)mine * sizeof *s->all);
+    s->pushed_by = calloc((size_t)o.num_trainers, sizeof *s->pushed_by);
+    s->waiting = calloc((size_t)o.num_trainers, sizeof *s->waiting);
+    if (!s->names || !s->params || !s->sums || !s->all || !s->pushed_by || !s->waiting)
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        if (shard_of[i] != shard)
+            continue;
+        zd_tensor_t *t = zd_named_tensors_tensor(params, i);
+        int k = s->n++;
+        s->all[k] = true;
+        if (!(s->names[k] = strdup(zd_named_tensors_name(params, i))) ||
+            !(s->params[k] = zd_tensor_detach_copy(t)) ||
+            !(s->sums[k] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(t), zd_tensor_ndim(t))))
+            goto oom;
+    }
+    free(shard_of);
+    shard_of = NULL;
+    if (!(s->opt = zd_optim_new(optim, s->params, s->n))) {
+        zd_error_wrap("zd_ps_server_new: shard %d", shard);
+        goto fail;
+    }
+    zd_rpc_function_t push = zd_rpc_function_default();
+    push.async_fn = serve_push;
+    push.arg = s;
+    if (zd_rpc_register_function(s->fn_push, &push) < 0 ||
+        zd_rpc_register(s->fn_pull, serve_pull, s) < 0) {
+        zd_rpc_unregister(s->fn_push);
+        goto fail;
+    }
+    return s;
+oom:
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_server_new: out of memory");
+fail:
+    free(shard_of);
+    if (s) {
+        /* Nothing registered: free without unregistering. */
+        s->fn_pull[0] = s->fn_push[0] = '\0';
+        zd_ps_server_free(s);
+    }
+    return NULL;
+}
+
+zd_ps_server_t *zd_ps_server_new_module(const zd_nn_module_t *m, int shard, int n_shards,
+                                        const zd_optim_config_t *optim, const zd_ps_options_t *opts)
+{
+    zd_named_tensors_t *params = module_params(m);
+    if (!params)
+        return NULL;
+    zd_ps_server_t *s = zd_ps_server_new(params, shard, n_shards, optim, opts);
+    zd_named_tensors_free(params);
+    return s;
+}
+
+int zd_ps_server_stop(zd_ps_server_t *s)
+{
+    if (!s)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_stop: NULL");
+    pthread_mutex_lock(&s->lock);
+    s->stopped = true;
+    int n = 0;
+    zd_future_t **fs = take_waiting(s, &n);
+    int64_t version = s->version;
+    pthread_mutex_unlock(&s->lock);
+    char text[64];
+    snprintf(text, sizeof text, "shard %d stopped", s->shard);
+    answer_all(fs, n, ZD_ERR_STOPPED, version, text);
+    return 0;
+}
+
+int64_t zd_ps_server_version(zd_ps_server_t *s)
+{
+    if (!s)
+        return -1;
+    pthread_mutex_lock(&s->lock);
+    int64_t v = s->version;
+    pthread_mutex_unlock(&s->lock);
+    return v;
+}
+
+zd_named_tensors_t *zd_ps_server_params(zd_ps_server_t *s)
+{
+    if (!s) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_params: NULL");
+        return NULL;
+    }
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; nt && i < s->n; i++) {
+        zd_tensor_t *copy = zd_tensor_detach_copy(s->params[i]);
+        int rc = copy ? zd_named_tensors_add(nt, s->names[i], copy) : -1;
+        zd_tensor_unref(copy);
+        if (rc < 0) {
+            zd_named_tensors_free(nt);
+            nt = NULL;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return nt;
+}
+
+void zd_ps_server_free(zd_ps_server_t *s)
+{
+    if (!s)
+        return;
+    if (s->fn_push[0]) {
+        zd_rpc_unregister(s->fn_push);
+        zd_rpc_unregister(s->fn_pull);
+    }
+    if (s->waiting)
+        zd_ps_server_stop(s); /* answers a round left incomplete, so no future leaks */
+    for (int i = 0; i < s->n; i++) {
+        free(s->names[i]);
+        zd_tensor_unref(s->params[i]);
+        zd_tensor_unref(s->sums[i]);
+    }
+    zd_optim_free(s->opt);
+    free(s->names);
+    free(s->params);
+    free(s->sums);
+    free(s->all);
+    free(s->pushed_by);
+    free(s->waiting);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/*  ---- trainer side ---- */
+
+struct zd_ps_client {
+    zd_ps_options_t opts;
+    int n_shards;
+    int *ranks;        /* of each shard */
+    int64_t *version;  /* of each shard's parameters in the replica */
+    int n;             /* tensors */
+    char **names;      /* theirs */
+    zd_tensor_t **ts;  /* the replica's tensors (references) */
+    int *shard_of;     /* of each tensor */
+    bool *of_shard;    /* scratch: n flags, the tensors of one shard */
+    zd_tensor_t **got; /* scratch: n tensors of an answer */
+};
+
+zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
+                                 int n_shards, const zd_ps_options_t *opts)
+{
+    zd_ps_options_t o;
+    if (!params || !shard_ranks || n_shards < 1) {
+        zd_error_set_code(ZD_ERR_ARGUMENT,
+                          "zd_ps_client_new: give the replica's tensors and the ranks of "
+                          "n_shards >= 1 shards (got %d)",
+                          n_shards);
+        return NULL;
+    }
+    if (read_options(&o, opts) < 0 || check_params(params, "zd_ps_client_new") < 0)
+        return NULL;
+    zd_ps_client_t *c = calloc(1, sizeof *c);
+    int n = zd_named_tensors_len(params);
+    if (!c)
+        goto oom;
+    c->opts = o;
+    c->n_shards = n_shards;
+    c->ranks = malloc((size_t)n_shards * sizeof *c->ranks);
+    c->version = malloc((size_t)n_shards * sizeof *c->version);
+    c->names = calloc((size_t)n, sizeof *c->names);
+    c->ts = calloc((size_t)n, sizeof *c->ts);
+    c->of_shard = calloc((size_t)n, sizeof *c->of_shard);
+    c->got = calloc((size_t)n, sizeof *c->got);
+    if (!c->ranks || !c->version || !c->names || !c->ts || !c->of_shard || !c->got)
+        goto oom;
+    for (int s = 0; s < n_shards; s++) {
+        c->ranks[s] = shard_ranks[s];
+        c->version[s] = -1;
+    }
+    for (int i = 0; i < n; i++) {
+        c->n++;
+        c->ts[i] = zd_tensor_ref(zd_named_tensors_tensor(params, i));
+        if (!(c->names[i] = strdup(zd_named_tensors_name(params, i))))
+            goto oom;
+    }
+    if (!(c->shard_of = split_checked(params, n_shards, "zd_ps_client_new")))
+        goto fail;
+    return c;
+oom:
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_new: out of memory");
+fail:
+    zd_ps_client_free(c);
+    return NULL;
+}
+
+zd_ps_client_t *zd_ps_client_new_module(zd_nn_module_t *m, const int *shard_ranks, int n_shards,
+                                        const zd_ps_options_t *opts)
+{
+    zd_named_tensors_t *params = module_params(m);
+    if (!params)
+        return NULL;
+    zd_ps_client_t *c = zd_ps_client_new(params, shard_ranks, n_shards, opts);
+    zd_named_tensors_free(params);
+    return c;
+}
+
+void zd_ps_client_free(zd_ps_client_t *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->n; i++) {
+        free(c->names[i]);
+        zd_tensor_unref(c->ts[i]);
+    }
+    free(c->ranks);
+    free(c->version);
+    free(c->names);
+    free(c->ts);
+    free(c->shard_of);
+    free(c->of_shard);
+    free(c->got);
+    free(c);
+}
+
+int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard)
+{
+    if (!c || shard < 0 || shard >= c->n_shards)
+        return -1;
+    return c->version[shard];
+}
+
+static int64_t call_timeout(int64_t timeout_ms)
+{
+    return timeout_ms < 0 ? zd_rpc_get_timeout() : timeout_ms;
+}
+
+/*  Sets the error of a call to shard s that failed (f NULL: it could not
+    start; the error is the thread's): a lost shard is ZD_ERR_PEER whatever
+    the call saw first. */
+static int call_failed(const zd_ps_client_t *c, int s, const char *what, zd_future_t *f)
+{
+    zd_error_code_t code = f ? zd_future_error_code(f) : zd_error_code();
+    char text[512];
+    snprintf(text, sizeof text, "%s", f ? zd_future_error(f) : zd_error_last());
+    if (code == ZD_ERR_PEER || zd_rpc_peer_is_lost(c->ranks[s]))
+        return zd_error_set_code(ZD_ERR_PEER, "ps: %s: shard %d (rank %d) lost: %s", what, s,
+                                 c->ranks[s], text);
+    return zd_error_set_code(code == ZD_OK ? ZD_ERR_OTHER : code, "ps: %s: shard %d (rank %d): %s",
+                             what, s, c->ranks[s], text);
+}
+
+/*  Reads the head [code, version, text] of shard s's answer v; 0 with
+    *version for ZD_OK, else -1 with the shard's code. */
+static int read_head(const zd_ps_client_t *c, int s, const char *what, const zd_value_t *v,
+                     int64_t *version)
+{
+    int64_t code;
+    const char *text;
+    if (zd_rpc_arg_int(v, 0, &code) < 0 || zd_rpc_arg_int(v, 1, version) < 0 ||
+        zd_rpc_arg_string(v, 2, &text) < 0 || *version < 0)
+        return zd_error_set_code(ZD_ERR_REMOTE, "ps: %s: shard %d (rank %d) answered badly: %s",
+                                 what, s, c->ranks[s], zd_error_last());
+    switch (code) {
+    case ZD_OK:
+        return 0;
+    case ZD_ERR_STALE:
+    case ZD_ERR_STOPPED:
+    case ZD_ERR_ARGUMENT:
+    case ZD_ERR_OTHER:
+    case ZD_ERR_NO_MEMORY:
+        return zd_error_set_code((zd_error_code_t)code, "ps: %s: %.400s", what, text);
+    default:
+        return zd_error_set_code(ZD_ERR_REMOTE,
+                                 "ps: %s: shard %d (rank %d) answered with code %" PRId64, what, s,
+                                 c->ranks[s], code);
+    }
+}
+
+/*  Waits for the n_shards futures (each up to timeout_ms) and checks each
+    answer's head; versions[s] gets shard s's version. The first failure
+    in shard order is the error. */
+static int wait_answers(const zd_ps_client_t *c, const char *what, zd_future_t **fs,
+                        int64_t timeout_ms, int64_t *versions)
+{
+    int rc = 0;
+    for (int s = 0; s < c->n_shards; s++) {
+        if (zd_future_wait(fs[s], timeout_ms) < 0) {
+            if (rc == 0)
+                rc = zd_future_done(fs[s])
+                    ? call_failed(c, s, what, fs[s])
+                    : zd_error_wrap("ps: %s: shard %d (rank %d)", what, s, c->ranks[s]);
+            continue;
+        }
+        if (rc == 0 && read_head(c, s, what, zd_future_value(fs[s]), &versions[s]) < 0)
+            rc = -1;
+    }
+    return rc;
+}
+
+/*  Starts fn_prefix<s> on every shard with args[s] (borrowed; NULL: no
+    arguments); fs[s]: the futures, NULL where the call failed at once
+    (the error is then set and -1 returned, the others still started). */
+static int start_calls(const zd_ps_client_t *c, const char *what, const char *fn_prefix,
+                       zd_value_t *const *args, int64_t timeout_ms, zd_future_t **fs)
+{
+    int rc = 0;
+    for (int s = 0; s < c->n_shards; s++) {
+        char fn[32];
+        snprintf(fn, sizeof fn, "%s%d", fn_prefix, s);
+        fs[s] = zd_rpc_async(c->ranks[s], fn, args[s], timeout_ms);
+        if (!fs[s] && rc == 0)
+            rc = call_failed(c, s, what, NULL);
+    }
+    return rc;
+}
+
+static void futures_free(zd_future_t **fs, int n)
+{
+    for (int i = 0; i < n; i++)
+        zd_future_unref(fs[i]);
+    free(fs);
+}
+
+int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (!c)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_pull: NULL");
+    int64_t t = call_timeout(timeout_ms);
+    zd_future_t **fs = calloc((size_t)c->n_shards, sizeof *fs);
+    zd_value_t **args = calloc((size_t)c->n_shards, sizeof *args);
+    int64_t *versions = malloc((size_t)c->n_shards * sizeof *versions);
+    int rc = -1;
+    if (!fs || !args || !versions) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_pull: out of memory");
+        goto out;
+    }
+    if (start_calls(c, "pull", FN_PULL, args, t, fs) < 0 ||
+        wait_answers(c, "pull", fs, t, versions) < 0)
+        goto out;
+    /* Everything checked before the replica changes. */
+    for (int s = 0; s < c->n_shards; s++) {
+        for (int i = 0; i < c->n; i++)
+            c->of_shard[i] = c->shard_of[i] == s;
+        zd_tensor_t **got = calloc((size_t)c->n, sizeof *got);
+        if (!got) {
+            zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_pull: out of memory");
+            goto out;
+        }
+        int bad = read_pairs(zd_future_value(fs[s]), 3, c->names, c->ts, c->of_shard, c->n, got);
+        for (int i = 0; i < c->n; i++)
+            if (c->of_shard[i])
+                c->got[i] = got[i];
+        free(got);
+        if (bad < 0) {
+            zd_error_set_code(ZD_ERR_REMOTE, "ps: pull: shard %d (rank %d) answered badly: %s", s,
+                              c->ranks[s], zd_error_last());
+            goto out;
+        }
+    }
+    for (int i = 0; i < c->n; i++)
+        if (zd_tensor_copy_(c->ts[i], c->got[i]) < 0)
+            goto out;
+    for (int s = 0; s < c->n_shards; s++)
+        c->version[s] = versions[s];
+    rc = 0;
+out:
+    if (fs)
+        futures_free(fs, c->n_shards);
+    free(args);
+    free(versions);
+    return rc;
+}
+
+/*  The push to shard s: [version, name, grad, ...], a new reference. */
+static zd_value_t *push_args(zd_ps_client_t *c, int s)
+{
+    zd_value_t *v = zd_value_list(1);
+    if (!v || zd_list_append(v, zd_value_int(c->version[s])) < 0)
+        goto oom;
+    for (int i = 0; i < c->n; i++) {
+        if (c->shard_of[i] != s)
+            continue;
+        zd_tensor_t *g = zd_tensor_grad(c->ts[i]);
+        if (!g) {
+            zd_value_unref(v);
+            zd_error_set_code(ZD_ERR_ARGUMENT, "ps: push: \"%s\" has no gradient", c->names[i]);
+            return NULL;
+        }
+        int rc = zd_list_append(v, zd_value_string(c->names[i])) < 0 ||
+            zd_list_append(v, zd_value_tensor(g)) < 0;
+        zd_tensor_unref(g);
+        if (rc)
+            goto oom;
+    }
+    return v;
+oom:
+    zd_value_unref(v);
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: push: out of memory");
+    return NULL;
+}
+
+int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (!c)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_push: NULL");
+    for (int s = 0; s < c->n_shards; s++)
+        if (c->version[s] < 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_ps_client_push: pull first (shard %d's version is "
+                                     "unknown)",
+                                     s);
+    int64_t t = call_timeout(timeout_ms);
+    zd_future_t **fs = calloc((size_t)c->n_shards, sizeof *fs);
+    zd_value_t **args = calloc((size_t)c->n_shards, sizeof *args);
+    int64_t *versions = malloc((size_t)c->n_shards * sizeof *versions);
+    int rc = -1;
+    if (!fs || !args || !versions) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_push: out of memory");
+        goto out;
+    }
+    /* Every gradient is read before anything is sent: a missing one
+       sends nothing. */
+    for (int s = 0; s < c->n_shards; s++)
+        if (!(args[s] = push_args(c, s)))
+            goto out;
+    if (start_calls(c, "push", FN_PUSH, args, t, fs) < 0)
+        goto out;
+    rc = wait_answers(c, "push", fs, t, versions);
+out:
+    if (args)
+        for (int s = 0; s < c->n_shards; s++)
+            zd_value_unref(args[s]);
+    if (fs)
+        futures_free(fs, c->n_shards);
+    free(args);
+    free(versions);
+    return rc;
+}

@@ -1,0 +1,534 @@
+/* SPDX-License-Identifier: MIT */
+/*  The push/pull parameter server (ps.h) in worlds of real processes: a
+    small module of four tensors served by one shard and by two, with two
+    trainers.
+    - synchronous rounds give exactly the SGD step with the mean of the
+      trainers' gradients (every value is a multiple of 1/16, so the float
+      arithmetic is exact whatever the order), and a stopped shard answers
+      ZD_ERR_STOPPED;
+    - asynchronous with max_staleness 0 refuses a push computed on an old
+      version with ZD_ERR_STALE and leaves the shard as it was;
+    - a push of a wrong shape, a wrong dtype, an unknown or missing name,
+      or a NaN is refused, naming the tensor, and changes nothing;
+    - a shard killed: its trainers' calls fail with ZD_ERR_PEER naming it. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zdist/error.h>
+#include <zdist/module.h>
+#include <zdist/ps.h>
+#include <zdist/rpc.h>
+
+#include "tests/support/world.h"
+
+#define LR 0.5
+
+typedef struct {
+    int n_shards;
+    zd_ps_mode_t mode;
+    int64_t max_staleness;
+    bool lossy; /* a member dies: the survivors' shutdown may report it */
+} setup_t;
+
+static const char *const names[] = {"a.weight", "a.bias", "b.weight", "b.bias"};
+static const int64_t shapes[][2] = {{4, 3}, {3, 0}, {3, 2}, {2, 0}};
+
+/*  The model: a container of two containers, each with a weight and a
+    bias, filled with multiples of 1/8. */
+static zd_nn_module_t *make_model(void)
+{
+    zd_nn_module_t *m = zd_nn_module_new("Small", NULL, NULL, NULL);
+    zd_nn_module_t *a = zd_nn_module_new("Part", NULL, NULL, NULL);
+    zd_nn_module_t *b = zd_nn_module_new("Part", NULL, NULL, NULL);
+    if (!m || !a || !b || zd_nn_module_register_module(m, "a", a) < 0 ||
+        zd_nn_module_register_module(m, "b", b) < 0) {
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    for (int i = 0; i < 4; i++) {
+        zd_nn_module_t *part = i < 2 ? a : b;
+        int ndim = shapes[i][1] ? 2 : 1;
+        zd_tensor_t *t =
+            zd_nn_module_add_parameter(part, i % 2 ? "bias" : "weight", shapes[i], ndim);
+        if (!t) {
+            zd_nn_module_free(m);
+            return NULL;
+        }
+        float *p = zd_tensor_data(t);
+        for (int64_t k = 0; k < zd_tensor_numel(t); k++)
+            p[k] = (float)((k + 1) % 7) / 8.0f - (float)i;
+    }
+    return m;
+}
+
+/*  Trainer r's gradient of tensor i, element k, in round: multiples of 1/4. */
+static float grad_value(int r, int round, int i, int64_t k)
+{
+    return (float)((r + 1) * (k + 1 + round) % 9 - i) / 4.0f;
+}
+
+static int set_grads(zd_nn_module_t *m, int r, int round)
+{
+    for (int i = 0; i < 4; i++) {
+        zd_tensor_t *t = zd_nn_module_find(m, names[i]);
+        zd_tensor_t *g = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(t), zd_tensor_ndim(t));
+        if (!g)
+            return -1;
+        for (int64_t k = 0; k < zd_tensor_numel(g); k++)
+            zd_tensor_data(g)[k] = grad_value(r, round, i, k);
+        zd_tensor_clear_grad(t);
+        int rc = zd_tensor_accumulate_grad(t, g);
+        zd_tensor_unref(g);
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/*  expected -= LR * mean of trainers 0..n-1's gradients of round. */
+static void sgd_mean(zd_nn_module_t *expected, int n, int round)
+{
+    for (int i = 0; i < 4; i++) {
+        zd_tensor_t *t = zd_nn_module_find(expected, names[i]);
+        float *p = zd_tensor_data(t);
+        for (int64_t k = 0; k < zd_tensor_numel(t); k++) {
+            float sum = 0;
+            for (int r = 0; r < n; r++)
+                sum += grad_value(r, round, i, k);
+            p[k] -= (float)LR * (sum / (float)n);
+        }
+    }
+}
+
+/*  The first tensor of m that differs from want, bit for bit, or NULL. */
+static const char *differs(zd_nn_module_t *m, zd_nn_module_t *want)
+{
+    for (int i = 0; i < 4; i++) {
+        zd_tensor_t *a = zd_nn_module_find(m, names[i]), *b = zd_nn_module_find(want, names[i]);
+        if (memcmp(zd_tensor_data(a), zd_tensor_data(b), zd_tensor_nbytes(a)) != 0)
+            return names[i];
+    }
+    return NULL;
+}
+
+static zd_ps_options_t options(const setup_t *su)
+{
+    zd_ps_options_t o = zd_ps_options_default();
+    o.mode = su->mode;
+    o.num_trainers = 2;
+    o.max_staleness = su->max_staleness;
+    return o;
+}
+
+/*  Shards are ranks first_shard .. first_shard + n_shards - 1. */
+static void shard_ranks(int first_shard, int n, int *ranks)
+{
+    for (int s = 0; s < n; s++)
+        ranks[s] = first_shard + s;
+}
+
+static int join(const world_t *w)
+{
+    zd_rpc_options_t opts = world_rpc_options(w->port);
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", w->rank);
+    return zd_rpc_init(name, w->rank, w->world_size, &opts);
+}
+
+/*  Waits until the shard's version reaches v (up to ms). */
+static int wait_version(zd_ps_server_t *srv, int64_t v, int64_t ms)
+{
+    int64_t deadline = world_now_ms() + world_scaled_ms(ms);
+    while (zd_ps_server_version(srv) < v) {
+        if (world_now_ms() > deadline)
+            return -1;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    return 0;
+}
+
+/*  A shard process: serves until its trainers are done (the graceful
+    shutdown waits for them); stops at version stop_at (0: never), dies
+    at version die_at (0: never). */
+static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_at)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, shard, su->n_shards, &sgd, &o);
+    zd_nn_module_free(m); /* the shard keeps copies */
+    WCHECK(srv);
+    WTRY(join(w));
+    int rc = 0;
+    if (die_at > 0) {
+        if (wait_version(srv, die_at, 20000) < 0)
+            rc = world_fail(w, "shard %d never reached version %lld", shard, (long long)die_at);
+        else
+            raise(SIGKILL);
+    }
+    if (stop_at > 0) {
+        if (wait_version(srv, stop_at, 20000) < 0)
+            rc = world_fail(w, "shard %d never reached version %lld", shard, (long long)stop_at);
+        zd_ps_server_stop(srv);
+    }
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->lossy)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_server_free(srv);
+    return rc;
+}
+
+/* ---- synchronous rounds ---- */
+
+static int sync_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    int ranks[2];
+    shard_ranks(2, su->n_shards, ranks);
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    /* The replica starts elsewhere than the shards: a pull must fetch all. */
+    for (int i = 0; i < 4; i++)
+        zd_tensor_fill_(zd_nn_module_find(m, names[i]), 99.0f);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, su->n_shards, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    for (int round = 0; round < 3 && rc == 0; round++) {
+        const char *bad;
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
+        else if ((bad = differs(m, want)))
+            rc = world_fail(w, "round %d: %s is not the mean-gradient SGD step", round, bad);
+        else if (zd_ps_client_version(ps, 0) != round)
+            rc = world_fail(w, "round %d: version %lld", round,
+                            (long long)zd_ps_client_version(ps, 0));
+        else if (set_grads(m, w->rank, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
+        sgd_mean(want, 2, round);
+    }
+    /* Pushing again at the version of the round just done is stale. */
+    if (rc == 0 &&
+        (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0 ||
+         (zd_error_code() != ZD_ERR_STALE && zd_error_code() != ZD_ERR_STOPPED)))
+        rc = world_fail(w, "a push of an old round: %s", zd_error_last());
+    /* The shards stop at version 3: pulls are refused from then on. */
+    int64_t deadline = world_now_ms() + world_scaled_ms(20000);
+    while (rc == 0 && zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
+        if (world_now_ms() > deadline)
+            rc = world_fail(w, "the shards never stopped");
+    if (rc == 0 && (zd_error_code() != ZD_ERR_STOPPED || !strstr(zd_error_last(), "stopped")))
+        rc = world_fail(w, "after the stop: %s (%s)", zd_error_last(),
+                        zd_error_code_name(zd_error_code()));
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int sync_world(const world_t *w)
+{
+    if (w->rank < 2)
+        return sync_trainer(w);
+    return run_shard(w, w->rank - 2, 3, 0);
+}
+
+static void run_sync(int n_shards)
+{
+    setup_t su = {.n_shards = n_shards, .mode = ZD_PS_SYNC, .max_staleness = -1};
+    world_options_t o = {.world_size = 2 + n_shards,
+                         .fn = sync_world,
+                         .arg = &su,
+                         .own_init = true,
+                         .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+}
+
+static void test_sync_one_shard(void **state)
+{
+    (void)state;
+    run_sync(1);
+}
+
+static void test_sync_two_shards(void **state)
+{
+    (void)state;
+    run_sync(2);
+}
+
+/* ---- asynchronous, stale pushes, hostile pushes ---- */
+
+/*  Calls shard 0's push directly with args (taken over): 0 with the
+    answer's code and text, or -1 when the call failed. */
+static int raw_push(zd_value_t *args, int64_t *code, char *text, size_t size)
+{
+    zd_value_t *v = NULL;
+    if (zd_rpc_sync_take(1, "__zd_ps_push_0", args, ZD_TIMEOUT_DEFAULT, &v) < 0)
+        return -1;
+    const char *t = "";
+    int rc = zd_rpc_arg_int(v, 0, code) == 0 && zd_rpc_arg_string(v, 2, &t) == 0 ? 0 : -1;
+    snprintf(text, size, "%s", t);
+    zd_value_unref(v);
+    return rc;
+}
+
+static zd_tensor_t *filled(zd_tensor_dtype_t dtype, int64_t d0, int64_t d1, float value)
+{
+    int64_t shape[2] = {d0, d1};
+    zd_tensor_t *t = zd_tensor_new(dtype, shape, d1 ? 2 : 1);
+    if (t && dtype == ZD_FLOAT32)
+        zd_tensor_fill_(t, value);
+    return t;
+}
+
+/*  A push of all four tensors at version 0, with the one called name
+    replaced by odd (NULL: left out), or odd added under name when no
+    tensor has it: the list [0, name, t, ...]. */
+static zd_value_t *push_with(const char *name, zd_tensor_t *odd)
+{
+    zd_value_t *v = zd_value_list(11);
+    bool found = false;
+    zd_list_append(v, zd_value_int(0));
+    for (int i = 0; i < 4; i++) {
+        zd_tensor_t *t = filled(ZD_FLOAT32, shapes[i][0], shapes[i][1], 0.25f);
+        if (strcmp(names[i], name) == 0) {
+            found = true;
+            zd_tensor_unref(t);
+            t = odd ? zd_tensor_ref(odd) : NULL;
+        }
+        if (t) {
+            zd_list_append(v, zd_value_string(names[i]));
+            zd_list_append(v, zd_value_tensor(t));
+        }
+        zd_tensor_unref(t);
+    }
+    if (!found) {
+        zd_list_append(v, zd_value_string(name));
+        zd_list_append(v, zd_value_tensor(odd));
+    }
+    return v;
+}
+
+/*  Expects the push to be refused with ZD_ERR_ARGUMENT, naming what. */
+static int expect_refused(const world_t *w, zd_value_t *args, const char *what)
+{
+    int64_t code = 0;
+    char text[512];
+    if (raw_push(args, &code, text, sizeof text) < 0)
+        return world_fail(w, "push expecting \"%s\": %s", what, zd_error_last());
+    if (code != ZD_ERR_ARGUMENT || !strstr(text, what))
+        return world_fail(w, "expected a refusal with \"%s\", got code %lld: %s", what,
+                          (long long)code, text);
+    printf("refused: %s\n", text);
+    return 0;
+}
+
+static int async_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    int ranks[1] = {1};
+    zd_nn_module_t *ma = make_model(), *mb = make_model(), *want = make_model();
+    WCHECK(ma && mb && want);
+    zd_ps_client_t *a = zd_ps_client_new_module(ma, ranks, 1, &o);
+    zd_ps_client_t *b = zd_ps_client_new_module(mb, ranks, 1, &o);
+    WCHECK(a && b);
+    WTRY(join(w));
+    int rc = 0;
+    /* Hostile pushes first: each refused, naming the tensor, and nothing moves. */
+    zd_tensor_t *nan = filled(ZD_FLOAT32, 3, 0, 0.5f), *wrong = filled(ZD_FLOAT32, 2, 3, 0.5f);
+    zd_tensor_t *ints = filled(ZD_INT64, 3, 2, 0);
+    zd_tensor_t *extra = filled(ZD_FLOAT32, 1, 0, 0.5f);
+    WCHECK(nan && wrong && ints && extra);
+    zd_tensor_data(nan)[1] = NAN;
+    if (expect_refused(w, push_with("b.weight", wrong),
+                       "\"b.weight\" has shape (2, 3), not (3, 2)") < 0 ||
+        expect_refused(w, push_with("b.weight", ints), "\"b.weight\" is int64") < 0 ||
+        expect_refused(w, push_with("a.bias", nan), "\"a.bias\" element 1 is nan") < 0 ||
+        expect_refused(w, push_with("a.bias", NULL), "\"a.bias\" missing") < 0 ||
+        expect_refused(w, push_with("c.bias", extra), "no tensor \"c.bias\"") < 0 ||
+        expect_refused(w, ZD_ARGS("zero"), "argument 0") < 0)
+        rc = -1;
+    zd_tensor_unref(nan);
+    zd_tensor_unref(wrong);
+    zd_tensor_unref(ints);
+    zd_tensor_unref(extra);
+    /* The same NaN through the client: refused by the shard, named. */
+    if (rc == 0 && (zd_ps_client_pull(a, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(ma, 0, 0) < 0))
+        rc = world_fail(w, "pull: %s", zd_error_last());
+    if (rc == 0) {
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_module_find(ma, "b.bias"));
+        zd_tensor_data(g)[0] = INFINITY;
+        zd_tensor_unref(g);
+        if (zd_ps_client_push(a, ZD_TIMEOUT_DEFAULT) == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
+            !strstr(zd_error_last(), "\"b.bias\" element 0 is inf"))
+            rc = world_fail(w, "a push with inf: %s", zd_error_last());
+    }
+    /* Two trainers pull version 0; the first push makes it 1, the second
+       is then stale (max_staleness 0) and refused. */
+    const char *bad;
+    if (rc == 0 &&
+        (zd_ps_client_pull(a, ZD_TIMEOUT_DEFAULT) < 0 ||
+         zd_ps_client_pull(b, ZD_TIMEOUT_DEFAULT) < 0))
+        rc = world_fail(w, "pull: %s", zd_error_last());
+    else if (rc == 0 && ((bad = differs(ma, want)) || (bad = differs(mb, want))))
+        rc = world_fail(w, "%s moved under refused pushes", bad);
+    if (rc == 0 && (set_grads(ma, 0, 0) < 0 || zd_ps_client_push(a, ZD_TIMEOUT_DEFAULT) < 0))
+        rc = world_fail(w, "push: %s", zd_error_last());
+    if (rc == 0 &&
+        (set_grads(mb, 1, 0) < 0 || zd_ps_client_push(b, ZD_TIMEOUT_DEFAULT) == 0 ||
+         zd_error_code() != ZD_ERR_STALE ||
+         !strstr(zd_error_last(), "computed on version 0, the shard is at 1")))
+        rc = world_fail(w, "a stale push: %s (%s)", zd_error_last(),
+                        zd_error_code_name(zd_error_code()));
+    if (rc == 0)
+        printf("stale: %s\n", zd_error_last());
+    /* Pulled again, the second trainer's push is taken: two plain steps. */
+    sgd_mean(want, 1, 0);
+    if (rc == 0 && (zd_ps_client_pull(b, ZD_TIMEOUT_DEFAULT) < 0 || (bad = differs(mb, want))))
+        rc = world_fail(w, "after one step: %s", zd_error_last());
+    if (rc == 0 &&
+        (set_grads(mb, 0, 1) < 0 || zd_ps_client_push(b, ZD_TIMEOUT_DEFAULT) < 0 ||
+         zd_ps_client_pull(a, ZD_TIMEOUT_DEFAULT) < 0))
+        rc = world_fail(w, "second push: %s", zd_error_last());
+    sgd_mean(want, 1, 1);
+    if (rc == 0 && ((bad = differs(ma, want)) || zd_ps_client_version(a, 0) != 2))
+        rc = world_fail(w, "after two steps: version %lld", (long long)zd_ps_client_version(a, 0));
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(a);
+    zd_ps_client_free(b);
+    zd_nn_module_free(ma);
+    zd_nn_module_free(mb);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int async_world(const world_t *w)
+{
+    return w->rank == 0 ? async_trainer(w) : run_shard(w, 0, 0, 0);
+}
+
+static void test_async_stale_and_refused(void **state)
+{
+    (void)state;
+    setup_t su = {.n_shards = 1, .mode = ZD_PS_ASYNC, .max_staleness = 0};
+    world_options_t o = {
+        .world_size = 2, .fn = async_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/* ---- a shard lost ---- */
+
+static int lost_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    int ranks[2];
+    shard_ranks(2, 2, ranks);
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    /* Shard 1 dies at its version 2 (one push of each trainer): pull and
+       push until the calls fail. */
+    int64_t deadline = world_now_ms() + world_scaled_ms(20000);
+    for (int round = 0; rc == 0; round++) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(m, w->rank, round) < 0 ||
+            zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            break;
+        if (world_now_ms() > deadline)
+            rc = world_fail(w, "shard 1 never went");
+    }
+    if (rc == 0 &&
+        (zd_error_code() != ZD_ERR_PEER || !strstr(zd_error_last(), "shard 1 (rank 3) lost")))
+        rc = world_fail(w, "expected shard 1 lost, got %s: %s", zd_error_code_name(zd_error_code()),
+                        zd_error_last());
+    if (rc == 0)
+        printf("rank %d: %s\n", w->rank, zd_error_last());
+    /* The survivors leave without it. */
+    zd_rpc_shutdown(true, world_scaled_ms(20000));
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    return rc;
+}
+
+static int lost_world(const world_t *w)
+{
+    if (w->rank < 2)
+        return lost_trainer(w);
+    return run_shard(w, w->rank - 2, 0, w->rank == 3 ? 2 : 0);
+}
+
+static void test_shard_lost(void **state)
+{
+    (void)state;
+    setup_t su = {.n_shards = 2, .mode = ZD_PS_ASYNC, .max_staleness = -1, .lossy = true};
+    world_options_t o = {.world_size = 4,
+                         .fn = lost_world,
+                         .arg = &su,
+                         .own_init = true,
+                         .timeout_s = 60,
+                         .expect_exit = {0, 0, 0, 128 + SIGKILL}};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/* ---- the split ---- */
+
+static void test_split(void **state)
+{
+    (void)state;
+    zd_nn_module_t *m = make_model();
+    assert_non_null(m);
+    zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
+    assert_non_null(sd);
+    int shard_of[4];
+    /* sizes 12, 3, 6, 2: the largest alone, the three others together */
+    assert_int_equal(zd_ps_split(sd, 2, shard_of, 4), 0);
+    assert_int_equal(shard_of[0], 0);
+    assert_int_equal(shard_of[1], 1);
+    assert_int_equal(shard_of[2], 1);
+    assert_int_equal(shard_of[3], 1);
+    assert_int_equal(zd_ps_split(sd, 2, shard_of, 3), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    /* Five shards for four tensors would leave one empty. */
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    assert_null(zd_ps_server_new(sd, 0, 5, &sgd, NULL));
+    assert_non_null(strstr(zd_error_last(), "shard 4 of 5 empty"));
+    /* A tied tensor, under two names, is refused. */
+    zd_named_tensors_t *tied = zd_named_tensors_new();
+    assert_int_equal(zd_named_tensors_add(tied, "x", zd_named_tensors_tensor(sd, 0)), 0);
+    assert_int_equal(zd_named_tensors_add(tied, "y", zd_named_tensors_tensor(sd, 0)), 0);
+    assert_null(zd_ps_server_new(tied, 0, 1, &sgd, NULL));
+    assert_non_null(strstr(zd_error_last(), "the same tensor (tied)"));
+    zd_ps_options_t bad = {0};
+    assert_null(zd_ps_server_new(sd, 0, 1, &sgd, &bad));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    zd_named_tensors_free(tied);
+    zd_named_tensors_free(sd);
+    zd_nn_module_free(m);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_split),           cmocka_unit_test(test_sync_one_shard),
+        cmocka_unit_test(test_sync_two_shards), cmocka_unit_test(test_async_stale_and_refused),
+        cmocka_unit_test(test_shard_lost),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
