@@ -238,8 +238,8 @@ static int world_outsiders(const world_t *w)
     agent_t *a = zd__agent_acquire();
     WCHECK(a != NULL);
     char server_key[SECURITY_KEY_TXT], endpoint[ZD_RPC_MAX_ENDPOINT + 1];
-    snprintf(server_key, sizeof server_key, "%s", a->peers[0].key);
-    snprintf(endpoint, sizeof endpoint, "%s", a->peers[0].endpoint);
+    snprintf(server_key, sizeof server_key, "%s", a->net.peers[0].key);
+    snprintf(endpoint, sizeof endpoint, "%s", a->net.peers[0].endpoint);
     zd__agent_release(a);
 
     void *ctx = zmq_ctx_new();
@@ -337,14 +337,14 @@ static int world_spoof(const world_t *w)
     }
     agent_t *a = zd__agent_acquire();
     WCHECK(a != NULL);
-    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    void *sock = zmq_socket(a->net.ctx, ZMQ_DEALER);
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
     zd__rpc_wire_sync_identity(1, 65000, id); /* rank 1, a slot it never uses */
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
     int rc = zd__security_client(a, sock, 1); /* our own key: authenticated as rank 0 */
-    rc = rc == 0 ? zmq_connect(sock, a->peers[1].endpoint) : rc;
+    rc = rc == 0 ? zmq_connect(sock, a->net.peers[1].endpoint) : rc;
     zd__agent_release(a);
     WCHECK(rc == 0);
     send_bump(sock, 1, 1, ((uint64_t)1 << 48) | 999999);

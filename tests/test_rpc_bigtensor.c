@@ -34,7 +34,7 @@ static void setup_fake(void)
 {
     memset(&fake, 0, sizeof fake);
     snprintf(fake.name, sizeof fake.name, "test");
-    fake.router = &router_tag;
+    fake.net.router = &router_tag;
     /* An empty table of calls, for answers that expire. */
     pthread_mutex_init(&fake.pending_lock, NULL);
     fake.buckets = (void *)fake_buckets;

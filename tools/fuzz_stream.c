@@ -205,8 +205,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static int router_tag, dealer_tag;
     static agent_t fake;
     memset(&fake, 0, sizeof fake);
-    fake.router = &router_tag;
-    fake.rank = 1;
+    fake.net.router = &router_tag;
+    fake.net.rank = 1;
     zd__rpc_bufcache_enable(true);
     input_t in = {data, size};
     inmsg_t m = {0};

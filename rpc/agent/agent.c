@@ -53,7 +53,7 @@ agent_t *zd__agent_acquire_gen(unsigned gen)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
-    if (a && a->gen == gen)
+    if (a && a->net.gen == gen)
         return a;
     atomic_fetch_sub(&g_users, 1);
     return NULL;
@@ -68,7 +68,7 @@ void zd__agent_release(agent_t *a)
 uint64_t zd__agent_new_id(agent_t *a)
 {
     uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
-    return (uint64_t)a->rank << 48 | n;
+    return (uint64_t)a->net.rank << 48 | n;
 }
 
 int64_t zd__agent_now_ns(void)
@@ -114,19 +114,19 @@ static void agent_free(agent_t *a)
     if (!a)
         return;
     zd__membership_free(a);
-    if (a->peers) {
-        for (int i = 0; i < a->world; i++) {
-            pthread_mutex_destroy(&a->peers[i].lock);
-            zd__metrics_destroy(&a->peers[i].m);
+    if (a->net.peers) {
+        for (int i = 0; i < a->net.world; i++) {
+            pthread_mutex_destroy(&a->net.peers[i].lock);
+            zd__metrics_destroy(&a->net.peers[i].m);
         }
-        free(a->peers);
+        free(a->net.peers);
     }
     free(a->buckets);
     free(a->barrier_last);
     pthread_mutex_destroy(&a->pending_lock);
     pthread_mutex_destroy(&a->barrier_lock);
-    pthread_mutex_destroy(&a->router_lock);
-    pthread_mutex_destroy(&a->sync_lock);
+    pthread_mutex_destroy(&a->net.router_lock);
+    pthread_mutex_destroy(&a->net.sync_lock);
     free(a);
 }
 
@@ -138,39 +138,39 @@ static agent_t *agent_new(const init_params_t *p)
         return NULL;
     }
     snprintf(a->name, sizeof a->name, "%s", p->name);
-    a->rank = p->rank;
-    a->world = p->world;
+    a->net.rank = p->rank;
+    a->net.world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
     a->busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
     a->heartbeat_ms = p->o.heartbeat_ms;
     a->master_wait_ms = p->o.master_wait_ms;
-    a->gen = atomic_fetch_add(&g_gen, 1) + 1;
-    a->wake_fd = -1;
+    a->net.gen = atomic_fetch_add(&g_gen, 1) + 1;
+    a->net.wake_fd = -1;
     atomic_init(&a->next_id, 1);
     pthread_mutex_init(&a->pending_lock, NULL);
     pthread_mutex_init(&a->barrier_lock, NULL);
-    pthread_mutex_init(&a->router_lock, NULL);
-    pthread_mutex_init(&a->sync_lock, NULL);
-    atomic_init(&a->next_slot, 1);
+    pthread_mutex_init(&a->net.router_lock, NULL);
+    pthread_mutex_init(&a->net.sync_lock, NULL);
+    atomic_init(&a->net.next_slot, 1);
     a->n_buckets = 1024;
     a->buckets = calloc(a->n_buckets, sizeof *a->buckets);
-    a->peers = calloc((size_t)a->world, sizeof *a->peers);
-    if (!a->buckets || !a->peers) {
+    a->net.peers = calloc((size_t)a->net.world, sizeof *a->net.peers);
+    if (!a->buckets || !a->net.peers) {
         free(a->buckets);
-        free(a->peers);
+        free(a->net.peers);
         a->buckets = NULL;
-        a->peers = NULL;
+        a->net.peers = NULL;
         agent_free(a);
         zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_init: out of memory");
         return NULL;
     }
-    for (int i = 0; i < a->world; i++) {
-        a->peers[i].rank = i;
-        pthread_mutex_init(&a->peers[i].lock, NULL);
-        zd__metrics_init(&a->peers[i].m);
+    for (int i = 0; i < a->net.world; i++) {
+        a->net.peers[i].rank = i;
+        pthread_mutex_init(&a->net.peers[i].lock, NULL);
+        zd__metrics_init(&a->net.peers[i].m);
     }
-    snprintf(a->peers[a->rank].name, sizeof a->peers[a->rank].name, "%s", a->name);
+    snprintf(a->net.peers[a->net.rank].name, sizeof a->net.peers[a->net.rank].name, "%s", a->name);
     return a;
 }
 
@@ -210,17 +210,17 @@ static bool wait_users(agent_t *a, const char *stage)
 static void busy_poll_fit(agent_t *a, bool by_default)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->world <= cores)
+    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->net.world <= cores)
         return;
     char ip[ZD_ADDR_MAX], last[ZD_ADDR_MAX] = "";
     bool last_local = false;
     int here = 0, port;
-    for (int i = 0; i < a->world; i++) {
-        if (i == a->rank) {
+    for (int i = 0; i < a->net.world; i++) {
+        if (i == a->net.rank) {
             here++;
             continue;
         }
-        if (zd__addr_parse_endpoint(a->peers[i].endpoint, ip, sizeof ip, &port) < 0)
+        if (zd__addr_parse_endpoint(a->net.peers[i].endpoint, ip, sizeof ip, &port) < 0)
             continue;
         if (strcmp(ip, last) != 0) { /* most peers share a few addresses */
             snprintf(last, sizeof last, "%s", ip);
@@ -313,14 +313,14 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     a->hooks = g_hooks;
     a->has_hooks = g_has_hooks;
     char who[ZD_RPC_MAX_NAME + 16];
-    snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
+    snprintf(who, sizeof who, "%s/%d", a->name, a->net.rank);
     zd__log_set_who(who);
     if (zd__security_new(a, &p, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
         zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
-        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
         goto fail;
@@ -342,7 +342,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
     atomic_store(&a->joined, joined); /* from now on a peer down is lost (io.c) */
     if (!joined || zd__membership_start(a) < 0) {
-        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         zd__agent_publish_identity(NULL);
         zd__agent_set_busy_poll_ns(0);
         agent_teardown(a, false);
@@ -350,8 +350,8 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         goto fail;
     }
     zd__metrics_out_start(a);
-    zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->world, a->rank,
-            a->peers[a->rank].endpoint);
+    zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->net.world, a->net.rank,
+            a->net.peers[a->net.rank].endpoint);
     pthread_mutex_unlock(&g_init_lock);
     return 0;
 fail: /* unlocks g_init_lock */

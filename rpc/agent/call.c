@@ -126,7 +126,7 @@ static zd_rpc_call_kind_t kind_of(int type)
 static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const char *detail,
                            zd_error_code_t code, const void *extra, size_t extra_len)
 {
-    peer_t *peer = &a->peers[p->dst];
+    peer_t *peer = &a->net.peers[p->dst];
     zd_value_t *v = value ? zd_value_ref(value) : NULL;
     char text[512];
     if (p->hooked && a->hooks.on_recv_reply) {
@@ -210,13 +210,13 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "%s to \"%s\" (rank %d): bad function name "
                                  "\"%s\"",
-                                 req->api, a->peers[to].name, to, req->fn ? req->fn : "(null)"),
+                                 req->api, a->net.peers[to].name, to, req->fn ? req->fn : "(null)"),
                NULL;
     if (req->args && zd_value_kind(req->args) != ZD_VALUE_LIST)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "%s to \"%s\" (rank %d) calling \"%s\": "
                                  "arguments must be a list, not %s",
-                                 req->api, a->peers[to].name, to, req->fn,
+                                 req->api, a->net.peers[to].name, to, req->fn,
                                  zd_value_kind_name(zd_value_kind(req->args))),
                NULL;
     pending_t *p = calloc(1, sizeof *p);
@@ -243,7 +243,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     if (req->id_out)
         *req->id_out = p->id;
     zd_future_ref(f); /* the caller's */
-    peer_t *peer = &a->peers[to];
+    peer_t *peer = &a->net.peers[to];
     if (!p->internal) {
         atomic_fetch_add_explicit(&peer->m.calls_sent, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&peer->m.in_flight, 1, memory_order_relaxed);
@@ -348,7 +348,7 @@ static void error_text(agent_t *a, const pending_t *p, const rpc_wire_header_t *
         snprintf(text, size,
                  "worker \"%s\" received a %s message but %s was not called "
                  "before zd_rpc_init()",
-                 a->peers[p->dst].name, a->hooks.module, a->hooks.init_call);
+                 a->net.peers[p->dst].name, a->hooks.module, a->hooks.init_call);
     else
         snprintf(text, size, "remote error: %.*s", (int)h->meta_len, (const char *)h->meta);
 }
@@ -543,7 +543,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
     r.timeout_ms = timeout; /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
-    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost) && !req->shared_only)
+    if (to >= 0 && to < a->net.world && !atomic_load(&a->net.peers[to].lost) && !req->shared_only)
         r.sock = zd__direct_socket(a, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread

@@ -57,15 +57,15 @@ static void set_destructor(void *arg)
 {
     sync_set_t *s = arg;
     agent_t *a = zd__agent_try_acquire();
-    if (a && a->gen == tls_gen && s == tls_set) {
-        pthread_mutex_lock(&a->sync_lock);
-        sync_set_t **pp = &a->sync_sets;
+    if (a && a->net.gen == tls_gen && s == tls_set) {
+        pthread_mutex_lock(&a->net.sync_lock);
+        sync_set_t **pp = &a->net.sync_sets;
         while (*pp && *pp != s)
             pp = &(*pp)->next;
         bool mine = *pp == s;
         if (mine)
             *pp = s->next;
-        pthread_mutex_unlock(&a->sync_lock);
+        pthread_mutex_unlock(&a->net.sync_lock);
         if (mine)
             set_free(s);
     }
@@ -79,32 +79,32 @@ static void make_key(void)
 
 static sync_set_t *set_get(agent_t *a)
 {
-    if (tls_set && tls_gen == a->gen)
+    if (tls_set && tls_gen == a->net.gen)
         return tls_set;
     pthread_once(&key_once, make_key);
-    int slot = atomic_fetch_add(&a->next_slot, 1);
+    int slot = atomic_fetch_add(&a->net.next_slot, 1);
     if (slot > 65535)
         return NULL; /* that many threads: the shared path still works */
     sync_set_t *s = calloc(1, sizeof *s);
     if (!s)
         return NULL;
-    s->gen = a->gen;
+    s->gen = a->net.gen;
     s->slot = slot;
-    s->world = a->world;
-    s->socks = calloc((size_t)a->world, sizeof *s->socks);
-    s->incs = calloc((size_t)a->world, sizeof *s->incs);
+    s->world = a->net.world;
+    s->socks = calloc((size_t)a->net.world, sizeof *s->socks);
+    s->incs = calloc((size_t)a->net.world, sizeof *s->incs);
     s->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (!s->socks || !s->incs || s->wake_fd < 0) {
         s->wake_fd = s->wake_fd < 0 ? -1 : s->wake_fd;
         set_free(s);
         return NULL;
     }
-    pthread_mutex_lock(&a->sync_lock);
-    s->next = a->sync_sets;
-    a->sync_sets = s;
-    pthread_mutex_unlock(&a->sync_lock);
+    pthread_mutex_lock(&a->net.sync_lock);
+    s->next = a->net.sync_sets;
+    a->net.sync_sets = s;
+    pthread_mutex_unlock(&a->net.sync_lock);
     tls_set = s;
-    tls_gen = a->gen;
+    tls_gen = a->net.gen;
     pthread_setspecific(set_key, s);
     return s;
 }
@@ -115,18 +115,18 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
     if (!s)
         return NULL;
     *wake_fd = s->wake_fd;
-    unsigned inc = atomic_load(&a->peers[peer].incarnation);
+    unsigned inc = atomic_load(&a->net.peers[peer].incarnation);
     if (s->socks[peer] && s->incs[peer] == inc)
         return s->socks[peer];
     if (s->socks[peer]) { /* it reaches a process that is gone: the peer rejoined */
         zmq_close(s->socks[peer]);
         s->socks[peer] = NULL;
     }
-    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    void *sock = zmq_socket(a->net.ctx, ZMQ_DEALER);
     if (!sock)
         return NULL;
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
-    zd__rpc_wire_sync_identity(a->rank, s->slot, id);
+    zd__rpc_wire_sync_identity(a->net.rank, s->slot, id);
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
@@ -139,12 +139,12 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
        connection (seen on the shared socket) ends the wait. (libzmq drops
        a connection's unread messages at once when ZMQ_IMMEDIATE is set:
        session_base reconnect terminates the pipe without delay.) */
-    zd__transport_use_ipv6(sock, a->peers[peer].endpoint);
+    zd__transport_use_ipv6(sock, a->net.peers[peer].endpoint);
     if (zd__security_client(a, sock, peer) < 0) {
         zmq_close(sock);
         return NULL;
     }
-    if (zmq_connect(sock, a->peers[peer].endpoint) < 0) {
+    if (zmq_connect(sock, a->net.peers[peer].endpoint) < 0) {
         zmq_close(sock);
         return NULL;
     }
@@ -155,10 +155,10 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
 
 void zd__direct_close_all(agent_t *a)
 {
-    pthread_mutex_lock(&a->sync_lock);
-    sync_set_t *s = a->sync_sets;
-    a->sync_sets = NULL;
-    pthread_mutex_unlock(&a->sync_lock);
+    pthread_mutex_lock(&a->net.sync_lock);
+    sync_set_t *s = a->net.sync_sets;
+    a->net.sync_sets = NULL;
+    pthread_mutex_unlock(&a->net.sync_lock);
     while (s) {
         sync_set_t *next = s->next;
         set_free(s);

@@ -72,10 +72,10 @@ bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns)
        either polls already or gets woken. */
     bool want_io = atomic_load(&a->user_in_flight) > 0;
     if (want_io)
-        atomic_fetch_add(&a->io_poll_waiters, 1);
-    if (want_io && atomic_load(&a->io_asleep)) {
+        atomic_fetch_add(&a->net.io_poll_waiters, 1);
+    if (want_io && atomic_load(&a->net.io_asleep)) {
         uint64_t one = 1;
-        if (write(a->wake_fd, &one, sizeof one) < 0) {
+        if (write(a->net.wake_fd, &one, sizeof one) < 0) {
             /* cannot be full; at worst the I/O thread polls a tick later */
         }
     }
@@ -84,12 +84,12 @@ bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns)
     while (!(ok = zd_future_done(f)) && zd__agent_now_ns() < end)
         sched_yield();
     if (want_io)
-        atomic_fetch_sub(&a->io_poll_waiters, 1);
+        atomic_fetch_sub(&a->net.io_poll_waiters, 1);
     atomic_store(&g_future_pollers, 0);
     return ok;
 }
 
 bool zd__agent_io_poll_wanted(agent_t *a)
 {
-    return atomic_load(&a->io_poll_waiters) > 0;
+    return atomic_load(&a->net.io_poll_waiters) > 0;
 }

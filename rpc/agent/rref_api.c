@@ -20,7 +20,7 @@ static agent_t *acquire_for(const zd_rref_t *r, const char *api)
         zd_error_wrap("%s", api);
         return NULL;
     }
-    if (a->gen != r->gen) {
+    if (a->net.gen != r->gen) {
         zd__agent_release(a);
         zd_error_set("%s: the RRef belongs to an earlier RPC session", api);
         return NULL;

@@ -388,7 +388,7 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
         limit_init(lims[i]);
     s->deadline_ns =
         p->o.init_timeout_ms ? zd__agent_now_ns() + p->o.init_timeout_ms * 1000000 : INT64_MAX;
-    a->sec = s;
+    a->net.sec = s;
     s->insecure = p->o.insecure || env_true("ZDIST_INSECURE");
     char path[4096];
     int found = s->insecure ? 0 : find_key_file(&p->o, path, sizeof path);
@@ -425,7 +425,7 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
                                  "and unencrypted; %s",
                                  p->master[0] ? p->master : "none: every interface",
                                  listen_ip ? listen_ip : "where its workers reach it", remedies);
-    if (a->rank == 0)
+    if (a->net.rank == 0)
         zd__log(ZD_LOG_INFO,
                 "rpc: no world key%s: this loopback-only world is unauthenticated "
                 "(any local user can connect); tools/keygen makes a key",
@@ -435,17 +435,17 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
 
 bool zd__security_curve(const agent_t *a)
 {
-    return a->sec && a->sec->curve;
+    return a->net.sec && a->net.sec->curve;
 }
 
 const char *zd__security_public_key(const agent_t *a)
 {
-    return zd__security_curve(a) ? a->sec->pub : "";
+    return zd__security_curve(a) ? a->net.sec->pub : "";
 }
 
 bool zd__security_loopback_only(const agent_t *a)
 {
-    return a->sec && !a->sec->curve && !a->sec->insecure;
+    return a->net.sec && !a->net.sec->curve && !a->net.sec->insecure;
 }
 
 const char *zd__security_registration_refused(const agent_t *a, const char *peer,
@@ -499,31 +499,32 @@ static int curve_client(void *sock, const char *pub, const char *secret, const c
 
 int zd__security_server(agent_t *a, void *sock)
 {
-    return zd__security_curve(a) ? curve_server(sock, a->sec->sec, a->sec->domain) : 0;
+    return zd__security_curve(a) ? curve_server(sock, a->net.sec->sec, a->net.sec->domain) : 0;
 }
 
 int zd__security_client(agent_t *a, void *sock, int peer)
 {
     if (!zd__security_curve(a))
         return 0;
-    return curve_client(sock, a->sec->pub, a->sec->sec, a->peers[peer].key);
+    return curve_client(sock, a->net.sec->pub, a->net.sec->sec, a->net.peers[peer].key);
 }
 
 int zd__security_rendezvous_server(agent_t *a, void *sock)
 {
-    return zd__security_curve(a) ? curve_server(sock, a->sec->world_sec, a->sec->rdv_domain) : 0;
+    return zd__security_curve(a) ? curve_server(sock, a->net.sec->world_sec, a->net.sec->rdv_domain)
+                                 : 0;
 }
 
 int zd__security_rendezvous_client(agent_t *a, void *sock)
 {
-    security_t *s = a->sec;
+    security_t *s = a->net.sec;
     return zd__security_curve(a) ? curve_client(sock, s->world_pub, s->world_sec, s->world_pub) : 0;
 }
 
 void zd__security_watch(agent_t *a, void *sock, const char *what)
 {
-    security_t *s = a->sec;
-    if (!zd__security_curve(a) || !a->ctx)
+    security_t *s = a->net.sec;
+    if (!zd__security_curve(a) || !a->net.ctx)
         return;
     pthread_mutex_lock(&s->lock);
     if (s->n_watch < MAX_WATCH) {
@@ -535,7 +536,7 @@ void zd__security_watch(agent_t *a, void *sock, const char *what)
         if (zmq_socket_monitor(sock, ep,
                                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0 &&
-            (pair = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(pair, ep) == 0) {
+            (pair = zmq_socket(a->net.ctx, ZMQ_PAIR)) && zmq_connect(pair, ep) == 0) {
             snprintf(s->watch_what[s->n_watch], sizeof s->watch_what[0], "%s", what);
             s->watch[s->n_watch++] = pair;
         } else if (pair) {
@@ -554,36 +555,37 @@ static int key_cmp(const void *x, const void *y)
 
 int zd__security_table_ready(agent_t *a)
 {
-    security_t *s = a->sec;
+    security_t *s = a->net.sec;
     if (!s)
         return 0;
     if (!s->curve) {
-        for (int i = 0; i < a->world && !s->insecure; i++)
-            if (a->peers[i].endpoint[0] && !endpoint_is_loopback(a->peers[i].endpoint))
+        for (int i = 0; i < a->net.world && !s->insecure; i++)
+            if (a->net.peers[i].endpoint[0] && !endpoint_is_loopback(a->net.peers[i].endpoint))
                 return zd_error_set_code(ZD_ERR_ARGUMENT,
                                          "no world key, and \"%s\" (rank %d) is at %s, not on "
                                          "loopback: refusing to run unauthenticated and "
                                          "unencrypted; %s",
-                                         a->peers[i].name, i, a->peers[i].endpoint, remedies);
+                                         a->net.peers[i].name, i, a->net.peers[i].endpoint,
+                                         remedies);
         return 0;
     }
-    key_rank_t *k = malloc((size_t)a->world * sizeof *k);
+    key_rank_t *k = malloc((size_t)a->net.world * sizeof *k);
     if (!k)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     static const uint8_t none[32];
-    for (int i = 0; i < a->world; i++) {
+    for (int i = 0; i < a->net.world; i++) {
         k[i].rank = i;
         /* A rank gone from the running world this process joined has no
            key until it rejoins (zd__security_renew_key): no key matches. */
-        if (!a->peers[i].key[0] && atomic_load(&a->peers[i].lost_at_ns)) {
+        if (!a->net.peers[i].key[0] && atomic_load(&a->net.peers[i].lost_at_ns)) {
             memset(k[i].key, 0, 32);
-        } else if (!z85_key(a->peers[i].key, k[i].key)) {
+        } else if (!z85_key(a->net.peers[i].key, k[i].key)) {
             free(k);
             return zd_error_set("rendezvous: rank %d has no valid public key", i);
         }
     }
-    qsort(k, (size_t)a->world, sizeof *k, key_cmp);
-    for (int i = 1; i < a->world; i++)
+    qsort(k, (size_t)a->net.world, sizeof *k, key_cmp);
+    for (int i = 1; i < a->net.world; i++)
         if (key_cmp(&k[i - 1], &k[i]) == 0 && memcmp(k[i].key, none, 32) != 0) {
             int r1 = k[i - 1].rank, r2 = k[i].rank;
             free(k);
@@ -591,7 +593,7 @@ int zd__security_table_ready(agent_t *a)
                                 r2);
         }
     s->keys = k;
-    s->n_keys = a->world;
+    s->n_keys = a->net.world;
     atomic_store(&s->ready, true); /* publishes keys to the handler's thread */
     return 0;
 }
@@ -600,11 +602,11 @@ int zd__security_table_ready(agent_t *a)
    handler's thread reads the table under s->lock from then on. */
 int zd__security_renew_key(agent_t *a, int rank)
 {
-    security_t *s = a->sec;
+    security_t *s = a->net.sec;
     if (!s || !s->curve)
         return 0;
     uint8_t bin[32];
-    if (!z85_key(a->peers[rank].key, bin))
+    if (!z85_key(a->net.peers[rank].key, bin))
         return zd_error_set("rank %d has no valid public key", rank);
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < s->n_keys; i++)
@@ -833,10 +835,10 @@ static void *zap_main(void *arg)
 
 int zd__security_start(agent_t *a)
 {
-    security_t *s = a->sec;
+    security_t *s = a->net.sec;
     if (!zd__security_curve(a) || s->started)
         return 0;
-    s->zap = zmq_socket(a->ctx, ZMQ_ROUTER);
+    s->zap = zmq_socket(a->net.ctx, ZMQ_ROUTER);
     int zero = 0;
     if (!s->zap || zmq_setsockopt(s->zap, ZMQ_LINGER, &zero, sizeof zero) < 0 ||
         zmq_bind(s->zap, ZAP_ENDPOINT) < 0)
@@ -849,7 +851,7 @@ int zd__security_start(agent_t *a)
 
 void zd__security_free(agent_t *a)
 {
-    security_t *s = a->sec;
+    security_t *s = a->net.sec;
     if (!s)
         return;
     if (s->started) {
@@ -870,7 +872,7 @@ void zd__security_free(agent_t *a)
     explicit_bzero(s->world_sec, sizeof s->world_sec);
     explicit_bzero(s->sec, sizeof s->sec);
     free(s);
-    a->sec = NULL;
+    a->net.sec = NULL;
 }
 
 /* ---- binding routing ids to keys ---- */
@@ -884,14 +886,14 @@ bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src)
     long who = user ? strtol(user, &end, 10) : -1;
     if (user && *end == 0 && who == src)
         return true;
-    atomic_fetch_add(&a->sec->spoofs, 1);
-    if (user && *end == 0 && who >= 0 && who < a->world)
-        warn_limited(&a->sec->lim_spoof,
+    atomic_fetch_add(&a->net.sec->spoofs, 1);
+    if (user && *end == 0 && who >= 0 && who < a->net.world)
+        warn_limited(&a->net.sec->lim_spoof,
                      "rpc: dropped a message claiming to be from \"%s\" "
                      "(rank %d) sent by \"%s\" (rank %ld), authenticated by its key",
-                     a->peers[src].name, src, a->peers[who].name, who);
+                     a->net.peers[src].name, src, a->net.peers[who].name, who);
     else
-        warn_limited(&a->sec->lim_spoof,
+        warn_limited(&a->net.sec->lim_spoof,
                      "rpc: dropped a message claiming to be from rank %d "
                      "on an unauthenticated connection",
                      src);
@@ -900,5 +902,5 @@ bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src)
 
 int64_t zd__security_spoofs_dropped(const agent_t *a)
 {
-    return a->sec ? atomic_load(&a->sec->spoofs) : 0;
+    return a->net.sec ? atomic_load(&a->net.sec->spoofs) : 0;
 }

@@ -32,14 +32,14 @@
     (options.key_file, else $ZDIST_KEY_FILE, else the default file if it
     exists), or accepts running without one (insecure, or master and
     listen_ip both loopback), and makes the process's ephemeral keypair.
-    Sets a->sec. 0, or -1 naming the file or the remedies. */
+    Sets a->net.sec. 0, or -1 naming the file or the remedies. */
 int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip);
 
-/*  Once a->ctx exists: binds the ZAP handler and starts its thread. 0, or -1. */
+/*  Once a->net.ctx exists: binds the ZAP handler and starts its thread. 0, or -1. */
 int zd__security_start(agent_t *a);
 
 /*  Stops the ZAP handler's thread and closes its sockets (before the
-    context ends), then frees a->sec. Harmless when nothing was made. */
+    context ends), then frees a->net.sec. Harmless when nothing was made. */
 void zd__security_free(agent_t *a);
 
 /*  Whether this world runs CURVE. */
@@ -49,7 +49,7 @@ bool zd__security_curve(const agent_t *a);
 const char *zd__security_public_key(const agent_t *a);
 
 /*  Socket options: the agent's ROUTER (a CURVE server), a DEALER to rank
-    peer (a CURVE client pinning a->peers[peer].key), rank 0's rendezvous
+    peer (a CURVE client pinning a->net.peers[peer].key), rank 0's rendezvous
     socket and a joiner's. Nothing without CURVE. 0, or -1. */
 int zd__security_server(agent_t *a, void *sock);
 int zd__security_client(agent_t *a, void *sock, int peer);
@@ -75,13 +75,13 @@ bool zd__security_loopback_only(const agent_t *a);
 const char *zd__security_registration_refused(const agent_t *a, const char *peer,
                                               const char *endpoint);
 
-/*  After the rendezvous (a->peers[*].key and endpoints set): hands the
+/*  After the rendezvous (a->net.peers[*].key and endpoints set): hands the
     table's keys to the ZAP handler, which then answers the connections it
     held back; without a key, fails when an endpoint is not loopback (unless
     insecure). 0, or -1. */
 int zd__security_table_ready(agent_t *a);
 
-/*  Rank's key changed (a restarted process rejoined; a->peers[rank].key
+/*  Rank's key changed (a restarted process rejoined; a->net.peers[rank].key
     holds the new one): connections with the old key are refused from now
     on. 0, or -1 when the key is invalid or another rank's. */
 int zd__security_renew_key(agent_t *a, int rank);
