@@ -28,7 +28,7 @@
 #include <zdist/rpc.h>
 #include "rpc/agent/agent.h"
 #include "rpc/value/codec.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/net/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
@@ -317,9 +317,9 @@ static int world_spoof(const world_t *w)
         agent_t *a = zd__agent_acquire();
         WCHECK(a != NULL);
         int64_t t0 = world_now_ms();
-        while (zd__security_spoofs_dropped(a) < 257 && world_now_ms() - t0 < 20000)
+        while (zd__security_spoofs_dropped(&a->net) < 257 && world_now_ms() - t0 < 20000)
             sched_yield();
-        int64_t dropped = zd__security_spoofs_dropped(a);
+        int64_t dropped = zd__security_spoofs_dropped(&a->net);
         zd__agent_release(a);
         WCHECK(dropped == 257);
         zd__log(ZD_LOG_WARN, "test: all dropped");
@@ -343,7 +343,7 @@ static int world_spoof(const world_t *w)
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
-    int rc = zd__security_client(a, sock, 1); /* our own key: authenticated as rank 0 */
+    int rc = zd__security_client(&a->net, sock, 1); /* our own key: authenticated as rank 0 */
     rc = rc == 0 ? zmq_connect(sock, a->net.peers[1].endpoint) : rc;
     zd__agent_release(a);
     WCHECK(rc == 0);
@@ -548,7 +548,7 @@ static int world_off_loopback(const world_t *w)
     o.key_file = g_key;
     WTRY(zd_rpc_init(NULL, 0, 1, &o));
     agent_t *a = zd__agent_acquire();
-    bool curve = a && zd__security_curve(a);
+    bool curve = a && zd__security_curve(&a->net);
     zd__agent_release(a);
     WCHECK(curve);
     WTRY(zd_rpc_shutdown(true, 5000));
@@ -567,7 +567,7 @@ static int world_default_key(const world_t *w)
 {
     WTRY(init_with_key(w, NULL));
     agent_t *a = zd__agent_acquire();
-    bool curve = a && zd__security_curve(a);
+    bool curve = a && zd__security_curve(&a->net);
     zd__agent_release(a);
     WCHECK(curve);
     WCHECK(legit_work((w->rank + 1) % w->world_size, 3) == 0);

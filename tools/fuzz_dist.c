@@ -254,7 +254,7 @@ static agent_t agent;
 static int64_t clock_ns = 1000000000;
 static uint64_t next_id = 1;
 
-int64_t zd__agent_now_ns(void)
+int64_t zd__net_now_ns(void)
 {
     return clock_ns;
 }

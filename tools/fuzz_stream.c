@@ -55,7 +55,7 @@
 
 static int64_t clock_ns = 1000000000;
 
-int64_t zd__agent_now_ns(void)
+int64_t zd__net_now_ns(void)
 {
     return clock_ns;
 }

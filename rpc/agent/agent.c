@@ -18,7 +18,7 @@
 #include "rpc/agent/membership.h"
 #include "rpc/value/future_hook.h"
 #include "rpc/agent/rref.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 /*  The running agent. Users are counted outside the agent so that a thread
     can announce itself before it even reads the pointer. */
@@ -69,11 +69,6 @@ uint64_t zd__agent_new_id(agent_t *a)
 {
     uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
     return (uint64_t)a->net.rank << 48 | n;
-}
-
-int64_t zd__agent_now_ns(void)
-{
-    return zd__now_ns();
 }
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
@@ -185,9 +180,9 @@ static agent_t *agent_new(const init_params_t *p)
    naming what may hold them) after TEARDOWN_WAIT_MS. */
 static bool wait_users(agent_t *a, const char *stage)
 {
-    int64_t until = zd__deadline_after(zd__agent_now_ns(), TEARDOWN_WAIT_MS);
+    int64_t until = zd__deadline_after(zd__net_now_ns(), TEARDOWN_WAIT_MS);
     while (atomic_load(&g_users) > 0) {
-        if (zd__agent_now_ns() >= until) {
+        if (zd__net_now_ns() >= until) {
             zd__log(ZD_LOG_ERROR,
                     "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
                     "%d s (%lld call(s) pending, %lld being served): going on without them",
@@ -298,7 +293,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
             ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
     int64_t deadline =
-        p.o.init_timeout_ms ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000 : INT64_MAX;
+        p.o.init_timeout_ms ? zd__net_now_ns() + p.o.init_timeout_ms * 1000000 : INT64_MAX;
     raise_fd_limit();
     /* Rank 0 without a listen address binds after the rendezvous, on the
        addresses that route to the workers that registered. */
@@ -315,7 +310,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     char who[ZD_RPC_MAX_NAME + 16];
     snprintf(who, sizeof who, "%s/%d", a->name, a->net.rank);
     zd__log_set_who(who);
-    if (zd__security_new(a, &p, ip[0] ? ip : NULL) < 0 ||
+    if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
         zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
@@ -332,7 +327,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     atomic_store(&g_agent, a);
     zd__agent_publish_identity(a);
     busy_poll_fit(a, p.busy_poll_default);
-    zd__agent_set_busy_poll_ns(a->busy_poll_ns);
+    zd__poll_set_busy_ns(a->busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
        every other (in a large world: to rank 0, and to the others on first
        use, transport.c) and may be called. A process that joins a running world
@@ -344,7 +339,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     if (!joined || zd__membership_start(a) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         zd__agent_publish_identity(NULL);
-        zd__agent_set_busy_poll_ns(0);
+        zd__poll_set_busy_ns(0);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
         goto fail;
@@ -361,7 +356,7 @@ fail: /* unlocks g_init_lock */
 
 int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
-    if (zd__transport_thread_role() != ROLE_USER)
+    if (zd__net_thread_role() != ROLE_USER)
         return zd_error_set_code(
             ZD_ERR_ARGUMENT,
             "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
@@ -380,7 +375,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
     zd__metrics_out_close(a); /* the last line: after the final barrier, while the agent runs */
     zd__agent_publish_identity(NULL);
-    zd__agent_set_busy_poll_ns(0);
+    zd__poll_set_busy_ns(0);
     agent_teardown(a, graceful);
     zd__log(ZD_LOG_INFO, "rpc: shutdown complete");
     zd__log_set_who(NULL);

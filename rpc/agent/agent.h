@@ -86,10 +86,6 @@ agent_t *zd__agent_acquire_gen(unsigned gen);
 /*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
 uint64_t zd__agent_new_id(agent_t *a);
 
-/*  Monotonic clock in ns (zd__now_ns, core/clock.h), a function of its own
-    so that the fuzz targets can stand in for the agent's clock. */
-int64_t zd__agent_now_ns(void);
-
 /*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
     (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
@@ -106,30 +102,6 @@ int zd__agent_check_rank(agent_t *a, int rank, const char *api);
     friends, which read them without taking the agent (NULL: not running). */
 void zd__agent_publish_identity(agent_t *a);
 
-/*  ---- poll.c: the busy-poll policy (why: the top of poll.c) ---- */
-
-/*  The running agent's busy-poll time in ns (0 when not running), and its
-    setter (init and shutdown). */
-int64_t zd__agent_busy_poll_ns(void);
-void zd__agent_set_busy_poll_ns(int64_t ns);
-
-/*  The right to busy-poll, for one thread of the process at a time.
-    Returns the time to poll in ns, or 0 (polling off, or another thread
-    polls); after a non-zero answer, zd__agent_poll_end gives it back. */
-int64_t zd__agent_poll_begin(void);
-void zd__agent_poll_end(void);
-
-/*  Polls zd_future_done(f) for up to the busy-poll time (at most max_ns;
-    not at all on the I/O thread), yielding the CPU between looks, with
-    the I/O thread polling too while calls are in flight; true once it
-    holds. Measured (bench_dist, medians of 8 interleaved runs): a 10x10
-    forward + distributed backward 299 -> 237 us. */
-bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns);
-
-/*  True while some thread waits in zd__agent_poll_future: the I/O thread then
-    polls instead of sleeping (it sets io_asleep around its sleeps). */
-bool zd__agent_io_poll_wanted(agent_t *a);
-
 /*  ---- rendezvous.c ---- */
 
 /*  Registers with the master at addr:port (hosting it on rank 0) and fills
@@ -141,11 +113,6 @@ bool zd__agent_io_poll_wanted(agent_t *a);
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
 
 /*  ---- transport.c ---- */
-
-/*  Roles of threads, for guards and for the pool's compensation. */
-typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
-thread_role_t zd__transport_thread_role(void);
-void zd__transport_set_thread_role(thread_role_t role);
 
 /*  Creates the context and the ROUTER, and binds it on listen_ip (port
     chosen by the OS), filling a->net.peers[a->net.rank].endpoint; listen_ip NULL
@@ -288,7 +255,7 @@ void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd
 void zd__call_timeout_now(agent_t *a, uint64_t id);
 
 /*  The agent's part in every zd_future_wait* (future_hook.h): busy-polls
-    (zd__agent_poll_future), and a pool thread lets the pool compensate
+    (zd__poll_future), and a pool thread lets the pool compensate
     while it sleeps. Installed by zd_rpc_init. */
 extern const rpc_future_wait_hooks_t zd__call_wait_hooks;
 

@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 typedef struct sync_set {
     unsigned gen;
@@ -140,7 +140,7 @@ void *zd__direct_socket(agent_t *a, int peer, int *wake_fd)
        a connection's unread messages at once when ZMQ_IMMEDIATE is set:
        session_base reconnect terminates the pipe without delay.) */
     zd__transport_use_ipv6(sock, a->net.peers[peer].endpoint);
-    if (zd__security_client(a, sock, peer) < 0) {
+    if (zd__security_client(&a->net, sock, peer) < 0) {
         zmq_close(sock);
         return NULL;
     }

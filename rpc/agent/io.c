@@ -25,7 +25,7 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/agent/shm.h"
 #include "rpc/agent/stream.h"
 
@@ -129,7 +129,7 @@ static void log_unknown_sender(void)
     static int64_t last_ns;
     static long dropped;
     dropped++;
-    int64_t now = zd__agent_now_ns();
+    int64_t now = zd__net_now_ns();
     if (now - last_ns < ZD__NS_PER_S)
         return;
     zd__log(ZD_LOG_WARN,
@@ -180,7 +180,7 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     }
     /* Under CURVE the routing id must be the rank whose key the connection
        authenticated with; not even an error goes back to a spoofer. */
-    if (routed && !zd__security_sender_ok(a, &m->hm, src))
+    if (routed && !zd__security_sender_ok(&a->net, &m->hm, src))
         goto drop;
     atomic_fetch_add_explicit(&a->net.peers[src].m.bytes_received, bytes, memory_order_relaxed);
     rpc_wire_header_t *h = &m->h;
@@ -365,7 +365,7 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    run. Answers that do come later find no call and are dropped. */
 static void fail_interrupted(agent_t *a, peer_t *p)
 {
-    int64_t down_ms = (zd__agent_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
+    int64_t down_ms = (zd__net_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
     char text[192];
     snprintf(text, sizeof text,
              "the connection to it was down for %lld ms and came back; "
@@ -412,7 +412,7 @@ static void handle_monitor(agent_t *a, peer_t *p)
         if (!atomic_load(&a->closing))
             zd__log(ZD_LOG_INFO, "rpc: connection to \"%s\" (rank %d) went down", p->name, p->rank);
         atomic_store(&p->lost, true);
-        p->down_since_ns = zd__agent_now_ns();
+        p->down_since_ns = zd__net_now_ns();
         p->fail_at_ns = zd__deadline_after(p->down_since_ns, LOST_GRACE_MS);
     } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !zd__peer_gone(p)) {
         /* The peer does not know our key yet (it joined, or we did, and
@@ -422,7 +422,7 @@ static void handle_monitor(agent_t *a, peer_t *p)
                 "rpc: \"%s\" (rank %d) refused this process's key; connecting "
                 "again in %d ms",
                 p->name, p->rank, REMAKE_MS);
-        p->remake_at_ns = zd__deadline_after(zd__agent_now_ns(), REMAKE_MS);
+        p->remake_at_ns = zd__deadline_after(zd__net_now_ns(), REMAKE_MS);
     }
 }
 
@@ -502,7 +502,7 @@ static int poll_items(agent_t *a, zmq_pollitem_t *items, int *item_peer)
 void *zd__transport_io_main(void *arg)
 {
     agent_t *a = arg;
-    zd__transport_set_thread_role(ROLE_IO);
+    zd__net_set_thread_role(ROLE_IO);
     int n_items = 2 + a->net.world;
     zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
     int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
@@ -516,19 +516,19 @@ void *zd__transport_io_main(void *arg)
     n_items = poll_items(a, items, item_peer);
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
-       future: see zd__agent_poll_future. */
+       future: see zd__poll_future. */
     int64_t poll_until = 0, next_tick = 0, next_stream_check = 0, next_monitor_poll = 0;
     bool polling = false, look_again = false;
     while (!atomic_load(&a->net.io_stop)) {
-        if (polling && zd__agent_now_ns() >= poll_until) {
-            zd__agent_poll_end();
+        if (polling && zd__net_now_ns() >= poll_until) {
+            zd__poll_end();
             polling = false;
         }
         bool may_sleep = !polling && !look_again;
         look_again = false;
         if (may_sleep) {
-            atomic_store(&a->net.io_asleep, true); /* before the look: see zd__agent_poll_future */
-            if (zd__agent_io_poll_wanted(a)) {
+            atomic_store(&a->net.io_asleep, true); /* before the look: see zd__poll_future */
+            if (zd__poll_io_wanted(&a->net)) {
                 atomic_store(&a->net.io_asleep, false);
                 may_sleep = false;
             }
@@ -560,8 +560,8 @@ void *zd__transport_io_main(void *arg)
         int got = 0;
         while (got < RECV_BATCH && recv_one(a, &msg))
             got++;
-        int64_t now = zd__agent_now_ns();
-        if ((got || rc > 0) && (polling || (polling = zd__agent_poll_begin() > 0)))
+        int64_t now = zd__net_now_ns();
+        if ((got || rc > 0) && (polling || (polling = zd__poll_begin() > 0)))
             poll_until = now + a->busy_poll_ns;
         else if (now < next_tick) {
             sched_yield();
@@ -588,7 +588,7 @@ void *zd__transport_io_main(void *arg)
         zd__shutdown_tick(a, now);
     }
     if (polling)
-        zd__agent_poll_end();
+        zd__poll_end();
     free(msg.frames);
     free(items);
     free(item_peer);

@@ -47,7 +47,7 @@
 #include <zdist/error.h>
 #include "rpc/value/args.h"
 #include "rpc/world/rendezvous.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/agent/shm.h"
 
 #define RENEW_WAIT_MS  10000 /* a renewal: the release before, the I/O thread */
@@ -97,7 +97,7 @@ static void io_reached(void *arg, int rank);
 
 static int64_t now_ns(void)
 {
-    return zd__agent_now_ns();
+    return zd__net_now_ns();
 }
 
 int zd__membership_new(agent_t *a, const char *master, int port)
@@ -353,7 +353,7 @@ static bool io_renew(void *arg)
     char old_key[SECURITY_KEY_TXT];
     snprintf(old_key, sizeof old_key, "%s", p->key);
     snprintf(p->key, sizeof p->key, "%s", mb->renew_key);
-    int rc = zd__security_renew_key(a, rank);
+    int rc = zd__security_renew_key(&a->net, rank);
     if (rc == 0) {
         snprintf(p->endpoint, sizeof p->endpoint, "%s", mb->renew_ep);
         zd__shm_peer_reset(rank);
@@ -557,12 +557,12 @@ static void desk_serve(agent_t *a, membership_t *mb)
     zmsg_destroy(&m);
     if (!id)
         return;
-    if (rc == 0 && !zd__security_key_ok(a, r.key))
+    if (rc == 0 && !zd__security_key_ok(&a->net, r.key))
         rc = -1, snprintf(why, sizeof why, "a key that does not fit this world");
-    else if (rc == 0 && zd__security_registration_refused(a, peer, r.endpoint))
+    else if (rc == 0 && zd__security_registration_refused(&a->net, peer, r.endpoint))
         rc = -1,
         snprintf(why, sizeof why, "\"%s\" (rank %d): %s", r.name, r.rank,
-                 zd__security_registration_refused(a, peer, r.endpoint));
+                 zd__security_registration_refused(&a->net, peer, r.endpoint));
     else if (rc == 0 && r.world != a->net.world)
         rc = -1,
         snprintf(why, sizeof why, "world size %d, this world's is %d", r.world, a->net.world);
@@ -676,7 +676,7 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
     } else if (rank < 1 || rank >= a->net.world || rank == a->net.rank) {
         zd_error_set("rejoin: rank %lld is not another member", (long long)rank);
     } else if (zd__addr_parse_endpoint(endpoint, ip, sizeof ip, &port) < 0 ||
-               !zd__security_key_ok(a, key)) {
+               !zd__security_key_ok(&a->net, key)) {
         zd_error_set("rejoin: a bad endpoint or key for rank %lld", (long long)rank);
     } else {
         /* The return's number (retell), which older ranks 0 leave out. */

@@ -94,7 +94,7 @@ bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size)
     int64_t at = atomic_load(&a->net.peers[rank].lost_at_ns);
     if (!at)
         return false;
-    double ago = (double)(zd__agent_now_ns() - at) / (double)ZD__NS_PER_S;
+    double ago = (double)(zd__net_now_ns() - at) / (double)ZD__NS_PER_S;
     if (text && size && atomic_load(&a->net.peers[rank].unreached))
         snprintf(text, size,
                  "peer \"%s\" (rank %d) not reached since this process joined the "

@@ -50,7 +50,7 @@
 #include "rpc/agent/membership.h"
 #include "rpc/world/register.h"
 #include "rpc/world/rendezvous.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 #define MAX_BINDS MEMBERSHIP_MAX_BINDS /* addresses rank 0 listens on, per socket */
 
@@ -78,7 +78,7 @@ typedef struct {
 
 static int remaining_ms(int64_t deadline)
 {
-    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline);
+    int64_t left = zd__ms_left(zd__net_now_ns(), deadline);
     return left < 0 ? -1 : (int)(left > 1000000 ? 1000000 : left);
 }
 
@@ -227,15 +227,15 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         turn_away(h, id, peer, "malformed (%s)", why);
         return 0;
     }
-    const char *policy = zd__security_registration_refused(a, peer, r.endpoint);
+    const char *policy = zd__security_registration_refused(&a->net, peer, r.endpoint);
     if (policy) {
         turn_away(h, id, peer, "\"%s\" (rank %d): %s", r.name, r.rank, policy);
         return 0;
     }
-    if (!zd__security_key_ok(a, r.key)) {
+    if (!zd__security_key_ok(&a->net, r.key)) {
         turn_away(h, id, peer, "\"%s\" (rank %d) %s", r.name, r.rank,
-                  zd__security_curve(a) ? "has no valid public key"
-                                        : "has a key and this world has none");
+                  zd__security_curve(&a->net) ? "has no valid public key"
+                                              : "has a key and this world has none");
         return 0;
     }
     if (r.world != a->net.world) {
@@ -479,14 +479,14 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     zmq_setsockopt(h.sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     int rc = -1;
-    if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
+    if (zd__security_start(&a->net) < 0 || zd__security_rendezvous_server(&a->net, h.sock) < 0)
         goto out;
-    zd__security_watch(a, h.sock, "the rendezvous"); /* before the first connection */
-    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(a)) < 0)
+    zd__security_watch(&a->net, h.sock, "the rendezvous"); /* before the first connection */
+    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(&a->net)) < 0)
         goto out;
     h.slots[0].present = true;
     snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
-    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(a));
+    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(&a->net));
     int count = 1;
     while (!complete(&h)) {
         zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
@@ -540,7 +540,7 @@ zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
     zmsg_addstrf(reg, "%d", a->net.world);
     zmsg_addstr(reg, a->name);
     zmsg_addstr(reg, a->net.peers[a->net.rank].endpoint);
-    zmsg_addstr(reg, zd__security_public_key(a));
+    zmsg_addstr(reg, zd__security_public_key(&a->net));
     if (status)
         zmsg_addstr(reg, status);
     return reg;
@@ -548,7 +548,7 @@ zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
 
 static int secure_client(void *arg, void *sock)
 {
-    return zd__security_rendezvous_client(arg, sock);
+    return zd__security_rendezvous_client(&((agent_t *)arg)->net, sock);
 }
 
 static zmsg_t *registration(void *arg)
@@ -563,7 +563,7 @@ void zd__rendezvous_client(agent_t *a, const char *ep, reg_client_t *c)
                         .world = a->net.world,
                         .rank = a->net.rank,
                         .name = a->name,
-                        .curve = zd__security_curve(a),
+                        .curve = zd__security_curve(&a->net),
                         .secure = secure_client,
                         .registration = registration,
                         .arg = a,
@@ -604,11 +604,11 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
 
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
-    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), timeout_ms);
     snprintf(a->net.peers[a->net.rank].key, sizeof a->net.peers[a->net.rank].key, "%s",
-             zd__security_public_key(a));
+             zd__security_public_key(&a->net));
     int rc = a->net.rank == 0 ? host_rendezvous(a, addr, port, deadline)
                               : join_rendezvous(a, addr, port, deadline);
     /* The keys of the table are who may connect from now on. */
-    return rc < 0 ? rc : zd__security_table_ready(a);
+    return rc < 0 ? rc : zd__security_table_ready(&a->net);
 }

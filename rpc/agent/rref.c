@@ -477,7 +477,7 @@ static void forward_value(zd_future_t *f, void *arg)
    once a second. */
 static bool log_due(_Atomic int64_t *last)
 {
-    int64_t now = zd__agent_now_ns(), then = atomic_load(last);
+    int64_t now = zd__net_now_ns(), then = atomic_load(last);
     return now - then >= ZD__NS_PER_S && atomic_compare_exchange_strong(last, &then, now);
 }
 
@@ -531,7 +531,7 @@ static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
         t = timeout_ms;
     if (local > 0 && local < t)
         t = local;
-    return zd__deadline_after(zd__agent_now_ns(), t);
+    return zd__deadline_after(zd__net_now_ns(), t);
 }
 
 void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, int64_t timeout_ms)
@@ -791,7 +791,7 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
                        .parent = parent,
                        .req_id = h->id,
                        .route_len = m->route_len,
-                       .since_ns = zd__agent_now_ns(),
+                       .since_ns = zd__net_now_ns(),
                        .next = x->waits};
     memcpy(w->route, m->route, m->route_len);
     /* As long as a placeholder would wait for its REMOTE. */
@@ -1053,7 +1053,7 @@ int zd__rref_ctx_new(agent_t *a)
         /* No kernel entropy (a kernel before 3.17): unique ids still, but
            a peer that knows the clock could guess them. */
         zd__log(ZD_LOG_WARN, "rpc: getrandom failed: RRef ids are less hard to guess");
-        x->id_key[0] = (uint64_t)zd__agent_now_ns() ^ (uint64_t)(uintptr_t)x;
+        x->id_key[0] = (uint64_t)zd__net_now_ns() ^ (uint64_t)(uintptr_t)x;
         x->id_key[1] = (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&x;
     }
     atomic_init(&x->id_next, 1);

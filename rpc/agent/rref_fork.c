@@ -51,7 +51,7 @@ static int64_t next_wait_ms(const ctrl_t *c)
     int64_t total = zd__agent_timeout(c->a, -1);
     if (total == 0 || c->attempts == 0)
         return total && total < wait ? total : wait;
-    int64_t left = total - (zd__agent_now_ns() - c->first_ns) / ZD__NS_PER_MS;
+    int64_t left = total - (zd__net_now_ns() - c->first_ns) / ZD__NS_PER_MS;
     return left <= 0 ? 0 : left < wait ? left : wait;
 }
 
@@ -96,7 +96,7 @@ static void ctrl_send(ctrl_t *c)
     if (wait <= 0)
         wait = 1; /* the time ran out since ctrl_answer looked: one last short try */
     if (c->attempts++ == 0)
-        c->first_ns = zd__agent_now_ns();
+        c->first_ns = zd__net_now_ns();
     call_req_t req = {.type = c->type,
                       .api = "RRef protocol",
                       .a = c->rref_id,

@@ -713,7 +713,7 @@ static bool busy_log_due(agent_t *a, int src)
         if (!last)
             return true;
     }
-    int64_t now = zd__agent_now_ns();
+    int64_t now = zd__net_now_ns();
     if (now - last[src] < ZD__NS_PER_S)
         return false;
     last[src] = now;

@@ -111,7 +111,7 @@ static uint64_t random_token(void)
     uint64_t t = 0;
     while (t == 0)
         if (getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t)
-            t = (uint64_t)zd__agent_now_ns() ^ ((uint64_t)getpid() << 32);
+            t = (uint64_t)zd__net_now_ns() ^ ((uint64_t)getpid() << 32);
     return t;
 }
 
@@ -314,8 +314,8 @@ void zd__shm_peer_reset(int peer)
         return;
     tx_peer_t *p = &tx[peer];
     atomic_store(&p->state, 0);
-    int64_t until = zd__agent_now_ns() + ZD__NS_PER_S;
-    while (atomic_load(&senders) > 0 && zd__agent_now_ns() < until)
+    int64_t until = zd__net_now_ns() + ZD__NS_PER_S;
+    while (atomic_load(&senders) > 0 && zd__net_now_ns() < until)
         sched_yield();
     if (atomic_load(&senders) > 0)
         return;
@@ -483,7 +483,7 @@ again:
         }
     }
     if (best < 0 && nb >= SHM_WAIT_OVER && busy_fits(p, nb)) {
-        int64_t now = zd__agent_now_ns();
+        int64_t now = zd__net_now_ns();
         if (!wait_until)
             wait_until = now + SHM_WAIT_NS;
         if (now < wait_until) {

@@ -194,7 +194,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         r->round = round;
         /* Shorter than the callers' own timeout, so that they get this
            round's error, which names the missing workers. */
-        r->deadline_ns = timeout_ms > 0 ? zd__agent_now_ns() + timeout_ms * 750000 : INT64_MAX;
+        r->deadline_ns = timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * 750000 : INT64_MAX;
         r->next = a->barrier;
         a->barrier = r;
     }
@@ -337,7 +337,7 @@ static int64_t outstanding(agent_t *a)
 static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
-        if (zd__agent_now_ns() >= deadline_ns) {
+        if (zd__net_now_ns() >= deadline_ns) {
             return zd_error_set_code(
                 ZD_ERR_TIMEOUT,
                 "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
@@ -356,7 +356,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
                     int64_t *sum)
 {
     /* 0 asks rank 0 to wait without limit */
-    int64_t left = deadline_ns == ZD__NEVER ? 0 : zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    int64_t left = deadline_ns == ZD__NEVER ? 0 : zd__ms_left(zd__net_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
     zd_value_t *args = zd__rpc_args("iii", round, count, left);
@@ -373,7 +373,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
        answers alike (see join_round), until it is declared lost or the
        deadline passes. */
     while (rc < 0 && args && zd_error_code() == ZD_ERR_PEER && !zd_rpc_peer_is_lost(0) &&
-           zd__agent_now_ns() < deadline_ns) {
+           zd__net_now_ns() < deadline_ns) {
         struct timespec ts = {0, 20 * ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
         rc = zd__call_sync(&req, 0, &total);
@@ -393,7 +393,7 @@ static int64_t drain_deadline(agent_t *a, int64_t deadline)
 {
     int64_t call = atomic_load(&a->timeout_ms);
     int64_t bound_ms = call > 0 && call < 300000 ? 2 * call : 600000;
-    int64_t bound = zd__deadline_after(zd__agent_now_ns(), bound_ms);
+    int64_t bound = zd__deadline_after(zd__net_now_ns(), bound_ms);
     return bound < deadline ? bound : deadline;
 }
 
@@ -401,7 +401,7 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
     /* Default: no limit, like PyTorch's rpc.shutdown(). */
     int64_t t = timeout_ms > 0 ? timeout_ms : 0;
-    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), t);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), t);
     /* Round 0: everyone has called zd_rpc_shutdown. Then drain and repeat
        until a round finds no work anywhere. */
     for (int64_t round = 0;; round++) {

@@ -337,7 +337,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
             goto fail;
         }
     s->sock = sock;
-    s->touched_ns = zd__agent_now_ns();
+    s->touched_ns = zd__net_now_ns();
     s->src = m->src;
     s->route_len = m->route_len;
     memcpy(s->route, m->route, m->route_len);
@@ -441,7 +441,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         stream_free(s);
         return refuse(a, sock, m, type, id);
     }
-    s->touched_ns = zd__agent_now_ns();
+    s->touched_ns = zd__net_now_ns();
     s->stalled_ns = 0;
     pthread_mutex_lock(&lock);
     s->next = streams;

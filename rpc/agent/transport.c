@@ -29,21 +29,9 @@
 #include "rpc/net/bufcache.h"
 #include "rpc/value/copy.h"
 #include "rpc/agent/membership.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/agent/shm.h"
 #include "rpc/agent/stream.h"
-
-static __thread thread_role_t tls_role;
-
-thread_role_t zd__transport_thread_role(void)
-{
-    return tls_role;
-}
-
-void zd__transport_set_thread_role(thread_role_t role)
-{
-    tls_role = role;
-}
 
 /* ---- setup ---- */
 
@@ -79,7 +67,7 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
     /* Every thread that calls zd_rpc_sync has a socket per peer it calls: the
        descriptor limit is the real bound, not ZeroMQ's default of 1023. */
     zmq_ctx_set(a->net.ctx, ZMQ_MAX_SOCKETS, 16384);
-    if (zd__security_start(a) < 0)
+    if (zd__security_start(&a->net) < 0)
         return -1;
     a->net.router = zmq_socket(a->net.ctx, ZMQ_ROUTER);
     if (!a->net.router)
@@ -92,10 +80,10 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
     /* A connection with a routing id already taken replaces the old one
        (a peer that reconnects before its old connection is seen dead);
        only under CURVE, where connecting at all needs a key of the table. */
-    set_int(a->net.router, ZMQ_ROUTER_HANDOVER, zd__security_curve(a) ? 1 : 0);
-    if (zd__security_server(a, a->net.router) < 0)
+    set_int(a->net.router, ZMQ_ROUTER_HANDOVER, zd__security_curve(&a->net) ? 1 : 0);
+    if (zd__security_server(&a->net, a->net.router) < 0)
         return -1;
-    zd__security_watch(a, a->net.router, "the RPC socket");
+    zd__security_watch(&a->net, a->net.router, "the RPC socket");
     set_int(a->net.router, ZMQ_TCP_KEEPALIVE, 1);
     zd__transport_set_limits(a->net.router);
     if (listen_ip &&
@@ -166,7 +154,7 @@ static int open_peer(agent_t *a, peer_t *p)
     set_int(p->sock, ZMQ_IMMEDIATE, 1);
     set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
     set_heartbeat(p->sock, a->heartbeat_ms);
-    if (zd__security_client(a, p->sock, p->rank) < 0)
+    if (zd__security_client(&a->net, p->sock, p->rank) < 0)
         return -1;
     char mon[96];
     snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->net.gen, p->rank,
@@ -226,7 +214,7 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
    (ZMQ_IMMEDIATE), or fails at deadline_ns. Under p->lock. 0, or -1. */
 static int hello_locked(agent_t *a, peer_t *p, int64_t deadline_ns)
 {
-    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    int64_t left = zd__ms_left(zd__net_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
     rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->net.rank, .dst = p->rank};
@@ -280,14 +268,14 @@ int zd__transport_reach(agent_t *a, int dst)
     pthread_mutex_lock(&p->lock);
     int rc = 0;
     if (!atomic_load(&p->reached)) {
-        int64_t wait = zd__transport_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
+        int64_t wait = zd__net_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
         if (!p->sock && (zd__peer_gone(p) || open_peer(a, p) < 0)) {
             close_peer(p, 0);
             rc = -1;
         } else if (atomic_load(&p->lost)) {
             rc = -1; /* its connection came up and went down: at once, as ZMQ_IMMEDIATE */
         } else {
-            rc = hello_locked(a, p, zd__deadline_after(zd__agent_now_ns(), wait));
+            rc = hello_locked(a, p, zd__deadline_after(zd__net_now_ns(), wait));
         }
         if (rc == 0)
             zd__log(ZD_LOG_DEBUG, "rpc: connected to \"%s\" (rank %d) on first use", p->name, dst);
@@ -339,7 +327,7 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
             continue;
         /* A rank gone from the world a restarted rank 0 formed left no key
            to pin: it gets its socket when it rejoins (renew_peer). */
-        if (zd__security_curve(a) && !p->key[0] && atomic_load(&p->lost_at_ns))
+        if (zd__security_curve(&a->net) && !p->key[0] && atomic_load(&p->lost_at_ns))
             continue;
         if (open_peer(a, p) < 0)
             return -1;
@@ -380,7 +368,7 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
                                          p->name, p->rank, p->endpoint);
             zd__membership_mark_unreached(a, i);
         }
-        int64_t by = zd__deadline_after(zd__agent_now_ns(), JOIN_PEER_WAIT_MS);
+        int64_t by = zd__deadline_after(zd__net_now_ns(), JOIN_PEER_WAIT_MS);
         others_by = by < deadline_ns ? by : deadline_ns;
     }
     if (pthread_create(&a->net.io_thread, NULL, zd__transport_io_main, a) != 0)
@@ -429,7 +417,7 @@ void zd__transport_close(agent_t *a, bool graceful)
     if (a->net.wake_fd >= 0)
         close(a->net.wake_fd);
     a->net.wake_fd = -1;
-    zd__security_free(a); /* its thread's sockets close before the context ends */
+    zd__security_free(&a->net); /* its thread's sockets close before the context ends */
     if (a->net.ctx)
         zmq_ctx_term(a->net.ctx);
     a->net.ctx = NULL;
@@ -746,7 +734,7 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
     zmq_getsockopt(a->net.router, ZMQ_EVENTS, &events, &len);
     pthread_mutex_unlock(&a->net.router_lock);
     zd__shm_send_done(&so, bytes >= 0);
-    if ((events & ZMQ_POLLIN) && zd__transport_thread_role() != ROLE_IO) {
+    if ((events & ZMQ_POLLIN) && zd__net_thread_role() != ROLE_IO) {
         uint64_t one = 1;
         if (write(a->net.wake_fd, &one, sizeof one) < 0) {
             /* cannot fail on an eventfd this small */
