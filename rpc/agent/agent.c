@@ -5,6 +5,7 @@
     poll.c. Log lines: zd__log (core/log.c). */
 #include "rpc/agent/agent.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -260,9 +261,21 @@ static void agent_teardown(agent_t *a, bool graceful)
         return;
     }
     zd__rref_ctx_free(a);
-    zd__direct_close_all(a);
+    zd__direct_close_all(&a->net);
     zd__transport_close(a, graceful);
     agent_free(a);
+}
+
+/* direct.c's way from an exiting thread to the running agent's sockets. */
+static zd__net_t *net_acquire(void)
+{
+    agent_t *a = zd__agent_try_acquire();
+    return a ? &a->net : NULL;
+}
+
+static void net_release(zd__net_t *n)
+{
+    zd__agent_release(n ? (agent_t *)((char *)n - offsetof(agent_t, net)) : NULL);
 }
 
 /* A process of a world holds a descriptor per connection, per shared
@@ -310,6 +323,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     char who[ZD_RPC_MAX_NAME + 16];
     snprintf(who, sizeof who, "%s/%d", a->name, a->net.rank);
     zd__log_set_who(who);
+    zd__direct_hooks(net_acquire, net_release);
     if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||

@@ -119,16 +119,11 @@ int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_m
     leaves the binding to zd__transport_listen (rank 0 binds once it knows
     where its peers are, rendezvous.c). */
 int zd__transport_bind(agent_t *a, const char *listen_ip);
-/*  Sets the limits of a socket that receives from peers (transport.c). */
-void zd__transport_set_limits(void *sock);
 
 /*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
     the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
     0, or -1 naming the address. */
 int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size);
-
-/*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
-void zd__transport_use_ipv6(void *sock, const char *endpoint);
 
 /*  Creates and connects the DEALERs, makes sure the peers needed are
     reachable (HELLO) before deadline_ns, then starts the I/O thread. A world
@@ -269,14 +264,6 @@ int zd__serve_register_internal(void);
 /*  Calls one peer may have queued or running here at once; more are
     answered "busy" (ZDIST_RPC_MAX_CALLS_PER_PEER). */
 int64_t zd__serve_max_calls_per_peer(void);
-
-/*  ---- direct.c: each thread's zd_rpc_sync sockets ---- */
-
-/*  The calling thread's socket to peer (made on first use) and its wake-up
-    eventfd; NULL when none can be made (use the shared path). */
-void *zd__direct_socket(agent_t *a, int peer, int *wake_fd);
-/*  Teardown: closes every thread's sockets. */
-void zd__direct_close_all(agent_t *a);
 
 /*  ---- pool.c ---- */
 

@@ -544,7 +544,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     r.timeout_ms = timeout; /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
     if (to >= 0 && to < a->net.world && !atomic_load(&a->net.peers[to].lost) && !req->shared_only)
-        r.sock = zd__direct_socket(a, to, &r.wake_fd);
+        r.sock = zd__direct_socket(&a->net, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread
            while this one was already returning) must not count for this one. */

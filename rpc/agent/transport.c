@@ -40,21 +40,6 @@ static void set_int(void *sock, int opt, int value)
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
-/* What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
-   frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
-   a handshake within RPC_HANDSHAKE_MS. libzmq counts the high-water mark at
-   the last frame of a message and limits each frame, not the message: a
-   multipart message that never ends is held whole inside libzmq until it
-   does, so what bounds it is authentication (a stranger cannot connect),
-   not these options. */
-void zd__transport_set_limits(void *sock)
-{
-    int64_t max = (int64_t)RPC_MAX_FRAME;
-    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
-    set_int(sock, ZMQ_RCVHWM, RPC_RCVHWM);
-    set_int(sock, ZMQ_HANDSHAKE_IVL, RPC_HANDSHAKE_MS);
-}
-
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
@@ -85,7 +70,7 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
         return -1;
     zd__security_watch(&a->net, a->net.router, "the RPC socket");
     set_int(a->net.router, ZMQ_TCP_KEEPALIVE, 1);
-    zd__transport_set_limits(a->net.router);
+    zd__net_set_limits(a->net.router);
     if (listen_ip &&
         zd__transport_listen(a, listen_ip, a->net.peers[a->net.rank].endpoint,
                              sizeof a->net.peers[a->net.rank].endpoint) < 0)
@@ -115,12 +100,6 @@ int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size
     if (zmq_getsockopt(a->net.router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
         return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
     return 0;
-}
-
-void zd__transport_use_ipv6(void *sock, const char *endpoint)
-{
-    if (strncmp(endpoint, "tcp://[", 7) == 0)
-        set_int(sock, ZMQ_IPV6, 1);
 }
 
 /* ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
@@ -168,7 +147,7 @@ static int open_peer(agent_t *a, peer_t *p)
             p->monitor = NULL;
         }
     }
-    zd__transport_use_ipv6(p->sock, p->endpoint);
+    zd__net_use_ipv6(p->sock, p->endpoint);
     if (zmq_connect(p->sock, p->endpoint) < 0)
         return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
                             p->endpoint, zmq_strerror(errno));

@@ -28,6 +28,9 @@
 #include <zdist/future.h>
 #include <zdist/rpc.h>
 
+#include "rpc/net/wire.h"
+#include "rpc/value/codec.h"
+
 typedef struct security security_t;
 
 #define SECURITY_KEY_TXT 41 /* a Z85 CURVE key and its terminating 0 */
@@ -157,5 +160,40 @@ bool zd__poll_future(zd__net_t *n, zd_future_t *f, int64_t max_ns, bool calls_in
 /*  True while some thread waits in zd__poll_future: the I/O thread then
     polls instead of sleeping (it sets io_asleep around its sleeps). */
 bool zd__poll_io_wanted(zd__net_t *n);
+
+/*  ---- direct.c: each thread's zd_rpc_sync sockets, and what every
+    socket that receives from peers is set to ---- */
+
+/*  The largest frame a receiving socket accepts (ZMQ_MAXMSGSIZE, set by
+    zd__net_set_limits): a header with the longest name, hook metadata
+    and value metadata, plus a margin. Tensor frames (at most RPC_STREAM_OVER
+    bytes, larger ones are streamed) and stream pieces (at most
+    RPC_WIRE_MAX_CHUNK) are smaller. A larger frame makes libzmq close the
+    connection before it allocates the frame. */
+#define RPC_MAX_FRAME                                                                              \
+    (RPC_WIRE_FIXED + RPC_WIRE_MAX_FN + RPC_WIRE_MAX_EXTRA + RPC_CODEC_MAX_META + ((size_t)1 << 20))
+/*  Messages a receiving socket queues per connection before libzmq stops
+    reading that connection (ZMQ_RCVHWM). Inbound, a full queue is
+    backpressure (the sender's queue and TCP fill up), not loss, so a
+    stream of a thousand pieces still arrives whole, only paced. */
+#define RPC_RCVHWM 1000
+/*  A connection must finish its ZMTP (or CURVE) handshake within this. */
+#define RPC_HANDSHAKE_MS 5000
+
+/*  Sets the limits of a socket that receives from peers. */
+void zd__net_set_limits(void *sock);
+
+/*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
+void zd__net_use_ipv6(void *sock, const char *endpoint);
+
+/*  The calling thread's socket to peer (made on first use) and its wake-up
+    eventfd; NULL when none can be made (use the shared path). */
+void *zd__direct_socket(zd__net_t *n, int peer, int *wake_fd);
+/*  Teardown: closes every thread's sockets. */
+void zd__direct_close_all(zd__net_t *n);
+/*  How a thread that exits reaches the running agent's sockets, to close
+    its own (NULL: none runs) and let them go again; installed by the
+    agent at init, before any thread can make a socket. */
+void zd__direct_hooks(zd__net_t *(*acquire)(void), void (*release)(zd__net_t *n));
 
 #endif
