@@ -35,7 +35,7 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "tests/support/world.h"
 
 #define MAX_FIGURES 32

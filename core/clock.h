@@ -28,7 +28,7 @@ static inline int64_t zd__now_ns(void)
 
 /*  The instant timeout_ms after now_ns; ZD__NEVER for ZD_TIMEOUT_NONE (0)
     or less, and for a timeout too long to count in ns (about 290 years).
-    The caller passes its clock's now: rpc/ reads zd__agent_now_ns(), which
+    The caller passes its clock's now: rpc/ reads zd__net_now_ns(), which
     the fuzz targets replace. */
 static inline int64_t zd__deadline_after(int64_t now_ns, int64_t timeout_ms)
 {

@@ -28,7 +28,7 @@
 #include <zdist/rpc.h>
 #include "rpc/agent/agent.h"
 #include "rpc/value/codec.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/net/wire.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
@@ -238,8 +238,8 @@ static int world_outsiders(const world_t *w)
     agent_t *a = zd__agent_acquire();
     WCHECK(a != NULL);
     char server_key[SECURITY_KEY_TXT], endpoint[ZD_RPC_MAX_ENDPOINT + 1];
-    snprintf(server_key, sizeof server_key, "%s", a->peers[0].key);
-    snprintf(endpoint, sizeof endpoint, "%s", a->peers[0].endpoint);
+    snprintf(server_key, sizeof server_key, "%s", a->net.peers[0].key);
+    snprintf(endpoint, sizeof endpoint, "%s", a->net.peers[0].endpoint);
     zd__agent_release(a);
 
     void *ctx = zmq_ctx_new();
@@ -317,9 +317,9 @@ static int world_spoof(const world_t *w)
         agent_t *a = zd__agent_acquire();
         WCHECK(a != NULL);
         int64_t t0 = world_now_ms();
-        while (zd__security_spoofs_dropped(a) < 257 && world_now_ms() - t0 < 20000)
+        while (zd__security_spoofs_dropped(&a->net) < 257 && world_now_ms() - t0 < 20000)
             sched_yield();
-        int64_t dropped = zd__security_spoofs_dropped(a);
+        int64_t dropped = zd__security_spoofs_dropped(&a->net);
         zd__agent_release(a);
         WCHECK(dropped == 257);
         zd__log(ZD_LOG_WARN, "test: all dropped");
@@ -337,14 +337,14 @@ static int world_spoof(const world_t *w)
     }
     agent_t *a = zd__agent_acquire();
     WCHECK(a != NULL);
-    void *sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    void *sock = zmq_socket(a->net.ctx, ZMQ_DEALER);
     uint8_t id[RPC_WIRE_SYNC_ID_LEN];
     zd__rpc_wire_sync_identity(1, 65000, id); /* rank 1, a slot it never uses */
     int zero = 0;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_ROUTING_ID, id, sizeof id);
-    int rc = zd__security_client(a, sock, 1); /* our own key: authenticated as rank 0 */
-    rc = rc == 0 ? zmq_connect(sock, a->peers[1].endpoint) : rc;
+    int rc = zd__security_client(&a->net, sock, 1); /* our own key: authenticated as rank 0 */
+    rc = rc == 0 ? zmq_connect(sock, a->net.peers[1].endpoint) : rc;
     zd__agent_release(a);
     WCHECK(rc == 0);
     send_bump(sock, 1, 1, ((uint64_t)1 << 48) | 999999);
@@ -548,7 +548,7 @@ static int world_off_loopback(const world_t *w)
     o.key_file = g_key;
     WTRY(zd_rpc_init(NULL, 0, 1, &o));
     agent_t *a = zd__agent_acquire();
-    bool curve = a && zd__security_curve(a);
+    bool curve = a && zd__security_curve(&a->net);
     zd__agent_release(a);
     WCHECK(curve);
     WTRY(zd_rpc_shutdown(true, 5000));
@@ -567,7 +567,7 @@ static int world_default_key(const world_t *w)
 {
     WTRY(init_with_key(w, NULL));
     agent_t *a = zd__agent_acquire();
-    bool curve = a && zd__security_curve(a);
+    bool curve = a && zd__security_curve(&a->net);
     zd__agent_release(a);
     WCHECK(curve);
     WCHECK(legit_work((w->rank + 1) % w->world_size, 3) == 0);

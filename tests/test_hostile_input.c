@@ -29,7 +29,7 @@
 
 #include <zdist/error.h>
 #include <zdist/rpc.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "tests/support/program.h"
 #include "tests/support/world.h"
 

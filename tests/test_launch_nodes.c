@@ -35,7 +35,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "tests/support/fixtures.h"
 
 extern char **environ;

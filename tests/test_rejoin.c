@@ -30,7 +30,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"

@@ -32,7 +32,7 @@
 #include <zdist/error.h>
 #include <zdist/rpc.h>
 
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "tests/support/handlers.h"
 #include "tests/support/world.h"
 #include "rpc/value/args.h"

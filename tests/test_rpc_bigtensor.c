@@ -34,7 +34,7 @@ static void setup_fake(void)
 {
     memset(&fake, 0, sizeof fake);
     snprintf(fake.name, sizeof fake.name, "test");
-    fake.router = &router_tag;
+    fake.net.router = &router_tag;
     /* An empty table of calls, for answers that expire. */
     pthread_mutex_init(&fake.pending_lock, NULL);
     fake.buckets = (void *)fake_buckets;
@@ -421,7 +421,7 @@ static void test_stalled_streams_expire(void **state)
         assert_int_equal(filter(&dealer_tag, &m), 0);
     }
     const int64_t sec = 1000000000, stall = RPC_STREAM_STALL_NS, grace = RPC_STREAM_GRACE_NS;
-    int64_t now = zd__agent_now_ns();
+    int64_t now = zd__net_now_ns();
     assert_int_equal(zd__transport_stream_expire(&fake, now + stall / 2), 0);
     /* Found stalled: it gets the grace, in which a piece keeps it alive
        (a receiver that was paused itself reads what waited meanwhile). */
@@ -429,7 +429,7 @@ static void test_stalled_streams_expire(void **state)
     assert_int_equal(zd__transport_stream_pending(), 1);
     streamed_piece(&s, &m, 3, 3, 1, NULL, 0, CHUNK);
     assert_int_equal(filter(&dealer_tag, &m), 0);
-    now = zd__agent_now_ns();
+    now = zd__net_now_ns();
     assert_int_equal(zd__transport_stream_expire(&fake, now + stall / 2), 0);
     /* Stalled again, for the grace too: dropped. */
     assert_int_equal(zd__transport_stream_expire(&fake, now + stall + sec), 0);
@@ -635,8 +635,8 @@ static int raw_streams(void)
     /* A sender that stops in the middle: once its stream is found stalled,
        it is told (rank 1's clock is moved on by "expire", not waited for). */
     WCHECK(raw_streamed_echo(sock, 1004, 10000, -1, 2) == 0);
-    int64_t n = 0, deadline = zd__agent_now_ns() + (int64_t)10 * 1000000000;
-    while (n != 1 && zd__agent_now_ns() < deadline) {
+    int64_t n = 0, deadline = zd__net_now_ns() + (int64_t)10 * 1000000000;
+    while (n != 1 && zd__net_now_ns() < deadline) {
         zd_value_t *res;
         WCHECK(zd_rpc_sync(1, "pending", NULL, -1, &res) == 0);
         WCHECK(zd_value_get_int(res, &n) == 0);
@@ -664,7 +664,7 @@ static zd_value_t *h_expire(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     agent_t *a = zd__agent_acquire();
     if (!a)
         return NULL;
-    int64_t late = zd__agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
+    int64_t late = zd__net_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
     int n = zd__transport_stream_expire(a, late); /* found stalled */
     n += zd__transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
     zd__agent_release(a);
@@ -800,14 +800,14 @@ static int world_stalled_answer(const world_t *w)
         WCHECK(f && atomic_load(&held_id) != 0);
         void *ctx = NULL, *sock = raw_stalled_answer(atomic_load(&held_id), &ctx);
         WCHECK(sock);
-        int64_t deadline = zd__agent_now_ns() + (int64_t)10 * 1000000000;
-        while (zd__transport_stream_pending() != 1 && zd__agent_now_ns() < deadline)
+        int64_t deadline = zd__net_now_ns() + (int64_t)10 * 1000000000;
+        while (zd__transport_stream_pending() != 1 && zd__net_now_ns() < deadline)
             sched_yield();
         WCHECK(zd__transport_stream_pending() == 1);
         /* As if a minute passed: found stalled, then dropped after the grace. */
         agent_t *a = zd__agent_acquire();
         WCHECK(a);
-        int64_t late = zd__agent_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
+        int64_t late = zd__net_now_ns() + RPC_STREAM_STALL_NS + 1000000000;
         int n = zd__transport_stream_expire(a, late);
         n += zd__transport_stream_expire(a, late + RPC_STREAM_GRACE_NS);
         zd__agent_release(a);

@@ -348,7 +348,7 @@ static int world_waiters(const world_t *w)
         }
         WCHECK(failed == 0);
         agent_t *a = zd__agent_acquire();
-        WCHECK(a && atomic_load(&a->io_poll_waiters) == 0);
+        WCHECK(a && atomic_load(&a->net.io_poll_waiters) == 0);
         zd__agent_release(a);
         int64_t v = -1;
         WCHECK(zd_rpc_get_debug_value("num_pending_requests", &v) == 0 && v == 0);

@@ -168,9 +168,9 @@ static void test_filter_refuses(void **state)
     static void *buckets[1];
     agent_t fake;
     memset(&fake, 0, sizeof fake);
-    fake.rank = 0;
-    fake.world = 2;
-    fake.router = &router_tag;
+    fake.net.rank = 0;
+    fake.net.world = 2;
+    fake.net.router = &router_tag;
     pthread_mutex_init(&fake.pending_lock, NULL);
     fake.buckets = (void *)buckets;
     fake.n_buckets = 1;

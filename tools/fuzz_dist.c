@@ -254,7 +254,7 @@ static agent_t agent;
 static int64_t clock_ns = 1000000000;
 static uint64_t next_id = 1;
 
-int64_t zd__agent_now_ns(void)
+int64_t zd__net_now_ns(void)
 {
     return clock_ns;
 }
@@ -268,7 +268,7 @@ void zd__agent_release(agent_t *a)
 }
 uint64_t zd__agent_new_id(agent_t *a)
 {
-    return (uint64_t)a->rank << 48 | next_id++;
+    return (uint64_t)a->net.rank << 48 | next_id++;
 }
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
@@ -630,8 +630,8 @@ static void setup_once(void)
     zd_log_set_level(ZD_LOG_ERROR);
     CHECK(zd_dist_autograd_init() == 0, "init: %s", zd_error_last());
     server_w = ones(3, 5, true);
-    agent.rank = 0;
-    agent.world = WORLD;
+    agent.net.rank = 0;
+    agent.net.world = WORLD;
     snprintf(agent.name, sizeof agent.name, "fuzz");
 }
 

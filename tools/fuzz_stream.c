@@ -55,7 +55,7 @@
 
 static int64_t clock_ns = 1000000000;
 
-int64_t zd__agent_now_ns(void)
+int64_t zd__net_now_ns(void)
 {
     return clock_ns;
 }
@@ -205,8 +205,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static int router_tag, dealer_tag;
     static agent_t fake;
     memset(&fake, 0, sizeof fake);
-    fake.router = &router_tag;
-    fake.rank = 1;
+    fake.net.router = &router_tag;
+    fake.net.rank = 1;
     zd__rpc_bufcache_enable(true);
     input_t in = {data, size};
     inmsg_t m = {0};

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 int main(int argc, char **argv)
 {

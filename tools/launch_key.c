@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 static char g_dir[64];
 static char g_path[128];

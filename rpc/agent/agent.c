@@ -5,6 +5,7 @@
     poll.c. Log lines: zd__log (core/log.c). */
 #include "rpc/agent/agent.h"
 
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +19,7 @@
 #include "rpc/agent/membership.h"
 #include "rpc/value/future_hook.h"
 #include "rpc/agent/rref.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 /*  The running agent. Users are counted outside the agent so that a thread
     can announce itself before it even reads the pointer. */
@@ -53,7 +54,7 @@ agent_t *zd__agent_acquire_gen(unsigned gen)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
-    if (a && a->gen == gen)
+    if (a && a->net.gen == gen)
         return a;
     atomic_fetch_sub(&g_users, 1);
     return NULL;
@@ -68,12 +69,7 @@ void zd__agent_release(agent_t *a)
 uint64_t zd__agent_new_id(agent_t *a)
 {
     uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
-    return (uint64_t)a->rank << 48 | n;
-}
-
-int64_t zd__agent_now_ns(void)
-{
-    return zd__now_ns();
+    return (uint64_t)a->net.rank << 48 | n;
 }
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
@@ -114,19 +110,19 @@ static void agent_free(agent_t *a)
     if (!a)
         return;
     zd__membership_free(a);
-    if (a->peers) {
-        for (int i = 0; i < a->world; i++) {
-            pthread_mutex_destroy(&a->peers[i].lock);
-            zd__metrics_destroy(&a->peers[i].m);
+    if (a->net.peers) {
+        for (int i = 0; i < a->net.world; i++) {
+            pthread_mutex_destroy(&a->net.peers[i].lock);
+            zd__metrics_destroy(&a->net.peers[i].m);
         }
-        free(a->peers);
+        free(a->net.peers);
     }
     free(a->buckets);
     free(a->barrier_last);
     pthread_mutex_destroy(&a->pending_lock);
     pthread_mutex_destroy(&a->barrier_lock);
-    pthread_mutex_destroy(&a->router_lock);
-    pthread_mutex_destroy(&a->sync_lock);
+    pthread_mutex_destroy(&a->net.router_lock);
+    pthread_mutex_destroy(&a->net.sync_lock);
     free(a);
 }
 
@@ -138,39 +134,39 @@ static agent_t *agent_new(const init_params_t *p)
         return NULL;
     }
     snprintf(a->name, sizeof a->name, "%s", p->name);
-    a->rank = p->rank;
-    a->world = p->world;
+    a->net.rank = p->rank;
+    a->net.world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
     a->busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
     a->heartbeat_ms = p->o.heartbeat_ms;
     a->master_wait_ms = p->o.master_wait_ms;
-    a->gen = atomic_fetch_add(&g_gen, 1) + 1;
-    a->wake_fd = -1;
+    a->net.gen = atomic_fetch_add(&g_gen, 1) + 1;
+    a->net.wake_fd = -1;
     atomic_init(&a->next_id, 1);
     pthread_mutex_init(&a->pending_lock, NULL);
     pthread_mutex_init(&a->barrier_lock, NULL);
-    pthread_mutex_init(&a->router_lock, NULL);
-    pthread_mutex_init(&a->sync_lock, NULL);
-    atomic_init(&a->next_slot, 1);
+    pthread_mutex_init(&a->net.router_lock, NULL);
+    pthread_mutex_init(&a->net.sync_lock, NULL);
+    atomic_init(&a->net.next_slot, 1);
     a->n_buckets = 1024;
     a->buckets = calloc(a->n_buckets, sizeof *a->buckets);
-    a->peers = calloc((size_t)a->world, sizeof *a->peers);
-    if (!a->buckets || !a->peers) {
+    a->net.peers = calloc((size_t)a->net.world, sizeof *a->net.peers);
+    if (!a->buckets || !a->net.peers) {
         free(a->buckets);
-        free(a->peers);
+        free(a->net.peers);
         a->buckets = NULL;
-        a->peers = NULL;
+        a->net.peers = NULL;
         agent_free(a);
         zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_rpc_init: out of memory");
         return NULL;
     }
-    for (int i = 0; i < a->world; i++) {
-        a->peers[i].rank = i;
-        pthread_mutex_init(&a->peers[i].lock, NULL);
-        zd__metrics_init(&a->peers[i].m);
+    for (int i = 0; i < a->net.world; i++) {
+        a->net.peers[i].rank = i;
+        pthread_mutex_init(&a->net.peers[i].lock, NULL);
+        zd__metrics_init(&a->net.peers[i].m);
     }
-    snprintf(a->peers[a->rank].name, sizeof a->peers[a->rank].name, "%s", a->name);
+    snprintf(a->net.peers[a->net.rank].name, sizeof a->net.peers[a->net.rank].name, "%s", a->name);
     return a;
 }
 
@@ -185,9 +181,9 @@ static agent_t *agent_new(const init_params_t *p)
    naming what may hold them) after TEARDOWN_WAIT_MS. */
 static bool wait_users(agent_t *a, const char *stage)
 {
-    int64_t until = zd__deadline_after(zd__agent_now_ns(), TEARDOWN_WAIT_MS);
+    int64_t until = zd__deadline_after(zd__net_now_ns(), TEARDOWN_WAIT_MS);
     while (atomic_load(&g_users) > 0) {
-        if (zd__agent_now_ns() >= until) {
+        if (zd__net_now_ns() >= until) {
             zd__log(ZD_LOG_ERROR,
                     "rpc: shutdown (%s): %d thread(s) still inside an RPC call after "
                     "%d s (%lld call(s) pending, %lld being served): going on without them",
@@ -210,17 +206,17 @@ static bool wait_users(agent_t *a, const char *stage)
 static void busy_poll_fit(agent_t *a, bool by_default)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->world <= cores)
+    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->net.world <= cores)
         return;
     char ip[ZD_ADDR_MAX], last[ZD_ADDR_MAX] = "";
     bool last_local = false;
     int here = 0, port;
-    for (int i = 0; i < a->world; i++) {
-        if (i == a->rank) {
+    for (int i = 0; i < a->net.world; i++) {
+        if (i == a->net.rank) {
             here++;
             continue;
         }
-        if (zd__addr_parse_endpoint(a->peers[i].endpoint, ip, sizeof ip, &port) < 0)
+        if (zd__addr_parse_endpoint(a->net.peers[i].endpoint, ip, sizeof ip, &port) < 0)
             continue;
         if (strcmp(ip, last) != 0) { /* most peers share a few addresses */
             snprintf(last, sizeof last, "%s", ip);
@@ -265,9 +261,21 @@ static void agent_teardown(agent_t *a, bool graceful)
         return;
     }
     zd__rref_ctx_free(a);
-    zd__direct_close_all(a);
+    zd__direct_close_all(&a->net);
     zd__transport_close(a, graceful);
     agent_free(a);
+}
+
+/* direct.c's way from an exiting thread to the running agent's sockets. */
+static zd__net_t *net_acquire(void)
+{
+    agent_t *a = zd__agent_try_acquire();
+    return a ? &a->net : NULL;
+}
+
+static void net_release(zd__net_t *n)
+{
+    zd__agent_release(n ? (agent_t *)((char *)n - offsetof(agent_t, net)) : NULL);
 }
 
 /* A process of a world holds a descriptor per connection, per shared
@@ -298,7 +306,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
             ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
     int64_t deadline =
-        p.o.init_timeout_ms ? zd__agent_now_ns() + p.o.init_timeout_ms * 1000000 : INT64_MAX;
+        p.o.init_timeout_ms ? zd__net_now_ns() + p.o.init_timeout_ms * 1000000 : INT64_MAX;
     raise_fd_limit();
     /* Rank 0 without a listen address binds after the rendezvous, on the
        addresses that route to the workers that registered. */
@@ -313,14 +321,15 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     a->hooks = g_hooks;
     a->has_hooks = g_has_hooks;
     char who[ZD_RPC_MAX_NAME + 16];
-    snprintf(who, sizeof who, "%s/%d", a->name, a->rank);
+    snprintf(who, sizeof who, "%s/%d", a->name, a->net.rank);
     zd__log_set_who(who);
-    if (zd__security_new(a, &p, ip[0] ? ip : NULL) < 0 ||
+    zd__direct_hooks(net_acquire, net_release);
+    if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
         zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
-        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
         goto fail;
@@ -332,7 +341,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     atomic_store(&g_agent, a);
     zd__agent_publish_identity(a);
     busy_poll_fit(a, p.busy_poll_default);
-    zd__agent_set_busy_poll_ns(a->busy_poll_ns);
+    zd__poll_set_busy_ns(a->busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
        every other (in a large world: to rank 0, and to the others on first
        use, transport.c) and may be called. A process that joins a running world
@@ -342,16 +351,16 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
     atomic_store(&a->joined, joined); /* from now on a peer down is lost (io.c) */
     if (!joined || zd__membership_start(a) < 0) {
-        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->rank);
+        zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         zd__agent_publish_identity(NULL);
-        zd__agent_set_busy_poll_ns(0);
+        zd__poll_set_busy_ns(0);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
         goto fail;
     }
     zd__metrics_out_start(a);
-    zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->world, a->rank,
-            a->peers[a->rank].endpoint);
+    zd__log(ZD_LOG_INFO, "rpc: joined the world of %d as rank %d at %s", a->net.world, a->net.rank,
+            a->net.peers[a->net.rank].endpoint);
     pthread_mutex_unlock(&g_init_lock);
     return 0;
 fail: /* unlocks g_init_lock */
@@ -361,7 +370,7 @@ fail: /* unlocks g_init_lock */
 
 int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 {
-    if (zd__transport_thread_role() != ROLE_USER)
+    if (zd__net_thread_role() != ROLE_USER)
         return zd_error_set_code(
             ZD_ERR_ARGUMENT,
             "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
@@ -380,7 +389,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
     zd__metrics_out_close(a); /* the last line: after the final barrier, while the agent runs */
     zd__agent_publish_identity(NULL);
-    zd__agent_set_busy_poll_ns(0);
+    zd__poll_set_busy_ns(0);
     agent_teardown(a, graceful);
     zd__log(ZD_LOG_INFO, "rpc: shutdown complete");
     zd__log_set_who(NULL);

@@ -4,17 +4,7 @@
     Which file does what, and which room (value/ net/ world/ agent/) it
     lives in: rpc/README.md.
     Log lines go through zd__log (core/log_private.h, core/log.c); the agent
-    sets the worker they name while it runs.
-
-    Sockets. One ROUTER per process, bound: the I/O thread receives
-    everything on it, and other threads answer on it (under router_lock)
-    requests that came from a peer thread's zd_rpc_sync socket. One DEALER
-    per peer (identity = our rank, see wire.h) sends to that peer's ROUTER:
-    requests, and the replies to requests that came through the peer's
-    shared socket. It never receives, so any thread may send on it while
-    holding the peer's lock. A thread calling zd_rpc_sync has a DEALER of
-    its own per peer (direct.c), sends its request there and reads the
-    answer itself: no hand-off between our threads on that path. */
+    sets the worker they name while it runs. */
 #ifndef ZDIST_RPC_AGENT_H
 #define ZDIST_RPC_AGENT_H
 
@@ -30,114 +20,28 @@
 #include "rpc/value/future_hook.h"
 #include "core/log_private.h"
 #include <zdist/rpc.h>
+#include "rpc/net/net.h"
 #include "rpc/net/wire.h"
 #include "rpc/world/options.h"
 
 typedef struct pool pool_t;
 typedef struct pending pending_t;
 typedef struct rref_ctx rref_ctx_t;
-typedef struct security security_t;
-
-#define SECURITY_KEY_TXT 41 /* a Z85 CURVE key and its terminating 0 */
-
-#define RPC_LAT_BUCKETS 448 /* 16 per octave from 1 us: up to 2^28 us */
-
-typedef struct {
-    atomic_int_fast64_t calls_sent, calls_served, errors;
-    atomic_int_fast64_t bytes_sent, bytes_received;
-    atomic_int_fast64_t in_flight, serving;
-    pthread_mutex_t lock; /* guards the latency fields */
-    int64_t lat_count;
-    double lat_sum_us;
-    uint32_t lat_hist[RPC_LAT_BUCKETS];
-} peer_metrics_t;
-
-typedef struct {
-    char name[ZD_RPC_MAX_NAME + 1];
-    int rank;
-    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
-    char key[SECURITY_KEY_TXT]; /* its CURVE public key (Z85), "" without CURVE */
-    void *sock;                 /* DEALER to the peer's ROUTER */
-    pthread_mutex_t lock;       /* serialises use of sock */
-    void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
-    atomic_bool lost;           /* the connection is down */
-    int64_t fail_at_ns;         /* I/O thread: when to fail calls to it (0: no) */
-    int64_t down_since_ns;      /* I/O thread: when the connection went down */
-    _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c); 0: alive (again,
-                                   once a restarted process rejoined: membership.c) */
-    atomic_bool releasing;      /* what it held is being released (peer_lost.c) */
-    atomic_bool unreached;      /* lost because it did not answer when this process
-                                   joined a running world; alive again once its
-                                   connection comes up (membership.c) */
-    int64_t remake_at_ns;       /* I/O thread: make its socket again then (0: no),
-                                   the peer having refused our key */
-    atomic_uint incarnation;    /* its process: one more at each rejoin, and at
-                                   each socket made again after a refused key */
-    bool reoffer;               /* I/O thread: offer shared memory once connected */
-    atomic_bool opened;         /* sock and monitor exist (set last: the I/O thread
-                                   then polls the monitor, transport.c) */
-    atomic_bool reached;        /* written under lock: a HELLO went through sock since it was
-                                   made (a lazily connected world, transport.c) */
-    bool offered;               /* under lock: shared memory was offered to it
-                                   once reached (a lazily connected world) */
-    peer_metrics_t m;
-} peer_t;
-
-/* Lost for good here (not merely unreached): only its own rejoin brings
-   it back, with a table of its own. */
-static inline bool zd__peer_gone(peer_t *p)
-{
-    return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
-}
 
 typedef struct agent {
+    zd__net_t net; /* its sockets and peers (net/net.h) */
     char name[ZD_RPC_MAX_NAME + 1];
-    int rank, world;
     _Atomic int64_t timeout_ms; /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
-    int64_t busy_poll_ns;      /* see zd_rpc_options_t.busy_poll_us */
-    int64_t heartbeat_ms;      /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
-    atomic_int n_lost;         /* peers declared lost */
-    int64_t master_wait_ms;    /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
-    bool rejoined;             /* this process joined a running world */
-    bool lazy;                 /* peers are connected on first use (transport.c) */
-    atomic_bool peers_opened;  /* a peer's socket was made: the I/O thread polls
-                                  its monitor from now on */
-    struct membership *mb;     /* restarted processes (membership.c) */
-    atomic_bool renew_pending; /* a peer's sockets await renewal (membership.c) */
-    atomic_bool ending;        /* rank 0: shutdown's round 0 is complete */
-    atomic_bool joined;        /* the init barrier is passed (or a rejoin done) */
-    unsigned gen;              /* distinguishes successive inits */
+    int64_t busy_poll_ns;   /* see zd_rpc_options_t.busy_poll_us */
+    int64_t heartbeat_ms;   /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
+    atomic_int n_lost;      /* peers declared lost */
+    int64_t master_wait_ms; /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
+    bool rejoined;          /* this process joined a running world */
+    struct membership *mb;  /* restarted processes (membership.c) */
+    atomic_bool ending;     /* rank 0: shutdown's round 0 is complete */
+    atomic_bool joined;     /* the init barrier is passed (or a rejoin done) */
 
-    void *ctx; /* ZeroMQ context */
-    void *router;
-    int router_fd;               /* its ZMQ_FD, polled by the I/O thread */
-    pthread_mutex_t router_lock; /* the I/O thread receives, pool threads answer */
-    pthread_mutex_t sync_lock;   /* threads' zd_rpc_sync sockets (direct.c) */
-    struct sync_set *sync_sets;
-    atomic_int next_slot;
-    int wake_fd;   /* eventfd that wakes the I/O thread */
-    peer_t *peers; /* world entries */
-
-    pthread_t io_thread;
-    bool io_started;
-    atomic_bool io_stop;
-    atomic_int io_poll_waiters; /* threads in zd__agent_poll_future */
-    atomic_bool io_asleep;      /* the I/O thread sleeps in zmq_poll */
-    /* The hook by which the I/O thread makes a restarted peer's sockets
-       anew without calling up into world/: while renew_pending is set,
-       each pass calls io_renew(io_renew_arg), true when a peer's sockets
-       changed. membership.c installs it before the I/O thread starts
-       (zd__membership_new) and clears it once the thread is gone
-       (zd__membership_free); NULL: nothing to renew. */
-    bool (*io_renew)(void *arg);
-    void *io_renew_arg;
-    /* The same for a peer's connection coming up (its handshake done):
-       io_reached(io_reached_arg, rank) lets membership.c count a peer
-       unreached at a rejoin as alive again. Installed and cleared with
-       io_renew; NULL: nobody to tell. */
-    void (*io_reached)(void *arg, int rank);
-    void *io_reached_arg;
     atomic_bool closing; /* no new calls */
 
     pool_t *pool;
@@ -164,8 +68,6 @@ typedef struct agent {
     int64_t barrier_done_round, barrier_done_total; /* with its total */
 
     struct metrics_out *metrics_out; /* ZDIST_METRICS's writer, or NULL */
-
-    security_t *sec; /* keys and the ZAP handler (security.h) */
 } agent_t;
 
 /*  ---- agent.c: the running agent ---- */
@@ -184,10 +86,6 @@ agent_t *zd__agent_acquire_gen(unsigned gen);
 /*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
 uint64_t zd__agent_new_id(agent_t *a);
 
-/*  Monotonic clock in ns (zd__now_ns, core/clock.h), a function of its own
-    so that the fuzz targets can stand in for the agent's clock. */
-int64_t zd__agent_now_ns(void);
-
 /*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
     (ZD_TIMEOUT_DEFAULT) gives the agent's default; 0 stays "none". */
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
@@ -204,35 +102,11 @@ int zd__agent_check_rank(agent_t *a, int rank, const char *api);
     friends, which read them without taking the agent (NULL: not running). */
 void zd__agent_publish_identity(agent_t *a);
 
-/*  ---- poll.c: the busy-poll policy (why: the top of poll.c) ---- */
-
-/*  The running agent's busy-poll time in ns (0 when not running), and its
-    setter (init and shutdown). */
-int64_t zd__agent_busy_poll_ns(void);
-void zd__agent_set_busy_poll_ns(int64_t ns);
-
-/*  The right to busy-poll, for one thread of the process at a time.
-    Returns the time to poll in ns, or 0 (polling off, or another thread
-    polls); after a non-zero answer, zd__agent_poll_end gives it back. */
-int64_t zd__agent_poll_begin(void);
-void zd__agent_poll_end(void);
-
-/*  Polls zd_future_done(f) for up to the busy-poll time (at most max_ns;
-    not at all on the I/O thread), yielding the CPU between looks, with
-    the I/O thread polling too while calls are in flight; true once it
-    holds. Measured (bench_dist, medians of 8 interleaved runs): a 10x10
-    forward + distributed backward 299 -> 237 us. */
-bool zd__agent_poll_future(agent_t *a, zd_future_t *f, int64_t max_ns);
-
-/*  True while some thread waits in zd__agent_poll_future: the I/O thread then
-    polls instead of sleeping (it sets io_asleep around its sleeps). */
-bool zd__agent_io_poll_wanted(agent_t *a);
-
 /*  ---- rendezvous.c ---- */
 
 /*  Registers with the master at addr:port (hosting it on rank 0) and fills
-    a->peers[*].name/endpoint. a->name/rank/world are set, and our own
-    endpoint in a->peers[a->rank], except on rank 0 when its ROUTER is not
+    a->net.peers[*].name/endpoint. a->name/rank/world are set, and our own
+    endpoint in a->net.peers[a->net.rank], except on rank 0 when its ROUTER is not
     bound yet (empty endpoint): rank 0 then binds it on the addresses that
     route to the workers that registered (addr "": no master address, the
     rendezvous listens on every interface). 0, or -1. */
@@ -240,26 +114,16 @@ int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_m
 
 /*  ---- transport.c ---- */
 
-/*  Roles of threads, for guards and for the pool's compensation. */
-typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
-thread_role_t zd__transport_thread_role(void);
-void zd__transport_set_thread_role(thread_role_t role);
-
 /*  Creates the context and the ROUTER, and binds it on listen_ip (port
-    chosen by the OS), filling a->peers[a->rank].endpoint; listen_ip NULL
+    chosen by the OS), filling a->net.peers[a->net.rank].endpoint; listen_ip NULL
     leaves the binding to zd__transport_listen (rank 0 binds once it knows
     where its peers are, rendezvous.c). */
 int zd__transport_bind(agent_t *a, const char *listen_ip);
-/*  Sets the limits of a socket that receives from peers (transport.c). */
-void zd__transport_set_limits(void *sock);
 
 /*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
     the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
     0, or -1 naming the address. */
 int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size);
-
-/*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
-void zd__transport_use_ipv6(void *sock, const char *endpoint);
 
 /*  Creates and connects the DEALERs, makes sure the peers needed are
     reachable (HELLO) before deadline_ns, then starts the I/O thread. A world
@@ -267,7 +131,7 @@ void zd__transport_use_ipv6(void *sock, const char *endpoint);
     rank 0 to everyone, the others to rank 0 and themselves, and each to the
     others on first use (zd__transport_reach). */
 int zd__transport_connect(agent_t *a, int64_t deadline_ns);
-/*  In a lazily connected world (a->lazy), makes the shared socket to rank
+/*  In a lazily connected world (a->net.lazy), makes the shared socket to rank
     dst if there is none and waits (bounded) until it is connected; at once
     when it is, or in a world connected at init. 0, or -1 ("unreachable"). */
 int zd__transport_reach(agent_t *a, int dst);
@@ -386,7 +250,7 @@ void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd
 void zd__call_timeout_now(agent_t *a, uint64_t id);
 
 /*  The agent's part in every zd_future_wait* (future_hook.h): busy-polls
-    (zd__agent_poll_future), and a pool thread lets the pool compensate
+    (zd__poll_future), and a pool thread lets the pool compensate
     while it sleeps. Installed by zd_rpc_init. */
 extern const rpc_future_wait_hooks_t zd__call_wait_hooks;
 
@@ -400,14 +264,6 @@ int zd__serve_register_internal(void);
 /*  Calls one peer may have queued or running here at once; more are
     answered "busy" (ZDIST_RPC_MAX_CALLS_PER_PEER). */
 int64_t zd__serve_max_calls_per_peer(void);
-
-/*  ---- direct.c: each thread's zd_rpc_sync sockets ---- */
-
-/*  The calling thread's socket to peer (made on first use) and its wake-up
-    eventfd; NULL when none can be made (use the shared path). */
-void *zd__direct_socket(agent_t *a, int peer, int *wake_fd);
-/*  Teardown: closes every thread's sockets. */
-void zd__direct_close_all(agent_t *a);
 
 /*  ---- pool.c ---- */
 

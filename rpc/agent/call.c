@@ -126,7 +126,7 @@ static zd_rpc_call_kind_t kind_of(int type)
 static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const char *detail,
                            zd_error_code_t code, const void *extra, size_t extra_len)
 {
-    peer_t *peer = &a->peers[p->dst];
+    peer_t *peer = &a->net.peers[p->dst];
     zd_value_t *v = value ? zd_value_ref(value) : NULL;
     char text[512];
     if (p->hooked && a->hooks.on_recv_reply) {
@@ -155,7 +155,7 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
     }
     if (v) {
         if (!p->internal)
-            zd__metrics_latency(&peer->m, zd__agent_now_ns() - p->start_ns);
+            zd__metrics_latency(&peer->m, zd__net_now_ns() - p->start_ns);
         zd_future_set_value(p->future, v);
         zd_value_unref(v);
     } else {
@@ -210,13 +210,13 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "%s to \"%s\" (rank %d): bad function name "
                                  "\"%s\"",
-                                 req->api, a->peers[to].name, to, req->fn ? req->fn : "(null)"),
+                                 req->api, a->net.peers[to].name, to, req->fn ? req->fn : "(null)"),
                NULL;
     if (req->args && zd_value_kind(req->args) != ZD_VALUE_LIST)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "%s to \"%s\" (rank %d) calling \"%s\": "
                                  "arguments must be a list, not %s",
-                                 req->api, a->peers[to].name, to, req->fn,
+                                 req->api, a->net.peers[to].name, to, req->fn,
                                  zd_value_kind_name(zd_value_kind(req->args))),
                NULL;
     pending_t *p = calloc(1, sizeof *p);
@@ -238,12 +238,12 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     int64_t told_ms = zd__agent_timeout(a, req->timeout_ms);
     p->timeout_ms =
         req->wait_ms > 0 && (told_ms == 0 || req->wait_ms < told_ms) ? req->wait_ms : told_ms;
-    p->start_ns = zd__agent_now_ns();
+    p->start_ns = zd__net_now_ns();
     p->deadline_ns = zd__deadline_after(p->start_ns, p->timeout_ms);
     if (req->id_out)
         *req->id_out = p->id;
     zd_future_ref(f); /* the caller's */
-    peer_t *peer = &a->peers[to];
+    peer_t *peer = &a->net.peers[to];
     if (!p->internal) {
         atomic_fetch_add_explicit(&peer->m.calls_sent, 1, memory_order_relaxed);
         atomic_fetch_add_explicit(&peer->m.in_flight, 1, memory_order_relaxed);
@@ -348,7 +348,7 @@ static void error_text(agent_t *a, const pending_t *p, const rpc_wire_header_t *
         snprintf(text, size,
                  "worker \"%s\" received a %s message but %s was not called "
                  "before zd_rpc_init()",
-                 a->peers[p->dst].name, a->hooks.module, a->hooks.init_call);
+                 a->net.peers[p->dst].name, a->hooks.module, a->hooks.init_call);
     else
         snprintf(text, size, "remote error: %.*s", (int)h->meta_len, (const char *)h->meta);
 }
@@ -471,13 +471,13 @@ static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
 static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t *f, uint64_t id,
                        int64_t timeout_ms)
 {
-    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
-    int64_t poll_ns = zd__agent_poll_begin(); /* see zd__agent_poll_future */
-    int64_t poll_until = zd__agent_now_ns() + poll_ns;
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), timeout_ms);
+    int64_t poll_ns = zd__poll_begin(); /* see zd__poll_future */
+    int64_t poll_until = zd__net_now_ns() + poll_ns;
     inmsg_t m = {0};
     zd__pool_block_begin();
     while (!zd_future_done(f)) {
-        int64_t now = zd__agent_now_ns();
+        int64_t now = zd__net_now_ns();
         if (now >= deadline) {
             /* Fails it, unless another thread is completing it right now. */
             zd__call_timeout_now(a, id);
@@ -490,7 +490,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
         if (now < poll_until)
             left = 0;
         else if (poll_ns) {
-            zd__agent_poll_end();
+            zd__poll_end();
             poll_ns = 0;
         }
         zmq_pollitem_t items[2] = {{sock, 0, ZMQ_POLLIN, 0}, {NULL, wake_fd, ZMQ_POLLIN, 0}};
@@ -516,7 +516,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
             }
     }
     if (poll_ns)
-        zd__agent_poll_end();
+        zd__poll_end();
     zd__pool_block_end();
     free(m.frames);
     /* Done: zd_future_wait only collects the result. */
@@ -528,7 +528,7 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
 {
     if (result)
         *result = NULL;
-    if (zd__transport_thread_role() == ROLE_IO)
+    if (zd__net_thread_role() == ROLE_IO)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "%s: called on the RPC I/O thread (in a future "
                                  "callback or an inline handler), where it would wait forever: "
@@ -543,8 +543,8 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result)
     int64_t timeout = zd__agent_timeout(a, req->timeout_ms);
     r.timeout_ms = timeout; /* one reading of the default for both uses */
     /* A peer whose connection is down: the shared socket says so at once. */
-    if (to >= 0 && to < a->world && !atomic_load(&a->peers[to].lost) && !req->shared_only)
-        r.sock = zd__direct_socket(a, to, &r.wake_fd);
+    if (to >= 0 && to < a->net.world && !atomic_load(&a->net.peers[to].lost) && !req->shared_only)
+        r.sock = zd__direct_socket(&a->net, to, &r.wake_fd);
     if (r.sock) {
         /* A wake-up left from an earlier call (completed by another thread
            while this one was already returning) must not count for this one. */
@@ -608,7 +608,8 @@ zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t time
 static bool wait_poll(zd_future_t *f, int64_t max_ns)
 {
     agent_t *a = zd__agent_try_acquire();
-    bool done = a ? zd__agent_poll_future(a, f, max_ns) : zd_future_done(f);
+    bool done = a ? zd__poll_future(&a->net, f, max_ns, atomic_load(&a->user_in_flight) > 0)
+                  : zd_future_done(f);
     zd__agent_release(a);
     return done;
 }

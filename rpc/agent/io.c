@@ -25,7 +25,7 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/agent/shm.h"
 #include "rpc/agent/stream.h"
 
@@ -129,7 +129,7 @@ static void log_unknown_sender(void)
     static int64_t last_ns;
     static long dropped;
     dropped++;
-    int64_t now = zd__agent_now_ns();
+    int64_t now = zd__net_now_ns();
     if (now - last_ns < ZD__NS_PER_S)
         return;
     zd__log(ZD_LOG_WARN,
@@ -174,15 +174,15 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
     bool oom = false;
     int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes, &oom) : 0;
-    if (src < 0 || src >= a->world) {
+    if (src < 0 || src >= a->net.world) {
         log_unknown_sender();
         goto drop;
     }
     /* Under CURVE the routing id must be the rank whose key the connection
        authenticated with; not even an error goes back to a spoofer. */
-    if (routed && !zd__security_sender_ok(a, &m->hm, src))
+    if (routed && !zd__security_sender_ok(&a->net, &m->hm, src))
         goto drop;
-    atomic_fetch_add_explicit(&a->peers[src].m.bytes_received, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&a->net.peers[src].m.bytes_received, bytes, memory_order_relaxed);
     rpc_wire_header_t *h = &m->h;
     if (n < 0 && !oom) {
         zd_error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
@@ -190,8 +190,8 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         /* error set */
     } else if (h->src != src) {
         zd_error_set("header says rank %d but the connection is rank %d's", h->src, src);
-    } else if (h->dst != a->rank) {
-        zd_error_set("message for rank %d delivered to rank %d", h->dst, a->rank);
+    } else if (h->dst != a->net.rank) {
+        zd_error_set("message for rank %d delivered to rank %d", h->dst, a->net.rank);
     } else if (n < 0) {
         zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for its %u frames", h->n_tensors);
         /* An answer: its call fails now rather than at its timeout. */
@@ -206,8 +206,8 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         m->n = n;
         return 1;
     }
-    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s", a->peers[src].name,
-            src, zd_error_last());
+    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
+            a->net.peers[src].name, src, zd_error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
     if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
@@ -248,7 +248,7 @@ int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
    it is alive, but answers to it could not leave. */
 static bool refuse_lost(agent_t *a, inmsg_t *m)
 {
-    peer_t *p = &a->peers[m->h.src];
+    peer_t *p = &a->net.peers[m->h.src];
     if (!atomic_load(&p->lost_at_ns))
         return false;
     release_frames(m->frames, m->n);
@@ -258,12 +258,12 @@ static bool refuse_lost(agent_t *a, inmsg_t *m)
             snprintf(text, sizeof text,
                      "\"%s\" (rank %d) has not reached you since it joined "
                      "the running world: try again later",
-                     a->name, a->rank);
+                     a->name, a->net.rank);
         else
             snprintf(text, sizeof text,
                      "\"%s\" (rank %d) declared you lost and released what "
                      "you held: leave the world",
-                     a->name, a->rank);
+                     a->name, a->net.rank);
         zd__transport_answer_error(a, m, m->h.id, text);
     }
     return true;
@@ -333,9 +333,9 @@ static void dispatch(agent_t *a, inmsg_t *m)
    whether a message was there. */
 static bool recv_one(agent_t *a, inmsg_t *m)
 {
-    pthread_mutex_lock(&a->router_lock);
-    int rc = zd__transport_recv(a, a->router, -1, m);
-    pthread_mutex_unlock(&a->router_lock);
+    pthread_mutex_lock(&a->net.router_lock);
+    int rc = zd__transport_recv(a, a->net.router, -1, m);
+    pthread_mutex_unlock(&a->net.router_lock);
     if (rc > 0) {
         /* Its answer goes back on the shared socket: in a world connected
            on first use, the connection is started now, before the work. */
@@ -365,7 +365,7 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    run. Answers that do come later find no call and are dropped. */
 static void fail_interrupted(agent_t *a, peer_t *p)
 {
-    int64_t down_ms = (zd__agent_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
+    int64_t down_ms = (zd__net_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
     char text[192];
     snprintf(text, sizeof text,
              "the connection to it was down for %lld ms and came back; "
@@ -398,8 +398,8 @@ static void handle_monitor(agent_t *a, peer_t *p)
     }
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         p->remake_at_ns = 0;
-        if (a->io_reached) /* when it was not reached at the join */
-            a->io_reached(a->io_reached_arg, p->rank);
+        if (a->net.io_reached) /* when it was not reached at the join */
+            a->net.io_reached(a->net.io_reached_arg, p->rank);
         atomic_store(&p->lost, false);
         if (p->fail_at_ns) /* back within the grace, not declared lost */
             fail_interrupted(a, p);
@@ -412,7 +412,7 @@ static void handle_monitor(agent_t *a, peer_t *p)
         if (!atomic_load(&a->closing))
             zd__log(ZD_LOG_INFO, "rpc: connection to \"%s\" (rank %d) went down", p->name, p->rank);
         atomic_store(&p->lost, true);
-        p->down_since_ns = zd__agent_now_ns();
+        p->down_since_ns = zd__net_now_ns();
         p->fail_at_ns = zd__deadline_after(p->down_since_ns, LOST_GRACE_MS);
     } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH && !zd__peer_gone(p)) {
         /* The peer does not know our key yet (it joined, or we did, and
@@ -422,7 +422,7 @@ static void handle_monitor(agent_t *a, peer_t *p)
                 "rpc: \"%s\" (rank %d) refused this process's key; connecting "
                 "again in %d ms",
                 p->name, p->rank, REMAKE_MS);
-        p->remake_at_ns = zd__deadline_after(zd__agent_now_ns(), REMAKE_MS);
+        p->remake_at_ns = zd__deadline_after(zd__net_now_ns(), REMAKE_MS);
     }
 }
 
@@ -431,8 +431,8 @@ static void handle_monitor(agent_t *a, peer_t *p)
 static bool remake_refused(agent_t *a, int64_t now)
 {
     bool made = false;
-    for (int i = 0; i < a->world; i++) {
-        peer_t *p = &a->peers[i];
+    for (int i = 0; i < a->net.world; i++) {
+        peer_t *p = &a->net.peers[i];
         if (!p->remake_at_ns || now < p->remake_at_ns)
             continue;
         p->remake_at_ns = 0;
@@ -463,7 +463,7 @@ static void poll_monitors(agent_t *a, zmq_pollitem_t *items, const int *item_pee
         return;
     for (int i = 0; i < n; i++)
         if (items[i].revents & ZMQ_POLLIN)
-            handle_monitor(a, &a->peers[item_peer[i]]);
+            handle_monitor(a, &a->net.peers[item_peer[i]]);
 }
 
 /* Not while joining: on a host with far more processes than cores (65 on
@@ -474,8 +474,8 @@ static void fail_lost_peers(agent_t *a, int64_t now)
 {
     if (!atomic_load(&a->joined))
         return;
-    for (int i = 0; i < a->world; i++) {
-        peer_t *p = &a->peers[i];
+    for (int i = 0; i < a->net.world; i++) {
+        peer_t *p = &a->net.peers[i];
         if (!p->fail_at_ns || now < p->fail_at_ns || atomic_load(&a->closing))
             continue;
         p->fail_at_ns = 0;
@@ -486,15 +486,15 @@ static void fail_lost_peers(agent_t *a, int64_t now)
 /* What the thread waits on: the ROUTER, the wake-up, each peer's monitor. */
 static int poll_items(agent_t *a, zmq_pollitem_t *items, int *item_peer)
 {
-    items[0] = (zmq_pollitem_t){NULL, a->router_fd, ZMQ_POLLIN, 0};
-    items[1] = (zmq_pollitem_t){NULL, a->wake_fd, ZMQ_POLLIN, 0};
+    items[0] = (zmq_pollitem_t){NULL, a->net.router_fd, ZMQ_POLLIN, 0};
+    items[1] = (zmq_pollitem_t){NULL, a->net.wake_fd, ZMQ_POLLIN, 0};
     int n = 2;
     /* opened before monitor: another thread may be making a peer's socket
        (transport.c), and sets opened once it is made. */
-    for (int i = 0; i < a->world; i++)
-        if (atomic_load(&a->peers[i].opened) && a->peers[i].monitor) {
+    for (int i = 0; i < a->net.world; i++)
+        if (atomic_load(&a->net.peers[i].opened) && a->net.peers[i].monitor) {
             item_peer[n] = i;
-            items[n++] = (zmq_pollitem_t){a->peers[i].monitor, 0, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){a->net.peers[i].monitor, 0, ZMQ_POLLIN, 0};
         }
     return n;
 }
@@ -502,8 +502,8 @@ static int poll_items(agent_t *a, zmq_pollitem_t *items, int *item_peer)
 void *zd__transport_io_main(void *arg)
 {
     agent_t *a = arg;
-    zd__transport_set_thread_role(ROLE_IO);
-    int n_items = 2 + a->world;
+    zd__net_set_thread_role(ROLE_IO);
+    int n_items = 2 + a->net.world;
     zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
     int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
     inmsg_t msg = {0};
@@ -516,42 +516,43 @@ void *zd__transport_io_main(void *arg)
     n_items = poll_items(a, items, item_peer);
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
-       future: see zd__agent_poll_future. */
+       future: see zd__poll_future. */
     int64_t poll_until = 0, next_tick = 0, next_stream_check = 0, next_monitor_poll = 0;
     bool polling = false, look_again = false;
-    while (!atomic_load(&a->io_stop)) {
-        if (polling && zd__agent_now_ns() >= poll_until) {
-            zd__agent_poll_end();
+    while (!atomic_load(&a->net.io_stop)) {
+        if (polling && zd__net_now_ns() >= poll_until) {
+            zd__poll_end();
             polling = false;
         }
         bool may_sleep = !polling && !look_again;
         look_again = false;
         if (may_sleep) {
-            atomic_store(&a->io_asleep, true); /* before the look: see zd__agent_poll_future */
-            if (zd__agent_io_poll_wanted(a)) {
-                atomic_store(&a->io_asleep, false);
+            atomic_store(&a->net.io_asleep, true); /* before the look: see zd__poll_future */
+            if (zd__poll_io_wanted(&a->net)) {
+                atomic_store(&a->net.io_asleep, false);
                 may_sleep = false;
             }
         }
         int rc = zmq_poll(items, 2, may_sleep ? IO_TICK_MS : 0); /* monitors: on ticks */
         if (may_sleep) /* while polling the flag stays down: no store per look */
-            atomic_store(&a->io_asleep, false);
+            atomic_store(&a->net.io_asleep, false);
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t v;
-            if (read(a->wake_fd, &v, sizeof v) < 0) {
+            if (read(a->net.wake_fd, &v, sizeof v) < 0) {
                 /* spurious: nothing to drain */
             }
         }
-        if (atomic_load(&a->io_stop))
+        if (atomic_load(&a->net.io_stop))
             break;
         /* Sockets made on first use by other threads: their monitors. */
-        if (atomic_load(&a->peers_opened) && atomic_exchange(&a->peers_opened, false))
+        if (atomic_load(&a->net.peers_opened) && atomic_exchange(&a->net.peers_opened, false))
             n_items = poll_items(a, items, item_peer);
-        /* A restarted peer's new sockets (a->io_renew): the old monitor
+        /* A restarted peer's new sockets (a->net.io_renew): the old monitor
            is closed, so its events of this pass are not read. */
-        if (atomic_load(&a->renew_pending) && a->io_renew && a->io_renew(a->io_renew_arg)) {
+        if (atomic_load(&a->net.renew_pending) && a->net.io_renew &&
+            a->net.io_renew(a->net.io_renew_arg)) {
             n_items = poll_items(a, items, item_peer);
             rc = 0;
             look_again = true;
@@ -559,8 +560,8 @@ void *zd__transport_io_main(void *arg)
         int got = 0;
         while (got < RECV_BATCH && recv_one(a, &msg))
             got++;
-        int64_t now = zd__agent_now_ns();
-        if ((got || rc > 0) && (polling || (polling = zd__agent_poll_begin() > 0)))
+        int64_t now = zd__net_now_ns();
+        if ((got || rc > 0) && (polling || (polling = zd__poll_begin() > 0)))
             poll_until = now + a->busy_poll_ns;
         else if (now < next_tick) {
             sched_yield();
@@ -587,7 +588,7 @@ void *zd__transport_io_main(void *arg)
         zd__shutdown_tick(a, now);
     }
     if (polling)
-        zd__agent_poll_end();
+        zd__poll_end();
     free(msg.frames);
     free(items);
     free(item_peer);

@@ -31,7 +31,7 @@
     What the old process held was released when it was declared lost
     (peer_lost.c): a renewal waits for that release to finish, so that
     nothing of the new process is taken for the old one's. Sockets belong
-    to the I/O thread, which makes them anew (io_renew, its a->io_renew);
+    to the I/O thread, which makes them anew (io_renew, its a->net.io_renew);
     zd_rpc_sync's per-thread sockets notice the new incarnation when next
     used (direct.c). */
 #define _GNU_SOURCE /* pthread_timedjoin_np: a bounded join at shutdown */
@@ -47,7 +47,7 @@
 #include <zdist/error.h>
 #include "rpc/value/args.h"
 #include "rpc/world/rendezvous.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/agent/shm.h"
 
 #define RENEW_WAIT_MS  10000 /* a renewal: the release before, the I/O thread */
@@ -97,7 +97,7 @@ static void io_reached(void *arg, int rank);
 
 static int64_t now_ns(void)
 {
-    return zd__agent_now_ns();
+    return zd__net_now_ns();
 }
 
 int zd__membership_new(agent_t *a, const char *master, int port)
@@ -105,8 +105,8 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     membership_t *mb = calloc(1, sizeof *mb);
     if (!mb)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
-    mb->told = calloc((size_t)a->world, sizeof *mb->told);
-    mb->seen = calloc((size_t)a->world, sizeof *mb->seen);
+    mb->told = calloc((size_t)a->net.world, sizeof *mb->told);
+    mb->seen = calloc((size_t)a->net.world, sizeof *mb->seen);
     if (!mb->told || !mb->seen) {
         free(mb->told);
         free(mb->seen);
@@ -119,10 +119,10 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     pthread_cond_init(&mb->cond, NULL);
     pthread_mutex_init(&mb->serial, NULL);
     a->mb = mb;
-    a->io_renew_arg = a;
-    a->io_renew = io_renew;
-    a->io_reached_arg = a;
-    a->io_reached = io_reached;
+    a->net.io_renew_arg = a;
+    a->net.io_renew = io_renew;
+    a->net.io_reached_arg = a;
+    a->net.io_reached = io_reached;
     return 0;
 }
 
@@ -140,7 +140,7 @@ void zd__membership_keep_desk(agent_t *a, void *sock, char bound[][ZD_RPC_MAX_EN
 
 void zd__membership_mark_lost(agent_t *a, int rank)
 {
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     int64_t expected = 0;
     if (atomic_compare_exchange_strong(&p->lost_at_ns, &expected, now_ns())) {
         atomic_store(&p->lost, true);
@@ -150,7 +150,7 @@ void zd__membership_mark_lost(agent_t *a, int rank)
 
 void zd__membership_mark_unreached(agent_t *a, int rank)
 {
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     atomic_store(&p->unreached, true);
     zd__membership_mark_lost(a, rank);
     zd__log(ZD_LOG_WARN,
@@ -164,14 +164,14 @@ void zd__membership_mark_unreached(agent_t *a, int rank)
    its (skipped) init round. */
 static void count_again(agent_t *a, int rank)
 {
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     /* lost_at_ns before unreached: in between, zd__peer_gone() must not see a
        peer lost for good. */
     atomic_store(&p->lost, false);
     if (atomic_exchange(&p->lost_at_ns, 0))
         atomic_fetch_sub(&a->n_lost, 1);
     atomic_store(&p->unreached, false);
-    if (a->rank == 0) {
+    if (a->net.rank == 0) {
         pthread_mutex_lock(&a->barrier_lock);
         if (a->barrier_last)
             a->barrier_last[rank] = -1;
@@ -179,12 +179,12 @@ static void count_again(agent_t *a, int rank)
     }
 }
 
-/* The I/O thread's hook (a->io_reached): the connection to rank came up;
+/* The I/O thread's hook (a->net.io_reached): the connection to rank came up;
    a rank unreached when this process joined the running world is alive. */
 static void io_reached(void *arg, int rank)
 {
     agent_t *a = arg;
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     if (!atomic_load(&p->unreached))
         return;
     /* It held nothing here: what it sent while unreached was refused. */
@@ -208,8 +208,8 @@ static void tell_lost(void *arg)
 {
     lost_news_t *n = arg;
     agent_t *a = n->a;
-    for (int i = 1; i < a->world && !atomic_load(&a->closing); i++) {
-        if (i == n->rank || atomic_load(&a->peers[i].lost_at_ns))
+    for (int i = 1; i < a->net.world && !atomic_load(&a->closing); i++) {
+        if (i == n->rank || atomic_load(&a->net.peers[i].lost_at_ns))
             continue;
         zd_value_t *args = zd__rpc_args("ii", (int64_t)n->rank, n->turn);
         if (!args)
@@ -229,7 +229,7 @@ static void tell_lost(void *arg)
 void zd__membership_peer_lost(agent_t *a, int rank)
 {
     membership_t *mb = a->mb;
-    if (mb && a->rank == 0 && a->lazy) {
+    if (mb && a->net.rank == 0 && a->net.lazy) {
         /* The members reach only the peers they called: rank 0, which
            reaches them all, tells them. The number of the lost process's
            return lets a member that took a newer one ignore a late word. */
@@ -258,7 +258,7 @@ void zd__membership_peer_lost(agent_t *a, int rank)
 /* Waits (bounded) until what the old process held has been released. */
 static bool release_over(agent_t *a, int rank, int64_t deadline)
 {
-    while (atomic_load(&a->peers[rank].releasing)) {
+    while (atomic_load(&a->net.peers[rank].releasing)) {
         if (now_ns() >= deadline)
             return false;
         struct timespec ts = {0, ZD__NS_PER_MS};
@@ -271,10 +271,10 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
                          const char *key, int64_t turn)
 {
     membership_t *mb = a->mb;
-    if (rank < 0 || rank >= a->world || rank == a->rank)
+    if (rank < 0 || rank >= a->net.world || rank == a->net.rank)
         return zd_error_set("rejoin: rank %d is not a peer", rank);
     int64_t deadline = zd__deadline_after(now_ns(), RENEW_WAIT_MS);
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     pthread_mutex_lock(&mb->serial);
     if (turn > 0 && turn <= mb->seen[rank]) {
         /* Taken before: rank 0 did not hear it acknowledged (or this is an
@@ -294,16 +294,16 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
                                  rank, (int)(RENEW_WAIT_MS / ZD__MS_PER_S));
     }
     if (name)
-        snprintf(a->peers[rank].name, sizeof a->peers[rank].name, "%s", name);
+        snprintf(a->net.peers[rank].name, sizeof a->net.peers[rank].name, "%s", name);
     pthread_mutex_lock(&mb->lock);
     mb->renew_rank = rank;
     snprintf(mb->renew_ep, sizeof mb->renew_ep, "%s", endpoint);
     snprintf(mb->renew_key, sizeof mb->renew_key, "%s", key);
     mb->renew_done = false;
     pthread_mutex_unlock(&mb->lock);
-    atomic_store(&a->renew_pending, true);
+    atomic_store(&a->net.renew_pending, true);
     uint64_t one = 1;
-    if (write(a->wake_fd, &one, sizeof one) < 0) {
+    if (write(a->net.wake_fd, &one, sizeof one) < 0) {
         /* the I/O thread's tick finds the flag anyway */
     }
     pthread_mutex_lock(&mb->lock);
@@ -339,21 +339,21 @@ static void run_joined(void *arg)
     free(job);
 }
 
-/* The I/O thread's hook (a->io_renew): carries out a pending renewal; true
+/* The I/O thread's hook (a->net.io_renew): carries out a pending renewal; true
    when a peer's sockets changed (the thread polls other sockets now). */
 static bool io_renew(void *arg)
 {
     agent_t *a = arg;
     membership_t *mb = a->mb;
-    if (!mb || !atomic_exchange(&a->renew_pending, false))
+    if (!mb || !atomic_exchange(&a->net.renew_pending, false))
         return false;
     pthread_mutex_lock(&mb->lock);
     int rank = mb->renew_rank;
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     char old_key[SECURITY_KEY_TXT];
     snprintf(old_key, sizeof old_key, "%s", p->key);
     snprintf(p->key, sizeof p->key, "%s", mb->renew_key);
-    int rc = zd__security_renew_key(a, rank);
+    int rc = zd__security_renew_key(&a->net, rank);
     if (rc == 0) {
         snprintf(p->endpoint, sizeof p->endpoint, "%s", mb->renew_ep);
         zd__shm_peer_reset(rank);
@@ -422,8 +422,8 @@ static zd_future_t *announce(agent_t *a, membership_t *mb, int to, int rank)
 {
     /* The I/O thread rewrites them under mb->lock (a renewal). */
     pthread_mutex_lock(&mb->lock);
-    zd_value_t *args = zd__rpc_args("issi", (int64_t)rank, a->peers[rank].endpoint,
-                                    a->peers[rank].key, mb->told[rank]);
+    zd_value_t *args = zd__rpc_args("issi", (int64_t)rank, a->net.peers[rank].endpoint,
+                                    a->net.peers[rank].key, mb->told[rank]);
     pthread_mutex_unlock(&mb->lock);
     if (!args)
         return NULL;
@@ -440,7 +440,7 @@ static zd_future_t *announce(agent_t *a, membership_t *mb, int to, int rank)
 
 static bool owed_alloc(agent_t *a, membership_t *mb)
 {
-    size_t n = (size_t)a->world * (size_t)a->world;
+    size_t n = (size_t)a->net.world * (size_t)a->net.world;
     if (!mb->owed)
         mb->owed = calloc(n, sizeof *mb->owed);
     if (!mb->retell)
@@ -448,12 +448,12 @@ static bool owed_alloc(agent_t *a, membership_t *mb)
     return mb->owed && mb->retell;
 }
 
-/* Tells every other live member that rank (its entry in a->peers) came
+/* Tells every other live member that rank (its entry in a->net.peers) came
    back (bounded); those that do not take it are told again later
    (retell). */
 static void notify_members(agent_t *a, membership_t *mb, int rank)
 {
-    int w = a->world;
+    int w = a->net.world;
     zd_future_t **fs = calloc((size_t)w, sizeof *fs);
     if (!fs || !owed_alloc(a, mb)) {
         free(fs);
@@ -471,9 +471,9 @@ static void notify_members(agent_t *a, membership_t *mb, int rank)
         mb->retell[to_it] = mb->retell[of_it] = NULL;
     }
     for (int i = 1; i < w; i++) {
-        if (i != rank && !zd__peer_gone(&a->peers[i]))
+        if (i != rank && !zd__peer_gone(&a->net.peers[i]))
             fs[i] = announce(a, mb, i, rank);
-        if (!fs[i] && i != rank && !zd__peer_gone(&a->peers[i]))
+        if (!fs[i] && i != rank && !zd__peer_gone(&a->net.peers[i]))
             mb->owed[(size_t)i * (size_t)w + (size_t)rank] = true;
     }
     for (int i = 1; i < w; i++) {
@@ -483,7 +483,7 @@ static void notify_members(agent_t *a, membership_t *mb, int rank)
             zd__log(ZD_LOG_WARN,
                     "rpc: rejoin of rank %d: \"%s\" (rank %d) did not take it: %s "
                     "(told again until it does)",
-                    rank, a->peers[i].name, i, zd_error_last());
+                    rank, a->net.peers[i].name, i, zd_error_last());
             mb->owed[(size_t)i * (size_t)w + (size_t)rank] = true;
         }
         zd_future_unref(fs[i]);
@@ -499,7 +499,7 @@ static void retell(agent_t *a, membership_t *mb)
 {
     if (!mb->owed)
         return;
-    size_t w = (size_t)a->world;
+    size_t w = (size_t)a->net.world;
     bool due = now_ns() >= mb->retell_at;
     if (due)
         mb->retell_at = zd__deadline_after(now_ns(), RETELL_MS);
@@ -513,7 +513,7 @@ static void retell(agent_t *a, membership_t *mb)
         }
         if (!mb->owed[k] || f || !due)
             continue;
-        peer_t *to = &a->peers[k / w], *about = &a->peers[k % w];
+        peer_t *to = &a->net.peers[k / w], *about = &a->net.peers[k % w];
         if (zd__peer_gone(to) || zd__peer_gone(about)) {
             mb->owed[k] = false;
             continue;
@@ -528,13 +528,13 @@ static void retell(agent_t *a, membership_t *mb)
    ranks gone from it. */
 static zmsg_t *running_table(agent_t *a, const char *ep0, int joiner)
 {
-    bool *lost = calloc((size_t)a->world, sizeof *lost);
+    bool *lost = calloc((size_t)a->net.world, sizeof *lost);
     if (!lost)
         return NULL;
-    for (int i = 0; i < a->world; i++)
-        lost[i] = i != joiner && zd__peer_gone(&a->peers[i]);
+    for (int i = 0; i < a->net.world; i++)
+        lost[i] = i != joiner && zd__peer_gone(&a->net.peers[i]);
     char status[RDV_MAX_TEXT];
-    zd__rdv_status(lost, a->world, status);
+    zd__rdv_status(lost, a->net.world, status);
     free(lost);
     /* Ranks whose name this rank 0 never learnt go as empty entries. */
     zmsg_t *t = zd__rendezvous_table(a, ep0, status);
@@ -557,24 +557,26 @@ static void desk_serve(agent_t *a, membership_t *mb)
     zmsg_destroy(&m);
     if (!id)
         return;
-    if (rc == 0 && !zd__security_key_ok(a, r.key))
+    if (rc == 0 && !zd__security_key_ok(&a->net, r.key))
         rc = -1, snprintf(why, sizeof why, "a key that does not fit this world");
-    else if (rc == 0 && zd__security_registration_refused(a, peer, r.endpoint))
+    else if (rc == 0 && zd__security_registration_refused(&a->net, peer, r.endpoint))
         rc = -1,
         snprintf(why, sizeof why, "\"%s\" (rank %d): %s", r.name, r.rank,
-                 zd__security_registration_refused(a, peer, r.endpoint));
-    else if (rc == 0 && r.world != a->world)
-        rc = -1, snprintf(why, sizeof why, "world size %d, this world's is %d", r.world, a->world);
-    else if (rc == 0 && (r.rank == 0 || r.rank >= a->world))
+                 zd__security_registration_refused(&a->net, peer, r.endpoint));
+    else if (rc == 0 && r.world != a->net.world)
+        rc = -1,
+        snprintf(why, sizeof why, "world size %d, this world's is %d", r.world, a->net.world);
+    else if (rc == 0 && (r.rank == 0 || r.rank >= a->net.world))
         rc = -1,
         snprintf(why, sizeof why, "rank %d, which is %s", r.rank,
                  r.rank ? "outside the world" : "rank 0's own");
-    else if (rc == 0 && a->peers[r.rank].name[0] && strcmp(a->peers[r.rank].name, r.name) != 0)
+    else if (rc == 0 && a->net.peers[r.rank].name[0] &&
+             strcmp(a->net.peers[r.rank].name, r.name) != 0)
         rc = -1,
         snprintf(why, sizeof why, "\"%s\" for rank %d, which is \"%s\" in this world", r.name,
-                 r.rank, a->peers[r.rank].name);
-    for (int i = 0; rc == 0 && i < a->world; i++)
-        if (i != r.rank && !strcmp(a->peers[i].name, r.name))
+                 r.rank, a->net.peers[r.rank].name);
+    for (int i = 0; rc == 0 && i < a->net.world; i++)
+        if (i != r.rank && !strcmp(a->net.peers[i].name, r.name))
             rc = -1,
             snprintf(why, sizeof why, "\"%s\" for rank %d, the name of rank %d", r.name, r.rank, i);
     if (atomic_load(&a->ending)) {
@@ -595,7 +597,7 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
-    peer_t *p = &a->peers[r.rank];
+    peer_t *p = &a->net.peers[r.rank];
     const char *ep0 = endpoint_for(mb, peer);
     bool alive = !atomic_load(&p->lost_at_ns);
     if (r.running && a->rejoined && alive && !strcmp(p->endpoint, r.endpoint) &&
@@ -671,10 +673,10 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
     } else if (zd_rpc_arg_int(args, 0, &rank) < 0 || zd_rpc_arg_string(args, 1, &endpoint) < 0 ||
                zd_rpc_arg_string(args, 2, &key) < 0) {
         zd_error_wrap("rejoin");
-    } else if (rank < 1 || rank >= a->world || rank == a->rank) {
+    } else if (rank < 1 || rank >= a->net.world || rank == a->net.rank) {
         zd_error_set("rejoin: rank %lld is not another member", (long long)rank);
     } else if (zd__addr_parse_endpoint(endpoint, ip, sizeof ip, &port) < 0 ||
-               !zd__security_key_ok(a, key)) {
+               !zd__security_key_ok(&a->net, key)) {
         zd_error_set("rejoin: a bad endpoint or key for rank %lld", (long long)rank);
     } else {
         /* The return's number (retell), which older ranks 0 leave out. */
@@ -702,7 +704,7 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
         zd_error_set("peer lost: only rank 0 tells of lost peers");
     } else if (zd_rpc_arg_int(args, 0, &rank) < 0 || zd_rpc_arg_int(args, 1, &turn) < 0) {
         zd_error_wrap("peer lost");
-    } else if (rank < 1 || rank >= a->world || rank == a->rank) {
+    } else if (rank < 1 || rank >= a->net.world || rank == a->net.rank) {
         zd_error_set("peer lost: rank %lld is not another member", (long long)rank);
     } else if (!a->mb) {
         zd_error_set("peer lost: this process keeps no membership yet");
@@ -711,9 +713,9 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
            taken here is not the process rank 0 lost. */
         membership_t *mb = a->mb;
         pthread_mutex_lock(&mb->serial);
-        if (turn >= mb->seen[rank] && !atomic_load(&a->peers[rank].lost_at_ns)) {
-            zd__log(ZD_LOG_WARN, "rpc: rank 0 reports \"%s\" (rank %d) lost", a->peers[rank].name,
-                    (int)rank);
+        if (turn >= mb->seen[rank] && !atomic_load(&a->net.peers[rank].lost_at_ns)) {
+            zd__log(ZD_LOG_WARN, "rpc: rank 0 reports \"%s\" (rank %d) lost",
+                    a->net.peers[rank].name, (int)rank);
             zd__peer_declare_lost(a, (int)rank, now_ns());
         }
         pthread_mutex_unlock(&mb->serial);
@@ -731,11 +733,11 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
     /* Another rank 0 counts the returns from 1 again. */
     membership_t *mb = a->mb;
     pthread_mutex_lock(&mb->serial);
-    memset(mb->seen, 0, (size_t)a->world * sizeof *mb->seen);
+    memset(mb->seen, 0, (size_t)a->net.world * sizeof *mb->seen);
     pthread_mutex_unlock(&mb->serial);
-    for (int i = 0; i < a->world; i++) {
-        peer_t *p = &a->peers[i];
-        if (i == a->rank || t[i].lost || !t[i].endpoint[0])
+    for (int i = 0; i < a->net.world; i++) {
+        peer_t *p = &a->net.peers[i];
+        if (i == a->net.rank || t[i].lost || !t[i].endpoint[0])
             continue;
         bool moved = i == 0 || atomic_load(&p->lost_at_ns) || strcmp(p->endpoint, t[i].endpoint) ||
             strcmp(p->key, t[i].key);
@@ -749,13 +751,13 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
 static zmsg_t *running_registration(void *arg)
 {
     agent_t *a = arg;
-    bool *lost = calloc((size_t)a->world, sizeof *lost);
+    bool *lost = calloc((size_t)a->net.world, sizeof *lost);
     if (!lost)
         return NULL;
-    for (int i = 0; i < a->world; i++)
-        lost[i] = i != 0 && i != a->rank && atomic_load(&a->peers[i].lost_at_ns);
+    for (int i = 0; i < a->net.world; i++)
+        lost[i] = i != 0 && i != a->net.rank && atomic_load(&a->net.peers[i].lost_at_ns);
     char status[RDV_MAX_TEXT];
-    zd__rdv_status(lost, a->world, status);
+    zd__rdv_status(lost, a->net.world, status);
     free(lost);
     return zd__rendezvous_registration(a, status);
 }
@@ -774,8 +776,8 @@ static void await_master(agent_t *a, membership_t *mb)
         snprintf(limit, sizeof limit, "up to %lld s",
                  (long long)(a->master_wait_ms / ZD__MS_PER_S));
     zd__log(ZD_LOG_WARN, "rpc: rank 0 (\"%s\") is lost: waiting %s for it to restart at %s",
-            a->peers[0].name, limit, ep);
-    rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
+            a->net.peers[0].name, limit, ep);
+    rdv_entry_t *table = calloc((size_t)a->net.world, sizeof *table);
     if (!table) {
         zd__log(ZD_LOG_ERROR, "rpc: rank 0 is lost and cannot be waited for: out of memory");
         return;
@@ -794,10 +796,10 @@ static void await_master(agent_t *a, membership_t *mb)
     } else if (!atomic_load(&mb->stop)) { /* a stop is the shutdown's */
         if (now_ns() >= deadline)
             zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") did not come back within %lld s",
-                    a->peers[0].name, (long long)(a->master_wait_ms / ZD__MS_PER_S));
+                    a->net.peers[0].name, (long long)(a->master_wait_ms / ZD__MS_PER_S));
         else
-            zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") cannot be waited for: %s", a->peers[0].name,
-                    zd_error_last());
+            zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") cannot be waited for: %s",
+                    a->net.peers[0].name, zd_error_last());
     }
     free(table);
 }
@@ -863,8 +865,8 @@ void zd__membership_stop(agent_t *a)
         zmq_close(mb->desk);
         mb->desk = NULL;
     }
-    for (size_t k = 0; mb->retell && !mb->abandoned && k < (size_t)a->world * (size_t)a->world;
-         k++) {
+    for (size_t k = 0;
+         mb->retell && !mb->abandoned && k < (size_t)a->net.world * (size_t)a->net.world; k++) {
         zd_future_unref(mb->retell[k]);
         mb->retell[k] = NULL;
     }
@@ -876,10 +878,10 @@ void zd__membership_free(agent_t *a)
     if (!mb)
         return;
     zd__membership_stop(a);
-    a->io_renew = NULL;
-    a->io_renew_arg = NULL;
-    a->io_reached = NULL;
-    a->io_reached_arg = NULL;
+    a->net.io_renew = NULL;
+    a->net.io_renew_arg = NULL;
+    a->net.io_reached = NULL;
+    a->net.io_reached_arg = NULL;
     a->mb = NULL;
     if (mb->abandoned)
         return;
@@ -909,14 +911,14 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
     if (!a)
         return zd_error_wrap("zd_rpc_wait_peer");
     int rc = 0;
-    if (rank < 0 || rank >= a->world) {
+    if (rank < 0 || rank >= a->net.world) {
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_wait_peer: no rank %d in a world of %d",
-                               rank, a->world);
+                               rank, a->net.world);
         goto out;
     }
     int64_t deadline = zd__deadline_after(now_ns(), timeout_ms);
-    peer_t *p = &a->peers[rank];
-    while (atomic_load(&p->lost_at_ns) || (rank != a->rank && atomic_load(&p->lost))) {
+    peer_t *p = &a->net.peers[rank];
+    while (atomic_load(&p->lost_at_ns) || (rank != a->net.rank && atomic_load(&p->lost))) {
         if (atomic_load(&a->closing)) {
             rc = zd_error_set_code(ZD_ERR_SHUTDOWN, "zd_rpc_wait_peer: RPC shut down");
             goto out;

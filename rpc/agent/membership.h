@@ -45,7 +45,7 @@ void zd__membership_mark_lost(agent_t *a, int rank);
 
 /*  From the start: rank did not answer when this process joined a running
     world: lost (calls to it fail at once) until its connection comes up
-    (the I/O thread's a->io_reached) or rank 0 announces it again. */
+    (the I/O thread's a->net.io_reached) or rank 0 announces it again. */
 void zd__membership_mark_unreached(agent_t *a, int rank);
 
 /*  Points peer rank at a restarted process (endpoint, key; name, unless
@@ -67,7 +67,7 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
 /*  Runs the zd_rpc_register_peer_joined callbacks (peer_lost.c). */
 void zd__peer_run_joined(agent_t *a, int rank);
 
-/*  rendezvous.c: the table of the world as a->peers has it, with ep0 for
+/*  rendezvous.c: the table of the world as a->net.peers has it, with ep0 for
     rank 0 and, when status is not NULL, its status frame. */
 zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status);
 

@@ -95,9 +95,9 @@ void zd__metrics_collect(agent_t *a, int peer, zd_rpc_metrics_t *out)
     memset(hist, 0, sizeof hist);
     double sum = 0;
     int64_t count = 0;
-    for (int i = 0; i < a->world; i++)
+    for (int i = 0; i < a->net.world; i++)
         if (peer < 0 || i == peer)
-            add_peer(&a->peers[i].m, out, hist, &sum, &count);
+            add_peer(&a->net.peers[i].m, out, hist, &sum, &count);
     if (count) {
         out->latency_mean_us = sum / (double)count;
         out->latency_p50_us = percentile(hist, count, 0.50);
@@ -112,11 +112,11 @@ int zd_rpc_metrics_get(int peer, zd_rpc_metrics_t *out, size_t size)
         return -1;
     int rc = 0;
     zd_rpc_metrics_t m;
-    if (peer >= a->world) {
+    if (peer >= a->net.world) {
         rc = zd_error_set_code(ZD_ERR_ARGUMENT,
                                "zd_rpc_metrics_get: no worker with rank %d "
                                "(world size %d)",
-                               peer, a->world);
+                               peer, a->net.world);
     } else {
         zd__metrics_collect(a, peer, &m);
         rc = zd__sized_write(out, size, &m, sizeof m,
@@ -142,14 +142,14 @@ void zd_rpc_metrics_print(FILE *f)
         fprintf(f, "rpc metrics: RPC is not running\n");
         return;
     }
-    fprintf(f, "rpc metrics of \"%s\" (rank %d)\n", a->name, a->rank);
+    fprintf(f, "rpc metrics of \"%s\" (rank %d)\n", a->name, a->net.rank);
     fprintf(f, "%-16s %5s %9s %9s %6s %12s %12s %6s %6s %10s %10s %10s\n", "peer", "rank", "sent",
             "served", "errors", "bytes_out", "bytes_in", "flight", "serve", "mean_us", "p50_us",
             "p99_us");
     zd_rpc_metrics_t m;
-    for (int i = 0; i < a->world; i++) {
+    for (int i = 0; i < a->net.world; i++) {
         zd__metrics_collect(a, i, &m);
-        print_line(f, a->peers[i].name, i, &m);
+        print_line(f, a->net.peers[i].name, i, &m);
     }
     zd__metrics_collect(a, -1, &m);
     print_line(f, "(all)", -1, &m);

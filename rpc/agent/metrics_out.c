@@ -121,8 +121,8 @@ static int write_line(struct metrics_out *mo, bool final)
     fprintf(f, "{\"time\":%lld.%03ld,\"worker\":", (long long)now.tv_sec,
             now.tv_nsec / ZD__NS_PER_MS);
     put_string(f, a->name);
-    fprintf(f, ",\"rank\":%d,\"world_size\":%d,\"final\":%s,\"uptime_s\":%.3f,", a->rank, a->world,
-            final ? "true" : "false", mono_s() - mo->start);
+    fprintf(f, ",\"rank\":%d,\"world_size\":%d,\"final\":%s,\"uptime_s\":%.3f,", a->net.rank,
+            a->net.world, final ? "true" : "false", mono_s() - mo->start);
     zd_rpc_metrics_t m;
     zd__metrics_collect(a, -1, &m);
     put_counters(f, &m);
@@ -136,10 +136,10 @@ static int write_line(struct metrics_out *mo, bool final)
         fprintf(f, ":%lld", (long long)items[i].value);
     }
     fputs("},\"peers\":[", f);
-    for (int i = 0; i < a->world; i++) {
+    for (int i = 0; i < a->net.world; i++) {
         zd__metrics_collect(a, i, &m);
         fprintf(f, "%s{\"rank\":%d,\"worker\":", i ? "," : "", i);
-        put_string(f, a->peers[i].name);
+        put_string(f, a->net.peers[i].name);
         fputc(',', f);
         put_counters(f, &m);
         fputc('}', f);
@@ -257,7 +257,7 @@ static char *file_path(const char *dir, const agent_t *a)
     }
     name[i] = '\0';
     char *path = NULL;
-    if (asprintf(&path, "%s/rank%d.%s.jsonl", dir, a->rank, name) < 0)
+    if (asprintf(&path, "%s/rank%d.%s.jsonl", dir, a->net.rank, name) < 0)
         return NULL;
     return path;
 }

@@ -84,24 +84,24 @@ int zd_rpc_register_peer_joined(zd_rpc_peer_joined_fn *fn, void *arg)
 
 void zd__peer_run_joined(agent_t *a, int rank)
 {
-    listeners_run(&g_joined, rank, a->peers[rank].name);
+    listeners_run(&g_joined, rank, a->net.peers[rank].name);
 }
 
 bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size)
 {
-    if (rank < 0 || rank >= a->world)
+    if (rank < 0 || rank >= a->net.world)
         return false;
-    int64_t at = atomic_load(&a->peers[rank].lost_at_ns);
+    int64_t at = atomic_load(&a->net.peers[rank].lost_at_ns);
     if (!at)
         return false;
-    double ago = (double)(zd__agent_now_ns() - at) / (double)ZD__NS_PER_S;
-    if (text && size && atomic_load(&a->peers[rank].unreached))
+    double ago = (double)(zd__net_now_ns() - at) / (double)ZD__NS_PER_S;
+    if (text && size && atomic_load(&a->net.peers[rank].unreached))
         snprintf(text, size,
                  "peer \"%s\" (rank %d) not reached since this process joined the "
                  "running world %.1f s ago",
-                 a->peers[rank].name, rank, ago);
+                 a->net.peers[rank].name, rank, ago);
     else if (text && size)
-        snprintf(text, size, "peer \"%s\" (rank %d) lost %.1f s ago", a->peers[rank].name, rank,
+        snprintf(text, size, "peer \"%s\" (rank %d) lost %.1f s ago", a->net.peers[rank].name, rank,
                  ago);
     return true;
 }
@@ -123,7 +123,7 @@ static void release_peer(void *arg)
 {
     release_t *r = arg;
     agent_t *a = r->a;
-    const char *name = a->peers[r->rank].name;
+    const char *name = a->net.peers[r->rank].name;
     int64_t freed = 0;
     char text[256];
     snprintf(text, sizeof text, "the caller, \"%s\" (rank %d), was lost", name, r->rank);
@@ -136,7 +136,7 @@ static void release_peer(void *arg)
             "rpc: released what lost \"%s\" (rank %d) held: %lld RRef fork(s), "
             "%lld value(s) freed, %d call(s) no longer waited for",
             name, r->rank, (long long)forks, (long long)freed, cancelled);
-    atomic_store(&a->peers[r->rank].releasing, false); /* it may rejoin (membership.c) */
+    atomic_store(&a->net.peers[r->rank].releasing, false); /* it may rejoin (membership.c) */
     free(r);
 }
 
@@ -144,15 +144,15 @@ static void release_peer(void *arg)
 static void free_release(void *arg)
 {
     release_t *r = arg;
-    atomic_store(&r->a->peers[r->rank].releasing, false);
+    atomic_store(&r->a->net.peers[r->rank].releasing, false);
     free(r);
 }
 
 void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns)
 {
-    peer_t *p = &a->peers[rank];
+    peer_t *p = &a->net.peers[rank];
     int64_t expected = 0;
-    if (rank == a->rank ||
+    if (rank == a->net.rank ||
         !atomic_compare_exchange_strong(&p->lost_at_ns, &expected, since_ns ? since_ns : 1))
         return;
     atomic_fetch_add(&a->n_lost, 1);

@@ -96,7 +96,7 @@ static void *worker_main(void *arg)
 {
     pool_t *p = arg;
     tls_pool = p;
-    zd__transport_set_thread_role(ROLE_POOL);
+    zd__net_set_thread_role(ROLE_POOL);
     pthread_mutex_lock(&p->lock);
     for (;;) {
         while (!p->head && !p->stop) {

@@ -50,7 +50,7 @@
 #include "rpc/agent/membership.h"
 #include "rpc/world/register.h"
 #include "rpc/world/rendezvous.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 #define MAX_BINDS MEMBERSHIP_MAX_BINDS /* addresses rank 0 listens on, per socket */
 
@@ -78,7 +78,7 @@ typedef struct {
 
 static int remaining_ms(int64_t deadline)
 {
-    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline);
+    int64_t left = zd__ms_left(zd__net_now_ns(), deadline);
     return left < 0 ? -1 : (int)(left > 1000000 ? 1000000 : left);
 }
 
@@ -107,7 +107,7 @@ static void send_error(void *sock, zframe_t *identity, const char *text)
 
 static void broadcast_error(host_t *h, const char *text)
 {
-    for (int i = 0; i < h->a->world; i++)
+    for (int i = 0; i < h->a->net.world; i++)
         if (h->slots[i].present && h->slots[i].identity)
             send_error(h->sock, h->slots[i].identity, text);
 }
@@ -227,23 +227,23 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         turn_away(h, id, peer, "malformed (%s)", why);
         return 0;
     }
-    const char *policy = zd__security_registration_refused(a, peer, r.endpoint);
+    const char *policy = zd__security_registration_refused(&a->net, peer, r.endpoint);
     if (policy) {
         turn_away(h, id, peer, "\"%s\" (rank %d): %s", r.name, r.rank, policy);
         return 0;
     }
-    if (!zd__security_key_ok(a, r.key)) {
+    if (!zd__security_key_ok(&a->net, r.key)) {
         turn_away(h, id, peer, "\"%s\" (rank %d) %s", r.name, r.rank,
-                  zd__security_curve(a) ? "has no valid public key"
-                                        : "has a key and this world has none");
+                  zd__security_curve(&a->net) ? "has no valid public key"
+                                              : "has a key and this world has none");
         return 0;
     }
-    if (r.world != a->world) {
+    if (r.world != a->net.world) {
         turn_away(h, id, peer, "world size mismatch: \"%s\" (rank %d) says %d, rank 0 says %d",
-                  r.name, r.rank, r.world, a->world);
+                  r.name, r.rank, r.world, a->net.world);
         return 0;
     }
-    if (r.rank == 0 || r.rank >= a->world) {
+    if (r.rank == 0 || r.rank >= a->net.world) {
         turn_away(h, id, peer, "\"%s\" claims rank %d, which is %s", r.name, r.rank,
                   r.rank ? "outside the world" : "rank 0's own");
         return 0;
@@ -251,7 +251,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     slot_t *s = &h->slots[r.rank];
     if (s->present && zframe_eq(s->identity, id))
         return 0; /* said twice on one connection */
-    for (int i = 0; i < a->world; i++)
+    for (int i = 0; i < a->net.world; i++)
         if (i != r.rank && h->slots[i].present && !strcmp(h->slots[i].name, r.name)) {
             turn_away(h, id, peer, "\"%s\" (rank %d) has the name of rank %d", r.name, r.rank, i);
             return 0;
@@ -260,7 +260,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         /* A member of the world that ran before this process (a restarted
            rank 0): the world is waited for minus the ranks it lost. */
         h->running = true;
-        if (zd__rdv_parse_ranks(r.lost_list, a->world, h->gone) < 0) {
+        if (zd__rdv_parse_ranks(r.lost_list, a->net.world, h->gone) < 0) {
             turn_away(h, id, peer, "a bad list of lost ranks");
             return 0;
         }
@@ -311,20 +311,20 @@ static int check_reachable(host_t *h)
     agent_t *a = h->a;
     char ip[ZD_ADDR_MAX];
     int port, far = -1;
-    for (int i = 1; i < a->world && far < 0; i++)
+    for (int i = 1; i < a->net.world && far < 0; i++)
         if (h->slots[i].present && !on_this_host(h->slots[i].peer))
             far = i;
     if (far < 0)
         return 0;
     slot_t *f = &h->slots[far];
-    if (a->peers[0].endpoint[0] &&
-        zd__addr_parse_endpoint(a->peers[0].endpoint, ip, sizeof ip, &port) == 0 &&
+    if (a->net.peers[0].endpoint[0] &&
+        zd__addr_parse_endpoint(a->net.peers[0].endpoint, ip, sizeof ip, &port) == 0 &&
         zd__addr_is_loopback(ip))
         return zd_error_set("rendezvous: rank 0 (\"%s\") listens at %s (its listen address), "
                             "which \"%s\" (rank %d) on %s cannot reach: give rank 0 a listen "
                             "address that the other hosts reach",
-                            a->name, a->peers[0].endpoint, f->name, far, f->peer);
-    for (int i = 1; i < a->world; i++) {
+                            a->name, a->net.peers[0].endpoint, f->name, far, f->peer);
+    for (int i = 1; i < a->net.world; i++) {
         slot_t *s = &h->slots[i];
         if (s->present && zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
             zd__addr_is_loopback(ip))
@@ -362,12 +362,12 @@ static int listen_agent(host_t *h, const char *master)
 {
     agent_t *a = h->a;
     char ip[ZD_ADDR_MAX];
-    if (a->peers[0].endpoint[0]) {
-        snprintf(h->bound[0], sizeof h->bound[0], "%s", a->peers[0].endpoint);
+    if (a->net.peers[0].endpoint[0]) {
+        snprintf(h->bound[0], sizeof h->bound[0], "%s", a->net.peers[0].endpoint);
         h->n_bound = 1;
         return 0;
     }
-    for (int i = 1; i < a->world; i++) {
+    for (int i = 1; i < a->net.world; i++) {
         slot_t *s = &h->slots[i];
         int port;
         if (!s->present)
@@ -383,14 +383,14 @@ static int listen_agent(host_t *h, const char *master)
         if ((s->via = endpoint_for(h, from)) < 0)
             return -1;
     }
-    if (a->world == 1) {
+    if (a->net.world == 1) {
         if (*master ? zd__agent_listen_ip(master, ip, sizeof ip) < 0
                     : snprintf(ip, sizeof ip, "127.0.0.1") < 0)
             return -1;
         if (endpoint_for(h, ip) < 0)
             return -1;
     }
-    snprintf(a->peers[0].endpoint, sizeof a->peers[0].endpoint, "%s", h->bound[0]);
+    snprintf(a->net.peers[0].endpoint, sizeof a->net.peers[0].endpoint, "%s", h->bound[0]);
     char list[512] = "";
     for (int k = 0; k < h->n_bound; k++) {
         size_t len = strlen(list);
@@ -404,11 +404,11 @@ zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
 {
     zmsg_t *table = zmsg_new();
     zmsg_addstr(table, RDV_TAB_TAG);
-    zmsg_addstrf(table, "%d", a->world);
-    for (int i = 0; i < a->world; i++) {
-        zmsg_addstr(table, a->peers[i].name);
-        zmsg_addstr(table, i ? a->peers[i].endpoint : ep0);
-        zmsg_addstr(table, a->peers[i].key);
+    zmsg_addstrf(table, "%d", a->net.world);
+    for (int i = 0; i < a->net.world; i++) {
+        zmsg_addstr(table, a->net.peers[i].name);
+        zmsg_addstr(table, i ? a->net.peers[i].endpoint : ep0);
+        zmsg_addstr(table, a->net.peers[i].key);
     }
     if (status)
         zmsg_addstr(table, status);
@@ -419,7 +419,7 @@ zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
    world that was running, those its members did not lose. */
 static bool complete(const host_t *h)
 {
-    for (int i = 1; i < h->a->world; i++)
+    for (int i = 1; i < h->a->net.world; i++)
         if (!h->slots[i].present && !(h->running && h->gone[i]))
             return false;
     return true;
@@ -428,20 +428,21 @@ static bool complete(const host_t *h)
 static int send_tables(host_t *h)
 {
     agent_t *a = h->a;
-    for (int i = 0; i < a->world; i++) {
-        snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", h->slots[i].name);
-        snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", h->slots[i].key);
+    for (int i = 0; i < a->net.world; i++) {
+        snprintf(a->net.peers[i].name, sizeof a->net.peers[i].name, "%s", h->slots[i].name);
+        snprintf(a->net.peers[i].key, sizeof a->net.peers[i].key, "%s", h->slots[i].key);
         if (i)
-            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", h->slots[i].endpoint);
+            snprintf(a->net.peers[i].endpoint, sizeof a->net.peers[i].endpoint, "%s",
+                     h->slots[i].endpoint);
     }
     char status[RDV_MAX_TEXT];
     if (h->running) {
         /* This process restarted: the ranks that did not come are gone. */
         a->rejoined = true;
-        for (int i = 1; i < a->world; i++)
+        for (int i = 1; i < a->net.world; i++)
             h->gone[i] = !h->slots[i].present;
-        zd__rdv_status(h->gone, a->world, status);
-        for (int i = 1; i < a->world; i++)
+        zd__rdv_status(h->gone, a->net.world, status);
+        for (int i = 1; i < a->net.world; i++)
             if (h->gone[i])
                 zd__membership_mark_lost(a, i);
         zd__log(ZD_LOG_WARN,
@@ -449,7 +450,7 @@ static int send_tables(host_t *h)
                 "(%s)",
                 a->name, status);
     }
-    for (int j = 1; j < a->world; j++) {
+    for (int j = 1; j < a->net.world; j++) {
         if (!h->slots[j].present)
             continue;
         zmsg_t *table =
@@ -463,9 +464,9 @@ static int send_tables(host_t *h)
 static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
 {
     host_t h = {.a = a};
-    h.slots = calloc((size_t)a->world, sizeof *h.slots);
-    h.gone = calloc((size_t)a->world, sizeof *h.gone);
-    h.sock = zmq_socket(a->ctx, ZMQ_ROUTER);
+    h.slots = calloc((size_t)a->net.world, sizeof *h.slots);
+    h.gone = calloc((size_t)a->net.world, sizeof *h.gone);
+    h.sock = zmq_socket(a->net.ctx, ZMQ_ROUTER);
     if (!h.slots || !h.gone || !h.sock) {
         free(h.slots);
         free(h.gone);
@@ -478,14 +479,14 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     zmq_setsockopt(h.sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     int rc = -1;
-    if (zd__security_start(a) < 0 || zd__security_rendezvous_server(a, h.sock) < 0)
+    if (zd__security_start(&a->net) < 0 || zd__security_rendezvous_server(&a->net, h.sock) < 0)
         goto out;
-    zd__security_watch(a, h.sock, "the rendezvous"); /* before the first connection */
-    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(a)) < 0)
+    zd__security_watch(&a->net, h.sock, "the rendezvous"); /* before the first connection */
+    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(&a->net)) < 0)
         goto out;
     h.slots[0].present = true;
     snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
-    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(a));
+    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(&a->net));
     int count = 1;
     while (!complete(&h)) {
         zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
@@ -494,10 +495,10 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
             continue;
         if (n <= 0) {
             char miss[256];
-            missing_ranks(h.slots, a->world, miss, sizeof miss);
+            missing_ranks(h.slots, a->net.world, miss, sizeof miss);
             zd_error_set("rendezvous: timed out with %d of %d workers registered (missing "
                          "ranks %s)%s%s",
-                         count, a->world, miss, h.turned_away[0] ? "; turned away: " : "",
+                         count, a->net.world, miss, h.turned_away[0] ? "; turned away: " : "",
                          h.turned_away);
             broadcast_error(&h, zd_error_last());
             goto out;
@@ -520,7 +521,7 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     zd__membership_keep_desk(a, h.sock, h.bound, h.bound_ip, h.n_bound);
     h.sock = NULL;
 out:
-    for (int i = 0; i < a->world; i++)
+    for (int i = 0; i < a->net.world; i++)
         zframe_destroy(&h.slots[i].identity);
     free(h.slots);
     free(h.gone);
@@ -535,11 +536,11 @@ zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
 {
     zmsg_t *reg = zmsg_new();
     zmsg_addstr(reg, RDV_REG_TAG);
-    zmsg_addstrf(reg, "%d", a->rank);
-    zmsg_addstrf(reg, "%d", a->world);
+    zmsg_addstrf(reg, "%d", a->net.rank);
+    zmsg_addstrf(reg, "%d", a->net.world);
     zmsg_addstr(reg, a->name);
-    zmsg_addstr(reg, a->peers[a->rank].endpoint);
-    zmsg_addstr(reg, zd__security_public_key(a));
+    zmsg_addstr(reg, a->net.peers[a->net.rank].endpoint);
+    zmsg_addstr(reg, zd__security_public_key(&a->net));
     if (status)
         zmsg_addstr(reg, status);
     return reg;
@@ -547,7 +548,7 @@ zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
 
 static int secure_client(void *arg, void *sock)
 {
-    return zd__security_rendezvous_client(arg, sock);
+    return zd__security_rendezvous_client(&((agent_t *)arg)->net, sock);
 }
 
 static zmsg_t *registration(void *arg)
@@ -557,12 +558,12 @@ static zmsg_t *registration(void *arg)
 
 void zd__rendezvous_client(agent_t *a, const char *ep, reg_client_t *c)
 {
-    *c = (reg_client_t){.ctx = a->ctx,
+    *c = (reg_client_t){.ctx = a->net.ctx,
                         .endpoint = ep,
-                        .world = a->world,
-                        .rank = a->rank,
+                        .world = a->net.world,
+                        .rank = a->net.rank,
                         .name = a->name,
-                        .curve = zd__security_curve(a),
+                        .curve = zd__security_curve(&a->net),
                         .secure = secure_client,
                         .registration = registration,
                         .arg = a,
@@ -574,7 +575,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
     if (zd__reg_master_endpoint(addr, port, ep, sizeof ep) < 0)
         return -1;
-    rdv_entry_t *table = calloc((size_t)a->world, sizeof *table);
+    rdv_entry_t *table = calloc((size_t)a->net.world, sizeof *table);
     if (!table)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
     reg_client_t c;
@@ -583,17 +584,18 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     bool running;
     int rc = zd__reg_run(&c, table, &running);
     if (rc == 0) {
-        for (int i = 0; i < a->world; i++) {
-            snprintf(a->peers[i].name, sizeof a->peers[i].name, "%s", table[i].name);
-            snprintf(a->peers[i].endpoint, sizeof a->peers[i].endpoint, "%s", table[i].endpoint);
-            snprintf(a->peers[i].key, sizeof a->peers[i].key, "%s", table[i].key);
+        for (int i = 0; i < a->net.world; i++) {
+            snprintf(a->net.peers[i].name, sizeof a->net.peers[i].name, "%s", table[i].name);
+            snprintf(a->net.peers[i].endpoint, sizeof a->net.peers[i].endpoint, "%s",
+                     table[i].endpoint);
+            snprintf(a->net.peers[i].key, sizeof a->net.peers[i].key, "%s", table[i].key);
             if (table[i].lost)
                 zd__membership_mark_lost(a, i);
         }
         if (running) {
             a->rejoined = true;
             zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) restarted and joins the running world",
-                    a->name, a->rank);
+                    a->name, a->net.rank);
         }
     }
     free(table);
@@ -602,10 +604,11 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
 
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
 {
-    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), timeout_ms);
-    snprintf(a->peers[a->rank].key, sizeof a->peers[a->rank].key, "%s", zd__security_public_key(a));
-    int rc = a->rank == 0 ? host_rendezvous(a, addr, port, deadline)
-                          : join_rendezvous(a, addr, port, deadline);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), timeout_ms);
+    snprintf(a->net.peers[a->net.rank].key, sizeof a->net.peers[a->net.rank].key, "%s",
+             zd__security_public_key(&a->net));
+    int rc = a->net.rank == 0 ? host_rendezvous(a, addr, port, deadline)
+                              : join_rendezvous(a, addr, port, deadline);
     /* The keys of the table are who may connect from now on. */
-    return rc < 0 ? rc : zd__security_table_ready(a);
+    return rc < 0 ? rc : zd__security_table_ready(&a->net);
 }

@@ -29,7 +29,7 @@ int zd__rref_creator(uint64_t id)
 
 bool zd__rref_id_ok(agent_t *a, uint64_t id)
 {
-    return (id & ID_MASK) != 0 && zd__rref_creator(id) < a->world;
+    return (id & ID_MASK) != 0 && zd__rref_creator(id) < a->net.world;
 }
 
 static uint64_t rotl(uint64_t v, int b)
@@ -87,7 +87,7 @@ uint64_t zd__rref_new_id(agent_t *a)
         }
         uint64_t v = l << 24 | r;
         if (v) /* 0 is no id: the next counter value maps elsewhere */
-            return (uint64_t)a->rank << 48 | v;
+            return (uint64_t)a->net.rank << 48 | v;
     }
 }
 
@@ -101,7 +101,7 @@ static size_t owner_bucket(uint64_t id)
 zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, int owner)
 {
     zd_rref_t *r = calloc(1, sizeof *r);
-    if (r && owner != a->rank && !(r->del = calloc(1, sizeof *r->del))) {
+    if (r && owner != a->net.rank && !(r->del = calloc(1, sizeof *r->del))) {
         free(r);
         r = NULL;
     }
@@ -110,11 +110,11 @@ zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, i
         return NULL;
     }
     atomic_init(&r->refs, 1);
-    r->gen = a->gen;
+    r->gen = a->net.gen;
     r->rref_id = rref_id;
     r->fork_id = fork_id;
     r->owner = owner;
-    r->is_owner = owner == a->rank;
+    r->is_owner = owner == a->net.rank;
     atomic_init(&r->confirmed, r->is_owner);
     return r;
 }
@@ -186,7 +186,7 @@ int zd__rref_placeholder_admit(agent_t *a, rref_ctx_t *x, int src)
     if (x->n_placeholders >= RREF_MAX_PLACEHOLDERS)
         return zd_error_set("too many RRefs awaited before their creation (%d; asked by rank %d)",
                             RREF_MAX_PLACEHOLDERS, src);
-    if (src >= 0 && src < x->ph_world && src != a->rank &&
+    if (src >= 0 && src < x->ph_world && src != a->net.rank &&
         x->ph_by_peer[src] >= RREF_MAX_PLACEHOLDERS_PEER)
         return zd_error_set("too many RRefs awaited before their creation asked by rank %d (%d)",
                             src, RREF_MAX_PLACEHOLDERS_PEER);
@@ -300,7 +300,7 @@ zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e)
             if (atomic_compare_exchange_weak(&h->refs, &n, n + 1))
                 return h;
     }
-    h = zd__rref_handle_new(a, e->rref_id, 0, a->rank);
+    h = zd__rref_handle_new(a, e->rref_id, 0, a->net.rank);
     if (!h)
         return NULL;
     h->value = zd_future_ref(e->value);
@@ -332,7 +332,7 @@ void zd_rref_unref(zd_rref_t *r)
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1)
         return;
     agent_t *a = zd__agent_try_acquire();
-    if (a && a->gen == r->gen) {
+    if (a && a->net.gen == r->gen) {
         rref_ctx_t *x = a->rrefs;
         if (r->is_owner) {
             pthread_mutex_lock(&x->lock);
@@ -376,7 +376,7 @@ static void send_ack(agent_t *a, const inmsg_t *m)
    stand-in agent of the fuzzers). */
 static const char *peer_name(const agent_t *a, int rank)
 {
-    return a->peers && rank >= 0 && rank < a->world ? a->peers[rank].name : "?";
+    return a->net.peers && rank >= 0 && rank < a->net.world ? a->net.peers[rank].name : "?";
 }
 
 /* Whether rank holds a fork of e recorded here. */
@@ -413,9 +413,9 @@ static void wait_unlink(rref_ctx_t *x, fork_wait_t **pp)
    the error set when not. */
 static int wait_admit(agent_t *a, rref_ctx_t *x, int src)
 {
-    if (!x->waits_by_peer && a->world > 0 &&
-        (x->waits_by_peer = calloc((size_t)a->world, sizeof *x->waits_by_peer)))
-        x->waits_world = a->world;
+    if (!x->waits_by_peer && a->net.world > 0 &&
+        (x->waits_by_peer = calloc((size_t)a->net.world, sizeof *x->waits_by_peer)))
+        x->waits_world = a->net.world;
     if (x->n_waits >= RREF_MAX_FORK_WAITS)
         return zd_error_set("too many fork requests waiting for their parent (%d; asked by "
                             "rank %d)",
@@ -477,7 +477,7 @@ static void forward_value(zd_future_t *f, void *arg)
    once a second. */
 static bool log_due(_Atomic int64_t *last)
 {
-    int64_t now = zd__agent_now_ns(), then = atomic_load(last);
+    int64_t now = zd__net_now_ns(), then = atomic_load(last);
     return now - then >= ZD__NS_PER_S && atomic_compare_exchange_strong(last, &then, now);
 }
 
@@ -531,7 +531,7 @@ static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
         t = timeout_ms;
     if (local > 0 && local < t)
         t = local;
-    return zd__deadline_after(zd__agent_now_ns(), t);
+    return zd__deadline_after(zd__net_now_ns(), t);
 }
 
 void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, int64_t timeout_ms)
@@ -539,10 +539,10 @@ void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, in
     e->expire_ns = placeholder_expiry(a, timeout_ms);
     if (e->expire_ns < x->ph_due_ns || x->n_placeholders == 1)
         x->ph_due_ns = e->expire_ns;
-    if (!x->ph_by_peer && a->world > 0 &&
-        (x->ph_by_peer = calloc((size_t)a->world, sizeof *x->ph_by_peer)))
-        x->ph_world = a->world;
-    if (src >= 0 && src < x->ph_world && src != a->rank) {
+    if (!x->ph_by_peer && a->net.world > 0 &&
+        (x->ph_by_peer = calloc((size_t)a->net.world, sizeof *x->ph_by_peer)))
+        x->ph_world = a->net.world;
+    if (src >= 0 && src < x->ph_world && src != a->net.rank) {
         e->ph_src = src;
         x->ph_by_peer[src]++;
     }
@@ -555,7 +555,7 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
         return zd_error_set("bad RRef id %" PRIx64 " from rank %d", rref_id, src), NULL;
     if (fork_id && (!zd__rref_id_ok(a, fork_id) || zd__rref_creator(fork_id) != src))
         return zd_error_set("bad fork id %" PRIx64 " from rank %d", fork_id, src), NULL;
-    if (!fork_id && src != a->rank)
+    if (!fork_id && src != a->net.rank)
         return zd_error_set("REMOTE from rank %d without a fork id", src), NULL;
     pthread_mutex_lock(&x->lock);
     owner_t *e = zd__rref_owner_find(x, rref_id);
@@ -565,7 +565,7 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
         fresh = e != NULL;
     } else if (e->state == OWNER_PLACEHOLDER) {
         placeholder_done(x, e);
-    } else if (e->state == OWNER_AWAITING_REMOTE && src == a->rank) {
+    } else if (e->state == OWNER_AWAITING_REMOTE && src == a->net.rank) {
         e->state = OWNER_CREATED;
     } else {
         pthread_mutex_unlock(&x->lock);
@@ -612,13 +612,13 @@ static zd_future_t *owner_value_admit(agent_t *a, uint64_t rref_id, int64_t time
 
 zd_future_t *zd__rref_owner_value(agent_t *a, uint64_t rref_id, int64_t timeout_ms)
 {
-    return owner_value_admit(a, rref_id, timeout_ms, a->rank);
+    return owner_value_admit(a, rref_id, timeout_ms, a->net.rank);
 }
 
 zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
 {
     rref_ctx_t *x = a->rrefs;
-    if (src != a->rank && zd__rref_id_ok(a, rref_id)) {
+    if (src != a->net.rank && zd__rref_id_ok(a, rref_id)) {
         pthread_mutex_lock(&x->lock);
         owner_t *e = zd__rref_owner_find(x, rref_id);
         bool holds = !e || e->state != OWNER_CREATED; /* not made yet: the REMOTE decides */
@@ -636,7 +636,7 @@ zd_future_t *zd__rref_owner_value_for(agent_t *a, uint64_t rref_id, int64_t time
             zd__log(ZD_LOG_WARN,
                     "rpc: refused a fetch of RRef %" PRIx64 " from \"%s\" (rank %d), "
                     "which holds no fork of it",
-                    rref_id, a->peers[src].name, src);
+                    rref_id, a->net.peers[src].name, src);
             return zd_error_set("RRef %" PRIx64 ": rank %d holds no fork of it", rref_id, src),
                    NULL;
         }
@@ -648,7 +648,7 @@ zd_rref_t *zd__rref_new_for_remote(agent_t *a, int owner)
 {
     rref_ctx_t *x = a->rrefs;
     uint64_t rref_id = zd__rref_new_id(a);
-    if (owner != a->rank) {
+    if (owner != a->net.rank) {
         zd_rref_t *h = zd__rref_handle_new(a, rref_id, zd__rref_new_id(a), owner);
         if (!h)
             return NULL;
@@ -743,12 +743,12 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
     owner_t *e = zd__rref_owner_find(x, h->a);
     if (zd__rref_owner_fork_holder(e, h->b) == src)
         return FORK_ACK; /* a retry */
-    if (parent == a->rank) {
+    if (parent == a->net.rank) {
         snprintf(why, size,
                  "fork request of rank %d for fork %" PRIx64 " of RRef %" PRIx64
                  " refused: forks made by the owner (rank %d) are registered when sent, never "
                  "requested",
-                 src, h->b, h->a, a->rank);
+                 src, h->b, h->a, a->net.rank);
         return FORK_REFUSE;
     }
     if (has_holder(e, parent)) {
@@ -791,7 +791,7 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
                        .parent = parent,
                        .req_id = h->id,
                        .route_len = m->route_len,
-                       .since_ns = zd__agent_now_ns(),
+                       .since_ns = zd__net_now_ns(),
                        .next = x->waits};
     memcpy(w->route, m->route, m->route_len);
     /* As long as a placeholder would wait for its REMOTE. */
@@ -942,7 +942,7 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
         zd_future_set_error(expired[i],
                             "unknown RRef %" PRIx64 ": no remote() created it "
                             "on \"%s\" (rank %d) in time",
-                            ids[i], a->name, a->rank);
+                            ids[i], a->name, a->net.rank);
         zd_future_unref(expired[i]);
     }
 }
@@ -1053,7 +1053,7 @@ int zd__rref_ctx_new(agent_t *a)
         /* No kernel entropy (a kernel before 3.17): unique ids still, but
            a peer that knows the clock could guess them. */
         zd__log(ZD_LOG_WARN, "rpc: getrandom failed: RRef ids are less hard to guess");
-        x->id_key[0] = (uint64_t)zd__agent_now_ns() ^ (uint64_t)(uintptr_t)x;
+        x->id_key[0] = (uint64_t)zd__net_now_ns() ^ (uint64_t)(uintptr_t)x;
         x->id_key[1] = (uint64_t)getpid() << 32 ^ (uint64_t)(uintptr_t)&x;
     }
     atomic_init(&x->id_next, 1);

@@ -20,7 +20,7 @@ static agent_t *acquire_for(const zd_rref_t *r, const char *api)
         zd_error_wrap("%s", api);
         return NULL;
     }
-    if (a->gen != r->gen) {
+    if (a->net.gen != r->gen) {
         zd__agent_release(a);
         zd_error_set("%s: the RRef belongs to an earlier RPC session", api);
         return NULL;
@@ -130,7 +130,7 @@ int zd_rref_to_here(zd_rref_t *r, int64_t timeout_ms, zd_value_t **value)
     int64_t t = zd__agent_timeout(a, timeout_ms);
     if (r->is_owner) {
         zd__agent_release(a);
-        if (zd__transport_thread_role() == ROLE_IO && !zd_future_done(r->value))
+        if (zd__net_thread_role() == ROLE_IO && !zd_future_done(r->value))
             return zd_error_set("to_here: would wait on the RPC I/O thread");
         if (zd_future_wait(r->value, t) < 0)
             return zd_error_wrap("to_here of an RRef owned here");
@@ -287,7 +287,7 @@ int zd_rref_drain(int64_t timeout_ms)
     if (!a)
         return zd_error_wrap("zd_rref_drain");
     int64_t t = timeout_ms > 0 ? timeout_ms : 0; /* default: no limit */
-    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), t);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), t);
     zd__agent_release(a);
     /* Polls rather than waits on a condition: the agent may shut down
        meanwhile, and nothing may be held across that. */
@@ -299,7 +299,7 @@ int zd_rref_drain(int64_t timeout_ms)
         zd__agent_release(a);
         if (n == 0)
             return 0;
-        if (zd__agent_now_ns() >= deadline)
+        if (zd__net_now_ns() >= deadline)
             return zd_error_set_code(ZD_ERR_TIMEOUT,
                                      "zd_rref_drain: %lld RRef messages still "
                                      "outstanding after %lld ms",

@@ -51,7 +51,7 @@ static int64_t next_wait_ms(const ctrl_t *c)
     int64_t total = zd__agent_timeout(c->a, -1);
     if (total == 0 || c->attempts == 0)
         return total && total < wait ? total : wait;
-    int64_t left = total - (zd__agent_now_ns() - c->first_ns) / ZD__NS_PER_MS;
+    int64_t left = total - (zd__net_now_ns() - c->first_ns) / ZD__NS_PER_MS;
     return left <= 0 ? 0 : left < wait ? left : wait;
 }
 
@@ -74,8 +74,8 @@ static void ctrl_outcome(ctrl_t *c, bool ok, zd_error_code_t code, const char *e
     /* One line per message would repeat the loss of a peer, logged once
        already, for every RRef it shared with this process. */
     if (!ok)
-        zd__log(code == ZD_ERR_PEER && atomic_load(&a->peers[c->dst].lost_at_ns) ? ZD_LOG_DEBUG
-                                                                                 : ZD_LOG_WARN,
+        zd__log(code == ZD_ERR_PEER && atomic_load(&a->net.peers[c->dst].lost_at_ns) ? ZD_LOG_DEBUG
+                                                                                     : ZD_LOG_WARN,
                 "rpc: %s (attempt %d)", error, c->attempts);
     if (c->done)
         c->done(a, c, ok);
@@ -96,7 +96,7 @@ static void ctrl_send(ctrl_t *c)
     if (wait <= 0)
         wait = 1; /* the time ran out since ctrl_answer looked: one last short try */
     if (c->attempts++ == 0)
-        c->first_ns = zd__agent_now_ns();
+        c->first_ns = zd__net_now_ns();
     call_req_t req = {.type = c->type,
                       .api = "RRef protocol",
                       .a = c->rref_id,
@@ -168,7 +168,7 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
     rref_txn_t *t = arg;
     agent_t *a = t->a;
     rref_ctx_t *x = a->rrefs;
-    if (r->gen != a->gen)
+    if (r->gen != a->net.gen)
         return zd_error_set("RRef from an earlier RPC session cannot be sent");
     char error[1024];
     zd__rref_user_error(a, r, error, sizeof error);
@@ -216,8 +216,8 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
     }
     out[16] = (uint8_t)r->owner;
     out[17] = (uint8_t)(r->owner >> 8);
-    out[18] = (uint8_t)a->rank;
-    out[19] = (uint8_t)(a->rank >> 8);
+    out[18] = (uint8_t)a->net.rank;
+    out[19] = (uint8_t)(a->net.rank >> 8);
     return 0;
 }
 
@@ -314,12 +314,12 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
     for (int i = 20; i < RPC_RREF_WIRE_SIZE; i++)
         if (in[i])
             return zd_error_set("RRef: reserved bytes are not 0");
-    if (owner >= a->world || parent != src || !zd__rref_id_ok(a, rref_id) ||
+    if (owner >= a->net.world || parent != src || !zd__rref_id_ok(a, rref_id) ||
         !zd__rref_id_ok(a, fork_id) || zd__rref_creator(fork_id) != src)
         return zd_error_set("RRef: inconsistent ids (rref %" PRIx64 ", fork %" PRIx64 ", owner "
                             "%d, parent %d, sender %d)",
                             rref_id, fork_id, owner, parent, src);
-    if (owner == a->rank) {
+    if (owner == a->net.rank) {
         pthread_mutex_lock(&x->lock);
         owner_t *e = zd__rref_owner_find(x, rref_id);
         bool fresh = false;
@@ -334,7 +334,7 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
             }
         }
         zd_rref_t *h = e ? zd__rref_owner_handle(a, e) : NULL;
-        if (h && parent == a->rank)
+        if (h && parent == a->net.rank)
             zd__rref_owner_del_fork(e, fork_id); /* registered early by our own encode */
         zd_future_t *watch = fresh ? zd_future_ref(e->value) : NULL;
         pthread_mutex_unlock(&x->lock);
@@ -344,7 +344,7 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
         }
         if (!h)
             return -1;
-        if (parent != a->rank) /* a phantom fork: the parent may go now */
+        if (parent != a->net.rank) /* a phantom fork: the parent may go now */
             zd__rref_ctrl_start(a, parent, RPC_MSG_RREF_CHILD_ACCEPT, 0, fork_id, NULL, NULL, -1);
         *out = h;
         return 0;

@@ -341,7 +341,7 @@ int zd_rpc_call_caller_rank(const zd_rpc_call_t *call)
 
 const char *zd_rpc_call_caller_name(const zd_rpc_call_t *call)
 {
-    return call ? call->a->peers[call->src].name : "";
+    return call ? call->a->net.peers[call->src].name : "";
 }
 
 const char *zd_rpc_call_function(const zd_rpc_call_t *call)
@@ -391,8 +391,8 @@ static void call_free(zd_rpc_call_t *c, bool counted)
     /* Counted out only now: whoever sees no call being served (shutdown's
        count of work, a test counting objects back) sees its objects gone. */
     if (counted && !internal) {
-        atomic_fetch_sub_explicit(&a->peers[src].m.serving, 1, memory_order_release);
-        atomic_fetch_add_explicit(&a->peers[src].m.calls_served, 1, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&a->net.peers[src].m.serving, 1, memory_order_release);
+        atomic_fetch_add_explicit(&a->net.peers[src].m.calls_served, 1, memory_order_relaxed);
     }
     if (counted)
         atomic_fetch_sub_explicit(&a->serving, 1, memory_order_release);
@@ -641,7 +641,7 @@ static void run_call(void *arg)
         snprintf(text, sizeof text,
                  "worker \"%s\" (rank %d) received hook metadata but has no "
                  "hooks installed (a module's init was not called before zd_rpc_init())",
-                 a->name, a->rank);
+                 a->name, a->net.rank);
         /* Said here too, not only to the caller: this is the process
            whose set-up is wrong. Only the caller knows which module's
            init is missing (its hooks name it). WARN, not ERROR: a peer
@@ -705,15 +705,15 @@ static bool busy_log_due(agent_t *a, int src)
     static int64_t *last;
     static int n_last;
     static unsigned gen;
-    if (!last || n_last < a->world || gen != a->gen) {
+    if (!last || n_last < a->net.world || gen != a->net.gen) {
         free(last);
-        last = calloc((size_t)a->world, sizeof *last);
-        n_last = last ? a->world : 0;
-        gen = a->gen;
+        last = calloc((size_t)a->net.world, sizeof *last);
+        n_last = last ? a->net.world : 0;
+        gen = a->net.gen;
         if (!last)
             return true;
     }
-    int64_t now = zd__agent_now_ns();
+    int64_t now = zd__net_now_ns();
     if (now - last[src] < ZD__NS_PER_S)
         return false;
     last[src] = now;
@@ -738,7 +738,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     c->a = a;
     memcpy(c->route, m->route, m->route_len);
     c->route_len = m->route_len;
-    c->gen = a->gen;
+    c->gen = a->net.gen;
     c->hooks = a->hooks;
     c->src = h->src;
     c->id = h->id;
@@ -751,7 +751,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_WARN,
                 "rpc: from \"%s\" (rank %d): a %s of \"%.*s\" marked internal, "
                 "which it is not here: served as a user call",
-                a->peers[h->src].name, h->src, zd__rpc_wire_type_name(h->type), (int)h->fn_len,
+                a->net.peers[h->src].name, h->src, zd__rpc_wire_type_name(h->type), (int)h->fn_len,
                 h->fn);
     c->rref_id = h->a;
     c->fork_id = h->b;
@@ -765,16 +765,17 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     atomic_fetch_add_explicit(&a->serving, 1, memory_order_relaxed);
     bool busy = false;
     if (!c->internal)
-        busy = atomic_fetch_add_explicit(&a->peers[c->src].m.serving, 1, memory_order_relaxed) >=
-            zd__serve_max_calls_per_peer();
+        busy = atomic_fetch_add_explicit(&a->net.peers[c->src].m.serving, 1,
+                                         memory_order_relaxed) >= zd__serve_max_calls_per_peer();
     char text[1024], name[ZD_RPC_MAX_FUNCTION + 3];
     if (busy)
         snprintf(text, sizeof text,
                  "busy: too many calls from rank %d in flight on \"%s\" "
                  "(rank %d; at most %lld, ZDIST_RPC_MAX_CALLS_PER_PEER)",
-                 c->src, a->name, a->rank, (long long)zd__serve_max_calls_per_peer());
+                 c->src, a->name, a->net.rank, (long long)zd__serve_max_calls_per_peer());
     if (busy && busy_log_due(a, c->src))
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->net.peers[c->src].name, c->src,
+                text);
     if (h->type == RPC_MSG_RREF_FETCH) {
         snprintf(c->fn, sizeof c->fn, "__to_here");
         c->what = "to_here";
@@ -786,8 +787,8 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         c->owner_value = zd__rref_owner_value_for(a, h->a, h->timeout_ms, h->src);
         if (!c->owner_value) {
             snprintf(text, sizeof text, "to_here: %s", zd_error_last());
-            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src,
-                    text);
+            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->net.peers[c->src].name,
+                    c->src, text);
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
@@ -817,7 +818,8 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         return;
     }
     if (rc < 0) {
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->peers[c->src].name, c->src, text);
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->net.peers[c->src].name, c->src,
+                text);
         finish_error(c, text, ZD_ERR_REMOTE);
         return;
     }
@@ -828,7 +830,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
     c->found = registry_find(c->fn, strlen(c->fn), &c->f);
     if (!c->found) {
         snprintf(text, sizeof text, "unknown function \"%s\" on \"%s\" (rank %d)", c->fn, a->name,
-                 a->rank);
+                 a->net.rank);
         finish_error(c, text, ZD_ERR_NO_FUNCTION);
         return;
     }

@@ -111,7 +111,7 @@ static uint64_t random_token(void)
     uint64_t t = 0;
     while (t == 0)
         if (getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t)
-            t = (uint64_t)zd__agent_now_ns() ^ ((uint64_t)getpid() << 32);
+            t = (uint64_t)zd__net_now_ns() ^ ((uint64_t)getpid() << 32);
     return t;
 }
 
@@ -238,8 +238,8 @@ void zd__shm_start(agent_t *a)
     const char *env = getenv("ZDIST_SHM");
     bool on = !(env && strcmp(env, "0") == 0);
     agent = a;
-    my_rank = a->rank;
-    world = a->world;
+    my_rank = a->net.rank;
+    world = a->net.world;
     tx = calloc((size_t)world, sizeof *tx);
     rx = calloc((size_t)world, sizeof *rx);
     pthread_mutex_lock(&answer_lock);
@@ -277,21 +277,21 @@ void zd__shm_offer_all(agent_t *a)
     pthread_mutex_lock(&answer_lock);
     connected = true;
     pthread_mutex_unlock(&answer_lock);
-    for (int i = 0; pending && i < a->world; i++)
+    for (int i = 0; pending && i < a->net.world; i++)
         if (pending[i]) {
             answer_offer(a, i, pending[i] > 0);
             pending[i] = 0;
         }
     /* A world connected on first use: to those reached at init; the others
        get theirs when first reached (zd__transport_reach). */
-    for (int i = 0; i < a->world; i++)
-        if (!atomic_load(&a->peers[i].lost_at_ns) && zd__transport_reached(a, i))
+    for (int i = 0; i < a->net.world; i++)
+        if (!atomic_load(&a->net.peers[i].lost_at_ns) && zd__transport_reached(a, i))
             zd__shm_offer(a, i);
 }
 
 void zd__shm_offer(agent_t *a, int peer)
 {
-    if (peer == a->rank || !atomic_load(&enabled))
+    if (peer == a->net.rank || !atomic_load(&enabled))
         return;
     rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER,
                            .flags = RPC_WIRE_F_INTERNAL,
@@ -314,8 +314,8 @@ void zd__shm_peer_reset(int peer)
         return;
     tx_peer_t *p = &tx[peer];
     atomic_store(&p->state, 0);
-    int64_t until = zd__agent_now_ns() + ZD__NS_PER_S;
-    while (atomic_load(&senders) > 0 && zd__agent_now_ns() < until)
+    int64_t until = zd__net_now_ns() + ZD__NS_PER_S;
+    while (atomic_load(&senders) > 0 && zd__net_now_ns() < until)
         sched_yield();
     if (atomic_load(&senders) > 0)
         return;
@@ -483,7 +483,7 @@ again:
         }
     }
     if (best < 0 && nb >= SHM_WAIT_OVER && busy_fits(p, nb)) {
-        int64_t now = zd__agent_now_ns();
+        int64_t now = zd__net_now_ns();
         if (!wait_until)
             wait_until = now + SHM_WAIT_NS;
         if (now < wait_until) {
@@ -761,7 +761,7 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
         release_frames(m->frames, m->n);
         m->n = 0;
         zmq_msg_close(&m->hm);
-        if (sock == a->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
+        if (sock == a->net.router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
             snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
             m->reject_id = id;
         } else if (type == RPC_MSG_REPLY) {
@@ -785,7 +785,7 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
     uint64_t bytes = 0;
     for (int i = 0; i < count; i++)
         bytes += get(entries[i] + 32, 8);
-    atomic_fetch_add_explicit(&a->peers[m->src].m.bytes_received, (int64_t)bytes,
+    atomic_fetch_add_explicit(&a->net.peers[m->src].m.bytes_received, (int64_t)bytes,
                               memory_order_relaxed);
     rpc_frame_t *table = &m->frames[m->n - 1];
     table->release(table->data, table->release_arg);
@@ -862,7 +862,7 @@ static void handle_offer(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_INFO,
                 "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
                 "memory: %s",
-                a->peers[src].name, src, why);
+                a->net.peers[src].name, src, why);
         queue_answer(a, src, false);
         return;
     }
@@ -877,7 +877,7 @@ static void handle_offer(agent_t *a, inmsg_t *m)
     }
     pthread_mutex_unlock(&rx_lock);
     zd__log(ZD_LOG_DEBUG, "rpc: tensors from \"%s\" (rank %d) may come through shared memory",
-            a->peers[src].name, src);
+            a->net.peers[src].name, src);
     queue_answer(a, src, true);
 }
 
@@ -909,7 +909,7 @@ static void handle_segment(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_WARN,
                 "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
                 "memory: its segment %llu: %s",
-                a->peers[src].name, src, (unsigned long long)m->h.a, why);
+                a->net.peers[src].name, src, (unsigned long long)m->h.a, why);
         /* Counted after the line: whoever sees the count sees the line
            (test_hostile_shm read an empty one in between). */
         atomic_fetch_add(&n_refused, 1);
@@ -945,7 +945,7 @@ static void handle_mapped(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_WARN,
                 "rpc: tensors to \"%s\" (rank %d) go over ZeroMQ: it could not "
                 "map a shared segment (%.*s)",
-                a->peers[src].name, src, (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
+                a->net.peers[src].name, src, (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
                 m->h.extra_len > 1 ? (const char *)m->h.extra + 1 : "");
     }
 }

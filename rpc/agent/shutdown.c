@@ -59,11 +59,11 @@ static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t
 {
     size_t n = 0;
     buf[0] = 0;
-    for (int i = 0; i < a->world && n + 64 < size; i++)
+    for (int i = 0; i < a->net.world && n + 64 < size; i++)
         if (!r->waiting[i])
             n += (size_t)snprintf(buf + n, size - n, "%s\"%s\" (rank %d)%s", n ? ", " : "",
-                                  a->peers[i].name, i,
-                                  atomic_load(&a->peers[i].lost) ? " unreachable" : "");
+                                  a->net.peers[i].name, i,
+                                  atomic_load(&a->net.peers[i].lost) ? " unreachable" : "");
 }
 
 /* Missing workers the round still waits for: from round 0 on, a peer
@@ -73,7 +73,7 @@ static int missing_live(agent_t *a, const barrier_round_t *r)
 {
     int n = 0;
     for (int i = 0; i < r->world; i++)
-        if (!r->waiting[i] && (r->round < 0 || !atomic_load(&a->peers[i].lost_at_ns)))
+        if (!r->waiting[i] && (r->round < 0 || !atomic_load(&a->net.peers[i].lost_at_ns)))
             n++;
     return n;
 }
@@ -92,11 +92,11 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
                             src, round, count, timeout_ms),
                false;
     if (!a->barrier_last) {
-        a->barrier_last = malloc((size_t)a->world * sizeof *a->barrier_last);
+        a->barrier_last = malloc((size_t)a->net.world * sizeof *a->barrier_last);
         if (!a->barrier_last)
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory"), false;
         /* A restarted rank 0's members passed their init round long ago. */
-        for (int i = 0; i < a->world; i++)
+        for (int i = 0; i < a->net.world; i++)
             a->barrier_last[i] = a->rejoined ? -1 : -2;
     }
     int64_t last = a->barrier_last[src];
@@ -137,7 +137,7 @@ static void log_without(agent_t *a, const barrier_round_t *r)
             zd__log(ZD_LOG_WARN,
                     "rpc: shutdown barrier round %" PRId64 ": going on without "
                     "\"%s\" (rank %d), lost",
-                    r->round, a->peers[i].name, i);
+                    r->round, a->net.peers[i].name, i);
 }
 
 zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -149,8 +149,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     int64_t round, count;
     int src = zd_rpc_call_caller_rank(call);
     zd_future_t *f = NULL;
-    if (a->rank != 0) {
-        zd_error_set("shutdown barrier: rank %d is not the host", a->rank);
+    if (a->net.rank != 0) {
+        zd_error_set("shutdown barrier: rank %d is not the host", a->net.rank);
         goto out;
     }
     int64_t timeout_ms;
@@ -183,18 +183,18 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     if (!r) {
         r = calloc(1, sizeof *r);
         if (r)
-            r->waiting = calloc((size_t)a->world, sizeof *r->waiting);
+            r->waiting = calloc((size_t)a->net.world, sizeof *r->waiting);
         if (!r || !r->waiting) {
             free(r);
             pthread_mutex_unlock(&a->barrier_lock);
             zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory");
             goto out;
         }
-        r->world = a->world;
+        r->world = a->net.world;
         r->round = round;
         /* Shorter than the callers' own timeout, so that they get this
            round's error, which names the missing workers. */
-        r->deadline_ns = timeout_ms > 0 ? zd__agent_now_ns() + timeout_ms * 750000 : INT64_MAX;
+        r->deadline_ns = timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * 750000 : INT64_MAX;
         r->next = a->barrier;
         a->barrier = r;
     }
@@ -222,7 +222,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     if (complete) {
         if (round == 0)
             atomic_store(&a->ending, true); /* before anyone hears it: membership.c */
-        if (r->arrived < a->world)
+        if (r->arrived < a->net.world)
             log_without(a, r);
         zd_value_t *v = zd_value_int(total);
         round_answer(r, v, "out of memory");
@@ -248,7 +248,7 @@ static bool down_for_good(const peer_t *p, int64_t now_ns)
 /* Rank 0, I/O thread: fails rounds that cannot complete any more. */
 void zd__shutdown_tick(agent_t *a, int64_t now_ns)
 {
-    if (a->rank != 0)
+    if (a->net.rank != 0)
         return;
     barrier_round_t *failed = NULL, *done = NULL;
     pthread_mutex_lock(&a->barrier_lock);
@@ -268,9 +268,9 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
            for: within the grace of io.c it is declared lost (and the round
            completes without it) or it is back. */
         bool lost = false, waiting_for_living = false;
-        for (int i = 0; i < a->world; i++)
+        for (int i = 0; i < a->net.world; i++)
             if (!r->waiting[i]) {
-                if (r->round < 0 && down_for_good(&a->peers[i], now_ns))
+                if (r->round < 0 && down_for_good(&a->net.peers[i], now_ns))
                     lost = true;
                 else
                     waiting_for_living = true;
@@ -300,7 +300,7 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
         char missing[1024], text[1200];
         missing_text(a, failed, missing, sizeof missing);
         snprintf(text, sizeof text, "shutdown barrier: %d of %d workers arrived; missing %s",
-                 failed->arrived, a->world, missing);
+                 failed->arrived, a->net.world, missing);
         round_answer(failed, NULL, text);
         round_free(failed);
         failed = next;
@@ -327,9 +327,9 @@ void zd__shutdown_abort_barrier(agent_t *a)
 static int64_t outstanding(agent_t *a)
 {
     int64_t n = atomic_load(&a->user_in_flight) + zd__rref_outstanding(a);
-    for (int i = 0; i < a->world; i++)
-        if (!atomic_load(&a->peers[i].lost_at_ns))
-            n += atomic_load(&a->peers[i].m.serving);
+    for (int i = 0; i < a->net.world; i++)
+        if (!atomic_load(&a->net.peers[i].lost_at_ns))
+            n += atomic_load(&a->net.peers[i].m.serving);
     return n;
 }
 
@@ -337,7 +337,7 @@ static int64_t outstanding(agent_t *a)
 static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
-        if (zd__agent_now_ns() >= deadline_ns) {
+        if (zd__net_now_ns() >= deadline_ns) {
             return zd_error_set_code(
                 ZD_ERR_TIMEOUT,
                 "%" PRId64 " calls in flight, %" PRId64 " being served, %" PRId64
@@ -356,7 +356,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
                     int64_t *sum)
 {
     /* 0 asks rank 0 to wait without limit */
-    int64_t left = deadline_ns == ZD__NEVER ? 0 : zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    int64_t left = deadline_ns == ZD__NEVER ? 0 : zd__ms_left(zd__net_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
     zd_value_t *args = zd__rpc_args("iii", round, count, left);
@@ -373,7 +373,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
        answers alike (see join_round), until it is declared lost or the
        deadline passes. */
     while (rc < 0 && args && zd_error_code() == ZD_ERR_PEER && !zd_rpc_peer_is_lost(0) &&
-           zd__agent_now_ns() < deadline_ns) {
+           zd__net_now_ns() < deadline_ns) {
         struct timespec ts = {0, 20 * ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
         rc = zd__call_sync(&req, 0, &total);
@@ -393,7 +393,7 @@ static int64_t drain_deadline(agent_t *a, int64_t deadline)
 {
     int64_t call = atomic_load(&a->timeout_ms);
     int64_t bound_ms = call > 0 && call < 300000 ? 2 * call : 600000;
-    int64_t bound = zd__deadline_after(zd__agent_now_ns(), bound_ms);
+    int64_t bound = zd__deadline_after(zd__net_now_ns(), bound_ms);
     return bound < deadline ? bound : deadline;
 }
 
@@ -401,14 +401,14 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
 {
     /* Default: no limit, like PyTorch's rpc.shutdown(). */
     int64_t t = timeout_ms > 0 ? timeout_ms : 0;
-    int64_t deadline = zd__deadline_after(zd__agent_now_ns(), t);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), t);
     /* Round 0: everyone has called zd_rpc_shutdown. Then drain and repeat
        until a round finds no work anywhere. */
     for (int64_t round = 0;; round++) {
         int64_t sum = -1;
         if ((round > 0 && drain_local(a, drain_deadline(a, deadline)) < 0) ||
             zd__barrier_all(round, outstanding(a), deadline, "zd_rpc_shutdown", &sum) < 0)
-            return zd_error_wrap("zd_rpc_shutdown of \"%s\" (rank %d)", a->name, a->rank);
+            return zd_error_wrap("zd_rpc_shutdown of \"%s\" (rank %d)", a->name, a->net.rank);
         /* Once every live member is leaving, nobody joins any more: rank
            0's rendezvous port is free again before anyone has left, for a
            next world's (a process may init again). Until then a process

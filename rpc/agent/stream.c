@@ -218,7 +218,7 @@ static stream_t *take(void *sock, const inmsg_t *m)
 
 static const char *peer_name(agent_t *a, int rank)
 {
-    return a->peers && rank >= 0 && rank < a->world ? a->peers[rank].name : "?";
+    return a->net.peers && rank >= 0 && rank < a->net.world ? a->net.peers[rank].name : "?";
 }
 
 /* Logs why a message of type/id from m's connection was dropped (zd_error_last),
@@ -227,7 +227,7 @@ static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
 {
     zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
             peer_name(a, m->src), m->src, zd_error_last());
-    if (sock == a->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
+    if (sock == a->net.router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
         snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
         m->reject_id = id;
     } else if (type == RPC_MSG_REPLY && id) {
@@ -319,7 +319,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     s->src = m->src;
     pthread_once(&budget_once, budget_init);
     pthread_mutex_lock(&lock);
-    int rc = budget_take(s, m->src, a->world, declared);
+    int rc = budget_take(s, m->src, a->net.world, declared);
     pthread_mutex_unlock(&lock);
     if (rc < 0)
         goto fail;
@@ -337,7 +337,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
             goto fail;
         }
     s->sock = sock;
-    s->touched_ns = zd__agent_now_ns();
+    s->touched_ns = zd__net_now_ns();
     s->src = m->src;
     s->route_len = m->route_len;
     memcpy(s->route, m->route, m->route_len);
@@ -441,7 +441,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         stream_free(s);
         return refuse(a, sock, m, type, id);
     }
-    s->touched_ns = zd__agent_now_ns();
+    s->touched_ns = zd__net_now_ns();
     s->stalled_ns = 0;
     pthread_mutex_lock(&lock);
     s->next = streams;
@@ -510,7 +510,7 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
                  zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
                  (long long)(RPC_STREAM_STALL_NS / ZD__NS_PER_S), (unsigned long long)s->seq);
         zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
-        if (s->sock == a->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
+        if (s->sock == a->net.router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
             inmsg_t m = {.src = s->src, .route_len = s->route_len};
             memcpy(m.route, s->route, s->route_len);
             zd__transport_answer_error(a, &m, s->id, text);

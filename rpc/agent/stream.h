@@ -39,24 +39,8 @@
     bounds what a flood of connections can make us hold. */
 #define RPC_STREAM_MAX_PENDING 1024
 
-/*  The largest frame a receiving socket accepts (ZMQ_MAXMSGSIZE, set by
-    zd__transport_set_limits): a header with the longest name, hook metadata
-    and value metadata, plus a margin. Tensor frames (at most RPC_STREAM_OVER
-    bytes, larger ones are streamed) and stream pieces (at most
-    RPC_WIRE_MAX_CHUNK) are smaller. A larger frame makes libzmq close the
-    connection before it allocates the frame. */
-#define RPC_MAX_FRAME                                                                              \
-    (RPC_WIRE_FIXED + RPC_WIRE_MAX_FN + RPC_WIRE_MAX_EXTRA + RPC_CODEC_MAX_META + ((size_t)1 << 20))
 _Static_assert(RPC_STREAM_OVER <= RPC_MAX_FRAME && RPC_WIRE_MAX_CHUNK <= RPC_MAX_FRAME,
-               "every legitimate frame must pass ZMQ_MAXMSGSIZE");
-/*  Messages a receiving socket queues per connection before libzmq stops
-    reading that connection (ZMQ_RCVHWM). Inbound, a full queue is
-    backpressure (the sender's queue and TCP fill up), not loss, so a
-    stream of a thousand pieces still arrives whole, only paced. */
-#define RPC_RCVHWM 1000
-/*  A connection must finish its ZMTP (or CURVE) handshake within this. */
-#define RPC_HANDSHAKE_MS 5000
-
+               "every legitimate frame must pass ZMQ_MAXMSGSIZE (RPC_MAX_FRAME, net.h)");
 /*  Pending streamed messages from one rank (all its connections). */
 #define RPC_STREAM_MAX_PENDING_PEER 64
 /*  The memory all pending streamed messages may reserve together (their

@@ -29,21 +29,9 @@
 #include "rpc/net/bufcache.h"
 #include "rpc/value/copy.h"
 #include "rpc/agent/membership.h"
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 #include "rpc/agent/shm.h"
 #include "rpc/agent/stream.h"
-
-static __thread thread_role_t tls_role;
-
-thread_role_t zd__transport_thread_role(void)
-{
-    return tls_role;
-}
-
-void zd__transport_set_thread_role(thread_role_t role)
-{
-    tls_role = role;
-}
 
 /* ---- setup ---- */
 
@@ -52,61 +40,46 @@ static void set_int(void *sock, int opt, int value)
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
-/* What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
-   frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
-   a handshake within RPC_HANDSHAKE_MS. libzmq counts the high-water mark at
-   the last frame of a message and limits each frame, not the message: a
-   multipart message that never ends is held whole inside libzmq until it
-   does, so what bounds it is authentication (a stranger cannot connect),
-   not these options. */
-void zd__transport_set_limits(void *sock)
-{
-    int64_t max = (int64_t)RPC_MAX_FRAME;
-    zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
-    set_int(sock, ZMQ_RCVHWM, RPC_RCVHWM);
-    set_int(sock, ZMQ_HANDSHAKE_IVL, RPC_HANDSHAKE_MS);
-}
-
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
     zd__rpc_copy_enable(true);
     zd__shm_start(a);
-    a->ctx = zmq_ctx_new();
-    if (!a->ctx)
+    a->net.ctx = zmq_ctx_new();
+    if (!a->net.ctx)
         return zd_error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
-    zmq_ctx_set(a->ctx, ZMQ_BLOCKY, 0);
+    zmq_ctx_set(a->net.ctx, ZMQ_BLOCKY, 0);
     /* Every thread that calls zd_rpc_sync has a socket per peer it calls: the
        descriptor limit is the real bound, not ZeroMQ's default of 1023. */
-    zmq_ctx_set(a->ctx, ZMQ_MAX_SOCKETS, 16384);
-    if (zd__security_start(a) < 0)
+    zmq_ctx_set(a->net.ctx, ZMQ_MAX_SOCKETS, 16384);
+    if (zd__security_start(&a->net) < 0)
         return -1;
-    a->router = zmq_socket(a->ctx, ZMQ_ROUTER);
-    if (!a->router)
+    a->net.router = zmq_socket(a->net.ctx, ZMQ_ROUTER);
+    if (!a->net.router)
         return zd_error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
-    set_int(a->router, ZMQ_LINGER, 0);
-    set_int(a->router, ZMQ_RCVHWM, 0);
+    set_int(a->net.router, ZMQ_LINGER, 0);
+    set_int(a->net.router, ZMQ_RCVHWM, 0);
     /* A ROUTER drops what it cannot queue: a streamed answer is hundreds
        of messages, and none may be lost. */
-    set_int(a->router, ZMQ_SNDHWM, 0);
+    set_int(a->net.router, ZMQ_SNDHWM, 0);
     /* A connection with a routing id already taken replaces the old one
        (a peer that reconnects before its old connection is seen dead);
        only under CURVE, where connecting at all needs a key of the table. */
-    set_int(a->router, ZMQ_ROUTER_HANDOVER, zd__security_curve(a) ? 1 : 0);
-    if (zd__security_server(a, a->router) < 0)
+    set_int(a->net.router, ZMQ_ROUTER_HANDOVER, zd__security_curve(&a->net) ? 1 : 0);
+    if (zd__security_server(&a->net, a->net.router) < 0)
         return -1;
-    zd__security_watch(a, a->router, "the RPC socket");
-    set_int(a->router, ZMQ_TCP_KEEPALIVE, 1);
-    zd__transport_set_limits(a->router);
+    zd__security_watch(&a->net, a->net.router, "the RPC socket");
+    set_int(a->net.router, ZMQ_TCP_KEEPALIVE, 1);
+    zd__net_set_limits(a->net.router);
     if (listen_ip &&
-        zd__transport_listen(a, listen_ip, a->peers[a->rank].endpoint,
-                             sizeof a->peers[a->rank].endpoint) < 0)
+        zd__transport_listen(a, listen_ip, a->net.peers[a->net.rank].endpoint,
+                             sizeof a->net.peers[a->net.rank].endpoint) < 0)
         return -1;
-    size_t len = sizeof a->router_fd;
-    if (zmq_getsockopt(a->router, ZMQ_FD, &a->router_fd, &len) < 0)
+    size_t len = sizeof a->net.router_fd;
+    if (zmq_getsockopt(a->net.router, ZMQ_FD, &a->net.router_fd, &len) < 0)
         return zd_error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
-    a->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (a->wake_fd < 0)
+    a->net.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (a->net.wake_fd < 0)
         return zd_error_set("cannot create an eventfd: %s", strerror(errno));
     return 0;
 }
@@ -117,22 +90,16 @@ int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size
     zd__addr_endpoint(ip, "*", ep, sizeof ep);
     /* The option is read at bind time: on for an IPv6 address only, so
        that an IPv4 one stays a plain IPv4 socket. */
-    set_int(a->router, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
-    int rc = zmq_bind(a->router, ep);
+    set_int(a->net.router, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
+    int rc = zmq_bind(a->net.router, ep);
     int e = errno;
-    set_int(a->router, ZMQ_IPV6, 0);
+    set_int(a->net.router, ZMQ_IPV6, 0);
     if (rc < 0)
         return zd_error_set("cannot listen at %s: %s%s", ep, zmq_strerror(e),
                             e == EADDRNOTAVAIL ? " (not an address of this host)" : "");
-    if (zmq_getsockopt(a->router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
+    if (zmq_getsockopt(a->net.router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
         return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
     return 0;
-}
-
-void zd__transport_use_ipv6(void *sock, const char *endpoint)
-{
-    if (strncmp(endpoint, "tcp://[", 7) == 0)
-        set_int(sock, ZMQ_IPV6, 1);
 }
 
 /* ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
@@ -154,33 +121,33 @@ static void set_heartbeat(void *sock, int64_t timeout_ms)
 
 static int open_peer(agent_t *a, peer_t *p)
 {
-    p->sock = zmq_socket(a->ctx, ZMQ_DEALER);
+    p->sock = zmq_socket(a->net.ctx, ZMQ_DEALER);
     if (!p->sock)
         return zd_error_set("cannot create a socket for peer \"%s\": %s", p->name,
                             zmq_strerror(errno));
     uint8_t id[RPC_WIRE_ID_LEN];
-    zd__rpc_wire_identity(a->rank, id);
+    zd__rpc_wire_identity(a->net.rank, id);
     zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, id, sizeof id);
     set_int(p->sock, ZMQ_LINGER, 0);
     set_int(p->sock, ZMQ_SNDHWM, 0);
     set_int(p->sock, ZMQ_IMMEDIATE, 1);
     set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
     set_heartbeat(p->sock, a->heartbeat_ms);
-    if (zd__security_client(a, p->sock, p->rank) < 0)
+    if (zd__security_client(&a->net, p->sock, p->rank) < 0)
         return -1;
     char mon[96];
-    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->gen, p->rank,
+    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->net.gen, p->rank,
              atomic_load(&p->incarnation));
     if (zmq_socket_monitor(p->sock, mon,
                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
-        p->monitor = zmq_socket(a->ctx, ZMQ_PAIR);
+        p->monitor = zmq_socket(a->net.ctx, ZMQ_PAIR);
         if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
             zmq_close(p->monitor);
             p->monitor = NULL;
         }
     }
-    zd__transport_use_ipv6(p->sock, p->endpoint);
+    zd__net_use_ipv6(p->sock, p->endpoint);
     if (zmq_connect(p->sock, p->endpoint) < 0)
         return zd_error_set("cannot connect to peer \"%s\" (rank %d) at %s: %s", p->name, p->rank,
                             p->endpoint, zmq_strerror(errno));
@@ -189,7 +156,7 @@ static int open_peer(agent_t *a, peer_t *p)
     /* The socket and its monitor are complete: the I/O thread may poll the
        monitor from now on (it reads p->monitor only once it sees this). */
     atomic_store(&p->opened, true);
-    atomic_store(&a->peers_opened, true);
+    atomic_store(&a->net.peers_opened, true);
     return 0;
 }
 
@@ -226,10 +193,10 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
    (ZMQ_IMMEDIATE), or fails at deadline_ns. Under p->lock. 0, or -1. */
 static int hello_locked(agent_t *a, peer_t *p, int64_t deadline_ns)
 {
-    int64_t left = zd__ms_left(zd__agent_now_ns(), deadline_ns);
+    int64_t left = zd__ms_left(zd__net_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
-    rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->rank, .dst = p->rank};
+    rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->net.rank, .dst = p->rank};
     uint8_t buf[RPC_WIRE_FIXED];
     zd__rpc_wire_write(&h, buf);
     set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
@@ -272,22 +239,22 @@ static int eager_max(void)
 
 int zd__transport_reach(agent_t *a, int dst)
 {
-    if (!a->lazy || dst < 0 || dst >= a->world)
+    if (!a->net.lazy || dst < 0 || dst >= a->net.world)
         return 0;
-    peer_t *p = &a->peers[dst];
+    peer_t *p = &a->net.peers[dst];
     if (atomic_load(&p->reached)) /* every send after the first: no lock */
         return 0;
     pthread_mutex_lock(&p->lock);
     int rc = 0;
     if (!atomic_load(&p->reached)) {
-        int64_t wait = zd__transport_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
+        int64_t wait = zd__net_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
         if (!p->sock && (zd__peer_gone(p) || open_peer(a, p) < 0)) {
             close_peer(p, 0);
             rc = -1;
         } else if (atomic_load(&p->lost)) {
             rc = -1; /* its connection came up and went down: at once, as ZMQ_IMMEDIATE */
         } else {
-            rc = hello_locked(a, p, zd__deadline_after(zd__agent_now_ns(), wait));
+            rc = hello_locked(a, p, zd__deadline_after(zd__net_now_ns(), wait));
         }
         if (rc == 0)
             zd__log(ZD_LOG_DEBUG, "rpc: connected to \"%s\" (rank %d) on first use", p->name, dst);
@@ -297,7 +264,7 @@ int zd__transport_reach(agent_t *a, int dst)
     pthread_mutex_unlock(&p->lock);
     /* A new pair: shared memory is offered as at init (a send itself, now
        one that finds the connection made). */
-    if (fresh && a->io_started)
+    if (fresh && a->net.io_started)
         zd__shm_offer(a, dst);
     return rc < 0
         ? zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)", p->endpoint)
@@ -306,15 +273,15 @@ int zd__transport_reach(agent_t *a, int dst)
 
 bool zd__transport_reached(agent_t *a, int dst)
 {
-    if (!a->lazy)
+    if (!a->net.lazy)
         return true;
-    return atomic_load(&a->peers[dst].reached);
+    return atomic_load(&a->net.peers[dst].reached);
 }
 
 void zd__transport_open_back(agent_t *a, int src)
 {
-    peer_t *p = &a->peers[src];
-    if (!a->lazy || atomic_load(&p->opened) || atomic_load(&p->lost_at_ns))
+    peer_t *p = &a->net.peers[src];
+    if (!a->net.lazy || atomic_load(&p->opened) || atomic_load(&p->lost_at_ns))
         return;
     /* Taken: another thread is making it now. */
     if (pthread_mutex_trylock(&p->lock) != 0)
@@ -332,14 +299,14 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
        (it hosts the barrier and the membership, and sees who is lost),
        the others to rank 0 and themselves. A process joining a running
        world connects to all (below). */
-    a->lazy = !a->rejoined && a->world > eager_max();
-    for (int i = 0; i < a->world; i++) {
-        peer_t *p = &a->peers[i];
-        if (a->lazy && a->rank != 0 && i != 0 && i != a->rank)
+    a->net.lazy = !a->rejoined && a->net.world > eager_max();
+    for (int i = 0; i < a->net.world; i++) {
+        peer_t *p = &a->net.peers[i];
+        if (a->net.lazy && a->net.rank != 0 && i != 0 && i != a->net.rank)
             continue;
         /* A rank gone from the world a restarted rank 0 formed left no key
            to pin: it gets its socket when it rejoins (renew_peer). */
-        if (zd__security_curve(a) && !p->key[0] && atomic_load(&p->lost_at_ns))
+        if (zd__security_curve(&a->net) && !p->key[0] && atomic_load(&p->lost_at_ns))
             continue;
         if (open_peer(a, p) < 0)
             return -1;
@@ -366,10 +333,10 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
     bool joining = a->rejoined;
     int64_t others_by = deadline_ns;
     for (int pass = 0; pass < (joining ? 2 : 1); pass++) {
-        for (int i = 0; i < a->world; i++) {
-            peer_t *p = &a->peers[i];
-            bool needed = !joining || i == 0 || i == a->rank;
-            if (a->lazy && i != 0 && i != a->rank)
+        for (int i = 0; i < a->net.world; i++) {
+            peer_t *p = &a->net.peers[i];
+            bool needed = !joining || i == 0 || i == a->net.rank;
+            if (a->net.lazy && i != 0 && i != a->net.rank)
                 continue;
             if (atomic_load(&p->lost_at_ns) || (joining && needed != (pass == 0)))
                 continue; /* gone from the running world this process joined */
@@ -380,37 +347,37 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
                                          p->name, p->rank, p->endpoint);
             zd__membership_mark_unreached(a, i);
         }
-        int64_t by = zd__deadline_after(zd__agent_now_ns(), JOIN_PEER_WAIT_MS);
+        int64_t by = zd__deadline_after(zd__net_now_ns(), JOIN_PEER_WAIT_MS);
         others_by = by < deadline_ns ? by : deadline_ns;
     }
-    if (pthread_create(&a->io_thread, NULL, zd__transport_io_main, a) != 0)
+    if (pthread_create(&a->net.io_thread, NULL, zd__transport_io_main, a) != 0)
         return zd_error_set("cannot start the I/O thread");
-    a->io_started = true;
+    a->net.io_started = true;
     zd__shm_offer_all(a);
     return 0;
 }
 
 int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
 {
-    if (!a->io_started)
+    if (!a->net.io_started)
         return 0;
-    atomic_store(&a->io_stop, true);
+    atomic_store(&a->net.io_stop, true);
     uint64_t one = 1;
-    if (write(a->wake_fd, &one, sizeof one) < 0) {
+    if (write(a->net.wake_fd, &one, sizeof one) < 0) {
         /* The eventfd cannot be full; the tick wakes the thread anyway. */
     }
     /* Bounded: a future callback stuck in user code would hold it. */
     struct timespec until = zd__realtime_in(wait_ms);
-    if (pthread_timedjoin_np(a->io_thread, NULL, &until) != 0) {
+    if (pthread_timedjoin_np(a->net.io_thread, NULL, &until) != 0) {
         zd__log(ZD_LOG_ERROR,
                 "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
                 "future callback stuck in user code?)",
                 (long long)wait_ms);
-        pthread_detach(a->io_thread);
-        a->io_started = false;
+        pthread_detach(a->net.io_thread);
+        a->net.io_started = false;
         return -1;
     }
-    a->io_started = false;
+    a->net.io_started = false;
     return 0;
 }
 
@@ -418,21 +385,21 @@ void zd__transport_close(agent_t *a, bool graceful)
 {
     zd__transport_stream_clear();
     /* Graceful: let the last answers reach their destination. */
-    for (int i = 0; a->peers && i < a->world; i++)
-        close_peer(&a->peers[i], graceful ? 2000 : 0);
-    if (a->router) {
+    for (int i = 0; a->net.peers && i < a->net.world; i++)
+        close_peer(&a->net.peers[i], graceful ? 2000 : 0);
+    if (a->net.router) {
         /* Graceful: answers to zd_rpc_sync sockets leave through the ROUTER. */
-        set_int(a->router, ZMQ_LINGER, graceful ? 2000 : 0);
-        zmq_close(a->router);
+        set_int(a->net.router, ZMQ_LINGER, graceful ? 2000 : 0);
+        zmq_close(a->net.router);
     }
-    a->router = NULL;
-    if (a->wake_fd >= 0)
-        close(a->wake_fd);
-    a->wake_fd = -1;
-    zd__security_free(a); /* its thread's sockets close before the context ends */
-    if (a->ctx)
-        zmq_ctx_term(a->ctx);
-    a->ctx = NULL;
+    a->net.router = NULL;
+    if (a->net.wake_fd >= 0)
+        close(a->net.wake_fd);
+    a->net.wake_fd = -1;
+    zd__security_free(&a->net); /* its thread's sockets close before the context ends */
+    if (a->net.ctx)
+        zmq_ctx_term(a->net.ctx);
+    a->net.ctx = NULL;
     zd__rpc_bufcache_enable(false);
     zd__shm_stop();
     zd__rpc_copy_enable(false);
@@ -704,8 +671,8 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
 int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
                        int n_tensors)
 {
-    peer_t *p = &a->peers[dst];
-    h->src = a->rank;
+    peer_t *p = &a->net.peers[dst];
+    h->src = a->net.rank;
     h->dst = dst;
     rpc_shm_out_t so;
     if (zd__transport_reach(a, dst) < 0)
@@ -732,23 +699,23 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
 {
     if (!route_len)
         return zd__transport_send(a, dst, h, tensors, n_tensors);
-    peer_t *p = &a->peers[dst];
-    h->src = a->rank;
+    peer_t *p = &a->net.peers[dst];
+    h->src = a->net.rank;
     h->dst = dst;
     rpc_shm_out_t so;
     zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
-    pthread_mutex_lock(&a->router_lock);
-    int64_t bytes = send_message(a->router, route, route_len, h, tensors, n_tensors, &so);
+    pthread_mutex_lock(&a->net.router_lock);
+    int64_t bytes = send_message(a->net.router, route, route_len, h, tensors, n_tensors, &so);
     /* Sending may have taken the signal that something arrived: the I/O
        thread polls ZMQ_FD, which is edge-triggered. */
     int events = 0;
     size_t len = sizeof events;
-    zmq_getsockopt(a->router, ZMQ_EVENTS, &events, &len);
-    pthread_mutex_unlock(&a->router_lock);
+    zmq_getsockopt(a->net.router, ZMQ_EVENTS, &events, &len);
+    pthread_mutex_unlock(&a->net.router_lock);
     zd__shm_send_done(&so, bytes >= 0);
-    if ((events & ZMQ_POLLIN) && zd__transport_thread_role() != ROLE_IO) {
+    if ((events & ZMQ_POLLIN) && zd__net_thread_role() != ROLE_IO) {
         uint64_t one = 1;
-        if (write(a->wake_fd, &one, sizeof one) < 0) {
+        if (write(a->net.wake_fd, &one, sizeof one) < 0) {
             /* cannot fail on an eventfd this small */
         }
     }
@@ -766,8 +733,8 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
 int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
                           zd_tensor_t *const *tensors, int n_tensors)
 {
-    peer_t *p = &a->peers[dst];
-    h->src = a->rank;
+    peer_t *p = &a->net.peers[dst];
+    h->src = a->net.rank;
     h->dst = dst;
     rpc_shm_out_t so;
     zd__shm_send_prepare(h, tensors, n_tensors, &so);

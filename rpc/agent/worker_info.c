@@ -20,9 +20,9 @@ int zd__agent_check_rank(agent_t *a, int rank, const char *api)
                                  "%s: no worker called \"%s\" (zd_rpc_worker "
                                  "returned -1)",
                                  api, t_unknown_name);
-    if (rank < 0 || rank >= a->world)
+    if (rank < 0 || rank >= a->net.world)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: no worker with rank %d (world size %d)", api,
-                                 rank, a->world);
+                                 rank, a->net.world);
     return 0;
 }
 
@@ -42,12 +42,12 @@ int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
     if (!out) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_worker_info: NULL output");
     } else if (!name) {
-        fill_info(&a->peers[a->rank], out);
+        fill_info(&a->net.peers[a->net.rank], out);
         rc = 0;
     } else {
-        for (int i = 0; i < a->world; i++)
-            if (strcmp(a->peers[i].name, name) == 0) {
-                fill_info(&a->peers[i], out);
+        for (int i = 0; i < a->net.world; i++)
+            if (strcmp(a->net.peers[i].name, name) == 0) {
+                fill_info(&a->net.peers[i], out);
                 rc = 0;
                 break;
             }
@@ -68,7 +68,7 @@ int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
     if (!out)
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_worker_info_by_rank: NULL output");
     else if (zd__agent_check_rank(a, rank, "zd_rpc_get_worker_info_by_rank") == 0) {
-        fill_info(&a->peers[rank], out);
+        fill_info(&a->net.peers[rank], out);
         rc = 0;
     }
     zd__agent_release(a);
@@ -80,9 +80,9 @@ int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max)
     agent_t *a = zd__agent_acquire();
     if (!a)
         return -1;
-    for (int i = 0; out && i < a->world && i < max; i++)
-        fill_info(&a->peers[i], &out[i]);
-    int n = a->world;
+    for (int i = 0; out && i < a->net.world && i < max; i++)
+        fill_info(&a->net.peers[i], &out[i]);
+    int n = a->net.world;
     zd__agent_release(a);
     return n;
 }
@@ -108,8 +108,8 @@ void zd__agent_publish_identity(agent_t *a)
         snprintf(g_name, sizeof g_name, "%s", a->name);
     else
         g_name[0] = 0;
-    atomic_store(&g_rank, a ? a->rank : -1);
-    atomic_store(&g_world, a ? a->world : -1);
+    atomic_store(&g_rank, a ? a->net.rank : -1);
+    atomic_store(&g_world, a ? a->net.world : -1);
 }
 
 int zd_rpc_rank(void)

@@ -140,7 +140,7 @@ typedef enum {
      RPC_WIRE_F_SHM)
 
 /*  Limits of the stream table. A piece is one frame: MAX_CHUNK is one of the
-    terms of the largest frame a socket accepts (stream.h RPC_MAX_FRAME). The
+    terms of the largest frame a socket accepts (net.h RPC_MAX_FRAME). The
     sender takes pieces of 1 MiB, larger ones only past 1 GiB per tensor (at
     most RPC_STREAM_MAX_PIECES of them), so 16 MiB pieces carry up to 16 GiB. */
 #define RPC_WIRE_MIN_CHUNK    ((size_t)4 << 10)

@@ -113,7 +113,7 @@ typedef struct {
 #define RPC_CODEC_MAX_TENSORS 4096
 /*  Values travel in the metadata, tensors in frames of their own: 16 MiB of
     metadata is millions of numbers or strings. It bounds the header frame,
-    one term of the largest frame a socket accepts (stream.h RPC_MAX_FRAME),
+    one term of the largest frame a socket accepts (net.h RPC_MAX_FRAME),
     and what a peer makes the decoder build (about 4 objects per 64 bytes). */
 #define RPC_CODEC_MAX_META (16u << 20)
 

@@ -5,7 +5,7 @@
     future.c knows nothing of the agent; the agent installs these when it
     starts (zd_rpc_init), so that every zd_future_wait* behaves as a wait
     inside the agent should: it busy-polls first when answers are expected
-    soon (rpc/agent/poll.c), and a pool thread that sleeps lets the pool start
+    soon (rpc/net/poll.c), and a pool thread that sleeps lets the pool start
     another thread (rpc/agent/pool.c), so nested calls never deadlock. */
 #ifndef ZDIST_RPC_FUTURE_HOOK_H
 #define ZDIST_RPC_FUTURE_HOOK_H

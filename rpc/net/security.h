@@ -26,73 +26,76 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rpc/agent/agent.h"
+#include <zmq.h>
+
+#include "rpc/net/net.h"
 
 /*  Decides how this process secures its connections: loads the world key
-    (options.key_file, else $ZDIST_KEY_FILE, else the default file if it
+    (o->key_file, else $ZDIST_KEY_FILE, else the default file if it
     exists), or accepts running without one (insecure, or master and
     listen_ip both loopback), and makes the process's ephemeral keypair.
-    Sets a->sec. 0, or -1 naming the file or the remedies. */
-int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip);
+    Sets n->sec. 0, or -1 naming the file or the remedies. */
+int zd__security_new(zd__net_t *n, const zd_rpc_options_t *o, const char *master,
+                     const char *listen_ip);
 
-/*  Once a->ctx exists: binds the ZAP handler and starts its thread. 0, or -1. */
-int zd__security_start(agent_t *a);
+/*  Once n->ctx exists: binds the ZAP handler and starts its thread. 0, or -1. */
+int zd__security_start(zd__net_t *n);
 
 /*  Stops the ZAP handler's thread and closes its sockets (before the
-    context ends), then frees a->sec. Harmless when nothing was made. */
-void zd__security_free(agent_t *a);
+    context ends), then frees n->sec. Harmless when nothing was made. */
+void zd__security_free(zd__net_t *n);
 
 /*  Whether this world runs CURVE. */
-bool zd__security_curve(const agent_t *a);
+bool zd__security_curve(const zd__net_t *n);
 
 /*  This process's public key (Z85), "" without CURVE: what it registers. */
-const char *zd__security_public_key(const agent_t *a);
+const char *zd__security_public_key(const zd__net_t *n);
 
 /*  Socket options: the agent's ROUTER (a CURVE server), a DEALER to rank
-    peer (a CURVE client pinning a->peers[peer].key), rank 0's rendezvous
+    peer (a CURVE client pinning n->peers[peer].key), rank 0's rendezvous
     socket and a joiner's. Nothing without CURVE. 0, or -1. */
-int zd__security_server(agent_t *a, void *sock);
-int zd__security_client(agent_t *a, void *sock, int peer);
-int zd__security_rendezvous_server(agent_t *a, void *sock);
-int zd__security_rendezvous_client(agent_t *a, void *sock);
+int zd__security_server(zd__net_t *n, void *sock);
+int zd__security_client(zd__net_t *n, void *sock, int peer);
+int zd__security_rendezvous_server(zd__net_t *n, void *sock);
+int zd__security_rendezvous_client(zd__net_t *n, void *sock);
 
 /*  Logs the handshakes sock refuses (no CURVE, wrong server key), as what
     ("the RPC socket", "the rendezvous"). */
-void zd__security_watch(agent_t *a, void *sock, const char *what);
+void zd__security_watch(zd__net_t *n, void *sock, const char *what);
 
 /*  A registered key: "" (no CURVE) or a Z85 key; true when it fits this
     world (a key under CURVE, none without). */
-bool zd__security_key_ok(const agent_t *a, const char *key);
+bool zd__security_key_ok(const zd__net_t *n, const char *key);
 
 /*  A world without a key and not insecure: it runs on loopback only, so its
     rendezvous listens on loopback only and takes registrations only from
     there. */
-bool zd__security_loopback_only(const agent_t *a);
+bool zd__security_loopback_only(const zd__net_t *n);
 
 /*  Why a registration (at init or a rejoin) from address peer, advertising
     endpoint, breaks this world's policy (a loopback-only world and either
     off loopback), or NULL when it does not. */
-const char *zd__security_registration_refused(const agent_t *a, const char *peer,
+const char *zd__security_registration_refused(const zd__net_t *n, const char *peer,
                                               const char *endpoint);
 
-/*  After the rendezvous (a->peers[*].key and endpoints set): hands the
+/*  After the rendezvous (n->peers[*].key and endpoints set): hands the
     table's keys to the ZAP handler, which then answers the connections it
     held back; without a key, fails when an endpoint is not loopback (unless
     insecure). 0, or -1. */
-int zd__security_table_ready(agent_t *a);
+int zd__security_table_ready(zd__net_t *n);
 
-/*  Rank's key changed (a restarted process rejoined; a->peers[rank].key
+/*  Rank's key changed (a restarted process rejoined; n->peers[rank].key
     holds the new one): connections with the old key are refused from now
     on. 0, or -1 when the key is invalid or another rank's. */
-int zd__security_renew_key(agent_t *a, int rank);
+int zd__security_renew_key(zd__net_t *n, int rank);
 
 /*  Whether a message that arrived on the ROUTER with routing id of rank
     src really comes from rank src (its connection's User-Id); logs the
     mismatch (rate limited) otherwise. Always true without CURVE. */
-bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src);
+bool zd__security_sender_ok(zd__net_t *n, zmq_msg_t *msg, int src);
 
 /*  How many messages zd__security_sender_ok dropped (for tests). */
-int64_t zd__security_spoofs_dropped(const agent_t *a);
+int64_t zd__security_spoofs_dropped(const zd__net_t *n);
 
 /*  ---- keys on disk (tools/keygen, tools/launch, tests) ---- */
 

@@ -15,7 +15,7 @@
     init deadline has passed. A key the table lacks is held 3 s too before
     it is refused: a restarted peer's new key may reach this process a
     moment after the peer itself. */
-#include "rpc/agent/security.h"
+#include "rpc/net/security.h"
 
 #include <arpa/inet.h>
 #include <czmq.h>
@@ -30,6 +30,8 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
+#include "core/log_private.h"
 
 #ifndef ZMQ_ZAP_ENFORCE_DOMAIN
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93 /* libzmq >= 4.3 (a draft option in its header) */
@@ -92,7 +94,7 @@ static void limit_init(limit_t *l)
 static void warn_limited(limit_t *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void warn_limited(limit_t *l, const char *fmt, ...)
 {
-    int64_t now = zd__agent_now_ns();
+    int64_t now = zd__net_now_ns();
     pthread_mutex_lock(&l->lock);
     if (now < l->next_ns) {
         l->suppressed++;
@@ -376,7 +378,8 @@ static const char *remedies =
     "pass it with --key_file / ZDIST_KEY_FILE / options.key_file; or run unauthenticated "
     "and unencrypted with --insecure / ZDIST_INSECURE=1 / options.insecure";
 
-int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
+int zd__security_new(zd__net_t *n, const zd_rpc_options_t *o, const char *master,
+                     const char *listen_ip)
 {
     security_t *s = calloc(1, sizeof *s);
     if (!s)
@@ -387,11 +390,11 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
     for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
         limit_init(lims[i]);
     s->deadline_ns =
-        p->o.init_timeout_ms ? zd__agent_now_ns() + p->o.init_timeout_ms * 1000000 : INT64_MAX;
-    a->sec = s;
-    s->insecure = p->o.insecure || env_true("ZDIST_INSECURE");
+        o->init_timeout_ms ? zd__net_now_ns() + o->init_timeout_ms * 1000000 : INT64_MAX;
+    n->sec = s;
+    s->insecure = o->insecure || env_true("ZDIST_INSECURE");
     char path[4096];
-    int found = s->insecure ? 0 : find_key_file(&p->o, path, sizeof path);
+    int found = s->insecure ? 0 : find_key_file(o, path, sizeof path);
     if (found < 0)
         return -1;
     if (found) {
@@ -411,7 +414,7 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
     }
     /* Without a listen address rank 0 listens where its workers reach it,
        which is loopback exactly when its master address is. */
-    bool loopback = host_is_loopback(p->master) && (!listen_ip || ip_is_loopback(listen_ip));
+    bool loopback = host_is_loopback(master) && (!listen_ip || ip_is_loopback(listen_ip));
     if (s->insecure && !loopback) {
         zd__log(ZD_LOG_WARN,
                 "rpc: insecure: no authentication and no encryption; anyone who "
@@ -423,9 +426,9 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
                                  "no world key, and this world is not on loopback only (master "
                                  "\"%s\", this process at %s): refusing to run unauthenticated "
                                  "and unencrypted; %s",
-                                 p->master[0] ? p->master : "none: every interface",
+                                 master[0] ? master : "none: every interface",
                                  listen_ip ? listen_ip : "where its workers reach it", remedies);
-    if (a->rank == 0)
+    if (n->rank == 0)
         zd__log(ZD_LOG_INFO,
                 "rpc: no world key%s: this loopback-only world is unauthenticated "
                 "(any local user can connect); tools/keygen makes a key",
@@ -433,25 +436,25 @@ int zd__security_new(agent_t *a, const init_params_t *p, const char *listen_ip)
     return 0;
 }
 
-bool zd__security_curve(const agent_t *a)
+bool zd__security_curve(const zd__net_t *n)
 {
-    return a->sec && a->sec->curve;
+    return n->sec && n->sec->curve;
 }
 
-const char *zd__security_public_key(const agent_t *a)
+const char *zd__security_public_key(const zd__net_t *n)
 {
-    return zd__security_curve(a) ? a->sec->pub : "";
+    return zd__security_curve(n) ? n->sec->pub : "";
 }
 
-bool zd__security_loopback_only(const agent_t *a)
+bool zd__security_loopback_only(const zd__net_t *n)
 {
-    return a->sec && !a->sec->curve && !a->sec->insecure;
+    return n->sec && !n->sec->curve && !n->sec->insecure;
 }
 
-const char *zd__security_registration_refused(const agent_t *a, const char *peer,
+const char *zd__security_registration_refused(const zd__net_t *n, const char *peer,
                                               const char *endpoint)
 {
-    if (!zd__security_loopback_only(a))
+    if (!zd__security_loopback_only(n))
         return NULL;
     if (!ip_is_loopback(peer))
         return "it comes from off this host, and this world has no key (loopback only)";
@@ -461,10 +464,10 @@ const char *zd__security_registration_refused(const agent_t *a, const char *peer
     return NULL;
 }
 
-bool zd__security_key_ok(const agent_t *a, const char *key)
+bool zd__security_key_ok(const zd__net_t *n, const char *key)
 {
     uint8_t bin[32];
-    return zd__security_curve(a) ? z85_key(key, bin) : key && !*key;
+    return zd__security_curve(n) ? z85_key(key, bin) : key && !*key;
 }
 
 /* ---- socket options ---- */
@@ -497,33 +500,33 @@ static int curve_client(void *sock, const char *pub, const char *secret, const c
         : 0;
 }
 
-int zd__security_server(agent_t *a, void *sock)
+int zd__security_server(zd__net_t *n, void *sock)
 {
-    return zd__security_curve(a) ? curve_server(sock, a->sec->sec, a->sec->domain) : 0;
+    return zd__security_curve(n) ? curve_server(sock, n->sec->sec, n->sec->domain) : 0;
 }
 
-int zd__security_client(agent_t *a, void *sock, int peer)
+int zd__security_client(zd__net_t *n, void *sock, int peer)
 {
-    if (!zd__security_curve(a))
+    if (!zd__security_curve(n))
         return 0;
-    return curve_client(sock, a->sec->pub, a->sec->sec, a->peers[peer].key);
+    return curve_client(sock, n->sec->pub, n->sec->sec, n->peers[peer].key);
 }
 
-int zd__security_rendezvous_server(agent_t *a, void *sock)
+int zd__security_rendezvous_server(zd__net_t *n, void *sock)
 {
-    return zd__security_curve(a) ? curve_server(sock, a->sec->world_sec, a->sec->rdv_domain) : 0;
+    return zd__security_curve(n) ? curve_server(sock, n->sec->world_sec, n->sec->rdv_domain) : 0;
 }
 
-int zd__security_rendezvous_client(agent_t *a, void *sock)
+int zd__security_rendezvous_client(zd__net_t *n, void *sock)
 {
-    security_t *s = a->sec;
-    return zd__security_curve(a) ? curve_client(sock, s->world_pub, s->world_sec, s->world_pub) : 0;
+    security_t *s = n->sec;
+    return zd__security_curve(n) ? curve_client(sock, s->world_pub, s->world_sec, s->world_pub) : 0;
 }
 
-void zd__security_watch(agent_t *a, void *sock, const char *what)
+void zd__security_watch(zd__net_t *n, void *sock, const char *what)
 {
-    security_t *s = a->sec;
-    if (!zd__security_curve(a) || !a->ctx)
+    security_t *s = n->sec;
+    if (!zd__security_curve(n) || !n->ctx)
         return;
     pthread_mutex_lock(&s->lock);
     if (s->n_watch < MAX_WATCH) {
@@ -535,7 +538,7 @@ void zd__security_watch(agent_t *a, void *sock, const char *what)
         if (zmq_socket_monitor(sock, ep,
                                ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
                                    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0 &&
-            (pair = zmq_socket(a->ctx, ZMQ_PAIR)) && zmq_connect(pair, ep) == 0) {
+            (pair = zmq_socket(n->ctx, ZMQ_PAIR)) && zmq_connect(pair, ep) == 0) {
             snprintf(s->watch_what[s->n_watch], sizeof s->watch_what[0], "%s", what);
             s->watch[s->n_watch++] = pair;
         } else if (pair) {
@@ -552,38 +555,38 @@ static int key_cmp(const void *x, const void *y)
     return memcmp(((const key_rank_t *)x)->key, ((const key_rank_t *)y)->key, 32);
 }
 
-int zd__security_table_ready(agent_t *a)
+int zd__security_table_ready(zd__net_t *n)
 {
-    security_t *s = a->sec;
+    security_t *s = n->sec;
     if (!s)
         return 0;
     if (!s->curve) {
-        for (int i = 0; i < a->world && !s->insecure; i++)
-            if (a->peers[i].endpoint[0] && !endpoint_is_loopback(a->peers[i].endpoint))
+        for (int i = 0; i < n->world && !s->insecure; i++)
+            if (n->peers[i].endpoint[0] && !endpoint_is_loopback(n->peers[i].endpoint))
                 return zd_error_set_code(ZD_ERR_ARGUMENT,
                                          "no world key, and \"%s\" (rank %d) is at %s, not on "
                                          "loopback: refusing to run unauthenticated and "
                                          "unencrypted; %s",
-                                         a->peers[i].name, i, a->peers[i].endpoint, remedies);
+                                         n->peers[i].name, i, n->peers[i].endpoint, remedies);
         return 0;
     }
-    key_rank_t *k = malloc((size_t)a->world * sizeof *k);
+    key_rank_t *k = malloc((size_t)n->world * sizeof *k);
     if (!k)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
     static const uint8_t none[32];
-    for (int i = 0; i < a->world; i++) {
+    for (int i = 0; i < n->world; i++) {
         k[i].rank = i;
         /* A rank gone from the running world this process joined has no
            key until it rejoins (zd__security_renew_key): no key matches. */
-        if (!a->peers[i].key[0] && atomic_load(&a->peers[i].lost_at_ns)) {
+        if (!n->peers[i].key[0] && atomic_load(&n->peers[i].lost_at_ns)) {
             memset(k[i].key, 0, 32);
-        } else if (!z85_key(a->peers[i].key, k[i].key)) {
+        } else if (!z85_key(n->peers[i].key, k[i].key)) {
             free(k);
             return zd_error_set("rendezvous: rank %d has no valid public key", i);
         }
     }
-    qsort(k, (size_t)a->world, sizeof *k, key_cmp);
-    for (int i = 1; i < a->world; i++)
+    qsort(k, (size_t)n->world, sizeof *k, key_cmp);
+    for (int i = 1; i < n->world; i++)
         if (key_cmp(&k[i - 1], &k[i]) == 0 && memcmp(k[i].key, none, 32) != 0) {
             int r1 = k[i - 1].rank, r2 = k[i].rank;
             free(k);
@@ -591,20 +594,20 @@ int zd__security_table_ready(agent_t *a)
                                 r2);
         }
     s->keys = k;
-    s->n_keys = a->world;
+    s->n_keys = n->world;
     atomic_store(&s->ready, true); /* publishes keys to the handler's thread */
     return 0;
 }
 
 /* A restarted process rejoins with a key of its own (membership.c): the
    handler's thread reads the table under s->lock from then on. */
-int zd__security_renew_key(agent_t *a, int rank)
+int zd__security_renew_key(zd__net_t *n, int rank)
 {
-    security_t *s = a->sec;
+    security_t *s = n->sec;
     if (!s || !s->curve)
         return 0;
     uint8_t bin[32];
-    if (!z85_key(a->peers[rank].key, bin))
+    if (!z85_key(n->peers[rank].key, bin))
         return zd_error_set("rank %d has no valid public key", rank);
     pthread_mutex_lock(&s->lock);
     for (int i = 0; i < s->n_keys; i++)
@@ -789,7 +792,7 @@ static void *zap_main(void *arg)
            after the table is set. */
         if (zmq_poll(items, n, s->n_held ? 5 : 50) < 0 && errno != EINTR)
             break;
-        int64_t now = zd__agent_now_ns();
+        int64_t now = zd__net_now_ns();
         if (items[0].revents & ZMQ_POLLIN) {
             int events;
             size_t len = sizeof events;
@@ -831,12 +834,12 @@ static void *zap_main(void *arg)
     return NULL;
 }
 
-int zd__security_start(agent_t *a)
+int zd__security_start(zd__net_t *n)
 {
-    security_t *s = a->sec;
-    if (!zd__security_curve(a) || s->started)
+    security_t *s = n->sec;
+    if (!zd__security_curve(n) || s->started)
         return 0;
-    s->zap = zmq_socket(a->ctx, ZMQ_ROUTER);
+    s->zap = zmq_socket(n->ctx, ZMQ_ROUTER);
     int zero = 0;
     if (!s->zap || zmq_setsockopt(s->zap, ZMQ_LINGER, &zero, sizeof zero) < 0 ||
         zmq_bind(s->zap, ZAP_ENDPOINT) < 0)
@@ -847,9 +850,9 @@ int zd__security_start(agent_t *a)
     return 0;
 }
 
-void zd__security_free(agent_t *a)
+void zd__security_free(zd__net_t *n)
 {
-    security_t *s = a->sec;
+    security_t *s = n->sec;
     if (!s)
         return;
     if (s->started) {
@@ -870,35 +873,35 @@ void zd__security_free(agent_t *a)
     explicit_bzero(s->world_sec, sizeof s->world_sec);
     explicit_bzero(s->sec, sizeof s->sec);
     free(s);
-    a->sec = NULL;
+    n->sec = NULL;
 }
 
 /* ---- binding routing ids to keys ---- */
 
-bool zd__security_sender_ok(agent_t *a, zmq_msg_t *msg, int src)
+bool zd__security_sender_ok(zd__net_t *n, zmq_msg_t *msg, int src)
 {
-    if (!zd__security_curve(a))
+    if (!zd__security_curve(n))
         return true;
     const char *user = zmq_msg_gets(msg, "User-Id");
     char *end = NULL;
     long who = user ? strtol(user, &end, 10) : -1;
     if (user && *end == 0 && who == src)
         return true;
-    atomic_fetch_add(&a->sec->spoofs, 1);
-    if (user && *end == 0 && who >= 0 && who < a->world)
-        warn_limited(&a->sec->lim_spoof,
+    atomic_fetch_add(&n->sec->spoofs, 1);
+    if (user && *end == 0 && who >= 0 && who < n->world)
+        warn_limited(&n->sec->lim_spoof,
                      "rpc: dropped a message claiming to be from \"%s\" "
                      "(rank %d) sent by \"%s\" (rank %ld), authenticated by its key",
-                     a->peers[src].name, src, a->peers[who].name, who);
+                     n->peers[src].name, src, n->peers[who].name, who);
     else
-        warn_limited(&a->sec->lim_spoof,
+        warn_limited(&n->sec->lim_spoof,
                      "rpc: dropped a message claiming to be from rank %d "
                      "on an unauthenticated connection",
                      src);
     return false;
 }
 
-int64_t zd__security_spoofs_dropped(const agent_t *a)
+int64_t zd__security_spoofs_dropped(const zd__net_t *n)
 {
-    return a->sec ? atomic_load(&a->sec->spoofs) : 0;
+    return n->sec ? atomic_load(&n->sec->spoofs) : 0;
 }

@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: MIT */
+/*  net.h: the sockets of one running agent, and the peers they reach
+    (private to rpc/).
+
+    Sockets. One ROUTER per process, bound: the I/O thread receives
+    everything on it, and other threads answer on it (under router_lock)
+    requests that came from a peer thread's zd_rpc_sync socket. One DEALER
+    per peer (identity = our rank, see wire.h) sends to that peer's ROUTER:
+    requests, and the replies to requests that came through the peer's
+    shared socket. It never receives, so any thread may send on it while
+    holding the peer's lock. A thread calling zd_rpc_sync has a DEALER of
+    its own per peer (direct.c), sends its request there and reads the
+    answer itself: no hand-off between our threads on that path.
+
+    zd__net_t is embedded in the agent (agent/agent.h) rather than pointed
+    to, so that a send reaches a peer's socket at the same cost as before
+    the split. The files of net/ take it instead of the whole agent; where
+    they must reach up (into membership, the calls, the served requests),
+    they go through a hook the agent installs here. */
+#ifndef ZDIST_RPC_NET_H
+#define ZDIST_RPC_NET_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <zdist/future.h>
+#include <zdist/rpc.h>
+
+#include "rpc/net/wire.h"
+#include "rpc/value/codec.h"
+
+typedef struct security security_t;
+
+#define SECURITY_KEY_TXT 41 /* a Z85 CURVE key and its terminating 0 */
+
+#define RPC_LAT_BUCKETS 448 /* 16 per octave from 1 us: up to 2^28 us */
+
+typedef struct {
+    atomic_int_fast64_t calls_sent, calls_served, errors;
+    atomic_int_fast64_t bytes_sent, bytes_received;
+    atomic_int_fast64_t in_flight, serving;
+    pthread_mutex_t lock; /* guards the latency fields */
+    int64_t lat_count;
+    double lat_sum_us;
+    uint32_t lat_hist[RPC_LAT_BUCKETS];
+} peer_metrics_t;
+
+typedef struct {
+    char name[ZD_RPC_MAX_NAME + 1];
+    int rank;
+    char endpoint[ZD_RPC_MAX_ENDPOINT + 1];
+    char key[SECURITY_KEY_TXT]; /* its CURVE public key (Z85), "" without CURVE */
+    void *sock;                 /* DEALER to the peer's ROUTER */
+    pthread_mutex_t lock;       /* serialises use of sock */
+    void *monitor;              /* PAIR with sock's disconnect events (I/O thread) */
+    atomic_bool lost;           /* the connection is down */
+    int64_t fail_at_ns;         /* I/O thread: when to fail calls to it (0: no) */
+    int64_t down_since_ns;      /* I/O thread: when the connection went down */
+    _Atomic int64_t lost_at_ns; /* declared lost (peer_lost.c); 0: alive (again,
+                                   once a restarted process rejoined: membership.c) */
+    atomic_bool releasing;      /* what it held is being released (peer_lost.c) */
+    atomic_bool unreached;      /* lost because it did not answer when this process
+                                   joined a running world; alive again once its
+                                   connection comes up (membership.c) */
+    int64_t remake_at_ns;       /* I/O thread: make its socket again then (0: no),
+                                   the peer having refused our key */
+    atomic_uint incarnation;    /* its process: one more at each rejoin, and at
+                                   each socket made again after a refused key */
+    bool reoffer;               /* I/O thread: offer shared memory once connected */
+    atomic_bool opened;         /* sock and monitor exist (set last: the I/O thread
+                                   then polls the monitor, transport.c) */
+    atomic_bool reached;        /* written under lock: a HELLO went through sock since it was
+                                   made (a lazily connected world, transport.c) */
+    bool offered;               /* under lock: shared memory was offered to it
+                                   once reached (a lazily connected world) */
+    peer_metrics_t m;
+} peer_t;
+
+/* Lost for good here (not merely unreached): only its own rejoin brings
+   it back, with a table of its own. */
+static inline bool zd__peer_gone(peer_t *p)
+{
+    return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
+}
+
+typedef struct zd__net {
+    int rank, world;
+    unsigned gen;              /* distinguishes successive inits */
+    bool lazy;                 /* peers are connected on first use (transport.c) */
+    atomic_bool peers_opened;  /* a peer's socket was made: the I/O thread polls
+                                  its monitor from now on */
+    atomic_bool renew_pending; /* a peer's sockets await renewal (membership.c) */
+
+    void *ctx; /* ZeroMQ context */
+    void *router;
+    int router_fd;               /* its ZMQ_FD, polled by the I/O thread */
+    pthread_mutex_t router_lock; /* the I/O thread receives, pool threads answer */
+    pthread_mutex_t sync_lock;   /* threads' zd_rpc_sync sockets (direct.c) */
+    struct sync_set *sync_sets;
+    atomic_int next_slot;
+    int wake_fd;   /* eventfd that wakes the I/O thread */
+    peer_t *peers; /* world entries */
+
+    pthread_t io_thread;
+    bool io_started;
+    atomic_bool io_stop;
+    atomic_int io_poll_waiters; /* threads in zd__poll_future */
+    atomic_bool io_asleep;      /* the I/O thread sleeps in zmq_poll */
+    /* The hook by which the I/O thread makes a restarted peer's sockets
+       anew without calling up into world/: while renew_pending is set,
+       each pass calls io_renew(io_renew_arg), true when a peer's sockets
+       changed. membership.c installs it before the I/O thread starts
+       (zd__membership_new) and clears it once the thread is gone
+       (zd__membership_free); NULL: nothing to renew. */
+    bool (*io_renew)(void *arg);
+    void *io_renew_arg;
+    /* The same for a peer's connection coming up (its handshake done):
+       io_reached(io_reached_arg, rank) lets membership.c count a peer
+       unreached at a rejoin as alive again. Installed and cleared with
+       io_renew; NULL: nobody to tell. */
+    void (*io_reached)(void *arg, int rank);
+    void *io_reached_arg;
+
+    security_t *sec; /* keys and the ZAP handler (security.h) */
+} zd__net_t;
+
+/*  ---- poll.c: the clock, threads' roles, the busy-poll policy (why: the
+    top of poll.c) ---- */
+
+/*  Monotonic clock in ns (zd__now_ns, core/clock.h), a function of its own
+    so that the fuzz targets can stand in for the agent's clock. */
+int64_t zd__net_now_ns(void);
+
+/*  Roles of threads, for guards and for the pool's compensation. */
+typedef enum { ROLE_USER = 0, ROLE_IO = 1, ROLE_POOL = 2 } thread_role_t;
+thread_role_t zd__net_thread_role(void);
+void zd__net_set_thread_role(thread_role_t role);
+
+/*  The running agent's busy-poll time in ns (0 when not running), and its
+    setter (init and shutdown). */
+int64_t zd__poll_busy_ns(void);
+void zd__poll_set_busy_ns(int64_t ns);
+
+/*  The right to busy-poll, for one thread of the process at a time.
+    Returns the time to poll in ns, or 0 (polling off, or another thread
+    polls); after a non-zero answer, zd__poll_end gives it back. */
+int64_t zd__poll_begin(void);
+void zd__poll_end(void);
+
+/*  Polls zd_future_done(f) for up to the busy-poll time (at most max_ns;
+    not at all on the I/O thread), yielding the CPU between looks, with
+    the I/O thread polling too when calls_in_flight (the agent's calls
+    not answered yet); true once it holds. Measured (bench_dist, medians
+    of 8 interleaved runs): a 10x10 forward + distributed backward 299 ->
+    237 us. */
+bool zd__poll_future(zd__net_t *n, zd_future_t *f, int64_t max_ns, bool calls_in_flight);
+
+/*  True while some thread waits in zd__poll_future: the I/O thread then
+    polls instead of sleeping (it sets io_asleep around its sleeps). */
+bool zd__poll_io_wanted(zd__net_t *n);
+
+/*  ---- direct.c: each thread's zd_rpc_sync sockets, and what every
+    socket that receives from peers is set to ---- */
+
+/*  The largest frame a receiving socket accepts (ZMQ_MAXMSGSIZE, set by
+    zd__net_set_limits): a header with the longest name, hook metadata
+    and value metadata, plus a margin. Tensor frames (at most RPC_STREAM_OVER
+    bytes, larger ones are streamed) and stream pieces (at most
+    RPC_WIRE_MAX_CHUNK) are smaller. A larger frame makes libzmq close the
+    connection before it allocates the frame. */
+#define RPC_MAX_FRAME                                                                              \
+    (RPC_WIRE_FIXED + RPC_WIRE_MAX_FN + RPC_WIRE_MAX_EXTRA + RPC_CODEC_MAX_META + ((size_t)1 << 20))
+/*  Messages a receiving socket queues per connection before libzmq stops
+    reading that connection (ZMQ_RCVHWM). Inbound, a full queue is
+    backpressure (the sender's queue and TCP fill up), not loss, so a
+    stream of a thousand pieces still arrives whole, only paced. */
+#define RPC_RCVHWM 1000
+/*  A connection must finish its ZMTP (or CURVE) handshake within this. */
+#define RPC_HANDSHAKE_MS 5000
+
+/*  Sets the limits of a socket that receives from peers. */
+void zd__net_set_limits(void *sock);
+
+/*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
+void zd__net_use_ipv6(void *sock, const char *endpoint);
+
+/*  The calling thread's socket to peer (made on first use) and its wake-up
+    eventfd; NULL when none can be made (use the shared path). */
+void *zd__direct_socket(zd__net_t *n, int peer, int *wake_fd);
+/*  Teardown: closes every thread's sockets. */
+void zd__direct_close_all(zd__net_t *n);
+/*  How a thread that exits reaches the running agent's sockets, to close
+    its own (NULL: none runs) and let them go again; installed by the
+    agent at init, before any thread can make a socket. */
+void zd__direct_hooks(zd__net_t *(*acquire)(void), void (*release)(zd__net_t *n));
+
+#endif
