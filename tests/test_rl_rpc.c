@@ -15,6 +15,7 @@
 #include <zdist/error.h>
 #include "examples/cartpole.h"
 #include "tests/support/program.h"
+#include "tests/support/world.h"
 
 /*  ---- the environment ---- */
 
@@ -268,6 +269,92 @@ static void test_worlds_of_two_and_five(void **state)
     }
 }
 
+/*  ---- an agent and many observers (ctest's test_rl_rpc_observers) ---- */
+
+#define MANY_OBSERVERS  64 /* $ZDIST_TEST_RL_OBSERVERS: the sanitizer build's 16 */
+#define LAUNCH_MAX_NODE 64 /* processes one launch starts (tools/launch.h's MAX_PROCS) */
+#define MANY_EPISODES   3
+#define MANY_BOUND_S    600
+
+/*  An agent and 64 observers (issue 28) for a few episodes: every episode
+    is logged, the run ends at --max_episodes, and every process exits 0.
+    One launch starts at most 64 processes, so the world of 65 is started
+    as launch starts a world over several nodes (here 5 of 13), all on this
+    host: the nodes' launches run at once, node 0's holding the agent. */
+static void test_many_observers(void **state)
+{
+    (void)state;
+    const char *e = getenv("ZDIST_TEST_RL_OBSERVERS");
+    int observers = e && atoi(e) >= 1 ? atoi(e) : MANY_OBSERVERS, world = observers + 1;
+    int nodes = 1;
+    while (world % nodes != 0 || world / nodes > LAUNCH_MAX_NODE)
+        if (++nodes > world)
+            fail_msg("no way to split a world of %d into launches of at most %d", world,
+                     LAUNCH_MAX_NODE);
+    int port = world_free_port();
+    assert_true(port > 0);
+    char nnodes[32], nproc[32], port_flag[32], node_rank[8][32], episodes[32];
+    snprintf(nnodes, sizeof nnodes, "--nnodes=%d", nodes);
+    snprintf(nproc, sizeof nproc, "--nproc=%d", world / nodes);
+    snprintf(port_flag, sizeof port_flag, "--master_port=%d", port);
+    snprintf(episodes, sizeof episodes, "--max_episodes=%d", MANY_EPISODES);
+    assert_true(nodes <= 8);
+    program_t p[8];
+    double t0 = program_now_s(), deadline = t0 + MANY_BOUND_S;
+    for (int k = 0; k < nodes; k++) {
+        snprintf(node_rank[k], sizeof node_rank[k], "--node_rank=%d", k);
+        char *argv[] = {(char *)program_path("tools/launch"),
+                        nnodes,
+                        node_rank[k],
+                        nproc,
+                        "--master_addr=127.0.0.1",
+                        port_flag,
+                        "--timeout_s=600",
+                        "--",
+                        (char *)program_path("examples/rl_rpc"),
+                        episodes,
+                        "--log_interval=1",
+                        "--max_seconds=0",
+                        NULL};
+        assert_int_equal(program_start(&p[k], argv), 0);
+    }
+    /* Every launch's output as it comes (none may fill its pipe), to the end. */
+    for (bool all_done = false; !all_done && program_now_s() < deadline;) {
+        all_done = true;
+        for (int k = 0; k < nodes; k++)
+            all_done &= program_read(&p[k], NULL, program_now_s() + 0.1) == 1;
+    }
+    int rc[8];
+    bool ok = true;
+    for (int k = 0; k < nodes; k++) {
+        rc[k] = program_wait(&p[k], deadline);
+        ok &= rc[k] == 0;
+    }
+    fprintf(stderr, "an agent and %d observers over %d launches: %.1f s\n", observers, nodes,
+            program_now_s() - t0);
+    for (int k = 0; k < nodes && !ok; k++)
+        fprintf(stderr, "---- launch of node %d exited %d:\n%s\n", k, rc[k],
+                p[k].out ? p[k].out : "");
+    assert_true(ok && p[0].out);
+    static log_t log;
+    parse_log(p[0].out, &log);
+    assert_int_equal(log.n, MANY_EPISODES);
+    for (int i = 0; i < log.n; i++) {
+        assert_int_equal(log.episode[i], i + 1);
+        if (!(log.last[i] >= 1 && log.last[i] <= CARTPOLE_MAX_STEPS))
+            fail_msg("episode %d: reward %g", i + 1, log.last[i]);
+    }
+    char want[128];
+    snprintf(want, sizeof want, "[rank 0] Not solved after %d episodes (--max_episodes)",
+             MANY_EPISODES);
+    assert_non_null(strstr(p[0].out, want));
+    snprintf(want, sizeof want, "launch: %d processes finished", world / nodes);
+    for (int k = 0; k < nodes; k++) {
+        assert_non_null(strstr(p[k].out, want));
+        free(p[k].out);
+    }
+}
+
 /*  Bad flags are refused before anyone joins a world. */
 static void test_bad_flags(void **state)
 {
@@ -296,8 +383,12 @@ static void test_bad_flags(void **state)
     free(out);
 }
 
-int main(void)
+int main(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "--observers")) {
+        const struct CMUnitTest many[] = {cmocka_unit_test(test_many_observers)};
+        return cmocka_run_group_tests(many, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cartpole_steps_from_rest),
         cmocka_unit_test(test_cartpole_steps_general),
