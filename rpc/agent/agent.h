@@ -132,9 +132,10 @@ int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size
     others on first use (zd__transport_reach). */
 int zd__transport_connect(agent_t *a, int64_t deadline_ns);
 /*  In a lazily connected world (a->net.lazy), makes the shared socket to rank
-    dst if there is none and waits (bounded) until it is connected; at once
-    when it is, or in a world connected at init. 0, or -1 ("unreachable"). */
-int zd__transport_reach(agent_t *a, int dst);
+    dst if there is none and waits until it is connected, up to timeout_ms
+    (the call's; 0: none) and at most 60 s; at once when it is, or in a
+    world connected at init. 0, or -1 ("unreachable"). */
+int zd__transport_reach(agent_t *a, int dst, int64_t timeout_ms);
 /*  Whether rank dst may be sent to without waiting: always in a world
     connected at init; once reached in one connected lazily. */
 bool zd__transport_reached(agent_t *a, int dst);

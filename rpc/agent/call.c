@@ -302,7 +302,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     /* A call on the thread's own socket still needs the shared one made
        (a world connected on first use): it is what tells of the peer lost. */
     int rc = !req->sock ? zd__transport_send(a, to, &h, enc.tensors, enc.n_tensors)
-        : zd__transport_reach(a, to) < 0
+        : zd__transport_reach(a, to, h.timeout_ms) < 0
         ? -1
         : zd__transport_send_on(a, req->sock, to, &h, enc.tensors, enc.n_tensors);
     zd__rpc_encoded_clear(&enc);

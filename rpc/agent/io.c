@@ -396,17 +396,35 @@ static void handle_monitor(agent_t *a, peer_t *p)
         more = zmq_msg_recv(&m, p->monitor, 0) >= 0 && zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
+    /* Before its first handshake a connection carried nothing (the sockets
+       are ZMQ_IMMEDIATE: nothing is queued to a connection not yet made),
+       so its failures interrupt no call; libzmq connects again. */
+    bool was_up = p->up_monitor == p->monitor;
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         p->remake_at_ns = 0;
+        p->up_monitor = p->monitor;
         if (a->net.io_reached) /* when it was not reached at the join */
             a->net.io_reached(a->net.io_reached_arg, p->rank);
         atomic_store(&p->lost, false);
-        if (p->fail_at_ns) /* back within the grace, not declared lost */
+        if (p->fail_at_ns && was_up) /* back within the grace, not declared lost */
             fail_interrupted(a, p);
         p->fail_at_ns = 0;
         if (p->reoffer) { /* a restarted peer: now a send cannot block */
             p->reoffer = false;
             zd__shm_offer(a, p->rank);
+        }
+    } else if (event == ZMQ_EVENT_DISCONNECTED && !was_up) {
+        /* Its first handshake did not complete (the peer's socket gave up
+           on it, on a crowded host, or the peer is frozen): the peer is
+           lost only if none completes within the heartbeat's time, as a
+           silent peer is, counted from the first failure. */
+        zd__log(ZD_LOG_INFO,
+                "rpc: connection to \"%s\" (rank %d) dropped before its handshake "
+                "completed; connecting again",
+                p->name, p->rank);
+        if (!p->fail_at_ns && a->heartbeat_ms > 0) {
+            p->down_since_ns = zd__net_now_ns();
+            p->fail_at_ns = zd__deadline_after(p->down_since_ns, a->heartbeat_ms);
         }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
         if (!atomic_load(&a->closing))

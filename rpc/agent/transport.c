@@ -40,6 +40,21 @@ static void set_int(void *sock, int opt, int value)
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
+/* Worlds of up to this many processes connect every pair at init (the
+   cost is N^2 connections, and their heartbeats); larger ones connect on
+   first use. $ZDIST_RPC_EAGER_MAX changes it (0: always on first use). */
+#define EAGER_MAX_DEFAULT 16
+
+static int eager_max(void)
+{
+    const char *e = getenv("ZDIST_RPC_EAGER_MAX");
+    if (!e || !*e)
+        return EAGER_MAX_DEFAULT;
+    char *end;
+    long v = strtol(e, &end, 10);
+    return *end || v < 0 || v > 1000000 ? EAGER_MAX_DEFAULT : (int)v;
+}
+
 int zd__transport_bind(agent_t *a, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
@@ -70,7 +85,8 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
         return -1;
     zd__security_watch(&a->net, a->net.router, "the RPC socket");
     set_int(a->net.router, ZMQ_TCP_KEEPALIVE, 1);
-    zd__net_set_limits(a->net.router);
+    a->net.handshake_ms = a->net.world > eager_max() ? RPC_HANDSHAKE_CROWDED_MS : RPC_HANDSHAKE_MS;
+    zd__net_set_limits(a->net.router, a->net.handshake_ms);
     if (listen_ip &&
         zd__transport_listen(a, listen_ip, a->net.peers[a->net.rank].endpoint,
                              sizeof a->net.peers[a->net.rank].endpoint) < 0)
@@ -216,28 +232,15 @@ static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
     return rc;
 }
 
-/* Worlds of up to this many processes connect every pair at init (the
-   cost is N^2 connections, and their heartbeats); larger ones connect on
-   first use. $ZDIST_RPC_EAGER_MAX changes it (0: always on first use). */
-#define EAGER_MAX_DEFAULT 16
-
-static int eager_max(void)
-{
-    const char *e = getenv("ZDIST_RPC_EAGER_MAX");
-    if (!e || !*e)
-        return EAGER_MAX_DEFAULT;
-    char *end;
-    long v = strtol(e, &end, 10);
-    return *end || v < 0 || v > 1000000 ? EAGER_MAX_DEFAULT : (int)v;
-}
-
 /* How long the first send to a peer connected on first use waits for its
-   connection: the I/O thread less, since everything else waits for it
-   meanwhile (what it sends, RRef messages, is retried). */
-#define REACH_WAIT_MS    10000
+   connection: the call's own timeout, at most REACH_WAIT_MS (two crowded
+   handshakes: on a host of hundreds of processes a CURVE handshake took
+   more than 10 s); the I/O thread 1 s, since everything else waits for
+   it meanwhile (what it sends, RRef messages, is retried). */
+#define REACH_WAIT_MS    (2 * RPC_HANDSHAKE_CROWDED_MS)
 #define IO_REACH_WAIT_MS 1000
 
-int zd__transport_reach(agent_t *a, int dst)
+int zd__transport_reach(agent_t *a, int dst, int64_t timeout_ms)
 {
     if (!a->net.lazy || dst < 0 || dst >= a->net.world)
         return 0;
@@ -247,7 +250,9 @@ int zd__transport_reach(agent_t *a, int dst)
     pthread_mutex_lock(&p->lock);
     int rc = 0;
     if (!atomic_load(&p->reached)) {
-        int64_t wait = zd__net_thread_role() == ROLE_IO ? IO_REACH_WAIT_MS : REACH_WAIT_MS;
+        int64_t wait = zd__net_thread_role() == ROLE_IO    ? IO_REACH_WAIT_MS
+            : timeout_ms > 0 && timeout_ms < REACH_WAIT_MS ? timeout_ms
+                                                           : REACH_WAIT_MS;
         if (!p->sock && (zd__peer_gone(p) || open_peer(a, p) < 0)) {
             close_peer(p, 0);
             rc = -1;
@@ -675,7 +680,7 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     h->src = a->net.rank;
     h->dst = dst;
     rpc_shm_out_t so;
-    if (zd__transport_reach(a, dst) < 0)
+    if (zd__transport_reach(a, dst, h->timeout_ms) < 0)
         return -1;
     zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
     pthread_mutex_lock(&p->lock);

@@ -31,17 +31,17 @@ static void set_int(void *sock, int opt, int value)
 
 /* What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
    frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
-   a handshake within RPC_HANDSHAKE_MS. libzmq counts the high-water mark at
+   a handshake within handshake_ms (net.h: RPC_HANDSHAKE_MS). libzmq counts the high-water mark at
    the last frame of a message and limits each frame, not the message: a
    multipart message that never ends is held whole inside libzmq until it
    does, so what bounds it is authentication (a stranger cannot connect),
    not these options. */
-void zd__net_set_limits(void *sock)
+void zd__net_set_limits(void *sock, int handshake_ms)
 {
     int64_t max = (int64_t)RPC_MAX_FRAME;
     zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     set_int(sock, ZMQ_RCVHWM, RPC_RCVHWM);
-    set_int(sock, ZMQ_HANDSHAKE_IVL, RPC_HANDSHAKE_MS);
+    set_int(sock, ZMQ_HANDSHAKE_IVL, handshake_ms);
 }
 
 void zd__net_use_ipv6(void *sock, const char *endpoint)
@@ -167,7 +167,7 @@ void *zd__direct_socket(zd__net_t *n, int peer, int *wake_fd)
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_RCVHWM, &zero, sizeof zero);
-    zd__net_set_limits(sock); /* it receives answers: bounded like the ROUTER */
+    zd__net_set_limits(sock, n->handshake_ms); /* it receives answers: bounded like the ROUTER */
     /* Not ZMQ_IMMEDIATE: with it, an answer that arrived just before its
        sender closed the connection would be thrown away unread. A send to a
        peer that is gone just waits; the call's deadline or the peer's lost

@@ -69,6 +69,9 @@ typedef struct {
     atomic_uint incarnation;    /* its process: one more at each rejoin, and at
                                    each socket made again after a refused key */
     bool reoffer;               /* I/O thread: offer shared memory once connected */
+    void *up_monitor;           /* I/O thread: the monitor (so the socket) whose
+                                   connection completed a handshake; another
+                                   one's never carried anything yet (io.c) */
     atomic_bool opened;         /* sock and monitor exist (set last: the I/O thread
                                    then polls the monitor, transport.c) */
     atomic_bool reached;        /* written under lock: a HELLO went through sock since it was
@@ -89,6 +92,7 @@ typedef struct zd__net {
     int rank, world;
     unsigned gen;              /* distinguishes successive inits */
     bool lazy;                 /* peers are connected on first use (transport.c) */
+    int handshake_ms;          /* receiving sockets' handshake limit (transport.c) */
     atomic_bool peers_opened;  /* a peer's socket was made: the I/O thread polls
                                   its monitor from now on */
     atomic_bool renew_pending; /* a peer's sockets await renewal (membership.c) */
@@ -177,11 +181,17 @@ bool zd__poll_io_wanted(zd__net_t *n);
     backpressure (the sender's queue and TCP fill up), not loss, so a
     stream of a thousand pieces still arrives whole, only paced. */
 #define RPC_RCVHWM 1000
-/*  A connection must finish its ZMTP (or CURVE) handshake within this. */
-#define RPC_HANDSHAKE_MS 5000
+/*  A connection must finish its ZMTP (or CURVE) handshake within this; in
+    a world of more processes than ZDIST_RPC_EAGER_MAX, connected on first
+    use, within RPC_HANDSHAKE_CROWDED_MS: there hundreds of processes may
+    share a host's cores, and a CURVE handshake, four messages and the ZAP
+    handler on two processes each waiting for a core, took longer than 5 s
+    between 256 processes on 2 cores (test_world_scale_netns). */
+#define RPC_HANDSHAKE_MS         5000
+#define RPC_HANDSHAKE_CROWDED_MS 30000
 
 /*  Sets the limits of a socket that receives from peers. */
-void zd__net_set_limits(void *sock);
+void zd__net_set_limits(void *sock, int handshake_ms);
 
 /*  Sets ZMQ_IPV6 on sock when endpoint is an IPv6 one: before connecting. */
 void zd__net_use_ipv6(void *sock, const char *endpoint);
