@@ -399,10 +399,11 @@ static void handle_monitor(agent_t *a, peer_t *p)
     /* Before its first handshake a connection carried nothing (the sockets
        are ZMQ_IMMEDIATE: nothing is queued to a connection not yet made),
        so its failures interrupt no call; libzmq connects again. */
-    bool was_up = p->up_monitor == p->monitor;
+    unsigned up = atomic_load(&p->incarnation) + 1;
+    bool was_up = p->up_incarnation == up;
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         p->remake_at_ns = 0;
-        p->up_monitor = p->monitor;
+        p->up_incarnation = up;
         if (a->net.io_reached) /* when it was not reached at the join */
             a->net.io_reached(a->net.io_reached_arg, p->rank);
         atomic_store(&p->lost, false);

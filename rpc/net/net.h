@@ -69,9 +69,9 @@ typedef struct {
     atomic_uint incarnation;    /* its process: one more at each rejoin, and at
                                    each socket made again after a refused key */
     bool reoffer;               /* I/O thread: offer shared memory once connected */
-    void *up_monitor;           /* I/O thread: the monitor (so the socket) whose
-                                   connection completed a handshake; another
-                                   one's never carried anything yet (io.c) */
+    unsigned up_incarnation;    /* I/O thread: 1 + the incarnation whose socket
+                                   completed a handshake, 0: none; a socket made
+                                   since never carried anything yet (io.c) */
     atomic_bool opened;         /* sock and monitor exist (set last: the I/O thread
                                    then polls the monitor, transport.c) */
     atomic_bool reached;        /* written under lock: a HELLO went through sock since it was
