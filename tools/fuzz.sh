@@ -107,8 +107,21 @@ if [ "$target" = fuzz_rendezvous ]; then
   rdv 00 ZDREG1 1 2 trainer_1 tcp://10.0.0.2:41000 "" > "$seeds/reg"
   rdv 00 ZDREG1 3 4 w3 "tcp://[fd00::2]:5" "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7" > "$seeds/reg_ipv6"
   # world 2, rank 1 (byte 0: answer, (2-1)<<1, 1<<4)
-  rdv 13 ZDTAB1 2 w0 tcp://10.0.0.1:4000 "" w1 tcp://10.0.0.2:4001 "" > "$seeds/table"
-  rdv 13 ZDTAB1 2 w0 "tcp://[fd00::1]:4000" "" w1 "tcp://[::ffff:10.0.0.2]:4001" "" > "$seeds/table_ipv6"
+  # tab BYTE0 WORLD (NAME ENDPOINT KEY)...: a table, its entries one frame
+  # of fields (u8 length, bytes), as rendezvous.h describes.
+  tab() {
+    local t n=0
+    bytes "$1"
+    rdv_frame ZDTAB2
+    rdv_frame "$2"
+    shift 2
+    for t in "$@"; do n=$((n + 1 + ${#t})); done
+    bytes "$(printf '%02x' $n)"
+    for t in "$@"; do bytes "$(printf '%02x' ${#t})"; printf '%s' "$t"; done
+  }
+  rdv_frame() { bytes "$(printf '%02x' ${#1})"; printf '%s' "$1"; }
+  tab 13 2 w0 tcp://10.0.0.1:4000 "" w1 tcp://10.0.0.2:4001 "" > "$seeds/table"
+  tab 13 2 w0 "tcp://[fd00::1]:4000" "" w1 "tcp://[::ffff:10.0.0.2]:4001" "" > "$seeds/table_ipv6"
   rdv 01 ZDERR1 "rendezvous: world size mismatch" > "$seeds/error"
 fi
 

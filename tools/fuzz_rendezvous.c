@@ -108,7 +108,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char why[RDV_MAX_TEXT + 64];
     if (!answer) {
         rdv_entry_t r;
-        if (zd__rdv_parse_registration(m, &r, why, sizeof why) == 0) {
+        char lost_list[RDV_MAX_TEXT];
+        if (zd__rdv_parse_registration(m, &r, lost_list, why, sizeof why) == 0) {
             CHECK(r.rank >= 0 && r.rank <= RPC_WIRE_MAX_RANK, "rank %d", r.rank);
             CHECK(r.world >= 1 && r.world <= RPC_WIRE_MAX_RANK + 1, "world %d", r.world);
             CHECK(zd__rpc_wire_name_ok(r.name, ZD_RPC_MAX_NAME), "name \"%s\"", r.name);
@@ -116,8 +117,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             check_key_ok(r.key);
             if (r.running) {
                 bool lost[RPC_WIRE_MAX_RANK + 1] = {0};
-                CHECK(zd__rdv_parse_ranks(r.lost_list, r.world, lost) == 0, "lost list \"%s\"",
-                      r.lost_list);
+                CHECK(zd__rdv_parse_ranks(lost_list, r.world, lost) == 0, "lost list \"%s\"",
+                      lost_list);
             }
         } else {
             check_text(why, sizeof why);

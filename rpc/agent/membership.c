@@ -553,7 +553,8 @@ static void desk_serve(agent_t *a, membership_t *mb)
     if (!pa || zd__addr_normalize(pa, peer, sizeof peer) < 0)
         snprintf(peer, sizeof peer, "an unknown address");
     rdv_entry_t r;
-    int rc = zd__rdv_parse_registration(m, &r, why, sizeof why);
+    char lost_list[RDV_MAX_TEXT];
+    int rc = zd__rdv_parse_registration(m, &r, lost_list, why, sizeof why);
     zmsg_destroy(&m);
     if (!id)
         return;

@@ -223,7 +223,8 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     if (!pa || zd__addr_normalize(pa, peer, sizeof peer) < 0)
         snprintf(peer, sizeof peer, "an unknown address");
     rdv_entry_t r;
-    if (zd__rdv_parse_registration(m, &r, why, sizeof why) < 0) {
+    char lost_list[RDV_MAX_TEXT];
+    if (zd__rdv_parse_registration(m, &r, lost_list, why, sizeof why) < 0) {
         turn_away(h, id, peer, "malformed (%s)", why);
         return 0;
     }
@@ -260,7 +261,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         /* A member of the world that ran before this process (a restarted
            rank 0): the world is waited for minus the ranks it lost. */
         h->running = true;
-        if (zd__rdv_parse_ranks(r.lost_list, a->net.world, h->gone) < 0) {
+        if (zd__rdv_parse_ranks(lost_list, a->net.world, h->gone) < 0) {
             turn_away(h, id, peer, "a bad list of lost ranks");
             return 0;
         }
@@ -400,16 +401,33 @@ static int listen_agent(host_t *h, const char *master)
     return 0;
 }
 
+/* Appends a field of the entries frame (rendezvous.h): a length byte and
+   the text, cut at RDV_ENTRY_MAX's bounds (every field here is shorter). */
+static uint8_t *put_field(uint8_t *at, const char *text, size_t max)
+{
+    size_t n = strnlen(text, max);
+    *at++ = (uint8_t)n;
+    memcpy(at, text, n);
+    return at + n;
+}
+
 zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
 {
-    zmsg_t *table = zmsg_new();
+    uint8_t *entries = malloc((size_t)a->net.world * RDV_ENTRY_MAX), *at = entries;
+    zmsg_t *table = entries ? zmsg_new() : NULL;
+    if (!table) {
+        free(entries);
+        return NULL;
+    }
+    for (int i = 0; i < a->net.world; i++) {
+        at = put_field(at, a->net.peers[i].name, ZD_RPC_MAX_NAME);
+        at = put_field(at, i ? a->net.peers[i].endpoint : ep0, ZD_RPC_MAX_ENDPOINT);
+        at = put_field(at, a->net.peers[i].key, RDV_KEY_LEN);
+    }
     zmsg_addstr(table, RDV_TAB_TAG);
     zmsg_addstrf(table, "%d", a->net.world);
-    for (int i = 0; i < a->net.world; i++) {
-        zmsg_addstr(table, a->net.peers[i].name);
-        zmsg_addstr(table, i ? a->net.peers[i].endpoint : ep0);
-        zmsg_addstr(table, a->net.peers[i].key);
-    }
+    zmsg_addmem(table, entries, (size_t)(at - entries));
+    free(entries);
     if (status)
         zmsg_addstr(table, status);
     return table;
@@ -450,14 +468,19 @@ static int send_tables(host_t *h)
                 "(%s)",
                 a->name, status);
     }
+    /* One table per address of rank 0 that joiners came through. */
+    zmsg_t *tables[MAX_BINDS] = {0};
     for (int j = 1; j < a->net.world; j++) {
+        int via = h->slots[j].via;
         if (!h->slots[j].present)
             continue;
-        zmsg_t *table =
-            zd__rendezvous_table(a, h->bound[h->slots[j].via], h->running ? status : NULL);
-        send_to(h->sock, h->slots[j].identity, table);
-        zmsg_destroy(&table);
+        if (!tables[via] &&
+            !(tables[via] = zd__rendezvous_table(a, h->bound[via], h->running ? status : NULL)))
+            break; /* out of memory: the joiners time out, saying so */
+        send_to(h->sock, h->slots[j].identity, tables[via]);
     }
+    for (int k = 0; k < MAX_BINDS; k++)
+        zmsg_destroy(&tables[k]);
     return 0;
 }
 

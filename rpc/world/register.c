@@ -40,7 +40,11 @@ static void *make_socket(const reg_client_t *c)
         return NULL;
     }
     int zero = 0, one = 1;
-    int64_t max = RDV_MAX_FRAME; /* an int64_t option: an int is refused */
+    /* an int64_t option: an int is refused; the table's entries frame is
+       the longest one */
+    int64_t max = (int64_t)c->world * RDV_ENTRY_MAX;
+    if (max < RDV_MAX_FRAME)
+        max = RDV_MAX_FRAME;
     zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_SNDTIMEO, &zero, sizeof zero);
     zmq_setsockopt(sock, ZMQ_MAXMSGSIZE, &max, sizeof max);

@@ -6,6 +6,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,22 +64,51 @@ static bool key_syntax_ok(const char *k)
     return n == 0 || (n == RDV_KEY_LEN && strspn(k, z85) == n);
 }
 
+/* Whether e's name, endpoint and key are well formed (e holds them as
+   read, terminated): 0, or -1 saying which is not. */
+static int check_entry(const rdv_entry_t *e, char *why, size_t size)
+{
+    char ip[ZD_ADDR_MAX];
+    int port;
+    if (!zd__rpc_wire_name_ok(e->name, ZD_RPC_MAX_NAME))
+        return say(why, size, "a bad name (1 to %d printable characters)", ZD_RPC_MAX_NAME);
+    if (zd__addr_parse_endpoint(e->endpoint, ip, sizeof ip, &port) < 0)
+        return say(why, size, "a bad endpoint for \"%s\" (not tcp://IP:PORT)", e->name);
+    if (!key_syntax_ok(e->key))
+        return say(why, size, "a bad key for \"%s\" (not empty nor %d Z85 characters)", e->name,
+                   RDV_KEY_LEN);
+    return 0;
+}
+
 /* A name (from the frame first, or the next one of m when NULL), an
    endpoint and a key from the next frames of m. */
 static int read_entry(zmsg_t *m, zframe_t *first, rdv_entry_t *e, char *why, size_t size)
 {
-    char ip[ZD_ADDR_MAX];
-    int port;
     if (!frame_text(first ? first : zmsg_next(m), e->name, sizeof e->name) ||
-        !zd__rpc_wire_name_ok(e->name, ZD_RPC_MAX_NAME))
+        !zd__rpc_wire_name_ok(e->name, ZD_RPC_MAX_NAME)) /* before it is quoted */
         return say(why, size, "a bad name (1 to %d printable characters)", ZD_RPC_MAX_NAME);
-    if (!frame_text(zmsg_next(m), e->endpoint, sizeof e->endpoint) ||
-        zd__addr_parse_endpoint(e->endpoint, ip, sizeof ip, &port) < 0)
+    if (!frame_text(zmsg_next(m), e->endpoint, sizeof e->endpoint))
         return say(why, size, "a bad endpoint for \"%s\" (not tcp://IP:PORT)", e->name);
-    if (!frame_text(zmsg_next(m), e->key, sizeof e->key) || !key_syntax_ok(e->key))
+    if (!frame_text(zmsg_next(m), e->key, sizeof e->key))
         return say(why, size, "a bad key for \"%s\" (not empty nor %d Z85 characters)", e->name,
                    RDV_KEY_LEN);
-    return 0;
+    return check_entry(e, why, size);
+}
+
+/* The next field of an entries frame, [*at, end), as a string in buf:
+   false when it runs past the end, does not fit or holds a NUL. */
+static bool take_field(const uint8_t **at, const uint8_t *end, char *buf, size_t size)
+{
+    if (*at >= end)
+        return false;
+    size_t n = **at;
+    const uint8_t *d = *at + 1;
+    if (n > (size_t)(end - d) || n >= size || (n && memchr(d, 0, n)))
+        return false;
+    memcpy(buf, d, n);
+    buf[n] = '\0';
+    *at = d + n;
+    return true;
 }
 
 int zd__rdv_parse_ranks(const char *list, int world, bool *lost)
@@ -135,8 +165,10 @@ static bool read_status(zframe_t *f, int world, char list[RDV_MAX_TEXT])
     return ok;
 }
 
-int zd__rdv_parse_registration(zmsg_t *m, rdv_entry_t *out, char *why, size_t size)
+int zd__rdv_parse_registration(zmsg_t *m, rdv_entry_t *out, char lost_list[RDV_MAX_TEXT], char *why,
+                               size_t size)
 {
+    lost_list[0] = '\0';
     char tag[8], num[16];
     memset(out, 0, sizeof *out);
     if (zmsg_size(m) != 6 && zmsg_size(m) != 7)
@@ -152,7 +184,7 @@ int zd__rdv_parse_registration(zmsg_t *m, rdv_entry_t *out, char *why, size_t si
     if (read_entry(m, NULL, out, why, size) < 0)
         return -1;
     if (zmsg_size(m) == 7) {
-        if (!read_status(zmsg_next(m), out->world, out->lost_list))
+        if (!read_status(zmsg_next(m), out->world, lost_list))
             return say(why, size,
                        "a bad status for \"%s\" (not \"running\" with ranks of "
                        "the world)",
@@ -187,7 +219,7 @@ int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_e
         why[n] = '\0';
         return busy ? -2 : -1;
     }
-    size_t frames = 2 + 3 * (size_t)world;
+    size_t frames = 3;
     if (strcmp(tag, RDV_TAB_TAG) != 0 || (zmsg_size(m) != frames && zmsg_size(m) != frames + 1))
         return say(why, size, "rendezvous: malformed answer from the master");
     /* The status first (the last frame): a rank gone from a running
@@ -211,26 +243,33 @@ int zd__rdv_parse_answer(zmsg_t *m, int world, int rank, const char *name, rdv_e
     if (!frame_text(zmsg_next(m), num, sizeof num) ||
         !parse_int(num, 1, RPC_WIRE_MAX_RANK + 1, &w) || w != world)
         return say(why, size, "rendezvous: the master's table is not for a world of %d", world);
+    zframe_t *entries = zmsg_next(m);
+    const uint8_t *at = zframe_data(entries);
+    const uint8_t *end = zframe_size(entries) ? at + zframe_size(entries) : at;
     int named = 0;
     for (int i = 0; i < world; i++) {
         char what[160];
-        out[i].rank = i;
-        out[i].world = world;
-        zframe_t *f = zmsg_next(m);
-        if (out[i].lost && f && zframe_size(f) == 0) {
-            zframe_t *ep = zmsg_next(m), *key = zmsg_next(m);
-            if (!ep || !key || zframe_size(ep) || zframe_size(key))
+        rdv_entry_t *e = &out[i];
+        e->rank = i;
+        e->world = world;
+        if (!take_field(&at, end, e->name, sizeof e->name) ||
+            !take_field(&at, end, e->endpoint, sizeof e->endpoint) ||
+            !take_field(&at, end, e->key, sizeof e->key))
+            return say(why, size, "rendezvous: the master's table is cut short at rank %d", i);
+        if (e->lost && !e->name[0]) {
+            if (e->endpoint[0] || e->key[0])
                 return say(why, size,
                            "rendezvous: the master's entry for lost rank %d is not "
                            "empty",
                            i);
-            out[i].name[0] = out[i].endpoint[0] = out[i].key[0] = '\0';
             continue;
         }
-        if (read_entry(m, f, &out[i], what, sizeof what) < 0)
+        if (check_entry(e, what, sizeof what) < 0)
             return say(why, size, "rendezvous: the master's entry for rank %d has %s", i, what);
         named++;
     }
+    if (at != end)
+        return say(why, size, "rendezvous: the master's table runs past its %d ranks", world);
     /* Names are how users call peers: one rank each. */
     const rdv_entry_t **sorted = malloc((size_t)world * sizeof *sorted);
     if (!sorted)
