@@ -20,12 +20,34 @@
 
 void zd__metrics_init(peer_metrics_t *m)
 {
-    pthread_mutex_init(&m->lock, NULL);
+    atomic_init(&m->lat, NULL);
 }
 
 void zd__metrics_destroy(peer_metrics_t *m)
 {
-    pthread_mutex_destroy(&m->lock);
+    peer_latency_t *l = atomic_load(&m->lat);
+    if (l) {
+        pthread_mutex_destroy(&l->lock);
+        free(l);
+    }
+}
+
+/* m's latencies, made by the first thread to record one; NULL when out of
+   memory (that latency goes unrecorded). */
+static peer_latency_t *latency_of(peer_metrics_t *m)
+{
+    peer_latency_t *l = atomic_load_explicit(&m->lat, memory_order_acquire);
+    if (l)
+        return l;
+    peer_latency_t *fresh = calloc(1, sizeof *fresh);
+    if (!fresh)
+        return NULL;
+    pthread_mutex_init(&fresh->lock, NULL);
+    if (atomic_compare_exchange_strong(&m->lat, &l, fresh))
+        return fresh;
+    pthread_mutex_destroy(&fresh->lock); /* another thread's came first: l */
+    free(fresh);
+    return l;
 }
 
 static int bucket_of(double us)
@@ -46,11 +68,14 @@ void zd__metrics_latency(peer_metrics_t *m, int64_t ns)
 {
     double us = (double)ns / (double)ZD__NS_PER_US;
     int b = bucket_of(us);
-    pthread_mutex_lock(&m->lock);
-    m->lat_count++;
-    m->lat_sum_us += us;
-    m->lat_hist[b]++;
-    pthread_mutex_unlock(&m->lock);
+    peer_latency_t *l = latency_of(m);
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->lock);
+    l->count++;
+    l->sum_us += us;
+    l->hist[b]++;
+    pthread_mutex_unlock(&l->lock);
 }
 
 static double percentile(const uint32_t *hist, int64_t count, double q)
@@ -80,12 +105,15 @@ static void add_peer(peer_metrics_t *m, zd_rpc_metrics_t *out, uint32_t *hist, d
     out->bytes_received += atomic_load(&m->bytes_received);
     out->in_flight += atomic_load(&m->in_flight);
     out->serving += atomic_load(&m->serving);
-    pthread_mutex_lock(&m->lock);
+    peer_latency_t *l = atomic_load_explicit(&m->lat, memory_order_acquire);
+    if (!l)
+        return;
+    pthread_mutex_lock(&l->lock);
     for (int b = 0; b < RPC_LAT_BUCKETS; b++)
-        hist[b] += m->lat_hist[b];
-    *sum += m->lat_sum_us;
-    *count += m->lat_count;
-    pthread_mutex_unlock(&m->lock);
+        hist[b] += l->hist[b];
+    *sum += l->sum_us;
+    *count += l->count;
+    pthread_mutex_unlock(&l->lock);
 }
 
 void zd__metrics_collect(agent_t *a, int peer, zd_rpc_metrics_t *out)
