@@ -238,8 +238,14 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result);
 /*  Handles a REPLY / ERROR (I/O thread); consumes frames. */
 void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
 
-/*  Fails the pending calls whose deadline has passed (I/O thread). */
-void zd__call_expire(agent_t *a, int64_t now_ns);
+/*  Tells the I/O thread that something of its periodic work (a call's
+    deadline, an RRef's expiry, a barrier round) is due at due_ns: it is
+    woken when it would sleep past that (io.c). Any thread. */
+void zd__io_due(agent_t *a, int64_t due_ns);
+
+/*  Fails the pending calls whose deadline has passed (I/O thread); returns
+    the next deadline (INT64_MAX: none pending). */
+int64_t zd__call_expire(agent_t *a, int64_t now_ns);
 
 /*  Fails pending calls to peer (or every one with peer < 0) with text. */
 void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code);
@@ -294,8 +300,9 @@ void zd__rref_ctx_free(agent_t *a);
 int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed);
 /*  Control messages from peers (I/O thread): answer with a REPLY or ERROR. */
 void zd__rref_handle_control(agent_t *a, const inmsg_t *m);
-/*  Periodic work: placeholder expiry (I/O thread). */
-void zd__rref_tick(agent_t *a, int64_t now_ns);
+/*  Periodic work: placeholder expiry (I/O thread); returns when it is due
+    next (INT64_MAX: nothing waits). */
+int64_t zd__rref_tick(agent_t *a, int64_t now_ns);
 
 /*  ---- shutdown.c ---- */
 
@@ -305,8 +312,9 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms);
     init's. 0, or -1 (timeout, rank 0 unreachable, a worker lost). */
 int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const char *api,
                     int64_t *sum);
-/*  Rank 0, I/O thread: fails barrier rounds that cannot complete. */
-void zd__shutdown_tick(agent_t *a, int64_t now_ns);
+/*  Rank 0, I/O thread: fails barrier rounds that cannot complete; returns
+    when to look again (INT64_MAX: no round open). */
+int64_t zd__shutdown_tick(agent_t *a, int64_t now_ns);
 /*  Teardown: fails the barrier rounds still open. */
 void zd__shutdown_abort_barrier(agent_t *a);
 /*  The barrier's handler on rank 0 (registered by zd__serve_register_internal). */

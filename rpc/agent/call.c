@@ -55,6 +55,7 @@ static void pending_insert(agent_t *a, pending_t *p)
     if (p->deadline_ns < a->earliest_ns || a->n_pending == 1)
         a->earliest_ns = p->deadline_ns;
     pthread_mutex_unlock(&a->pending_lock);
+    zd__io_due(a, p->deadline_ns);
 }
 
 static pending_t *pending_take(agent_t *a, uint64_t id)
@@ -416,9 +417,13 @@ static void finish_list(agent_t *a, pending_t *list, const char *detail, zd_erro
     }
 }
 
-void zd__call_expire(agent_t *a, int64_t now_ns)
+int64_t zd__call_expire(agent_t *a, int64_t now_ns)
 {
     finish_list(a, pending_take_many(a, -1, now_ns), NULL, ZD_ERR_TIMEOUT);
+    pthread_mutex_lock(&a->pending_lock);
+    int64_t due = a->n_pending ? a->earliest_ns : INT64_MAX;
+    pthread_mutex_unlock(&a->pending_lock);
+    return due;
 }
 
 void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t code)

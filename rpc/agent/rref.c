@@ -539,6 +539,7 @@ void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, in
     e->expire_ns = placeholder_expiry(a, timeout_ms);
     if (e->expire_ns < x->ph_due_ns || x->n_placeholders == 1)
         x->ph_due_ns = e->expire_ns;
+    zd__io_due(a, e->expire_ns);
     if (!x->ph_by_peer && a->net.world > 0 &&
         (x->ph_by_peer = calloc((size_t)a->net.world, sizeof *x->ph_by_peer)))
         x->ph_world = a->net.world;
@@ -798,6 +799,7 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
     w->expire_ns = placeholder_expiry(a, h->timeout_ms);
     if (w->expire_ns < x->waits_due_ns || x->n_waits == 0)
         x->waits_due_ns = w->expire_ns;
+    zd__io_due(a, w->expire_ns);
     x->waits = w;
     x->n_waits++;
     x->n_waited++;
@@ -911,7 +913,15 @@ static void waits_expire(rref_ctx_t *x, int64_t now_ns, fork_wait_t **out)
     x->waits_due_ns = due;
 }
 
-void zd__rref_tick(agent_t *a, int64_t now_ns)
+/* When a list scanned at most every RREF_SCAN_NS, its earliest expiry
+   `due`, is due for a look. */
+static int64_t scan_due(int64_t due, int64_t scanned_ns)
+{
+    int64_t next_scan = scanned_ns + RREF_SCAN_NS;
+    return due > next_scan ? due : next_scan;
+}
+
+int64_t zd__rref_tick(agent_t *a, int64_t now_ns)
 {
     rref_ctx_t *x = a->rrefs;
     enum { MAX_EXPIRED = 64 };
@@ -936,6 +946,13 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
         }
         x->ph_due_ns = due;
     }
+    int64_t next = INT64_MAX;
+    if (x->n_waits)
+        next = scan_due(x->waits_due_ns, x->waits_scan_ns);
+    if (x->n_placeholders) {
+        int64_t ph = scan_due(x->ph_due_ns, x->ph_scan_ns);
+        next = ph < next ? ph : next;
+    }
     pthread_mutex_unlock(&x->lock);
     waits_answer(a, refused);
     for (int i = 0; i < n; i++) {
@@ -945,6 +962,7 @@ void zd__rref_tick(agent_t *a, int64_t now_ns)
                             ids[i], a->name, a->net.rank);
         zd_future_unref(expired[i]);
     }
+    return next;
 }
 
 /* ---- a lost holder ---- */

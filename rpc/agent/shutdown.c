@@ -22,6 +22,9 @@
 #include "rpc/agent/membership.h"
 #include "rpc/agent/rref.h"
 
+/* How often rank 0 looks at the open rounds (for members lost meanwhile). */
+#define BARRIER_LOOK_NS (20 * ZD__NS_PER_MS)
+
 typedef struct barrier_round {
     int64_t round;
     int arrived;
@@ -197,6 +200,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         r->deadline_ns = timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * 750000 : INT64_MAX;
         r->next = a->barrier;
         a->barrier = r;
+        zd__io_due(a, zd__net_now_ns() + BARRIER_LOOK_NS);
     }
     if (!r->waiting[src]) {
         r->waiting[src] = zd_future_new();
@@ -246,10 +250,10 @@ static bool down_for_good(const peer_t *p, int64_t now_ns)
 }
 
 /* Rank 0, I/O thread: fails rounds that cannot complete any more. */
-void zd__shutdown_tick(agent_t *a, int64_t now_ns)
+int64_t zd__shutdown_tick(agent_t *a, int64_t now_ns)
 {
     if (a->net.rank != 0)
-        return;
+        return INT64_MAX;
     barrier_round_t *failed = NULL, *done = NULL;
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t **pp = &a->barrier;
@@ -283,6 +287,7 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
             pp = &r->next;
         }
     }
+    int64_t look_at = a->barrier ? now_ns + BARRIER_LOOK_NS : INT64_MAX;
     pthread_mutex_unlock(&a->barrier_lock);
     while (done) {
         barrier_round_t *next = done->next;
@@ -305,6 +310,7 @@ void zd__shutdown_tick(agent_t *a, int64_t now_ns)
         round_free(failed);
         failed = next;
     }
+    return look_at;
 }
 
 /* Teardown: whoever still waits at a barrier gets an error. */

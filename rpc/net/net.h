@@ -119,6 +119,7 @@ typedef struct zd__net {
     atomic_bool io_stop;
     atomic_int io_poll_waiters; /* threads in zd__poll_future */
     atomic_bool io_asleep;      /* the I/O thread sleeps in zmq_poll */
+    _Atomic int64_t io_wake_ns; /* when it wakes by itself next (io.c) */
     /* The hook by which the I/O thread makes a restarted peer's sockets
        anew without calling up into world/: while renew_pending is set,
        each pass calls io_renew(io_renew_arg), true when a peer's sockets
