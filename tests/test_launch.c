@@ -800,8 +800,8 @@ static void test_bad_flags_and_missing_program(void **state)
         const char *args[6];
         const char *message;
     } cases[] = {
-        {{"--nproc=0", "/bin/true"}, "launch: --nproc expects an integer in 1..64, got \"0\""},
-        {{"--nproc=65", "/bin/true"}, "launch: --nproc expects an integer in 1..64"},
+        {{"--nproc=0", "/bin/true"}, "launch: --nproc expects an integer in 1..1024, got \"0\""},
+        {{"--nproc=1025", "/bin/true"}, "launch: --nproc expects an integer in 1..1024"},
         {{"--nproc=two", "/bin/true"}, "launch: --nproc expects an integer"},
         {{"/bin/true"}, "launch: --nproc=N is required"},
         {{"--nproc=2"}, "launch: no program to run"},

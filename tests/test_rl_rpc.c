@@ -271,16 +271,16 @@ static void test_worlds_of_two_and_five(void **state)
 
 /*  ---- an agent and many observers (ctest's test_rl_rpc_observers) ---- */
 
-#define MANY_OBSERVERS  64 /* $ZDIST_TEST_RL_OBSERVERS: the sanitizer build's 16 */
-#define LAUNCH_MAX_NODE 64 /* processes one launch starts (tools/launch.h's MAX_PROCS) */
+#define MANY_OBSERVERS  64   /* $ZDIST_TEST_RL_OBSERVERS: the sanitizer build's 16 */
+#define LAUNCH_MAX_NODE 1024 /* processes one launch starts (tools/launch.h's MAX_PROCS) */
 #define MANY_EPISODES   3
 #define MANY_BOUND_S    600
 
 /*  An agent and 64 observers (issue 28) for a few episodes: every episode
     is logged, the run ends at --max_episodes, and every process exits 0.
-    One launch starts at most 64 processes, so the world of 65 is started
-    as launch starts a world over several nodes (here 5 of 13), all on this
-    host: the nodes' launches run at once, node 0's holding the agent. */
+    One launch starts the world; a world larger than one launch takes
+    would be started as launch starts a world over several nodes, all on
+    this host, their launches at once, node 0's holding the agent. */
 static void test_many_observers(void **state)
 {
     (void)state;

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <sys/types.h>
 
-#define MAX_PROCS       64 /* on one node */
+#define MAX_PROCS       1024 /* on one node */
 #define MAX_NODES       1024
 #define MAX_RESTARTS    1000000 /* per rank */
 #define MASTER_WAIT_S   "60"    /* ZDIST_MASTER_WAIT_S with --max_restarts */
