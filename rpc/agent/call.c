@@ -52,10 +52,11 @@ static void pending_insert(agent_t *a, pending_t *p)
     p->next = a->buckets[b];
     a->buckets[b] = p;
     a->n_pending++;
-    if (p->deadline_ns < a->earliest_ns || a->n_pending == 1)
-        a->earliest_ns = p->deadline_ns;
+    int64_t due = p->deadline_ns; /* p may be answered and freed once unlocked */
+    if (due < a->earliest_ns || a->n_pending == 1)
+        a->earliest_ns = due;
     pthread_mutex_unlock(&a->pending_lock);
-    zd__io_due(a, p->deadline_ns);
+    zd__io_due(a, due);
 }
 
 static pending_t *pending_take(agent_t *a, uint64_t id)
