@@ -501,6 +501,9 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     int64_t max = RDV_MAX_FRAME;       /* an int64_t option: an int is refused (EINVAL) */
     zmq_setsockopt(h.sock, ZMQ_MAXMSGSIZE, &max, sizeof max);
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
+    /* Everyone registers at once: a connection past the backlog waits for
+       its SYN to be sent again, a second later (transport.c). */
+    set_int(h.sock, ZMQ_BACKLOG, a->net.world > 100 ? a->net.world : 100);
     int rc = -1;
     if (zd__security_start(&a->net) < 0 || zd__security_rendezvous_server(&a->net, h.sock) < 0)
         goto out;

@@ -85,6 +85,10 @@ int zd__transport_bind(agent_t *a, const char *listen_ip)
         return -1;
     zd__security_watch(&a->net, a->net.router, "the RPC socket");
     set_int(a->net.router, ZMQ_TCP_KEEPALIVE, 1);
+    /* Every rank connects to rank 0 at once: past libzmq's backlog of 100
+       the kernel dropped their SYNs, and each dropped one was sent again
+       a second later (a world of 128 formed 0.8 s later for it). */
+    set_int(a->net.router, ZMQ_BACKLOG, a->net.world > 100 ? a->net.world : 100);
     a->net.handshake_ms = a->net.world > eager_max() ? RPC_HANDSHAKE_CROWDED_MS : RPC_HANDSHAKE_MS;
     zd__net_set_limits(a->net.router, a->net.handshake_ms);
     if (listen_ip &&
