@@ -69,8 +69,8 @@ static double forward_backward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *l
     double value = NAN;
     zd_scope_t *s = zd_scope_begin();
     zd_tensor_t *h, *r, *out, *loss;
-    if (zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &h, 1) == 0 &&
-        zd_scope_add(h) && zd_nn_relu(h, &r) == 0 && zd_scope_add(r) &&
+    if (zd_nn_module_forward(zd_nn_module_child(m, "fc1"), &x, 1, &h, 1) == 0 && zd_scope_add(h) &&
+        zd_nn_relu(h, &r) == 0 && zd_scope_add(r) &&
         zd_nn_module_forward(zd_nn_module_child(m, "fc2"), &r, 1, &out, 1) == 0 &&
         zd_scope_add(out) && zd_nn_mse_loss(out, labels, &loss) == 0 && zd_scope_add(loss) &&
         zd_autograd_backward(loss, NULL, false) == 0)
@@ -82,8 +82,8 @@ static double forward_backward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *l
 /*  Trainer.train: fetch the model, then for every batch a forward and a
     backward, and update_and_fetch_model: the push returns when the round
     of all trainers is stepped, the pull fetches the model it made. */
-static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_options_t *po,
-                       int index, const char *me)
+static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_options_t *po, int index,
+                       const char *me)
 {
     const int ps_rank = 0;
     zd_ps_client_t *ps = zd_ps_client_new_module(m, &ps_rank, 1, po);
@@ -94,8 +94,8 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_option
     int64_t done = 0;
     /* one_hot_indices: a fixed random class per row, as the tutorial's */
     for (int64_t i = 0; labels && i < o->batch_size; i++)
-        zd_tensor_data(labels)[i * o->num_classes +
-                               (int64_t)zd_rng_below(&rng, (uint64_t)o->num_classes)] = 1;
+        zd_tensor_data(
+            labels)[i * o->num_classes + (int64_t)zd_rng_below(&rng, (uint64_t)o->num_classes)] = 1;
     if (ps && x && labels && zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0) {
         for (; done < o->num_batches; done++) {
             for (int64_t i = 0; i < zd_tensor_numel(x); i++)
@@ -105,8 +105,8 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_option
             if (isnan(loss) || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0 ||
                 zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
                 break;
-            printf("%s: batch %lld  loss %.4f  model version %lld\n", me, (long long)done + 1,
-                   loss, (long long)zd_ps_client_version(ps, 0));
+            printf("%s: batch %lld  loss %.4f  model version %lld\n", me, (long long)done + 1, loss,
+                   (long long)zd_ps_client_version(ps, 0));
         }
     }
     int status = done == o->num_batches ? 0 : 1;
@@ -228,39 +228,39 @@ static zd_value_t *observer_run_episode(zd_rpc_call_t *call, zd_value_t *args, v
 }
 
 typedef struct {
-    pthread_mutex_t lock; /* everything below */
+    pthread_mutex_t lock;           /* everything below */
     zd_tensor_t *w1, *b1, *w2, *b2; /* Policy: Linear(4, 128), Dropout, ReLU, Linear(128, 2) */
     zd_optim_t *optimizer;
-    zd_rng_t rng;             /* dropout and the actions drawn */
-    int n_obs, pending;       /* observers; their states still missing this step */
-    float *states;            /* (n_obs, 4): this step's */
-    zd_future_t **answers;    /* [n_obs]: each caller's, completed with the batch */
-    zd_tensor_t **log_probs;  /* one (n_obs, 2) per step: log p(action), 0 elsewhere */
+    zd_rng_t rng;            /* dropout and the actions drawn */
+    int n_obs, pending;      /* observers; their states still missing this step */
+    float *states;           /* (n_obs, 4): this step's */
+    zd_future_t **answers;   /* [n_obs]: each caller's, completed with the batch */
+    zd_tensor_t **log_probs; /* one (n_obs, 2) per step: log p(action), 0 elsewhere */
+    int64_t *actions;        /* [n_obs]: the batch's */
     int64_t n_log_probs, cap, forwards, calls;
 } agent_t;
 
-/*  The batch's forward (under the lock): log p(a_i) of the actions
-    drawn for all observers at once. 0 with actions[], or -1. */
-static int agent_forward(agent_t *a, int64_t *actions)
+/*  The batch's forward (under the lock): one for all observers, the
+    actions drawn into a->actions, their log-probabilities kept. 0 or -1. */
+static int agent_forward(agent_t *a)
 {
+    if (a->n_log_probs == a->cap)
+        return zd_error_set("agent: more steps than the episode's %lld", (long long)a->cap);
     const int64_t shape[2] = {a->n_obs, CARTPOLE_OBS};
     zd_scope_t *s = zd_scope_begin();
     zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, shape, 2, a->states), *mask = NULL;
     zd_tensor_t *h, *d, *r, *scores, *logp, *chosen;
     int rc = -1;
-    if (a->n_log_probs == a->cap)
-        return zd_error_set("agent: more steps than the episode's %lld", (long long)a->cap);
     if (zd_scope_add(x) && zd_nn_linear(x, a->w1, a->b1, &h) == 0 && zd_scope_add(h) &&
         zd_nn_dropout(h, 0.6f, true, &a->rng, &d) == 0 && zd_scope_add(d) &&
-        zd_nn_relu(d, &r) == 0 && zd_scope_add(r) &&
-        zd_nn_linear(r, a->w2, a->b2, &scores) == 0 && zd_scope_add(scores) &&
-        zd_nn_log_softmax(scores, 1, &logp) == 0 && zd_scope_add(logp) &&
+        zd_nn_relu(d, &r) == 0 && zd_scope_add(r) && zd_nn_linear(r, a->w2, a->b2, &scores) == 0 &&
+        zd_scope_add(scores) && zd_nn_log_softmax(scores, 1, &logp) == 0 && zd_scope_add(logp) &&
         zd_scope_add(mask = zd_tensor_zeros2(a->n_obs, CARTPOLE_ACTIONS))) {
         /* Categorical(probs).sample(), then log_prob(actions) as a mask */
         for (int i = 0; i < a->n_obs; i++) {
             double p0 = exp((double)zd_tensor_data(logp)[i * CARTPOLE_ACTIONS]);
-            actions[i] = (double)zd_rng_uniform(&a->rng) < p0 ? 0 : 1;
-            zd_tensor_data(mask)[i * CARTPOLE_ACTIONS + actions[i]] = 1;
+            a->actions[i] = (double)zd_rng_uniform(&a->rng) < p0 ? 0 : 1;
+            zd_tensor_data(mask)[i * CARTPOLE_ACTIONS + a->actions[i]] = 1;
         }
         if (zd_tensor_mul(logp, mask, &chosen) == 0) {
             a->log_probs[a->n_log_probs++] = chosen; /* the episode's, with history */
@@ -279,12 +279,16 @@ static zd_future_t *agent_select_action_batch(zd_rpc_call_t *call, zd_value_t *a
     (void)call, (void)arg;
     zd_value_t *self;
     zd_tensor_t *state;
-    int64_t id, *actions = NULL;
+    int64_t id;
     void *obj;
     if (ZD_UNPACK(args, &self, &id, &state) < 0 || zd_value_get_object(self, "Agent", &obj) < 0)
         return NULL;
     agent_t *a = obj;
-    zd_future_t **batch = NULL, *f;
+    struct answer {
+        zd_future_t *f;
+        int64_t action;
+    } *batch = NULL;
+    zd_future_t *f;
     if (id < 0 || id >= a->n_obs || zd_tensor_dtype(state) != ZD_FLOAT32 ||
         zd_tensor_numel(state) != CARTPOLE_OBS) {
         zd_error_set("agent: observer id %lld or its state is bad", (long long)id);
@@ -293,39 +297,44 @@ static zd_future_t *agent_select_action_batch(zd_rpc_call_t *call, zd_value_t *a
     if (!(f = zd_future_new()))
         return NULL;
     pthread_mutex_lock(&a->lock);
-    int rc = a->answers[id] ? zd_error_set("agent: observer %lld called twice", (long long)id) : 0;
-    if (rc == 0) {
-        memcpy(a->states + id * CARTPOLE_OBS, zd_tensor_data(state), sizeof(float) * CARTPOLE_OBS);
-        a->answers[id] = zd_future_ref(f);
-        a->calls++;
+    if (a->answers[id]) {
+        pthread_mutex_unlock(&a->lock);
+        zd_future_unref(f);
+        zd_error_set("agent: observer %lld called twice in a step", (long long)id);
+        return NULL;
     }
-    if (rc == 0 && --a->pending == 0) {
-        /* Answered once the lock is let go: an answer is sent at once */
-        batch = malloc((size_t)a->n_obs * sizeof *batch);
-        actions = malloc((size_t)a->n_obs * sizeof *actions);
-        rc = batch && actions ? agent_forward(a, actions) : zd_error_set("agent: out of memory");
-        for (int i = 0; batch && i < a->n_obs; i++)
-            batch[i] = a->answers[i], a->answers[i] = NULL;
+    memcpy(a->states + id * CARTPOLE_OBS, zd_tensor_data(state), sizeof(float) * CARTPOLE_OBS);
+    a->answers[id] = zd_future_ref(f);
+    a->calls++;
+    int rc = 0;
+    if (--a->pending == 0) {
+        /* The batch is in: one forward for all. The answers leave once the
+           lock is let go (completing a future sends its reply). */
         a->pending = a->n_obs;
+        rc = (batch = malloc((size_t)a->n_obs * sizeof *batch)) ? agent_forward(a)
+                                                                : zd_error_set("out of memory");
+        for (int i = 0; i < a->n_obs; i++) {
+            if (batch)
+                batch[i] = (struct answer){a->answers[i], a->actions[i]};
+            else /* nowhere to keep them: answered here */
+                zd_future_set_error(a->answers[i], "agent: out of memory"),
+                    zd_future_unref(a->answers[i]);
+            a->answers[i] = NULL;
+        }
     }
     pthread_mutex_unlock(&a->lock);
     char why[256];
     snprintf(why, sizeof why, "%s", rc < 0 ? zd_error_last() : "");
     for (int i = 0; batch && i < a->n_obs; i++) {
-        zd_value_t *v = rc == 0 ? zd_value_int(actions[i]) : NULL;
+        zd_value_t *v = rc == 0 ? zd_value_int(batch[i].action) : NULL;
         if (v)
-            zd_future_set_value(batch[i], v);
+            zd_future_set_value(batch[i].f, v);
         else
-            zd_future_set_error(batch[i], "agent: %s", rc < 0 ? why : "out of memory");
+            zd_future_set_error(batch[i].f, "agent: %s", rc < 0 ? why : "out of memory");
         zd_value_unref(v);
-        zd_future_unref(batch[i]);
+        zd_future_unref(batch[i].f);
     }
     free(batch);
-    free(actions);
-    if (rc < 0 && !batch) {
-        zd_future_unref(f); /* refused alone (or the batch lost: its callers time out) */
-        return NULL;
-    }
     return f;
 }
 
@@ -335,6 +344,7 @@ static void agent_free(agent_t *a)
         zd_tensor_unref(a->log_probs[i]);
     free(a->log_probs);
     free(a->answers);
+    free(a->actions);
     free(a->states);
     zd_optim_free(a->optimizer);
     zd_tensor_unref(a->w1), zd_tensor_unref(a->b1), zd_tensor_unref(a->w2), zd_tensor_unref(a->b2);
@@ -349,11 +359,12 @@ static int agent_init(agent_t *a, const options_t *o, int n_obs)
     a->n_obs = a->pending = n_obs;
     a->states = calloc((size_t)n_obs * CARTPOLE_OBS, sizeof *a->states);
     a->answers = calloc((size_t)n_obs, sizeof *a->answers);
+    a->actions = calloc((size_t)n_obs, sizeof *a->actions);
     a->log_probs = calloc((size_t)(a->cap = o->steps), sizeof *a->log_probs);
     a->w1 = zd_tensor_zeros2(HIDDEN, CARTPOLE_OBS), a->b1 = zd_tensor_zeros1(HIDDEN);
     a->w2 = zd_tensor_zeros2(CARTPOLE_ACTIONS, HIDDEN), a->b2 = zd_tensor_zeros1(CARTPOLE_ACTIONS);
     zd_tensor_t *params[4] = {a->w1, a->b1, a->w2, a->b2};
-    if (!a->states || !a->answers || !a->log_probs)
+    if (!a->states || !a->answers || !a->actions || !a->log_probs)
         return zd_error_set("agent: out of memory");
     if (!a->w1 || !a->b1 || !a->w2 || !a->b2 || zd_nn_init_default(a->w1, a->b1, &a->rng) < 0 ||
         zd_nn_init_default(a->w2, a->b2, &a->rng) < 0)
@@ -373,7 +384,8 @@ static int agent_run_episode(agent_t *a, zd_rref_t *self, zd_rref_t *const *obs,
                              double gamma, double *ep_reward)
 {
     zd_future_t **futs = calloc((size_t)a->n_obs, sizeof *futs);
-    zd_tensor_t *R = zd_tensor_zeros2(n_steps * a->n_obs, CARTPOLE_ACTIONS), *lp, *prod, *sum, *loss;
+    zd_tensor_t *R = zd_tensor_zeros2(n_steps * a->n_obs, CARTPOLE_ACTIONS), *lp, *prod, *sum,
+                *loss;
     int rc = futs && R ? 0 : zd_error_set("agent: out of memory");
     for (int i = 0; i < a->n_obs && rc == 0; i++)
         if (!(futs[i] = zd_rref_rpc_async_take(obs[i], "Observer.run_episode",
@@ -400,12 +412,12 @@ static int agent_run_episode(agent_t *a, zd_rref_t *self, zd_rref_t *const *obs,
         rc = zd_error_set("agent: %lld forwards for %lld steps", (long long)a->n_log_probs,
                           (long long)n_steps);
     zd_scope_t *s = zd_scope_begin();
-    if (rc == 0 && (zd_tensor_cat(a->log_probs, (int)n_steps, 0, &lp) < 0 || !zd_scope_add(lp) ||
-                    zd_tensor_mul(lp, R, &prod) < 0 || !zd_scope_add(prod) ||
-                    zd_tensor_sum(prod, &sum) < 0 || !zd_scope_add(sum) ||
-                    zd_tensor_scale(sum, -1.0f / (float)a->n_obs, &loss) < 0 ||
-                    !zd_scope_add(loss) || zd_autograd_backward(loss, NULL, false) < 0 ||
-                    zd_optim_step_grad(a->optimizer) < 0))
+    if (rc == 0 &&
+        (zd_tensor_cat(a->log_probs, (int)n_steps, 0, &lp) < 0 || !zd_scope_add(lp) ||
+         zd_tensor_mul(lp, R, &prod) < 0 || !zd_scope_add(prod) || zd_tensor_sum(prod, &sum) < 0 ||
+         !zd_scope_add(sum) || zd_tensor_scale(sum, -1.0f / (float)a->n_obs, &loss) < 0 ||
+         !zd_scope_add(loss) || zd_autograd_backward(loss, NULL, false) < 0 ||
+         zd_optim_step_grad(a->optimizer) < 0))
         rc = -1;
     zd_scope_end(s);
     zd_optim_zero_grad(a->optimizer, true);
@@ -436,8 +448,8 @@ static int run_agent(const options_t *o, int n_obs)
     for (int64_t e = 0; e < o->episodes && rc == 0; e++) {
         if ((rc = agent_run_episode(&a, self, obs, o->steps, o->gamma, &last)) == 0) {
             running = 0.5 * last + 0.5 * running;
-            printf("Episode %lld\tLast reward: %.2f\tAverage reward: %.2f\n", (long long)e,
-                   last, running);
+            printf("Episode %lld\tLast reward: %.2f\tAverage reward: %.2f\n", (long long)e, last,
+                   running);
         }
     }
     if (rc < 0)
@@ -486,12 +498,21 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
-    options_t o = {.mode = "ps", .seed = 1, .num_batches = 6, .batch_size = 20, .image_w = 16,
-                   .num_classes = 30, .lr = 0.001, .momentum = 0.9, .episodes = 10,
-                   .steps = 500, .gamma = 0.99};
+    options_t o = {.mode = "ps",
+                   .seed = 1,
+                   .num_batches = 6,
+                   .batch_size = 20,
+                   .image_w = 16,
+                   .num_classes = 30,
+                   .lr = 0.001,
+                   .momentum = 0.9,
+                   .episodes = 10,
+                   .steps = 500,
+                   .gamma = 0.99};
     flags_world_t w = flags_world_default();
     const flag_t flags[] = {
-        {"mode", FLAG_STRING, &o.mode, "ps (batch-updating parameter server) or rl (batching agent)"},
+        {"mode", FLAG_STRING, &o.mode,
+         "ps (batch-updating parameter server) or rl (batching agent)"},
         {"seed", FLAG_INT, &o.seed, "initial weights, data, dropout, actions, environments"},
         {"num_batches", FLAG_INT, &o.num_batches, "ps: batches of each trainer"},
         {"batch_size", FLAG_INT, &o.batch_size, "ps: images per batch"},
@@ -511,10 +532,11 @@ int main(int argc, char **argv)
         return pr > 0 ? 0 : 2;
     bool ps = strcmp(o.mode, "ps") == 0;
     if ((!ps && strcmp(o.mode, "rl") != 0) || o.num_batches < 1 || o.batch_size < 1 ||
-        o.image_w < 1 || o.num_classes < 1 || !(o.lr > 0) || !(o.momentum >= 0) ||
-        o.episodes < 1 || o.steps < 1 || !(o.gamma >= 0 && o.gamma <= 1)) {
-        fprintf(stderr, PROG ": --mode is ps or rl; the counts and --lr positive, --momentum "
-                        "not negative, --gamma in [0, 1]\n");
+        o.image_w < 1 || o.num_classes < 1 || !(o.lr > 0) || !(o.momentum >= 0) || o.episodes < 1 ||
+        o.steps < 1 || !(o.gamma >= 0 && o.gamma <= 1)) {
+        fprintf(stderr,
+                PROG ": --mode is ps or rl; the counts and --lr positive, --momentum "
+                     "not negative, --gamma in [0, 1]\n");
         return 2;
     }
     if (flags_world_resolve(&w, 3, PROG) < 0)

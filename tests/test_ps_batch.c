@@ -20,9 +20,8 @@ static void test_ps_one_step_per_round(void **state)
 {
     (void)state;
     char *out, key[64];
-    assert_int_equal(program_run_world("examples/ps_batch", 4, "--mode=ps --num_batches=5", true,
-                                       &out),
-                     0);
+    assert_int_equal(
+        program_run_world("examples/ps_batch", 4, "--mode=ps --num_batches=5", true, &out), 0);
     for (int r = 1; r <= 3; r++) {
         snprintf(key, sizeof key, "trainer%d: finished 5 batches", r);
         if (!strstr(out, key))
@@ -42,9 +41,9 @@ static void test_rl_one_forward_per_step(void **state)
 {
     (void)state;
     char *out;
-    assert_int_equal(program_run_world("examples/ps_batch", 4,
-                                       "--mode=rl --episodes=3 --steps=40", true, &out),
-                     0);
+    assert_int_equal(
+        program_run_world("examples/ps_batch", 4, "--mode=rl --episodes=3 --steps=40", true, &out),
+        0);
     assert_non_null(strstr(out, "Episode 0\tLast reward: "));
     assert_non_null(strstr(out, "Episode 2\tLast reward: "));
     const char *p = strstr(out, "agent: ");
