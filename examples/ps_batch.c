@@ -29,22 +29,22 @@
 
 #define PROG   "ps_batch"
 #define HIDDEN 128
+/* the tutorial's constants, but 16 x 16 images for its 64 x 64 (model_new) */
+#define NUM_CLASSES 30
+#define BATCH_SIZE  20
+#define IMAGE_W     16
+#define LR          0.001 /* SGD's, with momentum 0.9 */
+#define GAMMA       0.99
 
 typedef struct {
     const char *mode;
-    int64_t seed;
-    /* ps */
-    int64_t num_batches, batch_size, image_w, num_classes;
-    double lr, momentum;
-    /* rl */
-    int64_t episodes, steps;
-    double gamma;
+    int64_t seed, num_batches, episodes, steps;
 } options_t;
 
 /* ==== part 1: the batch-updating parameter server (--mode=ps) ==== */
 
 /*  The tutorial trains resnet50 on 3x64x64 images; here a small MLP on
-    the flattened image (3 * image_w * image_w -> 128 -> num_classes):
+    the flattened 3x16x16 image (768 -> 128 -> 30 classes):
     the pattern, not the model, is the point. Every process builds the
     same initial weights. */
 static zd_nn_module_t *model_new(const options_t *o)
@@ -54,9 +54,9 @@ static zd_nn_module_t *model_new(const options_t *o)
     zd_nn_module_t *m = zd_nn_module_new("Net", NULL, NULL, NULL);
     if (!m ||
         zd_nn_module_register_module(
-            m, "fc1", zd_nn_linear_new(3 * o->image_w * o->image_w, HIDDEN, true, &rng)) < 0 ||
-        zd_nn_module_register_module(m, "fc2",
-                                     zd_nn_linear_new(HIDDEN, o->num_classes, true, &rng)) < 0) {
+            m, "fc1", zd_nn_linear_new(3 * IMAGE_W * IMAGE_W, HIDDEN, true, &rng)) < 0 ||
+        zd_nn_module_register_module(m, "fc2", zd_nn_linear_new(HIDDEN, NUM_CLASSES, true, &rng)) <
+            0) {
         zd_nn_module_free(m);
         return NULL;
     }
@@ -87,15 +87,15 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_option
 {
     const int ps_rank = 0;
     zd_ps_client_t *ps = zd_ps_client_new_module(m, &ps_rank, 1, po);
-    zd_tensor_t *x = zd_tensor_zeros2(o->batch_size, 3 * o->image_w * o->image_w);
-    zd_tensor_t *labels = zd_tensor_zeros2(o->batch_size, o->num_classes);
+    zd_tensor_t *x = zd_tensor_zeros2(BATCH_SIZE, 3 * IMAGE_W * IMAGE_W);
+    zd_tensor_t *labels = zd_tensor_zeros2(BATCH_SIZE, NUM_CLASSES);
+    float *y = labels ? zd_tensor_data(labels) : NULL;
     zd_rng_t rng;
     zd_rng_seed(&rng, (uint64_t)o->seed * 1000 + (uint64_t)index + 1);
     int64_t done = 0;
     /* one_hot_indices: a fixed random class per row, as the tutorial's */
-    for (int64_t i = 0; labels && i < o->batch_size; i++)
-        zd_tensor_data(
-            labels)[i * o->num_classes + (int64_t)zd_rng_below(&rng, (uint64_t)o->num_classes)] = 1;
+    for (int64_t i = 0; y && i < BATCH_SIZE; i++)
+        y[i * NUM_CLASSES + (int64_t)zd_rng_below(&rng, NUM_CLASSES)] = 1;
     if (ps && x && labels && zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0) {
         for (; done < o->num_batches; done++) {
             for (int64_t i = 0; i < zd_tensor_numel(x); i++)
@@ -122,16 +122,14 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_option
 
 static int main_ps(const options_t *o, const flags_world_t *w)
 {
-    const char *me = w->rank == 0 ? "ps" : NULL;
-    char name[32];
-    snprintf(name, sizeof name, "trainer%lld", (long long)w->rank);
-    me = me ? me : name;
+    char me[32];
+    snprintf(me, sizeof me, w->rank == 0 ? "ps" : "trainer%lld", (long long)w->rank);
     /* batch_update_size = the number of trainers */
     zd_ps_options_t po = zd_ps_options_default();
     po.mode = ZD_PS_SYNC;
     po.num_trainers = (int)w->world_size - 1;
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
-    sgd.momentum = o->momentum;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    sgd.momentum = 0.9;
     zd_ps_server_t *srv = NULL;
     zd_nn_module_t *m = model_new(o);
     if (!m || (w->rank == 0 && !(srv = zd_ps_server_new_module(m, 0, 1, &sgd, &po)))) {
@@ -180,7 +178,7 @@ static zd_value_t *observer_new(zd_rpc_call_t *call, zd_value_t *args, void *arg
     return zd_value_object(ob, free, "Observer");
 }
 
-/*  Observer.run_episode(agent_rref, n_steps, gamma): exactly n_steps steps (a
+/*  Observer.run_episode(agent_rref, n_steps): exactly n_steps steps (a
     finished game starts again), each action asked of the agent; returns
     [the discounted returns (n_steps), the length of the first game]. */
 static zd_value_t *observer_run_episode(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -189,9 +187,8 @@ static zd_value_t *observer_run_episode(zd_rpc_call_t *call, zd_value_t *args, v
     zd_value_t *self, *reply = NULL;
     zd_rref_t *agent;
     int64_t n_steps, start = 0, action;
-    double gamma;
     void *obj;
-    if (ZD_UNPACK(args, &self, &agent, &n_steps, &gamma) < 0 ||
+    if (ZD_UNPACK(args, &self, &agent, &n_steps) < 0 ||
         zd_value_get_object(self, "Observer", &obj) < 0)
         return NULL;
     observer_t *ob = obj;
@@ -216,7 +213,7 @@ static zd_value_t *observer_run_episode(zd_rpc_call_t *call, zd_value_t *args, v
         if (r.terminated || r.truncated || step + 1 == n_steps) {
             double ret = 0; /* returns of this game, discounted back to its start */
             for (int64_t i = step; i >= start; i--)
-                R[i] = (float)(ret = R[i] + gamma * ret);
+                R[i] = (float)(ret = R[i] + GAMMA * ret);
             ep_reward = start == 0 ? fmin(ep_reward, (double)(step + 1)) : ep_reward;
             start = step + 1;
             cartpole_reset(&ob->env, state);
@@ -381,7 +378,7 @@ static int agent_init(agent_t *a, const options_t *o, int n_obs)
     -sum(log_probs * returns) / n_obs, one Adam step. *ep_reward: the
     mean over observers of their first game's length. */
 static int agent_run_episode(agent_t *a, zd_rref_t *self, zd_rref_t *const *obs, int64_t n_steps,
-                             double gamma, double *ep_reward)
+                             double *ep_reward)
 {
     zd_future_t **futs = calloc((size_t)a->n_obs, sizeof *futs);
     zd_tensor_t *R = zd_tensor_zeros2(n_steps * a->n_obs, CARTPOLE_ACTIONS), *lp, *prod, *sum,
@@ -389,7 +386,7 @@ static int agent_run_episode(agent_t *a, zd_rref_t *self, zd_rref_t *const *obs,
     int rc = futs && R ? 0 : zd_error_set("agent: out of memory");
     for (int i = 0; i < a->n_obs && rc == 0; i++)
         if (!(futs[i] = zd_rref_rpc_async_take(obs[i], "Observer.run_episode",
-                                               ZD_ARGS(self, n_steps, gamma), ZD_TIMEOUT_DEFAULT)))
+                                               ZD_ARGS(self, n_steps), ZD_TIMEOUT_DEFAULT)))
             rc = -1;
     if (rc == 0)
         rc = zd_future_wait_all(futs, a->n_obs, ZD_TIMEOUT_DEFAULT);
@@ -446,7 +443,7 @@ static int run_agent(const options_t *o, int n_obs)
             rc = -1;
     double running = 0, last;
     for (int64_t e = 0; e < o->episodes && rc == 0; e++) {
-        if ((rc = agent_run_episode(&a, self, obs, o->steps, o->gamma, &last)) == 0) {
+        if ((rc = agent_run_episode(&a, self, obs, o->steps, &last)) == 0) {
             running = 0.5 * last + 0.5 * running;
             printf("Episode %lld\tLast reward: %.2f\tAverage reward: %.2f\n", (long long)e, last,
                    running);
@@ -498,31 +495,15 @@ int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
-    options_t o = {.mode = "ps",
-                   .seed = 1,
-                   .num_batches = 6,
-                   .batch_size = 20,
-                   .image_w = 16,
-                   .num_classes = 30,
-                   .lr = 0.001,
-                   .momentum = 0.9,
-                   .episodes = 10,
-                   .steps = 500,
-                   .gamma = 0.99};
+    options_t o = {.mode = "ps", .seed = 1, .num_batches = 6, .episodes = 10, .steps = 500};
     flags_world_t w = flags_world_default();
     const flag_t flags[] = {
         {"mode", FLAG_STRING, &o.mode,
          "ps (batch-updating parameter server) or rl (batching agent)"},
         {"seed", FLAG_INT, &o.seed, "initial weights, data, dropout, actions, environments"},
         {"num_batches", FLAG_INT, &o.num_batches, "ps: batches of each trainer"},
-        {"batch_size", FLAG_INT, &o.batch_size, "ps: images per batch"},
-        {"image_w", FLAG_INT, &o.image_w, "ps: random 3 x image_w x image_w images"},
-        {"num_classes", FLAG_INT, &o.num_classes, "ps: classes (one-hot labels, MSE)"},
-        {"lr", FLAG_DOUBLE, &o.lr, "ps: SGD's learning rate, on the server"},
-        {"momentum", FLAG_DOUBLE, &o.momentum, "ps: SGD's momentum"},
         {"episodes", FLAG_INT, &o.episodes, "rl: episodes"},
         {"steps", FLAG_INT, &o.steps, "rl: steps of every observer per episode (NUM_STEPS)"},
-        {"gamma", FLAG_DOUBLE, &o.gamma, "rl: discount factor"},
         FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
@@ -531,12 +512,8 @@ int main(int argc, char **argv)
     if (pr != 0)
         return pr > 0 ? 0 : 2;
     bool ps = strcmp(o.mode, "ps") == 0;
-    if ((!ps && strcmp(o.mode, "rl") != 0) || o.num_batches < 1 || o.batch_size < 1 ||
-        o.image_w < 1 || o.num_classes < 1 || !(o.lr > 0) || !(o.momentum >= 0) || o.episodes < 1 ||
-        o.steps < 1 || !(o.gamma >= 0 && o.gamma <= 1)) {
-        fprintf(stderr,
-                PROG ": --mode is ps or rl; the counts and --lr positive, --momentum "
-                     "not negative, --gamma in [0, 1]\n");
+    if ((!ps && strcmp(o.mode, "rl") != 0) || o.num_batches < 1 || o.episodes < 1 || o.steps < 1) {
+        fprintf(stderr, PROG ": --mode is ps or rl; the counts positive\n");
         return 2;
     }
     if (flags_world_resolve(&w, 3, PROG) < 0)
