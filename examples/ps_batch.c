@@ -340,6 +340,8 @@ static void agent_free(agent_t *a)
     for (int64_t i = 0; i < a->n_log_probs; i++)
         zd_tensor_unref(a->log_probs[i]);
     free(a->log_probs);
+    for (int i = 0; a->answers && i < a->n_obs; i++)
+        zd_future_unref(a->answers[i]); /* a step left incomplete by a failure */
     free(a->answers);
     free(a->actions);
     free(a->states);
@@ -395,7 +397,7 @@ static int agent_run_episode(agent_t *a, zd_rref_t *self, zd_rref_t *const *obs,
         zd_tensor_t *rewards;
         double ep;
         if ((rc = ZD_UNPACK(zd_future_value(futs[i]), &rewards, &ep)) == 0 &&
-            zd_tensor_numel(rewards) != n_steps)
+            (zd_tensor_dtype(rewards) != ZD_FLOAT32 || zd_tensor_numel(rewards) != n_steps))
             rc = zd_error_set("agent: observer %d sent %lld rewards", i + 1,
                               (long long)zd_tensor_numel(rewards));
         /* rewards stacked (n_steps, n_obs) as log_probs are, in both columns */
