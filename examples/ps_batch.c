@@ -199,10 +199,12 @@ static zd_value_t *observer_run_episode(zd_rpc_call_t *call, zd_value_t *args, v
     for (int64_t step = 0; R && step < n_steps; step++) {
         const int64_t shape[2] = {1, CARTPOLE_OBS};
         cartpole_step_t r;
-        if (zd_rref_rpc_sync_take(agent, "Agent.select_action_batch",
-                                  ZD_ARGS(ob->id, zd_tensor_from_data(ZD_FLOAT32, shape, 2, state)),
-                                  ZD_TIMEOUT_DEFAULT, &reply) < 0 ||
-            zd_value_get_int(reply, &action) < 0 ||
+        zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, shape, 2, state);
+        int rc = x ? zd_rref_rpc_sync_take(agent, "Agent.select_action_batch", ZD_ARGS(ob->id, x),
+                                           ZD_TIMEOUT_DEFAULT, &reply)
+                   : -1;
+        zd_tensor_unref(x); /* the arguments took a reference of their own */
+        if (rc < 0 || zd_value_get_int(reply, &action) < 0 ||
             cartpole_step(&ob->env, action, state, &r) < 0) {
             zd_value_unref(reply);
             zd_tensor_unref(rewards);
