@@ -497,13 +497,13 @@ static void poll_monitors(agent_t *a, zmq_pollitem_t *items, const int *item_pee
 /* Not while joining: on a host with far more processes than cores (65 on
    2), a handshake may outlast libzmq's limit and the connection drop and
    come back; the init barrier's deadline bounds that wait, and a peer
-   still down once it is passed is declared lost then. */
-/* Returns when the next peer is due to be declared lost (INT64_MAX: none). */
+   still down once it is passed is declared lost then. Returns when the
+   next peer is due to be declared lost (INT64_MAX: none). */
 static int64_t fail_lost_peers(agent_t *a, int64_t now)
 {
     int64_t due = INT64_MAX;
     if (!atomic_load(&a->joined))
-        return zd__deadline_after(now, MONITOR_POLL_MS); /* joined: a look soon */
+        return zd__deadline_after(now, MONITOR_POLL_MS); /* not yet joined: soon again */
     for (int i = 0; i < a->net.world; i++) {
         peer_t *p = &a->net.peers[i];
         if (!p->fail_at_ns || atomic_load(&a->closing))
@@ -569,7 +569,7 @@ static int tick(agent_t *a, int64_t now, zmq_pollitem_t *items, int *item_peer, 
         *next_stream_check = now + ZD__NS_PER_S;
         /* Answering on the ROUTER may have taken the edge of its
            ZMQ_FD: look at it once more before sleeping. */
-        *look_again = zd__transport_stream_expire(a, now) > 0;
+        *look_again |= zd__transport_stream_expire(a, now) > 0;
     }
     due = *next_stream_check < due ? *next_stream_check : due;
     t = zd__rref_tick(a, now);
