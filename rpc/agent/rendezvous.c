@@ -476,7 +476,7 @@ static int send_tables(host_t *h)
             continue;
         if (!tables[via] &&
             !(tables[via] = zd__rendezvous_table(a, h->bound[via], h->running ? status : NULL)))
-            break; /* out of memory: the joiners time out, saying so */
+            break; /* out of memory: the joiners wait out their timeout */
         send_to(h->sock, h->slots[j].identity, tables[via]);
     }
     for (int k = 0; k < MAX_BINDS; k++)
