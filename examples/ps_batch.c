@@ -516,8 +516,14 @@ int main(int argc, char **argv)
     if (pr != 0)
         return pr > 0 ? 0 : 2;
     bool ps = strcmp(o.mode, "ps") == 0;
-    if ((!ps && strcmp(o.mode, "rl") != 0) || o.num_batches < 1 || o.episodes < 1 || o.steps < 1) {
-        fprintf(stderr, PROG ": --mode is ps or rl; the counts positive\n");
+    const char *bad = !ps && strcmp(o.mode, "rl") != 0 ? "--mode is ps or rl"
+        : o.num_batches < 1                            ? "--num_batches must be at least 1"
+        : o.episodes < 1                               ? "--episodes must be at least 1"
+        : o.steps < 1                                  ? "--steps must be at least 1"
+                                                       : NULL;
+    if (bad) {
+        fprintf(stderr, PROG ": %s (--mode=%s --num_batches=%lld --episodes=%lld --steps=%lld)\n",
+                bad, o.mode, (long long)o.num_batches, (long long)o.episodes, (long long)o.steps);
         return 2;
     }
     if (flags_world_resolve(&w, 3, PROG) < 0)

@@ -112,9 +112,9 @@ static void refused(const char *prog, const char *const *args, const char *want)
     free(output);
 }
 
-static const char *const examples[] = {"examples/rpc_ps", "examples/pipeline",
-                                       "examples/ps_sync_async", "examples/rnn_rpc",
-                                       "examples/rl_rpc"};
+static const char *const examples[] = {
+    "examples/rpc_ps", "examples/pipeline", "examples/ps_sync_async", "examples/rnn_rpc",
+    "examples/rl_rpc", "examples/ps_lstm",  "examples/ps_batch"};
 
 static void test_world_flags_refused(void **state)
 {
@@ -161,6 +161,10 @@ static void test_non_finite_numbers_refused(void **state)
             "--gamma expects a finite number, got \"nan\"");
     refused("examples/rnn_rpc", (const char *const[]){"--dropout=nan", NULL},
             "--dropout expects a finite number, got \"nan\"");
+    refused("examples/ps_batch", (const char *const[]){"--mode=xx", NULL},
+            "ps_batch: --mode is ps or rl (--mode=xx");
+    refused("examples/ps_batch", (const char *const[]){"--steps=0", NULL},
+            "ps_batch: --steps must be at least 1");
     refused("examples/train_local", (const char *const[]){"--progress_s=-inf", NULL},
             "--progress_s expects a finite number, got \"-inf\"");
     /* Out of a double's range, as before. */
