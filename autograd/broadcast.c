@@ -191,10 +191,10 @@ static void free_ctx(zd_autograd_node_t *n)
 }
 
 static const zd_autograd_node_ops_t binary_ops[] = {
-    {"AddBackward", binary_backward, free_ctx},
-    {"SubBackward", binary_backward, free_ctx},
-    {"MulBackward", binary_backward, free_ctx},
-    {"DivBackward", binary_backward, free_ctx},
+    ZD_AUTOGRAD_NODE_OPS("AddBackward", binary_backward, free_ctx),
+    ZD_AUTOGRAD_NODE_OPS("SubBackward", binary_backward, free_ctx),
+    ZD_AUTOGRAD_NODE_OPS("MulBackward", binary_backward, free_ctx),
+    ZD_AUTOGRAD_NODE_OPS("DivBackward", binary_backward, free_ctx),
 };
 
 int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)

@@ -7,6 +7,7 @@
 
 #include <zdist/autograd.h>
 #include <zdist/error.h>
+#include "core/sized.h"
 
 static atomic_uint_fast64_t next_seq = 1;
 
@@ -49,6 +50,14 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *
                          int n_inputs, int n_outputs, zd_autograd_node_t **out)
 {
     *out = NULL;
+    /* Checked before anything else, so a bad table fails even when grad mode is off. The
+       library reads no field past release, all of the first version's. */
+    if (!ops || ops->size < ZD__SIZE_THROUGH(zd_autograd_node_ops_t, release))
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_autograd_node_new: zd_autograd_node_ops_t.size is %zu, not "
+                                 "the size of a zd_autograd_node_ops_t: build it with "
+                                 "ZD_AUTOGRAD_NODE_OPS(name, backward, release)",
+                                 ops ? ops->size : 0);
     if (!zd_autograd_is_grad_enabled())
         return 0;
     bool any = false;

@@ -62,7 +62,8 @@ static int add_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return 0;
 }
 
-static const zd_autograd_node_ops_t add_ops = {"AddBackward", add_backward, free_ctx};
+static const zd_autograd_node_ops_t add_ops =
+    ZD_AUTOGRAD_NODE_OPS("AddBackward", add_backward, free_ctx);
 
 static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out)
 {
@@ -118,7 +119,8 @@ static int mul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return 0;
 }
 
-static const zd_autograd_node_ops_t mul_ops = {"MulBackward", mul_backward, NULL};
+static const zd_autograd_node_ops_t mul_ops =
+    ZD_AUTOGRAD_NODE_OPS("MulBackward", mul_backward, NULL);
 
 int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
@@ -154,7 +156,8 @@ static int scale_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_te
     return 0;
 }
 
-static const zd_autograd_node_ops_t scale_ops = {"MulScalarBackward", scale_backward, free_ctx};
+static const zd_autograd_node_ops_t scale_ops =
+    ZD_AUTOGRAD_NODE_OPS("MulScalarBackward", scale_backward, free_ctx);
 
 int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
 {
@@ -193,7 +196,8 @@ static int sum_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return 0;
 }
 
-static const zd_autograd_node_ops_t sum_ops = {"SumBackward", sum_backward, free_ctx};
+static const zd_autograd_node_ops_t sum_ops =
+    ZD_AUTOGRAD_NODE_OPS("SumBackward", sum_backward, free_ctx);
 
 static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
 {
@@ -255,7 +259,8 @@ static int matmul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     return 0;
 }
 
-static const zd_autograd_node_ops_t matmul_ops = {"MmBackward", matmul_backward, NULL};
+static const zd_autograd_node_ops_t matmul_ops =
+    ZD_AUTOGRAD_NODE_OPS("MmBackward", matmul_backward, NULL);
 
 int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
@@ -295,7 +300,8 @@ static int copy_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     return 0;
 }
 
-static const zd_autograd_node_ops_t copy_ops = {"CloneBackward", copy_backward, NULL};
+static const zd_autograd_node_ops_t copy_ops =
+    ZD_AUTOGRAD_NODE_OPS("CloneBackward", copy_backward, NULL);
 
 int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
 {
@@ -366,7 +372,8 @@ static int cat_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return 0;
 }
 
-static const zd_autograd_node_ops_t cat_ops = {"CatBackward", cat_backward, free_ctx};
+static const zd_autograd_node_ops_t cat_ops =
+    ZD_AUTOGRAD_NODE_OPS("CatBackward", cat_backward, free_ctx);
 
 int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
 {
@@ -446,7 +453,8 @@ static int narrow_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     return 0;
 }
 
-static const zd_autograd_node_ops_t narrow_ops = {"NarrowBackward", narrow_backward, free_ctx};
+static const zd_autograd_node_ops_t narrow_ops =
+    ZD_AUTOGRAD_NODE_OPS("NarrowBackward", narrow_backward, free_ctx);
 
 static void release_base(void *data, void *arg)
 {

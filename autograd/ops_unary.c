@@ -44,10 +44,10 @@ static int unary_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_te
 
 /*  The op's code travels in the ctx pointer itself: nothing to free. */
 static const zd_autograd_node_ops_t unary_ops[] = {
-    {"TanhBackward", unary_backward, NULL},
-    {"SigmoidBackward", unary_backward, NULL},
-    {"ExpBackward", unary_backward, NULL},
-    {"LogBackward", unary_backward, NULL},
+    ZD_AUTOGRAD_NODE_OPS("TanhBackward", unary_backward, NULL),
+    ZD_AUTOGRAD_NODE_OPS("SigmoidBackward", unary_backward, NULL),
+    ZD_AUTOGRAD_NODE_OPS("ExpBackward", unary_backward, NULL),
+    ZD_AUTOGRAD_NODE_OPS("LogBackward", unary_backward, NULL),
 };
 
 static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)

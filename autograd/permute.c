@@ -82,7 +82,8 @@ static void free_ctx(zd_autograd_node_t *n)
     free(zd_autograd_node_ctx(n));
 }
 
-static const zd_autograd_node_ops_t permute_ops = {"PermuteBackward", permute_backward, free_ctx};
+static const zd_autograd_node_ops_t permute_ops =
+    ZD_AUTOGRAD_NODE_OPS("PermuteBackward", permute_backward, free_ctx);
 
 /*  perm: ndim entries, negative ones counting from the end. */
 static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndims,

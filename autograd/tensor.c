@@ -356,8 +356,8 @@ static void reshape_release(zd_autograd_node_t *n)
     free(zd_autograd_node_ctx(n));
 }
 
-static const zd_autograd_node_ops_t reshape_ops = {"ReshapeBackward", reshape_backward,
-                                                   reshape_release};
+static const zd_autograd_node_ops_t reshape_ops =
+    ZD_AUTOGRAD_NODE_OPS("ReshapeBackward", reshape_backward, reshape_release);
 
 int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out)
 {

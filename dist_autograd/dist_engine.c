@@ -169,8 +169,10 @@ static void recv_release(zd_autograd_node_t *n)
     free(zd_autograd_node_ctx(n));
 }
 
-const zd_autograd_node_ops_t zd__dist_send_ops = {"SendRpcBackward", send_backward, NULL};
-const zd_autograd_node_ops_t zd__dist_recv_ops = {"RecvRpcBackward", recv_backward, recv_release};
+const zd_autograd_node_ops_t zd__dist_send_ops =
+    ZD_AUTOGRAD_NODE_OPS("SendRpcBackward", send_backward, NULL);
+const zd_autograd_node_ops_t zd__dist_recv_ops =
+    ZD_AUTOGRAD_NODE_OPS("RecvRpcBackward", recv_backward, recv_release);
 
 /*  ---- passes ---- */
 

@@ -100,7 +100,14 @@ int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *in)
         return zd_error_wrap("zd_dist_optim_set_owner_limits");
     if (in)
         limits = &l;
-    if (limits && limits->config && zd_optim_config_check(limits->config) < 0)
+    /* copied through its text form, which reads the caller's struct no
+       further than its size */
+    zd_optim_config_t copy;
+    char text[512];
+    if (limits && limits->config &&
+        (zd_optim_config_check(limits->config) < 0 ||
+         zd_optim_config_format(limits->config, text, sizeof text) < 0 ||
+         zd_optim_config_parse(text, &copy, sizeof copy) < 0))
         return zd_error_wrap("zd_dist_optim_set_owner_limits");
     if (limits && !(limits->max_change >= 0 && limits->max_change <= DBL_MAX))
         return zd_error_set_code(ZD_ERR_ARGUMENT,
@@ -110,7 +117,7 @@ int zd_dist_optim_set_owner_limits(const zd_dist_optim_owner_limits_t *in)
     pthread_mutex_lock(&limits_lock);
     owner_has_config = limits && limits->config;
     if (owner_has_config)
-        owner_config = *limits->config;
+        owner_config = copy;
     owner_max_change = limits ? limits->max_change : 0;
     pthread_mutex_unlock(&limits_lock);
     return 0;
@@ -190,7 +197,7 @@ static void local_free(void *opt)
 static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n, int from)
 {
     zd_optim_config_t cfg;
-    if (zd_optim_config_parse(cfg_text, &cfg) < 0 || config_admitted(&cfg, from) < 0)
+    if (zd_optim_config_parse(cfg_text, &cfg, sizeof cfg) < 0 || config_admitted(&cfg, from) < 0)
         return NULL;
     zd_tensor_t **params = calloc((size_t)(n > 0 ? n : 1), sizeof *params);
     zd_value_t **values = calloc((size_t)(n > 0 ? n : 1), sizeof *values);

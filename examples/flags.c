@@ -195,7 +195,7 @@ int flags_world_resolve(flags_world_t *w, int64_t default_size, const char *prog
     zd_rpc_env_t *e = &w->env;
     if (zd_rpc_env_resolve(w->rank < 0 ? -1 : (int)w->rank,
                            w->world_size < 0 ? 0 : (int)w->world_size, w->master_addr,
-                           (int)w->master_port, e) < 0) {
+                           (int)w->master_port, e, sizeof *e) < 0) {
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return -1;
     }

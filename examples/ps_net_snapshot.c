@@ -241,8 +241,8 @@ static void snapshot_release(zd_autograd_node_t *n)
     free(ctx);
 }
 
-static const zd_autograd_node_ops_t snapshot_ops = {"SnapshotBackward", snapshot_backward,
-                                                    snapshot_release};
+static const zd_autograd_node_ops_t snapshot_ops =
+    ZD_AUTOGRAD_NODE_OPS("SnapshotBackward", snapshot_backward, snapshot_release);
 
 int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t **out)
 {

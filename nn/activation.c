@@ -48,8 +48,8 @@ static int softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
     return 0;
 }
 
-static const zd_autograd_node_ops_t softmax_ops = {"SoftmaxBackward", softmax_backward,
-                                                   zd__nn_free_ctx};
+static const zd_autograd_node_ops_t softmax_ops =
+    ZD_AUTOGRAD_NODE_OPS("SoftmaxBackward", softmax_backward, zd__nn_free_ctx);
 
 int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {
@@ -117,7 +117,8 @@ static int gelu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     return 0;
 }
 
-static const zd_autograd_node_ops_t gelu_ops = {"GeluBackward", gelu_backward, NULL};
+static const zd_autograd_node_ops_t gelu_ops =
+    ZD_AUTOGRAD_NODE_OPS("GeluBackward", gelu_backward, NULL);
 
 int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out)
 {

@@ -275,7 +275,8 @@ out:
     return rc;
 }
 
-static const zd_autograd_node_ops_t conv_ops = {"ConvolutionBackward", conv_backward, conv_release};
+static const zd_autograd_node_ops_t conv_ops =
+    ZD_AUTOGRAD_NODE_OPS("ConvolutionBackward", conv_backward, conv_release);
 
 /* ---- entry points ---- */
 

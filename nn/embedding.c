@@ -34,7 +34,8 @@ static int emb_backward(zd_autograd_node_t *node, zd_tensor_t *const *gout, zd_t
     return 0;
 }
 
-static const zd_autograd_node_ops_t emb_ops = {"EmbeddingBackward", emb_backward, zd__nn_free_ctx};
+static const zd_autograd_node_ops_t emb_ops =
+    ZD_AUTOGRAD_NODE_OPS("EmbeddingBackward", emb_backward, zd__nn_free_ctx);
 
 int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
                     zd_tensor_t **out)

@@ -221,7 +221,8 @@ static int linear_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     return 0;
 }
 
-static const zd_autograd_node_ops_t linear_ops = {"LinearBackward", linear_backward, NULL};
+static const zd_autograd_node_ops_t linear_ops =
+    ZD_AUTOGRAD_NODE_OPS("LinearBackward", linear_backward, NULL);
 
 int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out)
 {
@@ -328,7 +329,8 @@ static int relu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     return zd__nn_parallel_run(job.n_chunks, 0, relu_backward_chunk, &job);
 }
 
-static const zd_autograd_node_ops_t relu_ops = {"ReluBackward", relu_backward, NULL};
+static const zd_autograd_node_ops_t relu_ops =
+    ZD_AUTOGRAD_NODE_OPS("ReluBackward", relu_backward, NULL);
 
 int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
 {
@@ -375,8 +377,8 @@ static int dropout_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_
     return 0;
 }
 
-static const zd_autograd_node_ops_t dropout_ops = {"DropoutBackward", dropout_backward,
-                                                   zd__nn_free_ctx};
+static const zd_autograd_node_ops_t dropout_ops =
+    ZD_AUTOGRAD_NODE_OPS("DropoutBackward", dropout_backward, zd__nn_free_ctx);
 
 static int dropout_impl(const char *name, zd_tensor_t *x, float p, zd_rng_t *rng, int64_t per,
                         zd_tensor_t **out)

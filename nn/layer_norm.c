@@ -78,8 +78,8 @@ static int ln_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tenso
     return rc;
 }
 
-static const zd_autograd_node_ops_t ln_ops = {"NativeLayerNormBackward", ln_backward,
-                                              zd__nn_free_ctx};
+static const zd_autograd_node_ops_t ln_ops =
+    ZD_AUTOGRAD_NODE_OPS("NativeLayerNormBackward", ln_backward, zd__nn_free_ctx);
 
 /*  weight or bias: NULL, or float32 with x's last norm_ndim sizes. */
 static int check_affine(const char *what, const zd_tensor_t *t, const zd_tensor_t *x, int norm_ndim)

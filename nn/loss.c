@@ -31,8 +31,8 @@ static int log_softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout,
     return 0;
 }
 
-static const zd_autograd_node_ops_t log_softmax_ops = {"LogSoftmaxBackward", log_softmax_backward,
-                                                       NULL};
+static const zd_autograd_node_ops_t log_softmax_ops =
+    ZD_AUTOGRAD_NODE_OPS("LogSoftmaxBackward", log_softmax_backward, NULL);
 
 int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {
@@ -140,7 +140,8 @@ static int nll_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return 0;
 }
 
-static const zd_autograd_node_ops_t nll_ops = {"NllLossBackward", nll_backward, zd__nn_free_ctx};
+static const zd_autograd_node_ops_t nll_ops =
+    ZD_AUTOGRAD_NODE_OPS("NllLossBackward", nll_backward, zd__nn_free_ctx);
 
 int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out)
 {
@@ -254,7 +255,8 @@ static int mse_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return 0;
 }
 
-static const zd_autograd_node_ops_t mse_ops = {"MseLossBackward", mse_backward, NULL};
+static const zd_autograd_node_ops_t mse_ops =
+    ZD_AUTOGRAD_NODE_OPS("MseLossBackward", mse_backward, NULL);
 
 int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
 {

@@ -397,8 +397,8 @@ static int pool_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     return zd__nn_parallel_run(job.n_chunks, 0, pool_backward_chunk, &job);
 }
 
-static const zd_autograd_node_ops_t pool_ops = {"MaxPool2DBackward", pool_backward,
-                                                zd__nn_free_ctx};
+static const zd_autograd_node_ops_t pool_ops =
+    ZD_AUTOGRAD_NODE_OPS("MaxPool2DBackward", pool_backward, zd__nn_free_ctx);
 
 int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stride)
 {

@@ -234,8 +234,8 @@ static int rnn_tanh_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd
     return rc;
 }
 
-static const zd_autograd_node_ops_t rnn_tanh_ops = {"RnnTanhCellBackward", rnn_tanh_backward,
-                                                    cell_release};
+static const zd_autograd_node_ops_t rnn_tanh_ops =
+    ZD_AUTOGRAD_NODE_OPS("RnnTanhCellBackward", rnn_tanh_backward, cell_release);
 
 int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                         zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out)
@@ -315,7 +315,8 @@ static int gru_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tens
     return rc;
 }
 
-static const zd_autograd_node_ops_t gru_ops = {"GruCellBackward", gru_backward, cell_release};
+static const zd_autograd_node_ops_t gru_ops =
+    ZD_AUTOGRAD_NODE_OPS("GruCellBackward", gru_backward, cell_release);
 
 int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                    zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out)

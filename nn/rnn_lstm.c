@@ -415,7 +415,8 @@ static int lstm_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     return rc;
 }
 
-static const zd_autograd_node_ops_t lstm_ops = {"LstmBackward", lstm_backward, lstm_release};
+static const zd_autograd_node_ops_t lstm_ops =
+    ZD_AUTOGRAD_NODE_OPS("LstmBackward", lstm_backward, lstm_release);
 
 /*  One step's gates and states: rows of N, hidden units [lo, hi). */
 typedef struct {

@@ -9,6 +9,7 @@
 #include <strings.h>
 
 #include <zdist/error.h>
+#include "core/sized.h"
 #include "optim/optim_private.h"
 
 #define K_SGD     (1u << ZD_OPTIM_SGD)
@@ -67,52 +68,18 @@ int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind)
         ZD_ERR_ARGUMENT, "optimizer: unknown kind '%s' (sgd, adam, adamw, adagrad, rmsprop)", name);
 }
 
-zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind)
+int zd__optim_config_read(zd_optim_config_t *out, const zd_optim_config_t *in)
 {
-    zd_optim_config_t c = {
-        .kind = kind, .lr = 1e-3, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .alpha = 0.99};
-    switch (kind) {
-    case ZD_OPTIM_SGD:
-        c.lr = NAN;
-        break;
-    case ZD_OPTIM_ADAMW:
-        c.weight_decay = 1e-2;
-        break;
-    case ZD_OPTIM_ADAGRAD:
-        c.lr = 1e-2;
-        c.eps = 1e-10;
-        break;
-    case ZD_OPTIM_RMSPROP:
-        c.lr = 1e-2;
-        break;
-    default:
-        break;
-    }
-    return c;
-}
-
-zd_optim_config_t zd_optim_sgd_defaults(double lr)
-{
-    zd_optim_config_t c = zd_optim_defaults(ZD_OPTIM_SGD);
-    c.lr = lr;
-    return c;
-}
-
-zd_optim_config_t zd_optim_adam_defaults(void)
-{
-    return zd_optim_defaults(ZD_OPTIM_ADAM);
-}
-zd_optim_config_t zd_optim_adamw_defaults(void)
-{
-    return zd_optim_defaults(ZD_OPTIM_ADAMW);
-}
-zd_optim_config_t zd_optim_adagrad_defaults(void)
-{
-    return zd_optim_defaults(ZD_OPTIM_ADAGRAD);
-}
-zd_optim_config_t zd_optim_rmsprop_defaults(void)
-{
-    return zd_optim_defaults(ZD_OPTIM_RMSPROP);
+    if (!in)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: the zd_optim_config_t is NULL");
+    size_t size;
+    memcpy(&size, in, sizeof size);
+    zd_optim_kind_t kind = ZD_OPTIM_SGD;
+    if (size >= ZD__SIZE_THROUGH(zd_optim_config_t, kind))
+        kind = in->kind;
+    *out = zd_optim_defaults(kind); /* the fields an older program does not know */
+    return zd__sized_read(out, sizeof *out, in, ZD__SIZE_THROUGH(zd_optim_config_t, maximize),
+                          "zd_optim_config_t", "a zd_optim_*_defaults() function");
 }
 
 /*  The shortest text that reads back as exactly v. */
@@ -142,8 +109,11 @@ static bool nonneg(double v)
     return v >= 0.0;
 }
 
-int zd_optim_config_check(const zd_optim_config_t *c)
+int zd_optim_config_check(const zd_optim_config_t *cfg)
 {
+    zd_optim_config_t cv, *c = &cv;
+    if (zd__optim_config_read(c, cfg) < 0)
+        return -1;
     char s[40];
     if (!valid_kind(c->kind))
         return zd_error_set("optimizer: unknown kind %d", (int)c->kind);
@@ -194,8 +164,11 @@ int zd_optim_config_check(const zd_optim_config_t *c)
     return 0;
 }
 
-int zd_optim_config_format(const zd_optim_config_t *c, char *buf, size_t size)
+int zd_optim_config_format(const zd_optim_config_t *cfg, char *buf, size_t size)
 {
+    zd_optim_config_t cv, *c = &cv;
+    if (zd__optim_config_read(c, cfg) < 0)
+        return -1;
     if (!valid_kind(c->kind))
         return zd_error_set("optimizer: unknown kind %d", (int)c->kind);
     char num[40];
@@ -264,8 +237,10 @@ static int parse_pair(zd_optim_config_t *c, const char *tok, size_t len)
     return zd_error_set("optimizer config: unknown key '%.*s'", (int)klen, tok);
 }
 
-int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg)
+int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg, size_t size)
 {
+    if (!text)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: the text is NULL");
     const char *p = text;
     zd_optim_config_t c;
     bool have_kind = false;
@@ -295,6 +270,17 @@ int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg)
     }
     if (!have_kind)
         return zd_error_set("optimizer config: empty text (expected '<kind> key=value ...')");
-    *cfg = c;
+    return zd__optim_config_write(cfg, size, &c, "zd_optim_config_parse: zd_optim_config_t");
+}
+
+int zd__optim_config_write(zd_optim_config_t *out, size_t size, const zd_optim_config_t *c,
+                           const char *who)
+{
+    if (zd__sized_write(out, size, c, sizeof *c, ZD__SIZE_THROUGH(zd_optim_config_t, maximize),
+                        who) < 0)
+        return -1;
+    /* the fields written are those of the smaller struct: a later call reads no more */
+    size_t written = size < sizeof *c ? size : sizeof *c;
+    memcpy(out, &written, sizeof written);
     return 0;
 }

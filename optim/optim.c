@@ -62,9 +62,10 @@ static void pstate_clear(optim_pstate_t *st)
     st->step = 0;
 }
 
-zd_optim_t *zd_optim_new(const zd_optim_config_t *cfg, zd_tensor_t *const *params, int n)
+zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params, int n)
 {
-    if (zd_optim_config_check(cfg) < 0)
+    zd_optim_config_t cv, *cfg = &cv;
+    if (zd__optim_config_read(cfg, in) < 0 || zd_optim_config_check(cfg) < 0)
         return NULL;
     if (n <= 0) {
         zd_error_set("%s: optimizer got an empty parameter list", zd_optim_kind_name(cfg->kind));
@@ -215,12 +216,14 @@ void zd_optim_zero_grad(zd_optim_t *o, bool set_to_none)
     pthread_mutex_unlock(&o->lock);
 }
 
-zd_optim_config_t zd_optim_config(zd_optim_t *o)
+int zd_optim_config(zd_optim_t *o, zd_optim_config_t *out, size_t size)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_config: the optimizer is NULL");
     pthread_mutex_lock(&o->lock);
     zd_optim_config_t c = o->cfg;
     pthread_mutex_unlock(&o->lock);
-    return c;
+    return zd__optim_config_write(out, size, &c, "zd_optim_config: zd_optim_config_t");
 }
 
 int zd_optim_n_params(const zd_optim_t *o)

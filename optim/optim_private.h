@@ -27,6 +27,16 @@ struct zd_optim {
     pthread_mutex_t lock;  /* held by every public function */
 };
 
+/*  The caller's config in, as far as its size reaches, over the defaults
+    of its kind into *out: 0, or -1 with ZD_ERR_ARGUMENT naming the struct
+    when in is NULL or its size was not set by a *_defaults() function. */
+int zd__optim_config_read(zd_optim_config_t *out, const zd_optim_config_t *in);
+
+/*  Writes c into the caller's out of size bytes, no further, and sets
+    out's size to what was written: 0, or -1 (ZD_ERR_ARGUMENT naming who). */
+int zd__optim_config_write(zd_optim_config_t *out, size_t size, const zd_optim_config_t *c,
+                           const char *who);
+
 /*  The PyTorch state name of slot s of a kind ("exp_avg"), NULL when the
     kind has no such slot. */
 const char *zd__optim_slot_name(zd_optim_kind_t kind, int s);

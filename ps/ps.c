@@ -448,6 +448,10 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: params and optim are required");
         return NULL;
     }
+    if (zd_optim_config_check(optim) < 0) {
+        zd_error_wrap("zd_ps_server_new");
+        return NULL;
+    }
     if (n_shards < 1 || shard < 0 || shard >= n_shards) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: shard %d of %d", shard, n_shards);
         return NULL;

@@ -179,7 +179,8 @@ static int identity_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd
     return 0;
 }
 
-static const zd_autograd_node_ops_t send_ops = {"SendBackward", identity_backward, NULL};
+static const zd_autograd_node_ops_t send_ops =
+    ZD_AUTOGRAD_NODE_OPS("SendBackward", identity_backward, NULL);
 
 static zd_autograd_node_t *send_over(zd_tensor_t *t)
 {
@@ -396,7 +397,8 @@ static int square_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_t
     return 0;
 }
 
-static const zd_autograd_node_ops_t square_ops = {"SquareBackward", square_backward, NULL};
+static const zd_autograd_node_ops_t square_ops =
+    ZD_AUTOGRAD_NODE_OPS("SquareBackward", square_backward, NULL);
 
 static void test_saving_the_output_frees_without_backward(void **state)
 {
@@ -415,10 +417,46 @@ static void test_saving_the_output_frees_without_backward(void **state)
     assert_int_equal(zd_tensor_live_count(), before);
 }
 
+/*  An op's table carries its size (docs/conventions.md): one that
+    ZD_AUTOGRAD_NODE_OPS did not build is refused, naming the struct, even
+    with grad mode off; one built against a newer header (a larger size)
+    works. */
+static void test_node_ops_size(void **state)
+{
+    (void)state;
+    zd_tensor_t *x = leaf(1, (float[]){3});
+    zd_autograd_node_t *n = NULL;
+    static const zd_autograd_node_ops_t unsized = {.name = "SquareBackward",
+                                                   .backward = square_backward};
+    assert_int_equal(zd_autograd_node_new(&unsized, &x, 1, 1, &n), -1);
+    assert_null(n);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_autograd_node_ops_t.size is 0"));
+    assert_non_null(strstr(zd_error_last(), "ZD_AUTOGRAD_NODE_OPS"));
+    zd_tensor_t *y = zd_tensor_detach_copy(x);
+    assert_int_equal(zd_autograd_record(&unsized, &x, 1, y, NULL, 0, NULL), -1);
+    assert_non_null(strstr(zd_error_last(), "zd_autograd_node_ops_t"));
+    bool was = zd_autograd_set_grad_enabled(false);
+    assert_int_equal(zd_autograd_node_new(&unsized, &x, 1, 1, &n), -1);
+    zd_autograd_set_grad_enabled(was);
+
+    assert_int_equal(square_ops.size, sizeof(zd_autograd_node_ops_t));
+    struct {
+        zd_autograd_node_ops_t ops;
+        void *newer;
+    } big = {.ops = ZD_AUTOGRAD_NODE_OPS("SquareBackward", square_backward, NULL)};
+    big.ops.size = sizeof big;
+    assert_int_equal(zd_autograd_node_new(&big.ops, &x, 1, 1, &n), 0);
+    assert_non_null(n);
+    zd_autograd_node_unref(n);
+    zd_tensor_unref(x);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shared_node_runs_once_with_summed_gradient),
+        cmocka_unit_test(test_node_ops_size),
         cmocka_unit_test(test_retain_graph_accumulates),
         cmocka_unit_test(test_no_grad_records_nothing),
         cmocka_unit_test(test_matmul_and_reshape),

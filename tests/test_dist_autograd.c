@@ -201,8 +201,10 @@ static int dying_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_te
     _exit(7);
 }
 
-static const zd_autograd_node_ops_t failing_ops = {"FailingBackward", failing_backward, NULL};
-static const zd_autograd_node_ops_t dying_ops = {"DyingBackward", dying_backward, NULL};
+static const zd_autograd_node_ops_t failing_ops =
+    ZD_AUTOGRAD_NODE_OPS("FailingBackward", failing_backward, NULL);
+static const zd_autograd_node_ops_t dying_ops =
+    ZD_AUTOGRAD_NODE_OPS("DyingBackward", dying_backward, NULL);
 
 static zd_value_t *bad_op(zd_value_t *args, const zd_autograd_node_ops_t *ops)
 {

@@ -516,7 +516,9 @@ static void test_grad_field_and_zero_grad(void **state)
 
     assert_int_equal(zd_optim_set_lr(opt, -1), -1);
     assert_int_equal(zd_optim_set_lr(opt, 0.25), 0);
-    assert_true(zd_optim_config(opt).lr == 0.25);
+    zd_optim_config_t now;
+    assert_int_equal(zd_optim_config(opt, &now, sizeof now), 0);
+    assert_true(now.lr == 0.25 && now.size == sizeof now);
     assert_int_equal(zd_optim_n_params(opt), 2);
     assert_ptr_equal(zd_optim_param(opt, 1), q);
     assert_null(zd_optim_param(opt, 2));
@@ -529,10 +531,10 @@ static void test_grad_field_and_zero_grad(void **state)
 /*  Field by field: the struct has padding. */
 static bool config_equal(const zd_optim_config_t *a, const zd_optim_config_t *b)
 {
-    return a->kind == b->kind && a->lr == b->lr && a->momentum == b->momentum &&
-        a->dampening == b->dampening && a->weight_decay == b->weight_decay &&
-        a->beta1 == b->beta1 && a->beta2 == b->beta2 && a->eps == b->eps &&
-        a->lr_decay == b->lr_decay &&
+    return a->size == b->size && a->kind == b->kind && a->lr == b->lr &&
+        a->momentum == b->momentum && a->dampening == b->dampening &&
+        a->weight_decay == b->weight_decay && a->beta1 == b->beta1 && a->beta2 == b->beta2 &&
+        a->eps == b->eps && a->lr_decay == b->lr_decay &&
         a->initial_accumulator_value == b->initial_accumulator_value && a->alpha == b->alpha &&
         a->nesterov == b->nesterov && a->amsgrad == b->amsgrad && a->centered == b->centered &&
         a->maximize == b->maximize;
@@ -561,7 +563,7 @@ static void test_config_text(void **state)
         n = zd_optim_config_format(&all[k], buf, sizeof buf);
         assert_int_equal(n, (int)strlen(buf));
         zd_optim_config_t back;
-        if (zd_optim_config_parse(buf, &back) < 0)
+        if (zd_optim_config_parse(buf, &back, sizeof back) < 0)
             fail_msg("%s: %s", buf, zd_error_last());
         assert_true(config_equal(&back, &all[k]));
     }
@@ -572,21 +574,22 @@ static void test_config_text(void **state)
     assert_string_equal(small, "adam lr");
 
     zd_optim_config_t c;
-    assert_int_equal(zd_optim_config_parse("  RMSprop   momentum=0.5 centered=true ", &c), 0);
+    assert_int_equal(zd_optim_config_parse("  RMSprop   momentum=0.5 centered=true ", &c, sizeof c),
+                     0);
     assert_int_equal(c.kind, ZD_OPTIM_RMSPROP);
     assert_true(c.momentum == 0.5 && c.centered && c.lr == 1e-2 && c.alpha == 0.99);
-    assert_int_equal(zd_optim_config_parse("sgd", &c), 0);
+    assert_int_equal(zd_optim_config_parse("sgd", &c, sizeof c), 0);
     assert_int_equal(zd_optim_config_check(&c), -1);
-    assert_int_equal(zd_optim_config_parse("adam momentum=0.9", &c), -1);
+    assert_int_equal(zd_optim_config_parse("adam momentum=0.9", &c, sizeof c), -1);
     assert_non_null(strstr(zd_error_last(), "Adam has no 'momentum'"));
-    assert_int_equal(zd_optim_config_parse("adam lr=fast", &c), -1);
+    assert_int_equal(zd_optim_config_parse("adam lr=fast", &c, sizeof c), -1);
     assert_non_null(strstr(zd_error_last(), "lr=fast is not a number"));
-    assert_int_equal(zd_optim_config_parse("adam foo=1", &c), -1);
+    assert_int_equal(zd_optim_config_parse("adam foo=1", &c, sizeof c), -1);
     assert_non_null(strstr(zd_error_last(), "unknown key 'foo'"));
-    assert_int_equal(zd_optim_config_parse("adam amsgrad=maybe", &c), -1);
-    assert_int_equal(zd_optim_config_parse("lbfgs", &c), -1);
+    assert_int_equal(zd_optim_config_parse("adam amsgrad=maybe", &c, sizeof c), -1);
+    assert_int_equal(zd_optim_config_parse("lbfgs", &c, sizeof c), -1);
     assert_non_null(strstr(zd_error_last(), "unknown kind 'lbfgs'"));
-    assert_int_equal(zd_optim_config_parse("", &c), -1);
+    assert_int_equal(zd_optim_config_parse("", &c, sizeof c), -1);
     zd_optim_kind_t k;
     assert_int_equal(zd_optim_kind_from_name("AdamW", &k), 0);
     assert_int_equal(k, ZD_OPTIM_ADAMW);
@@ -636,6 +639,59 @@ static void check_resume(zd_optim_config_t c)
     zd_tensor_unref(q);
     zd_tensor_unref(g);
     assert_int_equal(zd_tensor_live_count(), live);
+}
+
+/*  A config carries its size (docs/conventions.md): one that no
+    *_defaults() function made is refused by every function taking one,
+    naming the struct; one built against a newer header (a larger size) is
+    read as far as this library's struct goes; the out-structs are written
+    no further than the size passed. */
+static void test_config_sizes(void **state)
+{
+    (void)state;
+    zd_tensor_t *p = zd_tensor_zeros1(2);
+    assert_int_equal(zd_tensor_set_requires_grad(p, true), 0);
+    zd_optim_config_t c = zd_optim_adam_defaults();
+    assert_int_equal(c.size, sizeof c);
+    zd_optim_config_t zeroed = {.kind = ZD_OPTIM_SGD, .lr = 0.1};
+    char buf[256];
+    assert_null(zd_optim_new(&zeroed, &p, 1));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t.size is 0"));
+    assert_non_null(strstr(zd_error_last(), "zd_optim_*_defaults()"));
+    assert_int_equal(zd_optim_config_check(&zeroed), -1);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t.size is 0"));
+    assert_int_equal(zd_optim_config_format(&zeroed, buf, sizeof buf), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    zeroed.size = offsetof(zd_optim_config_t, maximize); /* short of the 1.0 fields */
+    assert_int_equal(zd_optim_config_check(&zeroed), -1);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t.size is"));
+
+    struct {
+        zd_optim_config_t c;
+        double newer;
+    } big = {.c = zd_optim_sgd_defaults(0.5), .newer = 1.0};
+    big.c.size = sizeof big;
+    assert_int_equal(zd_optim_config_check(&big.c), 0);
+    zd_optim_t *opt = zd_optim_new(&big.c, &p, 1);
+    assert_non_null(opt);
+
+    /* written no further than the size given */
+    zd_optim_config_t out[2];
+    memset(out, 0xA5, sizeof out);
+    assert_int_equal(zd_optim_config(opt, &out[0], sizeof out[0]), 0);
+    assert_true(out[0].size == sizeof out[0] && out[0].kind == ZD_OPTIM_SGD && out[0].lr == 0.5);
+    assert_int_equal(((unsigned char *)&out[1])[0], 0xA5);
+    assert_int_equal(zd_optim_config(opt, &out[0], 8), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t"));
+    assert_int_equal(zd_optim_config_parse("adam", &out[0], 8), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t"));
+    assert_int_equal(zd_optim_config_parse("adam lr=0.5", &out[0], sizeof out[0]), 0);
+    assert_true(out[0].size == sizeof out[0] && out[0].kind == ZD_OPTIM_ADAM && out[0].lr == 0.5);
+    zd_optim_free(opt);
+    zd_tensor_unref(p);
 }
 
 static void test_state_export_import(void **state)
@@ -767,6 +823,7 @@ int main(void)
         cmocka_unit_test(test_skipped_parameters),
         cmocka_unit_test(test_grad_field_and_zero_grad),
         cmocka_unit_test(test_config_text),
+        cmocka_unit_test(test_config_sizes),
         cmocka_unit_test(test_state_export_import),
         cmocka_unit_test(test_concurrent_steps),
     };

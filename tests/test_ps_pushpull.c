@@ -518,6 +518,11 @@ static void test_split(void **state)
     zd_ps_options_t bad = {0};
     assert_null(zd_ps_server_new(sd, 0, 1, &sgd, &bad));
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    /* So is a config that no zd_optim_*_defaults() made. */
+    zd_optim_config_t unsized = {.kind = ZD_OPTIM_SGD, .lr = LR};
+    assert_null(zd_ps_server_new(sd, 0, 1, &unsized, NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t.size is 0"));
     zd_named_tensors_free(tied);
     zd_named_tensors_free(sd);
     zd_nn_module_free(m);

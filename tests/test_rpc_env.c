@@ -73,7 +73,7 @@ static void set(const char *first, ...)
 static zd_rpc_env_t resolve_env(void)
 {
     zd_rpc_env_t e;
-    if (zd_rpc_env_resolve(-1, 0, NULL, 0, &e) < 0)
+    if (zd_rpc_env_resolve(-1, 0, NULL, 0, &e, sizeof e) < 0)
         fail_msg("zd_rpc_env_resolve: %s", zd_error_last());
     return e;
 }
@@ -82,7 +82,7 @@ static zd_rpc_env_t resolve_env(void)
 static void resolve_fails(const char *text, ...)
 {
     zd_rpc_env_t e;
-    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, &e), -1);
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, &e, sizeof e), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     va_list ap;
     va_start(ap, text);
@@ -123,7 +123,7 @@ static void test_arguments_beat_everything(void **state)
     set("RANK=1", "WORLD_SIZE=2", "MASTER_ADDR=a", "MASTER_PORT=2000", "ZDIST_MASTER_PORT=2001",
         "SLURM_PROCID=3", "SLURM_NTASKS=8", "SLURM_JOB_ID=5", "SLURM_JOB_NODELIST=n[1-8]", NULL);
     zd_rpc_env_t e;
-    assert_int_equal(zd_rpc_env_resolve(5, 6, "host", 3000, &e), 0);
+    assert_int_equal(zd_rpc_env_resolve(5, 6, "host", 3000, &e, sizeof e), 0);
     assert_int_equal(e.rank, 5);
     assert_int_equal(e.world_size, 6);
     assert_string_equal(e.master_addr, "host");
@@ -136,11 +136,40 @@ static void test_arguments_beat_everything(void **state)
                         "rank 5 of 6 from the arguments, master host:3000 from the "
                         "arguments [env]");
     /* an argument's rank checked against the environment's world */
-    assert_int_equal(zd_rpc_env_resolve(2, 0, NULL, 0, &e), -1);
+    assert_int_equal(zd_rpc_env_resolve(2, 0, NULL, 0, &e, sizeof e), -1);
     assert_non_null(strstr(zd_error_last(),
                            "rank 2 is outside the world of size 2 (rank from "
                            "the arguments, world size from WORLD_SIZE)"));
-    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 70000, &e), -1);
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 70000, &e, sizeof e), -1);
+}
+
+/*  The env is written no further than the size passed (docs/conventions.md):
+    a size below the 1.0 struct's is refused naming the struct, leaving the
+    caller's memory alone; a newer caller's larger struct gets this
+    library's fields and zeros after them. */
+static void test_env_size(void **state)
+{
+    (void)state;
+    set("RANK=1", "WORLD_SIZE=2", NULL);
+    struct {
+        zd_rpc_env_t e;
+        unsigned char newer[16];
+    } big;
+    memset(&big, 0xA5, sizeof big);
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, &big.e, 0), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_rpc_env_t"));
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, &big.e, sizeof big.e - 1), -1);
+    assert_non_null(strstr(zd_error_last(), "zd_rpc_env_t"));
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, NULL, sizeof big.e), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(((unsigned char *)&big)[0], 0xA5);
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, &big.e, sizeof big.e), 0);
+    assert_int_equal(big.e.rank, 1);
+    assert_int_equal(big.newer[0], 0xA5); /* no further than the size */
+    assert_int_equal(zd_rpc_env_resolve(-1, 0, NULL, 0, &big.e, sizeof big), 0);
+    assert_int_equal(big.e.world_size, 2);
+    assert_int_equal(big.newer[0], 0); /* fields this library does not know: zero */
 }
 
 static void test_generic(void **state)
@@ -248,7 +277,7 @@ static void test_slurm_host_lists(void **state)
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         assert_int_equal(setenv("SLURM_JOB_NODELIST", bad[i], 1), 0);
         zd_rpc_env_t e;
-        if (zd_rpc_env_resolve(-1, 0, NULL, 0, &e) == 0)
+        if (zd_rpc_env_resolve(-1, 0, NULL, 0, &e, sizeof e) == 0)
             fail_msg("%s gave %s", bad[i], e.master_addr);
         assert_non_null(strstr(zd_error_last(), "SLURM_JOB_NODELIST"));
         assert_non_null(strstr(zd_error_last(), bad[i]));
@@ -449,6 +478,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup(test_nothing_set, clear_env),
         cmocka_unit_test_setup(test_arguments_beat_everything, clear_env),
+        cmocka_unit_test_setup(test_env_size, clear_env),
         cmocka_unit_test_setup(test_generic, clear_env),
         cmocka_unit_test_setup(test_torchrun, clear_env),
         cmocka_unit_test_setup(test_slurm, clear_env),

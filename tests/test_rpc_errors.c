@@ -207,6 +207,19 @@ static void test_sizes_and_lists(void **state)
     assert_int_equal(zd_dist_optim_set_owner_limits(&ol), -1);
     ol = zd_dist_optim_owner_limits_default();
     assert_int_equal(zd_dist_optim_set_owner_limits(&ol), 0);
+    /* An optimizer config no zd_optim_*_defaults() made, in the limits or
+       given to a DistributedOptimizer (checked before RPC is asked for). */
+    zd_optim_config_t cfg_sizeless = {.kind = ZD_OPTIM_SGD, .lr = 0.1};
+    ol.config = &cfg_sizeless;
+    assert_int_equal(zd_dist_optim_set_owner_limits(&ol), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t.size is 0"));
+    assert_null(zd_dist_optim_new(&cfg_sizeless, NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "zd_optim_config_t.size is 0"));
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(0.1);
+    ol.config = &sgd;
+    assert_int_equal(zd_dist_optim_set_owner_limits(&ol), 0);
     assert_int_equal(zd_dist_optim_set_owner_limits(NULL), 0);
     zd_autograd_options_t ao = {.retain_graph = true};
     zd_autograd_root_t root = {0};

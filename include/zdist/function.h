@@ -17,7 +17,8 @@
             ... gin[0] = gout[0] * y ...
             return 0;
         }
-        static const zd_autograd_node_ops_t exp_ops = { "ExpBackward", exp_backward, NULL };
+        static const zd_autograd_node_ops_t exp_ops =
+            ZD_AUTOGRAD_NODE_OPS("ExpBackward", exp_backward, NULL);
 
         y = ...forward...;
         zd_autograd_node_t *n;
@@ -52,11 +53,23 @@ typedef int(zd_autograd_backward_fn)(zd_autograd_node_t *node, zd_tensor_t *cons
     it has none. Called once, when the graph is released. */
 typedef void(zd_autograd_release_fn)(zd_autograd_node_t *node);
 
+/*  An op's table, usually static const: build it with ZD_AUTOGRAD_NODE_OPS,
+    which sets size (this program's); the library reads only the fields
+    within size and refuses a table whose size nothing set. */
 typedef struct {
+    size_t size;      /* sizeof(zd_autograd_node_ops_t), set by ZD_AUTOGRAD_NODE_OPS */
     const char *name; /* "ConvolutionBackward", for errors */
     zd_autograd_backward_fn *backward;
     zd_autograd_release_fn *release;
 } zd_autograd_node_ops_t;
+
+/*  The initializer of a zd_autograd_node_ops_t, with size set:
+    static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("ExpBackward", exp_backward, NULL); */
+#define ZD_AUTOGRAD_NODE_OPS(name_, backward_, release_)                                           \
+    {                                                                                              \
+        .size = sizeof(zd_autograd_node_ops_t), .name = (name_), .backward = (backward_),          \
+        .release = (release_)                                                                      \
+    }
 
 /*  One input of a node: either another node's output, or a leaf tensor whose
     gradient is accumulated. Exactly one of node/leaf is set, or neither when

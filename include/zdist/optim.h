@@ -21,8 +21,10 @@
 #ifndef ZDIST_OPTIM_H
 #define ZDIST_OPTIM_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 #include <zdist/named_tensors.h>
 #include <zdist/tensor.h>
@@ -49,8 +51,12 @@ typedef enum {
       Adagrad: lr 1e-2, lr_decay 0, weight_decay 0,
                initial_accumulator_value 0, eps 1e-10, maximize false
       RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, weight_decay 0, momentum 0,
-               centered false, maximize false */
+               centered false, maximize false
+
+    Start from a zd_optim_*_defaults() function: it sets size, and the
+    library reads only the fields within size. */
 typedef struct {
+    size_t size; /* sizeof(zd_optim_config_t), set by the *_defaults() functions */
     zd_optim_kind_t kind;
     double lr;
     double momentum;
@@ -69,17 +75,55 @@ typedef struct {
 
 typedef struct zd_optim zd_optim_t;
 
-/*  Defaults per kind. SGD has no default learning rate in PyTorch, so it
-    takes one. */
-ZD_API zd_optim_config_t zd_optim_sgd_defaults(double lr);
-ZD_API zd_optim_config_t zd_optim_adam_defaults(void);
-ZD_API zd_optim_config_t zd_optim_adamw_defaults(void);
-ZD_API zd_optim_config_t zd_optim_adagrad_defaults(void);
-ZD_API zd_optim_config_t zd_optim_rmsprop_defaults(void);
+/*  Defaults of any kind, with size set (inline: this program's size); for
+    SGD lr is NaN ("required"), which zd_optim_config_check refuses until
+    set. Returns the struct. */
+static inline zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind)
+{
+    zd_optim_config_t c;
+    memset(&c, 0, sizeof c);
+    c.size = sizeof c;
+    c.kind = kind;
+    c.lr = 1e-3;
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
+    c.eps = 1e-8;
+    c.alpha = 0.99;
+    if (kind == ZD_OPTIM_SGD)
+        c.lr = NAN;
+    else if (kind == ZD_OPTIM_ADAMW)
+        c.weight_decay = 1e-2;
+    else if (kind == ZD_OPTIM_ADAGRAD)
+        c.lr = 1e-2, c.eps = 1e-10;
+    else if (kind == ZD_OPTIM_RMSPROP)
+        c.lr = 1e-2;
+    return c;
+}
 
-/*  Defaults of any kind; for SGD lr is NaN ("required"), which
-    zd_optim_config_check refuses until set. */
-ZD_API zd_optim_config_t zd_optim_defaults(zd_optim_kind_t kind);
+/*  Defaults per kind (zd_optim_defaults). SGD has no default learning rate
+    in PyTorch, so it takes one. Return the struct. */
+static inline zd_optim_config_t zd_optim_sgd_defaults(double lr)
+{
+    zd_optim_config_t c = zd_optim_defaults(ZD_OPTIM_SGD);
+    c.lr = lr;
+    return c;
+}
+static inline zd_optim_config_t zd_optim_adam_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_ADAM);
+}
+static inline zd_optim_config_t zd_optim_adamw_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_ADAMW);
+}
+static inline zd_optim_config_t zd_optim_adagrad_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_ADAGRAD);
+}
+static inline zd_optim_config_t zd_optim_rmsprop_defaults(void)
+{
+    return zd_optim_defaults(ZD_OPTIM_RMSPROP);
+}
 
 /*  "sgd", "adam", "adamw", "adagrad", "rmsprop"; "?" for anything else. Static. */
 ZD_API const char *zd_optim_kind_name(zd_optim_kind_t kind);
@@ -91,7 +135,8 @@ ZD_API int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind);
 /*  Checks hyper-parameters as PyTorch's constructors do ("Invalid learning
     rate: -0.1", "Nesterov momentum requires a momentum and zero
     dampening", "Invalid beta parameter at index 0: 1", ...). Returns 0, or
-    -1 with zd_error_last() set. */
+    -1 with zd_error_last() set (ZD_ERR_ARGUMENT for a cfg whose size no
+    *_defaults() function set; every function taking a cfg checks it so). */
 ZD_API int zd_optim_config_check(const zd_optim_config_t *cfg);
 
 /*  Text form: the kind and every field the kind uses, as key=value with
@@ -103,8 +148,10 @@ ZD_API int zd_optim_config_format(const zd_optim_config_t *cfg, char *buf, size_
 /*  Parses "<kind> [key=value ...]": the kind's defaults, overridden by the
     pairs given (booleans as 0/1/true/false). Unknown keys, keys of another
     kind, and malformed numbers are errors. Does not check ranges (see
-    zd_optim_config_check). Returns 0, or -1. */
-ZD_API int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg);
+    zd_optim_config_check). Writes *cfg, a struct of size bytes (sizeof
+    *cfg), no further than size, and sets its size: zd_optim_config_parse(t,
+    &c, sizeof c). Returns 0, or -1 (cfg then left alone). */
+ZD_API int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg, size_t size);
 
 /*  New optimizer over n float32 leaf parameters (taking a reference on
     each). Refuses invalid hyper-parameters, an empty list, non-float32,
@@ -129,8 +176,12 @@ ZD_API int zd_optim_step_grad(zd_optim_t *opt);
     parameter is still stepped, with a zero gradient). */
 ZD_API void zd_optim_zero_grad(zd_optim_t *opt, bool set_to_none);
 
-/*  Accessors. The config is a copy; zd_optim_param returns a borrowed tensor. */
-ZD_API zd_optim_config_t zd_optim_config(zd_optim_t *opt);
+/*  The optimizer's config (with its current lr) into *out, a struct of size
+    bytes, written no further than size: zd_optim_config(opt, &c, sizeof c).
+    0, or -1 (ZD_ERR_ARGUMENT: a size below the 1.0 struct's). */
+ZD_API int zd_optim_config(zd_optim_t *opt, zd_optim_config_t *out, size_t size);
+
+/*  Accessors; zd_optim_param returns a borrowed tensor. */
 ZD_API int zd_optim_n_params(const zd_optim_t *opt);
 ZD_API zd_tensor_t *zd_optim_param(const zd_optim_t *opt, int i);
 

@@ -159,7 +159,8 @@ static inline zd_rpc_options_t zd_rpc_options_default(void)
     first host of SLURM_STEP_NODELIST, port 10000 + SLURM_JOB_ID % 20000).
     Each *_from names where its value came from: a variable (or
     "NAME/NAME" when two made it), "the arguments", or NULL when nothing
-    gave it; all are static strings. */
+    gave it; all are static strings. An out-struct, as zd_rpc_metrics_t:
+    the caller passes its size, since the library fills it whole and reads none of it. */
 typedef struct {
     int rank;              /* -1: nothing gave it */
     int world_size;        /* 0: nothing gave it */
@@ -179,9 +180,11 @@ typedef struct {
     for the caller's defaults or errors. 0, or -1 (ZD_ERR_ARGUMENT) naming
     the variable: a malformed number or host list, a rank outside the world,
     PMIX_RANK without a world size, Open MPI across hosts without
-    MASTER_ADDR. */
+    MASTER_ADDR; a NULL env or a size below the 1.0 struct's. env is a
+    struct of size bytes (sizeof *env), written no further than size, and
+    left alone on -1: zd_rpc_env_resolve(-1, 0, NULL, 0, &env, sizeof env). */
 ZD_API int zd_rpc_env_resolve(int rank, int world_size, const char *master_addr, int master_port,
-                              zd_rpc_env_t *env);
+                              zd_rpc_env_t *env, size_t size);
 
 /*  Joins the world. rank < 0, world_size <= 0 and the options' unset
     master address and port come from the launcher's environment

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "core/sized.h"
 #include "rpc/net/wire.h"
 
 /* Ports derived from a job id fall in [10000, 30000): below Linux's
@@ -288,10 +289,8 @@ static void summarize(zd_rpc_env_t *e)
         say(e, " [%s]", e->launcher);
 }
 
-int zd_rpc_env_resolve(int rank, int world_size, const char *addr, int port, zd_rpc_env_t *e)
+static int resolve(int rank, int world_size, const char *addr, int port, zd_rpc_env_t *e)
 {
-    if (!e)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_env_resolve: env is NULL");
     *e = (zd_rpc_env_t){.rank = -1, .local_rank = -1};
     if (port < 0 || port > 65535)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "master port %d is not in [1, 65535]", port);
@@ -336,4 +335,16 @@ int zd_rpc_env_resolve(int rank, int world_size, const char *addr, int port, zd_
         return -1;
     summarize(e);
     return 0;
+}
+
+int zd_rpc_env_resolve(int rank, int world_size, const char *addr, int port, zd_rpc_env_t *env,
+                       size_t size)
+{
+    const size_t min = ZD__SIZE_THROUGH(zd_rpc_env_t, summary);
+    zd_rpc_env_t e;
+    if (!env || size < min) /* refused before anything is read */
+        return zd__sized_write(env, size, &e, sizeof e, min, "zd_rpc_env_resolve: zd_rpc_env_t");
+    if (resolve(rank, world_size, addr, port, &e) < 0)
+        return -1;
+    return zd__sized_write(env, size, &e, sizeof e, min, "zd_rpc_env_resolve: zd_rpc_env_t");
 }

@@ -104,7 +104,7 @@ int zd__agent_init_params(const char *name, int rank, int world, const zd_rpc_op
                        "zd_rpc_options_t", "zd_rpc_options_default()") < 0)
         return zd_error_wrap("zd_rpc_init");
     zd_rpc_env_t env;
-    if (zd_rpc_env_resolve(rank, world, p->o.master_addr, p->o.master_port, &env) < 0)
+    if (zd_rpc_env_resolve(rank, world, p->o.master_addr, p->o.master_port, &env, sizeof env) < 0)
         return zd_error_wrap("zd_rpc_init");
     if (!env.rank_from)
         return zd_error_set_code(ZD_ERR_ARGUMENT,

@@ -7,7 +7,8 @@
     effect; the out-structs the library fills are written no further than
     the size passed, so the bytes after them stay as they were. A world of
     one process on a port of its own: a call to itself, a backward pass,
-    metrics and counters, limits, shutdown. Exits 0 when all of it holds,
+    metrics and counters, limits, an optimizer's config, an op's table, the
+    launch environment, shutdown. Exits 0 when all of it holds,
     1 naming what did not. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -133,6 +134,43 @@ int main(void)
     zd_tensor_unref(y);
     zd_tensor_unref(sq);
     zd_tensor_unref(x);
+
+    /* an optimizer from a 1.0 config, its config read back no further than
+       the 1.0 struct; an op table of the 1.0 header; the launch environment */
+    zd_tensor_t *p = zd_tensor_zeros1(2);
+    zd_optim_config_t oc = zd_optim_sgd_defaults(0.5);
+    zd_optim_t *opt =
+        p && zd_tensor_set_requires_grad(p, true) == 0 ? zd_optim_new(&oc, &p, 1) : NULL;
+    CHECK(opt, "zd_optim_new");
+    struct {
+        zd_optim_config_t c;
+        unsigned char after[64];
+    } back;
+    memset(&back, CANARY, sizeof back);
+    CHECK(opt && zd_optim_config(opt, &back.c, sizeof back.c) == 0 && back.c.lr == 0.5 &&
+              back.c.size == sizeof back.c,
+          "zd_optim_config");
+    CHECK(intact(back.after, sizeof back.after), "optim config written past the 1.0 struct");
+    memset(&back, CANARY, sizeof back);
+    CHECK(zd_optim_config_parse("adam lr=0.25", &back.c, sizeof back.c) == 0 && back.c.lr == 0.25 &&
+              zd_optim_config_check(&back.c) == 0,
+          "zd_optim_config_parse");
+    CHECK(intact(back.after, sizeof back.after), "parsed config written past the 1.0 struct");
+    zd_optim_free(opt);
+    static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("LaterBackward", NULL, NULL);
+    zd_autograd_node_t *node = NULL;
+    CHECK(zd_autograd_node_new(&ops, &p, 1, 1, &node) == 0 && node, "zd_autograd_node_new");
+    zd_autograd_node_unref(node);
+    zd_tensor_unref(p);
+    struct {
+        zd_rpc_env_t e;
+        unsigned char after[64];
+    } env;
+    memset(&env, CANARY, sizeof env);
+    CHECK(zd_rpc_env_resolve(0, 1, "127.0.0.1", port, &env.e, sizeof env.e) == 0 &&
+              env.e.rank == 0 && env.e.master_port == port,
+          "zd_rpc_env_resolve");
+    CHECK(intact(env.after, sizeof env.after), "env written past the 1.0 struct");
 
     CHECK(zd_rpc_shutdown(true, 20000) == 0, "zd_rpc_shutdown");
     if (failures)

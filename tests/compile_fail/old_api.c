@@ -85,13 +85,15 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     rc += zd_nn_net_forward_conv(net, x, &y);
     zd_nn_module_free(net);
     zd_future_unref(zd_remote_module_forward_async(rm, &x, 1));
-    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
+    static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("TestBackward", NULL, NULL);
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
+    zd_optim_config_t c;
     return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
         zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
         zd_autograd_node_new(&ops, &x, 1, 1, &node) +
-        zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m);
+        zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m) +
+        zd_optim_config(opt, &c, sizeof c) + zd_optim_config_parse("sgd lr=0.1", &c, sizeof c);
 #elif defined(CASE_model_t)
     (void)cfg, (void)m, (void)rm, (void)ctx;
     zd_nn_model_t *net = zd_nn_net_new(1);
@@ -217,16 +219,31 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_future_unref(zd_remote_module_forward_async(rm, 1, &x));
     return 0;
 #elif defined(CASE_autograd_node_new)
-    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
+    static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("TestBackward", NULL, NULL);
     zd_tensor_t *x = NULL;
     zd_autograd_node_t *node;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     return zd_autograd_node_new(&ops, 1, &x, 1, &node);
 #elif defined(CASE_autograd_record)
-    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
+    static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("TestBackward", NULL, NULL);
     zd_tensor_t *x = NULL, *y = NULL;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     return zd_autograd_record(&ops, 1, &x, y, NULL, 0, NULL);
+#elif defined(CASE_node_ops)
+    /* 0.2's positional table: its name lands in 1.0's first field, size */
+    static const zd_autograd_node_ops_t ops = {"TestBackward", NULL, NULL};
+    zd_tensor_t *x = NULL;
+    zd_autograd_node_t *node;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_autograd_node_new(&ops, &x, 1, 1, &node);
+#elif defined(CASE_optim_config)
+    zd_optim_t *opt = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_optim_config(opt).lr > 0;
+#elif defined(CASE_optim_config_parse)
+    zd_optim_config_t c;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_optim_config_parse("sgd lr=0.1", &c);
 #elif defined(CASE_tensor_new)
     const int64_t shape[2] = {2, 3};
     (void)cfg, (void)m, (void)rm, (void)ctx;
