@@ -35,6 +35,10 @@ static int read_options(zd_ps_options_t *o, const zd_ps_options_t *in)
     if (o->mode == ZD_PS_SYNC && o->num_trainers < 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: num_trainers must be >= 1, got %d",
                                  o->num_trainers);
+    if (o->mode == ZD_PS_SYNC && (o->min_trainers < 1 || o->min_trainers > o->num_trainers))
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "ps: min_trainers must be in [1, num_trainers = %d], got %d",
+                                 o->num_trainers, o->min_trainers);
     return 0;
 }
 
@@ -242,10 +246,18 @@ struct zd_ps_server {
     bool stopped;
     /* ZD_PS_SYNC: the round being gathered */
     zd_tensor_t **sums;    /* the round's sum of gradients, per tensor */
-    int n_pushed;          /* pushes in the round */
-    int *pushed_by;        /* their callers' ranks */
+    int n_pushed;          /* pushes in the round (at most 2 x num_trainers) */
+    int *pushed_by;        /* their callers' ranks; -1: a process since lost */
     zd_future_t **waiting; /* their answers, completed with the round */
+    /* ZD_PS_SYNC: the trainers this shard has heard from, by rank, and
+       how many of them are lost now (not waited for) */
+    uint8_t *trainer; /* TRAINER_*; world size entries, made at the first call */
+    int n_ranks;
+    int n_lost;
+    zd_ps_server_t *next; /* in the list of shards told of lost peers */
 };
+
+enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
 
 /*  The answer [code, version, text]: a new reference, or NULL. */
 static zd_value_t *answer_new(zd_error_code_t code, int64_t version, const char *text)
@@ -275,7 +287,7 @@ static void answer(zd_future_t *f, zd_error_code_t code, int64_t version, const 
     completes them once it let the lock go, since completing one sends it. */
 static zd_future_t **take_waiting(zd_ps_server_t *s, int *n)
 {
-    zd_future_t **out = malloc((size_t)s->opts.num_trainers * sizeof *out);
+    zd_future_t **out = malloc((size_t)(s->n_pushed ? s->n_pushed : 1) * sizeof *out);
     *n = 0;
     if (!out)
         return NULL;
@@ -306,27 +318,43 @@ static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
     return 0;
 }
 
-/*  Adds grads to the round (under the lock); when the round is complete,
-    steps with their mean. *done: the answers to send, else NULL. */
-static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t *const *grads,
-                     zd_future_t ***done, int *n_done)
+/*  Marks the caller of a pull or a push a live trainer (under the lock): a
+    lost one that called again (it rejoined) is waited for again. */
+static void trainer_seen(zd_ps_server_t *s, int rank)
 {
-    *done = NULL;
-    for (int i = 0; i < s->n_pushed; i++)
-        if (s->pushed_by[i] == caller)
-            return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                     "rank %d pushed twice in round %" PRId64 " of shard %d",
-                                     caller, s->version, s->shard);
-    for (int i = 0; i < s->n; i++) {
-        float *sum = zd_tensor_data(s->sums[i]);
-        const float *g = zd_tensor_data(grads[i]);
-        for (int64_t k = 0; k < zd_tensor_numel(grads[i]); k++)
-            sum[k] += g[k];
+    if (s->opts.mode != ZD_PS_SYNC || rank < 0)
+        return;
+    if (!s->trainer) {
+        int n = zd_rpc_world_size();
+        if (n < 1 || !(s->trainer = calloc((size_t)n, sizeof *s->trainer)))
+            return; /* no memory: lost trainers are waited for, as before */
+        s->n_ranks = n;
     }
-    s->pushed_by[s->n_pushed] = caller;
-    s->waiting[s->n_pushed++] = zd_future_ref(f);
-    if (s->n_pushed < s->opts.num_trainers)
-        return 0;
+    if (rank >= s->n_ranks)
+        return;
+    if (s->trainer[rank] == TRAINER_LOST)
+        s->n_lost--;
+    s->trainer[rank] = TRAINER_LIVE;
+}
+
+/*  A round is complete when every trainer not lost pushed, and those are
+    at least min_trainers: num_trainers - n_lost pushes from live ones. A
+    lost trainer's push stays in the round (it was computed on the
+    round's version), and counts in the mean. */
+static bool round_complete(const zd_ps_server_t *s)
+{
+    int expected = s->opts.num_trainers - s->n_lost, live = 0;
+    if (s->n_pushed == 0 || expected < s->opts.min_trainers)
+        return false;
+    for (int i = 0; i < s->n_pushed; i++)
+        live += s->pushed_by[i] >= 0;
+    return live >= expected;
+}
+
+/*  Steps with the mean of the round (under the lock). *done: the answers
+    to send. */
+static int finish_round(zd_ps_server_t *s, zd_future_t ***done, int *n_done)
+{
     float count = (float)s->n_pushed;
     for (int i = 0; i < s->n; i++) {
         float *sum = zd_tensor_data(s->sums[i]);
@@ -341,6 +369,33 @@ static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t 
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
     }
     return rc;
+}
+
+/*  Adds grads to the round (under the lock); when the round is complete,
+    steps with their mean. *done: the answers to send, else NULL. */
+static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t *const *grads,
+                     zd_future_t ***done, int *n_done)
+{
+    *done = NULL;
+    for (int i = 0; i < s->n_pushed; i++)
+        if (s->pushed_by[i] == caller)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "rank %d pushed twice in round %" PRId64 " of shard %d",
+                                     caller, s->version, s->shard);
+    if (s->n_pushed == 2 * s->opts.num_trainers)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "round %" PRId64 " of shard %d already has %d pushes, for %d "
+                                 "trainers (num_trainers)",
+                                 s->version, s->shard, s->n_pushed, s->opts.num_trainers);
+    for (int i = 0; i < s->n; i++) {
+        float *sum = zd_tensor_data(s->sums[i]);
+        const float *g = zd_tensor_data(grads[i]);
+        for (int64_t k = 0; k < zd_tensor_numel(grads[i]); k++)
+            sum[k] += g[k];
+    }
+    s->pushed_by[s->n_pushed] = caller;
+    s->waiting[s->n_pushed++] = zd_future_ref(f);
+    return round_complete(s) ? finish_round(s, done, n_done) : 0;
 }
 
 static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -361,6 +416,7 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     int n_done = 0;
     bool reply = true; /* false: f waits for the round */
     pthread_mutex_lock(&s->lock);
+    trainer_seen(s, zd_rpc_call_caller_rank(call));
     int64_t now = s->version;
     if (s->stopped) {
         code = ZD_ERR_STOPPED;
@@ -410,11 +466,11 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 
 static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call;
     (void)args;
     zd_ps_server_t *s = arg;
     zd_value_t *v = NULL;
     pthread_mutex_lock(&s->lock);
+    trainer_seen(s, zd_rpc_call_caller_rank(call));
     if (s->stopped) {
         char text[64];
         snprintf(text, sizeof text, "shard %d stopped", s->shard);
@@ -438,6 +494,78 @@ out:
     if (!v)
         zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
     return v;
+}
+
+/*  The synchronous shards of this process, told of lost peers: the peer
+    lost callbacks live as long as the process, the shards do not. Lock
+    order: g_shards.lock, then a shard's. */
+static struct {
+    pthread_mutex_t lock;
+    zd_ps_server_t *first;
+    bool listening;
+} g_shards = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/*  A trainer lost: its round is no longer waited on for it (a push it
+    made stays), which may complete the round. */
+static void shard_peer_lost(zd_ps_server_t *s, int peer)
+{
+    zd_future_t **done = NULL;
+    int n_done = 0;
+    zd_error_code_t code = ZD_OK;
+    char text[256] = "";
+    pthread_mutex_lock(&s->lock);
+    if (s->trainer && peer < s->n_ranks && s->trainer[peer] == TRAINER_LIVE) {
+        s->trainer[peer] = TRAINER_LOST;
+        s->n_lost++;
+        for (int i = 0; i < s->n_pushed; i++)
+            if (s->pushed_by[i] == peer)
+                s->pushed_by[i] = -1;
+        if (!s->stopped && round_complete(s) && finish_round(s, &done, &n_done) < 0) {
+            code = ZD_ERR_OTHER;
+            snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+        }
+    }
+    int64_t now = s->version;
+    pthread_mutex_unlock(&s->lock);
+    if (done)
+        answer_all(done, n_done, code, now, text);
+}
+
+static void on_peer_lost(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    (void)name;
+    pthread_mutex_lock(&g_shards.lock);
+    for (zd_ps_server_t *s = g_shards.first; s; s = s->next)
+        shard_peer_lost(s, peer);
+    pthread_mutex_unlock(&g_shards.lock);
+}
+
+static int enlist(zd_ps_server_t *s)
+{
+    pthread_mutex_lock(&g_shards.lock);
+    int rc = 0;
+    if (!g_shards.listening) {
+        rc = zd_rpc_register_peer_lost(on_peer_lost, NULL);
+        g_shards.listening = rc == 0;
+    }
+    if (rc == 0) {
+        s->next = g_shards.first;
+        g_shards.first = s;
+    }
+    pthread_mutex_unlock(&g_shards.lock);
+    return rc;
+}
+
+static void unlist(zd_ps_server_t *s)
+{
+    pthread_mutex_lock(&g_shards.lock);
+    for (zd_ps_server_t **p = &g_shards.first; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&g_shards.lock);
 }
 
 zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, int n_shards,
@@ -477,8 +605,10 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     s->params = calloc((size_t)mine, sizeof *s->params);
     s->sums = calloc((size_t)mine, sizeof *s->sums);
     s->all = malloc((size_t)mine * sizeof *s->all);
-    s->pushed_by = calloc((size_t)o.num_trainers, sizeof *s->pushed_by);
-    s->waiting = calloc((size_t)o.num_trainers, sizeof *s->waiting);
+    /* A trainer lost after its push and back in the same round pushes
+       twice: room for each trainer's two. */
+    s->pushed_by = calloc(2 * (size_t)o.num_trainers, sizeof *s->pushed_by);
+    s->waiting = calloc(2 * (size_t)o.num_trainers, sizeof *s->waiting);
     if (!s->names || !s->params || !s->sums || !s->all || !s->pushed_by || !s->waiting)
         goto oom;
     for (int i = 0; i < n; i++) {
@@ -506,7 +636,14 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         zd_rpc_unregister(s->fn_push);
         goto fail;
     }
+    if (o.mode == ZD_PS_SYNC && enlist(s) < 0) {
+        zd_error_wrap("zd_ps_server_new: shard %d", shard);
+        goto fail_registered;
+    }
     return s;
+fail_registered:
+    zd_ps_server_free(s);
+    return NULL;
 oom:
     zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_server_new: out of memory");
 fail:
@@ -581,6 +718,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
 {
     if (!s)
         return;
+    unlist(s);
     if (s->fn_push[0]) {
         zd_rpc_unregister(s->fn_push);
         zd_rpc_unregister(s->fn_pull);
@@ -599,6 +737,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->all);
     free(s->pushed_by);
     free(s->waiting);
+    free(s->trainer);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

@@ -10,7 +10,9 @@
       version with ZD_ERR_STALE and leaves the shard as it was;
     - a push of a wrong shape, a wrong dtype, an unknown or missing name,
       or a NaN is refused, naming the tensor, and changes nothing;
-    - a shard killed: its trainers' calls fail with ZD_ERR_PEER naming it. */
+    - a shard killed: its trainers' calls fail with ZD_ERR_PEER naming it;
+    - a trainer killed in synchronous mode: once it is declared lost, the
+      rounds complete with the trainers left (exactly the mean of theirs). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -35,7 +37,8 @@ typedef struct {
     int n_shards;
     zd_ps_mode_t mode;
     int64_t max_staleness;
-    bool lossy; /* a member dies: the survivors' shutdown may report it */
+    bool lossy;       /* a member dies: the survivors' shutdown may report it */
+    int num_trainers; /* 0: 2 */
 } setup_t;
 
 static const char *const names[] = {"a.weight", "a.bias", "b.weight", "b.bias"};
@@ -123,7 +126,7 @@ static zd_ps_options_t options(const setup_t *su)
 {
     zd_ps_options_t o = zd_ps_options_default();
     o.mode = su->mode;
-    o.num_trainers = 2;
+    o.num_trainers = su->num_trainers ? su->num_trainers : 2;
     o.max_staleness = su->max_staleness;
     return o;
 }
@@ -487,6 +490,71 @@ static void test_shard_lost(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/* ---- a trainer lost in synchronous mode ---- */
+
+/*  Trainers 0 and 1 train four rounds; trainer 2 pulls once (the shard
+    knows it from then on) and dies. Each round waits for it until it is
+    declared lost, then completes with the other two: the mean of theirs. */
+static int three_trainers(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    int shard = 3;
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard, 1, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    if (w->rank == 2) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "pull: %s", zd_error_last());
+        else
+            raise(SIGKILL);
+    }
+    for (int round = 0; round < 4 && rc == 0; round++) {
+        const char *bad;
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
+        else if ((bad = differs(m, want)))
+            rc = world_fail(w, "round %d: %s is not the step with the survivors' mean", round, bad);
+        else if (zd_ps_client_version(ps, 0) != round)
+            rc = world_fail(w, "round %d: version %lld", round,
+                            (long long)zd_ps_client_version(ps, 0));
+        else if (set_grads(m, w->rank, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
+        sgd_mean(want, 2, round);
+    }
+    if (rc == 0 && (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || differs(m, want)))
+        rc = world_fail(w, "after the last round: %s", zd_error_last());
+    zd_rpc_shutdown(true, world_scaled_ms(20000)); /* may report the lost trainer */
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int trainer_lost_world(const world_t *w)
+{
+    if (w->rank < 3)
+        return three_trainers(w);
+    return run_shard(w, 0, 0, 0);
+}
+
+static void test_sync_trainer_lost(void **state)
+{
+    (void)state;
+    setup_t su = {
+        .n_shards = 1, .mode = ZD_PS_SYNC, .max_staleness = -1, .lossy = true, .num_trainers = 3};
+    world_options_t o = {.world_size = 4,
+                         .fn = trainer_lost_world,
+                         .arg = &su,
+                         .own_init = true,
+                         .timeout_s = 60,
+                         .expect_exit = {0, 0, 128 + SIGKILL, 0}};
+    assert_int_equal(world_run(&o), 0);
+}
+
 /* ---- the split ---- */
 
 static void test_split(void **state)
@@ -518,6 +586,13 @@ static void test_split(void **state)
     zd_ps_options_t bad = {0};
     assert_null(zd_ps_server_new(sd, 0, 1, &sgd, &bad));
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    /* min_trainers past num_trainers could never complete a round. */
+    bad = zd_ps_options_default();
+    bad.mode = ZD_PS_SYNC;
+    bad.num_trainers = 2;
+    bad.min_trainers = 3;
+    assert_null(zd_ps_server_new(sd, 0, 1, &sgd, &bad));
+    assert_non_null(strstr(zd_error_last(), "min_trainers must be in [1, num_trainers = 2]"));
     /* So is a config that no zd_optim_*_defaults() made. */
     zd_optim_config_t unsized = {.kind = ZD_OPTIM_SGD, .lr = LR};
     assert_null(zd_ps_server_new(sd, 0, 1, &unsized, NULL));
@@ -533,7 +608,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split),           cmocka_unit_test(test_sync_one_shard),
         cmocka_unit_test(test_sync_two_shards), cmocka_unit_test(test_async_stale_and_refused),
-        cmocka_unit_test(test_shard_lost),
+        cmocka_unit_test(test_shard_lost),      cmocka_unit_test(test_sync_trainer_lost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,7 +22,10 @@
     - ZD_PS_SYNC, synchronous rounds (PyTorch's batch-update parameter
       server): a shard answers the pushes of a round when all num_trainers
       gradients are in, after one step with their mean; a push must carry
-      the version of the parameters its trainer pulled.
+      the version of the parameters its trainer pulled. A trainer the
+      shard heard from and that is then lost (zd_rpc_register_peer_lost)
+      is no longer waited for, while min_trainers remain; it is waited for
+      again once it calls again (it rejoined).
     - ZD_PS_ASYNC: every push is one step at once. A push computed on
       parameters older than the shard's version minus max_staleness is
       refused with ZD_ERR_STALE (pull and compute again).
@@ -63,6 +66,8 @@ typedef struct {
     int num_trainers;      /* ZD_PS_SYNC: pushes per round (1) */
     int64_t max_staleness; /* ZD_PS_ASYNC: a push may be this many versions behind the
                                 shard; -1 (the default): any number */
+    int min_trainers;      /* ZD_PS_SYNC: the fewest live trainers a round completes with,
+                              once others were lost (1) */
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
@@ -75,6 +80,7 @@ static inline zd_ps_options_t zd_ps_options_default(void)
     o.mode = ZD_PS_ASYNC;
     o.num_trainers = 1;
     o.max_staleness = -1;
+    o.min_trainers = 1;
     return o;
 }
 
