@@ -9,6 +9,11 @@
       ps64_start_s              rpc_ps, 1 server + 64 trainers started at once:
                                 seconds from the start to every trainer's first
                                 batch done (then the world is stopped)
+      ps_pushpull_samples_per_s the ps layer (ps.h), the tutorial Net, 1 shard and
+                                3 trainers, push/pull asynchronous: samples per
+                                second of the three together (batch 32)
+      ps_batch_update_samples_per_s   the same in synchronous rounds (PyTorch's
+                                batch-update parameter server)
       ps_start_s_N              with --scale: the same for worlds of N = 64, 256
                                 and 512 processes (1 server + N - 1 trainers)
       trainer_rss_mb            rpc_ps's default world (1 server + 3 trainers,
@@ -18,7 +23,8 @@
                                 and 1 + 16 trainers (50 batches each, lr 0.003):
                                 its growth per added trainer
 
-        bench_examples [--csv] [--iterations N] [--batches N] [--only ps|pipeline|start|memory]
+        bench_examples [--csv] [--iterations N] [--batches N]
+                       [--only ps|pushpull|pipeline|start|memory]
                        [--rpc_ps PATH] [--scale]
 
     The PS figures time the training loop only (actors created, no test
@@ -30,21 +36,29 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
+#include <zdist/autograd.h>
 #include <zdist/error.h>
+#include <zdist/model.h>
+#include <zdist/module.h>
 #include <zdist/nn.h>
+#include <zdist/ps.h>
 #include "examples/pipeline_core.h"
 #include "examples/ps_core.h"
 #include "bench/bench_worlds.h"
 #include "tests/support/world.h"
 
-#define MAX_FIGURES 24
+#define MAX_FIGURES       24
+#define PUSHPULL_TRAINERS 3
+#define PUSHPULL_BATCH    32
 
 typedef struct {
     int n;
     char name[MAX_FIGURES][48];
     double value[MAX_FIGURES];
     char unit[MAX_FIGURES][16];
+    double trainer_s[PUSHPULL_TRAINERS]; /* ps layer: each trainer's loop time */
 } figures_t;
 
 /*  Shared with the children: rank 0 of each world writes its figures here. */
@@ -117,6 +131,128 @@ static int pipe_fn(const world_t *w)
         snprintf(name, sizeof name, "pipeline_samples_per_s_split%lld",
                  (long long)res.num_split[r]);
         add(name, res.samples_per_s[r], "samples/s");
+    }
+    return 0;
+}
+
+/*  The ps layer (ps.h): rank 0 serves the Net's parameters as one shard,
+    ranks 1..3 train replicas on random batches: pull, forward, loss,
+    backward, push. Each trainer times its loop after a first pull. */
+typedef struct {
+    zd_ps_mode_t mode;
+    int64_t batches;
+} pushpull_bench_t;
+
+static zd_ps_options_t pushpull_options(const pushpull_bench_t *b)
+{
+    zd_ps_options_t o = zd_ps_options_default();
+    o.mode = b->mode;
+    o.num_trainers = PUSHPULL_TRAINERS;
+    return o;
+}
+
+static int pushpull_shard(const world_t *w, const pushpull_bench_t *b)
+{
+    zd_ps_options_t o = pushpull_options(b);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(0.01);
+    zd_nn_module_t *net = zd_nn_net_new(1);
+    zd_ps_server_t *srv = net ? zd_ps_server_new_module(net, 0, 1, &sgd, &o) : NULL;
+    zd_nn_module_free(net);
+    zd_rpc_options_t ro = world_rpc_options(w->port);
+    if (!srv || zd_rpc_init("shard", 0, w->world_size, &ro) < 0) {
+        zd_ps_server_free(srv);
+        return world_fail(w, "shard: %s", zd_error_last());
+    }
+    int rc = zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT);
+    zd_ps_server_free(srv);
+    return rc < 0 ? world_fail(w, "shard: %s", zd_error_last()) : 0;
+}
+
+static int pushpull_step(zd_ps_client_t *ps, zd_nn_module_t *net, zd_tensor_t *x, zd_tensor_t *y)
+{
+    zd_tensor_t *lp = NULL, *loss = NULL;
+    int rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT);
+    if (rc == 0)
+        rc = zd_nn_module_forward(net, &x, 1, &lp, 1);
+    if (rc == 0)
+        rc = zd_nn_nll_loss(lp, y, &loss);
+    if (rc == 0)
+        rc = zd_autograd_backward(loss, NULL, false);
+    if (rc == 0)
+        rc = zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT);
+    zd_nn_module_zero_grad(net);
+    zd_tensor_unref(loss);
+    zd_tensor_unref(lp);
+    return rc;
+}
+
+static int pushpull_trainer(const world_t *w, const pushpull_bench_t *b)
+{
+    zd_ps_options_t o = pushpull_options(b);
+    zd_nn_module_t *net = zd_nn_net_new(1);
+    int shard = 0;
+    zd_ps_client_t *ps = net ? zd_ps_client_new_module(net, &shard, 1, &o) : NULL;
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){PUSHPULL_BATCH, 1, 28, 28}, 4);
+    zd_tensor_t *y = zd_tensor_empty(ZD_INT64, (int64_t[]){PUSHPULL_BATCH}, 1);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)w->rank);
+    for (int64_t i = 0; x && i < zd_tensor_numel(x); i++)
+        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
+    for (int64_t i = 0; y && i < PUSHPULL_BATCH; i++)
+        zd_tensor_data_i64(y)[i] = (int64_t)zd_rng_below(&rng, 10);
+    zd_rpc_options_t ro = world_rpc_options(w->port);
+    char name[16];
+    snprintf(name, sizeof name, "trainer%d", w->rank);
+    int rc = ps && x && y ? zd_rpc_init(name, w->rank, w->world_size, &ro) : -1;
+    if (rc == 0) {
+        rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT); /* connections made, first copy */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int64_t i = 0; rc == 0 && i < b->batches; i++)
+            rc = pushpull_step(ps, net, x, y);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        figs->trainer_s[w->rank - 1] =
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (rc < 0)
+            world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
+        if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0 && rc == 0)
+            rc = world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
+    } else {
+        world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
+    }
+    zd_ps_client_free(ps);
+    zd_nn_module_free(net);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    return rc;
+}
+
+static int pushpull_fn(const world_t *w)
+{
+    const pushpull_bench_t *b = w->arg;
+    zd_nn_set_num_threads(1); /* four processes on this machine's cores */
+    return w->rank == 0 ? pushpull_shard(w, b) : pushpull_trainer(w, b);
+}
+
+static int pushpull(int64_t batches)
+{
+    const zd_ps_mode_t modes[2] = {ZD_PS_ASYNC, ZD_PS_SYNC};
+    const char *names[2] = {"ps_pushpull_samples_per_s", "ps_batch_update_samples_per_s"};
+    for (int m = 0; m < 2; m++) {
+        pushpull_bench_t b = {modes[m], batches};
+        world_options_t o = {.world_size = 1 + PUSHPULL_TRAINERS,
+                             .fn = pushpull_fn,
+                             .arg = &b,
+                             .timeout_s = 600,
+                             .own_init = true};
+        if (world_run(&o) < 0)
+            return -1;
+        double slowest = 0;
+        for (int t = 0; t < PUSHPULL_TRAINERS; t++)
+            slowest = figs->trainer_s[t] > slowest ? figs->trainer_s[t] : slowest;
+        add(names[m],
+            slowest > 0 ? (double)(PUSHPULL_TRAINERS * PUSHPULL_BATCH * batches) / slowest : 0,
+            "samples/s");
     }
     return 0;
 }
@@ -231,7 +367,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--csv] [--iterations N] [--batches N] "
-                    "[--only ps|pipeline|start|memory] [--rpc_ps PATH] [--scale]\n",
+                    "[--only ps|pushpull|pipeline|start|memory] [--rpc_ps PATH] [--scale]\n",
                     argv[0]);
             return 2;
         }
@@ -256,6 +392,8 @@ int main(int argc, char **argv)
             }
         }
     }
+    if (rc == 0 && (!only || strcmp(only, "pushpull") == 0))
+        rc = pushpull(iterations);
     if (rc == 0 && (!only || strcmp(only, "pipeline") == 0))
         rc = run(PIPELINE_WORLD_SIZE, pipe_setup, pipe_fn, &batches, true);
     if (rc == 0 && (!only || strcmp(only, "start") == 0))
