@@ -12,17 +12,16 @@
     computed on parameters more than --max_staleness steps behind a shard
     is refused as stale: the trainer pulls and computes again. The layer
     was not written for this model: the model code below is plain nn. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "examples/corpus.h"
 #include "examples/flags.h"
 #include <zdist/zdist.h>
 
 #define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
-#define MAX_TEXT     (64 << 20)
 
 /* ---- the model and the text (rnn_rpc's, as one local module) ---- */
 
@@ -72,55 +71,6 @@ static int model_forward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_t
         return -1;
     int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
     return zd_tensor_reshape(dec, shape, 2, logits) < 0 || !zd_scope_add(*logits) ? -1 : 0;
-}
-
-typedef struct {
-    uint8_t *tokens; /* the text as token ids, in byte order */
-    int64_t n;
-    int ntoken;
-} corpus_t;
-
-static int corpus_load(const char *path, corpus_t *c)
-{
-    memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return zd_error_set("cannot open the text %s: %s", path, strerror(errno));
-    c->tokens = malloc(MAX_TEXT);
-    size_t n = c->tokens ? fread(c->tokens, 1, MAX_TEXT, f) : 0;
-    fclose(f);
-    if (n < 1000) {
-        free(c->tokens);
-        c->tokens = NULL;
-        return zd_error_set("the text %s has %zu bytes: 1000 at least", path, n);
-    }
-    int id[256];
-    bool seen[256] = {false};
-    for (size_t i = 0; i < n; i++)
-        seen[c->tokens[i]] = true;
-    for (int b = 0; b < 256; b++)
-        id[b] = seen[b] ? c->ntoken++ : -1;
-    for (size_t i = 0; i < n; i++)
-        c->tokens[i] = (uint8_t)id[c->tokens[i]];
-    c->n = (int64_t)n;
-    return 0;
-}
-
-/*  Batch `it`: `batch` streams, each on its own stretch of the text, bptt
-    characters a step. x (bptt, batch) int64, y (bptt * batch) the next
-    characters. */
-static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t batch, zd_tensor_t *x,
-                         zd_tensor_t *y)
-{
-    int64_t stretch = (c->n - 1) / batch, steps = stretch / bptt;
-    int64_t base = (it % steps) * bptt;
-    int64_t *xd = zd_tensor_data_i64(x), *yd = zd_tensor_data_i64(y);
-    for (int64_t t = 0; t < bptt; t++)
-        for (int64_t b = 0; b < batch; b++) {
-            int64_t at = b * stretch + base + t;
-            xd[t * batch + b] = c->tokens[at];
-            yd[t * batch + b] = c->tokens[at + 1];
-        }
 }
 
 /* ---- the parameter server ---- */
@@ -244,7 +194,7 @@ int main(int argc, char **argv)
              (long long)(shard ? w.rank : w.rank - o.shards));
     if (corpus_load(o.data, &text) < 0 || !(m = model_new(&o, text.ntoken))) {
         fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());
-        free(text.tokens);
+        corpus_free(&text);
         return 1;
     }
     zd_optim_config_t adam = zd_optim_adam_defaults();
@@ -269,6 +219,6 @@ int main(int argc, char **argv)
         printf("%s: %lld steps taken\n", name, (long long)zd_ps_server_version(srv));
     zd_ps_server_free(srv);
     zd_nn_module_free(m);
-    free(text.tokens);
+    corpus_free(&text);
     return status;
 }

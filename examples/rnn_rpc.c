@@ -37,12 +37,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "examples/corpus.h"
 #include "examples/flags.h"
 #include "examples/train_common.h"
 #include <zdist/zdist.h>
 
 #define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
-#define MAX_TEXT     (64 << 20)
 
 typedef struct {
     const char *data;
@@ -161,66 +161,6 @@ static zd_nn_module_t *make_decoder(zd_value_t *args, void *arg)
     }
     zd_tensor_zero_(zd_nn_module_find(lin, "bias"));
     return module_with_child("Decoder", decoder_forward, dropout, seed + 1, "decoder", lin);
-}
-
-/* ---- the text ---- */
-
-typedef struct {
-    uint8_t *tokens; /* the text as token ids */
-    int64_t n;
-    int ntoken;
-    unsigned char chars[256]; /* token id -> byte */
-} corpus_t;
-
-static int corpus_load(const char *path, corpus_t *c)
-{
-    memset(c, 0, sizeof *c);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return zd_error_set("cannot open the text %s: %s", path, strerror(errno));
-    c->tokens = malloc(MAX_TEXT);
-    size_t n = c->tokens ? fread(c->tokens, 1, MAX_TEXT, f) : 0;
-    fclose(f);
-    if (!c->tokens)
-        return zd_error_set("out of memory reading %s", path);
-    if (n < 1000) {
-        free(c->tokens);
-        c->tokens = NULL;
-        return zd_error_set("the text %s has %zu bytes: too short to learn from (1000 at least)",
-                            path, n);
-    }
-    /* token ids in byte order, so that a run is the same on every host */
-    int id[256];
-    bool seen[256] = {false};
-    for (size_t i = 0; i < n; i++)
-        seen[c->tokens[i]] = true;
-    for (int b = 0; b < 256; b++)
-        if (seen[b]) {
-            id[b] = c->ntoken;
-            c->chars[c->ntoken++] = (unsigned char)b;
-        }
-    for (size_t i = 0; i < n; i++)
-        c->tokens[i] = (uint8_t)id[c->tokens[i]];
-    c->n = (int64_t)n;
-    return 0;
-}
-
-/*  Batch `it`: `batch` streams, each reading its own stretch of the text,
-    bptt characters a step, carried from step to step as the hidden state
-    is (the tutorial's "detach and go on"). x (bptt, batch) int64, y
-    (bptt * batch) the next characters. */
-static void corpus_batch(const corpus_t *c, int64_t it, int64_t bptt, int64_t batch, zd_tensor_t *x,
-                         zd_tensor_t *y)
-{
-    int64_t stretch = (c->n - 1) / batch, steps = stretch / bptt;
-    int64_t base = (it % steps) * bptt;
-    int64_t *xd = zd_tensor_data_i64(x), *yd = zd_tensor_data_i64(y);
-    for (int64_t t = 0; t < bptt; t++)
-        for (int64_t b = 0; b < batch; b++) {
-            int64_t at = b * stretch + base + t;
-            xd[t * batch + b] = c->tokens[at];
-            yd[t * batch + b] = c->tokens[at + 1];
-        }
 }
 
 /* ---- the trainer ---- */
@@ -499,7 +439,7 @@ static int run_trainer(options_t o_in, int rank, const char *me)
     if ((c.n - 1) / o->batch < o->bptt) {
         fprintf(stderr, "rnn_rpc: %s: %lld streams of %lld characters do not fit in %lld\n", me,
                 (long long)o->batch, (long long)o->bptt, (long long)c.n);
-        free(c.tokens);
+        corpus_free(&c);
         return 1;
     }
     int ps = zd_rpc_worker("ps");
@@ -516,7 +456,7 @@ static int run_trainer(options_t o_in, int rank, const char *me)
     int status = 1;
     if (model_new(o, c.ntoken, ps, &m) < 0) {
         fprintf(stderr, "rnn_rpc: %s: building the model: %s\n", me, zd_error_last());
-        free(c.tokens);
+        corpus_free(&c);
         return 1;
     }
     if (o->init_from) {
@@ -633,7 +573,7 @@ out:
     zd_dist_optim_free(opt);
     zd_rref_list_free(params);
     model_free(&m);
-    free(c.tokens);
+    corpus_free(&c);
     return status;
 }
 
