@@ -18,7 +18,9 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "core/log_private.h"
 #include "core/sized.h"
+#include "ps/ps_private.h"
 
 #define FN_PULL "__zd_ps_pull_"
 #define FN_PUSH "__zd_ps_push_"
@@ -35,6 +37,11 @@ static int read_options(zd_ps_options_t *o, const zd_ps_options_t *in)
     if (o->mode == ZD_PS_SYNC && o->num_trainers < 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: num_trainers must be >= 1, got %d",
                                  o->num_trainers);
+    if (o->checkpoint_every < 0 || ((o->resume || o->checkpoint_every) && !o->checkpoint_path))
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "ps: checkpoint_every (%" PRId64 ") must be >= 0, and it and "
+                                 "resume need a checkpoint_path",
+                                 o->checkpoint_every);
     if (o->mode == ZD_PS_SYNC && (o->min_trainers < 1 || o->min_trainers > o->num_trainers))
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "ps: min_trainers must be in [1, num_trainers = %d], got %d",
@@ -231,34 +238,6 @@ static int read_pairs(const zd_value_t *list, size_t from, char *const *names,
 
 /*  ---- server side ---- */
 
-struct zd_ps_server {
-    int shard, n_shards;
-    zd_ps_options_t opts;
-    char fn_pull[32], fn_push[32];
-    int n;                /* tensors served */
-    char **names;         /* theirs */
-    zd_tensor_t **params; /* the shard's own copies, stepped by opt */
-    bool *all;            /* n times true: every name is expected */
-    zd_optim_t *opt;
-
-    pthread_mutex_t lock; /* everything below; steps and pulls too */
-    int64_t version;
-    bool stopped;
-    /* ZD_PS_SYNC: the round being gathered */
-    zd_tensor_t **sums;    /* the round's sum of gradients, per tensor */
-    int n_pushed;          /* pushes in the round (at most 2 x num_trainers) */
-    int *pushed_by;        /* their callers' ranks; -1: a process since lost */
-    zd_future_t **waiting; /* their answers, completed with the round */
-    /* ZD_PS_SYNC: the trainers this shard has heard from, by rank, and
-       how many of them are lost now (not waited for) */
-    uint8_t *trainer; /* TRAINER_*; world size entries, made at the first call */
-    int n_ranks;
-    int n_lost;
-    zd_ps_server_t *next; /* in the list of shards told of lost peers */
-};
-
-enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
-
 /*  The answer [code, version, text]: a new reference, or NULL. */
 static zd_value_t *answer_new(zd_error_code_t code, int64_t version, const char *text)
 {
@@ -309,12 +288,19 @@ static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t ve
     free(fs);
 }
 
-/*  One step with grads (under the lock). */
+/*  One step with grads (under the lock), and the checkpoint it is due
+    for. A checkpoint that fails is logged, not the step's failure: the
+    step happened, and the last whole generation stays on disk. */
 static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
 {
     if (zd_optim_step(s->opt, grads) < 0)
         return -1;
     s->version++;
+    int64_t every = s->opts.checkpoint_every;
+    if (every > 0 && s->version % every == 0 && zd__ps_checkpoint_write(s) < 0)
+        zd__log(ZD_LOG_WARN,
+                "%s (the shard goes on; the last checkpoint is of version %" PRId64 ")",
+                zd_error_last(), s->ckpt_version);
     return 0;
 }
 
@@ -425,11 +411,17 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
                read_pairs(args, 1, s->names, s->params, s->all, s->n, grads) < 0) {
         code = ZD_ERR_ARGUMENT;
         snprintf(text, sizeof text, "refused by shard %d: %s", s->shard, zd_error_last());
-    } else if (version > now || version < 0) {
+    } else if (version < 0) {
         code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text, "refused by shard %d: version %" PRId64, s->shard, version);
+    } else if (version > now) {
+        /* The shard restarted from a checkpoint older than what the
+           trainer pulled: pull again. */
+        code = ZD_ERR_STALE;
         snprintf(text, sizeof text,
-                 "refused by shard %d: version %" PRId64 ", the shard is at %" PRId64, s->shard,
-                 version, now);
+                 "refused by shard %d as stale: computed on version %" PRId64
+                 ", which the shard (now at %" PRId64 ", resumed from a checkpoint) is past",
+                 s->shard, version, now);
     } else if (s->opts.mode == ZD_PS_SYNC
                    ? version < now
                    : s->opts.max_staleness >= 0 && now - version > s->opts.max_staleness) {
@@ -628,6 +620,16 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         zd_error_wrap("zd_ps_server_new: shard %d", shard);
         goto fail;
     }
+    s->ckpt_version = -1;
+    s->opts.checkpoint_path = NULL; /* the caller's: ckpt_path is the shard's copy */
+    if (o.checkpoint_path) {
+        size_t len = strlen(o.checkpoint_path) + 32;
+        if (!(s->ckpt_path = malloc(len)))
+            goto oom;
+        snprintf(s->ckpt_path, len, "%s.shard%d", o.checkpoint_path, shard);
+    }
+    if (o.resume && zd__ps_checkpoint_resume(s) < 0)
+        goto fail;
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;
     push.arg = s;
@@ -665,6 +667,16 @@ zd_ps_server_t *zd_ps_server_new_module(const zd_nn_module_t *m, int shard, int 
     zd_ps_server_t *s = zd_ps_server_new(params, shard, n_shards, optim, opts);
     zd_named_tensors_free(params);
     return s;
+}
+
+int zd_ps_server_checkpoint(zd_ps_server_t *s)
+{
+    if (!s)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_checkpoint: NULL");
+    pthread_mutex_lock(&s->lock);
+    int rc = zd__ps_checkpoint_write(s);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
 }
 
 int zd_ps_server_stop(zd_ps_server_t *s)
@@ -738,6 +750,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->pushed_by);
     free(s->waiting);
     free(s->trainer);
+    free(s->ckpt_path);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

@@ -12,7 +12,11 @@
       or a NaN is refused, naming the tensor, and changes nothing;
     - a shard killed: its trainers' calls fail with ZD_ERR_PEER naming it;
     - a trainer killed in synchronous mode: once it is declared lost, the
-      rounds complete with the trainers left (exactly the mean of theirs). */
+      rounds complete with the trainers left (exactly the mean of theirs);
+    - checkpoints: a shard killed between two generations resumes from the
+      last one written (parameters and version), a damaged newest
+      generation is passed over for the one before, and a push computed on
+      a version the resumed shard never had is refused as stale. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -23,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zdist/error.h>
 #include <zdist/module.h>
@@ -555,6 +560,182 @@ static void test_sync_trainer_lost(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/* ---- checkpoints ---- */
+
+typedef struct {
+    char prefix[256]; /* checkpoint_path */
+    int rounds;       /* the trainer's pushes (async, one step each) */
+    int64_t die_at;   /* the shard dies at this version (0: never) */
+    int64_t resumed;  /* the version the shard must start from */
+} ckpt_setup_t;
+
+static zd_ps_options_t ckpt_options(const ckpt_setup_t *cs)
+{
+    zd_ps_options_t o = zd_ps_options_default();
+    o.checkpoint_path = cs->prefix;
+    o.checkpoint_every = 2;
+    o.resume = true;
+    return o;
+}
+
+/*  want -= LR * trainer 0's gradient of each round before `rounds`. */
+static void async_steps(zd_nn_module_t *want, int rounds)
+{
+    for (int round = 0; round < rounds; round++)
+        sgd_mean(want, 1, round);
+}
+
+static int ckpt_shard(const world_t *w)
+{
+    const ckpt_setup_t *cs = w->arg;
+    zd_ps_options_t o = ckpt_options(cs);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 1, &sgd, &o);
+    zd_nn_module_free(m);
+    WCHECK(srv);
+    int rc = 0;
+    if (zd_ps_server_version(srv) != cs->resumed)
+        rc = world_fail(w, "resumed at version %lld, not %lld",
+                        (long long)zd_ps_server_version(srv), (long long)cs->resumed);
+    WTRY(join(w));
+    if (rc == 0 && cs->die_at > 0) {
+        if (wait_version(srv, cs->die_at, 20000) < 0)
+            rc = world_fail(w, "never reached version %lld", (long long)cs->die_at);
+        else
+            raise(SIGKILL);
+    }
+    zd_rpc_shutdown(true, world_scaled_ms(30000));
+    zd_ps_server_free(srv);
+    return rc;
+}
+
+static int ckpt_trainer(const world_t *w)
+{
+    const ckpt_setup_t *cs = w->arg;
+    zd_ps_options_t o = ckpt_options(cs);
+    int shard = 1;
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard, 1, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    async_steps(want, (int)cs->resumed);
+    int rc = 0;
+    const char *bad;
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "first pull: %s", zd_error_last());
+    else if (zd_ps_client_version(ps, 0) != cs->resumed || (bad = differs(m, want)))
+        rc = world_fail(w, "the shard started at version %lld, not the checkpoint's %lld",
+                        (long long)zd_ps_client_version(ps, 0), (long long)cs->resumed);
+    for (int round = (int)cs->resumed; rc == 0 && round < cs->rounds; round++) {
+        if (set_grads(m, 0, round) < 0)
+            rc = world_fail(w, "set_grads: %s", zd_error_last());
+        else if (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0) {
+            /* the shard may die before it answers the push that kills it */
+            if (round + 1 < cs->die_at || zd_error_code() != ZD_ERR_PEER)
+                rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
+            break;
+        } else if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 && round + 1 < cs->die_at) {
+            rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
+        }
+    }
+    zd_rpc_shutdown(true, world_scaled_ms(20000)); /* may report the dead shard */
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+/*  Pushes tagged with a version the shard never had: stale. */
+static int ahead_trainer(const world_t *w)
+{
+    WTRY(join(w));
+    zd_value_t *args = zd_value_list(9);
+    zd_list_append(args, zd_value_int(99));
+    for (int i = 0; i < 4; i++) {
+        zd_list_append(args, zd_value_string(names[i]));
+        zd_tensor_t *t = filled(ZD_FLOAT32, shapes[i][0], shapes[i][1], 0.25f);
+        zd_list_append(args, zd_value_tensor(t));
+        zd_tensor_unref(t);
+    }
+    int64_t code = 0;
+    char text[256];
+    int rc = 0;
+    if (!args || raw_push(args, &code, text, sizeof text) < 0)
+        rc = world_fail(w, "push: %s", zd_error_last());
+    else if (code != ZD_ERR_STALE || !strstr(text, "computed on version 99"))
+        rc = world_fail(w, "a push of version 99: code %lld, %s", (long long)code, text);
+    if (zd_rpc_shutdown(true, world_scaled_ms(20000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int ckpt_world(const world_t *w)
+{
+    const ckpt_setup_t *cs = w->arg;
+    if (w->rank == 1)
+        return ckpt_shard(w);
+    return cs->rounds ? ckpt_trainer(w) : ahead_trainer(w);
+}
+
+static void ckpt_run(ckpt_setup_t *cs, bool shard_dies)
+{
+    world_options_t o = {.world_size = 2,
+                         .fn = ckpt_world,
+                         .arg = cs,
+                         .own_init = true,
+                         .timeout_s = 60,
+                         .expect_exit = {0, shard_dies ? 128 + SIGKILL : 0}};
+    assert_int_equal(world_run(&o), 0);
+}
+
+static void test_checkpoint_resume(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_ckpt_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    ckpt_setup_t cs = {.rounds = 5, .die_at = 5, .resumed = 0};
+    snprintf(cs.prefix, sizeof cs.prefix, "%s/ps", dir);
+    /* No checkpoint yet: the shard starts anew, writes versions 2 and 4,
+       and dies at 5. */
+    ckpt_run(&cs, true);
+    char cur[300], prev[300];
+    snprintf(cur, sizeof cur, "%s.shard0", cs.prefix);
+    snprintf(prev, sizeof prev, "%s.shard0.prev", cs.prefix);
+    assert_int_equal(access(cur, F_OK), 0);
+    assert_int_equal(access(prev, F_OK), 0);
+    /* Started again, it serves version 4's parameters, and trains on. */
+    cs = (ckpt_setup_t){.rounds = 5, .die_at = 0, .resumed = 4, .prefix = ""};
+    snprintf(cs.prefix, sizeof cs.prefix, "%s/ps", dir);
+    ckpt_run(&cs, false);
+    /* A push of a version it never had is stale. */
+    cs.rounds = 0;
+    ckpt_run(&cs, false);
+    /* The newest generation damaged (one byte of its tensors): version 2. */
+    FILE *f = fopen(cur, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 40, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, 40, SEEK_SET), 0);
+    fputc(c ^ 0x55, f);
+    fclose(f);
+    cs = (ckpt_setup_t){.rounds = 3, .die_at = 0, .resumed = 2, .prefix = ""};
+    snprintf(cs.prefix, sizeof cs.prefix, "%s/ps", dir);
+    ckpt_run(&cs, false);
+    /* A shard of another split is refused, naming what it found. */
+    zd_nn_module_t *m = make_model();
+    zd_ps_options_t o = ckpt_options(&cs);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 2, &sgd, &o);
+    assert_null(srv);
+    zd_nn_module_free(m);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* ---- the split ---- */
 
 static void test_split(void **state)
@@ -606,9 +787,13 @@ static void test_split(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_split),           cmocka_unit_test(test_sync_one_shard),
-        cmocka_unit_test(test_sync_two_shards), cmocka_unit_test(test_async_stale_and_refused),
-        cmocka_unit_test(test_shard_lost),      cmocka_unit_test(test_sync_trainer_lost),
+        cmocka_unit_test(test_split),
+        cmocka_unit_test(test_sync_one_shard),
+        cmocka_unit_test(test_sync_two_shards),
+        cmocka_unit_test(test_async_stale_and_refused),
+        cmocka_unit_test(test_shard_lost),
+        cmocka_unit_test(test_sync_trainer_lost),
+        cmocka_unit_test(test_checkpoint_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -30,6 +30,17 @@
       parameters older than the shard's version minus max_staleness is
       refused with ZD_ERR_STALE (pull and compute again).
 
+    Checkpoints (checkpoint_path, checkpoint_every, resume): a shard
+    writes its parameters, its optimizer's state and its version every
+    checkpoint_every steps, each time as a new generation that replaces
+    the last only once it is whole on disk (the one before is kept as
+    ".prev"); a shard made with resume starts from the newest generation
+    it can read (the older one when the newest is damaged, saying so),
+    or from the given parameters when there is none. A shard killed and
+    started again this way rejoins the world (zd_rpc_init) and serves from
+    its checkpoint's version: a trainer's push computed on a version it
+    does not have is refused with ZD_ERR_STALE, and the trainer pulls.
+
     Every push is checked on the shard before anything changes: names it
     serves, each once, all of them, float32 of the served shapes, finite
     (the error names the tensor and the element). Trainer calls fail with
@@ -68,6 +79,12 @@ typedef struct {
                                 shard; -1 (the default): any number */
     int min_trainers;      /* ZD_PS_SYNC: the fewest live trainers a round completes with,
                               once others were lost (1) */
+    /* shards only: */
+    const char *checkpoint_path; /* checkpoints go to "<checkpoint_path>.shard<K>" (NULL:
+                                    none; copied) */
+    int64_t checkpoint_every;    /* one every this many steps (0: only when
+                                    zd_ps_server_checkpoint is called) */
+    bool resume;                 /* start from the newest checkpoint there is, if any */
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
@@ -111,6 +128,12 @@ ZD_API zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int sh
 ZD_API zd_ps_server_t *zd_ps_server_new_module(const zd_nn_module_t *m, int shard, int n_shards,
                                                const zd_optim_config_t *optim,
                                                const zd_ps_options_t *opts);
+
+/*  Writes the shard's checkpoint now: its parameters, its optimizer's
+    state and its version, as the newest generation of
+    "<checkpoint_path>.shard<K>" (the one before kept as ".prev"). 0, or
+    -1: ZD_ERR_ARGUMENT (no checkpoint_path), or the file's error. */
+ZD_API int zd_ps_server_checkpoint(zd_ps_server_t *s);
 
 /*  Stops the shard: pushes waiting for their round, and every later push
     and pull, are answered with ZD_ERR_STOPPED. 0, or -1 for NULL. */

@@ -1,0 +1,217 @@
+/* SPDX-License-Identifier: MIT */
+/*  checkpoint.c: a shard's checkpoints, in generations (ps.h).
+
+    A shard's checkpoint is one checkpoint.h file of named tensors:
+    "ps.meta" (int64: format, shard, shards, version), "param.<name>" for
+    each tensor it serves and "optim.<entry>" for its optimizer's state.
+    A generation is written whole to "<path>.new" (checkpoint.h writes a
+    temporary file and renames it), then the current file becomes
+    "<path>.prev" and the new one "<path>": a crash at any point leaves
+    at least one whole generation among the three names. A resume reads
+    every one of them there is and takes the newest version it can read,
+    naming the files it could not. */
+#include "ps/ps_private.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zdist/checkpoint.h>
+#include <zdist/error.h>
+#include <zdist/optim.h>
+#include "core/log_private.h"
+
+#define FORMAT     1
+#define META       "ps.meta"
+#define PARAM      "param."
+#define OPTIM      "optim."
+#define N_SUFFIXES 3
+
+/*  The names a generation may have, newest first when all are whole. */
+static const char *const suffixes[N_SUFFIXES] = {"", ".new", ".prev"};
+
+static int64_t *meta_of(zd_named_tensors_t *nt)
+{
+    zd_tensor_t *t = zd_named_tensors_find(nt, META);
+    return t && zd_tensor_dtype(t) == ZD_INT64 && zd_tensor_numel(t) == 4 ? zd_tensor_data_i64(t)
+                                                                          : NULL;
+}
+
+/*  Adds t under prefix + name. 0, or -1. */
+static int add_prefixed(zd_named_tensors_t *nt, const char *prefix, const char *name,
+                        zd_tensor_t *t)
+{
+    char full[ZD_CHECKPOINT_MAX_NAME + 1];
+    if (snprintf(full, sizeof full, "%s%s", prefix, name) >= (int)sizeof full)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: the name \"%s\" is too long", name);
+    return zd_named_tensors_add(nt, full, t);
+}
+
+static zd_named_tensors_t *snapshot(zd_ps_server_t *s)
+{
+    zd_named_tensors_t *nt = zd_named_tensors_new(), *state = zd_optim_state_export(s->opt);
+    zd_tensor_t *meta = zd_tensor_empty(ZD_INT64, (int64_t[]){4}, 1);
+    int rc = nt && state && meta ? 0 : -1;
+    if (rc == 0) {
+        int64_t *m = zd_tensor_data_i64(meta);
+        m[0] = FORMAT;
+        m[1] = s->shard;
+        m[2] = s->n_shards;
+        m[3] = s->version;
+        rc = zd_named_tensors_add(nt, META, meta);
+    }
+    for (int i = 0; rc == 0 && i < s->n; i++)
+        rc = add_prefixed(nt, PARAM, s->names[i], s->params[i]);
+    for (int i = 0; rc == 0 && i < zd_named_tensors_len(state); i++)
+        rc = add_prefixed(nt, OPTIM, zd_named_tensors_name(state, i),
+                          zd_named_tensors_tensor(state, i));
+    zd_tensor_unref(meta);
+    zd_named_tensors_free(state);
+    if (rc < 0) {
+        zd_named_tensors_free(nt);
+        return NULL;
+    }
+    return nt;
+}
+
+static void name_of(const zd_ps_server_t *s, int which, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%s", s->ckpt_path, suffixes[which]);
+}
+
+int zd__ps_checkpoint_write(zd_ps_server_t *s)
+{
+    if (!s->ckpt_path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d has no checkpoint_path", s->shard);
+    char cur[4200], next[4200], prev[4200];
+    name_of(s, 0, cur, sizeof cur);
+    name_of(s, 1, next, sizeof next);
+    name_of(s, 2, prev, sizeof prev);
+    zd_named_tensors_t *nt = snapshot(s);
+    if (!nt)
+        return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, s->version);
+    int rc = zd_checkpoint_save(next, nt);
+    zd_named_tensors_free(nt);
+    if (rc < 0)
+        return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, s->version);
+    if ((rename(cur, prev) < 0 && errno != ENOENT) || rename(next, cur) < 0)
+        return zd_error_set("ps: shard %d: cannot move the checkpoint of version %" PRId64
+                            " into %s: %s",
+                            s->shard, s->version, cur, strerror(errno));
+    s->ckpt_version = s->version;
+    return 0;
+}
+
+/*  The file's version when it is a whole checkpoint of this shard, whose
+    parameters have the served names, dtypes and shapes; else -1 with the
+    error set. */
+static int64_t check_file(const zd_ps_server_t *s, zd_named_tensors_t *nt)
+{
+    const int64_t *m = meta_of(nt);
+    if (!m || m[0] != FORMAT)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "not a parameter server checkpoint (no %s)",
+                                 META);
+    if (m[1] != s->shard || m[2] != s->n_shards || m[3] < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "a checkpoint of shard %" PRId64 " of %" PRId64
+                                 ", not of shard %d of %d",
+                                 m[1], m[2], s->shard, s->n_shards);
+    int params = 0;
+    for (int i = 0; i < zd_named_tensors_len(nt); i++)
+        params += strncmp(zd_named_tensors_name(nt, i), PARAM, strlen(PARAM)) == 0;
+    if (params != s->n)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%d parameters, the shard serves %d", params,
+                                 s->n);
+    char full[ZD_CHECKPOINT_MAX_NAME + 1];
+    for (int i = 0; i < s->n; i++) {
+        snprintf(full, sizeof full, PARAM "%s", s->names[i]);
+        zd_tensor_t *t = zd_named_tensors_find(nt, full), *want = s->params[i];
+        if (!t)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "no \"%s\"", s->names[i]);
+        if (zd_tensor_dtype(t) != ZD_FLOAT32 || zd_tensor_ndim(t) != zd_tensor_ndim(want) ||
+            memcmp(zd_tensor_shape(t), zd_tensor_shape(want),
+                   (size_t)zd_tensor_ndim(t) * sizeof(int64_t)) != 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" is not float32 of the served shape",
+                                     s->names[i]);
+    }
+    return m[3];
+}
+
+/*  Takes nt into the shard: the optimizer's state first (refused whole
+    when it does not fit), then the parameters. 0, or -1. */
+static int take(zd_ps_server_t *s, zd_named_tensors_t *nt, int64_t version)
+{
+    zd_named_tensors_t *state = zd_named_tensors_new();
+    int rc = state ? 0 : -1;
+    for (int i = 0; rc == 0 && i < zd_named_tensors_len(nt); i++) {
+        const char *name = zd_named_tensors_name(nt, i);
+        if (strncmp(name, OPTIM, strlen(OPTIM)) == 0)
+            rc = zd_named_tensors_add(state, name + strlen(OPTIM), zd_named_tensors_tensor(nt, i));
+    }
+    if (rc == 0)
+        rc = zd_optim_state_import(s->opt, state);
+    zd_named_tensors_free(state);
+    if (rc < 0)
+        return -1;
+    char full[ZD_CHECKPOINT_MAX_NAME + 1];
+    for (int i = 0; i < s->n; i++) {
+        snprintf(full, sizeof full, PARAM "%s", s->names[i]);
+        zd_tensor_t *t = zd_named_tensors_find(nt, full);
+        memcpy(zd_tensor_data(s->params[i]), zd_tensor_data(t), zd_tensor_nbytes(t));
+    }
+    s->version = version;
+    s->ckpt_version = version;
+    return 0;
+}
+
+int zd__ps_checkpoint_resume(zd_ps_server_t *s)
+{
+    zd_named_tensors_t *best = NULL;
+    int64_t best_version = -1;
+    int found = 0, best_which = -1;
+    char name[4200], damaged[1024] = "";
+    for (int which = 0; which < N_SUFFIXES; which++) {
+        name_of(s, which, name, sizeof name);
+        if (access(name, F_OK) < 0)
+            continue;
+        found++;
+        zd_named_tensors_t *nt = zd_checkpoint_read(name);
+        int64_t v = nt ? check_file(s, nt) : -1;
+        if (v < 0) {
+            size_t at = strlen(damaged);
+            snprintf(damaged + at, sizeof damaged - at, "%s%.200s (%.100s)", at ? "; " : "", name,
+                     zd_error_last());
+            zd_named_tensors_free(nt);
+            continue;
+        }
+        if (v > best_version) {
+            zd_named_tensors_free(best);
+            best = nt;
+            best_version = v;
+            best_which = which;
+        } else {
+            zd_named_tensors_free(nt);
+        }
+    }
+    if (!found) {
+        zd__log(ZD_LOG_INFO, "ps: shard %d: no checkpoint at %s yet: starting anew", s->shard,
+                s->ckpt_path);
+        return 0;
+    }
+    if (!best)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d: no checkpoint can be resumed: %s",
+                                 s->shard, damaged);
+    if (damaged[0])
+        zd__log(ZD_LOG_WARN, "ps: shard %d: passed over %s", s->shard, damaged);
+    name_of(s, best_which, name, sizeof name);
+    int rc = take(s, best, best_version);
+    zd_named_tensors_free(best);
+    if (rc < 0)
+        return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name);
+    zd__log(ZD_LOG_INFO, "ps: shard %d: resumed from %s at version %" PRId64, s->shard, name,
+            best_version);
+    return 0;
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+/*  ps_private.h: a shard, shared by ps.c (serving) and checkpoint.c
+    (its files). */
+#ifndef ZDIST_PS_PRIVATE_H
+#define ZDIST_PS_PRIVATE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <zdist/ps.h>
+
+struct zd_ps_server {
+    int shard, n_shards;
+    zd_ps_options_t opts;
+    char fn_pull[32], fn_push[32];
+    int n;                /* tensors served */
+    char **names;         /* theirs */
+    zd_tensor_t **params; /* the shard's own copies, stepped by opt */
+    bool *all;            /* n times true: every name is expected */
+    zd_optim_t *opt;
+
+    pthread_mutex_t lock; /* everything below; steps and pulls too */
+    int64_t version;
+    bool stopped;
+    /* ZD_PS_SYNC: the round being gathered */
+    zd_tensor_t **sums;    /* the round's sum of gradients, per tensor */
+    int n_pushed;          /* pushes in the round (at most 2 x num_trainers) */
+    int *pushed_by;        /* their callers' ranks; -1: a process since lost */
+    zd_future_t **waiting; /* their answers, completed with the round */
+    /* ZD_PS_SYNC: the trainers this shard has heard from, by rank, and
+       how many of them are lost now (not waited for) */
+    uint8_t *trainer; /* TRAINER_*; world size entries, made at the first call */
+    int n_ranks;
+    int n_lost;
+    zd_ps_server_t *next; /* in the list of shards told of lost peers */
+    /* checkpoints (checkpoint.c) */
+    char *ckpt_path;      /* "<checkpoint_path>.shard<K>", or NULL: none */
+    int64_t ckpt_version; /* the version last written or resumed from; -1: none */
+};
+
+enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
+
+/*  Writes the shard's checkpoint (under s->lock): its parameters, its
+    optimizer's state and its version, as the newest generation of
+    "<checkpoint_path>.shard<K>", the one before kept as ".prev". 0, or
+    -1 with the error set (the older generations left as they were). */
+int zd__ps_checkpoint_write(zd_ps_server_t *s);
+
+/*  Takes the newest readable generation of the shard's checkpoint into
+    the shard (before it serves): 0 (also when there is none: a new run),
+    or -1 with the error set when files exist and none can be taken. */
+int zd__ps_checkpoint_resume(zd_ps_server_t *s);
+
+#endif
