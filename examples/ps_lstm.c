@@ -10,7 +10,10 @@
     trainers, each with a replica: pull the parameters, a forward and a
     backward on its own stretch of the text, push the gradients. A push
     computed on parameters more than --max_staleness steps behind a shard
-    is refused as stale: the trainer pulls and computes again. The layer
+    is refused as stale: the trainer pulls and computes again. With
+    --checkpoint the shards write checkpoints in generations; a shard
+    killed and started again with --resume (the same rank) serves from its
+    last one, while the trainers wait --server_wait_s for it. The layer
     was not written for this model: the model code below is plain nn. */
 #include <math.h>
 #include <stdio.h>
@@ -26,9 +29,11 @@
 /* ---- the model and the text (rnn_rpc's, as one local module) ---- */
 
 typedef struct {
-    const char *data;
+    const char *data, *checkpoint;
     int64_t iterations, batch, bptt, ninp, nhid, nlayers, seed, shards, max_staleness;
     double lr;
+    int64_t checkpoint_every, server_wait_s;
+    bool resume;
 } options_t;
 
 /*  RNNModel: encoder (Embedding), rnn (LSTM), decoder (Linear), under
@@ -123,6 +128,15 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const corpus_t *te
             stale++; /* computed on parameters too old: pull and compute again */
             continue;
         }
+        if (isnan(loss) && zd_error_code() == ZD_ERR_PEER && o->server_wait_s > 0) {
+            printf("%s: %s; waiting up to %lld s for it\n", me, zd_error_last(),
+                   (long long)o->server_wait_s);
+            int s = 0; /* a shard lost: back once it rejoined (with --resume) */
+            while (s < o->shards && zd_rpc_wait_peer(s, o->server_wait_s * 1000) == 0)
+                s++;
+            if (s == o->shards)
+                continue;
+        }
         if (isnan(loss))
             break;
         first += done < 10 ? loss : 0;
@@ -150,8 +164,9 @@ int main(int argc, char **argv)
 {
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    /* data, iterations, batch, bptt, ninp, nhid, nlayers, seed, shards, max_staleness, lr */
-    options_t o = {DEFAULT_TEXT, 100, 16, 20, 32, 64, 1, 1, 2, 8, 0.005};
+    /* data, checkpoint, iterations, batch, bptt, ninp, nhid, nlayers, seed, shards,
+       max_staleness, lr, checkpoint_every, server_wait_s, resume */
+    options_t o = {DEFAULT_TEXT, NULL, 100, 16, 20, 32, 64, 1, 1, 2, 8, 0.005, 50, 0, false};
     flags_world_t w = flags_world_default();
     const flag_t flags[] = {
         {"data", FLAG_STRING, &o.data, "the text to model (default: base-files' GPL-3)"},
@@ -165,6 +180,10 @@ int main(int argc, char **argv)
         {"seed", FLAG_INT, &o.seed, "initial weights"},
         {"shards", FLAG_INT, &o.shards, "parameter server shards: ranks 0 .. shards-1"},
         {"max_staleness", FLAG_INT, &o.max_staleness, "versions a push may be behind (-1: any)"},
+        {"checkpoint", FLAG_STRING, &o.checkpoint, "shards: checkpoints to PREFIX.shard<K>"},
+        {"checkpoint_every", FLAG_INT, &o.checkpoint_every, "shards: steps between checkpoints"},
+        {"resume", FLAG_BOOL, &o.resume, "shards: start from the last checkpoint, if any"},
+        {"server_wait_s", FLAG_INT, &o.server_wait_s, "trainers: wait for a lost shard (0: no)"},
         FLAGS_WORLD(w),
     };
     int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
@@ -172,10 +191,11 @@ int main(int argc, char **argv)
     if (pr != 0)
         return pr > 0 ? 0 : 2;
     if (o.iterations < 10 || o.batch < 1 || o.bptt < 1 || o.ninp < 1 || o.nhid < 1 ||
-        o.nlayers < 1 || o.lr <= 0 || o.shards < 1 || o.shards > 64) {
+        o.nlayers < 1 || o.lr <= 0 || o.shards < 1 || o.shards > 64 || o.checkpoint_every < 1 ||
+        o.server_wait_s < 0 || (o.resume && !o.checkpoint)) {
         fprintf(stderr,
-                "ps_lstm: --iterations >= 10; --shards from 1 to 64; the sizes and "
-                "--lr positive\n");
+                "ps_lstm: --iterations >= 10; --shards from 1 to 64; the sizes, --lr and "
+                "--checkpoint_every positive; --resume needs --checkpoint\n");
         return 2;
     }
     if (flags_world_resolve(&w, o.shards + 3, "ps_lstm") < 0)
@@ -201,10 +221,15 @@ int main(int argc, char **argv)
     adam.lr = o.lr;
     zd_ps_options_t po = zd_ps_options_default();
     po.max_staleness = o.max_staleness;
+    po.checkpoint_path = o.checkpoint;
+    po.checkpoint_every = o.checkpoint ? o.checkpoint_every : 0;
+    po.resume = o.resume;
     if (shard && !(srv = zd_ps_server_new_module(m, (int)w.rank, (int)o.shards, &adam, &po))) {
         fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());
         return 1;
     }
+    if (srv)
+        printf("%s: starting at step %lld\n", name, (long long)zd_ps_server_version(srv));
     if (flags_world_init(&w, name, -1, "ps_lstm") < 0)
         return 1;
     printf("%s: %lld characters, %d distinct; a guess scores ln(%d) = %.3f\n", name,

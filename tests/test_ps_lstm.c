@@ -3,8 +3,9 @@
     servers) in a world of real processes started through the launcher:
     2 shards and 3 trainers, asynchronous; every trainer's loss falls from
     a guess (ln 76 = 4.33 for the GPL's 76 characters), and the shards
-    took every push that was not refused. Programs are found in
-    ZDIST_BUILD_DIR. */
+    took every push that was not refused. With --checkpoint, a second run
+    with --resume starts each shard at its last checkpoint of the first.
+    Programs are found in ZDIST_BUILD_DIR. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,8 +14,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/program.h"
+
+/*  The number after "<who>: <what> " in out. */
+static long long after(const char *out, const char *who, const char *what)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s: %s ", who, what);
+    const char *p = strstr(out, key);
+    if (!p)
+        fail_msg("no \"%s\" line", key);
+    return atoll(p + strlen(key));
+}
 
 /*  "<who>: loss went from A (mean of the first 10 steps) to B (...)". */
 static void loss_fell(const char *out, const char *who, double margin)
@@ -47,10 +60,52 @@ static void test_three_trainers_two_shards(void **state)
     free(out);
 }
 
+/*  "ps0: 87 steps taken": the shard's version at its end. */
+static long long steps_taken(const char *out, const char *who)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%s: ", who);
+    for (const char *p = strstr(out, key); p; p = strstr(p + 1, key)) {
+        long long n;
+        char word[16];
+        if (sscanf(p + strlen(key), "%lld %15s taken", &n, word) == 2 && !strcmp(word, "steps"))
+            return n;
+    }
+    fail_msg("no \"%ssteps taken\" line", key);
+    return -1;
+}
+
+static void test_checkpoint_resume(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_lstm_XXXXXX", flags[256];
+    assert_non_null(mkdtemp(dir));
+    snprintf(flags, sizeof flags, "--iterations=30 --checkpoint=%s/ck --checkpoint_every=20", dir);
+    char *out;
+    assert_int_equal(program_run_world("examples/ps_lstm", 5, flags, true, &out), 0);
+    long long first[2] = {steps_taken(out, "ps0"), steps_taken(out, "ps1")};
+    free(out);
+    snprintf(flags, sizeof flags,
+             "--iterations=10 --checkpoint=%s/ck --checkpoint_every=20 --resume", dir);
+    assert_int_equal(program_run_world("examples/ps_lstm", 5, flags, true, &out), 0);
+    const char *who[2] = {"ps0", "ps1"};
+    for (int s = 0; s < 2; s++) {
+        long long start = after(out, who[s], "starting at step");
+        fprintf(stderr, "%s: %lld steps in the first run, resumed at %lld\n", who[s], first[s],
+                start);
+        assert_true(first[s] >= 20);
+        assert_int_equal(start, first[s] / 20 * 20);
+    }
+    free(out);
+    snprintf(flags, sizeof flags, "rm -rf %s", dir);
+    assert_int_equal(system(flags), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_trainers_two_shards),
+        cmocka_unit_test(test_checkpoint_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
