@@ -15,6 +15,7 @@
                     evaluation, shutdown; parameter server: rendezvous,
                     step (apply_gradients), shutdown; worker: rendezvous,
                     backward (compute_gradients), shutdown;
+      ps_lstm       server shards: step (each step a shard takes);
       pipeline      driver: rendezvous, forward, backward, step,
                     evaluation, shutdown; stages: rendezvous, forward,
                     shutdown.

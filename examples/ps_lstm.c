@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "examples/corpus.h"
+#include "examples/fault.h"
 #include "examples/flags.h"
 #include <zdist/zdist.h>
 
@@ -160,6 +161,14 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const corpus_t *te
     return status;
 }
 
+/*  A shard's step: a point where a test may kill it (ZDIST_FAULT). */
+static void shard_step(void *arg, int shard, int64_t version)
+{
+    (void)arg;
+    (void)version;
+    fault_point(shard, "step");
+}
+
 int main(int argc, char **argv)
 {
     zd_nn_process_setup(ZD_NN_SETUP_ALL);
@@ -224,6 +233,7 @@ int main(int argc, char **argv)
     po.checkpoint_path = o.checkpoint;
     po.checkpoint_every = o.checkpoint ? o.checkpoint_every : 0;
     po.resume = o.resume;
+    po.on_step = shard_step;
     if (shard && !(srv = zd_ps_server_new_module(m, (int)w.rank, (int)o.shards, &adam, &po))) {
         fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());
         return 1;

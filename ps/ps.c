@@ -296,6 +296,8 @@ static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
     if (zd_optim_step(s->opt, grads) < 0)
         return -1;
     s->version++;
+    if (s->opts.on_step)
+        s->opts.on_step(s->opts.on_step_arg, s->shard, s->version);
     int64_t every = s->opts.checkpoint_every;
     if (every > 0 && s->version % every == 0 && zd__ps_checkpoint_write(s) < 0)
         zd__log(ZD_LOG_WARN,

@@ -4,8 +4,11 @@
     2 shards and 3 trainers, asynchronous; every trainer's loss falls from
     a guess (ln 76 = 4.33 for the GPL's 76 characters), and the shards
     took every push that was not refused. With --checkpoint, a second run
-    with --resume starts each shard at its last checkpoint of the first.
-    Programs are found in ZDIST_BUILD_DIR. */
+    with --resume starts each shard at its last checkpoint of the first;
+    a shard killed at its 25th step (ZDIST_FAULT) and started again by
+    the launcher (--max_restarts, which adds --resume) serves from its
+    checkpoint of step 20 while the trainers wait for it, and every
+    trainer finishes. Programs are found in ZDIST_BUILD_DIR. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -101,11 +104,49 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(system(flags), 0);
 }
 
+static void test_shard_killed_and_resumed(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_lstm_XXXXXX", ck[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(ck, sizeof ck, "--checkpoint=%s/ck", dir);
+    char *argv[] = {(char *)program_path("tools/launch"),
+                    "--nproc=5",
+                    "--timeout_s=600",
+                    "--max_restarts=1",
+                    "--",
+                    (char *)program_path("examples/ps_lstm"),
+                    "--iterations=40",
+                    ck,
+                    "--checkpoint_every=10",
+                    "--server_wait_s=120",
+                    NULL};
+    setenv("ZDIST_FAULT", "1:step:kill:25", 1);
+    char *out;
+    int status = program_run(argv, 660, true, &out);
+    unsetenv("ZDIST_FAULT");
+    assert_int_equal(status, 0);
+    /* the first life of shard 1 started at 0, the second at its checkpoint */
+    assert_int_equal(after(out, "ps1", "starting at step"), 0);
+    const char *second = strstr(strstr(out, "ps1: starting at step") + 1, "ps1: starting at step");
+    assert_non_null(second);
+    assert_int_equal(after(second, "ps1", "starting at step"), 20);
+    assert_non_null(strstr(out, "waiting up to 120 s for it"));
+    loss_fell(out, "trainer0", 0.2);
+    loss_fell(out, "trainer1", 0.2);
+    loss_fell(out, "trainer2", 0.2);
+    free(out);
+    char rm[64];
+    snprintf(rm, sizeof rm, "rm -rf %s", dir);
+    assert_int_equal(system(rm), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_three_trainers_two_shards),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_shard_killed_and_resumed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -85,6 +85,12 @@ typedef struct {
     int64_t checkpoint_every;    /* one every this many steps (0: only when
                                     zd_ps_server_checkpoint is called) */
     bool resume;                 /* start from the newest checkpoint there is, if any */
+    /* Called after each step of the shard, with its new version (NULL:
+       none), for progress and metrics. It runs on an RPC thread with the
+       shard locked: it must be short and must not call the shard's own
+       zd_ps_server_* functions. */
+    void (*on_step)(void *arg, int shard, int64_t version);
+    void *on_step_arg;
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
