@@ -132,11 +132,8 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const corpus_t *te
         if (isnan(loss) && zd_error_code() == ZD_ERR_PEER && o->server_wait_s > 0) {
             printf("%s: %s; waiting up to %lld s for it\n", me, zd_error_last(),
                    (long long)o->server_wait_s);
-            int s = 0; /* a shard lost: back once it rejoined (with --resume) */
-            while (s < o->shards && zd_rpc_wait_peer(s, o->server_wait_s * 1000) == 0)
-                s++;
-            if (s == o->shards)
-                continue;
+            if (zd_ps_client_wait_shards(ps, o->server_wait_s * 1000) == 0)
+                continue; /* a shard lost came back (restarted with --resume) */
         }
         if (isnan(loss))
             break;

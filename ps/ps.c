@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <zdist/error.h>
 #include "core/log_private.h"
@@ -846,6 +847,28 @@ void zd_ps_client_free(zd_ps_client_t *c)
     free(c->of_shard);
     free(c->got);
     free(c);
+}
+
+int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (!c)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
+    bool limited = timeout_ms > 0;
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int s = 0; s < c->n_shards; s++) {
+        int64_t left = ZD_TIMEOUT_NONE;
+        if (limited) {
+            struct timespec now;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+            int64_t spent = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
+                (int64_t)(now.tv_nsec - t0.tv_nsec) / 1000000;
+            left = timeout_ms - spent > 1 ? timeout_ms - spent : 1;
+        }
+        if (zd_rpc_wait_peer(c->ranks[s], left) < 0)
+            return zd_error_wrap("ps: shard %d (rank %d) not back", s, c->ranks[s]);
+    }
+    return 0;
 }
 
 int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard)

@@ -189,6 +189,13 @@ ZD_API int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms);
     refused took nothing; the others may have taken theirs. */
 ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
 
+/*  Waits until every shard is a live member of the world (after
+    ZD_ERR_PEER: a lost shard started again, see Checkpoints above), up
+    to timeout_ms in all (ZD_TIMEOUT_DEFAULT and ZD_TIMEOUT_NONE: no
+    limit); pull next. 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
+    ZD_ERR_NOT_INITIALIZED. */
+ZD_API int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms);
+
 /*  The version of shard `shard`'s parameters in the replica: the last
     pull's (-1 before the first pull, or for a bad shard). */
 ZD_API int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard);
