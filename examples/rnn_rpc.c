@@ -447,7 +447,7 @@ static zd_named_tensors_t *model_state_dict(rnn_model_t *m)
 static int model_load(rnn_model_t *m, const char *path)
 {
     zd_named_tensors_t *nt = model_state_dict(m);
-    int rc = nt ? zd_safetensors_load_into(path, nt, true, NULL) : -1;
+    int rc = nt ? zd_safetensors_load(nt, path, true, NULL) : -1;
     if (rc == 0)
         rc = push_remote(nt, m->emb, emb_names, 1);
     if (rc == 0)
@@ -479,7 +479,7 @@ static int model_save(rnn_model_t *m, const options_t *o, const corpus_t *c, int
         nhid,     "nlayers", nlayers, "vocab",          vocab,    "step", step,   "loss", sloss};
     zd_strings_t *kv = zd_strings_from(meta, steps > 0 ? 18 : 14);
     zd_named_tensors_t *nt = kv ? model_state_dict(m) : NULL;
-    int rc = nt ? zd_safetensors_write(o->save_model, nt, kv) : -1;
+    int rc = nt ? zd_safetensors_write(nt, o->save_model, kv) : -1;
     zd_named_tensors_free(nt);
     zd_strings_free(kv);
     return rc;

@@ -59,8 +59,8 @@ static void write_set(const char *dir, const char *images, const char *labels, i
             d[i * h * w + p] = (uint8_t)((i * 16 + p) % 256);
         l[i] = (uint8_t)(i % 10);
     }
-    assert_int_equal(zd_idx_save(path_in(dir, images), img), 0);
-    assert_int_equal(zd_idx_save(path_in(dir, labels), lab), 0);
+    assert_int_equal(zd_idx_save(img, path_in(dir, images)), 0);
+    assert_int_equal(zd_idx_save(lab, path_in(dir, labels)), 0);
     zd_tensor_unref(img);
     zd_tensor_unref(lab);
 }
@@ -110,9 +110,9 @@ static void test_normalisation_matches_golden(void **state)
         if (strcmp(kind, "net") != 0 && strcmp(kind, "convnet") != 0)
             continue;
         zd_tensor_t *images, *x, *target, *mine;
-        assert_non_null(images = zd_idx_load(path_in(dir, "input.images.idx")));
-        assert_non_null(x = zd_idx_load(path_in(dir, "input.x.idx")));
-        assert_non_null(target = zd_idx_load(path_in(dir, "input.target.idx")));
+        assert_non_null(images = zd_idx_read(path_in(dir, "input.images.idx")));
+        assert_non_null(x = zd_idx_read(path_in(dir, "input.x.idx")));
+        assert_non_null(target = zd_idx_read(path_in(dir, "input.target.idx")));
         assert_int_equal(zd_dataset_normalise(images, &mine), 0);
         assert_true(zd_tensor_same_shape(mine, x));
         for (int64_t i = 0; i < zd_tensor_numel(x); i++)

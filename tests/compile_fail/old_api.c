@@ -67,9 +67,11 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_named_tensors_free(zd_dist_autograd_get_gradients(ctx));
     zd_dataset_free(zd_dataset_load(NULL, ZD_DATASET_TEST));
     zd_dataset_free(zd_dataset_load_files("images.idx", "labels.idx"));
-    zd_tensor_unref(zd_idx_load("x.idx"));
+    zd_tensor_t *img = zd_idx_read("x.idx");
     zd_named_tensors_t *nt = zd_checkpoint_read("x.ckpt");
-    int rc = zd_checkpoint_save("y.ckpt", nt) + zd_checkpoint_load("y.ckpt", nt);
+    int rc = zd_checkpoint_save(nt, "y.ckpt") + zd_checkpoint_load(nt, "y.ckpt") +
+        zd_idx_save(img, "y.idx") + zd_idx_save_f32(img, "z.idx");
+    zd_tensor_unref(img);
     zd_named_tensors_free(nt);
     zd_optim_t *opt = NULL;
     zd_named_tensors_t *state = zd_optim_state_export(opt);
@@ -144,6 +146,14 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_tensor_t *t;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     return zd_idx_load("x.idx", &t) < 0 ? -1 : 0;
+#elif defined(CASE_idx_save)
+    zd_tensor_t *t = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_idx_save("x.idx", t);
+#elif defined(CASE_idx_save_f32)
+    zd_tensor_t *t = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_idx_save_f32("x.idx", t);
 #elif defined(CASE_checkpoint_save)
     const char *names[1] = {"w"};
     zd_tensor_t *tensors[1] = {NULL};
