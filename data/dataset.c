@@ -260,7 +260,7 @@ void zd_dataset_free(zd_dataset_t *ds)
     free(ds);
 }
 
-int64_t zd_dataset_size(const zd_dataset_t *ds)
+int64_t zd_dataset_len(const zd_dataset_t *ds)
 {
     return ds->n;
 }

@@ -485,8 +485,8 @@ static void test_fashion_mnist_in_place(void **state)
     assert_non_null(mem = zd_dataset_load(dir, ZD_DATASET_TEST));
     setenv("ZDIST_CACHE_DIR", cache, 1);
     assert_non_null(cached = zd_dataset_load(dir, ZD_DATASET_TEST));
-    int64_t n = zd_dataset_size(mem);
-    assert_int_equal(zd_dataset_size(cached), n);
+    int64_t n = zd_dataset_len(mem);
+    assert_int_equal(zd_dataset_len(cached), n);
     int64_t *order = zd_dataset_order(mem, 11);
     for (int pass = 0; pass < 2; pass++) {
         for (int64_t s = 0; s < n; s += 1000) {

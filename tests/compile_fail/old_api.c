@@ -19,6 +19,7 @@
 #include <zdist/optim.h>
 #include <zdist/rnn.h>
 #include <zdist/rpc.h>
+#include <zdist/scope.h>
 
 #if defined(CASE_OK)
 static int forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
@@ -71,6 +72,7 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_named_tensors_t *nt = zd_checkpoint_read("x.ckpt");
     int rc = zd_checkpoint_save(nt, "y.ckpt") + zd_checkpoint_load(nt, "y.ckpt") +
         zd_idx_save(img, "y.idx") + zd_idx_save_f32(img, "z.idx");
+    rc += (int)zd_dataset_len(NULL) + (int)zd_scope_len(NULL);
     zd_tensor_unref(img);
     zd_named_tensors_free(nt);
     zd_optim_t *opt = NULL;
@@ -146,6 +148,12 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_tensor_t *t;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     return zd_idx_load("x.idx", &t) < 0 ? -1 : 0;
+#elif defined(CASE_dataset_size)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return (int)zd_dataset_size(NULL);
+#elif defined(CASE_scope_size)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return (int)zd_scope_size(NULL);
 #elif defined(CASE_idx_save)
     zd_tensor_t *t = NULL;
     (void)cfg, (void)m, (void)rm, (void)ctx;
