@@ -88,13 +88,13 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_nn_module_t *net = zd_nn_net_new(1);
     rc += zd_nn_net_forward_conv(net, x, &y);
     zd_nn_module_free(net);
-    zd_future_unref(zd_remote_module_forward_async(rm, &x, 1));
+    zd_future_unref(zd_remote_module_forward_async(rm, &x, 1, 1));
     static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("TestBackward", NULL, NULL);
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
     zd_optim_config_t c;
     return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
-        zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
+        zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y, 1) +
         zd_autograd_node_new(&ops, &x, 1, 1, &node) +
         zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m) +
         zd_optim_config(opt, &c, sizeof c) + zd_optim_config_parse("sgd lr=0.1", &c, sizeof c);
