@@ -35,7 +35,8 @@ ZD_API zd_tensor_t *zd_idx_read(const char *path);
     Returns 0, or -1 with zd_error_last() set (a partial file may remain). */
 ZD_API int zd_idx_save(const zd_tensor_t *t, const char *path);
 
-/*  zd_idx_save for float32 tensors only (refuses any other dtype). */
+/*  zd_idx_save for float32 tensors only: 0, or -1 (any other dtype is
+    refused). */
 ZD_API int zd_idx_save_f32(const zd_tensor_t *t, const char *path);
 
 ZD_END_DECLS
