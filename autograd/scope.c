@@ -102,7 +102,7 @@ zd_scope_t *zd_scope_current(void)
 {
     return top;
 }
-size_t zd_scope_size(const zd_scope_t *s)
+size_t zd_scope_len(const zd_scope_t *s)
 {
     return s ? s->n : 0;
 }

@@ -406,7 +406,7 @@ static int bench_safetensors(bool csv)
     int rc = 0;
     for (int r = 0; r < ROUNDS && rc == 0; r++) {
         double t0 = now();
-        rc = zd_safetensors_write(path, nt, NULL);
+        rc = zd_safetensors_write(nt, path, NULL);
         save[r] = now() - t0;
         struct stat st;
         if (rc < 0 || stat(path, &st) < 0) {

@@ -146,7 +146,7 @@ static int save_to(FILE *f, void *arg)
                     : 0;
 }
 
-int zd_checkpoint_save(const char *path, const zd_named_tensors_t *tensors)
+int zd_checkpoint_save(const zd_named_tensors_t *tensors, const char *path)
 {
     if (check_inputs(path, tensors) < 0)
         return -1;
@@ -367,7 +367,7 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
     return 0;
 }
 
-int zd_checkpoint_load(const char *path, const zd_named_tensors_t *into)
+int zd_checkpoint_load(const zd_named_tensors_t *into, const char *path)
 {
     if (check_inputs(path, into) < 0)
         return -1;

@@ -191,7 +191,7 @@ static int load_in_place(const char *path, zd_tensor_t **t, int *fd_out, int64_t
     zd__idx_view_close(&v);
     ZD_FAULT_BENIGN(false);
     if (!*t)
-        *t = zd_idx_load(path);
+        *t = zd_idx_read(path);
     return *t ? 0 : -1;
 }
 
@@ -260,7 +260,7 @@ void zd_dataset_free(zd_dataset_t *ds)
     free(ds);
 }
 
-int64_t zd_dataset_size(const zd_dataset_t *ds)
+int64_t zd_dataset_len(const zd_dataset_t *ds)
 {
     return ds->n;
 }

@@ -28,7 +28,7 @@ typedef struct {
     Returns 0 with *v open (close with zd__idx_view_close), or 1 when there
     is no view to be had: the cache is off or unusable, or path is not a
     well-formed uint8 IDX file. Then the caller reads path into memory
-    (zd_idx_load), which also says what is wrong with a bad file. Never
+    (zd_idx_read), which also says what is wrong with a bad file. Never
     fails otherwise, and leaves the thread's last error as it was. */
 int zd__idx_view_open(const char *path, zd__idx_view_t *v);
 

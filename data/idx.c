@@ -279,13 +279,13 @@ static int load(const char *path, zd_tensor_t **out)
     return 0;
 }
 
-zd_tensor_t *zd_idx_load(const char *path)
+zd_tensor_t *zd_idx_read(const char *path)
 {
     zd_tensor_t *t;
     return load(path, &t) < 0 ? NULL : t;
 }
 
-int zd_idx_save(const char *path, const zd_tensor_t *t)
+int zd_idx_save(const zd_tensor_t *t, const char *path)
 {
     zd_tensor_dtype_t dt = zd_tensor_dtype(t);
     if (dt != ZD_UINT8 && dt != ZD_FLOAT32)
@@ -345,10 +345,10 @@ int zd_idx_save(const char *path, const zd_tensor_t *t)
     return 0;
 }
 
-int zd_idx_save_f32(const char *path, const zd_tensor_t *t)
+int zd_idx_save_f32(const zd_tensor_t *t, const char *path)
 {
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
         return zd_error_set("idx: %s: zd_idx_save_f32 got a %s tensor", path,
                             zd_tensor_dtype_name(zd_tensor_dtype(t)));
-    return zd_idx_save(path, t);
+    return zd_idx_save(t, path);
 }

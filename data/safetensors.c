@@ -974,7 +974,7 @@ static int write_to(FILE *f, void *arg)
     return zd__safetensors_write_stream(f, w->path, w->nt, w->meta);
 }
 
-int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt, const zd_strings_t *meta)
+int zd_safetensors_write(const zd_named_tensors_t *nt, const char *path, const zd_strings_t *meta)
 {
     if (!path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "safetensors: write needs a path");

@@ -135,26 +135,50 @@ static zd_value_t *fn_type(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_string(zd_nn_module_type(m));
 }
 
-/*  [module, tensors...] -> forward's tensor. */
+/*  A forward gives a handful of outputs (the LSTM three): a bound on what
+    a peer may ask for, so that it cannot make this process allocate. */
+#define MAX_OUTPUTS 1024
+
+/*  [module, n_out, tensors...] -> forward's tensor (n_out 1), or a list of
+    its first n_out tensors. */
 static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     zd_nn_module_t *m;
-    if (zd_remote_module_local(zd_list_get(args, 0), &m) < 0)
+    int64_t n_out;
+    if (zd_remote_module_local(zd_list_get(args, 0), &m) < 0 || zd_rpc_arg_int(args, 1, &n_out) < 0)
         return NULL;
-    size_t n = zd_list_len(args) - 1;
+    if (n_out < 1 || n_out > MAX_OUTPUTS)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "forward: %lld outputs asked for (1 to %d)",
+                                 (long long)n_out, MAX_OUTPUTS),
+               NULL;
+    size_t n = zd_list_len(args) - 2;
     zd_tensor_t **in = calloc(n ? n : 1, sizeof *in);
-    if (!in)
+    zd_tensor_t **out = calloc((size_t)n_out, sizeof *out);
+    if (!in || !out) {
+        free(in);
+        free(out);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "forward: out of memory"), NULL;
-    zd_value_t *result = NULL;
-    zd_tensor_t *out = NULL;
-    size_t i = 0;
-    while (i < n && zd_rpc_arg_tensor(args, i + 1, &in[i]) == 0)
-        i++;
-    if (i == n && zd_nn_module_forward(m, in, (int)n, &out, 1) == 0) {
-        result = zd_value_tensor(out);
-        zd_tensor_unref(out);
     }
+    zd_value_t *result = NULL;
+    size_t i = 0;
+    while (i < n && zd_rpc_arg_tensor(args, i + 2, &in[i]) == 0)
+        i++;
+    if (i == n && zd_nn_module_forward(m, in, (int)n, out, (int)n_out) == 0) {
+        if (n_out == 1) {
+            result = zd_value_tensor(out[0]);
+        } else {
+            result = zd_value_list((size_t)n_out);
+            for (int64_t k = 0; result && k < n_out; k++)
+                if (zd_list_append(result, zd_value_tensor(out[k])) < 0) {
+                    zd_value_unref(result);
+                    result = NULL;
+                }
+        }
+        for (int64_t k = 0; k < n_out; k++)
+            zd_tensor_unref(out[k]);
+    }
+    free(out);
     free(in);
     return result;
 }
@@ -237,14 +261,20 @@ zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value
     return rm;
 }
 
-static zd_value_t *forward_args(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in)
+static zd_value_t *forward_args(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in, int n_out)
 {
-    if (!rm || n_in < 0 || (n_in > 0 && !in)) {
+    if (!rm || n_in < 0 || (n_in > 0 && !in) || n_out < 1 || n_out > MAX_OUTPUTS) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "RemoteModule forward: %s",
-                          rm ? "bad inputs" : "NULL module");
+                          !rm                                    ? "NULL module"
+                              : n_out < 1 || n_out > MAX_OUTPUTS ? "bad n_out"
+                                                                 : "bad inputs");
         return NULL;
     }
-    zd_value_t *args = zd_value_list((size_t)n_in);
+    zd_value_t *args = zd_value_list((size_t)n_in + 1);
+    if (args && zd_list_append(args, zd_value_int(n_out)) < 0) {
+        zd_value_unref(args);
+        args = NULL;
+    }
     for (int i = 0; args && i < n_in; i++)
         if (zd_list_append(args, zd_value_tensor(in[i])) < 0) {
             zd_value_unref(args);
@@ -253,28 +283,51 @@ static zd_value_t *forward_args(zd_remote_module_t *rm, zd_tensor_t *const *in, 
     return args;
 }
 
-int zd_remote_module_forward(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in,
-                             zd_tensor_t **out)
+/*  The n_out tensors of a forward's result (a tensor for one, a list for
+    more) into out, each a new reference; -1 when it is not that. */
+static int forward_result(const zd_value_t *r, zd_tensor_t **out, int n_out)
 {
-    if (out)
-        *out = NULL;
+    zd_tensor_t *t;
+    if (n_out == 1) {
+        if (zd_value_get_tensor(r, &t) < 0)
+            return -1;
+        out[0] = zd_tensor_ref(t);
+        return 0;
+    }
+    if (zd_list_len(r) != (size_t)n_out)
+        return zd_error_set("forward gave %zu outputs, asked for %d", zd_list_len(r), n_out);
+    for (int i = 0; i < n_out; i++) {
+        if (zd_rpc_arg_tensor(r, (size_t)i, &t) < 0) {
+            for (int j = 0; j < i; j++)
+                zd_tensor_unref_p(&out[j]);
+            return -1;
+        }
+        out[i] = zd_tensor_ref(t);
+    }
+    return 0;
+}
+
+int zd_remote_module_forward(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in,
+                             zd_tensor_t **out, int n_out)
+{
+    for (int i = 0; out && i < n_out; i++)
+        out[i] = NULL;
     if (!out)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "RemoteModule forward: NULL out");
-    zd_value_t *args = forward_args(rm, in, n_in), *r = NULL;
+    zd_value_t *args = forward_args(rm, in, n_in, n_out), *r = NULL;
     if (!args)
         return -1;
-    zd_tensor_t *t;
     int rc = zd_rref_rpc_sync_take(rm->rref, FN_FORWARD, args, ZD_TIMEOUT_DEFAULT, &r);
-    if (rc == 0 && (rc = zd_value_get_tensor(r, &t)) == 0)
-        *out = zd_tensor_ref(t);
+    if (rc == 0)
+        rc = forward_result(r, out, n_out);
     zd_value_unref(r);
     return rc < 0 ? zd_error_wrap("RemoteModule %s forward", rm->type) : 0;
 }
 
 zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, zd_tensor_t *const *in,
-                                            int n_in)
+                                            int n_in, int n_out)
 {
-    zd_value_t *args = forward_args(rm, in, n_in);
+    zd_value_t *args = forward_args(rm, in, n_in, n_out);
     return args ? zd_rref_rpc_async_take(rm->rref, FN_FORWARD, args, ZD_TIMEOUT_DEFAULT) : NULL;
 }
 

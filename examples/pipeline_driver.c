@@ -82,7 +82,7 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
 static int evaluate(pipeline_net_t *net, const zd_dataset_t *test, int64_t batch, int split,
                     double *accuracy)
 {
-    int64_t correct = 0, n = zd_dataset_size(test);
+    int64_t correct = 0, n = zd_dataset_len(test);
     fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     int rc = pipeline_net_train(net, false);
     for (int64_t start = 0; rc == 0 && start < n; start += batch) {
@@ -187,7 +187,7 @@ static int run_once(driver_t *d, int run, int split, bool last)
             goto out;
         if (!o->quiet)
             printf("Test accuracy: %.2f %% (%lld images)\n", 100.0 * d->res->accuracy,
-                   (long long)zd_dataset_size(d->test));
+                   (long long)zd_dataset_len(d->test));
     }
     rc = 0;
 out:

@@ -154,7 +154,7 @@ static int save_shard(int64_t generation)
     char next[1200];
     snprintf(next, sizeof next, "%s.new", path);
     zd_dist_optim_read_lock();
-    int rc = zd_checkpoint_save(next, f.tensors);
+    int rc = zd_checkpoint_save(f.tensors, next);
     zd_dist_optim_read_unlock();
     shard_file_clear(&f);
     /* A generation written again (its first round did not reach shard 0)
@@ -459,7 +459,7 @@ static int load_generation(int64_t want)
                "shard 0: resuming from %s (generation %lld)\n",
                ps_shard.shard, ck.prefix, ps_shard.shard, (long long)cur, path, (long long)want);
     shard_file_t f;
-    int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(path, f.tensors);
+    int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(f.tensors, path);
     const int64_t *got = f.config && rc == 0 ? zd_tensor_data_i64(f.config) : NULL;
     if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
         rc =

@@ -131,7 +131,7 @@ static int evaluate(int64_t limit, double *acc, int64_t *images)
     zd_dataset_t *test = zd_dataset_load(dir, ZD_DATASET_TEST);
     if (!test)
         return -1;
-    int64_t n = zd_dataset_size(test), correct = 0;
+    int64_t n = zd_dataset_len(test), correct = 0;
     if (limit > 0 && limit < n)
         n = limit;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);

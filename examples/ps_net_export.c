@@ -151,7 +151,7 @@ static int save(int64_t step, double accuracy, int64_t images)
                           "test_accuracy", s_acc, "test_images", s_images};
     zd_strings_t *kv = zd_strings_from(meta, 8);
     if (rc == 0)
-        rc = kv ? zd_safetensors_write(save_path, nt, kv) : -1;
+        rc = kv ? zd_safetensors_write(nt, save_path, kv) : -1;
     zd_strings_free(kv);
     for (int s = 0; s < MAX_PIECES; s++)
         zd_value_unref(answers[s]);

@@ -181,7 +181,7 @@ void ps_worker_free(ps_worker_t *w)
 
 static int next_batch(ps_worker_t *w, zd_tensor_t **x, zd_tensor_t **y)
 {
-    if (!w->order || w->next >= zd_dataset_size(w->train)) {
+    if (!w->order || w->next >= zd_dataset_len(w->train)) {
         free(w->order);
         w->order = zd_dataset_order(w->train, order_seed(w->seed, w->index, w->epoch));
         if (!w->order)

@@ -222,11 +222,11 @@ static int model_forward(rnn_model_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_tens
                          zd_tensor_t **logits, zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
     zd_tensor_t *emb, *out, *dec, *flat, *lstm_out[3];
-    if (zd_remote_module_forward(m->emb, &x, 1, &emb) < 0 || !zd_scope_add(emb) ||
+    if (zd_remote_module_forward(m->emb, &x, 1, &emb, 1) < 0 || !zd_scope_add(emb) ||
         zd_nn_module_forward(m->lstm, (zd_tensor_t *[]){emb, h, c}, 3, lstm_out, 3) < 0 ||
         !zd_scope_add(out = lstm_out[0]) || !zd_scope_add(*h_n = lstm_out[1]) ||
-        !zd_scope_add(*c_n = lstm_out[2]) || zd_remote_module_forward(m->dec, &out, 1, &dec) < 0 ||
-        !zd_scope_add(dec))
+        !zd_scope_add(*c_n = lstm_out[2]) ||
+        zd_remote_module_forward(m->dec, &out, 1, &dec, 1) < 0 || !zd_scope_add(dec))
         return -1;
     int64_t shape[2] = {zd_tensor_size(dec, 0) * zd_tensor_size(dec, 1), zd_tensor_size(dec, 2)};
     if (zd_tensor_reshape(dec, shape, 2, &flat) < 0 || !zd_scope_add(flat))
@@ -387,7 +387,7 @@ static zd_named_tensors_t *model_state_dict(rnn_model_t *m)
 static int model_load(rnn_model_t *m, const char *path)
 {
     zd_named_tensors_t *nt = model_state_dict(m);
-    int rc = nt ? zd_safetensors_load_into(path, nt, true, NULL) : -1;
+    int rc = nt ? zd_safetensors_load(nt, path, true, NULL) : -1;
     if (rc == 0)
         rc = push_remote(nt, m->emb, emb_names, 1);
     if (rc == 0)
@@ -419,7 +419,7 @@ static int model_save(rnn_model_t *m, const options_t *o, const corpus_t *c, int
         nhid,     "nlayers", nlayers, "vocab",          vocab,    "step", step,   "loss", sloss};
     zd_strings_t *kv = zd_strings_from(meta, steps > 0 ? 18 : 14);
     zd_named_tensors_t *nt = kv ? model_state_dict(m) : NULL;
-    int rc = nt ? zd_safetensors_write(o->save_model, nt, kv) : -1;
+    int rc = nt ? zd_safetensors_write(nt, o->save_model, kv) : -1;
     zd_named_tensors_free(nt);
     zd_strings_free(kv);
     return rc;

@@ -174,7 +174,7 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
 
 static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
 {
-    int64_t n = zd_dataset_size(test), correct = 0;
+    int64_t n = zd_dataset_len(test), correct = 0;
     if (limit > 0 && limit < n)
         n = limit;
     for (int64_t start = 0; start < n; start += EVAL_BATCH) {

@@ -13,7 +13,7 @@ int train_evaluate(zd_nn_module_t *m, const zd_dataset_t *ds, double *accuracy)
 {
     bool was_training = zd_nn_module_train(m, false);
     bool grad = zd_autograd_set_grad_enabled(false);
-    int64_t correct = 0, n = zd_dataset_size(ds);
+    int64_t correct = 0, n = zd_dataset_len(ds);
     int rc = 0;
     for (int64_t start = 0; start < n && rc == 0; start += EVAL_BATCH) {
         zd_tensor_t *x = NULL, *y = NULL, *logprobs = NULL;

@@ -73,8 +73,8 @@ static int run(const options_t *o)
     if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) ||
         !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
         goto out;
-    printf("data: %s (%lld training, %lld test images)\n", dir, (long long)zd_dataset_size(train),
-           (long long)zd_dataset_size(test));
+    printf("data: %s (%lld training, %lld test images)\n", dir, (long long)zd_dataset_len(train),
+           (long long)zd_dataset_len(test));
     if (!(m = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)))
         goto out;
     if (o->load && zd_nn_module_load(m, o->load) < 0)

@@ -488,7 +488,7 @@ int zd_nn_module_save(const zd_nn_module_t *m, const char *path)
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save: NULL module");
     zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
-    int rc = sd ? zd_checkpoint_save(path, sd) : -1;
+    int rc = sd ? zd_checkpoint_save(sd, path) : -1;
     zd_named_tensors_free(sd);
     return rc;
 }
@@ -498,7 +498,7 @@ int zd_nn_module_load(zd_nn_module_t *m, const char *path)
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load: NULL module");
     zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
-    int rc = sd ? zd_checkpoint_load(path, sd) : -1;
+    int rc = sd ? zd_checkpoint_load(sd, path) : -1;
     zd_named_tensors_free(sd);
     return rc;
 }

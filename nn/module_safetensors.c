@@ -16,13 +16,13 @@ static int push_name(zd_strings_t *list, const char *name)
     return list ? zd_strings_append(list, name) : 0;
 }
 
-int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bool strict,
-                             zd_strings_t **skipped)
+int zd_safetensors_load(const zd_named_tensors_t *dst, const char *path, bool strict,
+                        zd_strings_t **skipped)
 {
     if (skipped)
         *skipped = NULL;
     if (!path || !dst)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_safetensors_load_into: NULL %s",
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_safetensors_load: NULL %s",
                                  !path ? "path" : "destination");
     zd_named_tensors_t *file = zd_safetensors_read(path, NULL);
     if (!file)
@@ -101,7 +101,7 @@ int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
     zd_named_tensors_t *nt = zd_nn_module_state_dict(m); /* a tied weight under each name */
     if (!nt)
         return -1;
-    int rc = zd_safetensors_write(path, nt, meta);
+    int rc = zd_safetensors_write(nt, path, meta);
     zd_named_tensors_free(nt);
     return rc;
 }
@@ -114,7 +114,7 @@ int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool stri
     zd_named_tensors_t *nt = zd_nn_module_state_dict(m);
     if (!nt)
         return -1;
-    int rc = zd_safetensors_load_into(path, nt, strict, skipped);
+    int rc = zd_safetensors_load(nt, path, strict, skipped);
     zd_named_tensors_free(nt);
     return rc;
 }

@@ -93,7 +93,7 @@ int zd__ps_checkpoint_write(zd_ps_server_t *s)
     zd_named_tensors_t *nt = snapshot(s);
     if (!nt)
         return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, s->version);
-    int rc = zd_checkpoint_save(next, nt);
+    int rc = zd_checkpoint_save(nt, next);
     zd_named_tensors_free(nt);
     if (rc < 0)
         return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, s->version);

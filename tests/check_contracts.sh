@@ -8,6 +8,16 @@
 # Destructors (_free, _unref and their variants) hand nothing back and are
 # not checked.
 #
+# What hands back something new (a new reference, a new object, memory the
+# caller frees) allocates, so it can fail: its contract also says how,
+# with -1, NULL or a failure ("0, or -1", "or NULL", "fails when ...").
+# Accessors handing back borrowed or static pointers are left to the rule
+# for a miss (docs/conventions.md, "Errors").
+#
+# The types of functions the caller passes in (typedef ... (zd_..._fn) or
+# (*zd_..._fn)) have a contract too: when they are called and what they
+# return.
+#
 # The contract of a declaration is the comment block right above it (one
 # block may serve a run of declarations with no blank line between them),
 # plus a comment at the end of the declaration itself. Each offender is
@@ -38,6 +48,16 @@ awk '
       if ($0 ~ /\*\//) contract = text; else incomment = 1
       next
   }
+  /^typedef[^(]*\(\*?[ \t]*zd_[a-z0-9_]+_fn[ \t]*\)/ {
+      nfn++
+      name = $0; sub(/^[^(]*\(\*?[ \t]*/, "", name); sub(/[ \t]*\).*/, "", name)
+      if (contract == "" && !index($0, "/*")) {
+          printf "%s:%d: %s, a callback type, has no contract comment\n", FILENAME, FNR, name
+          nbad++
+      }
+      contract = ""
+      next
+  }
   /^ZD_API/ {
       decl = $0; line = FNR
       if ($0 ~ /;/) check(); else collecting = 1
@@ -63,6 +83,13 @@ awk '
           printf "%s:%d: %s says nothing of who owns what it hands back\n", FILENAME, line, name
           nbad++
       }
+      if (said ~ /new reference|new object|caller frees/) {
+          nnew++
+          if (said !~ /-1|null|fail/) {
+              printf "%s:%d: %s hands back something new but says nothing of how it fails\n", FILENAME, line, name
+              nbad++
+          }
+      }
   }
   END {
       if (ndecl == 0) {
@@ -73,9 +100,13 @@ awk '
           print "contracts: no function hands back a pointer: the parser is broken"
           exit 1
       }
-      if (nbad) {
-          printf "contracts: %d of %d functions that hand back a pointer say nothing of who owns it\n", nbad, nptr
+      if (nfn == 0) {
+          print "contracts: no callback type (zd_..._fn) found: the parser is broken"
           exit 1
       }
-      printf "contracts: all %d functions that hand back a pointer (of %d) say whose it is\n", nptr, ndecl
+      if (nbad) {
+          printf "contracts: %d problems in the contracts of %d functions and %d callback types\n", nbad, ndecl, nfn
+          exit 1
+      }
+      printf "contracts: all %d functions that hand back a pointer (of %d) say whose it is, the %d that hand back something new say how they fail, and the %d callback types have a contract\n", nptr, ndecl, nnew, nfn
   }' "${headers[@]}"

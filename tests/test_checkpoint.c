@@ -88,7 +88,7 @@ static zd_named_tensors_t *list_of(int n, const char *const *nm, zd_tensor_t *co
 static int save(const char *path, int n, const char *const *nm, zd_tensor_t *const *t)
 {
     zd_named_tensors_t *nt = list_of(n, nm, t);
-    int rc = zd_checkpoint_save(path, nt);
+    int rc = zd_checkpoint_save(nt, path);
     zd_named_tensors_free(nt);
     return rc;
 }
@@ -96,7 +96,7 @@ static int save(const char *path, int n, const char *const *nm, zd_tensor_t *con
 static int load(const char *path, int n, const char *const *nm, zd_tensor_t *const *t)
 {
     zd_named_tensors_t *nt = list_of(n, nm, t);
-    int rc = zd_checkpoint_load(path, nt);
+    int rc = zd_checkpoint_load(nt, path);
     zd_named_tensors_free(nt);
     return rc;
 }
@@ -323,17 +323,17 @@ static void test_mismatches_refused(void **state)
     assert_non_null(strstr(zd_error_last(), "is there already"));
     assert_int_equal(zd_named_tensors_add(bad, "", b[1]), -1);
     assert_int_equal(zd_named_tensors_len(bad), 1);
-    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), NULL), -1);
+    assert_int_equal(zd_checkpoint_save(NULL, tmp_path("x.ckpt")), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
-    assert_int_equal(zd_checkpoint_load(p, NULL), -1);
+    assert_int_equal(zd_checkpoint_load(NULL, p), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     char *long_name = malloc(ZD_CHECKPOINT_MAX_NAME + 2);
     memset(long_name, 'w', ZD_CHECKPOINT_MAX_NAME + 1);
     long_name[ZD_CHECKPOINT_MAX_NAME + 1] = '\0';
     assert_int_equal(zd_named_tensors_add(bad, long_name, b[1]), 0);
-    assert_int_equal(zd_checkpoint_save(tmp_path("x.ckpt"), bad), -1);
+    assert_int_equal(zd_checkpoint_save(bad, tmp_path("x.ckpt")), -1);
     assert_non_null(strstr(zd_error_last(), "name of tensor 1 is 4097 bytes (1 to 4096)"));
-    assert_int_equal(zd_checkpoint_load(p, bad), -1);
+    assert_int_equal(zd_checkpoint_load(bad, p), -1);
     assert_non_null(strstr(zd_error_last(), "name of tensor 1 is 4097 bytes"));
     assert_memory_equal(zd_tensor_data(b[0]), zd_tensor_data(before), zd_tensor_nbytes(before));
     assert_false(access(tmp_path("x.ckpt"), F_OK) == 0);

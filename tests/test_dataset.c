@@ -59,8 +59,8 @@ static void write_set(const char *dir, const char *images, const char *labels, i
             d[i * h * w + p] = (uint8_t)((i * 16 + p) % 256);
         l[i] = (uint8_t)(i % 10);
     }
-    assert_int_equal(zd_idx_save(path_in(dir, images), img), 0);
-    assert_int_equal(zd_idx_save(path_in(dir, labels), lab), 0);
+    assert_int_equal(zd_idx_save(img, path_in(dir, images)), 0);
+    assert_int_equal(zd_idx_save(lab, path_in(dir, labels)), 0);
     zd_tensor_unref(img);
     zd_tensor_unref(lab);
 }
@@ -110,9 +110,9 @@ static void test_normalisation_matches_golden(void **state)
         if (strcmp(kind, "net") != 0 && strcmp(kind, "convnet") != 0)
             continue;
         zd_tensor_t *images, *x, *target, *mine;
-        assert_non_null(images = zd_idx_load(path_in(dir, "input.images.idx")));
-        assert_non_null(x = zd_idx_load(path_in(dir, "input.x.idx")));
-        assert_non_null(target = zd_idx_load(path_in(dir, "input.target.idx")));
+        assert_non_null(images = zd_idx_read(path_in(dir, "input.images.idx")));
+        assert_non_null(x = zd_idx_read(path_in(dir, "input.x.idx")));
+        assert_non_null(target = zd_idx_read(path_in(dir, "input.target.idx")));
         assert_int_equal(zd_dataset_normalise(images, &mine), 0);
         assert_true(zd_tensor_same_shape(mine, x));
         for (int64_t i = 0; i < zd_tensor_numel(x); i++)
@@ -126,7 +126,7 @@ static void test_normalisation_matches_golden(void **state)
             const uint8_t *want = (const uint8_t *)zd_tensor_raw(images) + k * pix;
             const uint8_t *all = zd_tensor_raw(zd_dataset_images_u8(train));
             int64_t at = -1;
-            for (int64_t s = 0; s < zd_dataset_size(train) && at < 0; s++)
+            for (int64_t s = 0; s < zd_dataset_len(train) && at < 0; s++)
                 if (memcmp(all + s * pix, want, (size_t)pix) == 0)
                     at = s;
             if (at < 0)
@@ -176,8 +176,8 @@ static void test_find_files_and_load(void **state)
     zd_dataset_t *train, *test;
     assert_non_null(train = zd_dataset_load(tmpdir(), ZD_DATASET_TRAIN));
     assert_non_null(test = zd_dataset_load(tmpdir(), ZD_DATASET_TEST));
-    assert_int_equal(zd_dataset_size(train), 10);
-    assert_int_equal(zd_dataset_size(test), 7);
+    assert_int_equal(zd_dataset_len(train), 10);
+    assert_int_equal(zd_dataset_len(test), 7);
     assert_int_equal(zd_dataset_rows(train), 3);
     assert_int_equal(zd_dataset_cols(train), 5);
     assert_string_equal(zd_dataset_labels_path(test),
@@ -232,7 +232,7 @@ static void test_default_dir(void **state)
     assert_string_equal(dir, "./data");
     zd_dataset_t *ds;
     assert_non_null(ds = zd_dataset_load(NULL, ZD_DATASET_TRAIN));
-    assert_int_equal(zd_dataset_size(ds), 3);
+    assert_int_equal(zd_dataset_len(ds), 3);
     zd_dataset_free(ds);
     assert_int_equal(chdir(cwd), 0);
 }
@@ -337,9 +337,9 @@ static void test_batches_and_subset(void **state)
     /* Subset: the first 6 samples only. */
     assert_int_equal(zd_dataset_limit(ds, 0), -1);
     assert_int_equal(zd_dataset_limit(ds, 100), 0);
-    assert_int_equal(zd_dataset_size(ds), 10);
+    assert_int_equal(zd_dataset_len(ds), 10);
     assert_int_equal(zd_dataset_limit(ds, 6), 0);
-    assert_int_equal(zd_dataset_size(ds), 6);
+    assert_int_equal(zd_dataset_len(ds), 6);
     assert_int_equal(zd_tensor_size(zd_dataset_images_u8(ds), 0), 6);
     assert_int_equal(zd_dataset_num_batches(ds, 4), 2);
     check_batch(ds, NULL, 4, 4, 2);
@@ -360,7 +360,7 @@ static void test_real_test_split(void **state)
         skip();
     zd_dataset_t *ds;
     assert_non_null(ds = zd_dataset_load(ZD_DATASET_SYSTEM_DIR, ZD_DATASET_TEST));
-    assert_int_equal(zd_dataset_size(ds), 10000);
+    assert_int_equal(zd_dataset_len(ds), 10000);
     assert_int_equal(zd_dataset_rows(ds), 28);
     assert_int_equal(zd_dataset_cols(ds), 28);
     assert_int_equal(zd_dataset_num_batches(ds, 32), 313);

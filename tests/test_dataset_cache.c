@@ -43,8 +43,8 @@ static void write_source(unsigned salt)
         d[i] = (uint8_t)((i * 131 + salt) % 256);
     for (int64_t i = 0; i < N; i++)
         l[i] = (uint8_t)((i + salt) % 10);
-    assert_int_equal(zd_idx_save(path_in(src, "train-images-idx3-ubyte.gz"), img), 0);
-    assert_int_equal(zd_idx_save(path_in(src, "train-labels-idx1-ubyte.gz"), lab), 0);
+    assert_int_equal(zd_idx_save(img, path_in(src, "train-images-idx3-ubyte.gz")), 0);
+    assert_int_equal(zd_idx_save(lab, path_in(src, "train-labels-idx1-ubyte.gz")), 0);
     zd_tensor_unref(img);
     zd_tensor_unref(lab);
 }
@@ -189,7 +189,7 @@ static void test_in_place_equals_float_path(void **state)
     reference();
     /* the old float path: the whole file normalised, then indexed */
     zd_tensor_t *img, *all;
-    assert_non_null(img = zd_idx_load(path_in(src, "train-images-idx3-ubyte.gz")));
+    assert_non_null(img = zd_idx_read(path_in(src, "train-images-idx3-ubyte.gz")));
     assert_int_equal(zd_dataset_normalise(img, &all), 0);
     int64_t order[N];
     for (int64_t i = 0; i < N; i++)
@@ -485,8 +485,8 @@ static void test_fashion_mnist_in_place(void **state)
     assert_non_null(mem = zd_dataset_load(dir, ZD_DATASET_TEST));
     setenv("ZDIST_CACHE_DIR", cache, 1);
     assert_non_null(cached = zd_dataset_load(dir, ZD_DATASET_TEST));
-    int64_t n = zd_dataset_size(mem);
-    assert_int_equal(zd_dataset_size(cached), n);
+    int64_t n = zd_dataset_len(mem);
+    assert_int_equal(zd_dataset_len(cached), n);
     int64_t *order = zd_dataset_order(mem, 11);
     for (int pass = 0; pass < 2; pass++) {
         for (int64_t s = 0; s < n; s += 1000) {

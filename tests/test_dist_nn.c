@@ -3,7 +3,8 @@
     (SPEC N5, R14) trained by distributed autograd and the
     DistributedOptimizer, with the numbers SGD gives checked on the owner;
     RRef.backward (R15) from a loss held by another process and by this
-    one; the errors of RemoteModule. */
+    one; a RemoteModule forward with several outputs; the errors of
+    RemoteModule. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,7 @@
 #include <zdist/error.h>
 #include <zdist/module.h>
 #include <zdist/nn.h>
+#include <zdist/rnn.h>
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
 
@@ -59,6 +61,17 @@ static zd_nn_module_t *make_linear(zd_value_t *args, void *arg)
     if (m)
         fill_linear(m, (int)which);
     return m;
+}
+
+/*  "LSTM"(in, hidden, seed): PyTorch's nn.LSTM, one layer, whose forward
+    gives three outputs (output, h_n, c_n). */
+static zd_nn_module_t *make_lstm(zd_value_t *args, void *arg)
+{
+    (void)arg;
+    int64_t in, hidden, seed;
+    if (ZD_UNPACK(args, &in, &hidden, &seed) < 0)
+        return NULL;
+    return zd_nn_lstm_new(in, hidden, 1, 0.0f, (uint64_t)seed);
 }
 
 static zd_nn_module_t *make_refusing(zd_value_t *args, void *arg)
@@ -125,6 +138,7 @@ static int setup(const world_t *w)
     zd_tensor_set_requires_grad(w_loss, true);
     if (zd_dist_optim_init() < 0 || zd_dist_nn_init() < 0 ||
         zd_dist_nn_register_module("Linear", make_linear, NULL) < 0 ||
+        zd_dist_nn_register_module("LSTM", make_lstm, NULL) < 0 ||
         zd_dist_nn_register_module("Refusing", make_refusing, NULL) < 0)
         return -1;
     return zd_rpc_register("read_params", fn_read_params, NULL) |
@@ -215,7 +229,7 @@ static int train_step_body(const world_t *w)
         zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, one_three, 2, xv), *hh = NULL, *yy = NULL,
                     *loss = NULL;
         if (zd_nn_module_forward(local, &x, 1, &hh, 1) == 0 &&
-            zd_remote_module_forward(rm, &hh, 1, &yy) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
+            zd_remote_module_forward(rm, &hh, 1, &yy, 1) == 0 && zd_tensor_sum(yy, &loss) == 0 &&
             near(zd_tensor_data(yy)[0], y[0]) && near(zd_tensor_data(yy)[1], y[1]) &&
             zd_dist_autograd_backward(ctx, &loss, 1, false) == 0 &&
             zd_dist_optim_step(opt, ctx) == 0)
@@ -253,7 +267,7 @@ static int train_step_body(const world_t *w)
     int64_t one_four[2] = {1, 4};
     float ones[4] = {1, 1, 1, 1};
     zd_tensor_t *x1 = zd_tensor_from_data(ZD_FLOAT32, one_four, 2, ones);
-    zd_future_t *f = zd_remote_module_forward_async(rm, &x1, 1);
+    zd_future_t *f = zd_remote_module_forward_async(rm, &x1, 1, 1);
     WCHECK(f);
     WTRY(zd_future_wait(f, ZD_TIMEOUT_NONE));
     zd_tensor_t *ya;
@@ -285,6 +299,133 @@ static void test_remote_module_trains_with_dist_optim(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  Whether a and b hold the same numbers (to rounding). */
+static bool same_numbers(const zd_tensor_t *a, const zd_tensor_t *b)
+{
+    if (!a || !b || zd_tensor_numel(a) != zd_tensor_numel(b))
+        return false;
+    for (int64_t i = 0; i < zd_tensor_numel(a); i++)
+        if (!near(zd_tensor_data(a)[i], zd_tensor_data(b)[i]))
+            return false;
+    return true;
+}
+
+/*  loss = sum(outs[0]) + sum(outs[1]). 0 and *loss, or -1. */
+static int sum_two(zd_tensor_t *const *outs, zd_tensor_t **loss)
+{
+    zd_tensor_t *s0 = NULL, *s1 = NULL;
+    int rc = zd_tensor_sum(outs[0], &s0) == 0 && zd_tensor_sum(outs[1], &s1) == 0 &&
+            zd_tensor_add(s0, s1, loss) == 0
+        ? 0
+        : -1;
+    zd_tensor_unref(s0);
+    zd_tensor_unref(s1);
+    return rc;
+}
+
+/*  A forward with several outputs on another process: an LSTM on rank 1
+    gives the first n_out of (output, h_n, c_n) with the numbers of the same
+    LSTM here; forward_async's future completes with a list of them; more
+    outputs than the module gives is the owner's error; a loss over two
+    outputs back-propagates through the owner to the input here, giving
+    the local LSTM's gradient. */
+static int multi_output_body(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0; /* serves; w_loss stays for the handlers */
+    enum { T = 3, N = 2, I = 4, H = 5 };
+    zd_nn_module_t *local = zd_nn_lstm_new(I, H, 1, 0.0f, 7);
+    zd_remote_module_t *rm = zd_remote_module_new(1, "LSTM", ZD_ARGS(I, H, 7));
+    WCHECK(local && rm);
+    int64_t shape[3] = {T, N, I};
+    float xv[T * N * I];
+    for (int i = 0; i < T * N * I; i++)
+        xv[i] = 0.125f * (float)(i % 7) - 0.375f;
+    zd_tensor_t *x = zd_tensor_from_data(ZD_FLOAT32, shape, 3, xv);
+    WCHECK(x);
+    zd_tensor_t *want[3] = {NULL, NULL, NULL}, *got[3] = {NULL, NULL, NULL};
+    WTRY(zd_nn_module_forward(local, &x, 1, want, 3));
+
+    WTRY(zd_remote_module_forward(rm, &x, 1, got, 2));
+    WCHECK(same_numbers(got[0], want[0]) && same_numbers(got[1], want[1]) && !got[2]);
+    zd_tensor_unref_p(&got[0]);
+    zd_tensor_unref_p(&got[1]);
+    WTRY(zd_remote_module_forward(rm, &x, 1, got, 3));
+    for (int k = 0; k < 3; k++) {
+        WCHECK(same_numbers(got[k], want[k]));
+        zd_tensor_unref_p(&got[k]);
+    }
+
+    /* The LSTM gives three: a fourth is the owner's error, and no output. */
+    zd_tensor_t *four[4];
+    WCHECK(zd_remote_module_forward(rm, &x, 1, four, 4) == -1);
+    WCHECK(!four[0] && !four[1] && !four[2] && !four[3]);
+    WCHECK(strstr(zd_error_last(), "RemoteModule LSTM forward"));
+    WCHECK(zd_remote_module_forward(rm, &x, 1, four, 0) == -1 &&
+           zd_error_code() == ZD_ERR_ARGUMENT);
+    WCHECK(!zd_remote_module_forward_async(rm, &x, 1, 0) && zd_error_code() == ZD_ERR_ARGUMENT);
+
+    /* forward_async: a list value of the n_out tensors */
+    zd_future_t *f = zd_remote_module_forward_async(rm, &x, 1, 2);
+    WCHECK(f);
+    WTRY(zd_future_wait(f, ZD_TIMEOUT_NONE));
+    zd_tensor_t *a0, *a1;
+    WCHECK(zd_list_len(zd_future_value(f)) == 2);
+    WTRY(zd_rpc_arg_tensor(zd_future_value(f), 0, &a0));
+    WTRY(zd_rpc_arg_tensor(zd_future_value(f), 1, &a1));
+    WCHECK(same_numbers(a0, want[0]) && same_numbers(a1, want[1]));
+    zd_future_unref(f);
+
+    /* Backward through both outputs: dL/dx as the local LSTM gives it. */
+    zd_tensor_t *xl = zd_tensor_detach_copy(x), *lo[2] = {NULL, NULL}, *loss = NULL, *gl = NULL;
+    WCHECK(xl);
+    zd_tensor_set_requires_grad(xl, true);
+    WTRY(zd_nn_module_forward(local, &xl, 1, lo, 2));
+    WTRY(sum_two(lo, &loss));
+    WTRY(zd_autograd_backward(loss, NULL, false));
+    WCHECK((gl = zd_tensor_grad(xl)));
+    zd_tensor_unref_p(&loss);
+    int rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
+        zd_tensor_t *xr = zd_tensor_detach_copy(x), *ro[2] = {NULL, NULL}, *rl = NULL, *g = NULL;
+        if (xr)
+            zd_tensor_set_requires_grad(xr, true);
+        if (xr && zd_remote_module_forward(rm, &xr, 1, ro, 2) == 0 && sum_two(ro, &rl) == 0 &&
+            zd_dist_autograd_backward(ctx, &rl, 1, false) == 0 &&
+            zd_dist_autograd_get_gradient(ctx, xr, &g) == 0 && same_numbers(g, gl))
+            rc = 0;
+        else
+            world_fail(w, "backward through two outputs: %s", zd_error_last());
+        zd_tensor_unref(g);
+        zd_tensor_unref(rl);
+        zd_tensor_unref(ro[0]);
+        zd_tensor_unref(ro[1]);
+        zd_tensor_unref(xr);
+    }
+    WTRY(rc);
+
+    zd_tensor_unref(gl);
+    zd_tensor_unref(lo[0]);
+    zd_tensor_unref(lo[1]);
+    zd_tensor_unref(xl);
+    for (int k = 0; k < 3; k++)
+        zd_tensor_unref(want[k]);
+    zd_tensor_unref(x);
+    zd_remote_module_free(rm);
+    zd_nn_module_free(local);
+    zd_tensor_unref(w_loss);
+    return 0;
+}
+
+static void test_remote_module_multi_output(void **state)
+{
+    (void)state;
+    world_options_t o = {
+        .world_size = 2, .setup = setup, .fn = multi_output_body, .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
+}
+
 /*  Errors: each names the worker and the cause; nothing is left behind. */
 static int errors_body(const world_t *w)
 {
@@ -301,18 +442,18 @@ static int errors_body(const world_t *w)
     WCHECK(!zd_remote_module_new(1, NULL, ZD_ARGS(4, 2, 0)));
 
     zd_tensor_t *out = NULL;
-    WCHECK(zd_remote_module_forward(NULL, NULL, 0, &out) == -1 && !out);
+    WCHECK(zd_remote_module_forward(NULL, NULL, 0, &out, 1) == -1 && !out);
     WCHECK(zd_error_code() == ZD_ERR_ARGUMENT);
-    WCHECK(!zd_remote_module_forward_async(NULL, NULL, 0));
+    WCHECK(!zd_remote_module_forward_async(NULL, NULL, 0, 1));
 
     zd_remote_module_t *rm = zd_remote_module_new(1, "Linear", ZD_ARGS(4, 2, 0));
     WCHECK(rm);
     /* the owner's forward error comes back: two inputs, a wrong shape */
     int64_t s[2] = {1, 3};
     zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, s, 2), *two[2] = {x, x};
-    WCHECK(zd_remote_module_forward(rm, two, 2, &out) == -1 && !out);
+    WCHECK(zd_remote_module_forward(rm, two, 2, &out, 1) == -1 && !out);
     WCHECK(strstr(zd_error_last(), "Linear forward: takes 1 input, got 2"));
-    WCHECK(zd_remote_module_forward(rm, &x, 1, &out) == -1);
+    WCHECK(zd_remote_module_forward(rm, &x, 1, &out, 1) == -1);
     WCHECK(strstr(zd_error_last(), "RemoteModule Linear forward"));
     /* a function called with the module RRef that wants another object */
     zd_value_t *r;
@@ -475,6 +616,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_remote_module_trains_with_dist_optim),
+        cmocka_unit_test(test_remote_module_multi_output),
         cmocka_unit_test(test_remote_module_errors),
         cmocka_unit_test(test_remote_module_owner_without_init),
         cmocka_unit_test(test_rref_backward),

@@ -439,7 +439,7 @@ static int ckpt_round(void *arg)
     for (int i = 0; rc == 0 && i < 3; i++)
         rc = zd_named_tensors_add(nt, names[i], c->t[i]);
     if (rc == 0 &&
-        (zd_checkpoint_save(path, nt) < 0 || zd_checkpoint_load(path, nt) < 0 ||
+        (zd_checkpoint_save(nt, path) < 0 || zd_checkpoint_load(nt, path) < 0 ||
          !(got = zd_checkpoint_read(path))))
         rc = -1;
     int n = zd_named_tensors_len(got);
@@ -546,10 +546,10 @@ static int data_body(const world_t *w)
         ((uint8_t *)zd_tensor_raw(images))[i] = (uint8_t)(i * 37);
     for (int i = 0; i < 12; i++)
         ((uint8_t *)zd_tensor_raw(labels))[i] = (uint8_t)(i % 10);
-    WTRY(zd_idx_save(path_in(dir, "images.idx"), images));
-    WTRY(zd_idx_save(path_in(dir, "labels.idx"), labels));
-    WTRY(zd_idx_save(path_in(gz, "train-images-idx3-ubyte.gz"), images));
-    WTRY(zd_idx_save(path_in(gz, "train-labels-idx1-ubyte.gz"), labels));
+    WTRY(zd_idx_save(images, path_in(dir, "images.idx")));
+    WTRY(zd_idx_save(labels, path_in(dir, "labels.idx")));
+    WTRY(zd_idx_save(images, path_in(gz, "train-images-idx3-ubyte.gz")));
+    WTRY(zd_idx_save(labels, path_in(gz, "train-labels-idx1-ubyte.gz")));
     zd_tensor_unref(images);
     zd_tensor_unref(labels);
     setenv("ZDIST_CACHE_DIR", cache, 1);

@@ -85,12 +85,12 @@ static size_t make_idx(unsigned char *buf, int type, int ndim, const uint32_t *d
     return off + data;
 }
 
-/*  zd_idx_load must fail with a message containing `expect` and the path. */
+/*  zd_idx_read must fail with a message containing `expect` and the path. */
 static void expect_refused(const char *path, const char *expect)
 {
     int64_t live = zd_tensor_live_count();
     zd_error_clear();
-    assert_null(zd_idx_load(path));
+    assert_null(zd_idx_read(path));
     if (!strstr(zd_error_last(), expect) || !strstr(zd_error_last(), path))
         fail_msg("loading %s: error '%s' lacks '%s' or the path", path, zd_error_last(), expect);
     assert_int_equal(zd_tensor_live_count(), live);
@@ -135,7 +135,7 @@ static void test_fashion_mnist_gz(void **state)
     for (size_t k = 0; k < sizeof files / sizeof files[0]; k++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", FMNIST, files[k].file);
-        zd_tensor_t *t = zd_idx_load(path);
+        zd_tensor_t *t = zd_idx_read(path);
         if (!t)
             fail_msg("%s", zd_error_last());
         assert_int_equal(zd_tensor_dtype(t), ZD_UINT8);
@@ -169,8 +169,8 @@ static void test_plain_copy_equals_gz(void **state)
         snprintf(plain, sizeof plain, "%s", tmp_path(names[k]));
         gunzip_to(gz, plain);
         zd_tensor_t *a, *b;
-        assert_non_null(a = zd_idx_load(gz));
-        assert_non_null(b = zd_idx_load(plain));
+        assert_non_null(a = zd_idx_read(gz));
+        assert_non_null(b = zd_idx_read(plain));
         assert_true(zd_tensor_same_shape(a, b));
         assert_memory_equal(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a));
         zd_tensor_unref(a);
@@ -180,7 +180,7 @@ static void test_plain_copy_equals_gz(void **state)
         char renamed[600];
         snprintf(renamed, sizeof renamed, "%s.plain.gz", plain);
         assert_int_equal(rename(plain, renamed), 0);
-        assert_non_null(a = zd_idx_load(renamed));
+        assert_non_null(a = zd_idx_read(renamed));
         zd_tensor_unref(a);
         unlink(renamed);
     }
@@ -191,7 +191,7 @@ static void test_plain_copy_equals_gz(void **state)
     write_file(gz_no_ext, raw, n);
     free(raw);
     zd_tensor_t *t;
-    assert_non_null(t = zd_idx_load(gz_no_ext));
+    assert_non_null(t = zd_idx_read(gz_no_ext));
     assert_int_equal(zd_tensor_size(t, 0), 10000);
     zd_tensor_unref(t);
 }
@@ -209,8 +209,8 @@ static void test_round_trip_f32_and_u8(void **state)
     for (int k = 0; k < 4; k++) {
         zd_tensor_t *src = k < 2 ? f : u, *back;
         const char *p = tmp_path(files[k]);
-        assert_int_equal(zd_idx_save(p, src), 0);
-        assert_non_null(back = zd_idx_load(p));
+        assert_int_equal(zd_idx_save(src, p), 0);
+        assert_non_null(back = zd_idx_read(p));
         assert_int_equal(zd_tensor_dtype(back), zd_tensor_dtype(src));
         assert_true(zd_tensor_same_shape(back, src));
         assert_memory_equal(zd_tensor_raw(back), zd_tensor_raw(src), zd_tensor_nbytes(src));
@@ -226,7 +226,7 @@ static void test_round_trip_f32_and_u8(void **state)
     assert_int_equal(raw[0], 0x1f);
     assert_int_equal(raw[1], 0x8b);
     free(raw);
-    assert_int_equal(zd_idx_save_f32(tmp_path("x.idx"), u), -1);
+    assert_int_equal(zd_idx_save_f32(u, tmp_path("x.idx")), -1);
     assert_non_null(strstr(zd_error_last(), "uint8"));
     zd_tensor_unref(f);
     zd_tensor_unref(u);
@@ -242,10 +242,10 @@ static void test_golden_file_bytes(void **state)
     if (stat(path, &st) < 0)
         skip();
     zd_tensor_t *t;
-    assert_non_null(t = zd_idx_load(path));
+    assert_non_null(t = zd_idx_read(path));
     assert_int_equal(zd_tensor_dtype(t), ZD_FLOAT32);
     /* Writing it back gives the same bytes: byte order and header agree. */
-    assert_int_equal(zd_idx_save_f32(tmp_path("again.idx"), t), 0);
+    assert_int_equal(zd_idx_save_f32(t, tmp_path("again.idx")), 0);
     size_t a, b;
     unsigned char *orig = read_file(path, &a), *again = read_file(tmp_path("again.idx"), &b);
     assert_int_equal(a, b);
@@ -350,7 +350,7 @@ static void test_broken_gzip(void **state)
     memcpy(z, gz, zn);
     z[zn / 2] ^= 0x55;
     write_file(tmp_path("flipped.gz"), z, zn);
-    assert_null(zd_idx_load(tmp_path("flipped.gz")));
+    assert_null(zd_idx_read(tmp_path("flipped.gz")));
     assert_non_null(strstr(zd_error_last(), "flipped.gz: corrupt gzip data"));
     free(gz);
 }

@@ -106,7 +106,7 @@ static int write_kv(const char *path, const zd_named_tensors_t *nt, const char *
 {
     zd_strings_t *meta = zd_strings_from(kv, n);
     assert_non_null(meta);
-    int rc = zd_safetensors_write(path, nt, meta);
+    int rc = zd_safetensors_write(nt, path, meta);
     zd_strings_free(meta);
     return rc;
 }
@@ -215,7 +215,7 @@ static void test_upstream_bytes(void **state)
     float v[6] = {0, 1, 2, 3, 4, 5};
     zd_named_tensors_t *nt = zd_named_tensors_new();
     add(nt, "attn.0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 2, 3}, 3, v));
-    assert_int_equal(zd_safetensors_write(tmp_path("attn.0"), nt, NULL), 0);
+    assert_int_equal(zd_safetensors_write(nt, tmp_path("attn.0"), NULL), 0);
     expect_file(tmp_path("attn.0"),
                 "{\"attn.0\":{\"dtype\":\"F32\",\"shape\":[1,2,3],\"data_offsets\":[0,24]}}", v,
                 24);
@@ -223,7 +223,7 @@ static void test_upstream_bytes(void **state)
 
     nt = zd_named_tensors_new();
     add(nt, "attn0", zd_tensor_from_data(ZD_FLOAT32, (int64_t[]){1, 1, 2, 3}, 4, v));
-    assert_int_equal(zd_safetensors_write(tmp_path("attn0"), nt, NULL), 0);
+    assert_int_equal(zd_safetensors_write(nt, tmp_path("attn0"), NULL), 0);
     expect_file(tmp_path("attn0"),
                 "{\"attn0\":{\"dtype\":\"F32\",\"shape\":[1,1,2,3],"
                 "\"data_offsets\":[0,24]}}       ",
@@ -231,7 +231,7 @@ static void test_upstream_bytes(void **state)
     zd_named_tensors_free(nt);
 
     nt = zd_named_tensors_new();
-    assert_int_equal(zd_safetensors_write(tmp_path("empty"), nt, NULL), 0);
+    assert_int_equal(zd_safetensors_write(nt, tmp_path("empty"), NULL), 0);
     expect_file(tmp_path("empty"), "{}      ", NULL, 0);
     const char *fw[] = {"framework", "pt"};
     assert_int_equal(write_kv(tmp_path("empty_meta"), nt, fw, 2), 0);
@@ -271,7 +271,7 @@ static void test_metadata(void **state)
     zd_named_tensors_free(back);
 
     /* no metadata: no "__metadata__", and none read */
-    assert_int_equal(zd_safetensors_write(path, nt, NULL), 0);
+    assert_int_equal(zd_safetensors_write(nt, path, NULL), 0);
     back = zd_safetensors_read(path, &kv);
     assert_non_null(back);
     assert_non_null(kv);
@@ -350,7 +350,7 @@ static void test_borrowed_and_copied(void **state)
     add(nt, "u", zd_tensor_new(ZD_UINT8, (int64_t[]){3}, 1));
     char path[600];
     snprintf(path, sizeof path, "%s", tmp_path("aligned.safetensors"));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL), 0);
+    assert_int_equal(zd_safetensors_write(nt, path, NULL), 0);
     zd_named_tensors_free(nt);
     size_t size;
     unsigned char *before = read_file(path, &size);
@@ -618,7 +618,7 @@ static void test_write_refused(void **state)
     snprintf(path, sizeof path, "%s", tmp_path("kept.safetensors"));
     zd_named_tensors_t *nt = zd_named_tensors_new();
     add(nt, "a", f32_tensor(1, (int64_t[]){2}, 1, 1));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL), 0);
+    assert_int_equal(zd_safetensors_write(nt, path, NULL), 0);
     size_t n;
     unsigned char *before = read_file(path, &n);
 
@@ -636,13 +636,13 @@ static void test_write_refused(void **state)
     assert_int_equal(write_kv(path, nt, null_value, 1), -1);
     assert_non_null(strstr(zd_error_last(), "metadata of 1 strings"));
     add(nt, "__metadata__", f32_tensor(1, (int64_t[]){1}, 0, 0));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL), -1);
+    assert_int_equal(zd_safetensors_write(nt, path, NULL), -1);
     assert_non_null(strstr(zd_error_last(), "'__metadata__' is not one a file may hold"));
     zd_named_tensors_free(nt);
     nt = zd_named_tensors_new();
     add(nt, "\xc3", f32_tensor(1, (int64_t[]){1}, 0, 0));
-    assert_int_equal(zd_safetensors_write(path, nt, NULL), -1);
-    assert_int_equal(zd_safetensors_write(path, NULL, NULL), -1);
+    assert_int_equal(zd_safetensors_write(nt, path, NULL), -1);
+    assert_int_equal(zd_safetensors_write(NULL, path, NULL), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     zd_named_tensors_free(nt);
 
@@ -664,7 +664,7 @@ static void test_write_refused(void **state)
 
     /* a directory that is not there: named */
     nt = zd_named_tensors_new();
-    assert_int_equal(zd_safetensors_write(tmp_path("no/such/dir.safetensors"), nt, NULL), -1);
+    assert_int_equal(zd_safetensors_write(nt, tmp_path("no/such/dir.safetensors"), NULL), -1);
     assert_non_null(strstr(zd_error_last(), "no/such/dir.safetensors: cannot create"));
     zd_named_tensors_free(nt);
 }

@@ -344,7 +344,7 @@ static void test_net_to_pytorch(void **state)
     zd_named_tensors_t *io = zd_named_tensors_new();
     assert_int_equal(zd_named_tensors_add(io, "x", test), 0);
     assert_int_equal(zd_named_tensors_add(io, "logprobs", lp), 0);
-    assert_int_equal(zd_safetensors_write(io_path, io, NULL), 0);
+    assert_int_equal(zd_safetensors_write(io, io_path, NULL), 0);
     zd_named_tensors_free(io);
     zd_tensor_unref(lp);
     zd_tensor_unref(lp2);

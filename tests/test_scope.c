@@ -39,7 +39,7 @@ static void test_add_and_end(void **state)
     assert_int_equal(zd_tensor_add(a, b, &c), 0);
     assert_ptr_equal(zd_scope_add(c), c);
     assert_true(zd_tensor_data(c)[2] == 9.0f);
-    assert_int_equal(zd_scope_size(s), 3);
+    assert_int_equal(zd_scope_len(s), 3);
     assert_int_equal(zd_tensor_live_count(), live + 3);
     assert_int_equal(zd_scope_end(s), 0);
     assert_null(zd_scope_current());
@@ -64,7 +64,7 @@ static void test_autograd_after_the_scope(void **state)
     assert_int_equal(zd_tensor_sum(p, &loss), 0);
     zd_scope_add(loss);
     assert_ptr_equal(zd_scope_keep(loss), loss); /* outermost: back to us */
-    assert_int_equal(zd_scope_size(s), 3);
+    assert_int_equal(zd_scope_len(s), 3);
     assert_int_equal(zd_scope_end(s), 0);
     /* loss = sum((x w)^2): dL/dw = 2 x^2 w */
     assert_int_equal(zd_autograd_backward(loss, NULL, false), 0);
@@ -104,7 +104,7 @@ static void test_nesting_and_keep(void **state)
     assert_non_null(y);
     assert_true(zd_tensor_data(y)[0] == 0.0f && zd_tensor_data(y)[1] == 2.0f);
     assert_ptr_equal(zd_scope_current(), outer);
-    assert_int_equal(zd_scope_size(outer), 2);          /* x and y */
+    assert_int_equal(zd_scope_len(outer), 2);           /* x and y */
     assert_int_equal(zd_tensor_live_count(), live + 3); /* and w */
 
     /* ending an outer scope ends the inner ones first */
@@ -120,7 +120,7 @@ static void test_nesting_and_keep(void **state)
 
     /* keep of a tensor no scope holds changes nothing */
     assert_null(zd_scope_keep(w));
-    assert_int_equal(zd_scope_size(outer), 2);
+    assert_int_equal(zd_scope_len(outer), 2);
     assert_int_equal(zd_scope_end(outer), 0);
     zd_tensor_unref(w);
     assert_int_equal(zd_tensor_live_count(), live);
@@ -147,7 +147,7 @@ static void test_per_thread(void **state)
     assert_int_equal(pthread_create(&th, NULL, other_thread, s), 0);
     pthread_join(th, &ok);
     assert_true(ok != NULL);
-    assert_int_equal(zd_scope_size(s), 1);
+    assert_int_equal(zd_scope_len(s), 1);
     assert_int_equal(zd_scope_end(s), 0);
     assert_int_equal(zd_tensor_live_count(), live);
 }

@@ -105,7 +105,7 @@ static int export_net(const char *prefix, const char *out)
     const char *meta[] = {"format", "pt", "generation", s_gen, "step", s_step};
     zd_strings_t *kv = zd_strings_from(meta, 6);
     if (rc == 0)
-        rc = kv ? zd_safetensors_write(out, nt, kv) : -1;
+        rc = kv ? zd_safetensors_write(nt, out, kv) : -1;
     zd_strings_free(kv);
     if (rc == 0)
         printf("%s: the Net of %d shard(s), generation %lld, step %lld\n", out, S,

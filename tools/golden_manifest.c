@@ -76,7 +76,7 @@ static int parse_entry(golden_case_t *c, char *line, const char *where)
     strcpy(e->name, name);
     char path[2048];
     snprintf(path, sizeof path, "%s/%s", c->dir, file);
-    if (!(e->value = zd_idx_load(path)))
+    if (!(e->value = zd_idx_read(path)))
         return zd_error_wrap("%s", where);
     c->n++;
     return 0;

@@ -149,11 +149,12 @@ ZD_API int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out);                /* 
 ZD_API int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out); /* (m,k)x(k,n) */
 
 /*  A copy of a's data whose gradient flows back to a (PyTorch's clone()), in
-    *out (a new reference): later in-place changes of a do not reach it. */
+    *out (a new reference): later in-place changes of a do not reach it. 0,
+    or -1. */
 ZD_API int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out);
 
 /*  Concatenation of n tensors along dim (the other sizes must agree): *out,
-    a new reference. */
+    a new reference, and 0; or -1. */
 ZD_API int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out);
 
 /*  Positions [start, start + length) of t along dim (PyTorch's narrow; a
@@ -167,18 +168,18 @@ ZD_API int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t leng
                             zd_tensor_t **out);
 
 /*  Element-wise, any shape, as torch.tanh, sigmoid, exp and log (log: NaN below 0, -inf at 0);
-    *out is a new reference. */
+    *out is a new reference. 0, or -1. */
 ZD_API int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out);
 ZD_API int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  PyTorch's t.permute(dims) (ndims = t's ndim; negative dims from the end): *out, a new
-    reference to a copy, of any dtype. */
+    reference to a copy, of any dtype. 0, or -1 (dims not a permutation). */
 ZD_API int zd_tensor_permute(zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out);
 
 /*  PyTorch's t.transpose(dim0, dim1): *out, a new reference to a copy with dimensions dim0
-    and dim1 swapped. */
+    and dim1 swapped. 0, or -1 (a dim out of range). */
 ZD_API int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out);
 
 ZD_END_DECLS

@@ -44,14 +44,14 @@ ZD_BEGIN_DECLS
     4096 bytes). Not recorded by autograd. Returns 0, or -1 with
     zd_error_last() naming the file and the problem (then path is left as
     it was). */
-ZD_API int zd_checkpoint_save(const char *path, const zd_named_tensors_t *tensors);
+ZD_API int zd_checkpoint_save(const zd_named_tensors_t *tensors, const char *path);
 
 /*  Reads the file into the list's tensors, each under its name: the file
     must hold exactly these names (in any order), each with the tensor's
     dtype and shape. Data is copied in place (no autograd record). All or
     nothing: returns 0, or -1 with zd_error_last() naming the file (and the
     tensor and both shapes for a shape mismatch) and no tensor changed. */
-ZD_API int zd_checkpoint_load(const char *path, const zd_named_tensors_t *into);
+ZD_API int zd_checkpoint_load(const zd_named_tensors_t *into, const char *path);
 
 /*  Reads every tensor of the file without knowing them in advance (for
     tools and inspection), in the file's order: a new object

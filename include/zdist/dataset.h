@@ -79,7 +79,7 @@ ZD_API zd_dataset_t *zd_dataset_load_files(const char *images_path, const char *
 ZD_API void zd_dataset_free(zd_dataset_t *ds);
 
 /*  Number of samples, and the image height (rows) and width (cols). */
-ZD_API int64_t zd_dataset_size(const zd_dataset_t *ds);
+ZD_API int64_t zd_dataset_len(const zd_dataset_t *ds);
 ZD_API int64_t zd_dataset_rows(const zd_dataset_t *ds);
 ZD_API int64_t zd_dataset_cols(const zd_dataset_t *ds);
 
@@ -107,7 +107,7 @@ ZD_API int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out);
     order, on every platform. */
 ZD_API void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed);
 
-/*  An epoch order: a new array of zd_dataset_size() indices, 0..N-1 shuffled
+/*  An epoch order: a new array of zd_dataset_len() indices, 0..N-1 shuffled
     with zd_dataset_shuffle(seed). Callers wanting a different order per epoch
     pass e.g. seed + epoch. The caller frees it with free(). NULL when out
     of memory. */

@@ -18,7 +18,7 @@
         zd_rref_list_free(params);
         ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
             zd_tensor_t *y;
-            zd_remote_module_forward(rm, &x, 1, &y);    // runs on "ps", recorded
+            zd_remote_module_forward(rm, &x, 1, &y, 1); // runs on "ps", recorded
             ...loss..., zd_dist_autograd_backward(ctx, &loss, 1, false);
             zd_dist_optim_step(opt, ctx);              // steps the module on "ps"
         }
@@ -88,14 +88,18 @@ typedef struct zd_remote_module zd_remote_module_t;
 ZD_API zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value_t *args);
 
 /*  Runs the module's forward on its owner with the n_in tensors (borrowed)
-    and waits: 0 and *out (a new reference), or -1 with the owner's error. */
+    and waits, as zd_nn_module_forward does there: the first n_out outputs
+    (at least 1; more than the module gives is the owner's error), each a
+    new reference, in out[0..n_out-1], and 0; or -1 with the owner's error
+    and every out[i] NULL. */
 ZD_API int zd_remote_module_forward(zd_remote_module_t *rm, zd_tensor_t *const *in, int n_in,
-                                    zd_tensor_t **out);
+                                    zd_tensor_t **out, int n_out);
 
 /*  The same without waiting: a future (new reference) that completes with
-    a tensor value or the error; NULL when the call could not be made. */
+    a tensor value (n_out == 1) or a list value of the n_out tensors, or the
+    error; NULL when the call could not be made. */
 ZD_API zd_future_t *zd_remote_module_forward_async(zd_remote_module_t *rm, zd_tensor_t *const *in,
-                                                   int n_in);
+                                                   int n_in, int n_out);
 
 /*  RRefs to the module's parameters, owned by its owner (PyTorch's
     RemoteModule.remote_parameters()), for zd_dist_optim_new, as

@@ -28,15 +28,16 @@ ZD_BEGIN_DECLS
     whose product overflows, and a size that disagrees with the dimensions
     (truncated or trailing data) are refused. Returns the tensor, a new
     reference, or NULL with zd_error_last() set. */
-ZD_API zd_tensor_t *zd_idx_load(const char *path);
+ZD_API zd_tensor_t *zd_idx_read(const char *path);
 
 /*  Writes t (ZD_UINT8 or ZD_FLOAT32, 1 to 8 dimensions, each < 2^32) as an
     IDX file: gzip-compressed when path ends in ".gz", plain otherwise.
     Returns 0, or -1 with zd_error_last() set (a partial file may remain). */
-ZD_API int zd_idx_save(const char *path, const zd_tensor_t *t);
+ZD_API int zd_idx_save(const zd_tensor_t *t, const char *path);
 
-/*  zd_idx_save for float32 tensors only (refuses any other dtype). */
-ZD_API int zd_idx_save_f32(const char *path, const zd_tensor_t *t);
+/*  zd_idx_save for float32 tensors only: 0, or -1 (any other dtype is
+    refused). */
+ZD_API int zd_idx_save_f32(const zd_tensor_t *t, const char *path);
 
 ZD_END_DECLS
 

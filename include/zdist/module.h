@@ -197,7 +197,7 @@ ZD_API zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embed
     state_dict() names for the same model ("conv1.weight", "fc2.bias",
     the LSTM's "weight_ih_l0"), so a file goes between zdist and PyTorch's
     model.load_state_dict(st.load(path)[0]) / load_file() as it is.
-    Loading goes as zd_safetensors_load_into (<zdist/safetensors.h>) says. */
+    Loading goes as zd_safetensors_load (<zdist/safetensors.h>) says. */
 
 /*  Writes every parameter of m under its dotted name, with meta's key,
     value pairs as zd_safetensors_write takes them (meta may be NULL). 0,
@@ -205,7 +205,7 @@ ZD_API zd_nn_module_t *zd_nn_embedding_new(int64_t num_embeddings, int64_t embed
 ZD_API int zd_nn_module_save_safetensors(const zd_nn_module_t *m, const char *path,
                                          const zd_strings_t *meta);
 
-/*  Loads m's parameters from the file, as zd_safetensors_load_into does:
+/*  Loads m's parameters from the file, as zd_safetensors_load does:
     0 with, when skipped is non-NULL, *skipped a new object
     (zd_strings_free) listing the names skipped, or -1. */
 ZD_API int zd_nn_module_load_safetensors(zd_nn_module_t *m, const char *path, bool strict,

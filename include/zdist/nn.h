@@ -35,7 +35,8 @@ ZD_API int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, 
 /*  Fused forms, for less memory traffic: the same numbers as
     zd_nn_relu(zd_nn_conv2d(...)) and zd_nn_max_pool2d(zd_nn_conv2d(...), pool_kernel,
     pool_stride), without storing the convolution's own output for the
-    batch. pool_stride 0 means pool_kernel. *out: a new reference. */
+    batch. pool_stride 0 means pool_kernel. *out: a new reference; 0, or
+    -1. */
 ZD_API int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
                              int padding, zd_tensor_t **out);
 ZD_API int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias,
@@ -46,14 +47,14 @@ ZD_API int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tenso
     gives (..., out). *out: a new reference. */
 ZD_API int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out);
 
-/*  y = max(x, 0), any shape. *out: a new reference. */
+/*  y = max(x, 0), any shape. *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  Max pooling over kernel x kernel windows moved by stride (0 means
     stride = kernel), no padding, floor mode (windows that do not fit are
     dropped): x (N,C,H,W) gives (N,C,(H-k)/s+1,(W-k)/s+1). The gradient of a
     window goes to its maximum (the first one on ties).
-    *out: a new reference. */
+    *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out);
 
 /*  Inverted dropout: when training, each element is zeroed with
@@ -63,19 +64,20 @@ ZD_API int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t 
 ZD_API int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out);
 
 /*  Like zd_nn_dropout but zeroes whole channels: x (N,C,...) draws one mask
-    value per (n, c). *out: a new reference. */
+    value per (n, c). *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng,
                            zd_tensor_t **out);
 
-/*  (N, ...) viewed as (N, rest): shares x's storage. *out: a new reference. */
+/*  (N, ...) viewed as (N, rest): shares x's storage. *out: a new reference;
+    0, or -1. */
 ZD_API int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  softmax(x) along dim (negative counts from the end), any shape.
-    *out: a new reference. */
+    *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out);
 
 /*  GELU, the exact form x/2 (1 + erf(x / sqrt 2)) (PyTorch's approximate='none'), any shape.
-    *out: a new reference. */
+    *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  PyTorch's layer_norm over x's last norm_ndim dimensions; weight, bias: NULL or those sizes.
@@ -87,7 +89,7 @@ ZD_API int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, 
 #define ZD_NN_NO_PADDING (-1)
 
 /*  Rows of weight (V, D) at int64/uint8 indices (S...): (S..., D); row padding_idx gets no grad.
-    *out: a new reference. */
+    *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
                            zd_tensor_t **out);
 
@@ -102,15 +104,16 @@ ZD_API int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out);
     sample when a target is outside [0, C). *out: a new reference. */
 ZD_API int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out);
 
-/*  nll_loss(log_softmax(logits, 1), target). *out: a new reference. */
+/*  nll_loss(log_softmax(logits, 1), target). *out: a new reference; 0, or
+    -1. */
 ZD_API int zd_nn_cross_entropy(zd_tensor_t *logits, zd_tensor_t *target, zd_tensor_t **out);
 
 /*  mean((x - target)^2) over same-shaped float tensors, a scalar; target may require grad.
-    *out: a new reference. */
+    *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out);
 
 /*  Index of the largest entry of each row of x (N,C): an int64 tensor (N),
-    not recorded by autograd. *out: a new reference. */
+    not recorded by autograd. *out: a new reference; 0, or -1. */
 ZD_API int zd_nn_argmax(zd_tensor_t *x, zd_tensor_t **out);
 
 /*  How many rows of scores (N,C) (logits or log-probabilities) have their
@@ -123,7 +126,8 @@ ZD_API int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target);
     or -1 (ZD_ERR_ARGUMENT) on a non-float32 tensor. The three fills alike. */
 ZD_API int zd_nn_init_uniform(zd_tensor_t *t, float lo, float hi, zd_rng_t *rng);
 
-/*  Fills t with normal(mean, std) values (PyTorch's normal_, nn.Embedding's init: 0, 1). */
+/*  Fills t with normal(mean, std) values (PyTorch's normal_, nn.Embedding's init: 0, 1).
+    0, or -1 (ZD_ERR_ARGUMENT) on a non-float32 tensor. */
 ZD_API int zd_nn_init_normal(zd_tensor_t *t, float mean, float std, zd_rng_t *rng);
 
 /*  kaiming_uniform_(weight, a=sqrt(5)): uniform in +-1/sqrt(fan_in) with

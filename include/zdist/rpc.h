@@ -346,20 +346,26 @@ ZD_API zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64
     prefixed with the call; pass ZD_ARGS() for no arguments. Results as for
     the borrowing calls. */
 
-/*  zd_rpc_sync, taking over args (released in every case); *result: a new reference. */
+/*  zd_rpc_sync, taking over args (released in every case); *result: a new reference.
+    0, or -1 as zd_rpc_sync. */
 ZD_API int zd_rpc_sync_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms,
                             zd_value_t **result);
-/*  zd_rpc_async, taking over args (released in every case): a new reference. */
+/*  zd_rpc_async, taking over args (released in every case): a new reference, or NULL
+    as zd_rpc_async. */
 ZD_API zd_future_t *zd_rpc_async_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
-/*  zd_rpc_remote, taking over args (released in every case): a new reference. */
+/*  zd_rpc_remote, taking over args (released in every case): a new reference, or NULL
+    as zd_rpc_remote. */
 ZD_API zd_rref_t *zd_rpc_remote_take(int to, const char *fn, zd_value_t *args, int64_t timeout_ms);
-/*  zd_rref_rpc_sync, taking over args (released in every case); *result: a new reference. */
+/*  zd_rref_rpc_sync, taking over args (released in every case); *result: a new reference.
+    0, or -1 as zd_rref_rpc_sync. */
 ZD_API int zd_rref_rpc_sync_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                  int64_t timeout_ms, zd_value_t **result);
-/*  zd_rref_rpc_async, taking over args (released in every case): a new reference. */
+/*  zd_rref_rpc_async, taking over args (released in every case): a new reference, or
+    NULL as zd_rref_rpc_async. */
 ZD_API zd_future_t *zd_rref_rpc_async_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                            int64_t timeout_ms);
-/*  zd_rref_remote, taking over args (released in every case): a new reference. */
+/*  zd_rref_remote, taking over args (released in every case): a new reference, or NULL
+    as zd_rref_remote. */
 ZD_API zd_rref_t *zd_rref_remote_take(zd_rref_t *r, const char *method, zd_value_t *args,
                                       int64_t timeout_ms);
 
@@ -406,7 +412,7 @@ ZD_API bool zd_rref_confirmed_by_owner(const zd_rref_t *r);
     RRef's value as first argument followed by args (PyTorch's
     rref.rpc_sync().method(*args)): synchronously, asynchronously, or
     keeping the result at the owner. Same results as zd_rpc_sync / zd_rpc_async /
-    zd_rpc_remote: new references. */
+    zd_rpc_remote: new references, and -1 or NULL on failure as theirs. */
 ZD_API int zd_rref_rpc_sync(zd_rref_t *r, const char *method, zd_value_t *args, int64_t timeout_ms,
                             zd_value_t **result);
 ZD_API zd_future_t *zd_rref_rpc_async(zd_rref_t *r, const char *method, zd_value_t *args,

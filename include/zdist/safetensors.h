@@ -71,7 +71,7 @@ ZD_API zd_named_tensors_t *zd_safetensors_read(const char *path, zd_strings_t **
     (meta NULL or empty: none). Names, keys and values are UTF-8; a name
     may not be "__metadata__", a key may not repeat. Returns 0, or -1
     with zd_error_last() naming the file (path is then left as it was). */
-ZD_API int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
+ZD_API int zd_safetensors_write(const zd_named_tensors_t *nt, const char *path,
                                 const zd_strings_t *meta);
 
 /*  ---- loading into existing tensors ----
@@ -91,8 +91,8 @@ ZD_API int zd_safetensors_write(const char *path, const zd_named_tensors_t *nt,
     above. 0 with, when skipped is non-NULL, *skipped a new object
     (zd_strings_free) listing the names skipped (empty when none), or -1
     with zd_error_last() naming the file and the tensor (dst untouched). */
-ZD_API int zd_safetensors_load_into(const char *path, const zd_named_tensors_t *dst, bool strict,
-                                    zd_strings_t **skipped);
+ZD_API int zd_safetensors_load(const zd_named_tensors_t *dst, const char *path, bool strict,
+                               zd_strings_t **skipped);
 
 ZD_END_DECLS
 

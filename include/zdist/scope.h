@@ -72,7 +72,7 @@ ZD_API zd_tensor_t *zd_scope_keep(zd_tensor_t *t);
 ZD_API zd_scope_t *zd_scope_current(void);
 
 /*  Number of references s holds. */
-ZD_API size_t zd_scope_size(const zd_scope_t *s);
+ZD_API size_t zd_scope_len(const zd_scope_t *s);
 
 ZD_END_DECLS
 

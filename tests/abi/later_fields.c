@@ -8,7 +8,7 @@
     the size passed, so the bytes after them stay as they were. A world of
     one process on a port of its own: a call to itself, a backward pass,
     metrics and counters, limits, an optimizer's config, an op's table, the
-    launch environment, shutdown. Exits 0 when all of it holds,
+    launch environment, a parameter server's options, shutdown. Exits 0 when all of it holds,
     1 naming what did not. */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -78,6 +78,19 @@ int main(void)
     opts.rpc_timeout_ms = 7000;
     opts.num_worker_threads = 2;
     opts.init_timeout_ms = 20000;
+    /* a parameter server of one shard, here, with 1.0 options: no push
+       may be a version behind (the default takes any) */
+    zd_named_tensors_t *served = zd_named_tensors_new();
+    zd_tensor_t *sw = zd_tensor_zeros1(2);
+    zd_ps_options_t po = zd_ps_options_default();
+    po.max_staleness = 0;
+    zd_optim_config_t psgd = zd_optim_sgd_defaults(0.5);
+    zd_ps_server_t *srv = NULL;
+    CHECK(served && sw && zd_named_tensors_add(served, "w", sw) == 0 &&
+              (srv = zd_ps_server_new(served, 0, 1, &psgd, &po)),
+          "zd_ps_server_new");
+    zd_named_tensors_free(served);
+    zd_tensor_unref(sw);
     /* distributed autograd sets its hooks (a sized struct) before RPC runs */
     CHECK(zd_dist_autograd_init() == 0, "zd_dist_autograd_init");
     if (zd_rpc_init("solo", 0, 1, &opts) < 0) {
@@ -172,7 +185,31 @@ int main(void)
           "zd_rpc_env_resolve");
     CHECK(intact(env.after, sizeof env.after), "env written past the 1.0 struct");
 
+    /* the trainer: a push on what it pulled is taken; the next one, now a
+       version behind, is stale under the 1.0 options' max_staleness 0 */
+    zd_tensor_t *rw = zd_tensor_zeros1(2), *rs = NULL;
+    zd_named_tensors_t *replica = zd_named_tensors_new();
+    zd_ps_client_t *cl = NULL;
+    int shard_rank = 0;
+    CHECK(rw && replica && zd_tensor_set_requires_grad(rw, true) == 0 &&
+              zd_named_tensors_add(replica, "w", rw) == 0 &&
+              (cl = zd_ps_client_new(replica, &shard_rank, 1, &po)) &&
+              zd_tensor_sum(rw, &rs) == 0 && zd_autograd_backward(rs, NULL, false) == 0,
+          "a parameter server's trainer");
+    CHECK(cl && zd_ps_client_pull(cl, ZD_TIMEOUT_DEFAULT) == 0 &&
+              zd_ps_client_push(cl, ZD_TIMEOUT_DEFAULT) == 0,
+          "a push on the parameters pulled");
+    CHECK(cl && zd_ps_client_push(cl, ZD_TIMEOUT_DEFAULT) == -1 && zd_error_code() == ZD_ERR_STALE,
+          "a push a version behind was not refused as stale");
+    CHECK(srv && zd_ps_server_version(srv) == 1, "the shard took %lld steps, not 1",
+          srv ? (long long)zd_ps_server_version(srv) : -1LL);
+    zd_ps_client_free(cl);
+    zd_named_tensors_free(replica);
+    zd_tensor_unref(rs);
+    zd_tensor_unref(rw);
+
     CHECK(zd_rpc_shutdown(true, 20000) == 0, "zd_rpc_shutdown");
+    zd_ps_server_free(srv);
     if (failures)
         return 1;
     printf("later_fields: a 1.0 program on a library with later fields: every check held\n");

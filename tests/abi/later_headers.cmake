@@ -12,7 +12,7 @@ foreach(h ${headers})
   foreach(type zd_rpc_options_t zd_rpc_function_t zd_rpc_hooks_t zd_rpc_metrics_t
                zd_autograd_options_t zd_dist_autograd_limits_t zd_dist_autograd_stats_t
                zd_dist_optim_owner_limits_t zd_optim_config_t
-               zd_autograd_node_ops_t zd_rpc_env_t)
+               zd_autograd_node_ops_t zd_rpc_env_t zd_ps_options_t)
     string(REPLACE "} ${type};" "    unsigned char zd__later_fields[72];\n} ${type};" text "${text}")
   endforeach()
   file(WRITE "${OUT}/${name}.new" "${text}")

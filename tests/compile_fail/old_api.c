@@ -19,6 +19,7 @@
 #include <zdist/optim.h>
 #include <zdist/rnn.h>
 #include <zdist/rpc.h>
+#include <zdist/scope.h>
 
 #if defined(CASE_OK)
 static int forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
@@ -67,9 +68,12 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_named_tensors_free(zd_dist_autograd_get_gradients(ctx));
     zd_dataset_free(zd_dataset_load(NULL, ZD_DATASET_TEST));
     zd_dataset_free(zd_dataset_load_files("images.idx", "labels.idx"));
-    zd_tensor_unref(zd_idx_load("x.idx"));
+    zd_tensor_t *img = zd_idx_read("x.idx");
     zd_named_tensors_t *nt = zd_checkpoint_read("x.ckpt");
-    int rc = zd_checkpoint_save("y.ckpt", nt) + zd_checkpoint_load("y.ckpt", nt);
+    int rc = zd_checkpoint_save(nt, "y.ckpt") + zd_checkpoint_load(nt, "y.ckpt") +
+        zd_idx_save(img, "y.idx") + zd_idx_save_f32(img, "z.idx");
+    rc += (int)zd_dataset_len(NULL) + (int)zd_scope_len(NULL);
+    zd_tensor_unref(img);
     zd_named_tensors_free(nt);
     zd_optim_t *opt = NULL;
     zd_named_tensors_t *state = zd_optim_state_export(opt);
@@ -84,13 +88,13 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_nn_module_t *net = zd_nn_net_new(1);
     rc += zd_nn_net_forward_conv(net, x, &y);
     zd_nn_module_free(net);
-    zd_future_unref(zd_remote_module_forward_async(rm, &x, 1));
+    zd_future_unref(zd_remote_module_forward_async(rm, &x, 1, 1));
     static const zd_autograd_node_ops_t ops = ZD_AUTOGRAD_NODE_OPS("TestBackward", NULL, NULL);
     zd_rpc_metrics_t mt;
     zd_dist_autograd_stats_t st;
     zd_optim_config_t c;
     return rc + zd_rpc_metrics_get(-1, &mt, sizeof mt) + zd_dist_autograd_stats(&st, sizeof st) +
-        zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y) +
+        zd_nn_module_forward(m, &x, 1, &y, 1) + zd_remote_module_forward(rm, &x, 1, &y, 1) +
         zd_autograd_node_new(&ops, &x, 1, 1, &node) +
         zd_autograd_record(&ops, &x, 1, y, NULL, 0, NULL) + tensors(m) +
         zd_optim_config(opt, &c, sizeof c) + zd_optim_config_parse("sgd lr=0.1", &c, sizeof c);
@@ -144,6 +148,20 @@ int use(const zd_optim_config_t *cfg, zd_nn_module_t *m, zd_remote_module_t *rm,
     zd_tensor_t *t;
     (void)cfg, (void)m, (void)rm, (void)ctx;
     return zd_idx_load("x.idx", &t) < 0 ? -1 : 0;
+#elif defined(CASE_dataset_size)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return (int)zd_dataset_size(NULL);
+#elif defined(CASE_scope_size)
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return (int)zd_scope_size(NULL);
+#elif defined(CASE_idx_save)
+    zd_tensor_t *t = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_idx_save("x.idx", t);
+#elif defined(CASE_idx_save_f32)
+    zd_tensor_t *t = NULL;
+    (void)cfg, (void)m, (void)rm, (void)ctx;
+    return zd_idx_save_f32("x.idx", t);
 #elif defined(CASE_checkpoint_save)
     const char *names[1] = {"w"};
     zd_tensor_t *tensors[1] = {NULL};
