@@ -42,6 +42,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include "rpc/net/bufcache.h"
 #include "rpc/net/stream.h"
 #include "rpc/net/wire.h"
