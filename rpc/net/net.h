@@ -126,8 +126,8 @@ static inline void zd__inmsg_release_frames(inmsg_t *m)
     periodic work, each by one indirect call instead of by name. The agent
     fills it (agent_new, agent.c) before anything can receive, and clears
     it when it is freed, after the I/O thread stopped and every thread left
-    the sockets; every field but arg is set while the sockets exist. Each
-    gets arg (the agent). */
+    the sockets; an agent sets every field. Each gets arg (the agent).
+    The fakes of the tests and fuzzers set what their filters call. */
 typedef struct {
     void *arg;
     /* A valid message that is not the net's own (HELLO, SHM_*): answers,
@@ -165,11 +165,11 @@ typedef struct zd__net {
     int64_t busy_poll_ns;         /* see zd_rpc_options_t.busy_poll_us */
     bool rejoined;                /* this process joined a running world */
     atomic_bool joined;           /* the init barrier is passed (or a rejoin done):
-                                  from then on a peer down is lost (io.c) */
+                                     from then on a peer down is lost (io.c) */
     atomic_bool closing;          /* no new calls: the agent shuts down */
     atomic_uint_fast64_t next_id; /* zd__net_new_id */
     atomic_bool peers_opened;     /* a peer's socket was made: the I/O thread polls
-                                  its monitor from now on */
+                                     its monitor from now on */
     atomic_bool renew_pending;    /* a peer's sockets await renewal (membership.c) */
 
     void *ctx; /* ZeroMQ context */
