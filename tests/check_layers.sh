@@ -53,7 +53,7 @@ for layer in "${!allowed[@]}"; do
 done
 # rpc/'s rooms, bottom up; the top level (no room yet) above them all
 declare -A room_rank=([value]=0 [net]=1 [world]=2 [agent]=3)
-room_of() {   # rpc/net/io.c -> net; rpc/agent/io.c -> "" (no room)
+room_of() {   # rpc/net/io.c -> net; rpc/x.c (top level) -> "" (no room)
   local rest=${1#rpc/}
   [[ "$rest" == */* ]] && echo "${rest%%/*}" || echo ""
 }
