@@ -53,7 +53,7 @@ for layer in "${!allowed[@]}"; do
 done
 # rpc/'s rooms, bottom up; the top level (no room yet) above them all
 declare -A room_rank=([value]=0 [net]=1 [world]=2 [agent]=3)
-room_of() {   # rpc/net/io.c -> net; rpc/agent/io.c -> "" (no room)
+room_of() {   # rpc/net/io.c -> net; rpc/x.c (top level) -> "" (no room)
   local rest=${1#rpc/}
   [[ "$rest" == */* ]] && echo "${rest%%/*}" || echo ""
 }
@@ -72,6 +72,15 @@ for f in $(find rpc -name '*.[ch]' | sort); do
       echo "$f (room ${r:-none}) includes $p of room $irn, above it"; bad=1
     fi
   done < <(sed -n 's/^#include "\([^"]*\)".*/\1/p' "$f")
+done
+# Below agent/, nothing takes the agent: no file of value/, net/ or world/
+# names its type agent_t (not even through a declaration of its own, which
+# the include arrows would not see). net/ reaches up only through the hooks
+# the agent installs on zd__net_t (rpc/net/net.h).
+for f in $(find rpc/value rpc/net rpc/world -name '*.[ch]' | sort); do
+  if grep -Eq '\bagent_t\b|\bstruct agent\b' "$f"; then
+    echo "$f (room $(room_of "$f")) names agent_t, the agent's type: only agent/ may"; bad=1
+  fi
 done
 # rpc/README.md's table of files is rpc/'s map: it names the same .c
 # files, in the same rooms, as rpc/CMakeLists.txt builds, and those are

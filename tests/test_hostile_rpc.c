@@ -33,7 +33,7 @@
 #include <zdist/tensor.h>
 #include "rpc/agent/agent.h"
 #include "rpc/agent/rref.h"
-#include "rpc/agent/stream.h"
+#include "rpc/net/stream.h"
 #include "tests/support/handlers.h"
 #include "tests/support/intruder.h"
 #include "tests/support/world.h"

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  test_hostile_shm.c: a member on the same host attacks a peer through
-    the shared segments its large tensors travel in (rpc/agent/shm.h; issue 24,
+    the shared segments its large tensors travel in (rpc/net/shm.h; issue 24,
     findings 1 and 2).
 
     The attacker is a real member (rank 1, the library's own sender) that
@@ -32,7 +32,8 @@
 #include <zdist/log.h>
 #include <zdist/nn.h>
 #include <zdist/rpc.h>
-#include "rpc/agent/shm.h"
+#include "rpc/agent/agent.h"
+#include "rpc/net/shm.h"
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
@@ -293,7 +294,7 @@ static int unsealed(const world_t *w)
                            .b = token,
                            .extra = extra,
                            .extra_len = sizeof extra};
-    int rc = zd__transport_send(a, 0, &h, NULL, 0);
+    int rc = zd__transport_send(&a->net, 0, &h, NULL, 0);
     zd__agent_release(a);
     WCHECK(rc == 0);
     int64_t refused;

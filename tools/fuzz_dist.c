@@ -272,9 +272,9 @@ uint64_t zd__agent_new_id(agent_t *a)
 }
 
 /* The stand-in has no I/O thread: the input drives the clock and the ticks. */
-void zd__io_due(agent_t *a, int64_t due_ns)
+void zd__io_due(zd__net_t *n, int64_t due_ns)
 {
-    (void)a, (void)due_ns;
+    (void)n, (void)due_ns;
 }
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
@@ -283,17 +283,17 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
     return timeout_ms < 0 ? 1000 : timeout_ms;
 }
 
-int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+int zd__transport_send_routed(zd__net_t *n, int dst, const uint8_t *route, size_t route_len,
                               rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
 {
-    (void)a, (void)route, (void)route_len, (void)h, (void)tensors, (void)n_tensors;
+    (void)n, (void)route, (void)route_len, (void)h, (void)tensors, (void)n_tensors;
     CHECK(dst >= 0 && dst < WORLD, "an answer to rank %d", dst);
     return 0;
 }
 
-void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
+void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, const char *text)
 {
-    (void)a, (void)m, (void)id;
+    (void)n, (void)m, (void)id;
     CHECK(text && text[0], "an error answer without text");
 }
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  fuzz_stream.c: libFuzzer target for the wire header parser and the
-    reassembly of streamed messages (rpc/net/wire.h, rpc/agent/stream.h).
+    reassembly of streamed messages (rpc/net/wire.h, rpc/net/stream.h).
 
     The input is a sequence of messages, each read as a receive loop would
     have read it from one of four connections, then passed through
@@ -42,8 +42,9 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include <zdist/log.h>
 #include "rpc/net/bufcache.h"
-#include "rpc/agent/stream.h"
+#include "rpc/net/stream.h"
 #include "rpc/net/wire.h"
 
 #define MAX_FRAMES 7
@@ -60,17 +61,18 @@ int64_t zd__net_now_ns(void)
     return clock_ns;
 }
 
-void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
+void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, const char *text)
 {
-    (void)a, (void)id;
+    (void)n, (void)id;
     CHECK(text && text[0], "an error answer without text");
     CHECK(m->route_len == 0 || m->route_len == RPC_WIRE_SYNC_ID_LEN, "a route of %zu bytes",
           m->route_len);
 }
 
-void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd_error_code_t code)
+/* The agent's part (net.h's zd__net_up_t), installed on the stand-in. */
+static void fail_answer(void *arg, uint64_t id, int src, const char *text, zd_error_code_t code)
 {
-    (void)a, (void)id, (void)src, (void)code;
+    (void)arg, (void)id, (void)src, (void)code;
     CHECK(text && text[0], "a call failed without text");
 }
 
@@ -203,10 +205,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static int router_tag, dealer_tag;
-    static agent_t fake;
+    static zd__net_t fake;
     memset(&fake, 0, sizeof fake);
-    fake.net.router = &router_tag;
-    fake.net.rank = 1;
+    fake.router = &router_tag;
+    fake.rank = 1;
+    fake.up.fail_answer = fail_answer;
     zd__rpc_bufcache_enable(true);
     input_t in = {data, size};
     inmsg_t m = {0};

@@ -129,7 +129,7 @@ if [ $mode = all ] || [ $mode = tsan ]; then
 # - test_hostile_rendezvous: its floods of half-open connections overflow
 #   TSan's history, so the stack of libzmq's write of a received frame is
 #   lost and tsan.supp's libzmq lines no longer match the report of our
-#   read of it (the handoff through libzmq's pipe, seen on rpc/agent/shm.c's
+#   read of it (the handoff through libzmq's pipe, seen on rpc/net/shm.c's
 #   announcement of a segment): noise of the kind tsan.supp hides;
 # - test_hostile_rpc, which floods a process with hundreds of MiB and bounds
 #   its RSS: under TSan the stream bomb left rank 0 at 803 MiB for a bound

@@ -32,7 +32,7 @@ agent_t *zd__agent_acquire(void)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
-    if (a && !atomic_load(&a->closing))
+    if (a && !atomic_load(&a->net.closing))
         return a;
     atomic_fetch_sub(&g_users, 1);
     zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
@@ -44,7 +44,7 @@ agent_t *zd__agent_try_acquire(void)
 {
     atomic_fetch_add(&g_users, 1);
     agent_t *a = atomic_load(&g_agent);
-    if (a && !atomic_load(&a->closing))
+    if (a && !atomic_load(&a->net.closing))
         return a;
     atomic_fetch_sub(&g_users, 1);
     return NULL;
@@ -68,8 +68,7 @@ void zd__agent_release(agent_t *a)
 
 uint64_t zd__agent_new_id(agent_t *a)
 {
-    uint64_t n = atomic_fetch_add(&a->next_id, 1) & ((UINT64_C(1) << 48) - 1);
-    return (uint64_t)a->net.rank << 48 | n;
+    return zd__net_new_id(&a->net);
 }
 
 int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
@@ -103,6 +102,56 @@ int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
     return 0;
 }
 
+/* ---- the way up from the sockets (net.h's zd__net_up_t) ---- */
+
+/* What the I/O thread received that is not the net's own. */
+static void up_dispatch(void *arg, inmsg_t *m)
+{
+    agent_t *a = arg;
+    switch (m->h.type) {
+    case RPC_MSG_REPLY:
+    case RPC_MSG_ERROR:
+        zd__call_handle_answer(a, &m->h, m->frames, m->n);
+        break;
+    case RPC_MSG_CALL:
+    case RPC_MSG_REMOTE:
+    case RPC_MSG_RREF_FETCH:
+        zd__serve_request(a, m);
+        break;
+    default:
+        zd__inmsg_release_frames(m);
+        zd__rref_handle_control(a, m);
+        break;
+    }
+}
+
+static void up_fail_answer(void *arg, uint64_t id, int src, const char *text, zd_error_code_t code)
+{
+    zd__call_fail_answer(arg, id, src, text, code);
+}
+
+static void up_fail_peer(void *arg, int peer, const char *text, zd_error_code_t code)
+{
+    zd__call_fail_peer(arg, peer, text, code);
+}
+
+static void up_peer_lost(void *arg, int rank, int64_t since_ns)
+{
+    zd__peer_declare_lost(arg, rank, since_ns); /* peer_lost.c */
+}
+
+static int64_t up_expire(void *arg, int64_t now_ns)
+{
+    return zd__call_expire(arg, now_ns);
+}
+
+static int64_t up_tick(void *arg, int64_t now_ns)
+{
+    int64_t due = zd__rref_tick(arg, now_ns);
+    int64_t t = zd__shutdown_tick(arg, now_ns);
+    return t < due ? t : due;
+}
+
 /* ---- lifecycle ---- */
 
 static void agent_free(agent_t *a)
@@ -110,6 +159,7 @@ static void agent_free(agent_t *a)
     if (!a)
         return;
     zd__membership_free(a);
+    a->net.up = (zd__net_up_t){0}; /* no thread is left to use it */
     if (a->net.peers) {
         for (int i = 0; i < a->net.world; i++) {
             pthread_mutex_destroy(&a->net.peers[i].lock);
@@ -134,16 +184,24 @@ static agent_t *agent_new(const init_params_t *p)
         return NULL;
     }
     snprintf(a->name, sizeof a->name, "%s", p->name);
+    a->net.name = a->name;
+    a->net.up = (zd__net_up_t){.arg = a,
+                               .dispatch = up_dispatch,
+                               .fail_answer = up_fail_answer,
+                               .fail_peer = up_fail_peer,
+                               .peer_lost = up_peer_lost,
+                               .expire = up_expire,
+                               .tick = up_tick};
     a->net.rank = p->rank;
     a->net.world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
-    a->busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
-    a->heartbeat_ms = p->o.heartbeat_ms;
+    a->net.busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
+    a->net.heartbeat_ms = p->o.heartbeat_ms;
     a->master_wait_ms = p->o.master_wait_ms;
     a->net.gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->net.wake_fd = -1;
-    atomic_init(&a->next_id, 1);
+    atomic_init(&a->net.next_id, 1);
     pthread_mutex_init(&a->pending_lock, NULL);
     pthread_mutex_init(&a->barrier_lock, NULL);
     pthread_mutex_init(&a->net.router_lock, NULL);
@@ -206,7 +264,7 @@ static bool wait_users(agent_t *a, const char *stage)
 static void busy_poll_fit(agent_t *a, bool by_default)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    if (!by_default || a->busy_poll_ns == 0 || cores < 1 || a->net.world <= cores)
+    if (!by_default || a->net.busy_poll_ns == 0 || cores < 1 || a->net.world <= cores)
         return;
     char ip[ZD_ADDR_MAX], last[ZD_ADDR_MAX] = "";
     bool last_local = false;
@@ -225,7 +283,7 @@ static void busy_poll_fit(agent_t *a, bool by_default)
         here += last_local;
     }
     if (here > cores) {
-        a->busy_poll_ns = 0;
+        a->net.busy_poll_ns = 0;
         zd__log(ZD_LOG_DEBUG,
                 "rpc: no busy polling: %d processes of the world on this host's "
                 "%ld cores",
@@ -236,13 +294,13 @@ static void busy_poll_fit(agent_t *a, bool by_default)
 static void agent_teardown(agent_t *a, bool graceful)
 {
     zd__metrics_out_close(a);
-    atomic_store(&a->closing, true);
+    atomic_store(&a->net.closing, true);
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     zd__membership_stop(a); /* before the I/O thread stops: a renewal waits for it */
     wait_users(a, "callers");
-    bool io_stopped = zd__transport_stop_io(a, TEARDOWN_WAIT_MS) == 0;
+    bool io_stopped = zd__transport_stop_io(&a->net, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
     bool pool_stopped = !a->pool || zd__pool_destroy(a->pool, TEARDOWN_WAIT_MS) == 0;
     a->pool = NULL;
@@ -262,7 +320,7 @@ static void agent_teardown(agent_t *a, bool graceful)
     }
     zd__rref_ctx_free(a);
     zd__direct_close_all(&a->net);
-    zd__transport_close(a, graceful);
+    zd__transport_close(&a->net, graceful);
     agent_free(a);
 }
 
@@ -325,7 +383,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     zd__log_set_who(who);
     zd__direct_hooks(net_acquire, net_release);
     if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
-        zd__transport_bind(a, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
+        zd__transport_bind(&a->net, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
         zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
         zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
@@ -341,15 +399,15 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     atomic_store(&g_agent, a);
     zd__agent_publish_identity(a);
     busy_poll_fit(a, p.busy_poll_default);
-    zd__poll_set_busy_ns(a->busy_poll_ns);
+    zd__poll_set_busy_ns(a->net.busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
        every other (in a large world: to rank 0, and to the others on first
        use, transport.c) and may be called. A process that joins a running world
        has no barrier to meet: the others passed it long ago. */
     int64_t sum;
-    bool joined = zd__transport_connect(a, deadline) == 0 &&
-        (a->rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
-    atomic_store(&a->joined, joined); /* from now on a peer down is lost (io.c) */
+    bool joined = zd__transport_connect(&a->net, deadline) == 0 &&
+        (a->net.rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
+    atomic_store(&a->net.joined, joined); /* from now on a peer down is lost (io.c) */
     if (!joined || zd__membership_start(a) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         zd__agent_publish_identity(NULL);
@@ -377,7 +435,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
             "callback), which shutdown has to stop: call it from another thread");
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
-    if (!a || atomic_load(&a->closing)) {
+    if (!a || atomic_load(&a->net.closing)) {
         pthread_mutex_unlock(&g_init_lock);
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
@@ -402,7 +460,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
 bool zd_rpc_is_running(void)
 {
     agent_t *a = atomic_load(&g_agent);
-    return a && !atomic_load(&a->closing);
+    return a && !atomic_load(&a->net.closing);
 }
 
 int64_t zd_rpc_get_timeout(void)

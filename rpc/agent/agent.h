@@ -33,16 +33,10 @@ typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];
     _Atomic int64_t timeout_ms; /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
-    int64_t busy_poll_ns;   /* see zd_rpc_options_t.busy_poll_us */
-    int64_t heartbeat_ms;   /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
     atomic_int n_lost;      /* peers declared lost */
     int64_t master_wait_ms; /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
-    bool rejoined;          /* this process joined a running world */
     struct membership *mb;  /* restarted processes (membership.c) */
     atomic_bool ending;     /* rank 0: shutdown's round 0 is complete */
-    atomic_bool joined;     /* the init barrier is passed (or a rejoin done) */
-
-    atomic_bool closing; /* no new calls */
 
     pool_t *pool;
 
@@ -53,7 +47,6 @@ typedef struct agent {
     int64_t earliest_ns;                /* no pending deadline before this */
     atomic_int_fast64_t user_in_flight; /* non-internal outgoing calls */
     atomic_int_fast64_t serving;        /* incoming calls not answered yet */
-    atomic_uint_fast64_t next_id;
 
     rref_ctx_t *rrefs;
     rpc_rref_codec_t rref_codec;
@@ -83,7 +76,7 @@ agent_t *zd__agent_try_acquire(void);
     close): for answers to calls it already took. NULL, no error. */
 agent_t *zd__agent_acquire_gen(unsigned gen);
 
-/*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
+/*  A fresh id: rank << 48 | counter (BACKGROUND A2; zd__net_new_id). */
 uint64_t zd__agent_new_id(agent_t *a);
 
 /*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0
@@ -112,99 +105,7 @@ void zd__agent_publish_identity(agent_t *a);
     rendezvous listens on every interface). 0, or -1. */
 int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
 
-/*  ---- transport.c ---- */
-
-/*  Creates the context and the ROUTER, and binds it on listen_ip (port
-    chosen by the OS), filling a->net.peers[a->net.rank].endpoint; listen_ip NULL
-    leaves the binding to zd__transport_listen (rank 0 binds once it knows
-    where its peers are, rendezvous.c). */
-int zd__transport_bind(agent_t *a, const char *listen_ip);
-
-/*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
-    the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
-    0, or -1 naming the address. */
-int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size);
-
-/*  Creates and connects the DEALERs, makes sure the peers needed are
-    reachable (HELLO) before deadline_ns, then starts the I/O thread. A world
-    of more than ZDIST_RPC_EAGER_MAX processes (16) is connected lazily:
-    rank 0 to everyone, the others to rank 0 and themselves, and each to the
-    others on first use (zd__transport_reach). */
-int zd__transport_connect(agent_t *a, int64_t deadline_ns);
-/*  In a lazily connected world (a->net.lazy), makes the shared socket to rank
-    dst if there is none and waits until it is connected, up to timeout_ms
-    (the call's; 0: none) and at most 60 s; at once when it is, or in a
-    world connected at init. 0, or -1 ("unreachable"). */
-int zd__transport_reach(agent_t *a, int dst, int64_t timeout_ms);
-/*  Whether rank dst may be sent to without waiting: always in a world
-    connected at init; once reached in one connected lazily. */
-bool zd__transport_reached(agent_t *a, int dst);
-/*  I/O thread, a lazily connected world: a message came from rank src on
-    its shared socket; starts the connection back (no wait), so that what
-    answers it finds it made. */
-void zd__transport_open_back(agent_t *a, int src);
-/*  I/O thread: closes the peer's DEALER and monitor and makes them anew for
-    its endpoint and key (a restarted process, membership.c). 0, or -1 (the
-    peer then has no socket: sends to it fail). */
-int zd__transport_renew_peer(agent_t *a, peer_t *p);
-
-/*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
-    to rank dst. Any thread. 0, or -1 ("peer unreachable"). */
-int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
-                       int n_tensors);
-
-/*  Sends an ERROR answer to request id of rank dst. */
-void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text);
-
-/*  A received message, validated: header h points into hm; frames (a buffer
-    the reader reuses) hold n tensor frames; route is the routing id of an
-    zd_rpc_sync socket, to answer on the same connection (route_len 0: answer
-    through the shared socket). */
-typedef struct {
-    zmq_msg_t hm;
-    rpc_wire_header_t h;
-    rpc_frame_t *frames;
-    int n, cap;
-    int src;
-    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
-    size_t route_len;
-    uint64_t reject_id; /* a dropped request to answer with reject */
-    char reject[512];
-} inmsg_t;
-
-/*  Reads one message from sock without waiting: the ROUTER (expect_src < 0,
-    under router_lock), or a thread's zd_rpc_sync socket connected to rank
-    expect_src (answers only). Returns 1 for a valid message (dispatch it,
-    then zd__transport_msg_done), 0 when none is there, -1 when one was dropped
-    (logged, answered with an ERROR when it was a request). The pieces of
-    streamed tensors are read and put together on the way (stream.h). */
-int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m);
-void zd__transport_msg_done(inmsg_t *m);
-
-/*  Fault injection for tests of the retries: the next count messages of
-    wire type `type` that reach the I/O thread are dropped unseen, as if
-    lost on the way. count 0 disarms it. Returns how many the previous
-    call had left to drop. */
-int zd__transport_drop_next(uint8_t type, int count);
-
-/*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
-    else through the shared socket. */
-int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
-                              rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors);
-void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text);
-
-/*  Sends on a socket the calling thread owns (direct.c). */
-int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
-                          zd_tensor_t *const *tensors, int n_tensors);
-
-/*  The I/O thread's body (io.c). */
-void *zd__transport_io_main(void *arg);
-
-/*  Stops the I/O thread (waiting up to wait_ms for it: -1, logged and left
-    running, when it does not stop) and closes every socket and the
-    context. */
-int zd__transport_stop_io(agent_t *a, int64_t wait_ms);
-void zd__transport_close(agent_t *a, bool graceful);
+/*  transport.c, io.c, stream.c, shm.c: rpc/net/net.h (and stream.h, shm.h) */
 
 /*  ---- call.c: outgoing requests ---- */
 
@@ -237,11 +138,6 @@ int zd__call_sync(const call_req_t *req, int to, zd_value_t **result);
 
 /*  Handles a REPLY / ERROR (I/O thread); consumes frames. */
 void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n);
-
-/*  Tells the I/O thread that something of its periodic work (a call's
-    deadline, an RRef's expiry, a barrier round) is due at due_ns: it is
-    woken when it would sleep past that (io.c). Any thread. */
-void zd__io_due(agent_t *a, int64_t due_ns);
 
 /*  Fails the pending calls whose deadline has passed (I/O thread); returns
     the next deadline (INT64_MAX: none pending). */

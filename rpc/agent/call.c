@@ -56,7 +56,7 @@ static void pending_insert(agent_t *a, pending_t *p)
     if (due < a->earliest_ns || a->n_pending == 1)
         a->earliest_ns = due;
     pthread_mutex_unlock(&a->pending_lock);
-    zd__io_due(a, due);
+    zd__io_due(&a->net, due);
 }
 
 static pending_t *pending_take(agent_t *a, uint64_t id)
@@ -202,7 +202,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
 {
     if (zd__agent_check_rank(a, to, req->api) < 0)
         return NULL;
-    if (atomic_load(&a->closing))
+    if (atomic_load(&a->net.closing))
         return zd_error_set_code(ZD_ERR_SHUTDOWN, "%s: RPC is shutting down", req->api), NULL;
     char lost[256];
     if (zd__peer_lost(a, to, lost, sizeof lost))
@@ -303,10 +303,10 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     pending_insert(a, p);
     /* A call on the thread's own socket still needs the shared one made
        (a world connected on first use): it is what tells of the peer lost. */
-    int rc = !req->sock ? zd__transport_send(a, to, &h, enc.tensors, enc.n_tensors)
-        : zd__transport_reach(a, to, h.timeout_ms) < 0
+    int rc = !req->sock ? zd__transport_send(&a->net, to, &h, enc.tensors, enc.n_tensors)
+        : zd__transport_reach(&a->net, to, h.timeout_ms) < 0
         ? -1
-        : zd__transport_send_on(a, req->sock, to, &h, enc.tensors, enc.n_tensors);
+        : zd__transport_send_on(&a->net, req->sock, to, &h, enc.tensors, enc.n_tensors);
     zd__rpc_encoded_clear(&enc);
     free(extra.data);
     zd_value_unref(args);
@@ -515,7 +515,7 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
             break;
         }
         int got;
-        while ((got = zd__transport_recv(a, sock, to, &m)) != 0)
+        while ((got = zd__transport_recv(&a->net, sock, to, &m)) != 0)
             if (got > 0) {
                 zd__call_handle_answer(a, &m.h, m.frames, m.n);
                 zd__transport_msg_done(&m);

@@ -48,7 +48,7 @@
 #include "rpc/value/args.h"
 #include "rpc/world/rendezvous.h"
 #include "rpc/net/security.h"
-#include "rpc/agent/shm.h"
+#include "rpc/net/shm.h"
 
 #define RENEW_WAIT_MS  10000 /* a renewal: the release before, the I/O thread */
 #define NOTIFY_WAIT_MS 5000  /* rank 0: the members' acknowledgements */
@@ -94,6 +94,7 @@ struct membership {
 
 static bool io_renew(void *arg);
 static void io_reached(void *arg, int rank);
+static void join_unreached(void *arg, int rank);
 
 static int64_t now_ns(void)
 {
@@ -123,6 +124,7 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     a->net.io_renew = io_renew;
     a->net.io_reached_arg = a;
     a->net.io_reached = io_reached;
+    a->net.join_unreached = join_unreached;
     return 0;
 }
 
@@ -160,6 +162,12 @@ void zd__membership_mark_unreached(agent_t *a, int rank)
             p->name, rank, p->endpoint, JOIN_PEER_WAIT_MS);
 }
 
+/* zd__transport_connect's hook (a->net.join_unreached). */
+static void join_unreached(void *arg, int rank)
+{
+    zd__membership_mark_unreached(arg, rank);
+}
+
 /* Rank counts again: alive, and (on rank 0) in the shutdown rounds after
    its (skipped) init round. */
 static void count_again(agent_t *a, int rank)
@@ -191,7 +199,7 @@ static void io_reached(void *arg, int rank)
     count_again(a, rank);
     zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) answers at %s: no longer lost", p->name, rank,
             p->endpoint);
-    zd__shm_offer(a, rank);
+    zd__shm_offer(&a->net, rank);
 }
 
 /* Rank 0 of a lazily connected world: a loss to tell the members. */
@@ -208,7 +216,7 @@ static void tell_lost(void *arg)
 {
     lost_news_t *n = arg;
     agent_t *a = n->a;
-    for (int i = 1; i < a->net.world && !atomic_load(&a->closing); i++) {
+    for (int i = 1; i < a->net.world && !atomic_load(&a->net.closing); i++) {
         if (i == n->rank || atomic_load(&a->net.peers[i].lost_at_ns))
             continue;
         zd_value_t *args = zd__rpc_args("ii", (int64_t)n->rank, n->turn);
@@ -358,7 +366,7 @@ static bool io_renew(void *arg)
         snprintf(p->endpoint, sizeof p->endpoint, "%s", mb->renew_ep);
         zd__shm_peer_reset(rank);
         atomic_fetch_add(&p->incarnation, 1);
-        rc = zd__transport_renew_peer(a, p);
+        rc = zd__transport_renew_peer(&a->net, p);
     } else {
         snprintf(p->key, sizeof p->key, "%s", old_key);
     }
@@ -586,7 +594,7 @@ static void desk_serve(agent_t *a, membership_t *mb)
         zframe_destroy(&id);
         return;
     }
-    if (rc == 0 && atomic_load(&a->closing))
+    if (rc == 0 && atomic_load(&a->net.closing))
         rc = -1, snprintf(why, sizeof why, "rank 0 is shutting down");
     if (rc < 0) {
         snprintf(text, sizeof text,
@@ -601,7 +609,7 @@ static void desk_serve(agent_t *a, membership_t *mb)
     peer_t *p = &a->net.peers[r.rank];
     const char *ep0 = endpoint_for(mb, peer);
     bool alive = !atomic_load(&p->lost_at_ns);
-    if (r.running && a->rejoined && alive && !strcmp(p->endpoint, r.endpoint) &&
+    if (r.running && a->net.rejoined && alive && !strcmp(p->endpoint, r.endpoint) &&
         !strcmp(p->key, r.key)) {
         /* A restarted rank 0 formed the world from one registration of
            each member, but a member waiting for it sends one every
@@ -882,6 +890,7 @@ void zd__membership_free(agent_t *a)
     a->net.io_renew = NULL;
     a->net.io_renew_arg = NULL;
     a->net.io_reached = NULL;
+    a->net.join_unreached = NULL;
     a->net.io_reached_arg = NULL;
     a->mb = NULL;
     if (mb->abandoned)
@@ -901,7 +910,7 @@ void zd__membership_free(agent_t *a)
 bool zd_rpc_rejoined(void)
 {
     agent_t *a = zd__agent_try_acquire();
-    bool r = a && a->rejoined;
+    bool r = a && a->net.rejoined;
     zd__agent_release(a);
     return r;
 }
@@ -920,7 +929,7 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
     int64_t deadline = zd__deadline_after(now_ns(), timeout_ms);
     peer_t *p = &a->net.peers[rank];
     while (atomic_load(&p->lost_at_ns) || (rank != a->net.rank && atomic_load(&p->lost))) {
-        if (atomic_load(&a->closing)) {
+        if (atomic_load(&a->net.closing)) {
             rc = zd_error_set_code(ZD_ERR_SHUTDOWN, "zd_rpc_wait_peer: RPC shut down");
             goto out;
         }

@@ -11,9 +11,6 @@
 #include "rpc/agent/agent.h"
 
 #define MEMBERSHIP_MAX_BINDS 8
-/*  How long a process joining a running world waits for members other than
-    rank 0 to answer before it treats them as lost (transport.c). */
-#define JOIN_PEER_WAIT_MS 2000
 
 typedef struct membership membership_t;
 

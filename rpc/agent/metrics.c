@@ -13,7 +13,7 @@
 
 #include <zdist/error.h>
 #include "core/sized.h"
-#include "rpc/agent/stream.h"
+#include "rpc/net/stream.h"
 
 #define PER_OCTAVE 16
 #define DEBUG_MAX  64 /* counters printed or searched */

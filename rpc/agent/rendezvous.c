@@ -350,7 +350,7 @@ static int endpoint_for(host_t *h, const char *ip)
         return zd_error_set("rendezvous: rank 0's workers need more than %d local addresses",
                             MAX_BINDS);
     int k = h->n_bound;
-    if (zd__transport_listen(h->a, ip, h->bound[k], sizeof h->bound[k]) < 0)
+    if (zd__transport_listen(&h->a->net, ip, h->bound[k], sizeof h->bound[k]) < 0)
         return zd_error_wrap("rendezvous: rank 0");
     snprintf(h->bound_ip[k], sizeof h->bound_ip[k], "%s", ip);
     h->n_bound++;
@@ -456,7 +456,7 @@ static int send_tables(host_t *h)
     char status[RDV_MAX_TEXT];
     if (h->running) {
         /* This process restarted: the ranks that did not come are gone. */
-        a->rejoined = true;
+        a->net.rejoined = true;
         for (int i = 1; i < a->net.world; i++)
             h->gone[i] = !h->slots[i].present;
         zd__rdv_status(h->gone, a->net.world, status);
@@ -619,7 +619,7 @@ static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
                 zd__membership_mark_lost(a, i);
         }
         if (running) {
-            a->rejoined = true;
+            a->net.rejoined = true;
             zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) restarted and joins the running world",
                     a->name, a->net.rank);
         }

@@ -365,7 +365,7 @@ static void send_ack(agent_t *a, const inmsg_t *m)
     if (none && zd__value_encode(none, NULL, m->src, &enc) == 0) {
         rpc_wire_header_t h = {
             .type = RPC_MSG_REPLY, .id = m->h.id, .meta = enc.meta, .meta_len = enc.meta_len};
-        if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+        if (zd__transport_send_routed(&a->net, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
             zd__log(ZD_LOG_WARN, "rpc: cannot acknowledge to rank %d: %s", m->src, zd_error_last());
     }
     zd__rpc_encoded_clear(&enc);
@@ -500,7 +500,7 @@ static void waits_answer(agent_t *a, fork_wait_t *list)
                 zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, w->src), w->src,
                         w->why);
             if (!w->silent)
-                zd__transport_answer_error(a, &m, w->req_id, w->why);
+                zd__transport_answer_error(&a->net, &m, w->req_id, w->why);
             if (w->settled)
                 zd_future_set_error(w->settled, "%s", w->why);
         } else {
@@ -539,7 +539,7 @@ void zd__rref_placeholder_arm(agent_t *a, rref_ctx_t *x, owner_t *e, int src, in
     e->expire_ns = placeholder_expiry(a, timeout_ms);
     if (e->expire_ns < x->ph_due_ns || x->n_placeholders == 1)
         x->ph_due_ns = e->expire_ns;
-    zd__io_due(a, e->expire_ns);
+    zd__io_due(&a->net, e->expire_ns);
     if (!x->ph_by_peer && a->net.world > 0 &&
         (x->ph_by_peer = calloc((size_t)a->net.world, sizeof *x->ph_by_peer)))
         x->ph_world = a->net.world;
@@ -725,7 +725,7 @@ static bool control_refused(agent_t *a, const inmsg_t *m)
              "which does not hold it",
              zd__rpc_wire_type_name(h->type), h->b, h->a, h->src);
     zd__log(ZD_LOG_WARN, "rpc: refused a %s", text);
-    zd__transport_answer_error(a, m, h->id, text);
+    zd__transport_answer_error(&a->net, m, h->id, text);
     return true;
 }
 
@@ -799,7 +799,7 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
     w->expire_ns = placeholder_expiry(a, h->timeout_ms);
     if (w->expire_ns < x->waits_due_ns || x->n_waits == 0)
         x->waits_due_ns = w->expire_ns;
-    zd__io_due(a, w->expire_ns);
+    zd__io_due(&a->net, w->expire_ns);
     x->waits = w;
     x->n_waits++;
     x->n_waited++;
@@ -818,7 +818,7 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
         snprintf(text, sizeof text, "bad ids in %s (rref %" PRIx64 ", fork %" PRIx64 ")",
                  zd__rpc_wire_type_name(h->type), h->a, h->b);
         zd__log(ZD_LOG_WARN, "rpc: from rank %d: %s", h->src, text);
-        zd__transport_answer_error(a, m, h->id, text);
+        zd__transport_answer_error(&a->net, m, h->id, text);
         return;
     }
     owner_t *freed = NULL;
@@ -872,7 +872,7 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
         if (log_due(&last))
             zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): fork request refused: %s",
                     peer_name(a, h->src), h->src, why);
-        zd__transport_answer_error(a, m, h->id, why);
+        zd__transport_answer_error(&a->net, m, h->id, why);
     }
     waits_answer(a, ready);
 }

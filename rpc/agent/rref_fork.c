@@ -60,7 +60,7 @@ static void ctrl_outcome(ctrl_t *c, bool ok, zd_error_code_t code, const char *e
 {
     agent_t *a = c->a;
     bool again = false;
-    if (!ok && !atomic_load(&a->closing)) {
+    if (!ok && !atomic_load(&a->net.closing)) {
         if (code != ZD_ERR_TIMEOUT)
             c->failures++;
         again = c->failures < CTRL_RETRIES && next_wait_ms(c) > 0;

@@ -459,7 +459,7 @@ static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_erro
                            .meta_len = len ? len : 1};
     if (!len)
         h.meta = (const uint8_t *)"?";
-    if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, NULL, 0) < 0)
+    if (zd__transport_send_routed(&a->net, c->src, c->route, c->route_len, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_WARN, "rpc: cannot answer \"%s\" to rank %d: %s", c->fn, c->src,
                 zd_error_last());
     free(extra.data);
@@ -511,7 +511,7 @@ static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
                            .extra_len = extra.len,
                            .meta = enc.meta,
                            .meta_len = enc.meta_len};
-    if (zd__transport_send_routed(a, c->src, c->route, c->route_len, &h, enc.tensors,
+    if (zd__transport_send_routed(&a->net, c->src, c->route, c->route_len, &h, enc.tensors,
                                   enc.n_tensors) < 0) {
         zd__log(ZD_LOG_WARN, "rpc: cannot answer \"%s\" to rank %d: %s", c->fn, c->src,
                 zd_error_last());
@@ -570,7 +570,7 @@ static void schedule(zd_rpc_call_t *c)
     agent_t *a = answer_begin(c);
     if (!a)
         return;
-    if (atomic_load(&a->closing))
+    if (atomic_load(&a->net.closing))
         answer_error(a, c, "RPC shut down before the call could run", ZD_ERR_SHUTDOWN);
     else if (c->f.flags & ZD_RPC_FN_INLINE)
         run_call(c);
@@ -732,7 +732,7 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         free(extra);
         for (int i = 0; i < n; i++)
             frames[i].release(frames[i].data, frames[i].release_arg);
-        zd__transport_answer_error(a, m, h->id, "out of memory");
+        zd__transport_answer_error(&a->net, m, h->id, "out of memory");
         return;
     }
     c->a = a;

@@ -100,7 +100,7 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "shutdown barrier: out of memory"), false;
         /* A restarted rank 0's members passed their init round long ago. */
         for (int i = 0; i < a->net.world; i++)
-            a->barrier_last[i] = a->rejoined ? -1 : -2;
+            a->barrier_last[i] = a->net.rejoined ? -1 : -2;
     }
     int64_t last = a->barrier_last[src];
     if (round == last + 1 || (round == last && open && !open->waiting[src])) {
@@ -200,7 +200,7 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         r->deadline_ns = timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * 750000 : INT64_MAX;
         r->next = a->barrier;
         a->barrier = r;
-        zd__io_due(a, zd__net_now_ns() + BARRIER_LOOK_NS);
+        zd__io_due(&a->net, zd__net_now_ns() + BARRIER_LOOK_NS);
     }
     if (!r->waiting[src]) {
         r->waiting[src] = zd_future_new();

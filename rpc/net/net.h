@@ -16,7 +16,7 @@
     to, so that a send reaches a peer's socket at the same cost as before
     the split. The files of net/ take it instead of the whole agent; where
     they must reach up (into membership, the calls, the served requests),
-    they go through a hook the agent installs here. */
+    they go through a hook the agent installs here (zd__net_up_t). */
 #ifndef ZDIST_RPC_NET_H
 #define ZDIST_RPC_NET_H
 
@@ -25,6 +25,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <zmq.h>
+
+#include <zdist/error.h>
 #include <zdist/future.h>
 #include <zdist/rpc.h>
 
@@ -95,14 +98,79 @@ static inline bool zd__peer_gone(peer_t *p)
     return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);
 }
 
+/*  A received message, validated: header h points into hm; frames (a buffer
+    the reader reuses) hold n tensor frames; route is the routing id of an
+    zd_rpc_sync socket, to answer on the same connection (route_len 0: answer
+    through the shared socket). */
+typedef struct {
+    zmq_msg_t hm;
+    rpc_wire_header_t h;
+    rpc_frame_t *frames;
+    int n, cap;
+    int src;
+    uint8_t route[RPC_WIRE_SYNC_ID_LEN];
+    size_t route_len;
+    uint64_t reject_id; /* a dropped request to answer with reject */
+    char reject[512];
+} inmsg_t;
+
+/*  Releases m's tensor frames (a message nobody takes them from). */
+static inline void zd__inmsg_release_frames(inmsg_t *m)
+{
+    for (int i = 0; i < m->n; i++)
+        m->frames[i].release(m->frames[i].data, m->frames[i].release_arg);
+}
+
+/*  The way up from the sockets into the agent: what the I/O thread (io.c)
+    and the receive filters (stream.c, shm.c) hand over, and the agent's
+    periodic work, each by one indirect call instead of by name. The agent
+    fills it (agent_new, agent.c) before anything can receive, and clears
+    it when it is freed, after the I/O thread stopped and every thread left
+    the sockets; an agent sets every field. Each gets arg (the agent).
+    The fakes of the tests and fuzzers set what their filters call. */
+typedef struct {
+    void *arg;
+    /* A valid message that is not the net's own (HELLO, SHM_*): answers,
+       requests, RRef control messages. Consumes m's frames (not m->hm).
+       I/O thread, once per message. */
+    void (*dispatch)(void *arg, inmsg_t *m);
+    /* Call id fails with text, if it waits for an answer from rank src (its
+       answer was dropped on the way in). Any receiving thread. */
+    void (*fail_answer)(void *arg, uint64_t id, int src, const char *text, zd_error_code_t code);
+    /* The calls waiting for peer fail with text (its connection came back:
+       they may have been lost on it). I/O thread. */
+    void (*fail_peer)(void *arg, int peer, const char *text, zd_error_code_t code);
+    /* Peer rank is lost for good, its connection down since since_ns.
+       I/O thread. */
+    void (*peer_lost)(void *arg, int rank, int64_t since_ns);
+    /* The ticks (I/O thread), in this order around the streams' expiry:
+       expire fails the calls whose deadline passed, tick does the rest
+       (RRefs' placeholders, the shutdown barrier). Each returns when it
+       is due next (INT64_MAX: nothing waits). */
+    int64_t (*expire)(void *arg, int64_t now_ns);
+    int64_t (*tick)(void *arg, int64_t now_ns);
+} zd__net_up_t;
+
+/*  How long a process joining a running world waits for members other than
+    rank 0 to answer before it treats them as lost (transport.c). */
+#define JOIN_PEER_WAIT_MS 2000
+
 typedef struct zd__net {
     int rank, world;
-    unsigned gen;              /* distinguishes successive inits */
-    bool lazy;                 /* peers are connected on first use (transport.c) */
-    int handshake_ms;          /* receiving sockets' handshake limit (transport.c) */
-    atomic_bool peers_opened;  /* a peer's socket was made: the I/O thread polls
-                                  its monitor from now on */
-    atomic_bool renew_pending; /* a peer's sockets await renewal (membership.c) */
+    unsigned gen;                 /* distinguishes successive inits */
+    bool lazy;                    /* peers are connected on first use (transport.c) */
+    int handshake_ms;             /* receiving sockets' handshake limit (transport.c) */
+    const char *name;             /* this process's name (the agent's) */
+    int64_t heartbeat_ms;         /* see zd_rpc_options_t.heartbeat_ms; 0 = none */
+    int64_t busy_poll_ns;         /* see zd_rpc_options_t.busy_poll_us */
+    bool rejoined;                /* this process joined a running world */
+    atomic_bool joined;           /* the init barrier is passed (or a rejoin done):
+                                     from then on a peer down is lost (io.c) */
+    atomic_bool closing;          /* no new calls: the agent shuts down */
+    atomic_uint_fast64_t next_id; /* zd__net_new_id */
+    atomic_bool peers_opened;     /* a peer's socket was made: the I/O thread polls
+                                     its monitor from now on */
+    atomic_bool renew_pending;    /* a peer's sockets await renewal (membership.c) */
 
     void *ctx; /* ZeroMQ context */
     void *router;
@@ -134,9 +202,24 @@ typedef struct zd__net {
        io_renew; NULL: nobody to tell. */
     void (*io_reached)(void *arg, int rank);
     void *io_reached_arg;
+    /* And for a member that did not answer when this process joined a
+       running world (zd__transport_connect, not the I/O thread):
+       join_unreached(io_reached_arg, rank) counts it lost until its
+       connection comes up. Installed and cleared with io_reached; NULL:
+       nobody to tell. */
+    void (*join_unreached)(void *arg, int rank);
+
+    zd__net_up_t up; /* the way up into the agent */
 
     security_t *sec; /* keys and the ZAP handler (security.h) */
 } zd__net_t;
+
+/*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
+static inline uint64_t zd__net_new_id(zd__net_t *n)
+{
+    uint64_t c = atomic_fetch_add(&n->next_id, 1) & ((UINT64_C(1) << 48) - 1);
+    return (uint64_t)n->rank << 48 | c;
+}
 
 /*  ---- poll.c: the clock, threads' roles, the busy-poll policy (why: the
     top of poll.c) ---- */
@@ -213,5 +296,90 @@ void zd__direct_close_all(zd__net_t *n);
     its own (NULL: none runs) and let them go again; installed by the
     agent at init, before any thread can make a socket. */
 void zd__direct_hooks(zd__net_t *(*acquire)(void), void (*release)(zd__net_t *n));
+
+/*  ---- transport.c: the sockets and sending ---- */
+
+/*  Creates the context and the ROUTER, and binds it on listen_ip (port
+    chosen by the OS), filling n->peers[n->rank].endpoint; listen_ip NULL
+    leaves the binding to zd__transport_listen (rank 0 binds once it knows
+    where its peers are, rendezvous.c). */
+int zd__transport_bind(zd__net_t *n, const char *listen_ip);
+
+/*  Binds the ROUTER once more, on ip (IPv4 or IPv6 literal, port chosen by
+    the OS), and writes the endpoint ("tcp://[fd00::1]:41000") to endpoint.
+    0, or -1 naming the address. */
+int zd__transport_listen(zd__net_t *n, const char *ip, char *endpoint, size_t size);
+
+/*  Creates and connects the DEALERs, makes sure the peers needed are
+    reachable (HELLO) before deadline_ns, then starts the I/O thread. A world
+    of more than ZDIST_RPC_EAGER_MAX processes (16) is connected lazily:
+    rank 0 to everyone, the others to rank 0 and themselves, and each to the
+    others on first use (zd__transport_reach). */
+int zd__transport_connect(zd__net_t *n, int64_t deadline_ns);
+/*  In a lazily connected world (n->lazy), makes the shared socket to rank
+    dst if there is none and waits until it is connected, up to timeout_ms
+    (the call's; 0: none) and at most 60 s; at once when it is, or in a
+    world connected at init. 0, or -1 ("unreachable"). */
+int zd__transport_reach(zd__net_t *n, int dst, int64_t timeout_ms);
+/*  Whether rank dst may be sent to without waiting: always in a world
+    connected at init; once reached in one connected lazily. */
+bool zd__transport_reached(zd__net_t *n, int dst);
+/*  I/O thread, a lazily connected world: a message came from rank src on
+    its shared socket; starts the connection back (no wait), so that what
+    answers it finds it made. */
+void zd__transport_open_back(zd__net_t *n, int src);
+/*  I/O thread: closes the peer's DEALER and monitor and makes them anew for
+    its endpoint and key (a restarted process, membership.c). 0, or -1 (the
+    peer then has no socket: sends to it fail). */
+int zd__transport_renew_peer(zd__net_t *n, peer_t *p);
+
+/*  Sends h (src, dst and sizes filled in here) and the tensors, zero-copy,
+    to rank dst. Any thread. 0, or -1 ("peer unreachable"). */
+int zd__transport_send(zd__net_t *n, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+                       int n_tensors);
+
+/*  Sends an ERROR answer to request id of rank dst. */
+void zd__transport_send_error(zd__net_t *n, int dst, uint64_t id, const char *text);
+
+/*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
+    else through the shared socket. */
+int zd__transport_send_routed(zd__net_t *n, int dst, const uint8_t *route, size_t route_len,
+                              rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors);
+void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, const char *text);
+
+/*  Sends on a socket the calling thread owns (direct.c). */
+int zd__transport_send_on(zd__net_t *n, void *sock, int dst, rpc_wire_header_t *h,
+                          zd_tensor_t *const *tensors, int n_tensors);
+
+/*  Stops the I/O thread (waiting up to wait_ms for it: -1, logged and left
+    running, when it does not stop) and closes every socket and the
+    context. */
+int zd__transport_stop_io(zd__net_t *n, int64_t wait_ms);
+void zd__transport_close(zd__net_t *n, bool graceful);
+
+/*  ---- io.c: receiving, and the I/O thread ---- */
+
+/*  Reads one message from sock without waiting: the ROUTER (expect_src < 0,
+    under router_lock), or a thread's zd_rpc_sync socket connected to rank
+    expect_src (answers only). Returns 1 for a valid message (dispatch it,
+    then zd__transport_msg_done), 0 when none is there, -1 when one was dropped
+    (logged, answered with an ERROR when it was a request). The pieces of
+    streamed tensors are read and put together on the way (stream.h). */
+int zd__transport_recv(zd__net_t *n, void *sock, int expect_src, inmsg_t *m);
+void zd__transport_msg_done(inmsg_t *m);
+
+/*  Fault injection for tests of the retries: the next count messages of
+    wire type `type` that reach the I/O thread are dropped unseen, as if
+    lost on the way. count 0 disarms it. Returns how many the previous
+    call had left to drop. */
+int zd__transport_drop_next(uint8_t type, int count);
+
+/*  The I/O thread's body (arg: the zd__net_t). */
+void *zd__transport_io_main(void *arg);
+
+/*  Tells the I/O thread that something of its periodic work (a call's
+    deadline, an RRef's expiry, a barrier round) is due at due_ns: it is
+    woken when it would sleep past that. Any thread. */
+void zd__io_due(zd__net_t *n, int64_t due_ns);
 
 #endif

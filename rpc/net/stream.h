@@ -27,7 +27,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rpc/agent/agent.h"
+#include "core/clock.h"
+#include "rpc/net/net.h"
 
 #define RPC_STREAM_OVER  ((size_t)16 << 20)
 #define RPC_STREAM_CHUNK ((size_t)1 << 20)
@@ -69,7 +70,7 @@ _Static_assert(RPC_STREAM_OVER <= RPC_MAX_FRAME && RPC_WIRE_MAX_CHUNK <= RPC_MAX
     its pieces, or a piece: read on), or -1 when it dropped m (logged; when
     m->reject_id is set, answer that request with m->reject). After 0 or -1,
     m holds nothing. Called by one thread at a time per socket. */
-int zd__transport_stream_filter(agent_t *a, void *sock, inmsg_t *m);
+int zd__transport_stream_filter(zd__net_t *n, void *sock, inmsg_t *m);
 
 /*  Drops every streamed message still waiting for pieces (at shutdown,
     before the sockets close). */
@@ -81,7 +82,7 @@ void zd__transport_stream_clear(void);
     on the ROUTER is answered with an ERROR, so that a sender that was only
     frozen learns of it; an answer fails the call that waits for it. The
     I/O thread calls it about once a second. Returns how many it dropped. */
-int zd__transport_stream_expire(agent_t *a, int64_t now);
+int zd__transport_stream_expire(zd__net_t *n, int64_t now);
 
 /*  The memory budget for pending streams and one rank's share of it, in
     bytes (from the environment on first use; see RPC_STREAM_BUDGET_DEFAULT). */

@@ -12,7 +12,7 @@
     under one lock; a frame in a segment holds a reference to its mapping
     until it is copied out. */
 #define _GNU_SOURCE
-#include "rpc/agent/shm.h"
+#include "rpc/net/shm.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
+#include "core/log_private.h"
 #include "rpc/value/copy.h"
 
 #define SHM_HEADER      4096
@@ -83,7 +85,7 @@ typedef struct {
 
 static atomic_bool enabled;
 static atomic_int senders; /* threads between prepare and done */
-static agent_t *agent;     /* to announce segments from a sender's thread */
+static zd__net_t *net;     /* to announce segments from a sender's thread */
 static int my_rank, world;
 static identity_t me;
 static int probe_fd = -1;
@@ -233,13 +235,13 @@ static uint8_t *open_remote(uint32_t pid, uint32_t fd, uint64_t token, uint64_t 
     return map;
 }
 
-void zd__shm_start(agent_t *a)
+void zd__shm_start(zd__net_t *n)
 {
     const char *env = getenv("ZDIST_SHM");
     bool on = !(env && strcmp(env, "0") == 0);
-    agent = a;
-    my_rank = a->net.rank;
-    world = a->net.world;
+    net = n;
+    my_rank = n->rank;
+    world = n->world;
     tx = calloc((size_t)world, sizeof *tx);
     rx = calloc((size_t)world, sizeof *rx);
     pthread_mutex_lock(&answer_lock);
@@ -270,35 +272,35 @@ void zd__shm_start(agent_t *a)
     atomic_store(&enabled, on);
 }
 
-static void answer_offer(agent_t *a, int src, bool yes);
+static void answer_offer(zd__net_t *n, int src, bool yes);
 
-void zd__shm_offer_all(agent_t *a)
+void zd__shm_offer_all(zd__net_t *n)
 {
     pthread_mutex_lock(&answer_lock);
     connected = true;
     pthread_mutex_unlock(&answer_lock);
-    for (int i = 0; pending && i < a->net.world; i++)
+    for (int i = 0; pending && i < n->world; i++)
         if (pending[i]) {
-            answer_offer(a, i, pending[i] > 0);
+            answer_offer(n, i, pending[i] > 0);
             pending[i] = 0;
         }
     /* A world connected on first use: to those reached at init; the others
        get theirs when first reached (zd__transport_reach). */
-    for (int i = 0; i < a->net.world; i++)
-        if (!atomic_load(&a->net.peers[i].lost_at_ns) && zd__transport_reached(a, i))
-            zd__shm_offer(a, i);
+    for (int i = 0; i < n->world; i++)
+        if (!atomic_load(&n->peers[i].lost_at_ns) && zd__transport_reached(n, i))
+            zd__shm_offer(n, i);
 }
 
-void zd__shm_offer(agent_t *a, int peer)
+void zd__shm_offer(zd__net_t *n, int peer)
 {
-    if (peer == a->net.rank || !atomic_load(&enabled))
+    if (peer == n->rank || !atomic_load(&enabled))
         return;
     rpc_wire_header_t h = {.type = RPC_MSG_SHM_OFFER,
                            .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a),
+                           .id = zd__net_new_id(n),
                            .extra = (const uint8_t *)&me,
                            .extra_len = sizeof me};
-    if (zd__transport_send(a, peer, &h, NULL, 0) < 0)
+    if (zd__transport_send(n, peer, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot offer shared memory to rank %d: %s", peer,
                 zd_error_last());
 }
@@ -543,12 +545,12 @@ static void announce(int peer, const announce_t *s)
     put(extra + 8, s->cap, 8);
     rpc_wire_header_t h = {.type = RPC_MSG_SHM_SEGMENT,
                            .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(agent),
+                           .id = zd__net_new_id(net),
                            .a = (uint64_t)s->slot,
                            .b = s->token,
                            .extra = extra,
                            .extra_len = sizeof extra};
-    if (zd__transport_send(agent, peer, &h, NULL, 0) < 0)
+    if (zd__transport_send(net, peer, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot announce a shared segment to rank %d: %s", peer,
                 zd_error_last());
 }
@@ -705,7 +707,7 @@ static void release_frames(rpc_frame_t *frames, int n)
 
 /* Checks m's table and maps its segments into segs[]. Returns the count,
    or -1 (error set; the segments it found are let go). */
-static int map_table(agent_t *a, inmsg_t *m, rx_seg_t **segs, const uint8_t **entries)
+static int map_table(zd__net_t *n, inmsg_t *m, rx_seg_t **segs, const uint8_t **entries)
 {
     const rpc_frame_t *t = &m->frames[m->n - 1];
     const uint8_t *p = t->data;
@@ -742,17 +744,17 @@ static int map_table(agent_t *a, inmsg_t *m, rx_seg_t **segs, const uint8_t **en
         return got;
     for (int i = 0; i < got; i++)
         segment_release(NULL, segs[i]);
-    (void)a;
+    (void)n;
     return -1;
 }
 
-int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
+int zd__shm_filter(zd__net_t *n, void *sock, inmsg_t *m)
 {
     if (!(m->h.flags & RPC_WIRE_F_SHM))
         return 1;
     rx_seg_t *segs[RPC_SHM_MAX_SEGS];
     const uint8_t *entries[RPC_SHM_MAX_SEGS];
-    int count = map_table(a, m, segs, entries);
+    int count = map_table(n, m, segs, entries);
     if (count < 0) {
         int type = m->h.type;
         uint64_t id = m->h.id;
@@ -761,13 +763,13 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
         release_frames(m->frames, m->n);
         m->n = 0;
         zmq_msg_close(&m->hm);
-        if (sock == a->net.router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
+        if (sock == n->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
             snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
             m->reject_id = id;
         } else if (type == RPC_MSG_REPLY) {
-            zd__call_fail_answer(a, id, m->src, zd_error_last(),
-                                 zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
-                                                                     : ZD_ERR_OTHER);
+            n->up.fail_answer(n->up.arg, id, m->src, zd_error_last(),
+                              zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY
+                                                                  : ZD_ERR_OTHER);
         }
         return -1;
     }
@@ -785,7 +787,7 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
     uint64_t bytes = 0;
     for (int i = 0; i < count; i++)
         bytes += get(entries[i] + 32, 8);
-    atomic_fetch_add_explicit(&a->net.peers[m->src].m.bytes_received, (int64_t)bytes,
+    atomic_fetch_add_explicit(&n->peers[m->src].m.bytes_received, (int64_t)bytes,
                               memory_order_relaxed);
     rpc_frame_t *table = &m->frames[m->n - 1];
     table->release(table->data, table->release_arg);
@@ -798,18 +800,18 @@ int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m)
 
 /* ---- the handshake ---- */
 
-static void answer_offer(agent_t *a, int src, bool yes)
+static void answer_offer(zd__net_t *n, int src, bool yes)
 {
     rpc_wire_header_t h = {.type = RPC_MSG_SHM_ACCEPT,
                            .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a),
+                           .id = zd__net_new_id(n),
                            .a = yes};
-    if (zd__transport_send(a, src, &h, NULL, 0) < 0)
+    if (zd__transport_send(n, src, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot answer rank %d's shared-memory offer: %s", src,
                 zd_error_last());
 }
 
-static void queue_answer(agent_t *a, int src, bool yes)
+static void queue_answer(zd__net_t *n, int src, bool yes)
 {
     pthread_mutex_lock(&answer_lock);
     bool now = connected;
@@ -817,7 +819,7 @@ static void queue_answer(agent_t *a, int src, bool yes)
         pending[src] = yes ? 1 : -1;
     pthread_mutex_unlock(&answer_lock);
     if (now)
-        answer_offer(a, src, yes);
+        answer_offer(n, src, yes);
 }
 
 /* Why the offer of another process cannot be taken, or NULL. */
@@ -838,7 +840,7 @@ static const char *offer_mismatch(const identity_t *o)
     return NULL;
 }
 
-static void handle_offer(agent_t *a, inmsg_t *m)
+static void handle_offer(zd__net_t *n, inmsg_t *m)
 {
     int src = m->src;
     const char *why = NULL;
@@ -862,8 +864,8 @@ static void handle_offer(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_INFO,
                 "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
                 "memory: %s",
-                a->net.peers[src].name, src, why);
-        queue_answer(a, src, false);
+                n->peers[src].name, src, why);
+        queue_answer(n, src, false);
         return;
     }
     pthread_mutex_lock(&rx_lock);
@@ -877,15 +879,15 @@ static void handle_offer(agent_t *a, inmsg_t *m)
     }
     pthread_mutex_unlock(&rx_lock);
     zd__log(ZD_LOG_DEBUG, "rpc: tensors from \"%s\" (rank %d) may come through shared memory",
-            a->net.peers[src].name, src);
-    queue_answer(a, src, true);
+            n->peers[src].name, src);
+    queue_answer(n, src, true);
 }
 
 /* A peer announced a segment: map it now, checked, and say whether, so
    that its messages name only segments mapped here. A failure (a segment
    that is not what it says, or no descriptor left to open it) costs
    nothing but the shared memory: the peer sends the ZeroMQ way. */
-static void handle_segment(agent_t *a, inmsg_t *m)
+static void handle_segment(zd__net_t *n, inmsg_t *m)
 {
     int src = m->src;
     const char *why = NULL;
@@ -909,25 +911,25 @@ static void handle_segment(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_WARN,
                 "rpc: tensors from \"%s\" (rank %d) come over ZeroMQ, not shared "
                 "memory: its segment %llu: %s",
-                a->net.peers[src].name, src, (unsigned long long)m->h.a, why);
+                n->peers[src].name, src, (unsigned long long)m->h.a, why);
         /* Counted after the line: whoever sees the count sees the line
            (test_hostile_shm read an empty one in between). */
         atomic_fetch_add(&n_refused, 1);
     }
     rpc_wire_header_t h = {.type = RPC_MSG_SHM_MAPPED,
                            .flags = RPC_WIRE_F_INTERNAL,
-                           .id = zd__agent_new_id(a),
+                           .id = zd__net_new_id(n),
                            .a = m->h.a,
                            .b = m->h.b,
                            .extra = (const uint8_t *)answer,
                            .extra_len = len};
-    if (zd__transport_send(a, src, &h, NULL, 0) < 0)
+    if (zd__transport_send(n, src, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot answer rank %d's segment: %s", src, zd_error_last());
 }
 
 /* The answer to an announcement: the segment serves once mapped; a peer
    that could not map it gets the ZeroMQ way from now on. */
-static void handle_mapped(agent_t *a, inmsg_t *m)
+static void handle_mapped(zd__net_t *n, inmsg_t *m)
 {
     int src = m->src;
     bool ok = m->h.extra_len >= 1 && m->h.extra[0] == 1;
@@ -945,12 +947,12 @@ static void handle_mapped(agent_t *a, inmsg_t *m)
         zd__log(ZD_LOG_WARN,
                 "rpc: tensors to \"%s\" (rank %d) go over ZeroMQ: it could not "
                 "map a shared segment (%.*s)",
-                a->net.peers[src].name, src, (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
+                n->peers[src].name, src, (int)(m->h.extra_len > 1 ? m->h.extra_len - 1 : 0),
                 m->h.extra_len > 1 ? (const char *)m->h.extra + 1 : "");
     }
 }
 
-void zd__shm_handle(agent_t *a, inmsg_t *m)
+void zd__shm_handle(zd__net_t *n, inmsg_t *m)
 {
     release_frames(m->frames, m->n);
     m->n = 0;
@@ -958,11 +960,11 @@ void zd__shm_handle(agent_t *a, inmsg_t *m)
     if (src < 0 || src >= world || src == my_rank || !tx)
         return;
     if (m->h.type == RPC_MSG_SHM_SEGMENT) {
-        handle_segment(a, m);
+        handle_segment(n, m);
     } else if (m->h.type == RPC_MSG_SHM_MAPPED) {
-        handle_mapped(a, m);
+        handle_mapped(n, m);
     } else if (m->h.type == RPC_MSG_SHM_OFFER) {
-        handle_offer(a, m);
+        handle_offer(n, m);
     } else if (m->h.type == RPC_MSG_SHM_ACCEPT && atomic_load(&enabled)) {
         atomic_store(&tx[src].state, m->h.a == 1 ? 1 : -1);
         zd__log(ZD_LOG_DEBUG, "rpc: rank %d %s shared memory", src,

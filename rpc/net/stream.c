@@ -20,7 +20,7 @@
     another identity can neither inject pieces into a stream nor replace
     it; only its own connection can (and authentication decides who that
     is). */
-#include "rpc/agent/stream.h"
+#include "rpc/net/stream.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +28,8 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
+#include "core/log_private.h"
 #include "rpc/net/bufcache.h"
 
 typedef struct stream {
@@ -216,18 +218,18 @@ static stream_t *take(void *sock, const inmsg_t *m)
     return s;
 }
 
-static const char *peer_name(agent_t *a, int rank)
+static const char *peer_name(zd__net_t *n, int rank)
 {
-    return a->net.peers && rank >= 0 && rank < a->net.world ? a->net.peers[rank].name : "?";
+    return n->peers && rank >= 0 && rank < n->world ? n->peers[rank].name : "?";
 }
 
 /* Logs why a message of type/id from m's connection was dropped (zd_error_last),
    and asks the caller to answer it when it is a request on the ROUTER. */
-static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
+static int refuse(zd__net_t *n, void *sock, inmsg_t *m, int type, uint64_t id)
 {
     zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
-            peer_name(a, m->src), m->src, zd_error_last());
-    if (sock == a->net.router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
+            peer_name(n, m->src), m->src, zd_error_last());
+    if (sock == n->router && (type == RPC_MSG_CALL || type == RPC_MSG_REMOTE)) {
         snprintf(m->reject, sizeof m->reject, "bad message: %s", zd_error_last());
         m->reject_id = id;
     } else if (type == RPC_MSG_REPLY && id) {
@@ -237,7 +239,7 @@ static int refuse(agent_t *a, void *sock, inmsg_t *m, int type, uint64_t id)
         zd_error_code_t code =
             zd_error_code() == ZD_ERR_NO_MEMORY ? ZD_ERR_NO_MEMORY : ZD_ERR_OTHER;
         snprintf(text, sizeof text, "answer dropped: %s", zd_error_last());
-        zd__call_fail_answer(a, id, m->src, text, code);
+        n->up.fail_answer(n->up.arg, id, m->src, text, code);
     }
     return -1;
 }
@@ -279,7 +281,7 @@ static bool was_refused(void *sock, const inmsg_t *m, uint64_t id)
 }
 
 /* A streamed message: checks its table and keeps it until its pieces are in. */
-static int start(agent_t *a, void *sock, inmsg_t *m)
+static int start(zd__net_t *n, void *sock, inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;
     int type = h->type;
@@ -309,7 +311,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
                      "message",
                      zd__rpc_wire_type_name(old->type), (unsigned long long)old->id,
                      (unsigned long long)old->seq);
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, m->src), m->src,
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(n, m->src), m->src,
                 zd_error_last());
         stream_free(old);
     }
@@ -319,7 +321,7 @@ static int start(agent_t *a, void *sock, inmsg_t *m)
     s->src = m->src;
     pthread_once(&budget_once, budget_init);
     pthread_mutex_lock(&lock);
-    int rc = budget_take(s, m->src, a->net.world, declared);
+    int rc = budget_take(s, m->src, n->world, declared);
     pthread_mutex_unlock(&lock);
     if (rc < 0)
         goto fail;
@@ -359,7 +361,7 @@ fail:
     stream_free(s);
     drop_msg(m);
     remember_refused(sock, m, id);
-    return refuse(a, sock, m, type, id);
+    return refuse(n, sock, m, type, id);
 }
 
 /* Hands the complete message s over in m. */
@@ -397,7 +399,7 @@ static int finish(stream_t *s, inmsg_t *m)
 }
 
 /* A piece: copied into its tensor's buffer, and freed at once. */
-static int piece(agent_t *a, void *sock, inmsg_t *m)
+static int piece(zd__net_t *n, void *sock, inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;
     stream_t *s = take(sock, m);
@@ -407,7 +409,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
                      "connection",
                      (unsigned long long)h->a, (unsigned long long)h->id);
         drop_msg(m);
-        return known ? -1 : refuse(a, sock, m, 0, 0);
+        return known ? -1 : refuse(n, sock, m, 0, 0);
     }
     const rpc_wire_stream_t *e = &s->entries[s->entry];
     uint64_t want = e->bytes - s->at < s->chunk ? e->bytes - s->at : s->chunk;
@@ -423,7 +425,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         stream_free(s);
         drop_msg(m);
         remember_refused(sock, m, id);
-        return refuse(a, sock, m, type, id);
+        return refuse(n, sock, m, type, id);
     }
     memcpy((char *)s->bufs[s->entry]->data + s->at, f->data, f->size);
     drop_msg(m);
@@ -439,7 +441,7 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
         int type = s->type;
         uint64_t id = s->id;
         stream_free(s);
-        return refuse(a, sock, m, type, id);
+        return refuse(n, sock, m, type, id);
     }
     s->touched_ns = zd__net_now_ns();
     s->stalled_ns = 0;
@@ -451,11 +453,11 @@ static int piece(agent_t *a, void *sock, inmsg_t *m)
     return 0;
 }
 
-int zd__transport_stream_filter(agent_t *a, void *sock, inmsg_t *m)
+int zd__transport_stream_filter(zd__net_t *n, void *sock, inmsg_t *m)
 {
     if (!(m->h.flags & (RPC_WIRE_F_STREAMED | RPC_WIRE_F_CHUNK)))
         return 1;
-    return m->h.flags & RPC_WIRE_F_CHUNK ? piece(a, sock, m) : start(a, sock, m);
+    return m->h.flags & RPC_WIRE_F_CHUNK ? piece(n, sock, m) : start(n, sock, m);
 }
 
 void zd__transport_stream_clear(void)
@@ -481,7 +483,7 @@ int zd__transport_stream_pending(void)
     return n;
 }
 
-int zd__transport_stream_expire(agent_t *a, int64_t now)
+int zd__transport_stream_expire(zd__net_t *n, int64_t now)
 {
     stream_t *stale = NULL;
     pthread_mutex_lock(&lock);
@@ -500,8 +502,8 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
         }
     }
     pthread_mutex_unlock(&lock);
-    int n = 0;
-    for (stream_t *s = stale, *next; s; s = next, n++) {
+    int dropped = 0;
+    for (stream_t *s = stale, *next; s; s = next, dropped++) {
         next = s->next;
         char text[256];
         snprintf(text, sizeof text,
@@ -509,15 +511,15 @@ int zd__transport_stream_expire(agent_t *a, int64_t now)
                  "%llu pieces",
                  zd__rpc_wire_type_name(s->type), (unsigned long long)s->id,
                  (long long)(RPC_STREAM_STALL_NS / ZD__NS_PER_S), (unsigned long long)s->seq);
-        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(a, s->src), s->src, text);
-        if (s->sock == a->net.router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
+        zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", peer_name(n, s->src), s->src, text);
+        if (s->sock == n->router && (s->type == RPC_MSG_CALL || s->type == RPC_MSG_REMOTE)) {
             inmsg_t m = {.src = s->src, .route_len = s->route_len};
             memcpy(m.route, s->route, s->route_len);
-            zd__transport_answer_error(a, &m, s->id, text);
+            zd__transport_answer_error(n, &m, s->id, text);
         } else if (s->type == RPC_MSG_REPLY) {
-            zd__call_fail_answer(a, s->id, s->src, text, ZD_ERR_OTHER);
+            n->up.fail_answer(n->up.arg, s->id, s->src, text, ZD_ERR_OTHER);
         }
         stream_free(s);
     }
-    return n;
+    return dropped;
 }

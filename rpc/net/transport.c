@@ -14,7 +14,7 @@
     receive, which matters: with ZMQ_IMMEDIATE, messages that arrived but
     were not read yet are lost when the connection closes. */
 #define _GNU_SOURCE /* pthread_timedjoin_np: bounded joins at shutdown */
-#include "rpc/agent/agent.h"
+#include "rpc/net/net.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -25,13 +25,14 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
+#include "core/log_private.h"
 #include "rpc/net/address.h"
 #include "rpc/net/bufcache.h"
 #include "rpc/value/copy.h"
-#include "rpc/agent/membership.h"
 #include "rpc/net/security.h"
-#include "rpc/agent/shm.h"
-#include "rpc/agent/stream.h"
+#include "rpc/net/shm.h"
+#include "rpc/net/stream.h"
 
 /* ---- setup ---- */
 
@@ -55,69 +56,69 @@ static int eager_max(void)
     return *end || v < 0 || v > 1000000 ? EAGER_MAX_DEFAULT : (int)v;
 }
 
-int zd__transport_bind(agent_t *a, const char *listen_ip)
+int zd__transport_bind(zd__net_t *n, const char *listen_ip)
 {
     zd__rpc_bufcache_enable(true);
     zd__rpc_copy_enable(true);
-    zd__shm_start(a);
-    a->net.ctx = zmq_ctx_new();
-    if (!a->net.ctx)
+    zd__shm_start(n);
+    n->ctx = zmq_ctx_new();
+    if (!n->ctx)
         return zd_error_set("cannot create a ZeroMQ context: %s", zmq_strerror(errno));
-    zmq_ctx_set(a->net.ctx, ZMQ_BLOCKY, 0);
+    zmq_ctx_set(n->ctx, ZMQ_BLOCKY, 0);
     /* Every thread that calls zd_rpc_sync has a socket per peer it calls: the
        descriptor limit is the real bound, not ZeroMQ's default of 1023. */
-    zmq_ctx_set(a->net.ctx, ZMQ_MAX_SOCKETS, 16384);
-    if (zd__security_start(&a->net) < 0)
+    zmq_ctx_set(n->ctx, ZMQ_MAX_SOCKETS, 16384);
+    if (zd__security_start(n) < 0)
         return -1;
-    a->net.router = zmq_socket(a->net.ctx, ZMQ_ROUTER);
-    if (!a->net.router)
+    n->router = zmq_socket(n->ctx, ZMQ_ROUTER);
+    if (!n->router)
         return zd_error_set("cannot create the receiving socket: %s", zmq_strerror(errno));
-    set_int(a->net.router, ZMQ_LINGER, 0);
-    set_int(a->net.router, ZMQ_RCVHWM, 0);
+    set_int(n->router, ZMQ_LINGER, 0);
+    set_int(n->router, ZMQ_RCVHWM, 0);
     /* A ROUTER drops what it cannot queue: a streamed answer is hundreds
        of messages, and none may be lost. */
-    set_int(a->net.router, ZMQ_SNDHWM, 0);
+    set_int(n->router, ZMQ_SNDHWM, 0);
     /* A connection with a routing id already taken replaces the old one
        (a peer that reconnects before its old connection is seen dead);
        only under CURVE, where connecting at all needs a key of the table. */
-    set_int(a->net.router, ZMQ_ROUTER_HANDOVER, zd__security_curve(&a->net) ? 1 : 0);
-    if (zd__security_server(&a->net, a->net.router) < 0)
+    set_int(n->router, ZMQ_ROUTER_HANDOVER, zd__security_curve(n) ? 1 : 0);
+    if (zd__security_server(n, n->router) < 0)
         return -1;
-    zd__security_watch(&a->net, a->net.router, "the RPC socket");
-    set_int(a->net.router, ZMQ_TCP_KEEPALIVE, 1);
+    zd__security_watch(n, n->router, "the RPC socket");
+    set_int(n->router, ZMQ_TCP_KEEPALIVE, 1);
     /* Every rank connects to rank 0 at once: past libzmq's backlog of 100
        the kernel dropped their SYNs, and each dropped one was sent again
        a second later (a world of 128 formed 0.8 s later for it). */
-    set_int(a->net.router, ZMQ_BACKLOG, a->net.world > 100 ? a->net.world : 100);
-    a->net.handshake_ms = a->net.world > eager_max() ? RPC_HANDSHAKE_CROWDED_MS : RPC_HANDSHAKE_MS;
-    zd__net_set_limits(a->net.router, a->net.handshake_ms);
+    set_int(n->router, ZMQ_BACKLOG, n->world > 100 ? n->world : 100);
+    n->handshake_ms = n->world > eager_max() ? RPC_HANDSHAKE_CROWDED_MS : RPC_HANDSHAKE_MS;
+    zd__net_set_limits(n->router, n->handshake_ms);
     if (listen_ip &&
-        zd__transport_listen(a, listen_ip, a->net.peers[a->net.rank].endpoint,
-                             sizeof a->net.peers[a->net.rank].endpoint) < 0)
+        zd__transport_listen(n, listen_ip, n->peers[n->rank].endpoint,
+                             sizeof n->peers[n->rank].endpoint) < 0)
         return -1;
-    size_t len = sizeof a->net.router_fd;
-    if (zmq_getsockopt(a->net.router, ZMQ_FD, &a->net.router_fd, &len) < 0)
+    size_t len = sizeof n->router_fd;
+    if (zmq_getsockopt(n->router, ZMQ_FD, &n->router_fd, &len) < 0)
         return zd_error_set("cannot read the socket's descriptor: %s", zmq_strerror(errno));
-    a->net.wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    if (a->net.wake_fd < 0)
+    n->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (n->wake_fd < 0)
         return zd_error_set("cannot create an eventfd: %s", strerror(errno));
     return 0;
 }
 
-int zd__transport_listen(agent_t *a, const char *ip, char *endpoint, size_t size)
+int zd__transport_listen(zd__net_t *n, const char *ip, char *endpoint, size_t size)
 {
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
     zd__addr_endpoint(ip, "*", ep, sizeof ep);
     /* The option is read at bind time: on for an IPv6 address only, so
        that an IPv4 one stays a plain IPv4 socket. */
-    set_int(a->net.router, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
-    int rc = zmq_bind(a->net.router, ep);
+    set_int(n->router, ZMQ_IPV6, zd__addr_family(ip) == AF_INET6);
+    int rc = zmq_bind(n->router, ep);
     int e = errno;
-    set_int(a->net.router, ZMQ_IPV6, 0);
+    set_int(n->router, ZMQ_IPV6, 0);
     if (rc < 0)
         return zd_error_set("cannot listen at %s: %s%s", ep, zmq_strerror(e),
                             e == EADDRNOTAVAIL ? " (not an address of this host)" : "");
-    if (zmq_getsockopt(a->net.router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
+    if (zmq_getsockopt(n->router, ZMQ_LAST_ENDPOINT, endpoint, &size) < 0)
         return zd_error_set("cannot read the bound endpoint: %s", zmq_strerror(errno));
     return 0;
 }
@@ -139,29 +140,29 @@ static void set_heartbeat(void *sock, int64_t timeout_ms)
     set_int(sock, ZMQ_TCP_MAXRT, (int)timeout_ms);
 }
 
-static int open_peer(agent_t *a, peer_t *p)
+static int open_peer(zd__net_t *n, peer_t *p)
 {
-    p->sock = zmq_socket(a->net.ctx, ZMQ_DEALER);
+    p->sock = zmq_socket(n->ctx, ZMQ_DEALER);
     if (!p->sock)
         return zd_error_set("cannot create a socket for peer \"%s\": %s", p->name,
                             zmq_strerror(errno));
     uint8_t id[RPC_WIRE_ID_LEN];
-    zd__rpc_wire_identity(a->net.rank, id);
+    zd__rpc_wire_identity(n->rank, id);
     zmq_setsockopt(p->sock, ZMQ_ROUTING_ID, id, sizeof id);
     set_int(p->sock, ZMQ_LINGER, 0);
     set_int(p->sock, ZMQ_SNDHWM, 0);
     set_int(p->sock, ZMQ_IMMEDIATE, 1);
     set_int(p->sock, ZMQ_TCP_KEEPALIVE, 1);
-    set_heartbeat(p->sock, a->heartbeat_ms);
-    if (zd__security_client(&a->net, p->sock, p->rank) < 0)
+    set_heartbeat(p->sock, n->heartbeat_ms);
+    if (zd__security_client(n, p->sock, p->rank) < 0)
         return -1;
     char mon[96];
-    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", a->net.gen, p->rank,
+    snprintf(mon, sizeof mon, "inproc://zd-monitor-%u-%d-%u", n->gen, p->rank,
              atomic_load(&p->incarnation));
     if (zmq_socket_monitor(p->sock, mon,
                            ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
-        p->monitor = zmq_socket(a->net.ctx, ZMQ_PAIR);
+        p->monitor = zmq_socket(n->ctx, ZMQ_PAIR);
         if (p->monitor && zmq_connect(p->monitor, mon) < 0) {
             zmq_close(p->monitor);
             p->monitor = NULL;
@@ -176,7 +177,7 @@ static int open_peer(agent_t *a, peer_t *p)
     /* The socket and its monitor are complete: the I/O thread may poll the
        monitor from now on (it reads p->monitor only once it sees this). */
     atomic_store(&p->opened, true);
-    atomic_store(&a->net.peers_opened, true);
+    atomic_store(&n->peers_opened, true);
     return 0;
 }
 
@@ -198,11 +199,11 @@ static void close_peer(peer_t *p, int linger_ms)
 
 /* The old connection leads to a process that is gone; the new one may be
    at another endpoint, with another key (set in p before). */
-int zd__transport_renew_peer(agent_t *a, peer_t *p)
+int zd__transport_renew_peer(zd__net_t *n, peer_t *p)
 {
     pthread_mutex_lock(&p->lock);
     close_peer(p, 0);
-    int rc = open_peer(a, p);
+    int rc = open_peer(n, p);
     if (rc < 0)
         close_peer(p, 0); /* a half-made socket: sends fail until it is made again */
     pthread_mutex_unlock(&p->lock);
@@ -211,12 +212,12 @@ int zd__transport_renew_peer(agent_t *a, peer_t *p)
 
 /* A blocking send of a HELLO returns once the connection to p is up
    (ZMQ_IMMEDIATE), or fails at deadline_ns. Under p->lock. 0, or -1. */
-static int hello_locked(agent_t *a, peer_t *p, int64_t deadline_ns)
+static int hello_locked(zd__net_t *n, peer_t *p, int64_t deadline_ns)
 {
     int64_t left = zd__ms_left(zd__net_now_ns(), deadline_ns);
     if (deadline_ns != ZD__NEVER && left < 1)
         left = 1;
-    rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = a->net.rank, .dst = p->rank};
+    rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = n->rank, .dst = p->rank};
     uint8_t buf[RPC_WIRE_FIXED];
     zd__rpc_wire_write(&h, buf);
     set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
@@ -227,10 +228,10 @@ static int hello_locked(agent_t *a, peer_t *p, int64_t deadline_ns)
     return rc < 0 ? -1 : 0;
 }
 
-static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
+static int say_hello(zd__net_t *n, peer_t *p, int64_t deadline_ns)
 {
     pthread_mutex_lock(&p->lock);
-    int rc = p->sock ? hello_locked(a, p, deadline_ns) : -1;
+    int rc = p->sock ? hello_locked(n, p, deadline_ns) : -1;
     p->offered = rc == 0; /* zd__shm_offer_all offers to it */
     pthread_mutex_unlock(&p->lock);
     return rc;
@@ -244,11 +245,11 @@ static int say_hello(agent_t *a, peer_t *p, int64_t deadline_ns)
 #define REACH_WAIT_MS    (2 * RPC_HANDSHAKE_CROWDED_MS)
 #define IO_REACH_WAIT_MS 1000
 
-int zd__transport_reach(agent_t *a, int dst, int64_t timeout_ms)
+int zd__transport_reach(zd__net_t *n, int dst, int64_t timeout_ms)
 {
-    if (!a->net.lazy || dst < 0 || dst >= a->net.world)
+    if (!n->lazy || dst < 0 || dst >= n->world)
         return 0;
-    peer_t *p = &a->net.peers[dst];
+    peer_t *p = &n->peers[dst];
     if (atomic_load(&p->reached)) /* every send after the first: no lock */
         return 0;
     pthread_mutex_lock(&p->lock);
@@ -257,13 +258,13 @@ int zd__transport_reach(agent_t *a, int dst, int64_t timeout_ms)
         int64_t wait = zd__net_thread_role() == ROLE_IO    ? IO_REACH_WAIT_MS
             : timeout_ms > 0 && timeout_ms < REACH_WAIT_MS ? timeout_ms
                                                            : REACH_WAIT_MS;
-        if (!p->sock && (zd__peer_gone(p) || open_peer(a, p) < 0)) {
+        if (!p->sock && (zd__peer_gone(p) || open_peer(n, p) < 0)) {
             close_peer(p, 0);
             rc = -1;
         } else if (atomic_load(&p->lost)) {
             rc = -1; /* its connection came up and went down: at once, as ZMQ_IMMEDIATE */
         } else {
-            rc = hello_locked(a, p, zd__deadline_after(zd__net_now_ns(), wait));
+            rc = hello_locked(n, p, zd__deadline_after(zd__net_now_ns(), wait));
         }
         if (rc == 0)
             zd__log(ZD_LOG_DEBUG, "rpc: connected to \"%s\" (rank %d) on first use", p->name, dst);
@@ -273,51 +274,51 @@ int zd__transport_reach(agent_t *a, int dst, int64_t timeout_ms)
     pthread_mutex_unlock(&p->lock);
     /* A new pair: shared memory is offered as at init (a send itself, now
        one that finds the connection made). */
-    if (fresh && a->net.io_started)
-        zd__shm_offer(a, dst);
+    if (fresh && n->io_started)
+        zd__shm_offer(n, dst);
     return rc < 0
         ? zd_error_set_code(ZD_ERR_PEER, "peer unreachable (no connection to %s)", p->endpoint)
         : 0;
 }
 
-bool zd__transport_reached(agent_t *a, int dst)
+bool zd__transport_reached(zd__net_t *n, int dst)
 {
-    if (!a->net.lazy)
+    if (!n->lazy)
         return true;
-    return atomic_load(&a->net.peers[dst].reached);
+    return atomic_load(&n->peers[dst].reached);
 }
 
-void zd__transport_open_back(agent_t *a, int src)
+void zd__transport_open_back(zd__net_t *n, int src)
 {
-    peer_t *p = &a->net.peers[src];
-    if (!a->net.lazy || atomic_load(&p->opened) || atomic_load(&p->lost_at_ns))
+    peer_t *p = &n->peers[src];
+    if (!n->lazy || atomic_load(&p->opened) || atomic_load(&p->lost_at_ns))
         return;
     /* Taken: another thread is making it now. */
     if (pthread_mutex_trylock(&p->lock) != 0)
         return;
-    if (!p->sock && open_peer(a, p) < 0) {
+    if (!p->sock && open_peer(n, p) < 0) {
         zd__log(ZD_LOG_DEBUG, "rpc: cannot connect back to rank %d: %s", src, zd_error_last());
         close_peer(p, 0);
     }
     pthread_mutex_unlock(&p->lock);
 }
 
-int zd__transport_connect(agent_t *a, int64_t deadline_ns)
+int zd__transport_connect(zd__net_t *n, int64_t deadline_ns)
 {
     /* A world that is large connects on first use: rank 0 to everyone
        (it hosts the barrier and the membership, and sees who is lost),
        the others to rank 0 and themselves. A process joining a running
        world connects to all (below). */
-    a->net.lazy = !a->rejoined && a->net.world > eager_max();
-    for (int i = 0; i < a->net.world; i++) {
-        peer_t *p = &a->net.peers[i];
-        if (a->net.lazy && a->net.rank != 0 && i != 0 && i != a->net.rank)
+    n->lazy = !n->rejoined && n->world > eager_max();
+    for (int i = 0; i < n->world; i++) {
+        peer_t *p = &n->peers[i];
+        if (n->lazy && n->rank != 0 && i != 0 && i != n->rank)
             continue;
         /* A rank gone from the world a restarted rank 0 formed left no key
            to pin: it gets its socket when it rejoins (renew_peer). */
-        if (zd__security_curve(&a->net) && !p->key[0] && atomic_load(&p->lost_at_ns))
+        if (zd__security_curve(n) && !p->key[0] && atomic_load(&p->lost_at_ns))
             continue;
-        if (open_peer(a, p) < 0)
+        if (open_peer(n, p) < 0)
             return -1;
     }
     /* A blocking send with ZMQ_IMMEDIATE returns once the connection is up:
@@ -339,76 +340,77 @@ int zd__transport_connect(agent_t *a, int64_t deadline_ns)
        sockets to the others connecting meanwhile): the first send to any
        other waits for its connection (zd__transport_reach), so that an
        answer is not lost for want of one. */
-    bool joining = a->rejoined;
+    bool joining = n->rejoined;
     int64_t others_by = deadline_ns;
     for (int pass = 0; pass < (joining ? 2 : 1); pass++) {
-        for (int i = 0; i < a->net.world; i++) {
-            peer_t *p = &a->net.peers[i];
-            bool needed = !joining || i == 0 || i == a->net.rank;
-            if (a->net.lazy && i != 0 && i != a->net.rank)
+        for (int i = 0; i < n->world; i++) {
+            peer_t *p = &n->peers[i];
+            bool needed = !joining || i == 0 || i == n->rank;
+            if (n->lazy && i != 0 && i != n->rank)
                 continue;
             if (atomic_load(&p->lost_at_ns) || (joining && needed != (pass == 0)))
                 continue; /* gone from the running world this process joined */
-            if (say_hello(a, p, needed ? deadline_ns : others_by) == 0)
+            if (say_hello(n, p, needed ? deadline_ns : others_by) == 0)
                 continue;
             if (needed)
                 return zd_error_set_code(ZD_ERR_PEER, "peer \"%s\" (rank %d) at %s is unreachable",
                                          p->name, p->rank, p->endpoint);
-            zd__membership_mark_unreached(a, i);
+            if (n->join_unreached)
+                n->join_unreached(n->io_reached_arg, i);
         }
         int64_t by = zd__deadline_after(zd__net_now_ns(), JOIN_PEER_WAIT_MS);
         others_by = by < deadline_ns ? by : deadline_ns;
     }
-    if (pthread_create(&a->net.io_thread, NULL, zd__transport_io_main, a) != 0)
+    if (pthread_create(&n->io_thread, NULL, zd__transport_io_main, n) != 0)
         return zd_error_set("cannot start the I/O thread");
-    a->net.io_started = true;
-    zd__shm_offer_all(a);
+    n->io_started = true;
+    zd__shm_offer_all(n);
     return 0;
 }
 
-int zd__transport_stop_io(agent_t *a, int64_t wait_ms)
+int zd__transport_stop_io(zd__net_t *n, int64_t wait_ms)
 {
-    if (!a->net.io_started)
+    if (!n->io_started)
         return 0;
-    atomic_store(&a->net.io_stop, true);
+    atomic_store(&n->io_stop, true);
     uint64_t one = 1;
-    if (write(a->net.wake_fd, &one, sizeof one) < 0) {
+    if (write(n->wake_fd, &one, sizeof one) < 0) {
         /* The eventfd cannot be full; the tick wakes the thread anyway. */
     }
     /* Bounded: a future callback stuck in user code would hold it. */
     struct timespec until = zd__realtime_in(wait_ms);
-    if (pthread_timedjoin_np(a->net.io_thread, NULL, &until) != 0) {
+    if (pthread_timedjoin_np(n->io_thread, NULL, &until) != 0) {
         zd__log(ZD_LOG_ERROR,
                 "rpc: shutdown: the I/O thread did not stop within %lld ms (a "
                 "future callback stuck in user code?)",
                 (long long)wait_ms);
-        pthread_detach(a->net.io_thread);
-        a->net.io_started = false;
+        pthread_detach(n->io_thread);
+        n->io_started = false;
         return -1;
     }
-    a->net.io_started = false;
+    n->io_started = false;
     return 0;
 }
 
-void zd__transport_close(agent_t *a, bool graceful)
+void zd__transport_close(zd__net_t *n, bool graceful)
 {
     zd__transport_stream_clear();
     /* Graceful: let the last answers reach their destination. */
-    for (int i = 0; a->net.peers && i < a->net.world; i++)
-        close_peer(&a->net.peers[i], graceful ? 2000 : 0);
-    if (a->net.router) {
+    for (int i = 0; n->peers && i < n->world; i++)
+        close_peer(&n->peers[i], graceful ? 2000 : 0);
+    if (n->router) {
         /* Graceful: answers to zd_rpc_sync sockets leave through the ROUTER. */
-        set_int(a->net.router, ZMQ_LINGER, graceful ? 2000 : 0);
-        zmq_close(a->net.router);
+        set_int(n->router, ZMQ_LINGER, graceful ? 2000 : 0);
+        zmq_close(n->router);
     }
-    a->net.router = NULL;
-    if (a->net.wake_fd >= 0)
-        close(a->net.wake_fd);
-    a->net.wake_fd = -1;
-    zd__security_free(&a->net); /* its thread's sockets close before the context ends */
-    if (a->net.ctx)
-        zmq_ctx_term(a->net.ctx);
-    a->net.ctx = NULL;
+    n->router = NULL;
+    if (n->wake_fd >= 0)
+        close(n->wake_fd);
+    n->wake_fd = -1;
+    zd__security_free(n); /* its thread's sockets close before the context ends */
+    if (n->ctx)
+        zmq_ctx_term(n->ctx);
+    n->ctx = NULL;
     zd__rpc_bufcache_enable(false);
     zd__shm_stop();
     zd__rpc_copy_enable(false);
@@ -677,14 +679,14 @@ static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
     return rc < 0 ? rc : oom ? SEND_NO_MEMORY : sent;
 }
 
-int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
+int zd__transport_send(zd__net_t *n, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
                        int n_tensors)
 {
-    peer_t *p = &a->net.peers[dst];
-    h->src = a->net.rank;
+    peer_t *p = &n->peers[dst];
+    h->src = n->rank;
     h->dst = dst;
     rpc_shm_out_t so;
-    if (zd__transport_reach(a, dst, h->timeout_ms) < 0)
+    if (zd__transport_reach(n, dst, h->timeout_ms) < 0)
         return -1;
     zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
     pthread_mutex_lock(&p->lock);
@@ -703,28 +705,28 @@ int zd__transport_send(agent_t *a, int dst, rpc_wire_header_t *h, zd_tensor_t *c
     return 0;
 }
 
-int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t route_len,
+int zd__transport_send_routed(zd__net_t *n, int dst, const uint8_t *route, size_t route_len,
                               rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors)
 {
     if (!route_len)
-        return zd__transport_send(a, dst, h, tensors, n_tensors);
-    peer_t *p = &a->net.peers[dst];
-    h->src = a->net.rank;
+        return zd__transport_send(n, dst, h, tensors, n_tensors);
+    peer_t *p = &n->peers[dst];
+    h->src = n->rank;
     h->dst = dst;
     rpc_shm_out_t so;
     zd__shm_send_prepare(h, tensors, n_tensors, &so); /* the copy, before the lock */
-    pthread_mutex_lock(&a->net.router_lock);
-    int64_t bytes = send_message(a->net.router, route, route_len, h, tensors, n_tensors, &so);
+    pthread_mutex_lock(&n->router_lock);
+    int64_t bytes = send_message(n->router, route, route_len, h, tensors, n_tensors, &so);
     /* Sending may have taken the signal that something arrived: the I/O
        thread polls ZMQ_FD, which is edge-triggered. */
     int events = 0;
     size_t len = sizeof events;
-    zmq_getsockopt(a->net.router, ZMQ_EVENTS, &events, &len);
-    pthread_mutex_unlock(&a->net.router_lock);
+    zmq_getsockopt(n->router, ZMQ_EVENTS, &events, &len);
+    pthread_mutex_unlock(&n->router_lock);
     zd__shm_send_done(&so, bytes >= 0);
     if ((events & ZMQ_POLLIN) && zd__net_thread_role() != ROLE_IO) {
         uint64_t one = 1;
-        if (write(a->net.wake_fd, &one, sizeof one) < 0) {
+        if (write(n->wake_fd, &one, sizeof one) < 0) {
             /* cannot fail on an eventfd this small */
         }
     }
@@ -739,11 +741,11 @@ int zd__transport_send_routed(agent_t *a, int dst, const uint8_t *route, size_t 
     return 0;
 }
 
-int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
+int zd__transport_send_on(zd__net_t *n, void *sock, int dst, rpc_wire_header_t *h,
                           zd_tensor_t *const *tensors, int n_tensors)
 {
-    peer_t *p = &a->net.peers[dst];
-    h->src = a->net.rank;
+    peer_t *p = &n->peers[dst];
+    h->src = n->rank;
     h->dst = dst;
     rpc_shm_out_t so;
     zd__shm_send_prepare(h, tensors, n_tensors, &so);
@@ -760,7 +762,7 @@ int zd__transport_send_on(agent_t *a, void *sock, int dst, rpc_wire_header_t *h,
     return 0;
 }
 
-void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const char *text)
+void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, const char *text)
 {
     size_t len = strlen(text);
     if (len == 0) {
@@ -771,13 +773,13 @@ void zd__transport_answer_error(agent_t *a, const inmsg_t *m, uint64_t id, const
         len = 65536; /* an error text, not a payload */
     rpc_wire_header_t h = {
         .type = RPC_MSG_ERROR, .id = id, .meta = (const uint8_t *)text, .meta_len = len};
-    if (zd__transport_send_routed(a, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
+    if (zd__transport_send_routed(n, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_WARN, "rpc: cannot answer request %llx of rank %d: %s",
                 (unsigned long long)id, m->src, zd_error_last());
 }
 
-void zd__transport_send_error(agent_t *a, int dst, uint64_t id, const char *text)
+void zd__transport_send_error(zd__net_t *n, int dst, uint64_t id, const char *text)
 {
     inmsg_t m = {.src = dst};
-    zd__transport_answer_error(a, &m, id, text);
+    zd__transport_answer_error(n, &m, id, text);
 }

@@ -13,12 +13,15 @@
     would touch it without the lock) and the wake-up eventfd. On its ticks
     it looks at the monitors of the shared sockets and expires calls,
     placeholders and barrier rounds (and once a second, stalled streams).
+    What it hands to the agent (answers, requests, RRef messages, lost
+    peers) and the agent's part of the ticks go through n->up (net.h),
+    one indirect call each, never up by name.
     An idle thread sleeps until the next of these is due, at most
     IO_IDLE_MS: it used to wake every 20 ms, and the 256 waiting trainers
     of an rpc_ps world spent more of the 2 cores on that than the server
     had (perf: 62 % against 18 %). Another thread that arms something
     earlier (a call with a short timeout) wakes it (zd__io_due). */
-#include "rpc/agent/agent.h"
+#include "rpc/net/net.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -29,9 +32,11 @@
 #include <zmq.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
+#include "core/log_private.h"
 #include "rpc/net/security.h"
-#include "rpc/agent/shm.h"
-#include "rpc/agent/stream.h"
+#include "rpc/net/shm.h"
+#include "rpc/net/stream.h"
 
 #define IO_IDLE_MS 250
 #define RECV_BATCH 256
@@ -144,7 +149,7 @@ static void log_unknown_sender(void)
     dropped = 0;
 }
 
-static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
+static int recv_message(zd__net_t *n, void *sock, int expect_src, inmsg_t *m)
 {
     bool routed = expect_src < 0;
     int src = expect_src;
@@ -177,41 +182,41 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
     }
     int64_t bytes = (int64_t)zmq_msg_size(&m->hm);
     bool oom = false;
-    int n = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes, &oom) : 0;
-    if (src < 0 || src >= a->net.world) {
+    int nf = zmq_msg_more(&m->hm) ? recv_frames(sock, m, &bytes, &oom) : 0;
+    if (src < 0 || src >= n->world) {
         log_unknown_sender();
         goto drop;
     }
     /* Under CURVE the routing id must be the rank whose key the connection
        authenticated with; not even an error goes back to a spoofer. */
-    if (routed && !zd__security_sender_ok(&a->net, &m->hm, src))
+    if (routed && !zd__security_sender_ok(n, &m->hm, src))
         goto drop;
-    atomic_fetch_add_explicit(&a->net.peers[src].m.bytes_received, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&n->peers[src].m.bytes_received, bytes, memory_order_relaxed);
     rpc_wire_header_t *h = &m->h;
-    if (n < 0 && !oom) {
+    if (nf < 0 && !oom) {
         zd_error_set("more than %d tensor frames", RPC_CODEC_MAX_TENSORS);
     } else if (zd__rpc_wire_parse(zmq_msg_data(&m->hm), zmq_msg_size(&m->hm), h) < 0) {
         /* error set */
     } else if (h->src != src) {
         zd_error_set("header says rank %d but the connection is rank %d's", h->src, src);
-    } else if (h->dst != a->net.rank) {
-        zd_error_set("message for rank %d delivered to rank %d", h->dst, a->net.rank);
-    } else if (n < 0) {
+    } else if (h->dst != n->rank) {
+        zd_error_set("message for rank %d delivered to rank %d", h->dst, n->rank);
+    } else if (nf < 0) {
         zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory for its %u frames", h->n_tensors);
         /* An answer: its call fails now rather than at its timeout. */
         if (h->type == RPC_MSG_REPLY || h->type == RPC_MSG_ERROR)
-            zd__call_fail_answer(a, h->id, src, zd_error_last(), ZD_ERR_NO_MEMORY);
-    } else if (h->n_tensors != (uint32_t)n) {
-        zd_error_set("header announces %u tensor frames but %d arrived", h->n_tensors, n);
+            n->up.fail_answer(n->up.arg, h->id, src, zd_error_last(), ZD_ERR_NO_MEMORY);
+    } else if (h->n_tensors != (uint32_t)nf) {
+        zd_error_set("header announces %u tensor frames but %d arrived", h->n_tensors, nf);
     } else if (!routed && h->type != RPC_MSG_REPLY && h->type != RPC_MSG_ERROR) {
         zd_error_set("a %s where only answers come", zd__rpc_wire_type_name(h->type));
     } else {
         m->src = src;
-        m->n = n;
+        m->n = nf;
         return 1;
     }
-    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
-            a->net.peers[src].name, src, zd_error_last());
+    zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s", n->peers[src].name,
+            src, zd_error_last());
     /* Answer a request we can identify, so its caller does not wait for
        its timeout. */
     if (routed && zmq_msg_size(&m->hm) >= RPC_WIRE_FIXED) {
@@ -226,22 +231,22 @@ static int recv_message(agent_t *a, void *sock, int expect_src, inmsg_t *m)
         }
     }
 drop:
-    if (n > 0)
-        release_frames(m->frames, n);
+    if (nf > 0)
+        release_frames(m->frames, nf);
     zmq_msg_close(&m->hm);
     return -1;
 }
 
-int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
+int zd__transport_recv(zd__net_t *n, void *sock, int expect_src, inmsg_t *m)
 {
     /* A streamed tensor comes in pieces, messages of their own (wire.h):
        read on until a message is complete or none is left. */
     int rc;
-    while ((rc = recv_message(a, sock, expect_src, m)) > 0 &&
-           (rc = zd__transport_stream_filter(a, sock, m)) == 0) {
+    while ((rc = recv_message(n, sock, expect_src, m)) > 0 &&
+           (rc = zd__transport_stream_filter(n, sock, m)) == 0) {
     }
     if (rc > 0)
-        rc = zd__shm_filter(a, sock, m);
+        rc = zd__shm_filter(n, sock, m);
     return rc;
 }
 
@@ -250,9 +255,9 @@ int zd__transport_recv(agent_t *a, void *sock, int expect_src, inmsg_t *m)
    refused, and it learns why. One this process has not reached since it
    joined the world is refused too, until it is reached (membership.c):
    it is alive, but answers to it could not leave. */
-static bool refuse_lost(agent_t *a, inmsg_t *m)
+static bool refuse_lost(zd__net_t *n, inmsg_t *m)
 {
-    peer_t *p = &a->net.peers[m->h.src];
+    peer_t *p = &n->peers[m->h.src];
     if (!atomic_load(&p->lost_at_ns))
         return false;
     release_frames(m->frames, m->n);
@@ -262,13 +267,13 @@ static bool refuse_lost(agent_t *a, inmsg_t *m)
             snprintf(text, sizeof text,
                      "\"%s\" (rank %d) has not reached you since it joined "
                      "the running world: try again later",
-                     a->name, a->net.rank);
+                     n->name, n->rank);
         else
             snprintf(text, sizeof text,
                      "\"%s\" (rank %d) declared you lost and released what "
                      "you held: leave the world",
-                     a->name, a->net.rank);
-        zd__transport_answer_error(a, m, m->h.id, text);
+                     n->name, n->rank);
+        zd__transport_answer_error(n, m, m->h.id, text);
     }
     return true;
 }
@@ -297,36 +302,29 @@ static bool dropped_by_test(const inmsg_t *m)
     return true;
 }
 
-static void dispatch(agent_t *a, inmsg_t *m)
+/* HELLO and the shared memory's handshake are the net's own; everything
+   else goes up to the agent (n->up.dispatch): answers, requests, RRef
+   control messages. */
+static void dispatch(zd__net_t *n, inmsg_t *m)
 {
     if (dropped_by_test(m)) {
         release_frames(m->frames, m->n);
         return;
     }
-    if (refuse_lost(a, m))
+    if (refuse_lost(n, m))
         return;
     switch (m->h.type) {
     case RPC_MSG_HELLO:
         release_frames(m->frames, m->n);
         break;
-    case RPC_MSG_REPLY:
-    case RPC_MSG_ERROR:
-        zd__call_handle_answer(a, &m->h, m->frames, m->n);
-        break;
-    case RPC_MSG_CALL:
-    case RPC_MSG_REMOTE:
-    case RPC_MSG_RREF_FETCH:
-        zd__serve_request(a, m);
-        break;
     case RPC_MSG_SHM_OFFER:
     case RPC_MSG_SHM_ACCEPT:
     case RPC_MSG_SHM_SEGMENT:
     case RPC_MSG_SHM_MAPPED:
-        zd__shm_handle(a, m);
+        zd__shm_handle(n, m);
         break;
     default:
-        release_frames(m->frames, m->n);
-        zd__rref_handle_control(a, m);
+        n->up.dispatch(n->up.arg, m);
         break;
     }
 }
@@ -335,20 +333,20 @@ static void dispatch(agent_t *a, inmsg_t *m)
    senders take too; it polls the socket's ZMQ_FD rather than the socket,
    since zmq_poll on a socket would touch it without the lock. Returns
    whether a message was there. */
-static bool recv_one(agent_t *a, inmsg_t *m)
+static bool recv_one(zd__net_t *n, inmsg_t *m)
 {
-    pthread_mutex_lock(&a->net.router_lock);
-    int rc = zd__transport_recv(a, a->net.router, -1, m);
-    pthread_mutex_unlock(&a->net.router_lock);
+    pthread_mutex_lock(&n->router_lock);
+    int rc = zd__transport_recv(n, n->router, -1, m);
+    pthread_mutex_unlock(&n->router_lock);
     if (rc > 0) {
         /* Its answer goes back on the shared socket: in a world connected
            on first use, the connection is started now, before the work. */
         if (!m->route_len)
-            zd__transport_open_back(a, m->src);
-        dispatch(a, m);
+            zd__transport_open_back(n, m->src);
+        dispatch(n, m);
         zd__transport_msg_done(m);
     } else if (rc < 0 && m->reject_id) {
-        zd__transport_answer_error(a, m, m->reject_id, m->reject);
+        zd__transport_answer_error(n, m, m->reject_id, m->reject);
     }
     return rc != 0;
 }
@@ -367,7 +365,7 @@ static bool recv_one(agent_t *a, inmsg_t *m)
    with none. Which of them reached the peer cannot be known, so every
    call still waiting for this peer fails now, saying that it may have
    run. Answers that do come later find no call and are dropped. */
-static void fail_interrupted(agent_t *a, peer_t *p)
+static void fail_interrupted(zd__net_t *n, peer_t *p)
 {
     int64_t down_ms = (zd__net_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
     char text[192];
@@ -379,10 +377,10 @@ static void fail_interrupted(agent_t *a, peer_t *p)
             "rpc: connection to \"%s\" (rank %d) came back after %lld ms down; "
             "calls waiting for it fail",
             p->name, p->rank, (long long)down_ms);
-    zd__call_fail_peer(a, p->rank, text, ZD_ERR_PEER);
+    n->up.fail_peer(n->up.arg, p->rank, text, ZD_ERR_PEER);
 }
 
-static void handle_monitor(agent_t *a, peer_t *p)
+static void handle_monitor(zd__net_t *n, peer_t *p)
 {
     zmq_msg_t m;
     zmq_msg_init(&m);
@@ -408,15 +406,15 @@ static void handle_monitor(agent_t *a, peer_t *p)
     if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
         p->remake_at_ns = 0;
         p->up_incarnation = up;
-        if (a->net.io_reached) /* when it was not reached at the join */
-            a->net.io_reached(a->net.io_reached_arg, p->rank);
+        if (n->io_reached) /* when it was not reached at the join */
+            n->io_reached(n->io_reached_arg, p->rank);
         atomic_store(&p->lost, false);
         if (p->fail_at_ns && was_up) /* back within the grace, not declared lost */
-            fail_interrupted(a, p);
+            fail_interrupted(n, p);
         p->fail_at_ns = 0;
         if (p->reoffer) { /* a restarted peer: now a send cannot block */
             p->reoffer = false;
-            zd__shm_offer(a, p->rank);
+            zd__shm_offer(n, p->rank);
         }
     } else if (event == ZMQ_EVENT_DISCONNECTED && !was_up) {
         /* Its first handshake did not complete (the peer's socket gave up
@@ -427,12 +425,12 @@ static void handle_monitor(agent_t *a, peer_t *p)
                 "rpc: connection to \"%s\" (rank %d) dropped before its handshake "
                 "completed; connecting again",
                 p->name, p->rank);
-        if (!p->fail_at_ns && a->heartbeat_ms > 0) {
+        if (!p->fail_at_ns && n->heartbeat_ms > 0) {
             p->down_since_ns = zd__net_now_ns();
-            p->fail_at_ns = zd__deadline_after(p->down_since_ns, a->heartbeat_ms);
+            p->fail_at_ns = zd__deadline_after(p->down_since_ns, n->heartbeat_ms);
         }
     } else if (event == ZMQ_EVENT_DISCONNECTED) {
-        if (!atomic_load(&a->closing))
+        if (!atomic_load(&n->closing))
             zd__log(ZD_LOG_INFO, "rpc: connection to \"%s\" (rank %d) went down", p->name, p->rank);
         atomic_store(&p->lost, true);
         p->down_since_ns = zd__net_now_ns();
@@ -452,11 +450,11 @@ static void handle_monitor(agent_t *a, peer_t *p)
 /* Makes again the sockets of peers that refused our key (handle_monitor);
    true when one was made (the thread polls other monitors now). *due: the
    next one to make, if earlier. */
-static bool remake_refused(agent_t *a, int64_t now, int64_t *due)
+static bool remake_refused(zd__net_t *n, int64_t now, int64_t *due)
 {
     bool made = false;
-    for (int i = 0; i < a->net.world; i++) {
-        peer_t *p = &a->net.peers[i];
+    for (int i = 0; i < n->world; i++) {
+        peer_t *p = &n->peers[i];
         if (!p->remake_at_ns)
             continue;
         if (now < p->remake_at_ns) {
@@ -468,7 +466,7 @@ static bool remake_refused(agent_t *a, int64_t now, int64_t *due)
             continue; /* lost meanwhile: its rejoin makes it */
         /* Another monitor name, and zd_rpc_sync's sockets are made again too. */
         atomic_fetch_add(&p->incarnation, 1);
-        if (zd__transport_renew_peer(a, p) < 0)
+        if (zd__transport_renew_peer(n, p) < 0)
             zd__log(ZD_LOG_WARN, "rpc: cannot connect to \"%s\" (rank %d) again: %s", p->name,
                     p->rank, zd_error_last());
         made = true;
@@ -482,16 +480,16 @@ static bool remake_refused(agent_t *a, int64_t now, int64_t *due)
    costs a system call or more each (libzmq checks getpid for a fork):
    with every peer's monitor in each pass, getpid and poll were the
    largest CPU cost (perf) of the processes of a world of 65 gathering.
-   items[0..n) are monitors, of the peers item_peer[0..n). */
+   items[0..count) are monitors, of the peers item_peer[0..count). */
 #define MONITOR_POLL_MS 50
 
-static void poll_monitors(agent_t *a, zmq_pollitem_t *items, const int *item_peer, int n)
+static void poll_monitors(zd__net_t *n, zmq_pollitem_t *items, const int *item_peer, int count)
 {
-    if (n < 1 || zmq_poll(items, n, 0) <= 0)
+    if (count < 1 || zmq_poll(items, count, 0) <= 0)
         return;
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < count; i++)
         if (items[i].revents & ZMQ_POLLIN)
-            handle_monitor(a, &a->net.peers[item_peer[i]]);
+            handle_monitor(n, &n->peers[item_peer[i]]);
 }
 
 /* Not while joining: on a host with far more processes than cores (65 on
@@ -499,95 +497,93 @@ static void poll_monitors(agent_t *a, zmq_pollitem_t *items, const int *item_pee
    come back; the init barrier's deadline bounds that wait, and a peer
    still down once it is passed is declared lost then. Returns when the
    next peer is due to be declared lost (INT64_MAX: none). */
-static int64_t fail_lost_peers(agent_t *a, int64_t now)
+static int64_t fail_lost_peers(zd__net_t *n, int64_t now)
 {
     int64_t due = INT64_MAX;
-    if (!atomic_load(&a->joined))
+    if (!atomic_load(&n->joined))
         return zd__deadline_after(now, MONITOR_POLL_MS); /* not yet joined: soon again */
-    for (int i = 0; i < a->net.world; i++) {
-        peer_t *p = &a->net.peers[i];
-        if (!p->fail_at_ns || atomic_load(&a->closing))
+    for (int i = 0; i < n->world; i++) {
+        peer_t *p = &n->peers[i];
+        if (!p->fail_at_ns || atomic_load(&n->closing))
             continue;
         if (now < p->fail_at_ns) {
             due = p->fail_at_ns < due ? p->fail_at_ns : due;
             continue;
         }
         p->fail_at_ns = 0;
-        zd__peer_declare_lost(a, i, p->down_since_ns); /* peer_lost.c */
+        n->up.peer_lost(n->up.arg, i, p->down_since_ns);
     }
     return due;
 }
 
 /* What the thread waits on: the ROUTER, the wake-up, each peer's monitor. */
-static int poll_items(agent_t *a, zmq_pollitem_t *items, int *item_peer)
+static int poll_items(zd__net_t *n, zmq_pollitem_t *items, int *item_peer)
 {
-    items[0] = (zmq_pollitem_t){NULL, a->net.router_fd, ZMQ_POLLIN, 0};
-    items[1] = (zmq_pollitem_t){NULL, a->net.wake_fd, ZMQ_POLLIN, 0};
-    int n = 2;
+    items[0] = (zmq_pollitem_t){NULL, n->router_fd, ZMQ_POLLIN, 0};
+    items[1] = (zmq_pollitem_t){NULL, n->wake_fd, ZMQ_POLLIN, 0};
+    int count = 2;
     /* opened before monitor: another thread may be making a peer's socket
        (transport.c), and sets opened once it is made. */
-    for (int i = 0; i < a->net.world; i++)
-        if (atomic_load(&a->net.peers[i].opened) && a->net.peers[i].monitor) {
-            item_peer[n] = i;
-            items[n++] = (zmq_pollitem_t){a->net.peers[i].monitor, 0, ZMQ_POLLIN, 0};
+    for (int i = 0; i < n->world; i++)
+        if (atomic_load(&n->peers[i].opened) && n->peers[i].monitor) {
+            item_peer[count] = i;
+            items[count++] = (zmq_pollitem_t){n->peers[i].monitor, 0, ZMQ_POLLIN, 0};
         }
-    return n;
+    return count;
 }
 
-void zd__io_due(agent_t *a, int64_t due_ns)
+void zd__io_due(zd__net_t *n, int64_t due_ns)
 {
     /* Sequentially consistent against the I/O thread's store before it
        looks at what is due (below): it sees what was armed, or this sees
        its wake time. */
-    if (due_ns >= atomic_load(&a->net.io_wake_ns))
+    if (due_ns >= atomic_load(&n->io_wake_ns))
         return;
     uint64_t one = 1;
-    if (write(a->net.wake_fd, &one, sizeof one) < 0) {
+    if (write(n->wake_fd, &one, sizeof one) < 0) {
         /* cannot be full */
     }
 }
 
 /* The ticks' work; returns how long the thread may sleep after it (ms). */
-static int tick(agent_t *a, int64_t now, zmq_pollitem_t *items, int *item_peer, int *n_items,
+static int tick(zd__net_t *n, int64_t now, zmq_pollitem_t *items, int *item_peer, int *n_items,
                 int64_t *next_monitor_poll, int64_t *next_stream_check, bool *look_again)
 {
     /* The latest it would sleep to, before it looks (zd__io_due). */
     int64_t idle_until = zd__deadline_after(now, IO_IDLE_MS);
-    atomic_store(&a->net.io_wake_ns, idle_until);
+    atomic_store(&n->io_wake_ns, idle_until);
     if (now >= *next_monitor_poll) {
         *next_monitor_poll = zd__deadline_after(now, MONITOR_POLL_MS);
-        poll_monitors(a, items + 2, item_peer + 2, *n_items - 2);
+        poll_monitors(n, items + 2, item_peer + 2, *n_items - 2);
     }
-    int64_t due = fail_lost_peers(a, now);
-    if (remake_refused(a, now, &due)) {
-        *n_items = poll_items(a, items, item_peer);
+    int64_t due = fail_lost_peers(n, now);
+    if (remake_refused(n, now, &due)) {
+        *n_items = poll_items(n, items, item_peer);
         *look_again = true;
     }
-    int64_t t = zd__call_expire(a, now);
+    int64_t t = n->up.expire(n->up.arg, now);
     due = t < due ? t : due;
     if (now >= *next_stream_check) {
         *next_stream_check = now + ZD__NS_PER_S;
         /* Answering on the ROUTER may have taken the edge of its
            ZMQ_FD: look at it once more before sleeping. */
-        *look_again |= zd__transport_stream_expire(a, now) > 0;
+        *look_again |= zd__transport_stream_expire(n, now) > 0;
     }
     due = *next_stream_check < due ? *next_stream_check : due;
-    t = zd__rref_tick(a, now);
-    due = t < due ? t : due;
-    t = zd__shutdown_tick(a, now);
+    t = n->up.tick(n->up.arg, now);
     due = t < due ? t : due;
     if (due >= idle_until)
         return IO_IDLE_MS;
-    atomic_store(&a->net.io_wake_ns, due);
+    atomic_store(&n->io_wake_ns, due);
     int64_t ms = (due - now + ZD__NS_PER_MS - 1) / ZD__NS_PER_MS;
     return ms < 1 ? 1 : (int)ms;
 }
 
 void *zd__transport_io_main(void *arg)
 {
-    agent_t *a = arg;
+    zd__net_t *n = arg;
     zd__net_set_thread_role(ROLE_IO);
-    int n_items = 2 + a->net.world;
+    int n_items = 2 + n->world;
     zmq_pollitem_t *items = calloc((size_t)n_items, sizeof *items);
     int *item_peer = calloc((size_t)n_items, sizeof *item_peer);
     inmsg_t msg = {0};
@@ -597,14 +593,14 @@ void *zd__transport_io_main(void *arg)
         free(item_peer);
         return NULL;
     }
-    n_items = poll_items(a, items, item_peer);
+    n_items = poll_items(n, items, item_peer);
     /* After traffic the thread keeps polling (timeout 0) for the busy-poll
        time before it sleeps again, and it polls while a thread waits for a
        future: see zd__poll_future. */
     int64_t poll_until = 0, next_tick = 0, next_stream_check = 0, next_monitor_poll = 0;
     bool polling = false, look_again = false;
     int sleep_ms = 0; /* until the first tick */
-    while (!atomic_load(&a->net.io_stop)) {
+    while (!atomic_load(&n->io_stop)) {
         if (polling && zd__net_now_ns() >= poll_until) {
             zd__poll_end();
             polling = false;
@@ -612,49 +608,48 @@ void *zd__transport_io_main(void *arg)
         bool may_sleep = !polling && !look_again;
         look_again = false;
         if (may_sleep) {
-            atomic_store(&a->net.io_asleep, true); /* before the look: see zd__poll_future */
-            if (zd__poll_io_wanted(&a->net)) {
-                atomic_store(&a->net.io_asleep, false);
+            atomic_store(&n->io_asleep, true); /* before the look: see zd__poll_future */
+            if (zd__poll_io_wanted(n)) {
+                atomic_store(&n->io_asleep, false);
                 may_sleep = false;
             }
         }
         int rc = zmq_poll(items, 2, may_sleep ? sleep_ms : 0); /* monitors: on ticks */
         if (may_sleep) /* while polling the flag stays down: no store per look */
-            atomic_store(&a->net.io_asleep, false);
+            atomic_store(&n->io_asleep, false);
         if (rc < 0 && errno != EINTR)
             break;
         if (rc > 0 && (items[1].revents & ZMQ_POLLIN)) {
             uint64_t v;
-            if (read(a->net.wake_fd, &v, sizeof v) < 0) {
+            if (read(n->wake_fd, &v, sizeof v) < 0) {
                 /* spurious: nothing to drain */
             }
         }
-        if (atomic_load(&a->net.io_stop))
+        if (atomic_load(&n->io_stop))
             break;
         /* Sockets made on first use by other threads: their monitors. */
-        if (atomic_load(&a->net.peers_opened) && atomic_exchange(&a->net.peers_opened, false))
-            n_items = poll_items(a, items, item_peer);
-        /* A restarted peer's new sockets (a->net.io_renew): the old monitor
+        if (atomic_load(&n->peers_opened) && atomic_exchange(&n->peers_opened, false))
+            n_items = poll_items(n, items, item_peer);
+        /* A restarted peer's new sockets (n->io_renew): the old monitor
            is closed, so its events of this pass are not read. */
-        if (atomic_load(&a->net.renew_pending) && a->net.io_renew &&
-            a->net.io_renew(a->net.io_renew_arg)) {
-            n_items = poll_items(a, items, item_peer);
+        if (atomic_load(&n->renew_pending) && n->io_renew && n->io_renew(n->io_renew_arg)) {
+            n_items = poll_items(n, items, item_peer);
             rc = 0;
             look_again = true;
         }
         int got = 0;
-        while (got < RECV_BATCH && recv_one(a, &msg))
+        while (got < RECV_BATCH && recv_one(n, &msg))
             got++;
         int64_t now = zd__net_now_ns();
         if ((got || rc > 0) && (polling || (polling = zd__poll_begin() > 0)))
-            poll_until = now + a->busy_poll_ns;
+            poll_until = now + n->busy_poll_ns;
         else if (now < next_tick) {
             sched_yield();
             sleep_ms = 1; /* woken for something due (zd__io_due): the tick is next */
             continue;
         } /* an empty look while polling: the ticks can wait */
         next_tick = now + ZD__NS_PER_MS;
-        sleep_ms = tick(a, now, items, item_peer, &n_items, &next_monitor_poll, &next_stream_check,
+        sleep_ms = tick(n, now, items, item_peer, &n_items, &next_monitor_poll, &next_stream_check,
                         &look_again);
     }
     if (polling)

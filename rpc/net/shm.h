@@ -66,7 +66,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rpc/agent/agent.h"
+#include "rpc/net/net.h"
 
 /*  Tensors of more bytes go through shared memory. */
 #define RPC_SHM_OVER     ((size_t)256 << 10)
@@ -87,14 +87,14 @@ typedef struct {
 } rpc_shm_out_t;
 
 /*  At bind: reads ZDIST_SHM and this process's identity. */
-void zd__shm_start(agent_t *a);
+void zd__shm_start(zd__net_t *n);
 
 /*  After the connections are up: sends every other peer an OFFER, and the
     answers to offers that came before. */
-void zd__shm_offer_all(agent_t *a);
+void zd__shm_offer_all(zd__net_t *n);
 
 /*  Sends peer an OFFER (a restarted process under that rank, once connected). */
-void zd__shm_offer(agent_t *a, int peer);
+void zd__shm_offer(zd__net_t *n, int peer);
 
 /*  Peer's process is gone (it is being replaced by a restarted one): sends
     to it go over ZeroMQ until it accepts a new offer, and the segments made
@@ -125,10 +125,10 @@ void zd__shm_send_done(rpc_shm_out_t *out, bool sent);
     filter): returns 1 when m is to be dispatched (unchanged, or with its
     segment tensors in their frames and without the table), -1 when it
     dropped m (logged; m->reject_id set for a request to answer). */
-int zd__shm_filter(agent_t *a, void *sock, inmsg_t *m);
+int zd__shm_filter(zd__net_t *n, void *sock, inmsg_t *m);
 
 /*  OFFER and ACCEPT messages (I/O thread); m's frames are released. */
-void zd__shm_handle(agent_t *a, inmsg_t *m);
+void zd__shm_handle(zd__net_t *n, inmsg_t *m);
 
 /*  What peer answered this process's offer (tests): 1 accepted (tensors to
     it go through shared memory), -1 refused, 0 no answer yet or off here. */
