@@ -197,6 +197,28 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
 
 /* ---- synchronous rounds ---- */
 
+/*  rounds rounds of pull (checked against want, whose steps are the mean
+    of trainers 0 and 1), set the gradients, push. 0, or world_fail's -1. */
+static int sync_rounds(const world_t *w, zd_ps_client_t *ps, zd_nn_module_t *m,
+                       zd_nn_module_t *want, int rounds, const char *step)
+{
+    int rc = 0;
+    for (int round = 0; round < rounds && rc == 0; round++) {
+        const char *bad;
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
+        else if ((bad = differs(m, want)))
+            rc = world_fail(w, "round %d: %s is not %s", round, bad, step);
+        else if (zd_ps_client_version(ps, 0) != round)
+            rc = world_fail(w, "round %d: version %lld", round,
+                            (long long)zd_ps_client_version(ps, 0));
+        else if (set_grads(m, w->rank, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
+        sgd_mean(want, 2, round);
+    }
+    return rc;
+}
+
 static int sync_trainer(const world_t *w)
 {
     const setup_t *su = w->arg;
@@ -212,19 +234,8 @@ static int sync_trainer(const world_t *w)
     WCHECK(ps);
     WTRY(join(w));
     int rc = 0;
-    for (int round = 0; round < 3 && rc == 0; round++) {
-        const char *bad;
-        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
-            rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
-        else if ((bad = differs(m, want)))
-            rc = world_fail(w, "round %d: %s is not the mean-gradient SGD step", round, bad);
-        else if (zd_ps_client_version(ps, 0) != round)
-            rc = world_fail(w, "round %d: version %lld", round,
-                            (long long)zd_ps_client_version(ps, 0));
-        else if (set_grads(m, w->rank, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
-            rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
-        sgd_mean(want, 2, round);
-    }
+    if (rc == 0)
+        rc = sync_rounds(w, ps, m, want, 3, "the mean-gradient SGD step");
     /* Pushing again at the version of the round just done is stale. */
     if (rc == 0 &&
         (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0 ||
@@ -517,19 +528,8 @@ static int three_trainers(const world_t *w)
         else
             raise(SIGKILL);
     }
-    for (int round = 0; round < 4 && rc == 0; round++) {
-        const char *bad;
-        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
-            rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
-        else if ((bad = differs(m, want)))
-            rc = world_fail(w, "round %d: %s is not the step with the survivors' mean", round, bad);
-        else if (zd_ps_client_version(ps, 0) != round)
-            rc = world_fail(w, "round %d: version %lld", round,
-                            (long long)zd_ps_client_version(ps, 0));
-        else if (set_grads(m, w->rank, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
-            rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
-        sgd_mean(want, 2, round);
-    }
+    if (rc == 0)
+        rc = sync_rounds(w, ps, m, want, 4, "the step with the survivors' mean");
     if (rc == 0 && (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || differs(m, want)))
         rc = world_fail(w, "after the last round: %s", zd_error_last());
     zd_rpc_shutdown(true, world_scaled_ms(20000)); /* may report the lost trainer */
