@@ -26,7 +26,7 @@
 #define FN_PULL "__zd_ps_pull_"
 #define FN_PUSH "__zd_ps_push_"
 
-static int read_options(zd_ps_options_t *o, const zd_ps_options_t *in)
+int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in)
 {
     *o = zd_ps_options_default();
     if (in &&
@@ -47,6 +47,11 @@ static int read_options(zd_ps_options_t *o, const zd_ps_options_t *in)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "ps: min_trainers must be in [1, num_trainers = %d], got %d",
                                  o->num_trainers, o->min_trainers);
+    if (o->stage_outputs < 1 || o->stage_outputs > ZD__PS_MAX_TENSORS || o->max_input_numel < 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "ps: stage_outputs must be in [1, %d] and max_input_numel >= 1, "
+                                 "got %d and %" PRId64,
+                                 ZD__PS_MAX_TENSORS, o->stage_outputs, o->max_input_numel);
     return 0;
 }
 
@@ -173,7 +178,7 @@ static zd_named_tensors_t *module_params(const zd_nn_module_t *m)
 }
 
 /*  The first element of t that is not finite, or -1. */
-static int64_t first_not_finite(const zd_tensor_t *t)
+int64_t zd__ps_first_not_finite(const zd_tensor_t *t)
 {
     const float *p = zd_tensor_data(t);
     int64_t n = zd_tensor_numel(t);
@@ -194,7 +199,7 @@ static int check_tensor(const zd_tensor_t *t, const zd_tensor_t *like, const cha
         return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" has shape %s, not %s", name,
                                  zd_tensor_shape_str(t, got, sizeof got),
                                  zd_tensor_shape_str(like, want, sizeof want));
-    int64_t bad = first_not_finite(t);
+    int64_t bad = zd__ps_first_not_finite(t);
     if (bad >= 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" element %" PRId64 " is %g, not finite",
                                  name, bad, (double)zd_tensor_data(t)[bad]);
@@ -579,7 +584,7 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: shard %d of %d", shard, n_shards);
         return NULL;
     }
-    if (read_options(&o, opts) < 0 || check_params(params, "zd_ps_server_new") < 0)
+    if (zd__ps_options_read(&o, opts) < 0 || check_params(params, "zd_ps_server_new") < 0)
         return NULL;
     int *shard_of = split_checked(params, n_shards, "zd_ps_server_new");
     if (!shard_of)
@@ -784,7 +789,7 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
                           n_shards);
         return NULL;
     }
-    if (read_options(&o, opts) < 0 || check_params(params, "zd_ps_client_new") < 0)
+    if (zd__ps_options_read(&o, opts) < 0 || check_params(params, "zd_ps_client_new") < 0)
         return NULL;
     zd_ps_client_t *c = calloc(1, sizeof *c);
     int n = zd_named_tensors_len(params);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  ps_private.h: a shard, shared by ps.c (serving) and checkpoint.c
-    (its files). */
+    (its files), and the options and checks model.c shares with ps.c. */
 #ifndef ZDIST_PS_PRIVATE_H
 #define ZDIST_PS_PRIVATE_H
 
@@ -40,6 +40,16 @@ struct zd_ps_server {
 };
 
 enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
+
+/*  The most tensors a remote model's forward takes or gives at a stage. */
+#define ZD__PS_MAX_TENSORS 64
+
+/*  *o: the defaults, overwritten by in (NULL: none) up to its size, then
+    checked. 0, or -1 (ZD_ERR_ARGUMENT naming the field). */
+int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in);
+
+/*  The first element of the float32 tensor t that is not finite, or -1. */
+int64_t zd__ps_first_not_finite(const zd_tensor_t *t);
 
 /*  Writes the shard's checkpoint (under s->lock): its parameters, its
     optimizer's state and its version, as the newest generation of

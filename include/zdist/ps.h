@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/*  ps.h: a push/pull parameter server for any model (Ray's and ps-lite's
-    pattern), over N server shards.
+/*  ps.h: parameter servers for any model, over N server shards: push/pull
+    (Ray's and ps-lite's pattern, here) and the remote model (PyTorch's
+    parameter-server tutorial, zd_ps_model_*, below).
 
         // every shard process, before zd_rpc_init:
         zd_optim_config_t sgd = zd_optim_sgd_defaults(0.05);
@@ -91,6 +92,10 @@ typedef struct {
        zd_ps_server_* functions. */
     void (*on_step)(void *arg, int shard, int64_t version);
     void *on_step_arg;
+    /* remote model (zd_ps_model_*), shards only: */
+    int stage_outputs;       /* the tensors this shard's stage hands to the next stage (1) */
+    int64_t max_input_numel; /* the most elements a forward's inputs may hold in all: a
+                                peer cannot make the shard allocate without bound (1 << 24) */
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
@@ -104,6 +109,8 @@ static inline zd_ps_options_t zd_ps_options_default(void)
     o.num_trainers = 1;
     o.max_staleness = -1;
     o.min_trainers = 1;
+    o.stage_outputs = 1;
+    o.max_input_numel = (int64_t)1 << 24;
     return o;
 }
 
@@ -202,6 +209,96 @@ ZD_API int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard);
 
 /*  Frees the client (NULL-safe); the replica stays the caller's. */
 ZD_API void zd_ps_client_free(zd_ps_client_t *c);
+
+/*  ---- remote model (PyTorch's parameter-server tutorial) ----
+
+    The model lives on the shards, cut into stages run in order: shard K
+    serves stage K, a module of its own (with one shard, the whole model,
+    as in the tutorial). A trainer runs the forward through RPC, stage
+    after stage (each stage's outputs are the next one's inputs), inside a
+    distributed-autograd context; its backward reaches every stage, and a
+    DistributedOptimizer over every stage's parameters steps them on their
+    shards:
+
+        // every shard process, before zd_rpc_init:
+        zd_ps_model_server_t *srv = zd_ps_model_server_new(stage, shard, n_shards, &opts);
+        // every trainer, before zd_rpc_init:
+        zd_ps_model_t *model = zd_ps_model_new(shard_ranks, n_shards, &sgd, &opts);
+        ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
+            zd_ps_model_forward(model, &x, 1, &y, 1, ZD_TIMEOUT_DEFAULT);
+            ... loss ..., zd_dist_autograd_backward(ctx, &loss, 1, false);
+            zd_ps_model_step(model, ctx);
+        }
+
+    Forwards of several trainers run at once; each reads the stage's
+    parameters with the DistributedOptimizer's steps held off
+    (zd_dist_optim_read_lock), so it never sees half a step, and its
+    backward may run after other trainers' steps (asynchronous SGD, as the
+    tutorial's). Every forward's inputs are checked on the shard before
+    the stage runs: at most 64 tensors, float32 (finite: the error names
+    the input and the element) or int64 (indices), max_input_numel
+    elements in all. A forward in evaluation mode (zd_ps_model_train)
+    waits for the training forwards running, and they for it: a stage's
+    mode is the module's. Trainer calls fail with ZD_ERR_PEER (a shard
+    lost, named), ZD_ERR_STOPPED, ZD_ERR_TIMEOUT, ZD_ERR_ARGUMENT (inputs
+    refused, the text says why) or ZD_ERR_REMOTE (the stage's own error,
+    its text). */
+
+typedef struct zd_ps_model_server zd_ps_model_server_t;
+
+/*  Serves stage (borrowed: it must outlive the server, which runs and
+    steps it in place) as stage `shard` of n_shards, with opts (NULL: the
+    defaults). Installs distributed autograd and the DistributedOptimizer's
+    functions and registers the stage's own; call it before zd_rpc_init,
+    free it after zd_rpc_shutdown. A new object
+    (zd_ps_model_server_free), or NULL (ZD_ERR_ARGUMENT: a bad shard, a
+    stage without forward, bad options; a registration's error). */
+ZD_API zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
+                                                    const zd_ps_options_t *opts);
+
+/*  Stops the stage: every later forward is answered with ZD_ERR_STOPPED
+    (those running finish). 0, or -1 for NULL. */
+ZD_API int zd_ps_model_server_stop(zd_ps_model_server_t *s);
+
+/*  The forwards the stage ran (training and evaluation), or -1 for NULL. */
+ZD_API int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s);
+
+/*  Unregisters the stage's functions and frees the server, not the stage
+    (NULL-safe). After zd_rpc_shutdown, or before zd_rpc_init. */
+ZD_API void zd_ps_model_server_free(zd_ps_model_server_t *s);
+
+typedef struct zd_ps_model zd_ps_model_t;
+
+/*  A trainer's handle on the model whose stages the shards at
+    shard_ranks[0..n_shards-1] serve, stepped by a DistributedOptimizer
+    made from optim. Installs distributed autograd, so call it before
+    zd_rpc_init; it sends nothing yet (the first forward or step fetches
+    the parameters' RRefs and makes the optimizer). One thread at a time.
+    A new object (zd_ps_model_free), or NULL (ZD_ERR_ARGUMENT). */
+ZD_API zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards,
+                                      const zd_optim_config_t *optim, const zd_ps_options_t *opts);
+
+/*  Runs the model's forward on the n_in inputs (borrowed), stage after
+    stage, each call up to timeout_ms (default zd_rpc_get_timeout()), and
+    gives the last stage's first n_out outputs in out (new references).
+    Recorded by distributed autograd inside a context. 0, or -1 with out
+    NULL: the codes above, the text naming the stage's shard. */
+ZD_API int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in,
+                               zd_tensor_t **out, int n_out, int64_t timeout_ms);
+
+/*  Steps every stage's parameters with the gradients of context_id, on
+    their shards (zd_dist_optim_step). 0, or -1 naming the shard. */
+ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
+
+/*  Sets the mode the next forwards run the stages in (training: dropout
+    on; PyTorch's model.train(mode)); returns the previous one. Training
+    is the default. */
+ZD_API bool zd_ps_model_train(zd_ps_model_t *m, bool training);
+
+/*  Releases the optimizer and the parameters' RRefs and frees the handle
+    (NULL-safe); before zd_rpc_shutdown, so that the shards free their
+    optimizers. */
+ZD_API void zd_ps_model_free(zd_ps_model_t *m);
 
 ZD_END_DECLS
 

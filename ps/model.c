@@ -1,0 +1,498 @@
+/* SPDX-License-Identifier: MIT */
+/*  model.c: the remote model (ps.h): stages of a model served by shards,
+    run by trainers through RPC under distributed autograd and stepped by
+    a DistributedOptimizer, as PyTorch's parameter-server tutorial does
+    with one server.
+
+    Shard K serves "__zd_psm_forward_<K>" and "__zd_psm_params_<K>". Both
+    answer a list [code, text, ...] rather than an RPC error, as push and
+    pull do (ps.c): an RPC error reaches the caller as ZD_ERR_REMOTE, and
+    a trainer must tell refused inputs from a stopped shard. The forward's
+    tensors travel inside that list; distributed autograd records every
+    tensor of a message, so the answer's outputs carry the backward to the
+    stage all the same. */
+#include <zdist/ps.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/dist_autograd.h>
+#include <zdist/dist_nn.h>
+#include <zdist/dist_optim.h>
+#include <zdist/error.h>
+#include "ps/ps_private.h"
+
+#define FN_FORWARD "__zd_psm_forward_"
+#define FN_PARAMS  "__zd_psm_params_"
+
+struct zd_ps_model_server {
+    zd_nn_module_t *stage; /* the caller's */
+    int shard, n_shards;
+    zd_ps_options_t opts;
+    char fn_forward[40], fn_params[40];
+
+    /* The stage's mode is the module's own: forwards in one mode run
+       together; a forward in the other mode waits until they are done,
+       and new ones of the first mode wait behind it, so that neither mode
+       starves the other. */
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    bool training;  /* the stage's mode */
+    int running;    /* forwards between their start and their end */
+    int waiting[2]; /* forwards waiting, by mode (1: training) */
+    bool stopped;
+    int64_t forwards;
+};
+
+/*  ---- the shard ---- */
+
+/*  [code, text, tensors...]: a new value, or NULL (out of memory). */
+static zd_value_t *answer_new(zd_error_code_t code, const char *text, zd_tensor_t *const *ts, int n)
+{
+    zd_value_t *v = zd_value_list(2 + (size_t)n);
+    if (v &&
+        (zd_list_append(v, zd_value_int(code)) < 0 ||
+         zd_list_append(v, zd_value_string(text)) < 0)) {
+        zd_value_unref(v);
+        return NULL;
+    }
+    for (int i = 0; v && i < n; i++)
+        if (zd_list_append(v, zd_value_tensor(ts[i])) < 0) {
+            zd_value_unref(v);
+            v = NULL;
+        }
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    return v;
+}
+
+/*  The inputs of a forward, items `from` on of args, into in (borrowed
+    from args), checked before the stage sees them. *n: how many. */
+static int read_inputs(const zd_ps_model_server_t *s, const zd_value_t *args, size_t from,
+                       zd_tensor_t **in, int *n)
+{
+    size_t count = zd_list_len(args) - from;
+    if (count < 1 || count > ZD__PS_MAX_TENSORS)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%zu inputs (1 to %d)", count,
+                                 ZD__PS_MAX_TENSORS);
+    int64_t total = 0;
+    for (size_t i = 0; i < count; i++) {
+        zd_tensor_t *t;
+        if (zd_rpc_arg_tensor(args, from + i, &t) < 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "input %zu is not a tensor", i);
+        zd_tensor_dtype_t dtype = zd_tensor_dtype(t);
+        if (dtype != ZD_FLOAT32 && dtype != ZD_INT64)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "input %zu is %s, not float32 or int64", i,
+                                     zd_tensor_dtype_name(dtype));
+        total += zd_tensor_numel(t);
+        if (total > s->opts.max_input_numel)
+            return zd_error_set_code(
+                ZD_ERR_ARGUMENT, "the inputs hold more than max_input_numel = %" PRId64 " elements",
+                s->opts.max_input_numel);
+        int64_t bad = dtype == ZD_FLOAT32 ? zd__ps_first_not_finite(t) : -1;
+        if (bad >= 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "input %zu element %" PRId64 " is %g, not finite", i, bad,
+                                     (double)zd_tensor_data(t)[bad]);
+        in[i] = t;
+    }
+    *n = (int)count;
+    return 0;
+}
+
+/*  Waits until the stage may run in mode `training`, and counts this
+    forward in: it may flip the mode when nothing runs, or join the
+    forwards of its mode while none of the other mode waits. False when
+    the shard stopped. */
+static bool enter(zd_ps_model_server_t *s, bool training)
+{
+    pthread_mutex_lock(&s->lock);
+    s->waiting[training]++;
+    while (!s->stopped && !(s->running == 0 && s->training != training) &&
+           !(s->training == training && s->waiting[!training] == 0))
+        pthread_cond_wait(&s->changed, &s->lock);
+    s->waiting[training]--;
+    bool ok = !s->stopped;
+    if (ok) {
+        if (s->training != training) {
+            zd_nn_module_train(s->stage, training);
+            s->training = training;
+        }
+        s->running++;
+        s->forwards++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return ok;
+}
+
+static void leave(zd_ps_model_server_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    if (--s->running == 0)
+        pthread_cond_broadcast(&s->changed);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*  [training, n_out, inputs...] -> [code, text, outputs...]; n_out 0:
+    the stage's stage_outputs (a stage before the last). */
+static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    zd_ps_model_server_t *s = arg;
+    zd_tensor_t *in[ZD__PS_MAX_TENSORS], *out[ZD__PS_MAX_TENSORS] = {0};
+    int64_t training, n_out;
+    int n_in = 0;
+    char text[512];
+    if (zd_rpc_arg_int(args, 0, &training) < 0 || zd_rpc_arg_int(args, 1, &n_out) < 0 ||
+        read_inputs(s, args, 2, in, &n_in) < 0) {
+        snprintf(text, sizeof text, "stage %d refused the forward: %s", s->shard, zd_error_last());
+        return answer_new(ZD_ERR_ARGUMENT, text, NULL, 0);
+    }
+    if (n_out == 0)
+        n_out = s->opts.stage_outputs;
+    if (n_out < 1 || n_out > ZD__PS_MAX_TENSORS) {
+        snprintf(text, sizeof text, "stage %d refused the forward: %" PRId64 " outputs (1 to %d)",
+                 s->shard, n_out, ZD__PS_MAX_TENSORS);
+        return answer_new(ZD_ERR_ARGUMENT, text, NULL, 0);
+    }
+    if (!enter(s, training != 0)) {
+        snprintf(text, sizeof text, "stage %d stopped", s->shard);
+        return answer_new(ZD_ERR_STOPPED, text, NULL, 0);
+    }
+    zd_dist_optim_read_lock();
+    int rc = zd_nn_module_forward(s->stage, in, n_in, out, (int)n_out);
+    zd_dist_optim_read_unlock();
+    leave(s);
+    zd_value_t *v;
+    if (rc < 0) {
+        snprintf(text, sizeof text, "stage %d: %s", s->shard, zd_error_last());
+        v = answer_new(ZD_ERR_REMOTE, text, NULL, 0);
+    } else {
+        v = answer_new(ZD_OK, "", out, (int)n_out);
+    }
+    for (int i = 0; i < n_out; i++)
+        zd_tensor_unref(out[i]);
+    return v;
+}
+
+/*  [] -> [code, text, RRef(parameter)...], owned here. */
+static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args;
+    zd_ps_model_server_t *s = arg;
+    zd_rref_list_t *rrefs = zd_dist_nn_parameter_rrefs(s->stage);
+    if (!rrefs)
+        return zd_error_wrap("ps: stage %d", s->shard), NULL;
+    zd_value_t *v = answer_new(ZD_OK, "", NULL, 0);
+    for (int i = 0; v && i < zd_rref_list_len(rrefs); i++)
+        if (zd_list_append(v, zd_value_rref(zd_rref_list_get(rrefs, i))) < 0) {
+            zd_value_unref(v);
+            v = NULL;
+        }
+    zd_rref_list_free(rrefs);
+    return v;
+}
+
+zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
+                                             const zd_ps_options_t *opts)
+{
+    zd_ps_options_t o;
+    if (!stage || n_shards < 1 || shard < 0 || shard >= n_shards) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_server_new: %s",
+                          !stage ? "NULL stage" : "bad shard");
+        return NULL;
+    }
+    if (zd__ps_options_read(&o, opts) < 0)
+        return NULL;
+    if (zd_dist_autograd_init() < 0 || zd_dist_optim_init() < 0) {
+        zd_error_wrap("zd_ps_model_server_new");
+        return NULL;
+    }
+    zd_ps_model_server_t *s = calloc(1, sizeof *s);
+    if (!s) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_server_new: out of memory");
+        return NULL;
+    }
+    s->stage = stage;
+    s->shard = shard;
+    s->n_shards = n_shards;
+    s->opts = o;
+    s->training = zd_nn_module_is_training(stage);
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->changed, NULL);
+    snprintf(s->fn_forward, sizeof s->fn_forward, FN_FORWARD "%d", shard);
+    snprintf(s->fn_params, sizeof s->fn_params, FN_PARAMS "%d", shard);
+    if (zd_rpc_register(s->fn_forward, serve_forward, s) < 0 ||
+        zd_rpc_register(s->fn_params, serve_params, s) < 0) {
+        zd_error_wrap("zd_ps_model_server_new: stage %d", shard);
+        zd_ps_model_server_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+int zd_ps_model_server_stop(zd_ps_model_server_t *s)
+{
+    if (!s)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_server_stop: NULL");
+    pthread_mutex_lock(&s->lock);
+    s->stopped = true;
+    pthread_cond_broadcast(&s->changed);
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s)
+{
+    if (!s)
+        return -1;
+    pthread_mutex_lock(&s->lock);
+    int64_t n = s->forwards;
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
+void zd_ps_model_server_free(zd_ps_model_server_t *s)
+{
+    if (!s)
+        return;
+    zd_rpc_unregister(s->fn_forward);
+    zd_rpc_unregister(s->fn_params);
+    pthread_cond_destroy(&s->changed);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
+
+/*  ---- the trainer ---- */
+
+struct zd_ps_model {
+    int n_shards;
+    int *ranks;
+    zd_optim_config_t optim;
+    zd_dist_optim_t *opt; /* made at the first forward or step */
+    bool training;
+};
+
+zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_optim_config_t *optim,
+                               const zd_ps_options_t *opts)
+{
+    zd_ps_options_t o;
+    if (!shard_ranks || n_shards < 1 || !optim) {
+        zd_error_set_code(ZD_ERR_ARGUMENT,
+                          "zd_ps_model_new: shard_ranks, n_shards >= 1 and optim are required");
+        return NULL;
+    }
+    if (zd_optim_config_check(optim) < 0) {
+        zd_error_wrap("zd_ps_model_new");
+        return NULL;
+    }
+    if (zd__ps_options_read(&o, opts) < 0)
+        return NULL;
+    for (int i = 0; i < n_shards; i++)
+        if (shard_ranks[i] < 0) {
+            zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_new: shard %d has rank %d", i,
+                              shard_ranks[i]);
+            return NULL;
+        }
+    if (zd_dist_autograd_init() < 0) {
+        zd_error_wrap("zd_ps_model_new");
+        return NULL;
+    }
+    zd_ps_model_t *m = calloc(1, sizeof *m);
+    if (m && !(m->ranks = malloc((size_t)n_shards * sizeof *m->ranks))) {
+        free(m);
+        m = NULL;
+    }
+    if (!m) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_new: out of memory");
+        return NULL;
+    }
+    memcpy(m->ranks, shard_ranks, (size_t)n_shards * sizeof *m->ranks);
+    m->n_shards = n_shards;
+    m->optim = *optim;
+    m->training = true;
+    return m;
+}
+
+/*  The error of a call to stage s that failed: a lost shard is
+    ZD_ERR_PEER whatever the call saw first. */
+static int call_failed(const zd_ps_model_t *m, int s, const char *what)
+{
+    zd_error_code_t code = zd_error_code();
+    char text[512];
+    snprintf(text, sizeof text, "%s", zd_error_last());
+    if (code == ZD_ERR_PEER || zd_rpc_peer_is_lost(m->ranks[s]))
+        return zd_error_set_code(ZD_ERR_PEER, "ps: %s: stage %d (rank %d) lost: %s", what, s,
+                                 m->ranks[s], text);
+    return zd_error_set_code(code == ZD_OK ? ZD_ERR_OTHER : code, "ps: %s: stage %d (rank %d): %s",
+                             what, s, m->ranks[s], text);
+}
+
+/*  Calls fn_prefix<s> on stage s with args (taken) and reads the answer's
+    head: 0 with *v (a new reference), or -1 with the code the shard
+    answered (a code it may not answer reads as a bad answer). */
+static int call_stage(const zd_ps_model_t *m, int s, const char *what, const char *fn_prefix,
+                      zd_value_t *args, int64_t timeout_ms, zd_value_t **v)
+{
+    char fn[40];
+    snprintf(fn, sizeof fn, "%s%d", fn_prefix, s);
+    *v = NULL;
+    if (zd_rpc_sync_take(m->ranks[s], fn, args, timeout_ms, v) < 0)
+        return call_failed(m, s, what);
+    int64_t code;
+    const char *text;
+    if (zd_rpc_arg_int(*v, 0, &code) < 0 || zd_rpc_arg_string(*v, 1, &text) < 0) {
+        zd_value_unref(*v);
+        *v = NULL;
+        return zd_error_set_code(ZD_ERR_REMOTE, "ps: %s: stage %d (rank %d) answered badly: %s",
+                                 what, s, m->ranks[s], zd_error_last());
+    }
+    if (code == ZD_OK)
+        return 0;
+    zd_error_code_t c = code == ZD_ERR_ARGUMENT || code == ZD_ERR_STOPPED ||
+            code == ZD_ERR_REMOTE || code == ZD_ERR_NO_MEMORY
+        ? (zd_error_code_t)code
+        : ZD_ERR_REMOTE;
+    zd_error_set_code(c, "ps: %s: stage %d (rank %d): %.400s", what, s, m->ranks[s], text);
+    zd_value_unref(*v);
+    *v = NULL;
+    return -1;
+}
+
+/*  The first forward or step: RRefs to every stage's parameters, and the
+    DistributedOptimizer over all of them. */
+static int ensure_optimizer(zd_ps_model_t *m)
+{
+    if (m->opt)
+        return 0;
+    zd_rref_list_t *all = zd_rref_list_new();
+    if (!all)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    int rc = 0;
+    for (int s = 0; rc == 0 && s < m->n_shards; s++) {
+        zd_value_t *v;
+        rc = call_stage(m, s, "parameters", FN_PARAMS, zd_value_list(0), ZD_TIMEOUT_DEFAULT, &v);
+        for (size_t i = 2; rc == 0 && i < zd_list_len(v); i++) {
+            zd_rref_t *r;
+            if (zd_rpc_arg_rref(v, i, &r) < 0 || zd_rref_list_append(all, r) < 0)
+                rc = zd_error_wrap("ps: parameters of stage %d (rank %d)", s, m->ranks[s]);
+        }
+        zd_value_unref(v);
+    }
+    if (rc == 0 && !(m->opt = zd_dist_optim_new(&m->optim, all)))
+        rc = zd_error_wrap("ps: the model's optimizer");
+    zd_rref_list_free(all);
+    return rc;
+}
+
+/*  [training, n_out, in...] for a stage: a new value, or NULL. */
+static zd_value_t *forward_args(bool training, int n_out, zd_tensor_t *const *in, int n_in)
+{
+    zd_value_t *args = zd_value_list(2 + (size_t)n_in);
+    if (args &&
+        (zd_list_append(args, zd_value_int(training)) < 0 ||
+         zd_list_append(args, zd_value_int(n_out)) < 0)) {
+        zd_value_unref(args);
+        return NULL;
+    }
+    for (int i = 0; args && i < n_in; i++)
+        if (zd_list_append(args, zd_value_tensor(in[i])) < 0) {
+            zd_value_unref(args);
+            args = NULL;
+        }
+    return args;
+}
+
+static void unref_all(zd_tensor_t **ts, int n)
+{
+    for (int i = 0; i < n; i++)
+        zd_tensor_unref_p(&ts[i]);
+}
+
+int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                        int n_out, int64_t timeout_ms)
+{
+    for (int i = 0; out && i >= 0 && i < n_out && i < ZD__PS_MAX_TENSORS; i++)
+        out[i] = NULL;
+    if (!m || !in || n_in < 1 || n_in > ZD__PS_MAX_TENSORS || !out || n_out < 1 ||
+        n_out > ZD__PS_MAX_TENSORS)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_ps_model_forward: a model, 1 to %d inputs and 1 to %d "
+                                 "outputs are required",
+                                 ZD__PS_MAX_TENSORS, ZD__PS_MAX_TENSORS);
+    if (ensure_optimizer(m) < 0)
+        return -1;
+    /* Each stage's outputs are the next one's inputs. */
+    zd_tensor_t *cur[ZD__PS_MAX_TENSORS] = {0};
+    int n_cur = n_in;
+    for (int i = 0; i < n_in; i++)
+        cur[i] = zd_tensor_ref(in[i]);
+    int rc = 0;
+    for (int s = 0; rc == 0 && s < m->n_shards; s++) {
+        bool last = s == m->n_shards - 1;
+        zd_value_t *args = forward_args(m->training, last ? n_out : 0, cur, n_cur), *v = NULL;
+        unref_all(cur, n_cur);
+        if (!args) {
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: forward: out of memory");
+            break;
+        }
+        if (call_stage(m, s, "forward", FN_FORWARD, args, timeout_ms, &v) < 0) {
+            rc = -1;
+            break;
+        }
+        size_t got = zd_list_len(v) - 2;
+        n_cur = 0;
+        if (got < 1 || got > ZD__PS_MAX_TENSORS || (last && got != (size_t)n_out))
+            rc = zd_error_set_code(ZD_ERR_REMOTE,
+                                   "ps: forward: stage %d (rank %d) gave %zu outputs%s", s,
+                                   m->ranks[s], got, last ? ", not the ones asked for" : "");
+        for (size_t i = 0; rc == 0 && i < got; i++) {
+            zd_tensor_t *t;
+            if (zd_rpc_arg_tensor(v, 2 + i, &t) < 0)
+                rc = zd_error_set_code(ZD_ERR_REMOTE, "ps: forward: stage %d (rank %d): %s", s,
+                                       m->ranks[s], zd_error_last());
+            else
+                cur[n_cur++] = zd_tensor_ref(t);
+        }
+        zd_value_unref(v);
+    }
+    if (rc < 0) {
+        unref_all(cur, ZD__PS_MAX_TENSORS);
+        return -1;
+    }
+    for (int i = 0; i < n_out; i++)
+        out[i] = cur[i];
+    return 0;
+}
+
+int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
+{
+    if (!m)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_step: NULL");
+    if (ensure_optimizer(m) < 0)
+        return -1;
+    if (zd_dist_optim_step(m->opt, context_id) < 0)
+        return zd_error_wrap("ps: step");
+    return 0;
+}
+
+bool zd_ps_model_train(zd_ps_model_t *m, bool training)
+{
+    if (!m)
+        return false;
+    bool was = m->training;
+    m->training = training;
+    return was;
+}
+
+void zd_ps_model_free(zd_ps_model_t *m)
+{
+    if (!m)
+        return;
+    zd_dist_optim_free(m->opt);
+    free(m->ranks);
+    free(m);
+}

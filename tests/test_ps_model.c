@@ -1,0 +1,561 @@
+/* SPDX-License-Identifier: MIT */
+/*  The remote model (ps.h: zd_ps_model_*) in worlds of real processes: a
+    model of two stages, a hidden layer on shard 0 and a head on shard 1,
+    trained by trainers through RPC under distributed autograd.
+    - one trainer: every step's loss and the stages' parameters after five
+      steps are what the same model gives trained locally with autograd
+      and SGD; a forward in evaluation mode runs the stages in evaluation
+      mode, and training mode comes back after it;
+    - inputs a shard must refuse (a NaN, named with its element; a dtype
+      it does not take; more elements than max_input_numel; more outputs
+      than a stage may give) are refused with ZD_ERR_ARGUMENT before the
+      stage runs; a stopped shard answers ZD_ERR_STOPPED, naming its stage;
+    - two trainers at once, mixing training and evaluation forwards: both
+      lower their loss, and every forward of theirs ran;
+    - a shard killed: the next forward fails with ZD_ERR_PEER naming the
+      stage. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
+#include <zdist/error.h>
+#include <zdist/module.h>
+#include <zdist/nn.h>
+#include <zdist/optim.h>
+#include <zdist/ps.h>
+#include <zdist/rpc.h>
+
+#include "tests/support/world.h"
+
+#define IN      4
+#define HIDDEN  8
+#define OUT     3
+#define BATCH   5
+#define LR      0.1
+#define N_STEPS 5
+
+typedef struct {
+    int n_trainers;
+    int64_t max_input_numel; /* 0: the default */
+    bool kill_shard;         /* trainer 0 has shard 1 killed at the end */
+} setup_t;
+
+/*  ---- the model: two stages ---- */
+
+typedef struct {
+    zd_tensor_t *w, *b; /* borrowed from the module */
+} linear_t;
+
+/*  Stage 0: tanh(x W^T + b). */
+static int hidden_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                          int n_out)
+{
+    linear_t *s = zd_nn_module_state(m);
+    zd_tensor_t *h = NULL;
+    if (n_in != 1 || n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "Hidden: one input, one output");
+    int rc = zd_nn_linear(in[0], s->w, s->b, &h);
+    if (rc == 0)
+        rc = zd_tensor_tanh(h, out);
+    zd_tensor_unref(h);
+    return rc;
+}
+
+/*  Stage 1: h W^T + b, and as a second output (n_out 2) the stage's
+    mode: 1 training, 0 evaluation. */
+static int head_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                        int n_out)
+{
+    linear_t *s = zd_nn_module_state(m);
+    if (n_in != 1 || n_out < 1 || n_out > 2)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "Head: one input, one or two outputs");
+    if (zd_nn_linear(in[0], s->w, s->b, &out[0]) < 0)
+        return -1;
+    if (n_out == 2) {
+        out[1] = zd_tensor_new(ZD_FLOAT32, NULL, 0);
+        if (!out[1]) {
+            zd_tensor_unref_p(&out[0]);
+            return -1;
+        }
+        zd_tensor_data(out[1])[0] = zd_nn_module_is_training(m) ? 1.0f : 0.0f;
+    }
+    return 0;
+}
+
+/*  A stage of in -> out features, weights drawn from seed as multiples
+    of 1/64 in [-0.5, 0.5). */
+static zd_nn_module_t *make_stage(int which)
+{
+    int64_t in = which == 0 ? IN : HIDDEN, out = which == 0 ? HIDDEN : OUT;
+    linear_t *s = calloc(1, sizeof *s);
+    zd_nn_module_t *m = s ? zd_nn_module_new(which == 0 ? "Hidden" : "Head",
+                                             which == 0 ? hidden_forward : head_forward, s, free)
+                          : NULL;
+    if (!m)
+        return NULL;
+    s->w = zd_nn_module_add_parameter(m, "weight", (int64_t[]){out, in}, 2);
+    s->b = zd_nn_module_add_parameter(m, "bias", (int64_t[]){out}, 1);
+    if (!s->w || !s->b) {
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 7 + (uint64_t)which);
+    for (int64_t k = 0; k < zd_tensor_numel(s->w); k++)
+        zd_tensor_data(s->w)[k] = (float)zd_rng_below(&rng, 64) / 64.0f - 0.5f;
+    for (int64_t k = 0; k < zd_tensor_numel(s->b); k++)
+        zd_tensor_data(s->b)[k] = (float)zd_rng_below(&rng, 64) / 64.0f - 0.5f;
+    return m;
+}
+
+/*  The batch of step `step` (x) and its regression target (y). */
+static void make_batch(int trainer, int step, zd_tensor_t **x, zd_tensor_t **y)
+{
+    *x = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BATCH, IN}, 2);
+    *y = zd_tensor_new(ZD_FLOAT32, (int64_t[]){BATCH, OUT}, 2);
+    if (!*x || !*y)
+        return;
+    for (int64_t k = 0; k < BATCH * IN; k++)
+        zd_tensor_data(*x)[k] = (float)((k * 7 + step * 3 + trainer) % 11) / 11.0f - 0.5f;
+    for (int64_t k = 0; k < BATCH * OUT; k++)
+        zd_tensor_data(*y)[k] = (float)((k * 5 + trainer) % 7) / 7.0f - 0.5f;
+}
+
+/*  ---- the shards ---- */
+
+static zd_nn_module_t *g_stage; /* this shard process's stage */
+static zd_ps_model_server_t *g_server;
+
+/*  "test_stage_params"() -> [weight, bias] of this process's stage. */
+static zd_value_t *fn_stage_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    zd_value_t *v = zd_value_list(2);
+    for (int i = 0; v && i < 2; i++) {
+        zd_tensor_t *copy = zd_tensor_detach_copy(zd_nn_module_param(g_stage, i));
+        if (!copy || zd_list_append(v, zd_value_tensor(copy)) < 0) {
+            zd_value_unref(v);
+            v = NULL;
+        }
+        zd_tensor_unref(copy);
+    }
+    return v;
+}
+
+static zd_value_t *fn_stop(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_ps_model_server_stop(g_server) < 0 ? NULL : zd_value_none();
+}
+
+static zd_value_t *fn_forwards(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_value_int(zd_ps_model_server_forwards(g_server));
+}
+
+/*  Answered before the process dies: the caller then sees it lost. */
+static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    raise(SIGKILL);
+    return NULL;
+}
+
+static int join(const world_t *w)
+{
+    zd_rpc_options_t opts = world_rpc_options(w->port);
+    char name[32];
+    snprintf(name, sizeof name, "worker%d", w->rank);
+    return zd_rpc_init(name, w->rank, w->world_size, &opts);
+}
+
+static int run_shard(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = zd_ps_options_default();
+    if (su->max_input_numel)
+        o.max_input_numel = su->max_input_numel;
+    WCHECK(g_stage = make_stage(w->rank));
+    WCHECK(g_server = zd_ps_model_server_new(g_stage, w->rank, 2, &o));
+    WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
+    WTRY(zd_rpc_register("test_stop", fn_stop, NULL));
+    WTRY(zd_rpc_register("test_forwards", fn_forwards, NULL));
+    WTRY(zd_rpc_register("test_die", fn_die, NULL));
+    WTRY(join(w));
+    int rc = 0;
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_model_server_free(g_server);
+    zd_nn_module_free(g_stage);
+    return rc;
+}
+
+/*  ---- the trainers ---- */
+
+static const int shard_ranks[2] = {0, 1};
+
+/*  One training step through the shards: the loss's value in *loss. */
+static int remote_step(const world_t *w, zd_ps_model_t *model, int trainer, int step, float *loss)
+{
+    zd_tensor_t *x, *y, *out = NULL, *l = NULL;
+    make_batch(trainer, step, &x, &y);
+    int rc = 0;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
+        if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0 ||
+            zd_nn_mse_loss(out, y, &l) < 0 || zd_dist_autograd_backward(ctx, &l, 1, false) < 0 ||
+            zd_ps_model_step(model, ctx) < 0)
+            rc = world_fail(w, "step %d: %s", step, zd_error_last());
+        else
+            *loss = zd_tensor_data(l)[0];
+    }
+    zd_tensor_unref(l);
+    zd_tensor_unref(out);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    return rc;
+}
+
+/*  The same step on the local copy (stages[0..1]) with autograd and SGD. */
+static int local_step(zd_nn_module_t **stages, zd_optim_t *opt, int step, float *loss)
+{
+    zd_tensor_t *x, *y, *h = NULL, *out = NULL, *l = NULL;
+    make_batch(0, step, &x, &y);
+    zd_optim_zero_grad(opt, true);
+    int rc = zd_nn_module_forward(stages[0], &x, 1, &h, 1) < 0 ||
+            zd_nn_module_forward(stages[1], &h, 1, &out, 1) < 0 || zd_nn_mse_loss(out, y, &l) < 0 ||
+            zd_autograd_backward(l, NULL, false) < 0 || zd_optim_step_grad(opt) < 0
+        ? -1
+        : 0;
+    if (rc == 0)
+        *loss = zd_tensor_data(l)[0];
+    zd_tensor_unref(l);
+    zd_tensor_unref(out);
+    zd_tensor_unref(h);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    return rc;
+}
+
+/*  Stage s's parameters (on its shard) against the local copy's. */
+static int same_params(const world_t *w, int s, zd_nn_module_t *local)
+{
+    zd_value_t *v = NULL;
+    if (zd_rpc_sync(s, "test_stage_params", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
+        return world_fail(w, "stage %d's parameters: %s", s, zd_error_last());
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        zd_tensor_t *t, *want = zd_nn_module_param(local, i);
+        if (zd_rpc_arg_tensor(v, (size_t)i, &t) < 0)
+            rc = world_fail(w, "stage %d: %s", s, zd_error_last());
+        for (int64_t k = 0; rc == 0 && k < zd_tensor_numel(want); k++) {
+            float a = zd_tensor_data(t)[k], b = zd_tensor_data(want)[k];
+            if (fabsf(a - b) > 1e-6f * (1 + fabsf(b)))
+                rc = world_fail(w, "stage %d %s[%lld] is %.9g, trained locally %.9g", s,
+                                zd_nn_module_param_name(local, i), (long long)k, a, b);
+        }
+    }
+    zd_value_unref(v);
+    return rc;
+}
+
+/*  A forward asking for the head's mode as a second output: 1 or 0, or
+    -1 when it failed. */
+static int stage_mode(const world_t *w, zd_ps_model_t *model)
+{
+    zd_tensor_t *x, *y, *out[2];
+    make_batch(0, 0, &x, &y);
+    int mode = -1;
+    if (zd_ps_model_forward(model, &x, 1, out, 2, ZD_TIMEOUT_DEFAULT) < 0) {
+        world_fail(w, "forward for the mode: %s", zd_error_last());
+    } else {
+        mode = (int)zd_tensor_data(out[1])[0];
+        zd_tensor_unref(out[0]);
+        zd_tensor_unref(out[1]);
+    }
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    return mode;
+}
+
+static int exact_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
+    WCHECK(model && local[0] && local[1]);
+    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
+                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
+    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
+    WCHECK(opt);
+    WTRY(join(w));
+    int rc = 0;
+    for (int step = 0; rc == 0 && step < N_STEPS; step++) {
+        float remote, want;
+        if (remote_step(w, model, 0, step, &remote) < 0 || local_step(local, opt, step, &want) < 0)
+            rc = world_fail(w, "step %d: %s", step, zd_error_last());
+        else if (fabsf(remote - want) > 1e-6f * (1 + want))
+            rc = world_fail(w, "step %d: loss %.9g, trained locally %.9g", step, remote, want);
+    }
+    for (int s = 0; rc == 0 && s < 2; s++)
+        rc = same_params(w, s, local[s]);
+    /* Evaluation mode reaches the stages, and training mode comes back. */
+    if (rc == 0 && stage_mode(w, model) != 1)
+        rc = world_fail(w, "the stages did not train in training mode");
+    bool was = zd_ps_model_train(model, false);
+    if (rc == 0 && (!was || stage_mode(w, model) != 0))
+        rc = world_fail(w, "evaluation mode did not reach the stages");
+    zd_ps_model_train(model, true);
+    if (rc == 0 && stage_mode(w, model) != 1)
+        rc = world_fail(w, "training mode did not come back");
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_optim_free(opt);
+    zd_nn_module_free(local[0]);
+    zd_nn_module_free(local[1]);
+    return rc;
+}
+
+static int exact_world(const world_t *w)
+{
+    return w->rank < 2 ? run_shard(w) : exact_trainer(w);
+}
+
+static void test_exact(void **state)
+{
+    (void)state;
+    setup_t su = {.n_trainers = 1};
+    world_options_t o = {
+        .world_size = 3, .fn = exact_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/*  ---- refused inputs, a stopped shard ---- */
+
+/*  The forward of in must fail with code, its error holding text. */
+static int expect_refused(const world_t *w, zd_ps_model_t *model, zd_tensor_t *in,
+                          zd_error_code_t code, const char *text)
+{
+    zd_tensor_t *out = NULL;
+    if (zd_ps_model_forward(model, &in, 1, &out, 1, ZD_TIMEOUT_DEFAULT) == 0) {
+        zd_tensor_unref(out);
+        return world_fail(w, "a forward that should fail with \"%s\" ran", text);
+    }
+    if (zd_error_code() != code || !strstr(zd_error_last(), text))
+        return world_fail(w, "expected %s \"%s\", got %s: %s", zd_error_code_name(code), text,
+                          zd_error_code_name(zd_error_code()), zd_error_last());
+    return 0;
+}
+
+static int refusing_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    zd_tensor_t *x, *y;
+    make_batch(0, 0, &x, &y);
+    WCHECK(x && y);
+    zd_tensor_data(x)[3] = NAN;
+    int rc = expect_refused(w, model, x, ZD_ERR_ARGUMENT,
+                            "stage 0 refused the forward: input 0 "
+                            "element 3 is nan, not finite");
+    zd_tensor_t *bytes = zd_tensor_new(ZD_UINT8, (int64_t[]){BATCH, IN}, 2);
+    zd_tensor_t *big = zd_tensor_new(ZD_FLOAT32, (int64_t[]){200, IN}, 2);
+    WCHECK(bytes && big);
+    if (rc == 0)
+        rc = expect_refused(w, model, bytes, ZD_ERR_ARGUMENT, "input 0 is uint8");
+    if (rc == 0) /* the shards' max_input_numel is 500 */
+        rc = expect_refused(w, model, big, ZD_ERR_ARGUMENT, "max_input_numel = 500");
+    /* More outputs than a stage may give, asked of it directly. */
+    zd_value_t *v = NULL;
+    if (rc == 0 &&
+        zd_rpc_sync_take(1, "__zd_psm_forward_1", ZD_ARGS(1, 1000, y), ZD_TIMEOUT_DEFAULT, &v) < 0)
+        rc = world_fail(w, "the raw forward: %s", zd_error_last());
+    const char *text = "";
+    int64_t code = -1;
+    if (rc == 0 &&
+        (zd_rpc_arg_int(v, 0, &code) < 0 || zd_rpc_arg_string(v, 1, &text) < 0 ||
+         code != ZD_ERR_ARGUMENT || !strstr(text, "1000 outputs (1 to 64)")))
+        rc = world_fail(w, "1000 outputs: code %lld, \"%s\"", (long long)code, text);
+    zd_value_unref(v);
+    /* Nothing refused reached a stage. */
+    if (rc == 0 && zd_rpc_sync(0, "test_forwards", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0) {
+        int64_t n = -1;
+        if (zd_value_get_int(v, &n) < 0 || n != 0)
+            rc = world_fail(w, "stage 0 ran %lld forwards", (long long)n);
+        zd_value_unref(v);
+    }
+    /* A good forward still runs; then shard 1 stops. */
+    zd_tensor_data(x)[3] = 0.25f;
+    zd_tensor_t *out = NULL;
+    if (rc == 0 && zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "a good forward: %s", zd_error_last());
+    zd_tensor_unref(out);
+    if (rc == 0 && zd_rpc_sync(1, "test_stop", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
+        rc = world_fail(w, "stop: %s", zd_error_last());
+    zd_value_unref(v);
+    if (rc == 0)
+        rc = expect_refused(w, model, x, ZD_ERR_STOPPED, "stage 1 (rank 1): stage 1 stopped");
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    zd_tensor_unref(bytes);
+    zd_tensor_unref(big);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int refusing_world(const world_t *w)
+{
+    return w->rank < 2 ? run_shard(w) : refusing_trainer(w);
+}
+
+static void test_refused_and_stopped(void **state)
+{
+    (void)state;
+    setup_t su = {.n_trainers = 1, .max_input_numel = 500};
+    world_options_t o = {
+        .world_size = 3, .fn = refusing_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/*  ---- two trainers, then a shard lost ---- */
+
+#define SHARED_STEPS 30
+
+static atomic_int g_others_done; /* trainer 0: trainers that said they are done */
+
+static zd_value_t *fn_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    atomic_fetch_add(&g_others_done, 1);
+    return zd_value_none();
+}
+
+static int sharing_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    int trainer = w->rank - 2;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    if (trainer == 0)
+        WTRY(zd_rpc_register("test_done", fn_done, NULL));
+    WTRY(join(w));
+    int rc = 0;
+    float first = 0, last = 0;
+    for (int step = 0; rc == 0 && step < SHARED_STEPS; step++) {
+        /* The same batch every step, so that the loss must fall. */
+        rc = remote_step(w, model, trainer, 0, step == 0 ? &first : &last);
+        /* An evaluation forward between steps: the other trainer's
+           training forwards and this one take turns at the stages. */
+        if (rc == 0 && step % 3 == trainer) {
+            zd_ps_model_train(model, false);
+            if (stage_mode(w, model) != 0)
+                rc = world_fail(w, "an evaluation forward ran in training mode");
+            zd_ps_model_train(model, true);
+        }
+    }
+    if (rc == 0 && !(last < first))
+        rc = world_fail(w, "the loss went from %g to %g", first, last);
+    /* Trainer 0 has shard 1 killed once the other trainer is done. */
+    zd_value_t *v = NULL;
+    if (trainer != 0 && zd_rpc_sync(2, "test_done", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
+        rc = world_fail(w, "telling trainer 0: %s", zd_error_last());
+    zd_value_unref(v);
+    int64_t deadline = world_now_ms() + world_scaled_ms(30000);
+    while (rc == 0 && trainer == 0 && su->kill_shard && atomic_load(&g_others_done) < 1) {
+        if (world_now_ms() > deadline)
+            rc = world_fail(w, "trainer 1 never said it was done");
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    if (rc == 0 && su->kill_shard && trainer == 0) {
+        v = NULL;
+        zd_rpc_sync(1, "test_die", NULL, world_scaled_ms(5000), &v);
+        zd_value_unref(v);
+        zd_tensor_t *x, *y;
+        make_batch(0, 0, &x, &y);
+        rc = expect_refused(w, model, x, ZD_ERR_PEER, "stage 1 (rank 1) lost");
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
+    }
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int sharing_world(const world_t *w)
+{
+    return w->rank < 2 ? run_shard(w) : sharing_trainer(w);
+}
+
+static void test_two_trainers_then_lost(void **state)
+{
+    (void)state;
+    setup_t su = {.n_trainers = 2, .kill_shard = true};
+    world_options_t o = {.world_size = 4,
+                         .fn = sharing_world,
+                         .arg = &su,
+                         .own_init = true,
+                         .timeout_s = 90,
+                         .expect_exit = {[1] = 128 + SIGKILL}};
+    assert_int_equal(world_run(&o), 0);
+}
+
+/*  ---- bad arguments, no world ---- */
+
+static void test_arguments(void **state)
+{
+    (void)state;
+    zd_nn_module_t *stage = make_stage(0);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    assert_null(zd_ps_model_server_new(NULL, 0, 1, NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_null(zd_ps_model_server_new(stage, 2, 2, NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    zd_ps_options_t o = zd_ps_options_default();
+    o.stage_outputs = 0;
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_non_null(strstr(zd_error_last(), "stage_outputs must be in [1, 64]"));
+    assert_null(zd_ps_model_new(shard_ranks, 0, &sgd, NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_null(zd_ps_model_new((int[]){0, -1}, 2, &sgd, NULL));
+    assert_non_null(strstr(zd_error_last(), "shard 1 has rank -1"));
+    zd_optim_config_t unsized = {.kind = ZD_OPTIM_SGD, .lr = LR};
+    assert_null(zd_ps_model_new(shard_ranks, 2, &unsized, NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    zd_tensor_t *out = NULL;
+    assert_int_equal(zd_ps_model_forward(NULL, NULL, 0, &out, 1, ZD_TIMEOUT_DEFAULT), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_int_equal(zd_ps_model_step(NULL, 1), -1);
+    assert_int_equal(zd_ps_model_server_forwards(NULL), -1);
+    zd_ps_model_free(NULL);
+    zd_ps_model_server_free(NULL);
+    zd_nn_module_free(stage);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_exact),
+        cmocka_unit_test(test_refused_and_stopped),
+        cmocka_unit_test(test_two_trainers_then_lost),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
