@@ -114,7 +114,7 @@ static void refused(const char *prog, const char *const *args, const char *want)
 
 static const char *const examples[] = {
     "examples/rpc_ps", "examples/pipeline", "examples/ps_sync_async", "examples/rnn_rpc",
-    "examples/rl_rpc", "examples/ps_lstm",  "examples/ps_batch"};
+    "examples/rl_rpc", "examples/ps_lstm",  "examples/ps_batch",      "examples/ps_tutorial"};
 
 static void test_world_flags_refused(void **state)
 {
@@ -145,8 +145,9 @@ static void test_world_flags_refused(void **state)
 static void test_non_finite_numbers_refused(void **state)
 {
     (void)state;
-    const char *const progs[] = {"examples/rpc_ps",  "examples/pipeline", "examples/ps_sync_async",
-                                 "examples/rnn_rpc", "examples/rl_rpc",   "examples/train_local"};
+    const char *const progs[] = {
+        "examples/rpc_ps", "examples/pipeline",    "examples/ps_sync_async", "examples/rnn_rpc",
+        "examples/rl_rpc", "examples/train_local", "examples/ps_tutorial"};
     const char *const bad[] = {"nan", "inf", "-inf", "NaN", "infinity"};
     for (size_t i = 0; i < sizeof progs / sizeof progs[0]; i++)
         for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
