@@ -81,79 +81,78 @@ static int model_forward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_t
 
 /* ---- the parameter server ---- */
 
-/*  A training step: pull, forward, backward, push. The loss, or NAN. */
-static double train_step(zd_ps_client_t *ps, zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *y,
-                         zd_tensor_t **h, zd_tensor_t **c)
+/*  A trainer's step between pull and push: the forward from the hidden
+    state (h, c) and the backward; the loss and the new state wait in
+    loss, h_n, c_n until the push is taken (a stale push computes again
+    from the same state). */
+typedef struct {
+    zd_nn_module_t *m;
+    zd_tensor_t *x, *y, *h, *c, *h_n, *c_n;
+    double loss;
+} step_t;
+
+static int compute(void *arg)
 {
-    double loss_value = NAN;
-    zd_nn_module_zero_grad(m);
-    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
-        return NAN;
+    step_t *st = arg;
     zd_scope_t *s = zd_scope_begin();
     zd_tensor_t *logits, *hn, *cn, *loss;
-    if (model_forward(m, x, *h, *c, &logits, &hn, &cn) == 0 &&
-        zd_nn_cross_entropy(logits, y, &loss) == 0 && zd_scope_add(loss) &&
-        zd_autograd_backward(loss, NULL, false) == 0 &&
-        zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0) {
-        loss_value = zd_tensor_data(loss)[0];
+    int rc = model_forward(st->m, st->x, st->h, st->c, &logits, &hn, &cn) == 0 &&
+            zd_nn_cross_entropy(logits, st->y, &loss) == 0 && zd_scope_add(loss) &&
+            zd_autograd_backward(loss, NULL, false) == 0
+        ? 0
+        : -1;
+    if (rc == 0) {
+        st->loss = zd_tensor_data(loss)[0];
         /* the next step starts from these values, without their history */
-        zd_tensor_unref(*h);
-        zd_tensor_unref(*c);
-        *h = zd_tensor_detach(hn);
-        *c = zd_tensor_detach(cn);
+        zd_tensor_unref(st->h_n);
+        zd_tensor_unref(st->c_n);
+        st->h_n = zd_tensor_detach(hn);
+        st->c_n = zd_tensor_detach(cn);
     }
     zd_scope_end(s);
-    return loss_value;
+    return rc;
 }
 
-static int run_trainer(const options_t *o, zd_nn_module_t *m, const corpus_t *text, int index,
-                       const char *me)
+static int run_trainer(const options_t *o, const zd_ps_options_t *po, zd_nn_module_t *m,
+                       const corpus_t *text, int index, const char *me)
 {
     int ranks[64];
     for (int s = 0; s < o->shards; s++)
         ranks[s] = s;
-    zd_ps_options_t po = zd_ps_options_default();
-    po.max_staleness = o->max_staleness;
-    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, (int)o->shards, &po);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, (int)o->shards, po);
     int64_t hs[3] = {o->nlayers, o->batch, o->nhid}, xs[2] = {o->bptt, o->batch},
             ys[1] = {o->bptt * o->batch};
-    zd_tensor_t *h = zd_tensor_new(ZD_FLOAT32, hs, 3), *c = zd_tensor_new(ZD_FLOAT32, hs, 3);
-    zd_tensor_t *x = zd_tensor_new(ZD_INT64, xs, 2), *y = zd_tensor_new(ZD_INT64, ys, 1);
+    step_t st = {.m = m,
+                 .x = zd_tensor_new(ZD_INT64, xs, 2),
+                 .y = zd_tensor_new(ZD_INT64, ys, 1),
+                 .h = zd_tensor_new(ZD_FLOAT32, hs, 3),
+                 .c = zd_tensor_new(ZD_FLOAT32, hs, 3)};
     double first = 0, last = 0;
-    int64_t done = 0, stale = 0, n_last = 0;
-    while (ps && h && c && x && y && done < o->iterations) {
+    int64_t done = 0;
+    while (ps && st.h && st.c && st.x && st.y && done < o->iterations) {
         /* each trainer on its own stretch of the streams */
-        corpus_batch(text, done + 997 * index, o->bptt, o->batch, x, y);
-        double loss = train_step(ps, m, x, y, &h, &c);
-        if (isnan(loss) && zd_error_code() == ZD_ERR_STALE) {
-            stale++; /* computed on parameters too old: pull and compute again */
-            continue;
-        }
-        if (isnan(loss) && zd_error_code() == ZD_ERR_PEER && o->server_wait_s > 0) {
-            printf("%s: %s; waiting up to %lld s for it\n", me, zd_error_last(),
-                   (long long)o->server_wait_s);
-            if (zd_ps_client_wait_shards(ps, o->server_wait_s * 1000) == 0)
-                continue; /* a shard lost came back (restarted with --resume) */
-        }
-        if (isnan(loss))
+        corpus_batch(text, done + 997 * index, o->bptt, o->batch, st.x, st.y);
+        if (zd_ps_client_step(ps, compute, &st, ZD_TIMEOUT_DEFAULT) < 0)
             break;
-        first += done < 10 ? loss : 0;
-        last += done >= o->iterations - 10 ? loss : 0;
-        n_last += done >= o->iterations - 10;
+        zd_tensor_unref(st.h);
+        zd_tensor_unref(st.c);
+        st.h = st.h_n, st.c = st.c_n;
+        st.h_n = st.c_n = NULL;
+        first += done < 10 ? st.loss : 0;
+        last += done >= o->iterations - 10 ? st.loss : 0;
         if (++done % 25 == 0)
-            printf("%s: step %lld  loss %.4f\n", me, (long long)done, loss);
+            printf("%s: step %lld  loss %.4f\n", me, (long long)done, st.loss);
     }
     int status = done == o->iterations ? 0 : 1;
     if (status)
         fprintf(stderr, "ps_lstm: %s: step %lld: %s\n", me, (long long)done + 1, zd_error_last());
     else
         printf("%s: loss went from %.4f (mean of the first 10 steps) to %.4f (mean of the last "
-               "%lld); %lld pushes refused as stale\n",
-               me, first / 10, last / (double)n_last, (long long)n_last, (long long)stale);
-    zd_tensor_unref(h);
-    zd_tensor_unref(c);
-    zd_tensor_unref(x);
-    zd_tensor_unref(y);
+               "10); %lld pushes refused as stale\n",
+               me, first / 10, last / 10, (long long)zd_ps_client_stale_pushes(ps));
+    zd_tensor_t *ts[] = {st.h, st.c, st.x, st.y, st.h_n, st.c_n};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+        zd_tensor_unref(ts[i]);
     zd_ps_client_free(ps);
     return status;
 }
@@ -231,6 +230,7 @@ int main(int argc, char **argv)
     po.checkpoint_every = o.checkpoint ? o.checkpoint_every : 0;
     po.resume = o.resume;
     po.on_step = shard_step;
+    po.server_wait_ms = o.server_wait_s > 0 ? o.server_wait_s * 1000 : ZD_TIMEOUT_DEFAULT;
     if (shard && !(srv = zd_ps_server_new_module(m, (int)w.rank, (int)o.shards, &adam, &po))) {
         fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());
         return 1;
@@ -242,7 +242,7 @@ int main(int argc, char **argv)
     printf("%s: %lld characters, %d distinct; a guess scores ln(%d) = %.3f\n", name,
            (long long)text.n, text.ntoken, text.ntoken, log(text.ntoken));
     /* A shard serves until every trainer is done: it waits without a limit. */
-    int status = shard ? 0 : run_trainer(&o, m, &text, (int)(w.rank - o.shards), name);
+    int status = shard ? 0 : run_trainer(&o, &po, m, &text, (int)(w.rank - o.shards), name);
     if (zd_rpc_shutdown(true, shard ? ZD_TIMEOUT_NONE : ZD_TIMEOUT_DEFAULT) < 0) {
         fprintf(stderr, "ps_lstm: %s: shutdown: %s\n", name, zd_error_last());
         status = 1;

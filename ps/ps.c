@@ -776,6 +776,7 @@ struct zd_ps_client {
     int *shard_of;     /* of each tensor */
     bool *of_shard;    /* scratch: n flags, the tensors of one shard */
     zd_tensor_t **got; /* scratch: n tensors of an answer */
+    int64_t stale;     /* pushes zd_ps_client_step computed again */
 };
 
 zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
@@ -874,6 +875,46 @@ int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
             return zd_error_wrap("ps: shard %d (rank %d) not back", s, c->ranks[s]);
     }
     return 0;
+}
+
+/*  Stale pushes in a row after which a step gives up: the trainer is
+    slower than max_staleness allows, and would otherwise spin. */
+#define MAX_STALE_IN_A_ROW 100
+
+int zd_ps_client_step(zd_ps_client_t *c, zd_ps_compute_fn *compute, void *arg, int64_t timeout_ms)
+{
+    if (!c || !compute)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_step: NULL %s",
+                                 c ? "compute" : "client");
+    for (int stale = 0;;) {
+        for (int i = 0; i < c->n; i++)
+            zd_tensor_clear_grad(c->ts[i]);
+        if (zd_ps_client_pull(c, timeout_ms) == 0) {
+            if (compute(arg) < 0)
+                return zd_error_wrap("ps: step");
+            if (zd_ps_client_push(c, timeout_ms) == 0)
+                return 0;
+        }
+        zd_error_code_t code = zd_error_code();
+        if (code == ZD_ERR_STALE && ++stale < MAX_STALE_IN_A_ROW) {
+            c->stale++;
+            continue;
+        }
+        if (code != ZD_ERR_PEER || c->opts.server_wait_ms < 0)
+            return -1;
+        if (c->opts.server_wait_ms > 0)
+            zd__log(ZD_LOG_WARN, "%s; waiting up to %" PRId64 " s for it", zd_error_last(),
+                    (c->opts.server_wait_ms + 999) / 1000);
+        else
+            zd__log(ZD_LOG_WARN, "%s; waiting for it", zd_error_last());
+        if (zd_ps_client_wait_shards(c, c->opts.server_wait_ms) < 0)
+            return -1;
+    }
+}
+
+int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c)
+{
+    return c ? c->stale : 0;
 }
 
 int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard)

@@ -8,6 +8,8 @@
       ZD_ERR_STOPPED;
     - asynchronous with max_staleness 0 refuses a push computed on an old
       version with ZD_ERR_STALE and leaves the shard as it was;
+      zd_ps_client_step computes such a step again on new parameters, and
+      a computation that fails ends the step without a push;
     - a push of a wrong shape, a wrong dtype, an unknown or missing name,
       or a NaN is refused, naming the tensor, and changes nothing;
     - a shard killed: its trainers' calls fail with ZD_ERR_PEER naming it;
@@ -354,6 +356,56 @@ static int expect_refused(const world_t *w, zd_value_t *args, const char *what)
     return 0;
 }
 
+/*  zd_ps_client_step's computation for trainer a: the replica's
+    gradients of round 2; the first time, trainer b takes a step (round
+    3's gradients) in between, which makes a's push stale. */
+typedef struct {
+    zd_nn_module_t *ma, *mb;
+    zd_ps_client_t *b;
+    int calls;
+    bool fail; /* fail instead, with an error of its own */
+} step_arg_t;
+
+static int step_compute(void *arg)
+{
+    step_arg_t *sa = arg;
+    if (sa->fail)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "no data left");
+    if (++sa->calls == 1 &&
+        (zd_ps_client_pull(sa->b, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(sa->mb, 0, 3) < 0 ||
+         zd_ps_client_push(sa->b, ZD_TIMEOUT_DEFAULT) < 0))
+        return -1;
+    return set_grads(sa->ma, 0, 2);
+}
+
+/*  From version 2: a step of a made stale once by b's step is computed
+    again and taken (versions 3 and 4); a computation that fails ends the
+    step with its error and pushes nothing. */
+static int client_step(const world_t *w, zd_ps_client_t *a, zd_ps_client_t *b, zd_nn_module_t *ma,
+                       zd_nn_module_t *mb, zd_nn_module_t *want)
+{
+    step_arg_t sa = {.ma = ma, .mb = mb, .b = b};
+    if (zd_ps_client_step(a, step_compute, &sa, ZD_TIMEOUT_DEFAULT) < 0)
+        return world_fail(w, "step: %s", zd_error_last());
+    sgd_mean(want, 1, 3);
+    sgd_mean(want, 1, 2);
+    const char *bad;
+    if (sa.calls != 2 || zd_ps_client_stale_pushes(a) != 1)
+        return world_fail(w, "step: %d computations, %lld stale pushes; expected 2 and 1", sa.calls,
+                          (long long)zd_ps_client_stale_pushes(a));
+    if (zd_ps_client_pull(a, ZD_TIMEOUT_DEFAULT) < 0 || (bad = differs(ma, want)) ||
+        zd_ps_client_version(a, 0) != 4)
+        return world_fail(w, "after the step: version %lld", (long long)zd_ps_client_version(a, 0));
+    sa.fail = true;
+    if (zd_ps_client_step(a, step_compute, &sa, ZD_TIMEOUT_DEFAULT) == 0 ||
+        zd_error_code() != ZD_ERR_ARGUMENT || !strstr(zd_error_last(), "ps: step: no data left"))
+        return world_fail(w, "a failed computation: %s", zd_error_last());
+    if (zd_ps_client_pull(a, ZD_TIMEOUT_DEFAULT) < 0 || zd_ps_client_version(a, 0) != 4)
+        return world_fail(w, "a failed computation pushed: version %lld",
+                          (long long)zd_ps_client_version(a, 0));
+    return 0;
+}
+
 static int async_trainer(const world_t *w)
 {
     const setup_t *su = w->arg;
@@ -425,6 +477,8 @@ static int async_trainer(const world_t *w)
     sgd_mean(want, 1, 1);
     if (rc == 0 && ((bad = differs(ma, want)) || zd_ps_client_version(a, 0) != 2))
         rc = world_fail(w, "after two steps: version %lld", (long long)zd_ps_client_version(a, 0));
+    if (rc == 0)
+        rc = client_step(w, a, b, ma, mb, want);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     zd_ps_client_free(a);

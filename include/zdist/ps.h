@@ -96,6 +96,10 @@ typedef struct {
     int stage_outputs;       /* the tensors this shard's stage hands to the next stage (1) */
     int64_t max_input_numel; /* the most elements a forward's inputs may hold in all: a
                                 peer cannot make the shard allocate without bound (1 << 24) */
+    /* trainers only (zd_ps_client_step): */
+    int64_t server_wait_ms; /* how long a step waits for a lost shard to come back
+                               (ZD_TIMEOUT_DEFAULT: it does not wait; ZD_TIMEOUT_NONE: no
+                               limit) */
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
@@ -111,6 +115,7 @@ static inline zd_ps_options_t zd_ps_options_default(void)
     o.min_trainers = 1;
     o.stage_outputs = 1;
     o.max_input_numel = (int64_t)1 << 24;
+    o.server_wait_ms = ZD_TIMEOUT_DEFAULT;
     return o;
 }
 
@@ -202,6 +207,27 @@ ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
     limit); pull next. 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
     ZD_ERR_NOT_INITIALIZED. */
 ZD_API int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms);
+
+/*  A trainer's work on the replica between a pull and a push: the
+    forward and the backward, leaving each tensor's .grad. 0, or -1 with
+    the error set. */
+typedef int(zd_ps_compute_fn)(void *arg);
+
+/*  One training step with the layer's recovery: clears the replica's
+    gradients, pulls, runs compute(arg), pushes (each call up to
+    timeout_ms). A push refused as stale is computed again on a new pull
+    (up to 100 times in a row); after ZD_ERR_PEER the step waits up to
+    opts.server_wait_ms for the shards to be back (logging which one it
+    waits for), then starts again; compute's own failure ends it. 0, or
+    -1 with the code of the call that failed last (ZD_ERR_STALE,
+    ZD_ERR_PEER, ZD_ERR_STOPPED, ZD_ERR_TIMEOUT, ZD_ERR_ARGUMENT) or
+    compute's error. */
+ZD_API int zd_ps_client_step(zd_ps_client_t *c, zd_ps_compute_fn *compute, void *arg,
+                             int64_t timeout_ms);
+
+/*  How many pushes zd_ps_client_step saw refused as stale and computed
+    again, in all (0 for NULL). */
+ZD_API int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c);
 
 /*  The version of shard `shard`'s parameters in the replica: the last
     pull's (-1 before the first pull, or for a bad shard). */
