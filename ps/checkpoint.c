@@ -50,9 +50,10 @@ static int add_prefixed(zd_named_tensors_t *nt, const char *prefix, const char *
     return zd_named_tensors_add(nt, full, t);
 }
 
-static zd_named_tensors_t *snapshot(zd_ps_server_t *s)
+static zd_named_tensors_t *snapshot(const zd__ps_ckpt_t *s, int64_t version)
 {
-    zd_named_tensors_t *nt = zd_named_tensors_new(), *state = zd_optim_state_export(s->opt);
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    zd_named_tensors_t *state = s->opt ? zd_optim_state_export(s->opt) : zd_named_tensors_new();
     zd_tensor_t *meta = zd_tensor_empty(ZD_INT64, (int64_t[]){4}, 1);
     int rc = nt && state && meta ? 0 : -1;
     if (rc == 0) {
@@ -60,7 +61,7 @@ static zd_named_tensors_t *snapshot(zd_ps_server_t *s)
         m[0] = FORMAT;
         m[1] = s->shard;
         m[2] = s->n_shards;
-        m[3] = s->version;
+        m[3] = version;
         rc = zd_named_tensors_add(nt, META, meta);
     }
     for (int i = 0; rc == 0 && i < s->n; i++)
@@ -77,38 +78,48 @@ static zd_named_tensors_t *snapshot(zd_ps_server_t *s)
     return nt;
 }
 
-static void name_of(const zd_ps_server_t *s, int which, char *buf, size_t size)
+static void name_of(const zd__ps_ckpt_t *s, int which, char *buf, size_t size)
 {
-    snprintf(buf, size, "%s%s", s->ckpt_path, suffixes[which]);
+    snprintf(buf, size, "%s%s", s->path, suffixes[which]);
 }
 
-int zd__ps_checkpoint_write(zd_ps_server_t *s)
+char *zd__ps_checkpoint_path(const char *prefix, int shard)
 {
-    if (!s->ckpt_path)
+    size_t len = strlen(prefix) + 32;
+    char *path = malloc(len);
+    if (path)
+        snprintf(path, len, "%s.shard%d", prefix, shard);
+    else
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    return path;
+}
+
+int zd__ps_checkpoint_write(const zd__ps_ckpt_t *s, int64_t version)
+{
+    if (!s->path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d has no checkpoint_path", s->shard);
     char cur[4200], next[4200], prev[4200];
     name_of(s, 0, cur, sizeof cur);
     name_of(s, 1, next, sizeof next);
     name_of(s, 2, prev, sizeof prev);
-    zd_named_tensors_t *nt = snapshot(s);
+    zd_named_tensors_t *nt = snapshot(s, version);
     if (!nt)
-        return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, s->version);
+        return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, version);
     int rc = zd_checkpoint_save(nt, next);
     zd_named_tensors_free(nt);
     if (rc < 0)
-        return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, s->version);
+        return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, version);
     if ((rename(cur, prev) < 0 && errno != ENOENT) || rename(next, cur) < 0)
         return zd_error_set("ps: shard %d: cannot move the checkpoint of version %" PRId64
                             " into %s: %s",
-                            s->shard, s->version, cur, strerror(errno));
-    s->ckpt_version = s->version;
+                            s->shard, version, cur, strerror(errno));
     return 0;
 }
 
 /*  The file's version when it is a whole checkpoint of this shard, whose
     parameters have the served names, dtypes and shapes; else -1 with the
     error set. */
-static int64_t check_file(const zd_ps_server_t *s, zd_named_tensors_t *nt)
+static int64_t check_file(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
 {
     const int64_t *m = meta_of(nt);
     if (!m || m[0] != FORMAT)
@@ -142,7 +153,7 @@ static int64_t check_file(const zd_ps_server_t *s, zd_named_tensors_t *nt)
 
 /*  Takes nt into the shard: the optimizer's state first (refused whole
     when it does not fit), then the parameters. 0, or -1. */
-static int take(zd_ps_server_t *s, zd_named_tensors_t *nt, int64_t version)
+static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
 {
     zd_named_tensors_t *state = zd_named_tensors_new();
     int rc = state ? 0 : -1;
@@ -151,8 +162,10 @@ static int take(zd_ps_server_t *s, zd_named_tensors_t *nt, int64_t version)
         if (strncmp(name, OPTIM, strlen(OPTIM)) == 0)
             rc = zd_named_tensors_add(state, name + strlen(OPTIM), zd_named_tensors_tensor(nt, i));
     }
-    if (rc == 0)
+    if (rc == 0 && s->opt)
         rc = zd_optim_state_import(s->opt, state);
+    else if (rc == 0 && zd_named_tensors_len(state) > 0)
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "an optimizer's state, for a shard without one");
     zd_named_tensors_free(state);
     if (rc < 0)
         return -1;
@@ -162,12 +175,10 @@ static int take(zd_ps_server_t *s, zd_named_tensors_t *nt, int64_t version)
         zd_tensor_t *t = zd_named_tensors_find(nt, full);
         memcpy(zd_tensor_data(s->params[i]), zd_tensor_data(t), zd_tensor_nbytes(t));
     }
-    s->version = version;
-    s->ckpt_version = version;
     return 0;
 }
 
-int zd__ps_checkpoint_resume(zd_ps_server_t *s)
+int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *s, int64_t *version)
 {
     zd_named_tensors_t *best = NULL;
     int64_t best_version = -1;
@@ -198,19 +209,21 @@ int zd__ps_checkpoint_resume(zd_ps_server_t *s)
     }
     if (!found) {
         zd__log(ZD_LOG_INFO, "ps: shard %d: no checkpoint at %s yet: starting anew", s->shard,
-                s->ckpt_path);
-        return 0;
+                s->path);
+        return -1;
     }
     if (!best)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d: no checkpoint can be resumed: %s",
-                                 s->shard, damaged);
+                                 s->shard, damaged),
+               -2;
     if (damaged[0])
         zd__log(ZD_LOG_WARN, "ps: shard %d: passed over %s", s->shard, damaged);
     name_of(s, best_which, name, sizeof name);
-    int rc = take(s, best, best_version);
+    int rc = take(s, best);
     zd_named_tensors_free(best);
     if (rc < 0)
-        return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name);
+        return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name), -2;
+    *version = best_version;
     zd__log(ZD_LOG_INFO, "ps: shard %d: resumed from %s at version %" PRId64, s->shard, name,
             best_version);
     return 0;

@@ -23,6 +23,7 @@
 #include <zdist/dist_nn.h>
 #include <zdist/dist_optim.h>
 #include <zdist/error.h>
+#include "core/log_private.h"
 #include "ps/ps_private.h"
 
 #define FN_FORWARD "__zd_psm_forward_"
@@ -45,6 +46,15 @@ struct zd_ps_model_server {
     int waiting[2]; /* forwards waiting, by mode (1: training) */
     bool stopped;
     int64_t forwards;
+    /* checkpoints: the stage's parameters at a version, the steps
+       distributed optimizers took here (zd_dist_optim_version) on top of
+       the version it resumed from */
+    zd__ps_ckpt_t ckpt; /* ckpt.path NULL: none */
+    char **names;       /* the stage's parameters' names (copies), for ckpt */
+    zd_tensor_t **params;
+    int64_t base_version; /* resumed from (0: a new run) */
+    int64_t ckpt_version; /* the last one written or resumed from */
+    bool writing;
 };
 
 /*  ---- the shard ---- */
@@ -136,6 +146,47 @@ static void leave(zd_ps_model_server_t *s)
     pthread_mutex_unlock(&s->lock);
 }
 
+static int64_t version_of(const zd_ps_model_server_t *s)
+{
+    return s->base_version + (int64_t)zd_dist_optim_version();
+}
+
+/*  Writes the stage's checkpoint at version v, with the steps held off
+    by the caller (zd_dist_optim_read_lock), unless another thread is
+    writing one. 0, or -1. */
+static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
+{
+    pthread_mutex_lock(&s->lock);
+    bool mine = !s->writing;
+    s->writing = true;
+    pthread_mutex_unlock(&s->lock);
+    if (!mine)
+        return 0;
+    int rc = zd__ps_checkpoint_write(&s->ckpt, v);
+    pthread_mutex_lock(&s->lock);
+    s->writing = false;
+    if (rc == 0 && v > s->ckpt_version)
+        s->ckpt_version = v;
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+/*  Before a forward, with the steps held off: the checkpoint due once
+    checkpoint_every steps were taken since the last. A failure is
+    logged; the stage goes on, its last whole generation on disk. */
+static void checkpoint_due(zd_ps_model_server_t *s)
+{
+    int64_t every = s->opts.checkpoint_every, v = version_of(s);
+    pthread_mutex_lock(&s->lock);
+    bool due = s->ckpt.path && every > 0 && v - s->ckpt_version >= every;
+    int64_t last = s->ckpt_version;
+    pthread_mutex_unlock(&s->lock);
+    if (due && write_checkpoint(s, v) < 0)
+        zd__log(ZD_LOG_WARN,
+                "%s (the stage goes on; the last checkpoint is of version %" PRId64 ")",
+                zd_error_last(), last);
+}
+
 /*  [training, n_out, inputs...] -> [code, text, outputs...]; n_out 0:
     the stage's stage_outputs (a stage before the last). */
 static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -163,6 +214,7 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
         return answer_new(ZD_ERR_STOPPED, text, NULL, 0);
     }
     zd_dist_optim_read_lock();
+    checkpoint_due(s);
     int rc = zd_nn_module_forward(s->stage, in, n_in, out, (int)n_out);
     zd_dist_optim_read_unlock();
     leave(s);
@@ -196,6 +248,35 @@ static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg
     return v;
 }
 
+/*  The stage's checkpoint description, and with opts.resume the newest
+    generation there is taken into the stage. 0, or -1. */
+static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
+{
+    int n = zd_nn_module_n_params(s->stage);
+    s->names = calloc((size_t)n + 1, sizeof *s->names);
+    s->params = calloc((size_t)n + 1, sizeof *s->params);
+    if (!s->names || !s->params)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    for (int i = 0; i < n; i++) {
+        s->params[i] = zd_nn_module_param(s->stage, i);
+        if (!(s->names[i] = strdup(zd_nn_module_param_name(s->stage, i))))
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    }
+    s->ckpt = (zd__ps_ckpt_t){
+        .shard = s->shard, .n_shards = s->n_shards, .n = n, .names = s->names, .params = s->params};
+    if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)))
+        return -1;
+    if (!s->opts.resume)
+        return 0;
+    int64_t v;
+    int r = zd__ps_checkpoint_resume(&s->ckpt, &v);
+    if (r == -2)
+        return -1;
+    if (r == 0)
+        s->base_version = s->ckpt_version = v;
+    return 0;
+}
+
 zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
                                              const zd_ps_options_t *opts)
 {
@@ -223,6 +304,11 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     s->training = zd_nn_module_is_training(stage);
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
+    s->ckpt_version = 0;
+    if (o.checkpoint_path && setup_checkpoints(s, o.checkpoint_path) < 0) {
+        zd_ps_model_server_free(s);
+        return NULL;
+    }
     snprintf(s->fn_forward, sizeof s->fn_forward, FN_FORWARD "%d", shard);
     snprintf(s->fn_params, sizeof s->fn_params, FN_PARAMS "%d", shard);
     if (zd_rpc_register(s->fn_forward, serve_forward, s) < 0 ||
@@ -255,12 +341,35 @@ int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s)
     return n;
 }
 
+int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s)
+{
+    if (!s || !s->ckpt.path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_server_checkpoint: %s",
+                                 s ? "no checkpoint_path" : "NULL");
+    zd_dist_optim_read_lock();
+    int rc = write_checkpoint(s, version_of(s));
+    zd_dist_optim_read_unlock();
+    return rc;
+}
+
+int64_t zd_ps_model_server_version(zd_ps_model_server_t *s)
+{
+    return s ? version_of(s) : -1;
+}
+
 void zd_ps_model_server_free(zd_ps_model_server_t *s)
 {
     if (!s)
         return;
-    zd_rpc_unregister(s->fn_forward);
-    zd_rpc_unregister(s->fn_params);
+    if (s->fn_forward[0]) {
+        zd_rpc_unregister(s->fn_forward);
+        zd_rpc_unregister(s->fn_params);
+    }
+    for (int i = 0; s->names && i < s->ckpt.n; i++)
+        free(s->names[i]);
+    free(s->names);
+    free(s->params);
+    free((char *)s->ckpt.path);
     pthread_cond_destroy(&s->changed);
     pthread_mutex_destroy(&s->lock);
     free(s);

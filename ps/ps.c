@@ -294,6 +294,21 @@ static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t ve
     free(fs);
 }
 
+static zd__ps_ckpt_t ckpt_of(const zd_ps_server_t *s)
+{
+    return (zd__ps_ckpt_t){s->ckpt_path, s->shard, s->n_shards, s->n, s->names, s->params, s->opt};
+}
+
+/*  The shard's checkpoint now (under the lock). 0, or -1. */
+static int write_checkpoint(zd_ps_server_t *s)
+{
+    zd__ps_ckpt_t c = ckpt_of(s);
+    if (zd__ps_checkpoint_write(&c, s->version) < 0)
+        return -1;
+    s->ckpt_version = s->version;
+    return 0;
+}
+
 /*  One step with grads (under the lock), and the checkpoint it is due
     for. A checkpoint that fails is logged, not the step's failure: the
     step happened, and the last whole generation stays on disk. */
@@ -305,7 +320,7 @@ static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
     if (s->opts.on_step)
         s->opts.on_step(s->opts.on_step_arg, s->shard, s->version);
     int64_t every = s->opts.checkpoint_every;
-    if (every > 0 && s->version % every == 0 && zd__ps_checkpoint_write(s) < 0)
+    if (every > 0 && s->version % every == 0 && write_checkpoint(s) < 0)
         zd__log(ZD_LOG_WARN,
                 "%s (the shard goes on; the last checkpoint is of version %" PRId64 ")",
                 zd_error_last(), s->ckpt_version);
@@ -630,14 +645,16 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     }
     s->ckpt_version = -1;
     s->opts.checkpoint_path = NULL; /* the caller's: ckpt_path is the shard's copy */
-    if (o.checkpoint_path) {
-        size_t len = strlen(o.checkpoint_path) + 32;
-        if (!(s->ckpt_path = malloc(len)))
-            goto oom;
-        snprintf(s->ckpt_path, len, "%s.shard%d", o.checkpoint_path, shard);
-    }
-    if (o.resume && zd__ps_checkpoint_resume(s) < 0)
+    if (o.checkpoint_path && !(s->ckpt_path = zd__ps_checkpoint_path(o.checkpoint_path, shard)))
         goto fail;
+    if (o.resume) {
+        zd__ps_ckpt_t c = ckpt_of(s);
+        int r = zd__ps_checkpoint_resume(&c, &s->version);
+        if (r == -2)
+            goto fail;
+        if (r == 0)
+            s->ckpt_version = s->version;
+    }
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;
     push.arg = s;
@@ -682,7 +699,7 @@ int zd_ps_server_checkpoint(zd_ps_server_t *s)
     if (!s)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_checkpoint: NULL");
     pthread_mutex_lock(&s->lock);
-    int rc = zd__ps_checkpoint_write(s);
+    int rc = write_checkpoint(s);
     pthread_mutex_unlock(&s->lock);
     return rc;
 }

@@ -51,15 +51,33 @@ int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in);
 /*  The first element of the float32 tensor t that is not finite, or -1. */
 int64_t zd__ps_first_not_finite(const zd_tensor_t *t);
 
-/*  Writes the shard's checkpoint (under s->lock): its parameters, its
-    optimizer's state and its version, as the newest generation of
-    "<checkpoint_path>.shard<K>", the one before kept as ".prev". 0, or
-    -1 with the error set (the older generations left as they were). */
-int zd__ps_checkpoint_write(zd_ps_server_t *s);
+/*  What a checkpoint holds of a shard (checkpoint.c): its parameters,
+    under their names, and its optimizer's state (opt NULL: none). Both
+    kinds of shard describe themselves this way: the push/pull shard its
+    own copies and optimizer, the remote model's its stage's parameters,
+    stepped by the DistributedOptimizer's optimizers. */
+typedef struct {
+    const char *path; /* "<checkpoint_path>.shard<K>" */
+    int shard, n_shards;
+    int n;
+    char *const *names;
+    zd_tensor_t *const *params;
+    zd_optim_t *opt;
+} zd__ps_ckpt_t;
 
-/*  Takes the newest readable generation of the shard's checkpoint into
-    the shard (before it serves): 0 (also when there is none: a new run),
-    or -1 with the error set when files exist and none can be taken. */
-int zd__ps_checkpoint_resume(zd_ps_server_t *s);
+/*  Writes the shard's checkpoint at version, as the newest generation of
+    c->path, the one before kept as ".prev" (the caller keeps the
+    parameters and the optimizer still). 0, or -1 with the error set (the
+    older generations left as they were). */
+int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
+
+/*  Takes the newest readable generation of the checkpoint into the
+    shard's parameters and optimizer (before it serves): 0 with *version
+    its version, or -1 when there is none (a new run); -2 with the error
+    set when files exist and none can be taken. */
+int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *c, int64_t *version);
+
+/*  "<prefix>.shard<shard>": a new string (free), or NULL. */
+char *zd__ps_checkpoint_path(const char *prefix, int shard);
 
 #endif

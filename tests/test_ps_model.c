@@ -13,7 +13,11 @@
     - two trainers at once, mixing training and evaluation forwards: both
       lower their loss, and every forward of theirs ran;
     - a shard killed: the next forward fails with ZD_ERR_PEER naming the
-      stage. */
+      stage;
+    - checkpoints every 2 steps: a second run with resume starts each
+      stage at the last generation of the first (version 4, the parameters
+      of 4 local steps), and a damaged newest generation is passed over
+      for the one before (version 2). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -25,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
@@ -48,6 +53,8 @@ typedef struct {
     int n_trainers;
     int64_t max_input_numel; /* 0: the default */
     bool kill_shard;         /* trainer 0 has shard 1 killed at the end */
+    const char *checkpoint;  /* the shards' checkpoint_path (every 2 steps), or NULL */
+    bool resume;
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -164,6 +171,12 @@ static zd_value_t *fn_forwards(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(zd_ps_model_server_forwards(g_server));
 }
 
+static zd_value_t *fn_version(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_value_int(zd_ps_model_server_version(g_server));
+}
+
 /*  Answered before the process dies: the caller then sees it lost. */
 static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -186,12 +199,16 @@ static int run_shard(const world_t *w)
     zd_ps_options_t o = zd_ps_options_default();
     if (su->max_input_numel)
         o.max_input_numel = su->max_input_numel;
+    o.checkpoint_path = su->checkpoint;
+    o.checkpoint_every = su->checkpoint ? 2 : 0;
+    o.resume = su->resume;
     WCHECK(g_stage = make_stage(w->rank));
     WCHECK(g_server = zd_ps_model_server_new(g_stage, w->rank, 2, &o));
     WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
     WTRY(zd_rpc_register("test_stop", fn_stop, NULL));
     WTRY(zd_rpc_register("test_forwards", fn_forwards, NULL));
     WTRY(zd_rpc_register("test_die", fn_die, NULL));
+    WTRY(zd_rpc_register("test_version", fn_version, NULL));
     WTRY(join(w));
     int rc = 0;
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
@@ -517,6 +534,96 @@ static void test_two_trainers_then_lost(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  ---- checkpoints ---- */
+
+/*  The first run: five steps; the shards write a generation at the
+    forwards after steps 2 and 4 (versions 2 and 4). */
+static int ckpt_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    float loss;
+    for (int step = 0; rc == 0 && step < N_STEPS; step++)
+        rc = remote_step(w, model, 0, step, &loss);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int64_t shard_version(int s)
+{
+    zd_value_t *v = NULL;
+    int64_t n = -1;
+    if (zd_rpc_sync(s, "test_version", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
+        zd_value_get_int(v, &n);
+    zd_value_unref(v);
+    return n;
+}
+
+/*  The second run, resumed: shard 0 from version 4, shard 1 (whose
+    newest generation was damaged) from version 2; each stage holds the
+    parameters of that many local steps. */
+static int resumed_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
+    WCHECK(local[0] && local[1]);
+    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
+                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
+    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
+    WCHECK(opt);
+    WTRY(join(w));
+    int rc = 0;
+    float loss;
+    for (int step = 0; rc == 0 && step < 4; step++) {
+        if (local_step(local, opt, step, &loss) < 0)
+            rc = world_fail(w, "local step %d: %s", step, zd_error_last());
+        if (rc == 0 && step == 1 && (shard_version(1) != 2 || same_params(w, 1, local[1]) < 0))
+            rc = world_fail(w, "stage 1 resumed at version %lld, not 2 and its parameters",
+                            (long long)shard_version(1));
+    }
+    if (rc == 0 && (shard_version(0) != 4 || same_params(w, 0, local[0]) < 0))
+        rc = world_fail(w, "stage 0 resumed at version %lld, not 4 and its parameters",
+                        (long long)shard_version(0));
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_optim_free(opt);
+    zd_nn_module_free(local[0]);
+    zd_nn_module_free(local[1]);
+    return rc;
+}
+
+static int ckpt_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (w->rank < 2)
+        return run_shard(w);
+    return su->resume ? resumed_trainer(w) : ckpt_trainer(w);
+}
+
+static void test_checkpoint_resume(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], path[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 1, .checkpoint = prefix};
+    world_options_t o = {
+        .world_size = 3, .fn = ckpt_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+    /* Shard 1's newest generation, cut short: passed over for the one before. */
+    snprintf(path, sizeof path, "%s.shard1", prefix);
+    assert_int_equal(truncate(path, 100), 0);
+    su.resume = true;
+    assert_int_equal(world_run(&o), 0);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    assert_int_equal(system(path), 0);
+}
+
 /*  ---- bad arguments, no world ---- */
 
 static void test_arguments(void **state)
@@ -552,10 +659,9 @@ static void test_arguments(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_arguments),
-        cmocka_unit_test(test_exact),
-        cmocka_unit_test(test_refused_and_stopped),
-        cmocka_unit_test(test_two_trainers_then_lost),
+        cmocka_unit_test(test_arguments),           cmocka_unit_test(test_exact),
+        cmocka_unit_test(test_refused_and_stopped), cmocka_unit_test(test_two_trainers_then_lost),
+        cmocka_unit_test(test_checkpoint_resume),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -268,7 +268,14 @@ ZD_API void zd_ps_client_free(zd_ps_client_t *c);
     mode is the module's. Trainer calls fail with ZD_ERR_PEER (a shard
     lost, named), ZD_ERR_STOPPED, ZD_ERR_TIMEOUT, ZD_ERR_ARGUMENT (inputs
     refused, the text says why) or ZD_ERR_REMOTE (the stage's own error,
-    its text). */
+    its text).
+
+    Checkpoints (checkpoint_path, checkpoint_every, resume) work as for
+    push/pull shards, on the stage's parameters: a shard writes one at
+    the first forward after every checkpoint_every steps, with the steps
+    held off while it writes, and one made with resume starts its stage
+    from the newest generation it can read. The optimizers' own state
+    (momentum) lives in the trainers' DistributedOptimizers, not in it. */
 
 typedef struct zd_ps_model_server zd_ps_model_server_t;
 
@@ -285,6 +292,18 @@ ZD_API zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int s
 /*  Stops the stage: every later forward is answered with ZD_ERR_STOPPED
     (those running finish). 0, or -1 for NULL. */
 ZD_API int zd_ps_model_server_stop(zd_ps_model_server_t *s);
+
+/*  Writes the stage's checkpoint now (its parameters at its version, as
+    the newest generation of "<checkpoint_path>.shard<K>"), with the
+    steps held off while it writes; a no-op when another thread is
+    writing one at that moment. 0, or -1: ZD_ERR_ARGUMENT (NULL, no
+    checkpoint_path), or the file's error. */
+ZD_API int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s);
+
+/*  The stage's version: the steps the DistributedOptimizers took in this
+    process (zd_dist_optim_version), plus the version it resumed from; -1
+    for NULL. */
+ZD_API int64_t zd_ps_model_server_version(zd_ps_model_server_t *s);
 
 /*  The forwards the stage ran (training and evaluation), or -1 for NULL. */
 ZD_API int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s);
