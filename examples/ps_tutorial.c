@@ -240,6 +240,12 @@ int main(int argc, char **argv)
                 (long long)o.world.world_size);
         return 2;
     }
+    /* The world's processes share this host's cores: a trainer computes
+       only its loss, and a server with several trainers runs their passes
+       side by side, one thread each, rather than each pass on every core
+       while the others wait (as rpc_ps does). */
+    if (o.world.world_size > 2 && zd_nn_set_num_threads(1) < 0)
+        return 1;
     int rc = o.world.rank == 0 ? run_parameter_server(&o) : run_trainer(&o);
     if (rc < 0 && o.world.rank == 0)
         fprintf(stderr, "ps_tutorial: parameter server: %s\n", zd_error_last());

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/dist_nn.h>
 #include <zdist/dist_optim.h>
@@ -213,10 +214,14 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
         snprintf(text, sizeof text, "stage %d stopped", s->shard);
         return answer_new(ZD_ERR_STOPPED, text, NULL, 0);
     }
+    /* An evaluation records no graph here (PyTorch's no_grad()): nothing
+       will go back through it. */
+    bool grad_was = zd_autograd_set_grad_enabled(training != 0);
     zd_dist_optim_read_lock();
     checkpoint_due(s);
     int rc = zd_nn_module_forward(s->stage, in, n_in, out, (int)n_out);
     zd_dist_optim_read_unlock();
+    zd_autograd_set_grad_enabled(grad_was);
     leave(s);
     zd_value_t *v;
     if (rc < 0) {
