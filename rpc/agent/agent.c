@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
-    timeout. Options: world/options.c; worker info: worker_info.c; busy polling:
-    poll.c. Log lines: zd__log (core/log.c). */
+    timeout. Options: world/options.c; worker info: world/worker_info.c;
+    busy polling: poll.c. Log lines: zd__log (core/log.c). */
 #include "rpc/agent/agent.h"
 
 #include <stddef.h>
@@ -35,8 +35,7 @@ agent_t *zd__agent_acquire(void)
     if (a && !atomic_load(&a->net.closing))
         return a;
     atomic_fetch_sub(&g_users, 1);
-    zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
-                      "RPC is not running (call zd_rpc_init first, and not after zd_rpc_shutdown)");
+    zd_error_set_code(ZD_ERR_NOT_INITIALIZED, ZD__RPC_NOT_RUNNING);
     return NULL;
 }
 
@@ -324,7 +323,8 @@ static void agent_teardown(agent_t *a, bool graceful)
     agent_free(a);
 }
 
-/* direct.c's way from an exiting thread to the running agent's sockets. */
+/* direct.c's way from an exiting thread to the running agent's sockets,
+   and worker_info.c's to its peers' table. */
 static zd__net_t *net_acquire(void)
 {
     agent_t *a = zd__agent_try_acquire();
@@ -382,6 +382,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     snprintf(who, sizeof who, "%s/%d", a->name, a->net.rank);
     zd__log_set_who(who);
     zd__direct_hooks(net_acquire, net_release);
+    zd__world_info_hooks(net_acquire, net_release);
     if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(&a->net, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
@@ -397,7 +398,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     /* Published before the I/O thread starts: peers that finished their
        init may call us already, and handlers may call out. */
     atomic_store(&g_agent, a);
-    zd__agent_publish_identity(a);
+    zd__world_publish_identity(&a->net);
     busy_poll_fit(a, p.busy_poll_default);
     zd__poll_set_busy_ns(a->net.busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
@@ -410,7 +411,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     atomic_store(&a->net.joined, joined); /* from now on a peer down is lost (io.c) */
     if (!joined || zd__membership_start(a) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
-        zd__agent_publish_identity(NULL);
+        zd__world_publish_identity(NULL);
         zd__poll_set_busy_ns(0);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
@@ -446,7 +447,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
     if (rc < 0)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
     zd__metrics_out_close(a); /* the last line: after the final barrier, while the agent runs */
-    zd__agent_publish_identity(NULL);
+    zd__world_publish_identity(NULL);
     zd__poll_set_busy_ns(0);
     agent_teardown(a, graceful);
     zd__log(ZD_LOG_INFO, "rpc: shutdown complete");

@@ -23,6 +23,7 @@
 #include "rpc/net/net.h"
 #include "rpc/net/wire.h"
 #include "rpc/world/options.h"
+#include "rpc/world/worker_info.h"
 
 typedef struct pool pool_t;
 typedef struct pending pending_t;
@@ -85,15 +86,7 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
 /*  options.c, launch_env.c: rpc/world/options.h */
 
-/*  ---- worker_info.c ---- */
-
-/*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7", or
-    the name whose lookup gave -1). */
-int zd__agent_check_rank(agent_t *a, int rank, const char *api);
-
-/*  Publishes this process's rank, world size and name for zd_rpc_rank and
-    friends, which read them without taking the agent (NULL: not running). */
-void zd__agent_publish_identity(agent_t *a);
+/*  worker_info.c: rpc/world/worker_info.h */
 
 /*  ---- rendezvous.c ---- */
 
