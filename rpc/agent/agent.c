@@ -383,11 +383,12 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     zd__log_set_who(who);
     zd__direct_hooks(net_acquire, net_release);
     zd__world_info_hooks(net_acquire, net_release);
+    zd__rendezvous_up_t rdv_up = zd__membership_rendezvous_up(a);
     if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(&a->net, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
         zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
-        zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
+        zd__rendezvous_run(&a->net, p.master, p.port, p.o.init_timeout_ms, &rdv_up) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         agent_teardown(a, false);
         zd__log_set_who(NULL);

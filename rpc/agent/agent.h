@@ -88,15 +88,7 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
 /*  worker_info.c: rpc/world/worker_info.h */
 
-/*  ---- rendezvous.c ---- */
-
-/*  Registers with the master at addr:port (hosting it on rank 0) and fills
-    a->net.peers[*].name/endpoint. a->name/rank/world are set, and our own
-    endpoint in a->net.peers[a->net.rank], except on rank 0 when its ROUTER is not
-    bound yet (empty endpoint): rank 0 then binds it on the addresses that
-    route to the workers that registered (addr "": no master address, the
-    rendezvous listens on every interface). 0, or -1. */
-int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
+/*  rendezvous.c: rpc/world/rendezvous_run.h */
 
 /*  transport.c, io.c, stream.c, shm.c: rpc/net/net.h (and stream.h, shm.h) */
 

@@ -59,8 +59,8 @@ struct membership {
     char master[256];
     int port;
     void *desk; /* rank 0: the rendezvous ROUTER */
-    char bound[MEMBERSHIP_MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];
-    char bound_ip[MEMBERSHIP_MAX_BINDS][ZD_ADDR_MAX];
+    char bound[RDV_MAX_BINDS][ZD_RPC_MAX_ENDPOINT + 1];
+    char bound_ip[RDV_MAX_BINDS][ZD_ADDR_MAX];
     int n_bound;
 
     pthread_t thread;
@@ -128,16 +128,28 @@ int zd__membership_new(agent_t *a, const char *master, int port)
     return 0;
 }
 
-void zd__membership_keep_desk(agent_t *a, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
-                              char bound_ip[][ZD_ADDR_MAX], int n_bound)
+/* The rendezvous's hook (zd__rendezvous_up_t.keep_desk), rank 0. */
+static void keep_desk(void *arg, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
+                      char bound_ip[][ZD_ADDR_MAX], int n_bound)
 {
-    membership_t *mb = a->mb;
+    membership_t *mb = ((agent_t *)arg)->mb;
     mb->desk = sock;
-    mb->n_bound = n_bound < MEMBERSHIP_MAX_BINDS ? n_bound : MEMBERSHIP_MAX_BINDS;
+    mb->n_bound = n_bound < RDV_MAX_BINDS ? n_bound : RDV_MAX_BINDS;
     for (int k = 0; k < mb->n_bound; k++) {
         snprintf(mb->bound[k], sizeof mb->bound[k], "%s", bound[k]);
         snprintf(mb->bound_ip[k], sizeof mb->bound_ip[k], "%s", bound_ip[k]);
     }
+}
+
+/* The rendezvous's hook (zd__rendezvous_up_t.mark_lost). */
+static void rdv_mark_lost(void *arg, int rank)
+{
+    zd__membership_mark_lost(arg, rank);
+}
+
+zd__rendezvous_up_t zd__membership_rendezvous_up(agent_t *a)
+{
+    return (zd__rendezvous_up_t){.arg = a, .mark_lost = rdv_mark_lost, .keep_desk = keep_desk};
 }
 
 void zd__membership_mark_lost(agent_t *a, int rank)
@@ -545,7 +557,7 @@ static zmsg_t *running_table(agent_t *a, const char *ep0, int joiner)
     zd__rdv_status(lost, a->net.world, status);
     free(lost);
     /* Ranks whose name this rank 0 never learnt go as empty entries. */
-    zmsg_t *t = zd__rendezvous_table(a, ep0, status);
+    zmsg_t *t = zd__rendezvous_table(&a->net, ep0, status);
     return t;
 }
 
@@ -759,16 +771,16 @@ static void take_table(agent_t *a, const rdv_entry_t *t)
    the ranks this process lost (made anew for each send). */
 static zmsg_t *running_registration(void *arg)
 {
-    agent_t *a = arg;
-    bool *lost = calloc((size_t)a->net.world, sizeof *lost);
+    zd__net_t *n = arg; /* zd__rendezvous_client's arg */
+    bool *lost = calloc((size_t)n->world, sizeof *lost);
     if (!lost)
         return NULL;
-    for (int i = 0; i < a->net.world; i++)
-        lost[i] = i != 0 && i != a->net.rank && atomic_load(&a->net.peers[i].lost_at_ns);
+    for (int i = 0; i < n->world; i++)
+        lost[i] = i != 0 && i != n->rank && atomic_load(&n->peers[i].lost_at_ns);
     char status[RDV_MAX_TEXT];
-    zd__rdv_status(lost, a->net.world, status);
+    zd__rdv_status(lost, n->world, status);
     free(lost);
-    return zd__rendezvous_registration(a, status);
+    return zd__rendezvous_registration(n, status);
 }
 
 static void await_master(agent_t *a, membership_t *mb)
@@ -794,7 +806,7 @@ static void await_master(agent_t *a, membership_t *mb)
     /* Until it answers with a table: an error answer comes from a rank 0
        that is not the new one (the process this one declared lost). */
     reg_client_t c;
-    zd__rendezvous_client(a, ep, &c);
+    zd__rendezvous_client(&a->net, ep, &c);
     c.registration = running_registration;
     c.deadline = deadline;
     c.stop = &mb->stop;

@@ -8,19 +8,18 @@
 
 #include "rpc/net/address.h"
 #include "rpc/world/register.h"
+#include "rpc/world/rendezvous_run.h"
 #include "rpc/agent/agent.h"
-
-#define MEMBERSHIP_MAX_BINDS 8
 
 typedef struct membership membership_t;
 
 /*  Before the rendezvous: a->mb, remembering where the master is. 0, or -1. */
 int zd__membership_new(agent_t *a, const char *master, int port);
 
-/*  Rank 0, at the end of its rendezvous: keeps its socket (taken) and rank
-    0's agent endpoints, to answer processes that restart later. */
-void zd__membership_keep_desk(agent_t *a, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
-                              char bound_ip[][ZD_ADDR_MAX], int n_bound);
+/*  The hooks zd__rendezvous_run reaches membership by (rendezvous_run.h):
+    the ranks a running world lost, and rank 0's socket and agent
+    endpoints, kept to answer processes that restart later. */
+zd__rendezvous_up_t zd__membership_rendezvous_up(agent_t *a);
 
 /*  After zd_rpc_init's last step: starts the thread that answers restarted
     processes (rank 0) or waits for a lost rank 0 (the others). 0, or -1. */
@@ -64,17 +63,6 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
 /*  Runs the zd_rpc_register_peer_joined callbacks (peer_lost.c). */
 void zd__peer_run_joined(agent_t *a, int rank);
 
-/*  rendezvous.c: the table of the world as a->net.peers has it, with ep0 for
-    rank 0 and, when status is not NULL, its status frame. */
-zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status);
-
-/*  rendezvous.c: this process's registration, with status when not NULL. */
-zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status);
-
-/*  rendezvous.c: a registration client (register.h) for this process,
-    to rank 0's rendezvous at ep: its registrations say no status, and it
-    has no deadline, no stop flag and no patience; the caller changes what
-    it needs. */
-void zd__rendezvous_client(agent_t *a, const char *ep, reg_client_t *c);
+/*  rendezvous.c's table, registration and client: rpc/world/rendezvous_run.h */
 
 #endif
