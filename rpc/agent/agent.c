@@ -136,7 +136,8 @@ static void up_fail_peer(void *arg, int peer, const char *text, zd_error_code_t 
 
 static void up_peer_lost(void *arg, int rank, int64_t since_ns)
 {
-    zd__peer_declare_lost(arg, rank, since_ns); /* peer_lost.c */
+    agent_t *a = arg;
+    zd__peer_declare_lost(&a->net, &a->lost_up, rank, since_ns); /* world/peer_lost.c */
 }
 
 static int64_t up_expire(void *arg, int64_t now_ns)
@@ -149,6 +150,31 @@ static int64_t up_tick(void *arg, int64_t now_ns)
     int64_t due = zd__rref_tick(arg, now_ns);
     int64_t t = zd__shutdown_tick(arg, now_ns);
     return t < due ? t : due;
+}
+
+/* ---- the way up from a lost peer (world/peer_lost.h's zd__peer_lost_up_t) ---- */
+
+static void lost_fail(void *arg, int rank, const char *text)
+{
+    agent_t *a = arg;
+    atomic_fetch_add(&a->n_lost, 1);
+    zd__call_fail_peer(a, rank, text, ZD_ERR_PEER);
+    zd__membership_peer_lost(a, rank);
+}
+
+static int lost_submit(void *arg, void (*fn)(void *), void (*drop)(void *), void *job)
+{
+    return zd__pool_submit(((agent_t *)arg)->pool, fn, drop, job);
+}
+
+static void lost_release(void *arg, int rank, const char *text, int *cancelled, int64_t *forks,
+                         int64_t *freed)
+{
+    agent_t *a = arg;
+    *cancelled = zd__serve_cancel_peer(a, rank, text);
+    *forks = zd__rref_release_holder(a, rank, freed);
+    if (a->has_hooks && a->hooks.on_peer_lost)
+        a->hooks.on_peer_lost(a->hooks.arg, rank);
 }
 
 /* ---- lifecycle ---- */
@@ -191,6 +217,8 @@ static agent_t *agent_new(const init_params_t *p)
                                .peer_lost = up_peer_lost,
                                .expire = up_expire,
                                .tick = up_tick};
+    a->lost_up = (zd__peer_lost_up_t){
+        .arg = a, .lost = lost_fail, .submit = lost_submit, .release = lost_release};
     a->net.rank = p->rank;
     a->net.world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;

@@ -23,6 +23,7 @@
 #include "rpc/net/net.h"
 #include "rpc/net/wire.h"
 #include "rpc/world/options.h"
+#include "rpc/world/peer_lost.h"
 #include "rpc/world/worker_info.h"
 
 typedef struct pool pool_t;
@@ -34,10 +35,11 @@ typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];
     _Atomic int64_t timeout_ms; /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
-    atomic_int n_lost;      /* peers declared lost */
-    int64_t master_wait_ms; /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
-    struct membership *mb;  /* restarted processes (membership.c) */
-    atomic_bool ending;     /* rank 0: shutdown's round 0 is complete */
+    atomic_int n_lost;          /* peers declared lost */
+    zd__peer_lost_up_t lost_up; /* peer_lost.c's way up (agent_new) */
+    int64_t master_wait_ms;     /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
+    struct membership *mb;      /* restarted processes (membership.c) */
+    atomic_bool ending;         /* rank 0: shutdown's round 0 is complete */
 
     pool_t *pool;
 
@@ -201,19 +203,12 @@ void zd__shutdown_abort_barrier(agent_t *a);
 /*  The barrier's handler on rank 0 (registered by zd__serve_register_internal). */
 zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
-/*  ---- peer_lost.c: peers that are gone ---- */
+/*  ---- peers that are gone: rpc/world/peer_lost.h, and ---- */
 
-/*  I/O thread: peer rank is lost for good (its connection down since
-    since_ns): fails its calls, then on a pool thread releases its RRef
-    forks and runs the hooks' and the application's callbacks. */
-void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns);
 /*  serve.c: stops waiting for the futures of the calls src made (async
     handlers, RRef fetches) and answers them with text; the futures stay
     their owners'. Returns how many. */
 int zd__serve_cancel_peer(agent_t *a, int src, const char *text);
-/*  True when rank was declared lost; text (may be NULL) gets
-    'peer "NAME" (rank N) lost 3.1 s ago'. */
-bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size);
 
 /*  ---- metrics.c ---- */
 

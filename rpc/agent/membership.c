@@ -305,7 +305,7 @@ int zd__membership_renew(agent_t *a, int rank, const char *name, const char *end
     /* The old process is gone even if its connection here has not said so
        yet: what it held goes first. */
     if (!atomic_load(&p->lost_at_ns))
-        zd__peer_declare_lost(a, rank, now_ns());
+        zd__peer_declare_lost(&a->net, &a->lost_up, rank, now_ns());
     if (!release_over(a, rank, deadline)) {
         pthread_mutex_unlock(&mb->serial);
         return zd_error_set_code(ZD_ERR_TIMEOUT,
@@ -354,7 +354,7 @@ static void run_joined(void *arg)
     int *job = arg;
     agent_t *a = zd__agent_try_acquire();
     if (a)
-        zd__peer_run_joined(a, *job);
+        zd__peer_run_joined(&a->net, *job);
     zd__agent_release(a);
     free(job);
 }
@@ -737,7 +737,7 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
         if (turn >= mb->seen[rank] && !atomic_load(&a->net.peers[rank].lost_at_ns)) {
             zd__log(ZD_LOG_WARN, "rpc: rank 0 reports \"%s\" (rank %d) lost",
                     a->net.peers[rank].name, (int)rank);
-            zd__peer_declare_lost(a, (int)rank, now_ns());
+            zd__peer_declare_lost(&a->net, &a->lost_up, (int)rank, now_ns());
         }
         pthread_mutex_unlock(&mb->serial);
         result = zd_value_none();
@@ -947,7 +947,7 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
         }
         if (now_ns() >= deadline) {
             char text[256] = "";
-            zd__peer_lost(a, rank, text, sizeof text);
+            zd__peer_lost(&a->net, rank, text, sizeof text);
             rc = zd_error_set_code(ZD_ERR_TIMEOUT,
                                    "zd_rpc_wait_peer: %s did not come back "
                                    "within %lld ms",

@@ -60,8 +60,7 @@ zd_value_t *zd__membership_handler(zd_rpc_call_t *call, zd_value_t *args, void *
     peer was lost. */
 zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
-/*  Runs the zd_rpc_register_peer_joined callbacks (peer_lost.c). */
-void zd__peer_run_joined(agent_t *a, int rank);
+/*  zd__peer_run_joined, zd__peer_declare_lost: rpc/world/peer_lost.h */
 
 /*  rendezvous.c's table, registration and client: rpc/world/rendezvous_run.h */
 

@@ -20,21 +20,25 @@ void zd__world_info_hooks(zd__net_t *(*acquire)(void), void (*release)(zd__net_t
     atomic_store(&g_release, release);
 }
 
-/* The running agent's net with one more user, or NULL with the error the
-   agent's own entry points set: no hooks yet means no init yet. */
-static zd__net_t *net_acquire(void)
+zd__net_t *zd__world_try_acquire(void)
 {
     zd__net_t *(*acquire)(void) = atomic_load(&g_acquire);
-    zd__net_t *n = acquire ? acquire() : NULL;
-    if (!n)
-        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, ZD__RPC_NOT_RUNNING);
-    return n;
+    return acquire ? acquire() : NULL; /* no hooks yet: no init yet */
 }
 
-static void net_release(zd__net_t *n)
+void zd__world_release(zd__net_t *n)
 {
     if (n)
         atomic_load (&g_release)(n);
+}
+
+/* The same with the error the agent's own entry points set. */
+static zd__net_t *net_acquire(void)
+{
+    zd__net_t *n = zd__world_try_acquire();
+    if (!n)
+        zd_error_set_code(ZD_ERR_NOT_INITIALIZED, ZD__RPC_NOT_RUNNING);
+    return n;
 }
 
 /* The name of this thread's last zd_rpc_worker lookup that failed, so that
@@ -83,7 +87,7 @@ int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
             zd_error_set_code(ZD_ERR_ARGUMENT, "zd_rpc_get_worker_info: no worker called \"%s\"",
                               name);
     }
-    net_release(n);
+    zd__world_release(n);
     return rc;
 }
 
@@ -99,7 +103,7 @@ int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
         fill_info(&n->peers[rank], out);
         rc = 0;
     }
-    net_release(n);
+    zd__world_release(n);
     return rc;
 }
 
@@ -111,7 +115,7 @@ int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max)
     for (int i = 0; out && i < n->world && i < max; i++)
         fill_info(&n->peers[i], &out[i]);
     int world = n->world;
-    net_release(n);
+    zd__world_release(n);
     return world;
 }
 

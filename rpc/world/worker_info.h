@@ -2,7 +2,8 @@
 /*  worker_info.h: the world table as users see it, and the check of ranks
     given by users (worker_info.c; private to rpc/). It reads the running
     agent's peers through zd__net_t, reached by the hooks the agent
-    installs (zd__world_info_hooks), never through the agent itself. */
+    installs (zd__world_info_hooks), never through the agent itself;
+    peer_lost.c reaches it the same way. */
 #ifndef ZDIST_RPC_WORKER_INFO_H
 #define ZDIST_RPC_WORKER_INFO_H
 
@@ -17,6 +18,11 @@
     set), release gives it back. Installed by the agent at init, before it
     is published; until then, nothing runs. */
 void zd__world_info_hooks(zd__net_t *(*acquire)(void), void (*release)(zd__net_t *n));
+
+/*  Through them: the running agent's net with one more user, or NULL (none
+    runs; no error set), and its release (NULL: nothing to give back). */
+zd__net_t *zd__world_try_acquire(void);
+void zd__world_release(zd__net_t *n);
 
 /*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7", or
     the name whose lookup gave -1). */
