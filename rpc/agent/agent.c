@@ -16,7 +16,7 @@
 #include <zdist/error.h>
 #include "core/sized.h"
 #include "rpc/net/address.h"
-#include "rpc/agent/membership.h"
+#include "rpc/world/membership.h"
 #include "rpc/value/future_hook.h"
 #include "rpc/agent/rref.h"
 #include "rpc/net/security.h"
@@ -159,7 +159,7 @@ static void lost_fail(void *arg, int rank, const char *text)
     agent_t *a = arg;
     atomic_fetch_add(&a->n_lost, 1);
     zd__call_fail_peer(a, rank, text, ZD_ERR_PEER);
-    zd__membership_peer_lost(a, rank);
+    zd__membership_peer_lost(a->mb, rank);
 }
 
 static int lost_submit(void *arg, void (*fn)(void *), void (*drop)(void *), void *job)
@@ -177,13 +177,59 @@ static void lost_release(void *arg, int rank, const char *text, int *cancelled, 
         a->hooks.on_peer_lost(a->hooks.arg, rank);
 }
 
+/* ---- the way up from membership (world/membership.h's zd__membership_up_t)
+   and the rendezvous (world/rendezvous_run.h's zd__rendezvous_up_t) ---- */
+
+static void mb_count_lost(void *arg, int delta)
+{
+    atomic_fetch_add(&((agent_t *)arg)->n_lost, delta);
+}
+
+static void mb_back_in_rounds(void *arg, int rank)
+{
+    agent_t *a = arg;
+    pthread_mutex_lock(&a->barrier_lock);
+    if (a->barrier_last)
+        a->barrier_last[rank] = -1;
+    pthread_mutex_unlock(&a->barrier_lock);
+}
+
+static bool mb_ending(void *arg)
+{
+    return atomic_load(&((agent_t *)arg)->ending);
+}
+
+static zd_future_t *mb_call(void *arg, int to, const char *fn, const char *api, zd_value_t *args,
+                            int64_t timeout_ms)
+{
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .fn = fn,
+                      .api = api,
+                      .args = args,
+                      .timeout_ms = timeout_ms,
+                      .hooked = false};
+    return zd__call_start(arg, to, &req);
+}
+
+static void rdv_mark_lost(void *arg, int rank)
+{
+    zd__membership_mark_lost(((agent_t *)arg)->mb, rank);
+}
+
+static void rdv_keep_desk(void *arg, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
+                          char bound_ip[][ZD_ADDR_MAX], int n_bound)
+{
+    zd__membership_keep_desk(((agent_t *)arg)->mb, sock, bound, bound_ip, n_bound);
+}
+
 /* ---- lifecycle ---- */
 
 static void agent_free(agent_t *a)
 {
     if (!a)
         return;
-    zd__membership_free(a);
+    zd__membership_free(a->mb);
+    a->mb = NULL;
     a->net.up = (zd__net_up_t){0}; /* no thread is left to use it */
     if (a->net.peers) {
         for (int i = 0; i < a->net.world; i++) {
@@ -225,7 +271,6 @@ static agent_t *agent_new(const init_params_t *p)
     a->n_threads = p->o.num_worker_threads;
     a->net.busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
     a->net.heartbeat_ms = p->o.heartbeat_ms;
-    a->master_wait_ms = p->o.master_wait_ms;
     a->net.gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->net.wake_fd = -1;
     atomic_init(&a->net.next_id, 1);
@@ -325,7 +370,7 @@ static void agent_teardown(agent_t *a, bool graceful)
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    zd__membership_stop(a); /* before the I/O thread stops: a renewal waits for it */
+    zd__membership_stop(a->mb); /* before the I/O thread stops: a renewal waits for it */
     wait_users(a, "callers");
     bool io_stopped = zd__transport_stop_io(&a->net, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
@@ -411,11 +456,21 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     zd__log_set_who(who);
     zd__direct_hooks(net_acquire, net_release);
     zd__world_info_hooks(net_acquire, net_release);
-    zd__rendezvous_up_t rdv_up = zd__membership_rendezvous_up(a);
+    zd__membership_up_t mb_up = {.arg = a,
+                                 .count_lost = mb_count_lost,
+                                 .back_in_rounds = mb_back_in_rounds,
+                                 .ending = mb_ending,
+                                 .submit = lost_submit,
+                                 .call = mb_call,
+                                 .block_begin = zd__pool_block_begin,
+                                 .block_end = zd__pool_block_end};
+    zd__rendezvous_up_t rdv_up = {.arg = a, .mark_lost = rdv_mark_lost, .keep_desk = rdv_keep_desk};
     if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(&a->net, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
-        zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
+        zd__metrics_out_open(a) < 0 ||
+        !(a->mb = zd__membership_new(&a->net, &mb_up, &a->lost_up, p.o.master_wait_ms, p.master,
+                                     p.port)) ||
         zd__rendezvous_run(&a->net, p.master, p.port, p.o.init_timeout_ms, &rdv_up) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         agent_teardown(a, false);
@@ -438,7 +493,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     bool joined = zd__transport_connect(&a->net, deadline) == 0 &&
         (a->net.rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
     atomic_store(&a->net.joined, joined); /* from now on a peer down is lost (io.c) */
-    if (!joined || zd__membership_start(a) < 0) {
+    if (!joined || zd__membership_start(a->mb) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         zd__world_publish_identity(NULL);
         zd__poll_set_busy_ns(0);

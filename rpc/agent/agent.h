@@ -37,8 +37,7 @@ typedef struct agent {
     int n_threads;
     atomic_int n_lost;          /* peers declared lost */
     zd__peer_lost_up_t lost_up; /* peer_lost.c's way up (agent_new) */
-    int64_t master_wait_ms;     /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
-    struct membership *mb;      /* restarted processes (membership.c) */
+    struct membership *mb;      /* restarted processes (world/membership.c) */
     atomic_bool ending;         /* rank 0: shutdown's round 0 is complete */
 
     pool_t *pool;

@@ -32,8 +32,7 @@ void zd__world_release(zd__net_t *n)
         atomic_load (&g_release)(n);
 }
 
-/* The same with the error the agent's own entry points set. */
-static zd__net_t *net_acquire(void)
+zd__net_t *zd__world_acquire(void)
 {
     zd__net_t *n = zd__world_try_acquire();
     if (!n)
@@ -67,7 +66,7 @@ static void fill_info(const peer_t *p, zd_rpc_worker_info_t *out)
 
 int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
 {
-    zd__net_t *n = net_acquire();
+    zd__net_t *n = zd__world_acquire();
     if (!n)
         return -1;
     int rc = -1;
@@ -93,7 +92,7 @@ int zd_rpc_get_worker_info(const char *name, zd_rpc_worker_info_t *out)
 
 int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
 {
-    zd__net_t *n = net_acquire();
+    zd__net_t *n = zd__world_acquire();
     if (!n)
         return -1;
     int rc = -1;
@@ -109,7 +108,7 @@ int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
 
 int zd_rpc_get_worker_infos(zd_rpc_worker_info_t *out, int max)
 {
-    zd__net_t *n = net_acquire();
+    zd__net_t *n = zd__world_acquire();
     if (!n)
         return -1;
     for (int i = 0; out && i < n->world && i < max; i++)

@@ -3,7 +3,7 @@
     given by users (worker_info.c; private to rpc/). It reads the running
     agent's peers through zd__net_t, reached by the hooks the agent
     installs (zd__world_info_hooks), never through the agent itself;
-    peer_lost.c reaches it the same way. */
+    peer_lost.c and membership.c reach it the same way. */
 #ifndef ZDIST_RPC_WORKER_INFO_H
 #define ZDIST_RPC_WORKER_INFO_H
 
@@ -23,6 +23,9 @@ void zd__world_info_hooks(zd__net_t *(*acquire)(void), void (*release)(zd__net_t
     runs; no error set), and its release (NULL: nothing to give back). */
 zd__net_t *zd__world_try_acquire(void);
 void zd__world_release(zd__net_t *n);
+/*  The same, setting the agent's own "RPC is not running" error when none
+    runs. */
+zd__net_t *zd__world_acquire(void);
 
 /*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7", or
     the name whose lookup gave -1). */
