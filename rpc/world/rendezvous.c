@@ -38,9 +38,10 @@
     to every peer (security.h).
 
     It takes the net (the peers' table it fills, the context, the keys),
-    not the agent: what membership keeps of it (the ranks a running world
-    lost, rank 0's socket for processes that restart) goes up through the
-    hooks the agent passes in (zd__rendezvous_up_t). */
+    not the agent: what membership, which the agent holds, keeps of it
+    (the ranks a running world lost, rank 0's socket for processes that
+    restart) goes there through the hooks the agent passes in
+    (zd__rendezvous_up_t). */
 #include "rpc/world/rendezvous_run.h"
 
 #include <czmq.h>

@@ -2,9 +2,9 @@
 /*  rendezvous_run.h: the rendezvous itself (rendezvous.c; private to
     rpc/): rank 0 hosts it, the others register with it, and membership
     builds its messages with the same functions. It takes the net (the
-    peers' table, the context, the keys) and reaches membership, above
-    it, through the hooks the agent passes in (zd__rendezvous_up_t). The
-    messages: rendezvous.h. */
+    peers' table, the context, the keys) and reaches membership, which the
+    agent holds, through the hooks the agent passes in
+    (zd__rendezvous_up_t). The messages: rendezvous.h. */
 #ifndef ZDIST_RPC_RENDEZVOUS_RUN_H
 #define ZDIST_RPC_RENDEZVOUS_RUN_H
 
