@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  tools/launch --max_restarts with RPC (issue 12 points 3 and 6): launch
     restarts a rank that died, in place, and the new process rejoins the
-    running world (rpc/agent/membership.c) with the world key launch made.
+    running world (rpc/world/membership.c) with the world key launch made.
 
     This program is both the test and its ranks. The test runs
         launch --nproc=3 --max_restarts=1 --no_rank_flags -- <this program> --rank DIR R

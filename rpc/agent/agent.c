@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*  agent.c: the running agent (who may use it, and when shutdown may free
     it), zd_rpc_init / zd_rpc_shutdown, the hooks, ids and the default
-    timeout. Options: world/options.c; worker info: worker_info.c; busy polling:
-    poll.c. Log lines: zd__log (core/log.c). */
+    timeout. Options: world/options.c; worker info: world/worker_info.c;
+    busy polling: poll.c. Log lines: zd__log (core/log.c). */
 #include "rpc/agent/agent.h"
 
 #include <stddef.h>
@@ -16,7 +16,7 @@
 #include <zdist/error.h>
 #include "core/sized.h"
 #include "rpc/net/address.h"
-#include "rpc/agent/membership.h"
+#include "rpc/world/membership.h"
 #include "rpc/value/future_hook.h"
 #include "rpc/agent/rref.h"
 #include "rpc/net/security.h"
@@ -35,8 +35,7 @@ agent_t *zd__agent_acquire(void)
     if (a && !atomic_load(&a->net.closing))
         return a;
     atomic_fetch_sub(&g_users, 1);
-    zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
-                      "RPC is not running (call zd_rpc_init first, and not after zd_rpc_shutdown)");
+    zd_error_set_code(ZD_ERR_NOT_INITIALIZED, ZD__RPC_NOT_RUNNING);
     return NULL;
 }
 
@@ -137,7 +136,8 @@ static void up_fail_peer(void *arg, int peer, const char *text, zd_error_code_t 
 
 static void up_peer_lost(void *arg, int rank, int64_t since_ns)
 {
-    zd__peer_declare_lost(arg, rank, since_ns); /* peer_lost.c */
+    agent_t *a = arg;
+    zd__peer_declare_lost(&a->net, &a->lost_up, rank, since_ns); /* world/peer_lost.c */
 }
 
 static int64_t up_expire(void *arg, int64_t now_ns)
@@ -152,13 +152,84 @@ static int64_t up_tick(void *arg, int64_t now_ns)
     return t < due ? t : due;
 }
 
+/* ---- the way up from a lost peer (world/peer_lost.h's zd__peer_lost_up_t) ---- */
+
+static void lost_fail(void *arg, int rank, const char *text)
+{
+    agent_t *a = arg;
+    atomic_fetch_add(&a->n_lost, 1);
+    zd__call_fail_peer(a, rank, text, ZD_ERR_PEER);
+    zd__membership_peer_lost(a->mb, rank);
+}
+
+static int lost_submit(void *arg, void (*fn)(void *), void (*drop)(void *), void *job)
+{
+    return zd__pool_submit(((agent_t *)arg)->pool, fn, drop, job);
+}
+
+static void lost_release(void *arg, int rank, const char *text, int *cancelled, int64_t *forks,
+                         int64_t *freed)
+{
+    agent_t *a = arg;
+    *cancelled = zd__serve_cancel_peer(a, rank, text);
+    *forks = zd__rref_release_holder(a, rank, freed);
+    if (a->has_hooks && a->hooks.on_peer_lost)
+        a->hooks.on_peer_lost(a->hooks.arg, rank);
+}
+
+/* ---- the way up from membership (world/membership.h's zd__membership_up_t)
+   and the rendezvous (world/rendezvous_run.h's zd__rendezvous_up_t) ---- */
+
+static void mb_count_lost(void *arg, int delta)
+{
+    atomic_fetch_add(&((agent_t *)arg)->n_lost, delta);
+}
+
+static void mb_back_in_rounds(void *arg, int rank)
+{
+    agent_t *a = arg;
+    pthread_mutex_lock(&a->barrier_lock);
+    if (a->barrier_last)
+        a->barrier_last[rank] = -1;
+    pthread_mutex_unlock(&a->barrier_lock);
+}
+
+static bool mb_ending(void *arg)
+{
+    return atomic_load(&((agent_t *)arg)->ending);
+}
+
+static zd_future_t *mb_call(void *arg, int to, const char *fn, const char *api, zd_value_t *args,
+                            int64_t timeout_ms)
+{
+    call_req_t req = {.type = RPC_MSG_CALL,
+                      .fn = fn,
+                      .api = api,
+                      .args = args,
+                      .timeout_ms = timeout_ms,
+                      .hooked = false};
+    return zd__call_start(arg, to, &req);
+}
+
+static void rdv_mark_lost(void *arg, int rank)
+{
+    zd__membership_mark_lost(((agent_t *)arg)->mb, rank);
+}
+
+static void rdv_keep_desk(void *arg, void *sock, char bound[][ZD_RPC_MAX_ENDPOINT + 1],
+                          char bound_ip[][ZD_ADDR_MAX], int n_bound)
+{
+    zd__membership_keep_desk(((agent_t *)arg)->mb, sock, bound, bound_ip, n_bound);
+}
+
 /* ---- lifecycle ---- */
 
 static void agent_free(agent_t *a)
 {
     if (!a)
         return;
-    zd__membership_free(a);
+    zd__membership_free(a->mb);
+    a->mb = NULL;
     a->net.up = (zd__net_up_t){0}; /* no thread is left to use it */
     if (a->net.peers) {
         for (int i = 0; i < a->net.world; i++) {
@@ -192,13 +263,14 @@ static agent_t *agent_new(const init_params_t *p)
                                .peer_lost = up_peer_lost,
                                .expire = up_expire,
                                .tick = up_tick};
+    a->lost_up = (zd__peer_lost_up_t){
+        .arg = a, .lost = lost_fail, .submit = lost_submit, .release = lost_release};
     a->net.rank = p->rank;
     a->net.world = p->world;
     a->timeout_ms = p->o.rpc_timeout_ms;
     a->n_threads = p->o.num_worker_threads;
     a->net.busy_poll_ns = p->o.busy_poll_us * ZD__NS_PER_US;
     a->net.heartbeat_ms = p->o.heartbeat_ms;
-    a->master_wait_ms = p->o.master_wait_ms;
     a->net.gen = atomic_fetch_add(&g_gen, 1) + 1;
     a->net.wake_fd = -1;
     atomic_init(&a->net.next_id, 1);
@@ -298,7 +370,7 @@ static void agent_teardown(agent_t *a, bool graceful)
     /* Threads waiting in zd_rpc_sync on their own sockets hold the agent: the
        failure of their calls is what releases them. */
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
-    zd__membership_stop(a); /* before the I/O thread stops: a renewal waits for it */
+    zd__membership_stop(a->mb); /* before the I/O thread stops: a renewal waits for it */
     wait_users(a, "callers");
     bool io_stopped = zd__transport_stop_io(&a->net, TEARDOWN_WAIT_MS) == 0;
     zd__call_fail_peer(a, -1, "RPC shut down", ZD_ERR_SHUTDOWN);
@@ -324,7 +396,8 @@ static void agent_teardown(agent_t *a, bool graceful)
     agent_free(a);
 }
 
-/* direct.c's way from an exiting thread to the running agent's sockets. */
+/* direct.c's way from an exiting thread to the running agent's sockets,
+   and worker_info.c's to its peers' table. */
 static zd__net_t *net_acquire(void)
 {
     agent_t *a = zd__agent_try_acquire();
@@ -382,11 +455,23 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     snprintf(who, sizeof who, "%s/%d", a->name, a->net.rank);
     zd__log_set_who(who);
     zd__direct_hooks(net_acquire, net_release);
+    zd__world_info_hooks(net_acquire, net_release);
+    zd__membership_up_t mb_up = {.arg = a,
+                                 .count_lost = mb_count_lost,
+                                 .back_in_rounds = mb_back_in_rounds,
+                                 .ending = mb_ending,
+                                 .submit = lost_submit,
+                                 .call = mb_call,
+                                 .block_begin = zd__pool_block_begin,
+                                 .block_end = zd__pool_block_end};
+    zd__rendezvous_up_t rdv_up = {.arg = a, .mark_lost = rdv_mark_lost, .keep_desk = rdv_keep_desk};
     if (zd__security_new(&a->net, &p.o, p.master, ip[0] ? ip : NULL) < 0 ||
         zd__transport_bind(&a->net, ip[0] ? ip : NULL) < 0 || zd__rref_ctx_new(a) < 0 ||
         zd__serve_register_internal() < 0 || !(a->pool = zd__pool_new(a->n_threads)) ||
-        zd__metrics_out_open(a) < 0 || zd__membership_new(a, p.master, p.port) < 0 ||
-        zd__rendezvous_run(a, p.master, p.port, p.o.init_timeout_ms) < 0) {
+        zd__metrics_out_open(a) < 0 ||
+        !(a->mb = zd__membership_new(&a->net, &mb_up, &a->lost_up, p.o.master_wait_ms, p.master,
+                                     p.port)) ||
+        zd__rendezvous_run(&a->net, p.master, p.port, p.o.init_timeout_ms, &rdv_up) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
@@ -397,7 +482,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     /* Published before the I/O thread starts: peers that finished their
        init may call us already, and handlers may call out. */
     atomic_store(&g_agent, a);
-    zd__agent_publish_identity(a);
+    zd__world_publish_identity(&a->net);
     busy_poll_fit(a, p.busy_poll_default);
     zd__poll_set_busy_ns(a->net.busy_poll_ns);
     /* The init barrier: when zd_rpc_init returns, every peer is connected to
@@ -408,9 +493,9 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     bool joined = zd__transport_connect(&a->net, deadline) == 0 &&
         (a->net.rejoined || zd__barrier_all(-1, 0, deadline, "zd_rpc_init", &sum) == 0);
     atomic_store(&a->net.joined, joined); /* from now on a peer down is lost (io.c) */
-    if (!joined || zd__membership_start(a) < 0) {
+    if (!joined || zd__membership_start(a->mb) < 0) {
         zd_error_wrap("zd_rpc_init of \"%s\" (rank %d)", a->name, a->net.rank);
-        zd__agent_publish_identity(NULL);
+        zd__world_publish_identity(NULL);
         zd__poll_set_busy_ns(0);
         agent_teardown(a, false);
         zd__log_set_who(NULL);
@@ -446,7 +531,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
     if (rc < 0)
         snprintf(saved, sizeof saved, "%s", zd_error_last());
     zd__metrics_out_close(a); /* the last line: after the final barrier, while the agent runs */
-    zd__agent_publish_identity(NULL);
+    zd__world_publish_identity(NULL);
     zd__poll_set_busy_ns(0);
     agent_teardown(a, graceful);
     zd__log(ZD_LOG_INFO, "rpc: shutdown complete");

@@ -23,6 +23,8 @@
 #include "rpc/net/net.h"
 #include "rpc/net/wire.h"
 #include "rpc/world/options.h"
+#include "rpc/world/peer_lost.h"
+#include "rpc/world/worker_info.h"
 
 typedef struct pool pool_t;
 typedef struct pending pending_t;
@@ -33,10 +35,10 @@ typedef struct agent {
     char name[ZD_RPC_MAX_NAME + 1];
     _Atomic int64_t timeout_ms; /* default call timeout, 0 = none (zd_rpc_set_timeout) */
     int n_threads;
-    atomic_int n_lost;      /* peers declared lost */
-    int64_t master_wait_ms; /* see init_params_t: 0 = do not wait, INT64_MAX = no limit */
-    struct membership *mb;  /* restarted processes (membership.c) */
-    atomic_bool ending;     /* rank 0: shutdown's round 0 is complete */
+    atomic_int n_lost;          /* peers declared lost */
+    zd__peer_lost_up_t lost_up; /* peer_lost.c's way up (agent_new) */
+    struct membership *mb;      /* restarted processes (world/membership.c) */
+    atomic_bool ending;         /* rank 0: shutdown's round 0 is complete */
 
     pool_t *pool;
 
@@ -85,25 +87,9 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms);
 
 /*  options.c, launch_env.c: rpc/world/options.h */
 
-/*  ---- worker_info.c ---- */
+/*  worker_info.c: rpc/world/worker_info.h */
 
-/*  Checks a rank given by the user: 0 or -1 ("no worker with rank 7", or
-    the name whose lookup gave -1). */
-int zd__agent_check_rank(agent_t *a, int rank, const char *api);
-
-/*  Publishes this process's rank, world size and name for zd_rpc_rank and
-    friends, which read them without taking the agent (NULL: not running). */
-void zd__agent_publish_identity(agent_t *a);
-
-/*  ---- rendezvous.c ---- */
-
-/*  Registers with the master at addr:port (hosting it on rank 0) and fills
-    a->net.peers[*].name/endpoint. a->name/rank/world are set, and our own
-    endpoint in a->net.peers[a->net.rank], except on rank 0 when its ROUTER is not
-    bound yet (empty endpoint): rank 0 then binds it on the addresses that
-    route to the workers that registered (addr "": no master address, the
-    rendezvous listens on every interface). 0, or -1. */
-int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms);
+/*  rendezvous.c: rpc/world/rendezvous_run.h */
 
 /*  transport.c, io.c, stream.c, shm.c: rpc/net/net.h (and stream.h, shm.h) */
 
@@ -216,19 +202,12 @@ void zd__shutdown_abort_barrier(agent_t *a);
 /*  The barrier's handler on rank 0 (registered by zd__serve_register_internal). */
 zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args, void *arg);
 
-/*  ---- peer_lost.c: peers that are gone ---- */
+/*  ---- peers that are gone: rpc/world/peer_lost.h, and ---- */
 
-/*  I/O thread: peer rank is lost for good (its connection down since
-    since_ns): fails its calls, then on a pool thread releases its RRef
-    forks and runs the hooks' and the application's callbacks. */
-void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns);
 /*  serve.c: stops waiting for the futures of the calls src made (async
     handlers, RRef fetches) and answers them with text; the futures stay
     their owners'. Returns how many. */
 int zd__serve_cancel_peer(agent_t *a, int src, const char *text);
-/*  True when rank was declared lost; text (may be NULL) gets
-    'peer "NAME" (rank N) lost 3.1 s ago'. */
-bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size);
 
 /*  ---- metrics.c ---- */
 

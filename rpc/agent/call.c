@@ -200,12 +200,12 @@ static const char *type_fn_name(const call_req_t *req)
 
 zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
 {
-    if (zd__agent_check_rank(a, to, req->api) < 0)
+    if (zd__world_check_rank(&a->net, to, req->api) < 0)
         return NULL;
     if (atomic_load(&a->net.closing))
         return zd_error_set_code(ZD_ERR_SHUTDOWN, "%s: RPC is shutting down", req->api), NULL;
     char lost[256];
-    if (zd__peer_lost(a, to, lost, sizeof lost))
+    if (zd__peer_lost(&a->net, to, lost, sizeof lost))
         return zd_error_set_code(ZD_ERR_PEER, "%s: %s", req->api, lost), NULL;
     bool has_value = req->type == RPC_MSG_CALL || req->type == RPC_MSG_REMOTE;
     if (has_value && !zd__rpc_wire_name_ok(req->fn, ZD_RPC_MAX_FUNCTION))

@@ -55,7 +55,7 @@ static zd_rref_t *remote_start(int to, const char *fn, zd_value_t *args, int64_t
         zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", api);
         goto out;
     }
-    if (zd__agent_check_rank(a, to, api) < 0 || !(r = zd__rref_new_for_remote(a, to))) {
+    if (zd__world_check_rank(&a->net, to, api) < 0 || !(r = zd__rref_new_for_remote(a, to))) {
         free(w);
         goto out;
     }

@@ -22,7 +22,7 @@
 
 #include <zdist/error.h>
 #include "core/sized.h"
-#include "rpc/agent/membership.h"
+#include "rpc/world/membership.h"
 #include "rpc/agent/rref.h"
 
 /* ---- registry (process-wide, kept across inits) ---- */

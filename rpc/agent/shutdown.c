@@ -19,7 +19,7 @@
 
 #include <zdist/error.h>
 #include "rpc/value/args.h"
-#include "rpc/agent/membership.h"
+#include "rpc/world/membership.h"
 #include "rpc/agent/rref.h"
 
 /* How often rank 0 looks at the open rounds (for members lost meanwhile). */
@@ -421,7 +421,7 @@ int zd__shutdown_graceful(agent_t *a, int64_t timeout_ms)
            restarted under a lost rank may still come back (a server waits
            in zd_rpc_shutdown while its trainers train). */
         if (round == 0)
-            zd__membership_stop(a);
+            zd__membership_stop(a->mb);
         if (sum == 0)
             return 0;
     }

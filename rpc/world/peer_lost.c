@@ -13,15 +13,21 @@
     keep for it. The release runs on a pool thread: it frees values and
     calls user code, neither of which belongs on the I/O thread. A process
     restarted under a lost rank may rejoin (membership.c), once the release
-    is over; the callbacks of zd_rpc_register_peer_joined are here too. */
-#include "rpc/agent/agent.h"
+    is over; the callbacks of zd_rpc_register_peer_joined are here too.
 
+    It takes the net, not the agent: what the agent holds for the peer (its
+    calls, the calls it made here, its RRef forks, the pool, membership's
+    news) is reached through the hooks the agent fills (peer_lost.h). */
+#include "rpc/world/peer_lost.h"
+
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include <zdist/error.h>
-#include "rpc/agent/membership.h"
-#include "rpc/agent/rref.h"
+#include "core/clock.h"
+#include "core/log_private.h"
+#include "rpc/world/worker_info.h"
 
 #define MAX_LISTENERS 8
 
@@ -82,61 +88,60 @@ int zd_rpc_register_peer_joined(zd_rpc_peer_joined_fn *fn, void *arg)
     return listeners_add(&g_joined, fn, arg);
 }
 
-void zd__peer_run_joined(agent_t *a, int rank)
+void zd__peer_run_joined(const zd__net_t *n, int rank)
 {
-    listeners_run(&g_joined, rank, a->net.peers[rank].name);
+    listeners_run(&g_joined, rank, n->peers[rank].name);
 }
 
-bool zd__peer_lost(agent_t *a, int rank, char *text, size_t size)
+bool zd__peer_lost(const zd__net_t *n, int rank, char *text, size_t size)
 {
-    if (rank < 0 || rank >= a->net.world)
+    if (rank < 0 || rank >= n->world)
         return false;
-    int64_t at = atomic_load(&a->net.peers[rank].lost_at_ns);
+    int64_t at = atomic_load(&n->peers[rank].lost_at_ns);
     if (!at)
         return false;
     double ago = (double)(zd__net_now_ns() - at) / (double)ZD__NS_PER_S;
-    if (text && size && atomic_load(&a->net.peers[rank].unreached))
+    if (text && size && atomic_load(&n->peers[rank].unreached))
         snprintf(text, size,
                  "peer \"%s\" (rank %d) not reached since this process joined the "
                  "running world %.1f s ago",
-                 a->net.peers[rank].name, rank, ago);
+                 n->peers[rank].name, rank, ago);
     else if (text && size)
-        snprintf(text, size, "peer \"%s\" (rank %d) lost %.1f s ago", a->net.peers[rank].name, rank,
+        snprintf(text, size, "peer \"%s\" (rank %d) lost %.1f s ago", n->peers[rank].name, rank,
                  ago);
     return true;
 }
 
 bool zd_rpc_peer_is_lost(int rank)
 {
-    agent_t *a = zd__agent_try_acquire();
-    bool lost = a && zd__peer_lost(a, rank, NULL, 0);
-    zd__agent_release(a);
+    zd__net_t *n = zd__world_try_acquire();
+    bool lost = n && zd__peer_lost(n, rank, NULL, 0);
+    zd__world_release(n);
     return lost;
 }
 
 typedef struct {
-    agent_t *a;
+    zd__net_t *n;
+    const zd__peer_lost_up_t *up;
     int rank;
 } release_t;
 
 static void release_peer(void *arg)
 {
     release_t *r = arg;
-    agent_t *a = r->a;
-    const char *name = a->net.peers[r->rank].name;
-    int64_t freed = 0;
+    zd__net_t *n = r->n;
+    const char *name = n->peers[r->rank].name;
+    int cancelled = 0;
+    int64_t forks = 0, freed = 0;
     char text[256];
     snprintf(text, sizeof text, "the caller, \"%s\" (rank %d), was lost", name, r->rank);
-    int cancelled = zd__serve_cancel_peer(a, r->rank, text);
-    int64_t forks = zd__rref_release_holder(a, r->rank, &freed);
-    if (a->has_hooks && a->hooks.on_peer_lost)
-        a->hooks.on_peer_lost(a->hooks.arg, r->rank);
+    r->up->release(r->up->arg, r->rank, text, &cancelled, &forks, &freed);
     listeners_run(&g_lost, r->rank, name);
     zd__log(ZD_LOG_WARN,
             "rpc: released what lost \"%s\" (rank %d) held: %lld RRef fork(s), "
             "%lld value(s) freed, %d call(s) no longer waited for",
             name, r->rank, (long long)forks, (long long)freed, cancelled);
-    atomic_store(&a->net.peers[r->rank].releasing, false); /* it may rejoin (membership.c) */
+    atomic_store(&n->peers[r->rank].releasing, false); /* it may rejoin (membership.c) */
     free(r);
 }
 
@@ -144,33 +149,32 @@ static void release_peer(void *arg)
 static void free_release(void *arg)
 {
     release_t *r = arg;
-    atomic_store(&r->a->net.peers[r->rank].releasing, false);
+    atomic_store(&r->n->peers[r->rank].releasing, false);
     free(r);
 }
 
-void zd__peer_declare_lost(agent_t *a, int rank, int64_t since_ns)
+void zd__peer_declare_lost(zd__net_t *n, const zd__peer_lost_up_t *up, int rank, int64_t since_ns)
 {
-    peer_t *p = &a->net.peers[rank];
+    peer_t *p = &n->peers[rank];
     int64_t expected = 0;
-    if (rank == a->net.rank ||
+    if (rank == n->rank ||
         !atomic_compare_exchange_strong(&p->lost_at_ns, &expected, since_ns ? since_ns : 1))
         return;
-    atomic_fetch_add(&a->n_lost, 1);
     atomic_store(&p->releasing, true);
     char text[256];
-    zd__peer_lost(a, rank, text, sizeof text);
+    zd__peer_lost(n, rank, text, sizeof text);
     zd__log(ZD_LOG_WARN, "rpc: %s (its connection to %s went down)", text, p->endpoint);
-    zd__call_fail_peer(a, rank, text, ZD_ERR_PEER);
-    zd__membership_peer_lost(a, rank);
+    up->lost(up->arg, rank, text);
     release_t *r = malloc(sizeof *r);
     if (!r) {
         atomic_store(&p->releasing, false);
         zd__log(ZD_LOG_ERROR, "rpc: out of memory: what lost rank %d held stays", rank);
         return;
     }
-    r->a = a;
+    r->n = n;
+    r->up = up;
     r->rank = rank;
-    if (zd__pool_submit(a->pool, release_peer, free_release, r) < 0) {
+    if (up->submit(up->arg, release_peer, free_release, r) < 0) {
         atomic_store(&p->releasing, false);
         zd__log(ZD_LOG_WARN, "rpc: what lost rank %d held stays until shutdown", rank);
     }

@@ -35,8 +35,14 @@
     With a world key both rendezvous sockets are CURVE with the world
     keypair, so that only holders of the key can register at all, and each
     process's registration carries its own public key, which the table hands
-    to every peer (security.h). */
-#include "rpc/agent/agent.h"
+    to every peer (security.h).
+
+    It takes the net (the peers' table it fills, the context, the keys),
+    not the agent: what membership, which the agent holds, keeps of it
+    (the ranks a running world lost, rank 0's socket for processes that
+    restart) goes there through the hooks the agent passes in
+    (zd__rendezvous_up_t). */
+#include "rpc/world/rendezvous_run.h"
 
 #include <czmq.h>
 #include <errno.h>
@@ -46,13 +52,15 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
+#include "core/log_private.h"
 #include "rpc/net/address.h"
-#include "rpc/agent/membership.h"
+#include "rpc/world/options.h"
 #include "rpc/world/register.h"
 #include "rpc/world/rendezvous.h"
 #include "rpc/net/security.h"
 
-#define MAX_BINDS MEMBERSHIP_MAX_BINDS /* addresses rank 0 listens on, per socket */
+#define MAX_BINDS RDV_MAX_BINDS
 
 typedef struct {
     bool present;
@@ -65,7 +73,8 @@ typedef struct {
 } slot_t;
 
 typedef struct {
-    agent_t *a;
+    zd__net_t *n;
+    const zd__rendezvous_up_t *up; /* what membership keeps */
     void *sock;
     slot_t *slots;
     char turned_away[512]; /* the last rejections, for the timeout's message */
@@ -107,7 +116,7 @@ static void send_error(void *sock, zframe_t *identity, const char *text)
 
 static void broadcast_error(host_t *h, const char *text)
 {
-    for (int i = 0; i < h->a->net.world; i++)
+    for (int i = 0; i < h->n->world; i++)
         if (h->slots[i].present && h->slots[i].identity)
             send_error(h->sock, h->slots[i].identity, text);
 }
@@ -201,7 +210,7 @@ static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt
     snprintf(text, sizeof text,
              "rendezvous: rank 0 (\"%s\") turned away a registration from "
              "%s: %s",
-             h->a->name, peer, why);
+             h->n->name, peer, why);
     zd__log(ZD_LOG_WARN, "rpc: %s", text);
     send_error(h->sock, id, text);
     size_t len = strlen(h->turned_away);
@@ -214,7 +223,7 @@ static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt
    filled a new slot, 0 when it filled none. */
 static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
 {
-    agent_t *a = h->a;
+    zd__net_t *n = h->n;
     char peer[ZD_ADDR_MAX] = "", why[160];
     /* The routing id frame is made by the ROUTER; the connection's
        properties ride on the frames that came over it. */
@@ -228,23 +237,23 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         turn_away(h, id, peer, "malformed (%s)", why);
         return 0;
     }
-    const char *policy = zd__security_registration_refused(&a->net, peer, r.endpoint);
+    const char *policy = zd__security_registration_refused(n, peer, r.endpoint);
     if (policy) {
         turn_away(h, id, peer, "\"%s\" (rank %d): %s", r.name, r.rank, policy);
         return 0;
     }
-    if (!zd__security_key_ok(&a->net, r.key)) {
+    if (!zd__security_key_ok(n, r.key)) {
         turn_away(h, id, peer, "\"%s\" (rank %d) %s", r.name, r.rank,
-                  zd__security_curve(&a->net) ? "has no valid public key"
-                                              : "has a key and this world has none");
+                  zd__security_curve(n) ? "has no valid public key"
+                                        : "has a key and this world has none");
         return 0;
     }
-    if (r.world != a->net.world) {
+    if (r.world != n->world) {
         turn_away(h, id, peer, "world size mismatch: \"%s\" (rank %d) says %d, rank 0 says %d",
-                  r.name, r.rank, r.world, a->net.world);
+                  r.name, r.rank, r.world, n->world);
         return 0;
     }
-    if (r.rank == 0 || r.rank >= a->net.world) {
+    if (r.rank == 0 || r.rank >= n->world) {
         turn_away(h, id, peer, "\"%s\" claims rank %d, which is %s", r.name, r.rank,
                   r.rank ? "outside the world" : "rank 0's own");
         return 0;
@@ -252,7 +261,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
     slot_t *s = &h->slots[r.rank];
     if (s->present && zframe_eq(s->identity, id))
         return 0; /* said twice on one connection */
-    for (int i = 0; i < a->net.world; i++)
+    for (int i = 0; i < n->world; i++)
         if (i != r.rank && h->slots[i].present && !strcmp(h->slots[i].name, r.name)) {
             turn_away(h, id, peer, "\"%s\" (rank %d) has the name of rank %d", r.name, r.rank, i);
             return 0;
@@ -261,7 +270,7 @@ static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
         /* A member of the world that ran before this process (a restarted
            rank 0): the world is waited for minus the ranks it lost. */
         h->running = true;
-        if (zd__rdv_parse_ranks(lost_list, a->net.world, h->gone) < 0) {
+        if (zd__rdv_parse_ranks(lost_list, n->world, h->gone) < 0) {
             turn_away(h, id, peer, "a bad list of lost ranks");
             return 0;
         }
@@ -309,23 +318,23 @@ static bool on_this_host(const char *ip)
    lives elsewhere. */
 static int check_reachable(host_t *h)
 {
-    agent_t *a = h->a;
+    zd__net_t *n = h->n;
     char ip[ZD_ADDR_MAX];
     int port, far = -1;
-    for (int i = 1; i < a->net.world && far < 0; i++)
+    for (int i = 1; i < n->world && far < 0; i++)
         if (h->slots[i].present && !on_this_host(h->slots[i].peer))
             far = i;
     if (far < 0)
         return 0;
     slot_t *f = &h->slots[far];
-    if (a->net.peers[0].endpoint[0] &&
-        zd__addr_parse_endpoint(a->net.peers[0].endpoint, ip, sizeof ip, &port) == 0 &&
+    if (n->peers[0].endpoint[0] &&
+        zd__addr_parse_endpoint(n->peers[0].endpoint, ip, sizeof ip, &port) == 0 &&
         zd__addr_is_loopback(ip))
         return zd_error_set("rendezvous: rank 0 (\"%s\") listens at %s (its listen address), "
                             "which \"%s\" (rank %d) on %s cannot reach: give rank 0 a listen "
                             "address that the other hosts reach",
-                            a->name, a->net.peers[0].endpoint, f->name, far, f->peer);
-    for (int i = 1; i < a->net.world; i++) {
+                            n->name, n->peers[0].endpoint, f->name, far, f->peer);
+    for (int i = 1; i < n->world; i++) {
         slot_t *s = &h->slots[i];
         if (s->present && zd__addr_parse_endpoint(s->endpoint, ip, sizeof ip, &port) == 0 &&
             zd__addr_is_loopback(ip))
@@ -334,7 +343,7 @@ static int check_reachable(host_t *h)
                                 "--master_addr (or --listen_addr, ZDIST_LISTEN_ADDR) that the "
                                 "other hosts reach, not a loopback one",
                                 s->name, i, on_this_host(s->peer) ? "rank 0's host" : s->peer,
-                                s->endpoint, i == far ? a->name : f->name, i == far ? 0 : far,
+                                s->endpoint, i == far ? n->name : f->name, i == far ? 0 : far,
                                 i == far ? "rank 0's host" : f->peer, i);
     }
     return 0;
@@ -350,7 +359,7 @@ static int endpoint_for(host_t *h, const char *ip)
         return zd_error_set("rendezvous: rank 0's workers need more than %d local addresses",
                             MAX_BINDS);
     int k = h->n_bound;
-    if (zd__transport_listen(&h->a->net, ip, h->bound[k], sizeof h->bound[k]) < 0)
+    if (zd__transport_listen(h->n, ip, h->bound[k], sizeof h->bound[k]) < 0)
         return zd_error_wrap("rendezvous: rank 0");
     snprintf(h->bound_ip[k], sizeof h->bound_ip[k], "%s", ip);
     h->n_bound++;
@@ -361,14 +370,14 @@ static int endpoint_for(host_t *h, const char *ip)
    bound already, on the listen address) and picks each worker's endpoint. */
 static int listen_agent(host_t *h, const char *master)
 {
-    agent_t *a = h->a;
+    zd__net_t *n = h->n;
     char ip[ZD_ADDR_MAX];
-    if (a->net.peers[0].endpoint[0]) {
-        snprintf(h->bound[0], sizeof h->bound[0], "%s", a->net.peers[0].endpoint);
+    if (n->peers[0].endpoint[0]) {
+        snprintf(h->bound[0], sizeof h->bound[0], "%s", n->peers[0].endpoint);
         h->n_bound = 1;
         return 0;
     }
-    for (int i = 1; i < a->net.world; i++) {
+    for (int i = 1; i < n->world; i++) {
         slot_t *s = &h->slots[i];
         int port;
         if (!s->present)
@@ -384,14 +393,14 @@ static int listen_agent(host_t *h, const char *master)
         if ((s->via = endpoint_for(h, from)) < 0)
             return -1;
     }
-    if (a->net.world == 1) {
+    if (n->world == 1) {
         if (*master ? zd__agent_listen_ip(master, ip, sizeof ip) < 0
                     : snprintf(ip, sizeof ip, "127.0.0.1") < 0)
             return -1;
         if (endpoint_for(h, ip) < 0)
             return -1;
     }
-    snprintf(a->net.peers[0].endpoint, sizeof a->net.peers[0].endpoint, "%s", h->bound[0]);
+    snprintf(n->peers[0].endpoint, sizeof n->peers[0].endpoint, "%s", h->bound[0]);
     char list[512] = "";
     for (int k = 0; k < h->n_bound; k++) {
         size_t len = strlen(list);
@@ -411,21 +420,21 @@ static uint8_t *put_field(uint8_t *at, const char *text, size_t max)
     return at + n;
 }
 
-zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
+zmsg_t *zd__rendezvous_table(zd__net_t *n, const char *ep0, const char *status)
 {
-    uint8_t *entries = malloc((size_t)a->net.world * RDV_ENTRY_MAX), *at = entries;
+    uint8_t *entries = malloc((size_t)n->world * RDV_ENTRY_MAX), *at = entries;
     zmsg_t *table = entries ? zmsg_new() : NULL;
     if (!table) {
         free(entries);
         return NULL;
     }
-    for (int i = 0; i < a->net.world; i++) {
-        at = put_field(at, a->net.peers[i].name, ZD_RPC_MAX_NAME);
-        at = put_field(at, i ? a->net.peers[i].endpoint : ep0, ZD_RPC_MAX_ENDPOINT);
-        at = put_field(at, a->net.peers[i].key, RDV_KEY_LEN);
+    for (int i = 0; i < n->world; i++) {
+        at = put_field(at, n->peers[i].name, ZD_RPC_MAX_NAME);
+        at = put_field(at, i ? n->peers[i].endpoint : ep0, ZD_RPC_MAX_ENDPOINT);
+        at = put_field(at, n->peers[i].key, RDV_KEY_LEN);
     }
     zmsg_addstr(table, RDV_TAB_TAG);
-    zmsg_addstrf(table, "%d", a->net.world);
+    zmsg_addstrf(table, "%d", n->world);
     zmsg_addmem(table, entries, (size_t)(at - entries));
     free(entries);
     if (status)
@@ -437,7 +446,7 @@ zmsg_t *zd__rendezvous_table(agent_t *a, const char *ep0, const char *status)
    world that was running, those its members did not lose. */
 static bool complete(const host_t *h)
 {
-    for (int i = 1; i < h->a->net.world; i++)
+    for (int i = 1; i < h->n->world; i++)
         if (!h->slots[i].present && !(h->running && h->gone[i]))
             return false;
     return true;
@@ -445,37 +454,36 @@ static bool complete(const host_t *h)
 
 static int send_tables(host_t *h)
 {
-    agent_t *a = h->a;
-    for (int i = 0; i < a->net.world; i++) {
-        snprintf(a->net.peers[i].name, sizeof a->net.peers[i].name, "%s", h->slots[i].name);
-        snprintf(a->net.peers[i].key, sizeof a->net.peers[i].key, "%s", h->slots[i].key);
+    zd__net_t *n = h->n;
+    for (int i = 0; i < n->world; i++) {
+        snprintf(n->peers[i].name, sizeof n->peers[i].name, "%s", h->slots[i].name);
+        snprintf(n->peers[i].key, sizeof n->peers[i].key, "%s", h->slots[i].key);
         if (i)
-            snprintf(a->net.peers[i].endpoint, sizeof a->net.peers[i].endpoint, "%s",
-                     h->slots[i].endpoint);
+            snprintf(n->peers[i].endpoint, sizeof n->peers[i].endpoint, "%s", h->slots[i].endpoint);
     }
     char status[RDV_MAX_TEXT];
     if (h->running) {
         /* This process restarted: the ranks that did not come are gone. */
-        a->net.rejoined = true;
-        for (int i = 1; i < a->net.world; i++)
+        n->rejoined = true;
+        for (int i = 1; i < n->world; i++)
             h->gone[i] = !h->slots[i].present;
-        zd__rdv_status(h->gone, a->net.world, status);
-        for (int i = 1; i < a->net.world; i++)
+        zd__rdv_status(h->gone, n->world, status);
+        for (int i = 1; i < n->world; i++)
             if (h->gone[i])
-                zd__membership_mark_lost(a, i);
+                h->up->mark_lost(h->up->arg, i);
         zd__log(ZD_LOG_WARN,
                 "rpc: rank 0 (\"%s\") restarted and joined the running world "
                 "(%s)",
-                a->name, status);
+                n->name, status);
     }
     /* One table per address of rank 0 that joiners came through. */
     zmsg_t *tables[MAX_BINDS] = {0};
-    for (int j = 1; j < a->net.world; j++) {
+    for (int j = 1; j < n->world; j++) {
         int via = h->slots[j].via;
         if (!h->slots[j].present)
             continue;
         if (!tables[via] &&
-            !(tables[via] = zd__rendezvous_table(a, h->bound[via], h->running ? status : NULL)))
+            !(tables[via] = zd__rendezvous_table(n, h->bound[via], h->running ? status : NULL)))
             break; /* out of memory: the joiners wait out their timeout */
         send_to(h->sock, h->slots[j].identity, tables[via]);
     }
@@ -484,12 +492,13 @@ static int send_tables(host_t *h)
     return 0;
 }
 
-static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
+static int host_rendezvous(zd__net_t *n, const char *addr, int port, int64_t deadline,
+                           const zd__rendezvous_up_t *up)
 {
-    host_t h = {.a = a};
-    h.slots = calloc((size_t)a->net.world, sizeof *h.slots);
-    h.gone = calloc((size_t)a->net.world, sizeof *h.gone);
-    h.sock = zmq_socket(a->net.ctx, ZMQ_ROUTER);
+    host_t h = {.n = n, .up = up};
+    h.slots = calloc((size_t)n->world, sizeof *h.slots);
+    h.gone = calloc((size_t)n->world, sizeof *h.gone);
+    h.sock = zmq_socket(n->ctx, ZMQ_ROUTER);
     if (!h.slots || !h.gone || !h.sock) {
         free(h.slots);
         free(h.gone);
@@ -503,28 +512,28 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     set_int(h.sock, ZMQ_HANDSHAKE_IVL, RDV_HANDSHAKE_MS);
     /* Everyone registers at once: a connection past the backlog waits for
        its SYN to be sent again, a second later (transport.c). */
-    set_int(h.sock, ZMQ_BACKLOG, a->net.world > 100 ? a->net.world : 100);
+    set_int(h.sock, ZMQ_BACKLOG, n->world > 100 ? n->world : 100);
     int rc = -1;
-    if (zd__security_start(&a->net) < 0 || zd__security_rendezvous_server(&a->net, h.sock) < 0)
+    if (zd__security_start(n) < 0 || zd__security_rendezvous_server(n, h.sock) < 0)
         goto out;
-    zd__security_watch(&a->net, h.sock, "the rendezvous"); /* before the first connection */
-    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(&a->net)) < 0)
+    zd__security_watch(n, h.sock, "the rendezvous"); /* before the first connection */
+    if (listen_rendezvous(h.sock, addr, port, zd__security_loopback_only(n)) < 0)
         goto out;
     h.slots[0].present = true;
-    snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", a->name);
-    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(&a->net));
+    snprintf(h.slots[0].name, sizeof h.slots[0].name, "%s", n->name);
+    snprintf(h.slots[0].key, sizeof h.slots[0].key, "%s", zd__security_public_key(n));
     int count = 1;
     while (!complete(&h)) {
         zmq_pollitem_t item = {h.sock, 0, ZMQ_POLLIN, 0};
-        int n = zmq_poll(&item, 1, remaining_ms(deadline));
-        if (n < 0 && errno == EINTR)
+        int ready = zmq_poll(&item, 1, remaining_ms(deadline));
+        if (ready < 0 && errno == EINTR)
             continue;
-        if (n <= 0) {
+        if (ready <= 0) {
             char miss[256];
-            missing_ranks(h.slots, a->net.world, miss, sizeof miss);
+            missing_ranks(h.slots, n->world, miss, sizeof miss);
             zd_error_set("rendezvous: timed out with %d of %d workers registered (missing "
                          "ranks %s)%s%s",
-                         count, a->net.world, miss, h.turned_away[0] ? "; turned away: " : "",
+                         count, n->world, miss, h.turned_away[0] ? "; turned away: " : "",
                          h.turned_away);
             broadcast_error(&h, zd_error_last());
             goto out;
@@ -544,10 +553,10 @@ static int host_rendezvous(agent_t *a, const char *addr, int port, int64_t deadl
     }
     rc = send_tables(&h);
     /* The socket stays open for processes that restart (membership.c). */
-    zd__membership_keep_desk(a, h.sock, h.bound, h.bound_ip, h.n_bound);
+    up->keep_desk(up->arg, h.sock, h.bound, h.bound_ip, h.n_bound);
     h.sock = NULL;
 out:
-    for (int i = 0; i < a->net.world; i++)
+    for (int i = 0; i < n->world; i++)
         zframe_destroy(&h.slots[i].identity);
     free(h.slots);
     free(h.gone);
@@ -558,15 +567,15 @@ out:
 
 /* ---- the other ranks ---- */
 
-zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
+zmsg_t *zd__rendezvous_registration(zd__net_t *n, const char *status)
 {
     zmsg_t *reg = zmsg_new();
     zmsg_addstr(reg, RDV_REG_TAG);
-    zmsg_addstrf(reg, "%d", a->net.rank);
-    zmsg_addstrf(reg, "%d", a->net.world);
-    zmsg_addstr(reg, a->name);
-    zmsg_addstr(reg, a->net.peers[a->net.rank].endpoint);
-    zmsg_addstr(reg, zd__security_public_key(&a->net));
+    zmsg_addstrf(reg, "%d", n->rank);
+    zmsg_addstrf(reg, "%d", n->world);
+    zmsg_addstr(reg, n->name);
+    zmsg_addstr(reg, n->peers[n->rank].endpoint);
+    zmsg_addstr(reg, zd__security_public_key(n));
     if (status)
         zmsg_addstr(reg, status);
     return reg;
@@ -574,7 +583,7 @@ zmsg_t *zd__rendezvous_registration(agent_t *a, const char *status)
 
 static int secure_client(void *arg, void *sock)
 {
-    return zd__security_rendezvous_client(&((agent_t *)arg)->net, sock);
+    return zd__security_rendezvous_client(arg, sock);
 }
 
 static zmsg_t *registration(void *arg)
@@ -582,59 +591,59 @@ static zmsg_t *registration(void *arg)
     return zd__rendezvous_registration(arg, NULL);
 }
 
-void zd__rendezvous_client(agent_t *a, const char *ep, reg_client_t *c)
+void zd__rendezvous_client(zd__net_t *n, const char *ep, reg_client_t *c)
 {
-    *c = (reg_client_t){.ctx = a->net.ctx,
+    *c = (reg_client_t){.ctx = n->ctx,
                         .endpoint = ep,
-                        .world = a->net.world,
-                        .rank = a->net.rank,
-                        .name = a->name,
-                        .curve = zd__security_curve(&a->net),
+                        .world = n->world,
+                        .rank = n->rank,
+                        .name = n->name,
+                        .curve = zd__security_curve(n),
                         .secure = secure_client,
                         .registration = registration,
-                        .arg = a,
+                        .arg = n,
                         .deadline = ZD__NEVER};
 }
 
-static int join_rendezvous(agent_t *a, const char *addr, int port, int64_t deadline)
+static int join_rendezvous(zd__net_t *n, const char *addr, int port, int64_t deadline,
+                           const zd__rendezvous_up_t *up)
 {
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
     if (zd__reg_master_endpoint(addr, port, ep, sizeof ep) < 0)
         return -1;
-    rdv_entry_t *table = calloc((size_t)a->net.world, sizeof *table);
+    rdv_entry_t *table = calloc((size_t)n->world, sizeof *table);
     if (!table)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "rendezvous: out of memory");
     reg_client_t c;
-    zd__rendezvous_client(a, ep, &c);
+    zd__rendezvous_client(n, ep, &c);
     c.deadline = deadline;
     bool running;
     int rc = zd__reg_run(&c, table, &running);
     if (rc == 0) {
-        for (int i = 0; i < a->net.world; i++) {
-            snprintf(a->net.peers[i].name, sizeof a->net.peers[i].name, "%s", table[i].name);
-            snprintf(a->net.peers[i].endpoint, sizeof a->net.peers[i].endpoint, "%s",
-                     table[i].endpoint);
-            snprintf(a->net.peers[i].key, sizeof a->net.peers[i].key, "%s", table[i].key);
+        for (int i = 0; i < n->world; i++) {
+            snprintf(n->peers[i].name, sizeof n->peers[i].name, "%s", table[i].name);
+            snprintf(n->peers[i].endpoint, sizeof n->peers[i].endpoint, "%s", table[i].endpoint);
+            snprintf(n->peers[i].key, sizeof n->peers[i].key, "%s", table[i].key);
             if (table[i].lost)
-                zd__membership_mark_lost(a, i);
+                up->mark_lost(up->arg, i);
         }
         if (running) {
-            a->net.rejoined = true;
+            n->rejoined = true;
             zd__log(ZD_LOG_WARN, "rpc: \"%s\" (rank %d) restarted and joins the running world",
-                    a->name, a->net.rank);
+                    n->name, n->rank);
         }
     }
     free(table);
     return rc;
 }
 
-int zd__rendezvous_run(agent_t *a, const char *addr, int port, int64_t timeout_ms)
+int zd__rendezvous_run(zd__net_t *n, const char *addr, int port, int64_t timeout_ms,
+                       const zd__rendezvous_up_t *up)
 {
     int64_t deadline = zd__deadline_after(zd__net_now_ns(), timeout_ms);
-    snprintf(a->net.peers[a->net.rank].key, sizeof a->net.peers[a->net.rank].key, "%s",
-             zd__security_public_key(&a->net));
-    int rc = a->net.rank == 0 ? host_rendezvous(a, addr, port, deadline)
-                              : join_rendezvous(a, addr, port, deadline);
+    snprintf(n->peers[n->rank].key, sizeof n->peers[n->rank].key, "%s", zd__security_public_key(n));
+    int rc = n->rank == 0 ? host_rendezvous(n, addr, port, deadline, up)
+                          : join_rendezvous(n, addr, port, deadline, up);
     /* The keys of the table are who may connect from now on. */
-    return rc < 0 ? rc : zd__security_table_ready(&a->net);
+    return rc < 0 ? rc : zd__security_table_ready(n);
 }
