@@ -14,6 +14,9 @@
                                 second of the three together (batch 32)
       ps_batch_update_samples_per_s   the same in synchronous rounds (PyTorch's
                                 batch-update parameter server)
+      ps_remote_samples_per_s   the remote model (ps.h), PyTorch's parameter-server
+                                tutorial: the Net on 1 shard, 3 trainers running
+                                its forward and backward through RPC (batch 32)
       ps_start_s_N              with --scale: the same for worlds of N = 64, 256
                                 and 512 processes (1 server + N - 1 trainers)
       trainer_rss_mb            rpc_ps's default world (1 server + 3 trainers,
@@ -24,7 +27,7 @@
                                 its growth per added trainer
 
         bench_examples [--csv] [--iterations N] [--batches N]
-                       [--only ps|pushpull|pipeline|start|memory]
+                       [--only ps|pushpull|remote|pipeline|start|memory]
                        [--rpc_ps PATH] [--scale]
 
     The PS figures time the training loop only (actors created, no test
@@ -39,6 +42,7 @@
 #include <time.h>
 
 #include <zdist/autograd.h>
+#include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include <zdist/model.h>
 #include <zdist/module.h>
@@ -257,6 +261,106 @@ static int pushpull(int64_t batches)
     return 0;
 }
 
+/*  The remote model (ps.h, zd_ps_model_*): rank 0 serves the Net as one
+    stage, ranks 1..3 train it through RPC as PyTorch's parameter-server
+    tutorial does (forward on the shard, loss here, distributed backward,
+    a DistributedOptimizer step), on the same random batches. Each trainer
+    times its loop after a first forward. */
+static int remote_shard(const world_t *w)
+{
+    zd_nn_module_t *net = zd_nn_net_new(1);
+    zd_ps_model_server_t *srv = net ? zd_ps_model_server_new(net, 0, 1, NULL) : NULL;
+    zd_rpc_options_t ro = world_rpc_options(w->port);
+    int rc = srv && zd_rpc_init("shard", 0, w->world_size, &ro) == 0 ? 0 : -1;
+    if (rc < 0)
+        world_fail(w, "shard: %s", zd_error_last());
+    else if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "shard: %s", zd_error_last());
+    zd_ps_model_server_free(srv);
+    zd_nn_module_free(net);
+    return rc;
+}
+
+static int remote_step(zd_ps_model_t *model, zd_tensor_t *x, zd_tensor_t *y)
+{
+    int rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
+        zd_tensor_t *lp = NULL, *loss = NULL;
+        if (zd_ps_model_forward(model, &x, 1, &lp, 1, ZD_TIMEOUT_DEFAULT) == 0 &&
+            zd_nn_nll_loss(lp, y, &loss) == 0 &&
+            zd_dist_autograd_backward(ctx, &loss, 1, false) == 0)
+            rc = zd_ps_model_step(model, ctx);
+        zd_tensor_unref(loss);
+        zd_tensor_unref(lp);
+    }
+    return rc;
+}
+
+static int remote_trainer(const world_t *w, int64_t batches)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(0.01);
+    zd_ps_model_t *model = zd_ps_model_new((const int[]){0}, 1, &sgd, NULL);
+    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){PUSHPULL_BATCH, 1, 28, 28}, 4);
+    zd_tensor_t *y = zd_tensor_empty(ZD_INT64, (int64_t[]){PUSHPULL_BATCH}, 1);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)w->rank);
+    for (int64_t i = 0; x && i < zd_tensor_numel(x); i++)
+        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
+    for (int64_t i = 0; y && i < PUSHPULL_BATCH; i++)
+        zd_tensor_data_i64(y)[i] = (int64_t)zd_rng_below(&rng, 10);
+    zd_rpc_options_t ro = world_rpc_options(w->port);
+    char name[16];
+    snprintf(name, sizeof name, "trainer%d", w->rank);
+    int rc = model && x && y ? zd_rpc_init(name, w->rank, w->world_size, &ro) : -1;
+    if (rc == 0) {
+        rc = remote_step(model, x, y); /* connections made, the optimizer made */
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (int64_t i = 0; rc == 0 && i < batches; i++)
+            rc = remote_step(model, x, y);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        figs->trainer_s[w->rank - 1] =
+            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        if (rc < 0)
+            world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
+        zd_ps_model_free(model);
+        model = NULL;
+        if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0 && rc == 0)
+            rc = world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
+    } else {
+        world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
+    }
+    zd_ps_model_free(model);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    return rc;
+}
+
+static int remote_fn(const world_t *w)
+{
+    zd_nn_set_num_threads(1); /* four processes on this machine's cores */
+    return w->rank == 0 ? remote_shard(w) : remote_trainer(w, *(const int64_t *)w->arg);
+}
+
+static int remote_model(int64_t batches)
+{
+    world_options_t o = {.world_size = 1 + PUSHPULL_TRAINERS,
+                         .fn = remote_fn,
+                         .arg = &batches,
+                         .timeout_s = 600,
+                         .own_init = true};
+    if (world_run(&o) < 0)
+        return -1;
+    double slowest = 0;
+    for (int t = 0; t < PUSHPULL_TRAINERS; t++)
+        slowest = figs->trainer_s[t] > slowest ? figs->trainer_s[t] : slowest;
+    add("ps_remote_samples_per_s",
+        slowest > 0 ? (double)(PUSHPULL_TRAINERS * PUSHPULL_BATCH * batches) / slowest : 0,
+        "samples/s");
+    return 0;
+}
+
 #ifndef BENCH_RPC_PS
 #define BENCH_RPC_PS "rpc_ps"
 #endif
@@ -367,7 +471,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--csv] [--iterations N] [--batches N] "
-                    "[--only ps|pushpull|pipeline|start|memory] [--rpc_ps PATH] [--scale]\n",
+                    "[--only ps|pushpull|remote|pipeline|start|memory] [--rpc_ps PATH] [--scale]\n",
                     argv[0]);
             return 2;
         }
@@ -394,6 +498,8 @@ int main(int argc, char **argv)
     }
     if (rc == 0 && (!only || strcmp(only, "pushpull") == 0))
         rc = pushpull(iterations);
+    if (rc == 0 && (!only || strcmp(only, "remote") == 0))
+        rc = remote_model(iterations);
     if (rc == 0 && (!only || strcmp(only, "pipeline") == 0))
         rc = run(PIPELINE_WORLD_SIZE, pipe_setup, pipe_fn, &batches, true);
     if (rc == 0 && (!only || strcmp(only, "start") == 0))
