@@ -139,6 +139,38 @@ static int pipe_fn(const world_t *w)
     return 0;
 }
 
+/*  ---- the ps layer's trainers: the same batch, timed the same way ---- */
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/*  A batch of random images and labels, seeded by the trainer's rank
+    (NULL tensors when out of memory; the caller checks). */
+static void random_batch(int rank, zd_tensor_t **x, zd_tensor_t **y)
+{
+    *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){PUSHPULL_BATCH, 1, 28, 28}, 4);
+    *y = zd_tensor_empty(ZD_INT64, (int64_t[]){PUSHPULL_BATCH}, 1);
+    zd_rng_t rng;
+    zd_rng_seed(&rng, (uint64_t)rank);
+    for (int64_t i = 0; *x && i < zd_tensor_numel(*x); i++)
+        zd_tensor_data(*x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
+    for (int64_t i = 0; *y && i < PUSHPULL_BATCH; i++)
+        zd_tensor_data_i64(*y)[i] = (int64_t)zd_rng_below(&rng, 10);
+}
+
+/*  The trainers' samples together over the slowest trainer's time. */
+static double trainers_samples_per_s(int64_t batches)
+{
+    double slowest = 0;
+    for (int t = 0; t < PUSHPULL_TRAINERS; t++)
+        slowest = figs->trainer_s[t] > slowest ? figs->trainer_s[t] : slowest;
+    return slowest > 0 ? (double)(PUSHPULL_TRAINERS * PUSHPULL_BATCH * batches) / slowest : 0;
+}
+
 /*  The ps layer (ps.h): rank 0 serves the Net's parameters as one shard,
     ranks 1..3 train replicas on random batches: pull, forward, loss,
     backward, push. Each trainer times its loop after a first pull. */
@@ -196,27 +228,18 @@ static int pushpull_trainer(const world_t *w, const pushpull_bench_t *b)
     zd_nn_module_t *net = zd_nn_net_new(1);
     int shard = 0;
     zd_ps_client_t *ps = net ? zd_ps_client_new_module(net, &shard, 1, &o) : NULL;
-    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){PUSHPULL_BATCH, 1, 28, 28}, 4);
-    zd_tensor_t *y = zd_tensor_empty(ZD_INT64, (int64_t[]){PUSHPULL_BATCH}, 1);
-    zd_rng_t rng;
-    zd_rng_seed(&rng, (uint64_t)w->rank);
-    for (int64_t i = 0; x && i < zd_tensor_numel(x); i++)
-        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
-    for (int64_t i = 0; y && i < PUSHPULL_BATCH; i++)
-        zd_tensor_data_i64(y)[i] = (int64_t)zd_rng_below(&rng, 10);
+    zd_tensor_t *x, *y;
+    random_batch(w->rank, &x, &y);
     zd_rpc_options_t ro = world_rpc_options(w->port);
     char name[16];
     snprintf(name, sizeof name, "trainer%d", w->rank);
     int rc = ps && x && y ? zd_rpc_init(name, w->rank, w->world_size, &ro) : -1;
     if (rc == 0) {
         rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT); /* connections made, first copy */
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = now_s();
         for (int64_t i = 0; rc == 0 && i < b->batches; i++)
             rc = pushpull_step(ps, net, x, y);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        figs->trainer_s[w->rank - 1] =
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        figs->trainer_s[w->rank - 1] = now_s() - t0;
         if (rc < 0)
             world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
         if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0 && rc == 0)
@@ -251,12 +274,7 @@ static int pushpull(int64_t batches)
                              .own_init = true};
         if (world_run(&o) < 0)
             return -1;
-        double slowest = 0;
-        for (int t = 0; t < PUSHPULL_TRAINERS; t++)
-            slowest = figs->trainer_s[t] > slowest ? figs->trainer_s[t] : slowest;
-        add(names[m],
-            slowest > 0 ? (double)(PUSHPULL_TRAINERS * PUSHPULL_BATCH * batches) / slowest : 0,
-            "samples/s");
+        add(names[m], trainers_samples_per_s(batches), "samples/s");
     }
     return 0;
 }
@@ -301,27 +319,18 @@ static int remote_trainer(const world_t *w, int64_t batches)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(0.01);
     zd_ps_model_t *model = zd_ps_model_new((const int[]){0}, 1, &sgd, NULL);
-    zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, (int64_t[]){PUSHPULL_BATCH, 1, 28, 28}, 4);
-    zd_tensor_t *y = zd_tensor_empty(ZD_INT64, (int64_t[]){PUSHPULL_BATCH}, 1);
-    zd_rng_t rng;
-    zd_rng_seed(&rng, (uint64_t)w->rank);
-    for (int64_t i = 0; x && i < zd_tensor_numel(x); i++)
-        zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0.0f, 1.0f);
-    for (int64_t i = 0; y && i < PUSHPULL_BATCH; i++)
-        zd_tensor_data_i64(y)[i] = (int64_t)zd_rng_below(&rng, 10);
+    zd_tensor_t *x, *y;
+    random_batch(w->rank, &x, &y);
     zd_rpc_options_t ro = world_rpc_options(w->port);
     char name[16];
     snprintf(name, sizeof name, "trainer%d", w->rank);
     int rc = model && x && y ? zd_rpc_init(name, w->rank, w->world_size, &ro) : -1;
     if (rc == 0) {
         rc = remote_step(model, x, y); /* connections made, the optimizer made */
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        double t0 = now_s();
         for (int64_t i = 0; rc == 0 && i < batches; i++)
             rc = remote_step(model, x, y);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        figs->trainer_s[w->rank - 1] =
-            (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        figs->trainer_s[w->rank - 1] = now_s() - t0;
         if (rc < 0)
             world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
         zd_ps_model_free(model);
@@ -352,12 +361,7 @@ static int remote_model(int64_t batches)
                          .own_init = true};
     if (world_run(&o) < 0)
         return -1;
-    double slowest = 0;
-    for (int t = 0; t < PUSHPULL_TRAINERS; t++)
-        slowest = figs->trainer_s[t] > slowest ? figs->trainer_s[t] : slowest;
-    add("ps_remote_samples_per_s",
-        slowest > 0 ? (double)(PUSHPULL_TRAINERS * PUSHPULL_BATCH * batches) / slowest : 0,
-        "samples/s");
+    add("ps_remote_samples_per_s", trainers_samples_per_s(batches), "samples/s");
     return 0;
 }
 

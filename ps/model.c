@@ -529,7 +529,7 @@ static void unref_all(zd_tensor_t **ts, int n)
 int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                         int n_out, int64_t timeout_ms)
 {
-    for (int i = 0; out && i >= 0 && i < n_out && i < ZD__PS_MAX_TENSORS; i++)
+    for (int i = 0; out && i < n_out && i < ZD__PS_MAX_TENSORS; i++)
         out[i] = NULL;
     if (!m || !in || n_in < 1 || n_in > ZD__PS_MAX_TENSORS || !out || n_out < 1 ||
         n_out > ZD__PS_MAX_TENSORS)
