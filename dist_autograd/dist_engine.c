@@ -174,6 +174,42 @@ const zd_autograd_node_ops_t zd__dist_send_ops =
 const zd_autograd_node_ops_t zd__dist_recv_ops =
     ZD_AUTOGRAD_NODE_OPS("RecvRpcBackward", recv_backward, recv_release);
 
+/*  ---- the guard around local backward work ---- */
+
+/*  Backward functions read the parameters (a linear layer's weight for its
+    input's gradient) that another trainer's optimizer step may be writing
+    on this process: the layer doing the writes brackets every local run.
+    Set before RPC starts, read by pool threads: atomics for TSan. */
+typedef void (*guard_fn_t)(void);
+static _Atomic(guard_fn_t) guard_enter, guard_leave;
+
+int zd_dist_autograd_set_backward_guard(void (*enter)(void), void (*leave)(void))
+{
+    if (!enter != !leave)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_autograd_set_backward_guard: %s is NULL",
+                                 enter ? "leave" : "enter");
+    atomic_store(&guard_enter, NULL);
+    atomic_store(&guard_leave, leave);
+    atomic_store(&guard_enter, enter);
+    return 0;
+}
+
+/*  Returns what guard_done must call (NULL: nothing was entered). */
+static guard_fn_t guard_begin(void)
+{
+    guard_fn_t enter = atomic_load(&guard_enter);
+    guard_fn_t leave = enter ? atomic_load(&guard_leave) : NULL;
+    if (leave)
+        enter();
+    return leave;
+}
+
+static void guard_done(guard_fn_t leave)
+{
+    if (leave)
+        leave();
+}
+
 /*  ---- passes ---- */
 
 /*  Makes sure the context's task belongs to pass_id, building it over
@@ -309,9 +345,11 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     if (rc == 0)
         rc = ensure_task(c, pass_id, fd.retain, NULL, 0);
     if (rc == 0) {
+        guard_fn_t leave = guard_begin();
         current_feed = &fd;
         rc = zd_autograd_task_feed(c->task, send, grads);
         current_feed = NULL;
+        guard_done(leave);
     }
     int pending = rc == 0 ? zd_autograd_task_pending(c->task, NULL) : 0;
     pthread_mutex_unlock(&c->pass_lock);
@@ -415,9 +453,11 @@ static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *ar
     int rc = 0, pending = 0;
     pthread_mutex_lock(&c->pass_lock);
     if (c->task && c->pass_id == pass_id) {
+        guard_fn_t leave = guard_begin();
         current_feed = &fd;
         rc = zd_autograd_task_flush_one(c->task);
         current_feed = NULL;
+        guard_done(leave);
         if (rc > 0)
             atomic_fetch_add(&zd__dist_stat_flushed, 1);
         pending = zd_autograd_task_pending(c->task, NULL);
@@ -526,6 +566,7 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
     pthread_mutex_lock(&c->pass_lock);
     if (rc == 0)
         rc = ensure_task(c, fd.pass_id, retain_graph, starts, n_starts);
+    guard_fn_t leave = guard_begin();
     current_feed = &fd;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
         zd_autograd_node_t *node = zd_tensor_grad_fn(roots[i]);
@@ -551,6 +592,7 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         free(grads);
     }
     current_feed = NULL;
+    guard_done(leave);
     if (rc == 0)
         pending = zd_autograd_task_pending(c->task, NULL);
     pthread_mutex_unlock(&c->pass_lock);

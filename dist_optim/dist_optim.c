@@ -452,6 +452,10 @@ static zd_value_t *handle_step(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 int zd_dist_optim_init(void)
 {
     pthread_once(&params_lock_once, params_lock_init);
+    /* Backward functions read what steps write (a weight for its input's
+       gradient): another trainer's backward here waits for a step, and a
+       step for the backwards running here. */
+    zd_dist_autograd_set_backward_guard(zd_dist_optim_read_lock, zd_dist_optim_read_unlock);
     if (zd_rpc_register("__dist_optim_new", handle_new, NULL) < 0 ||
         zd_rpc_register("__dist_optim_step", handle_step, NULL) < 0)
         return -1;

@@ -41,11 +41,12 @@ static zd_value_t *fn_mul_w(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
-/*  [RRef(w)], as the tutorial's get_param_rrefs. */
+/*  [RRef(w)], as the tutorial's get_param_rrefs; arg: which parameter
+    (NULL: w). */
 static zd_value_t *fn_param_rrefs(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call, (void)args, (void)arg;
-    zd_value_t *tv = zd_value_tensor(w_param);
+    (void)call, (void)args;
+    zd_value_t *tv = zd_value_tensor(arg ? *(zd_tensor_t **)arg : w_param);
     zd_rref_t *r = zd_rref_new(tv);
     zd_value_unref(tv);
     zd_value_t *list = zd_value_list(1);
@@ -92,16 +93,21 @@ static int setup(const world_t *w)
         zd_rpc_register("drain", fn_drain, NULL);
 }
 
-static zd_rref_t *param_rref_of(int rank)
+static zd_rref_t *rref_by(int rank, const char *fn)
 {
     zd_value_t *r;
     zd_rref_t *ref = NULL;
-    if (zd_rpc_sync(rank, "param_rrefs", NULL, -1, &r) == 0) {
+    if (zd_rpc_sync(rank, fn, NULL, -1, &r) == 0) {
         if (zd_rpc_arg_rref(r, 0, &ref) == 0)
             zd_rref_ref(ref);
         zd_value_unref(r);
     }
     return ref;
+}
+
+static zd_rref_t *param_rref_of(int rank)
+{
+    return rref_by(rank, "param_rrefs");
 }
 
 /*  One iteration: loss = sum over owners k of sum(x * w_k), so each w_k's
@@ -294,11 +300,12 @@ static int concurrent_setup(const world_t *w)
     return setup(w) | zd_rpc_register("done", fn_done, NULL);
 }
 
-static int concurrent_check(const world_t *w)
+/*  A trainer runs body, then tells rank 0; rank 0 waits for them all. */
+static int trainers_then_done(const world_t *w, int (*body)(const world_t *))
 {
     if (w->rank != 0) {
         zd_value_t *r = NULL;
-        int rc = concurrent_body(w);
+        int rc = body(w);
         if (rc == 0 && zd_rpc_sync(0, "done", NULL, -1, &r) < 0)
             rc = world_fail(w, "done: %s", zd_error_last());
         zd_value_unref(r);
@@ -314,6 +321,13 @@ static int concurrent_check(const world_t *w)
     pthread_mutex_unlock(&done_lock);
     if (wrc != 0)
         return world_fail(w, "only %d trainers finished", trainers_done);
+    return 0;
+}
+
+static int concurrent_check(const world_t *w)
+{
+    if (trainers_then_done(w, concurrent_body) < 0 || w->rank != 0)
+        return w->rank != 0 ? 0 : -1;
     /* Every trainer applied STEPS updates of lr * x: x[0] = rank, rest fixed. */
     float e[N], xsum[N] = {0, 0.5f, 0.25f, 1};
     for (int i = 0; i < N; i++) {
@@ -336,11 +350,104 @@ static void test_concurrent_trainers_step_whole_updates(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  The gradient of x in x * w is w: a backward on the owner reads the
+    weights another trainer's step writes. The guard zd_dist_optim_init
+    installs (zd_dist_autograd_set_backward_guard) holds the step off; the
+    weights are large so that without it the two overlap, and a
+    ThreadSanitizer build reports the race (checked by removing the guard).
+    Every build checks the arithmetic: the updates do not depend on w. */
+#define BIG       65536
+#define BIG_STEPS 40
+static zd_tensor_t *big_w;
+
+static zd_value_t *fn_mul_big(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    zd_dist_optim_read_lock();
+    zd_value_t *v = dist_mul_by(args, big_w);
+    zd_dist_optim_read_unlock();
+    return v;
+}
+
+static int big_setup(const world_t *w)
+{
+    int64_t n = BIG;
+    big_w = zd_tensor_new(ZD_FLOAT32, &n, 1);
+    if (!big_w)
+        return -1;
+    zd_tensor_fill_(big_w, 1.0f);
+    zd_tensor_set_requires_grad(big_w, true);
+    return concurrent_setup(w) | zd_rpc_register("mul_big", fn_mul_big, NULL) |
+        zd_rpc_register("big_rrefs", fn_param_rrefs, &big_w);
+}
+
+static int big_trainer(const world_t *w)
+{
+    zd_rref_t *ref = rref_by(0, "big_rrefs");
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(LR);
+    zd_dist_optim_t *opt;
+    if (!ref || !(opt = dist_optim_over(&cfg, &ref, 1)))
+        return world_fail(w, "zd_dist_optim_new: %s", zd_error_last());
+    int64_t n = BIG;
+    int rc = 0;
+    for (int s = 0; rc == 0 && s < BIG_STEPS; s++) {
+        int64_t ctx;
+        zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, &n, 1), *y = NULL, *sum = NULL;
+        zd_value_t *r = NULL;
+        rc = x && zd_dist_autograd_context_begin(&ctx) == 0 ? 0 : -1;
+        if (rc == 0) {
+            zd_tensor_fill_(x, (float)w->rank);
+            zd_tensor_set_requires_grad(x, true);
+            rc = zd_rpc_sync_take(0, "mul_big", ZD_ARGS(x), -1, &r) == 0 &&
+                    zd_value_get_tensor(r, &y) == 0 && zd_tensor_sum(y, &sum) == 0 &&
+                    zd_dist_autograd_backward(ctx, &sum, 1, false) == 0 &&
+                    zd_dist_optim_step(opt, ctx) == 0
+                ? 0
+                : -1;
+            if (zd_dist_autograd_context_end(ctx, -1) < 0)
+                rc = -1;
+        }
+        if (rc < 0)
+            world_fail(w, "step %d: %s", s, zd_error_last());
+        zd_tensor_unref(sum);
+        zd_value_unref(r);
+        zd_tensor_unref(x);
+    }
+    zd_dist_optim_free(opt);
+    zd_rref_unref(ref);
+    return rc;
+}
+
+static int big_check(const world_t *w)
+{
+    if (trainers_then_done(w, big_trainer) < 0 || w->rank != 0)
+        return w->rank != 0 ? 0 : -1;
+    /* Each step subtracts lr * x = lr * rank, from every element. */
+    float expect = 1.0f - LR * BIG_STEPS * (1 + 2);
+    for (int64_t i = 0; i < BIG; i++)
+        if (zd_tensor_data(big_w)[i] != expect)
+            return world_fail(w, "w[%lld] = %g, expected %g", (long long)i,
+                              zd_tensor_data(big_w)[i], expect);
+    return 0;
+}
+
+static void test_backward_on_owner_holds_steps_off(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 3,
+                         .setup = big_setup,
+                         .fn = big_check,
+                         .dist_autograd = true,
+                         .timeout_s = 120};
+    assert_int_equal(world_run(&o), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_steps_every_owner),
         cmocka_unit_test(test_concurrent_trainers_step_whole_updates),
+        cmocka_unit_test(test_backward_on_owner_holds_steps_off),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -524,15 +524,6 @@ static int sharing_world(const world_t *w)
 static void test_two_trainers_then_lost(void **state)
 {
     (void)state;
-#ifdef WORLD_UNDER_TSAN
-    /* A trainer's backward on a shard reads the weights another's step
-       writes (ps.h: the tutorial's unguarded asynchronous SGD, a known
-       race of the layer, not yet fixed); the other builds run this. */
-    fprintf(stderr,
-            "skipped under ThreadSanitizer: two trainers race on the stages' weights "
-            "(ps.h)\n");
-    skip();
-#endif
     setup_t su = {.n_trainers = 2, .kill_shard = true};
     world_options_t o = {.world_size = 4,
                          .fn = sharing_world,

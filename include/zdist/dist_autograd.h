@@ -141,6 +141,16 @@ static inline zd_dist_autograd_limits_t zd_dist_autograd_limits_default(void)
     zd_dist_autograd_limits_default() set; the bounds are then unchanged). */
 ZD_API int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
 
+/*  Brackets every run of backward functions in this process (a pass begun
+    here, gradients from a peer, a flush) with enter() and leave(), both
+    called on the running thread: a layer that writes parameters while
+    backward functions read them holds its writes off this way.
+    zd_dist_optim_init() installs the DistributedOptimizer's step lock.
+    enter() must not wait on this process's backward work. Both NULL
+    clears it; one guard per process. Returns 0, or -1 (ZD_ERR_ARGUMENT:
+    one of the two NULL). */
+ZD_API int zd_dist_autograd_set_backward_guard(void (*enter)(void), void (*leave)(void));
+
 /*  ---- a scoped context: PyTorch's `with dist_autograd.context() as cid:` ----
 
         ZD_DIST_AUTOGRAD_CONTEXT(cid) {

@@ -37,7 +37,9 @@
     lock, so concurrent trainers never interleave inside one update. Each
     owner also has one readers-writer lock (per process) that writers
     (steps) take exclusively: zd_dist_optim_read_lock() lets a forward pass copy the
-    parameters without seeing half an update.
+    parameters without seeing half an update, and zd_dist_optim_init() makes
+    every distributed backward run here take it too
+    (zd_dist_autograd_set_backward_guard), as backward functions read weights.
 
     Requires zd_dist_autograd_init() and zd_dist_optim_init() before zd_rpc_init on
     every process that owns parameters (it registers the "__dist_optim_*"
@@ -111,7 +113,9 @@ ZD_API void zd_dist_optim_free(zd_dist_optim_t *opt);
 ZD_API int zd_dist_optim_num_owners(const zd_dist_optim_t *opt);
 
 /*  On an owner: hold while reading parameters that distributed optimizers
-    may step, to see each update whole. Steps wait for readers. */
+    may step, to see each update whole. Steps wait for readers, and new
+    readers for a waiting step: never take it twice on one thread (a
+    distributed backward run already holds it). */
 ZD_API void zd_dist_optim_read_lock(void);
 ZD_API void zd_dist_optim_read_unlock(void);
 

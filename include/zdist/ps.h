@@ -258,13 +258,13 @@ ZD_API void zd_ps_client_free(zd_ps_client_t *c);
 
     Forwards of several trainers run at once; each reads the stage's
     parameters with the DistributedOptimizer's steps held off
-    (zd_dist_optim_read_lock), so it never sees half a step. Its backward
-    on the shard is not held off: with several trainers it may read a
-    parameter while another trainer's step writes it, the unguarded
-    (Hogwild) asynchronous SGD of PyTorch's tutorial, a data race a
-    ThreadSanitizer build reports. rpc_ps avoids it for its own model by
-    computing on snapshots of the parameters; this layer does not yet. Every forward's inputs are checked on the shard before
-    the stage runs: at most 64 tensors, float32 (finite: the error names
+    (zd_dist_optim_read_lock), so it never sees half a step; its backward
+    on the shard holds them off too (zd_dist_optim_init installs that
+    guard), so a step waits for the backwards running there. A backward
+    after another trainer's step uses the new weights, as in PyTorch's
+    asynchronous tutorial, but never a weight half written. Every
+    forward's inputs are checked on the shard before the stage runs: at
+    most 64 tensors, float32 (finite: the error names
     the input and the element) or int64 (indices), max_input_numel
     elements in all. A forward in evaluation mode (zd_ps_model_train)
     waits for the training forwards running, and they for it: a stage's
