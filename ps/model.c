@@ -56,6 +56,7 @@ struct zd_ps_model_server {
     int64_t base_version; /* resumed from (0: a new run) */
     int64_t ckpt_version; /* the last one written or resumed from */
     bool writing;
+    zd__ps_gate_t *gate; /* max_inflight's slots; NULL: no limit */
 };
 
 /*  ---- the shard ---- */
@@ -210,7 +211,11 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
                  s->shard, n_out, ZD__PS_MAX_TENSORS);
         return answer_new(ZD_ERR_ARGUMENT, text, NULL, 0);
     }
+    /* A slot first: a forward waiting for one holds only its inputs. */
+    bool slot = training && s->gate && zd__ps_gate_enter(s->gate, s->shard);
     if (!enter(s, training != 0)) {
+        if (slot)
+            zd__ps_gate_leave(s->gate);
         snprintf(text, sizeof text, "stage %d stopped", s->shard);
         return answer_new(ZD_ERR_STOPPED, text, NULL, 0);
     }
@@ -223,6 +228,11 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
     zd_dist_optim_read_unlock();
     zd_autograd_set_grad_enabled(grad_was);
     leave(s);
+    /* the slot goes to a node over the outputs, or back now */
+    if (slot && rc == 0)
+        rc = zd__ps_gate_hold(s->gate, out, (int)n_out);
+    else if (slot)
+        zd__ps_gate_leave(s->gate);
     zd_value_t *v;
     if (rc < 0) {
         snprintf(text, sizeof text, "stage %d: %s", s->shard, zd_error_last());
@@ -310,6 +320,10 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
     s->ckpt_version = 0;
+    if (o.max_inflight > 0 && !(s->gate = zd__ps_gate_new(o.max_inflight))) {
+        zd_ps_model_server_free(s);
+        return NULL;
+    }
     if (o.checkpoint_path && setup_checkpoints(s, o.checkpoint_path) < 0) {
         zd_ps_model_server_free(s);
         return NULL;
@@ -362,6 +376,13 @@ int64_t zd_ps_model_server_version(zd_ps_model_server_t *s)
     return s ? version_of(s) : -1;
 }
 
+int zd_ps_model_server_inflight(zd_ps_model_server_t *s, int *waiting)
+{
+    if (waiting)
+        *waiting = 0;
+    return s && s->gate ? zd__ps_gate_used(s->gate, waiting) : 0;
+}
+
 void zd_ps_model_server_free(zd_ps_model_server_t *s)
 {
     if (!s)
@@ -375,6 +396,8 @@ void zd_ps_model_server_free(zd_ps_model_server_t *s)
     free(s->names);
     free(s->params);
     free((char *)s->ckpt.path);
+    /* nodes still holding slots keep the gate */
+    zd__ps_gate_unref(s->gate);
     pthread_cond_destroy(&s->changed);
     pthread_mutex_destroy(&s->lock);
     free(s);

@@ -52,6 +52,9 @@ int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in)
                                  "ps: stage_outputs must be in [1, %d] and max_input_numel >= 1, "
                                  "got %d and %" PRId64,
                                  ZD__PS_MAX_TENSORS, o->stage_outputs, o->max_input_numel);
+    if (o->max_inflight < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: max_inflight must be >= 0, got %d",
+                                 o->max_inflight);
     return 0;
 }
 

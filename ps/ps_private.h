@@ -44,6 +44,31 @@ enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
 /*  The most tensors a remote model's forward takes or gives at a stage. */
 #define ZD__PS_MAX_TENSORS 64
 
+/*  A remote-model stage's slots for training forwards (inflight.c). */
+typedef struct zd__ps_gate zd__ps_gate_t;
+
+/*  A gate of max > 0 slots: a new reference (zd__ps_gate_unref), or NULL. */
+zd__ps_gate_t *zd__ps_gate_new(int max);
+void zd__ps_gate_unref(zd__ps_gate_t *g);
+
+/*  Takes a slot, waiting in line (at most the RPC timeout) when all are
+    taken: true when the caller holds one, false when it goes ahead
+    without (it waited the timeout; logged once, naming the stage). */
+bool zd__ps_gate_enter(zd__ps_gate_t *g, int shard);
+
+/*  Gives a slot back: to the first waiting forward, else to the gate. */
+void zd__ps_gate_leave(zd__ps_gate_t *g);
+
+/*  Slots held, and (into *waiting, if not NULL) forwards waiting for one. */
+int zd__ps_gate_used(zd__ps_gate_t *g, int *waiting);
+
+/*  Hands the caller's slot to a node over the forward's outputs out[0..n)
+    (those that require grad are replaced by views recorded through it),
+    which gives it back when the backward reaches them or the graph goes;
+    when none requires grad, gives it back at once. 0, or -1 (out of
+    memory; the slot given back, out unchanged). */
+int zd__ps_gate_hold(zd__ps_gate_t *g, zd_tensor_t **out, int n);
+
 /*  *o: the defaults, overwritten by in (NULL: none) up to its size, then
     checked. 0, or -1 (ZD_ERR_ARGUMENT naming the field). */
 int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in);

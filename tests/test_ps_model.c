@@ -55,6 +55,7 @@ typedef struct {
     bool kill_shard;         /* trainer 0 has shard 1 killed at the end */
     const char *checkpoint;  /* the shards' checkpoint_path (every 2 steps), or NULL */
     bool resume;
+    int max_inflight; /* the shards' (0: no limit) */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -177,6 +178,14 @@ static zd_value_t *fn_version(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(zd_ps_model_server_version(g_server));
 }
 
+/*  "test_inflight"() -> [slots held, forwards waiting for one]. */
+static zd_value_t *fn_inflight(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    int waiting, held = zd_ps_model_server_inflight(g_server, &waiting);
+    return ZD_ARGS((int64_t)held, (int64_t)waiting);
+}
+
 /*  Answered before the process dies: the caller then sees it lost. */
 static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -202,6 +211,7 @@ static int run_shard(const world_t *w)
     o.checkpoint_path = su->checkpoint;
     o.checkpoint_every = su->checkpoint ? 2 : 0;
     o.resume = su->resume;
+    o.max_inflight = su->max_inflight;
     WCHECK(g_stage = make_stage(w->rank));
     WCHECK(g_server = zd_ps_model_server_new(g_stage, w->rank, 2, &o));
     WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
@@ -209,6 +219,7 @@ static int run_shard(const world_t *w)
     WTRY(zd_rpc_register("test_forwards", fn_forwards, NULL));
     WTRY(zd_rpc_register("test_die", fn_die, NULL));
     WTRY(zd_rpc_register("test_version", fn_version, NULL));
+    WTRY(zd_rpc_register("test_inflight", fn_inflight, NULL));
     WTRY(join(w));
     int rc = 0;
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
@@ -534,6 +545,105 @@ static void test_two_trainers_then_lost(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  ---- max_inflight ---- */
+
+/*  Waits until shard s holds `held` slots with `waiting` forwards in line
+    (either -1: any number). 0, or -1 after 30 s. */
+static int wait_inflight(const world_t *w, int s, int held, int waiting)
+{
+    int64_t deadline = world_now_ms() + world_scaled_ms(30000), h = -1, q = -1;
+    while (world_now_ms() < deadline) {
+        zd_value_t *v = NULL;
+        if (zd_rpc_sync(s, "test_inflight", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
+            return world_fail(w, "test_inflight: %s", zd_error_last());
+        int rc = zd_rpc_arg_int(v, 0, &h) | zd_rpc_arg_int(v, 1, &q);
+        zd_value_unref(v);
+        if (rc < 0)
+            return world_fail(w, "test_inflight: %s", zd_error_last());
+        if ((held < 0 || h == held) && (waiting < 0 || q == waiting))
+            return 0;
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    return world_fail(w, "stage %d: %lld slots held and %lld waiting, expected %d and %d", s,
+                      (long long)h, (long long)q, held, waiting);
+}
+
+/*  Trainer 0 holds each stage's one slot with a training forward; trainer
+    1's forward waits in line at stage 0 until trainer 0's backward went
+    through, while trainer 0's evaluation forward takes no slot. A forward
+    whose context is released without a backward gives its slot back. */
+static int inflight_trainer(const world_t *w)
+{
+    int trainer = w->rank - 2, rc = 0;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    float loss;
+    if (trainer == 1) {
+        rc = wait_inflight(w, 0, 1, -1);
+        if (rc == 0)
+            rc = remote_step(w, model, trainer, 0, &loss);
+    } else {
+        zd_tensor_t *x, *y, *out = NULL, *l = NULL, *eval = NULL;
+        make_batch(0, 0, &x, &y);
+        int64_t ctx = -1;
+        if (zd_dist_autograd_context_begin(&ctx) < 0 ||
+            zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "forward: %s", zd_error_last());
+        if (rc == 0)
+            rc = wait_inflight(w, 1, 1, 0) | wait_inflight(w, 0, 1, 1);
+        zd_ps_model_train(model, false);
+        if (rc == 0 && zd_ps_model_forward(model, &x, 1, &eval, 1, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "an evaluation forward: %s", zd_error_last());
+        zd_ps_model_train(model, true);
+        if (rc == 0 &&
+            (zd_nn_mse_loss(out, y, &l) < 0 || zd_dist_autograd_backward(ctx, &l, 1, false) < 0 ||
+             zd_ps_model_step(model, ctx) < 0))
+            rc = world_fail(w, "backward: %s", zd_error_last());
+        /* the backward gave the slot to trainer 1, before the context ends */
+        if (rc == 0)
+            rc = wait_inflight(w, 0, -1, 0);
+        if (ctx != -1 && zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "context end: %s", zd_error_last());
+        /* trainer 1 went through and is done: no slot held anywhere */
+        if (rc == 0)
+            rc = wait_inflight(w, 0, 0, 0) | wait_inflight(w, 1, 0, 0);
+        zd_tensor_unref_p(&out);
+        if (rc == 0 &&
+            (zd_dist_autograd_context_begin(&ctx) < 0 ||
+             zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0))
+            rc = world_fail(w, "forward: %s", zd_error_last());
+        if (rc == 0)
+            rc = wait_inflight(w, 0, 1, 0);
+        if (rc == 0 && zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "context end: %s", zd_error_last());
+        if (rc == 0)
+            rc = wait_inflight(w, 0, 0, 0) | wait_inflight(w, 1, 0, 0);
+        zd_tensor_t *ts[] = {x, y, out, l, eval};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)
+            zd_tensor_unref(ts[i]);
+    }
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int inflight_world(const world_t *w)
+{
+    return w->rank < 2 ? run_shard(w) : inflight_trainer(w);
+}
+
+static void test_max_inflight(void **state)
+{
+    (void)state;
+    setup_t su = {.n_trainers = 2, .max_inflight = 1};
+    world_options_t o = {
+        .world_size = 4, .fn = inflight_world, .arg = &su, .own_init = true, .timeout_s = 90};
+    assert_int_equal(world_run(&o), 0);
+}
+
 /*  ---- checkpoints ---- */
 
 /*  The first run: five steps; the shards write a generation at the
@@ -639,6 +749,11 @@ static void test_arguments(void **state)
     o.stage_outputs = 0;
     assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
     assert_non_null(strstr(zd_error_last(), "stage_outputs must be in [1, 64]"));
+    o = zd_ps_options_default();
+    o.max_inflight = -1;
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_non_null(strstr(zd_error_last(), "max_inflight must be >= 0"));
+    assert_int_equal(zd_ps_model_server_inflight(NULL, NULL), 0);
     assert_null(zd_ps_model_new(shard_ranks, 0, &sgd, NULL));
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     assert_null(zd_ps_model_new((int[]){0, -1}, 2, &sgd, NULL));
@@ -661,7 +776,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arguments),           cmocka_unit_test(test_exact),
         cmocka_unit_test(test_refused_and_stopped), cmocka_unit_test(test_two_trainers_then_lost),
-        cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_checkpoint_resume),   cmocka_unit_test(test_max_inflight),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -100,6 +100,10 @@ typedef struct {
     int64_t server_wait_ms; /* how long a step waits for a lost shard to come back
                                (ZD_TIMEOUT_DEFAULT: it does not wait; ZD_TIMEOUT_NONE: no
                                limit) */
+    /* remote model, shards only: training forwards held at once until their
+       backward reaches the stage or their graph is dropped; later ones wait
+       in line, at most the RPC timeout (0: no limit) */
+    int max_inflight;
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
@@ -307,6 +311,11 @@ ZD_API int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s);
     process (zd_dist_optim_version), plus the version it resumed from; -1
     for NULL. */
 ZD_API int64_t zd_ps_model_server_version(zd_ps_model_server_t *s);
+
+/*  The training forwards holding one of the stage's max_inflight slots
+    now, and into *waiting (if not NULL) those waiting for one; 0 and 0
+    without a limit or for NULL. */
+ZD_API int zd_ps_model_server_inflight(zd_ps_model_server_t *s, int *waiting);
 
 /*  The forwards the stage ran (training and evaluation), or -1 for NULL. */
 ZD_API int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s);
