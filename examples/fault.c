@@ -42,3 +42,9 @@ void fault_point(int rank, const char *phase)
     else if (strcmp(action, "stop") == 0)
         raise(SIGSTOP);
 }
+
+void fault_on_step(void *arg, int shard, int64_t version)
+{
+    (void)arg, (void)version;
+    fault_point(shard, "step");
+}

@@ -15,7 +15,8 @@
                     evaluation, shutdown; parameter server: rendezvous,
                     step (apply_gradients), shutdown; worker: rendezvous,
                     backward (compute_gradients), shutdown;
-      ps_lstm       server shards: step (each step a shard takes);
+      ps_lstm       server shards: step (each step a shard takes: its
+                    on_step is fault_on_step);
       pipeline      driver: rendezvous, forward, backward, step,
                     evaluation, shutdown; stages: rendezvous, forward,
                     shutdown.
@@ -29,8 +30,14 @@
 #ifndef ZDIST_EXAMPLES_FAULT_H
 #define ZDIST_EXAMPLES_FAULT_H
 
+#include <stdint.h>
+
 /*  Rank `rank` reached `phase`: does what ZDIST_FAULT says, if it names
     them, and returns otherwise. */
 void fault_point(int rank, const char *phase);
+
+/*  A parameter-server shard's on_step (zd_ps_options_t): its "step" point,
+    with the shard's number as the rank. */
+void fault_on_step(void *arg, int shard, int64_t version);
 
 #endif

@@ -116,10 +116,7 @@ static int compute(void *arg)
 static int run_trainer(const options_t *o, const zd_ps_options_t *po, zd_nn_module_t *m,
                        const corpus_t *text, int index, const char *me)
 {
-    int ranks[64];
-    for (int s = 0; s < o->shards; s++)
-        ranks[s] = s;
-    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, (int)o->shards, po);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, NULL, (int)o->shards, po); /* ranks 0.. */
     int64_t hs[3] = {o->nlayers, o->batch, o->nhid}, xs[2] = {o->bptt, o->batch},
             ys[1] = {o->bptt * o->batch};
     step_t st = {.m = m,
@@ -155,14 +152,6 @@ static int run_trainer(const options_t *o, const zd_ps_options_t *po, zd_nn_modu
         zd_tensor_unref(ts[i]);
     zd_ps_client_free(ps);
     return status;
-}
-
-/*  A shard's step: a point where a test may kill it (ZDIST_FAULT). */
-static void shard_step(void *arg, int shard, int64_t version)
-{
-    (void)arg;
-    (void)version;
-    fault_point(shard, "step");
 }
 
 int main(int argc, char **argv)
@@ -229,7 +218,7 @@ int main(int argc, char **argv)
     po.checkpoint_path = o.checkpoint;
     po.checkpoint_every = o.checkpoint ? o.checkpoint_every : 0;
     po.resume = o.resume;
-    po.on_step = shard_step;
+    po.on_step = fault_on_step; /* where a test may kill a shard (ZDIST_FAULT) */
     po.server_wait_ms = o.server_wait_s > 0 ? o.server_wait_s * 1000 : ZD_TIMEOUT_DEFAULT;
     if (shard && !(srv = zd_ps_server_new_module(m, (int)w.rank, (int)o.shards, &adam, &po))) {
         fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());

@@ -417,9 +417,8 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
                                const zd_ps_options_t *opts)
 {
     zd_ps_options_t o;
-    if (!shard_ranks || n_shards < 1 || !optim) {
-        zd_error_set_code(ZD_ERR_ARGUMENT,
-                          "zd_ps_model_new: shard_ranks, n_shards >= 1 and optim are required");
+    if (n_shards < 1 || !optim) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_new: n_shards >= 1 and optim are required");
         return NULL;
     }
     if (zd_optim_config_check(optim) < 0) {
@@ -428,7 +427,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
     }
     if (zd__ps_options_read(&o, opts) < 0)
         return NULL;
-    for (int i = 0; i < n_shards; i++)
+    for (int i = 0; shard_ranks && i < n_shards; i++)
         if (shard_ranks[i] < 0) {
             zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_new: shard %d has rank %d", i,
                               shard_ranks[i]);
@@ -447,7 +446,8 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
         zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_new: out of memory");
         return NULL;
     }
-    memcpy(m->ranks, shard_ranks, (size_t)n_shards * sizeof *m->ranks);
+    for (int i = 0; i < n_shards; i++)
+        m->ranks[i] = shard_ranks ? shard_ranks[i] : i;
     m->n_shards = n_shards;
     m->optim = *optim;
     m->training = true;

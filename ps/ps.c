@@ -803,10 +803,10 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
                                  int n_shards, const zd_ps_options_t *opts)
 {
     zd_ps_options_t o;
-    if (!params || !shard_ranks || n_shards < 1) {
+    if (!params || n_shards < 1) {
         zd_error_set_code(ZD_ERR_ARGUMENT,
-                          "zd_ps_client_new: give the replica's tensors and the ranks of "
-                          "n_shards >= 1 shards (got %d)",
+                          "zd_ps_client_new: give the replica's tensors and n_shards >= 1 "
+                          "(got %d)",
                           n_shards);
         return NULL;
     }
@@ -827,7 +827,7 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
     if (!c->ranks || !c->version || !c->names || !c->ts || !c->of_shard || !c->got)
         goto oom;
     for (int s = 0; s < n_shards; s++) {
-        c->ranks[s] = shard_ranks[s];
+        c->ranks[s] = shard_ranks ? shard_ranks[s] : s;
         c->version[s] = -1;
     }
     for (int i = 0; i < n; i++) {

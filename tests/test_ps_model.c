@@ -576,7 +576,7 @@ static int inflight_trainer(const world_t *w)
 {
     int trainer = w->rank - 2, rc = 0;
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    zd_ps_model_t *model = zd_ps_model_new(NULL, 2, &sgd, NULL); /* ranks 0 and 1 */
     WCHECK(model);
     WTRY(join(w));
     float loss;

@@ -178,9 +178,10 @@ typedef struct zd_ps_client zd_ps_client_t;
 
 /*  A trainer's client for the replica params (the list is borrowed; the
     client takes a reference to each tensor, pulls into it and pushes its
-    .grad), served by the shards whose ranks are shard_ranks[0..n_shards-1], with
-    opts (NULL: the defaults; the shards' mode). Sends nothing yet. A new
-    object (zd_ps_client_free), or NULL (ZD_ERR_ARGUMENT). */
+    .grad), served by the shards whose ranks are shard_ranks[0..n_shards-1]
+    (NULL: ranks 0 to n_shards-1), with opts (NULL: the defaults; the
+    shards' mode). Sends nothing yet. A new object (zd_ps_client_free), or
+    NULL (ZD_ERR_ARGUMENT). */
 ZD_API zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
                                         int n_shards, const zd_ps_options_t *opts);
 
@@ -327,11 +328,12 @@ ZD_API void zd_ps_model_server_free(zd_ps_model_server_t *s);
 typedef struct zd_ps_model zd_ps_model_t;
 
 /*  A trainer's handle on the model whose stages the shards at
-    shard_ranks[0..n_shards-1] serve, stepped by a DistributedOptimizer
-    made from optim. Installs distributed autograd, so call it before
-    zd_rpc_init; it sends nothing yet (the first forward or step fetches
-    the parameters' RRefs and makes the optimizer). One thread at a time.
-    A new object (zd_ps_model_free), or NULL (ZD_ERR_ARGUMENT). */
+    shard_ranks[0..n_shards-1] (NULL: ranks 0 to n_shards-1) serve,
+    stepped by a DistributedOptimizer made from optim. Installs
+    distributed autograd, so call it before zd_rpc_init; it sends nothing
+    yet (the first forward or step fetches the parameters' RRefs and makes
+    the optimizer). One thread at a time. A new object (zd_ps_model_free),
+    or NULL (ZD_ERR_ARGUMENT). */
 ZD_API zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards,
                                       const zd_optim_config_t *optim, const zd_ps_options_t *opts);
 
