@@ -35,6 +35,12 @@ struct pending {
     void *hook_state;
     int wake_fd;     /* zd_rpc_sync on its own socket: wake it when */
     pthread_t owner; /* another thread completes the call */
+    /* Under pending_lock: the request is still being sent, and an ERROR
+       answer that came meanwhile (its text, owned, NULL when it could not
+       be kept) waits for the send's outcome (handle_error). */
+    bool sending, refused;
+    char *refusal;
+    zd_error_code_t refusal_code;
     pending_t *next;
 };
 
@@ -59,17 +65,29 @@ static void pending_insert(agent_t *a, pending_t *p)
     zd__io_due(&a->net, due);
 }
 
-static pending_t *pending_take(agent_t *a, uint64_t id)
+/* The link to the entry of id (*link NULL: none). Under pending_lock. */
+static pending_t **pending_find(agent_t *a, uint64_t id)
 {
-    pthread_mutex_lock(&a->pending_lock);
     pending_t **pp = &a->buckets[bucket_of(a, id)];
     while (*pp && (*pp)->id != id)
         pp = &(*pp)->next;
+    return pp;
+}
+
+/* Unlinks the entry at *pp. Under pending_lock. */
+static pending_t *pending_unlink(agent_t *a, pending_t **pp)
+{
     pending_t *p = *pp;
-    if (p) {
-        *pp = p->next;
-        a->n_pending--;
-    }
+    *pp = p->next;
+    a->n_pending--;
+    return p;
+}
+
+static pending_t *pending_take(agent_t *a, uint64_t id)
+{
+    pthread_mutex_lock(&a->pending_lock);
+    pending_t **pp = pending_find(a, id);
+    pending_t *p = *pp ? pending_unlink(a, pp) : NULL;
     pthread_mutex_unlock(&a->pending_lock);
     return p;
 }
@@ -112,6 +130,7 @@ static pending_t *pending_take_many(agent_t *a, int peer, int64_t now)
 static void pending_free(pending_t *p)
 {
     zd_future_unref(p->future);
+    free(p->refusal);
     free(p);
 }
 
@@ -171,6 +190,28 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
                                      p->api, peer->name, p->dst, p->fn, detail ? detail : "failed");
     }
     pending_free(p);
+}
+
+/* The request of id has left whole: an ERROR answer that came meanwhile
+   completes it now. (When the send failed, the sender takes the call out
+   and fails it with its own error instead: the refusal of a message it
+   could not finish, such as a tensor frame it could not allocate and
+   sent empty, must not read as the call's failure.) */
+static void pending_sent(agent_t *a, uint64_t id)
+{
+    pthread_mutex_lock(&a->pending_lock);
+    pending_t **pp = pending_find(a, id);
+    pending_t *p = *pp;
+    if (p)
+        p->sending = false;
+    if (p && p->refused)
+        pending_unlink(a, pp);
+    else
+        p = NULL;
+    pthread_mutex_unlock(&a->pending_lock);
+    if (p)
+        pending_finish(a, p, NULL, p->refusal ? p->refusal : "remote error", p->refusal_code, NULL,
+                       0);
 }
 
 /* ---- sending ---- */
@@ -300,6 +341,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     };
     /* In the table before the first byte leaves: the answer may come back
        before zd__transport_send returns. */
+    p->sending = true;
     pending_insert(a, p);
     /* A call on the thread's own socket still needs the shared one made
        (a world connected on first use): it is what tells of the peer lost. */
@@ -312,6 +354,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     zd_value_unref(args);
     if (rc == 0) {
         zd__rref_txn_commit(&txn);
+        pending_sent(a, h.id);
         return f;
     }
     zd__rref_txn_rollback(&txn);
@@ -355,32 +398,58 @@ static void error_text(agent_t *a, const pending_t *p, const rpc_wire_header_t *
         snprintf(text, size, "remote error: %.*s", (int)h->meta_len, (const char *)h->meta);
 }
 
+static void dropped_answer(const rpc_wire_header_t *h, int dst)
+{
+    zd__log(ZD_LOG_WARN,
+            "rpc: dropped an answer to request %" PRIx64 " from rank %d: it was sent to rank %d",
+            h->id, h->src, dst);
+}
+
+/* An ERROR answer. One that comes while its request is still being sent
+   waits in the entry for the send's outcome (pending_sent). */
+static void handle_error(agent_t *a, const rpc_wire_header_t *h)
+{
+    size_t size = h->meta_len + 512;
+    char *text = malloc(size);
+    pthread_mutex_lock(&a->pending_lock);
+    pending_t **pp = pending_find(a, h->id);
+    pending_t *p = *pp;
+    int dst = p ? p->dst : -1;
+    if (p && dst == h->src && text)
+        error_text(a, p, h, text, size);
+    if (p && dst == h->src && p->sending) {
+        p->refused = true;
+        p->refusal = text;
+        p->refusal_code = wire_error_code(h);
+        text = NULL;
+        p = NULL;
+    } else if (p && dst == h->src) {
+        pending_unlink(a, pp);
+    } else {
+        p = NULL;
+    }
+    pthread_mutex_unlock(&a->pending_lock);
+    if (dst >= 0 && dst != h->src)
+        dropped_answer(h, dst);
+    if (p)
+        pending_finish(a, p, NULL, text ? text : "remote error", wire_error_code(h), h->extra,
+                       h->extra_len);
+    free(text);
+}
+
 void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t *frames, int n)
 {
-    pending_t *p = pending_take(a, h->id);
-    if (p && p->dst != h->src) {
-        zd__log(ZD_LOG_WARN,
-                "rpc: dropped an answer to request %" PRIx64 " from rank %d: "
-                "it was sent to rank %d",
-                h->id, h->src, p->dst);
-        pending_insert(a, p);
-        p = NULL;
-        if (h->type == RPC_MSG_ERROR)
-            return;
-    }
     if (h->type == RPC_MSG_ERROR) {
         for (int i = 0; i < n; i++)
             frames[i].release(frames[i].data, frames[i].release_arg);
-        if (!p)
-            return;
-        size_t size = h->meta_len + 512;
-        char *text = malloc(size);
-        if (text)
-            error_text(a, p, h, text, size);
-        pending_finish(a, p, NULL, text ? text : "remote error", wire_error_code(h), h->extra,
-                       h->extra_len);
-        free(text);
+        handle_error(a, h);
         return;
+    }
+    pending_t *p = pending_take(a, h->id);
+    if (p && p->dst != h->src) {
+        dropped_answer(h, p->dst);
+        pending_insert(a, p);
+        p = NULL;
     }
     /* Decoded even when nobody waits any more (a late answer), so that the
        RRefs inside follow their protocol and nothing leaks. */
