@@ -777,9 +777,3 @@ void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, con
         zd__log(ZD_LOG_WARN, "rpc: cannot answer request %llx of rank %d: %s",
                 (unsigned long long)id, m->src, zd_error_last());
 }
-
-void zd__transport_send_error(zd__net_t *n, int dst, uint64_t id, const char *text)
-{
-    inmsg_t m = {.src = dst};
-    zd__transport_answer_error(n, &m, id, text);
-}
