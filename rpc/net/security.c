@@ -389,8 +389,7 @@ int zd__security_new(zd__net_t *n, const zd_rpc_options_t *o, const char *master
                        &s->lim_crypto, &s->lim_other, &s->lim_spoof};
     for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
         limit_init(lims[i]);
-    s->deadline_ns =
-        o->init_timeout_ms ? zd__net_now_ns() + o->init_timeout_ms * 1000000 : INT64_MAX;
+    s->deadline_ns = zd__deadline_after(zd__net_now_ns(), o->init_timeout_ms);
     n->sec = s;
     s->insecure = o->insecure || env_true("ZDIST_INSECURE");
     char path[4096];
