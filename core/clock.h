@@ -14,6 +14,11 @@
 #define ZD__NS_PER_MS INT64_C(1000000)
 #define ZD__NS_PER_S  INT64_C(1000000000)
 #define ZD__MS_PER_S  INT64_C(1000)
+#define ZD__US_PER_S  INT64_C(1000000)
+
+/* Spans the library bounds durations by, in seconds. */
+#define ZD__DAY_S  INT64_C(86400)
+#define ZD__WEEK_S (7 * ZD__DAY_S)
 
 /*  No deadline: later than any instant. */
 #define ZD__NEVER INT64_MAX

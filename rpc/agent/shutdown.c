@@ -24,6 +24,12 @@
 
 /* How often rank 0 looks at the open rounds (for members lost meanwhile). */
 #define BARRIER_LOOK_NS (20 * ZD__NS_PER_MS)
+/* The longest timeout a barrier round takes, so that the deadline
+   arithmetic cannot overflow: a week. */
+#define BARRIER_MAX_TIMEOUT_MS (ZD__WEEK_S * ZD__MS_PER_S)
+/* A round ends at 3/4 of its callers' own timeout, so that they get this
+   round's error, which names the missing workers: ns per ms of it. */
+#define BARRIER_DEADLINE_NS_PER_MS (ZD__NS_PER_MS * 3 / 4)
 
 typedef struct barrier_round {
     int64_t round;
@@ -160,9 +166,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     if (zd_rpc_arg_int(args, 0, &round) < 0 || zd_rpc_arg_int(args, 1, &count) < 0 ||
         zd_rpc_arg_int(args, 2, &timeout_ms) < 0)
         goto out;
-    /* Bounded so that the deadline arithmetic cannot overflow: a week. */
-    if (timeout_ms > 604800000)
-        timeout_ms = 604800000;
+    if (timeout_ms > BARRIER_MAX_TIMEOUT_MS)
+        timeout_ms = BARRIER_MAX_TIMEOUT_MS;
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t *r = a->barrier;
     while (r && r->round != round)
@@ -195,9 +200,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         }
         r->world = a->net.world;
         r->round = round;
-        /* Shorter than the callers' own timeout, so that they get this
-           round's error, which names the missing workers. */
-        r->deadline_ns = timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * 750000 : INT64_MAX;
+        r->deadline_ns =
+            timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * BARRIER_DEADLINE_NS_PER_MS : ZD__NEVER;
         r->next = a->barrier;
         a->barrier = r;
         zd__io_due(&a->net, zd__net_now_ns() + BARRIER_LOOK_NS);
