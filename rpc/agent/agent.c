@@ -321,7 +321,7 @@ static bool wait_users(agent_t *a, const char *stage)
                     (long long)a->n_pending, (long long)atomic_load(&a->serving));
             return false;
         }
-        struct timespec ts = {0, 100000};
+        struct timespec ts = {0, 100 * ZD__NS_PER_US};
         nanosleep(&ts, NULL);
     }
     return true;

@@ -30,6 +30,10 @@
 /* A round ends at 3/4 of its callers' own timeout, so that they get this
    round's error, which names the missing workers: ns per ms of it. */
 #define BARRIER_DEADLINE_NS_PER_MS (ZD__NS_PER_MS * 3 / 4)
+/* How often a drain looks whether the work in flight is done. */
+#define DRAIN_LOOK_NS (500 * ZD__NS_PER_US)
+/* The longest a drain without a shutdown timeout waits (drain_deadline). */
+#define DRAIN_BOUND_MS (10 * 60 * ZD__MS_PER_S)
 
 typedef struct barrier_round {
     int64_t round;
@@ -356,7 +360,7 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
                 outstanding(a) - atomic_load(&a->user_in_flight) - zd__rref_outstanding(a),
                 zd__rref_outstanding(a));
         }
-        struct timespec ts = {0, 500000};
+        struct timespec ts = {0, DRAIN_LOOK_NS};
         nanosleep(&ts, NULL);
     }
     return 0;
@@ -402,7 +406,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
 static int64_t drain_deadline(agent_t *a, int64_t deadline)
 {
     int64_t call = atomic_load(&a->timeout_ms);
-    int64_t bound_ms = call > 0 && call < 300000 ? 2 * call : 600000;
+    int64_t bound_ms = call > 0 && call < DRAIN_BOUND_MS / 2 ? 2 * call : DRAIN_BOUND_MS;
     int64_t bound = zd__deadline_after(zd__net_now_ns(), bound_ms);
     return bound < deadline ? bound : deadline;
 }

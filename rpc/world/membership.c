@@ -957,7 +957,7 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
             goto out;
         }
         /* The state changes on the I/O thread: a short look each time. */
-        struct timespec ts = {0, 5000000};
+        struct timespec ts = {0, 5 * ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
     }
 out:
