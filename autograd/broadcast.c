@@ -201,7 +201,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
 {
     *out = NULL;
     if (!a || !b)
-        return zd_error_set("%s: NULL tensor", op_name(op));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op_name(op));
     if (zd_tensor_dtype(a) != ZD_FLOAT32 || zd_tensor_dtype(b) != ZD_FLOAT32)
         return zd_error_set("%s: expected float32, got %s and %s", op_name(op),
                             zd_tensor_dtype_name(zd_tensor_dtype(a)),

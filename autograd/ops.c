@@ -11,6 +11,8 @@
 
 static int check_f32(const char *op, const zd_tensor_t *t)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op);
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
         return zd_error_set("%s: expected float32, got %s", op,
                             zd_tensor_dtype_name(zd_tensor_dtype(t)));
@@ -21,7 +23,7 @@ static int check_f32(const char *op, const zd_tensor_t *t)
 static int check_pair(const char *op, const zd_tensor_t *a, const zd_tensor_t *b)
 {
     if (!a || !b)
-        return zd_error_set("%s: NULL tensor", op);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op);
     if (check_f32(op, a) < 0 || check_f32(op, b) < 0)
         return -1;
     return zd_tensor_same_shape(a, b) ? 0 : 1;
@@ -378,8 +380,10 @@ static const zd_autograd_node_ops_t cat_ops =
 int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
 {
     *out = NULL;
-    if (n < 1)
-        return zd_error_set("cat: no tensors");
+    if (n < 1 || !ts)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "cat: no tensors");
+    if (check_f32("cat", ts[0]) < 0)
+        return -1;
     int ndim = zd_tensor_ndim(ts[0]);
     if (dim < 0)
         dim += ndim;
@@ -493,7 +497,7 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
 {
     *out = NULL;
     if (!t)
-        return zd_error_set("narrow: NULL tensor");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "narrow: NULL tensor");
     int ndim = zd_tensor_ndim(t);
     if (ndim == 0)
         return zd_error_set("narrow: a scalar has no dimension to narrow");

@@ -54,7 +54,7 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
 {
     *out = NULL;
     if (!x)
-        return zd_error_set("%s: NULL tensor", unary_names[op]);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", unary_names[op]);
     if (zd_tensor_dtype(x) != ZD_FLOAT32)
         return zd_error_set("%s: expected float32, got %s", unary_names[op],
                             zd_tensor_dtype_name(zd_tensor_dtype(x)));

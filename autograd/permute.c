@@ -91,14 +91,14 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
 {
     *out = NULL;
     if (!t)
-        return zd_error_set("%s: NULL tensor", op);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op);
     const int nd = zd_tensor_ndim(t);
     char s[96];
     if (ndims != nd)
         return zd_error_set("%s: %d dimensions given for a tensor of shape %s", op, ndims,
                             zd_tensor_shape_str(t, s, sizeof s));
     if (nd > 0 && !dims)
-        return zd_error_set("%s: NULL dimensions", op);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL dimensions", op);
     int perm[ZD_TENSOR_MAX_DIMS] = {0};
     bool seen[ZD_TENSOR_MAX_DIMS] = {false};
     for (int i = 0; i < nd; i++) {
@@ -139,7 +139,7 @@ int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out)
 {
     *out = NULL;
     if (!t)
-        return zd_error_set("transpose: NULL tensor");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "transpose: NULL tensor");
     const int nd = zd_tensor_ndim(t);
     int d0 = dim0 < 0 ? dim0 + nd : dim0, d1 = dim1 < 0 ? dim1 + nd : dim1;
     if (d0 < 0 || d0 >= nd || d1 < 0 || d1 >= nd) {

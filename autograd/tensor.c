@@ -300,11 +300,15 @@ int64_t *zd_tensor_data_i64(const zd_tensor_t *t)
 
 zd_tensor_t *zd_tensor_detach_copy(const zd_tensor_t *t)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_detach_copy: NULL tensor"), NULL;
     return zd_tensor_from_data(t->dtype, t->shape, t->ndim, zd_tensor_raw(t));
 }
 
 int zd_tensor_copy_(zd_tensor_t *dst, const zd_tensor_t *src)
 {
+    if (!dst || !src)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_copy_: NULL tensor");
     if (dst->dtype != src->dtype || dst->numel != src->numel)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_tensor_copy_: %lld %s elements into %lld %s elements",
@@ -340,6 +344,8 @@ static zd_tensor_t *tensor_view(zd_tensor_t *t, int ndim, const int64_t *shape)
 
 zd_tensor_t *zd_tensor_detach(zd_tensor_t *t)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_detach: NULL tensor"), NULL;
     return tensor_view(t, t->ndim, t->shape);
 }
 
@@ -365,6 +371,8 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
     int infer = -1;
     int64_t known = 1;
     *out = NULL;
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: NULL tensor");
     if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
         return zd_error_set("reshape: %d dimensions", ndim);
     for (int i = 0; i < ndim; i++) {
@@ -417,6 +425,8 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
 
 int zd_tensor_set_requires_grad(zd_tensor_t *t, bool requires_grad)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "requires_grad: NULL tensor");
     if (t->dtype != ZD_FLOAT32)
         return zd_error_set_code(
             ZD_ERR_ARGUMENT,
@@ -470,6 +480,9 @@ zd_tensor_t *zd_tensor_grad(zd_tensor_t *t)
 
 int zd_tensor_accumulate_grad(zd_tensor_t *t, const zd_tensor_t *g)
 {
+    if (!t || !g)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "accumulate_grad: NULL %s",
+                                 t ? "gradient" : "tensor");
     if (g->numel != t->numel || g->dtype != ZD_FLOAT32)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "accumulate_grad: gradient of %lld elements for a tensor of %lld",

@@ -14,6 +14,11 @@
 #define ZD__NS_PER_MS INT64_C(1000000)
 #define ZD__NS_PER_S  INT64_C(1000000000)
 #define ZD__MS_PER_S  INT64_C(1000)
+#define ZD__US_PER_S  INT64_C(1000000)
+
+/* Spans the library bounds durations by, in seconds. */
+#define ZD__DAY_S  INT64_C(86400)
+#define ZD__WEEK_S (7 * ZD__DAY_S)
 
 /*  No deadline: later than any instant. */
 #define ZD__NEVER INT64_MAX
@@ -48,12 +53,14 @@ static inline int64_t zd__ms_left(int64_t now_ns, int64_t deadline_ns)
     return left <= 0 ? 0 : (left + ZD__NS_PER_MS - 1) / ZD__NS_PER_MS;
 }
 
-/*  The realtime clock ms from now, for pthread_cond_timedwait on a
-    condition variable that keeps the default clock. */
-static inline struct timespec zd__realtime_in(int64_t ms)
+/*  The instant ms (>= 0) from now on clock, as a timespec, for
+    pthread_cond_timedwait on a condition variable that waits on that
+    clock (CLOCK_MONOTONIC set with pthread_condattr_setclock, or the
+    default CLOCK_REALTIME: zd__realtime_in). */
+static inline struct timespec zd__timespec_in(clockid_t clock, int64_t ms)
 {
     struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
+    clock_gettime(clock, &t);
     t.tv_sec += (time_t)(ms / ZD__MS_PER_S);
     t.tv_nsec += (long)((ms % ZD__MS_PER_S) * ZD__NS_PER_MS);
     if (t.tv_nsec >= ZD__NS_PER_S) {
@@ -61,6 +68,13 @@ static inline struct timespec zd__realtime_in(int64_t ms)
         t.tv_nsec -= ZD__NS_PER_S;
     }
     return t;
+}
+
+/*  The realtime clock ms from now, for pthread_cond_timedwait on a
+    condition variable that keeps the default clock. */
+static inline struct timespec zd__realtime_in(int64_t ms)
+{
+    return zd__timespec_in(CLOCK_REALTIME, ms);
 }
 
 #endif

@@ -49,6 +49,7 @@
 
 #include <zdist/error.h>
 #include <zdist/idx.h>
+#include "core/clock.h"
 #include "core/log_private.h"
 
 #define HEADER_BYTES 4096
@@ -482,16 +483,13 @@ static int open_gzip(int src, const struct stat *st, const char *path, zd__idx_v
     rc = open_cached(cpath, h, true, v, &why);
     if (rc != 0) {
         const char *was = why;
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
+        int64_t t0 = zd__now_ns();
         if (build(src, dir, cpath, h, &why)) {
-            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double took_s = (double)(zd__now_ns() - t0) / (double)ZD__NS_PER_S;
             zd__log(ZD_LOG_INFO,
                     "dataset: decompressed %s into the cache %s (%.2f s; the "
                     "cached copy was %s)",
-                    abs, cpath,
-                    (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec),
-                    was);
+                    abs, cpath, took_s, was);
             prune(dir, prefix, name);
             rc = open_cached(cpath, h, true, v, &why);
         } else if (strstr(why, "source") == NULL) {

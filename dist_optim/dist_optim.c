@@ -22,7 +22,7 @@
 
 /*  ---- owner side ---- */
 
-/*  The type of the local optimizer objects: an zd_optim_t. */
+/*  The type of the local optimizer objects: a zd_optim_t. */
 #define LOCAL_OPTIMIZER "LocalOptimizer"
 
 static pthread_rwlock_t params_lock;

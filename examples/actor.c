@@ -125,7 +125,7 @@ int actor_register(void)
 int actor_wait(zd_rref_t *r)
 {
     zd_value_t *res = NULL;
-    int rc = zd_rref_rpc_sync(r, "Actor.ready", NULL, -1, &res);
+    int rc = zd_rref_rpc_sync(r, "Actor.ready", NULL, ZD_TIMEOUT_DEFAULT, &res);
     zd_value_unref(res);
     return rc;
 }

@@ -78,7 +78,8 @@ typedef struct {
          "IP address (IPv4 or IPv6) this process listens on and advertises ($ZDIST_LISTEN_ADDR; "  \
          "unset: the one that routes to rank 0)"},                                                 \
         {"key_file", FLAG_STRING, &(w).key_file,                                                   \
-         "world key made by tools/keygen: every connection authenticated and encrypted "           \
+         "world key made by zdist-keygen (tools/keygen in a build): every connection "             \
+         "authenticated and encrypted "                                                            \
          "(unset: $ZDIST_KEY_FILE, else ~/.config/zdist/world.key if it exists)"},                 \
         {"insecure", FLAG_BOOL, &(w).insecure,                                                     \
          "run without a world key even off loopback: no authentication, no encryption"},           \

@@ -74,8 +74,8 @@ static zd_value_t *fn_shard_forward(zd_rpc_call_t *call, zd_value_t *args, void 
     zd_tensor_t *x, *y = NULL;
     /* Fetching the input is not the shard's work: outside the lock. Under
        the caller's context, the fetch is recorded for backward. */
-    if (zd_rpc_arg_rref(args, 1, &in_rref) < 0 || zd_rref_to_here(in_rref, -1, &in) < 0 ||
-        zd_value_get_tensor(in, &x) < 0) {
+    if (zd_rpc_arg_rref(args, 1, &in_rref) < 0 ||
+        zd_rref_to_here(in_rref, ZD_TIMEOUT_DEFAULT, &in) < 0 || zd_value_get_tensor(in, &x) < 0) {
         zd_error_wrap("NetShard.forward (stage %d): input", s->stage);
         goto out;
     }
@@ -210,7 +210,7 @@ pipeline_net_t *pipeline_net_new(int rank1, int rank2, uint64_t seed, bool dropo
     int ranks[2] = {rank1, rank2};
     for (int k = 0; k < 2; k++) {
         zd_value_t *a = ZD_ARGS(k + 1, seed, dropout);
-        n->shard[k] = a ? zd_rpc_remote(ranks[k], "NetShard", a, -1) : NULL;
+        n->shard[k] = a ? zd_rpc_remote(ranks[k], "NetShard", a, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(a);
         if (!n->shard[k]) {
             pipeline_net_free(n);
@@ -239,11 +239,11 @@ static zd_future_t *start_micro_batch(pipeline_net_t *n, zd_tensor_t *x)
     zd_future_t *f = NULL;
     zd_value_unref(xv);
     if (x_rref && (a = ZD_ARGS(x_rref)))
-        y_rref = zd_rref_remote(n->shard[0], "NetShard.forward", a, -1);
+        y_rref = zd_rref_remote(n->shard[0], "NetShard.forward", a, ZD_TIMEOUT_DEFAULT);
     zd_value_unref(a);
     a = NULL;
     if (y_rref && (a = ZD_ARGS(y_rref)))
-        f = zd_rref_rpc_async(n->shard[1], "NetShard.forward", a, -1);
+        f = zd_rref_rpc_async(n->shard[1], "NetShard.forward", a, ZD_TIMEOUT_DEFAULT);
     zd_value_unref(a);
     zd_rref_unref(y_rref);
     zd_rref_unref(x_rref);
@@ -274,7 +274,7 @@ int pipeline_net_forward(pipeline_net_t *n, zd_tensor_t *x, int num_split, zd_te
     }
     for (int i = 0; i < m; i++) {
         zd_tensor_t *t;
-        if (f && f[i] && zd_future_wait(f[i], -1) == 0 && rc == 0 &&
+        if (f && f[i] && zd_future_wait(f[i], ZD_TIMEOUT_DEFAULT) == 0 && rc == 0 &&
             zd_value_get_tensor(zd_future_value(f[i]), &t) == 0)
             outs[i] = zd_tensor_ref(t);
         else if (rc == 0)
@@ -296,7 +296,8 @@ const zd_rref_list_t *pipeline_net_parameter_rrefs(pipeline_net_t *n)
     zd_rref_list_t *params = n->params ? NULL : zd_rref_list_new();
     for (int k = 0; params && k < 2; k++) {
         zd_value_t *l = NULL;
-        int rc = zd_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, -1, &l);
+        int rc =
+            zd_rref_rpc_sync(n->shard[k], "NetShard.parameter_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &l);
         if (rc == 0 && zd_list_len(l) != PIPELINE_STAGE_PARAMS)
             rc = zd_error_set("NetShard.parameter_rrefs: %zu RRefs, expected %d", zd_list_len(l),
                               PIPELINE_STAGE_PARAMS);
@@ -320,7 +321,7 @@ int pipeline_net_train(pipeline_net_t *n, bool training)
     zd_value_t *a = ZD_ARGS(training), *v = NULL;
     int rc = a ? 0 : -1;
     for (int k = 0; rc == 0 && k < 2; k++) {
-        rc = zd_rref_rpc_sync(n->shard[k], "NetShard.train", a, -1, &v);
+        rc = zd_rref_rpc_sync(n->shard[k], "NetShard.train", a, ZD_TIMEOUT_DEFAULT, &v);
         zd_value_unref(v);
     }
     zd_value_unref(a);
@@ -335,7 +336,8 @@ int pipeline_net_gradients(pipeline_net_t *n, int64_t context_id, zd_tensor_t **
         grads[i] = NULL;
     for (int k = 0; rc == 0 && k < 2; k++) {
         zd_value_t *l;
-        if ((rc = zd_rref_rpc_sync(n->shard[k], "NetShard.gradients", a, -1, &l)) < 0)
+        if ((rc = zd_rref_rpc_sync(n->shard[k], "NetShard.gradients", a, ZD_TIMEOUT_DEFAULT, &l)) <
+            0)
             break;
         for (int i = 0; i < PIPELINE_STAGE_PARAMS && i < (int)zd_list_len(l); i++) {
             zd_tensor_t *g;
@@ -352,7 +354,7 @@ int pipeline_net_busy(pipeline_net_t *n, double *seconds)
 {
     for (int k = 0; k < 2; k++) {
         zd_value_t *v;
-        if (zd_rref_rpc_sync(n->shard[k], "NetShard.stats", NULL, -1, &v) < 0)
+        if (zd_rref_rpc_sync(n->shard[k], "NetShard.stats", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
             return -1;
         int rc = zd_rpc_arg_float(v, 0, &seconds[k]);
         zd_value_unref(v);

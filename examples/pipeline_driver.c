@@ -73,10 +73,10 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
     if (rc < 0) {
         char err[1024];
         snprintf(err, sizeof err, "%s", zd_error_last());
-        zd_dist_autograd_context_end(ctx, -1);
+        zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
         return zd_error_set("%s", err);
     }
-    return zd_dist_autograd_context_end(ctx, -1);
+    return zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT);
 }
 
 static int evaluate(pipeline_net_t *net, const zd_dataset_t *test, int64_t batch, int split,

@@ -81,7 +81,8 @@ typedef struct {
 static zd_tensor_t *future_tensor(zd_future_t *f)
 {
     zd_tensor_t *t;
-    if (zd_future_wait(f, -1) < 0 || zd_value_get_tensor(zd_future_value(f), &t) < 0)
+    if (zd_future_wait(f, ZD_TIMEOUT_DEFAULT) < 0 ||
+        zd_value_get_tensor(zd_future_value(f), &t) < 0)
         return NULL;
     return zd_tensor_ref(t);
 }
@@ -102,7 +103,7 @@ static int create_actors(driver_t *d)
     const ps_options_t *o = d->o;
     for (int s = 0; s < d->S; s++) {
         zd_value_t *a = ZD_ARGS(o->model, o->seed, o->lr, s, d->S, o->track);
-        d->servers[s] = a ? zd_rpc_remote(1 + s, "ParameterServer", a, -1) : NULL;
+        d->servers[s] = a ? zd_rpc_remote(1 + s, "ParameterServer", a, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(a);
         if (!d->servers[s])
             return -1;
@@ -113,7 +114,7 @@ static int create_actors(driver_t *d)
                                               o->train_size, o->track, delay)
                                     : ZD_ARGS(o->model, w, o->seed, o->batch_size, zd_value_none(),
                                               o->train_size, o->track, delay);
-        d->workers[w] = a ? zd_rpc_remote(1 + d->S + w, "DataWorker", a, -1) : NULL;
+        d->workers[w] = a ? zd_rpc_remote(1 + d->S + w, "DataWorker", a, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(a);
         if (!d->workers[w])
             return -1;
@@ -127,7 +128,8 @@ static int update_weights(driver_t *d, const char *method, zd_value_t *const *ar
     zd_future_t *f[PS_MAX_SERVERS] = {0};
     int rc = 0;
     for (int s = 0; s < d->S && rc == 0; s++)
-        if (!(f[s] = zd_rref_rpc_async(d->servers[s], method, args ? args[s] : NULL, -1)))
+        if (!(f[s] = zd_rref_rpc_async(d->servers[s], method, args ? args[s] : NULL,
+                                       ZD_TIMEOUT_DEFAULT)))
             rc = -1;
     for (int s = 0; s < d->S; s++) {
         zd_tensor_t *t = rc == 0 ? future_tensor(f[s]) : NULL;
@@ -209,8 +211,9 @@ static int apply(driver_t *d, zd_value_t *const *grads, int n)
 static zd_future_t *compute(driver_t *d, int w)
 {
     zd_value_t *a = weights_args(d);
-    zd_future_t *f =
-        a ? zd_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients", a, -1) : NULL;
+    zd_future_t *f = a
+        ? zd_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients", a, ZD_TIMEOUT_DEFAULT)
+        : NULL;
     zd_value_unref(a);
     return f;
 }
@@ -263,7 +266,7 @@ static int train_sync(driver_t *d, int64_t *updates)
         /* Each wait ends: with the gradient, or once its worker is lost. */
         int k = 0;
         for (int j = 0; j < n; j++) {
-            if (zd_future_wait(f[j], -1) == 0)
+            if (zd_future_wait(f[j], ZD_TIMEOUT_DEFAULT) == 0)
                 grads[k++] = zd_future_value(f[j]);
             else if (rc == 0 && !sync_worker_lost(d, f[j], who[j], i, gone, &live))
                 rc = -1;
@@ -319,7 +322,7 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
     }
     for (int64_t i = 0; rc == 0 && i < total; i++) {
         int k;
-        if ((rc = zd_future_wait_any(f, n, -1, &k)) < 0)
+        if ((rc = zd_future_wait_any(f, n, ZD_TIMEOUT_DEFAULT, &k)) < 0)
             break;
         zd_future_t *done = f[k];
         int w = who[k];
@@ -358,7 +361,7 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
     }
     /* On failure the others' replies are still coming: wait, then drop them. */
     for (int k = 0; k < n; k++) {
-        zd_future_wait(f[k], -1);
+        zd_future_wait(f[k], ZD_TIMEOUT_DEFAULT);
         zd_future_unref(f[k]);
     }
     return rc;
@@ -367,7 +370,7 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
 static int fetch_stats(zd_rref_t *r, ps_stats_t *st)
 {
     zd_value_t *v;
-    if (zd_rref_rpc_sync(r, "PS.stats", NULL, -1, &v) < 0)
+    if (zd_rref_rpc_sync(r, "PS.stats", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
         return -1;
     size_t n = zd_list_len(v);
     int rc = n >= 1 ? zd_rpc_arg_int(v, 0, &st->count) : zd_error_set("PS.stats: empty reply");

@@ -207,7 +207,7 @@ static zd_value_t *fn_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *ar
             n++;
         else
             rc = -1;
-    if (n && zd_future_wait_all(fs, n, -1) < 0)
+    if (n && zd_future_wait_all(fs, n, ZD_TIMEOUT_DEFAULT) < 0)
         rc = -1;
     for (int i = 0; i < n; i++)
         zd_future_unref(fs[i]);

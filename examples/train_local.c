@@ -87,6 +87,11 @@ static int run(const options_t *o)
     zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
     zd_tensor_t *params[16];
     int np = zd_nn_module_n_params(m);
+    if (np > (int)(sizeof params / sizeof *params)) {
+        zd_error_set("%s has %d parameters, more than the %zu this program holds",
+                     zd_nn_module_type(m), np, sizeof params / sizeof *params);
+        goto out;
+    }
     for (int i = 0; i < np; i++)
         params[i] = zd_nn_module_param(m, i);
     if (!(opt = zd_optim_new(&cfg, params, np)))

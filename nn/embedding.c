@@ -45,7 +45,7 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
         zd__nn_check_ndim("embedding: weight", weight, 2) < 0)
         return -1;
     if (!indices)
-        return zd_error_set("embedding: indices are NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "embedding: indices are NULL");
     const zd_tensor_dtype_t dt = zd_tensor_dtype(indices);
     if (dt != ZD_INT64 && dt != ZD_UINT8)
         return zd_error_set("embedding: indices must be int64 or uint8, got %s",

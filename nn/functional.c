@@ -458,7 +458,7 @@ int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
 {
     *out = NULL;
     if (!x)
-        return zd_error_set("flatten: input is NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "flatten: input is NULL");
     if (zd_tensor_ndim(x) < 2) {
         char sx[96];
         return zd_error_set("flatten: input %s needs at least 2 dimensions",

@@ -85,7 +85,7 @@ static int check_target_shape(const char *op, const zd_tensor_t *scores, const z
 {
     char ss[96], st[96];
     if (!target)
-        return zd_error_set("%s: target is NULL", op);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: target is NULL", op);
     if (zd_tensor_dtype(target) != ZD_INT64 && zd_tensor_dtype(target) != ZD_UINT8)
         return zd_error_set("%s: target must be int64 or uint8 class indices, got %s", op,
                             zd_tensor_dtype_name(zd_tensor_dtype(target)));

@@ -83,7 +83,7 @@ static int check_images(const char *model, zd_tensor_t *x)
 {
     char s[96];
     if (!x)
-        return zd_error_set("%s: input is NULL", model);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: input is NULL", model);
     if (zd_tensor_dtype(x) != ZD_FLOAT32 || zd_tensor_ndim(x) != 4 || zd_tensor_size(x, 1) != 1 ||
         zd_tensor_size(x, 2) != 28 || zd_tensor_size(x, 3) != 28)
         return zd_error_set("%s: input must be float32 (N, 1, 28, 28), got %s %s", model,

@@ -581,7 +581,7 @@ static int check_lstm_args(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
     if (num_layers < 1)
         return zd_error_set("lstm: num_layers is %d, expected at least 1", num_layers);
     if (!params)
-        return zd_error_set("lstm: params is NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "lstm: params is NULL");
     if (zd__rnn_check_weights("lstm: layer 0", 4, x, 3, params[0], params[1], params[2], params[3],
                               d) < 0)
         return -1;

@@ -73,7 +73,7 @@ zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params
     }
     for (int i = 0; i < n; i++) {
         if (!params[i]) {
-            zd_error_set("optimizer: parameter %d is NULL", i);
+            zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: parameter %d is NULL", i);
             return NULL;
         }
         if (zd_tensor_dtype(params[i]) != ZD_FLOAT32) {

@@ -19,6 +19,7 @@
 #include <time.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
 #include "core/log_private.h"
 #include "core/sized.h"
 #include "ps/ps_private.h"
@@ -879,17 +880,13 @@ int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
 {
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
-    bool limited = timeout_ms > 0;
-    struct timespec t0;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
     for (int s = 0; s < c->n_shards; s++) {
         int64_t left = ZD_TIMEOUT_NONE;
-        if (limited) {
-            struct timespec now;
-            clock_gettime(CLOCK_MONOTONIC, &now);
-            int64_t spent = (int64_t)(now.tv_sec - t0.tv_sec) * 1000 +
-                (int64_t)(now.tv_nsec - t0.tv_nsec) / 1000000;
-            left = timeout_ms - spent > 1 ? timeout_ms - spent : 1;
+        if (deadline != ZD__NEVER) {
+            left = zd__ms_left(zd__now_ns(), deadline);
+            if (left < 1)
+                left = 1;
         }
         if (zd_rpc_wait_peer(c->ranks[s], left) < 0)
             return zd_error_wrap("ps: shard %d (rank %d) not back", s, c->ranks[s]);
@@ -924,7 +921,7 @@ int zd_ps_client_step(zd_ps_client_t *c, zd_ps_compute_fn *compute, void *arg, i
             return -1;
         if (c->opts.server_wait_ms > 0)
             zd__log(ZD_LOG_WARN, "%s; waiting up to %" PRId64 " s for it", zd_error_last(),
-                    (c->opts.server_wait_ms + 999) / 1000);
+                    (c->opts.server_wait_ms + ZD__MS_PER_S - 1) / ZD__MS_PER_S);
         else
             zd__log(ZD_LOG_WARN, "%s; waiting for it", zd_error_last());
         if (zd_ps_client_wait_shards(c, c->opts.server_wait_ms) < 0)

@@ -333,7 +333,7 @@ static void test_bad_pieces_are_refused(void **state)
     streamed_piece(&s, &m, 23, 24, 0, NULL, 0, CHUNK);
     expect_refused(&m, &router_tag, 14, "(4096 bytes) where piece 24 of CALL e (1696 bytes)");
     streamed_free(&s);
-    /* An answer on an zd_rpc_sync socket is dropped without an answer. */
+    /* An answer on a zd_rpc_sync socket is dropped without an answer. */
     streamed_make(&s, 15, CHUNK);
     streamed_main(&s, &m, RPC_MSG_REPLY, 1, NULL, 0);
     assert_int_equal(filter(&dealer_tag, &m), 0);
@@ -414,7 +414,7 @@ static void test_stalled_streams_expire(void **state)
 {
     (void)state;
     setup_fake();
-    /* An answer on an zd_rpc_sync socket whose sender stopped after 3 pieces:
+    /* An answer on a zd_rpc_sync socket whose sender stopped after 3 pieces:
        kept while pieces could still come, dropped once they stalled. */
     streamed_t s;
     streamed_make(&s, 41, CHUNK);

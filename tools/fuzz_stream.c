@@ -7,8 +7,8 @@
     zd__transport_stream_filter like io.c does:
 
         byte 0      bits 0-1: connection (0: ROUTER, rank 0; 1: ROUTER,
-                    rank 1 through an zd_rpc_sync routing id; 2: ROUTER, rank
-                    1 through its shared socket; 3: an zd_rpc_sync DEALER
+                    rank 1 through a zd_rpc_sync routing id; 2: ROUTER, rank
+                    1 through its shared socket; 3: a zd_rpc_sync DEALER
                     connected to rank 1, where only answers may come)
                     bit 2: raw header (else built from the fields below)
                     bit 3: afterwards, expire the streams as if

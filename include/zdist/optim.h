@@ -14,7 +14,7 @@
     another process as text (zd_optim_config_format / zd_optim_config_parse): a
     DistributedOptimizer creates one local optimizer per owner from it.
 
-    Thread safety: every function taking an zd_optim_t locks the optimizer, so
+    Thread safety: every function taking a zd_optim_t locks the optimizer, so
     two threads may step the same optimizer (their steps run one after the
     other). The parameters' contents are not locked: a forward pass reading
     them during a step sees a mix of old and new values, as in PyTorch. */

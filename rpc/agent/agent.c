@@ -321,7 +321,7 @@ static bool wait_users(agent_t *a, const char *stage)
                     (long long)a->n_pending, (long long)atomic_load(&a->serving));
             return false;
         }
-        struct timespec ts = {0, 100000};
+        struct timespec ts = {0, 100 * ZD__NS_PER_US};
         nanosleep(&ts, NULL);
     }
     return true;
@@ -436,8 +436,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
         return zd_error_set_code(
             ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
-    int64_t deadline =
-        p.o.init_timeout_ms ? zd__net_now_ns() + p.o.init_timeout_ms * 1000000 : INT64_MAX;
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), p.o.init_timeout_ms);
     raise_fd_limit();
     /* Rank 0 without a listen address binds after the rendezvous, on the
        addresses that route to the workers that registered. */

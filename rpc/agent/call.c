@@ -20,6 +20,10 @@
 #include "rpc/value/future_hook.h"
 #include "rpc/agent/rref.h"
 
+/* A direct wait polls at most this long at a time (1000 s), then looks at
+   its deadline again: zmq_poll takes a long of ms. */
+#define WAIT_SLICE_MAX_MS INT64_C(1000000)
+
 struct pending {
     uint64_t id;
     int dst;
@@ -560,8 +564,8 @@ static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t 
             break;
         }
         int64_t left = zd__ms_left(now, deadline);
-        if (left > 1000000)
-            left = 1000000;
+        if (left > WAIT_SLICE_MAX_MS)
+            left = WAIT_SLICE_MAX_MS;
         if (now < poll_until)
             left = 0;
         else if (poll_ns) {

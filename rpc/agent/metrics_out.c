@@ -33,7 +33,10 @@
 #include <zdist/error.h>
 
 #define DEFAULT_INTERVAL_S 10.0
-#define DEBUG_ITEMS        64
+/* The range $ZDIST_METRICS_INTERVAL_S may ask for, in s. */
+#define MIN_INTERVAL_S 0.001
+#define MAX_INTERVAL_S 1e6
+#define DEBUG_ITEMS    64
 
 struct metrics_out {
     agent_t *a;
@@ -51,9 +54,7 @@ struct metrics_out {
 
 static double mono_s(void)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+    return (double)zd__now_ns() / (double)ZD__NS_PER_S;
 }
 
 /*  A JSON string: quotes, backslashes and control characters escaped. */
@@ -211,7 +212,7 @@ static int interval_from_env(double *out)
     char *end;
     errno = 0;
     double x = strtod(env, &end);
-    if (end == env || *end || errno || !isfinite(x) || x < 0.001 || x > 1e6)
+    if (end == env || *end || errno || !isfinite(x) || x < MIN_INTERVAL_S || x > MAX_INTERVAL_S)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "ZDIST_METRICS_INTERVAL_S=\"%s\": expected "
                                  "a number of seconds from 0.001 to 1e6",

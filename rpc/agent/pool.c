@@ -103,9 +103,7 @@ static void *worker_main(void *arg)
             p->idle++;
             int rc = 0;
             if (p->total > p->core) {
-                struct timespec ts;
-                clock_gettime(CLOCK_REALTIME, &ts);
-                ts.tv_sec += POOL_IDLE_EXIT_S;
+                struct timespec ts = zd__realtime_in(POOL_IDLE_EXIT_S * ZD__MS_PER_S);
                 rc = pthread_cond_timedwait(&p->cond, &p->lock, &ts);
             } else {
                 pthread_cond_wait(&p->cond, &p->lock);

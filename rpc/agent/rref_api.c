@@ -304,7 +304,7 @@ int zd_rref_drain(int64_t timeout_ms)
                                      "zd_rref_drain: %lld RRef messages still "
                                      "outstanding after %lld ms",
                                      (long long)n, (long long)t);
-        struct timespec ts = {0, 200000};
+        struct timespec ts = {0, 200 * ZD__NS_PER_US};
         nanosleep(&ts, NULL);
     }
 }

@@ -24,6 +24,16 @@
 
 /* How often rank 0 looks at the open rounds (for members lost meanwhile). */
 #define BARRIER_LOOK_NS (20 * ZD__NS_PER_MS)
+/* The longest timeout a barrier round takes, so that the deadline
+   arithmetic cannot overflow: a week. */
+#define BARRIER_MAX_TIMEOUT_MS (ZD__WEEK_S * ZD__MS_PER_S)
+/* A round ends at 3/4 of its callers' own timeout, so that they get this
+   round's error, which names the missing workers: ns per ms of it. */
+#define BARRIER_DEADLINE_NS_PER_MS (ZD__NS_PER_MS * 3 / 4)
+/* How often a drain looks whether the work in flight is done. */
+#define DRAIN_LOOK_NS (500 * ZD__NS_PER_US)
+/* The longest a drain without a shutdown timeout waits (drain_deadline). */
+#define DRAIN_BOUND_MS (10 * 60 * ZD__MS_PER_S)
 
 typedef struct barrier_round {
     int64_t round;
@@ -160,9 +170,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
     if (zd_rpc_arg_int(args, 0, &round) < 0 || zd_rpc_arg_int(args, 1, &count) < 0 ||
         zd_rpc_arg_int(args, 2, &timeout_ms) < 0)
         goto out;
-    /* Bounded so that the deadline arithmetic cannot overflow: a week. */
-    if (timeout_ms > 604800000)
-        timeout_ms = 604800000;
+    if (timeout_ms > BARRIER_MAX_TIMEOUT_MS)
+        timeout_ms = BARRIER_MAX_TIMEOUT_MS;
     pthread_mutex_lock(&a->barrier_lock);
     barrier_round_t *r = a->barrier;
     while (r && r->round != round)
@@ -195,9 +204,8 @@ zd_future_t *zd__shutdown_barrier_handler(zd_rpc_call_t *call, zd_value_t *args,
         }
         r->world = a->net.world;
         r->round = round;
-        /* Shorter than the callers' own timeout, so that they get this
-           round's error, which names the missing workers. */
-        r->deadline_ns = timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * 750000 : INT64_MAX;
+        r->deadline_ns =
+            timeout_ms > 0 ? zd__net_now_ns() + timeout_ms * BARRIER_DEADLINE_NS_PER_MS : ZD__NEVER;
         r->next = a->barrier;
         a->barrier = r;
         zd__io_due(&a->net, zd__net_now_ns() + BARRIER_LOOK_NS);
@@ -352,7 +360,7 @@ static int drain_local(agent_t *a, int64_t deadline_ns)
                 outstanding(a) - atomic_load(&a->user_in_flight) - zd__rref_outstanding(a),
                 zd__rref_outstanding(a));
         }
-        struct timespec ts = {0, 500000};
+        struct timespec ts = {0, DRAIN_LOOK_NS};
         nanosleep(&ts, NULL);
     }
     return 0;
@@ -398,7 +406,7 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
 static int64_t drain_deadline(agent_t *a, int64_t deadline)
 {
     int64_t call = atomic_load(&a->timeout_ms);
-    int64_t bound_ms = call > 0 && call < 300000 ? 2 * call : 600000;
+    int64_t bound_ms = call > 0 && call < DRAIN_BOUND_MS / 2 ? 2 * call : DRAIN_BOUND_MS;
     int64_t bound = zd__deadline_after(zd__net_now_ns(), bound_ms);
     return bound < deadline ? bound : deadline;
 }

@@ -338,9 +338,6 @@ int zd__transport_renew_peer(zd__net_t *n, peer_t *p);
 int zd__transport_send(zd__net_t *n, int dst, rpc_wire_header_t *h, zd_tensor_t *const *tensors,
                        int n_tensors);
 
-/*  Sends an ERROR answer to request id of rank dst. */
-void zd__transport_send_error(zd__net_t *n, int dst, uint64_t id, const char *text);
-
 /*  Answers through route (a zd_rpc_sync socket of rank dst) when route_len,
     else through the shared socket. */
 int zd__transport_send_routed(zd__net_t *n, int dst, const uint8_t *route, size_t route_len,

@@ -331,10 +331,11 @@ int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT], char sec
     uint8_t pb[32], sb[32], derived[32];
     char dtxt[SECURITY_KEY_TXT];
     if (!z85_key(p, pb) || !z85_key(s, sb)) {
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT,
-                               "%s is not a world key file (no curve public-key "
-                               "and secret-key; make one with tools/keygen)",
-                               path);
+        rc = zd_error_set_code(
+            ZD_ERR_ARGUMENT,
+            "%s is not a world key file (no curve public-key "
+            "and secret-key; make one with zdist-keygen, tools/keygen in a build)",
+            path);
     } else if (zmq_curve_public(dtxt, s) < 0 || !z85_key(dtxt, derived) ||
                memcmp(derived, pb, 32) != 0) {
         rc = zd_error_set_code(ZD_ERR_ARGUMENT,
@@ -373,7 +374,8 @@ static int find_key_file(const zd_rpc_options_t *o, char *path, size_t size)
 }
 
 static const char *remedies =
-    "make a world key with tools/keygen (it writes ~/.config/zdist/world.key), give every "
+    "make a world key with zdist-keygen (tools/keygen in a build; it writes "
+    "~/.config/zdist/world.key), give every "
     "process of the world the same file (a shared home folder, or copy it mode 0600) and "
     "pass it with --key_file / ZDIST_KEY_FILE / options.key_file; or run unauthenticated "
     "and unencrypted with --insecure / ZDIST_INSECURE=1 / options.insecure";
@@ -389,8 +391,7 @@ int zd__security_new(zd__net_t *n, const zd_rpc_options_t *o, const char *master
                        &s->lim_crypto, &s->lim_other, &s->lim_spoof};
     for (size_t i = 0; i < sizeof lims / sizeof *lims; i++)
         limit_init(lims[i]);
-    s->deadline_ns =
-        o->init_timeout_ms ? zd__net_now_ns() + o->init_timeout_ms * 1000000 : INT64_MAX;
+    s->deadline_ns = zd__deadline_after(zd__net_now_ns(), o->init_timeout_ms);
     n->sec = s;
     s->insecure = o->insecure || env_true("ZDIST_INSECURE");
     char path[4096];
@@ -431,7 +432,7 @@ int zd__security_new(zd__net_t *n, const zd_rpc_options_t *o, const char *master
     if (n->rank == 0)
         zd__log(ZD_LOG_INFO,
                 "rpc: no world key%s: this loopback-only world is unauthenticated "
-                "(any local user can connect); tools/keygen makes a key",
+                "(any local user can connect); zdist-keygen (tools/keygen in a build) makes a key",
                 s->insecure ? " (insecure)" : "");
     return 0;
 }

@@ -96,13 +96,6 @@ static void budget_init(void)
         budget_peer = budget_total;
 }
 
-void zd__transport_stream_budget(uint64_t *total, uint64_t *peer)
-{
-    pthread_once(&budget_once, budget_init);
-    *total = budget_total;
-    *peer = budget_peer;
-}
-
 /* Counts s (bytes declared by rank src) in the limits, or fails naming
    which one it would pass. Under lock. */
 static int budget_take(stream_t *s, int src, int world, uint64_t bytes)

@@ -84,10 +84,6 @@ void zd__transport_stream_clear(void);
     I/O thread calls it about once a second. Returns how many it dropped. */
 int zd__transport_stream_expire(zd__net_t *n, int64_t now);
 
-/*  The memory budget for pending streams and one rank's share of it, in
-    bytes (from the environment on first use; see RPC_STREAM_BUDGET_DEFAULT). */
-void zd__transport_stream_budget(uint64_t *total, uint64_t *peer);
-
 /*  Streamed messages waiting for pieces now (tests). */
 int zd__transport_stream_pending(void);
 

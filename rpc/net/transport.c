@@ -45,6 +45,8 @@ static void set_int(void *sock, int opt, int value)
    cost is N^2 connections, and their heartbeats); larger ones connect on
    first use. $ZDIST_RPC_EAGER_MAX changes it (0: always on first use). */
 #define EAGER_MAX_DEFAULT 16
+/* The longest ZMQ_SNDTIMEO set (an int of ms): about 11.6 days. */
+#define SNDTIMEO_MAX_MS INT64_C(1000000000)
 
 static int eager_max(void)
 {
@@ -220,7 +222,7 @@ static int hello_locked(zd__net_t *n, peer_t *p, int64_t deadline_ns)
     rpc_wire_header_t h = {.type = RPC_MSG_HELLO, .src = n->rank, .dst = p->rank};
     uint8_t buf[RPC_WIRE_FIXED];
     zd__rpc_wire_write(&h, buf);
-    set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > 1000000000 ? 1000000000 : left));
+    set_int(p->sock, ZMQ_SNDTIMEO, (int)(left > SNDTIMEO_MAX_MS ? SNDTIMEO_MAX_MS : left));
     int rc = zmq_send(p->sock, buf, sizeof buf, 0);
     set_int(p->sock, ZMQ_SNDTIMEO, -1);
     if (rc >= 0)
@@ -776,10 +778,4 @@ void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, con
     if (zd__transport_send_routed(n, m->src, m->route, m->route_len, &h, NULL, 0) < 0)
         zd__log(ZD_LOG_WARN, "rpc: cannot answer request %llx of rank %d: %s",
                 (unsigned long long)id, m->src, zd_error_last());
-}
-
-void zd__transport_send_error(zd__net_t *n, int dst, uint64_t id, const char *text)
-{
-    inmsg_t m = {.src = dst};
-    zd__transport_answer_error(n, &m, id, text);
 }

@@ -46,7 +46,7 @@ static zd_value_t *arg_value(const zd_rpc_arg_t *a)
 zd_value_t *zd_rpc_args_array(const zd_rpc_arg_t *items, size_t n)
 {
     if (n && !items) {
-        zd_error_set("ZD_ARGS: NULL items");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "ZD_ARGS: NULL items");
         return NULL;
     }
     zd_value_t *list = zd_value_list(n);
@@ -74,7 +74,7 @@ zd_value_t *zd_rpc_args_array(const zd_rpc_arg_t *items, size_t n)
 static int out_fill(const zd_value_t *args, size_t i, const zd_rpc_out_t *o)
 {
     if (!o->out)
-        return zd_error_set("argument %zu: NULL output pointer", i);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "argument %zu: NULL output pointer", i);
     switch (o->kind) {
     case 'i':
         return zd_rpc_arg_int(args, i, o->out);
@@ -143,7 +143,7 @@ int zd__rpc_unpack(const zd_value_t *args, const char *spec, ...)
 static int no_args(const char *api, const char *fn)
 {
     if (!zd_error_last()[0])
-        zd_error_set("NULL argument list (ZD_ARGS() is the empty one)");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "NULL argument list (ZD_ARGS() is the empty one)");
     return zd_error_wrap("%s calling \"%s\"", api, fn ? fn : "(null)");
 }
 

@@ -83,13 +83,7 @@ static deadline_t deadline_in(int64_t timeout_ms)
         return d;
     if (timeout_ms > CENTURY_MS)
         timeout_ms = CENTURY_MS;
-    clock_gettime(CLOCK_MONOTONIC, &d.at);
-    d.at.tv_sec += (time_t)(timeout_ms / ZD__MS_PER_S);
-    d.at.tv_nsec += (long)((timeout_ms % ZD__MS_PER_S) * ZD__NS_PER_MS);
-    if (d.at.tv_nsec >= ZD__NS_PER_S) {
-        d.at.tv_sec++;
-        d.at.tv_nsec -= ZD__NS_PER_S;
-    }
+    d.at = zd__timespec_in(CLOCK_MONOTONIC, timeout_ms);
     return d;
 }
 

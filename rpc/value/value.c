@@ -193,7 +193,7 @@ zd_value_t *zd_value_object(void *ptr, void (*free_fn)(void *ptr), const char *t
     if (!ptr || !type) {
         if (ptr && free_fn)
             free_fn(ptr);
-        zd_error_set("zd_value_object: NULL %s", ptr ? "type" : "object");
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_value_object: NULL %s", ptr ? "type" : "object");
         return NULL;
     }
     zd_value_t *v = value_new(ZD_VALUE_OBJECT);
@@ -431,7 +431,8 @@ const char *zd_value_kind_name(zd_value_kind_t kind)
 static int expect(const zd_value_t *v, zd_value_kind_t kind)
 {
     if (!v)
-        return zd_error_set("expected %s, got NULL", zd_value_kind_name(kind));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "expected %s, got NULL",
+                                 zd_value_kind_name(kind));
     if (v->kind != kind)
         return zd_error_set("expected %s, got %s", zd_value_kind_name(kind),
                             zd_value_kind_name(v->kind));

@@ -112,11 +112,6 @@ static bool io_renew(void *arg);
 static void io_reached(void *arg, int rank);
 static void join_unreached(void *arg, int rank);
 
-static int64_t now_ns(void)
-{
-    return zd__net_now_ns();
-}
-
 /* The membership of the running agent's net: the arg of its own hooks
    there (zd__membership_new), NULL before it is made or once freed. */
 static membership_t *mb_of(const zd__net_t *n)
@@ -174,7 +169,7 @@ void zd__membership_mark_lost(membership_t *mb, int rank)
 {
     peer_t *p = &mb->n->peers[rank];
     int64_t expected = 0;
-    if (atomic_compare_exchange_strong(&p->lost_at_ns, &expected, now_ns())) {
+    if (atomic_compare_exchange_strong(&p->lost_at_ns, &expected, zd__net_now_ns())) {
         atomic_store(&p->lost, true);
         mb->up.count_lost(mb->up.arg, 1);
     }
@@ -288,7 +283,7 @@ void zd__membership_peer_lost(membership_t *mb, int rank)
 static bool release_over(const zd__net_t *n, int rank, int64_t deadline)
 {
     while (atomic_load(&n->peers[rank].releasing)) {
-        if (now_ns() >= deadline)
+        if (zd__net_now_ns() >= deadline)
             return false;
         struct timespec ts = {0, ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
@@ -302,7 +297,7 @@ int zd__membership_renew(membership_t *mb, int rank, const char *name, const cha
     zd__net_t *n = mb->n;
     if (rank < 0 || rank >= n->world || rank == n->rank)
         return zd_error_set("rejoin: rank %d is not a peer", rank);
-    int64_t deadline = zd__deadline_after(now_ns(), RENEW_WAIT_MS);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), RENEW_WAIT_MS);
     peer_t *p = &n->peers[rank];
     pthread_mutex_lock(&mb->serial);
     if (turn > 0 && turn <= mb->seen[rank]) {
@@ -314,7 +309,7 @@ int zd__membership_renew(membership_t *mb, int rank, const char *name, const cha
     /* The old process is gone even if its connection here has not said so
        yet: what it held goes first. */
     if (!atomic_load(&p->lost_at_ns))
-        zd__peer_declare_lost(n, mb->lost_up, rank, now_ns());
+        zd__peer_declare_lost(n, mb->lost_up, rank, zd__net_now_ns());
     if (!release_over(n, rank, deadline)) {
         pthread_mutex_unlock(&mb->serial);
         return zd_error_set_code(ZD_ERR_TIMEOUT,
@@ -527,9 +522,9 @@ static void retell(membership_t *mb)
         return;
     zd__net_t *n = mb->n;
     size_t w = (size_t)n->world;
-    bool due = now_ns() >= mb->retell_at;
+    bool due = zd__net_now_ns() >= mb->retell_at;
     if (due)
-        mb->retell_at = zd__deadline_after(now_ns(), RETELL_MS);
+        mb->retell_at = zd__deadline_after(zd__net_now_ns(), RETELL_MS);
     for (size_t k = 0; k < w * w; k++) {
         zd_future_t *f = mb->retell[k];
         if (f && zd_future_done(f)) {
@@ -746,7 +741,7 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
         if (turn >= mb->seen[rank] && !atomic_load(&n->peers[rank].lost_at_ns)) {
             zd__log(ZD_LOG_WARN, "rpc: rank 0 reports \"%s\" (rank %d) lost", n->peers[rank].name,
                     (int)rank);
-            zd__peer_declare_lost(n, mb->lost_up, (int)rank, now_ns());
+            zd__peer_declare_lost(n, mb->lost_up, (int)rank, zd__net_now_ns());
         }
         pthread_mutex_unlock(&mb->serial);
         result = zd_value_none();
@@ -796,7 +791,8 @@ static void await_master(membership_t *mb)
 {
     zd__net_t *n = mb->n;
     bool forever = mb->master_wait_ms == INT64_MAX;
-    int64_t deadline = forever ? ZD__NEVER : zd__deadline_after(now_ns(), mb->master_wait_ms);
+    int64_t deadline =
+        forever ? ZD__NEVER : zd__deadline_after(zd__net_now_ns(), mb->master_wait_ms);
     char ep[ZD_RPC_MAX_ENDPOINT + 1];
     if (zd__reg_master_endpoint(mb->master, mb->port, ep, sizeof ep) < 0) {
         zd__log(ZD_LOG_WARN, "rpc: rank 0 is lost and cannot be waited for: %s", zd_error_last());
@@ -825,7 +821,7 @@ static void await_master(membership_t *mb)
     if (zd__reg_run(&c, table, &running) == 0) {
         take_table(mb, table);
     } else if (!atomic_load(&mb->stop)) { /* a stop is the shutdown's */
-        if (now_ns() >= deadline)
+        if (zd__net_now_ns() >= deadline)
             zd__log(ZD_LOG_ERROR, "rpc: rank 0 (\"%s\") did not come back within %lld s",
                     n->peers[0].name, (long long)(mb->master_wait_ms / ZD__MS_PER_S));
         else
@@ -944,14 +940,14 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
                                rank, n->world);
         goto out;
     }
-    int64_t deadline = zd__deadline_after(now_ns(), timeout_ms);
+    int64_t deadline = zd__deadline_after(zd__net_now_ns(), timeout_ms);
     peer_t *p = &n->peers[rank];
     while (atomic_load(&p->lost_at_ns) || (rank != n->rank && atomic_load(&p->lost))) {
         if (atomic_load(&n->closing)) {
             rc = zd_error_set_code(ZD_ERR_SHUTDOWN, "zd_rpc_wait_peer: RPC shut down");
             goto out;
         }
-        if (now_ns() >= deadline) {
+        if (zd__net_now_ns() >= deadline) {
             char text[256] = "";
             zd__peer_lost(n, rank, text, sizeof text);
             rc = zd_error_set_code(ZD_ERR_TIMEOUT,
@@ -961,7 +957,7 @@ int zd_rpc_wait_peer(int rank, int64_t timeout_ms)
             goto out;
         }
         /* The state changes on the I/O thread: a short look each time. */
-        struct timespec ts = {0, 5000000};
+        struct timespec ts = {0, 5 * ZD__NS_PER_MS};
         nanosleep(&ts, NULL);
     }
 out:

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "core/clock.h"
 #include "core/log_private.h"
 #include "core/sized.h"
 #include "rpc/net/address.h"
@@ -53,6 +54,12 @@ static int listen_addr(init_params_t *p)
     return 0;
 }
 
+/*  The largest value of each duration field (more is refused): a day, a
+    week, a second. */
+#define HEARTBEAT_MAX_MS   (ZD__DAY_S * ZD__MS_PER_S)
+#define MASTER_WAIT_MAX_MS (ZD__WEEK_S * ZD__MS_PER_S)
+#define BUSY_POLL_MAX_US   ZD__US_PER_S
+
 /*  A duration field of zd_rpc_options_t, read by error.h's rule. */
 typedef struct {
     const char *field;
@@ -67,9 +74,17 @@ static const duration_t
     rpc_timeout = {"rpc_timeout_ms", INT64_MAX, RPC_TIMEOUT_DEFAULT_MS, NULL, 0, 0, 0},
     init_timeout = {"init_timeout_ms", INT64_MAX, RPC_INIT_TIMEOUT_DEFAULT_MS, NULL, 0, 0, 0},
     /* ZeroMQ's heartbeats (transport.c) take an int of ms: at most a day. */
-    heartbeat = {"heartbeat_ms", 86400000, 30000, "ZDIST_HEARTBEAT_S", 1, 86400, 1000},
-    master_wait = {"master_wait_ms", 604800000, 0, "ZDIST_MASTER_WAIT_S", 0, 604800, 1000},
-    busy_poll = {"busy_poll_us", 1000000, 100, "ZDIST_BUSY_POLL_US", 0, 1000000, 1};
+    heartbeat = {"heartbeat_ms", HEARTBEAT_MAX_MS, HEARTBEAT_DEFAULT_MS, "ZDIST_HEARTBEAT_S", 1,
+                 ZD__DAY_S,      ZD__MS_PER_S},
+    master_wait = {"master_wait_ms", MASTER_WAIT_MAX_MS, 0, "ZDIST_MASTER_WAIT_S", 0,
+                   ZD__WEEK_S,       ZD__MS_PER_S},
+    busy_poll = {"busy_poll_us",
+                 BUSY_POLL_MAX_US,
+                 BUSY_POLL_DEFAULT_US,
+                 "ZDIST_BUSY_POLL_US",
+                 0,
+                 BUSY_POLL_MAX_US,
+                 1};
 
 /*  The one reading of a duration field: ZD_TIMEOUT_DEFAULT (< 0) becomes
     the variable's value when it is set, else the default; ZD_TIMEOUT_NONE

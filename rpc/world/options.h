@@ -16,6 +16,9 @@
 /*  What ZD_TIMEOUT_DEFAULT means in zd_rpc_options_t's timeouts. */
 #define RPC_TIMEOUT_DEFAULT_MS      60000
 #define RPC_INIT_TIMEOUT_DEFAULT_MS 300000
+/*  ... and in the other durations, without their variables. */
+#define HEARTBEAT_DEFAULT_MS 30000
+#define BUSY_POLL_DEFAULT_US 100
 
 /*  zd_rpc_init's arguments, completed and checked. Every duration of o is
     resolved (no ZD_TIMEOUT_DEFAULT left; 0 = none), except master_wait_ms:

@@ -61,6 +61,8 @@
 #include "rpc/net/security.h"
 
 #define MAX_BINDS RDV_MAX_BINDS
+/* zmq_poll waits at most this long at a time (1000 s; an int of ms). */
+#define POLL_SLICE_MAX_MS INT64_C(1000000)
 
 typedef struct {
     bool present;
@@ -88,7 +90,7 @@ typedef struct {
 static int remaining_ms(int64_t deadline)
 {
     int64_t left = zd__ms_left(zd__net_now_ns(), deadline);
-    return left < 0 ? -1 : (int)(left > 1000000 ? 1000000 : left);
+    return left < 0 ? -1 : (int)(left > POLL_SLICE_MAX_MS ? POLL_SLICE_MAX_MS : left);
 }
 
 static void set_int(void *sock, int opt, int value)
