@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  rref_backward.c: RRef.backward (SPEC R15): a backward pass started from
+/*  rref_backward.c: RRef.backward: a backward pass started from
     a loss that lives behind an RRef, run by the RRef's owner. */
 #include "dist_autograd/dist_private.h"
 

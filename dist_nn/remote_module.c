@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  remote_module.c: RemoteModule (SPEC R14). The owner keeps the module in
+/*  remote_module.c: RemoteModule. The owner keeps the module in
     an object value behind an RRef; forward and remote_parameters are
     internal functions called through that RRef, so the module's tensors
     travel (and are recorded by distributed autograd) as any RPC's. */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  ps_core.h: synchronous and asynchronous parameter servers (SPEC Y1-Y5),
+/*  ps_core.h: synchronous and asynchronous parameter servers,
     the design of Ray's parameter-server example, on the RPC API.
 
     Actors (actor.h), created with zd_rpc_remote() and called through their
@@ -54,7 +54,7 @@ typedef struct {
     int64_t test_size;     /* 0: the whole test set; else its first N images */
     int64_t train_size;    /* 0: the whole training set; else its first N images */
     int64_t max_staleness; /* async: a worker runs at most this many updates
-                                   ahead of the slowest (0: no bound; SPEC B3) */
+                                   ahead of the slowest (0: no bound) */
     int64_t straggler_ms;  /* worker 0 takes this much longer per gradient */
     double progress_s;     /* > 0: the driver prints a progress line every N s (progress.h) */
     bool quiet;            /* print nothing */

@@ -58,7 +58,7 @@ int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const c
 
 #define PS_NET_MAX_TRAINERS 64
 
-/*  Checkpoints (SPEC B2), after ps_net_serve and before zd_rpc_init, on
+/*  Checkpoints, after ps_net_serve and before zd_rpc_init, on
     every shard with the same prefix: the shard's parameters go to
     prefix.shardK with the checkpoint's generation number (the previous
     file stays as prefix.shardK.prev); shard 0's file also holds how many

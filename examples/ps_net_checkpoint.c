@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  ps_net_checkpoint.c: checkpoints and resume of the parameter server
-    (SPEC B2: a run stopped and resumed takes the steps of one that never
+    (a run stopped and resumed takes the steps of one that never
     stopped); see ps_net_checkpoint_enable in ps_net.h.
 
     Generations. Shard 0 numbers each checkpoint (1, 2, ...) and every

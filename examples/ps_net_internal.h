@@ -9,7 +9,7 @@
     ps_net_serve.c       ps_net_serve and the forward/parameter/gradient RPCs
     ps_net_eval.c        trainers' start/finish, throughput, the shared final
                          evaluation
-    ps_net_checkpoint.c  checkpoints and resume (SPEC B2)
+    ps_net_checkpoint.c  checkpoints and resume
     ps_net_export.c      the Net in and out of safetensors files */
 #ifndef ZDIST_EXAMPLES_PS_NET_INTERNAL_H
 #define ZDIST_EXAMPLES_PS_NET_INTERNAL_H

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/*  ps_sync_async: synchronous and asynchronous parameter-server training
-    (SPEC Y1-Y5), Ray's parameter-server example on zdist.
+/*  ps_sync_async: synchronous and asynchronous parameter-server training,
+    Ray's parameter-server example on zdist.
 
         tools/launch --nproc=4 -- ps_sync_async --mode=sync --num_workers=2
         tools/launch --nproc=5 -- ps_sync_async --mode=async --num_workers=2 --num_servers=2
@@ -43,7 +43,7 @@ int main(int argc, char **argv)
         {"data_dir", FLAG_STRING, &o.data_dir,
          "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
         {"seed", FLAG_INT, &o.seed, "initial weights and the workers' data orders"},
-        {"model", FLAG_STRING, &o.model, "convnet (SPEC Y2) or net"},
+        {"model", FLAG_STRING, &o.model, "convnet or net"},
         {"eval_interval", FLAG_INT, &o.eval_interval, "test accuracy every N iterations"},
         {"progress_s", FLAG_DOUBLE, &o.progress_s,
          "the driver prints a progress line (iteration, samples/s, time left) every N "

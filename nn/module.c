@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  module.c: the parameter container (SPEC N5): named parameters,
+/*  module.c: the parameter container: named parameters,
     submodules, mode, forward, checkpoints. */
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  launch: starts a whole local world of one program, like torchrun for the
-    programs of this project (SPEC P6), or this node's share of a world
+    programs of this project, or this node's share of a world
     spread over several nodes, like torchrun's static rendezvous:
 
         launch --nproc=4 [--master_port=P] -- prog [prog flags]

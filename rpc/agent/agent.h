@@ -78,7 +78,7 @@ agent_t *zd__agent_try_acquire(void);
     close): for answers to calls it already took. NULL, no error. */
 agent_t *zd__agent_acquire_gen(unsigned gen);
 
-/*  A fresh id: rank << 48 | counter (BACKGROUND A2; zd__net_new_id). */
+/*  A fresh id: rank << 48 | counter (zd__net_new_id). */
 uint64_t zd__agent_new_id(agent_t *a);
 
 /*  Effective timeout of a call, RRef fetch or RRef message: timeout_ms < 0

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  metrics.c: per-peer counters and round-trip latency (SPEC R12).
+/*  metrics.c: per-peer counters and round-trip latency.
 
     Latencies go into a log-scale histogram (16 buckets per octave from
     1 us, so a percentile is known within 2^(1/32) ~ 2%); counters are

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  pool.c: the worker threads that run handlers (SPEC R11).
+/*  pool.c: the worker threads that run handlers.
 
     A fixed pool deadlocks on nested calls once every thread waits for an
     answer that needs a thread (pytorch/pytorch#26362). Here a pool thread

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  rref.h: remote references inside the agent (private to rpc/).
 
-    Protocol (BACKGROUND B, PyTorch's rref.md). One OwnerRRef (an owner
+    Protocol (PyTorch's rref.md). One OwnerRRef (an owner
     entry holding the value) on the owner; any number of UserRRefs
     elsewhere, each a distinct fork with a world-unique fork id. The owner
     keeps the set of forks it knows, each with the rank holding it; it

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  rref_api.c: the public RRef functions (SPEC R4, R5, R6). */
+/*  rref_api.c: the public RRef functions. */
 #include "rpc/agent/rref.h"
 
 #include <stdlib.h>

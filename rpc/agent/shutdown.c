@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  shutdown.c: graceful shutdown (SPEC R8).
+/*  shutdown.c: graceful shutdown.
 
     Rounds of a barrier hosted by rank 0, each carrying every process's
     count of outstanding work (its calls in flight, the calls it is serving,

@@ -214,7 +214,7 @@ typedef struct zd__net {
     security_t *sec; /* keys and the ZAP handler (security.h) */
 } zd__net_t;
 
-/*  A fresh id: rank << 48 | counter (BACKGROUND A2). */
+/*  A fresh id: rank << 48 | counter. */
 static inline uint64_t zd__net_new_id(zd__net_t *n)
 {
     uint64_t c = atomic_fetch_add(&n->next_id, 1) & ((UINT64_C(1) << 48) - 1);

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/*  codec.h: values on the wire (SPEC R10, R13). Private to the rpc module.
+/*  codec.h: values on the wire. Private to the rpc module.
 
     A value travels as one metadata blob plus one frame per tensor, so tensor
     data is never copied into a buffer: the sender hands tensor memory to the

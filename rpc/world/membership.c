@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*  membership.c: a process restarted under the rank and name of a lost
-    peer joins the running world (dynamic membership, SPEC B10).
+    peer joins the running world (dynamic membership).
 
     Rank 0 keeps its rendezvous socket for the life of the world, and a
     thread answers it: a restarted process registers there as at the
