@@ -38,8 +38,7 @@ static zd_value_t *fn_shard_new(zd_rpc_call_t *call, zd_value_t *args, void *arg
 {
     (void)call, (void)arg;
     int64_t stage, seed, dropout;
-    if (zd_rpc_arg_int(args, 0, &stage) < 0 || zd_rpc_arg_int(args, 1, &seed) < 0 ||
-        zd_rpc_arg_int(args, 2, &dropout) < 0)
+    if (ZD_UNPACK(args, &stage, &seed, &dropout) < 0)
         return NULL;
     if (stage != 1 && stage != 2) {
         zd_error_set("NetShard: stage must be 1 or 2, got %lld", (long long)stage);

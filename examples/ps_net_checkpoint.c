@@ -232,7 +232,7 @@ static zd_value_t *fn_save_shard(zd_rpc_call_t *call, zd_value_t *args, void *ar
 {
     (void)arg;
     int64_t generation;
-    if (zd_rpc_arg_int(args, 0, &generation) < 0)
+    if (ZD_UNPACK(args, &generation) < 0)
         return NULL;
     if (!ck.prefix[0]) {
         zd_error_set("ps_save_shard: shard %d runs without --checkpoint", ps_shard.shard);
@@ -269,7 +269,7 @@ static zd_value_t *fn_reload_shard(zd_rpc_call_t *call, zd_value_t *args, void *
 {
     (void)arg;
     int64_t generation;
-    if (zd_rpc_arg_int(args, 0, &generation) < 0)
+    if (ZD_UNPACK(args, &generation) < 0)
         return NULL;
     if (!ck.prefix[0] || zd_rpc_call_caller_rank(call) != 0) {
         zd_error_set("ps_reload_shard: only shard 0 rolls shards back, with --checkpoint");

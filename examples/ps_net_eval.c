@@ -282,7 +282,7 @@ static zd_value_t *fn_trainer_failed(zd_rpc_call_t *call, zd_value_t *args, void
     int64_t batches;
     const char *text;
     int src = zd_rpc_call_caller_rank(call);
-    if (zd_rpc_arg_int(args, 0, &batches) < 0 || zd_rpc_arg_string(args, 1, &text) < 0)
+    if (ZD_UNPACK(args, &batches, &text) < 0)
         return NULL;
     pthread_mutex_lock(&ev.stats_lock);
     if (!tables_ready(src)) {

@@ -29,10 +29,10 @@ static zd_value_t *fn_get_parameter_server(zd_rpc_call_t *call, zd_value_t *args
 static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
+    zd_value_t *server; /* the RRef's value: this process's own */
     zd_tensor_t *x, *out = NULL;
     int64_t training;
-    if (zd_rpc_arg_tensor(args, 1, &x) < 0 || zd_rpc_arg_int(args, 2, &training) < 0 ||
-        ps_net_guard_batch(call, x) < 0)
+    if (ZD_UNPACK(args, &server, &x, &training) < 0 || ps_net_guard_batch(call, x) < 0)
         return NULL;
     if (training)
         ps_net_eval_note_batch(zd_rpc_call_caller_rank(call), zd_tensor_shape(x)[0]);
@@ -48,8 +48,7 @@ static zd_value_t *fn_fc1_part(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     (void)call, (void)arg;
     zd_tensor_t *flat, *out = NULL;
     int64_t training;
-    if (zd_rpc_arg_tensor(args, 0, &flat) < 0 || zd_rpc_arg_int(args, 1, &training) < 0 ||
-        ps_net_guard_features(call, flat) < 0)
+    if (ZD_UNPACK(args, &flat, &training) < 0 || ps_net_guard_features(call, flat) < 0)
         return NULL;
     fault_point(zd_rpc_rank(), "forward"); /* tests only (fault.h) */
     bool prev = zd_autograd_set_grad_enabled(training != 0);

@@ -266,9 +266,7 @@ static zd_value_t *fn_server_new(zd_rpc_call_t *call, zd_value_t *args, void *ar
     const char *model;
     int64_t seed, index, n, track;
     double lr;
-    if (zd_rpc_arg_string(args, 0, &model) < 0 || zd_rpc_arg_int(args, 1, &seed) < 0 ||
-        zd_rpc_arg_float(args, 2, &lr) < 0 || zd_rpc_arg_int(args, 3, &index) < 0 ||
-        zd_rpc_arg_int(args, 4, &n) < 0 || zd_rpc_arg_int(args, 5, &track) < 0)
+    if (ZD_UNPACK(args, &model, &seed, &lr, &index, &n, &track) < 0)
         return NULL;
     if (n < 1 || index < 0 || index >= n) {
         zd_error_set("ParameterServer: slice %lld of %lld does not exist", (long long)index,
