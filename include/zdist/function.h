@@ -71,6 +71,21 @@ typedef struct {
         .release = (release_)                                                                      \
     }
 
+/*  The same table as a value, for C++ before C++20 (which has no designated
+    initializers): static const zd_autograd_node_ops_t ops =
+    zd_autograd_node_ops("ExpBackward", exp_backward, NULL); */
+static inline zd_autograd_node_ops_t zd_autograd_node_ops(const char *name,
+                                                          zd_autograd_backward_fn *backward,
+                                                          zd_autograd_release_fn *release)
+{
+    zd_autograd_node_ops_t ops;
+    ops.size = sizeof ops;
+    ops.name = name;
+    ops.backward = backward;
+    ops.release = release;
+    return ops;
+}
+
 /*  One input of a node: either another node's output, or a leaf tensor whose
     gradient is accumulated. Exactly one of node/leaf is set, or neither when
     the input does not need a gradient. */
