@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
-"""comment_style.py: one way to open a C comment (docs/conventions.md, "Comments").
+"""comment_style.py: one way to open a C comment (docs/conventions.md, "Source layout").
 
 A comment at column 0 (one that opens a file or precedes a declaration)
 starts "/*  " (two spaces) and its continuation lines are indented four, so
@@ -171,8 +171,9 @@ def main(argv):
             for start, end, k, spaces, want, good, lines_ok in analyse(text):
                 line = line_of(text, start)
                 if not good:
-                    where = "at column 0" if k == "col0" else k
-                    print(f"{rel}:{line}: a comment {where} opens '/*{' ' * want}' "
+                    what = {"col0": "a comment at column 0", "indented": "an indented comment",
+                            "trailing": "a trailing comment"}[k]
+                    print(f"{rel}:{line}: {what} opens '/*{' ' * want}' "
                           f"({'two spaces' if want == 2 else 'one space'}) and then its text")
                     bad += 1
                 elif not lines_ok:
@@ -197,7 +198,7 @@ def main(argv):
     if mode == "check":
         if bad:
             print(f"comment_style: {bad} comments break the rule (docs/conventions.md, "
-                  f"\"Comments\"; fix: tools/comment_style.py)", file=sys.stderr)
+                  f"\"Source layout\"; fix: tools/comment_style.py)", file=sys.stderr)
             return 1
         print(f"comment_style: the comments of {nfiles} files follow the rule")
         return 0
