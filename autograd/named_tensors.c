@@ -132,7 +132,7 @@ int zd_named_tensors_len(const zd_named_tensors_t *nt)
     return nt ? nt->n : 0;
 }
 
-/* An index out of range is a bad argument, said like the others. */
+/*  An index out of range is a bad argument, said like the others. */
 static bool in_range(const zd_named_tensors_t *nt, int i)
 {
     if (nt && i >= 0 && i < nt->n)

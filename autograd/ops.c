@@ -42,7 +42,7 @@ static void free_ctx(zd_autograd_node_t *n)
     free(zd_autograd_node_ctx(n));
 }
 
-/* ---- add / sub ---- */
+/*  ---- add / sub ---- */
 
 static int add_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -102,7 +102,7 @@ int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     return add_sub(a, b, -1.0f, out);
 }
 
-/* ---- mul ---- */
+/*  ---- mul ---- */
 
 static int mul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -144,7 +144,7 @@ int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- scale ---- */
+/*  ---- scale ---- */
 
 static int scale_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -184,7 +184,7 @@ int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- sum / mean ---- */
+/*  ---- sum / mean ---- */
 
 static int sum_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -238,7 +238,7 @@ int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out)
     return reduce(a, true, out);
 }
 
-/* ---- matmul ---- */
+/*  ---- matmul ---- */
 
 static int matmul_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -293,7 +293,7 @@ int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- copy ---- */
+/*  ---- copy ---- */
 
 static int copy_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -319,7 +319,7 @@ int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- cat ---- */
+/*  ---- cat ---- */
 
 /*  A tensor viewed as (outer, size along dim, inner). */
 static void split_dims(const zd_tensor_t *t, int dim, int64_t *outer, int64_t *inner)
@@ -439,7 +439,7 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- narrow ---- */
+/*  ---- narrow ---- */
 
 typedef struct {
     int dim;

@@ -10,7 +10,7 @@
 #include <zdist/autograd.h>
 #include <zdist/error.h>
 
-/* 64-byte alignment keeps sgemm on its fast path and suits AVX-512 loads. */
+/*  64-byte alignment keeps sgemm on its fast path and suits AVX-512 loads. */
 #define TENSOR_ALIGN 64
 
 static atomic_uint_fast64_t next_tensor_id = 1;

@@ -140,7 +140,7 @@ static double bench_model(const char *name, int batch, double seconds, double *m
     return rate[ROUNDS / 2];
 }
 
-/* ---- a 2-layer LSTM over a sequence ---- */
+/*  ---- a 2-layer LSTM over a sequence ---- */
 
 /*  PyTorch's word-language-model sizes: nn.LSTM(256, 256, 2) over 35 steps
     of a batch of 32, forward + backward of sum(output * dy). */
@@ -198,7 +198,7 @@ static double bench_lstm(double seconds, double *ms_per_iter, double *cpu_ms_per
     return rate[ROUNDS / 2];
 }
 
-/* ---- --ops: the Net's layers one at a time ---- */
+/*  ---- --ops: the Net's layers one at a time ---- */
 
 enum { L_CONV1, L_CONV2, L_DROP2D, L_FC1, L_REST, N_LAYERS };
 

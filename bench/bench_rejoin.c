@@ -59,7 +59,7 @@ static void figure(const char *name, double value, const char *unit, const char 
     fflush(stdout);
 }
 
-/* ---- rank 0's functions ---- */
+/*  ---- rank 0's functions ---- */
 
 static double *init_ms; /* per cycle, reported by each incarnation */
 static int reports;
@@ -109,8 +109,8 @@ static int join(const world_t *w)
     return zd_rpc_init(name, w->rank, w->world_size, &o);
 }
 
-/* One incarnation of rank 1: joins, holds, reports, dies (the last one
-   leaves properly). */
+/*  One incarnation of rank 1: joins, holds, reports, dies (the last one
+    leaves properly). */
 static void incarnation(const world_t *w, int k)
 {
     double t0 = now_ms();
@@ -163,7 +163,7 @@ static int world_worker_cycles(const world_t *w)
     return 0;
 }
 
-/* ---- rank 0 killed and started again ---- */
+/*  ---- rank 0 killed and started again ---- */
 
 static double joined_at;
 static zd_future_t *joined;

@@ -81,7 +81,7 @@ static double quantile(double *v, int n, double q)
     return v[i < 0 ? 0 : i >= n ? n - 1 : i];
 }
 
-/* ---- the server ---- */
+/*  ---- the server ---- */
 
 static zd_value_t *h_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -107,8 +107,8 @@ static zd_value_t *h_small(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(1);
 }
 
-/* Raw libzmq REP, on its own context and thread: answers one byte to
-   anything, stops on "q". */
+/*  Raw libzmq REP, on its own context and thread: answers one byte to
+    anything, stops on "q". */
 static void *raw_server(void *arg)
 {
     void *ctx = zmq_ctx_new();
@@ -151,7 +151,7 @@ static int setup(int rank, int port)
     return 0;
 }
 
-/* ---- the client ---- */
+/*  ---- the client ---- */
 
 typedef struct {
     double *t;
@@ -201,7 +201,7 @@ static void no_free(void *data, void *hint)
     (void)hint;
 }
 
-/* GB/s of one message of `size` bytes one way (plus a one-byte answer). */
+/*  GB/s of one message of `size` bytes one way (plus a one-byte answer). */
 static double raw_bw(void *req, void *big, size_t size)
 {
     char b;
@@ -224,8 +224,8 @@ static double rpc_bw(zd_value_t *args, size_t size)
     return size / (dt * 1e3);
 }
 
-/* GB/s of total calls of size bytes each, window of them in flight
-   (zd_rpc_async): the round trip overlaps the next calls' copies. */
+/*  GB/s of total calls of size bytes each, window of them in flight
+    (zd_rpc_async): the round trip overlaps the next calls' copies. */
 static double rpc_bw_window(zd_value_t *args, size_t size, int window, int total)
 {
     zd_future_t *ring[16] = {0};
@@ -279,9 +279,9 @@ static double calls_per_second(int window, int total)
     return total / (dt / 1e6);
 }
 
-/* GB/s of one single-threaded memcpy of size bytes between two buffers
-   already written (warm, as the RPC figures' buffers are): what one copy
-   of a tensor costs on this machine, for the figures beside it. */
+/*  GB/s of one single-threaded memcpy of size bytes between two buffers
+    already written (warm, as the RPC figures' buffers are): what one copy
+    of a tensor costs on this machine, for the figures beside it. */
 static double memcpy_bw(char *dst, const char *src, size_t size)
 {
     double t0 = now_us();
@@ -295,7 +295,7 @@ static double memcpy_bw(char *dst, const char *src, size_t size)
 static bool bw_only; /* --bw */
 static int bw_reps;  /* --bw-reps */
 
-/* The CURVE world: the plain round trip and 64 MiB one way, as above. */
+/*  The CURVE world: the plain round trip and 64 MiB one way, as above. */
 static void client_curve(int iters, figures_t *fs)
 {
     rpc_block("echo", NULL, iters / 10, NULL);
@@ -492,8 +492,8 @@ static int run(int iters, bool raw, figures_t *fs)
     return 0;
 }
 
-/* The same two processes in a world with a fresh key (a 0700 folder of
-   its own, removed after); its figures are added to fs. */
+/*  The same two processes in a world with a fresh key (a 0700 folder of
+    its own, removed after); its figures are added to fs. */
 static int curve_run(int iters, figures_t *fs)
 {
     char dir[] = "/tmp/bench-rpc-key-XXXXXX", path[64];

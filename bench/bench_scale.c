@@ -50,7 +50,7 @@ static double now_s(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* This process's VmRSS (kB) and Threads from /proc/self/status. */
+/*  This process's VmRSS (kB) and Threads from /proc/self/status. */
 static void self_status(long *rss_kb, int *threads)
 {
     *rss_kb = -1;
@@ -68,7 +68,7 @@ static void self_status(long *rss_kb, int *threads)
     fclose(f);
 }
 
-/* A rank: init, report, wait until the parent closes `go`, shut down. */
+/*  A rank: init, report, wait until the parent closes `go`, shut down. */
 static int run_rank(int rank, int n, int port, int report_fd, int go_fd)
 {
     zd_rpc_options_t o = zd_rpc_options_default();

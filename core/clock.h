@@ -16,7 +16,7 @@
 #define ZD__MS_PER_S  INT64_C(1000)
 #define ZD__US_PER_S  INT64_C(1000000)
 
-/* Spans the library bounds durations by, in seconds. */
+/*  Spans the library bounds durations by, in seconds. */
 #define ZD__DAY_S  INT64_C(86400)
 #define ZD__WEEK_S (7 * ZD__DAY_S)
 

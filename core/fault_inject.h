@@ -22,8 +22,8 @@
 #define ZDIST_FAULT_INJECT_H
 
 #ifdef ZDIST_FAULT_INJECT
-/* This header comes before a source's first line: the sources that want
-   _GNU_SOURCE (pthread_timedjoin_np, asprintf...) must still get it. */
+/*  This header comes before a source's first line: the sources that want
+    _GNU_SOURCE (pthread_timedjoin_np, asprintf...) must still get it. */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
@@ -33,8 +33,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
-/* <features.h> defined it as 1 for _GNU_SOURCE: a source defining it
-   again (empty) would redefine it. Its work is done. */
+/*  <features.h> defined it as 1 for _GNU_SOURCE: a source defining it
+    again (empty) would redefine it. Its work is done. */
 #undef _DEFAULT_SOURCE
 
 /*  The n-th allocation of the calling thread from now on fails (once);

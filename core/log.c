@@ -17,19 +17,19 @@
 
 static atomic_int g_level = LEVEL_UNSET;
 
-/* One lock for who, the sink and the writing itself: a line is written (or
-   given to the sink) whole, and once zd_log_set_sink returns the old sink is
-   not running, so its arg may be freed. */
+/*  One lock for who, the sink and the writing itself: a line is written (or
+    given to the sink) whole, and once zd_log_set_sink returns the old sink is
+    not running, so its arg may be freed. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static zd_log_sink_fn *g_sink;
 static void *g_sink_arg;
 static char g_who[96];
 
-/* The rate limit: one process-wide budget per second of the monotonic
-   clock. Process-wide rather than per agent because the log is: a flood is
-   a flood wherever it comes from, and lines logged outside an agent's life
-   (nn/, optim/) must be bounded too. Errors are exempt: they are rare by
-   nature, and the one that explains a failure must never be the one lost. */
+/*  The rate limit: one process-wide budget per second of the monotonic
+    clock. Process-wide rather than per agent because the log is: a flood is
+    a flood wherever it comes from, and lines logged outside an agent's life
+    (nn/, optim/) must be bounded too. Errors are exempt: they are rare by
+    nature, and the one that explains a failure must never be the one lost. */
 static atomic_int g_budget = ZD_LOG_BUDGET;
 static atomic_int_fast64_t g_window = -1;
 static atomic_int g_dropped;
@@ -77,8 +77,8 @@ static void emit(zd_log_level_t level, const char *text)
     pthread_mutex_unlock(&g_lock);
 }
 
-/* Whether a line below ERROR may pass this second. The first line of a new
-   second reports how many the previous ones dropped. */
+/*  Whether a line below ERROR may pass this second. The first line of a new
+    second reports how many the previous ones dropped. */
 static int within_budget(void)
 {
     struct timespec ts;

@@ -29,8 +29,8 @@ static atomic_uint_fast64_t id_counter = 1;
     registry_lock. */
 #define DEFAULT_MAX_CONTEXTS 4096
 #define DEFAULT_MAX_PER_PEER 256
-/* How often the idle contexts are swept: every second, or four times per
-   idle timeout when that is shorter. */
+/*  How often the idle contexts are swept: every second, or four times per
+    idle timeout when that is shorter. */
 #define SWEEP_EVERY_MS ZD__MS_PER_S
 static int64_t *made_per_peer;
 static int made_cap;
@@ -598,12 +598,12 @@ int zd_dist_autograd_stats(zd_dist_autograd_stats_t *out, size_t size)
                            "zd_dist_autograd_stats");
 }
 
-/* ---- a lost peer ---- */
+/*  ---- a lost peer ---- */
 
-/* A context dies with its creator (the rank in its id's top bits), and with
-   its participants when every one of them is lost: nobody is left to run
-   its backward pass or release it. Removed from the registry only; a pass
-   still running keeps its reference until it ends. */
+/*  A context dies with its creator (the rank in its id's top bits), and with
+    its participants when every one of them is lost: nobody is left to run
+    its backward pass or release it. Removed from the registry only; a pass
+    still running keeps its reference until it ends. */
 static bool orphaned(dist_context_t *c, int lost)
 {
     if ((int)((uint64_t)c->id >> 48) == lost && lost != zd_rpc_rank())

@@ -285,8 +285,8 @@ static int on_send_reply(void *arg, zd_rpc_call_t *call, zd_value_t **result, zd
     return rc;
 }
 
-/* The counters of zd_dist_autograd_stats, under the names PyTorch's
-   dist_autograd._get_debug_info() uses where it has one. */
+/*  The counters of zd_dist_autograd_stats, under the names PyTorch's
+    dist_autograd._get_debug_info() uses where it has one. */
 static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
 {
     (void)arg;
@@ -314,7 +314,7 @@ static int debug_info(void *arg, zd_rpc_debug_item_t *items, int max)
     return n;
 }
 
-/* RPC declared a peer lost (pool thread): what it left here goes. */
+/*  RPC declared a peer lost (pool thread): what it left here goes. */
 static void on_peer_lost(void *arg, int peer)
 {
     (void)arg;

@@ -11,7 +11,7 @@
 
 #define FN_RREF_BACKWARD "__rref_backward"
 
-/* context_id -1: local autograd, as PyTorch's RRef.backward(-1). */
+/*  context_id -1: local autograd, as PyTorch's RRef.backward(-1). */
 static int backward_value(zd_value_t *v, int64_t context_id, bool retain_graph)
 {
     zd_tensor_t *loss;
@@ -22,7 +22,7 @@ static int backward_value(zd_value_t *v, int64_t context_id, bool retain_graph)
     return zd_dist_autograd_backward(context_id, &loss, 1, retain_graph);
 }
 
-/* [value, context_id, retain_graph] on the owner. */
+/*  [value, context_id, retain_graph] on the owner. */
 static zd_value_t *handle_rref_backward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)arg;

@@ -45,9 +45,9 @@ struct curves {
     int n_evals, cap_evals;
 };
 
-/* curves_t objects open: cairo's and fontconfig's caches are freed when
-   the last one closes, so that a leak checker sees a clean exit (only the
-   plots here use cairo; the programs keep their curves on one thread). */
+/*  curves_t objects open: cairo's and fontconfig's caches are freed when
+    the last one closes, so that a leak checker sees a clean exit (only the
+    plots here use cairo; the programs keep their curves on one thread). */
 static int n_open;
 
 static char *path_with(const char *prefix, const char *ext)
@@ -113,7 +113,7 @@ static int64_t epoch_of(const curves_t *c, int64_t batch)
     return c->per_epoch > 0 && batch > 0 ? (batch - 1) / c->per_epoch + 1 : 1;
 }
 
-/* One CSV row, flushed: a run killed after this keeps it. */
+/*  One CSV row, flushed: a run killed after this keeps it. */
 static int csv_row(curves_t *c, int64_t batch, const char *rest)
 {
     if (fprintf(c->csv, "%lld,%lld,%s\n", (long long)batch, (long long)epoch_of(c, batch), rest) <
@@ -123,7 +123,7 @@ static int csv_row(curves_t *c, int64_t batch, const char *rest)
     return 0;
 }
 
-/* An empty CSV field for NaN, else the number. */
+/*  An empty CSV field for NaN, else the number. */
 static void field(char *buf, size_t size, double v)
 {
     if (isnan(v))
@@ -168,7 +168,7 @@ int curves_add_accuracy(curves_t *c, int64_t batch, double accuracy)
     return curves_draw(c);
 }
 
-/* ---- layout ---- */
+/*  ---- layout ---- */
 
 #define TOP    64.0 /* title, the first panel's legend */
 #define BOTTOM 58.0 /* x tick labels, x axis title */
@@ -187,7 +187,7 @@ typedef struct {
     panel_t p[3];        /* by curves_panel_t */
 } layout_t;
 
-/* A tick step of 1, 2 or 5 times a power of ten giving about n ticks. */
+/*  A tick step of 1, 2 or 5 times a power of ten giving about n ticks. */
 static double nice_step(double range, int n)
 {
     if (!(range > 0) || !isfinite(range))
@@ -196,7 +196,7 @@ static double nice_step(double range, int n)
     return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
 }
 
-/* An axis from 0 to the tick at or above the largest finite value. */
+/*  An axis from 0 to the tick at or above the largest finite value. */
 static void zero_based(panel_t *p, double max)
 {
     if (!(max > 0) || !isfinite(max))
@@ -270,13 +270,13 @@ int curves_locate(const curves_t *c, curves_panel_t panel, int64_t batch, double
     return 0;
 }
 
-/* ---- drawing ---- */
+/*  ---- drawing ---- */
 
 typedef struct {
     double r, g, b;
 } rgb_t;
 
-/* matplotlib's first colours: what readers of plots are used to */
+/*  matplotlib's first colours: what readers of plots are used to */
 static const rgb_t blue = {0.122, 0.467, 0.706}, orange = {1.0, 0.498, 0.055},
                    green = {0.173, 0.627, 0.173}, ink = {0.15, 0.15, 0.15},
                    grid = {0.88, 0.88, 0.88}, epoch_ink = {0.45, 0.45, 0.45};
@@ -286,8 +286,8 @@ static void set_color(cairo_t *cr, rgb_t c)
     cairo_set_source_rgb(cr, c.r, c.g, c.b);
 }
 
-/* Text placed by its box: ax 0 left, 0.5 centred, 1 right; ay likewise
-   0 top, 0.5 middle, 1 bottom (of the font's ink of digits). */
+/*  Text placed by its box: ax 0 left, 0.5 centred, 1 right; ay likewise
+    0 top, 0.5 middle, 1 bottom (of the font's ink of digits). */
 static void text(cairo_t *cr, double x, double y, double ax, double ay, const char *s)
 {
     cairo_text_extents_t e;
@@ -303,7 +303,7 @@ static void font(cairo_t *cr, double size, bool bold)
     cairo_set_font_size(cr, size);
 }
 
-/* A tick value: integers as such, others with what they need. */
+/*  A tick value: integers as such, others with what they need. */
 static void tick_label(char *buf, size_t size, double v, double step)
 {
     if (fabs(v) < step * 1e-9)
@@ -316,8 +316,8 @@ static void tick_label(char *buf, size_t size, double v, double step)
         snprintf(buf, size, "%.*f", (int)ceil(-log10(step) - 1e-9), v);
 }
 
-/* Pixels clamped far outside the image: cairo's fixed point wraps beyond
-   about 8 million, and a wild value must not draw across the plot. */
+/*  Pixels clamped far outside the image: cairo's fixed point wraps beyond
+    about 8 million, and a wild value must not draw across the plot. */
 static double clampd(double v)
 {
     return fmin(fmax(v, -1e5), 1e5);
@@ -371,8 +371,8 @@ static void draw_frame(cairo_t *cr, const layout_t *L, const panel_t *p, const c
         text(cr, (p->x0 + p->x1) / 2, p->y1 + 34, 0.5, 0, x_title);
 }
 
-/* Dashed lines where epochs begin (every k-th when there are more than
-   40); the labels inside the top of the first panel when they have room. */
+/*  Dashed lines where epochs begin (every k-th when there are more than
+    40); the labels inside the top of the first panel when they have room. */
 static void draw_epochs(cairo_t *cr, const curves_t *c, const layout_t *L, bool label)
 {
     if (c->per_epoch <= 0)
@@ -405,8 +405,8 @@ static void draw_epochs(cairo_t *cr, const curves_t *c, const layout_t *L, bool 
     }
 }
 
-/* The legend in the band above the panel, right-aligned: it never hides
-   a point. */
+/*  The legend in the band above the panel, right-aligned: it never hides
+    a point. */
 static void draw_legend(cairo_t *cr, const panel_t *p, rgb_t color, bool marker, const char *name)
 {
     font(cr, 12, false);
@@ -446,7 +446,7 @@ static double accuracy_at(const curves_t *c, int i, int64_t *batch)
     return 100 * c->evals[i].accuracy;
 }
 
-/* The series as a line broken at unknown values, clipped to the panel. */
+/*  The series as a line broken at unknown values, clipped to the panel. */
 static void draw_series(cairo_t *cr, const curves_t *c, const layout_t *L, const panel_t *p,
                         value_fn at, int n, rgb_t color, bool markers)
 {

@@ -39,7 +39,7 @@ char *progress_duration(double seconds, char *buf, size_t size)
     return buf;
 }
 
-/* Appends to buf at *at, never past size. */
+/*  Appends to buf at *at, never past size. */
 static void add(char *buf, size_t size, size_t *at, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
@@ -97,8 +97,8 @@ char *progress_format(const progress_t *p, double now, char *buf, size_t size)
     return buf;
 }
 
-/* Prints the line; a new interval starts unless it is a redraw (after
-   progress_clear), which must not cut the interval short. */
+/*  Prints the line; a new interval starts unless it is a redraw (after
+    progress_clear), which must not cut the interval short. */
 static void show(progress_t *p, double now, bool new_interval)
 {
     char line[256];

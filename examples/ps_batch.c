@@ -29,7 +29,7 @@
 
 #define PROG   "ps_batch"
 #define HIDDEN 128
-/* the tutorial's constants, but 16 x 16 images for its 64 x 64 (model_new) */
+/*  the tutorial's constants, but 16 x 16 images for its 64 x 64 (model_new) */
 #define NUM_CLASSES 30
 #define BATCH_SIZE  20
 #define IMAGE_W     16
@@ -41,7 +41,7 @@ typedef struct {
     int64_t seed, num_batches, episodes, steps;
 } options_t;
 
-/* ==== part 1: the batch-updating parameter server (--mode=ps) ==== */
+/*  ==== part 1: the batch-updating parameter server (--mode=ps) ==== */
 
 /*  The tutorial trains resnet50 on 3x64x64 images; here a small MLP on
     the flattened 3x16x16 image (768 -> 128 -> 30 classes):
@@ -153,7 +153,7 @@ static int main_ps(const options_t *o, const flags_world_t *w)
     return status;
 }
 
-/* ==== part 2: the batch-processing agent (--mode=rl) ==== */
+/*  ==== part 2: the batch-processing agent (--mode=rl) ==== */
 
 typedef struct {
     int64_t id; /* rank - 1: the row of its state in the agent's batch */

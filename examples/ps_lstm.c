@@ -27,7 +27,7 @@
 
 #define DEFAULT_TEXT "/usr/share/common-licenses/GPL-3"
 
-/* ---- the model and the text (rnn_rpc's, as one local module) ---- */
+/*  ---- the model and the text (rnn_rpc's, as one local module) ---- */
 
 typedef struct {
     const char *data, *checkpoint;
@@ -79,7 +79,7 @@ static int model_forward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *h, zd_t
     return zd_tensor_reshape(dec, shape, 2, logits) < 0 || !zd_scope_add(*logits) ? -1 : 0;
 }
 
-/* ---- the parameter server ---- */
+/*  ---- the parameter server ---- */
 
 /*  A trainer's step between pull and push: the forward from the hidden
     state (h, c) and the backward; the loss and the new state wait in

@@ -362,7 +362,7 @@ static zd_value_t *fn_resume_point(zd_rpc_call_t *call, zd_value_t *args, void *
     return zd_value_int(batches);
 }
 
-/* ---- resuming ---- */
+/*  ---- resuming ---- */
 
 /*  The generation recorded in the checkpoint file at path: 1 and *gen, 0
     when there is no such file, -1 (error set) when it cannot be read. */

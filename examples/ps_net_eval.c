@@ -316,7 +316,7 @@ void ps_net_throughput(int64_t *samples, double *seconds)
     pthread_mutex_unlock(&ev.stats_lock);
 }
 
-/* ---- lost trainers, and --max_staleness ---- */
+/*  ---- lost trainers, and --max_staleness ---- */
 
 /*  The slowest trainer still training (not finished, not lost): its
     batches done, or INT64_MAX when none is. Under stats_lock. */

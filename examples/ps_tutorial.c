@@ -30,7 +30,7 @@ typedef struct {
     double lr;
 } options_t;
 
-/* ---- ParameterServer: the model lives here ---- */
+/*  ---- ParameterServer: the model lives here ---- */
 
 /*  Rank 0: serves the Net, built from the seed, until every trainer is
     done (the graceful shutdown waits for them). */
@@ -52,7 +52,7 @@ static int run_parameter_server(const options_t *o)
     return rc;
 }
 
-/* ---- TrainerNet: the model as a trainer sees it ---- */
+/*  ---- TrainerNet: the model as a trainer sees it ---- */
 
 /*  The tutorial's TrainerNet holds an RRef to the server and gives the
     DistributedOptimizer its parameters' RRefs; zd_ps_model_t is both. */
@@ -62,7 +62,7 @@ static zd_ps_model_t *trainer_net_new(const options_t *o)
     return zd_ps_model_new((const int[]){0}, 1, &sgd, NULL);
 }
 
-/* ---- run_training_loop ---- */
+/*  ---- run_training_loop ---- */
 
 /*  One batch under a distributed autograd context: forward on the server,
     nll loss here, backward through the server, a step there. The loss,
@@ -126,7 +126,7 @@ static int run_training_loop(const options_t *o, zd_ps_model_t *model, const zd_
     return 0;
 }
 
-/* ---- get_accuracy ---- */
+/*  ---- get_accuracy ---- */
 
 /*  The model's accuracy on the first `limit` test images (0: all), in
     evaluation mode (dropout off) and outside any autograd context. */
@@ -158,7 +158,7 @@ static int get_accuracy(zd_ps_model_t *model, const zd_dataset_t *test, int64_t 
     return rc;
 }
 
-/* ---- run_worker ---- */
+/*  ---- run_worker ---- */
 
 static int run_trainer(const options_t *o)
 {

@@ -53,7 +53,7 @@ typedef struct {
     bool sample;
 } options_t;
 
-/* ---- the two modules that live on the parameter server ---- */
+/*  ---- the two modules that live on the parameter server ---- */
 
 /*  What the EmbeddingTable and the Decoder keep beside their parameters:
     the dropout of their forward and its mask generator. */
@@ -163,7 +163,7 @@ static zd_nn_module_t *make_decoder(zd_value_t *args, void *arg)
     return module_with_child("Decoder", decoder_forward, dropout, seed + 1, "decoder", lin);
 }
 
-/* ---- the trainer ---- */
+/*  ---- the trainer ---- */
 
 typedef struct {
     zd_remote_module_t *emb, *dec;
@@ -280,7 +280,7 @@ out:
     return rc;
 }
 
-/* ---- weights in and out: --save_model, --init_from ---- */
+/*  ---- weights in and out: --save_model, --init_from ---- */
 
 /*  The remote modules' parameters under PyTorch's names, in their
     zd_nn_module_param order (the module's own child "encoder" / "decoder"). */

@@ -8,7 +8,7 @@
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
 
-/* ---- softmax ---- */
+/*  ---- softmax ---- */
 
 /*  x viewed as (outer, n, inner) around dimension dim. */
 typedef struct {
@@ -97,7 +97,7 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- gelu ---- */
+/*  ---- gelu ---- */
 
 /*  d/dx x Phi(x) = Phi(x) + x phi(x). */
 static int gelu_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)

@@ -44,7 +44,7 @@ static void conv_release(zd_autograd_node_t *n)
     free(ctx);
 }
 
-/* ---- forward ---- */
+/*  ---- forward ---- */
 
 /*  scratch: col (K*P, unless pointwise), then the conv output (O*P) when
     pooling. */
@@ -84,7 +84,7 @@ static void im2col_fwd_chunk(void *arg, int c, float *scratch)
     }
 }
 
-/* ---- backward ---- */
+/*  ---- backward ---- */
 
 /*  The gradient of the convolution's own output for sample s: dy itself,
     or rebuilt in buf through the relu or the pool. */
@@ -278,7 +278,7 @@ out:
 static const zd_autograd_node_ops_t conv_ops =
     ZD_AUTOGRAD_NODE_OPS("ConvolutionBackward", conv_backward, conv_release);
 
-/* ---- entry points ---- */
+/*  ---- entry points ---- */
 
 /*  Checks the arguments and fills ctx->g, N, O. */
 static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias,

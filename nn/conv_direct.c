@@ -649,7 +649,7 @@ static void transpose_avx2(const float *src, int rows, int cols, int lds, float 
 
 NN_AVX2_END
 
-/* ---- portable loops ---- */
+/*  ---- portable loops ---- */
 
 static void taps_gemm_generic(const float *packed, int M, int K, const int32_t *offs,
                               const float *src, int L, const float *bias, float *c, int ldc)
@@ -687,7 +687,7 @@ static void transpose_generic(const float *src, int rows, int cols, int lds, flo
             dst[(size_t)c * ldd + r] = src[(size_t)r * lds + c];
 }
 
-/* ---- the CPU's choice ---- */
+/*  ---- the CPU's choice ---- */
 
 bool zd__nn_conv_direct_available(void)
 {

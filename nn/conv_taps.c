@@ -229,7 +229,7 @@ void zd__conv_taps_fwd_chunk(void *arg, int c, float *scratch)
         taps_fwd_chunk_avx2(arg, c, scratch);
 }
 
-/* ---- backward ---- */
+/*  ---- backward ---- */
 
 /*  The per-sample buffers of the backward pass, carved from scratch at
     multiples of 16 floats (64 bytes, so aligned like scratch); NULL when

@@ -10,7 +10,7 @@
 #include "core/fault_inject.h"
 #include "nn/nn_private.h"
 
-/* ---- linear ---- */
+/*  ---- linear ---- */
 
 /*  Rows of a (..., in) input: the product of its leading dimensions (even
     when in is 0). */
@@ -281,7 +281,7 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
     return 0;
 }
 
-/* ---- relu ---- */
+/*  ---- relu ---- */
 
 typedef struct {
     int64_t n;
@@ -352,7 +352,7 @@ int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- dropout / dropout2d ---- */
+/*  ---- dropout / dropout2d ---- */
 
 typedef struct {
     int64_t per;  /* consecutive elements sharing one mask entry */
@@ -452,7 +452,7 @@ int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_te
     return dropout_impl("dropout2d", x, p, rng, per, out);
 }
 
-/* ---- flatten ---- */
+/*  ---- flatten ---- */
 
 int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
 {

@@ -9,7 +9,7 @@
 #include <zdist/nn.h>
 #include "nn/nn_private.h"
 
-/* ---- log_softmax ---- */
+/*  ---- log_softmax ---- */
 
 static int log_softmax_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -69,7 +69,7 @@ int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
     return 0;
 }
 
-/* ---- targets ---- */
+/*  ---- targets ---- */
 
 /*  Class index of sample i of a (N) int64 or uint8 target. */
 static int64_t target_at(const zd_tensor_t *t, int64_t i)
@@ -120,7 +120,7 @@ static int read_target(const char *op, const zd_tensor_t *scores, const zd_tenso
     return check_classes(op, idx, N, zd_tensor_size(scores, 1));
 }
 
-/* ---- nll_loss ---- */
+/*  ---- nll_loss ---- */
 
 typedef struct {
     int64_t shape[2];
@@ -187,7 +187,7 @@ int zd_nn_cross_entropy(zd_tensor_t *logits, zd_tensor_t *target, zd_tensor_t **
     return rc < 0 ? zd_error_wrap("cross_entropy") : 0;
 }
 
-/* ---- argmax / accuracy ---- */
+/*  ---- argmax / accuracy ---- */
 
 static int64_t row_argmax(const float *r, int64_t C)
 {
@@ -233,7 +233,7 @@ int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target)
     return correct;
 }
 
-/* ---- mse_loss ---- */
+/*  ---- mse_loss ---- */
 
 /*  d/dx mean((x - t)^2) = 2 (x - t) / N, and the opposite for t. */
 static int mse_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)

@@ -163,7 +163,7 @@ static zd_nn_module_t *build(const char *type, zd_nn_module_forward_fn *forward,
     return m;
 }
 
-/* ---- Net ---- */
+/*  ---- Net ---- */
 
 enum { CONV1_W, CONV1_B, CONV2_W, CONV2_B, FC1_W, FC1_B, FC2_W, FC2_B };
 
@@ -239,7 +239,7 @@ zd_nn_module_t *zd_nn_net_new(uint64_t seed)
     return build("Net", net_forward, layers, 4, seed);
 }
 
-/* ---- ConvNet ---- */
+/*  ---- ConvNet ---- */
 
 static int convnet_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                            int n_out)

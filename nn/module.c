@@ -120,7 +120,7 @@ zd_nn_module_forward_fn *zd__nn_module_forward_of(const zd_nn_module_t *m)
 
 static zd_nn_module_t *flat(const zd_nn_module_t *cm);
 
-/* A registration changes the dotted list of the module and its ancestors. */
+/*  A registration changes the dotted list of the module and its ancestors. */
 static void invalidate(zd_nn_module_t *m)
 {
     for (; m; m = m->parent) {
@@ -152,7 +152,7 @@ static int check_name(const zd_nn_module_t *m, const char *name, const char *api
     return 0;
 }
 
-/* The dotted name name would have, from the root down. */
+/*  The dotted name name would have, from the root down. */
 static void dotted_name(const zd_nn_module_t *m, const char *name, char *buf, size_t size)
 {
     const char *parts[64];
@@ -302,8 +302,8 @@ static int flat_push(zd_nn_module_t *m, int *cap, zd_tensor_t *t, const char *pr
     return 0;
 }
 
-/* parameters() from named state: a tied tensor once, where first seen
-   (quadratic, but only when the list is rebuilt after a registration). */
+/*  parameters() from named state: a tied tensor once, where first seen
+    (quadratic, but only when the list is rebuilt after a registration). */
 static int flat_dedup(zd_nn_module_t *m)
 {
     size_t n = m->n_all ? (size_t)m->n_all : 1;
@@ -337,8 +337,8 @@ static int flat_build(zd_nn_module_t *m, int *cap, zd_nn_module_t *sub, const ch
     return 0;
 }
 
-/* The dotted list, built when stale. The module is logically const: the
-   list is a cache. */
+/*  The dotted list, built when stale. The module is logically const: the
+    list is a cache. */
 static zd_nn_module_t *flat(const zd_nn_module_t *cm)
 {
     zd_nn_module_t *m = (zd_nn_module_t *)cm;

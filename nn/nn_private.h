@@ -20,7 +20,7 @@
     target (GCC will not inline an AVX-512 function into one without it);
     tests/check_isa.sh checks that no AVX instruction runs outside them,
     and no AVX-512 one inside an AVX2 region. */
-/* _Pragma takes one string literal: clang-format must not split it. */
+/*  _Pragma takes one string literal: clang-format must not split it. */
 // clang-format off
 #if defined(__clang__)
 #define NN_AVX512_BEGIN                                                                            \

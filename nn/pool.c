@@ -339,7 +339,7 @@ void zd__nn_pool_plane_backward(const float *dy, const int32_t *argmax, int H, i
         dx[argmax[i]] += dy[i];
 }
 
-/* ---- the op ---- */
+/*  ---- the op ---- */
 
 typedef struct {
     int64_t shape[4]; /* input (N,C,H,W) */

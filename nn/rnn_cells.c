@@ -12,7 +12,7 @@
 #include "nn/nn_private.h"
 #include "nn/rnn_private.h"
 
-/* ---- shared checks and helpers ---- */
+/*  ---- shared checks and helpers ---- */
 
 static int check_arg(const char *op, const char *name, const zd_tensor_t *t, int ndim)
 {
@@ -210,7 +210,7 @@ static int cell_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in
     return 0;
 }
 
-/* ---- tanh cell ---- */
+/*  ---- tanh cell ---- */
 
 static int rnn_tanh_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {
@@ -271,7 +271,7 @@ int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_te
     return 0;
 }
 
-/* ---- GRU cell ---- */
+/*  ---- GRU cell ---- */
 
 static int gru_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_tensor_t **gin)
 {

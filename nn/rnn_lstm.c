@@ -563,7 +563,7 @@ int zd_nn_lstm_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c, zd_tensor_t 
     return lstm_layer(x, h, c, w_ih, w_hh, b_ih, b_hh, &d, h_out, NULL, c_out);
 }
 
-/* ---- several layers over a sequence ---- */
+/*  ---- several layers over a sequence ---- */
 
 /*  Layer l's slice (1, N, H) of a state (L, N, H), or NULL for NULL. */
 static int state_slice(zd_tensor_t *s, int l, zd_tensor_t **out)

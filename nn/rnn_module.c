@@ -14,8 +14,8 @@
 #include <zdist/nn.h>
 #include <zdist/rnn.h>
 
-/* Registers 4 parameters per layer (names[k] with suffix) uniform in
-   +-1/sqrt(H), PyTorch's reset_parameters, drawn in order from init. */
+/*  Registers 4 parameters per layer (names[k] with suffix) uniform in
+    +-1/sqrt(H), PyTorch's reset_parameters, drawn in order from init. */
 static int add_rnn_params(zd_nn_module_t *m, zd_tensor_t **params, int n_layers, int64_t gates,
                           int64_t input_size, int64_t hidden_size, bool suffix, zd_rng_t *init)
 {
@@ -49,7 +49,7 @@ static int check_sizes(const char *type, int64_t input_size, int64_t hidden_size
     return 0;
 }
 
-/* ---- nn.LSTM ---- */
+/*  ---- nn.LSTM ---- */
 
 typedef struct {
     int num_layers;
@@ -66,7 +66,7 @@ static void lstm_state_free(void *state)
     free(s);
 }
 
-/* (x[, h0, c0]) -> (output[, h_n[, c_n]]) */
+/*  (x[, h0, c0]) -> (output[, h_n[, c_n]]) */
 static int lstm_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                         int n_out)
 {
@@ -123,13 +123,13 @@ zd_nn_module_t *zd_nn_lstm_new(int64_t input_size, int64_t hidden_size, int num_
     return m;
 }
 
-/* ---- single cells ---- */
+/*  ---- single cells ---- */
 
 typedef struct {
     zd_tensor_t *p[4]; /* weight_ih, weight_hh, bias_ih, bias_hh; borrowed */
 } cell_state_t;
 
-/* (x[, h[, c]]) -> (h'[, c']) */
+/*  (x[, h[, c]]) -> (h'[, c']) */
 static int lstm_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                              int n_out)
 {
@@ -149,7 +149,7 @@ static int lstm_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in
     return rc;
 }
 
-/* (x[, h]) -> h' */
+/*  (x[, h]) -> h' */
 static int gru_cell_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                             int n_out)
 {

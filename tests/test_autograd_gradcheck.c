@@ -64,7 +64,7 @@ static void release(check_t *c)
         zd_tensor_unref(c->in[i]);
 }
 
-/* ---- element-wise functions ---- */
+/*  ---- element-wise functions ---- */
 
 static int fn_tanh(check_t *c, zd_tensor_t **out)
 {
@@ -120,7 +120,7 @@ static void test_unary_values(void **state)
     zd_tensor_unref(x);
 }
 
-/* ---- broadcasting binary ops ---- */
+/*  ---- broadcasting binary ops ---- */
 
 static int fn_add(check_t *c, zd_tensor_t **out)
 {
@@ -203,7 +203,7 @@ static void test_broadcast_values(void **state)
     zd_tensor_unref(b);
 }
 
-/* ---- permute, transpose ---- */
+/*  ---- permute, transpose ---- */
 
 static int fn_permute(check_t *c, zd_tensor_t **out)
 {
@@ -275,7 +275,7 @@ static void test_permute_values(void **state)
     zd_tensor_unref(t);
 }
 
-/* ---- errors ---- */
+/*  ---- errors ---- */
 
 static void test_errors(void **state)
 {

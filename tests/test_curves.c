@@ -56,7 +56,7 @@ static char *read_all(const char *path)
     return buf;
 }
 
-/* The PNG read back by cairo: a valid file of the plot's size. */
+/*  The PNG read back by cairo: a valid file of the plot's size. */
 static cairo_surface_t *png_read(const char *path)
 {
     cairo_surface_t *s = cairo_image_surface_create_from_png(path);
@@ -75,7 +75,7 @@ static void pixel(cairo_surface_t *s, int x, int y, int rgb[3])
     rgb[0] = (int)(v >> 16 & 255), rgb[1] = (int)(v >> 8 & 255), rgb[2] = (int)(v & 255);
 }
 
-/* Whether a pixel within 1 of (x, y) is close to colour c. */
+/*  Whether a pixel within 1 of (x, y) is close to colour c. */
 static bool near_color(cairo_surface_t *s, double x, double y, const int c[3])
 {
     for (int dy = -1; dy <= 1; dy++)

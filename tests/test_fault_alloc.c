@@ -44,7 +44,7 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* ---- the driver ---- */
+/*  ---- the driver ---- */
 
 /*  What a process holds: these must come back after every failure. */
 typedef struct {
@@ -178,7 +178,7 @@ static int drive(const world_t *w, const char *name, scenario_fn *fn, void *arg,
     return problems ? -1 : 0;
 }
 
-/* ---- tensor ops, backward and an optimizer step ---- */
+/*  ---- tensor ops, backward and an optimizer step ---- */
 
 typedef struct {
     zd_tensor_t *x, *y, *w1, *b1, *w2, *b2, *a, *b;
@@ -271,7 +271,7 @@ static void test_tensors(void **state)
     assert_int_equal(world_run_simple(1, 120, tensors_body, NULL), 0);
 }
 
-/* ---- the codec: a value holding every kind, encoded and decoded ---- */
+/*  ---- the codec: a value holding every kind, encoded and decoded ---- */
 
 /*  A stand-in RRef (the codec asks its callbacks; no agent runs here). */
 static int fake_rref_refs = 1;
@@ -408,7 +408,7 @@ static void test_codec(void **state)
     assert_int_equal(world_run_simple(1, 60, codec_body, NULL), 0);
 }
 
-/* ---- checkpoints, data sets, modules ---- */
+/*  ---- checkpoints, data sets, modules ---- */
 
 /*  Files left in dir whose name starts with prefix (a failed save must
     leave no temporary file behind). */
@@ -617,7 +617,7 @@ static void test_module(void **state)
     assert_int_equal(world_run_simple(1, 60, module_body, (void *)tmpdir()), 0);
 }
 
-/* ---- two-process worlds ---- */
+/*  ---- two-process worlds ---- */
 
 /*  The counts of this process and of rank 1, once neither has an RRef
     message or an autograd context release in flight. */
@@ -782,7 +782,7 @@ static void test_calls(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- a distributed backward and optimizer step ---- */
+/*  ---- a distributed backward and optimizer step ---- */
 
 static zd_tensor_t *w_param;
 
@@ -909,7 +909,7 @@ static void test_dist(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- metrics ---- */
+/*  ---- metrics ---- */
 
 static int metrics_round(void *arg)
 {

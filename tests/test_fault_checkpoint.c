@@ -108,7 +108,7 @@ static void scratch(char *dir, size_t size)
     assert_non_null(mkdtemp(dir));
 }
 
-/* ---- a prefix that cannot be written ---- */
+/*  ---- a prefix that cannot be written ---- */
 
 /*  The server alone (its trainers never start): it refuses the prefix
     before it joins, naming it, instead of waiting for the world. */
@@ -171,7 +171,7 @@ static void test_prefix_unwritable_under_launch(void **state)
     free(output);
 }
 
-/* ---- divergence ---- */
+/*  ---- divergence ---- */
 
 static void test_divergence_ends_the_world(void **state)
 {
@@ -240,7 +240,7 @@ static void test_divergence_under_launch_restarts(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* ---- a disk that fills, a read-only file system (root, --tmpfs) ---- */
+/*  ---- a disk that fills, a read-only file system (root, --tmpfs) ---- */
 
 static char g_mnt[64];
 

@@ -58,7 +58,7 @@ extern char **environ;
 /*  The world's rendezvous gives up after this (a rank lost before it). */
 #define INIT_TIMEOUT_S (5 * SLOW)
 
-/* ---- the programs ---- */
+/*  ---- the programs ---- */
 
 typedef struct {
     const char *label;
@@ -128,7 +128,7 @@ static const prog_t progs[] = {
             false},
 };
 
-/* ---- the table ---- */
+/*  ---- the table ---- */
 
 /*  What a row checks besides the exits and the names. */
 enum {
@@ -144,8 +144,8 @@ typedef struct {
     const char *phase;
     const char *action; /* kill; stop (SIGCONT once declared lost); freeze (never woken) */
     int nth;
-    /*  Per rank: '0' exits 0; '1' exits non-zero by itself; 'K' dies of
-        SIGKILL (its own, or the test's for a process frozen for good). */
+    /* Per rank: '0' exits 0; '1' exits non-zero by itself; 'K' dies of
+       SIGKILL (its own, or the test's for a process frozen for good). */
     const char *exits;
     const char *namers; /* ranks whose output names the victim ("NAME" (rank R)) */
     unsigned checks;
@@ -303,7 +303,7 @@ static const char *finding_of(const row_t *row)
     return NULL;
 }
 
-/* ---- running a case ---- */
+/*  ---- running a case ---- */
 
 typedef struct {
     pid_t pid;
@@ -514,7 +514,7 @@ static void step_case(case_t *c)
     }
 }
 
-/* ---- the checks ---- */
+/*  ---- the checks ---- */
 
 static void note(case_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void note(case_t *c, const char *fmt, ...)
@@ -672,7 +672,7 @@ static void end_world(case_t *c)
     c->done = true;
 }
 
-/* ---- the matrix ---- */
+/*  ---- the matrix ---- */
 
 static case_t cases[NROWS];
 

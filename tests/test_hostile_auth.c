@@ -36,7 +36,7 @@
 
 static char g_key[256]; /* the world key file of the test (made in the parent) */
 
-/* ---- log capture: each process keeps its lines, tests wait for one ---- */
+/*  ---- log capture: each process keeps its lines, tests wait for one ---- */
 
 static pthread_mutex_t g_log_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t g_log_cond = PTHREAD_COND_INITIALIZER;
@@ -56,8 +56,8 @@ static void sink(zd_log_level_t level, const char *who, const char *line, void *
     pthread_mutex_unlock(&g_log_lock);
 }
 
-/* Whether a line containing needle (or needle2) was logged within
-   timeout_ms. */
+/*  Whether a line containing needle (or needle2) was logged within
+    timeout_ms. */
 static bool log_wait_any(const char *needle, const char *needle2, int timeout_ms)
 {
     struct timespec dl;
@@ -86,7 +86,7 @@ static bool log_wait(const char *needle, int timeout_ms)
     return log_wait_any(needle, NULL, timeout_ms);
 }
 
-/* ---- what the world does: a counter only members may bump ---- */
+/*  ---- what the world does: a counter only members may bump ---- */
 
 static atomic_int_fast64_t g_bumps;
 
@@ -98,7 +98,7 @@ static zd_value_t *h_bump(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(atomic_fetch_add(&g_bumps, 1) + 1);
 }
 
-/* Whether a log line with the string argument arrives within 10 s. */
+/*  Whether a log line with the string argument arrives within 10 s. */
 static zd_value_t *h_saw(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -109,8 +109,8 @@ static zd_value_t *h_saw(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(log_wait(needle, 10000));
 }
 
-/* Asks rank `to` whether it logged a line with needle (within 10 s): 1,
-   0, or -1 when the call failed. */
+/*  Asks rank `to` whether it logged a line with needle (within 10 s): 1,
+    0, or -1 when the call failed. */
 static int peer_saw(int to, const char *needle)
 {
     zd_value_t *args = zd__rpc_args("s", needle), *r = NULL;
@@ -123,8 +123,8 @@ static int peer_saw(int to, const char *needle)
     return (int)v;
 }
 
-/* The legitimate work: bumps rank `to` n times (sync and async), 0 when
-   every answer was right. */
+/*  The legitimate work: bumps rank `to` n times (sync and async), 0 when
+    every answer was right. */
 static int legit_work(int to, int n)
 {
     for (int i = 0; i < n; i++) {
@@ -165,12 +165,12 @@ static int init_with_key(const world_t *w, const char *key_file)
     return zd_rpc_init(NULL, w->rank, w->world_size, &o);
 }
 
-/* ---- raw sockets of an intruder ---- */
+/*  ---- raw sockets of an intruder ---- */
 
 static const uint8_t meta_none[] = {RPC_CODEC_VERSION, ZD_VALUE_NONE};
 
-/* A DEALER in ctx claiming routing id id; CURVE client when server_key is
-   set (with the keypair pub/sec), plain otherwise. */
+/*  A DEALER in ctx claiming routing id id; CURVE client when server_key is
+    set (with the keypair pub/sec), plain otherwise. */
 static void *intruder(void *ctx, const uint8_t *id, size_t id_len, const char *server_key,
                       const char *pub, const char *sec)
 {
@@ -193,7 +193,7 @@ static void send_header(void *sock, rpc_wire_header_t *h)
     zmq_send(sock, buf, zd__rpc_wire_size(h), 0);
 }
 
-/* A CALL of "bump" from rank src to rank dst. */
+/*  A CALL of "bump" from rank src to rank dst. */
 static void send_bump(void *sock, int src, int dst, uint64_t id)
 {
     rpc_wire_header_t h = {.type = RPC_MSG_CALL,
@@ -207,14 +207,14 @@ static void send_bump(void *sock, int src, int dst, uint64_t id)
     send_header(sock, &h);
 }
 
-/* Whether anything at all came back on sock within timeout_ms. */
+/*  Whether anything at all came back on sock within timeout_ms. */
 static bool got_anything(void *sock, int timeout_ms)
 {
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
     return zmq_poll(&it, 1, timeout_ms) > 0;
 }
 
-/* ---- outsiders against rank 0's RPC socket ---- */
+/*  ---- outsiders against rank 0's RPC socket ---- */
 
 /*  Four intruders take rank 1's routing id at rank 0 (the identity
     takeover of the audit's E5) and call "bump": one without CURVE, one
@@ -289,7 +289,7 @@ static void test_outsiders_cannot_call_or_take_over(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- a member claiming another rank ---- */
+/*  ---- a member claiming another rank ---- */
 
 static world_hold_t g_hold = {.answer = 42};
 
@@ -379,10 +379,10 @@ static void test_member_cannot_claim_another_rank(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- the rendezvous ---- */
+/*  ---- the rendezvous ---- */
 
-/* A monitor of sock's handshake failures, attached before sock connects
-   (a failure that came before the monitor would never be seen). */
+/*  A monitor of sock's handshake failures, attached before sock connects
+    (a failure that came before the monitor would never be seen). */
 static void *watch_handshake(void *ctx, void *sock, const char *name)
 {
     char ep[64];
@@ -399,8 +399,8 @@ static void *watch_handshake(void *ctx, void *sock, const char *name)
     return mon;
 }
 
-/* Waits for a handshake failure on a watch_handshake monitor (and closes
-   it): true when one came. */
+/*  Waits for a handshake failure on a watch_handshake monitor (and closes
+    it): true when one came. */
 static bool handshake_refused(void *mon)
 {
     bool got = mon != NULL && got_anything(mon, (int)world_scaled_ms(15000));
@@ -477,7 +477,7 @@ static void test_rendezvous_hijack_refused(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- the policy ---- */
+/*  ---- the policy ---- */
 
 static char g_dir[128];
 

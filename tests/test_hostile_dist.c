@@ -94,7 +94,7 @@ static zd_tensor_t *forward(zd_tensor_t *x, zd_tensor_t *w)
     return y;
 }
 
-/* ---- the server (rank 0) ---- */
+/*  ---- the server (rank 0) ---- */
 
 static zd_tensor_t *server_w;
 static pthread_mutex_t done_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -206,7 +206,7 @@ static int server(const world_t *w)
     return 0;
 }
 
-/* ---- the intruder (in the trainer's process, claiming rank 2) ---- */
+/*  ---- the intruder (in the trainer's process, claiming rank 2) ---- */
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
@@ -380,7 +380,7 @@ static int attack_flood(intruder_t *in)
                           "not made by a member of this world");
 }
 
-/* ---- the trainer (rank 1) ---- */
+/*  ---- the trainer (rank 1) ---- */
 
 /*  One training step under a new context; between forward and backward
     the intruder (when given) tries to release and flush that context.
@@ -515,7 +515,7 @@ static void test_hostile_peer_against_distributed_autograd(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- rpc_ps's parameter server against a hostile trainer ----
+/*  ---- rpc_ps's parameter server against a hostile trainer ----
 
     Rank 0 serves the tutorial's Net (examples/ps_net.h) with checkpoints
     and --max_batch_size=64; rank 1, trainer 0, records its position and

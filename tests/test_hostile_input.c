@@ -56,7 +56,7 @@ static int teardown(void **state)
     return system(cmd) == 0 ? 0 : -1;
 }
 
-/* ---- point 8: a key file that is a FIFO ---- */
+/*  ---- point 8: a key file that is a FIFO ---- */
 
 static int world_fifo_key(const world_t *w)
 {
@@ -90,7 +90,7 @@ static void test_key_file_fifo_refused_at_once(void **state)
     assert_int_equal(world_run_simple(1, 20, world_fifo_key, NULL), 0);
 }
 
-/* ---- points 9 and 10: flags refused at parse time ---- */
+/*  ---- points 9 and 10: flags refused at parse time ---- */
 
 /*  Runs prog (in the build folder) with its arguments: it must exit 2 at
     once, saying want. */
@@ -173,7 +173,7 @@ static void test_non_finite_numbers_refused(void **state)
             "--lr expects a finite number, got \"1e999\"");
 }
 
-/* ---- point 11: keygen --force over a link ---- */
+/*  ---- point 11: keygen --force over a link ---- */
 
 static void write_text(const char *path, const char *text, mode_t mode)
 {
@@ -267,7 +267,7 @@ static void test_keygen_force_replaces_links_not_their_targets(void **state)
     assert_int_equal(n, 4); /* notes.txt, world.key, target.txt, sym.key */
 }
 
-/* ---- point 12: output into a pipe, line by line ---- */
+/*  ---- point 12: output into a pipe, line by line ---- */
 
 /*  Starts ranks 0..n-1 of prog with flags (every rank's); rank `watch`
     must have its "prog: rank R of N ..." line (printed once it joined) in

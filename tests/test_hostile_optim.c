@@ -53,7 +53,7 @@ static float x_at(int i)
     return (float)(i + 1);
 }
 
-/* ---- rank 0: the owner ---- */
+/*  ---- rank 0: the owner ---- */
 
 static zd_value_t *fn_mul_w(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -152,7 +152,7 @@ static zd_value_t *fn_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_none();
 }
 
-/* ---- the trainers ---- */
+/*  ---- the trainers ---- */
 
 static zd_rref_t *param_rref(void)
 {
@@ -248,7 +248,7 @@ static int setup(const world_t *w)
         zd_rpc_register("step_with", fn_step_with, NULL) | zd_rpc_register("done", fn_done, NULL);
 }
 
-/* ---- rank 1 drives ---- */
+/*  ---- rank 1 drives ---- */
 
 /*  Rank 2 steps at lr: its rc, and its error in text. */
 static int64_t bad_step(double lr, char *text, size_t size)
@@ -416,7 +416,7 @@ static void test_a_caller_cannot_ruin_the_shared_parameters(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- rpc_ps with a trainer at --lr=1e30 ---- */
+/*  ---- rpc_ps with a trainer at --lr=1e30 ---- */
 
 static void test_rpc_ps_refuses_a_trainer_with_another_lr(void **state)
 {

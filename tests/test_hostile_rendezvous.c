@@ -47,7 +47,7 @@ static void nap_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
-/* Descriptors this process has open. */
+/*  Descriptors this process has open. */
 static int open_fds(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -59,7 +59,7 @@ static int open_fds(void)
     return n - 3; /* ".", ".." and the directory's own */
 }
 
-/* "fds"(): the callee's open descriptors. */
+/*  "fds"(): the callee's open descriptors. */
 static zd_value_t *h_fds(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
@@ -85,10 +85,10 @@ static int64_t call_fds(int to)
     return n;
 }
 
-/* ---- finding 4: a keyless "localhost" world listens on loopback only ---- */
+/*  ---- finding 4: a keyless "localhost" world listens on loopback only ---- */
 
-/* Whether every listening TCP socket of this process on port is bound to
-   a loopback address (IPv4 127/8, IPv6 ::1); -1 when none is found. */
+/*  Whether every listening TCP socket of this process on port is bound to
+    a loopback address (IPv4 127/8, IPv6 ::1); -1 when none is found. */
 static int listeners_loopback(int port)
 {
     int found = 0, all = 1;
@@ -146,10 +146,10 @@ static void test_keyless_localhost_listens_on_loopback(void **state)
                      0);
 }
 
-/* ---- finding 4: a rejoin off loopback in a keyless world ---- */
+/*  ---- finding 4: a rejoin off loopback in a keyless world ---- */
 
-/* A registration of rank `rank` named name advertising endpoint; returns
-   the answer's tag and text in text (or "" when none came in wait_ms). */
+/*  A registration of rank `rank` named name advertising endpoint; returns
+    the answer's tag and text in text (or "" when none came in wait_ms). */
 static void register_raw(void *ctx, int port, int rank, int world, const char *name,
                          const char *endpoint, char *tag, char *text, size_t size, int wait_ms)
 {
@@ -245,12 +245,12 @@ static void test_keyless_rejoin_off_loopback_refused(void **state)
                      0);
 }
 
-/* ---- a frame over RDV_MAX_FRAME: rank 0 cuts the connection ---- */
+/*  ---- a frame over RDV_MAX_FRAME: rank 0 cuts the connection ---- */
 
-/* Rank 0's rendezvous socket (kept for the life of the world) takes frames
-   of RDV_MAX_FRAME (4096) bytes at most: a larger one cuts the connection
-   before rank 0 holds it, and is not answered. The socket still answers
-   the next registration. */
+/*  Rank 0's rendezvous socket (kept for the life of the world) takes frames
+    of RDV_MAX_FRAME (4096) bytes at most: a larger one cuts the connection
+    before rank 0 holds it, and is not answered. The socket still answers
+    the next registration. */
 static int world_oversized_frame(const world_t *w)
 {
     zd_rpc_options_t o = world_rpc_options(w->port);
@@ -285,12 +285,12 @@ static void test_oversized_frame_dropped(void **state)
                      0);
 }
 
-/* ---- finding 3: silent connections are dropped ---- */
+/*  ---- finding 3: silent connections are dropped ---- */
 
 #define SILENT 200
 
-/* Opens n TCP connections to 127.0.0.1:port that will never say anything;
-   returns how many were made, their descriptors in fds. */
+/*  Opens n TCP connections to 127.0.0.1:port that will never say anything;
+    returns how many were made, their descriptors in fds. */
 static int open_silent(int port, int *fds, int n)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
@@ -352,7 +352,7 @@ static void test_silent_connections_dropped(void **state)
                      0);
 }
 
-/* ---- finding 3: 1100 held connections against a soft limit of 1024 ---- */
+/*  ---- finding 3: 1100 held connections against a soft limit of 1024 ---- */
 
 #define FLOOD 1100
 

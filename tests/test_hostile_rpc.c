@@ -41,15 +41,15 @@
 
 #define MIB ((int64_t)1 << 20)
 
-/* AddressSanitizer keeps freed memory in quarantine (256 MiB by default)
-   before reusing it: resident memory then includes what was freed. */
+/*  AddressSanitizer keeps freed memory in quarantine (256 MiB by default)
+    before reusing it: resident memory then includes what was freed. */
 #ifdef __SANITIZE_ADDRESS__
 #define RSS_SLACK (288 * MIB)
 #else
 #define RSS_SLACK 0
 #endif
 
-/* ---- rank 0: what it logs, its memory, held calls ---- */
+/*  ---- rank 0: what it logs, its memory, held calls ---- */
 
 #define LOG_LINES 512
 static char log_lines[LOG_LINES][320];
@@ -68,7 +68,7 @@ static void log_sink(zd_log_level_t level, const char *who, const char *line, vo
     pthread_mutex_unlock(&log_lock);
 }
 
-/* "log_has"(a, b): 1 when a line logged holds both substrings. */
+/*  "log_has"(a, b): 1 when a line logged holds both substrings. */
 static zd_value_t *h_log_has(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -110,7 +110,7 @@ static zd_value_t *h_placeholders(zd_rpc_call_t *call, zd_value_t *args, void *a
     return zd_value_int(n);
 }
 
-/* Calls held until "release_all". */
+/*  Calls held until "release_all". */
 #define MAX_HELD 256
 static zd_future_t *held[MAX_HELD];
 static int n_held;
@@ -149,9 +149,9 @@ static zd_value_t *h_release_all(zd_rpc_call_t *call, zd_value_t *args, void *ar
     return zd_value_int(n);
 }
 
-/* ---- rank 2: a bystander calling rank 0 ---- */
+/*  ---- rank 2: a bystander calling rank 0 ---- */
 
-/* "proxy"(fn): the int rank 0's fn answers. */
+/*  "proxy"(fn): the int rank 0's fn answers. */
 static zd_value_t *h_proxy(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -162,7 +162,7 @@ static zd_value_t *h_proxy(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(world_call_int(0, fn));
 }
 
-/* "log_has"(a, b) on rank 0, asked from here. */
+/*  "log_has"(a, b) on rank 0, asked from here. */
 static zd_value_t *h_proxy_log_has(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -171,7 +171,7 @@ static zd_value_t *h_proxy_log_has(zd_rpc_call_t *call, zd_value_t *args, void *
     return zd_rpc_sync(0, "log_has", args, -1, &r) == 0 ? r : NULL;
 }
 
-/* "big_echo"(): 1 when rank 0 echoes a 20 MiB tensor (streamed) intact. */
+/*  "big_echo"(): 1 when rank 0 echoes a 20 MiB tensor (streamed) intact. */
 static zd_value_t *h_big_echo(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -229,7 +229,7 @@ static int setup(const world_t *w)
     return 0;
 }
 
-/* ---- rank 1: the checks ---- */
+/*  ---- rank 1: the checks ---- */
 
 static int64_t add_on_0(int64_t x, int64_t y)
 {
@@ -242,8 +242,8 @@ static int64_t add_on_0(int64_t x, int64_t y)
     return v;
 }
 
-/* Whether rank 0 logs a line holding a and b within 10 s, asked through
-   rank `via` (0, or 2 when rank 1 itself is refused). */
+/*  Whether rank 0 logs a line holding a and b within 10 s, asked through
+    rank `via` (0, or 2 when rank 1 itself is refused). */
 static int logged_via(int via, const char *a, const char *b)
 {
     int64_t deadline = world_now_ms() + 10000;
@@ -261,8 +261,8 @@ static int logged_via(int via, const char *a, const char *b)
     return (int)found;
 }
 
-/* Reads answers on in until want of them hold text (or 20 s passed);
-   counts every answer read in *n_read. */
+/*  Reads answers on in until want of them hold text (or 20 s passed);
+    counts every answer read in *n_read. */
 static int answers_with(intruder_t *in, const char *text, int want, int *n_read)
 {
     int n = 0;
@@ -338,9 +338,9 @@ static int attack_endless(const char *ep)
     return 0;
 }
 
-/* 24 connections of "rank 1", each streaming a CALL of one 16 MiB tensor
-   and sending all its pieces but the last: the stream stays pending with
-   its memory touched. Rank 1's share (128 MiB here) holds 8 of them. */
+/*  24 connections of "rank 1", each streaming a CALL of one 16 MiB tensor
+    and sending all its pieces but the last: the stream stays pending with
+    its memory touched. Rank 1's share (128 MiB here) holds 8 of them. */
 static int attack_stream_bomb(const char *ep)
 {
     enum { STREAMS = 24 };

@@ -39,7 +39,7 @@
 #define GUESSES 400 /* ids tried per creator rank */
 #define WAIT_MS 300 /* the forged requests' timeout: how long they may wait */
 
-/* ---- rank 0: the owner ---- */
+/*  ---- rank 0: the owner ---- */
 
 static zd_value_t *h_secret(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -94,7 +94,7 @@ static zd_value_t *h_logged(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(found);
 }
 
-/* ---- rank 1: the holder ---- */
+/*  ---- rank 1: the holder ---- */
 
 static zd_rref_t *created, *given;
 
@@ -156,7 +156,7 @@ static int setup(const world_t *w)
         zd_rpc_register_inline("owner_count", world_h_owner_count, NULL);
 }
 
-/* ---- rank 2: the intruder ---- */
+/*  ---- rank 2: the intruder ---- */
 
 static uint64_t send_control(intruder_t *in, uint8_t type, uint64_t rref_id, uint64_t fork_id)
 {

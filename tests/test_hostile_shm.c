@@ -52,7 +52,7 @@ static bool targets_ok(const zd_tensor_t *t)
     return true;
 }
 
-/* "hold"(targets): checks them as a server checks a batch, keeps them. */
+/*  "hold"(targets): checks them as a server checks a batch, keeps them. */
 static zd_value_t *h_hold(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
@@ -68,8 +68,8 @@ static zd_value_t *h_hold(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(1);
 }
 
-/* "use"(): the held targets are still those checked, and a cross-entropy
-   and its backward over them (which index with them) run. */
+/*  "use"(): the held targets are still those checked, and a cross-entropy
+    and its backward over them (which index with them) run. */
 static zd_value_t *h_use(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
@@ -92,9 +92,9 @@ static zd_value_t *h_use(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 
 static char refusal[512]; /* rank 0: the last refusal its log gave */
 
-/* "refused"(): [segments this process refused to map, the log line of the
-   last refusal], once one was (the announcement is handled on the I/O
-   thread; bounded wait). */
+/*  "refused"(): [segments this process refused to map, the log line of the
+    last refusal], once one was (the announcement is handled on the I/O
+    thread; bounded wait). */
 static zd_value_t *h_refused(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
@@ -125,7 +125,7 @@ static int setup(const world_t *w)
     return 0;
 }
 
-/* The descriptors of this process's segments (not the 4 KiB probe). */
+/*  The descriptors of this process's segments (not the 4 KiB probe). */
 static int own_segments(int *fds, int max)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -171,8 +171,8 @@ static int call_int(const char *fn, zd_value_t *args, int64_t *out)
     return rc;
 }
 
-/* Calls "hold" until the targets went through a segment (the first call
-   goes the ZeroMQ way while its segment is announced). */
+/*  Calls "hold" until the targets went through a segment (the first call
+    goes the ZeroMQ way while its segment is announced). */
 static bool hold_through_segment(zd_value_t *args)
 {
     int64_t end = world_now_ms() + world_scaled_ms(10000);
@@ -263,9 +263,9 @@ static void test_shrink_refused(void **state)
                      0);
 }
 
-/* Rank 1 announces a segment of its own making, a look-alike memfd (same
-   name, header and size) without seals: rank 0 must refuse to map it,
-   saying why, and go on serving, shared memory included. */
+/*  Rank 1 announces a segment of its own making, a look-alike memfd (same
+    name, header and size) without seals: rank 0 must refuse to map it,
+    saying why, and go on serving, shared memory included. */
 static int unsealed(const world_t *w)
 {
     if (w->rank != 1)

@@ -17,7 +17,7 @@
 #include <zdist/rpc.h>
 #include "tests/support/world.h"
 
-/* ---- a sink that records ---- */
+/*  ---- a sink that records ---- */
 
 #define MAX_LINES 512
 
@@ -46,7 +46,7 @@ static void record(zd_log_level_t level, const char *who, const char *line, void
     pthread_mutex_unlock(&g_rec_lock);
 }
 
-/* The first recorded line containing text, or NULL. */
+/*  The first recorded line containing text, or NULL. */
 static const rec_t *find(const char *text)
 {
     const rec_t *r = NULL;
@@ -88,7 +88,7 @@ static int teardown(void **state)
     return 0;
 }
 
-/* ---- levels ---- */
+/*  ---- levels ---- */
 
 static void test_levels_filter(void **state)
 {
@@ -116,7 +116,7 @@ static void test_levels_filter(void **state)
     assert_int_equal(zd_log_get_level(), ZD_LOG_DEBUG);
 }
 
-/* ---- ZDIST_LOG_LEVEL ---- */
+/*  ---- ZDIST_LOG_LEVEL ---- */
 
 static void test_env_level(void **state)
 {
@@ -154,7 +154,7 @@ static void test_env_level(void **state)
     unsetenv("ZDIST_LOG_LEVEL");
 }
 
-/* ---- the sink ---- */
+/*  ---- the sink ---- */
 
 static void test_sink_gets_level_who_line(void **state)
 {
@@ -174,7 +174,7 @@ static void test_sink_gets_level_who_line(void **state)
     assert_int_equal(g_rec[1].level, ZD_LOG_ERROR);
 }
 
-/* Runs zd__log with stderr sent to a temporary file; returns what it got. */
+/*  Runs zd__log with stderr sent to a temporary file; returns what it got. */
 static void capture_stderr(char *out, size_t size, void (*fn)(void))
 {
     FILE *tmp = tmpfile();
@@ -222,7 +222,7 @@ static void test_null_sink_restores_stderr(void **state)
         fail_msg("stderr was:\n%s", text);
 }
 
-/* ---- the rate limit ---- */
+/*  ---- the rate limit ---- */
 
 static int64_t mono_s(void)
 {
@@ -252,7 +252,7 @@ static void test_rate_limit(void **state)
     assert_int_equal(count("error "), 10 * ZD_LOG_BUDGET);
 }
 
-/* ---- a real world: the worker's name on its lines ---- */
+/*  ---- a real world: the worker's name on its lines ---- */
 
 static int world_logs_join(const world_t *w)
 {

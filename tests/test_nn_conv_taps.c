@@ -165,7 +165,7 @@ static void test_taps_gemm_bt(void **state)
                 check_taps_gemm_bt(Ks[i], Ns[j], runs[l][0], runs[l][1], runs[l][2]);
 }
 
-/* ---- the ops, taps path against im2col path ---- */
+/*  ---- the ops, taps path against im2col path ---- */
 
 typedef enum { PLAIN, RELU, POOL } kind_t;
 

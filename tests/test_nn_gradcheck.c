@@ -79,7 +79,7 @@ static void release(check_t *c)
     zd_tensor_unref(c->target);
 }
 
-/* ---- conv2d ---- */
+/*  ---- conv2d ---- */
 
 static int fn_conv(check_t *c, zd_tensor_t **out)
 {
@@ -117,7 +117,7 @@ static void test_conv2d(void **state)
     }
 }
 
-/* ---- linear ---- */
+/*  ---- linear ---- */
 
 static int fn_linear(check_t *c, zd_tensor_t **out)
 {
@@ -144,7 +144,7 @@ static void test_linear(void **state)
         linear_case(2, (int64_t[]){rand_int(1, 6), rand_int(1, 40)}, rand_int(1, 12), true);
 }
 
-/* ---- relu, max_pool2d: inputs away from the kinks ---- */
+/*  ---- relu, max_pool2d: inputs away from the kinks ---- */
 
 static int fn_relu(check_t *c, zd_tensor_t **out)
 {
@@ -207,7 +207,7 @@ static void test_max_pool2d(void **state)
     }
 }
 
-/* ---- dropout with a fixed mask ---- */
+/*  ---- dropout with a fixed mask ---- */
 
 static int fn_dropout(check_t *c, zd_tensor_t **out)
 {
@@ -231,7 +231,7 @@ static void test_dropout(void **state)
     release(&d);
 }
 
-/* ---- flatten, log_softmax, losses ---- */
+/*  ---- flatten, log_softmax, losses ---- */
 
 static int fn_flatten_scale(check_t *c, zd_tensor_t **out)
 {
@@ -309,7 +309,7 @@ static void test_losses(void **state)
     }
 }
 
-/* ---- a whole model ---- */
+/*  ---- a whole model ---- */
 
 static int fn_model(check_t *c, zd_tensor_t **out)
 {

@@ -20,7 +20,7 @@
 #include <zdist/nn.h>
 #include "tests/support/golden_cases.h"
 
-/* ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
+/*  ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
 
 /*  The case's tensor (borrowed from the case); fails the test when it has none. */
 static zd_tensor_t *golden_borrow(golden_case_t *c, const char *role, const char *name)
@@ -214,7 +214,7 @@ static void test_golden_convnet(void **s)
     run_kind("convnet");
 }
 
-/* ---- structure ---- */
+/*  ---- structure ---- */
 
 typedef struct {
     const char *name;
@@ -319,7 +319,7 @@ static void test_bad_input_is_refused(void **state)
     zd_nn_module_free(m);
 }
 
-/* ---- modes ---- */
+/*  ---- modes ---- */
 
 static zd_tensor_t *random_images(int n, uint64_t seed)
 {
@@ -410,7 +410,7 @@ static void test_training_step_records_graph(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- threads and processes ---- */
+/*  ---- threads and processes ---- */
 
 static bool close_enough(zd_tensor_t *a, zd_tensor_t *b)
 {
@@ -490,7 +490,7 @@ static void test_forward_after_fork(void **state)
     zd_nn_module_free(m);
 }
 
-/* ---- initialisation ---- */
+/*  ---- initialisation ---- */
 
 static void check_init_stats(zd_nn_module_t *m)
 {

@@ -17,7 +17,7 @@
 #include <zdist/rng.h>
 #include "tests/support/golden_cases.h"
 
-/* ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
+/*  ---- golden cases (tools/golden_manifest.h, tests/support/golden_cases.h) ---- */
 
 /*  A copy of the case's tensor (the caller's own: leaves get requires_grad
     and gradients, the case's tensors stay as loaded), or NULL when it has
@@ -199,7 +199,7 @@ static void test_golden_nll_loss(void **s)
     run_kind("nll_loss", op_nll, false);
 }
 
-/* ---- errors ---- */
+/*  ---- errors ---- */
 
 static void expect_error(int rc, zd_tensor_t *out, const char *needle)
 {
@@ -252,7 +252,7 @@ static void test_errors_are_reported(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- dropout ---- */
+/*  ---- dropout ---- */
 
 static zd_tensor_t *ramp(int ndim, const int64_t *shape)
 {
@@ -336,7 +336,7 @@ static void test_dropout2d_zeroes_channels(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- flatten, argmax, accuracy ---- */
+/*  ---- flatten, argmax, accuracy ---- */
 
 static void test_flatten_is_a_view(void **state)
 {
@@ -389,7 +389,7 @@ static void test_argmax_accuracy(void **state)
     zd_tensor_unref(x);
 }
 
-/* ---- fused convolutions: the numbers of the composition ---- */
+/*  ---- fused convolutions: the numbers of the composition ---- */
 
 static zd_tensor_t *rand_leaf(zd_rng_t *rng, int ndim, const int64_t *shape, float scale)
 {
@@ -495,7 +495,7 @@ static void test_forward_only_frees_graph(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- the generator ---- */
+/*  ---- the generator ---- */
 
 static void test_rng(void **state)
 {

@@ -36,7 +36,7 @@
 
 #include "tests/support/gradcheck.h"
 
-/* ---- golden cases ---- */
+/*  ---- golden cases ---- */
 
 static const char *toolkit_dir(void)
 {
@@ -211,7 +211,7 @@ static void test_golden_cases(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- finite-difference gradient checks ---- */
+/*  ---- finite-difference gradient checks ---- */
 
 typedef struct check check_t;
 /*  Fills outs with up to MAX_OUT outputs; returns how many, or -1. */
@@ -367,7 +367,7 @@ static void test_gradcheck_lstm(void **state)
     lstm_case_scaled(3, 16, 8, 128, 1, true, true, 0.0f, 0.1f);
 }
 
-/* ---- a layer against its own cell ---- */
+/*  ---- a layer against its own cell ---- */
 
 /*  One layer over T steps gives what T calls of zd_nn_lstm_cell give, and
     the same gradients (up to the order of float sums). */
@@ -451,7 +451,7 @@ static void test_layer_matches_cell_steps(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- the object ---- */
+/*  ---- the object ---- */
 
 static void test_lstm_object(void **state)
 {
@@ -678,7 +678,7 @@ static void test_cell_objects(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- error paths ---- */
+/*  ---- error paths ---- */
 
 /*  The call failed with a message, and left its outputs NULL. */
 #define EXPECT_FAIL(call, ...)                                                                     \

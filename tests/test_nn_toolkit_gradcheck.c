@@ -62,7 +62,7 @@ static void release(check_t *c)
     zd_tensor_unref(c->indices);
 }
 
-/* ---- softmax, gelu ---- */
+/*  ---- softmax, gelu ---- */
 
 static int fn_softmax(check_t *c, zd_tensor_t **out)
 {
@@ -118,7 +118,7 @@ static void test_gelu(void **state)
     release(&c);
 }
 
-/* ---- layer_norm ---- */
+/*  ---- layer_norm ---- */
 
 static int fn_layer_norm(check_t *c, zd_tensor_t **out)
 {
@@ -149,7 +149,7 @@ static void test_layer_norm(void **state)
     ln_case(2, (int64_t[]){3, 5}, 1, false, true); /* bias without weight */
 }
 
-/* ---- mse_loss ---- */
+/*  ---- mse_loss ---- */
 
 static int fn_mse(check_t *c, zd_tensor_t **out)
 {
@@ -180,7 +180,7 @@ static void test_mse_loss(void **state)
     zd_tensor_unref(t);
 }
 
-/* ---- embedding ---- */
+/*  ---- embedding ---- */
 
 static int fn_embedding(check_t *c, zd_tensor_t **out)
 {
@@ -242,7 +242,7 @@ static void test_embedding_values(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
-/* ---- errors, init ---- */
+/*  ---- errors, init ---- */
 
 static void test_errors(void **state)
 {

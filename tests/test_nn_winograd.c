@@ -31,7 +31,7 @@
 #define ATOL 1e-5
 #define RTOL 1e-4
 
-/* ---- the reference: plain loops in double ---- */
+/*  ---- the reference: plain loops in double ---- */
 
 /*  y = conv(x, w) + bias, and mag = sum of |terms| per output (for the
     error report). */
@@ -88,7 +88,7 @@ static void ref_backward_input(const float *dy, int N, int O, int Ho, int Wo, co
                 }
 }
 
-/* ---- comparing ---- */
+/*  ---- comparing ---- */
 
 typedef struct {
     double abs_err, rel_mag; /* largest |a-e|, and |a-e| / sum|terms| */
@@ -120,7 +120,7 @@ static void check_close(const char *what, const float *a, const double *e, const
     worst.allowance = fmax(worst.allowance, r.allowance);
 }
 
-/* ---- random cases ---- */
+/*  ---- random cases ---- */
 
 typedef struct {
     int N, C, O, H, W, pad;
@@ -310,7 +310,7 @@ static void test_applies_and_errors(void **state)
     assert_int_equal(zd__nn_winograd_forward(x, 0, 1, 2, 2, w, 1, NULL, 1, y, NULL, NULL), 0);
 }
 
-/* ---- PyTorch's numbers ---- */
+/*  ---- PyTorch's numbers ---- */
 
 static float *golden_floats(golden_case_t *c, const char *role, const char *name)
 {

@@ -36,7 +36,7 @@
 
 static zd_future_t *ready, *hang;
 
-/* An async handler whose future nobody completes while its caller lives. */
+/*  An async handler whose future nobody completes while its caller lives. */
 static zd_future_t *h_hang(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
@@ -160,7 +160,7 @@ static void test_lost_peer_released_and_refused(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- forks are the holder's ---- */
+/*  ---- forks are the holder's ---- */
 
 /*  Sends a control message about RRef rref_id / fork fork_id to rank 0 as
     if from rank `as` (its zd_rpc_sync identity) and returns the ERROR's
@@ -233,12 +233,12 @@ static void test_only_the_holder_fetches_or_deletes(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- a connection that comes back ---- */
+/*  ---- a connection that comes back ---- */
 
 static atomic_bool went_down;
 
-/* The log line the I/O thread writes when the connection to rank 1 goes
-   down (a sink must not call back into zdist: it only sets a flag). */
+/*  The log line the I/O thread writes when the connection to rank 1 goes
+    down (a sink must not call back into zdist: it only sets a flag). */
 static void watch_log(zd_log_level_t level, const char *who, const char *line, void *arg)
 {
     (void)level, (void)who, (void)arg;

@@ -28,7 +28,7 @@ static void sink_open(sink_t *s)
     assert_non_null(s->f);
 }
 
-/* What was written so far (the stream stays open). */
+/*  What was written so far (the stream stays open). */
 static const char *sink_text(sink_t *s)
 {
     fflush(s->f);

@@ -197,7 +197,7 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
     return rc;
 }
 
-/* ---- synchronous rounds ---- */
+/*  ---- synchronous rounds ---- */
 
 /*  rounds rounds of pull (checked against want, whose steps are the mean
     of trainers 0 and 1), set the gradients, push. 0, or world_fail's -1. */
@@ -289,7 +289,7 @@ static void test_sync_two_shards(void **state)
     run_sync(2);
 }
 
-/* ---- asynchronous, stale pushes, hostile pushes ---- */
+/*  ---- asynchronous, stale pushes, hostile pushes ---- */
 
 /*  Calls shard 0's push directly with args (taken over): 0 with the
     answer's code and text, or -1 when the call failed. */
@@ -503,7 +503,7 @@ static void test_async_stale_and_refused(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- a shard lost ---- */
+/*  ---- a shard lost ---- */
 
 static int lost_trainer(const world_t *w)
 {
@@ -560,7 +560,7 @@ static void test_shard_lost(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- a trainer lost in synchronous mode ---- */
+/*  ---- a trainer lost in synchronous mode ---- */
 
 /*  Trainers 0 and 1 train four rounds; trainer 2 pulls once (the shard
     knows it from then on) and dies. Each round waits for it until it is
@@ -614,7 +614,7 @@ static void test_sync_trainer_lost(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
-/* ---- checkpoints ---- */
+/*  ---- checkpoints ---- */
 
 typedef struct {
     char prefix[256]; /* checkpoint_path */
@@ -790,7 +790,7 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
-/* ---- the split ---- */
+/*  ---- the split ---- */
 
 static void test_split(void **state)
 {

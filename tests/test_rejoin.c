@@ -74,7 +74,7 @@ static int echo(int to, int64_t v)
     return world_echo_int(to, v, WAIT_MS);
 }
 
-/* The first incarnation: joins, shows it works, then dies without a word. */
+/*  The first incarnation: joins, shows it works, then dies without a word. */
 static void first_life(const world_t *w, int peer)
 {
     if (init(w) != 0 || echo(peer, 7) != 0)
@@ -82,8 +82,8 @@ static void first_life(const world_t *w, int peer)
     raise(SIGKILL);
 }
 
-/* The rank's process: forks the first incarnation, reaps it, then joins as
-   the second. */
+/*  The rank's process: forks the first incarnation, reaps it, then joins as
+    the second. */
 static int restart(const world_t *w, int peer)
 {
     pid_t pid = fork();
@@ -96,7 +96,7 @@ static int restart(const world_t *w, int peer)
     return init(w);
 }
 
-/* The restarted rank: it knows, and every other rank answers it. */
+/*  The restarted rank: it knows, and every other rank answers it. */
 static int newcomer(const world_t *w)
 {
     WCHECK(zd_rpc_rejoined());
@@ -106,7 +106,7 @@ static int newcomer(const world_t *w)
     return 0;
 }
 
-/* The others: told of the newcomer, they call it. */
+/*  The others: told of the newcomer, they call it. */
 static int survivor(const world_t *w, int back)
 {
     WCHECK(!zd_rpc_rejoined());
@@ -173,11 +173,11 @@ static void test_a_restarted_rank_0_gets_the_world_back_with_a_key(void **state)
     assert_int_equal(world_run_simple(3, 90, master_restarts, g_key), 0);
 }
 
-/* Registrations at a running world's rank 0 that must not take a place: a
-   rank whose process is alive (asked to wait: it may be a restart whose
-   old process is not noticed gone yet), another name for a rank, a
-   running member's status naming ranks outside the world. The world goes
-   on untouched. */
+/*  Registrations at a running world's rank 0 that must not take a place: a
+    rank whose process is alive (asked to wait: it may be a restart whose
+    old process is not noticed gone yet), another name for a rank, a
+    running member's status naming ranks outside the world. The world goes
+    on untouched. */
 static zd_future_t *strangers_done;
 
 static zd_value_t *h_done(zd_rpc_call_t *call, zd_value_t *args, void *arg)

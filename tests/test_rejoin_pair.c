@@ -113,7 +113,7 @@ static int echo_all(const world_t *w, int64_t base)
     return 0;
 }
 
-/* Every rank back: each waits for the others, then calls every one. */
+/*  Every rank back: each waits for the others, then calls every one. */
 static int all_pairs(const world_t *w)
 {
     shared_t *sh = w->arg;
@@ -131,9 +131,9 @@ static int finish(void)
     return 0;
 }
 
-/* A first incarnation: joins, calls everyone, then dies (rank 2) or
-   freezes (rank 3) when the test says. Rank 3's, woken, goes on as a
-   member that missed rank 2's return while it was frozen. */
+/*  A first incarnation: joins, calls everyone, then dies (rank 2) or
+    freezes (rank 3) when the test says. Rank 3's, woken, goes on as a
+    member that missed rank 2's return while it was frozen. */
 static void first_life(const world_t *w)
 {
     shared_t *sh = w->arg;
@@ -167,7 +167,7 @@ static int timed_init(const world_t *w)
     return 0;
 }
 
-/* Rank 2: joins again while rank 3 is frozen, and must get in. */
+/*  Rank 2: joins again while rank 3 is frozen, and must get in. */
 static int rank_2(const world_t *w)
 {
     shared_t *sh = w->arg;
@@ -193,8 +193,8 @@ static int rank_2(const world_t *w)
     return finish();
 }
 
-/* Rank 3: its first incarnation frozen; once rank 2 is in, killed and
-   joined again (both were down at once), or woken. */
+/*  Rank 3: its first incarnation frozen; once rank 2 is in, killed and
+    joined again (both were down at once), or woken. */
 static int rank_3(const world_t *w)
 {
     shared_t *sh = w->arg;
@@ -223,7 +223,7 @@ static int rank_3(const world_t *w)
     return finish();
 }
 
-/* Ranks 0 and 1: they see rank 2 (and rank 3) come back. */
+/*  Ranks 0 and 1: they see rank 2 (and rank 3) come back. */
 static int survivor(const world_t *w)
 {
     shared_t *sh = w->arg;
@@ -244,9 +244,9 @@ static int body(const world_t *w)
     return w->rank == 2 ? rank_2(w) : w->rank == 3 ? rank_3(w) : survivor(w);
 }
 
-/* Rank 0 restarted while a member is gone (lost to the others): rank 0
-   forms the world from the members that wait for it, without a key for
-   the gone rank, which rejoins afterwards. World of 3, with a key. */
+/*  Rank 0 restarted while a member is gone (lost to the others): rank 0
+    forms the world from the members that wait for it, without a key for
+    the gone rank, which rejoins afterwards. World of 3, with a key. */
 static int r0_first_life(const world_t *w)
 {
     shared_t *sh = w->arg;

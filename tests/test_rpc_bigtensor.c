@@ -24,13 +24,13 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* ---- frames that count their releases ---- */
+/*  ---- frames that count their releases ---- */
 
 static int router_tag, dealer_tag;
 static zd__net_t fake;
 
-/* The agent above the filter: an answer dropped on the way in fails no
-   call here (there are none). */
+/*  The agent above the filter: an answer dropped on the way in fails no
+    call here (there are none). */
 static void fake_fail_answer(void *arg, uint64_t id, int src, const char *text,
                              zd_error_code_t code)
 {
@@ -46,7 +46,7 @@ static void setup_fake(void)
     fake.up.fail_answer = fake_fail_answer;
 }
 
-/* A received message: header h, then n frames. */
+/*  A received message: header h, then n frames. */
 static void msg_make(inmsg_t *m, int src, const uint8_t *route, size_t route_len,
                      rpc_wire_header_t *h, int n, const rpc_frame_t *frames)
 {
@@ -67,7 +67,7 @@ static void msg_make(inmsg_t *m, int src, const uint8_t *route, size_t route_len
         memcpy(m->route, route, route_len);
 }
 
-/* What a delivered message holds is released as a handler would. */
+/*  What a delivered message holds is released as a handler would. */
 static void msg_done(inmsg_t *m)
 {
     for (int i = 0; i < m->n; i++)
@@ -76,8 +76,8 @@ static void msg_done(inmsg_t *m)
     free(m->frames);
 }
 
-/* Runs a message through the filter; frees the message's frame array when
-   the filter took or dropped it. */
+/*  Runs a message through the filter; frees the message's frame array when
+    the filter took or dropped it. */
 static int filter(void *sock, inmsg_t *m)
 {
     int rc = zd__transport_stream_filter(&fake, sock, m);
@@ -86,7 +86,7 @@ static int filter(void *sock, inmsg_t *m)
     return rc;
 }
 
-/* ---- a streamed REPLY: [small] [big1] [big2] ---- */
+/*  ---- a streamed REPLY: [small] [big1] [big2] ---- */
 
 #define BIG1  100000
 #define BIG2  50000 /* float32 elements */
@@ -150,7 +150,7 @@ static rpc_wire_header_t streamed_header(const streamed_t *s, int type)
     return h;
 }
 
-/* The streamed message itself: small frame, two empty ones, the table. */
+/*  The streamed message itself: small frame, two empty ones, the table. */
 static void streamed_main(const streamed_t *s, inmsg_t *m, int type, int src, const uint8_t *route,
                           size_t route_len)
 {
@@ -160,7 +160,7 @@ static void streamed_main(const streamed_t *s, inmsg_t *m, int type, int src, co
     msg_make(m, src, route, route_len, &h, 4, f);
 }
 
-/* Piece k (chunk bytes per piece), with its number set to seq. */
+/*  Piece k (chunk bytes per piece), with its number set to seq. */
 static void streamed_piece(const streamed_t *s, inmsg_t *m, int k, uint64_t seq, int src,
                            const uint8_t *route, size_t route_len, uint32_t chunk)
 {
@@ -282,7 +282,7 @@ static void test_connections_interleave(void **state)
     assert_int_equal(frames_live(), 0);
 }
 
-/* Starts a streamed CALL on the ROUTER and feeds n good pieces. */
+/*  Starts a streamed CALL on the ROUTER and feeds n good pieces. */
 static void start_call(streamed_t *s, uint64_t id, int pieces)
 {
     streamed_make(s, id, CHUNK);
@@ -495,7 +495,7 @@ static void test_buffer_cache(void **state)
     assert_int_equal(n, 0);
 }
 
-/* ---- through a live world ---- */
+/*  ---- through a live world ---- */
 
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 {
@@ -520,9 +520,9 @@ static zd_value_t *h_pending(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(zd__transport_stream_pending());
 }
 
-/* A DEALER in a context of its own, connected to rank `to`'s ROUTER with
-   the routing id of rank `as`'s zd_rpc_sync socket `slot`; NULL (with *ctx
-   still to terminate) when it cannot connect. */
+/*  A DEALER in a context of its own, connected to rank `to`'s ROUTER with
+    the routing id of rank `as`'s zd_rpc_sync socket `slot`; NULL (with *ctx
+    still to terminate) when it cannot connect. */
 static void *raw_socket(int to, int as, int slot, void **ctx)
 {
     zd_rpc_worker_info_t info;
@@ -542,8 +542,8 @@ static void *raw_socket(int to, int as, int slot, void **ctx)
     return sock;
 }
 
-/* Sends the message of a stream: header h (a value with one tensor), the
-   tensor's empty place, a table of one entry of len bytes. */
+/*  Sends the message of a stream: header h (a value with one tensor), the
+    tensor's empty place, a table of one entry of len bytes. */
 static void raw_stream_start(void *sock, rpc_wire_header_t *h, size_t len)
 {
     uint8_t head[256], table[24];
@@ -557,9 +557,9 @@ static void raw_stream_start(void *sock, rpc_wire_header_t *h, size_t len)
     zmq_send(sock, table, sizeof table, 0);
 }
 
-/* Sends a streamed CALL of "echo" with one uint8 tensor of len bytes in
-   pieces of RPC_WIRE_MIN_CHUNK from a raw socket; bad_piece >= 0 gives
-   that piece a wrong number; n_pieces >= 0 stops after that many. */
+/*  Sends a streamed CALL of "echo" with one uint8 tensor of len bytes in
+    pieces of RPC_WIRE_MIN_CHUNK from a raw socket; bad_piece >= 0 gives
+    that piece a wrong number; n_pieces >= 0 stops after that many. */
 static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece, int n_pieces)
 {
     static const uint8_t meta[] = {RPC_CODEC_VERSION,
@@ -601,7 +601,7 @@ static int raw_streamed_echo(void *sock, uint64_t id, size_t len, int bad_piece,
     return 0;
 }
 
-/* The first answer on sock: its type and error text; -1 when none came. */
+/*  The first answer on sock: its type and error text; -1 when none came. */
 static int raw_answer_type(void *sock, char *text, size_t size)
 {
     zmq_pollitem_t it = {sock, 0, ZMQ_POLLIN, 0};
@@ -660,7 +660,7 @@ static int raw_streams(void)
     return 0;
 }
 
-/* Expires the streams here as if RPC_STREAM_STALL_NS had passed. */
+/*  Expires the streams here as if RPC_STREAM_STALL_NS had passed. */
 static zd_value_t *h_expire(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -757,7 +757,7 @@ static void test_big_tensors_through_a_world(void **state)
     assert_int_equal(world_run_simple(2, 120, world_big, NULL), 0);
 }
 
-/* ---- a streamed answer that stalls fails the call waiting for it ---- */
+/*  ---- a streamed answer that stalls fails the call waiting for it ---- */
 
 static _Atomic uint64_t held_id;
 static world_hold_t stalled_hold = {.answer_none = true};
@@ -771,8 +771,8 @@ static int capture_id(void *arg, const zd_rpc_hook_msg_t *m, zd_value_t **args,
     return 0;
 }
 
-/* Starts, from a raw socket that says it is rank 1, a streamed answer to
-   call id on rank 0's ROUTER, and sends none of its pieces. */
+/*  Starts, from a raw socket that says it is rank 1, a streamed answer to
+    call id on rank 0's ROUTER, and sends none of its pieces. */
 static void *raw_stalled_answer(uint64_t id, void **ctx)
 {
     static const uint8_t meta[] = {RPC_CODEC_VERSION, ZD_VALUE_TENSOR, ZD_UINT8, 0, 1, 0x90, 0x4e};

@@ -22,7 +22,7 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* ---- handlers served by every process ---- */
+/*  ---- handlers served by every process ---- */
 
 static zd_value_t *h_divide(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -48,7 +48,7 @@ static zd_value_t *h_whoami(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_string(buf);
 }
 
-/* Doubles a float tensor into a new one. */
+/*  Doubles a float tensor into a new one. */
 static zd_value_t *h_double(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -61,7 +61,7 @@ static zd_value_t *h_double(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
-/* "hold" answers only when "release" is called: timeouts without sleeping. */
+/*  "hold" answers only when "release" is called: timeouts without sleeping. */
 static pthread_mutex_t held_lock = PTHREAD_MUTEX_INITIALIZER;
 static zd_future_t *held[64];
 static int n_held;
@@ -96,7 +96,7 @@ static zd_value_t *h_release(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(n);
 }
 
-/* The number of holds waiting, so a test can wait until its call arrived. */
+/*  The number of holds waiting, so a test can wait until its call arrived. */
 static zd_value_t *h_n_held(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -134,7 +134,7 @@ static int start(int rank, int world, int port, int64_t timeout_ms)
     return zd_rpc_init(name, rank, world, &o);
 }
 
-/* ---- values travel both ways, to peers and to oneself ---- */
+/*  ---- values travel both ways, to peers and to oneself ---- */
 
 static int check_echo(int to, zd_value_t *v, const char *fn)
 {
@@ -230,7 +230,7 @@ static void test_values_round_trip(void **state)
     assert_int_equal(world_run_simple(2, 60, world_values, NULL), 0);
 }
 
-/* ---- futures ---- */
+/*  ---- futures ---- */
 
 static atomic_int then_ran;
 
@@ -304,12 +304,12 @@ static void test_async_futures(void **state)
     assert_int_equal(world_run_simple(3, 60, world_futures, NULL), 0);
 }
 
-/* ---- many threads waiting for futures at once ---- */
+/*  ---- many threads waiting for futures at once ---- */
 
 #define WAITERS 6
 #define WAITS   300
 
-/* Each waiter adds its own numbers on rank 1 and checks every sum. */
+/*  Each waiter adds its own numbers on rank 1 and checks every sum. */
 static void *waiter_main(void *arg)
 {
     intptr_t me = (intptr_t)arg;
@@ -363,7 +363,7 @@ static void test_concurrent_future_waiters(void **state)
     assert_int_equal(world_run_simple(2, 60, world_waiters, NULL), 0);
 }
 
-/* ---- errors name the peer and the function; the process keeps serving ---- */
+/*  ---- errors name the peer and the function; the process keeps serving ---- */
 
 static int expect_error(int to, const char *fn, zd_value_t *args, int64_t timeout,
                         const char *part1, const char *part2)
@@ -422,7 +422,7 @@ static void test_errors_name_peer_and_function(void **state)
     assert_int_equal(world_run_simple(2, 60, world_errors, NULL), 0);
 }
 
-/* ---- timeouts ---- */
+/*  ---- timeouts ---- */
 
 static int world_timeouts(const world_t *w)
 {
@@ -473,7 +473,7 @@ static void test_timeouts(void **state)
     assert_int_equal(world_run_simple(2, 60, world_timeouts, NULL), 0);
 }
 
-/* ---- a peer that died ---- */
+/*  ---- a peer that died ---- */
 
 static zd_future_t *ready, *finished;
 static int64_t victim_pid;

@@ -18,8 +18,8 @@
 #include <zdist/value.h>
 #include "rpc/value/args.h"
 
-/* ---- a fake RRef world: RRefs are table entries, the wire form is the
-   entry's index and the destination rank ---- */
+/*  ---- a fake RRef world: RRefs are table entries, the wire form is the
+    entry's index and the destination rank ---- */
 
 #define N_RREFS 4
 
@@ -98,7 +98,7 @@ static int setup(void **state)
     return 0;
 }
 
-/* ---- received frames: heap copies whose release is counted ---- */
+/*  ---- received frames: heap copies whose release is counted ---- */
 
 #define MAX_FRAMES 64
 
@@ -149,7 +149,7 @@ static void assert_all_released_once(const frameset_t *fs)
         assert_int_equal(fs->slots[i].released, 1);
 }
 
-/* encode -> frames -> decode; returns the decoded value (caller unrefs) */
+/*  encode -> frames -> decode; returns the decoded value (caller unrefs) */
 static zd_value_t *round_trip(const zd_value_t *v, frameset_t *fs, size_t misalign)
 {
     rpc_encoded_t e;
@@ -184,7 +184,7 @@ static void check_round_trip(zd_value_t *v)
     zd_value_unref(v);
 }
 
-/* ---- round trips ---- */
+/*  ---- round trips ---- */
 
 static void test_scalars_round_trip(void **state)
 {
@@ -379,7 +379,7 @@ static void test_objects_are_never_encoded(void **state)
     assert_true(rrefs_balanced());
 }
 
-/* ---- zero copy ---- */
+/*  ---- zero copy ---- */
 
 static void test_aligned_frames_are_wrapped_not_copied(void **state)
 {
@@ -452,10 +452,10 @@ static void test_misaligned_and_borrowed_frames_are_copied(void **state)
     assert_int_equal(zd_tensor_live_count(), before);
 }
 
-/* ---- malformed input ---- */
+/*  ---- malformed input ---- */
 
-/* Decodes meta against frames copied from `model` (or none), expecting
-   failure; checks every frame was released once and nothing leaked. */
+/*  Decodes meta against frames copied from `model` (or none), expecting
+    failure; checks every frame was released once and nothing leaked. */
 static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *model, int n_frames,
                           const char *error_part)
 {
@@ -478,7 +478,7 @@ static void expect_reject(const uint8_t *meta, size_t len, const frameset_t *mod
     assert_int_equal(rref_refs_sum(), refs_before);
 }
 
-/* A valid value with every kind in it, encoded; frames in `model`. */
+/*  A valid value with every kind in it, encoded; frames in `model`. */
 static zd_value_t *sample(rpc_encoded_t *e, frameset_t *model)
 {
     int64_t shape[3] = {2, 1, 3};

@@ -30,8 +30,8 @@ static void fill(uint8_t *p, size_t n, uint32_t seed)
     }
 }
 
-/* Copies n bytes from src + off to dst + off of buffers of n + 2 * off and
-   checks them, and that the off bytes either side were left alone. */
+/*  Copies n bytes from src + off to dst + off of buffers of n + 2 * off and
+    checks them, and that the off bytes either side were left alone. */
 static bool copy_checked(uint8_t *dst, uint8_t *src, size_t n, size_t off, uint32_t seed)
 {
     fill(src, n + 2 * off, seed);
@@ -189,8 +189,8 @@ static void *copy_loop(void *arg)
     return (void *)(intptr_t)ok;
 }
 
-/* Forks while another thread is in shared copies: whatever state the
-   helper and the lock were in, the child copies alone and does not hang. */
+/*  Forks while another thread is in shared copies: whatever state the
+    helper and the lock were in, the child copies alone and does not hang. */
 static void test_fork_during_copies(void **state)
 {
     (void)state;

@@ -55,7 +55,7 @@ static int clear_env(void **state)
     return 0;
 }
 
-/* Sets "NAME=value" pairs, NULL-terminated. */
+/*  Sets "NAME=value" pairs, NULL-terminated. */
 static void set(const char *first, ...)
 {
     va_list ap;
@@ -78,7 +78,7 @@ static zd_rpc_env_t resolve_env(void)
     return e;
 }
 
-/* resolve fails, with an error mentioning each of the NULL-terminated texts. */
+/*  resolve fails, with an error mentioning each of the NULL-terminated texts. */
 static void resolve_fails(const char *text, ...)
 {
     zd_rpc_env_t e;
@@ -405,7 +405,7 @@ static void test_malformed(void **state)
     resolve_fails("OMPI_COMM_WORLD_SIZE=\"four\"", NULL);
 }
 
-/* ---- zd_rpc_init takes them and says so, once ---- */
+/*  ---- zd_rpc_init takes them and says so, once ---- */
 
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static char g_lines[16][600];

@@ -272,7 +272,7 @@ static void test_wait_any(void **state)
         zd_future_unref(fs[i]);
 }
 
-/* ---- collect_all ---- */
+/*  ---- collect_all ---- */
 
 static void test_collect_all_values_in_order(void **state)
 {
@@ -342,7 +342,7 @@ static void test_collect_all_of_none(void **state)
     assert_null(zd_future_collect_all(bad, -1));
 }
 
-/* ---- many threads ---- */
+/*  ---- many threads ---- */
 
 #define N_FUT  16
 #define ROUNDS 2000

@@ -23,7 +23,7 @@
 
 static __thread int64_t current_ctx;
 
-/* Events seen by this process: [kind][direction] */
+/*  Events seen by this process: [kind][direction] */
 enum { SEND_REQ, RECV_REQ, SEND_REP, RECV_REP, RETURNED, N_EVENTS };
 static atomic_int events[3][N_EVENTS];
 static atomic_int states_live;
@@ -173,7 +173,7 @@ static const zd_rpc_hooks_t fake_hooks = {.size = sizeof(zd_rpc_hooks_t),
                                           .on_recv_reply = on_recv_reply,
                                           .debug_info = debug_info};
 
-/* ---- handlers ---- */
+/*  ---- handlers ---- */
 
 static zd_value_t *h_ctx(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
@@ -183,7 +183,7 @@ static zd_value_t *h_ctx(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(current_ctx);
 }
 
-/* Calls "ctx" on the next rank: the context travels on. */
+/*  Calls "ctx" on the next rank: the context travels on. */
 static zd_value_t *h_nested_ctx(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -195,7 +195,7 @@ static zd_value_t *h_nested_ctx(zd_rpc_call_t *call, zd_value_t *args, void *arg
     return r;
 }
 
-/* "ctx_later" answers 5 when "release" comes. */
+/*  "ctx_later" answers 5 when "release" comes. */
 static world_hold_t later = {.answer = 5};
 
 static zd_value_t *h_events(zd_rpc_call_t *call, zd_value_t *args, void *arg)

@@ -16,7 +16,7 @@
 #include "tests/support/fixtures.h"
 #include "tests/support/world.h"
 
-/* ---- a world comes together ---- */
+/*  ---- a world comes together ---- */
 
 static int world_info(const world_t *w)
 {
@@ -66,7 +66,7 @@ static void test_world_of_three_knows_everyone(void **state)
     assert_int_equal(world_run_simple(3, 60, world_info, NULL), 0);
 }
 
-/* ---- the environment fills what the caller leaves unset ---- */
+/*  ---- the environment fills what the caller leaves unset ---- */
 
 static int world_env(const world_t *w)
 {
@@ -112,11 +112,11 @@ static void test_environment_variables_are_the_defaults(void **state)
     the world's 60 s), so it may be loose. */
 #define GIVE_UP_SLACK_MS 3000
 
-/* ---- misconfigured worlds fail everywhere, with a reason ----
-   Rank 0 turns away the registration that conflicts (the later one), and
-   that process fails at once; the others fail at the init timeout, with
-   rank 0's message naming what it turned away. One stray message does not
-   abort a world (rendezvous.c). */
+/*  ---- misconfigured worlds fail everywhere, with a reason ----
+    Rank 0 turns away the registration that conflicts (the later one), and
+    that process fails at once; the others fail at the init timeout, with
+    rank 0's message naming what it turned away. One stray message does not
+    abort a world (rendezvous.c). */
 
 typedef struct {
     int ranks[4];
@@ -282,11 +282,11 @@ static void test_master_that_never_answers(void **state)
     assert_int_equal(world_run_simple(1, 60, world_no_master, NULL), 0);
 }
 
-/* ---- strangers at the rendezvous port ----
-   Before rank 1 joins, it plays a stranger: registrations that are
-   malformed, point rank 0 at a non-TCP endpoint, or claim another world
-   size or rank 0's rank. Each is turned away with an answer to its
-   sender alone; the world then forms as if nothing had happened. */
+/*  ---- strangers at the rendezvous port ----
+    Before rank 1 joins, it plays a stranger: registrations that are
+    malformed, point rank 0 at a non-TCP endpoint, or claim another world
+    size or rank 0's rank. Each is turned away with an answer to its
+    sender alone; the world then forms as if nothing had happened. */
 
 static int world_strays(const world_t *w)
 {
@@ -331,7 +331,7 @@ static void test_strangers_do_not_abort_the_world(void **state)
     assert_int_equal(world_run_simple(2, 60, world_strays, NULL), 0);
 }
 
-/* ---- init again after shutdown ---- */
+/*  ---- init again after shutdown ---- */
 
 static int world_twice(const world_t *w)
 {

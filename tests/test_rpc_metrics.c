@@ -16,7 +16,7 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* "hold" answers nothing until "release". */
+/*  "hold" answers nothing until "release". */
 static world_hold_t held = {.answer_none = true};
 
 static zd_value_t *h_metrics_of(zd_rpc_call_t *call, zd_value_t *args, void *arg)

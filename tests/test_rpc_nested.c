@@ -21,8 +21,8 @@
 #define CALLERS 64
 #define DEPTH   7 /* 8 handlers: around the ring twice, back through the caller */
 
-/* Sum of the ranks of the handlers a chain of `depth` starting at rank
-   `first` runs on. */
+/*  Sum of the ranks of the handlers a chain of `depth` starting at rank
+    `first` runs on. */
 static int64_t expected_sum(int first, int depth)
 {
     int64_t s = 0;
@@ -31,7 +31,7 @@ static int64_t expected_sum(int first, int depth)
     return s;
 }
 
-/* Blocking: holds its pool thread while the next hop runs. */
+/*  Blocking: holds its pool thread while the next hop runs. */
 static zd_value_t *h_chain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -53,7 +53,7 @@ static zd_value_t *h_chain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(sum + zd_rpc_rank());
 }
 
-/* Async: returns at once; the reply goes out when the next hop answers. */
+/*  Async: returns at once; the reply goes out when the next hop answers. */
 static void chain_next_done(zd_future_t *f, void *arg)
 {
     zd_future_t *out = arg;
@@ -94,7 +94,7 @@ static zd_future_t *h_chain_async(zd_rpc_call_t *call, zd_value_t *args, void *a
     return out;
 }
 
-/* An inline handler must not wait: zd_rpc_sync refuses on the I/O thread. */
+/*  An inline handler must not wait: zd_rpc_sync refuses on the I/O thread. */
 static zd_value_t *h_bad_inline(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;

@@ -24,9 +24,9 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* ---- handlers served by every process ---- */
+/*  ---- handlers served by every process ---- */
 
-/* A float tensor of n elements, all v. */
+/*  A float tensor of n elements, all v. */
 static zd_value_t *h_make_tensor(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -50,7 +50,7 @@ static double tensor_total(zd_tensor_t *t)
     return s;
 }
 
-/* A method: args[0] is the RRef's value (a tensor), args[1] a factor. */
+/*  A method: args[0] is the RRef's value (a tensor), args[1] a factor. */
 static zd_value_t *h_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -78,7 +78,7 @@ static zd_value_t *h_scaled(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
-/* A third worker fetches through an RRef it was given. */
+/*  A third worker fetches through an RRef it was given. */
 static zd_value_t *h_to_here_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -97,7 +97,7 @@ static zd_value_t *h_to_here_sum(zd_rpc_call_t *call, zd_value_t *args, void *ar
     return zd_value_float(s);
 }
 
-/* Where the RRef is the owner's own: is_owner and local_value work. */
+/*  Where the RRef is the owner's own: is_owner and local_value work. */
 static zd_value_t *h_local_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -120,7 +120,7 @@ static zd_value_t *h_local_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_float(s);
 }
 
-/* RRefs kept by this process until drop_kept. */
+/*  RRefs kept by this process until drop_kept. */
 static pthread_mutex_t kept_lock = PTHREAD_MUTEX_INITIALIZER;
 static zd_rref_t *kept[64];
 static int n_kept;
@@ -152,7 +152,7 @@ static zd_value_t *h_drop_kept(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(n);
 }
 
-/* A user forwards its RRef to another user, who keeps it. */
+/*  A user forwards its RRef to another user, who keeps it. */
 static zd_value_t *h_forward_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -169,7 +169,7 @@ static zd_value_t *h_forward_keep(zd_rpc_call_t *call, zd_value_t *args, void *a
     return res;
 }
 
-/* A user forwards its RRef to another user, who fetches it: the sum. */
+/*  A user forwards its RRef to another user, who fetches it: the sum. */
 static zd_value_t *h_forward_sum(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -184,7 +184,7 @@ static zd_value_t *h_forward_sum(zd_rpc_call_t *call, zd_value_t *args, void *ar
     return rc < 0 ? NULL : res;
 }
 
-/* Fork requests that waited here for their parent to become a holder. */
+/*  Fork requests that waited here for their parent to become a holder. */
 static zd_value_t *h_waited(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -201,7 +201,7 @@ static zd_value_t *h_waited(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(n);
 }
 
-/* An RRef as a result: owned by the callee. */
+/*  An RRef as a result: owned by the callee. */
 static zd_value_t *h_make_rref(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -229,8 +229,8 @@ static zd_value_t *h_drain(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_none();
 }
 
-/* Arms the drop of the next message of wire type args[0] arriving here;
-   answers how many the previous arming had left to drop. */
+/*  Arms the drop of the next message of wire type args[0] arriving here;
+    answers how many the previous arming had left to drop. */
 static zd_value_t *h_drop_next(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -251,7 +251,7 @@ static zd_value_t *h_drain_long(zd_rpc_call_t *call, zd_value_t *args, void *arg
     return zd_value_none();
 }
 
-/* "slow" answers 99 only on "release_slow". */
+/*  "slow" answers 99 only on "release_slow". */
 static world_hold_t slow = {.answer = 99};
 
 static int start_with(int rank, int world, int port, int64_t rpc_timeout_ms)
@@ -285,7 +285,7 @@ static int start(int rank, int world, int port)
     return start_with(rank, world, port, 0);
 }
 
-/* ---- helpers on the driving process ---- */
+/*  ---- helpers on the driving process ---- */
 
 static double call_float(int to, const char *fn, zd_value_t *args)
 {
@@ -298,9 +298,9 @@ static double call_float(int to, const char *fn, zd_value_t *args)
     return v;
 }
 
-/* Every process has no RRef message in flight, in order: the releases of
-   the earlier ones may be what the later ones wait for. drain_fn is the
-   handler that waits ("drain", or "drain_long"). */
+/*  Every process has no RRef message in flight, in order: the releases of
+    the earlier ones may be what the later ones wait for. drain_fn is the
+    handler that waits ("drain", or "drain_long"). */
 static int drain_every(int world, const char *drain_fn)
 {
     for (int pass = 0; pass < 2; pass++)
@@ -326,7 +326,7 @@ static zd_rref_t *remote_tensor(int owner, int64_t n, double v)
     return r;
 }
 
-/* ---- remote, to_here, methods ---- */
+/*  ---- remote, to_here, methods ---- */
 
 static int world_basics(const world_t *w)
 {
@@ -396,7 +396,7 @@ static void test_remote_to_here_and_methods(void **state)
     assert_int_equal(world_run_simple(3, 60, world_basics, NULL), 0);
 }
 
-/* ---- distributed reference counting ---- */
+/*  ---- distributed reference counting ---- */
 
 static int64_t count_on(int owner)
 {
@@ -511,7 +511,7 @@ static void test_owner_frees_exactly_when_no_user_holds(void **state)
     assert_int_equal(world_run_simple(4, 60, world_refcount, NULL), 0);
 }
 
-/* ---- failures ---- */
+/*  ---- failures ---- */
 
 static int world_rref_errors(const world_t *w)
 {
@@ -576,7 +576,7 @@ static void test_rref_failures(void **state)
     assert_int_equal(world_run_simple(2, 60, world_rref_errors, NULL), 0);
 }
 
-/* ---- control messages lost on the way ---- */
+/*  ---- control messages lost on the way ---- */
 
 static int drop_next(int rank, int type, int count)
 {
@@ -641,7 +641,7 @@ static void test_lost_control_messages_are_sent_again(void **state)
     assert_int_equal(world_run_simple(3, 120, world_lost_control, NULL), 0);
 }
 
-/* ---- a fork request that reaches the owner before its parent's ---- */
+/*  ---- a fork request that reaches the owner before its parent's ---- */
 
 /*  Rank 1 owns, rank 0 creates, rank 2 forwards to rank 3, which fetches.
     The owner drops rank 2's fork request once: rank 3's arrives while its

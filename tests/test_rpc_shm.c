@@ -29,7 +29,7 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* A tensor of n elements whose bytes follow from seed. */
+/*  A tensor of n elements whose bytes follow from seed. */
 static zd_tensor_t *pattern(zd_tensor_dtype_t dtype, int64_t n, int seed)
 {
     zd_tensor_t *t = zd_tensor_new(dtype, &n, 1);
@@ -49,8 +49,8 @@ static bool same(zd_tensor_t *a, zd_tensor_t *b)
         memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
-/* Waits (up to 60 s: sanitizers on a loaded machine) until this process's
-   offer to peer got the answer want. */
+/*  Waits (up to 60 s: sanitizers on a loaded machine) until this process's
+    offer to peer got the answer want. */
 static bool wait_state(int peer, int want)
 {
     int64_t end = world_now_ms() + 60000;
@@ -63,7 +63,7 @@ static bool wait_state(int peer, int want)
     return true;
 }
 
-/* Segments this process holds open (memfds named like ours). */
+/*  Segments this process holds open (memfds named like ours). */
 static int open_segments(void)
 {
     DIR *d = opendir("/proc/self/fd");
@@ -83,7 +83,7 @@ static int open_segments(void)
     return n;
 }
 
-/* Mappings of segments (ours or a peer's) in this process. */
+/*  Mappings of segments (ours or a peer's) in this process. */
 static int mapped_segments(void)
 {
     FILE *f = fopen("/proc/self/maps", "r");
@@ -117,7 +117,7 @@ static long stat_fallbacks(void)
     return v;
 }
 
-/* ---- the receiving filter refuses what it cannot trust ---- */
+/*  ---- the receiving filter refuses what it cannot trust ---- */
 
 static void put_le(uint8_t *p, uint64_t v, int n)
 {
@@ -125,9 +125,9 @@ static void put_le(uint8_t *p, uint64_t v, int n)
         p[i] = (uint8_t)(v >> (8 * i));
 }
 
-/* A CALL from rank 1 whose frames are [4 bytes] [empty] [table], the table
-   naming frame `frame` in slot 0 with `bytes` of a 1 MiB segment; table_len
-   other than the right size makes a malformed table. */
+/*  A CALL from rank 1 whose frames are [4 bytes] [empty] [table], the table
+    naming frame `frame` in slot 0 with `bytes` of a 1 MiB segment; table_len
+    other than the right size makes a malformed table. */
 static void shm_call(inmsg_t *m, uint32_t frame, uint64_t bytes, size_t table_len)
 {
     static uint8_t meta[] = {1, 0};
@@ -161,8 +161,8 @@ static void shm_call(inmsg_t *m, uint32_t frame, uint64_t bytes, size_t table_le
     m->src = 1;
 }
 
-/* The agent above the filter: an answer dropped on the way in fails no
-   call here (there are none). */
+/*  The agent above the filter: an answer dropped on the way in fails no
+    call here (there are none). */
 static void fake_fail_answer(void *arg, uint64_t id, int src, const char *text,
                              zd_error_code_t code)
 {
@@ -218,7 +218,7 @@ static void test_filter_refuses(void **state)
     zd__shm_stop();
 }
 
-/* The flag only on messages with a value and a table, never with streaming. */
+/*  The flag only on messages with a value and a table, never with streaming. */
 static void test_wire_flag(void **state)
 {
     (void)state;
@@ -249,7 +249,7 @@ static void test_wire_flag(void **state)
     assert_string_equal(zd__rpc_wire_type_name(RPC_MSG_SHM_ACCEPT), "SHM_ACCEPT");
 }
 
-/* ---- rank 1 keeps what it is sent ---- */
+/*  ---- rank 1 keeps what it is sent ---- */
 
 #define KEEP_MAX   32
 #define KEEP_ELEMS ((int64_t)(1 << 20) / 4 + 16)
@@ -267,7 +267,7 @@ static zd_value_t *h_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(n_kept);
 }
 
-/* Checks that kept tensor i still holds pattern(.., i), then lets all go. */
+/*  Checks that kept tensor i still holds pattern(.., i), then lets all go. */
 static zd_value_t *h_check(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -304,10 +304,10 @@ static int call_int(const char *fn, zd_value_t *args, int64_t *out)
     return rc;
 }
 
-/* ---- a world of two processes of this host ---- */
+/*  ---- a world of two processes of this host ---- */
 
-/* Echoes tensors of several sizes and dtypes three times; with shm, every
-   call and answer went through shared memory, else none. */
+/*  Echoes tensors of several sizes and dtypes three times; with shm, every
+    call and answer went through shared memory, else none. */
 static int rank0_roundtrips(bool shm)
 {
     /* Several sizes and dtypes in one message, small ones beside. */
@@ -429,7 +429,7 @@ static void test_same_host(void **state)
     assert_int_equal(world_run_simple(2, 120, world_same_host, NULL), 0);
 }
 
-/* ---- ZDIST_SHM=0 on one side: both directions take ZeroMQ ---- */
+/*  ---- ZDIST_SHM=0 on one side: both directions take ZeroMQ ---- */
 
 static int world_off(const world_t *w)
 {
@@ -456,7 +456,7 @@ static void test_turned_off(void **state)
     assert_int_equal(world_run_simple(2, 120, world_off, NULL), 0);
 }
 
-/* ---- another network namespace: refused, values still right ---- */
+/*  ---- another network namespace: refused, values still right ---- */
 
 typedef struct {
     char ns[32];

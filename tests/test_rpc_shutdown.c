@@ -29,7 +29,7 @@ static zd_value_t *h_make(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(42);
 }
 
-/* "slow" answers 99 when "release_slow" comes; slow.arrived says it is here. */
+/*  "slow" answers 99 when "release_slow" comes; slow.arrived says it is here. */
 static world_hold_t slow = {.answer = 99};
 
 static zd_value_t *h_has_arrived(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -40,7 +40,7 @@ static zd_value_t *h_has_arrived(zd_rpc_call_t *call, zd_value_t *args, void *ar
     return zd_value_int(zd_future_done(slow.arrived));
 }
 
-/* Entering shutdown: rank 0 counts the others. */
+/*  Entering shutdown: rank 0 counts the others. */
 static atomic_int entered;
 static zd_future_t *all_entered;
 static int expected_entries;
@@ -92,7 +92,7 @@ static void finish(void)
     zd_future_unref(all_entered);
 }
 
-/* ---- graceful: waits for all, serves meanwhile, drains ---- */
+/*  ---- graceful: waits for all, serves meanwhile, drains ---- */
 
 static void *releaser(void *arg)
 {
@@ -162,7 +162,7 @@ static void test_graceful_waits_serves_and_drains(void **state)
     assert_int_equal(world_run_simple(3, 60, world_graceful, NULL), 0);
 }
 
-/* ---- not graceful: stops now ---- */
+/*  ---- not graceful: stops now ---- */
 
 static void *blocked_caller(void *arg)
 {
@@ -219,7 +219,7 @@ static void test_not_graceful_stops_now(void **state)
     assert_int_equal(world_run_simple(2, 60, world_abrupt, NULL), 0);
 }
 
-/* ---- a worker that never arrives ---- */
+/*  ---- a worker that never arrives ---- */
 
 static int world_missing(const world_t *w)
 {

@@ -16,7 +16,7 @@
 #include <zdist/value.h>
 #include "rpc/value/args.h"
 
-/* Stands in for the agent's RRefs: the value layer only counts references. */
+/*  Stands in for the agent's RRefs: the value layer only counts references. */
 typedef struct {
     atomic_int refs;
 } fake_rref_t;

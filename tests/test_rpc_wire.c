@@ -22,7 +22,7 @@
 #include "tests/support/world.h"
 #include "rpc/value/args.h"
 
-/* ---- the header decoder ---- */
+/*  ---- the header decoder ---- */
 
 static size_t build(const rpc_wire_header_t *h, uint8_t *buf)
 {
@@ -170,7 +170,7 @@ static void test_malformed_headers_are_refused(void **state)
     expect_bad(buf, build(&f, buf), "RREF_FETCH with 2 bytes of value");
 }
 
-/* ---- streamed messages: the flags, the pieces' headers, the table ---- */
+/*  ---- streamed messages: the flags, the pieces' headers, the table ---- */
 
 static rpc_wire_header_t good_piece(void)
 {
@@ -326,10 +326,10 @@ static void test_routing_ids(void **state)
     assert_int_equal(zd__rpc_wire_identity_rank("", 0), -1);
 }
 
-/* ---- malformed messages to a live agent ---- */
+/*  ---- malformed messages to a live agent ---- */
 
-/* Waits for an answer on the raw socket: 1 with its type and text, 0 when
-   none came within timeout_ms. */
+/*  Waits for an answer on the raw socket: 1 with its type and text, 0 when
+    none came within timeout_ms. */
 static int raw_answer(intruder_t *r, int timeout_ms, int *type, char *text, size_t size)
 {
     intruder_answer_t a;

@@ -67,7 +67,7 @@ static int world_n(void)
     return e && atoi(e) >= 2 && atoi(e) <= WORLD_N_MAX ? atoi(e) : WORLD_N_DEFAULT;
 }
 
-/* Answers with its own rank times 1000 plus the argument. */
+/*  Answers with its own rank times 1000 plus the argument. */
 static zd_value_t *whoami(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
@@ -365,7 +365,7 @@ static void test_world_of_hundreds(void **state)
     run_world(&s, rank_main, "world");
 }
 
-/* ---- --kill ---- */
+/*  ---- --kill ---- */
 
 /*  The ranks to kill: a tenth of the world (at least one), never rank 0,
     drawn from seed (a partial Fisher-Yates shuffle of 1..n-1). */
@@ -448,7 +448,7 @@ static void test_tenth_killed_at_once(void **state)
     assert_int_equal(failed, 0);
 }
 
-/* ---- --netns ---- */
+/*  ---- --netns ---- */
 
 static char ns_names[2][64], key_dir[64];
 static bool netns_unavailable; /* root, but namespaces refused (a container): skip */

@@ -29,7 +29,7 @@
 #define FUZZ_NAME "fuzz_codec"
 #include "tools/fuzz_check.h"
 
-/* ---- RRefs: heap objects holding their 40 wire bytes ---- */
+/*  ---- RRefs: heap objects holding their 40 wire bytes ---- */
 
 typedef struct {
     int refs;
@@ -60,7 +60,7 @@ static int rref_encode(void *arg, zd_rref_t *r, int dst_rank, uint8_t out[RPC_RR
     return 0;
 }
 
-/* Refuses some RRefs, as the agent refuses unknown ids. */
+/*  Refuses some RRefs, as the agent refuses unknown ids. */
 static int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src_rank,
                            zd_rref_t **out)
 {
@@ -80,7 +80,7 @@ static int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int 
 
 static const rpc_rref_codec_t rrefs = {rref_encode, zd__rref_decode, NULL};
 
-/* ---- frames: exact-size heap copies, so ASan sees any overread ---- */
+/*  ---- frames: exact-size heap copies, so ASan sees any overread ---- */
 
 typedef struct {
     void *base;

@@ -63,7 +63,7 @@
 #define WORLD 4
 #define CTX0  ((int64_t)(UINT64_C(1) << 48 | 1))
 
-/* ---- the input ---- */
+/*  ---- the input ---- */
 
 typedef struct {
     const uint8_t *p;
@@ -86,7 +86,7 @@ static uint64_t u64(input_t *in)
     return v;
 }
 
-/* ---- the stand-in RPC layer ---- */
+/*  ---- the stand-in RPC layer ---- */
 
 struct zd_rpc_call {
     int caller;
@@ -248,7 +248,7 @@ int zd_rpc_get_worker_info_by_rank(int rank, zd_rpc_worker_info_t *out)
     return 0;
 }
 
-/* ---- the stand-in agent of rref.c ---- */
+/*  ---- the stand-in agent of rref.c ---- */
 
 static agent_t agent;
 static int64_t clock_ns = 1000000000;
@@ -271,7 +271,7 @@ uint64_t zd__agent_new_id(agent_t *a)
     return (uint64_t)a->net.rank << 48 | next_id++;
 }
 
-/* The stand-in has no I/O thread: the input drives the clock and the ticks. */
+/*  The stand-in has no I/O thread: the input drives the clock and the ticks. */
 void zd__io_due(zd__net_t *n, int64_t due_ns)
 {
     (void)n, (void)due_ns;
@@ -314,7 +314,7 @@ zd_future_t *zd__call_start(agent_t *a, int to, const call_req_t *req)
     return f;
 }
 
-/* ---- helpers ---- */
+/*  ---- helpers ---- */
 
 static zd_future_t *(*handler(const char *name))(zd_rpc_call_t *, zd_value_t *, void *)
 {
@@ -379,7 +379,7 @@ static void finish(zd_future_t *f)
     zd_future_unref(f);
 }
 
-/* ---- the recorded graph: peer 1's call, our reply ---- */
+/*  ---- the recorded graph: peer 1's call, our reply ---- */
 
 static zd_tensor_t *server_w;
 static uint64_t graph_msg; /* our send function's message id */
@@ -430,7 +430,7 @@ static void record_graph(void)
     CHECK(graph_msg != 0, "the graph was not recorded: %s", zd_error_last());
 }
 
-/* ---- operations ---- */
+/*  ---- operations ---- */
 
 static void op_backward(input_t *in)
 {
@@ -558,7 +558,7 @@ static void op_limits(input_t *in)
     CHECK(zd_dist_autograd_set_limits(&l) == 0, "set_limits: %s", zd_error_last());
 }
 
-/* ---- RRefs ---- */
+/*  ---- RRefs ---- */
 
 static zd_rref_t *owned[4];
 static int n_owned;
@@ -625,7 +625,7 @@ static void op_owned(input_t *in)
     }
 }
 
-/* ---- one input ---- */
+/*  ---- one input ---- */
 
 static void setup_once(void)
 {

@@ -61,7 +61,7 @@ static void check_endpoint_ok(const char *ep)
           ep);
 }
 
-/* The address helpers on one frame's text. */
+/*  The address helpers on one frame's text. */
 static void fuzz_address(const uint8_t *d, size_t n)
 {
     char s[300], ip[ZD_ADDR_MAX], again[ZD_ADDR_MAX], ep[ZD_RPC_MAX_ENDPOINT + 1];

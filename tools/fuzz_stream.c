@@ -52,7 +52,7 @@
 #define FUZZ_NAME "fuzz_stream"
 #include "tools/fuzz_check.h"
 
-/* ---- the stand-in agent ---- */
+/*  ---- the stand-in agent ---- */
 
 static int64_t clock_ns = 1000000000;
 
@@ -69,17 +69,17 @@ void zd__transport_answer_error(zd__net_t *n, const inmsg_t *m, uint64_t id, con
           m->route_len);
 }
 
-/* The agent's part (net.h's zd__net_up_t), installed on the stand-in. */
+/*  The agent's part (net.h's zd__net_up_t), installed on the stand-in. */
 static void fail_answer(void *arg, uint64_t id, int src, const char *text, zd_error_code_t code)
 {
     (void)arg, (void)id, (void)src, (void)code;
     CHECK(text && text[0], "a call failed without text");
 }
 
-/* ---- frames that count their releases ---- */
+/*  ---- frames that count their releases ---- */
 
-/* A frame's memory stays until the input is done, so that a second
-   release is caught by the check rather than as a use after free. */
+/*  A frame's memory stays until the input is done, so that a second
+    release is caught by the check rather than as a use after free. */
 typedef struct fuzz_frame {
     int released;
     struct fuzz_frame *next;
@@ -121,7 +121,7 @@ static void frames_free(void)
     }
 }
 
-/* ---- reading the input ---- */
+/*  ---- reading the input ---- */
 
 typedef struct {
     const uint8_t *p;
@@ -152,8 +152,8 @@ static const uint8_t *take_bytes(input_t *in, size_t *n)
     return p;
 }
 
-/* The header frame of the next message (of n_frames tensor frames, unless
-   raw), in hm; false when the input ran out before it. */
+/*  The header frame of the next message (of n_frames tensor frames, unless
+    raw), in hm; false when the input ran out before it. */
 static bool next_header(input_t *in, bool raw, int n_frames, zmq_msg_t *hm)
 {
     if (raw) {

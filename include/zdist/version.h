@@ -15,7 +15,7 @@
 
 ZD_BEGIN_DECLS
 
-/* The loaded library's version as "MAJOR.MINOR.PATCH" (static storage). */
+/*  The loaded library's version as "MAJOR.MINOR.PATCH" (static storage). */
 ZD_API const char *zd_version(void);
 
 ZD_END_DECLS

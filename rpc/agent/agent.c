@@ -75,7 +75,7 @@ int64_t zd__agent_timeout(agent_t *a, int64_t timeout_ms)
     return timeout_ms < 0 ? a->timeout_ms : timeout_ms;
 }
 
-/* ---- hooks ---- */
+/*  ---- hooks ---- */
 
 static zd_rpc_hooks_t g_hooks;
 static bool g_has_hooks;
@@ -101,9 +101,9 @@ int zd_rpc_set_hooks(const zd_rpc_hooks_t *hooks)
     return 0;
 }
 
-/* ---- the way up from the sockets (net.h's zd__net_up_t) ---- */
+/*  ---- the way up from the sockets (net.h's zd__net_up_t) ---- */
 
-/* What the I/O thread received that is not the net's own. */
+/*  What the I/O thread received that is not the net's own. */
 static void up_dispatch(void *arg, inmsg_t *m)
 {
     agent_t *a = arg;
@@ -152,7 +152,7 @@ static int64_t up_tick(void *arg, int64_t now_ns)
     return t < due ? t : due;
 }
 
-/* ---- the way up from a lost peer (world/peer_lost.h's zd__peer_lost_up_t) ---- */
+/*  ---- the way up from a lost peer (world/peer_lost.h's zd__peer_lost_up_t) ---- */
 
 static void lost_fail(void *arg, int rank, const char *text)
 {
@@ -177,8 +177,8 @@ static void lost_release(void *arg, int rank, const char *text, int *cancelled, 
         a->hooks.on_peer_lost(a->hooks.arg, rank);
 }
 
-/* ---- the way up from membership (world/membership.h's zd__membership_up_t)
-   and the rendezvous (world/rendezvous_run.h's zd__rendezvous_up_t) ---- */
+/*  ---- the way up from membership (world/membership.h's zd__membership_up_t)
+    and the rendezvous (world/rendezvous_run.h's zd__rendezvous_up_t) ---- */
 
 static void mb_count_lost(void *arg, int delta)
 {
@@ -222,7 +222,7 @@ static void rdv_keep_desk(void *arg, void *sock, char bound[][ZD_RPC_MAX_ENDPOIN
     zd__membership_keep_desk(((agent_t *)arg)->mb, sock, bound, bound_ip, n_bound);
 }
 
-/* ---- lifecycle ---- */
+/*  ---- lifecycle ---- */
 
 static void agent_free(agent_t *a)
 {
@@ -300,15 +300,15 @@ static agent_t *agent_new(const init_params_t *p)
     return a;
 }
 
-/* Stops everything the agent started, in an order where nothing can touch
-   what is already gone: no new users, no incoming messages, no pending
-   call left waiting, no pool thread, then the sockets. */
-/* Every wait of the teardown is bounded by this; what is still held then
-   is logged, and left to the process rather than freed under its users. */
+/*  Stops everything the agent started, in an order where nothing can touch
+    what is already gone: no new users, no incoming messages, no pending
+    call left waiting, no pool thread, then the sockets. */
+/*  Every wait of the teardown is bounded by this; what is still held then
+    is logged, and left to the process rather than freed under its users. */
 #define TEARDOWN_WAIT_MS 30000
 
-/* Waits for the threads inside the agent to leave: true, or false (logged,
-   naming what may hold them) after TEARDOWN_WAIT_MS. */
+/*  Waits for the threads inside the agent to leave: true, or false (logged,
+    naming what may hold them) after TEARDOWN_WAIT_MS. */
 static bool wait_users(agent_t *a, const char *stage)
 {
     int64_t until = zd__deadline_after(zd__net_now_ns(), TEARDOWN_WAIT_MS);
@@ -396,8 +396,8 @@ static void agent_teardown(agent_t *a, bool graceful)
     agent_free(a);
 }
 
-/* direct.c's way from an exiting thread to the running agent's sockets,
-   and worker_info.c's to its peers' table. */
+/*  direct.c's way from an exiting thread to the running agent's sockets,
+    and worker_info.c's to its peers' table. */
 static zd__net_t *net_acquire(void)
 {
     agent_t *a = zd__agent_try_acquire();
@@ -409,10 +409,10 @@ static void net_release(zd__net_t *n)
     zd__agent_release(n ? (agent_t *)((char *)n - offsetof(agent_t, net)) : NULL);
 }
 
-/* A process of a world holds a descriptor per connection, per shared
-   segment being opened, per data file; the common soft limit of 1024 is
-   one a stranger holding connections to an open port can use up, while
-   the hard limit (usually far higher) is the machine's real budget. */
+/*  A process of a world holds a descriptor per connection, per shared
+    segment being opened, per data file; the common soft limit of 1024 is
+    one a stranger holding connections to an open port can use up, while
+    the hard limit (usually far higher) is the machine's real budget. */
 static void raise_fd_limit(void)
 {
     struct rlimit r;

@@ -20,8 +20,8 @@
 #include "rpc/value/future_hook.h"
 #include "rpc/agent/rref.h"
 
-/* A direct wait polls at most this long at a time (1000 s), then looks at
-   its deadline again: zmq_poll takes a long of ms. */
+/*  A direct wait polls at most this long at a time (1000 s), then looks at
+    its deadline again: zmq_poll takes a long of ms. */
 #define WAIT_SLICE_MAX_MS INT64_C(1000000)
 
 struct pending {
@@ -48,7 +48,7 @@ struct pending {
     pending_t *next;
 };
 
-/* ---- the table ---- */
+/*  ---- the table ---- */
 
 static size_t bucket_of(agent_t *a, uint64_t id)
 {
@@ -69,7 +69,7 @@ static void pending_insert(agent_t *a, pending_t *p)
     zd__io_due(&a->net, due);
 }
 
-/* The link to the entry of id (*link NULL: none). Under pending_lock. */
+/*  The link to the entry of id (*link NULL: none). Under pending_lock. */
 static pending_t **pending_find(agent_t *a, uint64_t id)
 {
     pending_t **pp = &a->buckets[bucket_of(a, id)];
@@ -78,7 +78,7 @@ static pending_t **pending_find(agent_t *a, uint64_t id)
     return pp;
 }
 
-/* Unlinks the entry at *pp. Under pending_lock. */
+/*  Unlinks the entry at *pp. Under pending_lock. */
 static pending_t *pending_unlink(agent_t *a, pending_t **pp)
 {
     pending_t *p = *pp;
@@ -96,8 +96,8 @@ static pending_t *pending_take(agent_t *a, uint64_t id)
     return p;
 }
 
-/* Takes every entry matching (peer, or all with peer < 0; or only expired
-   ones with now >= 0) out of the table, as a list. */
+/*  Takes every entry matching (peer, or all with peer < 0; or only expired
+    ones with now >= 0) out of the table, as a list. */
 static pending_t *pending_take_many(agent_t *a, int peer, int64_t now)
 {
     pending_t *out = NULL;
@@ -129,7 +129,7 @@ static pending_t *pending_take_many(agent_t *a, int peer, int64_t now)
     return out;
 }
 
-/* ---- completion ---- */
+/*  ---- completion ---- */
 
 static void pending_free(pending_t *p)
 {
@@ -145,9 +145,9 @@ static zd_rpc_call_kind_t kind_of(int type)
                                      : ZD_RPC_KIND_CALL;
 }
 
-/* Completes p with value (borrowed) or the failure detail and its code,
-   runs the reply hook (with the answer's extra bytes), counts, and frees
-   p. */
+/*  Completes p with value (borrowed) or the failure detail and its code,
+    runs the reply hook (with the answer's extra bytes), counts, and frees
+    p. */
 static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const char *detail,
                            zd_error_code_t code, const void *extra, size_t extra_len)
 {
@@ -196,11 +196,11 @@ static void pending_finish(agent_t *a, pending_t *p, zd_value_t *value, const ch
     pending_free(p);
 }
 
-/* The request of id has left whole: an ERROR answer that came meanwhile
-   completes it now. (When the send failed, the sender takes the call out
-   and fails it with its own error instead: the refusal of a message it
-   could not finish, such as a tensor frame it could not allocate and
-   sent empty, must not read as the call's failure.) */
+/*  The request of id has left whole: an ERROR answer that came meanwhile
+    completes it now. (When the send failed, the sender takes the call out
+    and fails it with its own error instead: the refusal of a message it
+    could not finish, such as a tensor frame it could not allocate and
+    sent empty, must not read as the call's failure.) */
 static void pending_sent(agent_t *a, uint64_t id)
 {
     pthread_mutex_lock(&a->pending_lock);
@@ -218,7 +218,7 @@ static void pending_sent(agent_t *a, uint64_t id)
                        0);
 }
 
-/* ---- sending ---- */
+/*  ---- sending ---- */
 
 static zd_value_t *empty_args(void)
 {
@@ -375,10 +375,10 @@ fail:
     return f;
 }
 
-/* ---- answers and expiry (I/O thread) ---- */
+/*  ---- answers and expiry (I/O thread) ---- */
 
-/* The code an ERROR answer carries in field a (wire.h); 0 (older senders,
-   dropped messages) and unknown values read as a remote failure. */
+/*  The code an ERROR answer carries in field a (wire.h); 0 (older senders,
+    dropped messages) and unknown values read as a remote failure. */
 static zd_error_code_t wire_error_code(const rpc_wire_header_t *h)
 {
     if (h->a == 0 || h->a > ZD_ERR_SHUTDOWN)
@@ -386,9 +386,9 @@ static zd_error_code_t wire_error_code(const rpc_wire_header_t *h)
     return (zd_error_code_t)h->a;
 }
 
-/* The text of an ERROR answer. A peer without hooks refused our hook
-   metadata: say which module's init call it misses, as only this side
-   knows the module. */
+/*  The text of an ERROR answer. A peer without hooks refused our hook
+    metadata: say which module's init call it misses, as only this side
+    knows the module. */
 static void error_text(agent_t *a, const pending_t *p, const rpc_wire_header_t *h, char *text,
                        size_t size)
 {
@@ -409,8 +409,8 @@ static void dropped_answer(const rpc_wire_header_t *h, int dst)
             h->id, h->src, dst);
 }
 
-/* An ERROR answer. One that comes while its request is still being sent
-   waits in the entry for the send's outcome (pending_sent). */
+/*  An ERROR answer. One that comes while its request is still being sent
+    waits in the entry for the send's outcome (pending_sent). */
 static void handle_error(agent_t *a, const rpc_wire_header_t *h)
 {
     size_t size = h->meta_len + 512;
@@ -476,8 +476,8 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
     zd_value_unref(v);
 }
 
-/* Fails every call of list: with text and code, or (text NULL) as timed
-   out. */
+/*  Fails every call of list: with text and code, or (text NULL) as timed
+    out. */
 static void finish_list(agent_t *a, pending_t *list, const char *detail, zd_error_code_t code)
 {
     while (list) {
@@ -523,11 +523,11 @@ void zd__call_timeout_now(agent_t *a, uint64_t id)
         finish_list(a, p, NULL, ZD_ERR_TIMEOUT);
 }
 
-/* ---- public calls ---- */
+/*  ---- public calls ---- */
 
-/* Waits for a request's future like zd_rpc_sync does: the waiter enforces the
-   timeout itself (the I/O thread checks deadlines only every few ms).
-   timeout_ms: as in error.h, already resolved (0: none). */
+/*  Waits for a request's future like zd_rpc_sync does: the waiter enforces the
+    timeout itself (the I/O thread checks deadlines only every few ms).
+    timeout_ms: as in error.h, already resolved (0: none). */
 static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
 {
     int rc = zd_future_wait(f, timeout_ms);
@@ -542,11 +542,11 @@ static int wait_answer(zd_future_t *f, uint64_t id, int64_t timeout_ms)
     return rc;
 }
 
-/* Waits for the answer on the thread's own socket: reads and handles what
-   arrives there (answers to this call, or late answers to earlier ones,
-   decoded and dropped), until the future completes or the deadline. The
-   eventfd says another thread completed the call (failure, shutdown, or an
-   answer that came through the shared path). */
+/*  Waits for the answer on the thread's own socket: reads and handles what
+    arrives there (answers to this call, or late answers to earlier ones,
+    decoded and dropped), until the future completes or the deadline. The
+    eventfd says another thread completed the call (failure, shutdown, or an
+    answer that came through the shared path). */
 static int wait_direct(agent_t *a, int to, void *sock, int wake_fd, zd_future_t *f, uint64_t id,
                        int64_t timeout_ms)
 {
@@ -682,7 +682,7 @@ zd_future_t *zd_rpc_async(int to, const char *fn, zd_value_t *args, int64_t time
     return f;
 }
 
-/* ---- the agent's part in waits on futures (future_hook.h) ---- */
+/*  ---- the agent's part in waits on futures (future_hook.h) ---- */
 
 static bool wait_poll(zd_future_t *f, int64_t max_ns)
 {

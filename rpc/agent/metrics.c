@@ -32,8 +32,8 @@ void zd__metrics_destroy(peer_metrics_t *m)
     }
 }
 
-/* m's latencies, made by the first thread to record one; NULL when out of
-   memory (that latency goes unrecorded). */
+/*  m's latencies, made by the first thread to record one; NULL when out of
+    memory (that latency goes unrecorded). */
 static peer_latency_t *latency_of(peer_metrics_t *m)
 {
     peer_latency_t *l = atomic_load_explicit(&m->lat, memory_order_acquire);
@@ -58,7 +58,7 @@ static int bucket_of(double us)
     return b >= RPC_LAT_BUCKETS ? RPC_LAT_BUCKETS - 1 : b;
 }
 
-/* The geometric middle of bucket b. */
+/*  The geometric middle of bucket b. */
 static double bucket_value(int b)
 {
     return exp2((b + 0.5) / PER_OCTAVE);
@@ -94,7 +94,7 @@ static double percentile(const uint32_t *hist, int64_t count, double q)
     return bucket_value(RPC_LAT_BUCKETS - 1);
 }
 
-/* Adds one peer's numbers into out (counters) and hist (latencies). */
+/*  Adds one peer's numbers into out (counters) and hist (latencies). */
 static void add_peer(peer_metrics_t *m, zd_rpc_metrics_t *out, uint32_t *hist, double *sum,
                      int64_t *count)
 {
@@ -189,7 +189,7 @@ void zd_rpc_metrics_print(FILE *f)
                 i + 1 == n || i + 1 == DEBUG_MAX ? "\n" : "");
 }
 
-/* ---- debug counters ---- */
+/*  ---- debug counters ---- */
 
 static int add_item(zd_rpc_debug_item_t *items, int max, int n, const char *name, int64_t value)
 {

@@ -33,7 +33,7 @@
 #include <zdist/error.h>
 
 #define DEFAULT_INTERVAL_S 10.0
-/* The range $ZDIST_METRICS_INTERVAL_S may ask for, in s. */
+/*  The range $ZDIST_METRICS_INTERVAL_S may ask for, in s. */
 #define MIN_INTERVAL_S 0.001
 #define MAX_INTERVAL_S 1e6
 #define DEBUG_ITEMS    64

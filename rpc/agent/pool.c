@@ -47,8 +47,8 @@ static __thread int tls_blocked; /* nesting depth of block_begin on this thread 
 
 static void *worker_main(void *arg);
 
-/* Under the lock. Starting a thread can fail (resources): the work then
-   waits for a running thread, which is never worse than a fixed pool. */
+/*  Under the lock. Starting a thread can fail (resources): the work then
+    waits for a running thread, which is never worse than a fixed pool. */
 static void spawn(pool_t *p)
 {
     if (p->total >= POOL_MAX_THREADS)
@@ -65,7 +65,7 @@ static void spawn(pool_t *p)
     p->total++;
 }
 
-/* Under the lock: joins threads that already left (they hold no lock). */
+/*  Under the lock: joins threads that already left (they hold no lock). */
 static void reap(pool_t *p)
 {
     while (p->exited) {
@@ -76,7 +76,7 @@ static void reap(pool_t *p)
     }
 }
 
-/* Under the lock: moves the calling thread's record to the exited list. */
+/*  Under the lock: moves the calling thread's record to the exited list. */
 static void leave(pool_t *p)
 {
     pthread_t me = pthread_self();

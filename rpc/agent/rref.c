@@ -18,7 +18,7 @@
 #include <zdist/error.h>
 #include "core/fault_inject.h"
 
-/* ---- ids ---- */
+/*  ---- ids ---- */
 
 #define ID_MASK ((UINT64_C(1) << 48) - 1)
 
@@ -45,7 +45,7 @@ static uint64_t rotl(uint64_t v, int b)
         v2 += v1, v1 = rotl(v1, 17), v1 ^= v2, v2 = rotl(v2, 32);                                  \
     } while (0)
 
-/* SipHash-2-4 of one 64-bit word under key k. */
+/*  SipHash-2-4 of one 64-bit word under key k. */
 static uint64_t siphash_word(const uint64_t k[2], uint64_t m)
 {
     uint64_t v0 = k[0] ^ UINT64_C(0x736f6d6570736575), v1 = k[1] ^ UINT64_C(0x646f72616e646f6d);
@@ -91,7 +91,7 @@ uint64_t zd__rref_new_id(agent_t *a)
     }
 }
 
-/* ---- small helpers ---- */
+/*  ---- small helpers ---- */
 
 static size_t owner_bucket(uint64_t id)
 {
@@ -127,7 +127,7 @@ void zd__rref_handle_free(zd_rref_t *r)
     free(r);
 }
 
-/* ---- owner entries (under the lock) ---- */
+/*  ---- owner entries (under the lock) ---- */
 
 owner_t *zd__rref_owner_find(rref_ctx_t *x, uint64_t id)
 {
@@ -163,7 +163,7 @@ owner_t *zd__rref_owner_create(rref_ctx_t *x, uint64_t id, owner_state_t state)
     return e;
 }
 
-/* e stops being a placeholder (its REMOTE came, or it expired). Locked. */
+/*  e stops being a placeholder (its REMOTE came, or it expired). Locked. */
 static void placeholder_done(rref_ctx_t *x, owner_t *e)
 {
     e->state = OWNER_CREATED;
@@ -233,8 +233,8 @@ void zd__rref_owner_del_fork(owner_t *e, uint64_t fork_id)
         }
 }
 
-/* Unlinks e when nothing holds it any more; returns it for owner_free after
-   the lock is released, else NULL. */
+/*  Unlinks e when nothing holds it any more; returns it for owner_free after
+    the lock is released, else NULL. */
 owner_t *zd__rref_owner_maybe_unlink(rref_ctx_t *x, owner_t *e)
 {
     if (!e || e->n_forks || e->handle || e->state != OWNER_CREATED || !zd_future_done(e->value))
@@ -262,7 +262,7 @@ typedef struct {
     uint64_t rref_id;
 } value_watch_t;
 
-/* The value of an entry arrived: it may be the last thing keeping it. */
+/*  The value of an entry arrived: it may be the last thing keeping it. */
 static void value_arrived(zd_future_t *f, void *arg)
 {
     (void)f;
@@ -276,7 +276,7 @@ static void value_arrived(zd_future_t *f, void *arg)
     free(w);
 }
 
-/* Called after creating e and unlocking: watches its value. */
+/*  Called after creating e and unlocking: watches its value. */
 void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id)
 {
     ZD_FAULT_BENIGN(true);
@@ -289,7 +289,7 @@ void zd__rref_watch_value(agent_t *a, zd_future_t *value, uint64_t rref_id)
     zd_future_then(value, value_arrived, w);
 }
 
-/* The entry's local handle with one more reference, made if needed. */
+/*  The entry's local handle with one more reference, made if needed. */
 zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e)
 {
     zd_rref_t *h = e->handle;
@@ -308,7 +308,7 @@ zd_rref_t *zd__rref_owner_handle(agent_t *a, owner_t *e)
     return h;
 }
 
-/* ---- handles ---- */
+/*  ---- handles ---- */
 
 zd_rref_t *zd_rref_ref(zd_rref_t *r)
 {
@@ -356,7 +356,7 @@ void zd_rref_unref(zd_rref_t *r)
     zd__rref_handle_free(r);
 }
 
-/* ---- fork requests waiting for their parent (rref.h) ---- */
+/*  ---- fork requests waiting for their parent (rref.h) ---- */
 
 static void send_ack(agent_t *a, const inmsg_t *m)
 {
@@ -372,14 +372,14 @@ static void send_ack(agent_t *a, const inmsg_t *m)
     zd_value_unref(none);
 }
 
-/* The name of rank for a log line ("?" when the agent has no table: a
-   stand-in agent of the fuzzers). */
+/*  The name of rank for a log line ("?" when the agent has no table: a
+    stand-in agent of the fuzzers). */
 static const char *peer_name(const agent_t *a, int rank)
 {
     return a->net.peers && rank >= 0 && rank < a->net.world ? a->net.peers[rank].name : "?";
 }
 
-/* Whether rank holds a fork of e recorded here. */
+/*  Whether rank holds a fork of e recorded here. */
 static bool has_holder(const owner_t *e, int rank)
 {
     for (int i = 0; e && i < e->n_forks; i++)
@@ -388,8 +388,8 @@ static bool has_holder(const owner_t *e, int rank)
     return false;
 }
 
-/* Under the lock: the wait of src for fork_id of rref_id (fork_id 0: any
-   of its forks of rref_id), or NULL. */
+/*  Under the lock: the wait of src for fork_id of rref_id (fork_id 0: any
+    of its forks of rref_id), or NULL. */
 static fork_wait_t *wait_find(rref_ctx_t *x, uint64_t rref_id, uint64_t fork_id, int src)
 {
     fork_wait_t *w = x->waits;
@@ -398,7 +398,7 @@ static fork_wait_t *wait_find(rref_ctx_t *x, uint64_t rref_id, uint64_t fork_id,
     return w;
 }
 
-/* Under the lock: takes w, which *pp points to, off the list. */
+/*  Under the lock: takes w, which *pp points to, off the list. */
 static void wait_unlink(rref_ctx_t *x, fork_wait_t **pp)
 {
     fork_wait_t *w = *pp;
@@ -409,8 +409,8 @@ static void wait_unlink(rref_ctx_t *x, fork_wait_t **pp)
         x->waits_by_peer[w->src]--;
 }
 
-/* Under the lock: whether src may leave one more request waiting; -1 with
-   the error set when not. */
+/*  Under the lock: whether src may leave one more request waiting; -1 with
+    the error set when not. */
 static int wait_admit(agent_t *a, rref_ctx_t *x, int src)
 {
     if (!x->waits_by_peer && a->net.world > 0 &&
@@ -427,9 +427,9 @@ static int wait_admit(agent_t *a, rref_ctx_t *x, int src)
     return 0;
 }
 
-/* Under the lock: moves the waits on e whose parent now holds a fork of it
-   to *ready, their forks registered; each may make another parent a
-   holder, so until none is left. */
+/*  Under the lock: moves the waits on e whose parent now holds a fork of it
+    to *ready, their forks registered; each may make another parent a
+    holder, so until none is left. */
 static void waits_release(rref_ctx_t *x, owner_t *e, fork_wait_t **ready)
 {
     for (bool more = x->n_waits > 0; more;) {
@@ -462,7 +462,7 @@ static void waits_release(rref_ctx_t *x, owner_t *e, fork_wait_t **ready)
     }
 }
 
-/* The value (or error) of the future it follows, into arg's future. */
+/*  The value (or error) of the future it follows, into arg's future. */
 static void forward_value(zd_future_t *f, void *arg)
 {
     zd_future_t *to = arg;
@@ -473,16 +473,16 @@ static void forward_value(zd_future_t *f, void *arg)
     zd_future_unref(to);
 }
 
-/* Whether a refusal of the kind *last stands for is worth a log line now:
-   once a second. */
+/*  Whether a refusal of the kind *last stands for is worth a log line now:
+    once a second. */
 static bool log_due(_Atomic int64_t *last)
 {
     int64_t now = zd__net_now_ns(), then = atomic_load(last);
     return now - then >= ZD__NS_PER_S && atomic_compare_exchange_strong(last, &then, now);
 }
 
-/* After unlocking: answers the requests of list (taken off the waits) and
-   settles the fetches that waited with them; frees them. */
+/*  After unlocking: answers the requests of list (taken off the waits) and
+    settles the fetches that waited with them; frees them. */
 static void waits_answer(agent_t *a, fork_wait_t *list)
 {
     while (list) {
@@ -517,13 +517,13 @@ static void waits_answer(agent_t *a, fork_wait_t *list)
     }
 }
 
-/* ---- owner side ---- */
+/*  ---- owner side ---- */
 
-/* When a placeholder (a value whose REMOTE has not arrived) is given up: at
-   the caller's timeout or the agent's default, the smaller one set (the
-   caller's comes from the wire: it may not hold the entry longer than
-   this process would), and never later than RREF_PLACEHOLDER_MAX_MS, so
-   that a REMOTE that never comes does not leave the entry behind. */
+/*  When a placeholder (a value whose REMOTE has not arrived) is given up: at
+    the caller's timeout or the agent's default, the smaller one set (the
+    caller's comes from the wire: it may not hold the entry longer than
+    this process would), and never later than RREF_PLACEHOLDER_MAX_MS, so
+    that a REMOTE that never comes does not leave the entry behind. */
 static int64_t placeholder_expiry(agent_t *a, int64_t timeout_ms)
 {
     int64_t t = RREF_PLACEHOLDER_MAX_MS, local = zd__agent_timeout(a, -1);
@@ -587,8 +587,8 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     return f;
 }
 
-/* The value future of rref_id, a placeholder made for it counting as
-   src's (zd__rref_placeholder_admit). */
+/*  The value future of rref_id, a placeholder made for it counting as
+    src's (zd__rref_placeholder_admit). */
 static zd_future_t *owner_value_admit(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
 {
     rref_ctx_t *x = a->rrefs;
@@ -705,12 +705,12 @@ void zd__rref_user_created(agent_t *a, zd_rref_t *r, const char *error)
     zd_rref_unref(r); /* the pending user's reference */
 }
 
-/* ---- control messages received (I/O thread) ---- */
+/*  ---- control messages received (I/O thread) ---- */
 
-/* Under x->lock: a fork is deleted or registered only by the rank that
-   holds it (recorded when the owner learnt of it); any other sender is
-   answered with an error. Unknown forks pass: the messages are
-   idempotent. */
+/*  Under x->lock: a fork is deleted or registered only by the rank that
+    holds it (recorded when the owner learnt of it); any other sender is
+    answered with an error. Unknown forks pass: the messages are
+    idempotent. */
 static bool control_refused(agent_t *a, const inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;
@@ -877,14 +877,14 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     waits_answer(a, ready);
 }
 
-/* The expiry looks at the placeholders only when one is due, and then at
-   most every RREF_SCAN_NS: a flood of them (bounded by the caps) costs the
-   I/O thread a walk of their list a few times a second, not of every owner
-   entry every tick. */
+/*  The expiry looks at the placeholders only when one is due, and then at
+    most every RREF_SCAN_NS: a flood of them (bounded by the caps) costs the
+    I/O thread a walk of their list a few times a second, not of every owner
+    entry every tick. */
 #define RREF_SCAN_NS ((int64_t)10000000)
 
-/* Under the lock: takes the fork requests that waited too long off the
-   list, refused, into *out (at most every RREF_SCAN_NS, when one is due). */
+/*  Under the lock: takes the fork requests that waited too long off the
+    list, refused, into *out (at most every RREF_SCAN_NS, when one is due). */
 static void waits_expire(rref_ctx_t *x, int64_t now_ns, fork_wait_t **out)
 {
     if (!x->n_waits || now_ns < x->waits_due_ns || now_ns - x->waits_scan_ns < RREF_SCAN_NS)
@@ -913,8 +913,8 @@ static void waits_expire(rref_ctx_t *x, int64_t now_ns, fork_wait_t **out)
     x->waits_due_ns = due;
 }
 
-/* When a list scanned at most every RREF_SCAN_NS, its earliest expiry
-   `due`, is due for a look. */
+/*  When a list scanned at most every RREF_SCAN_NS, its earliest expiry
+    `due`, is due for a look. */
 static int64_t scan_due(int64_t due, int64_t scanned_ns)
 {
     int64_t next_scan = scanned_ns + RREF_SCAN_NS;
@@ -965,7 +965,7 @@ int64_t zd__rref_tick(agent_t *a, int64_t now_ns)
     return next;
 }
 
-/* ---- a lost holder ---- */
+/*  ---- a lost holder ---- */
 
 int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
 {
@@ -1052,7 +1052,7 @@ int64_t zd__rref_release_holder(agent_t *a, int rank, int64_t *freed_out)
     return dropped;
 }
 
-/* ---- the context ---- */
+/*  ---- the context ---- */
 
 static atomic_int_fast64_t g_leaked;
 

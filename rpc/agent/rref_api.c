@@ -8,7 +8,7 @@
 
 #include <zdist/error.h>
 
-/* The running agent, checked against the RRef's session. */
+/*  The running agent, checked against the RRef's session. */
 static agent_t *acquire_for(const zd_rref_t *r, const char *api)
 {
     if (!r) {
@@ -200,7 +200,7 @@ bool zd_rref_confirmed_by_owner(const zd_rref_t *r)
     return r && atomic_load(&r->confirmed);
 }
 
-/* [r, args...] for a method call at the owner. */
+/*  [r, args...] for a method call at the owner. */
 static zd_value_t *method_args(zd_rref_t *r, zd_value_t *args, const char *api)
 {
     if (args && zd_value_kind(args) != ZD_VALUE_LIST) {

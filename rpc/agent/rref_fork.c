@@ -38,11 +38,11 @@ static size_t child_bucket(uint64_t id)
     return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> 40) % CHILD_BUCKETS;
 }
 
-/* ---- control messages (idempotent, retried) ---- */
+/*  ---- control messages (idempotent, retried) ---- */
 
 static void ctrl_send(ctrl_t *c);
 
-/* How long the next attempt waits for its answer; 0 when the time is up. */
+/*  How long the next attempt waits for its answer; 0 when the time is up. */
 static int64_t next_wait_ms(const ctrl_t *c)
 {
     int64_t wait = CTRL_FIRST_WAIT_MS << (c->attempts < 5 ? c->attempts : 5);
@@ -55,7 +55,7 @@ static int64_t next_wait_ms(const ctrl_t *c)
     return left <= 0 ? 0 : left < wait ? left : wait;
 }
 
-/* The outcome of an attempt: c is sent again, or finished and freed. */
+/*  The outcome of an attempt: c is sent again, or finished and freed. */
 static void ctrl_outcome(ctrl_t *c, bool ok, zd_error_code_t code, const char *error)
 {
     agent_t *a = c->a;
@@ -153,7 +153,7 @@ void zd__rref_ctrl_run(agent_t *a, ctrl_t *c, int dst, uint8_t type, uint64_t rr
     ctrl_send(c);
 }
 
-/* ---- encoding: forks ---- */
+/*  ---- encoding: forks ---- */
 
 void zd__rref_user_error(agent_t *a, zd_rref_t *r, char *buf, size_t size);
 
@@ -227,7 +227,7 @@ rpc_rref_codec_t zd__rref_txn_codec(rref_txn_t *t)
     return c;
 }
 
-/* Removes a pending child; returns its parent reference, or NULL. */
+/*  Removes a pending child; returns its parent reference, or NULL. */
 zd_rref_t *zd__rref_child_take(rref_ctx_t *x, uint64_t fork_id)
 {
     child_t **pp = &x->children[child_bucket(fork_id)];
@@ -273,10 +273,10 @@ void zd__rref_txn_rollback(rref_txn_t *t)
     zd__rref_txn_commit(t);
 }
 
-/* ---- decoding: a fork arrives ---- */
+/*  ---- decoding: a fork arrives ---- */
 
-/* The child was accepted by the owner (or the owner is unreachable): the
-   parent may go, and the child is a confirmed user. */
+/*  The child was accepted by the owner (or the owner is unreachable): the
+    parent may go, and the child is a confirmed user. */
 static void fork_request_done(agent_t *a, ctrl_t *c, bool ok)
 {
     zd_rref_t *r = c->r;

@@ -25,7 +25,7 @@
 #include "rpc/world/membership.h"
 #include "rpc/agent/rref.h"
 
-/* ---- registry (process-wide, kept across inits) ---- */
+/*  ---- registry (process-wide, kept across inits) ---- */
 
 typedef struct entry {
     char *name;
@@ -46,7 +46,7 @@ static size_t name_hash(const char *s, size_t len)
     return (size_t)(h % REGISTRY_BUCKETS);
 }
 
-/* Copies the function called name[0..len) into *out; false when unknown. */
+/*  Copies the function called name[0..len) into *out; false when unknown. */
 static bool registry_find(const char *name, size_t len, zd_rpc_function_t *out)
 {
     bool found = false;
@@ -155,7 +155,7 @@ int zd_rpc_unregister(const char *name)
     return 0;
 }
 
-/* Marks name, registered, as the RPC layer's own, described to users as what. */
+/*  Marks name, registered, as the RPC layer's own, described to users as what. */
 static void registry_mark_internal(const char *name, const char *what)
 {
     pthread_rwlock_wrlock(&registry_lock);
@@ -165,8 +165,8 @@ static void registry_mark_internal(const char *name, const char *what)
     pthread_rwlock_unlock(&registry_lock);
 }
 
-/* The description of an internal function name[0..len), or NULL when it is
-   unknown or not internal. */
+/*  The description of an internal function name[0..len), or NULL when it is
+    unknown or not internal. */
 static const char *registry_internal(const char *name, size_t len)
 {
     const char *what = NULL;
@@ -197,10 +197,10 @@ int zd__serve_register_internal(void)
     return 0;
 }
 
-/* Calls one peer may have queued or running here at once (ZDIST_RPC_MAX_CALLS_PER_PEER,
-   default RPC_MAX_CALLS_PER_PEER). Far above what a program makes (a
-   trainer of rpc_ps has a handful in flight), low enough that a flood
-   is refused rather than queued without end. */
+/*  Calls one peer may have queued or running here at once (ZDIST_RPC_MAX_CALLS_PER_PEER,
+    default RPC_MAX_CALLS_PER_PEER). Far above what a program makes (a
+    trainer of rpc_ps has a handful in flight), low enough that a flood
+    is refused rather than queued without end. */
 #define RPC_MAX_CALLS_PER_PEER 4096
 static int64_t max_calls;
 static pthread_once_t max_calls_once = PTHREAD_ONCE_INIT;
@@ -228,7 +228,7 @@ int64_t zd__serve_max_calls_per_peer(void)
     return max_calls;
 }
 
-/* ---- incoming calls ---- */
+/*  ---- incoming calls ---- */
 
 struct zd_rpc_call {
     agent_t *a; /* valid only while a is running with gen */
@@ -258,9 +258,9 @@ struct zd_rpc_call {
     bool listed;
 };
 
-/* Calls whose answer waits for a future (an async handler's, an RRef's
-   value): when their caller is lost, nobody will read the answer, and
-   whatever the future stands for is work for nobody (cancel_peer). */
+/*  Calls whose answer waits for a future (an async handler's, an RRef's
+    value): when their caller is lost, nobody will read the answer, and
+    whatever the future stands for is work for nobody (cancel_peer). */
 static pthread_mutex_t g_waiting_lock = PTHREAD_MUTEX_INITIALIZER;
 static zd_rpc_call_t *g_waiting;
 
@@ -369,7 +369,7 @@ zd_rpc_call_kind_t zd_rpc_call_kind(const zd_rpc_call_t *call)
     return ZD_RPC_KIND_CALL;
 }
 
-/* How texts for users name c's function: quoted, or what an internal one is. */
+/*  How texts for users name c's function: quoted, or what an internal one is. */
 static const char *call_name(const zd_rpc_call_t *c, char *buf, size_t size)
 {
     if (c->what)
@@ -398,7 +398,7 @@ static void call_free(zd_rpc_call_t *c, bool counted)
         atomic_fetch_sub_explicit(&a->serving, 1, memory_order_release);
 }
 
-/* Runs the reply hook; returns its extra bytes (or none). */
+/*  Runs the reply hook; returns its extra bytes (or none). */
 static zd_rpc_bytes_t reply_hook(zd_rpc_call_t *c, zd_value_t **result)
 {
     zd_rpc_bytes_t extra = {NULL, 0};
@@ -416,9 +416,9 @@ static zd_rpc_bytes_t reply_hook(zd_rpc_call_t *c, zd_value_t **result)
     return extra;
 }
 
-/* The agent to answer through (one more user), or NULL when the call
-   outlived it: an async handler's future completed during or after
-   shutdown. Such a call is only freed (its hook state released). */
+/*  The agent to answer through (one more user), or NULL when the call
+    outlived it: an async handler's future completed during or after
+    shutdown. Such a call is only freed (its hook state released). */
 static agent_t *answer_begin(zd_rpc_call_t *c)
 {
     agent_t *a = zd__agent_acquire_gen(c->gen);
@@ -433,8 +433,8 @@ static agent_t *answer_begin(zd_rpc_call_t *c)
 
 static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value);
 
-/* Answers with an ERROR: text, and code in field a (wire.h) for the caller's
-   zd_error_code(). */
+/*  Answers with an ERROR: text, and code in field a (wire.h) for the caller's
+    zd_error_code(). */
 static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_error_code_t code)
 {
     if (c->type == RPC_MSG_REMOTE && c->owner_value) {
@@ -466,9 +466,9 @@ static void answer_error(agent_t *a, zd_rpc_call_t *c, const char *text, zd_erro
     call_free(c, true);
 }
 
-/* Answers with value (taken over). A result that cannot be sent is released
-   before the error goes out, so that a caller who sees the error also sees
-   the handler's objects freed, if it held the only reference. */
+/*  Answers with value (taken over). A result that cannot be sent is released
+    before the error goes out, so that a caller who sees the error also sees
+    the handler's objects freed, if it held the only reference. */
 static void answer_value(agent_t *a, zd_rpc_call_t *c, zd_value_t *value)
 {
     zd_value_t *v;
@@ -534,7 +534,7 @@ static void finish_error(zd_rpc_call_t *c, const char *text, zd_error_code_t cod
     }
 }
 
-/* value taken over. */
+/*  value taken over. */
 static void finish_value(zd_rpc_call_t *c, zd_value_t *value)
 {
     agent_t *a = answer_begin(c);
@@ -563,8 +563,8 @@ static void drop_call(void *arg)
     finish_error(arg, "RPC shut down before the call could run", ZD_ERR_SHUTDOWN);
 }
 
-/* Runs c now (inline functions) or on the pool. Also called from future
-   callbacks, possibly while the agent shuts down (then c is dropped). */
+/*  Runs c now (inline functions) or on the pool. Also called from future
+    callbacks, possibly while the agent shuts down (then c is dropped). */
 static void schedule(zd_rpc_call_t *c)
 {
     agent_t *a = answer_begin(c);
@@ -586,8 +586,8 @@ static void deref_ready(zd_future_t *f, void *arg)
     schedule(arg);
 }
 
-/* Replaces the RRef in args[0] by its value. 1 when done, 0 when the value
-   is not there yet (run_call comes back later), -1 when it failed. */
+/*  Replaces the RRef in args[0] by its value. 1 when done, 0 when the value
+    is not there yet (run_call comes back later), -1 when it failed. */
 static int deref_first(zd_rpc_call_t *c)
 {
     zd_rref_t *r;
@@ -698,8 +698,8 @@ static void run_call(void *arg)
     zd_future_then(f, future_done, c);
 }
 
-/* Whether to log that src is refused as busy now: once a second per peer
-   at most (the I/O thread alone calls this). */
+/*  Whether to log that src is refused as busy now: once a second per peer
+    at most (the I/O thread alone calls this). */
 static bool busy_log_due(agent_t *a, int src)
 {
     static int64_t *last;

@@ -22,17 +22,17 @@
 #include "rpc/world/membership.h"
 #include "rpc/agent/rref.h"
 
-/* How often rank 0 looks at the open rounds (for members lost meanwhile). */
+/*  How often rank 0 looks at the open rounds (for members lost meanwhile). */
 #define BARRIER_LOOK_NS (20 * ZD__NS_PER_MS)
-/* The longest timeout a barrier round takes, so that the deadline
-   arithmetic cannot overflow: a week. */
+/*  The longest timeout a barrier round takes, so that the deadline
+    arithmetic cannot overflow: a week. */
 #define BARRIER_MAX_TIMEOUT_MS (ZD__WEEK_S * ZD__MS_PER_S)
-/* A round ends at 3/4 of its callers' own timeout, so that they get this
-   round's error, which names the missing workers: ns per ms of it. */
+/*  A round ends at 3/4 of its callers' own timeout, so that they get this
+    round's error, which names the missing workers: ns per ms of it. */
 #define BARRIER_DEADLINE_NS_PER_MS (ZD__NS_PER_MS * 3 / 4)
-/* How often a drain looks whether the work in flight is done. */
+/*  How often a drain looks whether the work in flight is done. */
 #define DRAIN_LOOK_NS (500 * ZD__NS_PER_US)
-/* The longest a drain without a shutdown timeout waits (drain_deadline). */
+/*  The longest a drain without a shutdown timeout waits (drain_deadline). */
 #define DRAIN_BOUND_MS (10 * 60 * ZD__MS_PER_S)
 
 typedef struct barrier_round {
@@ -53,8 +53,8 @@ static void round_free(barrier_round_t *r)
     free(r);
 }
 
-/* Answers every rank, rank 0 last: rank 0 may close as soon as it has its
-   answer, so the others' must be on their way first. */
+/*  Answers every rank, rank 0 last: rank 0 may close as soon as it has its
+    answer, so the others' must be on their way first. */
 static void round_answer(barrier_round_t *r, zd_value_t *v, const char *error)
 {
     for (int i = r->world - 1; i >= 0; i--) {
@@ -67,7 +67,7 @@ static void round_answer(barrier_round_t *r, zd_value_t *v, const char *error)
     }
 }
 
-/* Names the workers that have not arrived, for an error text. */
+/*  Names the workers that have not arrived, for an error text. */
 static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t size)
 {
     size_t n = 0;
@@ -79,9 +79,9 @@ static void missing_text(agent_t *a, const barrier_round_t *r, char *buf, size_t
                                   atomic_load(&a->net.peers[i].lost) ? " unreachable" : "");
 }
 
-/* Missing workers the round still waits for: from round 0 on, a peer
-   declared lost (peer_lost.c) is not waited for (the survivors finish
-   without it); init's round -1 waits for everyone. */
+/*  Missing workers the round still waits for: from round 0 on, a peer
+    declared lost (peer_lost.c) is not waited for (the survivors finish
+    without it); init's round -1 waits for everyone. */
 static int missing_live(agent_t *a, const barrier_round_t *r)
 {
     int n = 0;
@@ -91,11 +91,11 @@ static int missing_live(agent_t *a, const barrier_round_t *r)
     return n;
 }
 
-/* Under barrier_lock: whether rank src may enter round with count: only
-   its own rounds, in order (-1, 0, 1, ...: the one it is in again, or the
-   next), with a count that is not negative. The first time a rank is seen
-   it must be at init's round -1 or, for a world that started before this
-   check was made, any round. */
+/*  Under barrier_lock: whether rank src may enter round with count: only
+    its own rounds, in order (-1, 0, 1, ...: the one it is in again, or the
+    next), with a count that is not negative. The first time a rank is seen
+    it must be at init's round -1 or, for a world that started before this
+    check was made, any round. */
 static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t timeout_ms,
                      barrier_round_t *open)
 {
@@ -125,16 +125,16 @@ static bool entry_ok(agent_t *a, int src, int64_t round, int64_t count, int64_t 
            false;
 }
 
-/* Under barrier_lock: whether src asks again for the round completed last,
-   which it had entered: a caller whose connection to rank 0 went down and
-   came back before the answer reached it (zd__barrier_all asks again). */
+/*  Under barrier_lock: whether src asks again for the round completed last,
+    which it had entered: a caller whose connection to rank 0 went down and
+    came back before the answer reached it (zd__barrier_all asks again). */
 static bool repeated(agent_t *a, int src, int64_t round)
 {
     return a->barrier_done && round == a->barrier_done_round && a->barrier_last &&
         a->barrier_last[src] == round;
 }
 
-/* Under barrier_lock: remembers the round completed last, for repeated(). */
+/*  Under barrier_lock: remembers the round completed last, for repeated(). */
 static void round_done(agent_t *a, const barrier_round_t *r)
 {
     a->barrier_done = true;
@@ -142,7 +142,7 @@ static void round_done(agent_t *a, const barrier_round_t *r)
     a->barrier_done_total = r->total;
 }
 
-/* Names the lost workers a round went on without, for the log. */
+/*  Names the lost workers a round went on without, for the log. */
 static void log_without(agent_t *a, const barrier_round_t *r)
 {
     for (int i = 0; i < r->world; i++)
@@ -246,9 +246,9 @@ out:
     return f;
 }
 
-/* I/O thread: whether a peer missing from init's round has had its
-   connection down for INIT_DOWN_MS: on a host crowded past its cores a
-   handshake may time out and the connection come back seconds later. */
+/*  I/O thread: whether a peer missing from init's round has had its
+    connection down for INIT_DOWN_MS: on a host crowded past its cores a
+    handshake may time out and the connection come back seconds later. */
 #define INIT_DOWN_MS 10000
 
 static bool down_for_good(const peer_t *p, int64_t now_ns)
@@ -257,7 +257,7 @@ static bool down_for_good(const peer_t *p, int64_t now_ns)
         now_ns - p->down_since_ns >= INIT_DOWN_MS * ZD__NS_PER_MS;
 }
 
-/* Rank 0, I/O thread: fails rounds that cannot complete any more. */
+/*  Rank 0, I/O thread: fails rounds that cannot complete any more. */
 int64_t zd__shutdown_tick(agent_t *a, int64_t now_ns)
 {
     if (a->net.rank != 0)
@@ -321,7 +321,7 @@ int64_t zd__shutdown_tick(agent_t *a, int64_t now_ns)
     return look_at;
 }
 
-/* Teardown: whoever still waits at a barrier gets an error. */
+/*  Teardown: whoever still waits at a barrier gets an error. */
 void zd__shutdown_abort_barrier(agent_t *a)
 {
     pthread_mutex_lock(&a->barrier_lock);
@@ -336,8 +336,8 @@ void zd__shutdown_abort_barrier(agent_t *a)
     }
 }
 
-/* Calls being served for a lost peer do not count: nobody waits for
-   their answers. */
+/*  Calls being served for a lost peer do not count: nobody waits for
+    their answers. */
 static int64_t outstanding(agent_t *a)
 {
     int64_t n = atomic_load(&a->user_in_flight) + zd__rref_outstanding(a);
@@ -347,7 +347,7 @@ static int64_t outstanding(agent_t *a)
     return n;
 }
 
-/* Waits until this process's own work is done, or the deadline. */
+/*  Waits until this process's own work is done, or the deadline. */
 static int drain_local(agent_t *a, int64_t deadline_ns)
 {
     while (outstanding(a) > 0) {
@@ -399,10 +399,10 @@ int zd__barrier_all(int64_t round, int64_t count, int64_t deadline_ns, const cha
     return rc;
 }
 
-/* The deadline of one drain: the shutdown's, but never unbounded. Without
-   a shutdown timeout, work that outlives twice the call timeout (10 min
-   when calls have none) is stuck, not slow: a handler waiting for
-   something that will never come. */
+/*  The deadline of one drain: the shutdown's, but never unbounded. Without
+    a shutdown timeout, work that outlives twice the call timeout (10 min
+    when calls have none) is stuck, not slow: a handler waiting for
+    something that will never come. */
 static int64_t drain_deadline(agent_t *a, int64_t deadline)
 {
     int64_t call = atomic_load(&a->timeout_ms);

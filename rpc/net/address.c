@@ -15,8 +15,8 @@
 
 #include <zdist/error.h>
 
-/* ip without its brackets into buf; false when it does not fit or the
-   brackets do not pair. */
+/*  ip without its brackets into buf; false when it does not fit or the
+    brackets do not pair. */
 static bool strip_brackets(const char *ip, char *buf, size_t size)
 {
     size_t n = strlen(ip);
@@ -33,7 +33,7 @@ static bool strip_brackets(const char *ip, char *buf, size_t size)
     return true;
 }
 
-/* The address as a sockaddr (port 0); its length, or 0 for no literal. */
+/*  The address as a sockaddr (port 0); its length, or 0 for no literal. */
 static socklen_t to_sockaddr(const char *ip, struct sockaddr_storage *ss)
 {
     char bare[ZD_ADDR_MAX];

@@ -34,7 +34,7 @@ static void buf_free(rpc_buf_t *b)
     free(b);
 }
 
-/* The size of a buffer for size bytes: whole huge pages from 2 MiB on. */
+/*  The size of a buffer for size bytes: whole huge pages from 2 MiB on. */
 static size_t rounded(size_t size)
 {
     size_t align = size >= BUF_ALIGN ? BUF_ALIGN : PAGE;
@@ -66,7 +66,7 @@ static rpc_buf_t *buf_new(size_t size)
     return b;
 }
 
-/* Removes entry i, keeping the order of the others. Locked. */
+/*  Removes entry i, keeping the order of the others. Locked. */
 static rpc_buf_t *take(int i)
 {
     rpc_buf_t *b = cached[i];

@@ -29,13 +29,13 @@ static void set_int(void *sock, int opt, int value)
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
-/* What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
-   frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
-   a handshake within handshake_ms (net.h: RPC_HANDSHAKE_MS). libzmq counts the high-water mark at
-   the last frame of a message and limits each frame, not the message: a
-   multipart message that never ends is held whole inside libzmq until it
-   does, so what bounds it is authentication (a stranger cannot connect),
-   not these options. */
+/*  What a peer can make a receiving socket hold (docs/rpc.md, "Limits"): no
+    frame above RPC_MAX_FRAME, RPC_RCVHWM messages queued per connection, and
+    a handshake within handshake_ms (net.h: RPC_HANDSHAKE_MS). libzmq counts the high-water mark at
+    the last frame of a message and limits each frame, not the message: a
+    multipart message that never ends is held whole inside libzmq until it
+    does, so what bounds it is authentication (a stranger cannot connect),
+    not these options. */
 void zd__net_set_limits(void *sock, int handshake_ms)
 {
     int64_t max = (int64_t)RPC_MAX_FRAME;
@@ -86,8 +86,8 @@ static void set_free(sync_set_t *s)
     free(s);
 }
 
-/* Thread exit: closes the set if its agent still runs (else shutdown did,
-   and s must not even be read). */
+/*  Thread exit: closes the set if its agent still runs (else shutdown did,
+    and s must not even be read). */
 static void set_destructor(void *arg)
 {
     sync_set_t *s = arg;

@@ -54,17 +54,17 @@ static void release_frames(rpc_frame_t *frames, int n)
         frames[i].release(frames[i].data, frames[i].release_arg);
 }
 
-/* Reads the rest of a multipart message from sock into m's frames (grown
-   as needed); frames past RPC_CODEC_MAX_TENSORS are read and dropped, and
-   the message is refused (logged naming the sender). libzmq hands a
-   message over only once its last frame is in, so a message whose frames
-   never end is held inside libzmq, beyond our reach (ZMQ_RCVHWM counts
-   whole messages, ZMQ_MAXMSGSIZE single frames): what bounds it is that
-   only an authenticated peer can connect (CURVE), not this reader. A
-   ROUTER cannot drop one peer's connection either (libzmq has no call for
-   it): the message is dropped, the connection stays.
-   Returns the count, or -1 when too many arrived or (*oom) memory ran
-   out (all released). */
+/*  Reads the rest of a multipart message from sock into m's frames (grown
+    as needed); frames past RPC_CODEC_MAX_TENSORS are read and dropped, and
+    the message is refused (logged naming the sender). libzmq hands a
+    message over only once its last frame is in, so a message whose frames
+    never end is held inside libzmq, beyond our reach (ZMQ_RCVHWM counts
+    whole messages, ZMQ_MAXMSGSIZE single frames): what bounds it is that
+    only an authenticated peer can connect (CURVE), not this reader. A
+    ROUTER cannot drop one peer's connection either (libzmq has no call for
+    it): the message is dropped, the connection stays.
+    Returns the count, or -1 when too many arrived or (*oom) memory ran
+    out (all released). */
 static int recv_frames(void *sock, inmsg_t *m, int64_t *bytes, bool *oom)
 {
     int n = 0;
@@ -128,11 +128,11 @@ void zd__transport_msg_done(inmsg_t *m)
     zmq_msg_close(&m->hm);
 }
 
-/* A message from a routing id that is no rank: libzmq also takes a
-   connection that does not start with a ZMTP 3 greeting for a ZMTP 1.0
-   peer, so noise sent at the port arrives as a stream of such messages.
-   Logged once a second with the count, so that the flood does not use up
-   the log's lines for everything else. I/O thread only. */
+/*  A message from a routing id that is no rank: libzmq also takes a
+    connection that does not start with a ZMTP 3 greeting for a ZMTP 1.0
+    peer, so noise sent at the port arrives as a stream of such messages.
+    Logged once a second with the count, so that the flood does not use up
+    the log's lines for everything else. I/O thread only. */
 static void log_unknown_sender(void)
 {
     static int64_t last_ns;
@@ -250,11 +250,11 @@ int zd__transport_recv(zd__net_t *n, void *sock, int expect_src, inmsg_t *m)
     return rc;
 }
 
-/* A peer declared lost stays lost (peer_lost.c): what it held here is
-   released, so a request from it (a frozen process that woke up) is
-   refused, and it learns why. One this process has not reached since it
-   joined the world is refused too, until it is reached (membership.c):
-   it is alive, but answers to it could not leave. */
+/*  A peer declared lost stays lost (peer_lost.c): what it held here is
+    released, so a request from it (a frozen process that woke up) is
+    refused, and it learns why. One this process has not reached since it
+    joined the world is refused too, until it is reached (membership.c):
+    it is alive, but answers to it could not leave. */
 static bool refuse_lost(zd__net_t *n, inmsg_t *m)
 {
     peer_t *p = &n->peers[m->h.src];
@@ -302,9 +302,9 @@ static bool dropped_by_test(const inmsg_t *m)
     return true;
 }
 
-/* HELLO and the shared memory's handshake are the net's own; everything
-   else goes up to the agent (n->up.dispatch): answers, requests, RRef
-   control messages. */
+/*  HELLO and the shared memory's handshake are the net's own; everything
+    else goes up to the agent (n->up.dispatch): answers, requests, RRef
+    control messages. */
 static void dispatch(zd__net_t *n, inmsg_t *m)
 {
     if (dropped_by_test(m)) {
@@ -329,10 +329,10 @@ static void dispatch(zd__net_t *n, inmsg_t *m)
     }
 }
 
-/* The I/O thread receives from the ROUTER under router_lock, which routed
-   senders take too; it polls the socket's ZMQ_FD rather than the socket,
-   since zmq_poll on a socket would touch it without the lock. Returns
-   whether a message was there. */
+/*  The I/O thread receives from the ROUTER under router_lock, which routed
+    senders take too; it polls the socket's ZMQ_FD rather than the socket,
+    since zmq_poll on a socket would touch it without the lock. Returns
+    whether a message was there. */
 static bool recv_one(zd__net_t *n, inmsg_t *m)
 {
     pthread_mutex_lock(&n->router_lock);
@@ -351,20 +351,20 @@ static bool recv_one(zd__net_t *n, inmsg_t *m)
     return rc != 0;
 }
 
-/* A peer's connection went down (or came back). Calls waiting for that
-   peer fail LOST_GRACE_MS later rather than at their timeout: the grace
-   lets answers already on their way (over the peer's own connection to
-   us) arrive first. */
+/*  A peer's connection went down (or came back). Calls waiting for that
+    peer fail LOST_GRACE_MS later rather than at their timeout: the grace
+    lets answers already on their way (over the peer's own connection to
+    us) arrive first. */
 #define LOST_GRACE_MS 1000
-/* How long after a refusal of our key the socket to that peer is made again. */
+/*  How long after a refusal of our key the socket to that peer is made again. */
 #define REMAKE_MS 1000
 
-/* A connection that went down and came back may have taken requests with
-   it (those libzmq had already taken from its queue), and their answers
-   would never come: the caller would wait out its timeout, or forever
-   with none. Which of them reached the peer cannot be known, so every
-   call still waiting for this peer fails now, saying that it may have
-   run. Answers that do come later find no call and are dropped. */
+/*  A connection that went down and came back may have taken requests with
+    it (those libzmq had already taken from its queue), and their answers
+    would never come: the caller would wait out its timeout, or forever
+    with none. Which of them reached the peer cannot be known, so every
+    call still waiting for this peer fails now, saying that it may have
+    run. Answers that do come later find no call and are dropped. */
 static void fail_interrupted(zd__net_t *n, peer_t *p)
 {
     int64_t down_ms = (zd__net_now_ns() - p->down_since_ns) / ZD__NS_PER_MS;
@@ -447,9 +447,9 @@ static void handle_monitor(zd__net_t *n, peer_t *p)
     }
 }
 
-/* Makes again the sockets of peers that refused our key (handle_monitor);
-   true when one was made (the thread polls other monitors now). *due: the
-   next one to make, if earlier. */
+/*  Makes again the sockets of peers that refused our key (handle_monitor);
+    true when one was made (the thread polls other monitors now). *due: the
+    next one to make, if earlier. */
 static bool remake_refused(zd__net_t *n, int64_t now, int64_t *due)
 {
     bool made = false;
@@ -474,13 +474,13 @@ static bool remake_refused(zd__net_t *n, int64_t now, int64_t *due)
     return made;
 }
 
-/* The monitors are looked at on the ticks, at most every MONITOR_POLL_MS,
-   not on every pass: they tell of connections going down or coming back,
-   which waits for LOST_GRACE_MS anyway, and zmq_poll on a ZeroMQ socket
-   costs a system call or more each (libzmq checks getpid for a fork):
-   with every peer's monitor in each pass, getpid and poll were the
-   largest CPU cost (perf) of the processes of a world of 65 gathering.
-   items[0..count) are monitors, of the peers item_peer[0..count). */
+/*  The monitors are looked at on the ticks, at most every MONITOR_POLL_MS,
+    not on every pass: they tell of connections going down or coming back,
+    which waits for LOST_GRACE_MS anyway, and zmq_poll on a ZeroMQ socket
+    costs a system call or more each (libzmq checks getpid for a fork):
+    with every peer's monitor in each pass, getpid and poll were the
+    largest CPU cost (perf) of the processes of a world of 65 gathering.
+    items[0..count) are monitors, of the peers item_peer[0..count). */
 #define MONITOR_POLL_MS 50
 
 static void poll_monitors(zd__net_t *n, zmq_pollitem_t *items, const int *item_peer, int count)
@@ -492,11 +492,11 @@ static void poll_monitors(zd__net_t *n, zmq_pollitem_t *items, const int *item_p
             handle_monitor(n, &n->peers[item_peer[i]]);
 }
 
-/* Not while joining: on a host with far more processes than cores (65 on
-   2), a handshake may outlast libzmq's limit and the connection drop and
-   come back; the init barrier's deadline bounds that wait, and a peer
-   still down once it is passed is declared lost then. Returns when the
-   next peer is due to be declared lost (INT64_MAX: none). */
+/*  Not while joining: on a host with far more processes than cores (65 on
+    2), a handshake may outlast libzmq's limit and the connection drop and
+    come back; the init barrier's deadline bounds that wait, and a peer
+    still down once it is passed is declared lost then. Returns when the
+    next peer is due to be declared lost (INT64_MAX: none). */
 static int64_t fail_lost_peers(zd__net_t *n, int64_t now)
 {
     int64_t due = INT64_MAX;
@@ -516,7 +516,7 @@ static int64_t fail_lost_peers(zd__net_t *n, int64_t now)
     return due;
 }
 
-/* What the thread waits on: the ROUTER, the wake-up, each peer's monitor. */
+/*  What the thread waits on: the ROUTER, the wake-up, each peer's monitor. */
 static int poll_items(zd__net_t *n, zmq_pollitem_t *items, int *item_peer)
 {
     items[0] = (zmq_pollitem_t){NULL, n->router_fd, ZMQ_POLLIN, 0};
@@ -545,7 +545,7 @@ void zd__io_due(zd__net_t *n, int64_t due_ns)
     }
 }
 
-/* The ticks' work; returns how long the thread may sleep after it (ms). */
+/*  The ticks' work; returns how long the thread may sleep after it (ms). */
 static int tick(zd__net_t *n, int64_t now, zmq_pollitem_t *items, int *item_peer, int *n_items,
                 int64_t *next_monitor_poll, int64_t *next_stream_check, bool *look_again)
 {

@@ -47,9 +47,9 @@ typedef struct {
     uint32_t hist[RPC_LAT_BUCKETS];
 } peer_latency_t;
 
-/* The latencies are made on a peer's first answered call: most pairs of
-   ranks of a large world never call each other, and 1.8 kB per peer,
-   zeroed and touched at init, made a rank of 512 fault in 1.2 MB. */
+/*  The latencies are made on a peer's first answered call: most pairs of
+    ranks of a large world never call each other, and 1.8 kB per peer,
+    zeroed and touched at init, made a rank of 512 fault in 1.2 MB. */
 typedef struct {
     atomic_int_fast64_t calls_sent, calls_served, errors;
     atomic_int_fast64_t bytes_sent, bytes_received;
@@ -91,8 +91,8 @@ typedef struct {
     peer_metrics_t m;
 } peer_t;
 
-/* Lost for good here (not merely unreached): only its own rejoin brings
-   it back, with a table of its own. */
+/*  Lost for good here (not merely unreached): only its own rejoin brings
+    it back, with a table of its own. */
 static inline bool zd__peer_gone(peer_t *p)
 {
     return atomic_load(&p->lost_at_ns) && !atomic_load(&p->unreached);

@@ -40,14 +40,14 @@
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define MAX_WATCH    4
 #define MAX_HELD     4096 /* handshakes waiting for the table */
-/* A key the table does not have is held this long before it is refused: a
-   restarted peer may connect a moment before this process has taken its
-   new key (membership.c), and libzmq does not reconnect after a refusal. */
+/*  A key the table does not have is held this long before it is refused: a
+    restarted peer may connect a moment before this process has taken its
+    new key (membership.c), and libzmq does not reconnect after a refusal. */
 #define UNKNOWN_HOLD_NS 3000000000LL
 #define KEY_FILE_MAX    4096
 
-/* At most one line a second per kind of refusal, with a count of the
-   others: a peer hammering a port must not drown the log. */
+/*  At most one line a second per kind of refusal, with a count of the
+    others: a peer hammering a port must not drown the log. */
 typedef struct {
     pthread_mutex_t lock;
     int64_t next_ns;
@@ -116,7 +116,7 @@ static void warn_limited(limit_t *l, const char *fmt, ...)
         zd__log(ZD_LOG_WARN, "%s", text);
 }
 
-/* ---- addresses ---- */
+/*  ---- addresses ---- */
 
 static bool ip_is_loopback(const char *ip)
 {
@@ -135,7 +135,7 @@ static bool ip_is_loopback(const char *ip)
     return false;
 }
 
-/* A host name or address all of whose addresses are loopback. */
+/*  A host name or address all of whose addresses are loopback. */
 static bool host_is_loopback(const char *host)
 {
     if (ip_is_loopback(host))
@@ -156,7 +156,7 @@ static bool host_is_loopback(const char *host)
     return all;
 }
 
-/* "tcp://HOST:PORT" with a loopback HOST. */
+/*  "tcp://HOST:PORT" with a loopback HOST. */
 static bool endpoint_is_loopback(const char *ep)
 {
     if (strncmp(ep, "tcp://", 6) != 0)
@@ -169,7 +169,7 @@ static bool endpoint_is_loopback(const char *ep)
     return ip_is_loopback(buf);
 }
 
-/* ---- key files ---- */
+/*  ---- key files ---- */
 
 int zd__security_default_path(char *path, size_t size)
 {
@@ -188,7 +188,7 @@ int zd__security_default_path(char *path, size_t size)
     return 0;
 }
 
-/* Makes every missing folder of path's parent, mode 0700. */
+/*  Makes every missing folder of path's parent, mode 0700. */
 static int make_parents(const char *path)
 {
     char dir[4096];
@@ -214,7 +214,7 @@ static int make_parents(const char *path)
     return 0;
 }
 
-/* Writes text to fd (mode 0600) and closes it: 0, or -1 naming path. */
+/*  Writes text to fd (mode 0600) and closes it: 0, or -1 naming path. */
 static int key_write(int fd, const char *path, const char *text)
 {
     size_t len = strlen(text);
@@ -226,7 +226,7 @@ static int key_write(int fd, const char *path, const char *text)
     return rc;
 }
 
-/* A new key file at path, which must not exist. */
+/*  A new key file at path, which must not exist. */
 static int key_create(const char *path, const char *text)
 {
     /* Created 0600 (never a moment more open), not following a link. */
@@ -242,10 +242,10 @@ static int key_create(const char *path, const char *text)
     return key_write(fd, path, text);
 }
 
-/* --force: a new file beside path, renamed over it. Whatever path was (a
-   hard link to a file something else uses, a symbolic link) is replaced as
-   a name, never written through: truncating it in place gave the linked
-   file the key and mode 0600 (issue 24 point 11). */
+/*  --force: a new file beside path, renamed over it. Whatever path was (a
+    hard link to a file something else uses, a symbolic link) is replaced as
+    a name, never written through: truncating it in place gave the linked
+    file the key and mode 0600 (issue 24 point 11). */
 static int key_replace(const char *path, const char *text)
 {
     char tmp[4200];
@@ -350,7 +350,7 @@ int zd__security_key_load(const char *path, char pub[SECURITY_KEY_TXT], char sec
     return rc;
 }
 
-/* ---- the policy ---- */
+/*  ---- the policy ---- */
 
 static bool env_true(const char *var)
 {
@@ -358,8 +358,8 @@ static bool env_true(const char *var)
     return v && (!strcmp(v, "1") || !strcasecmp(v, "true") || !strcasecmp(v, "yes"));
 }
 
-/* Which key file: the option, $ZDIST_KEY_FILE (both must exist), else the
-   default one if it exists. 1 and path, 0 (none), or -1. */
+/*  Which key file: the option, $ZDIST_KEY_FILE (both must exist), else the
+    default one if it exists. 1 and path, 0 (none), or -1. */
 static int find_key_file(const zd_rpc_options_t *o, char *path, size_t size)
 {
     const char *env = getenv("ZDIST_KEY_FILE");
@@ -471,7 +471,7 @@ bool zd__security_key_ok(const zd__net_t *n, const char *key)
     return zd__security_curve(n) ? z85_key(key, bin) : key && !*key;
 }
 
-/* ---- socket options ---- */
+/*  ---- socket options ---- */
 
 static int opt(void *sock, int name, const void *value, size_t len)
 {
@@ -549,7 +549,7 @@ void zd__security_watch(zd__net_t *n, void *sock, const char *what)
     pthread_mutex_unlock(&s->lock);
 }
 
-/* ---- the ZAP handler ---- */
+/*  ---- the ZAP handler ---- */
 
 static int key_cmp(const void *x, const void *y)
 {
@@ -600,8 +600,8 @@ int zd__security_table_ready(zd__net_t *n)
     return 0;
 }
 
-/* A restarted process rejoins with a key of its own (membership.c): the
-   handler's thread reads the table under s->lock from then on. */
+/*  A restarted process rejoins with a key of its own (membership.c): the
+    handler's thread reads the table under s->lock from then on. */
 int zd__security_renew_key(zd__net_t *n, int rank)
 {
     security_t *s = n->sec;
@@ -639,8 +639,8 @@ static int rank_of_key(security_t *s, const uint8_t *key)
     return rank;
 }
 
-/* Sends the answer to a ZAP request: [route][""] "1.0" id status text
-   user-id metadata. */
+/*  Sends the answer to a ZAP request: [route][""] "1.0" id status text
+    user-id metadata. */
 static void zap_reply(security_t *s, zmsg_t *req, const char *status, const char *text,
                       const char *user)
 {
@@ -673,7 +673,7 @@ static char *frame_str(zframe_t *f, char *buf, size_t size)
     return buf;
 }
 
-/* Answers one request; false when it has to wait for the table. */
+/*  Answers one request; false when it has to wait for the table. */
 static bool zap_answer(security_t *s, zmsg_t *req, int64_t now, int64_t came)
 {
     /* [route] [""] version request-id domain address identity mechanism key */
@@ -877,7 +877,7 @@ void zd__security_free(zd__net_t *n)
     n->sec = NULL;
 }
 
-/* ---- binding routing ids to keys ---- */
+/*  ---- binding routing ids to keys ---- */
 
 bool zd__security_sender_ok(zd__net_t *n, zmq_msg_t *msg, int src)
 {

@@ -35,7 +35,7 @@
 #define SHM_OFFER_MAGIC "ZDSHMOF1"
 #define SHM_SEG_MAGIC   "ZDSHMSG1"
 
-/* The first bytes of every segment (and of the probe). */
+/*  The first bytes of every segment (and of the probe). */
 typedef struct {
     char magic[8];
     uint64_t token;
@@ -44,8 +44,8 @@ typedef struct {
     _Atomic uint32_t busy;
 } seg_header_t;
 
-/* What an OFFER carries (its extra bytes). Only ever compared with the
-   same struct of a process of the same host, so raw bytes will do. */
+/*  What an OFFER carries (its extra bytes). Only ever compared with the
+    same struct of a process of the same host, so raw bytes will do. */
 typedef struct {
     char magic[8];
     char boot_id[40];
@@ -95,18 +95,18 @@ static size_t tx_bytes; /* under tx_total_lock */
 static pthread_mutex_t tx_total_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_mutex_t rx_lock = PTHREAD_MUTEX_INITIALIZER;
 static rx_peer_t *rx;
-/* An offer may come before this process's own connections are up (its I/O
-   thread runs while it still connects): the answer waits until they are. */
+/*  An offer may come before this process's own connections are up (its I/O
+    thread runs while it still connects): the answer waits until they are. */
 static pthread_mutex_t answer_lock = PTHREAD_MUTEX_INITIALIZER;
 static bool connected;
 static signed char *pending; /* per rank: 1 accept, -1 refuse, 0 none */
 static atomic_long n_sent, n_received, n_fallbacks, n_made, n_refused;
-/* A descriptor held in reserve: opening a peer's segment when the process
-   has run out of them (a stranger holding connections) closes it, opens
-   the segment, and takes it again. Under rx_lock. */
+/*  A descriptor held in reserve: opening a peer's segment when the process
+    has run out of them (a stranger holding connections) closes it, opens
+    the segment, and takes it again. Under rx_lock. */
 static int reserve_fd = -1;
 
-/* ---- identity and segments ---- */
+/*  ---- identity and segments ---- */
 
 static uint64_t random_token(void)
 {
@@ -147,15 +147,15 @@ static int read_identity(identity_t *id)
     return 0;
 }
 
-/* The seals every segment carries: its size can never change again, so
-   that a receiver reading it cannot be killed by SIGBUS (a sender that
-   shrinks the file under the receiver's mapping), and no seal can be added
-   or taken away. Its bytes stay writable for the sender: the receiver
-   copies a tensor out before it looks at it (codec.c, peer_writable). */
+/*  The seals every segment carries: its size can never change again, so
+    that a receiver reading it cannot be killed by SIGBUS (a sender that
+    shrinks the file under the receiver's mapping), and no seal can be added
+    or taken away. Its bytes stay writable for the sender: the receiver
+    copies a tensor out before it looks at it (codec.c, peer_writable). */
 #define SHM_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
-/* A new memfd of a header page and cap bytes, sealed to that size, mapped
-   and pre-faulted. */
+/*  A new memfd of a header page and cap bytes, sealed to that size, mapped
+    and pre-faulted. */
 static int make_memfd(size_t cap, uint64_t token, int src, int dst, int *fd_out, uint8_t **map_out)
 {
     int fd = memfd_create(SHM_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -181,11 +181,11 @@ static int make_memfd(size_t cap, uint64_t token, int src, int dst, int *fd_out,
     return 0;
 }
 
-/* Opens and maps memfd number fd of process pid (of our uid), checking it
-   is one of ours: a memfd by its name, a regular file of our uid, sealed
-   against any change of size (seals cannot be removed: a mapping checked
-   once stays safe to read), of exactly header + cap bytes, with the header
-   the sender announced. Returns the mapping, or NULL with the error set. */
+/*  Opens and maps memfd number fd of process pid (of our uid), checking it
+    is one of ours: a memfd by its name, a regular file of our uid, sealed
+    against any change of size (seals cannot be removed: a mapping checked
+    once stays safe to read), of exactly header + cap bytes, with the header
+    the sender announced. Returns the mapping, or NULL with the error set. */
 static uint8_t *open_remote(uint32_t pid, uint32_t fd, uint64_t token, uint64_t cap, int src,
                             int dst)
 {
@@ -305,11 +305,11 @@ void zd__shm_offer(zd__net_t *n, int peer)
                 zd_error_last());
 }
 
-/* The process behind peer is gone: its tensors (which kept segments busy)
-   died with it, and a new one under that rank has mapped none of ours.
-   New sends go over ZeroMQ from now; the segments go once no sender can
-   be inside one (a sender copies outside the lock); if that takes too
-   long they stay until shutdown. */
+/*  The process behind peer is gone: its tensors (which kept segments busy)
+    died with it, and a new one under that rank has mapped none of ours.
+    New sends go over ZeroMQ from now; the segments go once no sender can
+    be inside one (a sender copies outside the lock); if that takes too
+    long they stay until shutdown. */
 void zd__shm_peer_reset(int peer)
 {
     if (!tx || peer < 0 || peer >= world)
@@ -380,10 +380,10 @@ void zd__shm_stop(void)
     probe_map = NULL;
 }
 
-/* ---- sending ---- */
+/*  ---- sending ---- */
 
-/* Data bytes of a new segment for a tensor of nb bytes: rounded up to an
-   eighth of the next power of two, so that sizes a little apart share. */
+/*  Data bytes of a new segment for a tensor of nb bytes: rounded up to an
+    eighth of the next power of two, so that sizes a little apart share. */
 static size_t segment_cap(size_t nb)
 {
     size_t p = 1;
@@ -398,8 +398,8 @@ static seg_header_t *seg_head(const tx_seg_t *s)
     return (seg_header_t *)s->map;
 }
 
-/* Makes segment k of peer p (replacing a free one there, if any) for cap
-   bytes, within the budgets. Under p->lock. */
+/*  Makes segment k of peer p (replacing a free one there, if any) for cap
+    bytes, within the budgets. Under p->lock. */
 static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
 {
     size_t old = k < p->n_segs ? p->segs[k].cap : 0;
@@ -433,14 +433,14 @@ static int make_segment(tx_peer_t *p, int peer, int k, size_t cap)
     return 0;
 }
 
-/* A receiver lets a segment go once it decoded the message (for an
-   answer, when its future's value is first read): a sender calling again
-   at once may find that segment still busy. Making another large one costs more than
-   waiting this long for it (page faults: ~0.1 s for 16 MiB on a VM). */
+/*  A receiver lets a segment go once it decoded the message (for an
+    answer, when its future's value is first read): a sender calling again
+    at once may find that segment still busy. Making another large one costs more than
+    waiting this long for it (page faults: ~0.1 s for 16 MiB on a VM). */
 #define SHM_WAIT_OVER ((size_t)4 << 20)
 #define SHM_WAIT_NS   300000
 
-/* Whether a busy segment of p could take nb bytes. */
+/*  Whether a busy segment of p could take nb bytes. */
 static bool busy_fits(const tx_peer_t *p, size_t nb)
 {
     for (int k = 0; k < p->n_segs; k++)
@@ -449,18 +449,18 @@ static bool busy_fits(const tx_peer_t *p, size_t nb)
     return false;
 }
 
-/* A segment made for a message, to be announced once p->lock is let go. */
+/*  A segment made for a message, to be announced once p->lock is let go. */
 typedef struct {
     int slot, fd;
     uint64_t token, cap;
 } announce_t;
 
-/* Takes a segment of at least nb bytes that the peer has mapped: the
-   smallest free one that fits. Returns its slot, or -1 when there is none
-   for now: then, unless one that fits is already on its way, a new one is
-   made (or a free one remade larger) and described in *made, to be
-   announced (made->slot >= 0); the peer maps it when the announcement
-   arrives, and this message goes the ZeroMQ way. */
+/*  Takes a segment of at least nb bytes that the peer has mapped: the
+    smallest free one that fits. Returns its slot, or -1 when there is none
+    for now: then, unless one that fits is already on its way, a new one is
+    made (or a free one remade larger) and described in *made, to be
+    announced (made->slot >= 0); the peer maps it when the announcement
+    arrives, and this message goes the ZeroMQ way. */
 static int claim(tx_peer_t *p, int peer, size_t nb, announce_t *made)
 {
     int best = -1, small = -1;
@@ -535,8 +535,8 @@ static void unclaim(tx_peer_t *p, const rpc_shm_out_t *out)
         atomic_store_explicit(&seg_head(&p->segs[out->slots[i]])->busy, 0, memory_order_release);
 }
 
-/* Tells peer of a new segment (SHM_SEGMENT): it maps it, checked, and
-   answers SHM_MAPPED. No lock held: this is a send like any other. */
+/*  Tells peer of a new segment (SHM_SEGMENT): it maps it, checked, and
+    answers SHM_MAPPED. No lock held: this is a send like any other. */
 static void announce(int peer, const announce_t *s)
 {
     uint8_t extra[16];
@@ -647,7 +647,7 @@ void zd__shm_send_done(rpc_shm_out_t *out, bool sent)
     atomic_fetch_sub(&senders, 1);
 }
 
-/* ---- receiving ---- */
+/*  ---- receiving ---- */
 
 static void segment_release(void *data, void *arg)
 {
@@ -657,9 +657,9 @@ static void segment_release(void *data, void *arg)
     rx_unref(s);
 }
 
-/* The mapping of src's segment described by entry e (a reference for the
-   caller), or NULL with the error set: only a segment src announced and
-   this process mapped is taken. Under rx_lock. */
+/*  The mapping of src's segment described by entry e (a reference for the
+    caller), or NULL with the error set: only a segment src announced and
+    this process mapped is taken. Under rx_lock. */
 static rx_seg_t *rx_segment(int src, const uint8_t *e)
 {
     uint32_t slot = (uint32_t)get(e + 4, 4);
@@ -675,8 +675,8 @@ static rx_seg_t *rx_segment(int src, const uint8_t *e)
     return s;
 }
 
-/* Maps the segment src announced in slot (under rx_lock), replacing the one
-   that was there. 0, or -1 with the error set. */
+/*  Maps the segment src announced in slot (under rx_lock), replacing the one
+    that was there. 0, or -1 with the error set. */
 static int rx_map(int src, uint32_t slot, uint32_t fd, uint64_t token, uint64_t cap)
 {
     if (!rx || rx[src].pid == 0)
@@ -705,8 +705,8 @@ static void release_frames(rpc_frame_t *frames, int n)
             frames[i].release(frames[i].data, frames[i].release_arg);
 }
 
-/* Checks m's table and maps its segments into segs[]. Returns the count,
-   or -1 (error set; the segments it found are let go). */
+/*  Checks m's table and maps its segments into segs[]. Returns the count,
+    or -1 (error set; the segments it found are let go). */
 static int map_table(zd__net_t *n, inmsg_t *m, rx_seg_t **segs, const uint8_t **entries)
 {
     const rpc_frame_t *t = &m->frames[m->n - 1];
@@ -798,7 +798,7 @@ int zd__shm_filter(zd__net_t *n, void *sock, inmsg_t *m)
     return 1;
 }
 
-/* ---- the handshake ---- */
+/*  ---- the handshake ---- */
 
 static void answer_offer(zd__net_t *n, int src, bool yes)
 {
@@ -822,7 +822,7 @@ static void queue_answer(zd__net_t *n, int src, bool yes)
         answer_offer(n, src, yes);
 }
 
-/* Why the offer of another process cannot be taken, or NULL. */
+/*  Why the offer of another process cannot be taken, or NULL. */
 static const char *offer_mismatch(const identity_t *o)
 {
     if (memcmp(o->magic, SHM_OFFER_MAGIC, 8) != 0)
@@ -883,10 +883,10 @@ static void handle_offer(zd__net_t *n, inmsg_t *m)
     queue_answer(n, src, true);
 }
 
-/* A peer announced a segment: map it now, checked, and say whether, so
-   that its messages name only segments mapped here. A failure (a segment
-   that is not what it says, or no descriptor left to open it) costs
-   nothing but the shared memory: the peer sends the ZeroMQ way. */
+/*  A peer announced a segment: map it now, checked, and say whether, so
+    that its messages name only segments mapped here. A failure (a segment
+    that is not what it says, or no descriptor left to open it) costs
+    nothing but the shared memory: the peer sends the ZeroMQ way. */
 static void handle_segment(zd__net_t *n, inmsg_t *m)
 {
     int src = m->src;
@@ -927,8 +927,8 @@ static void handle_segment(zd__net_t *n, inmsg_t *m)
         zd__log(ZD_LOG_DEBUG, "rpc: cannot answer rank %d's segment: %s", src, zd_error_last());
 }
 
-/* The answer to an announcement: the segment serves once mapped; a peer
-   that could not map it gets the ZeroMQ way from now on. */
+/*  The answer to an announcement: the segment serves once mapped; a peer
+    that could not map it gets the ZeroMQ way from now on. */
 static void handle_mapped(zd__net_t *n, inmsg_t *m)
 {
     int src = m->src;

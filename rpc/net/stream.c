@@ -59,7 +59,7 @@ static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static stream_t *streams;
 static int n_streams;
 
-/* ---- the budget (under lock) ---- */
+/*  ---- the budget (under lock) ---- */
 
 static uint64_t budget_total, budget_peer;
 static pthread_once_t budget_once = PTHREAD_ONCE_INIT;
@@ -69,7 +69,7 @@ static uint64_t *peer_reserved; /* per rank, grown to the world's size */
 static int *peer_live;
 static int n_peer_slots;
 
-/* MiB from the environment, or fallback when unset or not a positive number. */
+/*  MiB from the environment, or fallback when unset or not a positive number. */
 static uint64_t env_mib(const char *name, uint64_t fallback)
 {
     const char *v = getenv(name);
@@ -96,8 +96,8 @@ static void budget_init(void)
         budget_peer = budget_total;
 }
 
-/* Counts s (bytes declared by rank src) in the limits, or fails naming
-   which one it would pass. Under lock. */
+/*  Counts s (bytes declared by rank src) in the limits, or fails naming
+    which one it would pass. Under lock. */
 static int budget_take(stream_t *s, int src, int world, uint64_t bytes)
 {
     if (src >= world)
@@ -166,7 +166,7 @@ static void release_frames(rpc_frame_t *frames, int n)
             frames[i].release(frames[i].data, frames[i].release_arg);
 }
 
-/* Frees what m holds: after this, m holds nothing. */
+/*  Frees what m holds: after this, m holds nothing. */
 static void drop_msg(inmsg_t *m)
 {
     release_frames(m->frames, m->n);
@@ -195,7 +195,7 @@ static bool same_connection(const stream_t *s, void *sock, const inmsg_t *m)
         memcmp(s->route, m->route, m->route_len) == 0;
 }
 
-/* Unlinks and returns the entry of m's connection, or NULL. */
+/*  Unlinks and returns the entry of m's connection, or NULL. */
 static stream_t *take(void *sock, const inmsg_t *m)
 {
     pthread_mutex_lock(&lock);
@@ -216,8 +216,8 @@ static const char *peer_name(zd__net_t *n, int rank)
     return n->peers && rank >= 0 && rank < n->world ? n->peers[rank].name : "?";
 }
 
-/* Logs why a message of type/id from m's connection was dropped (zd_error_last),
-   and asks the caller to answer it when it is a request on the ROUTER. */
+/*  Logs why a message of type/id from m's connection was dropped (zd_error_last),
+    and asks the caller to answer it when it is a request on the ROUTER. */
 static int refuse(zd__net_t *n, void *sock, inmsg_t *m, int type, uint64_t id)
 {
     zd__log(ZD_LOG_WARN, "rpc: dropped a bad message from \"%s\" (rank %d): %s",
@@ -237,9 +237,9 @@ static int refuse(zd__net_t *n, void *sock, inmsg_t *m, int type, uint64_t id)
     return -1;
 }
 
-/* The streamed messages dropped last (connection and id): their pieces,
-   which keep coming, are then dropped without a line each, since one line
-   already said why (a stream bomb would otherwise fill the log's lines). */
+/*  The streamed messages dropped last (connection and id): their pieces,
+    which keep coming, are then dropped without a line each, since one line
+    already said why (a stream bomb would otherwise fill the log's lines). */
 #define REFUSED_KEEP 64
 typedef struct {
     void *sock;
@@ -273,7 +273,7 @@ static bool was_refused(void *sock, const inmsg_t *m, uint64_t id)
     return found;
 }
 
-/* A streamed message: checks its table and keeps it until its pieces are in. */
+/*  A streamed message: checks its table and keeps it until its pieces are in. */
 static int start(zd__net_t *n, void *sock, inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;
@@ -357,7 +357,7 @@ fail:
     return refuse(n, sock, m, type, id);
 }
 
-/* Hands the complete message s over in m. */
+/*  Hands the complete message s over in m. */
 static int finish(stream_t *s, inmsg_t *m)
 {
     if (m->cap < s->n) {
@@ -391,7 +391,7 @@ static int finish(stream_t *s, inmsg_t *m)
     return 1;
 }
 
-/* A piece: copied into its tensor's buffer, and freed at once. */
+/*  A piece: copied into its tensor's buffer, and freed at once. */
 static int piece(zd__net_t *n, void *sock, inmsg_t *m)
 {
     const rpc_wire_header_t *h = &m->h;

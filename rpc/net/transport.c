@@ -34,18 +34,18 @@
 #include "rpc/net/shm.h"
 #include "rpc/net/stream.h"
 
-/* ---- setup ---- */
+/*  ---- setup ---- */
 
 static void set_int(void *sock, int opt, int value)
 {
     zmq_setsockopt(sock, opt, &value, sizeof value);
 }
 
-/* Worlds of up to this many processes connect every pair at init (the
-   cost is N^2 connections, and their heartbeats); larger ones connect on
-   first use. $ZDIST_RPC_EAGER_MAX changes it (0: always on first use). */
+/*  Worlds of up to this many processes connect every pair at init (the
+    cost is N^2 connections, and their heartbeats); larger ones connect on
+    first use. $ZDIST_RPC_EAGER_MAX changes it (0: always on first use). */
 #define EAGER_MAX_DEFAULT 16
-/* The longest ZMQ_SNDTIMEO set (an int of ms): about 11.6 days. */
+/*  The longest ZMQ_SNDTIMEO set (an int of ms): about 11.6 days. */
 #define SNDTIMEO_MAX_MS INT64_C(1000000000)
 
 static int eager_max(void)
@@ -125,13 +125,13 @@ int zd__transport_listen(zd__net_t *n, const char *ip, char *endpoint, size_t si
     return 0;
 }
 
-/* ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
-   cut off (the monitor then reports the disconnection, io.c). Pings every
-   sixth of it (5 s for the default 30 s), at least every 100 ms. A PING
-   waits behind the message being sent, though: to a frozen peer whose
-   buffers filled mid-message none is ever sent, and the connection would
-   stay up forever. TCP_USER_TIMEOUT (ZMQ_TCP_MAXRT) cuts it off when data
-   stays unacknowledged, or the window shut, that long. */
+/*  ZMTP heartbeats: a peer that does not answer a PING within timeout_ms is
+    cut off (the monitor then reports the disconnection, io.c). Pings every
+    sixth of it (5 s for the default 30 s), at least every 100 ms. A PING
+    waits behind the message being sent, though: to a frozen peer whose
+    buffers filled mid-message none is ever sent, and the connection would
+    stay up forever. TCP_USER_TIMEOUT (ZMQ_TCP_MAXRT) cuts it off when data
+    stays unacknowledged, or the window shut, that long. */
 static void set_heartbeat(void *sock, int64_t timeout_ms)
 {
     if (timeout_ms == 0) /* no limit: silence alone never loses a peer */
@@ -199,8 +199,8 @@ static void close_peer(peer_t *p, int linger_ms)
     }
 }
 
-/* The old connection leads to a process that is gone; the new one may be
-   at another endpoint, with another key (set in p before). */
+/*  The old connection leads to a process that is gone; the new one may be
+    at another endpoint, with another key (set in p before). */
 int zd__transport_renew_peer(zd__net_t *n, peer_t *p)
 {
     pthread_mutex_lock(&p->lock);
@@ -212,8 +212,8 @@ int zd__transport_renew_peer(zd__net_t *n, peer_t *p)
     return rc;
 }
 
-/* A blocking send of a HELLO returns once the connection to p is up
-   (ZMQ_IMMEDIATE), or fails at deadline_ns. Under p->lock. 0, or -1. */
+/*  A blocking send of a HELLO returns once the connection to p is up
+    (ZMQ_IMMEDIATE), or fails at deadline_ns. Under p->lock. 0, or -1. */
 static int hello_locked(zd__net_t *n, peer_t *p, int64_t deadline_ns)
 {
     int64_t left = zd__ms_left(zd__net_now_ns(), deadline_ns);
@@ -239,11 +239,11 @@ static int say_hello(zd__net_t *n, peer_t *p, int64_t deadline_ns)
     return rc;
 }
 
-/* How long the first send to a peer connected on first use waits for its
-   connection: the call's own timeout, at most REACH_WAIT_MS (two crowded
-   handshakes: on a host of hundreds of processes a CURVE handshake took
-   more than 10 s); the I/O thread 1 s, since everything else waits for
-   it meanwhile (what it sends, RRef messages, is retried). */
+/*  How long the first send to a peer connected on first use waits for its
+    connection: the call's own timeout, at most REACH_WAIT_MS (two crowded
+    handshakes: on a host of hundreds of processes a CURVE handshake took
+    more than 10 s); the I/O thread 1 s, since everything else waits for
+    it meanwhile (what it sends, RRef messages, is retried). */
 #define REACH_WAIT_MS    (2 * RPC_HANDSHAKE_CROWDED_MS)
 #define IO_REACH_WAIT_MS 1000
 
@@ -418,7 +418,7 @@ void zd__transport_close(zd__net_t *n, bool graceful)
     zd__rpc_copy_enable(false);
 }
 
-/* ---- sending ---- */
+/*  ---- sending ---- */
 
 static void tensor_frame_free(void *data, void *hint)
 {
@@ -426,8 +426,8 @@ static void tensor_frame_free(void *data, void *hint)
     zd_tensor_unref(hint);
 }
 
-/* Sends one frame; on a full or missing pipe, lets the socket process its
-   pending commands (a reconnection may be waiting) and tries once more. */
+/*  Sends one frame; on a full or missing pipe, lets the socket process its
+    pending commands (a reconnection may be waiting) and tries once more. */
 static int send_frame(void *sock, zmq_msg_t *m, int flags)
 {
     if (zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0)
@@ -440,13 +440,13 @@ static int send_frame(void *sock, zmq_msg_t *m, int flags)
     return zmq_msg_send(m, sock, flags | ZMQ_DONTWAIT) >= 0 ? 0 : -1;
 }
 
-/* What send_message returns when memory ran out: nothing was sent, or a
-   message its receiver refuses. */
+/*  What send_message returns when memory ran out: nothing was sent, or a
+    message its receiver refuses. */
 #define SEND_NO_MEMORY (-2)
 
-/* Queues one tensor frame: len bytes at data, which belong to t (an empty
-   frame when len is 0). Without memory for the frame, an empty one keeps
-   the message whole (its receiver refuses it) and *oom is set. */
+/*  Queues one tensor frame: len bytes at data, which belong to t (an empty
+    frame when len is 0). Without memory for the frame, an empty one keeps
+    the message whole (its receiver refuses it) and *oom is set. */
 static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len, int flags,
                              bool *oom)
 {
@@ -465,7 +465,7 @@ static int send_tensor_frame(void *sock, zd_tensor_t *t, void *data, size_t len,
     return 0;
 }
 
-/* A frame holding a copy of len bytes at data: 0, or -1 (out of memory). */
+/*  A frame holding a copy of len bytes at data: 0, or -1 (out of memory). */
 static int copy_msg(zmq_msg_t *m, const void *data, size_t len)
 {
     if (zmq_msg_init_size(m, len) < 0)
@@ -474,7 +474,7 @@ static int copy_msg(zmq_msg_t *m, const void *data, size_t len)
     return 0;
 }
 
-/* Queues m (taken over in every case). */
+/*  Queues m (taken over in every case). */
 static int send_msg(void *sock, zmq_msg_t *m, int flags)
 {
     if (send_frame(sock, m, flags) < 0) {
@@ -484,10 +484,10 @@ static int send_msg(void *sock, zmq_msg_t *m, int flags)
     return 0;
 }
 
-/* The first frames of a message, made before any is queued: a message
-   half queued cannot be taken back. The route (when route_len) in
-   f[0], then a frame of `size` bytes for the header in f[1]. 0, or -1 (out
-   of memory, nothing left to close). */
+/*  The first frames of a message, made before any is queued: a message
+    half queued cannot be taken back. The route (when route_len) in
+    f[0], then a frame of `size` bytes for the header in f[1]. 0, or -1 (out
+    of memory, nothing left to close). */
 static int first_frames(zmq_msg_t f[2], const uint8_t *route, size_t route_len, size_t size)
 {
     if (route_len && copy_msg(&f[0], route, route_len) < 0)
@@ -500,9 +500,9 @@ static int first_frames(zmq_msg_t f[2], const uint8_t *route, size_t route_len, 
     return 0;
 }
 
-/* The stream table of a message whose tensors of more than `over` bytes
-   are streamed (wire.h): a new frame's worth of bytes in *out (free()), or
-   -1 (too large), or SEND_NO_MEMORY. */
+/*  The stream table of a message whose tensors of more than `over` bytes
+    are streamed (wire.h): a new frame's worth of bytes in *out (free()), or
+    -1 (too large), or SEND_NO_MEMORY. */
 static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over, uint8_t **out,
                         size_t *len, uint32_t *chunk)
 {
@@ -538,9 +538,9 @@ static int stream_table(zd_tensor_t *const *tensors, int n_tensors, size_t over,
     return *out ? 0 : SEND_NO_MEMORY;
 }
 
-/* Sends the pieces of a streamed message's tensors, each as a message
-   [route] [header: REPLY, id, piece number] [data]. 0, -1, or
-   SEND_NO_MEMORY (the pieces stop: the receiver drops the message). */
+/*  Sends the pieces of a streamed message's tensors, each as a message
+    [route] [header: REPLY, id, piece number] [data]. 0, -1, or
+    SEND_NO_MEMORY (the pieces stop: the receiver drops the message). */
 static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
                        const rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                        size_t over, size_t chunk)
@@ -573,8 +573,8 @@ static int send_pieces(void *sock, const uint8_t *route, size_t route_len,
     return oom ? SEND_NO_MEMORY : 0;
 }
 
-/* send_message for a message whose large tensors are in shared-memory
-   segments (shm.h): their frames are empty, the segment table follows. */
+/*  send_message for a message whose large tensors are in shared-memory
+    segments (shm.h): their frames are empty, the segment table follows. */
 static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_len,
                                 rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                                 const rpc_shm_out_t *so)
@@ -615,10 +615,10 @@ static int64_t send_shm_message(void *sock, const uint8_t *route, size_t route_l
     return rc < 0 ? -1 : oom ? SEND_NO_MEMORY : sent;
 }
 
-/* Sends [route] header tensors... on sock (the caller owns or locked it);
-   the tensors so placed in shared-memory segments travel there (shm.h),
-   else those of more than RPC_STREAM_OVER bytes are streamed (wire.h).
-   Returns the bytes sent, or -1, or SEND_NO_MEMORY. */
+/*  Sends [route] header tensors... on sock (the caller owns or locked it);
+    the tensors so placed in shared-memory segments travel there (shm.h),
+    else those of more than RPC_STREAM_OVER bytes are streamed (wire.h).
+    Returns the bytes sent, or -1, or SEND_NO_MEMORY. */
 static int64_t send_message(void *sock, const uint8_t *route, size_t route_len,
                             rpc_wire_header_t *h, zd_tensor_t *const *tensors, int n_tensors,
                             const rpc_shm_out_t *so)

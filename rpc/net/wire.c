@@ -185,7 +185,7 @@ static bool type_known(int type)
     return type >= RPC_MSG_HELLO && type <= RPC_MSG_SHM_MAPPED;
 }
 
-/* A piece of a streamed message carries nothing but its number and data. */
+/*  A piece of a streamed message carries nothing but its number and data. */
 static int check_chunk_fields(const rpc_wire_header_t *h)
 {
     if (h->type != RPC_MSG_REPLY)
@@ -202,7 +202,7 @@ static int check_chunk_fields(const rpc_wire_header_t *h)
     return 0;
 }
 
-/* Which optional parts each type may carry. */
+/*  Which optional parts each type may carry. */
 static int check_type_fields(const rpc_wire_header_t *h)
 {
     const char *name = zd__rpc_wire_type_name(h->type);

@@ -17,11 +17,11 @@
 
 #define TENSOR_FLAG_REQUIRES_GRAD 0x01u
 
-/* Bounds the memory a blob can make us allocate: every node costs a value
-   header (tens of bytes) while it may take a single byte on the wire. */
+/*  Bounds the memory a blob can make us allocate: every node costs a value
+    header (tens of bytes) while it may take a single byte on the wire. */
 #define RPC_CODEC_MAX_NODES (1u << 22)
 
-/* ---- encoding ---- */
+/*  ---- encoding ---- */
 
 typedef struct {
     uint8_t *buf;
@@ -208,7 +208,7 @@ void zd__rpc_encoded_clear(rpc_encoded_t *e)
     memset(e, 0, sizeof *e);
 }
 
-/* ---- decoding ---- */
+/*  ---- decoding ---- */
 
 typedef struct {
     const uint8_t *p;
@@ -239,7 +239,7 @@ static int get_u8(reader_t *r, const char *what, unsigned *out)
     return 0;
 }
 
-/* Shortest-form LEB128 only, so that every value has exactly one encoding. */
+/*  Shortest-form LEB128 only, so that every value has exactly one encoding. */
 static int get_varint(reader_t *r, const char *what, uint64_t *out)
 {
     size_t start = r->pos;
@@ -261,8 +261,8 @@ static int get_varint(reader_t *r, const char *what, uint64_t *out)
     return zd_error_set("codec: %s at byte %zu overflows 64 bits", what, start);
 }
 
-/* A length that must fit in what is left of the blob, each unit taking at
-   least one byte: checked before anything is allocated for it. */
+/*  A length that must fit in what is left of the blob, each unit taking at
+    least one byte: checked before anything is allocated for it. */
 static int get_length(reader_t *r, const char *what, size_t *out)
 {
     size_t at = r->pos;
@@ -276,7 +276,7 @@ static int get_length(reader_t *r, const char *what, size_t *out)
     return 0;
 }
 
-/* Takes ownership of the frame: wraps it, or copies and releases it. */
+/*  Takes ownership of the frame: wraps it, or copies and releases it. */
 static zd_tensor_t *frame_tensor(rpc_frame_t *fr, zd_tensor_dtype_t dtype, int ndim,
                                  const int64_t *shape)
 {
@@ -464,7 +464,7 @@ static void release_frames(rpc_frame_t *frames, int from, int n)
             frames[i].release(frames[i].data, frames[i].release_arg);
 }
 
-/* One pass over the whole blob: the value, the frame count, no trailing bytes. */
+/*  One pass over the whole blob: the value, the frame count, no trailing bytes. */
 static int decode_pass(reader_t *r, zd_value_t **out)
 {
     unsigned version;

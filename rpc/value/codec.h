@@ -117,21 +117,21 @@ typedef struct {
     and what a peer makes the decoder build (about 4 objects per 64 bytes). */
 #define RPC_CODEC_MAX_META (16u << 20)
 
-/* Serialise v. rrefs may be NULL when v holds no RRef (else error). dst_rank is
-   passed to rrefs->encode. Returns 0 or -1; on failure *out is left empty.
-   Fails on a value holding a local object (ZD_VALUE_OBJECT) anywhere. */
+/*  Serialise v. rrefs may be NULL when v holds no RRef (else error). dst_rank is
+    passed to rrefs->encode. Returns 0 or -1; on failure *out is left empty.
+    Fails on a value holding a local object (ZD_VALUE_OBJECT) anywhere. */
 int zd__value_encode(const zd_value_t *v, const rpc_rref_codec_t *rrefs, int dst_rank,
                      rpc_encoded_t *out);
 
-/* Frees what e owns and leaves it empty; NULL-safe, may be called twice. */
+/*  Frees what e owns and leaves it empty; NULL-safe, may be called twice. */
 void zd__rpc_encoded_clear(rpc_encoded_t *e);
 
-/* Rebuild a value from meta and exactly n_frames tensor frames (consumed in all
-   cases). Validates everything before touching memory: truncated meta, unknown
-   kind tags, absurd lengths, nesting deeper than RPC_CODEC_MAX_DEPTH, tensor dtype
-   unknown, ndim > ZD_TENSOR_MAX_DIMS, negative/overflowing dims, frame size !=
-   numel*elemsize, frame count != descriptors, trailing bytes. Returns 0 and *out,
-   or -1 with a clear error ("codec: tensor 2 declares 40 bytes but its frame has 36"). */
+/*  Rebuild a value from meta and exactly n_frames tensor frames (consumed in all
+    cases). Validates everything before touching memory: truncated meta, unknown
+    kind tags, absurd lengths, nesting deeper than RPC_CODEC_MAX_DEPTH, tensor dtype
+    unknown, ndim > ZD_TENSOR_MAX_DIMS, negative/overflowing dims, frame size !=
+    numel*elemsize, frame count != descriptors, trailing bytes. Returns 0 and *out,
+    or -1 with a clear error ("codec: tensor 2 declares 40 bytes but its frame has 36"). */
 int zd__value_decode(const void *meta, size_t meta_len, rpc_frame_t *frames, int n_frames,
                      const rpc_rref_codec_t *rrefs, int src_rank, zd_value_t **out);
 

@@ -60,7 +60,7 @@ static void *helper_main(void *arg)
     return NULL;
 }
 
-/* A child has the parent's memory but not its threads. */
+/*  A child has the parent's memory but not its threads. */
 static void before_fork(void)
 {
     pthread_mutex_lock(&lock);
@@ -88,15 +88,15 @@ static void register_fork(void)
     pthread_atfork(before_fork, after_fork_parent, after_fork_child);
 }
 
-/* Before the lock is first taken: a fork while another thread holds it
-   would leave the child a lock nobody can release. */
+/*  Before the lock is first taken: a fork while another thread holds it
+    would leave the child a lock nobody can release. */
 static void ensure_fork_handlers(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;
     pthread_once(&once, register_fork);
 }
 
-/* Under the lock. The helper takes no signal meant for the application. */
+/*  Under the lock. The helper takes no signal meant for the application. */
 static bool start_helper(void)
 {
     sigset_t all, old;

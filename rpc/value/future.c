@@ -65,17 +65,17 @@ static void block_end(const rpc_future_wait_hooks_t *h)
         h->block_end();
 }
 
-/* ---- monotonic deadlines ---- */
+/*  ---- monotonic deadlines ---- */
 
 typedef struct {
     bool forever;
     struct timespec at; /* CLOCK_MONOTONIC */
 } deadline_t;
 
-/* Beyond a century "later" is as good as never, and cannot overflow. */
+/*  Beyond a century "later" is as good as never, and cannot overflow. */
 #define CENTURY_MS (ZD__MS_PER_S * 3600 * 24 * 365 * 100)
 
-/* timeout_ms as in error.h: <= 0 (default or none) is no limit for waits. */
+/*  timeout_ms as in error.h: <= 0 (default or none) is no limit for waits. */
 static deadline_t deadline_in(int64_t timeout_ms)
 {
     deadline_t d = {timeout_ms <= 0, {0, 0}};
@@ -87,7 +87,7 @@ static deadline_t deadline_in(int64_t timeout_ms)
     return d;
 }
 
-/* Waits on cond until signalled or the deadline; false once it has passed. */
+/*  Waits on cond until signalled or the deadline; false once it has passed. */
 static bool cond_wait_until(pthread_cond_t *cond, pthread_mutex_t *lock, const deadline_t *d)
 {
     if (d->forever) {
@@ -109,7 +109,7 @@ static int cond_init_monotonic(pthread_cond_t *cond)
     return rc == 0 ? 0 : -1;
 }
 
-/* ---- futures ---- */
+/*  ---- futures ---- */
 
 zd_future_t *zd_future_new(void)
 {
@@ -159,8 +159,8 @@ void zd_future_unref(zd_future_t *f)
     free(f);
 }
 
-/* Publishes the result (value or error, ownership taken) and runs callbacks.
-   Returns -1 and gives nothing back when f was already complete. */
+/*  Publishes the result (value or error, ownership taken) and runs callbacks.
+    Returns -1 and gives nothing back when f was already complete. */
 static int future_complete(zd_future_t *f, zd_value_t *value, char *error, zd_error_code_t code)
 {
     pthread_mutex_lock(&f->lock);
@@ -205,8 +205,8 @@ int zd_future_set_value(zd_future_t *f, zd_value_t *value)
     return 0;
 }
 
-/* A malloc'ed copy of the formatted text (never empty: that would read as
-   "no error"), or oom_error. */
+/*  A malloc'ed copy of the formatted text (never empty: that would read as
+    "no error"), or oom_error. */
 static char *format_error(const char *fmt, va_list ap)
 {
     if (!fmt || !fmt[0])
@@ -279,7 +279,7 @@ zd_error_code_t zd_future_error_code(const zd_future_t *f)
     return zd_future_done(f) && f->error ? f->code : ZD_OK;
 }
 
-/* The outcome of a completed future as a return code (error text set). */
+/*  The outcome of a completed future as a return code (error text set). */
 static int future_result(const zd_future_t *f)
 {
     if (f->error)
@@ -314,7 +314,7 @@ int zd_future_wait(zd_future_t *f, int64_t timeout_ms)
     return rc < 0 ? rc : future_result(f);
 }
 
-/* Adds a callback; runs it at once (outside the lock) when f is complete. */
+/*  Adds a callback; runs it at once (outside the lock) when f is complete. */
 static int future_add(zd_future_t *f, zd_future_fn *cb, void (*drop)(void *), void *arg,
                       callback_t **added)
 {
@@ -346,8 +346,8 @@ static int future_add(zd_future_t *f, zd_future_fn *cb, void (*drop)(void *), vo
     return 0;
 }
 
-/* Takes c out of f's pending callbacks. False when completion already took it
-   (it has run or is about to run). */
+/*  Takes c out of f's pending callbacks. False when completion already took it
+    (it has run or is about to run). */
 static bool future_remove(zd_future_t *f, callback_t *c)
 {
     bool found = false;
@@ -387,10 +387,10 @@ int zd_future_then(zd_future_t *f, zd_future_fn *cb, void *arg)
     return future_add(f, cb, NULL, arg, NULL);
 }
 
-/* ---- waiting for several futures ---- */
+/*  ---- waiting for several futures ---- */
 
-/* Shared by one wait_all/wait_any call and the callbacks it registered; each
-   holds a reference, since a callback may run after the call has returned. */
+/*  Shared by one wait_all/wait_any call and the callbacks it registered; each
+    holds a reference, since a callback may run after the call has returned. */
 typedef struct {
     atomic_int refcount;
     pthread_mutex_t lock;
@@ -420,8 +420,8 @@ static void waiter_signal(zd_future_t *f, void *arg)
     waiter_unref(w);
 }
 
-/* Unregisters from every future; callbacks already taken by a completion
-   keep their reference and drop it when they run. */
+/*  Unregisters from every future; callbacks already taken by a completion
+    keep their reference and drop it when they run. */
 static void waiter_leave(waiter_t *w, zd_future_t *const *fs, int n)
 {
     for (int i = 0; i < n; i++)
@@ -467,8 +467,8 @@ static int check_array(const char *fn, zd_future_t *const *fs, int n)
     return 0;
 }
 
-/* wait_all's verdict so far: 1 all done with values, -1 a failure (error set),
-   0 still waiting. */
+/*  wait_all's verdict so far: 1 all done with values, -1 a failure (error set),
+    0 still waiting. */
 static int all_state(zd_future_t *const *fs, int n, int *n_done)
 {
     *n_done = 0;
@@ -550,7 +550,7 @@ int zd_future_wait_any(zd_future_t *const *fs, int n, int64_t timeout_ms, int *i
     return 0;
 }
 
-/* ---- collecting the values of several futures ---- */
+/*  ---- collecting the values of several futures ---- */
 
 typedef struct collect collect_t;
 
@@ -559,8 +559,8 @@ typedef struct {
     int i;
 } collect_slot_t;
 
-/* Shared by the callbacks of one zd_future_collect_all; the last of them
-   (or the call itself, which counts as one more) completes and frees it. */
+/*  Shared by the callbacks of one zd_future_collect_all; the last of them
+    (or the call itself, which counts as one more) completes and frees it. */
 struct collect {
     atomic_int left;
     atomic_bool failed; /* error and code hold the first failure */
@@ -621,7 +621,7 @@ static void collect_one(zd_future_t *f, void *arg)
     collect_arrive(slot->c);
 }
 
-/* A future dropped before it completed: its value will never come. */
+/*  A future dropped before it completed: its value will never come. */
 static void collect_drop(void *arg)
 {
     collect_slot_t *slot = arg;

@@ -35,8 +35,8 @@ struct zd_value {
     } u;
 };
 
-/* Atomic so that an agent starting while other threads build values is not a
-   data race; the hooks never change while RRefs are alive. */
+/*  Atomic so that an agent starting while other threads build values is not a
+    data race; the hooks never change while RRefs are alive. */
 static _Atomic(rpc_rref_hook_fn *) rref_ref_hook;
 static _Atomic(rpc_rref_hook_fn *) rref_unref_hook;
 
@@ -53,7 +53,7 @@ static void rref_unref(zd_rref_t *r)
         fn(r);
 }
 
-/* Values alive in this process (tests count them back after a failure). */
+/*  Values alive in this process (tests count them back after a failure). */
 static atomic_int_fast64_t live_values;
 
 int64_t zd__value_live_count(void)
@@ -290,8 +290,8 @@ static zd_value_t *args_item(char c, va_list *ap)
     return NULL;
 }
 
-/* Consumes one argument without building anything, so that an earlier error
-   text survives; only 'v' values need releasing. */
+/*  Consumes one argument without building anything, so that an earlier error
+    text survives; only 'v' values need releasing. */
 static void args_skip(char c, va_list *ap)
 {
     switch (c) {
@@ -536,7 +536,7 @@ static const zd_value_t *arg(const zd_value_t *args, size_t i)
     return args->u.list.items[i];
 }
 
-/* Typed argument access: the accessor's error gets the argument's index. */
+/*  Typed argument access: the accessor's error gets the argument's index. */
 #define ARG_ACCESS(get, ...)                                                                       \
     do {                                                                                           \
         const zd_value_t *a = arg(args, i);                                                        \

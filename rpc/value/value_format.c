@@ -17,7 +17,7 @@ static bool tensor_equal(const zd_tensor_t *a, const zd_tensor_t *b)
         memcmp(zd_tensor_raw(a), zd_tensor_raw(b), zd_tensor_nbytes(a)) == 0;
 }
 
-/* Strings and bytes alike: (data, len). */
+/*  Strings and bytes alike: (data, len). */
 static void blob(const zd_value_t *v, const void **data, size_t *len)
 {
     if (zd_value_kind(v) == ZD_VALUE_STRING) {
@@ -90,7 +90,7 @@ bool zd_value_equal(const zd_value_t *a, const zd_value_t *b)
     return false;
 }
 
-/* A bounded appender: writes what fits, remembers whether anything did not. */
+/*  A bounded appender: writes what fits, remembers whether anything did not. */
 typedef struct {
     char *buf;
     size_t size, len;

@@ -23,13 +23,13 @@
 #include "core/sized.h"
 #include "rpc/net/wire.h"
 
-/* Ports derived from a job id fall in [10000, 30000): below Linux's
-   ephemeral range (32768 and up), so they never meet the ports the kernel
-   hands out, and consecutive jobs sharing a host get different ones. */
+/*  Ports derived from a job id fall in [10000, 30000): below Linux's
+    ephemeral range (32768 and up), so they never meet the ports the kernel
+    hands out, and consecutive jobs sharing a host get different ones. */
 #define DERIVED_PORT_BASE 10000
 #define DERIVED_PORT_SPAN 20000
 
-/* One launcher's variables; NULL where it has none. */
+/*  One launcher's variables; NULL where it has none. */
 typedef struct {
     const char *name;
     const char *rank, *size, *local_rank, *local_size;
@@ -64,8 +64,8 @@ int zd__rpc_env_long(const char *var, long lo, long hi, long *out)
     return 1;
 }
 
-/* Fills *value from the first of the variables set, when it is still unset
-   (*from NULL), and names it in *from. 0, or -1 for a malformed one. */
+/*  Fills *value from the first of the variables set, when it is still unset
+    (*from NULL), and names it in *from. 0, or -1 for a malformed one. */
 static int take_int(const char *var, long lo, long hi, int *value, const char **from)
 {
     long v;
@@ -79,9 +79,9 @@ static int take_int(const char *var, long lo, long hi, int *value, const char **
     return 0;
 }
 
-/* The first host of a Slurm host list, with the bracket ranges expanded:
-   "node[01-04,07],gpu3" gives "node01", "a-[1-2]b" gives "a-1b" (the low
-   end as written, so zero padding stays). 0, or -1 naming var. */
+/*  The first host of a Slurm host list, with the bracket ranges expanded:
+    "node[01-04,07],gpu3" gives "node01", "a-[1-2]b" gives "a-1b" (the low
+    end as written, so zero padding stays). 0, or -1 naming var. */
 static int slurm_first_host(const char *var, const char *list, char *out, size_t size)
 {
     size_t n = 0;
@@ -124,8 +124,8 @@ static int slurm_first_host(const char *var, const char *list, char *out, size_t
     return 0;
 }
 
-/* A port in [DERIVED_PORT_BASE, +SPAN) from a job id variable (divided by
-   div first). 1 when derived, 0 when the variable is unset, -1 malformed. */
+/*  A port in [DERIVED_PORT_BASE, +SPAN) from a job id variable (divided by
+    div first). 1 when derived, 0 when the variable is unset, -1 malformed. */
 static int derived_port(const char *var, long div, int *port)
 {
     long id;
@@ -135,8 +135,8 @@ static int derived_port(const char *var, long div, int *port)
     return rc;
 }
 
-/* The launcher that started this process: the innermost one whose
-   variables are present. */
+/*  The launcher that started this process: the innermost one whose
+    variables are present. */
 static const launcher_t *detect(void)
 {
     if (env_str("TORCHELASTIC_RUN_ID"))
@@ -152,8 +152,8 @@ static const launcher_t *detect(void)
     return NULL;
 }
 
-/* Slurm's PMIx plugin names its namespaces "slurm.pmix.<job>.<step>": then
-   the Slurm variables describe the same step as PMIX_RANK. */
+/*  Slurm's PMIx plugin names its namespaces "slurm.pmix.<job>.<step>": then
+    the Slurm variables describe the same step as PMIX_RANK. */
 static bool pmix_under_slurm(void)
 {
     const char *ns = env_str("PMIX_NAMESPACE");
@@ -238,7 +238,7 @@ static int master_port(const launcher_t *L, int arg, zd_rpc_env_t *e)
     return rc < 0 ? -1 : 0;
 }
 
-/* Appends printf-style text to e->summary. */
+/*  Appends printf-style text to e->summary. */
 static void say(zd_rpc_env_t *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(zd_rpc_env_t *e, const char *fmt, ...)
 {

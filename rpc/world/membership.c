@@ -112,8 +112,8 @@ static bool io_renew(void *arg);
 static void io_reached(void *arg, int rank);
 static void join_unreached(void *arg, int rank);
 
-/* The membership of the running agent's net: the arg of its own hooks
-   there (zd__membership_new), NULL before it is made or once freed. */
+/*  The membership of the running agent's net: the arg of its own hooks
+    there (zd__membership_new), NULL before it is made or once freed. */
 static membership_t *mb_of(const zd__net_t *n)
 {
     return n->io_renew_arg;
@@ -187,14 +187,14 @@ void zd__membership_mark_unreached(membership_t *mb, int rank)
             p->name, rank, p->endpoint, JOIN_PEER_WAIT_MS);
 }
 
-/* zd__transport_connect's hook (n->join_unreached). */
+/*  zd__transport_connect's hook (n->join_unreached). */
 static void join_unreached(void *arg, int rank)
 {
     zd__membership_mark_unreached(arg, rank);
 }
 
-/* Rank counts again: alive, and (on rank 0) in the shutdown rounds after
-   its (skipped) init round. */
+/*  Rank counts again: alive, and (on rank 0) in the shutdown rounds after
+    its (skipped) init round. */
 static void count_again(membership_t *mb, int rank)
 {
     peer_t *p = &mb->n->peers[rank];
@@ -208,8 +208,8 @@ static void count_again(membership_t *mb, int rank)
         mb->up.back_in_rounds(mb->up.arg, rank);
 }
 
-/* The I/O thread's hook (n->io_reached): the connection to rank came up;
-   a rank unreached when this process joined the running world is alive. */
+/*  The I/O thread's hook (n->io_reached): the connection to rank came up;
+    a rank unreached when this process joined the running world is alive. */
 static void io_reached(void *arg, int rank)
 {
     membership_t *mb = arg;
@@ -224,16 +224,16 @@ static void io_reached(void *arg, int rank)
     zd__shm_offer(n, rank);
 }
 
-/* Rank 0 of a lazily connected world: a loss to tell the members. */
+/*  Rank 0 of a lazily connected world: a loss to tell the members. */
 typedef struct {
     membership_t *mb;
     int rank;
     int64_t turn;
 } lost_news_t;
 
-/* On a pool thread (calls are not made from the I/O thread): one message
-   to each live member, not waited for. One that does not get it learns of
-   the loss when it next calls the lost rank, as before. */
+/*  On a pool thread (calls are not made from the I/O thread): one message
+    to each live member, not waited for. One that does not get it learns of
+    the loss when it next calls the lost rank, as before. */
 static void tell_lost(void *arg)
 {
     lost_news_t *news = arg;
@@ -277,9 +277,9 @@ void zd__membership_peer_lost(membership_t *mb, int rank)
     pthread_mutex_unlock(&mb->lock);
 }
 
-/* ---- renewing a peer ---- */
+/*  ---- renewing a peer ---- */
 
-/* Waits (bounded) until what the old process held has been released. */
+/*  Waits (bounded) until what the old process held has been released. */
 static bool release_over(const zd__net_t *n, int rank, int64_t deadline)
 {
     while (atomic_load(&n->peers[rank].releasing)) {
@@ -363,8 +363,8 @@ static void run_joined(void *arg)
     free(job);
 }
 
-/* The I/O thread's hook (n->io_renew): carries out a pending renewal; true
-   when a peer's sockets changed (the thread polls other sockets now). */
+/*  The I/O thread's hook (n->io_renew): carries out a pending renewal; true
+    when a peer's sockets changed (the thread polls other sockets now). */
 static bool io_renew(void *arg)
 {
     membership_t *mb = arg;
@@ -412,7 +412,7 @@ static bool io_renew(void *arg)
     return true;
 }
 
-/* ---- rank 0: the desk ---- */
+/*  ---- rank 0: the desk ---- */
 
 static void reply(void *sock, zframe_t *id, zmsg_t *body)
 {
@@ -430,8 +430,8 @@ static void reply_text(void *sock, zframe_t *id, const char *tag, const char *te
     reply(sock, id, m);
 }
 
-/* Rank 0's endpoint for a process at peer (an address): the one it bound
-   on the interface that routes there. */
+/*  Rank 0's endpoint for a process at peer (an address): the one it bound
+    on the interface that routes there. */
 static const char *endpoint_for(membership_t *mb, const char *peer)
 {
     char from[ZD_ADDR_MAX];
@@ -442,8 +442,8 @@ static const char *endpoint_for(membership_t *mb, const char *peer)
     return mb->bound[0];
 }
 
-/* Announces to member `to` that rank lives at its endpoint, with its key,
-   as its return number told[rank]; the call's future, or NULL. */
+/*  Announces to member `to` that rank lives at its endpoint, with its key,
+    as its return number told[rank]; the call's future, or NULL. */
 static zd_future_t *announce(membership_t *mb, int to, int rank)
 {
     /* The I/O thread rewrites them under mb->lock (a renewal). */
@@ -468,9 +468,9 @@ static bool owed_alloc(membership_t *mb)
     return mb->owed && mb->retell;
 }
 
-/* Tells every other live member that rank (its entry in n->peers) came
-   back (bounded); those that do not take it are told again later
-   (retell). */
+/*  Tells every other live member that rank (its entry in n->peers) came
+    back (bounded); those that do not take it are told again later
+    (retell). */
 static void notify_members(membership_t *mb, int rank)
 {
     zd__net_t *n = mb->n;
@@ -512,10 +512,10 @@ static void notify_members(membership_t *mb, int rank)
     free(fs);
 }
 
-/* Rank 0's desk thread, each pass: tells again the members that did not
-   take an announcement (every RETELL_MS), and takes the answers of those
-   told again. An announcement is owed while both ranks are alive; one
-   lost for good gets it all afresh when it rejoins. */
+/*  Rank 0's desk thread, each pass: tells again the members that did not
+    take an announcement (every RETELL_MS), and takes the answers of those
+    told again. An announcement is owed while both ranks are alive; one
+    lost for good gets it all afresh when it rejoins. */
 static void retell(membership_t *mb)
 {
     if (!mb->owed)
@@ -546,8 +546,8 @@ static void retell(membership_t *mb)
     }
 }
 
-/* The table for a process that restarted: the world as it is, with the
-   ranks gone from it. */
+/*  The table for a process that restarted: the world as it is, with the
+    ranks gone from it. */
 static zmsg_t *running_table(zd__net_t *n, const char *ep0, int joiner)
 {
     bool *lost = calloc((size_t)n->world, sizeof *lost);
@@ -750,9 +750,9 @@ zd_value_t *zd__membership_lost_handler(zd_rpc_call_t *call, zd_value_t *args, v
     return result;
 }
 
-/* ---- the others: waiting for a restarted rank 0 ---- */
+/*  ---- the others: waiting for a restarted rank 0 ---- */
 
-/* Points the peers whose entries changed at the processes now there. */
+/*  Points the peers whose entries changed at the processes now there. */
 static void take_table(membership_t *mb, const rdv_entry_t *t)
 {
     zd__net_t *n = mb->n;
@@ -771,8 +771,8 @@ static void take_table(membership_t *mb, const rdv_entry_t *t)
     }
 }
 
-/* A member's registration with a restarted rank 0: marked as running, with
-   the ranks this process lost (made anew for each send). */
+/*  A member's registration with a restarted rank 0: marked as running, with
+    the ranks this process lost (made anew for each send). */
 static zmsg_t *running_registration(void *arg)
 {
     zd__net_t *n = arg; /* zd__rendezvous_client's arg */
@@ -831,7 +831,7 @@ static void await_master(membership_t *mb)
     free(table);
 }
 
-/* ---- the thread ---- */
+/*  ---- the thread ---- */
 
 static void *membership_main(void *arg)
 {
@@ -919,7 +919,7 @@ void zd__membership_free(membership_t *mb)
     free(mb);
 }
 
-/* ---- public ---- */
+/*  ---- public ---- */
 
 bool zd_rpc_rejoined(void)
 {

@@ -21,9 +21,9 @@
 #include "rpc/net/address.h"
 #include "rpc/net/wire.h"
 
-/* The IP this process should bind and advertise: the one the kernel would
-   use to reach the master (a UDP "connect" sends nothing); loopback for a
-   master on this machine's loopback. */
+/*  The IP this process should bind and advertise: the one the kernel would
+    use to reach the master (a UDP "connect" sends nothing); loopback for a
+    master on this machine's loopback. */
 int zd__agent_listen_ip(const char *master, char *ip, size_t size)
 {
     char addr[1][ZD_ADDR_MAX];
@@ -32,8 +32,8 @@ int zd__agent_listen_ip(const char *master, char *ip, size_t size)
     return 0;
 }
 
-/* The address to listen on from the options or $ZDIST_LISTEN_ADDR, into
-   p->listen ("" when neither gives one). */
+/*  The address to listen on from the options or $ZDIST_LISTEN_ADDR, into
+    p->listen ("" when neither gives one). */
 static int listen_addr(init_params_t *p)
 {
     const char *s = p->o.listen_addr, *from = "options.listen_addr";

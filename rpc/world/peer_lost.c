@@ -31,8 +31,8 @@
 
 #define MAX_LISTENERS 8
 
-/* The application's callbacks for a kind of event: entries are only ever
-   added, so they run without the lock held. */
+/*  The application's callbacks for a kind of event: entries are only ever
+    added, so they run without the lock held. */
 typedef struct {
     struct {
         void (*fn)(void *arg, int peer, const char *name);
@@ -145,7 +145,7 @@ static void release_peer(void *arg)
     free(r);
 }
 
-/* A job the pool drops unrun (it is shutting down). */
+/*  A job the pool drops unrun (it is shutting down). */
 static void free_release(void *arg)
 {
     release_t *r = arg;

@@ -31,7 +31,7 @@ int zd__reg_master_endpoint(const char *addr, int port, char *ep, size_t size)
     return 0;
 }
 
-/* The socket, options set, not connected yet; NULL with the error set. */
+/*  The socket, options set, not connected yet; NULL with the error set. */
 static void *make_socket(const reg_client_t *c)
 {
     void *sock = zmq_socket(c->ctx, ZMQ_DEALER);
@@ -53,8 +53,8 @@ static void *make_socket(const reg_client_t *c)
     return sock;
 }
 
-/* A PAIR that hears sock's successful handshakes, or NULL (then nobody
-   says whether the master was reached). */
+/*  A PAIR that hears sock's successful handshakes, or NULL (then nobody
+    says whether the master was reached). */
 static void *watch_handshakes(const reg_client_t *c, void *sock)
 {
     static atomic_uint n_watch;
@@ -70,8 +70,8 @@ static void *watch_handshakes(const reg_client_t *c, void *sock)
     return mon;
 }
 
-/* How long the next poll may wait, in ms: until the deadline, the next
-   send, and the next look at the stop flag. */
+/*  How long the next poll may wait, in ms: until the deadline, the next
+    send, and the next look at the stop flag. */
 static int poll_ms(const reg_client_t *c, int64_t resend_at)
 {
     int64_t now = zd__now_ns();

@@ -32,18 +32,18 @@ typedef struct {
     int world, rank;      /* who registers, to check the answer against */
     const char *name;
     bool curve; /* the world has a key: the timeout's advice says so */
-    /*  Makes the socket a CURVE client before it connects (NULL: no key).
-        0, or -1 with the error set. */
+    /* Makes the socket a CURVE client before it connects (NULL: no key).
+       0, or -1 with the error set. */
     int (*secure)(void *arg, void *sock);
-    /*  This process's registration, made anew for every send (its status
-        may change between two). NULL: out of memory. */
+    /* This process's registration, made anew for every send (its status
+       may change between two). NULL: out of memory. */
     zmsg_t *(*registration)(void *arg);
     void *arg;
     int64_t deadline;        /* zd__now_ns's clock; ZD__NEVER: none */
     const atomic_bool *stop; /* NULL, or gives up once set */
-    /*  An error answer is logged once and waited past, registering again,
-        rather than failing (a member waiting for a restarted rank 0: the
-        answer may come from a rank 0 that is not the new one). */
+    /* An error answer is logged once and waited past, registering again,
+       rather than failing (a member waiting for a restarted rank 0: the
+       answer may come from a rank 0 that is not the new one). */
     bool patient;
 } reg_client_t;
 

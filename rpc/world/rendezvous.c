@@ -61,7 +61,7 @@
 #include "rpc/net/security.h"
 
 #define MAX_BINDS RDV_MAX_BINDS
-/* zmq_poll waits at most this long at a time (1000 s; an int of ms). */
+/*  zmq_poll waits at most this long at a time (1000 s; an int of ms). */
 #define POLL_SLICE_MAX_MS INT64_C(1000000)
 
 typedef struct {
@@ -123,7 +123,7 @@ static void broadcast_error(host_t *h, const char *text)
             send_error(h->sock, h->slots[i].identity, text);
 }
 
-/* ---- rank 0: the rendezvous socket ---- */
+/*  ---- rank 0: the rendezvous socket ---- */
 
 static int bind_one(void *sock, const char *ip, int port, char *ep, size_t size)
 {
@@ -134,7 +134,7 @@ static int bind_one(void *sock, const char *ip, int port, char *ep, size_t size)
     return zmq_bind(sock, ep);
 }
 
-/* Every interface, IPv6 and IPv4 alike when the host has IPv6. */
+/*  Every interface, IPv6 and IPv4 alike when the host has IPv6. */
 static int bind_all(void *sock, int port)
 {
     char ep[64];
@@ -149,9 +149,9 @@ static int bind_all(void *sock, int port)
                         zmq_strerror(errno));
 }
 
-/* Binds the rendezvous socket where master (see the top) says; a world
-   without a key (loopback only) binds master's loopback addresses and
-   nothing else, whatever the name. */
+/*  Binds the rendezvous socket where master (see the top) says; a world
+    without a key (loopback only) binds master's loopback addresses and
+    nothing else, whatever the name. */
 static int listen_rendezvous(void *sock, const char *master, int port, bool loopback_only)
 {
     if (!*master) {
@@ -196,10 +196,10 @@ static int listen_rendezvous(void *sock, const char *master, int port, bool loop
                         tried, master);
 }
 
-/* ---- rank 0: registrations ---- */
+/*  ---- rank 0: registrations ---- */
 
-/* Logs a registration that is turned away, answers its sender alone and
-   remembers it for the timeout's message. */
+/*  Logs a registration that is turned away, answers its sender alone and
+    remembers it for the timeout's message. */
 static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt, ...)
@@ -221,8 +221,8 @@ static void turn_away(host_t *h, zframe_t *id, const char *peer, const char *fmt
                  why, peer);
 }
 
-/* Takes one registration (the frames after the routing id): 1 when it
-   filled a new slot, 0 when it filled none. */
+/*  Takes one registration (the frames after the routing id): 1 when it
+    filled a new slot, 0 when it filled none. */
 static int take_registration(host_t *h, zmsg_t *m, zframe_t *id)
 {
     zd__net_t *n = h->n;
@@ -308,16 +308,16 @@ static void missing_ranks(slot_t *slots, int world, char *buf, size_t size)
             n += (size_t)snprintf(buf + n, size - n, "%s%d", n ? ", " : "", i);
 }
 
-/* ---- rank 0: where it listens, and whether the world can form ---- */
+/*  ---- rank 0: where it listens, and whether the world can form ---- */
 
 static bool on_this_host(const char *ip)
 {
     return zd__addr_is_loopback(ip) || zd__addr_is_local(ip);
 }
 
-/* A worker that advertises a loopback address is reachable from rank 0's
-   host only: fails (naming who cannot reach whom) when another process
-   lives elsewhere. */
+/*  A worker that advertises a loopback address is reachable from rank 0's
+    host only: fails (naming who cannot reach whom) when another process
+    lives elsewhere. */
 static int check_reachable(host_t *h)
 {
     zd__net_t *n = h->n;
@@ -351,7 +351,7 @@ static int check_reachable(host_t *h)
     return 0;
 }
 
-/* Rank 0's endpoint for an address: bound once per local address. */
+/*  Rank 0's endpoint for an address: bound once per local address. */
 static int endpoint_for(host_t *h, const char *ip)
 {
     for (int k = 0; k < h->n_bound; k++)
@@ -368,8 +368,8 @@ static int endpoint_for(host_t *h, const char *ip)
     return k;
 }
 
-/* Binds rank 0's agent ROUTER where its workers reach it (unless it was
-   bound already, on the listen address) and picks each worker's endpoint. */
+/*  Binds rank 0's agent ROUTER where its workers reach it (unless it was
+    bound already, on the listen address) and picks each worker's endpoint. */
 static int listen_agent(host_t *h, const char *master)
 {
     zd__net_t *n = h->n;
@@ -412,8 +412,8 @@ static int listen_agent(host_t *h, const char *master)
     return 0;
 }
 
-/* Appends a field of the entries frame (rendezvous.h): a length byte and
-   the text, cut at RDV_ENTRY_MAX's bounds (every field here is shorter). */
+/*  Appends a field of the entries frame (rendezvous.h): a length byte and
+    the text, cut at RDV_ENTRY_MAX's bounds (every field here is shorter). */
 static uint8_t *put_field(uint8_t *at, const char *text, size_t max)
 {
     size_t n = strnlen(text, max);
@@ -444,8 +444,8 @@ zmsg_t *zd__rendezvous_table(zd__net_t *n, const char *ep0, const char *status)
     return table;
 }
 
-/* Whether every rank the world needs has registered: all of them, or, in a
-   world that was running, those its members did not lose. */
+/*  Whether every rank the world needs has registered: all of them, or, in a
+    world that was running, those its members did not lose. */
 static bool complete(const host_t *h)
 {
     for (int i = 1; i < h->n->world; i++)
@@ -567,7 +567,7 @@ out:
     return rc;
 }
 
-/* ---- the other ranks ---- */
+/*  ---- the other ranks ---- */
 
 zmsg_t *zd__rendezvous_registration(zd__net_t *n, const char *status)
 {

@@ -38,12 +38,12 @@
 #define RDV_BUSY_TAG "ZDBSY1"
 #define RDV_RUNNING  "running"
 
-/* Longest frame either side accepts (ZMQ_MAXMSGSIZE on both sockets): a
-   registration's frames are a name and an endpoint of at most 127 bytes,
-   an error text at most RDV_MAX_TEXT. */
+/*  Longest frame either side accepts (ZMQ_MAXMSGSIZE on both sockets): a
+    registration's frames are a name and an endpoint of at most 127 bytes,
+    an error text at most RDV_MAX_TEXT. */
 #define RDV_MAX_FRAME 4096
-/* A table's entries frame holds at most this much per rank, which the
-   joiner's socket accepts (RDV_MAX_FRAME does not bound that frame). */
+/*  A table's entries frame holds at most this much per rank, which the
+    joiner's socket accepts (RDV_MAX_FRAME does not bound that frame). */
 #define RDV_ENTRY_MAX (3 + ZD_RPC_MAX_NAME + ZD_RPC_MAX_ENDPOINT + RDV_KEY_LEN)
 /*  A connection to the rendezvous that has not finished its ZMTP (and, with
     a key, CURVE) handshake within this is dropped: a legitimate process

@@ -14,7 +14,7 @@
 #include "rpc/net/address.h"
 #include "rpc/net/wire.h"
 
-/* The frame as a string in buf; false when it does not fit or holds a NUL. */
+/*  The frame as a string in buf; false when it does not fit or holds a NUL. */
 static bool frame_text(zframe_t *f, char *buf, size_t size)
 {
     if (!f)
@@ -55,7 +55,7 @@ static int say(char *why, size_t size, const char *fmt, ...)
     return -1;
 }
 
-/* Z85's alphabet (ZeroMQ's RFC 32). */
+/*  Z85's alphabet (ZeroMQ's RFC 32). */
 static bool key_syntax_ok(const char *k)
 {
     static const char z85[] = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -64,8 +64,8 @@ static bool key_syntax_ok(const char *k)
     return n == 0 || (n == RDV_KEY_LEN && strspn(k, z85) == n);
 }
 
-/* Whether e's name, endpoint and key are well formed (e holds them as
-   read, terminated): 0, or -1 saying which is not. */
+/*  Whether e's name, endpoint and key are well formed (e holds them as
+    read, terminated): 0, or -1 saying which is not. */
 static int check_entry(const rdv_entry_t *e, char *why, size_t size)
 {
     char ip[ZD_ADDR_MAX];
@@ -80,8 +80,8 @@ static int check_entry(const rdv_entry_t *e, char *why, size_t size)
     return 0;
 }
 
-/* A name (from the frame first, or the next one of m when NULL), an
-   endpoint and a key from the next frames of m. */
+/*  A name (from the frame first, or the next one of m when NULL), an
+    endpoint and a key from the next frames of m. */
 static int read_entry(zmsg_t *m, zframe_t *first, rdv_entry_t *e, char *why, size_t size)
 {
     if (!frame_text(first ? first : zmsg_next(m), e->name, sizeof e->name) ||
@@ -95,8 +95,8 @@ static int read_entry(zmsg_t *m, zframe_t *first, rdv_entry_t *e, char *why, siz
     return check_entry(e, why, size);
 }
 
-/* The next field of an entries frame, [*at, end), as a string in buf:
-   false when it runs past the end, does not fit or holds a NUL. */
+/*  The next field of an entries frame, [*at, end), as a string in buf:
+    false when it runs past the end, does not fit or holds a NUL. */
 static bool take_field(const uint8_t **at, const uint8_t *end, char *buf, size_t size)
 {
     if (*at >= end)
@@ -148,8 +148,8 @@ void zd__rdv_status(const bool *lost, int world, char buf[RDV_MAX_TEXT])
     }
 }
 
-/* A status frame: "running", or "running:" and a list of ranks (checked
-   against world, the sender's). */
+/*  A status frame: "running", or "running:" and a list of ranks (checked
+    against world, the sender's). */
 static bool read_status(zframe_t *f, int world, char list[RDV_MAX_TEXT])
 {
     char text[RDV_MAX_TEXT + 16];

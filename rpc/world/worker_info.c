@@ -40,8 +40,8 @@ zd__net_t *zd__world_acquire(void)
     return n;
 }
 
-/* The name of this thread's last zd_rpc_worker lookup that failed, so that
-   zd_rpc_sync(zd_rpc_worker("nope"), ...) can say "nope" rather than -1. */
+/*  The name of this thread's last zd_rpc_worker lookup that failed, so that
+    zd_rpc_sync(zd_rpc_worker("nope"), ...) can say "nope" rather than -1. */
 static _Thread_local char t_unknown_name[ZD_RPC_MAX_NAME + 1];
 
 int zd__world_check_rank(const zd__net_t *n, int rank, const char *api)
@@ -129,7 +129,7 @@ int zd_rpc_worker(const char *name)
     return info.rank;
 }
 
-/* Read without taking the agent: these never fail and never set errors. */
+/*  Read without taking the agent: these never fail and never set errors. */
 static atomic_int g_rank = -1, g_world = -1;
 static char g_name[ZD_RPC_MAX_NAME + 1];
 

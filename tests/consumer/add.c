@@ -27,7 +27,7 @@
         }                                                                                          \
     } while (0)
 
-/* The handler: args (a, b) -> a + b. */
+/*  The handler: args (a, b) -> a + b. */
 static zd_value_t *h_add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     int64_t a, b;
@@ -41,10 +41,10 @@ static zd_value_t *h_add(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return zd_value_int(a + b);
 }
 
-/* A TCP port on loopback the OS picked. Its socket stays open, with
-   SO_REUSEADDR and never listening, until the process exits: no outgoing
-   connection (rank 1's own, made before rank 0 listens) can be handed the
-   port, while ZeroMQ's listener, which sets SO_REUSEADDR too, can bind it. */
+/*  A TCP port on loopback the OS picked. Its socket stays open, with
+    SO_REUSEADDR and never listening, until the process exits: no outgoing
+    connection (rank 1's own, made before rank 0 listens) can be handed the
+    port, while ZeroMQ's listener, which sets SO_REUSEADDR too, can bind it. */
 static int free_port(void)
 {
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};

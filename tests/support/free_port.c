@@ -36,9 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Binds a TCP socket to port (0: any) on every interface; the fd, or -1.
-   reuse sets SO_REUSEADDR, so that a listener setting it too may bind the
-   port while the fd is open. */
+/*  Binds a TCP socket to port (0: any) on every interface; the fd, or -1.
+    reuse sets SO_REUSEADDR, so that a listener setting it too may bind the
+    port while the fd is open. */
 static int bind_port(int port, int reuse, int *bound)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
@@ -58,7 +58,7 @@ static int bind_port(int port, int reuse, int *bound)
     return fd;
 }
 
-/* How many jobs in a row the test runs. */
+/*  How many jobs in a row the test runs. */
 #define JOBS 3
 
 static int job_id(void)
@@ -81,12 +81,12 @@ static int job_id(void)
     return 1;
 }
 
-/* The longest a test may hold its ports: the launcher tests' ctest
-   timeout. */
+/*  The longest a test may hold its ports: the launcher tests' ctest
+    timeout. */
 #define HOLD_MAX_MS (30 * 60 * 1000)
 
-/* Keeps fds open in a child until process pid exits; the parent returns at
-   once, so that "$(free_port N $$)" ends. 0, or -1 with a message. */
+/*  Keeps fds open in a child until process pid exits; the parent returns at
+    once, so that "$(free_port N $$)" ends. 0, or -1 with a message. */
 static int hold(pid_t pid)
 {
     int pfd = pidfd_open(pid, 0);

@@ -59,7 +59,7 @@ int world_free_port_at(const char *ip)
     return port;
 }
 
-/* This process's rank in the world it runs in; -1 in the parent. */
+/*  This process's rank in the world it runs in; -1 in the parent. */
 static int current_rank = -1;
 
 int64_t world_now_ms(void)
