@@ -25,6 +25,7 @@ pkgs+=(iproute2)         # test_launch_nodes puts two "nodes" in network namespa
 pkgs+=(debootstrap)      # tools/test.sh runs the Release stage in a fresh root
 pkgs+=(gcovr)            # tools/coverage.sh
 pkgs+=(clang-format)     # tests/check_format.sh holds the sources to .clang-format
+pkgs+=(python3)          # tools/comment_style.py (check_comments) holds them to one comment style
 pkgs+=(abigail-tools)    # tests/check_abi.sh: abidw and abidiff hold libzdist.so to the 1.0 ABI
 # cairo and a font draw the example programs' --curves plots
 pkgs+=(libcairo2-dev fonts-dejavu-core)
