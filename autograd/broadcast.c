@@ -231,5 +231,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
 
 int zd_tensor_div(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_div: NULL out");
     return zd__tensor_binary(ZD__BIN_DIV, a, b, out);
 }

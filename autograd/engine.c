@@ -379,6 +379,10 @@ static int read_options(const zd_autograd_options_t *opts, zd_autograd_options_t
 zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
                                          const zd_autograd_options_t *opts)
 {
+    if (!starts && n_starts > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_new: NULL starts");
+        return NULL;
+    }
     zd_autograd_options_t o;
     if (read_options(opts, &o) < 0)
         return NULL;
@@ -421,6 +425,10 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
 int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node,
                           zd_tensor_t *const *grads)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_feed: NULL task");
+    if (!node)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_feed: NULL node");
     pthread_mutex_lock(&t->lock);
     int rc = t->error ? zd_error_set("autograd: the backward pass already failed") : 0;
     if (rc == 0 && (rc = feed_locked(t, node, grads)) == 0)
@@ -453,6 +461,8 @@ static task_entry_t *pending_max(zd_autograd_task_t *t, int *count)
 
 int zd_autograd_task_pending(zd_autograd_task_t *t, uint64_t *max_seq)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_pending: NULL task");
     pthread_mutex_lock(&t->lock);
     int count;
     task_entry_t *e = pending_max(t, &count);
@@ -464,6 +474,8 @@ int zd_autograd_task_pending(zd_autograd_task_t *t, uint64_t *max_seq)
 
 int zd_autograd_task_flush_one(zd_autograd_task_t *t)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_flush_one: NULL task");
     pthread_mutex_lock(&t->lock);
     int count, rc = t->error;
     task_entry_t *e = rc == 0 ? pending_max(t, &count) : NULL;
@@ -480,6 +492,8 @@ int zd_autograd_task_flush_one(zd_autograd_task_t *t)
 
 int zd_autograd_task_flush(zd_autograd_task_t *t, int *ran)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_flush: NULL task");
     int count = 0, rc;
     while ((rc = zd_autograd_task_flush_one(t)) > 0)
         count++;
@@ -501,6 +515,8 @@ void zd_autograd_task_free(zd_autograd_task_t *t)
 
 int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autograd_options_t *opts)
 {
+    if (!roots && n_roots > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_run: NULL roots");
     zd_autograd_options_t o;
     if (read_options(opts, &o) < 0)
         return -1;
@@ -515,6 +531,10 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
         if (r->node) {
             starts[n_starts++] = r->node;
             continue;
+        }
+        if (!r->tensor) {
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_run: NULL tensor in root %d", i);
+            goto out;
         }
         if (!r->tensor->requires_grad) {
             rc = zd_error_set("autograd: element %d of the roots does not require grad and has "
@@ -582,6 +602,8 @@ out:
 
 int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph)
 {
+    if (!root)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_backward: NULL root");
     zd_autograd_root_t r = {.tensor = root, .grad = grad};
     zd_autograd_options_t o = zd_autograd_options_default();
     o.retain_graph = retain_graph;

@@ -95,10 +95,14 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
 
 int zd_tensor_add(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_add: NULL out");
     return add_sub(a, b, 1.0f, out);
 }
 int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_sub: NULL out");
     return add_sub(a, b, -1.0f, out);
 }
 
@@ -126,6 +130,8 @@ static const zd_autograd_node_ops_t mul_ops =
 
 int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_mul: NULL out");
     *out = NULL;
     int rc = check_pair("mul", a, b);
     if (rc != 0)
@@ -163,6 +169,8 @@ static const zd_autograd_node_ops_t scale_ops =
 
 int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_scale: NULL out");
     *out = NULL;
     if (check_f32("scale", a) < 0)
         return -1;
@@ -231,10 +239,14 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
 
 int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_sum: NULL out");
     return reduce(a, false, out);
 }
 int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_mean: NULL out");
     return reduce(a, true, out);
 }
 
@@ -266,6 +278,8 @@ static const zd_autograd_node_ops_t matmul_ops =
 
 int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_matmul: NULL out");
     *out = NULL;
     if (check_f32("matmul", a) < 0 || check_f32("matmul", b) < 0)
         return -1;
@@ -307,6 +321,8 @@ static const zd_autograd_node_ops_t copy_ops =
 
 int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_clone: NULL out");
     *out = NULL;
     if (check_f32("copy", a) < 0)
         return -1;
@@ -379,6 +395,8 @@ static const zd_autograd_node_ops_t cat_ops =
 
 int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_cat: NULL out");
     *out = NULL;
     if (n < 1 || !ts)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "cat: no tensors");
@@ -495,6 +513,8 @@ static zd_tensor_t *narrow_data(zd_tensor_t *t, int dim, int64_t start, int64_t 
 
 int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_narrow: NULL out");
     *out = NULL;
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "narrow: NULL tensor");

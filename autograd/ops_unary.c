@@ -100,17 +100,25 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
 
 int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_tanh: NULL out");
     return unary(U_TANH, x, out);
 }
 int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_sigmoid: NULL out");
     return unary(U_SIGMOID, x, out);
 }
 int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_exp: NULL out");
     return unary(U_EXP, x, out);
 }
 int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_log: NULL out");
     return unary(U_LOG, x, out);
 }

@@ -132,11 +132,15 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
 
 int zd_tensor_permute(zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_permute: NULL out");
     return permute_impl("permute", t, dims, ndims, out);
 }
 
 int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_transpose: NULL out");
     *out = NULL;
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "transpose: NULL tensor");

@@ -136,11 +136,19 @@ static zd_tensor_t *tensor_make(zd_tensor_dtype_t dtype, int ndim, const int64_t
 
 zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_new: NULL shape");
+        return NULL;
+    }
     return tensor_make(dtype, ndim, shape, true);
 }
 
 zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_empty: NULL shape");
+        return NULL;
+    }
     return tensor_make(dtype, ndim, shape, false);
 }
 
@@ -162,6 +170,14 @@ zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
 zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                                  const void *data)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_from_data: NULL shape");
+        return NULL;
+    }
+    if (!data) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_from_data: NULL data");
+        return NULL;
+    }
     zd_tensor_t *t = tensor_make(dtype, ndim, shape, false);
     if (t)
         memcpy(zd_tensor_raw(t), data, zd_tensor_nbytes(t));
@@ -171,6 +187,10 @@ zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, 
 zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim, void *data,
                             size_t bytes, zd_tensor_release_fn *release, void *arg)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_wrap: NULL shape");
+        return NULL;
+    }
     int64_t numel;
     zd_tensor_t *t = NULL;
     tensor_storage_t *s = NULL;
@@ -179,6 +199,10 @@ zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int n
     if ((size_t)numel * zd_tensor_dtype_size(dtype) != bytes) {
         zd_error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes, (long long)numel,
                      zd_tensor_dtype_name(dtype));
+        goto fail;
+    }
+    if (bytes && !data) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_wrap: NULL data");
         goto fail;
     }
     if (bytes && ((uintptr_t)data % zd_tensor_dtype_size(dtype)) != 0) {
@@ -367,6 +391,11 @@ static const zd_autograd_node_ops_t reshape_ops =
 
 int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_reshape: NULL out");
+    *out = NULL;
+    if (!shape && ndim > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_reshape: NULL shape");
     int64_t s[ZD_TENSOR_MAX_DIMS];
     int infer = -1;
     int64_t known = 1;

@@ -148,6 +148,8 @@ static int save_to(FILE *f, void *arg)
 
 int zd_checkpoint_save(const zd_named_tensors_t *tensors, const char *path)
 {
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_checkpoint_save: NULL path");
     if (check_inputs(path, tensors) < 0)
         return -1;
     return zd__file_replace("checkpoint", path, save_to, &(save_t){path, tensors});
@@ -369,6 +371,8 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
 
 int zd_checkpoint_load(const zd_named_tensors_t *into, const char *path)
 {
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_checkpoint_load: NULL path");
     if (check_inputs(path, into) < 0)
         return -1;
     parsed_t p;
@@ -390,6 +394,10 @@ int zd_checkpoint_load(const zd_named_tensors_t *into, const char *path)
 
 zd_named_tensors_t *zd_checkpoint_read(const char *path)
 {
+    if (!path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_checkpoint_read: NULL path");
+        return NULL;
+    }
     parsed_t p;
     if (parse(path, &p) < 0)
         return NULL;

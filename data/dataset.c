@@ -39,6 +39,12 @@ static bool is_file(const char *path)
 int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind, char *buf,
                          size_t size)
 {
+    if (!dir)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_file: NULL dir");
+    if (!kind)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_file: NULL kind");
+    if (!buf)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_file: NULL buf");
     const char *prefix = split == ZD_DATASET_TEST ? "t10k" : "train";
     if (strcmp(kind, "images") != 0 && strcmp(kind, "labels") != 0)
         return zd_error_set("dataset: unknown file kind '%s' (images or labels)", kind);
@@ -81,6 +87,8 @@ static int copy_dir(const char *dir, char *buf, size_t size)
 
 int zd_dataset_find_dir(char *buf, size_t size)
 {
+    if (!buf)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_dir: NULL buf");
     const char *env = getenv("ZDIST_DATA_DIR");
     if (env && *env) {
         if (!holds_train_files(env))
@@ -243,6 +251,14 @@ static int load_files(const char *images_path, const char *labels_path, zd_datas
 
 zd_dataset_t *zd_dataset_load_files(const char *images_path, const char *labels_path)
 {
+    if (!images_path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_load_files: NULL images_path");
+        return NULL;
+    }
+    if (!labels_path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_load_files: NULL labels_path");
+        return NULL;
+    }
     zd_dataset_t *ds;
     return load_files(images_path, labels_path, &ds) < 0 ? NULL : ds;
 }
@@ -291,6 +307,8 @@ zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds)
 
 int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
 {
+    if (!ds)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_limit: NULL data set");
     if (k < 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "dataset: limit %lld (at least 1 sample)",
                                  (long long)k);
@@ -322,6 +340,11 @@ static void make_table(float table[256])
 
 int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_normalise: NULL out");
+    *out = NULL;
+    if (!images)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_normalise: NULL images");
     char s[96];
     int nd = zd_tensor_ndim(images);
     *out = NULL;
@@ -355,6 +378,10 @@ void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed)
 
 int64_t *zd_dataset_order(const zd_dataset_t *ds, uint64_t seed)
 {
+    if (!ds) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_order: NULL data set");
+        return NULL;
+    }
     int64_t *order = malloc((size_t)ds->n * sizeof *order);
     if (!order) {
         zd_error_set_code(ZD_ERR_NO_MEMORY, "dataset: out of memory for an order of %lld samples",
@@ -406,7 +433,13 @@ static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start
 int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
                      int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y)
 {
+    if (!x)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: NULL x");
+    if (!y)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: NULL y");
     *x = *y = NULL;
+    if (!ds)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: NULL data set");
     if (batch_size < 1)
         return zd_error_set("zd_dataset_batch: batch size %lld (at least 1)",
                             (long long)batch_size);

@@ -281,12 +281,20 @@ static int load(const char *path, zd_tensor_t **out)
 
 zd_tensor_t *zd_idx_read(const char *path)
 {
+    if (!path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_read: NULL path");
+        return NULL;
+    }
     zd_tensor_t *t;
     return load(path, &t) < 0 ? NULL : t;
 }
 
 int zd_idx_save(const zd_tensor_t *t, const char *path)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save: NULL tensor");
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save: NULL path");
     zd_tensor_dtype_t dt = zd_tensor_dtype(t);
     if (dt != ZD_UINT8 && dt != ZD_FLOAT32)
         return zd_error_set("idx: %s: cannot write %s tensors (uint8 and float32 only)", path,
@@ -347,6 +355,10 @@ int zd_idx_save(const zd_tensor_t *t, const char *path)
 
 int zd_idx_save_f32(const zd_tensor_t *t, const char *path)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save_f32: NULL tensor");
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save_f32: NULL path");
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
         return zd_error_set("idx: %s: zd_idx_save_f32 got a %s tensor", path,
                             zd_tensor_dtype_name(zd_tensor_dtype(t)));

@@ -473,18 +473,24 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
 int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
                  zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_conv2d: NULL out");
     return conv_entry("conv2d", x, weight, bias, stride, padding, EPI_NONE, 0, 0, out);
 }
 
 int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
                       int padding, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_conv2d_relu: NULL out");
     return conv_entry("conv2d_relu", x, weight, bias, stride, padding, EPI_RELU, 0, 0, out);
 }
 
 int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
                             int padding, int pool_kernel, int pool_stride, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_conv2d_max_pool2d: NULL out");
     return conv_entry("conv2d_max_pool2d", x, weight, bias, stride, padding, EPI_POOL, pool_kernel,
                       pool_stride, out);
 }

@@ -40,6 +40,8 @@ static const zd_autograd_node_ops_t emb_ops =
 int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
                     zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_embedding: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("embedding: weight", weight) < 0 ||
         zd__nn_check_ndim("embedding: weight", weight, 2) < 0)

@@ -226,6 +226,8 @@ static const zd_autograd_node_ops_t linear_ops =
 
 int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_linear: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("linear: input", x) < 0 ||
         zd__nn_check_f32("linear: weight", weight) < 0 ||
@@ -334,6 +336,8 @@ static const zd_autograd_node_ops_t relu_ops =
 
 int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_relu: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("relu: input", x) < 0)
         return -1;
@@ -416,12 +420,14 @@ static int dropout_check(const char *name, zd_tensor_t *x, float p, bool trainin
     if (!(p >= 0.0f && p <= 1.0f))
         return zd_error_set("%s: probability %g outside [0, 1]", name, (double)p);
     if (training && p > 0.0f && !rng)
-        return zd_error_set("%s: training needs a random generator", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: training needs a random generator", name);
     return 0;
 }
 
 int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_dropout: NULL out");
     *out = NULL;
     if (dropout_check("dropout", x, p, training, rng) < 0)
         return -1;
@@ -434,6 +440,8 @@ int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tens
 
 int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_dropout2d: NULL out");
     *out = NULL;
     if (dropout_check("dropout2d", x, p, training, rng) < 0)
         return -1;
@@ -456,6 +464,8 @@ int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_te
 
 int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_flatten: NULL out");
     *out = NULL;
     if (!x)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "flatten: input is NULL");

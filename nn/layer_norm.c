@@ -103,6 +103,8 @@ static int check_affine(const char *what, const zd_tensor_t *t, const zd_tensor_
 int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tensor_t *bias,
                      float eps, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_layer_norm: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("layer_norm: input", x) < 0)
         return -1;

@@ -36,6 +36,8 @@ static const zd_autograd_node_ops_t log_softmax_ops =
 
 int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_log_softmax: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("log_softmax: input", x) < 0 ||
         zd__nn_check_ndim("log_softmax: input", x, 2) < 0)
@@ -145,6 +147,8 @@ static const zd_autograd_node_ops_t nll_ops =
 
 int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_nll_loss: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("nll_loss: input", logprobs) < 0 ||
         zd__nn_check_ndim("nll_loss: input", logprobs, 2) < 0 ||
@@ -178,6 +182,8 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
 
 int zd_nn_cross_entropy(zd_tensor_t *logits, zd_tensor_t *target, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_cross_entropy: NULL out");
     zd_tensor_t *lp;
     *out = NULL;
     if (zd_nn_log_softmax(logits, 1, &lp) < 0)
@@ -200,6 +206,8 @@ static int64_t row_argmax(const float *r, int64_t C)
 
 int zd_nn_argmax(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_argmax: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("argmax: input", x) < 0 || zd__nn_check_ndim("argmax: input", x, 2) < 0)
         return -1;
@@ -260,6 +268,8 @@ static const zd_autograd_node_ops_t mse_ops =
 
 int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_mse_loss: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("mse_loss: input", x) < 0 ||
         zd__nn_check_f32("mse_loss: target", target) < 0)

@@ -416,6 +416,8 @@ int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stri
 
 int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_max_pool2d: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("max_pool2d: input", x) < 0 ||
         zd__nn_check_ndim("max_pool2d: input", x, 4) < 0)

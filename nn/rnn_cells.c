@@ -240,6 +240,8 @@ static const zd_autograd_node_ops_t rnn_tanh_ops =
 int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                         zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out)
 {
+    if (!h_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_rnn_tanh_cell: NULL h_out");
     *h_out = NULL;
     rnn_dims_t d;
     if (zd__rnn_check_weights("rnn_tanh_cell", 1, x, 2, w_ih, w_hh, b_ih, b_hh, &d) < 0 ||
@@ -321,6 +323,8 @@ static const zd_autograd_node_ops_t gru_ops =
 int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                    zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out)
 {
+    if (!h_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_gru_cell: NULL h_out");
     *h_out = NULL;
     rnn_dims_t d;
     if (zd__rnn_check_weights("gru_cell", 3, x, 2, w_ih, w_hh, b_ih, b_hh, &d) < 0 ||

@@ -553,6 +553,10 @@ int zd_nn_lstm_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c, zd_tensor_t 
                     zd_tensor_t *w_hh, zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out,
                     zd_tensor_t **c_out)
 {
+    if (!h_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_lstm_cell: NULL h_out");
+    if (!c_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_lstm_cell: NULL c_out");
     *h_out = NULL;
     *c_out = NULL;
     rnn_dims_t d;
@@ -607,6 +611,8 @@ int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *co
                int num_layers, float dropout, bool training, zd_rng_t *rng, zd_tensor_t **out,
                zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_lstm: NULL out");
     *out = NULL;
     if (h_n)
         *h_n = NULL;
@@ -618,7 +624,8 @@ int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *co
     if (!(dropout >= 0.0f && dropout <= 1.0f))
         return zd_error_set("lstm: dropout %g is not in [0, 1]", (double)dropout);
     if (training && dropout > 0.0f && num_layers > 1 && !rng)
-        return zd_error_set("lstm: dropout in training needs a random generator");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "lstm: dropout in training needs a random generator");
     zd_tensor_t **states = calloc(2 * (size_t)num_layers, sizeof *states);
     if (!states)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm: out of memory");

@@ -59,6 +59,10 @@ const char *zd_optim_kind_name(zd_optim_kind_t kind)
 
 int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind)
 {
+    if (!name)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_kind_from_name: NULL name");
+    if (!kind)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_kind_from_name: NULL kind");
     for (int k = ZD_OPTIM_SGD; k <= ZD_OPTIM_RMSPROP; k++)
         if (strcasecmp(name, kind_names[k]) == 0) {
             *kind = (zd_optim_kind_t)k;
@@ -166,6 +170,8 @@ int zd_optim_config_check(const zd_optim_config_t *cfg)
 
 int zd_optim_config_format(const zd_optim_config_t *cfg, char *buf, size_t size)
 {
+    if (!buf && size > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_config_format: NULL buf");
     zd_optim_config_t cv, *c = &cv;
     if (zd__optim_config_read(c, cfg) < 0)
         return -1;

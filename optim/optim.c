@@ -64,6 +64,10 @@ static void pstate_clear(optim_pstate_t *st)
 
 zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params, int n)
 {
+    if (!params && n > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_new: NULL params");
+        return NULL;
+    }
     zd_optim_config_t cv, *cfg = &cv;
     if (zd__optim_config_read(cfg, in) < 0 || zd_optim_config_check(cfg) < 0)
         return NULL;
@@ -178,8 +182,10 @@ static int step_locked(zd_optim_t *o, zd_tensor_t *const *grads)
 
 int zd_optim_step(zd_optim_t *o, zd_tensor_t *const *grads)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_step: NULL optimizer");
     if (!grads)
-        return zd_error_set("optimizer step: no gradient array");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer step: no gradient array");
     pthread_mutex_lock(&o->lock);
     int rc = step_locked(o, grads);
     pthread_mutex_unlock(&o->lock);
@@ -188,6 +194,8 @@ int zd_optim_step(zd_optim_t *o, zd_tensor_t *const *grads)
 
 int zd_optim_step_grad(zd_optim_t *o)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_step_grad: NULL optimizer");
     zd_tensor_t **grads = calloc((size_t)o->n, sizeof *grads);
     if (!grads)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer: out of memory");
@@ -240,6 +248,8 @@ zd_tensor_t *zd_optim_param(const zd_optim_t *o, int i)
 
 int zd_optim_set_lr(zd_optim_t *o, double lr)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_set_lr: NULL optimizer");
     if (!(lr >= 0.0))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: Invalid learning rate: %g", lr);
     pthread_mutex_lock(&o->lock);

@@ -41,6 +41,10 @@ static int export_locked(zd_optim_t *o, zd_named_tensors_t *nt)
 
 zd_named_tensors_t *zd_optim_state_export(zd_optim_t *o)
 {
+    if (!o) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_state_export: NULL optimizer");
+        return NULL;
+    }
     zd_named_tensors_t *nt = zd_named_tensors_new();
     if (!nt)
         return NULL;
@@ -140,6 +144,8 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
 
 int zd_optim_state_import(zd_optim_t *o, const zd_named_tensors_t *state)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_state_import: NULL optimizer");
     if (!state)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer state: no entries given (NULL)");
     optim_pstate_t *fresh = calloc((size_t)o->n, sizeof *fresh);
