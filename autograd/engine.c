@@ -408,8 +408,9 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
 {
     task_entry_t *e = map_lookup(&t->map, node);
     if (!e || !e->start)
-        return zd_error_set("autograd: %s was not given as a start of this backward pass",
-                            node->ops->name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "autograd: %s was not given as a start of this backward pass",
+                                 node->ops->name);
     if (e->done)
         return zd_error_set("autograd: %s already ran in this backward pass", node->ops->name);
     for (int k = 0; k < node->n_outputs; k++)
@@ -537,20 +538,25 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
             goto out;
         }
         if (!r->tensor->requires_grad) {
-            rc = zd_error_set("autograd: element %d of the roots does not require grad and has "
-                              "no grad_fn",
-                              i);
+            rc =
+                zd_error_set_code(ZD_ERR_ARGUMENT,
+                                  "autograd: element %d of the roots does not require grad and has "
+                                  "no grad_fn",
+                                  i);
             goto out;
         }
         if (!r->grad && r->tensor->numel != 1) {
-            rc = zd_error_set("autograd: grad can be implicitly created only for scalar outputs "
-                              "(root %d has %lld elements)",
-                              i, (long long)r->tensor->numel);
+            rc = zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "autograd: grad can be implicitly created only for scalar outputs "
+                "(root %d has %lld elements)",
+                i, (long long)r->tensor->numel);
             goto out;
         }
         if (r->grad && r->grad->numel != r->tensor->numel) {
-            rc = zd_error_set("autograd: root %d has %lld elements but its gradient %lld", i,
-                              (long long)r->tensor->numel, (long long)r->grad->numel);
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                   "autograd: root %d has %lld elements but its gradient %lld", i,
+                                   (long long)r->tensor->numel, (long long)r->grad->numel);
             goto out;
         }
         if (r->tensor->grad_fn)

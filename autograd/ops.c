@@ -14,8 +14,8 @@ static int check_f32(const char *op, const zd_tensor_t *t)
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op);
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s", op,
-                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected float32, got %s", op,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return 0;
 }
 
@@ -286,9 +286,9 @@ int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
     if (zd_tensor_ndim(a) != 2 || zd_tensor_ndim(b) != 2 ||
         zd_tensor_size(a, 1) != zd_tensor_size(b, 0)) {
         char sa[96], sb[96];
-        return zd_error_set("matmul: cannot multiply %s by %s",
-                            zd_tensor_shape_str(a, sa, sizeof sa),
-                            zd_tensor_shape_str(b, sb, sizeof sb));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "matmul: cannot multiply %s by %s",
+                                 zd_tensor_shape_str(a, sa, sizeof sa),
+                                 zd_tensor_shape_str(b, sb, sizeof sb));
     }
     int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1),
         nn = (int)zd_tensor_size(b, 1);
@@ -406,7 +406,8 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
     if (dim < 0)
         dim += ndim;
     if (dim < 0 || dim >= ndim)
-        return zd_error_set("cat: dimension %d out of range for %d-D tensors", dim, ndim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "cat: dimension %d out of range for %d-D tensors",
+                                 dim, ndim);
     int64_t shape[ZD_TENSOR_MAX_DIMS], total = 0;
     memcpy(shape, zd_tensor_shape(ts[0]), sizeof(int64_t) * (size_t)ndim);
     for (int j = 0; j < n; j++) {
@@ -417,9 +418,10 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
             ok = d == dim || zd_tensor_size(ts[j], d) == shape[d];
         if (!ok) {
             char sa[96], sb[96];
-            return zd_error_set("cat: tensor %d has shape %s, which does not fit %s along %d", j,
-                                zd_tensor_shape_str(ts[j], sa, sizeof sa),
-                                zd_tensor_shape_str(ts[0], sb, sizeof sb), dim);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "cat: tensor %d has shape %s, which does not fit %s along %d",
+                                     j, zd_tensor_shape_str(ts[j], sa, sizeof sa),
+                                     zd_tensor_shape_str(ts[0], sb, sizeof sb), dim);
         }
         total += zd_tensor_size(ts[j], dim);
     }
@@ -520,9 +522,10 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
         return zd_error_set_code(ZD_ERR_ARGUMENT, "narrow: NULL tensor");
     int ndim = zd_tensor_ndim(t);
     if (ndim == 0)
-        return zd_error_set("narrow: a scalar has no dimension to narrow");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "narrow: a scalar has no dimension to narrow");
     if (dim < -ndim || dim >= ndim)
-        return zd_error_set("narrow: dimension %d out of range for a %d-D tensor", dim, ndim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "narrow: dimension %d out of range for a %d-D tensor", dim, ndim);
     if (dim < 0)
         dim += ndim;
     int64_t size = zd_tensor_size(t, dim);
@@ -530,10 +533,11 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
         start += size;
     if (start < 0 || start > size || length < 0 || length > size - start) {
         char s[96];
-        return zd_error_set("narrow: start %lld and length %lld do not fit dimension %d of "
-                            "shape %s",
-                            (long long)start, (long long)length, dim,
-                            zd_tensor_shape_str(t, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "narrow: start %lld and length %lld do not fit dimension %d of "
+                                 "shape %s",
+                                 (long long)start, (long long)length, dim,
+                                 zd_tensor_shape_str(t, s, sizeof s));
     }
     zd_tensor_t *y = narrow_data(t, dim, start, length);
     narrow_ctx_t *c = malloc(sizeof *c);

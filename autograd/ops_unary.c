@@ -56,8 +56,8 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
     if (!x)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", unary_names[op]);
     if (zd_tensor_dtype(x) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s", unary_names[op],
-                            zd_tensor_dtype_name(zd_tensor_dtype(x)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected float32, got %s", unary_names[op],
+                                 zd_tensor_dtype_name(zd_tensor_dtype(x)));
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     if (!y)
         return -1;

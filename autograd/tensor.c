@@ -45,16 +45,17 @@ const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype)
 static int shape_check(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape, int64_t *numel)
 {
     if (zd_tensor_dtype_size(dtype) == 0)
-        return zd_error_set("tensor: unknown dtype %d", (int)dtype);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: unknown dtype %d", (int)dtype);
     if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
-        return zd_error_set("tensor: %d dimensions (0 to %d allowed)", ndim, ZD_TENSOR_MAX_DIMS);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: %d dimensions (0 to %d allowed)", ndim,
+                                 ZD_TENSOR_MAX_DIMS);
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return zd_error_set("tensor: negative size %lld in dimension %d", (long long)shape[i],
-                                i);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: negative size %lld in dimension %d",
+                                     (long long)shape[i], i);
         if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
-            return zd_error_set("tensor: shape too large");
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: shape too large");
         n *= shape[i];
     }
     *numel = n;
@@ -197,8 +198,8 @@ zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int n
     if (shape_check(dtype, ndim, shape, &numel) < 0)
         goto fail;
     if ((size_t)numel * zd_tensor_dtype_size(dtype) != bytes) {
-        zd_error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes, (long long)numel,
-                     zd_tensor_dtype_name(dtype));
+        zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: %zu bytes do not hold %lld elements of %s",
+                          bytes, (long long)numel, zd_tensor_dtype_name(dtype));
         goto fail;
     }
     if (bytes && !data) {
@@ -206,7 +207,8 @@ zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int n
         goto fail;
     }
     if (bytes && ((uintptr_t)data % zd_tensor_dtype_size(dtype)) != 0) {
-        zd_error_set("tensor: buffer not aligned for %s", zd_tensor_dtype_name(dtype));
+        zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: buffer not aligned for %s",
+                          zd_tensor_dtype_name(dtype));
         goto fail;
     }
     s = malloc(sizeof *s);
@@ -403,15 +405,16 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: NULL tensor");
     if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
-        return zd_error_set("reshape: %d dimensions", ndim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: %d dimensions", ndim);
     for (int i = 0; i < ndim; i++) {
         s[i] = shape[i];
         if (s[i] == -1) {
             if (infer >= 0)
-                return zd_error_set("reshape: only one dimension can be -1");
+                return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: only one dimension can be -1");
             infer = i;
         } else if (s[i] < 0) {
-            return zd_error_set("reshape: negative size %lld", (long long)s[i]);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: negative size %lld",
+                                     (long long)s[i]);
         } else {
             known *= s[i];
         }
@@ -423,9 +426,9 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
         numel *= s[i];
     if (numel != t->numel) {
         char buf[128];
-        return zd_error_set("reshape: cannot view %s (%lld elements) with %lld elements",
-                            zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel,
-                            (long long)numel);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "reshape: cannot view %s (%lld elements) with %lld elements",
+            zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
     }
     zd_tensor_t *v = tensor_view(t, ndim, s);
     if (!v)

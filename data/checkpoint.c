@@ -92,13 +92,14 @@ static int check_inputs(const char *path, const zd_named_tensors_t *nt)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: no tensors given (NULL)", path);
     int n = zd_named_tensors_len(nt);
     if (n > ZD_CHECKPOINT_MAX_COUNT)
-        return zd_error_set("checkpoint: %s: %d tensors (0 to %d)", path, n,
-                            ZD_CHECKPOINT_MAX_COUNT);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: %d tensors (0 to %d)", path, n,
+                                 ZD_CHECKPOINT_MAX_COUNT);
     for (int i = 0; i < n; i++) {
         size_t len = strlen(zd_named_tensors_name(nt, i));
         if (len > ZD_CHECKPOINT_MAX_NAME)
-            return zd_error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path, i,
-                                len, ZD_CHECKPOINT_MAX_NAME);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)",
+                                     path, i, len, ZD_CHECKPOINT_MAX_NAME);
     }
     return 0;
 }

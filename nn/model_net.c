@@ -86,9 +86,9 @@ static int check_images(const char *model, zd_tensor_t *x)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: input is NULL", model);
     if (zd_tensor_dtype(x) != ZD_FLOAT32 || zd_tensor_ndim(x) != 4 || zd_tensor_size(x, 1) != 1 ||
         zd_tensor_size(x, 2) != 28 || zd_tensor_size(x, 3) != 28)
-        return zd_error_set("%s: input must be float32 (N, 1, 28, 28), got %s %s", model,
-                            zd_tensor_dtype_name(zd_tensor_dtype(x)),
-                            zd_tensor_shape_str(x, s, sizeof s));
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "%s: input must be float32 (N, 1, 28, 28), got %s %s", model,
+            zd_tensor_dtype_name(zd_tensor_dtype(x)), zd_tensor_shape_str(x, s, sizeof s));
     return 0;
 }
 

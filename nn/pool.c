@@ -404,13 +404,14 @@ int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stri
 {
     char sx[96];
     if (kernel < 1 || stride < 1)
-        return zd_error_set("%s: kernel %d and stride %d must be >= 1", op, kernel, stride);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: kernel %d and stride %d must be >= 1", op,
+                                 kernel, stride);
     if (zd_tensor_size(x, 2) < kernel || zd_tensor_size(x, 3) < kernel)
-        return zd_error_set("%s: kernel %d larger than input %s", op, kernel,
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: kernel %d larger than input %s", op, kernel,
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     if (zd_tensor_size(x, 2) * zd_tensor_size(x, 3) > INT32_MAX)
-        return zd_error_set("%s: input planes of %s too large", op,
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: input planes of %s too large", op,
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     return 0;
 }
 

@@ -72,7 +72,8 @@ zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params
     if (zd__optim_config_read(cfg, in) < 0 || zd_optim_config_check(cfg) < 0)
         return NULL;
     if (n <= 0) {
-        zd_error_set("%s: optimizer got an empty parameter list", zd_optim_kind_name(cfg->kind));
+        zd_error_set_code(ZD_ERR_ARGUMENT, "%s: optimizer got an empty parameter list",
+                          zd_optim_kind_name(cfg->kind));
         return NULL;
     }
     for (int i = 0; i < n; i++) {
@@ -81,17 +82,22 @@ zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params
             return NULL;
         }
         if (zd_tensor_dtype(params[i]) != ZD_FLOAT32) {
-            zd_error_set("optimizer: parameter %d is %s; only float32 tensors can be optimized", i,
-                         zd_tensor_dtype_name(zd_tensor_dtype(params[i])));
+            zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "optimizer: parameter %d is %s; only float32 tensors can be optimized", i,
+                zd_tensor_dtype_name(zd_tensor_dtype(params[i])));
             return NULL;
         }
         if (!zd_tensor_is_leaf(params[i])) {
-            zd_error_set("optimizer: can't optimize a non-leaf tensor (parameter %d)", i);
+            zd_error_set_code(ZD_ERR_ARGUMENT,
+                              "optimizer: can't optimize a non-leaf tensor (parameter %d)", i);
             return NULL;
         }
         for (int j = 0; j < i; j++)
             if (params[j] == params[i]) {
-                zd_error_set("optimizer: parameter %d is the same tensor as parameter %d", i, j);
+                zd_error_set_code(ZD_ERR_ARGUMENT,
+                                  "optimizer: parameter %d is the same tensor as parameter %d", i,
+                                  j);
                 return NULL;
             }
     }
@@ -158,12 +164,13 @@ static int step_locked(zd_optim_t *o, zd_tensor_t *const *grads)
         if (!g)
             continue;
         if (zd_tensor_dtype(g) != ZD_FLOAT32 || !zd_tensor_same_shape(g, o->params[i]))
-            return zd_error_set("optimizer step: the gradient of %s is %s %s, the parameter "
-                                "float32 %s",
-                                param_label(o, i, label, sizeof label),
-                                zd_tensor_dtype_name(zd_tensor_dtype(g)),
-                                zd_tensor_shape_str(g, a, sizeof a),
-                                zd_tensor_shape_str(o->params[i], b, sizeof b));
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "optimizer step: the gradient of %s is %s %s, the parameter "
+                                     "float32 %s",
+                                     param_label(o, i, label, sizeof label),
+                                     zd_tensor_dtype_name(zd_tensor_dtype(g)),
+                                     zd_tensor_shape_str(g, a, sizeof a),
+                                     zd_tensor_shape_str(o->params[i], b, sizeof b));
         if (!o->state[i].started && pstate_init(o, i) < 0)
             return zd_error_wrap("optimizer step: state of %s",
                                  param_label(o, i, label, sizeof label));

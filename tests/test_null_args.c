@@ -3,8 +3,8 @@
     tensors, nn, optim and data (idx, data sets, checkpoints, safetensors)
     given NULL for a pointer it needs fails with ZD_ERR_ARGUMENT (-1 or
     NULL) instead of crashing; and the bad arguments that are not NULL
-    (shapes that do not match, a dimension out of range, a bad
-    hyper-parameter) carry ZD_ERR_ARGUMENT too.
+    (shapes or dtypes that do not match, a dimension or an index out of
+    range, a bad hyper-parameter) carry ZD_ERR_ARGUMENT too.
 
     Built with -DZD_NULL_SWEEP, each call runs in a child process and the
     program lists the calls that crash or fail otherwise, instead of
@@ -482,6 +482,72 @@ static void test_data(void **state)
     assert_int_equal(zd_tensor_live_count(), live);
 }
 
+/*  Bad arguments that are not NULL: shapes that do not match, a dimension
+    out of range, a bad hyper-parameter, an index out of range. */
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    int64_t live = zd_tensor_live_count();
+    zd_tensor_t *a = vec(2), *b = vec(3), *m = mat(2, 3), *w = mat(3, 2), *o = NULL;
+    int64_t six[1] = {6}, five[1] = {5};
+    int dims_bad[2] = {0, 2};
+
+    /* shapes that do not match */
+    REFUSED(zd_tensor_add(a, b, &o));
+    REFUSED(zd_tensor_mul(a, b, &o));
+    REFUSED(zd_tensor_matmul(m, m, &o));
+    REFUSED(zd_tensor_copy_(a, b));
+    REFUSED(zd_nn_linear(m, w, NULL, &o));
+    REFUSED(zd_nn_mse_loss(a, b, &o));
+    /* a dimension out of range, a reshape to a wrong size */
+    REFUSED(zd_tensor_transpose(m, 0, 2, &o));
+    REFUSED(zd_tensor_permute(m, dims_bad, 2, &o));
+    REFUSED(zd_tensor_narrow(m, 2, 0, 1, &o));
+    REFUSED(zd_tensor_narrow(m, 1, 2, 2, &o));
+    zd_tensor_t *pair[2] = {m, m};
+    REFUSED(zd_tensor_cat(pair, 2, 2, &o));
+    REFUSED(zd_nn_softmax(m, 2, &o));
+    REFUSED(zd_tensor_reshape(m, five, 1, &o));
+    assert_int_equal(zd_tensor_reshape(m, six, 1, &o), 0);
+    zd_tensor_unref_p(&o);
+    REFUSED_NULL(zd_tensor_new(ZD_FLOAT32, (int64_t[]){-1}, 1));
+    /* a dtype that does not fit */
+    int64_t two[1] = {2};
+    zd_tensor_t *ints = zd_tensor_new(ZD_INT64, two, 1);
+    assert_non_null(ints);
+    REFUSED(zd_tensor_sum(ints, &o));
+    REFUSED(zd_tensor_add(ints, a, &o));
+    /* an index out of range */
+    int64_t *idx = zd_tensor_data_i64(ints);
+    idx[0] = 0;
+    idx[1] = 7;
+    REFUSED(zd_nn_nll_loss(m, ints, &o));
+    REFUSED(zd_nn_embedding(ints, m, -1, &o));
+
+    /* bad hyper-parameters */
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(-0.1);
+    REFUSED(zd_optim_config_check(&cfg));
+    cfg = zd_optim_sgd_defaults(0.1);
+    cfg.momentum = -1;
+    REFUSED_NULL(zd_optim_new(&cfg, &a, 1));
+    cfg = zd_optim_adam_defaults();
+    cfg.beta1 = 1.5;
+    REFUSED(zd_optim_config_check(&cfg));
+    zd_optim_config_t got;
+    REFUSED(zd_optim_config_parse("sgd lr=0.1 bogus=1", &got, sizeof got));
+    zd_rng_t rng;
+    zd_rng_seed(&rng, 3);
+    REFUSED(zd_nn_dropout(a, 1.5f, true, &rng, &o));
+    REFUSED(zd_nn_max_pool2d(m, 0, 1, &o));
+
+    zd_tensor_unref(ints);
+    zd_tensor_unref(a);
+    zd_tensor_unref(b);
+    zd_tensor_unref(m);
+    zd_tensor_unref(w);
+    assert_int_equal(zd_tensor_live_count(), live);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -502,6 +568,7 @@ int main(void)
         cmocka_unit_test(test_modules),
         cmocka_unit_test(test_optim),
         cmocka_unit_test(test_data),
+        cmocka_unit_test(test_bad_arguments),
     };
 #ifdef ZD_NULL_SWEEP
     int rc = cmocka_run_group_tests(tests, setup, teardown);
