@@ -265,7 +265,7 @@ static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     rc = 0;
     goto out;
 oom:
-    zd_error_set("conv2d backward: out of memory");
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d backward: out of memory");
 out:
     for (int c = ctx->taps ? 0 : 1; c < chunks; c++)
         free(parts[c]);
@@ -376,7 +376,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);
-        return zd_error_set("conv2d: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d: out of memory");
     }
     conv_fwd_job_t job = {
         .ctx = ctx,
@@ -401,7 +401,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         wpack = zd__nn_alloc_floats(zd__nn_taps_packed_floats(ctx->O, K));
         offs = malloc(sizeof(int32_t) * (size_t)K);
         if (!wpack || !offs) {
-            rc = zd_error_set("conv2d: out of memory");
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d: out of memory");
         } else {
             zd__nn_taps_pack(job.w, ctx->O, K, K, NULL, wpack);
             zd__conv_taps_offsets(ctx, offs);
@@ -451,7 +451,7 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
     *out = NULL;
     conv_ctx_t *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
-        return zd_error_set("%s: out of memory", op);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op);
     if (conv_setup(op, x, weight, bias, stride, padding, ctx) < 0) {
         free(ctx);
         return -1;

@@ -435,7 +435,7 @@ int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
     if (!y || !ctx) {
         zd_tensor_unref(y);
         free(ctx);
-        return zd_error_set("max_pool2d: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "max_pool2d: out of memory");
     }
     memcpy(ctx->shape, s, sizeof ctx->shape);
     ctx->kernel = kernel;
