@@ -517,6 +517,18 @@ static void test_bad_arguments(void **state)
     assert_non_null(ints);
     REFUSED(zd_tensor_sum(ints, &o));
     REFUSED(zd_tensor_add(ints, a, &o));
+    /* a backward pass given a gradient that does not fit its root */
+    zd_tensor_t *leaf = vec(2), *sum = NULL;
+    assert_int_equal(zd_tensor_set_requires_grad(leaf, true), 0);
+    assert_int_equal(zd_tensor_sum(leaf, &sum), 0);
+    REFUSED(zd_autograd_backward(sum, b, true));
+    zd_tensor_t *one_int = zd_tensor_new(ZD_INT64, (int64_t[]){1}, 1);
+    assert_non_null(one_int);
+    REFUSED(zd_autograd_backward(sum, one_int, true));
+    REFUSED(zd_autograd_backward(leaf, NULL, true)); /* not a scalar */
+    zd_tensor_unref(one_int);
+    zd_tensor_unref(sum);
+    zd_tensor_unref(leaf);
     /* an index out of range */
     int64_t *idx = zd_tensor_data_i64(ints);
     idx[0] = 0;
