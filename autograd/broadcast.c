@@ -61,11 +61,12 @@ static int bcast_plan(zd__bin_op_t op, const zd_tensor_t *a, const zd_tensor_t *
         int64_t sa = ka >= 0 ? bc->a_shape[ka] : 1, sb = kb >= 0 ? bc->b_shape[kb] : 1;
         if (sa != sb && sa != 1 && sb != 1) {
             char s1[96], s2[96];
-            return zd_error_set("%s: shapes %s and %s do not broadcast (dimension %d: %lld and "
-                                "%lld)",
-                                op_name(op), zd_tensor_shape_str(a, s1, sizeof s1),
-                                zd_tensor_shape_str(b, s2, sizeof s2), d, (long long)sa,
-                                (long long)sb);
+            return zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "%s: shapes %s and %s do not broadcast (dimension %d: %lld and "
+                "%lld)",
+                op_name(op), zd_tensor_shape_str(a, s1, sizeof s1),
+                zd_tensor_shape_str(b, s2, sizeof s2), d, (long long)sa, (long long)sb);
         }
         bc->shape[d] = sa == 1 ? sb : sa;
     }
@@ -203,9 +204,9 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
     if (!a || !b)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op_name(op));
     if (zd_tensor_dtype(a) != ZD_FLOAT32 || zd_tensor_dtype(b) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s and %s", op_name(op),
-                            zd_tensor_dtype_name(zd_tensor_dtype(a)),
-                            zd_tensor_dtype_name(zd_tensor_dtype(b)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected float32, got %s and %s",
+                                 op_name(op), zd_tensor_dtype_name(zd_tensor_dtype(a)),
+                                 zd_tensor_dtype_name(zd_tensor_dtype(b)));
     bcast_t *bc = malloc(sizeof *bc);
     if (!bc)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op_name(op));
@@ -231,5 +232,7 @@ int zd__tensor_binary(zd__bin_op_t op, zd_tensor_t *a, zd_tensor_t *b, zd_tensor
 
 int zd_tensor_div(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_div: NULL out");
     return zd__tensor_binary(ZD__BIN_DIV, a, b, out);
 }

@@ -170,13 +170,17 @@ static bool same_layout(int na, const int64_t *a, int nb, const int64_t *b)
     shape was recorded, of that shape (up to dimensions of size 1, as a
     gradient of shape [1] for a scalar loss): backward functions read as
     many elements as their output had, whatever the gradient holds (a
-    gradient from another process is checked exactly before it gets here). */
-static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g)
+    gradient from another process is checked exactly before it gets here).
+    code: ZD_ERR_ARGUMENT for a gradient the caller gave, ZD_ERR_OTHER for
+    one a backward function produced. */
+static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g,
+                      zd_error_code_t code)
 {
     if (g->dtype != ZD_FLOAT32)
-        return zd_error_set("autograd: a gradient of dtype %s for output %d of %s (float32 "
-                            "expected)",
-                            zd_tensor_dtype_name(g->dtype), i, n->ops->name);
+        return zd_error_set_code(code,
+                                 "autograd: a gradient of dtype %s for output %d of %s (float32 "
+                                 "expected)",
+                                 zd_tensor_dtype_name(g->dtype), i, n->ops->name);
     if (i >= n->outputs_set || i >= n->n_outputs)
         return 0;
     int ndim = n->out_ndim[i];
@@ -186,8 +190,9 @@ static int check_grad(const zd_autograd_node_t *n, int i, const zd_tensor_t *g)
     char want[128], got[128];
     shape_str(want, sizeof want, ndim, shape);
     shape_str(got, sizeof got, g->ndim, g->shape);
-    return zd_error_set("autograd: a gradient of shape %s for output %d of %s, whose shape is %s",
-                        got, i, n->ops->name, want);
+    return zd_error_set_code(
+        code, "autograd: a gradient of shape %s for output %d of %s, whose shape is %s", got, i,
+        n->ops->name, want);
 }
 
 /*  Adds g into *slot, taking a reference; sums in place only into a buffer
@@ -224,14 +229,16 @@ static int default_accumulate(void *arg, zd_tensor_t *leaf, zd_tensor_t *grad)
     return zd_tensor_accumulate_grad(leaf, grad);
 }
 
-static int leaf_accumulate(const zd_autograd_options_t *o, zd_tensor_t *leaf, zd_tensor_t *grad)
+static int leaf_accumulate(const zd_autograd_options_t *o, zd_tensor_t *leaf, zd_tensor_t *grad,
+                           zd_error_code_t code)
 {
     if (grad->dtype != leaf->dtype || grad->dtype != ZD_FLOAT32)
-        return zd_error_set("autograd: a gradient of dtype %s for a %s leaf",
-                            zd_tensor_dtype_name(grad->dtype), zd_tensor_dtype_name(leaf->dtype));
+        return zd_error_set_code(code, "autograd: a gradient of dtype %s for a %s leaf",
+                                 zd_tensor_dtype_name(grad->dtype),
+                                 zd_tensor_dtype_name(leaf->dtype));
     if (grad->numel != leaf->numel)
-        return zd_error_set("autograd: gradient of %lld elements for a leaf of %lld",
-                            (long long)grad->numel, (long long)leaf->numel);
+        return zd_error_set_code(code, "autograd: gradient of %lld elements for a leaf of %lld",
+                                 (long long)grad->numel, (long long)leaf->numel);
     zd_autograd_accumulate_fn *fn = o->accumulate ? o->accumulate : default_accumulate;
     return fn(o->accumulate_arg, leaf, grad);
 }
@@ -332,11 +339,11 @@ static int run_node(zd_autograd_task_t *t, task_entry_t *e)
     for (int j = 0; j < n->n_inputs && rc == 0; j++) {
         const zd_autograd_edge_t *edge = &n->edges[j];
         if (edge->leaf && gin[j]) {
-            rc = leaf_accumulate(o, edge->leaf, gin[j]);
+            rc = leaf_accumulate(o, edge->leaf, gin[j], ZD_ERR_OTHER);
         } else if (edge->node) {
             task_entry_t *next = map_lookup(&t->map, edge->node);
             if (gin[j] && next)
-                rc = check_grad(edge->node, edge->output_nr, gin[j]);
+                rc = check_grad(edge->node, edge->output_nr, gin[j], ZD_ERR_OTHER);
             if (gin[j] && next && rc == 0)
                 rc = grad_add(&next->grads[edge->output_nr], gin[j]);
             if (rc == 0)
@@ -379,6 +386,10 @@ static int read_options(const zd_autograd_options_t *opts, zd_autograd_options_t
 zd_autograd_task_t *zd_autograd_task_new(zd_autograd_node_t *const *starts, int n_starts,
                                          const zd_autograd_options_t *opts)
 {
+    if (!starts && n_starts > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_new: NULL starts");
+        return NULL;
+    }
     zd_autograd_options_t o;
     if (read_options(opts, &o) < 0)
         return NULL;
@@ -404,13 +415,15 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
 {
     task_entry_t *e = map_lookup(&t->map, node);
     if (!e || !e->start)
-        return zd_error_set("autograd: %s was not given as a start of this backward pass",
-                            node->ops->name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "autograd: %s was not given as a start of this backward pass",
+                                 node->ops->name);
     if (e->done)
         return zd_error_set("autograd: %s already ran in this backward pass", node->ops->name);
     for (int k = 0; k < node->n_outputs; k++)
         if (grads && grads[k] &&
-            (check_grad(node, k, grads[k]) < 0 || grad_add(&e->grads[k], grads[k]) < 0))
+            (check_grad(node, k, grads[k], ZD_ERR_ARGUMENT) < 0 ||
+             grad_add(&e->grads[k], grads[k]) < 0))
             return -1;
     e->fed = true;
     if (entry_ready(e) && stack_push(&t->ready, node) < 0)
@@ -421,6 +434,10 @@ static int feed_locked(zd_autograd_task_t *t, zd_autograd_node_t *node, zd_tenso
 int zd_autograd_task_feed(zd_autograd_task_t *t, zd_autograd_node_t *node,
                           zd_tensor_t *const *grads)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_feed: NULL task");
+    if (!node)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_feed: NULL node");
     pthread_mutex_lock(&t->lock);
     int rc = t->error ? zd_error_set("autograd: the backward pass already failed") : 0;
     if (rc == 0 && (rc = feed_locked(t, node, grads)) == 0)
@@ -453,6 +470,8 @@ static task_entry_t *pending_max(zd_autograd_task_t *t, int *count)
 
 int zd_autograd_task_pending(zd_autograd_task_t *t, uint64_t *max_seq)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_pending: NULL task");
     pthread_mutex_lock(&t->lock);
     int count;
     task_entry_t *e = pending_max(t, &count);
@@ -464,6 +483,8 @@ int zd_autograd_task_pending(zd_autograd_task_t *t, uint64_t *max_seq)
 
 int zd_autograd_task_flush_one(zd_autograd_task_t *t)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_flush_one: NULL task");
     pthread_mutex_lock(&t->lock);
     int count, rc = t->error;
     task_entry_t *e = rc == 0 ? pending_max(t, &count) : NULL;
@@ -480,6 +501,8 @@ int zd_autograd_task_flush_one(zd_autograd_task_t *t)
 
 int zd_autograd_task_flush(zd_autograd_task_t *t, int *ran)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_task_flush: NULL task");
     int count = 0, rc;
     while ((rc = zd_autograd_task_flush_one(t)) > 0)
         count++;
@@ -501,6 +524,8 @@ void zd_autograd_task_free(zd_autograd_task_t *t)
 
 int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autograd_options_t *opts)
 {
+    if (!roots && n_roots > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_run: NULL roots");
     zd_autograd_options_t o;
     if (read_options(opts, &o) < 0)
         return -1;
@@ -516,21 +541,30 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
             starts[n_starts++] = r->node;
             continue;
         }
+        if (!r->tensor) {
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_run: NULL tensor in root %d", i);
+            goto out;
+        }
         if (!r->tensor->requires_grad) {
-            rc = zd_error_set("autograd: element %d of the roots does not require grad and has "
-                              "no grad_fn",
-                              i);
+            rc =
+                zd_error_set_code(ZD_ERR_ARGUMENT,
+                                  "autograd: element %d of the roots does not require grad and has "
+                                  "no grad_fn",
+                                  i);
             goto out;
         }
         if (!r->grad && r->tensor->numel != 1) {
-            rc = zd_error_set("autograd: grad can be implicitly created only for scalar outputs "
-                              "(root %d has %lld elements)",
-                              i, (long long)r->tensor->numel);
+            rc = zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "autograd: grad can be implicitly created only for scalar outputs "
+                "(root %d has %lld elements)",
+                i, (long long)r->tensor->numel);
             goto out;
         }
         if (r->grad && r->grad->numel != r->tensor->numel) {
-            rc = zd_error_set("autograd: root %d has %lld elements but its gradient %lld", i,
-                              (long long)r->tensor->numel, (long long)r->grad->numel);
+            rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                   "autograd: root %d has %lld elements but its gradient %lld", i,
+                                   (long long)r->tensor->numel, (long long)r->grad->numel);
             goto out;
         }
         if (r->tensor->grad_fn)
@@ -557,12 +591,12 @@ int zd_autograd_run(const zd_autograd_root_t *roots, int n_roots, const zd_autog
             g = ones;
         }
         if (!r->tensor->grad_fn) {
-            rc = leaf_accumulate(&o, r->tensor, g);
+            rc = leaf_accumulate(&o, r->tensor, g, ZD_ERR_ARGUMENT);
             continue;
         }
         zd_autograd_node_t *n = r->tensor->grad_fn;
         task_entry_t *e = map_lookup(&t->map, n);
-        rc = check_grad(n, r->tensor->output_nr, g);
+        rc = check_grad(n, r->tensor->output_nr, g, ZD_ERR_ARGUMENT);
         if (rc == 0)
             rc = grad_add(&e->grads[r->tensor->output_nr], g);
         if (rc == 0 && !e->fed) {
@@ -582,6 +616,8 @@ out:
 
 int zd_autograd_backward(zd_tensor_t *root, zd_tensor_t *grad, bool retain_graph)
 {
+    if (!root)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_backward: NULL root");
     zd_autograd_root_t r = {.tensor = root, .grad = grad};
     zd_autograd_options_t o = zd_autograd_options_default();
     o.retain_graph = retain_graph;

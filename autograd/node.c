@@ -49,6 +49,8 @@ void zd_autograd_seq_observe(uint64_t remote_seq)
 int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *inputs,
                          int n_inputs, int n_outputs, zd_autograd_node_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_node_new: NULL out");
     *out = NULL;
     /* Checked before anything else, so a bad table fails even when grad mode is off. The
        library reads no field past release, all of the first version's. */
@@ -58,6 +60,8 @@ int zd_autograd_node_new(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *
                                  "the size of a zd_autograd_node_ops_t: build it with "
                                  "ZD_AUTOGRAD_NODE_OPS(name, backward, release)",
                                  ops ? ops->size : 0);
+    if (!inputs && n_inputs > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_node_new: NULL inputs");
     if (!zd_autograd_is_grad_enabled())
         return 0;
     bool any = false;
@@ -106,6 +110,10 @@ int zd_autograd_record(const zd_autograd_node_ops_t *ops, zd_tensor_t *const *in
                        zd_tensor_t *y, zd_tensor_t *const *saved, int n_saved, void *ctx)
 {
     zd_autograd_node_t *n;
+    if (!y) {
+        free(ctx);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_autograd_record: NULL y");
+    }
     if (zd_autograd_node_new(ops, in, n_in, 1, &n) < 0) {
         free(ctx);
         zd_tensor_unref(y);

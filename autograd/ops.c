@@ -14,8 +14,8 @@ static int check_f32(const char *op, const zd_tensor_t *t)
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", op);
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s", op,
-                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected float32, got %s", op,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return 0;
 }
 
@@ -95,10 +95,14 @@ static int add_sub(zd_tensor_t *a, zd_tensor_t *b, float sign, zd_tensor_t **out
 
 int zd_tensor_add(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_add: NULL out");
     return add_sub(a, b, 1.0f, out);
 }
 int zd_tensor_sub(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_sub: NULL out");
     return add_sub(a, b, -1.0f, out);
 }
 
@@ -126,6 +130,8 @@ static const zd_autograd_node_ops_t mul_ops =
 
 int zd_tensor_mul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_mul: NULL out");
     *out = NULL;
     int rc = check_pair("mul", a, b);
     if (rc != 0)
@@ -163,6 +169,8 @@ static const zd_autograd_node_ops_t scale_ops =
 
 int zd_tensor_scale(zd_tensor_t *a, float s, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_scale: NULL out");
     *out = NULL;
     if (check_f32("scale", a) < 0)
         return -1;
@@ -231,10 +239,14 @@ static int reduce(zd_tensor_t *a, bool mean, zd_tensor_t **out)
 
 int zd_tensor_sum(zd_tensor_t *a, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_sum: NULL out");
     return reduce(a, false, out);
 }
 int zd_tensor_mean(zd_tensor_t *a, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_mean: NULL out");
     return reduce(a, true, out);
 }
 
@@ -266,15 +278,17 @@ static const zd_autograd_node_ops_t matmul_ops =
 
 int zd_tensor_matmul(zd_tensor_t *a, zd_tensor_t *b, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_matmul: NULL out");
     *out = NULL;
     if (check_f32("matmul", a) < 0 || check_f32("matmul", b) < 0)
         return -1;
     if (zd_tensor_ndim(a) != 2 || zd_tensor_ndim(b) != 2 ||
         zd_tensor_size(a, 1) != zd_tensor_size(b, 0)) {
         char sa[96], sb[96];
-        return zd_error_set("matmul: cannot multiply %s by %s",
-                            zd_tensor_shape_str(a, sa, sizeof sa),
-                            zd_tensor_shape_str(b, sb, sizeof sb));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "matmul: cannot multiply %s by %s",
+                                 zd_tensor_shape_str(a, sa, sizeof sa),
+                                 zd_tensor_shape_str(b, sb, sizeof sb));
     }
     int m = (int)zd_tensor_size(a, 0), k = (int)zd_tensor_size(a, 1),
         nn = (int)zd_tensor_size(b, 1);
@@ -307,6 +321,8 @@ static const zd_autograd_node_ops_t copy_ops =
 
 int zd_tensor_clone(zd_tensor_t *a, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_clone: NULL out");
     *out = NULL;
     if (check_f32("copy", a) < 0)
         return -1;
@@ -379,6 +395,8 @@ static const zd_autograd_node_ops_t cat_ops =
 
 int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_cat: NULL out");
     *out = NULL;
     if (n < 1 || !ts)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "cat: no tensors");
@@ -388,7 +406,8 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
     if (dim < 0)
         dim += ndim;
     if (dim < 0 || dim >= ndim)
-        return zd_error_set("cat: dimension %d out of range for %d-D tensors", dim, ndim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "cat: dimension %d out of range for %d-D tensors",
+                                 dim, ndim);
     int64_t shape[ZD_TENSOR_MAX_DIMS], total = 0;
     memcpy(shape, zd_tensor_shape(ts[0]), sizeof(int64_t) * (size_t)ndim);
     for (int j = 0; j < n; j++) {
@@ -399,9 +418,10 @@ int zd_tensor_cat(zd_tensor_t *const *ts, int n, int dim, zd_tensor_t **out)
             ok = d == dim || zd_tensor_size(ts[j], d) == shape[d];
         if (!ok) {
             char sa[96], sb[96];
-            return zd_error_set("cat: tensor %d has shape %s, which does not fit %s along %d", j,
-                                zd_tensor_shape_str(ts[j], sa, sizeof sa),
-                                zd_tensor_shape_str(ts[0], sb, sizeof sb), dim);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "cat: tensor %d has shape %s, which does not fit %s along %d",
+                                     j, zd_tensor_shape_str(ts[j], sa, sizeof sa),
+                                     zd_tensor_shape_str(ts[0], sb, sizeof sb), dim);
         }
         total += zd_tensor_size(ts[j], dim);
     }
@@ -495,14 +515,17 @@ static zd_tensor_t *narrow_data(zd_tensor_t *t, int dim, int64_t start, int64_t 
 
 int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_narrow: NULL out");
     *out = NULL;
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "narrow: NULL tensor");
     int ndim = zd_tensor_ndim(t);
     if (ndim == 0)
-        return zd_error_set("narrow: a scalar has no dimension to narrow");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "narrow: a scalar has no dimension to narrow");
     if (dim < -ndim || dim >= ndim)
-        return zd_error_set("narrow: dimension %d out of range for a %d-D tensor", dim, ndim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "narrow: dimension %d out of range for a %d-D tensor", dim, ndim);
     if (dim < 0)
         dim += ndim;
     int64_t size = zd_tensor_size(t, dim);
@@ -510,10 +533,11 @@ int zd_tensor_narrow(zd_tensor_t *t, int dim, int64_t start, int64_t length, zd_
         start += size;
     if (start < 0 || start > size || length < 0 || length > size - start) {
         char s[96];
-        return zd_error_set("narrow: start %lld and length %lld do not fit dimension %d of "
-                            "shape %s",
-                            (long long)start, (long long)length, dim,
-                            zd_tensor_shape_str(t, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "narrow: start %lld and length %lld do not fit dimension %d of "
+                                 "shape %s",
+                                 (long long)start, (long long)length, dim,
+                                 zd_tensor_shape_str(t, s, sizeof s));
     }
     zd_tensor_t *y = narrow_data(t, dim, start, length);
     narrow_ctx_t *c = malloc(sizeof *c);

@@ -56,8 +56,8 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
     if (!x)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL tensor", unary_names[op]);
     if (zd_tensor_dtype(x) != ZD_FLOAT32)
-        return zd_error_set("%s: expected float32, got %s", unary_names[op],
-                            zd_tensor_dtype_name(zd_tensor_dtype(x)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected float32, got %s", unary_names[op],
+                                 zd_tensor_dtype_name(zd_tensor_dtype(x)));
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), zd_tensor_ndim(x));
     if (!y)
         return -1;
@@ -100,17 +100,25 @@ static int unary(unary_t op, zd_tensor_t *x, zd_tensor_t **out)
 
 int zd_tensor_tanh(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_tanh: NULL out");
     return unary(U_TANH, x, out);
 }
 int zd_tensor_sigmoid(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_sigmoid: NULL out");
     return unary(U_SIGMOID, x, out);
 }
 int zd_tensor_exp(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_exp: NULL out");
     return unary(U_EXP, x, out);
 }
 int zd_tensor_log(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_log: NULL out");
     return unary(U_LOG, x, out);
 }

@@ -95,8 +95,9 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
     const int nd = zd_tensor_ndim(t);
     char s[96];
     if (ndims != nd)
-        return zd_error_set("%s: %d dimensions given for a tensor of shape %s", op, ndims,
-                            zd_tensor_shape_str(t, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: %d dimensions given for a tensor of shape %s", op, ndims,
+                                 zd_tensor_shape_str(t, s, sizeof s));
     if (nd > 0 && !dims)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL dimensions", op);
     int perm[ZD_TENSOR_MAX_DIMS] = {0};
@@ -104,10 +105,11 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
     for (int i = 0; i < nd; i++) {
         int d = dims[i] < 0 ? dims[i] + nd : dims[i];
         if (d < 0 || d >= nd)
-            return zd_error_set("%s: dimension %d out of range for shape %s", op, dims[i],
-                                zd_tensor_shape_str(t, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: dimension %d out of range for shape %s",
+                                     op, dims[i], zd_tensor_shape_str(t, s, sizeof s));
         if (seen[d])
-            return zd_error_set("%s: dimension %d repeats: not a permutation", op, d);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: dimension %d repeats: not a permutation",
+                                     op, d);
         seen[d] = true;
         perm[i] = d;
     }
@@ -132,11 +134,15 @@ static int permute_impl(const char *op, zd_tensor_t *t, const int *dims, int ndi
 
 int zd_tensor_permute(zd_tensor_t *t, const int *dims, int ndims, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_permute: NULL out");
     return permute_impl("permute", t, dims, ndims, out);
 }
 
 int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_transpose: NULL out");
     *out = NULL;
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "transpose: NULL tensor");
@@ -144,8 +150,9 @@ int zd_tensor_transpose(zd_tensor_t *t, int dim0, int dim1, zd_tensor_t **out)
     int d0 = dim0 < 0 ? dim0 + nd : dim0, d1 = dim1 < 0 ? dim1 + nd : dim1;
     if (d0 < 0 || d0 >= nd || d1 < 0 || d1 >= nd) {
         char s[96];
-        return zd_error_set("transpose: dimensions %d and %d out of range for shape %s", dim0, dim1,
-                            zd_tensor_shape_str(t, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "transpose: dimensions %d and %d out of range for shape %s", dim0,
+                                 dim1, zd_tensor_shape_str(t, s, sizeof s));
     }
     int perm[ZD_TENSOR_MAX_DIMS];
     for (int i = 0; i < nd; i++)

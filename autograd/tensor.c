@@ -45,16 +45,17 @@ const char *zd_tensor_dtype_name(zd_tensor_dtype_t dtype)
 static int shape_check(zd_tensor_dtype_t dtype, int ndim, const int64_t *shape, int64_t *numel)
 {
     if (zd_tensor_dtype_size(dtype) == 0)
-        return zd_error_set("tensor: unknown dtype %d", (int)dtype);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: unknown dtype %d", (int)dtype);
     if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
-        return zd_error_set("tensor: %d dimensions (0 to %d allowed)", ndim, ZD_TENSOR_MAX_DIMS);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: %d dimensions (0 to %d allowed)", ndim,
+                                 ZD_TENSOR_MAX_DIMS);
     int64_t n = 1;
     for (int i = 0; i < ndim; i++) {
         if (shape[i] < 0)
-            return zd_error_set("tensor: negative size %lld in dimension %d", (long long)shape[i],
-                                i);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: negative size %lld in dimension %d",
+                                     (long long)shape[i], i);
         if (shape[i] > 0 && n > INT64_MAX / 16 / shape[i])
-            return zd_error_set("tensor: shape too large");
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: shape too large");
         n *= shape[i];
     }
     *numel = n;
@@ -136,11 +137,19 @@ static zd_tensor_t *tensor_make(zd_tensor_dtype_t dtype, int ndim, const int64_t
 
 zd_tensor_t *zd_tensor_new(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_new: NULL shape");
+        return NULL;
+    }
     return tensor_make(dtype, ndim, shape, true);
 }
 
 zd_tensor_t *zd_tensor_empty(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_empty: NULL shape");
+        return NULL;
+    }
     return tensor_make(dtype, ndim, shape, false);
 }
 
@@ -162,6 +171,14 @@ zd_tensor_t *zd_tensor_zeros4(int64_t d0, int64_t d1, int64_t d2, int64_t d3)
 zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim,
                                  const void *data)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_from_data: NULL shape");
+        return NULL;
+    }
+    if (!data) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_from_data: NULL data");
+        return NULL;
+    }
     zd_tensor_t *t = tensor_make(dtype, ndim, shape, false);
     if (t)
         memcpy(zd_tensor_raw(t), data, zd_tensor_nbytes(t));
@@ -171,18 +188,27 @@ zd_tensor_t *zd_tensor_from_data(zd_tensor_dtype_t dtype, const int64_t *shape, 
 zd_tensor_t *zd_tensor_wrap(zd_tensor_dtype_t dtype, const int64_t *shape, int ndim, void *data,
                             size_t bytes, zd_tensor_release_fn *release, void *arg)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_wrap: NULL shape");
+        return NULL;
+    }
     int64_t numel;
     zd_tensor_t *t = NULL;
     tensor_storage_t *s = NULL;
     if (shape_check(dtype, ndim, shape, &numel) < 0)
         goto fail;
     if ((size_t)numel * zd_tensor_dtype_size(dtype) != bytes) {
-        zd_error_set("tensor: %zu bytes do not hold %lld elements of %s", bytes, (long long)numel,
-                     zd_tensor_dtype_name(dtype));
+        zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: %zu bytes do not hold %lld elements of %s",
+                          bytes, (long long)numel, zd_tensor_dtype_name(dtype));
+        goto fail;
+    }
+    if (bytes && !data) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_wrap: NULL data");
         goto fail;
     }
     if (bytes && ((uintptr_t)data % zd_tensor_dtype_size(dtype)) != 0) {
-        zd_error_set("tensor: buffer not aligned for %s", zd_tensor_dtype_name(dtype));
+        zd_error_set_code(ZD_ERR_ARGUMENT, "tensor: buffer not aligned for %s",
+                          zd_tensor_dtype_name(dtype));
         goto fail;
     }
     s = malloc(sizeof *s);
@@ -367,6 +393,11 @@ static const zd_autograd_node_ops_t reshape_ops =
 
 int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_reshape: NULL out");
+    *out = NULL;
+    if (!shape && ndim > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_tensor_reshape: NULL shape");
     int64_t s[ZD_TENSOR_MAX_DIMS];
     int infer = -1;
     int64_t known = 1;
@@ -374,15 +405,16 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
     if (!t)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: NULL tensor");
     if (ndim < 0 || ndim > ZD_TENSOR_MAX_DIMS)
-        return zd_error_set("reshape: %d dimensions", ndim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: %d dimensions", ndim);
     for (int i = 0; i < ndim; i++) {
         s[i] = shape[i];
         if (s[i] == -1) {
             if (infer >= 0)
-                return zd_error_set("reshape: only one dimension can be -1");
+                return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: only one dimension can be -1");
             infer = i;
         } else if (s[i] < 0) {
-            return zd_error_set("reshape: negative size %lld", (long long)s[i]);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "reshape: negative size %lld",
+                                     (long long)s[i]);
         } else {
             known *= s[i];
         }
@@ -394,9 +426,9 @@ int zd_tensor_reshape(zd_tensor_t *t, const int64_t *shape, int ndim, zd_tensor_
         numel *= s[i];
     if (numel != t->numel) {
         char buf[128];
-        return zd_error_set("reshape: cannot view %s (%lld elements) with %lld elements",
-                            zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel,
-                            (long long)numel);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "reshape: cannot view %s (%lld elements) with %lld elements",
+            zd_tensor_shape_str(t, buf, sizeof buf), (long long)t->numel, (long long)numel);
     }
     zd_tensor_t *v = tensor_view(t, ndim, s);
     if (!v)

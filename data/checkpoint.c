@@ -92,13 +92,14 @@ static int check_inputs(const char *path, const zd_named_tensors_t *nt)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: no tensors given (NULL)", path);
     int n = zd_named_tensors_len(nt);
     if (n > ZD_CHECKPOINT_MAX_COUNT)
-        return zd_error_set("checkpoint: %s: %d tensors (0 to %d)", path, n,
-                            ZD_CHECKPOINT_MAX_COUNT);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "checkpoint: %s: %d tensors (0 to %d)", path, n,
+                                 ZD_CHECKPOINT_MAX_COUNT);
     for (int i = 0; i < n; i++) {
         size_t len = strlen(zd_named_tensors_name(nt, i));
         if (len > ZD_CHECKPOINT_MAX_NAME)
-            return zd_error_set("checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)", path, i,
-                                len, ZD_CHECKPOINT_MAX_NAME);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "checkpoint: %s: name of tensor %d is %zu bytes (1 to %d)",
+                                     path, i, len, ZD_CHECKPOINT_MAX_NAME);
     }
     return 0;
 }
@@ -148,6 +149,8 @@ static int save_to(FILE *f, void *arg)
 
 int zd_checkpoint_save(const zd_named_tensors_t *tensors, const char *path)
 {
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_checkpoint_save: NULL path");
     if (check_inputs(path, tensors) < 0)
         return -1;
     return zd__file_replace("checkpoint", path, save_to, &(save_t){path, tensors});
@@ -369,6 +372,8 @@ static int match(const char *path, const parsed_t *p, const zd_named_tensors_t *
 
 int zd_checkpoint_load(const zd_named_tensors_t *into, const char *path)
 {
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_checkpoint_load: NULL path");
     if (check_inputs(path, into) < 0)
         return -1;
     parsed_t p;
@@ -390,6 +395,10 @@ int zd_checkpoint_load(const zd_named_tensors_t *into, const char *path)
 
 zd_named_tensors_t *zd_checkpoint_read(const char *path)
 {
+    if (!path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_checkpoint_read: NULL path");
+        return NULL;
+    }
     parsed_t p;
     if (parse(path, &p) < 0)
         return NULL;

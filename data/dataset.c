@@ -39,9 +39,16 @@ static bool is_file(const char *path)
 int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *kind, char *buf,
                          size_t size)
 {
+    if (!dir)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_file: NULL dir");
+    if (!kind)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_file: NULL kind");
+    if (!buf)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_file: NULL buf");
     const char *prefix = split == ZD_DATASET_TEST ? "t10k" : "train";
     if (strcmp(kind, "images") != 0 && strcmp(kind, "labels") != 0)
-        return zd_error_set("dataset: unknown file kind '%s' (images or labels)", kind);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "dataset: unknown file kind '%s' (images or labels)", kind);
     const char *idx = strcmp(kind, "labels") == 0 ? "idx1" : "idx3";
     /* Plain before gzip: both hold the same data and plain reads faster. */
     static const char *const patterns[] = {
@@ -53,7 +60,7 @@ int zd_dataset_find_file(const char *dir, zd_dataset_split_t split, const char *
     for (size_t i = 0; i < sizeof patterns / sizeof patterns[0]; i++) {
         int n = snprintf(buf, size, patterns[i], dir, prefix, kind, idx);
         if (n < 0 || (size_t)n >= size)
-            return zd_error_set("dataset: path in %s too long", dir);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "dataset: path in %s too long", dir);
         if (is_file(buf))
             return 0;
     }
@@ -74,13 +81,15 @@ static bool holds_train_files(const char *dir)
 static int copy_dir(const char *dir, char *buf, size_t size)
 {
     if ((size_t)snprintf(buf, size, "%s", dir) >= size)
-        return zd_error_set("dataset: directory name %s too long", dir);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "dataset: directory name %s too long", dir);
     zd_error_clear();
     return 0;
 }
 
 int zd_dataset_find_dir(char *buf, size_t size)
 {
+    if (!buf)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_find_dir: NULL buf");
     const char *env = getenv("ZDIST_DATA_DIR");
     if (env && *env) {
         if (!holds_train_files(env))
@@ -243,6 +252,14 @@ static int load_files(const char *images_path, const char *labels_path, zd_datas
 
 zd_dataset_t *zd_dataset_load_files(const char *images_path, const char *labels_path)
 {
+    if (!images_path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_load_files: NULL images_path");
+        return NULL;
+    }
+    if (!labels_path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_load_files: NULL labels_path");
+        return NULL;
+    }
     zd_dataset_t *ds;
     return load_files(images_path, labels_path, &ds) < 0 ? NULL : ds;
 }
@@ -291,6 +308,8 @@ zd_tensor_t *zd_dataset_labels(const zd_dataset_t *ds)
 
 int zd_dataset_limit(zd_dataset_t *ds, int64_t k)
 {
+    if (!ds)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_limit: NULL data set");
     if (k < 1)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "dataset: limit %lld (at least 1 sample)",
                                  (long long)k);
@@ -322,15 +341,22 @@ static void make_table(float table[256])
 
 int zd_dataset_normalise(const zd_tensor_t *images, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_normalise: NULL out");
+    *out = NULL;
+    if (!images)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_normalise: NULL images");
     char s[96];
     int nd = zd_tensor_ndim(images);
     *out = NULL;
     if (zd_tensor_dtype(images) != ZD_UINT8 || (nd != 3 && nd != 4) ||
         (nd == 4 && zd_tensor_size(images, 1) != 1))
-        return zd_error_set("zd_dataset_normalise: expected uint8 (N, H, W) or (N, 1, H, W), got "
-                            "%s %s",
-                            zd_tensor_dtype_name(zd_tensor_dtype(images)),
-                            zd_tensor_shape_str(images, s, sizeof s));
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT,
+            "zd_dataset_normalise: expected uint8 (N, H, W) or (N, 1, H, W), got "
+            "%s %s",
+            zd_tensor_dtype_name(zd_tensor_dtype(images)),
+            zd_tensor_shape_str(images, s, sizeof s));
     int64_t shape[4] = {zd_tensor_size(images, 0), 1, zd_tensor_size(images, -2),
                         zd_tensor_size(images, -1)};
     zd_tensor_t *x = zd_tensor_empty(ZD_FLOAT32, shape, 4);
@@ -355,6 +381,10 @@ void zd_dataset_shuffle(int64_t *idx, int64_t n, uint64_t seed)
 
 int64_t *zd_dataset_order(const zd_dataset_t *ds, uint64_t seed)
 {
+    if (!ds) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_order: NULL data set");
+        return NULL;
+    }
     int64_t *order = malloc((size_t)ds->n * sizeof *order);
     if (!order) {
         zd_error_set_code(ZD_ERR_NO_MEMORY, "dataset: out of memory for an order of %lld samples",
@@ -406,20 +436,28 @@ static int read_rows(const zd_dataset_t *ds, const int64_t *order, int64_t start
 int zd_dataset_batch(const zd_dataset_t *ds, const int64_t *order, int64_t start,
                      int64_t batch_size, zd_tensor_t **x, zd_tensor_t **y)
 {
+    if (!x)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: NULL x");
+    if (!y)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: NULL y");
     *x = *y = NULL;
+    if (!ds)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: NULL data set");
     if (batch_size < 1)
-        return zd_error_set("zd_dataset_batch: batch size %lld (at least 1)",
-                            (long long)batch_size);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dataset_batch: batch size %lld (at least 1)",
+                                 (long long)batch_size);
     if (start < 0 || start >= ds->n)
-        return zd_error_set("zd_dataset_batch: start %lld outside the %lld samples",
-                            (long long)start, (long long)ds->n);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_dataset_batch: start %lld outside the %lld samples",
+                                 (long long)start, (long long)ds->n);
     int64_t b = ds->n - start < batch_size ? ds->n - start : batch_size;
     for (int64_t i = 0; order && i < b; i++)
         if (order[start + i] < 0 || order[start + i] >= ds->n)
-            return zd_error_set("zd_dataset_batch: order[%lld] = %lld is not a sample index "
-                                "(0 to %lld)",
-                                (long long)(start + i), (long long)order[start + i],
-                                (long long)ds->n - 1);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "zd_dataset_batch: order[%lld] = %lld is not a sample index "
+                                     "(0 to %lld)",
+                                     (long long)(start + i), (long long)order[start + i],
+                                     (long long)ds->n - 1);
     int64_t xs[4] = {b, 1, ds->rows, ds->cols};
     *x = zd_tensor_empty(ZD_FLOAT32, xs, 4);
     *y = zd_tensor_empty(ZD_INT64, &b, 1);

@@ -281,26 +281,37 @@ static int load(const char *path, zd_tensor_t **out)
 
 zd_tensor_t *zd_idx_read(const char *path)
 {
+    if (!path) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_read: NULL path");
+        return NULL;
+    }
     zd_tensor_t *t;
     return load(path, &t) < 0 ? NULL : t;
 }
 
 int zd_idx_save(const zd_tensor_t *t, const char *path)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save: NULL tensor");
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save: NULL path");
     zd_tensor_dtype_t dt = zd_tensor_dtype(t);
     if (dt != ZD_UINT8 && dt != ZD_FLOAT32)
-        return zd_error_set("idx: %s: cannot write %s tensors (uint8 and float32 only)", path,
-                            zd_tensor_dtype_name(dt));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "idx: %s: cannot write %s tensors (uint8 and float32 only)", path,
+                                 zd_tensor_dtype_name(dt));
     int ndim = zd_tensor_ndim(t);
     if (ndim < 1 || ndim > IDX_MAX_DIMS)
-        return zd_error_set("idx: %s: cannot write a %d-dimensional tensor (1 to %d)", path, ndim,
-                            IDX_MAX_DIMS);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "idx: %s: cannot write a %d-dimensional tensor (1 to %d)", path,
+                                 ndim, IDX_MAX_DIMS);
     unsigned char head[4 + 4 * IDX_MAX_DIMS] = {
         0, 0, dt == ZD_UINT8 ? ZD_IDX_TYPE_U8 : ZD_IDX_TYPE_F32, (unsigned char)ndim};
     for (int i = 0; i < ndim; i++) {
         if (zd_tensor_size(t, i) > UINT32_MAX)
-            return zd_error_set("idx: %s: dimension %d is %lld, more than an IDX u32 holds", path,
-                                i, (long long)zd_tensor_size(t, i));
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "idx: %s: dimension %d is %lld, more than an IDX u32 holds",
+                                     path, i, (long long)zd_tensor_size(t, i));
         put_be32(head + 4 + 4 * i, (uint32_t)zd_tensor_size(t, i));
     }
     size_t len = strlen(path);
@@ -347,8 +358,12 @@ int zd_idx_save(const zd_tensor_t *t, const char *path)
 
 int zd_idx_save_f32(const zd_tensor_t *t, const char *path)
 {
+    if (!t)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save_f32: NULL tensor");
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_idx_save_f32: NULL path");
     if (zd_tensor_dtype(t) != ZD_FLOAT32)
-        return zd_error_set("idx: %s: zd_idx_save_f32 got a %s tensor", path,
-                            zd_tensor_dtype_name(zd_tensor_dtype(t)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "idx: %s: zd_idx_save_f32 got a %s tensor", path,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(t)));
     return zd_idx_save(t, path);
 }

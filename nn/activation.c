@@ -53,6 +53,8 @@ static const zd_autograd_node_ops_t softmax_ops =
 
 int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_softmax: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("softmax: input", x) < 0)
         return -1;
@@ -60,8 +62,8 @@ int zd_nn_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
     /* a scalar has one dimension to softmax over, as in PyTorch */
     if (nd == 0 ? dim != 0 && dim != -1 : dim < -nd || dim >= nd) {
         char s[96];
-        return zd_error_set("softmax: dimension %d out of range for input %s", dim,
-                            zd_tensor_shape_str(x, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "softmax: dimension %d out of range for input %s",
+                                 dim, zd_tensor_shape_str(x, s, sizeof s));
     }
     if (dim < 0)
         dim += nd;
@@ -122,6 +124,8 @@ static const zd_autograd_node_ops_t gelu_ops =
 
 int zd_nn_gelu(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_gelu: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("gelu: input", x) < 0)
         return -1;

@@ -202,8 +202,8 @@ int zd__nn_check_ndim(const char *what, const zd_tensor_t *t, int ndim)
 {
     if (zd_tensor_ndim(t) != ndim) {
         char s[96];
-        return zd_error_set("%s: expected %d dimensions, got shape %s", what, ndim,
-                            zd_tensor_shape_str(t, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: expected %d dimensions, got shape %s", what,
+                                 ndim, zd_tensor_shape_str(t, s, sizeof s));
     }
     return 0;
 }

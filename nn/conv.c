@@ -265,7 +265,7 @@ static int conv_backward(zd_autograd_node_t *n, zd_tensor_t *const *gout, zd_ten
     rc = 0;
     goto out;
 oom:
-    zd_error_set("conv2d backward: out of memory");
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d backward: out of memory");
 out:
     for (int c = ctx->taps ? 0 : 1; c < chunks; c++)
         free(parts[c]);
@@ -296,25 +296,29 @@ static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
     zd_tensor_shape_str(x, sx, sizeof sx);
     zd_tensor_shape_str(weight, sw, sizeof sw);
     if (stride < 1 || padding < 0)
-        return zd_error_set("%s: stride %d must be >= 1 and padding %d >= 0", op, stride, padding);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: stride %d must be >= 1 and padding %d >= 0",
+                                 op, stride, padding);
     const int64_t *xs = zd_tensor_shape(x), *ws = zd_tensor_shape(weight);
     if (xs[1] != ws[1])
-        return zd_error_set("%s: input %s has %lld channels but weight %s expects %lld", op, sx,
-                            (long long)xs[1], sw, (long long)ws[1]);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: input %s has %lld channels but weight %s expects %lld", op,
+                                 sx, (long long)xs[1], sw, (long long)ws[1]);
     if (bias && zd_tensor_size(bias, 0) != ws[0])
-        return zd_error_set("%s: bias has %lld entries for %lld output channels", op,
-                            (long long)zd_tensor_size(bias, 0), (long long)ws[0]);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: bias has %lld entries for %lld output channels", op,
+                                 (long long)zd_tensor_size(bias, 0), (long long)ws[0]);
     for (int d = 0; d < 4; d++)
         if (xs[d] > INT32_MAX / 4 || ws[d] > INT32_MAX / 4)
-            return zd_error_set("%s: shapes %s, %s too large", op, sx, sw);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: shapes %s, %s too large", op, sx, sw);
     if (ws[0] < 1 || ws[2] < 1 || ws[3] < 1)
-        return zd_error_set("%s: empty weight %s", op, sw);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: empty weight %s", op, sw);
     int64_t hp = xs[2] + 2 * (int64_t)padding, wp = xs[3] + 2 * (int64_t)padding;
     if (hp < ws[2] || wp < ws[3])
-        return zd_error_set("%s: kernel %lldx%lld larger than the padded input %lldx%lld "
-                            "(input %s, padding %d)",
-                            op, (long long)ws[2], (long long)ws[3], (long long)hp, (long long)wp,
-                            sx, padding);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: kernel %lldx%lld larger than the padded input %lldx%lld "
+                                 "(input %s, padding %d)",
+                                 op, (long long)ws[2], (long long)ws[3], (long long)hp,
+                                 (long long)wp, sx, padding);
     ctx->g = (nn_conv_geom_t){
         .C = (int)xs[1],
         .H = (int)xs[2],
@@ -330,7 +334,8 @@ static int conv_setup(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
     ctx->O = (int)ws[0];
     int64_t P = (int64_t)ctx->g.Ho * ctx->g.Wo, K = xs[1] * ws[2] * ws[3];
     if (K * P > INT32_MAX || ctx->O * P > INT32_MAX)
-        return zd_error_set("%s: input %s with weight %s is too large", op, sx, sw);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: input %s with weight %s is too large", op,
+                                 sx, sw);
     return 0;
 }
 
@@ -371,7 +376,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         zd_tensor_unref(y);
         free(ctx->argmax);
         free(ctx);
-        return zd_error_set("conv2d: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d: out of memory");
     }
     conv_fwd_job_t job = {
         .ctx = ctx,
@@ -396,7 +401,7 @@ static int conv_run(conv_ctx_t *ctx, zd_tensor_t *x, zd_tensor_t *weight, zd_ten
         wpack = zd__nn_alloc_floats(zd__nn_taps_packed_floats(ctx->O, K));
         offs = malloc(sizeof(int32_t) * (size_t)K);
         if (!wpack || !offs) {
-            rc = zd_error_set("conv2d: out of memory");
+            rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d: out of memory");
         } else {
             zd__nn_taps_pack(job.w, ctx->O, K, K, NULL, wpack);
             zd__conv_taps_offsets(ctx, offs);
@@ -446,7 +451,7 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
     *out = NULL;
     conv_ctx_t *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
-        return zd_error_set("%s: out of memory", op);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op);
     if (conv_setup(op, x, weight, bias, stride, padding, ctx) < 0) {
         free(ctx);
         return -1;
@@ -456,8 +461,10 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
         if (pool_s == 0)
             pool_s = pool_k;
         if (pool_k < 1 || pool_s < 1 || ctx->g.Ho < pool_k || ctx->g.Wo < pool_k) {
-            zd_error_set("%s: pool kernel %d, stride %d do not fit the %dx%d convolution output",
-                         op, pool_k, pool_s, ctx->g.Ho, ctx->g.Wo);
+            zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "%s: pool kernel %d, stride %d do not fit the %dx%d convolution output", op, pool_k,
+                pool_s, ctx->g.Ho, ctx->g.Wo);
             free(ctx);
             return -1;
         }
@@ -473,18 +480,24 @@ static int conv_entry(const char *op, zd_tensor_t *x, zd_tensor_t *weight, zd_te
 int zd_nn_conv2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride, int padding,
                  zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_conv2d: NULL out");
     return conv_entry("conv2d", x, weight, bias, stride, padding, EPI_NONE, 0, 0, out);
 }
 
 int zd_nn_conv2d_relu(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
                       int padding, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_conv2d_relu: NULL out");
     return conv_entry("conv2d_relu", x, weight, bias, stride, padding, EPI_RELU, 0, 0, out);
 }
 
 int zd_nn_conv2d_max_pool2d(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, int stride,
                             int padding, int pool_kernel, int pool_stride, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_conv2d_max_pool2d: NULL out");
     return conv_entry("conv2d_max_pool2d", x, weight, bias, stride, padding, EPI_POOL, pool_kernel,
                       pool_stride, out);
 }

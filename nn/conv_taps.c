@@ -300,7 +300,7 @@ int zd__conv_taps_bwd_prepare(conv_bwd_job_t *job, const float *w, int32_t *ints
     /* Row c, column (o, tap) of the flipped kernel is w[o][c][kk-1-tap]. */
     int32_t *koff = malloc(sizeof(int32_t) * (size_t)Kx);
     if (!koff)
-        return zd_error_set("conv2d backward: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "conv2d backward: out of memory");
     for (int o = 0; o < ctx->O; o++)
         for (int k = 0; k < kk; k++)
             koff[o * kk + k] = o * g->C * kk + kk - 1 - k;

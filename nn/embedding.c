@@ -40,6 +40,8 @@ static const zd_autograd_node_ops_t emb_ops =
 int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_idx,
                     zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_embedding: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("embedding: weight", weight) < 0 ||
         zd__nn_check_ndim("embedding: weight", weight, 2) < 0)
@@ -48,16 +50,19 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
         return zd_error_set_code(ZD_ERR_ARGUMENT, "embedding: indices are NULL");
     const zd_tensor_dtype_t dt = zd_tensor_dtype(indices);
     if (dt != ZD_INT64 && dt != ZD_UINT8)
-        return zd_error_set("embedding: indices must be int64 or uint8, got %s",
-                            zd_tensor_dtype_name(dt));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "embedding: indices must be int64 or uint8, got %s",
+                                 zd_tensor_dtype_name(dt));
     const int nd = zd_tensor_ndim(indices);
     if (nd + 1 > ZD_TENSOR_MAX_DIMS)
-        return zd_error_set("embedding: indices have %d dimensions, at most %d fit", nd,
-                            ZD_TENSOR_MAX_DIMS - 1);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "embedding: indices have %d dimensions, at most %d fit", nd,
+                                 ZD_TENSOR_MAX_DIMS - 1);
     const int64_t rows = zd_tensor_size(weight, 0), dim = zd_tensor_size(weight, 1);
     if (padding_idx < ZD_NN_NO_PADDING || padding_idx >= rows)
-        return zd_error_set("embedding: padding_idx %lld out of range for %lld rows",
-                            (long long)padding_idx, (long long)rows);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "embedding: padding_idx %lld out of range for %lld rows",
+                                 (long long)padding_idx, (long long)rows);
     const int64_t n = zd_tensor_numel(indices);
     emb_ctx_t *c = malloc(sizeof *c + sizeof(int64_t) * (size_t)n);
     if (!c)
@@ -70,8 +75,9 @@ int zd_nn_embedding(zd_tensor_t *indices, zd_tensor_t *weight, int64_t padding_i
         c->idx[i] = dt == ZD_INT64 ? zd_tensor_data_i64(indices)[i]
                                    : ((const uint8_t *)zd_tensor_raw(indices))[i];
         if (c->idx[i] < 0 || c->idx[i] >= rows) {
-            zd_error_set("embedding: index %lld (element %lld) out of range for %lld rows",
-                         (long long)c->idx[i], (long long)i, (long long)rows);
+            zd_error_set_code(ZD_ERR_ARGUMENT,
+                              "embedding: index %lld (element %lld) out of range for %lld rows",
+                              (long long)c->idx[i], (long long)i, (long long)rows);
             free(c);
             return -1;
         }

@@ -226,6 +226,8 @@ static const zd_autograd_node_ops_t linear_ops =
 
 int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_linear: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("linear: input", x) < 0 ||
         zd__nn_check_f32("linear: weight", weight) < 0 ||
@@ -238,15 +240,17 @@ int zd_nn_linear(zd_tensor_t *x, zd_tensor_t *weight, zd_tensor_t *bias, zd_tens
     char sx[96], sw[96];
     const int64_t out_f = zd_tensor_size(weight, 0), in_f = zd_tensor_size(weight, 1);
     if (zd_tensor_ndim(x) < 1 || zd_tensor_size(x, -1) != in_f)
-        return zd_error_set("linear: input %s does not end in %lld features (weight %s)",
-                            zd_tensor_shape_str(x, sx, sizeof sx), (long long)in_f,
-                            zd_tensor_shape_str(weight, sw, sizeof sw));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "linear: input %s does not end in %lld features (weight %s)",
+                                 zd_tensor_shape_str(x, sx, sizeof sx), (long long)in_f,
+                                 zd_tensor_shape_str(weight, sw, sizeof sw));
     if (bias && zd_tensor_size(bias, 0) != out_f)
-        return zd_error_set("linear: bias has %lld entries for %lld outputs",
-                            (long long)zd_tensor_size(bias, 0), (long long)out_f);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "linear: bias has %lld entries for %lld outputs",
+                                 (long long)zd_tensor_size(bias, 0), (long long)out_f);
     const int64_t rows = leading_rows(x);
     if (rows > INT32_MAX || in_f > INT32_MAX || out_f > INT32_MAX)
-        return zd_error_set("linear: input %s too large", zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "linear: input %s too large",
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     int64_t shape[ZD_TENSOR_MAX_DIMS];
     memcpy(shape, zd_tensor_shape(x), sizeof(int64_t) * (size_t)zd_tensor_ndim(x));
     shape[zd_tensor_ndim(x) - 1] = out_f;
@@ -334,6 +338,8 @@ static const zd_autograd_node_ops_t relu_ops =
 
 int zd_nn_relu(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_relu: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("relu: input", x) < 0)
         return -1;
@@ -414,14 +420,17 @@ static int dropout_check(const char *name, zd_tensor_t *x, float p, bool trainin
     if (zd__nn_check_f32(name, x) < 0)
         return -1;
     if (!(p >= 0.0f && p <= 1.0f))
-        return zd_error_set("%s: probability %g outside [0, 1]", name, (double)p);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: probability %g outside [0, 1]", name,
+                                 (double)p);
     if (training && p > 0.0f && !rng)
-        return zd_error_set("%s: training needs a random generator", name);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: training needs a random generator", name);
     return 0;
 }
 
 int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_dropout: NULL out");
     *out = NULL;
     if (dropout_check("dropout", x, p, training, rng) < 0)
         return -1;
@@ -434,13 +443,16 @@ int zd_nn_dropout(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tens
 
 int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_dropout2d: NULL out");
     *out = NULL;
     if (dropout_check("dropout2d", x, p, training, rng) < 0)
         return -1;
     if (zd_tensor_ndim(x) < 2) {
         char sx[96];
-        return zd_error_set("dropout2d: input %s needs (N, C, ...) dimensions",
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "dropout2d: input %s needs (N, C, ...) dimensions",
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     }
     if (!training || p == 0.0f) {
         *out = zd_tensor_ref(x);
@@ -456,13 +468,15 @@ int zd_nn_dropout2d(zd_tensor_t *x, float p, bool training, zd_rng_t *rng, zd_te
 
 int zd_nn_flatten(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_flatten: NULL out");
     *out = NULL;
     if (!x)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "flatten: input is NULL");
     if (zd_tensor_ndim(x) < 2) {
         char sx[96];
-        return zd_error_set("flatten: input %s needs at least 2 dimensions",
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "flatten: input %s needs at least 2 dimensions",
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     }
     int64_t rest = 1;
     for (int d = 1; d < zd_tensor_ndim(x); d++)

@@ -93,9 +93,10 @@ static int check_affine(const char *what, const zd_tensor_t *t, const zd_tensor_
         ok = zd_tensor_size(t, d) == zd_tensor_size(x, zd_tensor_ndim(x) - norm_ndim + d);
     if (!ok) {
         char st[96], sx[96];
-        return zd_error_set("%s %s does not match the last %d dimensions of input %s", what,
-                            zd_tensor_shape_str(t, st, sizeof st), norm_ndim,
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s %s does not match the last %d dimensions of input %s", what,
+                                 zd_tensor_shape_str(t, st, sizeof st), norm_ndim,
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     }
     return 0;
 }
@@ -103,20 +104,23 @@ static int check_affine(const char *what, const zd_tensor_t *t, const zd_tensor_
 int zd_nn_layer_norm(zd_tensor_t *x, int norm_ndim, zd_tensor_t *weight, zd_tensor_t *bias,
                      float eps, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_layer_norm: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("layer_norm: input", x) < 0)
         return -1;
     const int nd = zd_tensor_ndim(x);
     if (norm_ndim < 1 || norm_ndim > nd) {
         char s[96];
-        return zd_error_set("layer_norm: cannot normalise over the last %d dimensions of input %s",
-                            norm_ndim, zd_tensor_shape_str(x, s, sizeof s));
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "layer_norm: cannot normalise over the last %d dimensions of input %s",
+            norm_ndim, zd_tensor_shape_str(x, s, sizeof s));
     }
     if (check_affine("layer_norm: weight", weight, x, norm_ndim) < 0 ||
         check_affine("layer_norm: bias", bias, x, norm_ndim) < 0)
         return -1;
     if (!(eps >= 0.0f))
-        return zd_error_set("layer_norm: eps %g is negative", (double)eps);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "layer_norm: eps %g is negative", (double)eps);
     int64_t m = 1;
     for (int d = nd - norm_ndim; d < nd; d++)
         m *= zd_tensor_size(x, d);

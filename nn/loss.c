@@ -36,12 +36,16 @@ static const zd_autograd_node_ops_t log_softmax_ops =
 
 int zd_nn_log_softmax(zd_tensor_t *x, int dim, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_log_softmax: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("log_softmax: input", x) < 0 ||
         zd__nn_check_ndim("log_softmax: input", x, 2) < 0)
         return -1;
     if (dim != 1 && dim != -1)
-        return zd_error_set("log_softmax: only dim 1 of a 2-D input is supported, got dim %d", dim);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "log_softmax: only dim 1 of a 2-D input is supported, got dim %d",
+                                 dim);
     const int64_t rows = zd_tensor_size(x, 0), cols = zd_tensor_size(x, 1);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, zd_tensor_shape(x), 2);
     if (!y)
@@ -87,13 +91,14 @@ static int check_target_shape(const char *op, const zd_tensor_t *scores, const z
     if (!target)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: target is NULL", op);
     if (zd_tensor_dtype(target) != ZD_INT64 && zd_tensor_dtype(target) != ZD_UINT8)
-        return zd_error_set("%s: target must be int64 or uint8 class indices, got %s", op,
-                            zd_tensor_dtype_name(zd_tensor_dtype(target)));
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: target must be int64 or uint8 class indices, got %s", op,
+                                 zd_tensor_dtype_name(zd_tensor_dtype(target)));
     if (zd_tensor_ndim(target) != 1 || zd_tensor_size(target, 0) != zd_tensor_size(scores, 0))
-        return zd_error_set("%s: target %s does not match input %s (expected (%lld))", op,
-                            zd_tensor_shape_str(target, st, sizeof st),
-                            zd_tensor_shape_str(scores, ss, sizeof ss),
-                            (long long)zd_tensor_size(scores, 0));
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "%s: target %s does not match input %s (expected (%lld))", op,
+            zd_tensor_shape_str(target, st, sizeof st), zd_tensor_shape_str(scores, ss, sizeof ss),
+            (long long)zd_tensor_size(scores, 0));
     return 0;
 }
 
@@ -102,8 +107,9 @@ static int check_classes(const char *op, const int64_t *idx, int64_t n, int64_t 
 {
     for (int64_t i = 0; i < n; i++)
         if (idx[i] < 0 || idx[i] >= C)
-            return zd_error_set("%s: target[%lld] = %lld is out of range for %lld classes", op,
-                                (long long)i, (long long)idx[i], (long long)C);
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "%s: target[%lld] = %lld is out of range for %lld classes", op,
+                                     (long long)i, (long long)idx[i], (long long)C);
     return 0;
 }
 
@@ -145,6 +151,8 @@ static const zd_autograd_node_ops_t nll_ops =
 
 int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_nll_loss: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("nll_loss: input", logprobs) < 0 ||
         zd__nn_check_ndim("nll_loss: input", logprobs, 2) < 0 ||
@@ -178,6 +186,8 @@ int zd_nn_nll_loss(zd_tensor_t *logprobs, zd_tensor_t *target, zd_tensor_t **out
 
 int zd_nn_cross_entropy(zd_tensor_t *logits, zd_tensor_t *target, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_cross_entropy: NULL out");
     zd_tensor_t *lp;
     *out = NULL;
     if (zd_nn_log_softmax(logits, 1, &lp) < 0)
@@ -200,12 +210,14 @@ static int64_t row_argmax(const float *r, int64_t C)
 
 int zd_nn_argmax(zd_tensor_t *x, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_argmax: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("argmax: input", x) < 0 || zd__nn_check_ndim("argmax: input", x, 2) < 0)
         return -1;
     const int64_t N = zd_tensor_size(x, 0), C = zd_tensor_size(x, 1);
     if (C < 1 && N > 0)
-        return zd_error_set("argmax: input has no columns");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "argmax: input has no columns");
     zd_tensor_t *y = zd_tensor_empty(ZD_INT64, &N, 1);
     if (!y)
         return -1;
@@ -226,8 +238,9 @@ int64_t zd_nn_accuracy(zd_tensor_t *scores, zd_tensor_t *target)
     for (int64_t i = 0; i < N; i++) {
         int64_t t = target_at(target, i); /* read once: checked and compared */
         if (check_classes("accuracy", &t, 1, C) < 0)
-            return zd_error_set("accuracy: target[%lld] = %lld is out of range for %lld classes",
-                                (long long)i, (long long)t, (long long)C);
+            return zd_error_set_code(
+                ZD_ERR_ARGUMENT, "accuracy: target[%lld] = %lld is out of range for %lld classes",
+                (long long)i, (long long)t, (long long)C);
         correct += row_argmax(zd_tensor_data(scores) + i * C, C) == t;
     }
     return correct;
@@ -260,15 +273,17 @@ static const zd_autograd_node_ops_t mse_ops =
 
 int zd_nn_mse_loss(zd_tensor_t *x, zd_tensor_t *target, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_mse_loss: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("mse_loss: input", x) < 0 ||
         zd__nn_check_f32("mse_loss: target", target) < 0)
         return -1;
     if (!zd_tensor_same_shape(x, target)) {
         char sx[96], st[96];
-        return zd_error_set("mse_loss: input %s and target %s differ in shape",
-                            zd_tensor_shape_str(x, sx, sizeof sx),
-                            zd_tensor_shape_str(target, st, sizeof st));
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "mse_loss: input %s and target %s differ in shape",
+            zd_tensor_shape_str(x, sx, sizeof sx), zd_tensor_shape_str(target, st, sizeof st));
     }
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, NULL, 0);
     if (!y)

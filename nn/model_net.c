@@ -86,9 +86,9 @@ static int check_images(const char *model, zd_tensor_t *x)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: input is NULL", model);
     if (zd_tensor_dtype(x) != ZD_FLOAT32 || zd_tensor_ndim(x) != 4 || zd_tensor_size(x, 1) != 1 ||
         zd_tensor_size(x, 2) != 28 || zd_tensor_size(x, 3) != 28)
-        return zd_error_set("%s: input must be float32 (N, 1, 28, 28), got %s %s", model,
-                            zd_tensor_dtype_name(zd_tensor_dtype(x)),
-                            zd_tensor_shape_str(x, s, sizeof s));
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "%s: input must be float32 (N, 1, 28, 28), got %s %s", model,
+            zd_tensor_dtype_name(zd_tensor_dtype(x)), zd_tensor_shape_str(x, s, sizeof s));
     return 0;
 }
 
@@ -169,6 +169,8 @@ enum { CONV1_W, CONV1_B, CONV2_W, CONV2_B, FC1_W, FC1_B, FC2_W, FC2_B };
 
 int zd_nn_net_forward_conv(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t **flat)
 {
+    if (!flat)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_net_forward_conv: NULL flat");
     *flat = NULL;
     net_state_t *s = our_state(m, true, "zd_nn_net_forward_conv");
     if (!s || check_images("Net", x) < 0)
@@ -190,14 +192,16 @@ int zd_nn_net_forward_conv(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t **flat
 
 int zd_nn_net_forward_fc(zd_nn_module_t *m, zd_tensor_t *flat, zd_tensor_t **logprobs)
 {
+    if (!logprobs)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_net_forward_fc: NULL logprobs");
     *logprobs = NULL;
     net_state_t *s = our_state(m, true, "zd_nn_net_forward_fc");
     if (!s)
         return -1;
     if (!flat || zd_tensor_ndim(flat) != 2 || zd_tensor_size(flat, 1) != 9216) {
         char sh[96];
-        return zd_error_set("Net fc stage: input must be (N, 9216), got %s",
-                            flat ? zd_tensor_shape_str(flat, sh, sizeof sh) : "NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "Net fc stage: input must be (N, 9216), got %s",
+                                 flat ? zd_tensor_shape_str(flat, sh, sizeof sh) : "NULL");
     }
     const bool training = zd_nn_module_is_training(m);
     zd_rng_t rng;

@@ -208,6 +208,10 @@ int zd_nn_module_register_parameter(zd_nn_module_t *m, const char *name, zd_tens
 zd_tensor_t *zd_nn_module_add_parameter(zd_nn_module_t *m, const char *name, const int64_t *shape,
                                         int ndim)
 {
+    if (!shape && ndim > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_add_parameter: NULL shape");
+        return NULL;
+    }
     zd_tensor_t *t = zd_tensor_new(ZD_FLOAT32, shape, ndim);
     if (!t)
         return NULL;
@@ -460,6 +464,10 @@ bool zd_nn_module_is_training(const zd_nn_module_t *m)
 int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
                          int n_out)
 {
+    if (!in && n_in > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_forward: NULL in");
+    if (!out && n_out > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_forward: NULL out");
     for (int i = 0; out && i < n_out; i++)
         out[i] = NULL;
     if (!m || !out || n_out < 1)
@@ -485,6 +493,8 @@ int zd_nn_module_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd
 
 int zd_nn_module_save(const zd_nn_module_t *m, const char *path)
 {
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save: NULL path");
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_save: NULL module");
     zd_named_tensors_t *sd = zd_nn_module_state_dict(m);
@@ -495,6 +505,8 @@ int zd_nn_module_save(const zd_nn_module_t *m, const char *path)
 
 int zd_nn_module_load(zd_nn_module_t *m, const char *path)
 {
+    if (!path)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load: NULL path");
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_module_load: NULL module");
     zd_named_tensors_t *sd = zd_nn_module_state_dict(m);

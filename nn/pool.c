@@ -404,18 +404,21 @@ int zd__nn_pool_check(const char *op, const zd_tensor_t *x, int kernel, int stri
 {
     char sx[96];
     if (kernel < 1 || stride < 1)
-        return zd_error_set("%s: kernel %d and stride %d must be >= 1", op, kernel, stride);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: kernel %d and stride %d must be >= 1", op,
+                                 kernel, stride);
     if (zd_tensor_size(x, 2) < kernel || zd_tensor_size(x, 3) < kernel)
-        return zd_error_set("%s: kernel %d larger than input %s", op, kernel,
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: kernel %d larger than input %s", op, kernel,
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     if (zd_tensor_size(x, 2) * zd_tensor_size(x, 3) > INT32_MAX)
-        return zd_error_set("%s: input planes of %s too large", op,
-                            zd_tensor_shape_str(x, sx, sizeof sx));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: input planes of %s too large", op,
+                                 zd_tensor_shape_str(x, sx, sizeof sx));
     return 0;
 }
 
 int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_max_pool2d: NULL out");
     *out = NULL;
     if (zd__nn_check_f32("max_pool2d: input", x) < 0 ||
         zd__nn_check_ndim("max_pool2d: input", x, 4) < 0)
@@ -432,7 +435,7 @@ int zd_nn_max_pool2d(zd_tensor_t *x, int kernel, int stride, zd_tensor_t **out)
     if (!y || !ctx) {
         zd_tensor_unref(y);
         free(ctx);
-        return zd_error_set("max_pool2d: out of memory");
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "max_pool2d: out of memory");
     }
     memcpy(ctx->shape, s, sizeof ctx->shape);
     ctx->kernel = kernel;

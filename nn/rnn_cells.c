@@ -26,8 +26,8 @@ static int check_arg(const char *op, const char *name, const zd_tensor_t *t, int
 static int shape_error(const char *op, const char *name, const zd_tensor_t *t, const char *want)
 {
     char s[96];
-    return zd_error_set("%s: %s has shape %s, expected %s", op, name,
-                        zd_tensor_shape_str(t, s, sizeof s), want);
+    return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: %s has shape %s, expected %s", op, name,
+                             zd_tensor_shape_str(t, s, sizeof s), want);
 }
 
 int zd__rnn_check_weights(const char *op, int gates, const zd_tensor_t *x, int x_ndim,
@@ -50,8 +50,9 @@ int zd__rnn_check_weights(const char *op, int gates, const zd_tensor_t *x, int x
         return shape_error(op, "x", x, "no empty dimension");
     if (G > INT32_MAX / H || G > INT32_MAX / d->I || d->N > INT32_MAX / G ||
         d->N > INT32_MAX / d->I)
-        return zd_error_set("%s: sizes too large (batch %lld, input %lld, hidden %lld)", op,
-                            (long long)d->N, (long long)d->I, (long long)H);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "%s: sizes too large (batch %lld, input %lld, hidden %lld)", op,
+                                 (long long)d->N, (long long)d->I, (long long)H);
     if (zd_tensor_size(w_ih, 0) != G || zd_tensor_size(w_ih, 1) != d->I) {
         snprintf(want, sizeof want, "(%lld, %lld) for x's %lld features", (long long)G,
                  (long long)d->I, (long long)d->I);
@@ -83,9 +84,9 @@ int zd__rnn_check_state(const char *what, const zd_tensor_t *s, int ndim, const 
         ok = ok && zd_tensor_size(s, k) == 1;
     if (!ok) {
         char sh[96];
-        return zd_error_set("%s: shape %s, expected batch %lld and hidden size %lld", what,
-                            zd_tensor_shape_str(s, sh, sizeof sh), (long long)d->N,
-                            (long long)d->H);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "%s: shape %s, expected batch %lld and hidden size %lld", what,
+            zd_tensor_shape_str(s, sh, sizeof sh), (long long)d->N, (long long)d->H);
     }
     return 0;
 }
@@ -240,6 +241,8 @@ static const zd_autograd_node_ops_t rnn_tanh_ops =
 int zd_nn_rnn_tanh_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                         zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out)
 {
+    if (!h_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_rnn_tanh_cell: NULL h_out");
     *h_out = NULL;
     rnn_dims_t d;
     if (zd__rnn_check_weights("rnn_tanh_cell", 1, x, 2, w_ih, w_hh, b_ih, b_hh, &d) < 0 ||
@@ -321,6 +324,8 @@ static const zd_autograd_node_ops_t gru_ops =
 int zd_nn_gru_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *w_ih, zd_tensor_t *w_hh,
                    zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out)
 {
+    if (!h_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_gru_cell: NULL h_out");
     *h_out = NULL;
     rnn_dims_t d;
     if (zd__rnn_check_weights("gru_cell", 3, x, 2, w_ih, w_hh, b_ih, b_hh, &d) < 0 ||

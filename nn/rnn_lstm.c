@@ -489,8 +489,9 @@ static int lstm_layer(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tenso
     const int64_t yshape[3] = {T, N, H}, sshape[3] = {1, N, H};
     /* BLAS takes int sizes: every matrix handed to it must fit */
     if (T * N > INT32_MAX / (4 * H) || T * N > INT32_MAX / d->I)
-        return zd_error_set("lstm: %lld steps of batch %lld, hidden %lld, input %lld: too large",
-                            (long long)T, (long long)N, (long long)H, (long long)d->I);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "lstm: %lld steps of batch %lld, hidden %lld, input %lld: too large",
+            (long long)T, (long long)N, (long long)H, (long long)d->I);
     zd_tensor_t *y = zd_tensor_empty(ZD_FLOAT32, cell ? yshape + 1 : yshape, cell ? 2 : 3);
     zd_tensor_t *hT = cell ? NULL : zd_tensor_empty(ZD_FLOAT32, sshape, 3);
     zd_tensor_t *cT = zd_tensor_empty(ZD_FLOAT32, cell ? sshape + 1 : sshape, cell ? 2 : 3);
@@ -553,6 +554,10 @@ int zd_nn_lstm_cell(zd_tensor_t *x, zd_tensor_t *h, zd_tensor_t *c, zd_tensor_t 
                     zd_tensor_t *w_hh, zd_tensor_t *b_ih, zd_tensor_t *b_hh, zd_tensor_t **h_out,
                     zd_tensor_t **c_out)
 {
+    if (!h_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_lstm_cell: NULL h_out");
+    if (!c_out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_lstm_cell: NULL c_out");
     *h_out = NULL;
     *c_out = NULL;
     rnn_dims_t d;
@@ -579,7 +584,8 @@ static int check_lstm_args(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
                            zd_tensor_t *const *params, int num_layers, rnn_dims_t *d)
 {
     if (num_layers < 1)
-        return zd_error_set("lstm: num_layers is %d, expected at least 1", num_layers);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "lstm: num_layers is %d, expected at least 1",
+                                 num_layers);
     if (!params)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "lstm: params is NULL");
     if (zd__rnn_check_weights("lstm: layer 0", 4, x, 3, params[0], params[1], params[2], params[3],
@@ -595,9 +601,9 @@ static int check_lstm_args(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0,
         if (zd_tensor_size(st[k], 0) != num_layers || zd_tensor_size(st[k], 1) != d->N ||
             zd_tensor_size(st[k], 2) != d->H) {
             char s[64];
-            return zd_error_set("%s: shape %s, expected (%d, %lld, %lld)", what,
-                                zd_tensor_shape_str(st[k], s, sizeof s), num_layers,
-                                (long long)d->N, (long long)d->H);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: shape %s, expected (%d, %lld, %lld)",
+                                     what, zd_tensor_shape_str(st[k], s, sizeof s), num_layers,
+                                     (long long)d->N, (long long)d->H);
         }
     }
     return 0;
@@ -607,6 +613,8 @@ int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *co
                int num_layers, float dropout, bool training, zd_rng_t *rng, zd_tensor_t **out,
                zd_tensor_t **h_n, zd_tensor_t **c_n)
 {
+    if (!out)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_nn_lstm: NULL out");
     *out = NULL;
     if (h_n)
         *h_n = NULL;
@@ -616,9 +624,11 @@ int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *co
     if (check_lstm_args(x, h0, c0, params, num_layers, &d0) < 0)
         return -1;
     if (!(dropout >= 0.0f && dropout <= 1.0f))
-        return zd_error_set("lstm: dropout %g is not in [0, 1]", (double)dropout);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "lstm: dropout %g is not in [0, 1]",
+                                 (double)dropout);
     if (training && dropout > 0.0f && num_layers > 1 && !rng)
-        return zd_error_set("lstm: dropout in training needs a random generator");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "lstm: dropout in training needs a random generator");
     zd_tensor_t **states = calloc(2 * (size_t)num_layers, sizeof *states);
     if (!states)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "lstm: out of memory");
@@ -634,9 +644,9 @@ int zd_nn_lstm(zd_tensor_t *x, zd_tensor_t *h0, zd_tensor_t *c0, zd_tensor_t *co
         rc = zd__rnn_check_weights(op, 4, input, 3, p[0], p[1], p[2], p[3], &d);
         if (rc == 0 && d.H != d0.H) {
             char s[64];
-            rc = zd_error_set("%s: weight_hh has shape %s, expected (%lld, %lld) as layer 0's", op,
-                              zd_tensor_shape_str(p[1], s, sizeof s), (long long)(4 * d0.H),
-                              (long long)d0.H);
+            rc = zd_error_set_code(
+                ZD_ERR_ARGUMENT, "%s: weight_hh has shape %s, expected (%lld, %lld) as layer 0's",
+                op, zd_tensor_shape_str(p[1], s, sizeof s), (long long)(4 * d0.H), (long long)d0.H);
         }
         if (rc == 0)
             rc = state_slice(h0, l, &hl);

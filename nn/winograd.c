@@ -597,7 +597,7 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
         return 0;
     float *u = malloc(sizeof(float) * 16 * (size_t)p->O * p->C);
     if (!u)
-        return zd_error_set("%s: out of memory", op);
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op);
     transform_filters(w, p->O, p->C, flip, u);
     job->p = p;
     job->u = u;

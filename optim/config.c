@@ -59,6 +59,10 @@ const char *zd_optim_kind_name(zd_optim_kind_t kind)
 
 int zd_optim_kind_from_name(const char *name, zd_optim_kind_t *kind)
 {
+    if (!name)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_kind_from_name: NULL name");
+    if (!kind)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_kind_from_name: NULL kind");
     for (int k = ZD_OPTIM_SGD; k <= ZD_OPTIM_RMSPROP; k++)
         if (strcasecmp(name, kind_names[k]) == 0) {
             *kind = (zd_optim_kind_t)k;
@@ -116,49 +120,54 @@ int zd_optim_config_check(const zd_optim_config_t *cfg)
         return -1;
     char s[40];
     if (!valid_kind(c->kind))
-        return zd_error_set("optimizer: unknown kind %d", (int)c->kind);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: unknown kind %d", (int)c->kind);
     const char *k = class_names[c->kind];
     if (c->kind == ZD_OPTIM_SGD && isnan(c->lr))
-        return zd_error_set("SGD: lr is required (PyTorch's SGD has no default learning rate)");
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT, "SGD: lr is required (PyTorch's SGD has no default learning rate)");
     if (!nonneg(c->lr))
-        return zd_error_set("%s: Invalid learning rate: %s", k, py_float(c->lr, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: Invalid learning rate: %s", k,
+                                 py_float(c->lr, s, sizeof s));
     if (!nonneg(c->weight_decay))
-        return zd_error_set("%s: Invalid weight_decay value: %s", k,
-                            py_float(c->weight_decay, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: Invalid weight_decay value: %s", k,
+                                 py_float(c->weight_decay, s, sizeof s));
     if (c->kind != ZD_OPTIM_SGD && !nonneg(c->eps))
-        return zd_error_set("%s: Invalid epsilon value: %s", k, py_float(c->eps, s, sizeof s));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: Invalid epsilon value: %s", k,
+                                 py_float(c->eps, s, sizeof s));
     switch (c->kind) {
     case ZD_OPTIM_SGD:
         if (!nonneg(c->momentum))
-            return zd_error_set("SGD: Invalid momentum value: %s",
-                                py_float(c->momentum, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "SGD: Invalid momentum value: %s",
+                                     py_float(c->momentum, s, sizeof s));
         if (c->nesterov && (c->momentum <= 0 || c->dampening != 0))
-            return zd_error_set("SGD: Nesterov momentum requires a momentum and zero dampening");
+            return zd_error_set_code(
+                ZD_ERR_ARGUMENT, "SGD: Nesterov momentum requires a momentum and zero dampening");
         break;
     case ZD_OPTIM_ADAM:
     case ZD_OPTIM_ADAMW:
         if (!(c->beta1 >= 0.0 && c->beta1 < 1.0))
-            return zd_error_set("%s: Invalid beta parameter at index 0: %s", k,
-                                py_float(c->beta1, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: Invalid beta parameter at index 0: %s",
+                                     k, py_float(c->beta1, s, sizeof s));
         if (!(c->beta2 >= 0.0 && c->beta2 < 1.0))
-            return zd_error_set("%s: Invalid beta parameter at index 1: %s", k,
-                                py_float(c->beta2, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: Invalid beta parameter at index 1: %s",
+                                     k, py_float(c->beta2, s, sizeof s));
         break;
     case ZD_OPTIM_ADAGRAD:
         if (!nonneg(c->lr_decay))
-            return zd_error_set("Adagrad: Invalid lr_decay value: %s",
-                                py_float(c->lr_decay, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "Adagrad: Invalid lr_decay value: %s",
+                                     py_float(c->lr_decay, s, sizeof s));
         if (!nonneg(c->initial_accumulator_value))
-            return zd_error_set("Adagrad: Invalid initial_accumulator_value value: %s",
-                                py_float(c->initial_accumulator_value, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "Adagrad: Invalid initial_accumulator_value value: %s",
+                                     py_float(c->initial_accumulator_value, s, sizeof s));
         break;
     case ZD_OPTIM_RMSPROP:
         if (!nonneg(c->momentum))
-            return zd_error_set("RMSprop: Invalid momentum value: %s",
-                                py_float(c->momentum, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "RMSprop: Invalid momentum value: %s",
+                                     py_float(c->momentum, s, sizeof s));
         if (!nonneg(c->alpha))
-            return zd_error_set("RMSprop: Invalid alpha value: %s",
-                                py_float(c->alpha, s, sizeof s));
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "RMSprop: Invalid alpha value: %s",
+                                     py_float(c->alpha, s, sizeof s));
         break;
     }
     return 0;
@@ -166,11 +175,13 @@ int zd_optim_config_check(const zd_optim_config_t *cfg)
 
 int zd_optim_config_format(const zd_optim_config_t *cfg, char *buf, size_t size)
 {
+    if (!buf && size > 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_config_format: NULL buf");
     zd_optim_config_t cv, *c = &cv;
     if (zd__optim_config_read(c, cfg) < 0)
         return -1;
     if (!valid_kind(c->kind))
-        return zd_error_set("optimizer: unknown kind %d", (int)c->kind);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: unknown kind %d", (int)c->kind);
     char num[40];
     int n = snprintf(buf, size, "%s", kind_names[c->kind]);
     if (n < 0)
@@ -198,20 +209,22 @@ static int parse_pair(zd_optim_config_t *c, const char *tok, size_t len)
 {
     const char *eq = memchr(tok, '=', len);
     if (!eq)
-        return zd_error_set("optimizer config: '%.*s' is not key=value", (int)len, tok);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: '%.*s' is not key=value",
+                                 (int)len, tok);
     size_t klen = (size_t)(eq - tok);
     char value[64];
     size_t vlen = len - klen - 1;
     if (vlen == 0 || vlen >= sizeof value)
-        return zd_error_set("optimizer config: bad value in '%.*s'", (int)len, tok);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: bad value in '%.*s'", (int)len,
+                                 tok);
     memcpy(value, eq + 1, vlen);
     value[vlen] = '\0';
     for (size_t i = 0; i < N_FIELDS; i++) {
         if (strlen(fields[i].key) != klen || memcmp(fields[i].key, tok, klen) != 0)
             continue;
         if (!(fields[i].kinds & 1u << c->kind))
-            return zd_error_set("optimizer config: %s has no '%s'", class_names[c->kind],
-                                fields[i].key);
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: %s has no '%s'",
+                                     class_names[c->kind], fields[i].key);
         char *field = (char *)c + fields[i].offset;
         if (fields[i].is_bool) {
             bool v;
@@ -220,21 +233,23 @@ static int parse_pair(zd_optim_config_t *c, const char *tok, size_t len)
             else if (!strcmp(value, "0") || !strcasecmp(value, "false"))
                 v = false;
             else
-                return zd_error_set("optimizer config: %s=%s is not a boolean (0, 1, true, "
-                                    "false)",
-                                    fields[i].key, value);
+                return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                         "optimizer config: %s=%s is not a boolean (0, 1, true, "
+                                         "false)",
+                                         fields[i].key, value);
             *(bool *)field = v;
         } else {
             char *end;
             double v = strtod(value, &end);
             if (*end)
-                return zd_error_set("optimizer config: %s=%s is not a number", fields[i].key,
-                                    value);
+                return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: %s=%s is not a number",
+                                         fields[i].key, value);
             *(double *)field = v;
         }
         return 0;
     }
-    return zd_error_set("optimizer config: unknown key '%.*s'", (int)klen, tok);
+    return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: unknown key '%.*s'", (int)klen,
+                             tok);
 }
 
 int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg, size_t size)
@@ -255,7 +270,8 @@ int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg, size_t size)
         if (!have_kind) {
             char name[16];
             if (len >= sizeof name)
-                return zd_error_set("optimizer config: unknown kind '%.*s'", (int)len, p);
+                return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer config: unknown kind '%.*s'",
+                                         (int)len, p);
             memcpy(name, p, len);
             name[len] = '\0';
             zd_optim_kind_t kind = ZD_OPTIM_SGD;
@@ -269,7 +285,8 @@ int zd_optim_config_parse(const char *text, zd_optim_config_t *cfg, size_t size)
         p += len;
     }
     if (!have_kind)
-        return zd_error_set("optimizer config: empty text (expected '<kind> key=value ...')");
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "optimizer config: empty text (expected '<kind> key=value ...')");
     return zd__optim_config_write(cfg, size, &c, "zd_optim_config_parse: zd_optim_config_t");
 }
 

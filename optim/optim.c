@@ -64,11 +64,16 @@ static void pstate_clear(optim_pstate_t *st)
 
 zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params, int n)
 {
+    if (!params && n > 0) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_new: NULL params");
+        return NULL;
+    }
     zd_optim_config_t cv, *cfg = &cv;
     if (zd__optim_config_read(cfg, in) < 0 || zd_optim_config_check(cfg) < 0)
         return NULL;
     if (n <= 0) {
-        zd_error_set("%s: optimizer got an empty parameter list", zd_optim_kind_name(cfg->kind));
+        zd_error_set_code(ZD_ERR_ARGUMENT, "%s: optimizer got an empty parameter list",
+                          zd_optim_kind_name(cfg->kind));
         return NULL;
     }
     for (int i = 0; i < n; i++) {
@@ -77,17 +82,22 @@ zd_optim_t *zd_optim_new(const zd_optim_config_t *in, zd_tensor_t *const *params
             return NULL;
         }
         if (zd_tensor_dtype(params[i]) != ZD_FLOAT32) {
-            zd_error_set("optimizer: parameter %d is %s; only float32 tensors can be optimized", i,
-                         zd_tensor_dtype_name(zd_tensor_dtype(params[i])));
+            zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "optimizer: parameter %d is %s; only float32 tensors can be optimized", i,
+                zd_tensor_dtype_name(zd_tensor_dtype(params[i])));
             return NULL;
         }
         if (!zd_tensor_is_leaf(params[i])) {
-            zd_error_set("optimizer: can't optimize a non-leaf tensor (parameter %d)", i);
+            zd_error_set_code(ZD_ERR_ARGUMENT,
+                              "optimizer: can't optimize a non-leaf tensor (parameter %d)", i);
             return NULL;
         }
         for (int j = 0; j < i; j++)
             if (params[j] == params[i]) {
-                zd_error_set("optimizer: parameter %d is the same tensor as parameter %d", i, j);
+                zd_error_set_code(ZD_ERR_ARGUMENT,
+                                  "optimizer: parameter %d is the same tensor as parameter %d", i,
+                                  j);
                 return NULL;
             }
     }
@@ -154,12 +164,13 @@ static int step_locked(zd_optim_t *o, zd_tensor_t *const *grads)
         if (!g)
             continue;
         if (zd_tensor_dtype(g) != ZD_FLOAT32 || !zd_tensor_same_shape(g, o->params[i]))
-            return zd_error_set("optimizer step: the gradient of %s is %s %s, the parameter "
-                                "float32 %s",
-                                param_label(o, i, label, sizeof label),
-                                zd_tensor_dtype_name(zd_tensor_dtype(g)),
-                                zd_tensor_shape_str(g, a, sizeof a),
-                                zd_tensor_shape_str(o->params[i], b, sizeof b));
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "optimizer step: the gradient of %s is %s %s, the parameter "
+                                     "float32 %s",
+                                     param_label(o, i, label, sizeof label),
+                                     zd_tensor_dtype_name(zd_tensor_dtype(g)),
+                                     zd_tensor_shape_str(g, a, sizeof a),
+                                     zd_tensor_shape_str(o->params[i], b, sizeof b));
         if (!o->state[i].started && pstate_init(o, i) < 0)
             return zd_error_wrap("optimizer step: state of %s",
                                  param_label(o, i, label, sizeof label));
@@ -178,8 +189,10 @@ static int step_locked(zd_optim_t *o, zd_tensor_t *const *grads)
 
 int zd_optim_step(zd_optim_t *o, zd_tensor_t *const *grads)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_step: NULL optimizer");
     if (!grads)
-        return zd_error_set("optimizer step: no gradient array");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer step: no gradient array");
     pthread_mutex_lock(&o->lock);
     int rc = step_locked(o, grads);
     pthread_mutex_unlock(&o->lock);
@@ -188,6 +201,8 @@ int zd_optim_step(zd_optim_t *o, zd_tensor_t *const *grads)
 
 int zd_optim_step_grad(zd_optim_t *o)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_step_grad: NULL optimizer");
     zd_tensor_t **grads = calloc((size_t)o->n, sizeof *grads);
     if (!grads)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "optimizer: out of memory");
@@ -240,6 +255,8 @@ zd_tensor_t *zd_optim_param(const zd_optim_t *o, int i)
 
 int zd_optim_set_lr(zd_optim_t *o, double lr)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_set_lr: NULL optimizer");
     if (!(lr >= 0.0))
         return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer: Invalid learning rate: %g", lr);
     pthread_mutex_lock(&o->lock);

@@ -41,6 +41,10 @@ static int export_locked(zd_optim_t *o, zd_named_tensors_t *nt)
 
 zd_named_tensors_t *zd_optim_state_export(zd_optim_t *o)
 {
+    if (!o) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_state_export: NULL optimizer");
+        return NULL;
+    }
     zd_named_tensors_t *nt = zd_named_tensors_new();
     if (!nt)
         return NULL;
@@ -62,9 +66,11 @@ static int parse_name(const zd_optim_t *o, const char *name, int *index, int *sl
     errno = 0;
     long i = strtol(name, &end, 10);
     if (end == name || *end != '.' || errno || i < 0 || i >= o->n)
-        return zd_error_set("optimizer state: entry '%s' is not '<parameter index>.<slot>' with "
-                            "an index below %d",
-                            name, o->n);
+        return zd_error_set_code(
+            ZD_ERR_ARGUMENT,
+            "optimizer state: entry '%s' is not '<parameter index>.<slot>' with "
+            "an index below %d",
+            name, o->n);
     const char *slot = end + 1;
     *index = (int)i;
     if (strcmp(slot, "step") == 0 && zd__optim_counts_steps(o->cfg.kind)) {
@@ -77,8 +83,9 @@ static int parse_name(const zd_optim_t *o, const char *name, int *index, int *sl
             *slot_out = s;
             return 0;
         }
-    return zd_error_set("optimizer state: entry '%s': %s with these flags has no state '%s'", name,
-                        zd_optim_kind_name(o->cfg.kind), slot);
+    return zd_error_set_code(ZD_ERR_ARGUMENT,
+                             "optimizer state: entry '%s': %s with these flags has no state '%s'",
+                             name, zd_optim_kind_name(o->cfg.kind), slot);
 }
 
 /*  Fills fresh[] from the entries; checks shapes, duplicates, completeness. */
@@ -98,7 +105,8 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
         }
         const zd_tensor_t *t = zd_named_tensors_tensor(state, e), *p = o->params[i];
         if (seen[i * (OPTIM_SLOTS + 1) + s]) {
-            rc = zd_error_set("optimizer state: entry '%s' given twice", name);
+            rc =
+                zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer state: entry '%s' given twice", name);
             break;
         }
         seen[i * (OPTIM_SLOTS + 1) + s] = true;
@@ -106,16 +114,17 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
         if (s == OPTIM_SLOTS) {
             if (zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_numel(t) != 1 ||
                 zd_tensor_data_i64(t)[0] < 1)
-                rc = zd_error_set("optimizer state: '%s' must be one int64 >= 1", name);
+                rc = zd_error_set_code(ZD_ERR_ARGUMENT,
+                                       "optimizer state: '%s' must be one int64 >= 1", name);
             else
                 fresh[i].step = zd_tensor_data_i64(t)[0];
             continue;
         }
         if (zd_tensor_dtype(t) != ZD_FLOAT32 || !zd_tensor_same_shape(t, p)) {
-            rc = zd_error_set("optimizer state: '%s' is %s %s, the parameter float32 %s", name,
-                              zd_tensor_dtype_name(zd_tensor_dtype(t)),
-                              zd_tensor_shape_str(t, a, sizeof a),
-                              zd_tensor_shape_str(p, b, sizeof b));
+            rc = zd_error_set_code(
+                ZD_ERR_ARGUMENT, "optimizer state: '%s' is %s %s, the parameter float32 %s", name,
+                zd_tensor_dtype_name(zd_tensor_dtype(t)), zd_tensor_shape_str(t, a, sizeof a),
+                zd_tensor_shape_str(p, b, sizeof b));
             break;
         }
         fresh[i].slot[s] = zd_tensor_detach_copy(t);
@@ -129,9 +138,9 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
             bool needed = s == OPTIM_SLOTS ? zd__optim_counts_steps(o->cfg.kind)
                                            : zd__optim_slot_used(&o->cfg, s);
             if (needed && !seen[i * (OPTIM_SLOTS + 1) + s])
-                rc = zd_error_set("optimizer state: parameter %d has some state but no '%d.%s'", i,
-                                  i,
-                                  s == OPTIM_SLOTS ? "step" : zd__optim_slot_name(o->cfg.kind, s));
+                rc = zd_error_set_code(
+                    ZD_ERR_ARGUMENT, "optimizer state: parameter %d has some state but no '%d.%s'",
+                    i, i, s == OPTIM_SLOTS ? "step" : zd__optim_slot_name(o->cfg.kind, s));
         }
     }
     free(seen);
@@ -140,6 +149,8 @@ static int import_into(const zd_optim_t *o, optim_pstate_t *fresh, const zd_name
 
 int zd_optim_state_import(zd_optim_t *o, const zd_named_tensors_t *state)
 {
+    if (!o)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_optim_state_import: NULL optimizer");
     if (!state)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "optimizer state: no entries given (NULL)");
     optim_pstate_t *fresh = calloc((size_t)o->n, sizeof *fresh);
