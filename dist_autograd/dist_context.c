@@ -559,9 +559,10 @@ int zd_dist_autograd_set_current_context(int64_t context_id)
 int zd_dist_autograd_context_begin(int64_t *context_id)
 {
     if (zd__dist_current_ctx != -1)
-        return zd_error_set("dist_autograd: this thread already has context %lld; end it before "
-                            "beginning another",
-                            (long long)zd__dist_current_ctx);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "dist_autograd: this thread already has context %lld; end it "
+                                 "before beginning another",
+                                 (long long)zd__dist_current_ctx);
     if (!zd__dist_installed())
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED,
                                  "dist_autograd: zd_dist_autograd_init() "

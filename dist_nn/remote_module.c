@@ -295,7 +295,8 @@ static int forward_result(const zd_value_t *r, zd_tensor_t **out, int n_out)
         return 0;
     }
     if (zd_list_len(r) != (size_t)n_out)
-        return zd_error_set("forward gave %zu outputs, asked for %d", zd_list_len(r), n_out);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "forward gave %zu outputs, asked for %d",
+                                 zd_list_len(r), n_out);
     for (int i = 0; i < n_out; i++) {
         if (zd_rpc_arg_tensor(r, (size_t)i, &t) < 0) {
             for (int j = 0; j < i; j++)

@@ -96,11 +96,12 @@ static int out_fill(const zd_value_t *args, size_t i, const zd_rpc_out_t *o)
 static int arity(const zd_value_t *args, size_t n)
 {
     if (!args || zd_value_kind(args) != ZD_VALUE_LIST)
-        return zd_error_set("arguments: expected list, got %s",
-                            args ? zd_value_kind_name(zd_value_kind(args)) : "NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "arguments: expected list, got %s",
+                                 args ? zd_value_kind_name(zd_value_kind(args)) : "NULL");
     size_t got = zd_list_len(args);
     if (got != n)
-        return zd_error_set("expected %zu argument%s, got %zu", n, n == 1 ? "" : "s", got);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "expected %zu argument%s, got %zu", n,
+                                 n == 1 ? "" : "s", got);
     return 0;
 }
 

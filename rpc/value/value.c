@@ -236,8 +236,8 @@ int zd_list_append(zd_value_t *list, zd_value_t *item)
     }
     if (!list || list->kind != ZD_VALUE_LIST) {
         zd_value_unref(item);
-        return zd_error_set("zd_list_append: expected list, got %s",
-                            list ? zd_value_kind_name(list->kind) : "NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_list_append: expected list, got %s",
+                                 list ? zd_value_kind_name(list->kind) : "NULL");
     }
     if (item == list) {
         zd_value_unref(item);
@@ -434,8 +434,8 @@ static int expect(const zd_value_t *v, zd_value_kind_t kind)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "expected %s, got NULL",
                                  zd_value_kind_name(kind));
     if (v->kind != kind)
-        return zd_error_set("expected %s, got %s", zd_value_kind_name(kind),
-                            zd_value_kind_name(v->kind));
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "expected %s, got %s", zd_value_kind_name(kind),
+                                 zd_value_kind_name(v->kind));
     return 0;
 }
 
@@ -495,10 +495,12 @@ int zd_value_get_rref(const zd_value_t *v, zd_rref_t **out)
 int zd_value_get_object(const zd_value_t *v, const char *type, void **out)
 {
     if (!v || v->kind != ZD_VALUE_OBJECT)
-        return zd_error_set("expected %s%s object, got %s", type ? "a " : "an", type ? type : "",
-                            v ? zd_value_kind_name(v->kind) : "NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "expected %s%s object, got %s",
+                                 type ? "a " : "an", type ? type : "",
+                                 v ? zd_value_kind_name(v->kind) : "NULL");
     if (type && strcmp(type, v->u.obj.type) != 0)
-        return zd_error_set("expected a %s object; this object is a %s", type, v->u.obj.type);
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "expected a %s object; this object is a %s", type,
+                                 v->u.obj.type);
     *out = v->u.obj.ptr;
     return 0;
 }
