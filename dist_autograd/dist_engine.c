@@ -332,6 +332,9 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
 
     atomic_fetch_add(&zd__dist_stat_passes, 1);
     atomic_fetch_add(&zd__dist_total_grad_messages, 1);
+    /* The guard before pass_lock: a feed waiting for a step must not hold
+       pass_lock, which the I/O thread's pending queries take. */
+    guard_fn_t leave = rc == 0 ? guard_begin() : NULL;
     pthread_mutex_lock(&c->pass_lock);
     zd_autograd_node_t *send = rc == 0 ? zd__dist_context_find_send(c, (uint64_t)msg_id) : NULL;
     if (rc == 0 && !send)
@@ -345,14 +348,13 @@ static zd_future_t *handle_backward(zd_rpc_call_t *call, zd_value_t *args, void 
     if (rc == 0)
         rc = ensure_task(c, pass_id, fd.retain, NULL, 0);
     if (rc == 0) {
-        guard_fn_t leave = guard_begin();
         current_feed = &fd;
         rc = zd_autograd_task_feed(c->task, send, grads);
         current_feed = NULL;
-        guard_done(leave);
     }
     int pending = rc == 0 ? zd_autograd_task_pending(c->task, NULL) : 0;
     pthread_mutex_unlock(&c->pass_lock);
+    guard_done(leave);
     atomic_fetch_sub(&zd__dist_stat_passes, 1);
 
     if (rc < 0)
@@ -451,18 +453,18 @@ static zd_future_t *handle_flush(zd_rpc_call_t *call, zd_value_t *args, void *ar
     }
     feed_t fd = {.ctx_id = ctx_id, .pass_id = pass_id};
     int rc = 0, pending = 0;
+    guard_fn_t leave = guard_begin(); /* before pass_lock, as in handle_backward */
     pthread_mutex_lock(&c->pass_lock);
     if (c->task && c->pass_id == pass_id) {
-        guard_fn_t leave = guard_begin();
         current_feed = &fd;
         rc = zd_autograd_task_flush_one(c->task);
         current_feed = NULL;
-        guard_done(leave);
         if (rc > 0)
             atomic_fetch_add(&zd__dist_stat_flushed, 1);
         pending = zd_autograd_task_pending(c->task, NULL);
     }
     pthread_mutex_unlock(&c->pass_lock);
+    guard_done(leave);
     zd_future_t *out = NULL;
     if (rc < 0)
         zd_error_wrap("backward on %s", self_desc(me, sizeof me));
@@ -563,10 +565,10 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         rc = -1;
 
     int64_t pending = 0;
+    guard_fn_t leave = guard_begin(); /* before pass_lock, as in handle_backward */
     pthread_mutex_lock(&c->pass_lock);
     if (rc == 0)
         rc = ensure_task(c, fd.pass_id, retain_graph, starts, n_starts);
-    guard_fn_t leave = guard_begin();
     current_feed = &fd;
     for (int i = 0; rc == 0 && i < n_roots; i++) {
         zd_autograd_node_t *node = zd_tensor_grad_fn(roots[i]);
@@ -592,10 +594,10 @@ int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int
         free(grads);
     }
     current_feed = NULL;
-    guard_done(leave);
     if (rc == 0)
         pending = zd_autograd_task_pending(c->task, NULL);
     pthread_mutex_unlock(&c->pass_lock);
+    guard_done(leave);
 
     if (rc == 0) {
         zd_future_t *all = join_futures(fd.fs, fd.n, false, pending, 0);

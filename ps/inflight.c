@@ -24,7 +24,8 @@
 #include "ps/ps_private.h"
 
 typedef struct waiter {
-    zd_future_t *admitted; /* completed when a leaving forward hands its slot over */
+    zd_future_t *admitted; /* completed when it is handed a slot, or the stage stops */
+    bool granted;          /* handed a slot (under the gate's lock) */
     struct waiter *next;
 } waiter_t;
 
@@ -34,6 +35,7 @@ struct zd__ps_gate {
     int max, used;
     waiter_t *head, *tail;
     bool warned;
+    bool stopped; /* zd__ps_gate_stop: nobody waits any more */
 };
 
 zd__ps_gate_t *zd__ps_gate_new(int max)
@@ -74,12 +76,16 @@ static bool unqueue(zd__ps_gate_t *g, waiter_t *w)
 bool zd__ps_gate_enter(zd__ps_gate_t *g, int shard)
 {
     pthread_mutex_lock(&g->lock);
+    if (g->stopped) {
+        pthread_mutex_unlock(&g->lock);
+        return false;
+    }
     if (g->used < g->max) {
         g->used++;
         pthread_mutex_unlock(&g->lock);
         return true;
     }
-    waiter_t w = {zd_future_new(), NULL};
+    waiter_t w = {zd_future_new(), false, NULL};
     if (!w.admitted) {
         pthread_mutex_unlock(&g->lock);
         return false; /* out of memory: ungated beats failing the batch */
@@ -94,9 +100,10 @@ bool zd__ps_gate_enter(zd__ps_gate_t *g, int shard)
        backward passes that free the slots still find threads */
     zd_future_wait(w.admitted, zd_rpc_get_timeout());
     pthread_mutex_lock(&g->lock);
-    /* handed a slot, or still queued: decided under the lock */
-    bool admitted = !unqueue(g, &w);
-    bool warn = !admitted && !g->warned;
+    /* handed a slot, let go by a stop, or still queued (it waited the
+       timeout): decided under the lock */
+    bool timed_out = unqueue(g, &w), admitted = w.granted;
+    bool warn = timed_out && !g->warned;
     g->warned |= warn;
     pthread_mutex_unlock(&g->lock);
     zd_future_unref(w.admitted);
@@ -116,12 +123,27 @@ void zd__ps_gate_leave(zd__ps_gate_t *g)
         g->head = w->next;
         if (!g->head)
             g->tail = NULL;
+        w->granted = true;
         zd_value_t *none = zd_value_none();
         zd_future_set_value(w->admitted, none);
         zd_value_unref(none);
     } else {
         g->used--;
     }
+    pthread_mutex_unlock(&g->lock);
+}
+
+void zd__ps_gate_stop(zd__ps_gate_t *g)
+{
+    pthread_mutex_lock(&g->lock);
+    g->stopped = true;
+    for (waiter_t *w = g->head, *next; w; w = next) {
+        next = w->next; /* w lives on its waiter's stack until it sees its future */
+        zd_value_t *none = zd_value_none();
+        zd_future_set_value(w->admitted, none);
+        zd_value_unref(none);
+    }
+    g->head = g->tail = NULL;
     pthread_mutex_unlock(&g->lock);
 }
 

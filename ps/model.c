@@ -347,6 +347,8 @@ int zd_ps_model_server_stop(zd_ps_model_server_t *s)
     s->stopped = true;
     pthread_cond_broadcast(&s->changed);
     pthread_mutex_unlock(&s->lock);
+    if (s->gate)
+        zd__ps_gate_stop(s->gate);
     return 0;
 }
 

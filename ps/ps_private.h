@@ -59,6 +59,10 @@ bool zd__ps_gate_enter(zd__ps_gate_t *g, int shard);
 /*  Gives a slot back: to the first waiting forward, else to the gate. */
 void zd__ps_gate_leave(zd__ps_gate_t *g);
 
+/*  The stage stopped: every waiting forward goes on at once without a
+    slot (to be answered ZD_ERR_STOPPED), and later ones do not wait. */
+void zd__ps_gate_stop(zd__ps_gate_t *g);
+
 /*  Slots held, and (into *waiting, if not NULL) forwards waiting for one. */
 int zd__ps_gate_used(zd__ps_gate_t *g, int *waiting);
 

@@ -644,6 +644,61 @@ static void test_max_inflight(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  A stopped stage lets go of the forwards waiting for a slot at once:
+    trainer 1's forward, in line behind trainer 0's, is answered
+    ZD_ERR_STOPPED, not left to time out. */
+static int stop_waiting_trainer(const world_t *w)
+{
+    int trainer = w->rank - 2, rc = 0;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(NULL, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    zd_tensor_t *x, *y, *out = NULL;
+    make_batch(trainer, 0, &x, &y);
+    if (trainer == 1) {
+        rc = wait_inflight(w, 0, 1, -1);
+        if (rc == 0)
+            rc = expect_refused(w, model, x, ZD_ERR_STOPPED, "stage 0 stopped");
+    } else {
+        int64_t ctx = -1;
+        zd_value_t *v = NULL;
+        if (zd_dist_autograd_context_begin(&ctx) < 0 ||
+            zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "forward: %s", zd_error_last());
+        if (rc == 0)
+            rc = wait_inflight(w, 0, 1, 1);
+        if (rc == 0 && zd_rpc_sync(0, "test_stop", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
+            rc = world_fail(w, "test_stop: %s", zd_error_last());
+        zd_value_unref(v);
+        if (rc == 0)
+            rc = wait_inflight(w, 0, 1, 0);
+        if (ctx != -1 && zd_dist_autograd_context_end(ctx, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "context end: %s", zd_error_last());
+    }
+    zd_tensor_unref(out);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int stop_waiting_world(const world_t *w)
+{
+    return w->rank < 2 ? run_shard(w) : stop_waiting_trainer(w);
+}
+
+static void test_stop_lets_waiting_forwards_go(void **state)
+{
+    (void)state;
+    setup_t su = {.n_trainers = 2, .max_inflight = 1};
+    world_options_t o = {
+        .world_size = 4, .fn = stop_waiting_world, .arg = &su, .own_init = true, .timeout_s = 90};
+    assert_int_equal(world_run(&o), 0);
+}
+
 /*  ---- checkpoints ---- */
 
 /*  The first run: five steps; the shards write a generation at the
@@ -774,9 +829,13 @@ static void test_arguments(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_arguments),           cmocka_unit_test(test_exact),
-        cmocka_unit_test(test_refused_and_stopped), cmocka_unit_test(test_two_trainers_then_lost),
-        cmocka_unit_test(test_checkpoint_resume),   cmocka_unit_test(test_max_inflight),
+        cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_exact),
+        cmocka_unit_test(test_refused_and_stopped),
+        cmocka_unit_test(test_two_trainers_then_lost),
+        cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_max_inflight),
+        cmocka_unit_test(test_stop_lets_waiting_forwards_go),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

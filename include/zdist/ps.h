@@ -102,7 +102,9 @@ typedef struct {
                                limit) */
     /* remote model, shards only: training forwards held at once until their
        backward reaches the stage or their graph is dropped; later ones wait
-       in line, at most the RPC timeout (0: no limit) */
+       in line, at most the RPC timeout (0: no limit). A trainer running k
+       training forwards through a stage before its backward needs k slots:
+       with fewer, its own next forward waits for the timeout. */
     int max_inflight;
 } zd_ps_options_t;
 

@@ -87,6 +87,19 @@ static pending_t *pending_unlink(agent_t *a, pending_t **pp)
     return p;
 }
 
+/*  Takes the entry of id if it was sent to src; *dst: the rank it was
+    sent to (-1: no entry). An answer from another rank leaves the entry
+    where it is, never out of the table for a moment. */
+static pending_t *pending_take_from(agent_t *a, uint64_t id, int src, int *dst)
+{
+    pthread_mutex_lock(&a->pending_lock);
+    pending_t **pp = pending_find(a, id);
+    *dst = *pp ? (*pp)->dst : -1;
+    pending_t *p = *pp && (*pp)->dst == src ? pending_unlink(a, pp) : NULL;
+    pthread_mutex_unlock(&a->pending_lock);
+    return p;
+}
+
 static pending_t *pending_take(agent_t *a, uint64_t id)
 {
     pthread_mutex_lock(&a->pending_lock);
@@ -422,10 +435,12 @@ static void handle_error(agent_t *a, const rpc_wire_header_t *h)
     if (p && dst == h->src && text)
         error_text(a, p, h, text, size);
     if (p && dst == h->src && p->sending) {
-        p->refused = true;
-        p->refusal = text;
-        p->refusal_code = wire_error_code(h);
-        text = NULL;
+        if (!p->refused) { /* the first refusal is kept; text of another is freed below */
+            p->refused = true;
+            p->refusal = text;
+            p->refusal_code = wire_error_code(h);
+            text = NULL;
+        }
         p = NULL;
     } else if (p && dst == h->src) {
         pending_unlink(a, pp);
@@ -449,12 +464,10 @@ void zd__call_handle_answer(agent_t *a, const rpc_wire_header_t *h, rpc_frame_t 
         handle_error(a, h);
         return;
     }
-    pending_t *p = pending_take(a, h->id);
-    if (p && p->dst != h->src) {
-        dropped_answer(h, p->dst);
-        pending_insert(a, p);
-        p = NULL;
-    }
+    int dst;
+    pending_t *p = pending_take_from(a, h->id, h->src, &dst);
+    if (!p && dst >= 0)
+        dropped_answer(h, dst);
     /* Decoded even when nobody waits any more (a late answer), so that the
        RRefs inside follow their protocol and nothing leaks. */
     zd_value_t *v = NULL;
@@ -507,11 +520,8 @@ void zd__call_fail_peer(agent_t *a, int peer, const char *text, zd_error_code_t 
 
 void zd__call_fail_answer(agent_t *a, uint64_t id, int src, const char *text, zd_error_code_t code)
 {
-    pending_t *p = pending_take(a, id);
-    if (p && p->dst != src) { /* not that peer's call: leave it alone */
-        pending_insert(a, p);
-        p = NULL;
-    }
+    int dst; /* not that peer's call: left alone */
+    pending_t *p = pending_take_from(a, id, src, &dst);
     if (p)
         finish_list(a, p, text, code);
 }
