@@ -10,10 +10,10 @@ per second). Run with Debian's /usr/bin/python3 (python3-torch).
 
 Prints torch_lstm_seq_steps_per_s (with --csv: name,value,unit)."""
 import argparse
-import statistics
-import time
 
 import torch
+
+from common import rates, report
 
 T, B, D, H, LAYERS = 35, 32, 256, 256, 2
 
@@ -38,21 +38,8 @@ def main():
         out, _ = lstm(x)
         (out * dy).sum().backward()
 
-    for _ in range(3):
-        step()
-    rates = []
-    for _ in range(a.rounds):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < a.seconds:
-            step()
-            n += 1
-        rates.append(T * n / (time.perf_counter() - t0))
-    med = statistics.median(rates)
-    if a.csv:
-        print(f"torch_lstm_seq_steps_per_s,{med:.1f},steps/s")
-    else:
-        print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads: "
-              f"{med:.1f} time steps/s (rounds {min(rates):.1f}-{max(rates):.1f})")
+    report("torch_lstm_seq_steps_per_s", "steps/s", "time steps/s",
+           rates(step, T, a.rounds, a.seconds), a.csv)
 
 
 if __name__ == "__main__":

@@ -12,34 +12,11 @@ SECONDS each, in samples per second. Run with Debian's /usr/bin/python3
 
 Prints torch_local_net_samples_per_s (with --csv: name,value,unit)."""
 import argparse
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-
-class Net(nn.Module):
-    """The tutorial's Net (rpc_parameter_server.py), as zdist's: no relu
-    after conv2, and dropout2 element-wise (the tutorial's Dropout2d on a
-    2-D input, which PyTorch 1.13 warns about)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout2d(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(self.conv2(x), 2)
-        x = torch.flatten(self.dropout1(x), 1)
-        x = self.dropout2(F.relu(self.fc1(x)))
-        return F.log_softmax(self.fc2(x), dim=1)
+from common import Net, rates, report
 
 
 def main():
@@ -63,21 +40,8 @@ def main():
         F.nll_loss(model(x), y).backward()
         opt.step()
 
-    for _ in range(3):
-        step()
-    rates = []
-    for _ in range(a.rounds):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < a.seconds:
-            step()
-            n += 1
-        rates.append(a.batch * n / (time.perf_counter() - t0))
-    med = statistics.median(rates)
-    if a.csv:
-        print(f"torch_local_net_samples_per_s,{med:.1f},samples/s")
-    else:
-        print(f"PyTorch {torch.__version__}, {torch.get_num_threads()} threads: "
-              f"{med:.1f} samples/s (rounds {min(rates):.1f}-{max(rates):.1f})")
+    report("torch_local_net_samples_per_s", "samples/s", "samples/s",
+           rates(step, a.batch, a.rounds, a.seconds), a.csv)
 
 
 if __name__ == "__main__":

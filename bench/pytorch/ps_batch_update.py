@@ -25,32 +25,13 @@ import time
 import torch
 import torch.distributed.rpc as rpc
 import torch.multiprocessing as mp
-import torch.nn as nn
 import torch.nn.functional as F
 from torch import optim
 
+from common import Net
+
 TRAINERS = 3
 BATCH = 32
-
-
-class Net(nn.Module):
-    """The Net of PyTorch's parameter-server tutorial (bench_local's)."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = nn.Dropout2d(0.25)
-        self.dropout2 = nn.Dropout(0.5)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(self.conv2(x), 2)
-        x = self.dropout1(x).flatten(start_dim=1)
-        x = self.dropout2(F.relu(self.fc1(x)))
-        return F.log_softmax(self.fc2(x), dim=1)
 
 
 class BatchUpdateParameterServer:
