@@ -338,18 +338,20 @@ static void busy_poll_fit(agent_t *a, bool by_default)
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     if (!by_default || a->net.busy_poll_ns == 0 || cores < 1 || a->net.world <= cores)
         return;
-    char ip[ZD_ADDR_MAX], last[ZD_ADDR_MAX] = "";
+    char ip[ZD_ADDR_MAX];
+    const char *last = NULL; /* most peers share a few addresses */
     bool last_local = false;
     int here = 0, port;
     for (int i = 0; i < a->net.world; i++) {
+        const char *ep = a->net.peers[i].endpoint;
         if (i == a->net.rank) {
             here++;
             continue;
         }
-        if (zd__addr_parse_endpoint(a->net.peers[i].endpoint, ip, sizeof ip, &port) < 0)
-            continue;
-        if (strcmp(ip, last) != 0) { /* most peers share a few addresses */
-            snprintf(last, sizeof last, "%s", ip);
+        if (!last || !zd__addr_same_host(ep, last)) {
+            if (zd__addr_parse_endpoint(ep, ip, sizeof ip, &port) < 0)
+                continue;
+            last = ep;
             last_local = zd__addr_is_local(ip);
         }
         here += last_local;

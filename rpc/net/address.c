@@ -61,27 +61,37 @@ int zd__addr_family(const char *ip)
     return to_sockaddr(ip, &ss) ? ss.ss_family : 0;
 }
 
+/*  The address of ss in its usual text into out (IPv4 for a v4-mapped
+    IPv6 one); bare is what ss was read from, without brackets. 0, or -1
+    when it does not fit. Every rank reads the whole world's table, so
+    the common case stays off inet_ntop's printf: inet_pton takes IPv4
+    only in its usual text (no leading zeros), which is bare itself. */
+static int normal_text(const struct sockaddr_storage *ss, const char *bare, char *out, size_t size)
+{
+    char buf[INET6_ADDRSTRLEN];
+    const char *text = bare;
+    if (ss->ss_family == AF_INET6) {
+        const struct in6_addr *a6 = &((const struct sockaddr_in6 *)ss)->sin6_addr;
+        bool mapped = IN6_IS_ADDR_V4MAPPED(a6);
+        if (!inet_ntop(mapped ? AF_INET : AF_INET6, mapped ? (const void *)&a6->s6_addr[12] : a6,
+                       buf, sizeof buf))
+            return -1;
+        text = buf;
+    }
+    size_t n = strlen(text);
+    if (n + 1 > size)
+        return -1;
+    memcpy(out, text, n + 1);
+    return 0;
+}
+
 int zd__addr_normalize(const char *ip, char *out, size_t size)
 {
     struct sockaddr_storage ss;
-    if (!to_sockaddr(ip, &ss))
+    char bare[ZD_ADDR_MAX];
+    if (!to_sockaddr(ip, &ss) || !strip_brackets(ip, bare, sizeof bare))
         return -1;
-    const void *bytes = &((struct sockaddr_in *)&ss)->sin_addr;
-    int family = AF_INET;
-    if (ss.ss_family == AF_INET6) {
-        const struct in6_addr *a6 = &((struct sockaddr_in6 *)&ss)->sin6_addr;
-        if (IN6_IS_ADDR_V4MAPPED(a6))
-            bytes = &a6->s6_addr[12];
-        else {
-            bytes = a6;
-            family = AF_INET6;
-        }
-    }
-    char buf[INET6_ADDRSTRLEN];
-    if (!inet_ntop(family, bytes, buf, sizeof buf) || strlen(buf) + 1 > size)
-        return -1;
-    memcpy(out, buf, strlen(buf) + 1);
-    return 0;
+    return normal_text(&ss, bare, out, size);
 }
 
 bool zd__addr_is_loopback(const char *ip)
@@ -208,8 +218,8 @@ int zd__addr_parse_endpoint(const char *ep, char *ip, size_t size, int *port)
     memcpy(h, host, hlen);
     h[hlen] = '\0';
     /* IPv6 only in brackets: "tcp://::1:5" is ambiguous. */
-    int family = zd__addr_family(h);
-    if (!family || (family == AF_INET6) != (h[0] == '['))
+    struct sockaddr_storage ss;
+    if (!to_sockaddr(h, &ss) || (ss.ss_family == AF_INET6) != (h[0] == '['))
         return -1;
     const char *p = colon + 1;
     long v = 0;
@@ -220,13 +230,19 @@ int zd__addr_parse_endpoint(const char *ep, char *ip, size_t size, int *port)
             return -1;
         v = v * 10 + (*p - '0');
     }
-    if (v < 1 || v > 65535 || zd__addr_normalize(h, ip, size) < 0)
+    char bare[ZD_ADDR_MAX];
+    if (v < 1 || v > 65535 || !strip_brackets(h, bare, sizeof bare) ||
+        normal_text(&ss, bare, ip, size) < 0)
         return -1;
     /* A wildcard cannot be connected to from elsewhere. */
-    char n[ZD_ADDR_MAX];
-    snprintf(n, sizeof n, "%s", ip);
-    if (!strcmp(n, "0.0.0.0") || !strcmp(n, "::"))
+    if (!strcmp(ip, "0.0.0.0") || !strcmp(ip, "::"))
         return -1;
     *port = (int)v;
     return 0;
+}
+
+bool zd__addr_same_host(const char *a, const char *b)
+{
+    const char *ca = strrchr(a, ':'), *cb = strrchr(b, ':');
+    return ca && cb && ca - a == cb - b && !memcmp(a, b, (size_t)(ca - a));
 }

@@ -32,6 +32,7 @@
 #include <zdist/error.h>
 #include "core/clock.h"
 #include "core/log_private.h"
+#include "rpc/net/address.h"
 
 #ifndef ZMQ_ZAP_ENFORCE_DOMAIN
 #define ZMQ_ZAP_ENFORCE_DOMAIN 93 /* libzmq >= 4.3 (a draft option in its header) */
@@ -562,13 +563,19 @@ int zd__security_table_ready(zd__net_t *n)
     if (!s)
         return 0;
     if (!s->curve) {
-        for (int i = 0; i < n->world && !s->insecure; i++)
-            if (n->peers[i].endpoint[0] && !endpoint_is_loopback(n->peers[i].endpoint))
+        const char *last = NULL; /* most peers share a host */
+        for (int i = 0; i < n->world && !s->insecure; i++) {
+            const char *ep = n->peers[i].endpoint;
+            if (!ep[0] || (last && zd__addr_same_host(ep, last)))
+                continue;
+            last = ep;
+            if (!endpoint_is_loopback(ep))
                 return zd_error_set_code(ZD_ERR_ARGUMENT,
                                          "no world key, and \"%s\" (rank %d) is at %s, not on "
                                          "loopback: refusing to run unauthenticated and "
                                          "unencrypted; %s",
                                          n->peers[i].name, i, n->peers[i].endpoint, remedies);
+        }
         return 0;
     }
     key_rank_t *k = malloc((size_t)n->world * sizeof *k);

@@ -412,6 +412,16 @@ static int listen_agent(host_t *h, const char *master)
     return 0;
 }
 
+/*  src into dst (size bytes), cut to fit. Not snprintf: every rank copies
+    the whole world's table, three fields a rank, and printf's machinery
+    showed in the profile of a 512-rank world's start. */
+static void copy_text(char *dst, size_t size, const char *src)
+{
+    size_t n = strnlen(src, size - 1);
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 /*  Appends a field of the entries frame (rendezvous.h): a length byte and
     the text, cut at RDV_ENTRY_MAX's bounds (every field here is shorter). */
 static uint8_t *put_field(uint8_t *at, const char *text, size_t max)
@@ -623,9 +633,9 @@ static int join_rendezvous(zd__net_t *n, const char *addr, int port, int64_t dea
     int rc = zd__reg_run(&c, table, &running);
     if (rc == 0) {
         for (int i = 0; i < n->world; i++) {
-            snprintf(n->peers[i].name, sizeof n->peers[i].name, "%s", table[i].name);
-            snprintf(n->peers[i].endpoint, sizeof n->peers[i].endpoint, "%s", table[i].endpoint);
-            snprintf(n->peers[i].key, sizeof n->peers[i].key, "%s", table[i].key);
+            copy_text(n->peers[i].name, sizeof n->peers[i].name, table[i].name);
+            copy_text(n->peers[i].endpoint, sizeof n->peers[i].endpoint, table[i].endpoint);
+            copy_text(n->peers[i].key, sizeof n->peers[i].key, table[i].key);
             if (table[i].lost)
                 up->mark_lost(up->arg, i);
         }
