@@ -9,16 +9,20 @@
     fork to the last report: every rank's init returned. The figures at
     the largest size are the mean per rank at that moment.
 
-        bench_scale [--sizes=64,128,256,512] [--csv] [--scale]
+        bench_scale [--sizes=64,128,256,512] [--rounds=R] [--csv] [--scale]
 
     A table by default; --csv prints name,value,unit lines. --scale is the
-    default set of sizes. */
+    default set of sizes. With --rounds every size runs R times, the sizes
+    taking turns, and each figure is the median of its R values: on 2
+    cores one 512-rank world's start varies by a third from run to run.
+    world_form_growth is the largest size's time over the smallest's. */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,9 +36,10 @@
 
 #include "tests/support/world.h"
 
-#define MAX_SIZES 8
-#define MAX_WORLD 1024
-#define TIMEOUT_S 600
+#define MAX_SIZES  8
+#define MAX_WORLD  1024
+#define TIMEOUT_S  600
+#define MAX_ROUNDS 99
 
 typedef struct {
     int rank;
@@ -175,15 +180,39 @@ static int run_world(int n, result_t *res)
     return res->ok ? 0 : -1;
 }
 
+static int by_value(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/*  The median of field `off` (a double of result_t) over n results. */
+static double median(const result_t *r, int n, size_t off)
+{
+    double v[MAX_ROUNDS];
+    for (int i = 0; i < n; i++)
+        memcpy(&v[i], (const char *)&r[i] + off, sizeof v[i]);
+    qsort(v, (size_t)n, sizeof v[0], by_value);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 int main(int argc, char **argv)
 {
-    int sizes[MAX_SIZES] = {64, 128, 256, 512}, n_sizes = 4;
+    int sizes[MAX_SIZES] = {64, 128, 256, 512}, n_sizes = 4, rounds = 1;
     bool csv = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--csv") == 0) {
             csv = true;
         } else if (strcmp(argv[i], "--scale") == 0) {
             /* the default sizes */
+        } else if (strncmp(argv[i], "--rounds=", 9) == 0) {
+            char *end;
+            long v = strtol(argv[i] + 9, &end, 10);
+            if (*end || v < 1 || v > MAX_ROUNDS) {
+                fprintf(stderr, "bench_scale: --rounds from 1 to %d\n", MAX_ROUNDS);
+                return 2;
+            }
+            rounds = (int)v;
         } else if (strncmp(argv[i], "--sizes=", 8) == 0) {
             n_sizes = 0;
             for (char *s = argv[i] + 8; *s && n_sizes < MAX_SIZES;) {
@@ -197,36 +226,59 @@ int main(int argc, char **argv)
                     s++;
             }
         } else {
-            fprintf(stderr, "usage: %s [--scale] [--sizes=64,128,256,512] [--csv]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--scale] [--sizes=64,128,256,512] [--rounds=R] [--csv]\n",
+                    argv[0]);
             return 2;
         }
     }
+    if (n_sizes == 0) {
+        fprintf(stderr, "bench_scale: --sizes names no size\n");
+        return 2;
+    }
     signal(SIGPIPE, SIG_IGN);
-    int rc = 0, largest = 0;
-    result_t last = {0};
+    static result_t res[MAX_SIZES][MAX_ROUNDS];
+    int rc = 0;
+    for (int k = 0; k < rounds; k++)
+        for (int i = 0; i < n_sizes; i++)
+            if (run_world(sizes[i], &res[i][k]) < 0)
+                rc = 1;
     if (!csv)
         printf("%-8s %10s %10s %10s %12s %13s %13s\n", "ranks", "form_s", "spawn_s", "total_s",
                "rss_mb/rank", "threads/rank", "init_cpu_ms");
+    int small = 0, large = 0;
+    result_t med[MAX_SIZES] = {0};
     for (int i = 0; i < n_sizes; i++) {
-        result_t res;
-        if (run_world(sizes[i], &res) < 0)
-            rc = 1;
+        result_t *m = &med[i];
+        m->ok = 1;
+        for (int k = 0; k < rounds; k++)
+            m->ok &= res[i][k].ok;
+        m->form_s = median(res[i], rounds, offsetof(result_t, form_s));
+        m->spawn_s = median(res[i], rounds, offsetof(result_t, spawn_s));
+        m->total_s = median(res[i], rounds, offsetof(result_t, total_s));
+        m->rss_mb = median(res[i], rounds, offsetof(result_t, rss_mb));
+        m->threads = median(res[i], rounds, offsetof(result_t, threads));
+        m->cpu_ms = median(res[i], rounds, offsetof(result_t, cpu_ms));
         if (csv)
-            printf("world_form_s_N%d,%.3f,s\n", sizes[i], res.ok ? res.form_s : -1.0);
+            printf("world_form_s_N%d,%.3f,s\n", sizes[i], m->ok ? m->form_s : -1.0);
         else
-            printf("%-8d %10.3f %10.3f %10.3f %12.2f %13.1f %13.1f%s\n", sizes[i], res.form_s,
-                   res.spawn_s, res.total_s, res.rss_mb, res.threads, res.cpu_ms,
-                   res.ok ? "" : "  (failed)");
-        fflush(stdout);
-        if (sizes[i] >= largest) {
-            largest = sizes[i];
-            last = res;
-        }
+            printf("%-8d %10.3f %10.3f %10.3f %12.2f %13.1f %13.1f%s\n", sizes[i], m->form_s,
+                   m->spawn_s, m->total_s, m->rss_mb, m->threads, m->cpu_ms,
+                   m->ok ? "" : "  (failed)");
+        small = sizes[i] < sizes[small] ? i : small;
+        large = sizes[i] >= sizes[large] ? i : large;
     }
-    if (csv && largest) {
-        printf("world_rss_mb_per_rank_N%d,%.2f,MB\n", largest, last.rss_mb);
-        printf("world_threads_per_rank_N%d,%.1f,threads\n", largest, last.threads);
-        printf("world_init_cpu_ms_per_rank_N%d,%.1f,ms\n", largest, last.cpu_ms);
+    double growth = med[small].ok && med[large].ok && med[small].form_s > 0
+        ? med[large].form_s / med[small].form_s
+        : -1.0;
+    if (csv) {
+        printf("world_rss_mb_per_rank_N%d,%.2f,MB\n", sizes[large], med[large].rss_mb);
+        printf("world_threads_per_rank_N%d,%.1f,threads\n", sizes[large], med[large].threads);
+        printf("world_init_cpu_ms_per_rank_N%d,%.1f,ms\n", sizes[large], med[large].cpu_ms);
+        if (small != large)
+            printf("world_form_growth_N%d_N%d,%.2f,x\n", sizes[small], sizes[large], growth);
+    } else if (small != large) {
+        printf("from %d to %d ranks: %.2fx the time (%d round%s, medians)\n", sizes[small],
+               sizes[large], growth, rounds, rounds == 1 ? "" : "s");
     }
     return rc;
 }
