@@ -210,6 +210,16 @@ static void guard_done(guard_fn_t leave)
         leave();
 }
 
+int zd_dist_autograd_run_guarded(int (*fn)(void *arg), void *arg)
+{
+    if (!fn)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_autograd_run_guarded: NULL fn");
+    guard_fn_t leave = guard_begin();
+    int rc = fn(arg);
+    guard_done(leave);
+    return rc;
+}
+
 /*  ---- passes ---- */
 
 /*  Makes sure the context's task belongs to pass_id, building it over

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zdist/dist_autograd.h>
 #include <zdist/dist_nn.h>
 #include <zdist/error.h>
 
@@ -139,8 +140,23 @@ static zd_value_t *fn_type(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     a peer may ask for, so that it cannot make this process allocate. */
 #define MAX_OUTPUTS 1024
 
+typedef struct {
+    zd_nn_module_t *m;
+    zd_tensor_t **in, **out;
+    int n_in, n_out;
+} forward_job_t;
+
+static int run_forward(void *arg)
+{
+    forward_job_t *j = arg;
+    return zd_nn_module_forward(j->m, j->in, j->n_in, j->out, j->n_out);
+}
+
 /*  [module, n_out, tensors...] -> forward's tensor (n_out 1), or a list of
-    its first n_out tensors. */
+    its first n_out tensors. The forward runs inside the backward guard:
+    another trainer's DistributedOptimizer step on this process waits for
+    it, so it never reads a weight half written (zd_dist_optim_init
+    installs the guard). */
 static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
@@ -164,7 +180,8 @@ static zd_value_t *fn_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     size_t i = 0;
     while (i < n && zd_rpc_arg_tensor(args, i + 2, &in[i]) == 0)
         i++;
-    if (i == n && zd_nn_module_forward(m, in, (int)n, out, (int)n_out) == 0) {
+    forward_job_t job = {m, in, out, (int)n, (int)n_out};
+    if (i == n && zd_dist_autograd_run_guarded(run_forward, &job) == 0) {
         if (n_out == 1) {
             result = zd_value_tensor(out[0]);
         } else {

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -612,6 +613,105 @@ static void test_rref_backward(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  ---- two trainers' forwards and steps on one RemoteModule at once ---- */
+
+/*  A Linear(256, 256) on rank 0; two threads of rank 1 each run SHARED_STEPS
+    of forward, backward and a DistributedOptimizer step of their own on
+    it, at once. x is constant and does not need a gradient, so the
+    forward on the owner is the only reader of the weight, and every step
+    subtracts lr * batch * x from each element whatever the order: the
+    numbers are exact (powers of two). Under TSan a forward that read the
+    weight outside the steps' lock was a reported race. */
+#define SHARED_DIM   256
+#define SHARED_BATCH 8
+#define SHARED_STEPS 12
+#define SHARED_LR    0.0078125 /* 2^-7 */
+#define SHARED_X     0.5f
+
+typedef struct {
+    zd_remote_module_t *rm;
+    int rc;
+    char error[256];
+} shared_trainer_t;
+
+static void *shared_trainer(void *arg)
+{
+    shared_trainer_t *t = arg;
+    zd_rref_list_t *params = zd_remote_module_remote_parameters(t->rm);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(SHARED_LR);
+    zd_dist_optim_t *opt = params ? zd_dist_optim_new(&cfg, params) : NULL;
+    int64_t shape[2] = {SHARED_BATCH, SHARED_DIM};
+    zd_tensor_t *x = zd_tensor_new(ZD_FLOAT32, shape, 2);
+    t->rc = opt && x ? 0 : -1;
+    if (x)
+        zd_tensor_fill_(x, SHARED_X);
+    for (int s = 0; s < SHARED_STEPS && t->rc == 0; s++) {
+        int64_t ctx;
+        zd_tensor_t *y = NULL, *loss = NULL;
+        if (zd_dist_autograd_context_begin(&ctx) < 0) {
+            t->rc = -1;
+            break;
+        }
+        if (zd_remote_module_forward(t->rm, &x, 1, &y, 1) < 0 || zd_tensor_sum(y, &loss) < 0 ||
+            zd_dist_autograd_backward(ctx, &loss, 1, false) < 0 || zd_dist_optim_step(opt, ctx) < 0)
+            t->rc = -1;
+        if (zd_dist_autograd_context_end(ctx, -1) < 0)
+            t->rc = -1;
+        zd_tensor_unref(loss);
+        zd_tensor_unref(y);
+    }
+    if (t->rc < 0)
+        snprintf(t->error, sizeof t->error, "%s", zd_error_last());
+    zd_tensor_unref(x);
+    zd_dist_optim_free(opt);
+    zd_rref_list_free(params);
+    return NULL;
+}
+
+static int shared_body(const world_t *w)
+{
+    if (w->rank != 1)
+        return 0;
+    zd_remote_module_t *rm = zd_remote_module_new(0, "Linear", ZD_ARGS(SHARED_DIM, SHARED_DIM, 0));
+    WCHECK(rm);
+    shared_trainer_t t[2] = {{.rm = rm}, {.rm = rm}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        WCHECK(pthread_create(&th[i], NULL, shared_trainer, &t[i]) == 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        if (t[i].rc < 0)
+            return world_fail(w, "trainer thread %d: %s", i, t[i].error);
+    /* Every step of both: dW[i][j] = batch * x, db[i] = batch. */
+    const double steps = 2.0 * SHARED_STEPS;
+    zd_value_t *p;
+    WTRY(zd_rref_rpc_sync(zd_remote_module_rref(rm), "read_params", NULL, ZD_TIMEOUT_DEFAULT, &p));
+    zd_tensor_t *wt, *bt;
+    WTRY(zd_rpc_arg_tensor(p, 0, &wt));
+    WTRY(zd_rpc_arg_tensor(p, 1, &bt));
+    for (int i = 0; i < SHARED_DIM; i++) {
+        for (int j = 0; j < SHARED_DIM; j += 51)
+            WCHECK(zd_tensor_data(wt)[i * SHARED_DIM + j] ==
+                   (float)(w_init(0, i, j) - steps * SHARED_LR * SHARED_BATCH * SHARED_X));
+        WCHECK(zd_tensor_data(bt)[i] == (float)(b_init(0, i) - steps * SHARED_LR * SHARED_BATCH));
+    }
+    zd_value_unref(p);
+    zd_remote_module_free(rm);
+    return 0;
+}
+
+static void test_two_trainers_share_a_remote_module(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 2,
+                         .setup = setup,
+                         .fn = shared_body,
+                         .dist_autograd = true,
+                         .timeout_s = 120};
+    assert_int_equal(world_run(&o), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -620,6 +720,7 @@ int main(void)
         cmocka_unit_test(test_remote_module_errors),
         cmocka_unit_test(test_remote_module_owner_without_init),
         cmocka_unit_test(test_rref_backward),
+        cmocka_unit_test(test_two_trainers_share_a_remote_module),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -210,6 +210,9 @@ static void test_sizes_and_lists(void **state)
     assert_int_equal(zd_dist_autograd_set_backward_guard(zd_dist_optim_read_lock, NULL), -1);
     assert_non_null(strstr(zd_error_last(), "leave is NULL"));
     assert_int_equal(zd_dist_autograd_set_backward_guard(NULL, NULL), 0);
+    assert_int_equal(zd_dist_autograd_run_guarded(NULL, NULL), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "NULL fn"));
     zd_dist_optim_owner_limits_t ol = {.max_change = 1};
     assert_int_equal(zd_dist_optim_set_owner_limits(&ol), -1);
     ol = zd_dist_optim_owner_limits_default();

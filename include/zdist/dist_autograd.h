@@ -151,6 +151,13 @@ ZD_API int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
     one of the two NULL). */
 ZD_API int zd_dist_autograd_set_backward_guard(void (*enter)(void), void (*leave)(void));
 
+/*  Runs fn(arg) inside the backward guard, as the engine runs backward
+    functions (without a guard it only calls fn): for a forward that reads
+    the parameters on their owner while a trainer's step may write them,
+    such as a RemoteModule's (dist_nn.h). fn must not wait on another
+    process. Returns fn's result, or -1 (ZD_ERR_ARGUMENT) for a NULL fn. */
+ZD_API int zd_dist_autograd_run_guarded(int (*fn)(void *arg), void *arg);
+
 /*  ---- a scoped context: PyTorch's `with dist_autograd.context() as cid:` ----
 
         ZD_DIST_AUTOGRAD_CONTEXT(cid) {

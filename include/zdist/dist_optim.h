@@ -38,8 +38,9 @@
     owner also has one readers-writer lock (per process) that writers
     (steps) take exclusively: zd_dist_optim_read_lock() lets a forward pass copy the
     parameters without seeing half an update, and zd_dist_optim_init() makes
-    every distributed backward run here take it too
-    (zd_dist_autograd_set_backward_guard), as backward functions read weights.
+    every distributed backward run here, and every RemoteModule forward
+    run here (dist_nn.h), take it too (zd_dist_autograd_set_backward_guard),
+    as both read weights.
 
     Requires zd_dist_autograd_init() and zd_dist_optim_init() before zd_rpc_init on
     every process that owns parameters (it registers the "__dist_optim_*"
