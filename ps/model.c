@@ -15,6 +15,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -412,8 +413,37 @@ struct zd_ps_model {
     int *ranks;
     zd_optim_config_t optim;
     zd_dist_optim_t *opt; /* made at the first forward or step */
+    uint64_t opt_joins;   /* rejoins counted when opt was made */
     bool training;
 };
+
+/*  A shard restarted into the running world serves its stage anew: the
+    RRefs of its old parameters, and the optimizer over them, are gone with
+    the old process. Peers that rejoined, counted for the whole process
+    (a peer is declared lost before it rejoins, but a trainer need not
+    have called it in between): an optimizer made before the count moved
+    is made again. */
+static atomic_uint_fast64_t peer_joins;
+
+static void count_join(void *arg, int peer, const char *name)
+{
+    (void)arg, (void)peer, (void)name;
+    atomic_fetch_add(&peer_joins, 1);
+}
+
+/*  Drops the optimizer after a call failed with ZD_ERR_PEER (a shard
+    lost): the next forward or step fetches the parameters' RRefs again,
+    from the shard started again. The error stays as it was. */
+static void forget_lost(zd_ps_model_t *m)
+{
+    if (zd_error_code() != ZD_ERR_PEER || !m->opt)
+        return;
+    char text[512];
+    snprintf(text, sizeof text, "%s", zd_error_last());
+    zd_dist_optim_free(m->opt);
+    m->opt = NULL;
+    zd_error_set_code(ZD_ERR_PEER, "%s", text);
+}
 
 zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_optim_config_t *optim,
                                const zd_ps_options_t *opts)
@@ -435,7 +465,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
                               shard_ranks[i]);
             return NULL;
         }
-    if (zd_dist_autograd_init() < 0) {
+    if (zd_dist_autograd_init() < 0 || zd_rpc_register_peer_joined(count_join, NULL) < 0) {
         zd_error_wrap("zd_ps_model_new");
         return NULL;
     }
@@ -505,8 +535,11 @@ static int call_stage(const zd_ps_model_t *m, int s, const char *what, const cha
     DistributedOptimizer over all of them. */
 static int ensure_optimizer(zd_ps_model_t *m)
 {
-    if (m->opt)
+    uint64_t joins = atomic_load(&peer_joins);
+    if (m->opt && m->opt_joins == joins)
         return 0;
+    zd_dist_optim_free(m->opt);
+    m->opt = NULL;
     zd_rref_list_t *all = zd_rref_list_new();
     if (!all)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
@@ -523,6 +556,7 @@ static int ensure_optimizer(zd_ps_model_t *m)
     }
     if (rc == 0 && !(m->opt = zd_dist_optim_new(&m->optim, all)))
         rc = zd_error_wrap("ps: the model's optimizer");
+    m->opt_joins = joins;
     zd_rref_list_free(all);
     return rc;
 }
@@ -579,6 +613,7 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
             break;
         }
         if (call_stage(m, s, "forward", FN_FORWARD, args, timeout_ms, &v) < 0) {
+            forget_lost(m);
             rc = -1;
             break;
         }
@@ -613,9 +648,24 @@ int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_step: NULL");
     if (ensure_optimizer(m) < 0)
         return -1;
-    if (zd_dist_optim_step(m->opt, context_id) < 0)
-        return zd_error_wrap("ps: step");
+    if (zd_dist_optim_step(m->opt, context_id) < 0) {
+        char text[512];
+        snprintf(text, sizeof text, "%s", zd_error_last());
+        for (int s = 0; s < m->n_shards; s++)
+            if (zd_rpc_peer_is_lost(m->ranks[s]))
+                zd_error_set_code(ZD_ERR_PEER, "stage %d (rank %d) lost: %s", s, m->ranks[s], text);
+        zd_error_wrap("ps: step");
+        forget_lost(m);
+        return -1;
+    }
     return 0;
+}
+
+int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms)
+{
+    if (!m)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_wait_shards: NULL");
+    return zd__ps_wait_ranks(m->ranks, m->n_shards, timeout_ms);
 }
 
 bool zd_ps_model_train(zd_ps_model_t *m, bool training)

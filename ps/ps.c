@@ -876,22 +876,27 @@ void zd_ps_client_free(zd_ps_client_t *c)
     free(c);
 }
 
-int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
+int zd__ps_wait_ranks(const int *ranks, int n, int64_t timeout_ms)
 {
-    if (!c)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
     int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
-    for (int s = 0; s < c->n_shards; s++) {
+    for (int s = 0; s < n; s++) {
         int64_t left = ZD_TIMEOUT_NONE;
         if (deadline != ZD__NEVER) {
             left = zd__ms_left(zd__now_ns(), deadline);
             if (left < 1)
                 left = 1;
         }
-        if (zd_rpc_wait_peer(c->ranks[s], left) < 0)
-            return zd_error_wrap("ps: shard %d (rank %d) not back", s, c->ranks[s]);
+        if (zd_rpc_wait_peer(ranks[s], left) < 0)
+            return zd_error_wrap("ps: shard %d (rank %d) not back", s, ranks[s]);
     }
     return 0;
+}
+
+int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (!c)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
+    return zd__ps_wait_ranks(c->ranks, c->n_shards, timeout_ms);
 }
 
 /*  Stale pushes in a row after which a step gives up: the trainer is

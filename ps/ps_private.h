@@ -77,6 +77,11 @@ int zd__ps_gate_hold(zd__ps_gate_t *g, zd_tensor_t **out, int n);
     checked. 0, or -1 (ZD_ERR_ARGUMENT naming the field). */
 int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in);
 
+/*  Waits until the n ranks are live members, up to timeout_ms in all
+    (ZD_TIMEOUT_DEFAULT and ZD_TIMEOUT_NONE: no limit): 0, or -1 naming
+    the shard not back. */
+int zd__ps_wait_ranks(const int *ranks, int n, int64_t timeout_ms);
+
 /*  The first element of the float32 tensor t that is not finite, or -1. */
 int64_t zd__ps_first_not_finite(const zd_tensor_t *t);
 

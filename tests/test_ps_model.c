@@ -17,17 +17,24 @@
     - checkpoints every 2 steps: a second run with resume starts each
       stage at the last generation of the first (version 4, the parameters
       of 4 local steps), and a damaged newest generation is passed over
-      for the one before (version 2). */
+      for the one before (version 2);
+    - a shard killed and started again with resume into the running
+      world: the trainer's step fails with ZD_ERR_PEER, it waits for the
+      shard (zd_ps_model_wait_shards), and its next steps step the new
+      process's stage, resumed from its checkpoint. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -56,6 +63,7 @@ typedef struct {
     const char *checkpoint;  /* the shards' checkpoint_path (every 2 steps), or NULL */
     bool resume;
     int max_inflight; /* the shards' (0: no limit) */
+    int told[2];      /* test_shard_restarted: the trainer tells shard 1's parent to restart it */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -789,6 +797,125 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(system(path), 0);
 }
 
+/*  ---- a shard killed and started again ---- */
+
+/*  One step that may fail: 0, or -1 with the error as the calls left it. */
+static int try_step(zd_ps_model_t *model, int step)
+{
+    zd_tensor_t *x, *y, *out = NULL, *l = NULL;
+    make_batch(0, step, &x, &y);
+    int rc = -1;
+    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+    {
+        if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) == 0 &&
+            zd_nn_mse_loss(out, y, &l) == 0 && zd_dist_autograd_backward(ctx, &l, 1, false) == 0 &&
+            zd_ps_model_step(model, ctx) == 0)
+            rc = 0;
+    }
+    zd_tensor_unref(l);
+    zd_tensor_unref(out);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    return rc;
+}
+
+/*  Four steps, shard 1 killed, a step that fails with ZD_ERR_PEER, the
+    wait for shard 1 back (started again, resumed from its generation of
+    version 2), three more steps on it: the trainer's optimizer must step
+    the new process's parameters, not the RRefs of the dead one's. */
+static int restart_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    for (int step = 0; rc == 0 && step < 4; step++)
+        if (try_step(model, step) < 0)
+            rc = world_fail(w, "step %d: %s", step, zd_error_last());
+    zd_value_t *v = NULL;
+    if (rc == 0 && zd_rpc_sync(1, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
+        rc = world_fail(w, "shard 1 answered test_die");
+    zd_value_unref(v);
+    if (rc == 0 && (try_step(model, 4) == 0 || zd_error_code() != ZD_ERR_PEER))
+        rc = world_fail(w, "a step with shard 1 killed: %s, not ZD_ERR_PEER", zd_error_last());
+    /* Only now is shard 1 started again (a restart can be quicker than
+       the trainer's next call; the rejoin count covers that case). */
+    const setup_t *su = w->arg;
+    if (rc == 0 && write(su->told[1], "r", 1) != 1)
+        rc = world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
+    if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shard 1 not back: %s", zd_error_last());
+    for (int step = 5; rc == 0 && step < 8; step++)
+        if (try_step(model, step) < 0)
+            rc = world_fail(w, "step %d after the restart: %s", step, zd_error_last());
+    /* Shard 0 took every step but the failed one; shard 1 resumed at 2. */
+    if (rc == 0 && (shard_version(0) != 7 || shard_version(1) != 5))
+        rc = world_fail(w, "versions %lld and %lld, not 7 and 5", (long long)shard_version(0),
+                        (long long)shard_version(1));
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+/*  Rank 1 serves from a child process; when that one is killed, a second
+    child, made with resume, joins the running world in its place. The
+    rank's own process never starts RPC, so forking it is safe. */
+static int restarted_shard(const world_t *w)
+{
+    setup_t su = *(const setup_t *)w->arg;
+    world_t again = *w;
+    again.arg = &su;
+    for (int run = 0; run < 2; run++) {
+        su.resume = run == 1;
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0)
+            return world_fail(w, "fork: %s", strerror(errno));
+        if (pid == 0)
+            _exit(run_shard(&again) == 0 ? 0 : 1);
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+        if (run == 0 && !killed)
+            return world_fail(w, "the first shard 1 ended with status %d, not killed", status);
+        struct pollfd p = {.fd = su.told[0], .events = POLLIN};
+        char c;
+        if (run == 0 &&
+            (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(su.told[0], &c, 1) != 1))
+            return world_fail(w, "the trainer did not say when to restart shard 1");
+        if (run == 1 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
+            return world_fail(w, "the restarted shard 1 ended with status %d", status);
+    }
+    return 0;
+}
+
+static int restart_world(const world_t *w)
+{
+    if (w->rank == 0)
+        return run_shard(w);
+    return w->rank == 1 ? restarted_shard(w) : restart_trainer(w);
+}
+
+static void test_shard_restarted(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 1, .checkpoint = prefix};
+    assert_int_equal(pipe(su.told), 0);
+    world_options_t o = {
+        .world_size = 3, .fn = restart_world, .arg = &su, .own_init = true, .timeout_s = 90};
+    assert_int_equal(world_run(&o), 0);
+    close(su.told[0]);
+    close(su.told[1]);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /*  ---- bad arguments, no world ---- */
 
 static void test_arguments(void **state)
@@ -834,6 +961,7 @@ int main(void)
         cmocka_unit_test(test_refused_and_stopped),
         cmocka_unit_test(test_two_trainers_then_lost),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_shard_restarted),
         cmocka_unit_test(test_max_inflight),
         cmocka_unit_test(test_stop_lets_waiting_forwards_go),
     };

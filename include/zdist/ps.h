@@ -351,6 +351,15 @@ ZD_API int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_i
     their shards (zd_dist_optim_step). 0, or -1 naming the shard. */
 ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
 
+/*  Waits until every shard is a live member of the world (after
+    ZD_ERR_PEER: a lost shard started again, its stage resumed from its
+    checkpoint), up to timeout_ms in all (ZD_TIMEOUT_DEFAULT and
+    ZD_TIMEOUT_NONE: no limit); then run the batch again. The next forward
+    or step fetches the restarted shard's parameters anew and makes the
+    DistributedOptimizer again (its state, momentum, starts over). 0, or
+    -1: ZD_ERR_TIMEOUT naming the shard not back, ZD_ERR_NOT_INITIALIZED. */
+ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
+
 /*  Sets the mode the next forwards run the stages in (training: dropout
     on; PyTorch's model.train(mode)); returns the previous one. Training
     is the default. */
