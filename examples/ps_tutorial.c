@@ -6,10 +6,14 @@
         ./ps_tutorial --world_size=4 --rank=0                       the server
         ./ps_tutorial --world_size=4 --rank=N --master_addr=HOST    trainer N
         tools/launch --nproc=4 -- ps_tutorial                       all four
+        tools/launch --nproc=4 -- ps_tutorial --num_servers=2       the Net in two stages
 
     The tutorial's parts, in order below: ParameterServer (the Net, on
     rank 0), TrainerNet (the trainer's handle on it), run_training_loop,
-    get_accuracy, and run_worker (main). rpc_ps is the same tutorial with
+    get_accuracy, and run_worker (main). With --num_servers=2 the Net is
+    cut in two stages as the tutorial's model-parallel sequel does, its
+    convolutions on rank 0 and its linear layers on rank 1, and each
+    forward runs through both. rpc_ps is the same tutorial with
     everything an operator adds around it (shards, checkpoints, rejoin,
     staleness bounds); this program is the tutorial as it reads. */
 #include <math.h>
@@ -27,39 +31,93 @@ typedef struct {
     flags_world_t world;
     const char *data_dir;
     int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, max_batch_size;
+    int64_t num_servers;
     double lr;
 } options_t;
 
 /*  ---- ParameterServer: the model lives here ---- */
 
-/*  Rank 0: serves the Net, built from the seed, until every trainer is
-    done (the graceful shutdown waits for them). */
-static int run_parameter_server(const options_t *o)
+/*  A stage of the Net: "NetConv" (conv1 .. flatten, 9216 features a
+    sample) or "NetFc" (fc1 .. log_softmax). It holds the whole Net, built
+    from the seed on each server alike, but lists only its half's
+    parameters, the ones its server serves and steps. */
+static int net_stage_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                             int n_out)
+{
+    zd_nn_module_t *net = zd_nn_module_state(m);
+    if (n_in != 1 || n_out != 1)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: one input, one output",
+                                 zd_nn_module_type(m));
+    zd_nn_module_train(net, zd_nn_module_is_training(m)); /* dropout's mode is the stage's */
+    return strcmp(zd_nn_module_type(m), "NetConv") == 0 ? zd_nn_net_forward_conv(net, in[0], out)
+                                                        : zd_nn_net_forward_fc(net, in[0], out);
+}
+
+static void net_free(void *net)
+{
+    zd_nn_module_free(net);
+}
+
+/*  The model server `shard` serves: the Net with one server, else its
+    half. A new module, or NULL. */
+static zd_nn_module_t *server_model(const options_t *o, int shard)
 {
     zd_nn_module_t *net = zd_nn_net_new((uint64_t)o->seed);
+    if (!net || o->num_servers == 1)
+        return net;
+    const char *half = shard == 0 ? "conv" : "fc";
+    zd_nn_module_t *stage =
+        zd_nn_module_new(shard == 0 ? "NetConv" : "NetFc", net_stage_forward, net, net_free);
+    for (int i = 0; stage && i < zd_nn_module_n_params(net); i++) {
+        char name[64]; /* "conv1.weight" as "conv1_weight": a module's own names have no dots */
+        snprintf(name, sizeof name, "%s", zd_nn_module_param_name(net, i));
+        name[strcspn(name, ".")] = '_';
+        if (strncmp(name, half, strlen(half)) == 0 &&
+            zd_nn_module_register_parameter(stage, name, zd_nn_module_param(net, i)) < 0) {
+            zd_nn_module_free(stage);
+            return NULL;
+        }
+    }
+    return stage;
+}
+
+/*  Ranks below --num_servers: serve the Net (or its stage), built from
+    the seed, until every trainer is done (the graceful shutdown waits for
+    them). */
+static int run_parameter_server(const options_t *o, int shard)
+{
+    zd_nn_module_t *model = server_model(o, shard);
     zd_ps_options_t po = zd_ps_options_default();
-    po.max_input_numel = o->max_batch_size * 28 * 28; /* a batch of images, no more */
-    zd_ps_model_server_t *srv = net ? zd_ps_model_server_new(net, 0, 1, &po) : NULL;
-    int rc =
-        srv && flags_world_init(&o->world, "parameter_server", -1, "ps_tutorial") == 0 ? 0 : -1;
+    /* a batch of images, or of the convolutions' features, no more */
+    po.max_input_numel = o->max_batch_size * (shard == 0 ? 28 * 28 : 9216);
+    zd_ps_model_server_t *srv =
+        model ? zd_ps_model_server_new(model, shard, (int)o->num_servers, &po) : NULL;
+    char name[32] = "parameter_server";
+    if (o->num_servers > 1)
+        snprintf(name, sizeof name, "parameter_server_%d", shard);
+    int rc = srv && flags_world_init(&o->world, name, -1, "ps_tutorial") == 0 ? 0 : -1;
     if (rc == 0 && zd_rpc_shutdown(true, ZD_TIMEOUT_NONE) < 0)
         rc = -1;
-    if (srv)
+    if (srv && o->num_servers > 1)
+        printf("parameter server %d: %lld forwards served\n", shard,
+               (long long)zd_ps_model_server_forwards(srv));
+    else if (srv)
         printf("parameter server: %lld forwards served\n",
                (long long)zd_ps_model_server_forwards(srv));
     zd_ps_model_server_free(srv);
-    zd_nn_module_free(net);
+    zd_nn_module_free(model);
     return rc;
 }
 
 /*  ---- TrainerNet: the model as a trainer sees it ---- */
 
 /*  The tutorial's TrainerNet holds an RRef to the server and gives the
-    DistributedOptimizer its parameters' RRefs; zd_ps_model_t is both. */
+    DistributedOptimizer its parameters' RRefs; zd_ps_model_t is both,
+    over the servers at ranks 0 .. num_servers - 1. */
 static zd_ps_model_t *trainer_net_new(const options_t *o)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
-    return zd_ps_model_new((const int[]){0}, 1, &sgd, NULL);
+    return zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL);
 }
 
 /*  ---- run_training_loop ---- */
@@ -206,7 +264,8 @@ int main(int argc, char **argv)
                    .epochs = 1,
                    .seed = 1,
                    .lr = 0.03,
-                   .max_batch_size = 1024};
+                   .max_batch_size = 1024,
+                   .num_servers = 1};
     const flag_t flags[] = {
         FLAGS_WORLD(o.world),
         {"data_dir", FLAG_STRING, &o.data_dir,
@@ -220,6 +279,8 @@ int main(int argc, char **argv)
         {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
         {"max_batch_size", FLAG_INT, &o.max_batch_size,
          "server: the largest batch a forward may carry"},
+        {"num_servers", FLAG_INT, &o.num_servers,
+         "1: the Net on rank 0; 2: its convolutions on rank 0, its linear layers on rank 1"},
     };
     int pr =
         flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
@@ -227,17 +288,18 @@ int main(int argc, char **argv)
     if (pr != 0)
         return pr > 0 ? 0 : 2;
     if (o.batch_size < 1 || o.batch_size > o.max_batch_size || o.epochs < 1 || o.lr <= 0 ||
-        o.max_batches < 0 || o.log_interval < 0 || o.eval_samples < 0) {
+        o.max_batches < 0 || o.log_interval < 0 || o.eval_samples < 0 ||
+        (o.num_servers != 1 && o.num_servers != 2)) {
         fprintf(stderr,
                 "ps_tutorial: --batch_size from 1 to --max_batch_size, --epochs and "
-                "--lr positive, the counts >= 0\n");
+                "--lr positive, the counts >= 0, --num_servers 1 or 2\n");
         return 2;
     }
     if (flags_world_resolve(&o.world, 4, "ps_tutorial") < 0)
         return 2;
-    if (o.world.world_size < 2) {
-        fprintf(stderr, "ps_tutorial: a world of %lld has no trainer (at least 2)\n",
-                (long long)o.world.world_size);
+    if (o.world.world_size <= o.num_servers) {
+        fprintf(stderr, "ps_tutorial: a world of %lld with %lld servers has no trainer\n",
+                (long long)o.world.world_size, (long long)o.num_servers);
         return 2;
     }
     /* The world's processes share this host's cores: a trainer computes
@@ -246,8 +308,9 @@ int main(int argc, char **argv)
        while the others wait (as rpc_ps does). */
     if (o.world.world_size > 2 && zd_nn_set_num_threads(1) < 0)
         return 1;
-    int rc = o.world.rank == 0 ? run_parameter_server(&o) : run_trainer(&o);
-    if (rc < 0 && o.world.rank == 0)
+    bool server = o.world.rank < o.num_servers;
+    int rc = server ? run_parameter_server(&o, (int)o.world.rank) : run_trainer(&o);
+    if (rc < 0 && server)
         fprintf(stderr, "ps_tutorial: parameter server: %s\n", zd_error_last());
     return rc < 0 ? 1 : 0;
 }

@@ -166,6 +166,11 @@ static void test_non_finite_numbers_refused(void **state)
             "ps_batch: --mode is ps or rl (--mode=xx");
     refused("examples/ps_batch", (const char *const[]){"--steps=0", NULL},
             "ps_batch: --steps must be at least 1");
+    refused("examples/ps_tutorial", (const char *const[]){"--num_servers=3", NULL},
+            "--num_servers 1 or 2");
+    refused("examples/ps_tutorial",
+            (const char *const[]){"--num_servers=2", "--world_size=2", "--rank=1", NULL},
+            "ps_tutorial: a world of 2 with 2 servers has no trainer");
     refused("examples/train_local", (const char *const[]){"--progress_s=-inf", NULL},
             "--progress_s expects a finite number, got \"-inf\"");
     /* Out of a double's range, as before. */

@@ -4,7 +4,8 @@
     launcher: one server and three trainers, 60 batches each on the default
     data (Fashion-MNIST). Every trainer reaches an accuracy far above
     chance (10 %), the server ran every forward (training and evaluation)
-    the trainers sent, and the tutorial's lines are printed. Programs are
+    the trainers sent, and the tutorial's lines are printed; the same with
+    the Net in two stages on two servers (--num_servers=2). Programs are
     found in ZDIST_BUILD_DIR. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -52,10 +53,42 @@ static void test_one_server_three_trainers(void **state)
     free(out);
 }
 
+/*  --num_servers=2: the Net in two stages, its convolutions on rank 0
+    and its linear layers on rank 1, two trainers. Each stage ran every
+    forward (2 x 60 training and 2 x 2 evaluation), and the trainers learn
+    as with one server. */
+static void test_two_stages_two_trainers(void **state)
+{
+    (void)state;
+    char *out;
+    assert_int_equal(program_run_world("examples/ps_tutorial", 4,
+                                       "--num_servers=2 --max_batches=60 --eval_samples=1000 "
+                                       "--log_interval=20",
+                                       true, &out),
+                     0);
+    for (int rank = 2; rank <= 3; rank++) {
+        char key[64];
+        snprintf(key, sizeof key, "Rank %d test accuracy ", rank);
+        const char *p = strstr(out, key);
+        if (!p)
+            fail_msg("no \"%s\" line", key);
+        double acc = atof(p + strlen(key));
+        fprintf(stderr, "trainer %d: %.2f %%\n", rank, acc);
+        if (!(acc > MIN_ACCURACY))
+            fail_msg("trainer %d: accuracy %.2f %%, expected more than %.0f %%", rank, acc,
+                     MIN_ACCURACY);
+    }
+    assert_non_null(strstr(out, "parameter server 0: 124 forwards served"));
+    assert_non_null(strstr(out, "parameter server 1: 124 forwards served"));
+    assert_non_null(strstr(out, "launch: 4 processes finished"));
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_server_three_trainers),
+        cmocka_unit_test(test_two_stages_two_trainers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
