@@ -3,7 +3,9 @@
 
     A shard's checkpoint is one checkpoint.h file of named tensors:
     "ps.meta" (int64: format, shard, shards, version), "param.<name>" for
-    each tensor it serves and "optim.<entry>" for its optimizer's state.
+    each tensor it serves, "optim.<entry>" for its optimizer's state and,
+    for a push/pull shard that has them, "ps.positions" (int64, by rank:
+    where each trainer was in its data at its last push taken, -1: none).
     A generation is written whole to "<path>.new" (checkpoint.h writes a
     temporary file and renames it), then the current file becomes
     "<path>.prev" and the new one "<path>": a crash at any point leaves
@@ -24,11 +26,14 @@
 #include <zdist/optim.h>
 #include "core/log_private.h"
 
-#define FORMAT     1
-#define META       "ps.meta"
-#define PARAM      "param."
-#define OPTIM      "optim."
-#define N_SUFFIXES 3
+#define FORMAT    1
+#define META      "ps.meta"
+#define POSITIONS "ps.positions"
+/*  No world has more ranks (rpc.h): a longer positions tensor is refused. */
+#define MAX_POSITIONS 65536
+#define PARAM         "param."
+#define OPTIM         "optim."
+#define N_SUFFIXES    3
 
 /*  The names a generation may have, newest first when all are whole. */
 static const char *const suffixes[N_SUFFIXES] = {"", ".new", ".prev"};
@@ -63,6 +68,12 @@ static zd_named_tensors_t *snapshot(const zd__ps_ckpt_t *s, int64_t version)
         m[2] = s->n_shards;
         m[3] = version;
         rc = zd_named_tensors_add(nt, META, meta);
+    }
+    if (rc == 0 && s->positions && *s->positions && *s->n_positions > 0) {
+        zd_tensor_t *pos =
+            zd_tensor_from_data(ZD_INT64, (int64_t[]){*s->n_positions}, 1, *s->positions);
+        rc = pos ? zd_named_tensors_add(nt, POSITIONS, pos) : -1;
+        zd_tensor_unref(pos);
     }
     for (int i = 0; rc == 0 && i < s->n; i++)
         rc = add_prefixed(nt, PARAM, s->names[i], s->params[i]);
@@ -151,10 +162,26 @@ static int64_t check_file(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     return m[3];
 }
 
-/*  Takes nt into the shard: the optimizer's state first (refused whole
-    when it does not fit), then the parameters. 0, or -1. */
+/*  Takes nt into the shard: the positions are checked and the
+    optimizer's state taken first (each refused whole when it does not
+    fit), then the parameters. 0, or -1. */
 static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
 {
+    /* The positions: a file of a run that set none has none, and every
+       trainer starts from its beginning. */
+    zd_tensor_t *pos = zd_named_tensors_find(nt, POSITIONS);
+    int64_t *copy = NULL;
+    int n_pos = 0;
+    if (pos && s->positions) {
+        if (zd_tensor_dtype(pos) != ZD_INT64 || zd_tensor_ndim(pos) != 1 ||
+            zd_tensor_numel(pos) > MAX_POSITIONS)
+            return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" is not int64, one a rank", POSITIONS);
+        n_pos = (int)zd_tensor_numel(pos);
+        if (n_pos > 0 && !(copy = malloc((size_t)n_pos * sizeof *copy)))
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+        for (int i = 0; i < n_pos; i++)
+            copy[i] = zd_tensor_data_i64(pos)[i] < -1 ? -1 : zd_tensor_data_i64(pos)[i];
+    }
     zd_named_tensors_t *state = zd_named_tensors_new();
     int rc = state ? 0 : -1;
     for (int i = 0; rc == 0 && i < zd_named_tensors_len(nt); i++) {
@@ -167,13 +194,20 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     else if (rc == 0 && zd_named_tensors_len(state) > 0)
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "an optimizer's state, for a shard without one");
     zd_named_tensors_free(state);
-    if (rc < 0)
+    if (rc < 0) {
+        free(copy);
         return -1;
+    }
     char full[ZD_CHECKPOINT_MAX_NAME + 1];
     for (int i = 0; i < s->n; i++) {
         snprintf(full, sizeof full, PARAM "%s", s->names[i]);
         zd_tensor_t *t = zd_named_tensors_find(nt, full);
         memcpy(zd_tensor_data(s->params[i]), zd_tensor_data(t), zd_tensor_nbytes(t));
+    }
+    if (s->positions) {
+        free(*s->positions);
+        *s->positions = copy;
+        *s->n_positions = n_pos;
     }
     return 0;
 }

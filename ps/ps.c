@@ -24,8 +24,9 @@
 #include "core/sized.h"
 #include "ps/ps_private.h"
 
-#define FN_PULL "__zd_ps_pull_"
-#define FN_PUSH "__zd_ps_push_"
+#define FN_PULL  "__zd_ps_pull_"
+#define FN_PUSH  "__zd_ps_push_"
+#define FN_WHERE "__zd_ps_where_"
 
 int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in)
 {
@@ -298,9 +299,32 @@ static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t ve
     free(fs);
 }
 
-static zd__ps_ckpt_t ckpt_of(const zd_ps_server_t *s)
+static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
 {
-    return (zd__ps_ckpt_t){s->ckpt_path, s->shard, s->n_shards, s->n, s->names, s->params, s->opt};
+    return (zd__ps_ckpt_t){s->ckpt_path, s->shard, s->n_shards,   s->n,           s->names,
+                           s->params,    s->opt,   &s->positions, &s->n_positions};
+}
+
+/*  Records that the trainer of rank `rank` pushed from `position` of its
+    data (under the lock; -1: it gave none). Out of memory, the record is
+    missed: a resumed trainer then starts earlier in its data, never
+    later. */
+static void record_position(zd_ps_server_t *s, int rank, int64_t position)
+{
+    if (position < 0 || rank < 0)
+        return;
+    if (rank >= s->n_positions) {
+        int n = zd_rpc_world_size();
+        n = n > rank ? n : rank + 1;
+        int64_t *p = realloc(s->positions, (size_t)n * sizeof *p);
+        if (!p)
+            return;
+        for (int i = s->n_positions; i < n; i++)
+            p[i] = -1;
+        s->positions = p;
+        s->n_positions = n;
+    }
+    s->positions[rank] = position;
 }
 
 /*  The shard's checkpoint now (under the lock). 0, or -1. */
@@ -422,25 +446,30 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
         return NULL;
     }
-    int64_t version = -1;
+    int64_t version = -1, position = -1;
     zd_error_code_t code = ZD_OK;
     char text[512] = "";
     zd_future_t **done = NULL;
     int n_done = 0;
     bool reply = true; /* false: f waits for the round */
+    int caller = zd_rpc_call_caller_rank(call);
+    /* [version, position (when the trainer set one), name, grad, ...] */
+    size_t pairs = zd_value_kind(zd_list_get(args, 1)) == ZD_VALUE_INT ? 2 : 1;
     pthread_mutex_lock(&s->lock);
-    trainer_seen(s, zd_rpc_call_caller_rank(call));
+    trainer_seen(s, caller);
     int64_t now = s->version;
     if (s->stopped) {
         code = ZD_ERR_STOPPED;
         snprintf(text, sizeof text, "shard %d stopped", s->shard);
     } else if (zd_rpc_arg_int(args, 0, &version) < 0 ||
-               read_pairs(args, 1, s->names, s->params, s->all, s->n, grads) < 0) {
+               (pairs == 2 && zd_rpc_arg_int(args, 1, &position) < 0) ||
+               read_pairs(args, pairs, s->names, s->params, s->all, s->n, grads) < 0) {
         code = ZD_ERR_ARGUMENT;
         snprintf(text, sizeof text, "refused by shard %d: %s", s->shard, zd_error_last());
-    } else if (version < 0) {
+    } else if (version < 0 || (pairs == 2 && position < 0)) {
         code = ZD_ERR_ARGUMENT;
-        snprintf(text, sizeof text, "refused by shard %d: version %" PRId64, s->shard, version);
+        snprintf(text, sizeof text, "refused by shard %d: %s %" PRId64, s->shard,
+                 version < 0 ? "version" : "position", version < 0 ? version : position);
     } else if (version > now) {
         /* The shard restarted from a checkpoint older than what the
            trainer pulled: pull again. */
@@ -458,15 +487,25 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
                  ", the shard is at %" PRId64 " (max_staleness %" PRId64 ")",
                  s->shard, version, now, s->opts.mode == ZD_PS_SYNC ? 0 : s->opts.max_staleness);
     } else if (s->opts.mode == ZD_PS_ASYNC) {
+        /* before the step, which may write the checkpoint that holds it */
+        int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+        record_position(s, caller, position);
         if (step(s, grads) < 0) {
             code = ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+            if (position >= 0 && caller < s->n_positions)
+                s->positions[caller] = was;
         }
     } else {
-        int rc = sync_push(s, f, zd_rpc_call_caller_rank(call), grads, &done, &n_done);
+        /* a push taken into the round counts; the round's step writes it */
+        int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+        record_position(s, caller, position);
+        int rc = sync_push(s, f, caller, grads, &done, &n_done);
         if (rc < 0) {
             code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+            if (position >= 0 && caller < s->n_positions && !done)
+                s->positions[caller] = was;
         } else if (!done) {
             reply = false;
         }
@@ -510,6 +549,26 @@ static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     }
 out:
     pthread_mutex_unlock(&s->lock);
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
+    return v;
+}
+
+/*  [] -> [code, version, text, position]: where the caller was in its data
+    at its last push taken (-1: none), kept through checkpoints. */
+static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)args;
+    zd_ps_server_t *s = arg;
+    int caller = zd_rpc_call_caller_rank(call);
+    pthread_mutex_lock(&s->lock);
+    int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+    zd_value_t *v = answer_new(ZD_OK, s->version, "");
+    pthread_mutex_unlock(&s->lock);
+    if (v && zd_list_append(v, zd_value_int(position)) < 0) {
+        zd_value_unref(v);
+        v = NULL;
+    }
     if (!v)
         zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
     return v;
@@ -620,6 +679,7 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     pthread_mutex_init(&s->lock, NULL);
     snprintf(s->fn_pull, sizeof s->fn_pull, FN_PULL "%d", shard);
     snprintf(s->fn_push, sizeof s->fn_push, FN_PUSH "%d", shard);
+    snprintf(s->fn_where, sizeof s->fn_where, FN_WHERE "%d", shard);
     s->names = calloc((size_t)mine, sizeof *s->names);
     s->params = calloc((size_t)mine, sizeof *s->params);
     s->sums = calloc((size_t)mine, sizeof *s->sums);
@@ -663,8 +723,10 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     push.async_fn = serve_push;
     push.arg = s;
     if (zd_rpc_register_function(s->fn_push, &push) < 0 ||
-        zd_rpc_register(s->fn_pull, serve_pull, s) < 0) {
+        zd_rpc_register(s->fn_pull, serve_pull, s) < 0 ||
+        zd_rpc_register(s->fn_where, serve_where, s) < 0) {
         zd_rpc_unregister(s->fn_push);
+        zd_rpc_unregister(s->fn_pull);
         goto fail;
     }
     if (o.mode == ZD_PS_SYNC && enlist(s) < 0) {
@@ -681,7 +743,7 @@ fail:
     free(shard_of);
     if (s) {
         /* Nothing registered: free without unregistering. */
-        s->fn_pull[0] = s->fn_push[0] = '\0';
+        s->fn_pull[0] = s->fn_push[0] = s->fn_where[0] = '\0';
         zd_ps_server_free(s);
     }
     return NULL;
@@ -763,6 +825,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     if (s->fn_push[0]) {
         zd_rpc_unregister(s->fn_push);
         zd_rpc_unregister(s->fn_pull);
+        zd_rpc_unregister(s->fn_where);
     }
     if (s->waiting)
         zd_ps_server_stop(s); /* answers a round left incomplete, so no future leaks */
@@ -779,6 +842,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->pushed_by);
     free(s->waiting);
     free(s->trainer);
+    free(s->positions);
     free(s->ckpt_path);
     pthread_mutex_destroy(&s->lock);
     free(s);
@@ -798,6 +862,7 @@ struct zd_ps_client {
     bool *of_shard;    /* scratch: n flags, the tensors of one shard */
     zd_tensor_t **got; /* scratch: n tensors of an answer */
     int64_t stale;     /* pushes zd_ps_client_step computed again */
+    int64_t position;  /* the pushes carry it (zd_ps_client_set_position); -1: none */
 };
 
 zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
@@ -819,6 +884,7 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
         goto oom;
     c->opts = o;
     c->n_shards = n_shards;
+    c->position = -1;
     c->ranks = malloc((size_t)n_shards * sizeof *c->ranks);
     c->version = malloc((size_t)n_shards * sizeof *c->version);
     c->names = calloc((size_t)n, sizeof *c->names);
@@ -1088,11 +1154,13 @@ out:
     return rc;
 }
 
-/*  The push to shard s: [version, name, grad, ...], a new reference. */
+/*  The push to shard s: [version, position (when set), name, grad, ...],
+    a new reference. */
 static zd_value_t *push_args(zd_ps_client_t *c, int s)
 {
     zd_value_t *v = zd_value_list(1);
-    if (!v || zd_list_append(v, zd_value_int(c->version[s])) < 0)
+    if (!v || zd_list_append(v, zd_value_int(c->version[s])) < 0 ||
+        (c->position >= 0 && zd_list_append(v, zd_value_int(c->position)) < 0))
         goto oom;
     for (int i = 0; i < c->n; i++) {
         if (c->shard_of[i] != s)
@@ -1147,6 +1215,56 @@ out:
     if (args)
         for (int s = 0; s < c->n_shards; s++)
             zd_value_unref(args[s]);
+    if (fs)
+        futures_free(fs, c->n_shards);
+    free(args);
+    free(versions);
+    return rc;
+}
+
+int zd_ps_client_set_position(zd_ps_client_t *c, int64_t position)
+{
+    if (!c || position < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_set_position: %s",
+                                 c ? "a position >= 0 is required" : "NULL");
+    c->position = position;
+    return 0;
+}
+
+int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t *position)
+{
+    if (position)
+        *position = -1;
+    if (!c || !position)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_resume_position: NULL");
+    int64_t t = call_timeout(timeout_ms);
+    zd_future_t **fs = calloc((size_t)c->n_shards, sizeof *fs);
+    zd_value_t **args = calloc((size_t)c->n_shards, sizeof *args);
+    int64_t *versions = malloc((size_t)c->n_shards * sizeof *versions);
+    int rc = -1;
+    if (!fs || !args || !versions) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_resume_position: out of memory");
+        goto out;
+    }
+    if (start_calls(c, "position", FN_WHERE, args, t, fs) < 0 ||
+        wait_answers(c, "position", fs, t, versions) < 0)
+        goto out;
+    /* The earliest: no shard missed a batch from there on. A shard that
+       has none for this trainer (it never took a push of it, or its
+       checkpoint is older than them all) means the beginning. */
+    int64_t least = INT64_MAX;
+    for (int s = 0; s < c->n_shards; s++) {
+        int64_t p;
+        if (zd_rpc_arg_int(zd_future_value(fs[s]), 3, &p) < 0 || p < -1) {
+            zd_error_set_code(ZD_ERR_REMOTE, "ps: position: shard %d (rank %d) answered badly", s,
+                              c->ranks[s]);
+            goto out;
+        }
+        least = p < least ? p : least;
+    }
+    *position = least;
+    rc = 0;
+out:
     if (fs)
         futures_free(fs, c->n_shards);
     free(args);

@@ -13,7 +13,7 @@
 struct zd_ps_server {
     int shard, n_shards;
     zd_ps_options_t opts;
-    char fn_pull[32], fn_push[32];
+    char fn_pull[32], fn_push[32], fn_where[32];
     int n;                /* tensors served */
     char **names;         /* theirs */
     zd_tensor_t **params; /* the shard's own copies, stepped by opt */
@@ -37,6 +37,10 @@ struct zd_ps_server {
     /* checkpoints (checkpoint.c) */
     char *ckpt_path;      /* "<checkpoint_path>.shard<K>", or NULL: none */
     int64_t ckpt_version; /* the version last written or resumed from; -1: none */
+    /* where each trainer was in its data at its last push taken
+       (zd_ps_client_set_position), by rank; -1: none. Checkpointed. */
+    int64_t *positions;
+    int n_positions;
 };
 
 enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
@@ -97,6 +101,10 @@ typedef struct {
     char *const *names;
     zd_tensor_t *const *params;
     zd_optim_t *opt;
+    /* the push/pull shard's trainer positions (NULL: none kept); a
+       resume replaces the array with the file's */
+    int64_t **positions;
+    int *n_positions;
 } zd__ps_ckpt_t;
 
 /*  Writes the shard's checkpoint at version, as the newest generation of

@@ -18,7 +18,10 @@
     - checkpoints: a shard killed between two generations resumes from the
       last one written (parameters and version), a damaged newest
       generation is passed over for the one before, and a push computed on
-      a version the resumed shard never had is refused as stale. */
+      a version the resumed shard never had is refused as stale; the
+      trainer's position in its data comes back with the generation
+      (zd_ps_client_resume_position), and a push whose position is below
+      0 or not an integer is refused. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -678,13 +681,21 @@ static int ckpt_trainer(const world_t *w)
     async_steps(want, (int)cs->resumed);
     int rc = 0;
     const char *bad;
-    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+    /* Each push says the round after it is next (100 + round + 1): the
+       checkpoint of version v holds 100 + v, none before a checkpoint. */
+    int64_t position, expect = cs->resumed ? 100 + cs->resumed : -1;
+    if (zd_ps_client_resume_position(ps, ZD_TIMEOUT_DEFAULT, &position) < 0)
+        rc = world_fail(w, "resume position: %s", zd_error_last());
+    else if (position != expect)
+        rc =
+            world_fail(w, "resume position %lld, not %lld", (long long)position, (long long)expect);
+    if (rc == 0 && zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
         rc = world_fail(w, "first pull: %s", zd_error_last());
     else if (zd_ps_client_version(ps, 0) != cs->resumed || (bad = differs(m, want)))
         rc = world_fail(w, "the shard started at version %lld, not the checkpoint's %lld",
                         (long long)zd_ps_client_version(ps, 0), (long long)cs->resumed);
     for (int round = (int)cs->resumed; rc == 0 && round < cs->rounds; round++) {
-        if (set_grads(m, 0, round) < 0)
+        if (set_grads(m, 0, round) < 0 || zd_ps_client_set_position(ps, 100 + round + 1) < 0)
             rc = world_fail(w, "set_grads: %s", zd_error_last());
         else if (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0) {
             /* the shard may die before it answers the push that kills it */
@@ -721,6 +732,24 @@ static int ahead_trainer(const world_t *w)
         rc = world_fail(w, "push: %s", zd_error_last());
     else if (code != ZD_ERR_STALE || !strstr(text, "computed on version 99"))
         rc = world_fail(w, "a push of version 99: code %lld, %s", (long long)code, text);
+    /* A position below 0 is refused, and so is one of another kind. */
+    const zd_value_kind_t kinds[2] = {ZD_VALUE_INT, ZD_VALUE_FLOAT};
+    for (int k = 0; rc == 0 && k < 2; k++) {
+        zd_value_t *bad = zd_value_list(10);
+        zd_list_append(bad, zd_value_int(0));
+        zd_list_append(bad, kinds[k] == ZD_VALUE_INT ? zd_value_int(-5) : zd_value_float(1.5));
+        for (int i = 0; i < 4; i++) {
+            zd_list_append(bad, zd_value_string(names[i]));
+            zd_tensor_t *t = filled(ZD_FLOAT32, shapes[i][0], shapes[i][1], 0.25f);
+            zd_list_append(bad, zd_value_tensor(t));
+            zd_tensor_unref(t);
+        }
+        if (raw_push(bad, &code, text, sizeof text) < 0)
+            rc = world_fail(w, "push: %s", zd_error_last());
+        else if (code != ZD_ERR_ARGUMENT ||
+                 !strstr(text, k == 0 ? "position -5" : "refused by shard 0"))
+            rc = world_fail(w, "a push with a bad position: code %lld, %s", (long long)code, text);
+    }
     if (zd_rpc_shutdown(true, world_scaled_ms(20000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     return rc;

@@ -232,6 +232,21 @@ typedef int(zd_ps_compute_fn)(void *arg);
 ZD_API int zd_ps_client_step(zd_ps_client_t *c, zd_ps_compute_fn *compute, void *arg,
                              int64_t timeout_ms);
 
+/*  Sets where the trainer is in its data (the batch it computes next,
+    say): every later push carries it, each shard keeps the last one it
+    took from this trainer's rank and writes it into its checkpoints. 0,
+    or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
+ZD_API int zd_ps_client_set_position(zd_ps_client_t *c, int64_t position);
+
+/*  Asks every shard where this trainer's rank was at its last push the
+    shard took (kept through a shard's checkpoint and resume), for a
+    trainer started again, or a run resumed, to go on from there: the
+    smallest of the shards' answers into *position, or -1 when a shard
+    has none (start from the beginning). Each call up to timeout_ms
+    (default zd_rpc_get_timeout()). 0, or -1 with *position -1:
+    ZD_ERR_PEER, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL). */
+ZD_API int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t *position);
+
 /*  How many pushes zd_ps_client_step saw refused as stale and computed
     again, in all (0 for NULL). */
 ZD_API int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c);
