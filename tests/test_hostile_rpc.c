@@ -426,7 +426,10 @@ static int attack_placeholders(const char *ep)
     uint64_t x = 88172645463325252ull;
     for (int i = 0; i < FORKS + FETCHES; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        uint64_t rref = (x & 0xffffffffffull) + 1; /* owner rank 0, a counter never used */
+        /* made by rank 1 (as its remote() would), owned by rank 0: the
+           REMOTE may be on its way, so each waits in a placeholder (an id
+           rank 0 made itself and does not hold is refused at once) */
+        uint64_t rref = (uint64_t)1 << 48 | ((x & 0xffffffffffull) + 1);
         rpc_wire_header_t h = {.type = i < FORKS ? RPC_MSG_RREF_FORK_REQUEST : RPC_MSG_RREF_FETCH,
                                .src = 1,
                                .dst = 0,

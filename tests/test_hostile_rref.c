@@ -12,9 +12,9 @@
       2. knowing them (leaked), naming as the fork's maker itself, the
          owner, or nobody who holds the RRef.
     No fetch may return a value; each forged request is refused with an
-    error (those that wait for their parent to become a holder, once they
-    have waited as long as a placeholder would), and the owner logs a line
-    naming rank 2. Then rank 1 still reads its value, releases both RRefs,
+    error (at once for an id the owner made and does not hold; those that
+    wait for their parent to become a holder, once they have waited as
+    long as a placeholder would), and the owner logs a line naming rank 2. Then rank 1 still reads its value, releases both RRefs,
     and the owner frees them: nothing the intruder did holds them. */
 #include <setjmp.h>
 #include <stdarg.h>

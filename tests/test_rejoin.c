@@ -39,7 +39,20 @@
 #define WAIT_MS 30000
 
 static zd_future_t *joined;
-static char g_key[256]; /* the world key file (made in the parent) */
+static char g_key[256];   /* the world key file (made in the parent) */
+static zd_rref_t *g_kept; /* rank 0: an RRef the first life of rank 2 owned */
+
+/*  [rref] -> None: keeps the RRef. */
+static zd_value_t *fn_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)arg;
+    zd_rref_t *r;
+    if (zd_rpc_arg_rref(args, 0, &r) < 0)
+        return NULL;
+    zd_rref_unref(g_kept);
+    g_kept = zd_rref_ref(r);
+    return zd_value_none();
+}
 
 static void on_joined(void *arg, int peer, const char *name)
 {
@@ -64,6 +77,7 @@ static int init(const world_t *w)
     snprintf(name, sizeof name, "w%d", w->rank);
     joined = zd_future_new();
     WCHECK(joined && zd_rpc_register("echo", world_h_echo, NULL) == 0 &&
+           zd_rpc_register("keep", fn_keep, NULL) == 0 &&
            zd_rpc_register_peer_joined(on_joined, NULL) == 0);
     WCHECK(zd_rpc_init(name, w->rank, w->world_size, &o) == 0);
     return 0;
@@ -82,13 +96,26 @@ static void first_life(const world_t *w, int peer)
     raise(SIGKILL);
 }
 
+/*  A first incarnation that gives rank 0 an RRef of its own, then dies. */
+static void first_life_giving(const world_t *w)
+{
+    zd_rref_t *r = NULL;
+    zd_value_t *v = NULL;
+    if (init(w) != 0 || !(r = zd_rref_new(zd_value_int(42))) ||
+        zd_rpc_sync(0, "keep", ZD_ARGS(r), WAIT_MS, &v) != 0)
+        _exit(1);
+    raise(SIGKILL);
+}
+
 /*  The rank's process: forks the first incarnation, reaps it, then joins as
     the second. */
 static int restart(const world_t *w, int peer)
 {
     pid_t pid = fork();
     WCHECK(pid >= 0);
-    if (pid == 0)
+    if (pid == 0 && peer < 0)
+        first_life_giving(w);
+    else if (pid == 0)
         first_life(w, peer);
     int status = 0;
     WCHECK(waitpid(pid, &status, 0) == pid);
@@ -134,6 +161,41 @@ static int worker_restarts(const world_t *w)
         WTRY(survivor(w, 2));
     }
     return shutdown_all();
+}
+
+/*  Rank 0 keeps an RRef the first process of rank 2 owned; once rank 2 is
+    back, reading it fails at once, saying why (it used to wait for a value
+    that could never come, until the call's timeout). */
+static int old_rref_after_restart(const world_t *w)
+{
+    if (w->rank == 2) {
+        WTRY(restart(w, -1));
+        WTRY(newcomer(w));
+        return shutdown_all();
+    }
+    WTRY(init(w));
+    WTRY(survivor(w, 2));
+    int rc = 0;
+    if (w->rank == 0) {
+        zd_value_t *v = NULL;
+        WCHECK(g_kept && zd_rref_owner(g_kept) == 2);
+        if (zd_rref_to_here(g_kept, WAIT_MS, &v) == 0)
+            rc = world_fail(w, "the old process's RRef gave a value");
+        else if (!strstr(zd_error_last(), "made by an earlier process of that rank"))
+            rc = world_fail(w, "the old process's RRef: %s", zd_error_last());
+        zd_value_unref(v);
+        zd_rref_unref(g_kept);
+        g_kept = NULL;
+    }
+    if (shutdown_all() < 0)
+        rc = -1;
+    return rc;
+}
+
+static void test_an_rref_of_the_old_process_fails_at_once(void **state)
+{
+    (void)state;
+    assert_int_equal(world_run_simple(3, 90, old_rref_after_restart, NULL), 0);
 }
 
 static void test_a_restarted_worker_rejoins(void **state)
@@ -254,6 +316,7 @@ int main(void)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_restarted_worker_rejoins),
+        cmocka_unit_test(test_an_rref_of_the_old_process_fails_at_once),
         cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back),
         cmocka_unit_test(test_a_restarted_worker_rejoins_with_a_key),
         cmocka_unit_test(test_a_restarted_rank_0_gets_the_world_back_with_a_key),

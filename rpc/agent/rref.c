@@ -589,6 +589,17 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
 
 /*  The value future of rref_id, a placeholder made for it counting as
     src's (zd__rref_placeholder_admit). */
+bool zd__rref_never_here(agent_t *a, uint64_t rref_id)
+{
+    if (zd__rref_creator(rref_id) != a->net.rank)
+        return false;
+    zd_error_set_code(ZD_ERR_ARGUMENT,
+                      "RRef %" PRIx64 " is not held by its owner \"%s\" (rank %d): freed, or "
+                      "made by an earlier process of that rank, which was restarted",
+                      rref_id, a->net.name, a->net.rank);
+    return true;
+}
+
 static zd_future_t *owner_value_admit(agent_t *a, uint64_t rref_id, int64_t timeout_ms, int src)
 {
     rref_ctx_t *x = a->rrefs;
@@ -596,6 +607,10 @@ static zd_future_t *owner_value_admit(agent_t *a, uint64_t rref_id, int64_t time
         return zd_error_set("bad RRef id %" PRIx64, rref_id), NULL;
     pthread_mutex_lock(&x->lock);
     owner_t *e = zd__rref_owner_find(x, rref_id);
+    if (!e && zd__rref_never_here(a, rref_id)) {
+        pthread_mutex_unlock(&x->lock);
+        return NULL;
+    }
     bool fresh = false;
     if (!e && zd__rref_placeholder_admit(a, x, src) == 0) {
         e = zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER);
@@ -729,12 +744,14 @@ static bool control_refused(agent_t *a, const inmsg_t *m)
     return true;
 }
 
-enum { FORK_ACK, FORK_WAIT, FORK_REFUSE };
+/*  FORK_GONE: refused, as an RRef this process never holds again
+    (zd__rref_never_here): news for the sender, not a line of the log. */
+enum { FORK_ACK, FORK_WAIT, FORK_REFUSE, FORK_GONE };
 
 /*  Under x->lock: what becomes of a fork request (the rule in rref.h).
     FORK_ACK when the fork is registered (forks that waited for the child
     to become a holder go to *ready), FORK_WAIT when it waits for its parent
-    (*watch: a placeholder it made), FORK_REFUSE with why. */
+    (*watch: a placeholder it made), FORK_REFUSE or FORK_GONE with why. */
 static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_wait_t **ready,
                         char *why, size_t size)
 {
@@ -768,6 +785,10 @@ static int fork_request(agent_t *a, const inmsg_t *m, zd_future_t **watch, fork_
         memcpy(w->route, m->route, m->route_len);
         w->route_len = m->route_len;
         return FORK_WAIT;
+    }
+    if (!e && zd__rref_never_here(a, h->a)) {
+        snprintf(why, size, "%s", zd_error_last());
+        return FORK_GONE;
     }
     if ((!e && zd__rref_placeholder_admit(a, x, src) < 0) || wait_admit(a, x, src) < 0) {
         snprintf(why, size, "%s", zd_error_last());
@@ -867,11 +888,13 @@ void zd__rref_handle_control(agent_t *a, const inmsg_t *m)
     zd_rref_unref(parent);
     if (outcome == FORK_ACK) {
         send_ack(a, m);
-    } else if (outcome == FORK_REFUSE) {
+    } else if (outcome == FORK_REFUSE || outcome == FORK_GONE) {
         static _Atomic int64_t last;
-        if (log_due(&last))
-            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): fork request refused: %s",
-                    peer_name(a, h->src), h->src, why);
+        bool gone = outcome == FORK_GONE;
+        if (gone || log_due(&last))
+            zd__log(gone ? ZD_LOG_DEBUG : ZD_LOG_WARN,
+                    "rpc: from \"%s\" (rank %d): fork request refused: %s", peer_name(a, h->src),
+                    h->src, why);
         zd__transport_answer_error(&a->net, m, h->id, why);
     }
     waits_answer(a, ready);

@@ -95,6 +95,14 @@ void zd__rref_value_unref_hook(zd_rref_t *r);
     the result, or NULL when the id is bad (error set). */
 zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_id, int src);
 
+/*  Whether rref_id, which has no entry here, was made by this rank (an
+    id this process made has its entry from the moment it exists, so one
+    unknown was freed, or made by an earlier process of this rank, which
+    was restarted): then no value will ever come for it, and the error is
+    set saying so, rather than a placeholder waiting out the caller's
+    timeout. */
+bool zd__rref_never_here(agent_t *a, uint64_t rref_id);
+
 /*  Owner side of RREF_FETCH / deref-first: the value future of rref_id (a
     new reference), creating a placeholder that expires after timeout_ms
     when the REMOTE creating it has not arrived; NULL on a bad id. */

@@ -323,7 +323,7 @@ int zd__rref_decode(void *arg, const uint8_t in[RPC_RREF_WIRE_SIZE], int src, zd
         pthread_mutex_lock(&x->lock);
         owner_t *e = zd__rref_owner_find(x, rref_id);
         bool fresh = false;
-        if (!e) {
+        if (!e && !zd__rref_never_here(a, rref_id)) {
             /* The REMOTE creating it may still be on its way. */
             e = zd__rref_placeholder_admit(a, x, src) == 0
                 ? zd__rref_owner_create(x, rref_id, OWNER_PLACEHOLDER)

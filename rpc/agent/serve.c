@@ -786,9 +786,13 @@ void zd__serve_request(agent_t *a, inmsg_t *m)
         }
         c->owner_value = zd__rref_owner_value_for(a, h->a, h->timeout_ms, h->src);
         if (!c->owner_value) {
+            /* An RRef this process does not hold and never will (freed, or
+               made by its earlier process: ZD_ERR_ARGUMENT) is the caller's
+               news, answered; a line each would flood the log after a
+               restart, and push the rate limit past lines that matter. */
             snprintf(text, sizeof text, "to_here: %s", zd_error_last());
-            zd__log(ZD_LOG_WARN, "rpc: from \"%s\" (rank %d): %s", a->net.peers[c->src].name,
-                    c->src, text);
+            zd__log(zd_error_code() == ZD_ERR_ARGUMENT ? ZD_LOG_DEBUG : ZD_LOG_WARN,
+                    "rpc: from \"%s\" (rank %d): %s", a->net.peers[c->src].name, c->src, text);
             finish_error(c, text, ZD_ERR_REMOTE);
             return;
         }
