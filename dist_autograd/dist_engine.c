@@ -210,7 +210,7 @@ static void guard_done(guard_fn_t leave)
         leave();
 }
 
-int zd_dist_autograd_run_guarded(int (*fn)(void *arg), void *arg)
+int zd_dist_autograd_run_guarded(zd_dist_autograd_guarded_fn *fn, void *arg)
 {
     if (!fn)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_autograd_run_guarded: NULL fn");

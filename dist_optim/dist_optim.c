@@ -38,15 +38,27 @@ static void params_lock_init(void)
     pthread_rwlockattr_destroy(&attr);
 }
 
+/*  The read holds of this thread. A forward that takes the read lock while
+    a guarded run already holds it for the thread (a RemoteModule's
+    forward, a backward function: zd_dist_autograd_run_guarded) would
+    otherwise wait behind a waiting step, which waits for the first hold:
+    only the outermost hold takes the lock. */
+static _Thread_local int read_depth;
+
 void zd_dist_optim_read_lock(void)
 {
+    if (read_depth++ > 0)
+        return;
     pthread_once(&params_lock_once, params_lock_init);
     pthread_rwlock_rdlock(&params_lock);
 }
 
 void zd_dist_optim_read_unlock(void)
 {
-    pthread_rwlock_unlock(&params_lock);
+    if (read_depth < 1) /* not held here: unlocking another thread's hold would corrupt it */
+        return;
+    if (--read_depth == 0)
+        pthread_rwlock_unlock(&params_lock);
 }
 
 /*  Steps applied here: changed only under the write lock. */

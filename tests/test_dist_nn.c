@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
@@ -131,6 +132,55 @@ static zd_value_t *fn_w_loss_grad(zd_rpc_call_t *call, zd_value_t *args, void *a
     return v;
 }
 
+/*  "Probe"(in, out, which): the Linear above, whose forward also takes the
+    steps' read lock itself (as a forward that copies parameters does:
+    inside the guard that only counts, where a second lock behind a
+    waiting step deadlocked), after watching the steps' count for a while:
+    a step that ran meanwhile is its error. Without the guard the other
+    trainer's steps land in that window. */
+#define PROBE_WATCH_NS 3000000
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int probe_forward(zd_nn_module_t *m, zd_tensor_t *const *in, int n_in, zd_tensor_t **out,
+                         int n_out)
+{
+    zd_nn_module_t *linear = zd_nn_module_state(m);
+    uint64_t before = zd_dist_optim_version();
+    int64_t until = now_ns() + PROBE_WATCH_NS;
+    while (now_ns() < until)
+        if (zd_dist_optim_version() != before)
+            return zd_error_set("a step ran during the forward");
+    zd_dist_optim_read_lock();
+    int rc = zd_nn_module_forward(linear, in, n_in, out, n_out);
+    zd_dist_optim_read_unlock();
+    return rc;
+}
+
+static void probe_free(void *linear)
+{
+    zd_nn_module_free(linear);
+}
+
+static zd_nn_module_t *make_probe(zd_value_t *args, void *arg)
+{
+    zd_nn_module_t *linear = make_linear(args, arg);
+    zd_nn_module_t *m =
+        linear ? zd_nn_module_new("Probe", probe_forward, linear, probe_free) : NULL;
+    if (m &&
+        (zd_nn_module_register_parameter(m, "weight", zd_nn_module_find(linear, "weight")) < 0 ||
+         zd_nn_module_register_parameter(m, "bias", zd_nn_module_find(linear, "bias")) < 0)) {
+        zd_nn_module_free(m);
+        return NULL;
+    }
+    return m;
+}
+
 static int setup(const world_t *w)
 {
     int64_t n = 3;
@@ -140,7 +190,8 @@ static int setup(const world_t *w)
     if (zd_dist_optim_init() < 0 || zd_dist_nn_init() < 0 ||
         zd_dist_nn_register_module("Linear", make_linear, NULL) < 0 ||
         zd_dist_nn_register_module("LSTM", make_lstm, NULL) < 0 ||
-        zd_dist_nn_register_module("Refusing", make_refusing, NULL) < 0)
+        zd_dist_nn_register_module("Refusing", make_refusing, NULL) < 0 ||
+        zd_dist_nn_register_module("Probe", make_probe, NULL) < 0)
         return -1;
     return zd_rpc_register("read_params", fn_read_params, NULL) |
         zd_rpc_register("remote_loss", fn_remote_loss, NULL) |
@@ -615,16 +666,17 @@ static void test_rref_backward(void **state)
 
 /*  ---- two trainers' forwards and steps on one RemoteModule at once ---- */
 
-/*  A Linear(256, 256) on rank 0; two threads of rank 1 each run SHARED_STEPS
-    of forward, backward and a DistributedOptimizer step of their own on
-    it, at once. x is constant and does not need a gradient, so the
-    forward on the owner is the only reader of the weight, and every step
-    subtracts lr * batch * x from each element whatever the order: the
-    numbers are exact (powers of two). Under TSan a forward that read the
-    weight outside the steps' lock was a reported race. */
+/*  A Probe(256, 256) on rank 0; two threads of rank 1 each run
+    SHARED_STEPS of forward, backward and a DistributedOptimizer step of
+    their own on it, at once. x is constant and does not need a gradient,
+    so the forward on the owner is the only reader of the weight, and
+    every step subtracts lr * batch * x from each element whatever the
+    order: the numbers are exact (powers of two). Without the guard
+    around the owner's forward, the probe saw the other thread's steps
+    (and TSan reported the race). */
 #define SHARED_DIM   256
 #define SHARED_BATCH 8
-#define SHARED_STEPS 12
+#define SHARED_STEPS 24
 #define SHARED_LR    0.0078125 /* 2^-7 */
 #define SHARED_X     0.5f
 
@@ -632,6 +684,7 @@ typedef struct {
     zd_remote_module_t *rm;
     int rc;
     char error[256];
+    int extra_forwards; /* before each step's own */
 } shared_trainer_t;
 
 static void *shared_trainer(void *arg)
@@ -652,8 +705,18 @@ static void *shared_trainer(void *arg)
             t->rc = -1;
             break;
         }
-        if (zd_remote_module_forward(t->rm, &x, 1, &y, 1) < 0 || zd_tensor_sum(y, &loss) < 0 ||
-            zd_dist_autograd_backward(ctx, &loss, 1, false) < 0 || zd_dist_optim_step(opt, ctx) < 0)
+        /* The second thread runs an evaluation-like forward first (its
+           output unused): the two threads' steps then fall in each
+           other's forwards, not in step with them. */
+        for (int k = 0; t->rc == 0 && k < t->extra_forwards; k++) {
+            zd_tensor_t *unused = NULL;
+            if (zd_remote_module_forward(t->rm, &x, 1, &unused, 1) < 0)
+                t->rc = -1;
+            zd_tensor_unref(unused);
+        }
+        if (t->rc < 0 || zd_remote_module_forward(t->rm, &x, 1, &y, 1) < 0 ||
+            zd_tensor_sum(y, &loss) < 0 || zd_dist_autograd_backward(ctx, &loss, 1, false) < 0 ||
+            zd_dist_optim_step(opt, ctx) < 0)
             t->rc = -1;
         if (zd_dist_autograd_context_end(ctx, -1) < 0)
             t->rc = -1;
@@ -672,9 +735,9 @@ static int shared_body(const world_t *w)
 {
     if (w->rank != 1)
         return 0;
-    zd_remote_module_t *rm = zd_remote_module_new(0, "Linear", ZD_ARGS(SHARED_DIM, SHARED_DIM, 0));
+    zd_remote_module_t *rm = zd_remote_module_new(0, "Probe", ZD_ARGS(SHARED_DIM, SHARED_DIM, 0));
     WCHECK(rm);
-    shared_trainer_t t[2] = {{.rm = rm}, {.rm = rm}};
+    shared_trainer_t t[2] = {{.rm = rm}, {.rm = rm, .extra_forwards = 1}};
     pthread_t th[2];
     for (int i = 0; i < 2; i++)
         WCHECK(pthread_create(&th[i], NULL, shared_trainer, &t[i]) == 0);

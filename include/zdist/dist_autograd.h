@@ -142,21 +142,29 @@ static inline zd_dist_autograd_limits_t zd_dist_autograd_limits_default(void)
 ZD_API int zd_dist_autograd_set_limits(const zd_dist_autograd_limits_t *limits);
 
 /*  Brackets every run of backward functions in this process (a pass begun
-    here, gradients from a peer, a flush) with enter() and leave(), both
-    called on the running thread: a layer that writes parameters while
-    backward functions read them holds its writes off this way.
-    zd_dist_optim_init() installs the DistributedOptimizer's step lock.
-    enter() must not wait on this process's backward work. Both NULL
-    clears it; one guard per process. Returns 0, or -1 (ZD_ERR_ARGUMENT:
-    one of the two NULL). */
+    here, gradients from a peer, a flush), and every
+    zd_dist_autograd_run_guarded call (a RemoteModule's forward on its
+    owner), with enter() and leave(), both called on the running thread: a
+    layer that writes parameters while these read them holds its writes
+    off this way. zd_dist_optim_init() installs the DistributedOptimizer's
+    step lock (a read hold, which a thread may take again inside). enter()
+    must not wait on this process's backward work, and must allow a
+    nested enter() on the same thread. Both NULL clears it; one guard per
+    process. Returns 0, or -1 (ZD_ERR_ARGUMENT: one of the two NULL). */
 ZD_API int zd_dist_autograd_set_backward_guard(void (*enter)(void), void (*leave)(void));
+
+/*  Work run inside the backward guard: 0, or -1 with the error set. */
+typedef int(zd_dist_autograd_guarded_fn)(void *arg);
 
 /*  Runs fn(arg) inside the backward guard, as the engine runs backward
     functions (without a guard it only calls fn): for a forward that reads
     the parameters on their owner while a trainer's step may write them,
-    such as a RemoteModule's (dist_nn.h). fn must not wait on another
-    process. Returns fn's result, or -1 (ZD_ERR_ARGUMENT) for a NULL fn. */
-ZD_API int zd_dist_autograd_run_guarded(int (*fn)(void *arg), void *arg);
+    such as a RemoteModule's (dist_nn.h). Steps here wait until fn
+    returns: fn must not wait on a call that this process serves (a cycle
+    back to it), and it is no work for the I/O thread (an inline handler,
+    a future's callback). Nested calls on one thread are fine. Returns
+    fn's result, or -1 (ZD_ERR_ARGUMENT) for a NULL fn. */
+ZD_API int zd_dist_autograd_run_guarded(zd_dist_autograd_guarded_fn *fn, void *arg);
 
 /*  ---- a scoped context: PyTorch's `with dist_autograd.context() as cid:` ----
 

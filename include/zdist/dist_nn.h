@@ -88,8 +88,10 @@ typedef struct zd_remote_module zd_remote_module_t;
 ZD_API zd_remote_module_t *zd_remote_module_new(int to, const char *type_name, zd_value_t *args);
 
 /*  Runs the module's forward on its owner with the n_in tensors (borrowed)
-    and waits, as zd_nn_module_forward does there (with the owner's
-    DistributedOptimizer steps held off, dist_optim.h): the first n_out outputs
+    and waits, as zd_nn_module_forward does there, with the owner's
+    DistributedOptimizer steps held off (dist_optim.h; so the module's
+    forward must not wait on a call its own process serves, such as
+    another RemoteModule there): the first n_out outputs
     (at least 1; more than the module gives is the owner's error), each a
     new reference, in out[0..n_out-1], and 0; or -1 with the owner's error
     and every out[i] NULL. */

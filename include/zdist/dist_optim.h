@@ -115,8 +115,10 @@ ZD_API int zd_dist_optim_num_owners(const zd_dist_optim_t *opt);
 
 /*  On an owner: hold while reading parameters that distributed optimizers
     may step, to see each update whole. Steps wait for readers, and new
-    readers for a waiting step: never take it twice on one thread (a
-    distributed backward run already holds it). */
+    readers for a waiting step. Taken again on a thread that holds it (a
+    distributed backward run or a RemoteModule forward already does), it
+    only counts; each lock needs its unlock, and an unlock on a thread
+    that holds nothing does nothing. */
 ZD_API void zd_dist_optim_read_lock(void);
 ZD_API void zd_dist_optim_read_unlock(void);
 
