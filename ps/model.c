@@ -15,16 +15,18 @@
 
 #include <inttypes.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
 
 #include <zdist/autograd.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/dist_nn.h>
 #include <zdist/dist_optim.h>
 #include <zdist/error.h>
+#include "core/clock.h"
 #include "core/log_private.h"
 #include "ps/ps_private.h"
 
@@ -58,17 +60,24 @@ struct zd_ps_model_server {
     int64_t ckpt_version; /* the last one written or resumed from */
     bool writing;
     zd__ps_gate_t *gate; /* max_inflight's slots; NULL: no limit */
+    /* A number this process drew at random: a trainer that sees another
+       one from the same shard knows it was started again, and that the
+       RRefs of its parameters it holds are the dead process's. */
+    int64_t instance;
 };
 
 /*  ---- the shard ---- */
 
-/*  [code, text, tensors...]: a new value, or NULL (out of memory). */
-static zd_value_t *answer_new(zd_error_code_t code, const char *text, zd_tensor_t *const *ts, int n)
+/*  [code, text, instance, tensors...]: a new value, or NULL (out of
+    memory). */
+static zd_value_t *answer_new(const zd_ps_model_server_t *s, zd_error_code_t code, const char *text,
+                              zd_tensor_t *const *ts, int n)
 {
-    zd_value_t *v = zd_value_list(2 + (size_t)n);
+    zd_value_t *v = zd_value_list(3 + (size_t)n);
     if (v &&
         (zd_list_append(v, zd_value_int(code)) < 0 ||
-         zd_list_append(v, zd_value_string(text)) < 0)) {
+         zd_list_append(v, zd_value_string(text)) < 0 ||
+         zd_list_append(v, zd_value_int(s->instance)) < 0)) {
         zd_value_unref(v);
         return NULL;
     }
@@ -203,14 +212,14 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
     if (zd_rpc_arg_int(args, 0, &training) < 0 || zd_rpc_arg_int(args, 1, &n_out) < 0 ||
         read_inputs(s, args, 2, in, &n_in) < 0) {
         snprintf(text, sizeof text, "stage %d refused the forward: %s", s->shard, zd_error_last());
-        return answer_new(ZD_ERR_ARGUMENT, text, NULL, 0);
+        return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
     if (n_out == 0)
         n_out = s->opts.stage_outputs;
     if (n_out < 1 || n_out > ZD__PS_MAX_TENSORS) {
         snprintf(text, sizeof text, "stage %d refused the forward: %" PRId64 " outputs (1 to %d)",
                  s->shard, n_out, ZD__PS_MAX_TENSORS);
-        return answer_new(ZD_ERR_ARGUMENT, text, NULL, 0);
+        return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
     /* A slot first: a forward waiting for one holds only its inputs. */
     bool slot = training && s->gate && zd__ps_gate_enter(s->gate, s->shard);
@@ -218,7 +227,7 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
         if (slot)
             zd__ps_gate_leave(s->gate);
         snprintf(text, sizeof text, "stage %d stopped", s->shard);
-        return answer_new(ZD_ERR_STOPPED, text, NULL, 0);
+        return answer_new(s, ZD_ERR_STOPPED, text, NULL, 0);
     }
     /* An evaluation records no graph here (PyTorch's no_grad()): nothing
        will go back through it. */
@@ -237,16 +246,16 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
     zd_value_t *v;
     if (rc < 0) {
         snprintf(text, sizeof text, "stage %d: %s", s->shard, zd_error_last());
-        v = answer_new(ZD_ERR_REMOTE, text, NULL, 0);
+        v = answer_new(s, ZD_ERR_REMOTE, text, NULL, 0);
     } else {
-        v = answer_new(ZD_OK, "", out, (int)n_out);
+        v = answer_new(s, ZD_OK, "", out, (int)n_out);
     }
     for (int i = 0; i < n_out; i++)
         zd_tensor_unref(out[i]);
     return v;
 }
 
-/*  [] -> [code, text, RRef(parameter)...], owned here. */
+/*  [] -> [code, text, instance, RRef(parameter)...], owned here. */
 static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args;
@@ -254,7 +263,7 @@ static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg
     zd_rref_list_t *rrefs = zd_dist_nn_parameter_rrefs(s->stage);
     if (!rrefs)
         return zd_error_wrap("ps: stage %d", s->shard), NULL;
-    zd_value_t *v = answer_new(ZD_OK, "", NULL, 0);
+    zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
     for (int i = 0; v && i < zd_rref_list_len(rrefs); i++)
         if (zd_list_append(v, zd_value_rref(zd_rref_list_get(rrefs, i))) < 0) {
             zd_value_unref(v);
@@ -293,6 +302,16 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
     return 0;
 }
 
+/*  A random instance number; the clock and the process id where the
+    kernel gives no random bytes (a restarted process differs in both). */
+static int64_t new_instance(void)
+{
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
+        v = (uint64_t)zd__now_ns() ^ (uint64_t)getpid() << 40;
+    return (int64_t)(v >> 1);
+}
+
 zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
                                              const zd_ps_options_t *opts)
 {
@@ -318,6 +337,7 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     s->n_shards = n_shards;
     s->opts = o;
     s->training = zd_nn_module_is_training(stage);
+    s->instance = new_instance();
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
     s->ckpt_version = 0;
@@ -408,28 +428,21 @@ void zd_ps_model_server_free(zd_ps_model_server_t *s)
 
 /*  ---- the trainer ---- */
 
+/*  A shard restarted into the running world serves its stage anew: the
+    RRefs of its old parameters, and the optimizer over them, are gone with
+    the old process. Every answer of a shard carries its process's
+    instance number; the trainer keeps those the optimizer's RRefs came
+    from, and makes the optimizer again when a shard answers with another
+    (whether or not the trainer saw it lost in between). */
 struct zd_ps_model {
     int n_shards;
     int *ranks;
+    int64_t *instance; /* of each shard, when opt was made */
+    bool stale;        /* a shard answered with another instance */
     zd_optim_config_t optim;
     zd_dist_optim_t *opt; /* made at the first forward or step */
-    uint64_t opt_joins;   /* rejoins counted when opt was made */
     bool training;
 };
-
-/*  A shard restarted into the running world serves its stage anew: the
-    RRefs of its old parameters, and the optimizer over them, are gone with
-    the old process. Peers that rejoined, counted for the whole process
-    (a peer is declared lost before it rejoins, but a trainer need not
-    have called it in between): an optimizer made before the count moved
-    is made again. */
-static atomic_uint_fast64_t peer_joins;
-
-static void count_join(void *arg, int peer, const char *name)
-{
-    (void)arg, (void)peer, (void)name;
-    atomic_fetch_add(&peer_joins, 1);
-}
 
 /*  Drops the optimizer after a call failed with ZD_ERR_PEER (a shard
     lost): the next forward or step fetches the parameters' RRefs again,
@@ -465,12 +478,15 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
                               shard_ranks[i]);
             return NULL;
         }
-    if (zd_dist_autograd_init() < 0 || zd_rpc_register_peer_joined(count_join, NULL) < 0) {
+    if (zd_dist_autograd_init() < 0) {
         zd_error_wrap("zd_ps_model_new");
         return NULL;
     }
     zd_ps_model_t *m = calloc(1, sizeof *m);
-    if (m && !(m->ranks = malloc((size_t)n_shards * sizeof *m->ranks))) {
+    if (m &&
+        (!(m->ranks = malloc((size_t)n_shards * sizeof *m->ranks)) ||
+         !(m->instance = calloc((size_t)n_shards, sizeof *m->instance)))) {
+        free(m->ranks);
         free(m);
         m = NULL;
     }
@@ -503,7 +519,7 @@ static int call_failed(const zd_ps_model_t *m, int s, const char *what)
 /*  Calls fn_prefix<s> on stage s with args (taken) and reads the answer's
     head: 0 with *v (a new reference), or -1 with the code the shard
     answered (a code it may not answer reads as a bad answer). */
-static int call_stage(const zd_ps_model_t *m, int s, const char *what, const char *fn_prefix,
+static int call_stage(zd_ps_model_t *m, int s, const char *what, const char *fn_prefix,
                       zd_value_t *args, int64_t timeout_ms, zd_value_t **v)
 {
     char fn[40];
@@ -511,16 +527,21 @@ static int call_stage(const zd_ps_model_t *m, int s, const char *what, const cha
     *v = NULL;
     if (zd_rpc_sync_take(m->ranks[s], fn, args, timeout_ms, v) < 0)
         return call_failed(m, s, what);
-    int64_t code;
+    int64_t code, instance;
     const char *text;
-    if (zd_rpc_arg_int(*v, 0, &code) < 0 || zd_rpc_arg_string(*v, 1, &text) < 0) {
+    if (zd_rpc_arg_int(*v, 0, &code) < 0 || zd_rpc_arg_string(*v, 1, &text) < 0 ||
+        zd_rpc_arg_int(*v, 2, &instance) < 0) {
         zd_value_unref(*v);
         *v = NULL;
         return zd_error_set_code(ZD_ERR_REMOTE, "ps: %s: stage %d (rank %d) answered badly: %s",
                                  what, s, m->ranks[s], zd_error_last());
     }
-    if (code == ZD_OK)
+    if (code == ZD_OK) {
+        if (m->opt && instance != m->instance[s])
+            m->stale = true;
+        m->instance[s] = instance;
         return 0;
+    }
     zd_error_code_t c = code == ZD_ERR_ARGUMENT || code == ZD_ERR_STOPPED ||
             code == ZD_ERR_REMOTE || code == ZD_ERR_NO_MEMORY
         ? (zd_error_code_t)code
@@ -535,11 +556,11 @@ static int call_stage(const zd_ps_model_t *m, int s, const char *what, const cha
     DistributedOptimizer over all of them. */
 static int ensure_optimizer(zd_ps_model_t *m)
 {
-    uint64_t joins = atomic_load(&peer_joins);
-    if (m->opt && m->opt_joins == joins)
+    if (m->opt && !m->stale)
         return 0;
     zd_dist_optim_free(m->opt);
     m->opt = NULL;
+    m->stale = false;
     zd_rref_list_t *all = zd_rref_list_new();
     if (!all)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
@@ -547,7 +568,7 @@ static int ensure_optimizer(zd_ps_model_t *m)
     for (int s = 0; rc == 0 && s < m->n_shards; s++) {
         zd_value_t *v;
         rc = call_stage(m, s, "parameters", FN_PARAMS, zd_value_list(0), ZD_TIMEOUT_DEFAULT, &v);
-        for (size_t i = 2; rc == 0 && i < zd_list_len(v); i++) {
+        for (size_t i = 3; rc == 0 && i < zd_list_len(v); i++) {
             zd_rref_t *r;
             if (zd_rpc_arg_rref(v, i, &r) < 0 || zd_rref_list_append(all, r) < 0)
                 rc = zd_error_wrap("ps: parameters of stage %d (rank %d)", s, m->ranks[s]);
@@ -556,7 +577,6 @@ static int ensure_optimizer(zd_ps_model_t *m)
     }
     if (rc == 0 && !(m->opt = zd_dist_optim_new(&m->optim, all)))
         rc = zd_error_wrap("ps: the model's optimizer");
-    m->opt_joins = joins;
     zd_rref_list_free(all);
     return rc;
 }
@@ -617,7 +637,7 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
             rc = -1;
             break;
         }
-        size_t got = zd_list_len(v) - 2;
+        size_t got = zd_list_len(v) - 3;
         n_cur = 0;
         if (got < 1 || got > ZD__PS_MAX_TENSORS || (last && got != (size_t)n_out))
             rc = zd_error_set_code(ZD_ERR_REMOTE,
@@ -625,7 +645,7 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
                                    m->ranks[s], got, last ? ", not the ones asked for" : "");
         for (size_t i = 0; rc == 0 && i < got; i++) {
             zd_tensor_t *t;
-            if (zd_rpc_arg_tensor(v, 2 + i, &t) < 0)
+            if (zd_rpc_arg_tensor(v, 3 + i, &t) < 0)
                 rc = zd_error_set_code(ZD_ERR_REMOTE, "ps: forward: stage %d (rank %d): %s", s,
                                        m->ranks[s], zd_error_last());
             else
@@ -682,6 +702,7 @@ void zd_ps_model_free(zd_ps_model_t *m)
     if (!m)
         return;
     zd_dist_optim_free(m->opt);
+    free(m->instance);
     free(m->ranks);
     free(m);
 }

@@ -21,12 +21,16 @@
     - a shard killed and started again with resume into the running
       world: the trainer's step fails with ZD_ERR_PEER, it waits for the
       shard (zd_ps_model_wait_shards), and its next steps step the new
-      process's stage, resumed from its checkpoint. */
+      process's stage, resumed from its checkpoint; killed and started
+      again while the trainer calls nothing, the trainer's next step
+      steps the new process too. */
+#define _GNU_SOURCE /* pipe2 */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
@@ -34,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -819,10 +824,35 @@ static int try_step(zd_ps_model_t *model, int step)
     return rc;
 }
 
-/*  Four steps, shard 1 killed, a step that fails with ZD_ERR_PEER, the
-    wait for shard 1 back (started again, resumed from its generation of
-    version 2), three more steps on it: the trainer's optimizer must step
-    the new process's parameters, not the RRefs of the dead one's. */
+/*  Kills shard 1 and has its parent start it again once the trainer
+    says so; 0, or -1 when test_die was answered. */
+static int kill_shard_1(void)
+{
+    zd_value_t *v = NULL;
+    int rc = zd_rpc_sync(1, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0 ? -1 : 0;
+    zd_value_unref(v);
+    return rc;
+}
+
+static int restart_shard_1(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (write(su->told[1], "r", 1) != 1)
+        return world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
+    return 0;
+}
+
+/*  Shard 1 killed twice, each time started again with resume:
+    - after four steps: a step fails with ZD_ERR_PEER, the trainer waits
+      for the shard (zd_ps_model_wait_shards; it is started again only
+      then, as a restart can be quicker than the trainer's next call) and
+      goes on, three steps on the new process, resumed from its
+      generation of version 2;
+    - after those: the trainer calls nothing of the model until the shard
+      is back (zd_rpc_wait_peer), so no call of its own failed; its next
+      forward meets the new process, and the step that follows must make
+      the optimizer again over the new parameters, not step the RRefs of
+      the dead process. */
 static int restart_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -833,17 +863,12 @@ static int restart_trainer(const world_t *w)
     for (int step = 0; rc == 0 && step < 4; step++)
         if (try_step(model, step) < 0)
             rc = world_fail(w, "step %d: %s", step, zd_error_last());
-    zd_value_t *v = NULL;
-    if (rc == 0 && zd_rpc_sync(1, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
+    if (rc == 0 && kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die");
-    zd_value_unref(v);
     if (rc == 0 && (try_step(model, 4) == 0 || zd_error_code() != ZD_ERR_PEER))
         rc = world_fail(w, "a step with shard 1 killed: %s, not ZD_ERR_PEER", zd_error_last());
-    /* Only now is shard 1 started again (a restart can be quicker than
-       the trainer's next call; the rejoin count covers that case). */
-    const setup_t *su = w->arg;
-    if (rc == 0 && write(su->told[1], "r", 1) != 1)
-        rc = world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
+    if (rc == 0)
+        rc = restart_shard_1(w);
     if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shard 1 not back: %s", zd_error_last());
     for (int step = 5; rc == 0 && step < 8; step++)
@@ -853,41 +878,61 @@ static int restart_trainer(const world_t *w)
     if (rc == 0 && (shard_version(0) != 7 || shard_version(1) != 5))
         rc = world_fail(w, "versions %lld and %lld, not 7 and 5", (long long)shard_version(0),
                         (long long)shard_version(1));
+    /* Shard 1 wrote version 4 at step 7's forward. */
+    if (rc == 0 && kill_shard_1() < 0)
+        rc = world_fail(w, "shard 1 answered test_die the second time");
+    if (rc == 0)
+        rc = restart_shard_1(w);
+    if (rc == 0 && zd_rpc_wait_peer(1, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shard 1 not back the second time: %s", zd_error_last());
+    for (int step = 8; rc == 0 && step < 10; step++)
+        if (try_step(model, step) < 0)
+            rc = world_fail(w, "step %d after the unseen restart: %s", step, zd_error_last());
+    if (rc == 0 && (shard_version(0) != 9 || shard_version(1) != 6))
+        rc = world_fail(w, "versions %lld and %lld, not 9 and 6", (long long)shard_version(0),
+                        (long long)shard_version(1));
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     return rc;
 }
 
-/*  Rank 1 serves from a child process; when that one is killed, a second
-    child, made with resume, joins the running world in its place. The
-    rank's own process never starts RPC, so forking it is safe. */
+/*  Rank 1 serves from a child process; each time one is killed, the next,
+    made with resume, joins the running world in its place once the
+    trainer says so. The rank's own process never starts RPC, so forking
+    it is safe; a child dies with it (a world that timed out kills only
+    the rank's process). */
+#define SHARD_LIVES 3
+
 static int restarted_shard(const world_t *w)
 {
     setup_t su = *(const setup_t *)w->arg;
     world_t again = *w;
     again.arg = &su;
-    for (int run = 0; run < 2; run++) {
-        su.resume = run == 1;
+    for (int run = 0; run < SHARD_LIVES; run++) {
+        su.resume = run > 0;
         fflush(NULL);
         pid_t pid = fork();
         if (pid < 0)
             return world_fail(w, "fork: %s", strerror(errno));
-        if (pid == 0)
-            _exit(run_shard(&again) == 0 ? 0 : 1);
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            exit(run_shard(&again) == 0 ? 0 : 1); /* exit, not _exit: LeakSanitizer's check */
+        }
         int status;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
-        bool killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
-        if (run == 0 && !killed)
-            return world_fail(w, "the first shard 1 ended with status %d, not killed", status);
+        bool last = run == SHARD_LIVES - 1;
+        if (last)
+            return WIFEXITED(status) && WEXITSTATUS(status) == 0
+                ? 0
+                : world_fail(w, "the last shard 1 ended with status %d", status);
+        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
+            return world_fail(w, "shard 1's life %d ended with status %d, not killed", run, status);
         struct pollfd p = {.fd = su.told[0], .events = POLLIN};
         char c;
-        if (run == 0 &&
-            (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(su.told[0], &c, 1) != 1))
+        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(su.told[0], &c, 1) != 1)
             return world_fail(w, "the trainer did not say when to restart shard 1");
-        if (run == 1 && !(WIFEXITED(status) && WEXITSTATUS(status) == 0))
-            return world_fail(w, "the restarted shard 1 ended with status %d", status);
     }
     return 0;
 }
@@ -906,14 +951,15 @@ static void test_shard_restarted(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(prefix, sizeof prefix, "%s/ck", dir);
     setup_t su = {.n_trainers = 1, .checkpoint = prefix};
-    assert_int_equal(pipe(su.told), 0);
+    assert_int_equal(pipe2(su.told, O_CLOEXEC), 0);
     world_options_t o = {
         .world_size = 3, .fn = restart_world, .arg = &su, .own_init = true, .timeout_s = 90};
-    assert_int_equal(world_run(&o), 0);
+    int rc = world_run(&o);
     close(su.told[0]);
     close(su.told[1]);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
+    assert_int_equal(rc, 0);
 }
 
 /*  ---- bad arguments, no world ---- */

@@ -369,10 +369,11 @@ ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
 /*  Waits until every shard is a live member of the world (after
     ZD_ERR_PEER: a lost shard started again, its stage resumed from its
     checkpoint), up to timeout_ms in all (ZD_TIMEOUT_DEFAULT and
-    ZD_TIMEOUT_NONE: no limit); then run the batch again. The next forward
-    or step fetches the restarted shard's parameters anew and makes the
-    DistributedOptimizer again (its state, momentum, starts over). 0, or
-    -1: ZD_ERR_TIMEOUT naming the shard not back, ZD_ERR_NOT_INITIALIZED. */
+    ZD_TIMEOUT_NONE: no limit); then run the batch again. A shard's new
+    process is known by its answers, and the next step makes the
+    DistributedOptimizer again over its parameters (its state, momentum,
+    starts over). 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
+    ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (NULL). */
 ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
 
 /*  Sets the mode the next forwards run the stages in (training: dropout
