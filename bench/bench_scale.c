@@ -15,7 +15,8 @@
     default set of sizes. With --rounds every size runs R times, the sizes
     taking turns, and each figure is the median of its R values: on 2
     cores one 512-rank world's start varies by a third from run to run.
-    world_form_growth is the largest size's time over the smallest's. */
+    world_form_growth is the largest size's median over the smallest's. A
+    round that failed is left out of the medians (and said). */
 #define _GNU_SOURCE /* pipe2 */
 #include <errno.h>
 #include <fcntl.h>
@@ -116,18 +117,30 @@ static int run_world(int n, result_t *res)
     memset(res, 0, sizeof *res);
     int rep[2], go[2];
     int port = world_free_port();
-    if (port < 0 || pipe2(rep, O_CLOEXEC) < 0 || pipe2(go, O_CLOEXEC) < 0)
+    if (port < 0 || pipe2(rep, O_CLOEXEC) < 0)
         return -1;
+    if (pipe2(go, O_CLOEXEC) < 0) {
+        close(rep[0]);
+        close(rep[1]);
+        return -1;
+    }
     static pid_t pids[MAX_WORLD];
     fflush(NULL);
     double t0 = now_s();
-    for (int r = 0; r < n; r++) {
-        pids[r] = fork();
-        if (pids[r] == 0) {
+    int spawned = 0;
+    for (; spawned < n; spawned++) {
+        pid_t pid = fork();
+        if (pid < 0) {
+            fprintf(stderr, "bench_scale: world of %d: fork of rank %d: %s\n", n, spawned,
+                    strerror(errno));
+            break;
+        }
+        if (pid == 0) {
             close(rep[0]);
             close(go[1]);
-            _exit(run_rank(r, n, port, rep[1], go[0]));
+            _exit(run_rank(spawned, n, port, rep[1], go[0]));
         }
+        pids[spawned] = pid;
     }
     res->spawn_s = now_s() - t0;
     close(rep[1]);
@@ -138,7 +151,7 @@ static int run_world(int n, result_t *res)
     report_t r;
     size_t have = 0;
     char *buf = (char *)&r;
-    while (got < n) {
+    while (got < spawned && spawned == n) {
         double left = t0 + TIMEOUT_S - now_s();
         struct pollfd p = {.fd = rep[0], .events = POLLIN};
         if (left <= 0 || (poll(&p, 1, (int)(left * 1000) + 1) < 0 && errno != EINTR))
@@ -160,8 +173,8 @@ static int run_world(int n, result_t *res)
     res->form_s = now_s() - t0;
     close(go[1]); /* everyone may leave */
     close(rep[0]);
-    int failed = 0;
-    for (int i = 0; i < n; i++) {
+    int failed = n - spawned;
+    for (int i = 0; i < spawned; i++) {
         if (got < n)
             kill(pids[i], SIGKILL);
         int status;
@@ -237,11 +250,18 @@ int main(int argc, char **argv)
     }
     signal(SIGPIPE, SIG_IGN);
     static result_t res[MAX_SIZES][MAX_ROUNDS];
-    int rc = 0;
+    int n_ok[MAX_SIZES] = {0};
     for (int k = 0; k < rounds; k++)
-        for (int i = 0; i < n_sizes; i++)
-            if (run_world(sizes[i], &res[i][k]) < 0)
-                rc = 1;
+        for (int i = 0; i < n_sizes; i++) {
+            /* the rounds that worked first: the medians are theirs */
+            result_t r;
+            if (run_world(sizes[i], &r) == 0)
+                res[i][n_ok[i]++] = r;
+            if (rounds > 1)
+                fprintf(stderr, "bench_scale: round %d of %d, %d ranks: %.3f s%s\n", k + 1, rounds,
+                        sizes[i], r.form_s, r.ok ? "" : " (failed)");
+        }
+    int rc = 0;
     if (!csv)
         printf("%-8s %10s %10s %10s %12s %13s %13s\n", "ranks", "form_s", "spawn_s", "total_s",
                "rss_mb/rank", "threads/rank", "init_cpu_ms");
@@ -249,21 +269,29 @@ int main(int argc, char **argv)
     result_t med[MAX_SIZES] = {0};
     for (int i = 0; i < n_sizes; i++) {
         result_t *m = &med[i];
-        m->ok = 1;
-        for (int k = 0; k < rounds; k++)
-            m->ok &= res[i][k].ok;
-        m->form_s = median(res[i], rounds, offsetof(result_t, form_s));
-        m->spawn_s = median(res[i], rounds, offsetof(result_t, spawn_s));
-        m->total_s = median(res[i], rounds, offsetof(result_t, total_s));
-        m->rss_mb = median(res[i], rounds, offsetof(result_t, rss_mb));
-        m->threads = median(res[i], rounds, offsetof(result_t, threads));
-        m->cpu_ms = median(res[i], rounds, offsetof(result_t, cpu_ms));
+        int k = n_ok[i];
+        m->ok = k > 0;
+        if (k < rounds)
+            rc = 1;
+        if (m->ok) {
+            m->form_s = median(res[i], k, offsetof(result_t, form_s));
+            m->spawn_s = median(res[i], k, offsetof(result_t, spawn_s));
+            m->total_s = median(res[i], k, offsetof(result_t, total_s));
+            m->rss_mb = median(res[i], k, offsetof(result_t, rss_mb));
+            m->threads = median(res[i], k, offsetof(result_t, threads));
+            m->cpu_ms = median(res[i], k, offsetof(result_t, cpu_ms));
+        }
         if (csv)
             printf("world_form_s_N%d,%.3f,s\n", sizes[i], m->ok ? m->form_s : -1.0);
+        else if (!m->ok)
+            printf("%-8d  (failed in every round)\n", sizes[i]);
         else
-            printf("%-8d %10.3f %10.3f %10.3f %12.2f %13.1f %13.1f%s\n", sizes[i], m->form_s,
-                   m->spawn_s, m->total_s, m->rss_mb, m->threads, m->cpu_ms,
-                   m->ok ? "" : "  (failed)");
+            printf("%-8d %10.3f %10.3f %10.3f %12.2f %13.1f %13.1f", sizes[i], m->form_s,
+                   m->spawn_s, m->total_s, m->rss_mb, m->threads, m->cpu_ms);
+        if (!csv && m->ok && k < rounds)
+            printf("  (%d of %d rounds failed)", rounds - k, rounds);
+        if (!csv && m->ok)
+            printf("\n");
         small = sizes[i] < sizes[small] ? i : small;
         large = sizes[i] >= sizes[large] ? i : large;
     }
@@ -277,8 +305,8 @@ int main(int argc, char **argv)
         if (small != large)
             printf("world_form_growth_N%d_N%d,%.2f,x\n", sizes[small], sizes[large], growth);
     } else if (small != large) {
-        printf("from %d to %d ranks: %.2fx the time (%d round%s, medians)\n", sizes[small],
-               sizes[large], growth, rounds, rounds == 1 ? "" : "s");
+        printf("from %d to %d ranks: %.2fx the time (the ratio of the medians of %d round%s)\n",
+               sizes[small], sizes[large], growth, rounds, rounds == 1 ? "" : "s");
     }
     return rc;
 }

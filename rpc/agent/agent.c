@@ -339,7 +339,7 @@ static void busy_poll_fit(agent_t *a, bool by_default)
     if (!by_default || a->net.busy_poll_ns == 0 || cores < 1 || a->net.world <= cores)
         return;
     char ip[ZD_ADDR_MAX];
-    const char *last = NULL; /* most peers share a few addresses */
+    const char *last = NULL; /* ranks come in runs on one host: one look a run */
     bool last_local = false;
     int here = 0, port;
     for (int i = 0; i < a->net.world; i++) {

@@ -241,8 +241,18 @@ int zd__addr_parse_endpoint(const char *ep, char *ip, size_t size, int *port)
     return 0;
 }
 
+/*  The colon before ep's port: the last one, past "tcp://" and past a
+    bracketed address's ']'; NULL when there is none. */
+static const char *port_colon(const char *ep)
+{
+    if (strncmp(ep, "tcp://", 6) != 0)
+        return NULL;
+    const char *c = strrchr(ep + 6, ':'), *close = strrchr(ep + 6, ']');
+    return c && (!close || c > close) ? c : NULL;
+}
+
 bool zd__addr_same_host(const char *a, const char *b)
 {
-    const char *ca = strrchr(a, ':'), *cb = strrchr(b, ':');
+    const char *ca = port_colon(a), *cb = port_colon(b);
     return ca && cb && ca - a == cb - b && !memcmp(a, b, (size_t)(ca - a));
 }

@@ -49,8 +49,8 @@ void zd__addr_endpoint(const char *ip, const char *port, char *buf, size_t size)
 int zd__addr_parse_endpoint(const char *ep, char *ip, size_t size, int *port);
 
 /*  Whether endpoints a and b ("tcp://HOST:PORT") have the same HOST, as
-    text: a loop over the world's table looks at a host once, not once a
-    rank. False when either has no port. */
+    text: a loop over the world's table looks at a run of ranks on one
+    host once, not once a rank. False when either has no port. */
 bool zd__addr_same_host(const char *a, const char *b);
 
 #endif

@@ -563,7 +563,7 @@ int zd__security_table_ready(zd__net_t *n)
     if (!s)
         return 0;
     if (!s->curve) {
-        const char *last = NULL; /* most peers share a host */
+        const char *last = NULL; /* ranks come in runs on one host: one look a run */
         for (int i = 0; i < n->world && !s->insecure; i++) {
             const char *ep = n->peers[i].endpoint;
             if (!ep[0] || (last && zd__addr_same_host(ep, last)))
