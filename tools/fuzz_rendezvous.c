@@ -25,6 +25,7 @@
     port; an address that normalizes normalizes to itself again.
 
     Build and run with tools/fuzz.sh 60 fuzz_rendezvous. */
+#include <arpa/inet.h>
 #include <czmq.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,9 +80,20 @@ static void fuzz_address(const uint8_t *d, size_t n)
               "\"%s\" (from \"%s\") does not parse", ep, s);
         CHECK(!strcmp(ip, again) && port == port2, "\"%s\" -> %s %d -> %s %d", s, ip, port, again,
               port2);
+        CHECK(zd__addr_same_host(s, s), "\"%s\" is not on its own host", s);
     }
+    /* A text without "tcp://" or without a port is no endpoint's host. */
+    if (strncmp(s, "tcp://", 6) != 0)
+        CHECK(!zd__addr_same_host(s, s), "\"%s\" has a host", s);
     if (zd__addr_normalize(s, ip, sizeof ip) == 0) {
         CHECK(zd__addr_family(ip) != 0, "normalized \"%s\" to \"%s\", no address", s, ip);
+        /* An IPv4 result is the text as given, not printed again: it must
+           be what inet_ntop prints for it. */
+        struct in_addr a4;
+        char ref[INET_ADDRSTRLEN];
+        if (inet_pton(AF_INET, ip, &a4) == 1)
+            CHECK(inet_ntop(AF_INET, &a4, ref, sizeof ref) && !strcmp(ref, ip),
+                  "\"%s\" normalizes to \"%s\", inet_ntop prints \"%s\"", s, ip, ref);
         CHECK(zd__addr_normalize(ip, again, sizeof again) == 0 && !strcmp(ip, again),
               "\"%s\" normalizes to \"%s\", then to \"%s\"", s, ip, again);
         (void)zd__addr_is_loopback(ip);
