@@ -1097,28 +1097,57 @@ static int start_calls(const zd_ps_client_t *c, const char *what, const char *fn
     return rc;
 }
 
-static void futures_free(zd_future_t **fs, int n)
+/*  A call to every shard: its arguments (NULL: none), its futures and the
+    versions its answers carry. */
+typedef struct {
+    zd_future_t **fs;
+    zd_value_t **args;
+    int64_t *versions;
+} shard_calls_t;
+
+/*  Room for a call to every shard: 0, or -1 (ZD_ERR_NO_MEMORY, naming
+    who; shard_calls_free frees what was made). */
+static int shard_calls_new(const zd_ps_client_t *c, const char *who, shard_calls_t *k)
 {
-    for (int i = 0; i < n; i++)
-        zd_future_unref(fs[i]);
-    free(fs);
+    k->fs = calloc((size_t)c->n_shards, sizeof *k->fs);
+    k->args = calloc((size_t)c->n_shards, sizeof *k->args);
+    k->versions = malloc((size_t)c->n_shards * sizeof *k->versions);
+    if (!k->fs || !k->args || !k->versions)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", who);
+    return 0;
+}
+
+/*  Starts fn_prefix<s> on every shard with k->args and waits for every
+    answer (each up to timeout_ms), checking their heads: 0, or -1. */
+static int shard_calls_run(const zd_ps_client_t *c, const char *what, const char *fn_prefix,
+                           int64_t timeout_ms, shard_calls_t *k)
+{
+    if (start_calls(c, what, fn_prefix, k->args, timeout_ms, k->fs) < 0)
+        return -1;
+    return wait_answers(c, what, k->fs, timeout_ms, k->versions);
+}
+
+static void shard_calls_free(const zd_ps_client_t *c, shard_calls_t *k)
+{
+    for (int s = 0; s < c->n_shards; s++) {
+        if (k->args)
+            zd_value_unref(k->args[s]);
+        if (k->fs)
+            zd_future_unref(k->fs[s]);
+    }
+    free(k->fs);
+    free(k->args);
+    free(k->versions);
 }
 
 int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
 {
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_pull: NULL");
-    int64_t t = call_timeout(timeout_ms);
-    zd_future_t **fs = calloc((size_t)c->n_shards, sizeof *fs);
-    zd_value_t **args = calloc((size_t)c->n_shards, sizeof *args);
-    int64_t *versions = malloc((size_t)c->n_shards * sizeof *versions);
+    shard_calls_t k;
     int rc = -1;
-    if (!fs || !args || !versions) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_pull: out of memory");
-        goto out;
-    }
-    if (start_calls(c, "pull", FN_PULL, args, t, fs) < 0 ||
-        wait_answers(c, "pull", fs, t, versions) < 0)
+    if (shard_calls_new(c, "zd_ps_client_pull", &k) < 0 ||
+        shard_calls_run(c, "pull", FN_PULL, call_timeout(timeout_ms), &k) < 0)
         goto out;
     /* Everything checked before the replica changes. */
     for (int s = 0; s < c->n_shards; s++) {
@@ -1129,7 +1158,7 @@ int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
             zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_pull: out of memory");
             goto out;
         }
-        int bad = read_pairs(zd_future_value(fs[s]), 3, c->names, c->ts, c->of_shard, c->n, got);
+        int bad = read_pairs(zd_future_value(k.fs[s]), 3, c->names, c->ts, c->of_shard, c->n, got);
         for (int i = 0; i < c->n; i++)
             if (c->of_shard[i])
                 c->got[i] = got[i];
@@ -1144,13 +1173,10 @@ int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
         if (zd_tensor_copy_(c->ts[i], c->got[i]) < 0)
             goto out;
     for (int s = 0; s < c->n_shards; s++)
-        c->version[s] = versions[s];
+        c->version[s] = k.versions[s];
     rc = 0;
 out:
-    if (fs)
-        futures_free(fs, c->n_shards);
-    free(args);
-    free(versions);
+    shard_calls_free(c, &k);
     return rc;
 }
 
@@ -1194,31 +1220,18 @@ int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms)
                                      "zd_ps_client_push: pull first (shard %d's version is "
                                      "unknown)",
                                      s);
-    int64_t t = call_timeout(timeout_ms);
-    zd_future_t **fs = calloc((size_t)c->n_shards, sizeof *fs);
-    zd_value_t **args = calloc((size_t)c->n_shards, sizeof *args);
-    int64_t *versions = malloc((size_t)c->n_shards * sizeof *versions);
+    shard_calls_t k;
     int rc = -1;
-    if (!fs || !args || !versions) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_push: out of memory");
+    if (shard_calls_new(c, "zd_ps_client_push", &k) < 0)
         goto out;
-    }
     /* Every gradient is read before anything is sent: a missing one
        sends nothing. */
     for (int s = 0; s < c->n_shards; s++)
-        if (!(args[s] = push_args(c, s)))
+        if (!(k.args[s] = push_args(c, s)))
             goto out;
-    if (start_calls(c, "push", FN_PUSH, args, t, fs) < 0)
-        goto out;
-    rc = wait_answers(c, "push", fs, t, versions);
+    rc = shard_calls_run(c, "push", FN_PUSH, call_timeout(timeout_ms), &k);
 out:
-    if (args)
-        for (int s = 0; s < c->n_shards; s++)
-            zd_value_unref(args[s]);
-    if (fs)
-        futures_free(fs, c->n_shards);
-    free(args);
-    free(versions);
+    shard_calls_free(c, &k);
     return rc;
 }
 
@@ -1237,17 +1250,10 @@ int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t 
         *position = -1;
     if (!c || !position)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_resume_position: NULL");
-    int64_t t = call_timeout(timeout_ms);
-    zd_future_t **fs = calloc((size_t)c->n_shards, sizeof *fs);
-    zd_value_t **args = calloc((size_t)c->n_shards, sizeof *args);
-    int64_t *versions = malloc((size_t)c->n_shards * sizeof *versions);
+    shard_calls_t k;
     int rc = -1;
-    if (!fs || !args || !versions) {
-        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_resume_position: out of memory");
-        goto out;
-    }
-    if (start_calls(c, "position", FN_WHERE, args, t, fs) < 0 ||
-        wait_answers(c, "position", fs, t, versions) < 0)
+    if (shard_calls_new(c, "zd_ps_client_resume_position", &k) < 0 ||
+        shard_calls_run(c, "position", FN_WHERE, call_timeout(timeout_ms), &k) < 0)
         goto out;
     /* The earliest: no shard missed a batch from there on. A shard that
        has none for this trainer (it never took a push of it, or its
@@ -1255,7 +1261,7 @@ int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t 
     int64_t least = INT64_MAX;
     for (int s = 0; s < c->n_shards; s++) {
         int64_t p;
-        if (zd_rpc_arg_int(zd_future_value(fs[s]), 3, &p) < 0 || p < -1) {
+        if (zd_rpc_arg_int(zd_future_value(k.fs[s]), 3, &p) < 0 || p < -1) {
             zd_error_set_code(ZD_ERR_REMOTE, "ps: position: shard %d (rank %d) answered badly", s,
                               c->ranks[s]);
             goto out;
@@ -1265,9 +1271,6 @@ int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t 
     *position = least;
     rc = 0;
 out:
-    if (fs)
-        futures_free(fs, c->n_shards);
-    free(args);
-    free(versions);
+    shard_calls_free(c, &k);
     return rc;
 }

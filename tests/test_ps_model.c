@@ -246,26 +246,35 @@ static int run_shard(const world_t *w)
 
 static const int shard_ranks[2] = {0, 1};
 
-/*  One training step through the shards: the loss's value in *loss. */
-static int remote_step(const world_t *w, zd_ps_model_t *model, int trainer, int step, float *loss)
+/*  One training step through the shards: 0 with the loss's value in
+    *loss (if not NULL), or -1 with the error as the calls left it. */
+static int try_step(zd_ps_model_t *model, int trainer, int step, float *loss)
 {
     zd_tensor_t *x, *y, *out = NULL, *l = NULL;
     make_batch(trainer, step, &x, &y);
-    int rc = 0;
+    int rc = -1;
     ZD_DIST_AUTOGRAD_CONTEXT(ctx)
     {
-        if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0 ||
-            zd_nn_mse_loss(out, y, &l) < 0 || zd_dist_autograd_backward(ctx, &l, 1, false) < 0 ||
-            zd_ps_model_step(model, ctx) < 0)
-            rc = world_fail(w, "step %d: %s", step, zd_error_last());
-        else
-            *loss = zd_tensor_data(l)[0];
+        if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) == 0 &&
+            zd_nn_mse_loss(out, y, &l) == 0 && zd_dist_autograd_backward(ctx, &l, 1, false) == 0 &&
+            zd_ps_model_step(model, ctx) == 0)
+            rc = 0;
     }
+    if (rc == 0 && loss)
+        *loss = zd_tensor_data(l)[0];
     zd_tensor_unref(l);
     zd_tensor_unref(out);
     zd_tensor_unref(x);
     zd_tensor_unref(y);
     return rc;
+}
+
+/*  try_step, a failure the world's. */
+static int remote_step(const world_t *w, zd_ps_model_t *model, int trainer, int step, float *loss)
+{
+    if (try_step(model, trainer, step, loss) < 0)
+        return world_fail(w, "step %d: %s", step, zd_error_last());
+    return 0;
 }
 
 /*  The same step on the local copy (stages[0..1]) with autograd and SGD. */
@@ -804,26 +813,6 @@ static void test_checkpoint_resume(void **state)
 
 /*  ---- a shard killed and started again ---- */
 
-/*  One step that may fail: 0, or -1 with the error as the calls left it. */
-static int try_step(zd_ps_model_t *model, int step)
-{
-    zd_tensor_t *x, *y, *out = NULL, *l = NULL;
-    make_batch(0, step, &x, &y);
-    int rc = -1;
-    ZD_DIST_AUTOGRAD_CONTEXT(ctx)
-    {
-        if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) == 0 &&
-            zd_nn_mse_loss(out, y, &l) == 0 && zd_dist_autograd_backward(ctx, &l, 1, false) == 0 &&
-            zd_ps_model_step(model, ctx) == 0)
-            rc = 0;
-    }
-    zd_tensor_unref(l);
-    zd_tensor_unref(out);
-    zd_tensor_unref(x);
-    zd_tensor_unref(y);
-    return rc;
-}
-
 /*  Kills shard 1 and has its parent start it again once the trainer
     says so; 0, or -1 when test_die was answered. */
 static int kill_shard_1(void)
@@ -861,18 +850,18 @@ static int restart_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     for (int step = 0; rc == 0 && step < 4; step++)
-        if (try_step(model, step) < 0)
+        if (try_step(model, 0, step, NULL) < 0)
             rc = world_fail(w, "step %d: %s", step, zd_error_last());
     if (rc == 0 && kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die");
-    if (rc == 0 && (try_step(model, 4) == 0 || zd_error_code() != ZD_ERR_PEER))
+    if (rc == 0 && (try_step(model, 0, 4, NULL) == 0 || zd_error_code() != ZD_ERR_PEER))
         rc = world_fail(w, "a step with shard 1 killed: %s, not ZD_ERR_PEER", zd_error_last());
     if (rc == 0)
         rc = restart_shard_1(w);
     if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shard 1 not back: %s", zd_error_last());
     for (int step = 5; rc == 0 && step < 8; step++)
-        if (try_step(model, step) < 0)
+        if (try_step(model, 0, step, NULL) < 0)
             rc = world_fail(w, "step %d after the restart: %s", step, zd_error_last());
     /* Shard 0 took every step but the failed one; shard 1 resumed at 2. */
     if (rc == 0 && (shard_version(0) != 7 || shard_version(1) != 5))
@@ -886,7 +875,7 @@ static int restart_trainer(const world_t *w)
     if (rc == 0 && zd_rpc_wait_peer(1, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shard 1 not back the second time: %s", zd_error_last());
     for (int step = 8; rc == 0 && step < 10; step++)
-        if (try_step(model, step) < 0)
+        if (try_step(model, 0, step, NULL) < 0)
             rc = world_fail(w, "step %d after the unseen restart: %s", step, zd_error_last());
     if (rc == 0 && (shard_version(0) != 9 || shard_version(1) != 6))
         rc = world_fail(w, "versions %lld and %lld, not 9 and 6", (long long)shard_version(0),

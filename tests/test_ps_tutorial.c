@@ -24,6 +24,21 @@
     wide margin. */
 #define MIN_ACCURACY 50.0
 
+/*  Trainer rank's "test accuracy" line in out is above MIN_ACCURACY. */
+static void check_accuracy(const char *out, int rank)
+{
+    char key[64];
+    snprintf(key, sizeof key, "Rank %d test accuracy ", rank);
+    const char *p = strstr(out, key);
+    if (!p)
+        fail_msg("no \"%s\" line", key);
+    double acc = atof(p + strlen(key));
+    fprintf(stderr, "trainer %d: %.2f %%\n", rank, acc);
+    if (!(acc > MIN_ACCURACY))
+        fail_msg("trainer %d: accuracy %.2f %%, expected more than %.0f %%", rank, acc,
+                 MIN_ACCURACY);
+}
+
 static void test_one_server_three_trainers(void **state)
 {
     (void)state;
@@ -33,16 +48,8 @@ static void test_one_server_three_trainers(void **state)
                                        true, &out),
                      0);
     for (int rank = 1; rank <= 3; rank++) {
+        check_accuracy(out, rank);
         char key[64];
-        snprintf(key, sizeof key, "Rank %d test accuracy ", rank);
-        const char *p = strstr(out, key);
-        if (!p)
-            fail_msg("no \"%s\" line", key);
-        double acc = atof(p + strlen(key));
-        fprintf(stderr, "trainer %d: %.2f %%\n", rank, acc);
-        if (!(acc > MIN_ACCURACY))
-            fail_msg("trainer %d: accuracy %.2f %%, expected more than %.0f %%", rank, acc,
-                     MIN_ACCURACY);
         snprintf(key, sizeof key, "Rank %d training batch 40 loss ", rank);
         assert_non_null(strstr(out, key));
     }
@@ -67,18 +74,8 @@ static void test_two_stages_two_trainers(void **state)
                                        "--log_interval=20",
                                        true, &out),
                      0);
-    for (int rank = 2; rank <= 3; rank++) {
-        char key[64];
-        snprintf(key, sizeof key, "Rank %d test accuracy ", rank);
-        const char *p = strstr(out, key);
-        if (!p)
-            fail_msg("no \"%s\" line", key);
-        double acc = atof(p + strlen(key));
-        fprintf(stderr, "trainer %d: %.2f %%\n", rank, acc);
-        if (!(acc > MIN_ACCURACY))
-            fail_msg("trainer %d: accuracy %.2f %%, expected more than %.0f %%", rank, acc,
-                     MIN_ACCURACY);
-    }
+    for (int rank = 2; rank <= 3; rank++)
+        check_accuracy(out, rank);
     assert_non_null(strstr(out, "parameter server 0: 124 forwards served"));
     assert_non_null(strstr(out, "parameter server 1: 124 forwards served"));
     assert_non_null(strstr(out, "launch: 4 processes finished"));
