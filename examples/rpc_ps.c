@@ -6,43 +6,49 @@
         ./rpc_ps --world_size=4 --rank=N --master_addr=HOST    trainer N
 
     With --num_servers=S, ranks 0..S-1 are parameter-server shards (see
-    ps_net.h) and the others trainers. Each trainer gets an RRef to the
-    server, builds a DistributedOptimizer (SGD) over the server's parameter
-    RRefs, and for every batch: a distributed autograd context, the forward
-    pass on the server, nll loss, distributed backward, the check that the
-    server holds gradients for the context, and an optimizer step. Then it
-    prints its test accuracy (dropout off). The servers leave only after
-    every trainer has finished (graceful shutdown).
-
-    While it trains, a trainer prints a progress line every --progress_s
-    seconds (progress.h); the tutorial's per-batch loss lines come with
-    --log_interval=5. --save_model=FILE.safetensors has rank 0 write the
-    trained Net at the end, under PyTorch's names, for PyTorch's
-    load_state_dict; --init_from=FILE.safetensors starts the servers from
-    such a file, PyTorch's or a previous run's (ps_net.h). */
+    ps_net.h) and the others trainers. Read it beside the tutorial:
+      ParameterServer          ps_net_serve (ps_net.h), on ranks below S
+      TrainerNet               ps_net_client_attach: an RRef to the
+                               server, RRefs to its parameters, and a
+                               DistributedOptimizer (SGD) over them
+      run_training_loop        run_training_loop, its body train_batch: a
+                               distributed autograd context, the forward
+                               on the server, nll loss, the distributed
+                               backward, the check that the server holds
+                               gradients for the context, a step
+      get_accuracy             get_accuracy (dropout off)
+      run_worker               main: the servers leave only after every
+                               trainer has finished (graceful shutdown)
+    Around it, what an operator's run needs: checkpoints and --resume, a
+    lost server shard waited for (ps_net_client_recover: the loop goes on
+    from the last checkpoint), --max_staleness, a diverging loss stopped,
+    progress lines every --progress_s seconds (the tutorial's per-batch
+    loss lines with --log_interval=5), curves, and --save_model /
+    --init_from: the trained Net for PyTorch's load_state_dict, under
+    PyTorch's names. */
 #include <errno.h>
 #include <malloc.h>
 #include <math.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
+#include <zdist/dataset.h>
 #include <zdist/dist_autograd.h>
+#include <zdist/dist_optim.h>
 #include <zdist/error.h>
+#include <zdist/nn.h>
+#include <zdist/rpc.h>
+
 #include "examples/curves.h"
 #include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/progress.h"
 #include "examples/ps_net.h"
+#include "examples/ps_net_client.h"
 #include "examples/train_common.h"
-#include <zdist/dataset.h>
-#include <zdist/nn.h>
-#include <zdist/dist_optim.h>
-#include <zdist/rpc.h>
 
 typedef struct {
     flags_world_t world; /* rank, world_size, master_addr, master_port */
@@ -68,31 +74,30 @@ typedef struct {
 } options_t;
 
 #define EVAL_BATCH 500
-/*  The trainer holds the parameters' RRefs in an array of this many: with S
-    shards there are 2 S + 6 of them (ps_net.h), so S stays well below. */
-#define MAX_PARAM_RREFS 64
-#define MAX_SERVERS     16
 
 /*  A loss this large, or this many times the first one, means the model is
-    diverging even while it is still finite (issue 12 point 5). */
+    diverging even while it is still finite. */
 #define LOSS_EXPLODED 1e4
 #define LOSS_GROWTH   100
 
-/*  Sets the error and returns true when the loss of batch `done` has
-    exploded: the run stops before the shared weights are ruined. */
-static bool loss_exploded(const options_t *o, int64_t done, int64_t epoch, float first, float loss)
-{
-    if (loss <= LOSS_EXPLODED && !(first > 0 && loss > LOSS_GROWTH * first))
-        return false;
-    zd_error_set("batch %lld (epoch %lld): the loss is %g (the first batch's was %g): the model "
-                 "is diverging. Remedies: a lower --lr (now %g), or --max_staleness=K (fewer "
-                 "stale updates from the other trainers)",
-                 (long long)done, (long long)epoch + 1, (double)loss, (double)first, o->lr);
-    return true;
-}
+/*  A trainer: its end of the server (the tutorial's TrainerNet), its data,
+    where it is, and what it reports. */
+typedef struct {
+    const options_t *o;
+    int rank;
+    ps_net_client_t *ps;
+    zd_dataset_t *train, *test;
+    int64_t per_epoch, total; /* batches in an epoch; to train in all */
+    int64_t done, trained;    /* position (batches done); batches trained by this process */
+    float first_loss;
+    double t0, t1, eval_secs;
+    progress_t prog;
+    curves_t *curves;
+    curves_points_t points;
+} trainer_t;
 
 /*  The result of server.method(args) as a tensor (a new reference); args
-    (from ZD_ARGS) is taken over, like call_none's. */
+    (from ZD_ARGS) is taken over. */
 static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_tensor_t **out)
 {
     zd_value_t *r;
@@ -108,30 +113,43 @@ static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_t
     return rc;
 }
 
-static int call_none(zd_rref_t *ps, const char *method, zd_value_t *args)
+/*  The tutorial's check: the server holds gradients for this context. The
+    tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their names and
+    sizes tell as much, and leave the server no buffer of that size per
+    trainer to send them through. */
+static int check_gradients(zd_rref_t *ps, int64_t cid)
 {
-    zd_value_t *r = NULL;
-    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_TIMEOUT_DEFAULT, &r);
-    zd_value_unref(r);
+    zd_value_t *grads = NULL, *a = ZD_ARGS(cid);
+    int rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads) : -1;
+    zd_value_unref(a);
+    if (rc == 0 && zd_list_len(grads) == 0)
+        rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
+    for (size_t i = 0; rc == 0 && i < zd_list_len(grads); i++) {
+        int64_t numel;
+        if (zd_rpc_arg_int(zd_list_get(grads, i), 1, &numel) < 0 || numel < 1)
+            rc = zd_error_set("the server's gradient %zu for context %lld is empty", i,
+                              (long long)cid);
+    }
+    zd_value_unref(grads);
     return rc;
 }
 
-/*  One batch: the tutorial's loop body. */
-static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_tensor_t *y,
-                       bool check, float *loss_out)
+/*  One batch: the tutorial's loop body. A loss that is not finite is
+    refused before the backward: a model that diverged must not spread nan
+    to every trainer through the shared weights. */
+static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool check,
+                       float *loss_out)
 {
     int rank = zd_rpc_rank();
-    int64_t cid;
+    zd_rref_t *ps = ps_net_client_server(c);
     zd_tensor_t *out = NULL, *loss = NULL;
-    zd_value_t *grads = NULL;
+    int64_t cid;
     if (zd_dist_autograd_context_begin(&cid) < 0)
         return -1;
-    fault_point(rank, "forward");
+    fault_point(rank, "forward"); /* tests only (fault.h) */
     int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 1), &out);
     if (rc == 0)
         rc = zd_nn_nll_loss(out, y, &loss);
-    /* A model that diverged must not take this batch's gradients: they
-       would spread nan to every trainer through the shared weights. */
     if (rc == 0 && !isfinite(zd_tensor_data(loss)[0])) {
         *loss_out = zd_tensor_data(loss)[0];
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
@@ -140,30 +158,14 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
         fault_point(rank, "backward");
     if (rc == 0)
         rc = zd_dist_autograd_backward(cid, &loss, 1, false);
-    if (rc == 0 && check) {
-        /* The tutorial's check: the server holds gradients for this context.
-           The tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their
-           names and sizes tell as much, and leave the server no buffer of
-           that size per trainer to send them through. */
-        zd_value_t *a = ZD_ARGS(cid);
-        rc = a ? zd_rref_rpc_sync(ps, "ps_dist_gradient_sizes", a, ZD_TIMEOUT_DEFAULT, &grads) : -1;
-        zd_value_unref(a);
-        if (rc == 0 && zd_list_len(grads) == 0)
-            rc = zd_error_set("the server has no gradients for context %lld", (long long)cid);
-        for (size_t i = 0; rc == 0 && i < zd_list_len(grads); i++) {
-            int64_t numel;
-            if (zd_rpc_arg_int(zd_list_get(grads, i), 1, &numel) < 0 || numel < 1)
-                rc = zd_error_set("the server's gradient %zu for context %lld is empty", i,
-                                  (long long)cid);
-        }
-    }
+    if (rc == 0 && check)
+        rc = check_gradients(ps, cid);
     if (rc == 0)
         fault_point(rank, "step");
     if (rc == 0)
-        rc = zd_dist_optim_step(opt, cid);
+        rc = zd_dist_optim_step(ps_net_client_optim(c), cid);
     if (rc == 0)
         *loss_out = zd_tensor_data(loss)[0];
-    zd_value_unref(grads);
     zd_tensor_unref(loss);
     zd_tensor_unref(out);
     /* The peers free the context while the next batch starts. */
@@ -172,7 +174,9 @@ static int train_batch(zd_rref_t *ps, zd_dist_optim_t *opt, zd_tensor_t *x, zd_t
     return rc;
 }
 
-static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
+/*  The tutorial's get_accuracy: the first `limit` test images (0: all)
+    through the server's model, dropout off. */
+static int get_accuracy(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
 {
     int64_t n = zd_dataset_len(test), correct = 0;
     if (limit > 0 && limit < n)
@@ -195,409 +199,247 @@ static int evaluate(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, doub
     return 0;
 }
 
-/*  --max_staleness: waits until this trainer, with `done` batches, is at
-    most K batches ahead of the slowest trainer still training (the server
-    answers; finished and lost trainers do not count). Bounded by the RPC
-    timeout: past it the trainer says so and goes on. */
-static int staleness_gate(zd_rref_t *ps, const options_t *o, int64_t done)
+/*  A call to the servers failed: 1 when the servers are back and the
+    trainer goes on from its last checkpoint (t->done moved there), else
+    -1 with the error set. */
+static int recover(trainer_t *t)
 {
-    zd_value_t *a = ZD_ARGS(done, o->max_staleness), *r = NULL;
-    int rc = a ? zd_rref_rpc_sync(ps, "ps_staleness_gate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
-    zd_value_unref(a);
-    zd_value_unref(r);
-    if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT) {
-        fprintf(stderr,
-                "rpc_ps trainer %lld: waited the RPC timeout for the slowest trainer "
-                "(--max_staleness=%lld); going on\n",
-                (long long)o->world.rank, (long long)o->max_staleness);
+    int64_t start;
+    progress_clear(&t->prog);
+    int back = ps_net_client_recover(t->ps, t->done, &start);
+    if (back == 1)
+        t->done = start;
+    return back;
+}
+
+/*  What follows a trained batch: the divergence check, progress and the
+    tutorial's loss line, curves, and --eval_every's evaluation. 0, or -1. */
+static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
+{
+    const options_t *o = t->o;
+    if (++t->trained == 1)
+        t->first_loss = loss;
+    if (loss > LOSS_EXPLODED || (t->first_loss > 0 && loss > LOSS_GROWTH * t->first_loss)) {
+        progress_clear(&t->prog);
+        return zd_error_set("batch %lld (epoch %lld): the loss is %g (the first batch's was %g): "
+                            "the model is diverging. Remedies: a lower --lr (now %g), or "
+                            "--max_staleness=K (fewer stale updates from the other trainers)",
+                            (long long)t->done, (long long)epoch + 1, (double)loss,
+                            (double)t->first_loss, o->lr);
+    }
+    double now = train_now();
+    progress_step(&t->prog, now, loss);
+    if (o->log_interval > 0 && b % o->log_interval == 0) {
+        /* the tutorial's line (its batch restarts each epoch) */
+        progress_clear(&t->prog);
+        printf("Rank %d training batch %lld loss %.6f (epoch %lld)\n", t->rank, (long long)b, loss,
+               (long long)epoch + 1);
+    }
+    if (curves_batch(t->curves, &t->points, t->done, loss, o->batch_size, now) < 0)
+        return -1;
+    /* (the last batch's evaluation is the final one) */
+    if (o->eval_every == 0 || t->done % o->eval_every != 0 || t->done >= t->total)
         return 0;
-    }
-    return rc;
-}
-
-/*  Times each rank rejoined the world (zd_rpc_register_peer_joined): a
-    trainer whose server shard came back before it noticed the loss sees
-    the count change. */
-static atomic_int rank_joins[MAX_SERVERS];
-
-static void peer_joined(void *arg, int rank, const char *name)
-{
-    (void)arg, (void)name;
-    if (rank >= 0 && rank < MAX_SERVERS)
-        atomic_fetch_add(&rank_joins[rank], 1);
-}
-
-/*  What a trainer holds of the servers: an RRef to the server, RRefs to
-    the parameters, and the DistributedOptimizer over them; and the shards'
-    join counts when it took them. */
-typedef struct {
-    zd_rref_t *ps;
-    zd_value_t *param_list;
-    zd_dist_optim_t *opt;
-    int joins[MAX_SERVERS];
-} server_t;
-
-static void server_detach(server_t *s)
-{
-    zd_dist_optim_free(s->opt);
-    zd_value_unref(s->param_list);
-    zd_rref_unref(s->ps);
-    memset(s, 0, sizeof *s);
-}
-
-/*  Takes what a trainer needs of the servers (at its start, and again
-    when a server shard came back: what the old process owned is gone)
-    and tells shard 0 that it trains. 0, or -1 with nothing held. */
-static int server_attach(const options_t *o, server_t *s)
-{
-    memset(s, 0, sizeof *s);
-    for (int i = 0; i < MAX_SERVERS; i++)
-        s->joins[i] = atomic_load(&rank_joins[i]);
-    zd_rref_list_t *params = NULL;
-    if (!(s->ps = zd_rpc_remote(0, "get_parameter_server", NULL, ZD_TIMEOUT_DEFAULT)) ||
-        zd_rref_rpc_sync(s->ps, "ps_get_param_rrefs", NULL, ZD_TIMEOUT_DEFAULT, &s->param_list) < 0)
-        goto fail;
-    int n = (int)zd_list_len(s->param_list);
-    if (n > MAX_PARAM_RREFS) {
-        zd_error_set("the server offers %d parameter RRefs; a trainer takes at most %d", n,
-                     MAX_PARAM_RREFS);
-        goto fail;
-    }
-    if (!(params = zd_rref_list_new()))
-        goto fail;
-    for (int i = 0; i < n; i++) {
-        zd_rref_t *r;
-        if (zd_rpc_arg_rref(s->param_list, (size_t)i, &r) < 0 || zd_rref_list_append(params, r) < 0)
-            goto fail;
-    }
-    zd_optim_config_t cfg = zd_optim_sgd_defaults(o->lr);
-    if (!(s->opt = zd_dist_optim_new(&cfg, params)) ||
-        call_none(s->ps, "ps_trainer_started", ZD_ARGS()) < 0)
-        goto fail;
-    zd_rref_list_free(params);
+    /* this trainer's own look at the weights as they are now, while the
+       other trainers go on */
+    double acc;
+    if (get_accuracy(ps_net_client_server(t->ps), t->test, o->eval_samples, &acc) < 0)
+        return -1;
+    progress_clear(&t->prog);
+    printf("Rank %d after batch %lld (epoch %lld): accuracy %.2f %%\n", t->rank, (long long)t->done,
+           (long long)epoch + 1, 100 * acc);
+    if (t->curves && curves_add_accuracy(t->curves, t->done, acc) < 0)
+        return -1;
+    double after = train_now();
+    t->eval_secs += after - now;
+    curves_points_skip(&t->points, after - now); /* the training's rate */
+    progress_skip(&t->prog, after - now);
     return 0;
-fail:
-    zd_rref_list_free(params);
-    server_detach(s);
-    return -1;
 }
 
-/*  Where trainer `trainer` was at the last checkpoint (shard 0 keeps it):
-    its batches done, at most `most`. 0, or -1. */
-static int server_resume_point(const options_t *o, server_t *s, int trainer, int64_t most,
-                               int64_t *start)
+/*  The tutorial's run_training_loop, from batch t->done: 0 when this
+    trainer's batches are done, 1 when a server shard was lost and is back
+    (t->done moved to the last checkpoint: call again), -1 on failure. */
+static int run_training_loop(trainer_t *t)
 {
-    zd_value_t *r = NULL, *a = ZD_ARGS(trainer);
-    int rc = a ? zd_rref_rpc_sync(s->ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
-    if (rc == 0)
-        rc = zd_value_get_int(r, start);
-    zd_value_unref(a);
-    zd_value_unref(r);
-    if (rc == 0 && (*start < 0 || *start > most))
-        rc = zd_error_set("checkpoint %s: trainer %d had done %lld batches, outside 0 to %lld "
-                          "(%lld epoch(s))",
-                          o->checkpoint, trainer, (long long)*start, (long long)most,
-                          (long long)o->epochs);
-    return rc;
+    const options_t *o = t->o;
+    int64_t first_epoch, first_batch;
+    train_resume_position(t->done, t->per_epoch, &first_epoch, &first_batch);
+    for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
+        /* The first trainer shuffles as train_local does with the same seed. */
+        int64_t *order = zd_dataset_order(
+            t->train, (uint64_t)(o->seed + epoch + 1000 * (t->rank - o->num_servers)));
+        if (!order)
+            return zd_error_set("out of memory");
+        for (int64_t b = epoch == first_epoch ? first_batch : 0;
+             b < t->per_epoch && t->done < t->total; b++) {
+            zd_tensor_t *x, *y;
+            float loss = 0;
+            int rc = 0;
+            if (o->max_staleness > 0 &&
+                ps_net_client_staleness_gate(t->ps, t->done, o->max_staleness) < 0)
+                rc = recover(t);
+            else if (zd_dataset_batch(t->train, order, b * o->batch_size, o->batch_size, &x, &y) <
+                     0)
+                rc = -1;
+            else {
+                bool check = o->check_interval > 0 && t->done % o->check_interval == 0;
+                rc = train_batch(t->ps, x, y, check, &loss);
+                zd_tensor_unref(x);
+                zd_tensor_unref(y);
+                if (rc < 0 && !isfinite(loss))
+                    rc = zd_error_set("batch %lld (epoch %lld): the loss is %g: the model "
+                                      "diverged, and this batch's gradients were not applied. "
+                                      "Remedies: a lower --lr (now %g), or fewer trainers per "
+                                      "server (their updates arrive stale)",
+                                      (long long)t->done + 1, (long long)epoch + 1, (double)loss,
+                                      o->lr);
+                else if (rc < 0)
+                    rc = recover(t);
+            }
+            if (rc == 0) {
+                t->done++;
+                rc = after_batch(t, epoch, b, loss);
+            }
+            if (rc == 0 && o->checkpoint && t->done % o->checkpoint_every == 0) {
+                fault_point(t->rank, "checkpoint"); /* tests only (fault.h) */
+                if (ps_net_client_checkpoint(t->ps, t->done) < 0)
+                    rc = recover(t);
+            }
+            if (rc != 0) {
+                free(order);
+                return rc;
+            }
+        }
+        free(order);
+    }
+    return 0;
 }
 
-/*  A call to the servers failed. With --checkpoint, when a server shard
-    was lost (or came back since the trainer took its RRefs), waits up to
-    --server_wait_s for every shard to be a member again, takes what it
-    needs of the servers anew (what the old process owned is gone) and
-    sets *start to this trainer's checkpointed position: returns 1. 0:
-    no server went away (the error is the call's, for the caller to
-    report); -1: a shard did not come back (the error names it). */
-static int server_came_back(const options_t *o, server_t *srv, int trainer, int64_t done,
-                            int64_t most, int64_t *start)
+/*  Loads the data, attaches to the servers and finds where to start:
+    with --resume, or when this trainer rejoined the world, from its last
+    checkpointed position. 0, or -1. */
+static int trainer_start(trainer_t *t)
 {
-    if (!o->checkpoint)
+    const options_t *o = t->o;
+    char dir[1024];
+    if (o->data_dir)
+        snprintf(dir, sizeof dir, "%s", o->data_dir);
+    else if (zd_dataset_find_dir(dir, sizeof dir) < 0)
+        return -1;
+    if (!(t->train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) ||
+        !(t->test = zd_dataset_load(dir, ZD_DATASET_TEST)))
+        return -1;
+    t->per_epoch = zd_dataset_num_batches(t->train, o->batch_size);
+    t->total = o->epochs * t->per_epoch;
+    if (o->max_batches > 0 && o->max_batches < t->total)
+        t->total = o->max_batches;
+    ps_net_client_config_t cfg = {.trainer = (int)(t->rank - o->num_servers),
+                                  .num_servers = (int)o->num_servers,
+                                  .lr = o->lr,
+                                  .checkpoint = o->checkpoint,
+                                  .server_wait_s = o->server_wait_s,
+                                  .positions = o->epochs * t->per_epoch,
+                                  .epochs = o->epochs};
+    if (!(t->ps = ps_net_client_new(&cfg)) || ps_net_client_attach(t->ps) < 0)
+        return -1;
+    if (o->curves) {
+        char prefix[4096], title[64];
+        if (snprintf(prefix, sizeof prefix, "%s.rank%d", o->curves, t->rank) >= (int)sizeof prefix)
+            return zd_error_set("--curves: prefix too long");
+        snprintf(title, sizeof title, "rpc_ps rank %d", t->rank);
+        if (!(t->curves = curves_open(prefix, title, t->per_epoch)))
+            return -1;
+    }
+    bool rejoined = zd_rpc_rejoined();
+    if (rejoined && !o->checkpoint)
+        printf("Rank %d rejoined the world; without --checkpoint it starts from its first "
+               "batch\n",
+               t->rank);
+    if (o->checkpoint && (o->resume || rejoined)) {
+        /* the same batches in the same order follow (the order depends on
+           seed and epoch) */
+        if (ps_net_client_resume_point(t->ps, &t->done) < 0)
+            return -1;
+        printf("Rank %d %s at batch %lld (%lld batches done)\n", t->rank,
+               rejoined ? "rejoined the world; resuming" : "resuming", (long long)t->done,
+               (long long)t->done);
+    }
+    t->t0 = train_now();
+    char label[32];
+    snprintf(label, sizeof label, "Rank %d", t->rank);
+    progress_init(&t->prog, stdout, isatty(STDOUT_FILENO),
+                  &(progress_config_t){.label = label,
+                                       .first = t->done,
+                                       .total = t->total,
+                                       .per_epoch = t->per_epoch,
+                                       .epochs = o->epochs,
+                                       .samples_per_step = o->batch_size,
+                                       .every_s = o->progress_s},
+                  t->t0);
+    /* a curve point every --log_interval batches, or 10 without loss lines */
+    curves_points_init(&t->points, o->log_interval > 0 ? o->log_interval : 10, t->t0);
+    return 0;
+}
+
+/*  After the last batch: tells shard 0, and prints the test accuracy of
+    the final weights. Trainers share one evaluation on the server (it
+    answers when the last trainer is done); one that waits longer than the
+    RPC timeout evaluates by itself. 0, 1 (a shard came back: train from
+    t->done again), or -1. */
+static int trainer_finish(trainer_t *t)
+{
+    const options_t *o = t->o;
+    t->t1 = train_now();
+    progress_end(&t->prog, t->t1);
+    if (zd_dist_autograd_wait_releases(-1) < 0)
+        return -1;
+    if (ps_net_client_finished(t->ps, t->trained * o->batch_size) < 0)
+        return recover(t);
+    printf("Training complete!\nGetting accuracy....\n");
+    fault_point(t->rank, "evaluation"); /* tests only (fault.h) */
+    double acc;
+    if (ps_net_client_shared_accuracy(t->ps, o->eval_samples, &acc) < 0) {
+        fprintf(stderr, "rpc_ps trainer %d: shared evaluation failed (%s); evaluating alone\n",
+                t->rank, zd_error_last());
+        if (get_accuracy(ps_net_client_server(t->ps), t->test, o->eval_samples, &acc) < 0)
+            return -1;
+    }
+    printf("Rank %d test accuracy %.2f %%\n", t->rank, 100 * acc);
+    printf("Rank %d throughput %.0f samples/s\n", t->rank,
+           (double)(t->trained * o->batch_size) / (t->t1 - t->t0 - t->eval_secs));
+    if (!t->curves)
         return 0;
-    char why[512];
-    snprintf(why, sizeof why, "%s", zd_error_last());
-    /* RPC declares a peer lost about 1 s after its connection dropped:
-       wait that long for the verdict. */
-    int shard = -1;
-    for (double until = train_now() + 5; shard < 0;) {
-        for (int s = 0; s < o->num_servers && shard < 0; s++)
-            if (zd_rpc_peer_is_lost(s) || atomic_load(&rank_joins[s]) != srv->joins[s])
-                shard = s;
-        if (shard >= 0 || train_now() >= until)
-            break;
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
-    if (shard < 0) {
-        zd_error_set("%s", why);
-        return 0;
-    }
-    double t0 = train_now();
-    printf("Rank %lld: server shard %d lost at batch %lld (%s); waiting up to %lld s "
-           "(--server_wait_s) for it to come back\n",
-           (long long)o->world.rank, shard, (long long)done, why, (long long)o->server_wait_s);
-    fflush(stdout);
-    /* What the old process owned is gone: let go of it while it is lost,
-       and of the releases of contexts it held (they fail: it is gone), so
-       that their failures do not stop the batches that follow. */
-    server_detach(srv);
-    if (zd_dist_autograd_wait_releases(1000) < 0)
-        printf("Rank %lld: contexts of the lost server's process not released: %s\n",
-               (long long)o->world.rank, zd_error_last());
-    for (int s = 0; s < o->num_servers; s++) {
-        int64_t left = (int64_t)((t0 + (double)o->server_wait_s - train_now()) * 1000);
-        if (zd_rpc_wait_peer(s, left > 0 ? left : 1) < 0)
-            return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
-                                "--server_wait_s=%lld s: %s",
-                                s, s, why, (long long)o->server_wait_s, zd_error_last());
-    }
-    /* Just back, a shard may not take calls from everyone yet (its new
-       connections are being made): try again until the wait is up. */
-    while (server_attach(o, srv) < 0 || server_resume_point(o, srv, trainer, most, start) < 0) {
-        server_detach(srv);
-        if (train_now() - t0 > (double)o->server_wait_s)
-            return zd_error_wrap("server shard %d came back, but", shard);
-        struct timespec ts = {0, 100000000};
-        nanosleep(&ts, NULL);
-    }
-    printf("Rank %lld: the servers are back after %.2f s; going on from batch %lld (the last "
-           "checkpoint; %lld batch(es) of this trainer to take again)\n",
-           (long long)o->world.rank, train_now() - t0, (long long)*start,
-           (long long)(done - *start));
-    fflush(stdout);
-    return 1;
-}
-
-/*  Tells shard 0 that this trainer's run failed, and why: the servers stop
-    waiting for it (with --checkpoint rank 0 waits for every trainer to
-    finish before its shutdown), name it with its error, and the world ends
-    once the others are done, instead of waiting for a trainer that will
-    never finish (issue 24 point 7). Best effort, within the RPC timeout: a
-    server that is gone learns nothing, and the trainer fails all the same.
-    The error stays set. */
-static void report_failure(const options_t *o, int64_t done)
-{
-    char why[1024];
-    snprintf(why, sizeof why, "%s", zd_error_last());
-    if (zd_rpc_peer_is_lost(0))
-        return;
-    zd_value_t *a = ZD_ARGS(done, why), *r = NULL;
-    if (!a || zd_rpc_sync(0, "ps_trainer_failed", a, ZD_TIMEOUT_DEFAULT, &r) < 0)
-        fprintf(stderr,
-                "rpc_ps trainer %lld: could not tell the server that this run failed: "
-                "%s\n",
-                (long long)o->world.rank, zd_error_last());
-    zd_value_unref(a);
-    zd_value_unref(r);
-    zd_error_set("%s", why);
+    if (curves_add_accuracy(t->curves, t->done, acc) < 0)
+        return -1;
+    printf("Rank %d curves in %s.rank%d.csv and %s\n", t->rank, o->curves, t->rank,
+           curves_png_path(t->curves));
+    return 0;
 }
 
 static int run_trainer(const options_t *o)
 {
-    char dir[1024];
-    zd_dataset_t *train = NULL, *test = NULL;
-    server_t srv = {0};
-    int64_t *order = NULL, done = 0, trained = 0; /* position; batches trained here */
-    float first_loss = 0;
-    int trainer = (int)(o->world.rank - o->num_servers), rc = -1;
-    double t0 = 0, t1 = 0, eval_secs = 0;
-    curves_t *curves = NULL;
-
-    if (o->data_dir)
-        snprintf(dir, sizeof dir, "%s", o->data_dir);
-    else if (zd_dataset_find_dir(dir, sizeof dir) < 0)
-        goto out;
-    if (!(train = zd_dataset_load(dir, ZD_DATASET_TRAIN)) ||
-        !(test = zd_dataset_load(dir, ZD_DATASET_TEST)))
-        goto out;
-    if (server_attach(o, &srv) < 0)
-        goto out;
-    int64_t start = 0, nb = zd_dataset_num_batches(train, o->batch_size);
-    if (o->curves) {
-        char prefix[4096], title[64];
-        if (snprintf(prefix, sizeof prefix, "%s.rank%lld", o->curves, (long long)o->world.rank) >=
-            (int)sizeof prefix) {
-            zd_error_set("--curves: prefix too long");
-            goto out;
-        }
-        snprintf(title, sizeof title, "rpc_ps rank %lld", (long long)o->world.rank);
-        if (!(curves = curves_open(prefix, title, nb)))
-            goto out;
+    trainer_t t = {.o = o, .rank = (int)o->world.rank};
+    int rc = trainer_start(&t);
+    while (rc == 0) {
+        rc = run_training_loop(&t);
+        if (rc == 0)
+            rc = trainer_finish(&t);
+        if (rc == 0)
+            break;
+        if (rc == 1) /* the servers are back: on from the last checkpoint */
+            rc = 0;
     }
-    /* A trainer restarted into the running world (it rejoined) goes on
-       as one started with --resume: from its last checkpointed position,
-       or from its first batch without checkpoints. */
-    bool rejoined = zd_rpc_rejoined();
-    if (rejoined && !o->checkpoint)
-        printf("Rank %lld rejoined the world; without --checkpoint it starts from its first "
-               "batch\n",
-               (long long)o->world.rank);
-    if (o->checkpoint && (o->resume || rejoined)) {
-        /* Where this trainer was at the last checkpoint: the same batches
-           in the same order follow (the order depends on seed and epoch). */
-        if (server_resume_point(o, &srv, trainer, o->epochs * nb, &start) < 0)
-            goto out;
-        printf("Rank %lld %s at batch %lld (%lld batches done)\n", (long long)o->world.rank,
-               rejoined ? "rejoined the world; resuming" : "resuming", (long long)start,
-               (long long)start);
-        done = start;
-    }
-    t0 = train_now();
-    int64_t first_epoch, first_batch, total = o->epochs * nb;
-    if (o->max_batches > 0 && o->max_batches < total)
-        total = o->max_batches;
-    char label[32];
-    snprintf(label, sizeof label, "Rank %lld", (long long)o->world.rank);
-    progress_t prog;
-    progress_init(&prog, stdout, isatty(STDOUT_FILENO),
-                  &(progress_config_t){.label = label,
-                                       .first = start,
-                                       .total = total,
-                                       .per_epoch = nb,
-                                       .epochs = o->epochs,
-                                       .samples_per_step = o->batch_size,
-                                       .every_s = o->progress_s},
-                  t0);
-    /* a curve point every --log_interval batches, or 10 without loss lines */
-    curves_points_t points;
-    curves_points_init(&points, o->log_interval > 0 ? o->log_interval : 10, t0);
-again: /* from `start`, after a server shard came back */
-    train_resume_position(start, nb, &first_epoch, &first_batch);
-    for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
-        free(order);
-        /* The first trainer shuffles as train_local does with the same seed. */
-        if (!(order = zd_dataset_order(train, (uint64_t)(o->seed + epoch + 1000 * trainer)))) {
-            zd_error_set("out of memory");
-            goto out;
-        }
-        int64_t first = epoch == first_epoch ? first_batch : 0;
-        for (int64_t b = first; b < nb && (o->max_batches <= 0 || done < o->max_batches); b++) {
-            zd_tensor_t *x, *y;
-            float loss = 0;
-            if (o->max_staleness > 0 && staleness_gate(srv.ps, o, done) < 0) {
-                if (server_came_back(o, &srv, trainer, done, o->epochs * nb, &start) != 1)
-                    goto out;
-                done = start;
-                goto again;
-            }
-            if (zd_dataset_batch(train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
-                goto out;
-            bool check = o->check_interval > 0 && done % o->check_interval == 0;
-            int brc = train_batch(srv.ps, srv.opt, x, y, check, &loss);
-            zd_tensor_unref(x);
-            zd_tensor_unref(y);
-            if (brc < 0 && !isfinite(loss)) {
-                progress_clear(&prog);
-                zd_error_set("batch %lld (epoch %lld): the loss is %g: the model diverged, and "
-                             "this batch's gradients were not applied. Remedies: a lower --lr "
-                             "(now %g), or fewer trainers per server (their updates arrive "
-                             "stale)",
-                             (long long)done + 1, (long long)epoch + 1, (double)loss, o->lr);
-            }
-            if (brc < 0 && isfinite(loss)) {
-                int back = server_came_back(o, &srv, trainer, done, o->epochs * nb, &start);
-                progress_clear(&prog);
-                if (back != 1)
-                    goto out;
-                done = start;
-                goto again;
-            }
-            if (brc < 0)
-                goto out;
-            done++;
-            if (++trained == 1)
-                first_loss = loss;
-            if (loss_exploded(o, done, epoch, first_loss, loss)) {
-                progress_clear(&prog);
-                goto out;
-            }
-            double now = train_now();
-            progress_step(&prog, now, loss);
-            if (o->log_interval > 0 && b % o->log_interval == 0) {
-                /* the tutorial's line (its batch restarts each epoch) */
-                progress_clear(&prog);
-                printf("Rank %lld training batch %lld loss %.6f (epoch %lld)\n",
-                       (long long)o->world.rank, (long long)b, loss, (long long)epoch + 1);
-            }
-            if (curves_batch(curves, &points, done, loss, o->batch_size, now) < 0)
-                goto out;
-            /* (the last batch's evaluation is the final one, below) */
-            if (o->eval_every > 0 && done % o->eval_every == 0 && done < total) {
-                /* this trainer's own look at the weights as they are now,
-                   while the other trainers go on */
-                double acc;
-                if (evaluate(srv.ps, test, o->eval_samples, &acc) < 0)
-                    goto out;
-                progress_clear(&prog);
-                printf("Rank %lld after batch %lld (epoch %lld): accuracy %.2f %%\n",
-                       (long long)o->world.rank, (long long)done, (long long)epoch + 1, 100 * acc);
-                if (curves && curves_add_accuracy(curves, done, acc) < 0)
-                    goto out;
-                double after = train_now();
-                eval_secs += after - now;
-                curves_points_skip(&points, after - now); /* the training's rate */
-                progress_skip(&prog, after - now);
-            }
-            if (o->checkpoint && done % o->checkpoint_every == 0)
-                fault_point(o->world.rank, "checkpoint");
-            if (o->checkpoint && done % o->checkpoint_every == 0 &&
-                call_none(srv.ps, "ps_checkpoint", ZD_ARGS(trainer, done)) < 0) {
-                if (server_came_back(o, &srv, trainer, done, o->epochs * nb, &start) != 1)
-                    goto out;
-                done = start;
-                goto again;
-            }
-        }
-    }
-    t1 = train_now();
-    progress_end(&prog, t1);
-    if (zd_dist_autograd_wait_releases(-1) < 0)
-        goto out;
-    if (call_none(srv.ps, "ps_trainer_finished", ZD_ARGS(trained * o->batch_size)) < 0) {
-        if (server_came_back(o, &srv, trainer, done, o->epochs * nb, &start) != 1)
-            goto out;
-        done = start;
-        goto again;
-    }
-    printf("Training complete!\nGetting accuracy....\n");
-    fault_point(o->world.rank, "evaluation");
-    /* Trainers share one evaluation of the final weights on the server
-       (it answers when the last trainer is done); one that waits longer
-       than the RPC timeout evaluates by itself. */
-    double acc;
-    zd_value_t *a = ZD_ARGS(o->eval_samples), *r = NULL;
-    int erc = a ? zd_rref_rpc_sync(srv.ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
-    if (erc == 0)
-        erc = zd_value_get_float(r, &acc);
-    zd_value_unref(a);
-    zd_value_unref(r);
-    if (erc < 0) {
-        fprintf(stderr, "rpc_ps trainer %lld: shared evaluation failed (%s); evaluating alone\n",
-                (long long)o->world.rank, zd_error_last());
-        if (evaluate(srv.ps, test, o->eval_samples, &acc) < 0)
-            goto out;
-    }
-    printf("Rank %lld test accuracy %.2f %%\n", (long long)o->world.rank, 100 * acc);
-    printf("Rank %lld throughput %.0f samples/s\n", (long long)o->world.rank,
-           (double)(trained * o->batch_size) / (t1 - t0 - eval_secs));
-    if (curves) {
-        if (curves_add_accuracy(curves, done, acc) < 0)
-            goto out;
-        printf("Rank %lld curves in %s.rank%lld.csv and %s\n", (long long)o->world.rank, o->curves,
-               (long long)o->world.rank, curves_png_path(curves));
-    }
-    rc = 0;
-out:
     if (rc < 0) {
-        fprintf(stderr, "rpc_ps trainer %lld: %s\n", (long long)o->world.rank, zd_error_last());
-        report_failure(o, done);
+        fprintf(stderr, "rpc_ps trainer %d: %s\n", t.rank, zd_error_last());
+        ps_net_client_report_failure(t.ps, t.done);
+        if (t.curves) /* the plot of what there is */
+            curves_draw(t.curves);
     }
-    if (rc < 0 && curves) /* the plot of what there is */
-        curves_draw(curves);
-    free(order);
-    curves_close(curves);
-    server_detach(&srv);
-    zd_dataset_free(train);
-    zd_dataset_free(test);
+    curves_close(t.curves);
+    ps_net_client_free(t.ps);
+    zd_dataset_free(t.train);
+    zd_dataset_free(t.test);
     return rc;
 }
 
@@ -630,9 +472,9 @@ static int check_options(const options_t *o)
                 (long long)world_size, (long long)o->num_servers);
         return -1;
     }
-    if (o->num_servers > MAX_SERVERS) {
+    if (o->num_servers > PS_NET_MAX_SERVERS) {
         fprintf(stderr, "rpc_ps: --num_servers=%lld: at most %d shards\n",
-                (long long)o->num_servers, MAX_SERVERS);
+                (long long)o->num_servers, PS_NET_MAX_SERVERS);
         return -1;
     }
     if (o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)) {
@@ -861,7 +703,7 @@ int main(int argc, char **argv)
     if (o.checkpoint && !getenv("ZDIST_MASTER_WAIT_S") &&
         setenv("ZDIST_MASTER_WAIT_S", wait_s, 1) < 0)
         goto fail;
-    if (!server && zd_rpc_register_peer_joined(peer_joined, NULL) < 0)
+    if (!server && ps_net_client_hooks() < 0)
         goto fail;
     if (flags_world_init(&o.world, name, o.init_timeout_s * 1000, "rpc_ps") < 0)
         return 1;
