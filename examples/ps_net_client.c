@@ -2,6 +2,7 @@
 /*  ps_net_client.c: a trainer's end of the Net's parameter server
     (ps_net_client.h). */
 #include "examples/ps_net_client.h"
+#include "examples/fault.h"
 #include "examples/train_common.h"
 
 #include <stdatomic.h>
@@ -115,9 +116,30 @@ zd_rref_t *ps_net_client_server(const ps_net_client_t *c)
     return c->ps;
 }
 
-zd_dist_optim_t *ps_net_client_optim(const ps_net_client_t *c)
+int ps_net_client_forward(ps_net_client_t *c, zd_tensor_t *x, bool training, zd_tensor_t **out)
 {
-    return c->opt;
+    *out = NULL;
+    if (training)
+        fault_point(zd_rpc_rank(), "forward"); /* tests only (fault.h) */
+    zd_value_t *r;
+    if (zd_rref_rpc_sync_take(c->ps, "ps_forward", ZD_ARGS(x, training), ZD_TIMEOUT_DEFAULT, &r) <
+        0)
+        return -1;
+    zd_tensor_t *t;
+    int rc = zd_value_get_tensor(r, &t);
+    if (rc == 0)
+        *out = zd_tensor_ref(t);
+    zd_value_unref(r);
+    /* a training forward's backward follows (its loss is local) */
+    if (rc == 0 && training)
+        fault_point(zd_rpc_rank(), "backward");
+    return rc;
+}
+
+int ps_net_client_step(ps_net_client_t *c, int64_t context_id)
+{
+    fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
+    return zd_dist_optim_step(c->opt, context_id);
 }
 
 int ps_net_client_resume_point(ps_net_client_t *c, int64_t *start)
@@ -216,6 +238,7 @@ int ps_net_client_staleness_gate(ps_net_client_t *c, int64_t done, int64_t k)
 
 int ps_net_client_checkpoint(ps_net_client_t *c, int64_t done)
 {
+    fault_point(zd_rpc_rank(), "checkpoint"); /* tests only (fault.h) */
     return call_none(c->ps, "ps_checkpoint", ZD_ARGS(c->cfg.trainer, done));
 }
 
@@ -226,6 +249,7 @@ int ps_net_client_finished(ps_net_client_t *c, int64_t samples)
 
 int ps_net_client_shared_accuracy(ps_net_client_t *c, int64_t samples, double *acc)
 {
+    fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     zd_value_t *a = ZD_ARGS(samples), *r = NULL;
     int rc = a ? zd_rref_rpc_sync(c->ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (rc == 0)

@@ -9,12 +9,16 @@
         ps_net_client_hooks();                    // before zd_rpc_init
         ps_net_client_t *ps = ps_net_client_new(&cfg);
         if (ps_net_client_attach(ps) < 0) ...
-        ... zd_rref_rpc_sync(ps_net_client_server(ps), "ps_forward", ...)
-        ... zd_dist_optim_step(ps_net_client_optim(ps), cid)
+        ZD_DIST_AUTOGRAD_CONTEXT(cid) {
+            ps_net_client_forward(ps, x, true, &out);  ... loss, backward ...
+            ps_net_client_step(ps, cid);
+        }
         when a call to the servers failed:
             ps_net_client_recover(ps, done, &start) == 1: go on from start
 
-    One thread at a time. */
+    Its calls are where a test's ZDIST_FAULT reaches a trainer's phases
+    (fault.h): forward, backward (after the forward), step, checkpoint
+    and evaluation. One thread at a time. */
 #ifndef ZDIST_EXAMPLES_PS_NET_CLIENT_H
 #define ZDIST_EXAMPLES_PS_NET_CLIENT_H
 
@@ -52,10 +56,18 @@ ps_net_client_t *ps_net_client_new(const ps_net_client_config_t *cfg);
     trains. 0, or -1 with nothing held. */
 int ps_net_client_attach(ps_net_client_t *c);
 
-/*  The RRef to the server, and the DistributedOptimizer (borrowed; NULL
-    before attach and after a shard was lost). */
+/*  The RRef to the server (borrowed; NULL before attach and after a
+    shard was lost). */
 zd_rref_t *ps_net_client_server(const ps_net_client_t *c);
-zd_dist_optim_t *ps_net_client_optim(const ps_net_client_t *c);
+
+/*  The server's model on x (borrowed): log-probabilities into *out (a new
+    reference), recorded by distributed autograd inside a context when
+    training (dropout on). 0, or -1 with *out NULL. */
+int ps_net_client_forward(ps_net_client_t *c, zd_tensor_t *x, bool training, zd_tensor_t **out);
+
+/*  Steps the server's parameters with the gradients of context_id (the
+    DistributedOptimizer). 0, or -1. */
+int ps_net_client_step(ps_net_client_t *c, int64_t context_id);
 
 /*  Where this trainer was at the last checkpoint (shard 0 keeps it): its
     batches done, refused beyond cfg.positions. 0, or -1. */

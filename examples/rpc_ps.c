@@ -96,23 +96,6 @@ typedef struct {
     curves_points_t points;
 } trainer_t;
 
-/*  The result of server.method(args) as a tensor (a new reference); args
-    (from ZD_ARGS) is taken over. */
-static int call_tensor(zd_rref_t *ps, const char *method, zd_value_t *args, zd_tensor_t **out)
-{
-    zd_value_t *r;
-    *out = NULL;
-    int rc = zd_rref_rpc_sync_take(ps, method, args, ZD_TIMEOUT_DEFAULT, &r);
-    if (rc < 0)
-        return -1;
-    zd_tensor_t *t;
-    rc = zd_value_get_tensor(r, &t);
-    if (rc == 0)
-        *out = zd_tensor_ref(t);
-    zd_value_unref(r);
-    return rc;
-}
-
 /*  The tutorial's check: the server holds gradients for this context. The
     tutorial fetches them (ps_get_dist_gradients, 4.8 MB); their names and
     sizes tell as much, and leave the server no buffer of that size per
@@ -140,14 +123,11 @@ static int check_gradients(zd_rref_t *ps, int64_t cid)
 static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool check,
                        float *loss_out)
 {
-    int rank = zd_rpc_rank();
-    zd_rref_t *ps = ps_net_client_server(c);
     zd_tensor_t *out = NULL, *loss = NULL;
     int64_t cid;
     if (zd_dist_autograd_context_begin(&cid) < 0)
         return -1;
-    fault_point(rank, "forward"); /* tests only (fault.h) */
-    int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 1), &out);
+    int rc = ps_net_client_forward(c, x, true, &out);
     if (rc == 0)
         rc = zd_nn_nll_loss(out, y, &loss);
     if (rc == 0 && !isfinite(zd_tensor_data(loss)[0])) {
@@ -155,15 +135,11 @@ static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool 
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
     }
     if (rc == 0)
-        fault_point(rank, "backward");
-    if (rc == 0)
         rc = zd_dist_autograd_backward(cid, &loss, 1, false);
     if (rc == 0 && check)
-        rc = check_gradients(ps, cid);
+        rc = check_gradients(ps_net_client_server(c), cid);
     if (rc == 0)
-        fault_point(rank, "step");
-    if (rc == 0)
-        rc = zd_dist_optim_step(ps_net_client_optim(c), cid);
+        rc = ps_net_client_step(c, cid);
     if (rc == 0)
         *loss_out = zd_tensor_data(loss)[0];
     zd_tensor_unref(loss);
@@ -176,7 +152,7 @@ static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool 
 
 /*  The tutorial's get_accuracy: the first `limit` test images (0: all)
     through the server's model, dropout off. */
-static int get_accuracy(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
+static int get_accuracy(ps_net_client_t *ps, const zd_dataset_t *test, int64_t limit, double *acc)
 {
     int64_t n = zd_dataset_len(test), correct = 0;
     if (limit > 0 && limit < n)
@@ -186,7 +162,7 @@ static int get_accuracy(zd_rref_t *ps, const zd_dataset_t *test, int64_t limit, 
         int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
         if (zd_dataset_batch(test, NULL, start, bs, &x, &y) < 0)
             return -1;
-        int rc = call_tensor(ps, "ps_forward", ZD_ARGS(x, 0), &out);
+        int rc = ps_net_client_forward(ps, x, false, &out);
         int64_t c = rc == 0 ? zd_nn_accuracy(out, y) : -1;
         zd_tensor_unref(out);
         zd_tensor_unref(x);
@@ -243,7 +219,7 @@ static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
     /* this trainer's own look at the weights as they are now, while the
        other trainers go on */
     double acc;
-    if (get_accuracy(ps_net_client_server(t->ps), t->test, o->eval_samples, &acc) < 0)
+    if (get_accuracy(t->ps, t->test, o->eval_samples, &acc) < 0)
         return -1;
     progress_clear(&t->prog);
     printf("Rank %d after batch %lld (epoch %lld): accuracy %.2f %%\n", t->rank, (long long)t->done,
@@ -301,11 +277,9 @@ static int run_training_loop(trainer_t *t)
                 t->done++;
                 rc = after_batch(t, epoch, b, loss);
             }
-            if (rc == 0 && o->checkpoint && t->done % o->checkpoint_every == 0) {
-                fault_point(t->rank, "checkpoint"); /* tests only (fault.h) */
-                if (ps_net_client_checkpoint(t->ps, t->done) < 0)
-                    rc = recover(t);
-            }
+            if (rc == 0 && o->checkpoint && t->done % o->checkpoint_every == 0 &&
+                ps_net_client_checkpoint(t->ps, t->done) < 0)
+                rc = recover(t);
             if (rc != 0) {
                 free(order);
                 return rc;
@@ -397,12 +371,11 @@ static int trainer_finish(trainer_t *t)
     if (ps_net_client_finished(t->ps, t->trained * o->batch_size) < 0)
         return recover(t);
     printf("Training complete!\nGetting accuracy....\n");
-    fault_point(t->rank, "evaluation"); /* tests only (fault.h) */
     double acc;
     if (ps_net_client_shared_accuracy(t->ps, o->eval_samples, &acc) < 0) {
         fprintf(stderr, "rpc_ps trainer %d: shared evaluation failed (%s); evaluating alone\n",
                 t->rank, zd_error_last());
-        if (get_accuracy(ps_net_client_server(t->ps), t->test, o->eval_samples, &acc) < 0)
+        if (get_accuracy(t->ps, t->test, o->eval_samples, &acc) < 0)
             return -1;
     }
     printf("Rank %d test accuracy %.2f %%\n", t->rank, 100 * acc);
