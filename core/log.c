@@ -28,11 +28,22 @@ static char g_who[96];
 /*  The rate limit: one process-wide budget per second of the monotonic
     clock. Process-wide rather than per agent because the log is: a flood is
     a flood wherever it comes from, and lines logged outside an agent's life
-    (nn/, optim/) must be bounded too. Errors are exempt: they are rare by
-    nature, and the one that explains a failure must never be the one lost. */
-static atomic_int g_budget = ZD_LOG_BUDGET;
-static atomic_int_fast64_t g_window = -1;
-static atomic_int g_dropped;
+    (nn/, optim/) must be bounded too. Within it, each kind of line (its
+    format, the call site) has a budget of its own, so that a peer flooding
+    one kind cannot hide the lines of another (the evidence of a second
+    attack, say) behind it. Errors are exempt: they are rare by nature, and
+    the one that explains a failure must never be the one lost. */
+#define KIND_SLOTS 64 /* 1 << 6: the hash's top 6 bits */
+#define KIND_PROBE 8
+
+static pthread_mutex_t g_budget_lock = PTHREAD_MUTEX_INITIALIZER;
+static int64_t g_window = -1; /* the second the counts are of */
+static int g_used, g_dropped;
+static struct {
+    const void *kind; /* the format of its lines, or what zd__log_as was given */
+    int64_t window;
+    int used;
+} g_kinds[KIND_SLOTS];
 
 static const char *level_name(zd_log_level_t level)
 {
@@ -77,29 +88,62 @@ static void emit(zd_log_level_t level, const char *text)
     pthread_mutex_unlock(&g_lock);
 }
 
-/*  Whether a line below ERROR may pass this second. The first line of a new
-    second reports how many the previous ones dropped. */
-static int within_budget(void)
+/*  The count of lines of this kind this second: the slot it holds, else a free
+    one near its hash (a table full of this second's kinds shares the
+    hash's slot: a shared budget, never none). Under g_budget_lock. */
+static int *kind_used(const void *kind, int64_t window)
+{
+    /* Fibonacci hashing: formats lie side by side in .rodata */
+    size_t h = (size_t)(((uint64_t)(uintptr_t)kind * UINT64_C(0x9E3779B97F4A7C15)) >> 58);
+    for (int i = 0; i < KIND_PROBE; i++) {
+        size_t k = (h + (size_t)i) % KIND_SLOTS;
+        if (g_kinds[k].window == window && g_kinds[k].kind == kind)
+            return &g_kinds[k].used;
+    }
+    for (int i = 0; i < KIND_PROBE; i++) {
+        size_t k = (h + (size_t)i) % KIND_SLOTS;
+        if (g_kinds[k].window != window) {
+            g_kinds[k].kind = kind;
+            g_kinds[k].window = window;
+            g_kinds[k].used = 0;
+            return &g_kinds[k].used;
+        }
+    }
+    return &g_kinds[h].used;
+}
+
+/*  Whether a line of this kind below ERROR may pass this second. The first
+    line of a new second reports how many the previous ones dropped. */
+static int within_budget(const void *kind)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    int_fast64_t window = ts.tv_sec;
-    int_fast64_t seen = atomic_load(&g_window);
-    if (window != seen && atomic_compare_exchange_strong(&g_window, &seen, window)) {
-        atomic_store(&g_budget, ZD_LOG_BUDGET);
-        int dropped = atomic_exchange(&g_dropped, 0);
-        if (dropped > 0) {
-            char text[128];
-            snprintf(text, sizeof text, "log: %d line(s) dropped by the rate limit (%d a second)",
-                     dropped, ZD_LOG_BUDGET);
-            emit(ZD_LOG_WARN, text);
-        }
+    int64_t window = ts.tv_sec;
+    pthread_mutex_lock(&g_budget_lock);
+    int dropped = 0;
+    if (window != g_window) {
+        g_window = window;
+        g_used = 0;
+        dropped = g_dropped;
+        g_dropped = 0;
     }
-    if (atomic_fetch_sub(&g_budget, 1) <= 0) {
-        atomic_fetch_add(&g_dropped, 1);
-        return 0;
+    int *used = kind_used(kind, window);
+    int ok = g_used < ZD_LOG_BUDGET && *used < ZD_LOG_BUDGET_KIND;
+    if (ok) {
+        g_used++;
+        (*used)++;
+    } else {
+        g_dropped++;
     }
-    return 1;
+    pthread_mutex_unlock(&g_budget_lock);
+    if (dropped > 0) {
+        char text[128];
+        snprintf(text, sizeof text,
+                 "log: %d line(s) dropped by the rate limit (%d a second, %d of a kind)", dropped,
+                 ZD_LOG_BUDGET, ZD_LOG_BUDGET_KIND);
+        emit(ZD_LOG_WARN, text);
+    }
+    return ok;
 }
 
 zd_log_level_t zd_log_get_level(void)
@@ -158,25 +202,42 @@ void zd__log_set_who(const char *who)
     pthread_mutex_unlock(&g_lock);
 }
 
-void zd__log(zd_log_level_t level, const char *fmt, ...)
+__attribute__((format(printf, 3, 0))) static void vlog(zd_log_level_t level, const void *kind,
+                                                       const char *fmt, va_list ap)
 {
     level = (zd_log_level_t)clamp((int)level);
     if (!zd_log_enabled(level))
         return;
-    if (level != ZD_LOG_ERROR && !within_budget())
+    if (level != ZD_LOG_ERROR && !within_budget(kind))
         return;
     char text[1024];
+    vsnprintf(text, sizeof text, fmt, ap);
+    emit(level, text);
+}
+
+void zd__log(zd_log_level_t level, const char *fmt, ...)
+{
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    vlog(level, fmt, fmt, ap);
     va_end(ap);
-    emit(level, text);
+}
+
+void zd__log_as(zd_log_level_t level, const void *kind, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vlog(level, kind, fmt, ap);
+    va_end(ap);
 }
 
 void zd__log_reset(void)
 {
     atomic_store(&g_level, LEVEL_UNSET);
-    atomic_store(&g_window, -1);
-    atomic_store(&g_budget, ZD_LOG_BUDGET);
-    atomic_store(&g_dropped, 0);
+    pthread_mutex_lock(&g_budget_lock);
+    g_window = -1;
+    g_used = 0;
+    g_dropped = 0;
+    memset(g_kinds, 0, sizeof g_kinds);
+    pthread_mutex_unlock(&g_budget_lock);
 }

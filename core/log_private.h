@@ -7,8 +7,14 @@
 #include <zdist/log.h>
 
 /*  Logs one line (printf-style) at level, through the level, the rate limit
-    and the sink. */
+    (fmt is the line's kind: ZD_LOG_BUDGET_KIND a second) and the sink. */
 void zd__log(zd_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*  zd__log for a line whose format is not its kind (a wrapper's "%s"):
+    kind, any address that stays the same for lines of that kind (the
+    wrapper's own format), is what the rate limit counts it under. */
+void zd__log_as(zd_log_level_t level, const void *kind, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /*  Sets who appears on each line ("worker1/1"); NULL or "" clears it. rpc/
     sets it while its agent runs: the bottom layer never asks rpc/. */

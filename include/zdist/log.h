@@ -12,9 +12,10 @@
     RPC is running, the text). The level is read once from the environment
     variable ZDIST_LOG_LEVEL (error, warn, info or debug, in any case; warn
     when unset) unless zd_log_set_level was called first. Lines other than
-    errors are rate limited (ZD_LOG_BUDGET a second, for the whole process)
-    so that a peer sending garbage cannot flood the output; errors always
-    pass. Every function here is thread-safe. */
+    errors are rate limited (ZD_LOG_BUDGET a second, for the whole process,
+    and ZD_LOG_BUDGET_KIND of any one kind of line) so that a peer sending
+    garbage can neither flood the output nor hide one kind of line behind
+    a flood of another; errors always pass. Every function here is thread-safe. */
 #ifndef ZDIST_LOG_H
 #define ZDIST_LOG_H
 
@@ -33,6 +34,10 @@ typedef enum {
 /*  At most this many lines below ZD_LOG_ERROR are written (or given to the
     sink) each second; the others are counted and reported in one line. */
 #define ZD_LOG_BUDGET 20
+
+/*  Of those, at most this many of one kind (one call site's line, whatever
+    its values) each second. */
+#define ZD_LOG_BUDGET_KIND 5
 
 /*  Where lines go instead of stderr: level, who ("worker1/1" while RPC is
     running, else "") and the text without timestamp or level, all borrowed

@@ -112,9 +112,10 @@ static void warn_limited(limit_t *l, const char *fmt, ...)
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     if (more)
-        zd__log(ZD_LOG_WARN, "%s (and %ld more like it since the last such line)", text, more);
+        zd__log_as(ZD_LOG_WARN, fmt, "%s (and %ld more like it since the last such line)", text,
+                   more);
     else
-        zd__log(ZD_LOG_WARN, "%s", text);
+        zd__log_as(ZD_LOG_WARN, fmt, "%s", text);
 }
 
 /*  ---- addresses ---- */
