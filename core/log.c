@@ -29,7 +29,7 @@ static char g_who[96];
     clock. Process-wide rather than per agent because the log is: a flood is
     a flood wherever it comes from, and lines logged outside an agent's life
     (nn/, optim/) must be bounded too. Within it, each kind of line (its
-    format, the call site) has a budget of its own, so that a peer flooding
+    call site) has a budget of its own, so that a peer flooding
     one kind cannot hide the lines of another (the evidence of a second
     attack, say) behind it. Errors are exempt: they are rare by nature, and
     the one that explains a failure must never be the one lost. */
@@ -40,7 +40,7 @@ static pthread_mutex_t g_budget_lock = PTHREAD_MUTEX_INITIALIZER;
 static int64_t g_window = -1; /* the second the counts are of */
 static int g_used, g_dropped;
 static struct {
-    const void *kind; /* the format of its lines, or what zd__log_as was given */
+    const void *kind; /* its call site, or what zd__log_as was given */
     int64_t window;
     int used;
 } g_kinds[KIND_SLOTS];
@@ -93,7 +93,7 @@ static void emit(zd_log_level_t level, const char *text)
     hash's slot: a shared budget, never none). Under g_budget_lock. */
 static int *kind_used(const void *kind, int64_t window)
 {
-    /* Fibonacci hashing: formats lie side by side in .rodata */
+    /* Fibonacci hashing: call sites lie side by side in .text */
     size_t h = (size_t)(((uint64_t)(uintptr_t)kind * UINT64_C(0x9E3779B97F4A7C15)) >> 58);
     for (int i = 0; i < KIND_PROBE; i++) {
         size_t k = (h + (size_t)i) % KIND_SLOTS;
@@ -217,9 +217,11 @@ __attribute__((format(printf, 3, 0))) static void vlog(zd_log_level_t level, con
 
 void zd__log(zd_log_level_t level, const char *fmt, ...)
 {
+    /* The kind is the call site: sites with the same text (the compiler
+       merges equal formats) keep budgets of their own. */
     va_list ap;
     va_start(ap, fmt);
-    vlog(level, fmt, fmt, ap);
+    vlog(level, __builtin_return_address(0), fmt, ap);
     va_end(ap);
 }
 

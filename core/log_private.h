@@ -7,12 +7,14 @@
 #include <zdist/log.h>
 
 /*  Logs one line (printf-style) at level, through the level, the rate limit
-    (fmt is the line's kind: ZD_LOG_BUDGET_KIND a second) and the sink. */
+    (ZD_LOG_BUDGET_KIND a second of the lines of this call site) and the
+    sink. */
 void zd__log(zd_log_level_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/*  zd__log for a line whose format is not its kind (a wrapper's "%s"):
-    kind, any address that stays the same for lines of that kind (the
-    wrapper's own format), is what the rate limit counts it under. */
+/*  zd__log for a wrapper, whose one call site logs lines of several
+    kinds: kind, any address that stays the same for lines of one kind
+    (the wrapper's caller's format), is what the rate limit counts the
+    line under. */
 void zd__log_as(zd_log_level_t level, const void *kind, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 

@@ -264,6 +264,16 @@ static void test_rate_limit(void **state)
     assert_int_equal(log_kinds_in_one_second(1, 10 * ZD_LOG_BUDGET), ZD_LOG_BUDGET_KIND);
     /* floods of many kinds: the process's budget */
     assert_int_equal(log_kinds_in_one_second(10, 10 * ZD_LOG_BUDGET), ZD_LOG_BUDGET);
+    /* two call sites with the same text are two kinds */
+    zd__log_reset();
+    g_n_rec = 0;
+    int64_t t1 = mono_s();
+    for (int i = 0; i < ZD_LOG_BUDGET; i++)
+        zd__log(ZD_LOG_WARN, "same text %d", i);
+    for (int i = 0; i < ZD_LOG_BUDGET; i++)
+        zd__log(ZD_LOG_WARN, "same text %d", i);
+    if (mono_s() == t1)
+        assert_int_equal(count("same text "), 2 * ZD_LOG_BUDGET_KIND);
     /* a flood of one kind does not hide a line of another */
     zd__log_reset();
     g_n_rec = 0;

@@ -36,8 +36,9 @@ typedef enum {
 #define ZD_LOG_BUDGET 20
 
 /*  Of those, at most this many of one kind (one call site's line, whatever
-    its values) each second. */
-#define ZD_LOG_BUDGET_KIND 5
+    its values) each second: a flood of one kind leaves half the budget to
+    the others, and the ranks of a node lost at once are still named. */
+#define ZD_LOG_BUDGET_KIND 10
 
 /*  Where lines go instead of stderr: level, who ("worker1/1" while RPC is
     running, else "") and the text without timestamp or level, all borrowed
