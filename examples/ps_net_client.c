@@ -130,10 +130,14 @@ int ps_net_client_forward(ps_net_client_t *c, zd_tensor_t *x, bool training, zd_
     if (rc == 0)
         *out = zd_tensor_ref(t);
     zd_value_unref(r);
-    /* a training forward's backward follows (its loss is local) */
-    if (rc == 0 && training)
-        fault_point(zd_rpc_rank(), "backward");
     return rc;
+}
+
+int ps_net_client_backward(ps_net_client_t *c, int64_t context_id, zd_tensor_t *loss)
+{
+    (void)c;
+    fault_point(zd_rpc_rank(), "backward"); /* tests only (fault.h) */
+    return zd_dist_autograd_backward(context_id, &loss, 1, false);
 }
 
 int ps_net_client_step(ps_net_client_t *c, int64_t context_id)
@@ -145,16 +149,19 @@ int ps_net_client_step(ps_net_client_t *c, int64_t context_id)
 int ps_net_client_resume_point(ps_net_client_t *c, int64_t *start)
 {
     zd_value_t *r = NULL, *a = ZD_ARGS(c->cfg.trainer);
+    int64_t at = -1;
     int rc = a ? zd_rref_rpc_sync(c->ps, "ps_resume_point", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (rc == 0)
-        rc = zd_value_get_int(r, start);
+        rc = zd_value_get_int(r, &at);
     zd_value_unref(a);
     zd_value_unref(r);
-    if (rc == 0 && (*start < 0 || *start > c->cfg.positions))
+    if (rc == 0 && (at < 0 || at > c->cfg.positions))
         rc = zd_error_set("checkpoint %s: trainer %d had done %lld batches, outside 0 to %lld "
                           "(%lld epoch(s))",
-                          c->cfg.checkpoint, c->cfg.trainer, (long long)*start,
+                          c->cfg.checkpoint, c->cfg.trainer, (long long)at,
                           (long long)c->cfg.positions, (long long)c->cfg.epochs);
+    if (rc == 0)
+        *start = at;
     return rc;
 }
 

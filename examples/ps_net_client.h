@@ -10,14 +10,15 @@
         ps_net_client_t *ps = ps_net_client_new(&cfg);
         if (ps_net_client_attach(ps) < 0) ...
         ZD_DIST_AUTOGRAD_CONTEXT(cid) {
-            ps_net_client_forward(ps, x, true, &out);  ... loss, backward ...
+            ps_net_client_forward(ps, x, true, &out);  ... loss ...
+            ps_net_client_backward(ps, cid, loss);
             ps_net_client_step(ps, cid);
         }
         when a call to the servers failed:
             ps_net_client_recover(ps, done, &start) == 1: go on from start
 
     Its calls are where a test's ZDIST_FAULT reaches a trainer's phases
-    (fault.h): forward, backward (after the forward), step, checkpoint
+    (fault.h): forward, backward, step, checkpoint
     and evaluation. One thread at a time. */
 #ifndef ZDIST_EXAMPLES_PS_NET_CLIENT_H
 #define ZDIST_EXAMPLES_PS_NET_CLIENT_H
@@ -65,12 +66,17 @@ zd_rref_t *ps_net_client_server(const ps_net_client_t *c);
     training (dropout on). 0, or -1 with *out NULL. */
 int ps_net_client_forward(ps_net_client_t *c, zd_tensor_t *x, bool training, zd_tensor_t **out);
 
+/*  The distributed backward of loss (borrowed) in context_id, through
+    the server. 0, or -1. */
+int ps_net_client_backward(ps_net_client_t *c, int64_t context_id, zd_tensor_t *loss);
+
 /*  Steps the server's parameters with the gradients of context_id (the
     DistributedOptimizer). 0, or -1. */
 int ps_net_client_step(ps_net_client_t *c, int64_t context_id);
 
 /*  Where this trainer was at the last checkpoint (shard 0 keeps it): its
-    batches done, refused beyond cfg.positions. 0, or -1. */
+    batches done, refused beyond cfg.positions. 0, or -1 with *start
+    unchanged. */
 int ps_net_client_resume_point(ps_net_client_t *c, int64_t *start);
 
 /*  A call to the servers failed at batch `done`. With a checkpoint prefix,

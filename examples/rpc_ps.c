@@ -135,7 +135,7 @@ static int train_batch(ps_net_client_t *c, zd_tensor_t *x, zd_tensor_t *y, bool 
         rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
     }
     if (rc == 0)
-        rc = zd_dist_autograd_backward(cid, &loss, 1, false);
+        rc = ps_net_client_backward(c, cid, loss);
     if (rc == 0 && check)
         rc = check_gradients(ps_net_client_server(c), cid);
     if (rc == 0)
@@ -263,15 +263,17 @@ static int run_training_loop(trainer_t *t)
                 rc = train_batch(t->ps, x, y, check, &loss);
                 zd_tensor_unref(x);
                 zd_tensor_unref(y);
-                if (rc < 0 && !isfinite(loss))
+                if (rc < 0 && !isfinite(loss)) {
+                    progress_clear(&t->prog);
                     rc = zd_error_set("batch %lld (epoch %lld): the loss is %g: the model "
                                       "diverged, and this batch's gradients were not applied. "
                                       "Remedies: a lower --lr (now %g), or fewer trainers per "
                                       "server (their updates arrive stale)",
                                       (long long)t->done + 1, (long long)epoch + 1, (double)loss,
                                       o->lr);
-                else if (rc < 0)
+                } else if (rc < 0) {
                     rc = recover(t);
+                }
             }
             if (rc == 0) {
                 t->done++;

@@ -43,7 +43,7 @@
 #define SLOW 1
 #endif
 /*  Every world ends within this (seconds): a trainer that fails waits at
-    most 5 s to learn whether a server was lost (server_came_back), its
+    most 5 s to learn whether a server was lost (ps_net_client_recover), its
     report and its shutdown are quick when the server is alive. */
 #define BOUND_S (40 * SLOW)
 
