@@ -40,17 +40,25 @@
 
 static zd_future_t *joined;
 static char g_key[256];   /* the world key file (made in the parent) */
-static zd_rref_t *g_kept; /* rank 0: an RRef the first life of rank 2 owned */
+static zd_rref_t *g_kept; /* rank 0: an RRef the first life of rank 2 made and owned */
+static zd_rref_t *g_made; /* rank 0: an RRef it made, owned by the first life of rank 2 */
 
-/*  [rref] -> None: keeps the RRef. */
+/*  [rref] -> None: keeps the RRef, and makes one on its owner, whose value
+    it fetches (it exists there) before answering. */
 static zd_value_t *fn_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)arg;
     zd_rref_t *r;
+    zd_value_t *v = NULL;
     if (zd_rpc_arg_rref(args, 0, &r) < 0)
         return NULL;
     zd_rref_unref(g_kept);
     g_kept = zd_rref_ref(r);
+    zd_rref_unref(g_made);
+    g_made = zd_rpc_remote(zd_rref_owner(r), "echo", ZD_ARGS(5), WAIT_MS);
+    if (!g_made || zd_rref_to_here(g_made, WAIT_MS, &v) < 0)
+        return NULL;
+    zd_value_unref(v);
     return zd_value_none();
 }
 
@@ -163,9 +171,27 @@ static int worker_restarts(const world_t *w)
     return shutdown_all();
 }
 
-/*  Rank 0 keeps an RRef the first process of rank 2 owned; once rank 2 is
-    back, reading it fails at once, saying why (it used to wait for a value
-    that could never come, until the call's timeout). */
+/*  Whether r fails at once, saying that its owner was lost: read
+    (to_here), and sent to rank 1 as an argument. */
+static int fails_restarted(const world_t *w, zd_rref_t *r, const char *which)
+{
+    zd_value_t *v = NULL;
+    WCHECK(r && zd_rref_owner(r) == 2);
+    if (zd_rref_to_here(r, WAIT_MS, &v) == 0)
+        return world_fail(w, "%s gave a value", which);
+    if (zd_error_code() != ZD_ERR_PEER || !strstr(zd_error_last(), "was lost since the RRef"))
+        return world_fail(w, "%s: %s", which, zd_error_last());
+    if (zd_rpc_sync(1, "echo", ZD_ARGS(r), WAIT_MS, &v) == 0)
+        return world_fail(w, "%s was sent", which);
+    if (!strstr(zd_error_last(), "was lost since the RRef"))
+        return world_fail(w, "%s sent: %s", which, zd_error_last());
+    return 0;
+}
+
+/*  Rank 0 keeps an RRef the first process of rank 2 made and owned, and
+    one it made itself on that process; once rank 2 is back, reading
+    either, or sending it, fails at once, saying why (they used to wait for
+    a value that could never come, until the call's timeout). */
 static int old_rref_after_restart(const world_t *w)
 {
     if (w->rank == 2) {
@@ -177,15 +203,12 @@ static int old_rref_after_restart(const world_t *w)
     WTRY(survivor(w, 2));
     int rc = 0;
     if (w->rank == 0) {
-        zd_value_t *v = NULL;
-        WCHECK(g_kept && zd_rref_owner(g_kept) == 2);
-        if (zd_rref_to_here(g_kept, WAIT_MS, &v) == 0)
-            rc = world_fail(w, "the old process's RRef gave a value");
-        else if (!strstr(zd_error_last(), "made by an earlier process of that rank"))
-            rc = world_fail(w, "the old process's RRef: %s", zd_error_last());
-        zd_value_unref(v);
+        if (fails_restarted(w, g_kept, "the old process's RRef") < 0 ||
+            fails_restarted(w, g_made, "the RRef made on the old process") < 0)
+            rc = -1;
         zd_rref_unref(g_kept);
-        g_kept = NULL;
+        zd_rref_unref(g_made);
+        g_kept = g_made = NULL;
     }
     if (shutdown_all() < 0)
         rc = -1;

@@ -115,6 +115,8 @@ zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, i
     r->fork_id = fork_id;
     r->owner = owner;
     r->is_owner = owner == a->net.rank;
+    if (!r->is_owner && owner >= 0 && owner < a->net.world)
+        r->owner_losses = atomic_load(&a->net.peers[owner].losses);
     atomic_init(&r->confirmed, r->is_owner);
     return r;
 }
@@ -597,6 +599,18 @@ bool zd__rref_never_here(agent_t *a, uint64_t rref_id)
                       "RRef %" PRIx64 " is not held by its owner \"%s\" (rank %d): freed, or "
                       "made by an earlier process of that rank, which was restarted",
                       rref_id, a->net.name, a->net.rank);
+    return true;
+}
+
+bool zd__rref_owner_restarted(agent_t *a, const zd_rref_t *r, const char *api)
+{
+    if (r->is_owner || r->owner < 0 || r->owner >= a->net.world ||
+        atomic_load(&a->net.peers[r->owner].losses) == r->owner_losses)
+        return false;
+    zd_error_set_code(ZD_ERR_PEER,
+                      "%s: RRef %" PRIx64 ": its owner \"%s\" (rank %d) was lost since the RRef "
+                      "was made (a process restarted in its place does not have its value)",
+                      api, r->rref_id, a->net.peers[r->owner].name, r->owner);
     return true;
 }
 

@@ -58,6 +58,7 @@ struct zd_rref {
     uint64_t fork_id; /* users: this handle's fork; owners: 0 */
     int owner;
     bool is_owner;
+    unsigned owner_losses; /* users: the owner's losses (net.h) when it was made */
     atomic_bool confirmed; /* the owner knows of this fork */
     atomic_bool deleted;   /* the delete was sent (users) */
     zd_future_t *value;    /* owners: completes with the value */
@@ -102,6 +103,14 @@ zd_future_t *zd__rref_owner_remote(agent_t *a, uint64_t rref_id, uint64_t fork_i
     set saying so, rather than a placeholder waiting out the caller's
     timeout. */
 bool zd__rref_never_here(agent_t *a, uint64_t rref_id);
+
+/*  Whether r's owner was declared lost since this user handle was made:
+    what it owned for this process was released then (and went with the
+    process, if it was restarted since), so a call through r would wait
+    for a value that will never come. A handle made while the owner was
+    lost (of its new process, forwarded before this process saw it back)
+    is not refused. Sets the error (ZD_ERR_PEER, naming api) when so. */
+bool zd__rref_owner_restarted(agent_t *a, const zd_rref_t *r, const char *api);
 
 /*  Owner side of RREF_FETCH / deref-first: the value future of rref_id (a
     new reference), creating a placeholder that expires after timeout_ms

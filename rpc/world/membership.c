@@ -169,6 +169,9 @@ void zd__membership_mark_lost(membership_t *mb, int rank)
 {
     peer_t *p = &mb->n->peers[rank];
     int64_t expected = 0;
+    if (atomic_load(&p->lost_at_ns))
+        return;
+    atomic_fetch_add(&p->losses, 1);
     if (atomic_compare_exchange_strong(&p->lost_at_ns, &expected, zd__net_now_ns())) {
         atomic_store(&p->lost, true);
         mb->up.count_lost(mb->up.arg, 1);

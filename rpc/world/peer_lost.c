@@ -157,8 +157,10 @@ void zd__peer_declare_lost(zd__net_t *n, const zd__peer_lost_up_t *up, int rank,
 {
     peer_t *p = &n->peers[rank];
     int64_t expected = 0;
-    if (rank == n->rank ||
-        !atomic_compare_exchange_strong(&p->lost_at_ns, &expected, since_ns ? since_ns : 1))
+    if (rank == n->rank || atomic_load(&p->lost_at_ns))
+        return;
+    atomic_fetch_add(&p->losses, 1); /* before it shows (net.h) */
+    if (!atomic_compare_exchange_strong(&p->lost_at_ns, &expected, since_ns ? since_ns : 1))
         return;
     atomic_store(&p->releasing, true);
     char text[256];
