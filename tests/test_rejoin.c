@@ -55,7 +55,9 @@ static zd_value_t *fn_keep(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_rref_unref(g_kept);
     g_kept = zd_rref_ref(r);
     zd_rref_unref(g_made);
-    g_made = zd_rpc_remote(zd_rref_owner(r), "echo", ZD_ARGS(5), WAIT_MS);
+    zd_value_t *five = ZD_ARGS(5);
+    g_made = five ? zd_rpc_remote(zd_rref_owner(r), "echo", five, WAIT_MS) : NULL;
+    zd_value_unref(five);
     if (!g_made || zd_rref_to_here(g_made, WAIT_MS, &v) < 0)
         return NULL;
     zd_value_unref(v);
@@ -181,7 +183,12 @@ static int fails_restarted(const world_t *w, zd_rref_t *r, const char *which)
         return world_fail(w, "%s gave a value", which);
     if (zd_error_code() != ZD_ERR_PEER || !strstr(zd_error_last(), "was lost since the RRef"))
         return world_fail(w, "%s: %s", which, zd_error_last());
-    if (zd_rpc_sync(1, "echo", ZD_ARGS(r), WAIT_MS, &v) == 0)
+    zd_value_t *args = ZD_ARGS(r);
+    WCHECK(args != NULL);
+    int sent = zd_rpc_sync(1, "echo", args, WAIT_MS, &v);
+    zd_value_unref(args);
+    zd_value_unref(v);
+    if (sent == 0)
         return world_fail(w, "%s was sent", which);
     if (!strstr(zd_error_last(), "was lost since the RRef"))
         return world_fail(w, "%s sent: %s", which, zd_error_last());
