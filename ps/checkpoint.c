@@ -4,8 +4,9 @@
     A shard's checkpoint is one checkpoint.h file of named tensors:
     "ps.meta" (int64: format, shard, shards, version), "param.<name>" for
     each tensor it serves, "optim.<entry>" for its optimizer's state and,
-    for a push/pull shard that has them, "ps.positions" (int64, by rank:
-    where each trainer was in its data at its last push taken, -1: none).
+    for a shard that has them, "ps.positions" (int64, by rank: where each
+    trainer was in its data at its last push taken, or training forward
+    served, -1: none).
     A generation is written whole to "<path>.new" (checkpoint.h writes a
     temporary file and renames it), then the current file becomes
     "<path>.prev" and the new one "<path>": a crash at any point leaves
@@ -92,6 +93,24 @@ static zd_named_tensors_t *snapshot(const zd__ps_ckpt_t *s, int64_t version)
 static void name_of(const zd__ps_ckpt_t *s, int which, char *buf, size_t size)
 {
     snprintf(buf, size, "%s%s", s->path, suffixes[which]);
+}
+
+void zd__ps_positions_record(int64_t **positions, int *n, int rank, int64_t position)
+{
+    if (position < 0 || rank < 0)
+        return;
+    if (rank >= *n) {
+        int world = zd_rpc_world_size();
+        int grown = world > rank ? world : rank + 1;
+        int64_t *p = realloc(*positions, (size_t)grown * sizeof *p);
+        if (!p)
+            return;
+        for (int i = *n; i < grown; i++)
+            p[i] = -1;
+        *positions = p;
+        *n = grown;
+    }
+    (*positions)[rank] = position;
 }
 
 char *zd__ps_checkpoint_path(const char *prefix, int shard)

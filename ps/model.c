@@ -32,12 +32,13 @@
 
 #define FN_FORWARD "__zd_psm_forward_"
 #define FN_PARAMS  "__zd_psm_params_"
+#define FN_WHERE   "__zd_psm_where_"
 
 struct zd_ps_model_server {
     zd_nn_module_t *stage; /* the caller's */
     int shard, n_shards;
     zd_ps_options_t opts;
-    char fn_forward[40], fn_params[40];
+    char fn_forward[40], fn_params[40], fn_where[40];
 
     /* The stage's mode is the module's own: forwards in one mode run
        together; a forward in the other mode waits until they are done,
@@ -57,6 +58,10 @@ struct zd_ps_model_server {
     char **names;       /* the stage's parameters' names (copies), for ckpt */
     zd_tensor_t **params;
     int64_t base_version; /* resumed from (0: a new run) */
+    /* where each trainer was in its data at its last training forward
+       here (zd_ps_model_set_position), by rank; -1: none. Checkpointed. */
+    int64_t *positions;
+    int n_positions;
     int64_t ckpt_version; /* the last one written or resumed from */
     bool writing;
     zd__ps_gate_t *gate; /* max_inflight's slots; NULL: no limit */
@@ -168,13 +173,25 @@ static int64_t version_of(const zd_ps_model_server_t *s)
     writing one. 0, or -1. */
 static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
 {
+    /* the positions as they are now: forwards go on recording them */
+    int64_t *pos = NULL;
+    int n_pos = 0;
     pthread_mutex_lock(&s->lock);
     bool mine = !s->writing;
     s->writing = true;
+    if (mine && s->n_positions > 0 &&
+        (pos = malloc((size_t)s->n_positions * sizeof *pos)) != NULL) {
+        memcpy(pos, s->positions, (size_t)s->n_positions * sizeof *pos);
+        n_pos = s->n_positions;
+    }
     pthread_mutex_unlock(&s->lock);
     if (!mine)
         return 0;
-    int rc = zd__ps_checkpoint_write(&s->ckpt, v);
+    zd__ps_ckpt_t c = s->ckpt;
+    c.positions = &pos;
+    c.n_positions = &n_pos;
+    int rc = zd__ps_checkpoint_write(&c, v);
+    free(pos);
     pthread_mutex_lock(&s->lock);
     s->writing = false;
     if (rc == 0 && v > s->ckpt_version)
@@ -199,19 +216,24 @@ static void checkpoint_due(zd_ps_model_server_t *s)
                 zd_error_last(), last);
 }
 
-/*  [training, n_out, inputs...] -> [code, text, outputs...]; n_out 0:
-    the stage's stage_outputs (a stage before the last). */
+/*  [training, n_out, position, inputs...] -> [code, text, instance,
+    outputs...]; n_out 0: the stage's stage_outputs (a stage before the
+    last); position -1: the trainer set none. */
 static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call;
     zd_ps_model_server_t *s = arg;
     zd_tensor_t *in[ZD__PS_MAX_TENSORS], *out[ZD__PS_MAX_TENSORS] = {0};
-    int64_t training, n_out;
+    int64_t training, n_out, position;
     int n_in = 0;
     char text[512];
     if (zd_rpc_arg_int(args, 0, &training) < 0 || zd_rpc_arg_int(args, 1, &n_out) < 0 ||
-        read_inputs(s, args, 2, in, &n_in) < 0) {
+        zd_rpc_arg_int(args, 2, &position) < 0 || read_inputs(s, args, 3, in, &n_in) < 0) {
         snprintf(text, sizeof text, "stage %d refused the forward: %s", s->shard, zd_error_last());
+        return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
+    }
+    if (position < -1) {
+        snprintf(text, sizeof text, "stage %d refused the forward: position %" PRId64, s->shard,
+                 position);
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
     if (n_out == 0)
@@ -228,6 +250,15 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
             zd__ps_gate_leave(s->gate);
         snprintf(text, sizeof text, "stage %d stopped", s->shard);
         return answer_new(s, ZD_ERR_STOPPED, text, NULL, 0);
+    }
+    /* The trainer steps a batch before it sends the next one's forward:
+       the weights here hold every batch before `position`, and a
+       checkpoint written from now on may say so. */
+    if (training && position >= 0) {
+        pthread_mutex_lock(&s->lock);
+        zd__ps_positions_record(&s->positions, &s->n_positions, zd_rpc_call_caller_rank(call),
+                                position);
+        pthread_mutex_unlock(&s->lock);
     }
     /* An evaluation records no graph here (PyTorch's no_grad()): nothing
        will go back through it. */
@@ -273,6 +304,27 @@ static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg
     return v;
 }
 
+/*  [] -> [code, text, instance, position]: where the caller was in its
+    data at its last training forward here (-1: none), kept through
+    checkpoints. */
+static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)args;
+    zd_ps_model_server_t *s = arg;
+    int caller = zd_rpc_call_caller_rank(call);
+    pthread_mutex_lock(&s->lock);
+    int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+    pthread_mutex_unlock(&s->lock);
+    zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
+    if (v && zd_list_append(v, zd_value_int(position)) < 0) {
+        zd_value_unref(v);
+        v = NULL;
+    }
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: stage %d: out of memory", s->shard);
+    return v;
+}
+
 /*  The stage's checkpoint description, and with opts.resume the newest
     generation there is taken into the stage. 0, or -1. */
 static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
@@ -287,8 +339,13 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
         if (!(s->names[i] = strdup(zd_nn_module_param_name(s->stage, i))))
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
     }
-    s->ckpt = (zd__ps_ckpt_t){
-        .shard = s->shard, .n_shards = s->n_shards, .n = n, .names = s->names, .params = s->params};
+    s->ckpt = (zd__ps_ckpt_t){.shard = s->shard,
+                              .n_shards = s->n_shards,
+                              .n = n,
+                              .names = s->names,
+                              .params = s->params,
+                              .positions = &s->positions,
+                              .n_positions = &s->n_positions};
     if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)))
         return -1;
     if (!s->opts.resume)
@@ -351,8 +408,10 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     }
     snprintf(s->fn_forward, sizeof s->fn_forward, FN_FORWARD "%d", shard);
     snprintf(s->fn_params, sizeof s->fn_params, FN_PARAMS "%d", shard);
+    snprintf(s->fn_where, sizeof s->fn_where, FN_WHERE "%d", shard);
     if (zd_rpc_register(s->fn_forward, serve_forward, s) < 0 ||
-        zd_rpc_register(s->fn_params, serve_params, s) < 0) {
+        zd_rpc_register(s->fn_params, serve_params, s) < 0 ||
+        zd_rpc_register(s->fn_where, serve_where, s) < 0) {
         zd_error_wrap("zd_ps_model_server_new: stage %d", shard);
         zd_ps_model_server_free(s);
         return NULL;
@@ -413,7 +472,9 @@ void zd_ps_model_server_free(zd_ps_model_server_t *s)
     if (s->fn_forward[0]) {
         zd_rpc_unregister(s->fn_forward);
         zd_rpc_unregister(s->fn_params);
+        zd_rpc_unregister(s->fn_where);
     }
+    free(s->positions);
     for (int i = 0; s->names && i < s->ckpt.n; i++)
         free(s->names[i]);
     free(s->names);
@@ -442,6 +503,7 @@ struct zd_ps_model {
     zd_optim_config_t optim;
     zd_dist_optim_t *opt; /* made at the first forward or step */
     bool training;
+    int64_t position; /* training forwards carry it (zd_ps_model_set_position); -1: none */
 };
 
 /*  Drops the optimizer after a call failed with ZD_ERR_PEER (a shard
@@ -499,6 +561,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
     m->n_shards = n_shards;
     m->optim = *optim;
     m->training = true;
+    m->position = -1;
     return m;
 }
 
@@ -581,13 +644,14 @@ static int ensure_optimizer(zd_ps_model_t *m)
     return rc;
 }
 
-/*  [training, n_out, in...] for a stage: a new value, or NULL. */
-static zd_value_t *forward_args(bool training, int n_out, zd_tensor_t *const *in, int n_in)
+/*  [training, n_out, position, in...] for a stage: a new value, or NULL. */
+static zd_value_t *forward_args(const zd_ps_model_t *m, int n_out, zd_tensor_t *const *in, int n_in)
 {
-    zd_value_t *args = zd_value_list(2 + (size_t)n_in);
+    zd_value_t *args = zd_value_list(3 + (size_t)n_in);
     if (args &&
-        (zd_list_append(args, zd_value_int(training)) < 0 ||
-         zd_list_append(args, zd_value_int(n_out)) < 0)) {
+        (zd_list_append(args, zd_value_int(m->training)) < 0 ||
+         zd_list_append(args, zd_value_int(n_out)) < 0 ||
+         zd_list_append(args, zd_value_int(m->training ? m->position : -1)) < 0)) {
         zd_value_unref(args);
         return NULL;
     }
@@ -626,7 +690,7 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
     int rc = 0;
     for (int s = 0; rc == 0 && s < m->n_shards; s++) {
         bool last = s == m->n_shards - 1;
-        zd_value_t *args = forward_args(m->training, last ? n_out : 0, cur, n_cur), *v = NULL;
+        zd_value_t *args = forward_args(m, last ? n_out : 0, cur, n_cur), *v = NULL;
         unref_all(cur, n_cur);
         if (!args) {
             rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: forward: out of memory");
@@ -686,6 +750,41 @@ int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms)
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_wait_shards: NULL");
     return zd__ps_wait_ranks(m->ranks, m->n_shards, timeout_ms);
+}
+
+int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position)
+{
+    if (!m || position < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_set_position: %s",
+                                 m ? "a position >= 0 is required" : "NULL");
+    m->position = position;
+    return 0;
+}
+
+int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position)
+{
+    if (position)
+        *position = -1;
+    if (!m || !position)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_resume_position: NULL");
+    /* The earliest: every stage holds the batches before it. A stage
+       with none for this trainer (it never served a training forward of
+       it, or its checkpoint is older) means the beginning. */
+    int64_t least = INT64_MAX;
+    for (int s = 0; s < m->n_shards; s++) {
+        zd_value_t *v;
+        int64_t p;
+        if (call_stage(m, s, "position", FN_WHERE, zd_value_list(0), timeout_ms, &v) < 0)
+            return -1;
+        int rc = zd_rpc_arg_int(v, 3, &p);
+        zd_value_unref(v);
+        if (rc < 0 || p < -1)
+            return zd_error_set_code(
+                ZD_ERR_REMOTE, "ps: position: stage %d (rank %d) answered badly", s, m->ranks[s]);
+        least = p < least ? p : least;
+    }
+    *position = least;
+    return 0;
 }
 
 bool zd_ps_model_train(zd_ps_model_t *m, bool training)

@@ -306,25 +306,10 @@ static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
 }
 
 /*  Records that the trainer of rank `rank` pushed from `position` of its
-    data (under the lock; -1: it gave none). Out of memory, the record is
-    missed: a resumed trainer then starts earlier in its data, never
-    later. */
+    data (under the lock; -1: it gave none). */
 static void record_position(zd_ps_server_t *s, int rank, int64_t position)
 {
-    if (position < 0 || rank < 0)
-        return;
-    if (rank >= s->n_positions) {
-        int n = zd_rpc_world_size();
-        n = n > rank ? n : rank + 1;
-        int64_t *p = realloc(s->positions, (size_t)n * sizeof *p);
-        if (!p)
-            return;
-        for (int i = s->n_positions; i < n; i++)
-            p[i] = -1;
-        s->positions = p;
-        s->n_positions = n;
-    }
-    s->positions[rank] = position;
+    zd__ps_positions_record(&s->positions, &s->n_positions, rank, position);
 }
 
 /*  The shard's checkpoint now (under the lock). 0, or -1. */

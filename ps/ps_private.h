@@ -101,8 +101,8 @@ typedef struct {
     char *const *names;
     zd_tensor_t *const *params;
     zd_optim_t *opt;
-    /* the push/pull shard's trainer positions (NULL: none kept); a
-       resume replaces the array with the file's */
+    /* the trainers' positions (NULL: none kept); a resume replaces the
+       array with the file's */
     int64_t **positions;
     int *n_positions;
 } zd__ps_ckpt_t;
@@ -118,6 +118,13 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
     its version, or -1 when there is none (a new run); -2 with the error
     set when files exist and none can be taken. */
 int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *c, int64_t *version);
+
+/*  Records that the trainer of rank `rank` is at `position` of its data
+    in *positions (*n entries, grown up to the world's size; -1: none),
+    under its owner's lock; a negative position or rank records nothing.
+    Out of memory, the record is missed: a resumed trainer then starts
+    earlier in its data, never later. */
+void zd__ps_positions_record(int64_t **positions, int *n, int rank, int64_t position);
 
 /*  "<prefix>.shard<shard>": a new string (free), or NULL. */
 char *zd__ps_checkpoint_path(const char *prefix, int shard);

@@ -409,6 +409,23 @@ static int expect_refused(const world_t *w, zd_ps_model_t *model, zd_tensor_t *i
     return 0;
 }
 
+/*  A raw forward to stage 1 with args (taken) must be refused with
+    ZD_ERR_ARGUMENT, its text holding text. */
+static int raw_refused(const world_t *w, zd_value_t *args, const char *text)
+{
+    zd_value_t *v = NULL;
+    if (zd_rpc_sync_take(1, "__zd_psm_forward_1", args, ZD_TIMEOUT_DEFAULT, &v) < 0)
+        return world_fail(w, "the raw forward: %s", zd_error_last());
+    const char *got = "";
+    int64_t code = -1;
+    int rc = 0;
+    if (zd_rpc_arg_int(v, 0, &code) < 0 || zd_rpc_arg_string(v, 1, &got) < 0 ||
+        code != ZD_ERR_ARGUMENT || !strstr(got, text))
+        rc = world_fail(w, "expected \"%s\": code %lld, \"%s\"", text, (long long)code, got);
+    zd_value_unref(v);
+    return rc;
+}
+
 static int refusing_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -429,18 +446,13 @@ static int refusing_trainer(const world_t *w)
         rc = expect_refused(w, model, bytes, ZD_ERR_ARGUMENT, "input 0 is uint8");
     if (rc == 0) /* the shards' max_input_numel is 500 */
         rc = expect_refused(w, model, big, ZD_ERR_ARGUMENT, "max_input_numel = 500");
-    /* More outputs than a stage may give, asked of it directly. */
+    /* More outputs than a stage may give, and a negative position, asked
+       of it directly: [training, n_out, position, inputs...]. */
     zd_value_t *v = NULL;
-    if (rc == 0 &&
-        zd_rpc_sync_take(1, "__zd_psm_forward_1", ZD_ARGS(1, 1000, y), ZD_TIMEOUT_DEFAULT, &v) < 0)
-        rc = world_fail(w, "the raw forward: %s", zd_error_last());
-    const char *text = "";
-    int64_t code = -1;
-    if (rc == 0 &&
-        (zd_rpc_arg_int(v, 0, &code) < 0 || zd_rpc_arg_string(v, 1, &text) < 0 ||
-         code != ZD_ERR_ARGUMENT || !strstr(text, "1000 outputs (1 to 64)")))
-        rc = world_fail(w, "1000 outputs: code %lld, \"%s\"", (long long)code, text);
-    zd_value_unref(v);
+    if (rc == 0)
+        rc = raw_refused(w, ZD_ARGS(1, 1000, -1, y), "1000 outputs (1 to 64)");
+    if (rc == 0)
+        rc = raw_refused(w, ZD_ARGS(1, 1, -5, y), "refused the forward: position -5");
     /* Nothing refused reached a stage. */
     if (rc == 0 && zd_rpc_sync(0, "test_forwards", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0) {
         int64_t n = -1;
@@ -723,8 +735,9 @@ static void test_stop_lets_waiting_forwards_go(void **state)
 
 /*  ---- checkpoints ---- */
 
-/*  The first run: five steps; the shards write a generation at the
-    forwards after steps 2 and 4 (versions 2 and 4). */
+/*  The first run: five steps, each forward carrying the trainer's
+    position (the step's number); the shards write a generation at the
+    forwards after steps 2 and 4 (versions 2 and 4, positions 2 and 4). */
 static int ckpt_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -733,8 +746,25 @@ static int ckpt_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     float loss;
-    for (int step = 0; rc == 0 && step < N_STEPS; step++)
-        rc = remote_step(w, model, 0, step, &loss);
+    int64_t none = 7;
+    if (zd_ps_model_set_position(model, -1) == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
+        zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, NULL) == 0)
+        rc = world_fail(w, "a negative position, or no place for it, was taken");
+    /* before any training forward, the stages know none */
+    if (rc == 0 &&
+        (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &none) < 0 || none != -1))
+        rc = world_fail(w, "the position before any forward: %lld", (long long)none);
+    for (int step = 0; rc == 0 && step < N_STEPS; step++) {
+        if (zd_ps_model_set_position(model, step) < 0)
+            rc = world_fail(w, "set_position: %s", zd_error_last());
+        if (rc == 0)
+            rc = remote_step(w, model, 0, step, &loss);
+    }
+    /* the live stages know the last one */
+    int64_t at = -2;
+    if (rc == 0 &&
+        (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != N_STEPS - 1))
+        rc = world_fail(w, "the live stages' position: %lld (%s)", (long long)at, zd_error_last());
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
@@ -753,7 +783,8 @@ static int64_t shard_version(int s)
 
 /*  The second run, resumed: shard 0 from version 4, shard 1 (whose
     newest generation was damaged) from version 2; each stage holds the
-    parameters of that many local steps. */
+    parameters of that many local steps, and the trainer goes on from
+    position 2, the earlier of the two. */
 static int resumed_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -762,10 +793,14 @@ static int resumed_trainer(const world_t *w)
     zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
                               zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
     zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
-    WCHECK(opt);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(opt && model);
     WTRY(join(w));
     int rc = 0;
     float loss;
+    int64_t at = -2;
+    if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2)
+        rc = world_fail(w, "resumed at position %lld, not 2 (%s)", (long long)at, zd_error_last());
     for (int step = 0; rc == 0 && step < 4; step++) {
         if (local_step(local, opt, step, &loss) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
@@ -776,6 +811,7 @@ static int resumed_trainer(const world_t *w)
     if (rc == 0 && (shard_version(0) != 4 || same_params(w, 0, local[0]) < 0))
         rc = world_fail(w, "stage 0 resumed at version %lld, not 4 and its parameters",
                         (long long)shard_version(0));
+    zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     zd_optim_free(opt);
@@ -983,6 +1019,12 @@ static void test_arguments(void **state)
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     assert_int_equal(zd_ps_model_step(NULL, 1), -1);
     assert_int_equal(zd_ps_model_server_forwards(NULL), -1);
+    /* (a model's own bad position: ckpt_trainer, in its world) */
+    assert_int_equal(zd_ps_model_set_position(NULL, 0), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    int64_t at = 7;
+    assert_int_equal(zd_ps_model_resume_position(NULL, ZD_TIMEOUT_DEFAULT, &at), -1);
+    assert_int_equal(at, -1);
     zd_ps_model_free(NULL);
     zd_ps_model_server_free(NULL);
     zd_nn_module_free(stage);

@@ -299,8 +299,9 @@ ZD_API void zd_ps_client_free(zd_ps_client_t *c);
     push/pull shards, on the stage's parameters: a shard writes one at
     the first forward after every checkpoint_every steps, with the steps
     held off while it writes, and one made with resume starts its stage
-    from the newest generation it can read. The optimizers' own state
-    (momentum) lives in the trainers' DistributedOptimizers, not in it. */
+    from the newest generation it can read, with the trainers' positions
+    (zd_ps_model_set_position). The optimizers' own state (momentum)
+    lives in the trainers' DistributedOptimizers, not in it. */
 
 typedef struct zd_ps_model_server zd_ps_model_server_t;
 
@@ -375,6 +376,23 @@ ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
     starts over). 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
     ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (NULL). */
 ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
+
+/*  Sets where the trainer is in its data (the batch it computes next,
+    say): every later training forward carries it, each stage keeps the
+    last one it served this trainer's rank and writes it into its
+    checkpoints. Call it before each batch's forward, after the step of
+    the batch before: a stage then holds every batch before the position
+    it keeps. 0, or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
+ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
+
+/*  Asks every stage where this trainer's rank was at its last training
+    forward there (kept through a stage's checkpoint and resume), for a
+    trainer started again, or a run resumed, to go on from there: the
+    smallest of the stages' answers into *position, or -1 when a stage
+    has none (start from the beginning). Each call up to timeout_ms
+    (default zd_rpc_get_timeout()). 0, or -1 with *position -1:
+    ZD_ERR_PEER, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL). */
+ZD_API int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position);
 
 /*  Sets the mode the next forwards run the stages in (training: dropout
     on; PyTorch's model.train(mode)); returns the previous one. Training
