@@ -602,7 +602,7 @@ bool zd__rref_never_here(agent_t *a, uint64_t rref_id)
     return true;
 }
 
-bool zd__rref_owner_restarted(agent_t *a, const zd_rref_t *r, const char *api)
+bool zd__rref_owner_lost_since(agent_t *a, const zd_rref_t *r, const char *api)
 {
     if (r->is_owner || r->owner < 0 || r->owner >= a->net.world ||
         atomic_load(&a->net.peers[r->owner].losses) == r->owner_losses)

@@ -110,7 +110,7 @@ bool zd__rref_never_here(agent_t *a, uint64_t rref_id);
     for a value that will never come. A handle made while the owner was
     lost (of its new process, forwarded before this process saw it back)
     is not refused. Sets the error (ZD_ERR_PEER, naming api) when so. */
-bool zd__rref_owner_restarted(agent_t *a, const zd_rref_t *r, const char *api);
+bool zd__rref_owner_lost_since(agent_t *a, const zd_rref_t *r, const char *api);
 
 /*  Owner side of RREF_FETCH / deref-first: the value future of rref_id (a
     new reference), creating a placeholder that expires after timeout_ms

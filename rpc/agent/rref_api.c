@@ -25,7 +25,7 @@ static agent_t *acquire_for(const zd_rref_t *r, const char *api)
         zd_error_set("%s: the RRef belongs to an earlier RPC session", api);
         return NULL;
     }
-    if (zd__rref_owner_restarted(a, r, api)) {
+    if (zd__rref_owner_lost_since(a, r, api)) {
         zd__agent_release(a);
         return NULL;
     }

@@ -170,12 +170,13 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
     rref_ctx_t *x = a->rrefs;
     if (r->gen != a->net.gen)
         return zd_error_set("RRef from an earlier RPC session cannot be sent");
+    /* first: an owner lost since is why a creation failed, if it did */
+    if (zd__rref_owner_lost_since(a, r, "RRef argument"))
+        return -1;
     char error[1024];
     zd__rref_user_error(a, r, error, sizeof error);
     if (error[0])
         return zd_error_set("%s", error);
-    if (zd__rref_owner_restarted(a, r, "RRef argument"))
-        return -1;
     if (t->n == t->cap) {
         int cap = t->cap ? 2 * t->cap : 4;
         struct txn_item *it = realloc(t->items, (size_t)cap * sizeof *it);
