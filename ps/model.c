@@ -4,8 +4,9 @@
     a DistributedOptimizer, as PyTorch's parameter-server tutorial does
     with one server.
 
-    Shard K serves "__zd_psm_forward_<K>" and "__zd_psm_params_<K>". Both
-    answer a list [code, text, ...] rather than an RPC error, as push and
+    Shard K serves "__zd_psm_forward_<K>", "__zd_psm_params_<K>" and
+    "__zd_psm_where_<K>" (a trainer's position). Each answers a list
+    [code, text, instance, ...] rather than an RPC error, as push and
     pull do (ps.c): an RPC error reaches the caller as ZD_ERR_REMOTE, and
     a trainer must tell refused inputs from a stopped shard. The forward's
     tensors travel inside that list; distributed autograd records every
@@ -177,16 +178,23 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
     int64_t *pos = NULL;
     int n_pos = 0;
     pthread_mutex_lock(&s->lock);
-    bool mine = !s->writing;
+    bool mine = !s->writing, copied = true;
     s->writing = true;
     if (mine && s->n_positions > 0 &&
-        (pos = malloc((size_t)s->n_positions * sizeof *pos)) != NULL) {
+        (copied = (pos = malloc((size_t)s->n_positions * sizeof *pos)) != NULL)) {
         memcpy(pos, s->positions, (size_t)s->n_positions * sizeof *pos);
         n_pos = s->n_positions;
     }
+    if (mine && !copied)
+        s->writing = false;
     pthread_mutex_unlock(&s->lock);
     if (!mine)
         return 0;
+    /* a generation without the positions would send every trainer back
+       to its first batch: the last whole one stays instead */
+    if (!copied)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: stage %d: checkpoint: out of memory",
+                                 s->shard);
     zd__ps_ckpt_t c = s->ckpt;
     c.positions = &pos;
     c.n_positions = &n_pos;

@@ -760,7 +760,19 @@ static int ckpt_trainer(const world_t *w)
         if (rc == 0)
             rc = remote_step(w, model, 0, step, &loss);
     }
-    /* the live stages know the last one */
+    /* an evaluation forward's position is not kept */
+    zd_tensor_t *x = NULL, *y = NULL, *out = NULL;
+    make_batch(0, 0, &x, &y);
+    zd_ps_model_train(model, false);
+    if (rc == 0 &&
+        (zd_ps_model_set_position(model, 99) < 0 ||
+         zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0))
+        rc = world_fail(w, "an evaluation forward: %s", zd_error_last());
+    zd_ps_model_train(model, true);
+    zd_tensor_unref(out);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    /* the live stages know the last training one */
     int64_t at = -2;
     if (rc == 0 &&
         (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != N_STEPS - 1))
@@ -779,6 +791,21 @@ static int64_t shard_version(int s)
         zd_value_get_int(v, &n);
     zd_value_unref(v);
     return n;
+}
+
+/*  Where stage s says this trainer was, asked of it directly; -2 when it
+    answered badly. */
+static int64_t stage_position(int s)
+{
+    char fn[32];
+    snprintf(fn, sizeof fn, "__zd_psm_where_%d", s);
+    zd_value_t *v = NULL;
+    int64_t code = -1, at = -2;
+    if (zd_rpc_sync(s, fn, NULL, ZD_TIMEOUT_DEFAULT, &v) < 0 || zd_rpc_arg_int(v, 0, &code) < 0 ||
+        code != ZD_OK || zd_rpc_arg_int(v, 3, &at) < 0)
+        at = -2;
+    zd_value_unref(v);
+    return at;
 }
 
 /*  The second run, resumed: shard 0 from version 4, shard 1 (whose
@@ -801,6 +828,9 @@ static int resumed_trainer(const world_t *w)
     int64_t at = -2;
     if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2)
         rc = world_fail(w, "resumed at position %lld, not 2 (%s)", (long long)at, zd_error_last());
+    if (rc == 0 && (stage_position(0) != 4 || stage_position(1) != 2))
+        rc = world_fail(w, "the stages resumed at positions %lld and %lld, not 4 and 2",
+                        (long long)stage_position(0), (long long)stage_position(1));
     for (int step = 0; rc == 0 && step < 4; step++) {
         if (local_step(local, opt, step, &loss) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());

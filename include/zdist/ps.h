@@ -382,7 +382,10 @@ ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
     last one it served this trainer's rank and writes it into its
     checkpoints. Call it before each batch's forward, after the step of
     the batch before: a stage then holds every batch before the position
-    it keeps. 0, or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
+    it keeps, as long as it was not started again meanwhile (after
+    zd_ps_model_wait_shards, ask zd_ps_model_resume_position and go back
+    there: the restarted stage lost the batches after its checkpoint). 0,
+    or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
 ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
 
 /*  Asks every stage where this trainer's rank was at its last training
