@@ -170,11 +170,18 @@ static int txn_encode(void *arg, zd_rref_t *r, int dst, uint8_t out[RPC_RREF_WIR
     rref_ctx_t *x = a->rrefs;
     if (r->gen != a->net.gen)
         return zd_error_set("RRef from an earlier RPC session cannot be sent");
-    /* first: an owner lost since is why a creation failed, if it did */
-    if (zd__rref_owner_lost_since(a, r, "RRef argument"))
-        return -1;
     char error[1024];
     zd__rref_user_error(a, r, error, sizeof error);
+    /* an owner lost since says the most; a creation that failed before
+       is said too */
+    if (zd__rref_owner_lost_since(a, r, "RRef argument")) {
+        if (error[0]) {
+            char lost[512];
+            snprintf(lost, sizeof lost, "%s", zd_error_last());
+            zd_error_set_code(ZD_ERR_PEER, "%s; and its creation had failed: %s", lost, error);
+        }
+        return -1;
+    }
     if (error[0])
         return zd_error_set("%s", error);
     if (t->n == t->cap) {
