@@ -40,7 +40,7 @@ static pthread_mutex_t g_budget_lock = PTHREAD_MUTEX_INITIALIZER;
 static int64_t g_window = -1; /* the second the counts are of */
 static int g_used, g_dropped;
 static struct {
-    const void *kind; /* its call site, or what zd__log_as was given */
+    const void *kind; /* what zd__log_as was given: zd__log's call site */
     int64_t window;
     int used;
 } g_kinds[KIND_SLOTS];
@@ -93,7 +93,7 @@ static void emit(zd_log_level_t level, const char *text)
     hash's slot: a shared budget, never none). Under g_budget_lock. */
 static int *kind_used(const void *kind, int64_t window)
 {
-    /* Fibonacci hashing: call sites lie side by side in .text */
+    /* Fibonacci hashing: the sites' texts lie side by side in .rodata */
     size_t h = (size_t)(((uint64_t)(uintptr_t)kind * UINT64_C(0x9E3779B97F4A7C15)) >> 58);
     for (int i = 0; i < KIND_PROBE; i++) {
         size_t k = (h + (size_t)i) % KIND_SLOTS;
@@ -202,8 +202,7 @@ void zd__log_set_who(const char *who)
     pthread_mutex_unlock(&g_lock);
 }
 
-__attribute__((format(printf, 3, 0))) static void vlog(zd_log_level_t level, const void *kind,
-                                                       const char *fmt, va_list ap)
+void zd__log_as(zd_log_level_t level, const void *kind, const char *fmt, ...)
 {
     level = (zd_log_level_t)clamp((int)level);
     if (!zd_log_enabled(level))
@@ -211,26 +210,11 @@ __attribute__((format(printf, 3, 0))) static void vlog(zd_log_level_t level, con
     if (level != ZD_LOG_ERROR && !within_budget(kind))
         return;
     char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
     emit(level, text);
-}
-
-void zd__log(zd_log_level_t level, const char *fmt, ...)
-{
-    /* The kind is the call site: sites with the same text (the compiler
-       merges equal formats) keep budgets of their own. */
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(level, __builtin_return_address(0), fmt, ap);
-    va_end(ap);
-}
-
-void zd__log_as(zd_log_level_t level, const void *kind, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vlog(level, kind, fmt, ap);
-    va_end(ap);
 }
 
 void zd__log_reset(void)
