@@ -8,14 +8,14 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 #include <time.h>
 
 #include <zdist/dist_autograd.h>
+#include <zdist/dist_optim.h>
 #include <zdist/error.h>
 
-/*  The trainer holds the parameters' RRefs in an array of this many: with S
-    shards there are 2 S + 6 of them (ps_net.h), so S stays well below. */
+/*  The most parameter RRefs a trainer takes from the server: with S shards
+    there are 2 S + 6 of them (ps_net.h), so S stays well below. */
 #define MAX_PARAM_RREFS 64
 
 /*  Times each rank rejoined the world (zd_rpc_register_peer_joined): a

@@ -18,16 +18,17 @@
             ps_net_client_recover(ps, done, &start) == 1: go on from start
 
     Its calls are where a test's ZDIST_FAULT reaches a trainer's phases
-    (fault.h): forward, backward, step, checkpoint
-    and evaluation. One thread at a time. */
+    (fault.h): forward (a training forward), backward, step, checkpoint
+    and evaluation (the shared final one, not --eval_every's). One thread
+    at a time. */
 #ifndef ZDIST_EXAMPLES_PS_NET_CLIENT_H
 #define ZDIST_EXAMPLES_PS_NET_CLIENT_H
 
 #include <stdbool.h>
 #include <stdint.h>
 
-#include <zdist/dist_optim.h>
 #include <zdist/rpc.h>
+#include <zdist/tensor.h>
 
 /*  The most server shards a client takes. */
 #define PS_NET_MAX_SERVERS 16

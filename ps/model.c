@@ -174,27 +174,25 @@ static int64_t version_of(const zd_ps_model_server_t *s)
     writing one. 0, or -1. */
 static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
 {
-    /* the positions as they are now: forwards go on recording them */
-    int64_t *pos = NULL;
-    int n_pos = 0;
     pthread_mutex_lock(&s->lock);
-    bool mine = !s->writing, copied = true;
-    s->writing = true;
-    if (mine && s->n_positions > 0 &&
-        (copied = (pos = malloc((size_t)s->n_positions * sizeof *pos)) != NULL)) {
-        memcpy(pos, s->positions, (size_t)s->n_positions * sizeof *pos);
-        n_pos = s->n_positions;
-    }
-    if (mine && !copied)
-        s->writing = false;
-    pthread_mutex_unlock(&s->lock);
-    if (!mine)
+    if (s->writing) {
+        pthread_mutex_unlock(&s->lock);
         return 0;
-    /* a generation without the positions would send every trainer back
-       to its first batch: the last whole one stays instead */
-    if (!copied)
+    }
+    /* the positions as they are now: forwards go on recording them */
+    int n_pos = s->n_positions;
+    int64_t *pos = n_pos > 0 ? malloc((size_t)n_pos * sizeof *pos) : NULL;
+    if (n_pos > 0 && !pos) {
+        pthread_mutex_unlock(&s->lock);
+        /* a generation without the positions would send every trainer
+           back to its first batch: the last whole one stays instead */
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: stage %d: checkpoint: out of memory",
                                  s->shard);
+    }
+    if (pos)
+        memcpy(pos, s->positions, (size_t)n_pos * sizeof *pos);
+    s->writing = true;
+    pthread_mutex_unlock(&s->lock);
     zd__ps_ckpt_t c = s->ckpt;
     c.positions = &pos;
     c.n_positions = &n_pos;

@@ -305,13 +305,6 @@ static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
                            s->params,    s->opt,   &s->positions, &s->n_positions};
 }
 
-/*  Records that the trainer of rank `rank` pushed from `position` of its
-    data (under the lock; -1: it gave none). */
-static void record_position(zd_ps_server_t *s, int rank, int64_t position)
-{
-    zd__ps_positions_record(&s->positions, &s->n_positions, rank, position);
-}
-
 /*  The shard's checkpoint now (under the lock). 0, or -1. */
 static int write_checkpoint(zd_ps_server_t *s)
 {
@@ -474,7 +467,7 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     } else if (s->opts.mode == ZD_PS_ASYNC) {
         /* before the step, which may write the checkpoint that holds it */
         int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
-        record_position(s, caller, position);
+        zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
         if (step(s, grads) < 0) {
             code = ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
@@ -484,7 +477,7 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     } else {
         /* a push taken into the round counts; the round's step writes it */
         int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
-        record_position(s, caller, position);
+        zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
         int rc = sync_push(s, f, caller, grads, &done, &n_done);
         if (rc < 0) {
             code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;

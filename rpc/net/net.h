@@ -78,7 +78,7 @@ typedef struct {
                                    the peer having refused our key */
     atomic_uint incarnation;    /* its process: one more at each rejoin, and at
                                    each socket made again after a refused key */
-    atomic_uint losses;         /* one more each time it is declared lost, counted
+    atomic_uint losses;         /* at least one more each time it is declared lost, counted
                                    before it shows: an RRef it owned, made before,
                                    holds a value this process can no longer reach */
     bool reoffer;               /* I/O thread: offer shared memory once connected */
