@@ -115,7 +115,7 @@ zd_rref_t *zd__rref_handle_new(agent_t *a, uint64_t rref_id, uint64_t fork_id, i
     r->fork_id = fork_id;
     r->owner = owner;
     r->is_owner = owner == a->net.rank;
-    if (!r->is_owner && owner >= 0 && owner < a->net.world)
+    if (!r->is_owner && a->net.peers && owner >= 0 && owner < a->net.world)
         r->owner_losses = atomic_load(&a->net.peers[owner].losses);
     atomic_init(&r->confirmed, r->is_owner);
     return r;
@@ -604,7 +604,7 @@ bool zd__rref_never_here(agent_t *a, uint64_t rref_id)
 
 bool zd__rref_owner_lost_since(agent_t *a, const zd_rref_t *r, const char *api)
 {
-    if (r->is_owner || r->owner < 0 || r->owner >= a->net.world ||
+    if (r->is_owner || !a->net.peers || r->owner < 0 || r->owner >= a->net.world ||
         atomic_load(&a->net.peers[r->owner].losses) == r->owner_losses)
         return false;
     zd_error_set_code(ZD_ERR_PEER,
