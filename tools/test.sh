@@ -135,7 +135,7 @@ if [ $mode = all ] || [ $mode = tsan ]; then
 #   its RSS: under TSan the stream bomb left rank 0 at 803 MiB for a bound
 #   of +224 MiB (TSan's shadow memory and allocator change what RSS
 #   measures).
-tsan_tests='^(test_rpc_.*|test_dist_.*|test_peer_lost|test_hostile_auth|test_hostile_dist|test_hostile_shm|test_nn_model|test_nn_rnn|test_scope|test_log|test_metrics|test_launch|test_launch_rejoin|test_rejoin|test_pipeline|test_ps_sync_async|test_ps_model|test_rl_rpc)$'
+tsan_tests='^(test_rpc_.*|test_dist_.*|test_peer_lost|test_hostile_auth|test_hostile_dist|test_hostile_shm|test_nn_model|test_nn_rnn|test_scope|test_log|test_metrics|test_launch|test_launch_rejoin|test_rejoin|test_pipeline|test_ps_sync_async|test_ps_model|test_ps_trainers|test_rl_rpc)$'
 tsan_skip='^(test_rpc_ps|test_rpc_ps_safetensors)$'
 dir=build-test-tsan
 echo "=== tsan build ==="

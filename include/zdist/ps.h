@@ -407,6 +407,142 @@ ZD_API bool zd_ps_model_train(zd_ps_model_t *m, bool training);
     optimizers. */
 ZD_API void zd_ps_model_free(zd_ps_model_t *m);
 
+/*  ---- the trainers' registry ----
+
+    One process of the servers (rank 0, say) keeps the book of the
+    trainers (ranks first_trainer and up): which started, finished,
+    failed (saying why) or were lost and came back. With it a server
+    knows when every trainer is done, lost ones included, instead of
+    waiting out a timeout; a trainer can be held at most `bound` batches
+    ahead of the slowest one still training (the stale-synchronous
+    bound); and every trainer's last call gets one shared result,
+    computed once when the last of them asks (the final evaluation):
+
+        // the host, before zd_rpc_init:
+        zd_ps_trainers_options_t to = zd_ps_trainers_options_default();
+        to.first_trainer = n_shards;
+        to.shared_result = evaluate;        // zd_value_t *evaluate(void *arg, const zd_value_t *request)
+        zd_ps_trainers_t *reg = zd_ps_trainers_new(&to);
+        ... serve ...; zd_ps_trainers_wait(reg, lost_wait_ms, ZD_TIMEOUT_NONE);
+        // every trainer:
+        zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT);
+        for (b = 0; ...; b++) { zd_ps_trainer_gate(0, b, 2, ZD_TIMEOUT_DEFAULT, NULL); ... }
+        zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT);
+        zd_ps_trainer_wait_all(0, request, ZD_TIMEOUT_DEFAULT, &accuracy);
+
+    A trainer restarted in a lost one's place (it rejoined) counts again,
+    from 0 batches; one that said it failed (zd_ps_trainer_failed) is no
+    longer waited for. */
+
+typedef enum {
+    ZD_PS_TRAINER_STARTED = 1, /* zd_ps_trainer_started */
+    ZD_PS_TRAINER_FINISHED,    /* zd_ps_trainer_finished */
+    ZD_PS_TRAINER_FAILED,      /* zd_ps_trainer_failed: info->why, info->failed_at */
+    ZD_PS_TRAINER_LOST,        /* declared lost (zd_rpc_register_peer_lost) */
+    ZD_PS_TRAINER_REJOINED,    /* a process in its place joined */
+    ZD_PS_TRAINER_WAITING,     /* zd_ps_trainer_wait_all arrived */
+} zd_ps_trainer_event_t;
+
+/*  What the registry knows of one trainer. */
+typedef struct {
+    int rank;
+    bool started, finished, failed, lost, rejoined;
+    int64_t batches;   /* zd_ps_trainers_note_batch calls since it (re)joined */
+    int64_t failed_at; /* the batch it said it failed at */
+    char why[400];     /* its failure's text (control bytes replaced by '?') */
+} zd_ps_trainer_info_t;
+
+/*  The registry's options. Start from zd_ps_trainers_options_default(). */
+typedef struct {
+    size_t size;       /* set by zd_ps_trainers_options_default() */
+    int first_trainer; /* the trainers are ranks first_trainer and up; the ranks below
+                          are servers (1) */
+    /* Called at each event with the trainer's state and its worker name,
+       on an RPC thread with the registry locked: short, and no calls of
+       the registry (NULL: none). */
+    void (*on_event)(void *arg, const zd_ps_trainer_info_t *info, const char *name,
+                     zd_ps_trainer_event_t event);
+    void *on_event_arg;
+    /* The result every zd_ps_trainer_wait_all gets, computed once when
+       each trainer is waiting, failed or lost, from the last caller's
+       request (borrowed): a new value, or NULL with the error set, which
+       each waiting trainer gets. Runs on an RPC thread, unlocked: it may
+       call zd_ps_trainers_get (NULL: none is the result). */
+    zd_value_t *(*shared_result)(void *arg, const zd_value_t *request);
+    void *shared_result_arg;
+} zd_ps_trainers_options_t;
+
+/*  first_trainer 1, no callbacks, with size set (inline: this program's
+    size). Returns the struct. */
+static inline zd_ps_trainers_options_t zd_ps_trainers_options_default(void)
+{
+    zd_ps_trainers_options_t o;
+    memset(&o, 0, sizeof o);
+    o.size = sizeof o;
+    o.first_trainer = 1;
+    return o;
+}
+
+typedef struct zd_ps_trainers zd_ps_trainers_t;
+
+/*  The registry of this process (one at a time), with opts (NULL: the
+    defaults); registers its functions, so call it before zd_rpc_init. A
+    new object (zd_ps_trainers_free), or NULL (ZD_ERR_ARGUMENT: bad
+    options, a registry already). */
+ZD_API zd_ps_trainers_t *zd_ps_trainers_new(const zd_ps_trainers_options_t *opts);
+
+/*  Counts one batch of `samples` for trainer rank (the server calls it
+    as it serves one): the batch count the events carry, and the
+    throughput. Ranks that are not trainers are ignored. */
+ZD_API void zd_ps_trainers_note_batch(zd_ps_trainers_t *r, int rank, int64_t samples);
+
+/*  Waits until every trainer has finished, said it failed, or was lost
+    and has not come back within lost_wait_ms, up to timeout_ms
+    (ZD_TIMEOUT_NONE: no limit; before a graceful zd_rpc_shutdown, which
+    stops taking back restarted trainers). 0, or -1: ZD_ERR_PEER (another
+    server rank lost for longer than lost_wait_ms and 1 s: its trainers
+    gave up), ZD_ERR_TIMEOUT. */
+ZD_API int zd_ps_trainers_wait(zd_ps_trainers_t *r, int64_t lost_wait_ms, int64_t timeout_ms);
+
+/*  What the registry knows of trainer rank, into *info. 0, or -1
+    (ZD_ERR_ARGUMENT: not a trainer; ZD_ERR_NOT_INITIALIZED). */
+ZD_API int zd_ps_trainers_get(zd_ps_trainers_t *r, int rank, zd_ps_trainer_info_t *info);
+
+/*  The samples of every noted batch (lost trainers' too), and the seconds
+    from the first trainer's start to the last finish or noted batch,
+    whichever came later (0 before any). */
+ZD_API void zd_ps_trainers_throughput(zd_ps_trainers_t *r, int64_t *samples, double *seconds);
+
+/*  Unregisters the registry's functions, fails the calls still waiting
+    ("the server stopped") and frees it (NULL-safe). After
+    zd_rpc_shutdown, or before zd_rpc_init. */
+ZD_API void zd_ps_trainers_free(zd_ps_trainers_t *r);
+
+/*  A trainer tells the registry on rank host it started. 0, or -1 with
+    the call's error (each call below too; timeout_ms as zd_rpc_sync). */
+ZD_API int zd_ps_trainer_started(int host, int64_t timeout_ms);
+
+/*  A trainer tells the registry it finished its batches. 0, or -1. */
+ZD_API int zd_ps_trainer_finished(int host, int64_t timeout_ms);
+
+/*  A trainer tells the registry its run failed at batch `batches`, with
+    why (its error's text): it is no longer waited for. 0, or -1. */
+ZD_API int zd_ps_trainer_failed(int host, int64_t batches, const char *why, int64_t timeout_ms);
+
+/*  Waits until this trainer, having done `done` batches, is at most
+    bound batches ahead of the slowest trainer still training (finished,
+    failed and lost ones do not count); its lead then into *lead (if not
+    NULL). 0, or -1 (ZD_ERR_TIMEOUT: the slowest did not catch up in
+    time; ZD_ERR_REMOTE: this trainer was declared lost meanwhile). */
+ZD_API int zd_ps_trainer_gate(int host, int64_t done, int64_t bound, int64_t timeout_ms,
+                              int64_t *lead);
+
+/*  Waits for the shared result (zd_ps_trainers_options_t.shared_result),
+    sending request (borrowed; NULL: none) for it: 0 with *result a new
+    reference, or -1 (ZD_ERR_REMOTE: the result's error). */
+ZD_API int zd_ps_trainer_wait_all(int host, zd_value_t *request, int64_t timeout_ms,
+                                  zd_value_t **result);
+
 ZD_END_DECLS
 
 #endif
