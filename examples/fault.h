@@ -10,7 +10,7 @@
       rpc_ps        trainer: all seven; server shards: rendezvous,
                     forward (a trainer's ps_forward on shard 0, ps_fc1_part
                     on the others), checkpoint (each save), evaluation
-                    (shard 0, a trainer's ps_evaluate), shutdown;
+                    (shard 0, a trainer asking for the shared one), shutdown;
       ps_sync_async driver: rendezvous, step (applying gradients),
                     evaluation, shutdown; parameter server: rendezvous,
                     step (apply_gradients), shutdown; worker: rendezvous,

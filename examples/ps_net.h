@@ -38,18 +38,10 @@
       ps_get_dist_gradients(server, cid)-> [[name, grad], ...] of all shards
       ps_dist_gradient_sizes(server, cid)-> [[name, elements], ...]: the same
                                            question, without the tensors
-      ps_trainer_started(server) / ps_trainer_finished(server, samples)
-      ps_trainer_failed(batches, why)   the caller's run failed (why: its
-                                           error); the servers stop waiting for
-                                           it and name it (a plain function of
-                                           rank 0, no server RRef: it may have
-                                           failed before it had one)
-      ps_evaluate(server, samples)      -> test accuracy of the final weights,
-                                           once every trainer has finished
-                                           or was lost
-      ps_staleness_gate(server, done, K)-> answered once the caller is at most
-                                           K batches ahead of the slowest
-                                           trainer still training
+    and the trainers' registry (zd_ps_trainers_new, ps.h), whose shared
+    result is the test accuracy of the final weights, once every trainer
+    has finished, failed or was lost; it prints each trainer's failure,
+    loss and rejoin.
     The test set is read from data_dir (NULL: the default place) when the
     first evaluation runs. Call before zd_rpc_init. Prints the split to out.
     Returns 0, or -1. */
@@ -121,7 +113,7 @@ int ps_net_trainers_report(FILE *out);
 int ps_net_trainers_failed(char *first, size_t size);
 
 /*  On shard 0 before its shutdown: waits until every trainer has finished
-    its batches, said that its run failed (ps_trainer_failed), or was lost
+    its batches, said that its run failed (zd_ps_trainer_failed), or was lost
     and has not come back within wait_s seconds.
     A graceful zd_rpc_shutdown stops taking back restarted processes (rank
     0's rendezvous closes), and a server calls it as soon as it serves: with

@@ -13,6 +13,7 @@
 #include <zdist/dist_autograd.h>
 #include <zdist/dist_optim.h>
 #include <zdist/error.h>
+#include <zdist/ps.h>
 
 /*  The most parameter RRefs a trainer takes from the server: with S shards
     there are 2 S + 6 of them (ps_net.h), so S stays well below. */
@@ -101,7 +102,7 @@ int ps_net_client_attach(ps_net_client_t *c)
     }
     zd_optim_config_t cfg = zd_optim_sgd_defaults(c->cfg.lr);
     if (!(c->opt = zd_dist_optim_new(&cfg, params)) ||
-        call_none(c->ps, "ps_trainer_started", ZD_ARGS()) < 0)
+        zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT) < 0)
         goto fail;
     zd_rref_list_free(params);
     return 0;
@@ -229,10 +230,8 @@ int ps_net_client_recover(ps_net_client_t *c, int64_t done, int64_t *start)
 
 int ps_net_client_staleness_gate(ps_net_client_t *c, int64_t done, int64_t k)
 {
-    zd_value_t *a = ZD_ARGS(done, k), *r = NULL;
-    int rc = a ? zd_rref_rpc_sync(c->ps, "ps_staleness_gate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
-    zd_value_unref(a);
-    zd_value_unref(r);
+    (void)c;
+    int rc = zd_ps_trainer_gate(0, done, k, ZD_TIMEOUT_DEFAULT, NULL);
     if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT) {
         fprintf(stderr,
                 "rpc_ps trainer %d: waited the RPC timeout for the slowest trainer "
@@ -249,16 +248,18 @@ int ps_net_client_checkpoint(ps_net_client_t *c, int64_t done)
     return call_none(c->ps, "ps_checkpoint", ZD_ARGS(c->cfg.trainer, done));
 }
 
-int ps_net_client_finished(ps_net_client_t *c, int64_t samples)
+int ps_net_client_finished(ps_net_client_t *c)
 {
-    return call_none(c->ps, "ps_trainer_finished", ZD_ARGS(samples));
+    (void)c;
+    return zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT);
 }
 
 int ps_net_client_shared_accuracy(ps_net_client_t *c, int64_t samples, double *acc)
 {
     fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
-    zd_value_t *a = ZD_ARGS(samples), *r = NULL;
-    int rc = a ? zd_rref_rpc_sync(c->ps, "ps_evaluate", a, ZD_TIMEOUT_DEFAULT, &r) : -1;
+    (void)c;
+    zd_value_t *a = zd_value_int(samples), *r = NULL;
+    int rc = a ? zd_ps_trainer_wait_all(0, a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (rc == 0)
         rc = zd_value_get_float(r, acc);
     zd_value_unref(a);
@@ -278,12 +279,9 @@ void ps_net_client_report_failure(ps_net_client_t *c, int64_t done)
     snprintf(why, sizeof why, "%s", zd_error_last());
     if (zd_rpc_peer_is_lost(0))
         return;
-    zd_value_t *a = ZD_ARGS(done, why), *r = NULL;
-    if (!a || zd_rpc_sync(0, "ps_trainer_failed", a, ZD_TIMEOUT_DEFAULT, &r) < 0)
+    if (zd_ps_trainer_failed(0, done, why, ZD_TIMEOUT_DEFAULT) < 0)
         fprintf(stderr, "rpc_ps trainer %d: could not tell the server that this run failed: %s\n",
                 zd_rpc_rank(), zd_error_last());
-    zd_value_unref(a);
-    zd_value_unref(r);
     zd_error_set("%s", why);
 }
 

@@ -97,8 +97,8 @@ int ps_net_client_staleness_gate(ps_net_client_t *c, int64_t done, int64_t k);
 /*  Has the servers checkpoint with this trainer at `done` batches. 0, or -1. */
 int ps_net_client_checkpoint(ps_net_client_t *c, int64_t done);
 
-/*  Tells shard 0 that this trainer finished, having trained `samples`. 0, or -1. */
-int ps_net_client_finished(ps_net_client_t *c, int64_t samples);
+/*  Tells shard 0 that this trainer finished its batches. 0, or -1. */
+int ps_net_client_finished(ps_net_client_t *c);
 
 /*  The test accuracy of the final weights, evaluated once on shard 0 for
     every trainer (it answers when the last one is done) over `samples`

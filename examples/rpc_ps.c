@@ -370,7 +370,7 @@ static int trainer_finish(trainer_t *t)
     progress_end(&t->prog, t->t1);
     if (zd_dist_autograd_wait_releases(-1) < 0)
         return -1;
-    if (ps_net_client_finished(t->ps, t->trained * o->batch_size) < 0)
+    if (ps_net_client_finished(t->ps) < 0)
         return recover(t);
     printf("Training complete!\nGetting accuracy....\n");
     double acc;

@@ -353,11 +353,11 @@ static void on_joined(void *arg, int peer, const char *name)
         pthread_mutex_lock(&r->lock);
         if (peer >= r->o.first_trainer && table_ready(r, peer)) {
             trainer_t *t = &r->t[peer];
+            tell(r, peer, name, ZD_PS_TRAINER_REJOINED); /* the state it was lost in */
             t->state = T_REJOINED;
             t->batches = 0;
             t->progress = 0;
             pthread_cond_broadcast(&r->changed);
-            tell(r, peer, name, ZD_PS_TRAINER_REJOINED);
         }
         pthread_mutex_unlock(&r->lock);
     }

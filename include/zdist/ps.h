@@ -439,7 +439,8 @@ typedef enum {
     ZD_PS_TRAINER_FINISHED,    /* zd_ps_trainer_finished */
     ZD_PS_TRAINER_FAILED,      /* zd_ps_trainer_failed: info->why, info->failed_at */
     ZD_PS_TRAINER_LOST,        /* declared lost (zd_rpc_register_peer_lost) */
-    ZD_PS_TRAINER_REJOINED,    /* a process in its place joined */
+    ZD_PS_TRAINER_REJOINED,    /* a process in its place joined (info: the state it was
+                                  lost in) */
     ZD_PS_TRAINER_WAITING,     /* zd_ps_trainer_wait_all arrived */
 } zd_ps_trainer_event_t;
 
