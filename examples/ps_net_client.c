@@ -228,9 +228,24 @@ int ps_net_client_recover(ps_net_client_t *c, int64_t done, int64_t *start)
     return 1;
 }
 
+/*  The registry's calls go to rank 0, not through the server's RRef: a
+    shard 0 started again since attach would take them as if nothing had
+    happened, and the batches since its checkpoint would be lost. 0, or
+    -1 (ZD_ERR_PEER) for recovery to take over. */
+static int shard0_same(const ps_net_client_t *c)
+{
+    /* (lost and not back: the call fails by itself, naming the peer) */
+    if (atomic_load(&rank_joins[0]) != c->joins[0])
+        return zd_error_set_code(ZD_ERR_PEER,
+                                 "server shard 0 (rank 0) was lost and started "
+                                 "again since this trainer attached");
+    return 0;
+}
+
 int ps_net_client_staleness_gate(ps_net_client_t *c, int64_t done, int64_t k)
 {
-    (void)c;
+    if (shard0_same(c) < 0)
+        return -1;
     int rc = zd_ps_trainer_gate(0, done, k, ZD_TIMEOUT_DEFAULT, NULL);
     if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT) {
         fprintf(stderr,
@@ -250,14 +265,14 @@ int ps_net_client_checkpoint(ps_net_client_t *c, int64_t done)
 
 int ps_net_client_finished(ps_net_client_t *c)
 {
-    (void)c;
-    return zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT);
+    return shard0_same(c) < 0 ? -1 : zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT);
 }
 
 int ps_net_client_shared_accuracy(ps_net_client_t *c, int64_t samples, double *acc)
 {
     fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
-    (void)c;
+    if (shard0_same(c) < 0)
+        return -1;
     zd_value_t *a = zd_value_int(samples), *r = NULL;
     int rc = a ? zd_ps_trainer_wait_all(0, a, ZD_TIMEOUT_DEFAULT, &r) : -1;
     if (rc == 0)

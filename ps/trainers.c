@@ -9,6 +9,7 @@
     done" waits for it for ever. */
 #include <zdist/ps.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,25 +19,24 @@
 #include <zdist/error.h>
 #include <zdist/future.h>
 
+#include "core/sized.h"
+
 #define FN_STARTED  "__zd_pst_started"
 #define FN_FINISHED "__zd_pst_finished"
 #define FN_FAILED   "__zd_pst_failed"
 #define FN_GATE     "__zd_pst_gate"
 #define FN_WAIT_ALL "__zd_pst_wait_all"
 
-/*  Trainers waiting for the shared result at once: a world of this many
-    trainers or fewer (the rest are refused, by name). */
-#define MAX_WAITING 1024
-
 enum { T_STARTED = 1, T_FINISHED = 2, T_LOST = 4, T_WAITING = 8, T_REJOINED = 16, T_FAILED = 32 };
 
 typedef struct {
     unsigned state;
-    int64_t batches;   /* noted since it (re)joined */
-    int64_t progress;  /* its last gate's batches */
-    int64_t failed_at; /* the batch it said it failed at */
-    double lost_at;    /* now_s() */
-    zd_future_t *gate; /* parked until the slowest catches up */
+    int64_t batches;      /* noted since it (re)joined */
+    int64_t progress;     /* its last gate's batches */
+    int64_t failed_at;    /* the batch it said it failed at */
+    double lost_at;       /* now_s() */
+    zd_future_t *gate;    /* parked until the slowest catches up */
+    zd_future_t *waiting; /* its wait for the shared result */
     int64_t gate_done, gate_bound;
     char why[sizeof(((zd_ps_trainer_info_t *)0)->why)];
 } trainer_t;
@@ -47,11 +47,11 @@ struct zd_ps_trainers {
     pthread_cond_t changed; /* a trainer finished, failed, was lost or came back */
     int world;              /* 0 until the first call makes the table */
     trainer_t *t;           /* world entries; ranks below first_trainer unused */
+    zd_future_t **answer;   /* world entries: finish_waiting's, made with t */
+    int busy;               /* peer hooks at work on it: zd_ps_trainers_free waits */
     int started;
     double first_start, last_finish, last_batch;
     int64_t samples;
-    zd_future_t *waiting[MAX_WAITING];
-    int n_waiting;
     zd_value_t *request; /* the last waiting trainer's, for shared_result */
 };
 
@@ -78,8 +78,13 @@ static bool table_ready(zd_ps_trainers_t *r, int rank)
         int w = zd_rpc_world_size();
         if (w < 1)
             return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "RPC is not running"), false;
-        if (!(r->t = calloc((size_t)w, sizeof *r->t)))
+        r->t = calloc((size_t)w, sizeof *r->t);
+        r->answer = calloc((size_t)w, sizeof *r->answer);
+        if (!r->t || !r->answer) {
+            free(r->t), free(r->answer);
+            r->t = NULL, r->answer = NULL;
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory"), false;
+        }
         r->world = w;
     }
     if (rank < r->o.first_trainer || rank >= r->world)
@@ -150,17 +155,26 @@ static void open_gates(zd_ps_trainers_t *r)
     of while the result is computed. */
 static void finish_waiting(zd_ps_trainers_t *r)
 {
-    if (!r->t || r->n_waiting == 0)
+    if (!r->t)
         return;
+    int n = 0;
     for (int k = r->o.first_trainer; k < r->world; k++)
         if (!(r->t[k].state & (T_LOST | T_FAILED | T_WAITING)))
             return;
-    int n = r->n_waiting;
-    zd_future_t **fs = malloc(sizeof *fs * (size_t)n);
-    if (!fs)
-        return; /* the next trainer's news tries again */
-    memcpy(fs, r->waiting, sizeof *fs * (size_t)n);
-    r->n_waiting = 0;
+        else if (r->t[k].waiting)
+            n++;
+    if (n == 0)
+        return;
+    /* r->answer: no allocation here, where a failure would leave the
+       waiting trainers to their timeouts */
+    zd_future_t **fs = r->answer;
+    n = 0;
+    for (int k = r->o.first_trainer; k < r->world; k++)
+        if (r->t[k].waiting) {
+            fs[n++] = r->t[k].waiting;
+            r->t[k].waiting = NULL;
+        }
+    r->busy++; /* fs is r's: zd_ps_trainers_free waits */
     zd_value_t *request = r->request;
     r->request = NULL;
     pthread_mutex_unlock(&r->lock);
@@ -177,8 +191,9 @@ static void finish_waiting(zd_ps_trainers_t *r)
     }
     zd_value_unref(v);
     zd_value_unref(request);
-    free(fs);
     pthread_mutex_lock(&r->lock);
+    r->busy--;
+    pthread_cond_broadcast(&r->changed);
 }
 
 static zd_value_t *serve_started(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -264,12 +279,12 @@ static zd_future_t *serve_gate(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         return NULL;
     pthread_mutex_lock(&r->lock);
     bool ok = table_ready(r, src);
-    if (ok && r->t[src].gate) {
-        zd_error_set_code(ZD_ERR_ARGUMENT, "the trainers' gate: rank %d already waits", src);
-        ok = false;
-    }
     if (ok) {
         trainer_t *t = &r->t[src];
+        if (t->gate) { /* its caller gave up on it (a timeout) and went on */
+            zd_future_set_error(t->gate, "superseded by the same rank's next gate call");
+            zd_future_unref(t->gate);
+        }
         t->progress = done;
         t->gate = zd_future_ref(f);
         t->gate_done = done;
@@ -294,17 +309,18 @@ static zd_future_t *serve_wait_all(zd_rpc_call_t *call, zd_value_t *args, void *
         return NULL;
     pthread_mutex_lock(&r->lock);
     bool ok = table_ready(r, src);
-    if (ok && r->n_waiting == MAX_WAITING) {
-        zd_error_set_code(ZD_ERR_ARGUMENT, "more than %d trainers wait for the result",
-                          MAX_WAITING);
-        ok = false;
-    }
     if (ok) {
-        r->t[src].state |= T_WAITING;
+        trainer_t *t = &r->t[src];
+        /* one wait per rank: a peer cannot pile them up */
+        if (t->waiting) {
+            zd_future_set_error(t->waiting, "superseded by the same rank's next wait");
+            zd_future_unref(t->waiting);
+        }
+        t->state |= T_WAITING;
         tell(r, src, zd_rpc_call_caller_name(call), ZD_PS_TRAINER_WAITING);
         zd_value_unref(r->request);
         r->request = zd_value_ref(request);
-        r->waiting[r->n_waiting++] = zd_future_ref(f);
+        t->waiting = zd_future_ref(f);
         finish_waiting(r);
     }
     pthread_mutex_unlock(&r->lock);
@@ -313,70 +329,87 @@ static zd_future_t *serve_wait_all(zd_rpc_call_t *call, zd_value_t *args, void *
     return f;
 }
 
+/*  The registry, locked and pinned for a peer hook (NULL when there is
+    none): g.lock is let go at once, since a shared result computed on a
+    loss may take long, and zd_ps_trainers_free waits for the pin. */
+static zd_ps_trainers_t *pin(void)
+{
+    pthread_mutex_lock(&g.lock);
+    zd_ps_trainers_t *r = g.current;
+    if (r) {
+        pthread_mutex_lock(&r->lock);
+        r->busy++;
+    }
+    pthread_mutex_unlock(&g.lock);
+    return r;
+}
+
+static void unpin(zd_ps_trainers_t *r)
+{
+    r->busy--;
+    pthread_cond_broadcast(&r->changed);
+    pthread_mutex_unlock(&r->lock);
+}
+
 /*  A peer declared lost (an RPC pool thread): the gates and the shared
     result stop waiting for it. */
 static void on_lost(void *arg, int peer, const char *name)
 {
     (void)arg;
-    pthread_mutex_lock(&g.lock);
-    zd_ps_trainers_t *r = g.current;
-    if (r) {
-        pthread_mutex_lock(&r->lock);
-        if (peer >= r->o.first_trainer && table_ready(r, peer)) {
-            trainer_t *t = &r->t[peer];
-            t->state |= T_LOST;
-            t->lost_at = now_s();
-            pthread_cond_broadcast(&r->changed);
-            tell(r, peer, name, ZD_PS_TRAINER_LOST);
-            if (t->gate) {
-                zd_future_set_error(t->gate, "lost");
-                zd_future_unref(t->gate);
-                t->gate = NULL;
-            }
-            open_gates(r);
-            finish_waiting(r);
+    zd_ps_trainers_t *r = pin();
+    if (!r)
+        return;
+    if (peer >= r->o.first_trainer && table_ready(r, peer)) {
+        trainer_t *t = &r->t[peer];
+        t->state |= T_LOST;
+        t->lost_at = now_s();
+        tell(r, peer, name, ZD_PS_TRAINER_LOST);
+        if (t->gate) {
+            zd_future_set_error(t->gate, "lost");
+            zd_future_unref(t->gate);
+            t->gate = NULL;
         }
-        pthread_mutex_unlock(&r->lock);
+        open_gates(r);
+        finish_waiting(r);
     }
-    pthread_mutex_unlock(&g.lock);
+    unpin(r);
 }
 
 /*  A lost peer rejoined: a trainer started again with its rank trains
     again (from its checkpoint): it counts again for the gates and the
-    shared result, and is no longer failed either. */
+    shared result, and is no longer failed either. Its new process may
+    have called before this news: a gate it parked keeps its place. */
 static void on_joined(void *arg, int peer, const char *name)
 {
     (void)arg;
-    pthread_mutex_lock(&g.lock);
-    zd_ps_trainers_t *r = g.current;
-    if (r) {
-        pthread_mutex_lock(&r->lock);
-        if (peer >= r->o.first_trainer && table_ready(r, peer)) {
-            trainer_t *t = &r->t[peer];
-            tell(r, peer, name, ZD_PS_TRAINER_REJOINED); /* the state it was lost in */
-            t->state = T_REJOINED;
-            t->batches = 0;
-            t->progress = 0;
-            pthread_cond_broadcast(&r->changed);
+    zd_ps_trainers_t *r = pin();
+    if (!r)
+        return;
+    if (peer >= r->o.first_trainer && table_ready(r, peer)) {
+        trainer_t *t = &r->t[peer];
+        tell(r, peer, name, ZD_PS_TRAINER_REJOINED); /* the state it was lost in */
+        if (t->waiting) {                            /* the old process's, answered to nobody */
+            zd_future_set_error(t->waiting, "the trainer was started again");
+            zd_future_unref(t->waiting);
+            t->waiting = NULL;
         }
-        pthread_mutex_unlock(&r->lock);
+        t->state = T_REJOINED;
+        t->batches = 0;
+        t->progress = t->gate ? t->gate_done : 0;
+        open_gates(r);
     }
-    pthread_mutex_unlock(&g.lock);
+    unpin(r);
 }
 
 zd_ps_trainers_t *zd_ps_trainers_new(const zd_ps_trainers_options_t *opts)
 {
     zd_ps_trainers_options_t o = zd_ps_trainers_options_default();
-    if (opts) {
-        if (opts->size < sizeof o) {
-            zd_error_set_code(ZD_ERR_ARGUMENT,
-                              "zd_ps_trainers_new: options of an older size: "
-                              "start from zd_ps_trainers_options_default()");
-            return NULL;
-        }
-        o = *opts;
-    }
-    if (o.first_trainer < 0) {
+    if (opts &&
+        zd__sized_read(&o, sizeof o, opts,
+                       ZD__SIZE_THROUGH(zd_ps_trainers_options_t, shared_result_arg),
+                       "zd_ps_trainers_options_t", "zd_ps_trainers_options_default()") < 0)
+        return NULL;
+    if (o.first_trainer < 0 || o.first_trainer == INT_MAX) {
         zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_trainers_new: first_trainer %d", o.first_trainer);
         return NULL;
     }
@@ -483,7 +516,7 @@ int zd_ps_trainers_wait(zd_ps_trainers_t *r, int64_t lost_wait_ms, int64_t timeo
         }
         if (done)
             break;
-        if (timeout_ms >= 0 && now - t0 > (double)timeout_ms / 1000) {
+        if (timeout_ms > 0 && now - t0 > (double)timeout_ms / 1000) {
             rc = zd_error_set_code(ZD_ERR_TIMEOUT,
                                    "zd_ps_trainers_wait: trainers still at work after %lld ms",
                                    (long long)timeout_ms);
@@ -536,22 +569,26 @@ void zd_ps_trainers_free(zd_ps_trainers_t *r)
     if (g.current == r)
         g.current = NULL;
     pthread_mutex_unlock(&g.lock);
+    pthread_mutex_lock(&r->lock);
+    while (r->busy > 0) /* a peer hook, or a shared result being computed */
+        pthread_cond_wait(&r->changed, &r->lock);
+    pthread_mutex_unlock(&r->lock);
     zd_rpc_unregister(FN_STARTED);
     zd_rpc_unregister(FN_FINISHED);
     zd_rpc_unregister(FN_FAILED);
     zd_rpc_unregister(FN_GATE);
     zd_rpc_unregister(FN_WAIT_ALL);
-    for (int k = 0; r->t && k < r->world; k++)
-        if (r->t[k].gate) {
-            zd_future_set_error(r->t[k].gate, "the server stopped");
-            zd_future_unref(r->t[k].gate);
-        }
-    for (int i = 0; i < r->n_waiting; i++) {
-        zd_future_set_error(r->waiting[i], "the server stopped");
-        zd_future_unref(r->waiting[i]);
+    for (int k = 0; r->t && k < r->world; k++) {
+        zd_future_t *f[2] = {r->t[k].gate, r->t[k].waiting};
+        for (int i = 0; i < 2; i++)
+            if (f[i]) {
+                zd_future_set_error(f[i], "the server stopped");
+                zd_future_unref(f[i]);
+            }
     }
     zd_value_unref(r->request);
     free(r->t);
+    free(r->answer);
     pthread_cond_destroy(&r->changed);
     pthread_mutex_destroy(&r->lock);
     free(r);
@@ -559,11 +596,13 @@ void zd_ps_trainers_free(zd_ps_trainers_t *r)
 
 /*  ---- a trainer's calls ---- */
 
-static int call_host(int host, const char *fn, zd_value_t *args, int64_t timeout_ms,
-                     zd_value_t **result)
+static int call_host(const char *what, int host, const char *fn, zd_value_t *args,
+                     int64_t timeout_ms, zd_value_t **result)
 {
     zd_value_t *r = NULL;
     int rc = zd_rpc_sync_take(host, fn, args, timeout_ms, &r);
+    if (rc < 0) /* the caller's words, not the internal function's name */
+        zd_error_set_code(zd_error_code(), "%s: %s", what, zd_error_last());
     if (rc == 0 && result)
         *result = r;
     else
@@ -573,24 +612,25 @@ static int call_host(int host, const char *fn, zd_value_t *args, int64_t timeout
 
 int zd_ps_trainer_started(int host, int64_t timeout_ms)
 {
-    return call_host(host, FN_STARTED, ZD_ARGS(), timeout_ms, NULL);
+    return call_host("zd_ps_trainer_started", host, FN_STARTED, ZD_ARGS(), timeout_ms, NULL);
 }
 
 int zd_ps_trainer_finished(int host, int64_t timeout_ms)
 {
-    return call_host(host, FN_FINISHED, ZD_ARGS(), timeout_ms, NULL);
+    return call_host("zd_ps_trainer_finished", host, FN_FINISHED, ZD_ARGS(), timeout_ms, NULL);
 }
 
 int zd_ps_trainer_failed(int host, int64_t batches, const char *why, int64_t timeout_ms)
 {
-    return call_host(host, FN_FAILED, ZD_ARGS(batches, why ? why : ""), timeout_ms, NULL);
+    return call_host("zd_ps_trainer_failed", host, FN_FAILED, ZD_ARGS(batches, why ? why : ""),
+                     timeout_ms, NULL);
 }
 
 int zd_ps_trainer_gate(int host, int64_t done, int64_t bound, int64_t timeout_ms, int64_t *lead)
 {
     zd_value_t *v = NULL;
     int64_t l = 0;
-    int rc = call_host(host, FN_GATE, ZD_ARGS(done, bound), timeout_ms, &v);
+    int rc = call_host("zd_ps_trainer_gate", host, FN_GATE, ZD_ARGS(done, bound), timeout_ms, &v);
     if (rc == 0 && (rc = zd_value_get_int(v, &l)) < 0)
         zd_error_set_code(ZD_ERR_REMOTE, "the trainers' gate: answered %s, not an int",
                           zd_value_kind_name(zd_value_kind(v)));
@@ -605,5 +645,5 @@ int zd_ps_trainer_wait_all(int host, zd_value_t *request, int64_t timeout_ms, zd
     if (result)
         *result = NULL;
     zd_value_t *req = request ? zd_value_ref(request) : zd_value_none();
-    return call_host(host, FN_WAIT_ALL, ZD_ARGS(req), timeout_ms, result);
+    return call_host("zd_ps_trainer_wait_all", host, FN_WAIT_ALL, ZD_ARGS(req), timeout_ms, result);
 }

@@ -10,7 +10,9 @@
       throughput add up;
     - refusals: a second registry in a process, a call from a rank that is
       not a trainer, a gate with a negative bound; a wait that times out
-      while a trainer is at work; no shared_result gives none. */
+      while a trainer is at work; no shared_result gives none;
+    - the shared result started by a loss (the last trainer killed while
+      the other waits for it): its error reaches the waiting trainer. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,6 +21,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include <zdist/error.h>
 #include <zdist/ps.h>
@@ -102,7 +105,9 @@ static int host(const world_t *w)
     WCHECK((reg = zd_ps_trainers_new(&o)) != NULL);
     WTRY(zd_rpc_register("batch", serve_batch, NULL));
     WTRY(join(w));
-    WTRY(zd_ps_trainers_wait(reg, 500, world_scaled_ms(40000)));
+    /* no limit: rank 1 cannot finish before rank 3 is lost (the world's
+       timeout bounds the test) */
+    WTRY(zd_ps_trainers_wait(reg, 500, ZD_TIMEOUT_NONE));
     zd_ps_trainer_info_t fast, failed, killed;
     WTRY(zd_ps_trainers_get(reg, 1, &fast));
     WTRY(zd_ps_trainers_get(reg, 2, &failed));
@@ -196,6 +201,8 @@ static int refusals(const world_t *w)
             WTRY(zd_rpc_sync_take(0, "go", ZD_ARGS(), ZD_TIMEOUT_DEFAULT, &r));
             WTRY(zd_value_get_int(r, &go));
             zd_value_unref(r);
+            if (go == 0)
+                nanosleep(&(struct timespec){0, 10000000}, NULL);
         }
         WTRY(zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT));
         zd_value_t *res = NULL;
@@ -239,11 +246,77 @@ static void test_refusals(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  ---- the shared result, started by a loss ---- */
+
+static zd_value_t *no_result(void *arg, const zd_value_t *request)
+{
+    (void)arg, (void)request;
+    atomic_fetch_add(&shared_calls, 1);
+    zd_error_set("no result: the test's");
+    return NULL;
+}
+
+/*  "waiting"(): how many trainers have asked for the shared result. */
+static zd_value_t *serve_waiting(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_value_int(atomic_load(&events[ZD_PS_TRAINER_WAITING]));
+}
+
+static int loss_world(const world_t *w)
+{
+    if (w->rank == 0) {
+        zd_ps_trainers_options_t o = zd_ps_trainers_options_default();
+        o.on_event = on_event;
+        o.shared_result = no_result;
+        WCHECK((reg = zd_ps_trainers_new(&o)) != NULL);
+        WTRY(zd_rpc_register("waiting", serve_waiting, NULL));
+        WTRY(join(w));
+        WTRY(zd_ps_trainers_wait(reg, 0, ZD_TIMEOUT_NONE));
+        zd_rpc_shutdown(true, world_scaled_ms(30000));
+        WCHECK(atomic_load(&shared_calls) == 1);
+        zd_ps_trainers_free(reg);
+        return 0;
+    }
+    WTRY(join(w));
+    if (w->rank == 2) { /* dies once rank 1 waits for the result */
+        for (int64_t n = 0; n == 0;) {
+            zd_value_t *r = NULL;
+            WTRY(zd_rpc_sync_take(0, "waiting", ZD_ARGS(), ZD_TIMEOUT_DEFAULT, &r));
+            WTRY(zd_value_get_int(r, &n));
+            zd_value_unref(r);
+            if (n == 0)
+                nanosleep(&(struct timespec){0, 10000000}, NULL);
+        }
+        raise(SIGKILL);
+    }
+    WTRY(zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT));
+    zd_value_t *res = NULL;
+    WCHECK(zd_ps_trainer_wait_all(0, NULL, world_scaled_ms(30000), &res) < 0 && res == NULL);
+    WCHECK(zd_error_code() == ZD_ERR_REMOTE);
+    WCHECK(strstr(zd_error_last(), "zd_ps_trainer_wait_all") != NULL);
+    WCHECK(strstr(zd_error_last(), "no result: the test's") != NULL);
+    zd_rpc_shutdown(true, world_scaled_ms(30000));
+    return 0;
+}
+
+static void test_loss_completes_the_shared_result(void **state)
+{
+    (void)state;
+    world_options_t o = {.world_size = 3,
+                         .fn = loss_world,
+                         .own_init = true,
+                         .timeout_s = 60,
+                         .expect_exit = {0, 0, 128 + SIGKILL}};
+    assert_int_equal(world_run(&o), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry_follows_trainers),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_loss_completes_the_shared_result),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

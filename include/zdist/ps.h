@@ -467,8 +467,11 @@ typedef struct {
     /* The result every zd_ps_trainer_wait_all gets, computed once when
        each trainer is waiting, failed or lost, from the last caller's
        request (borrowed): a new value, or NULL with the error set, which
-       each waiting trainer gets. Runs on an RPC thread, unlocked: it may
-       call zd_ps_trainers_get (NULL: none is the result). */
+       each waiting trainer gets. Runs on an RPC thread (the one that
+       brought the last news: a trainer's call, or a loss), with the
+       registry unlocked: it may call zd_ps_trainers_get; a trainer that
+       asks again meanwhile may start another (NULL: none is the
+       result). */
     zd_value_t *(*shared_result)(void *arg, const zd_value_t *request);
     void *shared_result_arg;
 } zd_ps_trainers_options_t;
@@ -489,34 +492,40 @@ typedef struct zd_ps_trainers zd_ps_trainers_t;
 /*  The registry of this process (one at a time), with opts (NULL: the
     defaults); registers its functions, so call it before zd_rpc_init. A
     new object (zd_ps_trainers_free), or NULL (ZD_ERR_ARGUMENT: bad
-    options, a registry already). */
+    options, a registry already; ZD_ERR_NO_MEMORY; a registration's
+    error). */
 ZD_API zd_ps_trainers_t *zd_ps_trainers_new(const zd_ps_trainers_options_t *opts);
 
 /*  Counts one batch of `samples` for trainer rank (the server calls it
-    as it serves one): the batch count the events carry, and the
-    throughput. Ranks that are not trainers are ignored. */
+    as it serves one, RPC running): the batch count the events carry, and
+    the throughput. Ranks that are not trainers are ignored (with the
+    error set). */
 ZD_API void zd_ps_trainers_note_batch(zd_ps_trainers_t *r, int rank, int64_t samples);
 
 /*  Waits until every trainer has finished, said it failed, or was lost
     and has not come back within lost_wait_ms, up to timeout_ms
-    (ZD_TIMEOUT_NONE: no limit; before a graceful zd_rpc_shutdown, which
-    stops taking back restarted trainers). 0, or -1: ZD_ERR_PEER (another
-    server rank lost for longer than lost_wait_ms and 1 s: its trainers
-    gave up), ZD_ERR_TIMEOUT. */
+    (ZD_TIMEOUT_NONE and ZD_TIMEOUT_DEFAULT: no limit); call it before a
+    graceful zd_rpc_shutdown, which stops taking back restarted trainers.
+    0, or -1: ZD_ERR_PEER (another server rank lost for longer than
+    lost_wait_ms and 1 s: its trainers gave up), ZD_ERR_TIMEOUT,
+    ZD_ERR_ARGUMENT (NULL), ZD_ERR_NO_MEMORY. */
 ZD_API int zd_ps_trainers_wait(zd_ps_trainers_t *r, int64_t lost_wait_ms, int64_t timeout_ms);
 
 /*  What the registry knows of trainer rank, into *info. 0, or -1
-    (ZD_ERR_ARGUMENT: not a trainer; ZD_ERR_NOT_INITIALIZED). */
+    (ZD_ERR_ARGUMENT: NULL, not a trainer; ZD_ERR_NOT_INITIALIZED: no
+    trainer called yet and RPC is not running; ZD_ERR_NO_MEMORY). */
 ZD_API int zd_ps_trainers_get(zd_ps_trainers_t *r, int rank, zd_ps_trainer_info_t *info);
 
 /*  The samples of every noted batch (lost trainers' too), and the seconds
     from the first trainer's start to the last finish or noted batch,
-    whichever came later (0 before any). */
+    whichever came later, into *samples and *seconds (0 before any, and
+    for a NULL registry). */
 ZD_API void zd_ps_trainers_throughput(zd_ps_trainers_t *r, int64_t *samples, double *seconds);
 
 /*  Unregisters the registry's functions, fails the calls still waiting
     ("the server stopped") and frees it (NULL-safe). After
-    zd_rpc_shutdown, or before zd_rpc_init. */
+    zd_rpc_shutdown, or before zd_rpc_init: its handlers must not be
+    running. */
 ZD_API void zd_ps_trainers_free(zd_ps_trainers_t *r);
 
 /*  A trainer tells the registry on rank host it started. 0, or -1 with
@@ -531,15 +540,18 @@ ZD_API int zd_ps_trainer_finished(int host, int64_t timeout_ms);
 ZD_API int zd_ps_trainer_failed(int host, int64_t batches, const char *why, int64_t timeout_ms);
 
 /*  Waits until this trainer, having done `done` batches, is at most
-    bound batches ahead of the slowest trainer still training (finished,
-    failed and lost ones do not count); its lead then into *lead (if not
-    NULL). 0, or -1 (ZD_ERR_TIMEOUT: the slowest did not catch up in
-    time; ZD_ERR_REMOTE: this trainer was declared lost meanwhile). */
+    bound (>= 0) batches ahead of the slowest trainer still training
+    (finished, failed and lost ones do not count); its lead then into
+    *lead (if not NULL). A trainer that went on after a timeout parks its
+    next gate in place of the old one. 0, or -1: ZD_ERR_TIMEOUT (the
+    slowest did not catch up in time), ZD_ERR_PEER, ZD_ERR_REMOTE (the
+    registry refused: the text says why). */
 ZD_API int zd_ps_trainer_gate(int host, int64_t done, int64_t bound, int64_t timeout_ms,
                               int64_t *lead);
 
 /*  Waits for the shared result (zd_ps_trainers_options_t.shared_result),
-    sending request (borrowed; NULL: none) for it: 0 with *result a new
+    sending request (borrowed; NULL: none) for it; a rank waits once at
+    a time (its next call replaces the first). 0 with *result a new
     reference, or -1 (ZD_ERR_REMOTE: the result's error). */
 ZD_API int zd_ps_trainer_wait_all(int host, zd_value_t *request, int64_t timeout_ms,
                                   zd_value_t **result);
