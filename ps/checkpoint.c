@@ -231,12 +231,12 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     return 0;
 }
 
-int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *s, int64_t *version)
+int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *version)
 {
     zd_named_tensors_t *best = NULL;
     int64_t best_version = -1;
     int found = 0, best_which = -1;
-    char name[4200], damaged[1024] = "";
+    char name[4200], damaged[1024] = "", held[256] = "";
     for (int which = 0; which < N_SUFFIXES; which++) {
         name_of(s, which, name, sizeof name);
         if (access(name, F_OK) < 0)
@@ -251,7 +251,9 @@ int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *s, int64_t *version)
             zd_named_tensors_free(nt);
             continue;
         }
-        if (v > best_version) {
+        size_t at = strlen(held);
+        snprintf(held + at, sizeof held - at, "%s%" PRId64, at ? ", " : "", v);
+        if (want < 0 ? v > best_version : v == want && !best) {
             zd_named_tensors_free(best);
             best = nt;
             best_version = v;
@@ -260,16 +262,23 @@ int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *s, int64_t *version)
             zd_named_tensors_free(nt);
         }
     }
-    if (!found) {
+    if (!found && want < 0) {
         zd__log(ZD_LOG_INFO, "ps: shard %d: no checkpoint at %s yet: starting anew", s->shard,
                 s->path);
         return -1;
     }
+    if (!best && want >= 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "ps: shard %d: no checkpoint of version %" PRId64
+                                 " at %s (its readable ones: %s%s%s)",
+                                 s->shard, want, s->path, held[0] ? held : "none",
+                                 damaged[0] ? "; damaged: " : "", damaged),
+               -2;
     if (!best)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d: no checkpoint can be resumed: %s",
                                  s->shard, damaged),
                -2;
-    if (damaged[0])
+    if (damaged[0] && want < 0)
         zd__log(ZD_LOG_WARN, "ps: shard %d: passed over %s", s->shard, damaged);
     name_of(s, best_which, name, sizeof name);
     int rc = take(s, best);
@@ -277,7 +286,7 @@ int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *s, int64_t *version)
     if (rc < 0)
         return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name), -2;
     *version = best_version;
-    zd__log(ZD_LOG_INFO, "ps: shard %d: resumed from %s at version %" PRId64, s->shard, name,
-            best_version);
+    zd__log(ZD_LOG_INFO, "ps: shard %d: %s %s at version %" PRId64, s->shard,
+            want < 0 ? "resumed from" : "went back to", name, best_version);
     return 0;
 }

@@ -27,6 +27,7 @@
 #define FN_PULL  "__zd_ps_pull_"
 #define FN_PUSH  "__zd_ps_push_"
 #define FN_WHERE "__zd_ps_where_"
+#define FN_BACK  "__zd_ps_back_"
 
 int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in)
 {
@@ -323,6 +324,7 @@ static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
     if (zd_optim_step(s->opt, grads) < 0)
         return -1;
     s->version++;
+    s->fresh = false;
     if (s->opts.on_step)
         s->opts.on_step(s->opts.on_step_arg, s->shard, s->version);
     int64_t every = s->opts.checkpoint_every;
@@ -541,12 +543,70 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     int caller = zd_rpc_call_caller_rank(call);
     pthread_mutex_lock(&s->lock);
     int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+    bool fresh = s->fresh;
     zd_value_t *v = answer_new(ZD_OK, s->version, "");
     pthread_mutex_unlock(&s->lock);
-    if (v && zd_list_append(v, zd_value_int(position)) < 0) {
+    if (v &&
+        (zd_list_append(v, zd_value_int(position)) < 0 ||
+         zd_list_append(v, zd_value_int(fresh)) < 0)) {
         zd_value_unref(v);
         v = NULL;
     }
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
+    return v;
+}
+
+/*  "__zd_ps_back_<K>"(from, to): a synchronous shard at version `from`
+    goes back to its checkpoint of version `to`, which another shard
+    resumed from: a round is then one round on every shard. A shard
+    already at `to` answers at once; one that moved on from `from` is
+    refused as stale (the caller looks again). The round's pushes waiting
+    are answered stale: their trainers pull again. */
+static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    zd_ps_server_t *s = arg;
+    int64_t from, to;
+    if (ZD_UNPACK(args, &from, &to) < 0)
+        return NULL;
+    zd_future_t **fs = NULL;
+    int n = 0;
+    zd_error_code_t code = ZD_OK;
+    char text[600] = "";
+    pthread_mutex_lock(&s->lock);
+    if (s->opts.mode != ZD_PS_SYNC || !s->ckpt_path || to < 0 || from <= to) {
+        code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text,
+                 "shard %d: going back from version %" PRId64 " to %" PRId64
+                 " is for synchronous shards with checkpoints, to an older version",
+                 s->shard, from, to);
+    } else if (s->version != to && s->version != from) {
+        code = ZD_ERR_STALE;
+        snprintf(text, sizeof text, "shard %d is at version %" PRId64 ", not %" PRId64, s->shard,
+                 s->version, from);
+    } else if (s->version == from) {
+        zd__ps_ckpt_t c = ckpt_of(s);
+        int64_t v;
+        if (zd__ps_checkpoint_load(&c, to, &v) < 0) {
+            code = ZD_ERR_ARGUMENT;
+            snprintf(text, sizeof text, "%s", zd_error_last());
+        } else {
+            s->version = v;
+            s->ckpt_version = v;
+            s->fresh = true;
+            fs = take_waiting(s, &n);
+        }
+    }
+    int64_t now = s->version;
+    pthread_mutex_unlock(&s->lock);
+    if (fs) {
+        char why[128];
+        snprintf(why, sizeof why, "refused by shard %d as stale: it went back to version %" PRId64,
+                 s->shard, now);
+        answer_all(fs, n, ZD_ERR_STALE, now, why);
+    }
+    zd_value_t *v = answer_new(code, now, text);
     if (!v)
         zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
     return v;
@@ -658,6 +718,7 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     snprintf(s->fn_pull, sizeof s->fn_pull, FN_PULL "%d", shard);
     snprintf(s->fn_push, sizeof s->fn_push, FN_PUSH "%d", shard);
     snprintf(s->fn_where, sizeof s->fn_where, FN_WHERE "%d", shard);
+    snprintf(s->fn_back, sizeof s->fn_back, FN_BACK "%d", shard);
     s->names = calloc((size_t)mine, sizeof *s->names);
     s->params = calloc((size_t)mine, sizeof *s->params);
     s->sums = calloc((size_t)mine, sizeof *s->sums);
@@ -691,20 +752,23 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         goto fail;
     if (o.resume) {
         zd__ps_ckpt_t c = ckpt_of(s);
-        int r = zd__ps_checkpoint_resume(&c, &s->version);
+        int r = zd__ps_checkpoint_load(&c, -1, &s->version);
         if (r == -2)
             goto fail;
         if (r == 0)
             s->ckpt_version = s->version;
+        s->fresh = r == 0;
     }
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;
     push.arg = s;
     if (zd_rpc_register_function(s->fn_push, &push) < 0 ||
         zd_rpc_register(s->fn_pull, serve_pull, s) < 0 ||
-        zd_rpc_register(s->fn_where, serve_where, s) < 0) {
+        zd_rpc_register(s->fn_where, serve_where, s) < 0 ||
+        zd_rpc_register(s->fn_back, serve_back, s) < 0) {
         zd_rpc_unregister(s->fn_push);
         zd_rpc_unregister(s->fn_pull);
+        zd_rpc_unregister(s->fn_where);
         goto fail;
     }
     if (o.mode == ZD_PS_SYNC && enlist(s) < 0) {
@@ -721,7 +785,7 @@ fail:
     free(shard_of);
     if (s) {
         /* Nothing registered: free without unregistering. */
-        s->fn_pull[0] = s->fn_push[0] = s->fn_where[0] = '\0';
+        s->fn_pull[0] = s->fn_push[0] = s->fn_where[0] = s->fn_back[0] = '\0';
         zd_ps_server_free(s);
     }
     return NULL;
@@ -804,6 +868,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
         zd_rpc_unregister(s->fn_push);
         zd_rpc_unregister(s->fn_pull);
         zd_rpc_unregister(s->fn_where);
+        zd_rpc_unregister(s->fn_back);
     }
     if (s->waiting)
         zd_ps_server_stop(s); /* answers a round left incomplete, so no future leaks */
@@ -936,11 +1001,15 @@ int zd__ps_wait_ranks(const int *ranks, int n, int64_t timeout_ms)
     return 0;
 }
 
+static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms);
+
 int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
 {
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
-    return zd__ps_wait_ranks(c->ranks, c->n_shards, timeout_ms);
+    if (zd__ps_wait_ranks(c->ranks, c->n_shards, timeout_ms) < 0)
+        return -1;
+    return agree_versions(c, ZD_TIMEOUT_DEFAULT);
 }
 
 /*  Stale pushes in a row after which a step gives up: the trainer is
@@ -1228,6 +1297,10 @@ int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t 
         *position = -1;
     if (!c || !position)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_resume_position: NULL");
+    /* first one version everywhere: the positions are then of one
+       generation */
+    if (agree_versions(c, timeout_ms) < 0)
+        return -1;
     shard_calls_t k;
     int rc = -1;
     if (shard_calls_new(c, "zd_ps_client_resume_position", &k) < 0 ||
@@ -1251,4 +1324,74 @@ int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t 
 out:
     shard_calls_free(c, &k);
     return rc;
+}
+
+/*  Tells synchronous shard s at version `from` to go back to its
+    checkpoint of version `to`. 0; 1 when it had moved on (look again);
+    -1 with the error set. */
+static int send_back(zd_ps_client_t *c, int s, int64_t from, int64_t to, int64_t timeout_ms)
+{
+    char fn[32];
+    snprintf(fn, sizeof fn, FN_BACK "%d", s);
+    zd_value_t *r = NULL;
+    int64_t now;
+    int rc = zd_rpc_sync_take(c->ranks[s], fn, ZD_ARGS(from, to), call_timeout(timeout_ms), &r);
+    if (rc < 0)
+        rc = call_failed(c, s, "going back", NULL);
+    else if ((rc = read_head(c, s, "going back", r, &now)) < 0 && zd_error_code() == ZD_ERR_STALE)
+        rc = 1;
+    zd_value_unref(r);
+    if (rc == 0)
+        zd__log(ZD_LOG_INFO,
+                "ps: shard %d went back from version %" PRId64 " to %" PRId64
+                ", the version another shard resumed from",
+                s, from, to);
+    return rc;
+}
+
+/*  Synchronous shards at one version. A shard that came back from its
+    checkpoint while the others went on, or a run resumed where one
+    shard's newest generation was lost, leaves a shard resumed at an older
+    version than the others: they go back to that version's generation
+    (their own newest or the one before), so that a round is one round on
+    every shard and the positions are of one checkpoint. Shards merely in
+    the middle of a round (the oldest did not resume there) are left
+    alone. 0, or -1 (ZD_ERR_ARGUMENT: a shard without that generation,
+    naming it and the versions it has). */
+static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (c->opts.mode != ZD_PS_SYNC || c->n_shards < 2)
+        return 0;
+    /* shards that move on meanwhile (another trainer sent them back, a
+       round completed) are looked at again */
+    for (int attempt = 0; attempt < 10; attempt++) {
+        shard_calls_t k;
+        int rc = -1, again = 0;
+        if (shard_calls_new(c, "ps: the shards' versions", &k) < 0 ||
+            shard_calls_run(c, "version", FN_WHERE, call_timeout(timeout_ms), &k) < 0)
+            goto out;
+        int64_t low = INT64_MAX;
+        bool low_fresh = false;
+        for (int s = 0; s < c->n_shards; s++) {
+            int64_t fresh = 0; /* a shard of an older release says nothing: not */
+            if (zd_list_len(zd_future_value(k.fs[s])) > 4)
+                zd_rpc_arg_int(zd_future_value(k.fs[s]), 4, &fresh);
+            if (k.versions[s] < low)
+                low = k.versions[s], low_fresh = fresh != 0;
+            else if (k.versions[s] == low)
+                low_fresh = low_fresh || fresh != 0;
+        }
+        rc = 0;
+        for (int s = 0; low_fresh && s < c->n_shards && rc == 0; s++)
+            if (k.versions[s] > low && (rc = send_back(c, s, k.versions[s], low, timeout_ms)) > 0)
+                again = 1, rc = 0;
+    out:
+        shard_calls_free(c, &k);
+        if (rc < 0)
+            return zd_error_wrap("ps: bringing the shards to one version");
+        if (!again)
+            return 0;
+    }
+    return zd_error_set_code(ZD_ERR_TIMEOUT,
+                             "ps: the shards' versions kept moving while they were brought to one");
 }

@@ -13,7 +13,7 @@
 struct zd_ps_server {
     int shard, n_shards;
     zd_ps_options_t opts;
-    char fn_pull[32], fn_push[32], fn_where[32];
+    char fn_pull[32], fn_push[32], fn_where[32], fn_back[32];
     int n;                /* tensors served */
     char **names;         /* theirs */
     zd_tensor_t **params; /* the shard's own copies, stepped by opt */
@@ -37,6 +37,7 @@ struct zd_ps_server {
     /* checkpoints (checkpoint.c) */
     char *ckpt_path;      /* "<checkpoint_path>.shard<K>", or NULL: none */
     int64_t ckpt_version; /* the version last written or resumed from; -1: none */
+    bool fresh;           /* resumed (or gone back) from a checkpoint, no step since */
     /* where each trainer was in its data at its last push taken
        (zd_ps_client_set_position), by rank; -1: none. Checkpointed. */
     int64_t *positions;
@@ -113,11 +114,13 @@ typedef struct {
     older generations left as they were). */
 int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
 
-/*  Takes the newest readable generation of the checkpoint into the
-    shard's parameters and optimizer (before it serves): 0 with *version
-    its version, or -1 when there is none (a new run); -2 with the error
-    set when files exist and none can be taken. */
-int zd__ps_checkpoint_resume(const zd__ps_ckpt_t *c, int64_t *version);
+/*  Takes a generation of the checkpoint into the shard's parameters,
+    optimizer and positions (before it serves, or under its lock): the
+    newest readable one (want -1), or the one of version want: 0 with
+    *version its version, or -1 when there is no file (a new run; want -1
+    only); -2 with the error set when none can be taken (want: naming the
+    versions there are). */
+int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version);
 
 /*  Records that the trainer of rank `rank` is at `position` of its data
     in *positions (*n entries, grown up to the world's size; -1: none),

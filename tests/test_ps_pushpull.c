@@ -819,6 +819,173 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/*  ---- synchronous shards brought to one generation ---- */
+
+typedef struct {
+    char prefix[256];
+    int rounds;         /* the trainer trains up to this round */
+    int64_t resumed[2]; /* each shard's own newest readable version */
+    int64_t agreed;     /* the version they must agree on (-1: they cannot) */
+} gen_setup_t;
+
+static zd_ps_options_t gen_options(const gen_setup_t *gs)
+{
+    zd_ps_options_t o = zd_ps_options_default();
+    o.mode = ZD_PS_SYNC;
+    o.checkpoint_path = gs->prefix;
+    o.checkpoint_every = 2;
+    o.resume = true;
+    return o;
+}
+
+static int gen_shard(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    int shard = w->rank - 1;
+    zd_ps_options_t o = gen_options(gs);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, shard, 2, &sgd, &o);
+    zd_nn_module_free(m);
+    WCHECK(srv);
+    int rc = 0;
+    if (zd_ps_server_version(srv) != gs->resumed[shard])
+        rc = world_fail(w, "shard %d resumed at version %lld, not %lld", shard,
+                        (long long)zd_ps_server_version(srv), (long long)gs->resumed[shard]);
+    WTRY(join(w));
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_server_free(srv);
+    return rc;
+}
+
+static int gen_trainer(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    zd_ps_options_t o = gen_options(gs);
+    int ranks[2] = {1, 2};
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    int64_t position, start = gs->agreed > 0 ? gs->agreed : 0;
+    int r = zd_ps_client_resume_position(ps, ZD_TIMEOUT_DEFAULT, &position);
+    if (gs->agreed < 0) {
+        /* shard 0 has no generation of shard 1's version: named */
+        if (r == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
+            !strstr(zd_error_last(), "no checkpoint of version 2") ||
+            !strstr(zd_error_last(), "its readable ones: 4"))
+            rc = world_fail(w, "resume position with no common generation: %d, %s", r,
+                            zd_error_last());
+        goto out;
+    }
+    /* Each push says the round after it is next: the generation of
+       version v holds 100 + v. */
+    if (r < 0 || position != (start ? 100 + start : -1)) {
+        rc = world_fail(w, "resume position %lld: %s", (long long)position,
+                        r < 0 ? zd_error_last() : "not the agreed generation's");
+        goto out;
+    }
+    async_steps(want, (int)start); /* one trainer: a round is its step */
+    const char *bad;
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "first pull: %s", zd_error_last());
+    else if (zd_ps_client_version(ps, 0) != start || zd_ps_client_version(ps, 1) != start)
+        rc = world_fail(w, "the shards are at versions %lld and %lld, not both at %lld",
+                        (long long)zd_ps_client_version(ps, 0),
+                        (long long)zd_ps_client_version(ps, 1), (long long)start);
+    else if ((bad = differs(m, want)))
+        rc = world_fail(w, "%s is not the agreed generation's", bad);
+    for (int round = (int)start; rc == 0 && round < gs->rounds; round++) {
+        if (set_grads(m, 0, round) < 0 || zd_ps_client_set_position(ps, 100 + round + 1) < 0 ||
+            zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0 ||
+            zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "round %d: %s", round, zd_error_last());
+    }
+    for (int round = (int)start; rc == 0 && round < gs->rounds; round++)
+        sgd_mean(want, 1, round);
+    if (rc == 0 && (bad = differs(m, want)))
+        rc = world_fail(w, "after round %d: %s differs", gs->rounds, bad);
+out:
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int gen_world(const world_t *w)
+{
+    return w->rank == 0 ? gen_trainer(w) : gen_shard(w);
+}
+
+static void gen_run(const gen_setup_t *gs)
+{
+    world_options_t o = {
+        .world_size = 3, .fn = gen_world, .arg = (void *)gs, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+}
+
+static void damage(const char *path)
+{
+    FILE *f = fopen(path, "r+b");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 40, SEEK_SET), 0);
+    int c = fgetc(f);
+    assert_int_equal(fseek(f, 40, SEEK_SET), 0);
+    fputc(c ^ 0x55, f);
+    fclose(f);
+}
+
+/*  A new run in a new folder: both shards write versions 2 and 4. The
+    folder, into dir. */
+static void gen_fresh_run(char *dir, gen_setup_t *gs)
+{
+    strcpy(dir, "/tmp/zd_ps_gen_XXXXXX");
+    assert_non_null(mkdtemp(dir));
+    *gs = (gen_setup_t){.rounds = 5, .resumed = {0, 0}, .agreed = 0};
+    snprintf(gs->prefix, sizeof gs->prefix, "%s/ps", dir);
+    gen_run(gs);
+}
+
+static void gen_remove(const char *dir)
+{
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void test_sync_shards_one_generation(void **state)
+{
+    (void)state;
+    char dir[32], path[300];
+    gen_setup_t gs;
+    /* Shard 1's newest generation damaged: it resumes at 2, shard 0 at
+       4; shard 0 goes back to its generation 2, positions and all, and
+       the run trains on from there exactly. */
+    gen_fresh_run(dir, &gs);
+    snprintf(path, sizeof path, "%s.shard1", gs.prefix);
+    damage(path);
+    gs.rounds = 4;
+    gs.resumed[0] = 4, gs.resumed[1] = 2, gs.agreed = 2;
+    gen_run(&gs);
+    gen_remove(dir);
+    /* The same with shard 0 left without its generation 2: they cannot
+       agree, and the error names the versions shard 0 has. */
+    gen_fresh_run(dir, &gs);
+    snprintf(path, sizeof path, "%s.shard1", gs.prefix);
+    damage(path);
+    snprintf(path, sizeof path, "%s.shard0.prev", gs.prefix);
+    assert_int_equal(unlink(path), 0);
+    gs.resumed[0] = 4, gs.resumed[1] = 2, gs.agreed = -1;
+    gen_run(&gs);
+    gen_remove(dir);
+}
+
 /*  ---- the split ---- */
 
 static void test_split(void **state)
@@ -877,6 +1044,7 @@ int main(void)
         cmocka_unit_test(test_shard_lost),
         cmocka_unit_test(test_sync_trainer_lost),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_sync_shards_one_generation),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

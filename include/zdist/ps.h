@@ -41,6 +41,10 @@
     started again this way rejoins the world (zd_rpc_init) and serves from
     its checkpoint's version: a trainer's push computed on a version it
     does not have is refused with ZD_ERR_STALE, and the trainer pulls.
+    Synchronous shards, which write at the same versions, are brought to
+    one generation: where one resumed from an older one than the others,
+    a trainer's zd_ps_client_wait_shards or zd_ps_client_resume_position
+    sends the others back to that version's checkpoint.
 
     Every push is checked on the shard before anything changes: names it
     serves, each once, all of them, float32 of the served shapes, finite
@@ -211,8 +215,11 @@ ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
 /*  Waits until every shard is a live member of the world (after
     ZD_ERR_PEER: a lost shard started again, see Checkpoints above), up
     to timeout_ms in all (ZD_TIMEOUT_DEFAULT and ZD_TIMEOUT_NONE: no
-    limit); pull next. 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
-    ZD_ERR_NOT_INITIALIZED. */
+    limit); pull next. In ZD_PS_SYNC mode, shards ahead of one that
+    resumed from an older checkpoint go back to that version's (see
+    Checkpoints above). 0, or -1: ZD_ERR_TIMEOUT naming the shard not
+    back, ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (a shard without that
+    checkpoint, named). */
 ZD_API int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms);
 
 /*  A trainer's work on the replica between a pull and a push: the
@@ -242,9 +249,11 @@ ZD_API int zd_ps_client_set_position(zd_ps_client_t *c, int64_t position);
     shard took (kept through a shard's checkpoint and resume), for a
     trainer started again, or a run resumed, to go on from there: the
     smallest of the shards' answers into *position, or -1 when a shard
-    has none (start from the beginning). Each call up to timeout_ms
-    (default zd_rpc_get_timeout()). 0, or -1 with *position -1:
-    ZD_ERR_PEER, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL). */
+    has none (start from the beginning); synchronous shards are first
+    brought to one generation (Checkpoints above). Each call up to
+    timeout_ms (default zd_rpc_get_timeout()). 0, or -1 with *position
+    -1: ZD_ERR_PEER, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL;
+    a shard without the generation, named). */
 ZD_API int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t *position);
 
 /*  How many pushes zd_ps_client_step saw refused as stale and computed
