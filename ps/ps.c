@@ -1001,7 +1001,7 @@ int zd__ps_wait_ranks(const int *ranks, int n, int64_t timeout_ms)
     return 0;
 }
 
-static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms);
+static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms, bool after_loss);
 
 int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
 {
@@ -1009,7 +1009,7 @@ int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
     if (zd__ps_wait_ranks(c->ranks, c->n_shards, timeout_ms) < 0)
         return -1;
-    return agree_versions(c, ZD_TIMEOUT_DEFAULT);
+    return agree_versions(c, ZD_TIMEOUT_DEFAULT, true);
 }
 
 /*  Stale pushes in a row after which a step gives up: the trainer is
@@ -1299,7 +1299,7 @@ int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, int64_t 
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_resume_position: NULL");
     /* first one version everywhere: the positions are then of one
        generation */
-    if (agree_versions(c, timeout_ms) < 0)
+    if (agree_versions(c, timeout_ms, false) < 0)
         return -1;
     shard_calls_t k;
     int rc = -1;
@@ -1354,11 +1354,14 @@ static int send_back(zd_ps_client_t *c, int s, int64_t from, int64_t to, int64_t
     shard's newest generation was lost, leaves a shard resumed at an older
     version than the others: they go back to that version's generation
     (their own newest or the one before), so that a round is one round on
-    every shard and the positions are of one checkpoint. Shards merely in
-    the middle of a round (the oldest did not resume there) are left
-    alone. 0, or -1 (ZD_ERR_ARGUMENT: a shard without that generation,
-    naming it and the versions it has). */
-static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms)
+    every shard and the positions are of one checkpoint. That is after a
+    shard was lost and came back (after_loss), or before anyone stepped
+    (every shard resumed and untouched): otherwise a shard ahead may be
+    one a round completed on while the oldest still waits for a push of
+    it (a lost trainer is not waited for), and it is left alone, as are
+    shards merely in the middle of a round. 0, or -1 (ZD_ERR_ARGUMENT: a
+    shard without that generation, naming it and the versions it has). */
+static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms, bool after_loss)
 {
     if (c->opts.mode != ZD_PS_SYNC || c->n_shards < 2)
         return 0;
@@ -1371,16 +1374,18 @@ static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms)
             shard_calls_run(c, "version", FN_WHERE, call_timeout(timeout_ms), &k) < 0)
             goto out;
         int64_t low = INT64_MAX;
-        bool low_fresh = false;
+        bool low_fresh = false, all_fresh = true;
         for (int s = 0; s < c->n_shards; s++) {
             int64_t fresh = 0; /* a shard of an older release says nothing: not */
             if (zd_list_len(zd_future_value(k.fs[s])) > 4)
                 zd_rpc_arg_int(zd_future_value(k.fs[s]), 4, &fresh);
+            all_fresh = all_fresh && fresh;
             if (k.versions[s] < low)
                 low = k.versions[s], low_fresh = fresh != 0;
             else if (k.versions[s] == low)
                 low_fresh = low_fresh || fresh != 0;
         }
+        low_fresh = low_fresh && (after_loss || all_fresh);
         rc = 0;
         for (int s = 0; low_fresh && s < c->n_shards && rc == 0; s++)
             if (k.versions[s] > low && (rc = send_back(c, s, k.versions[s], low, timeout_ms)) > 0)

@@ -43,7 +43,8 @@
     does not have is refused with ZD_ERR_STALE, and the trainer pulls.
     Synchronous shards, which write at the same versions, are brought to
     one generation: where one resumed from an older one than the others,
-    a trainer's zd_ps_client_wait_shards or zd_ps_client_resume_position
+    a trainer's zd_ps_client_wait_shards (after the loss) or
+    zd_ps_client_resume_position (before the resumed run's first step)
     sends the others back to that version's checkpoint.
 
     Every push is checked on the shard before anything changes: names it
