@@ -21,16 +21,27 @@
       a version the resumed shard never had is refused as stale; the
       trainer's position in its data comes back with the generation
       (zd_ps_client_resume_position), and a push whose position is below
-      0 or not an integer is refused. */
+      0 or not an integer is refused;
+    - synchronous shards at one generation: a resumed run where one
+      shard's newest file is damaged sends the other back to the older
+      generation (or fails naming what it has, when it has not that
+      one), and a shard killed and started again while the other went a
+      round further has the other sent back by the trainer's wait. */
+#define _GNU_SOURCE /* pipe2 */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -823,6 +834,7 @@ static void test_checkpoint_resume(void **state)
 
 typedef struct {
     char prefix[256];
+    int told[2];        /* test_sync_shard_restarted: the trainer tells shard 1's parent */
     int rounds;         /* the trainer trains up to this round */
     int64_t resumed[2]; /* each shard's own newest readable version */
     int64_t agreed;     /* the version they must agree on (-1: they cannot) */
@@ -986,6 +998,146 @@ static void test_sync_shards_one_generation(void **state)
     gen_remove(dir);
 }
 
+/*  "test_die"(): this shard process dies. */
+static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    raise(SIGKILL);
+    return NULL;
+}
+
+static int gen_shard_mortal(const world_t *w)
+{
+    WTRY(zd_rpc_register("test_die", fn_die, NULL));
+    return gen_shard(w);
+}
+
+/*  Shard 1 (rank 2) serves from a child process; the first is killed,
+    the second, made with resume, joins the running world once the
+    trainer says so. The rank's own process never starts RPC, so forking
+    it is safe. */
+static int restarted_gen_shard(const world_t *w)
+{
+    gen_setup_t gs = *(const gen_setup_t *)w->arg;
+    world_t again = *w;
+    again.arg = &gs;
+    for (int life = 0; life < 2; life++) {
+        gs.resumed[1] = life == 0 ? 0 : 4;
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0)
+            return world_fail(w, "fork: %s", strerror(errno));
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            exit(gen_shard_mortal(&again) == 0 ? 0 : 1); /* exit: LeakSanitizer's check */
+        }
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        if (life == 1)
+            return WIFEXITED(status) && WEXITSTATUS(status) == 0
+                ? 0
+                : world_fail(w, "the second shard 1 ended with status %d", status);
+        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
+            return world_fail(w, "shard 1's first life ended with status %d", status);
+        struct pollfd p = {.fd = gs.told[0], .events = POLLIN};
+        char c;
+        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(gs.told[0], &c, 1) != 1)
+            return world_fail(w, "the trainer did not say when to restart shard 1");
+    }
+    return 0;
+}
+
+/*  Five rounds (both shards write versions 2 and 4), shard 1 killed; the
+    sixth round reaches shard 0 only (version 6, written), and fails with
+    ZD_ERR_PEER. Shard 1 started again resumes at 4; the trainer's wait
+    for it sends shard 0 back to 4 (its generation before the newest);
+    the resumed position is 4's, and two more rounds are exact. */
+static int restart_gen_trainer(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    zd_ps_options_t o = gen_options(gs);
+    int ranks[2] = {1, 2};
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    const char *bad;
+    for (int round = 0; rc == 0 && round < 6; round++) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(m, 0, round) < 0 ||
+            zd_ps_client_set_position(ps, 100 + round + 1) < 0)
+            rc = world_fail(w, "round %d: %s", round, zd_error_last());
+        else if (round == 5) {
+            zd_value_t *v = NULL;
+            if (zd_rpc_sync(2, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
+                rc = world_fail(w, "shard 1 answered test_die");
+            zd_value_unref(v);
+            if (rc == 0 &&
+                (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0 || zd_error_code() != ZD_ERR_PEER))
+                rc = world_fail(w, "a push with shard 1 killed: %s", zd_error_last());
+        } else if (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
+    }
+    if (rc == 0 && write(gs->told[1], "r", 1) != 1)
+        rc = world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
+    if (rc == 0 && zd_ps_client_wait_shards(ps, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shard 1 not back: %s", zd_error_last());
+    int64_t position = -1;
+    if (rc == 0 &&
+        (zd_ps_client_resume_position(ps, ZD_TIMEOUT_DEFAULT, &position) < 0 || position != 104))
+        rc = world_fail(w, "resume position %lld, not 104: %s", (long long)position,
+                        zd_error_last());
+    async_steps(want, 4);
+    if (rc == 0 && zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "pull after the restart: %s", zd_error_last());
+    else if (rc == 0 && (zd_ps_client_version(ps, 0) != 4 || zd_ps_client_version(ps, 1) != 4))
+        rc = world_fail(w, "versions %lld and %lld after the restart, not 4 and 4",
+                        (long long)zd_ps_client_version(ps, 0),
+                        (long long)zd_ps_client_version(ps, 1));
+    else if (rc == 0 && (bad = differs(m, want)))
+        rc = world_fail(w, "%s is not generation 4's", bad);
+    for (int round = 4; rc == 0 && round < 6; round++) {
+        sgd_mean(want, 1, round);
+        if (set_grads(m, 0, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0 ||
+            zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "round %d after the restart: %s", round, zd_error_last());
+    }
+    if (rc == 0 && (bad = differs(m, want)))
+        rc = world_fail(w, "after the restart's rounds: %s differs", bad);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int restart_gen_world(const world_t *w)
+{
+    if (w->rank == 0)
+        return restart_gen_trainer(w);
+    return w->rank == 1 ? gen_shard(w) : restarted_gen_shard(w);
+}
+
+static void test_sync_shard_restarted(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_gen_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    gen_setup_t gs = {.rounds = 0, .resumed = {0, 0}, .agreed = 4};
+    snprintf(gs.prefix, sizeof gs.prefix, "%s/ps", dir);
+    assert_int_equal(pipe2(gs.told, O_CLOEXEC), 0);
+    world_options_t o = {
+        .world_size = 3, .fn = restart_gen_world, .arg = &gs, .own_init = true, .timeout_s = 90};
+    int rc = world_run(&o);
+    close(gs.told[0]);
+    close(gs.told[1]);
+    gen_remove(dir);
+    assert_int_equal(rc, 0);
+}
+
 /*  ---- the split ---- */
 
 static void test_split(void **state)
@@ -1045,6 +1197,7 @@ int main(void)
         cmocka_unit_test(test_sync_trainer_lost),
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_sync_shards_one_generation),
+        cmocka_unit_test(test_sync_shard_restarted),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
