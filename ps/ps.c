@@ -893,6 +893,55 @@ void zd_ps_server_free(zd_ps_server_t *s)
 
 /*  ---- trainer side ---- */
 
+/*  How often each rank rejoined as a new process, seen from this one: a
+    synchronous client knows a shard started again by it even when none
+    of its own calls failed meanwhile (the shard died and came back while
+    it computed), and brings the shards to one version before its next
+    pull. Grown as ranks rejoin; out of memory, a join goes uncounted. */
+static struct {
+    pthread_mutex_t lock;
+    int64_t *count;
+    int n;
+    bool hooked;
+} g_joins = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void on_peer_joined(void *arg, int peer, const char *name)
+{
+    (void)arg, (void)name;
+    pthread_mutex_lock(&g_joins.lock);
+    if (peer >= g_joins.n) {
+        int64_t *grown = realloc(g_joins.count, (size_t)(peer + 1) * sizeof *grown);
+        if (grown) {
+            memset(grown + g_joins.n, 0, (size_t)(peer + 1 - g_joins.n) * sizeof *grown);
+            g_joins.count = grown;
+            g_joins.n = peer + 1;
+        }
+    }
+    if (peer >= 0 && peer < g_joins.n)
+        g_joins.count[peer]++;
+    pthread_mutex_unlock(&g_joins.lock);
+}
+
+static int64_t join_count(int rank)
+{
+    pthread_mutex_lock(&g_joins.lock);
+    int64_t n = rank >= 0 && rank < g_joins.n ? g_joins.count[rank] : 0;
+    pthread_mutex_unlock(&g_joins.lock);
+    return n;
+}
+
+static int listen_joins(void)
+{
+    pthread_mutex_lock(&g_joins.lock);
+    int rc = 0;
+    if (!g_joins.hooked) {
+        rc = zd_rpc_register_peer_joined(on_peer_joined, NULL);
+        g_joins.hooked = rc == 0;
+    }
+    pthread_mutex_unlock(&g_joins.lock);
+    return rc;
+}
+
 struct zd_ps_client {
     zd_ps_options_t opts;
     int n_shards;
@@ -905,8 +954,20 @@ struct zd_ps_client {
     bool *of_shard;    /* scratch: n flags, the tensors of one shard */
     zd_tensor_t **got; /* scratch: n tensors of an answer */
     int64_t stale;     /* pushes zd_ps_client_step computed again */
+    int64_t waits;     /* times zd_ps_client_step waited for lost shards */
+    int64_t *joins;    /* ZD_PS_SYNC: each shard's rank's joins when last brought to one
+                          version (join_count) */
     int64_t position;  /* the pushes carry it (zd_ps_client_set_position); -1: none */
 };
+
+/*  A shard's process is new since the client last looked. */
+static bool shard_rejoined(const zd_ps_client_t *c)
+{
+    for (int s = 0; c->joins && s < c->n_shards; s++)
+        if (join_count(c->ranks[s]) != c->joins[s])
+            return true;
+    return false;
+}
 
 zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *shard_ranks,
                                  int n_shards, const zd_ps_options_t *opts)
@@ -948,6 +1009,16 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
     }
     if (!(c->shard_of = split_checked(params, n_shards, "zd_ps_client_new")))
         goto fail;
+    if (o.mode == ZD_PS_SYNC && n_shards > 1) {
+        if (!(c->joins = calloc((size_t)n_shards, sizeof *c->joins)))
+            goto oom;
+        if (listen_joins() < 0) {
+            zd_error_wrap("zd_ps_client_new");
+            goto fail;
+        }
+        for (int s = 0; s < n_shards; s++)
+            c->joins[s] = join_count(c->ranks[s]);
+    }
     return c;
 oom:
     zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_new: out of memory");
@@ -976,6 +1047,7 @@ void zd_ps_client_free(zd_ps_client_t *c)
         zd_tensor_unref(c->ts[i]);
     }
     free(c->ranks);
+    free(c->joins);
     free(c->version);
     free(c->names);
     free(c->ts);
@@ -1044,12 +1116,18 @@ int zd_ps_client_step(zd_ps_client_t *c, zd_ps_compute_fn *compute, void *arg, i
             zd__log(ZD_LOG_WARN, "%s; waiting for it", zd_error_last());
         if (zd_ps_client_wait_shards(c, c->opts.server_wait_ms) < 0)
             return -1;
+        c->waits++;
     }
 }
 
 int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c)
 {
     return c ? c->stale : 0;
+}
+
+int64_t zd_ps_client_shard_waits(const zd_ps_client_t *c)
+{
+    return c ? c->waits : 0;
 }
 
 int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard)
@@ -1191,6 +1269,8 @@ int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
 {
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_pull: NULL");
+    if (shard_rejoined(c) && agree_versions(c, timeout_ms, true) < 0)
+        return -1;
     shard_calls_t k;
     int rc = -1;
     if (shard_calls_new(c, "zd_ps_client_pull", &k) < 0 ||
@@ -1365,6 +1445,13 @@ static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms, bool after_loss
 {
     if (c->opts.mode != ZD_PS_SYNC || c->n_shards < 2)
         return 0;
+    /* the shards' join counts as this look starts: a join during it is
+       looked at next time */
+    int64_t *joins = malloc((size_t)c->n_shards * sizeof *joins);
+    if (!joins)
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: the shards' versions: out of memory");
+    for (int s = 0; s < c->n_shards; s++)
+        joins[s] = join_count(c->ranks[s]);
     /* shards that move on meanwhile (another trainer sent them back, a
        round completed) are looked at again */
     for (int attempt = 0; attempt < 10; attempt++) {
@@ -1385,18 +1472,25 @@ static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms, bool after_loss
             else if (k.versions[s] == low)
                 low_fresh = low_fresh || fresh != 0;
         }
-        low_fresh = low_fresh && (after_loss || all_fresh);
+        low_fresh = low_fresh && (after_loss || all_fresh || shard_rejoined(c));
         rc = 0;
         for (int s = 0; low_fresh && s < c->n_shards && rc == 0; s++)
             if (k.versions[s] > low && (rc = send_back(c, s, k.versions[s], low, timeout_ms)) > 0)
                 again = 1, rc = 0;
     out:
         shard_calls_free(c, &k);
-        if (rc < 0)
+        if (rc < 0) {
+            free(joins);
             return zd_error_wrap("ps: bringing the shards to one version");
-        if (!again)
+        }
+        if (!again) {
+            for (int s = 0; c->joins && s < c->n_shards; s++)
+                c->joins[s] = joins[s];
+            free(joins);
             return 0;
+        }
     }
+    free(joins);
     return zd_error_set_code(ZD_ERR_TIMEOUT,
                              "ps: the shards' versions kept moving while they were brought to one");
 }

@@ -37,6 +37,7 @@
 #include <math.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1021,8 +1022,8 @@ static int restarted_gen_shard(const world_t *w)
     gen_setup_t gs = *(const gen_setup_t *)w->arg;
     world_t again = *w;
     again.arg = &gs;
-    for (int life = 0; life < 2; life++) {
-        gs.resumed[1] = life == 0 ? 0 : 4;
+    for (int life = 0; life < 3; life++) {
+        gs.resumed[1] = life == 0 ? 0 : life == 1 ? 4 : 6;
         fflush(NULL);
         pid_t pid = fork();
         if (pid < 0)
@@ -1034,12 +1035,12 @@ static int restarted_gen_shard(const world_t *w)
         int status;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
-        if (life == 1)
+        if (life == 2)
             return WIFEXITED(status) && WEXITSTATUS(status) == 0
                 ? 0
-                : world_fail(w, "the second shard 1 ended with status %d", status);
+                : world_fail(w, "the third shard 1 ended with status %d", status);
         if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-            return world_fail(w, "shard 1's first life ended with status %d", status);
+            return world_fail(w, "shard 1's life %d ended with status %d", life, status);
         struct pollfd p = {.fd = gs.told[0], .events = POLLIN};
         char c;
         if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(gs.told[0], &c, 1) != 1)
@@ -1048,11 +1049,36 @@ static int restarted_gen_shard(const world_t *w)
     return 0;
 }
 
+static atomic_int g_rejoined; /* the trainer saw shard 1 rejoin this often */
+
+static void count_rejoin(void *arg, int peer, const char *name)
+{
+    (void)arg, (void)name;
+    if (peer == 2)
+        atomic_fetch_add(&g_rejoined, 1);
+}
+
+/*  Kills shard 1 and has its parent start it again. 0, or world_fail's. */
+static int kill_and_restart_shard_1(const world_t *w, const gen_setup_t *gs)
+{
+    zd_value_t *v = NULL;
+    int rc = zd_rpc_sync(2, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0 ? -1 : 0;
+    zd_value_unref(v);
+    if (rc < 0)
+        return world_fail(w, "shard 1 answered test_die");
+    if (write(gs->told[1], "r", 1) != 1)
+        return world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
+    return 0;
+}
+
 /*  Five rounds (both shards write versions 2 and 4), shard 1 killed; the
     sixth round reaches shard 0 only (version 6, written), and fails with
     ZD_ERR_PEER. Shard 1 started again resumes at 4; the trainer's wait
     for it sends shard 0 back to 4 (its generation before the newest);
-    the resumed position is 4's, and two more rounds are exact. */
+    the resumed position is 4's, and two more rounds are exact (both
+    write version 6). One more round (7), and shard 1 killed and started
+    again while the trainer calls nothing: its next pull sends shard 0
+    back to 6, the version shard 1 resumed at. */
 static int restart_gen_trainer(const world_t *w)
 {
     const gen_setup_t *gs = w->arg;
@@ -1062,6 +1088,8 @@ static int restart_gen_trainer(const world_t *w)
     WCHECK(m && want);
     zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
     WCHECK(ps);
+    /* after the client's own: run after it */
+    WTRY(zd_rpc_register_peer_joined(count_rejoin, NULL));
     WTRY(join(w));
     int rc = 0;
     const char *bad;
@@ -1106,6 +1134,34 @@ static int restart_gen_trainer(const world_t *w)
     }
     if (rc == 0 && (bad = differs(m, want)))
         rc = world_fail(w, "after the restart's rounds: %s differs", bad);
+    /* round 6: both at 7; then the restart the trainer does not see */
+    if (rc == 0 && (set_grads(m, 0, 6) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0))
+        rc = world_fail(w, "round 6: %s", zd_error_last());
+    int joins = atomic_load(&g_rejoined);
+    if (rc == 0)
+        rc = kill_and_restart_shard_1(w, gs);
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000);
+         rc == 0 && atomic_load(&g_rejoined) == joins;)
+        if (world_now_ms() > until)
+            rc = world_fail(w, "shard 1 did not rejoin the second time");
+        else
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    /* just back, shard 1 may not take calls yet (its connections are
+       being made): a pull fails with ZD_ERR_PEER meanwhile */
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000); rc == 0;) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
+            break;
+        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
+            rc = world_fail(w, "pull after the unseen restart: %s", zd_error_last());
+        else
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    if (rc == 0 && (zd_ps_client_version(ps, 0) != 6 || zd_ps_client_version(ps, 1) != 6))
+        rc = world_fail(w, "versions %lld and %lld after the unseen restart, not 6 and 6",
+                        (long long)zd_ps_client_version(ps, 0),
+                        (long long)zd_ps_client_version(ps, 1));
+    else if (rc == 0 && (bad = differs(m, want)))
+        rc = world_fail(w, "%s is not generation 6's", bad);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     zd_ps_client_free(ps);

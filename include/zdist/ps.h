@@ -43,7 +43,8 @@
     does not have is refused with ZD_ERR_STALE, and the trainer pulls.
     Synchronous shards, which write at the same versions, are brought to
     one generation: where one resumed from an older one than the others,
-    a trainer's zd_ps_client_wait_shards (after the loss) or
+    a trainer's zd_ps_client_wait_shards (after the loss), its next pull
+    (a shard that died and came back unseen) or
     zd_ps_client_resume_position (before the resumed run's first step)
     sends the others back to that version's checkpoint.
 
@@ -260,6 +261,13 @@ ZD_API int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, i
 /*  How many pushes zd_ps_client_step saw refused as stale and computed
     again, in all (0 for NULL). */
 ZD_API int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c);
+
+/*  How many times zd_ps_client_step waited for lost shards to be back
+    and went on (0 for NULL). The batches since the restarted shard's
+    checkpoint are lost on it (on every shard, in ZD_PS_SYNC mode): a
+    trainer that sees the count move asks zd_ps_client_resume_position
+    where to go back to. */
+ZD_API int64_t zd_ps_client_shard_waits(const zd_ps_client_t *c);
 
 /*  The version of shard `shard`'s parameters in the replica: the last
     pull's (-1 before the first pull, or for a bad shard). */
