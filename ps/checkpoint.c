@@ -231,10 +231,10 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     return 0;
 }
 
-int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *version)
+int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *version, int64_t *older)
 {
     zd_named_tensors_t *best = NULL;
-    int64_t best_version = -1;
+    int64_t best_version = -1, versions[N_SUFFIXES] = {-1, -1, -1};
     int found = 0, best_which = -1;
     char name[4200], damaged[1024] = "", held[256] = "";
     for (int which = 0; which < N_SUFFIXES; which++) {
@@ -253,6 +253,7 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
         }
         size_t at = strlen(held);
         snprintf(held + at, sizeof held - at, "%s%" PRId64, at ? ", " : "", v);
+        versions[which] = v;
         if (want < 0 ? v > best_version : v == want && !best) {
             zd_named_tensors_free(best);
             best = nt;
@@ -270,8 +271,8 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     if (!best && want >= 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "ps: shard %d: no checkpoint of version %" PRId64
-                                 " at %s (its readable ones: %s%s%s)",
-                                 s->shard, want, s->path, held[0] ? held : "none",
+                                 " (its readable ones: %s) at %s%s%s",
+                                 s->shard, want, held[0] ? held : "none", s->path,
                                  damaged[0] ? "; damaged: " : "", damaged),
                -2;
     if (!best)
@@ -285,6 +286,30 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     zd_named_tensors_free(best);
     if (rc < 0)
         return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name), -2;
+    if (want >= 0) {
+        /* Gone back: the newer generations are of a branch given up, which
+           a restart must not resume from, and the one taken is the
+           current file, which the next write keeps as ".prev". */
+        char cur[4200];
+        name_of(s, 0, cur, sizeof cur);
+        for (int which = 0; which < N_SUFFIXES; which++)
+            if (versions[which] > want) {
+                char newer[4200];
+                name_of(s, which, newer, sizeof newer);
+                unlink(newer);
+                versions[which] = -1;
+            }
+        if (best_which != 0 && rename(name, cur) == 0) {
+            versions[0] = versions[best_which];
+            versions[best_which] = -1;
+        }
+    }
+    if (older) {
+        *older = -1;
+        for (int which = 0; which < N_SUFFIXES; which++)
+            if (versions[which] < best_version && versions[which] > *older)
+                *older = versions[which];
+    }
     *version = best_version;
     zd__log(ZD_LOG_INFO, "ps: shard %d: %s %s at version %" PRId64, s->shard,
             want < 0 ? "resumed from" : "went back to", name, best_version);

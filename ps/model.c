@@ -357,7 +357,7 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
     if (!s->opts.resume)
         return 0;
     int64_t v;
-    int r = zd__ps_checkpoint_load(&s->ckpt, -1, &v);
+    int r = zd__ps_checkpoint_load(&s->ckpt, -1, &v, NULL);
     if (r == -2)
         return -1;
     if (r == 0)

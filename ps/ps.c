@@ -312,6 +312,7 @@ static int write_checkpoint(zd_ps_server_t *s)
     zd__ps_ckpt_t c = ckpt_of(s);
     if (zd__ps_checkpoint_write(&c, s->version) < 0)
         return -1;
+    s->ckpt_before = s->ckpt_version;
     s->ckpt_version = s->version;
     return 0;
 }
@@ -412,6 +413,7 @@ static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t 
     }
     s->pushed_by[s->n_pushed] = caller;
     s->waiting[s->n_pushed++] = zd_future_ref(f);
+    s->fresh = false;
     return round_complete(s) ? finish_round(s, done, n_done) : 0;
 }
 
@@ -542,13 +544,15 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_ps_server_t *s = arg;
     int caller = zd_rpc_call_caller_rank(call);
     pthread_mutex_lock(&s->lock);
+    trainer_seen(s, caller); /* a trainer asks: one this shard knows, for serve_back */
     int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
-    bool fresh = s->fresh;
+    int64_t fresh = s->fresh, epoch = s->epoch;
     zd_value_t *v = answer_new(ZD_OK, s->version, "");
     pthread_mutex_unlock(&s->lock);
     if (v &&
         (zd_list_append(v, zd_value_int(position)) < 0 ||
-         zd_list_append(v, zd_value_int(fresh)) < 0)) {
+         zd_list_append(v, zd_value_int(fresh)) < 0 ||
+         zd_list_append(v, zd_value_int(epoch)) < 0)) {
         zd_value_unref(v);
         v = NULL;
     }
@@ -557,44 +561,76 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
-/*  "__zd_ps_back_<K>"(from, to): a synchronous shard at version `from`
-    goes back to its checkpoint of version `to`, which another shard
-    resumed from: a round is then one round on every shard. A shard
-    already at `to` answers at once; one that moved on from `from` is
-    refused as stale (the caller looks again). The round's pushes waiting
-    are answered stale: their trainers pull again. */
+/*  "__zd_ps_back_<K>"(from, to, epoch, dry): a synchronous shard at
+    version `from` of epoch `epoch` (as its "where" answered) goes back to
+    its checkpoint of version `to`, the version another shard resumed
+    from: a round is then one round on every shard. Compare-and-set: a
+    shard that moved on since (a round, another trainer's call) is
+    refused as stale, and the caller looks again. With from == to, a
+    shard that took no step since it resumed lets go of the pushes
+    waiting in its round (computed on parameters of other shards given
+    up). The pushes waiting are answered stale: their trainers pull
+    again. dry: only whether it could. Only trainers of this shard may
+    ask, and only for the generations it holds. */
 static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
-    (void)call;
     zd_ps_server_t *s = arg;
-    int64_t from, to;
-    if (ZD_UNPACK(args, &from, &to) < 0)
+    int caller = zd_rpc_call_caller_rank(call);
+    int64_t from, to, epoch, dry;
+    if (ZD_UNPACK(args, &from, &to, &epoch, &dry) < 0)
         return NULL;
     zd_future_t **fs = NULL;
     int n = 0;
     zd_error_code_t code = ZD_OK;
-    char text[600] = "";
+    char text[300] = "";
     pthread_mutex_lock(&s->lock);
-    if (s->opts.mode != ZD_PS_SYNC || !s->ckpt_path || to < 0 || from <= to) {
+    if (s->stopped) {
+        code = ZD_ERR_STOPPED;
+        snprintf(text, sizeof text, "shard %d stopped", s->shard);
+    } else if (s->opts.mode != ZD_PS_SYNC || !s->ckpt_path || to < 0 || from < to || !s->trainer ||
+               caller < 0 || caller >= s->n_ranks || s->trainer[caller] != TRAINER_LIVE) {
         code = ZD_ERR_ARGUMENT;
         snprintf(text, sizeof text,
                  "shard %d: going back from version %" PRId64 " to %" PRId64
-                 " is for synchronous shards with checkpoints, to an older version",
+                 " is for its trainers, synchronous shards with checkpoints, to an older version",
                  s->shard, from, to);
-    } else if (s->version != to && s->version != from) {
+    } else if (s->version != from || s->epoch != epoch) {
         code = ZD_ERR_STALE;
-        snprintf(text, sizeof text, "shard %d is at version %" PRId64 ", not %" PRId64, s->shard,
-                 s->version, from);
-    } else if (s->version == from) {
+        snprintf(text, sizeof text,
+                 "shard %d is at version %" PRId64 " of epoch %" PRId64 ", not %" PRId64
+                 " of %" PRId64,
+                 s->shard, s->version, s->epoch, from, epoch);
+    } else if (from == to) {
+        if (!dry && s->fresh)
+            fs = take_waiting(s, &n);
+    } else if (to != s->ckpt_version && to != s->ckpt_before) {
+        code = ZD_ERR_ARGUMENT;
+        char held[64];
+        if (s->ckpt_before >= 0)
+            snprintf(held, sizeof held, "%" PRId64 " and %" PRId64, s->ckpt_version,
+                     s->ckpt_before);
+        else
+            snprintf(held, sizeof held, "%" PRId64 " only", s->ckpt_version);
+        snprintf(text, sizeof text,
+                 "shard %d has no checkpoint of version %" PRId64 " (it holds %s)", s->shard, to,
+                 held);
+    } else if (!dry) {
         zd__ps_ckpt_t c = ckpt_of(s);
-        int64_t v;
-        if (zd__ps_checkpoint_load(&c, to, &v) < 0) {
+        int64_t v, older;
+        if (zd__ps_checkpoint_load(&c, to, &v, &older) < 0) {
+            /* the path stays in this process's log */
+            zd__log(ZD_LOG_WARN, "%s", zd_error_last());
             code = ZD_ERR_ARGUMENT;
-            snprintf(text, sizeof text, "%s", zd_error_last());
+            snprintf(text, sizeof text,
+                     "shard %d cannot read its checkpoint of version %" PRId64
+                     " (its log says why)",
+                     s->shard, to);
         } else {
             s->version = v;
             s->ckpt_version = v;
+            s->ckpt_before = older;
             s->fresh = true;
+            s->epoch++;
             fs = take_waiting(s, &n);
         }
     }
@@ -746,18 +782,21 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         zd_error_wrap("zd_ps_server_new: shard %d", shard);
         goto fail;
     }
-    s->ckpt_version = -1;
+    s->ckpt_version = s->ckpt_before = -1;
     s->opts.checkpoint_path = NULL; /* the caller's: ckpt_path is the shard's copy */
     if (o.checkpoint_path && !(s->ckpt_path = zd__ps_checkpoint_path(o.checkpoint_path, shard)))
         goto fail;
     if (o.resume) {
         zd__ps_ckpt_t c = ckpt_of(s);
-        int r = zd__ps_checkpoint_load(&c, -1, &s->version);
+        int r = zd__ps_checkpoint_load(&c, -1, &s->version, &s->ckpt_before);
         if (r == -2)
             goto fail;
         if (r == 0)
             s->ckpt_version = s->version;
-        s->fresh = r == 0;
+        /* a resumed run's shard without a file is fresh at 0 too: the
+           others cannot then be of a later generation unnoticed */
+        s->fresh = true;
+        s->epoch = 1;
     }
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;
@@ -807,7 +846,9 @@ int zd_ps_server_checkpoint(zd_ps_server_t *s)
     if (!s)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_checkpoint: NULL");
     pthread_mutex_lock(&s->lock);
-    int rc = write_checkpoint(s);
+    /* a second write of the version on disk would leave one generation,
+       twice: none to go back to */
+    int rc = s->version == s->ckpt_version && s->ckpt_path ? 0 : write_checkpoint(s);
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
@@ -954,10 +995,12 @@ struct zd_ps_client {
     bool *of_shard;    /* scratch: n flags, the tensors of one shard */
     zd_tensor_t **got; /* scratch: n tensors of an answer */
     int64_t stale;     /* pushes zd_ps_client_step computed again */
-    int64_t waits;     /* times zd_ps_client_step waited for lost shards */
-    int64_t *joins;    /* ZD_PS_SYNC: each shard's rank's joins when last brought to one
-                          version (join_count) */
-    int64_t position;  /* the pushes carry it (zd_ps_client_set_position); -1: none */
+    int64_t rollbacks; /* pulls that found a shard's version lower than before */
+    int64_t *seen;     /* the highest version of each shard a pull or push answered */
+    /* ZD_PS_SYNC with several shards: each shard's rank's joins when last
+       brought to one version (join_count), and agree_versions' scratch */
+    int64_t *joins, *scratch_joins, *scratch_epoch;
+    int64_t position; /* the pushes carry it (zd_ps_client_set_position); -1: none */
 };
 
 /*  A shard's process is new since the client last looked. */
@@ -991,15 +1034,16 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
     c->position = -1;
     c->ranks = malloc((size_t)n_shards * sizeof *c->ranks);
     c->version = malloc((size_t)n_shards * sizeof *c->version);
+    c->seen = malloc((size_t)n_shards * sizeof *c->seen);
     c->names = calloc((size_t)n, sizeof *c->names);
     c->ts = calloc((size_t)n, sizeof *c->ts);
     c->of_shard = calloc((size_t)n, sizeof *c->of_shard);
     c->got = calloc((size_t)n, sizeof *c->got);
-    if (!c->ranks || !c->version || !c->names || !c->ts || !c->of_shard || !c->got)
+    if (!c->ranks || !c->version || !c->seen || !c->names || !c->ts || !c->of_shard || !c->got)
         goto oom;
     for (int s = 0; s < n_shards; s++) {
         c->ranks[s] = shard_ranks ? shard_ranks[s] : s;
-        c->version[s] = -1;
+        c->version[s] = c->seen[s] = -1;
     }
     for (int i = 0; i < n; i++) {
         c->n++;
@@ -1010,7 +1054,10 @@ zd_ps_client_t *zd_ps_client_new(const zd_named_tensors_t *params, const int *sh
     if (!(c->shard_of = split_checked(params, n_shards, "zd_ps_client_new")))
         goto fail;
     if (o.mode == ZD_PS_SYNC && n_shards > 1) {
-        if (!(c->joins = calloc((size_t)n_shards, sizeof *c->joins)))
+        c->joins = calloc((size_t)n_shards, sizeof *c->joins);
+        c->scratch_joins = calloc((size_t)n_shards, sizeof *c->scratch_joins);
+        c->scratch_epoch = calloc((size_t)n_shards, sizeof *c->scratch_epoch);
+        if (!c->joins || !c->scratch_joins || !c->scratch_epoch)
             goto oom;
         if (listen_joins() < 0) {
             zd_error_wrap("zd_ps_client_new");
@@ -1048,7 +1095,10 @@ void zd_ps_client_free(zd_ps_client_t *c)
     }
     free(c->ranks);
     free(c->joins);
+    free(c->scratch_joins);
+    free(c->scratch_epoch);
     free(c->version);
+    free(c->seen);
     free(c->names);
     free(c->ts);
     free(c->shard_of);
@@ -1116,7 +1166,6 @@ int zd_ps_client_step(zd_ps_client_t *c, zd_ps_compute_fn *compute, void *arg, i
             zd__log(ZD_LOG_WARN, "%s; waiting for it", zd_error_last());
         if (zd_ps_client_wait_shards(c, c->opts.server_wait_ms) < 0)
             return -1;
-        c->waits++;
     }
 }
 
@@ -1125,9 +1174,9 @@ int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c)
     return c ? c->stale : 0;
 }
 
-int64_t zd_ps_client_shard_waits(const zd_ps_client_t *c)
+int64_t zd_ps_client_rollbacks(const zd_ps_client_t *c)
 {
-    return c ? c->waits : 0;
+    return c ? c->rollbacks : 0;
 }
 
 int64_t zd_ps_client_version(const zd_ps_client_t *c, int shard)
@@ -1299,8 +1348,12 @@ int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
     for (int i = 0; i < c->n; i++)
         if (zd_tensor_copy_(c->ts[i], c->got[i]) < 0)
             goto out;
-    for (int s = 0; s < c->n_shards; s++)
-        c->version[s] = k.versions[s];
+    bool back = false;
+    for (int s = 0; s < c->n_shards; s++) {
+        back = back || k.versions[s] < c->seen[s];
+        c->version[s] = c->seen[s] = k.versions[s];
+    }
+    c->rollbacks += back;
     rc = 0;
 out:
     shard_calls_free(c, &k);
@@ -1357,6 +1410,8 @@ int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms)
         if (!(k.args[s] = push_args(c, s)))
             goto out;
     rc = shard_calls_run(c, "push", FN_PUSH, call_timeout(timeout_ms), &k);
+    for (int s = 0; rc == 0 && s < c->n_shards; s++)
+        c->seen[s] = k.versions[s] > c->seen[s] ? k.versions[s] : c->seen[s];
 out:
     shard_calls_free(c, &k);
     return rc;
@@ -1406,27 +1461,82 @@ out:
     return rc;
 }
 
-/*  Tells synchronous shard s at version `from` to go back to its
-    checkpoint of version `to`. 0; 1 when it had moved on (look again);
-    -1 with the error set. */
-static int send_back(zd_ps_client_t *c, int s, int64_t from, int64_t to, int64_t timeout_ms)
+/*  "__zd_ps_back_<s>"(from, to, epoch, dry) on shard s. 0; 1 when the
+    shard had moved on (look again); -1 with the error set. */
+static int send_back(zd_ps_client_t *c, int s, int64_t from, int64_t to, int64_t epoch, bool dry,
+                     int64_t timeout_ms)
 {
     char fn[32];
     snprintf(fn, sizeof fn, FN_BACK "%d", s);
     zd_value_t *r = NULL;
     int64_t now;
-    int rc = zd_rpc_sync_take(c->ranks[s], fn, ZD_ARGS(from, to), call_timeout(timeout_ms), &r);
+    int rc = zd_rpc_sync_take(c->ranks[s], fn, ZD_ARGS(from, to, epoch, dry),
+                              call_timeout(timeout_ms), &r);
     if (rc < 0)
         rc = call_failed(c, s, "going back", NULL);
     else if ((rc = read_head(c, s, "going back", r, &now)) < 0 && zd_error_code() == ZD_ERR_STALE)
         rc = 1;
     zd_value_unref(r);
-    if (rc == 0)
+    if (rc == 0 && !dry && from > to)
         zd__log(ZD_LOG_INFO,
                 "ps: shard %d went back from version %" PRId64 " to %" PRId64
                 ", the version another shard resumed from",
                 s, from, to);
     return rc;
+}
+
+/*  One pass of agree_versions over the answers in k: 0 (nothing to do, or
+    done; *moved counts the shards sent back), 1 (a shard moved on: look
+    again), or -1. */
+static int agree_once(zd_ps_client_t *c, const shard_calls_t *k, bool restarted, int64_t timeout_ms,
+                      int *moved)
+{
+    int64_t low = INT64_MAX;
+    bool low_fresh = false, all_fresh = true;
+    for (int s = 0; s < c->n_shards; s++) {
+        const zd_value_t *v = zd_future_value(k->fs[s]);
+        int64_t fresh = 0, epoch = -1; /* a shard of 1.0 says neither */
+        if (zd_list_len(v) > 5 &&
+            (zd_rpc_arg_int(v, 4, &fresh) < 0 || zd_rpc_arg_int(v, 5, &epoch) < 0 || epoch < 0))
+            return zd_error_set_code(
+                ZD_ERR_REMOTE, "ps: version: shard %d (rank %d) answered badly", s, c->ranks[s]);
+        c->scratch_epoch[s] = epoch;
+        all_fresh = all_fresh && fresh;
+        if (k->versions[s] < low)
+            low = k->versions[s], low_fresh = fresh != 0;
+        else if (k->versions[s] == low)
+            low_fresh = low_fresh || fresh != 0;
+    }
+    /* the oldest shard resumed there, and a shard's process is new (or
+       nobody stepped yet): otherwise the others may merely be a round
+       ahead of it */
+    if (!low_fresh || !(restarted || all_fresh))
+        return 0;
+    /* first whether every shard ahead can, so that none goes back alone */
+    for (int dry = 1; dry >= 0; dry--)
+        for (int s = 0; s < c->n_shards; s++) {
+            if (k->versions[s] == low)
+                continue;
+            if (c->scratch_epoch[s] < 0)
+                return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                         "ps: shard %d (rank %d), at version %" PRId64
+                                         ", is of a release that cannot go back to %" PRId64,
+                                         s, c->ranks[s], k->versions[s], low);
+            int rc = send_back(c, s, k->versions[s], low, c->scratch_epoch[s], dry, timeout_ms);
+            if (rc != 0)
+                return rc;
+            *moved += !dry;
+        }
+    /* the oldest shards' rounds hold pushes computed with the parameters
+       given up: let them go */
+    for (int s = 0; *moved && s < c->n_shards; s++) {
+        int rc = k->versions[s] == low && c->scratch_epoch[s] >= 0
+            ? send_back(c, s, low, low, c->scratch_epoch[s], false, timeout_ms)
+            : 0;
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 /*  Synchronous shards at one version. A shard that came back from its
@@ -1435,62 +1545,38 @@ static int send_back(zd_ps_client_t *c, int s, int64_t from, int64_t to, int64_t
     version than the others: they go back to that version's generation
     (their own newest or the one before), so that a round is one round on
     every shard and the positions are of one checkpoint. That is after a
-    shard was lost and came back (after_loss), or before anyone stepped
-    (every shard resumed and untouched): otherwise a shard ahead may be
-    one a round completed on while the oldest still waits for a push of
-    it (a lost trainer is not waited for), and it is left alone, as are
-    shards merely in the middle of a round. 0, or -1 (ZD_ERR_ARGUMENT: a
-    shard without that generation, naming it and the versions it has). */
+    shard was lost and came back (after_loss, or its rank rejoined since
+    this client last looked), or before anyone stepped (every shard
+    resumed and untouched): otherwise a shard ahead may be one a round
+    completed on while the oldest still waits for a push of it, and it is
+    left alone, as are shards merely in the middle of a round. 0, or -1
+    (ZD_ERR_ARGUMENT: a shard without that generation, naming it and the
+    versions it has; the call's errors). */
 static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms, bool after_loss)
 {
     if (c->opts.mode != ZD_PS_SYNC || c->n_shards < 2)
         return 0;
     /* the shards' join counts as this look starts: a join during it is
        looked at next time */
-    int64_t *joins = malloc((size_t)c->n_shards * sizeof *joins);
-    if (!joins)
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: the shards' versions: out of memory");
     for (int s = 0; s < c->n_shards; s++)
-        joins[s] = join_count(c->ranks[s]);
+        c->scratch_joins[s] = join_count(c->ranks[s]);
+    bool restarted = after_loss || shard_rejoined(c);
     /* shards that move on meanwhile (another trainer sent them back, a
        round completed) are looked at again */
     for (int attempt = 0; attempt < 10; attempt++) {
         shard_calls_t k;
-        int rc = -1, again = 0;
-        if (shard_calls_new(c, "ps: the shards' versions", &k) < 0 ||
-            shard_calls_run(c, "version", FN_WHERE, call_timeout(timeout_ms), &k) < 0)
-            goto out;
-        int64_t low = INT64_MAX;
-        bool low_fresh = false, all_fresh = true;
-        for (int s = 0; s < c->n_shards; s++) {
-            int64_t fresh = 0; /* a shard of an older release says nothing: not */
-            if (zd_list_len(zd_future_value(k.fs[s])) > 4)
-                zd_rpc_arg_int(zd_future_value(k.fs[s]), 4, &fresh);
-            all_fresh = all_fresh && fresh;
-            if (k.versions[s] < low)
-                low = k.versions[s], low_fresh = fresh != 0;
-            else if (k.versions[s] == low)
-                low_fresh = low_fresh || fresh != 0;
-        }
-        low_fresh = low_fresh && (after_loss || all_fresh || shard_rejoined(c));
-        rc = 0;
-        for (int s = 0; low_fresh && s < c->n_shards && rc == 0; s++)
-            if (k.versions[s] > low && (rc = send_back(c, s, k.versions[s], low, timeout_ms)) > 0)
-                again = 1, rc = 0;
-    out:
+        int rc = -1, moved = 0; /* (how many went back: for the log) */
+        if (shard_calls_new(c, "ps: the shards' versions", &k) == 0 &&
+            shard_calls_run(c, "version", FN_WHERE, call_timeout(timeout_ms), &k) == 0)
+            rc = agree_once(c, &k, restarted, timeout_ms, &moved);
         shard_calls_free(c, &k);
-        if (rc < 0) {
-            free(joins);
+        if (rc < 0)
             return zd_error_wrap("ps: bringing the shards to one version");
-        }
-        if (!again) {
-            for (int s = 0; c->joins && s < c->n_shards; s++)
-                c->joins[s] = joins[s];
-            free(joins);
+        if (rc == 0) {
+            memcpy(c->joins, c->scratch_joins, (size_t)c->n_shards * sizeof *c->joins);
             return 0;
         }
     }
-    free(joins);
     return zd_error_set_code(ZD_ERR_TIMEOUT,
                              "ps: the shards' versions kept moving while they were brought to one");
 }

@@ -37,7 +37,9 @@ struct zd_ps_server {
     /* checkpoints (checkpoint.c) */
     char *ckpt_path;      /* "<checkpoint_path>.shard<K>", or NULL: none */
     int64_t ckpt_version; /* the version last written or resumed from; -1: none */
-    bool fresh;           /* resumed (or gone back) from a checkpoint, no step since */
+    int64_t ckpt_before;  /* the version of the generation before it; -1: none */
+    bool fresh;           /* resumed (or gone back) from a checkpoint, no push taken since */
+    int64_t epoch;        /* times it resumed or went back: a compare-and-set's tag */
     /* where each trainer was in its data at its last push taken
        (zd_ps_client_set_position), by rank; -1: none. Checkpointed. */
     int64_t *positions;
@@ -116,11 +118,13 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
 
 /*  Takes a generation of the checkpoint into the shard's parameters,
     optimizer and positions (before it serves, or under its lock): the
-    newest readable one (want -1), or the one of version want: 0 with
-    *version its version, or -1 when there is no file (a new run; want -1
-    only); -2 with the error set when none can be taken (want: naming the
-    versions there are). */
-int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version);
+    newest readable one (want -1), or the one of version want, whose
+    newer generations are then removed and which becomes the current
+    file: 0 with *version its version and *older (if not NULL) the
+    version of the newest older generation left (-1: none); -1 when there
+    is no file (a new run; want -1 only); -2 with the error set when none
+    can be taken (want: naming the versions there are). */
+int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version, int64_t *older);
 
 /*  Records that the trainer of rank `rank` is at `position` of its data
     in *positions (*n entries, grown up to the world's size; -1: none),

@@ -889,8 +889,7 @@ static int gen_trainer(const world_t *w)
     if (gs->agreed < 0) {
         /* shard 0 has no generation of shard 1's version: named */
         if (r == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
-            !strstr(zd_error_last(), "no checkpoint of version 2") ||
-            !strstr(zd_error_last(), "its readable ones: 4"))
+            !strstr(zd_error_last(), "shard 0 has no checkpoint of version 2 (it holds 4 only)"))
             rc = world_fail(w, "resume position with no common generation: %d, %s", r,
                             zd_error_last());
         goto out;
@@ -1108,6 +1107,17 @@ static int restart_gen_trainer(const world_t *w)
         } else if (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
             rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
     }
+    /* the push to shard 0 may still be on its way (the call to the dead
+       shard failed at once): shard 0 at 6 first, as the case means */
+    for (int64_t v = 0, until = world_now_ms() + world_scaled_ms(30000); rc == 0 && v != 6;) {
+        zd_value_t *r = NULL;
+        if (zd_rpc_sync(1, "__zd_ps_where_0", NULL, ZD_TIMEOUT_DEFAULT, &r) < 0 ||
+            zd_rpc_arg_int(r, 1, &v) < 0 || (v != 6 && world_now_ms() > until))
+            rc = world_fail(w, "shard 0 not at version 6: %s", zd_error_last());
+        zd_value_unref(r);
+        if (rc == 0 && v != 6)
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
     if (rc == 0 && write(gs->told[1], "r", 1) != 1)
         rc = world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
     if (rc == 0 && zd_ps_client_wait_shards(ps, world_scaled_ms(30000)) < 0)
@@ -1162,6 +1172,8 @@ static int restart_gen_trainer(const world_t *w)
                         (long long)zd_ps_client_version(ps, 1));
     else if (rc == 0 && (bad = differs(m, want)))
         rc = world_fail(w, "%s is not generation 6's", bad);
+    else if (rc == 0 && zd_ps_client_rollbacks(ps) != 2)
+        rc = world_fail(w, "%lld rollbacks seen, not 2", (long long)zd_ps_client_rollbacks(ps));
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     zd_ps_client_free(ps);

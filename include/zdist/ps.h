@@ -161,15 +161,17 @@ ZD_API zd_ps_server_t *zd_ps_server_new_module(const zd_nn_module_t *m, int shar
 
 /*  Writes the shard's checkpoint now: its parameters, its optimizer's
     state and its version, as the newest generation of
-    "<checkpoint_path>.shard<K>" (the one before kept as ".prev"). 0, or
-    -1: ZD_ERR_ARGUMENT (no checkpoint_path), or the file's error. */
+    "<checkpoint_path>.shard<K>" (the one before kept as ".prev"); nothing
+    when the newest on disk is of this version already. 0, or -1:
+    ZD_ERR_ARGUMENT (no checkpoint_path), or the file's error. */
 ZD_API int zd_ps_server_checkpoint(zd_ps_server_t *s);
 
 /*  Stops the shard: pushes waiting for their round, and every later push
     and pull, are answered with ZD_ERR_STOPPED. 0, or -1 for NULL. */
 ZD_API int zd_ps_server_stop(zd_ps_server_t *s);
 
-/*  The shard's version: the number of steps it took. */
+/*  The shard's version: the number of steps it took, counting those of
+    the checkpoint it resumed or was sent back to. */
 ZD_API int64_t zd_ps_server_version(zd_ps_server_t *s);
 
 /*  A copy of the shard's current parameters: a new object
@@ -218,10 +220,11 @@ ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
     ZD_ERR_PEER: a lost shard started again, see Checkpoints above), up
     to timeout_ms in all (ZD_TIMEOUT_DEFAULT and ZD_TIMEOUT_NONE: no
     limit); pull next. In ZD_PS_SYNC mode, shards ahead of one that
-    resumed from an older checkpoint go back to that version's (see
-    Checkpoints above). 0, or -1: ZD_ERR_TIMEOUT naming the shard not
-    back, ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (a shard without that
-    checkpoint, named). */
+    resumed from an older checkpoint then go back to that version's (see
+    Checkpoints above; each call of that up to the RPC timeout). 0, or
+    -1: ZD_ERR_TIMEOUT (naming the shard not back), ZD_ERR_NOT_INITIALIZED,
+    ZD_ERR_ARGUMENT (a shard without that checkpoint, named), or a call's
+    error (ZD_ERR_PEER, ZD_ERR_REMOTE, ZD_ERR_NO_MEMORY). */
 ZD_API int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms);
 
 /*  A trainer's work on the replica between a pull and a push: the
@@ -262,12 +265,11 @@ ZD_API int zd_ps_client_resume_position(zd_ps_client_t *c, int64_t timeout_ms, i
     again, in all (0 for NULL). */
 ZD_API int64_t zd_ps_client_stale_pushes(const zd_ps_client_t *c);
 
-/*  How many times zd_ps_client_step waited for lost shards to be back
-    and went on (0 for NULL). The batches since the restarted shard's
-    checkpoint are lost on it (on every shard, in ZD_PS_SYNC mode): a
-    trainer that sees the count move asks zd_ps_client_resume_position
-    where to go back to. */
-ZD_API int64_t zd_ps_client_shard_waits(const zd_ps_client_t *c);
+/*  How many pulls found a shard's version lower than this client had
+    seen it reach (0 for NULL): it resumed from a checkpoint, or was
+    brought back to one, and the batches since are lost on it. A trainer that sees the count
+    move asks zd_ps_client_resume_position where to go back to. */
+ZD_API int64_t zd_ps_client_rollbacks(const zd_ps_client_t *c);
 
 /*  The version of shard `shard`'s parameters in the replica: the last
     pull's (-1 before the first pull, or for a bad shard). */
