@@ -1129,9 +1129,23 @@ int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
 {
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
-    if (zd__ps_wait_ranks(c->ranks, c->n_shards, timeout_ms) < 0)
-        return -1;
-    return agree_versions(c, ZD_TIMEOUT_DEFAULT, true);
+    int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
+    for (;;) {
+        int64_t left =
+            deadline == ZD__NEVER ? ZD_TIMEOUT_NONE : zd__ms_left(zd__now_ns(), deadline);
+        if (zd__ps_wait_ranks(c->ranks, c->n_shards, left > 0 || deadline == ZD__NEVER ? left : 1) <
+            0)
+            return -1;
+        if (agree_versions(c, ZD_TIMEOUT_DEFAULT, true) == 0)
+            return 0;
+        /* A shard just back may not take calls from everyone yet (its
+           connections are being made), or was lost again: wait again
+           while the time lasts. */
+        if (zd_error_code() != ZD_ERR_PEER ||
+            (deadline != ZD__NEVER && zd__ms_left(zd__now_ns(), deadline) <= 0))
+            return -1;
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
 }
 
 /*  Stale pushes in a row after which a step gives up: the trainer is
