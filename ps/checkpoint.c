@@ -6,7 +6,8 @@
     each tensor it serves, "optim.<entry>" for its optimizer's state and,
     for a shard that has them, "ps.positions" (int64, by rank: where each
     trainer was in its data at its last push taken, or training forward
-    served, -1: none).
+    served, -1: none) and, for a synchronous one, "ps.trainers" (int64:
+    the ranks it knew as trainers, live or lost).
     A generation is written whole to "<path>.new" (checkpoint.h writes a
     temporary file and renames it), then the current file becomes
     "<path>.prev" and the new one "<path>": a crash at any point leaves
@@ -30,6 +31,7 @@
 #define FORMAT    1
 #define META      "ps.meta"
 #define POSITIONS "ps.positions"
+#define TRAINERS  "ps.trainers"
 /*  No world has more ranks (rpc.h): a longer positions tensor is refused. */
 #define MAX_POSITIONS 65536
 #define PARAM         "param."
@@ -75,6 +77,18 @@ static zd_named_tensors_t *snapshot(const zd__ps_ckpt_t *s, int64_t version)
             zd_tensor_from_data(ZD_INT64, (int64_t[]){*s->n_positions}, 1, *s->positions);
         rc = pos ? zd_named_tensors_add(nt, POSITIONS, pos) : -1;
         zd_tensor_unref(pos);
+    }
+    int64_t n_trainers = 0;
+    for (int r = 0; s->trainer && r < s->n_ranks; r++)
+        n_trainers += s->trainer[r] != TRAINER_UNKNOWN;
+    if (rc == 0 && n_trainers > 0) {
+        zd_tensor_t *tr = zd_tensor_empty(ZD_INT64, (int64_t[]){n_trainers}, 1);
+        int64_t k = 0;
+        for (int r = 0; tr && r < s->n_ranks; r++)
+            if (s->trainer[r] != TRAINER_UNKNOWN)
+                zd_tensor_data_i64(tr)[k++] = r;
+        rc = tr ? zd_named_tensors_add(nt, TRAINERS, tr) : -1;
+        zd_tensor_unref(tr);
     }
     for (int i = 0; rc == 0 && i < s->n; i++)
         rc = add_prefixed(nt, PARAM, s->names[i], s->params[i]);
@@ -283,6 +297,20 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
         zd__log(ZD_LOG_WARN, "ps: shard %d: passed over %s", s->shard, damaged);
     name_of(s, best_which, name, sizeof name);
     int rc = take(s, best);
+    zd_tensor_t *tr = zd_named_tensors_find(best, TRAINERS);
+    if (rc == 0 && want < 0 && s->known && tr && zd_tensor_dtype(tr) == ZD_INT64 &&
+        zd_tensor_ndim(tr) == 1 && zd_tensor_numel(tr) <= MAX_POSITIONS) {
+        /* (out of memory, or ranks out of range: none known, as before) */
+        int n = (int)zd_tensor_numel(tr);
+        int64_t *known = n > 0 ? malloc((size_t)n * sizeof *known) : NULL;
+        int k = 0;
+        for (int i = 0; known && i < n; i++)
+            if (zd_tensor_data_i64(tr)[i] >= 0 && zd_tensor_data_i64(tr)[i] < MAX_POSITIONS)
+                known[k++] = zd_tensor_data_i64(tr)[i];
+        free(*s->known);
+        *s->known = known;
+        *s->n_known = known ? k : 0;
+    }
     zd_named_tensors_free(best);
     if (rc < 0)
         return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name), -2;

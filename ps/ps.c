@@ -302,8 +302,9 @@ static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t ve
 
 static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
 {
-    return (zd__ps_ckpt_t){s->ckpt_path, s->shard, s->n_shards,   s->n,           s->names,
-                           s->params,    s->opt,   &s->positions, &s->n_positions};
+    return (zd__ps_ckpt_t){
+        s->ckpt_path,  s->shard,        s->n_shards, s->n,       s->names,  s->params,  s->opt,
+        &s->positions, &s->n_positions, s->trainer,  s->n_ranks, &s->known, &s->n_known};
 }
 
 /*  The shard's checkpoint now (under the lock). 0, or -1. */
@@ -347,6 +348,14 @@ static void trainer_seen(zd_ps_server_t *s, int rank)
         if (n < 1 || !(s->trainer = calloc((size_t)n, sizeof *s->trainer)))
             return; /* no memory: lost trainers are waited for, as before */
         s->n_ranks = n;
+        /* resumed: the trainers its checkpoint knew, those lost before
+           this process joined lost */
+        for (int i = 0; i < s->n_known; i++)
+            if (s->known[i] < n && s->trainer[s->known[i]] == TRAINER_UNKNOWN) {
+                bool lost = zd_rpc_peer_is_lost((int)s->known[i]);
+                s->trainer[s->known[i]] = lost ? TRAINER_LOST : TRAINER_LIVE;
+                s->n_lost += lost;
+            }
     }
     if (rank >= s->n_ranks)
         return;
@@ -927,6 +936,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->waiting);
     free(s->trainer);
     free(s->positions);
+    free(s->known);
     free(s->ckpt_path);
     pthread_mutex_destroy(&s->lock);
     free(s);

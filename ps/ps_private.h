@@ -44,6 +44,11 @@ struct zd_ps_server {
        (zd_ps_client_set_position), by rank; -1: none. Checkpointed. */
     int64_t *positions;
     int n_positions;
+    /* ZD_PS_SYNC, resumed: the ranks its checkpoint knew as trainers,
+       marked in the trainer table when it is made (the lost ones lost:
+       this process never heard of their loss) */
+    int64_t *known;
+    int n_known;
 };
 
 enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
@@ -108,6 +113,13 @@ typedef struct {
        array with the file's */
     int64_t **positions;
     int *n_positions;
+    /* a synchronous shard's trainers: by rank, TRAINER_* (NULL: none
+       kept); a resume (want -1) gives the ranks it knew as trainers in
+       *known (malloc'ed, *n_known of them) */
+    const uint8_t *trainer;
+    int n_ranks;
+    int64_t **known;
+    int *n_known;
 } zd__ps_ckpt_t;
 
 /*  Writes the shard's checkpoint at version, as the newest generation of

@@ -1206,6 +1206,157 @@ static void test_sync_shard_restarted(void **state)
     assert_int_equal(rc, 0);
 }
 
+/*  ---- a synchronous shard started again after a trainer was lost ---- */
+
+static zd_ps_options_t known_options(const gen_setup_t *gs)
+{
+    zd_ps_options_t o = gen_options(gs);
+    o.num_trainers = 2;
+    return o;
+}
+
+/*  Rank 2: the one shard, in a child process (a second one, made with
+    resume, once the trainer says so). */
+static int known_shard(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    zd_ps_options_t o = known_options(gs);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 1, &sgd, &o);
+    zd_nn_module_free(m);
+    WCHECK(srv);
+    WTRY(zd_rpc_register("test_die", fn_die, NULL));
+    WTRY(join(w));
+    int rc = 0;
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_server_free(srv);
+    return rc;
+}
+
+static int restarted_known_shard(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    for (int life = 0; life < 2; life++) {
+        fflush(NULL);
+        pid_t pid = fork();
+        if (pid < 0)
+            return world_fail(w, "fork: %s", strerror(errno));
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            exit(known_shard(w) == 0 ? 0 : 1); /* exit: LeakSanitizer's check */
+        }
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+        if (life == 1)
+            return WIFEXITED(status) && WEXITSTATUS(status) == 0
+                ? 0
+                : world_fail(w, "the second shard ended with status %d", status);
+        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
+            return world_fail(w, "the shard's first life ended with status %d", status);
+        struct pollfd p = {.fd = gs->told[0], .events = POLLIN};
+        char c;
+        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(gs->told[0], &c, 1) != 1)
+            return world_fail(w, "the trainer did not say when to restart the shard");
+    }
+    return 0;
+}
+
+/*  Rounds of this trainer: pull, gradients, push. */
+static int known_rounds(const world_t *w, zd_ps_client_t *ps, zd_nn_module_t *m, int from, int to,
+                        int64_t timeout_ms)
+{
+    for (int round = from; round < to; round++)
+        if (zd_ps_client_pull(ps, timeout_ms) < 0 || set_grads(m, w->rank, round) < 0 ||
+            zd_ps_client_push(ps, timeout_ms) < 0)
+            return world_fail(w, "round %d: %s", round, zd_error_last());
+    return 0;
+}
+
+/*  Trainer 1 dies after four rounds; trainer 0's fifth waits for it until
+    it is lost, the sixth writes version 6 (which knows both trainers).
+    The shard killed and started again resumes at 6 and counts trainer 1
+    lost, though it never heard of the loss: the rounds go on with
+    trainer 0 alone instead of waiting for a push that cannot come. */
+static int known_trainer(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    zd_ps_options_t o = known_options(gs);
+    int shard_rank = 2;
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard_rank, 1, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = known_rounds(w, ps, m, 0, 4, ZD_TIMEOUT_DEFAULT);
+    if (w->rank == 1) {
+        fflush(NULL);
+        raise(SIGKILL);
+    }
+    if (rc == 0)
+        rc = known_rounds(w, ps, m, 4, 6, ZD_TIMEOUT_DEFAULT);
+    zd_value_t *v = NULL;
+    if (rc == 0 && zd_rpc_sync(2, "test_die", NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
+        rc = world_fail(w, "the shard answered test_die");
+    zd_value_unref(v);
+    if (rc == 0 && write(gs->told[1], "r", 1) != 1)
+        rc = world_fail(w, "cannot tell the shard's parent: %s", strerror(errno));
+    if (rc == 0 && zd_ps_client_wait_shards(ps, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "the shard not back: %s", zd_error_last());
+    /* just back, the shard may not take calls yet */
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000); rc == 0;) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
+            break;
+        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
+            rc = world_fail(w, "pull after the restart: %s", zd_error_last());
+        else
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    if (rc == 0 && zd_ps_client_version(ps, 0) != 6)
+        rc = world_fail(w, "the shard resumed at %lld, not 6",
+                        (long long)zd_ps_client_version(ps, 0));
+    if (rc == 0)
+        rc = known_rounds(w, ps, m, 6, 8, world_scaled_ms(10000));
+    if (rc == 0 && zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "the last pull: %s", zd_error_last());
+    else if (rc == 0 && zd_ps_client_version(ps, 0) != 8)
+        rc = world_fail(w, "version %lld after two rounds alone, not 8",
+                        (long long)zd_ps_client_version(ps, 0));
+    zd_rpc_shutdown(true, world_scaled_ms(30000)); /* may report trainer 1 */
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    return rc;
+}
+
+static int known_world(const world_t *w)
+{
+    return w->rank == 2 ? restarted_known_shard(w) : known_trainer(w);
+}
+
+static void test_sync_shard_restarted_knows_lost_trainers(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_gen_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    gen_setup_t gs = {.rounds = 0};
+    snprintf(gs.prefix, sizeof gs.prefix, "%s/ps", dir);
+    assert_int_equal(pipe2(gs.told, O_CLOEXEC), 0);
+    world_options_t o = {.world_size = 3,
+                         .fn = known_world,
+                         .arg = &gs,
+                         .own_init = true,
+                         .timeout_s = 90,
+                         .expect_exit = {0, 128 + SIGKILL, 0}};
+    int rc = world_run(&o);
+    close(gs.told[0]);
+    close(gs.told[1]);
+    gen_remove(dir);
+    assert_int_equal(rc, 0);
+}
+
 /*  ---- the split ---- */
 
 static void test_split(void **state)
@@ -1266,6 +1417,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_sync_shards_one_generation),
         cmocka_unit_test(test_sync_shard_restarted),
+        cmocka_unit_test(test_sync_shard_restarted_knows_lost_trainers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
