@@ -314,22 +314,39 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     zd_named_tensors_free(best);
     if (rc < 0)
         return zd_error_wrap("ps: shard %d: resuming from %s", s->shard, name), -2;
-    if (want >= 0) {
-        /* Gone back: the newer generations are of a branch given up, which
-           a restart must not resume from, and the one taken is the
-           current file, which the next write keeps as ".prev". */
-        char cur[4200];
-        name_of(s, 0, cur, sizeof cur);
-        for (int which = 0; which < N_SUFFIXES; which++)
-            if (versions[which] > want) {
-                char newer[4200];
-                name_of(s, which, newer, sizeof newer);
-                unlink(newer);
-                versions[which] = -1;
-            }
-        if (best_which != 0 && rename(name, cur) == 0) {
+    /* The generation taken becomes the current file, so that the next
+       write keeps it as ".prev" and the disk holds what the shard says it
+       holds: gone back (want), the newer generations are of a branch
+       given up, which a restart must not resume from; resumed from
+       ".new" (a write cut short), the rotation is finished; resumed from
+       ".prev", the current file was damaged, and is kept aside. */
+    char cur[4200], other[4220];
+    name_of(s, 0, cur, sizeof cur);
+    for (int which = 0; want >= 0 && which < N_SUFFIXES; which++)
+        if (versions[which] > want) {
+            name_of(s, which, other, sizeof other);
+            if (unlink(other) < 0)
+                zd__log(ZD_LOG_WARN, "ps: shard %d: cannot remove %s: %s", s->shard, other,
+                        strerror(errno));
+            versions[which] = -1;
+        }
+    if (best_which == 1 && versions[0] >= 0) { /* the current one becomes the one before */
+        name_of(s, 2, other, sizeof other);
+        if (rename(cur, other) == 0)
+            versions[2] = versions[0], versions[0] = -1;
+    } else if (best_which == 2 && access(cur, F_OK) == 0 && versions[0] < 0) {
+        snprintf(other, sizeof other, "%s.damaged", cur);
+        if (rename(cur, other) < 0)
+            zd__log(ZD_LOG_WARN, "ps: shard %d: cannot move %s aside: %s", s->shard, cur,
+                    strerror(errno));
+    }
+    if (best_which != 0) {
+        if (rename(name, cur) == 0) {
             versions[0] = versions[best_which];
             versions[best_which] = -1;
+        } else {
+            zd__log(ZD_LOG_WARN, "ps: shard %d: cannot make %s the current file: %s", s->shard,
+                    name, strerror(errno));
         }
     }
     if (older) {

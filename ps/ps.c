@@ -276,12 +276,19 @@ static void answer(zd_future_t *f, zd_error_code_t code, int64_t version, const 
 
 /*  Takes the round's waiting answers out (under the lock): the caller
     completes them once it let the lock go, since completing one sends it. */
+static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n);
+
 static zd_future_t **take_waiting(zd_ps_server_t *s, int *n)
 {
-    zd_future_t **out = malloc((size_t)(s->n_pushed ? s->n_pushed : 1) * sizeof *out);
     *n = 0;
-    if (!out)
-        return NULL;
+    zd_future_t **out = malloc((size_t)(s->n_pushed ? s->n_pushed : 1) * sizeof *out);
+    return out ? take_waiting_into(s, out, n) : NULL;
+}
+
+/*  take_waiting into out, room for 2 num_trainers answers: cannot fail. */
+static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n)
+{
+    *n = 0;
     for (int i = 0; i < s->n_pushed; i++)
         out[(*n)++] = s->waiting[i];
     s->n_pushed = 0;
@@ -422,7 +429,6 @@ static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t 
     }
     s->pushed_by[s->n_pushed] = caller;
     s->waiting[s->n_pushed++] = zd_future_ref(f);
-    s->fresh = false;
     return round_complete(s) ? finish_round(s, done, n_done) : 0;
 }
 
@@ -588,12 +594,17 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     int64_t from, to, epoch, dry;
     if (ZD_UNPACK(args, &from, &to, &epoch, &dry) < 0)
         return NULL;
-    zd_future_t **fs = NULL;
+    /* the answers' room first: once the parameters went back, the pushes
+       of the round given up must go, whatever the memory */
+    zd_future_t **room = malloc(2 * (size_t)s->opts.num_trainers * sizeof *room), **fs = NULL;
     int n = 0;
     zd_error_code_t code = ZD_OK;
     char text[300] = "";
     pthread_mutex_lock(&s->lock);
-    if (s->stopped) {
+    if (!room) {
+        code = ZD_ERR_NO_MEMORY;
+        snprintf(text, sizeof text, "shard %d: out of memory", s->shard);
+    } else if (s->stopped) {
         code = ZD_ERR_STOPPED;
         snprintf(text, sizeof text, "shard %d stopped", s->shard);
     } else if (s->opts.mode != ZD_PS_SYNC || !s->ckpt_path || to < 0 || from < to || !s->trainer ||
@@ -611,7 +622,7 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
                  s->shard, s->version, s->epoch, from, epoch);
     } else if (from == to) {
         if (!dry && s->fresh)
-            fs = take_waiting(s, &n);
+            fs = take_waiting_into(s, room, &n);
     } else if (to != s->ckpt_version && to != s->ckpt_before) {
         code = ZD_ERR_ARGUMENT;
         char held[64];
@@ -640,7 +651,7 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
             s->ckpt_before = older;
             s->fresh = true;
             s->epoch++;
-            fs = take_waiting(s, &n);
+            fs = take_waiting_into(s, room, &n);
         }
     }
     int64_t now = s->version;
@@ -649,7 +660,9 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         char why[128];
         snprintf(why, sizeof why, "refused by shard %d as stale: it went back to version %" PRId64,
                  s->shard, now);
-        answer_all(fs, n, ZD_ERR_STALE, now, why);
+        answer_all(fs, n, ZD_ERR_STALE, now, why); /* frees room */
+    } else {
+        free(room);
     }
     zd_value_t *v = answer_new(code, now, text);
     if (!v)
@@ -806,6 +819,13 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
            others cannot then be of a later generation unnoticed */
         s->fresh = true;
         s->epoch = 1;
+        /* A synchronous shard of a new run writes its version 0: one
+           started again before the first checkpoint can then be joined
+           by the others going back to it. */
+        if (r == -1 && o.mode == ZD_PS_SYNC && write_checkpoint(s) < 0) {
+            zd_error_wrap("zd_ps_server_new: shard %d", shard);
+            goto fail;
+        }
     }
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;
@@ -1338,12 +1358,9 @@ static void shard_calls_free(const zd_ps_client_t *c, shard_calls_t *k)
     free(k->versions);
 }
 
-int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
+/*  One pull; *unequal: synchronous shards answered different versions. */
+static int pull_once(zd_ps_client_t *c, int64_t timeout_ms, bool *unequal)
 {
-    if (!c)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_pull: NULL");
-    if (shard_rejoined(c) && agree_versions(c, timeout_ms, true) < 0)
-        return -1;
     shard_calls_t k;
     int rc = -1;
     if (shard_calls_new(c, "zd_ps_client_pull", &k) < 0 ||
@@ -1375,6 +1392,7 @@ int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
     bool back = false;
     for (int s = 0; s < c->n_shards; s++) {
         back = back || k.versions[s] < c->seen[s];
+        *unequal = *unequal || k.versions[s] != k.versions[0];
         c->version[s] = c->seen[s] = k.versions[s];
     }
     c->rollbacks += back;
@@ -1382,6 +1400,27 @@ int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
 out:
     shard_calls_free(c, &k);
     return rc;
+}
+
+int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (!c)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_pull: NULL");
+    bool sync = c->opts.mode == ZD_PS_SYNC && c->n_shards > 1, unequal = false;
+    if (sync && shard_rejoined(c) && agree_versions(c, timeout_ms, true) < 0)
+        return -1;
+    if (pull_once(c, timeout_ms, &unequal) < 0)
+        return -1;
+    /* Synchronous shards at different versions: one may have resumed
+       from its checkpoint unseen (its rejoin not yet told to this
+       process), or they are in the middle of a round; the look finds out
+       (and does nothing in the second case), then the pull again. */
+    if (!sync || !unequal)
+        return 0;
+    if (agree_versions(c, timeout_ms, true) < 0)
+        return -1;
+    unequal = false;
+    return pull_once(c, timeout_ms, &unequal);
 }
 
 /*  The push to shard s: [version, position (when set), name, grad, ...],

@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zdist/checkpoint.h>
 #include <zdist/error.h>
 #include <zdist/module.h>
 #include <zdist/ps.h>
@@ -953,7 +954,19 @@ static void damage(const char *path)
     fclose(f);
 }
 
-/*  A new run in a new folder: both shards write versions 2 and 4. The
+/*  The version of the generation in the file prefix + suffix, or -1. */
+static int64_t file_version(const char *prefix, const char *suffix)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s%s", prefix, suffix);
+    zd_named_tensors_t *nt = zd_checkpoint_read(path);
+    zd_tensor_t *meta = nt ? zd_named_tensors_find(nt, "ps.meta") : NULL;
+    int64_t v = meta && zd_tensor_numel(meta) == 4 ? zd_tensor_data_i64(meta)[3] : -1;
+    zd_named_tensors_free(nt);
+    return v;
+}
+
+/*  A new run in a new folder: both shards write versions 0, 2 and 4. The
     folder, into dir. */
 static void gen_fresh_run(char *dir, gen_setup_t *gs)
 {
@@ -985,6 +998,16 @@ static void test_sync_shards_one_generation(void **state)
     gs.rounds = 4;
     gs.resumed[0] = 4, gs.resumed[1] = 2, gs.agreed = 2;
     gen_run(&gs);
+    /* On disk, both hold the generations 4 (written again) and 2: shard
+       0's given-up 4 is gone, shard 1's damaged file was put aside. */
+    for (int k = 0; k < 2; k++) {
+        char shard[300];
+        snprintf(shard, sizeof shard, "%s.shard%d", gs.prefix, k);
+        assert_int_equal(file_version(shard, ""), 4);
+        assert_int_equal(file_version(shard, ".prev"), 2);
+    }
+    snprintf(path, sizeof path, "%s.shard1.damaged", gs.prefix);
+    assert_int_equal(access(path, F_OK), 0);
     gen_remove(dir);
     /* The same with shard 0 left without its generation 2: they cannot
        agree, and the error names the versions shard 0 has. */

@@ -254,8 +254,9 @@ ZD_API int zd_ps_client_set_position(zd_ps_client_t *c, int64_t position);
     shard took (kept through a shard's checkpoint and resume), for a
     trainer started again, or a run resumed, to go on from there: the
     smallest of the shards' answers into *position, or -1 when a shard
-    has none (start from the beginning); synchronous shards are first
-    brought to one generation (Checkpoints above). Each call up to
+    has none (start from the beginning); synchronous shards of a resumed
+    run none stepped in yet, or with a process new since this client last
+    looked, are first brought to one generation (Checkpoints above). Each call up to
     timeout_ms (default zd_rpc_get_timeout()). 0, or -1 with *position
     -1: ZD_ERR_PEER, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL;
     a shard without the generation, named). */
