@@ -1035,40 +1035,52 @@ static int gen_shard_mortal(const world_t *w)
     return gen_shard(w);
 }
 
-/*  Shard 1 (rank 2) serves from a child process; the first is killed,
-    the second, made with resume, joins the running world once the
-    trainer says so. The rank's own process never starts RPC, so forking
-    it is safe. */
-static int restarted_gen_shard(const world_t *w)
+/*  The rank's shard serves from `lives` child processes in turn, life(w,
+    k) in the k-th: each but the last is killed, and the next, made with
+    resume, joins the running world once the trainer says so (told). The
+    rank's own process never starts RPC, so forking it is safe. */
+static int serve_lives(const world_t *w, int lives, int (*life)(const world_t *, int))
 {
-    gen_setup_t gs = *(const gen_setup_t *)w->arg;
-    world_t again = *w;
-    again.arg = &gs;
-    for (int life = 0; life < 3; life++) {
-        gs.resumed[1] = life == 0 ? 0 : life == 1 ? 4 : 6;
+    const gen_setup_t *gs = w->arg;
+    for (int k = 0; k < lives; k++) {
         fflush(NULL);
         pid_t pid = fork();
         if (pid < 0)
             return world_fail(w, "fork: %s", strerror(errno));
         if (pid == 0) {
             prctl(PR_SET_PDEATHSIG, SIGKILL);
-            exit(gen_shard_mortal(&again) == 0 ? 0 : 1); /* exit: LeakSanitizer's check */
+            exit(life(w, k) == 0 ? 0 : 1); /* exit: LeakSanitizer's check */
         }
         int status;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
-        if (life == 2)
+        if (k == lives - 1)
             return WIFEXITED(status) && WEXITSTATUS(status) == 0
                 ? 0
-                : world_fail(w, "the third shard 1 ended with status %d", status);
+                : world_fail(w, "the shard's last life ended with status %d", status);
         if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-            return world_fail(w, "shard 1's life %d ended with status %d", life, status);
-        struct pollfd p = {.fd = gs.told[0], .events = POLLIN};
+            return world_fail(w, "the shard's life %d ended with status %d", k, status);
+        struct pollfd p = {.fd = gs->told[0], .events = POLLIN};
         char c;
-        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(gs.told[0], &c, 1) != 1)
-            return world_fail(w, "the trainer did not say when to restart shard 1");
+        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(gs->told[0], &c, 1) != 1)
+            return world_fail(w, "the trainer did not say when to restart the shard");
     }
     return 0;
+}
+
+/*  Shard 1 (rank 2), life k: resumed at 0, 4, then 6. */
+static int gen_shard_life(const world_t *w, int k)
+{
+    gen_setup_t gs = *(const gen_setup_t *)w->arg;
+    world_t again = *w;
+    again.arg = &gs;
+    gs.resumed[1] = k == 0 ? 0 : k == 1 ? 4 : 6;
+    return gen_shard_mortal(&again);
+}
+
+static int restarted_gen_shard(const world_t *w)
+{
+    return serve_lives(w, 3, gen_shard_life);
 }
 
 static atomic_int g_rejoined; /* the trainer saw shard 1 rejoin this often */
@@ -1259,33 +1271,15 @@ static int known_shard(const world_t *w)
     return rc;
 }
 
+static int known_shard_life(const world_t *w, int k)
+{
+    (void)k;
+    return known_shard(w);
+}
+
 static int restarted_known_shard(const world_t *w)
 {
-    const gen_setup_t *gs = w->arg;
-    for (int life = 0; life < 2; life++) {
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid < 0)
-            return world_fail(w, "fork: %s", strerror(errno));
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            exit(known_shard(w) == 0 ? 0 : 1); /* exit: LeakSanitizer's check */
-        }
-        int status;
-        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-        }
-        if (life == 1)
-            return WIFEXITED(status) && WEXITSTATUS(status) == 0
-                ? 0
-                : world_fail(w, "the second shard ended with status %d", status);
-        if (!(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL))
-            return world_fail(w, "the shard's first life ended with status %d", status);
-        struct pollfd p = {.fd = gs->told[0], .events = POLLIN};
-        char c;
-        if (poll(&p, 1, (int)world_scaled_ms(30000)) != 1 || read(gs->told[0], &c, 1) != 1)
-            return world_fail(w, "the trainer did not say when to restart the shard");
-    }
-    return 0;
+    return serve_lives(w, 2, known_shard_life);
 }
 
 /*  Rounds of this trainer: pull, gradients, push. */
