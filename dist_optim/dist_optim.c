@@ -69,6 +69,23 @@ uint64_t zd_dist_optim_version(void)
     return atomic_load(&params_version);
 }
 
+int zd_dist_optim_update_params(int (*update)(void *arg), void *arg)
+{
+    if (!update)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_dist_optim_update_params: NULL");
+    if (read_depth > 0) /* the write lock would wait for this thread's own hold */
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_dist_optim_update_params: called while "
+                                 "this thread holds zd_dist_optim_read_lock()");
+    pthread_once(&params_lock_once, params_lock_init);
+    pthread_rwlock_wrlock(&params_lock);
+    int rc = update(arg);
+    if (rc > 0)
+        atomic_fetch_add(&params_version, 1);
+    pthread_rwlock_unlock(&params_lock);
+    return rc;
+}
+
 static const char *self_desc(char *buf, size_t size)
 {
     snprintf(buf, size, "\"%s\" (rank %d)", zd_rpc_name(), zd_rpc_rank());

@@ -16,6 +16,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,12 +35,13 @@
 #define FN_FORWARD "__zd_psm_forward_"
 #define FN_PARAMS  "__zd_psm_params_"
 #define FN_WHERE   "__zd_psm_where_"
+#define FN_BACK    "__zd_psm_back_"
 
 struct zd_ps_model_server {
     zd_nn_module_t *stage; /* the caller's */
     int shard, n_shards;
     zd_ps_options_t opts;
-    char fn_forward[40], fn_params[40], fn_where[40];
+    char fn_forward[40], fn_params[40], fn_where[40], fn_back[40];
 
     /* The stage's mode is the module's own: forwards in one mode run
        together; a forward in the other mode waits until they are done,
@@ -64,12 +66,22 @@ struct zd_ps_model_server {
     int64_t *positions;
     int n_positions;
     int64_t ckpt_version; /* the last one written or resumed from */
+    int64_t ckpt_before;  /* the generation before it on disk (-1: none) */
+    bool have_ckpt;       /* ckpt_version is on disk */
     bool writing;
     zd__ps_gate_t *gate; /* max_inflight's slots; NULL: no limit */
-    /* A number this process drew at random: a trainer that sees another
-       one from the same shard knows it was started again, and that the
-       RRefs of its parameters it holds are the dead process's. */
-    int64_t instance;
+    /* A number drawn at random when the process starts and whenever the
+       stage goes back to a checkpoint: a trainer that sees another one
+       from the same shard knows the stage is not the one its batches went
+       to (and, for a new process, that the RRefs of its parameters it
+       holds are the dead process's). */
+    _Atomic int64_t instance;
+    /* One generation across the stages (serve_back): the generation the
+       stage resumed or went back to (-1: none), the instance of the
+       stage whose resume chose it (`origin`: the stages that went back
+       with it share it), and the version it was taken at (fresh while
+       the stage is still there: no step since). */
+    int64_t resumed_gen, origin, resumed_version;
 };
 
 /*  ---- the shard ---- */
@@ -169,13 +181,25 @@ static int64_t version_of(const zd_ps_model_server_t *s)
     return s->base_version + (int64_t)zd_dist_optim_version();
 }
 
+/*  The generation of the checkpoint of version v: the checkpoint_every
+    interval it was written in. Each step of a trainer steps every stage,
+    so the stages' versions go nearly together and their checkpoints of
+    one interval hold nearly the same batches; with checkpoints taken
+    only by hand (checkpoint_every 0), the version itself. */
+static int64_t gen_of(const zd_ps_model_server_t *s, int64_t v)
+{
+    return s->opts.checkpoint_every > 0 ? v / s->opts.checkpoint_every : v;
+}
+
 /*  Writes the stage's checkpoint at version v, with the steps held off
     by the caller (zd_dist_optim_read_lock), unless another thread is
     writing one. 0, or -1. */
 static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
 {
     pthread_mutex_lock(&s->lock);
-    if (s->writing) {
+    /* a second file of the version on disk would leave no older
+       generation to go back to */
+    if (s->writing || (s->have_ckpt && v == s->ckpt_version)) {
         pthread_mutex_unlock(&s->lock);
         return 0;
     }
@@ -200,20 +224,24 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
     free(pos);
     pthread_mutex_lock(&s->lock);
     s->writing = false;
-    if (rc == 0 && v > s->ckpt_version)
+    if (rc == 0 && (!s->have_ckpt || v > s->ckpt_version)) {
+        s->ckpt_before = s->have_ckpt ? s->ckpt_version : -1;
         s->ckpt_version = v;
+        s->have_ckpt = true;
+    }
     pthread_mutex_unlock(&s->lock);
     return rc;
 }
 
 /*  Before a forward, with the steps held off: the checkpoint due once
-    checkpoint_every steps were taken since the last. A failure is
+    the version reached the next multiple of checkpoint_every (so that
+    the stages write theirs at the same versions). A failure is
     logged; the stage goes on, its last whole generation on disk. */
 static void checkpoint_due(zd_ps_model_server_t *s)
 {
     int64_t every = s->opts.checkpoint_every, v = version_of(s);
     pthread_mutex_lock(&s->lock);
-    bool due = s->ckpt.path && every > 0 && v - s->ckpt_version >= every;
+    bool due = s->ckpt.path && every > 0 && gen_of(s, v) > gen_of(s, s->ckpt_version);
     int64_t last = s->ckpt_version;
     pthread_mutex_unlock(&s->lock);
     if (due && write_checkpoint(s, v) < 0)
@@ -310,9 +338,11 @@ static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg
     return v;
 }
 
-/*  [] -> [code, text, instance, position]: where the caller was in its
-    data at its last training forward here (-1: none), kept through
-    checkpoints. */
+/*  [] -> [code, text, instance, position, version, generation, origin,
+    fresh]: where the caller was in its data at its last training forward
+    here (-1: none), kept through checkpoints; the stage's version; the
+    generation it resumed or went back to (-1: none), the instance of the
+    stage whose resume chose it, and whether it took no step since. */
 static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)args;
@@ -320,15 +350,134 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     int caller = zd_rpc_call_caller_rank(call);
     pthread_mutex_lock(&s->lock);
     int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
-    pthread_mutex_unlock(&s->lock);
+    int64_t version = version_of(s), gen = s->resumed_gen, origin = s->origin;
+    bool fresh = gen >= 0 && version == s->resumed_version;
     zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
-    if (v && zd_list_append(v, zd_value_int(position)) < 0) {
+    pthread_mutex_unlock(&s->lock);
+    if (v &&
+        (zd_list_append(v, zd_value_int(position)) < 0 ||
+         zd_list_append(v, zd_value_int(version)) < 0 || zd_list_append(v, zd_value_int(gen)) < 0 ||
+         zd_list_append(v, zd_value_int(origin)) < 0 ||
+         zd_list_append(v, zd_value_int(fresh)) < 0)) {
         zd_value_unref(v);
         v = NULL;
     }
     if (!v)
         zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: stage %d: out of memory", s->shard);
     return v;
+}
+
+static int64_t new_instance(void);
+
+/*  A request to go back (serve_back), and what came of it. */
+typedef struct {
+    zd_ps_model_server_t *s;
+    int64_t instance, gen, origin;
+    bool dry;
+    zd_error_code_t code;
+    char text[300];
+    int64_t from, to; /* versions; to -1: nothing to take back */
+    zd_value_t *answer;
+} back_t;
+
+/*  serve_back's work, the parameters held as a step holds them (or not at
+    all for a dry run): 1 when the checkpoint was taken back, else 0. */
+static int go_back(void *arg)
+{
+    back_t *b = arg;
+    zd_ps_model_server_t *s = b->s;
+    int changed = 0;
+    pthread_mutex_lock(&s->lock);
+    b->from = version_of(s);
+    if (s->stopped) {
+        b->code = ZD_ERR_STOPPED;
+        snprintf(b->text, sizeof b->text, "stage %d stopped", s->shard);
+    } else if (!s->ckpt.path || b->gen < 0) {
+        b->code = ZD_ERR_ARGUMENT;
+        snprintf(b->text, sizeof b->text,
+                 "stage %d: going back to generation %" PRId64 " needs checkpoints there", s->shard,
+                 b->gen);
+    } else if (b->instance != s->instance || s->writing) {
+        b->code = ZD_ERR_STALE;
+        snprintf(b->text, sizeof b->text, "stage %d changed since it was asked", s->shard);
+    } else if (b->gen == s->resumed_gen && b->from == s->resumed_version) {
+        /* there already */
+    } else if (s->have_ckpt && gen_of(s, s->ckpt_version) == b->gen) {
+        b->to = s->ckpt_version;
+    } else if (s->ckpt_before >= 0 && gen_of(s, s->ckpt_before) == b->gen) {
+        b->to = s->ckpt_before;
+    } else {
+        b->code = ZD_ERR_ARGUMENT;
+        char held[64] = "none";
+        if (s->have_ckpt && s->ckpt_before >= 0)
+            snprintf(held, sizeof held, "versions %" PRId64 " and %" PRId64, s->ckpt_version,
+                     s->ckpt_before);
+        else if (s->have_ckpt)
+            snprintf(held, sizeof held, "version %" PRId64 " only", s->ckpt_version);
+        snprintf(b->text, sizeof b->text,
+                 "stage %d has no checkpoint of generation %" PRId64
+                 " (it holds %s, checkpoint_every %" PRId64 ")",
+                 s->shard, b->gen, held, s->opts.checkpoint_every);
+    }
+    if (b->code == ZD_OK && !b->dry && b->to >= 0) {
+        int64_t got, older;
+        if (zd__ps_checkpoint_load(&s->ckpt, b->to, &got, &older) < 0) {
+            zd__log(ZD_LOG_WARN, "%s", zd_error_last()); /* the path stays in this log */
+            b->code = ZD_ERR_ARGUMENT;
+            snprintf(b->text, sizeof b->text,
+                     "stage %d cannot read its checkpoint of version %" PRId64
+                     " (its log says why)",
+                     s->shard, b->to);
+        } else {
+            /* the step count moves on by one when this returns */
+            s->base_version = got - (int64_t)zd_dist_optim_version() - 1;
+            s->ckpt_version = s->resumed_version = got;
+            s->ckpt_before = older;
+            s->have_ckpt = true;
+            s->resumed_gen = b->gen;
+            s->instance = new_instance();
+            changed = 1;
+        }
+    }
+    if (b->code == ZD_OK && !b->dry)
+        s->origin = b->origin;
+    if (!changed)
+        b->to = -1;
+    b->answer = answer_new(s, b->code, b->text, NULL, 0);
+    pthread_mutex_unlock(&s->lock);
+    return changed;
+}
+
+/*  "__zd_psm_back_<K>"(instance, gen, origin, dry) -> [code, text,
+    instance]: the stage, if it is still the one of `instance` (as its
+    "where" answered: a compare-and-set, else ZD_ERR_STALE and the caller
+    looks again), takes its checkpoint of generation `gen` back into its
+    parameters and positions: the generation another stage (of instance
+    `origin`) resumed from after a restart, so that the stages hold one
+    generation. A stage that resumed there and took no step since only
+    takes the origin. dry: only whether it could. The stage's instance
+    changes, so that every trainer learns that its batches since are
+    gone. */
+static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call;
+    back_t b = {.s = arg, .to = -1};
+    int64_t dry;
+    if (ZD_UNPACK(args, &b.instance, &b.gen, &b.origin, &dry) < 0)
+        return NULL;
+    b.dry = dry != 0;
+    /* every reader of the parameters and every step held off, as a step
+       does, so that the version compared is the one gone back from */
+    if (b.dry)
+        go_back(&b);
+    else
+        zd_dist_optim_update_params(go_back, &b);
+    if (b.to >= 0)
+        zd__log(ZD_LOG_INFO,
+                "ps: stage %d went back from version %" PRId64 " to %" PRId64
+                " (generation %" PRId64 "), that of a stage resumed after a restart",
+                b.s->shard, b.from, b.to, b.gen);
+    return b.answer;
 }
 
 /*  The stage's checkpoint description, and with opts.resume the newest
@@ -356,23 +505,29 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
         return -1;
     if (!s->opts.resume)
         return 0;
-    int64_t v;
-    int r = zd__ps_checkpoint_load(&s->ckpt, -1, &v, NULL);
+    int64_t v, older;
+    int r = zd__ps_checkpoint_load(&s->ckpt, -1, &v, &older);
     if (r == -2)
         return -1;
-    if (r == 0)
-        s->base_version = s->ckpt_version = v;
+    if (r == 0) {
+        s->base_version = s->ckpt_version = s->resumed_version = v;
+        s->ckpt_before = older;
+        s->have_ckpt = true;
+        s->resumed_gen = gen_of(s, v);
+        s->origin = s->instance;
+    }
     return 0;
 }
 
 /*  A random instance number; the clock and the process id where the
-    kernel gives no random bytes (a restarted process differs in both). */
+    kernel gives no random bytes (a restarted process differs in both),
+    never 0 (a trainer's "not seen yet"). */
 static int64_t new_instance(void)
 {
     uint64_t v = 0;
     if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v)
         v = (uint64_t)zd__now_ns() ^ (uint64_t)getpid() << 40;
-    return (int64_t)(v >> 1);
+    return (int64_t)(v >> 1) | 1;
 }
 
 zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
@@ -404,6 +559,7 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
     s->ckpt_version = 0;
+    s->ckpt_before = s->resumed_gen = s->resumed_version = -1;
     if (o.max_inflight > 0 && !(s->gate = zd__ps_gate_new(o.max_inflight))) {
         zd_ps_model_server_free(s);
         return NULL;
@@ -415,9 +571,11 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     snprintf(s->fn_forward, sizeof s->fn_forward, FN_FORWARD "%d", shard);
     snprintf(s->fn_params, sizeof s->fn_params, FN_PARAMS "%d", shard);
     snprintf(s->fn_where, sizeof s->fn_where, FN_WHERE "%d", shard);
+    snprintf(s->fn_back, sizeof s->fn_back, FN_BACK "%d", shard);
     if (zd_rpc_register(s->fn_forward, serve_forward, s) < 0 ||
         zd_rpc_register(s->fn_params, serve_params, s) < 0 ||
-        zd_rpc_register(s->fn_where, serve_where, s) < 0) {
+        zd_rpc_register(s->fn_where, serve_where, s) < 0 ||
+        zd_rpc_register(s->fn_back, serve_back, s) < 0) {
         zd_error_wrap("zd_ps_model_server_new: stage %d", shard);
         zd_ps_model_server_free(s);
         return NULL;
@@ -479,6 +637,7 @@ void zd_ps_model_server_free(zd_ps_model_server_t *s)
         zd_rpc_unregister(s->fn_forward);
         zd_rpc_unregister(s->fn_params);
         zd_rpc_unregister(s->fn_where);
+        zd_rpc_unregister(s->fn_back);
     }
     free(s->positions);
     for (int i = 0; s->names && i < s->ckpt.n; i++)
@@ -506,6 +665,9 @@ struct zd_ps_model {
     int *ranks;
     int64_t *instance; /* of each shard, when opt was made */
     bool stale;        /* a shard answered with another instance */
+    /* each shard's instance when the stages were last brought to one
+       generation (0: not looked at yet), and agree's scratch */
+    int64_t *agreed, *scratch;
     zd_optim_config_t optim;
     zd_dist_optim_t *opt; /* made at the first forward or step */
     bool training;
@@ -553,9 +715,10 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
     zd_ps_model_t *m = calloc(1, sizeof *m);
     if (m &&
         (!(m->ranks = malloc((size_t)n_shards * sizeof *m->ranks)) ||
-         !(m->instance = calloc((size_t)n_shards, sizeof *m->instance)))) {
-        free(m->ranks);
-        free(m);
+         !(m->instance = calloc((size_t)n_shards, sizeof *m->instance)) ||
+         !(m->agreed = calloc((size_t)n_shards, sizeof *m->agreed)) ||
+         !(m->scratch = calloc(4 * (size_t)n_shards, sizeof *m->scratch)))) {
+        zd_ps_model_free(m);
         m = NULL;
     }
     if (!m) {
@@ -612,7 +775,7 @@ static int call_stage(zd_ps_model_t *m, int s, const char *what, const char *fn_
         return 0;
     }
     zd_error_code_t c = code == ZD_ERR_ARGUMENT || code == ZD_ERR_STOPPED ||
-            code == ZD_ERR_REMOTE || code == ZD_ERR_NO_MEMORY
+            code == ZD_ERR_REMOTE || code == ZD_ERR_NO_MEMORY || code == ZD_ERR_STALE
         ? (zd_error_code_t)code
         : ZD_ERR_REMOTE;
     zd_error_set_code(c, "ps: %s: stage %d (rank %d): %.400s", what, s, m->ranks[s], text);
@@ -707,6 +870,18 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
             rc = -1;
             break;
         }
+        if (m->stale) {
+            /* the batches this trainer sent it since its last look are
+               gone from it: the trainer goes back (wait_shards, then
+               resume_position), as after a loss */
+            zd_value_unref(v);
+            rc = zd_error_set_code(ZD_ERR_PEER,
+                                   "ps: forward: stage %d (rank %d) was started again, or "
+                                   "went back to a checkpoint, since this trainer's last step",
+                                   s, m->ranks[s]);
+            forget_lost(m);
+            break;
+        }
         size_t got = zd_list_len(v) - 3;
         n_cur = 0;
         if (got < 1 || got > ZD__PS_MAX_TENSORS || (last && got != (size_t)n_out))
@@ -751,11 +926,107 @@ int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
     return 0;
 }
 
+/*  "__zd_psm_back_<s>"(instance, gen, origin, dry) on stage s, with
+    *instance its instance after it: 0; 1 when the stage had changed
+    (look again); -1 with the error set. */
+static int send_back(zd_ps_model_t *m, int s, int64_t *instance, int64_t gen, int64_t origin,
+                     bool dry, int64_t timeout_ms)
+{
+    zd_value_t *v;
+    if (call_stage(m, s, "going back", FN_BACK, ZD_ARGS(*instance, gen, origin, dry), timeout_ms,
+                   &v) < 0)
+        return zd_error_code() == ZD_ERR_STALE ? 1 : -1;
+    *instance = m->instance[s];
+    zd_value_unref(v);
+    return 0;
+}
+
+/*  One look of agree, the stages' "where" answers read into the
+    scratch: 0 (done, or nothing to do), 1 (a stage changed: look
+    again), or -1. */
+static int agree_once(zd_ps_model_t *m, int64_t timeout_ms)
+{
+    int n = m->n_shards, chooser = -1;
+    int64_t *inst = m->scratch, *gen = inst + n, *origin = gen + n, *fresh = origin + n;
+    for (int s = 0; s < n; s++) {
+        zd_value_t *v;
+        if (call_stage(m, s, "the stages' generations", FN_WHERE, zd_value_list(0), timeout_ms,
+                       &v) < 0)
+            return -1;
+        inst[s] = m->instance[s];
+        gen[s] = zd_list_len(v) > 7 ? -1 : -2; /* -2: a stage of 1.0, which says none */
+        origin[s] = fresh[s] = 0;
+        int bad = gen[s] == -1 &&
+            (zd_rpc_arg_int(v, 5, &gen[s]) < 0 || zd_rpc_arg_int(v, 6, &origin[s]) < 0 ||
+             zd_rpc_arg_int(v, 7, &fresh[s]) < 0);
+        zd_value_unref(v);
+        if (bad)
+            return zd_error_set_code(ZD_ERR_REMOTE,
+                                     "ps: generations: stage %d (rank %d) answered badly", s,
+                                     m->ranks[s]);
+        if (inst[s] != m->agreed[s] && gen[s] >= 0 && fresh[s] &&
+            (chooser < 0 || gen[s] < gen[chooser]))
+            chooser = s;
+    }
+    /* first whether every stage can, so that none goes back alone */
+    for (int dry = 1; chooser >= 0 && dry >= 0; dry--)
+        for (int s = 0; s < n; s++) {
+            if (origin[s] == origin[chooser])
+                continue;
+            if (gen[s] == -2)
+                return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                         "ps: stage %d (rank %d) is of a release that cannot go "
+                                         "back to generation %" PRId64,
+                                         s, m->ranks[s], gen[chooser]);
+            int64_t at = inst[s];
+            int rc = send_back(m, s, &at, gen[chooser], origin[chooser], dry, timeout_ms);
+            if (rc != 0)
+                return rc;
+            if (!dry)
+                inst[s] = at;
+        }
+    memcpy(m->agreed, inst, (size_t)n * sizeof *inst);
+    return 0;
+}
+
+/*  One generation across the stages. A stage started again with resume
+    took its newest generation back while the others went on (or a
+    resumed run found one stage's newest generation damaged): the others
+    go back to their checkpoint of that generation (their newest or the
+    one before), so that the model is one checkpoint's again and the
+    trainers' positions, the smallest of the stages', hold on every
+    stage. The stage that chooses is one new since this trainer last
+    looked (another instance) that resumed at a generation and took no
+    step since; of several, the one of the oldest generation. The stages
+    that went back with it take its instance as their origin, so that a
+    trainer looking later leaves them alone. 0, or -1 (ZD_ERR_ARGUMENT: a
+    stage without that generation, named; the calls' errors). */
+static int agree(zd_ps_model_t *m, int64_t timeout_ms)
+{
+    /* stages that change meanwhile (another trainer sent them back) are
+       looked at again */
+    for (int attempt = 0; attempt < 10; attempt++) {
+        int rc = agree_once(m, timeout_ms);
+        if (rc < 0)
+            return zd_error_wrap("ps: bringing the stages to one generation");
+        if (rc == 0)
+            return 0;
+    }
+    return zd_error_set_code(ZD_ERR_TIMEOUT,
+                             "ps: the stages kept changing while they were brought to one "
+                             "generation");
+}
+
+static int agree_arg(void *m)
+{
+    return agree(m, ZD_TIMEOUT_DEFAULT);
+}
+
 int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_wait_shards: NULL");
-    return zd__ps_wait_ranks(m->ranks, m->n_shards, timeout_ms);
+    return zd__ps_wait_shards(m->ranks, m->n_shards, timeout_ms, agree_arg, m);
 }
 
 int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position)
@@ -773,6 +1044,9 @@ int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *p
         *position = -1;
     if (!m || !position)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_resume_position: NULL");
+    /* first one generation everywhere: the positions are then of it */
+    if (agree(m, timeout_ms) < 0)
+        return -1;
     /* The earliest: every stage holds the batches before it. A stage
        with none for this trainer (it never served a training forward of
        it, or its checkpoint is older) means the beginning. */
@@ -807,6 +1081,8 @@ void zd_ps_model_free(zd_ps_model_t *m)
     if (!m)
         return;
     zd_dist_optim_free(m->opt);
+    free(m->scratch);
+    free(m->agreed);
     free(m->instance);
     free(m->ranks);
     free(m);

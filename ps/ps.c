@@ -1155,18 +1155,15 @@ int zd__ps_wait_ranks(const int *ranks, int n, int64_t timeout_ms)
 
 static int agree_versions(zd_ps_client_t *c, int64_t timeout_ms, bool after_loss);
 
-int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
+int zd__ps_wait_shards(const int *ranks, int n, int64_t timeout_ms, int (*agree)(void *), void *arg)
 {
-    if (!c)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
     int64_t deadline = zd__deadline_after(zd__now_ns(), timeout_ms);
     for (;;) {
         int64_t left =
             deadline == ZD__NEVER ? ZD_TIMEOUT_NONE : zd__ms_left(zd__now_ns(), deadline);
-        if (zd__ps_wait_ranks(c->ranks, c->n_shards, left > 0 || deadline == ZD__NEVER ? left : 1) <
-            0)
+        if (zd__ps_wait_ranks(ranks, n, left > 0 || deadline == ZD__NEVER ? left : 1) < 0)
             return -1;
-        if (agree_versions(c, ZD_TIMEOUT_DEFAULT, true) == 0)
+        if (agree(arg) == 0)
             return 0;
         /* A shard just back may not take calls from everyone yet (its
            connections are being made), or was lost again: wait again
@@ -1176,6 +1173,18 @@ int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
             return -1;
         nanosleep(&(struct timespec){0, 20000000}, NULL);
     }
+}
+
+static int agree_after_loss(void *c)
+{
+    return agree_versions(c, ZD_TIMEOUT_DEFAULT, true);
+}
+
+int zd_ps_client_wait_shards(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    if (!c)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_wait_shards: NULL");
+    return zd__ps_wait_shards(c->ranks, c->n_shards, timeout_ms, agree_after_loss, c);
 }
 
 /*  Stale pushes in a row after which a step gives up: the trainer is

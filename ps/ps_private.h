@@ -94,6 +94,12 @@ int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in);
     the shard not back. */
 int zd__ps_wait_ranks(const int *ranks, int n, int64_t timeout_ms);
 
+/*  zd__ps_wait_ranks, then agree(arg) (the shards brought to one
+    generation), again while agree fails with ZD_ERR_PEER (a shard just
+    back may take no calls yet) and the time lasts. 0, or -1. */
+int zd__ps_wait_shards(const int *ranks, int n, int64_t timeout_ms, int (*agree)(void *),
+                       void *arg);
+
 /*  The first element of the float32 tensor t that is not finite, or -1. */
 int64_t zd__ps_first_not_finite(const zd_tensor_t *t);
 

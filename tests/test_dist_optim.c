@@ -442,9 +442,47 @@ static void test_backward_on_owner_holds_steps_off(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  zd_dist_optim_update_params: what update returns comes back, and only
+    a change moves the step count; refused with NULL, and on a thread
+    holding the read lock (the write would wait for it). */
+static int update_calls;
+
+static int update_ret(void *arg)
+{
+    update_calls++;
+    return *(int *)arg;
+}
+
+static void test_update_params(void **state)
+{
+    (void)state;
+    int ret = 0;
+    uint64_t v0 = zd_dist_optim_version();
+    assert_int_equal(zd_dist_optim_update_params(update_ret, &ret), 0);
+    assert_true(zd_dist_optim_version() == v0);
+    ret = 1;
+    assert_int_equal(zd_dist_optim_update_params(update_ret, &ret), 1);
+    assert_true(zd_dist_optim_version() == v0 + 1);
+    ret = -1;
+    assert_int_equal(zd_dist_optim_update_params(update_ret, &ret), -1);
+    assert_true(zd_dist_optim_version() == v0 + 1);
+    assert_int_equal(update_calls, 3);
+    assert_int_equal(zd_dist_optim_update_params(NULL, NULL), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    zd_dist_optim_read_lock();
+    ret = 1;
+    assert_int_equal(zd_dist_optim_update_params(update_ret, &ret), -1);
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    zd_dist_optim_read_unlock();
+    assert_int_equal(update_calls, 3);
+    /* the lock is free again: a writer gets it */
+    assert_int_equal(zd_dist_optim_update_params(update_ret, &ret), 1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_update_params),
         cmocka_unit_test(test_steps_every_owner),
         cmocka_unit_test(test_concurrent_trainers_step_whole_updates),
         cmocka_unit_test(test_backward_on_owner_holds_steps_off),

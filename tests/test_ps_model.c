@@ -44,6 +44,7 @@
 #include <unistd.h>
 
 #include <zdist/autograd.h>
+#include <zdist/checkpoint.h>
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include <zdist/module.h>
@@ -809,9 +810,11 @@ static int64_t stage_position(int s)
 }
 
 /*  The second run, resumed: shard 0 from version 4, shard 1 (whose
-    newest generation was damaged) from version 2; each stage holds the
-    parameters of that many local steps, and the trainer goes on from
-    position 2, the earlier of the two. */
+    newest generation was damaged) from version 2. Before the trainer's
+    first batch shard 0 goes back to its generation of version 2, the one
+    of shard 1, and drops its newer one; the trainer goes on from
+    position 2 (both stages' position there), and the batches from there
+    train both stages exactly as locally. */
 static int resumed_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -826,21 +829,47 @@ static int resumed_trainer(const world_t *w)
     int rc = 0;
     float loss;
     int64_t at = -2;
-    if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2)
+    if (stage_position(0) != 4 || stage_position(1) != 2 || shard_version(0) != 4)
+        rc = world_fail(w,
+                        "the stages resumed at positions %lld and %lld (not 4 and 2), stage 0 "
+                        "at version %lld (not 4)",
+                        (long long)stage_position(0), (long long)stage_position(1),
+                        (long long)shard_version(0));
+    if (rc == 0 && (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2))
         rc = world_fail(w, "resumed at position %lld, not 2 (%s)", (long long)at, zd_error_last());
-    if (rc == 0 && (stage_position(0) != 4 || stage_position(1) != 2))
-        rc = world_fail(w, "the stages resumed at positions %lld and %lld, not 4 and 2",
-                        (long long)stage_position(0), (long long)stage_position(1));
-    for (int step = 0; rc == 0 && step < 4; step++) {
+    if (rc == 0 && (stage_position(0) != 2 || shard_version(0) != 2 || shard_version(1) != 2))
+        rc = world_fail(w,
+                        "stage 0 at position %lld, the stages at versions %lld and %lld, "
+                        "not 2 and 2 and 2",
+                        (long long)stage_position(0), (long long)shard_version(0),
+                        (long long)shard_version(1));
+    /* the generation given up is gone from the disk: a later restart
+       cannot resume from it */
+    char path[96];
+    snprintf(path, sizeof path, "%s.shard0", ((const setup_t *)w->arg)->checkpoint);
+    zd_named_tensors_t *file = rc == 0 ? zd_checkpoint_read(path) : NULL;
+    zd_tensor_t *meta = file ? zd_named_tensors_find(file, "ps.meta") : NULL;
+    if (rc == 0 && (!meta || zd_tensor_numel(meta) != 4 || zd_tensor_data_i64(meta)[3] != 2))
+        rc = world_fail(w, "%s is not the generation of version 2", path);
+    zd_named_tensors_free(file);
+    snprintf(path, sizeof path, "%s.shard0.prev", ((const setup_t *)w->arg)->checkpoint);
+    if (rc == 0 && access(path, F_OK) == 0)
+        rc = world_fail(w, "%s is still there", path);
+    for (int step = 0; rc == 0 && step < 2; step++)
         if (local_step(local, opt, step, &loss) < 0)
             rc = world_fail(w, "local step %d: %s", step, zd_error_last());
-        if (rc == 0 && step == 1 && (shard_version(1) != 2 || same_params(w, 1, local[1]) < 0))
-            rc = world_fail(w, "stage 1 resumed at version %lld, not 2 and its parameters",
-                            (long long)shard_version(1));
+    for (int s = 0; rc == 0 && s < 2; s++)
+        rc = same_params(w, s, local[s]);
+    for (int step = 2; rc == 0 && step < 5; step++) {
+        if (local_step(local, opt, step, &loss) < 0)
+            rc = world_fail(w, "local step %d: %s", step, zd_error_last());
+        if (rc == 0 && zd_ps_model_set_position(model, step) < 0)
+            rc = world_fail(w, "set_position: %s", zd_error_last());
+        if (rc == 0)
+            rc = remote_step(w, model, 0, step, NULL);
     }
-    if (rc == 0 && (shard_version(0) != 4 || same_params(w, 0, local[0]) < 0))
-        rc = world_fail(w, "stage 0 resumed at version %lld, not 4 and its parameters",
-                        (long long)shard_version(0));
+    for (int s = 0; rc == 0 && s < 2; s++)
+        rc = same_params(w, s, local[s]);
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
@@ -897,58 +926,103 @@ static int restart_shard_1(const world_t *w)
     return 0;
 }
 
-/*  Shard 1 killed twice, each time started again with resume:
-    - after four steps: a step fails with ZD_ERR_PEER, the trainer waits
+/*  A training step at position `step` (zd_ps_model_set_position
+    first), a failure the world's. */
+static int step_at(const world_t *w, zd_ps_model_t *model, int step)
+{
+    if (zd_ps_model_set_position(model, step) < 0)
+        return world_fail(w, "set_position: %s", zd_error_last());
+    return remote_step(w, model, 0, step, NULL);
+}
+
+/*  The recovery a trainer runs after ZD_ERR_PEER: waits for the shards
+    (they are brought to one generation), then asks where to go on from,
+    which must be `want`, and both stages must be at version `want` (a
+    step per batch before it). */
+static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want)
+{
+    int64_t at = -2;
+    if (zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
+        return world_fail(w, "shard 1 not back: %s", zd_error_last());
+    if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != want)
+        return world_fail(w, "resume position %lld, not %lld (%s)", (long long)at, (long long)want,
+                          zd_error_last());
+    if (shard_version(0) != want || shard_version(1) != want)
+        return world_fail(w, "after the restart the stages are at versions %lld and %lld, not %lld",
+                          (long long)shard_version(0), (long long)shard_version(1),
+                          (long long)want);
+    return 0;
+}
+
+/*  Shard 1 killed twice, each time started again with resume, its
+    checkpoints every 2 steps:
+    - after four steps: step 4 fails with ZD_ERR_PEER, the trainer waits
       for the shard (zd_ps_model_wait_shards; it is started again only
-      then, as a restart can be quicker than the trainer's next call) and
-      goes on, three steps on the new process, resumed from its
-      generation of version 2;
-    - after those: the trainer calls nothing of the model until the shard
-      is back (zd_rpc_wait_peer), so no call of its own failed; its next
-      forward meets the new process, and the step that follows must make
-      the optimizer again over the new parameters, not step the RRefs of
-      the dead process. */
+      then, as a restart can be quicker than the trainer's next call).
+      Shard 1 resumed at version 2; shard 0, at 4, goes back to its
+      generation of version 2 with it; the trainer goes on from position
+      2, each batch from there trained once on each stage;
+    - after step 6: the trainer calls nothing of the model until the
+      shard is back (zd_rpc_wait_peer), so no call of its own failed; its
+      next forward meets the new process and fails with ZD_ERR_PEER (its
+      batches since the checkpoint are gone from that stage), and the
+      same recovery brings both stages to version 6.
+    At the end both stages hold exactly what steps 0 to 8, each once,
+    give the model trained locally. */
 static int restart_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
+    WCHECK(local[0] && local[1]);
+    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
+                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
+    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
     zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    WCHECK(model);
+    WCHECK(opt && model);
     WTRY(join(w));
     int rc = 0;
+    float loss;
+    for (int step = 0; rc == 0 && step < 9; step++)
+        if (local_step(local, opt, step, &loss) < 0)
+            rc = world_fail(w, "local step %d: %s", step, zd_error_last());
     for (int step = 0; rc == 0 && step < 4; step++)
-        if (try_step(model, 0, step, NULL) < 0)
-            rc = world_fail(w, "step %d: %s", step, zd_error_last());
+        rc = step_at(w, model, step);
     if (rc == 0 && kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die");
-    if (rc == 0 && (try_step(model, 0, 4, NULL) == 0 || zd_error_code() != ZD_ERR_PEER))
+    if (rc == 0 &&
+        (zd_ps_model_set_position(model, 4) < 0 || try_step(model, 0, 4, NULL) == 0 ||
+         zd_error_code() != ZD_ERR_PEER))
         rc = world_fail(w, "a step with shard 1 killed: %s, not ZD_ERR_PEER", zd_error_last());
     if (rc == 0)
         rc = restart_shard_1(w);
-    if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shard 1 not back: %s", zd_error_last());
-    for (int step = 5; rc == 0 && step < 8; step++)
-        if (try_step(model, 0, step, NULL) < 0)
-            rc = world_fail(w, "step %d after the restart: %s", step, zd_error_last());
-    /* Shard 0 took every step but the failed one; shard 1 resumed at 2. */
-    if (rc == 0 && (shard_version(0) != 7 || shard_version(1) != 5))
-        rc = world_fail(w, "versions %lld and %lld, not 7 and 5", (long long)shard_version(0),
-                        (long long)shard_version(1));
-    /* Shard 1 wrote version 4 at step 7's forward. */
+    if (rc == 0)
+        rc = recover_at(w, model, 2);
+    for (int step = 2; rc == 0 && step < 7; step++)
+        rc = step_at(w, model, step);
+    /* both stages wrote version 6 at step 6's forward */
     if (rc == 0 && kill_shard_1() < 0)
         rc = world_fail(w, "shard 1 answered test_die the second time");
     if (rc == 0)
         rc = restart_shard_1(w);
     if (rc == 0 && zd_rpc_wait_peer(1, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shard 1 not back the second time: %s", zd_error_last());
-    for (int step = 8; rc == 0 && step < 10; step++)
-        if (try_step(model, 0, step, NULL) < 0)
-            rc = world_fail(w, "step %d after the unseen restart: %s", step, zd_error_last());
-    if (rc == 0 && (shard_version(0) != 9 || shard_version(1) != 6))
-        rc = world_fail(w, "versions %lld and %lld, not 9 and 6", (long long)shard_version(0),
-                        (long long)shard_version(1));
+    if (rc == 0 &&
+        (zd_ps_model_set_position(model, 7) < 0 || try_step(model, 0, 7, NULL) == 0 ||
+         zd_error_code() != ZD_ERR_PEER))
+        rc = world_fail(w, "a step after the unseen restart: %s, not ZD_ERR_PEER",
+                        rc == 0 ? zd_error_last() : "");
+    if (rc == 0)
+        rc = recover_at(w, model, 6);
+    for (int step = 6; rc == 0 && step < 9; step++)
+        rc = step_at(w, model, step);
+    for (int s = 0; rc == 0 && s < 2; s++)
+        rc = same_params(w, s, local[s]);
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_optim_free(opt);
+    zd_nn_module_free(local[0]);
+    zd_nn_module_free(local[1]);
     return rc;
 }
 

@@ -318,11 +318,15 @@ ZD_API void zd_ps_client_free(zd_ps_client_t *c);
 
     Checkpoints (checkpoint_path, checkpoint_every, resume) work as for
     push/pull shards, on the stage's parameters: a shard writes one at
-    the first forward after every checkpoint_every steps, with the steps
-    held off while it writes, and one made with resume starts its stage
-    from the newest generation it can read, with the trainers' positions
-    (zd_ps_model_set_position). The optimizers' own state (momentum)
-    lives in the trainers' DistributedOptimizers, not in it. */
+    the first forward once its version reaches a multiple of
+    checkpoint_every, with the steps held off while it writes, and one
+    made with resume starts its stage from the newest generation it can
+    read, with the trainers' positions (zd_ps_model_set_position); the
+    other stages go back to that generation (zd_ps_model_wait_shards),
+    and a forward that meets a stage started again or gone back fails
+    with ZD_ERR_PEER, so that every trainer goes back to its position.
+    The optimizers' own state (momentum) lives in the trainers'
+    DistributedOptimizers, not in it. */
 
 typedef struct zd_ps_model_server zd_ps_model_server_t;
 
@@ -380,7 +384,9 @@ ZD_API zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards,
     stage, each call up to timeout_ms (default zd_rpc_get_timeout()), and
     gives the last stage's first n_out outputs in out (new references).
     Recorded by distributed autograd inside a context. 0, or -1 with out
-    NULL: the codes above, the text naming the stage's shard. */
+    NULL: the codes above, the text naming the stage's shard
+    (ZD_ERR_PEER also for a stage started again, or gone back to a
+    checkpoint, since this trainer's optimizer was made). */
 ZD_API int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in,
                                zd_tensor_t **out, int n_out, int64_t timeout_ms);
 
@@ -391,11 +397,14 @@ ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
 /*  Waits until every shard is a live member of the world (after
     ZD_ERR_PEER: a lost shard started again, its stage resumed from its
     checkpoint), up to timeout_ms in all (ZD_TIMEOUT_DEFAULT and
-    ZD_TIMEOUT_NONE: no limit); then run the batch again. A shard's new
-    process is known by its answers, and the next step makes the
+    ZD_TIMEOUT_NONE: no limit), and sends the other stages back to the
+    generation it resumed from (their newest checkpoint or the one
+    before): go on from zd_ps_model_resume_position. A shard's new
+    process is known by its answers, and the next forward makes the
     DistributedOptimizer again over its parameters (its state, momentum,
     starts over). 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
-    ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (NULL). */
+    ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (NULL; a stage without that
+    generation, named), or a call's error. */
 ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
 
 /*  Sets where the trainer is in its data (the batch it computes next,
@@ -413,9 +422,12 @@ ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
     forward there (kept through a stage's checkpoint and resume), for a
     trainer started again, or a run resumed, to go on from there: the
     smallest of the stages' answers into *position, or -1 when a stage
-    has none (start from the beginning). Each call up to timeout_ms
-    (default zd_rpc_get_timeout()). 0, or -1 with *position -1:
-    ZD_ERR_PEER, ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL). */
+    has none (start from the beginning); stages of a resumed run at
+    different generations are first brought to the oldest (as
+    zd_ps_model_wait_shards does). Each call up to timeout_ms (default
+    zd_rpc_get_timeout()). 0, or -1 with *position -1: ZD_ERR_PEER,
+    ZD_ERR_TIMEOUT, ZD_ERR_REMOTE, ZD_ERR_ARGUMENT (NULL; a stage without
+    the generation, named). */
 ZD_API int zd_ps_model_resume_position(zd_ps_model_t *m, int64_t timeout_ms, int64_t *position);
 
 /*  Sets the mode the next forwards run the stages in (training: dropout
