@@ -70,6 +70,7 @@ typedef struct {
     bool resume;
     int max_inflight; /* the shards' (0: no limit) */
     int told[2];      /* test_shard_restarted: the trainer tells shard 1's parent to restart it */
+    int lives;        /* shard 1's processes there (0: SHARD_LIVES) */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -937,9 +938,8 @@ static int step_at(const world_t *w, zd_ps_model_t *model, int step)
 
 /*  The recovery a trainer runs after ZD_ERR_PEER: waits for the shards
     (they are brought to one generation), then asks where to go on from,
-    which must be `want`, and both stages must be at version `want` (a
-    step per batch before it). */
-static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want)
+    which must be `want`, and both stages must be at `version`. */
+static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want, int64_t version)
 {
     int64_t at = -2;
     if (zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
@@ -947,10 +947,10 @@ static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want)
     if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != want)
         return world_fail(w, "resume position %lld, not %lld (%s)", (long long)at, (long long)want,
                           zd_error_last());
-    if (shard_version(0) != want || shard_version(1) != want)
+    if (shard_version(0) != version || shard_version(1) != version)
         return world_fail(w, "after the restart the stages are at versions %lld and %lld, not %lld",
                           (long long)shard_version(0), (long long)shard_version(1),
-                          (long long)want);
+                          (long long)version);
     return 0;
 }
 
@@ -996,7 +996,7 @@ static int restart_trainer(const world_t *w)
     if (rc == 0)
         rc = restart_shard_1(w);
     if (rc == 0)
-        rc = recover_at(w, model, 2);
+        rc = recover_at(w, model, 2, 2);
     for (int step = 2; rc == 0 && step < 7; step++)
         rc = step_at(w, model, step);
     /* both stages wrote version 6 at step 6's forward */
@@ -1012,7 +1012,7 @@ static int restart_trainer(const world_t *w)
         rc = world_fail(w, "a step after the unseen restart: %s, not ZD_ERR_PEER",
                         rc == 0 ? zd_error_last() : "");
     if (rc == 0)
-        rc = recover_at(w, model, 6);
+        rc = recover_at(w, model, 6, 6);
     for (int step = 6; rc == 0 && step < 9; step++)
         rc = step_at(w, model, step);
     for (int s = 0; rc == 0 && s < 2; s++)
@@ -1038,7 +1038,8 @@ static int restarted_shard(const world_t *w)
     setup_t su = *(const setup_t *)w->arg;
     world_t again = *w;
     again.arg = &su;
-    for (int run = 0; run < SHARD_LIVES; run++) {
+    int lives = su.lives ? su.lives : SHARD_LIVES;
+    for (int run = 0; run < lives; run++) {
         su.resume = run > 0;
         fflush(NULL);
         pid_t pid = fork();
@@ -1051,7 +1052,7 @@ static int restarted_shard(const world_t *w)
         int status;
         while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
         }
-        bool last = run == SHARD_LIVES - 1;
+        bool last = run == lives - 1;
         if (last)
             return WIFEXITED(status) && WEXITSTATUS(status) == 0
                 ? 0
@@ -1083,6 +1084,130 @@ static void test_shard_restarted(void **state)
     assert_int_equal(pipe2(su.told, O_CLOEXEC), 0);
     world_options_t o = {
         .world_size = 3, .fn = restart_world, .arg = &su, .own_init = true, .timeout_s = 90};
+    int rc = world_run(&o);
+    close(su.told[0]);
+    close(su.told[1]);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(rc, 0);
+}
+
+/*  ---- a restart, and a trainer that did not see it ---- */
+
+/*  Waits up to 30 s (scaled) for *flag to reach `want`, set by the other
+    trainer's call; 0, or -1 the world's failure. */
+static int wait_flag(const world_t *w, atomic_int *flag, int want, const char *what)
+{
+    int64_t deadline = world_now_ms() + world_scaled_ms(30000);
+    while (atomic_load(flag) < want) {
+        if (world_now_ms() > deadline)
+            return world_fail(w, "%s never came", what);
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    return 0;
+}
+
+/*  Tells trainer `rank` through test_done (its g_others_done). */
+static int tell(const world_t *w, int rank)
+{
+    zd_value_t *v = NULL;
+    int rc = zd_rpc_sync(rank, "test_done", NULL, ZD_TIMEOUT_DEFAULT, &v);
+    zd_value_unref(v);
+    return rc < 0 ? world_fail(w, "telling rank %d: %s", rank, zd_error_last()) : 0;
+}
+
+/*  Trainer 0 (rank 2) has shard 1 killed and started again, and brings
+    the stages to one generation; trainer 1 (rank 3) stepped before and
+    calls nothing meanwhile. Checkpoints every 2 steps:
+    - trainer 1: batches 0 and 1 (versions 1, 2), then it says so;
+    - trainer 0: batches 0 to 3 (versions 3 to 6; the stages write
+      version 2 at its batch 0, version 4 at its batch 2); shard 1 killed;
+      its batch 4 writes version 6 on stage 0 and fails with ZD_ERR_PEER;
+      shard 1 resumes at 4, stage 0 goes back to 4 with it; trainer 0
+      goes on from 2 (version 5), then tells trainer 1;
+    - trainer 1's next forward fails with ZD_ERR_PEER (stage 0 went
+      back); its own wait finds the stages at one generation, stepped
+      since, and sends none back again (both stay at version 5); it goes
+      on from 1, its last position in that generation, and its batch
+      there steps both stages. */
+static int told_trainer(const world_t *w)
+{
+    int trainer = w->rank - 2, rc = 0;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(zd_rpc_register("test_done", fn_done, NULL));
+    WTRY(join(w));
+    if (trainer == 1) {
+        for (int step = 0; rc == 0 && step < 2; step++)
+            rc = step_at(w, model, step);
+        if (rc == 0)
+            rc = tell(w, 2);
+        if (rc == 0)
+            rc = wait_flag(w, &g_others_done, 1, "trainer 0's word");
+        int64_t at = -2;
+        if (rc == 0 &&
+            (zd_ps_model_set_position(model, 2) < 0 || try_step(model, 1, 2, NULL) == 0 ||
+             zd_error_code() != ZD_ERR_PEER))
+            rc = world_fail(w, "a step after stage 0 went back: %s, not ZD_ERR_PEER",
+                            zd_error_last());
+        if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
+            rc = world_fail(w, "wait_shards: %s", zd_error_last());
+        if (rc == 0 && (shard_version(0) != 5 || shard_version(1) != 5))
+            rc = world_fail(w,
+                            "after the second look the stages are at versions %lld and %lld, "
+                            "not 5 and 5",
+                            (long long)shard_version(0), (long long)shard_version(1));
+        if (rc == 0 && (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 1))
+            rc = world_fail(w, "trainer 1 resumes at %lld, not 1 (%s)", (long long)at,
+                            zd_error_last());
+        if (rc == 0)
+            rc = step_at(w, model, 1);
+        if (rc == 0 && (shard_version(0) != 6 || shard_version(1) != 6))
+            rc = world_fail(w, "after trainer 1's step the stages are at %lld and %lld, not 6",
+                            (long long)shard_version(0), (long long)shard_version(1));
+    } else {
+        rc = wait_flag(w, &g_others_done, 1, "trainer 1's first batches");
+        for (int step = 0; rc == 0 && step < 4; step++)
+            rc = step_at(w, model, step);
+        if (rc == 0 && kill_shard_1() < 0)
+            rc = world_fail(w, "shard 1 answered test_die");
+        if (rc == 0 &&
+            (zd_ps_model_set_position(model, 4) < 0 || try_step(model, 0, 4, NULL) == 0 ||
+             zd_error_code() != ZD_ERR_PEER))
+            rc = world_fail(w, "a step with shard 1 killed: %s, not ZD_ERR_PEER", zd_error_last());
+        if (rc == 0)
+            rc = restart_shard_1(w);
+        if (rc == 0)
+            rc = recover_at(w, model, 2, 4);
+        if (rc == 0)
+            rc = step_at(w, model, 2);
+        if (rc == 0)
+            rc = tell(w, 3);
+    }
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int told_world(const world_t *w)
+{
+    if (w->rank == 0)
+        return run_shard(w);
+    return w->rank == 1 ? restarted_shard(w) : told_trainer(w);
+}
+
+static void test_restart_unseen_by_a_trainer(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 2, .checkpoint = prefix, .lives = 2};
+    assert_int_equal(pipe2(su.told, O_CLOEXEC), 0);
+    world_options_t o = {
+        .world_size = 4, .fn = told_world, .arg = &su, .own_init = true, .timeout_s = 90};
     int rc = world_run(&o);
     close(su.told[0]);
     close(su.told[1]);
@@ -1143,6 +1268,7 @@ int main(void)
         cmocka_unit_test(test_two_trainers_then_lost),
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_shard_restarted),
+        cmocka_unit_test(test_restart_unseen_by_a_trainer),
         cmocka_unit_test(test_max_inflight),
         cmocka_unit_test(test_stop_lets_waiting_forwards_go),
     };
