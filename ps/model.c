@@ -7,7 +7,7 @@
     Shard K serves "__zd_psm_forward_<K>", "__zd_psm_params_<K>" and
     "__zd_psm_where_<K>" (a trainer's position). Each answers a list
     [code, text, instance, ...] rather than an RPC error, as push and
-    pull do (ps.c): an RPC error reaches the caller as ZD_ERR_REMOTE, and
+    pull do (shard.c): an RPC error reaches the caller as ZD_ERR_REMOTE, and
     a trainer must tell refused inputs from a stopped shard. The forward's
     tensors travel inside that list; distributed autograd records every
     tensor of a message, so the answer's outputs carry the backward to the

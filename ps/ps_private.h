@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/*  ps_private.h: a shard, shared by ps.c (serving) and checkpoint.c
-    (its files), and the options and checks model.c shares with ps.c. */
+/*  ps_private.h: a push/pull shard, shared by shard.c (serving) and
+    checkpoint.c (its files), and what the shard, the client (client.c)
+    and the remote model (model.c) share (ps.c). */
 #ifndef ZDIST_PS_PRIVATE_H
 #define ZDIST_PS_PRIVATE_H
 
@@ -84,6 +85,33 @@ int zd__ps_gate_used(zd__ps_gate_t *g, int *waiting);
     when none requires grad, gives it back at once. 0, or -1 (out of
     memory; the slot given back, out unchanged). */
 int zd__ps_gate_hold(zd__ps_gate_t *g, zd_tensor_t **out, int n);
+
+/*  A push/pull shard's functions, each name followed by the shard's
+    number (shard.c serves them, client.c calls them). */
+#define ZD__PS_FN_PULL  "__zd_ps_pull_"
+#define ZD__PS_FN_PUSH  "__zd_ps_push_"
+#define ZD__PS_FN_WHERE "__zd_ps_where_"
+#define ZD__PS_FN_BACK  "__zd_ps_back_"
+
+/*  The tensors a process gives to serve or to replicate, checked:
+    float32, each tensor once (a tied tensor under two names would be
+    stepped twice). who names the caller in the error. 0, or -1. */
+int zd__ps_check_params(const zd_named_tensors_t *params, const char *who);
+
+/*  zd_ps_split of params, checked to leave no shard empty: a new array
+    (free), or NULL. */
+int *zd__ps_split_checked(const zd_named_tensors_t *params, int n_shards, const char *who);
+
+/*  A module's parameters, each tensor once: a new object, or NULL. */
+zd_named_tensors_t *zd__ps_module_params(const zd_nn_module_t *m);
+
+/*  Reads the (name, tensor) pairs of list from item `from` on, for the
+    n tensors `names`/`like` (want[i] false: not expected here, as an
+    unknown name): got[i] borrowed from list. Each expected name exactly
+    once, each tensor float32 of its like's shape and finite. 0, or -1
+    (ZD_ERR_ARGUMENT naming what is wrong). */
+int zd__ps_read_pairs(const zd_value_t *list, size_t from, char *const *names,
+                      zd_tensor_t *const *like, const bool *want, int n, zd_tensor_t **got);
 
 /*  *o: the defaults, overwritten by in (NULL: none) up to its size, then
     checked. 0, or -1 (ZD_ERR_ARGUMENT naming the field). */

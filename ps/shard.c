@@ -1,0 +1,734 @@
+/* SPDX-License-Identifier: MIT */
+/*  shard.c: a shard of the push/pull parameter server (ps.h).
+
+    A shard serves functions of its own, "__zd_ps_pull_<shard>",
+    "__zd_ps_push_<shard>", "__zd_ps_where_<shard>" and
+    "__zd_ps_back_<shard>", so that one process may serve several shards.
+    Every answer is a list [code, version, text, ...] rather than an RPC
+    error: an RPC error reaches the caller as ZD_ERR_REMOTE whatever its
+    code, and a trainer must tell a stale push from a refused one. The
+    codes a shard may answer are a fixed few; the client (client.c) reads
+    any other as a bad answer. */
+#include <zdist/ps.h>
+
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zdist/error.h>
+#include "core/log_private.h"
+#include "ps/ps_private.h"
+
+/*  The answer [code, version, text]: a new reference, or NULL. */
+static zd_value_t *answer_new(zd_error_code_t code, int64_t version, const char *text)
+{
+    zd_value_t *v = zd_value_list(3);
+    if (!v || zd_list_append(v, zd_value_int(code)) < 0 ||
+        zd_list_append(v, zd_value_int(version)) < 0 ||
+        zd_list_append(v, zd_value_string(text)) < 0) {
+        zd_value_unref(v);
+        return NULL;
+    }
+    return v;
+}
+
+/*  Completes f with an answer (or, out of memory, with an error). */
+static void answer(zd_future_t *f, zd_error_code_t code, int64_t version, const char *text)
+{
+    zd_value_t *v = answer_new(code, version, text);
+    if (v)
+        zd_future_set_value(f, v);
+    else
+        zd_future_set_error_code(f, ZD_ERR_NO_MEMORY, "ps: out of memory answering");
+    zd_value_unref(v);
+}
+
+/*  Takes the round's waiting answers out (under the lock): the caller
+    completes them once it let the lock go, since completing one sends it. */
+static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n);
+
+static zd_future_t **take_waiting(zd_ps_server_t *s, int *n)
+{
+    *n = 0;
+    zd_future_t **out = malloc((size_t)(s->n_pushed ? s->n_pushed : 1) * sizeof *out);
+    return out ? take_waiting_into(s, out, n) : NULL;
+}
+
+/*  take_waiting into out, room for 2 num_trainers answers: cannot fail. */
+static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n)
+{
+    *n = 0;
+    for (int i = 0; i < s->n_pushed; i++)
+        out[(*n)++] = s->waiting[i];
+    s->n_pushed = 0;
+    for (int i = 0; i < s->n; i++)
+        zd_tensor_zero_(s->sums[i]);
+    return out;
+}
+
+static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t version,
+                       const char *text)
+{
+    for (int i = 0; i < n; i++) {
+        answer(fs[i], code, version, text);
+        zd_future_unref(fs[i]);
+    }
+    free(fs);
+}
+
+static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
+{
+    return (zd__ps_ckpt_t){
+        s->ckpt_path,  s->shard,        s->n_shards, s->n,       s->names,  s->params,  s->opt,
+        &s->positions, &s->n_positions, s->trainer,  s->n_ranks, &s->known, &s->n_known};
+}
+
+/*  The shard's checkpoint now (under the lock). 0, or -1. */
+static int write_checkpoint(zd_ps_server_t *s)
+{
+    zd__ps_ckpt_t c = ckpt_of(s);
+    if (zd__ps_checkpoint_write(&c, s->version) < 0)
+        return -1;
+    s->ckpt_before = s->ckpt_version;
+    s->ckpt_version = s->version;
+    return 0;
+}
+
+/*  One step with grads (under the lock), and the checkpoint it is due
+    for. A checkpoint that fails is logged, not the step's failure: the
+    step happened, and the last whole generation stays on disk. */
+static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
+{
+    if (zd_optim_step(s->opt, grads) < 0)
+        return -1;
+    s->version++;
+    s->fresh = false;
+    if (s->opts.on_step)
+        s->opts.on_step(s->opts.on_step_arg, s->shard, s->version);
+    int64_t every = s->opts.checkpoint_every;
+    if (every > 0 && s->version % every == 0 && write_checkpoint(s) < 0)
+        zd__log(ZD_LOG_WARN,
+                "%s (the shard goes on; the last checkpoint is of version %" PRId64 ")",
+                zd_error_last(), s->ckpt_version);
+    return 0;
+}
+
+/*  Marks the caller of a pull or a push a live trainer (under the lock): a
+    lost one that called again (it rejoined) is waited for again. */
+static void trainer_seen(zd_ps_server_t *s, int rank)
+{
+    if (s->opts.mode != ZD_PS_SYNC || rank < 0)
+        return;
+    if (!s->trainer) {
+        int n = zd_rpc_world_size();
+        if (n < 1 || !(s->trainer = calloc((size_t)n, sizeof *s->trainer)))
+            return; /* no memory: lost trainers are waited for, as before */
+        s->n_ranks = n;
+        /* resumed: the trainers its checkpoint knew, those lost before
+           this process joined lost */
+        for (int i = 0; i < s->n_known; i++)
+            if (s->known[i] < n && s->trainer[s->known[i]] == TRAINER_UNKNOWN) {
+                bool lost = zd_rpc_peer_is_lost((int)s->known[i]);
+                s->trainer[s->known[i]] = lost ? TRAINER_LOST : TRAINER_LIVE;
+                s->n_lost += lost;
+            }
+    }
+    if (rank >= s->n_ranks)
+        return;
+    if (s->trainer[rank] == TRAINER_LOST)
+        s->n_lost--;
+    s->trainer[rank] = TRAINER_LIVE;
+}
+
+/*  A round is complete when every trainer not lost pushed, and those are
+    at least min_trainers: num_trainers - n_lost pushes from live ones. A
+    lost trainer's push stays in the round (it was computed on the
+    round's version), and counts in the mean. */
+static bool round_complete(const zd_ps_server_t *s)
+{
+    int expected = s->opts.num_trainers - s->n_lost, live = 0;
+    if (s->n_pushed == 0 || expected < s->opts.min_trainers)
+        return false;
+    for (int i = 0; i < s->n_pushed; i++)
+        live += s->pushed_by[i] >= 0;
+    return live >= expected;
+}
+
+/*  Steps with the mean of the round (under the lock). *done: the answers
+    to send. */
+static int finish_round(zd_ps_server_t *s, zd_future_t ***done, int *n_done)
+{
+    float count = (float)s->n_pushed;
+    for (int i = 0; i < s->n; i++) {
+        float *sum = zd_tensor_data(s->sums[i]);
+        for (int64_t k = 0; k < zd_tensor_numel(s->sums[i]); k++)
+            sum[k] /= count;
+    }
+    int rc = step(s, s->sums);
+    *done = take_waiting(s, n_done);
+    if (!*done) {
+        /* Out of memory: the answers are lost with the list; their
+           callers time out rather than hang. */
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+    }
+    return rc;
+}
+
+/*  Adds grads to the round (under the lock); when the round is complete,
+    steps with their mean. *done: the answers to send, else NULL. */
+static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t *const *grads,
+                     zd_future_t ***done, int *n_done)
+{
+    *done = NULL;
+    for (int i = 0; i < s->n_pushed; i++)
+        if (s->pushed_by[i] == caller)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "rank %d pushed twice in round %" PRId64 " of shard %d",
+                                     caller, s->version, s->shard);
+    if (s->n_pushed == 2 * s->opts.num_trainers)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "round %" PRId64 " of shard %d already has %d pushes, for %d "
+                                 "trainers (num_trainers)",
+                                 s->version, s->shard, s->n_pushed, s->opts.num_trainers);
+    for (int i = 0; i < s->n; i++) {
+        float *sum = zd_tensor_data(s->sums[i]);
+        const float *g = zd_tensor_data(grads[i]);
+        for (int64_t k = 0; k < zd_tensor_numel(grads[i]); k++)
+            sum[k] += g[k];
+    }
+    s->pushed_by[s->n_pushed] = caller;
+    s->waiting[s->n_pushed++] = zd_future_ref(f);
+    return round_complete(s) ? finish_round(s, done, n_done) : 0;
+}
+
+static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    zd_ps_server_t *s = arg;
+    zd_future_t *f = zd_future_new();
+    zd_tensor_t **grads = calloc((size_t)s->n, sizeof *grads);
+    if (!f || !grads) {
+        zd_future_unref(f);
+        free(grads);
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
+        return NULL;
+    }
+    int64_t version = -1, position = -1;
+    zd_error_code_t code = ZD_OK;
+    char text[512] = "";
+    zd_future_t **done = NULL;
+    int n_done = 0;
+    bool reply = true; /* false: f waits for the round */
+    int caller = zd_rpc_call_caller_rank(call);
+    /* [version, position (when the trainer set one), name, grad, ...] */
+    size_t pairs = zd_value_kind(zd_list_get(args, 1)) == ZD_VALUE_INT ? 2 : 1;
+    pthread_mutex_lock(&s->lock);
+    trainer_seen(s, caller);
+    int64_t now = s->version;
+    if (s->stopped) {
+        code = ZD_ERR_STOPPED;
+        snprintf(text, sizeof text, "shard %d stopped", s->shard);
+    } else if (zd_rpc_arg_int(args, 0, &version) < 0 ||
+               (pairs == 2 && zd_rpc_arg_int(args, 1, &position) < 0) ||
+               zd__ps_read_pairs(args, pairs, s->names, s->params, s->all, s->n, grads) < 0) {
+        code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text, "refused by shard %d: %s", s->shard, zd_error_last());
+    } else if (version < 0 || (pairs == 2 && position < 0)) {
+        code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text, "refused by shard %d: %s %" PRId64, s->shard,
+                 version < 0 ? "version" : "position", version < 0 ? version : position);
+    } else if (version > now) {
+        /* The shard restarted from a checkpoint older than what the
+           trainer pulled: pull again. */
+        code = ZD_ERR_STALE;
+        snprintf(text, sizeof text,
+                 "refused by shard %d as stale: computed on version %" PRId64
+                 ", which the shard (now at %" PRId64 ", resumed from a checkpoint) is past",
+                 s->shard, version, now);
+    } else if (s->opts.mode == ZD_PS_SYNC
+                   ? version < now
+                   : s->opts.max_staleness >= 0 && now - version > s->opts.max_staleness) {
+        code = ZD_ERR_STALE;
+        snprintf(text, sizeof text,
+                 "refused by shard %d as stale: computed on version %" PRId64
+                 ", the shard is at %" PRId64 " (max_staleness %" PRId64 ")",
+                 s->shard, version, now, s->opts.mode == ZD_PS_SYNC ? 0 : s->opts.max_staleness);
+    } else if (s->opts.mode == ZD_PS_ASYNC) {
+        /* before the step, which may write the checkpoint that holds it */
+        int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+        zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
+        if (step(s, grads) < 0) {
+            code = ZD_ERR_OTHER;
+            snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+            if (position >= 0 && caller < s->n_positions)
+                s->positions[caller] = was;
+        }
+    } else {
+        /* a push taken into the round counts; the round's step writes it */
+        int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+        zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
+        int rc = sync_push(s, f, caller, grads, &done, &n_done);
+        if (rc < 0) {
+            code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
+            snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+            if (position >= 0 && caller < s->n_positions && !done)
+                s->positions[caller] = was;
+        } else if (!done) {
+            reply = false;
+        }
+    }
+    now = s->version;
+    pthread_mutex_unlock(&s->lock);
+    free(grads);
+    if (done) {
+        /* f is among them when the round is complete (or failed at its step). */
+        answer_all(done, n_done, code, now, text);
+    } else if (reply) {
+        answer(f, code, now, text);
+    }
+    return f;
+}
+
+static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)args;
+    zd_ps_server_t *s = arg;
+    zd_value_t *v = NULL;
+    pthread_mutex_lock(&s->lock);
+    trainer_seen(s, zd_rpc_call_caller_rank(call));
+    if (s->stopped) {
+        char text[64];
+        snprintf(text, sizeof text, "shard %d stopped", s->shard);
+        v = answer_new(ZD_ERR_STOPPED, s->version, text);
+        goto out;
+    }
+    /* Copies taken under the lock: a step after the answer leaves cannot
+       tear what it carries. */
+    v = answer_new(ZD_OK, s->version, "");
+    for (int i = 0; v && i < s->n; i++) {
+        zd_tensor_t *copy = zd_tensor_detach_copy(s->params[i]);
+        zd_value_t *t = copy ? zd_value_tensor(copy) : NULL;
+        zd_tensor_unref(copy);
+        if (!t || zd_list_append(v, zd_value_string(s->names[i])) < 0 || zd_list_append(v, t) < 0) {
+            zd_value_unref(v);
+            v = NULL;
+        }
+    }
+out:
+    pthread_mutex_unlock(&s->lock);
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
+    return v;
+}
+
+/*  [] -> [code, version, text, position]: where the caller was in its data
+    at its last push taken (-1: none), kept through checkpoints. */
+static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)args;
+    zd_ps_server_t *s = arg;
+    int caller = zd_rpc_call_caller_rank(call);
+    pthread_mutex_lock(&s->lock);
+    trainer_seen(s, caller); /* a trainer asks: one this shard knows, for serve_back */
+    int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
+    int64_t fresh = s->fresh, epoch = s->epoch;
+    zd_value_t *v = answer_new(ZD_OK, s->version, "");
+    pthread_mutex_unlock(&s->lock);
+    if (v &&
+        (zd_list_append(v, zd_value_int(position)) < 0 ||
+         zd_list_append(v, zd_value_int(fresh)) < 0 ||
+         zd_list_append(v, zd_value_int(epoch)) < 0)) {
+        zd_value_unref(v);
+        v = NULL;
+    }
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
+    return v;
+}
+
+/*  "__zd_ps_back_<K>"(from, to, epoch, dry): a synchronous shard at
+    version `from` of epoch `epoch` (as its "where" answered) goes back to
+    its checkpoint of version `to`, the version another shard resumed
+    from: a round is then one round on every shard. Compare-and-set: a
+    shard that moved on since (a round, another trainer's call) is
+    refused as stale, and the caller looks again. With from == to, a
+    shard that took no step since it resumed lets go of the pushes
+    waiting in its round (computed on parameters of other shards given
+    up). The pushes waiting are answered stale: their trainers pull
+    again. dry: only whether it could. Only trainers of this shard may
+    ask, and only for the generations it holds. */
+static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    zd_ps_server_t *s = arg;
+    int caller = zd_rpc_call_caller_rank(call);
+    int64_t from, to, epoch, dry;
+    if (ZD_UNPACK(args, &from, &to, &epoch, &dry) < 0)
+        return NULL;
+    /* the answers' room first: once the parameters went back, the pushes
+       of the round given up must go, whatever the memory */
+    zd_future_t **room = malloc(2 * (size_t)s->opts.num_trainers * sizeof *room), **fs = NULL;
+    int n = 0;
+    zd_error_code_t code = ZD_OK;
+    char text[300] = "";
+    pthread_mutex_lock(&s->lock);
+    if (!room) {
+        code = ZD_ERR_NO_MEMORY;
+        snprintf(text, sizeof text, "shard %d: out of memory", s->shard);
+    } else if (s->stopped) {
+        code = ZD_ERR_STOPPED;
+        snprintf(text, sizeof text, "shard %d stopped", s->shard);
+    } else if (s->opts.mode != ZD_PS_SYNC || !s->ckpt_path || to < 0 || from < to || !s->trainer ||
+               caller < 0 || caller >= s->n_ranks || s->trainer[caller] != TRAINER_LIVE) {
+        code = ZD_ERR_ARGUMENT;
+        snprintf(text, sizeof text,
+                 "shard %d: going back from version %" PRId64 " to %" PRId64
+                 " is for its trainers, synchronous shards with checkpoints, to an older version",
+                 s->shard, from, to);
+    } else if (s->version != from || s->epoch != epoch) {
+        code = ZD_ERR_STALE;
+        snprintf(text, sizeof text,
+                 "shard %d is at version %" PRId64 " of epoch %" PRId64 ", not %" PRId64
+                 " of %" PRId64,
+                 s->shard, s->version, s->epoch, from, epoch);
+    } else if (from == to) {
+        if (!dry && s->fresh)
+            fs = take_waiting_into(s, room, &n);
+    } else if (to != s->ckpt_version && to != s->ckpt_before) {
+        code = ZD_ERR_ARGUMENT;
+        char held[64];
+        if (s->ckpt_before >= 0)
+            snprintf(held, sizeof held, "%" PRId64 " and %" PRId64, s->ckpt_version,
+                     s->ckpt_before);
+        else
+            snprintf(held, sizeof held, "%" PRId64 " only", s->ckpt_version);
+        snprintf(text, sizeof text,
+                 "shard %d has no checkpoint of version %" PRId64 " (it holds %s)", s->shard, to,
+                 held);
+    } else if (!dry) {
+        zd__ps_ckpt_t c = ckpt_of(s);
+        int64_t v, older;
+        if (zd__ps_checkpoint_load(&c, to, &v, &older) < 0) {
+            /* the path stays in this process's log */
+            zd__log(ZD_LOG_WARN, "%s", zd_error_last());
+            code = ZD_ERR_ARGUMENT;
+            snprintf(text, sizeof text,
+                     "shard %d cannot read its checkpoint of version %" PRId64
+                     " (its log says why)",
+                     s->shard, to);
+        } else {
+            s->version = v;
+            s->ckpt_version = v;
+            s->ckpt_before = older;
+            s->fresh = true;
+            s->epoch++;
+            fs = take_waiting_into(s, room, &n);
+        }
+    }
+    int64_t now = s->version;
+    pthread_mutex_unlock(&s->lock);
+    if (fs) {
+        char why[128];
+        snprintf(why, sizeof why, "refused by shard %d as stale: it went back to version %" PRId64,
+                 s->shard, now);
+        answer_all(fs, n, ZD_ERR_STALE, now, why); /* frees room */
+    } else {
+        free(room);
+    }
+    zd_value_t *v = answer_new(code, now, text);
+    if (!v)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory", s->shard);
+    return v;
+}
+
+/*  The synchronous shards of this process, told of lost peers: the peer
+    lost callbacks live as long as the process, the shards do not. Lock
+    order: g_shards.lock, then a shard's. */
+static struct {
+    pthread_mutex_t lock;
+    zd_ps_server_t *first;
+    bool listening;
+} g_shards = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+/*  A trainer lost: its round is no longer waited on for it (a push it
+    made stays), which may complete the round. */
+static void shard_peer_lost(zd_ps_server_t *s, int peer)
+{
+    zd_future_t **done = NULL;
+    int n_done = 0;
+    zd_error_code_t code = ZD_OK;
+    char text[256] = "";
+    pthread_mutex_lock(&s->lock);
+    if (s->trainer && peer < s->n_ranks && s->trainer[peer] == TRAINER_LIVE) {
+        s->trainer[peer] = TRAINER_LOST;
+        s->n_lost++;
+        for (int i = 0; i < s->n_pushed; i++)
+            if (s->pushed_by[i] == peer)
+                s->pushed_by[i] = -1;
+        if (!s->stopped && round_complete(s) && finish_round(s, &done, &n_done) < 0) {
+            code = ZD_ERR_OTHER;
+            snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
+        }
+    }
+    int64_t now = s->version;
+    pthread_mutex_unlock(&s->lock);
+    if (done)
+        answer_all(done, n_done, code, now, text);
+}
+
+static void on_peer_lost(void *arg, int peer, const char *name)
+{
+    (void)arg;
+    (void)name;
+    pthread_mutex_lock(&g_shards.lock);
+    for (zd_ps_server_t *s = g_shards.first; s; s = s->next)
+        shard_peer_lost(s, peer);
+    pthread_mutex_unlock(&g_shards.lock);
+}
+
+static int enlist(zd_ps_server_t *s)
+{
+    pthread_mutex_lock(&g_shards.lock);
+    int rc = 0;
+    if (!g_shards.listening) {
+        rc = zd_rpc_register_peer_lost(on_peer_lost, NULL);
+        g_shards.listening = rc == 0;
+    }
+    if (rc == 0) {
+        s->next = g_shards.first;
+        g_shards.first = s;
+    }
+    pthread_mutex_unlock(&g_shards.lock);
+    return rc;
+}
+
+static void unlist(zd_ps_server_t *s)
+{
+    pthread_mutex_lock(&g_shards.lock);
+    for (zd_ps_server_t **p = &g_shards.first; *p; p = &(*p)->next)
+        if (*p == s) {
+            *p = s->next;
+            break;
+        }
+    pthread_mutex_unlock(&g_shards.lock);
+}
+
+zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, int n_shards,
+                                 const zd_optim_config_t *optim, const zd_ps_options_t *opts)
+{
+    zd_ps_options_t o;
+    if (!params || !optim) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: params and optim are required");
+        return NULL;
+    }
+    if (zd_optim_config_check(optim) < 0) {
+        zd_error_wrap("zd_ps_server_new");
+        return NULL;
+    }
+    if (n_shards < 1 || shard < 0 || shard >= n_shards) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_new: shard %d of %d", shard, n_shards);
+        return NULL;
+    }
+    if (zd__ps_options_read(&o, opts) < 0 || zd__ps_check_params(params, "zd_ps_server_new") < 0)
+        return NULL;
+    int *shard_of = zd__ps_split_checked(params, n_shards, "zd_ps_server_new");
+    if (!shard_of)
+        return NULL;
+    zd_ps_server_t *s = calloc(1, sizeof *s);
+    int n = zd_named_tensors_len(params), mine = 0;
+    for (int i = 0; i < n; i++)
+        mine += shard_of[i] == shard;
+    if (!s)
+        goto oom;
+    s->shard = shard;
+    s->n_shards = n_shards;
+    s->opts = o;
+    pthread_mutex_init(&s->lock, NULL);
+    snprintf(s->fn_pull, sizeof s->fn_pull, ZD__PS_FN_PULL "%d", shard);
+    snprintf(s->fn_push, sizeof s->fn_push, ZD__PS_FN_PUSH "%d", shard);
+    snprintf(s->fn_where, sizeof s->fn_where, ZD__PS_FN_WHERE "%d", shard);
+    snprintf(s->fn_back, sizeof s->fn_back, ZD__PS_FN_BACK "%d", shard);
+    s->names = calloc((size_t)mine, sizeof *s->names);
+    s->params = calloc((size_t)mine, sizeof *s->params);
+    s->sums = calloc((size_t)mine, sizeof *s->sums);
+    s->all = malloc((size_t)mine * sizeof *s->all);
+    /* A trainer lost after its push and back in the same round pushes
+       twice: room for each trainer's two. */
+    s->pushed_by = calloc(2 * (size_t)o.num_trainers, sizeof *s->pushed_by);
+    s->waiting = calloc(2 * (size_t)o.num_trainers, sizeof *s->waiting);
+    if (!s->names || !s->params || !s->sums || !s->all || !s->pushed_by || !s->waiting)
+        goto oom;
+    for (int i = 0; i < n; i++) {
+        if (shard_of[i] != shard)
+            continue;
+        zd_tensor_t *t = zd_named_tensors_tensor(params, i);
+        int k = s->n++;
+        s->all[k] = true;
+        if (!(s->names[k] = strdup(zd_named_tensors_name(params, i))) ||
+            !(s->params[k] = zd_tensor_detach_copy(t)) ||
+            !(s->sums[k] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(t), zd_tensor_ndim(t))))
+            goto oom;
+    }
+    free(shard_of);
+    shard_of = NULL;
+    if (!(s->opt = zd_optim_new(optim, s->params, s->n))) {
+        zd_error_wrap("zd_ps_server_new: shard %d", shard);
+        goto fail;
+    }
+    s->ckpt_version = s->ckpt_before = -1;
+    s->opts.checkpoint_path = NULL; /* the caller's: ckpt_path is the shard's copy */
+    if (o.checkpoint_path && !(s->ckpt_path = zd__ps_checkpoint_path(o.checkpoint_path, shard)))
+        goto fail;
+    if (o.resume) {
+        zd__ps_ckpt_t c = ckpt_of(s);
+        int r = zd__ps_checkpoint_load(&c, -1, &s->version, &s->ckpt_before);
+        if (r == -2)
+            goto fail;
+        if (r == 0)
+            s->ckpt_version = s->version;
+        /* a resumed run's shard without a file is fresh at 0 too: the
+           others cannot then be of a later generation unnoticed */
+        s->fresh = true;
+        s->epoch = 1;
+        /* A synchronous shard of a new run writes its version 0: one
+           started again before the first checkpoint can then be joined
+           by the others going back to it. */
+        if (r == -1 && o.mode == ZD_PS_SYNC && write_checkpoint(s) < 0) {
+            zd_error_wrap("zd_ps_server_new: shard %d", shard);
+            goto fail;
+        }
+    }
+    zd_rpc_function_t push = zd_rpc_function_default();
+    push.async_fn = serve_push;
+    push.arg = s;
+    if (zd_rpc_register_function(s->fn_push, &push) < 0 ||
+        zd_rpc_register(s->fn_pull, serve_pull, s) < 0 ||
+        zd_rpc_register(s->fn_where, serve_where, s) < 0 ||
+        zd_rpc_register(s->fn_back, serve_back, s) < 0) {
+        zd_rpc_unregister(s->fn_push);
+        zd_rpc_unregister(s->fn_pull);
+        zd_rpc_unregister(s->fn_where);
+        goto fail;
+    }
+    if (o.mode == ZD_PS_SYNC && enlist(s) < 0) {
+        zd_error_wrap("zd_ps_server_new: shard %d", shard);
+        goto fail_registered;
+    }
+    return s;
+fail_registered:
+    zd_ps_server_free(s);
+    return NULL;
+oom:
+    zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_server_new: out of memory");
+fail:
+    free(shard_of);
+    if (s) {
+        /* Nothing registered: free without unregistering. */
+        s->fn_pull[0] = s->fn_push[0] = s->fn_where[0] = s->fn_back[0] = '\0';
+        zd_ps_server_free(s);
+    }
+    return NULL;
+}
+
+zd_ps_server_t *zd_ps_server_new_module(const zd_nn_module_t *m, int shard, int n_shards,
+                                        const zd_optim_config_t *optim, const zd_ps_options_t *opts)
+{
+    zd_named_tensors_t *params = zd__ps_module_params(m);
+    if (!params)
+        return NULL;
+    zd_ps_server_t *s = zd_ps_server_new(params, shard, n_shards, optim, opts);
+    zd_named_tensors_free(params);
+    return s;
+}
+
+int zd_ps_server_checkpoint(zd_ps_server_t *s)
+{
+    if (!s)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_checkpoint: NULL");
+    pthread_mutex_lock(&s->lock);
+    /* a second write of the version on disk would leave one generation,
+       twice: none to go back to */
+    int rc = s->version == s->ckpt_version && s->ckpt_path ? 0 : write_checkpoint(s);
+    pthread_mutex_unlock(&s->lock);
+    return rc;
+}
+
+int zd_ps_server_stop(zd_ps_server_t *s)
+{
+    if (!s)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_stop: NULL");
+    pthread_mutex_lock(&s->lock);
+    s->stopped = true;
+    int n = 0;
+    zd_future_t **fs = take_waiting(s, &n);
+    int64_t version = s->version;
+    pthread_mutex_unlock(&s->lock);
+    char text[64];
+    snprintf(text, sizeof text, "shard %d stopped", s->shard);
+    answer_all(fs, n, ZD_ERR_STOPPED, version, text);
+    return 0;
+}
+
+int64_t zd_ps_server_version(zd_ps_server_t *s)
+{
+    if (!s)
+        return -1;
+    pthread_mutex_lock(&s->lock);
+    int64_t v = s->version;
+    pthread_mutex_unlock(&s->lock);
+    return v;
+}
+
+zd_named_tensors_t *zd_ps_server_params(zd_ps_server_t *s)
+{
+    if (!s) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_params: NULL");
+        return NULL;
+    }
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    pthread_mutex_lock(&s->lock);
+    for (int i = 0; nt && i < s->n; i++) {
+        zd_tensor_t *copy = zd_tensor_detach_copy(s->params[i]);
+        int rc = copy ? zd_named_tensors_add(nt, s->names[i], copy) : -1;
+        zd_tensor_unref(copy);
+        if (rc < 0) {
+            zd_named_tensors_free(nt);
+            nt = NULL;
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+    return nt;
+}
+
+void zd_ps_server_free(zd_ps_server_t *s)
+{
+    if (!s)
+        return;
+    unlist(s);
+    if (s->fn_push[0]) {
+        zd_rpc_unregister(s->fn_push);
+        zd_rpc_unregister(s->fn_pull);
+        zd_rpc_unregister(s->fn_where);
+        zd_rpc_unregister(s->fn_back);
+    }
+    if (s->waiting)
+        zd_ps_server_stop(s); /* answers a round left incomplete, so no future leaks */
+    for (int i = 0; i < s->n; i++) {
+        free(s->names[i]);
+        zd_tensor_unref(s->params[i]);
+        zd_tensor_unref(s->sums[i]);
+    }
+    zd_optim_free(s->opt);
+    free(s->names);
+    free(s->params);
+    free(s->sums);
+    free(s->all);
+    free(s->pushed_by);
+    free(s->waiting);
+    free(s->trainer);
+    free(s->positions);
+    free(s->known);
+    free(s->ckpt_path);
+    pthread_mutex_destroy(&s->lock);
+    free(s);
+}
