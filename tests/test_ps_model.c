@@ -1074,22 +1074,30 @@ static int restart_world(const world_t *w)
     return w->rank == 1 ? restarted_shard(w) : restart_trainer(w);
 }
 
-static void test_shard_restarted(void **state)
+/*  A world of fn with shard 1 started again `lives` - 1 times, and the
+    stages' checkpoints in a directory of its own. 0, or -1. */
+static int run_restart_world(int (*fn)(const world_t *), int world_size, int lives)
 {
-    (void)state;
     char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
-    assert_non_null(mkdtemp(dir));
+    if (!mkdtemp(dir))
+        return -1;
     snprintf(prefix, sizeof prefix, "%s/ck", dir);
-    setup_t su = {.n_trainers = 1, .checkpoint = prefix};
-    assert_int_equal(pipe2(su.told, O_CLOEXEC), 0);
+    setup_t su = {.n_trainers = world_size - 2, .checkpoint = prefix, .lives = lives};
+    if (pipe2(su.told, O_CLOEXEC) < 0)
+        return -1;
     world_options_t o = {
-        .world_size = 3, .fn = restart_world, .arg = &su, .own_init = true, .timeout_s = 90};
+        .world_size = world_size, .fn = fn, .arg = &su, .own_init = true, .timeout_s = 90};
     int rc = world_run(&o);
     close(su.told[0]);
     close(su.told[1]);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
-    assert_int_equal(rc, 0);
+    return system(cmd) == 0 ? rc : -1;
+}
+
+static void test_shard_restarted(void **state)
+{
+    (void)state;
+    assert_int_equal(run_restart_world(restart_world, 3, SHARD_LIVES), 0);
 }
 
 /*  ---- a restart, and a trainer that did not see it ---- */
@@ -1201,19 +1209,7 @@ static int told_world(const world_t *w)
 static void test_restart_unseen_by_a_trainer(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
-    assert_non_null(mkdtemp(dir));
-    snprintf(prefix, sizeof prefix, "%s/ck", dir);
-    setup_t su = {.n_trainers = 2, .checkpoint = prefix, .lives = 2};
-    assert_int_equal(pipe2(su.told, O_CLOEXEC), 0);
-    world_options_t o = {
-        .world_size = 4, .fn = told_world, .arg = &su, .own_init = true, .timeout_s = 90};
-    int rc = world_run(&o);
-    close(su.told[0]);
-    close(su.told[1]);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
-    assert_int_equal(rc, 0);
+    assert_int_equal(run_restart_world(told_world, 4, 2), 0);
 }
 
 /*  ---- bad arguments, no world ---- */
