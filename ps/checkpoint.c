@@ -245,6 +245,32 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     return 0;
 }
 
+int zd__ps_checkpoint_check(const zd__ps_ckpt_t *s, int64_t want)
+{
+    char name[4200], seen[1024] = "";
+    for (int which = 0; which < N_SUFFIXES; which++) {
+        name_of(s, which, name, sizeof name);
+        if (access(name, F_OK) < 0)
+            continue;
+        zd_named_tensors_t *nt = zd_checkpoint_read(name);
+        int64_t v = nt ? check_file(s, nt) : -1;
+        zd_named_tensors_free(nt);
+        if (v == want)
+            return 0;
+        size_t at = strlen(seen);
+        if (v >= 0)
+            snprintf(seen + at, sizeof seen - at, "%s%.200s (version %" PRId64 ")", at ? "; " : "",
+                     name, v);
+        else
+            snprintf(seen + at, sizeof seen - at, "%s%.200s (%.100s)", at ? "; " : "", name,
+                     zd_error_last());
+    }
+    return zd_error_set_code(ZD_ERR_ARGUMENT,
+                             "ps: shard %d: no readable checkpoint of version %" PRId64
+                             " at %s (there: %s)",
+                             s->shard, want, s->path, seen[0] ? seen : "none");
+}
+
 int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *version, int64_t *older)
 {
     zd_named_tensors_t *best = NULL;

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
@@ -82,6 +83,10 @@ struct zd_ps_model_server {
        with it share it), and the version it was taken at (fresh while
        the stage is still there: no step since). */
     int64_t resumed_gen, origin, resumed_version;
+    /* until then (zd__now_ns) no checkpoint is written: a dry run of
+       serve_back found the generation to go back to, and a new file now
+       would push it out of the two kept before the real run comes */
+    int64_t hold_writes_until;
 };
 
 /*  ---- the shard ---- */
@@ -199,7 +204,8 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
     pthread_mutex_lock(&s->lock);
     /* a second file of the version on disk would leave no older
        generation to go back to */
-    if (s->writing || (s->have_ckpt && v == s->ckpt_version)) {
+    if (s->writing || (s->have_ckpt && v == s->ckpt_version) ||
+        zd__now_ns() < s->hold_writes_until) {
         pthread_mutex_unlock(&s->lock);
         return 0;
     }
@@ -250,18 +256,23 @@ static void checkpoint_due(zd_ps_model_server_t *s)
                 zd_error_last(), last);
 }
 
-/*  [training, n_out, position, inputs...] -> [code, text, instance,
-    outputs...]; n_out 0: the stage's stage_outputs (a stage before the
-    last); position -1: the trainer set none. */
+/*  [training, n_out, position, instance, inputs...] -> [code, text,
+    instance, outputs...]; n_out 0: the stage's stage_outputs (a stage
+    before the last); position -1: the trainer set none; instance: the
+    one the trainer's optimizer was made with (0: none; a trainer of 1.0
+    sends none, its inputs start at item 3). A forward for another
+    instance is refused with ZD_ERR_STALE before anything is recorded:
+    its position belongs to batches this stage no longer holds. */
 static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     zd_ps_model_server_t *s = arg;
     zd_tensor_t *in[ZD__PS_MAX_TENSORS], *out[ZD__PS_MAX_TENSORS] = {0};
-    int64_t training, n_out, position;
+    int64_t training, n_out, position, expected = 0;
     int n_in = 0;
     char text[512];
+    size_t first = zd_value_get_int(zd_list_get(args, 3), &expected) == 0 ? 4 : 3;
     if (zd_rpc_arg_int(args, 0, &training) < 0 || zd_rpc_arg_int(args, 1, &n_out) < 0 ||
-        zd_rpc_arg_int(args, 2, &position) < 0 || read_inputs(s, args, 3, in, &n_in) < 0) {
+        zd_rpc_arg_int(args, 2, &position) < 0 || read_inputs(s, args, first, in, &n_in) < 0) {
         snprintf(text, sizeof text, "stage %d refused the forward: %s", s->shard, zd_error_last());
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
@@ -287,17 +298,30 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
     }
     /* The trainer steps a batch before it sends the next one's forward:
        the weights here hold every batch before `position`, and a
-       checkpoint written from now on may say so. */
-    if (training && position >= 0) {
-        pthread_mutex_lock(&s->lock);
+       checkpoint written from now on may say so. Under the read lock, so
+       that no going back (serve_back) comes between the instance's check,
+       the record and the forward. */
+    zd_dist_optim_read_lock();
+    pthread_mutex_lock(&s->lock);
+    bool stale = expected != 0 && expected != s->instance;
+    if (!stale && training && position >= 0)
         zd__ps_positions_record(&s->positions, &s->n_positions, zd_rpc_call_caller_rank(call),
                                 position);
-        pthread_mutex_unlock(&s->lock);
+    pthread_mutex_unlock(&s->lock);
+    if (stale) {
+        zd_dist_optim_read_unlock();
+        leave(s);
+        if (slot)
+            zd__ps_gate_leave(s->gate);
+        snprintf(text, sizeof text,
+                 "stage %d was started again, or went back to a checkpoint, since this "
+                 "trainer's last step",
+                 s->shard);
+        return answer_new(s, ZD_ERR_STALE, text, NULL, 0);
     }
     /* An evaluation records no graph here (PyTorch's no_grad()): nothing
        will go back through it. */
     bool grad_was = zd_autograd_set_grad_enabled(training != 0);
-    zd_dist_optim_read_lock();
     checkpoint_due(s);
     int rc = zd_nn_module_forward(s->stage, in, n_in, out, (int)n_out);
     zd_dist_optim_read_unlock();
@@ -348,12 +372,16 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     (void)args;
     zd_ps_model_server_t *s = arg;
     int caller = zd_rpc_call_caller_rank(call);
+    /* (the read lock: no step, nor a going back, moves the version while
+       it is read) */
+    zd_dist_optim_read_lock();
     pthread_mutex_lock(&s->lock);
     int64_t position = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
     int64_t version = version_of(s), gen = s->resumed_gen, origin = s->origin;
     bool fresh = gen >= 0 && version == s->resumed_version;
     zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
     pthread_mutex_unlock(&s->lock);
+    zd_dist_optim_read_unlock();
     if (v &&
         (zd_list_append(v, zd_value_int(position)) < 0 ||
          zd_list_append(v, zd_value_int(version)) < 0 || zd_list_append(v, zd_value_int(gen)) < 0 ||
@@ -368,6 +396,10 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 }
 
 static int64_t new_instance(void);
+
+/*  How long a dry run of serve_back keeps the stage from writing a
+    checkpoint: the real run follows within the agreement's calls. */
+#define HOLD_WRITES_NS (30 * (int64_t)1000000000)
 
 /*  A request to go back (serve_back), and what came of it. */
 typedef struct {
@@ -392,12 +424,13 @@ static int go_back(void *arg)
     if (s->stopped) {
         b->code = ZD_ERR_STOPPED;
         snprintf(b->text, sizeof b->text, "stage %d stopped", s->shard);
-    } else if (!s->ckpt.path || b->gen < 0) {
+    } else if (!s->ckpt.path || b->gen < 0 || b->origin <= 0) {
         b->code = ZD_ERR_ARGUMENT;
         snprintf(b->text, sizeof b->text,
-                 "stage %d: going back to generation %" PRId64 " needs checkpoints there", s->shard,
-                 b->gen);
-    } else if (b->instance != s->instance || s->writing) {
+                 "stage %d: going back to generation %" PRId64
+                 " needs checkpoints there, and the instance of a stage that resumed",
+                 s->shard, b->gen);
+    } else if (b->instance != s->instance) {
         b->code = ZD_ERR_STALE;
         snprintf(b->text, sizeof b->text, "stage %d changed since it was asked", s->shard);
     } else if (b->gen == s->resumed_gen && b->from == s->resumed_version) {
@@ -419,6 +452,18 @@ static int go_back(void *arg)
                  " (it holds %s, checkpoint_every %" PRId64 ")",
                  s->shard, b->gen, held, s->opts.checkpoint_every);
     }
+    /* a dry run reads the file as the real one will, and keeps it */
+    if (b->code == ZD_OK && b->dry && b->to >= 0 && zd__ps_checkpoint_check(&s->ckpt, b->to) < 0) {
+        zd__log(ZD_LOG_WARN, "%s", zd_error_last()); /* the path stays in this log */
+        b->code = ZD_ERR_ARGUMENT;
+        snprintf(b->text, sizeof b->text,
+                 "stage %d cannot read its checkpoint of version %" PRId64 " (its log says why)",
+                 s->shard, b->to);
+    }
+    if (b->code == ZD_OK && b->dry && b->to >= 0)
+        s->hold_writes_until = zd__now_ns() + HOLD_WRITES_NS;
+    if (!b->dry)
+        s->hold_writes_until = 0;
     if (b->code == ZD_OK && !b->dry && b->to >= 0) {
         int64_t got, older;
         if (zd__ps_checkpoint_load(&s->ckpt, b->to, &got, &older) < 0) {
@@ -503,17 +548,21 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
                               .n_positions = &s->n_positions};
     if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)))
         return -1;
-    if (!s->opts.resume)
-        return 0;
-    int64_t v, older;
-    int r = zd__ps_checkpoint_load(&s->ckpt, -1, &v, &older);
+    int64_t v = 0, older = -1;
+    int r = s->opts.resume ? zd__ps_checkpoint_load(&s->ckpt, -1, &v, &older) : -1;
     if (r == -2)
         return -1;
-    if (r == 0) {
-        s->base_version = s->ckpt_version = s->resumed_version = v;
-        s->ckpt_before = older;
-        s->have_ckpt = true;
+    /* Nothing taken: the stage's first parameters are version 0 on disk,
+       so that a stage started again before the first checkpoint, and
+       the others with it, can go back to them. */
+    if (r == -1 && zd__ps_checkpoint_write(&s->ckpt, 0) < 0)
+        return -1;
+    s->base_version = s->ckpt_version = v;
+    s->ckpt_before = older;
+    s->have_ckpt = true;
+    if (s->opts.resume) { /* (resumed, at 0 when nothing was there) */
         s->resumed_gen = gen_of(s, v);
+        s->resumed_version = v;
         s->origin = s->instance;
     }
     return 0;
@@ -619,7 +668,12 @@ int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s)
 
 int64_t zd_ps_model_server_version(zd_ps_model_server_t *s)
 {
-    return s ? version_of(s) : -1;
+    if (!s)
+        return -1;
+    zd_dist_optim_read_lock(); /* (a going back changes both counts) */
+    int64_t v = version_of(s);
+    zd_dist_optim_read_unlock();
+    return v;
 }
 
 int zd_ps_model_server_inflight(zd_ps_model_server_t *s, int *waiting)
@@ -813,14 +867,17 @@ static int ensure_optimizer(zd_ps_model_t *m)
     return rc;
 }
 
-/*  [training, n_out, position, in...] for a stage: a new value, or NULL. */
-static zd_value_t *forward_args(const zd_ps_model_t *m, int n_out, zd_tensor_t *const *in, int n_in)
+/*  [training, n_out, position, instance, in...] for stage s: a new
+    value, or NULL. */
+static zd_value_t *forward_args(const zd_ps_model_t *m, int s, int n_out, zd_tensor_t *const *in,
+                                int n_in)
 {
-    zd_value_t *args = zd_value_list(3 + (size_t)n_in);
+    zd_value_t *args = zd_value_list(4 + (size_t)n_in);
     if (args &&
         (zd_list_append(args, zd_value_int(m->training)) < 0 ||
          zd_list_append(args, zd_value_int(n_out)) < 0 ||
-         zd_list_append(args, zd_value_int(m->training ? m->position : -1)) < 0)) {
+         zd_list_append(args, zd_value_int(m->training ? m->position : -1)) < 0 ||
+         zd_list_append(args, zd_value_int(m->opt ? m->instance[s] : 0)) < 0)) {
         zd_value_unref(args);
         return NULL;
     }
@@ -859,18 +916,20 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
     int rc = 0;
     for (int s = 0; rc == 0 && s < m->n_shards; s++) {
         bool last = s == m->n_shards - 1;
-        zd_value_t *args = forward_args(m, last ? n_out : 0, cur, n_cur), *v = NULL;
+        zd_value_t *args = forward_args(m, s, last ? n_out : 0, cur, n_cur), *v = NULL;
         unref_all(cur, n_cur);
         if (!args) {
             rc = zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: forward: out of memory");
             break;
         }
         if (call_stage(m, s, "forward", FN_FORWARD, args, timeout_ms, &v) < 0) {
+            if (zd_error_code() == ZD_ERR_STALE) /* (the stage's text says why) */
+                zd_error_set_code(ZD_ERR_PEER, "%s", zd_error_last());
             forget_lost(m);
             rc = -1;
             break;
         }
-        if (m->stale) {
+        if (m->stale) { /* a stage of 1.0 does not check */
             /* the batches this trainer sent it since its last look are
                gone from it: the trainer goes back (wait_shards, then
                resume_position), as after a loss */
@@ -964,7 +1023,9 @@ static int agree_once(zd_ps_model_t *m, int64_t timeout_ms)
             return zd_error_set_code(ZD_ERR_REMOTE,
                                      "ps: generations: stage %d (rank %d) answered badly", s,
                                      m->ranks[s]);
-        if (inst[s] != m->agreed[s] && gen[s] >= 0 && fresh[s] &&
+        /* a stage that resumed by itself (its origin its own), new since
+           this trainer looked, and untouched since */
+        if (inst[s] != m->agreed[s] && gen[s] >= 0 && fresh[s] && origin[s] == inst[s] &&
             (chooser < 0 || gen[s] < gen[chooser]))
             chooser = s;
     }
@@ -1011,6 +1072,7 @@ static int agree(zd_ps_model_t *m, int64_t timeout_ms)
             return zd_error_wrap("ps: bringing the stages to one generation");
         if (rc == 0)
             return 0;
+        nanosleep(&(struct timespec){0, 20000000 * (attempt + 1)}, NULL);
     }
     return zd_error_set_code(ZD_ERR_TIMEOUT,
                              "ps: the stages kept changing while they were brought to one "

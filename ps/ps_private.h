@@ -172,6 +172,11 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
     can be taken (want: naming the versions there are). */
 int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version, int64_t *older);
 
+/*  Whether a whole generation of version `want` can be read there, as
+    zd__ps_checkpoint_load would take it: 0, or -1 (ZD_ERR_ARGUMENT
+    naming the files there and their versions or damage). */
+int zd__ps_checkpoint_check(const zd__ps_ckpt_t *c, int64_t want);
+
 /*  Records that the trainer of rank `rank` is at `position` of its data
     in *positions (*n entries, grown up to the world's size; -1: none),
     under its owner's lock; a negative position or rank records nothing.

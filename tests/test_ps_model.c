@@ -951,6 +951,12 @@ static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want, int6
         return world_fail(w, "after the restart the stages are at versions %lld and %lld, not %lld",
                           (long long)shard_version(0), (long long)shard_version(1),
                           (long long)version);
+    /* each stage's own answer: the failed forward recorded nothing on
+       the stage that refused it */
+    if (stage_position(0) != want || stage_position(1) != want)
+        return world_fail(w, "the stages hold positions %lld and %lld, not %lld",
+                          (long long)stage_position(0), (long long)stage_position(1),
+                          (long long)want);
     return 0;
 }
 
@@ -1098,6 +1104,64 @@ static void test_shard_restarted(void **state)
 {
     (void)state;
     assert_int_equal(run_restart_world(restart_world, 3, SHARD_LIVES), 0);
+}
+
+/*  Shard 1 killed after one step, before the first checkpoint (every 2
+    steps): it resumes from version 0, the parameters every stage wrote
+    when it started; stage 0, at 1, goes back there with it; the
+    generation holds no position, so the trainer starts over, and three
+    steps from there end exactly as three steps trained locally. */
+static int early_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
+    WCHECK(local[0] && local[1]);
+    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
+                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
+    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(opt && model);
+    WTRY(join(w));
+    int rc = step_at(w, model, 0);
+    float loss;
+    if (rc == 0 && kill_shard_1() < 0)
+        rc = world_fail(w, "shard 1 answered test_die");
+    if (rc == 0 &&
+        (zd_ps_model_set_position(model, 1) < 0 || try_step(model, 0, 1, NULL) == 0 ||
+         zd_error_code() != ZD_ERR_PEER))
+        rc = world_fail(w, "a step with shard 1 killed: %s, not ZD_ERR_PEER", zd_error_last());
+    if (rc == 0)
+        rc = restart_shard_1(w);
+    if (rc == 0)
+        rc = recover_at(w, model, -1, 0);
+    for (int step = 0; rc == 0 && step < 3; step++) {
+        if (local_step(local, opt, step, &loss) < 0)
+            rc = world_fail(w, "local step %d: %s", step, zd_error_last());
+        if (rc == 0)
+            rc = step_at(w, model, step);
+    }
+    for (int s = 0; rc == 0 && s < 2; s++)
+        rc = same_params(w, s, local[s]);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_optim_free(opt);
+    zd_nn_module_free(local[0]);
+    zd_nn_module_free(local[1]);
+    return rc;
+}
+
+static int early_world(const world_t *w)
+{
+    if (w->rank == 0)
+        return run_shard(w);
+    return w->rank == 1 ? restarted_shard(w) : early_trainer(w);
+}
+
+static void test_shard_restarted_before_a_checkpoint(void **state)
+{
+    (void)state;
+    assert_int_equal(run_restart_world(early_world, 3, 2), 0);
 }
 
 /*  ---- a restart, and a trainer that did not see it ---- */
@@ -1265,6 +1329,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_shard_restarted),
         cmocka_unit_test(test_restart_unseen_by_a_trainer),
+        cmocka_unit_test(test_shard_restarted_before_a_checkpoint),
         cmocka_unit_test(test_max_inflight),
         cmocka_unit_test(test_stop_lets_waiting_forwards_go),
     };

@@ -347,8 +347,10 @@ ZD_API int zd_ps_model_server_stop(zd_ps_model_server_t *s);
 /*  Writes the stage's checkpoint now (its parameters at its version, as
     the newest generation of "<checkpoint_path>.shard<K>"), with the
     steps held off while it writes; a no-op when another thread is
-    writing one at that moment. 0, or -1: ZD_ERR_ARGUMENT (NULL, no
-    checkpoint_path), or the file's error. */
+    writing one at that moment, when that version is on disk already,
+    or while a trainer is bringing the stages to one generation. 0, or
+    -1: ZD_ERR_ARGUMENT (NULL, no checkpoint_path), or the file's
+    error. */
 ZD_API int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s);
 
 /*  The stage's version: the steps the DistributedOptimizers took in this
@@ -397,14 +399,16 @@ ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
 /*  Waits until every shard is a live member of the world (after
     ZD_ERR_PEER: a lost shard started again, its stage resumed from its
     checkpoint), up to timeout_ms in all (ZD_TIMEOUT_DEFAULT and
-    ZD_TIMEOUT_NONE: no limit), and sends the other stages back to the
+    ZD_TIMEOUT_NONE: no limit), then sends the other stages back to the
     generation it resumed from (their newest checkpoint or the one
-    before): go on from zd_ps_model_resume_position. A shard's new
-    process is known by its answers, and the next forward makes the
-    DistributedOptimizer again over its parameters (its state, momentum,
-    starts over). 0, or -1: ZD_ERR_TIMEOUT naming the shard not back,
+    before), each call up to the RPC timeout: go on from
+    zd_ps_model_resume_position. A shard's new process is known by its
+    answers, and the next forward makes the DistributedOptimizer again
+    over its parameters (its state, momentum, starts over). 0, or -1:
+    ZD_ERR_TIMEOUT (the shard not back, named; the stages kept changing),
     ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (NULL; a stage without that
-    generation, named), or a call's error. */
+    generation, or of 1.0, named), or a call's error (ZD_ERR_PEER,
+    ZD_ERR_STOPPED, ZD_ERR_REMOTE, ZD_ERR_NO_MEMORY). */
 ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
 
 /*  Sets where the trainer is in its data (the batch it computes next,
