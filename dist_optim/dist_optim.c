@@ -64,6 +64,12 @@ void zd_dist_optim_read_unlock(void)
 /*  Steps applied here: changed only under the write lock. */
 static _Atomic uint64_t params_version;
 
+/*  How often an owner changed its parameters outside a step
+    (zd_dist_optim_update_params): a local optimizer of an older epoch
+    refuses to step, its caller's gradients being of parameters no
+    longer there. Changed only under the write lock. */
+static _Atomic uint64_t params_epoch;
+
 uint64_t zd_dist_optim_version(void)
 {
     return atomic_load(&params_version);
@@ -80,8 +86,10 @@ int zd_dist_optim_update_params(int (*update)(void *arg), void *arg)
     pthread_once(&params_lock_once, params_lock_init);
     pthread_rwlock_wrlock(&params_lock);
     int rc = update(arg);
-    if (rc > 0)
+    if (rc > 0) {
         atomic_fetch_add(&params_version, 1);
+        atomic_fetch_add(&params_epoch, 1);
+    }
     pthread_rwlock_unlock(&params_lock);
     return rc;
 }
@@ -208,9 +216,17 @@ static float *scratch;
 static size_t scratch_cap;
 static atomic_int n_local;
 
-static void local_free(void *opt)
+/*  A local optimizer, and the parameters' epoch it was made in. */
+typedef struct {
+    zd_optim_t *opt;
+    uint64_t epoch;
+} local_t;
+
+static void local_free(void *p)
 {
-    zd_optim_free(opt);
+    local_t *l = p;
+    zd_optim_free(l->opt);
+    free(l);
     if (atomic_fetch_sub(&n_local, 1) == 1 && pthread_rwlock_trywrlock(&params_lock) == 0) {
         if (atomic_load(&n_local) == 0) {
             free(scratch);
@@ -240,10 +256,18 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
         else if (zd_value_get_tensor(values[i], &params[i]) < 0)
             rc = zd_error_wrap("parameter %d", i);
     }
-    zd_optim_t *opt = rc == 0 ? zd_optim_new(&cfg, params, n) : NULL;
-    if (opt)
+    local_t *l = rc == 0 ? malloc(sizeof *l) : NULL;
+    if (rc == 0 && !l)
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
+    if (l && !(l->opt = zd_optim_new(&cfg, params, n))) {
+        free(l);
+        l = NULL;
+    }
+    if (l) {
+        l->epoch = atomic_load(&params_epoch);
         atomic_fetch_add(&n_local, 1); /* local_free counts it out */
-    zd_value_t *v = opt ? zd_value_object(opt, local_free, LOCAL_OPTIMIZER) : NULL;
+    }
+    zd_value_t *v = l ? zd_value_object(l, local_free, LOCAL_OPTIMIZER) : NULL;
     zd_rref_t *r = v ? zd_rref_new(v) : NULL;
     zd_value_unref(v);
     for (int i = 0; values && i < n; i++)
@@ -256,7 +280,7 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
 /*  A step never applies a gradient that is not finite: one nan would
     spread to every user of the parameters (issue 12 point 5). from is the
     rank that asked for the step (-1: this process). */
-static int local_step_from(zd_optim_t *opt, int64_t ctx, int from);
+static int local_step_from(local_t *l, int64_t ctx, int from);
 
 /*  Whether d[0..n) are all finite. inf and nan times 0 are nan, which a
     sum keeps; eight sums side by side let the compiler run them as vector
@@ -420,13 +444,14 @@ static int step_checked(zd_optim_t *opt, zd_tensor_t *const *grads, int64_t ctx,
     return -1;
 }
 
-static int local_step(zd_optim_t *opt, int64_t ctx)
+static int local_step(local_t *l, int64_t ctx)
 {
-    return local_step_from(opt, ctx, -1);
+    return local_step_from(l, ctx, -1);
 }
 
-static int local_step_from(zd_optim_t *opt, int64_t ctx, int from)
+static int local_step_from(local_t *l, int64_t ctx, int from)
 {
+    zd_optim_t *opt = l->opt;
     int n = zd_optim_n_params(opt), rc = 0;
     zd_tensor_t **grads = calloc((size_t)(n > 0 ? n : 1), sizeof *grads);
     if (!grads)
@@ -438,7 +463,13 @@ static int local_step_from(zd_optim_t *opt, int64_t ctx, int from)
     if (rc == 0) {
         pthread_once(&params_lock_once, params_lock_init);
         pthread_rwlock_wrlock(&params_lock);
-        rc = step_checked(opt, grads, ctx, from);
+        if (l->epoch != atomic_load(&params_epoch))
+            rc = zd_error_set_code(ZD_ERR_STALE,
+                                   "the parameters were taken back (a checkpoint) after this "
+                                   "optimizer was made: its gradients are of parameters no "
+                                   "longer there");
+        else
+            rc = step_checked(opt, grads, ctx, from);
         pthread_rwlock_unlock(&params_lock);
     }
     for (int i = 0; i < n; i++)

@@ -363,10 +363,11 @@ static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg
 }
 
 /*  [] -> [code, text, instance, position, version, generation, origin,
-    fresh]: where the caller was in its data at its last training forward
-    here (-1: none), kept through checkpoints; the stage's version; the
-    generation it resumed or went back to (-1: none), the instance of the
-    stage whose resume chose it, and whether it took no step since. */
+    fresh, checkpoint_every]: where the caller was in its data at its
+    last training forward here (-1: none), kept through checkpoints; the
+    stage's version; the generation it resumed or went back to (-1:
+    none), the instance of the stage whose resume chose it, whether it
+    took no step since, and what its generations are counted in. */
 static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)args;
@@ -386,7 +387,8 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         (zd_list_append(v, zd_value_int(position)) < 0 ||
          zd_list_append(v, zd_value_int(version)) < 0 || zd_list_append(v, zd_value_int(gen)) < 0 ||
          zd_list_append(v, zd_value_int(origin)) < 0 ||
-         zd_list_append(v, zd_value_int(fresh)) < 0)) {
+         zd_list_append(v, zd_value_int(fresh)) < 0 ||
+         zd_list_append(v, zd_value_int(s->opts.checkpoint_every)) < 0)) {
         zd_value_unref(v);
         v = NULL;
     }
@@ -771,7 +773,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
         (!(m->ranks = malloc((size_t)n_shards * sizeof *m->ranks)) ||
          !(m->instance = calloc((size_t)n_shards, sizeof *m->instance)) ||
          !(m->agreed = calloc((size_t)n_shards, sizeof *m->agreed)) ||
-         !(m->scratch = calloc(4 * (size_t)n_shards, sizeof *m->scratch)))) {
+         !(m->scratch = calloc(5 * (size_t)n_shards, sizeof *m->scratch)))) {
         zd_ps_model_free(m);
         m = NULL;
     }
@@ -975,6 +977,21 @@ int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
     if (zd_dist_optim_step(m->opt, context_id) < 0) {
         char text[512];
         snprintf(text, sizeof text, "%s", zd_error_last());
+        zd_error_code_t code = zd_error_code();
+        /* A stage that went back refuses the optimizers made before (its
+           refusal reaches here as a remote error): its new number tells,
+           and the trainer recovers as from a stage lost. */
+        for (int s = 0; s < m->n_shards && !m->stale && code != ZD_ERR_PEER; s++) {
+            zd_value_t *v = NULL;
+            if (call_stage(m, s, "after a failed step", FN_WHERE, zd_value_list(0),
+                           ZD_TIMEOUT_DEFAULT, &v) == 0)
+                zd_value_unref(v);
+        }
+        zd_error_set_code(m->stale ? ZD_ERR_PEER : code, "%s%s",
+                          m->stale ? "a stage went back to a checkpoint since this batch's "
+                                     "forward: "
+                                   : "",
+                          text);
         for (int s = 0; s < m->n_shards; s++)
             if (zd_rpc_peer_is_lost(m->ranks[s]))
                 zd_error_set_code(ZD_ERR_PEER, "stage %d (rank %d) lost: %s", s, m->ranks[s], text);
@@ -1006,18 +1023,19 @@ static int send_back(zd_ps_model_t *m, int s, int64_t *instance, int64_t gen, in
 static int agree_once(zd_ps_model_t *m, int64_t timeout_ms)
 {
     int n = m->n_shards, chooser = -1;
-    int64_t *inst = m->scratch, *gen = inst + n, *origin = gen + n, *fresh = origin + n;
+    int64_t *inst = m->scratch, *gen = inst + n, *origin = gen + n, *fresh = origin + n,
+            *every = fresh + n;
     for (int s = 0; s < n; s++) {
         zd_value_t *v;
         if (call_stage(m, s, "the stages' generations", FN_WHERE, zd_value_list(0), timeout_ms,
                        &v) < 0)
             return -1;
         inst[s] = m->instance[s];
-        gen[s] = zd_list_len(v) > 7 ? -1 : -2; /* -2: a stage of 1.0, which says none */
-        origin[s] = fresh[s] = 0;
+        gen[s] = zd_list_len(v) > 8 ? -1 : -2; /* -2: a stage of 1.0, which says none */
+        origin[s] = fresh[s] = every[s] = 0;
         int bad = gen[s] == -1 &&
             (zd_rpc_arg_int(v, 5, &gen[s]) < 0 || zd_rpc_arg_int(v, 6, &origin[s]) < 0 ||
-             zd_rpc_arg_int(v, 7, &fresh[s]) < 0);
+             zd_rpc_arg_int(v, 7, &fresh[s]) < 0 || zd_rpc_arg_int(v, 8, &every[s]) < 0);
         zd_value_unref(v);
         if (bad)
             return zd_error_set_code(ZD_ERR_REMOTE,
@@ -1029,6 +1047,15 @@ static int agree_once(zd_ps_model_t *m, int64_t timeout_ms)
             (chooser < 0 || gen[s] < gen[chooser]))
             chooser = s;
     }
+    /* a generation is a checkpoint_every interval: of one length on
+       every stage, or the intervals do not match */
+    for (int s = 0; chooser >= 0 && s < n; s++)
+        if (gen[s] != -2 && every[s] != every[chooser])
+            return zd_error_set_code(
+                ZD_ERR_ARGUMENT,
+                "ps: stages %d and %d (ranks %d and %d) write checkpoints every %" PRId64
+                " and %" PRId64 " steps: their generations cannot be matched",
+                chooser, s, m->ranks[chooser], m->ranks[s], every[chooser], every[s]);
     /* first whether every stage can, so that none goes back alone */
     for (int dry = 1; chooser >= 0 && dry >= 0; dry--)
         for (int s = 0; s < n; s++) {

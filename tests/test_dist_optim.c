@@ -257,6 +257,71 @@ static void test_steps_every_owner(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  "update_w"(): the owner says it changed w (a checkpoint taken back),
+    without changing it. */
+static int say_changed(void *arg)
+{
+    (void)arg;
+    return 1;
+}
+
+static zd_value_t *fn_update_w(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return zd_dist_optim_update_params(say_changed, NULL) < 0 ? NULL : zd_value_none();
+}
+
+/*  After its owner changed w outside a step, the optimizer made before
+    refuses to step it, saying why, and leaves w as it was; one made
+    after steps it. */
+static int update_body(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    zd_rref_t *ref = param_rref_of(1);
+    zd_optim_config_t cfg = zd_optim_sgd_defaults(LR);
+    zd_dist_optim_t *old = ref ? dist_optim_over(&cfg, &ref, 1) : NULL, *made_after = NULL;
+    if (!old)
+        return world_fail(w, "zd_dist_optim_new: %s", zd_error_last());
+    float x[N] = {1, 2, 3, 4}, e[N];
+    for (int i = 0; i < N; i++)
+        e[i] = w0(1, i) - LR * x[i];
+    zd_value_t *r = NULL;
+    int rc = iteration(old, 1, 1, x) < 0 ? world_fail(w, "iteration: %s", zd_error_last()) : 0;
+    if (rc == 0 && zd_rpc_sync(1, "update_w", NULL, -1, &r) < 0)
+        rc = world_fail(w, "update_w: %s", zd_error_last());
+    zd_value_unref(r);
+    if (rc == 0 && (iteration(old, 1, 1, x) == 0 || !strstr(zd_error_last(), "taken back")))
+        rc = world_fail(w, "a step of the optimizer made before: %s, not refused", zd_error_last());
+    if (rc == 0)
+        rc = check_w(w, 1, e);
+    if (rc == 0 && !(made_after = dist_optim_over(&cfg, &ref, 1)))
+        rc = world_fail(w, "zd_dist_optim_new: %s", zd_error_last());
+    if (rc == 0 && iteration(made_after, 1, 1, x) < 0)
+        rc = world_fail(w, "a step of the optimizer made after: %s", zd_error_last());
+    for (int i = 0; i < N; i++)
+        e[i] -= LR * x[i];
+    if (rc == 0)
+        rc = check_w(w, 1, e);
+    zd_dist_optim_free(made_after);
+    zd_dist_optim_free(old);
+    zd_rref_unref(ref);
+    return rc;
+}
+
+static int update_setup(const world_t *w)
+{
+    return setup(w) | zd_rpc_register("update_w", fn_update_w, NULL);
+}
+
+static void test_update_refuses_older_optimizers(void **state)
+{
+    (void)state;
+    world_options_t o = {
+        .world_size = 2, .setup = update_setup, .fn = update_body, .dist_autograd = true};
+    assert_int_equal(world_run(&o), 0);
+}
+
 /*  Three trainers step rank 0's parameter concurrently, 50 times each:
     plain SGD updates commute, so the end value is exact. */
 #define STEPS 50
@@ -484,6 +549,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_update_params),
         cmocka_unit_test(test_steps_every_owner),
+        cmocka_unit_test(test_update_refuses_older_optimizers),
         cmocka_unit_test(test_concurrent_trainers_step_whole_updates),
         cmocka_unit_test(test_backward_on_owner_holds_steps_off),
     };

@@ -1189,19 +1189,22 @@ static int tell(const world_t *w, int rank)
 }
 
 /*  Trainer 0 (rank 2) has shard 1 killed and started again, and brings
-    the stages to one generation; trainer 1 (rank 3) stepped before and
-    calls nothing meanwhile. Checkpoints every 2 steps:
-    - trainer 1: batches 0 and 1 (versions 1, 2), then it says so;
+    the stages to one generation, while trainer 1 (rank 3) holds a batch
+    between its backward and its step. Checkpoints every 2 steps:
+    - trainer 1: batches 0 and 1 (versions 1, 2), the forward and
+      backward of batch 2 (the stages write version 2 at its forward,
+      with its position 2), then it says so;
     - trainer 0: batches 0 to 3 (versions 3 to 6; the stages write
-      version 2 at its batch 0, version 4 at its batch 2); shard 1 killed;
-      its batch 4 writes version 6 on stage 0 and fails with ZD_ERR_PEER;
-      shard 1 resumes at 4, stage 0 goes back to 4 with it; trainer 0
-      goes on from 2 (version 5), then tells trainer 1;
-    - trainer 1's next forward fails with ZD_ERR_PEER (stage 0 went
-      back); its own wait finds the stages at one generation, stepped
-      since, and sends none back again (both stay at version 5); it goes
-      on from 1, its last position in that generation, and its batch
-      there steps both stages. */
+      version 4 at its batch 2); shard 1 killed; its batch 4 writes
+      version 6 on stage 0 and fails with ZD_ERR_PEER; shard 1 resumes at
+      4, stage 0 goes back to 4 with it; trainer 0 goes on from 2
+      (version 5), then tells trainer 1;
+    - trainer 1's step of batch 2 fails with ZD_ERR_PEER and steps
+      nothing: stage 0 refuses the optimizer made before it went back,
+      and the new shard 1 never saw the batch; its own wait finds the
+      stages at one generation, stepped since, and sends none back again
+      (both stay at version 5); it goes on from 2, its position in that
+      generation, and its batch there steps both stages. */
 static int told_trainer(const world_t *w)
 {
     int trainer = w->rank - 2, rc = 0;
@@ -1213,16 +1216,32 @@ static int told_trainer(const world_t *w)
     if (trainer == 1) {
         for (int step = 0; rc == 0 && step < 2; step++)
             rc = step_at(w, model, step);
+        zd_tensor_t *x, *y, *out = NULL, *l = NULL;
+        make_batch(1, 2, &x, &y);
         if (rc == 0)
-            rc = tell(w, 2);
-        if (rc == 0)
-            rc = wait_flag(w, &g_others_done, 1, "trainer 0's word");
+            ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+            {
+                if (zd_ps_model_set_position(model, 2) < 0 ||
+                    zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0 ||
+                    zd_nn_mse_loss(out, y, &l) < 0 ||
+                    zd_dist_autograd_backward(ctx, &l, 1, false) < 0)
+                    rc = world_fail(w, "batch 2: %s", zd_error_last());
+                if (rc == 0)
+                    rc = tell(w, 2);
+                if (rc == 0)
+                    rc = wait_flag(w, &g_others_done, 1, "trainer 0's word");
+                if (rc == 0 &&
+                    (zd_ps_model_step(model, ctx) == 0 || zd_error_code() != ZD_ERR_PEER))
+                    rc = world_fail(w,
+                                    "the step of batch 2 after stage 0 went back: %s, not "
+                                    "ZD_ERR_PEER",
+                                    zd_error_last());
+            }
+        zd_tensor_unref(l);
+        zd_tensor_unref(out);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
         int64_t at = -2;
-        if (rc == 0 &&
-            (zd_ps_model_set_position(model, 2) < 0 || try_step(model, 1, 2, NULL) == 0 ||
-             zd_error_code() != ZD_ERR_PEER))
-            rc = world_fail(w, "a step after stage 0 went back: %s, not ZD_ERR_PEER",
-                            zd_error_last());
         if (rc == 0 && zd_ps_model_wait_shards(model, world_scaled_ms(30000)) < 0)
             rc = world_fail(w, "wait_shards: %s", zd_error_last());
         if (rc == 0 && (shard_version(0) != 5 || shard_version(1) != 5))
@@ -1230,16 +1249,16 @@ static int told_trainer(const world_t *w)
                             "after the second look the stages are at versions %lld and %lld, "
                             "not 5 and 5",
                             (long long)shard_version(0), (long long)shard_version(1));
-        if (rc == 0 && (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 1))
-            rc = world_fail(w, "trainer 1 resumes at %lld, not 1 (%s)", (long long)at,
+        if (rc == 0 && (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 2))
+            rc = world_fail(w, "trainer 1 resumes at %lld, not 2 (%s)", (long long)at,
                             zd_error_last());
         if (rc == 0)
-            rc = step_at(w, model, 1);
+            rc = step_at(w, model, 2);
         if (rc == 0 && (shard_version(0) != 6 || shard_version(1) != 6))
             rc = world_fail(w, "after trainer 1's step the stages are at %lld and %lld, not 6",
                             (long long)shard_version(0), (long long)shard_version(1));
     } else {
-        rc = wait_flag(w, &g_others_done, 1, "trainer 1's first batches");
+        rc = wait_flag(w, &g_others_done, 1, "trainer 1's batches");
         for (int step = 0; rc == 0 && step < 4; step++)
             rc = step_at(w, model, step);
         if (rc == 0 && kill_shard_1() < 0)

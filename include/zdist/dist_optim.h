@@ -131,7 +131,9 @@ ZD_API uint64_t zd_dist_optim_version(void);
 /*  On an owner: runs update(arg) as a step runs, every step, forward and
     backward reading the parameters held off meanwhile, to change them in
     place (a checkpoint taken back into them). update returns 1 when it
-    changed them (zd_dist_optim_version counts that as a step), 0 when
+    changed them (zd_dist_optim_version counts that as a step, and the
+    owner's local optimizers made before refuse their steps, saying why:
+    the DistributedOptimizers over them are to be made again), 0 when
     not, -1 with the error set. Returns what update returned, or -1
     (ZD_ERR_ARGUMENT: NULL, or a thread holding zd_dist_optim_read_lock(),
     which would wait for itself). */
