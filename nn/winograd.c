@@ -13,7 +13,12 @@
     output channel, 16 rows of T floats that sit next to each other. One
     sample's V and M (about 0.9 MB for the Net's conv2) stay within L2
     between the three steps, which is why the batch is not turned into 16
-    large GEMMs (two samples per chunk already ran slower).
+    large GEMMs (two samples per chunk already ran slower). Those 16
+    GEMMs per sample are small (64 x 32 by 32 x 144 for the Net), and
+    OpenBLAS spent as long around them as in them (a pass clearing M for
+    beta 0, packing V for each): the vector paths run the taps kernel
+    (zd__nn_taps_gemm) on U packed once per call instead, writing M
+    directly; the portable path keeps BLAS.
 
     The AVX-512 transforms handle up to 16 tiles of one tile row at once,
     one tile per lane, reading the input planes in place (masked loads give
@@ -44,6 +49,11 @@ typedef struct {
 typedef struct {
     const wg_plan_t *p;
     const float *x, *u, *bias;
+    /* the vector paths: U[xi] packed for zd__nn_taps_gemm (16 of them,
+       `packed_floats` apart), and the offsets of V's channel rows */
+    const float *packed;
+    size_t packed_floats;
+    const int32_t *voffs;
     float *y;
     nn_winograd_prologue_fn *prologue;
     nn_winograd_epilogue_fn *epilogue;
@@ -539,9 +549,14 @@ static void chunk_run(void *arg, int chunk, float *scratch)
         j->prologue ? j->prologue(j->arg, s, in_buf) : j->x + (size_t)s * p->C * plane;
     for (int c = 0; c < p->C; c++)
         input_transform(p, xs + c * plane, stage, v + (size_t)c * 16 * T, T);
+    /* M[xi] = U[xi]^T V[xi] */
     for (int xi = 0; xi < 16; xi++)
-        zd__nn_sgemm(true, false, p->O, (int)T, p->C, 1.0f, j->u + (size_t)xi * p->O * p->C, p->O,
-                     v + xi * T, (int)(16 * T), 0.0f, m + xi * T, (int)(16 * T));
+        if (j->packed)
+            zd__nn_taps_gemm(j->packed + xi * j->packed_floats, p->O, p->C, j->voffs, v + xi * T,
+                             (int)T, NULL, m + xi * T, (int)(16 * T));
+        else
+            zd__nn_sgemm(true, false, p->O, (int)T, p->C, 1.0f, j->u + (size_t)xi * p->O * p->C,
+                         p->O, v + xi * T, (int)(16 * T), 0.0f, m + xi * T, (int)(16 * T));
     float *ys = j->y ? j->y + (size_t)s * p->O * out_plane : out_buf;
     for (int o = 0; o < p->O; o++)
         output_transform(p, m + (size_t)o * 16 * T, T, j->bias ? j->bias[o] : 0.0f,
@@ -595,14 +610,38 @@ static int run(const char *op, const wg_plan_t *p, const float *w, bool flip, wg
 {
     if (p->N == 0)
         return 0;
+    const bool vec = p->isa != NN_ISA_GENERIC;
+    const size_t pf = vec ? zd__nn_taps_packed_floats(p->O, p->C) : 0;
     float *u = malloc(sizeof(float) * 16 * (size_t)p->O * p->C);
-    if (!u)
+    float *packed = vec ? malloc(sizeof(float) * 16 * pf) : NULL;
+    int32_t *offs = vec ? malloc(sizeof(int32_t) * 2 * (size_t)p->C) : NULL;
+    if (!u || (vec && (!packed || !offs))) {
+        free(u);
+        free(packed);
+        free(offs);
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "%s: out of memory", op);
+    }
     transform_filters(w, p->O, p->C, flip, u);
+    if (vec) {
+        /* U[xi] is C x O (element (o, c) at c * O + o); V's channel c
+           starts 16 * tiles floats after channel c - 1 */
+        int32_t *uoffs = offs + p->C;
+        for (int c = 0; c < p->C; c++) {
+            offs[c] = (int32_t)(c * 16 * p->tiles);
+            uoffs[c] = c * p->O;
+        }
+        for (int xi = 0; xi < 16; xi++)
+            zd__nn_taps_pack(u + (size_t)xi * p->O * p->C, p->O, p->C, 1, uoffs, packed + xi * pf);
+    }
     job->p = p;
     job->u = u;
+    job->packed = packed;
+    job->packed_floats = pf;
+    job->voffs = offs;
     int rc = zd__nn_parallel_run(p->N, chunk_scratch(p, job->prologue, !job->y), chunk_run, job);
     free(u);
+    free(packed);
+    free(offs);
     return rc < 0 ? zd_error_wrap("%s", op) : 0;
 }
 
