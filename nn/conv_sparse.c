@@ -401,12 +401,31 @@ static inline void group_dx_avx2(const float *wb, int kk, const float *g, int pp
     }
 }
 
-/*  groups_dx_avx512 with the window's winners as 8 vectors of 8 channels. */
+/*  The groups of a run of (window, block of 64 output channels) pairs:
+    the channels that won at one position (a mask of the block) and that
+    position. A window has at most pool_k^2 positions, so a pair has at
+    most that many groups. */
+#define DX_PAIRS   64
+#define DX_ENTRIES 1024
+
+typedef struct {
+    int q[DX_ENTRIES];
+    uint64_t grp[DX_ENTRIES];
+    int first[DX_PAIRS + 1]; /* pair i's groups: first[i] .. first[i + 1] */
+} dx_groups_t;
+
+/*  groups_dx_avx512 with the window's winners as 8 vectors of 8 channels,
+    the groups of a run of windows found once (gathers and compares) for
+    every channel block and tap block, not once each. Each dx row gets its
+    windows' sums in the same order (window, then channel block) as one
+    window at a time. */
 static void groups_dx_avx2(const conv_bwd_job_t *j, int64_t s, float *dxt)
 {
     const conv_ctx_t *ctx = j->ctx;
     const int O = ctx->O, kk = ctx->g.kh * ctx->g.kw, ld = ldc(ctx), cv = ld / 8;
-    const int pp = n_windows(ctx);
+    const int pp = n_windows(ctx), nblk = (O + 63) / 64;
+    const int per_pair = ctx->pool_k * ctx->pool_k < 64 ? ctx->pool_k * ctx->pool_k : 64;
+    const int64_t pairs = (int64_t)pp * nblk;
     const int32_t *ams = ctx->argmax + s * conv_out_per_sample(ctx);
     const float *dys = j->dy + s * conv_out_per_sample(ctx);
     /* where channel 8v + lane's winners start, relative to channel o0's */
@@ -415,36 +434,49 @@ static void groups_dx_avx2(const conv_bwd_job_t *j, int64_t s, float *dxt)
     for (int v = 0; v < 8; v++)
         idx[v] = _mm256_mullo_epi32(_mm256_add_epi32(lane, _mm256_set1_epi32(8 * v)),
                                     _mm256_set1_epi32(pp));
-    for (int b = 0; b < cv; b++)
-        for (int t0 = 0; t0 < kk; t0 += 9) {
-            const int nt = kk - t0 < 9 ? kk - t0 : 9;
-            const float *wb = wr_block(j, b, t0);
-            const int32_t *to = j->toff + (size_t)t0 * cv + b;
-            for (int w = 0; w < pp; w++)
-                for (int o0 = 0; o0 < O; o0 += 64) {
-                    /* the window's winners, channels o0.. as 8 vectors */
-                    const int n = O - o0 < 64 ? O - o0 : 64;
-                    const int32_t *am = ams + (size_t)o0 * pp + w;
-                    __m256i key[8];
-                    for (int v = 0; v < 8; v++)
-                        key[v] = _mm256_mask_i32gather_epi32(_mm256_set1_epi32(-1), am, idx[v],
-                                                             avx2_lanes(n - 8 * v), 4);
-                    uint64_t rem = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
-                    while (rem) {
-                        const int q = ams[(size_t)(o0 + __builtin_ctzll(rem)) * pp + w];
-                        const __m256i qv = _mm256_set1_epi32(q);
-                        uint64_t grp = 0;
-                        for (int v = 0; v < 8; v++)
-                            grp |= (uint64_t)(unsigned)_mm256_movemask_ps(
-                                       _mm256_castsi256_ps(_mm256_cmpeq_epi32(key[v], qv)))
-                                << (8 * v);
-                        grp &= rem;
-                        rem &= ~grp;
-                        float *d = dxt + (size_t)q * ld;
-                        group_dx_avx2(wb, kk, dys + w, pp, o0, grp, nt, to, cv, d);
-                    }
-                }
+    dx_groups_t gs;
+    for (int64_t k0 = 0; k0 < pairs;) {
+        int ng = 0, np = 0;
+        for (; k0 + np < pairs && np < DX_PAIRS && ng + per_pair <= DX_ENTRIES; np++) {
+            const int w = (int)((k0 + np) / nblk), o0 = 64 * (int)((k0 + np) % nblk);
+            gs.first[np] = ng;
+            /* the window's winners, channels o0.. as 8 vectors */
+            const int n = O - o0 < 64 ? O - o0 : 64;
+            const int32_t *am = ams + (size_t)o0 * pp + w;
+            __m256i key[8];
+            for (int v = 0; v < 8; v++)
+                key[v] = _mm256_mask_i32gather_epi32(_mm256_set1_epi32(-1), am, idx[v],
+                                                     avx2_lanes(n - 8 * v), 4);
+            uint64_t rem = n == 64 ? ~(uint64_t)0 : ((uint64_t)1 << n) - 1;
+            while (rem && ng < DX_ENTRIES) {
+                const int q = ams[(size_t)(o0 + __builtin_ctzll(rem)) * pp + w];
+                const __m256i qv = _mm256_set1_epi32(q);
+                uint64_t grp = 0;
+                for (int v = 0; v < 8; v++)
+                    grp |= (uint64_t)(unsigned)_mm256_movemask_ps(
+                               _mm256_castsi256_ps(_mm256_cmpeq_epi32(key[v], qv)))
+                        << (8 * v);
+                grp &= rem;
+                rem &= ~grp;
+                gs.q[ng] = q;
+                gs.grp[ng++] = grp;
+            }
         }
+        gs.first[np] = ng;
+        for (int b = 0; b < cv; b++)
+            for (int t0 = 0; t0 < kk; t0 += 9) {
+                const int nt = kk - t0 < 9 ? kk - t0 : 9;
+                const float *wb = wr_block(j, b, t0);
+                const int32_t *to = j->toff + (size_t)t0 * cv + b;
+                for (int i = 0; i < np; i++) {
+                    const int w = (int)((k0 + i) / nblk), o0 = 64 * (int)((k0 + i) % nblk);
+                    for (int g = gs.first[i]; g < gs.first[i + 1]; g++)
+                        group_dx_avx2(wb, kk, dys + w, pp, o0, gs.grp[g], nt, to, cv,
+                                      dxt + (size_t)gs.q[g] * ld);
+                }
+            }
+        k0 += np;
+    }
 }
 NN_AVX2_END
 

@@ -309,10 +309,12 @@ static void test_ops_match_im2col(void **state)
         {POOL, 2, 32, 26, 26, 64, 3, 3, 0, true, 0, 0, 0}, /* the Net's conv2 */
         {POOL, 3, 3, 11, 9, 7, 3, 3, 1, false, 0, 0, 0},   /* odd planes: a row dropped */
         {POOL, 1, 2, 6, 30, 9, 2, 2, 0, true, 0, 0, 0},
-        {POOL, 4, 1, 28, 28, 3, 3, 3, 0, true, 3, 3, 6}, /* the ConvNet's conv1 + pool 3 */
-        {POOL, 2, 2, 13, 12, 5, 3, 3, 1, true, 3, 2, 0}, /* overlapping windows */
-        {POOL, 1, 2, 5, 44, 6, 3, 3, 0, true, 2, 2, 0},  /* 21 windows a row */
-        {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1}, /* input gradient only */
+        {POOL, 4, 1, 28, 28, 3, 3, 3, 0, true, 3, 3, 6},  /* the ConvNet's conv1 + pool 3 */
+        {POOL, 2, 2, 13, 12, 5, 3, 3, 1, true, 3, 2, 0},  /* overlapping windows */
+        {POOL, 1, 2, 5, 44, 6, 3, 3, 0, true, 2, 2, 0},   /* 21 windows a row */
+        {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1},  /* input gradient only */
+        {POOL, 2, 8, 10, 10, 70, 3, 3, 1, true, 0, 0, 0}, /* two blocks of output channels */
+        {POOL, 1, 4, 9, 9, 130, 3, 3, 0, false, 3, 2, 0}, /* three, overlapping windows */
         /* shapes Winograd's forward pass takes (3x3, C >= 16, O >= 32) */
         {PLAIN, 2, 16, 10, 9, 32, 3, 3, 1, true, 0, 0, 0},
         {RELU, 2, 20, 12, 12, 40, 3, 3, 0, true, 0, 0, 0},
