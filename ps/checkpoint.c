@@ -195,20 +195,37 @@ static int64_t check_file(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     return m[3];
 }
 
+/*  What take checks of nt beyond check_file, before it changes
+    anything: the positions' form, and no optimizer state for a shard
+    without an optimizer (a shard with one checks the state as it takes
+    it). 0, or -1. */
+static int check_extras(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
+{
+    zd_tensor_t *pos = zd_named_tensors_find(nt, POSITIONS);
+    if (pos && s->positions &&
+        (zd_tensor_dtype(pos) != ZD_INT64 || zd_tensor_ndim(pos) != 1 ||
+         zd_tensor_numel(pos) > MAX_POSITIONS))
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" is not int64, one a rank", POSITIONS);
+    for (int i = 0; !s->opt && i < zd_named_tensors_len(nt); i++)
+        if (strncmp(zd_named_tensors_name(nt, i), OPTIM, strlen(OPTIM)) == 0)
+            return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                     "an optimizer's state, for a shard without one");
+    return 0;
+}
+
 /*  Takes nt into the shard: the positions are checked and the
     optimizer's state taken first (each refused whole when it does not
     fit), then the parameters. 0, or -1. */
 static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
 {
+    if (check_extras(s, nt) < 0)
+        return -1;
     /* The positions: a file of a run that set none has none, and every
        trainer starts from its beginning. */
     zd_tensor_t *pos = zd_named_tensors_find(nt, POSITIONS);
     int64_t *copy = NULL;
     int n_pos = 0;
     if (pos && s->positions) {
-        if (zd_tensor_dtype(pos) != ZD_INT64 || zd_tensor_ndim(pos) != 1 ||
-            zd_tensor_numel(pos) > MAX_POSITIONS)
-            return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" is not int64, one a rank", POSITIONS);
         n_pos = (int)zd_tensor_numel(pos);
         if (n_pos > 0 && !(copy = malloc((size_t)n_pos * sizeof *copy)))
             return zd_error_set_code(ZD_ERR_NO_MEMORY, "out of memory");
@@ -224,8 +241,6 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     }
     if (rc == 0 && s->opt)
         rc = zd_optim_state_import(s->opt, state);
-    else if (rc == 0 && zd_named_tensors_len(state) > 0)
-        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "an optimizer's state, for a shard without one");
     zd_named_tensors_free(state);
     if (rc < 0) {
         free(copy);
@@ -245,6 +260,23 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
     return 0;
 }
 
+void zd__ps_checkpoint_set_aside(const zd__ps_ckpt_t *s)
+{
+    char name[4200], aside[4220];
+    for (int which = 0; which < N_SUFFIXES; which++) {
+        name_of(s, which, name, sizeof name);
+        if (access(name, F_OK) < 0)
+            continue;
+        snprintf(aside, sizeof aside, "%s.earlier", name);
+        if (rename(name, aside) == 0)
+            zd__log(ZD_LOG_WARN, "ps: shard %d: a new run: %s, of an earlier one, is now %s",
+                    s->shard, name, aside);
+        else
+            zd__log(ZD_LOG_WARN, "ps: shard %d: cannot set %s aside: %s", s->shard, name,
+                    strerror(errno));
+    }
+}
+
 int zd__ps_checkpoint_check(const zd__ps_ckpt_t *s, int64_t want)
 {
     char name[4200], seen[1024] = "";
@@ -254,6 +286,8 @@ int zd__ps_checkpoint_check(const zd__ps_ckpt_t *s, int64_t want)
             continue;
         zd_named_tensors_t *nt = zd_checkpoint_read(name);
         int64_t v = nt ? check_file(s, nt) : -1;
+        if (v >= 0 && check_extras(s, nt) < 0)
+            v = -1;
         zd_named_tensors_free(nt);
         if (v == want)
             return 0;

@@ -87,6 +87,7 @@ struct zd_ps_model_server {
        serve_back found the generation to go back to, and a new file now
        would push it out of the two kept before the real run comes */
     int64_t hold_writes_until;
+    bool hold_logged; /* a write skipped for it was logged */
 };
 
 /*  ---- the shard ---- */
@@ -204,9 +205,16 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
     pthread_mutex_lock(&s->lock);
     /* a second file of the version on disk would leave no older
        generation to go back to */
-    if (s->writing || (s->have_ckpt && v == s->ckpt_version) ||
-        zd__now_ns() < s->hold_writes_until) {
+    bool held = zd__now_ns() < s->hold_writes_until;
+    if (s->writing || (s->have_ckpt && v == s->ckpt_version) || held) {
+        bool tell = held && !s->hold_logged;
+        s->hold_logged = s->hold_logged || held;
         pthread_mutex_unlock(&s->lock);
+        if (tell)
+            zd__log(ZD_LOG_WARN,
+                    "ps: stage %d: the checkpoint of version %" PRId64
+                    " waits: a trainer is bringing the stages to one generation",
+                    s->shard, v);
         return 0;
     }
     /* the positions as they are now: forwards go on recording them */
@@ -352,7 +360,12 @@ static zd_value_t *serve_params(zd_rpc_call_t *call, zd_value_t *args, void *arg
     zd_rref_list_t *rrefs = zd_dist_nn_parameter_rrefs(s->stage);
     if (!rrefs)
         return zd_error_wrap("ps: stage %d", s->shard), NULL;
+    /* the instance under the read lock: one read after a going back comes
+       with the step epoch it moved to, so the optimizer the trainer makes
+       now is not refused */
+    zd_dist_optim_read_lock();
     zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
+    zd_dist_optim_read_unlock();
     for (int i = 0; v && i < zd_rref_list_len(rrefs); i++)
         if (zd_list_append(v, zd_value_rref(zd_rref_list_get(rrefs, i))) < 0) {
             zd_value_unref(v);
@@ -388,7 +401,7 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
          zd_list_append(v, zd_value_int(version)) < 0 || zd_list_append(v, zd_value_int(gen)) < 0 ||
          zd_list_append(v, zd_value_int(origin)) < 0 ||
          zd_list_append(v, zd_value_int(fresh)) < 0 ||
-         zd_list_append(v, zd_value_int(s->opts.checkpoint_every)) < 0)) {
+         zd_list_append(v, zd_value_int(s->ckpt.path ? s->opts.checkpoint_every : -1)) < 0)) {
         zd_value_unref(v);
         v = NULL;
     }
@@ -399,14 +412,14 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 
 static int64_t new_instance(void);
 
-/*  How long a dry run of serve_back keeps the stage from writing a
-    checkpoint: the real run follows within the agreement's calls. */
-#define HOLD_WRITES_NS (30 * (int64_t)1000000000)
+/*  The longest a dry run of serve_back may hold the stage's checkpoint
+    writes off (the caller asks for the time its real call may take). */
+#define MAX_HOLD_MS (30 * 60 * (int64_t)1000)
 
 /*  A request to go back (serve_back), and what came of it. */
 typedef struct {
     zd_ps_model_server_t *s;
-    int64_t instance, gen, origin;
+    int64_t instance, gen, origin, hold_ms;
     bool dry;
     zd_error_code_t code;
     char text[300];
@@ -414,15 +427,14 @@ typedef struct {
     zd_value_t *answer;
 } back_t;
 
-/*  serve_back's work, the parameters held as a step holds them (or not at
-    all for a dry run): 1 when the checkpoint was taken back, else 0. */
-static int go_back(void *arg)
+/*  Under the stage's lock: whether the stage can go back as b asks, and
+    from and to which version (to -1: it is there already); else b's code
+    and text say why not. */
+static void back_decide(back_t *b)
 {
-    back_t *b = arg;
     zd_ps_model_server_t *s = b->s;
-    int changed = 0;
-    pthread_mutex_lock(&s->lock);
     b->from = version_of(s);
+    b->to = -1;
     if (s->stopped) {
         b->code = ZD_ERR_STOPPED;
         snprintf(b->text, sizeof b->text, "stage %d stopped", s->shard);
@@ -432,7 +444,8 @@ static int go_back(void *arg)
                  "stage %d: going back to generation %" PRId64
                  " needs checkpoints there, and the instance of a stage that resumed",
                  s->shard, b->gen);
-    } else if (b->instance != s->instance) {
+    } else if (b->instance != s->instance || (b->dry && s->writing)) {
+        /* (a write in progress may move the generation out: look again) */
         b->code = ZD_ERR_STALE;
         snprintf(b->text, sizeof b->text, "stage %d changed since it was asked", s->shard);
     } else if (b->gen == s->resumed_gen && b->from == s->resumed_version) {
@@ -454,27 +467,60 @@ static int go_back(void *arg)
                  " (it holds %s, checkpoint_every %" PRId64 ")",
                  s->shard, b->gen, held, s->opts.checkpoint_every);
     }
-    /* a dry run reads the file as the real one will, and keeps it */
-    if (b->code == ZD_OK && b->dry && b->to >= 0 && zd__ps_checkpoint_check(&s->ckpt, b->to) < 0) {
-        zd__log(ZD_LOG_WARN, "%s", zd_error_last()); /* the path stays in this log */
-        b->code = ZD_ERR_ARGUMENT;
-        snprintf(b->text, sizeof b->text,
-                 "stage %d cannot read its checkpoint of version %" PRId64 " (its log says why)",
-                 s->shard, b->to);
+}
+
+static void cannot_read(back_t *b)
+{
+    zd__log(ZD_LOG_WARN, "%s", zd_error_last()); /* the path stays in this log */
+    b->code = ZD_ERR_ARGUMENT;
+    snprintf(b->text, sizeof b->text,
+             "stage %d cannot read its checkpoint of version %" PRId64 " (its log says why)",
+             b->s->shard, b->to);
+}
+
+/*  The dry run: the decision, the file read as the real run will read it
+    (outside the lock: forwards go on meanwhile), and the stage's
+    checkpoint writes held off until the real run, so that no new file
+    pushes the generation out of the two kept. */
+static void back_dry(back_t *b)
+{
+    zd_ps_model_server_t *s = b->s;
+    pthread_mutex_lock(&s->lock);
+    back_decide(b);
+    int64_t to = b->to;
+    pthread_mutex_unlock(&s->lock);
+    if (b->code == ZD_OK && to >= 0 && zd__ps_checkpoint_check(&s->ckpt, to) < 0)
+        cannot_read(b);
+    pthread_mutex_lock(&s->lock);
+    if (b->code == ZD_OK && to >= 0) {
+        back_decide(b); /* (changed meanwhile: look again) */
+        if (b->code == ZD_OK && b->to == to) {
+            int64_t hold = b->hold_ms < 1 ? 1 : b->hold_ms > MAX_HOLD_MS ? MAX_HOLD_MS : b->hold_ms;
+            s->hold_writes_until = zd__now_ns() + hold * 1000000;
+            s->hold_logged = false;
+        } else if (b->code == ZD_OK) {
+            b->code = ZD_ERR_STALE;
+            snprintf(b->text, sizeof b->text, "stage %d changed since it was asked", s->shard);
+        }
     }
-    if (b->code == ZD_OK && b->dry && b->to >= 0)
-        s->hold_writes_until = zd__now_ns() + HOLD_WRITES_NS;
-    if (!b->dry)
-        s->hold_writes_until = 0;
-    if (b->code == ZD_OK && !b->dry && b->to >= 0) {
+    b->answer = answer_new(s, b->code, b->text, NULL, 0);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/*  The real run, the parameters held as a step holds them: 1 when the
+    checkpoint was taken back, else 0. */
+static int back_real(void *arg)
+{
+    back_t *b = arg;
+    zd_ps_model_server_t *s = b->s;
+    int changed = 0;
+    pthread_mutex_lock(&s->lock);
+    back_decide(b);
+    s->hold_writes_until = 0;
+    if (b->code == ZD_OK && b->to >= 0) {
         int64_t got, older;
         if (zd__ps_checkpoint_load(&s->ckpt, b->to, &got, &older) < 0) {
-            zd__log(ZD_LOG_WARN, "%s", zd_error_last()); /* the path stays in this log */
-            b->code = ZD_ERR_ARGUMENT;
-            snprintf(b->text, sizeof b->text,
-                     "stage %d cannot read its checkpoint of version %" PRId64
-                     " (its log says why)",
-                     s->shard, b->to);
+            cannot_read(b);
         } else {
             /* the step count moves on by one when this returns */
             s->base_version = got - (int64_t)zd_dist_optim_version() - 1;
@@ -486,7 +532,7 @@ static int go_back(void *arg)
             changed = 1;
         }
     }
-    if (b->code == ZD_OK && !b->dry)
+    if (b->code == ZD_OK)
         s->origin = b->origin;
     if (!changed)
         b->to = -1;
@@ -495,31 +541,30 @@ static int go_back(void *arg)
     return changed;
 }
 
-/*  "__zd_psm_back_<K>"(instance, gen, origin, dry) -> [code, text,
-    instance]: the stage, if it is still the one of `instance` (as its
-    "where" answered: a compare-and-set, else ZD_ERR_STALE and the caller
-    looks again), takes its checkpoint of generation `gen` back into its
-    parameters and positions: the generation another stage (of instance
-    `origin`) resumed from after a restart, so that the stages hold one
-    generation. A stage that resumed there and took no step since only
-    takes the origin. dry: only whether it could. The stage's instance
-    changes, so that every trainer learns that its batches since are
-    gone. */
+/*  "__zd_psm_back_<K>"(instance, gen, origin, dry, hold_ms) -> [code,
+    text, instance]: the stage, if it is still the one of `instance` (as
+    its "where" answered: a compare-and-set, else ZD_ERR_STALE and the
+    caller looks again), takes its checkpoint of generation `gen` back
+    into its parameters and positions: the generation another stage (of
+    instance `origin`) resumed from after a restart, so that the stages
+    hold one generation. A stage that resumed there and took no step
+    since only takes the origin. dry: only whether it could, holding its
+    checkpoint writes off for hold_ms (until the real call). The stage's
+    instance changes, so that every trainer learns that its batches since
+    are gone. Any member may ask, as any may step the stage. */
 static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call;
     back_t b = {.s = arg, .to = -1};
     int64_t dry;
-    if (ZD_UNPACK(args, &b.instance, &b.gen, &b.origin, &dry) < 0)
+    if (ZD_UNPACK(args, &b.instance, &b.gen, &b.origin, &dry, &b.hold_ms) < 0)
         return NULL;
     b.dry = dry != 0;
-    /* every reader of the parameters and every step held off, as a step
-       does, so that the version compared is the one gone back from */
     if (b.dry)
-        go_back(&b);
-    else
-        zd_dist_optim_update_params(go_back, &b);
-    if (b.to >= 0)
+        back_dry(&b);
+    else /* every reader of the parameters and every step held off */
+        zd_dist_optim_update_params(back_real, &b);
+    if (b.to >= 0 && !b.dry)
         zd__log(ZD_LOG_INFO,
                 "ps: stage %d went back from version %" PRId64 " to %" PRId64
                 " (generation %" PRId64 "), that of a stage resumed after a restart",
@@ -557,6 +602,8 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
     /* Nothing taken: the stage's first parameters are version 0 on disk,
        so that a stage started again before the first checkpoint, and
        the others with it, can go back to them. */
+    if (r == -1 && !s->opts.resume)
+        zd__ps_checkpoint_set_aside(&s->ckpt);
     if (r == -1 && zd__ps_checkpoint_write(&s->ckpt, 0) < 0)
         return -1;
     s->base_version = s->ckpt_version = v;
@@ -724,6 +771,11 @@ struct zd_ps_model {
     /* each shard's instance when the stages were last brought to one
        generation (0: not looked at yet), and agree's scratch */
     int64_t *agreed, *scratch;
+    /* the stages are to be brought to one generation before the next
+       forward or step: at the first, and after a stage was lost or
+       changed (a trainer that runs its batch again without
+       zd_ps_model_wait_shards must not step a stage still apart) */
+    bool must_agree;
     zd_optim_config_t optim;
     zd_dist_optim_t *opt; /* made at the first forward or step */
     bool training;
@@ -735,7 +787,10 @@ struct zd_ps_model {
     from the shard started again. The error stays as it was. */
 static void forget_lost(zd_ps_model_t *m)
 {
-    if (zd_error_code() != ZD_ERR_PEER || !m->opt)
+    if (zd_error_code() != ZD_ERR_PEER)
+        return;
+    m->must_agree = true;
+    if (!m->opt)
         return;
     char text[512];
     snprintf(text, sizeof text, "%s", zd_error_last());
@@ -787,6 +842,7 @@ zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards, const zd_op
     m->optim = *optim;
     m->training = true;
     m->position = -1;
+    m->must_agree = true;
     return m;
 }
 
@@ -842,8 +898,12 @@ static int call_stage(zd_ps_model_t *m, int s, const char *what, const char *fn_
 
 /*  The first forward or step: RRefs to every stage's parameters, and the
     DistributedOptimizer over all of them. */
+static int agree(zd_ps_model_t *m, int64_t timeout_ms);
+
 static int ensure_optimizer(zd_ps_model_t *m)
 {
+    if (m->must_agree && agree(m, ZD_TIMEOUT_DEFAULT) < 0)
+        return -1;
     if (m->opt && !m->stale)
         return 0;
     zd_dist_optim_free(m->opt);
@@ -1008,9 +1068,13 @@ int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
 static int send_back(zd_ps_model_t *m, int s, int64_t *instance, int64_t gen, int64_t origin,
                      bool dry, int64_t timeout_ms)
 {
+    /* a dry run holds the stage's checkpoint writes off until the real
+       call, which comes within the calls left: two a stage */
+    int64_t per = timeout_ms > 0 ? timeout_ms : zd_rpc_get_timeout();
+    int64_t hold = !dry ? 0 : per > 0 ? per * (2 * (int64_t)m->n_shards + 1) : INT64_MAX / 2;
     zd_value_t *v;
-    if (call_stage(m, s, "going back", FN_BACK, ZD_ARGS(*instance, gen, origin, dry), timeout_ms,
-                   &v) < 0)
+    if (call_stage(m, s, "going back", FN_BACK, ZD_ARGS(*instance, gen, origin, dry, hold),
+                   timeout_ms, &v) < 0)
         return zd_error_code() == ZD_ERR_STALE ? 1 : -1;
     *instance = m->instance[s];
     zd_value_unref(v);
@@ -1048,14 +1112,20 @@ static int agree_once(zd_ps_model_t *m, int64_t timeout_ms)
             chooser = s;
     }
     /* a generation is a checkpoint_every interval: of one length on
-       every stage, or the intervals do not match */
-    for (int s = 0; chooser >= 0 && s < n; s++)
-        if (gen[s] != -2 && every[s] != every[chooser])
+       every stage with checkpoints, or the intervals do not match (told
+       at the first look, not at a restart) */
+    for (int s = 0, first = -1; s < n; s++) {
+        if (gen[s] == -2 || every[s] < 0)
+            continue;
+        if (first < 0)
+            first = s;
+        else if (every[s] != every[first])
             return zd_error_set_code(
                 ZD_ERR_ARGUMENT,
                 "ps: stages %d and %d (ranks %d and %d) write checkpoints every %" PRId64
                 " and %" PRId64 " steps: their generations cannot be matched",
-                chooser, s, m->ranks[chooser], m->ranks[s], every[chooser], every[s]);
+                first, s, m->ranks[first], m->ranks[s], every[first], every[s]);
+    }
     /* first whether every stage can, so that none goes back alone */
     for (int dry = 1; chooser >= 0 && dry >= 0; dry--)
         for (int s = 0; s < n; s++) {
@@ -1097,8 +1167,10 @@ static int agree(zd_ps_model_t *m, int64_t timeout_ms)
         int rc = agree_once(m, timeout_ms);
         if (rc < 0)
             return zd_error_wrap("ps: bringing the stages to one generation");
-        if (rc == 0)
+        if (rc == 0) {
+            m->must_agree = false;
             return 0;
+        }
         nanosleep(&(struct timespec){0, 20000000 * (attempt + 1)}, NULL);
     }
     return zd_error_set_code(ZD_ERR_TIMEOUT,

@@ -172,6 +172,11 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
     can be taken (want: naming the versions there are). */
 int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version, int64_t *older);
 
+/*  Renames the files of c->path (of an earlier run, when a new one
+    starts without resume) to "<name>.earlier", so that a restart resumes
+    from none of them; logs each. */
+void zd__ps_checkpoint_set_aside(const zd__ps_ckpt_t *c);
+
 /*  Whether a whole generation of version `want` can be read there, as
     zd__ps_checkpoint_load would take it: 0, or -1 (ZD_ERR_ARGUMENT
     naming the files there and their versions or damage). */

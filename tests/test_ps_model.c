@@ -71,6 +71,7 @@ typedef struct {
     int max_inflight; /* the shards' (0: no limit) */
     int told[2];      /* test_shard_restarted: the trainer tells shard 1's parent to restart it */
     int lives;        /* shard 1's processes there (0: SHARD_LIVES) */
+    int every1;       /* shard 1's checkpoint_every (0: 2, as shard 0's) */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -224,7 +225,7 @@ static int run_shard(const world_t *w)
     if (su->max_input_numel)
         o.max_input_numel = su->max_input_numel;
     o.checkpoint_path = su->checkpoint;
-    o.checkpoint_every = su->checkpoint ? 2 : 0;
+    o.checkpoint_every = su->checkpoint ? (w->rank == 1 && su->every1 ? su->every1 : 2) : 0;
     o.resume = su->resume;
     o.max_inflight = su->max_inflight;
     WCHECK(g_stage = make_stage(w->rank));
@@ -907,6 +908,107 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(system(path), 0);
 }
 
+/*  Stage 0 sent back to its generation of version 2 (by a direct call,
+    as another trainer's agreement would) while the trainer holds batch 4
+    between its backward and its step: the step fails with ZD_ERR_PEER
+    (stage 0 refuses the optimizer made before, and only its new number
+    tells the trainer why), stage 0 stays at 2, stage 1 took it (5). */
+static int went_back_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    for (int step = 0; rc == 0 && step < 4; step++) {
+        if (zd_ps_model_set_position(model, step) < 0)
+            rc = world_fail(w, "set_position: %s", zd_error_last());
+        if (rc == 0)
+            rc = remote_step(w, model, 0, step, NULL);
+    }
+    zd_tensor_t *x, *y, *out = NULL, *l = NULL;
+    make_batch(0, 4, &x, &y);
+    if (rc == 0)
+        ZD_DIST_AUTOGRAD_CONTEXT(ctx)
+        {
+            if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0 ||
+                zd_nn_mse_loss(out, y, &l) < 0 || zd_dist_autograd_backward(ctx, &l, 1, false) < 0)
+                rc = world_fail(w, "batch 4: %s", zd_error_last());
+            zd_value_t *v = NULL;
+            int64_t code = -1, instance = 0;
+            if (rc == 0 &&
+                (zd_rpc_sync(0, "__zd_psm_where_0", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0 ||
+                 zd_rpc_arg_int(v, 2, &instance) < 0))
+                rc = world_fail(w, "stage 0's instance: %s", zd_error_last());
+            zd_value_unref(v);
+            v = NULL;
+            if (rc == 0 &&
+                (zd_rpc_sync(0, "__zd_psm_back_0",
+                             ZD_ARGS(instance, (int64_t)1, (int64_t)12345, (int64_t)0, (int64_t)0),
+                             ZD_TIMEOUT_DEFAULT, &v) < 0 ||
+                 zd_rpc_arg_int(v, 0, &code) < 0 || code != ZD_OK))
+                rc = world_fail(w, "sending stage 0 back: %s (code %lld)", zd_error_last(),
+                                (long long)code);
+            zd_value_unref(v);
+            if (rc == 0 && (zd_ps_model_step(model, ctx) == 0 || zd_error_code() != ZD_ERR_PEER))
+                rc = world_fail(w, "the step after stage 0 went back: %s, not ZD_ERR_PEER",
+                                zd_error_last());
+        }
+    zd_tensor_unref(l);
+    zd_tensor_unref(out);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    if (rc == 0 && (shard_version(0) != 2 || shard_version(1) != 5))
+        rc = world_fail(w, "the stages at versions %lld and %lld, not 2 and 5",
+                        (long long)shard_version(0), (long long)shard_version(1));
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+/*  Stages that write checkpoints every 2 and every 3 steps: the
+    trainer's first forward fails, naming both. */
+static int apart_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    if (try_step(model, 0, 0, NULL) == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
+        !strstr(zd_error_last(), "every 2 and 3 steps"))
+        rc = world_fail(w, "a forward over stages apart: %s", zd_error_last());
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int went_back_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (w->rank < 2)
+        return run_shard(w);
+    return su->every1 ? apart_trainer(w) : went_back_trainer(w);
+}
+
+static void test_stage_gone_back_refuses_a_step(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 1, .checkpoint = prefix};
+    world_options_t o = {
+        .world_size = 3, .fn = went_back_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+    su.every1 = 3;
+    assert_int_equal(world_run(&o), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /*  ---- a shard killed and started again ---- */
 
 /*  Kills shard 1 and has its parent start it again once the trainer
@@ -1080,14 +1182,11 @@ static int restart_world(const world_t *w)
     return w->rank == 1 ? restarted_shard(w) : restart_trainer(w);
 }
 
-/*  A world of fn with shard 1 started again `lives` - 1 times, and the
-    stages' checkpoints in a directory of its own. 0, or -1. */
-static int run_restart_world(int (*fn)(const world_t *), int world_size, int lives)
+/*  A world of fn with shard 1 started again `lives` - 1 times, the
+    stages' checkpoints at prefix. 0, or -1. */
+static int run_restart_world_at(int (*fn)(const world_t *), int world_size, int lives,
+                                const char *prefix)
 {
-    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
-    if (!mkdtemp(dir))
-        return -1;
-    snprintf(prefix, sizeof prefix, "%s/ck", dir);
     setup_t su = {.n_trainers = world_size - 2, .checkpoint = prefix, .lives = lives};
     if (pipe2(su.told, O_CLOEXEC) < 0)
         return -1;
@@ -1096,6 +1195,17 @@ static int run_restart_world(int (*fn)(const world_t *), int world_size, int liv
     int rc = world_run(&o);
     close(su.told[0]);
     close(su.told[1]);
+    return rc;
+}
+
+/*  The same in a directory of its own. */
+static int run_restart_world(int (*fn)(const world_t *), int world_size, int lives)
+{
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    int rc = run_restart_world_at(fn, world_size, lives, prefix);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     return system(cmd) == 0 ? rc : -1;
 }
@@ -1158,10 +1268,25 @@ static int early_world(const world_t *w)
     return w->rank == 1 ? restarted_shard(w) : early_trainer(w);
 }
 
+/*  The same where an earlier run left its generations (versions 4 and
+    2): the new run sets them aside when it starts, and the restarted
+    stage resumes from the new run's version 0, not from them. */
 static void test_shard_restarted_before_a_checkpoint(void **state)
 {
     (void)state;
     assert_int_equal(run_restart_world(early_world, 3, 2), 0);
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], path[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 1, .checkpoint = prefix};
+    world_options_t o = {
+        .world_size = 3, .fn = ckpt_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+    assert_int_equal(run_restart_world_at(early_world, 3, 2, prefix), 0);
+    snprintf(path, sizeof path, "%s.shard1.earlier", prefix);
+    assert_int_equal(access(path, F_OK), 0);
+    snprintf(path, sizeof path, "rm -rf %s", dir);
+    assert_int_equal(system(path), 0);
 }
 
 /*  ---- a restart, and a trainer that did not see it ---- */
@@ -1346,6 +1471,7 @@ int main(void)
         cmocka_unit_test(test_refused_and_stopped),
         cmocka_unit_test(test_two_trainers_then_lost),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_stage_gone_back_refuses_a_step),
         cmocka_unit_test(test_shard_restarted),
         cmocka_unit_test(test_restart_unseen_by_a_trainer),
         cmocka_unit_test(test_shard_restarted_before_a_checkpoint),

@@ -334,9 +334,11 @@ typedef struct zd_ps_model_server zd_ps_model_server_t;
     steps it in place) as stage `shard` of n_shards, with opts (NULL: the
     defaults). Installs distributed autograd and the DistributedOptimizer's
     functions and registers the stage's own; call it before zd_rpc_init,
-    free it after zd_rpc_shutdown. A new object
-    (zd_ps_model_server_free), or NULL (ZD_ERR_ARGUMENT: a bad shard, a
-    stage without forward, bad options; a registration's error). */
+    free it after zd_rpc_shutdown. With checkpoint_path and nothing to
+    resume it writes the stage's version 0 there (an earlier run's files
+    renamed ".earlier" first). A new object (zd_ps_model_server_free), or
+    NULL (ZD_ERR_ARGUMENT: a bad shard, a stage without forward, bad
+    options; a checkpoint file's or a registration's error). */
 ZD_API zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
                                                     const zd_ps_options_t *opts);
 
@@ -385,15 +387,19 @@ ZD_API zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards,
 /*  Runs the model's forward on the n_in inputs (borrowed), stage after
     stage, each call up to timeout_ms (default zd_rpc_get_timeout()), and
     gives the last stage's first n_out outputs in out (new references).
-    Recorded by distributed autograd inside a context. 0, or -1 with out
-    NULL: the codes above, the text naming the stage's shard
-    (ZD_ERR_PEER also for a stage started again, or gone back to a
-    checkpoint, since this trainer's optimizer was made). */
+    Recorded by distributed autograd inside a context. The first forward,
+    and the first after ZD_ERR_PEER, first bring the stages to one
+    generation (zd_ps_model_wait_shards). 0, or -1 with out NULL: the
+    codes above, the text naming the stage's shard (ZD_ERR_PEER also for
+    a stage started again, or gone back to a checkpoint, since this
+    trainer's optimizer was made). */
 ZD_API int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in,
                                zd_tensor_t **out, int n_out, int64_t timeout_ms);
 
 /*  Steps every stage's parameters with the gradients of context_id, on
-    their shards (zd_dist_optim_step). 0, or -1 naming the shard. */
+    their shards (zd_dist_optim_step). 0, or -1 naming the shard
+    (ZD_ERR_PEER also for a stage gone back to a checkpoint since the
+    batch's forward, which refuses the step). */
 ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
 
 /*  Waits until every shard is a live member of the world (after
@@ -407,8 +413,9 @@ ZD_API int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id);
     over its parameters (its state, momentum, starts over). 0, or -1:
     ZD_ERR_TIMEOUT (the shard not back, named; the stages kept changing),
     ZD_ERR_NOT_INITIALIZED, ZD_ERR_ARGUMENT (NULL; a stage without that
-    generation, or of 1.0, named), or a call's error (ZD_ERR_PEER,
-    ZD_ERR_STOPPED, ZD_ERR_REMOTE, ZD_ERR_NO_MEMORY). */
+    generation, or of 1.0, named; stages of different checkpoint_every),
+    or a call's error (ZD_ERR_PEER, ZD_ERR_STOPPED, ZD_ERR_REMOTE,
+    ZD_ERR_NO_MEMORY). */
 ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
 
 /*  Sets where the trainer is in its data (the batch it computes next,
