@@ -943,9 +943,10 @@ static int went_back_trainer(const world_t *w)
             zd_value_unref(v);
             v = NULL;
             if (rc == 0 &&
-                (zd_rpc_sync(0, "__zd_psm_back_0",
-                             ZD_ARGS(instance, (int64_t)1, (int64_t)12345, (int64_t)0, (int64_t)0),
-                             ZD_TIMEOUT_DEFAULT, &v) < 0 ||
+                (zd_rpc_sync_take(
+                     0, "__zd_psm_back_0",
+                     ZD_ARGS(instance, (int64_t)1, (int64_t)12345, (int64_t)0, (int64_t)0),
+                     ZD_TIMEOUT_DEFAULT, &v) < 0 ||
                  zd_rpc_arg_int(v, 0, &code) < 0 || code != ZD_OK))
                 rc = world_fail(w, "sending stage 0 back: %s (code %lld)", zd_error_last(),
                                 (long long)code);
