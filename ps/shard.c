@@ -597,6 +597,11 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
             zd_error_wrap("zd_ps_server_new: shard %d", shard);
             goto fail;
         }
+    } else if (s->ckpt_path) {
+        /* a new run: an earlier run's files there, newer than this run's
+           first ones, must not be what a restart resumes from */
+        zd__ps_ckpt_t c = ckpt_of(s);
+        zd__ps_checkpoint_set_aside(&c);
     }
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;

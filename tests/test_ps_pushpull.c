@@ -826,6 +826,15 @@ static void test_checkpoint_resume(void **state)
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
     zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 2, &sgd, &o);
     assert_null(srv);
+    /* A new run (no resume) there sets the earlier run's files aside: a
+       restart before its own checkpoints must not resume from them. */
+    o.resume = false;
+    assert_non_null(srv = zd_ps_server_new_module(m, 0, 1, &sgd, &o));
+    zd_ps_server_free(srv);
+    char aside[320];
+    snprintf(aside, sizeof aside, "%s.earlier", cur);
+    assert_int_equal(access(cur, F_OK), -1);
+    assert_int_equal(access(aside, F_OK), 0);
     zd_nn_module_free(m);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
