@@ -280,6 +280,36 @@ static int remote_step(const world_t *w, zd_ps_model_t *model, int trainer, int 
     return 0;
 }
 
+/*  The model trained locally, to hold the shards' stages against: both
+    stages and SGD over their parameters. */
+typedef struct {
+    zd_nn_module_t *stage[2];
+    zd_optim_t *opt;
+} local_model_t;
+
+static void local_model_free(local_model_t *l)
+{
+    zd_optim_free(l->opt);
+    zd_nn_module_free(l->stage[0]);
+    zd_nn_module_free(l->stage[1]);
+}
+
+/*  0, or -1 with nothing held. */
+static int local_model_new(local_model_t *l, const zd_optim_config_t *sgd)
+{
+    *l = (local_model_t){.stage = {make_stage(0), make_stage(1)}};
+    if (l->stage[0] && l->stage[1]) {
+        zd_tensor_t *params[4] = {
+            zd_nn_module_param(l->stage[0], 0), zd_nn_module_param(l->stage[0], 1),
+            zd_nn_module_param(l->stage[1], 0), zd_nn_module_param(l->stage[1], 1)};
+        l->opt = zd_optim_new(sgd, params, 4);
+    }
+    if (l->opt)
+        return 0;
+    local_model_free(l);
+    return -1;
+}
+
 /*  The same step on the local copy (stages[0..1]) with autograd and SGD. */
 static int local_step(zd_nn_module_t **stages, zd_optim_t *opt, int step, float *loss)
 {
@@ -346,12 +376,11 @@ static int exact_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
     zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
-    WCHECK(model && local[0] && local[1]);
-    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
-                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
-    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
-    WCHECK(opt);
+    local_model_t lm;
+    WCHECK(model);
+    WTRY(local_model_new(&lm, &sgd));
+    zd_nn_module_t **local = lm.stage;
+    zd_optim_t *opt = lm.opt;
     WTRY(join(w));
     int rc = 0;
     for (int step = 0; rc == 0 && step < N_STEPS; step++) {
@@ -375,9 +404,7 @@ static int exact_trainer(const world_t *w)
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_optim_free(opt);
-    zd_nn_module_free(local[0]);
-    zd_nn_module_free(local[1]);
+    local_model_free(&lm);
     return rc;
 }
 
@@ -820,13 +847,12 @@ static int64_t stage_position(int s)
 static int resumed_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
-    WCHECK(local[0] && local[1]);
-    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
-                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
-    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
+    local_model_t lm;
+    WTRY(local_model_new(&lm, &sgd));
+    zd_nn_module_t **local = lm.stage;
+    zd_optim_t *opt = lm.opt;
     zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    WCHECK(opt && model);
+    WCHECK(model);
     WTRY(join(w));
     int rc = 0;
     float loss;
@@ -875,9 +901,7 @@ static int resumed_trainer(const world_t *w)
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_optim_free(opt);
-    zd_nn_module_free(local[0]);
-    zd_nn_module_free(local[1]);
+    local_model_free(&lm);
     return rc;
 }
 
@@ -1081,13 +1105,12 @@ static int recover_at(const world_t *w, zd_ps_model_t *model, int64_t want, int6
 static int restart_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
-    WCHECK(local[0] && local[1]);
-    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
-                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
-    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
+    local_model_t lm;
+    WTRY(local_model_new(&lm, &sgd));
+    zd_nn_module_t **local = lm.stage;
+    zd_optim_t *opt = lm.opt;
     zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    WCHECK(opt && model);
+    WCHECK(model);
     WTRY(join(w));
     int rc = 0;
     float loss;
@@ -1129,9 +1152,7 @@ static int restart_trainer(const world_t *w)
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_optim_free(opt);
-    zd_nn_module_free(local[0]);
-    zd_nn_module_free(local[1]);
+    local_model_free(&lm);
     return rc;
 }
 
@@ -1225,13 +1246,12 @@ static void test_shard_restarted(void **state)
 static int early_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
-    zd_nn_module_t *local[2] = {make_stage(0), make_stage(1)};
-    WCHECK(local[0] && local[1]);
-    zd_tensor_t *params[4] = {zd_nn_module_param(local[0], 0), zd_nn_module_param(local[0], 1),
-                              zd_nn_module_param(local[1], 0), zd_nn_module_param(local[1], 1)};
-    zd_optim_t *opt = zd_optim_new(&sgd, params, 4);
+    local_model_t lm;
+    WTRY(local_model_new(&lm, &sgd));
+    zd_nn_module_t **local = lm.stage;
+    zd_optim_t *opt = lm.opt;
     zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
-    WCHECK(opt && model);
+    WCHECK(model);
     WTRY(join(w));
     int rc = step_at(w, model, 0);
     float loss;
@@ -1256,9 +1276,7 @@ static int early_trainer(const world_t *w)
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_optim_free(opt);
-    zd_nn_module_free(local[0]);
-    zd_nn_module_free(local[1]);
+    local_model_free(&lm);
     return rc;
 }
 
