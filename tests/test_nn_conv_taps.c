@@ -315,6 +315,9 @@ static void test_ops_match_im2col(void **state)
         {POOL, 2, 3, 9, 9, 18, 3, 3, 0, false, 2, 2, 1},  /* input gradient only */
         {POOL, 2, 8, 10, 10, 70, 3, 3, 1, true, 0, 0, 0}, /* two blocks of output channels */
         {POOL, 1, 4, 9, 9, 130, 3, 3, 0, false, 3, 2, 0}, /* three, overlapping windows */
+        /* rows of 85 x 16 floats: the weight gradient sums 2 rows of windows
+           at a time, then the fifth alone */
+        {POOL, 2, 16, 13, 85, 6, 3, 3, 0, true, 2, 2, 0},
         /* shapes Winograd's forward pass takes (3x3, C >= 16, O >= 32) */
         {PLAIN, 2, 16, 10, 9, 32, 3, 3, 1, true, 0, 0, 0},
         {RELU, 2, 20, 12, 12, 40, 3, 3, 0, true, 0, 0, 0},
