@@ -336,6 +336,11 @@ static int run_node(zd_autograd_task_t *t, task_entry_t *e)
         rc = zd_error_wrap("autograd: %s failed", n->ops->name);
         goto done;
     }
+    /* Let go of the outputs' gradients first: a node that passes one on as
+       an input's (a snapshot's, an identity) then hands a leaf a gradient
+       nobody else holds, which it keeps instead of copying. */
+    for (int i = 0; i < n->n_outputs; i++)
+        zd_tensor_unref_p(&e->grads[i]);
     for (int j = 0; j < n->n_inputs && rc == 0; j++) {
         const zd_autograd_edge_t *edge = &n->edges[j];
         if (edge->leaf && gin[j]) {
