@@ -43,8 +43,9 @@
     has finished, failed or was lost; it prints each trainer's failure,
     loss and rejoin.
     The test set is read from data_dir (NULL: the default place) when the
-    first evaluation runs. Call before zd_rpc_init. Prints the split to out.
-    Returns 0, or -1. */
+    first evaluation runs. Call after zd_dist_optim_init (it removes the
+    backward guard that installs: the forwards run on copies) and before
+    zd_rpc_init. Prints the split to out. Returns 0, or -1. */
 int ps_net_serve(int shard, int num_shards, uint64_t seed, bool dropout, const char *data_dir,
                  FILE *out);
 
