@@ -849,6 +849,7 @@ typedef struct {
     int rounds;         /* the trainer trains up to this round */
     int64_t resumed[2]; /* each shard's own newest readable version */
     int64_t agreed;     /* the version they must agree on (-1: they cannot) */
+    bool new_run;       /* shards made without resume */
 } gen_setup_t;
 
 static zd_ps_options_t gen_options(const gen_setup_t *gs)
@@ -857,7 +858,7 @@ static zd_ps_options_t gen_options(const gen_setup_t *gs)
     o.mode = ZD_PS_SYNC;
     o.checkpoint_path = gs->prefix;
     o.checkpoint_every = 2;
-    o.resume = true;
+    o.resume = !gs->new_run;
     return o;
 }
 
@@ -1250,6 +1251,107 @@ static void test_sync_shard_restarted(void **state)
     assert_int_equal(rc, 0);
 }
 
+/*  ---- a run first started without resume, a shard restarted before
+    the first checkpoint ---- */
+
+/*  Shard 1 (rank 2): a new run's shard, then one made with resume. */
+static int new_run_shard_life(const world_t *w, int k)
+{
+    gen_setup_t gs = *(const gen_setup_t *)w->arg;
+    world_t again = *w;
+    again.arg = &gs;
+    gs.new_run = k == 0;
+    return gen_shard_mortal(&again);
+}
+
+/*  One round (both shards at version 1; their first checkpoint is at 2),
+    then shard 1 killed and started with resume, the trainer calling
+    nothing meanwhile: shard 1 resumes the version 0 it wrote when the
+    run began, and the trainer's next pull sends shard 0 back to its own
+    version 0. Without that file (a new run wrote none before) shard 0
+    would hold no generation to go back to, and the run could not go
+    on. */
+static int new_run_trainer(const world_t *w)
+{
+    const gen_setup_t *gs = w->arg;
+    zd_ps_options_t o = gen_options(gs);
+    int ranks[2] = {1, 2};
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 2, &o);
+    WCHECK(ps);
+    WTRY(zd_rpc_register_peer_joined(count_rejoin, NULL));
+    WTRY(join(w));
+    int rc = 0;
+    const char *bad;
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(m, 0, 0) < 0 ||
+        zd_ps_client_set_position(ps, 101) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "round 0: %s", zd_error_last());
+    int joins = atomic_load(&g_rejoined);
+    if (rc == 0)
+        rc = kill_and_restart_shard_1(w, gs);
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000);
+         rc == 0 && atomic_load(&g_rejoined) == joins;)
+        if (world_now_ms() > until)
+            rc = world_fail(w, "shard 1 did not rejoin");
+        else
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000); rc == 0;) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
+            break;
+        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
+            rc = world_fail(w, "pull after the restart: %s", zd_error_last());
+        else
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    if (rc == 0 && (zd_ps_client_version(ps, 0) != 0 || zd_ps_client_version(ps, 1) != 0))
+        rc = world_fail(w, "versions %lld and %lld after the restart, not 0 and 0",
+                        (long long)zd_ps_client_version(ps, 0),
+                        (long long)zd_ps_client_version(ps, 1));
+    else if (rc == 0 && (bad = differs(m, want)))
+        rc = world_fail(w, "%s is not the initial one", bad);
+    else if (rc == 0 && zd_ps_client_rollbacks(ps) != 1)
+        rc = world_fail(w, "%lld rollbacks seen, not 1", (long long)zd_ps_client_rollbacks(ps));
+    /* the round again, exactly */
+    sgd_mean(want, 1, 0);
+    if (rc == 0 &&
+        (set_grads(m, 0, 0) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0 ||
+         zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0))
+        rc = world_fail(w, "round 0 again: %s", zd_error_last());
+    else if (rc == 0 && (bad = differs(m, want)))
+        rc = world_fail(w, "after round 0 again: %s differs", bad);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int new_run_world(const world_t *w)
+{
+    if (w->rank == 0)
+        return new_run_trainer(w);
+    return w->rank == 1 ? gen_shard(w) : serve_lives(w, 2, new_run_shard_life);
+}
+
+static void test_sync_new_run_restarted_before_checkpoint(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_gen_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    gen_setup_t gs = {.new_run = true};
+    snprintf(gs.prefix, sizeof gs.prefix, "%s/ps", dir);
+    assert_int_equal(pipe2(gs.told, O_CLOEXEC), 0);
+    world_options_t o = {
+        .world_size = 3, .fn = new_run_world, .arg = &gs, .own_init = true, .timeout_s = 90};
+    int rc = world_run(&o);
+    close(gs.told[0]);
+    close(gs.told[1]);
+    gen_remove(dir);
+    assert_int_equal(rc, 0);
+}
+
 /*  ---- a synchronous shard started again after a trainer was lost ---- */
 
 static zd_ps_options_t known_options(const gen_setup_t *gs)
@@ -1443,6 +1545,7 @@ int main(void)
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_sync_shards_one_generation),
         cmocka_unit_test(test_sync_shard_restarted),
+        cmocka_unit_test(test_sync_new_run_restarted_before_checkpoint),
         cmocka_unit_test(test_sync_shard_restarted_knows_lost_trainers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -46,7 +46,9 @@
     a trainer's zd_ps_client_wait_shards (after the loss), its next pull
     (a shard that died and came back unseen) or
     zd_ps_client_resume_position (before the resumed run's first step)
-    sends the others back to that version's checkpoint.
+    sends the others back to that version's checkpoint. A synchronous
+    shard of a new run writes its version 0 when it is made, so that one
+    started again before the first checkpoint can be joined at 0.
 
     Every push is checked on the shard before anything changes: names it
     serves, each once, all of them, float32 of the served shapes, finite
