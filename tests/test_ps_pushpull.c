@@ -835,6 +835,12 @@ static void test_checkpoint_resume(void **state)
     snprintf(aside, sizeof aside, "%s.earlier", cur);
     assert_int_equal(access(cur, F_OK), -1);
     assert_int_equal(access(aside, F_OK), 0);
+    /* A synchronous one writes its version 0 at once: a path it cannot
+       write fails it, by name. */
+    o.mode = ZD_PS_SYNC;
+    o.checkpoint_path = "/proc/zd_no_such_dir/ps";
+    assert_null(zd_ps_server_new_module(m, 0, 1, &sgd, &o));
+    assert_non_null(strstr(zd_error_last(), "/proc/zd_no_such_dir/ps"));
     zd_nn_module_free(m);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
