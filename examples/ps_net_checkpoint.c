@@ -434,6 +434,28 @@ static int check_other_shards(int64_t want)
     return 0;
 }
 
+typedef struct {
+    zd_named_tensors_t *tensors;
+    const char *path;
+} load_t;
+
+/*  zd_checkpoint_load into the shard's parameters, run as a step
+    (zd_dist_optim_update_params): a rollback while other trainers train
+    is then never seen half loaded by a step, a forward's copy or an
+    evaluation. It answers 0, "unchanged", on purpose: the step count
+    then stays, and the trainers' DistributedOptimizers stay good (a
+    rollback is the whole world's, each trainer going back to its
+    position). The count's one use here, the forwards' shared copies, is
+    told instead: they are of the weights before. */
+static int load_params(void *arg)
+{
+    const load_t *l = arg;
+    if (zd_checkpoint_load(l->tensors, l->path) < 0)
+        return -1;
+    ps_net_snapshot_drop();
+    return 0;
+}
+
 /*  Loads this shard's file of generation want (its current file, or the
     one kept as .prev when a checkpoint did not reach shard 0), or its
     current file when want is -1. Refuses (naming the files) when it has
@@ -459,7 +481,9 @@ static int load_generation(int64_t want)
                "shard 0: resuming from %s (generation %lld)\n",
                ps_shard.shard, ck.prefix, ps_shard.shard, (long long)cur, path, (long long)want);
     shard_file_t f;
-    int rc = shard_file_init(&f) < 0 ? -1 : zd_checkpoint_load(f.tensors, path);
+    int rc = shard_file_init(&f) < 0
+        ? -1
+        : zd_dist_optim_update_params(load_params, &(load_t){f.tensors, path});
     const int64_t *got = f.config && rc == 0 ? zd_tensor_data_i64(f.config) : NULL;
     if (got && memcmp(got, ck.config, sizeof ck.config) != 0)
         rc =

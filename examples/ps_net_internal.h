@@ -54,6 +54,10 @@ int ps_net_forward(zd_tensor_t *x, bool training, zd_tensor_t **out);
 int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t **out);
 /*  Drops the shared copies (ps_net_free). */
 void ps_net_snapshot_free(void);
+/*  Forgets the shared copies, the parameters having changed without a
+    step (a checkpoint loaded into them): the next forward copies them
+    again. Called under the parameters' write lock. */
+void ps_net_snapshot_drop(void);
 
 /*  relu(flat fc1_slice^T + b) then dropout: this shard's part of fc1. */
 int ps_net_fc1_part(zd_tensor_t *flat, bool training, zd_tensor_t **out);

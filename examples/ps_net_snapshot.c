@@ -296,17 +296,22 @@ int ps_net_snapshot(const char *const *names, int n, bool training, zd_tensor_t 
     return rc;
 }
 
-void ps_net_snapshot_free(void)
+void ps_net_snapshot_drop(void)
 {
-    pthread_mutex_lock(&shared.lock);
     zd_tensor_t *copies[PS_NET_MAX_PARAMS];
+    pthread_mutex_lock(&shared.lock);
     for (int i = 0; i < PS_NET_MAX_PARAMS; i++) {
         copies[i] = shared.copy[i];
         shared.copy[i] = NULL;
     }
     pthread_mutex_unlock(&shared.lock);
-    for (int i = 0; i < PS_NET_MAX_PARAMS; i++) /* (their buffers come back as spares) */
+    for (int i = 0; i < PS_NET_MAX_PARAMS; i++) /* (a forward using one keeps it) */
         zd_tensor_unref(copies[i]);
+}
+
+void ps_net_snapshot_free(void)
+{
+    ps_net_snapshot_drop(); /* (their buffers come back as spares) */
     pthread_mutex_lock(&shared.spare_lock);
     for (int i = 0; i < PS_NET_MAX_PARAMS; i++)
         while (shared.n_spare[i] > 0)

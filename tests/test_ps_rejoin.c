@@ -16,7 +16,10 @@
       - with two server shards, shard 1 killed mid-training and started
         again with --resume: the trainers wait for it, take their RRefs
         again, every shard goes back to one checkpoint generation, and
-        they finish; both shards' last files are of one generation.
+        they finish; both shards' last files are of one generation;
+      - the same with one trainer and no dropout: the batch after the
+        rollback computes with the checkpoint's weights (its loss is that
+        of a run that never stopped).
     Each case is bounded in time. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -346,6 +349,69 @@ static void test_shard_1_killed_and_restarted_with_resume(void **state)
     world_free(&w);
 }
 
+/*  The line trainer rank r printed for batch b after `after` in text
+    ("Rank r training batch b loss X"), into line (of size), or fails. */
+static void batch_line(const char *text, const char *after, int r, int b, char *line, size_t size)
+{
+    const char *from = after ? strstr(text, after) : text;
+    assert_non_null(from);
+    char key[64];
+    snprintf(key, sizeof key, "Rank %d training batch %d loss ", r, b);
+    const char *p = strstr(from, key);
+    assert_non_null(p);
+    snprintf(line, size, "%.*s", (int)strcspn(p, "\n"), p);
+}
+
+/*  One trainer, two shards, no dropout: the run is deterministic. Shard
+    1 killed after the checkpoint of batch 20 and started again with
+    --resume; shard 0, which ran on, loads that generation back, and the
+    trainer goes on from batch 20. Batch 20's loss must then be the one
+    a run that never stopped computed for it, to the printed digit:
+    shard 0's forwards work on a shared copy of its parameters, which
+    must be taken again after the load (it was not: the step count does
+    not move in a rollback, and the copy of before served on). */
+static void test_rollback_serves_the_checkpoint_weights(void **state)
+{
+    (void)state;
+    enum { SHARDS = 2, N = 3 };
+    static const char *const flags[] = {"--max_batches=30", "--num_servers=2", "--no_dropout",
+                                        "--log_interval=1", NULL};
+    static const char *const resume[] = {"--max_batches=30", "--num_servers=2", "--no_dropout",
+                                         "--log_interval=1", "--resume",        NULL};
+    char want[128], got[128];
+    world_procs_t w;
+    world_init_n(&w, N);
+    double deadline = program_now_s() + 300;
+    for (int r = 0; r < N; r++)
+        start_rank(&w, r, flags);
+    world_wait(&w, deadline);
+    for (int r = 0; r < N; r++)
+        assert_int_equal(w.rc[r], 0);
+    batch_line(out(&w, 2), NULL, 2, 20, want, sizeof want);
+    world_free(&w);
+
+    world_init_n(&w, N);
+    deadline = program_now_s() + 300;
+    start_rank(&w, 0, flags);
+    /* shard 1's 25th forward is the trainer's 25th batch */
+    setenv("ZDIST_FAULT", "1:forward:kill:25", 1);
+    start_rank(&w, 1, flags);
+    unsetenv("ZDIST_FAULT");
+    start_rank(&w, 2, flags);
+    assert_int_equal(program_wait(&w.p[1], deadline), 128 + SIGKILL);
+    free(w.p[1].out);
+    w.p[1].out = NULL;
+    start_rank(&w, 1, resume);
+    world_wait(&w, deadline);
+    for (int r = 0; r < N; r++)
+        assert_int_equal(w.rc[r], 0);
+    assert_non_null(strstr(out(&w, 2), "going on from batch 20 "));
+    batch_line(out(&w, 2), "going on from batch 20 ", 2, 20, got, sizeof got);
+    printf("never stopped: %s\nrolled back:   %s\n", want, got);
+    assert_string_equal(got, want);
+    world_free(&w);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -353,6 +419,7 @@ int main(void)
         cmocka_unit_test(test_server_killed_and_restarted_with_resume),
         cmocka_unit_test(test_server_killed_and_not_back_trainers_fail),
         cmocka_unit_test(test_shard_1_killed_and_restarted_with_resume),
+        cmocka_unit_test(test_rollback_serves_the_checkpoint_weights),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
