@@ -590,25 +590,19 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
            others cannot then be of a later generation unnoticed */
         s->fresh = true;
         s->epoch = 1;
-        /* A synchronous shard of a new run writes its version 0: one
-           started again before the first checkpoint can then be joined
-           by the others going back to it. */
-        if (r == -1 && o.mode == ZD_PS_SYNC && write_checkpoint(s) < 0) {
-            zd_error_wrap("zd_ps_server_new: shard %d", shard);
-            goto fail;
-        }
     } else if (s->ckpt_path) {
         /* a new run: an earlier run's files there, newer than this run's
            first ones, must not be what a restart resumes from */
         zd__ps_ckpt_t c = ckpt_of(s);
         zd__ps_checkpoint_set_aside(&c);
-        /* and, synchronous, its version 0 as above: a run first started
-           without resume (an operator's --resume comes with the restart)
-           has a generation to go back to before its first checkpoint */
-        if (o.mode == ZD_PS_SYNC && write_checkpoint(s) < 0) {
-            zd_error_wrap("zd_ps_server_new: shard %d", shard);
-            goto fail;
-        }
+    }
+    /* A synchronous shard of a new run (made with resume or not: an
+       operator's --resume comes with the restart) writes its version 0:
+       one started again before the first checkpoint can then be joined
+       by the others going back to it. */
+    if (s->ckpt_path && s->ckpt_version < 0 && o.mode == ZD_PS_SYNC && write_checkpoint(s) < 0) {
+        zd_error_wrap("zd_ps_server_new: shard %d", shard);
+        goto fail;
     }
     zd_rpc_function_t push = zd_rpc_function_default();
     push.async_fn = serve_push;
