@@ -1121,6 +1121,36 @@ static int kill_and_restart_shard_1(const world_t *w, const gen_setup_t *gs)
     return 0;
 }
 
+/*  A pull once a shard just started again takes calls (it fails with
+    ZD_ERR_PEER while the shard's connections are being made), up to 30
+    s. 0, or world_fail's naming `what`. */
+static int pull_when_back(const world_t *w, zd_ps_client_t *ps, const char *what)
+{
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000);;) {
+        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
+            return 0;
+        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
+            return world_fail(w, "pull after %s: %s", what, zd_error_last());
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+}
+
+/*  Shard 1 killed and started again while the trainer calls nothing
+    (count_rejoin registered): waits until the trainer saw it rejoin,
+    then pulls (pull_when_back). 0, or world_fail's. */
+static int restart_shard_1_unseen(const world_t *w, const gen_setup_t *gs, zd_ps_client_t *ps)
+{
+    int joins = atomic_load(&g_rejoined);
+    int rc = kill_and_restart_shard_1(w, gs);
+    for (int64_t until = world_now_ms() + world_scaled_ms(30000);
+         rc == 0 && atomic_load(&g_rejoined) == joins;)
+        if (world_now_ms() > until)
+            rc = world_fail(w, "shard 1 did not rejoin");
+        else
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    return rc == 0 ? pull_when_back(w, ps, "the unseen restart") : rc;
+}
+
 /*  Five rounds (both shards write versions 2 and 4), shard 1 killed; the
     sixth round reaches shard 0 only (version 6, written), and fails with
     ZD_ERR_PEER. Shard 1 started again resumes at 4; the trainer's wait
@@ -1198,25 +1228,8 @@ static int restart_gen_trainer(const world_t *w)
     /* round 6: both at 7; then the restart the trainer does not see */
     if (rc == 0 && (set_grads(m, 0, 6) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0))
         rc = world_fail(w, "round 6: %s", zd_error_last());
-    int joins = atomic_load(&g_rejoined);
     if (rc == 0)
-        rc = kill_and_restart_shard_1(w, gs);
-    for (int64_t until = world_now_ms() + world_scaled_ms(30000);
-         rc == 0 && atomic_load(&g_rejoined) == joins;)
-        if (world_now_ms() > until)
-            rc = world_fail(w, "shard 1 did not rejoin the second time");
-        else
-            nanosleep(&(struct timespec){0, 10000000}, NULL);
-    /* just back, shard 1 may not take calls yet (its connections are
-       being made): a pull fails with ZD_ERR_PEER meanwhile */
-    for (int64_t until = world_now_ms() + world_scaled_ms(30000); rc == 0;) {
-        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
-            break;
-        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
-            rc = world_fail(w, "pull after the unseen restart: %s", zd_error_last());
-        else
-            nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+        rc = restart_shard_1_unseen(w, gs, ps);
     if (rc == 0 && (zd_ps_client_version(ps, 0) != 6 || zd_ps_client_version(ps, 1) != 6))
         rc = world_fail(w, "versions %lld and %lld after the unseen restart, not 6 and 6",
                         (long long)zd_ps_client_version(ps, 0),
@@ -1293,23 +1306,8 @@ static int new_run_trainer(const world_t *w)
     if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(m, 0, 0) < 0 ||
         zd_ps_client_set_position(ps, 101) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
         rc = world_fail(w, "round 0: %s", zd_error_last());
-    int joins = atomic_load(&g_rejoined);
     if (rc == 0)
-        rc = kill_and_restart_shard_1(w, gs);
-    for (int64_t until = world_now_ms() + world_scaled_ms(30000);
-         rc == 0 && atomic_load(&g_rejoined) == joins;)
-        if (world_now_ms() > until)
-            rc = world_fail(w, "shard 1 did not rejoin");
-        else
-            nanosleep(&(struct timespec){0, 10000000}, NULL);
-    for (int64_t until = world_now_ms() + world_scaled_ms(30000); rc == 0;) {
-        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
-            break;
-        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
-            rc = world_fail(w, "pull after the restart: %s", zd_error_last());
-        else
-            nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+        rc = restart_shard_1_unseen(w, gs, ps);
     if (rc == 0 && (zd_ps_client_version(ps, 0) != 0 || zd_ps_client_version(ps, 1) != 0))
         rc = world_fail(w, "versions %lld and %lld after the restart, not 0 and 0",
                         (long long)zd_ps_client_version(ps, 0),
@@ -1440,15 +1438,8 @@ static int known_trainer(const world_t *w)
         rc = world_fail(w, "cannot tell the shard's parent: %s", strerror(errno));
     if (rc == 0 && zd_ps_client_wait_shards(ps, world_scaled_ms(30000)) < 0)
         rc = world_fail(w, "the shard not back: %s", zd_error_last());
-    /* just back, the shard may not take calls yet */
-    for (int64_t until = world_now_ms() + world_scaled_ms(30000); rc == 0;) {
-        if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) == 0)
-            break;
-        if (zd_error_code() != ZD_ERR_PEER || world_now_ms() > until)
-            rc = world_fail(w, "pull after the restart: %s", zd_error_last());
-        else
-            nanosleep(&(struct timespec){0, 10000000}, NULL);
-    }
+    if (rc == 0)
+        rc = pull_when_back(w, ps, "the restart");
     if (rc == 0 && zd_ps_client_version(ps, 0) != 6)
         rc = world_fail(w, "the shard resumed at %lld, not 6",
                         (long long)zd_ps_client_version(ps, 0));
