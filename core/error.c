@@ -9,9 +9,14 @@
 static _Thread_local char last_error[ERROR_MAX];
 static _Thread_local zd_error_code_t last_code;
 
+/*  Formats into a copy first: callers pass zd_error_last() among the
+    arguments ("...: %s", zd_error_last()), and vsnprintf must not read
+    the buffer it writes. */
 static void set_text(const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    char text[ERROR_MAX];
+    vsnprintf(text, sizeof text, fmt, ap);
+    memcpy(last_error, text, strlen(text) + 1);
 }
 
 int zd_error_set(const char *fmt, ...)

@@ -6,7 +6,8 @@
     zd_dist_autograd_init() (the call fails, naming the missing call,
     instead of losing the gradients), or owns parameters of a
     DistributedOptimizer without zd_dist_optim_init(). Also: zd_error_wrap keeps the code,
-    and zd_rpc_set_timeout changes the default of later calls. */
+    a new error may quote the last one (zd_error_last() among its
+    arguments), and zd_rpc_set_timeout changes the default of later calls. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -185,6 +186,16 @@ static void test_not_running_and_wrap(void **state)
     assert_int_equal(zd_error_code(), ZD_OK);
     zd_error_wrap("nothing before");
     assert_int_equal(zd_error_code(), ZD_ERR_OTHER);
+    /* The last error among the new one's arguments (its buffer is the one
+       written): it reads as it was, once. */
+    zd_error_set("tensor %s has shape %s", "conv1.weight", "(32, 1, 3, 3)");
+    zd_error_set_code(ZD_ERR_REMOTE, "shard %d answered badly: %s", 0, zd_error_last());
+    assert_string_equal(zd_error_last(),
+                        "shard 0 answered badly: tensor conv1.weight has shape (32, 1, 3, 3)");
+    zd_error_set("%s, and more", zd_error_last());
+    assert_string_equal(zd_error_last(),
+                        "shard 0 answered badly: tensor conv1.weight has shape (32, 1, 3, 3), and "
+                        "more");
     zd_error_clear();
 }
 
