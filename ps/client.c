@@ -384,47 +384,49 @@ static void shard_calls_free(const zd_ps_client_t *c, shard_calls_t *k)
     free(k->versions);
 }
 
+/*  The parameters every shard answered (a pull's, or a push_pull's) into
+    the replica, and their versions; *unequal: synchronous shards answered
+    different versions. Everything is checked before the replica changes:
+    0, or -1 with it unchanged. */
+static int take_params(zd_ps_client_t *c, const char *what, shard_calls_t *k, bool *unequal)
+{
+    for (int s = 0; s < c->n_shards; s++) {
+        for (int i = 0; i < c->n; i++)
+            c->of_shard[i] = c->shard_of[i] == s;
+        zd_tensor_t **got = calloc((size_t)c->n, sizeof *got);
+        if (!got)
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: %s: out of memory", what);
+        int bad = zd__ps_read_pairs(zd_future_value(k->fs[s]), 3, c->names, c->ts, c->of_shard,
+                                    c->n, got);
+        for (int i = 0; i < c->n; i++)
+            if (c->of_shard[i])
+                c->got[i] = got[i];
+        free(got);
+        if (bad < 0)
+            return zd_error_set_code(ZD_ERR_REMOTE, "ps: %s: shard %d (rank %d) answered badly: %s",
+                                     what, s, c->ranks[s], zd_error_last());
+    }
+    for (int i = 0; i < c->n; i++)
+        if (zd_tensor_copy_(c->ts[i], c->got[i]) < 0)
+            return -1;
+    bool back = false;
+    for (int s = 0; s < c->n_shards; s++) {
+        back = back || k->versions[s] < c->seen[s];
+        *unequal = *unequal || k->versions[s] != k->versions[0];
+        c->version[s] = c->seen[s] = k->versions[s];
+    }
+    c->rollbacks += back;
+    return 0;
+}
+
 /*  One pull; *unequal: synchronous shards answered different versions. */
 static int pull_once(zd_ps_client_t *c, int64_t timeout_ms, bool *unequal)
 {
     shard_calls_t k;
     int rc = -1;
-    if (shard_calls_new(c, "zd_ps_client_pull", &k) < 0 ||
-        shard_calls_run(c, "pull", ZD__PS_FN_PULL, call_timeout(timeout_ms), &k) < 0)
-        goto out;
-    /* Everything checked before the replica changes. */
-    for (int s = 0; s < c->n_shards; s++) {
-        for (int i = 0; i < c->n; i++)
-            c->of_shard[i] = c->shard_of[i] == s;
-        zd_tensor_t **got = calloc((size_t)c->n, sizeof *got);
-        if (!got) {
-            zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_client_pull: out of memory");
-            goto out;
-        }
-        int bad =
-            zd__ps_read_pairs(zd_future_value(k.fs[s]), 3, c->names, c->ts, c->of_shard, c->n, got);
-        for (int i = 0; i < c->n; i++)
-            if (c->of_shard[i])
-                c->got[i] = got[i];
-        free(got);
-        if (bad < 0) {
-            zd_error_set_code(ZD_ERR_REMOTE, "ps: pull: shard %d (rank %d) answered badly: %s", s,
-                              c->ranks[s], zd_error_last());
-            goto out;
-        }
-    }
-    for (int i = 0; i < c->n; i++)
-        if (zd_tensor_copy_(c->ts[i], c->got[i]) < 0)
-            goto out;
-    bool back = false;
-    for (int s = 0; s < c->n_shards; s++) {
-        back = back || k.versions[s] < c->seen[s];
-        *unequal = *unequal || k.versions[s] != k.versions[0];
-        c->version[s] = c->seen[s] = k.versions[s];
-    }
-    c->rollbacks += back;
-    rc = 0;
-out:
+    if (shard_calls_new(c, "zd_ps_client_pull", &k) == 0 &&
+        shard_calls_run(c, "pull", ZD__PS_FN_PULL, call_timeout(timeout_ms), &k) == 0)
+        rc = take_params(c, "pull", &k, unequal);
     shard_calls_free(c, &k);
     return rc;
 }
@@ -480,30 +482,54 @@ oom:
     return NULL;
 }
 
-int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms)
+/*  The pushes to every shard, through fn_prefix: 0 with their answers in
+    *k (shard_calls_free it in any case), or -1. */
+static int push_calls(zd_ps_client_t *c, const char *who, const char *what, const char *fn_prefix,
+                      int64_t timeout_ms, shard_calls_t *k)
 {
+    memset(k, 0, sizeof *k);
     if (!c)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_client_push: NULL");
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "%s: NULL", who);
     for (int s = 0; s < c->n_shards; s++)
         if (c->version[s] < 0)
             return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                     "zd_ps_client_push: pull first (shard %d's version is "
-                                     "unknown)",
-                                     s);
-    shard_calls_t k;
-    int rc = -1;
-    if (shard_calls_new(c, "zd_ps_client_push", &k) < 0)
-        goto out;
+                                     "%s: pull first (shard %d's version is unknown)", who, s);
+    if (shard_calls_new(c, who, k) < 0)
+        return -1;
     /* Every gradient is read before anything is sent: a missing one
        sends nothing. */
     for (int s = 0; s < c->n_shards; s++)
-        if (!(k.args[s] = push_args(c, s)))
-            goto out;
-    rc = shard_calls_run(c, "push", ZD__PS_FN_PUSH, call_timeout(timeout_ms), &k);
+        if (!(k->args[s] = push_args(c, s)))
+            return -1;
+    return shard_calls_run(c, what, fn_prefix, call_timeout(timeout_ms), k);
+}
+
+int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    shard_calls_t k;
+    int rc = push_calls(c, "zd_ps_client_push", "push", ZD__PS_FN_PUSH, timeout_ms, &k);
     for (int s = 0; rc == 0 && s < c->n_shards; s++)
         c->seen[s] = k.versions[s] > c->seen[s] ? k.versions[s] : c->seen[s];
-out:
-    shard_calls_free(c, &k);
+    if (c)
+        shard_calls_free(c, &k);
+    return rc;
+}
+
+int zd_ps_client_push_pull(zd_ps_client_t *c, int64_t timeout_ms)
+{
+    shard_calls_t k;
+    bool unequal = false;
+    int rc =
+        push_calls(c, "zd_ps_client_push_pull", "push_pull", ZD__PS_FN_PUSH_PULL, timeout_ms, &k);
+    if (rc == 0)
+        rc = take_params(c, "push_pull", &k, &unequal);
+    if (c)
+        shard_calls_free(c, &k);
+    /* Synchronous shards answered from different rounds (one started
+       again from a checkpoint): a pull brings them to one version, as
+       after a push. */
+    if (rc == 0 && unequal && c->opts.mode == ZD_PS_SYNC && c->n_shards > 1)
+        rc = zd_ps_client_pull(c, timeout_ms);
     return rc;
 }
 

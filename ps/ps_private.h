@@ -14,7 +14,7 @@
 struct zd_ps_server {
     int shard, n_shards;
     zd_ps_options_t opts;
-    char fn_pull[32], fn_push[32], fn_where[32], fn_back[32];
+    char fn_pull[32], fn_push[32], fn_push_pull[32], fn_where[32], fn_back[32];
     int n;                /* tensors served */
     char **names;         /* theirs */
     zd_tensor_t **params; /* the shard's own copies, stepped by opt */
@@ -29,6 +29,7 @@ struct zd_ps_server {
     int n_pushed;          /* pushes in the round (at most 2 x num_trainers) */
     int *pushed_by;        /* their callers' ranks; -1: a process since lost */
     zd_future_t **waiting; /* their answers, completed with the round */
+    bool *fetch;           /* theirs: answered with the parameters (push_pull) */
     /* ZD_PS_SYNC: the trainers this shard has heard from, by rank, and
        how many of them are lost now (not waited for) */
     uint8_t *trainer; /* TRAINER_*; world size entries, made at the first call */
@@ -88,10 +89,11 @@ int zd__ps_gate_hold(zd__ps_gate_t *g, zd_tensor_t **out, int n);
 
 /*  A push/pull shard's functions, each name followed by the shard's
     number (shard.c serves them, client.c calls them). */
-#define ZD__PS_FN_PULL  "__zd_ps_pull_"
-#define ZD__PS_FN_PUSH  "__zd_ps_push_"
-#define ZD__PS_FN_WHERE "__zd_ps_where_"
-#define ZD__PS_FN_BACK  "__zd_ps_back_"
+#define ZD__PS_FN_PULL      "__zd_ps_pull_"
+#define ZD__PS_FN_PUSH      "__zd_ps_push_"
+#define ZD__PS_FN_PUSH_PULL "__zd_ps_pushpull_"
+#define ZD__PS_FN_WHERE     "__zd_ps_where_"
+#define ZD__PS_FN_BACK      "__zd_ps_back_"
 
 /*  The tensors a process gives to serve or to replicate, checked:
     float32, each tensor once (a tied tensor under two names would be

@@ -45,6 +45,58 @@ static void answer(zd_future_t *f, zd_error_code_t code, int64_t version, const 
     zd_value_unref(v);
 }
 
+/*  Copies of the shard's parameters (under the lock), for answers that
+    leave after it is let go: a new array of n new references, or NULL
+    (out of memory). */
+static zd_tensor_t **params_copies(const zd_ps_server_t *s)
+{
+    zd_tensor_t **c = calloc((size_t)s->n, sizeof *c);
+    for (int i = 0; c && i < s->n; i++)
+        if (!(c[i] = zd_tensor_detach_copy(s->params[i]))) {
+            for (int k = 0; k < i; k++)
+                zd_tensor_unref(c[k]);
+            free(c);
+            c = NULL;
+        }
+    return c;
+}
+
+static void copies_free(const zd_ps_server_t *s, zd_tensor_t **c)
+{
+    for (int i = 0; c && i < s->n; i++)
+        zd_tensor_unref(c[i]);
+    free(c);
+}
+
+/*  The answer [code, version, text, name, tensor, ...] of a pull, or of a
+    push_pull taken: a new reference, or NULL. */
+static zd_value_t *params_answer_new(const zd_ps_server_t *s, int64_t version,
+                                     zd_tensor_t *const *copies)
+{
+    zd_value_t *v = answer_new(ZD_OK, version, "");
+    for (int i = 0; v && i < s->n; i++)
+        if (zd_list_append(v, zd_value_string(s->names[i])) < 0 ||
+            zd_list_append(v, zd_value_tensor(copies[i])) < 0) {
+            zd_value_unref(v);
+            v = NULL;
+        }
+    return v;
+}
+
+/*  Completes f with the parameters' answer (or, out of memory, with an
+    error). */
+static void answer_params(const zd_ps_server_t *s, zd_future_t *f, int64_t version,
+                          zd_tensor_t *const *copies)
+{
+    zd_value_t *v = copies ? params_answer_new(s, version, copies) : NULL;
+    if (v)
+        zd_future_set_value(f, v);
+    else
+        zd_future_set_error_code(f, ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory answering",
+                                 s->shard);
+    zd_value_unref(v);
+}
+
 /*  Takes the round's waiting answers out (under the lock): the caller
     completes them once it let the lock go, since completing one sends it. */
 static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n);
@@ -203,9 +255,10 @@ static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t 
     return round_complete(s) ? finish_round(s, done, n_done) : 0;
 }
 
-static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+/*  A push: answered [code, version, text], or with fetch (push_pull),
+    once taken, with the parameters after its step as a pull's answer. */
+static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *s, bool fetch)
 {
-    zd_ps_server_t *s = arg;
     zd_future_t *f = zd_future_new();
     zd_tensor_t **grads = calloc((size_t)s->n, sizeof *grads);
     if (!f || !grads) {
@@ -219,7 +272,9 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     char text[512] = "";
     zd_future_t **done = NULL;
     int n_done = 0;
-    bool reply = true; /* false: f waits for the round */
+    bool reply = true;           /* false: f waits for the round */
+    bool *fetched = NULL;        /* the round's: which answers carry the parameters */
+    zd_tensor_t **copies = NULL; /* the parameters they carry */
     int caller = zd_rpc_call_caller_rank(call);
     /* [version, position (when the trainer set one), name, grad, ...] */
     size_t pairs = zd_value_kind(zd_list_get(args, 1)) == ZD_VALUE_INT ? 2 : 1;
@@ -268,6 +323,7 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         /* a push taken into the round counts; the round's step writes it */
         int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
         zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
+        s->fetch[s->n_pushed] = fetch;
         int rc = sync_push(s, f, caller, grads, &done, &n_done);
         if (rc < 0) {
             code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
@@ -279,15 +335,49 @@ static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         }
     }
     now = s->version;
+    /* the parameters after the step, for the answers that fetch them
+       (take_waiting_into left the round's flags in s->fetch) */
+    bool any = done ? false : reply && fetch && code == ZD_OK;
+    if (done && code == ZD_OK && (fetched = malloc((size_t)n_done * sizeof *fetched))) {
+        memcpy(fetched, s->fetch, (size_t)n_done * sizeof *fetched);
+        for (int i = 0; i < n_done; i++)
+            any = any || fetched[i];
+    }
+    if (any)
+        copies = params_copies(s);
     pthread_mutex_unlock(&s->lock);
     free(grads);
     if (done) {
         /* f is among them when the round is complete (or failed at its step). */
-        answer_all(done, n_done, code, now, text);
+        for (int i = 0; fetched && i < n_done; i++)
+            if (fetched[i]) {
+                answer_params(s, done[i], now, copies);
+                zd_future_unref(done[i]);
+                done[i] = NULL;
+            }
+        int k = 0;
+        for (int i = 0; i < n_done; i++)
+            if (done[i])
+                done[k++] = done[i];
+        answer_all(done, k, code, now, text);
+    } else if (reply && any) {
+        answer_params(s, f, now, copies);
     } else if (reply) {
         answer(f, code, now, text);
     }
+    free(fetched);
+    copies_free(s, copies);
     return f;
+}
+
+static zd_future_t *serve_push(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    return push(call, args, arg, false);
+}
+
+static zd_future_t *serve_push_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    return push(call, args, arg, true);
 }
 
 static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
@@ -305,16 +395,9 @@ static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     }
     /* Copies taken under the lock: a step after the answer leaves cannot
        tear what it carries. */
-    v = answer_new(ZD_OK, s->version, "");
-    for (int i = 0; v && i < s->n; i++) {
-        zd_tensor_t *copy = zd_tensor_detach_copy(s->params[i]);
-        zd_value_t *t = copy ? zd_value_tensor(copy) : NULL;
-        zd_tensor_unref(copy);
-        if (!t || zd_list_append(v, zd_value_string(s->names[i])) < 0 || zd_list_append(v, t) < 0) {
-            zd_value_unref(v);
-            v = NULL;
-        }
-    }
+    zd_tensor_t **copies = params_copies(s);
+    v = copies ? params_answer_new(s, s->version, copies) : NULL;
+    copies_free(s, copies);
 out:
     pthread_mutex_unlock(&s->lock);
     if (!v)
@@ -546,6 +629,7 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     pthread_mutex_init(&s->lock, NULL);
     snprintf(s->fn_pull, sizeof s->fn_pull, ZD__PS_FN_PULL "%d", shard);
     snprintf(s->fn_push, sizeof s->fn_push, ZD__PS_FN_PUSH "%d", shard);
+    snprintf(s->fn_push_pull, sizeof s->fn_push_pull, ZD__PS_FN_PUSH_PULL "%d", shard);
     snprintf(s->fn_where, sizeof s->fn_where, ZD__PS_FN_WHERE "%d", shard);
     snprintf(s->fn_back, sizeof s->fn_back, ZD__PS_FN_BACK "%d", shard);
     s->names = calloc((size_t)mine, sizeof *s->names);
@@ -556,7 +640,8 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
        twice: room for each trainer's two. */
     s->pushed_by = calloc(2 * (size_t)o.num_trainers, sizeof *s->pushed_by);
     s->waiting = calloc(2 * (size_t)o.num_trainers, sizeof *s->waiting);
-    if (!s->names || !s->params || !s->sums || !s->all || !s->pushed_by || !s->waiting)
+    s->fetch = calloc(2 * (size_t)o.num_trainers, sizeof *s->fetch);
+    if (!s->names || !s->params || !s->sums || !s->all || !s->pushed_by || !s->waiting || !s->fetch)
         goto oom;
     for (int i = 0; i < n; i++) {
         if (shard_of[i] != shard)
@@ -604,14 +689,18 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         zd_error_wrap("zd_ps_server_new: shard %d", shard);
         goto fail;
     }
-    zd_rpc_function_t push = zd_rpc_function_default();
+    zd_rpc_function_t push = zd_rpc_function_default(), push_pull = push;
     push.async_fn = serve_push;
     push.arg = s;
+    push_pull.async_fn = serve_push_pull;
+    push_pull.arg = s;
     if (zd_rpc_register_function(s->fn_push, &push) < 0 ||
+        zd_rpc_register_function(s->fn_push_pull, &push_pull) < 0 ||
         zd_rpc_register(s->fn_pull, serve_pull, s) < 0 ||
         zd_rpc_register(s->fn_where, serve_where, s) < 0 ||
         zd_rpc_register(s->fn_back, serve_back, s) < 0) {
         zd_rpc_unregister(s->fn_push);
+        zd_rpc_unregister(s->fn_push_pull);
         zd_rpc_unregister(s->fn_pull);
         zd_rpc_unregister(s->fn_where);
         goto fail;
@@ -630,7 +719,7 @@ fail:
     free(shard_of);
     if (s) {
         /* Nothing registered: free without unregistering. */
-        s->fn_pull[0] = s->fn_push[0] = s->fn_where[0] = s->fn_back[0] = '\0';
+        s->fn_pull[0] = s->fn_push[0] = s->fn_push_pull[0] = s->fn_where[0] = s->fn_back[0] = '\0';
         zd_ps_server_free(s);
     }
     return NULL;
@@ -713,6 +802,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     unlist(s);
     if (s->fn_push[0]) {
         zd_rpc_unregister(s->fn_push);
+        zd_rpc_unregister(s->fn_push_pull);
         zd_rpc_unregister(s->fn_pull);
         zd_rpc_unregister(s->fn_where);
         zd_rpc_unregister(s->fn_back);
@@ -731,6 +821,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->all);
     free(s->pushed_by);
     free(s->waiting);
+    free(s->fetch);
     free(s->trainer);
     free(s->positions);
     free(s->known);

@@ -305,6 +305,96 @@ static void test_sync_two_shards(void **state)
     run_sync(2);
 }
 
+/*  ---- push_pull: the parameters in the push's answer ---- */
+
+/*  Rounds where trainer 0 takes the parameters with its push
+    (zd_ps_client_push_pull) and trainer 1 pushes, then pulls: both
+    replicas hold the round's step right after, at the round's version;
+    one trainer's fetch does not change the other's answer. In
+    asynchronous mode (one trainer, w->arg's mode) each push_pull brings
+    its own step; a refused one leaves the replica as it was. */
+static int push_pull_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    const int trainers = su->mode == ZD_PS_SYNC ? 2 : 1;
+    int ranks[2];
+    shard_ranks(trainers, su->n_shards, ranks);
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, su->n_shards, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "pull: %s", zd_error_last());
+    for (int round = 0; round < 3 && rc == 0; round++) {
+        const char *bad;
+        sgd_mean(want, trainers, round);
+        int r = set_grads(m, w->rank, round);
+        if (r == 0 && w->rank == 0)
+            r = zd_ps_client_push_pull(ps, ZD_TIMEOUT_DEFAULT);
+        else if (r == 0)
+            r = zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0
+                ? -1
+                : zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT);
+        if (r < 0)
+            rc = world_fail(w, "round %d: %s", round, zd_error_last());
+        else if ((bad = differs(m, want)))
+            rc = world_fail(w, "round %d: %s is not the round's step", round, bad);
+        for (int s = 0; rc == 0 && s < su->n_shards; s++)
+            if (zd_ps_client_version(ps, s) != round + 1)
+                rc = world_fail(w, "round %d: shard %d's version %lld", round, s,
+                                (long long)zd_ps_client_version(ps, s));
+    }
+    if (rc == 0 && su->mode == ZD_PS_ASYNC) {
+        /* a gradient that is not finite: refused, nothing fetched */
+        set_grads(m, 0, 3);
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_module_find(m, names[2]));
+        zd_tensor_data(g)[1] = NAN;
+        zd_tensor_unref(g);
+        const char *bad;
+        if (zd_ps_client_push_pull(ps, ZD_TIMEOUT_DEFAULT) == 0 ||
+            zd_error_code() != ZD_ERR_ARGUMENT || !strstr(zd_error_last(), names[2]))
+            rc = world_fail(w, "a push_pull of nan: %s", zd_error_last());
+        else if ((bad = differs(m, want)) || zd_ps_client_version(ps, 0) != 3)
+            rc = world_fail(w, "after a refused push_pull: %s changed, version %lld",
+                            bad ? bad : "nothing", (long long)zd_ps_client_version(ps, 0));
+    }
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
+static int push_pull_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    const int trainers = su->mode == ZD_PS_SYNC ? 2 : 1;
+    if (w->rank < trainers)
+        return push_pull_trainer(w);
+    return run_shard(w, w->rank - trainers, 0, 0);
+}
+
+static void test_push_pull(void **state)
+{
+    (void)state;
+    for (int sync = 1; sync >= 0; sync--) {
+        setup_t su = {.n_shards = 2,
+                      .mode = sync ? ZD_PS_SYNC : ZD_PS_ASYNC,
+                      .max_staleness = -1,
+                      .num_trainers = 2};
+        world_options_t o = {.world_size = (sync ? 2 : 1) + su.n_shards,
+                             .fn = push_pull_world,
+                             .arg = &su,
+                             .own_init = true,
+                             .timeout_s = 60};
+        assert_int_equal(world_run(&o), 0);
+    }
+}
+
 /*  ---- asynchronous, stale pushes, hostile pushes ---- */
 
 /*  Calls shard 0's push directly with args (taken over): 0 with the
@@ -1536,6 +1626,7 @@ int main(void)
         cmocka_unit_test(test_split),
         cmocka_unit_test(test_sync_one_shard),
         cmocka_unit_test(test_sync_two_shards),
+        cmocka_unit_test(test_push_pull),
         cmocka_unit_test(test_async_stale_and_refused),
         cmocka_unit_test(test_shard_lost),
         cmocka_unit_test(test_sync_trainer_lost),

@@ -218,6 +218,14 @@ ZD_API int zd_ps_client_pull(zd_ps_client_t *c, int64_t timeout_ms);
     refused took nothing; the others may have taken theirs. */
 ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
 
+/*  zd_ps_client_push, each shard answering with its parameters after the
+    step its push was part of (ps-lite's PushPull; PyTorch's batch-update
+    tutorial's update_and_fetch_model): the replica then holds them, as
+    after zd_ps_client_pull, in one exchange instead of two. 0, or -1 as
+    zd_ps_client_push, or zd_ps_client_pull's errors for the answers (the
+    replica unchanged when the push was refused). */
+ZD_API int zd_ps_client_push_pull(zd_ps_client_t *c, int64_t timeout_ms);
+
 /*  Waits until every shard is a live member of the world (after
     ZD_ERR_PEER: a lost shard started again, see Checkpoints above), up
     to timeout_ms in all (ZD_TIMEOUT_DEFAULT and ZD_TIMEOUT_NONE: no
