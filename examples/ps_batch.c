@@ -102,8 +102,9 @@ static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_option
                 zd_tensor_data(x)[i] = zd_rng_normal(&rng, 0, 1);
             zd_nn_module_zero_grad(m);
             double loss = forward_backward(m, x, labels);
-            if (isnan(loss) || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0 ||
-                zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
+            /* the tutorial's update_and_fetch_model: answered when the
+               round is stepped, with the new model */
+            if (isnan(loss) || zd_ps_client_push_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
                 break;
             printf("%s: batch %lld  loss %.4f  model version %lld\n", me, (long long)done + 1, loss,
                    (long long)zd_ps_client_version(ps, 0));
