@@ -13,7 +13,8 @@
                                 3 trainers, push/pull asynchronous: samples per
                                 second of the three together (batch 32)
       ps_batch_update_samples_per_s   the same in synchronous rounds (PyTorch's
-                                batch-update parameter server)
+                                batch-update parameter server; each push takes
+                                the round's model back: zd_ps_client_push_pull)
       ps_remote_samples_per_s   the remote model (ps.h), PyTorch's parameter-server
                                 tutorial: the Net on 1 shard, 3 trainers running
                                 its forward and backward through RPC (batch 32)
@@ -84,17 +85,8 @@ static void add(const char *name, double value, const char *unit)
     }
 }
 
-static int ps_setup(const world_t *w)
+static ps_options_t ps_bench_options(const ps_bench_t *b)
 {
-    (void)w;
-    return ps_register();
-}
-
-static int ps_fn(const world_t *w)
-{
-    if (w->rank != 0)
-        return 0;
-    const ps_bench_t *b = w->arg;
     ps_options_t o = ps_options_default();
     o.async = b->async;
     o.num_workers = b->workers;
@@ -102,14 +94,39 @@ static int ps_fn(const world_t *w)
     o.eval_interval = 0;
     o.test_size = 100;
     o.quiet = true;
-    ps_result_t res;
-    if (ps_run_driver(&o, &res) < 0)
+    return o;
+}
+
+/*  Every rank: the workers' actors, rank 1's parameter server (made
+    before joining, as the layer has it), and on rank 0 the driver. */
+static int ps_fn(const world_t *w)
+{
+    ps_options_t o = ps_bench_options(w->arg);
+    zd_ps_server_t *srv = NULL;
+    if (ps_register() < 0 || ps_server_new(&o, w->rank, &srv) < 0)
         return world_fail(w, "%s", zd_error_last());
-    char name[48];
-    snprintf(name, sizeof name, "ps_%s_iters_per_s_w%d", b->async ? "async" : "sync", b->workers);
-    add(name, res.iters_per_s, "iters/s");
-    ps_result_free(&res);
-    return 0;
+    zd_rpc_options_t ro = world_rpc_options(w->port);
+    char name[32];
+    snprintf(name, sizeof name, "rank%d", w->rank);
+    if (zd_rpc_init(name, w->rank, w->world_size, &ro) < 0) {
+        zd_ps_server_free(srv);
+        return world_fail(w, "%s", zd_error_last());
+    }
+    int rc = 0;
+    ps_result_t res;
+    if (w->rank == 0 && ps_run_driver(&o, &res) < 0) {
+        rc = world_fail(w, "%s", zd_error_last());
+    } else if (w->rank == 0) {
+        char fig[48];
+        snprintf(fig, sizeof fig, "ps_%s_iters_per_s_w%d", o.async ? "async" : "sync",
+                 o.num_workers);
+        add(fig, res.iters_per_s, "iters/s");
+        ps_result_free(&res);
+    }
+    if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0 && rc == 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_server_free(srv);
+    return rc;
 }
 
 static int pipe_setup(const world_t *w)
@@ -172,8 +189,8 @@ static double trainers_samples_per_s(int64_t batches)
 }
 
 /*  The ps layer (ps.h): rank 0 serves the Net's parameters as one shard,
-    ranks 1..3 train replicas on random batches: pull, forward, loss,
-    backward, push. Each trainer times its loop after a first pull. */
+    ranks 1..3 train replicas on random batches (pushpull_step). Each
+    trainer times its loop after a first pull. */
 typedef struct {
     zd_ps_mode_t mode;
     int64_t batches;
@@ -204,10 +221,15 @@ static int pushpull_shard(const world_t *w, const pushpull_bench_t *b)
     return rc < 0 ? world_fail(w, "shard: %s", zd_error_last()) : 0;
 }
 
-static int pushpull_step(zd_ps_client_t *ps, zd_nn_module_t *net, zd_tensor_t *x, zd_tensor_t *y)
+/*  One batch. Asynchronous: pull, compute, push. Synchronous (the
+    batch-update tutorial): compute, then push and take the round's model
+    in one exchange (zd_ps_client_push_pull, its update_and_fetch_model);
+    the replica holds the model from the last round already. */
+static int pushpull_step(zd_ps_client_t *ps, bool sync, zd_nn_module_t *net, zd_tensor_t *x,
+                         zd_tensor_t *y)
 {
     zd_tensor_t *lp = NULL, *loss = NULL;
-    int rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT);
+    int rc = sync ? 0 : zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT);
     if (rc == 0)
         rc = zd_nn_module_forward(net, &x, 1, &lp, 1);
     if (rc == 0)
@@ -215,7 +237,8 @@ static int pushpull_step(zd_ps_client_t *ps, zd_nn_module_t *net, zd_tensor_t *x
     if (rc == 0)
         rc = zd_autograd_backward(loss, NULL, false);
     if (rc == 0)
-        rc = zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT);
+        rc = sync ? zd_ps_client_push_pull(ps, ZD_TIMEOUT_DEFAULT)
+                  : zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT);
     zd_nn_module_zero_grad(net);
     zd_tensor_unref(loss);
     zd_tensor_unref(lp);
@@ -238,7 +261,7 @@ static int pushpull_trainer(const world_t *w, const pushpull_bench_t *b)
         rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT); /* connections made, first copy */
         double t0 = now_s();
         for (int64_t i = 0; rc == 0 && i < b->batches; i++)
-            rc = pushpull_step(ps, net, x, y);
+            rc = pushpull_step(ps, b->mode == ZD_PS_SYNC, net, x, y);
         figs->trainer_s[w->rank - 1] = now_s() - t0;
         if (rc < 0)
             world_fail(w, "trainer %d: %s", w->rank, zd_error_last());
@@ -496,7 +519,12 @@ int main(int argc, char **argv)
             for (int w = 1; w <= 3 && rc == 0; w++) {
                 /* async does iterations x workers updates: the same work per worker */
                 ps_bench_t b = {a == 1, w, a == 1 ? iterations / w + 1 : iterations};
-                rc = run(2 + w, ps_setup, ps_fn, &b, false);
+                world_options_t o = {.world_size = 2 + w,
+                                     .fn = ps_fn,
+                                     .arg = &b,
+                                     .timeout_s = 600,
+                                     .own_init = true};
+                rc = world_run(&o) < 0 ? -1 : 0;
             }
         }
     }

@@ -13,8 +13,8 @@
                     (shard 0, a trainer asking for the shared one), shutdown;
       ps_sync_async driver: rendezvous, step (applying gradients),
                     evaluation, shutdown; parameter server: rendezvous,
-                    step (apply_gradients), shutdown; worker: rendezvous,
-                    backward (compute_gradients), shutdown;
+                    step (each step its shard takes), shutdown; worker:
+                    rendezvous, backward (compute_gradients), shutdown;
       ps_lstm       server shards: step (each step a shard takes: its
                     on_step is fault_on_step);
       pipeline      driver: rendezvous, forward, backward, step,

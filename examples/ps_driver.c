@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*  The driver of the parameter-server example (rank 0): Ray's synchronous
-    and asynchronous training loops over the actors of ps_objects.c. */
+    and asynchronous training loops, over the data workers of ps_objects.c
+    and the parameter-server layer's shards, whose trainer the driver is. */
 #include "examples/ps_core.h"
 #include "examples/fault.h"
 
@@ -11,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <zdist/autograd.h>
 #include <zdist/error.h>
 #include "examples/actor.h"
 #include "examples/progress.h"
@@ -57,8 +59,7 @@ int ps_options_check(const ps_options_t *o, int world_size)
 void ps_result_free(ps_result_t *r)
 {
     zd_tensor_unref_p(&r->weights);
-    for (int i = 0; i < PS_MAX_SERVERS; i++)
-        free(r->servers[i].hashes);
+    free(r->pushed.hashes);
     for (int i = 0; i < PS_MAX_WORKERS; i++)
         free(r->workers[i].hashes);
     memset(r, 0, sizeof *r);
@@ -67,25 +68,16 @@ void ps_result_free(ps_result_t *r)
 typedef struct {
     const ps_options_t *o;
     int S, W;
-    zd_rref_t *servers[PS_MAX_SERVERS];
+    zd_ps_client_t *servers; /* the shards on ranks 1..S */
     zd_rref_t *workers[PS_MAX_WORKERS];
-    zd_tensor_t *weights[PS_MAX_SERVERS]; /* the current slices */
-    zd_nn_module_t *model;                /* for evaluation */
+    zd_nn_module_t *model; /* the replica: the weights last pulled */
+    zd_tensor_t *weights;  /* the same, flat: what the workers get */
     zd_dataset_t *test;
+    ps_stats_t pushed; /* with o->track */
     double eval_seconds;
     double accuracy;
     progress_t progress; /* off unless o->progress_s > 0 and not quiet */
 } driver_t;
-
-/*  The tensor a completed future holds (a new reference), or NULL. */
-static zd_tensor_t *future_tensor(zd_future_t *f)
-{
-    zd_tensor_t *t;
-    if (zd_future_wait(f, ZD_TIMEOUT_DEFAULT) < 0 ||
-        zd_value_get_tensor(zd_future_value(f), &t) < 0)
-        return NULL;
-    return zd_tensor_ref(t);
-}
 
 /*  Waits until every actor exists (a DataWorker loads its data first), so
     that a failed creation is reported as such and the timing starts with
@@ -98,16 +90,9 @@ static int wait_created(zd_rref_t *const *rrefs, int n)
     return 0;
 }
 
-static int create_actors(driver_t *d)
+static int create_workers(driver_t *d)
 {
     const ps_options_t *o = d->o;
-    for (int s = 0; s < d->S; s++) {
-        zd_value_t *a = ZD_ARGS(o->model, o->seed, o->lr, s, d->S, o->track);
-        d->servers[s] = a ? zd_rpc_remote(1 + s, "ParameterServer", a, ZD_TIMEOUT_DEFAULT) : NULL;
-        zd_value_unref(a);
-        if (!d->servers[s])
-            return -1;
-    }
     for (int w = 0; w < d->W; w++) {
         int64_t delay = w == 0 ? o->straggler_ms : 0;
         zd_value_t *a = o->data_dir ? ZD_ARGS(o->model, w, o->seed, o->batch_size, o->data_dir,
@@ -122,35 +107,28 @@ static int create_actors(driver_t *d)
     return 0;
 }
 
-/*  Calls method on each server with args_of(s) and takes the new slices. */
-static int update_weights(driver_t *d, const char *method, zd_value_t *const *args)
+/*  The replica's weights, flat, for the workers. */
+static int flatten(driver_t *d)
 {
-    zd_future_t *f[PS_MAX_SERVERS] = {0};
-    int rc = 0;
-    for (int s = 0; s < d->S && rc == 0; s++)
-        if (!(f[s] = zd_rref_rpc_async(d->servers[s], method, args ? args[s] : NULL,
-                                       ZD_TIMEOUT_DEFAULT)))
-            rc = -1;
-    for (int s = 0; s < d->S; s++) {
-        zd_tensor_t *t = rc == 0 ? future_tensor(f[s]) : NULL;
-        if (t) {
-            zd_tensor_unref(d->weights[s]);
-            d->weights[s] = t;
-        } else {
-            rc = -1;
-        }
-        zd_future_unref(f[s]);
-    }
-    return rc;
+    zd_tensor_t *flat;
+    if (zd_nn_module_params_to_vector(d->model, &flat) < 0)
+        return -1;
+    zd_tensor_unref(d->weights);
+    d->weights = flat;
+    return 0;
+}
+
+/*  Ray's ps.get_weights(): the shards' parameters into the replica. */
+static int pull(driver_t *d)
+{
+    return zd_ps_client_pull(d->servers, ZD_TIMEOUT_DEFAULT) < 0 ? -1 : flatten(d);
 }
 
 static int evaluate(driver_t *d, double *acc)
 {
     fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     double t0 = train_now();
-    int rc = ps_model_load(d->model, d->weights, d->S);
-    if (rc == 0)
-        rc = train_evaluate(d->model, d->test, acc);
+    int rc = train_evaluate(d->model, d->test, acc);
     double dt = train_now() - t0;
     d->eval_seconds += dt;
     progress_skip(&d->progress, dt);
@@ -170,47 +148,67 @@ static int maybe_evaluate(driver_t *d, int64_t i)
     return 0;
 }
 
-/*  [w_1, ..., w_S]: the arguments of compute_gradients. */
-static zd_value_t *weights_args(driver_t *d)
+/*  The replica's .grad, parameter by parameter, from the flat sum. */
+static int set_grads(driver_t *d, zd_tensor_t *sum)
 {
-    zd_value_t *l = zd_value_list((size_t)d->S);
-    for (int s = 0; l && s < d->S; s++)
-        if (zd_list_append(l, zd_value_tensor(d->weights[s])) < 0) {
-            zd_value_unref(l);
-            return NULL;
-        }
-    return l;
+    zd_nn_module_zero_grad(d->model);
+    int64_t off = 0;
+    int rc = 0;
+    for (int i = 0; i < zd_nn_module_n_params(d->model) && rc == 0; i++) {
+        zd_tensor_t *p = zd_nn_module_param(d->model, i), *part = NULL, *g = NULL;
+        rc = zd_tensor_narrow(sum, 0, off, zd_tensor_numel(p), &part);
+        if (rc == 0)
+            rc = zd_tensor_reshape(part, zd_tensor_shape(p), zd_tensor_ndim(p), &g);
+        if (rc == 0)
+            rc = zd_tensor_accumulate_grad(p, g);
+        off += zd_tensor_numel(p);
+        zd_tensor_unref(g);
+        zd_tensor_unref(part);
+    }
+    return rc;
 }
 
-/*  Applies gradient lists (each [g_1..g_S], as compute_gradients returns)
-    to every server: server s gets slice s of each. */
+/*  Ray's ps.apply_gradients(*gradients): the n gradients (flat, each as
+    compute_gradients returns it) summed in order and pushed, one step on
+    every shard, whose answers bring the new weights (push_pull). */
 static int apply(driver_t *d, zd_value_t *const *grads, int n)
 {
     fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
-    zd_value_t *args[PS_MAX_SERVERS] = {0};
+    zd_tensor_t *sum = NULL;
     int rc = 0;
-    for (int s = 0; s < d->S && rc == 0; s++) {
-        if (!(args[s] = zd_value_list((size_t)n)))
-            rc = -1;
-        for (int k = 0; k < n && rc == 0; k++) {
-            zd_value_t *g = zd_list_get(grads[k], (size_t)s);
-            if (zd_list_len(grads[k]) != (size_t)d->S || !g)
-                rc = zd_error_set("compute_gradients returned %zu slices, expected %d",
-                                  zd_list_len(grads[k]), d->S);
-            else
-                rc = zd_list_append(args[s], zd_value_ref(g));
+    for (int k = 0; k < n && rc == 0; k++) {
+        zd_tensor_t *g;
+        if (zd_value_get_tensor(grads[k], &g) < 0 || zd_tensor_dtype(g) != ZD_FLOAT32 ||
+            zd_tensor_numel(g) != zd_tensor_numel(d->weights)) {
+            rc = zd_error_set("compute_gradients returned no float32 gradient of %lld values",
+                              (long long)zd_tensor_numel(d->weights));
+        } else if (!sum) {
+            rc = (sum = zd_tensor_detach_copy(g)) ? 0 : -1;
+        } else {
+            float *s = zd_tensor_data(sum);
+            const float *gd = zd_tensor_data(g);
+            for (int64_t j = 0; j < zd_tensor_numel(sum); j++)
+                s[j] += gd[j];
         }
+        if (rc == 0 && d->o->track)
+            rc = ps_stats_add(&d->pushed, ps_hash(g));
     }
-    if (rc == 0)
-        rc = update_weights(d, "ParameterServer.apply_gradients", args);
-    for (int s = 0; s < d->S; s++)
-        zd_value_unref(args[s]);
+    if (rc == 0 && n > 0)
+        rc = set_grads(d, sum);
+    if (rc == 0 && n > 0)
+        rc = zd_ps_client_push_pull(d->servers, ZD_TIMEOUT_DEFAULT);
+    if (rc == 0 && n > 0) {
+        d->pushed.count++;
+        rc = flatten(d);
+    }
+    zd_nn_module_zero_grad(d->model);
+    zd_tensor_unref(sum);
     return rc;
 }
 
 static zd_future_t *compute(driver_t *d, int w)
 {
-    zd_value_t *a = weights_args(d);
+    zd_value_t *a = ZD_ARGS(d->weights);
     zd_future_t *f = a
         ? zd_rref_rpc_async(d->workers[w], "DataWorker.compute_gradients", a, ZD_TIMEOUT_DEFAULT)
         : NULL;
@@ -389,11 +387,14 @@ static int fetch_stats(zd_rref_t *r, ps_stats_t *st)
 static int run(driver_t *d, ps_result_t *res)
 {
     const ps_options_t *o = d->o;
+    int ranks[PS_MAX_SERVERS];
+    for (int s = 0; s < d->S; s++)
+        ranks[s] = 1 + s;
     if (!(d->model = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)) ||
+        !(d->servers = zd_ps_client_new_module(d->model, ranks, d->S, NULL)) ||
         !(d->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
-        (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) || create_actors(d) < 0 ||
-        wait_created(d->servers, d->S) < 0 || wait_created(d->workers, d->W) < 0 ||
-        update_weights(d, "ParameterServer.get_weights", NULL) < 0)
+        (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) ||
+        create_workers(d) < 0 || wait_created(d->workers, d->W) < 0 || pull(d) < 0)
         return -1;
     if (!o->quiet) {
         printf(o->async ? "Running Asynchronous Parameter Server Training.\n"
@@ -439,11 +440,11 @@ static int run(driver_t *d, ps_result_t *res)
     if (!o->async) /* every round applies one gradient of each */
         for (int w = 0; w < d->W; w++)
             res->applied[w] = updates;
-    if (zd_nn_module_params_to_vector(d->model, &res->weights) < 0)
-        return -1;
-    for (int s = 0; o->track && s < d->S; s++)
-        if (fetch_stats(d->servers[s], &res->servers[s]) < 0)
-            return -1;
+    res->weights = zd_tensor_ref(d->weights);
+    for (int s = 0; s < d->S; s++)
+        res->server_steps[s] = zd_ps_client_version(d->servers, s);
+    res->pushed = d->pushed;
+    d->pushed = (ps_stats_t){0};
     for (int w = 0; o->track && w < d->W; w++)
         if (fetch_stats(d->workers[w], &res->workers[w]) < 0)
             return -1;
@@ -461,10 +462,9 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res)
     char err[1024]; /* kept through the cleanup */
     snprintf(err, sizeof err, "%s", zd_error_last());
     /* Releasing the RRefs frees the actors on their workers. */
-    for (int s = 0; s < d.S; s++) {
-        zd_rref_unref(d.servers[s]);
-        zd_tensor_unref(d.weights[s]);
-    }
+    zd_ps_client_free(d.servers);
+    zd_tensor_unref(d.weights);
+    free(d.pushed.hashes);
     for (int w = 0; w < d.W; w++)
         zd_rref_unref(d.workers[w]);
     zd_nn_module_free(d.model);

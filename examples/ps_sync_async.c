@@ -5,11 +5,12 @@
         tools/launch --nproc=4 -- ps_sync_async --mode=sync --num_workers=2
         tools/launch --nproc=5 -- ps_sync_async --mode=async --num_workers=2 --num_servers=2
 
-    Rank 0 is the driver, ranks 1..S the parameter servers, the next
-    num_workers ranks the data workers. Each rank runs this same program;
-    the driver creates the actors on the others (ps_core.h) and prints the
-    test accuracy every 10 iterations, and a progress line every
-    --progress_s seconds (progress.h). */
+    Rank 0 is the driver, ranks 1..S the parameter servers (shards of the
+    parameter-server layer, <zdist/ps.h>), the next num_workers ranks the
+    data workers. Each rank runs this same program; the driver creates
+    the workers' actors, trains through the servers as their trainer
+    (ps_core.h), and prints the test accuracy every 10 iterations, and a
+    progress line every --progress_s seconds (progress.h). */
 #include <stdio.h>
 #include <string.h>
 
@@ -18,6 +19,7 @@
 #include "examples/flags.h"
 #include "examples/ps_core.h"
 #include <zdist/nn.h>
+#include <zdist/ps.h>
 #include <zdist/rpc.h>
 
 int main(int argc, char **argv)
@@ -87,13 +89,16 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "ps%lld", (long long)(w.rank - 1));
     else
         snprintf(name, sizeof name, "worker%lld", (long long)(w.rank - 1 - servers));
-    if (ps_register() < 0) {
-        fprintf(stderr, "%s: %s\n", prog, zd_error_last());
+    zd_ps_server_t *server = NULL;
+    if (ps_register() < 0 || ps_server_new(&o, (int)w.rank, &server) < 0) {
+        fprintf(stderr, "%s: %s: %s\n", prog, name, zd_error_last());
         return 1;
     }
     fault_point((int)w.rank, "rendezvous"); /* tests only (fault.h) */
-    if (flags_world_init(&w, name, init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) < 0)
+    if (flags_world_init(&w, name, init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) < 0) {
+        zd_ps_server_free(server);
         return 1;
+    }
     int rc = 0;
     if (w.rank == 0 && ps_run_driver(&o, NULL) < 0) {
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
@@ -105,5 +110,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, zd_error_last());
         rc = 1;
     }
+    zd_ps_server_free(server);
     return rc;
 }
