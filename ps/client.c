@@ -518,17 +518,24 @@ int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms)
 int zd_ps_client_push_pull(zd_ps_client_t *c, int64_t timeout_ms)
 {
     shard_calls_t k;
-    bool unequal = false;
+    bool unequal = false, bare = false;
     int rc =
         push_calls(c, "zd_ps_client_push_pull", "push_pull", ZD__PS_FN_PUSH_PULL, timeout_ms, &k);
-    if (rc == 0)
+    /* Every push was taken. A shard short of memory answers as to a push
+       (without its parameters): they are pulled instead, after the
+       versions are noted as a push notes them. */
+    for (int s = 0; rc == 0 && s < c->n_shards; s++)
+        bare = bare || zd_list_len(zd_future_value(k.fs[s])) <= 3;
+    for (int s = 0; rc == 0 && bare && s < c->n_shards; s++)
+        c->seen[s] = k.versions[s] > c->seen[s] ? k.versions[s] : c->seen[s];
+    if (rc == 0 && !bare)
         rc = take_params(c, "push_pull", &k, &unequal);
     if (c)
         shard_calls_free(c, &k);
-    /* Synchronous shards answered from different rounds (one started
-       again from a checkpoint): a pull brings them to one version, as
+    /* Synchronous shards that answered from different rounds (one started
+       again from a checkpoint) are brought to one version by a pull, as
        after a push. */
-    if (rc == 0 && unequal && c->opts.mode == ZD_PS_SYNC && c->n_shards > 1)
+    if (rc == 0 && (bare || (unequal && c->opts.mode == ZD_PS_SYNC && c->n_shards > 1)))
         rc = zd_ps_client_pull(c, timeout_ms);
     return rc;
 }

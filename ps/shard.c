@@ -2,8 +2,9 @@
 /*  shard.c: a shard of the push/pull parameter server (ps.h).
 
     A shard serves functions of its own, "__zd_ps_pull_<shard>",
-    "__zd_ps_push_<shard>", "__zd_ps_where_<shard>" and
-    "__zd_ps_back_<shard>", so that one process may serve several shards.
+    "__zd_ps_push_<shard>", "__zd_ps_pushpull_<shard>",
+    "__zd_ps_where_<shard>" and "__zd_ps_back_<shard>", so that one
+    process may serve several shards.
     Every answer is a list [code, version, text, ...] rather than an RPC
     error: an RPC error reaches the caller as ZD_ERR_REMOTE whatever its
     code, and a trainer must tell a stale push from a refused one. The
@@ -83,8 +84,9 @@ static zd_value_t *params_answer_new(const zd_ps_server_t *s, int64_t version,
     return v;
 }
 
-/*  Completes f with the parameters' answer (or, out of memory, with an
-    error). */
+/*  Completes f, a push taken, with the parameters' answer; without them
+    (out of memory) with a push's answer: the push was taken all the
+    same, and the client pulls what it could not be given. */
 static void answer_params(const zd_ps_server_t *s, zd_future_t *f, int64_t version,
                           zd_tensor_t *const *copies)
 {
@@ -92,8 +94,7 @@ static void answer_params(const zd_ps_server_t *s, zd_future_t *f, int64_t versi
     if (v)
         zd_future_set_value(f, v);
     else
-        zd_future_set_error_code(f, ZD_ERR_NO_MEMORY, "ps: shard %d: out of memory answering",
-                                 s->shard);
+        answer(f, ZD_OK, version, "");
     zd_value_unref(v);
 }
 
@@ -208,9 +209,18 @@ static bool round_complete(const zd_ps_server_t *s)
     return live >= expected;
 }
 
-/*  Steps with the mean of the round (under the lock). *done: the answers
-    to send. */
-static int finish_round(zd_ps_server_t *s, zd_future_t ***done, int *n_done)
+/*  A finished round's answers, taken under the lock and sent once it is
+    let go (send_round). */
+typedef struct {
+    zd_future_t **fs; /* NULL: no round finished */
+    int n;
+    bool *fetch;          /* fetch[i]: fs[i] is a push_pull's (NULL: none is) */
+    zd_tensor_t **copies; /* the parameters after the step, for them (or NULL) */
+} round_t;
+
+/*  Steps with the mean of the round (under the lock) and takes its
+    answers into *r, with the parameters the push_pulls among them get. */
+static int finish_round(zd_ps_server_t *s, round_t *r)
 {
     float count = (float)s->n_pushed;
     for (int i = 0; i < s->n; i++) {
@@ -219,21 +229,54 @@ static int finish_round(zd_ps_server_t *s, zd_future_t ***done, int *n_done)
             sum[k] /= count;
     }
     int rc = step(s, s->sums);
-    *done = take_waiting(s, n_done);
-    if (!*done) {
+    bool any = false;
+    for (int i = 0; i < s->n_pushed; i++)
+        any = any || s->fetch[i];
+    /* (without room for the flags, every answer is a push's: the
+       clients pull) */
+    if (rc == 0 && any && (r->fetch = malloc((size_t)s->n_pushed * sizeof *r->fetch))) {
+        memcpy(r->fetch, s->fetch, (size_t)s->n_pushed * sizeof *r->fetch);
+        r->copies = params_copies(s);
+    }
+    r->fs = take_waiting(s, &r->n);
+    if (!r->fs) {
         /* Out of memory: the answers are lost with the list; their
            callers time out rather than hang. */
+        free(r->fetch);
+        copies_free(s, r->copies);
+        *r = (round_t){0};
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
     }
     return rc;
 }
 
-/*  Adds grads to the round (under the lock); when the round is complete,
-    steps with their mean. *done: the answers to send, else NULL. */
-static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t *const *grads,
-                     zd_future_t ***done, int *n_done)
+/*  Sends a finished round's answers (after the lock is let go) and frees
+    what r holds. */
+static void send_round(const zd_ps_server_t *s, round_t *r, zd_error_code_t code, int64_t version,
+                       const char *text)
 {
-    *done = NULL;
+    int k = 0;
+    for (int i = 0; i < r->n; i++) {
+        if (code == ZD_OK && r->fetch && r->fetch[i]) {
+            answer_params(s, r->fs[i], version, r->copies);
+            zd_future_unref(r->fs[i]);
+        } else {
+            r->fs[k++] = r->fs[i];
+        }
+    }
+    if (r->fs)
+        answer_all(r->fs, k, code, version, text); /* frees r->fs */
+    free(r->fetch);
+    copies_free(s, r->copies);
+    *r = (round_t){0};
+}
+
+/*  Adds grads to the round (under the lock), fetch: a push_pull's; when
+    the round is complete, steps with their mean and takes its answers
+    into *r. */
+static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, bool fetch,
+                     zd_tensor_t *const *grads, round_t *r)
+{
     for (int i = 0; i < s->n_pushed; i++)
         if (s->pushed_by[i] == caller)
             return zd_error_set_code(ZD_ERR_ARGUMENT,
@@ -251,8 +294,9 @@ static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, zd_tensor_t 
             sum[k] += g[k];
     }
     s->pushed_by[s->n_pushed] = caller;
+    s->fetch[s->n_pushed] = fetch;
     s->waiting[s->n_pushed++] = zd_future_ref(f);
-    return round_complete(s) ? finish_round(s, done, n_done) : 0;
+    return round_complete(s) ? finish_round(s, r) : 0;
 }
 
 /*  A push: answered [code, version, text], or with fetch (push_pull),
@@ -270,11 +314,9 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
     int64_t version = -1, position = -1;
     zd_error_code_t code = ZD_OK;
     char text[512] = "";
-    zd_future_t **done = NULL;
-    int n_done = 0;
+    round_t done = {0};          /* a round this push finished */
     bool reply = true;           /* false: f waits for the round */
-    bool *fetched = NULL;        /* the round's: which answers carry the parameters */
-    zd_tensor_t **copies = NULL; /* the parameters they carry */
+    zd_tensor_t **copies = NULL; /* asynchronous: the parameters f carries */
     int caller = zd_rpc_call_caller_rank(call);
     /* [version, position (when the trainer set one), name, grad, ...] */
     size_t pairs = zd_value_kind(zd_list_get(args, 1)) == ZD_VALUE_INT ? 2 : 1;
@@ -323,49 +365,27 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
         /* a push taken into the round counts; the round's step writes it */
         int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
         zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
-        s->fetch[s->n_pushed] = fetch;
-        int rc = sync_push(s, f, caller, grads, &done, &n_done);
+        int rc = sync_push(s, f, caller, fetch, grads, &done);
         if (rc < 0) {
             code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
-            if (position >= 0 && caller < s->n_positions && !done)
+            if (position >= 0 && caller < s->n_positions && !done.fs)
                 s->positions[caller] = was;
-        } else if (!done) {
+        } else if (!done.fs) {
             reply = false;
         }
     }
     now = s->version;
-    /* the parameters after the step, for the answers that fetch them
-       (take_waiting_into left the round's flags in s->fetch) */
-    bool any = done ? false : reply && fetch && code == ZD_OK;
-    if (done && code == ZD_OK && (fetched = malloc((size_t)n_done * sizeof *fetched))) {
-        memcpy(fetched, s->fetch, (size_t)n_done * sizeof *fetched);
-        for (int i = 0; i < n_done; i++)
-            any = any || fetched[i];
-    }
-    if (any)
+    if (reply && !done.fs && fetch && code == ZD_OK)
         copies = params_copies(s);
     pthread_mutex_unlock(&s->lock);
     free(grads);
-    if (done) {
-        /* f is among them when the round is complete (or failed at its step). */
-        for (int i = 0; fetched && i < n_done; i++)
-            if (fetched[i]) {
-                answer_params(s, done[i], now, copies);
-                zd_future_unref(done[i]);
-                done[i] = NULL;
-            }
-        int k = 0;
-        for (int i = 0; i < n_done; i++)
-            if (done[i])
-                done[k++] = done[i];
-        answer_all(done, k, code, now, text);
-    } else if (reply && any) {
+    if (done.fs) /* f is among them (the round is complete, or failed at its step) */
+        send_round(s, &done, code, now, text);
+    else if (reply && fetch && code == ZD_OK)
         answer_params(s, f, now, copies);
-    } else if (reply) {
+    else if (reply)
         answer(f, code, now, text);
-    }
-    free(fetched);
     copies_free(s, copies);
     return f;
 }
@@ -537,8 +557,7 @@ static struct {
     made stays), which may complete the round. */
 static void shard_peer_lost(zd_ps_server_t *s, int peer)
 {
-    zd_future_t **done = NULL;
-    int n_done = 0;
+    round_t done = {0};
     zd_error_code_t code = ZD_OK;
     char text[256] = "";
     pthread_mutex_lock(&s->lock);
@@ -548,15 +567,15 @@ static void shard_peer_lost(zd_ps_server_t *s, int peer)
         for (int i = 0; i < s->n_pushed; i++)
             if (s->pushed_by[i] == peer)
                 s->pushed_by[i] = -1;
-        if (!s->stopped && round_complete(s) && finish_round(s, &done, &n_done) < 0) {
+        if (!s->stopped && round_complete(s) && finish_round(s, &done) < 0) {
             code = ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
         }
     }
     int64_t now = s->version;
     pthread_mutex_unlock(&s->lock);
-    if (done)
-        answer_all(done, n_done, code, now, text);
+    if (done.fs)
+        send_round(s, &done, code, now, text);
 }
 
 static void on_peer_lost(void *arg, int peer, const char *name)

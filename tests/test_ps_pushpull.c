@@ -216,9 +216,10 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
 /*  ---- synchronous rounds ---- */
 
 /*  rounds rounds of pull (checked against want, whose steps are the mean
-    of trainers 0 and 1), set the gradients, push. 0, or world_fail's -1. */
+    of trainers 0 and 1), set the gradients, push; with fetch, the push is
+    a push_pull, whose answer is checked too. 0, or world_fail's -1. */
 static int sync_rounds(const world_t *w, zd_ps_client_t *ps, zd_nn_module_t *m,
-                       zd_nn_module_t *want, int rounds, const char *step)
+                       zd_nn_module_t *want, int rounds, const char *step, bool fetch)
 {
     int rc = 0;
     for (int round = 0; round < rounds && rc == 0; round++) {
@@ -230,9 +231,12 @@ static int sync_rounds(const world_t *w, zd_ps_client_t *ps, zd_nn_module_t *m,
         else if (zd_ps_client_version(ps, 0) != round)
             rc = world_fail(w, "round %d: version %lld", round,
                             (long long)zd_ps_client_version(ps, 0));
-        else if (set_grads(m, w->rank, round) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0)
+        else if (set_grads(m, w->rank, round) < 0 ||
+                 (fetch ? zd_ps_client_push_pull : zd_ps_client_push)(ps, ZD_TIMEOUT_DEFAULT) < 0)
             rc = world_fail(w, "push of round %d: %s", round, zd_error_last());
         sgd_mean(want, 2, round);
+        if (rc == 0 && fetch && (bad = differs(m, want)))
+            rc = world_fail(w, "round %d: the push_pull brought %s, not %s", round, bad, step);
     }
     return rc;
 }
@@ -253,7 +257,7 @@ static int sync_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     if (rc == 0)
-        rc = sync_rounds(w, ps, m, want, 3, "the mean-gradient SGD step");
+        rc = sync_rounds(w, ps, m, want, 3, "the mean-gradient SGD step", false);
     /* Pushing again at the version of the round just done is stale. */
     if (rc == 0 &&
         (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0 ||
@@ -670,7 +674,10 @@ static void test_shard_lost(void **state)
 
 /*  Trainers 0 and 1 train four rounds; trainer 2 pulls once (the shard
     knows it from then on) and dies. Each round waits for it until it is
-    declared lost, then completes with the other two: the mean of theirs. */
+    declared lost, then completes with the other two: the mean of theirs.
+    Trainer 0 pushes with push_pull: the first round, completed by the
+    loss (trainer 2 is declared lost about a second after the others
+    pushed), answers it with the parameters too. */
 static int three_trainers(const world_t *w)
 {
     const setup_t *su = w->arg;
@@ -689,7 +696,7 @@ static int three_trainers(const world_t *w)
             raise(SIGKILL);
     }
     if (rc == 0)
-        rc = sync_rounds(w, ps, m, want, 4, "the step with the survivors' mean");
+        rc = sync_rounds(w, ps, m, want, 4, "the step with the survivors' mean", w->rank == 0);
     if (rc == 0 && (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || differs(m, want)))
         rc = world_fail(w, "after the last round: %s", zd_error_last());
     zd_rpc_shutdown(true, world_scaled_ms(20000)); /* may report the lost trainer */
