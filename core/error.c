@@ -14,7 +14,7 @@ static _Thread_local zd_error_code_t last_code;
     the buffer it writes. */
 static void set_text(const char *fmt, va_list ap)
 {
-    char text[ERROR_MAX];
+    char text[ERROR_MAX] = "";
     vsnprintf(text, sizeof text, fmt, ap);
     memcpy(last_error, text, strlen(text) + 1);
 }
