@@ -80,8 +80,8 @@ static double forward_backward(zd_nn_module_t *m, zd_tensor_t *x, zd_tensor_t *l
 }
 
 /*  Trainer.train: fetch the model, then for every batch a forward and a
-    backward, and update_and_fetch_model: the push returns when the round
-    of all trainers is stepped, the pull fetches the model it made. */
+    backward, and update_and_fetch_model: the push_pull returns when the
+    round of all trainers is stepped, with the model it made. */
 static int run_trainer(const options_t *o, zd_nn_module_t *m, const zd_ps_options_t *po, int index,
                        const char *me)
 {

@@ -31,6 +31,33 @@ ps_options_t ps_options_default(void)
                           .eval_interval = 10};
 }
 
+/*  Whether the model's tensors leave no server without one: the layer's
+    shards hold whole tensors (zd_ps_split). 0, or -1 naming the limit. */
+static int servers_fit(const ps_options_t *o)
+{
+    zd_nn_module_t *m = zd_nn_tutorial_model_new(o->model, 0);
+    zd_named_tensors_t *params = m ? zd_nn_module_state_dict(m) : NULL;
+    int n = params ? (int)zd_named_tensors_len(params) : 0, rc = params ? 0 : -1;
+    int *shard_of = n > 0 ? calloc((size_t)n, sizeof *shard_of) : NULL;
+    bool *used = calloc((size_t)o->num_servers, sizeof *used);
+    if (rc == 0 && (!shard_of || !used))
+        rc = zd_error_set("out of memory");
+    if (rc == 0)
+        rc = zd_ps_split(params, o->num_servers, shard_of, n);
+    for (int i = 0; rc == 0 && i < n; i++)
+        used[shard_of[i]] = true;
+    for (int s = 0; rc == 0 && s < o->num_servers; s++)
+        if (!used[s])
+            rc = zd_error_set("--num_servers=%d: the %s's %d parameter tensors leave server %d "
+                              "without one (each server holds whole tensors)",
+                              o->num_servers, o->model, n, s);
+    free(used);
+    free(shard_of);
+    zd_named_tensors_free(params);
+    zd_nn_module_free(m);
+    return rc;
+}
+
 int ps_options_check(const ps_options_t *o, int world_size)
 {
     if (o->num_workers < 1 || o->num_workers > PS_MAX_WORKERS)
@@ -46,6 +73,8 @@ int ps_options_check(const ps_options_t *o, int world_size)
     if (o->straggler_ms < 0 || o->straggler_ms > 10000) /* well within a call's timeout */
         return zd_error_set("--straggler_ms must be in 0..10000, got %lld",
                             (long long)o->straggler_ms);
+    if (servers_fit(o) < 0)
+        return -1;
     int want = 1 + o->num_servers + o->num_workers;
     if (world_size != want)
         return zd_error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "

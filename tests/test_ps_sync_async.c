@@ -388,6 +388,8 @@ static void test_async_each_gradient_once(void **state)
 #define STALE_ITERS 15
 #define STALE_BOUND 2
 
+/*  (both runs train through the same servers, the second from where the
+    first left the weights: only the updates' counts and leads matter) */
 static int fn_staleness(const world_t *w, const ps_options_t *po)
 {
     int rc = 0;
@@ -495,6 +497,15 @@ static void test_world_size_checked(void **state)
     o.num_workers = 0;
     assert_int_equal(ps_options_check(&o, 3), -1);
     assert_non_null(strstr(zd_error_last(), "--num_workers"));
+    /* servers hold whole tensors: the ConvNet's four fill four at most */
+    o.num_workers = 2;
+    o.num_servers = 4;
+    assert_int_equal(ps_options_check(&o, 7), 0);
+    o.num_servers = 5;
+    assert_int_equal(ps_options_check(&o, 8), -1);
+    assert_non_null(strstr(zd_error_last(),
+                           "--num_servers=5: the convnet's 4 parameter tensors "
+                           "leave server"));
 }
 
 int main(void)
