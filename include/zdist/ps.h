@@ -221,7 +221,8 @@ ZD_API int zd_ps_client_push(zd_ps_client_t *c, int64_t timeout_ms);
 /*  zd_ps_client_push, each shard answering with its parameters after the
     step its push was part of (ps-lite's PushPull; PyTorch's batch-update
     tutorial's update_and_fetch_model): the replica then holds them, as
-    after zd_ps_client_pull, in one exchange instead of two. 0, or -1 as
+    after zd_ps_client_pull, in one exchange instead of two (a shard short
+    of memory answers as to a push, and they are pulled). 0, or -1 as
     zd_ps_client_push, or zd_ps_client_pull's errors for the answers (the
     replica unchanged when the push was refused). */
 ZD_API int zd_ps_client_push_pull(zd_ps_client_t *c, int64_t timeout_ms);
