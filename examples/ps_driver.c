@@ -36,7 +36,14 @@ ps_options_t ps_options_default(void)
 static int servers_fit(const ps_options_t *o)
 {
     zd_nn_module_t *m = zd_nn_tutorial_model_new(o->model, 0);
-    zd_named_tensors_t *params = m ? zd_nn_module_state_dict(m) : NULL;
+    /* each tensor once, as the servers count them (a tied one is one) */
+    zd_named_tensors_t *params = m ? zd_named_tensors_new() : NULL;
+    for (int i = 0; params && i < zd_nn_module_n_params(m); i++)
+        if (zd_named_tensors_add(params, zd_nn_module_param_name(m, i), zd_nn_module_param(m, i)) <
+            0) {
+            zd_named_tensors_free(params);
+            params = NULL;
+        }
     int n = params ? (int)zd_named_tensors_len(params) : 0, rc = params ? 0 : -1;
     int *shard_of = n > 0 ? calloc((size_t)n, sizeof *shard_of) : NULL;
     bool *used = calloc((size_t)o->num_servers, sizeof *used);

@@ -98,18 +98,16 @@ static void answer_params(const zd_ps_server_t *s, zd_future_t *f, int64_t versi
     zd_value_unref(v);
 }
 
-/*  Takes the round's waiting answers out (under the lock): the caller
-    completes them once it let the lock go, since completing one sends it. */
-static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n);
-
-static zd_future_t **take_waiting(zd_ps_server_t *s, int *n)
+/*  Room for a round's answers (2 num_trainers), taken before the lock so
+    that finishing a round under it cannot fail: a new array, or NULL. */
+static zd_future_t **answers_room(const zd_ps_server_t *s)
 {
-    *n = 0;
-    zd_future_t **out = malloc((size_t)(s->n_pushed ? s->n_pushed : 1) * sizeof *out);
-    return out ? take_waiting_into(s, out, n) : NULL;
+    return malloc(2 * (size_t)s->opts.num_trainers * sizeof(zd_future_t *));
 }
 
-/*  take_waiting into out, room for 2 num_trainers answers: cannot fail. */
+/*  Takes the round's waiting answers out (under the lock) into out, room
+    for 2 num_trainers of them: the caller completes them once it let the
+    lock go, since completing one sends it. */
 static zd_future_t **take_waiting_into(zd_ps_server_t *s, zd_future_t **out, int *n)
 {
     *n = 0;
@@ -212,14 +210,16 @@ static bool round_complete(const zd_ps_server_t *s)
 /*  A finished round's answers, taken under the lock and sent once it is
     let go (send_round). */
 typedef struct {
-    zd_future_t **fs; /* NULL: no round finished */
+    zd_future_t **room; /* answers_room, taken before the lock */
+    zd_future_t **fs;   /* the room once a round finished into it; NULL: none */
     int n;
     bool *fetch;          /* fetch[i]: fs[i] is a push_pull's (NULL: none is) */
     zd_tensor_t **copies; /* the parameters after the step, for them (or NULL) */
 } round_t;
 
 /*  Steps with the mean of the round (under the lock) and takes its
-    answers into *r, with the parameters the push_pulls among them get. */
+    answers into r's room, with the parameters the push_pulls among them
+    get. */
 static int finish_round(zd_ps_server_t *s, round_t *r)
 {
     float count = (float)s->n_pushed;
@@ -238,20 +238,13 @@ static int finish_round(zd_ps_server_t *s, round_t *r)
         memcpy(r->fetch, s->fetch, (size_t)s->n_pushed * sizeof *r->fetch);
         r->copies = params_copies(s);
     }
-    r->fs = take_waiting(s, &r->n);
-    if (!r->fs) {
-        /* Out of memory: the answers are lost with the list; their
-           callers time out rather than hang. */
-        free(r->fetch);
-        copies_free(s, r->copies);
-        *r = (round_t){0};
-        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
-    }
+    r->fs = take_waiting_into(s, r->room, &r->n);
+    r->room = NULL;
     return rc;
 }
 
-/*  Sends a finished round's answers (after the lock is let go) and frees
-    what r holds. */
+/*  Sends a finished round's answers, if any (after the lock is let go),
+    and frees what r holds. */
 static void send_round(const zd_ps_server_t *s, round_t *r, zd_error_code_t code, int64_t version,
                        const char *text)
 {
@@ -266,6 +259,7 @@ static void send_round(const zd_ps_server_t *s, round_t *r, zd_error_code_t code
     }
     if (r->fs)
         answer_all(r->fs, k, code, version, text); /* frees r->fs */
+    free(r->room);
     free(r->fetch);
     copies_free(s, r->copies);
     *r = (round_t){0};
@@ -317,6 +311,11 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
     round_t done = {0};          /* a round this push finished */
     bool reply = true;           /* false: f waits for the round */
     zd_tensor_t **copies = NULL; /* asynchronous: the parameters f carries */
+    if (s->opts.mode == ZD_PS_SYNC && !(done.room = answers_room(s))) {
+        free(grads);
+        answer(f, ZD_ERR_NO_MEMORY, 0, "ps: out of memory");
+        return f;
+    }
     int caller = zd_rpc_call_caller_rank(call);
     /* [version, position (when the trainer set one), name, grad, ...] */
     size_t pairs = zd_value_kind(zd_list_get(args, 1)) == ZD_VALUE_INT ? 2 : 1;
@@ -380,11 +379,13 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
         copies = params_copies(s);
     pthread_mutex_unlock(&s->lock);
     free(grads);
-    if (done.fs) /* f is among them (the round is complete, or failed at its step) */
-        send_round(s, &done, code, now, text);
-    else if (reply && fetch && code == ZD_OK)
+    /* f is among a round's answers when it completed it (or the round
+       failed at its step) */
+    bool in_round = done.fs != NULL;
+    send_round(s, &done, code, now, text);
+    if (!in_round && reply && fetch && code == ZD_OK)
         answer_params(s, f, now, copies);
-    else if (reply)
+    else if (!in_round && reply)
         answer(f, code, now, text);
     copies_free(s, copies);
     return f;
@@ -557,7 +558,8 @@ static struct {
     made stays), which may complete the round. */
 static void shard_peer_lost(zd_ps_server_t *s, int peer)
 {
-    round_t done = {0};
+    /* without room the round completes at its next push instead */
+    round_t done = {.room = answers_room(s)};
     zd_error_code_t code = ZD_OK;
     char text[256] = "";
     pthread_mutex_lock(&s->lock);
@@ -567,15 +569,14 @@ static void shard_peer_lost(zd_ps_server_t *s, int peer)
         for (int i = 0; i < s->n_pushed; i++)
             if (s->pushed_by[i] == peer)
                 s->pushed_by[i] = -1;
-        if (!s->stopped && round_complete(s) && finish_round(s, &done) < 0) {
+        if (done.room && !s->stopped && round_complete(s) && finish_round(s, &done) < 0) {
             code = ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
         }
     }
     int64_t now = s->version;
     pthread_mutex_unlock(&s->lock);
-    if (done.fs)
-        send_round(s, &done, code, now, text);
+    send_round(s, &done, code, now, text);
 }
 
 static void on_peer_lost(void *arg, int peer, const char *name)
@@ -771,15 +772,23 @@ int zd_ps_server_stop(zd_ps_server_t *s)
 {
     if (!s)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_stop: NULL");
-    pthread_mutex_lock(&s->lock);
-    s->stopped = true;
-    int n = 0;
-    zd_future_t **fs = take_waiting(s, &n);
-    int64_t version = s->version;
-    pthread_mutex_unlock(&s->lock);
     char text[64];
     snprintf(text, sizeof text, "shard %d stopped", s->shard);
-    answer_all(fs, n, ZD_ERR_STOPPED, version, text);
+    /* the waiting pushes one at a time, each answered with the lock let
+       go: no allocation that could fail (no push joins once stopped) */
+    pthread_mutex_lock(&s->lock);
+    s->stopped = true;
+    while (s->n_pushed > 0) {
+        zd_future_t *f = s->waiting[--s->n_pushed];
+        int64_t version = s->version;
+        pthread_mutex_unlock(&s->lock);
+        answer(f, ZD_ERR_STOPPED, version, text);
+        zd_future_unref(f);
+        pthread_mutex_lock(&s->lock);
+    }
+    for (int i = 0; i < s->n; i++)
+        zd_tensor_zero_(s->sums[i]);
+    pthread_mutex_unlock(&s->lock);
     return 0;
 }
 
