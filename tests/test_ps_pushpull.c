@@ -215,14 +215,15 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
 
 /*  ---- synchronous rounds ---- */
 
-/*  rounds rounds of pull (checked against want, whose steps are the mean
-    of trainers 0 and 1), set the gradients, push; with fetch, the push is
-    a push_pull, whose answer is checked too. 0, or world_fail's -1. */
+/*  Rounds first .. rounds-1 of pull (checked against want, whose steps
+    are the mean of trainers 0 and 1), set the gradients, push; with
+    fetch, the push is a push_pull, whose answer is checked too. 0, or
+    world_fail's -1. */
 static int sync_rounds(const world_t *w, zd_ps_client_t *ps, zd_nn_module_t *m,
-                       zd_nn_module_t *want, int rounds, const char *step, bool fetch)
+                       zd_nn_module_t *want, int first, int rounds, const char *step, bool fetch)
 {
     int rc = 0;
-    for (int round = 0; round < rounds && rc == 0; round++) {
+    for (int round = first; round < rounds && rc == 0; round++) {
         const char *bad;
         if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0)
             rc = world_fail(w, "pull of round %d: %s", round, zd_error_last());
@@ -257,7 +258,7 @@ static int sync_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     if (rc == 0)
-        rc = sync_rounds(w, ps, m, want, 3, "the mean-gradient SGD step", false);
+        rc = sync_rounds(w, ps, m, want, 0, 3, "the mean-gradient SGD step", false);
     /* Pushing again at the version of the round just done is stale. */
     if (rc == 0 &&
         (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0 ||
@@ -675,9 +676,49 @@ static void test_shard_lost(void **state)
 /*  Trainers 0 and 1 train four rounds; trainer 2 pulls once (the shard
     knows it from then on) and dies. Each round waits for it until it is
     declared lost, then completes with the other two: the mean of theirs.
-    Trainer 0 pushes with push_pull: the first round, completed by the
-    loss (trainer 2 is declared lost about a second after the others
-    pushed), answers it with the parameters too. */
+    Trainer 0 pushes with push_pull, its first round through the shard's
+    function itself (raw_push_pull_round0). */
+/*  Trainer 0's round 0 through the shard's push_pull function called
+    directly: the answer must carry the parameters after the round's
+    step whatever completed the round (here, nearly always, the loss of
+    trainer 2), not a push's bare answer, which the client would mend by
+    pulling. 0, or world_fail's -1. */
+static int raw_push_pull_round0(const world_t *w, zd_ps_client_t *ps, zd_nn_module_t *m,
+                                zd_nn_module_t *want, int shard_rank)
+{
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || set_grads(m, w->rank, 0) < 0)
+        return world_fail(w, "round 0: %s", zd_error_last());
+    zd_value_t *args = zd_value_list(9), *v = NULL;
+    WCHECK(args && zd_list_append(args, zd_value_int(0)) == 0);
+    for (int i = 0; i < 4; i++) {
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_module_find(m, names[i]));
+        WCHECK(g && zd_list_append(args, zd_value_string(names[i])) == 0 &&
+               zd_list_append(args, zd_value_tensor(g)) == 0);
+        zd_tensor_unref(g);
+    }
+    if (zd_rpc_sync_take(shard_rank, "__zd_ps_pushpull_0", args, ZD_TIMEOUT_DEFAULT, &v) < 0)
+        return world_fail(w, "round 0's push_pull: %s", zd_error_last());
+    sgd_mean(want, 2, 0);
+    int64_t code = -1;
+    int rc = zd_rpc_arg_int(v, 0, &code) == 0 && code == ZD_OK && zd_list_len(v) == 3 + 2 * 4
+        ? 0
+        : world_fail(w,
+                     "round 0's push_pull answered code %lld with %zu items, not the "
+                     "parameters",
+                     (long long)code, zd_list_len(v));
+    for (int i = 0; rc == 0 && i < 4; i++) {
+        const char *name = NULL;
+        zd_tensor_t *t = NULL, *e;
+        if (zd_rpc_arg_string(v, 3 + 2 * (size_t)i, &name) < 0 ||
+            zd_rpc_arg_tensor(v, 4 + 2 * (size_t)i, &t) < 0 ||
+            !(e = zd_nn_module_find(want, name)) || zd_tensor_nbytes(t) != zd_tensor_nbytes(e) ||
+            memcmp(zd_tensor_data(t), zd_tensor_data(e), zd_tensor_nbytes(e)) != 0)
+            rc = world_fail(w, "round 0's push_pull: tensor %d is not the round's step", i);
+    }
+    zd_value_unref(v);
+    return rc;
+}
+
 static int three_trainers(const world_t *w)
 {
     const setup_t *su = w->arg;
@@ -696,7 +737,10 @@ static int three_trainers(const world_t *w)
             raise(SIGKILL);
     }
     if (rc == 0)
-        rc = sync_rounds(w, ps, m, want, 4, "the step with the survivors' mean", w->rank == 0);
+        rc = w->rank == 0 ? raw_push_pull_round0(w, ps, m, want, shard) : 0;
+    if (rc == 0)
+        rc = sync_rounds(w, ps, m, want, w->rank == 0 ? 1 : 0, 4,
+                         "the step with the survivors' mean", w->rank == 0);
     if (rc == 0 && (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || differs(m, want)))
         rc = world_fail(w, "after the last round: %s", zd_error_last());
     zd_rpc_shutdown(true, world_scaled_ms(20000)); /* may report the lost trainer */
