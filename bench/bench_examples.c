@@ -97,36 +97,37 @@ static ps_options_t ps_bench_options(const ps_bench_t *b)
     return o;
 }
 
-/*  Every rank: the workers' actors, rank 1's parameter server (made
-    before joining, as the layer has it), and on rank 0 the driver. */
-static int ps_fn(const world_t *w)
+static zd_ps_server_t *ps_server; /* rank 1's (ps_setup) */
+
+/*  Every rank: the workers' actors, and rank 1's parameter server, made
+    before joining as the layer has it (freed by ps_teardown). */
+static int ps_setup(const world_t *w)
 {
     ps_options_t o = ps_bench_options(w->arg);
-    zd_ps_server_t *srv = NULL;
-    if (ps_register() < 0 || ps_server_new(&o, w->rank, &srv) < 0)
-        return world_fail(w, "%s", zd_error_last());
-    zd_rpc_options_t ro = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "rank%d", w->rank);
-    if (zd_rpc_init(name, w->rank, w->world_size, &ro) < 0) {
-        zd_ps_server_free(srv);
-        return world_fail(w, "%s", zd_error_last());
-    }
-    int rc = 0;
+    return ps_register() < 0 || ps_server_new(&o, w->rank, &ps_server) < 0 ? -1 : 0;
+}
+
+static int ps_teardown(const world_t *w)
+{
+    (void)w;
+    zd_ps_server_free(ps_server);
+    ps_server = NULL;
+    return 0;
+}
+
+static int ps_fn(const world_t *w)
+{
+    if (w->rank != 0)
+        return 0;
+    ps_options_t o = ps_bench_options(w->arg);
     ps_result_t res;
-    if (w->rank == 0 && ps_run_driver(&o, &res) < 0) {
-        rc = world_fail(w, "%s", zd_error_last());
-    } else if (w->rank == 0) {
-        char fig[48];
-        snprintf(fig, sizeof fig, "ps_%s_iters_per_s_w%d", o.async ? "async" : "sync",
-                 o.num_workers);
-        add(fig, res.iters_per_s, "iters/s");
-        ps_result_free(&res);
-    }
-    if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0 && rc == 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_server_free(srv);
-    return rc;
+    if (ps_run_driver(&o, &res) < 0)
+        return world_fail(w, "%s", zd_error_last());
+    char name[48];
+    snprintf(name, sizeof name, "ps_%s_iters_per_s_w%d", o.async ? "async" : "sync", o.num_workers);
+    add(name, res.iters_per_s, "iters/s");
+    ps_result_free(&res);
+    return 0;
 }
 
 static int pipe_setup(const world_t *w)
@@ -520,10 +521,11 @@ int main(int argc, char **argv)
                 /* async does iterations x workers updates: the same work per worker */
                 ps_bench_t b = {a == 1, w, a == 1 ? iterations / w + 1 : iterations};
                 world_options_t o = {.world_size = 2 + w,
+                                     .setup = ps_setup,
                                      .fn = ps_fn,
+                                     .teardown = ps_teardown,
                                      .arg = &b,
-                                     .timeout_s = 600,
-                                     .own_init = true};
+                                     .timeout_s = 600};
                 rc = world_run(&o) < 0 ? -1 : 0;
             }
         }

@@ -40,30 +40,33 @@
 
 /*  A world of the example: every rank registers the actors, ranks
     1..S make their parameter servers from the options (before joining:
-    the layer's rule), and rank 0 runs `driver`. */
+    the layer's rule; freed after the harness's shutdown), and rank 0
+    runs `driver`. */
 typedef struct {
     ps_options_t o;
     int (*driver)(const world_t *w, const ps_options_t *o);
 } ps_world_t;
 
+static zd_ps_server_t *server; /* this process's, if it is one */
+
+static int ps_setup(const world_t *w)
+{
+    const ps_world_t *pw = w->arg;
+    return ps_register() < 0 || ps_server_new(&pw->o, w->rank, &server) < 0 ? -1 : 0;
+}
+
 static int ps_world(const world_t *w)
 {
     const ps_world_t *pw = w->arg;
-    zd_ps_server_t *srv = NULL;
-    if (ps_register() < 0 || ps_server_new(&pw->o, w->rank, &srv) < 0)
-        return world_fail(w, "set-up: %s", zd_error_last());
-    zd_rpc_options_t ro = world_rpc_options(w->port);
-    char name[32];
-    snprintf(name, sizeof name, "rank%d", w->rank);
-    if (zd_rpc_init(name, w->rank, w->world_size, &ro) < 0) {
-        zd_ps_server_free(srv);
-        return world_fail(w, "init: %s", zd_error_last());
-    }
-    int rc = w->rank == 0 ? pw->driver(w, &pw->o) : 0;
-    if (zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT) < 0 && rc == 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_server_free(srv);
-    return rc;
+    return w->rank == 0 ? pw->driver(w, &pw->o) : 0;
+}
+
+static int ps_teardown(const world_t *w)
+{
+    (void)w;
+    zd_ps_server_free(server);
+    server = NULL;
+    return 0;
 }
 
 /*  Runs driver in a world of 1 + servers + workers ranks. */
@@ -72,9 +75,10 @@ static int run_ps_world(const ps_options_t *o, int (*driver)(const world_t *, co
 {
     ps_world_t pw = {*o, driver};
     world_options_t wo = {.world_size = 1 + o->num_servers + o->num_workers,
+                          .setup = ps_setup,
                           .fn = ps_world,
+                          .teardown = ps_teardown,
                           .arg = &pw,
-                          .own_init = true,
                           .timeout_s = timeout_s};
     return world_run(&wo);
 }

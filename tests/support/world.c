@@ -140,8 +140,12 @@ static int child(const world_options_t *o, int rank, int port)
         opts.rpc_timeout_ms = world_scaled_ms(o->rpc_timeout_ms);
     char name[32];
     snprintf(name, sizeof name, "worker%d", rank);
-    if (zd_rpc_init(name, rank, o->world_size, &opts) < 0)
-        return world_fail(&w, "zd_rpc_init: %s", zd_error_last()), 1;
+    if (zd_rpc_init(name, rank, o->world_size, &opts) < 0) {
+        world_fail(&w, "zd_rpc_init: %s", zd_error_last());
+        if (o->teardown)
+            o->teardown(&w);
+        return 1;
+    }
     int rc = o->fn(&w);
     if (rc != 0)
         fprintf(stderr, "rank %d: failed (last error: %s)\n", rank, zd_error_last());
@@ -151,6 +155,8 @@ static int child(const world_options_t *o, int rank, int port)
         fprintf(stderr, "rank %d: shutdown: %s\n", rank, zd_error_last());
         rc = rc ? rc : 1;
     }
+    if (o->teardown && o->teardown(&w) < 0 && rc == 0)
+        rc = world_fail(&w, "teardown failed: %s", zd_error_last());
     return rc ? 1 : 0;
 }
 

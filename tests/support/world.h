@@ -40,6 +40,9 @@ typedef struct {
     int world_size;
     world_setup_fn *setup; /* may be NULL */
     world_fn *fn;
+    /* Called in every process after the harness's zd_rpc_shutdown, to
+       free what setup made (may be NULL; not with own_init). */
+    world_fn *teardown;
     void *arg;
     int timeout_s;          /* whole run (default 60), times world_time_scale() */
     int64_t rpc_timeout_ms; /* 0: the RPC default */
