@@ -213,6 +213,19 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
     return rc;
 }
 
+/*  A trainer's end: leaves the world (a failure to is the test's), frees
+    its client and models, and returns rc or that failure. */
+static int trainer_leave(const world_t *w, int rc, zd_ps_client_t *ps, zd_nn_module_t *m,
+                         zd_nn_module_t *want)
+{
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_client_free(ps);
+    zd_nn_module_free(m);
+    zd_nn_module_free(want);
+    return rc;
+}
+
 /*  ---- synchronous rounds ---- */
 
 /*  Rounds first .. rounds-1 of pull (checked against want, whose steps
@@ -272,12 +285,7 @@ static int sync_trainer(const world_t *w)
     if (rc == 0 && (zd_error_code() != ZD_ERR_STOPPED || !strstr(zd_error_last(), "stopped")))
         rc = world_fail(w, "after the stop: %s (%s)", zd_error_last(),
                         zd_error_code_name(zd_error_code()));
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_client_free(ps);
-    zd_nn_module_free(m);
-    zd_nn_module_free(want);
-    return rc;
+    return trainer_leave(w, rc, ps, m, want);
 }
 
 static int sync_world(const world_t *w)
@@ -366,12 +374,7 @@ static int push_pull_trainer(const world_t *w)
             rc = world_fail(w, "after a refused push_pull: %s changed, version %lld",
                             bad ? bad : "nothing", (long long)zd_ps_client_version(ps, 0));
     }
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_client_free(ps);
-    zd_nn_module_free(m);
-    zd_nn_module_free(want);
-    return rc;
+    return trainer_leave(w, rc, ps, m, want);
 }
 
 static int push_pull_world(const world_t *w)
@@ -1080,12 +1083,7 @@ static int gen_trainer(const world_t *w)
     if (rc == 0 && (bad = differs(m, want)))
         rc = world_fail(w, "after round %d: %s differs", gs->rounds, bad);
 out:
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_client_free(ps);
-    zd_nn_module_free(m);
-    zd_nn_module_free(want);
-    return rc;
+    return trainer_leave(w, rc, ps, m, want);
 }
 
 static int gen_world(const world_t *w)
@@ -1379,12 +1377,7 @@ static int restart_gen_trainer(const world_t *w)
         rc = world_fail(w, "%s is not generation 6's", bad);
     else if (rc == 0 && zd_ps_client_rollbacks(ps) != 2)
         rc = world_fail(w, "%lld rollbacks seen, not 2", (long long)zd_ps_client_rollbacks(ps));
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_client_free(ps);
-    zd_nn_module_free(m);
-    zd_nn_module_free(want);
-    return rc;
+    return trainer_leave(w, rc, ps, m, want);
 }
 
 static int restart_gen_world(const world_t *w)
@@ -1465,12 +1458,7 @@ static int new_run_trainer(const world_t *w)
         rc = world_fail(w, "round 0 again: %s", zd_error_last());
     else if (rc == 0 && (bad = differs(m, want)))
         rc = world_fail(w, "after round 0 again: %s differs", bad);
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_client_free(ps);
-    zd_nn_module_free(m);
-    zd_nn_module_free(want);
-    return rc;
+    return trainer_leave(w, rc, ps, m, want);
 }
 
 static int new_run_world(const world_t *w)
