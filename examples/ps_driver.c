@@ -184,21 +184,22 @@ static int maybe_evaluate(driver_t *d, int64_t i)
     return 0;
 }
 
-/*  The replica's .grad, parameter by parameter, from the flat sum. */
-static int set_grads(driver_t *d, zd_tensor_t *sum)
+/*  Adds the flat gradient g into the replica's .grad, parameter by
+    parameter (zd_tensor_accumulate_grad: the first one copied, the next
+    ones added in order). */
+static int add_grads(driver_t *d, zd_tensor_t *g)
 {
-    zd_nn_module_zero_grad(d->model);
     int64_t off = 0;
     int rc = 0;
     for (int i = 0; i < zd_nn_module_n_params(d->model) && rc == 0; i++) {
-        zd_tensor_t *p = zd_nn_module_param(d->model, i), *part = NULL, *g = NULL;
-        rc = zd_tensor_narrow(sum, 0, off, zd_tensor_numel(p), &part);
+        zd_tensor_t *p = zd_nn_module_param(d->model, i), *part = NULL, *view = NULL;
+        rc = zd_tensor_narrow(g, 0, off, zd_tensor_numel(p), &part);
         if (rc == 0)
-            rc = zd_tensor_reshape(part, zd_tensor_shape(p), zd_tensor_ndim(p), &g);
+            rc = zd_tensor_reshape(part, zd_tensor_shape(p), zd_tensor_ndim(p), &view);
         if (rc == 0)
-            rc = zd_tensor_accumulate_grad(p, g);
+            rc = zd_tensor_accumulate_grad(p, view);
         off += zd_tensor_numel(p);
-        zd_tensor_unref(g);
+        zd_tensor_unref(view);
         zd_tensor_unref(part);
     }
     return rc;
@@ -210,27 +211,19 @@ static int set_grads(driver_t *d, zd_tensor_t *sum)
 static int apply(driver_t *d, zd_value_t *const *grads, int n)
 {
     fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
-    zd_tensor_t *sum = NULL;
     int rc = 0;
+    zd_nn_module_zero_grad(d->model);
     for (int k = 0; k < n && rc == 0; k++) {
         zd_tensor_t *g;
         if (zd_value_get_tensor(grads[k], &g) < 0 || zd_tensor_dtype(g) != ZD_FLOAT32 ||
-            zd_tensor_numel(g) != zd_tensor_numel(d->weights)) {
+            zd_tensor_numel(g) != zd_tensor_numel(d->weights))
             rc = zd_error_set("compute_gradients returned no float32 gradient of %lld values",
                               (long long)zd_tensor_numel(d->weights));
-        } else if (!sum) {
-            rc = (sum = zd_tensor_detach_copy(g)) ? 0 : -1;
-        } else {
-            float *s = zd_tensor_data(sum);
-            const float *gd = zd_tensor_data(g);
-            for (int64_t j = 0; j < zd_tensor_numel(sum); j++)
-                s[j] += gd[j];
-        }
+        else
+            rc = add_grads(d, g);
         if (rc == 0 && d->o->track)
             rc = ps_stats_add(&d->pushed, ps_hash(g));
     }
-    if (rc == 0 && n > 0)
-        rc = set_grads(d, sum);
     if (rc == 0 && n > 0)
         rc = zd_ps_client_push_pull(d->servers, ZD_TIMEOUT_DEFAULT);
     if (rc == 0 && n > 0) {
@@ -238,7 +231,6 @@ static int apply(driver_t *d, zd_value_t *const *grads, int n)
         rc = flatten(d);
     }
     zd_nn_module_zero_grad(d->model);
-    zd_tensor_unref(sum);
     return rc;
 }
 
