@@ -122,6 +122,19 @@ int64_t world_rss_bytes(void)
     return rss < 0 ? -1 : (int64_t)rss * sysconf(_SC_PAGESIZE);
 }
 
+#if defined(__SANITIZE_THREAD__)
+size_t __sanitizer_get_current_allocated_bytes(void);
+#endif
+
+int64_t world_held_bytes(void)
+{
+#if defined(__SANITIZE_THREAD__)
+    return (int64_t)__sanitizer_get_current_allocated_bytes();
+#else
+    return world_rss_bytes();
+#endif
+}
+
 static int child(const world_options_t *o, int rank, int port)
 {
     world_t w = {o->world_size, rank, o->arg, port};

@@ -84,6 +84,12 @@ int world_fail(const world_t *w, const char *fmt, ...) __attribute__((format(pri
 /*  Resident set size of this process in bytes (from /proc/self/statm). */
 int64_t world_rss_bytes(void);
 
+/*  What this process holds, for bounds on growth: its RSS, but under
+    ThreadSanitizer the bytes its allocator has handed out and not got
+    back (TSan's shadow memory grows with each page the program touches
+    and is never returned, so RSS grows with how busy the heap was). */
+int64_t world_held_bytes(void);
+
 /*  Milliseconds on the monotonic clock. */
 int64_t world_now_ms(void);
 
