@@ -17,6 +17,7 @@
 
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
+#include "core/finite.h"
 #include "core/log_private.h"
 #include "core/sized.h"
 
@@ -282,43 +283,15 @@ static zd_rref_t *local_new(const char *cfg_text, zd_rref_t *const *rrefs, int n
     rank that asked for the step (-1: this process). */
 static int local_step_from(local_t *l, int64_t ctx, int from);
 
-/*  Whether d[0..n) are all finite. inf and nan times 0 are nan, which a
-    sum keeps; eight sums side by side let the compiler run them as vector
-    operations (a loop with a branch per element, or one chained sum, runs
-    at a quarter to a fifth of the speed). The element is looked for only
-    once it is known to be there. */
-static bool all_finite(const float *d, int64_t n)
-{
-    float sum[8] = {0};
-    int64_t k = 0;
-    for (; k + 8 <= n; k += 8)
-        for (int j = 0; j < 8; j++)
-            sum[j] += d[k + j] * 0.0f;
-    float t = 0;
-    for (; k < n; k++)
-        t += d[k] * 0.0f;
-    for (int j = 0; j < 8; j++)
-        t += sum[j];
-    return t == 0;
-}
-
-static int64_t first_not_finite(const float *d, int64_t n)
-{
-    int64_t k = 0;
-    while (k < n && isfinite(d[k]))
-        k++;
-    return k;
-}
-
 static int check_finite(zd_tensor_t *const *grads, int n, int64_t ctx, int from)
 {
     for (int i = 0; i < n; i++) {
         if (!grads[i])
             continue;
         const float *d = zd_tensor_data(grads[i]);
-        if (all_finite(d, zd_tensor_numel(grads[i])))
+        int64_t bad = zd__first_not_finite(d, zd_tensor_numel(grads[i]));
+        if (bad < 0)
             continue;
-        int64_t bad = first_not_finite(d, zd_tensor_numel(grads[i]));
         char who[160];
         caller_desc(from, who, sizeof who);
         zd__log(ZD_LOG_WARN,
@@ -346,13 +319,12 @@ static int check_stepped(zd_optim_t *opt, int i, const float *old, int64_t ctx, 
     const float *d = zd_tensor_data(p);
     int64_t n = zd_tensor_numel(p), bad = -1;
     char who[160], what[200], text[512];
-    if (!all_finite(d, n)) {
-        bad = first_not_finite(d, n);
+    if ((bad = zd__first_not_finite(d, n)) >= 0) {
         snprintf(text, sizeof text, "made %s %g at element %lld (it was %g)",
                  param_desc(p, i, what, sizeof what), (double)d[bad], (long long)bad,
                  (double)old[bad]);
     } else if (max_change > 0 && n > 0) {
-        double dd4[4] = {0}, pp4[4] = {0}, dd = 0, pp = 0; /* side by side, as in all_finite */
+        double dd4[4] = {0}, pp4[4] = {0}, dd = 0, pp = 0; /* side by side (core/finite.h) */
         int64_t k = 0;
         for (; k + 4 <= n; k += 4)
             for (int j = 0; j < 4; j++) {

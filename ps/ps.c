@@ -14,6 +14,7 @@
 
 #include <zdist/error.h>
 #include "core/clock.h"
+#include "core/finite.h"
 #include "core/sized.h"
 #include "ps/ps_private.h"
 
@@ -174,12 +175,7 @@ zd_named_tensors_t *zd__ps_module_params(const zd_nn_module_t *m)
 /*  The first element of t that is not finite, or -1. */
 int64_t zd__ps_first_not_finite(const zd_tensor_t *t)
 {
-    const float *p = zd_tensor_data(t);
-    int64_t n = zd_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++)
-        if (!isfinite(p[i]))
-            return i;
-    return -1;
+    return zd__first_not_finite(zd_tensor_data(t), zd_tensor_numel(t));
 }
 
 /*  t, checked against the served tensor like: dtype, shape, finite. */
