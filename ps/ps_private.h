@@ -18,6 +18,7 @@ struct zd_ps_server {
     int n;                /* tensors served */
     char **names;         /* theirs */
     zd_tensor_t **params; /* the shard's own copies, stepped by opt */
+    zd_tensor_t **before; /* theirs before the step being taken: a refused step goes back */
     bool *all;            /* n times true: every name is expected */
     zd_optim_t *opt;
 

@@ -147,12 +147,47 @@ static int write_checkpoint(zd_ps_server_t *s)
     return 0;
 }
 
-/*  One step with grads (under the lock), and the checkpoint it is due
-    for. A checkpoint that fails is logged, not the step's failure: the
-    step happened, and the last whole generation stays on disk. */
+/*  Whether the step just taken left every parameter finite; if not, puts
+    the parameters of before it back and fails naming the first element
+    (ZD_ERR_ARGUMENT: the trainers' gradients were finite, checked as they
+    came, but a learning rate too high for them, or a sum of a round too
+    large for a float, diverges, and one inf or nan would reach every
+    trainer with its next pull). The optimizer's own state (momentum,
+    Adam's moments) keeps the refused step's gradients, as
+    zd_dist_optim_step's does. */
+static int check_step(zd_ps_server_t *s)
+{
+    int i = 0;
+    int64_t bad = -1;
+    while (i < s->n && (bad = zd__ps_first_not_finite(s->params[i])) < 0)
+        i++;
+    if (bad < 0)
+        return 0;
+    const double now = zd_tensor_data(s->params[i])[bad], was = zd_tensor_data(s->before[i])[bad];
+    for (int k = 0; k < s->n; k++)
+        memcpy(zd_tensor_data(s->params[k]), zd_tensor_data(s->before[k]),
+               zd_tensor_nbytes(s->params[k]));
+    zd__log(ZD_LOG_WARN,
+            "ps: shard %d: the step from version %" PRId64 " made \"%s\" %g at element %" PRId64
+            " (it was %g): refused and undone",
+            s->shard, s->version, s->names[i], now, bad, was);
+    return zd_error_set_code(ZD_ERR_ARGUMENT,
+                             "the step from version %" PRId64 " made \"%s\" %g at element %" PRId64
+                             " (it was %g): the model diverges (a learning rate too high?); the "
+                             "step was refused and undone, the parameters are as they were",
+                             s->version, s->names[i], now, bad, was);
+}
+
+/*  One step with grads (under the lock), published only when it leaves
+    the parameters finite (check_step), and the checkpoint it is due for.
+    A checkpoint that fails is logged, not the step's failure: the step
+    happened, and the last whole generation stays on disk. */
 static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
 {
-    if (zd_optim_step(s->opt, grads) < 0)
+    for (int i = 0; i < s->n; i++)
+        memcpy(zd_tensor_data(s->before[i]), zd_tensor_data(s->params[i]),
+               zd_tensor_nbytes(s->params[i]));
+    if (zd_optim_step(s->opt, grads) < 0 || check_step(s) < 0)
         return -1;
     s->version++;
     s->fresh = false;
@@ -355,7 +390,7 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
         int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
         zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
         if (step(s, grads) < 0) {
-            code = ZD_ERR_OTHER;
+            code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
             if (position >= 0 && caller < s->n_positions)
                 s->positions[caller] = was;
@@ -655,13 +690,15 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     s->names = calloc((size_t)mine, sizeof *s->names);
     s->params = calloc((size_t)mine, sizeof *s->params);
     s->sums = calloc((size_t)mine, sizeof *s->sums);
+    s->before = calloc((size_t)mine, sizeof *s->before);
     s->all = malloc((size_t)mine * sizeof *s->all);
     /* A trainer lost after its push and back in the same round pushes
        twice: room for each trainer's two. */
     s->pushed_by = calloc(2 * (size_t)o.num_trainers, sizeof *s->pushed_by);
     s->waiting = calloc(2 * (size_t)o.num_trainers, sizeof *s->waiting);
     s->fetch = calloc(2 * (size_t)o.num_trainers, sizeof *s->fetch);
-    if (!s->names || !s->params || !s->sums || !s->all || !s->pushed_by || !s->waiting || !s->fetch)
+    if (!s->names || !s->params || !s->sums || !s->before || !s->all || !s->pushed_by ||
+        !s->waiting || !s->fetch)
         goto oom;
     for (int i = 0; i < n; i++) {
         if (shard_of[i] != shard)
@@ -671,7 +708,8 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         s->all[k] = true;
         if (!(s->names[k] = strdup(zd_named_tensors_name(params, i))) ||
             !(s->params[k] = zd_tensor_detach_copy(t)) ||
-            !(s->sums[k] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(t), zd_tensor_ndim(t))))
+            !(s->sums[k] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(t), zd_tensor_ndim(t))) ||
+            !(s->before[k] = zd_tensor_new(ZD_FLOAT32, zd_tensor_shape(t), zd_tensor_ndim(t))))
             goto oom;
     }
     free(shard_of);
@@ -841,11 +879,13 @@ void zd_ps_server_free(zd_ps_server_t *s)
         free(s->names[i]);
         zd_tensor_unref(s->params[i]);
         zd_tensor_unref(s->sums[i]);
+        zd_tensor_unref(s->before[i]);
     }
     zd_optim_free(s->opt);
     free(s->names);
     free(s->params);
     free(s->sums);
+    free(s->before);
     free(s->all);
     free(s->pushed_by);
     free(s->waiting);

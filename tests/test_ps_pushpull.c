@@ -62,6 +62,7 @@ typedef struct {
     int64_t max_staleness;
     bool lossy;       /* a member dies: the survivors' shutdown may report it */
     int num_trainers; /* 0: 2 */
+    double lr;        /* the shards' SGD learning rate (0: LR) */
 } setup_t;
 
 static const char *const names[] = {"a.weight", "a.bias", "b.weight", "b.bias"};
@@ -188,7 +189,7 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
 {
     const setup_t *su = w->arg;
     zd_ps_options_t o = options(su);
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(su->lr > 0 ? su->lr : LR);
     zd_nn_module_t *m = make_model();
     WCHECK(m);
     zd_ps_server_t *srv = zd_ps_server_new_module(m, shard, su->n_shards, &sgd, &o);
@@ -615,6 +616,88 @@ static void test_async_stale_and_refused(void **state)
     world_options_t o = {
         .world_size = 2, .fn = async_world, .arg = &su, .own_init = true, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
+}
+
+/*  ---- a step that diverges ---- */
+
+/*  The replica's gradients all 0, but element 1 of b.weight: big. */
+static int diverging_grads(zd_nn_module_t *m, float big)
+{
+    if (set_grads(m, 0, 0) < 0)
+        return -1;
+    for (int i = 0; i < 4; i++) {
+        zd_tensor_t *g = zd_tensor_grad(zd_nn_module_find(m, names[i]));
+        zd_tensor_zero_(g);
+        if (i == 2)
+            zd_tensor_data(g)[1] = big;
+        zd_tensor_unref(g);
+    }
+    return 0;
+}
+
+/*  A push of finite gradients whose step, at the shard's learning rate of
+    1e30, makes b.weight[1] -inf: refused with ZD_ERR_ARGUMENT naming the
+    tensor and the element (in a synchronous round, both trainers' pushes),
+    the parameters as they were, at version 0; a push of zeros is then
+    taken (version 1): the shard goes on. */
+static int diverging_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    int ranks[1] = {su->mode == ZD_PS_SYNC ? 2 : 1};
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, ranks, 1, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = 0;
+    const char *bad = NULL;
+    if (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || diverging_grads(m, 1e10f) < 0)
+        rc = world_fail(w, "pull: %s", zd_error_last());
+    if (rc == 0 &&
+        (zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) == 0 || zd_error_code() != ZD_ERR_ARGUMENT ||
+         !strstr(zd_error_last(), "made \"b.weight\" -inf at element 1") ||
+         !strstr(zd_error_last(), "refused and undone")))
+        rc = world_fail(w, "a diverging step: %s", zd_error_last());
+    if (rc == 0)
+        printf("diverging: %s\n", zd_error_last());
+    if (rc == 0 &&
+        (zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || (bad = differs(m, want)) ||
+         zd_ps_client_version(ps, 0) != 0))
+        rc = world_fail(w, "after the refused step: %s, version %lld", bad ? bad : zd_error_last(),
+                        (long long)zd_ps_client_version(ps, 0));
+    if (rc == 0 &&
+        (diverging_grads(m, 0) < 0 || zd_ps_client_push(ps, ZD_TIMEOUT_DEFAULT) < 0 ||
+         zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0 || (bad = differs(m, want)) ||
+         zd_ps_client_version(ps, 0) != 1))
+        rc = world_fail(w, "a step after it: %s, version %lld", bad ? bad : zd_error_last(),
+                        (long long)zd_ps_client_version(ps, 0));
+    return trainer_leave(w, rc, ps, m, want);
+}
+
+static int diverging_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    const int trainers = su->mode == ZD_PS_SYNC ? 2 : 1;
+    return w->rank < trainers ? diverging_trainer(w) : run_shard(w, 0, 0, 0);
+}
+
+static void test_diverging_step_refused(void **state)
+{
+    (void)state;
+    for (int sync = 1; sync >= 0; sync--) {
+        setup_t su = {.n_shards = 1,
+                      .mode = sync ? ZD_PS_SYNC : ZD_PS_ASYNC,
+                      .max_staleness = -1,
+                      .num_trainers = 2,
+                      .lr = 1e30};
+        world_options_t o = {.world_size = (sync ? 2 : 1) + 1,
+                             .fn = diverging_world,
+                             .arg = &su,
+                             .own_init = true,
+                             .timeout_s = 60};
+        assert_int_equal(world_run(&o), 0);
+    }
 }
 
 /*  ---- a shard lost ---- */
@@ -1667,6 +1750,7 @@ int main(void)
         cmocka_unit_test(test_sync_two_shards),
         cmocka_unit_test(test_push_pull),
         cmocka_unit_test(test_async_stale_and_refused),
+        cmocka_unit_test(test_diverging_step_refused),
         cmocka_unit_test(test_shard_lost),
         cmocka_unit_test(test_sync_trainer_lost),
         cmocka_unit_test(test_checkpoint_resume),

@@ -52,7 +52,10 @@
 
     Every push is checked on the shard before anything changes: names it
     serves, each once, all of them, float32 of the served shapes, finite
-    (the error names the tensor and the element). Trainer calls fail with
+    (the error names the tensor and the element); a step that leaves a
+    parameter not finite (a learning rate too high: the model diverges)
+    is undone, from a copy of the parameters the shard keeps, and its
+    pushes refused with ZD_ERR_ARGUMENT naming the tensor and element. Trainer calls fail with
     a code a program can act on: ZD_ERR_PEER (a shard lost), ZD_ERR_STALE
     (a push refused as stale), ZD_ERR_STOPPED (the shard was told to stop:
     zd_ps_server_stop), ZD_ERR_TIMEOUT, ZD_ERR_ARGUMENT (a push refused:
@@ -144,9 +147,11 @@ ZD_API int zd_ps_split(const zd_named_tensors_t *params, int n_shards, int *shar
 typedef struct zd_ps_server zd_ps_server_t;
 
 /*  A server of shard `shard` of n_shards of params (float32; copied: the
-    shard's part only), stepped by an optimizer made from optim, with opts
-    (NULL: the defaults). Registers the shard's RPC functions, so call it
-    before zd_rpc_init; free it after zd_rpc_shutdown. A process may serve
+    shard's part only, and held three times: the parameters, a round's
+    sum, and the parameters before a step, to undo one that diverges),
+    stepped by an optimizer made from optim, with opts (NULL: the
+    defaults). Registers the shard's RPC functions, so call it before
+    zd_rpc_init; free it after zd_rpc_shutdown. A process may serve
     several shards. A new object (zd_ps_server_free), or NULL
     (ZD_ERR_ARGUMENT: a bad shard, a tensor given twice (tied), a shard
     left without tensors, a bad config). */
