@@ -236,8 +236,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "ps_lstm: %s: shutdown: %s\n", name, zd_error_last());
         status = 1;
     }
-    if (srv)
-        printf("%s: %lld steps taken\n", name, (long long)zd_ps_server_version(srv));
+    zd_ps_server_stats_t st;
+    if (srv && zd_ps_server_stats(srv, &st, sizeof st) == 0)
+        printf("%s: %lld steps taken; in this process %lld pushes taken, %lld refused as stale, "
+               "%lld refused, %lld steps undone (diverged), %lld pulls\n",
+               name, (long long)st.version, (long long)st.pushes, (long long)st.stale,
+               (long long)st.refused, (long long)st.diverged, (long long)st.pulls);
     zd_ps_server_free(srv);
     zd_nn_module_free(m);
     corpus_free(&text);

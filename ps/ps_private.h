@@ -24,6 +24,7 @@ struct zd_ps_server {
 
     pthread_mutex_t lock; /* everything below; steps and pulls too */
     int64_t version;
+    zd_ps_server_stats_t stats; /* the counters (version and waiting: filled when read) */
     bool stopped;
     /* ZD_PS_SYNC: the round being gathered */
     zd_tensor_t **sums;    /* the round's sum of gradients, per tensor */

@@ -20,6 +20,7 @@
 
 #include <zdist/error.h>
 #include "core/log_private.h"
+#include "core/sized.h"
 #include "ps/ps_private.h"
 
 /*  The answer [code, version, text]: a new reference, or NULL. */
@@ -163,6 +164,7 @@ static int check_step(zd_ps_server_t *s)
         i++;
     if (bad < 0)
         return 0;
+    s->stats.diverged++;
     const double now = zd_tensor_data(s->params[i])[bad], was = zd_tensor_data(s->before[i])[bad];
     for (int k = 0; k < s->n; k++)
         memcpy(zd_tensor_data(s->params[k]), zd_tensor_data(s->before[k]),
@@ -189,6 +191,7 @@ static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
                zd_tensor_nbytes(s->params[i]));
     if (zd_optim_step(s->opt, grads) < 0 || check_step(s) < 0)
         return -1;
+    s->stats.steps++;
     s->version++;
     s->fresh = false;
     if (s->opts.on_step)
@@ -264,6 +267,8 @@ static int finish_round(zd_ps_server_t *s, round_t *r)
             sum[k] /= count;
     }
     int rc = step(s, s->sums);
+    if (rc == 0)
+        s->stats.pushes += s->n_pushed;
     bool any = false;
     for (int i = 0; i < s->n_pushed; i++)
         any = any || s->fetch[i];
@@ -344,6 +349,7 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
     zd_error_code_t code = ZD_OK;
     char text[512] = "";
     round_t done = {0};          /* a round this push finished */
+    bool undone = false;         /* the step this push finished was refused (check_step) */
     bool reply = true;           /* false: f waits for the round */
     zd_tensor_t **copies = NULL; /* asynchronous: the parameters f carries */
     if (s->opts.mode == ZD_PS_SYNC && !(done.room = answers_room(s))) {
@@ -394,6 +400,9 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
             if (position >= 0 && caller < s->n_positions)
                 s->positions[caller] = was;
+            undone = true;
+        } else {
+            s->stats.pushes++;
         }
     } else {
         /* a push taken into the round counts; the round's step writes it */
@@ -405,10 +414,15 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
             if (position >= 0 && caller < s->n_positions && !done.fs)
                 s->positions[caller] = was;
+            undone = done.fs != NULL; /* the round's step, not this push */
         } else if (!done.fs) {
             reply = false;
         }
     }
+    if (code == ZD_ERR_STALE)
+        s->stats.stale++;
+    else if (code == ZD_ERR_ARGUMENT && !undone)
+        s->stats.refused++;
     now = s->version;
     if (reply && !done.fs && fetch && code == ZD_OK)
         copies = params_copies(s);
@@ -454,6 +468,7 @@ static zd_value_t *serve_pull(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     zd_tensor_t **copies = params_copies(s);
     v = copies ? params_answer_new(s, s->version, copies) : NULL;
     copies_free(s, copies);
+    s->stats.pulls += v != NULL;
 out:
     pthread_mutex_unlock(&s->lock);
     if (!v)
@@ -838,6 +853,19 @@ int64_t zd_ps_server_version(zd_ps_server_t *s)
     int64_t v = s->version;
     pthread_mutex_unlock(&s->lock);
     return v;
+}
+
+int zd_ps_server_stats(zd_ps_server_t *s, zd_ps_server_stats_t *out, size_t size)
+{
+    if (!s)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_server_stats: NULL shard");
+    pthread_mutex_lock(&s->lock);
+    zd_ps_server_stats_t st = s->stats;
+    st.version = s->version;
+    st.waiting = s->n_pushed;
+    pthread_mutex_unlock(&s->lock);
+    return zd__sized_write(out, size, &st, sizeof st,
+                           ZD__SIZE_THROUGH(zd_ps_server_stats_t, waiting), "zd_ps_server_stats");
 }
 
 zd_named_tensors_t *zd_ps_server_params(zd_ps_server_t *s)

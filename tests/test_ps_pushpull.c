@@ -60,10 +60,33 @@ typedef struct {
     int n_shards;
     zd_ps_mode_t mode;
     int64_t max_staleness;
-    bool lossy;       /* a member dies: the survivors' shutdown may report it */
-    int num_trainers; /* 0: 2 */
-    double lr;        /* the shards' SGD learning rate (0: LR) */
+    bool lossy;                        /* a member dies: the survivors' shutdown may report it */
+    int num_trainers;                  /* 0: 2 */
+    double lr;                         /* the shards' SGD learning rate (0: LR) */
+    const zd_ps_server_stats_t *stats; /* shard 0's counters at the end (NULL: not checked) */
 } setup_t;
+
+/*  The first of st's counters that differs from want's (version, steps,
+    pushes, pulls, stale, refused, diverged), into *got and *wanted, or
+    NULL when they are all the same. */
+static const char *stats_differ(const zd_ps_server_stats_t *st, const zd_ps_server_stats_t *want,
+                                int64_t *got, int64_t *wanted)
+{
+    const struct {
+        const char *name;
+        int64_t got, want;
+    } c[] = {{"version", st->version, want->version},   {"steps", st->steps, want->steps},
+             {"pushes", st->pushes, want->pushes},      {"pulls", st->pulls, want->pulls},
+             {"stale", st->stale, want->stale},         {"refused", st->refused, want->refused},
+             {"diverged", st->diverged, want->diverged}};
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++)
+        if (c[i].got != c[i].want) {
+            *got = c[i].got;
+            *wanted = c[i].want;
+            return c[i].name;
+        }
+    return NULL;
+}
 
 static const char *const names[] = {"a.weight", "a.bias", "b.weight", "b.bias"};
 static const int64_t shapes[][2] = {{4, 3}, {3, 0}, {3, 2}, {2, 0}};
@@ -210,6 +233,14 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
     }
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->lossy)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_server_stats_t st;
+    int64_t got = 0, want = 0;
+    const char *what = NULL;
+    if (shard == 0 && su->stats &&
+        (zd_ps_server_stats(srv, &st, sizeof st) < 0 ||
+         (what = stats_differ(&st, su->stats, &got, &want))))
+        rc = world_fail(w, "shard 0's stats: %s %lld, expected %lld", what ? what : zd_error_last(),
+                        (long long)got, (long long)want);
     zd_ps_server_free(srv);
     return rc;
 }
@@ -612,7 +643,14 @@ static int async_world(const world_t *w)
 static void test_async_stale_and_refused(void **state)
 {
     (void)state;
-    setup_t su = {.n_shards = 1, .mode = ZD_PS_ASYNC, .max_staleness = 0};
+    /* the shard's count of what async_trainer does: 4 pushes taken (a, b,
+       and client_step's b and a), 2 refused as stale (b's, and a's first
+       in client_step), 7 refused as bad (6 raw, 1 inf), 11 pulls (5
+       before client_step, 3 in its first step, 1 after, 1 in the failing
+       step, 1 after it) */
+    const zd_ps_server_stats_t want = {
+        .version = 4, .steps = 4, .pushes = 4, .pulls = 11, .stale = 2, .refused = 7};
+    setup_t su = {.n_shards = 1, .mode = ZD_PS_ASYNC, .max_staleness = 0, .stats = &want};
     world_options_t o = {
         .world_size = 2, .fn = async_world, .arg = &su, .own_init = true, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
@@ -675,11 +713,43 @@ static int diverging_trainer(const world_t *w)
     return trainer_leave(w, rc, ps, m, want);
 }
 
+/*  The shard: once its trainers are done, its counters say one step
+    undone, and one taken with each trainer's push of zeros, after three
+    pulls each. */
+static int diverging_shard(const world_t *w, int trainers)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(su->lr);
+    zd_nn_module_t *m = make_model();
+    WCHECK(m);
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 1, &sgd, &o);
+    zd_nn_module_free(m);
+    WCHECK(srv);
+    WTRY(join(w));
+    int rc = 0;
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    zd_ps_server_stats_t st;
+    if (zd_ps_server_stats(srv, &st, sizeof st) < 0)
+        rc = world_fail(w, "stats: %s", zd_error_last());
+    else if (st.version != 1 || st.steps != 1 || st.diverged != 1 || st.pushes != trainers ||
+             st.pulls != 3 * trainers || st.refused != 0 || st.stale != 0 || st.waiting != 0)
+        rc = world_fail(w,
+                        "stats: version %lld, steps %lld, diverged %lld, pushes %lld, pulls %lld, "
+                        "refused %lld, stale %lld, waiting %lld",
+                        (long long)st.version, (long long)st.steps, (long long)st.diverged,
+                        (long long)st.pushes, (long long)st.pulls, (long long)st.refused,
+                        (long long)st.stale, (long long)st.waiting);
+    zd_ps_server_free(srv);
+    return rc;
+}
+
 static int diverging_world(const world_t *w)
 {
     const setup_t *su = w->arg;
     const int trainers = su->mode == ZD_PS_SYNC ? 2 : 1;
-    return w->rank < trainers ? diverging_trainer(w) : run_shard(w, 0, 0, 0);
+    return w->rank < trainers ? diverging_trainer(w) : diverging_shard(w, trainers);
 }
 
 static void test_diverging_step_refused(void **state)

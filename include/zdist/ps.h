@@ -181,6 +181,26 @@ ZD_API int zd_ps_server_stop(zd_ps_server_t *s);
     the checkpoint it resumed or was sent back to. */
 ZD_API int64_t zd_ps_server_version(zd_ps_server_t *s);
 
+/*  What a shard did since it was made, for metrics (zd_ps_server_stats). */
+typedef struct {
+    int64_t version;  /* zd_ps_server_version */
+    int64_t steps;    /* steps taken in this process (a synchronous round's is one) */
+    int64_t pushes;   /* pushes whose gradients went into a step (push_pulls among them) */
+    int64_t pulls;    /* pulls answered with the parameters */
+    int64_t stale;    /* pushes refused as stale (ZD_ERR_STALE) */
+    int64_t refused;  /* pushes refused as bad (ZD_ERR_ARGUMENT): a name, shape or dtype,
+                         a value not finite, a push too many in a round */
+    int64_t diverged; /* steps undone, having left a parameter not finite (their pushes
+                         counted in neither of the above) */
+    int64_t waiting;  /* ZD_PS_SYNC: pushes waiting for their round now */
+} zd_ps_server_stats_t;
+
+/*  The shard's counters into *out, a struct of size bytes (sizeof *out),
+    written no further than size: zd_ps_server_stats(s, &st, sizeof st).
+    0, or -1 (ZD_ERR_ARGUMENT: NULL, a size below this struct's; out is
+    then left alone). */
+ZD_API int zd_ps_server_stats(zd_ps_server_t *s, zd_ps_server_stats_t *out, size_t size);
+
 /*  A copy of the shard's current parameters: a new object
     (zd_named_tensors_free), or NULL. */
 ZD_API zd_named_tensors_t *zd_ps_server_params(zd_ps_server_t *s);
