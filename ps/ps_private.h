@@ -32,6 +32,9 @@ struct zd_ps_server {
     int *pushed_by;        /* their callers' ranks; -1: a process since lost */
     zd_future_t **waiting; /* their answers, completed with the round */
     bool *fetch;           /* theirs: answered with the parameters (push_pull) */
+    int *round_rank;       /* theirs: the caller's rank (kept when it is lost) */
+    int64_t *round_was;    /* theirs: the caller's position before the push, put back
+                              when the round is refused */
     /* ZD_PS_SYNC: the trainers this shard has heard from, by rank, and
        how many of them are lost now (not waited for) */
     uint8_t *trainer; /* TRAINER_*; world size entries, made at the first call */

@@ -151,11 +151,11 @@ static int write_checkpoint(zd_ps_server_t *s)
 /*  Whether the step just taken left every parameter finite; if not, puts
     the parameters of before it back and fails naming the first element
     (ZD_ERR_ARGUMENT: the trainers' gradients were finite, checked as they
-    came, but a learning rate too high for them, or a sum of a round too
-    large for a float, diverges, and one inf or nan would reach every
-    trainer with its next pull). The optimizer's own state (momentum,
-    Adam's moments) keeps the refused step's gradients, as
-    zd_dist_optim_step's does. */
+    came, but a learning rate too high for them diverges, and one inf or
+    nan would reach every trainer with its next pull). The optimizer's own
+    state (momentum, Adam's moments) keeps the refused step's gradients,
+    as zd_dist_optim_step's does, so the steps after it may be refused
+    too: the trainers are told to stop. */
 static int check_step(zd_ps_server_t *s)
 {
     int i = 0;
@@ -180,18 +180,11 @@ static int check_step(zd_ps_server_t *s)
                              s->version, s->names[i], now, bad, was);
 }
 
-/*  One step with grads (under the lock), published only when it leaves
-    the parameters finite (check_step), and the checkpoint it is due for.
+/*  The next version (under the lock), and the checkpoint it is due for.
     A checkpoint that fails is logged, not the step's failure: the step
     happened, and the last whole generation stays on disk. */
-static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
+static void advance(zd_ps_server_t *s)
 {
-    for (int i = 0; i < s->n; i++)
-        memcpy(zd_tensor_data(s->before[i]), zd_tensor_data(s->params[i]),
-               zd_tensor_nbytes(s->params[i]));
-    if (zd_optim_step(s->opt, grads) < 0 || check_step(s) < 0)
-        return -1;
-    s->stats.steps++;
     s->version++;
     s->fresh = false;
     if (s->opts.on_step)
@@ -201,6 +194,19 @@ static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
         zd__log(ZD_LOG_WARN,
                 "%s (the shard goes on; the last checkpoint is of version %" PRId64 ")",
                 zd_error_last(), s->ckpt_version);
+}
+
+/*  One step with grads (under the lock), published only when it leaves
+    the parameters finite (check_step). */
+static int step(zd_ps_server_t *s, zd_tensor_t *const *grads)
+{
+    for (int i = 0; i < s->n; i++)
+        memcpy(zd_tensor_data(s->before[i]), zd_tensor_data(s->params[i]),
+               zd_tensor_nbytes(s->params[i]));
+    if (zd_optim_step(s->opt, grads) < 0 || check_step(s) < 0)
+        return -1;
+    s->stats.steps++;
+    advance(s);
     return 0;
 }
 
@@ -255,6 +261,51 @@ typedef struct {
     zd_tensor_t **copies; /* the parameters after the step, for them (or NULL) */
 } round_t;
 
+/*  Whether the round's mean (in s->sums) is finite: the trainers'
+    gradients were, each checked as it came, but their sum may overflow a
+    float, and an optimizer given an inf keeps it in its state (momentum,
+    Adam's moments), which no undo of the parameters takes back. 0, or -1
+    (ZD_ERR_ARGUMENT) naming the tensor and the element. */
+static int check_mean(zd_ps_server_t *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        int64_t bad = zd__ps_first_not_finite(s->sums[i]);
+        if (bad < 0)
+            continue;
+        s->stats.diverged++;
+        zd__log(ZD_LOG_WARN,
+                "ps: shard %d: the mean of round %" PRId64 "'s gradients of \"%s\" is %g at "
+                "element %" PRId64 ": refused",
+                s->shard, s->version, s->names[i], (double)zd_tensor_data(s->sums[i])[bad], bad);
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "the mean of round %" PRId64 "'s gradients of \"%s\" is %g at "
+                                 "element %" PRId64 " (their sum overflows a float): the round "
+                                 "was refused, the parameters are as they were",
+                                 s->version, s->names[i], (double)zd_tensor_data(s->sums[i])[bad],
+                                 bad);
+    }
+    return 0;
+}
+
+/*  A round refused as diverged (check_mean, check_step; under the lock)
+    still counts as a round here: the version moves on, with this shard's
+    parameters as they were, since the other shards took their parts of
+    it; the shards then keep one version per round, and their checkpoints
+    one generation. Its pushes' positions go back (their batches were not
+    taken here). The error stays the refusal's. */
+static void refuse_round(zd_ps_server_t *s)
+{
+    char why[512];
+    snprintf(why, sizeof why, "%s", zd_error_last());
+    for (int i = s->n_pushed - 1; i >= 0; i--) {
+        int rank = s->round_rank[i];
+        if (rank >= 0 && rank < s->n_positions)
+            s->positions[rank] = s->round_was[i];
+    }
+    advance(s);
+    zd_error_set_code(ZD_ERR_ARGUMENT, "%s", why);
+}
+
 /*  Steps with the mean of the round (under the lock) and takes its
     answers into r's room, with the parameters the push_pulls among them
     get. */
@@ -266,9 +317,13 @@ static int finish_round(zd_ps_server_t *s, round_t *r)
         for (int64_t k = 0; k < zd_tensor_numel(s->sums[i]); k++)
             sum[k] /= count;
     }
-    int rc = step(s, s->sums);
+    int rc = check_mean(s);
+    if (rc == 0)
+        rc = step(s, s->sums);
     if (rc == 0)
         s->stats.pushes += s->n_pushed;
+    else if (zd_error_code() == ZD_ERR_ARGUMENT)
+        refuse_round(s);
     bool any = false;
     for (int i = 0; i < s->n_pushed; i++)
         any = any || s->fetch[i];
@@ -308,7 +363,7 @@ static void send_round(const zd_ps_server_t *s, round_t *r, zd_error_code_t code
 /*  Adds grads to the round (under the lock), fetch: a push_pull's; when
     the round is complete, steps with their mean and takes its answers
     into *r. */
-static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, bool fetch,
+static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, bool fetch, int64_t was,
                      zd_tensor_t *const *grads, round_t *r)
 {
     for (int i = 0; i < s->n_pushed; i++)
@@ -328,6 +383,8 @@ static int sync_push(zd_ps_server_t *s, zd_future_t *f, int caller, bool fetch,
             sum[k] += g[k];
     }
     s->pushed_by[s->n_pushed] = caller;
+    s->round_rank[s->n_pushed] = caller;
+    s->round_was[s->n_pushed] = was;
     s->fetch[s->n_pushed] = fetch;
     s->waiting[s->n_pushed++] = zd_future_ref(f);
     return round_complete(s) ? finish_round(s, r) : 0;
@@ -408,7 +465,7 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
         /* a push taken into the round counts; the round's step writes it */
         int64_t was = caller >= 0 && caller < s->n_positions ? s->positions[caller] : -1;
         zd__ps_positions_record(&s->positions, &s->n_positions, caller, position);
-        int rc = sync_push(s, f, caller, fetch, grads, &done);
+        int rc = sync_push(s, f, caller, fetch, was, grads, &done);
         if (rc < 0) {
             code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
@@ -611,7 +668,7 @@ static void shard_peer_lost(zd_ps_server_t *s, int peer)
     /* without room the round completes at its next push instead */
     round_t done = {.room = answers_room(s)};
     zd_error_code_t code = ZD_OK;
-    char text[256] = "";
+    char text[512] = "";
     pthread_mutex_lock(&s->lock);
     if (s->trainer && peer < s->n_ranks && s->trainer[peer] == TRAINER_LIVE) {
         s->trainer[peer] = TRAINER_LOST;
@@ -620,7 +677,7 @@ static void shard_peer_lost(zd_ps_server_t *s, int peer)
             if (s->pushed_by[i] == peer)
                 s->pushed_by[i] = -1;
         if (done.room && !s->stopped && round_complete(s) && finish_round(s, &done) < 0) {
-            code = ZD_ERR_OTHER;
+            code = zd_error_code() == ZD_ERR_ARGUMENT ? ZD_ERR_ARGUMENT : ZD_ERR_OTHER;
             snprintf(text, sizeof text, "shard %d: %s", s->shard, zd_error_last());
         }
     }
@@ -712,8 +769,10 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     s->pushed_by = calloc(2 * (size_t)o.num_trainers, sizeof *s->pushed_by);
     s->waiting = calloc(2 * (size_t)o.num_trainers, sizeof *s->waiting);
     s->fetch = calloc(2 * (size_t)o.num_trainers, sizeof *s->fetch);
+    s->round_rank = calloc(2 * (size_t)o.num_trainers, sizeof *s->round_rank);
+    s->round_was = calloc(2 * (size_t)o.num_trainers, sizeof *s->round_was);
     if (!s->names || !s->params || !s->sums || !s->before || !s->all || !s->pushed_by ||
-        !s->waiting || !s->fetch)
+        !s->waiting || !s->fetch || !s->round_rank || !s->round_was)
         goto oom;
     for (int i = 0; i < n; i++) {
         if (shard_of[i] != shard)
@@ -918,6 +977,8 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->pushed_by);
     free(s->waiting);
     free(s->fetch);
+    free(s->round_rank);
+    free(s->round_was);
     free(s->trainer);
     free(s->positions);
     free(s->known);

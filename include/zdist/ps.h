@@ -55,7 +55,12 @@
     (the error names the tensor and the element); a step that leaves a
     parameter not finite (a learning rate too high: the model diverges)
     is undone, from a copy of the parameters the shard keeps, and its
-    pushes refused with ZD_ERR_ARGUMENT naming the tensor and element. Trainer calls fail with
+    pushes refused with ZD_ERR_ARGUMENT naming the tensor and element
+    (a synchronous round whose mean overflows too). A refused round still
+    counts as one (the version moves on, so that the shards, whose other
+    parts of it were taken, keep one version per round), and the
+    positions its pushes set go back. The optimizer's state (momentum)
+    keeps the refused step: the trainers should stop on it. Trainer calls fail with
     a code a program can act on: ZD_ERR_PEER (a shard lost), ZD_ERR_STALE
     (a push refused as stale), ZD_ERR_STOPPED (the shard was told to stop:
     zd_ps_server_stop), ZD_ERR_TIMEOUT, ZD_ERR_ARGUMENT (a push refused:
@@ -98,7 +103,8 @@ typedef struct {
                                     zd_ps_server_checkpoint is called) */
     bool resume;                 /* start from the newest checkpoint there is, if any */
     /* Called after each step of the shard, with its new version (NULL:
-       none), for progress and metrics. It runs on an RPC thread with the
+       none), for progress and metrics (a synchronous round refused as
+       diverged counts: the version moves on). It runs on an RPC thread with the
        shard locked: it must be short and must not call the shard's own
        zd_ps_server_* functions. */
     void (*on_step)(void *arg, int shard, int64_t version);
@@ -190,7 +196,8 @@ typedef struct {
     int64_t stale;    /* pushes refused as stale (ZD_ERR_STALE) */
     int64_t refused;  /* pushes refused as bad (ZD_ERR_ARGUMENT): a name, shape or dtype,
                          a value not finite, a push too many in a round */
-    int64_t diverged; /* steps undone, having left a parameter not finite (their pushes
+    int64_t diverged; /* steps refused as diverged: undone, having left a parameter not
+                         finite, or a synchronous round's mean not finite (their pushes
                          counted in neither of the above) */
     int64_t waiting;  /* ZD_PS_SYNC: pushes waiting for their round now */
 } zd_ps_server_stats_t;
