@@ -239,7 +239,7 @@ int main(int argc, char **argv)
     zd_ps_server_stats_t st;
     if (srv && zd_ps_server_stats(srv, &st, sizeof st) == 0)
         printf("%s: %lld steps taken; in this process %lld pushes taken, %lld refused as stale, "
-               "%lld refused, %lld steps undone (diverged), %lld pulls\n",
+               "%lld refused, %lld steps refused as diverged, %lld pulls\n",
                name, (long long)st.version, (long long)st.pushes, (long long)st.stale,
                (long long)st.refused, (long long)st.diverged, (long long)st.pulls);
     zd_ps_server_free(srv);

@@ -287,15 +287,17 @@ static int check_mean(zd_ps_server_t *s)
     return 0;
 }
 
-/*  A round refused as diverged (check_mean, check_step; under the lock)
-    still counts as a round here: the version moves on, with this shard's
-    parameters as they were, since the other shards took their parts of
-    it; the shards then keep one version per round, and their checkpoints
-    one generation. Its pushes' positions go back (their batches were not
-    taken here). The error stays the refusal's. */
+/*  A round whose step failed (under the lock): refused as diverged
+    (check_mean, check_step), or the optimizer out of memory, with the
+    parameters as they were either way. It still counts as a round here:
+    the version moves on, since the other shards took their parts of it;
+    the shards then keep one version per round, and their checkpoints one
+    generation. Its pushes' positions go back (their batches were not
+    taken here). The error stays the step's. */
 static void refuse_round(zd_ps_server_t *s)
 {
     char why[512];
+    const zd_error_code_t code = zd_error_code();
     snprintf(why, sizeof why, "%s", zd_error_last());
     for (int i = s->n_pushed - 1; i >= 0; i--) {
         int rank = s->round_rank[i];
@@ -303,7 +305,7 @@ static void refuse_round(zd_ps_server_t *s)
             s->positions[rank] = s->round_was[i];
     }
     advance(s);
-    zd_error_set_code(ZD_ERR_ARGUMENT, "%s", why);
+    zd_error_set_code(code, "%s", why);
 }
 
 /*  Steps with the mean of the round (under the lock) and takes its
@@ -322,7 +324,7 @@ static int finish_round(zd_ps_server_t *s, round_t *r)
         rc = step(s, s->sums);
     if (rc == 0)
         s->stats.pushes += s->n_pushed;
-    else if (zd_error_code() == ZD_ERR_ARGUMENT)
+    else
         refuse_round(s);
     bool any = false;
     for (int i = 0; i < s->n_pushed; i++)

@@ -99,7 +99,7 @@ typedef struct {
     /* shards only: */
     const char *checkpoint_path; /* checkpoints go to "<checkpoint_path>.shard<K>" (NULL:
                                     none; copied) */
-    int64_t checkpoint_every;    /* one every this many steps (0: only when
+    int64_t checkpoint_every;    /* one every this many versions (0: only when
                                     zd_ps_server_checkpoint is called) */
     bool resume;                 /* start from the newest checkpoint there is, if any */
     /* Called after each step of the shard, with its new version (NULL:
@@ -183,8 +183,9 @@ ZD_API int zd_ps_server_checkpoint(zd_ps_server_t *s);
     and pull, are answered with ZD_ERR_STOPPED. 0, or -1 for NULL. */
 ZD_API int zd_ps_server_stop(zd_ps_server_t *s);
 
-/*  The shard's version: the number of steps it took, counting those of
-    the checkpoint it resumed or was sent back to. */
+/*  The shard's version: the number of steps it took (and of synchronous
+    rounds it refused as diverged, which count as rounds), counting those
+    of the checkpoint it resumed or was sent back to. */
 ZD_API int64_t zd_ps_server_version(zd_ps_server_t *s);
 
 /*  What a shard did since it was made, for metrics (zd_ps_server_stats). */
