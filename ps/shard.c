@@ -408,7 +408,7 @@ static zd_future_t *push(zd_rpc_call_t *call, zd_value_t *args, zd_ps_server_t *
     zd_error_code_t code = ZD_OK;
     char text[512] = "";
     round_t done = {0};          /* a round this push finished */
-    bool undone = false;         /* the step this push finished was refused (check_step) */
+    bool undone = false;         /* the step this push made or finished failed: not a bad push */
     bool reply = true;           /* false: f waits for the round */
     zd_tensor_t **copies = NULL; /* asynchronous: the parameters f carries */
     if (s->opts.mode == ZD_PS_SYNC && !(done.room = answers_room(s))) {

@@ -61,10 +61,11 @@ typedef struct {
     int n_shards;
     zd_ps_mode_t mode;
     int64_t max_staleness;
-    bool lossy;                        /* a member dies: the survivors' shutdown may report it */
-    int num_trainers;                  /* 0: 2 */
-    double lr;                         /* the shards' SGD learning rate (0: LR) */
-    const zd_ps_server_stats_t *stats; /* shard 0's counters at the end (NULL: not checked) */
+    bool lossy;       /* a member dies: the survivors' shutdown may report it */
+    int num_trainers; /* 0: 2 */
+    double lr;        /* the shards' SGD learning rate (0: LR) */
+    /* the counters a shard must end with, into *want (NULL: not checked) */
+    void (*want_stats)(zd_ps_server_t *srv, zd_ps_mode_t mode, zd_ps_server_stats_t *want);
 } setup_t;
 
 /*  The first of st's counters that differs from want's (version, steps,
@@ -234,14 +235,16 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
     }
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->lossy)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
-    zd_ps_server_stats_t st;
-    int64_t got = 0, want = 0;
+    zd_ps_server_stats_t st, want = {0};
+    int64_t got = 0, wanted = 0;
     const char *what = NULL;
-    if (shard == 0 && su->stats &&
-        (zd_ps_server_stats(srv, &st, sizeof st) < 0 ||
-         (what = stats_differ(&st, su->stats, &got, &want))))
-        rc = world_fail(w, "shard 0's stats: %s %lld, expected %lld", what ? what : zd_error_last(),
-                        (long long)got, (long long)want);
+    if (su->want_stats) {
+        su->want_stats(srv, su->mode, &want);
+        if (zd_ps_server_stats(srv, &st, sizeof st) < 0 ||
+            (what = stats_differ(&st, &want, &got, &wanted)))
+            rc = world_fail(w, "shard %d's stats: %s %lld, expected %lld", shard,
+                            what ? what : zd_error_last(), (long long)got, (long long)wanted);
+    }
     zd_ps_server_free(srv);
     return rc;
 }
@@ -641,17 +644,24 @@ static int async_world(const world_t *w)
     return w->rank == 0 ? async_trainer(w) : run_shard(w, 0, 0, 0);
 }
 
+/*  The shard's count of what async_trainer does: 4 pushes taken (a, b,
+    and client_step's b and a), 2 refused as stale (b's, and a's first in
+    client_step), 7 refused as bad (6 raw, 1 inf), 11 pulls (5 before
+    client_step, 3 in its first step, 1 after, 1 in the failing step, 1
+    after it). */
+static void async_stats(zd_ps_server_t *srv, zd_ps_mode_t mode, zd_ps_server_stats_t *want)
+{
+    (void)srv;
+    (void)mode;
+    *want = (zd_ps_server_stats_t){
+        .version = 4, .steps = 4, .pushes = 4, .pulls = 11, .stale = 2, .refused = 7};
+}
+
 static void test_async_stale_and_refused(void **state)
 {
     (void)state;
-    /* the shard's count of what async_trainer does: 4 pushes taken (a, b,
-       and client_step's b and a), 2 refused as stale (b's, and a's first
-       in client_step), 7 refused as bad (6 raw, 1 inf), 11 pulls (5
-       before client_step, 3 in its first step, 1 after, 1 in the failing
-       step, 1 after it) */
-    const zd_ps_server_stats_t want = {
-        .version = 4, .steps = 4, .pushes = 4, .pulls = 11, .stale = 2, .refused = 7};
-    setup_t su = {.n_shards = 1, .mode = ZD_PS_ASYNC, .max_staleness = 0, .stats = &want};
+    setup_t su = {
+        .n_shards = 1, .mode = ZD_PS_ASYNC, .max_staleness = 0, .want_stats = async_stats};
     world_options_t o = {
         .world_size = 2, .fn = async_world, .arg = &su, .own_init = true, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
@@ -746,50 +756,28 @@ static int diverging_trainer(const world_t *w)
     return trainer_leave(w, rc, ps, m, want);
 }
 
-/*  A shard: once its trainers are done, its counters say what it took
-    and refused, the one holding b.weight the diverged steps. */
-static int diverging_shard(const world_t *w, int trainers)
+/*  What a shard ends with: the one holding b.weight refused the diverged
+    rounds (sync: 2 of 4 rounds of 2 trainers, each trainer pulling 5
+    times; async: 1 of 2 pushes, 3 pulls), the other took every round. */
+static void diverging_stats(zd_ps_server_t *srv, zd_ps_mode_t mode, zd_ps_server_stats_t *want)
 {
-    const setup_t *su = w->arg;
-    const bool sync = su->mode == ZD_PS_SYNC;
-    zd_ps_options_t o = options(su);
-    zd_optim_config_t sgd = zd_optim_sgd_defaults(su->lr);
-    zd_nn_module_t *m = make_model();
-    WCHECK(m);
-    zd_ps_server_t *srv = zd_ps_server_new_module(m, w->rank - trainers, su->n_shards, &sgd, &o);
-    zd_nn_module_free(m);
-    WCHECK(srv);
+    const bool sync = mode == ZD_PS_SYNC;
+    const int64_t trainers = sync ? 2 : 1, rounds = sync ? 4 : 2;
     zd_named_tensors_t *mine = zd_ps_server_params(srv);
-    WCHECK(mine);
-    const int64_t refused = zd_named_tensors_find(mine, "b.weight") ? (sync ? 2 : 1) : 0;
+    const int64_t refused = mine && zd_named_tensors_find(mine, "b.weight") ? rounds / 2 : 0;
     zd_named_tensors_free(mine);
-    WTRY(join(w));
-    int rc = 0;
-    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
-        rc = world_fail(w, "shutdown: %s", zd_error_last());
-    /* sync: 4 rounds of 2 trainers, 5 pulls each; async: 2 pushes, 3 pulls */
-    const int64_t rounds = sync ? 4 : 2;
-    const zd_ps_server_stats_t want = {.version = sync ? 4 : 1,
-                                       .steps = rounds - refused,
-                                       .pushes = (rounds - refused) * trainers,
-                                       .pulls = (sync ? 5 : 3) * trainers,
-                                       .diverged = refused};
-    zd_ps_server_stats_t st;
-    int64_t got = 0, wanted = 0;
-    const char *what = NULL;
-    if (zd_ps_server_stats(srv, &st, sizeof st) < 0 ||
-        (what = stats_differ(&st, &want, &got, &wanted)))
-        rc = world_fail(w, "stats: %s %lld, expected %lld", what ? what : zd_error_last(),
-                        (long long)got, (long long)wanted);
-    zd_ps_server_free(srv);
-    return rc;
+    *want = (zd_ps_server_stats_t){.version = sync ? 4 : 1,
+                                   .steps = rounds - refused,
+                                   .pushes = (rounds - refused) * trainers,
+                                   .pulls = (sync ? 5 : 3) * trainers,
+                                   .diverged = refused};
 }
 
 static int diverging_world(const world_t *w)
 {
     const setup_t *su = w->arg;
     const int trainers = su->mode == ZD_PS_SYNC ? 2 : 1;
-    return w->rank < trainers ? diverging_trainer(w) : diverging_shard(w, trainers);
+    return w->rank < trainers ? diverging_trainer(w) : run_shard(w, w->rank - trainers, 0, 0);
 }
 
 static void test_diverging_step_refused(void **state)
@@ -800,7 +788,8 @@ static void test_diverging_step_refused(void **state)
                       .mode = sync ? ZD_PS_SYNC : ZD_PS_ASYNC,
                       .max_staleness = -1,
                       .num_trainers = 2,
-                      .lr = 1e30};
+                      .lr = 1e30,
+                      .want_stats = diverging_stats};
         world_options_t o = {.world_size = (sync ? 2 : 1) + su.n_shards,
                              .fn = diverging_world,
                              .arg = &su,
