@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <zdist/rpc.h>
+
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static long seen; /* times the named phase was reached */
 
@@ -45,6 +47,6 @@ void fault_point(int rank, const char *phase)
 
 void fault_on_step(void *arg, int shard, int64_t version)
 {
-    (void)arg, (void)version;
-    fault_point(shard, "step");
+    (void)arg, (void)shard, (void)version;
+    fault_point(zd_rpc_rank(), "step");
 }

@@ -36,8 +36,8 @@
     them, and returns otherwise. */
 void fault_point(int rank, const char *phase);
 
-/*  A parameter-server shard's on_step (zd_ps_options_t): its "step" point,
-    with the shard's number as the rank. */
+/*  A parameter-server shard's on_step (zd_ps_options_t): the "step"
+    point of this process's rank. */
 void fault_on_step(void *arg, int shard, int64_t version);
 
 #endif

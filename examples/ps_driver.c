@@ -1,24 +1,23 @@
 /* SPDX-License-Identifier: MIT */
-/*  The driver of the parameter-server example (rank 0): Ray's synchronous
-    and asynchronous training loops, over the data workers of ps_objects.c
-    and the parameter-server layer's shards, whose trainer the driver is. */
+/*  The driver of Ray's parameter-server example (rank 0): the synchronous
+    and asynchronous training loops over the DataWorker actors, pushing
+    through the parameter servers as their trainer (ps_core.h). */
 #include "examples/ps_core.h"
-#include "examples/fault.h"
 
 #include <math.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <zdist/autograd.h>
+#include <zdist/dataset.h>
 #include <zdist/error.h>
+#include <zdist/rpc.h>
 #include "examples/actor.h"
+#include "examples/fault.h"
 #include "examples/progress.h"
 #include "examples/train_common.h"
-#include <zdist/dataset.h>
-#include <zdist/rpc.h>
 
 ps_options_t ps_options_default(void)
 {
@@ -31,57 +30,18 @@ ps_options_t ps_options_default(void)
                           .eval_interval = 10};
 }
 
-/*  Whether the model's tensors leave no server without one: the layer's
-    shards hold whole tensors (zd_ps_split). 0, or -1 naming the limit. */
-static int servers_fit(const ps_options_t *o)
-{
-    zd_nn_module_t *m = zd_nn_tutorial_model_new(o->model, 0);
-    /* each tensor once, as the servers count them (a tied one is one) */
-    zd_named_tensors_t *params = m ? zd_named_tensors_new() : NULL;
-    for (int i = 0; params && i < zd_nn_module_n_params(m); i++)
-        if (zd_named_tensors_add(params, zd_nn_module_param_name(m, i), zd_nn_module_param(m, i)) <
-            0) {
-            zd_named_tensors_free(params);
-            params = NULL;
-        }
-    int n = params ? (int)zd_named_tensors_len(params) : 0, rc = params ? 0 : -1;
-    int *shard_of = n > 0 ? calloc((size_t)n, sizeof *shard_of) : NULL;
-    bool *used = calloc((size_t)o->num_servers, sizeof *used);
-    if (rc == 0 && (!shard_of || !used))
-        rc = zd_error_set("out of memory");
-    if (rc == 0)
-        rc = zd_ps_split(params, o->num_servers, shard_of, n);
-    for (int i = 0; rc == 0 && i < n; i++)
-        used[shard_of[i]] = true;
-    for (int s = 0; rc == 0 && s < o->num_servers; s++)
-        if (!used[s])
-            rc = zd_error_set("--num_servers=%d: the %s's %d parameter tensors leave server %d "
-                              "without one (each server holds whole tensors)",
-                              o->num_servers, o->model, n, s);
-    free(used);
-    free(shard_of);
-    zd_named_tensors_free(params);
-    zd_nn_module_free(m);
-    return rc;
-}
-
 int ps_options_check(const ps_options_t *o, int world_size)
 {
-    if (o->num_workers < 1 || o->num_workers > PS_MAX_WORKERS)
-        return zd_error_set("--num_workers must be in 1..%d, got %d", PS_MAX_WORKERS,
-                            o->num_workers);
-    if (o->num_servers < 1 || o->num_servers > PS_MAX_SERVERS)
-        return zd_error_set("--num_servers must be in 1..%d, got %d", PS_MAX_SERVERS,
-                            o->num_servers);
+    if (o->num_workers < 1 || o->num_workers > PS_MAX_WORKERS || o->num_servers < 1 ||
+        o->num_servers > PS_MAX_SERVERS)
+        return zd_error_set("--num_workers and --num_servers must be in 1..%d, got %d and %d",
+                            PS_MAX_WORKERS, o->num_workers, o->num_servers);
     if (o->iterations < 0 || o->batch_size < 1 || !(o->lr > 0) || o->eval_interval < 0 ||
-        o->test_size < 0 || o->train_size < 0 || o->max_staleness < 0)
+        o->test_size < 0 || o->train_size < 0 || o->max_staleness < 0 || o->straggler_ms < 0 ||
+        o->straggler_ms > 10000) /* a straggler well within a call's timeout */
         return zd_error_set("--iterations, --eval_interval, --test_size, --train_size and "
-                            "--max_staleness must be >= 0, --batch_size >= 1 and --lr > 0");
-    if (o->straggler_ms < 0 || o->straggler_ms > 10000) /* well within a call's timeout */
-        return zd_error_set("--straggler_ms must be in 0..10000, got %lld",
-                            (long long)o->straggler_ms);
-    if (servers_fit(o) < 0)
-        return -1;
+                            "--max_staleness must be >= 0, --batch_size >= 1, --lr > 0 and "
+                            "--straggler_ms in 0..10000");
     int want = 1 + o->num_servers + o->num_workers;
     if (world_size != want)
         return zd_error_set("world size %d does not fit --num_servers=%d --num_workers=%d: "
@@ -94,143 +54,96 @@ int ps_options_check(const ps_options_t *o, int world_size)
 
 void ps_result_free(ps_result_t *r)
 {
-    zd_tensor_unref_p(&r->weights);
-    free(r->pushed.hashes);
-    for (int i = 0; i < PS_MAX_WORKERS; i++)
-        free(r->workers[i].hashes);
+    zd_tensor_unref(r->weights);
     memset(r, 0, sizeof *r);
 }
 
 typedef struct {
     const ps_options_t *o;
-    int S, W;
-    zd_ps_client_t *servers; /* the shards on ranks 1..S */
+    int W;
+    zd_ps_client_t *servers;
     zd_rref_t *workers[PS_MAX_WORKERS];
     zd_nn_module_t *model; /* the replica: the weights last pulled */
     zd_tensor_t *weights;  /* the same, flat: what the workers get */
     zd_dataset_t *test;
-    ps_stats_t pushed; /* with o->track */
-    double eval_seconds;
-    double accuracy;
-    progress_t progress; /* off unless o->progress_s > 0 and not quiet */
+    double eval_seconds, accuracy;
+    int64_t updates, applied[PS_MAX_WORKERS], max_lead;
+    progress_t progress;
 } driver_t;
-
-/*  Waits until every actor exists (a DataWorker loads its data first), so
-    that a failed creation is reported as such and the timing starts with
-    everyone ready. */
-static int wait_created(zd_rref_t *const *rrefs, int n)
-{
-    for (int i = 0; i < n; i++)
-        if (actor_wait(rrefs[i]) < 0)
-            return zd_error_wrap("creating the actor on %s", zd_rref_owner_name(rrefs[i]));
-    return 0;
-}
 
 static int create_workers(driver_t *d)
 {
     const ps_options_t *o = d->o;
     for (int w = 0; w < d->W; w++) {
-        int64_t delay = w == 0 ? o->straggler_ms : 0;
-        zd_value_t *a = o->data_dir ? ZD_ARGS(o->model, w, o->seed, o->batch_size, o->data_dir,
-                                              o->train_size, o->track, delay)
-                                    : ZD_ARGS(o->model, w, o->seed, o->batch_size, zd_value_none(),
-                                              o->train_size, o->track, delay);
-        d->workers[w] = a ? zd_rpc_remote(1 + d->S + w, "DataWorker", a, ZD_TIMEOUT_DEFAULT) : NULL;
+        zd_value_t *dir = o->data_dir ? zd_value_string(o->data_dir) : zd_value_none(); /* taken */
+        zd_value_t *a = ZD_ARGS(o->model, w, o->seed, o->batch_size, dir, o->train_size,
+                                w == 0 ? o->straggler_ms : 0);
+        d->workers[w] =
+            a ? zd_rpc_remote(1 + o->num_servers + w, "DataWorker", a, ZD_TIMEOUT_DEFAULT) : NULL;
         zd_value_unref(a);
-        if (!d->workers[w])
-            return -1;
     }
+    /* every worker loaded its data: a failed one is named, the clock starts with all ready */
+    for (int w = 0; w < d->W; w++)
+        if (!d->workers[w] || actor_wait(d->workers[w]) < 0)
+            return zd_error_wrap("creating DataWorker %d", w);
     return 0;
 }
 
 /*  The replica's weights, flat, for the workers. */
 static int flatten(driver_t *d)
 {
-    zd_tensor_t *flat;
-    if (zd_nn_module_params_to_vector(d->model, &flat) < 0)
-        return -1;
-    zd_tensor_unref(d->weights);
-    d->weights = flat;
-    return 0;
+    zd_tensor_unref_p(&d->weights);
+    return zd_nn_module_params_to_vector(d->model, &d->weights);
 }
 
-/*  Ray's ps.get_weights(): the shards' parameters into the replica. */
-static int pull(driver_t *d)
+static int evaluate(driver_t *d, int64_t i)
 {
-    return zd_ps_client_pull(d->servers, ZD_TIMEOUT_DEFAULT) < 0 ? -1 : flatten(d);
-}
-
-static int evaluate(driver_t *d, double *acc)
-{
+    if (i >= 0 && (d->o->eval_interval == 0 || i % d->o->eval_interval != 0))
+        return 0;
     fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     double t0 = train_now();
-    int rc = train_evaluate(d->model, d->test, acc);
-    double dt = train_now() - t0;
-    d->eval_seconds += dt;
-    progress_skip(&d->progress, dt);
-    return rc;
-}
-
-static int maybe_evaluate(driver_t *d, int64_t i)
-{
-    if (d->o->eval_interval == 0 || i % d->o->eval_interval != 0)
-        return 0;
-    if (evaluate(d, &d->accuracy) < 0)
+    if (train_evaluate(d->model, d->test, &d->accuracy) < 0)
         return -1;
-    if (!d->o->quiet) {
-        progress_clear(&d->progress);
+    d->eval_seconds += train_now() - t0;
+    progress_skip(&d->progress, train_now() - t0);
+    progress_clear(&d->progress);
+    if (!d->o->quiet && i >= 0)
         printf("Iter %lld: accuracy is %.1f\n", (long long)i, 100.0 * d->accuracy);
-    }
     return 0;
 }
 
-/*  Adds the flat gradient g into the replica's .grad, parameter by
-    parameter (zd_tensor_accumulate_grad: the first one copied, the next
-    ones added in order). */
-static int add_grads(driver_t *d, zd_tensor_t *g)
-{
-    int64_t off = 0;
-    int rc = 0;
-    for (int i = 0; i < zd_nn_module_n_params(d->model) && rc == 0; i++) {
-        zd_tensor_t *p = zd_nn_module_param(d->model, i), *part = NULL, *view = NULL;
-        rc = zd_tensor_narrow(g, 0, off, zd_tensor_numel(p), &part);
-        if (rc == 0)
-            rc = zd_tensor_reshape(part, zd_tensor_shape(p), zd_tensor_ndim(p), &view);
-        if (rc == 0)
-            rc = zd_tensor_accumulate_grad(p, view);
-        off += zd_tensor_numel(p);
-        zd_tensor_unref(view);
-        zd_tensor_unref(part);
-    }
-    return rc;
-}
-
-/*  Ray's ps.apply_gradients(*gradients): the n gradients (flat, each as
-    compute_gradients returns it) summed in order and pushed, one step on
-    every shard, whose answers bring the new weights (push_pull). */
-static int apply(driver_t *d, zd_value_t *const *grads, int n)
+/*  Ray's ps.apply_gradients(*gradients): the flat gradients summed, in
+    order, into the replica's .grad and pushed, one step of every shard,
+    whose answers bring the new weights. */
+static int apply(driver_t *d, zd_value_t *const *grads, const int *who, int n)
 {
     fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
     int rc = 0;
-    zd_nn_module_zero_grad(d->model);
     for (int k = 0; k < n && rc == 0; k++) {
         zd_tensor_t *g;
         if (zd_value_get_tensor(grads[k], &g) < 0 || zd_tensor_dtype(g) != ZD_FLOAT32 ||
             zd_tensor_numel(g) != zd_tensor_numel(d->weights))
             rc = zd_error_set("compute_gradients returned no float32 gradient of %lld values",
                               (long long)zd_tensor_numel(d->weights));
-        else
-            rc = add_grads(d, g);
-        if (rc == 0 && d->o->track)
-            rc = ps_stats_add(&d->pushed, ps_hash(g));
+        int64_t off = 0;
+        for (int i = 0; rc == 0 && i < zd_nn_module_n_params(d->model); i++) {
+            zd_tensor_t *p = zd_nn_module_param(d->model, i), *part = NULL, *view = NULL;
+            rc = zd_tensor_narrow(g, 0, off, zd_tensor_numel(p), &part) < 0 ||
+                    zd_tensor_reshape(part, zd_tensor_shape(p), zd_tensor_ndim(p), &view) < 0 ||
+                    zd_tensor_accumulate_grad(p, view) < 0
+                ? -1
+                : 0;
+            off += zd_tensor_numel(p);
+            zd_tensor_unref(view);
+            zd_tensor_unref(part);
+        }
+        d->applied[who[k]]++;
     }
-    if (rc == 0 && n > 0)
-        rc = zd_ps_client_push_pull(d->servers, ZD_TIMEOUT_DEFAULT);
-    if (rc == 0 && n > 0) {
-        d->pushed.count++;
+    if (rc == 0 && (rc = zd_ps_client_push_pull(d->servers, ZD_TIMEOUT_DEFAULT)) == 0)
         rc = flatten(d);
-    }
     zd_nn_module_zero_grad(d->model);
+    d->updates += rc == 0;
+    progress_step(&d->progress, train_now(), NAN);
     return rc;
 }
 
@@ -244,148 +157,106 @@ static zd_future_t *compute(driver_t *d, int w)
     return f;
 }
 
-/*  Sync mode: a worker whose process is gone (RPC declared it lost) is
-    left out of the rounds from then on, and the driver says so; any other
-    failure, or no worker left, ends the training. Returns 1 when worker w
-    was lost (the future's error is then consumed), 0 otherwise. */
-static int sync_worker_lost(driver_t *d, zd_future_t *f, int w, int64_t i, bool *gone, int *live)
+/*  Sync mode leaves a worker whose process RPC declared lost out of the
+    rounds, saying so; 1 then, 0 for any other failure. A send can fail
+    before that verdict (about 1 s after the connection went down): it
+    waits up to 5 s for it. */
+static int worker_lost(driver_t *d, zd_future_t *f, int w, int64_t i, int *live)
 {
-    if (f ? zd_future_error_code(f) != ZD_ERR_PEER : zd_error_code() != ZD_ERR_PEER)
+    if ((f ? zd_future_error_code(f) : zd_error_code()) != ZD_ERR_PEER)
         return 0;
-    /* A send can fail before RPC has declared the peer lost (about 1 s
-       after its connection went down): wait that long for the verdict. */
     int rank = zd_rref_owner(d->workers[w]);
-    double until = train_now() + 5;
-    while (!zd_rpc_peer_is_lost(rank) && train_now() < until) {
-        struct timespec ts = {0, 10000000};
-        nanosleep(&ts, NULL);
-    }
+    for (double until = train_now() + 5; !zd_rpc_peer_is_lost(rank) && train_now() < until;)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
     if (!zd_rpc_peer_is_lost(rank))
         return 0;
-    gone[w] = true;
-    --*live;
     progress_clear(&d->progress);
     printf("worker %d (rank %d) lost at iteration %lld: %s; going on with the %d worker(s) "
            "left\n",
-           w, zd_rref_owner(d->workers[w]), (long long)i, f ? zd_future_error(f) : zd_error_last(),
-           *live);
-    fflush(stdout);
+           w, rank, (long long)i, f ? zd_future_error(f) : zd_error_last(), --*live);
     return 1;
 }
 
-static int train_sync(driver_t *d, int64_t *updates)
+static int train_sync(driver_t *d)
 {
-    zd_future_t *f[PS_MAX_WORKERS];
-    zd_value_t *grads[PS_MAX_WORKERS];
     bool gone[PS_MAX_WORKERS] = {false};
     int live = d->W;
     for (int64_t i = 0; i < d->o->iterations; i++) {
-        int rc = 0, n = 0, who[PS_MAX_WORKERS];
-        for (int w = 0; w < d->W && rc == 0; w++) {
-            if (gone[w])
-                continue;
-            if ((f[n] = compute(d, w)))
+        zd_future_t *f[PS_MAX_WORKERS];
+        zd_value_t *grads[PS_MAX_WORKERS];
+        int rc = 0, n = 0, k = 0, who[PS_MAX_WORKERS], from[PS_MAX_WORKERS];
+        for (int w = 0; w < d->W && rc == 0; w++)
+            if (!gone[w] && (f[n] = compute(d, w)))
                 who[n++] = w;
-            else if (!sync_worker_lost(d, NULL, w, i, gone, &live))
+            else if (!gone[w] && !(gone[w] = worker_lost(d, NULL, w, i, &live)))
                 rc = -1;
-        }
-        /* Each wait ends: with the gradient, or once its worker is lost. */
-        int k = 0;
-        for (int j = 0; j < n; j++) {
-            if (zd_future_wait(f[j], ZD_TIMEOUT_DEFAULT) == 0)
+        /* each wait ends with the gradient, or once its worker is lost */
+        for (int j = 0; j < n; j++)
+            if (zd_future_wait(f[j], ZD_TIMEOUT_DEFAULT) == 0) {
+                from[k] = who[j];
                 grads[k++] = zd_future_value(f[j]);
-            else if (rc == 0 && !sync_worker_lost(d, f[j], who[j], i, gone, &live))
+            } else if (rc == 0 && !(gone[who[j]] = worker_lost(d, f[j], who[j], i, &live))) {
                 rc = -1;
-        }
+            }
         if (rc == 0 && live == 0)
             rc = zd_error_set("every worker was lost");
-        if (rc == 0 && k > 0)
-            rc = apply(d, grads, k);
+        if (rc == 0)
+            rc = apply(d, grads, from, k);
         for (int j = 0; j < n; j++)
             zd_future_unref(f[j]);
-        if (rc < 0)
-            return -1;
-        ++*updates;
-        progress_step(&d->progress, train_now(), NAN);
-        if (maybe_evaluate(d, i) < 0)
+        if (rc < 0 || evaluate(d, i) < 0)
             return -1;
     }
     return 0;
 }
 
-/*  The lowest count of applied updates over all workers. */
-static int64_t slowest(const driver_t *d, const int64_t *applied)
-{
-    int64_t m = applied[0];
-    for (int w = 1; w < d->W; w++)
-        if (applied[w] < m)
-            m = applied[w];
-    return m;
-}
-
-/*  Every worker has one computation in flight; the first to finish is
-    applied and that worker starts again from the new weights. No more
-    computations start than iterations x workers, so each one is applied
-    exactly once.
-    With --max_staleness=K (stale synchronous parallel), a worker that is K
-    updates ahead of the slowest waits, parked, until the slowest catches
-    up: its next gradient is then computed on weights that miss at most K
-    of the slowest worker's updates. The slowest worker is never parked,
-    so the loop always has a computation to wait for. */
-static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t *max_lead)
+/*  Every worker has one gradient in flight; the first to come is applied
+    and its worker starts again on the new weights, until iterations x
+    workers are. With --max_staleness=K (stale synchronous parallel) a
+    worker K updates ahead of the slowest is parked until the slowest
+    catches up; the slowest never is, so there is always a gradient to
+    wait for. */
+static int train_async(driver_t *d)
 {
     zd_future_t *f[PS_MAX_WORKERS];
     int who[PS_MAX_WORKERS], n = 0, rc = 0;
-    bool parked[PS_MAX_WORKERS] = {false};
+    bool parked[PS_MAX_WORKERS];
     const int64_t total = d->o->iterations * d->W, bound = d->o->max_staleness;
     int64_t launched = 0;
-    for (int w = 0; w < d->W && launched < total; w++, launched++) {
-        if (!(f[n] = compute(d, w))) {
-            rc = -1;
-            break;
-        }
-        who[n++] = w;
-    }
-    for (int64_t i = 0; rc == 0 && i < total; i++) {
-        int k;
-        if ((rc = zd_future_wait_any(f, n, ZD_TIMEOUT_DEFAULT, &k)) < 0)
-            break;
-        zd_future_t *done = f[k];
-        int w = who[k];
-        f[k] = f[n - 1];
-        who[k] = who[--n];
-        zd_value_t *g = zd_future_value(done);
-        if (!g) {
-            rc = zd_error_set("%s", zd_future_error(done));
-        } else {
-            rc = apply(d, &g, 1);
-        }
-        zd_future_unref(done);
-        if (rc < 0)
-            break;
-        ++*updates;
-        progress_step(&d->progress, train_now(), NAN);
-        applied[w]++;
-        int64_t low = slowest(d, applied);
-        if (applied[w] - low > *max_lead)
-            *max_lead = applied[w] - low;
+    for (int w = 0; w < d->W; w++)
         parked[w] = true;
-        /* Start again every parked worker within the bound (w among them). */
-        for (int v = 0; v < d->W && launched < total; v++) {
-            if (!parked[v] || (bound > 0 && applied[v] - low >= bound))
-                continue;
-            if (!(f[n] = compute(d, v))) {
-                rc = -1;
+    for (int64_t i = -1; rc == 0 && i < total; i++) {
+        if (i >= 0) { /* the next gradient in */
+            int k, w;
+            if ((rc = zd_future_wait_any(f, n, ZD_TIMEOUT_DEFAULT, &k)) < 0)
                 break;
-            }
-            who[n++] = v;
-            parked[v] = false;
-            launched++;
+            zd_future_t *done = f[k];
+            zd_value_t *g = zd_future_value(done);
+            parked[w = who[k]] = true;
+            f[k] = f[--n];
+            who[k] = who[n];
+            rc = g ? apply(d, &g, &w, 1) : zd_error_set("%s", zd_future_error(done));
+            zd_future_unref(done);
         }
-        if (rc == 0)
-            rc = maybe_evaluate(d, i);
+        int64_t low = d->applied[0];
+        for (int w = 1; w < d->W; w++)
+            low = d->applied[w] < low ? d->applied[w] : low;
+        for (int w = 0; w < d->W; w++)
+            d->max_lead = d->applied[w] - low > d->max_lead ? d->applied[w] - low : d->max_lead;
+        /* start again every parked worker within the bound */
+        for (int w = 0; rc == 0 && w < d->W && launched < total; w++) {
+            if (!parked[w] || (bound > 0 && d->applied[w] - low >= bound))
+                continue;
+            rc = (f[n] = compute(d, w)) ? 0 : -1;
+            who[n] = w;
+            n += rc == 0;
+            parked[w] = rc < 0;
+            launched += rc == 0;
+        }
+        if (rc == 0 && i >= 0)
+            rc = evaluate(d, i);
     }
-    /* On failure the others' replies are still coming: wait, then drop them. */
+    /* on failure the others' replies are still coming: wait, then drop them */
     for (int k = 0; k < n; k++) {
         zd_future_wait(f[k], ZD_TIMEOUT_DEFAULT);
         zd_future_unref(f[k]);
@@ -393,89 +264,56 @@ static int train_async(driver_t *d, int64_t *updates, int64_t *applied, int64_t 
     return rc;
 }
 
-static int fetch_stats(zd_rref_t *r, ps_stats_t *st)
-{
-    zd_value_t *v;
-    if (zd_rref_rpc_sync(r, "PS.stats", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
-        return -1;
-    size_t n = zd_list_len(v);
-    int rc = n >= 1 ? zd_rpc_arg_int(v, 0, &st->count) : zd_error_set("PS.stats: empty reply");
-    if (rc == 0 && n > 1 && !(st->hashes = malloc((n - 1) * sizeof *st->hashes)))
-        rc = zd_error_set("out of memory");
-    for (size_t i = 1; rc == 0 && i < n; i++) {
-        int64_t h;
-        rc = zd_rpc_arg_int(v, i, &h);
-        st->hashes[i - 1] = (uint64_t)h;
-        st->n_hashes = (int64_t)i;
-    }
-    zd_value_unref(v);
-    return rc;
-}
-
 static int run(driver_t *d, ps_result_t *res)
 {
     const ps_options_t *o = d->o;
     int ranks[PS_MAX_SERVERS];
-    for (int s = 0; s < d->S; s++)
+    for (int s = 0; s < o->num_servers; s++)
         ranks[s] = 1 + s;
     if (!(d->model = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed)) ||
-        !(d->servers = zd_ps_client_new_module(d->model, ranks, d->S, NULL)) ||
+        !(d->servers = zd_ps_client_new_module(d->model, ranks, o->num_servers, NULL)) ||
         !(d->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)) ||
         (o->test_size > 0 && zd_dataset_limit(d->test, o->test_size) < 0) ||
-        create_workers(d) < 0 || wait_created(d->workers, d->W) < 0 || pull(d) < 0)
+        create_workers(d) < 0 || zd_ps_client_pull(d->servers, ZD_TIMEOUT_DEFAULT) < 0 ||
+        flatten(d) < 0)
         return -1;
-    if (!o->quiet) {
+    if (!o->quiet)
         printf(o->async ? "Running Asynchronous Parameter Server Training.\n"
                         : "Running synchronous parameter server training.\n");
-        fflush(stdout);
-    }
-    int64_t updates = 0, applied[PS_MAX_WORKERS] = {0}, max_lead = 0;
+    /* a sync iteration is a round of every worker's gradient, an async one one gradient */
     double t0 = train_now();
-    /* a sync iteration is a round of every worker's gradient, an async one
-       a single gradient applied */
     progress_init(&d->progress, stdout, isatty(STDOUT_FILENO),
                   &(progress_config_t){.label = "driver",
                                        .unit = o->async ? "update" : "iteration",
-                                       .total = o->async ? o->iterations * d->W : o->iterations,
+                                       .total = o->iterations * (o->async ? d->W : 1),
                                        .samples_per_step = o->batch_size * (o->async ? 1 : d->W),
                                        .every_s = o->quiet ? 0 : o->progress_s},
                   t0);
-    if ((o->async ? train_async(d, &updates, applied, &max_lead) : train_sync(d, &updates)) < 0)
+    if ((o->async ? train_async(d) : train_sync(d)) < 0)
         return -1;
     progress_end(&d->progress, train_now());
     double secs = train_now() - t0 - d->eval_seconds;
-    if (evaluate(d, &d->accuracy) < 0)
+    if (evaluate(d, -1) < 0)
         return -1;
-    if (!o->quiet) {
+    if (!o->quiet)
         printf("Final accuracy is %.1f.\n", 100.0 * d->accuracy);
-        if (o->async && (o->max_staleness > 0 || o->straggler_ms > 0)) {
-            /* (only then: by default the output is Ray's example's) */
-            printf("Updates applied per worker:");
-            for (int w = 0; w < d->W; w++)
-                printf(" %lld", (long long)applied[w]);
-            printf(" (a worker was at most %lld ahead of the slowest)\n", (long long)max_lead);
-        }
-        fflush(stdout);
-    }
-    if (!res)
-        return 0;
-    res->final_accuracy = d->accuracy;
-    res->updates = updates;
-    res->train_seconds = secs;
-    res->iters_per_s = secs > 0 ? (double)updates / secs : 0;
-    memcpy(res->applied, applied, sizeof res->applied);
-    res->max_lead = max_lead;
-    if (!o->async) /* every round applies one gradient of each */
+    if (!o->quiet && o->async && (o->max_staleness > 0 || o->straggler_ms > 0)) {
+        /* (only then: by default the output is Ray's example's) */
+        printf("Updates applied per worker:");
         for (int w = 0; w < d->W; w++)
-            res->applied[w] = updates;
-    res->weights = zd_tensor_ref(d->weights);
-    for (int s = 0; s < d->S; s++)
-        res->server_steps[s] = zd_ps_client_version(d->servers, s);
-    res->pushed = d->pushed;
-    d->pushed = (ps_stats_t){0};
-    for (int w = 0; o->track && w < d->W; w++)
-        if (fetch_stats(d->workers[w], &res->workers[w]) < 0)
-            return -1;
+            printf(" %lld", (long long)d->applied[w]);
+        printf(" (a worker was at most %lld ahead of the slowest)\n", (long long)d->max_lead);
+    }
+    if (res) {
+        *res = (ps_result_t){.final_accuracy = d->accuracy,
+                             .updates = d->updates,
+                             .iters_per_s = secs > 0 ? (double)d->updates / secs : 0,
+                             .weights = zd_tensor_ref(d->weights),
+                             .max_lead = d->max_lead};
+        memcpy(res->applied, d->applied, sizeof res->applied);
+        for (int s = 0; s < o->num_servers; s++)
+            res->server_steps[s] = zd_ps_client_version(d->servers, s);
+    }
     return 0;
 }
 
@@ -485,22 +323,18 @@ int ps_run_driver(const ps_options_t *o, ps_result_t *res)
         memset(res, 0, sizeof *res);
     if (ps_options_check(o, zd_rpc_world_size()) < 0)
         return -1;
-    driver_t d = {.o = o, .S = o->num_servers, .W = o->num_workers};
+    driver_t d = {.o = o, .W = o->num_workers};
     int rc = run(&d, res);
     char err[1024]; /* kept through the cleanup */
     snprintf(err, sizeof err, "%s", zd_error_last());
-    /* Releasing the RRefs frees the actors on their workers. */
+    /* releasing the RRefs frees the actors on their workers */
     zd_ps_client_free(d.servers);
     zd_tensor_unref(d.weights);
-    free(d.pushed.hashes);
     for (int w = 0; w < d.W; w++)
         zd_rref_unref(d.workers[w]);
     zd_nn_module_free(d.model);
     zd_dataset_free(d.test);
-    if (rc < 0) {
+    if (rc < 0)
         zd_error_set("%s", err);
-        if (res)
-            ps_result_free(res);
-    }
     return rc;
 }

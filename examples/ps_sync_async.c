@@ -83,12 +83,11 @@ int main(int argc, char **argv)
     }
 
     char name[32];
-    if (w.rank == 0)
-        snprintf(name, sizeof name, "driver");
-    else if (w.rank <= servers)
-        snprintf(name, sizeof name, "ps%lld", (long long)(w.rank - 1));
-    else
-        snprintf(name, sizeof name, "worker%lld", (long long)(w.rank - 1 - servers));
+    snprintf(name, sizeof name,
+             w.rank == 0             ? "driver"
+                 : w.rank <= servers ? "ps%lld"
+                                     : "worker%lld",
+             (long long)(w.rank - 1 - (w.rank <= servers ? 0 : servers)));
     zd_ps_server_t *server = NULL;
     if (ps_register() < 0 || ps_server_new(&o, (int)w.rank, &server) < 0) {
         fprintf(stderr, "%s: %s: %s\n", prog, name, zd_error_last());
