@@ -12,6 +12,10 @@
       a computation that fails ends the step without a push;
     - a push of a wrong shape, a wrong dtype, an unknown or missing name,
       or a NaN is refused, naming the tensor, and changes nothing;
+    - a step that leaves a parameter not finite is undone and its pushes
+      refused (ZD_ERR_ARGUMENT, naming the tensor), in both modes, also
+      when a trainer's loss completes the synchronous round; the round
+      still counts on every shard, and its positions go back;
     - a shard killed: its trainers' calls fail with ZD_ERR_PEER naming it;
     - a trainer killed in synchronous mode: once it is declared lost, the
       rounds complete with the trainers left (exactly the mean of theirs);
@@ -207,6 +211,16 @@ static int wait_version(zd_ps_server_t *srv, int64_t v, int64_t ms)
     return 0;
 }
 
+/*  "test.waiting"() -> the pushes the shard of this process holds for its
+    round (zd_ps_server_stats), for a trainer to wait until another's push
+    is in. */
+static zd_value_t *fn_waiting(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args;
+    zd_ps_server_stats_t st;
+    return zd_ps_server_stats(arg, &st, sizeof st) < 0 ? NULL : zd_value_int(st.waiting);
+}
+
 /*  A shard process: serves until its trainers are done (the graceful
     shutdown waits for them); stops at version stop_at (0: never), dies
     at version die_at (0: never). */
@@ -219,7 +233,7 @@ static int run_shard(const world_t *w, int shard, int64_t stop_at, int64_t die_a
     WCHECK(m);
     zd_ps_server_t *srv = zd_ps_server_new_module(m, shard, su->n_shards, &sgd, &o);
     zd_nn_module_free(m); /* the shard keeps copies */
-    WCHECK(srv);
+    WCHECK(srv && zd_rpc_register("test.waiting", fn_waiting, srv) == 0);
     WTRY(join(w));
     int rc = 0;
     if (die_at > 0) {
@@ -797,6 +811,84 @@ static void test_diverging_step_refused(void **state)
                              .timeout_s = 60};
         assert_int_equal(world_run(&o), 0);
     }
+}
+
+/*  A synchronous round that diverges, completed by a trainer's loss:
+    trainer 1 pulls (the shard knows it), waits until trainer 0's push of
+    a diverging gradient is in the round, and dies; the loss completes
+    the round (the shard's peer-lost path, not a push's), whose step is
+    refused and undone: trainer 0 is told so (ZD_ERR_ARGUMENT naming the
+    tensor), the version moves on, its position goes back. The next
+    round completes with trainer 0 alone. */
+static int lost_diverging_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_ps_options_t o = options(su);
+    int shard = 2;
+    zd_nn_module_t *m = make_model(), *want = make_model();
+    WCHECK(m && want);
+    zd_ps_client_t *ps = zd_ps_client_new_module(m, &shard, 1, &o);
+    WCHECK(ps);
+    WTRY(join(w));
+    int rc = zd_ps_client_pull(ps, ZD_TIMEOUT_DEFAULT) < 0
+        ? world_fail(w, "pull: %s", zd_error_last())
+        : 0;
+    if (w->rank == 1) {
+        int64_t deadline = world_now_ms() + world_scaled_ms(20000), waiting = 0;
+        while (rc == 0 && waiting < 1) {
+            zd_value_t *v = NULL;
+            if (zd_rpc_sync_take(shard, "test.waiting", ZD_ARGS(), ZD_TIMEOUT_DEFAULT, &v) < 0 ||
+                zd_value_get_int(v, &waiting) < 0)
+                rc = world_fail(w, "test.waiting: %s", zd_error_last());
+            else if (waiting < 1 && world_now_ms() > deadline)
+                rc = world_fail(w, "trainer 0's push never reached the round");
+            else if (waiting < 1)
+                nanosleep(&(struct timespec){0, 2000000}, NULL);
+            zd_value_unref(v);
+        }
+        if (rc == 0)
+            raise(SIGKILL);
+        return trainer_leave(w, rc, ps, m, want);
+    }
+    if (rc == 0)
+        rc = diverging_push(w, ps, m, want, 1, 1e10f, 5, -1, "made \"b.weight\" -inf at element 1",
+                            1);
+    if (rc == 0)
+        rc = diverging_push(w, ps, m, want, 1, 0, 6, -1, NULL, 2);
+    return trainer_leave(w, rc, ps, m, want);
+}
+
+/*  The shard refused one round of two, took the other (trainer 0's push
+    alone); trainer 0 pulled three times, trainer 1 once. */
+static void lost_diverging_stats(zd_ps_server_t *srv, zd_ps_mode_t mode, zd_ps_server_stats_t *want)
+{
+    (void)srv, (void)mode;
+    *want =
+        (zd_ps_server_stats_t){.version = 2, .steps = 1, .pushes = 1, .pulls = 4, .diverged = 1};
+}
+
+static int lost_diverging_world(const world_t *w)
+{
+    return w->rank < 2 ? lost_diverging_trainer(w) : run_shard(w, 0, 0, 0);
+}
+
+static void test_diverging_round_completed_by_loss(void **state)
+{
+    (void)state;
+    setup_t su = {.n_shards = 1,
+                  .mode = ZD_PS_SYNC,
+                  .max_staleness = -1,
+                  .num_trainers = 2,
+                  .lr = 1e30,
+                  .lossy = true,
+                  .want_stats = lost_diverging_stats};
+    world_options_t o = {.world_size = 3,
+                         .fn = lost_diverging_world,
+                         .arg = &su,
+                         .own_init = true,
+                         .timeout_s = 60,
+                         .expect_exit = {0, 128 + SIGKILL, 0}};
+    assert_int_equal(world_run(&o), 0);
 }
 
 /*  ---- a shard lost ---- */
@@ -1850,6 +1942,7 @@ int main(void)
         cmocka_unit_test(test_push_pull),
         cmocka_unit_test(test_async_stale_and_refused),
         cmocka_unit_test(test_diverging_step_refused),
+        cmocka_unit_test(test_diverging_round_completed_by_loss),
         cmocka_unit_test(test_shard_lost),
         cmocka_unit_test(test_sync_trainer_lost),
         cmocka_unit_test(test_checkpoint_resume),
