@@ -296,6 +296,9 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
                  s->shard, n_out, ZD__PS_MAX_TENSORS);
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
+    if (s->opts.on_forward)
+        s->opts.on_forward(s->opts.on_forward_arg, s->shard, zd_rpc_call_caller_rank(call),
+                           training != 0, in, n_in);
     /* A slot first: a forward waiting for one holds only its inputs. */
     bool slot = training && s->gate && zd__ps_gate_enter(s->gate, s->shard);
     if (!enter(s, training != 0)) {

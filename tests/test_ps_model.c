@@ -11,7 +11,8 @@
       than a stage may give) are refused with ZD_ERR_ARGUMENT before the
       stage runs; a stopped shard answers ZD_ERR_STOPPED, naming its stage;
     - two trainers at once, mixing training and evaluation forwards: both
-      lower their loss, and every forward of theirs ran;
+      lower their loss, and every forward of theirs ran, each seen by the
+      shards' on_forward with its caller, its mode and its samples;
     - a shard killed: the next forward fails with ZD_ERR_PEER naming the
       stage;
     - checkpoints every 2 steps: a second run with resume starts each
@@ -210,6 +211,30 @@ static zd_value_t *fn_die(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return NULL;
 }
 
+/*  What on_forward saw (zd_ps_options_t): forwards by trainer (ranks 2
+    and 3) and mode (1: training), and the samples of them all. */
+static atomic_int g_seen[2][2], g_seen_samples;
+
+static void on_forward(void *arg, int shard, int caller, bool training, zd_tensor_t *const *in,
+                       int n_in)
+{
+    (void)arg, (void)shard;
+    if (caller >= 2 && caller < 4)
+        atomic_fetch_add(&g_seen[caller - 2][training], 1);
+    if (n_in > 0)
+        atomic_fetch_add(&g_seen_samples, (int)zd_tensor_shape(in[0])[0]);
+}
+
+/*  "test_on_forward"() -> [rank 2's training forwards, its evaluation
+    ones, rank 3's training ones, its evaluation ones, the samples]. */
+static zd_value_t *fn_on_forward(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    (void)call, (void)args, (void)arg;
+    return ZD_ARGS(atomic_load(&g_seen[0][1]), atomic_load(&g_seen[0][0]),
+                   atomic_load(&g_seen[1][1]), atomic_load(&g_seen[1][0]),
+                   atomic_load(&g_seen_samples));
+}
+
 static int join(const world_t *w)
 {
     zd_rpc_options_t opts = world_rpc_options(w->port);
@@ -228,6 +253,7 @@ static int run_shard(const world_t *w)
     o.checkpoint_every = su->checkpoint ? (w->rank == 1 && su->every1 ? su->every1 : 2) : 0;
     o.resume = su->resume;
     o.max_inflight = su->max_inflight;
+    o.on_forward = on_forward;
     WCHECK(g_stage = make_stage(w->rank));
     WCHECK(g_server = zd_ps_model_server_new(g_stage, w->rank, 2, &o));
     WTRY(zd_rpc_register("test_stage_params", fn_stage_params, NULL));
@@ -236,6 +262,7 @@ static int run_shard(const world_t *w)
     WTRY(zd_rpc_register("test_die", fn_die, NULL));
     WTRY(zd_rpc_register("test_version", fn_version, NULL));
     WTRY(zd_rpc_register("test_inflight", fn_inflight, NULL));
+    WTRY(zd_rpc_register("test_on_forward", fn_on_forward, NULL));
     WTRY(join(w));
     int rc = 0;
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
@@ -574,6 +601,27 @@ static int sharing_trainer(const world_t *w)
         if (world_now_ms() > deadline)
             rc = world_fail(w, "trainer 1 never said it was done");
         nanosleep(&(struct timespec){0, 2000000}, NULL);
+    }
+    /* Both trainers done: each shard's on_forward saw every forward of
+       theirs, by caller and mode, and their samples. */
+    for (int s = 0; rc == 0 && su->kill_shard && trainer == 0 && s < 2; s++) {
+        int64_t seen[5] = {0};
+        const int64_t want[5] = {SHARED_STEPS, SHARED_STEPS / 3, SHARED_STEPS, SHARED_STEPS / 3,
+                                 2 * BATCH * (SHARED_STEPS + SHARED_STEPS / 3)};
+        v = NULL;
+        if (zd_rpc_sync(s, "test_on_forward", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0 ||
+            ZD_UNPACK(v, &seen[0], &seen[1], &seen[2], &seen[3], &seen[4]) < 0)
+            rc = world_fail(w, "test_on_forward: %s", zd_error_last());
+        for (int k = 0; rc == 0 && k < 5; k++)
+            if (seen[k] != want[k])
+                rc = world_fail(w,
+                                "shard %d's on_forward saw [%lld %lld %lld %lld %lld], not "
+                                "[%lld %lld %lld %lld %lld]",
+                                s, (long long)seen[0], (long long)seen[1], (long long)seen[2],
+                                (long long)seen[3], (long long)seen[4], (long long)want[0],
+                                (long long)want[1], (long long)want[2], (long long)want[3],
+                                (long long)want[4]);
+        zd_value_unref(v);
     }
     if (rc == 0 && su->kill_shard && trainer == 0) {
         v = NULL;

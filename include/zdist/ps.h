@@ -123,6 +123,16 @@ typedef struct {
        training forwards through a stage before its backward needs k slots:
        with fewer, its own next forward waits for the timeout. */
     int max_inflight;
+    /* remote model, shards only: called for each forward a trainer asks
+       of the stage, once its inputs passed the checks and before it waits
+       for a slot or runs: the caller's rank, whether it trains, and the
+       inputs (borrowed, not to be changed). For metrics and a program's
+       book of its trainers (zd_ps_trainers_note_batch: samples per
+       trainer). It runs on an RPC thread with nothing locked (NULL:
+       none). */
+    void (*on_forward)(void *arg, int shard, int caller, bool training, zd_tensor_t *const *in,
+                       int n_in);
+    void *on_forward_arg;
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
