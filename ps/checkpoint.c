@@ -16,7 +16,9 @@
     naming the files it could not. */
 #include "ps/ps_private.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,6 +259,72 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
         *s->positions = copy;
         *s->n_positions = n_pos;
     }
+    return 0;
+}
+
+/*  Whether name (a file in the checkpoint's folder) is what a write of
+    this shard left when its process died mid-write: "<file>.tmp.P.N"
+    or "<file>.new.tmp.P.N" (zd_checkpoint_save's temporary files) or
+    "<file>.probe.P" (a probe's), file the checkpoint's base name. */
+static bool is_stale_temp(const char *name, const char *file)
+{
+    size_t n = strlen(file);
+    if (strncmp(name, file, n) != 0 || name[n] != '.')
+        return false;
+    name += n + 1;
+    static const char *const kinds[] = {"tmp.", "new.tmp.", "probe."};
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+        size_t len = strlen(kinds[k]);
+        const char *rest = name + len;
+        if (strncmp(name, kinds[k], len) == 0 && rest[0] &&
+            strspn(rest, "0123456789.") == strlen(rest))
+            return true;
+    }
+    return false;
+}
+
+int zd__ps_checkpoint_prepare(const zd__ps_ckpt_t *s)
+{
+    /* Only shard K writes its files, and this process is shard K now:
+       every temporary one there is was left by a process that died. */
+    char dir[4200], probe[4240];
+    const char *slash = strrchr(s->path, '/'), *file = slash ? slash + 1 : s->path;
+    if (slash)
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - s->path) + (slash == s->path), s->path);
+    else
+        snprintf(dir, sizeof dir, ".");
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char stale[4500];
+        if (!is_stale_temp(e->d_name, file) ||
+            snprintf(stale, sizeof stale, "%s/%s", dir, e->d_name) >= (int)sizeof stale)
+            continue;
+        if (unlink(stale) == 0)
+            zd__log(ZD_LOG_WARN, "ps: shard %d: removed %s, left by a write that did not finish",
+                    s->shard, stale);
+        else if (errno != ENOENT)
+            zd__log(ZD_LOG_WARN, "ps: shard %d: cannot remove %s: %s", s->shard, stale,
+                    strerror(errno));
+    }
+    if (d)
+        closedir(d);
+    /* A folder that is not there, read-only or full fails now, naming
+       the path, rather than at the first checkpoint, deep in a run. */
+    snprintf(probe, sizeof probe, "%s.probe.%ld", s->path, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    int err = fd < 0 ? errno : 0;
+    if (fd >= 0) {
+        if (write(fd, "", 1) != 1 || fsync(fd) < 0)
+            err = errno ? errno : EIO;
+        if (close(fd) < 0 && !err)
+            err = errno;
+        unlink(probe);
+    }
+    if (err)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "ps: shard %d: cannot write %s: %s (checkpoint_path must name "
+                                 "files in a folder this process can write)",
+                                 s->shard, probe, strerror(err));
     return 0;
 }
 

@@ -596,7 +596,8 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
                               .params = s->params,
                               .positions = &s->positions,
                               .n_positions = &s->n_positions};
-    if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)))
+    if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)) ||
+        zd__ps_checkpoint_prepare(&s->ckpt) < 0)
         return -1;
     int64_t v = 0, older = -1;
     int r = s->opts.resume ? zd__ps_checkpoint_load(&s->ckpt, -1, &v, &older) : -1;

@@ -179,6 +179,13 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
     can be taken (want: naming the versions there are). */
 int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version, int64_t *older);
 
+/*  Before a shard serves with checkpoints: removes the temporary files
+    its writes left in c->path's folder when their process died mid-write
+    (logging each), then checks that it can write there (a probe file
+    created, written, removed). 0, or -1 (ZD_ERR_ARGUMENT naming the
+    path and why). */
+int zd__ps_checkpoint_prepare(const zd__ps_ckpt_t *c);
+
 /*  Renames the files of c->path (of an earlier run, when a new one
     starts without resume) to "<name>.earlier", so that a restart resumes
     from none of them; logs each. */

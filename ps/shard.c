@@ -798,6 +798,9 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     s->opts.checkpoint_path = NULL; /* the caller's: ckpt_path is the shard's copy */
     if (o.checkpoint_path && !(s->ckpt_path = zd__ps_checkpoint_path(o.checkpoint_path, shard)))
         goto fail;
+    zd__ps_ckpt_t prep = ckpt_of(s);
+    if (s->ckpt_path && zd__ps_checkpoint_prepare(&prep) < 0)
+        goto fail;
     if (o.resume) {
         zd__ps_ckpt_t c = ckpt_of(s);
         int r = zd__ps_checkpoint_load(&c, -1, &s->version, &s->ckpt_before);

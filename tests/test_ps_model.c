@@ -1506,6 +1506,13 @@ static void test_arguments(void **state)
     o.max_inflight = -1;
     assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
     assert_non_null(strstr(zd_error_last(), "max_inflight must be >= 0"));
+    /* checkpoints in a folder that is not there: refused at once, named */
+    o = zd_ps_options_default();
+    o.checkpoint_path = "/nonexistent/zd_ps_model/c";
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(
+        strstr(zd_error_last(), "cannot write /nonexistent/zd_ps_model/c.shard0.probe."));
     assert_int_equal(zd_ps_model_server_inflight(NULL, NULL), 0);
     assert_null(zd_ps_model_new(shard_ranks, 0, &sgd, NULL));
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);

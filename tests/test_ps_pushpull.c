@@ -891,6 +891,52 @@ static void test_diverging_round_completed_by_loss(void **state)
     assert_int_equal(world_run(&o), 0);
 }
 
+/*  ---- a checkpoint folder made ready ---- */
+
+/*  A shard made with checkpoints removes what its own writes left when
+    their process died (temporary files of a save, a probe), and nothing
+    else; a folder it cannot write is refused at once, naming the path. */
+static void test_checkpoint_folder_prepared(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_prep_XXXXXX", path[128], prefix[96];
+    assert_non_null(mkdtemp(dir));
+    const char *const stale[] = {"c.shard0.new.tmp.4242.0", "c.shard0.tmp.17.3",
+                                 "c.shard0.probe.99"};
+    const char *const kept[] = {"c.shard0.new.tmpx", "c.shard1.new.tmp.1.1", "c.shard0.new.tmp.",
+                                "d.shard0.tmp.1.1", "c.shard0.tmp.1.x"};
+    const int n_stale = 3, n_kept = 5;
+    for (int i = 0; i < n_stale + n_kept; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, i < n_stale ? stale[i] : kept[i - n_stale]);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fclose(f);
+    }
+    zd_nn_module_t *m = make_model();
+    assert_non_null(m);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_options_t o = zd_ps_options_default();
+    snprintf(prefix, sizeof prefix, "%s/c", dir);
+    o.checkpoint_path = prefix;
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 2, &sgd, &o);
+    assert_non_null(srv);
+    zd_ps_server_free(srv);
+    for (int i = 0; i < n_stale + n_kept; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, i < n_stale ? stale[i] : kept[i - n_stale]);
+        if ((access(path, F_OK) == 0) != (i >= n_stale))
+            fail_msg("%s was %s", path, i < n_stale ? "left" : "removed");
+        unlink(path);
+    }
+    /* a folder that is not there */
+    snprintf(prefix, sizeof prefix, "%s/none/c", dir);
+    assert_null(zd_ps_server_new_module(m, 0, 1, &sgd, &o));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(), "/none/c.shard0.probe."));
+    assert_non_null(strstr(zd_error_last(), "No such file or directory"));
+    zd_nn_module_free(m);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 /*  ---- a shard lost ---- */
 
 static int lost_trainer(const world_t *w)
@@ -1943,6 +1989,7 @@ int main(void)
         cmocka_unit_test(test_async_stale_and_refused),
         cmocka_unit_test(test_diverging_step_refused),
         cmocka_unit_test(test_diverging_round_completed_by_loss),
+        cmocka_unit_test(test_checkpoint_folder_prepared),
         cmocka_unit_test(test_shard_lost),
         cmocka_unit_test(test_sync_trainer_lost),
         cmocka_unit_test(test_checkpoint_resume),

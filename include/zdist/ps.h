@@ -37,7 +37,10 @@
     the last only once it is whole on disk (the one before is kept as
     ".prev"); a shard made with resume starts from the newest generation
     it can read (the older one when the newest is damaged, saying so),
-    or from the given parameters when there is none. A shard killed and
+    or from the given parameters when there is none. A shard made with a
+    checkpoint_path first removes the temporary files its writes left
+    there when their process died, and fails at once (ZD_ERR_ARGUMENT)
+    when it cannot write there. A shard killed and
     started again this way rejoins the world (zd_rpc_init) and serves from
     its checkpoint's version: a trainer's push computed on a version it
     does not have is refused with ZD_ERR_STALE, and the trainer pulls.
@@ -170,7 +173,8 @@ typedef struct zd_ps_server zd_ps_server_t;
     zd_rpc_init; free it after zd_rpc_shutdown. A process may serve
     several shards. A new object (zd_ps_server_free), or NULL
     (ZD_ERR_ARGUMENT: a bad shard, a tensor given twice (tied), a shard
-    left without tensors, a bad config). */
+    left without tensors, a bad config, a checkpoint_path it cannot
+    write). */
 ZD_API zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, int n_shards,
                                         const zd_optim_config_t *optim,
                                         const zd_ps_options_t *opts);
@@ -392,7 +396,8 @@ typedef struct zd_ps_model_server zd_ps_model_server_t;
     resume it writes the stage's version 0 there (an earlier run's files
     renamed ".earlier" first). A new object (zd_ps_model_server_free), or
     NULL (ZD_ERR_ARGUMENT: a bad shard, a stage without forward, bad
-    options; a checkpoint file's or a registration's error). */
+    options, a checkpoint_path it cannot write; a checkpoint file's or a
+    registration's error). */
 ZD_API zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, int n_shards,
                                                     const zd_ps_options_t *opts);
 
