@@ -708,6 +708,28 @@ int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s)
     return n;
 }
 
+zd_named_tensors_t *zd_ps_model_server_params(zd_ps_model_server_t *s)
+{
+    if (!s) {
+        zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_server_params: NULL");
+        return NULL;
+    }
+    zd_named_tensors_t *nt = zd_named_tensors_new();
+    /* under the read lock: no step half taken in the copy */
+    zd_dist_optim_read_lock();
+    for (int i = 0; nt && i < zd_nn_module_n_params(s->stage); i++) {
+        zd_tensor_t *copy = zd_tensor_detach_copy(zd_nn_module_param(s->stage, i));
+        int rc = copy ? zd_named_tensors_add(nt, zd_nn_module_param_name(s->stage, i), copy) : -1;
+        zd_tensor_unref(copy);
+        if (rc < 0) {
+            zd_named_tensors_free(nt);
+            nt = NULL;
+        }
+    }
+    zd_dist_optim_read_unlock();
+    return nt;
+}
+
 int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s)
 {
     if (!s || !s->ckpt.path)

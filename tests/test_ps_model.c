@@ -161,19 +161,19 @@ static void make_batch(int trainer, int step, zd_tensor_t **x, zd_tensor_t **y)
 static zd_nn_module_t *g_stage; /* this shard process's stage */
 static zd_ps_model_server_t *g_server;
 
-/*  "test_stage_params"() -> [weight, bias] of this process's stage. */
+/*  "test_stage_params"() -> [weight, bias] of this process's stage, as
+    zd_ps_model_server_params copies them. */
 static zd_value_t *fn_stage_params(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     (void)call, (void)args, (void)arg;
-    zd_value_t *v = zd_value_list(2);
-    for (int i = 0; v && i < 2; i++) {
-        zd_tensor_t *copy = zd_tensor_detach_copy(zd_nn_module_param(g_stage, i));
-        if (!copy || zd_list_append(v, zd_value_tensor(copy)) < 0) {
-            zd_value_unref(v);
-            v = NULL;
-        }
-        zd_tensor_unref(copy);
-    }
+    zd_named_tensors_t *nt = zd_ps_model_server_params(g_server);
+    zd_tensor_t *w = nt ? zd_named_tensors_find(nt, "weight") : NULL;
+    zd_tensor_t *b = nt ? zd_named_tensors_find(nt, "bias") : NULL;
+    zd_value_t *v = w && b && zd_named_tensors_len(nt) == 2 ? ZD_ARGS(w, b) : NULL;
+    if (nt && !v)
+        zd_error_set("the stage's copy has %d tensors, not weight and bias",
+                     zd_named_tensors_len(nt));
+    zd_named_tensors_free(nt);
     return v;
 }
 
@@ -1526,6 +1526,8 @@ static void test_arguments(void **state)
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     assert_int_equal(zd_ps_model_step(NULL, 1), -1);
     assert_int_equal(zd_ps_model_server_forwards(NULL), -1);
+    assert_null(zd_ps_model_server_params(NULL));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
     /* (a model's own bad position: ckpt_trainer, in its world) */
     assert_int_equal(zd_ps_model_set_position(NULL, 0), -1);
     assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);

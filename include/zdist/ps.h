@@ -427,6 +427,12 @@ ZD_API int zd_ps_model_server_inflight(zd_ps_model_server_t *s, int *waiting);
 /*  The forwards the stage ran (training and evaluation), or -1 for NULL. */
 ZD_API int64_t zd_ps_model_server_forwards(zd_ps_model_server_t *s);
 
+/*  A copy of the stage's parameters now, under their names in the stage
+    (no step half taken in it): for a program to save or export the
+    trained stage. A new object (zd_named_tensors_free), or NULL
+    (ZD_ERR_ARGUMENT for NULL, ZD_ERR_NO_MEMORY). */
+ZD_API zd_named_tensors_t *zd_ps_model_server_params(zd_ps_model_server_t *s);
+
 /*  Unregisters the stage's functions and frees the server, not the stage
     (NULL-safe). After zd_rpc_shutdown, or before zd_rpc_init. */
 ZD_API void zd_ps_model_server_free(zd_ps_model_server_t *s);
