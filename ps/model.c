@@ -4,8 +4,9 @@
     a DistributedOptimizer, as PyTorch's parameter-server tutorial does
     with one server.
 
-    Shard K serves "__zd_psm_forward_<K>", "__zd_psm_params_<K>" and
-    "__zd_psm_where_<K>" (a trainer's position). Each answers a list
+    Shard K serves "__zd_psm_forward_<K>", "__zd_psm_params_<K>",
+    "__zd_psm_where_<K>" (a trainer's position), "__zd_psm_back_<K>" and
+    "__zd_psm_ckpt_<K>" (a checkpoint a trainer asks for). Each answers a list
     [code, text, instance, ...] rather than an RPC error, as push and
     pull do (shard.c): an RPC error reaches the caller as ZD_ERR_REMOTE, and
     a trainer must tell refused inputs from a stopped shard. The forward's
@@ -37,12 +38,13 @@
 #define FN_PARAMS  "__zd_psm_params_"
 #define FN_WHERE   "__zd_psm_where_"
 #define FN_BACK    "__zd_psm_back_"
+#define FN_CKPT    "__zd_psm_ckpt_"
 
 struct zd_ps_model_server {
     zd_nn_module_t *stage; /* the caller's */
     int shard, n_shards;
     zd_ps_options_t opts;
-    char fn_forward[40], fn_params[40], fn_where[40], fn_back[40];
+    char fn_forward[40], fn_params[40], fn_where[40], fn_back[40], fn_ckpt[40];
 
     /* The stage's mode is the module's own: forwards in one mode run
        together; a forward in the other mode waits until they are done,
@@ -413,6 +415,54 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
+/*  [position, instance] -> [code, text, instance, version]: the caller
+    is at `position` of its data (-1: where its last training forward
+    left it), and the stage writes its checkpoint now
+    (zd_ps_model_checkpoint), answering the version on disk. A stage
+    started again, or gone back, since the caller's optimizer was made
+    (instance) refuses with ZD_ERR_STALE, as a forward does: the
+    position would claim batches it no longer holds. */
+static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *arg)
+{
+    zd_ps_model_server_t *s = arg;
+    int64_t position = 0, expected = 0;
+    char text[512];
+    if (ZD_UNPACK(args, &position, &expected) < 0 || position < -1 || !s->ckpt.path) {
+        snprintf(text, sizeof text, "stage %d refused the checkpoint: %s", s->shard,
+                 !s->ckpt.path       ? "it has no checkpoint_path"
+                     : position < -1 ? "a position below -1"
+                                     : zd_error_last());
+        return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
+    }
+    /* under the read lock, as a forward: no step or going back between
+       the instance's check, the record and the write */
+    zd_dist_optim_read_lock();
+    pthread_mutex_lock(&s->lock);
+    bool stale = expected != 0 && expected != s->instance;
+    if (!stale && position >= 0)
+        zd__ps_positions_record(&s->positions, &s->n_positions, zd_rpc_call_caller_rank(call),
+                                position);
+    pthread_mutex_unlock(&s->lock);
+    int rc = stale ? 0 : write_checkpoint(s, version_of(s));
+    zd_dist_optim_read_unlock();
+    zd_value_t *v;
+    if (stale || rc < 0) {
+        snprintf(text, sizeof text, "stage %d: %s", s->shard,
+                 stale ? "it was started again, or went back to a checkpoint, since this "
+                         "trainer's last step"
+                       : zd_error_last());
+        return answer_new(s, stale ? ZD_ERR_STALE : ZD_ERR_REMOTE, text, NULL, 0);
+    }
+    pthread_mutex_lock(&s->lock);
+    int64_t on_disk = s->ckpt_version;
+    pthread_mutex_unlock(&s->lock);
+    if ((v = answer_new(s, ZD_OK, "", NULL, 0)) && zd_list_append(v, zd_value_int(on_disk)) < 0) {
+        zd_value_unref(v);
+        v = NULL;
+    }
+    return v;
+}
+
 static int64_t new_instance(void);
 
 /*  The longest a dry run of serve_back may hold the stage's checkpoint
@@ -674,10 +724,12 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     snprintf(s->fn_params, sizeof s->fn_params, FN_PARAMS "%d", shard);
     snprintf(s->fn_where, sizeof s->fn_where, FN_WHERE "%d", shard);
     snprintf(s->fn_back, sizeof s->fn_back, FN_BACK "%d", shard);
+    snprintf(s->fn_ckpt, sizeof s->fn_ckpt, FN_CKPT "%d", shard);
     if (zd_rpc_register(s->fn_forward, serve_forward, s) < 0 ||
         zd_rpc_register(s->fn_params, serve_params, s) < 0 ||
         zd_rpc_register(s->fn_where, serve_where, s) < 0 ||
-        zd_rpc_register(s->fn_back, serve_back, s) < 0) {
+        zd_rpc_register(s->fn_back, serve_back, s) < 0 ||
+        zd_rpc_register(s->fn_ckpt, serve_checkpoint, s) < 0) {
         zd_error_wrap("zd_ps_model_server_new: stage %d", shard);
         zd_ps_model_server_free(s);
         return NULL;
@@ -767,6 +819,7 @@ void zd_ps_model_server_free(zd_ps_model_server_t *s)
         zd_rpc_unregister(s->fn_params);
         zd_rpc_unregister(s->fn_where);
         zd_rpc_unregister(s->fn_back);
+        zd_rpc_unregister(s->fn_ckpt);
     }
     free(s->positions);
     for (int i = 0; s->names && i < s->ckpt.n; i++)
@@ -1222,6 +1275,25 @@ int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_set_position: %s",
                                  m ? "a position >= 0 is required" : "NULL");
     m->position = position;
+    return 0;
+}
+
+int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms)
+{
+    if (!m || position < 0)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_checkpoint: %s",
+                                 m ? "a position >= 0 is required" : "NULL");
+    m->position = position;
+    for (int s = 0; s < m->n_shards; s++) {
+        zd_value_t *v, *args = ZD_ARGS(position, m->opt ? m->instance[s] : 0);
+        if (!args)
+            return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_checkpoint: out of memory");
+        if (call_stage(m, s, "checkpoint", FN_CKPT, args, timeout_ms, &v) < 0) {
+            forget_lost(m);
+            return -1;
+        }
+        zd_value_unref(v);
+    }
     return 0;
 }
 

@@ -73,6 +73,7 @@ typedef struct {
     int told[2];      /* test_shard_restarted: the trainer tells shard 1's parent to restart it */
     int lives;        /* shard 1's processes there (0: SHARD_LIVES) */
     int every1;       /* shard 1's checkpoint_every (0: 2, as shard 0's) */
+    bool by_hand;     /* checkpoint_every 0: only those the trainer asks for */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -250,7 +251,8 @@ static int run_shard(const world_t *w)
     if (su->max_input_numel)
         o.max_input_numel = su->max_input_numel;
     o.checkpoint_path = su->checkpoint;
-    o.checkpoint_every = su->checkpoint ? (w->rank == 1 && su->every1 ? su->every1 : 2) : 0;
+    o.checkpoint_every =
+        su->checkpoint && !su->by_hand ? (w->rank == 1 && su->every1 ? su->every1 : 2) : 0;
     o.resume = su->resume;
     o.max_inflight = su->max_inflight;
     o.on_forward = on_forward;
@@ -577,6 +579,14 @@ static int sharing_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     float first = 0, last = 0;
+    /* stages without a checkpoint_path refuse a checkpoint, naming it */
+    if (trainer == 0 &&
+        (zd_ps_model_checkpoint(model, 0, ZD_TIMEOUT_DEFAULT) == 0 ||
+         zd_error_code() != ZD_ERR_ARGUMENT ||
+         !strstr(zd_error_last(),
+                 "stage 0 refused the checkpoint: it has no "
+                 "checkpoint_path")))
+        rc = world_fail(w, "a checkpoint without checkpoint_path: %s", zd_error_last());
     for (int step = 0; rc == 0 && step < SHARED_STEPS; step++) {
         /* The same batch every step, so that the loss must fall. */
         rc = remote_step(w, model, trainer, 0, step == 0 ? &first : &last);
@@ -978,6 +988,102 @@ static void test_checkpoint_resume(void **state)
     assert_int_equal(world_run(&o), 0);
     snprintf(path, sizeof path, "rm -rf %s", dir);
     assert_int_equal(system(path), 0);
+}
+
+/*  ---- checkpoints a trainer asks for ---- */
+
+/*  The first run, the shards writing only when asked (checkpoint_every
+    0): five steps, the stages told after the third that the trainer is
+    at position 3 and to write their checkpoints; a negative position is
+    refused. */
+static int by_hand_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    if (zd_ps_model_checkpoint(model, -1, ZD_TIMEOUT_DEFAULT) == 0 ||
+        zd_error_code() != ZD_ERR_ARGUMENT)
+        rc = world_fail(w, "a checkpoint at position -1 was taken");
+    for (int step = 0; rc == 0 && step < N_STEPS; step++) {
+        if (zd_ps_model_set_position(model, step) < 0)
+            rc = world_fail(w, "set_position: %s", zd_error_last());
+        if (rc == 0)
+            rc = remote_step(w, model, 0, step, NULL);
+        if (rc == 0 && step == 2 && zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT) < 0)
+            rc = world_fail(w, "checkpoint: %s", zd_error_last());
+    }
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+/*  The second run, resumed: both stages at version 3 and position 3, the
+    parameters of three local steps; the trainer goes on from batch 3 as
+    locally. */
+static int by_hand_resumed(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    local_model_t lm;
+    WTRY(local_model_new(&lm, &sgd));
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    int64_t at = -2;
+    float loss;
+    if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 3 ||
+        stage_position(0) != 3 || stage_position(1) != 3 || shard_version(0) != 3 ||
+        shard_version(1) != 3)
+        rc = world_fail(w,
+                        "resumed at position %lld (%s), the stages at %lld and %lld, versions "
+                        "%lld and %lld: not all 3",
+                        (long long)at, zd_error_last(), (long long)stage_position(0),
+                        (long long)stage_position(1), (long long)shard_version(0),
+                        (long long)shard_version(1));
+    for (int step = 0; rc == 0 && step < N_STEPS; step++) {
+        if (local_step(lm.stage, lm.opt, step, &loss) < 0)
+            rc = world_fail(w, "local step %d: %s", step, zd_error_last());
+        for (int s = 0; rc == 0 && step == 2 && s < 2; s++)
+            rc = same_params(w, s, lm.stage[s]);
+        if (rc == 0 && step >= 3 && zd_ps_model_set_position(model, step) < 0)
+            rc = world_fail(w, "set_position: %s", zd_error_last());
+        if (rc == 0 && step >= 3)
+            rc = remote_step(w, model, 0, step, NULL);
+    }
+    for (int s = 0; rc == 0 && s < 2; s++)
+        rc = same_params(w, s, lm.stage[s]);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    local_model_free(&lm);
+    return rc;
+}
+
+static int by_hand_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (w->rank < 2)
+        return run_shard(w);
+    return su->resume ? by_hand_resumed(w) : by_hand_trainer(w);
+}
+
+static void test_checkpoint_by_the_trainer(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 1, .checkpoint = prefix, .by_hand = true};
+    world_options_t o = {
+        .world_size = 3, .fn = by_hand_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+    su.resume = true;
+    assert_int_equal(world_run(&o), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 /*  Stage 0 sent back to its generation of version 2 (by a direct call,
@@ -1547,6 +1653,7 @@ int main(void)
         cmocka_unit_test(test_refused_and_stopped),
         cmocka_unit_test(test_two_trainers_then_lost),
         cmocka_unit_test(test_checkpoint_resume),
+        cmocka_unit_test(test_checkpoint_by_the_trainer),
         cmocka_unit_test(test_stage_gone_back_refuses_a_step),
         cmocka_unit_test(test_shard_restarted),
         cmocka_unit_test(test_restart_unseen_by_a_trainer),

@@ -494,6 +494,22 @@ ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
     or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
 ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
 
+/*  Has every stage, in turn, record that this trainer is at `position`
+    of its data (the batch it computes next: call it after a batch's
+    step) and write its checkpoint now, as zd_ps_model_server_checkpoint
+    does (a no-op for a stage whose version is on disk already): for a
+    trainer that saves where its epochs or its --checkpoint_every say,
+    as PyTorch programs call torch.save, with checkpoint_every 0 on the
+    shards. A run resumed from these files goes on from `position`
+    (zd_ps_model_resume_position). Sets the position the next forwards
+    carry too. Each call up to timeout_ms (default zd_rpc_get_timeout()).
+    0, or -1 at the first stage that failed, named: ZD_ERR_ARGUMENT
+    (NULL, a negative position, a stage without checkpoint_path),
+    ZD_ERR_REMOTE (the stage's write failed: a full disk, its text),
+    ZD_ERR_STALE (a stage started again since this trainer's last step:
+    zd_ps_model_wait_shards), ZD_ERR_PEER, ZD_ERR_TIMEOUT. */
+ZD_API int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms);
+
 /*  Asks every stage where this trainer's rank was at its last training
     forward there (kept through a stage's checkpoint and resume), for a
     trainer started again, or a run resumed, to go on from there: the
