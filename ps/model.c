@@ -447,10 +447,13 @@ static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void 
     zd_dist_optim_read_unlock();
     zd_value_t *v;
     if (stale || rc < 0) {
-        snprintf(text, sizeof text, "stage %d: %s", s->shard,
-                 stale ? "it was started again, or went back to a checkpoint, since this "
-                         "trainer's last step"
-                       : zd_error_last());
+        if (stale)
+            snprintf(text, sizeof text,
+                     "stage %d was started again, or went back to a checkpoint, since this "
+                     "trainer's last step",
+                     s->shard);
+        else /* (the write's error names the shard) */
+            snprintf(text, sizeof text, "%s", zd_error_last());
         return answer_new(s, stale ? ZD_ERR_STALE : ZD_ERR_REMOTE, text, NULL, 0);
     }
     pthread_mutex_lock(&s->lock);

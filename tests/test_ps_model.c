@@ -40,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -992,10 +993,31 @@ static void test_checkpoint_resume(void **state)
 
 /*  ---- checkpoints a trainer asks for ---- */
 
+/*  The checkpoint at position 3: first with a folder where stage 1's
+    new generation goes, which its write cannot replace (even as root),
+    so that the call fails naming the stage and the file; then again,
+    the folder gone. 0, or world_fail's -1. */
+static int checkpoint_after_a_failed_write(const world_t *w, zd_ps_model_t *model)
+{
+    char in_the_way[96];
+    snprintf(in_the_way, sizeof in_the_way, "%s.shard1.new", ((const setup_t *)w->arg)->checkpoint);
+    if (mkdir(in_the_way, 0700) < 0)
+        return world_fail(w, "mkdir %s: %s", in_the_way, strerror(errno));
+    int r = zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT);
+    if (r == 0 || zd_error_code() != ZD_ERR_REMOTE || !strstr(zd_error_last(), "stage 1") ||
+        !strstr(zd_error_last(), in_the_way))
+        return world_fail(w, "a checkpoint whose write fails: %s",
+                          r == 0 ? "taken" : zd_error_last());
+    printf("a write that fails: %s\n", zd_error_last());
+    if (rmdir(in_the_way) < 0 || zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT) < 0)
+        return world_fail(w, "checkpoint: %s", zd_error_last());
+    return 0;
+}
+
 /*  The first run, the shards writing only when asked (checkpoint_every
     0): five steps, the stages told after the third that the trainer is
-    at position 3 and to write their checkpoints; a negative position is
-    refused. */
+    at position 3 and to write their checkpoints (a write that fails
+    fails the call); a negative position is refused. */
 static int by_hand_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -1011,8 +1033,8 @@ static int by_hand_trainer(const world_t *w)
             rc = world_fail(w, "set_position: %s", zd_error_last());
         if (rc == 0)
             rc = remote_step(w, model, 0, step, NULL);
-        if (rc == 0 && step == 2 && zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT) < 0)
-            rc = world_fail(w, "checkpoint: %s", zd_error_last());
+        if (rc == 0 && step == 2)
+            rc = checkpoint_after_a_failed_write(w, model);
     }
     zd_ps_model_free(model);
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
