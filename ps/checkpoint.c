@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,7 +141,7 @@ char *zd__ps_checkpoint_path(const char *prefix, int shard)
     return path;
 }
 
-int zd__ps_checkpoint_write(const zd__ps_ckpt_t *s, int64_t version)
+int zd__ps_checkpoint_write(const zd__ps_ckpt_t *s, int64_t version, bool replace)
 {
     if (!s->path)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d has no checkpoint_path", s->shard);
@@ -155,7 +156,7 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *s, int64_t version)
     zd_named_tensors_free(nt);
     if (rc < 0)
         return zd_error_wrap("ps: shard %d: checkpoint of version %" PRId64, s->shard, version);
-    if ((rename(cur, prev) < 0 && errno != ENOENT) || rename(next, cur) < 0)
+    if ((!replace && rename(cur, prev) < 0 && errno != ENOENT) || rename(next, cur) < 0)
         return zd_error_set("ps: shard %d: cannot move the checkpoint of version %" PRId64
                             " into %s: %s",
                             s->shard, version, cur, strerror(errno));
@@ -265,7 +266,7 @@ static int take(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
 /*  Whether name (a file in the checkpoint's folder) is what a write of
     this shard left when its process died mid-write: "<file>.tmp.P.N"
     or "<file>.new.tmp.P.N" (zd_checkpoint_save's temporary files) or
-    "<file>.probe.P" (a probe's), file the checkpoint's base name. */
+    "<file>.probe.P.N" (a probe's), file the checkpoint's base name. */
 static bool is_stale_temp(const char *name, const char *file)
 {
     size_t n = strlen(file);
@@ -310,10 +311,12 @@ int zd__ps_checkpoint_prepare(const zd__ps_ckpt_t *s)
         closedir(d);
     /* A folder that is not there, read-only or full fails now, naming
        the path, rather than at the first checkpoint, deep in a run. */
-    snprintf(probe, sizeof probe, "%s.probe.%ld", s->path, (long)getpid());
+    static _Atomic unsigned probes;
+    snprintf(probe, sizeof probe, "%s.probe.%ld.%u", s->path, (long)getpid(), probes++);
     int fd = open(probe, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     int err = fd < 0 ? errno : 0;
     if (fd >= 0) {
+        errno = 0; /* (a short write sets none) */
         if (write(fd, "", 1) != 1 || fsync(fd) < 0)
             err = errno ? errno : EIO;
         if (close(fd) < 0 && !err)

@@ -90,6 +90,10 @@ struct zd_ps_model_server {
        would push it out of the two kept before the real run comes */
     int64_t hold_writes_until;
     bool hold_logged; /* a write skipped for it was logged */
+    /* positions recorded that changed one, and how many of those the
+       last write held: a trainer's checkpoint of a version on disk is
+       written again only when a position moved since */
+    int64_t moved, moved_written;
 };
 
 /*  ---- the shard ---- */
@@ -184,6 +188,15 @@ static void leave(zd_ps_model_server_t *s)
     pthread_mutex_unlock(&s->lock);
 }
 
+/*  Records that the trainer of rank `rank` is at `position` (under the
+    lock), counting a change. */
+static void record_position(zd_ps_model_server_t *s, int rank, int64_t position)
+{
+    int64_t was = rank >= 0 && rank < s->n_positions ? s->positions[rank] : -1;
+    zd__ps_positions_record(&s->positions, &s->n_positions, rank, position);
+    s->moved += rank >= 0 && rank < s->n_positions && s->positions[rank] != was;
+}
+
 static int64_t version_of(const zd_ps_model_server_t *s)
 {
     return s->base_version + (int64_t)zd_dist_optim_version();
@@ -201,14 +214,31 @@ static int64_t gen_of(const zd_ps_model_server_t *s, int64_t v)
 
 /*  Writes the stage's checkpoint at version v, with the steps held off
     by the caller (zd_dist_optim_read_lock), unless another thread is
-    writing one. 0, or -1. */
-static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
+    writing one. Asked by a trainer (zd_ps_model_checkpoint), it waits
+    for that one, then writes, in place when v is on disk already (the
+    positions may have moved since), and fails with ZD_ERR_STALE while a
+    trainer brings the stages to one generation. 0, or -1. */
+static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, bool asked)
 {
     pthread_mutex_lock(&s->lock);
+    while (asked && s->writing)
+        pthread_cond_wait(&s->changed, &s->lock);
+    bool held = zd__now_ns() < s->hold_writes_until;
+    if (asked && held) {
+        pthread_mutex_unlock(&s->lock);
+        return zd_error_set_code(ZD_ERR_STALE,
+                                 "stage %d: a trainer is bringing the stages to one generation: "
+                                 "ask again",
+                                 s->shard);
+    }
     /* a second file of the version on disk would leave no older
        generation to go back to */
-    bool held = zd__now_ns() < s->hold_writes_until;
-    if (s->writing || (s->have_ckpt && v == s->ckpt_version) || held) {
+    bool replace = asked && s->have_ckpt && v == s->ckpt_version;
+    if (replace && s->moved == s->moved_written) { /* the file holds all of it */
+        pthread_mutex_unlock(&s->lock);
+        return 0;
+    }
+    if (!asked && (s->writing || (s->have_ckpt && v == s->ckpt_version) || held)) {
         bool tell = held && !s->hold_logged;
         s->hold_logged = s->hold_logged || held;
         pthread_mutex_unlock(&s->lock);
@@ -231,15 +261,19 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v)
     }
     if (pos)
         memcpy(pos, s->positions, (size_t)n_pos * sizeof *pos);
+    int64_t moved = s->moved;
     s->writing = true;
     pthread_mutex_unlock(&s->lock);
     zd__ps_ckpt_t c = s->ckpt;
     c.positions = &pos;
     c.n_positions = &n_pos;
-    int rc = zd__ps_checkpoint_write(&c, v);
+    int rc = zd__ps_checkpoint_write(&c, v, replace);
     free(pos);
     pthread_mutex_lock(&s->lock);
     s->writing = false;
+    pthread_cond_broadcast(&s->changed); /* (a trainer's checkpoint may wait) */
+    if (rc == 0)
+        s->moved_written = moved;
     if (rc == 0 && (!s->have_ckpt || v > s->ckpt_version)) {
         s->ckpt_before = s->have_ckpt ? s->ckpt_version : -1;
         s->ckpt_version = v;
@@ -260,7 +294,7 @@ static void checkpoint_due(zd_ps_model_server_t *s)
     bool due = s->ckpt.path && every > 0 && gen_of(s, v) > gen_of(s, s->ckpt_version);
     int64_t last = s->ckpt_version;
     pthread_mutex_unlock(&s->lock);
-    if (due && write_checkpoint(s, v) < 0)
+    if (due && write_checkpoint(s, v, false) < 0)
         zd__log(ZD_LOG_WARN,
                 "%s (the stage goes on; the last checkpoint is of version %" PRId64 ")",
                 zd_error_last(), last);
@@ -298,9 +332,6 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
                  s->shard, n_out, ZD__PS_MAX_TENSORS);
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
-    if (s->opts.on_forward)
-        s->opts.on_forward(s->opts.on_forward_arg, s->shard, zd_rpc_call_caller_rank(call),
-                           training != 0, in, n_in);
     /* A slot first: a forward waiting for one holds only its inputs. */
     bool slot = training && s->gate && zd__ps_gate_enter(s->gate, s->shard);
     if (!enter(s, training != 0)) {
@@ -318,8 +349,7 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
     pthread_mutex_lock(&s->lock);
     bool stale = expected != 0 && expected != s->instance;
     if (!stale && training && position >= 0)
-        zd__ps_positions_record(&s->positions, &s->n_positions, zd_rpc_call_caller_rank(call),
-                                position);
+        record_position(s, zd_rpc_call_caller_rank(call), position);
     pthread_mutex_unlock(&s->lock);
     if (stale) {
         zd_dist_optim_read_unlock();
@@ -345,6 +375,9 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
         rc = zd__ps_gate_hold(s->gate, out, (int)n_out);
     else if (slot)
         zd__ps_gate_leave(s->gate);
+    if (rc == 0 && s->opts.on_forward)
+        s->opts.on_forward(s->opts.on_forward_arg, s->shard, zd_rpc_call_caller_rank(call),
+                           training != 0, in, n_in);
     zd_value_t *v;
     if (rc < 0) {
         snprintf(text, sizeof text, "stage %d: %s", s->shard, zd_error_last());
@@ -415,51 +448,58 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
-/*  [position, instance] -> [code, text, instance, version]: the caller
-    is at `position` of its data (-1: where its last training forward
-    left it), and the stage writes its checkpoint now
-    (zd_ps_model_checkpoint), answering the version on disk. A stage
-    started again, or gone back, since the caller's optimizer was made
-    (instance) refuses with ZD_ERR_STALE, as a forward does: the
-    position would claim batches it no longer holds. */
+/*  [position, instance, dry] -> [code, text, instance, version]: the
+    caller is at `position` of its data, and the stage writes its
+    checkpoint now (zd_ps_model_checkpoint), answering the version on
+    disk; dry: only whether it would. Refused: by a stage that writes its
+    own every checkpoint_every versions (a trainer's would break "one
+    generation, one version"), a stopped one, and one started again, or
+    gone back, since the caller's optimizer was made (instance) with
+    ZD_ERR_STALE, as a forward is: the position would claim batches the
+    stage no longer holds. */
 static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     zd_ps_model_server_t *s = arg;
-    int64_t position = 0, expected = 0;
+    int64_t position = -1, expected = 0, dry = 0;
     char text[512];
-    if (ZD_UNPACK(args, &position, &expected) < 0 || position < -1 || !s->ckpt.path) {
-        snprintf(text, sizeof text, "stage %d refused the checkpoint: %s", s->shard,
-                 !s->ckpt.path       ? "it has no checkpoint_path"
-                     : position < -1 ? "a position below -1"
-                                     : zd_error_last());
+    const char *bad = ZD_UNPACK(args, &position, &expected, &dry) < 0 ? zd_error_last()
+        : !s->ckpt.path                                               ? "it has no checkpoint_path"
+        : s->opts.checkpoint_every > 0  ? "it writes its own every checkpoint_every versions"
+        : position < 0 || expected == 0 ? "no position or no instance"
+                                        : NULL;
+    if (bad) {
+        snprintf(text, sizeof text, "stage %d refused the checkpoint: %s", s->shard, bad);
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
     /* under the read lock, as a forward: no step or going back between
        the instance's check, the record and the write */
     zd_dist_optim_read_lock();
     pthread_mutex_lock(&s->lock);
-    bool stale = expected != 0 && expected != s->instance;
-    if (!stale && position >= 0)
-        zd__ps_positions_record(&s->positions, &s->n_positions, zd_rpc_call_caller_rank(call),
-                                position);
+    zd_error_code_t code = s->stopped ? ZD_ERR_STOPPED
+        : expected != s->instance     ? ZD_ERR_STALE
+                                      : ZD_OK;
+    if (code == ZD_OK && !dry)
+        record_position(s, zd_rpc_call_caller_rank(call), position);
     pthread_mutex_unlock(&s->lock);
-    int rc = stale ? 0 : write_checkpoint(s, version_of(s));
+    if (code == ZD_OK && !dry && write_checkpoint(s, version_of(s), true) < 0)
+        code = zd_error_code() == ZD_ERR_STALE ? ZD_ERR_STALE : ZD_ERR_REMOTE;
     zd_dist_optim_read_unlock();
-    zd_value_t *v;
-    if (stale || rc < 0) {
-        if (stale)
-            snprintf(text, sizeof text,
-                     "stage %d was started again, or went back to a checkpoint, since this "
-                     "trainer's last step",
-                     s->shard);
-        else /* (the write's error names the shard) */
-            snprintf(text, sizeof text, "%s", zd_error_last());
-        return answer_new(s, stale ? ZD_ERR_STALE : ZD_ERR_REMOTE, text, NULL, 0);
-    }
+    if (code == ZD_ERR_STOPPED)
+        snprintf(text, sizeof text, "stage %d stopped", s->shard);
+    else if (code == ZD_ERR_STALE && expected != s->instance)
+        snprintf(text, sizeof text,
+                 "stage %d was started again, or went back to a checkpoint, since this "
+                 "trainer's last step",
+                 s->shard);
+    else if (code != ZD_OK) /* (the write's error names the shard) */
+        snprintf(text, sizeof text, "%s", zd_error_last());
+    if (code != ZD_OK)
+        return answer_new(s, code, text, NULL, 0);
     pthread_mutex_lock(&s->lock);
     int64_t on_disk = s->ckpt_version;
     pthread_mutex_unlock(&s->lock);
-    if ((v = answer_new(s, ZD_OK, "", NULL, 0)) && zd_list_append(v, zd_value_int(on_disk)) < 0) {
+    zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
+    if (v && zd_list_append(v, zd_value_int(on_disk)) < 0) {
         zd_value_unref(v);
         v = NULL;
     }
@@ -661,7 +701,7 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
        the others with it, can go back to them. */
     if (r == -1 && !s->opts.resume)
         zd__ps_checkpoint_set_aside(&s->ckpt);
-    if (r == -1 && zd__ps_checkpoint_write(&s->ckpt, 0) < 0)
+    if (r == -1 && zd__ps_checkpoint_write(&s->ckpt, 0, false) < 0)
         return -1;
     s->base_version = s->ckpt_version = v;
     s->ckpt_before = older;
@@ -791,7 +831,7 @@ int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_server_checkpoint: %s",
                                  s ? "no checkpoint_path" : "NULL");
     zd_dist_optim_read_lock();
-    int rc = write_checkpoint(s, version_of(s));
+    int rc = write_checkpoint(s, version_of(s), false);
     zd_dist_optim_read_unlock();
     return rc;
 }
@@ -1286,17 +1326,28 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
     if (!m || position < 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_checkpoint: %s",
                                  m ? "a position >= 0 is required" : "NULL");
+    /* The position claims the batches before it on every stage: only
+       after a step over stages that have not changed since. */
+    if (!m->opt || m->stale || m->must_agree)
+        return zd_error_set_code(ZD_ERR_STALE,
+                                 "zd_ps_model_checkpoint: no step yet over the stages as they "
+                                 "are (a new handle, or a stage lost, started again or gone "
+                                 "back: zd_ps_model_wait_shards, zd_ps_model_resume_position, "
+                                 "a batch from there, then a checkpoint)");
     m->position = position;
-    for (int s = 0; s < m->n_shards; s++) {
-        zd_value_t *v, *args = ZD_ARGS(position, m->opt ? m->instance[s] : 0);
-        if (!args)
-            return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_checkpoint: out of memory");
-        if (call_stage(m, s, "checkpoint", FN_CKPT, args, timeout_ms, &v) < 0) {
-            forget_lost(m);
-            return -1;
+    /* Every stage asked first whether it would: none is written when one
+       would refuse. */
+    for (int dry = 1; dry >= 0; dry--)
+        for (int s = 0; s < m->n_shards; s++) {
+            zd_value_t *v, *args = ZD_ARGS(position, m->instance[s], dry);
+            if (!args)
+                return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_checkpoint: out of memory");
+            if (call_stage(m, s, "checkpoint", FN_CKPT, args, timeout_ms, &v) < 0) {
+                forget_lost(m);
+                return -1;
+            }
+            zd_value_unref(v);
         }
-        zd_value_unref(v);
-    }
     return 0;
 }
 

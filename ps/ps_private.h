@@ -165,9 +165,10 @@ typedef struct {
 
 /*  Writes the shard's checkpoint at version, as the newest generation of
     c->path, the one before kept as ".prev" (the caller keeps the
-    parameters and the optimizer still). 0, or -1 with the error set (the
-    older generations left as they were). */
-int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version);
+    parameters and the optimizer still); with replace, in place of the
+    current file, of that same version, the ".prev" one left as it is. 0,
+    or -1 with the error set (the older generations left as they were). */
+int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version, bool replace);
 
 /*  Takes a generation of the checkpoint into the shard's parameters,
     optimizer and positions (before it serves, or under its lock): the

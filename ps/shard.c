@@ -141,7 +141,7 @@ static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
 static int write_checkpoint(zd_ps_server_t *s)
 {
     zd__ps_ckpt_t c = ckpt_of(s);
-    if (zd__ps_checkpoint_write(&c, s->version) < 0)
+    if (zd__ps_checkpoint_write(&c, s->version, false) < 0)
         return -1;
     s->ckpt_before = s->ckpt_version;
     s->ckpt_version = s->version;

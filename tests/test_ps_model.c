@@ -580,14 +580,6 @@ static int sharing_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     float first = 0, last = 0;
-    /* stages without a checkpoint_path refuse a checkpoint, naming it */
-    if (trainer == 0 &&
-        (zd_ps_model_checkpoint(model, 0, ZD_TIMEOUT_DEFAULT) == 0 ||
-         zd_error_code() != ZD_ERR_ARGUMENT ||
-         !strstr(zd_error_last(),
-                 "stage 0 refused the checkpoint: it has no "
-                 "checkpoint_path")))
-        rc = world_fail(w, "a checkpoint without checkpoint_path: %s", zd_error_last());
     for (int step = 0; rc == 0 && step < SHARED_STEPS; step++) {
         /* The same batch every step, so that the loss must fall. */
         rc = remote_step(w, model, trainer, 0, step == 0 ? &first : &last);
@@ -602,6 +594,14 @@ static int sharing_trainer(const world_t *w)
     }
     if (rc == 0 && !(last < first))
         rc = world_fail(w, "the loss went from %g to %g", first, last);
+    /* stages without a checkpoint_path refuse a checkpoint, naming it */
+    if (rc == 0 &&
+        (zd_ps_model_checkpoint(model, SHARED_STEPS, ZD_TIMEOUT_DEFAULT) == 0 ||
+         zd_error_code() != ZD_ERR_ARGUMENT ||
+         !strstr(zd_error_last(),
+                 "stage 0 refused the checkpoint: it has no "
+                 "checkpoint_path")))
+        rc = world_fail(w, "a checkpoint without checkpoint_path: %s", zd_error_last());
     /* Trainer 0 has shard 1 killed once the other trainer is done. */
     zd_value_t *v = NULL;
     if (trainer != 0 && zd_rpc_sync(2, "test_done", NULL, ZD_TIMEOUT_DEFAULT, &v) < 0)
@@ -1017,7 +1017,8 @@ static int checkpoint_after_a_failed_write(const world_t *w, zd_ps_model_t *mode
 /*  The first run, the shards writing only when asked (checkpoint_every
     0): five steps, the stages told after the third that the trainer is
     at position 3 and to write their checkpoints (a write that fails
-    fails the call); a negative position is refused. */
+    fails the call); a negative position, and a checkpoint before any
+    step, are refused. */
 static int by_hand_trainer(const world_t *w)
 {
     zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
@@ -1028,6 +1029,11 @@ static int by_hand_trainer(const world_t *w)
     if (zd_ps_model_checkpoint(model, -1, ZD_TIMEOUT_DEFAULT) == 0 ||
         zd_error_code() != ZD_ERR_ARGUMENT)
         rc = world_fail(w, "a checkpoint at position -1 was taken");
+    /* before any step, a position claims nothing the stages hold */
+    if (rc == 0 &&
+        (zd_ps_model_checkpoint(model, 0, ZD_TIMEOUT_DEFAULT) == 0 ||
+         zd_error_code() != ZD_ERR_STALE))
+        rc = world_fail(w, "a checkpoint before any step: %s", zd_error_last());
     for (int step = 0; rc == 0 && step < N_STEPS; step++) {
         if (zd_ps_model_set_position(model, step) < 0)
             rc = world_fail(w, "set_position: %s", zd_error_last());

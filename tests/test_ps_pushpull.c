@@ -903,9 +903,10 @@ static void test_checkpoint_folder_prepared(void **state)
     assert_non_null(mkdtemp(dir));
     const char *const stale[] = {"c.shard0.new.tmp.4242.0", "c.shard0.tmp.17.3",
                                  "c.shard0.probe.99"};
-    const char *const kept[] = {"c.shard0.new.tmpx", "c.shard1.new.tmp.1.1", "c.shard0.new.tmp.",
-                                "d.shard0.tmp.1.1", "c.shard0.tmp.1.x"};
-    const int n_stale = 3, n_kept = 5;
+    const char *const kept[] = {"c.shard0.new.tmpx",    "c.shard1.new.tmp.1.1", "c.shard0.new.tmp.",
+                                "d.shard0.tmp.1.1",     "c.shard0.tmp.1.x",     "c.shard01.tmp.1.1",
+                                "c.shard00.new.tmp.1.1"};
+    const int n_stale = 3, n_kept = 7;
     for (int i = 0; i < n_stale + n_kept; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, i < n_stale ? stale[i] : kept[i - n_stale]);
         FILE *f = fopen(path, "w");

@@ -126,12 +126,13 @@ typedef struct {
        training forwards through a stage before its backward needs k slots:
        with fewer, its own next forward waits for the timeout. */
     int max_inflight;
-    /* remote model, shards only: called for each forward a trainer asks
-       of the stage, once its inputs passed the checks and before it waits
-       for a slot or runs: the caller's rank, whether it trains, and the
-       inputs (borrowed, not to be changed). For metrics and a program's
-       book of its trainers (zd_ps_trainers_note_batch: samples per
-       trainer). It runs on an RPC thread with nothing locked (NULL:
+    /* remote model, shards only: called for each forward the stage ran
+       for a trainer, before its outputs go back: the caller's rank,
+       whether it trains, and the inputs (borrowed, not to be changed);
+       a forward refused (bad inputs, stale, stopped) or failed is not
+       counted. For metrics and a program's book of its trainers
+       (zd_ps_trainers_note_batch: samples per trainer). It runs on the
+       forward's RPC thread, several at once, with nothing locked (NULL:
        none). */
     void (*on_forward)(void *arg, int shard, int caller, bool training, zd_tensor_t *const *in,
                        int n_in);
@@ -494,20 +495,26 @@ ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
     or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
 ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
 
-/*  Has every stage, in turn, record that this trainer is at `position`
-    of its data (the batch it computes next: call it after a batch's
-    step) and write its checkpoint now, as zd_ps_model_server_checkpoint
-    does (a no-op for a stage whose version is on disk already): for a
-    trainer that saves where its epochs or its --checkpoint_every say,
-    as PyTorch programs call torch.save, with checkpoint_every 0 on the
-    shards. A run resumed from these files goes on from `position`
-    (zd_ps_model_resume_position). Sets the position the next forwards
-    carry too. Each call up to timeout_ms (default zd_rpc_get_timeout()).
-    0, or -1 at the first stage that failed, named: ZD_ERR_ARGUMENT
-    (NULL, a negative position, a stage without checkpoint_path),
-    ZD_ERR_REMOTE (the stage's write failed: a full disk, its text),
-    ZD_ERR_STALE (a stage started again since this trainer's last step:
-    zd_ps_model_wait_shards), ZD_ERR_PEER, ZD_ERR_TIMEOUT. */
+/*  A checkpoint the trainer asks for, of stages whose shards write
+    only those (checkpoint_every 0): every stage records that this
+    trainer is at `position` of its data (the batch it computes next:
+    call it after a batch's step) and writes its generation now (again,
+    in place, when its version is on disk but a position moved), as
+    PyTorch programs call torch.save. Every stage is first asked whether
+    it would, so that none writes when one refuses. A run resumed from
+    these files goes on from `position` (zd_ps_model_resume_position).
+    With several trainers, a step of another between two stages' writes
+    leaves them at different versions, which a resume cannot bring to
+    one generation: checkpoint while the others wait (the trainers'
+    registry's gate, say). Sets the position the next forwards carry
+    too. Each call up to timeout_ms (default zd_rpc_get_timeout()). 0,
+    or -1 naming the first stage that failed (those before it may have
+    written: call it again): ZD_ERR_ARGUMENT (NULL, a negative position,
+    a stage without checkpoint_path or with checkpoint_every),
+    ZD_ERR_STALE (no step yet over the stages as they are: a new handle,
+    or a stage lost, started again or gone back since; a stage being
+    brought to one generation), ZD_ERR_REMOTE (a stage's write failed: a
+    full disk, its text), ZD_ERR_STOPPED, ZD_ERR_PEER, ZD_ERR_TIMEOUT. */
 ZD_API int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms);
 
 /*  Asks every stage where this trainer's rank was at its last training
