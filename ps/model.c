@@ -223,21 +223,19 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, bool asked)
     pthread_mutex_lock(&s->lock);
     while (asked && s->writing)
         pthread_cond_wait(&s->changed, &s->lock);
-    bool held = zd__now_ns() < s->hold_writes_until;
-    if (asked && held) {
-        pthread_mutex_unlock(&s->lock);
-        return zd_error_set_code(ZD_ERR_STALE,
-                                 "stage %d: a trainer is bringing the stages to one generation: "
-                                 "ask again",
-                                 s->shard);
-    }
-    /* a second file of the version on disk would leave no older
-       generation to go back to */
     bool replace = asked && s->have_ckpt && v == s->ckpt_version;
     if (replace && s->moved == s->moved_written) { /* the file holds all of it */
         pthread_mutex_unlock(&s->lock);
         return 0;
     }
+    bool held = zd__now_ns() < s->hold_writes_until;
+    if (asked && held) {
+        pthread_mutex_unlock(&s->lock);
+        return zd_error_set_code(ZD_ERR_STALE, "stage %d is being brought to another generation",
+                                 s->shard);
+    }
+    /* (a second file of the version on disk would leave no older
+       generation to go back to) */
     if (!asked && (s->writing || (s->have_ckpt && v == s->ckpt_version) || held)) {
         bool tell = held && !s->hold_logged;
         s->hold_logged = s->hold_logged || held;
@@ -475,9 +473,8 @@ static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void 
        the instance's check, the record and the write */
     zd_dist_optim_read_lock();
     pthread_mutex_lock(&s->lock);
-    zd_error_code_t code = s->stopped ? ZD_ERR_STOPPED
-        : expected != s->instance     ? ZD_ERR_STALE
-                                      : ZD_OK;
+    bool other = expected != s->instance, held = zd__now_ns() < s->hold_writes_until;
+    zd_error_code_t code = s->stopped ? ZD_ERR_STOPPED : other || held ? ZD_ERR_STALE : ZD_OK;
     if (code == ZD_OK && !dry)
         record_position(s, zd_rpc_call_caller_rank(call), position);
     pthread_mutex_unlock(&s->lock);
@@ -486,11 +483,11 @@ static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void 
     zd_dist_optim_read_unlock();
     if (code == ZD_ERR_STOPPED)
         snprintf(text, sizeof text, "stage %d stopped", s->shard);
-    else if (code == ZD_ERR_STALE && expected != s->instance)
+    else if (code == ZD_ERR_STALE && (other || held))
         snprintf(text, sizeof text,
                  "stage %d was started again, or went back to a checkpoint, since this "
-                 "trainer's last step",
-                 s->shard);
+                 "trainer's last step%s",
+                 s->shard, other ? "" : " (it is going back now)");
     else if (code != ZD_OK) /* (the write's error names the shard) */
         snprintf(text, sizeof text, "%s", zd_error_last());
     if (code != ZD_OK)
@@ -902,6 +899,7 @@ struct zd_ps_model {
     zd_dist_optim_t *opt; /* made at the first forward or step */
     bool training;
     int64_t position; /* training forwards carry it (zd_ps_model_set_position); -1: none */
+    bool stepped;     /* a step over the stages as they are (a checkpoint may follow) */
 };
 
 /*  Drops the optimizer after a call failed with ZD_ERR_PEER (a shard
@@ -912,6 +910,7 @@ static void forget_lost(zd_ps_model_t *m)
     if (zd_error_code() != ZD_ERR_PEER)
         return;
     m->must_agree = true;
+    m->stepped = false;
     if (!m->opt)
         return;
     char text[512];
@@ -1031,6 +1030,7 @@ static int ensure_optimizer(zd_ps_model_t *m)
     zd_dist_optim_free(m->opt);
     m->opt = NULL;
     m->stale = false;
+    m->stepped = false;
     zd_rref_list_t *all = zd_rref_list_new();
     if (!all)
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
@@ -1181,6 +1181,7 @@ int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
         forget_lost(m);
         return -1;
     }
+    m->stepped = true;
     return 0;
 }
 
@@ -1328,13 +1329,12 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
                                  m ? "a position >= 0 is required" : "NULL");
     /* The position claims the batches before it on every stage: only
        after a step over stages that have not changed since. */
-    if (!m->opt || m->stale || m->must_agree)
+    if (!m->stepped || m->stale || m->must_agree)
         return zd_error_set_code(ZD_ERR_STALE,
                                  "zd_ps_model_checkpoint: no step yet over the stages as they "
                                  "are (a new handle, or a stage lost, started again or gone "
                                  "back: zd_ps_model_wait_shards, zd_ps_model_resume_position, "
                                  "a batch from there, then a checkpoint)");
-    m->position = position;
     /* Every stage asked first whether it would: none is written when one
        would refuse. */
     for (int dry = 1; dry >= 0; dry--)
@@ -1348,6 +1348,7 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
             }
             zd_value_unref(v);
         }
+    m->position = position;
     return 0;
 }
 

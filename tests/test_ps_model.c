@@ -1029,11 +1029,18 @@ static int by_hand_trainer(const world_t *w)
     if (zd_ps_model_checkpoint(model, -1, ZD_TIMEOUT_DEFAULT) == 0 ||
         zd_error_code() != ZD_ERR_ARGUMENT)
         rc = world_fail(w, "a checkpoint at position -1 was taken");
-    /* before any step, a position claims nothing the stages hold */
+    /* before any step, a position claims nothing the stages hold: not
+       even after an evaluation forward (which makes the optimizer) */
     if (rc == 0 &&
         (zd_ps_model_checkpoint(model, 0, ZD_TIMEOUT_DEFAULT) == 0 ||
          zd_error_code() != ZD_ERR_STALE))
         rc = world_fail(w, "a checkpoint before any step: %s", zd_error_last());
+    zd_ps_model_train(model, false);
+    if (rc == 0 &&
+        (stage_mode(w, model) != 0 || zd_ps_model_checkpoint(model, 0, ZD_TIMEOUT_DEFAULT) == 0 ||
+         zd_error_code() != ZD_ERR_STALE))
+        rc = world_fail(w, "a checkpoint after an evaluation forward: %s", zd_error_last());
+    zd_ps_model_train(model, true);
     for (int step = 0; rc == 0 && step < N_STEPS; step++) {
         if (zd_ps_model_set_position(model, step) < 0)
             rc = world_fail(w, "set_position: %s", zd_error_last());

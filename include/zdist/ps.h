@@ -508,13 +508,16 @@ ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
     one generation: checkpoint while the others wait (the trainers'
     registry's gate, say). Sets the position the next forwards carry
     too. Each call up to timeout_ms (default zd_rpc_get_timeout()). 0,
-    or -1 naming the first stage that failed (those before it may have
-    written: call it again): ZD_ERR_ARGUMENT (NULL, a negative position,
-    a stage without checkpoint_path or with checkpoint_every),
-    ZD_ERR_STALE (no step yet over the stages as they are: a new handle,
-    or a stage lost, started again or gone back since; a stage being
-    brought to one generation), ZD_ERR_REMOTE (a stage's write failed: a
-    full disk, its text), ZD_ERR_STOPPED, ZD_ERR_PEER, ZD_ERR_TIMEOUT. */
+    or -1 naming the first stage that failed: ZD_ERR_ARGUMENT (NULL, a
+    negative position, a stage without checkpoint_path or with
+    checkpoint_every), ZD_ERR_STALE (no step yet over the stages as they
+    are: a new handle, or a stage lost, started again or gone back
+    since, or going back now: zd_ps_model_wait_shards and
+    zd_ps_model_resume_position, a batch, then a checkpoint),
+    ZD_ERR_REMOTE (a stage's write failed: a full disk, its text; the
+    stages before it wrote theirs, a generation the others lack: call it
+    again until it succeeds, or stop), ZD_ERR_STOPPED, ZD_ERR_PEER,
+    ZD_ERR_TIMEOUT. */
 ZD_API int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms);
 
 /*  Asks every stage where this trainer's rank was at its last training
