@@ -29,11 +29,13 @@ struct ps_worker {
 ps_worker_t *ps_worker_new(const char *model, int index, uint64_t seed, int64_t batch_size,
                            const char *data_dir, int64_t train_size)
 {
+    if (batch_size < 1) {
+        zd_error_set("DataWorker: batch_size must be >= 1, got %lld", (long long)batch_size);
+        return NULL;
+    }
     ps_worker_t *w = calloc(1, sizeof *w);
-    if (!w || batch_size < 1) {
-        free(w);
-        zd_error_set(w ? "DataWorker: batch_size must be >= 1, got %lld" : "out of memory",
-                     (long long)batch_size);
+    if (!w) {
+        zd_error_set("out of memory");
         return NULL;
     }
     *w = (ps_worker_t){.index = index, .seed = seed, .batch_size = batch_size};
