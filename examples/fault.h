@@ -7,10 +7,13 @@
     SIGKILL: a crash) or stop (raise SIGSTOP: frozen, with its sockets
     alive, until a SIGCONT). Phases: rendezvous, forward, backward, step,
     checkpoint, evaluation, shutdown; where each role reaches them:
-      rpc_ps        trainer: all seven; server shards: rendezvous,
-                    forward (a trainer's ps_forward on shard 0, ps_fc1_part
-                    on the others), checkpoint (each save), evaluation
-                    (shard 0, a trainer asking for the shared one), shutdown;
+      rpc_ps        trainer: all but evaluation; server shards:
+                    rendezvous, forward (a trainer's ps_forward on shard 0,
+                    ps_fc1_part on the others), checkpoint (each save),
+                    shutdown; evaluation is the library's point on both
+                    sides (zd_ps_trainer_wait_all, and the registry taking
+                    a trainer's wait in: docs/ps.md, "Faults in tests"),
+                    which reads the same variable;
       ps_sync_async driver: rendezvous, step (applying gradients),
                     evaluation, shutdown; parameter server: rendezvous,
                     step (each step its shard takes), shutdown; worker:

@@ -270,7 +270,6 @@ int ps_net_client_finished(ps_net_client_t *c)
 
 int ps_net_client_shared_accuracy(ps_net_client_t *c, int64_t samples, double *acc)
 {
-    fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
     if (shard0_same(c) < 0)
         return -1;
     zd_value_t *a = zd_value_int(samples), *r = NULL;

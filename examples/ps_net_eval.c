@@ -143,9 +143,6 @@ static void on_trainer(void *arg, const zd_ps_trainer_info_t *t, const char *nam
         printf("trainer \"%s\" (rank %d), lost at batch %lld, rejoined; counted again\n", name,
                t->rank, (long long)t->batches);
         break;
-    case ZD_PS_TRAINER_WAITING:
-        fault_point(zd_rpc_rank(), "evaluation"); /* tests only (fault.h) */
-        break;
     default:
         break;
     }

@@ -141,7 +141,7 @@ static double train_batch(zd_ps_model_t *model, zd_tensor_t *x, zd_tensor_t *y)
             if (!isfinite(zd_tensor_data(loss)[0]))
                 zd_error_set("the loss is %g: the model diverged (try a lower --lr)",
                              (double)zd_tensor_data(loss)[0]);
-            else if (zd_dist_autograd_backward(ctx, &loss, 1, false) == 0 &&
+            else if (zd_ps_model_backward(model, ctx, loss) == 0 &&
                      zd_ps_model_step(model, ctx) == 0)
                 loss_value = zd_tensor_data(loss)[0];
         }

@@ -31,6 +31,7 @@
 #include <zdist/dist_optim.h>
 #include <zdist/error.h>
 #include "core/clock.h"
+#include "core/fault_point.h"
 #include "core/log_private.h"
 #include "ps/ps_private.h"
 
@@ -262,6 +263,7 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, bool asked)
     int64_t moved = s->moved;
     s->writing = true;
     pthread_mutex_unlock(&s->lock);
+    zd__fault_point(zd_rpc_rank(), "checkpoint"); /* tests only (core/fault_point.h) */
     zd__ps_ckpt_t c = s->ckpt;
     c.positions = &pos;
     c.n_positions = &n_pos;
@@ -330,6 +332,7 @@ static zd_value_t *serve_forward(zd_rpc_call_t *call, zd_value_t *args, void *ar
                  s->shard, n_out, ZD__PS_MAX_TENSORS);
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
     }
+    zd__fault_point(zd_rpc_rank(), "forward"); /* tests only (core/fault_point.h) */
     /* A slot first: a forward waiting for one holds only its inputs. */
     bool slot = training && s->gate && zd__ps_gate_enter(s->gate, s->shard);
     if (!enter(s, training != 0)) {
@@ -1090,6 +1093,8 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
                                  "zd_ps_model_forward: a model, 1 to %d inputs and 1 to %d "
                                  "outputs are required",
                                  ZD__PS_MAX_TENSORS, ZD__PS_MAX_TENSORS);
+    if (m->training)
+        zd__fault_point(zd_rpc_rank(), "forward"); /* tests only (core/fault_point.h) */
     if (ensure_optimizer(m) < 0)
         return -1;
     /* Each stage's outputs are the next one's inputs. */
@@ -1150,10 +1155,33 @@ int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in, zd_t
     return 0;
 }
 
+int zd_ps_model_backward(zd_ps_model_t *m, int64_t context_id, zd_tensor_t *loss)
+{
+    if (!m || !loss)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "zd_ps_model_backward: a model and a loss are required");
+    zd__fault_point(zd_rpc_rank(), "backward"); /* tests only (core/fault_point.h) */
+    if (zd_dist_autograd_backward(context_id, &loss, 1, false) == 0)
+        return 0;
+    /* the stages' part of the graph went with a lost one: the trainer
+       recovers as after a forward's loss */
+    char text[512];
+    snprintf(text, sizeof text, "%s", zd_error_last());
+    for (int s = 0; s < m->n_shards; s++)
+        if (zd_rpc_peer_is_lost(m->ranks[s])) {
+            zd_error_set_code(ZD_ERR_PEER, "ps: backward: stage %d (rank %d) lost: %s", s,
+                              m->ranks[s], text);
+            forget_lost(m);
+            return -1;
+        }
+    return zd_error_wrap("ps: backward");
+}
+
 int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_step: NULL");
+    zd__fault_point(zd_rpc_rank(), "step"); /* tests only (core/fault_point.h) */
     if (ensure_optimizer(m) < 0)
         return -1;
     if (zd_dist_optim_step(m->opt, context_id) < 0) {
@@ -1327,6 +1355,7 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
     if (!m || position < 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_checkpoint: %s",
                                  m ? "a position >= 0 is required" : "NULL");
+    zd__fault_point(zd_rpc_rank(), "checkpoint"); /* tests only (core/fault_point.h) */
     /* The position claims the batches before it on every stage: only
        after a step over stages that have not changed since. */
     if (!m->stepped || m->stale || m->must_agree)

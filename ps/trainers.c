@@ -19,6 +19,7 @@
 #include <zdist/error.h>
 #include <zdist/future.h>
 
+#include "core/fault_point.h"
 #include "core/sized.h"
 
 #define FN_STARTED  "__zd_pst_started"
@@ -317,6 +318,8 @@ static zd_future_t *serve_wait_all(zd_rpc_call_t *call, zd_value_t *args, void *
             zd_future_unref(t->waiting);
         }
         t->state |= T_WAITING;
+        /* (before the event: a program's hook on it sees the same count) */
+        zd__fault_point(zd_rpc_rank(), "evaluation"); /* tests only (core/fault_point.h) */
         tell(r, src, zd_rpc_call_caller_name(call), ZD_PS_TRAINER_WAITING);
         zd_value_unref(r->request);
         r->request = zd_value_ref(request);
@@ -644,6 +647,7 @@ int zd_ps_trainer_wait_all(int host, zd_value_t *request, int64_t timeout_ms, zd
 {
     if (result)
         *result = NULL;
+    zd__fault_point(zd_rpc_rank(), "evaluation"); /* tests only (core/fault_point.h) */
     zd_value_t *req = request ? zd_value_ref(request) : zd_value_none();
     return call_host("zd_ps_trainer_wait_all", host, FN_WAIT_ALL, ZD_ARGS(req), timeout_ms, result);
 }

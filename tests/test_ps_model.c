@@ -24,7 +24,13 @@
       shard (zd_ps_model_wait_shards), and its next steps step the new
       process's stage, resumed from its checkpoint; killed and started
       again while the trainer calls nothing, the trainer's next step
-      steps the new process too. */
+      steps the new process too;
+    - the library's fault points (ZDIST_FAULT): the trainer killed at its
+      third training forward (not counting an evaluation one), backward
+      or step leaves the stages at version 2 with the forwards that
+      moment gives; a stage killed at a forward or at a checkpoint write
+      (not the new run's version 0) fails the trainer's call with
+      ZD_ERR_PEER naming it. */
 #define _GNU_SOURCE /* pipe2 */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -70,11 +76,14 @@ typedef struct {
     bool kill_shard;         /* trainer 0 has shard 1 killed at the end */
     const char *checkpoint;  /* the shards' checkpoint_path (every 2 steps), or NULL */
     bool resume;
-    int max_inflight; /* the shards' (0: no limit) */
-    int told[2];      /* test_shard_restarted: the trainer tells shard 1's parent to restart it */
-    int lives;        /* shard 1's processes there (0: SHARD_LIVES) */
-    int every1;       /* shard 1's checkpoint_every (0: 2, as shard 0's) */
-    bool by_hand;     /* checkpoint_every 0: only those the trainer asks for */
+    int max_inflight;  /* the shards' (0: no limit) */
+    int told[2];       /* test_shard_restarted: the trainer tells shard 1's parent to restart it */
+    int lives;         /* shard 1's processes there (0: SHARD_LIVES) */
+    int every1;        /* shard 1's checkpoint_every (0: 2, as shard 0's) */
+    bool by_hand;      /* checkpoint_every 0: only those the trainer asks for */
+    const char *fault; /* test_fault_points: ZDIST_FAULT, set in rank fault_rank's process */
+    int fault_rank;
+    int64_t forwards_at_loss; /* test_fault_points: what a shard served before the trainer died */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -245,6 +254,27 @@ static int join(const world_t *w)
     return zd_rpc_init(name, w->rank, w->world_size, &opts);
 }
 
+/*  test_fault_points: a shard waits for the trainer's loss, then holds
+    what it served and stepped against what the fault's moment leaves. */
+static int after_trainer_lost(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (su->fault_rank != 2)
+        return 0;
+    int64_t until = world_now_ms() + world_scaled_ms(30000);
+    while (!zd_rpc_peer_is_lost(2) && world_now_ms() < until)
+        poll(NULL, 0, 10);
+    int64_t version = zd_ps_model_server_version(g_server);
+    int64_t forwards = zd_ps_model_server_forwards(g_server);
+    if (!zd_rpc_peer_is_lost(2) || version != 2 || forwards != su->forwards_at_loss)
+        return world_fail(w,
+                          "%s: the trainer %slost; version %lld (2 wanted), %lld forwards "
+                          "(%lld wanted)",
+                          su->fault, zd_rpc_peer_is_lost(2) ? "" : "not ", (long long)version,
+                          (long long)forwards, (long long)su->forwards_at_loss);
+    return 0;
+}
+
 static int run_shard(const world_t *w)
 {
     const setup_t *su = w->arg;
@@ -267,7 +297,7 @@ static int run_shard(const world_t *w)
     WTRY(zd_rpc_register("test_inflight", fn_inflight, NULL));
     WTRY(zd_rpc_register("test_on_forward", fn_on_forward, NULL));
     WTRY(join(w));
-    int rc = 0;
+    int rc = su->fault ? after_trainer_lost(w) : 0;
     if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0 && !su->kill_shard)
         rc = world_fail(w, "shutdown: %s", zd_error_last());
     zd_ps_model_server_free(g_server);
@@ -289,7 +319,7 @@ static int try_step(zd_ps_model_t *model, int trainer, int step, float *loss)
     ZD_DIST_AUTOGRAD_CONTEXT(ctx)
     {
         if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) == 0 &&
-            zd_nn_mse_loss(out, y, &l) == 0 && zd_dist_autograd_backward(ctx, &l, 1, false) == 0 &&
+            zd_nn_mse_loss(out, y, &l) == 0 && zd_ps_model_backward(model, ctx, l) == 0 &&
             zd_ps_model_step(model, ctx) == 0)
             rc = 0;
     }
@@ -1630,6 +1660,93 @@ static void test_restart_unseen_by_a_trainer(void **state)
 
 /*  ---- bad arguments, no world ---- */
 
+/*  ---- the library's fault points (core/fault_point.h) ---- */
+
+/*  An evaluation forward (no point of the trainer's: it is not training),
+    then three steps, the last one failing where the fault is, and a
+    checkpoint after the second: a stage killed makes the call fail with
+    ZD_ERR_PEER naming it, after two whole steps. */
+static int fault_trainer(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    zd_tensor_t *x, *y, *out = NULL;
+    make_batch(0, 0, &x, &y);
+    zd_ps_model_train(model, false);
+    if (zd_ps_model_forward(model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "evaluation forward: %s", zd_error_last());
+    zd_ps_model_train(model, true);
+    zd_tensor_unref(out), zd_tensor_unref(x), zd_tensor_unref(y);
+    for (int step = 0; rc == 0 && step < 2; step++)
+        rc = remote_step(w, model, 0, step, NULL);
+    int failed = rc < 0 ? 0 : try_step(model, 0, 2, NULL);
+    if (rc == 0 && failed == 0 && su->by_hand)
+        failed = zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT);
+    if (rc == 0 &&
+        (failed == 0 || zd_error_code() != ZD_ERR_PEER ||
+         !strstr(zd_error_last(), "stage 1 (rank 1)")))
+        rc = world_fail(w, "%s: the last call %s", su->fault,
+                        failed == 0 ? "succeeded" : zd_error_last());
+    if (rc == 0)
+        printf("%s: %s\n", su->fault, zd_error_last());
+    if (rc == 0 && shard_version(0) != (su->by_hand ? 3 : 2))
+        rc = world_fail(w, "%s: stage 0 at version %lld", su->fault, (long long)shard_version(0));
+    zd_ps_model_free(model);
+    zd_rpc_shutdown(true, world_scaled_ms(30000)); /* (a shard is gone) */
+    return rc;
+}
+
+static int fault_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (w->rank == su->fault_rank && setenv("ZDIST_FAULT", su->fault, 1) < 0)
+        return world_fail(w, "setenv: %s", strerror(errno));
+    return w->rank < 2 ? run_shard(w) : fault_trainer(w);
+}
+
+/*  ZDIST_FAULT pins a crash to a phase of the layer's work, the program
+    having no hook: the trainer killed at its third training forward
+    (the evaluation forward before does not count), backward or step; a
+    stage killed at its third forward, or at its first checkpoint write
+    (its new run's version 0 is no such write). */
+static void test_fault_points(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    const struct {
+        const char *fault;
+        int rank;
+        int64_t forwards; /* a shard's forwards when the trainer died */
+        bool by_hand;
+    } rows[] = {
+        {"2:forward:kill:3", 2, 3, false},   {"2:backward:kill:3", 2, 4, false},
+        {"2:step:kill:3", 2, 4, false},      {"1:forward:kill:4", 1, 0, false},
+        {"1:checkpoint:kill:1", 1, 0, true},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        setup_t su = {.n_trainers = 1,
+                      .fault = rows[i].fault,
+                      .fault_rank = rows[i].rank,
+                      .forwards_at_loss = rows[i].forwards,
+                      .kill_shard = true,
+                      .by_hand = rows[i].by_hand,
+                      .checkpoint = rows[i].by_hand ? prefix : NULL};
+        world_options_t o = {
+            .world_size = 3, .fn = fault_world, .arg = &su, .own_init = true, .timeout_s = 60};
+        o.expect_exit[rows[i].rank] = 128 + SIGKILL;
+        fprintf(stderr, "ZDIST_FAULT=%s\n", rows[i].fault);
+        assert_int_equal(world_run(&o), 0);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_arguments(void **state)
 {
     (void)state;
@@ -1695,6 +1812,7 @@ int main(void)
         cmocka_unit_test(test_shard_restarted_before_a_checkpoint),
         cmocka_unit_test(test_max_inflight),
         cmocka_unit_test(test_stop_lets_waiting_forwards_go),
+        cmocka_unit_test(test_fault_points),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -354,7 +354,7 @@ ZD_API void zd_ps_client_free(zd_ps_client_t *c);
         zd_ps_model_t *model = zd_ps_model_new(shard_ranks, n_shards, &sgd, &opts);
         ZD_DIST_AUTOGRAD_CONTEXT(ctx) {
             zd_ps_model_forward(model, &x, 1, &y, 1, ZD_TIMEOUT_DEFAULT);
-            ... loss ..., zd_dist_autograd_backward(ctx, &loss, 1, false);
+            ... loss ..., zd_ps_model_backward(model, ctx, loss);
             zd_ps_model_step(model, ctx);
         }
 
@@ -461,6 +461,15 @@ ZD_API zd_ps_model_t *zd_ps_model_new(const int *shard_ranks, int n_shards,
     trainer's optimizer was made). */
 ZD_API int zd_ps_model_forward(zd_ps_model_t *m, zd_tensor_t *const *in, int n_in,
                                zd_tensor_t **out, int n_out, int64_t timeout_ms);
+
+/*  Runs distributed autograd's backward from loss (borrowed, a scalar of
+    the last forward) in context_id through every stage that forward
+    went to (PyTorch's dist_autograd.backward(context_id, [loss])),
+    leaving the gradients on the stages' shards for zd_ps_model_step. 0,
+    or -1: ZD_ERR_ARGUMENT (NULL), ZD_ERR_PEER naming a stage lost
+    (recover as after a forward's), or zd_dist_autograd_backward's
+    error. */
+ZD_API int zd_ps_model_backward(zd_ps_model_t *m, int64_t context_id, zd_tensor_t *loss);
 
 /*  Steps every stage's parameters with the gradients of context_id, on
     their shards (zd_dist_optim_step). 0, or -1 naming the shard
