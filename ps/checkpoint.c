@@ -2,7 +2,8 @@
 /*  checkpoint.c: a shard's checkpoints, in generations (ps.h).
 
     A shard's checkpoint is one checkpoint.h file of named tensors:
-    "ps.meta" (int64: format, shard, shards, version), "param.<name>" for
+    "ps.meta" (int64: format, shard, shards, version, and in format 2 the
+    generation a remote model's stage numbered it), "param.<name>" for
     each tensor it serves, "optim.<entry>" for its optimizer's state and,
     for a shard that has them, "ps.positions" (int64, by rank: where each
     trainer was in its data at its last push taken, or training forward
@@ -12,7 +13,7 @@
     temporary file and renames it), then the current file becomes
     "<path>.prev" and the new one "<path>": a crash at any point leaves
     at least one whole generation among the three names. A resume reads
-    every one of them there is and takes the newest version it can read,
+    every one of them there is and takes the newest generation it can read,
     naming the files it could not. */
 #include "ps/ps_private.h"
 
@@ -31,10 +32,11 @@
 #include <zdist/optim.h>
 #include "core/log_private.h"
 
-#define FORMAT    1
-#define META      "ps.meta"
-#define POSITIONS "ps.positions"
-#define TRAINERS  "ps.trainers"
+#define FORMAT     1 /* push/pull: the version is the generation's key */
+#define FORMAT_GEN 2 /* a remote model's stage: the generation it was given */
+#define META       "ps.meta"
+#define POSITIONS  "ps.positions"
+#define TRAINERS   "ps.trainers"
 /*  No world has more ranks (rpc.h): a longer positions tensor is refused. */
 #define MAX_POSITIONS 65536
 #define PARAM         "param."
@@ -47,8 +49,27 @@ static const char *const suffixes[N_SUFFIXES] = {"", ".new", ".prev"};
 static int64_t *meta_of(zd_named_tensors_t *nt)
 {
     zd_tensor_t *t = zd_named_tensors_find(nt, META);
-    return t && zd_tensor_dtype(t) == ZD_INT64 && zd_tensor_numel(t) == 4 ? zd_tensor_data_i64(t)
-                                                                          : NULL;
+    if (!t || zd_tensor_dtype(t) != ZD_INT64 || zd_tensor_ndim(t) != 1)
+        return NULL;
+    int64_t *m = zd_tensor_data_i64(t), n = zd_tensor_numel(t);
+    /* (a generation far from INT64_MAX: the next one is one more) */
+    return (n == 4 && m[0] == FORMAT) ||
+            (n == 5 && m[0] == FORMAT_GEN && m[4] >= 0 && m[4] < INT64_MAX / 2)
+        ? m
+        : NULL;
+}
+
+/*  The key of a file of version v whose meta is m, as s counts them. */
+static int64_t key_of(const zd__ps_ckpt_t *s, const int64_t *m, int64_t v)
+{
+    if (!s->by_gen)
+        return v;
+    /* a stage's own checkpoints are its intervals' whoever numbered the
+       file (a run of checkpoint_every 0 before this one, or a build
+       before generations were numbered) */
+    if (s->every > 0)
+        return v / s->every;
+    return m[0] == FORMAT_GEN ? m[4] : v;
 }
 
 /*  Adds t under prefix + name. 0, or -1. */
@@ -65,14 +86,16 @@ static zd_named_tensors_t *snapshot(const zd__ps_ckpt_t *s, int64_t version)
 {
     zd_named_tensors_t *nt = zd_named_tensors_new();
     zd_named_tensors_t *state = s->opt ? zd_optim_state_export(s->opt) : zd_named_tensors_new();
-    zd_tensor_t *meta = zd_tensor_empty(ZD_INT64, (int64_t[]){4}, 1);
+    zd_tensor_t *meta = zd_tensor_empty(ZD_INT64, (int64_t[]){s->by_gen ? 5 : 4}, 1);
     int rc = nt && state && meta ? 0 : -1;
     if (rc == 0) {
         int64_t *m = zd_tensor_data_i64(meta);
-        m[0] = FORMAT;
+        m[0] = s->by_gen ? FORMAT_GEN : FORMAT;
         m[1] = s->shard;
         m[2] = s->n_shards;
         m[3] = version;
+        if (s->by_gen)
+            m[4] = s->gen;
         rc = zd_named_tensors_add(nt, META, meta);
     }
     if (rc == 0 && s->positions && *s->positions && *s->n_positions > 0) {
@@ -164,13 +187,15 @@ int zd__ps_checkpoint_write(const zd__ps_ckpt_t *s, int64_t version, bool replac
 }
 
 /*  The file's version when it is a whole checkpoint of this shard, whose
-    parameters have the served names, dtypes and shapes; else -1 with the
-    error set. */
-static int64_t check_file(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
+    parameters have the served names, dtypes and shapes, with its key in
+    *key; else -1 with the error set. */
+static int64_t check_file(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt, int64_t *key)
 {
     const int64_t *m = meta_of(nt);
-    if (!m || m[0] != FORMAT)
-        return zd_error_set_code(ZD_ERR_ARGUMENT, "not a parameter server checkpoint (no %s)",
+    if (!m)
+        return zd_error_set_code(ZD_ERR_ARGUMENT,
+                                 "not a parameter server checkpoint (no %s of a format this "
+                                 "build reads)",
                                  META);
     if (m[1] != s->shard || m[2] != s->n_shards || m[3] < 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
@@ -195,6 +220,7 @@ static int64_t check_file(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
             return zd_error_set_code(ZD_ERR_ARGUMENT, "\"%s\" is not float32 of the served shape",
                                      s->names[i]);
     }
+    *key = key_of(s, m, m[3]);
     return m[3];
 }
 
@@ -356,30 +382,31 @@ int zd__ps_checkpoint_check(const zd__ps_ckpt_t *s, int64_t want)
         if (access(name, F_OK) < 0)
             continue;
         zd_named_tensors_t *nt = zd_checkpoint_read(name);
-        int64_t v = nt ? check_file(s, nt) : -1;
+        int64_t key = -1, v = nt ? check_file(s, nt, &key) : -1;
         if (v >= 0 && check_extras(s, nt) < 0)
             v = -1;
         zd_named_tensors_free(nt);
-        if (v == want)
+        if (v >= 0 && key == want)
             return 0;
         size_t at = strlen(seen);
         if (v >= 0)
-            snprintf(seen + at, sizeof seen - at, "%s%.200s (version %" PRId64 ")", at ? "; " : "",
-                     name, v);
+            snprintf(seen + at, sizeof seen - at, "%s%.200s (%s %" PRId64 ")", at ? "; " : "", name,
+                     s->by_gen ? "generation" : "version", key);
         else
             snprintf(seen + at, sizeof seen - at, "%s%.200s (%.100s)", at ? "; " : "", name,
                      zd_error_last());
     }
-    return zd_error_set_code(ZD_ERR_ARGUMENT,
-                             "ps: shard %d: no readable checkpoint of version %" PRId64
-                             " at %s (there: %s)",
-                             s->shard, want, s->path, seen[0] ? seen : "none");
+    return zd_error_set_code(
+        ZD_ERR_ARGUMENT, "ps: shard %d: no readable checkpoint of %s %" PRId64 " at %s (there: %s)",
+        s->shard, s->by_gen ? "generation" : "version", want, s->path, seen[0] ? seen : "none");
 }
 
-int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *version, int64_t *older)
+int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *version, int64_t *key,
+                           int64_t *older)
 {
     zd_named_tensors_t *best = NULL;
-    int64_t best_version = -1, versions[N_SUFFIXES] = {-1, -1, -1};
+    /* each file's key (by_gen: its generation; else its version) */
+    int64_t best_key = -1, best_version = -1, keys[N_SUFFIXES] = {-1, -1, -1};
     int found = 0, best_which = -1;
     char name[4200], damaged[1024] = "", held[256] = "";
     for (int which = 0; which < N_SUFFIXES; which++) {
@@ -388,7 +415,7 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
             continue;
         found++;
         zd_named_tensors_t *nt = zd_checkpoint_read(name);
-        int64_t v = nt ? check_file(s, nt) : -1;
+        int64_t k = -1, v = nt ? check_file(s, nt, &k) : -1;
         if (v < 0) {
             size_t at = strlen(damaged);
             snprintf(damaged + at, sizeof damaged - at, "%s%.200s (%.100s)", at ? "; " : "", name,
@@ -397,11 +424,12 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
             continue;
         }
         size_t at = strlen(held);
-        snprintf(held + at, sizeof held - at, "%s%" PRId64, at ? ", " : "", v);
-        versions[which] = v;
-        if (want < 0 ? v > best_version : v == want && !best) {
+        snprintf(held + at, sizeof held - at, "%s%" PRId64, at ? ", " : "", k);
+        keys[which] = k;
+        if (want < 0 ? k > best_key : k == want && !best) {
             zd_named_tensors_free(best);
             best = nt;
+            best_key = k;
             best_version = v;
             best_which = which;
         } else {
@@ -415,10 +443,11 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     }
     if (!best && want >= 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
-                                 "ps: shard %d: no checkpoint of version %" PRId64
+                                 "ps: shard %d: no checkpoint of %s %" PRId64
                                  " (its readable ones: %s) at %s%s%s",
-                                 s->shard, want, held[0] ? held : "none", s->path,
-                                 damaged[0] ? "; damaged: " : "", damaged),
+                                 s->shard, s->by_gen ? "generation" : "version", want,
+                                 held[0] ? held : "none", s->path, damaged[0] ? "; damaged: " : "",
+                                 damaged),
                -2;
     if (!best)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: shard %d: no checkpoint can be resumed: %s",
@@ -454,18 +483,18 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     char cur[4200], other[4220];
     name_of(s, 0, cur, sizeof cur);
     for (int which = 0; want >= 0 && which < N_SUFFIXES; which++)
-        if (versions[which] > want) {
+        if (keys[which] > want) {
             name_of(s, which, other, sizeof other);
             if (unlink(other) < 0)
                 zd__log(ZD_LOG_WARN, "ps: shard %d: cannot remove %s: %s", s->shard, other,
                         strerror(errno));
-            versions[which] = -1;
+            keys[which] = -1;
         }
-    if (best_which == 1 && versions[0] >= 0) { /* the current one becomes the one before */
+    if (best_which == 1 && keys[0] >= 0) { /* the current one becomes the one before */
         name_of(s, 2, other, sizeof other);
         if (rename(cur, other) == 0)
-            versions[2] = versions[0], versions[0] = -1;
-    } else if (best_which == 2 && access(cur, F_OK) == 0 && versions[0] < 0) {
+            keys[2] = keys[0], keys[0] = -1;
+    } else if (best_which == 2 && access(cur, F_OK) == 0 && keys[0] < 0) {
         snprintf(other, sizeof other, "%s.damaged", cur);
         if (rename(cur, other) < 0)
             zd__log(ZD_LOG_WARN, "ps: shard %d: cannot move %s aside: %s", s->shard, cur,
@@ -473,8 +502,8 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     }
     if (best_which != 0) {
         if (rename(name, cur) == 0) {
-            versions[0] = versions[best_which];
-            versions[best_which] = -1;
+            keys[0] = keys[best_which];
+            keys[best_which] = -1;
         } else {
             zd__log(ZD_LOG_WARN, "ps: shard %d: cannot make %s the current file: %s", s->shard,
                     name, strerror(errno));
@@ -483,10 +512,12 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     if (older) {
         *older = -1;
         for (int which = 0; which < N_SUFFIXES; which++)
-            if (versions[which] < best_version && versions[which] > *older)
-                *older = versions[which];
+            if (keys[which] < best_key && keys[which] > *older)
+                *older = keys[which];
     }
     *version = best_version;
+    if (key)
+        *key = best_key;
     zd__log(ZD_LOG_INFO, "ps: shard %d: %s %s at version %" PRId64, s->shard,
             want < 0 ? "resumed from" : "went back to", name, best_version);
     return 0;

@@ -69,9 +69,10 @@ struct zd_ps_model_server {
        here (zd_ps_model_set_position), by rank; -1: none. Checkpointed. */
     int64_t *positions;
     int n_positions;
-    int64_t ckpt_version; /* the last one written or resumed from */
-    int64_t ckpt_before;  /* the generation before it on disk (-1: none) */
-    bool have_ckpt;       /* ckpt_version is on disk */
+    /* the newest generation on disk (written or resumed from), its
+       version, and the generation before it on disk (-1: none) */
+    int64_t ckpt_gen, ckpt_version, ckpt_before;
+    bool have_ckpt; /* ckpt_gen is on disk */
     bool writing;
     zd__ps_gate_t *gate; /* max_inflight's slots; NULL: no limit */
     /* A number drawn at random when the process starts and whenever the
@@ -203,41 +204,61 @@ static int64_t version_of(const zd_ps_model_server_t *s)
     return s->base_version + (int64_t)zd_dist_optim_version();
 }
 
-/*  The generation of the checkpoint of version v: the checkpoint_every
-    interval it was written in. Each step of a trainer steps every stage,
-    so the stages' versions go nearly together and their checkpoints of
-    one interval hold nearly the same batches; with checkpoints taken
-    only by hand (checkpoint_every 0), the version itself. */
+/*  The generation of a checkpoint the stage writes by itself at version
+    v: the checkpoint_every interval it is in. Each step of a trainer
+    steps every stage, so the stages' versions go nearly together and
+    their checkpoints of one interval hold nearly the same batches. With
+    checkpoints taken only when asked (checkpoint_every 0), the trainer
+    numbers them (zd_ps_model_checkpoint), and one the program writes
+    (zd_ps_model_server_checkpoint) is the next. */
 static int64_t gen_of(const zd_ps_model_server_t *s, int64_t v)
 {
-    return s->opts.checkpoint_every > 0 ? v / s->opts.checkpoint_every : v;
+    int64_t every = s->opts.checkpoint_every;
+    return every > 0 ? v / every : s->have_ckpt ? s->ckpt_gen + 1 : 0;
 }
 
-/*  Writes the stage's checkpoint at version v, with the steps held off
-    by the caller (zd_dist_optim_read_lock), unless another thread is
-    writing one. Asked by a trainer (zd_ps_model_checkpoint), it waits
-    for that one, then writes, in place when v is on disk already (the
-    positions may have moved since), and fails with ZD_ERR_STALE while a
-    trainer brings the stages to one generation. 0, or -1. */
-static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, bool asked)
+/*  Writes the stage's checkpoint of generation gen at version v, with
+    the steps held off by the caller (zd_dist_optim_read_lock), unless
+    another thread is writing one. A generation on disk already is
+    written again in place when the version or a position moved since
+    (another trainer's checkpoint of the same generation: the stages'
+    versions in one generation may differ). Asked by a trainer
+    (zd_ps_model_checkpoint), it waits for the other write, then writes,
+    and fails with ZD_ERR_STALE for a generation older than the one on
+    disk (another trainer's newer checkpoint) or while a trainer brings
+    the stages to one generation. gen -1: the stage's own next
+    (gen_of). 0, or -1. */
+static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, int64_t gen, bool asked)
 {
     pthread_mutex_lock(&s->lock);
     while (asked && s->writing)
         pthread_cond_wait(&s->changed, &s->lock);
-    bool replace = asked && s->have_ckpt && v == s->ckpt_version;
-    if (replace && s->moved == s->moved_written) { /* the file holds all of it */
+    if (gen < 0)
+        gen = gen_of(s, v);
+    bool replace = s->have_ckpt && gen == s->ckpt_gen;
+    bool older = s->have_ckpt && gen < s->ckpt_gen;
+    if ((replace && v == s->ckpt_version && s->moved == s->moved_written) ||
+        (older && !asked)) { /* the file holds all of it */
         pthread_mutex_unlock(&s->lock);
         return 0;
     }
     bool held = zd__now_ns() < s->hold_writes_until;
-    if (asked && held) {
+    if (asked && (held || older)) {
+        int64_t on_disk = s->ckpt_gen;
         pthread_mutex_unlock(&s->lock);
+        if (older)
+            return zd_error_set_code(ZD_ERR_STALE,
+                                     "stage %d holds generation %" PRId64 ", newer than %" PRId64
+                                     " (a newer checkpoint's)",
+                                     s->shard, on_disk, gen);
         return zd_error_set_code(ZD_ERR_STALE, "stage %d is being brought to another generation",
                                  s->shard);
     }
-    /* (a second file of the version on disk would leave no older
-       generation to go back to) */
-    if (!asked && (s->writing || (s->have_ckpt && v == s->ckpt_version) || held)) {
+    if (!asked && s->have_ckpt && v == s->ckpt_version && s->moved == s->moved_written) {
+        pthread_mutex_unlock(&s->lock); /* (nothing new to write) */
+        return 0;
+    }
+    if (!asked && (s->writing || held)) {
         bool tell = held && !s->hold_logged;
         s->hold_logged = s->hold_logged || held;
         pthread_mutex_unlock(&s->lock);
@@ -265,6 +286,7 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, bool asked)
     pthread_mutex_unlock(&s->lock);
     zd__fault_point(zd_rpc_rank(), "checkpoint"); /* tests only (core/fault_point.h) */
     zd__ps_ckpt_t c = s->ckpt;
+    c.gen = gen;
     c.positions = &pos;
     c.n_positions = &n_pos;
     int rc = zd__ps_checkpoint_write(&c, v, replace);
@@ -272,10 +294,11 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, bool asked)
     pthread_mutex_lock(&s->lock);
     s->writing = false;
     pthread_cond_broadcast(&s->changed); /* (a trainer's checkpoint may wait) */
-    if (rc == 0)
+    if (rc == 0) {
         s->moved_written = moved;
-    if (rc == 0 && (!s->have_ckpt || v > s->ckpt_version)) {
-        s->ckpt_before = s->have_ckpt ? s->ckpt_version : -1;
+        if (!replace)
+            s->ckpt_before = s->have_ckpt ? s->ckpt_gen : -1;
+        s->ckpt_gen = gen;
         s->ckpt_version = v;
         s->have_ckpt = true;
     }
@@ -291,10 +314,10 @@ static void checkpoint_due(zd_ps_model_server_t *s)
 {
     int64_t every = s->opts.checkpoint_every, v = version_of(s);
     pthread_mutex_lock(&s->lock);
-    bool due = s->ckpt.path && every > 0 && gen_of(s, v) > gen_of(s, s->ckpt_version);
+    bool due = s->ckpt.path && every > 0 && gen_of(s, v) > s->ckpt_gen;
     int64_t last = s->ckpt_version;
     pthread_mutex_unlock(&s->lock);
-    if (due && write_checkpoint(s, v, false) < 0)
+    if (due && write_checkpoint(s, v, v / every, false) < 0)
         zd__log(ZD_LOG_WARN,
                 "%s (the stage goes on; the last checkpoint is of version %" PRId64 ")",
                 zd_error_last(), last);
@@ -449,10 +472,12 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     return v;
 }
 
-/*  [position, instance, dry] -> [code, text, instance, version]: the
+/*  [position, instance, dry, gen] -> [code, text, instance, version,
+    gen]: the
     caller is at `position` of its data, and the stage writes its
-    checkpoint now (zd_ps_model_checkpoint), answering the version on
-    disk; dry: only whether it would. Refused: by a stage that writes its
+    checkpoint now (zd_ps_model_checkpoint), of generation gen, answering
+    the version and the generation on disk; dry: only whether it would
+    (gen is not read). Refused: by a stage that writes its
     own every checkpoint_every versions (a trainer's would break "one
     generation, one version"), a stopped one, and one started again, or
     gone back, since the caller's optimizer was made (instance) with
@@ -461,13 +486,14 @@ static zd_value_t *serve_where(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 {
     zd_ps_model_server_t *s = arg;
-    int64_t position = -1, expected = 0, dry = 0;
+    int64_t position = -1, expected = 0, dry = 0, gen = -1;
     char text[512];
-    const char *bad = ZD_UNPACK(args, &position, &expected, &dry) < 0 ? zd_error_last()
-        : !s->ckpt.path                                               ? "it has no checkpoint_path"
-        : s->opts.checkpoint_every > 0  ? "it writes its own every checkpoint_every versions"
-        : position < 0 || expected == 0 ? "no position or no instance"
-                                        : NULL;
+    const char *bad = ZD_UNPACK(args, &position, &expected, &dry, &gen) < 0 ? zd_error_last()
+        : !s->ckpt.path                ? "it has no checkpoint_path"
+        : s->opts.checkpoint_every > 0 ? "it writes its own every checkpoint_every versions"
+        : position < 0 || expected == 0 || (!dry && (gen < 0 || gen > INT64_MAX / 2))
+        ? "no position, instance or generation"
+        : NULL;
     if (bad) {
         snprintf(text, sizeof text, "stage %d refused the checkpoint: %s", s->shard, bad);
         return answer_new(s, ZD_ERR_ARGUMENT, text, NULL, 0);
@@ -481,7 +507,7 @@ static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void 
     if (code == ZD_OK && !dry)
         record_position(s, zd_rpc_call_caller_rank(call), position);
     pthread_mutex_unlock(&s->lock);
-    if (code == ZD_OK && !dry && write_checkpoint(s, version_of(s), true) < 0)
+    if (code == ZD_OK && !dry && write_checkpoint(s, version_of(s), gen, true) < 0)
         code = zd_error_code() == ZD_ERR_STALE ? ZD_ERR_STALE : ZD_ERR_REMOTE;
     zd_dist_optim_read_unlock();
     if (code == ZD_ERR_STOPPED)
@@ -496,10 +522,12 @@ static zd_value_t *serve_checkpoint(zd_rpc_call_t *call, zd_value_t *args, void 
     if (code != ZD_OK)
         return answer_new(s, code, text, NULL, 0);
     pthread_mutex_lock(&s->lock);
-    int64_t on_disk = s->ckpt_version;
+    int64_t on_disk = s->ckpt_version, gen_on_disk = s->have_ckpt ? s->ckpt_gen : -1;
     pthread_mutex_unlock(&s->lock);
     zd_value_t *v = answer_new(s, ZD_OK, "", NULL, 0);
-    if (v && zd_list_append(v, zd_value_int(on_disk)) < 0) {
+    if (v &&
+        (zd_list_append(v, zd_value_int(on_disk)) < 0 ||
+         zd_list_append(v, zd_value_int(gen_on_disk)) < 0)) {
         zd_value_unref(v);
         v = NULL;
     }
@@ -519,7 +547,8 @@ typedef struct {
     bool dry;
     zd_error_code_t code;
     char text[300];
-    int64_t from, to; /* versions; to -1: nothing to take back */
+    int64_t from, to;   /* a version, a generation (-1: nothing to take back) */
+    int64_t to_version; /* the version gone back to */
     zd_value_t *answer;
 } back_t;
 
@@ -546,18 +575,18 @@ static void back_decide(back_t *b)
         snprintf(b->text, sizeof b->text, "stage %d changed since it was asked", s->shard);
     } else if (b->gen == s->resumed_gen && b->from == s->resumed_version) {
         /* there already */
-    } else if (s->have_ckpt && gen_of(s, s->ckpt_version) == b->gen) {
-        b->to = s->ckpt_version;
-    } else if (s->ckpt_before >= 0 && gen_of(s, s->ckpt_before) == b->gen) {
+    } else if (s->have_ckpt && s->ckpt_gen == b->gen) {
+        b->to = s->ckpt_gen;
+    } else if (s->ckpt_before >= 0 && s->ckpt_before == b->gen) {
         b->to = s->ckpt_before;
     } else {
         b->code = ZD_ERR_ARGUMENT;
         char held[64] = "none";
         if (s->have_ckpt && s->ckpt_before >= 0)
-            snprintf(held, sizeof held, "versions %" PRId64 " and %" PRId64, s->ckpt_version,
+            snprintf(held, sizeof held, "generations %" PRId64 " and %" PRId64, s->ckpt_gen,
                      s->ckpt_before);
         else if (s->have_ckpt)
-            snprintf(held, sizeof held, "version %" PRId64 " only", s->ckpt_version);
+            snprintf(held, sizeof held, "generation %" PRId64 " only", s->ckpt_gen);
         snprintf(b->text, sizeof b->text,
                  "stage %d has no checkpoint of generation %" PRId64
                  " (it holds %s, checkpoint_every %" PRId64 ")",
@@ -570,7 +599,7 @@ static void cannot_read(back_t *b)
     zd__log(ZD_LOG_WARN, "%s", zd_error_last()); /* the path stays in this log */
     b->code = ZD_ERR_ARGUMENT;
     snprintf(b->text, sizeof b->text,
-             "stage %d cannot read its checkpoint of version %" PRId64 " (its log says why)",
+             "stage %d cannot read its checkpoint of generation %" PRId64 " (its log says why)",
              b->s->shard, b->to);
 }
 
@@ -615,12 +644,13 @@ static int back_real(void *arg)
     s->hold_writes_until = 0;
     if (b->code == ZD_OK && b->to >= 0) {
         int64_t got, older;
-        if (zd__ps_checkpoint_load(&s->ckpt, b->to, &got, &older) < 0) {
+        if (zd__ps_checkpoint_load(&s->ckpt, b->to, &got, NULL, &older) < 0) {
             cannot_read(b);
         } else {
             /* the step count moves on by one when this returns */
             s->base_version = got - (int64_t)zd_dist_optim_version() - 1;
-            s->ckpt_version = s->resumed_version = got;
+            s->ckpt_version = s->resumed_version = b->to_version = got;
+            s->ckpt_gen = b->to;
             s->ckpt_before = older;
             s->have_ckpt = true;
             s->resumed_gen = b->gen;
@@ -664,7 +694,7 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
         zd__log(ZD_LOG_INFO,
                 "ps: stage %d went back from version %" PRId64 " to %" PRId64
                 " (generation %" PRId64 "), that of a stage resumed after a restart",
-                b.s->shard, b.from, b.to, b.gen);
+                b.s->shard, b.from, b.to_version, b.gen);
     return b.answer;
 }
 
@@ -688,12 +718,14 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
                               .names = s->names,
                               .params = s->params,
                               .positions = &s->positions,
-                              .n_positions = &s->n_positions};
+                              .n_positions = &s->n_positions,
+                              .by_gen = true,
+                              .every = s->opts.checkpoint_every};
     if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)) ||
         zd__ps_checkpoint_prepare(&s->ckpt) < 0)
         return -1;
-    int64_t v = 0, older = -1;
-    int r = s->opts.resume ? zd__ps_checkpoint_load(&s->ckpt, -1, &v, &older) : -1;
+    int64_t v = 0, gen = 0, older = -1;
+    int r = s->opts.resume ? zd__ps_checkpoint_load(&s->ckpt, -1, &v, &gen, &older) : -1;
     if (r == -2)
         return -1;
     /* Nothing taken: the stage's first parameters are version 0 on disk,
@@ -704,10 +736,11 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
     if (r == -1 && zd__ps_checkpoint_write(&s->ckpt, 0, false) < 0)
         return -1;
     s->base_version = s->ckpt_version = v;
+    s->ckpt_gen = gen;
     s->ckpt_before = older;
     s->have_ckpt = true;
     if (s->opts.resume) { /* (resumed, at 0 when nothing was there) */
-        s->resumed_gen = gen_of(s, v);
+        s->resumed_gen = gen;
         s->resumed_version = v;
         s->origin = s->instance;
     }
@@ -753,7 +786,7 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     s->instance = new_instance();
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->changed, NULL);
-    s->ckpt_version = 0;
+    s->ckpt_version = s->ckpt_gen = 0;
     s->ckpt_before = s->resumed_gen = s->resumed_version = -1;
     if (o.max_inflight > 0 && !(s->gate = zd__ps_gate_new(o.max_inflight))) {
         zd_ps_model_server_free(s);
@@ -831,7 +864,7 @@ int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_server_checkpoint: %s",
                                  s ? "no checkpoint_path" : "NULL");
     zd_dist_optim_read_lock();
-    int rc = write_checkpoint(s, version_of(s), false);
+    int rc = write_checkpoint(s, version_of(s), -1, false);
     zd_dist_optim_read_unlock();
     return rc;
 }
@@ -1365,17 +1398,34 @@ int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_m
                                  "back: zd_ps_model_wait_shards, zd_ps_model_resume_position, "
                                  "a batch from there, then a checkpoint)");
     /* Every stage asked first whether it would: none is written when one
-       would refuse. */
+       would refuse. Their answers give the generation: one after the
+       newest when all hold it, so that the files of one call are one
+       generation whatever versions other trainers' steps left each stage
+       at; else the newest, which a call that failed on a stage, or
+       another trainer's now, left incomplete: the stages there write it
+       again in place, keeping the older generation the others hold. */
+    int64_t gen = 0, lo = INT64_MAX, hi = -1;
     for (int dry = 1; dry >= 0; dry--)
         for (int s = 0; s < m->n_shards; s++) {
-            zd_value_t *v, *args = ZD_ARGS(position, m->instance[s], dry);
+            zd_value_t *v, *args = ZD_ARGS(position, m->instance[s], dry, gen);
             if (!args)
                 return zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_model_checkpoint: out of memory");
             if (call_stage(m, s, "checkpoint", FN_CKPT, args, timeout_ms, &v) < 0) {
                 forget_lost(m);
                 return -1;
             }
+            int64_t on_disk = -1;
+            int bad = dry && zd_rpc_arg_int(v, 4, &on_disk) < 0;
             zd_value_unref(v);
+            if (bad || on_disk < -1 || on_disk >= INT64_MAX / 2)
+                return zd_error_set_code(ZD_ERR_REMOTE,
+                                         "ps: checkpoint: stage %d (rank %d) answered badly (its "
+                                         "generation on disk: %" PRId64 ")",
+                                         s, m->ranks[s], on_disk);
+            lo = dry && on_disk < lo ? on_disk : lo;
+            hi = dry && on_disk > hi ? on_disk : hi;
+            if (dry && s == m->n_shards - 1)
+                gen = lo == hi ? hi + 1 : hi;
         }
     m->position = position;
     return 0;

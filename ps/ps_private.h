@@ -161,24 +161,34 @@ typedef struct {
     int n_ranks;
     int64_t **known;
     int *n_known;
+    /* A remote model's stage numbers its generations (a trainer's
+       checkpoints name theirs: zd_ps_model_checkpoint): by_gen writes
+       gen into each file and keys the files by it where the functions
+       below say version (a file of a build before keyed by version /
+       every, or its version for every 0); else by version. */
+    bool by_gen;
+    int64_t gen, every;
 } zd__ps_ckpt_t;
 
 /*  Writes the shard's checkpoint at version, as the newest generation of
     c->path, the one before kept as ".prev" (the caller keeps the
     parameters and the optimizer still); with replace, in place of the
-    current file, of that same version, the ".prev" one left as it is. 0,
-    or -1 with the error set (the older generations left as they were). */
+    current file, of that same key (by_gen: gen; else version), the
+    ".prev" one left as it is. 0, or -1 with the error set (the older
+    generations left as they were). */
 int zd__ps_checkpoint_write(const zd__ps_ckpt_t *c, int64_t version, bool replace);
 
 /*  Takes a generation of the checkpoint into the shard's parameters,
     optimizer and positions (before it serves, or under its lock): the
-    newest readable one (want -1), or the one of version want, whose
-    newer generations are then removed and which becomes the current
-    file: 0 with *version its version and *older (if not NULL) the
-    version of the newest older generation left (-1: none); -1 when there
-    is no file (a new run; want -1 only); -2 with the error set when none
-    can be taken (want: naming the versions there are). */
-int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version, int64_t *older);
+    newest readable one (want -1), or the one of key want (by_gen: a
+    generation; else a version), whose newer generations are then
+    removed and which becomes the current file: 0 with *version its
+    version, *key (if not NULL) its key and *older (if not NULL) the key
+    of the newest older generation left (-1: none); -1 when there is no
+    file (a new run; want -1 only); -2 with the error set when none can
+    be taken (want: naming the keys there are). */
+int zd__ps_checkpoint_load(const zd__ps_ckpt_t *c, int64_t want, int64_t *version, int64_t *key,
+                           int64_t *older);
 
 /*  Before a shard serves with checkpoints: removes the temporary files
     its writes left in c->path's folder when their process died mid-write
@@ -192,9 +202,9 @@ int zd__ps_checkpoint_prepare(const zd__ps_ckpt_t *c);
     from none of them; logs each. */
 void zd__ps_checkpoint_set_aside(const zd__ps_ckpt_t *c);
 
-/*  Whether a whole generation of version `want` can be read there, as
+/*  Whether a whole generation of key `want` can be read there, as
     zd__ps_checkpoint_load would take it: 0, or -1 (ZD_ERR_ARGUMENT
-    naming the files there and their versions or damage). */
+    naming the files there and their keys or damage). */
 int zd__ps_checkpoint_check(const zd__ps_ckpt_t *c, int64_t want);
 
 /*  Records that the trainer of rank `rank` is at `position` of its data

@@ -132,9 +132,10 @@ static void answer_all(zd_future_t **fs, int n, zd_error_code_t code, int64_t ve
 
 static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
 {
-    return (zd__ps_ckpt_t){
-        s->ckpt_path,  s->shard,        s->n_shards, s->n,       s->names,  s->params,  s->opt,
-        &s->positions, &s->n_positions, s->trainer,  s->n_ranks, &s->known, &s->n_known};
+    return (zd__ps_ckpt_t){s->ckpt_path,    s->shard,   s->n_shards, s->n,
+                           s->names,        s->params,  s->opt,      &s->positions,
+                           &s->n_positions, s->trainer, s->n_ranks,  &s->known,
+                           &s->n_known,     false,      0,           0};
 }
 
 /*  The shard's checkpoint now (under the lock). 0, or -1. */
@@ -621,7 +622,7 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
     } else if (!dry) {
         zd__ps_ckpt_t c = ckpt_of(s);
         int64_t v, older;
-        if (zd__ps_checkpoint_load(&c, to, &v, &older) < 0) {
+        if (zd__ps_checkpoint_load(&c, to, &v, NULL, &older) < 0) {
             /* the path stays in this process's log */
             zd__log(ZD_LOG_WARN, "%s", zd_error_last());
             code = ZD_ERR_ARGUMENT;
@@ -803,7 +804,7 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
         goto fail;
     if (o.resume) {
         zd__ps_ckpt_t c = ckpt_of(s);
-        int r = zd__ps_checkpoint_load(&c, -1, &s->version, &s->ckpt_before);
+        int r = zd__ps_checkpoint_load(&c, -1, &s->version, NULL, &s->ckpt_before);
         if (r == -2)
             goto fail;
         if (r == 0)

@@ -25,6 +25,12 @@
       process's stage, resumed from its checkpoint; killed and started
       again while the trainer calls nothing, the trainer's next step
       steps the new process too;
+    - checkpoints the trainer asks for are numbered generations: a call
+      that failed on a stage, called again, completes that generation
+      (the stages that wrote it keep the older one the others hold); a
+      stage of a generation at another version than the others' (another
+      trainer's step between the writes) resumes with them, neither
+      going back, and a stage refuses an older generation than its own;
     - the library's fault points (ZDIST_FAULT): the trainer killed at its
       third training forward (not counting an evaluation one), backward
       or step leaves the stages at version 2 with the forwards that
@@ -966,8 +972,11 @@ static int resumed_trainer(const world_t *w)
     snprintf(path, sizeof path, "%s.shard0", ((const setup_t *)w->arg)->checkpoint);
     zd_named_tensors_t *file = rc == 0 ? zd_checkpoint_read(path) : NULL;
     zd_tensor_t *meta = file ? zd_named_tensors_find(file, "ps.meta") : NULL;
-    if (rc == 0 && (!meta || zd_tensor_numel(meta) != 4 || zd_tensor_data_i64(meta)[3] != 2))
-        rc = world_fail(w, "%s is not the generation of version 2", path);
+    /* (ps.meta: format 2, shard, shards, version, generation) */
+    if (rc == 0 &&
+        (!meta || zd_tensor_numel(meta) != 5 || zd_tensor_data_i64(meta)[3] != 2 ||
+         zd_tensor_data_i64(meta)[4] != 1))
+        rc = world_fail(w, "%s is not generation 1, of version 2", path);
     zd_named_tensors_free(file);
     snprintf(path, sizeof path, "%s.shard0.prev", ((const setup_t *)w->arg)->checkpoint);
     if (rc == 0 && access(path, F_OK) == 0)
@@ -1023,24 +1032,81 @@ static void test_checkpoint_resume(void **state)
 
 /*  ---- checkpoints a trainer asks for ---- */
 
-/*  The checkpoint at position 3: first with a folder where stage 1's
+/*  ---- checkpoints the trainer asks for ---- */
+
+/*  "__zd_psm_ckpt_<s>"(position, instance, 0, gen) sent directly, as
+    zd_ps_model_checkpoint sends it to each stage in turn: the code the
+    stage answered (-1: the call failed). */
+static int64_t raw_checkpoint(int s, int64_t position, int64_t gen)
+{
+    char fn[32];
+    snprintf(fn, sizeof fn, "__zd_psm_where_%d", s);
+    zd_value_t *v = NULL;
+    int64_t code = -1, instance = 0;
+    if (zd_rpc_sync(s, fn, NULL, ZD_TIMEOUT_DEFAULT, &v) == 0)
+        zd_rpc_arg_int(v, 2, &instance);
+    zd_value_unref(v);
+    v = NULL;
+    snprintf(fn, sizeof fn, "__zd_psm_ckpt_%d", s);
+    if (zd_rpc_sync_take(s, fn, ZD_ARGS(position, instance, (int64_t)0, gen), ZD_TIMEOUT_DEFAULT,
+                         &v) == 0)
+        zd_rpc_arg_int(v, 0, &code);
+    zd_value_unref(v);
+    return code;
+}
+
+/*  Stage s's file of that suffix ("": the newest; ".prev": the one
+    before): its version into *version, its generation returned (-1:
+    none, or not of format 2). */
+static int64_t file_generation(const world_t *w, int s, const char *suffix, int64_t *version)
+{
+    char path[96];
+    snprintf(path, sizeof path, "%s.shard%d%s", ((const setup_t *)w->arg)->checkpoint, s, suffix);
+    zd_named_tensors_t *file = zd_checkpoint_read(path);
+    zd_tensor_t *meta = file ? zd_named_tensors_find(file, "ps.meta") : NULL;
+    int64_t gen = -1;
+    *version = -1;
+    if (meta && zd_tensor_dtype(meta) == ZD_INT64 && zd_tensor_numel(meta) == 5) {
+        *version = zd_tensor_data_i64(meta)[3];
+        gen = zd_tensor_data_i64(meta)[4];
+    }
+    zd_named_tensors_free(file);
+    return gen;
+}
+
+/*  The checkpoint at position 3: twice with a folder where stage 1's
     new generation goes, which its write cannot replace (even as root),
-    so that the call fails naming the stage and the file; then again,
-    the folder gone. 0, or world_fail's -1. */
+    so that the call fails naming the stage and the file; stage 0 wrote
+    generation 1 and, the second time, wrote it again in place, keeping
+    generation 0, stage 1's newest (a resume then goes back there).
+    Then again, the folder gone. 0, or world_fail's -1. */
 static int checkpoint_after_a_failed_write(const world_t *w, zd_ps_model_t *model)
 {
     char in_the_way[96];
     snprintf(in_the_way, sizeof in_the_way, "%s.shard1.new", ((const setup_t *)w->arg)->checkpoint);
     if (mkdir(in_the_way, 0700) < 0)
         return world_fail(w, "mkdir %s: %s", in_the_way, strerror(errno));
-    int r = zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT);
-    if (r == 0 || zd_error_code() != ZD_ERR_REMOTE || !strstr(zd_error_last(), "stage 1") ||
-        !strstr(zd_error_last(), in_the_way))
-        return world_fail(w, "a checkpoint whose write fails: %s",
-                          r == 0 ? "taken" : zd_error_last());
+    for (int again = 0; again < 2; again++) {
+        int r = zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT);
+        if (r == 0 || zd_error_code() != ZD_ERR_REMOTE || !strstr(zd_error_last(), "stage 1") ||
+            !strstr(zd_error_last(), in_the_way))
+            return world_fail(w, "a checkpoint whose write fails: %s",
+                              r == 0 ? "taken" : zd_error_last());
+    }
     printf("a write that fails: %s\n", zd_error_last());
+    int64_t v, older, g = file_generation(w, 0, "", &v),
+                      g_older = file_generation(w, 0, ".prev", &older);
+    if (g != 1 || g_older != 0 || v != 3 || older != 0)
+        return world_fail(w,
+                          "stage 0 after two failed calls: generations %lld and %lld, versions "
+                          "%lld and %lld (not 1 and 0, 3 and 0)",
+                          (long long)g, (long long)g_older, (long long)v, (long long)older);
     if (rmdir(in_the_way) < 0 || zd_ps_model_checkpoint(model, 3, ZD_TIMEOUT_DEFAULT) < 0)
         return world_fail(w, "checkpoint: %s", zd_error_last());
+    g = file_generation(w, 1, "", &v);
+    if (g != 1 || v != 3)
+        return world_fail(w, "stage 1 at generation %lld, version %lld (not 1 and 3)", (long long)g,
+                          (long long)v);
     return 0;
 }
 
@@ -1144,6 +1210,121 @@ static void test_checkpoint_by_the_trainer(void **state)
     setup_t su = {.n_trainers = 1, .checkpoint = prefix, .by_hand = true};
     world_options_t o = {
         .world_size = 3, .fn = by_hand_world, .arg = &su, .own_init = true, .timeout_s = 60};
+    assert_int_equal(world_run(&o), 0);
+    su.resume = true;
+    assert_int_equal(world_run(&o), 0);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/*  ---- one generation, stages at different versions ---- */
+
+/*  The first run: another trainer's step between the two stages'
+    writes of one checkpoint, played by this trainer (each stage asked
+    directly, as zd_ps_model_checkpoint asks them): stage 0 writes
+    generation 1 at version 3, stage 1 at version 4. A write of an older
+    generation than the one on disk is refused as stale. */
+static int across_trainer(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    for (int step = 0; rc == 0 && step < 4; step++) {
+        if (zd_ps_model_set_position(model, step) < 0)
+            rc = world_fail(w, "set_position: %s", zd_error_last());
+        if (rc == 0)
+            rc = remote_step(w, model, 0, step, NULL);
+        int64_t code = rc == 0 && step >= 2 ? raw_checkpoint(step - 2, step + 1, 1) : ZD_OK;
+        if (code != ZD_OK)
+            rc = world_fail(w, "stage %d's checkpoint of generation 1: code %lld", step - 2,
+                            (long long)code);
+    }
+    int64_t code = rc == 0 ? raw_checkpoint(0, 4, 0) : ZD_ERR_STALE;
+    if (code != ZD_ERR_STALE)
+        rc = world_fail(w, "a checkpoint of generation 0 over 1: code %lld, not stale",
+                        (long long)code);
+    int64_t v0, v1, g0 = file_generation(w, 0, "", &v0), g1 = file_generation(w, 1, "", &v1);
+    if (rc == 0 && (g0 != 1 || g1 != 1 || v0 != 3 || v1 != 4))
+        rc = world_fail(w, "the files: generations %lld and %lld at versions %lld and %lld",
+                        (long long)g0, (long long)g1, (long long)v0, (long long)v1);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+/*  The second run, resumed: the stages are one generation, at versions
+    3 and 4; neither goes back, and the trainer goes on from position 3,
+    the smaller of theirs (batch 3 is on stage 1 already: trained again
+    there, never skipped). After a step, stage 0 alone writes generation
+    2 (as a call cut short would leave it): the trainer's checkpoint
+    completes generation 2, stage 0's in place (both keep generation 1
+    before it); the next, after another step, is generation 3 on both. */
+static int across_resumed(const world_t *w)
+{
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_model_t *model = zd_ps_model_new(shard_ranks, 2, &sgd, NULL);
+    WCHECK(model);
+    WTRY(join(w));
+    int rc = 0;
+    int64_t at = -2;
+    if (zd_ps_model_resume_position(model, ZD_TIMEOUT_DEFAULT, &at) < 0 || at != 3 ||
+        shard_version(0) != 3 || shard_version(1) != 4)
+        rc = world_fail(w, "resumed at position %lld (%s), the stages at versions %lld and %lld",
+                        (long long)at, zd_error_last(), (long long)shard_version(0),
+                        (long long)shard_version(1));
+    if (rc == 0 && zd_ps_model_set_position(model, 3) < 0)
+        rc = world_fail(w, "set_position: %s", zd_error_last());
+    if (rc == 0)
+        rc = remote_step(w, model, 0, 3, NULL);
+    if (rc == 0 && raw_checkpoint(0, 4, 2) != ZD_OK)
+        rc = world_fail(w, "stage 0's checkpoint of generation 2 refused");
+    if (rc == 0 && zd_ps_model_checkpoint(model, 4, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "checkpoint: %s", zd_error_last());
+    int64_t v0, v1, g0 = file_generation(w, 0, "", &v0), g1 = file_generation(w, 1, "", &v1);
+    int64_t p0, p1, h0 = file_generation(w, 0, ".prev", &p0),
+                    h1 = file_generation(w, 1, ".prev", &p1);
+    if (rc == 0 && (g0 != 2 || g1 != 2 || v0 != 4 || v1 != 5 || h0 != 1 || h1 != 1))
+        rc = world_fail(w,
+                        "the files: generations %lld and %lld at versions %lld and %lld, "
+                        "before them %lld and %lld",
+                        (long long)g0, (long long)g1, (long long)v0, (long long)v1, (long long)h0,
+                        (long long)h1);
+    if (rc == 0 && zd_ps_model_set_position(model, 4) < 0)
+        rc = world_fail(w, "set_position: %s", zd_error_last());
+    if (rc == 0)
+        rc = remote_step(w, model, 0, 4, NULL);
+    if (rc == 0 && zd_ps_model_checkpoint(model, 5, ZD_TIMEOUT_DEFAULT) < 0)
+        rc = world_fail(w, "checkpoint: %s", zd_error_last());
+    g0 = file_generation(w, 0, "", &v0), g1 = file_generation(w, 1, "", &v1);
+    if (rc == 0 && (g0 != 3 || g1 != 3 || v0 != 5 || v1 != 6))
+        rc = world_fail(w, "the files: generations %lld and %lld at versions %lld and %lld",
+                        (long long)g0, (long long)g1, (long long)v0, (long long)v1);
+    zd_ps_model_free(model);
+    if (zd_rpc_shutdown(true, world_scaled_ms(30000)) < 0)
+        rc = world_fail(w, "shutdown: %s", zd_error_last());
+    return rc;
+}
+
+static int across_world(const world_t *w)
+{
+    const setup_t *su = w->arg;
+    if (w->rank < 2)
+        return run_shard(w);
+    return su->resume ? across_resumed(w) : across_trainer(w);
+}
+
+static void test_checkpoint_one_generation_across_versions(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/ck", dir);
+    setup_t su = {.n_trainers = 1, .checkpoint = prefix, .by_hand = true};
+    world_options_t o = {
+        .world_size = 3, .fn = across_world, .arg = &su, .own_init = true, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
     su.resume = true;
     assert_int_equal(world_run(&o), 0);
@@ -1806,6 +1987,7 @@ int main(void)
         cmocka_unit_test(test_two_trainers_then_lost),
         cmocka_unit_test(test_checkpoint_resume),
         cmocka_unit_test(test_checkpoint_by_the_trainer),
+        cmocka_unit_test(test_checkpoint_one_generation_across_versions),
         cmocka_unit_test(test_stage_gone_back_refuses_a_step),
         cmocka_unit_test(test_shard_restarted),
         cmocka_unit_test(test_restart_unseen_by_a_trainer),

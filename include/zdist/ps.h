@@ -407,12 +407,13 @@ ZD_API zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int s
 ZD_API int zd_ps_model_server_stop(zd_ps_model_server_t *s);
 
 /*  Writes the stage's checkpoint now (its parameters at its version, as
-    the newest generation of "<checkpoint_path>.shard<K>"), with the
-    steps held off while it writes; a no-op when another thread is
-    writing one at that moment, when that version is on disk already,
-    or while a trainer is bringing the stages to one generation. 0, or
-    -1: ZD_ERR_ARGUMENT (NULL, no checkpoint_path), or the file's
-    error. */
+    the newest generation of "<checkpoint_path>.shard<K>": with
+    checkpoint_every, its interval's, in place of one written in that
+    interval; without, the one after its newest), with the steps held
+    off while it writes; a no-op when another thread is writing one at
+    that moment, when that version is on disk already, or while a
+    trainer is bringing the stages to one generation. 0, or -1:
+    ZD_ERR_ARGUMENT (NULL, no checkpoint_path), or the file's error. */
 ZD_API int zd_ps_model_server_checkpoint(zd_ps_model_server_t *s);
 
 /*  The stage's version: the steps the DistributedOptimizers took in this
@@ -512,20 +513,20 @@ ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
     PyTorch programs call torch.save. Every stage is first asked whether
     it would, so that none writes when one refuses. A run resumed from
     these files goes on from `position` (zd_ps_model_resume_position).
-    With several trainers, a step of another between two stages' writes
-    leaves them at different versions, which a resume cannot bring to
-    one generation: checkpoint while the others wait (the trainers'
-    registry's gate, say). Sets the position the next forwards carry
-    too. Each call up to timeout_ms (default zd_rpc_get_timeout()). 0,
-    or -1 naming the first stage that failed: ZD_ERR_ARGUMENT (NULL, a
-    negative position, a stage without checkpoint_path or with
-    checkpoint_every), ZD_ERR_STALE (no step yet over the stages as they
+    The files of one call are one generation (one after the newest when
+    every stage holds it; else the newest, completed), even at versions
+    another trainer's steps between the writes made differ. Sets the
+    position the next forwards carry too. Each call up to timeout_ms
+    (default zd_rpc_get_timeout()). 0, or -1 naming the first stage that
+    failed: ZD_ERR_ARGUMENT (NULL, a negative position, a stage without
+    checkpoint_path or with checkpoint_every), ZD_ERR_STALE (no step yet over the stages as they
     are: a new handle, or a stage lost, started again or gone back
     since, or going back now: zd_ps_model_wait_shards and
-    zd_ps_model_resume_position, a batch, then a checkpoint),
+    zd_ps_model_resume_position, a batch, then a checkpoint; a newer
+    generation of another trainer's on a stage: call it again),
     ZD_ERR_REMOTE (a stage's write failed: a full disk, its text; the
     stages before it wrote theirs, a generation the others lack: call it
-    again until it succeeds, or stop), ZD_ERR_STOPPED, ZD_ERR_PEER,
+    again, which completes it, until it succeeds, or stop), ZD_ERR_STOPPED, ZD_ERR_PEER,
     ZD_ERR_TIMEOUT. */
 ZD_API int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms);
 
