@@ -37,6 +37,7 @@
 #define META       "ps.meta"
 #define POSITIONS  "ps.positions"
 #define TRAINERS   "ps.trainers"
+#define TAG        "ps.tag" /* uint8: the run's tag (zd_ps_options_t.run_tag) */
 /*  No world has more ranks (rpc.h): a longer positions tensor is refused. */
 #define MAX_POSITIONS 65536
 #define PARAM         "param."
@@ -97,6 +98,12 @@ static zd_named_tensors_t *snapshot(const zd__ps_ckpt_t *s, int64_t version)
         if (s->by_gen)
             m[4] = s->gen;
         rc = zd_named_tensors_add(nt, META, meta);
+    }
+    if (rc == 0 && s->tag && *s->tag) {
+        zd_tensor_t *tag =
+            zd_tensor_from_data(ZD_UINT8, (int64_t[]){(int64_t)strlen(s->tag)}, 1, s->tag);
+        rc = tag ? zd_named_tensors_add(nt, TAG, tag) : -1;
+        zd_tensor_unref(tag);
     }
     if (rc == 0 && s->positions && *s->positions && *s->n_positions > 0) {
         zd_tensor_t *pos =
@@ -240,6 +247,33 @@ static int check_extras(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt)
             return zd_error_set_code(ZD_ERR_ARGUMENT,
                                      "an optimizer's state, for a shard without one");
     return 0;
+}
+
+/*  Whether the run's tag (s->tag, NULL: none) is the one file (nt)
+    was written with: 0, or -1 naming both. */
+static int check_tag(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt, const char *file)
+{
+    if (!s->tag || !*s->tag)
+        return 0;
+    zd_tensor_t *t = zd_named_tensors_find(nt, TAG);
+    char got[ZD__PS_MAX_TAG + 1] = "";
+    bool ok = t && zd_tensor_dtype(t) == ZD_UINT8 && zd_tensor_ndim(t) == 1 &&
+        zd_tensor_numel(t) <= ZD__PS_MAX_TAG;
+    if (ok) {
+        memcpy(got, zd_tensor_raw(t), (size_t)zd_tensor_numel(t));
+        got[zd_tensor_numel(t)] = 0;
+        ok = memchr(got, 0, (size_t)zd_tensor_numel(t)) == NULL; /* (no NUL inside) */
+    }
+    if (ok && strcmp(got, s->tag) == 0)
+        return 0;
+    return zd_error_set_code(ZD_ERR_ARGUMENT,
+                             "%s was written by a run with %s%.200s%s; this one has \"%.200s\": "
+                             "resume with that configuration, or start anew",
+                             file, ok ? "\"" : "",
+                             ok      ? got
+                                 : t ? "a damaged tag"
+                                     : "no tag",
+                             ok ? "\"" : "", s->tag);
 }
 
 /*  Takes nt into the shard: the positions are checked and the
@@ -456,6 +490,10 @@ int zd__ps_checkpoint_load(const zd__ps_ckpt_t *s, int64_t want, int64_t *versio
     if (damaged[0] && want < 0)
         zd__log(ZD_LOG_WARN, "ps: shard %d: passed over %s", s->shard, damaged);
     name_of(s, best_which, name, sizeof name);
+    if (want < 0 && check_tag(s, best, name) < 0) {
+        zd_named_tensors_free(best);
+        return zd_error_wrap("ps: shard %d", s->shard), -2;
+    }
     int rc = take(s, best);
     zd_tensor_t *tr = zd_named_tensors_find(best, TRAINERS);
     if (rc == 0 && want < 0 && s->known && tr && zd_tensor_dtype(tr) == ZD_INT64 &&

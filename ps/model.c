@@ -721,6 +721,10 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
                               .n_positions = &s->n_positions,
                               .by_gen = true,
                               .every = s->opts.checkpoint_every};
+    const char *tag = s->opts.run_tag;
+    s->opts.run_tag = NULL; /* (the caller's: ckpt.tag is the stage's copy) */
+    if (tag && *tag && !(s->ckpt.tag = strdup(tag)))
+        return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
     if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)) ||
         zd__ps_checkpoint_prepare(&s->ckpt) < 0)
         return -1;
@@ -903,6 +907,7 @@ void zd_ps_model_server_free(zd_ps_model_server_t *s)
     free(s->names);
     free(s->params);
     free((char *)s->ckpt.path);
+    free((char *)s->ckpt.tag);
     /* nodes still holding slots keep the gate */
     zd__ps_gate_unref(s->gate);
     pthread_cond_destroy(&s->changed);

@@ -47,6 +47,9 @@ int zd__ps_options_read(zd_ps_options_t *o, const zd_ps_options_t *in)
     if (o->max_inflight < 0)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: max_inflight must be >= 0, got %d",
                                  o->max_inflight);
+    if (o->run_tag && strlen(o->run_tag) > ZD__PS_MAX_TAG)
+        return zd_error_set_code(ZD_ERR_ARGUMENT, "ps: run_tag of %zu bytes (at most %d)",
+                                 strlen(o->run_tag), ZD__PS_MAX_TAG);
     return 0;
 }
 

@@ -43,6 +43,7 @@ struct zd_ps_server {
     zd_ps_server_t *next; /* in the list of shards told of lost peers */
     /* checkpoints (checkpoint.c) */
     char *ckpt_path;      /* "<checkpoint_path>.shard<K>", or NULL: none */
+    char *run_tag;        /* the options' run_tag (a copy), or NULL: none */
     int64_t ckpt_version; /* the version last written or resumed from; -1: none */
     int64_t ckpt_before;  /* the version of the generation before it; -1: none */
     bool fresh;           /* resumed (or gone back) from a checkpoint, no push taken since */
@@ -62,6 +63,8 @@ enum { TRAINER_UNKNOWN, TRAINER_LIVE, TRAINER_LOST };
 
 /*  The most tensors a remote model's forward takes or gives at a stage. */
 #define ZD__PS_MAX_TENSORS 64
+/*  The longest run_tag (zd_ps_options_t), in bytes. */
+#define ZD__PS_MAX_TAG 4096
 
 /*  A remote-model stage's slots for training forwards (inflight.c). */
 typedef struct zd__ps_gate zd__ps_gate_t;
@@ -168,6 +171,9 @@ typedef struct {
        every, or its version for every 0); else by version. */
     bool by_gen;
     int64_t gen, every;
+    /* the run's tag (zd_ps_options_t.run_tag), written into each file
+       and, on a resume, matched by the file's (NULL: none) */
+    const char *tag;
 } zd__ps_ckpt_t;
 
 /*  Writes the shard's checkpoint at version, as the newest generation of

@@ -135,7 +135,8 @@ static zd__ps_ckpt_t ckpt_of(zd_ps_server_t *s)
     return (zd__ps_ckpt_t){s->ckpt_path,    s->shard,   s->n_shards, s->n,
                            s->names,        s->params,  s->opt,      &s->positions,
                            &s->n_positions, s->trainer, s->n_ranks,  &s->known,
-                           &s->n_known,     false,      0,           0};
+                           &s->n_known,     false,      0,           0,
+                           s->run_tag};
 }
 
 /*  The shard's checkpoint now (under the lock). 0, or -1. */
@@ -799,6 +800,11 @@ zd_ps_server_t *zd_ps_server_new(const zd_named_tensors_t *params, int shard, in
     s->opts.checkpoint_path = NULL; /* the caller's: ckpt_path is the shard's copy */
     if (o.checkpoint_path && !(s->ckpt_path = zd__ps_checkpoint_path(o.checkpoint_path, shard)))
         goto fail;
+    s->opts.run_tag = NULL; /* (the caller's: run_tag is the shard's copy) */
+    if (o.checkpoint_path && o.run_tag && *o.run_tag && !(s->run_tag = strdup(o.run_tag))) {
+        zd_error_set_code(ZD_ERR_NO_MEMORY, "zd_ps_server_new: out of memory");
+        goto fail;
+    }
     zd__ps_ckpt_t prep = ckpt_of(s);
     if (s->ckpt_path && zd__ps_checkpoint_prepare(&prep) < 0)
         goto fail;
@@ -989,6 +995,7 @@ void zd_ps_server_free(zd_ps_server_t *s)
     free(s->positions);
     free(s->known);
     free(s->ckpt_path);
+    free(s->run_tag);
     pthread_mutex_destroy(&s->lock);
     free(s);
 }

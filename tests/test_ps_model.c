@@ -1928,6 +1928,60 @@ static void test_fault_points(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/*  A stage's checkpoints carry the run's tag: a resume with another
+    tag is refused naming the file and both, as is one with a tag from a
+    file without one; the same tag, or none, resumes. A tag over 4096
+    bytes is refused. */
+static void test_run_tag(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], want[256], cmd[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/c", dir);
+    zd_nn_module_t *stage = make_stage(0);
+    zd_ps_options_t o = zd_ps_options_default();
+    o.checkpoint_path = prefix;
+    o.run_tag = "--lr=0.1 --seed=7";
+    zd_ps_model_server_t *srv = zd_ps_model_server_new(stage, 0, 1, &o); /* writes version 0 */
+    assert_non_null(srv);
+    zd_ps_model_server_free(srv);
+    o.resume = true;
+    o.run_tag = "--lr=0.2 --seed=7";
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    snprintf(want, sizeof want,
+             "%s.shard0 was written by a run with \"--lr=0.1 --seed=7\"; this one has "
+             "\"--lr=0.2 --seed=7\"",
+             prefix);
+    assert_non_null(strstr(zd_error_last(), want));
+    const char *resumes[] = {"--lr=0.1 --seed=7", NULL, ""};
+    for (int i = 0; i < 3; i++) {
+        o.run_tag = resumes[i];
+        assert_non_null(srv = zd_ps_model_server_new(stage, 0, 1, &o));
+        zd_ps_model_server_free(srv);
+    }
+    /* a new run without a tag; then a resume that has one */
+    o.resume = false;
+    o.run_tag = NULL;
+    assert_non_null(srv = zd_ps_model_server_new(stage, 0, 1, &o));
+    zd_ps_model_server_free(srv);
+    o.resume = true;
+    o.run_tag = "--lr=0.1 --seed=7";
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_non_null(strstr(zd_error_last(), "was written by a run with no tag"));
+    char *long_tag = malloc(4098);
+    assert_non_null(long_tag);
+    memset(long_tag, 'x', 4097);
+    long_tag[4097] = 0;
+    o.run_tag = long_tag;
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_non_null(strstr(zd_error_last(), "run_tag of 4097 bytes (at most 4096)"));
+    free(long_tag);
+    zd_nn_module_free(stage);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 static void test_arguments(void **state)
 {
     (void)state;
@@ -1982,6 +2036,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_arguments),
+        cmocka_unit_test(test_run_tag),
         cmocka_unit_test(test_exact),
         cmocka_unit_test(test_refused_and_stopped),
         cmocka_unit_test(test_two_trainers_then_lost),

@@ -938,6 +938,41 @@ static void test_checkpoint_folder_prepared(void **state)
     assert_int_equal(rmdir(dir), 0);
 }
 
+/*  A push/pull shard's checkpoints carry the run's tag too: a resume
+    with another is refused, naming the file and both; with the same, it
+    resumes. */
+static void test_run_tag(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/zd_ps_tag_XXXXXX", prefix[96], cmd[128];
+    assert_non_null(mkdtemp(dir));
+    snprintf(prefix, sizeof prefix, "%s/c", dir);
+    zd_nn_module_t *m = make_model();
+    assert_non_null(m);
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(LR);
+    zd_ps_options_t o = zd_ps_options_default();
+    o.checkpoint_path = prefix;
+    o.run_tag = "--batch_size=32";
+    zd_ps_server_t *srv = zd_ps_server_new_module(m, 0, 1, &sgd, &o);
+    assert_non_null(srv);
+    assert_int_equal(zd_ps_server_checkpoint(srv), 0);
+    zd_ps_server_free(srv);
+    o.resume = true;
+    o.run_tag = "--batch_size=64";
+    assert_null(zd_ps_server_new_module(m, 0, 1, &sgd, &o));
+    assert_int_equal(zd_error_code(), ZD_ERR_ARGUMENT);
+    assert_non_null(strstr(zd_error_last(),
+                           "c.shard0 was written by a run with "
+                           "\"--batch_size=32\"; this one has "
+                           "\"--batch_size=64\""));
+    o.run_tag = "--batch_size=32";
+    assert_non_null(srv = zd_ps_server_new_module(m, 0, 1, &sgd, &o));
+    zd_ps_server_free(srv);
+    zd_nn_module_free(m);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /*  ---- a shard lost ---- */
 
 static int lost_trainer(const world_t *w)
@@ -1991,6 +2026,7 @@ int main(void)
         cmocka_unit_test(test_diverging_step_refused),
         cmocka_unit_test(test_diverging_round_completed_by_loss),
         cmocka_unit_test(test_checkpoint_folder_prepared),
+        cmocka_unit_test(test_run_tag),
         cmocka_unit_test(test_shard_lost),
         cmocka_unit_test(test_sync_trainer_lost),
         cmocka_unit_test(test_checkpoint_resume),

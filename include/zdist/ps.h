@@ -137,6 +137,13 @@ typedef struct {
     void (*on_forward)(void *arg, int shard, int caller, bool training, zd_tensor_t *const *in,
                        int n_in);
     void *on_forward_arg;
+    /* shards with checkpoint_path: the run's configuration as text (say
+       "--batch_size=32 --seed=7"), at most 4096 bytes, written into each
+       checkpoint; a resume from a file of another one, or of none, is
+       refused (ZD_ERR_ARGUMENT naming the file and both), so that a run
+       does not go on from another's parameters and positions (NULL or
+       "": none written, none checked; copied) */
+    const char *run_tag;
 } zd_ps_options_t;
 
 /*  Asynchronous mode, no bound on staleness, with size set (inline: this
@@ -505,29 +512,29 @@ ZD_API int zd_ps_model_wait_shards(zd_ps_model_t *m, int64_t timeout_ms);
     or -1 (ZD_ERR_ARGUMENT: NULL, a negative position). */
 ZD_API int zd_ps_model_set_position(zd_ps_model_t *m, int64_t position);
 
-/*  A checkpoint the trainer asks for, of stages whose shards write
-    only those (checkpoint_every 0): every stage records that this
-    trainer is at `position` of its data (the batch it computes next:
-    call it after a batch's step) and writes its generation now (again,
-    in place, when its version is on disk but a position moved), as
-    PyTorch programs call torch.save. Every stage is first asked whether
-    it would, so that none writes when one refuses. A run resumed from
-    these files goes on from `position` (zd_ps_model_resume_position).
-    The files of one call are one generation (one after the newest when
-    every stage holds it; else the newest, completed), even at versions
-    another trainer's steps between the writes made differ. Sets the
-    position the next forwards carry too. Each call up to timeout_ms
-    (default zd_rpc_get_timeout()). 0, or -1 naming the first stage that
-    failed: ZD_ERR_ARGUMENT (NULL, a negative position, a stage without
-    checkpoint_path or with checkpoint_every), ZD_ERR_STALE (no step yet over the stages as they
-    are: a new handle, or a stage lost, started again or gone back
-    since, or going back now: zd_ps_model_wait_shards and
-    zd_ps_model_resume_position, a batch, then a checkpoint; a newer
+/*  A checkpoint the trainer asks for, of stages whose shards write only
+    those (checkpoint_every 0): every stage records that this trainer is
+    at `position` of its data (the batch it computes next: call it after
+    a batch's step) and writes its generation now (again, in place, when
+    its version is on disk but a position moved), as PyTorch programs
+    call torch.save. Every stage is first asked whether it would, so
+    that none writes when one refuses. A run resumed from these files
+    goes on from `position` (zd_ps_model_resume_position). The files of
+    one call are one generation (one after the newest when every stage
+    holds it; else the newest, completed), even at versions another
+    trainer's steps between the writes made differ. Sets the position
+    the next forwards carry too. Each call up to timeout_ms (default
+    zd_rpc_get_timeout()). 0, or -1 naming the first stage that failed:
+    ZD_ERR_ARGUMENT (NULL, a negative position, a stage without
+    checkpoint_path or with checkpoint_every), ZD_ERR_STALE (no step yet
+    over the stages as they are: a new handle, or a stage lost, started
+    again or gone back since, or going back now: zd_ps_model_wait_shards
+    and zd_ps_model_resume_position, a batch, then a checkpoint; a newer
     generation of another trainer's on a stage: call it again),
     ZD_ERR_REMOTE (a stage's write failed: a full disk, its text; the
     stages before it wrote theirs, a generation the others lack: call it
-    again, which completes it, until it succeeds, or stop), ZD_ERR_STOPPED, ZD_ERR_PEER,
-    ZD_ERR_TIMEOUT. */
+    again, which completes it, until it succeeds, or stop),
+    ZD_ERR_STOPPED, ZD_ERR_PEER, ZD_ERR_TIMEOUT. */
 ZD_API int zd_ps_model_checkpoint(zd_ps_model_t *m, int64_t position, int64_t timeout_ms);
 
 /*  Asks every stage where this trainer's rank was at its last training
