@@ -8,7 +8,9 @@
     grammar and the line it prints are the examples' (examples/fault.h),
     so that a test pins a fault in a program on the library, where the
     program's training step has no hook (issue 27: no test hooks in a
-    program's step). The points, all in ps/:
+    program's step). The points:
+      every process (rpc/): rendezvous (zd_rpc_init, its arguments
+               read), shutdown (zd_rpc_shutdown, at its start);
       trainer: forward (a training zd_ps_model_forward), backward
                (zd_ps_model_backward), step (zd_ps_model_step),
                checkpoint (zd_ps_model_checkpoint), evaluation

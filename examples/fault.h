@@ -5,24 +5,21 @@
     process of rank RANK does ACTION the N-th time (default 1) it reaches
     the named point PHASE of an example (fault_point): kill (raise
     SIGKILL: a crash) or stop (raise SIGSTOP: frozen, with its sockets
-    alive, until a SIGCONT). Phases: rendezvous, forward, backward, step,
-    checkpoint, evaluation, shutdown; where each role reaches them:
-      rpc_ps        trainer: all but evaluation; server shards:
-                    rendezvous, forward (a trainer's ps_forward on shard 0,
-                    ps_fc1_part on the others), checkpoint (each save),
-                    shutdown; evaluation is the library's point on both
-                    sides (zd_ps_trainer_wait_all, and the registry taking
-                    a trainer's wait in: docs/ps.md, "Faults in tests"),
-                    which reads the same variable;
-      ps_sync_async driver: rendezvous, step (applying gradients),
-                    evaluation, shutdown; parameter server: rendezvous,
-                    step (each step its shard takes), shutdown; worker:
-                    rendezvous, backward (compute_gradients), shutdown;
+    alive, until a SIGCONT). The library reads the same variable at
+    points of its own (docs/ps.md, "Faults in tests"): rendezvous
+    (zd_rpc_init) and shutdown (zd_rpc_shutdown) in every program, and
+    evaluation in rpc_ps (zd_ps_trainer_wait_all, and the registry taking
+    a trainer's wait in). The examples' points, by role:
+      rpc_ps        trainer: forward, backward, step, checkpoint; server
+                    shards: forward (a trainer's ps_forward on shard 0,
+                    ps_fc1_part on the others), checkpoint (each save);
+      ps_sync_async driver: step (applying gradients), evaluation;
+                    parameter server: step (each step its shard takes);
+                    worker: backward (compute_gradients);
       ps_lstm       server shards: step (each step a shard takes: its
                     on_step is fault_on_step);
-      pipeline      driver: rendezvous, forward, backward, step,
-                    evaluation, shutdown; stages: rendezvous, forward,
-                    shutdown.
+      pipeline      driver: forward, backward, step, evaluation; stages:
+                    forward.
     A server's, a worker's or a stage's shutdown starts as soon as it has
     joined: it serves the others from inside zd_rpc_shutdown. Their
     backward and step run inside the library: no point there. Tests use

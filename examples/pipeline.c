@@ -11,7 +11,6 @@
 #include <stdio.h>
 
 #include <zdist/error.h>
-#include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/pipeline_core.h"
 #include <zdist/nn.h>
@@ -66,7 +65,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         return 1;
     }
-    fault_point((int)w.rank, "rendezvous"); /* tests only (fault.h) */
     if (flags_world_init(&w, names[w.rank], init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) <
         0)
         return 1;
@@ -75,7 +73,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         rc = 1;
     }
-    fault_point((int)w.rank, "shutdown");
     if (zd_rpc_shutdown(true, 0) < 0) {
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, names[w.rank], zd_error_last());
         rc = 1;

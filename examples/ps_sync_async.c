@@ -15,7 +15,6 @@
 #include <string.h>
 
 #include <zdist/error.h>
-#include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/ps_core.h"
 #include <zdist/nn.h>
@@ -93,7 +92,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s: %s\n", prog, name, zd_error_last());
         return 1;
     }
-    fault_point((int)w.rank, "rendezvous"); /* tests only (fault.h) */
     if (flags_world_init(&w, name, init_timeout_s > 0 ? init_timeout_s * 1000 : -1, prog) < 0) {
         zd_ps_server_free(server);
         return 1;
@@ -103,7 +101,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: %s\n", prog, zd_error_last());
         rc = 1;
     }
-    fault_point((int)w.rank, "shutdown");
     /* The servers and workers serve the driver's calls until everyone is here. */
     if (zd_rpc_shutdown(true, 0) < 0) {
         fprintf(stderr, "%s: %s: shutdown: %s\n", prog, name, zd_error_last());

@@ -43,7 +43,6 @@
 #include <zdist/rpc.h>
 
 #include "examples/curves.h"
-#include "examples/fault.h"
 #include "examples/flags.h"
 #include "examples/progress.h"
 #include "examples/ps_net.h"
@@ -669,7 +668,6 @@ int main(int argc, char **argv)
     if (server)
         printf("PS master initializing RPC\n");
     fflush(stdout);
-    fault_point(rank, "rendezvous");
     /* With checkpoints a lost rank 0 may come back: the others keep
        registering with the rendezvous address while trainers wait for it
        (set for every rank: rank 0 hands it to its members). */
@@ -688,7 +686,6 @@ int main(int argc, char **argv)
     if (server && rank == 0 && o.checkpoint)
         ps_net_wait_trainers((double)o.server_wait_s);
     fflush(stdout);
-    fault_point(rank, "shutdown");
     /* Everyone waits here until every trainer is done: no limit (the
        default), since training takes as long as it takes; a trainer that
        dies or freezes is declared lost by the RPC layer (the heartbeat:

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <zdist/error.h>
+#include "core/fault_point.h"
 #include "core/sized.h"
 #include "rpc/net/address.h"
 #include "rpc/world/membership.h"
@@ -432,6 +433,7 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     init_params_t p;
     if (zd__agent_init_params(name, rank, world_size, opts, &p) < 0)
         return -1;
+    zd__fault_point(p.rank, "rendezvous"); /* tests only (core/fault_point.h) */
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
@@ -519,6 +521,7 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
             ZD_ERR_ARGUMENT,
             "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
             "callback), which shutdown has to stop: call it from another thread");
+    zd__fault_point(zd_rpc_rank(), "shutdown"); /* tests only (core/fault_point.h) */
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->net.closing)) {
