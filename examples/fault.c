@@ -10,8 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <zdist/rpc.h>
-
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static long seen; /* times the named phase was reached */
 
@@ -43,10 +41,4 @@ void fault_point(int rank, const char *phase)
         raise(SIGKILL);
     else if (strcmp(action, "stop") == 0)
         raise(SIGSTOP);
-}
-
-void fault_on_step(void *arg, int shard, int64_t version)
-{
-    (void)arg, (void)shard, (void)version;
-    fault_point(zd_rpc_rank(), "step");
 }

@@ -7,17 +7,16 @@
     SIGKILL: a crash) or stop (raise SIGSTOP: frozen, with its sockets
     alive, until a SIGCONT). The library reads the same variable at
     points of its own (docs/ps.md, "Faults in tests"): rendezvous
-    (zd_rpc_init) and shutdown (zd_rpc_shutdown) in every program, and
+    (zd_rpc_init) and shutdown (zd_rpc_shutdown) in every program,
     evaluation in rpc_ps (zd_ps_trainer_wait_all, and the registry taking
-    a trainer's wait in). The examples' points, by role:
+    a trainer's wait in), and step in every push/pull shard (each step it
+    takes: ps_sync_async's parameter servers, ps_lstm's shards). The
+    examples' points, by role:
       rpc_ps        trainer: forward, backward, step, checkpoint; server
                     shards: forward (a trainer's ps_forward on shard 0,
                     ps_fc1_part on the others), checkpoint (each save);
       ps_sync_async driver: step (applying gradients), evaluation;
-                    parameter server: step (each step its shard takes);
                     worker: backward (compute_gradients);
-      ps_lstm       server shards: step (each step a shard takes: its
-                    on_step is fault_on_step);
       pipeline      driver: forward, backward, step, evaluation; stages:
                     forward.
     A server's, a worker's or a stage's shutdown starts as soon as it has
@@ -35,9 +34,5 @@
 /*  Rank `rank` reached `phase`: does what ZDIST_FAULT says, if it names
     them, and returns otherwise. */
 void fault_point(int rank, const char *phase);
-
-/*  A parameter-server shard's on_step (zd_ps_options_t): the "step"
-    point of this process's rank. */
-void fault_on_step(void *arg, int shard, int64_t version);
 
 #endif

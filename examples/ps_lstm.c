@@ -21,7 +21,6 @@
 #include <string.h>
 
 #include "examples/corpus.h"
-#include "examples/fault.h"
 #include "examples/flags.h"
 #include <zdist/zdist.h>
 
@@ -218,7 +217,6 @@ int main(int argc, char **argv)
     po.checkpoint_path = o.checkpoint;
     po.checkpoint_every = o.checkpoint ? o.checkpoint_every : 0;
     po.resume = o.resume;
-    po.on_step = fault_on_step; /* where a test may kill a shard (ZDIST_FAULT) */
     po.server_wait_ms = o.server_wait_s > 0 ? o.server_wait_s * 1000 : ZD_TIMEOUT_DEFAULT;
     if (shard && !(srv = zd_ps_server_new_module(m, (int)w.rank, (int)o.shards, &adam, &po))) {
         fprintf(stderr, "ps_lstm: %s: %s\n", name, zd_error_last());

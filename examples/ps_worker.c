@@ -101,7 +101,6 @@ int ps_server_new(const ps_options_t *o, int rank, zd_ps_server_t **srv)
     zd_nn_module_t *m = zd_nn_tutorial_model_new(o->model, (uint64_t)o->seed);
     zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
     zd_ps_options_t po = zd_ps_options_default();
-    po.on_step = fault_on_step; /* the "step" fault point, tests only (fault.h) */
     *srv = m ? zd_ps_server_new_module(m, rank - 1, o->num_servers, &sgd, &po) : NULL;
     zd_nn_module_free(m);
     return *srv ? 0 : -1;

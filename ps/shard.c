@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include <zdist/error.h>
+#include "core/fault_point.h"
 #include "core/log_private.h"
 #include "core/sized.h"
 #include "ps/ps_private.h"
@@ -189,6 +190,7 @@ static void advance(zd_ps_server_t *s)
 {
     s->version++;
     s->fresh = false;
+    zd__fault_point(zd_rpc_rank(), "step"); /* tests only (core/fault_point.h) */
     if (s->opts.on_step)
         s->opts.on_step(s->opts.on_step_arg, s->shard, s->version);
     int64_t every = s->opts.checkpoint_every;
