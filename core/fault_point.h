@@ -11,13 +11,14 @@
     program's step). The points:
       every process (rpc/): rendezvous (zd_rpc_init, its arguments
                read), shutdown (zd_rpc_shutdown, at its start);
-      trainer: forward (a training zd_ps_model_forward), backward
-               (zd_ps_model_backward), step (zd_ps_model_step),
-               checkpoint (zd_ps_model_checkpoint), evaluation
-               (zd_ps_trainer_wait_all);
-      stage:   forward (each forward it serves), checkpoint (each write
-               but the first one of a new run's version 0);
-      registry host: evaluation (a trainer's wait_all taken in).
+      a remote model's trainer: forward (a training
+               zd_ps_model_forward), backward (zd_ps_model_backward), step
+               (zd_ps_model_step), checkpoint (zd_ps_model_checkpoint),
+               evaluation (zd_ps_trainer_wait_all);
+      its stage: forward (each forward it serves), checkpoint (each
+               write but the first one of a new run's version 0);
+      registry host: evaluation (a trainer's wait_all taken in);
+      push/pull: step (each push of a trainer; each step of a shard).
     A phase's points are counted in the library and a program's in the
     program: no process may reach one phase through both (a stop would
     fire twice), so a program keeps hooks only for phases the library

@@ -117,7 +117,6 @@ static int evaluate(driver_t *d, int64_t i)
     whose answers bring the new weights. */
 static int apply(driver_t *d, zd_value_t *const *grads, const int *who, int n)
 {
-    fault_point(zd_rpc_rank(), "step"); /* tests only (fault.h) */
     int rc = 0;
     for (int k = 0; k < n && rc == 0; k++) {
         zd_tensor_t *g;

@@ -14,6 +14,7 @@
 
 #include <zdist/error.h>
 #include "core/clock.h"
+#include "core/fault_point.h"
 #include "core/log_private.h"
 #include "ps/ps_private.h"
 
@@ -501,6 +502,7 @@ static int push_calls(zd_ps_client_t *c, const char *who, const char *what, cons
     for (int s = 0; s < c->n_shards; s++)
         if (!(k->args[s] = push_args(c, s)))
             return -1;
+    zd__fault_point(zd_rpc_rank(), "step"); /* tests only (core/fault_point.h) */
     return shard_calls_run(c, what, fn_prefix, call_timeout(timeout_ms), k);
 }
 
