@@ -4,31 +4,56 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+enum { UNREAD, NONE, ARMED };
+
+/*  The variable as last read, parsed: points run on RPC threads, where a
+    getenv could race a program's setenv. */
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int state = UNREAD;
+static struct {
+    int rank;
+    char phase[32], action[16];
+    long nth;
+} spec;
 static long seen; /* times the named phase was reached */
+
+static void read_env_locked(void)
+{
+    const char *v = getenv("ZDIST_FAULT");
+    /* A process launch restarted (tools/launch --max_restarts) got the
+       same environment: the fault was its first life's, once. */
+    const char *restarts = getenv("ZDIST_RESTART_COUNT");
+    spec.nth = 1;
+    bool armed = v && *v && !(restarts && atoi(restarts) > 0) &&
+        sscanf(v, "%d:%31[a-z]:%15[a-z]:%ld", &spec.rank, spec.phase, spec.action, &spec.nth) >= 3;
+    atomic_store(&state, armed ? ARMED : NONE);
+}
+
+void zd__fault_reload(void)
+{
+    pthread_mutex_lock(&lock);
+    read_env_locked();
+    pthread_mutex_unlock(&lock);
+}
 
 void zd__fault_point(int rank, const char *phase)
 {
-    /* read at each point, not once: a test's forked child sets it */
-    const char *spec = getenv("ZDIST_FAULT");
-    if (!spec || !*spec)
-        return;
-    const char *restarts = getenv("ZDIST_RESTART_COUNT");
-    if (restarts && atoi(restarts) > 0)
-        return;
-    int r = -1;
-    char ph[32] = "", action[16] = "";
-    long nth = 1;
-    if (sscanf(spec, "%d:%31[a-z]:%15[a-z]:%ld", &r, ph, action, &nth) < 3 || r != rank ||
-        strcmp(ph, phase) != 0)
+    if (atomic_load(&state) == NONE)
         return;
     pthread_mutex_lock(&lock);
-    bool now = ++seen == nth;
+    if (atomic_load(&state) == UNREAD)
+        read_env_locked();
+    bool now = atomic_load(&state) == ARMED && rank == spec.rank &&
+        strcmp(phase, spec.phase) == 0 && ++seen == spec.nth;
+    char action[16];
+    long nth = spec.nth;
+    memcpy(action, spec.action, sizeof action);
     pthread_mutex_unlock(&lock);
     if (!now)
         return;

@@ -23,14 +23,20 @@
     program: no process may reach one phase through both (a stop would
     fire twice), so a program keeps hooks only for phases the library
     has no point for in the calls it makes. Always built: without the
-    variable a point costs a getenv. A process tools/launch restarted
-    (ZDIST_RESTART_COUNT above 0) does nothing: the fault was its first
-    life's. */
+    variable a point costs an atomic load. The variable is read at the
+    first point and again at each zd_rpc_init (a test's forked child
+    sets it before it joins), never on an RPC thread. A process
+    tools/launch restarted (ZDIST_RESTART_COUNT above 0) does nothing:
+    the fault was its first life's. */
 #ifndef ZDIST_CORE_FAULT_POINT_H
 #define ZDIST_CORE_FAULT_POINT_H
 
 /*  Rank `rank` reached `phase`: does what ZDIST_FAULT says, if it names
     them, and returns otherwise. */
 void zd__fault_point(int rank, const char *phase);
+
+/*  Reads ZDIST_FAULT (and ZDIST_RESTART_COUNT) again: zd_rpc_init, on
+    the program's thread, before its rendezvous point. */
+void zd__fault_reload(void);
 
 #endif

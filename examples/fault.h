@@ -21,8 +21,7 @@
       pipeline      driver: forward, backward, step, evaluation; stages:
                     forward.
     A server's, a worker's or a stage's shutdown starts as soon as it has
-    joined: it serves the others from inside zd_rpc_shutdown. Their
-    backward and step run inside the library: no point there. Tests use
+    joined: it serves the others from inside zd_rpc_shutdown. Tests use
     it to pin a fault to a phase without sleeping; without the variable it
     costs a load and a compare. A process that tools/launch restarted
     (ZDIST_RESTART_COUNT above 0) does nothing: the fault was its first

@@ -266,14 +266,22 @@ static int check_tag(const zd__ps_ckpt_t *s, zd_named_tensors_t *nt, const char 
     }
     if (ok && strcmp(got, s->tag) == 0)
         return 0;
+    /* shown from a little before where they part (long tags), the
+       file's bytes that are not printable as '?' */
+    size_t at = 0;
+    while (ok && got[at] && got[at] == s->tag[at])
+        at++;
+    at = at > 40 ? at - 40 : 0;
+    for (char *c = got; *c; c++)
+        *c = *c < 0x20 || *c > 0x7e ? '?' : *c;
     return zd_error_set_code(ZD_ERR_ARGUMENT,
-                             "%s was written by a run with %s%.200s%s; this one has \"%.200s\": "
-                             "resume with that configuration, or start anew",
-                             file, ok ? "\"" : "",
-                             ok      ? got
+                             "%s was written by a run with %s%s%.160s%s; this one has "
+                             "\"%s%.160s\": resume with that configuration, or start anew",
+                             file, ok ? "\"" : "", ok && at ? "..." : "",
+                             ok      ? got + at
                                  : t ? "a damaged tag"
                                      : "no tag",
-                             ok ? "\"" : "", s->tag);
+                             ok ? "\"" : "", ok && at ? "..." : "", ok ? s->tag + at : s->tag);
 }
 
 /*  Takes nt into the shard: the positions are checked and the

@@ -700,7 +700,7 @@ static zd_value_t *serve_back(zd_rpc_call_t *call, zd_value_t *args, void *arg)
 
 /*  The stage's checkpoint description, and with opts.resume the newest
     generation there is taken into the stage. 0, or -1. */
-static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
+static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix, const char *tag)
 {
     int n = zd_nn_module_n_params(s->stage);
     s->names = calloc((size_t)n + 1, sizeof *s->names);
@@ -721,8 +721,6 @@ static int setup_checkpoints(zd_ps_model_server_t *s, const char *prefix)
                               .n_positions = &s->n_positions,
                               .by_gen = true,
                               .every = s->opts.checkpoint_every};
-    const char *tag = s->opts.run_tag;
-    s->opts.run_tag = NULL; /* (the caller's: ckpt.tag is the stage's copy) */
     if (tag && *tag && !(s->ckpt.tag = strdup(tag)))
         return zd_error_set_code(ZD_ERR_NO_MEMORY, "ps: out of memory");
     if (!(s->ckpt.path = zd__ps_checkpoint_path(prefix, s->shard)) ||
@@ -786,6 +784,7 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
     s->shard = shard;
     s->n_shards = n_shards;
     s->opts = o;
+    s->opts.run_tag = NULL; /* (the caller's: setup_checkpoints copies it) */
     s->training = zd_nn_module_is_training(stage);
     s->instance = new_instance();
     pthread_mutex_init(&s->lock, NULL);
@@ -796,7 +795,7 @@ zd_ps_model_server_t *zd_ps_model_server_new(zd_nn_module_t *stage, int shard, i
         zd_ps_model_server_free(s);
         return NULL;
     }
-    if (o.checkpoint_path && setup_checkpoints(s, o.checkpoint_path) < 0) {
+    if (o.checkpoint_path && setup_checkpoints(s, o.checkpoint_path, o.run_tag) < 0) {
         zd_ps_model_server_free(s);
         return NULL;
     }

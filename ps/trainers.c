@@ -318,7 +318,8 @@ static zd_future_t *serve_wait_all(zd_rpc_call_t *call, zd_value_t *args, void *
             zd_future_unref(t->waiting);
         }
         t->state |= T_WAITING;
-        /* (before the event: a program's hook on it sees the same count) */
+        /* (before the event, under the lock, where rpc_ps's own point
+           on it was) */
         zd__fault_point(zd_rpc_rank(), "evaluation"); /* tests only (core/fault_point.h) */
         tell(r, src, zd_rpc_call_caller_name(call), ZD_PS_TRAINER_WAITING);
         zd_value_unref(r->request);

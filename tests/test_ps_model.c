@@ -1892,7 +1892,8 @@ static int fault_world(const world_t *w)
 /*  ZDIST_FAULT pins a crash to a phase of the layer's work, the program
     having no hook: the trainer killed at its third training forward
     (the evaluation forward before does not count), backward or step; a
-    stage killed at its third forward, or at its first checkpoint write
+    stage killed at its fourth forward (the evaluation one counts there:
+    the third batch's), or at its first checkpoint write
     (its new run's version 0 is no such write). */
 static void test_fault_points(void **state)
 {
@@ -1969,6 +1970,22 @@ static void test_run_tag(void **state)
     o.run_tag = "--lr=0.1 --seed=7";
     assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
     assert_non_null(strstr(zd_error_last(), "was written by a run with no tag"));
+    /* long tags that part late: shown from a little before there */
+    char tag_a[320], tag_b[320];
+    memset(tag_a, 'a', 300);
+    memcpy(tag_b, tag_a, 300);
+    snprintf(tag_a + 300, 20, "X");
+    snprintf(tag_b + 300, 20, "Y");
+    o.resume = false;
+    o.run_tag = tag_a;
+    assert_non_null(srv = zd_ps_model_server_new(stage, 0, 1, &o));
+    zd_ps_model_server_free(srv);
+    o.resume = true;
+    o.run_tag = tag_b;
+    assert_null(zd_ps_model_server_new(stage, 0, 1, &o));
+    assert_non_null(strstr(zd_error_last(), "a run with \"...aaaa"));
+    assert_non_null(strstr(zd_error_last(), "aaX\"; this one has \"...aaaa"));
+    assert_non_null(strstr(zd_error_last(), "aaY\": resume"));
     char *long_tag = malloc(4098);
     assert_non_null(long_tag);
     memset(long_tag, 'x', 4097);

@@ -433,13 +433,14 @@ int zd_rpc_init(const char *name, int rank, int world_size, const zd_rpc_options
     init_params_t p;
     if (zd__agent_init_params(name, rank, world_size, opts, &p) < 0)
         return -1;
-    zd__fault_point(p.rank, "rendezvous"); /* tests only (core/fault_point.h) */
     pthread_mutex_lock(&g_init_lock);
     if (atomic_load(&g_agent)) {
         pthread_mutex_unlock(&g_init_lock);
         return zd_error_set_code(
             ZD_ERR_ARGUMENT, "zd_rpc_init: RPC is already running (call zd_rpc_shutdown first)");
     }
+    zd__fault_reload();
+    zd__fault_point(p.rank, "rendezvous"); /* tests only (core/fault_point.h) */
     int64_t deadline = zd__deadline_after(zd__net_now_ns(), p.o.init_timeout_ms);
     raise_fd_limit();
     /* Rank 0 without a listen address binds after the rendezvous, on the
@@ -521,13 +522,13 @@ int zd_rpc_shutdown(bool graceful, int64_t timeout_ms)
             ZD_ERR_ARGUMENT,
             "zd_rpc_shutdown: called on an RPC thread (in a handler or a future "
             "callback), which shutdown has to stop: call it from another thread");
-    zd__fault_point(zd_rpc_rank(), "shutdown"); /* tests only (core/fault_point.h) */
     pthread_mutex_lock(&g_init_lock);
     agent_t *a = atomic_load(&g_agent);
     if (!a || atomic_load(&a->net.closing)) {
         pthread_mutex_unlock(&g_init_lock);
         return zd_error_set_code(ZD_ERR_NOT_INITIALIZED, "zd_rpc_shutdown: RPC is not running");
     }
+    zd__fault_point(a->net.rank, "shutdown"); /* tests only (core/fault_point.h) */
     zd__log(ZD_LOG_INFO, "rpc: shutting down (%s)", graceful ? "graceful" : "not graceful");
     int rc = graceful ? zd__shutdown_graceful(a, timeout_ms) : 0;
     char saved[1024] = "";
