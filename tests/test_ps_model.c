@@ -89,7 +89,8 @@ typedef struct {
     bool by_hand;      /* checkpoint_every 0: only those the trainer asks for */
     const char *fault; /* test_fault_points: ZDIST_FAULT, set in rank fault_rank's process */
     int fault_rank;
-    int64_t forwards_at_loss; /* test_fault_points: what a shard served before the trainer died */
+    int64_t forwards_at_loss;  /* test_fault_points: what a shard served before the trainer died */
+    world_fn *first, *resumed; /* run_by_hand_twice: the trainer's two runs */
 } setup_t;
 
 /*  ---- the model: two stages ---- */
@@ -344,6 +345,15 @@ static int remote_step(const world_t *w, zd_ps_model_t *model, int trainer, int 
     if (try_step(model, trainer, step, loss) < 0)
         return world_fail(w, "step %d: %s", step, zd_error_last());
     return 0;
+}
+
+/*  A training step at position `step` (zd_ps_model_set_position
+    first), a failure the world's. */
+static int step_at(const world_t *w, zd_ps_model_t *model, int step)
+{
+    if (zd_ps_model_set_position(model, step) < 0)
+        return world_fail(w, "set_position: %s", zd_error_last());
+    return remote_step(w, model, 0, step, NULL);
 }
 
 /*  The model trained locally, to hold the shards' stages against: both
@@ -1193,21 +1203,23 @@ static int by_hand_resumed(const world_t *w)
     return rc;
 }
 
+/*  Two runs of the two shards writing only when asked and one trainer,
+    the second resumed: its first (a world_fn) and its resumed side. */
 static int by_hand_world(const world_t *w)
 {
     const setup_t *su = w->arg;
     if (w->rank < 2)
         return run_shard(w);
-    return su->resume ? by_hand_resumed(w) : by_hand_trainer(w);
+    return su->resume ? su->resumed(w) : su->first(w);
 }
 
-static void test_checkpoint_by_the_trainer(void **state)
+static void run_by_hand_twice(world_fn *first, world_fn *resumed)
 {
-    (void)state;
     char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
     assert_non_null(mkdtemp(dir));
     snprintf(prefix, sizeof prefix, "%s/ck", dir);
-    setup_t su = {.n_trainers = 1, .checkpoint = prefix, .by_hand = true};
+    setup_t su = {
+        .n_trainers = 1, .checkpoint = prefix, .by_hand = true, .first = first, .resumed = resumed};
     world_options_t o = {
         .world_size = 3, .fn = by_hand_world, .arg = &su, .own_init = true, .timeout_s = 60};
     assert_int_equal(world_run(&o), 0);
@@ -1215,6 +1227,12 @@ static void test_checkpoint_by_the_trainer(void **state)
     assert_int_equal(world_run(&o), 0);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     assert_int_equal(system(cmd), 0);
+}
+
+static void test_checkpoint_by_the_trainer(void **state)
+{
+    (void)state;
+    run_by_hand_twice(by_hand_trainer, by_hand_resumed);
 }
 
 /*  ---- one generation, stages at different versions ---- */
@@ -1232,10 +1250,7 @@ static int across_trainer(const world_t *w)
     WTRY(join(w));
     int rc = 0;
     for (int step = 0; rc == 0 && step < 4; step++) {
-        if (zd_ps_model_set_position(model, step) < 0)
-            rc = world_fail(w, "set_position: %s", zd_error_last());
-        if (rc == 0)
-            rc = remote_step(w, model, 0, step, NULL);
+        rc = step_at(w, model, step);
         int64_t code = rc == 0 && step >= 2 ? raw_checkpoint(step - 2, step + 1, 1) : ZD_OK;
         if (code != ZD_OK)
             rc = world_fail(w, "stage %d's checkpoint of generation 1: code %lld", step - 2,
@@ -1275,10 +1290,8 @@ static int across_resumed(const world_t *w)
         rc = world_fail(w, "resumed at position %lld (%s), the stages at versions %lld and %lld",
                         (long long)at, zd_error_last(), (long long)shard_version(0),
                         (long long)shard_version(1));
-    if (rc == 0 && zd_ps_model_set_position(model, 3) < 0)
-        rc = world_fail(w, "set_position: %s", zd_error_last());
     if (rc == 0)
-        rc = remote_step(w, model, 0, 3, NULL);
+        rc = step_at(w, model, 3);
     if (rc == 0 && raw_checkpoint(0, 4, 2) != ZD_OK)
         rc = world_fail(w, "stage 0's checkpoint of generation 2 refused");
     if (rc == 0 && zd_ps_model_checkpoint(model, 4, ZD_TIMEOUT_DEFAULT) < 0)
@@ -1292,10 +1305,8 @@ static int across_resumed(const world_t *w)
                         "before them %lld and %lld",
                         (long long)g0, (long long)g1, (long long)v0, (long long)v1, (long long)h0,
                         (long long)h1);
-    if (rc == 0 && zd_ps_model_set_position(model, 4) < 0)
-        rc = world_fail(w, "set_position: %s", zd_error_last());
     if (rc == 0)
-        rc = remote_step(w, model, 0, 4, NULL);
+        rc = step_at(w, model, 4);
     if (rc == 0 && zd_ps_model_checkpoint(model, 5, ZD_TIMEOUT_DEFAULT) < 0)
         rc = world_fail(w, "checkpoint: %s", zd_error_last());
     g0 = file_generation(w, 0, "", &v0), g1 = file_generation(w, 1, "", &v1);
@@ -1308,28 +1319,10 @@ static int across_resumed(const world_t *w)
     return rc;
 }
 
-static int across_world(const world_t *w)
-{
-    const setup_t *su = w->arg;
-    if (w->rank < 2)
-        return run_shard(w);
-    return su->resume ? across_resumed(w) : across_trainer(w);
-}
-
 static void test_checkpoint_one_generation_across_versions(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/zd_ps_model_XXXXXX", prefix[64], cmd[96];
-    assert_non_null(mkdtemp(dir));
-    snprintf(prefix, sizeof prefix, "%s/ck", dir);
-    setup_t su = {.n_trainers = 1, .checkpoint = prefix, .by_hand = true};
-    world_options_t o = {
-        .world_size = 3, .fn = across_world, .arg = &su, .own_init = true, .timeout_s = 60};
-    assert_int_equal(world_run(&o), 0);
-    su.resume = true;
-    assert_int_equal(world_run(&o), 0);
-    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
-    assert_int_equal(system(cmd), 0);
+    run_by_hand_twice(across_trainer, across_resumed);
 }
 
 /*  Stage 0 sent back to its generation of version 2 (by a direct call,
@@ -1452,15 +1445,6 @@ static int restart_shard_1(const world_t *w)
     if (write(su->told[1], "r", 1) != 1)
         return world_fail(w, "cannot tell shard 1's parent: %s", strerror(errno));
     return 0;
-}
-
-/*  A training step at position `step` (zd_ps_model_set_position
-    first), a failure the world's. */
-static int step_at(const world_t *w, zd_ps_model_t *model, int step)
-{
-    if (zd_ps_model_set_position(model, step) < 0)
-        return world_fail(w, "set_position: %s", zd_error_last());
-    return remote_step(w, model, 0, step, NULL);
 }
 
 /*  The recovery a trainer runs after ZD_ERR_PEER: waits for the shards
