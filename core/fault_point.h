@@ -11,9 +11,11 @@
     program's step). The points:
       every process (rpc/): rendezvous (zd_rpc_init, its arguments
                read), shutdown (zd_rpc_shutdown, at its start);
+      any distributed training: backward (zd_dist_autograd_backward,
+               and so zd_ps_model_backward), step (zd_dist_optim_step,
+               and so zd_ps_model_step);
       a remote model's trainer: forward (a training
-               zd_ps_model_forward), backward (zd_ps_model_backward), step
-               (zd_ps_model_step), checkpoint (zd_ps_model_checkpoint),
+               zd_ps_model_forward), checkpoint (zd_ps_model_checkpoint),
                evaluation (zd_ps_trainer_wait_all);
       its stage: forward (each forward it serves), checkpoint (each
                write but the first one of a new run's version 0);

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "core/fault_inject.h"
+#include "core/fault_point.h"
 #include "dist_autograd/dist_private.h"
 #include <zdist/error.h>
 #include "core/log_private.h"
@@ -547,6 +548,7 @@ static int flush_all(dist_context_t *c, int64_t pass_id)
 int zd_dist_autograd_backward(int64_t context_id, zd_tensor_t *const *roots, int n_roots,
                               bool retain_graph)
 {
+    zd__fault_point(zd_rpc_rank(), "backward"); /* tests only (core/fault_point.h) */
     dist_context_t *c = zd__dist_context_get(context_id);
     if (!c)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "dist_autograd: no context %lld in this process",

@@ -18,6 +18,7 @@
 #include <zdist/dist_autograd.h>
 #include <zdist/error.h>
 #include "core/finite.h"
+#include "core/fault_point.h"
 #include "core/log_private.h"
 #include "core/sized.h"
 
@@ -615,6 +616,7 @@ static int step_here(zd_rref_t *r, int64_t context_id)
 
 int zd_dist_optim_step(zd_dist_optim_t *o, int64_t context_id)
 {
+    zd__fault_point(zd_rpc_rank(), "step"); /* tests only (core/fault_point.h) */
     zd_future_t **fs = calloc((size_t)(o->n ? o->n : 1), sizeof *fs);
     zd_value_t *args = ZD_ARGS(context_id);
     int rc = fs && args ? 0 : zd_error_set_code(ZD_ERR_NO_MEMORY, "dist_optim: out of memory"),

@@ -9,17 +9,18 @@
     points of its own (docs/ps.md, "Faults in tests"): rendezvous
     (zd_rpc_init) and shutdown (zd_rpc_shutdown) in every program,
     evaluation in rpc_ps (zd_ps_trainer_wait_all, and the registry taking
-    a trainer's wait in), and step in push/pull (each step a shard
-    takes: ps_sync_async's parameter servers, ps_lstm's shards; each
-    push of a trainer: ps_sync_async's driver applying gradients). The
-    examples' points, by role:
-      rpc_ps        trainer: forward, backward, step, checkpoint; server
-                    shards: forward (a trainer's ps_forward on shard 0,
-                    ps_fc1_part on the others), checkpoint (each save);
+    a trainer's wait in), step in push/pull (each step a shard takes:
+    ps_sync_async's parameter servers, ps_lstm's shards; each push of a
+    trainer: ps_sync_async's driver applying gradients), and backward
+    and step in every zd_dist_autograd_backward and zd_dist_optim_step
+    (rpc_ps's trainers, pipeline's driver). The examples' points, by
+    role:
+      rpc_ps        trainer: forward, checkpoint; server shards: forward
+                    (a trainer's ps_forward on shard 0, ps_fc1_part on
+                    the others), checkpoint (each save);
       ps_sync_async driver: evaluation; worker: backward
-                    (compute_gradients);
-      pipeline      driver: forward, backward, step, evaluation; stages:
-                    forward.
+                    (compute_gradients, a local backward);
+      pipeline      driver: forward, evaluation; stages: forward.
     A server's, a worker's or a stage's shutdown starts as soon as it has
     joined: it serves the others from inside zd_rpc_shutdown. Tests use
     it to pin a fault to a phase without sleeping; without the variable it

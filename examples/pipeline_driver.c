@@ -59,11 +59,7 @@ static int train_batch(pipeline_net_t *net, zd_dist_optim_t *opt, zd_tensor_t *x
     if (rc == 0)
         rc = zd_nn_nll_loss(logprobs, y, &l);
     if (rc == 0)
-        fault_point(zd_rpc_rank(), "backward"); /* tests only (fault.h) */
-    if (rc == 0)
         rc = zd_dist_autograd_backward(ctx, &l, 1, false);
-    if (rc == 0)
-        fault_point(zd_rpc_rank(), "step");
     if (rc == 0)
         rc = zd_dist_optim_step(opt, ctx);
     if (rc == 0)

@@ -1197,8 +1197,7 @@ int zd_ps_model_backward(zd_ps_model_t *m, int64_t context_id, zd_tensor_t *loss
     if (!m || !loss)
         return zd_error_set_code(ZD_ERR_ARGUMENT,
                                  "zd_ps_model_backward: a model and a loss are required");
-    zd__fault_point(zd_rpc_rank(), "backward"); /* tests only (core/fault_point.h) */
-    if (zd_dist_autograd_backward(context_id, &loss, 1, false) == 0)
+    if (zd_dist_autograd_backward(context_id, &loss, 1, false) == 0) /* (a fault point) */
         return 0;
     /* the stages' part of the graph went with a lost one: the trainer
        recovers as after a forward's loss */
@@ -1218,7 +1217,6 @@ int zd_ps_model_step(zd_ps_model_t *m, int64_t context_id)
 {
     if (!m)
         return zd_error_set_code(ZD_ERR_ARGUMENT, "zd_ps_model_step: NULL");
-    zd__fault_point(zd_rpc_rank(), "step"); /* tests only (core/fault_point.h) */
     if (ensure_optimizer(m) < 0)
         return -1;
     if (zd_dist_optim_step(m->opt, context_id) < 0) {
