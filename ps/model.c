@@ -237,8 +237,8 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, int64_t gen, boo
         gen = gen_of(s, v);
     bool replace = s->have_ckpt && gen == s->ckpt_gen;
     bool older = s->have_ckpt && gen < s->ckpt_gen;
-    if ((replace && v == s->ckpt_version && s->moved == s->moved_written) ||
-        (older && !asked)) { /* the file holds all of it */
+    bool same = s->have_ckpt && v == s->ckpt_version && s->moved == s->moved_written;
+    if ((same && (replace || !asked)) || (older && !asked)) { /* the file holds all of it */
         pthread_mutex_unlock(&s->lock);
         return 0;
     }
@@ -253,10 +253,6 @@ static int write_checkpoint(zd_ps_model_server_t *s, int64_t v, int64_t gen, boo
                                      s->shard, on_disk, gen);
         return zd_error_set_code(ZD_ERR_STALE, "stage %d is being brought to another generation",
                                  s->shard);
-    }
-    if (!asked && s->have_ckpt && v == s->ckpt_version && s->moved == s->moved_written) {
-        pthread_mutex_unlock(&s->lock); /* (nothing new to write) */
-        return 0;
     }
     if (!asked && (s->writing || held)) {
         bool tell = held && !s->hold_logged;
