@@ -1,0 +1,1015 @@
+/* SPDX-License-Identifier: MIT */
+/*  rpc_ps2: rpc_ps on the parameter-server layer (<zdist/ps.h>): the
+    PyTorch tutorial "Implementing a Parameter Server Using Distributed RPC
+    Framework" with what an operator's run needs around it. It takes
+    rpc_ps's flags and prints its lines; it is to replace rpc_ps.
+
+        ./rpc_ps2 --world_size=4 --rank=0                       the server
+        ./rpc_ps2 --world_size=4 --rank=N --master_addr=HOST    trainer N
+
+    Ranks below --num_servers serve the Net's stages (ps_stages.h), the
+    others train. Read it beside the tutorial:
+      ParameterServer     run_parameter_server: a stage of the Net served
+                          by zd_ps_model_server_new; rank 0 also keeps the
+                          trainers' book and their shared final evaluation
+      TrainerNet          zd_ps_model_new: the stages' parameter RRefs and
+                          a DistributedOptimizer (SGD) over them
+      run_training_loop   run_training_loop, its body train_batch
+      get_accuracy        get_accuracy (dropout off)
+      run_worker          main: the servers leave only after every
+                          trainer has finished (graceful shutdown)
+    The layer keeps the checkpoints (the trainer asks for one every
+    --checkpoint_every of its batches), brings a restarted shard and the
+    others back to one checkpoint, and holds the fault points tests use. */
+#include <errno.h>
+#include <malloc.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zdist/zdist.h>
+
+#include "examples/curves.h"
+#include "examples/flags.h"
+#include "examples/progress.h"
+#include "examples/ps_stages.h"
+#include "examples/train_common.h"
+
+typedef struct {
+    flags_world_t world; /* rank, world_size, master_addr, master_port */
+    int64_t num_gpus, num_servers;
+    const char *data_dir;
+    const char *curves;       /* prefix of each trainer's curve files, or NULL */
+    int64_t eval_every;       /* batches of a trainer between its evaluations (0: at the end) */
+    double progress_s;        /* seconds between progress lines (0: none) */
+    const char *checkpoint;   /* prefix of the servers' checkpoint files, or NULL */
+    int64_t checkpoint_every; /* batches of a trainer between checkpoints */
+    bool resume;              /* start from the checkpoint */
+    const char *save_model;   /* rank 0 writes the trained Net there (safetensors), or NULL */
+    const char *init_from;    /* the servers start from the Net there (safetensors), or NULL */
+    int64_t batch_size, epochs, max_batches, seed, log_interval, eval_samples, check_interval;
+    int64_t threads, init_timeout_s;
+    double lr;
+    bool no_dropout;
+    int64_t min_trainers;   /* servers: fail when fewer trainers finished */
+    int64_t max_staleness;  /* trainers: at most this many batches ahead (0: no bound) */
+    int64_t max_batch_size; /* servers: the largest batch a stage takes (0: default) */
+    int64_t max_inflight;   /* servers: training forwards held at once (0: 2 per core) */
+    int64_t server_wait_s;  /* trainers: how long a lost server shard may take to come back */
+} options_t;
+
+#define EVAL_BATCH 500
+
+/*  A loss this large, or this many times the first one, means the model is
+    diverging even while it is still finite. */
+#define LOSS_EXPLODED 1e4
+#define LOSS_GROWTH   100
+
+/*  ---- ParameterServer ---- */
+
+/*  Rank 0's book of the run: the trainers' registry and --save_model's
+    outcome (0: not written, 1: written, -1: failed, save_error says why). */
+static struct {
+    const options_t *o;
+    zd_ps_trainers_t *trainers;
+    int saved;
+    char save_error[1024];
+} book;
+
+/*  Every training forward through stage 0 is one batch of its trainer:
+    the registry's count ("lost at batch N") and the aggregate throughput. */
+static void note_forward(void *arg, int shard, int caller, bool training, zd_tensor_t *const *in,
+                         int n_in)
+{
+    (void)arg, (void)shard;
+    if (training && n_in > 0)
+        zd_ps_trainers_note_batch(book.trainers, caller, zd_tensor_size(in[0], 0));
+}
+
+static void save_model(zd_nn_module_t *net, int64_t step, double acc, int64_t images)
+{
+    const options_t *o = book.o;
+    char s_step[32], s_acc[32], s_images[32];
+    snprintf(s_step, sizeof s_step, "%lld", (long long)step);
+    snprintf(s_acc, sizeof s_acc, "%.6f", acc);
+    snprintf(s_images, sizeof s_images, "%lld", (long long)images);
+    const char *meta[] = {"format",        "pt",  "step",        s_step,
+                          "test_accuracy", s_acc, "test_images", s_images};
+    zd_strings_t *kv = zd_strings_from(meta, 8);
+    if (kv && zd_nn_module_save_safetensors(net, o->save_model, kv) == 0) {
+        book.saved = 1;
+        printf("saved model %s (safetensors, PyTorch's names; step %lld, test accuracy %.2f %% "
+               "on %lld images)\n",
+               o->save_model, (long long)step, 100 * acc, (long long)images);
+    } else {
+        book.saved = -1;
+        snprintf(book.save_error, sizeof book.save_error, "%s", zd_error_last());
+    }
+    zd_strings_free(kv);
+}
+
+/*  The result every trainer's last call shares, once each finished,
+    failed or was lost: the final weights' accuracy on `request` test
+    images, gathered from every shard onto this one (and saved there with
+    --save_model before the trainers hear it). */
+static zd_value_t *shared_accuracy(void *arg, const zd_value_t *request)
+{
+    (void)arg;
+    const options_t *o = book.o;
+    int64_t limit, step = 0, images = 0; /* step: training batches served */
+    if (zd_value_get_int(request, &limit) < 0)
+        return NULL;
+    zd_ps_trainer_info_t info;
+    for (int r = (int)o->num_servers; zd_ps_trainers_get(book.trainers, r, &info) == 0; r++)
+        step += info.batches;
+    zd_dataset_t *test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST);
+    zd_nn_module_t *net = test ? ps_stages_gather((int)o->num_servers, (uint64_t)o->seed) : NULL;
+    double acc = 0;
+    int rc = net ? ps_stages_evaluate(net, test, limit, &acc, &images) : -1;
+    if (rc == 0 && o->save_model)
+        save_model(net, step, acc, images);
+    zd_nn_module_free(net);
+    zd_dataset_free(test);
+    if (rc < 0) {
+        zd_error_wrap("evaluation failed");
+        return NULL;
+    }
+    return zd_value_float(acc);
+}
+
+/*  The registry's news, on this server's terminal. */
+static void on_trainer(void *arg, const zd_ps_trainer_info_t *t, const char *name,
+                       zd_ps_trainer_event_t event)
+{
+    (void)arg;
+    if (event == ZD_PS_TRAINER_FAILED)
+        printf("trainer \"%s\" (rank %d) failed at batch %lld: %s\n", name, t->rank,
+               (long long)t->failed_at, t->why);
+    else if (event == ZD_PS_TRAINER_LOST)
+        printf("trainer \"%s\" (rank %d) lost at batch %lld%s; the others go on\n", name, t->rank,
+               (long long)t->batches, t->finished ? ", having finished" : "");
+    else if (event == ZD_PS_TRAINER_REJOINED)
+        printf("trainer \"%s\" (rank %d), lost at batch %lld, rejoined; counted again\n", name,
+               t->rank, (long long)t->batches);
+    fflush(stdout);
+}
+
+/*  After the world ended, on rank 0: each trainer that failed or was
+    lost, the throughput, and whether enough finished. 0, or -1. */
+static int report(const options_t *o, const char *name)
+{
+    int64_t samples;
+    double secs;
+    zd_ps_trainers_throughput(book.trainers, &samples, &secs);
+    if (secs > 0)
+        printf("aggregate throughput %.0f samples/s (%lld samples in %.2f s)\n",
+               (double)samples / secs, (long long)samples, secs);
+    int finished = 0, failed = 0, rc = 0;
+    char first[600] = "";
+    zd_ps_trainer_info_t t;
+    for (int r = (int)o->num_servers; zd_ps_trainers_get(book.trainers, r, &t) == 0; r++) {
+        finished += t.finished;
+        if (t.failed && failed++ == 0)
+            snprintf(first, sizeof first, "; trainer rank %d failed at batch %lld: %s", r,
+                     (long long)t.failed_at, t.why);
+        if (t.failed)
+            printf("trainer rank %d failed at batch %lld: %s\n", r, (long long)t.failed_at, t.why);
+        else if (t.lost)
+            printf("trainer rank %d was lost at batch %lld%s\n", r, (long long)t.batches,
+                   t.finished ? " (after finishing its batches)" : "");
+        else if (t.rejoined)
+            printf("trainer rank %d was lost and rejoined%s\n", r,
+                   t.finished ? "; it finished its batches" : "");
+    }
+    printf("%d of %lld trainers finished\n", finished,
+           (long long)(o->world.world_size - o->num_servers));
+    if (finished < o->min_trainers) {
+        fprintf(stderr, "rpc_ps %s: only %d trainer(s) finished, fewer than --min_trainers=%lld%s",
+                name, finished, (long long)o->min_trainers, first);
+        if (failed > 1)
+            fprintf(stderr, " (and %d more failed)", failed - 1);
+        fprintf(stderr, "\n");
+        rc = -1;
+    }
+    if (o->save_model && book.saved != 1) {
+        fprintf(stderr, "rpc_ps %s: --save_model=%s: not written: %s\n", name, o->save_model,
+                book.saved < 0 ? book.save_error
+                               : "no final evaluation ran on the server (no trainer finished "
+                                 "its batches)");
+        rc = -1;
+    }
+    return rc;
+}
+
+/*  This shard's stage of the Net, built from the seed (or --init_from)
+    as on every shard. A new module, or NULL. */
+static zd_nn_module_t *server_stage(const options_t *o, int shard)
+{
+    zd_nn_module_t *net = zd_nn_net_new((uint64_t)o->seed), *stage = NULL;
+    if (net && o->init_from && zd_nn_module_load_safetensors(net, o->init_from, true, NULL) < 0)
+        zd_error_wrap("--init_from");
+    else if (net && o->init_from)
+        printf("parameter server shard %d: initial weights from %s\n", shard, o->init_from);
+    int64_t max_batch = o->max_batch_size > 0 ? o->max_batch_size
+        : 4 * o->batch_size > 1024            ? 4 * o->batch_size
+                                              : 1024;
+    if (net && (!o->init_from || zd_error_code() == ZD_OK))
+        stage = ps_stage_new(net, shard, (int)o->num_servers, max_batch, (uint64_t)o->seed,
+                             !o->no_dropout);
+    zd_nn_module_free(net);
+    char line[512];
+    if (stage)
+        printf("parameter server shard %d of %lld: %s\n", shard, (long long)o->num_servers,
+               ps_stage_describe(stage, line, sizeof line));
+    return stage;
+}
+
+/*  The stage's options: rpc_ps's defaults and flags. */
+static zd_ps_options_t server_options(const options_t *o, int shard, const char *tag)
+{
+    zd_ps_options_t po = zd_ps_options_default();
+    int64_t max_batch = o->max_batch_size > 0 ? o->max_batch_size
+        : 4 * o->batch_size > 1024            ? 4 * o->batch_size
+                                              : 1024;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    po.stage_outputs = ps_stage_outputs(shard, (int)o->num_servers);
+    po.max_input_numel = ps_stage_max_input(shard, max_batch);
+    /* rpc_ps's 0 is 2 per core and -1 none; the layer's 0 is none */
+    po.max_inflight = o->max_inflight < 0 ? 0
+        : o->max_inflight == 0            ? 2 * (int)(cores < 1 ? 1 : cores)
+                                          : (int)o->max_inflight;
+    po.checkpoint_path = o->checkpoint;
+    po.resume = o->resume;
+    po.run_tag = tag;
+    if (shard == 0)
+        po.on_forward = note_forward;
+    return po;
+}
+
+/*  With --resume, shard's file or its .prev must be there: resuming
+    from nothing would be a new run under the operator's nose. 0, or -1. */
+static int check_resume_file(const options_t *o, int shard)
+{
+    char path[4200];
+    if (!o->resume)
+        return 0;
+    snprintf(path, sizeof path, "%s.shard%d", o->checkpoint, shard);
+    if (access(path, R_OK) == 0)
+        return 0;
+    int err = errno;
+    snprintf(path, sizeof path, "%s.shard%d.prev", o->checkpoint, shard);
+    if (access(path, R_OK) == 0)
+        return 0;
+    return zd_error_set("--resume: no checkpoint %s.shard%d to resume from (%s)", o->checkpoint,
+                        shard, strerror(err));
+}
+
+/*  The stage served, with the servers' optimizer limits and functions,
+    and on rank 0 the trainers' book. 0, or -1. */
+static int serve(const options_t *o, zd_nn_module_t *stage, const char *tag,
+                 zd_ps_model_server_t **srv)
+{
+    int shard = (int)o->world.rank;
+    zd_ps_options_t po = server_options(o, shard, tag);
+    if (check_resume_file(o, shard) < 0 ||
+        !(*srv = zd_ps_model_server_new(stage, shard, (int)o->num_servers, &po)))
+        return -1;
+    if (o->resume)
+        printf("parameter server shard %d: resumed from %s.shard%d at version %lld\n", shard,
+               o->checkpoint, shard, (long long)zd_ps_model_server_version(*srv));
+    /* The servers take only their own optimizer (this --lr): a trainer
+       started with another is refused by name, instead of its steps
+       ruining the weights every trainer shares. */
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
+    zd_dist_optim_owner_limits_t limits = zd_dist_optim_owner_limits_default();
+    limits.config = &sgd;
+    if (zd_dist_optim_set_owner_limits(&limits) < 0 || ps_stages_register(*srv, stage) < 0)
+        return -1;
+    zd_ps_trainers_options_t to = zd_ps_trainers_options_default();
+    to.first_trainer = (int)o->num_servers;
+    to.on_event = on_trainer;
+    to.shared_result = shared_accuracy;
+    book.o = o;
+    if (shard == 0 && !(book.trainers = zd_ps_trainers_new(&to)))
+        return -1;
+    return 0;
+}
+
+/*  A server rank: its stage, served until every trainer is done. 0, or
+    -1 (the error printed). */
+static int run_parameter_server(const options_t *o, const char *name)
+{
+    int shard = (int)o->world.rank, rc = -1;
+    char tag[160];
+    snprintf(tag, sizeof tag, "--batch_size=%lld --seed=%lld, %lld trainer(s)",
+             (long long)o->batch_size, (long long)o->seed,
+             (long long)(o->world.world_size - o->num_servers));
+    zd_nn_module_t *stage = server_stage(o, shard);
+    zd_ps_model_server_t *srv = NULL;
+    if (!stage || serve(o, stage, tag, &srv) < 0) {
+        fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
+    } else {
+        printf("%s: joining a world of %lld at %s:%lld\nPS master initializing RPC\n", name,
+               (long long)o->world.world_size, o->world.master_addr ? o->world.master_addr : "*",
+               (long long)o->world.master_port);
+        /* (flags_world_init prints its error) */
+        rc = flags_world_init(&o->world, name, o->init_timeout_s * 1000, "rpc_ps");
+    }
+    if (rc == 0) {
+        printf("RPC initialized! Running parameter server...\n");
+        fflush(stdout);
+        /* A graceful shutdown stops taking back restarted processes: with
+           checkpoints, rank 0 first waits for every trainer, lost ones for
+           --server_wait_s to come back. */
+        if (shard == 0 && o->checkpoint)
+            zd_ps_trainers_wait(book.trainers, o->server_wait_s * 1000, ZD_TIMEOUT_NONE);
+        if ((rc = zd_rpc_shutdown(true, ZD_TIMEOUT_DEFAULT)) < 0)
+            fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
+        if (shard == 0 && report(o, name) < 0)
+            rc = -1;
+    }
+    zd_ps_trainers_free(book.trainers);
+    zd_ps_model_server_free(srv);
+    zd_nn_module_free(stage);
+    return rc;
+}
+
+/*  ---- TrainerNet, run_training_loop, get_accuracy ---- */
+
+/*  A trainer: its handle on the model (the tutorial's TrainerNet), its
+    data, where it is, and what it reports. */
+typedef struct {
+    const options_t *o;
+    int rank;
+    zd_ps_model_t *model;
+    zd_dataset_t *train, *test;
+    int64_t per_epoch, total; /* batches in an epoch; to train in all */
+    int64_t done, trained;    /* position (batches done); batches trained by this process */
+    float first_loss;
+    double t0, t1, eval_secs;
+    int joins[PS_STAGES_MAX]; /* the shards' join counts when this trainer last started */
+    progress_t prog;
+    curves_t *curves;
+    curves_points_t points;
+} trainer_t;
+
+/*  Times each shard's rank joined the world again: rank 0 started again
+    since this trainer last (re)started would take its registry calls as
+    if nothing had happened, and the batches after its checkpoint would
+    be lost. */
+static atomic_int rank_joins[PS_STAGES_MAX];
+
+static void peer_joined(void *arg, int rank, const char *name)
+{
+    (void)arg, (void)name;
+    if (rank >= 0 && rank < PS_STAGES_MAX)
+        atomic_fetch_add(&rank_joins[rank], 1);
+}
+
+static void note_joins(trainer_t *t)
+{
+    for (int s = 0; s < PS_STAGES_MAX; s++)
+        t->joins[s] = atomic_load(&rank_joins[s]);
+}
+
+static int shard0_same(const trainer_t *t)
+{
+    if (atomic_load(&rank_joins[0]) != t->joins[0])
+        return zd_error_set_code(ZD_ERR_PEER,
+                                 "server shard 0 (rank 0) was lost and started "
+                                 "again since this trainer attached");
+    return 0;
+}
+
+/*  One batch: the tutorial's loop body, under a distributed autograd
+    context. A loss that is not finite is refused before the backward: a
+    model that diverged must not spread nan to every trainer through the
+    shared weights. */
+static int train_batch(trainer_t *t, zd_tensor_t *x, zd_tensor_t *y, bool check, float *loss_out)
+{
+    zd_tensor_t *out = NULL, *loss = NULL;
+    int64_t cid;
+    if (zd_dist_autograd_context_begin(&cid) < 0)
+        return -1;
+    int rc = zd_ps_model_set_position(t->model, t->done);
+    if (rc == 0)
+        rc = zd_ps_model_forward(t->model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT);
+    if (rc == 0)
+        rc = zd_nn_nll_loss(out, y, &loss);
+    if (rc == 0 && !isfinite(zd_tensor_data(loss)[0])) {
+        *loss_out = zd_tensor_data(loss)[0];
+        rc = zd_error_set_code(ZD_ERR_ARGUMENT, "the loss is %g", (double)*loss_out);
+    }
+    if (rc == 0)
+        rc = zd_ps_model_backward(t->model, cid, loss);
+    if (rc == 0 && check) /* the tutorial's look at the servers' gradients */
+        rc = ps_stages_check_gradients((int)t->o->num_servers, cid);
+    if (rc == 0)
+        rc = zd_ps_model_step(t->model, cid);
+    if (rc == 0)
+        *loss_out = zd_tensor_data(loss)[0];
+    zd_tensor_unref(loss);
+    zd_tensor_unref(out);
+    /* The peers free the context while the next batch starts. */
+    if (zd_dist_autograd_context_release(cid) < 0 && rc == 0)
+        rc = -1;
+    return rc;
+}
+
+/*  The tutorial's get_accuracy: the first `limit` test images (0: all)
+    through the servers' model, dropout off. */
+static int get_accuracy(trainer_t *t, int64_t limit, double *acc)
+{
+    int64_t n = zd_dataset_len(t->test), correct = 0;
+    if (limit > 0 && limit < n)
+        n = limit;
+    bool was = zd_ps_model_train(t->model, false);
+    int rc = 0;
+    for (int64_t start = 0; rc == 0 && start < n; start += EVAL_BATCH) {
+        zd_tensor_t *x, *y, *out = NULL;
+        int64_t bs = n - start < EVAL_BATCH ? n - start : EVAL_BATCH;
+        if ((rc = zd_dataset_batch(t->test, NULL, start, bs, &x, &y)) < 0)
+            break;
+        rc = zd_ps_model_forward(t->model, &x, 1, &out, 1, ZD_TIMEOUT_DEFAULT);
+        int64_t c = rc == 0 ? zd_nn_accuracy(out, y) : -1;
+        rc = c < 0 ? -1 : 0;
+        correct += c;
+        zd_tensor_unref(out);
+        zd_tensor_unref(x);
+        zd_tensor_unref(y);
+    }
+    zd_ps_model_train(t->model, was);
+    *acc = n ? (double)correct / (double)n : 0;
+    return rc;
+}
+
+/*  The shard that was lost, or came back since this trainer started with
+    the servers; -1 when none did within 5 s (RPC declares a peer lost
+    about 1 s after its connection dropped). */
+static int shard_gone(const trainer_t *t)
+{
+    for (double until = train_now() + 5;;) {
+        for (int s = 0; s < t->o->num_servers; s++)
+            if (zd_rpc_peer_is_lost(s) || atomic_load(&rank_joins[s]) != t->joins[s])
+                return s;
+        if (train_now() >= until)
+            return -1;
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+}
+
+/*  A call to the servers failed. With --checkpoint, when a shard was lost:
+    waits for it (restarted with --resume) and for the layer to bring the
+    stages to its checkpoint, then 1, t->done moved to where the stages
+    say this trainer was; else -1 with the error set. */
+static int recover(trainer_t *t)
+{
+    const options_t *o = t->o;
+    progress_clear(&t->prog);
+    if (!o->checkpoint)
+        return -1;
+    char why[512];
+    snprintf(why, sizeof why, "%s", zd_error_last());
+    int shard = shard_gone(t);
+    if (shard < 0)
+        return zd_error_set("%s", why);
+    double t0 = train_now(), wait_s = (double)o->server_wait_s;
+    printf("Rank %d: server shard %d lost at batch %lld (%s); waiting up to %lld s "
+           "(--server_wait_s) for it to come back\n",
+           t->rank, shard, (long long)t->done, why, (long long)o->server_wait_s);
+    fflush(stdout);
+    /* The releases of contexts the old process held fail: it is gone. */
+    if (zd_dist_autograd_wait_releases(1000) < 0)
+        printf("Rank %d: contexts of the lost server's process not released: %s\n", t->rank,
+               zd_error_last());
+    int64_t start = -1;
+    /* Just back, a shard may not take calls from everyone yet (its new
+       connections are being made): try again until the wait is up. */
+    for (;;) {
+        int64_t left = (int64_t)((t0 + wait_s - train_now()) * 1000);
+        if (left <= 0)
+            return zd_error_set("server shard %d (rank %d) lost (%s) and not back within "
+                                "--server_wait_s=%lld s: %s",
+                                shard, shard, why, (long long)o->server_wait_s, zd_error_last());
+        note_joins(t);
+        if (zd_ps_model_wait_shards(t->model, left) == 0 &&
+            zd_ps_model_resume_position(t->model, ZD_TIMEOUT_DEFAULT, &start) == 0 &&
+            zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT) == 0)
+            break;
+        if (zd_error_code() == ZD_ERR_TIMEOUT)
+            continue;
+        nanosleep(&(struct timespec){0, 100000000}, NULL);
+    }
+    start = start < 0 ? 0 : start;
+    printf("Rank %d: the servers are back after %.2f s; going on from batch %lld (the last "
+           "checkpoint; %lld batch(es) of this trainer to take again)\n",
+           t->rank, train_now() - t0, (long long)start, (long long)(t->done - start));
+    fflush(stdout);
+    t->done = start;
+    return 1;
+}
+
+/*  What follows a trained batch: the divergence check, progress and the
+    tutorial's loss line, curves, and --eval_every's evaluation. 0, or -1. */
+static int after_batch(trainer_t *t, int64_t epoch, int64_t b, float loss)
+{
+    const options_t *o = t->o;
+    if (++t->trained == 1)
+        t->first_loss = loss;
+    if (loss > LOSS_EXPLODED || (t->first_loss > 0 && loss > LOSS_GROWTH * t->first_loss)) {
+        progress_clear(&t->prog);
+        return zd_error_set("batch %lld (epoch %lld): the loss is %g (the first batch's was %g): "
+                            "the model is diverging. Remedies: a lower --lr (now %g), or "
+                            "--max_staleness=K (fewer stale updates from the other trainers)",
+                            (long long)t->done, (long long)epoch + 1, (double)loss,
+                            (double)t->first_loss, o->lr);
+    }
+    double now = train_now();
+    progress_step(&t->prog, now, loss);
+    if (o->log_interval > 0 && b % o->log_interval == 0) {
+        /* the tutorial's line (its batch restarts each epoch) */
+        progress_clear(&t->prog);
+        printf("Rank %d training batch %lld loss %.6f (epoch %lld)\n", t->rank, (long long)b, loss,
+               (long long)epoch + 1);
+    }
+    if (curves_batch(t->curves, &t->points, t->done, loss, o->batch_size, now) < 0)
+        return -1;
+    /* (the last batch's evaluation is the final one) */
+    if (o->eval_every == 0 || t->done % o->eval_every != 0 || t->done >= t->total)
+        return 0;
+    /* this trainer's own look at the weights as they are now, while the
+       other trainers go on */
+    double acc;
+    if (get_accuracy(t, o->eval_samples, &acc) < 0)
+        return -1;
+    progress_clear(&t->prog);
+    printf("Rank %d after batch %lld (epoch %lld): accuracy %.2f %%\n", t->rank, (long long)t->done,
+           (long long)epoch + 1, 100 * acc);
+    if (t->curves && curves_add_accuracy(t->curves, t->done, acc) < 0)
+        return -1;
+    double after = train_now();
+    t->eval_secs += after - now;
+    curves_points_skip(&t->points, after - now); /* the training's rate */
+    progress_skip(&t->prog, after - now);
+    return 0;
+}
+
+/*  The staleness bound, then one batch: 0, 1 (a shard was lost and is
+    back: t->done moved, call again), or -1. */
+static int next_batch(trainer_t *t, const int64_t *order, int64_t epoch, int64_t b)
+{
+    const options_t *o = t->o;
+    zd_tensor_t *x, *y;
+    float loss = 0;
+    if (o->max_staleness > 0) {
+        int rc = shard0_same(t);
+        if (rc == 0)
+            rc = zd_ps_trainer_gate(0, t->done, o->max_staleness, ZD_TIMEOUT_DEFAULT, NULL);
+        if (rc < 0 && zd_error_code() == ZD_ERR_TIMEOUT)
+            fprintf(stderr,
+                    "rpc_ps trainer %d: waited the RPC timeout for the slowest trainer "
+                    "(--max_staleness=%lld); going on\n",
+                    t->rank, (long long)o->max_staleness);
+        else if (rc < 0)
+            return recover(t);
+    }
+    if (zd_dataset_batch(t->train, order, b * o->batch_size, o->batch_size, &x, &y) < 0)
+        return -1;
+    bool check = o->check_interval > 0 && t->done % o->check_interval == 0;
+    int rc = train_batch(t, x, y, check, &loss);
+    zd_tensor_unref(x);
+    zd_tensor_unref(y);
+    if (rc < 0 && !isfinite(loss)) {
+        progress_clear(&t->prog);
+        return zd_error_set("batch %lld (epoch %lld): the loss is %g: the model diverged, and "
+                            "this batch's gradients were not applied. Remedies: a lower --lr "
+                            "(now %g), or fewer trainers per server (their updates arrive stale)",
+                            (long long)t->done + 1, (long long)epoch + 1, (double)loss, o->lr);
+    }
+    if (rc < 0)
+        return recover(t);
+    t->done++;
+    if (after_batch(t, epoch, b, loss) < 0)
+        return -1;
+    if (o->checkpoint && t->done % o->checkpoint_every == 0 &&
+        zd_ps_model_checkpoint(t->model, t->done, ZD_TIMEOUT_DEFAULT) < 0)
+        return recover(t);
+    return 0;
+}
+
+/*  The tutorial's run_training_loop, from batch t->done: 0 when this
+    trainer's batches are done, 1 when a server shard was lost and is back
+    (t->done moved: call again), -1 on failure. */
+static int run_training_loop(trainer_t *t)
+{
+    const options_t *o = t->o;
+    int64_t first_epoch, first_batch;
+    train_resume_position(t->done, t->per_epoch, &first_epoch, &first_batch);
+    for (int64_t epoch = first_epoch; epoch < o->epochs; epoch++) {
+        /* The first trainer shuffles as train_local does with the same seed. */
+        int64_t *order = zd_dataset_order(
+            t->train, (uint64_t)(o->seed + epoch + 1000 * (t->rank - o->num_servers)));
+        if (!order)
+            return zd_error_set("out of memory");
+        int rc = 0;
+        for (int64_t b = epoch == first_epoch ? first_batch : 0;
+             rc == 0 && b < t->per_epoch && t->done < t->total; b++)
+            rc = next_batch(t, order, epoch, b);
+        free(order);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/*  Loads the data and finds where to start: with --resume, or when this
+    trainer rejoined the world, where the servers say it was. 0, or -1. */
+static int trainer_start(trainer_t *t)
+{
+    const options_t *o = t->o;
+    if (!(t->train = zd_dataset_load(o->data_dir, ZD_DATASET_TRAIN)) ||
+        !(t->test = zd_dataset_load(o->data_dir, ZD_DATASET_TEST)))
+        return -1;
+    t->per_epoch = zd_dataset_num_batches(t->train, o->batch_size);
+    t->total = o->epochs * t->per_epoch;
+    if (o->max_batches > 0 && o->max_batches < t->total)
+        t->total = o->max_batches;
+    if (o->curves) {
+        char prefix[4096], title[64];
+        if (snprintf(prefix, sizeof prefix, "%s.rank%d", o->curves, t->rank) >= (int)sizeof prefix)
+            return zd_error_set("--curves: prefix too long");
+        snprintf(title, sizeof title, "rpc_ps rank %d", t->rank);
+        if (!(t->curves = curves_open(prefix, title, t->per_epoch)))
+            return -1;
+    }
+    note_joins(t);
+    if (zd_ps_trainer_started(0, ZD_TIMEOUT_DEFAULT) < 0)
+        return -1;
+    bool rejoined = zd_rpc_rejoined();
+    if (rejoined && !o->checkpoint)
+        printf("Rank %d rejoined the world; without --checkpoint it starts from its first "
+               "batch\n",
+               t->rank);
+    if (o->checkpoint && (o->resume || rejoined)) {
+        /* the same batches in the same order follow (the order depends on
+           seed and epoch) */
+        if (zd_ps_model_resume_position(t->model, ZD_TIMEOUT_DEFAULT, &t->done) < 0)
+            return -1;
+        if (t->done > o->epochs * t->per_epoch)
+            return zd_error_set("checkpoint %s: this trainer had done %lld batches, more than "
+                                "%lld (%lld epoch(s))",
+                                o->checkpoint, (long long)t->done,
+                                (long long)(o->epochs * t->per_epoch), (long long)o->epochs);
+        t->done = t->done < 0 ? 0 : t->done;
+        printf("Rank %d %s at batch %lld (%lld batches done)\n", t->rank,
+               rejoined ? "rejoined the world; resuming" : "resuming", (long long)t->done,
+               (long long)t->done);
+    }
+    t->t0 = train_now();
+    char label[32];
+    snprintf(label, sizeof label, "Rank %d", t->rank);
+    progress_init(&t->prog, stdout, isatty(STDOUT_FILENO),
+                  &(progress_config_t){.label = label,
+                                       .first = t->done,
+                                       .total = t->total,
+                                       .per_epoch = t->per_epoch,
+                                       .epochs = o->epochs,
+                                       .samples_per_step = o->batch_size,
+                                       .every_s = o->progress_s},
+                  t->t0);
+    /* a curve point every --log_interval batches, or 10 without loss lines */
+    curves_points_init(&t->points, o->log_interval > 0 ? o->log_interval : 10, t->t0);
+    return 0;
+}
+
+/*  After the last batch: tells rank 0, and prints the test accuracy of
+    the final weights, which the trainers share (one evaluation on rank
+    0, when the last is done); one that waits longer than the RPC timeout
+    evaluates by itself. 0, 1 (a shard came back: train from t->done
+    again), or -1. */
+static int trainer_finish(trainer_t *t)
+{
+    const options_t *o = t->o;
+    t->t1 = train_now();
+    progress_end(&t->prog, t->t1);
+    if (zd_dist_autograd_wait_releases(-1) < 0)
+        return -1;
+    if (shard0_same(t) < 0 || zd_ps_trainer_finished(0, ZD_TIMEOUT_DEFAULT) < 0)
+        return recover(t);
+    printf("Training complete!\nGetting accuracy....\n");
+    double acc;
+    zd_value_t *req = zd_value_int(o->eval_samples), *res = NULL;
+    int rc =
+        shard0_same(t) == 0 && req ? zd_ps_trainer_wait_all(0, req, ZD_TIMEOUT_DEFAULT, &res) : -1;
+    if (rc == 0)
+        rc = zd_value_get_float(res, &acc);
+    zd_value_unref(req);
+    zd_value_unref(res);
+    if (rc < 0) {
+        fprintf(stderr, "rpc_ps trainer %d: shared evaluation failed (%s); evaluating alone\n",
+                t->rank, zd_error_last());
+        if (get_accuracy(t, o->eval_samples, &acc) < 0)
+            return -1;
+    }
+    printf("Rank %d test accuracy %.2f %%\n", t->rank, 100 * acc);
+    printf("Rank %d throughput %.0f samples/s\n", t->rank,
+           (double)(t->trained * o->batch_size) / (t->t1 - t->t0 - t->eval_secs));
+    if (!t->curves)
+        return 0;
+    if (curves_add_accuracy(t->curves, t->done, acc) < 0)
+        return -1;
+    printf("Rank %d curves in %s.rank%d.csv and %s\n", t->rank, o->curves, t->rank,
+           curves_png_path(t->curves));
+    return 0;
+}
+
+/*  A trainer rank: trains until its batches are done, going back to the
+    servers' checkpoint as often as a shard is lost and comes back. 0, or
+    -1 (the error printed, and told to rank 0). */
+static int run_trainer(const options_t *o, const char *name)
+{
+    trainer_t t = {.o = o, .rank = (int)o->world.rank};
+    zd_optim_config_t sgd = zd_optim_sgd_defaults(o->lr);
+    /* (before zd_rpc_init: the handle installs distributed autograd) */
+    if (!(t.model = zd_ps_model_new(NULL, (int)o->num_servers, &sgd, NULL)) ||
+        zd_rpc_register_peer_joined(peer_joined, NULL) < 0) {
+        fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
+        zd_ps_model_free(t.model);
+        return -1;
+    }
+    printf("%s: joining a world of %lld at %s:%lld\n", name, (long long)o->world.world_size,
+           o->world.master_addr ? o->world.master_addr : "*", (long long)o->world.master_port);
+    if (flags_world_init(&o->world, name, o->init_timeout_s * 1000, "rpc_ps") < 0) {
+        zd_ps_model_free(t.model);
+        return -1;
+    }
+    int rc = trainer_start(&t);
+    while (rc == 0) {
+        rc = run_training_loop(&t);
+        if (rc == 0)
+            rc = trainer_finish(&t);
+        if (rc == 1) /* the servers are back: on from where they say */
+            rc = 0;
+        else
+            break;
+    }
+    if (rc < 0) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", zd_error_last());
+        fprintf(stderr, "rpc_ps trainer %d: %s\n", t.rank, why);
+        /* rank 0 stops waiting for this trainer and names its error */
+        if (!zd_rpc_peer_is_lost(0) && zd_ps_trainer_failed(0, t.done, why, ZD_TIMEOUT_DEFAULT) < 0)
+            fprintf(stderr,
+                    "rpc_ps trainer %d: could not tell the server that this run failed: %s\n",
+                    t.rank, zd_error_last());
+        if (t.curves) /* the plot of what there is */
+            curves_draw(t.curves);
+    }
+    curves_close(t.curves);
+    /* The model's RRefs go before the world does. */
+    zd_ps_model_free(t.model);
+    fflush(stdout);
+    /* Everyone waits here until every trainer is done: no limit (the
+       default), since training takes as long as it takes; a trainer that
+       dies or freezes is declared lost by the RPC layer, and the others
+       finish without it. A trainer whose run failed leaves with the
+       others when they are done within the RPC timeout, else alone. */
+    int64_t shutdown_ms = ZD_TIMEOUT_DEFAULT;
+    if (rc < 0)
+        shutdown_ms = zd_rpc_get_timeout() > 0 ? zd_rpc_get_timeout() : 60000;
+    if (zd_rpc_shutdown(true, shutdown_ms) < 0) {
+        fprintf(stderr, "rpc_ps %s: shutdown: %s\n", name, zd_error_last());
+        rc = -1;
+    }
+    zd_dataset_free(t.train);
+    zd_dataset_free(t.test);
+    return rc;
+}
+/*  A server runs a handler thread per trainer in flight, and glibc gives
+    threads arenas of their own (up to 8 per core), each keeping the blocks
+    its threads freed: with 16 trainers that cost the server 160 MB (peak
+    572 MB, 412 MB with two arenas, measured on 2 cores). One arena per
+    core serves threads that run no more than that many at once. Left alone
+    when the user tuned malloc. */
+static void server_arenas(void)
+{
+    if (getenv("MALLOC_ARENA_MAX") || getenv("GLIBC_TUNABLES"))
+        return;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    mallopt(M_ARENA_MAX, cores < 1 ? 1 : (int)cores);
+}
+
+static int check_options(const options_t *o)
+{
+    if (o->num_gpus != 0) {
+        fprintf(stderr, "rpc_ps: --num_gpus=%lld: this build is CPU-only; use --num_gpus=0\n",
+                (long long)o->num_gpus);
+        return -1;
+    }
+    int64_t world_size = o->world.world_size;
+    if (world_size < 2 || o->num_servers < 1 || o->num_servers >= world_size) {
+        fprintf(stderr,
+                "rpc_ps: --world_size=%lld with --num_servers=%lld leaves no trainer "
+                "(need world_size > num_servers >= 1)\n",
+                (long long)world_size, (long long)o->num_servers);
+        return -1;
+    }
+    if (o->num_servers > PS_STAGES_MAX) {
+        fprintf(stderr, "rpc_ps: --num_servers=%lld: at most %d shards\n",
+                (long long)o->num_servers, PS_STAGES_MAX);
+        return -1;
+    }
+    if (o->max_batch_size < 0 || (o->max_batch_size > 0 && o->max_batch_size < EVAL_BATCH)) {
+        fprintf(stderr,
+                "rpc_ps: --max_batch_size=%lld: 0 (the default) or at least %d (the "
+                "evaluation's batches)\n",
+                (long long)o->max_batch_size, EVAL_BATCH);
+        return -1;
+    }
+    if (o->max_inflight < -1 || o->max_inflight > 1000000) {
+        fprintf(stderr,
+                "rpc_ps: --max_inflight=%lld: -1 (no limit), 0 (2 per core) or a "
+                "number of batches\n",
+                (long long)o->max_inflight);
+        return -1;
+    }
+    if (o->resume && !o->checkpoint) {
+        fprintf(stderr, "rpc_ps: --resume needs --checkpoint=PREFIX (the files to resume from)\n");
+        return -1;
+    }
+    if (o->progress_s < 0 || o->eval_every < 0 || o->log_interval < 0) {
+        fprintf(stderr, "rpc_ps: --progress_s, --eval_every and --log_interval must be >= 0\n");
+        return -1;
+    }
+    if (o->checkpoint_every < 1 || o->server_wait_s < 1 || o->server_wait_s > 86400) {
+        fprintf(stderr,
+                "rpc_ps: --checkpoint_every must be >= 1, --server_wait_s in [1, "
+                "86400]\n");
+        return -1;
+    }
+    if (o->min_trainers < 0 || o->min_trainers > world_size - o->num_servers ||
+        o->max_staleness < 0) {
+        fprintf(stderr,
+                "rpc_ps: --min_trainers must be in [0, %lld] (the trainers), "
+                "--max_staleness >= 0\n",
+                (long long)(world_size - o->num_servers));
+        return -1;
+    }
+    if (o->batch_size < 1 || o->epochs < 1 || o->lr <= 0) {
+        fprintf(stderr, "rpc_ps: --batch_size and --epochs must be >= 1, --lr > 0\n");
+        return -1;
+    }
+    if ((o->save_model && !o->save_model[0]) || (o->init_from && !o->init_from[0])) {
+        fprintf(stderr, "rpc_ps: --save_model and --init_from take a file name\n");
+        return -1;
+    }
+    /* Refused now rather than after the training: a file rank 0 cannot
+       write, one a server cannot read. */
+    if (o->save_model && o->world.rank == 0) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", o->save_model);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            slash[slash == dir ? 1 : 0] = 0;
+        if (access(slash ? dir : ".", W_OK) < 0) {
+            fprintf(stderr, "rpc_ps: --save_model=%s: cannot write in %s (%s)\n", o->save_model,
+                    slash ? dir : ".", strerror(errno));
+            return -1;
+        }
+    }
+    if (o->init_from && o->world.rank < o->num_servers && access(o->init_from, R_OK) < 0) {
+        fprintf(stderr, "rpc_ps: --init_from=%s: %s\n", o->init_from, strerror(errno));
+        return -1;
+    }
+    if (o->data_dir && o->world.rank >= o->num_servers) {
+        char path[2048];
+        if (zd_dataset_find_file(o->data_dir, ZD_DATASET_TRAIN, "images", path, sizeof path) < 0) {
+            fprintf(stderr, "rpc_ps: %s\n", zd_error_last());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    /* first, before any thread or BLAS call: the allocator and OpenBLAS
+       set-up the layers' speed relies on (zdist/nn.h) */
+    zd_nn_process_setup(ZD_NN_SETUP_ALL);
+    /* Line by line even into a pipe (the launcher labels lines as they come). */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    options_t o = {.world = flags_world_default(),
+                   .num_servers = 1,
+                   .batch_size = 32,
+                   .epochs = 1,
+                   .seed = 1,
+                   .log_interval = 0,
+                   .check_interval = 5,
+                   .lr = 0.03,
+                   .progress_s = 5,
+                   .init_timeout_s = 60,
+                   .checkpoint_every = 100,
+                   .min_trainers = 1,
+                   .server_wait_s = 120};
+    const flag_t flags[] = {
+        FLAGS_WORLD(o.world),
+        {"num_gpus", FLAG_INT, &o.num_gpus, "must be 0: this build is CPU-only"},
+        {"num_servers", FLAG_INT, &o.num_servers, "parameter-server shards"},
+        {"data_dir", FLAG_STRING, &o.data_dir,
+         "MNIST-format files (default: ./data if it has them, else Debian's Fashion-MNIST)"},
+        {"batch_size", FLAG_INT, &o.batch_size, "samples per batch"},
+        {"lr", FLAG_DOUBLE, &o.lr, "SGD learning rate"},
+        {"epochs", FLAG_INT, &o.epochs, "passes over the training set"},
+        {"max_batches", FLAG_INT, &o.max_batches, "stop each trainer after N batches (0: none)"},
+        {"seed", FLAG_INT, &o.seed, "seed of the weights, shuffling and dropout"},
+        {"log_interval", FLAG_INT, &o.log_interval,
+         "print the tutorial's loss line every N batches of an epoch (0: none; the tutorial "
+         "has 5)"},
+        {"progress_s", FLAG_DOUBLE, &o.progress_s,
+         "print a progress line (batch, samples/s, mean loss, time left) every N seconds "
+         "(0: none)"},
+        {"checkpoint", FLAG_STRING, &o.checkpoint,
+         "servers save their parameters to PREFIX.shardK every --checkpoint_every batches of a "
+         "trainer"},
+        {"checkpoint_every", FLAG_INT, &o.checkpoint_every, "batches between checkpoints"},
+        {"resume", FLAG_BOOL, &o.resume,
+         "start from the --checkpoint files: weights, and each trainer's position (a server "
+         "shard restarted with it into the running world serves from its checkpoint)"},
+        {"server_wait_s", FLAG_INT, &o.server_wait_s,
+         "with --checkpoint, a trainer whose server shard was lost waits this long for it to "
+         "come back (restarted with --resume), then goes on from its last checkpoint"},
+        {"save_model", FLAG_STRING, &o.save_model,
+         "at the end rank 0 writes the trained Net, gathered from every server shard, to this "
+         "safetensors file under PyTorch's state_dict() names (metadata: step, test_accuracy)"},
+        {"init_from", FLAG_STRING, &o.init_from,
+         "the servers start from the Net in this safetensors file (PyTorch's state_dict() "
+         "names, e.g. saved by PyTorch or by --save_model) instead of the seed's weights"},
+        {"curves", FLAG_STRING, &o.curves,
+         "each trainer writes its loss, throughput and accuracy curves to PREFIX.rankN.csv "
+         "(as they come) and .png (at each evaluation)"},
+        {"eval_every", FLAG_INT, &o.eval_every,
+         "each trainer evaluates the weights every N of its batches (0: only at the end)"},
+        {"eval_samples", FLAG_INT, &o.eval_samples, "test images to evaluate (0: all)"},
+        {"check_interval", FLAG_INT, &o.check_interval,
+         "fetch the server's gradients to check them every N batches (0: never)"},
+        {"no_dropout", FLAG_BOOL, &o.no_dropout, "train with dropout off"},
+        {"min_trainers", FLAG_INT, &o.min_trainers,
+         "the server exits with an error when fewer trainers finished their batches (a lost "
+         "trainer does not stop the others)"},
+        {"max_staleness", FLAG_INT, &o.max_staleness,
+         "a trainer more than N batches ahead of the slowest trainer still training waits "
+         "for it (0: no bound)"},
+        {"init_timeout_s", FLAG_INT, &o.init_timeout_s,
+         "give up when the world has not gathered after this long"},
+        {"max_batch_size", FLAG_INT, &o.max_batch_size,
+         "servers refuse a larger batch (0: 4 x --batch_size, at least 1024)"},
+        {"max_inflight", FLAG_INT, &o.max_inflight,
+         "a server holds the batches of at most N trainers between their forward and the end "
+         "of their backward; the others wait their turn (0: 2 per core, -1: no limit)"},
+        {"threads", FLAG_INT, &o.threads,
+         "compute threads of this process (0: 1 for trainers and for servers of several "
+         "trainers, which run their passes side by side; else every core)"},
+    };
+    int pr = flags_parse(argc, argv, flags, (int)(sizeof flags / sizeof flags[0]),
+                         "The parameter-server tutorial: rank 0 serves, the others train.");
+    if (pr != 0)
+        return pr > 0 ? 0 : 2;
+    /* 4: one server and three trainers, the tutorial's world. */
+    if (flags_world_resolve(&o.world, 4, "rpc_ps") < 0 || check_options(&o) < 0)
+        return 2;
+
+    int rank = (int)o.world.rank;
+    bool server = rank < o.num_servers;
+    char name[64];
+    if (server && rank == 0)
+        snprintf(name, sizeof name, "parameter_server");
+    else if (server)
+        snprintf(name, sizeof name, "parameter_server_%d", rank);
+    else
+        snprintf(name, sizeof name, "trainer_%d", rank);
+    if (server)
+        server_arenas();
+    /* Trainers only compute losses; a server with several trainers runs
+       their passes at once, one thread each, which beats splitting every
+       pass over all cores while the passes wait for each other. */
+    int64_t threads = o.threads;
+    if (threads == 0 && (!server || o.world.world_size - o.num_servers >= 2))
+        threads = 1;
+    if (threads > 0 && zd_nn_set_num_threads((int)threads) < 0) {
+        fprintf(stderr, "rpc_ps %s: %s\n", name, zd_error_last());
+        return 1;
+    }
+    /* With checkpoints a lost rank 0 may come back: the others keep
+       registering with the rendezvous address while trainers wait for it
+       (set for every rank: rank 0 hands it to its members). */
+    char wait_s[32];
+    snprintf(wait_s, sizeof wait_s, "%lld", (long long)o.server_wait_s);
+    if (o.checkpoint && !getenv("ZDIST_MASTER_WAIT_S"))
+        setenv("ZDIST_MASTER_WAIT_S", wait_s, 1);
+    int rc = server ? run_parameter_server(&o, name) : run_trainer(&o, name);
+    return rc == 0 ? 0 : 1;
+}
